@@ -1,0 +1,45 @@
+// Counter-based uniforms shared by every ddpd op: Philox4x32-10 with key
+// (seed_lo, seed_hi) and counter (column, row, offset_lo, offset_hi); the first
+// output word w gives u = ((w >> 8) + 0.5) * 2^-24 in the open interval (0, 1).
+// Bit-identical to ddpd/ops/rng.py and the Triton kernels, so every path can be
+// compared with the torch reference token for token. Host and device code.
+#pragma once
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define DDPD_HD __host__ __device__ __forceinline__
+#else
+#define DDPD_HD inline
+#endif
+
+namespace ddpd {
+
+DDPD_HD void philox_mulhilo(uint32_t a, uint32_t b, uint32_t* hi, uint32_t* lo) {
+  const uint64_t p = static_cast<uint64_t>(a) * static_cast<uint64_t>(b);
+  *hi = static_cast<uint32_t>(p >> 32);
+  *lo = static_cast<uint32_t>(p);
+}
+
+// Philox4x32-10; returns the first output word (the only one ddpd uses).
+DDPD_HD uint32_t philox_word(uint64_t seed, uint64_t offset, uint64_t row, uint64_t col) {
+  uint32_t c0 = static_cast<uint32_t>(col), c1 = static_cast<uint32_t>(row);
+  uint32_t c2 = static_cast<uint32_t>(offset), c3 = static_cast<uint32_t>(offset >> 32);
+  uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
+  for (int r = 0; r < 10; ++r) {
+    uint32_t hi_b, lo_b, hi_a, lo_a;
+    philox_mulhilo(0xCD9E8D57u, c2, &hi_b, &lo_b);
+    philox_mulhilo(0xD2511F53u, c0, &hi_a, &lo_a);
+    const uint32_t n0 = hi_b ^ c1 ^ k0, n2 = hi_a ^ c3 ^ k1;
+    c0 = n0; c1 = lo_b; c2 = n2; c3 = lo_a;
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  return c0;
+}
+
+DDPD_HD float philox_uniform(uint64_t seed, uint64_t offset, uint64_t row, uint64_t col) {
+  const uint32_t w = philox_word(seed, offset, row, col);
+  return (static_cast<float>(w >> 8) + 0.5f) * (1.0f / 16777216.0f);
+}
+
+}  // namespace ddpd

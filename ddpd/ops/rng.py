@@ -1,0 +1,88 @@
+"""Counter-based random numbers shared by every ddpd op (torch reference).
+
+Each uniform is a pure function of (seed, offset, row, column): Philox4x32-10
+with key (seed_lo, seed_hi) and counter (column, row, offset_lo, offset_hi), the
+first 32-bit output word w mapped to u = ((w >> 8) + 0.5) * 2**-24, which lies in
+the open interval (0, 1) and is exact in float32. Because the row enters the
+counter as an id rather than a position in the batch, a row keeps its stream
+whatever the batch composition (compaction, sharding, different batch sizes).
+
+The C++ (csrc/philox.h) and Triton (ddpd.kernels) paths reproduce these bits
+exactly, so a kernel and this reference can be compared token for token.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence, Union
+
+import torch
+
+_MASK32 = 0xFFFFFFFF
+_ROUND_A = 0xD2511F53
+_ROUND_B = 0xCD9E8D57
+_KEY_A = 0x9E3779B9
+_KEY_B = 0xBB67AE85
+_ROUNDS = 10
+
+
+def _mulhilo(a: int, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """High and low 32-bit words of a * b for a 32-bit constant a and uint32 values
+    held in int64. b is split in 16-bit halves so no product overflows int64."""
+    b_lo = b & 0xFFFF
+    b_hi = b >> 16
+    p_lo = a * b_lo  # < 2**48
+    p_hi = a * b_hi  # < 2**48
+    mid = p_lo + ((p_hi & 0xFFFF) << 16)  # < 2**49
+    lo = mid & _MASK32
+    hi = (p_hi >> 16) + (mid >> 32)
+    return hi & _MASK32, lo
+
+
+def philox4x32(c0, c1, c2, c3, k0: int, k1: int):
+    """Philox4x32-10 on int64 tensors holding uint32 values (broadcasting)."""
+    for _ in range(_ROUNDS):
+        hi_b, lo_b = _mulhilo(_ROUND_B, c2)
+        hi_a, lo_a = _mulhilo(_ROUND_A, c0)
+        c0, c1, c2, c3 = hi_b ^ c1 ^ k0, lo_b, hi_a ^ c3 ^ k1, lo_a
+        k0 = (k0 + _KEY_A) & _MASK32
+        k1 = (k1 + _KEY_B) & _MASK32
+    return c0, c1, c2, c3
+
+
+def check_seed(seed: int, offset: int) -> None:
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**64:
+        raise ValueError(f"seed must be an int in [0, 2**64), got {seed!r}")
+    if not isinstance(offset, int) or isinstance(offset, bool) or not 0 <= offset < 2**64:
+        raise ValueError(f"offset must be an int in [0, 2**64), got {offset!r}")
+
+
+def philox_uniform(
+    seed: int,
+    offset: int,
+    rows: Union[torch.Tensor, Sequence[int]],
+    cols: Union[torch.Tensor, int],
+    device: Optional[torch.device] = None,
+) -> torch.Tensor:
+    """Uniforms in (0, 1), float32 [len(rows), n_cols], from (seed, offset, row id, column).
+
+    rows: row ids (Long[N]); cols: number of columns M (columns 0..M-1) or Long[M].
+    """
+    check_seed(seed, offset)
+    rows = torch.as_tensor(rows, dtype=torch.int64, device=device)
+    if isinstance(cols, int):
+        cols = torch.arange(cols, dtype=torch.int64, device=rows.device)
+    cols = torch.as_tensor(cols, dtype=torch.int64, device=rows.device)
+    if rows.dim() != 1 or cols.dim() != 1:
+        raise ValueError(f"rows and cols must be 1-D, got shapes {tuple(rows.shape)} and {tuple(cols.shape)}")
+    c0 = (cols & _MASK32)[None, :]
+    c1 = (rows & _MASK32)[:, None]
+    c2 = torch.full_like(c1, offset & _MASK32)
+    c3 = torch.full_like(c1, (offset >> 32) & _MASK32)
+    w, _, _, _ = philox4x32(c0, c1, c2, c3, seed & _MASK32, (seed >> 32) & _MASK32)
+    w = w.expand(rows.numel(), cols.numel())
+    return ((w >> 8).to(torch.float32) + 0.5) * (2.0**-24)
+
+
+def seed_from_generator(generator: Optional[torch.Generator]) -> tuple[int, int]:
+    """Draw a (seed, offset) pair from a torch.Generator (or the global one)."""
+    draws = torch.randint(0, 2**62, (2,), generator=generator, dtype=torch.int64)
+    return int(draws[0]), int(draws[1])
