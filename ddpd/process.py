@@ -1,0 +1,198 @@
+"""The forward corruption process and the posterior identities of DDPD.
+
+Everything here follows the paper's notation: a schedule alpha_t interpolates from
+noise (t = 0) to data (t = 1); z_t^d = N marks a corrupted position.
+
+- Schedules alpha_t with derivative and inverse (eq. corruption_flow).
+- `corrupt`: draw (x_t, z_t) ~ p_{t|1}(x_t, z_t | x_1) for uniform or mask noise.
+- `planner_prob_from_uniform`, `denoiser_prob_from_uniform`: the rate
+  decomposition of prop:generative_rate_decomposition (eqs. corruption_prob and
+  denoising_prob), turning a single uniform model p(x_1^d | x_t) into a planner and
+  a denoiser.
+- `self_loop_rates`: the self-loop CTMC of prop:self-loop-jumps.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Optional, Tuple, Union
+
+import torch
+from torch import Tensor
+
+NOISE_KINDS = ("uniform", "mask")
+
+
+class Schedule:
+    """A noise schedule alpha_t on t in [0, 1] with alpha_0 = 0 and alpha_1 = 1."""
+
+    name = "schedule"
+
+    def alpha(self, t: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def alpha_dot(self, t: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def inverse(self, a: Tensor) -> Tensor:
+        """The t with alpha_t = a (the planner's time estimate uses it)."""
+        raise NotImplementedError
+
+    def rate(self, t: Tensor) -> Tensor:
+        """Noise-removal rate alpha_dot / (1 - alpha): infinite at t = 1."""
+        return self.alpha_dot(t) / (1.0 - self.alpha(t))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+class LinearSchedule(Schedule):
+    """alpha_t = t, the schedule the paper trains and samples with."""
+
+    name = "linear"
+
+    def alpha(self, t: Tensor) -> Tensor:
+        return torch.as_tensor(t) * 1.0
+
+    def alpha_dot(self, t: Tensor) -> Tensor:
+        t = torch.as_tensor(t)
+        return torch.ones_like(t if t.is_floating_point() else t.float())
+
+    def inverse(self, a: Tensor) -> Tensor:
+        return torch.as_tensor(a) * 1.0
+
+
+class CosineSchedule(Schedule):
+    """alpha_t = 1 - cos(pi t / 2)."""
+
+    name = "cosine"
+
+    def alpha(self, t: Tensor) -> Tensor:
+        return 1.0 - torch.cos(0.5 * math.pi * torch.as_tensor(t))
+
+    def alpha_dot(self, t: Tensor) -> Tensor:
+        return 0.5 * math.pi * torch.sin(0.5 * math.pi * torch.as_tensor(t))
+
+    def inverse(self, a: Tensor) -> Tensor:
+        return torch.acos(1.0 - torch.as_tensor(a).clamp(0.0, 1.0)) * (2.0 / math.pi)
+
+
+class CustomSchedule(Schedule):
+    """A user-supplied schedule from three callables on tensors."""
+
+    name = "custom"
+
+    def __init__(self, alpha: Callable, alpha_dot: Callable, inverse: Callable):
+        for arg, fn in (("alpha", alpha), ("alpha_dot", alpha_dot), ("inverse", inverse)):
+            if not callable(fn):
+                raise TypeError(f"{arg} must be callable, got {type(fn).__name__}")
+        self._alpha, self._alpha_dot, self._inverse = alpha, alpha_dot, inverse
+
+    def alpha(self, t: Tensor) -> Tensor:
+        return self._alpha(torch.as_tensor(t))
+
+    def alpha_dot(self, t: Tensor) -> Tensor:
+        return self._alpha_dot(torch.as_tensor(t))
+
+    def inverse(self, a: Tensor) -> Tensor:
+        return self._inverse(torch.as_tensor(a))
+
+
+_SCHEDULES = {"linear": LinearSchedule, "cosine": CosineSchedule}
+
+
+def get_schedule(schedule: Union[str, Schedule]) -> Schedule:
+    """A schedule by name ('linear', 'cosine') or the Schedule itself."""
+    if isinstance(schedule, Schedule):
+        return schedule
+    if isinstance(schedule, str) and schedule in _SCHEDULES:
+        return _SCHEDULES[schedule]()
+    raise ValueError(f"schedule must be one of {sorted(_SCHEDULES)} or a Schedule, got {schedule!r}")
+
+
+def corrupt(
+    x1: Tensor,
+    t: Tensor,
+    schedule: Union[str, Schedule],
+    noise: str,
+    vocab_size: int,
+    mask_id: Optional[int] = None,
+    generator: Optional[torch.Generator] = None,
+) -> Tuple[Tensor, Tensor]:
+    """Draw (x_t, z_t) from the forward process p_{t|1} (eq. corruption_flow).
+
+    Each position is kept (z = D) with probability alpha_t and corrupted (z = N)
+    otherwise; a corrupted position becomes a uniform draw over the vocabulary
+    (uniform noise: it may land on the clean value, and z stays N) or the mask
+    token (mask noise, mask_id defaults to vocab_size).
+
+    x1: Long[B, D] clean tokens in [0, vocab_size); t: Float[B] (or a scalar).
+    Returns x_t Long[B, D] and z_t Bool[B, D], True where the position is noise.
+    """
+    if noise not in NOISE_KINDS:
+        raise ValueError(f"noise must be one of {NOISE_KINDS}, got {noise!r}")
+    if x1.dim() != 2 or x1.dtype != torch.long:
+        raise ValueError(f"x1 must be Long[B, D], got {x1.dtype} of shape {tuple(x1.shape)}")
+    if vocab_size < 1:
+        raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
+    if mask_id is None:
+        mask_id = vocab_size
+    t = torch.as_tensor(t, dtype=torch.float32, device=x1.device).expand(x1.shape[0])
+    alpha = get_schedule(schedule).alpha(t)[:, None]
+    u = torch.rand(x1.shape, generator=generator, device=x1.device)
+    z_t = u >= alpha  # P(z = N) = 1 - alpha_t
+    if noise == "mask":
+        x_t = torch.where(z_t, torch.full_like(x1, mask_id), x1)
+    else:
+        draws = torch.randint(0, vocab_size, x1.shape, generator=generator, device=x1.device)
+        x_t = torch.where(z_t, draws, x1)
+    return x_t, z_t
+
+
+def _alpha_like(alpha, ref: Tensor) -> Tensor:
+    """alpha as a tensor broadcastable against [B, D] (accepts a scalar or [B])."""
+    alpha = torch.as_tensor(alpha, dtype=ref.dtype, device=ref.device)
+    return alpha[:, None] if alpha.dim() == 1 else alpha
+
+
+def _kept_weight(alpha: Tensor, vocab_size: int) -> Tensor:
+    """p(z = D | x_t, x_1 = x_t) = alpha / (alpha + (1 - alpha) / S)."""
+    return alpha / (alpha + (1.0 - alpha) / vocab_size)
+
+
+def planner_prob_from_uniform(p_x1: Tensor, x_t: Tensor, alpha) -> Tensor:
+    """p(z_t^d = N | x_t) from a uniform model's p(x_1^d | x_t) (eq. corruption_prob).
+
+    p_x1: Float[B, D, S] probabilities; x_t: Long[B, D]; alpha: alpha_t, scalar or [B].
+    """
+    p_same = p_x1.gather(-1, x_t[..., None]).squeeze(-1)
+    return 1.0 - p_same * _kept_weight(_alpha_like(alpha, p_same), p_x1.shape[-1])
+
+
+def denoiser_prob_from_uniform(p_x1: Tensor, x_t: Tensor, alpha) -> Tensor:
+    """p(x_1^d = j | x_t, z_t^d = N) for every j (eq. denoising_prob).
+
+    For j != x_t^d it is p(x_1^d = j | x_t) / p(z_t^d = N | x_t). The value at
+    j = x_t^d is the probability that a corrupted position was redrawn onto its own
+    clean value; with it the row sums to one, which is the self-loop of
+    prop:self-loop-jumps. Rows with p(z = N) = 0 are returned as zeros (no jump).
+    """
+    p_same = p_x1.gather(-1, x_t[..., None]).squeeze(-1)
+    kept = _kept_weight(_alpha_like(alpha, p_same), p_x1.shape[-1])
+    p_noise = 1.0 - p_same * kept
+    self_loop = p_same * (1.0 - kept)
+    joint = p_x1.scatter(-1, x_t[..., None], self_loop[..., None])
+    safe = torch.where(p_noise > 0, p_noise, torch.ones_like(p_noise))
+    return torch.where(p_noise[..., None] > 0, joint / safe[..., None], torch.zeros_like(joint))
+
+
+def self_loop_rates(planner_p: Tensor, denoiser_p: Tensor, rate: Tensor) -> Tuple[Tensor, Tensor]:
+    """Rates of the self-loop CTMC of prop:self-loop-jumps.
+
+    R~_t(x_t, j^d) = rate * p(z^d = N | x_t) * p(x_1^d = j^d | x_t, z^d = N) for all
+    j^d (including x_t^d), and the total jump rate rate * sum_d p(z^d = N | x_t).
+    planner_p: Float[B, D]; denoiser_p: Float[B, D, S]; rate: alpha_dot/(1-alpha), [B].
+    """
+    rate = _alpha_like(rate, planner_p)
+    rates = (rate * planner_p)[..., None] * denoiser_p
+    total = (rate * planner_p).sum(-1)
+    return rates, total

@@ -1,0 +1,125 @@
+"""The process formulas against brute-force enumeration on tiny state spaces."""
+import itertools
+import math
+
+import pytest
+import torch
+
+from ddpd.process import (
+    CosineSchedule,
+    CustomSchedule,
+    LinearSchedule,
+    corrupt,
+    denoiser_prob_from_uniform,
+    get_schedule,
+    planner_prob_from_uniform,
+    self_loop_rates,
+)
+
+F64 = torch.float64
+
+SCHEDULES = [
+    LinearSchedule(),
+    CosineSchedule(),
+    CustomSchedule(lambda t: t**2, lambda t: 2 * t, lambda a: a.sqrt()),
+]
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES, ids=lambda s: type(s).__name__)
+def test_schedule_endpoints_derivative_inverse(schedule):
+    t = torch.linspace(0.01, 0.99, 50, dtype=torch.float64)
+    ends = torch.tensor([0.0, 1.0], dtype=F64)
+    assert torch.allclose(schedule.alpha(ends), ends, atol=1e-12)
+    h = 1e-6
+    numeric = (schedule.alpha(t + h) - schedule.alpha(t - h)) / (2 * h)
+    assert torch.allclose(schedule.alpha_dot(t), numeric, rtol=1e-6)
+    assert torch.allclose(schedule.inverse(schedule.alpha(t)), t, rtol=1e-9)
+    assert torch.allclose(schedule.rate(t), schedule.alpha_dot(t) / (1 - schedule.alpha(t)))
+
+
+def test_get_schedule_rejects_unknown():
+    assert isinstance(get_schedule("cosine"), CosineSchedule)
+    with pytest.raises(ValueError, match="schedule"):
+        get_schedule("sqrt")
+    with pytest.raises(TypeError, match="alpha"):
+        CustomSchedule(1.0, lambda t: t, lambda a: a)
+
+
+def _enumerate_posteriors(p_data, S, D, alpha):
+    """Exact p(x1^d=j|x_t), p(z^d=N|x_t), p(x1^d=j|x_t,z^d=N) by summing the joint."""
+    states = list(itertools.product(range(S), repeat=D))
+    post_x1 = torch.zeros(len(states), D, S, dtype=F64)
+    post_z = torch.zeros(len(states), D, dtype=F64)
+    post_x1_zn = torch.zeros(len(states), D, S, dtype=F64)
+    for i, xt in enumerate(states):
+        total = 0.0
+        for x1_idx, x1 in enumerate(states):
+            for z in itertools.product((0, 1), repeat=D):  # 1 = noise
+                w = p_data[x1_idx].item()
+                for d in range(D):
+                    w *= (1 - alpha) / S if z[d] else alpha * (xt[d] == x1[d])
+                total += w
+                for d in range(D):
+                    post_x1[i, d, x1[d]] += w
+                    if z[d]:
+                        post_z[i, d] += w
+                        post_x1_zn[i, d, x1[d]] += w
+        post_x1[i] /= total
+        post_x1_zn[i] /= post_z[i][:, None]
+        post_z[i] /= total
+    return torch.tensor(states), post_x1, post_z, post_x1_zn
+
+
+@pytest.mark.parametrize("S,D,alpha", [(3, 2, 0.3), (2, 3, 0.7), (4, 1, 0.5)])
+def test_rate_decomposition_matches_enumeration(S, D, alpha):
+    torch.manual_seed(S * 10 + D)
+    p_data = torch.distributions.Dirichlet(torch.full((S**D,), 0.5, dtype=F64)).sample()
+    x_t, post_x1, post_z, post_x1_zn = _enumerate_posteriors(p_data, S, D, alpha)
+    planner = planner_prob_from_uniform(post_x1, x_t, alpha)
+    assert torch.allclose(planner, post_z, atol=1e-12)
+    denoiser = denoiser_prob_from_uniform(post_x1, x_t, torch.full((x_t.shape[0],), alpha, dtype=F64))
+    assert torch.allclose(denoiser, post_x1_zn, atol=1e-12)
+    assert torch.allclose(denoiser.sum(-1), torch.ones_like(planner))
+
+
+def test_self_loop_rates_preserve_inter_state_rates():
+    S, D, alpha = 3, 2, 0.4
+    p_data = torch.distributions.Dirichlet(torch.full((S**D,), 0.3, dtype=F64)).sample()
+    x_t, post_x1, _, _ = _enumerate_posteriors(p_data, S, D, alpha)
+    rate = LinearSchedule().rate(torch.full((x_t.shape[0],), alpha, dtype=F64))
+    planner = planner_prob_from_uniform(post_x1, x_t, alpha)
+    denoiser = denoiser_prob_from_uniform(post_x1, x_t, alpha)
+    rates, total = self_loop_rates(planner, denoiser, rate)
+    # Off-diagonal rates equal the uniform generative rate alpha'/(1-alpha) p(x1^d=j|x_t).
+    off = torch.ones_like(rates, dtype=torch.bool).scatter(-1, x_t[..., None], False)
+    expected = rate[:, None, None] * post_x1
+    assert torch.allclose(rates[off], expected[off], atol=1e-12)
+    assert torch.allclose(total, rate * planner.sum(-1))
+    assert torch.allclose(total, rates.sum((-1, -2)))
+
+
+@pytest.mark.parametrize("noise", ["uniform", "mask"])
+def test_corrupt_marginals(noise):
+    g = torch.Generator().manual_seed(0)
+    S, n = 5, 200_000
+    x1 = torch.randint(0, S, (n, 1), generator=g)
+    t = torch.full((n,), 0.3)
+    x_t, z_t = corrupt(x1, t, "linear", noise, S, generator=g)
+    frac_noise = z_t.double().mean().item()
+    assert abs(frac_noise - 0.7) < 4 * math.sqrt(0.21 / n)
+    assert torch.equal(x_t[~z_t], x1[~z_t])
+    if noise == "mask":
+        assert (x_t[z_t] == S).all()
+    else:
+        # Corrupted positions are uniform over the vocabulary, including x1's value.
+        hits = (x_t[z_t] == x1[z_t]).double().mean().item()
+        assert abs(hits - 1 / S) < 0.01
+        assert x_t.max() < S
+
+
+def test_corrupt_validates():
+    x1 = torch.zeros(2, 3, dtype=torch.long)
+    with pytest.raises(ValueError, match="noise"):
+        corrupt(x1, torch.zeros(2), "linear", "gaussian", 4)
+    with pytest.raises(ValueError, match="x1"):
+        corrupt(x1.float(), torch.zeros(2), "linear", "mask", 4)
