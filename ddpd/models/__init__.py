@@ -1,0 +1,25 @@
+"""ddpd networks: planner, denoisers, single uniform model and AR judge on one transformer trunk."""
+from ddpd.models.ar import ARModel
+from ddpd.models.attention import (
+    ATTENTION_BACKENDS,
+    attention_backend,
+    flash_available,
+    get_attention_backend,
+    resolve_backend,
+    set_attention_backend,
+)
+from ddpd.models.backbone import Backbone
+from ddpd.models.base import HeadModel
+from ddpd.models.config import TransformerConfig
+from ddpd.models.factory import MODEL_CLASSES, MODEL_KINDS, build_model, config_for, count_parameters
+from ddpd.models.mask_denoiser import MaskDenoiser
+from ddpd.models.planner import Planner
+from ddpd.models.uniform_denoiser import UniformDenoiser
+from ddpd.models.uniform_model import UniformModel
+
+__all__ = [
+    "ARModel", "ATTENTION_BACKENDS", "Backbone", "HeadModel", "MODEL_CLASSES", "MODEL_KINDS", "MaskDenoiser",
+    "Planner", "TransformerConfig", "UniformDenoiser", "UniformModel", "attention_backend", "build_model",
+    "config_for", "count_parameters", "flash_available", "get_attention_backend", "resolve_backend",
+    "set_attention_backend",
+]

@@ -1,0 +1,48 @@
+"""Small causal language model, the autoregressive baseline and a likelihood judge.
+
+Input vocabulary V + 1: id V is a beginning-of-sequence token, so the judge also
+scores the first token: log p(x) = sum_{d=0}^{D-1} log p(x_d | BOS, x_<d).
+`forward(x)[:, d]` are the logits of token d + 1 given x_0..x_d.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ddpd.models.backbone import check_tokens
+from ddpd.models.base import HeadModel, require_config
+from ddpd.models.config import TransformerConfig
+
+
+class ARModel(HeadModel):
+    """ar(x: Long[B, D] in [0, V]) -> Float[B, D, V] next-token logits; BOS id = V.
+
+    Train on `with_bos(x)` (length D + 1 <= max_seq_len) with `ar_loss` so the
+    first-token distribution is learnt as well."""
+
+    kind = "ar"
+
+    def __init__(self, config: TransformerConfig):
+        require_config(config, self.kind, vocab_size=config.out_dim + 1, causal=True, time_conditioned=False)
+        super().__init__(config)
+
+    @property
+    def bos_id(self) -> int:
+        return self.config.out_dim
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.backbone.hidden(x))
+
+    def with_bos(self, x: torch.Tensor) -> torch.Tensor:
+        """[BOS, x_0, ..., x_{D-1}]: Long[B, D + 1]."""
+        if not isinstance(x, torch.Tensor) or x.dim() != 2:
+            raise ValueError(f"x: expected a tensor of shape [B, D], got {getattr(x, 'shape', type(x).__name__)}")
+        bos = torch.full((x.shape[0], 1), self.bos_id, dtype=x.dtype, device=x.device)
+        return torch.cat((bos, x), dim=1)
+
+    def log_likelihood(self, x: torch.Tensor) -> torch.Tensor:
+        """log p(x) in nats per sequence, Float[B], for clean sequences x: Long[B, D] in [0, V)."""
+        check_tokens(x, self.bos_id, self.config.max_seq_len)
+        logits = self.forward(self.with_bos(x)[:, :-1])
+        log_probs = F.log_softmax(logits.float(), dim=-1)
+        return log_probs.gather(-1, x[:, :, None]).squeeze(-1).sum(-1)

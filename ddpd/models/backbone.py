@@ -1,0 +1,190 @@
+"""Pre-norm transformer trunk shared by the planner, the denoisers and the AR judge.
+
+tokens -> embedding -> n_layers x [x + attn(norm(x)), x + mlp(norm(x))] -> final norm,
+giving hidden states [B, D, H] that a network's output head turns into logits. With
+`time_conditioned`, t in [0, 1] (the corruption level alpha_t's argument) enters by
+adaLN: a sinusoidal embedding of t goes through an MLP to a per-block shift, scale
+and gate of each sub-layer, plus a shift and scale of the final norm. All of these
+start at zero, so a fresh time-conditioned block is the identity (adaLN-Zero) and
+learns how much to use t. The planner is built without time input: it must read the
+corruption from x_t alone (paper, appendix 'Implementation details').
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Union
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ddpd.models.attention import SelfAttention
+from ddpd.models.config import TransformerConfig
+
+INIT_STD = 0.02
+TIME_FREQ_DIM = 256
+TIME_SCALE = 1000.0  # spreads t in [0, 1] over the sinusoid periods
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (normed * self.weight.float()).to(x.dtype)
+
+
+def make_norm(kind: str, dim: int) -> nn.Module:
+    return RMSNorm(dim) if kind == "rmsnorm" else nn.LayerNorm(dim)
+
+
+def timestep_embedding(t: torch.Tensor, dim: int = TIME_FREQ_DIM, max_period: float = 10000.0) -> torch.Tensor:
+    """Sinusoidal features [B, dim] of TIME_SCALE * t for t: Float[B]."""
+    half = dim // 2
+    freqs = torch.exp(-math.log(max_period) * torch.arange(half, dtype=torch.float32, device=t.device) / half)
+    args = TIME_SCALE * t.float()[:, None] * freqs[None, :]
+    return torch.cat((args.cos(), args.sin()), dim=-1)
+
+
+class TimeEmbedding(nn.Module):
+    """t -> sinusoid -> MLP -> conditioning vector c [B, d_model]."""
+
+    def __init__(self, d_model: int):
+        super().__init__()
+        self.mlp = nn.Sequential(nn.Linear(TIME_FREQ_DIM, d_model), nn.SiLU(), nn.Linear(d_model, d_model))
+
+    def forward(self, t: torch.Tensor) -> torch.Tensor:
+        return F.silu(self.mlp(timestep_embedding(t)))
+
+
+class MLP(nn.Module):
+    def __init__(self, d_model: int, ratio: int, dropout: float):
+        super().__init__()
+        self.fc = nn.Linear(d_model, ratio * d_model, bias=False)
+        self.proj = nn.Linear(ratio * d_model, d_model, bias=False)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.proj(F.gelu(self.fc(x), approximate="tanh")))
+
+
+def _modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return x * (1 + scale) + shift
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block, adaLN-modulated when a conditioning vector is given."""
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.norm1 = make_norm(config.norm, config.d_model)
+        self.attn = SelfAttention(config.d_model, config.n_heads, config.max_seq_len, config.causal, config.dropout)
+        self.norm2 = make_norm(config.norm, config.d_model)
+        self.mlp = MLP(config.d_model, config.mlp_ratio, config.dropout)
+        self.modulation = nn.Linear(config.d_model, 6 * config.d_model) if config.time_conditioned else None
+
+    def forward(self, x: torch.Tensor, c: Optional[torch.Tensor] = None) -> torch.Tensor:
+        if self.modulation is None:
+            x = x + self.attn(self.norm1(x))
+            return x + self.mlp(self.norm2(x))
+        shift1, scale1, gate1, shift2, scale2, gate2 = self.modulation(c)[:, None, :].chunk(6, dim=-1)
+        x = x + gate1 * self.attn(_modulate(self.norm1(x), shift1, scale1))
+        return x + gate2 * self.mlp(_modulate(self.norm2(x), shift2, scale2))
+
+
+def check_tokens(x: torch.Tensor, vocab_size: int, max_seq_len: int) -> None:
+    """Validate x: Long[B, D] with D <= max_seq_len and ids in [0, vocab_size).
+
+    The id range is checked on CPU only: on CUDA it would cost a host sync per call."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x: expected a torch.Tensor of token ids, got {type(x).__name__}")
+    if x.dtype != torch.long:
+        raise TypeError(f"x: expected dtype torch.int64, got {x.dtype}")
+    if x.dim() != 2:
+        raise ValueError(f"x: expected shape [B, D], got {tuple(x.shape)}")
+    if not 1 <= x.shape[1] <= max_seq_len:
+        raise ValueError(f"x: expected sequence length in [1, max_seq_len={max_seq_len}], got {x.shape[1]}")
+    if x.device.type == "cpu" and x.numel() > 0:
+        low, high = int(x.min()), int(x.max())
+        if low < 0 or high >= vocab_size:
+            raise ValueError(f"x: expected token ids in [0, {vocab_size}), got range [{low}, {high}]")
+
+
+def check_time(t: Union[torch.Tensor, float], batch: int, device: torch.device) -> torch.Tensor:
+    """Validate t (Float[B], a 0-d tensor or a number) and return it as Float[B] on device."""
+    if isinstance(t, (int, float)) and not isinstance(t, bool):
+        return torch.full((batch,), float(t), device=device)
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"t: expected a float tensor of shape [B] or a number, got {type(t).__name__}")
+    if not t.is_floating_point():
+        raise TypeError(f"t: expected a floating-point tensor, got {t.dtype}")
+    if t.dim() == 0:
+        return t.expand(batch).to(device)
+    if t.shape != (batch,):
+        raise ValueError(f"t: expected shape [{batch}] (one time per sequence), got {tuple(t.shape)}")
+    return t.to(device)
+
+
+def init_linear(module: nn.Module, std: float = INIT_STD) -> None:
+    """GPT-2 initialisation: N(0, std) weights, zero biases."""
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(module.weight, mean=0.0, std=std)
+    if isinstance(module, nn.Linear) and module.bias is not None:
+        nn.init.zeros_(module.bias)
+
+
+class Backbone(nn.Module):
+    """Token embedding + transformer blocks + final norm; `hidden(x, t)` -> [B, D, d_model]."""
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        if not isinstance(config, TransformerConfig):
+            raise TypeError(f"config: expected TransformerConfig, got {type(config).__name__}")
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.d_model)
+        self.dropout = nn.Dropout(config.dropout)
+        self.time_embed = TimeEmbedding(config.d_model) if config.time_conditioned else None
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
+        self.final_norm = make_norm(config.norm, config.d_model)
+        self.final_modulation = nn.Linear(config.d_model, 2 * config.d_model) if config.time_conditioned else None
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        self.apply(init_linear)
+        # residual branches add up over 2 * n_layers sub-layers (GPT-2)
+        residual_std = INIT_STD / math.sqrt(2 * self.config.n_layers)
+        for block in self.blocks:
+            nn.init.normal_(block.attn.proj.weight, mean=0.0, std=residual_std)
+            nn.init.normal_(block.mlp.proj.weight, mean=0.0, std=residual_std)
+            if block.modulation is not None:
+                nn.init.zeros_(block.modulation.weight)
+                nn.init.zeros_(block.modulation.bias)
+        if self.final_modulation is not None:
+            nn.init.zeros_(self.final_modulation.weight)
+            nn.init.zeros_(self.final_modulation.bias)
+
+    def hidden(self, x: torch.Tensor, t: Optional[Union[torch.Tensor, float]] = None) -> torch.Tensor:
+        """Hidden states after the final norm, [B, D, d_model].
+
+        t is required when the config is time-conditioned and ignored otherwise (so a
+        sampler can pass t to any denoiser)."""
+        check_tokens(x, self.config.vocab_size, self.config.max_seq_len)
+        c = None
+        if self.time_embed is not None:
+            if t is None:
+                raise ValueError("t: this model is time-conditioned, expected Float[B] times, got None")
+            c = self.time_embed(check_time(t, x.shape[0], x.device))
+        h = self.dropout(self.embed(x))
+        for block in self.blocks:
+            h = block(h, c)
+        h = self.final_norm(h)
+        if c is not None:
+            shift, scale = self.final_modulation(c)[:, None, :].chunk(2, dim=-1)
+            h = _modulate(h, shift, scale)
+        return h
+
+    forward = hidden

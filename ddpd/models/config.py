@@ -1,0 +1,92 @@
+"""Transformer hyper-parameters shared by every ddpd network.
+
+`vocab_size` counts the INPUT symbols (V for uniform-noise inputs, V + 1 when a mask
+or beginning-of-sequence id is appended); `out_dim` is the width of the output head
+(V logits for denoisers, 1 for the planner, never a logit for the mask).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+NORMS = ("layernorm", "rmsnorm")
+
+
+def _check_int(name: str, value: Any, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"TransformerConfig.{name}: expected int, got {type(value).__name__} {value!r}")
+    if value < minimum:
+        raise ValueError(f"TransformerConfig.{name}: expected >= {minimum}, got {value}")
+
+
+def _check_bool(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"TransformerConfig.{name}: expected bool, got {type(value).__name__} {value!r}")
+
+
+@dataclass(frozen=True)
+class TransformerConfig:
+    """Shape of a pre-norm transformer with rotary positions.
+
+    vocab_size: number of input symbols; out_dim: logits per position;
+    time_conditioned: adaLN conditioning on t in [0, 1]; causal: attend to the past only;
+    norm: "layernorm" or "rmsnorm"; mlp_ratio: MLP hidden width / d_model.
+    """
+
+    vocab_size: int
+    out_dim: int
+    d_model: int = 256
+    n_layers: int = 4
+    n_heads: int = 4
+    max_seq_len: int = 256
+    time_conditioned: bool = False
+    causal: bool = False
+    dropout: float = 0.0
+    norm: str = "layernorm"
+    mlp_ratio: int = 4
+
+    def __post_init__(self) -> None:
+        _check_int("vocab_size", self.vocab_size, 1)
+        _check_int("out_dim", self.out_dim, 1)
+        _check_int("d_model", self.d_model, 2)
+        _check_int("n_layers", self.n_layers, 1)
+        _check_int("n_heads", self.n_heads, 1)
+        _check_int("max_seq_len", self.max_seq_len, 1)
+        _check_int("mlp_ratio", self.mlp_ratio, 1)
+        _check_bool("time_conditioned", self.time_conditioned)
+        _check_bool("causal", self.causal)
+        if self.d_model % self.n_heads != 0:
+            raise ValueError(
+                f"TransformerConfig.d_model: expected a multiple of n_heads={self.n_heads}, got {self.d_model}")
+        if (self.d_model // self.n_heads) % 2 != 0:
+            raise ValueError(
+                "TransformerConfig: rotary embeddings need an even head dimension d_model / n_heads, "
+                f"got {self.d_model} / {self.n_heads} = {self.d_model // self.n_heads}")
+        if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)):
+            raise TypeError(f"TransformerConfig.dropout: expected float, got {type(self.dropout).__name__}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"TransformerConfig.dropout: expected in [0, 1), got {self.dropout}")
+        if self.norm not in NORMS:
+            raise ValueError(f"TransformerConfig.norm: expected one of {NORMS}, got {self.norm!r}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TransformerConfig":
+        if not isinstance(d, dict):
+            raise TypeError(f"TransformerConfig.from_dict: expected dict, got {type(d).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"TransformerConfig.from_dict: unknown fields {unknown}; known fields {sorted(known)}")
+        missing = sorted(f.name for f in dataclasses.fields(cls)
+                         if f.default is dataclasses.MISSING and f.name not in d)
+        if missing:
+            raise ValueError(f"TransformerConfig.from_dict: missing required fields {missing}")
+        return cls(**d)

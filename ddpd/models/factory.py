@@ -1,0 +1,69 @@
+"""Build any ddpd network by kind name; derive a consistent config; count parameters.
+
+Kinds (the "kind" field of a checkpoint's config.json): planner, mask-denoiser,
+uniform-denoiser, uniform, ar.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch.nn as nn
+
+from ddpd.models.ar import ARModel
+from ddpd.models.config import TransformerConfig
+from ddpd.models.mask_denoiser import MaskDenoiser
+from ddpd.models.planner import Planner
+from ddpd.models.uniform_denoiser import UniformDenoiser
+from ddpd.models.uniform_model import UniformModel
+
+MODEL_CLASSES = {cls.kind: cls for cls in (Planner, MaskDenoiser, UniformDenoiser, UniformModel, ARModel)}
+MODEL_KINDS = tuple(MODEL_CLASSES)
+
+# kind -> (extra input symbols (mask / BOS), output head width or None for V, causal, time-conditioned by default)
+_LAYOUT = {
+    "planner": (0, 1, False, False),
+    "mask-denoiser": (1, None, False, True),
+    "uniform-denoiser": (0, None, False, True),
+    "uniform": (0, None, False, True),
+    "ar": (1, None, True, False),
+}
+
+
+def _check_kind(kind: Any) -> None:
+    if kind not in MODEL_CLASSES:
+        raise ValueError(f"kind: expected one of {MODEL_KINDS}, got {kind!r}")
+
+
+def build_model(kind: str, config: TransformerConfig) -> nn.Module:
+    """A freshly initialised network of the given kind; config must fit the kind."""
+    _check_kind(kind)
+    return MODEL_CLASSES[kind](config)
+
+
+def config_for(kind: str, vocab_size: int, seq_len: int, time_conditioned: Optional[bool] = None,
+               **fields: Any) -> TransformerConfig:
+    """The TransformerConfig a `kind` network needs for V = vocab_size clean symbols and
+    sequences of seq_len tokens; other TransformerConfig fields (d_model, n_layers, ...)
+    pass through. The AR model gets max_seq_len = seq_len + 1 to fit its BOS token."""
+    _check_kind(kind)
+    extra, out_dim, causal, timed = _LAYOUT[kind]
+    if time_conditioned is None:
+        time_conditioned = timed
+    elif time_conditioned and kind in ("planner", "ar"):
+        raise ValueError(f"time_conditioned: a {kind} model has no time input, got True")
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
+        raise ValueError(f"vocab_size: expected a positive int, got {vocab_size!r}")
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
+        raise ValueError(f"seq_len: expected a positive int, got {seq_len!r}")
+    fixed = {"vocab_size", "out_dim", "causal", "max_seq_len"} & set(fields)
+    if fixed:
+        raise ValueError(f"config_for: fields {sorted(fixed)} are derived from kind, vocab_size and seq_len")
+    return TransformerConfig(vocab_size=vocab_size + extra, out_dim=out_dim or vocab_size, causal=causal,
+                             max_seq_len=seq_len + (kind == "ar"), time_conditioned=time_conditioned, **fields)
+
+
+def count_parameters(model: nn.Module, trainable_only: bool = False) -> int:
+    """Number of parameters (each shared tensor counted once)."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model: expected torch.nn.Module, got {type(model).__name__}")
+    return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)

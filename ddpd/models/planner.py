@@ -1,0 +1,37 @@
+"""Planner p_theta(z_t^d = N | x_t): one logit per position that it is still noise.
+
+Input: a uniform-noise sequence x_t over V symbols, NO time input (paper, appendix
+'Implementation details': with t the planner could read the noise level off the
+clock instead of the sequence). Trained by binary cross-entropy against z_t
+(thm:training_objective, `ddpd.training.losses.planner_loss`); its sigmoid is the
+"prob. of corruption" factor of the jump rate in eq:jump_rate_parameterization.
+"""
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import torch
+
+from ddpd.models.base import HeadModel, require_config
+from ddpd.models.config import TransformerConfig
+
+
+class Planner(HeadModel):
+    """planner(x: Long[B, D]) -> Float[B, D] logits of "position d is noise"."""
+
+    kind = "planner"
+
+    def __init__(self, config: TransformerConfig):
+        require_config(config, self.kind, out_dim=1, time_conditioned=False, causal=False)
+        super().__init__(config)
+
+    def hidden(self, x: torch.Tensor, t: Optional[Union[torch.Tensor, float]] = None) -> torch.Tensor:
+        """Hidden states [B, D, d_model]; t is accepted for a uniform signature and ignored."""
+        return self.backbone.hidden(x)
+
+    def logits_at(self, hidden: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """Noise logits at positions index: Long[B, k] -> [B, k]."""
+        return super().logits_at(hidden, index).squeeze(-1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.backbone.hidden(x)).squeeze(-1)

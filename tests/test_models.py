@@ -1,0 +1,432 @@
+"""Networks of ddpd.models: shapes, attention backends, causality, time conditioning,
+head-at-positions, validation, determinism."""
+import itertools
+import math
+
+import pytest
+import torch
+
+from ddpd.models import (
+    MODEL_KINDS,
+    ARModel,
+    MaskDenoiser,
+    Planner,
+    TransformerConfig,
+    UniformDenoiser,
+    UniformModel,
+    attention_backend,
+    build_model,
+    config_for,
+    count_parameters,
+    flash_available,
+    get_attention_backend,
+    resolve_backend,
+    set_attention_backend,
+)
+from ddpd.models.attention import SelfAttention, RotaryEmbedding, attention, explicit_attention
+
+V, D, B = 7, 12, 3
+SMALL = dict(d_model=32, n_layers=2, n_heads=4)
+
+
+def make(kind, seed=0, **fields):
+    torch.manual_seed(seed)
+    model = build_model(kind, config_for(kind, V, D, **{**SMALL, **fields}))
+    return model.eval()
+
+
+def tokens(batch=B, length=D, high=V, seed=1):
+    return torch.randint(0, high, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def call(model, x, t=None):
+    if isinstance(model, (Planner, ARModel)):
+        return model(x)
+    return model(x, torch.full((x.shape[0],), 0.5) if t is None else t)
+
+
+def randomize_modulation(model, seed=3):
+    """adaLN starts at zero (identity blocks); give it weights so t and context matter."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "modulation" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.2)
+    return model
+
+
+# ---- config -------------------------------------------------------------------------
+
+def test_config_round_trip():
+    cfg = config_for("mask-denoiser", V, D, **SMALL, norm="rmsnorm", dropout=0.1)
+    assert TransformerConfig.from_dict(cfg.to_dict()) == cfg
+    assert cfg.vocab_size == V + 1 and cfg.out_dim == V and cfg.time_conditioned and not cfg.causal
+
+
+@pytest.mark.parametrize("fields, error", [
+    (dict(n_heads=3), ValueError),            # 32 % 3 != 0
+    (dict(d_model=12, n_heads=4), ValueError),  # head_dim 3 is odd: no rotary pairs
+    (dict(n_layers=0), ValueError),
+    (dict(dropout=1.0), ValueError),
+    (dict(norm="batchnorm"), ValueError),
+    (dict(causal=1), TypeError),
+    (dict(d_model=32.0), TypeError),
+])
+def test_config_rejects_bad_fields(fields, error):
+    base = dict(vocab_size=V, out_dim=V, d_model=32, n_layers=2, n_heads=4)
+    with pytest.raises(error):
+        TransformerConfig(**{**base, **fields})
+
+
+def test_config_from_dict_rejects_unknown_and_missing():
+    good = TransformerConfig(vocab_size=V, out_dim=V).to_dict()
+    with pytest.raises(ValueError, match="unknown"):
+        TransformerConfig.from_dict({**good, "n_embd": 3})
+    del good["out_dim"]
+    with pytest.raises(ValueError, match="missing"):
+        TransformerConfig.from_dict(good)
+
+
+def test_config_for_derives_kind_layout():
+    assert config_for("planner", V, D).out_dim == 1
+    assert config_for("ar", V, D).max_seq_len == D + 1
+    assert config_for("ar", V, D).causal
+    with pytest.raises(ValueError, match="time_conditioned"):
+        config_for("planner", V, D, time_conditioned=True)
+    with pytest.raises(ValueError, match="derived"):
+        config_for("uniform", V, D, out_dim=3)
+
+
+def test_build_model_rejects_config_of_another_kind():
+    with pytest.raises(ValueError, match="kind"):
+        build_model("gpt", config_for("uniform", V, D))
+    with pytest.raises(ValueError, match="vocab_size"):
+        build_model("mask-denoiser", config_for("uniform", V, D, **SMALL))
+    with pytest.raises(ValueError, match="time_conditioned"):
+        Planner(config_for("uniform-denoiser", V, D, **SMALL).__class__(
+            vocab_size=V, out_dim=1, time_conditioned=True, **SMALL))
+    with pytest.raises(ValueError, match="causal"):
+        build_model("ar", TransformerConfig(vocab_size=V + 1, out_dim=V, **SMALL))
+
+
+# ---- shapes and parameter count ------------------------------------------------------
+
+@pytest.mark.parametrize("kind", MODEL_KINDS)
+def test_output_shapes(kind):
+    model = make(kind)
+    x = tokens(high=model.config.vocab_size)
+    out = call(model, x)
+    expected = (B, D) if kind == "planner" else (B, D, V)
+    assert out.shape == expected and out.dtype == torch.float32
+    assert model.hidden(x, torch.full((B,), 0.5)).shape == (B, D, SMALL["d_model"])
+
+
+def test_count_parameters_matches_hand_count():
+    d, L, out = 32, 2, V
+    model = make("uniform", time_conditioned=False)
+    per_block = 2 * (2 * d) + 3 * d * d + d * d + 2 * (4 * d * d)  # 2 LayerNorms, qkv, proj, MLP
+    expected = V * d + L * per_block + 2 * d + (d * out + out)
+    assert count_parameters(model) == expected
+    model.head.weight.requires_grad_(False)
+    assert count_parameters(model, trainable_only=True) == expected - d * out
+
+
+# ---- attention -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_sdpa_matches_explicit_attention(causal):
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 17, 8, generator=gen) for _ in range(3))
+    with attention_backend("sdpa"):
+        fast = attention(q, k, v, causal)
+    slow = explicit_attention(q, k, v, causal)
+    torch.testing.assert_close(fast, slow, rtol=1e-5, atol=1e-6)
+
+
+def test_explicit_attention_by_hand():
+    # one head, two positions, d = 1: scores q_i k_j / 1
+    q = torch.tensor([0.0, math.log(3.0)]).view(1, 1, 2, 1)
+    k = torch.tensor([0.0, 1.0]).view(1, 1, 2, 1)
+    v = torch.tensor([2.0, 6.0]).view(1, 1, 2, 1)
+    out = explicit_attention(q, k, v, causal=False).flatten()
+    # row 0: equal weights -> 4; row 1: weights 1 : 3 -> (2 + 18) / 4 = 5
+    torch.testing.assert_close(out, torch.tensor([4.0, 5.0]))
+    causal = explicit_attention(q, k, v, causal=True).flatten()
+    torch.testing.assert_close(causal, torch.tensor([2.0, 5.0]))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_module_sdpa_equals_math(causal):
+    torch.manual_seed(0)
+    layer = SelfAttention(32, 4, 16, causal)
+    x = torch.randn(2, 16, 32)
+    with attention_backend("sdpa"):
+        fast = layer(x)
+    with attention_backend("math"):
+        slow = layer(x)
+    torch.testing.assert_close(fast, slow, rtol=1e-5, atol=1e-6)
+
+
+def test_backend_selection_on_cpu():
+    q = torch.randn(1, 1, 4, 8)
+    assert get_attention_backend() == "auto"
+    assert resolve_backend(q) == "sdpa"
+    with attention_backend("math"):
+        assert resolve_backend(q) == "math"
+    assert get_attention_backend() == "auto"
+    with pytest.raises(ValueError):
+        set_attention_backend("xformers")
+    if not flash_available():
+        with pytest.raises(ValueError, match="flash"):
+            set_attention_backend("flash")
+
+
+def test_rotary_scores_depend_on_relative_position_only():
+    rotary = RotaryEmbedding(head_dim=8, max_seq_len=10)
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(8, generator=gen).expand(1, 1, 10, 8)
+    k = torch.randn(8, generator=gen).expand(1, 1, 10, 8)
+    scores = (rotary(q) @ rotary(k).transpose(-1, -2))[0, 0]
+    torch.testing.assert_close(scores[1:, 1:], scores[:-1, :-1], rtol=1e-5, atol=1e-5)
+    # and the position does enter: offsets 0 and 3 give different scores
+    assert not torch.allclose(scores[0, 0], scores[0, 3])
+
+
+def test_model_sees_positions():
+    # without positions a bidirectional transformer is permutation-equivariant
+    model = make("planner")
+    x = tokens()
+    perm = torch.randperm(D, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        permuted_input, permuted_output = model(x[:, perm]), model(x)[:, perm]
+    assert (permuted_input - permuted_output).abs().amax() > 1e-4
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not flash_available(), reason="flash-attn not installed")
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_matches_sdpa_on_cuda_bf16(causal):
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 128, 64, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(3))
+    assert resolve_backend(q) == "flash"
+    flash = attention(q, k, v, causal)
+    with attention_backend("sdpa"):
+        sdpa = attention(q, k, v, causal)
+    torch.testing.assert_close(flash.float(), sdpa.float(), rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.gpu
+def test_denoiser_bf16_autocast_on_cuda():
+    model = make("mask-denoiser").cuda()
+    randomize_modulation(model)
+    x, t = tokens(high=V + 1).cuda(), torch.rand(B, device="cuda")
+    with torch.no_grad():
+        full = model(x, t)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            half = model(x, t)
+    torch.testing.assert_close(half.float(), full, rtol=1e-2, atol=1e-2)
+
+
+# ---- causality and context -----------------------------------------------------------
+
+def test_causal_model_does_not_look_ahead():
+    model = make("ar")
+    x = tokens(high=V + 1)
+    cut = 5
+    y = x.clone()
+    y[:, cut + 1:] = (y[:, cut + 1:] + 1) % V
+    with torch.no_grad():
+        a, b = model(x), model(y)
+    torch.testing.assert_close(a[:, :cut + 1], b[:, :cut + 1], rtol=1e-5, atol=1e-6)
+    assert (a[:, cut + 1:] - b[:, cut + 1:]).abs().amax() > 1e-4
+
+
+@pytest.mark.parametrize("kind", ["planner", "mask-denoiser", "uniform-denoiser", "uniform"])
+def test_bidirectional_model_looks_ahead(kind):
+    model = randomize_modulation(make(kind))
+    x = tokens()
+    y = x.clone()
+    y[:, -1] = (y[:, -1] + 1) % V
+    with torch.no_grad():
+        a, b = call(model, x), call(model, y)
+    assert (a[:, 0] - b[:, 0]).abs().amax() > 1e-4
+
+
+# ---- time conditioning ---------------------------------------------------------------
+
+def test_fresh_time_conditioned_blocks_are_identity():
+    # adaLN-Zero: with zero gates every block returns its input, so hidden = norm(embed(x))
+    model = make("uniform-denoiser")
+    x = tokens()
+    with torch.no_grad():
+        h = model.hidden(x, torch.rand(B))
+        expected = model.backbone.final_norm(model.backbone.embed(x))
+    torch.testing.assert_close(h, expected)
+
+
+def test_time_conditioning_changes_outputs():
+    model = randomize_modulation(make("uniform-denoiser"))
+    x = tokens()
+    with torch.no_grad():
+        early, late = model(x, torch.full((B,), 0.1)), model(x, torch.full((B,), 0.9))
+        scalar = model(x, 0.9)
+    assert (early - late).abs().amax() > 1e-3
+    torch.testing.assert_close(scalar, late)
+
+
+def test_untimed_denoiser_ignores_t():
+    model = make("uniform-denoiser", time_conditioned=False)
+    x = tokens()
+    with torch.no_grad():
+        torch.testing.assert_close(model(x, torch.zeros(B)), model(x, torch.ones(B)), rtol=0, atol=0)
+
+
+def test_planner_has_no_time_input():
+    model = make("planner")
+    assert model.backbone.time_embed is None
+    assert not any("modulation" in name or "time" in name for name, _ in model.named_parameters())
+    x = tokens()
+    with torch.no_grad():
+        torch.testing.assert_close(model.hidden(x, torch.ones(B)), model.hidden(x), rtol=0, atol=0)
+    with pytest.raises(TypeError):
+        model(x, torch.ones(B))
+
+
+def test_time_conditioned_model_requires_t():
+    model = make("mask-denoiser")
+    with pytest.raises(ValueError, match="t:"):
+        model(tokens())
+    with pytest.raises(ValueError, match="t:"):
+        model(tokens(), torch.rand(B + 1))
+    with pytest.raises(TypeError, match="t:"):
+        model(tokens(), torch.ones(B, dtype=torch.long))
+
+
+# ---- head at chosen positions --------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["planner", "mask-denoiser", "uniform-denoiser", "uniform"])
+def test_logits_at_equals_gathered_full_logits(kind):
+    model = randomize_modulation(make(kind))
+    x, t = tokens(), torch.rand(B)
+    index = torch.tensor([[0, 5, 5], [11, 2, 7], [3, 3, 0]])
+    with torch.no_grad():
+        full = call(model, x, t)
+        picked = model.logits_at(model.hidden(x, t), index)
+    if kind == "planner":
+        expected = full.gather(1, index)
+    else:
+        expected = full.gather(1, index[:, :, None].expand(-1, -1, V))
+    torch.testing.assert_close(picked, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_logits_at_validates_index():
+    model = make("uniform")
+    h = model.hidden(tokens(), torch.rand(B))
+    with pytest.raises(TypeError, match="index"):
+        model.logits_at(h, torch.zeros(B, 1))
+    with pytest.raises(ValueError, match="index"):
+        model.logits_at(h, torch.full((B, 1), D))
+    with pytest.raises(ValueError, match="index"):
+        model.logits_at(h, torch.zeros(B + 1, 1, dtype=torch.long))
+    with pytest.raises(ValueError, match="hidden"):
+        model.logits_at(h[..., :4], torch.zeros(B, 1, dtype=torch.long))
+
+
+# ---- mask denoiser and input vocabularies --------------------------------------------
+
+def test_mask_token_has_its_own_embedding():
+    model = randomize_modulation(make("mask-denoiser"))
+    assert model.mask_id == V
+    assert model.backbone.embed.num_embeddings == V + 1
+    x = tokens()
+    x[:, ::2] = model.mask_id
+    t = torch.rand(B)
+    with torch.no_grad():
+        before = model(x, t)
+        # a random direction: a constant shift would be undone by the LayerNorm
+        model.backbone.embed.weight[V] += torch.randn(SMALL["d_model"], generator=torch.Generator().manual_seed(5))
+        after = model(x, t)
+    assert before.shape == (B, D, V)  # no logit for the mask
+    assert (before[:, ::2] - after[:, ::2]).abs().amax() > 1e-3
+
+
+def test_token_validation():
+    model = make("uniform-denoiser")
+    t = torch.rand(B)
+    with pytest.raises(ValueError, match=r"\[0, 7\)"):
+        model(tokens(high=V + 1, seed=4).clamp(min=V - 1), t)  # the mask id is not a uniform token
+    with pytest.raises(TypeError, match="int64"):
+        model(tokens().float(), t)
+    with pytest.raises(ValueError, match="max_seq_len"):
+        model(tokens(length=D + 1), t)
+    with pytest.raises(ValueError, match="shape"):
+        model(tokens()[0], t)
+
+
+# ---- AR judge ------------------------------------------------------------------------
+
+def test_ar_log_likelihood_matches_prefix_by_prefix():
+    model = make("ar")
+    x = tokens()
+    with torch.no_grad():
+        total = model.log_likelihood(x)
+        xb = model.with_bos(x)
+        manual = torch.zeros(B)
+        for d in range(D):
+            logits = model(xb[:, :d + 1])[:, -1]  # prefix BOS, x_0..x_{d-1}
+            manual += logits.log_softmax(-1).gather(1, x[:, d:d + 1]).squeeze(1)
+    torch.testing.assert_close(total, manual, rtol=1e-5, atol=1e-5)
+
+
+def test_ar_likelihood_is_a_distribution():
+    torch.manual_seed(0)
+    model = ARModel(config_for("ar", 3, 3, **SMALL)).eval()
+    every = torch.tensor(list(itertools.product(range(3), repeat=3)))
+    with torch.no_grad():
+        total = model.log_likelihood(every).exp().sum()
+    torch.testing.assert_close(total, torch.tensor(1.0), rtol=1e-5, atol=1e-6)
+
+
+# ---- determinism, gradients, variants -------------------------------------------------
+
+@pytest.mark.parametrize("kind", MODEL_KINDS)
+def test_same_seed_same_model_same_output(kind):
+    a, b = make(kind, seed=7), make(kind, seed=7)
+    x = tokens(high=a.config.vocab_size)
+    with torch.no_grad():
+        torch.testing.assert_close(call(a, x), call(b, x), rtol=0, atol=0)
+    c = make(kind, seed=8)
+    assert not torch.equal(a.head.weight, c.head.weight)
+
+
+def test_dropout_only_in_training():
+    model = make("planner", dropout=0.5)
+    x = tokens()
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), model(x), rtol=0, atol=0)
+        model.train()
+        assert not torch.equal(model(x), model(x))
+
+
+def test_gradients_reach_every_parameter():
+    model = make("planner", norm="rmsnorm").train()
+    model(tokens()).square().mean().backward()
+    missing = [n for n, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
+    assert missing == []
+
+
+def test_gradients_reach_modulation_at_init():
+    model = make("mask-denoiser").train()
+    model(tokens(high=V + 1), torch.rand(B)).square().mean().backward()
+    gates = model.backbone.blocks[0].modulation.weight.grad
+    assert gates is not None and gates.abs().sum() > 0
+
+
+def test_cpu_bf16_autocast_close_to_float32():
+    model = randomize_modulation(make("uniform"))
+    x, t = tokens(), torch.rand(B)
+    with torch.no_grad():
+        full = model(x, t)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            half = model(x, t)
+    torch.testing.assert_close(half.float(), full, rtol=1e-2, atol=1e-2)
