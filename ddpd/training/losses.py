@@ -1,0 +1,122 @@
+"""Training objectives of thm:training_objective and of the baselines.
+
+The theorem splits the uniform-diffusion ELBO into a planner term and a denoiser term,
+each weighted by the noise removal rate alpha_dot_t / (1 - alpha_t):
+
+    L_planner  = E[ rate(t) * sum_d -log p_theta(z_t^d | x_t) ]
+    L_denoiser = E[ rate(t) * sum_d [z_t^d = N] * -log p_theta(x_1^d | x_t, z_t^d = N) ]
+
+As in the paper's implementation (appendix 'Implementation details') the default drops
+the prefactor, since each corrupted token is an independent training signal: the
+planner loss is the binary cross-entropy averaged over all positions, the denoiser
+loss the cross-entropy averaged over the corrupted positions of the batch. Passing
+`rate` (Float[B], alpha_dot / (1 - alpha) at each sequence's t) gives instead the
+theorem's weighted form, in nats per sequence averaged over the batch.
+
+The mask denoiser (MaskD) and the noise-conditioned uniform denoiser (UniD) use the
+same `denoiser_loss`: only their inputs differ (x_t with masks at z_t = N versus x_t
+with uniform noise there). Losses are computed in float32 whatever the logits' dtype.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+
+def _check_tensor(name: str, value, dim: int, floating: Optional[bool] = None, dtype=None) -> None:
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(value).__name__}")
+    if value.dim() != dim:
+        raise ValueError(f"{name}: expected {dim} dimensions, got shape {tuple(value.shape)}")
+    if floating and not value.is_floating_point():
+        raise TypeError(f"{name}: expected a floating-point tensor, got {value.dtype}")
+    if dtype is not None and value.dtype != dtype:
+        raise TypeError(f"{name}: expected dtype {dtype}, got {value.dtype}")
+
+
+def _check_same_shape(name: str, value: torch.Tensor, shape: torch.Size) -> None:
+    if value.shape != shape:
+        raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(value.shape)}")
+
+
+def _check_rate(rate: Optional[torch.Tensor], batch: int) -> None:
+    if rate is None:
+        return
+    _check_tensor("rate", rate, 1, floating=True)
+    _check_same_shape("rate", rate, torch.Size([batch]))
+
+
+def _check_targets(name: str, x: torch.Tensor, shape: torch.Size, num_classes: int) -> None:
+    _check_tensor(name, x, 2, dtype=torch.long)
+    _check_same_shape(name, x, shape)
+    if x.device.type == "cpu" and x.numel() > 0:
+        low, high = int(x.min()), int(x.max())
+        if low < 0 or high >= num_classes:
+            raise ValueError(f"{name}: expected ids in [0, {num_classes}) (the logits' last dim), "
+                             f"got range [{low}, {high}]")
+
+
+def _token_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """-log softmax(logits)[target] per position: [B, D, V], [B, D] -> [B, D]."""
+    ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none")
+    return ce.view(targets.shape)
+
+
+def _rate_weighted(per_position: torch.Tensor, rate: torch.Tensor) -> torch.Tensor:
+    """E_batch[ rate * sum_d per_position ]: the theorem's form, nats per sequence."""
+    return (rate.float() * per_position.sum(-1)).mean()
+
+
+def planner_loss(logits: torch.Tensor, z_t: torch.Tensor, rate: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Binary cross-entropy of planner logits [B, D] against z_t [B, D] (bool, True = noise).
+
+    Default: mean over all B * D positions. With rate: E_b[rate_b * sum_d BCE_bd]."""
+    _check_tensor("logits", logits, 2, floating=True)
+    _check_tensor("z_t", z_t, 2, dtype=torch.bool)
+    _check_same_shape("z_t", z_t, logits.shape)
+    _check_rate(rate, logits.shape[0])
+    bce = F.binary_cross_entropy_with_logits(logits.float(), z_t.float(), reduction="none")
+    return bce.mean() if rate is None else _rate_weighted(bce, rate)
+
+
+def denoiser_loss(logits: torch.Tensor, x1: torch.Tensor, z_t: torch.Tensor,
+                  rate: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Cross-entropy of denoiser logits [B, D, V] against clean x1 [B, D] at the corrupted
+    positions z_t [B, D] (bool, True = noise).
+
+    Default: mean over the corrupted positions of the whole batch (0, with a zero
+    gradient, when none is corrupted). With rate: E_b[rate_b * sum_{d: z=N} CE_bd]."""
+    _check_tensor("logits", logits, 3, floating=True)
+    _check_targets("x1", x1, logits.shape[:2], logits.shape[-1])
+    _check_tensor("z_t", z_t, 2, dtype=torch.bool)
+    _check_same_shape("z_t", z_t, logits.shape[:2])
+    _check_rate(rate, logits.shape[0])
+    # where, not multiply: a non-finite CE at a clean position must not leak into the loss
+    ce = torch.where(z_t, _token_cross_entropy(logits, x1), 0.0)
+    if rate is not None:
+        return _rate_weighted(ce, rate)
+    # clamp: an all-clean batch gives 0 / 1 instead of 0 / 0, and no host sync
+    return ce.sum() / z_t.sum().clamp(min=1)
+
+
+def uniform_model_loss(logits: torch.Tensor, x1: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of p_theta(x_1 | x_t) logits [B, D, V] against x1 [B, D], mean over
+    all positions (DFM-Uni: the model is not told which positions are noise)."""
+    _check_tensor("logits", logits, 3, floating=True)
+    _check_targets("x1", x1, logits.shape[:2], logits.shape[-1])
+    return _token_cross_entropy(logits, x1).mean()
+
+
+def ar_loss(logits: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """Next-token cross-entropy: logits [B, D, V] at position d against x[:, d + 1],
+    mean over the B * (D - 1) predicted tokens. x may start with a BOS id >= V, since
+    position 0 is never a target."""
+    _check_tensor("logits", logits, 3, floating=True)
+    _check_tensor("x", x, 2, dtype=torch.long)
+    _check_same_shape("x", x, logits.shape[:2])
+    if x.shape[1] < 2:
+        raise ValueError(f"x: expected at least 2 tokens per sequence, got {x.shape[1]}")
+    _check_targets("x[:, 1:]", x[:, 1:], x[:, 1:].shape, logits.shape[-1])
+    return _token_cross_entropy(logits[:, :-1], x[:, 1:]).mean()

@@ -1,0 +1,137 @@
+"""Objectives of ddpd.training.losses on tiny tensors whose values are worked out by hand."""
+import math
+
+import pytest
+import torch
+
+from ddpd.training.losses import ar_loss, denoiser_loss, planner_loss, uniform_model_loss
+
+LN2, LN3, LN4_3 = math.log(2.0), math.log(3.0), math.log(4.0 / 3.0)
+
+
+def close(actual, expected):
+    torch.testing.assert_close(actual, torch.tensor(expected, dtype=torch.float32), rtol=1e-6, atol=1e-7)
+
+
+# ---- planner -------------------------------------------------------------------------
+
+def planner_case():
+    # sigmoid(0) = 1/2, sigmoid(ln 3) = 3/4, sigmoid(-ln 3) = 1/4
+    logits = torch.tensor([[0.0, LN3], [-LN3, 0.0]], requires_grad=True)
+    z_t = torch.tensor([[True, True], [False, False]])
+    return logits, z_t
+
+
+def test_planner_loss_by_hand():
+    logits, z_t = planner_case()
+    # -log 1/2, -log 3/4, -log(1 - 1/4), -log 1/2
+    close(planner_loss(logits, z_t), (2 * LN2 + 2 * LN4_3) / 4)
+
+
+def test_planner_loss_rate_weighted():
+    logits, z_t = planner_case()
+    per_sequence = LN2 + LN4_3  # both rows
+    close(planner_loss(logits, z_t, rate=torch.tensor([2.0, 0.5])), (2.0 + 0.5) * per_sequence / 2)
+
+
+def test_planner_loss_gradient_is_sigmoid_minus_target():
+    logits, z_t = planner_case()
+    planner_loss(logits, z_t).backward()
+    expected = (torch.tensor([[0.5, 0.75], [0.25, 0.5]]) - z_t.float()) / 4
+    torch.testing.assert_close(logits.grad, expected)
+
+
+# ---- denoiser ------------------------------------------------------------------------
+
+def denoiser_case():
+    # V = 3. position 0: probs [1/4, 1/2, 1/4], target 1 -> ln 2, corrupted
+    #        position 1: clean; its -inf logit at the target would give an infinite CE
+    #        position 2: probs [1/2, 1/4, 1/4], target 2 -> ln 4, corrupted
+    logits = torch.tensor([[[0.0, LN2, 0.0], [0.0, 0.0, -math.inf], [LN2, 0.0, 0.0]]], requires_grad=True)
+    x1 = torch.tensor([[1, 2, 2]])
+    z_t = torch.tensor([[True, False, True]])
+    return logits, x1, z_t
+
+
+def test_denoiser_loss_averages_corrupted_positions_only():
+    logits, x1, z_t = denoiser_case()
+    close(denoiser_loss(logits, x1, z_t), (LN2 + 2 * LN2) / 2)
+
+
+def test_denoiser_loss_gradient():
+    logits, x1, z_t = denoiser_case()
+    denoiser_loss(logits, x1, z_t).backward()
+    # (softmax - onehot) / number of corrupted positions; nothing at the clean position
+    expected = torch.tensor([[[0.25, -0.5, 0.25], [0.0, 0.0, 0.0], [0.5, 0.25, -0.75]]]) / 2
+    torch.testing.assert_close(logits.grad, expected)
+
+
+def test_denoiser_loss_rate_weighted_is_per_sequence_sum():
+    # batch of two: the case above (sum ln 2 + ln 4 = 3 ln 2) and a row with one
+    # corrupted uniform position (ln 3)
+    logits, x1, z_t = denoiser_case()
+    logits = torch.cat([logits.detach(), torch.zeros(1, 3, 3)])
+    x1 = torch.cat([x1, torch.tensor([[0, 0, 0]])])
+    z_t = torch.cat([z_t, torch.tensor([[False, True, False]])])
+    close(denoiser_loss(logits, x1, z_t, rate=torch.tensor([1.0, 4.0])), (3 * LN2 + 4.0 * LN3) / 2)
+    close(denoiser_loss(logits, x1, z_t), (3 * LN2 + LN3) / 3)
+
+
+def test_denoiser_loss_without_corrupted_positions_is_zero_not_nan():
+    logits, x1, _ = denoiser_case()
+    clean = torch.zeros(1, 3, dtype=torch.bool)
+    loss = denoiser_loss(logits, x1, clean)
+    close(loss, 0.0)
+    loss.backward()
+    assert torch.equal(logits.grad, torch.zeros_like(logits))
+    close(denoiser_loss(logits, x1, clean, rate=torch.tensor([3.0])), 0.0)
+
+
+def test_denoiser_loss_low_precision_logits_computed_in_float32():
+    logits = torch.randn(2, 5, 4, generator=torch.Generator().manual_seed(0)).bfloat16()
+    x1 = torch.tensor([[0, 1, 2, 3, 0], [3, 2, 1, 0, 3]])
+    z_t = torch.tensor([[True, False, True, True, False], [False, True, True, False, True]])
+    loss = denoiser_loss(logits, x1, z_t)
+    assert loss.dtype == torch.float32
+    torch.testing.assert_close(loss, denoiser_loss(logits.float(), x1, z_t))
+
+
+# ---- single uniform model and AR -----------------------------------------------------
+
+def test_uniform_model_loss_averages_all_positions():
+    logits = torch.tensor([[[0.0, LN2, 0.0], [0.0, 0.0, 0.0], [LN2, 0.0, 0.0]]])
+    x1 = torch.tensor([[1, 2, 2]])
+    # ln 2, ln 3, ln 4
+    close(uniform_model_loss(logits, x1), (LN2 + LN3 + 2 * LN2) / 3)
+
+
+def test_ar_loss_shifts_targets():
+    # position 0 predicts x[1] = 1 (probs [1/4, 1/2, 1/4] -> ln 2),
+    # position 1 predicts x[2] = 0 (uniform -> ln 3), position 2 predicts nothing
+    logits = torch.tensor([[[0.0, LN2, 0.0], [0.0, 0.0, 0.0], [math.inf, 0.0, 0.0]]])
+    x = torch.tensor([[3, 1, 0]])  # x[0] = 3 is a BOS id outside the 3 output classes
+    close(ar_loss(logits, x), (LN2 + LN3) / 2)
+
+
+# ---- validation ----------------------------------------------------------------------
+
+def test_validation_errors_name_the_argument():
+    logits, x1, z_t = denoiser_case()
+    with pytest.raises(TypeError, match="z_t"):
+        denoiser_loss(logits, x1, z_t.long())
+    with pytest.raises(ValueError, match="z_t"):
+        denoiser_loss(logits, x1, z_t[:, :2])
+    with pytest.raises(ValueError, match="x1"):
+        denoiser_loss(logits, torch.tensor([[1, 3, 2]]), z_t)
+    with pytest.raises(TypeError, match="x1"):
+        denoiser_loss(logits, x1.float(), z_t)
+    with pytest.raises(ValueError, match="rate"):
+        denoiser_loss(logits, x1, z_t, rate=torch.ones(2))
+    with pytest.raises(TypeError, match="logits"):
+        planner_loss(torch.zeros(1, 3, dtype=torch.long), z_t)
+    with pytest.raises(ValueError, match="logits"):
+        planner_loss(torch.zeros(1, 3, 1), z_t)
+    with pytest.raises(ValueError, match="x"):
+        ar_loss(torch.zeros(1, 1, 3), torch.zeros(1, 1, dtype=torch.long))
+    with pytest.raises(ValueError, match="x"):
+        ar_loss(torch.zeros(1, 2, 3), torch.tensor([[0, 3]]))
