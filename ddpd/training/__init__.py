@@ -1,0 +1,1 @@
+"""Training: corpora and tokenizers, DDPD objectives, and the training loop."""

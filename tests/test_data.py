@@ -1,0 +1,193 @@
+"""Tokenizers, corpus loading, the 90/5/5 split and the batch samplers."""
+import os
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from ddpd.training.data import (GPT2Tokenizer, RandomCrops, Text8Tokenizer, chunk, encode_corpus,
+                                evaluation_batches, load_splits, load_text, split_tokens, tokenizer_from_config)
+
+DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
+WIKI = os.path.join(DATA, "text8-mini", "wiki.txt")
+TIKTOKEN = os.path.join(DATA, "gpt2", "gpt2.tiktoken")
+WIKITEXT = os.path.join(DATA, "wikitext2", "valid.txt")
+
+
+@pytest.fixture(scope="module")
+def wiki_text():
+    with open(WIKI) as f:
+        return f.read()
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    return GPT2Tokenizer(TIKTOKEN)
+
+
+def test_text8_round_trip_on_corpus(wiki_text):
+    tok = Text8Tokenizer()
+    text = wiki_text[:100_000]
+    ids = tok.encode(text)
+    assert len(ids) == len(text)
+    assert min(ids) >= 0 and max(ids) < tok.vocab_size == 27
+    assert tok.decode(ids) == text
+    assert tok.decode(torch.tensor(ids)) == text
+
+
+def test_text8_alphabet_order():
+    tok = Text8Tokenizer()
+    assert tok.encode(" az") == [0, 1, 26]
+    assert tok.decode(list(range(27))) == " abcdefghijklmnopqrstuvwxyz"
+
+
+@pytest.mark.parametrize("text, char, position", [("hello World", "W", 6), ("caf\u00e9", "\u00e9", 3),
+                                                   ("one\ntwo", "\n", 3), ("room 101", "1", 5)])
+def test_text8_rejects_outside_alphabet(text, char, position):
+    with pytest.raises(ValueError) as info:
+        Text8Tokenizer().encode(text)
+    message = str(info.value)
+    assert repr(char) in message and f"position {position}" in message
+
+
+def test_text8_decode_rejects_bad_ids():
+    tok = Text8Tokenizer()
+    with pytest.raises(ValueError, match=r"ids\[1\] must be in \[0, 27\), got 27"):
+        tok.decode([0, 27])
+    with pytest.raises(TypeError, match="ids"):
+        tok.decode([0, 1.5])
+    with pytest.raises(TypeError, match="text must be str"):
+        tok.encode(b"abc")
+
+
+def test_gpt2_known_ids_and_round_trip(gpt2):
+    assert gpt2.vocab_size == 50257
+    assert gpt2.encode("Hello world") == [15496, 995]
+    with open(WIKITEXT, encoding="utf-8") as f:
+        text = f.read()[:50_000]
+    ids = gpt2.encode(text)
+    assert gpt2.decode(ids) == text
+    assert len(ids) < len(text) / 2  # BPE merges: far fewer tokens than characters
+
+
+def test_gpt2_special_token_text_is_ordinary(gpt2):
+    ids = gpt2.encode("a <|endoftext|> b")
+    assert 50256 not in ids
+    assert gpt2.decode(ids) == "a <|endoftext|> b"
+
+
+def test_gpt2_rejects_wrong_or_missing_file(tmp_path):
+    bad = tmp_path / "gpt2.tiktoken"
+    bad.write_bytes(b"IQ== 0\n")
+    with pytest.raises(ValueError, match="sha256"):
+        GPT2Tokenizer(str(bad))
+    with pytest.raises(FileNotFoundError, match="not found"):
+        GPT2Tokenizer(str(tmp_path / "missing.tiktoken"))
+
+
+def test_tokenizer_config_round_trip(gpt2):
+    assert isinstance(tokenizer_from_config(Text8Tokenizer().to_config()), Text8Tokenizer)
+    again = tokenizer_from_config(gpt2.to_config())
+    assert again.encode("Hello world") == gpt2.encode("Hello world")
+    with pytest.raises(ValueError, match="'name' must be"):
+        tokenizer_from_config({"name": "bytes"})
+    with pytest.raises(ValueError, match="path"):
+        tokenizer_from_config({"name": "gpt2"})
+
+
+def test_load_text_reads_local_files(tmp_path, wiki_text):
+    path = tmp_path / "corpus.txt"
+    path.write_text("first line\nsecond line\n")
+    assert load_text(str(path)) == "first line\nsecond line"  # the final line break only is dropped
+    assert load_text(WIKI) == wiki_text.rstrip("\n")
+    with pytest.raises(FileNotFoundError, match="not found"):
+        load_text(str(tmp_path / "missing.txt"))
+    with pytest.raises(ValueError, match="dataset name"):
+        load_text("hf:")
+
+
+def test_split_by_position(wiki_text):
+    tokens = encode_corpus(wiki_text, Text8Tokenizer())
+    n = tokens.numel()
+    splits = split_tokens(tokens)
+    assert [splits[s].numel() for s in ("train", "validation", "test")] == [
+        int(0.9 * n), int(0.95 * n) - int(0.9 * n), n - int(0.95 * n)]
+    assert torch.equal(torch.cat([splits["train"], splits["validation"], splits["test"]]), tokens)
+    loaded = load_splits(WIKI, Text8Tokenizer())
+    assert all(torch.equal(loaded[s], splits[s]) for s in splits)
+
+
+def test_split_validation():
+    with pytest.raises(ValueError, match="fractions"):
+        split_tokens(torch.arange(10), (0.5, 0.5, 0.5))
+    with pytest.raises(ValueError, match="1-D"):
+        split_tokens(torch.zeros(2, 5, dtype=torch.long))
+
+
+def test_bpe_corpus_splits(gpt2):
+    splits = load_splits(WIKITEXT, gpt2)
+    total = sum(s.numel() for s in splits.values())
+    assert abs(splits["validation"].numel() / total - 0.05) < 1e-3
+    assert int(splits["train"].max()) < gpt2.vocab_size
+
+
+def test_chunk():
+    chunks = chunk(torch.arange(10), 3)
+    assert torch.equal(chunks, torch.arange(9).view(3, 3))
+    with pytest.raises(ValueError, match="seq_len"):
+        chunk(torch.arange(10), 0)
+
+
+def test_random_crops_are_contiguous_and_reproducible():
+    tokens = torch.arange(1000)
+    crops = RandomCrops(tokens, seq_len=16, batch_size=8, seed=3)
+    batches = [next(crops) for _ in range(5)]
+    for batch in batches:
+        assert batch.shape == (8, 16)
+        assert torch.equal(batch - batch[:, :1], torch.arange(16).expand(8, 16))
+    again = RandomCrops(tokens, seq_len=16, batch_size=8, seed=3)
+    assert all(torch.equal(a, next(again)) for a in batches)
+    other = RandomCrops(tokens, seq_len=16, batch_size=8, seed=4)
+    assert not torch.equal(next(other), batches[0])
+
+
+def test_random_crops_resume_from_state():
+    tokens = torch.arange(500)
+    crops = RandomCrops(tokens, seq_len=10, batch_size=4, seed=0)
+    for _ in range(3):
+        next(crops)
+    state = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in crops.state_dict().items()}
+    expected = [next(crops) for _ in range(4)]
+    restored = RandomCrops(tokens, seq_len=10, batch_size=4, seed=123)
+    restored.load_state_dict(state)
+    assert restored.batches == 3
+    assert all(torch.equal(e, next(restored)) for e in expected)
+
+
+def test_random_crop_offsets_are_uniform():
+    """Chi-square of 40,000 crop offsets over the 41 possible starts; a correct
+    sampler fails with probability 1e-4 (the threshold)."""
+    tokens = torch.arange(50)
+    crops = RandomCrops(tokens, seq_len=10, batch_size=4000, seed=1)
+    starts = torch.cat([next(crops)[:, 0] for _ in range(10)])
+    counts = torch.bincount(starts, minlength=41)
+    assert counts.numel() == 41  # no start beyond N - seq_len
+    assert chisquare(counts.numpy()).pvalue > 1e-4
+
+
+def test_random_crops_validation():
+    with pytest.raises(ValueError, match="seq_len must be <="):
+        RandomCrops(torch.arange(5), seq_len=6, batch_size=1, seed=0)
+    with pytest.raises(TypeError, match="batch_size"):
+        RandomCrops(torch.arange(5), seq_len=2, batch_size=2.0, seed=0)
+
+
+def test_evaluation_batches_are_fixed_chunks():
+    tokens = torch.arange(1000)
+    batches = evaluation_batches(tokens, seq_len=10, batch_size=8, max_batches=3)
+    assert len(batches) == 3 and all(b.shape == (8, 10) for b in batches)
+    rows = torch.cat(batches)
+    assert torch.equal(rows % 10, torch.arange(10).expand(24, 10))  # aligned chunks
+    assert rows[0, 0] == 0 and rows[-1, 0] == 990  # spread over the whole split
+    assert all(torch.equal(a, b) for a, b in zip(batches, evaluation_batches(tokens, 10, 8, 3)))
+    assert sum(b.shape[0] for b in evaluation_batches(tokens, 10, 8, 100)) == 100
