@@ -1,0 +1,221 @@
+"""Checkpoints: round trip, atomic replacement, corrupt and foreign directories, bundles."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import ddpd.checkpoint as ckpt
+from ddpd.checkpoint import (CheckpointError, load_bundle, load_model, load_train_state, read_config, save_bundle,
+                             save_checkpoint)
+from ddpd.models import build_model, config_for
+
+KINDS = ("planner", "mask-denoiser", "uniform-denoiser", "uniform", "ar")
+
+
+def tiny(kind, seed=0, d_model=32):
+    torch.manual_seed(seed)
+    config = config_for(kind, 27, 16, d_model=d_model, n_layers=1, n_heads=2)
+    return build_model(kind, config), {"kind": kind, "model": config.to_dict(), "tokenizer": {"name": "text8"},
+                                       "schedule": "linear"}
+
+
+def same_weights(a, b):
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def inputs(kind):
+    x = torch.randint(0, 27, (2, 16), generator=torch.Generator().manual_seed(1))
+    return (x,) if kind in ("planner", "ar") else (x, torch.tensor([0.2, 0.7]))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_round_trip_every_kind(tmp_path, kind):
+    model, config = tiny(kind)
+    save_checkpoint(tmp_path / "c", model, {**config, "note": "kept"})
+    loaded, loaded_config = load_model(tmp_path / "c")
+    assert type(loaded) is type(model) and not loaded.training
+    assert same_weights(model, loaded)
+    assert loaded_config["note"] == "kept" and loaded_config["model"] == config["model"]
+    model.eval()
+    assert torch.equal(model(*inputs(kind)), loaded(*inputs(kind)))
+    assert sorted(os.listdir(tmp_path)) == ["c"]  # no temporary left behind
+
+
+def test_train_state_round_trip(tmp_path):
+    model, config = tiny("planner")
+    tensors = {"optim.0.exp_avg": torch.randn(3, 4), "rng": torch.get_rng_state()}
+    meta = {"step": 7, "history": [{"step": 5, "val_loss": 0.5}]}
+    save_checkpoint(tmp_path / "c", model, config, (tensors, meta))
+    got_tensors, got_meta = load_train_state(tmp_path / "c")
+    assert got_meta == meta
+    assert got_tensors.keys() == tensors.keys() and all(torch.equal(got_tensors[k], tensors[k]) for k in tensors)
+
+
+def test_replacing_a_checkpoint(tmp_path):
+    first, config = tiny("planner", seed=0)
+    second, _ = tiny("planner", seed=1)
+    save_checkpoint(tmp_path / "c", first, config, ({"a": torch.ones(2)}, {"step": 1}))
+    save_checkpoint(tmp_path / "c", second, config)
+    assert same_weights(load_model(tmp_path / "c")[0], second)
+    assert not os.path.exists(tmp_path / "c" / "train_state.json")  # the whole directory was replaced
+    assert sorted(os.listdir(tmp_path)) == ["c"]
+
+
+@pytest.mark.parametrize("failure", [OSError("disk full"), KeyboardInterrupt()])
+def test_failed_write_keeps_previous_checkpoint(tmp_path, monkeypatch, failure):
+    first, config = tiny("planner", seed=0)
+    save_checkpoint(tmp_path / "c", first, config, ({"a": torch.ones(2)}, {"step": 1}))
+    second, _ = tiny("planner", seed=1)
+
+    def half_write(tensors, filename, metadata=None):
+        with open(filename, "wb") as f:
+            f.write(b"\x00" * 100)
+        raise failure
+
+    monkeypatch.setattr(ckpt, "save_file", half_write)
+    with pytest.raises(type(failure)):
+        save_checkpoint(tmp_path / "c", second, config, ({"a": torch.zeros(2)}, {"step": 2}))
+    assert same_weights(load_model(tmp_path / "c")[0], first)
+    assert load_train_state(tmp_path / "c")[1] == {"step": 1}
+    assert sorted(os.listdir(tmp_path)) == ["c"]
+
+
+def test_killed_writer_keeps_previous_checkpoint(tmp_path):
+    """A process killed (no cleanup at all) mid-write leaves only a stray temporary."""
+    first, config = tiny("planner", seed=0)
+    save_checkpoint(tmp_path / "c", first, config)
+    script = textwrap.dedent(f"""
+        import os, torch
+        import ddpd.checkpoint as ckpt
+        from ddpd.models import build_model, config_for
+        def die(tensors, filename, metadata=None):
+            open(filename, "wb").write(b"partial")
+            os._exit(9)
+        ckpt.save_file = die
+        model = build_model("planner", config_for("planner", 27, 16, d_model=32, n_layers=1, n_heads=2))
+        ckpt.save_checkpoint({str(tmp_path / "c")!r}, model, {config!r}, ({{"a": torch.ones(1)}}, {{}}))
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert result.returncode == 9, result.stderr
+    assert same_weights(load_model(tmp_path / "c")[0], first)
+    assert len(os.listdir(tmp_path)) == 2  # the checkpoint and the abandoned temporary
+
+
+def test_corrupt_checkpoints_raise_checkpoint_error(tmp_path):
+    model, config = tiny("planner")
+    good = tmp_path / "good"
+    save_checkpoint(good, model, config)
+
+    def copy(name):
+        target = tmp_path / name
+        target.mkdir()
+        for f in os.listdir(good):
+            (target / f).write_bytes((good / f).read_bytes())
+        return target
+
+    truncated = copy("truncated")
+    data = (truncated / "model.safetensors").read_bytes()
+    (truncated / "model.safetensors").write_bytes(data[: len(data) // 2])
+    flipped = copy("flipped")
+    data = bytearray((flipped / "model.safetensors").read_bytes())
+    data[-5] ^= 0xFF
+    (flipped / "model.safetensors").write_bytes(bytes(data))
+    no_weights = copy("no_weights")
+    os.remove(no_weights / "model.safetensors")
+    bad_json = copy("bad_json")
+    (bad_json / "config.json").write_text("{not json")
+    bad_kind = copy("bad_kind")
+    (bad_kind / "config.json").write_text(json.dumps({**config, "kind": "gan"}))
+    cases = {truncated: "corrupt", flipped: "corrupt", no_weights: "missing model.safetensors",
+             bad_json: "not valid JSON", bad_kind: "'kind' must be one of", tmp_path / "absent": "not found",
+             tmp_path: "missing config.json"}
+    for path, message in cases.items():
+        with pytest.raises(CheckpointError, match=message):
+            load_model(path)
+    with pytest.raises(CheckpointError, match="no training state"):
+        load_train_state(good)
+
+
+def test_weights_that_do_not_match_the_config(tmp_path):
+    model, config = tiny("planner", d_model=32)
+    save_checkpoint(tmp_path / "c", model, config)
+    stored = read_config(tmp_path / "c")
+    stored["model"]["d_model"] = 64
+    stored.pop("sha256")
+    (tmp_path / "c" / "config.json").write_text(json.dumps(stored))
+    with pytest.raises(CheckpointError, match="does not match config.json"):
+        load_model(tmp_path / "c")
+    stored["model"]["n_heads"] = 3
+    (tmp_path / "c" / "config.json").write_text(json.dumps(stored))
+    with pytest.raises(CheckpointError, match="does not describe a valid model"):
+        load_model(tmp_path / "c")
+
+
+def test_refuses_to_replace_unrelated_directory(tmp_path):
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "keep.txt").write_text("precious")
+    model, config = tiny("planner")
+    with pytest.raises(CheckpointError, match="refusing to replace"):
+        save_checkpoint(tmp_path / "notes", model, config)
+    assert (tmp_path / "notes" / "keep.txt").read_text() == "precious"
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(CheckpointError, match="not a directory"):
+        save_checkpoint(tmp_path / "file", model, config)
+
+
+def test_save_validates_before_writing(tmp_path):
+    model, config = tiny("planner")
+    other, _ = tiny("planner", d_model=64)
+    with pytest.raises(ValueError, match="must describe the model"):
+        save_checkpoint(tmp_path / "c", other, config)
+    with pytest.raises(ValueError, match="JSON"):
+        save_checkpoint(tmp_path / "c", model, config, ({}, {"bad": object()}))
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        save_checkpoint(tmp_path / "c", model, config, ({"x": [1.0]}, {}))
+    with pytest.raises(ValueError, match="'kind'"):
+        save_checkpoint(tmp_path / "c", model, {"model": config["model"]})
+    assert os.listdir(tmp_path) == []
+
+
+def test_weights_file_is_plain_safetensors(tmp_path):
+    model, config = tiny("mask-denoiser")
+    save_checkpoint(tmp_path / "c", model, config)
+    tensors = load_file(tmp_path / "c" / "model.safetensors")
+    assert tensors.keys() == model.state_dict().keys()
+
+
+def test_bundle_round_trip(tmp_path):
+    planner, planner_config = tiny("planner")
+    denoiser, denoiser_config = tiny("mask-denoiser", seed=2)
+    save_bundle(tmp_path / "b", planner, planner_config, denoiser, denoiser_config)
+    got_planner, got_denoiser, configs = load_bundle(tmp_path / "b")
+    assert same_weights(got_planner, planner) and same_weights(got_denoiser, denoiser)
+    assert configs["planner"]["kind"] == "planner" and configs["denoiser"]["kind"] == "mask-denoiser"
+    save_bundle(tmp_path / "b", planner, planner_config, planner_denoiser := tiny("uniform", seed=3)[0],
+                tiny("uniform")[1])  # a bundle may replace a bundle
+    assert same_weights(load_bundle(tmp_path / "b")[1], planner_denoiser)
+
+
+def test_bundle_errors(tmp_path):
+    planner, planner_config = tiny("planner")
+    denoiser, denoiser_config = tiny("uniform-denoiser")
+    with pytest.raises(ValueError, match="planner config: kind"):
+        save_bundle(tmp_path / "b", denoiser, denoiser_config, denoiser, denoiser_config)
+    with pytest.raises(ValueError, match="denoiser config: kind"):
+        save_bundle(tmp_path / "b", planner, planner_config, planner, planner_config)
+    save_bundle(tmp_path / "b", planner, planner_config, denoiser, denoiser_config)
+    save_checkpoint(tmp_path / "b" / "denoiser", planner, planner_config)  # a planner where the denoiser goes
+    with pytest.raises(CheckpointError, match="denoiser config: kind"):
+        load_bundle(tmp_path / "b")
+    with pytest.raises(CheckpointError, match="not found"):
+        load_bundle(tmp_path / "missing")
+    (tmp_path / "half").mkdir()
+    save_checkpoint(tmp_path / "half" / "planner", planner, planner_config)
+    with pytest.raises(CheckpointError, match="denoiser"):
+        load_bundle(tmp_path / "half")
