@@ -2,13 +2,70 @@
 
 ddpd._C is built here only when torch is importable at build time (use
 `pip install -e . --no-build-isolation` with torch already installed); otherwise
-ddpd.ops._ext compiles the same sources on first use.
+ddpd.ops._ext compiles the same sources on first use. With a CUDA build of torch
+and a CUDA toolkit the CUDA kernels (csrc/cuda) are compiled in as well. The
+source list and the flags come from ddpd/ops/_ext.py, shared by both routes.
 """
+import importlib.util
+import json
+from pathlib import Path
+
 from setuptools import find_packages, setup
 
-packages = find_packages(include=["ddpd", "ddpd.*"]) + ["ddpd.kernels"]
-# The Triton kernels live in the top-level kernels/ folder but install as
-# ddpd.kernels, never as a generic top-level `kernels` module.
-package_dir = {"ddpd.kernels": "kernels"}
+ROOT = Path(__file__).resolve().parent
+CSRC = "csrc"
 
-setup(packages=packages, package_dir=package_dir)
+packages = find_packages(include=["ddpd", "ddpd.*"]) + ["ddpd.kernels", "ddpd._csrc"]
+# The Triton kernels live in the top-level kernels/ folder but install as
+# ddpd.kernels, never as a generic top-level `kernels` module. The C++ sources ship
+# as ddpd/_csrc so that an install built without torch can compile them on first use.
+package_dir = {"ddpd.kernels": "kernels", "ddpd._csrc": CSRC}
+package_data = {"ddpd._csrc": ["*.h", "*.cpp", "cpu/*.h", "cpu/*.cpp", "cuda/*.h", "cuda/*.cuh", "cuda/*.cu", "cuda/*.cpp"]}
+
+
+def _load_ext_config():
+    spec = importlib.util.spec_from_file_location("_ddpd_ext_config", ROOT / "ddpd" / "ops" / "_ext.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _extension_kwargs():
+    try:
+        import torch  # noqa: F401
+        from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension
+    except ImportError:
+        print("ddpd: torch is not importable at build time; ddpd._C will be compiled on first use")
+        return {}
+    config = _load_ext_config()
+    with_cuda = config.can_build_cuda()
+    extension = CUDAExtension if with_cuda else CppExtension
+    # setuptools wants source paths relative to this file.
+    sources = [str(Path(p).relative_to(ROOT)) for p in config.sources(ROOT / CSRC, with_cuda)]
+
+    class BuildExtensionWithInfo(BuildExtension):
+        """Records what ddpd._C was built against, for the staleness check in _ext.py."""
+
+        def run(self):
+            super().run()  # builds in build_lib, then copies the module into the source tree if inplace
+            folders = {Path(self.get_ext_fullpath("ddpd._C")).parent}
+            if self.inplace:
+                folders.add(ROOT / self.get_finalized_command("build_py").get_package_dir("ddpd"))
+            for folder in folders:
+                (folder / config.BUILD_INFO).write_text(json.dumps(config.build_info(with_cuda)))
+
+    return {
+        "ext_modules": [
+            extension(
+                "ddpd._C",
+                sources=sources,
+                include_dirs=[str(ROOT / CSRC)],
+                extra_compile_args={"cxx": config.cxx_flags(with_cuda), "nvcc": config.NVCC_FLAGS},
+                extra_link_args=config.LINK_FLAGS,
+            )
+        ],
+        "cmdclass": {"build_ext": BuildExtensionWithInfo},
+    }
+
+
+setup(packages=packages, package_dir=package_dir, package_data=package_data, **_extension_kwargs())

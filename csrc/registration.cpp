@@ -1,0 +1,20 @@
+// Schemas of the torch.ops.ddpd operators defined by ddpd._C. Kernels register
+// per device with TORCH_LIBRARY_IMPL (csrc/cpu/*.cpp, csrc/cuda/*.cpp); ops that
+// live in other files declare their schemas with TORCH_LIBRARY_FRAGMENT(ddpd, m).
+// Python wrappers with validation and a torch reference: ddpd/ops/*.py.
+#include <torch/library.h>
+
+TORCH_LIBRARY(ddpd, m) {
+  // ddpd/ops/categorical_weights.py: one inverse-CDF draw per row -> (index, valid).
+  m.def("categorical_from_weights(Tensor weights, Tensor uniforms) -> (Tensor, Tensor)");
+  // ddpd/ops/multinomial.py: k draws per row from counter-based Philox streams
+  // (seed and offset are uint64 carried in int64) or from given uniforms.
+  m.def(
+      "multinomial(Tensor weights, int k, bool replacement, int seed, int offset, "
+      "Tensor row_ids) -> (Tensor, Tensor)");
+  m.def("multinomial_with_uniforms(Tensor weights, Tensor uniforms, bool replacement) -> (Tensor, Tensor)");
+  // ddpd/ops/compact.py: pack the active rows, and write packed rows back.
+  m.def("compact(Tensor active, Tensor[] tensors) -> (Tensor[], Tensor)");
+  m.def("compact_fixed(Tensor active, int capacity, Tensor[] tensors) -> (Tensor[], Tensor, Tensor)");
+  m.def("scatter_back(Tensor index, Tensor packed, Tensor(a!) out) -> Tensor(a!)");
+}

@@ -1,0 +1,185 @@
+"""Loading ddpd._C, the C++/CUDA extension that registers the torch.ops.ddpd operators.
+
+Two routes build the same sources (csrc/*.cpp, csrc/cpu/*.cpp, and with a CUDA
+build of torch plus a CUDA toolkit csrc/cuda/*.cu, csrc/cuda/*.cpp):
+
+- setup.py compiles ddpd._C when torch is importable at build time
+  (`pip install -e . --no-build-isolation`) and records the torch version it was
+  built against in ddpd/_C.build.json;
+- otherwise, or when that module is stale (a source is newer than it, it was built
+  for another torch, or it fails to import), `load()` compiles the sources on first
+  use with torch.utils.cpp_extension.load into a cache directory
+  ($DDPD_EXTENSIONS_DIR, default ~/.cache/ddpd/extensions/<python-torch-device>),
+  printing one line that says why. DDPD_FORCE_JIT=1 takes that route regardless.
+
+Only one of the two may be loaded in a process: both register the ddpd namespace.
+This file imports nothing from ddpd, and torch only inside functions, because
+setup.py loads it by path for the source list and the compiler flags.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import os
+import re
+import sys
+import threading
+from pathlib import Path
+from types import ModuleType
+from typing import Optional
+
+# -ffp-contract=off: no fused multiply-add, so every double operation rounds as in the
+# torch references (no -ffast-math for the same reason). -O3 vectorises the loops;
+# no -march=native, so a built wheel runs on any x86-64 / aarch64 machine.
+CXX_FLAGS = ["-O3", "-fopenmp", "-ffp-contract=off"]
+NVCC_FLAGS = ["-O3", "--fmad=false", "-std=c++17"]
+LINK_FLAGS = ["-fopenmp"]
+BUILD_INFO = "_C.build.json"
+JIT_NAME = "ddpd_C"
+_SOURCE_SUFFIXES = (".h", ".cuh", ".cpp", ".cu")
+
+_lock = threading.Lock()
+_module: Optional[ModuleType] = None
+
+
+def source_dir() -> Path:
+    """csrc/ of a source checkout (editable install), else the copy shipped as ddpd/_csrc."""
+    package = Path(__file__).resolve().parents[1]
+    for candidate in (package.parent / "csrc", package / "_csrc"):
+        if (candidate / "registration.cpp").is_file():
+            return candidate
+    raise RuntimeError(f"ddpd: the C++ sources are missing (looked in {package.parent / 'csrc'} and {package / '_csrc'})")
+
+
+def sources(root: Path, with_cuda: bool) -> list[str]:
+    """Every source of ddpd._C under root, sorted; the CUDA ones only with_cuda."""
+    patterns = ["*.cpp", "cpu/*.cpp"] + (["cuda/*.cu", "cuda/*.cpp"] if with_cuda else [])
+    found = sorted(str(p) for pattern in patterns for p in root.glob(pattern))
+    _check_object_names(found)
+    return found
+
+
+def _check_object_names(paths: list[str]) -> None:
+    # torch's JIT build names object files after the file name alone.
+    seen: dict[str, str] = {}
+    for path in paths:
+        name = Path(path).name
+        if name in seen:
+            raise RuntimeError(f"ddpd: sources {seen[name]} and {path} share a file name; rename one")
+        seen[name] = path
+
+
+def cxx_flags(with_cuda: bool) -> list[str]:
+    return CXX_FLAGS + [f"-DDDPD_WITH_CUDA={int(with_cuda)}"]
+
+
+def can_build_cuda() -> bool:
+    """A CUDA build of torch and a CUDA toolkit (nvcc) are both present."""
+    import torch
+    from torch.utils.cpp_extension import CUDA_HOME
+
+    return torch.version.cuda is not None and CUDA_HOME is not None
+
+
+def build_info(with_cuda: bool) -> dict:
+    import torch
+
+    return {"torch": torch.__version__, "python": sys.version.split()[0], "cuda": with_cuda}
+
+
+def _newest_source(root: Path) -> tuple[float, Optional[Path]]:
+    newest, path = 0.0, None
+    for p in root.rglob("*"):
+        if p.suffix in _SOURCE_SUFFIXES and p.stat().st_mtime > newest:
+            newest, path = p.stat().st_mtime, p
+    return newest, path
+
+
+def prebuilt_problem() -> Optional[str]:
+    """Why the ddpd._C built by setup.py cannot be used, or None if it can."""
+    if os.environ.get("DDPD_FORCE_JIT", "") not in ("", "0"):
+        return "DDPD_FORCE_JIT is set"
+    spec = importlib.util.find_spec("ddpd._C")
+    if spec is None or spec.origin is None:
+        return "ddpd._C was not built (torch was not importable when ddpd was installed)"
+    built = Path(spec.origin)
+    try:
+        newest, path = _newest_source(source_dir())
+    except RuntimeError:  # an install that ships no sources cannot be stale
+        newest, path = 0.0, None
+    if newest > built.stat().st_mtime:
+        return f"{path} is newer than {built}"
+    info_path = built.parent / BUILD_INFO
+    if not info_path.is_file():
+        return f"{info_path} is missing, so the torch version {built.name} was built for is unknown"
+    info = json.loads(info_path.read_text())
+    import torch
+
+    if info.get("torch") != torch.__version__:
+        return f"{built.name} was built for torch {info.get('torch')}, this is torch {torch.__version__}"
+    if not info.get("cuda") and can_build_cuda():
+        return f"{built.name} was built without the CUDA kernels this torch and toolkit can build"
+    return None
+
+
+def _cache_dir(with_cuda: bool) -> Path:
+    import torch
+
+    root = os.environ.get("DDPD_EXTENSIONS_DIR") or Path.home() / ".cache" / "ddpd" / "extensions"
+    tag = f"py{sys.version_info[0]}{sys.version_info[1]}-torch{torch.__version__}-{'cuda' if with_cuda else 'cpu'}"
+    return Path(root) / re.sub(r"[^A-Za-z0-9_.-]", "_", tag)
+
+
+def _compile(reason: str) -> ModuleType:
+    from torch.utils import cpp_extension
+
+    with_cuda = can_build_cuda()
+    root = source_dir()
+    build_dir = _cache_dir(with_cuda)
+    build_dir.mkdir(parents=True, exist_ok=True)
+    print(f"ddpd: compiling the C++ extension because {reason}; building in {build_dir} (once per source change)",
+          file=sys.stderr, flush=True)
+    try:
+        return cpp_extension.load(
+            name=JIT_NAME,
+            sources=sources(root, with_cuda),
+            extra_include_paths=[str(root)],
+            extra_cflags=cxx_flags(with_cuda),
+            extra_cuda_cflags=NVCC_FLAGS,
+            extra_ldflags=LINK_FLAGS,
+            build_directory=str(build_dir),
+            with_cuda=with_cuda,
+            verbose=False,
+        )
+    except Exception as error:
+        raise RuntimeError(
+            f"ddpd: the C++ extension is unavailable ({reason}) and compiling it in {build_dir} failed: {error}. "
+            "Reinstall with `pip install -e . --no-build-isolation` (needs a C++17 compiler and ninja)."
+        ) from error
+
+
+def load() -> ModuleType:
+    """The extension module; once it is loaded, torch.ops.ddpd.* are registered."""
+    global _module
+    with _lock:
+        if _module is None:
+            reason = prebuilt_problem()
+            if reason is None:
+                try:
+                    _module = importlib.import_module("ddpd._C")
+                except ImportError as error:  # e.g. an undefined symbol after a torch upgrade
+                    _module = _compile(f"ddpd._C failed to import ({error})")
+            else:
+                _module = _compile(reason)
+        return _module
+
+
+def has_cuda() -> bool:
+    """Whether the loaded extension carries the CUDA kernels."""
+    return bool(load().with_cuda)
+
+
+if __name__ == "__main__":
+    module = load()
+    print(f"ddpd: extension {module.__name__} from {module.__file__}, CUDA kernels: {bool(module.with_cuda)}")
