@@ -1,0 +1,478 @@
+"""The training loop for every ddpd network (thm:training_objective).
+
+One step draws clean chunks x_1, a time t ~ U(0, 1) per sequence, and (x_t, z_t) from
+the forward process p_{t|1} with the linear schedule alpha_t = t, then minimises
+
+- planner:          BCE of p_theta(z_t^d = N | x_t) on uniform-noise x_t, all positions;
+- mask-denoiser:    CE of p_theta(x_1^d | x_t, t) on mask-noise x_t, at z_t = N;
+- uniform-denoiser: CE of p_theta(x_1^d | x_t, z_t^d = N, t) on uniform-noise x_t, at z_t = N;
+- uniform:          CE of p_theta(x_1^d | x_t, t) on uniform-noise x_t, all positions (DFM-Uni);
+- ar:               next-token CE of a causal model (the baseline / judge),
+
+without the rate prefactor alpha_dot/(1-alpha), as in the paper's implementation
+(see ddpd.training.losses). AdamW with linear warmup and cosine decay, gradient
+accumulation and clipping, optional EMA, bf16 autocast on CUDA, data parallel over
+torchrun processes (gloo on CPU, nccl on CUDA).
+
+Exact resume: a checkpoint stores the model, AdamW moments, EMA weights, every RNG
+the loop draws from (the global torch RNG used by dropout, the corruption generator,
+the data sampler's generator, per process) and the step count. The learning rate is
+a pure function of the step. A run restarted from a checkpoint therefore computes
+bit-for-bit the same updates as one that never stopped, on the same hardware, thread
+count and number of processes.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import math
+import os
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+from safetensors.torch import load_model as load_weights
+from torch import Tensor
+
+from ddpd.checkpoint import (WEIGHTS, CheckpointError, ensure_replaceable, has_train_state, load_train_state,
+                             read_config, save_checkpoint)
+from ddpd.models import build_model, config_for
+from ddpd.process import corrupt, get_schedule
+from ddpd.training.data import (GPT2Tokenizer, RandomCrops, Text8Tokenizer, evaluation_batches, load_splits)
+from ddpd.training.losses import ar_loss, denoiser_loss, planner_loss, uniform_model_loss
+
+KINDS = ("planner", "mask-denoiser", "uniform-denoiser", "uniform", "ar")
+TOKENIZERS = ("text8", "gpt2")
+# settings that must not change when a run resumes, or it would not continue the same run
+RESUME_FIXED = ("kind", "data", "batch_size", "seq_len", "d_model", "n_layers", "n_heads", "dropout", "lr",
+                "min_lr", "warmup", "weight_decay", "grad_accum", "grad_clip", "ema", "seed", "tokenizer",
+                "tiktoken", "schedule", "steps")
+
+
+@dataclass
+class TrainConfig:
+    """Settings of one training run. batch_size is per process and per micro-batch:
+    an optimizer step sees batch_size * grad_accum * world_size sequences."""
+
+    kind: str
+    data: str
+    out: str
+    steps: int = 1000
+    batch_size: int = 64
+    seq_len: int = 256
+    d_model: int = 256
+    n_layers: int = 4
+    n_heads: int = 4
+    dropout: float = 0.0
+    lr: float = 3e-4
+    min_lr: Optional[float] = None  # end of the cosine decay; None: lr / 10
+    warmup: int = 100
+    weight_decay: float = 0.1
+    grad_accum: int = 1
+    grad_clip: float = 1.0  # max global gradient norm; 0 disables clipping
+    ema: float = 0.0  # EMA decay of the exported weights; 0 disables EMA
+    eval_every: int = 100
+    eval_batches: int = 16
+    save_every: int = 1000
+    seed: int = 0
+    tokenizer: str = "text8"
+    tiktoken: Optional[str] = None
+    schedule: str = "linear"
+    device: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
+        for name in ("data", "out"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                raise TypeError(f"{name} must be a non-empty path string, got {getattr(self, name)!r}")
+        if self.tokenizer not in TOKENIZERS:
+            raise ValueError(f"tokenizer must be one of {TOKENIZERS}, got {self.tokenizer!r}")
+        if self.tokenizer == "gpt2" and not self.tiktoken:
+            raise ValueError("tokenizer 'gpt2' needs tiktoken (the path of the gpt2.tiktoken ranks file)")
+        for name in ("steps", "batch_size", "seq_len", "d_model", "n_layers", "n_heads", "grad_accum",
+                     "eval_every", "eval_batches", "save_every"):
+            _check_int(name, getattr(self, name), 1)
+        _check_int("warmup", self.warmup, 0)
+        _check_int("seed", self.seed, 0)
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if self.min_lr is not None and not 0 <= self.min_lr <= self.lr:
+            raise ValueError(f"min_lr must be in [0, lr={self.lr}], got {self.min_lr}")
+        for name, value, low, high in (("dropout", self.dropout, 0.0, 1.0), ("ema", self.ema, 0.0, 1.0)):
+            if not low <= value < high:
+                raise ValueError(f"{name} must be in [{low}, {high}), got {value}")
+        if self.weight_decay < 0 or self.grad_clip < 0:
+            raise ValueError(f"weight_decay and grad_clip must be >= 0, got {self.weight_decay}, {self.grad_clip}")
+        get_schedule(self.schedule)
+        # absolute paths, so a resumed run recognises its settings from any directory
+        if not self.data.startswith("hf:"):
+            self.data = os.path.abspath(self.data)
+        if self.tiktoken:
+            self.tiktoken = os.path.abspath(self.tiktoken)
+        self.out = os.path.abspath(self.out)
+
+    @property
+    def final_lr(self) -> float:
+        return self.lr / 10 if self.min_lr is None else self.min_lr
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "TrainConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown training settings {unknown}")
+        return cls(**values)
+
+
+def _check_int(name: str, value, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+
+
+def learning_rate(step: int, config: TrainConfig) -> float:
+    """Linear warmup over `warmup` steps to lr, then cosine decay to final_lr at `steps`."""
+    if step < config.warmup:
+        return config.lr * (step + 1) / config.warmup
+    span = max(config.steps - config.warmup, 1)
+    progress = min((step - config.warmup) / span, 1.0)
+    return config.final_lr + 0.5 * (config.lr - config.final_lr) * (1.0 + math.cos(math.pi * progress))
+
+
+def make_tokenizer(config: TrainConfig):
+    return GPT2Tokenizer(config.tiktoken) if config.tokenizer == "gpt2" else Text8Tokenizer()
+
+
+def stream_seed(seed: int, rank: int, stream: str) -> int:
+    """An independent 63-bit seed for one random stream of one process."""
+    digest = hashlib.sha256(f"ddpd/{seed}/{rank}/{stream}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+class Distributed:
+    """Rank, world size and device of this process; joins the torchrun process group
+    when WORLD_SIZE > 1 (nccl on CUDA, gloo otherwise)."""
+
+    def __init__(self, device: str):
+        self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        self.rank = int(os.environ.get("RANK", "0"))
+        local_rank = int(os.environ.get("LOCAL_RANK", str(self.rank)))
+        self.device = _resolve_device(device, local_rank if self.world_size > 1 else None)
+        self.owns_group = False
+        if self.world_size > 1 and not dist.is_initialized():
+            if self.device.type == "cuda":
+                torch.cuda.set_device(self.device)
+            dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
+            self.owns_group = True
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def all_gather(self, value):
+        if self.world_size == 1:
+            return [value]
+        gathered = [None] * self.world_size
+        dist.all_gather_object(gathered, value)
+        return gathered
+
+    def sum(self, values: List[float]) -> List[float]:
+        if self.world_size == 1:
+            return values
+        total = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.all_reduce(total)
+        return total.tolist()
+
+    def close(self) -> None:
+        if self.owns_group:
+            dist.destroy_process_group()
+            self.owns_group = False
+
+
+def _resolve_device(device: str, local_rank: Optional[int]) -> torch.device:
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        resolved = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}") from None
+    if resolved.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {device!r} requested but CUDA is not available")
+        if local_rank is not None:
+            resolved = torch.device("cuda", local_rank)
+    elif resolved.type != "cpu":
+        raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+    return resolved
+
+
+class Trainer:
+    """Train one network as configured; `train()` runs to `config.steps` (or `stop_at`),
+    evaluating every `eval_every` and checkpointing to `config.out` every `save_every`
+    steps and at the end. `resume=True` continues the checkpoint in `config.out`."""
+
+    def __init__(self, config: TrainConfig, resume: bool = False, progress: bool = False,
+                 log: Optional[Callable[[str], None]] = None):
+        self.config = config
+        self.progress = progress
+        self._log = log
+        self.dist = Distributed(config.device)
+        self.device = self.dist.device
+        if resume:
+            self._check_resumable()
+        elif self.dist.is_main:
+            self._check_fresh_destination()
+        self.tokenizer = make_tokenizer(config)
+        self.vocab_size = self.tokenizer.vocab_size
+        self.schedule = get_schedule(config.schedule)
+        splits = load_splits(config.data, self.tokenizer)
+        self.train_batches = RandomCrops(splits["train"], config.seq_len, config.batch_size,
+                                         stream_seed(config.seed, self.dist.rank, "data"))
+        self.eval_set = evaluation_batches(splits["validation"], config.seq_len, config.batch_size,
+                                           config.eval_batches)
+        self._build_model()
+        self.noise = torch.Generator(self.device).manual_seed(stream_seed(config.seed, self.dist.rank, "noise"))
+        torch.manual_seed(stream_seed(config.seed, self.dist.rank, "dropout"))
+        self.step = 0
+        self.history: List[dict] = []
+        self.train_seconds, self.train_tokens = 0.0, 0
+        if resume:
+            self._restore()
+
+    # ---- setup -------------------------------------------------------------------
+
+    def _build_model(self) -> None:
+        config = self.config
+        self.model_config = config_for(config.kind, self.vocab_size, config.seq_len, d_model=config.d_model,
+                                       n_layers=config.n_layers, n_heads=config.n_heads, dropout=config.dropout)
+        torch.manual_seed(config.seed)  # the same initial weights on every process
+        self.model = build_model(config.kind, self.model_config).to(self.device)
+        self.ema = copy.deepcopy(self.model).requires_grad_(False) if config.ema > 0 else None
+        self.network = self.model
+        if self.dist.world_size > 1:
+            self.network = torch.nn.parallel.DistributedDataParallel(self.model)
+        decay = [p for p in self.model.parameters() if p.dim() >= 2]
+        no_decay = [p for p in self.model.parameters() if p.dim() < 2]
+        self.optimizer = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=config.lr, betas=(0.9, 0.95), eps=1e-8)
+
+    def _check_fresh_destination(self) -> None:
+        ensure_replaceable(self.config.out)
+        if os.path.isdir(self.config.out) and os.listdir(self.config.out):
+            raise ValueError(f"out directory {self.config.out} already holds a checkpoint; pass resume "
+                             "(--resume) to continue it or choose another out directory")
+
+    def _check_resumable(self) -> None:
+        if not has_train_state(self.config.out):
+            raise CheckpointError(f"cannot resume: {self.config.out} holds no training checkpoint")
+        stored = read_config(self.config.out).get("training", {})
+        changed = [f"{name} ({stored.get(name)!r} -> {getattr(self.config, name)!r})"
+                   for name in RESUME_FIXED if stored.get(name) != getattr(self.config, name)]
+        if changed:
+            raise ValueError(f"cannot resume {self.config.out} with changed settings: {', '.join(changed)}")
+
+    # ---- the loop ----------------------------------------------------------------
+
+    def train(self, stop_at: Optional[int] = None) -> List[dict]:
+        """Run optimizer steps until `stop_at` (default config.steps); returns the
+        history of {step, train_loss, val_loss} records."""
+        config = self.config
+        stop_at = config.steps if stop_at is None else min(stop_at, config.steps)
+        tokens_per_step = config.batch_size * config.grad_accum * config.seq_len * self.dist.world_size
+        bar = self._progress_bar(stop_at)
+        losses: List[float] = []
+        while self.step < stop_at:
+            started = time.perf_counter()
+            losses.append(self._optimizer_step())
+            self.step += 1
+            self.train_seconds += time.perf_counter() - started
+            self.train_tokens += tokens_per_step
+            if bar is not None:
+                bar.set_postfix(loss=f"{losses[-1]:.4f}", tok_s=f"{self.tokens_per_second:,.0f}")
+                bar.update(1)
+            if self.step % config.eval_every == 0 or self.step == config.steps:
+                self._record(sum(losses) / len(losses))
+                losses = []
+            if self.step % config.save_every == 0 or self.step == stop_at:
+                self.save()
+        if bar is not None:
+            bar.close()
+        return self.history
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Training throughput of this run so far (all processes; evaluation and
+        checkpointing excluded)."""
+        return self.train_tokens / self.train_seconds if self.train_seconds > 0 else 0.0
+
+    def _optimizer_step(self) -> float:
+        config = self.config
+        for group in self.optimizer.param_groups:
+            group["lr"] = learning_rate(self.step, config)
+        self.network.train()
+        total = 0.0
+        for micro in range(config.grad_accum):
+            x1 = next(self.train_batches).to(self.device, non_blocking=True)
+            last = micro == config.grad_accum - 1
+            sync = self.network.no_sync() if self.dist.world_size > 1 and not last else nullcontext()
+            with sync:
+                with self._autocast():
+                    loss = self.objective(self.network, x1, self.noise)
+                (loss / config.grad_accum).backward()
+            total += loss.item()
+        if config.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.grad_clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.ema is not None:
+            with torch.no_grad():
+                torch._foreach_lerp_(list(self.ema.parameters()), list(self.model.parameters()), 1.0 - config.ema)
+        return total / config.grad_accum
+
+    def objective(self, network, x1: Tensor, generator: torch.Generator) -> Tensor:
+        """The training loss of config.kind on clean chunks x1: Long[B, L]."""
+        kind = self.config.kind
+        if kind == "ar":
+            x = self.model.with_bos(x1)
+            return ar_loss(network(x), x)
+        t = torch.rand(x1.shape[0], generator=generator, device=x1.device)
+        noise = "mask" if kind == "mask-denoiser" else "uniform"
+        x_t, z_t = corrupt(x1, t, self.schedule, noise, self.vocab_size, generator=generator)
+        if kind == "planner":
+            return planner_loss(network(x_t), z_t)
+        if kind == "uniform":
+            return uniform_model_loss(network(x_t, t), x1)
+        return denoiser_loss(network(x_t, t), x1, z_t)
+
+    def _autocast(self):
+        if self.device.type == "cuda":
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return nullcontext()
+
+    # ---- evaluation ----------------------------------------------------------------
+
+    @property
+    def exported(self) -> torch.nn.Module:
+        """The weights a checkpoint exports for sampling: the EMA when enabled."""
+        return self.ema if self.ema is not None else self.model
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        """Mean loss of the exported weights over the fixed validation batches, with
+        fixed corruption noise, so successive values are comparable. Leaves every
+        training random stream untouched."""
+        model = self.exported
+        was_training = model.training
+        model.eval()
+        loss_sum, count = 0.0, 0.0
+        for index in range(self.dist.rank, len(self.eval_set), self.dist.world_size):
+            # one noise stream per batch: the same value whatever the number of processes
+            generator = torch.Generator(self.device).manual_seed(stream_seed(self.config.seed, index, "eval"))
+            batch = self.eval_set[index].to(self.device)
+            with self._autocast():
+                loss_sum += self.objective(model, batch, generator).item() * batch.shape[0]
+            count += batch.shape[0]
+        model.train(was_training)
+        loss_sum, count = self.dist.sum([loss_sum, count])
+        return loss_sum / count
+
+    def _record(self, train_loss: float) -> None:
+        entry = {"step": self.step, "train_loss": train_loss, "val_loss": self.evaluate(),
+                 "tokens_per_s": round(self.tokens_per_second)}
+        self.history.append(entry)
+        self.log(f"step {entry['step']:>7d}  train loss {train_loss:.4f}  val loss {entry['val_loss']:.4f}  "
+                 f"{entry['tokens_per_s']:,} tok/s")
+
+    def log(self, message: str) -> None:
+        if not self.dist.is_main:
+            return
+        if self.progress:
+            from tqdm import tqdm
+
+            tqdm.write(message)
+        elif self._log is not None:
+            self._log(message)
+
+    def _progress_bar(self, stop_at: int):
+        if not (self.progress and self.dist.is_main):
+            return None
+        from tqdm import tqdm
+
+        return tqdm(total=stop_at, initial=self.step, desc=f"train {self.config.kind}", unit="step",
+                    dynamic_ncols=True)
+
+    # ---- checkpoints ---------------------------------------------------------------
+
+    def checkpoint_config(self) -> dict:
+        config = {"kind": self.config.kind, "model": self.model_config.to_dict(),
+                  "tokenizer": self.tokenizer.to_config(), "schedule": self.config.schedule,
+                  "vocab_size": self.vocab_size, "step": self.step, "ema": self.config.ema or None,
+                  "training": self.config.to_dict()}
+        if self.config.kind == "mask-denoiser":
+            config["mask_id"] = self.vocab_size
+        return config
+
+    def save(self) -> None:
+        """Checkpoint to config.out (rank 0 writes; every rank contributes its RNG
+        and data states)."""
+        per_rank = self.dist.all_gather(self._rank_state())
+        if self.dist.is_main:
+            tensors: Dict[str, Tensor] = {}
+            for rank, state in enumerate(per_rank):
+                tensors.update({f"rank{rank}.{name}": value for name, value in state.items()})
+            optimizer = self.optimizer.state_dict()
+            for index, state in optimizer["state"].items():
+                tensors.update({f"optim.{index}.{key}": value for key, value in state.items()})
+            if self.ema is not None:  # model.safetensors holds the EMA; the raw weights go here
+                tensors.update({f"model.{name}": p.detach().clone() for name, p in self.model.state_dict().items()})
+            meta = {"step": self.step, "world_size": self.dist.world_size, "history": self.history,
+                    "optimizer_param_groups": optimizer["param_groups"]}
+            save_checkpoint(self.config.out, self.exported, self.checkpoint_config(), (tensors, meta))
+        if self.dist.world_size > 1:
+            dist.barrier()
+
+    def _rank_state(self) -> Dict[str, Tensor]:
+        state = {"rng.torch": torch.get_rng_state(), "rng.noise": self.noise.get_state(),
+                 "data.generator": self.train_batches.generator.get_state(),
+                 "data.batches": torch.tensor(self.train_batches.batches)}
+        if self.device.type == "cuda":
+            state["rng.cuda"] = torch.cuda.get_rng_state(self.device)
+        return state
+
+    def _restore(self) -> None:
+        tensors, meta = load_train_state(self.config.out)
+        if meta["world_size"] != self.dist.world_size:
+            raise ValueError(f"cannot resume {self.config.out} exactly: it was written by {meta['world_size']} "
+                             f"process(es), this run has {self.dist.world_size}")
+        load_weights(self.exported, os.path.join(self.config.out, WEIGHTS), strict=True, device=str(self.device))
+        if self.ema is not None:
+            prefix = "model."
+            self.model.load_state_dict({k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)})
+        optimizer_state: Dict[int, Dict[str, Tensor]] = {}
+        for name, value in tensors.items():
+            if name.startswith("optim."):
+                _, index, key = name.split(".", 2)
+                optimizer_state.setdefault(int(index), {})[key] = value
+        self.optimizer.load_state_dict({"state": optimizer_state, "param_groups": meta["optimizer_param_groups"]})
+        prefix = f"rank{self.dist.rank}."
+        torch.set_rng_state(tensors[prefix + "rng.torch"])
+        self.noise.set_state(tensors[prefix + "rng.noise"])
+        if self.device.type == "cuda":
+            torch.cuda.set_rng_state(tensors[prefix + "rng.cuda"], self.device)
+        self.train_batches.load_state_dict({"generator": tensors[prefix + "data.generator"],
+                                            "batches": int(tensors[prefix + "data.batches"])})
+        self.step = meta["step"]
+        self.history = meta["history"]
+
+    def close(self) -> None:
+        self.dist.close()

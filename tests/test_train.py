@@ -1,0 +1,296 @@
+"""The training loop: objectives wiring, loss decrease, exact resume, data parallel, CLI."""
+import math
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from safetensors.torch import load_file, save_file
+
+from ddpd.checkpoint import CheckpointError, load_model, load_train_state, read_config
+from ddpd.cli.train import main
+from ddpd.training.trainer import TrainConfig, Trainer, learning_rate
+
+DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
+KINDS = ("planner", "mask-denoiser", "uniform-denoiser", "uniform", "ar")
+TINY = dict(steps=20, batch_size=16, seq_len=32, d_model=32, n_layers=1, n_heads=2, lr=3e-3, warmup=4,
+            eval_every=20, eval_batches=4, save_every=20, seed=0)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models train fastest on one thread, and a fresh process (OMP_NUM_THREADS=1)
+    then runs the same kernels for the bitwise comparisons."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+ONE_THREAD_ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """The first 200,000 characters of text8-mini/wiki.txt."""
+    path = tmp_path_factory.mktemp("data") / "wiki-200k.txt"
+    with open(os.path.join(DATA, "text8-mini", "wiki.txt")) as f:
+        path.write_text(f.read(200_000))
+    return str(path)
+
+
+def config(corpus, out, kind="planner", **changes):
+    return TrainConfig(kind=kind, data=corpus, out=str(out), **{**TINY, **changes})
+
+
+def test_learning_rate_schedule(corpus, tmp_path):
+    cfg = config(corpus, tmp_path, steps=100, warmup=10, lr=1e-3, min_lr=1e-4)
+    lrs = [learning_rate(step, cfg) for step in range(101)]
+    assert lrs[:10] == pytest.approx([1e-3 * (s + 1) / 10 for s in range(10)])
+    assert lrs[10] == pytest.approx(1e-3) and lrs[100] == pytest.approx(1e-4)
+    assert lrs[55] == pytest.approx(1e-4 + 0.5 * 9e-4)  # cosine midpoint
+    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"kind": "gan"}, "kind must be one of"), ({"steps": 0}, "steps must be >= 1"),
+    ({"lr": -1.0}, "lr must be > 0"), ({"ema": 1.0}, r"ema must be in \[0.0, 1.0\)"),
+    ({"tokenizer": "gpt2"}, "needs tiktoken"), ({"schedule": "square"}, "schedule must be one of"),
+    ({"batch_size": 2.5}, "batch_size must be an int"), ({"min_lr": 1.0}, "min_lr must be in")])
+def test_config_validation(corpus, tmp_path, changes, message):
+    with pytest.raises((TypeError, ValueError), match=message):
+        config(corpus, tmp_path, **changes)
+
+
+class Spy(torch.nn.Module):
+    """Records what the objective feeds a network and returns zero logits."""
+
+    def __init__(self, out_dim):
+        super().__init__()
+        self.out_dim, self.calls = out_dim, []
+
+    def forward(self, x, t=None):
+        self.calls.append((x, t))
+        shape = x.shape if self.out_dim == 1 else (*x.shape, self.out_dim)
+        return torch.zeros(shape, requires_grad=True)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_objective_feeds_the_right_noise(corpus, tmp_path, kind):
+    trainer = Trainer(config(corpus, tmp_path / kind, kind))
+    x1 = next(trainer.train_batches)
+    spy = Spy(1 if kind == "planner" else 27)
+    loss = trainer.objective(spy, x1, torch.Generator().manual_seed(0))
+    (x, t), = spy.calls
+    if kind == "ar":
+        assert t is None and torch.equal(x[:, 0], torch.full((16,), 27)) and torch.equal(x[:, 1:], x1)
+        assert loss.item() == pytest.approx(math.log(27))
+        return
+    changed = x != x1
+    if kind == "mask-denoiser":
+        assert torch.equal(x[changed], torch.full_like(x[changed], 27))  # masks only
+    else:
+        assert int(x.max()) < 27 and changed.any()  # uniform noise, within the vocabulary
+    assert (t is None) == (kind == "planner")
+    if t is not None:
+        assert t.shape == (16,) and float(t.min()) >= 0 and float(t.max()) < 1
+    expected = math.log(2) if kind == "planner" else math.log(27)
+    assert loss.item() == pytest.approx(expected, rel=1e-5)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_training_reduces_validation_loss(corpus, tmp_path, kind):
+    """20 steps of a 1-layer d_model=32 model must cut the validation loss by 5% or more."""
+    trainer = Trainer(config(corpus, tmp_path / "out", kind))
+    before = trainer.evaluate()
+    history = trainer.train()
+    after = history[-1]["val_loss"]
+    assert math.isfinite(after) and after < 0.95 * before, (before, after)
+    assert history[-1]["step"] == 20
+    model, saved = load_model(tmp_path / "out")
+    assert saved["kind"] == kind and saved["step"] == 20 and saved["tokenizer"] == {"name": "text8"}
+
+
+RESUME = dict(kind="mask-denoiser", steps=8, batch_size=8, dropout=0.1, ema=0.9, grad_accum=2, warmup=2,
+              eval_every=4, eval_batches=2, save_every=3, seed=5)
+
+
+def assert_same_checkpoints(a, b):
+    assert open(os.path.join(a, "model.safetensors"), "rb").read() == \
+        open(os.path.join(b, "model.safetensors"), "rb").read()
+    state_a, meta_a = load_train_state(a)
+    state_b, meta_b = load_train_state(b)
+    assert state_a.keys() == state_b.keys()
+    assert [k for k in state_a if not torch.equal(state_a[k], state_b[k])] == []
+    assert meta_a["step"] == meta_b["step"]
+
+
+@pytest.fixture(scope="module")
+def full_run(corpus, tmp_path_factory):
+    """An uninterrupted 8-step run (dropout, EMA, gradient accumulation) to compare with."""
+    full = Trainer(config(corpus, tmp_path_factory.mktemp("resume") / "full", **RESUME))
+    full.train()
+    return full
+
+
+def test_killed_run_resumes_bitwise(corpus, tmp_path, full_run):
+    full = full_run
+    part = Trainer(config(corpus, tmp_path / "part", **RESUME))
+    part.train(stop_at=3)  # checkpoint at step 3 ...
+    part._optimizer_step()  # ... then two more steps, lost when the process is killed
+    part._optimizer_step()
+    resumed = Trainer(config(corpus, tmp_path / "part", **RESUME), resume=True)
+    assert resumed.step == 3
+    resumed.train()
+    assert_same_checkpoints(full.config.out, tmp_path / "part")
+    sa, sb = full.model.state_dict(), resumed.model.state_dict()
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert [h["val_loss"] for h in resumed.history] == [h["val_loss"] for h in full.history]
+
+    # the comparison has teeth: a resume that loses the dropout RNG state diverges
+    Trainer(config(corpus, tmp_path / "lost", **RESUME)).train(stop_at=3)
+    lost = Trainer(config(corpus, tmp_path / "lost", **RESUME), resume=True)
+    torch.manual_seed(1234)
+    lost.train()
+    assert not torch.equal(lost.model.backbone.embed.weight, full.model.backbone.embed.weight)
+
+
+def test_resume_in_a_fresh_process(corpus, tmp_path, full_run):
+    """Steps 1-3 here, steps 4-8 by `ddpd-train --resume` in a new process."""
+    Trainer(config(corpus, tmp_path / "part", **RESUME)).train(stop_at=3)
+    result = subprocess.run([sys.executable, "-m", "ddpd.cli.train", "mask-denoiser", "--out",
+                             str(tmp_path / "part"), "--resume", "--no-progress"], capture_output=True, text=True,
+                            env=ONE_THREAD_ENV)
+    assert result.returncode == 0, result.stderr
+    assert "step 3 of 8" in result.stdout
+    assert_same_checkpoints(full_run.config.out, tmp_path / "part")
+
+
+def test_ema_checkpoint_exports_ema_weights(corpus, tmp_path):
+    trainer = Trainer(config(corpus, tmp_path / "out", steps=5, ema=0.5, save_every=5))
+    trainer.train()
+    exported = load_file(tmp_path / "out" / "model.safetensors")
+    assert all(torch.equal(exported[k], v) for k, v in trainer.ema.state_dict().items())
+    raw = load_train_state(tmp_path / "out")[0]
+    assert all(torch.equal(raw[f"model.{k}"], v) for k, v in trainer.model.state_dict().items())
+    assert not torch.equal(exported["head.weight"], raw["model.head.weight"])
+
+
+def test_gpt2_corpus(tmp_path):
+    with open(os.path.join(DATA, "wikitext2", "valid.txt"), encoding="utf-8") as f:
+        (tmp_path / "wikitext.txt").write_text(f.read()[:100_000], encoding="utf-8")
+    tiktoken = os.path.join(DATA, "gpt2", "gpt2.tiktoken")
+    trainer = Trainer(TrainConfig(kind="planner", data=str(tmp_path / "wikitext.txt"), out=str(tmp_path / "out"),
+                                  tokenizer="gpt2", tiktoken=tiktoken, **{**TINY, "steps": 2}))
+    assert trainer.vocab_size == 50257
+    assert math.isfinite(trainer.train()[-1]["val_loss"])
+    saved = read_config(tmp_path / "out")
+    assert saved["tokenizer"]["name"] == "gpt2" and saved["model"]["vocab_size"] == 50257
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ddp_worker(rank, port, settings, out):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
+                      LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    try:
+        full = Trainer(TrainConfig.from_dict({**settings, "out": os.path.join(out, "full")}))
+        full.train()
+        save_file(dict(full.model.state_dict()), os.path.join(out, f"rank{rank}.safetensors"))
+        part_settings = TrainConfig.from_dict({**settings, "out": os.path.join(out, "part")})
+        Trainer(part_settings).train(stop_at=2)
+        resumed = Trainer(part_settings, resume=True)
+        resumed.train()
+        save_file(dict(resumed.model.state_dict()), os.path.join(out, f"resumed{rank}.safetensors"))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_process_data_parallel(corpus, tmp_path):
+    settings = config(corpus, tmp_path, steps=4, grad_accum=2, dropout=0.1, save_every=4, eval_every=2).to_dict()
+    mp.start_processes(_ddp_worker, args=(_free_port(), settings, str(tmp_path)), nprocs=2, join=True,
+                       start_method="spawn")
+    rank0, rank1 = (load_file(tmp_path / f"rank{r}.safetensors") for r in (0, 1))
+    assert all(torch.equal(rank0[k], rank1[k]) for k in rank0)  # the ranks agree
+    fresh = Trainer(config(corpus, tmp_path / "single", steps=4, grad_accum=2, dropout=0.1)).model.state_dict()
+    assert not torch.equal(fresh["head.weight"], rank0["head.weight"])  # and they trained
+    tensors, meta = load_train_state(tmp_path / "full")
+    assert meta["world_size"] == 2 and meta["step"] == 4
+    assert not torch.equal(tensors["rank0.data.generator"], tensors["rank1.data.generator"])
+    assert_same_checkpoints(tmp_path / "full", tmp_path / "part")
+    resumed = load_file(tmp_path / "resumed1.safetensors")
+    assert all(torch.equal(rank0[k], resumed[k]) for k in rank0)
+    with pytest.raises(ValueError, match="written by 2 process"):
+        Trainer(TrainConfig.from_dict({**settings, "out": str(tmp_path / "full")}), resume=True)
+
+
+def run_cli(capsys, *argv):
+    code = main([str(a) for a in argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_cli_trains_and_resumes(corpus, tmp_path, capsys):
+    args = ["planner", "--data", corpus, "--out", tmp_path / "p", "--steps", 4, "--batch-size", 8, "--seq-len", 32,
+            "--d-model", 32, "--n-layers", 1, "--n-heads", 2, "--eval-every", 2, "--eval-batches", 2,
+            "--no-progress"]
+    code, out, err = run_cli(capsys, *args)
+    assert code == 0, err
+    assert out.count("val loss") == 3 and "step 0 of 4" in out
+    model, saved = load_model(tmp_path / "p")
+    assert saved["training"]["steps"] == 4 and saved["training"]["data"] == os.path.abspath(corpus)
+    code, out, err = run_cli(capsys, *args)
+    assert code == 1 and "already holds a checkpoint" in err
+    code, out, err = run_cli(capsys, "planner", "--out", tmp_path / "p", "--resume", "--lr", "0.1")
+    assert code == 1 and "changed settings: lr" in err
+    code, out, err = run_cli(capsys, "planner", "--out", tmp_path / "p", "--resume", "--no-progress")
+    assert code == 0 and "step 4 of 4" in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["planner", "--data", "/nonexistent/corpus.txt", "--out", "{tmp}/o"], "--data: no such file"),
+    (["planner", "--out", "{tmp}/o"], "--data is required"),
+    (["planner", "--data", "{corpus}", "--out", "{tmp}/o", "--resume"], "checkpoint directory not found"),
+    (["planner", "--data", "{corpus}", "--out", "{tmp}/o", "--d-model", "30", "--n-heads", "4"], "d_model"),
+    (["planner", "--data", "{corpus}", "--out", "{tmp}/o", "--device", "tpu"], "device must be"),
+    (["planner", "--data", "{corpus}", "--out", "{tmp}/o", "--tokenizer", "gpt2", "--tiktoken", "/no/file"],
+     "--tiktoken: no such file"),
+    (["planner", "--data", os.path.join(DATA, "tinyshakespeare", "input.txt"), "--out", "{tmp}/o"],
+     "only space and a-z"),
+])
+def test_cli_errors_are_one_line(corpus, tmp_path, capsys, argv, message):
+    argv = [a.format(tmp=tmp_path, corpus=corpus) for a in argv]
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 1
+    assert err.startswith("ddpd-train: error: ") and message in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("argv", [["gan", "--out", "o"], ["planner", "--out", "o", "--steps", "many"], ["planner"]])
+def test_cli_usage_errors_exit_2(capsys, argv):
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ddpd-train: error: ") and err.count("\n") == 1
+
+
+def test_cli_process_has_no_traceback(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "ddpd.cli.train", "planner", "--data", str(tmp_path / "none"),
+                             "--out", str(tmp_path / "o")], capture_output=True, text=True, env=ONE_THREAD_ENV)
+    assert result.returncode == 1
+    assert result.stderr.startswith("ddpd-train: error: --data: no such file") and "Traceback" not in result.stderr
+
+
+def test_resume_needs_a_training_checkpoint(corpus, tmp_path):
+    with pytest.raises(CheckpointError, match="holds no training checkpoint"):
+        Trainer(config(corpus, tmp_path / "empty"), resume=True)
