@@ -1,0 +1,113 @@
+"""Where every random number of a sampler comes from.
+
+A sampler never calls torch.rand itself: each step asks its noise source for a
+block of uniforms in (0, 1), named by (step, stream, row ids, number of columns).
+A second implementation of the same sampler (the fused path) driven by the same
+source therefore makes the same choices, position for position and token for
+token.
+
+- `PhiloxNoise(seed, offset)`: the counter-based default. A uniform is a pure
+  function of (seed, offset + step * NUM_STREAMS + stream, row id, column)
+  (ddpd.ops.rng.philox_uniform), so a row keeps its draws whatever the batch
+  composition: finished rows leaving the batch change nothing for the others.
+- `TorchNoise(generator)`: sequential torch.Generator draws on the same (0, 1)
+  grid. Not batch-invariant, but two orders of magnitude faster on CPU; the
+  statistical tests use it.
+
+The transforms to Gumbel and exponential variables live here too, so that every
+consumer applies the same formula to the same uniform.
+"""
+from __future__ import annotations
+
+from typing import Optional, Protocol
+
+import torch
+from torch import Tensor
+
+from ddpd.ops.rng import check_seed, philox_uniform, seed_from_generator
+
+# One stream per kind of draw in a step; the offset of a draw is
+# base + step * NUM_STREAMS + stream, so no two draws of a run share counters.
+INIT = 0  # initial noise sequence x_0
+SELECT = 1  # Gumbel noise choosing the positions to denoise
+MASK = 2  # Bernoulli draws of z for the mask denoiser (prop:draw_with_maskD)
+TOKEN = 3  # Gumbel noise of the categorical draws of new tokens
+EVENT = 4  # per-position jump / unmask / remask events of tau-leaping
+CLOCK = 5  # exponential holding times of the exact Gillespie clock
+ACCEPT = 6  # thinning acceptance of the exact clock
+CONFIDENCE = 7  # Gumbel noise on MaskGIT confidences
+NUM_STREAMS = 8
+
+_GRID = 2.0**-24  # the (0, 1) grid of philox_uniform: ((w >> 8) + 0.5) * 2**-24
+# float32 rounds the top grid value (1 - 2**-25) up to 1.0; the transforms below
+# clamp to the largest float32 under 1 so that a Gumbel or exponential stays finite.
+_BELOW_ONE = 1.0 - 2.0**-24
+
+
+class NoiseSource(Protocol):
+    """Anything that hands out uniforms in the open interval (0, 1)."""
+
+    def uniform(self, step: int, stream: int, rows: Tensor, cols: int) -> Tensor:
+        """Float32[len(rows), cols] uniforms for `rows` (Long row ids) at (step, stream)."""
+        ...
+
+
+class PhiloxNoise:
+    """Counter-based uniforms: deterministic in (seed, offset, step, stream, row, column)."""
+
+    def __init__(self, seed: int, offset: int = 0):
+        check_seed(seed, offset)
+        self.seed = seed
+        self.offset = offset
+
+    def uniform(self, step: int, stream: int, rows: Tensor, cols: int) -> Tensor:
+        offset = (self.offset + step * NUM_STREAMS + stream) % 2**64
+        return philox_uniform(self.seed, offset, rows, cols, device=rows.device)
+
+    def __repr__(self) -> str:
+        return f"PhiloxNoise(seed={self.seed}, offset={self.offset})"
+
+
+class TorchNoise:
+    """Uniforms on the same (0, 1) grid as PhiloxNoise, drawn in call order from a Generator."""
+
+    def __init__(self, generator: Optional[torch.Generator] = None):
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+        self.generator = generator
+
+    def uniform(self, step: int, stream: int, rows: Tensor, cols: int) -> Tensor:
+        device = self.generator.device if self.generator is not None else rows.device
+        bits = torch.randint(0, 2**24, (rows.numel(), cols), generator=self.generator, device=device)
+        return ((bits.to(torch.float32) + 0.5) * _GRID).to(rows.device)
+
+
+def make_noise(seed: Optional[int] = None, generator: Optional[torch.Generator] = None,
+               noise: Optional[NoiseSource] = None) -> NoiseSource:
+    """The noise source of a sampler call: at most one of seed, generator, noise.
+
+    seed -> PhiloxNoise(seed); generator -> PhiloxNoise with (seed, offset) drawn from
+    it; noise -> used as given; none -> PhiloxNoise drawn from torch's default generator.
+    """
+    given = [name for name, v in (("seed", seed), ("generator", generator), ("noise", noise)) if v is not None]
+    if len(given) > 1:
+        raise ValueError(f"pass at most one of seed, generator, noise; got {', '.join(given)}")
+    if noise is not None:
+        if not callable(getattr(noise, "uniform", None)):
+            raise TypeError(f"noise must have a uniform(step, stream, rows, cols) method, got {type(noise).__name__}")
+        return noise
+    if seed is not None:
+        return PhiloxNoise(seed)
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+    return PhiloxNoise(*seed_from_generator(generator))
+
+
+def gumbel(u: Tensor) -> Tensor:
+    """Standard Gumbel variables -log(-log u) from uniforms in (0, 1)."""
+    return -torch.log(-torch.log(u.clamp(max=_BELOW_ONE)))
+
+
+def exponential(u: Tensor) -> Tensor:
+    """Standard exponential variables -log u from uniforms in (0, 1)."""
+    return -torch.log(u.clamp(max=_BELOW_ONE))

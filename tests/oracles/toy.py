@@ -1,0 +1,207 @@
+"""Enumerable toy distributions and their exact DDPD models.
+
+A ToyProblem holds p_data over all S^D sequences and computes, by summing over
+every clean sequence, the exact quantities of the uniform-noise forward process
+(eq. corruption_flow; z^d = N: the position was redrawn uniformly, possibly onto
+its clean value):
+
+- p_t(x_1^d = j | x_t)                    the single uniform model
+- p_t(z^d = N | x_t)                       the time-conditioned planner
+- E_t[p_t(z^d = N, x_t)] / E_t[p_t(x_t)]   the time-free planner, t ~ U(0, 1): the
+                                           minimiser of the planner's BCE when the
+                                           network has no time input
+- p_t(x_1^d = j | x_t, z^d = N)            the uniform denoiser
+- p(x_1^d = j | x~)                        the mask denoiser (p_data conditioned on
+                                           the unmasked positions of x~)
+
+Every joint probability above is a sum over x_1 of p_data(x_1) times a product of
+per-position factors that only depend on whether x_t^e = x_1^e: a^m b^(D-m) with m
+the number of agreements, a = alpha + (1 - alpha)/S and b = (1 - alpha)/S (a
+position with z^e = N contributes b whatever its value). So each is a polynomial
+of degree D in beta = 1 - alpha, stored by its coefficients (in beta, so that the
+small-beta end near t = 1 is evaluated without cancellation). The time average of
+the time-free planner is Gauss-Legendre quadrature in t, exact for the linear
+schedule with D + 1 nodes (the integrand is a polynomial of degree D in t).
+
+The models are callables with the package's interfaces, returning float32 logits.
+"""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import torch
+from numpy.polynomial import polynomial as P
+
+from ddpd.process import LinearSchedule, Schedule
+
+BETA_MIN = 1e-7  # times are clamped to t <= 1 - 1e-7 where a posterior would be 0 / 0
+LOGIT_CLAMP = 1e-12
+
+
+def dirichlet_p_data(S: int, D: int, concentration: float = 0.3, seed: int = 0) -> torch.Tensor:
+    """p_data ~ Dirichlet(concentration) over the S^D sequences (float64)."""
+    rng = np.random.default_rng(seed)
+    return torch.from_numpy(rng.dirichlet(np.full(S**D, concentration)))
+
+
+def sparse_p_data(S: int, D: int, support: int, seed: int = 0) -> torch.Tensor:
+    """p_data uniform-random weights on `support` random sequences, zero elsewhere."""
+    rng = np.random.default_rng(seed)
+    p = np.zeros(S**D)
+    chosen = rng.choice(S**D, size=support, replace=False)
+    p[chosen] = rng.uniform(0.5, 1.5, size=support)
+    return torch.from_numpy(p / p.sum())
+
+
+class ToyProblem:
+    """p_data over S^D sequences (index = sum_d x^d S^(D-1-d)) and its exact models."""
+
+    def __init__(self, p_data: torch.Tensor, S: int, D: int, schedule: Schedule = LinearSchedule(),
+                 quadrature_nodes: int | None = None):
+        if p_data.numel() != S**D or abs(float(p_data.sum()) - 1.0) > 1e-9 or bool((p_data < 0).any()):
+            raise ValueError("p_data must be a probability vector over S**D states")
+        self.S, self.D, self.N = S, D, S**D
+        self.p_data = p_data.double()
+        self.schedule = schedule
+        self.states = torch.tensor(list(itertools.product(range(S), repeat=D)), dtype=torch.long).view(-1, D)
+        self.powers = S ** torch.arange(D - 1, -1, -1)
+        self._build_polynomials()
+        self.planner_free = self._time_free_planner(quadrature_nodes or D + 1)
+        self.mask_states = torch.tensor(list(itertools.product(range(S + 1), repeat=D)), dtype=torch.long)
+        self.mask_powers = (S + 1) ** torch.arange(D - 1, -1, -1)
+        self.mask_table = self._mask_denoiser_table()
+
+    # ---------------------------------------------------------------- indexing
+    def index(self, x: torch.Tensor) -> torch.Tensor:
+        return (x * self.powers.to(x.device)).sum(-1)
+
+    def mask_index(self, x: torch.Tensor) -> torch.Tensor:
+        return (x * self.mask_powers.to(x.device)).sum(-1)
+
+    # ---------------------------------------------------------------- polynomials in beta
+    def _build_polynomials(self) -> None:
+        S, D = self.S, self.D
+        a = np.array([1.0, -(1.0 - 1.0 / S)])  # alpha + (1 - alpha)/S in beta
+        b = np.array([0.0, 1.0 / S])  # (1 - alpha)/S in beta
+        C = np.zeros((D + 1, D + 1))
+        for m in range(D + 1):
+            c = P.polymul(P.polypow(a, m), P.polypow(b, D - m))
+            C[m, : len(c)] = c
+        C = torch.from_numpy(C)
+        agree = self.states[:, None, :] == self.states[None, :, :]  # [x, x1, d]
+        m_all = agree.sum(-1)
+        m_excl = m_all[:, :, None] - agree.long()  # agreements off position d
+        onehot = torch.nn.functional.one_hot(self.states, S).double()  # [x1, d, j]
+        p = self.p_data
+        self.c_xt = torch.einsum("y,xyk->xk", p, C[m_all])
+        self.c_x1 = torch.einsum("y,ydj,xyk->xdjk", p, onehot, C[m_all])
+        c_excl = C[m_excl]  # [x, x1, d, k]
+        self.c_noise = torch.einsum("y,xydk->xdk", p, c_excl)
+        self.c_noise_x1 = torch.einsum("y,ydj,xydk->xdjk", p, onehot, c_excl)
+
+    @staticmethod
+    def _horner(coeffs: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
+        """Evaluate polynomials coeffs[..., k] beta^k, beta broadcast over the leading axis."""
+        shape = (-1,) + (1,) * (coeffs.dim() - 2)
+        beta = beta.view(shape)
+        out = torch.zeros_like(coeffs[..., 0])
+        for k in range(coeffs.shape[-1] - 1, -1, -1):
+            out = out * beta + coeffs[..., k]
+        return out
+
+    def _beta(self, alpha) -> torch.Tensor:
+        return (1.0 - torch.as_tensor(alpha, dtype=torch.float64)).clamp(BETA_MIN, 1.0)
+
+    def _time_free_planner(self, nodes: int) -> torch.Tensor:
+        z, w = np.polynomial.legendre.leggauss(nodes)
+        t = torch.from_numpy((z + 1.0) / 2.0)
+        w = torch.from_numpy(w / 2.0)
+        beta = (1.0 - self.schedule.alpha(t).double()).clamp(BETA_MIN, 1.0)
+        num = sum(w[i] * self._horner(self.c_noise, beta[i].expand(self.N)) for i in range(nodes))
+        den = sum(w[i] * self._horner(self.c_xt, beta[i].expand(self.N)) for i in range(nodes))
+        return num / den[:, None]
+
+    # ---------------------------------------------------------------- exact quantities (float64)
+    def p_x1(self, idx: torch.Tensor, alpha) -> torch.Tensor:
+        """p_t(x_1^d = j | x_t) [B, D, S] for state indices idx [B] at alpha [B]."""
+        beta = self._beta(alpha).expand(idx.shape)
+        return self._horner(self.c_x1[idx], beta) / self._horner(self.c_xt[idx], beta)[:, None, None]
+
+    def planner_t(self, idx: torch.Tensor, alpha) -> torch.Tensor:
+        """p_t(z^d = N | x_t) [B, D]."""
+        beta = self._beta(alpha).expand(idx.shape)
+        return self._horner(self.c_noise[idx], beta) / self._horner(self.c_xt[idx], beta)[:, None]
+
+    def uniform_denoiser(self, idx: torch.Tensor, alpha) -> torch.Tensor:
+        """p_t(x_1^d = j | x_t, z^d = N) [B, D, S]."""
+        beta = self._beta(alpha).expand(idx.shape)
+        return self._horner(self.c_noise_x1[idx], beta) / self._horner(self.c_noise[idx], beta)[..., None]
+
+    def _mask_denoiser_table(self) -> torch.Tensor:
+        """p(x_1^d = j | x~) for every masked sequence x~ (mask id S); uniform where the
+        unmasked positions are impossible under p_data (the proposition's independent
+        mask can produce such inputs when p_data is sparse)."""
+        x, y = self.mask_states, self.states
+        consistent = ((x[:, None, :] == y[None, :, :]) | (x[:, None, :] == self.S)).all(-1)  # [Nm, N]
+        onehot = torch.nn.functional.one_hot(y, self.S).double()
+        mass = torch.einsum("my,y,ydj->mdj", consistent.double(), self.p_data, onehot)
+        total = mass.sum(-1, keepdim=True)
+        return torch.where(total > 0, mass / total.clamp_min(1e-300), torch.full_like(mass, 1.0 / self.S))
+
+    def mask_denoiser(self, masked_idx: torch.Tensor) -> torch.Tensor:
+        return self.mask_table[masked_idx]
+
+    # ---------------------------------------------------------------- models (float32 logits)
+    def models(self) -> "ToyModels":
+        return ToyModels(self)
+
+
+def _logit(p: torch.Tensor) -> torch.Tensor:
+    p = p.clamp(LOGIT_CLAMP, 1.0 - LOGIT_CLAMP)
+    return (torch.log(p) - torch.log1p(-p)).float()
+
+
+def _log(p: torch.Tensor) -> torch.Tensor:
+    return torch.log(p.clamp_min(1e-30)).float()
+
+
+class ToyModels:
+    """The exact models of a ToyProblem as callables with the sampler interfaces."""
+
+    def __init__(self, toy: ToyProblem):
+        self.toy = toy
+
+    def _alpha(self, t) -> torch.Tensor:
+        return self.toy.schedule.alpha(torch.as_tensor(t, dtype=torch.float64))
+
+    def planner(self, x: torch.Tensor) -> torch.Tensor:
+        """Time-free planner logits [B, D]."""
+        return _logit(self.toy.planner_free[self.toy.index(x)])
+
+    def planner_t(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """Time-conditioned planner logits [B, D]."""
+        return _logit(self.toy.planner_t(self.toy.index(x), self._alpha(t)))
+
+    def uniform_denoiser(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return _log(self.toy.uniform_denoiser(self.toy.index(x), self._alpha(t)))
+
+    def mask_denoiser(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return _log(self.toy.mask_denoiser(self.toy.mask_index(x)))
+
+    def uniform_model(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return _log(self.toy.p_x1(self.toy.index(x), self._alpha(t)))
+
+
+def tempered(model, power: float):
+    """A deliberately wrong model: probabilities raised to `power` and renormalised."""
+    return lambda x, t: model(x, t) * power
+
+
+def token_zeroed(model, token: int):
+    """A deliberately wrong model: one token never predicted."""
+    def wrong(x, t):
+        logits = model(x, t).clone()
+        logits[..., token] = float("-inf")
+        return logits
+    return wrong

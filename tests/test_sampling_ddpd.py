@@ -1,0 +1,217 @@
+"""DDPD Gillespie samplers against exact oracles.
+
+(a) implementation: each option's empirical distribution (B = 50k rows) against the
+    exact law of the same chain (tests/oracles/laws.py); (b) consistency: the exact
+    clock with the time-conditioned oracle planner reaches p_data; (c) a deliberately
+    wrong denoiser is caught. Threshold: the 99th percentile of TV(law, 50k draws of
+    the law) over 300 repeats, plus 0.005 (oracles/stats.py).
+"""
+import pytest
+import torch
+
+from oracles import laws
+from oracles.fixtures import single_thread  # noqa: F401  (autouse)
+from oracles.stats import TVTable, empirical, threshold, tv
+from oracles.toy import ToyProblem, dirichlet_p_data, sparse_p_data, tempered, token_zeroed
+from ddpd.sampling import TorchNoise, ddpd_sample, ddpd_sample_uniform
+
+B = 50_000
+T_END = 1.0 - 1e-4
+TABLE = TVTable("DDPD samplers: TV to own exact law and to p_data (B = 50k)")
+
+TOYS = {
+    "dir S3 D3": lambda: ToyProblem(dirichlet_p_data(3, 3, seed=1), 3, 3),
+    "sparse S2 D4": lambda: ToyProblem(sparse_p_data(2, 4, support=5, seed=2), 2, 4),
+    "dir S5 D2": lambda: ToyProblem(dirichlet_p_data(5, 2, seed=3), 5, 2),
+    "sparse S4 D3": lambda: ToyProblem(sparse_p_data(4, 3, support=12, seed=4), 4, 3),
+    "dir S3 D2": lambda: ToyProblem(dirichlet_p_data(3, 2, seed=5), 3, 2),
+}
+_cache = {}
+
+
+def toy(name):
+    if name not in _cache:
+        _cache[name] = TOYS[name]()
+    return _cache[name]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def print_table():
+    yield
+    print("\n" + TABLE.render())
+
+
+def noise(seed=0):
+    return TorchNoise(torch.Generator().manual_seed(seed))
+
+
+def check_law(name, problem, result, law):
+    emp = empirical(problem.index(result.tokens), problem.N)
+    limit = threshold(law, B)
+    TABLE.add(name, tv(emp, law), tv(emp, problem.p_data), limit, problem.N)
+    assert tv(emp, law) < limit, f"{name}: TV to its exact law {tv(emp, law):.4f} >= {limit:.4f}"
+
+
+def median_stop_eps(problem):
+    """An eps at which the stop rule of option A fires for about half of the states."""
+    return float(problem.planner_free.max(-1).values.median()) + 1e-6
+
+
+# ----------------------------------------------------------------------------- (a) planner clock
+
+PLANNER_CLOCK_CASES = [
+    # name, toy, steps, options
+    ("A sigmoid eps-stop", "dir S3 D3", 10, dict(stop="eps")),
+    ("B sigmoid budget", "sparse S2 D4", 12, dict(stop="budget")),
+    ("B+C softmax budget", "dir S5 D2", 8, dict(stop="budget", selection="softmax")),
+    ("A+C softmax eps-stop", "dir S3 D3", 9, dict(stop="eps", selection="softmax")),
+    ("B temperature 0.7", "dir S5 D2", 6, dict(stop="budget", temperature=0.7)),
+    ("B k=2 x2 then 1, T 1.2->0.6", "dir S3 D3", 6,
+     dict(stop="budget", k=2, parallel_steps=2, temperature=1.2, temperature_end=0.6)),
+    ("mask-denoiser B", "sparse S4 D3", 7, dict(stop="budget", denoiser_type="mask")),
+    ("mask-denoiser A eps-stop", "dir S3 D3", 8, dict(stop="eps", denoiser_type="mask")),
+    ("mask-denoiser k=3 x1 then 1", "sparse S2 D4", 5,
+     dict(stop="budget", denoiser_type="mask", k=3, parallel_steps=1)),
+]
+
+
+@pytest.mark.parametrize("name,toy_name,steps,options", PLANNER_CLOCK_CASES, ids=[c[0] for c in PLANNER_CLOCK_CASES])
+def test_planner_clock_matches_its_law(name, toy_name, steps, options):
+    problem = toy(toy_name)
+    models = problem.models()
+    options = dict(options)
+    denoiser_type = options.get("denoiser_type", "uniform")
+    denoiser = models.mask_denoiser if denoiser_type == "mask" else models.uniform_denoiser
+    if options["stop"] == "eps":
+        options["eps"] = median_stop_eps(problem)
+    result = ddpd_sample(models.planner, denoiser, B, problem.D, problem.S, steps=steps, noise=noise(), **options)
+    law = laws.ddpd_planner_clock_law(problem, steps, **options)
+    check_law(f"ddpd {name} [{toy_name}]", problem, result, law)
+    if options["stop"] == "eps":
+        assert (result.stop_step < steps).any() and (result.stop_step == steps).any()
+
+
+UNIFORM_MODEL_CASES = [
+    ("A sigmoid eps-stop", dict(stop="eps")),
+    ("B+C softmax, k=2 x1, T 1.0->0.5", dict(stop="budget", selection="softmax", k=2, parallel_steps=1,
+                                              temperature=1.0, temperature_end=0.5)),
+]
+
+
+@pytest.mark.parametrize("name,options", UNIFORM_MODEL_CASES, ids=[c[0] for c in UNIFORM_MODEL_CASES])
+def test_single_uniform_model_matches_its_law(name, options):
+    problem = toy("dir S3 D2")
+    options = dict(options)
+    if options["stop"] == "eps":
+        options["eps"] = 0.3
+    steps = 5
+    result = ddpd_sample_uniform(problem.models().uniform_model, B, problem.D, problem.S, steps=steps, noise=noise(),
+                                 **options)
+    law = laws.ddpd_uniform_model_law(problem, steps, **options)
+    check_law(f"ddpd single uniform model {name} [dir S3 D2]", problem, result, law)
+    assert result.planner_calls == 0
+    assert result.denoiser_calls == 2 * result.steps
+
+
+# ----------------------------------------------------------------------------- (a) exact clock
+
+EXACT_CLOCK_CASES = [
+    ("time-free planner, uniform denoiser", "dir S3 D3", dict()),
+    ("time-free planner, mask denoiser", "dir S3 D3", dict(denoiser_type="mask")),
+    ("time-free planner, softmax, T 0.8", "dir S5 D2", dict(selection="softmax", temperature=0.8)),
+]
+
+
+@pytest.mark.parametrize("name,toy_name,options", EXACT_CLOCK_CASES, ids=[c[0] for c in EXACT_CLOCK_CASES])
+def test_exact_clock_matches_its_law(name, toy_name, options):
+    """The clock is continuous, so the law is the master equation integrated in s."""
+    problem = toy(toy_name)
+    models = problem.models()
+    denoiser = models.mask_denoiser if options.get("denoiser_type") == "mask" else models.uniform_denoiser
+    steps = 40 * problem.D + 100  # candidates ~ Poisson(D s_end = 9.2 D): the budget never binds
+    result = ddpd_sample(models.planner, denoiser, B, problem.D, problem.S, steps=steps, clock="exact",
+                         t_end=T_END, noise=noise(), **options)
+    assert result.steps < steps
+    law = laws.ddpd_exact_clock_law(problem, T_END, time_conditioned_planner=False, **options)
+    check_law(f"ddpd exact clock, {name} [{toy_name}]", problem, result, law)
+
+
+# ----------------------------------------------------------------------------- (b) consistency
+
+
+@pytest.mark.parametrize("toy_name", ["dir S3 D3", "sparse S2 D4", "dir S5 D2"])
+def test_exact_clock_with_time_conditioned_planner_reaches_p_data(toy_name):
+    problem = toy(toy_name)
+    models = problem.models()
+    steps = 40 * problem.D + 100
+    result = ddpd_sample(models.planner_t, models.uniform_denoiser, B, problem.D, problem.S, steps=steps,
+                         clock="exact", time_conditioned_planner=True, t_end=T_END, noise=noise(1))
+    emp = empirical(problem.index(result.tokens), problem.N)
+    limit = threshold(problem.p_data, B)
+    TABLE.add(f"ddpd exact clock, time-conditioned planner [{toy_name}]", None, tv(emp, problem.p_data), limit,
+              problem.N)
+    assert tv(emp, problem.p_data) < limit
+
+
+def test_single_uniform_model_exact_clock_reaches_p_data():
+    problem = toy("sparse S4 D3")
+    steps = 40 * problem.D + 100
+    result = ddpd_sample_uniform(problem.models().uniform_model, B, problem.D, problem.S, steps=steps, clock="exact",
+                                 t_end=T_END, noise=noise(2))
+    emp = empirical(problem.index(result.tokens), problem.N)
+    limit = threshold(problem.p_data, B)
+    TABLE.add("ddpd single uniform model, exact clock [sparse S4 D3]", None, tv(emp, problem.p_data), limit, problem.N)
+    assert tv(emp, problem.p_data) < limit
+
+
+def test_exact_clock_law_is_p_data():
+    """The master equation of the self-loop CTMC with exact models ends at p_t_end ~ p_data:
+    checks the oracle and the law together (TV at t_end is at most about D (1 - t_end))."""
+    problem = toy("sparse S2 D4")
+    law = laws.ddpd_exact_clock_law(problem, T_END)
+    assert tv(law, problem.p_data) < 1e-3
+
+
+def test_paper_sampler_is_not_exact_at_tiny_D():
+    """With perfect models the time-free planner + estimated time is biased when D is tiny, and
+    a longer budget does not remove the bias: its exact law stays far from p_data."""
+    problem = toy("dir S3 D3")
+    far = [tv(laws.ddpd_planner_clock_law(problem, T, stop="budget"), problem.p_data) for T in (3, 12, 24)]
+    assert min(far) > 0.05, far
+    assert float(problem.planner_free.max(-1).values.min()) > 0.05  # eps = 0.05 would never stop a row
+
+
+# ----------------------------------------------------------------------------- (c) wrong models are caught
+
+WRONG = [
+    ("tempered^0.5", lambda d: tempered(d, 0.5)),
+    ("tempered^0.8", lambda d: tempered(d, 0.8)),
+    ("token 0 zeroed", lambda d: token_zeroed(d, 0)),
+]
+
+
+@pytest.mark.parametrize("name,wrong", WRONG, ids=[w[0] for w in WRONG])
+def test_wrong_denoiser_fails_consistency(name, wrong):
+    problem = toy("dir S3 D3")
+    models = problem.models()
+    steps = 40 * problem.D + 100
+    result = ddpd_sample(models.planner_t, wrong(models.uniform_denoiser), B, problem.D, problem.S, steps=steps,
+                         clock="exact", time_conditioned_planner=True, t_end=T_END, noise=noise(1))
+    emp = empirical(problem.index(result.tokens), problem.N)
+    limit = threshold(problem.p_data, B)
+    TABLE.add(f"(c) exact clock, denoiser {name} [dir S3 D3]", None, tv(emp, problem.p_data), limit, problem.N)
+    assert tv(emp, problem.p_data) > limit
+
+
+def test_wrong_denoiser_fails_its_law():
+    """A sampler run with a tempered denoiser against the law of the right one."""
+    problem = toy("sparse S2 D4")
+    models = problem.models()
+    result = ddpd_sample(models.planner, tempered(models.uniform_denoiser, 0.8), B, problem.D, problem.S, steps=12,
+                         stop="budget", noise=noise())
+    law = laws.ddpd_planner_clock_law(problem, 12, stop="budget")
+    emp = empirical(problem.index(result.tokens), problem.N)
+    limit = threshold(law, B)
+    TABLE.add("(c) B sigmoid, denoiser tempered^0.8 vs right law [sparse S2 D4]", tv(emp, law),
+              tv(emp, problem.p_data), limit, problem.N)
+    assert tv(emp, law) > limit
