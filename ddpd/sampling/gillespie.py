@@ -86,7 +86,7 @@ def ddpd_sample(
     """
     check_callable("planner", planner)
     check_callable("denoiser", denoiser)
-    opts = _Options.check(length, vocab_size, steps, selection, stop, eps, clock, t_end, k, parallel_steps,
+    opts = _Options.check(batch_size, length, vocab_size, steps, selection, stop, eps, clock, t_end, k, parallel_steps,
                           temperature, temperature_end, schedule)
     check_choice("denoiser_type", denoiser_type, DENOISER_TYPES)
     if time_conditioned_planner and clock != "exact":
@@ -150,7 +150,7 @@ def ddpd_sample_uniform(
     denoiser_calls. Other arguments as in ddpd_sample.
     """
     check_callable("model", model)
-    opts = _Options.check(length, vocab_size, steps, selection, stop, eps, clock, t_end, k, parallel_steps,
+    opts = _Options.check(batch_size, length, vocab_size, steps, selection, stop, eps, clock, t_end, k, parallel_steps,
                           temperature, temperature_end, schedule)
     noise = make_noise(seed, generator, noise)
     batch = RunningBatch(initial_noise(noise, batch_size, length, vocab_size, device))
@@ -195,9 +195,9 @@ class _Options:
     """Checked options shared by both DDPD entry points."""
 
     @classmethod
-    def check(cls, length, vocab_size, steps, selection, stop, eps, clock, t_end, k, parallel_steps,
+    def check(cls, batch_size, length, vocab_size, steps, selection, stop, eps, clock, t_end, k, parallel_steps,
               temperature, temperature_end, schedule) -> "_Options":
-        check_shape(1, length, vocab_size)
+        check_shape(batch_size, length, vocab_size)
         o = cls()
         o.length, o.steps = length, check_int("steps", steps, 1)
         o.selection = check_choice("selection", selection, step_fns.SELECTIONS)

@@ -1,0 +1,224 @@
+"""Baseline samplers (tau-leaping, MaskGIT) against exact oracles.
+
+(a) each sampler's empirical distribution (B = 50k) against the exact law of its
+chain; (b) mask tau-leaping with >= 512 steps reaches p_data; (c) wrong denoisers
+are caught. Threshold: 99th percentile of the TV noise floor at 50k draws + 0.005.
+MaskGIT's Gumbel-perturbed ranking is a Plackett-Luce draw, so its law is exact too;
+its noise-free ranking (choice_temperature = 0, ties by position) is checked token for
+token against a deliberately simple per-row implementation fed the same uniforms.
+"""
+import math
+
+import pytest
+import torch
+
+from oracles import laws
+from oracles.fixtures import single_thread  # noqa: F401  (autouse)
+from oracles.stats import TVTable, empirical, threshold, tv
+from oracles.toy import ToyProblem, dirichlet_p_data, sparse_p_data, tempered, token_zeroed
+from ddpd.sampling import PhiloxNoise, TorchNoise, maskgit_sample, tau_leaping_mask, tau_leaping_planned, \
+    tau_leaping_uniform
+from ddpd.sampling.noise import CONFIDENCE, TOKEN, gumbel
+
+B = 50_000
+TABLE = TVTable("Baseline samplers: TV to own exact law and to p_data (B = 50k)")
+
+TOYS = {
+    "dir S3 D3": lambda: ToyProblem(dirichlet_p_data(3, 3, seed=1), 3, 3),
+    "sparse S2 D4": lambda: ToyProblem(sparse_p_data(2, 4, support=5, seed=2), 2, 4),
+    "dir S5 D2": lambda: ToyProblem(dirichlet_p_data(5, 2, seed=3), 5, 2),
+}
+_cache = {}
+
+
+def toy(name):
+    if name not in _cache:
+        _cache[name] = TOYS[name]()
+    return _cache[name]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def print_table():
+    yield
+    print("\n" + TABLE.render())
+
+
+def noise(seed=0):
+    return TorchNoise(torch.Generator().manual_seed(seed))
+
+
+def compare(name, problem, result, law=None, against_data=False):
+    emp = empirical(problem.index(result.tokens), problem.N)
+    target = problem.p_data if against_data else law
+    limit = threshold(target, B)
+    TABLE.add(name, None if law is None else tv(emp, law), tv(emp, problem.p_data), limit, problem.N)
+    return tv(emp, target), limit
+
+
+# ----------------------------------------------------------------------------- tau-leaping mask (DFM)
+
+MASK_CASES = [
+    ("eta 0, 512 steps", "dir S3 D3", 512, dict()),
+    ("eta 0, 10 steps", "dir S5 D2", 10, dict()),
+    ("eta 2, 20 steps, T 1.0->0.5", "sparse S2 D4", 20, dict(eta=2.0, temperature=1.0, temperature_end=0.5)),
+]
+
+
+@pytest.mark.parametrize("name,toy_name,steps,options", MASK_CASES, ids=[c[0] for c in MASK_CASES])
+def test_tau_leaping_mask_matches_its_law(name, toy_name, steps, options):
+    problem = toy(toy_name)
+    result = tau_leaping_mask(problem.models().mask_denoiser, B, problem.D, problem.S, steps=steps, noise=noise(),
+                              **options)
+    law = laws.tau_leaping_mask_law(problem, steps, **options)
+    distance, limit = compare(f"tau-leaping mask {name} [{toy_name}]", problem, result, law)
+    assert distance < limit
+
+
+@pytest.mark.parametrize("toy_name", ["dir S3 D3", "sparse S2 D4"])
+def test_tau_leaping_mask_512_steps_reaches_p_data(toy_name):
+    problem = toy(toy_name)
+    result = tau_leaping_mask(problem.models().mask_denoiser, B, problem.D, problem.S, steps=512, noise=noise(1))
+    distance, limit = compare(f"tau-leaping mask eta 0, 512 steps vs p_data [{toy_name}]", problem, result,
+                              against_data=True)
+    assert distance < limit
+    assert tv(laws.tau_leaping_mask_law(problem, 512), problem.p_data) < 0.005
+
+
+def test_tau_leaping_mask_with_eta_stops_only_at_the_end():
+    problem = toy("dir S3 D3")
+    result = tau_leaping_mask(problem.models().mask_denoiser, 64, problem.D, problem.S, steps=16, eta=1.0, seed=3)
+    assert (result.stop_step == 16).all() and (result.tokens < problem.S).all()
+    result = tau_leaping_mask(problem.models().mask_denoiser, 64, problem.D, problem.S, steps=16, seed=3)
+    assert (result.stop_step <= 16).all() and (result.stop_step < 16).any()
+    assert result.denoiser_rows <= 64 * problem.D  # only rows with an unmasking call the denoiser
+
+
+@pytest.mark.parametrize("name,wrong", [("token 0 zeroed", lambda d: token_zeroed(d, 0)),
+                                        ("tempered^0.8", lambda d: tempered(d, 0.8))])
+def test_tau_leaping_mask_wrong_denoiser_fails(name, wrong):
+    problem = toy("dir S3 D3")
+    result = tau_leaping_mask(wrong(problem.models().mask_denoiser), B, problem.D, problem.S, steps=512,
+                              noise=noise(1))
+    distance, limit = compare(f"(c) tau-leaping mask 512, denoiser {name} [dir S3 D3]", problem, result,
+                              against_data=True)
+    assert distance > limit
+
+
+# ----------------------------------------------------------------------------- tau-leaping uniform (DFM-Uni)
+
+UNIFORM_CASES = [
+    ("20 steps", "dir S3 D3", 20, dict()),
+    ("16 steps, T 0.8->0.5", "sparse S2 D4", 16, dict(temperature=0.8, temperature_end=0.5)),
+]
+
+
+@pytest.mark.parametrize("name,toy_name,steps,options", UNIFORM_CASES, ids=[c[0] for c in UNIFORM_CASES])
+def test_tau_leaping_uniform_matches_its_law(name, toy_name, steps, options):
+    problem = toy(toy_name)
+    result = tau_leaping_uniform(problem.models().uniform_model, B, problem.D, problem.S, steps=steps, noise=noise(),
+                                 **options)
+    law = laws.tau_leaping_uniform_law(problem, steps, **options)
+    distance, limit = compare(f"tau-leaping uniform {name} [{toy_name}]", problem, result, law)
+    assert distance < limit
+
+
+@pytest.mark.slow
+def test_tau_leaping_uniform_many_steps_reaches_p_data():
+    problem = toy("dir S3 D3")
+    result = tau_leaping_uniform(problem.models().uniform_model, B, problem.D, problem.S, steps=1024, noise=noise(1))
+    distance, limit = compare("tau-leaping uniform 1024 steps vs p_data [dir S3 D3]", problem, result,
+                              against_data=True)
+    assert distance < limit
+
+
+# ----------------------------------------------------------------------------- planner x denoiser tau-leaping
+
+PLANNED_CASES = [
+    ("P x UniD, 20 steps", "dir S3 D3", 20, dict()),
+    ("P x MaskD, 20 steps", "sparse S2 D4", 20, dict(denoiser_type="mask")),
+    ("P_t x UniD, 16 steps, T 0.9", "dir S5 D2", 16, dict(time_conditioned_planner=True, temperature=0.9)),
+]
+
+
+@pytest.mark.parametrize("name,toy_name,steps,options", PLANNED_CASES, ids=[c[0] for c in PLANNED_CASES])
+def test_tau_leaping_planned_matches_its_law(name, toy_name, steps, options):
+    problem = toy(toy_name)
+    models = problem.models()
+    planner = models.planner_t if options.get("time_conditioned_planner") else models.planner
+    denoiser = models.mask_denoiser if options.get("denoiser_type") == "mask" else models.uniform_denoiser
+    result = tau_leaping_planned(planner, denoiser, B, problem.D, problem.S, steps=steps, noise=noise(), **options)
+    law = laws.tau_leaping_planned_law(problem, steps, **options)
+    distance, limit = compare(f"tau-leaping {name} [{toy_name}]", problem, result, law)
+    assert distance < limit
+
+
+@pytest.mark.slow
+def test_tau_leaping_planned_time_conditioned_many_steps_reaches_p_data():
+    problem = toy("dir S3 D3")
+    models = problem.models()
+    result = tau_leaping_planned(models.planner_t, models.uniform_denoiser, B, problem.D, problem.S, steps=1024,
+                                 time_conditioned_planner=True, noise=noise(1))
+    distance, limit = compare("tau-leaping P_t x UniD 1024 steps vs p_data [dir S3 D3]", problem, result,
+                              against_data=True)
+    assert distance < limit
+
+
+# ----------------------------------------------------------------------------- MaskGIT
+
+MASKGIT_CASES = [
+    ("3 steps, choice T 1.0", "dir S3 D3", 3, dict(choice_temperature=1.0)),
+    ("4 steps, choice T 2.0, T 1.0->0.5", "sparse S2 D4", 4,
+     dict(choice_temperature=2.0, temperature=1.0, temperature_end=0.5)),
+    ("2 steps, choice T 4.5", "dir S5 D2", 2, dict(choice_temperature=4.5)),
+]
+
+
+@pytest.mark.parametrize("name,toy_name,steps,options", MASKGIT_CASES, ids=[c[0] for c in MASKGIT_CASES])
+def test_maskgit_matches_its_law(name, toy_name, steps, options):
+    problem = toy(toy_name)
+    result = maskgit_sample(problem.models().mask_denoiser, B, problem.D, problem.S, steps=steps, noise=noise(),
+                            **options)
+    law = laws.maskgit_law(problem, steps, **options)
+    distance, limit = compare(f"maskgit {name} [{toy_name}]", problem, result, law)
+    assert distance < limit
+
+
+def simple_maskgit(denoiser, rows, length, vocab, steps, temperature, choice_temperature, noise):
+    """MaskGIT one row at a time, written from its description with plain Python lists."""
+    out = []
+    for row in rows:
+        x = [vocab] * length
+        ids = torch.tensor([row])
+        for i in range(steps):
+            masked = [d for d in range(length) if x[d] == vocab]
+            t = torch.tensor([1.0 - len(masked) / length])
+            logits = denoiser(torch.tensor([x]), t)[0]
+            u_token = noise.uniform(i, TOKEN, ids, length * vocab).view(length, vocab)
+            u_conf = noise.uniform(i, CONFIDENCE, ids, length)[0]
+            tau = choice_temperature * (1 - (i + 1) / steps)
+            draws, confidence = {}, {}
+            for d in masked:
+                draws[d] = int((logits[d] + temperature * gumbel(u_token[d])).argmax())
+                confidence[d] = float(logits[d].log_softmax(-1)[draws[d]] + tau * gumbel(u_conf[d]))
+            if i == steps - 1:
+                keep = 0
+            else:
+                keep = max(1, min(len(masked) - 1, math.floor(length * math.cos(math.pi / 2 * (i + 1) / steps))))
+            stay_masked = sorted(masked, key=lambda d: (confidence[d], d))[:keep]
+            for d in masked:
+                if d not in stay_masked:
+                    x[d] = draws[d]
+        out.append(x)
+    return torch.tensor(out)
+
+
+@pytest.mark.parametrize("choice_temperature", [0.0, 3.0])
+def test_maskgit_equals_simple_implementation_draw_for_draw(choice_temperature):
+    problem = toy("sparse S2 D4")
+    denoiser = problem.models().mask_denoiser
+    n, steps = 60, 4
+    result = maskgit_sample(denoiser, n, problem.D, problem.S, steps=steps, choice_temperature=choice_temperature,
+                            temperature=0.9, noise=PhiloxNoise(7))
+    expected = simple_maskgit(denoiser, range(n), problem.D, problem.S, steps, 0.9, choice_temperature,
+                              PhiloxNoise(7))
+    assert torch.equal(result.tokens, expected)

@@ -1,0 +1,272 @@
+"""Step functions and noise sources of ddpd.sampling; determinism, bookkeeping, argument checks.
+
+Statistical checks use 200k draws and a chi-square test at p = 1e-4 (scipy), or a
+maximum z-score of 5 for frequencies.
+"""
+import itertools
+import math
+
+import pytest
+import torch
+from scipy import stats
+
+from oracles.fixtures import single_thread  # noqa: F401  (autouse)
+from oracles.laws import set_probabilities
+from oracles.toy import ToyProblem, dirichlet_p_data
+from ddpd.ops.rng import philox_uniform
+from ddpd.process import CosineSchedule, LinearSchedule
+from ddpd.sampling import (PhiloxNoise, TorchNoise, ddpd_sample, ddpd_sample_uniform, maskgit_sample, tau_leaping_mask,
+                           tau_leaping_planned, tau_leaping_uniform)
+from ddpd.sampling import steps as F
+from ddpd.sampling.noise import NUM_STREAMS, SELECT, exponential, gumbel, make_noise
+
+N_DRAWS = 200_000
+P_VALUE = 1e-4
+
+
+def chi_square_ok(counts: torch.Tensor, probs: torch.Tensor) -> bool:
+    probs = probs.double() / probs.double().sum()
+    expected = probs * counts.sum()
+    keep = expected > 0
+    assert counts[~keep].sum() == 0, "a draw landed on a zero-probability outcome"
+    return stats.chisquare(counts[keep].double().numpy(), expected[keep].numpy()).pvalue > P_VALUE
+
+
+# ----------------------------------------------------------------------------- noise
+
+
+def test_philox_noise_is_the_rng_stream_at_step_offsets():
+    rows = torch.tensor([5, 2, 9])
+    u = PhiloxNoise(seed=11, offset=3).uniform(4, SELECT, rows, 6)
+    assert torch.equal(u, philox_uniform(11, 3 + 4 * NUM_STREAMS + SELECT, rows, 6))
+
+
+def test_philox_noise_rows_keep_their_stream():
+    noise = PhiloxNoise(seed=1)
+    full = noise.uniform(2, SELECT, torch.arange(10), 4)
+    assert torch.equal(noise.uniform(2, SELECT, torch.tensor([7, 3]), 4), full[[7, 3]])
+
+
+def test_torch_noise_is_on_the_open_grid():
+    u = TorchNoise(torch.Generator().manual_seed(0)).uniform(0, 0, torch.arange(1000), 100)
+    assert (u > 0).all() and (u < 1).all()
+    assert torch.equal(u, ((u * 2**24 - 0.5).round() + 0.5) * 2**-24)
+
+
+def test_transforms_stay_finite_at_the_ends_of_the_grid():
+    # float32 rounds the top grid value of philox_uniform to 1.0
+    u = torch.tensor([2**-25, 0.5, 1.0], dtype=torch.float32)
+    assert torch.isfinite(gumbel(u)).all() and torch.isfinite(exponential(u)).all()
+
+
+def test_make_noise_arguments():
+    assert isinstance(make_noise(seed=3), PhiloxNoise)
+    g = torch.Generator().manual_seed(0)
+    a, b = make_noise(generator=g), make_noise(generator=torch.Generator().manual_seed(0))
+    assert (a.seed, a.offset) == (b.seed, b.offset)
+    with pytest.raises(ValueError, match="at most one"):
+        make_noise(seed=1, generator=g)
+    with pytest.raises(TypeError, match="generator"):
+        make_noise(generator=3)
+    with pytest.raises(TypeError, match="noise"):
+        make_noise(noise=object())
+    with pytest.raises(ValueError, match="seed"):
+        make_noise(seed=-1)
+
+
+# ----------------------------------------------------------------------------- step functions
+
+
+def test_select_positions_is_sampling_without_replacement():
+    w = torch.tensor([0.5, 0.05, 0.2, 0.25, 0.1], dtype=torch.float64)
+    u = TorchNoise(torch.Generator().manual_seed(1)).uniform(0, 0, torch.arange(N_DRAWS), 5)
+    positions, valid = F.select_positions(torch.log(w).float().expand(N_DRAWS, -1), u, k=2)
+    assert valid.all() and (positions[:, 0] != positions[:, 1]).all()
+    sets = list(itertools.combinations(range(5), 2))
+    key = positions.sort(-1).values
+    counts = torch.tensor([int(((key[:, 0] == a) & (key[:, 1] == b)).sum()) for a, b in sets])
+    exact = set_probabilities(w[None], 2)
+    assert chi_square_ok(counts, torch.cat([exact[s] for s in sets]))
+
+
+def test_select_positions_flags_zero_weights():
+    log_w = torch.tensor([[0.0, float("-inf"), float("-inf")]])
+    positions, valid = F.select_positions(log_w, torch.full((1, 3), 0.5), k=2)
+    assert positions[0, 0] == 0 and valid.tolist() == [[True, False]]
+
+
+def test_selection_log_weights():
+    logits = torch.tensor([[-2.0, 0.0, 3.0]])
+    assert torch.allclose(F.selection_log_weights(logits, "sigmoid").exp(), torch.sigmoid(logits))
+    soft = F.selection_log_weights(logits, "softmax")
+    assert torch.allclose(soft.softmax(-1), logits.softmax(-1))
+    with pytest.raises(ValueError, match="selection"):
+        F.selection_log_weights(logits, "argmax")
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.5, 2.0])
+def test_sample_categorical_draws_softmax_at_temperature(temperature):
+    logits = torch.tensor([1.0, -0.5, float("-inf"), 0.3, 2.0])
+    u = TorchNoise(torch.Generator().manual_seed(2)).uniform(0, 0, torch.arange(N_DRAWS), 5)
+    draws = F.sample_categorical(logits.expand(N_DRAWS, -1), u, temperature)
+    counts = torch.bincount(draws, minlength=5)
+    assert chi_square_ok(counts, (logits / temperature).softmax(-1))
+
+
+def test_sample_categorical_temperature_zero_is_argmax():
+    logits = torch.randn(100, 7)
+    u = torch.rand(100, 7).clamp(1e-6, 1 - 1e-6)
+    assert torch.equal(F.sample_categorical(logits, u, 0.0), logits.argmax(-1))
+
+
+def test_draw_mask_marginals_and_forced_positions():
+    p = torch.tensor([0.1, 0.5, 0.9, 0.0])
+    u = TorchNoise(torch.Generator().manual_seed(3)).uniform(0, 0, torch.arange(N_DRAWS), 4)
+    chosen = torch.full((N_DRAWS, 1), 3)
+    z = F.draw_mask(p.expand(N_DRAWS, -1), u, chosen)
+    assert z[:, 3].all()
+    freq = z[:, :3].double().mean(0)
+    sd = (p[:3].double() * (1 - p[:3].double()) / N_DRAWS).sqrt()
+    assert ((freq - p[:3].double()).abs() / sd).max() < 5
+
+
+def test_denoise_positions_changes_only_valid_chosen_positions():
+    x = torch.tensor([[0, 1, 2, 3]])
+    logits = torch.full((1, 4, 5), float("-inf"))
+    logits[0, :, 4] = 0.0  # every position would become 4
+    positions = torch.tensor([[2, 0]])
+    out = F.denoise_positions(x, logits, positions, torch.tensor([[True, False]]), torch.full((1, 2, 5), 0.5))
+    assert out.tolist() == [[0, 1, 4, 3]]
+
+
+def test_time_estimates():
+    p = torch.tensor([[0.2, 0.4, 0.0, 0.2]])
+    assert torch.allclose(F.planner_time(p, LinearSchedule()), torch.tensor([0.8]))
+    z = torch.tensor([[True, False, False, False]])
+    assert torch.allclose(F.mask_time(z, LinearSchedule()), torch.tensor([0.75]))
+    cosine = CosineSchedule()
+    assert torch.allclose(cosine.alpha(F.mask_time(z, cosine)), torch.tensor([0.75]))
+
+
+def test_temperature_at():
+    assert F.temperature_at(0, 5, 1.0, 0.0) == 1.0
+    assert F.temperature_at(4, 5, 1.0, 0.0) == 0.0
+    assert F.temperature_at(2, 5, 1.0, 0.0) == 0.5
+    assert F.temperature_at(0, 1, 0.7, 0.1) == 0.7
+
+
+# ----------------------------------------------------------------------------- samplers: determinism and batch invariance
+
+TOY = ToyProblem(dirichlet_p_data(3, 4, seed=0), 3, 4)
+M = TOY.models()
+SAMPLERS = {
+    "ddpd A": lambda B, **kw: ddpd_sample(M.planner, M.uniform_denoiser, B, 4, 3, steps=12, eps=0.35, **kw),
+    "ddpd mask k=2": lambda B, **kw: ddpd_sample(M.planner, M.mask_denoiser, B, 4, 3, steps=8, stop="budget",
+                                                 denoiser_type="mask", k=2, parallel_steps=2, **kw),
+    "ddpd exact": lambda B, **kw: ddpd_sample(M.planner_t, M.uniform_denoiser, B, 4, 3, steps=100, clock="exact",
+                                              time_conditioned_planner=True, **kw),
+    "ddpd single model": lambda B, **kw: ddpd_sample_uniform(M.uniform_model, B, 4, 3, steps=8, eps=0.4, **kw),
+    "ddpd single model exact": lambda B, **kw: ddpd_sample_uniform(M.uniform_model, B, 4, 3, steps=100,
+                                                                   clock="exact", **kw),
+    "tau mask": lambda B, **kw: tau_leaping_mask(M.mask_denoiser, B, 4, 3, steps=10, eta=0.5, **kw),
+    "tau mask eta 0": lambda B, **kw: tau_leaping_mask(M.mask_denoiser, B, 4, 3, steps=40, **kw),
+    "tau uniform": lambda B, **kw: tau_leaping_uniform(M.uniform_model, B, 4, 3, steps=10, **kw),
+    "tau planned": lambda B, **kw: tau_leaping_planned(M.planner, M.mask_denoiser, B, 4, 3, steps=10,
+                                                       denoiser_type="mask", **kw),
+    "maskgit": lambda B, **kw: maskgit_sample(M.mask_denoiser, B, 4, 3, steps=3, **kw),
+}
+
+
+@pytest.mark.parametrize("name", SAMPLERS)
+def test_sampler_rows_keep_their_draws_across_batch_sizes(name):
+    """Philox streams are per row id: the first rows of a bigger batch are the smaller batch,
+    even when rows finish and leave the batch at different steps."""
+    small, big = SAMPLERS[name](5, seed=123), SAMPLERS[name](23, seed=123)
+    assert torch.equal(small.tokens, big.tokens[:5])
+    assert torch.equal(small.stop_step, big.stop_step[:5])
+    assert not torch.equal(big.tokens, SAMPLERS[name](23, seed=124).tokens)
+    assert big.tokens.dtype == torch.long and big.tokens.shape == (23, 4)
+    assert ((big.tokens >= 0) & (big.tokens < 3)).all()
+
+
+def test_generator_seeding_is_reproducible():
+    a = SAMPLERS["ddpd A"](9, generator=torch.Generator().manual_seed(5))
+    b = SAMPLERS["ddpd A"](9, generator=torch.Generator().manual_seed(5))
+    assert torch.equal(a.tokens, b.tokens)
+
+
+def test_eps_stop_bookkeeping():
+    """A planner that calls everything clean stops every row before its first move."""
+    clean = lambda x: torch.full(x.shape, -20.0)  # noqa: E731
+    never = lambda x, t: pytest.fail("the denoiser must not be called")  # noqa: E731
+    result = ddpd_sample(clean, never, 6, 4, 3, steps=10, seed=0)
+    assert result.steps == 0 and (result.stop_step == 0).all()
+    assert result.planner_calls == 1 and result.planner_rows == 6 and result.denoiser_calls == 0
+    x0 = ddpd_sample(M.planner, M.uniform_denoiser, 6, 4, 3, steps=1, seed=0, stop="budget")
+    assert x0.planner_calls == 1 and x0.denoiser_calls == 1 and (x0.stop_step == 1).all()
+
+
+def test_rows_leave_the_batch_when_they_stop():
+    result = SAMPLERS["ddpd A"](400, seed=0)
+    stops = result.stop_step
+    assert (stops < 12).any() and (stops == 12).any()
+    # every planner call covers exactly the rows that had not stopped before it
+    assert result.planner_rows == int(sum(min(int(s) + 1, 12) for s in stops))
+    assert result.denoiser_rows == int(stops.sum())
+
+
+def test_exact_clock_counts_denoiser_calls_only_for_accepted_events():
+    result = SAMPLERS["ddpd exact"](200, seed=0)
+    assert (result.stop_step < 100).all()  # every row reached t_end within the budget
+    # a row that reaches t_end at step i has had one planner call per candidate 0..i-1
+    assert result.planner_rows == int(result.stop_step.sum())
+    assert 0 < result.denoiser_rows < result.planner_rows
+
+
+# ----------------------------------------------------------------------------- argument checks
+
+def _ddpd(**kw):
+    return ddpd_sample(M.planner, M.uniform_denoiser, 2, 4, 3, **{"steps": 3, **kw})
+
+
+BAD_ARGUMENTS = [
+    (lambda: _ddpd(steps=0), ValueError, "steps"),
+    (lambda: _ddpd(steps=2.5), TypeError, "steps"),
+    (lambda: _ddpd(selection="max"), ValueError, "selection"),
+    (lambda: _ddpd(stop="never"), ValueError, "stop"),
+    (lambda: _ddpd(eps=0.0), ValueError, "eps"),
+    (lambda: _ddpd(clock="wall"), ValueError, "clock"),
+    (lambda: _ddpd(clock="exact", stop="eps"), ValueError, "stop"),
+    (lambda: _ddpd(time_conditioned_planner=True), ValueError, "time_conditioned_planner"),
+    (lambda: _ddpd(k=5), ValueError, "k"),
+    (lambda: _ddpd(k=2, parallel_steps=4), ValueError, "parallel_steps"),
+    (lambda: _ddpd(clock="exact", k=2, parallel_steps=1), ValueError, "k > 1"),
+    (lambda: _ddpd(temperature=-1.0), ValueError, "temperature"),
+    (lambda: _ddpd(temperature_end="hot"), TypeError, "temperature_end"),
+    (lambda: _ddpd(t_end=1.0), ValueError, "t_end"),
+    (lambda: _ddpd(denoiser_type="gaussian"), ValueError, "denoiser_type"),
+    (lambda: _ddpd(mask_id=1), ValueError, "mask_id"),
+    (lambda: _ddpd(schedule="quadratic"), ValueError, "schedule"),
+    (lambda: ddpd_sample(None, M.uniform_denoiser, 2, 4, 3, steps=3), TypeError, "planner"),
+    (lambda: ddpd_sample(M.planner, M.uniform_denoiser, 0, 4, 3, steps=3), ValueError, "batch_size"),
+    (lambda: ddpd_sample(M.planner, M.uniform_denoiser, 2, 4, 1, steps=3), ValueError, "vocab_size"),
+    (lambda: ddpd_sample(M.planner, lambda x, t: torch.zeros(x.shape[0], 4, 5), 2, 4, 3, steps=3, seed=0),
+     ValueError, "denoiser must return"),
+    (lambda: ddpd_sample(lambda x: torch.zeros(x.shape[0], 3), M.uniform_denoiser, 2, 4, 3, steps=3, seed=0),
+     ValueError, "planner must return"),
+    (lambda: tau_leaping_mask(M.mask_denoiser, 2, 4, 3, steps=3, eta=-1.0), ValueError, "eta"),
+    (lambda: tau_leaping_planned(M.planner, M.mask_denoiser, 2, 4, 3, steps=3, denoiser_type="x"), ValueError,
+     "denoiser_type"),
+    (lambda: tau_leaping_uniform("model", 2, 4, 3, steps=3), TypeError, "model"),
+    (lambda: maskgit_sample(M.mask_denoiser, 2, 4, 3, steps=3, choice_temperature=-0.1), ValueError,
+     "choice_temperature"),
+    (lambda: maskgit_sample(M.mask_denoiser, 2, 4, 3, steps=0), ValueError, "steps"),
+    (lambda: ddpd_sample_uniform(M.uniform_model, 2, 4, 3, steps=3, seed=1, generator=torch.Generator()),
+     ValueError, "at most one"),
+]
+
+
+@pytest.mark.parametrize("call,error,match", BAD_ARGUMENTS, ids=[f"{i}-{b[2]}" for i, b in enumerate(BAD_ARGUMENTS)])
+def test_bad_arguments_raise_clear_errors(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
