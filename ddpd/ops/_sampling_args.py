@@ -1,0 +1,135 @@
+"""Argument checks and randomness plumbing shared by the fused sampling ops
+(planner_select, planner_mask, sample_categorical, sample_from_hidden).
+
+Every sampling op takes either explicit uniforms (`noise`) or a counter-based
+stream: (seed, offset) from the caller or drawn from a torch.Generator, and
+per-row ids (default 0..N-1) so a row keeps its stream whatever the batch.
+Column c of explicit noise and column c of the Philox stream play the same role,
+so `noise = philox_uniform(seed, offset, row_ids, width)` reproduces the seeded
+call exactly. Draws that must be independent need distinct offsets (a sampler
+uses one offset per kind of draw and step).
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+import torch
+
+from ddpd.ops.rng import check_seed, philox_uniform, seed_from_generator
+
+MAX_WIDTH = 2**30  # bound on D and V: columns of a row stay below 2**31
+
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def check_tensor(name: str, value, dtypes: Sequence[torch.dtype], dim: int) -> torch.Tensor:
+    """TypeError/ValueError unless `value` is a tensor of one of `dtypes` with `dim` dims."""
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if value.dtype not in dtypes:
+        names = ", ".join(str(d) for d in dtypes)
+        raise TypeError(f"{name} must have dtype in ({names}), got {value.dtype}")
+    if value.dim() != dim:
+        raise ValueError(f"{name} must be {dim}-D, got shape {tuple(value.shape)}")
+    if value.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"{name} must be on a cpu or cuda device, got {value.device}")
+    return value
+
+
+def check_same_device(name: str, value: torch.Tensor, like: torch.Tensor, like_name: str) -> None:
+    if value.device != like.device:
+        raise ValueError(f"{name} must be on the device of {like_name} ({like.device}), got {value.device}")
+
+
+def check_shape(name: str, value: torch.Tensor, shape: tuple) -> None:
+    if tuple(value.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(value.shape)}")
+
+
+def check_positive_float(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a float, got {type(value).__name__}")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a finite float > 0, got {value!r}")
+    return float(value)
+
+
+def check_int(name: str, value, low: int, high: int) -> int:
+    """TypeError/ValueError unless value is an int with low <= value < high."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if not low <= value < high:
+        raise ValueError(f"{name} must be in [{low}, {high}), got {value}")
+    return value
+
+
+def check_width(name: str, size: int) -> None:
+    if not 1 <= size < MAX_WIDTH:
+        raise ValueError(f"{name} must be in [1, {MAX_WIDTH}), got {size}")
+
+
+def _as_int64(value: int) -> int:
+    """The uint64 `value` as the int64 with the same bits (torch op schemas carry int64)."""
+    return value - 2**64 if value >= 2**63 else value
+
+
+def resolve_stream(
+    noise: Optional[torch.Tensor],
+    noise_shape: tuple,
+    like: torch.Tensor,
+    seed: Optional[int],
+    offset: int,
+    generator: Optional[torch.Generator],
+    row_ids: Optional[torch.Tensor],
+) -> tuple[int, int]:
+    """Validate the randomness arguments; return (seed, offset) as int64 bit patterns.
+
+    With `noise` (float32 uniforms in (0, 1) of shape noise_shape) seed, generator
+    and row_ids must be left unset. Without it, a missing seed is drawn together
+    with the offset from `generator` (or torch's default generator).
+    """
+    rows = noise_shape[0]
+    if noise is not None:
+        if seed is not None or generator is not None or row_ids is not None or offset != 0:
+            raise ValueError("pass either noise or seed/offset/generator/row_ids, not both")
+        check_tensor("noise", noise, (torch.float32,), len(noise_shape))
+        check_shape("noise", noise, noise_shape)
+        check_same_device("noise", noise, like, "the input")
+        return 0, 0
+    if row_ids is not None:
+        check_tensor("row_ids", row_ids, (torch.int64,), 1)
+        check_shape("row_ids", row_ids, (rows,))
+        check_same_device("row_ids", row_ids, like, "the input")
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+    if seed is None:
+        if offset != 0:
+            raise ValueError(f"offset needs an explicit seed (it is drawn with the seed otherwise), got {offset}")
+        seed, offset = seed_from_generator(generator)
+    elif generator is not None:
+        raise ValueError("pass either seed or generator, not both")
+    check_seed(seed, offset)
+    return _as_int64(seed), _as_int64(offset)
+
+
+def split32(value: int) -> tuple[int, int]:
+    """(low, high) 32-bit words of the uint64 whose bits the int64 `value` holds."""
+    value &= 2**64 - 1
+    return value & 0xFFFFFFFF, value >> 32
+
+
+def stream_noise(seed: int, offset: int, row_ids: Optional[torch.Tensor], rows: int, width: int,
+                 device: torch.device) -> torch.Tensor:
+    """The uniforms a seeded call reads, as explicit noise Float[rows, width]
+    (seed and offset as returned by resolve_stream)."""
+    ids = row_ids.cpu() if row_ids is not None else torch.arange(rows)
+    return philox_uniform(seed & (2**64 - 1), offset & (2**64 - 1), ids, width).to(device)
+
+
+def cpu_ops():
+    """torch.ops.ddpd with the CPU kernels of ddpd._C loaded."""
+    from ddpd.ops import _ext
+
+    _ext.load()
+    return torch.ops.ddpd

@@ -1,0 +1,51 @@
+"""Counter-based uniforms inside Triton kernels, bit-identical to ddpd.ops.rng.
+
+Philox4x32-10 with key (seed_lo, seed_hi) and counter (column, row, offset_lo,
+offset_hi); the first output word w becomes u = ((w >> 8) + 0.5) * 2**-24, a float32
+in the open interval (0, 1). Written out with tl.umulhi rather than tl.philox so the
+constants and the counter layout are those of the shared contract, whatever the
+installed Triton does.
+"""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def philox_uniform(seed_lo, seed_hi, offset_lo, offset_hi, row, col):
+    """Uniforms for the broadcast of `row` and `col` (integer tensors or scalars)."""
+    # tl.cast also accepts scalars that Triton specialised to constants.
+    c0 = tl.cast(col, tl.uint32)
+    c1 = tl.cast(row, tl.uint32) + c0 * 0  # broadcast every word to the common shape
+    c0 = c0 + c1 * 0
+    c2 = c0 * 0 + tl.cast(offset_lo, tl.uint32)
+    c3 = c0 * 0 + tl.cast(offset_hi, tl.uint32)
+    k0 = tl.cast(seed_lo, tl.uint32)
+    k1 = tl.cast(seed_hi, tl.uint32)
+    for _ in tl.static_range(10):
+        a0 = c0
+        a2 = c2
+        c0 = tl.umulhi(a2, 0xCD9E8D57) ^ c1 ^ k0
+        c2 = tl.umulhi(a0, 0xD2511F53) ^ c3 ^ k1
+        c1 = a2 * 0xCD9E8D57
+        c3 = a0 * 0xD2511F53
+        k0 = k0 + 0x9E3779B9
+        k1 = k1 + 0xBB67AE85
+    return ((c0 >> 8).to(tl.float32) + 0.5) * 5.9604644775390625e-08
+
+
+@triton.jit
+def row_uniform(noise_ptr, noise_width, row, column, row_id, seed_lo, seed_hi, offset_lo, offset_hi,
+                HAS_NOISE: tl.constexpr):
+    """Uniform at `column` of a row: explicit noise [rows, noise_width], or Philox."""
+    if HAS_NOISE:
+        u = tl.load(noise_ptr + row * noise_width + column)
+    else:
+        u = philox_uniform(seed_lo, seed_hi, offset_lo, offset_hi, row_id, column)
+    return u
+
+
+@triton.jit
+def gumbel(u):
+    """Standard Gumbel noise -log(-log u). float32 rounds the top uniform to 1.0,
+    which would give +inf: clamp to the largest float32 below 1, as the references do."""
+    return -tl.log(-tl.log(tl.minimum(u, 0.99999994)))

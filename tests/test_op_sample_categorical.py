@@ -1,0 +1,213 @@
+"""ddpd.ops.sample_categorical: C++ CPU path, Triton kernel (interpreter) and the
+torch reference agree token for token; the seeded draws follow softmax(logits / T)."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import stats
+
+from ddpd.ops import _sampling_args
+from ddpd.ops.rng import philox_uniform
+from ddpd.ops.sample_categorical import (
+    noise_width,
+    sample_categorical,
+    sample_categorical_reference,
+    sample_categorical_triton,
+)
+
+CHI2_MIN_P = 1e-3  # a distribution test fails when its chi-square p-value is below this
+
+
+def triton_draw(logits, temperature=1.0, exclude_ids=(), exclude_per_row=None, seed=None, offset=0,
+                row_ids=None, noise=None):
+    """The Triton kernel on CPU tensors (TRITON_INTERPRET=1), arguments as the public op."""
+    width = (logits.shape[0], noise_width(logits.shape[1]))
+    seed, offset = _sampling_args.resolve_stream(noise, width, logits, seed, offset, None, row_ids)
+    return sample_categorical_triton(logits, temperature, list(exclude_ids), exclude_per_row, noise, seed, offset,
+                                     row_ids)
+
+
+def chi_square_p(tokens: torch.Tensor, probs: torch.Tensor) -> float:
+    """p-value of the observed token counts against probs (bins with expectation < 5 pooled)."""
+    observed = torch.bincount(tokens, minlength=probs.numel()).double()
+    expected = probs.double() / probs.double().sum() * tokens.numel()
+    small = expected < 5
+    obs = torch.cat([observed[~small], observed[small].sum()[None]])
+    exp = torch.cat([expected[~small], expected[small].sum()[None]])
+    keep = exp > 0
+    return float(stats.chisquare(obs[keep].numpy(), exp[keep].numpy()).pvalue)
+
+
+@pytest.mark.parametrize("vocab", [1, 2, 111, 700])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_triton_cpu_and_reference_agree_on_explicit_noise(vocab, dtype):
+    g = torch.Generator().manual_seed(vocab)
+    logits = (3 * torch.randn(4, vocab, generator=g)).to(dtype)
+    noise = torch.rand(4, noise_width(vocab), generator=g).clamp(1e-7, 1 - 1e-7)
+    excl = [vocab - 1] if vocab > 1 else []
+    per_row = torch.randint(0, vocab, (4,), generator=g) if vocab > 2 else None
+    ref = sample_categorical_reference(logits, 0.8, excl, per_row, noise=noise)
+    cpu = sample_categorical(logits, 0.8, excl, per_row, noise=noise)
+    tri = triton_draw(logits, 0.8, excl, per_row, noise=noise)
+    for out in (cpu, tri):
+        assert torch.equal(out[0], ref[0]) and torch.equal(out[1], ref[1])
+    if vocab > 2:
+        assert not (ref[0] == per_row).any() and not (ref[0] == vocab - 1).any()
+
+
+def test_triton_single_gpt2_row_matches_reference():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(1, 50257, generator=g)
+    ref = sample_categorical_reference(logits, 1.3, [50256], seed=2**64 - 3, offset=2**40 + 9)
+    tri = triton_draw(logits, 1.3, [50256], seed=2**64 - 3, offset=2**40 + 9)
+    cpu = sample_categorical(logits, 1.3, [50256], seed=2**64 - 3, offset=2**40 + 9)
+    assert torch.equal(tri[0], ref[0]) and torch.equal(cpu[0], ref[0]) and bool(ref[1].all())
+
+
+@pytest.mark.parametrize("vocab", [1, 7, 257, 600])
+def test_seeded_paths_read_the_philox_stream(vocab):
+    """The seeded kernel draws what the explicit-noise path draws from philox_uniform."""
+    logits = torch.randn(3, vocab, generator=torch.Generator().manual_seed(1))
+    rows = torch.tensor([9, 2**33 + 1, 0])
+    noise = philox_uniform(77, 5, rows, noise_width(vocab))
+    expected = sample_categorical_reference(logits, noise=noise)[0]
+    assert torch.equal(triton_draw(logits, seed=77, offset=5, row_ids=rows)[0], expected)
+    assert torch.equal(sample_categorical(logits, seed=77, offset=5, row_ids=rows)[0], expected)
+    assert torch.equal(sample_categorical_reference(logits, seed=77, offset=5, row_ids=rows)[0], expected)
+
+
+@pytest.mark.parametrize("vocab,temperature", [(5, 1.0), (600, 0.7)])
+def test_seeded_draws_follow_softmax(vocab, temperature):
+    n = 200_000
+    logits = torch.randn(vocab, generator=torch.Generator().manual_seed(vocab))
+    logits[1] = float("-inf")
+    tokens, valid = sample_categorical(logits.expand(n, vocab), temperature, [0], seed=123, offset=4,
+                                       row_ids=torch.arange(n))
+    allowed = logits.clone()
+    allowed[0] = float("-inf")
+    probs = torch.softmax(allowed / temperature, dim=0)
+    assert bool(valid.all()) and not ((tokens == 0) | (tokens == 1)).any()
+    assert chi_square_p(tokens, probs) > CHI2_MIN_P
+
+
+def test_excluded_and_minus_inf_tokens_are_never_drawn():
+    n, vocab = 20_000, 300
+    logits = torch.zeros(n, vocab)
+    logits[:, ::3] = float("-inf")
+    logits[:, 5] = float("nan")
+    current = torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(3))
+    tokens, valid = sample_categorical(logits, 1.0, [1, 299], current, seed=9)
+    assert bool(valid.all())
+    assert not ((tokens % 3 == 0) | (tokens == 1) | (tokens == 299) | (tokens == 5) | (tokens == current)).any()
+    tri = triton_draw(logits[:8], 1.0, [1, 299], current[:8], seed=9)
+    assert torch.equal(tri[0], tokens[:8])
+
+
+def test_rows_with_nothing_drawable_are_flagged_and_in_range():
+    vocab = 300
+    logits = torch.randn(5, vocab)
+    logits[0] = float("-inf")
+    logits[1] = float("nan")
+    logits[2, :] = float("-inf")
+    logits[2, 7] = 0.0  # only token 7 is allowed, and it is excluded per row below
+    per_row = torch.tensor([0, 0, 7, 0, 0])
+    for tokens, valid in (sample_categorical(logits, 1.0, None, per_row, seed=1),
+                          sample_categorical_reference(logits, 1.0, None, per_row, seed=1),
+                          triton_draw(logits, 1.0, (), per_row, seed=1)):
+        assert valid.tolist() == [False, False, False, True, True]
+        assert tokens[:3].tolist() == [0, 0, 0]
+        assert bool(((tokens >= 0) & (tokens < vocab)).all())
+
+
+def test_plus_inf_logit_is_always_drawn():
+    logits = torch.randn(6, 700)
+    logits[:, 450] = float("inf")
+    logits[:, 600] = float("inf")
+    for tokens, valid in (sample_categorical(logits, seed=2), triton_draw(logits, seed=2),
+                          sample_categorical_reference(logits, seed=2)):
+        assert bool(valid.all()) and tokens.tolist() == [450] * 6  # the first +inf wins ties
+
+
+def test_same_seed_same_tokens_and_batch_composition_invariance():
+    logits = torch.randn(16, 1000)
+    a = sample_categorical(logits, seed=5, offset=1)[0]
+    assert torch.equal(a, sample_categorical(logits, seed=5, offset=1)[0])
+    assert not torch.equal(a, sample_categorical(logits, seed=6, offset=1)[0])
+    keep = torch.tensor([3, 11, 12])
+    assert torch.equal(sample_categorical(logits[keep], seed=5, offset=1, row_ids=keep)[0], a[keep])
+    g1, g2 = torch.Generator().manual_seed(4), torch.Generator().manual_seed(4)
+    assert torch.equal(sample_categorical(logits, generator=g1)[0], sample_categorical(logits, generator=g2)[0])
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    rows=st.integers(1, 4),
+    vocab=st.integers(1, 600),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]),
+    temperature=st.floats(0.05, 5.0),
+    scale=st.floats(0.0, 30.0),
+    special=st.lists(st.sampled_from(["-inf", "nan", "inf"]), max_size=3),
+    seed=st.integers(0, 2**64 - 1),
+)
+def test_fuzz_cpu_matches_reference(rows, vocab, dtype, temperature, scale, special, seed):
+    g = torch.Generator().manual_seed(seed % 2**63)
+    logits = scale * torch.randn(rows, vocab, generator=g)
+    for kind in special:
+        logits[torch.randint(0, rows, (1,), generator=g), torch.randint(0, vocab, (1,), generator=g)] = float(kind)
+    logits = logits.to(dtype)
+    ref = sample_categorical_reference(logits, temperature, seed=seed, offset=3)
+    cpu = sample_categorical(logits, temperature, seed=seed, offset=3)
+    assert torch.equal(cpu[0], ref[0]) and torch.equal(cpu[1], ref[1])
+    assert bool(((cpu[0] >= 0) & (cpu[0] < vocab)).all())
+
+
+@settings(max_examples=10, deadline=None)
+@given(rows=st.integers(1, 3), vocab=st.integers(1, 600), seed=st.integers(0, 2**64 - 1),
+       dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]))
+def test_fuzz_triton_matches_reference(rows, vocab, seed, dtype):
+    logits = (4 * torch.randn(rows, vocab, generator=torch.Generator().manual_seed(seed % 2**63))).to(dtype)
+    ref = sample_categorical_reference(logits, 0.9, seed=seed)
+    tri = triton_draw(logits, 0.9, seed=seed)
+    assert torch.equal(tri[0], ref[0]) and torch.equal(tri[1], ref[1])
+
+
+@pytest.mark.parametrize(
+    "call, error, match",
+    [
+        (lambda x: sample_categorical(x.double(), seed=1), TypeError, "logits must have dtype"),
+        (lambda x: sample_categorical(x[0], seed=1), ValueError, "logits must be 2-D"),
+        (lambda x: sample_categorical(x, 0.0, seed=1), ValueError, "temperature must be a finite float > 0"),
+        (lambda x: sample_categorical(x, float("nan"), seed=1), ValueError, "temperature"),
+        (lambda x: sample_categorical(x, 1.0, [10], seed=1), ValueError, r"exclude_ids\[\] must be in \[0, 10\)"),
+        (lambda x: sample_categorical(x, 1.0, torch.tensor([1]), seed=1), TypeError, "exclude_ids must be a sequence"),
+        (lambda x: sample_categorical(x, 1.0, None, torch.tensor([0, 10, 0]), seed=1), ValueError,
+         "exclude_per_row values"),
+        (lambda x: sample_categorical(x, 1.0, None, torch.tensor([0, 1]), seed=1), ValueError,
+         "exclude_per_row must have shape"),
+        (lambda x: sample_categorical(x, noise=torch.rand(3, 10)), ValueError, r"noise must have shape \(3, 11\)"),
+        (lambda x: sample_categorical(x, seed=1, noise=torch.rand(3, 11)), ValueError, "either noise or seed"),
+        (lambda x: sample_categorical(x, seed=-1), ValueError, "seed must be an int"),
+        (lambda x: sample_categorical(x, offset=3), ValueError, "offset needs an explicit seed"),
+        (lambda x: sample_categorical(x, seed=1, row_ids=torch.arange(2)), ValueError, "row_ids must have shape"),
+        (lambda x: sample_categorical(x, seed=1, generator=torch.Generator()), ValueError, "either seed or generator"),
+    ],
+)
+def test_bad_arguments_raise_clear_errors(call, error, match):
+    with pytest.raises(error, match=match):
+        call(torch.randn(3, 10))
+
+
+def test_traces_with_fake_tensors_and_passes_opcheck():
+    logits = torch.randn(4, 300)
+
+    def step(x):
+        tokens, valid = sample_categorical(x * 2.0, 0.5, [3], seed=11, offset=2)
+        return tokens + valid.long()
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    assert torch.equal(compiled(logits), step(logits))
+    torch.library.opcheck(torch.ops.ddpd.sample_categorical.default,
+                          (logits, 0.5, [3], torch.zeros(4, dtype=torch.long), None, 11, 2, None))
+    noise = torch.rand(4, noise_width(300))
+    torch.library.opcheck(torch.ops.ddpd.sample_categorical.default, (logits, 1.0, [], None, noise, 0, 0, None))
