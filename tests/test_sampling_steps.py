@@ -47,6 +47,11 @@ def test_philox_noise_rows_keep_their_stream():
     assert torch.equal(noise.uniform(2, SELECT, torch.tensor([7, 3]), 4), full[[7, 3]])
 
 
+def test_philox_noise_first_row_shifts_the_row_ids():
+    shifted = PhiloxNoise(seed=4, first_row=5).uniform(3, SELECT, torch.arange(3), 7)
+    assert torch.equal(shifted, PhiloxNoise(seed=4).uniform(3, SELECT, torch.arange(5, 8), 7))
+
+
 def test_torch_noise_is_on_the_open_grid():
     u = TorchNoise(torch.Generator().manual_seed(0)).uniform(0, 0, torch.arange(1000), 100)
     assert (u > 0).all() and (u < 1).all()

@@ -53,19 +53,26 @@ class NoiseSource(Protocol):
 
 
 class PhiloxNoise:
-    """Counter-based uniforms: deterministic in (seed, offset, step, stream, row, column)."""
+    """Counter-based uniforms: deterministic in (seed, offset, step, stream, row, column).
 
-    def __init__(self, seed: int, offset: int = 0):
+    first_row is added to the sampler's row ids (0..B-1), so that a run split into
+    batches draws sample i from row id i whatever the batch size.
+    """
+
+    def __init__(self, seed: int, offset: int = 0, first_row: int = 0):
         check_seed(seed, offset)
+        if isinstance(first_row, bool) or not isinstance(first_row, int) or not 0 <= first_row < 2**32:
+            raise ValueError(f"first_row must be an int in [0, 2**32), got {first_row!r}")
         self.seed = seed
         self.offset = offset
+        self.first_row = first_row
 
     def uniform(self, step: int, stream: int, rows: Tensor, cols: int) -> Tensor:
         offset = (self.offset + step * NUM_STREAMS + stream) % 2**64
-        return philox_uniform(self.seed, offset, rows, cols, device=rows.device)
+        return philox_uniform(self.seed, offset, rows + self.first_row, cols, device=rows.device)
 
     def __repr__(self) -> str:
-        return f"PhiloxNoise(seed={self.seed}, offset={self.offset})"
+        return f"PhiloxNoise(seed={self.seed}, offset={self.offset}, first_row={self.first_row})"
 
 
 class TorchNoise:
