@@ -49,7 +49,7 @@ def save_checkpoint(path: str, model: torch.nn.Module, config: dict,
                     train_state: Optional[TrainState] = None) -> None:
     """Write `model` and `config` (and a resumable `train_state` = (tensors, meta))
     as the checkpoint directory `path`, replacing any checkpoint already there."""
-    _check_config(config, f"save_checkpoint: config")
+    _check_config(config, "save_checkpoint: config")
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"save_checkpoint: model must be a torch.nn.Module, got {type(model).__name__}")
     model_config = getattr(model, "config", None)
@@ -160,6 +160,22 @@ def load_bundle(path: str, device: str = "cpu") -> Tuple[torch.nn.Module, torch.
     return planner, denoiser, {"planner": planner_config, "denoiser": denoiser_config}
 
 
+def ensure_replaceable(path: str) -> None:
+    """Raise CheckpointError unless `path` is absent, an empty directory or a ddpd
+    checkpoint/bundle: a mistyped destination must never delete unrelated files."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"checkpoint path must be a str or os.PathLike, got {type(path).__name__}")
+    if not os.path.exists(path):
+        return
+    if not os.path.isdir(path):
+        raise CheckpointError(f"checkpoint path exists and is not a directory: {path}")
+    entries = os.listdir(path)
+    is_checkpoint = CONFIG in entries
+    is_bundle = all(os.path.isfile(os.path.join(path, role, CONFIG)) for role in ("planner", "denoiser"))
+    if entries and not (is_checkpoint or is_bundle):
+        raise CheckpointError(f"refusing to replace {path}: it is neither empty nor a ddpd checkpoint")
+
+
 def _check_bundle_kind(role: str, config: dict, allowed: Tuple[str, ...]) -> None:
     _check_config(config, f"{role} config")
     if config["kind"] not in allowed:
@@ -235,22 +251,6 @@ def _atomic_directory(path: str) -> Iterator[str]:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     _fsync_directory(parent)
-
-
-def ensure_replaceable(path: str) -> None:
-    """Raise CheckpointError unless `path` is absent, an empty directory or a ddpd
-    checkpoint/bundle: a mistyped destination must never delete unrelated files."""
-    if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"checkpoint path must be a str or os.PathLike, got {type(path).__name__}")
-    if not os.path.exists(path):
-        return
-    if not os.path.isdir(path):
-        raise CheckpointError(f"checkpoint path exists and is not a directory: {path}")
-    entries = os.listdir(path)
-    is_checkpoint = CONFIG in entries
-    is_bundle = all(os.path.isfile(os.path.join(path, role, CONFIG)) for role in ("planner", "denoiser"))
-    if entries and not (is_checkpoint or is_bundle):
-        raise CheckpointError(f"refusing to replace {path}: it is neither empty nor a ddpd checkpoint")
 
 
 def _replace_directory(new: str, path: str) -> None:

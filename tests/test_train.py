@@ -110,7 +110,7 @@ def test_training_reduces_validation_loss(corpus, tmp_path, kind):
     history = trainer.train()
     after = history[-1]["val_loss"]
     assert math.isfinite(after) and after < 0.95 * before, (before, after)
-    assert history[-1]["step"] == 20
+    assert [h["step"] for h in history] == [0, 20] and history[0]["val_loss"] == before
     model, saved = load_model(tmp_path / "out")
     assert saved["kind"] == kind and saved["step"] == 20 and saved["tokenizer"] == {"name": "text8"}
 
@@ -246,7 +246,7 @@ def test_cli_trains_and_resumes(corpus, tmp_path, capsys):
             "--no-progress"]
     code, out, err = run_cli(capsys, *args)
     assert code == 0, err
-    assert out.count("val loss") == 3 and "step 0 of 4" in out
+    assert out.count("val loss") == 4 and "step 0 of 4" in out
     model, saved = load_model(tmp_path / "p")
     assert saved["training"]["steps"] == 4 and saved["training"]["data"] == os.path.abspath(corpus)
     code, out, err = run_cli(capsys, *args)
@@ -294,3 +294,12 @@ def test_cli_process_has_no_traceback(tmp_path):
 def test_resume_needs_a_training_checkpoint(corpus, tmp_path):
     with pytest.raises(CheckpointError, match="holds no training checkpoint"):
         Trainer(config(corpus, tmp_path / "empty"), resume=True)
+
+
+def test_non_finite_loss_stops_training(corpus, tmp_path, monkeypatch):
+    trainer = Trainer(config(corpus, tmp_path / "out", steps=3))
+    monkeypatch.setattr(trainer, "objective", lambda network, x1, generator: network(x1).sum() * float("nan"))
+    with pytest.raises(FloatingPointError, match="at step 1"):
+        trainer.train()
+    with pytest.raises(ValueError, match="stop_at must be >= 0"):
+        trainer.train(stop_at=-1)

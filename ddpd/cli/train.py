@@ -102,7 +102,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     except KeyboardInterrupt:
         print("ddpd-train: interrupted; continue from the last checkpoint with --resume", file=sys.stderr)
         return 130
-    except (ValueError, TypeError, OSError) as err:  # CheckpointError is a ValueError
+    except (ValueError, TypeError, OSError, FloatingPointError) as err:  # CheckpointError is a ValueError
         print(f"ddpd-train: error: {err}", file=sys.stderr)
         return 1
     return 0

@@ -227,6 +227,16 @@ class Trainer:
         self._log = log
         self.dist = Distributed(config.device)
         self.device = self.dist.device
+        try:
+            self._setup(resume)
+        except BaseException:
+            self.dist.close()
+            raise
+
+    # ---- setup -------------------------------------------------------------------
+
+    def _setup(self, resume: bool) -> None:
+        config = self.config
         if resume:
             self._check_resumable()
         elif self.dist.is_main:
@@ -247,8 +257,6 @@ class Trainer:
         self.train_seconds, self.train_tokens = 0.0, 0
         if resume:
             self._restore()
-
-    # ---- setup -------------------------------------------------------------------
 
     def _build_model(self) -> None:
         config = self.config
@@ -287,8 +295,12 @@ class Trainer:
         """Run optimizer steps until `stop_at` (default config.steps); returns the
         history of {step, train_loss, val_loss} records."""
         config = self.config
+        if stop_at is not None:
+            _check_int("stop_at", stop_at, 0)
         stop_at = config.steps if stop_at is None else min(stop_at, config.steps)
         tokens_per_step = config.batch_size * config.grad_accum * config.seq_len * self.dist.world_size
+        if self.step == 0 and not self.history:
+            self._record(None)  # the untrained baseline
         bar = self._progress_bar(stop_at)
         losses: List[float] = []
         while self.step < stop_at:
@@ -330,6 +342,9 @@ class Trainer:
                     loss = self.objective(self.network, x1, self.noise)
                 (loss / config.grad_accum).backward()
             total += loss.item()
+        if not math.isfinite(total):
+            raise FloatingPointError(f"training loss is {total} at step {self.step + 1}; lower the learning rate "
+                                     "(the last checkpoint is intact)")
         if config.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.grad_clip)
         self.optimizer.step()
@@ -386,11 +401,12 @@ class Trainer:
         loss_sum, count = self.dist.sum([loss_sum, count])
         return loss_sum / count
 
-    def _record(self, train_loss: float) -> None:
+    def _record(self, train_loss: Optional[float]) -> None:
         entry = {"step": self.step, "train_loss": train_loss, "val_loss": self.evaluate(),
                  "tokens_per_s": round(self.tokens_per_second)}
         self.history.append(entry)
-        self.log(f"step {entry['step']:>7d}  train loss {train_loss:.4f}  val loss {entry['val_loss']:.4f}  "
+        train = "     -" if train_loss is None else f"{train_loss:.4f}"
+        self.log(f"step {entry['step']:>7d}  train loss {train}  val loss {entry['val_loss']:.4f}  "
                  f"{entry['tokens_per_s']:,} tok/s")
 
     def log(self, message: str) -> None:
