@@ -82,9 +82,8 @@ DDPD_HD void remove_index(const scalar_t* w, int64_t n, double* sums, double* pr
 
 // Uniform in (0, 1) with 48 random bits for draw number `draw` of a row, from the
 // Philox words of columns 2 draw and 2 draw + 1: u = (a 2^24 + b + 1/2) 2^-48 with
-// a, b their top 24 bits, i.e. (u_even - 2^-25) + u_odd 2^-24 in terms of the
-// float uniforms of ddpd/ops/rng.py. 24 bits alone would give no token of a large
-// vocabulary a probability below 2^-24.
+// a, b their top 24 bits (exact in double). 24 bits alone would give no token of a
+// large vocabulary a probability below 2^-24.
 DDPD_HD double draw_uniform(uint64_t seed, uint64_t offset, uint64_t row, int64_t draw) {
   const uint32_t a = philox_word(seed, offset, row, static_cast<uint64_t>(2 * draw)) >> 8;
   const uint32_t b = philox_word(seed, offset, row, static_cast<uint64_t>(2 * draw + 1)) >> 8;

@@ -25,6 +25,7 @@ import os
 import re
 import sys
 import threading
+import warnings
 from pathlib import Path
 from types import ModuleType
 from typing import Optional
@@ -178,6 +179,27 @@ def load() -> ModuleType:
 def has_cuda() -> bool:
     """Whether the loaded extension carries the CUDA kernels."""
     return bool(load().with_cuda)
+
+
+_warned_devices: set = set()
+
+
+def ops_for(device):
+    """torch.ops.ddpd when ddpd._C has kernels for `device`, else None: the caller then
+    runs its torch reference, which gives the same results (warned once per device)."""
+    import torch
+
+    if device.type == "cpu" or (device.type == "cuda" and has_cuda()):
+        load()
+        return torch.ops.ddpd
+    if device.type not in _warned_devices:
+        _warned_devices.add(device.type)
+        warnings.warn(
+            f"ddpd._C has no {device.type} kernels (built without a CUDA toolkit?); "
+            "the ddpd ops run their torch references on this device",
+            stacklevel=3,
+        )
+    return None
 
 
 if __name__ == "__main__":

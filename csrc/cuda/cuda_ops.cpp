@@ -1,0 +1,188 @@
+// CUDA implementations of the torch.ops.ddpd operators of csrc/registration.cpp:
+// checks, output allocation and stream handling around the launchers of
+// csrc/cuda/launchers.h. Compiled only when torch has CUDA and a toolkit is found.
+#include <ATen/Dispatch.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include <tuple>
+#include <vector>
+
+#include "../chunked_cdf.h"
+#include "launchers.h"
+
+namespace ddpd {
+namespace cuda {
+namespace {
+
+void check_launch(cudaError_t status, const char* what) {
+  TORCH_CHECK(status == cudaSuccess, what, ": CUDA launch failed: ", cudaGetErrorString(status));
+}
+
+// Shared by the three sampling ops; uniforms [rows, k] float64 or undefined.
+std::tuple<at::Tensor, at::Tensor> sample(const at::Tensor& weights, int64_t k, bool replacement,
+                                          const at::Tensor& uniforms, uint64_t seed, uint64_t offset,
+                                          const at::Tensor& row_ids) {
+  TORCH_CHECK(weights.dim() == 2 && weights.size(1) > 0,
+              "multinomial: weights must be [B, N] with N > 0, got ", weights.sizes());
+  TORCH_CHECK(k >= 1 && (replacement || k <= weights.size(1)), "multinomial: invalid k = ", k,
+              " for N = ", weights.size(1), replacement ? " with" : " without", " replacement");
+  const c10::cuda::CUDAGuard guard(weights.device());
+  const at::Tensor w = weights.contiguous();
+  const int64_t rows = w.size(0), n = w.size(1), m = num_chunks(n);
+  const auto opts = w.options();
+  at::Tensor index = at::empty({rows, k}, opts.dtype(at::kLong));
+  at::Tensor valid = at::empty({rows}, opts.dtype(at::kBool));
+  at::Tensor sums = at::empty({rows, m}, opts.dtype(at::kDouble));
+  at::Tensor prefix = at::empty({rows, m}, opts.dtype(at::kDouble));
+  at::Tensor removed = replacement ? at::Tensor() : at::empty({rows, m}, opts.dtype(at::kLong));
+  const at::Tensor u = uniforms.defined() ? uniforms.contiguous() : at::Tensor();
+  const at::Tensor ids = row_ids.defined() ? row_ids.contiguous() : at::Tensor();
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  AT_DISPATCH_FLOATING_TYPES(w.scalar_type(), "ddpd::multinomial", [&] {
+    check_launch(launch_multinomial<scalar_t>(
+                     w.data_ptr<scalar_t>(), rows, n, k, replacement,
+                     u.defined() ? u.data_ptr<double>() : nullptr, seed, offset,
+                     ids.defined() ? ids.data_ptr<int64_t>() : nullptr, sums.data_ptr<double>(),
+                     prefix.data_ptr<double>(),
+                     removed.defined() ? reinterpret_cast<uint64_t*>(removed.data_ptr<int64_t>()) : nullptr,
+                     index.data_ptr<int64_t>(), valid.data_ptr<bool>(), stream),
+                 "multinomial");
+  });
+  return {index, valid};
+}
+
+void check_uniforms(const at::Tensor& uniforms, const at::Tensor& weights, int64_t dims) {
+  TORCH_CHECK(uniforms.scalar_type() == at::kDouble && uniforms.dim() == dims &&
+                  uniforms.size(0) == weights.size(0) && uniforms.device() == weights.device(),
+              "multinomial: uniforms must be float64 with ", weights.size(0), " rows on ",
+              weights.device(), ", got ", uniforms.scalar_type(), " ", uniforms.sizes(), " on ",
+              uniforms.device());
+}
+
+std::tuple<at::Tensor, at::Tensor> categorical_from_weights(const at::Tensor& weights,
+                                                            const at::Tensor& uniforms) {
+  check_uniforms(uniforms, weights, 1);
+  auto [index, valid] = sample(weights, 1, true, uniforms.view({-1, 1}), 0, 0, at::Tensor());
+  return {index.view({-1}), valid};
+}
+
+std::tuple<at::Tensor, at::Tensor> multinomial(const at::Tensor& weights, int64_t k, bool replacement,
+                                               int64_t seed, int64_t offset, const at::Tensor& row_ids) {
+  TORCH_CHECK(row_ids.dim() == 1 && row_ids.size(0) == weights.size(0) &&
+                  row_ids.scalar_type() == at::kLong && row_ids.device() == weights.device(),
+              "multinomial: row_ids must be int64 [B] on the device of weights");
+  return sample(weights, k, replacement, at::Tensor(), static_cast<uint64_t>(seed),
+                static_cast<uint64_t>(offset), row_ids);
+}
+
+std::tuple<at::Tensor, at::Tensor> multinomial_with_uniforms(const at::Tensor& weights,
+                                                             const at::Tensor& uniforms,
+                                                             bool replacement) {
+  check_uniforms(uniforms, weights, 2);
+  return sample(weights, uniforms.size(1), replacement, uniforms, 0, 0, at::Tensor());
+}
+
+int64_t row_bytes(const at::Tensor& t) {
+  int64_t elements = 1;
+  for (int64_t d = 1; d < t.dim(); ++d) elements *= t.size(d);
+  return elements * static_cast<int64_t>(t.element_size());
+}
+
+void check_rows(const at::Tensor& active, at::TensorList tensors) {
+  TORCH_CHECK(active.dim() == 1 && active.scalar_type() == at::kBool,
+              "compact: active must be a 1-D bool tensor, got ", active.scalar_type(), " ",
+              active.sizes());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const at::Tensor& t = tensors[i];
+    TORCH_CHECK(t.layout() == at::kStrided && t.dim() >= 1 && t.size(0) == active.size(0) &&
+                    t.device() == active.device(),
+                "compact: tensors[", i, "] must be a dense tensor on ", active.device(), " with ",
+                active.size(0), " rows, got ", t.sizes(), " on ", t.device());
+  }
+}
+
+// Packs `out_rows` rows of every tensor by `index` (entries < 0 give zero rows).
+std::vector<at::Tensor> gather(at::TensorList tensors, const at::Tensor& index, int64_t out_rows,
+                               cudaStream_t stream) {
+  std::vector<at::Tensor> packed;
+  for (const at::Tensor& t : tensors) {
+    const at::Tensor src = t.contiguous();
+    std::vector<int64_t> sizes = src.sizes().vec();
+    sizes[0] = out_rows;
+    at::Tensor dst = at::empty(sizes, src.options());
+    check_launch(launch_gather_rows(src.data_ptr(), row_bytes(src), index.data_ptr<int64_t>(),
+                                    out_rows, dst.data_ptr(), stream),
+                 "compact");
+    packed.push_back(dst);
+  }
+  return packed;
+}
+
+std::tuple<std::vector<at::Tensor>, at::Tensor> compact(const at::Tensor& active, at::TensorList tensors) {
+  check_rows(active, tensors);
+  const c10::cuda::CUDAGuard guard(active.device());
+  const at::Tensor flags = active.contiguous();
+  const int64_t rows = flags.size(0);
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  at::Tensor index = at::empty({rows}, flags.options().dtype(at::kLong));
+  at::Tensor count = at::empty({}, flags.options().dtype(at::kLong));
+  check_launch(launch_compact_index(flags.data_ptr<bool>(), rows, rows, index.data_ptr<int64_t>(),
+                                    count.data_ptr<int64_t>(), stream),
+               "compact");
+  const int64_t n = count.item<int64_t>();  // the one wait: it sizes the outputs
+  index = index.narrow(0, 0, n);
+  return {gather(tensors, index, n, stream), index};
+}
+
+std::tuple<std::vector<at::Tensor>, at::Tensor, at::Tensor> compact_fixed(const at::Tensor& active,
+                                                                          int64_t capacity,
+                                                                          at::TensorList tensors) {
+  check_rows(active, tensors);
+  TORCH_CHECK(capacity >= 0, "compact_fixed: capacity must be >= 0, got ", capacity);
+  const c10::cuda::CUDAGuard guard(active.device());
+  const at::Tensor flags = active.contiguous();
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  at::Tensor index = at::empty({capacity}, flags.options().dtype(at::kLong));
+  at::Tensor count = at::empty({}, flags.options().dtype(at::kLong));
+  check_launch(launch_compact_index(flags.data_ptr<bool>(), flags.size(0), capacity,
+                                    index.data_ptr<int64_t>(), count.data_ptr<int64_t>(), stream),
+               "compact_fixed");
+  return {gather(tensors, index, capacity, stream), index, count};
+}
+
+at::Tensor& scatter_back(const at::Tensor& index, const at::Tensor& packed, at::Tensor& out) {
+  TORCH_CHECK(index.dim() == 1 && index.scalar_type() == at::kLong,
+              "scatter_back: index must be a 1-D int64 tensor, got ", index.scalar_type(), " ",
+              index.sizes());
+  TORCH_CHECK(packed.dim() >= 1 && packed.size(0) == index.size(0) &&
+                  packed.scalar_type() == out.scalar_type() && out.dim() == packed.dim() &&
+                  packed.sizes().slice(1) == out.sizes().slice(1),
+              "scatter_back: packed must be [", index.size(0), ", *out.shape[1:]] of dtype ",
+              out.scalar_type(), ", got ", packed.scalar_type(), " ", packed.sizes());
+  const c10::cuda::CUDAGuard guard(out.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const at::Tensor idx = index.contiguous(), src = packed.contiguous();
+  at::Tensor dense = out.is_contiguous() ? out : out.contiguous();
+  check_launch(launch_scatter_rows(src.data_ptr(), row_bytes(src), idx.data_ptr<int64_t>(),
+                                   src.size(0), dense.data_ptr(), stream),
+               "scatter_back");
+  if (!dense.is_same(out)) out.copy_(dense);
+  return out;
+}
+
+}  // namespace
+}  // namespace cuda
+}  // namespace ddpd
+
+TORCH_LIBRARY_IMPL(ddpd, CUDA, m) {
+  m.impl("categorical_from_weights", &ddpd::cuda::categorical_from_weights);
+  m.impl("multinomial", &ddpd::cuda::multinomial);
+  m.impl("multinomial_with_uniforms", &ddpd::cuda::multinomial_with_uniforms);
+  m.impl("compact", &ddpd::cuda::compact);
+  m.impl("compact_fixed", &ddpd::cuda::compact_fixed);
+  m.impl("scatter_back", &ddpd::cuda::scatter_back);
+}

@@ -1,0 +1,168 @@
+"""compact / compact_fixed / scatter_back: finished rows leave the batch, results go back.
+
+The adaptive Gillespie sampler (Algorithm `alg:sampling`) stops a sequence as soon
+as the planner says every position is clean, so rows finish at different steps.
+Packing the still-active rows to the front lets each step run the planner and the
+denoiser on those rows only; scatter_back writes the packed rows back to their
+places in the full batch.
+
+- compact(active, *tensors) -> (packed, index): packed[i] = t[index] for each
+  tensor t (any dtype, any trailing shape), index = the active row numbers in
+  increasing order. On CUDA it waits for the device once, for the row count that
+  sizes the outputs.
+- compact_fixed(active, capacity, *tensors) -> (packed, index, count): outputs of
+  `capacity` rows, so nothing waits for the device. The first min(count, capacity)
+  rows are the first active rows; the rest of index is -1 and the rest of packed is
+  zero. count (a 0-d int64 tensor on the device) is the number of active rows, which
+  may exceed capacity.
+- scatter_back(index, packed, out): out[index[i]] = packed[i] for every i with
+  index[i] >= 0 (so the -1 padding of compact_fixed is skipped); in place, returns
+  out. Index entries must be distinct and < out.shape[0] (checked on CPU only).
+  packed and out may also be equal-length sequences of tensors.
+"""
+from __future__ import annotations
+
+from typing import Sequence, Union
+
+import torch
+
+from ddpd.ops import _ext
+
+Tensors = tuple[torch.Tensor, ...]
+
+
+def _check_active(active) -> torch.Tensor:
+    if not isinstance(active, torch.Tensor):
+        raise TypeError(f"active must be a torch.Tensor, got {type(active).__name__}")
+    if active.dtype != torch.bool or active.dim() != 1:
+        raise ValueError(f"active must be a 1-D bool tensor, got {active.dtype} of shape {tuple(active.shape)}")
+    return active
+
+
+def _check_rows(active: torch.Tensor, tensors) -> None:
+    for i, t in enumerate(tensors):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"tensors[{i}] must be a torch.Tensor, got {type(t).__name__}")
+        if t.layout != torch.strided or t.dim() == 0 or t.shape[0] != active.shape[0]:
+            raise ValueError(
+                f"tensors[{i}] must be a dense tensor with {active.shape[0]} rows (like active), "
+                f"got {t.layout} of shape {tuple(t.shape)}"
+            )
+        if t.device != active.device:
+            raise ValueError(f"tensors[{i}] must be on {active.device} like active, got {t.device}")
+
+
+def _check_capacity(capacity) -> int:
+    if isinstance(capacity, bool) or not isinstance(capacity, int):
+        raise TypeError(f"capacity must be an int, got {type(capacity).__name__}")
+    if capacity < 0:
+        raise ValueError(f"capacity must be >= 0, got {capacity}")
+    return capacity
+
+
+def compact_reference(active, *tensors: torch.Tensor) -> tuple[Tensors, torch.Tensor]:
+    """Plain torch version of compact (same arguments, same results)."""
+    active = _check_active(active)
+    _check_rows(active, tensors)
+    index = active.nonzero().flatten()
+    return tuple(t.index_select(0, index) for t in tensors), index
+
+
+def compact(active, *tensors: torch.Tensor) -> tuple[Tensors, torch.Tensor]:
+    """(rows of each tensor where active is set, their row numbers Long[n_active])."""
+    active = _check_active(active)
+    _check_rows(active, tensors)
+    ops = _ext.ops_for(active.device)
+    if ops is None:
+        return compact_reference(active, *tensors)
+    packed, index = ops.compact(active, list(tensors))
+    return tuple(packed), index
+
+
+def compact_fixed_reference(active, capacity: int, *tensors: torch.Tensor) -> tuple[Tensors, torch.Tensor, torch.Tensor]:
+    """Plain torch version of compact_fixed (same arguments, same results)."""
+    active = _check_active(active)
+    capacity = _check_capacity(capacity)
+    _check_rows(active, tensors)
+    count = active.sum()
+    # Stable sort puts the active rows first, in order; no count leaves the device.
+    order = torch.sort((~active).to(torch.uint8), stable=True).indices
+    index = torch.full((capacity,), -1, dtype=torch.int64, device=active.device)
+    kept = min(capacity, active.shape[0])
+    slots = torch.arange(kept, device=active.device)
+    index[:kept] = torch.where(slots < count, order[:kept], -1)
+    packed = []
+    for t in tensors:
+        rows = t.new_zeros((capacity,) + tuple(t.shape[1:]))
+        taken = index >= 0
+        rows[taken] = t[index[taken]]
+        packed.append(rows)
+    return tuple(packed), index, count
+
+
+def compact_fixed(active, capacity: int, *tensors: torch.Tensor) -> tuple[Tensors, torch.Tensor, torch.Tensor]:
+    """(packed tensors of `capacity` rows, index Long[capacity] padded with -1, count Long[])."""
+    active = _check_active(active)
+    capacity = _check_capacity(capacity)
+    _check_rows(active, tensors)
+    ops = _ext.ops_for(active.device)
+    if ops is None:
+        return compact_fixed_reference(active, capacity, *tensors)
+    packed, index, count = ops.compact_fixed(active, capacity, list(tensors))
+    return tuple(packed), index, count
+
+
+def _pairs(packed, out) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    if isinstance(packed, torch.Tensor) and isinstance(out, torch.Tensor):
+        return [(packed, out)]
+    if isinstance(packed, torch.Tensor) or isinstance(out, torch.Tensor):
+        raise TypeError("packed and out must both be tensors or both be sequences of tensors")
+    if len(packed) != len(out):
+        raise ValueError(f"packed and out must have the same length, got {len(packed)} and {len(out)}")
+    return list(zip(packed, out))
+
+
+def _check_scatter(index, packed, out) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    if not isinstance(index, torch.Tensor):
+        raise TypeError(f"index must be a torch.Tensor, got {type(index).__name__}")
+    if index.dtype != torch.int64 or index.dim() != 1:
+        raise ValueError(f"index must be a 1-D int64 tensor, got {index.dtype} of shape {tuple(index.shape)}")
+    pairs = _pairs(packed, out)
+    for i, (p, o) in enumerate(pairs):
+        if not isinstance(p, torch.Tensor) or not isinstance(o, torch.Tensor):
+            raise TypeError(f"packed[{i}] and out[{i}] must be tensors")
+        if p.dim() == 0 or p.shape[0] != index.shape[0] or o.dim() != p.dim() or o.shape[1:] != p.shape[1:]:
+            raise ValueError(
+                f"packed[{i}] must have shape ({index.shape[0]}, *out.shape[1:]) with out[{i}] of shape "
+                f"{tuple(o.shape)}, got {tuple(p.shape)}"
+            )
+        if p.dtype != o.dtype:
+            raise ValueError(f"packed[{i}] must have the dtype of out[{i}] ({o.dtype}), got {p.dtype}")
+        if p.device != index.device or o.device != index.device:
+            raise ValueError(f"packed[{i}] and out[{i}] must be on {index.device} like index")
+    if index.device.type == "cpu" and index.numel() > 0:  # on CUDA this check would wait for the device
+        high = int(index.max())
+        rows = min(o.shape[0] for _, o in pairs) if pairs else high + 1
+        if high >= rows:
+            raise ValueError(f"index values must be < out.shape[0] = {rows}, got {high}")
+    return pairs
+
+
+def scatter_back_reference(index, packed, out):
+    """Plain torch version of scatter_back (same arguments, same results)."""
+    for p, o in _check_scatter(index, packed, out):
+        taken = index >= 0
+        o[index[taken]] = p[taken]
+    return out
+
+
+def scatter_back(index, packed: Union[torch.Tensor, Sequence[torch.Tensor]],
+                 out: Union[torch.Tensor, Sequence[torch.Tensor]]):
+    """out[index[i]] = packed[i] where index[i] >= 0, in place; returns out."""
+    pairs = _check_scatter(index, packed, out)
+    ops = _ext.ops_for(index.device)
+    if ops is None:
+        return scatter_back_reference(index, packed, out)
+    for p, o in pairs:
+        ops.scatter_back(index, p, o)
+    return out

@@ -1,0 +1,197 @@
+"""multinomial: k indices per row from non-negative weights, with or without replacement.
+
+The batched draw of `torch.multinomial` in the sampling listings of the paper
+(position d ~ p(z^d = N | x_t), token x_1^d ~ p(x_1^d | x_t, z^d = N)), with
+counter-based randomness so a row's draws depend only on (seed, offset, row id),
+never on the batch it sits in.
+
+Each draw is one inverse-CDF draw of ddpd.ops.categorical_weights (same two-level
+cumulative sums, same tie rule):
+- with replacement, draw j uses the row's weights as given;
+- without replacement, draws are sequential and each drawn weight is set to zero
+  before the next draw: P(i_1, ..., i_k) = prod_j w_{i_j} / (total - w_{i_1} - ...
+  - w_{i_{j-1}}), the successive-sampling law of torch.multinomial(replacement=False)
+  (and of Gumbel-top-k). An index is never repeated, zero weights are never drawn.
+A row thus costs one pass over its weights plus about k * (CHUNK + N / CHUNK)
+additions, and k uniforms instead of one random number per weight.
+
+Uniforms: explicit `noise` [B, k] in [0, 1) (draw j uses noise[:, j]), or the
+Philox stream of ddpd.ops.rng: draw j of row r takes the top 24 bits a, b of the
+Philox words of columns 2j and 2j + 1 and uses the 48-bit uniform
+u = (a 2^24 + b + 1/2) 2^-48, fine enough for the smallest probabilities of a
+50k-token vocabulary. Columns
+0 .. 2k - 1 of the stream are read: give calls that share a seed different offsets.
+
+A row is valid when its weights are finite and non-negative with at least one
+positive weight (with replacement) or at least k (without). Invalid rows return
+index 0 everywhere; `return_valid=True` returns the flags, otherwise an invalid row
+raises ValueError (on CUDA that check waits for the device).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ddpd.ops import _ext
+from ddpd.ops.categorical_weights import Result, check_uniforms, check_weights, finish, inverse_cdf, row_validity
+from ddpd.ops.rng import check_seed, philox4x32, seed_from_generator
+
+_MASK32 = 0xFFFFFFFF
+
+
+def _as_int64(value: int) -> int:
+    """The uint64 `value` as the int64 with the same bits (op schemas carry int64)."""
+    return value - 2**64 if value >= 2**63 else value
+
+
+def _check_k(k, replacement, n: int) -> int:
+    if isinstance(k, bool) or not isinstance(k, int):
+        raise TypeError(f"k must be an int, got {type(k).__name__}")
+    if not isinstance(replacement, bool):
+        raise TypeError(f"replacement must be a bool, got {type(replacement).__name__}")
+    if k < 1 or (not replacement and k > n):
+        limit = "" if replacement else f" and <= N = {n} without replacement"
+        raise ValueError(f"k must be >= 1{limit}, got {k}")
+    return k
+
+
+def _resolve_stream(weights, k, seed, offset, generator, row_ids, noise):
+    """Validate the randomness arguments: (noise as float64 | None, seed, offset, row_ids)."""
+    rows = weights.shape[0]
+    if noise is not None:
+        if seed is not None or generator is not None or row_ids is not None or offset != 0:
+            raise ValueError("pass either noise or seed/offset/generator/row_ids, not both")
+        return check_uniforms("noise", noise, (rows, k), weights), 0, 0, None
+    if row_ids is None:
+        row_ids = torch.arange(rows, device=weights.device)
+    elif not isinstance(row_ids, torch.Tensor):
+        raise TypeError(f"row_ids must be a torch.Tensor, got {type(row_ids).__name__}")
+    elif row_ids.dtype != torch.int64 or tuple(row_ids.shape) != (rows,):
+        raise ValueError(f"row_ids must be int64 of shape ({rows},), got {row_ids.dtype} {tuple(row_ids.shape)}")
+    elif row_ids.device != weights.device:
+        raise ValueError(f"row_ids must be on {weights.device} like the weights, got {row_ids.device}")
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+    if seed is None:
+        if offset != 0:
+            raise ValueError(f"offset needs an explicit seed (it is drawn with the seed otherwise), got {offset}")
+        seed, offset = seed_from_generator(generator)
+    elif generator is not None:
+        raise ValueError("pass either seed or generator, not both")
+    check_seed(seed, offset)
+    return None, seed, offset, row_ids
+
+
+def draw_uniforms(seed: int, offset: int, row_ids: torch.Tensor, k: int) -> torch.Tensor:
+    """Float64[B, k]: the 48-bit uniform of each draw from the Philox stream (module docstring).
+
+    Built from the Philox words themselves: a float32 uniform of ddpd.ops.rng rounds
+    (w >> 8) + 1/2 to 24 bits, which would lose the lowest bit of a.
+    """
+    rows = (row_ids.to(torch.int64) & _MASK32)[:, None]
+    cols = torch.arange(2 * k, dtype=torch.int64, device=row_ids.device)[None, :]
+    counter_hi = torch.full_like(rows, offset & _MASK32), torch.full_like(rows, offset >> 32)
+    word, _, _, _ = philox4x32(cols, rows, *counter_hi, seed & _MASK32, seed >> 32)
+    top = (word >> 8).double()  # 24 bits each
+    return (top[:, 0::2] * 2.0**24 + top[:, 1::2] + 0.5) * 2.0**-48
+
+
+def _need(k: int, replacement: bool) -> str:
+    return "a positive total" if replacement or k == 1 else f"at least k = {k} positive weights"
+
+
+def multinomial_reference(
+    weights,
+    k: int,
+    replacement: bool = False,
+    *,
+    seed: Optional[int] = None,
+    offset: int = 0,
+    generator: Optional[torch.Generator] = None,
+    row_ids: Optional[torch.Tensor] = None,
+    noise: Optional[torch.Tensor] = None,
+    return_valid: bool = False,
+) -> Result:
+    """Plain torch version of multinomial (same arguments, same results)."""
+    weights = check_weights(weights)
+    k = _check_k(k, replacement, weights.shape[1])
+    u, seed, offset, row_ids = _resolve_stream(weights, k, seed, offset, generator, row_ids, noise)
+    if u is None:
+        u = draw_uniforms(seed, offset, row_ids, k)
+    valid = row_validity(weights, 1 if replacement else k)
+    w = torch.where(valid[:, None], weights.double(), 1.0)
+    draws = []
+    for j in range(k):
+        index = inverse_cdf(w, u[:, j])
+        draws.append(index)
+        if not replacement:
+            w = w.scatter(1, index[:, None], 0.0)
+    index = torch.where(valid[:, None], torch.stack(draws, 1), 0)
+    return finish(index, valid, return_valid, _need(k, replacement))
+
+
+def multinomial(
+    weights,
+    k: int,
+    replacement: bool = False,
+    *,
+    seed: Optional[int] = None,
+    offset: int = 0,
+    generator: Optional[torch.Generator] = None,
+    row_ids: Optional[torch.Tensor] = None,
+    noise: Optional[torch.Tensor] = None,
+    return_valid: bool = False,
+) -> Result:
+    """Long[B, k] indices into each row of weights Float[B, N] (module docstring for the law).
+
+    Randomness: `noise` [B, k], or (seed, offset) with `row_ids` (default 0..B-1), or
+    a (seed, offset) pair drawn from `generator` (default: torch's global generator).
+    With return_valid=True returns (index, valid Bool[B]); otherwise an invalid row
+    raises ValueError.
+    """
+    weights = check_weights(weights)
+    k = _check_k(k, replacement, weights.shape[1])
+    u, seed, offset, row_ids = _resolve_stream(weights, k, seed, offset, generator, row_ids, noise)
+    ops = _ext.ops_for(weights.device)
+    if ops is None:
+        if u is None:
+            u = draw_uniforms(seed, offset, row_ids, k)
+        return multinomial_reference(weights, k, replacement, noise=u, return_valid=return_valid)
+    if u is not None:
+        index, valid = ops.multinomial_with_uniforms(weights, u, replacement)
+    else:
+        index, valid = ops.multinomial(weights, k, replacement, _as_int64(seed), _as_int64(offset), row_ids)
+    return finish(index, valid, return_valid, _need(k, replacement))
+
+
+def logit_weights(logits, temperature: float) -> torch.Tensor:
+    """softmax(logits / temperature) over the last dim, in float32 (float64 stays float64)."""
+    if not isinstance(logits, torch.Tensor):
+        raise TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
+    if logits.dtype not in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
+        raise TypeError(f"logits must be a floating tensor, got {logits.dtype}")
+    if logits.dim() != 2:
+        raise ValueError(f"logits must have shape [B, N], got {tuple(logits.shape)}")
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+        raise TypeError(f"temperature must be a float, got {type(temperature).__name__}")
+    if not (0.0 < temperature < float("inf")):
+        raise ValueError(f"temperature must be a finite float > 0, got {temperature!r}")
+    scaled = (logits if logits.dtype == torch.float64 else logits.float()) / float(temperature)
+    return torch.softmax(scaled, dim=-1)
+
+
+def multinomial_from_logits_reference(logits, k: int, temperature: float = 1.0, replacement: bool = False,
+                                      **stream) -> Result:
+    """Plain torch version of multinomial_from_logits (same arguments, same results)."""
+    return multinomial_reference(logit_weights(logits, temperature), k, replacement, **stream)
+
+
+def multinomial_from_logits(logits, k: int, temperature: float = 1.0, replacement: bool = False,
+                            **stream) -> Result:
+    """multinomial of softmax(logits / temperature); `stream` takes multinomial's keyword arguments.
+
+    The softmax is torch's (the same call as in the reference, so both agree token for
+    token); rows whose logits are all -inf, or contain NaN or +inf, are invalid.
+    """
+    return multinomial(logit_weights(logits, temperature), k, replacement, **stream)
