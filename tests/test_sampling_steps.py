@@ -4,7 +4,6 @@ Statistical checks use 200k draws and a chi-square test at p = 1e-4 (scipy), or 
 maximum z-score of 5 for frequencies.
 """
 import itertools
-import math
 
 import pytest
 import torch
@@ -160,7 +159,7 @@ def test_temperature_at():
     assert F.temperature_at(0, 1, 0.7, 0.1) == 0.7
 
 
-# ----------------------------------------------------------------------------- samplers: determinism and batch invariance
+# ----------------------------------------------------------------------------- samplers: determinism, batches
 
 TOY = ToyProblem(dirichlet_p_data(3, 4, seed=0), 3, 4)
 M = TOY.models()

@@ -33,7 +33,6 @@ import math
 from typing import Callable, Optional, Union
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from ddpd.process import Schedule, denoiser_prob_from_uniform, get_schedule, planner_prob_from_uniform

@@ -119,7 +119,8 @@ def ddpd_kernel(toy: ToyProblem, p: torch.Tensor, alpha: torch.Tensor, selection
         return _single_position_kernel(toy, states, w / w.sum(-1, keepdim=True),
                                        tempered(toy.uniform_denoiser(toy.index(states), alpha), temperature))
     K = torch.zeros(states.shape[0], toy.N, dtype=torch.float64)
-    q_uniform = tempered(toy.uniform_denoiser(toy.index(states), alpha), temperature) if denoiser_type == "uniform" else None
+    if denoiser_type == "uniform":
+        q_uniform = tempered(toy.uniform_denoiser(toy.index(states), alpha), temperature)
     for positions, prob in set_probabilities(w, k).items():
         if denoiser_type == "uniform":
             scatter_draws(K, states, toy.S, positions, prob, q_uniform[:, list(positions)])
@@ -128,7 +129,8 @@ def ddpd_kernel(toy: ToyProblem, p: torch.Tensor, alpha: torch.Tensor, selection
     return K
 
 
-def _single_position_kernel(toy: ToyProblem, states: torch.Tensor, select: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+def _single_position_kernel(toy: ToyProblem, states: torch.Tensor, select: torch.Tensor,
+                            q: torch.Tensor) -> torch.Tensor:
     """K[x, y] = sum_d select[x, d] q[x, d, y_d] over the y that differ from x at d only (or not at all)."""
     values = torch.arange(toy.S)
     targets = torch.stack([replace_index(states, [d], values[:, None], toy.S).T for d in range(toy.D)], 1)  # [B, D, S]

@@ -45,7 +45,8 @@ class TVTable:
         print(f"[TV] {name:44s} law {law}  p_data {tv_data:7.4f}  threshold {limit:7.4f}  states {states}")
 
     def render(self) -> str:
-        lines = [self.title, f"{'sampler / option':46s} {'TV(own law)':>11s} {'TV(p_data)':>10s} {'threshold':>9s} {'states':>6s}"]
+        header = f"{'sampler / option':46s} {'TV(own law)':>11s} {'TV(p_data)':>10s} {'threshold':>9s} {'states':>6s}"
+        lines = [self.title, header]
         for name, tv_law, tv_data, limit, states in self.rows:
             law = "-" if tv_law is None else f"{tv_law:.4f}"
             lines.append(f"{name:46s} {law:>11s} {tv_data:10.4f} {limit:9.4f} {states:6d}")
