@@ -13,6 +13,7 @@ from oracles import laws
 from oracles.fixtures import single_thread  # noqa: F401  (autouse)
 from oracles.stats import TVTable, empirical, threshold, tv
 from oracles.toy import ToyProblem, dirichlet_p_data, sparse_p_data, tempered, token_zeroed
+from ddpd.process import CosineSchedule
 from ddpd.sampling import TorchNoise, ddpd_sample, ddpd_sample_uniform
 
 B = 50_000
@@ -215,3 +216,23 @@ def test_wrong_denoiser_fails_its_law():
     TABLE.add("(c) B sigmoid, denoiser tempered^0.8 vs right law [sparse S2 D4]", tv(emp, law),
               tv(emp, problem.p_data), limit, problem.N)
     assert tv(emp, law) > limit
+
+
+# ----------------------------------------------------------------------------- another schedule
+
+
+def test_cosine_schedule_exact_clock_and_planner_clock():
+    """alpha_t = 1 - cos(pi t / 2): the clock s = -log(1 - alpha_t) and the time estimates
+    go through the schedule's alpha and inverse (time-free planner by 64-node quadrature)."""
+    problem = ToyProblem(dirichlet_p_data(3, 3, seed=6), 3, 3, CosineSchedule(), quadrature_nodes=64)
+    models = problem.models()
+    exact = ddpd_sample(models.planner_t, models.uniform_denoiser, B, 3, 3, steps=220, clock="exact",
+                        time_conditioned_planner=True, t_end=T_END, schedule="cosine", noise=noise(3))
+    emp = empirical(problem.index(exact.tokens), problem.N)
+    limit = threshold(problem.p_data, B)
+    TABLE.add("ddpd exact clock, cosine schedule [dir S3 D3 seed 6]", None, tv(emp, problem.p_data), limit, problem.N)
+    assert tv(emp, problem.p_data) < limit
+    result = ddpd_sample(models.planner, models.uniform_denoiser, B, 3, 3, steps=8, stop="budget", schedule="cosine",
+                         noise=noise())
+    check_law("ddpd B, cosine schedule [dir S3 D3 seed 6]", problem, result,
+              laws.ddpd_planner_clock_law(problem, 8, stop="budget"))
