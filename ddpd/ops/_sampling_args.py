@@ -18,6 +18,7 @@ import torch
 
 from ddpd.ops.rng import check_seed, philox_uniform, seed_from_generator
 
+BELOW_ONE = 1.0 - 2.0**-24  # largest float32 under 1
 MAX_WIDTH = 2**30  # bound on D and V: columns of a row stay below 2**31
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -69,7 +70,7 @@ def check_width(name: str, size: int) -> None:
         raise ValueError(f"{name} must be in [1, {MAX_WIDTH}), got {size}")
 
 
-def _as_int64(value: int) -> int:
+def as_int64(value: int) -> int:
     """The uint64 `value` as the int64 with the same bits (torch op schemas carry int64)."""
     return value - 2**64 if value >= 2**63 else value
 
@@ -110,7 +111,7 @@ def resolve_stream(
     elif generator is not None:
         raise ValueError("pass either seed or generator, not both")
     check_seed(seed, offset)
-    return _as_int64(seed), _as_int64(offset)
+    return as_int64(seed), as_int64(offset)
 
 
 def split32(value: int) -> tuple[int, int]:
@@ -125,6 +126,12 @@ def stream_noise(seed: int, offset: int, row_ids: Optional[torch.Tensor], rows: 
     (seed and offset as returned by resolve_stream)."""
     ids = row_ids.cpu() if row_ids is not None else torch.arange(rows)
     return philox_uniform(seed & (2**64 - 1), offset & (2**64 - 1), ids, width).to(device)
+
+
+def gumbel(u: torch.Tensor) -> torch.Tensor:
+    """-log(-log u). float32 rounds the top Philox uniform to 1.0, which would give
+    +inf: every path clamps u to the largest float32 below 1 first."""
+    return -torch.log(-torch.log(u.clamp(max=BELOW_ONE)))
 
 
 def cpu_ops():

@@ -81,14 +81,6 @@ def _prepare(logits, temperature, exclude_ids, exclude_per_row, seed, offset, ge
 # ------------------------------------------------------------------------- reference
 
 
-BELOW_ONE = 1.0 - 2.0**-24  # largest float32 under 1
-
-
-def gumbel(u: torch.Tensor) -> torch.Tensor:
-    """-log(-log u); float32 rounds the top Philox uniform to 1.0, hence the clamp."""
-    return -torch.log(-torch.log(u.clamp(max=BELOW_ONE)))
-
-
 def tempered_logits(logits, temperature, exclude_ids, exclude_per_row) -> torch.Tensor:
     """float32 logits / temperature, with NaN and excluded tokens set to -inf."""
     x = logits.float() / temperature
@@ -114,9 +106,9 @@ def tile_logsumexp(x: torch.Tensor) -> torch.Tensor:
 def draw_from_logits(x: torch.Tensor, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Two-level Gumbel-max on prepared logits x [N, V] with noise [N, V + n_tiles]."""
     rows, vocab = x.shape
-    tile_keys = tile_logsumexp(x) + gumbel(noise[:, vocab:])
+    tile_keys = tile_logsumexp(x) + args.gumbel(noise[:, vocab:])
     best_key, tile = tile_keys.max(dim=1)  # first maximum on ties
-    token_keys = x + gumbel(noise[:, :vocab])
+    token_keys = x + args.gumbel(noise[:, :vocab])
     columns = torch.arange(vocab, device=x.device)
     in_tile = (columns[None, :] // TILE) == tile[:, None]
     # An invalid row has tile 0 and only -inf keys: argmax (first maximum) gives 0.

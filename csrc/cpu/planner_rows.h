@@ -1,0 +1,79 @@
+// Shared pieces of the CPU planner ops (planner_select.cpp, planner_mask.cpp):
+// per-position planner probabilities p(z^d = N | x_t) = sigmoid(logit), the
+// selection weights of prop:self-loop-jumps, Gumbel-top-k, and the Bernoulli
+// mask of prop:draw_with_maskD. Mirrors ddpd/ops/planner_select.py and
+// ddpd/ops/planner_mask.py formula for formula.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <numeric>
+#include <vector>
+
+#include "../philox.h"
+
+namespace ddpd {
+namespace cpu {
+
+constexpr float kPlannerNegInf = -std::numeric_limits<float>::infinity();
+
+// Uniform at `column` of a row: explicit noise row, or the row's Philox stream.
+struct PlannerUniforms {
+  const float* noise = nullptr;
+  uint64_t seed = 0, offset = 0, row_id = 0;
+
+  float operator()(int64_t d) const {
+    return noise ? noise[d] : philox_uniform(seed, offset, row_id, static_cast<uint64_t>(d));
+  }
+};
+
+// A planner logit as float32; NaN reads as -inf (probability 0, never chosen).
+template <typename scalar_t>
+inline float planner_logit(scalar_t value) {
+  const float l = static_cast<float>(value);
+  return l != l ? kPlannerNegInf : l;
+}
+
+inline float planner_sigmoid(float l) { return 1.0f / (1.0f + std::exp(-l)); }
+
+// log sigmoid(l) = min(l, 0) - log(1 + exp(-|l|)), finite for every finite l
+// even where sigmoid(l) underflows to 0.
+inline float planner_log_sigmoid(float l) {
+  return std::min(l, 0.0f) - std::log(1.0f + std::exp(-std::fabs(l)));
+}
+
+inline float planner_gumbel(float u) {
+  constexpr float kBelowOne = 1.0f - 5.9604644775390625e-08f;  // float32 may round u up to 1
+  return -std::log(-std::log(u < kBelowOne ? u : kBelowOne));
+}
+
+// Gumbel-top-k: the k largest keys, larger first, the lower position first on
+// ties (a stable descending sort), written to out[0..k).
+inline void top_k(const std::vector<float>& keys, int64_t k, std::vector<int64_t>& order, int64_t* out) {
+  order.resize(keys.size());
+  std::iota(order.begin(), order.end(), int64_t{0});
+  const auto before = [&](int64_t a, int64_t b) { return keys[a] > keys[b] || (keys[a] == keys[b] && a < b); };
+  std::partial_sort(order.begin(), order.begin() + k, order.end(), before);
+  std::copy(order.begin(), order.begin() + k, out);
+}
+
+// z^d = u^d < p^d, forced to 1 at the chosen positions (forced[d] != 0); writes
+// the masked sequence (mask_id where z) and z; returns the number masked.
+inline int64_t draw_mask(const float* p, const PlannerUniforms& u, const std::vector<char>& forced,
+                         const int64_t* x, int64_t mask_id, int64_t length, int64_t* masked, bool* z) {
+  int64_t count = 0;
+  for (int64_t d = 0; d < length; ++d) {
+    const bool noise = forced[d] || u(d) < p[d];
+    z[d] = noise;
+    masked[d] = noise ? mask_id : x[d];
+    count += noise;
+  }
+  return count;
+}
+
+}  // namespace cpu
+}  // namespace ddpd

@@ -1,0 +1,63 @@
+"""Triton kernel of ddpd.ops.planner_select and ddpd.ops.planner_select_mask.
+
+One program per row of planner logits [B, D], the row held in one block:
+p^d = sigmoid(l^d), sum_d p^d, stop = all p^d < eps, and k positions without
+replacement by Gumbel-top-k on the log-weights (log sigmoid(l) for option A,
+l / tau for option C's softmax over positions; uniform d at column d). With
+WITH_MASK the mask of prop:draw_with_maskD follows from the same probabilities
+(uniform d at column d of the mask offset). float32 arithmetic only.
+"""
+import triton
+import triton.language as tl
+
+from ddpd.kernels.philox import gumbel, row_uniform
+from ddpd.kernels.planner_mask import planner_row, planner_sigmoid, write_mask
+
+
+@triton.jit
+def log_sigmoid(l):
+    """min(l, 0) - log(1 + exp(-|l|)): finite where sigmoid(l) underflows."""
+    return tl.minimum(l, 0.0) - tl.log(1.0 + tl.exp(-tl.abs(l)))
+
+
+@triton.jit
+def planner_select_kernel(
+    logits_ptr, D, k, tau, eps,
+    noise_ptr, mask_noise_ptr, row_ids_ptr, seed_lo, seed_hi, offset_lo, offset_hi, mask_offset_lo, mask_offset_hi,
+    x_ptr, mask_id, positions_ptr, sum_p_ptr, stop_ptr, masked_ptr, z_ptr, count_ptr,
+    SOFTMAX: tl.constexpr, WITH_MASK: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    if row_ids_ptr is not None:
+        row_id = tl.load(row_ids_ptr + row)
+    else:
+        row_id = row
+    offs = tl.arange(0, BLOCK_D)
+    in_row = offs < D
+    column = tl.where(in_row, offs, 0)
+    l = planner_row(logits_ptr, row, offs, D)
+    p = planner_sigmoid(l)  # 0 beyond D
+    tl.store(sum_p_ptr + row, tl.sum(p, axis=0))
+    tl.store(stop_ptr + row, tl.max(p, axis=0) < eps)
+
+    if SOFTMAX:
+        log_weight = l / tau
+    else:
+        log_weight = log_sigmoid(l)
+    u = row_uniform(noise_ptr, D, row, column, row_id, seed_lo, seed_hi, offset_lo, offset_hi,
+                    noise_ptr is not None)
+    key = log_weight + gumbel(u)
+    # Gumbel-top-k by k rounds of argmax; the lowest free position wins ties, so
+    # positions of weight 0 come last, in order, as in a stable descending sort.
+    taken = offs < 0
+    for i in range(k):
+        free = in_row & ~taken
+        best = tl.max(tl.where(free, key, float("-inf")), axis=0)
+        pick = tl.min(tl.where(free & (key == best), offs, BLOCK_D), axis=0)
+        tl.store(positions_ptr + row * k + i, pick.to(tl.int64))
+        taken = taken | (offs == pick)
+
+    if WITH_MASK:
+        mask_u = row_uniform(mask_noise_ptr, D, row, column, row_id, seed_lo, seed_hi, mask_offset_lo,
+                             mask_offset_hi, mask_noise_ptr is not None)
+        write_mask(mask_u, p, taken, x_ptr, masked_ptr, z_ptr, count_ptr, row, offs, D, mask_id)

@@ -1,0 +1,164 @@
+"""ddpd.ops.planner_mask and planner_select_mask: C++ CPU path, Triton kernels
+(interpreter) and torch references agree; z follows Bernoulli(sigmoid(logits)) with
+the chosen positions always masked (prop:draw_with_maskD)."""
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import stats
+
+from ddpd.ops import _sampling_args
+from ddpd.ops.planner_mask import (
+    planner_mask,
+    planner_mask_reference,
+    planner_mask_triton,
+    planner_select_mask,
+    planner_select_mask_reference,
+)
+from ddpd.ops.planner_select import planner_select, planner_select_triton
+from ddpd.ops.rng import philox_uniform
+
+CHI2_MIN_P = 1e-3  # a distribution test fails when its chi-square p-value is below this
+MASK_ID = 27
+
+
+def inputs(rows, length, seed, k=1):
+    g = torch.Generator().manual_seed(seed)
+    logits = 3 * torch.randn(rows, length, generator=g)
+    if length > 3:
+        logits[0, 2] = float("nan")
+        logits[-1, 3] = float("inf")
+    x = torch.randint(0, MASK_ID, (rows, length), generator=g)
+    positions = torch.stack([torch.randperm(length, generator=g)[:k] for _ in range(rows)])
+    return logits, x, positions
+
+
+def triton_mask(logits, x, positions, seed=None, offset=0, row_ids=None, noise=None):
+    seed, offset = _sampling_args.resolve_stream(noise, tuple(logits.shape), logits, seed, offset, None, row_ids)
+    return planner_mask_triton(logits, x, positions, MASK_ID, noise, seed, offset, row_ids)
+
+
+def triton_select_mask(logits, x, k, mode="sigmoid", seed=None, offset=0, row_ids=None, noise=None,
+                       mask_noise=None):
+    seed, offset = _sampling_args.resolve_stream(noise, tuple(logits.shape), logits, seed, offset, None, row_ids)
+    return planner_select_triton(logits, k, mode == "softmax", 1.0, 0.01, noise, seed, offset, row_ids,
+                                 mask=(x, MASK_ID, mask_noise))
+
+
+def assert_all_equal(out, ref):
+    assert len(out) == len(ref)
+    for a, b in zip(out, ref):
+        if a.dtype == torch.float32:
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+        else:
+            assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("length,k", [(1, 1), (7, 0), (7, 2), (257, 1), (257, 5)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_planner_mask_paths_agree(length, k, dtype):
+    logits, x, positions = inputs(3, length, length + k, max(k, 1))
+    logits = logits.to(dtype)
+    positions = positions[:, :k]
+    noise = torch.rand(3, length, generator=torch.Generator().manual_seed(length))
+    for kw in (dict(noise=noise), dict(seed=2**63 + 1, offset=2**64 - 1, row_ids=torch.tensor([9, 0, 2**36]))):
+        ref = planner_mask_reference(logits, x, positions, MASK_ID, **kw)
+        assert_all_equal(planner_mask(logits, x, positions, MASK_ID, **kw), ref)
+        assert_all_equal(triton_mask(logits, x, positions, **kw), ref)
+    no_positions = planner_mask_reference(logits, x, None, MASK_ID, noise=noise)
+    assert_all_equal(planner_mask(logits, x, None, MASK_ID, noise=noise), no_positions)
+    assert_all_equal(triton_mask(logits, x, None, noise=noise), no_positions)
+
+
+@pytest.mark.parametrize("length,k", [(1, 1), (7, 3), (257, 2)])
+@pytest.mark.parametrize("mode", ["sigmoid", "softmax"])
+def test_planner_select_mask_paths_agree(length, k, mode):
+    logits, x, _ = inputs(3, length, 5 * length + k)
+    g = torch.Generator().manual_seed(k)
+    noise, mask_noise = torch.rand(3, length, generator=g), torch.rand(3, length, generator=g)
+    for kw in (dict(noise=noise, mask_noise=mask_noise), dict(seed=17, offset=2**64 - 1)):
+        ref = planner_select_mask_reference(logits, x, MASK_ID, k, mode, **kw)
+        assert_all_equal(planner_select_mask(logits, x, MASK_ID, k, mode, **kw), ref)
+        assert_all_equal(triton_select_mask(logits, x, k, mode, **kw), ref)
+
+
+def test_fused_equals_select_then_mask_at_next_offset():
+    logits, x, _ = inputs(6, 40, 1)
+    rows = torch.tensor([5, 4, 3, 2, 1, 0])
+    fused = planner_select_mask(logits, x, MASK_ID, 2, seed=3, offset=10, row_ids=rows)
+    positions, sum_p, stop = planner_select(logits, 2, seed=3, offset=10, row_ids=rows)
+    masked, z, count = planner_mask(logits, x, positions, MASK_ID, seed=3, offset=11, row_ids=rows)
+    assert_all_equal(fused, (positions, sum_p, stop, masked, z, count))
+    explicit = planner_mask(logits, x, positions, MASK_ID, noise=philox_uniform(3, 11, rows, 40))
+    assert_all_equal(explicit, (masked, z, count))
+
+
+def test_mask_structure():
+    logits, x, positions = inputs(64, 33, 2, k=3)
+    few = torch.tensor([0, 1, 63])  # the Triton interpreter gets the first and last rows
+    for rows, (masked, z, count) in ((torch.arange(64), planner_mask(logits, x, positions, MASK_ID, seed=1)),
+                                     (few, triton_mask(logits[few], x[few], positions[few], seed=1))):
+        assert bool(z.gather(1, positions[rows]).all())  # chosen positions are always masked
+        assert torch.equal(masked, torch.where(z, MASK_ID, x[rows]))
+        assert torch.equal(count, z.sum(1))
+        assert not z[0, 2] or bool((positions[0] == 2).any())  # NaN logit: p = 0, masked only if chosen
+        assert bool(z[-1, 3])  # +inf logit: p = 1
+
+
+def test_bernoulli_frequencies_match_sigmoid():
+    n = 100_000
+    logits = torch.tensor([-4.0, -1.0, -0.2, 0.0, 0.7, 2.0, 5.0])
+    x = torch.zeros(n, 7, dtype=torch.long)
+    _, z, _ = planner_mask(logits.expand(n, -1), x, None, MASK_ID, seed=44)
+    p = torch.sigmoid(logits).double()
+    counts = z.sum(0).double()
+    # Independent Bernoulli columns: sum of squared z-scores ~ chi-square with 7 dof.
+    statistic = float((((counts - n * p) ** 2) / (n * p * (1 - p))).sum())
+    assert stats.chi2.sf(statistic, df=7) > CHI2_MIN_P
+
+
+@settings(max_examples=30, deadline=None, derandomize=True)
+@given(rows=st.integers(1, 4), length=st.integers(1, 200), data=st.data(), seed=st.integers(0, 2**64 - 1),
+       dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]))
+def test_fuzz_cpu_matches_reference(rows, length, data, seed, dtype):
+    k = data.draw(st.integers(1, length))
+    logits, x, _ = inputs(rows, length, seed % 2**63)
+    logits = logits.to(dtype)
+    assert_all_equal(planner_select_mask(logits, x, MASK_ID, k, seed=seed),
+                     planner_select_mask_reference(logits, x, MASK_ID, k, seed=seed))
+
+
+@pytest.mark.parametrize(
+    "call, error, match",
+    [
+        (lambda l, x, p: planner_mask(l, x.int(), p, MASK_ID, seed=1), TypeError, "x must have dtype"),
+        (lambda l, x, p: planner_mask(l, x[:, :3], p, MASK_ID, seed=1), ValueError, "x must have shape"),
+        (lambda l, x, p: planner_mask(l, x, p[:2], MASK_ID, seed=1), ValueError, "positions must have 4 rows"),
+        (lambda l, x, p: planner_mask(l, x, p + 5, MASK_ID, seed=1), ValueError, r"positions must be in \[0, 5\)"),
+        (lambda l, x, p: planner_mask(l, x, p, -1, seed=1), ValueError, "mask_id must be in"),
+        (lambda l, x, p: planner_select_mask(l, x, MASK_ID, noise=torch.rand(4, 5)), ValueError,
+         "both noise and mask_noise"),
+        (lambda l, x, p: planner_select_mask(l, x, MASK_ID, noise=torch.rand(4, 5), mask_noise=torch.rand(4, 4)),
+         ValueError, r"mask_noise must have shape \(4, 5\)"),
+        (lambda l, x, p: planner_select_mask(l, x, MASK_ID, k=9, seed=1), ValueError, r"k must be in \[1, 6\)"),
+    ],
+)
+def test_bad_arguments_raise_clear_errors(call, error, match):
+    logits, x, positions = inputs(4, 5, 0)
+    with pytest.raises(error, match=match):
+        call(logits, x, positions)
+
+
+def test_traces_with_fake_tensors_and_passes_opcheck():
+    logits, x, positions = inputs(3, 20, 6, k=2)
+
+    def step(l, tokens):
+        positions, sum_p, stop, masked, z, count = planner_select_mask(l, tokens, MASK_ID, 2, seed=2, offset=8)
+        return positions, masked, count + stop.long()
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    for a, b in zip(compiled(logits, x), step(logits, x)):
+        assert torch.equal(a, b)
+    torch.library.opcheck(torch.ops.ddpd.planner_mask.default, (logits, x, positions, MASK_ID, None, 2, 8, None))
+    torch.library.opcheck(torch.ops.ddpd.planner_select_mask.default,
+                          (logits, x, MASK_ID, 2, False, 1.0, 0.01, None, None, 2, 8, None))

@@ -1,0 +1,172 @@
+"""ddpd.ops.planner_select: C++ CPU path, Triton kernel (interpreter) and torch
+reference agree position for position; seeded draws follow the planner's law."""
+import itertools
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import stats
+
+from ddpd.ops import _sampling_args
+from ddpd.ops.planner_select import planner_select, planner_select_reference, planner_select_triton
+from ddpd.ops.rng import philox_uniform
+
+CHI2_MIN_P = 1e-3  # a distribution test fails when its chi-square p-value is below this
+
+
+def triton_select(logits, k=1, mode="sigmoid", tau=1.0, eps=0.01, seed=None, offset=0, row_ids=None, noise=None):
+    """The Triton kernel on CPU tensors (TRITON_INTERPRET=1), arguments as the public op."""
+    seed, offset = _sampling_args.resolve_stream(noise, tuple(logits.shape), logits, seed, offset, None, row_ids)
+    return planner_select_triton(logits, k, mode == "softmax", tau, eps, noise, seed, offset, row_ids)
+
+
+def assert_same(out, ref):
+    assert torch.equal(out[0], ref[0])
+    torch.testing.assert_close(out[1], ref[1], rtol=1e-5, atol=1e-5)
+    assert torch.equal(out[2], ref[2])
+
+
+def planner_logits(rows, length, seed, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    logits = 4 * torch.randn(rows, length, generator=g)
+    if length > 2:
+        logits[0, 1] = float("nan")
+        logits[-1, :2] = float("-inf")
+    return logits.to(dtype)
+
+
+@pytest.mark.parametrize("length,k", [(1, 1), (7, 1), (7, 3), (7, 7), (257, 1), (257, 4)])
+@pytest.mark.parametrize("mode", ["sigmoid", "softmax"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_triton_cpu_and_reference_agree(length, k, mode, dtype):
+    logits = planner_logits(3, length, length + k, dtype)
+    noise = torch.rand(3, length, generator=torch.Generator().manual_seed(k))
+    for kw in (dict(noise=noise), dict(seed=2**64 - 2, offset=2**63 + 5, row_ids=torch.tensor([4, 2**35, 0]))):
+        ref = planner_select_reference(logits, k, mode, 0.6, 0.05, **kw)
+        assert_same(planner_select(logits, k, mode, 0.6, 0.05, **kw), ref)
+        assert_same(triton_select(logits, k, mode, 0.6, 0.05, **kw), ref)
+
+
+def test_seeded_path_reads_the_philox_stream():
+    logits = planner_logits(4, 50, 0)
+    rows = torch.tensor([3, 1, 2**40, 7])
+    noise = philox_uniform(99, 12, rows, 50)
+    expected = planner_select_reference(logits, 3, noise=noise)
+    assert_same(planner_select(logits, 3, seed=99, offset=12, row_ids=rows), expected)
+    assert_same(triton_select(logits, 3, seed=99, offset=12, row_ids=rows), expected)
+
+
+def chi_square_p(observed: torch.Tensor, probs: torch.Tensor) -> float:
+    expected = probs.double() / probs.double().sum() * observed.sum()
+    return float(stats.chisquare(observed.double().numpy(), expected.numpy()).pvalue)
+
+
+@pytest.mark.parametrize("mode,tau", [("sigmoid", 1.0), ("softmax", 0.5)])
+def test_single_draw_follows_planner_law(mode, tau):
+    n = 100_000
+    logits = torch.tensor([-3.0, -1.0, 0.0, 0.5, 2.0, -30.0, 1.0])
+    positions, _, _ = planner_select(logits.expand(n, -1), 1, mode, tau, seed=21)
+    weights = torch.sigmoid(logits) if mode == "sigmoid" else torch.softmax(logits / tau, 0)
+    counts = torch.bincount(positions[:, 0], minlength=7)
+    keep = weights * n > 5
+    assert counts[~keep].sum() <= 5  # the position of weight ~1e-13 is (almost) never chosen
+    assert chi_square_p(counts[keep], weights[keep]) > CHI2_MIN_P
+
+
+def test_pairs_follow_successive_sampling_without_replacement():
+    n = 100_000
+    logits = torch.tensor([-1.0, 0.0, 1.0, 2.5])
+    positions, _, _ = planner_select(logits.expand(n, -1), 2, seed=8, offset=1)
+    assert bool((positions[:, 0] != positions[:, 1]).all())
+    w = torch.sigmoid(logits).double()
+    pairs = [(i, j) for i, j in itertools.permutations(range(4), 2)]
+    probs = torch.tensor([w[i] / w.sum() * w[j] / (w.sum() - w[i]) for i, j in pairs])
+    code = positions[:, 0] * 4 + positions[:, 1]
+    counts = torch.bincount(code, minlength=16)[[i * 4 + j for i, j in pairs]]
+    assert chi_square_p(counts, probs) > CHI2_MIN_P
+
+
+def test_positions_distinct_in_range_and_zero_weight_last():
+    logits = torch.randn(50, 9)
+    logits[:, 2] = float("-inf")
+    logits[:, 5] = float("nan")
+    for positions, _, _ in (planner_select(logits, 9, seed=1), triton_select(logits[:4], 9, seed=1)):
+        assert bool((positions.sort(dim=1).values == torch.arange(9)).all())
+        assert bool((positions[:, -2:] == torch.tensor([2, 5])).all())  # weight 0: last, lowest first
+
+
+def test_sum_p_and_stop():
+    logits = torch.tensor([[-9.0, -8.0, -7.0], [-9.0, 3.0, -7.0], [float("nan"), -20.0, -6.0]])
+    p = torch.sigmoid(torch.nan_to_num(logits, nan=float("-inf")))
+    for _, sum_p, stop in (planner_select(logits, eps=0.01, seed=0), triton_select(logits, eps=0.01, seed=0)):
+        torch.testing.assert_close(sum_p, p.sum(1), rtol=1e-5, atol=0)
+        assert stop.tolist() == [True, False, True]
+
+
+def test_determinism_and_batch_composition_invariance():
+    logits = torch.randn(12, 100)
+    a = planner_select(logits, 2, seed=5, offset=3)[0]
+    assert torch.equal(a, planner_select(logits, 2, seed=5, offset=3)[0])
+    assert not torch.equal(a, planner_select(logits, 2, seed=5, offset=4)[0])
+    keep = torch.tensor([0, 7, 11])
+    assert torch.equal(planner_select(logits[keep], 2, seed=5, offset=3, row_ids=keep)[0], a[keep])
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(rows=st.integers(1, 4), length=st.integers(1, 300), data=st.data(),
+       mode=st.sampled_from(["sigmoid", "softmax"]), tau=st.floats(0.1, 4.0), scale=st.floats(0.0, 60.0),
+       dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]), seed=st.integers(0, 2**64 - 1))
+def test_fuzz_cpu_matches_reference(rows, length, data, mode, tau, scale, dtype, seed):
+    k = data.draw(st.integers(1, length))
+    logits = (scale * torch.randn(rows, length, generator=torch.Generator().manual_seed(seed % 2**63))).to(dtype)
+    assert_same(planner_select(logits, k, mode, tau, seed=seed), planner_select_reference(logits, k, mode, tau, seed=seed))
+
+
+@settings(max_examples=8, deadline=None, derandomize=True)
+@given(rows=st.integers(1, 3), length=st.integers(1, 300), mode=st.sampled_from(["sigmoid", "softmax"]),
+       seed=st.integers(0, 2**64 - 1))
+def test_fuzz_triton_matches_reference(rows, length, mode, seed):
+    logits = 3 * torch.randn(rows, length, generator=torch.Generator().manual_seed(seed % 2**63))
+    k = min(2, length)
+    assert_same(triton_select(logits, k, mode, seed=seed), planner_select_reference(logits, k, mode, seed=seed))
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(k=0), ValueError, r"k must be in \[1, 6\)"),
+        (dict(k=6), ValueError, r"k must be in \[1, 6\)"),
+        (dict(k=1.0), TypeError, "k must be an int"),
+        (dict(mode="max"), ValueError, "mode must be one of"),
+        (dict(tau=-1.0), ValueError, "tau must be a finite float > 0"),
+        (dict(eps=1.0), ValueError, r"eps must be in \(0, 1\)"),
+        (dict(eps="0.1"), TypeError, "eps must be a float"),
+        (dict(noise=torch.rand(4, 6)), ValueError, r"noise must have shape \(4, 5\)"),
+        (dict(noise=torch.rand(4, 5).double()), TypeError, "noise must have dtype"),
+        (dict(seed=2**64), ValueError, "seed must be an int"),
+        (dict(seed=1, row_ids=torch.arange(4).int()), TypeError, "row_ids must have dtype"),
+    ],
+)
+def test_bad_arguments_raise_clear_errors(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        planner_select(torch.randn(4, 5), **kwargs)
+    with pytest.raises(TypeError, match="logits must have dtype"):
+        planner_select(torch.zeros(4, 5, dtype=torch.long), seed=1)
+    with pytest.raises(ValueError, match="logits must be 2-D"):
+        planner_select(torch.zeros(4, 5, 1), seed=1)
+
+
+def test_traces_with_fake_tensors_and_passes_opcheck():
+    logits = torch.randn(3, 40)
+
+    def plan(l):
+        positions, sum_p, stop = planner_select(l, 2, "softmax", 0.5, seed=4, offset=1)
+        return positions, sum_p / 40, stop
+
+    compiled = torch.compile(plan, fullgraph=True, backend="aot_eager")
+    for a, b in zip(compiled(logits), plan(logits)):
+        assert torch.equal(a, b)
+    op = torch.ops.ddpd.planner_select.default
+    torch.library.opcheck(op, (logits, 2, False, 1.0, 0.01, None, 4, 1, None))
+    torch.library.opcheck(op, (logits, 1, True, 0.5, 0.01, torch.rand(3, 40), 0, 0, None))
