@@ -41,11 +41,11 @@ void sample_rows(const at::Tensor& logits, double temperature, at::IntArrayRef e
       TileRace race;
       for (int64_t t = 0; t < tiles; ++t) {
         const int64_t start = t * kTile, n = std::min(kTile, vocab - start);
-        load_tile(row, start, n, temp, excl, buf.data());
+        load_tile(row + start, start, n, temp, excl, buf.data());
         race.offer(tile_lse(buf.data(), n), t, u(vocab + t));
       }
       const int64_t start = race.tile * kTile, n = std::min(kTile, vocab - start);
-      load_tile(row, start, n, temp, excl, buf.data());
+      load_tile(row + start, start, n, temp, excl, buf.data());
       out[r] = draw_in_tile(buf.data(), start, n, u);
       ok[r] = race.valid();
     }

@@ -64,13 +64,14 @@ constexpr int64_t kLanes = 4;
 
 inline int64_t padded(int64_t n) { return (n + kLanes - 1) / kLanes * kLanes; }
 
-// Tempered logits of one tile, NaN read as -inf (never drawn), into out;
-// out is -inf padded to a multiple of kLanes.
+// Tempered logits of the tile of tokens [start, start + n), read from tile,
+// NaN read as -inf (never drawn), into out; out is -inf padded to a multiple
+// of kLanes.
 template <typename scalar_t>
-inline void load_tile(const scalar_t* logits, int64_t start, int64_t n, float temperature,
+inline void load_tile(const scalar_t* tile, int64_t start, int64_t n, float temperature,
                       const Exclusions& excl, float* out) {
   for (int64_t j = 0; j < n; ++j) {
-    const float x = static_cast<float>(logits[start + j]) / temperature;
+    const float x = static_cast<float>(tile[j]) / temperature;
     out[j] = x != x ? kNegInf : x;
   }
   for (int64_t j = n; j < padded(n); ++j) out[j] = kNegInf;

@@ -11,6 +11,7 @@ uses one offset per kind of draw and step).
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Optional, Sequence
 
@@ -132,6 +133,13 @@ def gumbel(u: torch.Tensor) -> torch.Tensor:
     """-log(-log u). float32 rounds the top Philox uniform to 1.0, which would give
     +inf: every path clamps u to the largest float32 below 1 first."""
     return -torch.log(-torch.log(u.clamp(max=BELOW_ONE)))
+
+
+@functools.lru_cache(maxsize=64)
+def device_ids(ids: tuple, device: torch.device) -> torch.Tensor:
+    """Long tensor of `ids` (one unused 0 if empty) on device; cached, so repeated
+    calls (and CUDA graph captures after a warm-up call) copy nothing."""
+    return torch.tensor(ids if ids else [0], dtype=torch.int64, device=device)
 
 
 def cpu_ops():

@@ -23,7 +23,6 @@ CUDA tensors the Triton kernel ddpd.kernels.sample_categorical.
 """
 from __future__ import annotations
 
-import functools
 from typing import Optional, Sequence
 
 import torch
@@ -143,13 +142,6 @@ def sample_categorical_reference(
 # ------------------------------------------------------------------------ fused op
 
 
-@functools.lru_cache(maxsize=64)
-def _id_tensor(ids: tuple, device: torch.device) -> torch.Tensor:
-    """Device copy of an id list, cached so repeated calls (and CUDA graph replays)
-    do not copy it again."""
-    return torch.tensor(ids if ids else [0], dtype=torch.int64, device=device)
-
-
 def sample_categorical_triton(logits, temperature, exclude_ids, exclude_per_row, noise, seed, offset, row_ids):
     """Launch the Triton kernel (CUDA tensors; CPU tensors under TRITON_INTERPRET=1)."""
     from ddpd.kernels.sample_categorical import sample_categorical_kernel
@@ -166,7 +158,7 @@ def sample_categorical_triton(logits, temperature, exclude_ids, exclude_per_row,
     offset_lo, offset_hi = args.split32(offset)
     sample_categorical_kernel[(rows,)](
         logits, vocab, tiles, temperature,
-        _id_tensor(tuple(exclude_ids), logits.device), len(exclude_ids), exclude_per_row,
+        args.device_ids(tuple(exclude_ids), logits.device), len(exclude_ids), exclude_per_row,
         noise, row_ids, seed_lo, seed_hi, offset_lo, offset_hi, tokens, valid,
         TILE=TILE,
         BLOCK_J=TILE if tiles > 1 else 1 << (vocab - 1).bit_length(),

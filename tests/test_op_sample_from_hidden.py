@@ -1,0 +1,166 @@
+"""ddpd.ops.sample_from_hidden: the fused head + draw equals sample_categorical on
+the full logits, token for token, on the C++ CPU path, the Triton kernels
+(interpreter) and the torch reference; it never materialises the [N, V] logits."""
+import os
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import stats
+
+from ddpd.ops import _sampling_args
+from ddpd.ops.sample_categorical import noise_width, sample_categorical
+from ddpd.ops.sample_from_hidden import (
+    sample_from_hidden,
+    sample_from_hidden_reference,
+    sample_from_hidden_triton,
+)
+
+CHI2_MIN_P = 1e-3  # a distribution test fails when its chi-square p-value is below this
+
+
+def head(rows, width, vocab, seed, dtype=torch.float32, bias=True):
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(rows, width, generator=g)
+    weight = 2 * torch.randn(vocab, width, generator=g) / width**0.5
+    b = torch.randn(vocab, generator=g) if bias else None
+    return hidden.to(dtype), weight.to(dtype), (b.to(dtype) if bias else None)
+
+
+def triton_draw(hidden, weight, bias=None, temperature=1.0, exclude_ids=(), exclude_per_row=None, seed=None,
+                offset=0, row_ids=None, noise=None, splits=None):
+    width = (hidden.shape[0], noise_width(weight.shape[0]))
+    seed, offset = _sampling_args.resolve_stream(noise, width, hidden, seed, offset, None, row_ids)
+    return sample_from_hidden_triton(hidden, weight, bias, temperature, list(exclude_ids), exclude_per_row, noise,
+                                     seed, offset, row_ids, splits)
+
+
+def assert_same(out, ref):
+    assert torch.equal(out[0], ref[0]) and torch.equal(out[1], ref[1])
+
+
+@pytest.mark.parametrize("rows,width,vocab,splits", [(1, 8, 1, 1), (3, 16, 2, 1), (5, 24, 111, 1),
+                                                     (17, 40, 700, 2), (2, 33, 600, 3)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_paths_agree_on_explicit_noise_and_seed(rows, width, vocab, splits, dtype):
+    hidden, weight, bias = head(rows, width, vocab, vocab + rows, dtype)
+    noise = torch.rand(rows, noise_width(vocab), generator=torch.Generator().manual_seed(rows))
+    excl = [0] if vocab > 1 else []
+    per_row = torch.randint(0, vocab, (rows,)) if vocab > 2 else None
+    for kw in (dict(noise=noise), dict(seed=2**64 - 9, offset=2**33, row_ids=torch.arange(rows) * 3 + 2**40)):
+        ref = sample_from_hidden_reference(hidden, weight, bias, 0.7, excl, per_row, **kw)
+        assert_same(sample_from_hidden(hidden, weight, bias, 0.7, excl, per_row, **kw), ref)
+        assert_same(triton_draw(hidden, weight, bias, 0.7, excl, per_row, splits=splits, **kw), ref)
+
+
+def test_gpt2_vocabulary_single_row():
+    hidden, weight, _ = head(2, 8, 50257, 0)
+    ref = sample_from_hidden_reference(hidden, weight, seed=5, offset=1)
+    assert_same(sample_from_hidden(hidden, weight, seed=5, offset=1), ref)
+    assert_same(triton_draw(hidden[:1], weight, seed=5, offset=1), (ref[0][:1], ref[1][:1]))
+
+
+def test_equals_sample_categorical_on_the_logits():
+    hidden, weight, bias = head(40, 32, 5000, 1)
+    logits = hidden @ weight.T + bias
+    fused = sample_from_hidden(hidden, weight, bias, 1.2, [7], seed=11, offset=6)
+    assert_same(fused, sample_categorical(logits, 1.2, [7], seed=11, offset=6))
+
+
+def test_seeded_draws_follow_softmax():
+    n, vocab = 100_000, 600
+    hidden, weight, bias = head(1, 16, vocab, 2)
+    tokens, valid = sample_from_hidden(hidden.expand(n, -1), weight, bias, 0.8, [3], seed=31)
+    logits = (hidden @ weight.T + bias)[0] / 0.8
+    logits[3] = float("-inf")
+    probs = torch.softmax(logits.double(), 0)
+    observed = torch.bincount(tokens, minlength=vocab).double()
+    expected = probs * n
+    pooled = expected < 5
+    obs = torch.cat([observed[~pooled], observed[pooled].sum()[None]])
+    exp = torch.cat([expected[~pooled], expected[pooled].sum()[None]])
+    assert bool(valid.all()) and not (tokens == 3).any()
+    assert stats.chisquare(obs.numpy(), exp.numpy() * obs.sum().item() / exp.sum().item()).pvalue > CHI2_MIN_P
+
+
+def test_nothing_drawable_and_non_finite_head():
+    hidden, weight, bias = head(4, 8, 300, 3)
+    bias[:] = float("-inf")
+    bias[10] = 0.0
+    per_row = torch.tensor([10, 0, 0, 10])
+    hidden[1, 0] = float("nan")  # every logit of row 1 is NaN
+    for tokens, valid in (sample_from_hidden(hidden, weight, bias, 1.0, None, per_row, seed=1),
+                          sample_from_hidden_reference(hidden, weight, bias, 1.0, None, per_row, seed=1),
+                          triton_draw(hidden, weight, bias, 1.0, (), per_row, seed=1)):
+        assert valid.tolist() == [False, False, True, False]
+        assert tokens.tolist() == [0, 0, 10, 0]
+
+
+def test_determinism_and_batch_composition_invariance():
+    hidden, weight, bias = head(10, 16, 1000, 4)
+    a = sample_from_hidden(hidden, weight, bias, seed=2, offset=9)[0]
+    assert torch.equal(a, sample_from_hidden(hidden, weight, bias, seed=2, offset=9)[0])
+    keep = torch.tensor([1, 8])
+    assert torch.equal(sample_from_hidden(hidden[keep], weight, bias, seed=2, offset=9, row_ids=keep)[0], a[keep])
+
+
+def _status_bytes(field: str) -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"{field} missing from /proc/self/status")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="needs Linux /proc")
+def test_peak_memory_stays_far_below_the_logits():
+    hidden, weight, _ = head(2048, 32, 50257, 6, bias=False)
+    sample_from_hidden(hidden[:2], weight, seed=1)  # load the extension first
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # resets the peak resident set size (VmHWM)
+    before = _status_bytes("VmRSS")
+    sample_from_hidden(hidden, weight, seed=1)
+    growth = _status_bytes("VmHWM") - before
+    logits_bytes = 2048 * 50257 * 4  # 412 MB
+    assert growth < logits_bytes / 4, f"peak resident memory grew by {growth / 2**20:.0f} MiB"
+
+
+@settings(max_examples=25, deadline=None, derandomize=True)
+@given(rows=st.integers(1, 5), width=st.integers(1, 40), vocab=st.integers(1, 5000), bias=st.booleans(),
+       dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]), seed=st.integers(0, 2**64 - 1))
+def test_fuzz_cpu_matches_reference(rows, width, vocab, bias, dtype, seed):
+    hidden, weight, b = head(rows, width, vocab, seed % 2**63, dtype, bias)
+    assert_same(sample_from_hidden(hidden, weight, b, 0.9, seed=seed),
+                sample_from_hidden_reference(hidden, weight, b, 0.9, seed=seed))
+
+
+@pytest.mark.parametrize(
+    "call, error, match",
+    [
+        (lambda h, w, b: sample_from_hidden(h, w[:, :4], seed=1), ValueError, r"weight must have shape \[V, 8\]"),
+        (lambda h, w, b: sample_from_hidden(h, w.long(), seed=1), TypeError, "weight must have dtype"),
+        (lambda h, w, b: sample_from_hidden(h[0], w, seed=1), ValueError, "hidden must be 2-D"),
+        (lambda h, w, b: sample_from_hidden(h, w, b[:5], seed=1), ValueError, r"bias must have shape \(20,\)"),
+        (lambda h, w, b: sample_from_hidden(h, w, b, 0.0, seed=1), ValueError, "temperature"),
+        (lambda h, w, b: sample_from_hidden(h, w, b, 1.0, [20], seed=1), ValueError, "exclude_ids"),
+        (lambda h, w, b: sample_from_hidden(h, w, noise=torch.rand(3, 20)), ValueError, r"noise must have shape"),
+    ],
+)
+def test_bad_arguments_raise_clear_errors(call, error, match):
+    hidden, weight, bias = head(3, 8, 20, 0)
+    with pytest.raises(error, match=match):
+        call(hidden, weight, bias)
+
+
+def test_traces_with_fake_tensors_and_passes_opcheck():
+    hidden, weight, bias = head(3, 8, 300, 5)
+
+    def denoise(h):
+        return sample_from_hidden(torch.tanh(h), weight, bias, 0.9, [2], seed=3, offset=1)
+
+    compiled = torch.compile(denoise, fullgraph=True, backend="aot_eager")
+    for a, b in zip(compiled(hidden), denoise(hidden)):
+        assert torch.equal(a, b)
+    torch.library.opcheck(torch.ops.ddpd.sample_from_hidden.default,
+                          (hidden, weight, bias, 0.9, [2], None, None, 3, 1, None))
