@@ -104,6 +104,20 @@ def test_excluded_and_minus_inf_tokens_are_never_drawn():
     assert torch.equal(tri[0], tokens[:8])
 
 
+def test_a_top_uniform_never_draws_an_excluded_token():
+    """float32 rounds the largest Philox uniform to 1.0; an unclamped Gumbel would be
+    +inf there and could pick an excluded or -inf token (-inf + inf = NaN)."""
+    vocab = 300
+    logits = torch.zeros(2, vocab)
+    logits[:, 4] = float("-inf")
+    noise = torch.full((2, noise_width(vocab)), 0.5)
+    noise[:, [4, 9, vocab, vocab + 1]] = 1.0  # tokens 4 (-inf) and 9 (excluded), both tiles
+    for tokens, valid in (sample_categorical(logits, 1.0, [9], noise=noise),
+                          sample_categorical_reference(logits, 1.0, [9], noise=noise),
+                          triton_draw(logits, 1.0, [9], noise=noise)):
+        assert bool(valid.all()) and not ((tokens == 4) | (tokens == 9)).any()
+
+
 def test_rows_with_nothing_drawable_are_flagged_and_in_range():
     vocab = 300
     logits = torch.randn(5, vocab)
