@@ -2,10 +2,13 @@
 // softmax((hidden @ weight^T + bias) / temperature), the output head fused with
 // the two-level Gumbel-max of sample_tiles.h so the [N, V] logits never exist.
 //
-// The vocabulary is walked in chunks of kChunkTiles tiles: a BLAS matmul gives
-// the chunk's logits [N, chunk] in a small buffer, each row offers the chunk's
-// tiles to its tile race and keeps the logits of its current winning tile; the
-// token is then drawn inside the kept tile. Memory: N x (chunk + kTile) floats.
+// The vocabulary is cut into splits of whole chunks of kChunkTiles tiles, one
+// split per thread. A thread walks its chunks: a BLAS matmul gives the chunk's
+// logits [N, chunk] in a small buffer, each row offers the chunk's tiles to the
+// split's tile race and keeps the logits of its current winning tile. The split
+// winners are then merged in vocabulary order (the race is associative) and the
+// token is drawn inside the kept winning tile. Memory per split:
+// N x (chunk + kTile) floats; one parallel region per call.
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
@@ -13,6 +16,7 @@
 #include <array>
 #include <optional>
 #include <tuple>
+#include <vector>
 
 #include "sample_tiles.h"
 
@@ -21,6 +25,56 @@ namespace cpu {
 namespace {
 
 constexpr int64_t kChunkTiles = 16;
+constexpr int64_t kChunk = kChunkTiles * kTile;
+
+struct HeadArgs {
+  at::Tensor hidden;  // float32 [N, H]
+  const at::Tensor& weight;
+  const std::optional<at::Tensor>& bias;
+  float temperature;
+  at::IntArrayRef exclude_ids;
+  const int64_t* exclude_row;
+  const float* noise;
+  int64_t noise_stride;
+  uint64_t seed, offset;
+  const int64_t* row_ids;
+
+  RowUniforms uniforms(int64_t r) const {
+    return RowUniforms{noise ? noise + r * noise_stride : nullptr, seed, offset,
+                       static_cast<uint64_t>(row_ids ? row_ids[r] : r)};
+  }
+};
+
+// The tile race of every row over the chunks [first_chunk, end_chunk); each
+// row's winning tile logits go to kept [N, kTile].
+void race_split(const HeadArgs& a, int64_t first_chunk, int64_t end_chunk, std::vector<TileRace>& races,
+                float* kept) {
+  const int64_t rows = a.hidden.size(0), vocab = a.weight.size(0);
+  at::Tensor buf = at::empty({rows, std::min(kChunk, vocab)}, a.hidden.options());
+  std::array<float, kTile> tile;
+  for (int64_t c = first_chunk; c < end_chunk; ++c) {
+    const int64_t first = c * kChunk, width = std::min(kChunk, vocab - first);
+    at::Tensor logits = buf.narrow(1, 0, width);
+    const at::Tensor w = a.weight.narrow(0, first, width).to(at::kFloat);
+    if (a.bias) {
+      at::addmm_out(logits, a.bias->narrow(0, first, width).to(at::kFloat), a.hidden, w.t());
+    } else {
+      at::mm_out(logits, a.hidden, w.t());
+    }
+    const float* chunk = logits.data_ptr<float>();
+    for (int64_t r = 0; r < rows; ++r) {
+      const RowUniforms u = a.uniforms(r);
+      const Exclusions excl{a.exclude_ids, a.exclude_row ? a.exclude_row[r] : -1};
+      for (int64_t start = first; start < first + width; start += kTile) {
+        const int64_t n = std::min(kTile, vocab - start);
+        load_tile(chunk + r * logits.stride(0) + (start - first), start, n, a.temperature, excl, tile.data());
+        if (races[r].offer(tile_lse(tile.data(), n), start / kTile, u(vocab + start / kTile))) {
+          std::copy(tile.begin(), tile.begin() + n, kept + r * kTile);
+        }
+      }
+    }
+  }
+}
 
 std::tuple<at::Tensor, at::Tensor> sample_from_hidden_cpu(
     const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias, double temperature,
@@ -28,58 +82,42 @@ std::tuple<at::Tensor, at::Tensor> sample_from_hidden_cpu(
     const std::optional<at::Tensor>& noise, int64_t seed, int64_t offset, const std::optional<at::Tensor>& row_ids) {
   TORCH_CHECK(hidden.dim() == 2 && weight.dim() == 2 && hidden.size(1) == weight.size(1),
               "hidden [N, H] and weight [V, H] must share H");
+  const HeadArgs a{hidden.to(at::kFloat).contiguous(),
+                   weight,
+                   bias,
+                   static_cast<float>(temperature),
+                   exclude_ids,
+                   exclude_per_row ? exclude_per_row->data_ptr<int64_t>() : nullptr,
+                   noise ? noise->data_ptr<float>() : nullptr,
+                   noise ? noise->size(1) : 0,
+                   static_cast<uint64_t>(seed),
+                   static_cast<uint64_t>(offset),
+                   row_ids ? row_ids->data_ptr<int64_t>() : nullptr};
   const int64_t rows = hidden.size(0), vocab = weight.size(0);
-  const int64_t chunk = kChunkTiles * kTile;
-  const at::Tensor h = hidden.to(at::kFloat);
-  at::Tensor buf = at::empty({rows, std::min(chunk, vocab)}, h.options());
-  at::Tensor kept = at::empty({rows, kTile}, h.options());  // logits of each row's winning tile
-  std::vector<TileRace> races(rows);
-  const float* noise_ptr = noise ? noise->data_ptr<float>() : nullptr;
-  const int64_t noise_stride = noise ? noise->size(1) : 0;
-  const int64_t* excl_row = exclude_per_row ? exclude_per_row->data_ptr<int64_t>() : nullptr;
-  const int64_t* ids = row_ids ? row_ids->data_ptr<int64_t>() : nullptr;
-  const float temp = static_cast<float>(temperature);
-  const auto uniforms = [&](int64_t r) {
-    return RowUniforms{noise_ptr ? noise_ptr + r * noise_stride : nullptr, static_cast<uint64_t>(seed),
-                       static_cast<uint64_t>(offset), static_cast<uint64_t>(ids ? ids[r] : r)};
-  };
-
-  for (int64_t first = 0; first < vocab; first += chunk) {
-    const int64_t width = std::min(chunk, vocab - first);
-    at::Tensor logits = buf.narrow(1, 0, width);
-    const at::Tensor w = weight.narrow(0, first, width).to(at::kFloat);
-    if (bias) {
-      at::addmm_out(logits, bias->narrow(0, first, width).to(at::kFloat), h, w.t());
-    } else {
-      at::mm_out(logits, h, w.t());
+  const int64_t chunks = (vocab + kChunk - 1) / kChunk;
+  const int64_t splits = std::max<int64_t>(1, std::min<int64_t>(chunks, at::get_num_threads()));
+  std::vector<std::vector<TileRace>> races(splits, std::vector<TileRace>(rows));
+  std::vector<float> kept(splits * rows * kTile);
+  at::parallel_for(0, splits, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t s = begin; s < end; ++s) {
+      race_split(a, s * chunks / splits, (s + 1) * chunks / splits, races[s], kept.data() + s * rows * kTile);
     }
-    const float* chunk_ptr = logits.data_ptr<float>();
-    const int64_t chunk_stride = logits.stride(0);
-    at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
-      std::array<float, kTile> tile_buf;
-      for (int64_t r = begin; r < end; ++r) {
-        const RowUniforms u = uniforms(r);
-        const Exclusions excl{exclude_ids, excl_row ? excl_row[r] : -1};
-        for (int64_t start = first; start < first + width; start += kTile) {
-          const int64_t n = std::min(kTile, vocab - start);
-          load_tile(chunk_ptr + r * chunk_stride + (start - first), start, n, temp, excl, tile_buf.data());
-          if (races[r].offer(tile_lse(tile_buf.data(), n), start / kTile, u(vocab + start / kTile))) {
-            std::copy(tile_buf.begin(), tile_buf.begin() + n, kept.data_ptr<float>() + r * kTile);
-          }
-        }
-      }
-    });
-  }
+  });
 
   at::Tensor tokens = at::empty({rows}, hidden.options().dtype(at::kLong));
   at::Tensor valid = at::empty({rows}, hidden.options().dtype(at::kBool));
-  at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, rows, 256, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
-      const int64_t start = races[r].tile * kTile, n = std::min(kTile, vocab - start);
-      float* tile = kept.data_ptr<float>() + r * kTile;
-      if (!races[r].valid()) std::fill(tile, tile + n, kNegInf);  // no tile was ever kept
-      tokens.data_ptr<int64_t>()[r] = draw_in_tile(tile, start, n, uniforms(r));
-      valid.data_ptr<bool>()[r] = races[r].valid();
+      int64_t winner = 0;  // splits hold increasing tiles: strict > keeps the lowest on ties
+      for (int64_t s = 1; s < splits; ++s) {
+        if (races[s][r].key > races[winner][r].key) winner = s;
+      }
+      const TileRace& race = races[winner][r];
+      const int64_t start = race.tile * kTile, n = std::min(kTile, vocab - start);
+      float* tile = kept.data() + (winner * rows + r) * kTile;
+      if (!race.valid()) std::fill(tile, tile + n, kNegInf);  // no tile was ever kept
+      tokens.data_ptr<int64_t>()[r] = draw_in_tile(tile, start, n, a.uniforms(r));
+      valid.data_ptr<bool>()[r] = race.valid();
     }
   });
   return {tokens, valid};

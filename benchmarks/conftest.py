@@ -1,0 +1,112 @@
+"""Shared helpers of the ddpd benchmarks (`pytest benchmarks/ --benchmark-only`).
+
+`compare(group, variant, fn)` times fn with pytest-benchmark under `group`, measures
+the peak resident memory of one call, and records both; at the end of the session
+a table gives, per group, every variant's median time and peak memory and the
+speed-up of 'fused' over the other variants of the same group, all timed in the
+same run on the same machine.
+
+Threads: every variant runs with DDPD_BENCH_THREADS torch threads (default 1):
+on a machine shared with other work, OpenMP regions of several threads wait on
+descheduled threads and the timings stop meaning anything.
+
+Peak memory: growth of the process's peak resident set size (Linux VmHWM, reset
+through /proc/self/clear_refs) during one call, over the resident size before it.
+tracemalloc does not see torch's buffers; RSS does, provided large buffers are
+returned to the system when freed: during that one call glibc is told to mmap
+every allocation above 64 KiB (mallopt), and afterwards to keep buffers below
+32 MiB in its heap (its default steady state), so timings are unaffected.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+from typing import Callable, Optional
+
+import pytest
+import torch
+
+THREADS = int(os.environ.get("DDPD_BENCH_THREADS", "1"))
+_M_MMAP_THRESHOLD = -3  # mallopt parameter number in glibc's malloc.h
+_results: dict[str, dict[str, tuple[Optional[float], Optional[int]]]] = {}
+
+
+def _mallopt_mmap_threshold(size: int) -> bool:
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return False
+    try:
+        return bool(ctypes.CDLL(name).mallopt(_M_MMAP_THRESHOLD, size))
+    except AttributeError:  # not glibc
+        return False
+
+
+def _status_bytes(field: str) -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"{field} missing from /proc/self/status")
+
+
+def peak_rss_growth(fn: Callable[[], object]) -> Optional[int]:
+    """Bytes by which the peak resident set size grows during one call of fn, or
+    None where it cannot be measured (no Linux /proc, no glibc)."""
+    if not os.path.exists("/proc/self/clear_refs") or not _mallopt_mmap_threshold(64 * 1024):
+        return None
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # peak RSS := current RSS
+        before = _status_bytes("VmRSS")
+        fn()
+        return _status_bytes("VmHWM") - before
+    finally:
+        _mallopt_mmap_threshold(32 * 1024 * 1024)
+
+
+@pytest.fixture
+def compare(benchmark):
+    """compare(group, variant, fn, rounds=None): time fn (rounds: a fixed number of
+    rounds for slow work), measure its peak memory, record both for the summary."""
+
+    def run(group: str, variant: str, fn: Callable[[], object], rounds: Optional[int] = None) -> None:
+        benchmark.group = group
+        benchmark.extra_info["variant"] = variant
+        benchmark.extra_info["threads"] = THREADS
+        threads = torch.get_num_threads()
+        torch.set_num_threads(THREADS)
+        try:
+            if rounds is None:
+                benchmark(fn)
+            else:
+                benchmark.pedantic(fn, rounds=rounds, iterations=1, warmup_rounds=1)
+            peak = peak_rss_growth(fn)
+        finally:
+            torch.set_num_threads(threads)
+        if peak is not None:
+            benchmark.extra_info["peak_rss_growth_mib"] = round(peak / 2**20, 2)
+        stats = getattr(benchmark, "stats", None)
+        median = stats.stats.median if stats is not None else None
+        _results.setdefault(group, {})[variant] = (median, peak)
+
+    return run
+
+
+def _mib(peak: Optional[int]) -> str:
+    return "n/a" if peak is None else f"{peak / 2**20:.1f} MiB"
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _results:
+        return
+    write = terminalreporter.write_line
+    terminalreporter.section(f"ddpd fused vs reference ({THREADS} torch threads, same run)")
+    for group, variants in _results.items():
+        fused = variants.get("fused", (None, None))[0]
+        for variant, (median, peak) in variants.items():
+            line = f"{group:48s} {variant:10s} median {'n/a' if median is None else f'{median * 1e3:10.3f} ms'}"
+            line += f"  peak memory +{_mib(peak)}"
+            if variant != "fused" and median and fused:
+                line += f"  fused is {median / fused:.1f}x faster"
+            write(line)

@@ -1,0 +1,94 @@
+"""The fused sampling ops on CUDA (compiled Triton kernels): the same draws as the
+CPU path for the same seed, capture in a CUDA graph, torch.compile. Skipped
+without a CUDA device."""
+import pytest
+import torch
+
+from ddpd.ops.planner_mask import planner_mask, planner_select_mask
+from ddpd.ops.planner_select import planner_select
+from ddpd.ops.sample_categorical import sample_categorical
+from ddpd.ops.sample_from_hidden import sample_from_hidden
+
+pytestmark = pytest.mark.gpu
+
+
+def on(device, *tensors):
+    return [t.to(device) if t is not None else None for t in tensors]
+
+
+def agree(a, b, atol=1e-4):
+    for x, y in zip(a, b):
+        if x.dtype.is_floating_point:
+            torch.testing.assert_close(x.cpu(), y.cpu(), rtol=1e-4, atol=atol)
+        else:
+            assert torch.equal(x.cpu(), y.cpu())
+
+
+@pytest.mark.parametrize("rows,vocab", [(1, 1), (7, 111), (64, 28), (64, 50257)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sample_categorical_cuda_matches_cpu(rows, vocab, dtype):
+    logits = (3 * torch.randn(rows, vocab)).to(dtype)
+    per_row = torch.randint(0, vocab, (rows,))
+    ids = torch.arange(rows) * 5 + 1
+    cpu = sample_categorical(logits, 0.9, [0], per_row, seed=12, offset=3, row_ids=ids)
+    gpu = sample_categorical(*on("cuda", logits), 0.9, [0], *on("cuda", per_row), seed=12, offset=3,
+                             row_ids=ids.cuda())
+    agree(gpu, cpu)
+
+
+@pytest.mark.parametrize("rows,length,k", [(64, 256, 1), (8, 1024, 4), (3, 7, 7)])
+@pytest.mark.parametrize("mode", ["sigmoid", "softmax"])
+def test_planner_ops_cuda_match_cpu(rows, length, k, mode):
+    logits = 3 * torch.randn(rows, length)
+    x = torch.randint(0, 27, (rows, length))
+    agree(planner_select(logits.cuda(), k, mode, 0.5, seed=4, offset=9), planner_select(logits, k, mode, 0.5, seed=4,
+                                                                                        offset=9))
+    agree(planner_select_mask(logits.cuda(), x.cuda(), 27, k, mode, seed=4, offset=9),
+          planner_select_mask(logits, x, 27, k, mode, seed=4, offset=9))
+    positions = planner_select(logits, k, seed=1)[0]
+    agree(planner_mask(logits.cuda(), x.cuda(), positions.cuda(), 27, seed=2),
+          planner_mask(logits, x, positions, 27, seed=2))
+
+
+@pytest.mark.parametrize("rows,width,vocab", [(8, 256, 50257), (64, 256, 28), (40, 768, 5000)])
+def test_sample_from_hidden_cuda_matches_cpu(rows, width, vocab):
+    hidden = torch.randn(rows, width)
+    weight = 2 * torch.randn(vocab, width) / width**0.5
+    bias = torch.randn(vocab)
+    cpu = sample_from_hidden(hidden, weight, bias, 1.1, [1], seed=6, offset=1)
+    gpu = sample_from_hidden(*on("cuda", hidden, weight, bias), 1.1, [1], seed=6, offset=1)
+    agree(gpu, cpu)
+    logits = (hidden @ weight.T + bias).cuda()
+    agree(gpu, sample_categorical(logits, 1.1, [1], seed=6, offset=1))
+
+
+def fused_step(planner_logits, x, hidden, weight, bias, mask_id):
+    positions, _, stop, masked, _, _ = planner_select_mask(planner_logits, x, mask_id, 1, seed=1, offset=4)
+    chosen = hidden.gather(1, positions[:, :, None].expand(-1, -1, hidden.shape[2])).squeeze(1)
+    tokens, _ = sample_from_hidden(chosen, weight, bias, 0.8, [0], seed=1, offset=6)
+    return x.scatter(1, positions, tokens[:, None]), masked, stop
+
+
+def step_inputs(batch=8, length=1024, vocab=50257, width=256):
+    return dict(planner_logits=3 * torch.randn(batch, length, device="cuda"),
+                x=torch.randint(0, vocab, (batch, length), device="cuda"),
+                hidden=torch.randn(batch, length, width, device="cuda"),
+                weight=torch.randn(vocab, width, device="cuda") / width**0.5,
+                bias=torch.randn(vocab, device="cuda"), mask_id=vocab)
+
+
+def test_step_captures_in_a_cuda_graph():
+    inputs = step_inputs()
+    expected = fused_step(**inputs)  # also the warm-up: kernels compiled, id tensors cached
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fused_step(**inputs)
+    graph.replay()
+    torch.cuda.synchronize()
+    agree(out, expected)
+
+
+def test_step_compiles_fullgraph_on_cuda():
+    inputs = step_inputs(64, 256, 28, 256)
+    compiled = torch.compile(fused_step, fullgraph=True)
+    agree(compiled(**inputs), fused_step(**inputs))
