@@ -120,7 +120,8 @@ def test_determinism_and_batch_composition_invariance():
 def test_fuzz_cpu_matches_reference(rows, length, data, mode, tau, scale, dtype, seed):
     k = data.draw(st.integers(1, length))
     logits = (scale * torch.randn(rows, length, generator=torch.Generator().manual_seed(seed % 2**63))).to(dtype)
-    assert_same(planner_select(logits, k, mode, tau, seed=seed), planner_select_reference(logits, k, mode, tau, seed=seed))
+    assert_same(planner_select(logits, k, mode, tau, seed=seed),
+                planner_select_reference(logits, k, mode, tau, seed=seed))
 
 
 @settings(max_examples=8, deadline=None, derandomize=True)

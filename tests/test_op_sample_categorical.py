@@ -16,6 +16,9 @@ from ddpd.ops.sample_categorical import (
     sample_categorical_triton,
 )
 
+# An all -inf tile has log-sum-exp log(0) = -inf by design; the Triton interpreter
+# computes it with numpy, which warns.
+pytestmark = pytest.mark.filterwarnings("ignore:divide by zero encountered in log:RuntimeWarning")
 CHI2_MIN_P = 1e-3  # a distribution test fails when its chi-square p-value is below this
 
 
@@ -154,7 +157,7 @@ def test_same_seed_same_tokens_and_batch_composition_invariance():
     assert torch.equal(sample_categorical(logits, generator=g1)[0], sample_categorical(logits, generator=g2)[0])
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40, deadline=None, derandomize=True)
 @given(
     rows=st.integers(1, 4),
     vocab=st.integers(1, 600),
@@ -176,7 +179,7 @@ def test_fuzz_cpu_matches_reference(rows, vocab, dtype, temperature, scale, spec
     assert bool(((cpu[0] >= 0) & (cpu[0] < vocab)).all())
 
 
-@settings(max_examples=10, deadline=None)
+@settings(max_examples=10, deadline=None, derandomize=True)
 @given(rows=st.integers(1, 3), vocab=st.integers(1, 600), seed=st.integers(0, 2**64 - 1),
        dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]))
 def test_fuzz_triton_matches_reference(rows, vocab, seed, dtype):

@@ -2,8 +2,8 @@
 
 This is the denoising draw j ~ Cat(p_{1|t}(x_1^d = j | x_t, z_t^d = N)) of the DDPD
 sampler (Algorithm `alg:sampling`, `prop:self-loop-jumps`), with the logits
-divided by a temperature and some tokens excluded (the mask token, the current
-value x_t^d, ...).
+divided by a temperature (> 0; the argmax is not a temperature here) and some
+tokens excluded (special tokens, the current value x_t^d, ...).
 
 Method: two-level exact Gumbel-max. The vocabulary is cut into tiles of
 TILE = 256 tokens. Tile t wins the race argmax_t (lse_t + G_t) with
@@ -18,6 +18,8 @@ explicit `noise` Float[N, V + n_tiles] or of the Philox stream of
 
 Rows with no drawable token (every allowed logit -inf or NaN) return token 0 and
 valid = False; NaN logits are never drawn. Tokens are always in [0, V).
+exclude_per_row values are range-checked on CPU only (a check on CUDA would
+sync); on CUDA a value outside [0, V) excludes nothing.
 CPU tensors run the C++ kernel of ddpd._C (csrc/cpu/sample_categorical.cpp),
 CUDA tensors the Triton kernel ddpd.kernels.sample_categorical.
 """
@@ -179,7 +181,8 @@ def _sample_categorical_op(
     row_ids: Optional[torch.Tensor],
 ) -> tuple[torch.Tensor, torch.Tensor]:
     if logits.device.type == "cuda":
-        return sample_categorical_triton(logits, temperature, exclude_ids, exclude_per_row, noise, seed, offset, row_ids)
+        return sample_categorical_triton(logits, temperature, exclude_ids, exclude_per_row, noise, seed, offset,
+                                         row_ids)
     check_exclude_values(exclude_per_row, logits.shape[1])
     return args.cpu_ops().sample_categorical_cpu(
         logits.contiguous(), temperature, exclude_ids, exclude_per_row, noise, seed, offset, row_ids
