@@ -1,0 +1,339 @@
+"""ddpd-eval: likelihood bounds, sample quality and convergence of ddpd models.
+
+    ddpd-eval elbo --planner runs/planner --denoiser runs/mask runs/unid --uniform runs/uniform \\
+        --data ../shared/data/text8-mini/wiki.txt --num-sequences 256 --mc-samples 4 --out elbo.json
+    ddpd-eval quality --planner runs/planner --denoiser runs/mask --judge runs/ar \\
+        --data ../shared/data/text8-mini/wiki.txt --steps 64 128 256 512 --temperatures 0.8 0.9 1.0 --out-dir q/
+    ddpd-eval convergence --planner runs/planner --denoiser runs/mask --steps 512 --out-dir conv/
+
+Checkpoints are directories written by ddpd-train (their kind is read from config.json);
+--denoiser takes mask and/or uniform denoisers. Every result is reproducible from --seed.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+import torch
+from tqdm.auto import tqdm
+
+SAMPLER_HELP = ("ddpd-{A,AB,ABC}-{mask,uniform,uniform-model}, tau-planned-{mask,uniform}, dfm-eta<eta>, "
+                "dfm-uni, maskgit (default: every one the checkpoints allow)")
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """Argument errors as a single line on stderr (exit status 2), no usage dump."""
+
+    def error(self, message: str) -> None:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _common(p: argparse.ArgumentParser, *, data_required: bool) -> None:
+    p.add_argument("--planner", help="planner checkpoint directory")
+    p.add_argument("--denoiser", nargs="+", default=[], metavar="DIR",
+                   help="mask-denoiser and/or uniform-denoiser checkpoint directories")
+    p.add_argument("--uniform", help="single uniform-diffusion model checkpoint directory")
+    p.add_argument("--data", required=data_required, help="held-out text: a file (text8 format for text8 models)")
+    p.add_argument("--split", default="test", choices=("train", "validation", "test"),
+                   help="which 90/5/5 split of --data to use (default test)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--device", default="auto", help="auto (default), cpu, cuda or cuda:N")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _OneLineParser(prog="ddpd-eval", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_OneLineParser)
+
+    p = sub.add_parser("elbo", help="ELBO terms and denoising performance on held-out text (bits per token)")
+    _common(p, data_required=True)
+    p.add_argument("--num-sequences", type=int, help="held-out sequences (default: all chunks of the split)")
+    p.add_argument("--mc-samples", type=int, default=1, help="Monte-Carlo samples per sequence")
+    p.add_argument("--t-max", type=float, default=0.999, help="truncation time of the bound (default 0.999)")
+    p.add_argument("--alpha", type=float, default=0.85, help="corruption level of the denoising table")
+    p.add_argument("--out", help="write the results as JSON here (Markdown is printed)")
+
+    p = sub.add_parser("quality", help="judge NLL and unigram entropy of samples: sampler x steps x temperature")
+    _common(p, data_required=False)
+    p.add_argument("--judge", required=True, help="autoregressive judge checkpoint (kind ar)")
+    p.add_argument("--samplers", nargs="+", help=SAMPLER_HELP)
+    p.add_argument("--steps", nargs="+", type=int, default=[64, 128, 256, 512])
+    p.add_argument("--temperatures", nargs="+", type=float, default=[0.8, 0.9, 1.0])
+    p.add_argument("--eta", nargs="+", type=float, default=[0.0, 15.0], help="DFM tau-leaping stochasticities")
+    p.add_argument("--eps", type=float, default=0.01, help="stop criterion of DDPD option A")
+    p.add_argument("--num-samples", type=int, default=64)
+    p.add_argument("--fused", action="store_true", help="DDPD samplers on the fused path (ddpd.sampling.fused)")
+    p.add_argument("--reference-sequences", type=int, default=256,
+                   help="held-out sequences scored as the reference point (needs --data)")
+    p.add_argument("--out-dir", required=True)
+
+    p = sub.add_parser("convergence", help="noise left and stopped samples along the DDPD steps")
+    _common(p, data_required=False)
+    p.add_argument("--steps", type=int, default=512)
+    p.add_argument("--num-samples", type=int, default=64)
+    p.add_argument("--eps", nargs="+", type=float, default=[0.05, 0.01], help="stop criteria to track")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--out-dir", required=True)
+    return parser
+
+
+# ---------------------------------------------------------------- checkpoints
+
+
+@dataclass
+class Loaded:
+    """Models by role and what they must share: vocab_size, tokenizer, schedule, seq_len."""
+
+    device: torch.device
+    models: Dict[str, torch.nn.Module] = field(default_factory=dict)
+    shared: Dict[str, object] = field(default_factory=dict)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.shared["vocab_size"]
+
+    @property
+    def seq_len(self) -> int:
+        return self.shared["seq_len"]
+
+    @property
+    def schedule(self) -> str:
+        return self.shared["schedule"]
+
+    @property
+    def tokenizer(self) -> Optional[dict]:
+        return self.shared.get("tokenizer")
+
+
+ROLES = {"planner": ("planner",), "uniform": ("uniform",), "judge": ("ar",),
+         "denoiser": ("mask-denoiser", "uniform-denoiser")}
+
+
+def _device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"--device: expected auto, cpu, cuda or cuda:N, got {name!r}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {name}: CUDA is not available on this machine")
+    return device
+
+
+def load_models(args: argparse.Namespace) -> Loaded:
+    """Load every checkpoint given, check kinds and that they agree on the vocabulary,
+    tokenizer and schedule."""
+    from ddpd.checkpoint import load_model
+
+    loaded = Loaded(device=_device(args.device))
+    given = [("planner", args.planner), ("uniform", args.uniform), ("judge", getattr(args, "judge", None))]
+    given += [("denoiser", d) for d in args.denoiser]
+    for role, path in given:
+        if path is None:
+            continue
+        model, config = load_model(path, str(loaded.device))
+        kind = config["kind"]
+        if kind not in ROLES[role]:
+            raise ValueError(f"--{role} {path}: expected a checkpoint of kind {' or '.join(ROLES[role])}, got {kind}")
+        key = kind if role == "denoiser" else role
+        if key in loaded.models:
+            raise ValueError(f"--{role} {path}: a {kind} checkpoint was already given")
+        _agree(loaded, path, model, config)
+        loaded.models[key] = model
+    diffusion = [k for k in loaded.models if k != "judge"]
+    if not diffusion:
+        raise ValueError("no model to evaluate: give --planner with --denoiser, and/or --uniform")
+    return loaded
+
+
+def _agree(loaded: Loaded, path: str, model, config: dict) -> None:
+    kind = config["kind"]
+    shared = {"vocab_size": model.config.vocab_size if kind == "planner" else model.config.out_dim,
+              "tokenizer": config.get("tokenizer")}
+    if kind != "ar":
+        shared["schedule"] = config.get("schedule", "linear")
+        shared["seq_len"] = int(config.get("training", {}).get("seq_len", model.config.max_seq_len))
+    for name, value in shared.items():
+        if name in loaded.shared and loaded.shared[name] != value:
+            raise ValueError(f"{path}: {name} {value!r} differs from the other checkpoints' {loaded.shared[name]!r}")
+        loaded.shared[name] = value
+
+
+def _model_set(loaded: Loaded):
+    from ddpd.eval import ModelSet
+
+    m = loaded.models
+    return ModelSet(vocab_size=loaded.vocab_size, planner=m.get("planner"), uniform_denoiser=m.get("uniform-denoiser"),
+                    mask_denoiser=m.get("mask-denoiser"), uniform_model=m.get("uniform"))
+
+
+def _heldout(args: argparse.Namespace, loaded: Loaded, num: Optional[int]) -> torch.Tensor:
+    from ddpd.eval import heldout_sequences
+    from ddpd.training.data import tokenizer_from_config
+
+    if not os.path.isfile(args.data):
+        raise FileNotFoundError(f"--data: no such file: {args.data}")
+    if loaded.tokenizer is None:
+        raise ValueError("the checkpoints do not record their tokenizer; cannot encode --data")
+    tokenizer = tokenizer_from_config(loaded.tokenizer)
+    return heldout_sequences(args.data, tokenizer, loaded.seq_len, args.split, num).to(loaded.device)
+
+
+# ---------------------------------------------------------------- elbo
+
+
+def run_elbo(args: argparse.Namespace) -> None:
+    from ddpd.eval import evaluate_denoising, evaluate_elbo
+    from ddpd.eval.likelihood import denoising_kinds, denoising_markdown, elbo_markdown
+    from ddpd.eval.report import write_json
+
+    loaded = load_models(args)
+    models = _model_set(loaded)
+    sequences = _heldout(args, loaded, args.num_sequences)
+    common = dict(schedule=loaded.schedule, seed=args.seed, batch_size=args.batch_size, progress=args.progress)
+    elbo_rows = evaluate_elbo(models, sequences, mc_samples=args.mc_samples, t_max=args.t_max, **common)
+    denoising_rows = evaluate_denoising(models, sequences, alpha=args.alpha, **common) \
+        if denoising_kinds(models) else []
+    print(f"ELBO terms on {sequences.shape[0]} x {sequences.shape[1]} tokens of the {args.split} split "
+          f"(bits per token, lower is better; t_max={args.t_max}, {args.mc_samples} MC sample(s))\n")
+    print(elbo_markdown(elbo_rows))
+    if denoising_rows:
+        print(f"Denoising at alpha = {args.alpha}\n")
+        print(denoising_markdown(denoising_rows))
+    if args.out:
+        settings = {k: v for k, v in vars(args).items() if k not in ("command", "progress")}
+        write_json({"settings": settings, "elbo": elbo_rows, "denoising": denoising_rows}, args.out)
+
+
+# ---------------------------------------------------------------- samplers
+
+
+def sampler_specs(loaded: Loaded, etas: List[float], eps: float, fused: bool = False) -> Dict[str, object]:
+    """Every sampler the loaded checkpoints allow, by name; fused: the DDPD samplers with a
+    planner run ddpd.sampling's fused path (same draws, faster)."""
+    from ddpd import sampling
+    from ddpd.eval import SamplerSpec
+
+    m, V, D, device, schedule = loaded.models, loaded.vocab_size, loaded.seq_len, loaded.device, loaded.schedule
+    options = {"A": dict(stop="eps", selection="sigmoid", eps=eps), "AB": dict(stop="budget", selection="sigmoid"),
+               "ABC": dict(stop="budget", selection="softmax")}
+
+    def spec(name, fn, *models, **kwargs):
+        def run(n, steps, temperature, seed, first_row):
+            noise = sampling.PhiloxNoise(seed, first_row=first_row)
+            return fn(*models, n, D, V, steps=steps, temperature=temperature, schedule=schedule, noise=noise,
+                      device=device, **kwargs)
+        return name, SamplerSpec(name, run)
+
+    specs = []
+    for kind, short in (("mask-denoiser", "mask"), ("uniform-denoiser", "uniform")):
+        if "planner" in m and kind in m:
+            for option, kwargs in options.items():
+                specs.append(spec(f"ddpd-{option}-{short}", sampling.ddpd_sample, m["planner"], m[kind],
+                                  denoiser_type=short, fused=fused, **kwargs))
+            specs.append(spec(f"tau-planned-{short}", sampling.tau_leaping_planned, m["planner"], m[kind],
+                              denoiser_type=short))
+    if "uniform" in m:
+        for option, kwargs in options.items():
+            specs.append(spec(f"ddpd-{option}-uniform-model", sampling.ddpd_sample_uniform, m["uniform"], **kwargs))
+        specs.append(spec("dfm-uni", sampling.tau_leaping_uniform, m["uniform"]))
+    if "mask-denoiser" in m:
+        for eta in etas:
+            specs.append(spec(f"dfm-eta{eta:g}", sampling.tau_leaping_mask, m["mask-denoiser"], eta=eta))
+        specs.append(spec("maskgit", sampling.maskgit_sample, m["mask-denoiser"]))
+    return dict(specs)
+
+
+def run_quality(args: argparse.Namespace) -> None:
+    from ddpd.eval import run_sweep, write_sweep
+    from ddpd.eval.quality import sweep_markdown
+
+    loaded = load_models(args)
+    if "judge" not in loaded.models:
+        raise ValueError("--judge: an ar checkpoint is required")
+    judge_len = loaded.models["judge"].config.max_seq_len - 1
+    if loaded.seq_len > judge_len:
+        raise ValueError(f"--judge: scores sequences of up to {judge_len} tokens, the samples have {loaded.seq_len}")
+    available = sampler_specs(loaded, args.eta, args.eps, args.fused)
+    names = args.samplers or list(available)
+    unknown = [n for n in names if n not in available]
+    if unknown:
+        raise ValueError(f"--samplers: {unknown} not available with these checkpoints; available: {list(available)}")
+    reference = _heldout(args, loaded, args.reference_sequences) if args.data else None
+    with torch.no_grad():
+        rows = run_sweep([available[n] for n in names], steps=args.steps, temperatures=args.temperatures,
+                         num_samples=args.num_samples, judge=loaded.models["judge"], vocab_size=loaded.vocab_size,
+                         seed=args.seed, batch_size=args.batch_size, reference=reference, progress=args.progress)
+    paths = write_sweep(rows, args.out_dir)
+    print(sweep_markdown(rows))
+    _report_paths(paths)
+
+
+def _report_paths(paths: Dict[str, Optional[str]]) -> None:
+    written = [p for k, p in paths.items() if p and k != "plot_skipped"]
+    print("wrote " + ", ".join(written))
+    if paths.get("plot_skipped"):
+        print(f"ddpd-eval: plot skipped: {paths['plot_skipped']}", file=sys.stderr)
+
+
+# ---------------------------------------------------------------- convergence
+
+
+def run_convergence(args: argparse.Namespace) -> None:
+    from ddpd import sampling
+    from ddpd.eval import PlannerRecorder, convergence_rows, stopped_fraction, write_convergence
+    from ddpd.eval.checks import check_int
+
+    loaded = load_models(args)
+    m = loaded.models
+    kinds = [k for k in ("mask-denoiser", "uniform-denoiser") if k in m]
+    if "planner" not in m or len(kinds) != 1:
+        raise ValueError("convergence: give --planner and exactly one --denoiser")
+    check_int("--num-samples", args.num_samples, 1)
+    check_int("--batch-size", args.batch_size, 1)
+    recorder = PlannerRecorder(m["planner"], args.eps)
+    common = dict(denoiser_type="mask" if kinds[0] == "mask-denoiser" else "uniform", steps=args.steps,
+                  temperature=args.temperature, schedule=loaded.schedule, device=loaded.device)
+    stops = []
+    starts = range(0, args.num_samples, args.batch_size)
+    with torch.no_grad():
+        for first in tqdm(starts, desc="convergence", unit="batch", disable=not args.progress):
+            n = min(args.batch_size, args.num_samples - first)
+            noise = sampling.PhiloxNoise(args.seed, first_row=first)
+            recorder.start_run(n)
+            sampling.ddpd_sample(recorder, m[kinds[0]], n, loaded.seq_len, loaded.vocab_size, stop="budget",
+                                 noise=noise, **common)
+            result = sampling.ddpd_sample(m["planner"], m[kinds[0]], n, loaded.seq_len, loaded.vocab_size,
+                                          stop="eps", eps=min(args.eps), noise=noise, **common)
+            stops.append(result.stop_step.cpu())
+    rows = convergence_rows(recorder.rows(), stopped_fraction(torch.cat(stops), args.steps))
+    paths = write_convergence(rows, args.out_dir)
+    last = rows[-1]
+    print(f"after {args.steps} steps: noise left {last['noise_left']:.4f}, stopped (eps={min(args.eps):g}) "
+          f"{last['stopped']:.3f}")
+    _report_paths(paths)
+
+
+COMMANDS = {"elbo": run_elbo, "quality": run_quality, "convergence": run_convergence}
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        COMMANDS[args.command](args)
+    except KeyboardInterrupt:
+        print("ddpd-eval: interrupted", file=sys.stderr)
+        return 130
+    except (ValueError, TypeError, OSError) as err:  # CheckpointError is a ValueError
+        print(f"ddpd-eval: error: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,25 @@
+"""Evaluation of ddpd models: likelihood bounds, denoising performance, sample quality
+and convergence of sampling.
+
+- elbo: per-sequence ELBO terms (rate matching, transitioning) of the single uniform
+  model, planner + uniform / mask denoiser, and mask diffusion (appendix 'Evaluating
+  the ELBO'), Monte-Carlo with a bounded-variance estimator.
+- denoising: cross-entropy and accuracy of denoisers at a fixed corruption level.
+- likelihood: both over held-out sequences, as the paper's tables.
+- quality: judge NLL and unigram entropy of samples; sweeps over samplers.
+- convergence: noise left and stopped samples along the steps of DDPD sampling.
+"""
+from ddpd.eval.convergence import PlannerRecorder, convergence_rows, stopped_fraction, write_convergence
+from ddpd.eval.denoising import DenoisingStats, denoising_stats
+from ddpd.eval.elbo import ElboTerms, elbo_mask_diffusion, elbo_planned, elbo_uniform_model
+from ddpd.eval.heldout import heldout_sequences, pick_chunks
+from ddpd.eval.likelihood import ModelSet, elbo_methods, evaluate_denoising, evaluate_elbo
+from ddpd.eval.quality import SamplerSpec, judge_nll, quality_metrics, run_sweep, unigram_entropy, write_sweep
+from ddpd.eval.report import MissingDependency
+
+__all__ = [
+    "DenoisingStats", "ElboTerms", "MissingDependency", "ModelSet", "PlannerRecorder", "SamplerSpec",
+    "convergence_rows", "denoising_stats", "elbo_mask_diffusion", "elbo_methods", "elbo_planned",
+    "elbo_uniform_model", "evaluate_denoising", "evaluate_elbo", "heldout_sequences", "judge_nll", "pick_chunks",
+    "quality_metrics", "run_sweep", "stopped_fraction", "unigram_entropy", "write_convergence", "write_sweep",
+]

@@ -1,0 +1,96 @@
+"""Validation of the public inputs of ddpd.eval, and checked model calls.
+
+Errors name the argument, what was expected and what was given. Model outputs are
+checked for shape and returned as float32, so every metric is computed in float32
+whatever precision the network runs in.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def check_int(name: str, value, minimum: int, maximum: Optional[int] = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if value < minimum or (maximum is not None and value > maximum):
+        bound = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
+        raise ValueError(f"{name} must be {bound}, got {value}")
+    return value
+
+
+def check_open_unit(name: str, value) -> float:
+    """A number in the open interval (0, 1)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+    if not 0.0 < value < 1.0:
+        raise ValueError(f"{name} must be in (0, 1), got {value}")
+    return float(value)
+
+
+def check_choice(name: str, value, choices: Sequence[str]) -> str:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r}")
+    return value
+
+
+def check_callable(name: str, value) -> Callable:
+    if not callable(value):
+        raise TypeError(f"{name} must be callable, got {type(value).__name__}")
+    return value
+
+
+def check_tokens(name: str, x, vocab_size: int) -> Tensor:
+    """x: Long[B, D] with ids in [0, vocab_size) (the range is checked on CPU only)."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of token ids, got {type(x).__name__}")
+    if x.dtype != torch.long:
+        raise TypeError(f"{name} must have dtype torch.int64, got {x.dtype}")
+    if x.dim() != 2 or x.shape[0] == 0 or x.shape[1] == 0:
+        raise ValueError(f"{name} must have shape [B, D] with B, D >= 1, got {tuple(x.shape)}")
+    if x.device.type == "cpu":
+        low, high = int(x.min()), int(x.max())
+        if low < 0 or high >= vocab_size:
+            raise ValueError(f"{name} must hold ids in [0, {vocab_size}), got range [{low}, {high}]")
+    return x
+
+
+def check_row_ids(row_ids: Optional[Tensor], batch: int, device: torch.device) -> Tensor:
+    """Sequence ids Long[B] (default 0..B-1): each sequence's random stream is keyed by its id."""
+    if row_ids is None:
+        return torch.arange(batch, device=device)
+    if not isinstance(row_ids, Tensor) or row_ids.dtype != torch.long or tuple(row_ids.shape) != (batch,):
+        got = f"{row_ids.dtype} {tuple(row_ids.shape)}" if isinstance(row_ids, Tensor) else type(row_ids).__name__
+        raise ValueError(f"row_ids must be a Long tensor of shape ({batch},), got {got}")
+    if row_ids.device.type == "cpu" and int(row_ids.min()) < 0:
+        raise ValueError(f"row_ids must be >= 0, got minimum {int(row_ids.min())}")
+    return row_ids.to(device)
+
+
+def _check_output(name: str, out, shape: tuple) -> Tensor:
+    if not isinstance(out, Tensor):
+        raise TypeError(f"{name} must return a tensor, got {type(out).__name__}")
+    if tuple(out.shape) != shape or not out.is_floating_point():
+        raise ValueError(f"{name} must return floating logits of shape {list(shape)}, "
+                         f"got {out.dtype} of shape {list(out.shape)}")
+    return out.float()
+
+
+def log_probs(model: Callable, x: Tensor, t: Optional[Tensor], vocab_size: int, name: str) -> Tensor:
+    """log softmax of model(x, t) (or model(x) when t is None): Float[B, D, vocab_size]."""
+    out = model(x) if t is None else model(x, t)
+    return F.log_softmax(_check_output(name, out, (*x.shape, vocab_size)), dim=-1)
+
+
+def planner_logits(planner: Callable, x: Tensor, t: Optional[Tensor]) -> Tensor:
+    """planner(x) (or planner(x, t) for a time-conditioned planner): Float[B, D]."""
+    out = planner(x) if t is None else planner(x, t)
+    return _check_output("planner", out, tuple(x.shape))
+
+
+def at(values: Tensor, index: Tensor) -> Tensor:
+    """values[b, d, index[b, d]]: Float[B, D, V], Long[B, D] -> Float[B, D]."""
+    return values.gather(-1, index[..., None]).squeeze(-1)

@@ -1,0 +1,138 @@
+"""Convergence of DDPD sampling along the steps (the paper's figure 'Convergence of
+sampling', appendix sec:convergence_experiment).
+
+Per step, from the planner's output p(z^d = N | x) on the sequences being sampled:
+- noise left: sum_d p(z^d = N | x) / D, averaged over the samples;
+- z changes: the fraction of positions whose predicted state (noise iff p > 1/2)
+  differs from the previous step's;
+- meeting the stop criterion: the fraction of samples with p(z^d = N | x) < eps at
+  every position, for each eps (the paper shows 0.05 and 0.01).
+And from a run with the stop criterion on (option A), the fraction of samples that
+have stopped by each step (SampleResult.stop_step).
+
+The samplers expose no per-step hook, so `PlannerRecorder` wraps the planner: it
+relies on the planner being called once per step on every sample, which holds for
+ddpd_sample with stop='budget' (option B; no sample leaves the batch). It checks
+that the batch keeps its size and raises otherwise.
+"""
+from __future__ import annotations
+
+import os
+from typing import Callable, Dict, List, Optional, Sequence
+
+import torch
+from torch import Tensor
+
+from ddpd.eval.checks import check_callable, check_int
+from ddpd.eval.report import MissingDependency, pyplot, write_csv
+
+DEFAULT_EPS = (0.05, 0.01)
+
+
+class PlannerRecorder:
+    """planner wrapper recording convergence statistics per call (= per sampling step).
+
+    Call `start_run(batch_size)` before each sampler run; statistics are summed over
+    runs (batches) step by step, so several batches give one set of curves.
+    """
+
+    def __init__(self, planner: Callable, eps: Sequence[float] = DEFAULT_EPS):
+        self.planner = check_callable("planner", planner)
+        self.eps = tuple(float(e) for e in eps)
+        if not self.eps or any(not 0.0 < e < 1.0 for e in self.eps):
+            raise ValueError(f"eps must be thresholds in (0, 1), got {tuple(eps)}")
+        self.sums: List[Tensor] = []  # per step: [noise left, z changes, met eps_1, ...] summed over samples
+        self.counts: List[int] = []
+        self._batch: Optional[int] = None
+
+    def start_run(self, batch_size: int) -> None:
+        self._batch = check_int("batch_size", batch_size, 1)
+        self._step = 0
+        self._previous: Optional[Tensor] = None
+
+    def __call__(self, x: Tensor, *args) -> Tensor:
+        logits = self.planner(x, *args)
+        if self._batch is None:
+            raise RuntimeError("PlannerRecorder: call start_run(batch_size) before sampling")
+        if x.shape[0] != self._batch:
+            raise RuntimeError(f"PlannerRecorder: the planner saw {x.shape[0]} sequences at step {self._step}, "
+                               f"expected all {self._batch}; record with stop='budget' so no sample leaves the batch")
+        self._record(torch.sigmoid(logits.detach().float()))
+        return logits
+
+    def _record(self, p: Tensor) -> None:
+        noisy = p > 0.5
+        changed = (noisy != self._previous).float().mean(-1) if self._previous is not None \
+            else torch.full((p.shape[0],), float("nan"), device=p.device)
+        stats = [p.mean(-1), changed] + [(p < e).all(-1).float() for e in self.eps]
+        sums = torch.stack(stats).sum(-1).cpu()
+        if self._step == len(self.sums):
+            self.sums.append(torch.zeros_like(sums))
+            self.counts.append(0)
+        self.sums[self._step] += sums
+        self.counts[self._step] += p.shape[0]
+        self._previous = noisy
+        self._step += 1
+
+    def rows(self) -> List[dict]:
+        """One dict per step: step, noise_left, z_changed and met_eps_<eps> (means over samples)."""
+        names = ["noise_left", "z_changed"] + [f"met_eps_{e:g}" for e in self.eps]
+        return [{"step": i, **{n: float(v) / count for n, v in zip(names, total)}}
+                for i, (total, count) in enumerate(zip(self.sums, self.counts))]
+
+
+def stopped_fraction(stop_step: Tensor, steps: int) -> Tensor:
+    """Float[steps]: the fraction of samples stopped (by the eps criterion) at or before
+    each step; a sample that used the whole budget has stop_step == steps."""
+    check_int("steps", steps, 1)
+    if not isinstance(stop_step, Tensor) or stop_step.dim() != 1:
+        raise ValueError(f"stop_step must be a 1-D tensor, got {getattr(stop_step, 'shape', type(stop_step).__name__)}")
+    stopped = stop_step[stop_step < steps].cpu()
+    counts = torch.bincount(stopped, minlength=steps)[:steps].cumsum(0)
+    return counts.float() / stop_step.numel()
+
+
+def convergence_rows(recorded: List[dict], stopped: Optional[Tensor] = None) -> List[dict]:
+    """The recorder's rows with 'stopped' (from `stopped_fraction`) added per step."""
+    rows = [dict(r) for r in recorded]
+    if stopped is not None:
+        for i, row in enumerate(rows):
+            row["stopped"] = float(stopped[i]) if i < stopped.numel() else float("nan")
+    return rows
+
+
+def plot_convergence(rows: List[dict], path: str) -> None:
+    """Four panels as in the paper: noise left, z changes, samples meeting each eps
+    criterion (and stopped under option A). Raises MissingDependency without matplotlib."""
+    plt = pyplot()
+    steps = [r["step"] for r in rows]
+    met = [k for k in rows[0] if k.startswith("met_eps_")] if rows else []
+    fig, axes = plt.subplots(2, 2, figsize=(9, 6))
+    panels = [("noise_left", "noise left: sum_d p(z=N) / D"), ("z_changed", "fraction of z flips vs previous step")]
+    for ax, (key, title) in zip(axes[0], panels):
+        ax.plot(steps, [r[key] for r in rows])
+        ax.set_title(title, fontsize=9)
+    for ax, key in zip(axes[1], met[:2]):
+        ax.plot(steps, [r[key] for r in rows], label="criterion met (budget run)")
+        if "stopped" in rows[0]:
+            ax.plot(steps, [r["stopped"] for r in rows], label="stopped (eps run)", linestyle="--")
+        ax.set_title(f"samples with p(z=N) < {key[len('met_eps_'):]} everywhere", fontsize=9)
+        ax.legend(fontsize=7)
+    for ax in axes.flat:
+        ax.set_xlabel("step", fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=150)
+    plt.close(fig)
+
+
+def write_convergence(rows: List[dict], out_dir: str) -> Dict[str, Optional[str]]:
+    """convergence.csv and convergence.png (None, with 'plot_skipped', without matplotlib)."""
+    paths: Dict[str, Optional[str]] = {"csv": os.path.join(out_dir, "convergence.csv"),
+                                       "plot": os.path.join(out_dir, "convergence.png")}
+    write_csv(rows, paths["csv"])
+    try:
+        plot_convergence(rows, paths["plot"])
+    except MissingDependency as err:
+        paths["plot"], paths["plot_skipped"] = None, str(err)
+    return paths

@@ -1,0 +1,95 @@
+"""Seeded draws of the forward process for evaluation, and the forced-noise corruption.
+
+Every uniform of an evaluation is a pure function of (seed, Monte-Carlo sample m,
+stream, sequence id, column) (counter-based Philox, ddpd.ops.rng), so a sequence's
+estimate does not depend on the batch it was evaluated in.
+
+Two ways to corrupt clean tokens x_1 at level alpha (eq. corruption_flow):
+
+- `marginal_corruption`: z^d = N independently with probability 1 - alpha, the
+  forward marginal p_{t|1}(x_t, z_t | x_1).
+- `forced_corruption`: one position d* drawn uniformly is always noise, the others
+  as in the marginal. Its law relative to the marginal is
+  P_forced(z) / P_marginal(z) = k / (D (1 - alpha)) for k = |{d: z^d = N}| >= 1,
+  which turns the rate-weighted integral of the ELBO, int dalpha / (1 - alpha) E[.],
+  into int dalpha E_forced[D / k * .] whose integrand is bounded (ddpd.eval.elbo).
+
+Noisy positions hold a uniform draw over the vocabulary (uniform noise; it may be
+the clean value itself) or the mask id (mask noise).
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from ddpd.ops.rng import check_seed, philox_uniform
+
+# Streams of one Monte-Carlo sample; the offset of a draw is sample * NUM_STREAMS + stream.
+ALPHA = 0  # the corruption level alpha (stratified over the samples)
+POSITION = 1  # the forced noisy position d*
+NOISE = 2  # z^d ~ Bernoulli(1 - alpha)
+VALUE = 3  # the uniform values at noisy positions
+PLANNED_MASK = 4  # the planner-drawn mask of prop:draw_with_maskD
+CLEAN_TIME = 5  # the time of the all-clean part of the rate-matching term
+FINAL_NOISE = 6  # the corruption at t_max for the final emission
+FINAL_VALUE = 7
+FINAL_MASK = 8
+NUM_STREAMS = 16  # room for more streams without moving existing offsets
+
+NOISE_KINDS = ("uniform", "mask")
+
+
+class EvalNoise:
+    """Uniforms in (0, 1) for evaluation, deterministic in (seed, sample, stream, row id, column)."""
+
+    def __init__(self, seed: int):
+        check_seed(seed, 0)
+        self.seed = seed
+
+    def uniform(self, sample: int, stream: int, rows: Tensor, cols: int) -> Tensor:
+        """Float32[len(rows), cols]."""
+        offset = (sample * NUM_STREAMS + stream) % 2**64
+        return philox_uniform(self.seed, offset, rows, cols, device=rows.device)
+
+    def stratified(self, sample: int, samples: int, stream: int, rows: Tensor) -> Tensor:
+        """Float32[len(rows)] in the stratum ((sample + u) / samples): over `samples`
+        draws each row covers (0, 1) evenly, a variance reduction for integrals over it."""
+        u = self.uniform(sample, stream, rows, 1)[:, 0]
+        return (sample + u) / samples
+
+    def __repr__(self) -> str:
+        return f"EvalNoise(seed={self.seed})"
+
+
+def _noisy_values(x1: Tensor, z: Tensor, u_value: Tensor, noise: str, vocab_size: int,
+                  mask_id: Optional[int]) -> Tensor:
+    if noise == "mask":
+        fill = torch.full_like(x1, vocab_size if mask_id is None else mask_id)
+    else:
+        # u < 1, but float32 may round u * S up to S for the top grid values
+        fill = (u_value * vocab_size).long().clamp_(max=vocab_size - 1)
+    return torch.where(z, fill, x1)
+
+
+def marginal_corruption(x1: Tensor, alpha: Tensor, u_noise: Tensor, u_value: Tensor, noise: str,
+                        vocab_size: int, mask_id: Optional[int] = None) -> Tuple[Tensor, Tensor]:
+    """(x_t, z_t) ~ p_{t|1}: z^d = N iff u_noise^d >= alpha (the convention of ddpd.process.corrupt).
+
+    x1: Long[B, D]; alpha: Float[B]; u_noise, u_value: Float[B, D] uniforms."""
+    z = u_noise >= alpha[:, None]
+    return _noisy_values(x1, z, u_value, noise, vocab_size, mask_id), z
+
+
+def forced_corruption(x1: Tensor, alpha: Tensor, u_position: Tensor, u_noise: Tensor, u_value: Tensor,
+                      noise: str, vocab_size: int,
+                      mask_id: Optional[int] = None) -> Tuple[Tensor, Tensor, Tensor]:
+    """(x_t, z_t, k): the marginal corruption with position d* = floor(u_position * D)
+    forced to be noise; k = Long[B] number of noisy positions (>= 1).
+
+    u_position: Float[B]; the rest as in `marginal_corruption`."""
+    length = x1.shape[1]
+    forced = (u_position * length).long().clamp_(max=length - 1)
+    z = (u_noise >= alpha[:, None]).scatter(1, forced[:, None], True)
+    return _noisy_values(x1, z, u_value, noise, vocab_size, mask_id), z, z.sum(-1)

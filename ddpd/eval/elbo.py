@@ -1,0 +1,356 @@
+r"""Per-sequence evidence lower bounds (ELBO) of DDPD and its baselines, Monte-Carlo.
+
+Appendix 'Evaluating the ELBO' with eq. elbo_jensen_inequality_ours and
+eq. randon-niko-ours. For clean tokens x_1 in [0, S)^D the bound is
+
+    log p_theta(x_1) >= E_Q[ log dP_theta / dQ^{|x_1} ]
+                      = prior + rate matching + transitioning,
+
+Q^{|x_1} the forward (corruption) process run from noise at t = 0 to x_1 at t = 1:
+each position d keeps noise until its time T_d (P(T_d <= t) = alpha_t) and then
+jumps to x_1^d; z^d = N until then. The prior term is 0 (alpha_0 = 0: both
+processes start from the same noise). Write rate(t) = alpha_dot/(1 - alpha) and
+change variables to alpha (dalpha = alpha_dot dt), so only the models' time input
+depends on the schedule.
+
+Rate matching, int dt [R_t(W|x_1) - R^theta_t(W)] = int dalpha/(1-alpha) E[h],
+h = sum_d (n_d - pi_d) with
+- single uniform model p^theta(x_1 | x_t): n_d = [x_t^d != x_1^d] and
+  pi_d = 1 - p^theta(x_1^d = x_t^d | x_t) (total jump rate / rate(t));
+- planner (+ any denoiser): n_d = [z^d = N], pi_d = p^theta(z^d = N | x_t)
+  (jumps of the latent z, self-loops included, as in the appendix).
+Transitioning, sum over jumps of log R^theta / R = (Dynkin's formula)
+int dalpha/(1-alpha) E[sum_d [jump at d possible] f_d], with
+- uniform model: f_d = [x_t^d != x_1^d] log p^theta(x_1^d | x_t), which splits
+  exactly (prop:generative_rate_decomposition) into log p(z^d = N | x_t)
+  (eq. corruption_prob) + log p(x_1^d | x_t, z^d = N) (eq. denoising_prob);
+- planner + denoiser: f_d = [z^d = N] (log p^theta(z^d = N | x_t)
+  + log p^theta(x_1^d | x_t, z^d = N));
+- mask diffusion: n = pi (rate matching 0) and f_d = [x_t^d = mask] log p^theta(x_1^d | x_t).
+
+Estimator. Drawing x_t from the marginal weights the integrand by 1/(1 - alpha),
+whose variance diverges at t = 1. Instead (ddpd.eval.corruption) one position d* is
+forced to be noise: with k >= 1 noisy positions P_forced / P_marginal =
+k / (D (1 - alpha)), so for the k >= 1 part
+
+    int_0^a dalpha/(1-alpha) E_marg[h 1(k >= 1)] = a E_{alpha ~ U(0, a)} E_forced[(D / k) h],
+
+a bounded integrand (the same for the transitioning term). The all-clean part
+(k = 0, x_t = x_1, probability alpha^D) only enters rate matching:
+int_0^a alpha^D/(1-alpha) (-sum_d pi_d(x_1)) dalpha; for a time-free planner the
+integral is the constant -log(1 - a) - sum_{j=1}^{D} a^j / j; for time-conditioned
+models it is estimated in s = -log(1 - alpha), uniform on (0, -log(1 - a)), where
+it reads E_s[alpha^D (-sum_d pi_d)] times the length of the interval. alpha and s
+are stratified over the Monte-Carlo samples of a sequence.
+
+Truncation. rate(t) is infinite at t = 1 and a time-free planner does not vanish on
+clean text, so R^theta integrated up to 1 diverges (logarithmically). The bound is
+therefore that of a generative model which runs the CTMC up to t_max and then emits
+x_1 from W_{t_max} in one factorised step with the same networks:
+- uniform model: prod_d p^theta(x_1^d | x, t_max);
+- planner + denoiser: prod_d [(1 - p_z^d) [x^d = x_1^d] + p_z^d p^theta(x_1^d | x, z^d = N)];
+- mask diffusion: the mask denoiser at the positions still masked.
+a = alpha(t_max) above, and the final term E_{x ~ p_{t_max|1}}[log p_final(x_1 | x)]
+is reported with the transitioning term. As t_max -> 1 this is the paper's bound.
+
+Mask denoiser with a planner (prop:draw_with_maskD): the denoiser of the generative
+model is p(x_1^d | x_t, z^d = N) = E_{z~}[p_mask(x_1^d | x_t masked at z~)] with z~^d
+= N and z~^e ~ Bernoulli(p_z^e) for e != d. One draw of z~ inside the logarithm gives
+E log <= log E (Jensen), so the estimate stays a lower bound. One draw of z~ serves
+every position d with z~^d = N; a needed position the draw left unmasked gets its own
+forward pass with d masked as well. In the final emission a clean-valued position
+with z~^d = D contributes log(1 - p_z^d) <= its log-probability (again a bound). The
+mask denoiser's time is t = alpha^{-1}(1 - #masked / D), as in the sampler.
+mask='true' instead masks the true noisy positions z_t: a diagnostic of the
+denoiser (the paper's 'given correct mask'), not a bound of a generative model.
+
+All terms are returned in nats per sequence (Monte-Carlo means); `ElboTerms.bits`
+converts to bits per token (bits per character for text8), as positive costs.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Dict, Optional, Union
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ddpd.eval import corruption as C
+from ddpd.eval.checks import (at, check_callable, check_choice, check_int, check_open_unit, check_row_ids,
+                              check_tokens, log_probs, planner_logits)
+from ddpd.eval.planned_mask import planned_mask_log_probs
+from ddpd.process import Schedule, get_schedule
+
+DEFAULT_T_MAX = 1.0 - 1e-3
+DENOISER_TYPES = ("uniform", "mask")
+MASKS = ("planner", "true")
+TERMS = ("rate_matching", "planning", "denoising", "final", "transitioning", "elbo")
+
+
+@dataclass
+class ElboTerms:
+    """ELBO terms per sequence in nats, Float[B] each; log-likelihood sign (higher is better).
+
+    transitioning = planning + denoising + final; elbo = rate_matching + transitioning.
+    """
+
+    rate_matching: Tensor
+    planning: Tensor
+    denoising: Tensor
+    final: Tensor
+    length: int
+
+    @property
+    def transitioning(self) -> Tensor:
+        return self.planning + self.denoising + self.final
+
+    @property
+    def elbo(self) -> Tensor:
+        return self.rate_matching + self.transitioning
+
+    def bits(self) -> Dict[str, Tensor]:
+        """Every term as a cost in bits per token, -term / (D ln 2), Float[B] each."""
+        scale = -1.0 / (self.length * math.log(2.0))
+        return {name: getattr(self, name) * scale for name in TERMS}
+
+
+@dataclass
+class _Corrupted:
+    x_t: Tensor
+    z: Tensor
+    alpha: Tensor
+    t: Tensor
+    weight: Tensor  # a * D / k: turns a sum over positions into the integral's estimate
+
+
+class _Estimator:
+    """Checked settings and the seeded draws shared by every ELBO estimator."""
+
+    def __init__(self, x1: Tensor, vocab_size: int, mc_samples: int, t_max: float,
+                 schedule: Union[str, Schedule], seed: int, row_ids: Optional[Tensor]):
+        self.vocab_size = check_int("vocab_size", vocab_size, 2)
+        self.x1 = check_tokens("x1", x1, vocab_size)
+        self.samples = check_int("mc_samples", mc_samples, 1)
+        self.t_max = check_open_unit("t_max", t_max)
+        self.schedule = get_schedule(schedule)
+        self.noise = C.EvalNoise(seed)
+        self.rows = check_row_ids(row_ids, x1.shape[0], x1.device)
+        self.length = x1.shape[1]
+        self.alpha_max = float(self.schedule.alpha(torch.tensor(self.t_max, dtype=torch.float64)))
+        if not 0.0 < self.alpha_max < 1.0:
+            raise ValueError(f"t_max: alpha(t_max) must be in (0, 1), got {self.alpha_max} for t_max={t_max}")
+        self.s_max = -math.log1p(-self.alpha_max)
+
+    def _u(self, m: int, stream: int, cols: int) -> Tensor:
+        return self.noise.uniform(m, stream, self.rows, cols)
+
+    def time(self, alpha: Tensor) -> Tensor:
+        return self.schedule.inverse(alpha).float()
+
+    def full(self, value: float) -> Tensor:
+        return torch.full((self.x1.shape[0],), value, dtype=torch.float32, device=self.x1.device)
+
+    def corrupted(self, m: int, noise: str, mask_id: Optional[int] = None) -> _Corrupted:
+        """Sample m: alpha ~ U(0, a) (stratified), x_t with a forced noisy position."""
+        alpha = self.alpha_max * self.noise.stratified(m, self.samples, C.ALPHA, self.rows)
+        x_t, z, k = C.forced_corruption(self.x1, alpha, self._u(m, C.POSITION, 1)[:, 0],
+                                        self._u(m, C.NOISE, self.length), self._u(m, C.VALUE, self.length),
+                                        noise, self.vocab_size, mask_id)
+        return _Corrupted(x_t, z, alpha, self.time(alpha), self.alpha_max * self.length / k)
+
+    def final_state(self, m: int, noise: str, mask_id: Optional[int] = None):
+        """(x, z) ~ p_{t_max|1}, the state the final emission starts from."""
+        return C.marginal_corruption(self.x1, self.full(self.alpha_max), self._u(m, C.FINAL_NOISE, self.length),
+                                     self._u(m, C.FINAL_VALUE, self.length), noise, self.vocab_size, mask_id)
+
+    def clean_time(self, m: int):
+        """(t, weight) for the all-clean part: s ~ U(0, s_max) stratified, weight s_max alpha^D."""
+        s = self.s_max * self.noise.stratified(m, self.samples, C.CLEAN_TIME, self.rows).double()
+        alpha = -torch.expm1(-s)
+        weight = self.s_max * torch.exp(self.length * torch.log(alpha))
+        return self.time(alpha.float()), weight.float()
+
+    def clean_constant(self) -> float:
+        """int_0^a alpha^D / (1 - alpha) dalpha = -log(1 - a) - sum_{j=1}^{D} a^j / j."""
+        j = torch.arange(1, self.length + 1, dtype=torch.float64)
+        return self.s_max - float((torch.exp(j * math.log(self.alpha_max)) / j).sum())
+
+    def terms(self, totals: Tensor) -> ElboTerms:
+        return ElboTerms(*(totals / self.samples), length=self.length)
+
+
+def _masked_sum(values: Tensor, where: Tensor) -> Tensor:
+    # where, not multiply: -inf log-probabilities at positions that do not count stay out
+    return torch.where(where, values, torch.zeros_like(values)).sum(-1)
+
+
+def elbo_uniform_model(
+    model: Callable,
+    x1: Tensor,
+    vocab_size: int,
+    *,
+    mc_samples: int = 1,
+    t_max: float = DEFAULT_T_MAX,
+    schedule: Union[str, Schedule] = "linear",
+    seed: int = 0,
+    row_ids: Optional[Tensor] = None,
+) -> ElboTerms:
+    """ELBO of a single uniform-diffusion model(x, t) -> Float[B, D, V] logits of p(x_1^d | x_t).
+
+    x1: Long[B, D] clean tokens. planning / denoising: the split of its transitioning
+    term by prop:generative_rate_decomposition. mc_samples: Monte-Carlo samples per
+    sequence (three forward passes each). row_ids: each sequence's random-stream id
+    (default 0..B-1). See the module docstring for the estimator.
+    """
+    check_callable("model", model)
+    est = _Estimator(x1, vocab_size, mc_samples, t_max, schedule, seed, row_ids)
+    S = est.vocab_size
+    totals = torch.zeros(4, x1.shape[0], device=x1.device)
+    for m in range(est.samples):
+        c = est.corrupted(m, "uniform")
+        log_p = log_probs(model, c.x_t, c.t, S, "model")
+        log_same = at(log_p, c.x_t)
+        jumps = c.x_t != x1
+        rate_matching = c.weight * (jumps.float() + torch.expm1(log_same)).sum(-1)
+        # eq. corruption_prob: p(z = N | x_t) = 1 - p(x_1 = x_t | x_t) alpha / (alpha + (1 - alpha) / S)
+        kept = c.alpha / (c.alpha + (1.0 - c.alpha) / S)
+        log_noise = torch.log1p(-torch.exp(log_same) * kept[:, None])
+        log_x1 = at(log_p, x1)
+        planning = c.weight * _masked_sum(log_noise, jumps)
+        denoising = c.weight * _masked_sum(log_x1 - log_noise, jumps)
+        t_clean, w_clean = est.clean_time(m)
+        log_same_clean = at(log_probs(model, x1, t_clean, S, "model"), x1)
+        rate_matching = rate_matching + w_clean * torch.expm1(log_same_clean).sum(-1)
+        x_f, _ = est.final_state(m, "uniform")
+        final = at(log_probs(model, x_f, est.full(est.t_max), S, "model"), x1).sum(-1)
+        totals += torch.stack((rate_matching, planning, denoising, final))
+    return est.terms(totals)
+
+
+def elbo_planned(
+    planner: Callable,
+    denoiser: Callable,
+    x1: Tensor,
+    vocab_size: int,
+    *,
+    denoiser_type: str = "uniform",
+    mask: str = "planner",
+    time_conditioned_planner: bool = False,
+    mask_id: Optional[int] = None,
+    mc_samples: int = 1,
+    t_max: float = DEFAULT_T_MAX,
+    schedule: Union[str, Schedule] = "linear",
+    seed: int = 0,
+    row_ids: Optional[Tensor] = None,
+) -> ElboTerms:
+    """ELBO of a planner + denoiser (eq. jump_rate_parameterization).
+
+    planner(x) -> Float[B, D] logits of z^d = N (planner(x, t) if
+    time_conditioned_planner); denoiser(x, t) -> Float[B, D, V] logits:
+    denoiser_type='uniform': p(x_1^d | x_t, z^d = N) on the uniform-noise sequence;
+    'mask': a mask denoiser (input mask id mask_id, default V) used through
+    prop:draw_with_maskD with the planner's mask (mask='planner', a bound) or the
+    true noise positions (mask='true', a diagnostic). Other arguments as in
+    `elbo_uniform_model`.
+    """
+    check_callable("planner", planner)
+    check_callable("denoiser", denoiser)
+    check_choice("denoiser_type", denoiser_type, DENOISER_TYPES)
+    check_choice("mask", mask, MASKS)
+    est = _Estimator(x1, vocab_size, mc_samples, t_max, schedule, seed, row_ids)
+    mask_id = est.vocab_size if mask_id is None else check_int("mask_id", mask_id, est.vocab_size)
+    q = _PlannedDenoiser(denoiser, x1, est, denoiser_type, mask, mask_id)
+    clock = (lambda t: t) if time_conditioned_planner else (lambda t: None)
+    totals = torch.zeros(4, x1.shape[0], device=x1.device)
+    for m in range(est.samples):
+        c = est.corrupted(m, "uniform")
+        logits = planner_logits(planner, c.x_t, clock(c.t))
+        rate_matching = c.weight * (c.z.float() - torch.sigmoid(logits)).sum(-1)
+        planning = c.weight * _masked_sum(F.logsigmoid(logits), c.z)
+        log_q, _ = q.log_prob(m, C.PLANNED_MASK, c.x_t, c.z, c.z, c.t, logits)
+        denoising = c.weight * _masked_sum(log_q, c.z)
+        if time_conditioned_planner:
+            t_clean, w_clean = est.clean_time(m)
+            rate_matching = rate_matching - w_clean * torch.sigmoid(planner_logits(planner, x1, t_clean)).sum(-1)
+        final = _planned_final(planner, q, est, m, clock)
+        totals += torch.stack((rate_matching, planning, denoising, final))
+    terms = est.terms(totals)
+    if not time_conditioned_planner:
+        clean = est.clean_constant() * torch.sigmoid(planner_logits(planner, x1, None)).sum(-1)
+        terms.rate_matching = terms.rate_matching - clean
+    return terms
+
+
+def _planned_final(planner: Callable, q: "_PlannedDenoiser", est: _Estimator, m: int, clock) -> Tensor:
+    """log p_final(x_1 | x) summed over positions, x ~ p_{t_max|1} (a lower bound for
+    the planner's mask, see the module docstring)."""
+    x, z = est.final_state(m, "uniform")
+    t = est.full(est.t_max)
+    logits = planner_logits(planner, x, clock(t))
+    same = x == est.x1
+    log_q, covered = q.log_prob(m, C.FINAL_MASK, x, z, ~same, t, logits)
+    keep = torch.where(same, F.logsigmoid(-logits), torch.full_like(logits, float("-inf")))
+    mixed = torch.logaddexp(keep, F.logsigmoid(logits) + torch.where(covered, log_q, torch.zeros_like(log_q)))
+    return torch.where(covered, mixed, keep).sum(-1)
+
+
+class _PlannedDenoiser:
+    """log p(x_1^d | x, z^d = N) of the denoiser of a planner + denoiser model."""
+
+    def __init__(self, denoiser: Callable, x1: Tensor, est: _Estimator, denoiser_type: str, mask: str,
+                 mask_id: int):
+        self.denoiser, self.x1, self.est = denoiser, x1, est
+        self.kind = "uniform" if denoiser_type == "uniform" else f"mask-{mask}"
+        self.mask_id = mask_id
+
+    def log_prob(self, m: int, stream: int, x: Tensor, z: Tensor, need: Tensor, t: Tensor,
+                 planner_logits: Tensor):
+        """(log q Float[B, D], covered Bool[B, D]): log q at least where `need`.
+
+        z: the true noise positions of x; t: its time; need: positions whose
+        log-probability the caller uses (z for the transitioning term, x != x_1 in the
+        final emission); covered: where log q is valid (every position for the uniform
+        denoiser)."""
+        S = self.est.vocab_size
+        if self.kind == "uniform":
+            return at(log_probs(self.denoiser, x, t, S, "denoiser"), self.x1), torch.ones_like(z)
+        if self.kind == "mask-true":
+            masked = torch.where(z, torch.full_like(x, self.mask_id), x)
+            return at(log_probs(self.denoiser, masked, t, S, "denoiser"), self.x1), z
+        u = self.est.noise.uniform(m, stream, self.est.rows, x.shape[1])
+        z_planned = u < torch.sigmoid(planner_logits)
+        log_q = planned_mask_log_probs(self.denoiser, x, z_planned, need, self.mask_id, self.est.schedule, S)
+        return at(log_q, self.x1), z_planned | need
+
+
+def elbo_mask_diffusion(
+    denoiser: Callable,
+    x1: Tensor,
+    vocab_size: int,
+    *,
+    mask_id: Optional[int] = None,
+    mc_samples: int = 1,
+    t_max: float = DEFAULT_T_MAX,
+    schedule: Union[str, Schedule] = "linear",
+    seed: int = 0,
+    row_ids: Optional[Tensor] = None,
+) -> ElboTerms:
+    """Mask-diffusion ELBO of a mask denoiser(x, t) -> Float[B, D, V] logits alone (the
+    reference point): rate matching is 0, transitioning is the denoising term. Other
+    arguments as in `elbo_uniform_model`; mask_id defaults to V.
+    """
+    check_callable("denoiser", denoiser)
+    est = _Estimator(x1, vocab_size, mc_samples, t_max, schedule, seed, row_ids)
+    mask_id = est.vocab_size if mask_id is None else check_int("mask_id", mask_id, est.vocab_size)
+    S = est.vocab_size
+    zeros = torch.zeros(x1.shape[0], device=x1.device)
+    totals = torch.zeros(4, x1.shape[0], device=x1.device)
+    for m in range(est.samples):
+        c = est.corrupted(m, "mask", mask_id)
+        denoising = c.weight * _masked_sum(at(log_probs(denoiser, c.x_t, c.t, S, "denoiser"), x1), c.z)
+        x_f, z_f = est.final_state(m, "mask", mask_id)
+        final = _masked_sum(at(log_probs(denoiser, x_f, est.full(est.t_max), S, "denoiser"), x1), z_f)
+        totals += torch.stack((zeros, zeros, denoising, final))
+    return est.terms(totals)

@@ -1,0 +1,39 @@
+"""Held-out sequences for evaluation: fixed-length chunks of a corpus split.
+
+The corpus is split by position (90 / 5 / 5, ddpd.training.data) so that evaluation
+never sees training text; the chunks are non-overlapping and, when fewer than all
+are asked for, picked evenly across the split (the same ones on every call).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from ddpd.eval.checks import check_choice, check_int
+from ddpd.training.data import SPLITS, chunk, load_splits
+
+
+def heldout_sequences(source: str, tokenizer, seq_len: int, split: str = "test",
+                      num_sequences: Optional[int] = None) -> Tensor:
+    """Long[N, seq_len] chunks of `split` of the corpus at `source` (a text file or
+    hf:NAME), N = num_sequences (default: every chunk)."""
+    check_choice("split", split, SPLITS)
+    check_int("seq_len", seq_len, 1)
+    tokens = load_splits(source, tokenizer)[split]
+    return pick_chunks(tokens, seq_len, num_sequences, what=f"the {split} split of {source}")
+
+
+def pick_chunks(tokens: Tensor, seq_len: int, num_sequences: Optional[int] = None, what: str = "tokens") -> Tensor:
+    """Up to num_sequences non-overlapping chunks of a Long[N] stream, evenly spaced."""
+    chunks = chunk(tokens, seq_len)
+    if chunks.shape[0] == 0:
+        raise ValueError(f"seq_len: {what} has {tokens.numel()} tokens, fewer than one sequence of {seq_len}")
+    if num_sequences is None:
+        return chunks
+    check_int("num_sequences", num_sequences, 1)
+    if num_sequences > chunks.shape[0]:
+        raise ValueError(f"num_sequences: {what} holds {chunks.shape[0]} sequences of {seq_len} tokens, "
+                         f"got num_sequences={num_sequences}")
+    return chunks[torch.linspace(0, chunks.shape[0] - 1, num_sequences).round().long()]

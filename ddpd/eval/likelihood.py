@@ -1,0 +1,163 @@
+"""Likelihood evaluation on held-out text: the paper's tables 'ELBO terms computed on
+the test set of text8' and 'Denoising performance in bits-per-character'.
+
+`ModelSet` holds whichever networks are available; `elbo_methods` lists the rows
+that can be computed from them:
+
+    uniform                    single uniform model (DFM-Uni)
+    planner+uniform-denoiser   planner + noise-conditioned uniform denoiser
+    planner+mask-denoiser      planner + mask denoiser, the planner's mask (a bound)
+    planner+mask-denoiser(true-mask)  the same given the true noise positions (a diagnostic)
+    mask-diffusion             the mask denoiser alone, mask-diffusion ELBO (reference point)
+
+`evaluate_elbo` / `evaluate_denoising` run them over sequences in batches, every
+sequence with its own random stream (its index), so the numbers do not depend on the
+batch size. Results are bits per token (bits per character on text8), as costs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+from typing import Callable, Dict, List, Optional, Union
+
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from ddpd.eval.checks import check_int
+from ddpd.eval.denoising import DEFAULT_ALPHA, denoising_stats
+from ddpd.eval.elbo import DEFAULT_T_MAX, TERMS, elbo_mask_diffusion, elbo_planned, elbo_uniform_model
+from ddpd.eval.report import markdown_table, mean_and_se
+from ddpd.process import Schedule
+
+ELBO_COLUMNS = (("method", "Method", ""), ("rate_matching", "Rate matching (bits/token)", ".4f"),
+                ("transitioning", "Transitioning (bits/token)", ".4f"), ("elbo", "Combined (bits/token)", ".4f"),
+                ("elbo_se", "± s.e.", ".4f"), ("bound", "Bound", ""))
+DENOISING_COLUMNS = (("denoiser", "Denoiser", ""), ("bits", "Denoising (bits/token)", ".4f"),
+                     ("bits_se", "± s.e.", ".4f"), ("accuracy", "Accuracy", ".4f"), ("alpha", "alpha", ".2f"))
+
+
+@dataclass
+class ModelSet:
+    """The networks to evaluate (callables, see DESIGN.md); any may be None."""
+
+    vocab_size: int
+    planner: Optional[Callable] = None
+    uniform_denoiser: Optional[Callable] = None
+    mask_denoiser: Optional[Callable] = None
+    uniform_model: Optional[Callable] = None
+    mask_id: Optional[int] = None
+
+
+def elbo_methods(models: ModelSet) -> Dict[str, tuple]:
+    """{name: (is_bound, estimator(x1, **kwargs) -> ElboTerms)} for the available models;
+    is_bound: the row bounds a generative model's log-likelihood (not the true-mask diagnostic)."""
+    V, methods = models.vocab_size, {}
+    if models.uniform_model is not None:
+        methods["uniform"] = (True, partial(elbo_uniform_model, models.uniform_model, vocab_size=V))
+    if models.planner is not None and models.uniform_denoiser is not None:
+        methods["planner+uniform-denoiser"] = (True, partial(elbo_planned, models.planner, models.uniform_denoiser,
+                                                             vocab_size=V, denoiser_type="uniform"))
+    if models.planner is not None and models.mask_denoiser is not None:
+        for mask, name, bound in (("planner", "planner+mask-denoiser", True),
+                                  ("true", "planner+mask-denoiser(true-mask)", False)):
+            methods[name] = (bound, partial(elbo_planned, models.planner, models.mask_denoiser, vocab_size=V,
+                                            denoiser_type="mask", mask=mask, mask_id=models.mask_id))
+    if models.mask_denoiser is not None:
+        methods["mask-diffusion"] = (True, partial(elbo_mask_diffusion, models.mask_denoiser, vocab_size=V,
+                                                   mask_id=models.mask_id))
+    return methods
+
+
+def _batches(sequences: Tensor, batch_size: int):
+    check_int("batch_size", batch_size, 1)
+    if not isinstance(sequences, Tensor) or sequences.dim() != 2:
+        raise ValueError(f"sequences must be Long[N, D], got {getattr(sequences, 'shape', type(sequences).__name__)}")
+    for start in range(0, sequences.shape[0], batch_size):
+        rows = torch.arange(start, min(start + batch_size, sequences.shape[0]), device=sequences.device)
+        yield sequences[rows], rows
+
+
+@torch.no_grad()
+def evaluate_elbo(models: ModelSet, sequences: Tensor, *, mc_samples: int = 1, t_max: float = DEFAULT_T_MAX,
+                  schedule: Union[str, Schedule] = "linear", seed: int = 0, batch_size: int = 32,
+                  methods: Optional[List[str]] = None, progress: bool = False) -> List[dict]:
+    """One row per method: every ELBO term (ddpd.eval.elbo.TERMS) as mean bits per token
+    over the sequences, with its standard error (key + '_se'), across sequences."""
+    available = elbo_methods(models)
+    names = list(available) if methods is None else methods
+    unknown = [n for n in names if n not in available]
+    if unknown or not names:
+        raise ValueError(f"methods: these models support {sorted(available)}, got {names}")
+    batches = list(_batches(sequences, batch_size))
+    bar = tqdm(total=len(batches) * len(names), desc="elbo", unit="batch", disable=not progress)
+    rows = []
+    for name in names:
+        bound, estimate = available[name]
+        bits: Dict[str, list] = {term: [] for term in TERMS}
+        for x1, ids in batches:
+            terms = estimate(x1, mc_samples=mc_samples, t_max=t_max, schedule=schedule, seed=seed, row_ids=ids)
+            for term, value in terms.bits().items():
+                bits[term].append(value.cpu())
+            bar.update()
+        row = {"method": name, "bound": "yes" if bound else "no (diagnostic)",
+               "num_sequences": sequences.shape[0], "length": sequences.shape[1], "mc_samples": mc_samples,
+               "t_max": t_max}
+        for term, values in bits.items():
+            row[term], row[f"{term}_se"] = mean_and_se(torch.cat(values))
+        rows.append(row)
+    bar.close()
+    return rows
+
+
+def denoising_kinds(models: ModelSet) -> Dict[str, tuple]:
+    """{kind: (denoiser, planner or None)} for the available models."""
+    kinds = {}
+    if models.uniform_model is not None:
+        kinds["uniform"] = (models.uniform_model, None)
+    if models.uniform_denoiser is not None:
+        kinds["uniform-denoiser"] = (models.uniform_denoiser, None)
+    if models.mask_denoiser is not None:
+        kinds["mask-denoiser"] = (models.mask_denoiser, None)
+        if models.planner is not None:
+            kinds["mask-denoiser-planner"] = (models.mask_denoiser, models.planner)
+    return kinds
+
+
+@torch.no_grad()
+def evaluate_denoising(models: ModelSet, sequences: Tensor, *, alpha: float = DEFAULT_ALPHA,
+                       schedule: Union[str, Schedule] = "linear", seed: int = 0, batch_size: int = 32,
+                       progress: bool = False) -> List[dict]:
+    """One row per denoiser: bits per noisy token (mean over sequences of their mean,
+    with its standard error) and accuracy (over all noisy positions) at level alpha."""
+    kinds = denoising_kinds(models)
+    if not kinds:
+        raise ValueError("denoising: no denoiser or uniform model given")
+    batches = list(_batches(sequences, batch_size))
+    bar = tqdm(total=len(batches) * len(kinds), desc="denoising", unit="batch", disable=not progress)
+    rows = []
+    for kind, (denoiser, planner) in kinds.items():
+        nats, noisy, correct = [], [], []
+        for x1, ids in batches:
+            stats = denoising_stats(kind, denoiser, x1, models.vocab_size, alpha=alpha, planner=planner,
+                                    mask_id=models.mask_id, schedule=schedule, seed=seed, row_ids=ids)
+            nats.append(stats.nats.cpu())
+            noisy.append(stats.noisy.cpu())
+            correct.append(stats.correct.cpu())
+            bar.update()
+        nats, noisy, correct = torch.cat(nats), torch.cat(noisy), torch.cat(correct)
+        has_noise = noisy > 0
+        bits, bits_se = mean_and_se(nats[has_noise] / noisy[has_noise] / torch.log(torch.tensor(2.0)))
+        rows.append({"denoiser": kind, "bits": bits, "bits_se": bits_se,
+                     "accuracy": float(correct.sum() / noisy.sum().clamp(min=1)), "noisy_positions": int(noisy.sum()),
+                     "alpha": alpha, "num_sequences": sequences.shape[0]})
+    bar.close()
+    return rows
+
+
+def elbo_markdown(rows: List[dict]) -> str:
+    return markdown_table(rows, ELBO_COLUMNS)
+
+
+def denoising_markdown(rows: List[dict]) -> str:
+    return markdown_table(rows, DENOISING_COLUMNS)

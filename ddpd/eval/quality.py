@@ -1,0 +1,188 @@
+"""Sample quality: the judge's negative log-likelihood and the unigram entropy of samples,
+and sweeps over samplers, step budgets and temperatures (the paper's text8 figures of
+NLL versus entropy).
+
+- `judge_nll`: -log p_judge(x) / D per sample, nats per token (per character on
+  text8), from an autoregressive judge (ddpd.models.ARModel.log_likelihood).
+- `unigram_entropy`: entropy in bits of the token frequencies within each sample;
+  low entropy flags repetitive samples, which a likelihood judge rewards.
+- `run_sweep`: every sampler x steps x temperature, the metrics averaged over
+  samples (with standard errors), plus held-out text as the reference point.
+  Samplers are given as `SamplerSpec`s (the caller wires ddpd.sampling in), so this
+  layer does not depend on the sampling layer.
+- `write_sweep`: CSV, Markdown table and the NLL-versus-entropy plot (matplotlib,
+  `pip install 'ddpd[eval]'`; without it the plot is skipped with a message).
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from ddpd.eval.checks import check_callable, check_int, check_tokens
+from ddpd.eval.report import MissingDependency, markdown_table, mean_and_se, pyplot, write_csv, write_text
+
+REFERENCE = "held-out text"
+SWEEP_COLUMNS = (("sampler", "Sampler", ""), ("steps", "Steps", ""), ("temperature", "Temperature", ""),
+                 ("judge_nll", "Judge NLL (nats/token)", ".4f"), ("judge_nll_se", "± s.e.", ".4f"),
+                 ("entropy", "Unigram entropy (bits)", ".3f"), ("entropy_se", "± s.e.", ".3f"),
+                 ("mean_steps", "Steps taken", ".1f"), ("nfe", "Forward passes / sample", ".1f"))
+
+@torch.no_grad()
+def judge_nll(judge, x: Tensor, batch_size: int = 64) -> Tensor:
+    """Float[N]: -log p_judge(x_n) / D in nats per token. judge: an ARModel (anything
+    with log_likelihood(x Long[B, D]) -> Float[B] nats per sequence)."""
+    if not callable(getattr(judge, "log_likelihood", None)):
+        raise TypeError(f"judge must have a log_likelihood(x) method (an ARModel), got {type(judge).__name__}")
+    check_int("batch_size", batch_size, 1)
+    if not isinstance(x, Tensor) or x.dim() != 2 or x.dtype != torch.long:
+        raise ValueError(f"x must be Long[N, D], got {getattr(x, 'dtype', type(x).__name__)} "
+                         f"{tuple(getattr(x, 'shape', ()))}")
+    parts = [judge.log_likelihood(x[i:i + batch_size]).float() for i in range(0, x.shape[0], batch_size)]
+    return -torch.cat(parts) / x.shape[1]
+
+
+def unigram_entropy(x: Tensor, vocab_size: int) -> Tensor:
+    """Float[N]: entropy in bits of the empirical token distribution of each row of x."""
+    check_tokens("x", x, check_int("vocab_size", vocab_size, 1))
+    ones = torch.ones_like(x, dtype=torch.float)
+    counts = torch.zeros(x.shape[0], vocab_size, device=x.device).scatter_add_(1, x, ones)
+    p = counts / x.shape[1]
+    return -torch.where(p > 0, p * torch.log2(p), torch.zeros_like(p)).sum(-1)
+
+
+def quality_metrics(tokens: Tensor, judge, vocab_size: int, batch_size: int = 64) -> Dict[str, float]:
+    """Mean and standard error of the judge NLL and of the unigram entropy of `tokens`."""
+    nll, nll_se = mean_and_se(judge_nll(judge, tokens, batch_size))
+    entropy, entropy_se = mean_and_se(unigram_entropy(tokens, vocab_size))
+    return {"judge_nll": nll, "judge_nll_se": nll_se, "judge_ppl": math.exp(nll), "entropy": entropy,
+            "entropy_se": entropy_se, "num_samples": tokens.shape[0], "length": tokens.shape[1]}
+
+
+@dataclass
+class SamplerSpec:
+    """A named sampler: run(batch_size, steps, temperature, seed, first_row) -> result.
+
+    The result has `tokens` (Long[B, D]) and optionally `stop_step` (Long[B]),
+    `planner_calls`, `denoiser_calls`, `planner_rows`, `denoiser_rows` (as
+    ddpd.sampling.SampleResult). first_row: the id of the batch's first sample, so that
+    a sampler with per-row random streams gives the same samples whatever the batching.
+    """
+
+    name: str
+    run: Callable[[int, int, float, int, int], Any]
+
+
+def _sample(spec: SamplerSpec, num_samples: int, steps: int, temperature: float, seed: int,
+            batch_size: int) -> tuple:
+    """(tokens Long[N, D], mean steps taken or None, forward passes per sample or None)."""
+    tokens, stops, passes = [], [], 0.0
+    counted = True
+    for first in range(0, num_samples, batch_size):
+        n = min(batch_size, num_samples - first)
+        result = spec.run(n, steps, temperature, seed, first)
+        out = getattr(result, "tokens", None)
+        if not isinstance(out, Tensor) or out.dim() != 2 or out.shape[0] != n:
+            raise ValueError(f"sampler {spec.name!r} must return .tokens of shape [{n}, D], "
+                             f"got {getattr(out, 'shape', type(out).__name__)}")
+        tokens.append(out.cpu())
+        stop = getattr(result, "stop_step", None)
+        if stop is not None:
+            stops.append(stop.float().cpu())
+        rows = [getattr(result, name, None) for name in ("planner_rows", "denoiser_rows")]
+        counted = counted and all(r is not None for r in rows)
+        passes += sum(r for r in rows if r is not None)
+    mean_steps = float(torch.cat(stops).mean()) if stops else None
+    return torch.cat(tokens), mean_steps, (passes / num_samples if counted else None)
+
+
+def run_sweep(samplers: Sequence[SamplerSpec], *, steps: Sequence[int], temperatures: Sequence[float],
+              num_samples: int, judge, vocab_size: int, seed: int = 0, batch_size: int = 64,
+              reference: Optional[Tensor] = None, progress: bool = False) -> List[dict]:
+    """One row per (sampler, steps, temperature) with its quality metrics, the number of
+    steps the samples took and the forward passes (planner + denoiser sequences
+    evaluated) per sample; plus a row for the `reference` sequences (held-out text).
+    Every configuration uses the same seed (the same initial noise)."""
+    if not samplers:
+        raise ValueError("samplers: expected at least one SamplerSpec, got none")
+    for spec in samplers:
+        if not isinstance(spec, SamplerSpec):
+            raise TypeError(f"samplers must be SamplerSpec, got {type(spec).__name__}")
+        check_callable(f"sampler {spec.name!r} run", spec.run)
+    steps = [check_int("steps", s, 1) for s in steps]
+    temperatures = [float(t) for t in temperatures]
+    if not steps or not temperatures or any(t < 0 for t in temperatures):
+        raise ValueError(f"steps and temperatures must be non-empty, temperatures >= 0, got {steps}, {temperatures}")
+    check_int("num_samples", num_samples, 1)
+    check_int("batch_size", batch_size, 1)
+    rows = []
+    if reference is not None:
+        rows.append({"sampler": REFERENCE, "steps": "", "temperature": "",
+                     **quality_metrics(reference, judge, vocab_size, batch_size)})
+    configs = [(spec, s, t) for spec in samplers for s in steps for t in temperatures]
+    for spec, s, t in tqdm(configs, desc="sweep", unit="config", disable=not progress):
+        start = time.perf_counter()
+        tokens, mean_steps, nfe = _sample(spec, num_samples, s, t, seed, batch_size)
+        seconds = time.perf_counter() - start
+        rows.append({"sampler": spec.name, "steps": s, "temperature": t,
+                     **quality_metrics(tokens, judge, vocab_size, batch_size),
+                     "mean_steps": mean_steps, "nfe": nfe, "sampling_seconds": seconds})
+    return rows
+
+
+def sweep_markdown(rows: List[dict]) -> str:
+    return markdown_table(rows, SWEEP_COLUMNS)
+
+
+def plot_quality(rows: List[dict], path: str) -> None:
+    """Judge NLL versus unigram entropy: one line per (sampler, temperature) through its
+    step budgets (colour: sampler, line style: temperature), the reference as a star.
+    Raises MissingDependency without matplotlib."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 5))
+    series: Dict[tuple, list] = {}
+    for row in rows:
+        if row["sampler"] == REFERENCE:
+            ax.scatter([row["entropy"]], [row["judge_nll"]], marker="*", s=200, color="black", label=REFERENCE,
+                       zorder=3)
+        else:
+            series.setdefault((row["sampler"], row["temperature"]), []).append(row)
+    names = list(dict.fromkeys(name for name, _ in series))
+    temperatures = sorted({t for _, t in series})
+    colors = plt.get_cmap("tab20")
+    styles = ["-", "--", ":", "-."]
+    for (name, temperature), points in series.items():
+        points.sort(key=lambda r: r["steps"])
+        ax.plot([p["entropy"] for p in points], [p["judge_nll"] for p in points], marker="o", markersize=3,
+                color=colors(names.index(name) % 20), linestyle=styles[temperatures.index(temperature) % 4],
+                label=f"{name} T={temperature:g}")
+        for p in points:
+            ax.annotate(str(p["steps"]), (p["entropy"], p["judge_nll"]), fontsize=6, alpha=0.6)
+    ax.set_xlabel("unigram entropy per sample (bits)")
+    ax.set_ylabel("judge NLL (nats per token)")
+    ax.legend(fontsize=6, ncol=2)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=150)
+    plt.close(fig)
+
+
+def write_sweep(rows: List[dict], out_dir: str) -> Dict[str, Optional[str]]:
+    """Write sweep.csv, sweep.md and sweep.png under out_dir; returns their paths
+    ('plot' is None when matplotlib is missing, with the reason under 'plot_skipped')."""
+    paths: Dict[str, Optional[str]] = {"csv": os.path.join(out_dir, "sweep.csv"),
+                                       "markdown": os.path.join(out_dir, "sweep.md")}
+    write_csv(rows, paths["csv"])
+    write_text(sweep_markdown(rows), paths["markdown"])
+    paths["plot"] = os.path.join(out_dir, "sweep.png")
+    try:
+        plot_quality(rows, paths["plot"])
+    except MissingDependency as err:
+        paths["plot"], paths["plot_skipped"] = None, str(err)
+    return paths

@@ -1,0 +1,84 @@
+"""Writing evaluation results: CSV, JSON and Markdown tables; matplotlib for plots (optional).
+
+Rows are flat dicts; a column spec is (key, header, format) with a format such as
+'.4f' for numbers, or '' to print the value as it is.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import os
+from typing import List, Sequence, Tuple
+
+from torch import Tensor
+
+Column = Tuple[str, str, str]
+PLOT_HINT = "matplotlib is not installed; install it with: pip install 'ddpd[eval]'"
+
+
+class MissingDependency(ImportError):
+    """An optional dependency of ddpd.eval (matplotlib, for plots) is not installed."""
+
+
+def pyplot():
+    """matplotlib.pyplot on the non-interactive Agg backend, or MissingDependency."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise MissingDependency(PLOT_HINT) from None
+    return plt
+
+
+def _cell(value, fmt: str) -> str:
+    if value is None or value == "":
+        return ""
+    if fmt and isinstance(value, (int, float)):
+        return format(value, fmt)
+    return str(value)
+
+
+def markdown_table(rows: Sequence[dict], columns: Sequence[Column]) -> str:
+    """A GitHub Markdown table of `rows` with the given columns."""
+    lines = ["| " + " | ".join(header for _, header, _ in columns) + " |",
+             "|" + "|".join("---" if i == 0 else "---:" for i in range(len(columns))) + "|"]
+    for row in rows:
+        lines.append("| " + " | ".join(_cell(row.get(key), fmt) for key, _, fmt in columns) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_csv(rows: Sequence[dict], path: str) -> None:
+    """All rows with the union of their keys as columns, in first-seen order."""
+    keys: List[str] = []
+    for row in rows:
+        keys.extend(k for k in row if k not in keys)
+    _parent(path)
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=keys)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def write_text(text: str, path: str) -> None:
+    _parent(path)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+def write_json(data, path: str) -> None:
+    write_text(json.dumps(data, indent=2, allow_nan=True) + "\n", path)
+
+
+def _parent(path: str) -> None:
+    parent = os.path.dirname(os.path.abspath(path))
+    os.makedirs(parent, exist_ok=True)
+
+
+def mean_and_se(values: Tensor) -> Tuple[float, float]:
+    """Mean and standard error of the mean of a 1-D tensor (se 0 for fewer than two values)."""
+    values = values.double().flatten()
+    if values.numel() < 2:
+        return float(values.mean()), 0.0
+    return float(values.mean()), float(values.std() / values.numel() ** 0.5)

@@ -1,0 +1,111 @@
+"""ddpd-eval end to end on tiny untrained checkpoints and a slice of text8-mini."""
+import csv
+import json
+import os
+
+import pytest
+import torch
+
+from ddpd.checkpoint import save_checkpoint
+from ddpd.cli.eval import main
+from ddpd.models import build_model, config_for
+
+V, L = 27, 16
+WIKI = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "text8-mini", "wiki.txt")
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("eval_cli")
+    torch.manual_seed(0)
+    paths = {}
+    for kind in ("planner", "mask-denoiser", "uniform-denoiser", "uniform", "ar"):
+        config = config_for(kind, V, L, d_model=16, n_layers=1, n_heads=2)
+        paths[kind] = str(root / kind)
+        save_checkpoint(paths[kind], build_model(kind, config),
+                        {"kind": kind, "model": config.to_dict(), "tokenizer": {"name": "text8"},
+                         "schedule": "linear", "vocab_size": V, "training": {"seq_len": L}})
+    with open(WIKI, encoding="ascii") as f:
+        (root / "slice.txt").write_text(f.read(20_000))
+    paths["data"] = str(root / "slice.txt")
+    paths["root"] = root
+    return paths
+
+
+def _run(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_elbo_command_writes_reproducible_tables(setup, capsys):
+    p = setup
+    args = ["elbo", "--planner", p["planner"], "--denoiser", p["mask-denoiser"], p["uniform-denoiser"],
+            "--uniform", p["uniform"], "--data", p["data"], "--num-sequences", 6, "--batch-size", 4,
+            "--no-progress"]
+    results = []
+    for name in ("a.json", "b.json"):
+        code, out, err = _run(capsys, *args, "--out", p["root"] / name)
+        assert code == 0, err
+        with open(p["root"] / name) as f:
+            results.append(json.load(f))
+    assert "| planner+mask-denoiser |" in out and "Denoising at alpha = 0.85" in out
+    first, second = results
+    assert [r["method"] for r in first["elbo"]] == ["uniform", "planner+uniform-denoiser", "planner+mask-denoiser",
+                                                    "planner+mask-denoiser(true-mask)", "mask-diffusion"]
+    assert [r["denoiser"] for r in first["denoising"]] == ["uniform", "uniform-denoiser", "mask-denoiser",
+                                                           "mask-denoiser-planner"]
+    assert first["elbo"] == second["elbo"] and first["denoising"] == second["denoising"]
+    assert all(r["num_sequences"] == 6 and r["length"] == L for r in first["elbo"])
+
+
+def test_quality_command(setup, capsys):
+    p = setup
+    out_dir = p["root"] / "quality"
+    code, out, err = _run(capsys, "quality", "--planner", p["planner"], "--denoiser", p["mask-denoiser"],
+                          "--judge", p["ar"], "--data", p["data"], "--samplers", "ddpd-A-mask", "dfm-eta0",
+                          "--steps", 2, "--temperatures", 1.0, "--num-samples", 2, "--reference-sequences", 3,
+                          "--out-dir", out_dir, "--no-progress")
+    assert code == 0, err
+    with open(out_dir / "sweep.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["sampler"] for r in rows] == ["held-out text", "ddpd-A-mask", "dfm-eta0"]
+    assert "wrote " in out
+
+
+def test_convergence_command(setup, capsys):
+    p = setup
+    out_dir = p["root"] / "convergence"
+    code, out, err = _run(capsys, "convergence", "--planner", p["planner"], "--denoiser", p["uniform-denoiser"],
+                          "--steps", 4, "--num-samples", 3, "--batch-size", 2, "--out-dir", out_dir, "--no-progress")
+    assert code == 0, err
+    with open(out_dir / "convergence.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["step"]) for r in rows] == [0, 1, 2, 3]
+    assert {"noise_left", "z_changed", "met_eps_0.05", "met_eps_0.01", "stopped"} <= set(rows[0])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["elbo", "--planner", "{root}/nowhere", "--denoiser", "{mask-denoiser}", "--data", "{data}"],
+     "checkpoint directory not found"),
+    (["elbo", "--planner", "{mask-denoiser}", "--data", "{data}"], "expected a checkpoint of kind planner"),
+    (["elbo", "--uniform", "{uniform}", "--data", "{root}/missing.txt"], "--data: no such file"),
+    (["elbo", "--uniform", "{uniform}", "--data", "{data}", "--num-sequences", "100000"], "num_sequences"),
+    (["elbo", "--uniform", "{uniform}", "--data", "{data}", "--mc-samples", "0"], "mc_samples must be >= 1"),
+    (["quality", "--uniform", "{uniform}", "--judge", "{ar}", "--samplers", "maskgit", "--out-dir", "{root}/q2"],
+     "--samplers: ['maskgit'] not available"),
+    (["convergence", "--uniform", "{uniform}", "--out-dir", "{root}/c2"], "give --planner and exactly one"),
+])
+def test_errors_are_one_line_with_a_nonzero_exit(setup, capsys, argv, message):
+    argv = [a.format(**setup) for a in argv] + ["--no-progress"]
+    code, out, err = _run(capsys, *argv)
+    assert code == 1
+    assert err.startswith("ddpd-eval: error:") and message in err and err.count("\n") == 1, err
+
+
+def test_argument_errors_exit_2_in_one_line(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["elbo", "--uniform", "x"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "required: --data" in err and err.count("\n") == 1

@@ -1,0 +1,105 @@
+"""Denoising performance at a fixed corruption level (ddpd.eval.denoising) on the
+enumerable toy, where the exact denoisers are known."""
+import math
+
+import pytest
+import torch
+
+from ddpd.eval.denoising import denoising_stats
+from tests.oracles.toy import ToyProblem, dirichlet_p_data, tempered
+
+S, D = 3, 4
+ALPHA = 0.7
+
+
+@pytest.fixture(scope="module")
+def toy():
+    return ToyProblem(dirichlet_p_data(S, D, 0.4, seed=2), S, D)
+
+
+@pytest.fixture(scope="module")
+def x1(toy):
+    g = torch.Generator().manual_seed(0)
+    return toy.states[torch.multinomial(toy.p_data.float(), 4000, replacement=True, generator=g)]
+
+
+def test_uniform_model_split_by_the_decomposition_is_the_exact_uniform_denoiser(toy, x1):
+    """eq. denoising_prob applied to the exact p(x_1 | x_t) gives the exact
+    p(x_1 | x_t, z = N): same cross-entropy and accuracy on the same corruption."""
+    m = toy.models()
+    split = denoising_stats("uniform", m.uniform_model, x1, S, alpha=ALPHA, seed=1)
+    direct = denoising_stats("uniform-denoiser", m.uniform_denoiser, x1, S, alpha=ALPHA, seed=1)
+    torch.testing.assert_close(split.nats, direct.nats, rtol=1e-4, atol=1e-4)
+    assert torch.equal(split.noisy, direct.noisy) and torch.equal(split.correct, direct.correct)
+
+
+def test_exact_denoisers_beat_wrong_ones(toy, x1):
+    """On the same noisy positions the exact denoiser's cross-entropy is the lower one
+    (by more than 4 standard errors of the paired difference)."""
+    m = toy.models()
+    for kind, exact in (("uniform-denoiser", m.uniform_denoiser), ("mask-denoiser", m.mask_denoiser)):
+        right = denoising_stats(kind, exact, x1, S, alpha=ALPHA, seed=2)
+        wrong = denoising_stats(kind, tempered(exact, 0.3), x1, S, alpha=ALPHA, seed=2)
+        assert torch.equal(right.noisy, wrong.noisy)
+        diff = (wrong.nats - right.nats).double()
+        assert float(diff.mean()) > 4 * float(diff.std()) / math.sqrt(diff.numel())
+
+
+def test_counts_and_accuracy_of_an_oracle_that_knows_x1():
+    x1 = torch.randint(0, S, (50, 16), generator=torch.Generator().manual_seed(3))
+
+    def knows(x, t):
+        return torch.nn.functional.one_hot(x1, S).float() * 30.0
+
+    stats = denoising_stats("mask-denoiser", knows, x1, S, alpha=0.5, seed=4)
+    assert torch.equal(stats.correct, stats.noisy)
+    assert float(stats.nats.max()) < 1e-6  # -log(1 + 2 exp(-30)) per position
+    frac = float(stats.noisy.sum()) / x1.numel()
+    assert abs(frac - 0.5) < 4 * math.sqrt(0.25 / x1.numel())  # z = N with probability 1 - alpha
+
+
+def test_planner_mask_scores_each_noisy_position_with_itself_masked(toy):
+    """A denoiser that reports whether position d is masked in its input: every scored
+    (noisy) position must see itself masked, including those the planner's draw
+    left unmasked (their extra pass)."""
+    x1 = toy.states.repeat(20, 1)
+
+    def reveals_mask(x, t):
+        logits = torch.zeros(*x.shape, S)
+        logits[..., 0] = torch.where(x == S, 20.0, -20.0)
+        return logits
+
+    def planner(x):
+        return torch.zeros(x.shape)  # p = 1/2: about half of the noisy positions need an extra pass
+
+    target = torch.zeros_like(x1)
+    stats = denoising_stats("mask-denoiser-planner", reveals_mask, target, S, alpha=0.4, planner=planner, seed=5)
+    assert float(stats.noisy.sum()) > 0
+    assert torch.equal(stats.correct, stats.noisy)
+
+
+def test_denoising_stats_are_batch_invariant_and_seeded(toy):
+    m = toy.models()
+    x1 = toy.states
+    rows = torch.arange(x1.shape[0])
+    whole = denoising_stats("mask-denoiser-planner", m.mask_denoiser, x1, S, planner=m.planner, seed=6)
+    parts = [denoising_stats("mask-denoiser-planner", m.mask_denoiser, x1[i:i + 5], S, planner=m.planner, seed=6,
+                             row_ids=rows[i:i + 5]) for i in range(0, x1.shape[0], 5)]
+    torch.testing.assert_close(whole.nats, torch.cat([p.nats for p in parts]))
+    other = denoising_stats("mask-denoiser-planner", m.mask_denoiser, x1, S, planner=m.planner, seed=7)
+    assert not torch.equal(whole.nats, other.nats)
+
+
+@pytest.mark.parametrize("kwargs, error", [
+    (dict(kind="mask"), "kind must be one of"),
+    (dict(alpha=1.0), "alpha must be in \\(0, 1\\)"),
+    (dict(kind="mask-denoiser-planner", planner=None), "planner must be callable"),
+    (dict(x1=torch.zeros(2, 3)), "x1 must have dtype torch.int64"),
+    (dict(x1=torch.full((2, 3), 5)), "x1 must hold ids in \\[0, 3\\)"),
+])
+def test_denoising_stats_validates_inputs(toy, kwargs, error):
+    args = dict(kind="uniform-denoiser", denoiser=toy.models().uniform_denoiser, x1=toy.states, vocab_size=S)
+    args.update(kwargs)
+    kind, denoiser, x1, vocab = args.pop("kind"), args.pop("denoiser"), args.pop("x1"), args.pop("vocab_size")
+    with pytest.raises((ValueError, TypeError), match=error):
+        denoising_stats(kind, denoiser, x1, vocab, **args)

@@ -1,0 +1,523 @@
+"""ELBO estimators (ddpd.eval.elbo) against exact likelihoods on an enumerable toy.
+
+The toy has S = 3 symbols and D = 3 positions (27 sequences). For a generative model
+(the CTMC up to t_max followed by the final emission described in ddpd.eval.elbo)
+the exact log-likelihood of every sequence is computed by solving the Kolmogorov
+forward equation over all states (RK4 in s = -log(1 - alpha), or a matrix
+exponential when the rates do not depend on time) and applying the emission.
+
+Monte-Carlo comparisons use Z = 4 standard errors (two-sided, per comparison).
+"""
+import math
+import os
+
+import pytest
+import torch
+
+from ddpd.eval.elbo import elbo_mask_diffusion, elbo_planned, elbo_uniform_model
+from tests.oracles.toy import ToyProblem, dirichlet_p_data, tempered
+
+S, D = 3, 3
+T_MAX = 0.999
+S_MAX = -math.log1p(-T_MAX)
+Z = 4.0
+REPLICAS = 160
+SAMPLES = 4
+
+
+@pytest.fixture(scope="module")
+def toy():
+    return ToyProblem(dirichlet_p_data(S, D, 0.5, seed=1), S, D)
+
+
+@pytest.fixture(scope="module")
+def models(toy):
+    return toy.models()
+
+
+# ---------------------------------------------------------------- exact likelihoods
+
+
+def _generators(states: torch.Tensor, symbols: int, rates: torch.Tensor) -> torch.Tensor:
+    """Rate matrices [G, N, N] (in the s clock) from jump rates [G, N, D, symbols] to
+    value j at position d (entries with j = x^d are ignored)."""
+    n, length = states.shape
+    powers = symbols ** torch.arange(length - 1, -1, -1)
+    index = (states * powers).sum(-1)
+    j = torch.arange(symbols)
+    target = index[:, None, None] + (j - states[:, :, None]) * powers[None, :, None]
+    r = torch.where(states[:, :, None] != j, rates.double(), torch.zeros((), dtype=torch.float64))
+    gens = torch.zeros(rates.shape[0], n, n, dtype=torch.float64)
+    source = index[:, None, None].expand_as(target)
+    for g in range(rates.shape[0]):
+        gens[g].index_put_((source.reshape(-1), target.reshape(-1)), r[g].reshape(-1), accumulate=True)
+    return gens - torch.diag_embed(gens.sum(-1))
+
+
+def _evolve(p0, states, symbols, rates_at, time_dependent, steps=60):
+    """p at s_max from p0 under the rates rates_at(x [M, D], t [M]) -> [M, D, symbols]."""
+    n = states.shape[0]
+    if not time_dependent:
+        gen = _generators(states, symbols, rates_at(states, torch.zeros(n))[None])[0]
+        return p0 @ torch.linalg.matrix_exp(S_MAX * gen)
+    h = S_MAX / steps
+    s = torch.arange(2 * steps + 1, dtype=torch.float64) * (h / 2)
+    t = (-torch.expm1(-s)).float().repeat_interleave(n)
+    rates = rates_at(states.repeat(s.numel(), 1), t).view(s.numel(), n, states.shape[1], symbols)
+    gens = _generators(states, symbols, rates)
+    p = p0.clone()
+    for i in range(steps):
+        g0, g1, g2 = gens[2 * i], gens[2 * i + 1], gens[2 * i + 2]
+        k1 = p @ g0
+        k2 = (p + h / 2 * k1) @ g1
+        k3 = (p + h / 2 * k2) @ g1
+        k4 = (p + h * k3) @ g2
+        p = p + h / 6 * (k1 + 2 * k2 + 2 * k3 + k4)
+    return p
+
+
+def _emission_product(per_position: torch.Tensor, clean: torch.Tensor) -> torch.Tensor:
+    """E[x, y] = prod_d per_position[x, d, y^d]."""
+    return per_position[:, torch.arange(clean.shape[1])[None, :], clean].prod(-1)
+
+
+def _full(n, value):
+    return torch.full((n,), value)
+
+
+def exact_uniform_model(toy, model):
+    states = toy.states
+    n = states.shape[0]
+    p0 = torch.full((n,), 1.0 / n, dtype=torch.float64)
+    p = _evolve(p0, states, S, lambda x, t: model(x, t).double().softmax(-1), True)
+    emission = _emission_product(model(states, _full(n, T_MAX)).double().softmax(-1), states)
+    return torch.log(p @ emission)
+
+
+def _planned_rates(planner_p, q):
+    return planner_p[..., None] * q
+
+
+def _planned_emission(planner_p, q, states):
+    same = torch.nn.functional.one_hot(states, S).double()
+    return _emission_product((1.0 - planner_p[..., None]) * same + planner_p[..., None] * q, states)
+
+
+def exact_planned_uniform(toy, planner, denoiser, time_conditioned=False):
+    states = toy.states
+    n = states.shape[0]
+
+    def planner_p(x, t):
+        return torch.sigmoid(planner(x, t) if time_conditioned else planner(x)).double()
+
+    def rates(x, t):
+        return _planned_rates(planner_p(x, t), denoiser(x, t).double().softmax(-1))
+
+    p0 = torch.full((n,), 1.0 / n, dtype=torch.float64)
+    p = _evolve(p0, states, S, rates, True)
+    t = _full(n, T_MAX)
+    emission = _planned_emission(planner_p(states, t), denoiser(states, t).double().softmax(-1), states)
+    return torch.log(p @ emission)
+
+
+def _planned_mask_denoiser(planner, mask_denoiser, x):
+    """E_{z~}[p_mask(j | x masked at z~ and d)] [N, D, S], z~^e ~ Bernoulli(p_z^e), by enumeration."""
+    n = x.shape[0]
+    p = torch.sigmoid(planner(x)).double()
+    patterns = torch.tensor([[(k >> (D - 1 - d)) & 1 for d in range(D)] for k in range(2**D)], dtype=torch.bool)
+    masked = torch.where(patterns[None], torch.full((n, 2**D, D), S), x[:, None, :])
+    t = 1.0 - patterns.float().mean(-1).repeat(n)
+    q = mask_denoiser(masked.view(-1, D), t).double().softmax(-1).view(n, 2**D, D, S)
+    bern = torch.where(patterns[None], p[:, None, :], 1.0 - p[:, None, :])  # [N, P, D]
+    out = torch.zeros(n, D, S, dtype=torch.float64)
+    for d in range(D):
+        others = torch.cat([bern[:, :, :d], bern[:, :, d + 1:]], dim=-1).prod(-1)  # [N, P]
+        weight = torch.where(patterns[None, :, d], others, torch.zeros_like(others))
+        out[:, d] = (weight[..., None] * q[:, :, d]).sum(1)
+    return out
+
+
+def exact_planned_mask(toy, planner, mask_denoiser):
+    states = toy.states
+    n = states.shape[0]
+    q = _planned_mask_denoiser(planner, mask_denoiser, states)
+    planner_p = torch.sigmoid(planner(states)).double()
+    p0 = torch.full((n,), 1.0 / n, dtype=torch.float64)
+    p = _evolve(p0, states, S, lambda x, t: _planned_rates(planner_p, q), False)
+    return torch.log(p @ _planned_emission(planner_p, q, states))
+
+
+def exact_mask_diffusion(toy, mask_denoiser):
+    states = toy.mask_states  # (S + 1)^D, mask id S
+    n = states.shape[0]
+    masked = states == S
+
+    def rates(x, t):
+        q = mask_denoiser(x, t).double().softmax(-1)
+        q = torch.cat([q, torch.zeros(*q.shape[:2], 1, dtype=torch.float64)], dim=-1)
+        return torch.where((x == S)[..., None], q, torch.zeros_like(q))
+
+    p0 = torch.zeros(n, dtype=torch.float64)
+    p0[-1] = 1.0  # the all-mask state has the largest index
+    p = _evolve(p0, states, S + 1, rates, False)
+    q = mask_denoiser(states, _full(n, T_MAX)).double().softmax(-1)
+    keep = torch.nn.functional.one_hot(states.clamp(max=S - 1), S).double()
+    per_position = torch.where(masked[..., None], q, keep)
+    return torch.log(p @ _emission_product(per_position, toy.states))
+
+
+# ---------------------------------------------------------------- the ELBO as an exact expectation
+#
+# ELBO(x_1) = int_0^a dalpha sum_{z != 0} (1 - alpha)^(k - 1) alpha^(D - k) E_values[h + sum_{d: z^d = N} f_d]
+#           - int_0^{s_max} ds alpha^D sum_d pi_d(x_1, t)        (the all-clean states, s = -log(1 - alpha))
+#           + E_{x ~ p_{t_max|1}}[log p_final(x_1 | x)]
+# with every expectation over (z, noise values) enumerated and the integrals done by
+# Gauss-Legendre quadrature (exact in alpha for time-free models: a polynomial of degree D - 1).
+
+NODES = 48
+
+
+def _gauss(low, high, n=NODES):
+    x, w = torch.from_numpy(__import__("numpy").polynomial.legendre.leggauss(n)[0]), \
+        torch.from_numpy(__import__("numpy").polynomial.legendre.leggauss(n)[1])
+    return low + (high - low) * (x + 1) / 2, w * (high - low) / 2
+
+
+PATTERNS = torch.tensor([[(k >> (D - 1 - d)) & 1 for d in range(D)] for k in range(2**D)], dtype=torch.bool)
+
+
+def _corruptions(x1: torch.Tensor, noise: str):
+    """Every (z, values) for each row of x1: x [R, C, D], z [R, C, D], probability of the
+    values given z [C] (uniform: S^-D per value assignment of all positions)."""
+    if noise == "mask":
+        z = PATTERNS[None].expand(x1.shape[0], -1, -1)
+        return torch.where(z, torch.full_like(z, S, dtype=torch.long), x1[:, None, :]), z, torch.ones(2**D)
+    values = torch.cartesian_prod(*[torch.arange(S)] * D).view(-1, D)
+    z = PATTERNS.repeat_interleave(values.shape[0], 0)
+    v = values.repeat(2**D, 1)
+    x = torch.where(z[None], v[None], x1[:, None, :])
+    return x, z[None].expand_as(x), torch.full((z.shape[0],), float(S) ** -D)
+
+
+def reference_elbo(x1, variant, t_max):
+    """(rate matching, transitioning incl. final emission) per row of x1, exact expectations."""
+    a = t_max  # linear schedule
+    x, z, p_values = _corruptions(x1, variant.noise)
+    rows, combos = x.shape[:2]
+    k = z[0].sum(-1)
+    alphas, weights = _gauss(0.0, a)
+    poly = torch.stack([torch.where(k > 0, (1 - al) ** (k - 1).clamp(min=0) * al ** (D - k), torch.zeros(()))
+                        for al in alphas.tolist()]).double()  # [nodes, C]
+    x1_rep = x1[:, None, :].expand_as(x).reshape(-1, D)
+    rate, trans = torch.zeros(rows, dtype=torch.float64), torch.zeros(rows, dtype=torch.float64)
+    for i, al in enumerate(alphas.tolist() if variant.time_dependent else [0.0]):
+        t = torch.full((rows * combos,), al)
+        h, f = variant.integrand(x1_rep, x.reshape(-1, D), z.reshape(-1, D), t)
+        scale = weights[i] * poly[i] if variant.time_dependent else (weights[:, None] * poly).sum(0)
+        rate += (h.view(rows, combos) * scale * p_values).sum(-1)
+        trans += (f.view(rows, combos) * scale * p_values).sum(-1)
+    if variant.clean_pi is not None:
+        s, w_s = _gauss(0.0, -math.log1p(-a))
+        for si, wi in zip(s.tolist(), w_s.tolist()):
+            al = -math.expm1(-si)
+            rate -= wi * al**D * variant.clean_pi(x1, torch.full((rows,), al)).double()
+    prob_z = torch.where(z[0], 1.0 - a, a).prod(-1).double()  # [C]
+    final = variant.final(x1_rep, x.reshape(-1, D), z.reshape(-1, D), torch.full((rows * combos,), t_max))
+    trans += (final.view(rows, combos) * prob_z * p_values).sum(-1)
+    return rate, trans
+
+
+def _at(log_p, index):
+    return log_p.gather(-1, index[..., None]).squeeze(-1)
+
+
+class UniformVariant:
+    noise, time_dependent = "uniform", True
+
+    def __init__(self, model):
+        self.model = model
+
+    def integrand(self, x1, x, z, t):
+        log_p = self.model(x, t).double().log_softmax(-1)
+        jump = x != x1
+        h = (jump.double() - (1 - _at(log_p, x).exp())).sum(-1)
+        return h, torch.where(jump, _at(log_p, x1), 0.0).sum(-1)
+
+    def clean_pi(self, x1, t):
+        return (1 - _at(self.model(x1, t).double().log_softmax(-1), x1).exp()).sum(-1)
+
+    def final(self, x1, x, z, t):
+        return _at(self.model(x, t).double().log_softmax(-1), x1).sum(-1)
+
+
+class PlannedUniformVariant:
+    noise, time_dependent = "uniform", True
+
+    def __init__(self, planner, denoiser, time_conditioned):
+        self.planner, self.denoiser, self.timed = planner, denoiser, time_conditioned
+
+    def p(self, x, t):
+        return torch.sigmoid(self.planner(x, t) if self.timed else self.planner(x)).double()
+
+    def integrand(self, x1, x, z, t):
+        p, log_q = self.p(x, t), _at(self.denoiser(x, t).double().log_softmax(-1), x1)
+        return (z.double() - p).sum(-1), torch.where(z, p.log() + log_q, 0.0).sum(-1)
+
+    def clean_pi(self, x1, t):
+        return self.p(x1, t).sum(-1)
+
+    def final(self, x1, x, z, t):
+        p, q = self.p(x, t), _at(self.denoiser(x, t).double().log_softmax(-1), x1).exp()
+        return torch.log((1 - p) * (x == x1) + p * q).sum(-1)
+
+
+class PlannedMaskVariant:
+    """The planner's mask: expectations over z~ enumerated; mask='true': the noise positions."""
+
+    noise, time_dependent = "uniform", False
+
+    def __init__(self, planner, mask_denoiser, mask):
+        self.planner, self.denoiser, self.mask = planner, mask_denoiser, mask
+
+    def _draws(self, x, x1):
+        """(weights [R, P, D], log q [R, P, D]) over masks z~ with z~^d = N."""
+        p = torch.sigmoid(self.planner(x)).double()
+        masked = torch.where(PATTERNS[None], torch.full((x.shape[0], 2**D, D), S), x[:, None, :])
+        t = 1.0 - PATTERNS.float().mean(-1).repeat(x.shape[0])
+        log_p = self.denoiser(masked.view(-1, D), t).double().log_softmax(-1).view(x.shape[0], 2**D, D, S)
+        log_q = _at(log_p, x1[:, None, :].expand(-1, 2**D, -1))
+        bern = torch.where(PATTERNS[None], p[:, None, :], 1 - p[:, None, :])
+        weights = torch.stack([torch.where(PATTERNS[None, :, d], torch.cat([bern[:, :, :d], bern[:, :, d + 1:]], -1)
+                                           .prod(-1), torch.zeros(())) for d in range(D)], dim=-1)
+        return p, weights, log_q
+
+    def _true(self, x, x1, z):
+        masked = torch.where(z, torch.full_like(x, S), x)
+        return _at(self.denoiser(masked, torch.zeros(x.shape[0])).double().log_softmax(-1), x1)
+
+    def integrand(self, x1, x, z, t):
+        if self.mask == "true":
+            p = torch.sigmoid(self.planner(x)).double()
+            log_q = self._true(x, x1, z)
+        else:
+            p, weights, log_q = self._draws(x, x1)
+            log_q = (weights * log_q).sum(1)
+        return (z.double() - p).sum(-1), torch.where(z, p.log() + log_q, 0.0).sum(-1)
+
+    clean_pi = None  # set in __init__ below (time-free planner: pi does not depend on t)
+
+    def final(self, x1, x, z, t):
+        same = x == x1
+        if self.mask == "true":
+            p = torch.sigmoid(self.planner(x)).double()
+            q = self._true(x, x1, z).exp()
+            return torch.where(z, torch.log((1 - p) * same + p * q), torch.log(1 - p)).sum(-1)
+        p, weights, log_q = self._draws(x, x1)
+        mixed = (weights * torch.log((1 - p[:, None, :]) + p[:, None, :] * log_q.exp())).sum(1)
+        kept = p * mixed + (1 - p) * torch.log(1 - p)
+        return torch.where(same, kept, p.log() + (weights * log_q).sum(1)).sum(-1)
+
+
+def _planned_mask_variant(planner, mask_denoiser, mask):
+    variant = PlannedMaskVariant(planner, mask_denoiser, mask)
+    variant.clean_pi = lambda x1, t: torch.sigmoid(planner(x1)).double().sum(-1)
+    return variant
+
+
+class MaskVariant:
+    noise, time_dependent, clean_pi = "mask", False, None
+
+    def __init__(self, mask_denoiser):
+        self.denoiser = mask_denoiser
+
+    def integrand(self, x1, x, z, t):
+        f = self.final(x1, x, z, t)
+        return torch.zeros_like(f), f
+
+    def final(self, x1, x, z, t):
+        return torch.where(z, _at(self.denoiser(x, t).double().log_softmax(-1), x1), 0.0).sum(-1)
+
+
+# ---------------------------------------------------------------- Monte-Carlo summaries
+
+
+def _replicated(toy):
+    x1 = toy.states.repeat(REPLICAS, 1)
+    return x1, torch.arange(x1.shape[0])
+
+
+def _per_state(values: torch.Tensor):
+    v = values.double().view(REPLICAS, -1)
+    return v.mean(0), v.std(0) / math.sqrt(REPLICAS)
+
+
+def _assert_unbiased(name, estimate: torch.Tensor, reference: torch.Tensor):
+    mean, se = _per_state(estimate)
+    excess = ((mean - reference).abs() / se.clamp(min=1e-12)).max()
+    assert float(excess) < Z, f"{name}: estimate differs from the exact expectation by {float(excess):.1f} SE"
+
+
+def _check_estimator(toy, variant, estimate_fn, t_max=T_MAX, seed=0):
+    """MC estimate (both terms) against the exact expectation; returns the exact ELBO."""
+    x1, rows = _replicated(toy)
+    est = estimate_fn(x1, rows, t_max, seed)
+    rate, trans = reference_elbo(toy.states, variant, t_max)
+    _assert_unbiased("rate matching", est.rate_matching, rate)
+    _assert_unbiased("transitioning", est.transitioning, trans)
+    return rate + trans, rate
+
+
+# ---------------------------------------------------------------- tests
+
+
+def test_mask_diffusion_elbo_is_tight_for_the_exact_denoiser(toy, models):
+    """With the exact p(x_1^d | unmasked positions) every unmasking order gives p_data(x_1),
+    so the ELBO equals the log-likelihood up to the factorised final emission, whose
+    error is O((D (1 - t_max))^2) in probability: below 1e-5 nats on average over p_data
+    (on the rarest sequences, p ~ 1e-6, it is larger relative to their probability)."""
+    elbo, _ = _check_estimator(toy, MaskVariant(models.mask_denoiser),
+                               lambda x1, rows, t_max, seed: elbo_mask_diffusion(
+                                   models.mask_denoiser, x1, S, mc_samples=SAMPLES, t_max=t_max, seed=seed,
+                                   row_ids=rows))
+    gap = exact_mask_diffusion(toy, models.mask_denoiser) - elbo
+    assert bool((gap >= -1e-7).all())
+    assert float((toy.p_data * gap).sum()) < 1e-5
+
+
+def test_mask_diffusion_elbo_bounds_and_ranks_a_wrong_denoiser(toy, models):
+    wrong = tempered(models.mask_denoiser, 0.5)
+    elbo, _ = _check_estimator(toy, MaskVariant(wrong), lambda x1, rows, t_max, seed: elbo_mask_diffusion(
+        wrong, x1, S, mc_samples=SAMPLES, t_max=t_max, seed=seed, row_ids=rows))
+    assert bool((elbo <= exact_mask_diffusion(toy, wrong) + 1e-9).all())
+    right, _ = reference_elbo(toy.states, MaskVariant(models.mask_denoiser), T_MAX)
+    assert float((toy.p_data * elbo).sum()) < float((toy.p_data * right).sum()) - 0.05
+
+
+@pytest.mark.parametrize("power, t_max", [(1.0, T_MAX), (0.5, T_MAX), (1.0, 0.6)])
+def test_uniform_model_elbo(toy, models, power, t_max):
+    model = tempered(models.uniform_model, power)
+    elbo, rate = _check_estimator(toy, UniformVariant(model), lambda x1, rows, t_max, seed: elbo_uniform_model(
+        model, x1, S, mc_samples=SAMPLES, t_max=t_max, seed=seed, row_ids=rows), t_max=t_max)
+    if t_max == T_MAX:
+        assert bool((elbo <= exact_uniform_model(toy, model) + 1e-6).all())
+    # The exact model's jump rate is E[R_t(x_t | x_1) | x_t]: rate matching averages to 0
+    # over p_data at every t; a wrong model's does not.
+    average = abs(float((toy.p_data * rate).sum()))
+    assert average < 1e-6 if power == 1.0 else average > 1e-2
+
+
+@pytest.mark.parametrize("time_conditioned", [False, True])
+def test_planner_uniform_denoiser_elbo(toy, models, time_conditioned):
+    planner = models.planner_t if time_conditioned else models.planner
+    variant = PlannedUniformVariant(planner, models.uniform_denoiser, time_conditioned)
+    elbo, rate = _check_estimator(toy, variant, lambda x1, rows, t_max, seed: elbo_planned(
+        planner, models.uniform_denoiser, x1, S, time_conditioned_planner=time_conditioned, mc_samples=SAMPLES,
+        t_max=t_max, seed=seed, row_ids=rows))
+    assert bool((elbo <= exact_planned_uniform(toy, planner, models.uniform_denoiser, time_conditioned) + 1e-6)
+                .all())
+    average = abs(float((toy.p_data * rate).sum()))
+    assert average < 1e-6 if time_conditioned else average > 1e-2
+
+
+@pytest.mark.parametrize("power", [1.0, 2.0])
+def test_planner_mask_denoiser_elbo_with_the_planner_mask(toy, models, power):
+    denoiser = tempered(models.mask_denoiser, power)
+    elbo, _ = _check_estimator(toy, _planned_mask_variant(models.planner, denoiser, "planner"),
+                               lambda x1, rows, t_max, seed: elbo_planned(
+                                   models.planner, denoiser, x1, S, denoiser_type="mask", mask="planner",
+                                   mc_samples=SAMPLES, t_max=t_max, seed=seed, row_ids=rows))
+    assert bool((elbo <= exact_planned_mask(toy, models.planner, denoiser) + 1e-9).all())
+
+
+def test_planner_mask_denoiser_elbo_with_the_true_mask(toy, models):
+    _check_estimator(toy, _planned_mask_variant(models.planner, models.mask_denoiser, "true"),
+                     lambda x1, rows, t_max, seed: elbo_planned(
+                         models.planner, models.mask_denoiser, x1, S, denoiser_type="mask", mask="true",
+                         mc_samples=SAMPLES, t_max=t_max, seed=seed, row_ids=rows))
+
+
+def test_true_mask_denoising_term_is_the_mask_diffusion_one(toy, models):
+    """With the true noise positions masked the denoiser sees x_1 masked at z_t: the same
+    draws give the mask-diffusion denoising term exactly."""
+    x1 = toy.states
+    kwargs = dict(mc_samples=2, t_max=T_MAX, seed=10)
+    planned = elbo_planned(models.planner, models.mask_denoiser, x1, S, denoiser_type="mask", mask="true", **kwargs)
+    masked = elbo_mask_diffusion(models.mask_denoiser, x1, S, **kwargs)
+    torch.testing.assert_close(planned.denoising, masked.denoising)
+
+
+# ---------------------------------------------------------------- tiny transformers, reproducibility, inputs
+
+V, L = 27, 24
+WIKI = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "text8-mini", "wiki.txt")
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from ddpd.models import build_model, config_for
+
+    torch.manual_seed(0)
+    kinds = ("planner", "mask-denoiser", "uniform-denoiser", "uniform")
+    return {k: build_model(k, config_for(k, V, L, d_model=16, n_layers=1, n_heads=2)).eval() for k in kinds}
+
+
+@pytest.fixture(scope="module")
+def text():
+    from ddpd.training.data import Text8Tokenizer
+
+    with open(WIKI, encoding="ascii") as f:
+        chars = f.read(L * 12)
+    return torch.tensor(Text8Tokenizer().encode(chars)).view(12, L)
+
+
+def _estimators(tiny):
+    p, m, u, uni = tiny["planner"], tiny["mask-denoiser"], tiny["uniform-denoiser"], tiny["uniform"]
+    return {
+        "uniform": lambda x, **k: elbo_uniform_model(uni, x, V, **k),
+        "planner+uniform": lambda x, **k: elbo_planned(p, u, x, V, **k),
+        "planner+mask": lambda x, **k: elbo_planned(p, m, x, V, denoiser_type="mask", **k),
+        "mask": lambda x, **k: elbo_mask_diffusion(m, x, V, **k),
+    }
+
+
+@torch.no_grad()
+def test_tiny_models_give_finite_seeded_batch_invariant_terms(tiny, text):
+    for name, estimate in _estimators(tiny).items():
+        whole = estimate(text, mc_samples=2, seed=11)
+        parts = [estimate(text[i:i + 5], mc_samples=2, seed=11, row_ids=torch.arange(i, min(i + 5, 12)))
+                 for i in range(0, 12, 5)]
+        for term in ("rate_matching", "planning", "denoising", "final"):
+            value = getattr(whole, term)
+            assert value.shape == (12,) and bool(torch.isfinite(value).all()), (name, term)
+            torch.testing.assert_close(value, torch.cat([getattr(p, term) for p in parts]), msg=(name, term))
+        bits = whole.bits()
+        torch.testing.assert_close(bits["elbo"], -whole.elbo / (L * math.log(2.0)))
+        assert bool((bits["denoising"] >= 0).all()), name  # log-probabilities are <= 0
+        again = estimate(text, mc_samples=2, seed=11)
+        assert torch.equal(again.elbo, whole.elbo), name
+        assert not torch.equal(estimate(text, mc_samples=2, seed=12).elbo, whole.elbo), name
+
+
+@pytest.mark.parametrize("change, error", [
+    (dict(x1=torch.zeros(2, 4)), "x1 must have dtype torch.int64"),
+    (dict(x1=torch.full((2, 4), V)), "x1 must hold ids in \\[0, 27\\)"),
+    (dict(mc_samples=0), "mc_samples must be >= 1"),
+    (dict(t_max=1.0), "t_max must be in \\(0, 1\\)"),
+    (dict(seed=-1), "seed must be an int"),
+    (dict(row_ids=torch.arange(3)), "row_ids must be a Long tensor of shape \\(2,\\)"),
+    (dict(denoiser_type="masked"), "denoiser_type must be one of"),
+    (dict(mask="oracle"), "mask must be one of"),
+    (dict(planner="planner"), "planner must be callable"),
+])
+def test_elbo_validates_inputs(tiny, change, error):
+    args = dict(planner=tiny["planner"], denoiser=tiny["uniform-denoiser"], x1=torch.zeros(2, 4, dtype=torch.long),
+                vocab_size=V)
+    args.update(change)
+    planner, denoiser, x1, vocab = (args.pop(k) for k in ("planner", "denoiser", "x1", "vocab_size"))
+    with pytest.raises((ValueError, TypeError), match=error):
+        elbo_planned(planner, denoiser, x1, vocab, **args)
+
+
+def test_elbo_rejects_a_model_with_the_wrong_output_shape():
+    with pytest.raises(ValueError, match="model must return floating logits of shape \\[2, 4, 27\\]"):
+        elbo_uniform_model(lambda x, t: torch.zeros(2, 4, 26), torch.zeros(2, 4, dtype=torch.long), V)

@@ -1,0 +1,164 @@
+"""Sample-quality metrics, sweeps and convergence records (ddpd.eval.quality, ddpd.eval.convergence)."""
+import csv
+import math
+import os
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from ddpd.eval import quality, report
+from ddpd.eval.convergence import PlannerRecorder, convergence_rows, stopped_fraction, write_convergence
+from ddpd.eval.quality import SamplerSpec, judge_nll, run_sweep, unigram_entropy, write_sweep
+from ddpd.models import build_model, config_for
+from ddpd.training.data import Text8Tokenizer
+
+V = 27
+
+
+def test_unigram_entropy_of_known_samples():
+    enc = Text8Tokenizer().encode
+    x = torch.tensor([enc("aaaa"), enc("abab"), enc("abcd"), enc("aabc")])
+    torch.testing.assert_close(unigram_entropy(x, V), torch.tensor([0.0, 1.0, 2.0, 1.5]))
+
+
+@pytest.fixture(scope="module")
+def judge():
+    torch.manual_seed(0)
+    return build_model("ar", config_for("ar", V, 16, d_model=16, n_layers=1, n_heads=2)).eval()
+
+
+def test_judge_nll_is_the_per_token_negative_log_likelihood(judge):
+    x = torch.randint(0, V, (5, 16), generator=torch.Generator().manual_seed(1))
+    expected = -judge.log_likelihood(x) / 16
+    torch.testing.assert_close(judge_nll(judge, x, batch_size=2), expected)
+    # log p(x) is a sum of log-probabilities of tokens, by the chain rule: below 0
+    assert bool((expected > 0).all())
+    with pytest.raises(TypeError, match="judge must have a log_likelihood"):
+        judge_nll(lambda x: x, x)
+
+
+def _fake_sampler(name, length=16):
+    """Each sample's tokens depend only on (seed, its id, steps): like a per-row stream."""
+
+    def run(n, steps, temperature, seed, first_row):
+        rows = torch.arange(first_row, first_row + n)
+        tokens = (rows[:, None] * 7 + torch.arange(length) * (steps + seed)) % (V if temperature >= 1 else 3)
+        return SimpleNamespace(tokens=tokens, stop_step=torch.full((n,), steps - 1), planner_rows=n * steps,
+                               denoiser_rows=n * steps)
+
+    return SamplerSpec(name, run)
+
+
+def test_sweep_rows_are_batch_invariant_and_complete(judge):
+    specs = [_fake_sampler("a"), _fake_sampler("b")]
+    kwargs = dict(steps=[2, 4], temperatures=[0.5, 1.0], num_samples=5, judge=judge, vocab_size=V, seed=3)
+    rows = run_sweep(specs, batch_size=2, **kwargs)
+    assert [(r["sampler"], r["steps"], r["temperature"]) for r in rows] == \
+        [(s, n, t) for s in "ab" for n in (2, 4) for t in (0.5, 1.0)]
+
+    def timeless(table):
+        return [{k: v for k, v in r.items() if k != "sampling_seconds"} for r in table]
+
+    assert timeless(rows) == timeless(run_sweep(specs, batch_size=5, **kwargs))
+    low = [r for r in rows if r["temperature"] == 0.5]
+    assert all(r["entropy"] <= math.log2(3) + 1e-6 for r in low)  # three symbols at most
+    assert rows[0]["mean_steps"] == 1.0 and rows[0]["nfe"] == 4.0
+
+
+def test_sweep_reference_row_and_outputs(judge, tmp_path):
+    reference = torch.randint(0, V, (6, 16), generator=torch.Generator().manual_seed(4))
+    rows = run_sweep([_fake_sampler("a")], steps=[2], temperatures=[1.0], num_samples=3, judge=judge,
+                     vocab_size=V, reference=reference)
+    assert rows[0]["sampler"] == quality.REFERENCE
+    assert rows[0]["judge_nll"] == pytest.approx(float(judge_nll(judge, reference).mean()))
+    paths = write_sweep(rows, str(tmp_path / "out"))
+    with open(paths["csv"]) as f:
+        table = list(csv.DictReader(f))
+    assert [r["sampler"] for r in table] == [quality.REFERENCE, "a"]
+    with open(paths["markdown"]) as f:
+        markdown = f.read()
+    assert markdown.startswith("| Sampler | Steps |") and markdown.count("\n") == 4
+    pytest.importorskip("matplotlib")
+    assert os.path.getsize(paths["plot"]) > 1000
+
+
+def test_missing_matplotlib_skips_the_plot_with_a_clear_message(judge, tmp_path, monkeypatch):
+    def missing():
+        raise report.MissingDependency(report.PLOT_HINT)
+
+    monkeypatch.setattr(quality, "pyplot", missing)
+    rows = run_sweep([_fake_sampler("a")], steps=[2], temperatures=[1.0], num_samples=2, judge=judge, vocab_size=V)
+    paths = write_sweep(rows, str(tmp_path))
+    assert paths["plot"] is None and "pip install 'ddpd[eval]'" in paths["plot_skipped"]
+    assert os.path.isfile(paths["csv"])
+
+
+@pytest.mark.parametrize("kwargs, error", [
+    (dict(samplers=[]), "expected at least one SamplerSpec"),
+    (dict(steps=[0]), "steps must be >= 1"),
+    (dict(temperatures=[]), "must be non-empty"),
+    (dict(num_samples=0), "num_samples must be >= 1"),
+])
+def test_sweep_validates_inputs(judge, kwargs, error):
+    args = dict(samplers=[_fake_sampler("a")], steps=[2], temperatures=[1.0], num_samples=2, judge=judge,
+                vocab_size=V)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=error):
+        run_sweep(args.pop("samplers"), **args)
+
+
+def test_sweep_rejects_a_sampler_returning_the_wrong_shape(judge):
+    bad = SamplerSpec("bad", lambda n, s, t, seed, first: SimpleNamespace(tokens=torch.zeros(n + 1, 4).long()))
+    with pytest.raises(ValueError, match="sampler 'bad' must return .tokens of shape \\[2, D\\]"):
+        run_sweep([bad], steps=[1], temperatures=[1.0], num_samples=2, judge=judge, vocab_size=V)
+
+
+# ---------------------------------------------------------------- convergence
+
+
+def test_planner_recorder_statistics():
+    outputs = iter([torch.tensor([[5.0, 5.0], [5.0, -9.0]]), torch.tensor([[-9.0, 5.0], [-9.0, -9.0]])])
+    recorder = PlannerRecorder(lambda x: next(outputs), eps=(0.05, 0.001))
+    recorder.start_run(2)
+    x = torch.zeros(2, 2, dtype=torch.long)
+    recorder(x)
+    recorder(x)
+    first, second = recorder.rows()
+    p5, p9 = torch.sigmoid(torch.tensor(5.0)).item(), torch.sigmoid(torch.tensor(-9.0)).item()
+    assert first["noise_left"] == pytest.approx((2 * p5 + p5 + p9) / 4)
+    assert math.isnan(first["z_changed"])
+    assert second["z_changed"] == pytest.approx(2 / 4)  # position 0 of both rows flipped to clean
+    assert second["met_eps_0.05"] == pytest.approx(0.5) and second["met_eps_0.001"] == pytest.approx(0.5)
+    assert first["met_eps_0.05"] == 0.0
+
+
+def test_planner_recorder_sums_batches_and_refuses_a_shrinking_batch():
+    recorder = PlannerRecorder(lambda x: torch.full(x.shape, -9.0))
+    for n in (3, 1):
+        recorder.start_run(n)
+        recorder(torch.zeros(n, 4, dtype=torch.long))
+    assert recorder.counts == [4]
+    recorder.start_run(3)
+    with pytest.raises(RuntimeError, match="saw 2 sequences at step 0, expected all 3"):
+        recorder(torch.zeros(2, 4, dtype=torch.long))
+
+
+def test_recorder_on_the_ddpd_sampler_counts_one_call_per_step():
+    sampling = pytest.importorskip("ddpd.sampling")
+    recorder = PlannerRecorder(lambda x: torch.zeros(x.shape))
+    recorder.start_run(3)
+    sampling.ddpd_sample(recorder, lambda x, t: torch.zeros(*x.shape, V), 3, 8, V, steps=5, stop="budget", seed=0)
+    assert len(recorder.rows()) == 5 and recorder.counts == [3] * 5
+
+
+def test_stopped_fraction_and_convergence_outputs(tmp_path):
+    stopped = stopped_fraction(torch.tensor([0, 2, 2, 5]), steps=5)
+    torch.testing.assert_close(stopped, torch.tensor([0.25, 0.25, 0.75, 0.75, 0.75]))
+    recorded = [{"step": i, "noise_left": 1.0 / (i + 1), "z_changed": 0.0, "met_eps_0.05": 0.0,
+                 "met_eps_0.01": 0.0} for i in range(5)]
+    rows = convergence_rows(recorded, stopped)
+    assert rows[2]["stopped"] == 0.75
+    paths = write_convergence(rows, str(tmp_path))
+    with open(paths["csv"]) as f:
+        assert len(list(csv.DictReader(f))) == 5
