@@ -22,7 +22,9 @@ class SampleResult:
     tokens: Long[B, D] final sequences. steps: loop iterations the batch ran.
     stop_step: Long[B], the iteration at which each row stopped (its number of steps).
     planner_calls / denoiser_calls: forward passes (calls, whatever their batch size).
-    planner_rows / denoiser_rows: sequences evaluated, summed over those calls.
+    planner_rows / denoiser_rows: sequences evaluated (row-evaluations), summed over
+    those calls. planner_rows_saved / denoiser_rows_saved: the row-evaluations that
+    rows leaving the batch saved, against the whole batch at every call.
     """
 
     tokens: Tensor
@@ -32,6 +34,14 @@ class SampleResult:
     denoiser_calls: int = 0
     planner_rows: int = 0
     denoiser_rows: int = 0
+
+    @property
+    def planner_rows_saved(self) -> int:
+        return self.tokens.shape[0] * self.planner_calls - self.planner_rows
+
+    @property
+    def denoiser_rows_saved(self) -> int:
+        return self.tokens.shape[0] * self.denoiser_calls - self.denoiser_rows
 
 
 def check_int(name: str, value, minimum: int, maximum: Optional[int] = None) -> int:
@@ -53,6 +63,12 @@ def check_float(name: str, value, minimum: float, maximum: float = float("inf"),
     if not (low_ok and high_ok) or value != value:
         left, right = "(" if open_min else "[", ")" if open_max else "]"
         raise ValueError(f"{name} must be in {left}{minimum}, {maximum}{right}, got {value}")
+    return value
+
+
+def check_bool(name: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
     return value
 
 
@@ -94,6 +110,11 @@ class RunningBatch:
 
     def __len__(self) -> int:
         return self.rows.numel()
+
+    @property
+    def finished(self) -> bool:
+        """True once every row has stopped."""
+        return len(self) == 0
 
     def planner(self, model: Callable, x: Tensor, *args) -> Tensor:
         """Planner logits Float[B, D] for x (time passed when given), shape-checked."""

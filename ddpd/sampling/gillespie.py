@@ -22,6 +22,9 @@ appendix 'Implementation details' (the listings' names differ):
   `parallel_steps` steps, then one at a time (refinement).
 - temperature: denoiser logit temperature, fixed or annealed linearly to
   temperature_end over the step budget.
+- fused=True (clock='planner'): the same sampler with the per-step work in
+  ddpd.ops and finished rows leaving the batch at stop checks every sync_every
+  steps (ddpd.sampling.fused); the code here is the reference.
 
 `ddpd_sample_uniform` does the same with a single uniform-diffusion model
 p(x_1^d | x_t) split into planner and denoiser by prop:generative_rate_decomposition
@@ -39,6 +42,9 @@ from ddpd.process import Schedule, denoiser_prob_from_uniform, get_schedule, pla
 from ddpd.sampling import steps as step_fns
 from ddpd.sampling.common import (RunningBatch, SampleResult, check_callable, check_choice, check_float,
                                   check_int, check_shape, check_temperatures, initial_noise)
+from ddpd.sampling.fused import fused_planner_clock
+from ddpd.sampling.fused_batch import FusedBatch, check_fused_options
+from ddpd.sampling.fused_draws import OpDraws
 from ddpd.sampling.noise import ACCEPT, CLOCK, MASK, SELECT, TOKEN, NoiseSource, exponential, make_noise
 
 DENOISER_TYPES = ("uniform", "mask")
@@ -71,6 +77,9 @@ def ddpd_sample(
     generator: Optional[torch.Generator] = None,
     noise: Optional[NoiseSource] = None,
     device: Union[str, torch.device, None] = None,
+    fused: bool = False,
+    sync_every: int = 8,
+    compaction: bool = True,
 ) -> SampleResult:
     """Sample `batch_size` sequences of `length` tokens with a planner and a denoiser.
 
@@ -81,6 +90,16 @@ def ddpd_sample(
     positions. steps: the step budget T. stop: 'eps' (default with clock='planner')
     or 'budget' (the only choice with clock='exact', which also ends at t_end).
     Randomness: one of seed, generator, noise (see ddpd.sampling.noise).
+
+    fused=True runs ddpd.sampling.fused (clock='planner', eps < 1): same draws from
+    the same noise. A denoiser exposing hidden(x, t) and an nn.Linear head (the
+    ddpd.models networks, whose forward is head(hidden(x, t))) has its head applied
+    at the chosen positions only; a plain callable's logits are gathered there.
+    With stop='eps' finished rows are frozen at once and leave the batch at the
+    stop check every sync_every steps (the only host synchronisation);
+    compaction=False keeps them in the batch to the end (same samples, more
+    row-evaluations). Both are ignored by the reference path, which removes a row
+    the step it stops.
     Returns a SampleResult; stop_step is the number of steps each row took.
     """
     check_callable("planner", planner)
@@ -92,8 +111,18 @@ def ddpd_sample(
         raise ValueError("time_conditioned_planner=True needs clock='exact': the planner clock estimates "
                          "the time from a time-free planner")
     mask_id = vocab_size if mask_id is None else check_int("mask_id", mask_id, vocab_size)
+    check_fused_options(fused, sync_every, compaction)
+    if fused and clock != "planner":
+        raise ValueError(f"fused=True needs clock='planner', got clock={clock!r}")
+    if fused and opts.eps >= 1.0:
+        raise ValueError(f"eps must be < 1 with fused=True, got {opts.eps}")
     noise = make_noise(seed, generator, noise)
-    batch = RunningBatch(initial_noise(noise, batch_size, length, vocab_size, device))
+    x0 = initial_noise(noise, batch_size, length, vocab_size, device)
+    if fused:
+        return fused_planner_clock(planner, denoiser, FusedBatch(x0, sync_every, compaction), OpDraws(noise), opts,
+                                   denoiser_type, mask_id, vocab_size)
+    batch = RunningBatch(x0)
+    width = step_fns.token_noise_width(vocab_size)
 
     def plan(x: Tensor, t: Optional[Tensor]) -> Tensor:
         return batch.planner(planner, x, t) if time_conditioned_planner else batch.planner(planner, x)
@@ -108,7 +137,7 @@ def ddpd_sample(
         else:
             x_in, t = x, step_fns.planner_time(p, opts.schedule) if t is None else t
         x1_logits = batch.denoiser(denoiser, x_in, t, vocab_size)
-        u = noise.uniform(i, TOKEN, rows, kk * vocab_size).view(-1, kk, vocab_size)
+        u = noise.uniform(i, TOKEN, rows, kk * width).view(-1, kk, width)
         return step_fns.denoise_positions(x, x1_logits, positions, valid, u, opts.temperature(i))
 
     loop = _exact_clock_loop if clock == "exact" else _planner_clock_loop
@@ -153,6 +182,7 @@ def ddpd_sample_uniform(
                           temperature, temperature_end, schedule)
     noise = make_noise(seed, generator, noise)
     batch = RunningBatch(initial_noise(noise, batch_size, length, vocab_size, device))
+    width = step_fns.token_noise_width(vocab_size)
     alpha = opts.schedule.alpha
     # Per-row state shared with the loops: "p_x1", the latest planning call's output
     # (reused to denoise on the exact clock), and "t_prev", the lagged time estimate.
@@ -175,7 +205,7 @@ def ddpd_sample_uniform(
         else:
             p_x1 = cache["p_x1"]
         q = denoiser_prob_from_uniform(p_x1, x, alpha(t))
-        u = noise.uniform(i, TOKEN, rows, kk * vocab_size).view(-1, kk, vocab_size)
+        u = noise.uniform(i, TOKEN, rows, kk * width).view(-1, kk, width)
         return step_fns.denoise_positions(x, torch.log(q), positions, valid, u, opts.temperature(i))
 
     if clock == "exact":

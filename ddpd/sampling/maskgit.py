@@ -10,6 +10,9 @@ last step, which fills every remaining mask.
 
 The Gumbel-perturbed ranking is a Plackett-Luce draw: the unmasked set is the first
 m - n_i picks, without replacement, with weights p(token)^(1 / tau_i).
+
+fused=True draws the tokens with ddpd.ops.sample_categorical (same tokens from the
+same noise); every row runs every step, so nothing else changes.
 """
 from __future__ import annotations
 
@@ -21,8 +24,9 @@ from torch import Tensor
 
 from ddpd.process import Schedule, get_schedule
 from ddpd.sampling import steps as step_fns
-from ddpd.sampling.common import (RunningBatch, SampleResult, check_callable, check_float, check_int, check_shape,
-                                  check_temperatures)
+from ddpd.sampling.common import (RunningBatch, SampleResult, check_bool, check_callable, check_float, check_int,
+                                  check_shape, check_temperatures)
+from ddpd.sampling.fused_draws import OpDraws, draw_everywhere
 from ddpd.sampling.noise import CONFIDENCE, TOKEN, NoiseSource, gumbel, make_noise
 
 
@@ -42,6 +46,7 @@ def maskgit_sample(
     generator: Optional[torch.Generator] = None,
     noise: Optional[NoiseSource] = None,
     device: Union[str, torch.device, None] = None,
+    fused: bool = False,
 ) -> SampleResult:
     """MaskGIT sampling with a mask denoiser(x, t) -> Float[B, D, V] logits.
 
@@ -50,6 +55,7 @@ def maskgit_sample(
     when given) tempers the token draws; confidences use the untempered model
     probabilities. choice_temperature scales the Gumbel noise on the confidences
     (MaskGIT's default 4.5; 0 ranks by confidence alone, ties broken by position).
+    fused: draw the tokens with ddpd.ops.sample_categorical.
     """
     check_callable("denoiser", denoiser)
     check_shape(batch_size, length, vocab_size)
@@ -58,13 +64,19 @@ def maskgit_sample(
     choice_temperature = check_float("choice_temperature", choice_temperature, 0.0)
     schedule = get_schedule(schedule)
     mask_id = vocab_size if mask_id is None else check_int("mask_id", mask_id, vocab_size)
+    check_bool("fused", fused)
     noise = make_noise(seed, generator, noise)
     batch = RunningBatch(torch.full((batch_size, length), mask_id, dtype=torch.long, device=device))
+    width = step_fns.token_noise_width(vocab_size)
     for i in range(steps):
         masked = batch.x == mask_id
         logits = batch.denoiser(denoiser, batch.x, step_fns.mask_time(masked, schedule), vocab_size)
-        u = noise.uniform(i, TOKEN, batch.rows, length * vocab_size).view(len(batch), length, vocab_size)
-        tokens = step_fns.sample_categorical(logits, u, step_fns.temperature_at(i, steps, *temperatures))
+        temperature = step_fns.temperature_at(i, steps, *temperatures)
+        if fused:
+            tokens = draw_everywhere(OpDraws(noise), i, batch.rows, logits, temperature)
+        else:
+            u = noise.uniform(i, TOKEN, batch.rows, length * width).view(len(batch), length, width)
+            tokens = step_fns.sample_categorical(logits, u, temperature)
         tau = choice_temperature * (1.0 - (i + 1) / steps)
         confidence = logits.log_softmax(-1).gather(-1, tokens[..., None]).squeeze(-1)
         confidence = confidence + tau * gumbel(noise.uniform(i, CONFIDENCE, batch.rows, length))

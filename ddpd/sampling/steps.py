@@ -11,9 +11,12 @@ draw: they are pure functions of model outputs and uniforms from a NoiseSource.
   the logits over positions.
 - `draw_mask`: z ~ prod_d Bernoulli(p(z^d = N | x_t)) with the chosen positions
   always masked, the approximation of p(z | x_t, z^d = N) below prop:draw_with_maskD.
-- `sample_categorical`: Gumbel-max draw from softmax(logits / temperature);
-  temperature 0 is the argmax. `denoise_positions`: the Denoise step of
-  Algorithm 1, a draw at each chosen position.
+- `sample_categorical`: Gumbel-max draw from softmax(logits / temperature),
+  temperature 0 is the argmax; for more than TILE tokens the two-level (tile, then
+  token) Gumbel-max of ddpd.ops.sample_categorical, so that the op drawing from the
+  same uniforms draws the same token. `token_noise_width`: the uniforms one draw
+  reads. `denoise_positions`: the Denoise step of Algorithm 1, a draw at each
+  chosen position.
 - `planner_time`, `mask_time`: the time estimates t = alpha^{-1}(1 - sum_d p_d / D)
   (section 'Adaptive Time Correction') and t = alpha^{-1}(1 - #masked / D).
 - `temperature_at`: a fixed or linearly annealed logit temperature.
@@ -24,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ddpd.ops.sample_categorical import TILE, draw_from_logits, noise_width
 from ddpd.process import Schedule
 from ddpd.sampling.noise import gumbel
 
@@ -70,13 +74,32 @@ def draw_mask(planner_p: Tensor, u: Tensor, positions: Tensor) -> Tensor:
     return z.scatter(-1, positions, True)
 
 
+def token_noise_width(vocab_size: int) -> int:
+    """Uniforms one categorical draw over vocab_size tokens reads (the last axis of its u).
+
+    Column j drives token j; with more than TILE tokens, column V + t drives tile t
+    (the layout of ddpd.ops.sample_categorical). A single tile needs no tile uniform.
+    """
+    return vocab_size if vocab_size <= TILE else noise_width(vocab_size)
+
+
 def sample_categorical(logits: Tensor, u: Tensor, temperature: float = 1.0) -> Tensor:
     """One draw per row of softmax(logits / temperature) over the last axis.
 
-    Gumbel-max: argmax(logits / T + g) = argmax(logits + T * g) for T > 0, which at
-    T = 0 is the argmax of the logits. Logits of -inf are never drawn. u: same shape.
+    Gumbel-max: argmax_j (logits_j / T + G_j) with G_j = gumbel(u_j); temperature 0
+    is the argmax of the logits. Logits of -inf are never drawn. u: [..., W] with
+    W = token_noise_width(V). Above TILE tokens the race is two-level: tile t wins
+    with key logsumexp(tile t) + G'_t (G'_t from column V + t), then the token wins
+    inside that tile; P(j) = P(tile of j) P(j | tile) = softmax_j, exactly.
     """
-    return (logits + temperature * gumbel(u)).argmax(-1)
+    if temperature == 0:
+        return logits.argmax(-1)
+    x = logits / temperature
+    vocab = x.shape[-1]
+    if vocab <= TILE:
+        return (x + gumbel(u)).argmax(-1)
+    tokens, _ = draw_from_logits(x.reshape(-1, vocab), u.reshape(-1, u.shape[-1]))
+    return tokens.view(x.shape[:-1])
 
 
 def denoise_positions(x: Tensor, logits: Tensor, positions: Tensor, valid: Tensor, u: Tensor,
@@ -84,7 +107,7 @@ def denoise_positions(x: Tensor, logits: Tensor, positions: Tensor, valid: Tenso
     """The Denoise step: x with each chosen position redrawn from its logits.
 
     x: Long[B, D]; logits: Float[B, D, V] (only the chosen positions are read);
-    positions, valid: [B, k] from select_positions; u: [B, k, V] uniforms.
+    positions, valid: [B, k] from select_positions; u: [B, k, token_noise_width(V)] uniforms.
     The k draws are independent given x, each from its own position's distribution.
     """
     picked = logits.gather(1, positions[..., None].expand(-1, -1, logits.shape[-1]))

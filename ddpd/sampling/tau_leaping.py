@@ -20,6 +20,11 @@ Every position jumps independently within a step with probability rate * dt
 The last step removes whatever noise is left: its probabilities are clamped to 1
 where the rate is infinite at t = 1, no position is remasked in it, and every mask
 still present is filled.
+
+fused=True: the same chains with the token draws done by ddpd.ops.sample_categorical
+(ddpd.sampling.fused_draws) and no host synchronisation in a step: the denoiser runs
+on every row in the batch. Mask tau-leaping's finished rows (eta = 0) leave the
+batch at a stop check every sync_every steps (compaction=False: never).
 """
 from __future__ import annotations
 
@@ -30,8 +35,10 @@ from torch import Tensor
 
 from ddpd.process import Schedule, get_schedule
 from ddpd.sampling import steps as step_fns
-from ddpd.sampling.common import (RunningBatch, SampleResult, check_callable, check_choice, check_float,
+from ddpd.sampling.common import (RunningBatch, SampleResult, check_bool, check_callable, check_choice, check_float,
                                   check_int, check_shape, check_temperatures, initial_noise)
+from ddpd.sampling.fused_batch import check_fused_options, make_batch
+from ddpd.sampling.fused_draws import OpDraws, draw_everywhere, draw_where
 from ddpd.sampling.noise import EVENT, MASK, TOKEN, NoiseSource, make_noise
 
 DENOISER_TYPES = ("uniform", "mask")
@@ -84,6 +91,9 @@ def tau_leaping_mask(
     generator: Optional[torch.Generator] = None,
     noise: Optional[NoiseSource] = None,
     device: Union[str, torch.device, None] = None,
+    fused: bool = False,
+    sync_every: int = 8,
+    compaction: bool = True,
 ) -> SampleResult:
     """Mask-diffusion tau-leaping from the all-mask sequence, with remasking stochasticity eta.
 
@@ -93,15 +103,18 @@ def tau_leaping_mask(
     and position: a mask unmasks with probability dt (alpha_dot + eta alpha)/(1 - alpha)
     (clamped to 1), a token is remasked with probability eta dt. With eta = 0 a row
     stops once it has no mask left. Randomness: one of seed, generator, noise.
+    fused, sync_every, compaction: see the module docstring.
     """
     check_callable("denoiser", denoiser)
     check_shape(batch_size, length, vocab_size)
     grid = _Grid(steps, schedule, temperature, temperature_end)
     eta = check_float("eta", eta, 0.0)
     mask_id = vocab_size if mask_id is None else check_int("mask_id", mask_id, vocab_size)
+    check_fused_options(fused, sync_every, compaction)
     noise = make_noise(seed, generator, noise)
     x0 = torch.full((batch_size, length), mask_id, dtype=torch.long, device=device)
-    batch = RunningBatch(x0)
+    batch = make_batch(x0, fused, sync_every, compaction)
+    draw = draw_where if fused else _draw_where
     for i in range(grid.steps):
         last = i == grid.steps - 1
         unmask_p = grid.jump_probability(i, eta)
@@ -111,11 +124,11 @@ def tau_leaping_mask(
         unmask = masked & (u < unmask_p)
         remask = ~masked & (u < remask_p)
         x = torch.where(remask, torch.full_like(batch.x, mask_id), batch.x)
-        batch.x = _draw_where(batch, denoiser, i, x, batch.x, unmask, grid.t_batch(i, len(batch), x.device),
-                              noise, vocab_size, grid.temperature(i))
+        batch.x = draw(batch, denoiser, i, x, batch.x, unmask, grid.t_batch(i, len(batch), x.device),
+                       noise, vocab_size, grid.temperature(i))
         if eta == 0.0 and not last:
             batch.finish(~(batch.x == mask_id).any(-1), i + 1)
-            if len(batch) == 0:
+            if batch.finished:
                 return batch.result(i + 1)
     return batch.result(grid.steps)
 
@@ -134,28 +147,34 @@ def tau_leaping_uniform(
     generator: Optional[torch.Generator] = None,
     noise: Optional[NoiseSource] = None,
     device: Union[str, torch.device, None] = None,
+    fused: bool = False,
 ) -> SampleResult:
     """Uniform-diffusion tau-leaping (DFM-Uni) from uniform noise with one model.
 
     model(x, t) -> Float[B, D, V] logits of p(x_1^d | x_t). Per step and position:
     jump with probability dt alpha_dot/(1 - alpha) (1 - p(x_1^d = x_t^d | x_t))
     (clamped to 1) to j != x_t^d drawn from p(x_1^d = j | x_t) at the logit
-    temperature. Calls are counted in denoiser_calls.
+    temperature. Calls are counted in denoiser_calls. fused: see the module docstring.
     """
     check_callable("model", model)
     check_shape(batch_size, length, vocab_size)
     grid = _Grid(steps, schedule, temperature, temperature_end)
+    check_bool("fused", fused)
     noise = make_noise(seed, generator, noise)
     batch = RunningBatch(initial_noise(noise, batch_size, length, vocab_size, device))
+    width = step_fns.token_noise_width(vocab_size)
     for i in range(grid.steps):
         t = grid.t_batch(i, len(batch), batch.x.device)
-        log_p = batch.denoiser(model, batch.x, t, vocab_size, "model").log_softmax(-1)
-        p_stay = log_p.gather(-1, batch.x[..., None]).squeeze(-1).exp()
+        logits = batch.denoiser(model, batch.x, t, vocab_size, "model")
+        p_stay = logits.log_softmax(-1).gather(-1, batch.x[..., None]).squeeze(-1).exp()
         jump = noise.uniform(i, EVENT, batch.rows, length) < (grid.jump_probability(i) * (1.0 - p_stay))
         # New values exclude the current one: the rate is defined for j != x_t^d only.
-        log_p = log_p.scatter(-1, batch.x[..., None], float("-inf"))
-        u = noise.uniform(i, TOKEN, batch.rows, length * vocab_size).view(len(batch), length, vocab_size)
-        tokens = step_fns.sample_categorical(log_p, u, grid.temperature(i))
+        if fused:
+            tokens = draw_everywhere(OpDraws(noise), i, batch.rows, logits, grid.temperature(i), exclude=batch.x)
+        else:
+            u = noise.uniform(i, TOKEN, batch.rows, length * width).view(len(batch), length, width)
+            logits = logits.scatter(-1, batch.x[..., None], float("-inf"))
+            tokens = step_fns.sample_categorical(logits, u, grid.temperature(i))
         batch.x = torch.where(jump, tokens, batch.x)
     return batch.result(grid.steps)
 
@@ -178,6 +197,7 @@ def tau_leaping_planned(
     generator: Optional[torch.Generator] = None,
     noise: Optional[NoiseSource] = None,
     device: Union[str, torch.device, None] = None,
+    fused: bool = False,
 ) -> SampleResult:
     """Planner x denoiser tau-leaping (P x UniD, P x MaskD) from uniform noise.
 
@@ -186,7 +206,8 @@ def tau_leaping_planned(
     denoiser_type='uniform' (called at the grid time) or of a mask denoiser for 'mask'
     (called on the masked sequence at t = alpha^{-1}(1 - #masked / D)). Per step a
     position jumps with probability dt alpha_dot/(1 - alpha) p(z^d = N | x_t) to a
-    draw of the denoiser (which may return the current value).
+    draw of the denoiser (which may return the current value). fused: see the
+    module docstring.
     """
     check_callable("planner", planner)
     check_callable("denoiser", denoiser)
@@ -194,8 +215,10 @@ def tau_leaping_planned(
     check_choice("denoiser_type", denoiser_type, DENOISER_TYPES)
     grid = _Grid(steps, schedule, temperature, temperature_end)
     mask_id = vocab_size if mask_id is None else check_int("mask_id", mask_id, vocab_size)
+    check_bool("fused", fused)
     noise = make_noise(seed, generator, noise)
     batch = RunningBatch(initial_noise(noise, batch_size, length, vocab_size, device))
+    draw = draw_where if fused else _draw_where
     for i in range(grid.steps):
         t = grid.t_batch(i, len(batch), batch.x.device)
         logits = batch.planner(planner, batch.x, t) if time_conditioned_planner else batch.planner(planner, batch.x)
@@ -206,7 +229,7 @@ def tau_leaping_planned(
             z = (noise.uniform(i, MASK, batch.rows, length) < p) | jump
             x_in = torch.where(z, torch.full_like(batch.x, mask_id), batch.x)
             t_in = step_fns.mask_time(z, grid.schedule)
-        batch.x = _draw_where(batch, denoiser, i, batch.x, x_in, jump, t_in, noise, vocab_size, grid.temperature(i))
+        batch.x = draw(batch, denoiser, i, batch.x, x_in, jump, t_in, noise, vocab_size, grid.temperature(i))
     return batch.result(grid.steps)
 
 
@@ -218,7 +241,8 @@ def _draw_where(batch: RunningBatch, denoiser: Callable, step: int, x: Tensor, x
         return x
     logits = batch.denoiser(denoiser, x_in[rows], t[rows], vocab_size)
     n, length = logits.shape[:2]
-    u = noise.uniform(step, TOKEN, batch.rows[rows], length * vocab_size).view(n, length, vocab_size)
+    width = step_fns.token_noise_width(vocab_size)
+    u = noise.uniform(step, TOKEN, batch.rows[rows], length * width).view(n, length, width)
     tokens = step_fns.sample_categorical(logits, u, temperature)
     x = x.clone()
     x[rows] = torch.where(where[rows], tokens, x[rows])
