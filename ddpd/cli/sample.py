@@ -4,6 +4,7 @@
     ddpd-sample --planner runs/planner --denoiser runs/mask-denoiser --option A+B+C --steps 512
     ddpd-sample --checkpoint runs/mask-denoiser --sampler tau-leaping --eta 15 --steps 1024
     ddpd-sample --checkpoint runs/mask-denoiser --sampler maskgit --steps 16
+    ddpd-sample --checkpoint runs/bundle --fused --sync-every 8 --num-samples 512 --batch-size 256
 
 --checkpoint is a sampling bundle (planner/ and denoiser/ checkpoints) or a single
 checkpoint written by ddpd-train. Which sampler a set of models supports:
@@ -14,6 +15,14 @@ checkpoint written by ddpd-train. Which sampler a set of models supports:
 Samples are printed decoded and, with --out, written as JSON lines
 {"index", "text", "tokens", "steps", "stop_step"}. Sample i draws its noise from
 Philox row i of --seed, so it does not depend on --batch-size.
+
+--fused runs the fused path of the sampler (ddpd.sampling.fused): the same samples
+from the same seed, with the per-step work in the ddpd.ops kernels, the denoiser's
+output head applied at the denoised positions only, and rows that stop early
+leaving the batch at a stop check every --sync-every steps (the only host
+synchronisation). Not available for ddpd with one uniform model or --clock exact.
+The summary line on stderr gives samples/s, forward passes, row-evaluations run
+(sequences through each model) and those early stopping saved.
 """
 from __future__ import annotations
 
@@ -59,6 +68,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="write the samples to this JSONL file")
     p.add_argument("--device", default="auto", help="auto (default), cpu, cuda or cuda:N")
     p.add_argument("--quiet", action="store_true", help="do not print the samples")
+    p.add_argument("--fused", action="store_true",
+                   help="fused path: ops kernels, head at the denoised positions only, early-stop compaction "
+                        "(same samples as without)")
+    p.add_argument("--sync-every", dest="sync_every", type=int, default=8,
+                   help="--fused: steps between stop checks, where finished rows leave the batch (default 8)")
     ddpd = p.add_argument_group("ddpd sampler (appendix 'Implementation details': A, +B, +C)")
     ddpd.add_argument("--option", help="letters of A, B, C: B runs the whole budget, C selects by softmax "
                                        "(e.g. A, A+B, A+B+C); overrides --stop and --selection")
@@ -166,6 +180,9 @@ def make_sampler(args, models: Models):
     planner = models.planner if models.planner_config and models.planner_config["kind"] == "planner" else None
     common = dict(steps=args.steps, temperature=args.temperature, temperature_end=args.temperature_end,
                   schedule=models.config.get("schedule", "linear"), device=args.device_obj)
+    # The fused path's options: every sampler but the single-model DDPD; sync_every where rows stop early.
+    fused = dict(fused=True) if args.fused else {}
+    stops = dict(fused, sync_every=args.sync_every) if args.fused else {}
     D, V = args.length, models.vocab_size
     if args.sampler == "ddpd":
         options = dict(stop=args.stop, selection=args.selection, eps=args.eps, k=args.k,
@@ -173,29 +190,33 @@ def make_sampler(args, models: Models):
         if args.option:
             options.update(parse_option(args.option))
         if kind == "uniform" and planner is None:
+            if args.fused:
+                raise UsageError("--fused is not available for --sampler ddpd with one uniform model")
             return lambda n, noise: sampling.ddpd_sample_uniform(models.denoiser, n, D, V, noise=noise, **options,
                                                                  **common)
         if planner is not None and kind in ("mask-denoiser", "uniform-denoiser"):
             denoiser_type = "mask" if kind == "mask-denoiser" else "uniform"
             return lambda n, noise: sampling.ddpd_sample(planner, models.denoiser, n, D, V, noise=noise,
-                                                         denoiser_type=denoiser_type, **options, **common)
+                                                         denoiser_type=denoiser_type, **options, **stops, **common)
         raise UsageError(f"--sampler ddpd needs a planner with a mask-denoiser or uniform-denoiser, or one uniform "
                          f"model; got {_describe(models)}")
     if args.sampler == "tau-leaping":
         if planner is not None and kind in ("mask-denoiser", "uniform-denoiser"):
             denoiser_type = "mask" if kind == "mask-denoiser" else "uniform"
             return lambda n, noise: sampling.tau_leaping_planned(planner, models.denoiser, n, D, V, noise=noise,
-                                                                 denoiser_type=denoiser_type, **common)
+                                                                 denoiser_type=denoiser_type, **fused, **common)
         if planner is None and kind == "mask-denoiser":
             return lambda n, noise: sampling.tau_leaping_mask(models.denoiser, n, D, V, noise=noise, eta=args.eta,
-                                                              **common)
+                                                              **stops, **common)
         if planner is None and kind == "uniform":
-            return lambda n, noise: sampling.tau_leaping_uniform(models.denoiser, n, D, V, noise=noise, **common)
+            return lambda n, noise: sampling.tau_leaping_uniform(models.denoiser, n, D, V, noise=noise, **fused,
+                                                                 **common)
         raise UsageError(f"--sampler tau-leaping needs one mask-denoiser, one uniform model, or a planner with a "
                          f"denoiser; got {_describe(models)}")
     if planner is None and kind == "mask-denoiser":
         return lambda n, noise: sampling.maskgit_sample(models.denoiser, n, D, V, noise=noise,
-                                                        choice_temperature=args.choice_temperature, **common)
+                                                        choice_temperature=args.choice_temperature, **fused,
+                                                        **common)
     raise UsageError(f"--sampler maskgit needs one mask-denoiser; got {_describe(models)}")
 
 
@@ -212,6 +233,8 @@ def check_args(args) -> None:
         raise UsageError(f"--batch-size must be >= 1, got {args.batch_size}")
     if not 0 <= args.seed < 2**63:
         raise UsageError(f"--seed must be in [0, 2**63), got {args.seed}")
+    if args.sync_every < 1:
+        raise UsageError(f"--sync-every must be >= 1, got {args.sync_every}")
 
 
 def run(args) -> int:
@@ -231,7 +254,9 @@ def run(args) -> int:
         raise UsageError(f"the tokenizer has {tokenizer.vocab_size} symbols but the models {models.vocab_size}")
     sample = make_sampler(args, models)
 
-    records, calls = [], {"planner_calls": 0, "denoiser_calls": 0, "planner_rows": 0, "denoiser_rows": 0}
+    records = []
+    calls = dict.fromkeys(("planner_calls", "denoiser_calls", "planner_rows", "denoiser_rows", "planner_rows_saved",
+                           "denoiser_rows_saved"), 0)
     start = time.perf_counter()
     with torch.inference_mode():
         for first in range(0, args.num_samples, args.batch_size):
@@ -251,9 +276,10 @@ def run(args) -> int:
     if args.out:
         _write_jsonl(args.out, records)
     rate = args.num_samples / elapsed if elapsed > 0 else math.inf
-    print(f"ddpd-sample: {args.num_samples} samples of {args.length} tokens in {elapsed:.2f} s ({rate:.2f} samples/s); "
-          f"forward passes: planner {calls['planner_calls']} ({calls['planner_rows']} sequences), "
-          f"denoiser {calls['denoiser_calls']} ({calls['denoiser_rows']} sequences)", file=sys.stderr)
+    passes = ", ".join(f"{model} {calls[model + '_calls']} ({calls[model + '_rows']} row-evaluations, "
+                       f"{calls[model + '_rows_saved']} saved by early stopping)" for model in ("planner", "denoiser"))
+    print(f"ddpd-sample: {args.num_samples} samples of {args.length} tokens in {elapsed:.2f} s ({rate:.2f} samples/s)"
+          f"{', fused' if args.fused else ''}; forward passes: {passes}", file=sys.stderr)
     return 0
 
 

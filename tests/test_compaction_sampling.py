@@ -1,0 +1,136 @@
+"""Early-stop compaction in the fused samplers.
+
+Rows that stop (DDPD option A: every p(z = N) < eps; mask tau-leaping with eta = 0:
+no mask left) leave the batch at the stop checks, every sync_every steps, through
+ddpd.ops.compact_fixed / scatter_back. Checked here: a compacted run returns the
+same samples, in the original order, as an uncompacted one and as the reference
+under the same seed (per-row Philox streams); later passes of both models run on the
+rows still running only, with row-evaluation counts that follow exactly from the
+stop steps and the check schedule; the counts of evaluations saved.
+"""
+import pytest
+import torch
+
+from oracles.fixtures import single_thread  # noqa: F401  (autouse)
+from oracles.toy import ToyProblem, dirichlet_p_data
+from ddpd.sampling import PhiloxNoise, ddpd_sample, tau_leaping_mask
+from ddpd.sampling import fused_batch
+
+TOY = ToyProblem(dirichlet_p_data(3, 5, seed=7), 3, 5)
+M = TOY.models()
+STEPS = 16
+EPS = 0.3
+
+RUNS = {
+    "ddpd uniform": lambda batch, **kw: ddpd_sample(M.planner, M.uniform_denoiser, batch, 5, 3, steps=STEPS, eps=EPS,
+                                                    **kw),
+    "ddpd mask k=2 x3": lambda batch, **kw: ddpd_sample(M.planner, M.mask_denoiser, batch, 5, 3, steps=STEPS,
+                                                        eps=EPS, denoiser_type="mask", k=2, parallel_steps=3, **kw),
+    "ddpd softmax": lambda batch, **kw: ddpd_sample(M.planner, M.uniform_denoiser, batch, 5, 3, steps=STEPS, eps=EPS,
+                                                    selection="softmax", **kw),
+    "tau mask eta 0": lambda batch, **kw: tau_leaping_mask(M.mask_denoiser, batch, 5, 3, steps=STEPS, **kw),
+}
+
+
+@pytest.mark.parametrize("sync_every", [1, 4])
+@pytest.mark.parametrize("name", RUNS)
+def test_compacted_run_equals_uncompacted_and_reference(name, sync_every):
+    run = RUNS[name]
+    reference = run(400, seed=21)
+    compacted = run(400, seed=21, fused=True, sync_every=sync_every)
+    uncompacted = run(400, seed=21, fused=True, sync_every=sync_every, compaction=False)
+    stops = reference.stop_step
+    assert (stops < STEPS).float().mean() > 0.2 and (stops == STEPS).any()  # rows stop at many different steps
+    for result in (compacted, uncompacted):
+        assert torch.equal(result.tokens, reference.tokens)
+        assert torch.equal(result.stop_step, reference.stop_step)
+        assert result.steps == reference.steps
+    # Uncompacted: the whole batch at every call; compacted: fewer, the difference is what it saved.
+    assert uncompacted.planner_calls == compacted.planner_calls
+    assert uncompacted.planner_rows == 400 * uncompacted.planner_calls and uncompacted.planner_rows_saved == 0
+    assert uncompacted.denoiser_rows == 400 * uncompacted.denoiser_calls and uncompacted.denoiser_rows_saved == 0
+    assert compacted.denoiser_rows + compacted.denoiser_rows_saved == uncompacted.denoiser_rows
+    assert compacted.planner_rows + compacted.planner_rows_saved == uncompacted.planner_rows
+    assert compacted.denoiser_rows_saved > 0
+    if sync_every == 1 and name.startswith("ddpd"):  # leaving at once, as the reference rows do
+        assert (compacted.planner_rows, compacted.denoiser_rows) == (reference.planner_rows, reference.denoiser_rows)
+    if name.startswith("tau"):  # the reference skips the rows without an unmasking in a step (a host sync)
+        assert compacted.denoiser_rows >= reference.denoiser_rows
+
+
+@pytest.mark.parametrize("sync_every", [1, 3, 5])
+def test_row_evaluations_follow_the_stop_steps_and_the_check_schedule(sync_every):
+    """A row that stops at step j stays until the first check c >= j (steps c with (c + 1) % sync_every == 0):
+    the planner sees it at steps 0..c, the denoiser at 0..c-1 (it leaves before the denoiser's pass)."""
+    result = RUNS["ddpd uniform"](300, seed=3, fused=True, sync_every=sync_every)
+    planner = denoiser = 0
+    for j in result.stop_step.tolist():
+        c = j + (-(j + 1)) % sync_every  # the first check at or after j
+        if j < STEPS and c < result.planner_calls:
+            planner, denoiser = planner + c + 1, denoiser + c
+        else:
+            planner, denoiser = planner + result.planner_calls, denoiser + result.denoiser_calls
+    assert (result.planner_rows, result.denoiser_rows) == (planner, denoiser)
+
+
+def test_later_passes_see_only_the_running_rows():
+    seen = {"planner": [], "denoiser": []}
+
+    def planner(x):
+        seen["planner"].append(x.shape[0])
+        return M.planner(x)
+
+    def denoiser(x, t):
+        seen["denoiser"].append(x.shape[0])
+        return M.uniform_denoiser(x, t)
+
+    result = ddpd_sample(planner, denoiser, 300, 5, 3, steps=STEPS, eps=EPS, seed=8, fused=True, sync_every=1)
+    stops = result.stop_step
+    assert seen["planner"] == [int((stops >= i).sum()) for i in range(result.planner_calls)]
+    assert seen["denoiser"] == [int((stops > i).sum()) for i in range(result.denoiser_calls)]
+    assert seen["planner"][-1] < 300
+
+
+def test_samples_come_back_in_the_original_order():
+    """Row i keeps Philox row i (plus first_row) through every compaction: a slice of a
+    batch run on its own, offset by first_row, gives the same rows."""
+    whole = RUNS["ddpd mask k=2 x3"](60, noise=PhiloxNoise(5), fused=True, sync_every=2)
+    part = RUNS["ddpd mask k=2 x3"](25, noise=PhiloxNoise(5, first_row=30), fused=True, sync_every=3)
+    assert torch.equal(whole.tokens[30:55], part.tokens)
+    assert torch.equal(whole.stop_step[30:55], part.stop_step)
+    assert not torch.equal(whole.tokens[:25], part.tokens)
+
+
+def test_compaction_goes_through_the_ops(monkeypatch):
+    calls = {"compact_fixed": 0, "scatter_back": 0}
+    for name in calls:
+        original = getattr(fused_batch, name)
+
+        def counted(*args, _name=name, _original=original):
+            calls[_name] += 1
+            return _original(*args)
+
+        monkeypatch.setattr(fused_batch, name, counted)
+    RUNS["ddpd uniform"](200, seed=1, fused=True, sync_every=2)
+    assert calls["compact_fixed"] > 0 and calls["scatter_back"] == calls["compact_fixed"] + 1
+    calls.update(compact_fixed=0, scatter_back=0)
+    RUNS["ddpd uniform"](200, seed=1, fused=True, sync_every=2, compaction=False)
+    assert calls == {"compact_fixed": 0, "scatter_back": 1}  # only the final write-back
+
+
+def test_the_loop_ends_at_the_check_after_the_last_row_stops():
+    clean = lambda x: torch.full(x.shape, -20.0)  # noqa: E731
+    never = lambda x, t: pytest.fail("the denoiser must not run on rows that stopped at step 0")  # noqa: E731
+    result = ddpd_sample(clean, never, 6, 5, 3, steps=10, seed=0, fused=True, sync_every=1)
+    assert result.steps == 0 and (result.stop_step == 0).all() and result.planner_calls == 1
+    late = ddpd_sample(clean, M.uniform_denoiser, 6, 5, 3, steps=10, seed=0, fused=True, sync_every=4)
+    # Stopped at step 0, frozen until the check at step 3: same tokens, stop_step and steps as before.
+    assert late.planner_calls == 4 and late.denoiser_calls == 3 and late.steps == 0
+    assert torch.equal(late.tokens, result.tokens) and (late.stop_step == 0).all()
+    assert late.planner_rows_saved == 0 and late.denoiser_rows == 18
+
+
+def test_reference_reports_rows_saved():
+    result = RUNS["ddpd uniform"](300, seed=3)
+    assert result.planner_rows_saved == 300 * result.planner_calls - result.planner_rows > 0
+    assert result.denoiser_rows_saved == 300 * result.denoiser_calls - result.denoiser_rows > 0
