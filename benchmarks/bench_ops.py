@@ -7,7 +7,8 @@ the speed-ups and peak memory). Variants of each group, timed in the same run:
 - reference: the ddpd torch reference of the op (same draws as the fused op), with
   its uniforms generated before timing;
 - fused: the ddpd op, seeded (its counter-based uniforms are generated inside).
-Target: sample_categorical 64 x 50257 fp32 at least 5x faster than torch.
+Each runs on CPU, and on CUDA where a device is present (Triton kernels).
+Target: sample_categorical 64 x 50257 fp32 at least 5x faster than torch on CPU.
 """
 import functools
 
@@ -21,32 +22,35 @@ from ddpd.ops.sample_categorical import noise_width, sample_categorical, sample_
 from ddpd.ops.sample_from_hidden import sample_from_hidden, sample_from_hidden_reference
 
 VARIANTS = ["torch", "reference", "fused"]
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))]
 MASK_ID = 50257
 EPS = 0.01
 
 
 @functools.lru_cache(maxsize=None)
-def randn(*shape, scale=3.0):
-    return scale * torch.randn(*shape, generator=torch.Generator().manual_seed(sum(shape)))
+def randn(*shape, scale=3.0, device="cpu"):
+    return scale * torch.randn(*shape, generator=torch.Generator().manual_seed(sum(shape))).to(device)
 
 
 @functools.lru_cache(maxsize=None)
-def uniforms(rows, cols):
+def uniforms(rows, cols, device="cpu"):
     """Uniforms in (0, 1) for the references (any uniforms do for timing)."""
-    return torch.rand(rows, cols, generator=torch.Generator().manual_seed(rows)).clamp_(min=2.0**-25)
+    u = torch.rand(rows, cols, generator=torch.Generator().manual_seed(rows)).clamp_(min=2.0**-25)
+    return u.to(device)
 
 
 @pytest.mark.parametrize("rows,vocab", [(64, 28), (64, 50257)])
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_sample_categorical(compare, rows, vocab, variant):
-    logits = randn(rows, vocab)
-    noise = uniforms(rows, noise_width(vocab))
+@pytest.mark.parametrize("device", DEVICES)
+def test_sample_categorical(compare, rows, vocab, variant, device):
+    logits = randn(rows, vocab, device=device)
+    noise = uniforms(rows, noise_width(vocab), device=device)
     fns = {
         "torch": lambda: torch.multinomial(torch.softmax(logits, -1), 1),
         "reference": lambda: sample_categorical_reference(logits, noise=noise),
         "fused": lambda: sample_categorical(logits, seed=1, offset=2),
     }
-    compare(f"sample_categorical {rows}x{vocab} fp32", variant, fns[variant])
+    compare(f"sample_categorical {rows}x{vocab} fp32", variant, fns[variant], device)
 
 
 def torch_planner_select(logits):
@@ -56,15 +60,16 @@ def torch_planner_select(logits):
 
 @pytest.mark.parametrize("rows,length", [(64, 256), (8, 1024)])
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_planner_select(compare, rows, length, variant):
-    logits = randn(rows, length)
-    noise = uniforms(rows, length)
+@pytest.mark.parametrize("device", DEVICES)
+def test_planner_select(compare, rows, length, variant, device):
+    logits = randn(rows, length, device=device)
+    noise = uniforms(rows, length, device=device)
     fns = {
         "torch": lambda: torch_planner_select(logits),
         "reference": lambda: planner_select_reference(logits, noise=noise),
         "fused": lambda: planner_select(logits, seed=1, offset=2),
     }
-    compare(f"planner_select {rows}x{length}", variant, fns[variant])
+    compare(f"planner_select {rows}x{length}", variant, fns[variant], device)
 
 
 def torch_planner_select_mask(logits, x):
@@ -77,28 +82,30 @@ def torch_planner_select_mask(logits, x):
 
 @pytest.mark.parametrize("rows,length", [(64, 256), (8, 1024)])
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_planner_select_mask(compare, rows, length, variant):
-    logits = randn(rows, length)
-    x = torch.randint(0, MASK_ID, (rows, length), generator=torch.Generator().manual_seed(0))
-    noise, mask_noise = uniforms(rows, length), uniforms(rows + 1, length)[1:]
+@pytest.mark.parametrize("device", DEVICES)
+def test_planner_select_mask(compare, rows, length, variant, device):
+    logits = randn(rows, length, device=device)
+    x = torch.randint(0, MASK_ID, (rows, length), generator=torch.Generator().manual_seed(0)).to(device)
+    noise, mask_noise = uniforms(rows, length, device=device), uniforms(rows + 1, length, device=device)[1:]
     fns = {
         "torch": lambda: torch_planner_select_mask(logits, x),
         "reference": lambda: planner_select_mask_reference(logits, x, MASK_ID, noise=noise, mask_noise=mask_noise),
         "fused": lambda: planner_select_mask(logits, x, MASK_ID, seed=1, offset=2),
     }
-    compare(f"planner_select_mask {rows}x{length}", variant, fns[variant])
+    compare(f"planner_select_mask {rows}x{length}", variant, fns[variant], device)
 
 
 @pytest.mark.parametrize("rows,width,vocab", [(64, 256, 28), (8, 256, 50257)])
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_sample_from_hidden(compare, rows, width, vocab, variant):
-    hidden = randn(rows, width, scale=1.0)
-    weight = randn(vocab, width, scale=width**-0.5)
-    bias = randn(vocab, scale=0.1)
-    noise = uniforms(rows, noise_width(vocab))
+@pytest.mark.parametrize("device", DEVICES)
+def test_sample_from_hidden(compare, rows, width, vocab, variant, device):
+    hidden = randn(rows, width, scale=1.0, device=device)
+    weight = randn(vocab, width, scale=width**-0.5, device=device)
+    bias = randn(vocab, scale=0.1, device=device)
+    noise = uniforms(rows, noise_width(vocab), device=device)
     fns = {
         "torch": lambda: torch.multinomial(torch.softmax(F.linear(hidden, weight, bias), -1), 1),
         "reference": lambda: sample_from_hidden_reference(hidden, weight, bias, noise=noise),
         "fused": lambda: sample_from_hidden(hidden, weight, bias, seed=1, offset=2),
     }
-    compare(f"sample_from_hidden {rows}x{width} -> {vocab}", variant, fns[variant])
+    compare(f"sample_from_hidden {rows}x{width} -> {vocab}", variant, fns[variant], device)

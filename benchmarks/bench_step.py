@@ -9,7 +9,8 @@ bodies' outputs: planner logits [B, D] and the denoiser's final hidden states
   it): head on all B x D positions, softmax over [B, D, V], torch.multinomial;
 - fused: planner_select_mask -> hidden at the chosen positions ->
   sample_from_hidden -> scatter; no [B, D, V] tensor is ever allocated.
-Target: fused at least 20x faster than the reference at (B, D, V, H) =
+Runs on CPU, and on CUDA where a device is present.
+Target (CPU): fused at least 20x faster than the reference at (B, D, V, H) =
 (8, 1024, 50257, 256); the reference there builds 1.6 GB of logits and as much of
 probabilities, so it is timed over 3 rounds only.
 """
@@ -22,22 +23,23 @@ from ddpd.ops.sample_from_hidden import sample_from_hidden
 
 EPS = 0.01
 SHAPES = [(64, 256, 28, 256), (8, 1024, 50257, 256)]  # (B, D, V, H)
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))]
 
 
-def step_inputs(batch, length, vocab, width):
+def step_inputs(batch, length, vocab, width, device):
     g = torch.Generator().manual_seed(batch + length)
-    return dict(
+    inputs = dict(
         planner_logits=3 * torch.randn(batch, length, generator=g),
         x=torch.randint(0, vocab, (batch, length), generator=g),
         hidden=torch.randn(batch, length, width, generator=g),
         weight=torch.randn(vocab, width, generator=g) / width**0.5,
         bias=0.1 * torch.randn(vocab, generator=g),
-        mask_id=vocab,
     )
+    return dict({name: t.to(device) for name, t in inputs.items()}, mask_id=vocab)
 
 
 def reference_step(planner_logits, x, hidden, weight, bias, mask_id):
-    rows = torch.arange(x.shape[0])
+    rows = torch.arange(x.shape[0], device=x.device)
     p = torch.sigmoid(planner_logits)
     stop = (p < EPS).all(-1)
     dim = torch.multinomial(p, 1).squeeze(-1)
@@ -61,8 +63,10 @@ def fused_step(planner_logits, x, hidden, weight, bias, mask_id, offset=0):
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}-D{}-V{}-H{}".format(*s))
 @pytest.mark.parametrize("variant", ["reference", "fused"])
-def test_sampler_step(compare, shape, variant):
-    inputs = step_inputs(*shape)
+@pytest.mark.parametrize("device", DEVICES)
+def test_sampler_step(compare, shape, variant, device):
+    inputs = step_inputs(*shape, device)
     fn = reference_step if variant == "reference" else fused_step
-    big = shape[2] > 1000 and variant == "reference"
-    compare("step B={} D={} V={} H={}".format(*shape), variant, lambda: fn(**inputs), rounds=3 if big else None)
+    big = shape[2] > 1000 and variant == "reference" and device == "cpu"
+    compare("step B={} D={} V={} H={}".format(*shape), variant, lambda: fn(**inputs), device,
+            rounds=3 if big else None)

@@ -1,7 +1,8 @@
 """Shared helpers of the ddpd benchmarks (`pytest benchmarks/ --benchmark-only`).
 
-`compare(group, variant, fn)` times fn with pytest-benchmark under `group`, measures
-the peak resident memory of one call, and records both; at the end of the session
+`compare(group, variant, fn, device)` times fn with pytest-benchmark under `group`
+(on CUDA each call ends with a synchronize), measures the peak memory of one call,
+and records both; at the end of the session
 a table gives, per group, every variant's median time and peak memory and the
 speed-up of 'fused' over the other variants of the same group, all timed in the
 same run on the same machine.
@@ -10,12 +11,14 @@ Threads: every variant runs with DDPD_BENCH_THREADS torch threads (default 1):
 on a machine shared with other work, OpenMP regions of several threads wait on
 descheduled threads and the timings stop meaning anything.
 
-Peak memory: growth of the process's peak resident set size (Linux VmHWM, reset
+Peak memory on CUDA: torch.cuda.max_memory_allocated growth during one call.
+Peak memory on CPU: growth of the process's peak resident set size (Linux VmHWM, reset
 through /proc/self/clear_refs) during one call, over the resident size before it.
-tracemalloc does not see torch's buffers; RSS does, provided large buffers are
-returned to the system when freed: during that one call glibc is told to mmap
-every allocation above 64 KiB (mallopt), and afterwards to keep buffers below
-32 MiB in its heap (its default steady state), so timings are unaffected.
+tracemalloc does not see torch's buffers; RSS does, provided the call cannot reuse
+pages already resident: before that one call glibc hands its free heap pages back
+to the system (malloc_trim) and is told to mmap every allocation above 64 KiB
+(mallopt); afterwards it keeps buffers below 32 MiB in its heap again (its
+default steady state), so timings are unaffected.
 """
 from __future__ import annotations
 
@@ -32,14 +35,21 @@ _M_MMAP_THRESHOLD = -3  # mallopt parameter number in glibc's malloc.h
 _results: dict[str, dict[str, tuple[Optional[float], Optional[int]]]] = {}
 
 
-def _mallopt_mmap_threshold(size: int) -> bool:
+def _glibc():
     name = ctypes.util.find_library("c")
-    if name is None:
+    libc = ctypes.CDLL(name) if name else None
+    return libc if libc is not None and hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
+
+
+def _release_to_system(mmap_threshold: int) -> bool:
+    """mmap allocations above mmap_threshold, and hand every free heap page back to
+    the system, so that memory a call touches shows in its RSS; False without glibc."""
+    libc = _glibc()
+    if libc is None:
         return False
-    try:
-        return bool(ctypes.CDLL(name).mallopt(_M_MMAP_THRESHOLD, size))
-    except AttributeError:  # not glibc
-        return False
+    libc.mallopt(_M_MMAP_THRESHOLD, mmap_threshold)
+    libc.malloc_trim(0)
+    return True
 
 
 def _status_bytes(field: str) -> int:
@@ -50,10 +60,18 @@ def _status_bytes(field: str) -> int:
     raise RuntimeError(f"{field} missing from /proc/self/status")
 
 
+def peak_cuda_growth(fn: Callable[[], object]) -> int:
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    fn()
+    return torch.cuda.max_memory_allocated() - before
+
+
 def peak_rss_growth(fn: Callable[[], object]) -> Optional[int]:
     """Bytes by which the peak resident set size grows during one call of fn, or
     None where it cannot be measured (no Linux /proc, no glibc)."""
-    if not os.path.exists("/proc/self/clear_refs") or not _mallopt_mmap_threshold(64 * 1024):
+    if not os.path.exists("/proc/self/clear_refs") or not _release_to_system(64 * 1024):
         return None
     try:
         with open("/proc/self/clear_refs", "w") as f:
@@ -62,15 +80,24 @@ def peak_rss_growth(fn: Callable[[], object]) -> Optional[int]:
         fn()
         return _status_bytes("VmHWM") - before
     finally:
-        _mallopt_mmap_threshold(32 * 1024 * 1024)
+        _glibc().mallopt(_M_MMAP_THRESHOLD, 32 * 1024 * 1024)
 
 
 @pytest.fixture
 def compare(benchmark):
-    """compare(group, variant, fn, rounds=None): time fn (rounds: a fixed number of
-    rounds for slow work), measure its peak memory, record both for the summary."""
+    """compare(group, variant, fn, device="cpu", rounds=None): time fn (rounds: a
+    fixed number of rounds for slow work), measure its peak memory, record both."""
 
-    def run(group: str, variant: str, fn: Callable[[], object], rounds: Optional[int] = None) -> None:
+    def run(group: str, variant: str, fn: Callable[[], object], device: str = "cpu",
+            rounds: Optional[int] = None) -> None:
+        if device == "cuda":
+            work = fn
+
+            def fn():
+                work()
+                torch.cuda.synchronize()
+
+            group = f"{group} cuda"
         benchmark.group = group
         benchmark.extra_info["variant"] = variant
         benchmark.extra_info["threads"] = THREADS
@@ -81,11 +108,11 @@ def compare(benchmark):
                 benchmark(fn)
             else:
                 benchmark.pedantic(fn, rounds=rounds, iterations=1, warmup_rounds=1)
-            peak = peak_rss_growth(fn)
+            peak = peak_cuda_growth(fn) if device == "cuda" else peak_rss_growth(fn)
         finally:
             torch.set_num_threads(threads)
         if peak is not None:
-            benchmark.extra_info["peak_rss_growth_mib"] = round(peak / 2**20, 2)
+            benchmark.extra_info["peak_memory_growth_mib"] = round(peak / 2**20, 2)
         stats = getattr(benchmark, "stats", None)
         median = stats.stats.median if stats is not None else None
         _results.setdefault(group, {})[variant] = (median, peak)
