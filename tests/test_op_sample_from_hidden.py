@@ -167,3 +167,24 @@ def test_traces_with_fake_tensors_and_passes_opcheck():
         assert torch.equal(a, b)
     torch.library.opcheck(torch.ops.ddpd.sample_from_hidden.default,
                           (hidden, weight, bias, 0.9, [2], None, None, 3, 1, None))
+
+
+@pytest.mark.slow
+def test_fused_step_compiles_with_inductor():
+    """A whole fused sampler step through torch.compile's default (inductor) backend."""
+    from ddpd.ops.planner_mask import planner_select_mask
+
+    hidden, weight, bias = head(4 * 16, 8, 300, 7)
+    hidden = hidden.view(4, 16, 8)
+    planner_logits = torch.randn(4, 16)
+    x = torch.randint(0, 300, (4, 16))
+
+    def step(logits, tokens, states):
+        positions, _, stop, masked, _, _ = planner_select_mask(logits, tokens, 300, 1, seed=1, offset=4)
+        chosen = states.gather(1, positions[:, :, None].expand(-1, -1, states.shape[2])).squeeze(1)
+        drawn, _ = sample_from_hidden(chosen, weight, bias, seed=1, offset=6)
+        return tokens.scatter(1, positions, drawn[:, None]), masked, stop
+
+    compiled = torch.compile(step, fullgraph=True)
+    for a, b in zip(compiled(planner_logits, x, hidden), step(planner_logits, x, hidden)):
+        assert torch.equal(a, b)
