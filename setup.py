@@ -20,7 +20,6 @@ packages = find_packages(include=["ddpd", "ddpd.*"]) + ["ddpd.kernels", "ddpd._c
 # ddpd.kernels, never as a generic top-level `kernels` module. The C++ sources ship
 # as ddpd/_csrc so that an install built without torch can compile them on first use.
 package_dir = {"ddpd.kernels": "kernels", "ddpd._csrc": CSRC}
-package_data = {"ddpd._csrc": ["*.h", "*.cpp", "cpu/*.h", "cpu/*.cpp", "cuda/*.h", "cuda/*.cuh", "cuda/*.cu", "cuda/*.cpp"]}
 
 
 def _load_ext_config():
@@ -30,6 +29,10 @@ def _load_ext_config():
     return module
 
 
+CONFIG = _load_ext_config()  # ddpd/ops/_ext.py, without importing ddpd or torch
+package_data = {"ddpd._csrc": CONFIG.PACKAGE_DATA}
+
+
 def _extension_kwargs():
     try:
         import torch  # noqa: F401
@@ -37,7 +40,7 @@ def _extension_kwargs():
     except ImportError:
         print("ddpd: torch is not importable at build time; ddpd._C will be compiled on first use")
         return {}
-    config = _load_ext_config()
+    config = CONFIG
     with_cuda = config.can_build_cuda()
     extension = CUDAExtension if with_cuda else CppExtension
     # setuptools wants source paths relative to this file.

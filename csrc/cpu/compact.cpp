@@ -1,7 +1,9 @@
 // CPU kernels of ddpd::compact, ddpd::compact_fixed and ddpd::scatter_back: the
 // rows of a batch whose `active` flag is set are packed to the front (finished
 // sequences leave the batch) and later written back to their rows. Rows of any
-// dtype and trailing shape are moved as raw bytes, one memcpy per row.
+// dtype and trailing shape are moved as raw bytes. Consecutive rows that stay
+// consecutive are copied as one block (runs), and the copies of all tensors share
+// one parallel region.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -16,10 +18,69 @@ namespace ddpd {
 namespace cpu {
 namespace {
 
+constexpr int64_t kTaskBytes = 1 << 16;  // work of one parallel task, at most
+
 int64_t row_bytes(const at::Tensor& t) {
   int64_t elements = 1;
   for (int64_t d = 1; d < t.dim(); ++d) elements *= t.size(d);
   return elements * static_cast<int64_t>(t.element_size());
+}
+
+// Rows [packed, packed + rows) of the packed side are rows [batch, batch + rows)
+// of the batch side.
+struct Run {
+  int64_t packed, batch, rows;
+};
+
+// Runs of index[0, count): maximal stretches where index grows by one. Negative
+// entries (the padding of compact_fixed) belong to no run.
+std::vector<Run> runs_of(const int64_t* index, int64_t count) {
+  std::vector<Run> runs;
+  for (int64_t r = 0; r < count; ++r) {
+    if (index[r] < 0) continue;
+    if (!runs.empty() && runs.back().packed + runs.back().rows == r &&
+        runs.back().batch + runs.back().rows == index[r]) {
+      ++runs.back().rows;
+    } else {
+      runs.push_back({r, index[r], 1});
+    }
+  }
+  return runs;
+}
+
+// One block copy: `rows` rows of `bytes` bytes from `from` to `to`.
+struct Copy {
+  const char* from;
+  char* to;
+  int64_t rows, bytes;
+};
+
+// Cuts every run of every (source, destination) pair into copies of at most
+// kTaskBytes and runs them all in one parallel region. to_batch: the batch side
+// is the destination (scatter_back), else the source (compact).
+void copy_runs(const std::vector<Run>& runs, const std::vector<std::pair<const at::Tensor*, at::Tensor*>>& pairs,
+               bool to_batch) {
+  std::vector<Copy> copies;
+  for (const auto& [src, dst] : pairs) {
+    const int64_t bytes = row_bytes(*src);
+    if (bytes == 0) continue;
+    const char* from = static_cast<const char*>(src->data_ptr());
+    char* to = static_cast<char*>(dst->data_ptr());
+    const int64_t step = std::max<int64_t>(1, kTaskBytes / bytes);
+    for (const Run& run : runs) {
+      for (int64_t r = 0; r < run.rows; r += step) {
+        const int64_t rows = std::min(step, run.rows - r);
+        const int64_t packed = run.packed + r, batch = run.batch + r;
+        copies.push_back(to_batch ? Copy{from + packed * bytes, to + batch * bytes, rows, bytes}
+                                  : Copy{from + batch * bytes, to + packed * bytes, rows, bytes});
+      }
+    }
+  }
+  at::parallel_for(0, static_cast<int64_t>(copies.size()), 1, [&](int64_t first, int64_t last) {
+    for (int64_t c = first; c < last; ++c) {
+      std::memcpy(copies[c].to, copies[c].from, copies[c].rows * copies[c].bytes);
+    }
+  });
 }
 
 void check_rows(const at::Tensor& active, at::TensorList tensors) {
@@ -46,26 +107,22 @@ std::vector<int64_t> active_rows(const at::Tensor& active) {
   return rows;
 }
 
-// out[r] = src[index[r]] for r < count, zero for count <= r < out_rows.
-at::Tensor gather_rows(const at::Tensor& t, const int64_t* index, int64_t count, int64_t out_rows) {
-  const at::Tensor src = t.contiguous();
-  std::vector<int64_t> sizes = src.sizes().vec();
-  sizes[0] = out_rows;
-  at::Tensor out = at::empty(sizes, src.options());
-  const int64_t bytes = row_bytes(src);
-  const char* from = static_cast<const char*>(src.data_ptr());
-  char* to = static_cast<char*>(out.data_ptr());
-  const int64_t grain = std::max<int64_t>(1, (1 << 15) / std::max<int64_t>(bytes, 1));
-  at::parallel_for(0, out_rows, grain, [&](int64_t first, int64_t last) {
-    for (int64_t r = first; r < last; ++r) {
-      if (r < count) {
-        std::memcpy(to + r * bytes, from + index[r] * bytes, bytes);
-      } else {
-        std::memset(to + r * bytes, 0, bytes);
-      }
-    }
-  });
-  return out;
+// Packed copies (out_rows rows, zero past the first `count`) of every tensor.
+std::vector<at::Tensor> gather(at::TensorList tensors, const std::vector<int64_t>& rows, int64_t count,
+                               int64_t out_rows) {
+  std::vector<at::Tensor> sources, packed;
+  for (const at::Tensor& t : tensors) {
+    sources.push_back(t.contiguous());
+    std::vector<int64_t> sizes = t.sizes().vec();
+    sizes[0] = out_rows;
+    packed.push_back(at::empty(sizes, t.options().memory_format(at::MemoryFormat::Contiguous)));
+    const int64_t bytes = row_bytes(t);
+    std::memset(static_cast<char*>(packed.back().data_ptr()) + count * bytes, 0, (out_rows - count) * bytes);
+  }
+  std::vector<std::pair<const at::Tensor*, at::Tensor*>> pairs;
+  for (size_t i = 0; i < sources.size(); ++i) pairs.emplace_back(&sources[i], &packed[i]);
+  copy_runs(runs_of(rows.data(), count), pairs, false);
+  return packed;
 }
 
 std::tuple<std::vector<at::Tensor>, at::Tensor> compact(const at::Tensor& active,
@@ -75,9 +132,7 @@ std::tuple<std::vector<at::Tensor>, at::Tensor> compact(const at::Tensor& active
   const int64_t count = static_cast<int64_t>(rows.size());
   at::Tensor index = at::empty({count}, active.options().dtype(at::kLong));
   std::copy(rows.begin(), rows.end(), index.data_ptr<int64_t>());
-  std::vector<at::Tensor> packed;
-  for (const at::Tensor& t : tensors) packed.push_back(gather_rows(t, rows.data(), count, count));
-  return {packed, index};
+  return {gather(tensors, rows, count, count), index};
 }
 
 std::tuple<std::vector<at::Tensor>, at::Tensor, at::Tensor> compact_fixed(const at::Tensor& active,
@@ -92,29 +147,9 @@ std::tuple<std::vector<at::Tensor>, at::Tensor, at::Tensor> compact_fixed(const 
   int64_t* ip = index.data_ptr<int64_t>();
   std::copy(rows.begin(), rows.begin() + count, ip);
   std::fill(ip + count, ip + capacity, int64_t{-1});
-  std::vector<at::Tensor> packed;
-  for (const at::Tensor& t : tensors) packed.push_back(gather_rows(t, rows.data(), count, capacity));
   at::Tensor active_count = at::empty({}, active.options().dtype(at::kLong));
   *active_count.data_ptr<int64_t>() = total;
-  return {packed, index, active_count};
-}
-
-void scatter_into(const at::Tensor& index, const at::Tensor& packed, at::Tensor& out) {
-  const at::Tensor idx = index.contiguous(), src = packed.contiguous();
-  const int64_t* ip = idx.data_ptr<int64_t>();
-  const int64_t bytes = row_bytes(src), rows = src.size(0), out_rows = out.size(0);
-  for (int64_t r = 0; r < rows; ++r) {
-    TORCH_CHECK(ip[r] < out_rows, "scatter_back: index[", r, "] = ", ip[r],
-                " is out of range for out with ", out_rows, " rows");
-  }
-  const char* from = static_cast<const char*>(src.data_ptr());
-  char* to = static_cast<char*>(out.data_ptr());
-  const int64_t grain = std::max<int64_t>(1, (1 << 15) / std::max<int64_t>(bytes, 1));
-  at::parallel_for(0, rows, grain, [&](int64_t first, int64_t last) {
-    for (int64_t r = first; r < last; ++r) {
-      if (ip[r] >= 0) std::memcpy(to + ip[r] * bytes, from + r * bytes, bytes);
-    }
-  });
+  return {gather(tensors, rows, count, capacity), index, active_count};
 }
 
 at::Tensor& scatter_back(const at::Tensor& index, const at::Tensor& packed, at::Tensor& out) {
@@ -126,13 +161,16 @@ at::Tensor& scatter_back(const at::Tensor& index, const at::Tensor& packed, at::
                   packed.sizes().slice(1) == out.sizes().slice(1),
               "scatter_back: packed must be [", index.size(0), ", *out.shape[1:]] of dtype ",
               out.scalar_type(), ", got ", packed.scalar_type(), " ", packed.sizes());
-  if (out.is_contiguous()) {
-    scatter_into(index, packed, out);
-  } else {
-    at::Tensor dense = out.contiguous();
-    scatter_into(index, packed, dense);
-    out.copy_(dense);
+  const at::Tensor idx = index.contiguous(), src = packed.contiguous();
+  const int64_t* ip = idx.data_ptr<int64_t>();
+  const std::vector<Run> runs = runs_of(ip, idx.size(0));
+  for (const Run& run : runs) {
+    TORCH_CHECK(run.batch + run.rows <= out.size(0), "scatter_back: index[", run.packed + run.rows - 1, "] = ",
+                run.batch + run.rows - 1, " is out of range for out with ", out.size(0), " rows");
   }
+  at::Tensor dense = out.is_contiguous() ? out : out.contiguous();
+  copy_runs(runs, {{&src, &dense}}, true);
+  if (!dense.is_same(out)) out.copy_(dense);
   return out;
 }
 

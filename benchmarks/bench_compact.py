@@ -1,0 +1,84 @@
+"""compact / compact_fixed / scatter_back on CPU against the nonzero + index_select
+(and index_copy_) chains they replace, for the state of a sampler batch of B = 256
+sequences of D = 1024 tokens: tokens Long[B, D], planner logits Float[B, D], time
+Float[B]. Run with `pytest benchmarks/bench_compact.py --benchmark-only`; each ddpd
+benchmark prints its speed-up over the torch chain timed in the same run.
+Target: compact faster than nonzero + index_select."""
+import pytest
+import torch
+
+from ddpd.ops.compact import compact, compact_fixed, scatter_back
+
+B, D = 256, 1024
+_stats: dict = {}
+
+
+@pytest.fixture(scope="module")
+def state():
+    g = torch.Generator().manual_seed(0)
+    active = torch.rand(B, generator=g) < 0.6
+    tokens = torch.randint(0, 50257, (B, D), generator=g)
+    logits = torch.randn(B, D, generator=g)
+    time = torch.rand(B, generator=g)
+    return active, (tokens, logits, time)
+
+
+def run(benchmark, group, name, fn, *args, **kwargs):
+    benchmark.group = group
+    benchmark(fn, *args, **kwargs)
+    _stats[(group, name)] = benchmark.stats.stats
+
+
+def report(capsys, group, name, baseline):
+    """Print the speed-up of `name` over `baseline` (same group, same run): ratio of
+    medians, and of minimums, which a machine shared with other jobs disturbs least."""
+    if (group, baseline) not in _stats:
+        return
+    ours, theirs = _stats[(group, name)], _stats[(group, baseline)]
+    with capsys.disabled():
+        print(f"\n[{group}] {name} vs {baseline}: {theirs.median / ours.median:.2f}x (median "
+              f"{ours.median * 1e6:.0f} vs {theirs.median * 1e6:.0f} us), "
+              f"{theirs.min / ours.min:.2f}x (min {ours.min * 1e6:.0f} vs {theirs.min * 1e6:.0f} us), "
+              f"{torch.get_num_threads()} threads")
+
+
+def torch_compact(active, *tensors):
+    index = active.nonzero().squeeze(1)
+    return tuple(t.index_select(0, index) for t in tensors), index
+
+
+def torch_scatter_back(index, packed, outs):
+    for p, o in zip(packed, outs):
+        o.index_copy_(0, index, p)
+
+
+def test_torch_compact(benchmark, state):
+    active, tensors = state
+    run(benchmark, "compact", "nonzero + index_select", torch_compact, active, *tensors)
+
+
+def test_ddpd_compact(benchmark, state, capsys):
+    active, tensors = state
+    run(benchmark, "compact", "ddpd", compact, active, *tensors)
+    report(capsys, "compact", "ddpd", "nonzero + index_select")
+
+
+def test_ddpd_compact_fixed(benchmark, state, capsys):
+    active, tensors = state
+    run(benchmark, "compact", "ddpd fixed capacity", compact_fixed, active, B, *tensors)
+    report(capsys, "compact", "ddpd fixed capacity", "nonzero + index_select")
+
+
+def test_torch_scatter_back(benchmark, state):
+    active, tensors = state
+    packed, index = torch_compact(active, *tensors)
+    outs = [t.clone() for t in tensors]
+    run(benchmark, "scatter_back", "index_copy_", torch_scatter_back, index, packed, outs)
+
+
+def test_ddpd_scatter_back(benchmark, state, capsys):
+    active, tensors = state
+    packed, index = compact(active, *tensors)
+    outs = [t.clone() for t in tensors]
+    run(benchmark, "scatter_back", "ddpd", scatter_back, index, packed, outs)
+    report(capsys, "scatter_back", "ddpd", "index_copy_")

@@ -1,0 +1,179 @@
+"""compact, compact_fixed and scatter_back: the C++ kernels against their torch
+references and the round trip compact -> scatter_back, for random batch sizes and
+active patterns (none, all, any), several dtypes and trailing shapes."""
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ddpd.ops.compact import (
+    compact,
+    compact_fixed,
+    compact_fixed_reference,
+    compact_reference,
+    scatter_back,
+    scatter_back_reference,
+)
+
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int8,
+          torch.uint8, torch.bool, torch.complex64]
+TRAILING = [(), (1,), (3,), (2, 5), (4, 1, 3)]
+
+
+def make(rows: int, trailing: tuple, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    values = torch.randint(-100, 100, (rows, *trailing), generator=g)
+    if dtype == torch.bool:
+        return values > 0
+    if dtype == torch.uint8:
+        return values.abs().to(dtype)
+    return values.to(dtype)
+
+
+@st.composite
+def batches(draw):
+    rows = draw(st.integers(0, 40))
+    pattern = draw(st.sampled_from(["none", "all", "random"]))
+    if pattern == "random":
+        flags = draw(st.lists(st.booleans(), min_size=rows, max_size=rows))
+    else:
+        flags = [pattern == "all"] * rows
+    active = torch.tensor(flags, dtype=torch.bool).reshape(rows)
+    specs = draw(st.lists(st.tuples(st.sampled_from(DTYPES), st.sampled_from(TRAILING)), min_size=1, max_size=3))
+    seed = draw(st.integers(0, 2**16))
+    tensors = [make(rows, trailing, dtype, seed + i) for i, (dtype, trailing) in enumerate(specs)]
+    if draw(st.booleans()) and tensors[0].dim() >= 2:
+        tensors[0] = tensors[0].transpose(-1, -2).contiguous().transpose(-1, -2)  # non-contiguous rows
+    return active, tensors
+
+
+def assert_same(a, b):
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y)
+
+
+@settings(max_examples=150, deadline=None)
+@given(batches())
+def test_compact_matches_reference_and_round_trips(batch):
+    active, tensors = batch
+    packed, index = compact(active, *tensors)
+    ref_packed, ref_index = compact_reference(active, *tensors)
+    assert index.dtype == torch.int64 and torch.equal(index, ref_index)
+    assert_same(packed, ref_packed)
+    assert torch.equal(index, torch.arange(active.shape[0])[active])
+    # Round trip: rows written back over a blank batch restore the active rows only.
+    outs = [torch.zeros_like(t) for t in tensors]
+    assert scatter_back(index, packed, outs) is outs
+    for t, out in zip(tensors, outs):
+        assert torch.equal(out[active], t[active])
+        assert not out[~active].any()
+
+
+@settings(max_examples=150, deadline=None)
+@given(batches(), st.integers(0, 45))
+def test_compact_fixed_matches_reference_and_round_trips(batch, capacity):
+    active, tensors = batch
+    packed, index, count = compact_fixed(active, capacity, *tensors)
+    ref_packed, ref_index, ref_count = compact_fixed_reference(active, capacity, *tensors)
+    assert torch.equal(index, ref_index)
+    assert count.dim() == 0 and count.dtype == torch.int64 and int(count) == int(ref_count) == int(active.sum())
+    assert_same(packed, ref_packed)
+    kept = min(capacity, int(active.sum()))
+    assert torch.equal(index[:kept], torch.arange(active.shape[0])[active][:kept])
+    assert bool((index[kept:] == -1).all())
+    for p in packed:
+        assert not p[kept:].any()  # padding rows are zero
+    for t, p in zip(tensors, packed):
+        fast, ref = t.clone().zero_(), t.clone().zero_()
+        scatter_back(index, p, fast)
+        scatter_back_reference(index, p, ref)
+        assert torch.equal(fast, ref)
+        written = torch.zeros(active.shape[0], dtype=torch.bool)
+        written[index[:kept]] = True
+        assert torch.equal(fast[written], t[written]) and not fast[~written].any()
+
+
+def test_scatter_back_into_noncontiguous_out():
+    x = torch.arange(24.0).view(6, 4)
+    active = torch.tensor([True, False, True, True, False, False])
+    (packed,), index = compact(active, x)
+    out = torch.zeros(4, 6).t()  # [6, 4], not contiguous
+    scatter_back(index, packed, out)
+    assert torch.equal(out[active], x[active]) and not out[~active].any()
+
+
+def test_scatter_back_skips_negative_entries_anywhere():
+    index = torch.tensor([-1, 0, 1, -2, -1, 3, 4, -1])
+    packed = torch.arange(16).view(8, 2)
+    fast, ref = torch.full((5, 2), -7), torch.full((5, 2), -7)
+    scatter_back(index, packed, fast)
+    scatter_back_reference(index, packed, ref)
+    assert torch.equal(fast, ref)
+    assert fast.tolist() == [[2, 3], [4, 5], [-7, -7], [10, 11], [12, 13]]
+
+
+def test_compact_without_tensors_and_large_rows():
+    active = torch.rand(256, generator=torch.Generator().manual_seed(0)) < 0.5
+    packed, index = compact(active)
+    assert packed == () and torch.equal(index, active.nonzero().flatten())
+    x = torch.randint(0, 50257, (256, 1024))
+    (packed,), index = compact(active, x)
+    assert torch.equal(packed, x[active])
+
+
+@pytest.mark.parametrize(
+    "call,error,match",
+    [
+        (lambda: compact(torch.ones(3), torch.ones(3)), ValueError, "active must be a 1-D bool"),
+        (lambda: compact([True], torch.ones(1)), TypeError, "active must be a torch.Tensor"),
+        (lambda: compact(torch.ones(3, dtype=torch.bool), torch.ones(4)), ValueError, r"tensors\[0\] must be a dense tensor with 3 rows"),
+        (lambda: compact(torch.ones(3, dtype=torch.bool), torch.tensor(1.0)), ValueError, r"tensors\[0\]"),
+        (lambda: compact(torch.ones(3, dtype=torch.bool), [1, 2, 3]), TypeError, r"tensors\[0\] must be a torch.Tensor"),
+        (lambda: compact_fixed(torch.ones(3, dtype=torch.bool), -1), ValueError, "capacity must be >= 0"),
+        (lambda: compact_fixed(torch.ones(3, dtype=torch.bool), 2.0), TypeError, "capacity must be an int"),
+        (lambda: scatter_back(torch.zeros(2, dtype=torch.int32), torch.ones(2), torch.ones(3)), ValueError, "index must be a 1-D int64"),
+        (lambda: scatter_back(torch.zeros(2, dtype=torch.int64), torch.ones(3), torch.ones(3)), ValueError, r"packed\[0\] must have shape"),
+        (lambda: scatter_back(torch.zeros(2, dtype=torch.int64), torch.ones(2, 2), torch.ones(3, 3)), ValueError, r"packed\[0\] must have shape"),
+        (lambda: scatter_back(torch.zeros(2, dtype=torch.int64), torch.ones(2), torch.ones(3, dtype=torch.float64)), ValueError, "dtype"),
+        (lambda: scatter_back(torch.tensor([0, 3]), torch.ones(2), torch.ones(3)), ValueError, r"index values must be < out.shape\[0\] = 3"),
+        (lambda: scatter_back(torch.tensor([0, 1]), torch.ones(2), [torch.ones(3)]), TypeError, "both be tensors or both be sequences"),
+        (lambda: scatter_back(torch.tensor([0, 1]), [torch.ones(2)], [torch.ones(3), torch.ones(3)]), ValueError, "same length"),
+    ],
+)
+def test_argument_errors(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+@pytest.mark.gpu
+def test_cuda_matches_cpu():
+    g = torch.Generator().manual_seed(1)
+    active = torch.rand(256, generator=g) < 0.4
+    x, t = torch.randint(0, 50257, (256, 1024), generator=g), torch.rand(256, generator=g)
+    h = torch.randn(256, 3, 5, generator=g).half()
+    (px, pt, ph), index = compact(active.cuda(), x.cuda(), t.cuda(), h.cuda())
+    (qx, qt, qh), ref_index = compact(active, x, t, h)
+    assert torch.equal(index.cpu(), ref_index)
+    assert torch.equal(px.cpu(), qx) and torch.equal(pt.cpu(), qt) and torch.equal(ph.cpu(), qh)
+    for capacity in (0, 50, 300):
+        fast = compact_fixed(active.cuda(), capacity, x.cuda(), h.cuda())
+        ref = compact_fixed(active, capacity, x, h)
+        assert torch.equal(fast[1].cpu(), ref[1]) and int(fast[2]) == int(ref[2])
+        assert all(torch.equal(a.cpu(), b) for a, b in zip(fast[0], ref[0]))
+        out = torch.zeros_like(x).cuda()
+        scatter_back(fast[1], fast[0][0], out)
+        assert torch.equal(out.cpu(), scatter_back(ref[1], ref[0][0], torch.zeros_like(x)))
+
+
+@pytest.mark.gpu
+def test_cuda_compact_fixed_and_scatter_back_do_not_synchronise():
+    active = (torch.arange(512, device="cuda") % 3) == 0
+    x = torch.randn(512, 64, device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        (packed,), index, count = compact_fixed(active, 256, x)
+        scatter_back(index, packed, torch.zeros_like(x))
+    finally:
+        torch.cuda.set_sync_debug_mode("default")

@@ -1,0 +1,171 @@
+"""The ddpd._C build chain: source discovery, the staleness check that decides
+between the module built by setup.py and compiling on first use, the compile call
+itself (mocked here; a real compile in a fresh cache is the slow test at the end),
+and the sources shipped with the package."""
+import json
+import os
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from ddpd.ops import _ext
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_load_registers_the_ops():
+    module = _ext.load()
+    assert module is _ext.load()  # loaded once per process
+    for name in ("categorical_from_weights", "multinomial", "multinomial_with_uniforms", "compact",
+                 "compact_fixed", "scatter_back"):
+        assert hasattr(torch.ops.ddpd, name)
+    assert _ext.has_cuda() in (True, False)
+    assert _ext.ops_for(torch.device("cpu")) is torch.ops.ddpd
+
+
+def test_devices_without_kernels_fall_back_with_one_warning(monkeypatch):
+    if _ext.has_cuda():
+        pytest.skip("this build has CUDA kernels")
+    monkeypatch.setattr(_ext, "_warned_devices", set())
+    with pytest.warns(UserWarning, match="no cuda kernels"):
+        assert _ext.ops_for(torch.device("cuda")) is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _ext.ops_for(torch.device("cuda")) is None  # warned once only
+
+
+def test_sources_cover_every_cpp_and_cuda_file():
+    root = _ext.source_dir()
+    assert root == ROOT / "csrc"
+    cpu = _ext.sources(root, with_cuda=False)
+    assert cpu == sorted(str(p) for p in list(root.glob("*.cpp")) + list(root.glob("cpu/*.cpp")))
+    assert str(root / "registration.cpp") in cpu and str(root / "cpu" / "multinomial.cpp") in cpu
+    cuda = _ext.sources(root, with_cuda=True)
+    assert set(cuda) - set(cpu) == {str(p) for p in list(root.glob("cuda/*.cu")) + list(root.glob("cuda/*.cpp"))}
+    assert str(root / "cuda" / "multinomial.cu") in cuda
+
+
+def test_sources_with_the_same_file_name_are_rejected(tmp_path):
+    (tmp_path / "cpu").mkdir()
+    (tmp_path / "ops.cpp").write_text("")
+    (tmp_path / "cpu" / "ops.cpp").write_text("")
+    with pytest.raises(RuntimeError, match="share a file name"):
+        _ext.sources(tmp_path, with_cuda=False)
+
+
+def test_package_ships_every_source():
+    root = _ext.source_dir()
+    shipped = {p for pattern in _ext.PACKAGE_DATA for p in root.glob(pattern)}
+    sources = {p for p in root.rglob("*") if p.suffix in (".h", ".cuh", ".cpp", ".cu")}
+    assert sources <= shipped
+
+
+@pytest.fixture
+def fake_build(tmp_path, monkeypatch):
+    """A fake ddpd._C and source tree whose times and build info the test controls."""
+    monkeypatch.delenv("DDPD_FORCE_JIT", raising=False)
+    sources = tmp_path / "csrc"
+    sources.mkdir()
+    (sources / "registration.cpp").write_text("")
+    built = tmp_path / "ddpd" / "_C.so"
+    built.parent.mkdir()
+    built.write_text("")
+    now = time.time()
+    os.utime(sources / "registration.cpp", (now - 100, now - 100))
+    os.utime(built, (now, now))
+    (built.parent / _ext.BUILD_INFO).write_text(json.dumps({"torch": torch.__version__, "cuda": _ext.can_build_cuda()}))
+    monkeypatch.setattr(_ext, "source_dir", lambda: sources)
+    monkeypatch.setattr(_ext, "prebuilt_path", lambda: built)
+    return sources, built
+
+
+def test_a_current_build_is_used(fake_build):
+    assert _ext.prebuilt_problem() is None
+
+
+def test_force_jit(fake_build, monkeypatch):
+    monkeypatch.setenv("DDPD_FORCE_JIT", "1")
+    assert _ext.prebuilt_problem() == "DDPD_FORCE_JIT is set"
+
+
+def test_missing_build(fake_build, monkeypatch):
+    monkeypatch.setattr(_ext, "prebuilt_path", lambda: None)
+    assert "was not built" in _ext.prebuilt_problem()
+
+
+def test_source_newer_than_build(fake_build):
+    sources, built = fake_build
+    header = sources / "cpu" / "new_op.h"
+    header.parent.mkdir()
+    header.write_text("")
+    os.utime(header, (time.time() + 10, time.time() + 10))
+    assert _ext.prebuilt_problem() == f"{header} is newer than {built}"
+
+
+def test_build_for_another_torch(fake_build):
+    _, built = fake_build
+    (built.parent / _ext.BUILD_INFO).write_text(json.dumps({"torch": "1.0.0", "cuda": False}))
+    assert _ext.prebuilt_problem() == f"_C.so was built for torch 1.0.0, this is torch {torch.__version__}"
+
+
+def test_build_without_info(fake_build):
+    _, built = fake_build
+    (built.parent / _ext.BUILD_INFO).unlink()
+    assert "is missing" in _ext.prebuilt_problem()
+
+
+def test_compile_route_calls_torch_load(monkeypatch, tmp_path, capsys):
+    from torch.utils import cpp_extension
+
+    calls = []
+    monkeypatch.setattr(cpp_extension, "load", lambda **kwargs: calls.append(kwargs) or "module")
+    monkeypatch.setenv("DDPD_EXTENSIONS_DIR", str(tmp_path))
+    assert _ext._compile("a test asked for it") == "module"
+    (kwargs,) = calls
+    with_cuda = _ext.can_build_cuda()
+    assert kwargs["name"] == _ext.JIT_NAME
+    assert kwargs["sources"] == _ext.sources(_ext.source_dir(), with_cuda)
+    assert kwargs["extra_cflags"] == _ext.cxx_flags(with_cuda) and "-O3" in kwargs["extra_cflags"]
+    assert not any("march=native" in f or "fast-math" in f for f in kwargs["extra_cflags"])
+    assert Path(kwargs["build_directory"]).parent == tmp_path and Path(kwargs["build_directory"]).is_dir()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "compiling the C++ extension because a test asked for it" in err[0]
+
+
+def test_compile_failure_is_explained(monkeypatch, tmp_path):
+    from torch.utils import cpp_extension
+
+    def fail(**kwargs):
+        raise OSError("no compiler")
+
+    monkeypatch.setattr(cpp_extension, "load", fail)
+    monkeypatch.setenv("DDPD_EXTENSIONS_DIR", str(tmp_path))
+    with pytest.raises(RuntimeError, match=r"unavailable \(the reason\) and compiling it .* failed: no compiler"):
+        _ext._compile("the reason")
+
+
+@pytest.mark.slow
+def test_compile_on_first_use_in_a_fresh_cache(tmp_path):
+    """The real compile route, in a subprocess: one process cannot hold both builds."""
+    script = (
+        "import torch\n"
+        "from ddpd.ops import _ext\n"
+        "from ddpd.ops.multinomial import multinomial, multinomial_reference\n"
+        "from ddpd.ops.compact import compact\n"
+        "module = _ext.load()\n"
+        "w = torch.rand(8, 500)\n"
+        "assert torch.equal(multinomial(w, 4, seed=1), multinomial_reference(w, 4, seed=1))\n"
+        "active = torch.tensor([True, False] * 4)\n"
+        "assert torch.equal(compact(active, w)[0][0], w[active])\n"
+        "print(module.__file__)\n"
+    )
+    env = dict(os.environ, DDPD_FORCE_JIT="1", DDPD_EXTENSIONS_DIR=str(tmp_path))
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().startswith(str(tmp_path))
+    assert "compiling the C++ extension because DDPD_FORCE_JIT is set" in result.stderr

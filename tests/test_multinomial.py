@@ -1,0 +1,354 @@
+"""categorical_from_weights, multinomial and multinomial_from_logits: the C++ kernels
+against their torch references (exactly, same uniforms -> same index), the sampling
+law (chi-square over >= 1e5 draws), and the handling of invalid rows and arguments."""
+import math
+
+import pytest
+import torch
+from scipy import stats
+
+from ddpd.ops.categorical_weights import (
+    categorical_from_weights,
+    categorical_from_weights_reference,
+    cumulative_weights,
+)
+from ddpd.ops.multinomial import (
+    draw_uniforms,
+    multinomial,
+    multinomial_from_logits,
+    multinomial_from_logits_reference,
+    multinomial_reference,
+)
+
+# A correct sampler fails a chi-square test at this level with probability 1e-4
+# (the seeds are fixed, so a pass is reproducible).
+P_MIN = 1e-4
+
+
+def peaked_weights(rows: int, n: int, seed: int, dtype=torch.float32) -> torch.Tensor:
+    """Weights spread over many orders of magnitude, with exact zeros, like a softmax."""
+    g = torch.Generator().manual_seed(seed)
+    z = torch.randn(rows, n, generator=g, dtype=torch.float64) * 6
+    w = torch.exp(z - z.amax(-1, keepdim=True)).to(dtype)  # at most 1: no overflow in float16
+    w[torch.rand(rows, n, generator=g) < 0.2] = 0
+    w[:, 0] = 1  # every row keeps a positive weight
+    return w
+
+
+# ----------------------------------------------------------------------------- the law
+
+
+def test_cumulative_weights_follow_the_two_level_definition():
+    w = peaked_weights(3, 200, 0, torch.float64)
+    c, total = cumulative_weights(w)
+    for b in range(3):
+        row = w[b].tolist()
+        expected, before, running = [], 0.0, 0.0
+        for i, x in enumerate(row):
+            if i % 64 == 0 and i > 0:
+                before, running = before + running, 0.0
+            running += x
+            expected.append(before + running)
+        assert c[b].tolist() == expected
+        assert total[b].item() == expected[-1]
+
+
+def test_ties_go_to_the_next_index_and_zero_weights_are_never_drawn():
+    # c = [0, 1, 2, 2, 4]: u * total = 1 equals c_1, so the draw is the next index
+    # whose cumulative weight exceeds it, skipping the zero weight at 3.
+    w = torch.tensor([[0.0, 1.0, 1.0, 0.0, 2.0]] * 4)
+    u = torch.tensor([0.0, 0.25, 0.5, 0.75 - 2**-40], dtype=torch.float64)
+    for fn in (categorical_from_weights, categorical_from_weights_reference):
+        assert fn(w, u).tolist() == [1, 2, 4, 4]
+
+
+@pytest.mark.parametrize("n", [1, 5, 63, 64, 65, 257, 1000, 50257])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def test_categorical_matches_reference_exactly(n, dtype):
+    rows = 64 if n < 50257 else 8
+    w = peaked_weights(rows, n, n, dtype)
+    u = torch.rand(rows, generator=torch.Generator().manual_seed(n), dtype=torch.float64)
+    assert torch.equal(categorical_from_weights(w, u), categorical_from_weights_reference(w, u))
+
+
+def test_categorical_accepts_float32_uniforms_and_noncontiguous_weights():
+    w = peaked_weights(40, 300, 1).t().contiguous().t()[:, ::2]  # strided
+    u = torch.rand(40, generator=torch.Generator().manual_seed(1))
+    assert not w.is_contiguous()
+    assert torch.equal(categorical_from_weights(w, u), categorical_from_weights_reference(w.contiguous(), u))
+
+
+# ----------------------------------------------------------------------------- exactness
+
+
+@pytest.mark.parametrize("replacement", [True, False])
+@pytest.mark.parametrize("n,k", [(1, 1), (7, 7), (64, 3), (130, 16), (3000, 16), (50257, 16)])
+def test_multinomial_matches_reference_with_seed(n, k, replacement):
+    rows = 32 if n < 3000 else 4
+    w = peaked_weights(rows, n, 7 * n + k)
+    if not replacement:
+        w[:, :k] = 1  # at least k positive weights per row
+    for seed, offset in [(0, 0), (2**64 - 1, 2**63 + 12345)]:
+        fast = multinomial(w, k, replacement, seed=seed, offset=offset)
+        assert torch.equal(fast, multinomial_reference(w, k, replacement, seed=seed, offset=offset))
+
+
+@pytest.mark.parametrize("replacement", [True, False])
+def test_multinomial_matches_reference_with_noise(replacement):
+    w = peaked_weights(50, 500, 3, torch.float64)
+    w[:, :10] = 1
+    noise = torch.rand(50, 10, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    noise[0] = 0.0  # the edges of [0, 1)
+    noise[1] = 1.0 - 2**-53
+    fast = multinomial(w, 10, replacement, noise=noise)
+    assert torch.equal(fast, multinomial_reference(w, 10, replacement, noise=noise))
+    assert torch.equal(fast[:, 0], categorical_from_weights(w, noise[:, 0]))
+
+
+def test_philox_uniforms_feed_the_same_draws_as_explicit_noise():
+    w = peaked_weights(20, 300, 4)
+    ids = torch.arange(100, 120)
+    u = draw_uniforms(99, 5, ids, 6)
+    assert u.dtype == torch.float64 and bool((u > 0).all() and (u < 1).all())
+    assert torch.equal(multinomial(w, 6, True, seed=99, offset=5, row_ids=ids), multinomial(w, 6, True, noise=u))
+
+
+def test_a_row_keeps_its_draws_whatever_the_batch():
+    w = peaked_weights(30, 400, 5)
+    full = multinomial(w, 4, False, seed=11, offset=3)
+    for r in (0, 17, 29):
+        alone = multinomial(w[r : r + 1], 4, False, seed=11, offset=3, row_ids=torch.tensor([r]))
+        assert torch.equal(alone[0], full[r])
+    keep = torch.tensor([2, 9, 25])
+    assert torch.equal(multinomial(w[keep], 4, False, seed=11, offset=3, row_ids=keep), full[keep])
+
+
+def test_seed_generator_and_offsets():
+    w = peaked_weights(16, 100, 6)
+    assert torch.equal(multinomial(w, 3, seed=5), multinomial(w, 3, seed=5))
+    assert not torch.equal(multinomial(w, 3, seed=5), multinomial(w, 3, seed=5, offset=1))
+    a = multinomial(w, 3, generator=torch.Generator().manual_seed(8))
+    b = multinomial(w, 3, generator=torch.Generator().manual_seed(8))
+    assert torch.equal(a, b)
+    torch.manual_seed(1)
+    c = multinomial(w, 3)
+    torch.manual_seed(1)
+    assert torch.equal(c, multinomial(w, 3))
+
+
+def test_without_replacement_never_repeats_and_skips_zero_weights():
+    g = torch.Generator().manual_seed(9)
+    w = torch.rand(400, 70, generator=g)
+    w[w < 0.3] = 0
+    w[:, :20] += 0.01  # >= 20 positive weights per row
+    for k in (2, 20):
+        index = multinomial(w, k, False, seed=k)
+        assert all(len(set(row)) == k for row in index.tolist())
+        assert bool((w.gather(1, index) > 0).all())
+    # k = number of positive weights: every positive index exactly once
+    w2 = torch.zeros(50, 200)
+    w2[:, 50:80] = torch.rand(50, 30, generator=g) + 1e-3
+    index = multinomial(w2, 30, False, seed=1)
+    assert torch.equal(index.sort(1).values, torch.arange(50, 80).expand(50, 30))
+
+
+# ----------------------------------------------------------------------------- distributions
+
+
+def chi_square_p(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    probs = probs.double()
+    expected = probs / probs.sum() * counts.sum()  # renormalised: only float rounding differs
+    return stats.chisquare(counts.double().numpy(), expected.numpy()).pvalue
+
+
+def test_with_replacement_frequencies_match_the_weights():
+    w = torch.tensor([0.5, 3.0, 0.0, 1.0, 2.5, 0.25, 4.0, 0.75])
+    draws = multinomial(w.expand(10_000, -1), 12, True, seed=2024)  # 1.2e5 draws
+    counts = torch.bincount(draws.flatten(), minlength=8)
+    assert counts[2] == 0
+    keep = w > 0
+    assert chi_square_p(counts[keep], w[keep] / w.sum()) > P_MIN
+
+
+def test_small_probabilities_are_drawn_at_their_rate():
+    # A 48-bit uniform resolves probabilities far below 2^-24: 1e5 draws of a weight
+    # of relative size 1e-3 inside a large flat tail.
+    n = 5000
+    w = torch.full((n,), 1e-9)
+    w[0], w[1] = 1.0, 1e-3
+    probs = w.double() / w.double().sum()
+    draws = multinomial(w.expand(100_000, -1), 1, True, seed=77).flatten()
+    counts = torch.stack([(draws == 0).sum(), (draws == 1).sum(), (draws >= 2).sum()])
+    expected = torch.stack([probs[0], probs[1], probs[2:].sum()])
+    assert chi_square_p(counts, expected) > P_MIN
+
+
+def test_ordered_pairs_follow_the_sequential_sampling_law():
+    w = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    draws = multinomial(w.expand(200_000, -1), 2, False, seed=31)
+    pair = draws[:, 0] * 4 + draws[:, 1]
+    counts = torch.bincount(pair, minlength=16)
+    total = w.sum()
+    law = torch.tensor([[0.0 if i == j else (w[i] / total * w[j] / (total - w[i])).item() for j in range(4)] for i in range(4)])
+    diagonal = torch.arange(4) * 5
+    assert counts[diagonal].sum() == 0
+    off = torch.ones(16, dtype=torch.bool)
+    off[diagonal] = False
+    assert chi_square_p(counts[off], law.flatten()[off]) > P_MIN
+
+
+def test_multinomial_from_logits_frequencies_match_softmax():
+    logits = torch.tensor([0.0, 1.0, -2.0, 2.0, float("-inf"), 0.5])
+    draws = multinomial_from_logits(logits.expand(25_000, -1), 4, temperature=0.7, replacement=True, seed=3)
+    counts = torch.bincount(draws.flatten(), minlength=6)
+    assert counts[4] == 0
+    probs = torch.softmax(logits / 0.7, -1)
+    keep = probs > 0
+    assert chi_square_p(counts[keep], probs[keep]) > P_MIN
+
+
+def test_multinomial_from_logits_matches_reference():
+    logits = torch.randn(16, 1000, generator=torch.Generator().manual_seed(4), dtype=torch.float64) * 3
+    for dtype in (torch.float32, torch.float64, torch.bfloat16):
+        x = logits.to(dtype)
+        assert torch.equal(
+            multinomial_from_logits(x, 5, 1.3, seed=6), multinomial_from_logits_reference(x, 5, 1.3, seed=6)
+        )
+
+
+# ----------------------------------------------------------------------------- invalid rows
+
+
+def bad_rows() -> torch.Tensor:
+    w = torch.rand(7, 10) + 0.1
+    w[1] = 0  # all zero
+    w[2, 3] = -1e-3  # negative
+    w[3, 5] = float("nan")
+    w[4, 2] = float("inf")
+    w[5, 0] = float("-inf")
+    w[6, :8] = 0  # two positive weights: fine with replacement, not for k = 3 without
+    return w
+
+
+@pytest.mark.parametrize("fn", [multinomial, multinomial_reference])
+def test_invalid_rows_are_flagged_with_index_zero(fn):
+    w = bad_rows()
+    index, valid = fn(w, 3, True, seed=1, return_valid=True)
+    assert valid.tolist() == [True, False, False, False, False, False, True]
+    assert bool((index[~valid] == 0).all()) and bool(((index >= 0) & (index < 10)).all())
+    index, valid = fn(w, 3, False, seed=1, return_valid=True)
+    assert valid.tolist() == [True, False, False, False, False, False, False]
+    assert bool((index[~valid] == 0).all())
+    with pytest.raises(ValueError, match=r"rows \[1, 2, 3, 4, 5\]"):
+        fn(w, 3, True, seed=1)
+
+
+def test_categorical_invalid_rows():
+    w = bad_rows()
+    u = torch.full((7,), 0.5, dtype=torch.float64)
+    for fn in (categorical_from_weights, categorical_from_weights_reference):
+        index, valid = fn(w, u, return_valid=True)
+        assert valid.tolist() == [True, False, False, False, False, False, True]
+        assert bool((index[~valid] == 0).all())
+        with pytest.raises(ValueError, match="not valid distributions"):
+            fn(w, u)
+
+
+def test_float64_total_overflow_is_invalid():
+    w = torch.full((2, 3), 1e308, dtype=torch.float64)
+    w[1] = 1.0
+    for fn in (multinomial, multinomial_reference):
+        assert fn(w, 1, seed=0, return_valid=True)[1].tolist() == [False, True]
+
+
+def test_empty_batch():
+    assert multinomial(torch.zeros(0, 5), 2, seed=0).shape == (0, 2)
+
+
+# ----------------------------------------------------------------------------- arguments
+
+
+@pytest.mark.parametrize(
+    "kwargs,error,match",
+    [
+        (dict(weights=[[1.0]]), TypeError, "weights must be a torch.Tensor"),
+        (dict(weights=torch.ones(3, 4, dtype=torch.int64)), TypeError, "weights must be a float32"),
+        (dict(weights=torch.ones(4)), ValueError, r"weights must have shape \[B, N\]"),
+        (dict(weights=torch.ones(2, 0)), ValueError, "N >= 1"),
+        (dict(k=0), ValueError, "k must be >= 1"),
+        (dict(k=5, replacement=False), ValueError, "<= N = 4"),
+        (dict(k=2.0), TypeError, "k must be an int"),
+        (dict(replacement=1), TypeError, "replacement must be a bool"),
+        (dict(seed=-1), ValueError, "seed must be an int"),
+        (dict(seed=2**64), ValueError, "seed must be an int"),
+        (dict(offset=3), ValueError, "offset needs an explicit seed"),
+        (dict(seed=1, generator=torch.Generator()), ValueError, "either seed or generator"),
+        (dict(generator=3), TypeError, "generator must be a torch.Generator"),
+        (dict(seed=1, row_ids=torch.arange(2)), ValueError, r"row_ids must be int64 of shape \(3,\)"),
+        (dict(seed=1, row_ids=[0, 1, 2]), TypeError, "row_ids must be a torch.Tensor"),
+        (dict(noise=torch.rand(3, 2), seed=1), ValueError, "either noise or seed"),
+        (dict(noise=torch.rand(3, 3)), ValueError, r"noise must have shape \(3, 2\)"),
+        (dict(noise=torch.ones(3, 2)), ValueError, r"noise must lie in \[0, 1\)"),
+        (dict(noise=torch.ones(3, 2, dtype=torch.float16)), TypeError, "noise must be float32 or float64"),
+    ],
+)
+def test_multinomial_argument_errors(kwargs, error, match):
+    call = dict(weights=torch.ones(3, 4), k=2, replacement=True)
+    call.update(kwargs)
+    for fn in (multinomial, multinomial_reference):
+        with pytest.raises(error, match=match):
+            fn(**call)
+
+
+def test_categorical_argument_errors():
+    w = torch.ones(3, 4)
+    with pytest.raises(ValueError, match=r"uniforms must have shape \(3,\)"):
+        categorical_from_weights(w, torch.rand(4))
+    with pytest.raises(ValueError, match=r"uniforms must lie in \[0, 1\)"):
+        categorical_from_weights(w, -torch.rand(3))
+    with pytest.raises(TypeError, match="uniforms must be a torch.Tensor"):
+        categorical_from_weights(w, [0.1, 0.2, 0.3])
+
+
+@pytest.mark.parametrize("temperature,error", [(0.0, ValueError), (-1.0, ValueError), (math.inf, ValueError), ("1", TypeError)])
+def test_multinomial_from_logits_temperature_errors(temperature, error):
+    with pytest.raises(error, match="temperature"):
+        multinomial_from_logits(torch.zeros(2, 3), 1, temperature, seed=0)
+
+
+def test_multinomial_from_logits_invalid_rows():
+    logits = torch.zeros(3, 4)
+    logits[1] = float("-inf")
+    logits[2, 1] = float("nan")
+    _, valid = multinomial_from_logits(logits, 1, seed=0, return_valid=True)
+    assert valid.tolist() == [True, False, False]
+
+
+# ----------------------------------------------------------------------------- GPU
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("replacement", [True, False])
+def test_cuda_matches_cpu_exactly(replacement):
+    w = peaked_weights(64, 50257, 12)
+    w[:, :16] = 1
+    cpu = multinomial(w, 16, replacement, seed=3, offset=9)
+    gpu = multinomial(w.cuda(), 16, replacement, seed=3, offset=9)
+    assert torch.equal(gpu.cpu(), cpu)
+    u = torch.rand(64, dtype=torch.float64)
+    assert torch.equal(categorical_from_weights(w.cuda(), u.cuda()).cpu(), categorical_from_weights(w, u))
+    index, valid = multinomial(bad_rows().cuda(), 2, replacement, seed=1, return_valid=True)
+    ref_index, ref_valid = multinomial(bad_rows(), 2, replacement, seed=1, return_valid=True)
+    assert torch.equal(index.cpu(), ref_index) and torch.equal(valid.cpu(), ref_valid)
+
+
+@pytest.mark.gpu
+def test_cuda_multinomial_does_not_synchronise():
+    w = peaked_weights(8, 1000, 13).cuda()
+    ids = torch.arange(8, device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        multinomial(w, 4, False, seed=1, row_ids=ids, return_valid=True)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
