@@ -11,7 +11,6 @@
 #include <tuple>
 #include <vector>
 
-#include "../chunked_cdf.h"
 #include "launchers.h"
 
 namespace ddpd {
@@ -32,13 +31,12 @@ std::tuple<at::Tensor, at::Tensor> sample(const at::Tensor& weights, int64_t k, 
               " for N = ", weights.size(1), replacement ? " with" : " without", " replacement");
   const c10::cuda::CUDAGuard guard(weights.device());
   const at::Tensor w = weights.contiguous();
-  const int64_t rows = w.size(0), n = w.size(1), m = num_chunks(n);
+  const int64_t rows = w.size(0), n = w.size(1);
   const auto opts = w.options();
   at::Tensor index = at::empty({rows, k}, opts.dtype(at::kLong));
   at::Tensor valid = at::empty({rows}, opts.dtype(at::kBool));
-  at::Tensor sums = at::empty({rows, m}, opts.dtype(at::kDouble));
-  at::Tensor prefix = at::empty({rows, m}, opts.dtype(at::kDouble));
-  at::Tensor removed = replacement ? at::Tensor() : at::empty({rows, m}, opts.dtype(at::kLong));
+  const int64_t scratch_doubles = multinomial_scratch_doubles(rows, n, replacement);
+  at::Tensor scratch = scratch_doubles > 0 ? at::empty({scratch_doubles}, opts.dtype(at::kDouble)) : at::Tensor();
   const at::Tensor u = uniforms.defined() ? uniforms.contiguous() : at::Tensor();
   const at::Tensor ids = row_ids.defined() ? row_ids.contiguous() : at::Tensor();
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
@@ -46,10 +44,9 @@ std::tuple<at::Tensor, at::Tensor> sample(const at::Tensor& weights, int64_t k, 
     check_launch(launch_multinomial<scalar_t>(
                      w.data_ptr<scalar_t>(), rows, n, k, replacement,
                      u.defined() ? u.data_ptr<double>() : nullptr, seed, offset,
-                     ids.defined() ? ids.data_ptr<int64_t>() : nullptr, sums.data_ptr<double>(),
-                     prefix.data_ptr<double>(),
-                     removed.defined() ? reinterpret_cast<uint64_t*>(removed.data_ptr<int64_t>()) : nullptr,
-                     index.data_ptr<int64_t>(), valid.data_ptr<bool>(), stream),
+                     ids.defined() ? ids.data_ptr<int64_t>() : nullptr,
+                     scratch.defined() ? scratch.data_ptr<double>() : nullptr, index.data_ptr<int64_t>(),
+                     valid.data_ptr<bool>(), stream),
                  "multinomial");
   });
   return {index, valid};

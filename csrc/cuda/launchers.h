@@ -11,14 +11,15 @@ namespace cuda {
 
 // k draws per row of weights [rows, n] (csrc/chunked_cdf.h), one block per row.
 // uniforms: [rows, k] float64, or null to draw them from (seed, offset, row_ids).
-// sums, prefix: rows * num_chunks(n) doubles of scratch each; removed:
-// rows * num_chunks(n) uint64 of scratch without replacement, else null.
+// scratch: multinomial_scratch_doubles(rows, n, replacement) doubles of global
+// memory when that is not 0 (rows too long for shared memory), else null.
+int64_t multinomial_scratch_doubles(int64_t rows, int64_t n, bool replacement);
+
 template <typename scalar_t>
 cudaError_t launch_multinomial(const scalar_t* weights, int64_t rows, int64_t n, int64_t k,
                                bool replacement, const double* uniforms, uint64_t seed,
-                               uint64_t offset, const int64_t* row_ids, double* sums,
-                               double* prefix, uint64_t* removed, int64_t* out, bool* valid,
-                               cudaStream_t stream);
+                               uint64_t offset, const int64_t* row_ids, double* scratch,
+                               int64_t* out, bool* valid, cudaStream_t stream);
 
 // index[p] = row number of the p-th active row for p < capacity, -1 past the last
 // active row; *count = number of active rows (may exceed capacity).

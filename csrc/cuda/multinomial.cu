@@ -7,7 +7,8 @@
 // then forms the prefix sums in chunk order and makes the k draws, each a binary
 // search plus at most one chunk, updating one chunk and the later prefix sums
 // after each draw without replacement. The prefix sums stay sequential because
-// their order is part of the law.
+// their order is part of the law; they sit in shared memory up to N of about
+// 196k (with replacement) or 130k (without), in global scratch beyond.
 #include <cfloat>
 #include <cstdint>
 
@@ -19,20 +20,30 @@ namespace cuda {
 namespace {
 
 constexpr int kThreads = 256;
+constexpr int64_t kSharedBytes = 48 * 1024 - 64;  // default limit, less the static `positive`
+
+// Bytes of per-row state: chunk sums and prefix sums, plus the removed-masks
+// without replacement.
+int64_t state_bytes(int64_t n, bool replacement) {
+  return num_chunks(n) * (replacement ? 2 : 3) * 8;
+}
 
 template <typename scalar_t>
 __global__ void __launch_bounds__(kThreads)
     multinomial_kernel(const scalar_t* __restrict__ weights, int64_t n, int64_t k, bool replacement,
                        const double* __restrict__ uniforms, uint64_t seed, uint64_t offset,
-                       const int64_t* __restrict__ row_ids, double* __restrict__ all_sums,
-                       double* __restrict__ all_prefix, uint64_t* __restrict__ all_removed,
+                       const int64_t* __restrict__ row_ids, double* __restrict__ scratch,
                        int64_t* __restrict__ out, bool* __restrict__ valid) {
+  extern __shared__ double shared_state[];
   __shared__ unsigned long long positive;
   const int64_t r = blockIdx.x, m = num_chunks(n);
   const scalar_t* row = weights + r * n;
-  double* sums = all_sums + r * m;
-  double* prefix = all_prefix + r * m;
-  uint64_t* removed = replacement ? nullptr : all_removed + r * m;
+  // The row state lives in shared memory when it fits (thread 0 then walks it at
+  // shared-memory latency), else in this row's slice of the global scratch.
+  double* state = scratch != nullptr ? scratch + r * m * (replacement ? 2 : 3) : shared_state;
+  double* sums = state;
+  double* prefix = state + m;
+  uint64_t* removed = replacement ? nullptr : reinterpret_cast<uint64_t*>(state + 2 * m);
   const bool need_count = !replacement && k > 1;
   if (threadIdx.x == 0) positive = 0;
   __syncthreads();
@@ -75,26 +86,29 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
+int64_t multinomial_scratch_doubles(int64_t rows, int64_t n, bool replacement) {
+  const int64_t bytes = state_bytes(n, replacement);
+  return bytes <= kSharedBytes ? 0 : rows * bytes / 8;
+}
+
 template <typename scalar_t>
 cudaError_t launch_multinomial(const scalar_t* weights, int64_t rows, int64_t n, int64_t k,
                                bool replacement, const double* uniforms, uint64_t seed,
-                               uint64_t offset, const int64_t* row_ids, double* sums,
-                               double* prefix, uint64_t* removed, int64_t* out, bool* valid,
-                               cudaStream_t stream) {
+                               uint64_t offset, const int64_t* row_ids, double* scratch,
+                               int64_t* out, bool* valid, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
-  multinomial_kernel<scalar_t><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
-      weights, n, k, replacement, uniforms, seed, offset, row_ids, sums, prefix, removed, out, valid);
+  const size_t shared = scratch != nullptr ? 0 : static_cast<size_t>(state_bytes(n, replacement));
+  multinomial_kernel<scalar_t><<<static_cast<unsigned>(rows), kThreads, shared, stream>>>(
+      weights, n, k, replacement, uniforms, seed, offset, row_ids, scratch, out, valid);
   return cudaGetLastError();
 }
 
 template cudaError_t launch_multinomial<float>(const float*, int64_t, int64_t, int64_t, bool,
                                                const double*, uint64_t, uint64_t, const int64_t*,
-                                               double*, double*, uint64_t*, int64_t*, bool*,
-                                               cudaStream_t);
+                                               double*, int64_t*, bool*, cudaStream_t);
 template cudaError_t launch_multinomial<double>(const double*, int64_t, int64_t, int64_t, bool,
                                                 const double*, uint64_t, uint64_t, const int64_t*,
-                                                double*, double*, uint64_t*, int64_t*, bool*,
-                                                cudaStream_t);
+                                                double*, int64_t*, bool*, cudaStream_t);
 
 }  // namespace cuda
 }  // namespace ddpd
