@@ -107,6 +107,19 @@ def test_source_newer_than_build(fake_build):
     assert _ext.prebuilt_problem() == f"{header} is newer than {built}"
 
 
+def test_cuda_sources_do_not_make_a_cpu_build_stale(fake_build):
+    sources, built = fake_build
+    (built.parent / _ext.BUILD_INFO).write_text(json.dumps({"torch": torch.__version__, "cuda": False}))
+    kernel = sources / "cuda" / "op.cu"
+    kernel.parent.mkdir()
+    kernel.write_text("")
+    os.utime(kernel, (time.time() + 10, time.time() + 10))
+    if not _ext.can_build_cuda():
+        assert _ext.prebuilt_problem() is None
+    (built.parent / _ext.BUILD_INFO).write_text(json.dumps({"torch": torch.__version__, "cuda": True}))
+    assert _ext.prebuilt_problem() == f"{kernel} is newer than {built}"
+
+
 def test_build_for_another_torch(fake_build):
     _, built = fake_build
     (built.parent / _ext.BUILD_INFO).write_text(json.dumps({"torch": "1.0.0", "cuda": False}))

@@ -93,10 +93,13 @@ def build_info(with_cuda: bool) -> dict:
     return {"torch": torch.__version__, "python": sys.version.split()[0], "cuda": with_cuda}
 
 
-def _newest_source(root: Path) -> tuple[float, Optional[Path]]:
+def _newest_source(root: Path, with_cuda: bool) -> tuple[float, Optional[Path]]:
+    """Time and path of the newest source a build with(out) CUDA compiles."""
     newest, path = 0.0, None
     for p in root.rglob("*"):
-        if p.suffix in _SOURCE_SUFFIXES and p.stat().st_mtime > newest:
+        if p.suffix not in _SOURCE_SUFFIXES or (not with_cuda and p.parent.name == "cuda"):
+            continue
+        if p.stat().st_mtime > newest:
             newest, path = p.stat().st_mtime, p
     return newest, path
 
@@ -114,16 +117,16 @@ def prebuilt_problem() -> Optional[str]:
     built = prebuilt_path()
     if built is None:
         return "ddpd._C was not built (torch was not importable when ddpd was installed)"
-    try:
-        newest, path = _newest_source(source_dir())
-    except RuntimeError:  # an install that ships no sources cannot be stale
-        newest, path = 0.0, None
-    if newest > built.stat().st_mtime:
-        return f"{path} is newer than {built}"
     info_path = built.parent / BUILD_INFO
     if not info_path.is_file():
         return f"{info_path} is missing, so the torch version {built.name} was built for is unknown"
     info = json.loads(info_path.read_text())
+    try:
+        newest, path = _newest_source(source_dir(), bool(info.get("cuda")))
+    except RuntimeError:  # an install that ships no sources cannot be stale
+        newest, path = 0.0, None
+    if newest > built.stat().st_mtime:
+        return f"{path} is newer than {built}"
     import torch
 
     if info.get("torch") != torch.__version__:
