@@ -1,0 +1,59 @@
+"""Public sampling ops: each a torch.library custom op with a plain torch reference
+beside it (`<name>_reference`, same semantics, same tokens from the same noise).
+
+CUDA tensors run Triton kernels (ddpd.kernels) or CUDA kernels of ddpd._C; CPU
+tensors run the C++ kernels of ddpd._C. Randomness is counter-based (ddpd.ops.rng):
+every op takes seed/offset/generator/row_ids, or explicit `noise=` uniforms.
+"""
+from ddpd.ops.categorical_weights import categorical_from_weights, categorical_from_weights_reference
+from ddpd.ops.compact import (
+    compact,
+    compact_fixed,
+    compact_fixed_reference,
+    compact_reference,
+    scatter_back,
+    scatter_back_reference,
+)
+from ddpd.ops.multinomial import (
+    multinomial,
+    multinomial_from_logits,
+    multinomial_from_logits_reference,
+    multinomial_reference,
+)
+from ddpd.ops.planner_mask import (
+    planner_mask,
+    planner_mask_reference,
+    planner_select_mask,
+    planner_select_mask_reference,
+)
+from ddpd.ops.planner_select import planner_select, planner_select_reference
+from ddpd.ops.rng import philox_uniform
+from ddpd.ops.sample_categorical import noise_width, sample_categorical, sample_categorical_reference
+from ddpd.ops.sample_from_hidden import sample_from_hidden, sample_from_hidden_reference
+
+__all__ = [
+    "categorical_from_weights",
+    "categorical_from_weights_reference",
+    "compact",
+    "compact_fixed",
+    "compact_fixed_reference",
+    "compact_reference",
+    "scatter_back",
+    "scatter_back_reference",
+    "multinomial",
+    "multinomial_reference",
+    "multinomial_from_logits",
+    "multinomial_from_logits_reference",
+    "noise_width",
+    "philox_uniform",
+    "planner_mask",
+    "planner_mask_reference",
+    "planner_select",
+    "planner_select_reference",
+    "planner_select_mask",
+    "planner_select_mask_reference",
+    "sample_categorical",
+    "sample_categorical_reference",
+    "sample_from_hidden",
+    "sample_from_hidden_reference",
+]

@@ -2,8 +2,10 @@
 
 Each uniform is a pure function of (seed, offset, row, column): Philox4x32-10
 with key (seed_lo, seed_hi) and counter (column, row, offset_lo, offset_hi), the
-first 32-bit output word w mapped to u = ((w >> 8) + 0.5) * 2**-24, which lies in
-the open interval (0, 1) and is exact in float32. Because the row enters the
+first 32-bit output word w mapped to u = ((w >> 8) + 0.5) * 2**-24 in float32.
+Float32 rounds the half-step above 0.5, and the top value (probability 2**-25)
+rounds to exactly 1.0, so u lies in (0, 1]: every consumer that takes a logarithm
+of 1 - u (Gumbel, exponential) clamps u to the largest float below one first. Because the row enters the
 counter as an id rather than a position in the batch, a row keeps its stream
 whatever the batch composition (compaction, sharding, different batch sizes).
 
@@ -62,7 +64,7 @@ def philox_uniform(
     cols: Union[torch.Tensor, int],
     device: Optional[torch.device] = None,
 ) -> torch.Tensor:
-    """Uniforms in (0, 1), float32 [len(rows), n_cols], from (seed, offset, row id, column).
+    """Uniforms in (0, 1], float32 [len(rows), n_cols], from (seed, offset, row id, column).
 
     rows: row ids (Long[N]); cols: number of columns M (columns 0..M-1) or Long[M].
     """
