@@ -10,6 +10,13 @@ SampleResult (tokens, steps, per-row stop_step, forward-pass counts).
   prop:generative_rate_decomposition.
 - tau_leaping_mask (DFM), tau_leaping_uniform (DFM-Uni), tau_leaping_planned (P x D).
 - maskgit_sample: MaskGIT confidence-based unmasking.
+
+fused=True (ddpd_sample with clock='planner', the tau-leaping samplers, MaskGIT)
+runs the same sampler with the per-step draws in the ddpd.ops kernels and no host
+synchronisation inside a step; rows that stop early leave the batch at a stop check
+every sync_every steps (ddpd.sampling.fused, fused_batch, fused_draws). From the
+same noise source it returns the same samples as the reference code.
+SampleResult also reports the row-evaluations early stopping saved.
 """
 from ddpd.sampling.common import SampleResult
 from ddpd.sampling.gillespie import ddpd_sample, ddpd_sample_uniform

@@ -35,7 +35,6 @@ from ddpd.sampling.noise import MASK, NUM_STREAMS, SELECT, TOKEN, NoiseSource, P
 from ddpd.sampling.steps import token_noise_width
 
 
-
 class OpDraws:
     """Keyword arguments that make an op read a step's uniforms from `noise`."""
 
