@@ -190,4 +190,5 @@ def planner_select(
     """
     softmax, tau, eps = check_select_args(logits, k, mode, tau, eps)
     seed, offset = args.resolve_stream(noise, tuple(logits.shape), logits, seed, offset, generator, row_ids)
-    return _planner_select_op(logits, k, softmax, tau, eps, noise, seed, offset, row_ids)
+    # Draws and the stop statistics carry no gradient (see sample_from_hidden).
+    return _planner_select_op(logits.detach(), k, softmax, tau, eps, noise, seed, offset, row_ids)

@@ -190,5 +190,8 @@ def sample_from_hidden(
     """
     temperature, ids, seed, offset = _prepare(hidden, weight, bias, temperature, exclude_ids, exclude_per_row, seed,
                                               offset, generator, row_ids, noise)
-    return _sample_from_hidden_op(hidden, weight, bias, temperature, ids, exclude_per_row, noise, seed, offset,
-                                  row_ids)
+    # A draw has no gradient; detaching lets callers pass a live nn.Linear's
+    # parameters (requires_grad) outside torch.no_grad().
+    bias = None if bias is None else bias.detach()
+    return _sample_from_hidden_op(hidden.detach(), weight.detach(), bias, temperature, ids, exclude_per_row, noise,
+                                  seed, offset, row_ids)
