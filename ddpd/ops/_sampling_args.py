@@ -1,5 +1,5 @@
-"""Argument checks and randomness plumbing shared by the fused sampling ops
-(planner_select, planner_mask, sample_categorical, sample_from_hidden).
+"""Argument checks and randomness plumbing shared by the sampling ops
+(planner_select, planner_mask, sample_categorical, sample_from_hidden, multinomial).
 
 Every sampling op takes either explicit uniforms (`noise`) or a counter-based
 stream: (seed, offset) from the caller or drawn from a torch.Generator, and
@@ -88,17 +88,30 @@ def resolve_stream(
     """Validate the randomness arguments; return (seed, offset) as int64 bit patterns.
 
     With `noise` (float32 uniforms in (0, 1) of shape noise_shape) seed, generator
-    and row_ids must be left unset. Without it, a missing seed is drawn together
-    with the offset from `generator` (or torch's default generator).
+    and row_ids must be left unset. Without it, see resolve_seed.
     """
-    rows = noise_shape[0]
     if noise is not None:
-        if seed is not None or generator is not None or row_ids is not None or offset != 0:
-            raise ValueError("pass either noise or seed/offset/generator/row_ids, not both")
+        check_noise_alone(seed, offset, generator, row_ids)
         check_tensor("noise", noise, (torch.float32,), len(noise_shape))
         check_shape("noise", noise, noise_shape)
         check_same_device("noise", noise, like, "the input")
         return 0, 0
+    return resolve_seed(seed, offset, generator, row_ids, noise_shape[0], like)
+
+
+def check_noise_alone(seed, offset, generator, row_ids) -> None:
+    """Explicit noise replaces the stream: no seed, offset, generator or row_ids with it."""
+    if seed is not None or generator is not None or row_ids is not None or offset != 0:
+        raise ValueError("pass either noise or seed/offset/generator/row_ids, not both")
+
+
+def resolve_seed(seed: Optional[int], offset: int, generator: Optional[torch.Generator],
+                 row_ids: Optional[torch.Tensor], rows: int, like: torch.Tensor) -> tuple[int, int]:
+    """Validate a counter-based stream; return (seed, offset) as int64 bit patterns.
+
+    row_ids: Long[rows] on like's device, or None. A missing seed is drawn together
+    with the offset from `generator` (or torch's default generator).
+    """
     if row_ids is not None:
         check_tensor("row_ids", row_ids, (torch.int64,), 1)
         check_shape("row_ids", row_ids, (rows,))
@@ -113,6 +126,12 @@ def resolve_stream(
         raise ValueError("pass either seed or generator, not both")
     check_seed(seed, offset)
     return as_int64(seed), as_int64(offset)
+
+
+def contiguous(*tensors: Optional[torch.Tensor]) -> tuple:
+    """Each tensor made contiguous (None stays None): the kernels index rows as
+    row * width, so strided noise, row ids or exclusions would be misread."""
+    return tuple(None if t is None else t.contiguous() for t in tensors)
 
 
 def split32(value: int) -> tuple[int, int]:

@@ -34,16 +34,9 @@ from typing import Optional
 import torch
 
 from ddpd.ops import _ext
+from ddpd.ops import _sampling_args as args
 from ddpd.ops.categorical_weights import Result, check_uniforms, check_weights, finish, inverse_cdf, row_validity
-from ddpd.ops.rng import check_seed, philox4x32, seed_from_generator
-
-_MASK32 = 0xFFFFFFFF
-
-
-def _as_int64(value: int) -> int:
-    """The uint64 `value` as the int64 with the same bits (op schemas carry int64)."""
-    return value - 2**64 if value >= 2**63 else value
-
+from ddpd.ops.rng import philox4x32
 
 def _check_k(k, replacement, n: int) -> int:
     if isinstance(k, bool) or not isinstance(k, int):
@@ -57,29 +50,15 @@ def _check_k(k, replacement, n: int) -> int:
 
 
 def _resolve_stream(weights, k, seed, offset, generator, row_ids, noise):
-    """Validate the randomness arguments: (noise as float64 | None, seed, offset, row_ids)."""
+    """Validate the randomness arguments: (noise as float64 | None, seed, offset, row_ids),
+    seed and offset as int64 bit patterns."""
     rows = weights.shape[0]
     if noise is not None:
-        if seed is not None or generator is not None or row_ids is not None or offset != 0:
-            raise ValueError("pass either noise or seed/offset/generator/row_ids, not both")
+        args.check_noise_alone(seed, offset, generator, row_ids)
         return check_uniforms("noise", noise, (rows, k), weights), 0, 0, None
+    seed, offset = args.resolve_seed(seed, offset, generator, row_ids, rows, weights)
     if row_ids is None:
         row_ids = torch.arange(rows, device=weights.device)
-    elif not isinstance(row_ids, torch.Tensor):
-        raise TypeError(f"row_ids must be a torch.Tensor, got {type(row_ids).__name__}")
-    elif row_ids.dtype != torch.int64 or tuple(row_ids.shape) != (rows,):
-        raise ValueError(f"row_ids must be int64 of shape ({rows},), got {row_ids.dtype} {tuple(row_ids.shape)}")
-    elif row_ids.device != weights.device:
-        raise ValueError(f"row_ids must be on {weights.device} like the weights, got {row_ids.device}")
-    if generator is not None and not isinstance(generator, torch.Generator):
-        raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
-    if seed is None:
-        if offset != 0:
-            raise ValueError(f"offset needs an explicit seed (it is drawn with the seed otherwise), got {offset}")
-        seed, offset = seed_from_generator(generator)
-    elif generator is not None:
-        raise ValueError("pass either seed or generator, not both")
-    check_seed(seed, offset)
     return None, seed, offset, row_ids
 
 
@@ -89,10 +68,11 @@ def draw_uniforms(seed: int, offset: int, row_ids: torch.Tensor, k: int) -> torc
     Built from the Philox words themselves: a float32 uniform of ddpd.ops.rng rounds
     (w >> 8) + 1/2 to 24 bits, which would lose the lowest bit of a.
     """
-    rows = (row_ids.to(torch.int64) & _MASK32)[:, None]
+    rows = (row_ids.to(torch.int64) & 0xFFFFFFFF)[:, None]
     cols = torch.arange(2 * k, dtype=torch.int64, device=row_ids.device)[None, :]
-    counter_hi = torch.full_like(rows, offset & _MASK32), torch.full_like(rows, offset >> 32)
-    word, _, _, _ = philox4x32(cols, rows, *counter_hi, seed & _MASK32, seed >> 32)
+    offset_lo, offset_hi = args.split32(offset)
+    counter_hi = torch.full_like(rows, offset_lo), torch.full_like(rows, offset_hi)
+    word, _, _, _ = philox4x32(cols, rows, *counter_hi, *args.split32(seed))
     top = (word >> 8).double()  # 24 bits each
     return (top[:, 0::2] * 2.0**24 + top[:, 1::2] + 0.5) * 2.0**-48
 
@@ -161,7 +141,7 @@ def multinomial(
     if u is not None:
         index, valid = ops.multinomial_with_uniforms(weights, u, replacement)
     else:
-        index, valid = ops.multinomial(weights, k, replacement, _as_int64(seed), _as_int64(offset), row_ids)
+        index, valid = ops.multinomial(weights, k, replacement, seed, offset, row_ids)
     return finish(index, valid, return_valid, _need(k, replacement))
 
 

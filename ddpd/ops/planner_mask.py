@@ -249,6 +249,7 @@ def planner_mask(
     if positions is not None:
         check_positions(positions, logits)
     seed, offset = args.resolve_stream(noise, tuple(logits.shape), logits, seed, offset, generator, row_ids)
+    noise, row_ids = args.contiguous(noise, row_ids)
     return _planner_mask_op(logits.detach(), x, positions, mask_id, noise, seed, offset, row_ids)
 
 
@@ -278,5 +279,6 @@ def planner_select_mask(
     softmax, tau, eps = check_select_args(logits, k, mode, tau, eps)
     check_mask_args(logits, x, mask_id)
     seed, offset = _resolve_pair(noise, mask_noise, logits, seed, offset, generator, row_ids)
+    noise, mask_noise, row_ids = args.contiguous(noise, mask_noise, row_ids)
     return _planner_select_mask_op(logits.detach(), x, mask_id, k, softmax, tau, eps, noise, mask_noise, seed, offset,
                                    row_ids)

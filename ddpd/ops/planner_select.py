@@ -124,6 +124,7 @@ def planner_select_triton(logits, k, softmax, tau, eps, noise, seed, offset, row
     sum_p = torch.empty(rows, dtype=torch.float32, device=device)
     stop = torch.empty(rows, dtype=torch.bool, device=device)
     x, mask_id, mask_noise = mask if mask is not None else (None, 0, None)
+    x = x.contiguous() if x is not None else None  # masked below is written row-major
     masked = torch.empty_like(x) if mask is not None else None
     z = torch.empty(rows, length, dtype=torch.bool, device=device) if mask is not None else None
     count = torch.empty(rows, dtype=torch.int64, device=device) if mask is not None else None
@@ -134,7 +135,7 @@ def planner_select_triton(logits, k, softmax, tau, eps, noise, seed, offset, row
         planner_select_kernel[(rows,)](
             logits, length, k, tau, eps,
             noise, mask_noise, row_ids, seed_lo, seed_hi, offset_lo, offset_hi, mask_offset_lo, mask_offset_hi,
-            x.contiguous() if x is not None else None, mask_id, positions, sum_p, stop, masked, z, count,
+            x, mask_id, positions, sum_p, stop, masked, z, count,
             SOFTMAX=softmax, WITH_MASK=mask is not None, BLOCK_D=1 << (length - 1).bit_length(),
         )
     if mask is None:
@@ -190,5 +191,6 @@ def planner_select(
     """
     softmax, tau, eps = check_select_args(logits, k, mode, tau, eps)
     seed, offset = args.resolve_stream(noise, tuple(logits.shape), logits, seed, offset, generator, row_ids)
+    noise, row_ids = args.contiguous(noise, row_ids)
     # Draws and the stop statistics carry no gradient (see sample_from_hidden).
     return _planner_select_op(logits.detach(), k, softmax, tau, eps, noise, seed, offset, row_ids)

@@ -220,4 +220,5 @@ def sample_categorical(
     temperature, ids, seed, offset = _prepare(
         logits, temperature, exclude_ids, exclude_per_row, seed, offset, generator, row_ids, noise
     )
+    exclude_per_row, noise, row_ids = args.contiguous(exclude_per_row, noise, row_ids)
     return _sample_categorical_op(logits.detach(), temperature, ids, exclude_per_row, noise, seed, offset, row_ids)

@@ -193,5 +193,6 @@ def sample_from_hidden(
     # A draw has no gradient; detaching lets callers pass a live nn.Linear's
     # parameters (requires_grad) outside torch.no_grad().
     bias = None if bias is None else bias.detach()
+    exclude_per_row, noise, row_ids = args.contiguous(exclude_per_row, noise, row_ids)
     return _sample_from_hidden_op(hidden.detach(), weight.detach(), bias, temperature, ids, exclude_per_row, noise,
                                   seed, offset, row_ids)
