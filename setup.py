@@ -30,7 +30,10 @@ def _load_ext_config():
 
 
 CONFIG = _load_ext_config()  # ddpd/ops/_ext.py, without importing ddpd or torch
-package_data = {"ddpd._csrc": CONFIG.PACKAGE_DATA}
+# The default sampling bundle (ddpd.pretrained): weights and configs only, never a
+# training state that a copied checkpoint directory might still hold.
+package_data = {"ddpd._csrc": CONFIG.PACKAGE_DATA, "ddpd.pretrained": ["**/*.safetensors", "**/*.json"]}
+exclude_package_data = {"ddpd.pretrained": ["**/train_state.*"]}
 
 
 def _extension_kwargs():
@@ -71,4 +74,5 @@ def _extension_kwargs():
     }
 
 
-setup(packages=packages, package_dir=package_dir, package_data=package_data, **_extension_kwargs())
+setup(packages=packages, package_dir=package_dir, package_data=package_data,
+      exclude_package_data=exclude_package_data, **_extension_kwargs())

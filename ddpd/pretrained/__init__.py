@@ -1,0 +1,134 @@
+"""The default sampling bundle shipped with ddpd: a text8 planner + mask denoiser.
+
+`ddpd-sample` with no model argument samples from this bundle. It lives in the
+package as
+
+    ddpd/pretrained/text8/planner/{model.safetensors, config.json}
+    ddpd/pretrained/text8/denoiser/{model.safetensors, config.json}
+
+a sampling bundle like any other (see ddpd.checkpoint): a planner (no time input,
+p(z^d = N | x_t) of the paper's planner) and a mask denoiser
+(p(x_1^d | x_t, x_t^d = M)), trained on character-level text8-format text with
+sequences of 256 characters and the linear schedule. How they were trained is in
+docs/pretrained.md.
+
+    from ddpd.pretrained import default_bundle
+    from ddpd.checkpoint import load_bundle
+    planner, denoiser, configs = load_bundle(default_bundle())
+
+Setting the environment variable DDPD_PRETRAINED_DIR to a bundle directory (one
+holding planner/ and denoiser/ checkpoints) makes that bundle the default instead.
+Your own checkpoints are always usable directly: `ddpd-sample --checkpoint BUNDLE`
+or `ddpd-sample --planner DIR --denoiser DIR`.
+
+The bundle is written from two training checkpoints with
+
+    python -m ddpd.pretrained runs/planner runs/mask-denoiser
+
+which keeps the weights and configs only (no optimizer or EMA state), optionally
+stores the weights as float16 (--dtype float16: half the size; they load back into
+float32 parameters), and checks what the default must be: a planner and a mask
+denoiser, the text8 tokenizer, the same sequence length, at most MAX_BUNDLE_BYTES on
+disk.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import List, Optional
+
+import torch
+
+ENV_VAR = "DDPD_PRETRAINED_DIR"
+BUNDLE_DIR = Path(__file__).resolve().parent / "text8"
+ROLES = ("planner", "denoiser")
+FILES = ("model.safetensors", "config.json")
+# The bundle ships inside every wheel: it must stay small.
+MAX_BUNDLE_BYTES = 25 * 10**6
+KINDS = {"planner": "planner", "denoiser": "mask-denoiser"}
+TOKENIZER = {"name": "text8"}
+# Storage types of the bundled weights: load_model casts them to the float32 parameters.
+WEIGHT_DTYPES = ("float32", "float16", "bfloat16")
+TEXT8_SYMBOLS = 27  # ' ' and a-z: what the planner reads and the denoiser predicts
+
+
+class BundleNotFoundError(FileNotFoundError):
+    """No default bundle: neither DDPD_PRETRAINED_DIR nor the packaged one holds both checkpoints."""
+
+
+def default_bundle() -> str:
+    """Path of the default sampling bundle: $DDPD_PRETRAINED_DIR if set, else the
+    packaged ddpd/pretrained/text8. Raises BundleNotFoundError (one line, naming the
+    missing files and how to pass your own checkpoints) when it is incomplete."""
+    override = os.environ.get(ENV_VAR)
+    path = Path(override) if override else BUNDLE_DIR
+    missing = missing_files(path)
+    if missing:
+        where = f"{ENV_VAR}={override}" if override else "the ddpd package"
+        raise BundleNotFoundError(
+            f"no default model in {where}: {path} lacks {', '.join(missing)}; pass your own checkpoints with "
+            f"--checkpoint BUNDLE (or --planner DIR --denoiser DIR), or set {ENV_VAR} to a bundle directory")
+    return str(path)
+
+
+def missing_files(path: os.PathLike) -> List[str]:
+    """The files of a bundle (role/file) absent under `path`."""
+    return [f"{role}/{name}" for role in ROLES for name in FILES if not (Path(path) / role / name).is_file()]
+
+
+def bundle_bytes(path: os.PathLike) -> int:
+    """Total size in bytes of every file under `path`."""
+    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
+
+
+def check_bundle_configs(configs: dict) -> None:
+    """ValueError unless {"planner": config, "denoiser": config} describe what the
+    default must be: a planner and a mask denoiser over the text8 alphabet, the same
+    tokenizer, schedule and sequence length."""
+    for role, kind in KINDS.items():
+        if configs[role]["kind"] != kind:
+            raise ValueError(f"default bundle: the {role} must be a {kind!r} model, got {configs[role]['kind']!r}")
+        if configs[role].get("tokenizer") != TOKENIZER:
+            raise ValueError(f"default bundle: the {role} must use the tokenizer {TOKENIZER}, "
+                             f"got {configs[role].get('tokenizer')}")
+    symbols = {"planner reads": configs["planner"]["model"]["vocab_size"],
+               "denoiser predicts": configs["denoiser"]["model"]["out_dim"]}
+    if set(symbols.values()) != {TEXT8_SYMBOLS}:
+        raise ValueError(f"default bundle: expected {TEXT8_SYMBOLS} text8 symbols, got {symbols}")
+    lengths = {role: configs[role]["model"]["max_seq_len"] for role in ROLES}
+    if len(set(lengths.values())) != 1:
+        raise ValueError(f"default bundle: planner and denoiser must share max_seq_len, got {lengths}")
+    schedules = {role: configs[role].get("schedule", "linear") for role in ROLES}
+    if len(set(schedules.values())) != 1:
+        raise ValueError(f"default bundle: planner and denoiser must share the schedule, got {schedules}")
+
+
+def install_bundle(planner: str, denoiser: str, dest: Optional[str] = None, dtype: str = "float32") -> str:
+    """Write the default bundle at `dest` (default: the packaged ddpd/pretrained/text8)
+    from a planner and a mask-denoiser checkpoint, weights (stored as `dtype`, one of
+    WEIGHT_DTYPES) and configs only, and return `dest`. Raises ValueError, leaving
+    `dest` untouched, if the checkpoints are not what the default must be or the
+    bundle would take over MAX_BUNDLE_BYTES."""
+    import tempfile
+
+    from ddpd.checkpoint import ensure_replaceable, load_model, save_bundle
+
+    if dtype not in WEIGHT_DTYPES:
+        raise ValueError(f"install_bundle: dtype must be one of {WEIGHT_DTYPES}, got {dtype!r}")
+    dest = str(BUNDLE_DIR if dest is None else dest)
+    ensure_replaceable(dest)
+    models = {}
+    for role, path in (("planner", planner), ("denoiser", denoiser)):
+        model, config = load_model(path)
+        model.to(getattr(torch, dtype))
+        # The digests are recomputed on save; the training checkpoint's also name its optimizer state.
+        models[role] = (model, {k: v for k, v in config.items() if k != "sha256"})
+    check_bundle_configs({role: config for role, (_, config) in models.items()})
+    with tempfile.TemporaryDirectory() as scratch:
+        save_bundle(os.path.join(scratch, "bundle"), *models["planner"], *models["denoiser"])
+        size = bundle_bytes(os.path.join(scratch, "bundle"))
+    if size > MAX_BUNDLE_BYTES:
+        raise ValueError(f"install_bundle: the bundle would take {size} bytes, over the {MAX_BUNDLE_BYTES} "
+                         f"a package may ship; store the weights as float16 or train smaller models")
+    save_bundle(dest, *models["planner"], *models["denoiser"])
+    return dest
