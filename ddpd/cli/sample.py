@@ -1,5 +1,6 @@
 """ddpd-sample: draw sequences from trained ddpd models and decode them.
 
+    ddpd-sample --fused
     ddpd-sample --checkpoint runs/bundle --steps 256 --num-samples 16 --out samples.jsonl
     ddpd-sample --planner runs/planner --denoiser runs/mask-denoiser --option A+B+C --steps 512
     ddpd-sample --checkpoint runs/mask-denoiser --sampler tau-leaping --eta 15 --steps 1024
@@ -7,7 +8,10 @@
     ddpd-sample --checkpoint runs/bundle --fused --sync-every 8 --num-samples 512 --batch-size 256
 
 --checkpoint is a sampling bundle (planner/ and denoiser/ checkpoints) or a single
-checkpoint written by ddpd-train. Which sampler a set of models supports:
+checkpoint written by ddpd-train. With none of --checkpoint/--planner/--denoiser the
+default bundle of ddpd.pretrained is used (a text8 planner + mask denoiser shipped
+with the package, or the bundle in $DDPD_PRETRAINED_DIR), with 256 characters,
+--steps 512 and --num-samples 4 unless given. Which sampler a set of models supports:
   ddpd:        planner + uniform-denoiser or mask-denoiser; or one uniform model
   tau-leaping: one mask-denoiser (DFM, --eta); one uniform model (DFM-Uni);
                planner + uniform-denoiser or mask-denoiser (P x D)
@@ -37,6 +41,10 @@ from typing import List, Optional
 import torch
 
 SAMPLERS = ("ddpd", "tau-leaping", "maskgit")
+NUM_SAMPLES, NUM_SAMPLES_BUNDLED = 8, 4
+# With the bundled model, a step budget of twice the length: option A then stops on
+# the planner (every p(z = N) < eps) rather than on the budget.
+BUNDLED_STEPS_PER_TOKEN = 2
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -52,14 +60,16 @@ class UsageError(Exception):
 
 def build_parser() -> argparse.ArgumentParser:
     p = _OneLineParser(prog="ddpd-sample", description=__doc__.split("\n\n")[0])
-    models = p.add_argument_group("models")
+    models = p.add_argument_group("models (default: the bundled text8 planner + mask denoiser, ddpd.pretrained)")
     models.add_argument("--checkpoint", help="a bundle (planner/ + denoiser/) or a single checkpoint directory")
     models.add_argument("--planner", help="planner checkpoint directory")
     models.add_argument("--denoiser", help="denoiser checkpoint directory (mask-denoiser, uniform-denoiser, uniform)")
     p.add_argument("--sampler", choices=SAMPLERS, default="ddpd")
-    p.add_argument("--steps", type=int, help="step budget T (default: the sequence length)")
+    p.add_argument("--steps", type=int, help="step budget T (default: the sequence length; twice that with the "
+                                             "bundled default model)")
     p.add_argument("--length", type=int, help="sequence length D (default: the models' max_seq_len)")
-    p.add_argument("--num-samples", dest="num_samples", type=int, default=8)
+    p.add_argument("--num-samples", dest="num_samples", type=int,
+                   help=f"default {NUM_SAMPLES}; {NUM_SAMPLES_BUNDLED} with the bundled default model")
     p.add_argument("--batch-size", dest="batch_size", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--temperature", type=float, default=1.0, help="denoiser logit temperature")
@@ -122,6 +132,7 @@ class Models:
         self.planner, self.denoiser = planner, denoiser
         self.planner_config, self.denoiser_config = planner_config, denoiser_config
         self.config = denoiser_config or planner_config
+        self.bundled = False  # the default bundle of ddpd.pretrained, not models the user named
         self.kind = denoiser_config["kind"] if denoiser_config else None
         self.vocab_size = int(self.config["model"]["out_dim"]) if denoiser_config else \
             int(planner_config["model"]["vocab_size"])
@@ -160,7 +171,7 @@ def load_models(args, device: torch.device) -> Models:
             raise UsageError(f"{args.checkpoint} holds a planner only: give a denoiser too (--planner/--denoiser)")
         return Models(None, model, None, config)
     if not args.planner and not args.denoiser:
-        raise UsageError("give the models: --checkpoint DIR, or --planner DIR --denoiser DIR")
+        return _load_default_bundle(device)
     if not args.denoiser:
         raise UsageError("--planner needs a --denoiser")
     denoiser, denoiser_config = load_model(args.denoiser, device=str(device))
@@ -170,6 +181,20 @@ def load_models(args, device: torch.device) -> Models:
         if planner_config["kind"] != "planner":
             raise UsageError(f"--planner {args.planner} holds a {planner_config['kind']!r} model, not a planner")
     return Models(planner, denoiser, planner_config, denoiser_config)
+
+
+def _load_default_bundle(device: torch.device) -> Models:
+    from ddpd.checkpoint import load_bundle
+    from ddpd.pretrained import BundleNotFoundError, default_bundle
+
+    try:
+        path = default_bundle()
+    except BundleNotFoundError as err:
+        raise UsageError(str(err)) from None
+    planner, denoiser, configs = load_bundle(path, device=str(device))
+    models = Models(planner, denoiser, configs["planner"], configs["denoiser"])
+    models.bundled = True
+    return models
 
 
 def make_sampler(args, models: Models):
@@ -227,7 +252,7 @@ def _describe(models: Models) -> str:
 
 
 def check_args(args) -> None:
-    if args.num_samples < 1:
+    if args.num_samples is not None and args.num_samples < 1:
         raise UsageError(f"--num-samples must be >= 1, got {args.num_samples}")
     if args.batch_size < 1:
         raise UsageError(f"--batch-size must be >= 1, got {args.batch_size}")
@@ -248,7 +273,9 @@ def run(args) -> int:
     if not 1 <= args.length <= models.max_length:
         raise UsageError(f"--length must be in [1, {models.max_length}] (the models' max_seq_len), got {args.length}")
     if args.steps is None:
-        args.steps = args.length
+        args.steps = args.length * (BUNDLED_STEPS_PER_TOKEN if models.bundled else 1)
+    if args.num_samples is None:
+        args.num_samples = NUM_SAMPLES_BUNDLED if models.bundled else NUM_SAMPLES
     tokenizer = models.tokenizer()
     if tokenizer is not None and tokenizer.vocab_size != models.vocab_size:
         raise UsageError(f"the tokenizer has {tokenizer.vocab_size} symbols but the models {models.vocab_size}")
