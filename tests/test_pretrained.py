@@ -1,0 +1,259 @@
+"""The default bundle (ddpd.pretrained) and ddpd-sample with no model argument.
+
+A tiny randomly initialised planner + mask denoiser stands in for the bundled text8
+models through DDPD_PRETRAINED_DIR. The checks of the packaged bundle itself (size,
+tokenizer, loadable) skip while no model is bundled.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+import ddpd.pretrained as pretrained
+from ddpd.checkpoint import load_bundle, read_config, save_bundle, save_checkpoint
+from ddpd.cli.sample import BUNDLED_STEPS_PER_TOKEN, NUM_SAMPLES_BUNDLED, main
+from ddpd.models import build_model, config_for
+from ddpd.training.data import Text8Tokenizer, tokenizer_from_config
+from oracles.fixtures import single_thread  # noqa: F401  (autouse)
+
+V, D = 27, 8
+TINY = dict(d_model=16, n_layers=1, n_heads=2)
+ALPHABET = set(" abcdefghijklmnopqrstuvwxyz")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _model(kind, seed, tokenizer=None):
+    torch.manual_seed(seed)
+    config = config_for(kind, V, D, **TINY)
+    return build_model(kind, config), {"kind": kind, "model": config.to_dict(),
+                                       "tokenizer": tokenizer or {"name": "text8"}, "schedule": "linear"}
+
+
+@pytest.fixture(scope="module")
+def tiny_bundle(tmp_path_factory):
+    path = tmp_path_factory.mktemp("pretrained") / "text8"
+    save_bundle(str(path), *_model("planner", 0), *_model("mask-denoiser", 1))
+    return str(path)
+
+
+@pytest.fixture
+def as_default(tiny_bundle, monkeypatch):
+    monkeypatch.setenv(pretrained.ENV_VAR, tiny_bundle)
+    return tiny_bundle
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_default_bundle_follows_the_environment(as_default, monkeypatch):
+    assert pretrained.default_bundle() == as_default
+    monkeypatch.delenv(pretrained.ENV_VAR)
+    monkeypatch.setattr(pretrained, "BUNDLE_DIR", Path(as_default))
+    assert pretrained.default_bundle() == as_default
+
+
+@pytest.mark.parametrize("argv", [[], ["--fused"]])
+def test_sample_with_no_model_argument(as_default, capsys, argv):
+    code, stdout, stderr = run_cli(capsys, *argv)
+    assert code == 0, stderr
+    lines = stdout.splitlines()
+    assert len(lines) == NUM_SAMPLES_BUNDLED
+    assert all(len(line) == D and set(line) <= ALPHABET for line in lines)
+    assert f"{NUM_SAMPLES_BUNDLED} samples of {D} tokens" in stderr
+
+
+def test_bundled_defaults_and_fused_equals_reference(as_default, tmp_path, capsys):
+    runs = []
+    for argv in ([], ["--fused"]):
+        out = tmp_path / f"s{len(runs)}.jsonl"
+        code, _, stderr = run_cli(capsys, *argv, "--out", str(out), "--quiet")
+        assert code == 0, stderr
+        runs.append([json.loads(line) for line in out.read_text().splitlines()])
+    assert all(r["steps"] == BUNDLED_STEPS_PER_TOKEN * D for r in runs[0])
+    assert [r["tokens"] for r in runs[0]] == [r["tokens"] for r in runs[1]]
+
+
+def test_user_checkpoints_keep_the_old_defaults(tiny_bundle, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv(pretrained.ENV_VAR, str(tmp_path / "nowhere"))  # the default must not be consulted
+    out = tmp_path / "s.jsonl"
+    code, _, stderr = run_cli(capsys, "--checkpoint", tiny_bundle, "--out", str(out), "--quiet")
+    assert code == 0, stderr
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(records) == 8 and all(r["steps"] == D for r in records)
+
+
+def test_console_script_with_no_model_argument(as_default):
+    script = shutil.which("ddpd-sample")
+    command = [script] if script else [sys.executable, "-m", "ddpd.cli.sample"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", pretrained.ENV_VAR: as_default}
+    proc = subprocess.run(command + ["--fused"], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) == NUM_SAMPLES_BUNDLED and all(set(line) <= ALPHABET for line in lines)
+
+
+def test_no_bundle_is_a_one_line_error(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv(pretrained.ENV_VAR, raising=False)
+    monkeypatch.setattr(pretrained, "BUNDLE_DIR", tmp_path / "text8")
+    with pytest.raises(pretrained.BundleNotFoundError, match="the ddpd package.*planner/model.safetensors"):
+        pretrained.default_bundle()
+    for argv in ([], ["--fused"]):
+        code, stdout, stderr = run_cli(capsys, *argv)
+        assert code == 2 and stdout == ""
+        assert len(stderr.strip().splitlines()) == 1 and "--checkpoint" in stderr and "Traceback" not in stderr
+
+
+def test_incomplete_bundle_names_what_is_missing(tiny_bundle, tmp_path, monkeypatch, capsys):
+    partial = tmp_path / "partial"
+    shutil.copytree(Path(tiny_bundle) / "planner", partial / "planner")
+    monkeypatch.setenv(pretrained.ENV_VAR, str(partial))
+    code, _, stderr = run_cli(capsys)
+    assert code == 2 and len(stderr.strip().splitlines()) == 1
+    assert pretrained.ENV_VAR in stderr and "denoiser/model.safetensors, denoiser/config.json" in stderr
+    assert "planner/" not in stderr.split("lacks")[1].split(";")[0]
+
+
+# The packaged bundle, when the models have been dropped in.
+
+def _packaged_or_skip():
+    if not any(Path(pretrained.BUNDLE_DIR).rglob("*")):
+        pytest.skip(f"no model is bundled in {pretrained.BUNDLE_DIR}")
+    assert pretrained.missing_files(pretrained.BUNDLE_DIR) == [], "the packaged bundle is incomplete"
+    return pretrained.BUNDLE_DIR
+
+
+def test_packaged_bundle_size():
+    size = pretrained.bundle_bytes(_packaged_or_skip())
+    assert size <= pretrained.MAX_BUNDLE_BYTES, f"the bundled files take {size} bytes"
+
+
+def test_packaged_bundle_is_a_text8_planner_and_mask_denoiser():
+    path = _packaged_or_skip()
+    configs = {role: read_config(str(path / role)) for role in pretrained.ROLES}
+    pretrained.check_bundle_configs(configs)
+    for config in configs.values():
+        assert isinstance(tokenizer_from_config(config["tokenizer"]), Text8Tokenizer)
+    assert not list(path.rglob("train_state.*")), "the bundle must not ship training state"
+    planner, denoiser, _ = load_bundle(str(path))  # digests and weights match the configs
+    assert planner.config.max_seq_len == denoiser.config.max_seq_len == 256
+
+
+# install_bundle: from training checkpoints to the packaged layout.
+
+def _training_checkpoints(root, denoiser_kind="mask-denoiser", tokenizer=None):
+    paths = {}
+    for seed, (role, kind) in enumerate((("planner", "planner"), ("denoiser", denoiser_kind))):
+        model, config = _model(kind, seed, tokenizer)
+        paths[role] = str(root / role)
+        save_checkpoint(paths[role], model, config, train_state=({"moment": torch.ones(3)}, {"step": 7}))
+    return paths
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_install_bundle_keeps_weights_and_drops_training_state(tmp_path, dtype):
+    paths = _training_checkpoints(tmp_path)
+    dest = pretrained.install_bundle(paths["planner"], paths["denoiser"], str(tmp_path / "text8"), dtype)
+    assert pretrained.missing_files(dest) == [] and not list(Path(dest).rglob("train_state.*"))
+    _, denoiser, configs = load_bundle(dest)
+    assert set(configs["planner"]["sha256"]) == {"model.safetensors"}
+    reference = _model("mask-denoiser", 1)[0]  # the same seed as the checkpoint's
+    for name, value in reference.state_dict().items():
+        loaded = denoiser.state_dict()[name]
+        assert loaded.dtype == torch.float32 and torch.equal(loaded, value.to(getattr(torch, dtype)).float()), name
+
+
+def test_float16_bundle_is_half_the_size(tmp_path):
+    paths = _training_checkpoints(tmp_path)
+    sizes = {dtype: pretrained.bundle_bytes(pretrained.install_bundle(paths["planner"], paths["denoiser"],
+                                                                      str(tmp_path / dtype), dtype))
+             for dtype in ("float32", "float16")}
+    # The configs (a few KB) do not shrink: the threshold allows for them.
+    assert sizes["float16"] < 0.5 * sizes["float32"] + 8000, sizes
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        pretrained.install_bundle(paths["planner"], paths["denoiser"], str(tmp_path / "x"), "int8")
+
+
+@pytest.mark.parametrize("denoiser_kind,tokenizer,message", [
+    ("uniform-denoiser", None, "must be a 'mask-denoiser'"),
+    ("mask-denoiser", {"name": "gpt2", "path": "x", "sha256": "y"}, "tokenizer"),
+])
+def test_install_bundle_refuses_a_wrong_default(tmp_path, denoiser_kind, tokenizer, message):
+    paths = _training_checkpoints(tmp_path, denoiser_kind, tokenizer)
+    dest = tmp_path / "text8"
+    with pytest.raises(ValueError, match=message):
+        pretrained.install_bundle(paths["planner"], paths["denoiser"], str(dest))
+    assert not dest.exists()
+
+
+def test_install_bundle_refuses_an_oversized_bundle(tmp_path, monkeypatch):
+    paths = _training_checkpoints(tmp_path)
+    dest = tmp_path / "text8"
+    pretrained.install_bundle(paths["planner"], paths["denoiser"], str(dest))
+    before = {p: p.read_bytes() for p in dest.rglob("*") if p.is_file()}
+    monkeypatch.setattr(pretrained, "MAX_BUNDLE_BYTES", 1000)
+    with pytest.raises(ValueError, match="over the 1000"):
+        pretrained.install_bundle(paths["planner"], paths["denoiser"], str(dest))
+    assert {p: p.read_bytes() for p in dest.rglob("*") if p.is_file()} == before
+
+
+def test_install_command(tmp_path, capsys):
+    from ddpd.pretrained.__main__ import main as install_main
+
+    paths = _training_checkpoints(tmp_path)
+    assert install_main([paths["planner"], paths["denoiser"], "--dest", str(tmp_path / "b")]) == 0
+    assert "bytes" in capsys.readouterr().out
+    assert install_main([paths["denoiser"], paths["planner"], "--dest", str(tmp_path / "c")]) == 1
+    assert "must be a 'planner'" in capsys.readouterr().err
+
+
+# Packaging: files dropped into ddpd/pretrained/text8 ship with the package.
+
+def _scratch_source(tmp_path):
+    """A copy of the source tree with a dummy bundle (and training state that must not ship)."""
+    src = tmp_path / "src"
+    ignore = shutil.ignore_patterns("__pycache__", "*.so", "*.egg-info", "build", "text8")
+    src.mkdir()
+    for name in ("setup.py", "pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    for name in ("ddpd", "kernels", "csrc"):
+        shutil.copytree(ROOT / name, src / name, ignore=ignore)
+    for role in pretrained.ROLES:
+        folder = src / "ddpd" / "pretrained" / "text8" / role
+        folder.mkdir(parents=True)
+        for name in ("model.safetensors", "config.json", "train_state.safetensors", "train_state.json"):
+            (folder / name).write_text("{}")
+    return src
+
+
+def _shipped(names):
+    return sorted(n.split("ddpd/pretrained/", 1)[1] for n in names if "ddpd/pretrained/text8/" in n)
+
+
+EXPECTED = sorted(f"text8/{role}/{name}" for role in pretrained.ROLES for name in pretrained.FILES)
+
+
+def test_package_data_includes_the_bundle(tmp_path):
+    src = _scratch_source(tmp_path)
+    subprocess.run([sys.executable, "setup.py", "-q", "build_py", "-d", str(tmp_path / "lib")], cwd=src, check=True,
+                   capture_output=True, timeout=120)
+    names = [p.relative_to(tmp_path / "lib").as_posix() for p in (tmp_path / "lib").rglob("*") if p.is_file()]
+    assert _shipped(names) == EXPECTED
+
+
+@pytest.mark.slow
+def test_wheel_includes_the_bundle(tmp_path):
+    src = _scratch_source(tmp_path)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", ".", "--no-deps", "--no-build-isolation", "-w",
+                    str(tmp_path / "whl")], cwd=src, check=True, capture_output=True, timeout=1800)
+    (wheel,) = (tmp_path / "whl").glob("ddpd-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        assert _shipped(archive.namelist()) == EXPECTED
