@@ -10,7 +10,6 @@ import torch
 from ddpd.ops.compact import compact, compact_fixed, scatter_back
 
 B, D = 256, 1024
-_stats: dict = {}
 
 
 @pytest.fixture(scope="module")
@@ -23,25 +22,6 @@ def state():
     return active, (tokens, logits, time)
 
 
-def run(benchmark, group, name, fn, *args, **kwargs):
-    benchmark.group = group
-    benchmark(fn, *args, **kwargs)
-    _stats[(group, name)] = benchmark.stats.stats
-
-
-def report(capsys, group, name, baseline):
-    """Print the speed-up of `name` over `baseline` (same group, same run): ratio of
-    medians, and of minimums, which a machine shared with other jobs disturbs least."""
-    if (group, baseline) not in _stats:
-        return
-    ours, theirs = _stats[(group, name)], _stats[(group, baseline)]
-    with capsys.disabled():
-        print(f"\n[{group}] {name} vs {baseline}: {theirs.median / ours.median:.2f}x (median "
-              f"{ours.median * 1e6:.0f} vs {theirs.median * 1e6:.0f} us), "
-              f"{theirs.min / ours.min:.2f}x (min {ours.min * 1e6:.0f} vs {theirs.min * 1e6:.0f} us), "
-              f"{torch.get_num_threads()} threads")
-
-
 def torch_compact(active, *tensors):
     index = active.nonzero().squeeze(1)
     return tuple(t.index_select(0, index) for t in tensors), index
@@ -52,33 +32,30 @@ def torch_scatter_back(index, packed, outs):
         o.index_copy_(0, index, p)
 
 
-def test_torch_compact(benchmark, state):
+def test_torch_compact(versus, state):
     active, tensors = state
-    run(benchmark, "compact", "nonzero + index_select", torch_compact, active, *tensors)
+    versus("compact", "nonzero + index_select", torch_compact, active, *tensors)
 
 
-def test_ddpd_compact(benchmark, state, capsys):
+def test_ddpd_compact(versus, state):
     active, tensors = state
-    run(benchmark, "compact", "ddpd", compact, active, *tensors)
-    report(capsys, "compact", "ddpd", "nonzero + index_select")
+    versus("compact", "ddpd", compact, active, *tensors, baselines=("nonzero + index_select",))
 
 
-def test_ddpd_compact_fixed(benchmark, state, capsys):
+def test_ddpd_compact_fixed(versus, state):
     active, tensors = state
-    run(benchmark, "compact", "ddpd fixed capacity", compact_fixed, active, B, *tensors)
-    report(capsys, "compact", "ddpd fixed capacity", "nonzero + index_select")
+    versus("compact", "ddpd fixed capacity", compact_fixed, active, B, *tensors, baselines=("nonzero + index_select",))
 
 
-def test_torch_scatter_back(benchmark, state):
+def test_torch_scatter_back(versus, state):
     active, tensors = state
     packed, index = torch_compact(active, *tensors)
     outs = [t.clone() for t in tensors]
-    run(benchmark, "scatter_back", "index_copy_", torch_scatter_back, index, packed, outs)
+    versus("scatter_back", "index_copy_", torch_scatter_back, index, packed, outs)
 
 
-def test_ddpd_scatter_back(benchmark, state, capsys):
+def test_ddpd_scatter_back(versus, state):
     active, tensors = state
     packed, index = compact(active, *tensors)
     outs = [t.clone() for t in tensors]
-    run(benchmark, "scatter_back", "ddpd", scatter_back, index, packed, outs)
-    report(capsys, "scatter_back", "ddpd", "index_copy_")
+    versus("scatter_back", "ddpd", scatter_back, index, packed, outs, baselines=("index_copy_",))

@@ -10,7 +10,6 @@ import torch
 from ddpd.ops.multinomial import multinomial, multinomial_reference
 
 ROWS, VOCAB = 64, 50257
-_stats: dict = {}
 
 
 @pytest.fixture(scope="module")
@@ -20,52 +19,30 @@ def weights():
     return torch.softmax(logits, -1)
 
 
-def run(benchmark, group, name, fn, *args, **kwargs):
-    benchmark.group = group
-    benchmark(fn, *args, **kwargs)
-    _stats[(group, name)] = benchmark.stats.stats
+def test_torch_multinomial_k1(versus, weights):
+    versus("k=1", "torch.multinomial", torch.multinomial, weights, 1)
 
 
-def report(capsys, group, name, baseline):
-    """Print the speed-up of `name` over `baseline` (same group, same run): ratio of
-    medians, and of minimums, which a machine shared with other jobs disturbs least."""
-    if (group, baseline) not in _stats:
-        return
-    ours, theirs = _stats[(group, name)], _stats[(group, baseline)]
-    with capsys.disabled():
-        print(f"\n[{group}] {name} vs {baseline}: {theirs.median / ours.median:.2f}x (median "
-              f"{ours.median * 1e3:.2f} vs {theirs.median * 1e3:.2f} ms), "
-              f"{theirs.min / ours.min:.2f}x (min {ours.min * 1e3:.2f} vs {theirs.min * 1e3:.2f} ms), "
-              f"{torch.get_num_threads()} threads")
+def test_reference_k1(versus, weights):
+    versus("k=1", "reference", multinomial_reference, weights, 1, True, seed=1)
 
 
-def test_torch_multinomial_k1(benchmark, weights):
-    run(benchmark, "k=1", "torch.multinomial", torch.multinomial, weights, 1)
+def test_ddpd_multinomial_k1(versus, weights):
+    versus("k=1", "ddpd", multinomial, weights, 1, True, seed=1, baselines=("torch.multinomial", "reference"))
 
 
-def test_reference_k1(benchmark, weights):
-    run(benchmark, "k=1", "reference", multinomial_reference, weights, 1, True, seed=1)
+def test_torch_multinomial_k16_without_replacement(versus, weights):
+    versus("k=16 without replacement", "torch.multinomial", torch.multinomial, weights, 16, replacement=False)
 
 
-def test_ddpd_multinomial_k1(benchmark, weights, capsys):
-    run(benchmark, "k=1", "ddpd", multinomial, weights, 1, True, seed=1)
-    report(capsys, "k=1", "ddpd", "torch.multinomial")
-    report(capsys, "k=1", "ddpd", "reference")
+def test_ddpd_multinomial_k16_without_replacement(versus, weights):
+    versus("k=16 without replacement", "ddpd", multinomial, weights, 16, False, seed=1,
+           baselines=("torch.multinomial",))
 
 
-def test_torch_multinomial_k16_without_replacement(benchmark, weights):
-    run(benchmark, "k=16 without replacement", "torch.multinomial", torch.multinomial, weights, 16, replacement=False)
+def test_torch_multinomial_k16_with_replacement(versus, weights):
+    versus("k=16 with replacement", "torch.multinomial", torch.multinomial, weights, 16, replacement=True)
 
 
-def test_ddpd_multinomial_k16_without_replacement(benchmark, weights, capsys):
-    run(benchmark, "k=16 without replacement", "ddpd", multinomial, weights, 16, False, seed=1)
-    report(capsys, "k=16 without replacement", "ddpd", "torch.multinomial")
-
-
-def test_torch_multinomial_k16_with_replacement(benchmark, weights):
-    run(benchmark, "k=16 with replacement", "torch.multinomial", torch.multinomial, weights, 16, replacement=True)
-
-
-def test_ddpd_multinomial_k16_with_replacement(benchmark, weights, capsys):
-    run(benchmark, "k=16 with replacement", "ddpd", multinomial, weights, 16, True, seed=1)
-    report(capsys, "k=16 with replacement", "ddpd", "torch.multinomial")
+def test_ddpd_multinomial_k16_with_replacement(versus, weights):
+    versus("k=16 with replacement", "ddpd", multinomial, weights, 16, True, seed=1, baselines=("torch.multinomial",))

@@ -33,6 +33,7 @@ import torch
 THREADS = int(os.environ.get("DDPD_BENCH_THREADS", "1"))
 _M_MMAP_THRESHOLD = -3  # mallopt parameter number in glibc's malloc.h
 _results: dict[str, dict[str, tuple[Optional[float], Optional[int]]]] = {}
+_versus_stats: dict = {}  # (group, name) -> pytest-benchmark stats, for `versus`
 
 
 def _glibc():
@@ -116,6 +117,30 @@ def compare(benchmark):
         stats = getattr(benchmark, "stats", None)
         median = stats.stats.median if stats is not None else None
         _results.setdefault(group, {})[variant] = (median, peak)
+
+    return run
+
+
+@pytest.fixture
+def versus(benchmark, capsys):
+    """versus(group, name, fn, *args, baselines=(), **kwargs): time fn(*args, **kwargs)
+    under `group` as `name`, then print its speed-up over each of `baselines` (names
+    timed earlier in the same group, same run): the ratio of medians, and of
+    minimums, which a machine shared with other jobs disturbs least."""
+
+    def run(group: str, name: str, fn: Callable, *args, baselines: tuple = (), **kwargs) -> None:
+        benchmark.group = group
+        benchmark(fn, *args, **kwargs)
+        _versus_stats[(group, name)] = ours = benchmark.stats.stats
+        for baseline in baselines:
+            theirs = _versus_stats.get((group, baseline))
+            if theirs is None:
+                continue
+            with capsys.disabled():
+                print(f"\n[{group}] {name} vs {baseline}: {theirs.median / ours.median:.2f}x (median "
+                      f"{ours.median * 1e3:.3f} vs {theirs.median * 1e3:.3f} ms), "
+                      f"{theirs.min / ours.min:.2f}x (min {ours.min * 1e3:.3f} vs {theirs.min * 1e3:.3f} ms), "
+                      f"{torch.get_num_threads()} threads")
 
     return run
 
