@@ -14,8 +14,9 @@ token.
   grid. Not batch-invariant, but two orders of magnitude faster on CPU; the
   statistical tests use it.
 
-The transforms to Gumbel and exponential variables live here too, so that every
-consumer applies the same formula to the same uniform.
+The transforms to Gumbel variables (the ops' own, from ddpd.ops) and exponential
+variables are exported here too, so that every consumer, reference or fused,
+applies the same formula to the same uniform.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from typing import Optional, Protocol
 import torch
 from torch import Tensor
 
+from ddpd.ops._sampling_args import BELOW_ONE, gumbel  # the ops' transform, so both paths agree bit for bit
 from ddpd.ops.rng import check_seed, philox_uniform, seed_from_generator
 
 # One stream per kind of draw in a step; the offset of a draw is
@@ -39,9 +41,6 @@ CONFIDENCE = 7  # Gumbel noise on MaskGIT confidences
 NUM_STREAMS = 8
 
 _GRID = 2.0**-24  # the (0, 1) grid of philox_uniform: ((w >> 8) + 0.5) * 2**-24
-# float32 rounds the top grid value (1 - 2**-25) up to 1.0; the transforms below
-# clamp to the largest float32 under 1 so that a Gumbel or exponential stays finite.
-_BELOW_ONE = 1.0 - 2.0**-24
 
 
 class NoiseSource(Protocol):
@@ -110,11 +109,7 @@ def make_noise(seed: Optional[int] = None, generator: Optional[torch.Generator] 
     return PhiloxNoise(*seed_from_generator(generator))
 
 
-def gumbel(u: Tensor) -> Tensor:
-    """Standard Gumbel variables -log(-log u) from uniforms in (0, 1)."""
-    return -torch.log(-torch.log(u.clamp(max=_BELOW_ONE)))
-
-
 def exponential(u: Tensor) -> Tensor:
-    """Standard exponential variables -log u from uniforms in (0, 1)."""
-    return -torch.log(u.clamp(max=_BELOW_ONE))
+    """Standard exponential variables -log u from uniforms in (0, 1); u is clamped
+    below 1 as in gumbel (float32 rounds the top grid value up to 1.0)."""
+    return -torch.log(u.clamp(max=BELOW_ONE))
