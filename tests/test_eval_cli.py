@@ -82,7 +82,7 @@ def test_convergence_command(setup, capsys):
     with open(out_dir / "convergence.csv") as f:
         rows = list(csv.DictReader(f))
     assert [int(r["step"]) for r in rows] == [0, 1, 2, 3]
-    assert {"noise_left", "z_changed", "met_eps_0.05", "met_eps_0.01", "stopped"} <= set(rows[0])
+    assert {"noise_left", "z_changed", "met_eps_0.05", "met_eps_0.01", "stopped_eps_0.01"} <= set(rows[0])
 
 
 @pytest.mark.parametrize("argv, message", [

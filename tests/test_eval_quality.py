@@ -157,8 +157,8 @@ def test_stopped_fraction_and_convergence_outputs(tmp_path):
     torch.testing.assert_close(stopped, torch.tensor([0.25, 0.25, 0.75, 0.75, 0.75]))
     recorded = [{"step": i, "noise_left": 1.0 / (i + 1), "z_changed": 0.0, "met_eps_0.05": 0.0,
                  "met_eps_0.01": 0.0} for i in range(5)]
-    rows = convergence_rows(recorded, stopped)
-    assert rows[2]["stopped"] == 0.75
+    rows = convergence_rows(recorded, stopped, eps=0.01)
+    assert rows[2]["stopped_eps_0.01"] == 0.75
     paths = write_convergence(rows, str(tmp_path))
     with open(paths["csv"]) as f:
         assert len(list(csv.DictReader(f))) == 5

@@ -297,6 +297,7 @@ def run_convergence(args: argparse.Namespace) -> None:
     check_int("--num-samples", args.num_samples, 1)
     check_int("--batch-size", args.batch_size, 1)
     recorder = PlannerRecorder(m["planner"], args.eps)
+    eps = min(args.eps)  # the option-A run stops at the strictest criterion tracked
     common = dict(denoiser_type="mask" if kinds[0] == "mask-denoiser" else "uniform", steps=args.steps,
                   temperature=args.temperature, schedule=loaded.schedule, device=loaded.device)
     stops = []
@@ -305,17 +306,17 @@ def run_convergence(args: argparse.Namespace) -> None:
         for first in tqdm(starts, desc="convergence", unit="batch", disable=not args.progress):
             n = min(args.batch_size, args.num_samples - first)
             noise = sampling.PhiloxNoise(args.seed, first_row=first)
-            recorder.start_run(n)
+            recorder.start_run(n)  # option B: every sample runs (and is recorded) every step
             sampling.ddpd_sample(recorder, m[kinds[0]], n, loaded.seq_len, loaded.vocab_size, stop="budget",
                                  noise=noise, **common)
             result = sampling.ddpd_sample(m["planner"], m[kinds[0]], n, loaded.seq_len, loaded.vocab_size,
-                                          stop="eps", eps=min(args.eps), noise=noise, **common)
+                                          stop="eps", eps=eps, noise=noise, **common)
             stops.append(result.stop_step.cpu())
-    rows = convergence_rows(recorder.rows(), stopped_fraction(torch.cat(stops), args.steps))
+    rows = convergence_rows(recorder.rows(), stopped_fraction(torch.cat(stops), args.steps), eps)
     paths = write_convergence(rows, args.out_dir)
     last = rows[-1]
-    print(f"after {args.steps} steps: noise left {last['noise_left']:.4f}, stopped (eps={min(args.eps):g}) "
-          f"{last['stopped']:.3f}")
+    print(f"after {args.steps} steps: noise left {last['noise_left']:.4f}, stopped (eps={eps:g}) "
+          f"{last[f'stopped_eps_{eps:g}']:.3f}")
     _report_paths(paths)
 
 

@@ -92,12 +92,13 @@ def stopped_fraction(stop_step: Tensor, steps: int) -> Tensor:
     return counts.float() / stop_step.numel()
 
 
-def convergence_rows(recorded: List[dict], stopped: Optional[Tensor] = None) -> List[dict]:
-    """The recorder's rows with 'stopped' (from `stopped_fraction`) added per step."""
+def convergence_rows(recorded: List[dict], stopped: Optional[Tensor] = None, eps: float = 0.01) -> List[dict]:
+    """The recorder's rows with 'stopped_eps_<eps>' (`stopped_fraction` of a run that
+    stopped at eps) added per step."""
     rows = [dict(r) for r in recorded]
     if stopped is not None:
         for i, row in enumerate(rows):
-            row["stopped"] = float(stopped[i]) if i < stopped.numel() else float("nan")
+            row[f"stopped_eps_{eps:g}"] = float(stopped[i]) if i < stopped.numel() else float("nan")
     return rows
 
 
@@ -113,10 +114,11 @@ def plot_convergence(rows: List[dict], path: str) -> None:
         ax.plot(steps, [r[key] for r in rows])
         ax.set_title(title, fontsize=9)
     for ax, key in zip(axes[1], met[:2]):
+        eps = key[len("met_eps_"):]
         ax.plot(steps, [r[key] for r in rows], label="criterion met (budget run)")
-        if "stopped" in rows[0]:
-            ax.plot(steps, [r["stopped"] for r in rows], label="stopped (eps run)", linestyle="--")
-        ax.set_title(f"samples with p(z=N) < {key[len('met_eps_'):]} everywhere", fontsize=9)
+        if f"stopped_eps_{eps}" in rows[0]:
+            ax.plot(steps, [r[f"stopped_eps_{eps}"] for r in rows], label="stopped (eps run)", linestyle="--")
+        ax.set_title(f"samples with p(z=N) < {eps} everywhere", fontsize=9)
         ax.legend(fontsize=7)
     for ax in axes.flat:
         ax.set_xlabel("step", fontsize=8)
