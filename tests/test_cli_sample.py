@@ -117,7 +117,7 @@ def test_bad_arguments_fail_in_one_line(ckpts, capsys, argv, message):
     assert len(stderr.strip().splitlines()) == 1 and message in stderr and "Traceback" not in stderr
 
 
-def test_missing_and_corrupt_checkpoints(ckpts, tmp_path, capsys):
+def test_missing_and_corrupt_checkpoints(ckpts, tmp_path, capsys, monkeypatch):
     code, _, stderr = run_cli(capsys, "--checkpoint", str(tmp_path / "nowhere"))
     assert code == 1 and "not found" in stderr and len(stderr.strip().splitlines()) == 1
     broken = tmp_path / "broken"
@@ -127,6 +127,8 @@ def test_missing_and_corrupt_checkpoints(ckpts, tmp_path, capsys):
     assert code == 1 and "config.json" in stderr and len(stderr.strip().splitlines()) == 1
     code, _, stderr = run_cli(capsys, "--checkpoint", ckpts["planner"])
     assert code == 2 and "planner only" in stderr
+    # No model argument and no bundled default (whether or not the package ships one).
+    monkeypatch.setenv("DDPD_PRETRAINED_DIR", str(tmp_path / "no-bundle"))
     code, _, stderr = run_cli(capsys)
     assert code == 2 and "--checkpoint" in stderr
 

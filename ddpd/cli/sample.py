@@ -31,6 +31,7 @@ The summary line on stderr gives samples/s, forward passes, row-evaluations run
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import math
 import os
@@ -284,6 +285,10 @@ def run(args) -> int:
     records = []
     calls = dict.fromkeys(("planner_calls", "denoiser_calls", "planner_rows", "denoiser_rows", "planner_rows_saved",
                            "denoiser_rows_saved"), 0)
+    if args.fused:
+        # The first call of any torch.library custom op imports torch._dynamo (about
+        # 2 s, once per process); like model loading, keep it out of samples/s.
+        importlib.import_module("torch._dynamo")
     start = time.perf_counter()
     with torch.inference_mode():
         for first in range(0, args.num_samples, args.batch_size):
