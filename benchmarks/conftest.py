@@ -126,11 +126,18 @@ def versus(benchmark, capsys):
     """versus(group, name, fn, *args, baselines=(), **kwargs): time fn(*args, **kwargs)
     under `group` as `name`, then print its speed-up over each of `baselines` (names
     timed earlier in the same group, same run): the ratio of medians, and of
-    minimums, which a machine shared with other jobs disturbs least."""
+    minimums, which a machine shared with other jobs disturbs least. Like compare,
+    it runs fn with DDPD_BENCH_THREADS torch threads."""
 
     def run(group: str, name: str, fn: Callable, *args, baselines: tuple = (), **kwargs) -> None:
         benchmark.group = group
-        benchmark(fn, *args, **kwargs)
+        benchmark.extra_info["threads"] = THREADS
+        threads = torch.get_num_threads()
+        torch.set_num_threads(THREADS)
+        try:
+            benchmark(fn, *args, **kwargs)
+        finally:
+            torch.set_num_threads(threads)
         _versus_stats[(group, name)] = ours = benchmark.stats.stats
         for baseline in baselines:
             theirs = _versus_stats.get((group, baseline))
@@ -140,7 +147,7 @@ def versus(benchmark, capsys):
                 print(f"\n[{group}] {name} vs {baseline}: {theirs.median / ours.median:.2f}x (median "
                       f"{ours.median * 1e3:.3f} vs {theirs.median * 1e3:.3f} ms), "
                       f"{theirs.min / ours.min:.2f}x (min {ours.min * 1e3:.3f} vs {theirs.min * 1e3:.3f} ms), "
-                      f"{torch.get_num_threads()} threads")
+                      f"{THREADS} torch threads")
 
     return run
 
