@@ -2,11 +2,11 @@
 // rows of a batch whose `active` flag is set are packed to the front (finished
 // sequences leave the batch) and later written back to their rows. Rows of any
 // dtype and trailing shape are moved as raw bytes. Consecutive rows that stay
-// consecutive are copied as one block (runs), and the copies of all tensors share
-// one parallel region.
+// consecutive are copied as one block (runs), and the copies (and zero padding) of
+// all tensors share one parallel region, split by bytes.
 #include <ATen/Parallel.h>
+#include <ATen/EmptyTensor.h>
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -18,7 +18,10 @@ namespace ddpd {
 namespace cpu {
 namespace {
 
-constexpr int64_t kTaskBytes = 1 << 16;  // work of one parallel task, at most
+// The bytes to write are split into blocks; a thread takes at least kGrainBlocks of
+// them, so a small compaction runs on the calling thread without a parallel region.
+constexpr int64_t kBlockBytes = 1 << 12;
+constexpr int64_t kGrainBlocks = 16;
 
 int64_t row_bytes(const at::Tensor& t) {
   int64_t elements = 1;
@@ -48,37 +51,46 @@ std::vector<Run> runs_of(const int64_t* index, int64_t count) {
   return runs;
 }
 
-// One block copy: `rows` rows of `bytes` bytes from `from` to `to`.
-struct Copy {
+// `bytes` bytes to write at `to`: a copy of `from`, or zeros where from is null.
+struct Piece {
   const char* from;
   char* to;
-  int64_t rows, bytes;
+  int64_t bytes;
 };
 
-// Cuts every run of every (source, destination) pair into copies of at most
-// kTaskBytes and runs them all in one parallel region. to_batch: the batch side
-// is the destination (scatter_back), else the source (compact).
-void copy_runs(const std::vector<Run>& runs, const std::vector<std::pair<const at::Tensor*, at::Tensor*>>& pairs,
-               bool to_batch) {
-  std::vector<Copy> copies;
-  for (const auto& [src, dst] : pairs) {
-    const int64_t bytes = row_bytes(*src);
-    if (bytes == 0) continue;
-    const char* from = static_cast<const char*>(src->data_ptr());
-    char* to = static_cast<char*>(dst->data_ptr());
-    const int64_t step = std::max<int64_t>(1, kTaskBytes / bytes);
-    for (const Run& run : runs) {
-      for (int64_t r = 0; r < run.rows; r += step) {
-        const int64_t rows = std::min(step, run.rows - r);
-        const int64_t packed = run.packed + r, batch = run.batch + r;
-        copies.push_back(to_batch ? Copy{from + packed * bytes, to + batch * bytes, rows, bytes}
-                                  : Copy{from + batch * bytes, to + packed * bytes, rows, bytes});
-      }
-    }
+// The pieces of every run of one (source, destination) pair of `bytes`-byte rows.
+// to_batch: the batch side is the destination (scatter_back), else the source.
+void add_runs(std::vector<Piece>& pieces, const std::vector<Run>& runs, const void* src, void* dst,
+              int64_t bytes, bool to_batch) {
+  const char* from = static_cast<const char*>(src);
+  char* to = static_cast<char*>(dst);
+  for (const Run& run : runs) {
+    const int64_t f = (to_batch ? run.packed : run.batch) * bytes;
+    const int64_t t = (to_batch ? run.batch : run.packed) * bytes;
+    pieces.push_back({from + f, to + t, run.rows * bytes});
   }
-  at::parallel_for(0, static_cast<int64_t>(copies.size()), 1, [&](int64_t first, int64_t last) {
-    for (int64_t c = first; c < last; ++c) {
-      std::memcpy(copies[c].to, copies[c].from, copies[c].rows * copies[c].bytes);
+}
+
+// Writes all pieces in one parallel region. The threads get equal shares of the
+// total bytes, not of the pieces: the rows of the tensors differ in size (tokens,
+// logits, one time per row), so equal numbers of pieces would leave threads idle.
+void write_pieces(const std::vector<Piece>& pieces) {
+  std::vector<int64_t> start(pieces.size() + 1, 0);
+  for (size_t p = 0; p < pieces.size(); ++p) start[p + 1] = start[p] + pieces[p].bytes;
+  const int64_t total = start.back();
+  const int64_t blocks = (total + kBlockBytes - 1) / kBlockBytes;
+  at::parallel_for(0, blocks, kGrainBlocks, [&](int64_t first, int64_t last) {
+    const int64_t lo = first * kBlockBytes, hi = std::min(last * kBlockBytes, total);
+    size_t p = std::upper_bound(start.begin(), start.end(), lo) - start.begin() - 1;
+    for (; p < pieces.size() && start[p] < hi; ++p) {
+      const int64_t skip = std::max(lo, start[p]) - start[p];
+      const int64_t bytes = std::min(hi, start[p + 1]) - start[p] - skip;
+      if (bytes <= 0) continue;
+      if (pieces[p].from == nullptr) {
+        std::memset(pieces[p].to + skip, 0, bytes);
+      } else {
+        std::memcpy(pieces[p].to + skip, pieces[p].from + skip, bytes);
+      }
     }
   });
 }
@@ -96,43 +108,59 @@ void check_rows(const at::Tensor& active, at::TensorList tensors) {
   }
 }
 
-// Row numbers of the active rows, in order.
-std::vector<int64_t> active_rows(const at::Tensor& active) {
-  const at::Tensor flags = active.contiguous();
+// Number of set flags of a contiguous bool tensor.
+int64_t count_active(const at::Tensor& flags) {
   const bool* a = flags.data_ptr<bool>();
-  std::vector<int64_t> rows;
-  for (int64_t r = 0; r < flags.size(0); ++r) {
-    if (a[r]) rows.push_back(r);
-  }
-  return rows;
+  return std::count(a, a + flags.size(0), true);
 }
 
-// Packed copies (out_rows rows, zero past the first `count`) of every tensor.
-std::vector<at::Tensor> gather(at::TensorList tensors, const std::vector<int64_t>& rows, int64_t count,
-                               int64_t out_rows) {
+// Writes the row numbers of the first `count` active rows to index.
+void fill_active_rows(const at::Tensor& flags, int64_t count, int64_t* index) {
+  const bool* a = flags.data_ptr<bool>();
+  for (int64_t r = 0, i = 0; i < count; ++r) {
+    if (a[r]) index[i++] = r;
+  }
+}
+
+// at::empty without the trip through the dispatcher: this kernel only ever makes
+// dense CPU tensors, and the dispatcher costs about as much as copying a short row.
+at::Tensor empty_rows(const at::Tensor& like, int64_t rows) {
+  std::vector<int64_t> sizes = like.sizes().vec();
+  sizes[0] = rows;
+  return at::detail::empty_cpu(sizes, like.scalar_type());
+}
+
+// Packed copies of every tensor: out_rows rows, the rows of index[0, count) first,
+// zeros after them.
+std::vector<at::Tensor> gather(at::TensorList tensors, const int64_t* index, int64_t count, int64_t out_rows) {
+  const std::vector<Run> runs = runs_of(index, count);
   std::vector<at::Tensor> sources, packed;
+  std::vector<Piece> pieces;
+  sources.reserve(tensors.size());
+  packed.reserve(tensors.size());
+  pieces.reserve(tensors.size() * (runs.size() + 1));
   for (const at::Tensor& t : tensors) {
     sources.push_back(t.contiguous());
-    std::vector<int64_t> sizes = t.sizes().vec();
-    sizes[0] = out_rows;
-    packed.push_back(at::empty(sizes, t.options().memory_format(at::MemoryFormat::Contiguous)));
+    packed.push_back(empty_rows(t, out_rows));
     const int64_t bytes = row_bytes(t);
-    std::memset(static_cast<char*>(packed.back().data_ptr()) + count * bytes, 0, (out_rows - count) * bytes);
+    add_runs(pieces, runs, sources.back().data_ptr(), packed.back().data_ptr(), bytes, false);
+    if (out_rows > count) {
+      pieces.push_back({nullptr, static_cast<char*>(packed.back().data_ptr()) + count * bytes,
+                        (out_rows - count) * bytes});
+    }
   }
-  std::vector<std::pair<const at::Tensor*, at::Tensor*>> pairs;
-  for (size_t i = 0; i < sources.size(); ++i) pairs.emplace_back(&sources[i], &packed[i]);
-  copy_runs(runs_of(rows.data(), count), pairs, false);
+  write_pieces(pieces);
   return packed;
 }
 
 std::tuple<std::vector<at::Tensor>, at::Tensor> compact(const at::Tensor& active,
                                                         at::TensorList tensors) {
   check_rows(active, tensors);
-  const std::vector<int64_t> rows = active_rows(active);
-  const int64_t count = static_cast<int64_t>(rows.size());
-  at::Tensor index = at::empty({count}, active.options().dtype(at::kLong));
-  std::copy(rows.begin(), rows.end(), index.data_ptr<int64_t>());
-  return {gather(tensors, rows, count, count), index};
+  const at::Tensor flags = active.contiguous();
+  const int64_t count = count_active(flags);
+  at::Tensor index = at::detail::empty_cpu({count}, at::kLong);
+  fill_active_rows(flags, count, index.data_ptr<int64_t>());
+  return {gather(tensors, index.data_ptr<int64_t>(), count, count), index};
 }
 
 std::tuple<std::vector<at::Tensor>, at::Tensor, at::Tensor> compact_fixed(const at::Tensor& active,
@@ -140,16 +168,16 @@ std::tuple<std::vector<at::Tensor>, at::Tensor, at::Tensor> compact_fixed(const 
                                                                           at::TensorList tensors) {
   check_rows(active, tensors);
   TORCH_CHECK(capacity >= 0, "compact_fixed: capacity must be >= 0, got ", capacity);
-  const std::vector<int64_t> rows = active_rows(active);
-  const int64_t total = static_cast<int64_t>(rows.size());
+  const at::Tensor flags = active.contiguous();
+  const int64_t total = count_active(flags);
   const int64_t count = std::min(total, capacity);
-  at::Tensor index = at::empty({capacity}, active.options().dtype(at::kLong));
+  at::Tensor index = at::detail::empty_cpu({capacity}, at::kLong);
   int64_t* ip = index.data_ptr<int64_t>();
-  std::copy(rows.begin(), rows.begin() + count, ip);
+  fill_active_rows(flags, count, ip);
   std::fill(ip + count, ip + capacity, int64_t{-1});
-  at::Tensor active_count = at::empty({}, active.options().dtype(at::kLong));
+  at::Tensor active_count = at::detail::empty_cpu({}, at::kLong);
   *active_count.data_ptr<int64_t>() = total;
-  return {gather(tensors, rows, count, capacity), index, active_count};
+  return {gather(tensors, ip, count, capacity), index, active_count};
 }
 
 at::Tensor& scatter_back(const at::Tensor& index, const at::Tensor& packed, at::Tensor& out) {
@@ -169,7 +197,10 @@ at::Tensor& scatter_back(const at::Tensor& index, const at::Tensor& packed, at::
                 run.batch + run.rows - 1, " is out of range for out with ", out.size(0), " rows");
   }
   at::Tensor dense = out.is_contiguous() ? out : out.contiguous();
-  copy_runs(runs, {{&src, &dense}}, true);
+  std::vector<Piece> pieces;
+  pieces.reserve(runs.size());
+  add_runs(pieces, runs, src.data_ptr(), dense.data_ptr(), row_bytes(src), true);
+  write_pieces(pieces);
   if (!dense.is_same(out)) out.copy_(dense);
   return out;
 }

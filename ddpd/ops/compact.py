@@ -19,6 +19,11 @@ places in the full batch.
   index[i] >= 0 (so the -1 padding of compact_fixed is skipped); in place, returns
   out. Index entries must be distinct and < out.shape[0] (checked on CPU only).
   packed and out may also be equal-length sequences of tensors.
+
+The kernels of compact and compact_fixed check the rows of their tensors (dense,
+as many rows as active, on its device) themselves; only when a kernel refuses its
+arguments do the Python checks run, to raise an error that names the argument, so
+a valid call pays for those checks once, in C++.
 """
 from __future__ import annotations
 
@@ -52,6 +57,18 @@ def _check_rows(active: torch.Tensor, tensors) -> None:
             raise ValueError(f"tensors[{i}] must be on {active.device} like active, got {t.device}")
 
 
+_kernels: dict = {}  # device type -> torch.ops.ddpd, or None where ddpd._C has no kernels for it
+
+
+def _kernels_for(active: torch.Tensor):
+    """_ext.ops_for(active.device), looked up once per device type: compact runs once
+    per sampling step, where the lookup would cost a tenth of a small compaction."""
+    kind = active.device.type
+    if kind not in _kernels:
+        _kernels[kind] = _ext.ops_for(active.device)
+    return _kernels[kind]
+
+
 def _check_capacity(capacity) -> int:
     if isinstance(capacity, bool) or not isinstance(capacity, int):
         raise TypeError(f"capacity must be an int, got {type(capacity).__name__}")
@@ -70,12 +87,14 @@ def compact_reference(active, *tensors: torch.Tensor) -> tuple[Tensors, torch.Te
 
 def compact(active, *tensors: torch.Tensor) -> tuple[Tensors, torch.Tensor]:
     """(rows of each tensor where active is set, their row numbers Long[n_active])."""
-    active = _check_active(active)
-    _check_rows(active, tensors)
-    ops = _ext.ops_for(active.device)
+    ops = _kernels_for(_check_active(active))
     if ops is None:
         return compact_reference(active, *tensors)
-    packed, index = ops.compact(active, list(tensors))
+    try:
+        packed, index = ops.compact(active, tensors)
+    except (RuntimeError, TypeError):
+        _check_rows(active, tensors)
+        raise
     return tuple(packed), index
 
 
@@ -102,13 +121,15 @@ def compact_fixed_reference(active, capacity: int, *tensors: torch.Tensor) -> tu
 
 def compact_fixed(active, capacity: int, *tensors: torch.Tensor) -> tuple[Tensors, torch.Tensor, torch.Tensor]:
     """(packed tensors of `capacity` rows, index Long[capacity] padded with -1, count Long[])."""
-    active = _check_active(active)
+    ops = _kernels_for(_check_active(active))
     capacity = _check_capacity(capacity)
-    _check_rows(active, tensors)
-    ops = _ext.ops_for(active.device)
     if ops is None:
         return compact_fixed_reference(active, capacity, *tensors)
-    packed, index, count = ops.compact_fixed(active, capacity, list(tensors))
+    try:
+        packed, index, count = ops.compact_fixed(active, capacity, tensors)
+    except (RuntimeError, TypeError):
+        _check_rows(active, tensors)
+        raise
     return tuple(packed), index, count
 
 
