@@ -1,0 +1,348 @@
+"""Timings of every ddpd op and of the fused sampler step on one GPU (step 3 of
+benchmarks/gpu_check.sh).
+
+Per op and shape, on the device:
+- check: the op draws what its torch reference draws for the same seed (integer
+  and boolean outputs equal, float outputs to 1e-4), so the kernel timed is a
+  kernel tested on this device;
+- the median time of the op and of the torch code it replaces, with
+  triton.testing.do_bench (after warm-up; L2 flushed before each call; CUDA
+  events), and the speed-up;
+- the bytes the op must move, as GB/s and as a share of the measured copy
+  bandwidth (a 256 MiB Tensor.copy_ timed the same way, bytes read + written);
+- the peak memory of one call of each (torch.cuda.max_memory_allocated growth).
+Targets printed beside the numbers: sample_categorical within 2x of the time to
+read the logits once at the copy bandwidth; the fused sampler step
+(benchmarks/bench_step.py) at least 10x faster than the reference step at
+(B, D, V, H) = (64, 1024, 50257, 256).
+
+    python benchmarks/gpu_timings.py            # CUDA
+    python benchmarks/gpu_timings.py --dry-run  # checks this script without a GPU
+
+--dry-run runs the same code on CPU tensors of tiny shapes with a wall-clock
+timer (median of 3 calls after one warm-up) and peak RSS growth: the numbers
+mean nothing. Exit status 1 when a check disagrees or a case raises; the other
+cases still run.
+"""
+from __future__ import annotations
+
+import contextlib
+import platform
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_ops import MASK_ID, torch_planner_select, torch_planner_select_mask  # noqa: E402
+from bench_step import fused_step, reference_step, step_inputs  # noqa: E402
+from conftest import peak_cuda_growth, peak_rss_growth  # noqa: E402
+
+from ddpd.ops.compact import (  # noqa: E402
+    compact,
+    compact_fixed,
+    compact_fixed_reference,
+    compact_reference,
+    scatter_back,
+    scatter_back_reference,
+)
+from ddpd.ops.multinomial import multinomial, multinomial_reference  # noqa: E402
+from ddpd.ops.planner_mask import (  # noqa: E402
+    planner_mask,
+    planner_mask_reference,
+    planner_select_mask,
+    planner_select_mask_reference,
+)
+from ddpd.ops.planner_select import planner_select, planner_select_reference  # noqa: E402
+from ddpd.ops.sample_categorical import TILE, sample_categorical, sample_categorical_reference  # noqa: E402
+from ddpd.ops.sample_from_hidden import sample_from_hidden, sample_from_hidden_reference  # noqa: E402
+
+BF16, FP32 = torch.bfloat16, torch.float32
+GPT2 = 50257
+SHAPES = {
+    "full": dict(
+        categorical=[(64, GPT2, BF16), (64, GPT2, FP32)],  # rows, vocab, dtype
+        hidden=[(64, 256, GPT2, FP32), (64, 512, GPT2, FP32), (64, 1024, GPT2, FP32), (64, 1024, GPT2, BF16)],
+        planner=[(64, 1024)],  # rows, length
+        step=[(64, 1024, GPT2, 256), (8, 1024, GPT2, 256)],  # B, D, V, H
+        multinomial=[(64, GPT2), (512, GPT2), (4096, 27)],  # rows, categories
+        compact=[(256, 1024), (4096, 1024)],  # batch, length
+        copy_floats=2**26,
+    ),
+    "dry": dict(
+        categorical=[(4, 300, BF16), (4, 300, FP32)],
+        hidden=[(4, 32, 300, FP32), (4, 32, 300, BF16)],
+        planner=[(4, 64)],
+        step=[(4, 64, 300, 32)],
+        multinomial=[(4, 300), (16, 27)],
+        compact=[(16, 64)],
+        copy_floats=2**20,
+    ),
+}
+COPY_TARGET = 2.0  # sample_categorical: at most this many logits-read times
+STEP_TARGET = 10.0  # fused step: at least this many times faster than the reference
+
+
+class Bench:
+    """Timer, memory probe and the running tally of failed cases for one device."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self.failures = 0
+        self.copy_gbs = float("nan")
+
+    def median_ms(self, fn: Callable[[], object], rep_ms: int = 100) -> float:
+        if self.cuda:
+            from triton.testing import do_bench
+
+            return do_bench(fn, warmup=25, rep=rep_ms, return_mode="median")
+        fn()
+        times = []
+        for _ in range(3):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+        return statistics.median(times) * 1e3
+
+    def peak_bytes(self, fn: Callable[[], object]) -> Optional[int]:
+        return peak_cuda_growth(fn) if self.cuda else peak_rss_growth(fn)
+
+    def gbs(self, moved: int, ms: float) -> float:
+        return moved / ms / 1e6
+
+    def check(self, name: str, got, want) -> None:
+        """Print whether the op's outputs equal its reference's; count a mismatch."""
+        got, want = flatten(got), flatten(want)
+        problems = [problem for i, (g, w) in enumerate(zip(got, want)) if (problem := differs(i, g, w))]
+        if len(got) != len(want):
+            problems.append(f"{len(got)} outputs vs {len(want)}")
+        if problems:
+            self.failures += 1
+            print(f"  check {name}: MISMATCH with the reference: {'; '.join(problems)}")
+        else:
+            print(f"  check {name}: same outputs as the reference")
+
+    def compare(self, name: str, ours: Callable, theirs: Callable, moved: int,
+                rep_ms: int = 100) -> tuple[float, float]:
+        """Time and measure ours (ddpd) and theirs (torch); print one line; return both medians (ms)."""
+        a, b = self.median_ms(ours, rep_ms), self.median_ms(theirs, rep_ms)
+        peak_a, peak_b = self.peak_bytes(ours), self.peak_bytes(theirs)
+        gbs = self.gbs(moved, a)
+        print(f"{name:44s} ddpd {a * 1e3:10.1f} us | torch {b * 1e3:10.1f} us | {b / a:7.2f}x | "
+              f"{moved / 1e6:8.2f} MB {gbs:7.1f} GB/s {100 * gbs / self.copy_gbs:5.1f}% of copy | "
+              f"peak ddpd {mib(peak_a)} torch {mib(peak_b)}")
+        return a, b
+
+    @contextlib.contextmanager
+    def case(self, title: str):
+        """One shape of one op: an exception is printed and counted, the next case runs."""
+        try:
+            yield
+        except Exception:  # a broken case must not hide the results of the others
+            self.failures += 1
+            print(f"{title}: ERROR\n{traceback.format_exc(limit=4)}")
+        finally:
+            if self.cuda:
+                torch.cuda.empty_cache()
+
+
+def flatten(outputs) -> list[torch.Tensor]:
+    if isinstance(outputs, torch.Tensor):
+        return [outputs]
+    return [t for item in outputs for t in flatten(item)]
+
+
+def differs(i: int, got: torch.Tensor, want: torch.Tensor) -> Optional[str]:
+    if got.shape != want.shape or got.dtype != want.dtype:
+        return f"output {i}: {got.dtype}{list(got.shape)} vs {want.dtype}{list(want.shape)}"
+    if got.dtype.is_floating_point:
+        close = torch.isclose(got.float(), want.float(), rtol=1e-4, atol=1e-4, equal_nan=True)
+        bad = int((~close).sum())
+    else:
+        bad = int((got != want).sum())
+    return f"output {i}: {bad} of {got.numel()} differ" if bad else None
+
+
+def mib(peak: Optional[int]) -> str:
+    return "     n/a" if peak is None else f"{peak / 2**20:8.1f} MiB"
+
+
+@contextlib.contextmanager
+def section(title: str):
+    print(f"# {title}")
+    start = time.perf_counter()
+    yield
+    print(f"# {title}: {time.perf_counter() - start:.1f} s")
+
+
+def randn(*shape, scale=1.0, seed=0, dtype=FP32, device="cpu") -> torch.Tensor:
+    """Seeded on the CPU generator, so every device and run times the same data."""
+    return (scale * torch.randn(*shape, generator=torch.Generator().manual_seed(seed))).to(device, dtype)
+
+
+def copy_bandwidth(bench: Bench, floats: int) -> None:
+    x = torch.empty(floats, device=bench.device)
+    y = torch.empty_like(x)
+    ms = bench.median_ms(lambda: y.copy_(x))
+    bench.copy_gbs = bench.gbs(2 * x.numel() * x.element_size(), ms)
+    print(f"copy bandwidth: {bench.copy_gbs:.0f} GB/s (a {x.numel() * 4 / 2**20:.0f} MiB copy, read + write)")
+
+
+def time_sample_categorical(bench: Bench, rows: int, vocab: int, dtype: torch.dtype) -> None:
+    logits = randn(rows, vocab, scale=3.0, seed=vocab, dtype=dtype, device=bench.device)
+    name = f"sample_categorical {rows}x{vocab} {str(dtype)[6:]}"
+    bench.check(name, sample_categorical(logits, seed=1, offset=2), sample_categorical_reference(logits, seed=1,
+                                                                                                 offset=2))
+    read = logits.numel() * logits.element_size()
+    moved = read + rows * TILE * logits.element_size() + rows * (8 + 1)  # + the winning tile again, outputs
+    ms, _ = bench.compare(name, lambda: sample_categorical(logits, seed=1, offset=2),
+                       lambda: torch.multinomial(torch.softmax(logits, -1, dtype=FP32), 1), moved)
+    read_ms = read / bench.copy_gbs / 1e6
+    print(f"  time / logits read once at copy bandwidth ({read_ms * 1e3:.1f} us): {ms / read_ms:.2f} "
+          f"(target <= {COPY_TARGET:g} on H100)")
+
+
+def time_sample_from_hidden(bench: Bench, rows: int, width: int, vocab: int, dtype: torch.dtype) -> None:
+    hidden = randn(rows, width, seed=1, dtype=dtype, device=bench.device)
+    weight = randn(vocab, width, scale=2 / width**0.5, seed=2, dtype=dtype, device=bench.device)
+    bias = randn(vocab, scale=0.1, seed=3, dtype=dtype, device=bench.device)
+    name = f"sample_from_hidden {rows}x{width}->{vocab} {str(dtype)[6:]}"
+    bench.check(name, sample_from_hidden(hidden, weight, bias, seed=1, offset=2),
+                sample_from_hidden_reference(hidden, weight, bias, seed=1, offset=2))
+    moved = (weight.numel() + bias.numel() + hidden.numel()) * weight.element_size() + rows * (8 + 1)
+    ms, _ = bench.compare(name, lambda: sample_from_hidden(hidden, weight, bias, seed=1, offset=2),
+                       lambda: torch.multinomial(torch.softmax(F.linear(hidden, weight, bias), -1, dtype=FP32), 1),
+                       moved)
+    print(f"  head: {2 * rows * width * vocab / ms / 1e9:.2f} TFLOP/s")
+
+
+def time_planner_ops(bench: Bench, rows: int, length: int) -> None:
+    logits = randn(rows, length, scale=3.0, seed=length, device=bench.device)
+    x = torch.randint(0, MASK_ID, (rows, length), generator=torch.Generator().manual_seed(4)).to(bench.device)
+    name = f"planner_select {rows}x{length}"
+    bench.check(name, planner_select(logits, seed=1, offset=2), planner_select_reference(logits, seed=1, offset=2))
+    bench.compare(name, lambda: planner_select(logits, seed=1, offset=2), lambda: torch_planner_select(logits),
+                  logits.numel() * 4 + rows * (8 + 4 + 1))
+    mask_bytes = logits.numel() * (4 + 8 + 8 + 1) + rows * 8  # logits, x in, masked and z out, count
+    name = f"planner_select_mask {rows}x{length}"
+    bench.check(name, planner_select_mask(logits, x, MASK_ID, seed=1, offset=2),
+                planner_select_mask_reference(logits, x, MASK_ID, seed=1, offset=2))
+    bench.compare(name, lambda: planner_select_mask(logits, x, MASK_ID, seed=1, offset=2),
+                  lambda: torch_planner_select_mask(logits, x), mask_bytes + rows * (8 + 4 + 1))
+    positions = planner_select(logits, seed=5)[0]
+    name = f"planner_mask {rows}x{length}"
+    bench.check(name, planner_mask(logits, x, positions, MASK_ID, seed=1, offset=3),
+                planner_mask_reference(logits, x, positions, MASK_ID, seed=1, offset=3))
+
+    def torch_mask():
+        z = torch.bernoulli(torch.sigmoid(logits)).bool().scatter_(1, positions, True)
+        return torch.where(z, MASK_ID, x), z, z.sum(-1)
+
+    bench.compare(name, lambda: planner_mask(logits, x, positions, MASK_ID, seed=1, offset=3), torch_mask,
+                  mask_bytes + positions.numel() * 8)
+
+
+def time_step(bench: Bench, batch: int, length: int, vocab: int, width: int) -> None:
+    inputs = step_inputs(batch, length, vocab, width, bench.device)
+    # planner logits and x read, masked and z written; the chosen hidden rows and
+    # the head read; x copied and scattered into.
+    moved = (batch * length * (4 + 8 + 8 + 1) + batch * width * 4 + (vocab * width + vocab) * 4
+             + 2 * batch * length * 8)
+    name = f"step B={batch} D={length} V={vocab} H={width}"
+    ms, reference_ms = bench.compare(name, lambda: fused_step(**inputs), lambda: reference_step(**inputs), moved,
+                                     rep_ms=200)
+    print(f"  fused step {reference_ms / ms:.1f}x faster than the reference step (target >= {STEP_TARGET:g}x on "
+          f"H100 at B=64 D=1024 V=50257 H=256)")
+
+
+def time_multinomial(bench: Bench, rows: int, categories: int) -> None:
+    g = torch.Generator().manual_seed(rows)
+    weights = torch.softmax(torch.randn(rows, categories, generator=g) * 3, -1).to(bench.device)
+    ids = torch.arange(rows, device=bench.device)
+    read = weights.numel() * 4
+    for k, replacement in [(1, True), (16, False)]:
+        if k > categories:
+            continue
+        name = f"multinomial {rows}x{categories} k={k}{'' if replacement else ' no repl.'}"
+        bench.check(name, multinomial(weights, k, replacement, seed=1, row_ids=ids, return_valid=True),
+                    multinomial_reference(weights, k, replacement, seed=1, row_ids=ids, return_valid=True))
+        bench.compare(name, lambda: multinomial(weights, k, replacement, seed=1, row_ids=ids, return_valid=True),
+                      lambda: torch.multinomial(weights, k, replacement=replacement), read)
+
+
+def time_compaction(bench: Bench, batch: int, length: int) -> None:
+    g = torch.Generator().manual_seed(batch)
+    active = (torch.rand(batch, generator=g) < 0.6).to(bench.device)
+    tokens = torch.randint(0, GPT2, (batch, length), generator=g).to(bench.device)
+    logits = torch.randn(batch, length, generator=g).to(bench.device)
+    n_active = int(active.sum())
+    moved = 2 * n_active * length * (8 + 4)  # the active rows of both tensors, read and written
+
+    def chain():
+        index = active.nonzero().squeeze(1)
+        return tokens.index_select(0, index), logits.index_select(0, index)
+
+    name = f"compact {batch}x{length} x2"
+    bench.check(name, compact(active, tokens, logits), compact_reference(active, tokens, logits))
+    bench.compare(name, lambda: compact(active, tokens, logits), chain, moved)
+    name = f"compact_fixed {batch}x{length} x2"
+    bench.check(name, compact_fixed(active, batch, tokens, logits), compact_fixed_reference(active, batch, tokens,
+                                                                                          logits))
+    bench.compare(name, lambda: compact_fixed(active, batch, tokens, logits), chain, 2 * batch * length * 12)
+    (packed_tokens, packed_logits), index = compact(active, tokens, logits)
+    zeros = (torch.zeros_like(tokens), torch.zeros_like(logits))
+    name = f"scatter_back {batch}x{length} x2"
+    bench.check(name, scatter_back(index, (packed_tokens, packed_logits), tuple(t.clone() for t in zeros)),
+                scatter_back_reference(index, (packed_tokens, packed_logits), tuple(t.clone() for t in zeros)))
+    out_tokens, out_logits = tokens.clone(), logits.clone()
+    bench.compare(name, lambda: scatter_back(index, (packed_tokens, packed_logits), (out_tokens, out_logits)),
+                  lambda: (out_tokens.index_copy_(0, index, packed_tokens),
+                           out_logits.index_copy_(0, index, packed_logits)), moved)
+
+
+def describe(device: torch.device) -> str:
+    import triton
+
+    if device.type == "cuda":
+        name = f"{torch.cuda.get_device_name(device)} (sm_{''.join(map(str, torch.cuda.get_device_capability()))})"
+    else:
+        name = f"CPU {platform.processor() or platform.machine()}, dry run: tiny shapes, numbers mean nothing"
+    return (f"device {name} | torch {torch.__version__} (CUDA {torch.version.cuda}) | triton {triton.__version__} | "
+            f"python {platform.python_version()} | command: python {' '.join(sys.argv)}")
+
+
+def main() -> int:
+    dry_run = "--dry-run" in sys.argv[1:]
+    if not dry_run and not torch.cuda.is_available():
+        print("gpu_timings: no CUDA device visible to torch (use --dry-run to check the script)", file=sys.stderr)
+        return 2
+    bench = Bench(torch.device("cpu" if dry_run else "cuda"))
+    shapes = SHAPES["dry" if dry_run else "full"]
+    print(describe(bench.device))
+    print("times: " + ("wall clock, median of 3" if dry_run else "triton.testing.do_bench median, CUDA events"))
+    copy_bandwidth(bench, shapes["copy_floats"])
+    plan = [
+        ("sample_categorical", time_sample_categorical, shapes["categorical"]),
+        ("sample_from_hidden", time_sample_from_hidden, shapes["hidden"]),
+        ("planner_select, planner_select_mask, planner_mask", time_planner_ops, shapes["planner"]),
+        ("sampler step: fused vs reference (benchmarks/bench_step.py)", time_step, shapes["step"]),
+        ("multinomial", time_multinomial, shapes["multinomial"]),
+        ("compact, compact_fixed, scatter_back", time_compaction, shapes["compact"]),
+    ]
+    for title, fn, cases in plan:
+        with section(title):
+            for shape in cases:
+                with bench.case(f"{title} {shape}"):
+                    fn(bench, *shape)
+    print(f"gpu_timings: {bench.failures} failed case(s)")
+    return 1 if bench.failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
