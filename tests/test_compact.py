@@ -122,6 +122,32 @@ def test_compact_without_tensors_and_large_rows():
     assert torch.equal(packed, x[active])
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_byte_split_over_threads_matches_reference(threads):
+    # Rows of 8000, 4000, 4099 and 4 bytes: the byte ranges of the threads start and
+    # end inside rows and runs, and padding is split along with the copies.
+    g = torch.Generator().manual_seed(3)
+    active = torch.rand(300, generator=g) < 0.6
+    tensors = [torch.randint(-2**40, 2**40, (300, 1000), generator=g), torch.randn(300, 1000, generator=g),
+               torch.randint(-128, 128, (300, 4099), generator=g).to(torch.int8), torch.randn(300, generator=g)]
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        packed, index = compact(active, *tensors)
+        fixed = [compact_fixed(active, capacity, *tensors) for capacity in (100, 300)]
+        outs = [torch.zeros_like(t) for t in tensors]
+        scatter_back(index, packed, outs)
+    finally:
+        torch.set_num_threads(previous)
+    assert_same(packed, compact_reference(active, *tensors)[0])
+    for capacity, (fixed_packed, fixed_index, _) in zip((100, 300), fixed):
+        ref_packed, ref_index, _ = compact_fixed_reference(active, capacity, *tensors)
+        assert torch.equal(fixed_index, ref_index)
+        assert_same(fixed_packed, ref_packed)
+    for t, out in zip(tensors, outs):
+        assert torch.equal(out[active], t[active]) and not out[~active].any()
+
+
 @pytest.mark.parametrize(
     "call,error,match",
     [
@@ -130,6 +156,10 @@ def test_compact_without_tensors_and_large_rows():
         (lambda: compact(torch.ones(3, dtype=torch.bool), torch.ones(4)), ValueError, r"tensors\[0\] must be a dense tensor with 3 rows"),
         (lambda: compact(torch.ones(3, dtype=torch.bool), torch.tensor(1.0)), ValueError, r"tensors\[0\]"),
         (lambda: compact(torch.ones(3, dtype=torch.bool), [1, 2, 3]), TypeError, r"tensors\[0\] must be a torch.Tensor"),
+        (lambda: compact(torch.ones(3, dtype=torch.bool), torch.ones(3), torch.ones(3, device="meta")), ValueError, r"tensors\[1\] must be on cpu like active"),
+        (lambda: compact(torch.ones(3, dtype=torch.bool), torch.ones(3).to_sparse()), ValueError, r"tensors\[0\] must be a dense tensor"),
+        (lambda: compact_fixed(torch.ones(3, dtype=torch.bool), 2, torch.ones(4)), ValueError, r"tensors\[0\] must be a dense tensor with 3 rows"),
+        (lambda: compact_fixed(torch.ones(3, dtype=torch.bool), 2, torch.ones(3), "x"), TypeError, r"tensors\[1\] must be a torch.Tensor"),
         (lambda: compact_fixed(torch.ones(3, dtype=torch.bool), -1), ValueError, "capacity must be >= 0"),
         (lambda: compact_fixed(torch.ones(3, dtype=torch.bool), 2.0), TypeError, "capacity must be an int"),
         (lambda: scatter_back(torch.zeros(2, dtype=torch.int32), torch.ones(2), torch.ones(3)), ValueError, "index must be a 1-D int64"),
