@@ -2,8 +2,12 @@
 (and index_copy_) chains they replace, for the state of a sampler batch of B = 256
 sequences of D = 1024 tokens: tokens Long[B, D], planner logits Float[B, D], time
 Float[B]. Run with `pytest benchmarks/bench_compact.py --benchmark-only`; each ddpd
-benchmark prints its speed-up over the torch chain timed in the same run.
-Target: compact faster than nonzero + index_select."""
+benchmark prints its speed-up over the torch chain timed in the same run, with
+DDPD_BENCH_THREADS torch threads (default 1) on both sides.
+Target: compact faster than nonzero + index_select, at 1 and at 2 threads. Both
+sides copy the same bytes; on CPU that copy is bound by memory bandwidth, so the
+margin comes from the fixed cost per call and from how evenly the threads share
+the bytes."""
 import pytest
 import torch
 
