@@ -6,20 +6,13 @@ whatever precision the network runs in.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-
-def check_int(name: str, value, minimum: int, maximum: Optional[int] = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if value < minimum or (maximum is not None and value > maximum):
-        bound = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
-        raise ValueError(f"{name} must be {bound}, got {value}")
-    return value
+from ddpd.validation import check_callable, check_choice, check_int  # noqa: F401
 
 
 def check_open_unit(name: str, value) -> float:
@@ -29,18 +22,6 @@ def check_open_unit(name: str, value) -> float:
     if not 0.0 < value < 1.0:
         raise ValueError(f"{name} must be in (0, 1), got {value}")
     return float(value)
-
-
-def check_choice(name: str, value, choices: Sequence[str]) -> str:
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r}")
-    return value
-
-
-def check_callable(name: str, value) -> Callable:
-    if not callable(value):
-        raise TypeError(f"{name} must be callable, got {type(value).__name__}")
-    return value
 
 
 def check_tokens(name: str, x, vocab_size: int) -> Tensor:

@@ -25,7 +25,7 @@ from typing import Optional, Protocol
 import torch
 from torch import Tensor
 
-from ddpd.ops._sampling_args import BELOW_ONE, gumbel  # the ops' transform, so both paths agree bit for bit
+from ddpd.ops._sampling_args import BELOW_ONE, gumbel  # noqa: F401 (re-exported: the ops' transform, so both paths agree bit for bit)
 from ddpd.ops.rng import check_seed, philox_uniform, seed_from_generator
 
 # One stream per kind of draw in a step; the offset of a draw is

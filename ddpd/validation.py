@@ -1,0 +1,48 @@
+"""Argument checks shared by the public entry points of every layer.
+
+Errors name the argument, what was expected and what was given (DESIGN.md).
+Lowest layer: imports nothing from ddpd.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional, Sequence
+
+
+def check_int(name: str, value, minimum: int, maximum: Optional[int] = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if value < minimum or (maximum is not None and value > maximum):
+        bound = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
+        raise ValueError(f"{name} must be {bound}, got {value}")
+    return value
+
+
+def check_float(name: str, value, minimum: float, maximum: float = float("inf"),
+                open_min: bool = False, open_max: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+    value = float(value)
+    low_ok = value > minimum if open_min else value >= minimum
+    high_ok = value < maximum if open_max else value <= maximum
+    if not (low_ok and high_ok) or value != value:
+        left, right = "(" if open_min else "[", ")" if open_max else "]"
+        raise ValueError(f"{name} must be in {left}{minimum}, {maximum}{right}, got {value}")
+    return value
+
+
+def check_bool(name: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+    return value
+
+
+def check_choice(name: str, value, choices: Sequence[str]) -> str:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r}")
+    return value
+
+
+def check_callable(name: str, value) -> Callable:
+    if not callable(value):
+        raise TypeError(f"{name} must be callable, got {type(value).__name__}")
+    return value
