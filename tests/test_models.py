@@ -9,11 +9,8 @@ import torch
 from ddpd.models import (
     MODEL_KINDS,
     ARModel,
-    MaskDenoiser,
     Planner,
     TransformerConfig,
-    UniformDenoiser,
-    UniformModel,
     attention_backend,
     build_model,
     config_for,

@@ -5,7 +5,6 @@ the same values given contiguous draw, on the C++ path and in the Triton launche
 import pytest
 import torch
 
-from ddpd.ops import _sampling_args
 from ddpd.ops.planner_mask import planner_mask, planner_mask_reference, planner_select_mask, \
     planner_select_mask_reference
 from ddpd.ops.planner_select import planner_select, planner_select_reference, planner_select_triton
