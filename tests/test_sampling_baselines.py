@@ -13,38 +13,20 @@ import pytest
 import torch
 
 from oracles import laws
-from oracles.fixtures import single_thread  # noqa: F401  (autouse)
+from oracles.fixtures import noise, single_thread, toy  # noqa: F401  (single_thread: autouse)
 from oracles.stats import TVTable, empirical, threshold, tv
-from oracles.toy import ToyProblem, dirichlet_p_data, sparse_p_data, tempered, token_zeroed
-from ddpd.sampling import PhiloxNoise, TorchNoise, maskgit_sample, tau_leaping_mask, tau_leaping_planned, \
+from oracles.toy import tempered, token_zeroed
+from ddpd.sampling import PhiloxNoise, maskgit_sample, tau_leaping_mask, tau_leaping_planned, \
     tau_leaping_uniform
 from ddpd.sampling.noise import CONFIDENCE, TOKEN, gumbel
 
 B = 50_000
 TABLE = TVTable("Baseline samplers: TV to own exact law and to p_data (B = 50k)")
 
-TOYS = {
-    "dir S3 D3": lambda: ToyProblem(dirichlet_p_data(3, 3, seed=1), 3, 3),
-    "sparse S2 D4": lambda: ToyProblem(sparse_p_data(2, 4, support=5, seed=2), 2, 4),
-    "dir S5 D2": lambda: ToyProblem(dirichlet_p_data(5, 2, seed=3), 5, 2),
-}
-_cache = {}
-
-
-def toy(name):
-    if name not in _cache:
-        _cache[name] = TOYS[name]()
-    return _cache[name]
-
-
 @pytest.fixture(scope="module", autouse=True)
 def print_table():
     yield
     print("\n" + TABLE.render())
-
-
-def noise(seed=0):
-    return TorchNoise(torch.Generator().manual_seed(seed))
 
 
 def compare(name, problem, result, law=None, against_data=False):

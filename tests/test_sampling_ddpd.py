@@ -7,43 +7,22 @@
     the law) over 300 repeats, plus 0.005 (oracles/stats.py).
 """
 import pytest
-import torch
 
 from oracles import laws
-from oracles.fixtures import single_thread  # noqa: F401  (autouse)
+from oracles.fixtures import noise, single_thread, toy  # noqa: F401  (single_thread: autouse)
 from oracles.stats import TVTable, empirical, threshold, tv
-from oracles.toy import ToyProblem, dirichlet_p_data, sparse_p_data, tempered, token_zeroed
+from oracles.toy import ToyProblem, dirichlet_p_data, tempered, token_zeroed
 from ddpd.process import CosineSchedule
-from ddpd.sampling import TorchNoise, ddpd_sample, ddpd_sample_uniform
+from ddpd.sampling import ddpd_sample, ddpd_sample_uniform
 
 B = 50_000
 T_END = 1.0 - 1e-4
 TABLE = TVTable("DDPD samplers: TV to own exact law and to p_data (B = 50k)")
 
-TOYS = {
-    "dir S3 D3": lambda: ToyProblem(dirichlet_p_data(3, 3, seed=1), 3, 3),
-    "sparse S2 D4": lambda: ToyProblem(sparse_p_data(2, 4, support=5, seed=2), 2, 4),
-    "dir S5 D2": lambda: ToyProblem(dirichlet_p_data(5, 2, seed=3), 5, 2),
-    "sparse S4 D3": lambda: ToyProblem(sparse_p_data(4, 3, support=12, seed=4), 4, 3),
-    "dir S3 D2": lambda: ToyProblem(dirichlet_p_data(3, 2, seed=5), 3, 2),
-}
-_cache = {}
-
-
-def toy(name):
-    if name not in _cache:
-        _cache[name] = TOYS[name]()
-    return _cache[name]
-
-
 @pytest.fixture(scope="module", autouse=True)
 def print_table():
     yield
     print("\n" + TABLE.render())
-
-
-def noise(seed=0):
-    return TorchNoise(torch.Generator().manual_seed(seed))
 
 
 def check_law(name, problem, result, law):
