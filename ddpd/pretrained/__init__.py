@@ -9,8 +9,9 @@ package as
 a sampling bundle like any other (see ddpd.checkpoint): a planner (no time input,
 p(z^d = N | x_t) of the paper's planner) and a mask denoiser
 (p(x_1^d | x_t, x_t^d = M)), trained on character-level text8-format text with
-sequences of 256 characters and the linear schedule. How they were trained is in
-docs/pretrained.md.
+sequences of 256 characters and the linear schedule. This version ships the
+machinery but no weights yet: default_bundle() then raises BundleNotFoundError.
+The training recipe is in docs/pretrained.md.
 
     from ddpd.pretrained import default_bundle
     from ddpd.checkpoint import load_bundle
