@@ -4,6 +4,7 @@
 // dtype and trailing shape are moved as raw bytes. Consecutive rows that stay
 // consecutive are copied as one block (runs), and the copies (and zero padding) of
 // all tensors share one parallel region, split by bytes.
+#include "compact_args.h"
 #include <ATen/Parallel.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/core/Tensor.h>
@@ -22,12 +23,6 @@ namespace {
 // them, so a small compaction runs on the calling thread without a parallel region.
 constexpr int64_t kBlockBytes = 1 << 12;
 constexpr int64_t kGrainBlocks = 16;
-
-int64_t row_bytes(const at::Tensor& t) {
-  int64_t elements = 1;
-  for (int64_t d = 1; d < t.dim(); ++d) elements *= t.size(d);
-  return elements * static_cast<int64_t>(t.element_size());
-}
 
 // Rows [packed, packed + rows) of the packed side are rows [batch, batch + rows)
 // of the batch side.
@@ -95,19 +90,6 @@ void write_pieces(const std::vector<Piece>& pieces) {
   });
 }
 
-void check_rows(const at::Tensor& active, at::TensorList tensors) {
-  TORCH_CHECK(active.dim() == 1 && active.scalar_type() == at::kBool,
-              "compact: active must be a 1-D bool tensor, got ", active.scalar_type(), " ",
-              active.sizes());
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const at::Tensor& t = tensors[i];
-    TORCH_CHECK(t.layout() == at::kStrided && t.dim() >= 1 && t.size(0) == active.size(0) &&
-                    t.device() == active.device(),
-                "compact: tensors[", i, "] must be a dense tensor on ", active.device(),
-                " with ", active.size(0), " rows, got ", t.sizes(), " on ", t.device());
-  }
-}
-
 // Number of set flags of a contiguous bool tensor.
 int64_t count_active(const at::Tensor& flags) {
   const bool* a = flags.data_ptr<bool>();
@@ -155,7 +137,7 @@ std::vector<at::Tensor> gather(at::TensorList tensors, const int64_t* index, int
 
 std::tuple<std::vector<at::Tensor>, at::Tensor> compact(const at::Tensor& active,
                                                         at::TensorList tensors) {
-  check_rows(active, tensors);
+  check_compact_args(active, tensors);
   const at::Tensor flags = active.contiguous();
   const int64_t count = count_active(flags);
   at::Tensor index = at::detail::empty_cpu({count}, at::kLong);
@@ -166,7 +148,7 @@ std::tuple<std::vector<at::Tensor>, at::Tensor> compact(const at::Tensor& active
 std::tuple<std::vector<at::Tensor>, at::Tensor, at::Tensor> compact_fixed(const at::Tensor& active,
                                                                           int64_t capacity,
                                                                           at::TensorList tensors) {
-  check_rows(active, tensors);
+  check_compact_args(active, tensors);
   TORCH_CHECK(capacity >= 0, "compact_fixed: capacity must be >= 0, got ", capacity);
   const at::Tensor flags = active.contiguous();
   const int64_t total = count_active(flags);
@@ -181,14 +163,7 @@ std::tuple<std::vector<at::Tensor>, at::Tensor, at::Tensor> compact_fixed(const 
 }
 
 at::Tensor& scatter_back(const at::Tensor& index, const at::Tensor& packed, at::Tensor& out) {
-  TORCH_CHECK(index.dim() == 1 && index.scalar_type() == at::kLong,
-              "scatter_back: index must be a 1-D int64 tensor, got ", index.scalar_type(), " ",
-              index.sizes());
-  TORCH_CHECK(packed.dim() >= 1 && packed.size(0) == index.size(0) &&
-                  packed.scalar_type() == out.scalar_type() && out.dim() == packed.dim() &&
-                  packed.sizes().slice(1) == out.sizes().slice(1),
-              "scatter_back: packed must be [", index.size(0), ", *out.shape[1:]] of dtype ",
-              out.scalar_type(), ", got ", packed.scalar_type(), " ", packed.sizes());
+  check_scatter_back_args(index, packed, out);
   const at::Tensor idx = index.contiguous(), src = packed.contiguous();
   const int64_t* ip = idx.data_ptr<int64_t>();
   const std::vector<Run> runs = runs_of(ip, idx.size(0));

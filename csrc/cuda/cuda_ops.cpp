@@ -1,6 +1,7 @@
 // CUDA implementations of the torch.ops.ddpd operators of csrc/registration.cpp:
 // checks, output allocation and stream handling around the launchers of
 // csrc/cuda/launchers.h. Compiled only when torch has CUDA and a toolkit is found.
+#include "compact_args.h"
 #include <ATen/Dispatch.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -83,25 +84,6 @@ std::tuple<at::Tensor, at::Tensor> multinomial_with_uniforms(const at::Tensor& w
   return sample(weights, uniforms.size(1), replacement, uniforms, 0, 0, at::Tensor());
 }
 
-int64_t row_bytes(const at::Tensor& t) {
-  int64_t elements = 1;
-  for (int64_t d = 1; d < t.dim(); ++d) elements *= t.size(d);
-  return elements * static_cast<int64_t>(t.element_size());
-}
-
-void check_rows(const at::Tensor& active, at::TensorList tensors) {
-  TORCH_CHECK(active.dim() == 1 && active.scalar_type() == at::kBool,
-              "compact: active must be a 1-D bool tensor, got ", active.scalar_type(), " ",
-              active.sizes());
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const at::Tensor& t = tensors[i];
-    TORCH_CHECK(t.layout() == at::kStrided && t.dim() >= 1 && t.size(0) == active.size(0) &&
-                    t.device() == active.device(),
-                "compact: tensors[", i, "] must be a dense tensor on ", active.device(), " with ",
-                active.size(0), " rows, got ", t.sizes(), " on ", t.device());
-  }
-}
-
 // Packs `out_rows` rows of every tensor by `index` (entries < 0 give zero rows).
 std::vector<at::Tensor> gather(at::TensorList tensors, const at::Tensor& index, int64_t out_rows,
                                cudaStream_t stream) {
@@ -120,7 +102,7 @@ std::vector<at::Tensor> gather(at::TensorList tensors, const at::Tensor& index, 
 }
 
 std::tuple<std::vector<at::Tensor>, at::Tensor> compact(const at::Tensor& active, at::TensorList tensors) {
-  check_rows(active, tensors);
+  check_compact_args(active, tensors);
   const c10::cuda::CUDAGuard guard(active.device());
   const at::Tensor flags = active.contiguous();
   const int64_t rows = flags.size(0);
@@ -138,7 +120,7 @@ std::tuple<std::vector<at::Tensor>, at::Tensor> compact(const at::Tensor& active
 std::tuple<std::vector<at::Tensor>, at::Tensor, at::Tensor> compact_fixed(const at::Tensor& active,
                                                                           int64_t capacity,
                                                                           at::TensorList tensors) {
-  check_rows(active, tensors);
+  check_compact_args(active, tensors);
   TORCH_CHECK(capacity >= 0, "compact_fixed: capacity must be >= 0, got ", capacity);
   const c10::cuda::CUDAGuard guard(active.device());
   const at::Tensor flags = active.contiguous();
@@ -152,14 +134,7 @@ std::tuple<std::vector<at::Tensor>, at::Tensor, at::Tensor> compact_fixed(const 
 }
 
 at::Tensor& scatter_back(const at::Tensor& index, const at::Tensor& packed, at::Tensor& out) {
-  TORCH_CHECK(index.dim() == 1 && index.scalar_type() == at::kLong,
-              "scatter_back: index must be a 1-D int64 tensor, got ", index.scalar_type(), " ",
-              index.sizes());
-  TORCH_CHECK(packed.dim() >= 1 && packed.size(0) == index.size(0) &&
-                  packed.scalar_type() == out.scalar_type() && out.dim() == packed.dim() &&
-                  packed.sizes().slice(1) == out.sizes().slice(1),
-              "scatter_back: packed must be [", index.size(0), ", *out.shape[1:]] of dtype ",
-              out.scalar_type(), ", got ", packed.scalar_type(), " ", packed.sizes());
+  check_scatter_back_args(index, packed, out);
   const c10::cuda::CUDAGuard guard(out.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const at::Tensor idx = index.contiguous(), src = packed.contiguous();
