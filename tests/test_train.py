@@ -56,11 +56,33 @@ def test_learning_rate_schedule(corpus, tmp_path):
     assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))
 
 
+def test_learning_rate_decays_by_max_time(corpus, tmp_path):
+    """With max_time the cosine follows the clock when it runs out before the steps."""
+    cfg = config(corpus, tmp_path, steps=1000, warmup=10, lr=1e-3, min_lr=1e-4, max_time=60.0)
+    assert learning_rate(5, cfg, seconds=30.0) == pytest.approx(6e-4)  # warmup is by steps
+    assert learning_rate(20, cfg, seconds=30.0) == pytest.approx(1e-4 + 0.5 * 9e-4)
+    assert learning_rate(20, cfg, seconds=60.0) == pytest.approx(1e-4)
+    assert learning_rate(1000, cfg, seconds=1.0) == pytest.approx(1e-4)  # steps ran out first
+
+
+def test_max_time_stops_and_checkpoints(corpus, tmp_path, monkeypatch):
+    clock = iter(range(10_000))  # every perf_counter call advances one second: a step takes one
+    monkeypatch.setattr("ddpd.training.trainer.time.perf_counter", lambda: float(next(clock)))
+    trainer = Trainer(config(corpus, tmp_path / "out", steps=20, max_time=3.0, eval_every=10))
+    history = trainer.train()
+    assert trainer.step == 3 and [h["step"] for h in history] == [0, 3]
+    _, saved = load_model(tmp_path / "out")
+    assert saved["step"] == 3
+    resumed = Trainer(config(corpus, tmp_path / "out", steps=20, max_time=3.0, eval_every=10), resume=True)
+    assert resumed.train_seconds == 3.0 and resumed.train() == history  # the clock is already spent
+
+
 @pytest.mark.parametrize("changes, message", [
     ({"kind": "gan"}, "kind must be one of"), ({"steps": 0}, "steps must be >= 1"),
     ({"lr": -1.0}, "lr must be > 0"), ({"ema": 1.0}, r"ema must be in \[0.0, 1.0\)"),
     ({"tokenizer": "gpt2"}, "needs tiktoken"), ({"schedule": "square"}, "schedule must be one of"),
-    ({"batch_size": 2.5}, "batch_size must be an int"), ({"min_lr": 1.0}, "min_lr must be in")])
+    ({"batch_size": 2.5}, "batch_size must be an int"), ({"min_lr": 1.0}, "min_lr must be in"),
+    ({"max_time": 0.0}, "max_time must be > 0")])
 def test_config_validation(corpus, tmp_path, changes, message):
     with pytest.raises((TypeError, ValueError), match=message):
         config(corpus, tmp_path, **changes)

@@ -32,6 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--data", help="text file (text8 format for --tokenizer text8) or hf:NAME[:CONFIG]")
     parser.add_argument("--out", required=True, help="checkpoint directory to write (or resume)")
     parser.add_argument("--steps", type=int, help="optimizer steps in total (default 1000)")
+    parser.add_argument("--max-time", dest="max_time", type=float, metavar="SECONDS",
+                        help="stop after this many seconds of training (evaluation and checkpoints excluded), "
+                             "with the learning-rate decay finished by then (default: no limit)")
     parser.add_argument("--batch-size", dest="batch_size", type=int, help="sequences per micro-batch and process")
     parser.add_argument("--seq-len", dest="seq_len", type=int, help="tokens per sequence (default 256)")
     parser.add_argument("--d-model", dest="d_model", type=int)

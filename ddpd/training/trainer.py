@@ -50,7 +50,7 @@ TOKENIZERS = ("text8", "gpt2")
 # settings that must not change when a run resumes, or it would not continue the same run
 RESUME_FIXED = ("kind", "data", "batch_size", "seq_len", "d_model", "n_layers", "n_heads", "dropout", "lr",
                 "min_lr", "warmup", "weight_decay", "grad_accum", "grad_clip", "ema", "seed", "tokenizer",
-                "tiktoken", "schedule", "steps")
+                "tiktoken", "schedule", "steps", "max_time")
 
 
 @dataclass
@@ -83,6 +83,10 @@ class TrainConfig:
     tiktoken: Optional[str] = None
     schedule: str = "linear"
     device: str = "auto"
+    # training seconds (evaluation and checkpoints excluded); None: no limit. The cosine
+    # decay follows whichever of steps and max_time runs out first, so a run cut by the
+    # clock still ends at final_lr (its step count then depends on the machine).
+    max_time: Optional[float] = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -106,6 +110,8 @@ class TrainConfig:
         for name, value, low, high in (("dropout", self.dropout, 0.0, 1.0), ("ema", self.ema, 0.0, 1.0)):
             if not low <= value < high:
                 raise ValueError(f"{name} must be in [{low}, {high}), got {value}")
+        if self.max_time is not None and not self.max_time > 0:
+            raise ValueError(f"max_time must be > 0 seconds, got {self.max_time}")
         if self.weight_decay < 0 or self.grad_clip < 0:
             raise ValueError(f"weight_decay and grad_clip must be >= 0, got {self.weight_decay}, {self.grad_clip}")
         get_schedule(self.schedule)
@@ -139,12 +145,15 @@ def _check_int(name: str, value, minimum: int) -> None:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
 
 
-def learning_rate(step: int, config: TrainConfig) -> float:
-    """Linear warmup over `warmup` steps to lr, then cosine decay to final_lr at `steps`."""
+def learning_rate(step: int, config: TrainConfig, seconds: float = 0.0) -> float:
+    """Linear warmup over `warmup` steps to lr, then cosine decay to final_lr at `steps`,
+    or at config.max_time training seconds (`seconds` so far) if that comes first."""
     if step < config.warmup:
         return config.lr * (step + 1) / config.warmup
     span = max(config.steps - config.warmup, 1)
     progress = min((step - config.warmup) / span, 1.0)
+    if config.max_time is not None:
+        progress = max(progress, min(seconds / config.max_time, 1.0))
     return config.final_lr + 0.5 * (config.lr - config.final_lr) * (1.0 + math.cos(math.pi * progress))
 
 
@@ -303,7 +312,7 @@ class Trainer:
             self._record(None)  # the untrained baseline
         bar = self._progress_bar(stop_at)
         losses: List[float] = []
-        while self.step < stop_at:
+        while self.step < stop_at and not self.out_of_time:
             started = time.perf_counter()
             losses.append(self._optimizer_step())
             self.step += 1
@@ -315,11 +324,19 @@ class Trainer:
             if self.step % config.eval_every == 0 or self.step == config.steps:
                 self._record(sum(losses) / len(losses))
                 losses = []
-            if self.step % config.save_every == 0 or self.step == stop_at:
+            if self.out_of_time and self.step % config.eval_every and self.step != config.steps:
+                self._record(sum(losses) / len(losses))  # the last losses of a run cut by the clock
+            if self.step % config.save_every == 0 or self.step == stop_at or self.out_of_time:
                 self.save()
         if bar is not None:
             bar.close()
+        if self.out_of_time:
+            self.log(f"stopped by max_time ({config.max_time:g} s of training) at step {self.step} of {config.steps}")
         return self.history
+
+    @property
+    def out_of_time(self) -> bool:
+        return self.config.max_time is not None and self.train_seconds >= self.config.max_time
 
     @property
     def tokens_per_second(self) -> float:
@@ -330,7 +347,7 @@ class Trainer:
     def _optimizer_step(self) -> float:
         config = self.config
         for group in self.optimizer.param_groups:
-            group["lr"] = learning_rate(self.step, config)
+            group["lr"] = learning_rate(self.step, config, self.train_seconds)
         self.network.train()
         total = 0.0
         for micro in range(config.grad_accum):
@@ -452,6 +469,7 @@ class Trainer:
             if self.ema is not None:  # model.safetensors holds the EMA; the raw weights go here
                 tensors.update({f"model.{name}": p.detach().clone() for name, p in self.model.state_dict().items()})
             meta = {"step": self.step, "world_size": self.dist.world_size, "history": self.history,
+                    "train_seconds": self.train_seconds, "train_tokens": self.train_tokens,
                     "optimizer_param_groups": optimizer["param_groups"]}
             save_checkpoint(self.config.out, self.exported, self.checkpoint_config(), (tensors, meta))
         if self.dist.world_size > 1:
@@ -489,6 +507,8 @@ class Trainer:
                                             "batches": int(tensors[prefix + "data.batches"])})
         self.step = meta["step"]
         self.history = meta["history"]
+        # the clock of max_time goes on where it stopped
+        self.train_seconds, self.train_tokens = meta.get("train_seconds", 0.0), meta.get("train_tokens", 0)
 
     def close(self) -> None:
         self.dist.close()
