@@ -73,6 +73,32 @@ def test_quality_command(setup, capsys):
     assert "wrote " in out
 
 
+def test_sweep_run_in_parts_merges_into_the_whole_sweep(setup, capsys):
+    p = setup
+    common = ["quality", "--planner", p["planner"], "--denoiser", p["mask-denoiser"], "--judge", p["ar"],
+              "--data", p["data"], "--steps", 2, 3, "--temperatures", 1.0, "--num-samples", 2,
+              "--reference-sequences", 3, "--no-progress"]
+    runs = {"whole": ["ddpd-A-mask", "dfm-eta0", "maskgit"], "part1": ["ddpd-A-mask"],
+            "part2": ["dfm-eta0", "maskgit"]}
+    for name, samplers in runs.items():
+        code, _, err = _run(capsys, *common, "--samplers", *samplers, "--out-dir", p["root"] / name)
+        assert code == 0, err
+    code, out, err = _run(capsys, "merge", p["root"] / "part1" / "sweep.csv", p["root"] / "part2" / "sweep.csv",
+                          "--out-dir", p["root"] / "merged")
+    assert code == 0, err
+    assert "| held-out text |" in out
+
+    def table(name):
+        with open(p["root"] / name / "sweep.csv") as f:
+            return [{k: v for k, v in row.items() if k != "sampling_seconds"} for row in csv.DictReader(f)]
+
+    assert table("merged") == table("whole") and len(table("whole")) == 1 + 3 * 2
+    assert (p["root"] / "merged" / "sweep.md").read_text() != ""
+    code, _, err = _run(capsys, "merge", p["root"] / "part1" / "sweep.csv", p["root"] / "whole" / "sweep.csv",
+                        "--out-dir", p["root"] / "twice")
+    assert code == 1 and "appears in more than one sweep" in err
+
+
 def test_convergence_command(setup, capsys):
     p = setup
     out_dir = p["root"] / "convergence"

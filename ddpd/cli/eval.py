@@ -5,6 +5,7 @@
     ddpd-eval quality --planner runs/planner --denoiser runs/mask --judge runs/ar \\
         --data ../shared/data/text8-mini/wiki.txt --steps 64 128 256 512 --temperatures 0.8 0.9 1.0 --out-dir q/
     ddpd-eval convergence --planner runs/planner --denoiser runs/mask --steps 512 --out-dir conv/
+    ddpd-eval merge q1/sweep.csv q2/sweep.csv --out-dir q/   # a sweep run in parts (--samplers)
 
 Checkpoints are directories written by ddpd-train (their kind is read from config.json);
 --denoiser takes mask and/or uniform denoisers. Every result is reproducible from --seed.
@@ -70,6 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reference-sequences", type=int, default=256,
                    help="held-out sequences scored as the reference point (needs --data)")
     p.add_argument("--out-dir", required=True)
+
+    p = sub.add_parser("merge", help="merge the sweep.csv files of a quality sweep run in parts")
+    p.add_argument("sweeps", nargs="+", metavar="CSV", help="sweep.csv files written by ddpd-eval quality")
+    p.add_argument("--out-dir", required=True, help="where to write the merged sweep.csv, sweep.md and sweep.png")
 
     p = sub.add_parser("convergence", help="noise left and stopped samples along the DDPD steps")
     _common(p, data_required=False)
@@ -281,6 +286,16 @@ def _report_paths(paths: Dict[str, Optional[str]]) -> None:
         print(f"ddpd-eval: plot skipped: {paths['plot_skipped']}", file=sys.stderr)
 
 
+def run_merge(args: argparse.Namespace) -> None:
+    from ddpd.eval import merge_sweeps, read_sweep, write_sweep
+    from ddpd.eval.quality import sweep_markdown
+
+    rows = merge_sweeps([read_sweep(path) for path in args.sweeps])
+    paths = write_sweep(rows, args.out_dir)
+    print(sweep_markdown(rows))
+    _report_paths(paths)
+
+
 # ---------------------------------------------------------------- convergence
 
 
@@ -320,7 +335,7 @@ def run_convergence(args: argparse.Namespace) -> None:
     _report_paths(paths)
 
 
-COMMANDS = {"elbo": run_elbo, "quality": run_quality, "convergence": run_convergence}
+COMMANDS = {"elbo": run_elbo, "quality": run_quality, "merge": run_merge, "convergence": run_convergence}
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -12,9 +12,12 @@ NLL versus entropy).
   layer does not depend on the sampling layer.
 - `write_sweep`: CSV, Markdown table and the NLL-versus-entropy plot (matplotlib,
   `pip install 'ddpd[eval]'`; without it the plot is skipped with a message).
+- `read_sweep`, `merge_sweeps`: sweep CSVs back into rows, and the parts of a sweep
+  run as several processes (each with its own --samplers) into one.
 """
 from __future__ import annotations
 
+import csv
 import math
 import os
 import time
@@ -186,3 +189,44 @@ def write_sweep(rows: List[dict], out_dir: str) -> Dict[str, Optional[str]]:
     except MissingDependency as err:
         paths["plot"], paths["plot_skipped"] = None, str(err)
     return paths
+
+
+def _parse_cell(text: str):
+    """A CSV cell back to what write_csv wrote: int, float, None (an empty cell) or str."""
+    if text == "":
+        return None
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def read_sweep(path: str) -> List[dict]:
+    """The rows of a sweep.csv written by write_sweep."""
+    with open(path, newline="", encoding="utf-8") as f:
+        rows = [{key: _parse_cell(value) for key, value in row.items()} for row in csv.DictReader(f)]
+    for row in rows:
+        if not isinstance(row.get("sampler"), str) or "judge_nll" not in row or "entropy" not in row:
+            raise ValueError(f"{path}: not a sweep CSV (needs sampler, judge_nll and entropy columns)")
+        if row["sampler"] == REFERENCE:
+            row["steps"] = row["temperature"] = ""
+    return rows
+
+
+def merge_sweeps(parts: Sequence[List[dict]]) -> List[dict]:
+    """One sweep from several: the first reference row, then every configuration row in
+    the order given. Raises ValueError when a configuration appears twice."""
+    reference, rows, seen = [], [], set()
+    for part in parts:
+        for row in part:
+            if row["sampler"] == REFERENCE:
+                reference = reference or [row]
+                continue
+            key = (row["sampler"], row["steps"], row["temperature"])
+            if key in seen:
+                raise ValueError(f"configuration {key} appears in more than one sweep")
+            seen.add(key)
+            rows.append(row)
+    return reference + rows
