@@ -99,6 +99,28 @@ def test_sweep_run_in_parts_merges_into_the_whole_sweep(setup, capsys):
     assert code == 1 and "appears in more than one sweep" in err
 
 
+def test_training_command_reports_the_runs(setup, tmp_path, capsys):
+    from ddpd.training.trainer import TrainConfig, Trainer
+
+    runs = []
+    for kind in ("planner", "ar"):
+        runs.append(str(tmp_path / kind))
+        Trainer(TrainConfig(kind=kind, data=setup["data"], out=runs[-1], steps=4, batch_size=4, seq_len=L,
+                            d_model=16, n_layers=1, n_heads=2, warmup=1, eval_every=2, eval_batches=1,
+                            save_every=4)).train()
+    code, out, err = _run(capsys, "training", *runs, "--out-dir", tmp_path / "report")
+    assert code == 0, err
+    assert "| planner |" in out and "| ar |" in out
+    with open(tmp_path / "report" / "training.json") as f:
+        rows = json.load(f)
+    assert [r["step"] for r in rows] == [4, 4] and [h["step"] for h in rows[0]["history"]] == [0, 2, 4]
+    assert rows[0]["final_val_loss"] == rows[0]["history"][-1]["val_loss"]
+    assert rows[0]["best_val_loss"] == min(h["val_loss"] for h in rows[0]["history"])
+    assert rows[0]["train_seconds"] > 0 and rows[0]["tokens_per_s"] > 0
+    code, _, err = _run(capsys, "training", setup["planner"])  # weights only, no training state
+    assert code == 1 and "no training state" in err
+
+
 def test_convergence_command(setup, capsys):
     p = setup
     out_dir = p["root"] / "convergence"

@@ -6,6 +6,7 @@
         --data ../shared/data/text8-mini/wiki.txt --steps 64 128 256 512 --temperatures 0.8 0.9 1.0 --out-dir q/
     ddpd-eval convergence --planner runs/planner --denoiser runs/mask --steps 512 --out-dir conv/
     ddpd-eval merge q1/sweep.csv q2/sweep.csv --out-dir q/   # a sweep run in parts (--samplers)
+    ddpd-eval training runs/planner runs/mask runs/ar --out-dir docs/   # what the training runs cost and reached
 
 Checkpoints are directories written by ddpd-train (their kind is read from config.json);
 --denoiser takes mask and/or uniform denoisers. Every result is reproducible from --seed.
@@ -75,6 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("merge", help="merge the sweep.csv files of a quality sweep run in parts")
     p.add_argument("sweeps", nargs="+", metavar="CSV", help="sweep.csv files written by ddpd-eval quality")
     p.add_argument("--out-dir", required=True, help="where to write the merged sweep.csv, sweep.md and sweep.png")
+
+    p = sub.add_parser("training", help="size, steps, time and losses of ddpd-train checkpoints")
+    p.add_argument("runs", nargs="+", metavar="DIR", help="checkpoint directories written by ddpd-train")
+    p.add_argument("--out-dir", help="also write training.md and training.json (with the loss histories) here")
 
     p = sub.add_parser("convergence", help="noise left and stopped samples along the DDPD steps")
     _common(p, data_required=False)
@@ -296,6 +301,21 @@ def run_merge(args: argparse.Namespace) -> None:
     _report_paths(paths)
 
 
+def run_training(args: argparse.Namespace) -> None:
+    from ddpd.eval.report import write_json, write_text
+    from ddpd.eval.training import training_markdown, training_rows
+
+    rows = training_rows(args.runs)
+    table = training_markdown(rows)
+    print(table)
+    if args.out_dir:
+        paths = {"markdown": os.path.join(args.out_dir, "training.md"),
+                 "json": os.path.join(args.out_dir, "training.json")}
+        write_text(table, paths["markdown"])
+        write_json(rows, paths["json"])
+        _report_paths(paths)
+
+
 # ---------------------------------------------------------------- convergence
 
 
@@ -335,7 +355,8 @@ def run_convergence(args: argparse.Namespace) -> None:
     _report_paths(paths)
 
 
-COMMANDS = {"elbo": run_elbo, "quality": run_quality, "merge": run_merge, "convergence": run_convergence}
+COMMANDS = {"elbo": run_elbo, "quality": run_quality, "merge": run_merge, "training": run_training,
+            "convergence": run_convergence}
 
 
 def main(argv: Optional[List[str]] = None) -> int:

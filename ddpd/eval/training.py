@@ -1,0 +1,57 @@
+"""What a set of training runs cost and reached: one row per ddpd-train checkpoint.
+
+Read from the checkpoint alone (config.json and the training state's history), so the
+table can be written wherever the runs finished: kind, size, batch, steps done, the
+training seconds and throughput, and the first, best and last validation losses.
+"""
+from __future__ import annotations
+
+import math
+from typing import List, Sequence
+
+from ddpd.checkpoint import load_train_state, read_config
+from ddpd.eval.report import markdown_table
+
+TRAINING_COLUMNS = (("kind", "Network", ""), ("parameters", "Parameters", ","), ("d_model", "d_model", ""),
+                    ("n_layers", "Layers", ""), ("n_heads", "Heads", ""), ("dropout", "Dropout", ""),
+                    ("batch_size", "Batch", ""), ("seq_len", "Length", ""), ("lr", "Peak LR", "g"),
+                    ("step", "Steps", ""), ("train_seconds", "Train seconds", ".0f"),
+                    ("tokens_per_s", "Tokens/s", ",.0f"), ("first_val_loss", "Val loss at 0", ".4f"),
+                    ("best_val_loss", "Best val loss", ".4f"), ("best_step", "at step", ""),
+                    ("final_train_loss", "Final train loss", ".4f"), ("final_val_loss", "Final val loss", ".4f"))
+
+
+def _parameters(config: dict) -> int:
+    from ddpd.models import build_model, count_parameters
+    from ddpd.models.config import TransformerConfig
+
+    return count_parameters(build_model(config["kind"], TransformerConfig.from_dict(config["model"])))
+
+
+def training_row(path: str) -> dict:
+    """The row of one checkpoint directory written by ddpd-train (with its training state)."""
+    config = read_config(path)
+    _, meta = load_train_state(path)
+    training, history = config.get("training", {}), meta.get("history", [])
+    validated = [h for h in history if h.get("val_loss") is not None and math.isfinite(h["val_loss"])]
+    best = min(validated, key=lambda h: h["val_loss"]) if validated else {}
+    trained = [h for h in history if h.get("train_loss") is not None]
+    seconds = meta.get("train_seconds", 0.0)
+    return {"kind": config["kind"], "parameters": _parameters(config),
+            **{k: training.get(k) for k in ("d_model", "n_layers", "n_heads", "dropout", "batch_size", "seq_len",
+                                              "lr", "steps", "max_time")},
+            "step": meta["step"], "train_seconds": seconds,
+            "tokens_per_s": meta.get("train_tokens", 0) / seconds if seconds else None,
+            "first_val_loss": validated[0]["val_loss"] if validated else None,
+            "best_val_loss": best.get("val_loss"), "best_step": best.get("step"),
+            "final_train_loss": trained[-1]["train_loss"] if trained else None,
+            "final_val_loss": validated[-1]["val_loss"] if validated else None,
+            "history": history}
+
+
+def training_rows(paths: Sequence[str]) -> List[dict]:
+    return [training_row(path) for path in paths]
+
+
+def training_markdown(rows: Sequence[dict]) -> str:
+    return markdown_table(rows, TRAINING_COLUMNS)
