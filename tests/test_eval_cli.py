@@ -50,6 +50,7 @@ def test_elbo_command_writes_reproducible_tables(setup, capsys):
         with open(p["root"] / name) as f:
             results.append(json.load(f))
     assert "| planner+mask-denoiser |" in out and "Denoising at alpha = 0.85" in out
+    assert (p["root"] / "b.md").read_text().strip() == out.strip()
     first, second = results
     assert [r["method"] for r in first["elbo"]] == ["uniform", "planner+uniform-denoiser", "planner+mask-denoiser",
                                                     "planner+mask-denoiser(true-mask)", "mask-diffusion"]

@@ -57,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mc-samples", type=int, default=1, help="Monte-Carlo samples per sequence")
     p.add_argument("--t-max", type=float, default=0.999, help="truncation time of the bound (default 0.999)")
     p.add_argument("--alpha", type=float, default=0.85, help="corruption level of the denoising table")
-    p.add_argument("--out", help="write the results as JSON here (Markdown is printed)")
+    p.add_argument("--out", help="write the results as JSON here, and the printed Markdown beside it (.md)")
 
     p = sub.add_parser("quality", help="judge NLL and unigram entropy of samples: sampler x steps x temperature")
     _common(p, data_required=False)
@@ -200,7 +200,7 @@ def _heldout(args: argparse.Namespace, loaded: Loaded, num: Optional[int]) -> to
 def run_elbo(args: argparse.Namespace) -> None:
     from ddpd.eval import evaluate_denoising, evaluate_elbo
     from ddpd.eval.likelihood import denoising_kinds, denoising_markdown, elbo_markdown
-    from ddpd.eval.report import write_json
+    from ddpd.eval.report import write_json, write_text
 
     loaded = load_models(args)
     models = _model_set(loaded)
@@ -209,15 +209,16 @@ def run_elbo(args: argparse.Namespace) -> None:
     elbo_rows = evaluate_elbo(models, sequences, mc_samples=args.mc_samples, t_max=args.t_max, **common)
     denoising_rows = evaluate_denoising(models, sequences, alpha=args.alpha, **common) \
         if denoising_kinds(models) else []
-    print(f"ELBO terms on {sequences.shape[0]} x {sequences.shape[1]} tokens of the {args.split} split "
-          f"(bits per token, lower is better; t_max={args.t_max}, {args.mc_samples} MC sample(s))\n")
-    print(elbo_markdown(elbo_rows))
+    report = (f"ELBO terms on {sequences.shape[0]} x {sequences.shape[1]} tokens of the {args.split} split "
+              f"(bits per token, lower is better; t_max={args.t_max}, {args.mc_samples} MC sample(s))\n\n"
+              + elbo_markdown(elbo_rows))
     if denoising_rows:
-        print(f"Denoising at alpha = {args.alpha}\n")
-        print(denoising_markdown(denoising_rows))
+        report += f"\nDenoising at alpha = {args.alpha}\n\n" + denoising_markdown(denoising_rows)
+    print(report)
     if args.out:
         settings = {k: v for k, v in vars(args).items() if k not in ("command", "progress")}
         write_json({"settings": settings, "elbo": elbo_rows, "denoising": denoising_rows}, args.out)
+        write_text(report, os.path.splitext(args.out)[0] + ".md")
 
 
 # ---------------------------------------------------------------- samplers
