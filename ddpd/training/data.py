@@ -122,10 +122,10 @@ def tokenizer_from_config(config: dict):
 
 
 def load_text(source: str) -> str:
-    """The text of a corpus: a local text file (read whole, through the `datasets`
-    "text" loader; one final line break is dropped), or `hf:NAME[:CONFIG]`, the
-    "text" column of a Hugging Face dataset's train split joined by line breaks
-    (needs a network or a local datasets cache)."""
+    """The text of a corpus: a local UTF-8 text file (read whole; one final line break
+    is dropped), or `hf:NAME[:CONFIG]`, the "text" column of a Hugging Face
+    dataset's train split joined by line breaks (through `datasets`; needs a network
+    or a local datasets cache). Local files need no `datasets` and write no cache."""
     if not isinstance(source, (str, os.PathLike)):
         raise TypeError(f"data source must be a path or 'hf:NAME', got {type(source).__name__}")
     source = os.fspath(source)
@@ -133,9 +133,8 @@ def load_text(source: str) -> str:
         return _load_hub_text(source[3:])
     if not os.path.isfile(source):
         raise FileNotFoundError(f"data file not found: {source}")
-    rows = _load_dataset_quietly("text", data_files=source, sample_by="document", split="train",
-                                 keep_in_memory=True)
-    text = rows[0]["text"] if len(rows) else ""
+    with open(source, encoding="utf-8") as f:
+        text = f.read()
     return text[:-1] if text.endswith("\n") else text
 
 
