@@ -66,6 +66,27 @@ def test_sweep_rows_are_batch_invariant_and_complete(judge):
     assert rows[0]["mean_steps"] == 1.0 and rows[0]["nfe"] == 4.0
 
 
+def test_sweep_reports_each_row_as_it_goes_and_scores_on_the_judge_device(judge):
+    seen = []
+    rows = run_sweep([_fake_sampler("a")], steps=[2, 4], temperatures=[1.0], num_samples=3, judge=judge,
+                     vocab_size=V, reference=torch.zeros(2, 16, dtype=torch.long),
+                     on_row=lambda so_far: seen.append(len(so_far)))
+    assert seen == [1, 2, 3] and len(rows) == 3
+
+    class MetaJudge(torch.nn.Module):
+        """Lives on the meta device: fails unless judge_nll moves the samples there."""
+
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.zeros(1, device="meta"))
+
+        def log_likelihood(self, x):
+            assert x.device == self.weight.device
+            return torch.zeros(x.shape[0])
+
+    assert judge_nll(MetaJudge(), torch.zeros(3, 4, dtype=torch.long)).tolist() == [0.0, 0.0, 0.0]
+
+
 def test_sweep_reference_row_and_outputs(judge, tmp_path):
     reference = torch.randint(0, V, (6, 16), generator=torch.Generator().manual_seed(4))
     rows = run_sweep([_fake_sampler("a")], steps=[2], temperatures=[1.0], num_samples=3, judge=judge,

@@ -263,6 +263,7 @@ def sampler_specs(loaded: Loaded, etas: List[float], eps: float, fused: bool = F
 def run_quality(args: argparse.Namespace) -> None:
     from ddpd.eval import run_sweep, write_sweep
     from ddpd.eval.quality import sweep_markdown
+    from ddpd.eval.report import write_csv
 
     loaded = load_models(args)
     if "judge" not in loaded.models:
@@ -276,10 +277,12 @@ def run_quality(args: argparse.Namespace) -> None:
     if unknown:
         raise ValueError(f"--samplers: {unknown} not available with these checkpoints; available: {list(available)}")
     reference = _heldout(args, loaded, args.reference_sequences) if args.data else None
+    partial = os.path.join(args.out_dir, "sweep.csv")  # rewritten after every configuration
     with torch.no_grad():
         rows = run_sweep([available[n] for n in names], steps=args.steps, temperatures=args.temperatures,
                          num_samples=args.num_samples, judge=loaded.models["judge"], vocab_size=loaded.vocab_size,
-                         seed=args.seed, batch_size=args.batch_size, reference=reference, progress=args.progress)
+                         seed=args.seed, batch_size=args.batch_size, reference=reference, progress=args.progress,
+                         on_row=lambda rows: write_csv(rows, partial))
     paths = write_sweep(rows, args.out_dir)
     print(sweep_markdown(rows))
     _report_paths(paths)

@@ -47,7 +47,11 @@ def judge_nll(judge, x: Tensor, batch_size: int = 64) -> Tensor:
     if not isinstance(x, Tensor) or x.dim() != 2 or x.dtype != torch.long:
         raise ValueError(f"x must be Long[N, D], got {getattr(x, 'dtype', type(x).__name__)} "
                          f"{tuple(getattr(x, 'shape', ()))}")
-    parts = [judge.log_likelihood(x[i:i + batch_size]).float() for i in range(0, x.shape[0], batch_size)]
+    # score where the judge lives (samples may have been gathered on the CPU)
+    device = next((p.device for p in judge.parameters()), x.device) if isinstance(judge, torch.nn.Module) \
+        else x.device
+    parts = [judge.log_likelihood(x[i:i + batch_size].to(device)).float().cpu()
+             for i in range(0, x.shape[0], batch_size)]
     return -torch.cat(parts) / x.shape[1]
 
 
@@ -107,11 +111,13 @@ def _sample(spec: SamplerSpec, num_samples: int, steps: int, temperature: float,
 
 def run_sweep(samplers: Sequence[SamplerSpec], *, steps: Sequence[int], temperatures: Sequence[float],
               num_samples: int, judge, vocab_size: int, seed: int = 0, batch_size: int = 64,
-              reference: Optional[Tensor] = None, progress: bool = False) -> List[dict]:
+              reference: Optional[Tensor] = None, progress: bool = False,
+              on_row: Optional[Callable[[List[dict]], None]] = None) -> List[dict]:
     """One row per (sampler, steps, temperature) with its quality metrics, the number of
     steps the samples took and the forward passes (planner + denoiser sequences
     evaluated) per sample; plus a row for the `reference` sequences (held-out text).
-    Every configuration uses the same seed (the same initial noise)."""
+    Every configuration uses the same seed (the same initial noise). on_row(rows so
+    far) is called after each row, so a caller can save the sweep as it goes."""
     if not samplers:
         raise ValueError("samplers: expected at least one SamplerSpec, got none")
     for spec in samplers:
@@ -128,6 +134,8 @@ def run_sweep(samplers: Sequence[SamplerSpec], *, steps: Sequence[int], temperat
     if reference is not None:
         rows.append({"sampler": REFERENCE, "steps": "", "temperature": "",
                      **quality_metrics(reference, judge, vocab_size, batch_size)})
+        if on_row is not None:
+            on_row(rows)
     configs = [(spec, s, t) for spec in samplers for s in steps for t in temperatures]
     for spec, s, t in tqdm(configs, desc="sweep", unit="config", disable=not progress):
         start = time.perf_counter()
@@ -136,6 +144,8 @@ def run_sweep(samplers: Sequence[SamplerSpec], *, steps: Sequence[int], temperat
         rows.append({"sampler": spec.name, "steps": s, "temperature": t,
                      **quality_metrics(tokens, judge, vocab_size, batch_size),
                      "mean_steps": mean_steps, "nfe": nfe, "sampling_seconds": seconds})
+        if on_row is not None:
+            on_row(rows)
     return rows
 
 
