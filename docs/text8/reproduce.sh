@@ -3,6 +3,7 @@
 #
 #   docs/text8/reproduce.sh train    # five networks on text8-mini/wiki.txt, all at once
 #   docs/text8/reproduce.sh eval     # ELBO, denoising, sample-quality sweep, convergence
+#                                    # (of the checkpoints in $RUNS, each in a process of its own)
 #   docs/text8/reproduce.sh bundle   # the float16 planner + mask denoiser bundle
 #   docs/text8/reproduce.sh all      # the three in turn
 #
@@ -94,13 +95,14 @@ train() {
     return $rc
 }
 
-# The sample-quality sweep runs as four processes, each over a group of samplers, and
+# The sample-quality sweep runs as eight processes, each over a group of samplers
+# (sampling is launch-bound at this size: the processes share one GPU well), and
 # ddpd-eval merge joins their tables.
 SWEEP_GROUPS=(
-    "ddpd-A-mask ddpd-AB-mask ddpd-ABC-mask tau-planned-mask"
-    "ddpd-A-uniform ddpd-AB-uniform ddpd-ABC-uniform tau-planned-uniform"
-    "ddpd-A-uniform-model ddpd-AB-uniform-model ddpd-ABC-uniform-model dfm-uni"
-    "dfm-eta0 dfm-eta15 maskgit"
+    "ddpd-A-mask ddpd-AB-mask" "ddpd-ABC-mask tau-planned-mask"
+    "ddpd-A-uniform ddpd-AB-uniform" "ddpd-ABC-uniform tau-planned-uniform"
+    "ddpd-A-uniform-model ddpd-AB-uniform-model" "ddpd-ABC-uniform-model dfm-uni"
+    "dfm-eta0 dfm-eta15" "maskgit"
 )
 
 evaluate() {
