@@ -149,3 +149,36 @@ def test_argparse_errors_are_one_line():
                           text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 2
     assert len(proc.stderr.strip().splitlines()) == 1 and "--sampler" in proc.stderr
+
+
+
+@pytest.mark.parametrize("fused", [[], ["--fused"]])
+def test_progress_bar_ticks_once_per_denoiser_pass(ckpts, monkeypatch, capsys, fused):
+    import tqdm.auto
+
+    bars = []
+
+    class Recorder(tqdm.auto.tqdm):
+        """Counts the ticks (update calls) and where the bar ended."""
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **{**kwargs, "disable": False})
+            self.ticks, self.disabled_by_cli = 0, kwargs.get("disable") is True
+            bars.append(self)
+
+        def update(self, n=1):
+            self.ticks += 1
+            return super().update(n)
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", Recorder)
+    argv = ["--checkpoint", ckpts["bundle"], "--steps", "12", "--num-samples", "4", "--batch-size", "2", "--quiet"]
+    assert main(argv + ["--option", "A+B", *fused]) == 0  # option B: every batch runs its 12 steps
+    bar = bars.pop()
+    assert (bar.total, bar.n, bar.ticks) == (24, 24, 24 + 2)  # 24 denoiser passes, then one advance per batch
+    assert not bar.disabled_by_cli
+    assert main(argv + ["--option", "A", "--eps", "0.9", *fused]) == 0  # option A may stop before the budget
+    bar = bars.pop()
+    assert bar.n == 24 and bar.ticks <= 24 + 2
+    assert main(argv + ["--no-progress", *fused]) == 0
+    assert bars.pop().disabled_by_cli
+    capsys.readouterr()

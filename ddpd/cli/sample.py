@@ -32,6 +32,7 @@ The summary line on stderr gives samples/s, forward passes, row-evaluations run
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import math
@@ -80,6 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="write the samples to this JSONL file")
     p.add_argument("--device", default="auto", help="auto (default), cpu, cuda or cuda:N")
     p.add_argument("--quiet", action="store_true", help="do not print the samples")
+    p.add_argument("--no-progress", dest="progress", action="store_false",
+                   help="no progress bar (shown on a terminal: one tick per denoiser pass)")
     p.add_argument("--fused", action="store_true",
                    help="fused path: ops kernels, head at the denoised positions only, early-stop compaction "
                         "(same samples as without)")
@@ -291,10 +294,11 @@ def run(args) -> int:
         # 2 s, once per process); like model loading, keep it out of samples/s.
         importlib.import_module("torch._dynamo")
     start = time.perf_counter()
-    with torch.inference_mode():
-        for first in range(0, args.num_samples, args.batch_size):
+    with torch.inference_mode(), _progress(args, models) as advance:
+        for batch, first in enumerate(range(0, args.num_samples, args.batch_size)):
             n = min(args.batch_size, args.num_samples - first)
             result = sample(n, PhiloxNoise(args.seed, first_row=first))
+            advance((batch + 1) * args.steps)  # a batch that stopped early ends its share of the bar
             for key in calls:
                 calls[key] += getattr(result, key)
             for row in range(n):
@@ -314,6 +318,36 @@ def run(args) -> int:
     print(f"ddpd-sample: {args.num_samples} samples of {args.length} tokens in {elapsed:.2f} s ({rate:.2f} samples/s)"
           f"{', fused' if args.fused else ''}; forward passes: {passes}", file=sys.stderr)
     return 0
+
+
+@contextlib.contextmanager
+def _progress(args, models: Models):
+    """A progress bar over the step budget of every batch, ticked by each forward pass
+    of the denoiser (one per step in every sampler); yields advance(to) for the end of a
+    batch. tqdm shows it on a terminal only, or never with --no-progress."""
+    from tqdm.auto import tqdm
+
+    batches = -(-args.num_samples // args.batch_size)
+    bar = tqdm(total=args.steps * batches, desc="ddpd-sample", unit="step", leave=False,
+               disable=None if args.progress else True)
+    network = models.denoiser if models.denoiser is not None else models.planner
+    embed = getattr(getattr(network, "backbone", None), "embed", None)
+
+    def tick(*_) -> None:  # a forward hook must return None, or it replaces the output
+        bar.update(1)
+
+    # every forward pass of a ddpd network (forward or hidden) embeds its tokens once
+    hook = embed.register_forward_hook(tick) if isinstance(embed, torch.nn.Module) else None
+
+    def advance(to: int) -> None:
+        bar.update(max(to - bar.n, 0))
+
+    try:
+        yield advance
+    finally:
+        if hook is not None:
+            hook.remove()
+        bar.close()
 
 
 def _write_jsonl(path: str, records: List[dict]) -> None:
