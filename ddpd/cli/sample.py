@@ -9,10 +9,9 @@
 
 --checkpoint is a sampling bundle (planner/ and denoiser/ checkpoints) or a single
 checkpoint written by ddpd-train. With none of --checkpoint/--planner/--denoiser the
-default bundle of ddpd.pretrained is used (a text8 planner + mask denoiser shipped
-with the package — this version ships none yet, see docs/pretrained.md — or the
-bundle in $DDPD_PRETRAINED_DIR), with 256 characters, --steps 512 and
---num-samples 4 unless given. Which sampler a set of models supports:
+default bundle of ddpd.pretrained is used (the text8 planner + mask denoiser shipped
+with the package, see docs/pretrained.md, or the bundle in $DDPD_PRETRAINED_DIR),
+with 256 characters, --steps 512 and --num-samples 4 unless given. Which sampler a set of models supports:
   ddpd:        planner + uniform-denoiser or mask-denoiser; or one uniform model
   tau-leaping: one mask-denoiser (DFM, --eta); one uniform model (DFM-Uni);
                planner + uniform-denoiser or mask-denoiser (P x D)

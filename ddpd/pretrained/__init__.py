@@ -9,9 +9,10 @@ package as
 a sampling bundle like any other (see ddpd.checkpoint): a planner (no time input,
 p(z^d = N | x_t) of the paper's planner) and a mask denoiser
 (p(x_1^d | x_t, x_t^d = M)), trained on character-level text8-format text with
-sequences of 256 characters and the linear schedule. This version ships the
-machinery but no weights yet: default_bundle() then raises BundleNotFoundError.
-The training recipe is in docs/pretrained.md.
+sequences of 256 characters and the linear schedule, stored as float16 (16.3 MB).
+default_bundle() raises BundleNotFoundError when the files are missing (a source
+tree without them). How it was trained and how it scores: docs/pretrained.md and
+docs/text8/.
 
     from ddpd.pretrained import default_bundle
     from ddpd.checkpoint import load_bundle
@@ -104,6 +105,19 @@ def check_bundle_configs(configs: dict) -> None:
         raise ValueError(f"default bundle: planner and denoiser must share the schedule, got {schedules}")
 
 
+def _portable(config: dict) -> dict:
+    """The config without the paths of the machine that trained it: the corpus by file
+    name (a shipped bundle names its training data, not a directory), no output path."""
+    training = dict(config.get("training") or {})
+    if not training:
+        return config
+    data = training.get("data")
+    if isinstance(data, str) and not data.startswith("hf:"):
+        training["data"] = os.path.basename(data)
+    training.pop("out", None)
+    return {**config, "training": training}
+
+
 def install_bundle(planner: str, denoiser: str, dest: Optional[str] = None, dtype: str = "float32") -> str:
     """Write the default bundle at `dest` (default: the packaged ddpd/pretrained/text8)
     from a planner and a mask-denoiser checkpoint, weights (stored as `dtype`, one of
@@ -123,7 +137,7 @@ def install_bundle(planner: str, denoiser: str, dest: Optional[str] = None, dtyp
         model, config = load_model(path)
         model.to(getattr(torch, dtype))
         # The digests are recomputed on save; the training checkpoint's also name its optimizer state.
-        models[role] = (model, {k: v for k, v in config.items() if k != "sha256"})
+        models[role] = (model, _portable({k: v for k, v in config.items() if k != "sha256"}))
     check_bundle_configs({role: config for role, (_, config) in models.items()})
     with tempfile.TemporaryDirectory() as scratch:
         save_bundle(os.path.join(scratch, "bundle"), *models["planner"], *models["denoiser"])
