@@ -35,7 +35,8 @@ REFERENCE = "held-out text"
 SWEEP_COLUMNS = (("sampler", "Sampler", ""), ("steps", "Steps", ""), ("temperature", "Temperature", ""),
                  ("judge_nll", "Judge NLL (nats/token)", ".4f"), ("judge_nll_se", "± s.e.", ".4f"),
                  ("entropy", "Unigram entropy (bits)", ".3f"), ("entropy_se", "± s.e.", ".3f"),
-                 ("mean_steps", "Steps taken", ".1f"), ("nfe", "Forward passes / sample", ".1f"))
+                 ("mean_steps", "Steps taken", ".1f"), ("nfe", "Forward passes / sample", ".1f"),
+                 ("num_samples", "Samples", ""))
 
 @torch.no_grad()
 def judge_nll(judge, x: Tensor, batch_size: int = 64) -> Tensor:
@@ -154,36 +155,56 @@ def sweep_markdown(rows: List[dict]) -> str:
 
 
 def plot_quality(rows: List[dict], path: str) -> None:
-    """Judge NLL versus unigram entropy: one line per (sampler, temperature) through its
-    step budgets (colour: sampler, line style: temperature), the reference as a star.
-    Raises MissingDependency without matplotlib."""
+    """Judge NLL versus unigram entropy, one panel per step budget (the comparison at a
+    matched budget): in each, one line per sampler through its temperatures (labelled),
+    the reference as a star, like the paper's text8 figure. Raises MissingDependency
+    without matplotlib."""
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7, 5))
-    series: Dict[tuple, list] = {}
-    for row in rows:
-        if row["sampler"] == REFERENCE:
-            ax.scatter([row["entropy"]], [row["judge_nll"]], marker="*", s=200, color="black", label=REFERENCE,
-                       zorder=3)
-        else:
-            series.setdefault((row["sampler"], row["temperature"]), []).append(row)
-    names = list(dict.fromkeys(name for name, _ in series))
-    temperatures = sorted({t for _, t in series})
+    reference = [r for r in rows if r["sampler"] == REFERENCE]
+    runs = [r for r in rows if r["sampler"] != REFERENCE]
+    budgets = sorted({r["steps"] for r in runs})
+    names = list(dict.fromkeys(r["sampler"] for r in runs))
+    columns = min(len(budgets), 2) or 1
+    panels = max(len(budgets), 1)
+    fig, axes = plt.subplots((panels + columns - 1) // columns, columns, figsize=(6 * columns, 4.5 * (
+        (panels + columns - 1) // columns)), squeeze=False)
     colors = plt.get_cmap("tab20")
-    styles = ["-", "--", ":", "-."]
-    for (name, temperature), points in series.items():
-        points.sort(key=lambda r: r["steps"])
-        ax.plot([p["entropy"] for p in points], [p["judge_nll"] for p in points], marker="o", markersize=3,
-                color=colors(names.index(name) % 20), linestyle=styles[temperatures.index(temperature) % 4],
-                label=f"{name} T={temperature:g}")
-        for p in points:
-            ax.annotate(str(p["steps"]), (p["entropy"], p["judge_nll"]), fontsize=6, alpha=0.6)
-    ax.set_xlabel("unigram entropy per sample (bits)")
-    ax.set_ylabel("judge NLL (nats per token)")
-    ax.legend(fontsize=6, ncol=2)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
+    for ax, budget in zip(axes.flat, budgets):
+        for name in names:
+            points = sorted((r for r in runs if r["sampler"] == name and r["steps"] == budget),
+                            key=lambda r: r["temperature"])
+            if not points:
+                continue
+            ax.plot([p["entropy"] for p in points], [p["judge_nll"] for p in points], marker=_marker(name),
+                    markersize=4, color=colors(names.index(name) % 20), label=name)
+            for p in points:
+                ax.annotate(f"{p['temperature']:g}", (p["entropy"], p["judge_nll"]), fontsize=5, alpha=0.6)
+        for row in reference:
+            ax.scatter([row["entropy"]], [row["judge_nll"]], marker="*", s=150, color="black", label=REFERENCE,
+                       zorder=3)
+        ax.set_title(f"{budget} steps", fontsize=9)
+        ax.set_xlabel("unigram entropy per sample (bits)", fontsize=8)
+        ax.set_ylabel("judge NLL (nats per token)", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(budgets):]:
+        ax.axis("off")
+    handles = {}
+    for ax in axes.flat:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, handle)
+    fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=4, fontsize=7, frameon=False)
+    fig.tight_layout(rect=(0, 0.04 + 0.025 * ((len(handles) + 3) // 4), 1, 1))
     fig.savefig(path, dpi=150)
     plt.close(fig)
+
+
+def _marker(sampler: str) -> str:
+    """One marker per family: DDPD Gillespie, planned tau-leaping, DFM tau-leaping, MaskGIT."""
+    for prefix, marker in (("ddpd-", "o"), ("tau-planned", "s"), ("dfm", "^"), ("maskgit", "D")):
+        if sampler.startswith(prefix):
+            return marker
+    return "."
 
 
 def write_sweep(rows: List[dict], out_dir: str) -> Dict[str, Optional[str]]:
