@@ -2,20 +2,22 @@
 # Reproduces docs/text8/: the text8 models of ddpd and every evaluation of them.
 #
 #   docs/text8/reproduce.sh train    # five networks on text8-mini/wiki.txt, all at once
+#   docs/text8/reproduce.sh export   # their weights as float16, without training state
 #   docs/text8/reproduce.sh eval     # ELBO, denoising, sample-quality sweep, convergence
-#                                    # (of the checkpoints in $RUNS, each in a process of its own)
-#   docs/text8/reproduce.sh bundle   # the float16 planner + mask denoiser bundle
-#   docs/text8/reproduce.sh all      # the three in turn
+#                                    # (of the float16 copies, each in a process of its own)
+#   docs/text8/reproduce.sh bundle   # the default bundle: float16 planner + mask denoiser
+#   docs/text8/reproduce.sh all      # the four in turn
 #
 # Run from anywhere with ddpd installed (`pip install -e .`). The networks train as
 # concurrent processes (on one GPU they share it; on a CPU give each a thread with
 # OMP_NUM_THREADS=1). Every tool is the package's own: ddpd-train, ddpd-eval,
 # python -m ddpd.pretrained, ddpd-sample. Settings, from the environment:
 #   DATA           text8-format corpus (default ../shared/data/text8-mini/wiki.txt)
-#   RUNS           checkpoints and logs (default runs/text8)
+#   RUNS           checkpoints and logs (default runs/text8); the float16 copies go to
+#                  $RUNS/float16, which is what eval and bundle read
 #   RESULTS        tables and plots (default docs/text8)
 #   BUNDLE         where `bundle` writes (default ddpd/pretrained/text8, the default model)
-#   TRAIN_SECONDS  training seconds per network (ddpd-train --max-time; default 200)
+#   TRAIN_SECONDS  training seconds per network (ddpd-train --max-time; default 180)
 #   STEPS          step ceiling per network (default 20000: the clock ends the runs)
 #   SAMPLES        samples per sweep configuration (default 64)
 #   SWEEP_STEPS    step budgets of the sweep (default "64 128 256 512")
@@ -32,7 +34,7 @@ DATA=${DATA:-$ROOT/../shared/data/text8-mini/wiki.txt}
 RUNS=${RUNS:-$ROOT/runs/text8}
 RESULTS=${RESULTS:-$ROOT/docs/text8}
 BUNDLE=${BUNDLE:-$ROOT/ddpd/pretrained/text8}
-TRAIN_SECONDS=${TRAIN_SECONDS:-200}
+TRAIN_SECONDS=${TRAIN_SECONDS:-180}
 STEPS=${STEPS:-20000}
 SAMPLES=${SAMPLES:-64}
 SWEEP_STEPS=${SWEEP_STEPS:-64 128 256 512}
@@ -105,9 +107,24 @@ SWEEP_GROUPS=(
     "dfm-eta0 dfm-eta15" "maskgit"
 )
 
+# float16 copies of the weights (and configs), the precision the bundle ships in, so that
+# every evaluation scores the weights users get.
+export_float16() {
+    $PY - "$RUNS" "${ORDER[@]}" <<'PY'
+import os, sys
+from ddpd.checkpoint import load_model, save_checkpoint
+runs, kinds = sys.argv[1], sys.argv[2:]
+for kind in kinds:
+    model, config = load_model(os.path.join(runs, kind))
+    save_checkpoint(os.path.join(runs, "float16", kind), model.half(), {k: v for k, v in config.items() if k != "sha256"})
+    print(f"wrote {os.path.join(runs, 'float16', kind)}")
+PY
+}
+
 evaluate() {
-    mkdir -p "$RESULTS" "$RUNS"
-    local r=$RUNS models pids=() i parts=()
+    local r=$RUNS/float16 models pids=() i parts=()
+    [ -d "$r" ] || { echo "reproduce: no float16 copies in $r: run export first" >&2; return 1; }
+    mkdir -p "$RESULTS"
     models=(--planner "$r/planner" --denoiser "$r/mask-denoiser" "$r/uniform-denoiser" --uniform "$r/uniform")
     job elbo $PY -m ddpd.cli.eval elbo "${models[@]}" --data "$DATA" --split test --num-sequences 256 \
         --mc-samples 4 --batch-size 64 --seed 0 --device "$DEVICE" --no-progress --out "$RESULTS/elbo.json" &
@@ -117,9 +134,9 @@ evaluate() {
         job "quality-$i" $PY -m ddpd.cli.eval quality "${models[@]}" --judge "$r/ar" --data "$DATA" --split test \
             --samplers ${SWEEP_GROUPS[$i]} --steps $SWEEP_STEPS --temperatures $TEMPERATURES \
             --num-samples "$SAMPLES" --batch-size "$SAMPLES" --reference-sequences 256 --seed 0 \
-            --device "$DEVICE" --no-progress --out-dir "$r/quality-$i" &
+            --device "$DEVICE" --no-progress --out-dir "$RUNS/quality-$i" &
         pids+=($!)
-        parts+=("$r/quality-$i/sweep.csv")
+        parts+=("$RUNS/quality-$i/sweep.csv")
     done
     for i in mask uniform; do
         job "convergence-$i" $PY -m ddpd.cli.eval convergence --planner "$r/planner" --denoiser "$r/$i-denoiser" \
@@ -134,7 +151,8 @@ evaluate() {
 }
 
 bundle() {
-    $PY -m ddpd.pretrained "$RUNS/planner" "$RUNS/mask-denoiser" --dest "$BUNDLE" --dtype float16 || return 1
+    $PY -m ddpd.pretrained "$RUNS/float16/planner" "$RUNS/float16/mask-denoiser" --dest "$BUNDLE" \
+        --dtype float16 || return 1
     mkdir -p "$RESULTS"
     # what the bundle prints with no other argument than its location
     DDPD_PRETRAINED_DIR=$BUNDLE $PY -m ddpd.cli.sample --seed 0 --device "$DEVICE" --out "$RESULTS/samples.jsonl"
@@ -142,8 +160,9 @@ bundle() {
 
 case "${1:-}" in
     train) train ;;
+    export) export_float16 ;;
     eval) evaluate ;;
     bundle) bundle ;;
-    all) train && evaluate && bundle ;;
-    *) echo "usage: $0 train|eval|bundle|all" >&2; exit 2 ;;
+    all) train && export_float16 && evaluate && bundle ;;
+    *) echo "usage: $0 train|export|eval|bundle|all" >&2; exit 2 ;;
 esac
