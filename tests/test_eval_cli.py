@@ -100,6 +100,27 @@ def test_sweep_run_in_parts_merges_into_the_whole_sweep(setup, capsys):
     assert code == 1 and "appears in more than one sweep" in err
 
 
+def test_compare_command(setup, capsys):
+    p = setup
+    code, _, err = _run(capsys, "quality", "--planner", p["planner"], "--denoiser", p["mask-denoiser"],
+                        "--judge", p["ar"], "--samplers", "ddpd-A-mask", "dfm-eta0", "maskgit", "--steps", 2, 3,
+                        "--temperatures", 0.8, 1.0, "--num-samples", 2, "--out-dir", p["root"] / "cmp",
+                        "--no-progress")
+    assert code == 0, err
+    sweep = p["root"] / "cmp" / "sweep.csv"
+    code, out, err = _run(capsys, "compare", sweep, "--out", p["root"] / "cmp" / "compare.md")
+    assert code == 0, err
+    lines = [line for line in out.splitlines() if line.startswith("| ") and "Steps" not in line]
+    # every budget x baseline (dfm-eta0, maskgit) x sampler (ddpd-A-mask)
+    assert [line.split(" | ")[:3] for line in lines] == [["| 2", "ddpd-A-mask", "dfm-eta0"],
+                                                          ["| 2", "ddpd-A-mask", "maskgit"],
+                                                          ["| 3", "ddpd-A-mask", "dfm-eta0"],
+                                                          ["| 3", "ddpd-A-mask", "maskgit"]]
+    assert (p["root"] / "cmp" / "compare.md").read_text() in out + "\n"
+    code, _, err = _run(capsys, "compare", sweep, "--baselines", "dfm-eta15")
+    assert code == 1 and "not there: ['dfm-eta15']" in err
+
+
 def test_training_command_reports_the_runs(setup, tmp_path, capsys):
     from ddpd.training.trainer import TrainConfig, Trainer
 

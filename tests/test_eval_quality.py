@@ -183,3 +183,29 @@ def test_stopped_fraction_and_convergence_outputs(tmp_path):
     paths = write_convergence(rows, str(tmp_path))
     with open(paths["csv"]) as f:
         assert len(list(csv.DictReader(f))) == 5
+
+
+def _curve(name, steps, points):
+    return [{"sampler": name, "steps": steps, "temperature": t, "entropy": e, "judge_nll": n}
+            for t, (e, n) in zip((0.8, 0.9, 1.0), points)]
+
+
+def test_matched_entropy_interpolates_and_never_extrapolates():
+    from ddpd.eval.quality import matched_entropy
+
+    rows = (_curve("ddpd", 512, [(3.90, 2.0), (4.00, 2.2), (4.10, 2.6)])
+            + _curve("dfm", 512, [(3.95, 2.3), (4.05, 2.3), (4.30, 3.0)]))
+    result = matched_entropy(rows, "ddpd", "dfm", 512)
+    # at 3.95 the curve is 2.1 (0.2 below), at 4.05 it is 2.4 (0.1 above); 4.30 lies past its end and no
+    # ddpd point is better or worse on both axes there
+    assert result["better"] == 1 and result["worse"] == 1 and result["undecided"] == 1
+    assert result["verdict"] == "mixed" and result["matched"] == 2
+    assert result["nll_difference"] == pytest.approx((-0.2 + 0.1) / 2)
+    # past the ends: a point with more entropy and less NLL is better on both axes
+    rows += _curve("far", 512, [(4.4, 2.0), (4.5, 2.1), (4.6, 2.2)])
+    far = matched_entropy(rows, "far", "dfm", 512)
+    assert far["verdict"] == "lower" and far["better"] == 3 and far["matched"] == 0
+    assert far["nll_difference"] is None
+    assert matched_entropy(rows, "far", "ddpd", 512)["verdict"] == "lower"
+    assert matched_entropy(rows, "ddpd", "far", 512)["verdict"] == "higher"
+    assert matched_entropy(rows, "ddpd", "dfm", 256) is None

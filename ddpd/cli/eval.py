@@ -7,6 +7,7 @@
     ddpd-eval convergence --planner runs/planner --denoiser runs/mask --steps 512 --out-dir conv/
     ddpd-eval merge q1/sweep.csv q2/sweep.csv --out-dir q/   # a sweep run in parts (--samplers)
     ddpd-eval training runs/planner runs/mask runs/ar --out-dir docs/   # what the training runs cost and reached
+    ddpd-eval compare q/sweep.csv --baselines dfm-eta0 dfm-eta15   # NLL differences at matched entropy
 
 Checkpoints are directories written by ddpd-train (their kind is read from config.json);
 --denoiser takes mask and/or uniform denoisers. Every result is reproducible from --seed.
@@ -76,6 +77,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("merge", help="merge the sweep.csv files of a quality sweep run in parts")
     p.add_argument("sweeps", nargs="+", metavar="CSV", help="sweep.csv files written by ddpd-eval quality")
     p.add_argument("--out-dir", required=True, help="where to write the merged sweep.csv, sweep.md and sweep.png")
+
+    p = sub.add_parser("compare", help="judge NLL of samplers minus baselines at matched entropy, per step budget")
+    p.add_argument("sweep", metavar="CSV", help="a sweep.csv written by ddpd-eval quality or merge")
+    p.add_argument("--samplers", nargs="+", help="default: every ddpd-* and tau-planned-* sampler in the sweep")
+    p.add_argument("--baselines", nargs="+", help="default: every dfm-* sampler and maskgit in the sweep")
+    p.add_argument("--out", help="also write the Markdown table here")
 
     p = sub.add_parser("training", help="size, steps, time and losses of ddpd-train checkpoints")
     p.add_argument("runs", nargs="+", metavar="DIR", help="checkpoint directories written by ddpd-train")
@@ -305,6 +312,29 @@ def run_merge(args: argparse.Namespace) -> None:
     _report_paths(paths)
 
 
+def run_compare(args: argparse.Namespace) -> None:
+    from ddpd.eval import read_sweep
+    from ddpd.eval.quality import REFERENCE, compare_markdown, matched_entropy
+    from ddpd.eval.report import write_text
+
+    rows = [r for r in read_sweep(args.sweep) if r["sampler"] != REFERENCE]
+    present = list(dict.fromkeys(r["sampler"] for r in rows))
+    samplers = args.samplers or [n for n in present if n.startswith(("ddpd-", "tau-planned-"))]
+    baselines = args.baselines or [n for n in present if n.startswith("dfm-") or n == "maskgit"]
+    unknown = [n for n in samplers + baselines if n not in present]
+    if unknown or not samplers or not baselines:
+        raise ValueError(f"compare: samplers {samplers} and baselines {baselines} must be non-empty and in the "
+                         f"sweep; not there: {unknown}; the sweep has {present}")
+    budgets = sorted({r["steps"] for r in rows})
+    table = [c for steps in budgets for b in baselines for s in samplers
+             if (c := matched_entropy(rows, s, b, steps)) is not None]
+    text = compare_markdown(table)
+    print(text)
+    if args.out:
+        write_text(text, args.out)
+        print(f"wrote {args.out}")
+
+
 def run_training(args: argparse.Namespace) -> None:
     from ddpd.eval.report import write_json, write_text
     from ddpd.eval.training import training_markdown, training_rows
@@ -359,7 +389,8 @@ def run_convergence(args: argparse.Namespace) -> None:
     _report_paths(paths)
 
 
-COMMANDS = {"elbo": run_elbo, "quality": run_quality, "merge": run_merge, "training": run_training,
+COMMANDS = {"elbo": run_elbo, "quality": run_quality, "merge": run_merge, "compare": run_compare,
+            "training": run_training,
             "convergence": run_convergence}
 
 

@@ -14,6 +14,8 @@ NLL versus entropy).
   `pip install 'ddpd[eval]'`; without it the plot is skipped with a message).
 - `read_sweep`, `merge_sweeps`: sweep CSVs back into rows, and the parts of a sweep
   run as several processes (each with its own --samplers) into one.
+- `matched_entropy`: the judge NLL of one sampler minus another's at the same entropy
+  and step budget (the comparison the paper's NLL-versus-entropy figure makes by eye).
 """
 from __future__ import annotations
 
@@ -261,3 +263,62 @@ def merge_sweeps(parts: Sequence[List[dict]]) -> List[dict]:
             seen.add(key)
             rows.append(row)
     return reference + rows
+
+
+COMPARE_COLUMNS = (("steps", "Steps", ""), ("sampler", "Sampler", ""), ("baseline", "Baseline", ""),
+                   ("verdict", "Judge NLL vs baseline", ""), ("better", "better", ""), ("worse", "worse", ""),
+                   ("undecided", "undecided", ""),
+                   ("nll_difference", "NLL difference at matched entropy (nats/token)", "+.3f"),
+                   ("matched", "matched points", ""))
+
+
+def _nll_between(points: List[dict], entropy: float) -> Optional[float]:
+    """The NLL of the piecewise-linear curve through `points` (sorted by entropy) at
+    `entropy`, or None outside the points' entropy range (no extrapolation)."""
+    for a, b in zip(points, points[1:]):
+        if a["entropy"] <= entropy <= b["entropy"] and b["entropy"] > a["entropy"]:
+            w = (entropy - a["entropy"]) / (b["entropy"] - a["entropy"])
+            return a["judge_nll"] + w * (b["judge_nll"] - a["judge_nll"])
+    exact = [p["judge_nll"] for p in points if p["entropy"] == entropy]
+    return exact[0] if exact else None
+
+
+def matched_entropy(rows: List[dict], sampler: str, baseline: str, steps: int) -> Optional[dict]:
+    """Judge NLL of `sampler` against `baseline` at one step budget, at matched unigram
+    entropy. Each temperature sweep is a curve NLL(entropy). A baseline point counts as
+    'better' for the sampler when the sampler's curve passes below it at the same
+    entropy (interpolated, never extrapolated) or, outside the curve's range, when a
+    sampler point has at least its entropy and at most its NLL (better on both axes);
+    'worse' in the mirror cases; else 'undecided'. The verdict is 'lower' or 'higher'
+    when every decided point agrees, 'mixed' otherwise, 'not comparable' with none
+    decided; nll_difference is the mean difference over the interpolated points. None
+    when either sampler has no row at this budget."""
+    def points(name):
+        return sorted((r for r in rows if r["sampler"] == name and r["steps"] == steps), key=lambda r: r["entropy"])
+
+    ours, theirs = points(sampler), points(baseline)
+    if not ours or not theirs:
+        return None
+    counts, differences = {"better": 0, "worse": 0, "undecided": 0}, []
+    for b in theirs:
+        nll = _nll_between(ours, b["entropy"])
+        if nll is not None:
+            differences.append(nll - b["judge_nll"])
+            outcome = "better" if nll < b["judge_nll"] else "worse" if nll > b["judge_nll"] else "undecided"
+        elif any(p["entropy"] >= b["entropy"] and p["judge_nll"] <= b["judge_nll"] for p in ours):
+            outcome = "better"
+        elif any(p["entropy"] <= b["entropy"] and p["judge_nll"] >= b["judge_nll"] for p in ours):
+            outcome = "worse"
+        else:
+            outcome = "undecided"
+        counts[outcome] += 1
+    decided = counts["better"] + counts["worse"]
+    verdict = ("not comparable" if not decided else "lower" if not counts["worse"] else
+               "higher" if not counts["better"] else "mixed")
+    return {"steps": steps, "sampler": sampler, "baseline": baseline, "verdict": verdict, **counts,
+            "nll_difference": sum(differences) / len(differences) if differences else None,
+            "matched": len(differences)}
+
+
+def compare_markdown(rows: List[dict]) -> str:
+    return markdown_table(rows, COMPARE_COLUMNS)
