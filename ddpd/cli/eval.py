@@ -390,8 +390,7 @@ def run_convergence(args: argparse.Namespace) -> None:
 
 
 COMMANDS = {"elbo": run_elbo, "quality": run_quality, "merge": run_merge, "compare": run_compare,
-            "training": run_training,
-            "convergence": run_convergence}
+            "training": run_training, "convergence": run_convergence}
 
 
 def main(argv: Optional[List[str]] = None) -> int:

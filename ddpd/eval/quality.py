@@ -167,9 +167,8 @@ def plot_quality(rows: List[dict], path: str) -> None:
     budgets = sorted({r["steps"] for r in runs})
     names = list(dict.fromkeys(r["sampler"] for r in runs))
     columns = min(len(budgets), 2) or 1
-    panels = max(len(budgets), 1)
-    fig, axes = plt.subplots((panels + columns - 1) // columns, columns, figsize=(6 * columns, 4.5 * (
-        (panels + columns - 1) // columns)), squeeze=False)
+    lines = -(-max(len(budgets), 1) // columns)
+    fig, axes = plt.subplots(lines, columns, figsize=(6 * columns, 4.5 * lines), squeeze=False)
     colors = plt.get_cmap("tab20")
     for ax, budget in zip(axes.flat, budgets):
         for name in names:
