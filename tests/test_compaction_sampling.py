@@ -14,7 +14,7 @@ import torch
 from oracles.fixtures import single_thread  # noqa: F401  (autouse)
 from oracles.toy import ToyProblem, dirichlet_p_data
 from ddpd.sampling import PhiloxNoise, ddpd_sample, tau_leaping_mask
-from ddpd.sampling import fused_batch
+from ddpd.sampling import batch as sampling_batch
 
 TOY = ToyProblem(dirichlet_p_data(3, 5, seed=7), 3, 5)
 M = TOY.models()
@@ -104,13 +104,13 @@ def test_samples_come_back_in_the_original_order():
 def test_compaction_goes_through_the_ops(monkeypatch):
     calls = {"compact_fixed": 0, "scatter_back": 0}
     for name in calls:
-        original = getattr(fused_batch, name)
+        original = getattr(sampling_batch, name)
 
         def counted(*args, _name=name, _original=original):
             calls[_name] += 1
             return _original(*args)
 
-        monkeypatch.setattr(fused_batch, name, counted)
+        monkeypatch.setattr(sampling_batch, name, counted)
     RUNS["ddpd uniform"](200, seed=1, fused=True, sync_every=2)
     assert calls["compact_fixed"] > 0 and calls["scatter_back"] == calls["compact_fixed"] + 1
     calls.update(compact_fixed=0, scatter_back=0)

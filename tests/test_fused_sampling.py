@@ -27,10 +27,10 @@ from ddpd.checkpoint import save_bundle, save_checkpoint
 from ddpd.cli.sample import main
 from ddpd.models import build_model, config_for
 from ddpd.ops.sample_from_hidden import sample_from_hidden
-from ddpd.sampling import (PhiloxNoise, TorchNoise, ddpd_sample, maskgit_sample, tau_leaping_mask,
-                           tau_leaping_planned, tau_leaping_uniform)
-from ddpd.sampling import fused_draws
-from ddpd.sampling.fused_batch import FusedBatch
+from ddpd.sampling import (PhiloxNoise, TorchNoise, ddpd_sample, ddpd_sample_uniform, maskgit_sample,
+                           tau_leaping_mask, tau_leaping_planned, tau_leaping_uniform)
+from ddpd.sampling import draws
+from ddpd.sampling.batch import FusedBatch
 
 TOY = ToyProblem(dirichlet_p_data(3, 4, seed=0), 3, 4)
 M = TOY.models()
@@ -83,6 +83,38 @@ def test_ddpd_fused_equals_reference_on_oracle_toy(name, source):
     assert_same_samples(reference, toy_ddpd(300, options, noise=make(), fused=True, sync_every=1))
     # Stop checks every 5 steps: the same samples, finished rows evaluated a few more times.
     assert_same_samples(reference, toy_ddpd(300, options, noise=make(), fused=True, sync_every=5), same_rows=False)
+
+
+TOY_EXACT = {
+    "exact clock, uniform": lambda **kw: ddpd_sample(M.planner, M.uniform_denoiser, 300, 4, 3, steps=30,
+                                                     clock="exact", **kw),
+    "exact clock, mask, softmax": lambda **kw: ddpd_sample(M.planner, M.mask_denoiser, 300, 4, 3, steps=30,
+                                                           clock="exact", denoiser_type="mask", selection="softmax",
+                                                           **kw),
+    "exact clock, time-conditioned planner, T 0.8": lambda **kw: ddpd_sample(
+        M.planner_t, M.uniform_denoiser, 300, 4, 3, steps=30, clock="exact", time_conditioned_planner=True,
+        temperature=0.8, **kw),
+    "single uniform model A": lambda **kw: ddpd_sample_uniform(M.uniform_model, 300, 4, 3, steps=12, eps=0.35, **kw),
+    "single uniform model B+C k=2 x2": lambda **kw: ddpd_sample_uniform(
+        M.uniform_model, 300, 4, 3, steps=12, stop="budget", selection="softmax", k=2, parallel_steps=2, **kw),
+    "single uniform model, exact clock": lambda **kw: ddpd_sample_uniform(M.uniform_model, 300, 4, 3, steps=30,
+                                                                          clock="exact", **kw),
+}
+
+
+@pytest.mark.parametrize("name", TOY_EXACT)
+@pytest.mark.parametrize("source", ["philox", "explicit"])
+def test_exact_clock_and_single_model_fused_equal_reference(name, source):
+    """The exact clock (the fused run denoises every row and keeps the accepted events) and the
+    single uniform model (its denoiser is a transform of the model's logits: gathered, then
+    sample_categorical) draw what the reference draws."""
+    make = (lambda: PhiloxNoise(13)) if source == "philox" else (lambda: RowNoise(13))
+    reference = TOY_EXACT[name](noise=make())
+    for sync_every in (1, 4):
+        fused = TOY_EXACT[name](noise=make(), fused=True, sync_every=sync_every)
+        assert_same_samples(reference, fused, same_rows=False)
+    if "exact" in name:  # rows reach t_end at different candidates
+        assert (reference.stop_step < 30).any()
 
 
 @pytest.mark.parametrize("name", ["uniform B k=3 x3, T 1.3->0", "mask B+C k=2 x2"])
@@ -161,7 +193,7 @@ def test_ddpd_fused_equals_reference_on_tiny_transformers(nets, monkeypatch, nam
         head_rows.append(hidden.shape[0])
         return sample_from_hidden(hidden, *args, **kw)
 
-    monkeypatch.setattr(fused_draws, "sample_from_hidden", recorded)
+    monkeypatch.setattr(draws, "sample_from_hidden", recorded)
     with torch.inference_mode():
         reference = ddpd_sample(models["planner"], denoiser, 64, 8, vocab, steps=16, seed=9, **options)
         fused = ddpd_sample(models["planner"], fused_denoiser, 64, 8, vocab, steps=16, seed=9, fused=True,
@@ -247,7 +279,6 @@ def _ddpd(**kw):
 
 
 @pytest.mark.parametrize("call,error,match", [
-    (lambda: _ddpd(clock="exact", stop="budget"), ValueError, "clock='planner'"),
     (lambda: _ddpd(eps=1.0), ValueError, "eps"),
     (lambda: _ddpd(sync_every=0), ValueError, "sync_every"),
     (lambda: _ddpd(sync_every=2.0), TypeError, "sync_every"),

@@ -1,35 +1,21 @@
-"""Step functions and noise sources of ddpd.sampling; determinism, bookkeeping, argument checks.
-
-Statistical checks use 200k draws and a chi-square test at p = 1e-4 (scipy), or a
-maximum z-score of 5 for frequencies.
+"""Noise sources, options, time estimates and the two Draws strategies of ddpd.sampling; determinism,
+bookkeeping, argument checks.
 """
-import itertools
 
 import pytest
 import torch
-from scipy import stats
 
 from oracles.fixtures import single_thread  # noqa: F401  (autouse)
-from oracles.laws import set_probabilities
 from oracles.toy import ToyProblem, dirichlet_p_data
 from ddpd.ops.rng import philox_uniform
 from ddpd.process import CosineSchedule, LinearSchedule
 from ddpd.sampling import (PhiloxNoise, TorchNoise, ddpd_sample, ddpd_sample_uniform, maskgit_sample, tau_leaping_mask,
                            tau_leaping_planned, tau_leaping_uniform)
-from ddpd.sampling import steps as F
+from ddpd.sampling import DDPDOptions, Execution, Temperature
+from ddpd.sampling.common import Run, write
+from ddpd.sampling.draws import FusedDraws, ReferenceDraws
+from ddpd.sampling.gillespie import mask_time, planner_time
 from ddpd.sampling.noise import NUM_STREAMS, SELECT, exponential, gumbel, make_noise
-
-N_DRAWS = 200_000
-P_VALUE = 1e-4
-
-
-def chi_square_ok(counts: torch.Tensor, probs: torch.Tensor) -> bool:
-    probs = probs.double() / probs.double().sum()
-    expected = probs * counts.sum()
-    keep = expected > 0
-    assert counts[~keep].sum() == 0, "a draw landed on a zero-probability outcome"
-    return stats.chisquare(counts[keep].double().numpy(), expected[keep].numpy()).pvalue > P_VALUE
-
 
 # ----------------------------------------------------------------------------- noise
 
@@ -78,85 +64,94 @@ def test_make_noise_arguments():
         make_noise(seed=-1)
 
 
-# ----------------------------------------------------------------------------- step functions
+# ----------------------------------------------------------------------------- options, time, writes, draws
 
 
-def test_select_positions_is_sampling_without_replacement():
-    w = torch.tensor([0.5, 0.05, 0.2, 0.25, 0.1], dtype=torch.float64)
-    u = TorchNoise(torch.Generator().manual_seed(1)).uniform(0, 0, torch.arange(N_DRAWS), 5)
-    positions, valid = F.select_positions(torch.log(w).float().expand(N_DRAWS, -1), u, k=2)
-    assert valid.all() and (positions[:, 0] != positions[:, 1]).all()
-    sets = list(itertools.combinations(range(5), 2))
-    key = positions.sort(-1).values
-    counts = torch.tensor([int(((key[:, 0] == a) & (key[:, 1] == b)).sum()) for a, b in sets])
-    exact = set_probabilities(w[None], 2)
-    assert chi_square_ok(counts, torch.cat([exact[s] for s in sets]))
+def test_temperature_schedule():
+    t = Temperature(1.0, 0.0)
+    assert [t.at(i, 5) for i in (0, 2, 4)] == [1.0, 0.5, 0.0]
+    assert Temperature(0.7, 0.1).at(0, 1) == 0.7 and Temperature(0.7).end == 0.7
+    with pytest.raises(ValueError, match="finite"):
+        Temperature(float("inf"))
+    with pytest.raises(ValueError, match="temperature_end"):
+        Temperature(1.0, -0.5)
 
 
-def test_select_positions_flags_zero_weights():
-    log_w = torch.tensor([[0.0, float("-inf"), float("-inf")]])
-    positions, valid = F.select_positions(log_w, torch.full((1, 3), 0.5), k=2)
-    assert positions[0, 0] == 0 and valid.tolist() == [[True, False]]
+def test_options_are_validated_once_and_frozen():
+    opts = DDPDOptions(selection="softmax", eps=0.05)
+    assert opts.stop == "eps" and DDPDOptions(clock="exact").stop == "budget"
+    with pytest.raises(Exception):
+        opts.eps = 0.5  # frozen
+    assert [opts.positions_at(i) for i in range(3)] == [1, 1, 1]
+    assert [DDPDOptions(k=3, parallel_steps=2).positions_at(i) for i in range(3)] == [3, 3, 1]
+    with pytest.raises(ValueError, match="k"):
+        DDPDOptions(k=5).check(length=4, steps=3)
+    with pytest.raises(ValueError, match="sync_every"):
+        Execution(sync_every=0)
 
 
-def test_selection_log_weights():
-    logits = torch.tensor([[-2.0, 0.0, 3.0]])
-    assert torch.allclose(F.selection_log_weights(logits, "sigmoid").exp(), torch.sigmoid(logits))
-    soft = F.selection_log_weights(logits, "softmax")
-    assert torch.allclose(soft.softmax(-1), logits.softmax(-1))
-    with pytest.raises(ValueError, match="selection"):
-        F.selection_log_weights(logits, "argmax")
+def test_options_as_objects_or_keywords_draw_the_same():
+    by_keyword = ddpd_sample(M.planner, M.mask_denoiser, 50, 4, 3, steps=8, seed=2, denoiser_type="mask",
+                             selection="softmax", stop="budget", temperature=1.2, temperature_end=0.5, fused=True)
+    by_object = ddpd_sample(M.planner, M.mask_denoiser, 50, 4, 3, steps=8, seed=2, denoiser_type="mask",
+                            ddpd=DDPDOptions(selection="softmax", stop="budget"),
+                            temperature=Temperature(1.2, 0.5), execution=Execution(fused=True))
+    assert torch.equal(by_keyword.tokens, by_object.tokens)
 
 
-@pytest.mark.parametrize("temperature", [1.0, 0.5, 2.0])
-def test_sample_categorical_draws_softmax_at_temperature(temperature):
-    logits = torch.tensor([1.0, -0.5, float("-inf"), 0.3, 2.0])
-    u = TorchNoise(torch.Generator().manual_seed(2)).uniform(0, 0, torch.arange(N_DRAWS), 5)
-    draws = F.sample_categorical(logits.expand(N_DRAWS, -1), u, temperature)
-    counts = torch.bincount(draws, minlength=5)
-    assert chi_square_ok(counts, (logits / temperature).softmax(-1))
-
-
-def test_sample_categorical_temperature_zero_is_argmax():
-    logits = torch.randn(100, 7)
-    u = torch.rand(100, 7).clamp(1e-6, 1 - 1e-6)
-    assert torch.equal(F.sample_categorical(logits, u, 0.0), logits.argmax(-1))
-
-
-def test_draw_mask_marginals_and_forced_positions():
-    p = torch.tensor([0.1, 0.5, 0.9, 0.0])
-    u = TorchNoise(torch.Generator().manual_seed(3)).uniform(0, 0, torch.arange(N_DRAWS), 4)
-    chosen = torch.full((N_DRAWS, 1), 3)
-    z = F.draw_mask(p.expand(N_DRAWS, -1), u, chosen)
-    assert z[:, 3].all()
-    freq = z[:, :3].double().mean(0)
-    sd = (p[:3].double() * (1 - p[:3].double()) / N_DRAWS).sqrt()
-    assert ((freq - p[:3].double()).abs() / sd).max() < 5
-
-
-def test_denoise_positions_changes_only_valid_chosen_positions():
-    x = torch.tensor([[0, 1, 2, 3]])
-    logits = torch.full((1, 4, 5), float("-inf"))
-    logits[0, :, 4] = 0.0  # every position would become 4
-    positions = torch.tensor([[2, 0]])
-    out = F.denoise_positions(x, logits, positions, torch.tensor([[True, False]]), torch.full((1, 2, 5), 0.5))
-    assert out.tolist() == [[0, 1, 4, 3]]
+@pytest.mark.parametrize("call,match", [
+    (lambda: ddpd_sample(M.planner, M.uniform_denoiser, 2, 4, 3, steps=3, selction="softmax"), "selction"),
+    (lambda: ddpd_sample(M.planner, M.uniform_denoiser, 2, 4, 3, steps=3, ddpd=DDPDOptions(), eps=0.1),
+     "not both"),
+    (lambda: ddpd_sample(M.planner, M.uniform_denoiser, 2, 4, 3, steps=3, ddpd={"eps": 0.1}), "DDPDOptions"),
+    (lambda: tau_leaping_uniform(M.uniform_model, 2, 4, 3, steps=3, mask_id=3), "mask_id"),
+    (lambda: ddpd_sample(M.planner, M.uniform_denoiser, 2, 4, 3, steps=3, temperature=Temperature(1.0),
+                         temperature_end=0.5), "not both"),
+])
+def test_unknown_or_doubled_options_are_type_errors(call, match):
+    with pytest.raises(TypeError, match=match):
+        call()
 
 
 def test_time_estimates():
-    p = torch.tensor([[0.2, 0.4, 0.0, 0.2]])
-    assert torch.allclose(F.planner_time(p, LinearSchedule()), torch.tensor([0.8]))
-    z = torch.tensor([[True, False, False, False]])
-    assert torch.allclose(F.mask_time(z, LinearSchedule()), torch.tensor([0.75]))
-    cosine = CosineSchedule()
-    assert torch.allclose(cosine.alpha(F.mask_time(z, cosine)), torch.tensor([0.75]))
+    run = Run(1, 4, 3, 1, Temperature(), LinearSchedule(), None, PhiloxNoise(0), None)
+    assert torch.allclose(planner_time(torch.tensor([0.8]), run), torch.tensor([0.8]))
+    assert torch.allclose(mask_time(torch.tensor([1]), run), torch.tensor([0.75]))
+    cosine = Run(1, 4, 3, 1, Temperature(), CosineSchedule(), None, PhiloxNoise(0), None)
+    assert torch.allclose(cosine.schedule.alpha(mask_time(torch.tensor([1]), cosine)), torch.tensor([0.75]))
 
 
-def test_temperature_at():
-    assert F.temperature_at(0, 5, 1.0, 0.0) == 1.0
-    assert F.temperature_at(4, 5, 1.0, 0.0) == 0.0
-    assert F.temperature_at(2, 5, 1.0, 0.0) == 0.5
-    assert F.temperature_at(0, 1, 0.7, 0.1) == 0.7
+def test_write_changes_only_the_allowed_chosen_positions():
+    x = torch.tensor([[0, 1, 2, 3]])
+    out = write(x, torch.tensor([[2, 0]]), torch.tensor([[4, 4]]), torch.tensor([[True, False]]))
+    assert out.tolist() == [[0, 1, 4, 3]]
+
+
+@pytest.mark.parametrize("vocab", [5, 300])
+@pytest.mark.parametrize("per_row", [1, 3])
+def test_reference_and_fused_draws_agree_on_random_logits(vocab, per_row):
+    """The two Draws strategies draw the same positions, masks and tokens from one source."""
+    noise, rows = PhiloxNoise(3, first_row=7), torch.tensor([4, 0, 9, 2])
+    reference, fused = ReferenceDraws(noise), FusedDraws(noise, Execution(fused=True))
+    logits = torch.randn(4, 6) * 3
+    x = torch.randint(0, vocab, (4, 6))
+    for mask_id in (None, vocab):
+        a = reference.plan(5, logits, rows, per_row, "sigmoid", 0.1, x, mask_id)
+        b = fused.plan(5, logits, rows, per_row, "sigmoid", 0.1, x, mask_id)
+        for name in ("positions", "stop", "masked", "count"):
+            assert (getattr(a, name) is None and getattr(b, name) is None) or torch.equal(getattr(a, name),
+                                                                                         getattr(b, name))
+        assert torch.allclose(a.sum_p, b.sum_p)
+    token_logits = torch.randn(4, 6, vocab) * 2
+    positions = a.positions
+    for temperature in (0.0, 0.7):
+        assert torch.equal(reference.tokens_from(2, rows, token_logits, positions, temperature),
+                           fused.tokens_from(2, rows, token_logits, positions, temperature))
+        exclude = x if vocab == 5 else None
+        assert torch.equal(reference.tokens_everywhere(2, rows, token_logits, temperature, exclude),
+                           fused.tokens_everywhere(2, rows, token_logits, temperature, exclude))
+    assert reference.rows_with(torch.tensor([True, False, True, False])).tolist() == [0, 2]
+    assert fused.rows_with(torch.tensor([True, False, True, False])) is None
 
 
 # ----------------------------------------------------------------------------- samplers: determinism, batches

@@ -1,126 +1,99 @@
-"""What every sampler shares: argument checks, checked model calls, the running batch.
+"""What every sampler shares: the checked settings of a run and the write of drawn tokens.
 
-`RunningBatch` holds the rows still being sampled (by row id, so a row keeps its
-noise stream, see ddpd.sampling.noise) and counts forward passes; finished rows
-leave the batch and are written back to the output tensor.
+`setup` is the public boundary of every sampler: it checks the shape, step budget,
+temperature, schedule, mask id and randomness, resolves the option objects of
+ddpd.sampling.options from the call's keywords, and returns a `Run`; nothing below it
+checks again. `initial_noise` is x_0 ~ uniform; `write` puts drawn tokens in place;
+`subset` / `expand` restrict a pass to some rows and put its results back.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
 
-from ddpd.sampling.noise import INIT, NoiseSource
-from ddpd.validation import check_bool, check_callable, check_choice, check_float, check_int  # noqa: F401
+from ddpd.process import Schedule, get_schedule
+from ddpd.sampling.draws import Draws, make_draws
+from ddpd.sampling.noise import INIT, NoiseSource, make_noise
+from ddpd.sampling.options import Execution, Temperature, resolve
+from ddpd.validation import check_int
 
 
-@dataclass
-class SampleResult:
-    """What a sampler returns.
+@dataclass(frozen=True)
+class Run:
+    """The checked settings of one sampler call."""
 
-    tokens: Long[B, D] final sequences. steps: loop iterations the batch ran.
-    stop_step: Long[B], the iteration at which each row stopped (its number of steps).
-    planner_calls / denoiser_calls: forward passes (calls, whatever their batch size).
-    planner_rows / denoiser_rows: sequences evaluated (row-evaluations), summed over
-    those calls. planner_rows_saved / denoiser_rows_saved: the row-evaluations that
-    rows leaving the batch saved, against the whole batch at every call.
-    """
-
-    tokens: Tensor
+    batch_size: int
+    length: int
+    vocab_size: int
     steps: int
-    stop_step: Tensor
-    planner_calls: int = 0
-    denoiser_calls: int = 0
-    planner_rows: int = 0
-    denoiser_rows: int = 0
+    temperature: Temperature
+    schedule: Schedule
+    mask_id: Optional[int]
+    noise: NoiseSource
+    device: Optional[torch.device]
 
-    @property
-    def planner_rows_saved(self) -> int:
-        return self.tokens.shape[0] * self.planner_calls - self.planner_rows
-
-    @property
-    def denoiser_rows_saved(self) -> int:
-        return self.tokens.shape[0] * self.denoiser_calls - self.denoiser_rows
+    def temperature_at(self, step: int) -> float:
+        return self.temperature.at(step, self.steps)
 
 
+def setup(sampler: str, batch_size, length, vocab_size, steps, temperature, seed, noise, device, options: dict,
+          *kinds, masks: bool = False) -> Tuple[Run, Draws, tuple]:
+    """Check a sampler call; returns (run, its Draws strategy, one option object per kind).
 
-
-def check_temperatures(temperature, temperature_end) -> tuple[float, float]:
-    """(start, end) of the logit temperature; end defaults to start (fixed)."""
-    start = check_float("temperature", temperature, 0.0)
-    end = start if temperature_end is None else check_float("temperature_end", temperature_end, 0.0)
-    return start, end
-
-
-def check_shape(batch_size, length, vocab_size) -> None:
+    options: the call's remaining keywords: `temperature_end`, `schedule`, `generator`,
+    `mask_id` (samplers with a mask, masks=True), and the fields of Execution and of each
+    kind (or the objects themselves, see ddpd.sampling.options.resolve).
+    """
     check_int("batch_size", batch_size, 1)
     check_int("length", length, 1)
     check_int("vocab_size", vocab_size, 2)
+    check_int("steps", steps, 1)
+    options = dict(options)
+    end = options.pop("temperature_end", None)
+    if isinstance(temperature, Temperature):
+        if end is not None:
+            raise TypeError(f"{sampler}: pass temperature=Temperature(start, end) or temperature_end, not both")
+    else:
+        temperature = Temperature(temperature, end)
+    schedule = get_schedule(options.pop("schedule", "linear"))
+    mask_id = options.pop("mask_id", None) if masks else None
+    if masks:
+        mask_id = vocab_size if mask_id is None else check_int("mask_id", mask_id, vocab_size)
+    noise = make_noise(seed, options.pop("generator", None), noise)
+    execution, *objects = resolve(sampler, options, Execution, *kinds)
+    device = None if device is None else torch.device(device)
+    run = Run(batch_size, length, vocab_size, steps, temperature, schedule, mask_id, noise, device)
+    return run, make_draws(noise, execution), tuple(objects)
 
 
-class RunningBatch:
-    """Rows still being sampled, their tokens, and forward-pass bookkeeping."""
-
-    def __init__(self, x: Tensor):
-        self.out = x.clone()
-        self.rows = torch.arange(x.shape[0], device=x.device)
-        self.x = x
-        self.stop_step = torch.full((x.shape[0],), -1, dtype=torch.long, device=x.device)
-        self.planner_calls = self.denoiser_calls = 0
-        self.planner_rows = self.denoiser_rows = 0
-
-    def __len__(self) -> int:
-        return self.rows.numel()
-
-    @property
-    def finished(self) -> bool:
-        """True once every row has stopped."""
-        return len(self) == 0
-
-    def planner(self, model: Callable, x: Tensor, *args) -> Tensor:
-        """Planner logits Float[B, D] for x (time passed when given), shape-checked."""
-        logits = model(x, *args)
-        _check_output("planner", logits, tuple(x.shape))
-        self.planner_calls += 1
-        self.planner_rows += x.shape[0]
-        return logits.float()
-
-    def denoiser(self, model: Callable, x: Tensor, t: Tensor, vocab_size: int, name: str = "denoiser") -> Tensor:
-        """Denoiser logits Float[B, D, V] for (x, t), shape-checked (name: for errors)."""
-        logits = model(x, t)
-        _check_output(name, logits, (*x.shape, vocab_size))
-        self.denoiser_calls += 1
-        self.denoiser_rows += x.shape[0]
-        return logits.float()
-
-    def finish(self, done: Tensor, step: int) -> Tensor:
-        """Retire the rows where done (Bool[len]) at `step`; returns the mask of rows kept."""
-        if bool(done.any()):
-            ids = self.rows[done]
-            self.out[ids] = self.x[done]
-            self.stop_step[ids] = step
-            keep = ~done
-            self.rows, self.x = self.rows[keep], self.x[keep]
-            return keep
-        return torch.ones_like(done)
-
-    def result(self, steps: int) -> SampleResult:
-        self.finish(torch.ones(len(self), dtype=torch.bool, device=self.x.device), steps)
-        return SampleResult(self.out, steps, self.stop_step, self.planner_calls, self.denoiser_calls,
-                            self.planner_rows, self.denoiser_rows)
-
-
-def _check_output(name: str, out, shape: tuple) -> None:
-    if not isinstance(out, Tensor):
-        raise TypeError(f"{name} must return a tensor, got {type(out).__name__}")
-    if tuple(out.shape) != shape or not out.is_floating_point():
-        raise ValueError(f"{name} must return floating logits of shape {list(shape)}, "
-                         f"got {out.dtype} of shape {list(out.shape)}")
-
-
-def initial_noise(noise: NoiseSource, batch_size: int, length: int, vocab_size: int, device) -> Tensor:
+def initial_noise(run: Run) -> Tensor:
     """x_0 ~ uniform over the vocabulary (p_noise^unif), from the INIT stream."""
-    u = noise.uniform(0, INIT, torch.arange(batch_size, device=device), length)
-    return (u * vocab_size).long().clamp_(max=vocab_size - 1)
+    u = run.noise.uniform(0, INIT, torch.arange(run.batch_size, device=run.device), run.length)
+    return (u * run.vocab_size).long().clamp_(max=run.vocab_size - 1)
+
+
+def all_masks(run: Run) -> Tensor:
+    """The all-mask sequence the mask-diffusion baselines start from."""
+    return torch.full((run.batch_size, run.length), run.mask_id, dtype=torch.long, device=run.device)
+
+
+def write(x: Tensor, positions: Tensor, tokens: Tensor, change: Tensor) -> Tensor:
+    """x with tokens (Long[B, k]) at positions (Long[B, k]) where change (Bool[B, k]), else unchanged."""
+    return x.scatter(1, positions, torch.where(change, tokens, x.gather(1, positions)))
+
+
+def subset(index: Optional[Tensor], *tensors: Tensor) -> tuple:
+    """The rows `index` of each tensor (all rows when index is None)."""
+    return tensors if index is None else tuple(t[index] for t in tensors)
+
+
+def expand(index: Optional[Tensor], part: Tensor, full: Tensor) -> Tensor:
+    """`full` with its rows `index` replaced by `part` (`part` itself when index is None)."""
+    if index is None:
+        return part
+    full = full.clone()
+    full[index] = part
+    return full

@@ -11,8 +11,9 @@ last step, which fills every remaining mask.
 The Gumbel-perturbed ranking is a Plackett-Luce draw: the unmasked set is the first
 m - n_i picks, without replacement, with weights p(token)^(1 / tau_i).
 
-fused=True draws the tokens with ddpd.ops.sample_categorical (same tokens from the
-same noise); every row runs every step, so nothing else changes.
+fused=True hands the loop the fused Draws strategy (ddpd.sampling.draws): the tokens
+are drawn with ddpd.ops.sample_categorical (same tokens from the same noise); every row
+runs every step, so nothing else changes.
 """
 from __future__ import annotations
 
@@ -22,12 +23,12 @@ from typing import Callable, Optional, Union
 import torch
 from torch import Tensor
 
-from ddpd.process import Schedule, get_schedule
-from ddpd.sampling import steps as step_fns
-from ddpd.sampling.common import (RunningBatch, SampleResult, check_bool, check_callable, check_float, check_int,
-                                  check_shape, check_temperatures)
-from ddpd.sampling.fused_draws import OpDraws, draw_everywhere
-from ddpd.sampling.noise import CONFIDENCE, TOKEN, NoiseSource, gumbel, make_noise
+from ddpd.sampling.batch import SampleResult
+from ddpd.sampling.common import all_masks, setup
+from ddpd.sampling.gillespie import mask_time
+from ddpd.sampling.noise import CONFIDENCE, NoiseSource, gumbel
+from ddpd.sampling.options import Temperature
+from ddpd.validation import check_callable, check_float
 
 
 def maskgit_sample(
@@ -37,16 +38,12 @@ def maskgit_sample(
     vocab_size: int,
     *,
     steps: int,
-    temperature: float = 1.0,
-    temperature_end: Optional[float] = None,
+    temperature: Union[float, Temperature] = 1.0,
     choice_temperature: float = 4.5,
-    schedule: Union[str, Schedule] = "linear",
-    mask_id: Optional[int] = None,
     seed: Optional[int] = None,
-    generator: Optional[torch.Generator] = None,
     noise: Optional[NoiseSource] = None,
     device: Union[str, torch.device, None] = None,
-    fused: bool = False,
+    **options,
 ) -> SampleResult:
     """MaskGIT sampling with a mask denoiser(x, t) -> Float[B, D, V] logits.
 
@@ -55,34 +52,25 @@ def maskgit_sample(
     when given) tempers the token draws; confidences use the untempered model
     probabilities. choice_temperature scales the Gumbel noise on the confidences
     (MaskGIT's default 4.5; 0 ranks by confidence alone, ties broken by position).
-    fused: draw the tokens with ddpd.ops.sample_categorical.
+    options: temperature_end, schedule, mask_id, generator, fused (draw the tokens with
+    ddpd.ops.sample_categorical).
     """
     check_callable("denoiser", denoiser)
-    check_shape(batch_size, length, vocab_size)
-    check_int("steps", steps, 1)
-    temperatures = check_temperatures(temperature, temperature_end)
     choice_temperature = check_float("choice_temperature", choice_temperature, 0.0)
-    schedule = get_schedule(schedule)
-    mask_id = vocab_size if mask_id is None else check_int("mask_id", mask_id, vocab_size)
-    check_bool("fused", fused)
-    noise = make_noise(seed, generator, noise)
-    batch = RunningBatch(torch.full((batch_size, length), mask_id, dtype=torch.long, device=device))
-    width = step_fns.token_noise_width(vocab_size)
-    for i in range(steps):
-        masked = batch.x == mask_id
-        logits = batch.denoiser(denoiser, batch.x, step_fns.mask_time(masked, schedule), vocab_size)
-        temperature = step_fns.temperature_at(i, steps, *temperatures)
-        if fused:
-            tokens = draw_everywhere(OpDraws(noise), i, batch.rows, logits, temperature)
-        else:
-            u = noise.uniform(i, TOKEN, batch.rows, length * width).view(len(batch), length, width)
-            tokens = step_fns.sample_categorical(logits, u, temperature)
-        tau = choice_temperature * (1.0 - (i + 1) / steps)
-        confidence = logits.log_softmax(-1).gather(-1, tokens[..., None]).squeeze(-1)
-        confidence = confidence + tau * gumbel(noise.uniform(i, CONFIDENCE, batch.rows, length))
-        n_masked = _masks_left(masked.sum(-1), i, steps, length)
-        unmask = masked & ~least_confident(confidence, masked, n_masked)
-        batch.x = torch.where(unmask, tokens, batch.x)
+    run, draws, _ = setup("maskgit_sample", batch_size, length, vocab_size, steps, temperature, seed, noise, device,
+                          options, masks=True)
+    batch = draws.batch(all_masks(run))
+    with torch.no_grad():
+        for i in range(steps):
+            masked = batch.x == run.mask_id
+            logits = batch.denoiser(denoiser, batch.x, mask_time(masked.sum(-1), run), vocab_size)
+            tokens = draws.tokens_everywhere(i, batch.rows, logits, run.temperature_at(i))
+            tau = choice_temperature * (1.0 - (i + 1) / steps)
+            confidence = logits.log_softmax(-1).gather(-1, tokens[..., None]).squeeze(-1)
+            confidence = confidence + tau * gumbel(run.noise.uniform(i, CONFIDENCE, batch.rows, length))
+            n_masked = _masks_left(masked.sum(-1), i, steps, length)
+            unmask = masked & ~least_confident(confidence, masked, n_masked)
+            batch.x = torch.where(unmask, tokens, batch.x)
     return batch.result(steps)
 
 

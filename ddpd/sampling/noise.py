@@ -1,17 +1,21 @@
 """Where every random number of a sampler comes from.
 
 A sampler never calls torch.rand itself: each step asks its noise source for a
-block of uniforms in (0, 1), named by (step, stream, row ids, number of columns).
-A second implementation of the same sampler (the fused path) driven by the same
-source therefore makes the same choices, position for position and token for
-token.
+block of uniforms, named by (step, stream, row ids, number of columns). The fused run
+of a sampler driven by the same source therefore makes the same choices as the
+reference run, position for position and token for token. Each kind of draw of a step
+has its own stream (INIT, SELECT, MASK, ...) and so its own Philox offset
+(`stream_offset`), so two draws of a run never share uniforms.
+
+Uniforms lie on the grid ((w >> 8) + 0.5) * 2**-24 of 24-bit integers w; float32 rounds
+the top value up to exactly 1.0, so they are in (0, 1] and every transform that takes
+the logarithm of 1 - u or of -log u (Gumbel, exponential) clamps u below one first.
 
 - `PhiloxNoise(seed, offset)`: the counter-based default. A uniform is a pure
   function of (seed, offset + step * NUM_STREAMS + stream, row id, column)
   (ddpd.ops.rng.philox_uniform), so a row keeps its draws whatever the batch
   composition: finished rows leaving the batch change nothing for the others.
-- `TorchNoise(generator)`: sequential torch.Generator draws on the same (0, 1)
-  grid. Not batch-invariant, but two orders of magnitude faster on CPU; the
+- `TorchNoise(generator)`: sequential torch.Generator draws on the same grid. Not batch-invariant, but two orders of magnitude faster on CPU; the
   statistical tests use it.
 
 The transforms to Gumbel variables (the ops' own, from ddpd.ops) and exponential
@@ -40,15 +44,21 @@ ACCEPT = 6  # thinning acceptance of the exact clock
 CONFIDENCE = 7  # Gumbel noise on MaskGIT confidences
 NUM_STREAMS = 8
 
-_GRID = 2.0**-24  # the (0, 1) grid of philox_uniform: ((w >> 8) + 0.5) * 2**-24
+_GRID = 2.0**-24  # the grid of philox_uniform: ((w >> 8) + 0.5) * 2**-24
 
 
 class NoiseSource(Protocol):
-    """Anything that hands out uniforms in the open interval (0, 1)."""
+    """Anything that hands out uniforms in (0, 1] (see the module docstring)."""
 
     def uniform(self, step: int, stream: int, rows: Tensor, cols: int) -> Tensor:
         """Float32[len(rows), cols] uniforms for `rows` (Long row ids) at (step, stream)."""
         ...
+
+
+def stream_offset(base: int, step: int, stream: int) -> int:
+    """The Philox offset of the draws of `stream` at `step` of a run whose base offset is `base`:
+    base + step * NUM_STREAMS + stream (mod 2**64), distinct for every (step, stream)."""
+    return (base + step * NUM_STREAMS + stream) % 2**64
 
 
 class PhiloxNoise:
@@ -67,15 +77,20 @@ class PhiloxNoise:
         self.first_row = first_row
 
     def uniform(self, step: int, stream: int, rows: Tensor, cols: int) -> Tensor:
-        offset = (self.offset + step * NUM_STREAMS + stream) % 2**64
-        return philox_uniform(self.seed, offset, rows + self.first_row, cols, device=rows.device)
+        return philox_uniform(self.seed, stream_offset(self.offset, step, stream), rows + self.first_row, cols,
+                              device=rows.device)
+
+    def counters(self, step: int, stream: int, rows: Tensor) -> dict:
+        """The arguments that make a ddpd.ops sampling op generate, in its kernel, the uniforms
+        uniform(step, stream, rows, .) returns: seed, offset and row ids."""
+        return dict(seed=self.seed, offset=stream_offset(self.offset, step, stream), row_ids=rows + self.first_row)
 
     def __repr__(self) -> str:
         return f"PhiloxNoise(seed={self.seed}, offset={self.offset}, first_row={self.first_row})"
 
 
 class TorchNoise:
-    """Uniforms on the same (0, 1) grid as PhiloxNoise, drawn in call order from a Generator."""
+    """Uniforms on the same grid as PhiloxNoise, drawn in call order from a Generator."""
 
     def __init__(self, generator: Optional[torch.Generator] = None):
         if generator is not None and not isinstance(generator, torch.Generator):
@@ -110,6 +125,6 @@ def make_noise(seed: Optional[int] = None, generator: Optional[torch.Generator] 
 
 
 def exponential(u: Tensor) -> Tensor:
-    """Standard exponential variables -log u from uniforms in (0, 1); u is clamped
-    below 1 as in gumbel (float32 rounds the top grid value up to 1.0)."""
+    """Standard exponential variables -log u from uniforms in (0, 1]; u is clamped
+    below 1 as in gumbel, so the top grid value (1.0 in float32) gives a finite value."""
     return -torch.log(u.clamp(max=BELOW_ONE))

@@ -21,10 +21,11 @@ The last step removes whatever noise is left: its probabilities are clamped to 1
 where the rate is infinite at t = 1, no position is remasked in it, and every mask
 still present is filled.
 
-fused=True: the same chains with the token draws done by ddpd.ops.sample_categorical
-(ddpd.sampling.fused_draws) and no host synchronisation in a step: the denoiser runs
-on every row in the batch. Mask tau-leaping's finished rows (eta = 0) leave the
-batch at a stop check every sync_every steps (compaction=False: never).
+Each chain is written once; fused=True hands it the fused Draws strategy
+(ddpd.sampling.draws): the token draws are done by ddpd.ops.sample_categorical and no
+host synchronisation happens in a step, so the denoiser runs on every row in the batch
+(the reference skips rows without a jump). Mask tau-leaping's finished rows (eta = 0)
+leave the batch at a stop check every sync_every steps (compaction=False: never).
 """
 from __future__ import annotations
 
@@ -33,46 +34,13 @@ from typing import Callable, Optional, Union
 import torch
 from torch import Tensor
 
-from ddpd.process import Schedule, get_schedule
-from ddpd.sampling import steps as step_fns
-from ddpd.sampling.common import (RunningBatch, SampleResult, check_bool, check_callable, check_choice, check_float,
-                                  check_int, check_shape, check_temperatures, initial_noise)
-from ddpd.sampling.fused_batch import check_fused_options, make_batch
-from ddpd.sampling.fused_draws import OpDraws, draw_everywhere, draw_where
-from ddpd.sampling.noise import EVENT, MASK, TOKEN, NoiseSource, make_noise
-
-DENOISER_TYPES = ("uniform", "mask")
-
-
-class _Grid:
-    """The uniform time grid, the noise-removal rate on it and the temperature schedule."""
-
-    def __init__(self, steps: int, schedule: Union[str, Schedule], temperature, temperature_end):
-        self.steps = check_int("steps", steps, 1)
-        self.schedule = get_schedule(schedule)
-        self.temperatures = check_temperatures(temperature, temperature_end)
-        self.dt = 1.0 / steps
-
-    def time(self, step: int) -> float:
-        return step * self.dt
-
-    def jump_probability(self, step: int, eta: float = 0.0) -> float:
-        """dt (alpha_dot + eta alpha) / (1 - alpha) at the start of the step, clamped to 1.
-
-        eta = 0 is the noise-removal rate; it is 1 at the last step, where the rate is
-        infinite at t = 1 for the schedules of ddpd.process (and is taken so for any).
-        """
-        if step == self.steps - 1:
-            return 1.0
-        t = torch.tensor(self.time(step), dtype=torch.float64)
-        a = self.schedule.alpha(t)
-        return min(1.0, self.dt * float((self.schedule.alpha_dot(t) + eta * a) / (1.0 - a)))
-
-    def temperature(self, step: int) -> float:
-        return step_fns.temperature_at(step, self.steps, *self.temperatures)
-
-    def t_batch(self, step: int, n: int, device) -> Tensor:
-        return torch.full((n,), self.time(step), dtype=torch.float32, device=device)
+from ddpd.sampling.batch import RunningBatch, SampleResult
+from ddpd.sampling.common import Run, all_masks, expand, initial_noise, setup, subset
+from ddpd.sampling.draws import Draws
+from ddpd.sampling.gillespie import DENOISER_TYPES, mask_time
+from ddpd.sampling.noise import EVENT, MASK, NoiseSource
+from ddpd.sampling.options import Temperature
+from ddpd.validation import check_bool, check_callable, check_choice, check_float
 
 
 def tau_leaping_mask(
@@ -83,54 +51,45 @@ def tau_leaping_mask(
     *,
     steps: int,
     eta: float = 0.0,
-    temperature: float = 1.0,
-    temperature_end: Optional[float] = None,
-    schedule: Union[str, Schedule] = "linear",
-    mask_id: Optional[int] = None,
+    temperature: Union[float, Temperature] = 1.0,
     seed: Optional[int] = None,
-    generator: Optional[torch.Generator] = None,
     noise: Optional[NoiseSource] = None,
     device: Union[str, torch.device, None] = None,
-    fused: bool = False,
-    sync_every: int = 8,
-    compaction: bool = True,
+    **options,
 ) -> SampleResult:
     """Mask-diffusion tau-leaping from the all-mask sequence, with remasking stochasticity eta.
 
     denoiser(x Long[B, D] with mask_id (default vocab_size) at masked positions,
     t Float[B]) -> Float[B, D, vocab_size] logits of p(x_1^d | x_t), called at the
-    grid time and only for rows with at least one unmasking in the step. Per step
-    and position: a mask unmasks with probability dt (alpha_dot + eta alpha)/(1 - alpha)
+    grid time and only for rows with at least one unmasking in the step (reference run).
+    Per step and position: a mask unmasks with probability dt (alpha_dot + eta alpha)/(1 - alpha)
     (clamped to 1), a token is remasked with probability eta dt. With eta = 0 a row
-    stops once it has no mask left. Randomness: one of seed, generator, noise.
-    fused, sync_every, compaction: see the module docstring.
+    stops once it has no mask left. Randomness: seed, noise or generator=.
+    options: temperature_end, schedule, mask_id, generator, and fused, sync_every,
+    compaction (or execution=Execution(...)): see the module docstring.
     """
     check_callable("denoiser", denoiser)
-    check_shape(batch_size, length, vocab_size)
-    grid = _Grid(steps, schedule, temperature, temperature_end)
     eta = check_float("eta", eta, 0.0)
-    mask_id = vocab_size if mask_id is None else check_int("mask_id", mask_id, vocab_size)
-    check_fused_options(fused, sync_every, compaction)
-    noise = make_noise(seed, generator, noise)
-    x0 = torch.full((batch_size, length), mask_id, dtype=torch.long, device=device)
-    batch = make_batch(x0, fused, sync_every, compaction)
-    draw = draw_where if fused else _draw_where
-    for i in range(grid.steps):
-        last = i == grid.steps - 1
-        unmask_p = grid.jump_probability(i, eta)
-        remask_p = 0.0 if last else min(1.0, eta * grid.dt)
-        masked = batch.x == mask_id
-        u = noise.uniform(i, EVENT, batch.rows, length)
-        unmask = masked & (u < unmask_p)
-        remask = ~masked & (u < remask_p)
-        x = torch.where(remask, torch.full_like(batch.x, mask_id), batch.x)
-        batch.x = draw(batch, denoiser, i, x, batch.x, unmask, grid.t_batch(i, len(batch), x.device),
-                       noise, vocab_size, grid.temperature(i))
-        if eta == 0.0 and not last:
-            batch.finish(~(batch.x == mask_id).any(-1), i + 1)
-            if batch.finished:
-                return batch.result(i + 1)
-    return batch.result(grid.steps)
+    run, draws, _ = setup("tau_leaping_mask", batch_size, length, vocab_size, steps, temperature, seed, noise,
+                          device, options, masks=True)
+    grid = _Grid(run)
+    batch = draws.batch(all_masks(run))
+    with torch.no_grad():
+        for i in range(run.steps):
+            last = i == run.steps - 1
+            unmask_p = grid.jump_probability(i, eta)
+            remask_p = 0.0 if last else min(1.0, eta * grid.dt)
+            masked = batch.x == run.mask_id
+            u = run.noise.uniform(i, EVENT, batch.rows, length)
+            unmask = masked & (u < unmask_p)
+            remask = ~masked & (u < remask_p)
+            x = torch.where(remask, torch.full_like(batch.x, run.mask_id), batch.x)
+            batch.x = _draw_where(run, draws, batch, denoiser, i, x, batch.x, unmask, grid.t(i, len(batch)))
+            if eta == 0.0 and not last:
+                batch.finish(~(batch.x == run.mask_id).any(-1), i + 1)
+                if batch.finished:
+                    break
+    return batch.result(run.steps)
 
 
 def tau_leaping_uniform(
@@ -140,43 +99,34 @@ def tau_leaping_uniform(
     vocab_size: int,
     *,
     steps: int,
-    temperature: float = 1.0,
-    temperature_end: Optional[float] = None,
-    schedule: Union[str, Schedule] = "linear",
+    temperature: Union[float, Temperature] = 1.0,
     seed: Optional[int] = None,
-    generator: Optional[torch.Generator] = None,
     noise: Optional[NoiseSource] = None,
     device: Union[str, torch.device, None] = None,
-    fused: bool = False,
+    **options,
 ) -> SampleResult:
     """Uniform-diffusion tau-leaping (DFM-Uni) from uniform noise with one model.
 
     model(x, t) -> Float[B, D, V] logits of p(x_1^d | x_t). Per step and position:
     jump with probability dt alpha_dot/(1 - alpha) (1 - p(x_1^d = x_t^d | x_t))
     (clamped to 1) to j != x_t^d drawn from p(x_1^d = j | x_t) at the logit
-    temperature. Calls are counted in denoiser_calls. fused: see the module docstring.
+    temperature. Calls are counted in denoiser_calls. options: temperature_end,
+    schedule, generator, fused (see the module docstring).
     """
     check_callable("model", model)
-    check_shape(batch_size, length, vocab_size)
-    grid = _Grid(steps, schedule, temperature, temperature_end)
-    check_bool("fused", fused)
-    noise = make_noise(seed, generator, noise)
-    batch = RunningBatch(initial_noise(noise, batch_size, length, vocab_size, device))
-    width = step_fns.token_noise_width(vocab_size)
-    for i in range(grid.steps):
-        t = grid.t_batch(i, len(batch), batch.x.device)
-        logits = batch.denoiser(model, batch.x, t, vocab_size, "model")
-        p_stay = logits.log_softmax(-1).gather(-1, batch.x[..., None]).squeeze(-1).exp()
-        jump = noise.uniform(i, EVENT, batch.rows, length) < (grid.jump_probability(i) * (1.0 - p_stay))
-        # New values exclude the current one: the rate is defined for j != x_t^d only.
-        if fused:
-            tokens = draw_everywhere(OpDraws(noise), i, batch.rows, logits, grid.temperature(i), exclude=batch.x)
-        else:
-            u = noise.uniform(i, TOKEN, batch.rows, length * width).view(len(batch), length, width)
-            logits = logits.scatter(-1, batch.x[..., None], float("-inf"))
-            tokens = step_fns.sample_categorical(logits, u, grid.temperature(i))
-        batch.x = torch.where(jump, tokens, batch.x)
-    return batch.result(grid.steps)
+    run, draws, _ = setup("tau_leaping_uniform", batch_size, length, vocab_size, steps, temperature, seed, noise,
+                          device, options)
+    grid = _Grid(run)
+    batch = draws.batch(initial_noise(run))
+    with torch.no_grad():
+        for i in range(run.steps):
+            logits = batch.denoiser(model, batch.x, grid.t(i, len(batch)), vocab_size, "model")
+            p_stay = logits.log_softmax(-1).gather(-1, batch.x[..., None]).squeeze(-1).exp()
+            jump = run.noise.uniform(i, EVENT, batch.rows, length) < (grid.jump_probability(i) * (1.0 - p_stay))
+            # New values exclude the current one: the rate is defined for j != x_t^d only.
+            tokens = draws.tokens_everywhere(i, batch.rows, logits, run.temperature_at(i), exclude=batch.x)
+            batch.x = torch.where(jump, tokens, batch.x)
+    return batch.result(run.steps)
 
 
 def tau_leaping_planned(
@@ -188,62 +138,81 @@ def tau_leaping_planned(
     *,
     steps: int,
     denoiser_type: str = "uniform",
-    time_conditioned_planner: bool = False,
-    temperature: float = 1.0,
-    temperature_end: Optional[float] = None,
-    schedule: Union[str, Schedule] = "linear",
-    mask_id: Optional[int] = None,
+    temperature: Union[float, Temperature] = 1.0,
     seed: Optional[int] = None,
-    generator: Optional[torch.Generator] = None,
     noise: Optional[NoiseSource] = None,
     device: Union[str, torch.device, None] = None,
-    fused: bool = False,
+    **options,
 ) -> SampleResult:
     """Planner x denoiser tau-leaping (P x UniD, P x MaskD) from uniform noise.
 
-    planner(x) (or planner(x, t) when time_conditioned_planner) -> Float[B, D] logits;
+    planner(x) (or planner(x, t) with time_conditioned_planner=True) -> Float[B, D] logits;
     denoiser(x, t) -> Float[B, D, V] logits, of p(x_1^d | x_t, z^d = N) for
     denoiser_type='uniform' (called at the grid time) or of a mask denoiser for 'mask'
     (called on the masked sequence at t = alpha^{-1}(1 - #masked / D)). Per step a
     position jumps with probability dt alpha_dot/(1 - alpha) p(z^d = N | x_t) to a
-    draw of the denoiser (which may return the current value). fused: see the
-    module docstring.
+    draw of the denoiser (which may return the current value). options:
+    time_conditioned_planner, temperature_end, schedule, mask_id, generator, fused (see
+    the module docstring).
     """
     check_callable("planner", planner)
     check_callable("denoiser", denoiser)
-    check_shape(batch_size, length, vocab_size)
     check_choice("denoiser_type", denoiser_type, DENOISER_TYPES)
-    grid = _Grid(steps, schedule, temperature, temperature_end)
-    mask_id = vocab_size if mask_id is None else check_int("mask_id", mask_id, vocab_size)
-    check_bool("fused", fused)
-    noise = make_noise(seed, generator, noise)
-    batch = RunningBatch(initial_noise(noise, batch_size, length, vocab_size, device))
-    draw = draw_where if fused else _draw_where
-    for i in range(grid.steps):
-        t = grid.t_batch(i, len(batch), batch.x.device)
-        logits = batch.planner(planner, batch.x, t) if time_conditioned_planner else batch.planner(planner, batch.x)
-        p = torch.sigmoid(logits)
-        jump = noise.uniform(i, EVENT, batch.rows, length) < grid.jump_probability(i) * p
-        x_in, t_in = batch.x, t
-        if denoiser_type == "mask":
-            z = (noise.uniform(i, MASK, batch.rows, length) < p) | jump
-            x_in = torch.where(z, torch.full_like(batch.x, mask_id), batch.x)
-            t_in = step_fns.mask_time(z, grid.schedule)
-        batch.x = draw(batch, denoiser, i, batch.x, x_in, jump, t_in, noise, vocab_size, grid.temperature(i))
-    return batch.result(grid.steps)
+    time_conditioned = check_bool("time_conditioned_planner", options.pop("time_conditioned_planner", False))
+    run, draws, _ = setup("tau_leaping_planned", batch_size, length, vocab_size, steps, temperature, seed, noise,
+                          device, options, masks=True)
+    grid = _Grid(run)
+    batch = draws.batch(initial_noise(run))
+    with torch.no_grad():
+        for i in range(run.steps):
+            t = grid.t(i, len(batch))
+            logits = batch.planner(planner, batch.x, t) if time_conditioned else batch.planner(planner, batch.x)
+            p = torch.sigmoid(logits)
+            jump = run.noise.uniform(i, EVENT, batch.rows, length) < grid.jump_probability(i) * p
+            x_in, t_in = batch.x, t
+            if denoiser_type == "mask":
+                z = (run.noise.uniform(i, MASK, batch.rows, length) < p) | jump
+                x_in = torch.where(z, torch.full_like(batch.x, run.mask_id), batch.x)
+                t_in = mask_time(z.sum(-1), run)
+            batch.x = _draw_where(run, draws, batch, denoiser, i, batch.x, x_in, jump, t_in)
+    return batch.result(run.steps)
 
 
-def _draw_where(batch: RunningBatch, denoiser: Callable, step: int, x: Tensor, x_in: Tensor, where: Tensor,
-                t: Tensor, noise: NoiseSource, vocab_size: int, temperature: float) -> Tensor:
-    """x with the positions `where` drawn from denoiser(x_in, t); only rows with a draw call it."""
-    rows = where.any(-1)
-    if not bool(rows.any()):
+class _Grid:
+    """The uniform time grid t_i = i / T and the noise-removal rate on it."""
+
+    def __init__(self, run: Run):
+        self.run = run
+        self.dt = 1.0 / run.steps
+
+    def t(self, step: int, n: int) -> Tensor:
+        return torch.full((n,), step * self.dt, dtype=torch.float32, device=self.run.device)
+
+    def jump_probability(self, step: int, eta: float = 0.0) -> float:
+        """dt (alpha_dot + eta alpha) / (1 - alpha) at the start of the step, clamped to 1.
+
+        eta = 0 is the noise-removal rate; it is 1 at the last step, where the rate is
+        infinite at t = 1 for the schedules of ddpd.process (and is taken so for any).
+        """
+        if step == self.run.steps - 1:
+            return 1.0
+        schedule = self.run.schedule
+        t = torch.tensor(step * self.dt, dtype=torch.float64)
+        a = schedule.alpha(t)
+        return min(1.0, self.dt * float((schedule.alpha_dot(t) + eta * a) / (1.0 - a)))
+
+
+def _draw_where(run: Run, draws: Draws, batch: RunningBatch, denoiser: Callable, step: int, x: Tensor,
+                x_in: Tensor, where: Tensor, t: Tensor) -> Tensor:
+    """x with the positions `where` (Bool[B, D]) drawn from denoiser(x_in, t).
+
+    The reference run calls the denoiser on the rows with a draw only; the fused run does
+    not know them without a host synchronisation and runs every row.
+    """
+    index = draws.rows_with(where.any(-1))
+    if index is not None and index.numel() == 0:
         return x
-    logits = batch.denoiser(denoiser, x_in[rows], t[rows], vocab_size)
-    n, length = logits.shape[:2]
-    width = step_fns.token_noise_width(vocab_size)
-    u = noise.uniform(step, TOKEN, batch.rows[rows], length * width).view(n, length, width)
-    tokens = step_fns.sample_categorical(logits, u, temperature)
-    x = x.clone()
-    x[rows] = torch.where(where[rows], tokens, x[rows])
-    return x
+    x_in, t, rows = subset(index, x_in, t, batch.rows)
+    logits = batch.denoiser(denoiser, x_in, t, run.vocab_size)
+    tokens = draws.tokens_everywhere(step, rows, logits, run.temperature_at(step))
+    return torch.where(where, expand(index, tokens, x), x)

@@ -1,0 +1,197 @@
+"""The running batch of a sampler: the rows still being sampled and the forward-pass bookkeeping.
+
+Rows are kept by row id, so a row keeps its noise stream (ddpd.sampling.noise) whatever
+else is in the batch. Two ways to let finished rows go:
+
+- `RunningBatch` (the reference run) removes a row the step it stops; that reads the stop
+  flags on the host every step.
+- `FusedBatch` (the fused run) only records a stop on the device, keeps the row frozen in
+  the batch, and looks at the flags at every `sync_every`-th stop check: one host
+  synchronisation, after which the finished rows are written back to their places in the
+  output (ddpd.ops.scatter_back) and the running ones packed to the front
+  (ddpd.ops.compact_fixed), so that later passes of both networks run on the running rows
+  only. With compaction=False they stay to the end (the same samples, more row-evaluations).
+
+Both count the forward passes (calls) and the sequences evaluated (row-evaluations), and
+check what the networks return.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+from torch import Tensor
+
+from ddpd.ops.compact import compact_fixed, scatter_back
+
+
+@dataclass
+class SampleResult:
+    """What a sampler returns.
+
+    tokens: Long[B, D] final sequences. steps: loop iterations the batch ran.
+    stop_step: Long[B], the iteration at which each row stopped (its number of steps).
+    planner_calls / denoiser_calls: forward passes (calls, whatever their batch size).
+    planner_rows / denoiser_rows: sequences evaluated (row-evaluations), summed over
+    those calls. planner_rows_saved / denoiser_rows_saved: the row-evaluations that
+    rows leaving the batch saved, against the whole batch at every call.
+    """
+
+    tokens: Tensor
+    steps: int
+    stop_step: Tensor
+    planner_calls: int = 0
+    denoiser_calls: int = 0
+    planner_rows: int = 0
+    denoiser_rows: int = 0
+
+    @property
+    def planner_rows_saved(self) -> int:
+        return self.tokens.shape[0] * self.planner_calls - self.planner_rows
+
+    @property
+    def denoiser_rows_saved(self) -> int:
+        return self.tokens.shape[0] * self.denoiser_calls - self.denoiser_rows
+
+
+class RunningBatch:
+    """Rows still being sampled (reference run: a row leaves the step it stops)."""
+
+    def __init__(self, x: Tensor):
+        self.out = x.clone()
+        self.rows = torch.arange(x.shape[0], device=x.device)
+        self.x = x
+        self.stop_step = torch.full((x.shape[0],), -1, dtype=torch.long, device=x.device)
+        self.planner_calls = self.denoiser_calls = 0
+        self.planner_rows = self.denoiser_rows = 0
+
+    def __len__(self) -> int:
+        return self.rows.numel()
+
+    @property
+    def finished(self) -> bool:
+        """True once every row has stopped."""
+        return len(self) == 0
+
+    def running(self) -> Optional[Tensor]:
+        """Bool[len] of the rows that have not stopped, or None when that is every row."""
+        return None
+
+    # ---- the networks, counted and checked
+
+    def planner(self, model: Callable, x: Tensor, *args) -> Tensor:
+        """Planner logits Float[B, D] for x (time passed when given), shape-checked."""
+        logits = model(x, *args)
+        _check_output("planner", logits, tuple(x.shape))
+        self.planner_calls += 1
+        self.planner_rows += x.shape[0]
+        return logits.float()
+
+    def denoiser(self, model: Callable, x: Tensor, t: Tensor, vocab_size: int, name: str = "denoiser") -> Tensor:
+        """Denoiser logits Float[B, D, V] for (x, t), shape-checked (name: for errors)."""
+        logits = model(x, t)
+        _check_output(name, logits, (*x.shape, vocab_size))
+        self.denoiser_calls += 1
+        self.denoiser_rows += x.shape[0]
+        return logits.float()
+
+    def hidden(self, model, x: Tensor, t: Tensor, vocab_size: int) -> Tensor:
+        """model.hidden(x, t) Float[B, D, H], counted as a denoiser pass; its head must give vocab_size logits."""
+        head = model.head
+        if head.out_features != vocab_size:
+            raise ValueError(f"denoiser.head must have {vocab_size} outputs, got {head.out_features}")
+        h = model.hidden(x, t)
+        if not isinstance(h, Tensor) or h.dim() != 3 or tuple(h.shape[:2]) != tuple(x.shape) \
+                or h.shape[2] != head.in_features:
+            shape = list(h.shape) if isinstance(h, Tensor) else type(h).__name__
+            raise ValueError(f"denoiser.hidden must return hidden states of shape "
+                             f"{[*x.shape, head.in_features]}, got {shape}")
+        self.denoiser_calls += 1
+        self.denoiser_rows += x.shape[0]
+        return h
+
+    # ---- rows leaving
+
+    def finish(self, done: Tensor, step: int, *carried: Optional[Tensor]) -> tuple:
+        """Retire the rows where done (Bool[len]) at `step`; returns `carried` (per-row tensors
+        of this step, or None) restricted to the rows kept."""
+        if not bool(done.any()):
+            return carried
+        ids = self.rows[done]
+        self.out[ids] = self.x[done]
+        self.stop_step[ids] = step
+        keep = ~done
+        self.rows, self.x = self.rows[keep], self.x[keep]
+        return tuple(None if c is None else c[keep] for c in carried)
+
+    def result(self, steps: int) -> SampleResult:
+        """Rows still running stop at `steps`; `steps` of the result is the last stop step."""
+        self.finish(torch.ones(len(self), dtype=torch.bool, device=self.x.device), steps)
+        return self._result()
+
+    def _result(self) -> SampleResult:
+        return SampleResult(self.out, int(self.stop_step.max()), self.stop_step, self.planner_calls,
+                            self.denoiser_calls, self.planner_rows, self.denoiser_rows)
+
+
+class FusedBatch(RunningBatch):
+    """Rows in the batch (running, or finished since the last stop check) and their bookkeeping."""
+
+    def __init__(self, x: Tensor, sync_every: int = 1, compaction: bool = True):
+        super().__init__(x)
+        self.sync_every = sync_every
+        self.compaction = compaction
+        self.running_rows = x.shape[0]  # as of the last stop check (a host count)
+        self._checks = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.running_rows == 0
+
+    def running(self) -> Tensor:
+        """Bool[len]: the rows in the batch that have not stopped (no host sync)."""
+        return self.stop_step[self.rows] < 0
+
+    def finish(self, done: Tensor, step: int, *carried: Optional[Tensor]) -> tuple:
+        """Record that the rows where done (Bool[len]) stopped at `step` (unless they already had).
+
+        Every sync_every-th call is a stop check: the finished rows leave the batch and each
+        of `carried` is packed like the batch. Returns `carried`, packed or not.
+        """
+        rows_stop = self.stop_step[self.rows]
+        self.stop_step[self.rows] = torch.where(done & (rows_stop < 0), step, rows_stop)
+        self._checks += 1
+        if self._checks % self.sync_every:
+            return carried
+        return self._check(carried)
+
+    def _check(self, carried: tuple) -> tuple:
+        running = self.running()
+        self.running_rows = int(running.sum())  # the host synchronisation of the stop check
+        if not self.compaction or self.running_rows == len(self):
+            return carried
+        scatter_back(torch.where(running, -1, self.rows), self.x, self.out)
+        present = [c for c in carried if c is not None]
+        packed, _, _ = compact_fixed(running, self.running_rows, self.x, self.rows, *present)
+        self.x, self.rows, rest = packed[0], packed[1], iter(packed[2:])
+        return tuple(None if c is None else next(rest) for c in carried)
+
+    def result(self, steps: int) -> SampleResult:
+        rows_stop = self.stop_step[self.rows]
+        self.stop_step[self.rows] = torch.where(rows_stop < 0, steps, rows_stop)
+        scatter_back(self.rows, self.x, self.out)
+        return self._result()
+
+
+def _check_output(name: str, out, shape: tuple) -> None:
+    if not isinstance(out, Tensor):
+        raise TypeError(f"{name} must return a tensor, got {type(out).__name__}")
+    if tuple(out.shape) != shape or not out.is_floating_point():
+        raise ValueError(f"{name} must return floating logits of shape {list(shape)}, "
+                         f"got {out.dtype} of shape {list(out.shape)}")
+
+
+def has_head(model: Callable) -> bool:
+    """True for a network exposing hidden(x, t) and an nn.Linear output head (ddpd.models)."""
+    return callable(getattr(model, "hidden", None)) and isinstance(getattr(model, "head", None), torch.nn.Linear)

@@ -1,0 +1,212 @@
+"""The random draws of a sampler step, made two ways: the reference run and the fused run.
+
+Every sampler is written once (ddpd.sampling.gillespie, tau_leaping, maskgit) against the
+`Draws` interface below; what differs between a reference and a fused run is the
+strategy object it is handed:
+
+- `ReferenceDraws`: plain torch. Uniforms come from the noise source as tensors and go to
+  the torch references of the ddpd.ops sampling ops (`planner_select_reference`,
+  `planner_select_mask_reference`, `sample_categorical_reference`); the denoiser's full
+  logits [B, D, V] are computed; a row leaves the batch the step it stops (RunningBatch);
+  rows with nothing to draw are left out of a denoiser pass (a host synchronisation).
+- `FusedDraws`: the ddpd.ops kernels. With a PhiloxNoise source the kernels generate the
+  uniforms themselves from (seed, offset of the step and stream, row id), the counters
+  PhiloxNoise.uniform uses; with another source (or k > 1 token draws per row, whose
+  k * W uniforms sit in one row of the stream) the uniforms are drawn from the source in
+  the reference's order and shapes and passed as explicit `noise`. A denoiser exposing
+  hidden(x, t) and an nn.Linear head has the head applied at the chosen positions only
+  (`sample_from_hidden`). No host synchronisation inside a step: stops are recorded on the
+  device and finished rows leave at stop checks (FusedBatch), every row runs every pass.
+
+Both draw the same positions and tokens from the same noise source (the ops and their
+references agree token for token), which the tests check for every sampler.
+
+Methods (B rows in the batch, `rows` their row ids):
+- plan: positions (k per row, prop:self-loop-jumps), sum_d p(z^d = N | x_t), the stop flag;
+  with `mask_id` also the masked sequence of prop:draw_with_maskD and its mask count.
+- tokens_at: a token at each chosen position from the denoiser's p(x_1^d | x_in, t).
+- tokens_everywhere: a token at every position from logits [B, D, V] (the baselines).
+- rows_with: which rows a pass must include when only some rows draw (None: all of them).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+from torch import Tensor
+
+from ddpd.ops import (planner_select, planner_select_mask, planner_select_mask_reference, planner_select_reference,
+                      sample_categorical, sample_categorical_reference, sample_from_hidden)
+from ddpd.ops.sample_categorical import TILE, noise_width
+from ddpd.sampling.batch import FusedBatch, RunningBatch, has_head
+from ddpd.sampling.noise import MASK, SELECT, TOKEN, NoiseSource, PhiloxNoise
+from ddpd.sampling.options import Execution
+
+
+@dataclass
+class Plan:
+    """The plan of a step: positions Long[B, k], sum_p Float[B], stop Bool[B]; for a mask
+    denoiser also the masked sequence Long[B, D] and the mask count Long[B]."""
+
+    positions: Tensor
+    sum_p: Tensor
+    stop: Tensor
+    masked: Optional[Tensor] = None
+    count: Optional[Tensor] = None
+
+
+class Draws:
+    """The interface both runs implement (see the module docstring)."""
+
+    def __init__(self, noise: NoiseSource):
+        self.noise = noise
+
+    def batch(self, x0: Tensor) -> RunningBatch:
+        raise NotImplementedError
+
+    def plan(self, step: int, logits: Tensor, rows: Tensor, k: int, selection: str, eps: float,
+             x: Optional[Tensor] = None, mask_id: Optional[int] = None) -> Plan:
+        raise NotImplementedError
+
+    def rows_with(self, flags: Tensor) -> Optional[Tensor]:
+        raise NotImplementedError
+
+    def categorical(self, step: int, rows: Tensor, logits: Tensor, per_row: int, temperature: float,
+                    exclude: Optional[Tensor] = None) -> Tensor:
+        """Long[N]: one draw per row of logits [N, V] (N = len(rows) * per_row, the draws of a row
+        consecutive) from the TOKEN stream; temperature 0 is the argmax; never exclude[n]."""
+        raise NotImplementedError
+
+    def tokens_at(self, batch: RunningBatch, denoiser: Callable, step: int, x_in: Tensor, t: Tensor,
+                  positions: Tensor, rows: Tensor, vocab_size: int, temperature: float) -> Tensor:
+        """Long[B, k]: a token at each of positions (Long[B, k]) from denoiser(x_in, t)."""
+        return self.tokens_from(step, rows, batch.denoiser(denoiser, x_in, t, vocab_size), positions, temperature)
+
+    def tokens_from(self, step: int, rows: Tensor, logits: Tensor, positions: Tensor, temperature: float) -> Tensor:
+        """Long[B, k]: a token at each of positions from the logits [B, D, V] at those positions."""
+        n, k = positions.shape
+        vocab = logits.shape[-1]
+        picked = logits.gather(1, positions[..., None].expand(-1, -1, vocab)).reshape(n * k, vocab)
+        return self.categorical(step, rows, picked, k, temperature).view(n, k)
+
+    def tokens_everywhere(self, step: int, rows: Tensor, logits: Tensor, temperature: float,
+                          exclude: Optional[Tensor] = None) -> Tensor:
+        """Long[B, D]: a token at every position of logits [B, D, V], never exclude (Long[B, D])."""
+        n, length, vocab = logits.shape
+        flat_exclude = None if exclude is None else exclude.reshape(-1)
+        return self.categorical(step, rows, logits.reshape(n * length, vocab), length, temperature,
+                                flat_exclude).view(n, length)
+
+    def _token_noise(self, step: int, rows: Tensor, per_row: int, vocab_size: int) -> Tensor:
+        """The TOKEN uniforms of `per_row` draws in each row, Float[len(rows) * per_row, noise_width(V)].
+
+        A draw over V tokens reads W = token_noise_width(V) uniforms of its row (column j
+        drives token j, column V + t tile t); a single tile needs no tile uniform, so it is
+        padded with one that takes part in a race of one.
+        """
+        width = token_noise_width(vocab_size)
+        u = self.noise.uniform(step, TOKEN, rows, per_row * width).view(-1, width)
+        if width < noise_width(vocab_size):
+            u = torch.cat([u, torch.full_like(u[:, :1], 0.5)], 1)
+        return u
+
+
+def token_noise_width(vocab_size: int) -> int:
+    """Uniforms one categorical draw over vocab_size tokens reads from its row of the TOKEN stream:
+    V for a single tile (no tile race), V + n_tiles above (the layout of ddpd.ops.sample_categorical)."""
+    return vocab_size if vocab_size <= TILE else noise_width(vocab_size)
+
+
+class ReferenceDraws(Draws):
+    """Plain torch: explicit uniforms into the ops' torch references; full denoiser logits."""
+
+    def batch(self, x0: Tensor) -> RunningBatch:
+        return RunningBatch(x0)
+
+    def plan(self, step, logits, rows, k, selection, eps, x=None, mask_id=None) -> Plan:
+        length = logits.shape[1]
+        u = self.noise.uniform(step, SELECT, rows, length)
+        if mask_id is None:
+            return Plan(*planner_select_reference(logits, k, selection, eps=eps, noise=u))
+        u_mask = self.noise.uniform(step, MASK, rows, length)
+        positions, sum_p, stop, masked, _, count = planner_select_mask_reference(
+            logits, x, mask_id, k, selection, eps=eps, noise=u, mask_noise=u_mask)
+        return Plan(positions, sum_p, stop, masked, count)
+
+    def rows_with(self, flags: Tensor) -> Optional[Tensor]:
+        return flags.nonzero().flatten()
+
+    def categorical(self, step, rows, logits, per_row, temperature, exclude=None) -> Tensor:
+        if temperature == 0:
+            return argmax(logits, exclude)
+        u = self._token_noise(step, rows, per_row, logits.shape[1])
+        return sample_categorical_reference(logits, temperature, exclude_per_row=exclude, noise=u)[0]
+
+
+class FusedDraws(Draws):
+    """The ddpd.ops kernels; uniforms generated in the kernels from a PhiloxNoise source."""
+
+    def __init__(self, noise: NoiseSource, execution: Execution):
+        super().__init__(noise)
+        self.execution = execution
+        self.philox = isinstance(noise, PhiloxNoise)
+
+    def batch(self, x0: Tensor) -> RunningBatch:
+        return FusedBatch(x0, self.execution.sync_every, self.execution.compaction)
+
+    def plan(self, step, logits, rows, k, selection, eps, x=None, mask_id=None) -> Plan:
+        length = logits.shape[1]
+        if self.philox:
+            stream = self.noise.counters(step, SELECT, rows)
+        else:
+            stream = dict(noise=self.noise.uniform(step, SELECT, rows, length))
+        if mask_id is None:
+            return Plan(*planner_select(logits, k, selection, eps=eps, **stream))
+        if self.philox:  # the op draws its mask at offset + 1: that must be the MASK stream
+            assert self.noise.counters(step, MASK, rows)["offset"] == (stream["offset"] + 1) % 2**64
+        else:
+            stream["mask_noise"] = self.noise.uniform(step, MASK, rows, length)
+        positions, sum_p, stop, masked, _, count = planner_select_mask(logits, x, mask_id, k, selection, eps=eps,
+                                                                       **stream)
+        return Plan(positions, sum_p, stop, masked, count)
+
+    def rows_with(self, flags: Tensor) -> Optional[Tensor]:
+        return None  # every row runs: which rows draw is not known on the host without a sync
+
+    def categorical(self, step, rows, logits, per_row, temperature, exclude=None) -> Tensor:
+        if temperature == 0:
+            return argmax(logits, exclude)
+        stream = self._token_stream(step, rows, per_row, logits.shape[1])
+        return sample_categorical(logits, temperature, exclude_per_row=exclude, **stream)[0]
+
+    def tokens_at(self, batch, denoiser, step, x_in, t, positions, rows, vocab_size, temperature) -> Tensor:
+        """With hidden(x, t) and an nn.Linear head, the head runs at the B * k chosen positions only."""
+        if not has_head(denoiser):
+            return super().tokens_at(batch, denoiser, step, x_in, t, positions, rows, vocab_size, temperature)
+        n, k = positions.shape
+        h = batch.hidden(denoiser, x_in, t, vocab_size)
+        picked = h.gather(1, positions[..., None].expand(-1, -1, h.shape[-1])).reshape(n * k, -1)
+        head = denoiser.head
+        if temperature == 0:
+            return head(picked).argmax(-1).view(n, k)
+        tokens, _ = sample_from_hidden(picked, head.weight, head.bias, temperature,
+                                       **self._token_stream(step, rows, k, vocab_size))
+        return tokens.view(n, k)
+
+    def _token_stream(self, step: int, rows: Tensor, per_row: int, vocab_size: int) -> dict:
+        if self.philox and per_row == 1:
+            return self.noise.counters(step, TOKEN, rows)
+        return dict(noise=self._token_noise(step, rows, per_row, vocab_size))
+
+
+def argmax(logits: Tensor, exclude: Optional[Tensor] = None) -> Tensor:
+    """Temperature 0: the most likely token of each row of logits [N, V], never exclude[n]."""
+    if exclude is not None:
+        logits = logits.scatter(1, exclude[:, None], float("-inf"))
+    return logits.argmax(-1)
+
+
+def make_draws(noise: NoiseSource, execution: Execution) -> Draws:
+    """The strategy of a run: fused or reference, as `execution` says."""
+    return FusedDraws(noise, execution) if execution.fused else ReferenceDraws(noise)

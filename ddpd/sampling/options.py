@@ -1,0 +1,152 @@
+"""Sampler options as validated, immutable objects, one per concern.
+
+- `Temperature`: the denoiser logit temperature, fixed or annealed linearly from `start`
+  (first step) to `end` (last step); shared by every sampler. 0 means argmax.
+- `DDPDOptions`: how Algorithm 1 (alg:sampling) plans, stops and keeps time: `selection`
+  (sigmoid = option A, softmax = option C), `stop` (eps = A, budget = B) and `eps`,
+  `clock` (planner: the paper's time estimate; exact: the self-loop CTMC simulated
+  exactly, ending at `t_end`), `k` positions per step during the first `parallel_steps`,
+  and whether the planner takes the time (`time_conditioned_planner`, exact clock only).
+- `Execution`: how a run is carried out, not what it draws: `fused` (the ddpd.ops kernels,
+  no host synchronisation inside a step), `sync_every` (steps between the stop checks where
+  finished rows leave the batch) and `compaction` (whether they leave it at all).
+
+Each object checks its own fields when built; `DDPDOptions.check` adds the checks that need
+the run's length and step budget. The public samplers take these objects, or their fields
+as keyword arguments (`ddpd_sample(..., selection="softmax", eps=0.05, fused=True)`), and
+resolve them once with `resolve`; everything below the public boundary receives validated
+objects and checks nothing again.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Optional, Tuple, Type
+
+from ddpd.validation import check_bool, check_choice, check_float, check_int
+
+SELECTIONS = ("sigmoid", "softmax")
+STOPS = ("eps", "budget")
+CLOCKS = ("planner", "exact")
+
+
+def check_temperature(name: str, value) -> float:
+    """A logit temperature: a finite number >= 0 (0 = argmax)."""
+    value = check_float(name, value, 0.0)
+    if math.isinf(value):
+        raise ValueError(f"{name} must be finite (0 = argmax), got {value}")
+    return value
+
+
+@dataclass(frozen=True)
+class Temperature:
+    """Logit temperature `start` at the first step, linearly to `end` (default: start) at the last."""
+
+    start: float = 1.0
+    end: Optional[float] = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "start", check_temperature("temperature", self.start))
+        end = self.start if self.end is None else check_temperature("temperature_end", self.end)
+        object.__setattr__(self, "end", end)
+
+    def at(self, step: int, steps: int) -> float:
+        """The temperature at `step` of `steps`."""
+        if steps <= 1:
+            return self.start
+        return self.start + (self.end - self.start) * step / (steps - 1)
+
+
+@dataclass(frozen=True)
+class DDPDOptions:
+    """Plan, stop and clock of the DDPD sampler (appendix 'Implementation details': A, +B, +C)."""
+
+    selection: str = "sigmoid"
+    stop: Optional[str] = None  # eps with the planner clock, budget with the exact clock
+    eps: float = 0.01
+    clock: str = "planner"
+    t_end: float = 1.0 - 1e-4
+    k: int = 1
+    parallel_steps: int = 0
+    time_conditioned_planner: bool = False
+
+    def __post_init__(self) -> None:
+        check_choice("selection", self.selection, SELECTIONS)
+        check_choice("clock", self.clock, CLOCKS)
+        stop = ("eps" if self.clock == "planner" else "budget") if self.stop is None else self.stop
+        object.__setattr__(self, "stop", check_choice("stop", stop, STOPS))
+        object.__setattr__(self, "eps", check_float("eps", self.eps, 0.0, 1.0, open_min=True, open_max=True))
+        object.__setattr__(self, "t_end", check_float("t_end", self.t_end, 0.0, 1.0, open_min=True, open_max=True))
+        check_int("k", self.k, 1)
+        check_int("parallel_steps", self.parallel_steps, 0)
+        check_bool("time_conditioned_planner", self.time_conditioned_planner)
+        if self.clock == "exact":
+            if self.stop == "eps":
+                raise ValueError("stop='eps' is not available with clock='exact', which runs to t_end; "
+                                 "use stop='budget' or clock='planner'")
+            if self.k > 1 and self.parallel_steps > 0:
+                raise ValueError("k > 1 (parallel steps) is not available with clock='exact', "
+                                 "which simulates one jump at a time")
+        elif self.time_conditioned_planner:
+            raise ValueError("time_conditioned_planner=True needs clock='exact': the planner clock estimates "
+                             "the time from a time-free planner")
+
+    def check(self, length: int, steps: int) -> "DDPDOptions":
+        """The checks that need the sequence length and the step budget; returns self."""
+        check_int("k", self.k, 1, length)
+        check_int("parallel_steps", self.parallel_steps, 0, steps)
+        return self
+
+    def positions_at(self, step: int) -> int:
+        """Positions denoised at `step`: k in the parallel stage, then one."""
+        return self.k if step < self.parallel_steps else 1
+
+
+@dataclass(frozen=True)
+class Execution:
+    """Reference or fused run; for the fused run, the stop-check interval and compaction."""
+
+    fused: bool = False
+    sync_every: int = 8
+    compaction: bool = True
+
+    def __post_init__(self) -> None:
+        check_bool("fused", self.fused)
+        check_int("sync_every", self.sync_every, 1)
+        check_bool("compaction", self.compaction)
+
+
+def _field_names(kind: Type) -> Tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(kind))
+
+
+def resolve(sampler: str, options: dict, *kinds: Type) -> Tuple:
+    """One validated object per kind in `kinds`, from the keyword arguments of a sampler call.
+
+    Each kind is given either as an object under its keyword (`ddpd=DDPDOptions(...)`,
+    `execution=Execution(...)`) or field by field (`selection=...`, `fused=...`), not both.
+    Unknown keywords raise a TypeError that lists the ones `sampler` accepts.
+    """
+    options = dict(options)
+    resolved = []
+    for kind in kinds:
+        key, fields = KEYWORDS[kind], _field_names(kind)
+        given = {name: options.pop(name) for name in fields if name in options}
+        whole = options.pop(key, None)
+        if whole is not None:
+            if not isinstance(whole, kind):
+                raise TypeError(f"{sampler}: {key} must be a {kind.__name__}, got {type(whole).__name__}")
+            if given:
+                raise TypeError(f"{sampler}: pass {key}= or its fields {sorted(given)}, not both")
+            resolved.append(whole)
+        else:
+            resolved.append(kind(**given))
+    if options:
+        accepted = sorted(name for kind in kinds for name in (KEYWORDS[kind],) + _field_names(kind))
+        raise TypeError(f"{sampler}() got unexpected keyword argument(s) {sorted(options)}; "
+                        f"its options are {accepted}")
+    return tuple(resolved)
+
+
+KEYWORDS = {DDPDOptions: "ddpd", Execution: "execution"}

@@ -1,0 +1,90 @@
+"""Samples pinned from the samplers as they were before the sampling engine was written once
+(commit dc53315): for a given seed every sampler, reference and fused, must keep drawing
+exactly these sequences, so a refactoring of the loops cannot change what users get.
+
+tests/data/pinned_samples.json holds, per case, the tokens, stop steps and step count of a
+batch of 6 (tiny random transformers, V = 27 and V = 300 so the categorical draw has one tile
+and two) and 2 samples of the bundled text8 model.
+"""
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from ddpd.checkpoint import load_bundle
+from ddpd.models import build_model, config_for
+from ddpd.pretrained import BUNDLE_DIR
+from ddpd.sampling import (ddpd_sample, ddpd_sample_uniform, maskgit_sample, tau_leaping_mask, tau_leaping_planned,
+                           tau_leaping_uniform)
+from oracles.fixtures import single_thread  # noqa: F401  (autouse)
+
+PINNED = json.loads((Path(__file__).parent / "data" / "pinned_samples.json").read_text())
+
+
+def tiny(kind, vocab, seed, scale):
+    torch.manual_seed(seed)
+    model = build_model(kind, config_for(kind, vocab, 8, d_model=16, n_layers=1, n_heads=2)).eval()
+    with torch.no_grad():
+        model.head.weight.mul_(scale)
+    return model
+
+
+@pytest.fixture(scope="module")
+def nets():
+    return {v: dict(planner=tiny("planner", v, 0, 40.0), uniform=tiny("uniform-denoiser", v, 1, 20.0),
+                    mask=tiny("mask-denoiser", v, 2, 20.0), model=tiny("uniform", v, 3, 20.0)) for v in (27, 300)}
+
+
+def cases(v):
+    """name -> (sampler, models, keyword arguments) for the nets of vocabulary v."""
+    return {
+        f"ddpd uniform A V{v}": (ddpd_sample, ("planner", "uniform"), dict(steps=16, seed=9, eps=0.2)),
+        f"ddpd mask A+C V{v}": (ddpd_sample, ("planner", "mask"),
+                                dict(steps=16, seed=9, eps=0.2, denoiser_type="mask", selection="softmax")),
+        f"ddpd mask B k3x2 T.7-.2 V{v}": (ddpd_sample, ("planner", "mask"),
+                                          dict(steps=16, seed=3, denoiser_type="mask", stop="budget", k=3,
+                                               parallel_steps=2, temperature=0.7, temperature_end=0.2)),
+        f"ddpd uniform B k2x3 V{v}": (ddpd_sample, ("planner", "uniform"),
+                                      dict(steps=16, seed=4, stop="budget", k=2, parallel_steps=3)),
+        f"ddpd exact uniform V{v}": (ddpd_sample, ("planner", "uniform"), dict(steps=40, seed=5, clock="exact")),
+        f"ddpd exact mask V{v}": (ddpd_sample, ("planner", "mask"),
+                                  dict(steps=40, seed=6, clock="exact", denoiser_type="mask")),
+        f"ddpd uniform model A V{v}": (ddpd_sample_uniform, ("model",), dict(steps=16, seed=7, eps=0.2)),
+        f"ddpd uniform model exact V{v}": (ddpd_sample_uniform, ("model",), dict(steps=40, seed=8, clock="exact")),
+        f"tau mask eta0 V{v}": (tau_leaping_mask, ("mask",), dict(steps=10, seed=10)),
+        f"tau mask eta2 V{v}": (tau_leaping_mask, ("mask",), dict(steps=10, seed=11, eta=2.0, temperature=0.9)),
+        f"tau uniform V{v}": (tau_leaping_uniform, ("model",), dict(steps=10, seed=12)),
+        f"tau planned uniform V{v}": (tau_leaping_planned, ("planner", "uniform"), dict(steps=10, seed=13)),
+        f"tau planned mask V{v}": (tau_leaping_planned, ("planner", "mask"),
+                                   dict(steps=10, seed=14, denoiser_type="mask")),
+        f"maskgit V{v}": (maskgit_sample, ("mask",), dict(steps=4, seed=15, temperature=0.8)),
+    }
+
+
+CASES = {name: (v, case) for v in (27, 300) for name, case in cases(v).items()}
+
+
+def assert_pinned(name, result):
+    pinned = PINNED[name]
+    assert result.tokens.tolist() == pinned["tokens"], name
+    assert result.stop_step.tolist() == pinned["stop_step"], name
+    assert result.steps == pinned["steps"], name
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["reference", "fused"])
+@pytest.mark.parametrize("name", CASES)
+def test_samples_are_pinned(nets, name, fused):
+    vocab, (sampler, roles, kwargs) = CASES[name]
+    with torch.inference_mode():
+        result = sampler(*(nets[vocab][r] for r in roles), 6, 8, vocab, **kwargs, fused=fused)
+    assert_pinned(name, result)
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["reference", "fused"])
+def test_bundled_model_samples_are_pinned(fused):
+    planner, denoiser, _ = load_bundle(str(BUNDLE_DIR))
+    with torch.inference_mode():
+        result = ddpd_sample(planner, denoiser, 2, 256, 27, steps=24, seed=0, denoiser_type="mask", stop="budget",
+                             fused=fused)
+    assert_pinned("bundled text8 mask B 24 steps", result)
