@@ -152,6 +152,38 @@ def test_exact_clock_law_is_p_data():
     assert tv(law, problem.p_data) < 1e-3
 
 
+def test_exact_clock_with_a_mask_denoiser_is_biased():
+    """The exact clock with the time-conditioned planner is exact with a uniform denoiser, but
+    not with a mask denoiser: prop:draw_with_maskD draws the mask z^d independently, an
+    approximation of p(z | x_t, z^{d'} = N), and the sampler follows its own (biased) law."""
+    problem = toy("support5 S3 D3")
+    models = problem.models()
+    exact = laws.ddpd_exact_clock_law(problem, T_END)
+    biased = laws.ddpd_exact_clock_law(problem, T_END, denoiser_type="mask")
+    assert tv(exact, problem.p_data) < 1e-3 < 0.01 < tv(biased, problem.p_data)
+    TABLE.add("ddpd exact clock law, time-conditioned planner, mask denoiser [support5 S3 D3]", None,
+              tv(biased, problem.p_data), None, problem.N)
+    result = ddpd_sample(models.planner_t, models.mask_denoiser, B, problem.D, problem.S, steps=220, clock="exact",
+                         time_conditioned_planner=True, denoiser_type="mask", t_end=T_END, noise=noise(4))
+    check_law("ddpd exact clock, time-conditioned planner, mask denoiser [support5 S3 D3]", problem, result, biased)
+
+
+def test_paper_sampler_bias_does_not_shrink_with_D():
+    """The paper's sampler (time-free planner, time estimated from the planner) with exact
+    networks, on a two-state Markov chain: the TV of its exact law to p_data does not fall as
+    D grows, and at D = 8 a longer budget moves it further away."""
+    far = {D: [tv(laws.ddpd_planner_clock_law(toy(f"markov S2 D{D}"), T, stop="budget"),
+                  toy(f"markov S2 D{D}").p_data) for T in (2 * D, 4 * D)] for D in (2, 4, 6, 8)}
+    for D, (short, long) in far.items():
+        TABLE.add(f"ddpd B exact law, {4 * D} steps [markov S2 D{D}]", None, long, None, 2**D)
+    assert far[8][1] > far[2][1] > 0.15 and far[8][1] > far[8][0], far
+    problem = toy("markov S2 D6")  # the sampler follows that law
+    models = problem.models()
+    result = ddpd_sample(models.planner, models.uniform_denoiser, B, 6, 2, steps=24, stop="budget", noise=noise(5))
+    check_law("ddpd B, 24 steps [markov S2 D6]", problem, result, laws.ddpd_planner_clock_law(problem, 24,
+                                                                                                stop="budget"))
+
+
 def test_paper_sampler_is_not_exact_at_tiny_D():
     """With perfect models the time-free planner + estimated time is biased when D is tiny, and
     a longer budget does not remove the bias: its exact law stays far from p_data."""

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from ddpd.sampling import TorchNoise
-from oracles.toy import ToyProblem, dirichlet_p_data, sparse_p_data
+from oracles.toy import ToyProblem, dirichlet_p_data, markov_p_data, sparse_p_data
 
 TOYS = {
     "dir S3 D3": lambda: ToyProblem(dirichlet_p_data(3, 3, seed=1), 3, 3),
@@ -12,6 +12,8 @@ TOYS = {
     "dir S5 D2": lambda: ToyProblem(dirichlet_p_data(5, 2, seed=3), 5, 2),
     "sparse S4 D3": lambda: ToyProblem(sparse_p_data(4, 3, support=12, seed=4), 4, 3),
     "dir S3 D2": lambda: ToyProblem(dirichlet_p_data(3, 2, seed=5), 3, 2),
+    "support5 S3 D3": lambda: ToyProblem(sparse_p_data(3, 3, support=5, seed=2), 3, 3),
+    **{f"markov S2 D{D}": (lambda D=D: ToyProblem(markov_p_data(D), 2, D)) for D in (2, 4, 6, 8)},
 }
 _cache = {}
 

@@ -39,15 +39,18 @@ class TVTable:
         self.title = title
         self.rows: list = []
 
-    def add(self, name: str, tv_law: float | None, tv_data: float, limit: float, states: int) -> None:
+    def add(self, name: str, tv_law: float | None, tv_data: float, limit: float | None, states: int) -> None:
+        """A row; tv_law None: not compared; limit None: an exact law, no samples (no noise floor)."""
         self.rows.append((name, tv_law, tv_data, limit, states))
         law = "      -" if tv_law is None else f"{tv_law:7.4f}"
-        print(f"[TV] {name:44s} law {law}  p_data {tv_data:7.4f}  threshold {limit:7.4f}  states {states}")
+        bound = "      -" if limit is None else f"{limit:7.4f}"
+        print(f"[TV] {name:44s} law {law}  p_data {tv_data:7.4f}  threshold {bound}  states {states}")
 
     def render(self) -> str:
         header = f"{'sampler / option':46s} {'TV(own law)':>11s} {'TV(p_data)':>10s} {'threshold':>9s} {'states':>6s}"
         lines = [self.title, header]
         for name, tv_law, tv_data, limit, states in self.rows:
             law = "-" if tv_law is None else f"{tv_law:.4f}"
-            lines.append(f"{name:46s} {law:>11s} {tv_data:10.4f} {limit:9.4f} {states:6d}")
+            bound = "-" if limit is None else f"{limit:.4f}"
+            lines.append(f"{name:46s} {law:>11s} {tv_data:10.4f} {bound:>9s} {states:6d}")
         return "\n".join(lines)

@@ -54,6 +54,14 @@ def sparse_p_data(S: int, D: int, support: int, seed: int = 0) -> torch.Tensor:
     return torch.from_numpy(p / p.sum())
 
 
+def markov_p_data(D: int, stay: float = 0.9) -> torch.Tensor:
+    """p_data of a two-state Markov chain: x^1 uniform on {0, 1}, x^{d+1} = x^d with probability stay."""
+    states = torch.tensor(list(itertools.product(range(2), repeat=D)), dtype=torch.long).view(-1, D)
+    same = (states[:, 1:] == states[:, :-1]).double().sum(-1)
+    p = 0.5 * stay**same * (1.0 - stay) ** (D - 1 - same)
+    return p / p.sum()
+
+
 class ToyProblem:
     """p_data over S^D sequences (index = sum_d x^d S^(D-1-d)) and its exact models."""
 
