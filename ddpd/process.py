@@ -9,7 +9,6 @@ noise (t = 0) to data (t = 1); z_t^d = N marks a corrupted position.
   decomposition of prop:generative_rate_decomposition (eqs. corruption_prob and
   denoising_prob), turning a single uniform model p(x_1^d | x_t) into a planner and
   a denoiser.
-- `self_loop_rates`: the self-loop CTMC of prop:self-loop-jumps.
 """
 from __future__ import annotations
 
@@ -183,16 +182,3 @@ def denoiser_prob_from_uniform(p_x1: Tensor, x_t: Tensor, alpha) -> Tensor:
     joint = p_x1.scatter(-1, x_t[..., None], self_loop[..., None])
     safe = torch.where(p_noise > 0, p_noise, torch.ones_like(p_noise))
     return torch.where(p_noise[..., None] > 0, joint / safe[..., None], torch.zeros_like(joint))
-
-
-def self_loop_rates(planner_p: Tensor, denoiser_p: Tensor, rate: Tensor) -> Tuple[Tensor, Tensor]:
-    """Rates of the self-loop CTMC of prop:self-loop-jumps.
-
-    R~_t(x_t, j^d) = rate * p(z^d = N | x_t) * p(x_1^d = j^d | x_t, z^d = N) for all
-    j^d (including x_t^d), and the total jump rate rate * sum_d p(z^d = N | x_t).
-    planner_p: Float[B, D]; denoiser_p: Float[B, D, S]; rate: alpha_dot/(1-alpha), [B].
-    """
-    rate = _alpha_like(rate, planner_p)
-    rates = (rate * planner_p)[..., None] * denoiser_p
-    total = (rate * planner_p).sum(-1)
-    return rates, total

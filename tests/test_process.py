@@ -13,7 +13,6 @@ from ddpd.process import (
     denoiser_prob_from_uniform,
     get_schedule,
     planner_prob_from_uniform,
-    self_loop_rates,
 )
 
 F64 = torch.float64
@@ -82,14 +81,18 @@ def test_rate_decomposition_matches_enumeration(S, D, alpha):
     assert torch.allclose(denoiser.sum(-1), torch.ones_like(planner))
 
 
-def test_self_loop_rates_preserve_inter_state_rates():
+def test_self_loop_ctmc_preserves_inter_state_rates():
+    """prop:self-loop-jumps: the rates rate * p(z^d = N | x_t) * p(x_1^d = j | x_t, z^d = N), self-loop
+    j = x_t^d included, have the uniform generative rate off the diagonal and total rate
+    rate * sum_d p(z^d = N | x_t): the CTMC the DDPD samplers simulate."""
     S, D, alpha = 3, 2, 0.4
     p_data = torch.distributions.Dirichlet(torch.full((S**D,), 0.3, dtype=F64)).sample()
     x_t, post_x1, _, _ = _enumerate_posteriors(p_data, S, D, alpha)
     rate = LinearSchedule().rate(torch.full((x_t.shape[0],), alpha, dtype=F64))
     planner = planner_prob_from_uniform(post_x1, x_t, alpha)
     denoiser = denoiser_prob_from_uniform(post_x1, x_t, alpha)
-    rates, total = self_loop_rates(planner, denoiser, rate)
+    rates = (rate[:, None] * planner)[..., None] * denoiser
+    total = (rate[:, None] * planner).sum(-1)
     # Off-diagonal rates equal the uniform generative rate alpha'/(1-alpha) p(x1^d=j|x_t).
     off = torch.ones_like(rates, dtype=torch.bool).scatter(-1, x_t[..., None], False)
     expected = rate[:, None, None] * post_x1
