@@ -12,13 +12,14 @@ else is in the batch. Two ways to let finished rows go:
   (ddpd.ops.compact_fixed), so that later passes of both networks run on the running rows
   only. With compaction=False they stay to the end (the same samples, more row-evaluations).
 
-Both count the forward passes (calls) and the sequences evaluated (row-evaluations), and
-check what the networks return.
+Both carry per-row state across steps (`state`: e.g. the frozen positions of a prompt, the
+exact clock's time), which leaves and is packed with the rows, count the forward passes
+(calls) and the sequences evaluated (row-evaluations), and check what the networks return.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Dict, Optional
 
 import torch
 from torch import Tensor
@@ -56,12 +57,17 @@ class SampleResult:
 
 
 class RunningBatch:
-    """Rows still being sampled (reference run: a row leaves the step it stops)."""
+    """Rows still being sampled (reference run: a row leaves the step it stops).
 
-    def __init__(self, x: Tensor):
+    x: Long[B, D] the current sequences; rows: their row ids; state: named per-row tensors
+    ([B, ...]) that follow the rows.
+    """
+
+    def __init__(self, x: Tensor, state: Optional[Dict[str, Tensor]] = None):
         self.out = x.clone()
         self.rows = torch.arange(x.shape[0], device=x.device)
         self.x = x
+        self.state: Dict[str, Tensor] = dict(state or {})
         self.stop_step = torch.full((x.shape[0],), -1, dtype=torch.long, device=x.device)
         self.planner_calls = self.denoiser_calls = 0
         self.planner_rows = self.denoiser_rows = 0
@@ -123,6 +129,7 @@ class RunningBatch:
         self.stop_step[ids] = step
         keep = ~done
         self.rows, self.x = self.rows[keep], self.x[keep]
+        self.state = {name: value[keep] for name, value in self.state.items()}
         return tuple(None if c is None else c[keep] for c in carried)
 
     def result(self, steps: int) -> SampleResult:
@@ -138,8 +145,9 @@ class RunningBatch:
 class FusedBatch(RunningBatch):
     """Rows in the batch (running, or finished since the last stop check) and their bookkeeping."""
 
-    def __init__(self, x: Tensor, sync_every: int = 1, compaction: bool = True):
-        super().__init__(x)
+    def __init__(self, x: Tensor, state: Optional[Dict[str, Tensor]] = None, sync_every: int = 1,
+                 compaction: bool = True):
+        super().__init__(x, state)
         self.sync_every = sync_every
         self.compaction = compaction
         self.running_rows = x.shape[0]  # as of the last stop check (a host count)
@@ -173,8 +181,11 @@ class FusedBatch(RunningBatch):
             return carried
         scatter_back(torch.where(running, -1, self.rows), self.x, self.out)
         present = [c for c in carried if c is not None]
-        packed, _, _ = compact_fixed(running, self.running_rows, self.x, self.rows, *present)
+        names = list(self.state)
+        packed, _, _ = compact_fixed(running, self.running_rows, self.x, self.rows,
+                                     *(self.state[n] for n in names), *present)
         self.x, self.rows, rest = packed[0], packed[1], iter(packed[2:])
+        self.state = {name: next(rest) for name in names}
         return tuple(None if c is None else next(rest) for c in carried)
 
     def result(self, steps: int) -> SampleResult:

@@ -1,10 +1,16 @@
 """What every sampler shares: the checked settings of a run and the write of drawn tokens.
 
 `setup` is the public boundary of every sampler: it checks the shape, step budget,
-temperature, schedule, mask id and randomness, resolves the option objects of
+temperature, schedule, mask id, prompt and randomness, resolves the option objects of
 ddpd.sampling.options from the call's keywords, and returns a `Run`; nothing below it
-checks again. `initial_noise` is x_0 ~ uniform; `write` puts drawn tokens in place;
-`subset` / `expand` restrict a pass to some rows and put its results back.
+checks again. `start` gives the first state of a run (noise, with a prompt's given
+values); `write` puts drawn tokens in place; `subset` / `expand` restrict a pass to
+some rows and put its results back.
+
+Prompts and infilling (every sampler): `x_init` Long[B, D] gives starting values, -1
+where the sampler's own noise starts (uniform noise, or the mask for the mask-diffusion
+samplers); `frozen` Bool[B, D] marks positions that keep their x_init value throughout:
+they are never noised, never selected, never masked (each sampler says how).
 """
 from __future__ import annotations
 
@@ -34,6 +40,8 @@ class Run:
     mask_id: Optional[int]
     noise: NoiseSource
     device: Optional[torch.device]
+    x_init: Optional[Tensor] = None
+    frozen: Optional[Tensor] = None
 
     def temperature_at(self, step: int) -> float:
         return self.temperature.at(step, self.steps)
@@ -44,8 +52,8 @@ def setup(sampler: str, batch_size, length, vocab_size, steps, temperature, seed
     """Check a sampler call; returns (run, its Draws strategy, one option object per kind).
 
     options: the call's remaining keywords: `temperature_end`, `schedule`, `generator`,
-    `mask_id` (samplers with a mask, masks=True), and the fields of Execution and of each
-    kind (or the objects themselves, see ddpd.sampling.options.resolve).
+    `x_init`, `frozen`, `mask_id` (samplers with a mask, masks=True), and the fields of
+    Execution and of each kind (or the objects themselves, see ddpd.sampling.options.resolve).
     """
     check_int("batch_size", batch_size, 1)
     check_int("length", length, 1)
@@ -63,21 +71,60 @@ def setup(sampler: str, batch_size, length, vocab_size, steps, temperature, seed
     if masks:
         mask_id = vocab_size if mask_id is None else check_int("mask_id", mask_id, vocab_size)
     noise = make_noise(seed, options.pop("generator", None), noise)
-    execution, *objects = resolve(sampler, options, Execution, *kinds)
     device = None if device is None else torch.device(device)
-    run = Run(batch_size, length, vocab_size, steps, temperature, schedule, mask_id, noise, device)
+    x_init, frozen = check_prompt(options.pop("x_init", None), options.pop("frozen", None), batch_size, length,
+                                  vocab_size, device)
+    execution, *objects = resolve(sampler, options, Execution, *kinds)
+    run = Run(batch_size, length, vocab_size, steps, temperature, schedule, mask_id, noise, device, x_init, frozen)
     return run, make_draws(noise, execution), tuple(objects)
 
 
-def initial_noise(run: Run) -> Tensor:
-    """x_0 ~ uniform over the vocabulary (p_noise^unif), from the INIT stream."""
-    u = run.noise.uniform(0, INIT, torch.arange(run.batch_size, device=run.device), run.length)
-    return (u * run.vocab_size).long().clamp_(max=run.vocab_size - 1)
+def check_prompt(x_init, frozen, batch_size: int, length: int, vocab_size: int, device) -> tuple:
+    """(x_init, frozen) checked: Long[B, D] with values in [-1, V), Bool[B, D] where x_init holds values."""
+    if x_init is None:
+        if frozen is not None:
+            raise ValueError("frozen needs x_init: the values the frozen positions keep")
+        return None, None
+    shape = (batch_size, length)
+    if not isinstance(x_init, Tensor) or x_init.dtype != torch.long or tuple(x_init.shape) != shape:
+        got = f"{x_init.dtype} of shape {tuple(x_init.shape)}" if isinstance(x_init, Tensor) else type(x_init).__name__
+        raise ValueError(f"x_init must be a Long tensor of shape {list(shape)}, got {got}")
+    x_init = x_init.to(device) if device is not None else x_init
+    low, high = int(x_init.min()), int(x_init.max())  # once, before the loop
+    if low < -1 or high >= vocab_size:
+        raise ValueError(f"x_init values must be in [-1, {vocab_size}) (-1: start from noise), got range "
+                         f"[{low}, {high}]")
+    if frozen is None:
+        return x_init, None
+    if not isinstance(frozen, Tensor) or frozen.dtype != torch.bool or tuple(frozen.shape) != shape:
+        got = f"{frozen.dtype} of shape {tuple(frozen.shape)}" if isinstance(frozen, Tensor) else type(frozen).__name__
+        raise ValueError(f"frozen must be a Bool tensor of shape {list(shape)}, got {got}")
+    frozen = frozen.to(x_init.device)
+    if bool((frozen & (x_init < 0)).any()):
+        raise ValueError("x_init must give a value (not -1) at every frozen position")
+    return x_init, frozen
 
 
-def all_masks(run: Run) -> Tensor:
-    """The all-mask sequence the mask-diffusion baselines start from."""
-    return torch.full((run.batch_size, run.length), run.mask_id, dtype=torch.long, device=run.device)
+def start(run: Run, draws: Draws, masks: bool = False, **state: Tensor):
+    """The running batch at the start of a run: x_0 ~ uniform over the vocabulary
+    (p_noise^unif, from the INIT stream), or the all-mask sequence (masks=True), with the
+    values x_init gives; the frozen positions (if any) in its state as "frozen"."""
+    if masks:
+        x0 = torch.full((run.batch_size, run.length), run.mask_id, dtype=torch.long, device=run.device)
+    else:
+        u = run.noise.uniform(0, INIT, torch.arange(run.batch_size, device=run.device), run.length)
+        x0 = (u * run.vocab_size).long().clamp_(max=run.vocab_size - 1)
+    if run.x_init is not None:
+        x0 = torch.where(run.x_init >= 0, run.x_init.to(x0.device), x0)
+    if run.frozen is not None:
+        state["frozen"] = run.frozen.to(x0.device)
+    return draws.batch(x0, state)
+
+
+def free(batch, x: Tensor) -> Tensor:
+    """Bool[B, D]: the positions a sampler may change (not frozen by a prompt)."""
+    frozen = batch.state.get("frozen")
+    return torch.ones_like(x, dtype=torch.bool) if frozen is None else ~frozen
 
 
 def write(x: Tensor, positions: Tensor, tokens: Tensor, change: Tensor) -> Tensor:

@@ -62,7 +62,8 @@ class Draws:
     def __init__(self, noise: NoiseSource):
         self.noise = noise
 
-    def batch(self, x0: Tensor) -> RunningBatch:
+    def batch(self, x0: Tensor, state: Optional[dict] = None) -> RunningBatch:
+        """The running batch of a run starting at x0, with per-row `state` (see ddpd.sampling.batch)."""
         raise NotImplementedError
 
     def plan(self, step: int, logits: Tensor, rows: Tensor, k: int, selection: str, eps: float,
@@ -121,8 +122,8 @@ def token_noise_width(vocab_size: int) -> int:
 class ReferenceDraws(Draws):
     """Plain torch: explicit uniforms into the ops' torch references; full denoiser logits."""
 
-    def batch(self, x0: Tensor) -> RunningBatch:
-        return RunningBatch(x0)
+    def batch(self, x0: Tensor, state: Optional[dict] = None) -> RunningBatch:
+        return RunningBatch(x0, state)
 
     def plan(self, step, logits, rows, k, selection, eps, x=None, mask_id=None) -> Plan:
         length = logits.shape[1]
@@ -152,8 +153,8 @@ class FusedDraws(Draws):
         self.execution = execution
         self.philox = isinstance(noise, PhiloxNoise)
 
-    def batch(self, x0: Tensor) -> RunningBatch:
-        return FusedBatch(x0, self.execution.sync_every, self.execution.compaction)
+    def batch(self, x0: Tensor, state: Optional[dict] = None) -> RunningBatch:
+        return FusedBatch(x0, state, self.execution.sync_every, self.execution.compaction)
 
     def plan(self, step, logits, rows, k, selection, eps, x=None, mask_id=None) -> Plan:
         length = logits.shape[1]

@@ -24,6 +24,18 @@ The loops below are the whole algorithm; a run is reference or fused by the Draw
 strategy it is handed (ddpd.sampling.draws): the same loop, the same draws from the same
 noise source, plain torch or the ddpd.ops kernels.
 
+Prompts and infilling (`x_init`, `frozen`, ddpd.sampling.common): a frozen position is data,
+not noise, at every t. The forward process conditioned on the frozen values corrupts only
+the free positions, each independently with probability 1 - alpha_t, so
+p(z^d = N | x_t) = 0 at a frozen position whatever the planner network says: its logit is
+replaced by -inf, which keeps the position out of the selection (weight 0), out of the
+stop rule (p < eps holds there) and out of the mask of prop:draw_with_maskD (never
+masked), and leaves the exact clock's rate sum_d p to the free positions. The time
+estimate counts the positions that can be noise: with F frozen positions,
+E[sum_{d free} p(z^d = N | x_t)] = (D - F)(1 - alpha_t), so
+t = alpha^{-1}(1 - sum_{d free} p_d / (D - F)). A mask denoiser is given
+t = alpha^{-1}(1 - #masked / D), the masking level of the sequence it sees.
+
 `ddpd_sample_uniform` runs the same loops with a single uniform-diffusion model
 p(x_1^d | x_t) split into planner and denoiser by prop:generative_rate_decomposition
 (eqs. corruption_prob and denoising_prob), as in the appendix's first listing.
@@ -48,7 +60,7 @@ from torch import Tensor
 
 from ddpd.process import denoiser_prob_from_uniform, planner_prob_from_uniform
 from ddpd.sampling.batch import RunningBatch, SampleResult
-from ddpd.sampling.common import Run, expand, initial_noise, setup, subset, write
+from ddpd.sampling.common import Run, expand, setup, start, subset, write
 from ddpd.sampling.draws import Draws
 from ddpd.sampling.noise import ACCEPT, CLOCK, NoiseSource, exponential
 from ddpd.sampling.options import DDPDOptions, Temperature
@@ -84,7 +96,9 @@ def ddpd_sample(
     options (keywords, or the objects): the fields of DDPDOptions — selection, stop, eps,
     clock, t_end, k, parallel_steps, time_conditioned_planner (or ddpd=DDPDOptions(...));
     of Execution — fused, sync_every, compaction (or execution=Execution(...));
-    temperature_end, schedule, mask_id, generator.
+    temperature_end, schedule, mask_id, generator; x_init (Long[B, D], -1 where the run
+    starts from noise) and frozen (Bool[B, D], positions that keep their x_init value):
+    prompts and infilling, see the module docstring.
 
     fused=True runs the same loop with the per-step draws in the ddpd.ops kernels and no
     host synchronisation inside a step: same draws from the same noise. A denoiser exposing
@@ -196,11 +210,19 @@ class _UniformModel:
 
 
 def _algorithm1(run: Run, draws: Draws, opts: DDPDOptions, networks, masked: bool) -> SampleResult:
-    batch = draws.batch(initial_noise(run))
+    batch = start(run, draws)
     loop = _exact_clock if opts.clock == "exact" else _planner_clock
     with torch.no_grad():
         loop(run, draws, opts, networks, batch, run.mask_id if masked else None)
     return batch.result(run.steps)
+
+
+def _plan(networks, batch: RunningBatch, t: Optional[Tensor]) -> Tensor:
+    """Planner logits of the batch; -inf at frozen positions: p(z^d = N | x_t) = 0 there (see
+    `ddpd_sample` on prompts)."""
+    logits = networks.plan(batch, batch.x, t)
+    frozen = batch.state.get("frozen")
+    return logits if frozen is None else logits.masked_fill(frozen, float("-inf"))
 
 
 def _planner_clock(run: Run, draws: Draws, opts: DDPDOptions, networks, batch: RunningBatch,
@@ -208,26 +230,27 @@ def _planner_clock(run: Run, draws: Draws, opts: DDPDOptions, networks, batch: R
     """Algorithm 1: plan, stop check (option A), denoise; the time comes from the planner.
 
     A planner that needs a time (the single uniform model) is given the previous step's
-    estimate, 0 at the first step.
+    estimate, 0 at the first step (batch state "t_prev").
     """
-    t_prev = torch.zeros(len(batch), device=batch.x.device) if networks.takes_time else None
+    if networks.takes_time:
+        batch.state["t_prev"] = torch.zeros(len(batch), device=batch.x.device)
     for i in range(run.steps):
-        logits = networks.plan(batch, batch.x, t_prev)
+        logits = _plan(networks, batch, batch.state.get("t_prev"))
         plan = draws.plan(i, logits, batch.rows, opts.positions_at(i), opts.selection, opts.eps, batch.x, mask_id)
         positions, sum_p, masked, count = plan.positions, plan.sum_p, plan.masked, plan.count
         if opts.stop == "eps":
-            logits, positions, sum_p, masked, count, t_prev = batch.finish(plan.stop, i, logits, positions, sum_p,
-                                                                           masked, count, t_prev)
+            logits, positions, sum_p, masked, count = batch.finish(plan.stop, i, logits, positions, sum_p, masked,
+                                                                   count)
             if batch.finished:
                 return
         if mask_id is not None:
             x_in, t = masked, mask_time(count, run)
         else:
-            x_in, t = batch.x, planner_time(sum_p, run)
+            x_in, t = batch.x, planner_time(sum_p, run, _noisy_positions(batch, run))
         tokens = networks.tokens(draws, batch, i, x_in, t, positions, batch.rows, run.temperature_at(i), None)
         batch.x = write(batch.x, positions, tokens, _changes(batch, logits, positions))
-        if t_prev is not None:
-            t_prev = t
+        if "t_prev" in batch.state:
+            batch.state["t_prev"] = t
 
 
 def _exact_clock(run: Run, draws: Draws, opts: DDPDOptions, networks, batch: RunningBatch,
@@ -246,14 +269,15 @@ def _exact_clock(run: Run, draws: Draws, opts: DDPDOptions, networks, batch: Run
     """
     length = run.length
     s_end = -math.log1p(-float(run.schedule.alpha(torch.tensor(opts.t_end, dtype=torch.float64))))
-    s = torch.zeros(len(batch), dtype=torch.float64, device=batch.x.device)
+    batch.state["s"] = torch.zeros(len(batch), dtype=torch.float64, device=batch.x.device)
     for i in range(run.steps):
-        s = s + exponential(run.noise.uniform(i, CLOCK, batch.rows, 1)[:, 0]).double() / length
-        (s,) = batch.finish(s >= s_end, i, s)
+        s = batch.state["s"] + exponential(run.noise.uniform(i, CLOCK, batch.rows, 1)[:, 0]).double() / length
+        batch.state["s"] = s
+        batch.finish(s >= s_end, i)
         if batch.finished:
             return
-        t = run.schedule.inverse(-torch.expm1(-s)).float()
-        logits = networks.plan(batch, batch.x, t)
+        t = run.schedule.inverse(-torch.expm1(-batch.state["s"])).float()
+        logits = _plan(networks, batch, t)
         plan = draws.plan(i, logits, batch.rows, 1, opts.selection, opts.eps, batch.x, mask_id)
         accept = run.noise.uniform(i, ACCEPT, batch.rows, 1)[:, 0] * length < plan.sum_p
         index = draws.rows_with(accept)
@@ -276,9 +300,18 @@ def _changes(batch: RunningBatch, logits: Tensor, positions: Tensor) -> Tensor:
     return change if running is None else change & running[:, None]
 
 
-def planner_time(sum_p: Tensor, run: Run) -> Tensor:
-    """t = alpha^{-1}(1 - sum_d p(z^d = N | x_t) / D): the planner's estimate of the time."""
-    return run.schedule.inverse((1.0 - sum_p / run.length).clamp(0.0, 1.0))
+def planner_time(sum_p: Tensor, run: Run, noisy=None) -> Tensor:
+    """t = alpha^{-1}(1 - sum_d p(z^d = N | x_t) / D): the planner's estimate of the time.
+
+    With a prompt, D counts the positions that can be noise (`noisy`, per row)."""
+    noisy = run.length if noisy is None else noisy
+    return run.schedule.inverse((1.0 - sum_p / noisy).clamp(0.0, 1.0))
+
+
+def _noisy_positions(batch: RunningBatch, run: Run):
+    """Per row, the positions the forward process corrupts: D, less the frozen ones (at least 1)."""
+    frozen = batch.state.get("frozen")
+    return None if frozen is None else (run.length - frozen.sum(-1)).clamp(min=1).float()
 
 
 def mask_time(count: Tensor, run: Run) -> Tensor:

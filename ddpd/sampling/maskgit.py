@@ -4,7 +4,7 @@ From the all-mask sequence, step i (of T) draws a token at every masked position
 from the mask denoiser, scores each draw by its confidence log p(token) plus
 annealed Gumbel noise tau_i g with tau_i = choice_temperature (1 - (i + 1) / T),
 and keeps the n_i least confident positions masked, where the cosine schedule
-n_i = floor(D cos(pi/2 (i + 1) / T)) is clamped to [1, m - 1] for m masked
+n_i = floor(m0 cos(pi/2 (i + 1) / T)) (m0 = D, the masks a row starts with) is clamped to [1, m - 1] for m masked
 positions (at least one unmasked per step, one left for later), and n = 0 at the
 last step, which fills every remaining mask.
 
@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from ddpd.sampling.batch import SampleResult
-from ddpd.sampling.common import all_masks, setup
+from ddpd.sampling.common import setup, start
 from ddpd.sampling.gillespie import mask_time
 from ddpd.sampling.noise import CONFIDENCE, NoiseSource, gumbel
 from ddpd.sampling.options import Temperature
@@ -52,14 +52,16 @@ def maskgit_sample(
     when given) tempers the token draws; confidences use the untempered model
     probabilities. choice_temperature scales the Gumbel noise on the confidences
     (MaskGIT's default 4.5; 0 ranks by confidence alone, ties broken by position).
-    options: temperature_end, schedule, mask_id, generator, fused (draw the tokens with
-    ddpd.ops.sample_categorical).
+    options: temperature_end, schedule, mask_id, generator, x_init and frozen (a prompt:
+    its positions start unmasked; the cosine schedule counts the m0 masks a row starts
+    with instead of D), fused (draw the tokens with ddpd.ops.sample_categorical).
     """
     check_callable("denoiser", denoiser)
     choice_temperature = check_float("choice_temperature", choice_temperature, 0.0)
     run, draws, _ = setup("maskgit_sample", batch_size, length, vocab_size, steps, temperature, seed, noise, device,
                           options, masks=True)
-    batch = draws.batch(all_masks(run))
+    batch = start(run, draws, masks=True)
+    batch.state["m0"] = (batch.x == run.mask_id).sum(-1)  # the masks to fill: D less a prompt's positions
     with torch.no_grad():
         for i in range(steps):
             masked = batch.x == run.mask_id
@@ -68,18 +70,19 @@ def maskgit_sample(
             tau = choice_temperature * (1.0 - (i + 1) / steps)
             confidence = logits.log_softmax(-1).gather(-1, tokens[..., None]).squeeze(-1)
             confidence = confidence + tau * gumbel(run.noise.uniform(i, CONFIDENCE, batch.rows, length))
-            n_masked = _masks_left(masked.sum(-1), i, steps, length)
+            n_masked = _masks_left(masked.sum(-1), i, steps, batch.state["m0"])
             unmask = masked & ~least_confident(confidence, masked, n_masked)
             batch.x = torch.where(unmask, tokens, batch.x)
     return batch.result(steps)
 
 
-def _masks_left(m: Tensor, step: int, steps: int, length: int) -> Tensor:
-    """n_i: masks left after the step, from the cosine schedule, clamped to [1, m - 1]."""
+def _masks_left(m: Tensor, step: int, steps: int, m0: Tensor) -> Tensor:
+    """n_i: masks left after the step, floor(m0 cos(pi/2 (i + 1) / T)) of the m0 masks a row
+    started with (D without a prompt), clamped to [1, m - 1]."""
     if step == steps - 1:
         return torch.zeros_like(m)
-    n = math.floor(length * math.cos(0.5 * math.pi * (step + 1) / steps))
-    return torch.clamp(torch.clamp(m - 1, max=n), min=1)
+    n = torch.floor(m0.double() * math.cos(0.5 * math.pi * (step + 1) / steps)).long()
+    return torch.clamp(torch.minimum(m - 1, n), min=1)
 
 
 def least_confident(confidence: Tensor, masked: Tensor, n: Tensor) -> Tensor:

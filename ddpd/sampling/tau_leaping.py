@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 
 from ddpd.sampling.batch import RunningBatch, SampleResult
-from ddpd.sampling.common import Run, all_masks, expand, initial_noise, setup, subset
+from ddpd.sampling.common import Run, expand, setup, start, subset
 from ddpd.sampling.draws import Draws
 from ddpd.sampling.gillespie import DENOISER_TYPES, mask_time
 from ddpd.sampling.noise import EVENT, MASK, NoiseSource
@@ -65,24 +65,25 @@ def tau_leaping_mask(
     Per step and position: a mask unmasks with probability dt (alpha_dot + eta alpha)/(1 - alpha)
     (clamped to 1), a token is remasked with probability eta dt. With eta = 0 a row
     stops once it has no mask left. Randomness: seed, noise or generator=.
-    options: temperature_end, schedule, mask_id, generator, and fused, sync_every,
-    compaction (or execution=Execution(...)): see the module docstring.
+    options: temperature_end, schedule, mask_id, generator, x_init and frozen (a prompt:
+    frozen positions start unmasked at their values and are never remasked), and fused,
+    sync_every, compaction (or execution=Execution(...)): see the module docstring.
     """
     check_callable("denoiser", denoiser)
     eta = check_float("eta", eta, 0.0)
     run, draws, _ = setup("tau_leaping_mask", batch_size, length, vocab_size, steps, temperature, seed, noise,
                           device, options, masks=True)
     grid = _Grid(run)
-    batch = draws.batch(all_masks(run))
+    batch = start(run, draws, masks=True)
     with torch.no_grad():
         for i in range(run.steps):
             last = i == run.steps - 1
             unmask_p = grid.jump_probability(i, eta)
             remask_p = 0.0 if last else min(1.0, eta * grid.dt)
-            masked = batch.x == run.mask_id
+            masked = batch.x == run.mask_id  # never a frozen position: those hold their given values
             u = run.noise.uniform(i, EVENT, batch.rows, length)
             unmask = masked & (u < unmask_p)
-            remask = ~masked & (u < remask_p)
+            remask = _free(batch, ~masked & (u < remask_p))
             x = torch.where(remask, torch.full_like(batch.x, run.mask_id), batch.x)
             batch.x = _draw_where(run, draws, batch, denoiser, i, x, batch.x, unmask, grid.t(i, len(batch)))
             if eta == 0.0 and not last:
@@ -111,18 +112,20 @@ def tau_leaping_uniform(
     jump with probability dt alpha_dot/(1 - alpha) (1 - p(x_1^d = x_t^d | x_t))
     (clamped to 1) to j != x_t^d drawn from p(x_1^d = j | x_t) at the logit
     temperature. Calls are counted in denoiser_calls. options: temperature_end,
-    schedule, generator, fused (see the module docstring).
+    schedule, generator, x_init and frozen (frozen positions never jump), fused (see the
+    module docstring).
     """
     check_callable("model", model)
     run, draws, _ = setup("tau_leaping_uniform", batch_size, length, vocab_size, steps, temperature, seed, noise,
                           device, options)
     grid = _Grid(run)
-    batch = draws.batch(initial_noise(run))
+    batch = start(run, draws)
     with torch.no_grad():
         for i in range(run.steps):
             logits = batch.denoiser(model, batch.x, grid.t(i, len(batch)), vocab_size, "model")
             p_stay = logits.log_softmax(-1).gather(-1, batch.x[..., None]).squeeze(-1).exp()
             jump = run.noise.uniform(i, EVENT, batch.rows, length) < (grid.jump_probability(i) * (1.0 - p_stay))
+            jump = _free(batch, jump)
             # New values exclude the current one: the rate is defined for j != x_t^d only.
             tokens = draws.tokens_everywhere(i, batch.rows, logits, run.temperature_at(i), exclude=batch.x)
             batch.x = torch.where(jump, tokens, batch.x)
@@ -152,8 +155,9 @@ def tau_leaping_planned(
     (called on the masked sequence at t = alpha^{-1}(1 - #masked / D)). Per step a
     position jumps with probability dt alpha_dot/(1 - alpha) p(z^d = N | x_t) to a
     draw of the denoiser (which may return the current value). options:
-    time_conditioned_planner, temperature_end, schedule, mask_id, generator, fused (see
-    the module docstring).
+    time_conditioned_planner, temperature_end, schedule, mask_id, generator, x_init and
+    frozen (a frozen position has p(z = N) = 0: it never jumps and is never masked), fused
+    (see the module docstring).
     """
     check_callable("planner", planner)
     check_callable("denoiser", denoiser)
@@ -162,12 +166,12 @@ def tau_leaping_planned(
     run, draws, _ = setup("tau_leaping_planned", batch_size, length, vocab_size, steps, temperature, seed, noise,
                           device, options, masks=True)
     grid = _Grid(run)
-    batch = draws.batch(initial_noise(run))
+    batch = start(run, draws)
     with torch.no_grad():
         for i in range(run.steps):
             t = grid.t(i, len(batch))
             logits = batch.planner(planner, batch.x, t) if time_conditioned else batch.planner(planner, batch.x)
-            p = torch.sigmoid(logits)
+            p = _free(batch, torch.sigmoid(logits))  # a frozen position is never noise
             jump = run.noise.uniform(i, EVENT, batch.rows, length) < grid.jump_probability(i) * p
             x_in, t_in = batch.x, t
             if denoiser_type == "mask":
@@ -200,6 +204,12 @@ class _Grid:
         t = torch.tensor(step * self.dt, dtype=torch.float64)
         a = schedule.alpha(t)
         return min(1.0, self.dt * float((schedule.alpha_dot(t) + eta * a) / (1.0 - a)))
+
+
+def _free(batch: RunningBatch, values: Tensor) -> Tensor:
+    """values (Bool or Float [B, D]) set to 0 at the positions a prompt froze."""
+    frozen = batch.state.get("frozen")
+    return values if frozen is None else values.masked_fill(frozen, 0)
 
 
 def _draw_where(run: Run, draws: Draws, batch: RunningBatch, denoiser: Callable, step: int, x: Tensor,

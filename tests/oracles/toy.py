@@ -213,3 +213,68 @@ def token_zeroed(model, token: int):
         logits[..., token] = float("-inf")
         return logits
     return wrong
+
+
+class Conditioned:
+    """A prompt on a ToyProblem: the positions `frozen` hold `values` and are never corrupted.
+
+    The forward process conditioned on them corrupts the free positions only, so it is the
+    ToyProblem `sub` on the free positions with p_data(x_free | x_frozen = values). Its exact
+    networks, `models`, take and return full-length sequences (the sampler's interfaces):
+    they read the free positions and answer with sub's exact quantities there (a frozen
+    position: planner logit -inf, denoiser one-hot on its value). A sampler run with a
+    prompt therefore has the law of the same sampler run on `sub`.
+    """
+
+    def __init__(self, toy: ToyProblem, frozen: list, values: list):
+        self.toy, self.frozen, self.values = toy, list(frozen), list(values)
+        self.free = [d for d in range(toy.D) if d not in self.frozen]
+        keep = (toy.states[:, self.frozen] == torch.tensor(self.values)).all(-1)
+        p = toy.p_data[keep]
+        self.sub = ToyProblem(p / p.sum(), toy.S, len(self.free), toy.schedule)
+        self.models = _ConditionedModels(self)
+
+    def prompt(self, batch: int) -> tuple:
+        """(x_init, frozen) of `batch` rows with this prompt."""
+        x_init = torch.full((batch, self.toy.D), -1, dtype=torch.long)
+        x_init[:, self.frozen] = torch.tensor(self.values)
+        return x_init, x_init >= 0
+
+    def sub_index(self, x: torch.Tensor) -> torch.Tensor:
+        """Index in `sub` of full-length clean sequences."""
+        return self.sub.index(x[:, self.free])
+
+
+class _ConditionedModels:
+    def __init__(self, cond: Conditioned):
+        self.cond, self.inner = cond, cond.sub.models()
+        self.inner_full = cond.toy.models()
+
+    def _full(self, sub_out: torch.Tensor, fill) -> torch.Tensor:
+        shape = (sub_out.shape[0], self.cond.toy.D) + tuple(sub_out.shape[2:])
+        out = torch.full(shape, float("-inf"), dtype=sub_out.dtype)
+        out[:, self.cond.free] = sub_out
+        for d, v in zip(self.cond.frozen, self.cond.values):
+            out[:, d] = fill(v)
+        return out
+
+    def _denoiser(self, sub_out: torch.Tensor) -> torch.Tensor:
+        S = self.cond.toy.S
+        return self._full(sub_out, lambda v: torch.where(torch.arange(S) == v, 0.0, float("-inf")))
+
+    def planner(self, x):
+        return self._full(self.inner.planner(x[:, self.cond.free]), lambda v: float("-inf"))
+
+    def planner_t(self, x, t):
+        return self._full(self.inner.planner_t(x[:, self.cond.free], t), lambda v: float("-inf"))
+
+    def uniform_denoiser(self, x, t):
+        return self._denoiser(self.inner.uniform_denoiser(x[:, self.cond.free], t))
+
+    def uniform_model(self, x, t):
+        return self._denoiser(self.inner.uniform_model(x[:, self.cond.free], t))
+
+    def mask_denoiser(self, x, t):
+        """The full toy's own mask denoiser: p_data(x^d | unmasked positions) already conditions
+        on the prompt's values, so an unconditional exact mask denoiser is the conditional one."""
+        return self.inner_full.mask_denoiser(x, t)

@@ -1,0 +1,157 @@
+"""Prompts and infilling: x_init / frozen in every sampler.
+
+(a) Mechanics: frozen positions keep their values in every sampler, reference and fused,
+    rows may carry different prompts, -1 entries start from the sampler's noise, and the
+    fused run draws what the reference run draws.
+(b) Laws: a prompt on a toy is the toy of the free positions with
+    p_data(x_free | x_frozen) (oracles.toy.Conditioned), so each sampler with a prompt
+    must follow the exact law of the same sampler on that sub-problem — which checks that
+    frozen positions are never selected, masked or counted in the time estimate — and the
+    exact samplers reach p_data(x | x_frozen). B = 50k rows; threshold: the 99th
+    percentile of TV(law, 50k draws of the law) over 300 repeats, plus 0.005.
+"""
+import pytest
+import torch
+
+from oracles import laws
+from oracles.fixtures import noise, single_thread, toy  # noqa: F401  (single_thread: autouse)
+from oracles.stats import TVTable, empirical, threshold, tv
+from oracles.toy import Conditioned
+from ddpd.sampling import (PhiloxNoise, ddpd_sample, ddpd_sample_uniform, maskgit_sample, tau_leaping_mask,
+                           tau_leaping_planned, tau_leaping_uniform)
+
+B = 50_000
+T_END = 1.0 - 1e-4
+TABLE = TVTable("Samplers with a prompt: TV to own exact conditional law and to p_data(x | x_frozen) (B = 50k)")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def print_table():
+    yield
+    print("\n" + TABLE.render())
+
+
+@pytest.fixture(scope="module")
+def cond():
+    """dir S3 D3 with position 1 frozen at 2: the sub-problem has 2 free positions (9 states)."""
+    return Conditioned(toy("dir S3 D3"), [1], [2])
+
+
+def run_all(cond, n, **kw):
+    """Every sampler with the prompt of `cond` on its n rows: name -> SampleResult."""
+    m = cond.models
+    x_init, frozen = cond.prompt(n)
+    common = dict(x_init=x_init, frozen=frozen, **kw)
+    return {
+        "ddpd uniform A": ddpd_sample(m.planner, m.uniform_denoiser, n, 3, 3, steps=8, eps=0.3, **common),
+        "ddpd mask B+C k=2 x1": ddpd_sample(m.planner, m.mask_denoiser, n, 3, 3, steps=5, stop="budget",
+                                            denoiser_type="mask", selection="softmax", k=2, parallel_steps=1,
+                                            **common),
+        "ddpd exact clock": ddpd_sample(m.planner_t, m.uniform_denoiser, n, 3, 3, steps=220, clock="exact",
+                                        time_conditioned_planner=True, t_end=T_END, **common),
+        "ddpd uniform model A": ddpd_sample_uniform(m.uniform_model, n, 3, 3, steps=8, eps=0.3, **common),
+        "tau mask eta 1": tau_leaping_mask(m.mask_denoiser, n, 3, 3, steps=8, eta=1.0, **common),
+        "tau uniform": tau_leaping_uniform(m.uniform_model, n, 3, 3, steps=8, **common),
+        "tau planned mask": tau_leaping_planned(m.planner, m.mask_denoiser, n, 3, 3, steps=8, denoiser_type="mask",
+                                                **common),
+        "maskgit": maskgit_sample(m.mask_denoiser, n, 3, 3, steps=2, choice_temperature=2.0, **common),
+    }
+
+
+# ----------------------------------------------------------------------------- (a) mechanics
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["reference", "fused"])
+def test_frozen_positions_keep_their_values_in_every_sampler(cond, fused):
+    for name, result in run_all(cond, 200, seed=3, fused=fused).items():
+        assert (result.tokens[:, 1] == 2).all(), name
+        assert ((result.tokens >= 0) & (result.tokens < 3)).all(), name
+
+
+def test_fused_run_draws_what_the_reference_draws_with_a_prompt(cond):
+    reference = run_all(cond, 300, noise=PhiloxNoise(8))
+    fused = run_all(cond, 300, noise=PhiloxNoise(8), fused=True, sync_every=3)
+    for name in reference:
+        assert torch.equal(reference[name].tokens, fused[name].tokens), name
+        assert torch.equal(reference[name].stop_step, fused[name].stop_step), name
+
+
+def test_rows_carry_their_own_prompts_and_minus_one_starts_from_noise():
+    m = toy("sparse S2 D4").models()
+    x_init = torch.tensor([[1, -1, -1, 0], [-1, -1, -1, -1], [0, 1, -1, -1]])
+    frozen = torch.tensor([[True, False, False, True], [False] * 4, [True, True, False, False]])
+    for sampler in (lambda **kw: ddpd_sample(m.planner, m.uniform_denoiser, 3, 4, 2, steps=12, **kw),
+                    lambda **kw: tau_leaping_mask(m.mask_denoiser, 3, 4, 2, steps=6, **kw)):
+        result = sampler(x_init=x_init, frozen=frozen, seed=1)
+        assert torch.equal(result.tokens[frozen], x_init[frozen])
+    # x_init without frozen: a starting point the sampler may change
+    start = torch.zeros(3, 4, dtype=torch.long)
+    first = ddpd_sample(m.planner, m.uniform_denoiser, 3, 4, 2, steps=1, stop="budget", x_init=start, seed=0)
+    assert int((first.tokens != start).sum()) <= 3  # one position per row redrawn, from the given start
+
+
+def test_a_fully_frozen_row_stops_at_once_and_keeps_its_values():
+    m = toy("sparse S2 D4").models()
+    x_init = torch.tensor([[1, 0, 1, 1], [-1, 0, -1, -1]])
+    frozen = x_init >= 0
+    result = ddpd_sample(m.planner, m.uniform_denoiser, 2, 4, 2, steps=10, eps=0.1, x_init=x_init, frozen=frozen,
+                         seed=0)
+    assert result.stop_step[0] == 0 and torch.equal(result.tokens[0], x_init[0])
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    (dict(frozen=torch.zeros(2, 3, dtype=torch.bool)), ValueError, "frozen needs x_init"),
+    (dict(x_init=torch.zeros(2, 4, dtype=torch.long)), ValueError, "x_init must be a Long tensor of shape"),
+    (dict(x_init=torch.full((2, 3), 3)), ValueError, r"x_init values must be in \[-1, 3\)"),
+    (dict(x_init=torch.full((2, 3), -1), frozen=torch.ones(2, 3, dtype=torch.bool)), ValueError,
+     "every frozen position"),
+    (dict(x_init=torch.zeros(2, 3, dtype=torch.long), frozen=torch.ones(2, 3)), ValueError,
+     "frozen must be a Bool tensor"),
+])
+def test_bad_prompts_are_refused(kwargs, error, match):
+    m = toy("dir S3 D3").models()
+    with pytest.raises(error, match=match):
+        ddpd_sample(m.planner, m.uniform_denoiser, 2, 3, 3, steps=2, seed=0, **kwargs)
+
+
+# ----------------------------------------------------------------------------- (b) laws
+
+
+def conditional_laws(cond):
+    sub = cond.sub
+    return {
+        "ddpd uniform A": laws.ddpd_planner_clock_law(sub, 8, stop="eps", eps=0.3),
+        "ddpd mask B+C k=2 x1": laws.ddpd_planner_clock_law(sub, 5, stop="budget", denoiser_type="mask",
+                                                            selection="softmax", k=2, parallel_steps=1),
+        "ddpd exact clock": sub.p_data,  # exact: the conditional law of the data
+        "ddpd uniform model A": laws.ddpd_uniform_model_law(sub, 8, stop="eps", eps=0.3),
+        "tau mask eta 1": laws.tau_leaping_mask_law(sub, 8, eta=1.0),
+        "tau uniform": laws.tau_leaping_uniform_law(sub, 8),
+        "tau planned mask": laws.tau_leaping_planned_law(sub, 8, denoiser_type="mask"),
+        "maskgit": laws.maskgit_law(sub, 2, choice_temperature=2.0),
+    }
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["reference", "fused"])
+def test_each_sampler_follows_its_exact_conditional_law(cond, fused):
+    results = run_all(cond, B, noise=noise(6), fused=fused) if not fused else run_all(cond, B, seed=6, fused=True)
+    for name, law in conditional_laws(cond).items():
+        emp = empirical(cond.sub_index(results[name].tokens), cond.sub.N)
+        limit = threshold(law, B)
+        TABLE.add(f"{name}, prompt x^1 = 2{' (fused)' if fused else ''} [dir S3 D3]", tv(emp, law),
+                  tv(emp, cond.sub.p_data), limit, cond.sub.N)
+        assert tv(emp, law) < limit, f"{name}: TV {tv(emp, law):.4f} to its conditional law >= {limit:.4f}"
+
+
+def test_mask_tau_leaping_with_an_unconditional_mask_denoiser_reaches_the_conditional_data_law():
+    """A prompt needs no conditional network for mask diffusion: the exact mask denoiser
+    p_data(x^d | unmasked positions) already conditions on the prompt."""
+    cond = Conditioned(toy("sparse S2 D4"), [0], [0])
+    x_init, frozen = cond.prompt(B)
+    result = tau_leaping_mask(toy("sparse S2 D4").models().mask_denoiser, B, 4, 2, steps=512, x_init=x_init,
+                              frozen=frozen, noise=noise(7))
+    emp = empirical(cond.sub_index(result.tokens), cond.sub.N)
+    limit = threshold(cond.sub.p_data, B)
+    TABLE.add("tau mask eta 0, 512 steps, prompt x^0 = 0 [sparse S2 D4]", None, tv(emp, cond.sub.p_data),
+              limit, cond.sub.N)
+    assert tv(emp, cond.sub.p_data) < limit
