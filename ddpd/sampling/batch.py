@@ -63,11 +63,13 @@ class RunningBatch:
     ([B, ...]) that follow the rows.
     """
 
-    def __init__(self, x: Tensor, state: Optional[Dict[str, Tensor]] = None):
+    def __init__(self, x: Tensor, state: Optional[Dict[str, Tensor]] = None,
+                 condition: Optional["Condition"] = None):
         self.out = x.clone()
         self.rows = torch.arange(x.shape[0], device=x.device)
         self.x = x
         self.state: Dict[str, Tensor] = dict(state or {})
+        self.condition = condition
         self.stop_step = torch.full((x.shape[0],), -1, dtype=torch.long, device=x.device)
         self.planner_calls = self.denoiser_calls = 0
         self.planner_rows = self.denoiser_rows = 0
@@ -86,28 +88,41 @@ class RunningBatch:
 
     # ---- the networks, counted and checked
 
-    def planner(self, model: Callable, x: Tensor, *args) -> Tensor:
-        """Planner logits Float[B, D] for x (time passed when given), shape-checked."""
-        logits = model(x, *args)
+    def planner(self, model: Callable, x: Tensor, *args, rows: Optional[Tensor] = None) -> Tensor:
+        """Planner logits Float[B, D] for x (time passed when given), shape-checked; with a
+        class-conditional planner, called with the labels of `rows` (default: the batch)."""
+        if self.condition is not None and self.condition.conditional_planner:
+            logits = model(x, *args, labels=self.condition.labels_of(self._rows(rows)))
+        else:
+            logits = model(x, *args)
         _check_output("planner", logits, tuple(x.shape))
         self.planner_calls += 1
         self.planner_rows += x.shape[0]
         return logits.float()
 
-    def denoiser(self, model: Callable, x: Tensor, t: Tensor, vocab_size: int, name: str = "denoiser") -> Tensor:
-        """Denoiser logits Float[B, D, V] for (x, t), shape-checked (name: for errors)."""
-        logits = model(x, t)
+    def denoiser(self, model: Callable, x: Tensor, t: Tensor, vocab_size: int, name: str = "denoiser",
+                 rows: Optional[Tensor] = None) -> Tensor:
+        """Denoiser logits Float[B, D, V] for (x, t), shape-checked (name: for errors); with
+        labels, the guided logits of `rows` (default: the batch), see Condition."""
+        if self.condition is None:
+            logits = model(x, t)
+        else:
+            logits = self.condition.guide(lambda labels: model(x, t, labels=labels), self._rows(rows))
         _check_output(name, logits, (*x.shape, vocab_size))
         self.denoiser_calls += 1
         self.denoiser_rows += x.shape[0]
         return logits.float()
 
-    def hidden(self, model, x: Tensor, t: Tensor, vocab_size: int) -> Tensor:
-        """model.hidden(x, t) Float[B, D, H], counted as a denoiser pass; its head must give vocab_size logits."""
+    def hidden(self, model, x: Tensor, t: Tensor, vocab_size: int, rows: Optional[Tensor] = None) -> Tensor:
+        """model.hidden(x, t) Float[B, D, H], counted as a denoiser pass; its head must give
+        vocab_size logits. With labels, the guided hidden states (exact through a linear head)."""
         head = model.head
         if head.out_features != vocab_size:
             raise ValueError(f"denoiser.head must have {vocab_size} outputs, got {head.out_features}")
-        h = model.hidden(x, t)
+        if self.condition is None:
+            h = model.hidden(x, t)
+        else:
+            h = self.condition.guide(lambda labels: model.hidden(x, t, labels=labels), self._rows(rows))
         if not isinstance(h, Tensor) or h.dim() != 3 or tuple(h.shape[:2]) != tuple(x.shape) \
                 or h.shape[2] != head.in_features:
             shape = list(h.shape) if isinstance(h, Tensor) else type(h).__name__
@@ -116,6 +131,9 @@ class RunningBatch:
         self.denoiser_calls += 1
         self.denoiser_rows += x.shape[0]
         return h
+
+    def _rows(self, rows: Optional[Tensor]) -> Tensor:
+        return self.rows if rows is None else rows
 
     # ---- rows leaving
 
@@ -145,9 +163,9 @@ class RunningBatch:
 class FusedBatch(RunningBatch):
     """Rows in the batch (running, or finished since the last stop check) and their bookkeeping."""
 
-    def __init__(self, x: Tensor, state: Optional[Dict[str, Tensor]] = None, sync_every: int = 1,
-                 compaction: bool = True):
-        super().__init__(x, state)
+    def __init__(self, x: Tensor, state: Optional[Dict[str, Tensor]] = None,
+                 condition: Optional["Condition"] = None, sync_every: int = 1, compaction: bool = True):
+        super().__init__(x, state, condition)
         self.sync_every = sync_every
         self.compaction = compaction
         self.running_rows = x.shape[0]  # as of the last stop check (a host count)
@@ -193,6 +211,34 @@ class FusedBatch(RunningBatch):
         self.stop_step[self.rows] = torch.where(rows_stop < 0, steps, rows_stop)
         scatter_back(self.rows, self.x, self.out)
         return self._result()
+
+
+@dataclass(frozen=True)
+class Condition:
+    """Class labels of a run and classifier-free guidance.
+
+    labels: Long[B], the label of each row id. The denoiser is called as model(x, t,
+    labels=...) and, for guidance_scale w != 1, also with labels=None (the null label,
+    unconditional); its output is the guided u + w (c - u), applied to the logits (w = 1:
+    the conditional model, w = 0: the unconditional one). For hidden states the same
+    combination is exact: a linear head maps u + w (c - u) of hidden states to the same
+    combination of logits. The planner gets the labels when conditional_planner is set.
+    """
+
+    labels: Tensor
+    guidance_scale: float = 1.0
+    conditional_planner: bool = False
+
+    def labels_of(self, rows: Tensor) -> Tensor:
+        return self.labels[rows]
+
+    def guide(self, call: Callable, rows: Tensor) -> Tensor:
+        """call(labels) evaluated at the labels of rows, guided by guidance_scale."""
+        conditional = call(self.labels_of(rows))
+        if self.guidance_scale == 1.0:
+            return conditional
+        unconditional = call(None)
+        return unconditional + self.guidance_scale * (conditional - unconditional)
 
 
 def _check_output(name: str, out, shape: tuple) -> None:

@@ -11,9 +11,16 @@ Prompts and infilling (every sampler): `x_init` Long[B, D] gives starting values
 where the sampler's own noise starts (uniform noise, or the mask for the mask-diffusion
 samplers); `frozen` Bool[B, D] marks positions that keep their x_init value throughout:
 they are never noised, never selected, never masked (each sampler says how).
+
+Class labels (every sampler): `labels` Long[B] calls the denoiser as denoiser(x, t,
+labels=...) and, with `guidance_scale` w != 1, also with labels=None (unconditional):
+classifier-free guidance u + w (c - u) on its logits, or on its hidden states in the fused
+run (exact through the linear head). `conditional_planner=True` passes the labels to the
+planner too (ddpd.sampling.batch.Condition).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
@@ -21,10 +28,11 @@ import torch
 from torch import Tensor
 
 from ddpd.process import Schedule, get_schedule
+from ddpd.sampling.batch import Condition
 from ddpd.sampling.draws import Draws, make_draws
 from ddpd.sampling.noise import INIT, NoiseSource, make_noise
 from ddpd.sampling.options import Execution, Temperature, resolve
-from ddpd.validation import check_int
+from ddpd.validation import check_bool, check_float, check_int
 
 
 @dataclass(frozen=True)
@@ -42,6 +50,7 @@ class Run:
     device: Optional[torch.device]
     x_init: Optional[Tensor] = None
     frozen: Optional[Tensor] = None
+    condition: Optional[Condition] = None
 
     def temperature_at(self, step: int) -> float:
         return self.temperature.at(step, self.steps)
@@ -74,8 +83,11 @@ def setup(sampler: str, batch_size, length, vocab_size, steps, temperature, seed
     device = None if device is None else torch.device(device)
     x_init, frozen = check_prompt(options.pop("x_init", None), options.pop("frozen", None), batch_size, length,
                                   vocab_size, device)
+    condition = check_condition(options.pop("labels", None), options.pop("guidance_scale", 1.0),
+                                options.pop("conditional_planner", False), batch_size, device)
     execution, *objects = resolve(sampler, options, Execution, *kinds)
-    run = Run(batch_size, length, vocab_size, steps, temperature, schedule, mask_id, noise, device, x_init, frozen)
+    run = Run(batch_size, length, vocab_size, steps, temperature, schedule, mask_id, noise, device, x_init, frozen,
+              condition)
     return run, make_draws(noise, execution), tuple(objects)
 
 
@@ -105,6 +117,24 @@ def check_prompt(x_init, frozen, batch_size: int, length: int, vocab_size: int, 
     return x_init, frozen
 
 
+def check_condition(labels, guidance_scale, conditional_planner, batch_size: int, device) -> Optional[Condition]:
+    """The class condition of a run: labels Long[B] (>= 0), guidance_scale >= 0 (1: none), or None."""
+    if labels is None:
+        if guidance_scale != 1.0 or conditional_planner:
+            raise ValueError("guidance_scale and conditional_planner need labels (Long[B], one class per row)")
+        return None
+    if not isinstance(labels, Tensor) or labels.dtype != torch.long or tuple(labels.shape) != (batch_size,):
+        got = f"{labels.dtype} of shape {tuple(labels.shape)}" if isinstance(labels, Tensor) else type(labels).__name__
+        raise ValueError(f"labels must be a Long tensor of shape [{batch_size}], got {got}")
+    if labels.numel() and int(labels.min()) < 0:  # once, before the loop
+        raise ValueError(f"labels must be >= 0 (class ids; the null label is passed as None), got {int(labels.min())}")
+    scale = check_float("guidance_scale", guidance_scale, 0.0)
+    if math.isinf(scale):
+        raise ValueError("guidance_scale must be finite")
+    check_bool("conditional_planner", conditional_planner)
+    return Condition(labels.to(device) if device is not None else labels, scale, conditional_planner)
+
+
 def start(run: Run, draws: Draws, masks: bool = False, **state: Tensor):
     """The running batch at the start of a run: x_0 ~ uniform over the vocabulary
     (p_noise^unif, from the INIT stream), or the all-mask sequence (masks=True), with the
@@ -118,7 +148,7 @@ def start(run: Run, draws: Draws, masks: bool = False, **state: Tensor):
         x0 = torch.where(run.x_init >= 0, run.x_init.to(x0.device), x0)
     if run.frozen is not None:
         state["frozen"] = run.frozen.to(x0.device)
-    return draws.batch(x0, state)
+    return draws.batch(x0, state, run.condition)
 
 
 def free(batch, x: Tensor) -> Tensor:

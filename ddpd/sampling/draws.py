@@ -39,7 +39,7 @@ from torch import Tensor
 from ddpd.ops import (planner_select, planner_select_mask, planner_select_mask_reference, planner_select_reference,
                       sample_categorical, sample_categorical_reference, sample_from_hidden)
 from ddpd.ops.sample_categorical import TILE, noise_width
-from ddpd.sampling.batch import FusedBatch, RunningBatch, has_head
+from ddpd.sampling.batch import Condition, FusedBatch, RunningBatch, has_head
 from ddpd.sampling.noise import MASK, SELECT, TOKEN, NoiseSource, PhiloxNoise
 from ddpd.sampling.options import Execution
 
@@ -62,8 +62,9 @@ class Draws:
     def __init__(self, noise: NoiseSource):
         self.noise = noise
 
-    def batch(self, x0: Tensor, state: Optional[dict] = None) -> RunningBatch:
-        """The running batch of a run starting at x0, with per-row `state` (see ddpd.sampling.batch)."""
+    def batch(self, x0: Tensor, state: Optional[dict] = None, condition: Optional[Condition] = None) -> RunningBatch:
+        """The running batch of a run starting at x0, with per-row `state` and class `condition`
+        (see ddpd.sampling.batch)."""
         raise NotImplementedError
 
     def plan(self, step: int, logits: Tensor, rows: Tensor, k: int, selection: str, eps: float,
@@ -81,8 +82,9 @@ class Draws:
 
     def tokens_at(self, batch: RunningBatch, denoiser: Callable, step: int, x_in: Tensor, t: Tensor,
                   positions: Tensor, rows: Tensor, vocab_size: int, temperature: float) -> Tensor:
-        """Long[B, k]: a token at each of positions (Long[B, k]) from denoiser(x_in, t)."""
-        return self.tokens_from(step, rows, batch.denoiser(denoiser, x_in, t, vocab_size), positions, temperature)
+        """Long[B, k]: a token at each of positions (Long[B, k]) from denoiser(x_in, t) (rows: their row ids)."""
+        logits = batch.denoiser(denoiser, x_in, t, vocab_size, rows=rows)
+        return self.tokens_from(step, rows, logits, positions, temperature)
 
     def tokens_from(self, step: int, rows: Tensor, logits: Tensor, positions: Tensor, temperature: float) -> Tensor:
         """Long[B, k]: a token at each of positions from the logits [B, D, V] at those positions."""
@@ -122,8 +124,8 @@ def token_noise_width(vocab_size: int) -> int:
 class ReferenceDraws(Draws):
     """Plain torch: explicit uniforms into the ops' torch references; full denoiser logits."""
 
-    def batch(self, x0: Tensor, state: Optional[dict] = None) -> RunningBatch:
-        return RunningBatch(x0, state)
+    def batch(self, x0: Tensor, state: Optional[dict] = None, condition: Optional[Condition] = None) -> RunningBatch:
+        return RunningBatch(x0, state, condition)
 
     def plan(self, step, logits, rows, k, selection, eps, x=None, mask_id=None) -> Plan:
         length = logits.shape[1]
@@ -153,8 +155,8 @@ class FusedDraws(Draws):
         self.execution = execution
         self.philox = isinstance(noise, PhiloxNoise)
 
-    def batch(self, x0: Tensor, state: Optional[dict] = None) -> RunningBatch:
-        return FusedBatch(x0, state, self.execution.sync_every, self.execution.compaction)
+    def batch(self, x0: Tensor, state: Optional[dict] = None, condition: Optional[Condition] = None) -> RunningBatch:
+        return FusedBatch(x0, state, condition, self.execution.sync_every, self.execution.compaction)
 
     def plan(self, step, logits, rows, k, selection, eps, x=None, mask_id=None) -> Plan:
         length = logits.shape[1]
@@ -186,7 +188,7 @@ class FusedDraws(Draws):
         if not has_head(denoiser):
             return super().tokens_at(batch, denoiser, step, x_in, t, positions, rows, vocab_size, temperature)
         n, k = positions.shape
-        h = batch.hidden(denoiser, x_in, t, vocab_size)
+        h = batch.hidden(denoiser, x_in, t, vocab_size, rows=rows)
         picked = h.gather(1, positions[..., None].expand(-1, -1, h.shape[-1])).reshape(n * k, -1)
         head = denoiser.head
         if temperature == 0:

@@ -98,7 +98,9 @@ def ddpd_sample(
     of Execution — fused, sync_every, compaction (or execution=Execution(...));
     temperature_end, schedule, mask_id, generator; x_init (Long[B, D], -1 where the run
     starts from noise) and frozen (Bool[B, D], positions that keep their x_init value):
-    prompts and infilling, see the module docstring.
+    prompts and infilling, see the module docstring; labels (Long[B]), guidance_scale and
+    conditional_planner: class conditioning and classifier-free guidance of the denoiser
+    (ddpd.sampling.common).
 
     fused=True runs the same loop with the per-step draws in the ddpd.ops kernels and no
     host synchronisation inside a step: same draws from the same noise. A denoiser exposing
@@ -186,8 +188,8 @@ class _UniformModel:
         self.softmax, self.reuse = selection == "softmax", reuse
         self.p_x1: Optional[Tensor] = None
 
-    def _p_x1(self, batch: RunningBatch, x: Tensor, t: Tensor) -> Tensor:
-        return batch.denoiser(self.model, x, t, self.vocab_size, "model").softmax(-1)
+    def _p_x1(self, batch: RunningBatch, x: Tensor, t: Tensor, rows: Optional[Tensor] = None) -> Tensor:
+        return batch.denoiser(self.model, x, t, self.vocab_size, "model", rows=rows).softmax(-1)
 
     def plan(self, batch: RunningBatch, x: Tensor, t: Tensor) -> Tensor:
         p_x1 = self._p_x1(batch, x, t)
@@ -201,7 +203,7 @@ class _UniformModel:
         if self.reuse:
             p_x1 = self.p_x1 if index is None else self.p_x1[index]
         else:
-            p_x1 = self._p_x1(batch, x_in, t)
+            p_x1 = self._p_x1(batch, x_in, t, rows)
         q = denoiser_prob_from_uniform(p_x1, x_in, self.alpha(t))
         return draws.tokens_from(step, rows, torch.log(q), positions, temperature)
 

@@ -52,7 +52,8 @@ def maskgit_sample(
     when given) tempers the token draws; confidences use the untempered model
     probabilities. choice_temperature scales the Gumbel noise on the confidences
     (MaskGIT's default 4.5; 0 ranks by confidence alone, ties broken by position).
-    options: temperature_end, schedule, mask_id, generator, x_init and frozen (a prompt:
+    options: temperature_end, schedule, mask_id, generator, labels, guidance_scale (class
+    conditioning, ddpd.sampling.common), x_init and frozen (a prompt:
     its positions start unmasked; the cosine schedule counts the m0 masks a row starts
     with instead of D), fused (draw the tokens with ddpd.ops.sample_categorical).
     """

@@ -15,8 +15,8 @@ the logarithm of 1 - u or of -log u (Gumbel, exponential) clamps u below one fir
   function of (seed, offset + step * NUM_STREAMS + stream, row id, column)
   (ddpd.ops.rng.philox_uniform), so a row keeps its draws whatever the batch
   composition: finished rows leaving the batch change nothing for the others.
-- `TorchNoise(generator)`: sequential torch.Generator draws on the same grid. Not batch-invariant, but two orders of magnitude faster on CPU; the
-  statistical tests use it.
+- `TorchNoise(generator)`: sequential torch.Generator draws on the same grid. Not
+  batch-invariant, but two orders of magnitude faster on CPU; the statistical tests use it.
 
 The transforms to Gumbel variables (the ops' own, from ddpd.ops) and exponential
 variables are exported here too, so that every consumer, reference or fused,

@@ -65,7 +65,8 @@ def tau_leaping_mask(
     Per step and position: a mask unmasks with probability dt (alpha_dot + eta alpha)/(1 - alpha)
     (clamped to 1), a token is remasked with probability eta dt. With eta = 0 a row
     stops once it has no mask left. Randomness: seed, noise or generator=.
-    options: temperature_end, schedule, mask_id, generator, x_init and frozen (a prompt:
+    options: temperature_end, schedule, mask_id, generator, labels, guidance_scale (class
+    conditioning, ddpd.sampling.common), x_init and frozen (a prompt:
     frozen positions start unmasked at their values and are never remasked), and fused,
     sync_every, compaction (or execution=Execution(...)): see the module docstring.
     """
@@ -112,8 +113,8 @@ def tau_leaping_uniform(
     jump with probability dt alpha_dot/(1 - alpha) (1 - p(x_1^d = x_t^d | x_t))
     (clamped to 1) to j != x_t^d drawn from p(x_1^d = j | x_t) at the logit
     temperature. Calls are counted in denoiser_calls. options: temperature_end,
-    schedule, generator, x_init and frozen (frozen positions never jump), fused (see the
-    module docstring).
+    schedule, generator, labels, guidance_scale, x_init and frozen (frozen positions never
+    jump), fused (see the module docstring).
     """
     check_callable("model", model)
     run, draws, _ = setup("tau_leaping_uniform", batch_size, length, vocab_size, steps, temperature, seed, noise,
@@ -155,9 +156,9 @@ def tau_leaping_planned(
     (called on the masked sequence at t = alpha^{-1}(1 - #masked / D)). Per step a
     position jumps with probability dt alpha_dot/(1 - alpha) p(z^d = N | x_t) to a
     draw of the denoiser (which may return the current value). options:
-    time_conditioned_planner, temperature_end, schedule, mask_id, generator, x_init and
-    frozen (a frozen position has p(z = N) = 0: it never jumps and is never masked), fused
-    (see the module docstring).
+    time_conditioned_planner, temperature_end, schedule, mask_id, generator, labels,
+    guidance_scale, conditional_planner, x_init and frozen (a frozen position has
+    p(z = N) = 0: it never jumps and is never masked), fused (see the module docstring).
     """
     check_callable("planner", planner)
     check_callable("denoiser", denoiser)
@@ -223,6 +224,6 @@ def _draw_where(run: Run, draws: Draws, batch: RunningBatch, denoiser: Callable,
     if index is not None and index.numel() == 0:
         return x
     x_in, t, rows = subset(index, x_in, t, batch.rows)
-    logits = batch.denoiser(denoiser, x_in, t, run.vocab_size)
+    logits = batch.denoiser(denoiser, x_in, t, run.vocab_size, rows=rows)
     tokens = draws.tokens_everywhere(step, rows, logits, run.temperature_at(step))
     return torch.where(where, expand(index, tokens, x), x)

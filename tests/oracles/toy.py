@@ -278,3 +278,61 @@ class _ConditionedModels:
         """The full toy's own mask denoiser: p_data(x^d | unmasked positions) already conditions
         on the prompt's values, so an unconditional exact mask denoiser is the conditional one."""
         return self.inner_full.mask_denoiser(x, t)
+
+
+class Labelled:
+    """A class-conditional toy: p(x, c) = prior[c] p_c(x), one ToyProblem per class and the
+    mixture p(x) = sum_c prior[c] p_c(x). Its exact networks take labels=Long[B] (None:
+    unconditional, the mixture's networks), as class-conditional ddpd networks do."""
+
+    def __init__(self, problems: list, prior: list):
+        self.problems, self.prior = problems, torch.tensor(prior, dtype=torch.float64)
+        first = problems[0]
+        mixture = sum(w * p.p_data for w, p in zip(prior, problems))
+        self.mixture = ToyProblem(mixture, first.S, first.D, first.schedule)
+        self.models = _LabelledModels(self)
+
+
+class _LabelledModels:
+    def __init__(self, labelled: Labelled):
+        self.per_class = [p.models() for p in labelled.problems]
+        self.mixture = labelled.mixture.models()
+
+    def _call(self, name: str, x, *args, labels=None):
+        if labels is None:
+            return getattr(self.mixture, name)(x, *args)
+        out = None
+        for c, models in enumerate(self.per_class):
+            rows = labels == c
+            if bool(rows.any()):
+                part = getattr(models, name)(x[rows], *(a[rows] if torch.is_tensor(a) and a.dim() else a for a in args))
+                if out is None:
+                    out = torch.empty((x.shape[0],) + tuple(part.shape[1:]), dtype=part.dtype)
+                out[rows] = part
+        return out
+
+    def planner_t(self, x, t, labels=None):
+        return self._call("planner_t", x, t, labels=labels)
+
+    def uniform_denoiser(self, x, t, labels=None):
+        return self._call("uniform_denoiser", x, t, labels=labels)
+
+    def planner(self, x, labels=None):
+        return self._call("planner", x, labels=labels)
+
+
+class Guided:
+    """The ToyProblem `conditional` with its uniform denoiser replaced by the classifier-free
+    guided one, softmax(log q_u + w (log q_c - log q_u)): the toy whose exact law a guided
+    sampler follows (the law functions read only these attributes)."""
+
+    def __init__(self, conditional: ToyProblem, unconditional: ToyProblem, scale: float):
+        self.conditional, self.unconditional, self.scale = conditional, unconditional, scale
+
+    def __getattr__(self, name):
+        return getattr(self.conditional, name)
+
+    def uniform_denoiser(self, idx, alpha):
+        log_u = torch.log(self.unconditional.uniform_denoiser(idx, alpha).clamp_min(1e-300))
+        log_c = torch.log(self.conditional.uniform_denoiser(idx, alpha).clamp_min(1e-300))
+        return torch.softmax(log_u + self.scale * (log_c - log_u), -1)

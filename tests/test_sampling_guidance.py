@@ -1,0 +1,128 @@
+"""Class labels and classifier-free guidance in the samplers.
+
+A class-conditional toy (oracles.toy.Labelled: two classes, one exact ToyProblem each, the
+mixture as the unconditional model): with guidance_scale 1 the exact clock and
+class-conditional exact networks reach p(x | c) for every class in one batch; scale 0 is the
+unconditional model; scale 2 follows the exact law of the guided chain (oracles.toy.Guided).
+On tiny transformers the fused run, which guides the hidden states before the linear head,
+draws what the reference run draws from the guided logits. B = 50k rows per law check;
+threshold as in tests/test_sampling_ddpd.py.
+"""
+import pytest
+import torch
+
+from oracles import laws
+from oracles.fixtures import noise, single_thread  # noqa: F401  (single_thread: autouse)
+from oracles.stats import TVTable, empirical, threshold, tv
+from oracles.toy import Guided, Labelled, ToyProblem, dirichlet_p_data
+from ddpd.models import build_model, config_for
+from ddpd.sampling import PhiloxNoise, ddpd_sample, maskgit_sample, tau_leaping_uniform
+
+B = 50_000
+T_END = 1.0 - 1e-4
+TABLE = TVTable("Class-conditional sampling: TV to own exact law and to p(x | c) (B = 50k)")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def print_table():
+    yield
+    print("\n" + TABLE.render())
+
+
+@pytest.fixture(scope="module")
+def labelled():
+    return Labelled([ToyProblem(dirichlet_p_data(3, 3, seed=s), 3, 3) for s in (11, 12)], [0.3, 0.7])
+
+
+def by_class(labelled, result, labels, c):
+    problem = labelled.problems[c]
+    return empirical(problem.index(result.tokens[labels == c]), problem.N), int((labels == c).sum())
+
+
+def test_guidance_one_reaches_each_class_law(labelled):
+    labels = (torch.arange(B) % 2).long()
+    m = labelled.models
+    result = ddpd_sample(m.planner_t, m.uniform_denoiser, B, 3, 3, steps=220, clock="exact",
+                         time_conditioned_planner=True, t_end=T_END, labels=labels, conditional_planner=True,
+                         noise=noise(1))
+    for c, problem in enumerate(labelled.problems):
+        emp, n = by_class(labelled, result, labels, c)
+        limit = threshold(problem.p_data, n)
+        TABLE.add(f"exact clock, guidance 1, class {c} [dir S3 D3]", None, tv(emp, problem.p_data), limit, problem.N)
+        assert tv(emp, problem.p_data) < limit
+
+
+def test_guidance_zero_is_the_unconditional_model(labelled):
+    labels = torch.zeros(300, dtype=torch.long)
+    m = labelled.models
+    guided = ddpd_sample(m.planner, m.uniform_denoiser, 300, 3, 3, steps=8, stop="budget", labels=labels,
+                         guidance_scale=0.0, seed=4)
+    unconditional = ddpd_sample(m.planner, lambda x, t: m.uniform_denoiser(x, t), 300, 3, 3, steps=8,
+                                stop="budget", seed=4)
+    assert torch.equal(guided.tokens, unconditional.tokens)
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["reference", "fused"])
+def test_guided_sampler_follows_the_guided_law(labelled, fused):
+    labels = torch.zeros(B, dtype=torch.long)
+    m = labelled.models
+    result = ddpd_sample(m.planner, m.uniform_denoiser, B, 3, 3, steps=8, stop="budget", labels=labels,
+                         guidance_scale=2.0, conditional_planner=True, fused=fused, seed=7)
+    guided = Guided(labelled.problems[0], labelled.mixture, 2.0)
+    law = laws.ddpd_planner_clock_law(guided, 8, stop="budget")
+    emp = empirical(guided.index(result.tokens), guided.N)
+    limit = threshold(law, B)
+    TABLE.add(f"planner clock B, guidance 2, class 0{' (fused)' if fused else ''} [dir S3 D3]", tv(emp, law),
+              tv(emp, guided.p_data), limit, guided.N)
+    assert tv(emp, law) < limit
+    wrong = laws.ddpd_planner_clock_law(Guided(labelled.problems[0], labelled.mixture, 1.0), 8, stop="budget")
+    assert tv(emp, wrong) > limit  # the guidance changed the law
+
+
+class LabelledNet(torch.nn.Module):
+    """A tiny transformer denoiser with a label embedding added to its hidden states (null: None)."""
+
+    def __init__(self, vocab, classes, seed):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.net = build_model("mask-denoiser", config_for("mask-denoiser", vocab, 8, d_model=16, n_layers=1,
+                                                           n_heads=2))
+        self.embed = torch.nn.Embedding(classes + 1, 16)
+        self.head = self.net.head
+        self.null = classes
+
+    def hidden(self, x, t, labels=None):
+        labels = torch.full((x.shape[0],), self.null, dtype=torch.long) if labels is None else labels
+        return self.net.hidden(x, t) + 3.0 * self.embed(labels)[:, None, :]
+
+    def forward(self, x, t, labels=None):
+        return self.head(self.hidden(x, t, labels))
+
+
+@pytest.mark.parametrize("vocab", [27, 300])
+def test_fused_guided_hidden_states_draw_the_reference_guided_logits(vocab):
+    net = LabelledNet(vocab, 4, 0).eval()
+    planner = build_model("planner", config_for("planner", vocab, 8, d_model=16, n_layers=1, n_heads=2)).eval()
+    labels = torch.arange(64) % 4
+    runs = {}
+    with torch.inference_mode():
+        for fused in (False, True):
+            runs[fused] = ddpd_sample(planner, net, 64, 8, vocab, steps=12, denoiser_type="mask", labels=labels,
+                                      guidance_scale=2.5, noise=PhiloxNoise(5), fused=fused, sync_every=1)
+            runs[("maskgit", fused)] = maskgit_sample(net, 64, 8, vocab, steps=4, labels=labels, guidance_scale=1.5,
+                                                      seed=2, fused=fused)
+    assert torch.equal(runs[False].tokens, runs[True].tokens)
+    assert torch.equal(runs[("maskgit", False)].tokens, runs[("maskgit", True)].tokens)
+    unguided = maskgit_sample(net, 64, 8, vocab, steps=4, labels=labels, seed=2)
+    assert not torch.equal(unguided.tokens, runs[("maskgit", False)].tokens)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(guidance_scale=2.0), "need labels"),
+    (dict(labels=torch.zeros(3, dtype=torch.long)), r"shape \[2\]"),
+    (dict(labels=torch.tensor([0, -1])), ">= 0"),
+    (dict(labels=torch.zeros(2, dtype=torch.long), guidance_scale=-1.0), "guidance_scale"),
+])
+def test_bad_conditions_are_refused(labelled, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        tau_leaping_uniform(labelled.models.uniform_denoiser, 2, 3, 3, steps=2, seed=0, **kwargs)
