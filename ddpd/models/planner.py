@@ -29,9 +29,5 @@ class Planner(HeadModel):
         """Hidden states [B, D, d_model]; t is accepted for a uniform signature and ignored."""
         return self.backbone.hidden(x)
 
-    def logits_at(self, hidden: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-        """Noise logits at positions index: Long[B, k] -> [B, k]."""
-        return super().logits_at(hidden, index).squeeze(-1)
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.backbone.hidden(x)).squeeze(-1)
