@@ -31,7 +31,7 @@ class ARModel(HeadModel):
         return self.config.out_dim
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.backbone.hidden(x))
+        return self.head(self.backbone.hidden(x)).float()
 
     def with_bos(self, x: torch.Tensor) -> torch.Tensor:
         """[BOS, x_0, ..., x_{D-1}]: Long[B, D + 1]."""

@@ -102,7 +102,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
 
 
 class RotaryEmbedding(nn.Module):
-    """Rotates channel pairs (i, i + d/2) of q and k by angle pos * base^(-2i/d)."""
+    """Rotates channel pairs (i, i + d/2) of q and k by angle pos * base^(-2i/d).
+
+    The cos/sin tables stay float32 whatever dtype the network is cast to (a bf16
+    table would round the angles); they follow the network's device."""
 
     def __init__(self, head_dim: int, max_seq_len: int, base: float = 10000.0):
         super().__init__()
@@ -111,6 +114,12 @@ class RotaryEmbedding(nn.Module):
         # not persistent: derived from the config, so never stored in checkpoints
         self.register_buffer("cos", angles.cos().float(), persistent=False)
         self.register_buffer("sin", angles.sin().float(), persistent=False)
+
+    def _apply(self, fn, recurse=True):
+        tables = (self.cos, self.sin)
+        super()._apply(fn, recurse)
+        self.cos, self.sin = (table.to(self.cos.device) for table in tables)
+        return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [B, H, L, d] -> x rotated by its position along L (computed in float32)."""

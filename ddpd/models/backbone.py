@@ -8,6 +8,10 @@ and gate of each sub-layer, plus a shift and scale of the final norm. All of the
 start at zero, so a fresh time-conditioned block is the identity (adaLN-Zero) and
 learns how much to use t. The planner is built without time input: it must read the
 corruption from x_t alone (paper, appendix 'Implementation details').
+
+Precision: the trunk runs in the dtype of its weights (float32, or bf16/fp16 after
+`ddpd.models.prepare_for_sampling`) or under torch.autocast; norm statistics, rotary
+embeddings and the time features are computed in float32 whatever that dtype is.
 """
 from __future__ import annotations
 
@@ -26,6 +30,14 @@ TIME_FREQ_DIM = 256
 TIME_SCALE = 1000.0  # spreads t in [0, 1] over the sinusoid periods
 
 
+class LayerNorm(nn.LayerNorm):
+    """nn.LayerNorm with its statistics in float32 for bf16/fp16 inputs (identical for float32)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x.float(), self.normalized_shape, self.weight.float(), self.bias.float(),
+                            self.eps).to(x.dtype)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float = 1e-6):
         super().__init__()
@@ -39,7 +51,7 @@ class RMSNorm(nn.Module):
 
 
 def make_norm(kind: str, dim: int) -> nn.Module:
-    return RMSNorm(dim) if kind == "rmsnorm" else nn.LayerNorm(dim)
+    return RMSNorm(dim) if kind == "rmsnorm" else LayerNorm(dim)
 
 
 def timestep_embedding(t: torch.Tensor, dim: int = TIME_FREQ_DIM, max_period: float = 10000.0) -> torch.Tensor:
@@ -51,14 +63,15 @@ def timestep_embedding(t: torch.Tensor, dim: int = TIME_FREQ_DIM, max_period: fl
 
 
 class TimeEmbedding(nn.Module):
-    """t -> sinusoid -> MLP -> conditioning vector c [B, d_model]."""
+    """t -> float32 sinusoid -> MLP -> conditioning vector c [B, d_model]."""
 
     def __init__(self, d_model: int):
         super().__init__()
         self.mlp = nn.Sequential(nn.Linear(TIME_FREQ_DIM, d_model), nn.SiLU(), nn.Linear(d_model, d_model))
 
     def forward(self, t: torch.Tensor) -> torch.Tensor:
-        return F.silu(self.mlp(timestep_embedding(t)))
+        features = timestep_embedding(t)
+        return F.silu(self.mlp(features.to(self.mlp[0].weight.dtype)))
 
 
 class MLP(nn.Module):
@@ -168,7 +181,7 @@ class Backbone(nn.Module):
             nn.init.zeros_(self.final_modulation.bias)
 
     def hidden(self, x: torch.Tensor, t: Optional[Union[torch.Tensor, float]] = None) -> torch.Tensor:
-        """Hidden states after the final norm, [B, D, d_model].
+        """Hidden states after the final norm, [B, D, d_model], in the weights' dtype.
 
         t is required when the config is time-conditioned and ignored otherwise (so a
         sampler can pass t to any denoiser)."""

@@ -4,6 +4,10 @@ Every ddpd network is `head(hidden(x, t))`. Exposing `hidden` and `head` separat
 lets a sampler that denoises one position per step (Algorithm 1) apply the [H, V]
 head at the chosen positions only (`ddpd.ops.sample_from_hidden` takes the hidden
 states of those positions and `head.weight`, `head.bias`) instead of at all D.
+
+Dtypes: `hidden` returns the dtype the trunk ran in (that of the weights, or bf16
+under autocast); `forward` always returns float32 logits, so a sampler's own
+arithmetic stays float32 whatever precision the network runs in.
 """
 from __future__ import annotations
 
@@ -27,7 +31,7 @@ def require_config(config: Any, kind: str, **expected: Any) -> None:
 
 
 class HeadModel(nn.Module):
-    """Backbone + nn.Linear(d_model, out_dim) head; forward(x, t) -> [B, D, out_dim]."""
+    """Backbone + nn.Linear(d_model, out_dim) head; forward(x, t) -> [B, D, out_dim] float32."""
 
     kind = "head"
 
@@ -43,5 +47,5 @@ class HeadModel(nn.Module):
         return self.backbone.hidden(x, t)
 
     def forward(self, x: torch.Tensor, t: Optional[Union[torch.Tensor, float]] = None) -> torch.Tensor:
-        return self.head(self.hidden(x, t))
+        return self.head(self.hidden(x, t)).float()
 

@@ -17,7 +17,7 @@ from ddpd.models.config import TransformerConfig
 
 
 class Planner(HeadModel):
-    """planner(x: Long[B, D]) -> Float[B, D] logits of "position d is noise"."""
+    """planner(x: Long[B, D]) -> Float[B, D] float32 logits of "position d is noise"."""
 
     kind = "planner"
 
@@ -30,4 +30,4 @@ class Planner(HeadModel):
         return self.backbone.hidden(x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.backbone.hidden(x)).squeeze(-1)
+        return self.head(self.backbone.hidden(x)).squeeze(-1).float()
