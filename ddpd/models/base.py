@@ -8,6 +8,9 @@ states of those positions and `head.weight`, `head.bias`) instead of at all D.
 Dtypes: `hidden` returns the dtype the trunk ran in (that of the weights, or bf16
 under autocast); `forward` always returns float32 logits, so a sampler's own
 arithmetic stays float32 whatever precision the network runs in.
+
+Class labels: every network takes `labels=` as a keyword (Long[B] in [0, C], C =
+`null_label`; None = the null label), accepted only when `config.num_classes` = C > 0.
 """
 from __future__ import annotations
 
@@ -18,6 +21,8 @@ import torch.nn as nn
 
 from ddpd.models.backbone import Backbone, init_linear
 from ddpd.models.config import TransformerConfig
+
+Labels = Optional[Union[torch.Tensor, int]]
 
 
 def require_config(config: Any, kind: str, **expected: Any) -> None:
@@ -42,10 +47,16 @@ class HeadModel(nn.Module):
         self.head = nn.Linear(config.d_model, config.out_dim)
         init_linear(self.head)
 
-    def hidden(self, x: torch.Tensor, t: Optional[Union[torch.Tensor, float]] = None) -> torch.Tensor:
+    @property
+    def null_label(self) -> Optional[int]:
+        """The label id meaning "no class" (classifier-free guidance), None without classes."""
+        return self.config.num_classes if self.config.num_classes else None
+
+    def hidden(self, x: torch.Tensor, t: Optional[Union[torch.Tensor, float]] = None, *,
+               labels: Labels = None) -> torch.Tensor:
         """Hidden states after the final norm, [B, D, d_model]; t ignored if not time-conditioned."""
-        return self.backbone.hidden(x, t)
+        return self.backbone.hidden(x, t, labels=labels)
 
-    def forward(self, x: torch.Tensor, t: Optional[Union[torch.Tensor, float]] = None) -> torch.Tensor:
-        return self.head(self.hidden(x, t)).float()
-
+    def forward(self, x: torch.Tensor, t: Optional[Union[torch.Tensor, float]] = None, *,
+                labels: Labels = None) -> torch.Tensor:
+        return self.head(self.hidden(x, t, labels=labels)).float()
