@@ -1,11 +1,13 @@
 """ddpd networks: planner, denoisers, single uniform model and AR judge on one transformer trunk;
-bf16/fp16 sampling precision."""
+attention kernel dispatch; bf16/fp16 sampling precision."""
 from ddpd.models.ar import ARModel
 from ddpd.models.attention import (
     ATTENTION_BACKENDS,
+    FLASH_KERNELS,
     attention_backend,
     flash_available,
     get_attention_backend,
+    record_attention,
     resolve_backend,
     set_attention_backend,
 )
@@ -20,8 +22,8 @@ from ddpd.models.uniform_denoiser import UniformDenoiser
 from ddpd.models.uniform_model import UniformModel
 
 __all__ = [
-    "ARModel", "ATTENTION_BACKENDS", "Backbone", "DTYPE_CHOICES", "HeadModel", "MODEL_CLASSES", "MODEL_KINDS", "MaskDenoiser",
-    "Planner", "TransformerConfig", "UniformDenoiser", "UniformModel", "attention_backend", "build_model",
-    "config_for", "count_parameters", "flash_available", "get_attention_backend", "resolve_backend",
-    "set_attention_backend", "prepare_for_sampling", "resolve_dtype",
+    "ARModel", "ATTENTION_BACKENDS", "Backbone", "DTYPE_CHOICES", "FLASH_KERNELS", "HeadModel", "MODEL_CLASSES",
+    "MODEL_KINDS", "MaskDenoiser", "Planner", "TransformerConfig", "UniformDenoiser", "UniformModel",
+    "attention_backend", "build_model", "config_for", "count_parameters", "flash_available", "get_attention_backend",
+    "prepare_for_sampling", "record_attention", "resolve_backend", "resolve_dtype", "set_attention_backend",
 ]
