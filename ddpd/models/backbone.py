@@ -119,8 +119,8 @@ class Block(nn.Module):
         return x + gate2 * self.mlp(_modulate(self.norm2(x), shift2, scale2))
 
 
-def check_tokens(x: torch.Tensor, vocab_size: int, max_seq_len: int) -> None:
-    """Validate x: Long[B, D] with D <= max_seq_len and ids in [0, vocab_size).
+def check_tokens(x: torch.Tensor, vocab_size: int, max_seq_len: Optional[int] = None) -> None:
+    """Validate x: Long[B, D] with D >= 1 (and <= max_seq_len when given) and ids in [0, vocab_size).
 
     The id range is checked on CPU only: on CUDA it would cost a host sync per call."""
     if not isinstance(x, torch.Tensor):
@@ -129,7 +129,7 @@ def check_tokens(x: torch.Tensor, vocab_size: int, max_seq_len: int) -> None:
         raise TypeError(f"x: expected dtype torch.int64, got {x.dtype}")
     if x.dim() != 2:
         raise ValueError(f"x: expected shape [B, D], got {tuple(x.shape)}")
-    if not 1 <= x.shape[1] <= max_seq_len:
+    if x.shape[1] < 1 or (max_seq_len is not None and x.shape[1] > max_seq_len):
         raise ValueError(f"x: expected sequence length in [1, max_seq_len={max_seq_len}], got {x.shape[1]}")
     if x.device.type == "cpu" and x.numel() > 0:
         low, high = int(x.min()), int(x.max())
