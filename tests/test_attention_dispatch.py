@@ -26,6 +26,7 @@ from ddpd.models import (
 from ddpd.models.attention import (
     SelfAttention,
     attention,
+    clear_flash_cache,
     explicit_attention,
     flash_kernel_for,
     flash_preference,
@@ -72,7 +73,7 @@ def fake_flash(monkeypatch):
     returning (out, lse) as some releases do) and FA4 (flash_attn.cute, returning (out, lse))
     modules in sys.modules, blocks the real ones, and makes CPU bf16/fp16 tensors look like
     tensors on a GPU of the given compute capability."""
-    load_flash_kernel.cache_clear()
+    clear_flash_cache()
     set_attention_backend("auto")
 
     def install(*generations, capability=(9, 0), fa3_path="flash_attn_interface"):
@@ -93,12 +94,12 @@ def fake_flash(monkeypatch):
                                                                              returns_tuple=True, dropout=False))
         monkeypatch.setattr(attn, "_flash_capability",
                             lambda q: capability if q.dtype in (torch.float16, torch.bfloat16) else None)
-        load_flash_kernel.cache_clear()
+        clear_flash_cache()
         return calls
 
     yield install
     set_attention_backend("auto")
-    load_flash_kernel.cache_clear()
+    clear_flash_cache()
 
 
 # ---- the rule ---------------------------------------------------------------------------
@@ -199,6 +200,23 @@ def test_autocast_training_takes_the_flash_path_with_gradients(fake_flash):
     with record_attention() as counts, torch.autocast("cpu", dtype=torch.bfloat16):
         layer.eval()(x)
     assert counts == {"fa3": 1}
+
+
+@pytest.mark.parametrize("installed, dtype", [(("fa2",), torch.bfloat16), ((), torch.bfloat16),
+                                             ((), torch.float32)])
+def test_dispatch_adds_no_graph_break_after_an_eager_call(fake_flash, installed, dtype):
+    # torch.compile and CUDA graphs run after a warm-up; the cached dispatch then traces as constants
+    fake_flash(*installed, capability=(8, 0))
+    torch.manual_seed(0)
+    layer = SelfAttention(32, 4, L, causal=True).eval().to(dtype)
+    x = torch.randn(B, L, 32, dtype=dtype)
+    torch._dynamo.reset()
+    with torch.no_grad(), record_attention() as counts:
+        layer(x)
+        explained = torch._dynamo.explain(layer)(x)
+    assert set(counts) == {"fa2" if installed else "sdpa-flash" if dtype == torch.bfloat16 else "sdpa"}
+    assert explained.graph_break_count == 0, explained.break_reasons
+    torch._dynamo.reset()
 
 
 # ---- forcing ----------------------------------------------------------------------------

@@ -25,13 +25,15 @@ or under `torch.autocast` (training), so sampling and training share this path.
 
 `set_attention_backend` / `attention_backend` force one: "flash" (the preferred
 installed flash-attn kernel), "fa2", "fa3", "fa4", "sdpa-flash", "sdpa" or "math";
-"auto" restores the rule. flash-attn is imported on first use, not with ddpd.
+"auto" restores the rule. flash-attn is imported on first use, not with ddpd;
+the installed generations and the GPU's compute capability are then cached in plain
+dicts, which torch.compile reads as constants: run one eager call before compiling
+(or capturing a CUDA graph) so that the dispatch adds no graph break.
 """
 from __future__ import annotations
 
 import collections
 import contextlib
-import functools
 import importlib
 import math
 from typing import Callable, Counter, Iterator, Optional, Tuple
@@ -62,15 +64,27 @@ _FLASH_MODULES = {
 }
 _forced_backend = "auto"
 _recorders: list = []
+_flash_functions: dict = {}  # generation -> its flash_attn_func, or None when not installed
+_capabilities: dict = {}  # CUDA device index -> compute capability
 
 
 # ---------------------------------------------------------------------------- discovery
 
-@functools.lru_cache(maxsize=None)
 def load_flash_kernel(name: str) -> Optional[Callable]:
     """The flash_attn_func of flash-attn generation `name` ("fa2", "fa3", "fa4"), or
     None when it is not installed (or its import fails). Cached: call
-    `load_flash_kernel.cache_clear()` after installing one in a running process."""
+    `clear_flash_cache()` after installing one in a running process."""
+    if name not in _flash_functions:
+        _flash_functions[name] = _import_flash(name)
+    return _flash_functions[name]
+
+
+def clear_flash_cache() -> None:
+    """Forget which flash-attn generations were found (they are looked up again)."""
+    _flash_functions.clear()
+
+
+def _import_flash(name: str) -> Optional[Callable]:
     for module_name, attribute in _FLASH_MODULES[name]:
         try:
             return getattr(importlib.import_module(module_name), attribute)
@@ -104,9 +118,10 @@ def flash_kernel_for(capability: Tuple[int, int], dropout_p: float = 0.0) -> Opt
     return None
 
 
-@functools.lru_cache(maxsize=None)
 def _device_capability(index: Optional[int]) -> Tuple[int, int]:
-    return torch.cuda.get_device_capability(index)
+    if index not in _capabilities:
+        _capabilities[index] = torch.cuda.get_device_capability(index)
+    return _capabilities[index]
 
 
 def _flash_capability(q: torch.Tensor) -> Optional[Tuple[int, int]]:
