@@ -143,12 +143,12 @@ def test_bundled_models_unchanged_in_float32():
     x, masked, t = _bundle_inputs()
     with torch.no_grad():
         p, d = planner(x), denoiser(masked, t)
-    torch.testing.assert_close(p[0, :6], torch.tensor([5.544865131378174, 2.7900373935699463, 2.7455196380615234,
-                                                        5.602589130401611, 4.281303882598877, 5.391155242919922]),
-                               rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(d[1, 3, :6], torch.tensor([7.280355453491211, 2.4626572132110596, -1.9829235076904297,
-                                                           -2.3754079341888428, -1.5806503295898438, 3.763394355773926]),
-                               rtol=1e-5, atol=1e-5)
+    planner_logits = [5.544865131378174, 2.7900373935699463, 2.7455196380615234,
+                      5.602589130401611, 4.281303882598877, 5.391155242919922]
+    denoiser_logits = [7.280355453491211, 2.4626572132110596, -1.9829235076904297,
+                       -2.3754079341888428, -1.5806503295898438, 3.763394355773926]
+    torch.testing.assert_close(p[0, :6], torch.tensor(planner_logits), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(d[1, 3, :6], torch.tensor(denoiser_logits), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(p.sum(), torch.tensor(1882.784912109375), rtol=1e-5, atol=1e-3)
     torch.testing.assert_close(d.sum(), torch.tensor(-10371.0703125), rtol=1e-5, atol=1e-2)
 
