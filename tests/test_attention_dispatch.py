@@ -28,7 +28,6 @@ from ddpd.models.attention import (
     attention,
     clear_flash_cache,
     explicit_attention,
-    flash_kernel_for,
     flash_preference,
     load_flash_kernel,
 )
