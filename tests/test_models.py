@@ -1,5 +1,6 @@
 """Networks of ddpd.models: shapes, attention backends, causality, time conditioning,
-head-at-positions, validation, determinism."""
+hidden states and head, validation, determinism. (Attention dispatch, precision, class
+labels and adapters have their own test modules.)"""
 import itertools
 import math
 
@@ -200,19 +201,6 @@ def test_model_sees_positions():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not flash_available(), reason="flash-attn not installed")
-@pytest.mark.parametrize("causal", [False, True])
-def test_flash_matches_sdpa_on_cuda_bf16(causal):
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v = (torch.randn(2, 4, 128, 64, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(3))
-    assert resolve_backend(q) == "flash"
-    flash = attention(q, k, v, causal)
-    with attention_backend("sdpa"):
-        sdpa = attention(q, k, v, causal)
-    torch.testing.assert_close(flash.float(), sdpa.float(), rtol=1e-2, atol=1e-2)
-
-
-@pytest.mark.gpu
 def test_denoiser_bf16_autocast_on_cuda():
     model = make("mask-denoiser").cuda()
     randomize_modulation(model)
@@ -299,34 +287,18 @@ def test_time_conditioned_model_requires_t():
         model(tokens(), torch.ones(B, dtype=torch.long))
 
 
-# ---- head at chosen positions --------------------------------------------------------
+# ---- hidden states and head -----------------------------------------------------------
 
-@pytest.mark.parametrize("kind", ["planner", "mask-denoiser", "uniform-denoiser", "uniform"])
-def test_logits_at_equals_gathered_full_logits(kind):
+@pytest.mark.parametrize("kind", MODEL_KINDS)
+def test_forward_is_head_of_hidden(kind):
+    # the fused sampler applies `head` to `hidden` at the chosen positions only
     model = randomize_modulation(make(kind))
-    x, t = tokens(), torch.rand(B)
-    index = torch.tensor([[0, 5, 5], [11, 2, 7], [3, 3, 0]])
+    x, t = tokens(high=model.config.vocab_size), torch.rand(B)
     with torch.no_grad():
         full = call(model, x, t)
-        picked = model.logits_at(model.hidden(x, t), index)
-    if kind == "planner":
-        expected = full.gather(1, index)
-    else:
-        expected = full.gather(1, index[:, :, None].expand(-1, -1, V))
-    torch.testing.assert_close(picked, expected, rtol=1e-5, atol=1e-6)
-
-
-def test_logits_at_validates_index():
-    model = make("uniform")
-    h = model.hidden(tokens(), torch.rand(B))
-    with pytest.raises(TypeError, match="index"):
-        model.logits_at(h, torch.zeros(B, 1))
-    with pytest.raises(ValueError, match="index"):
-        model.logits_at(h, torch.full((B, 1), D))
-    with pytest.raises(ValueError, match="index"):
-        model.logits_at(h, torch.zeros(B + 1, 1, dtype=torch.long))
-    with pytest.raises(ValueError, match="hidden"):
-        model.logits_at(h[..., :4], torch.zeros(B, 1, dtype=torch.long))
+        picked = model.head(model.hidden(x, t)[:, [0, 5, 11]])
+    expected = full[:, [0, 5, 11]]
+    torch.testing.assert_close(picked.squeeze(-1) if kind == "planner" else picked, expected, rtol=1e-5, atol=1e-6)
 
 
 # ---- mask denoiser and input vocabularies --------------------------------------------

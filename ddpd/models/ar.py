@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from ddpd.models.backbone import check_tokens
-from ddpd.models.base import HeadModel, require_config
+from ddpd.models.base import HeadModel, Labels, require_config
 from ddpd.models.config import TransformerConfig
 
 
@@ -30,8 +30,8 @@ class ARModel(HeadModel):
     def bos_id(self) -> int:
         return self.config.out_dim
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.backbone.hidden(x))
+    def forward(self, x: torch.Tensor, *, labels: Labels = None) -> torch.Tensor:
+        return self.head(self.backbone.hidden(x, labels=labels)).float()
 
     def with_bos(self, x: torch.Tensor) -> torch.Tensor:
         """[BOS, x_0, ..., x_{D-1}]: Long[B, D + 1]."""
@@ -40,9 +40,9 @@ class ARModel(HeadModel):
         bos = torch.full((x.shape[0], 1), self.bos_id, dtype=x.dtype, device=x.device)
         return torch.cat((bos, x), dim=1)
 
-    def log_likelihood(self, x: torch.Tensor) -> torch.Tensor:
+    def log_likelihood(self, x: torch.Tensor, *, labels: Labels = None) -> torch.Tensor:
         """log p(x) in nats per sequence, Float[B], for clean sequences x: Long[B, D] in [0, V)."""
         check_tokens(x, self.bos_id, self.config.max_seq_len)
-        logits = self.forward(self.with_bos(x)[:, :-1])
+        logits = self.forward(self.with_bos(x)[:, :-1], labels=labels)
         log_probs = F.log_softmax(logits.float(), dim=-1)
         return log_probs.gather(-1, x[:, :, None]).squeeze(-1).sum(-1)

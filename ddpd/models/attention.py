@@ -1,47 +1,151 @@
-"""Multi-head self-attention with rotary position embeddings.
+"""Multi-head self-attention with rotary position embeddings, and its kernel dispatch.
 
 softmax(Q K^T / sqrt(d_head)) V per head, bidirectional (planner and denoisers see
 the whole noisy sequence x_t) or causal (autoregressive judge). Positions enter only
 through rotary embeddings of Q and K, so a score depends on the relative offset.
 
-Backends: flash-attn's `flash_attn_func` when it is importable and the tensors are
-CUDA fp16/bf16, otherwise torch's `scaled_dot_product_attention`; `explicit_attention`
-is the plain reference the other two are tested against. `set_attention_backend`
-forces one ("auto", "flash", "sdpa", "math"); `resolve_backend` says which one a
-given tensor would use.
+Backends (the name `resolve_backend` returns and `record_attention` counts):
+
+  "fa2"         flash-attn 2: `flash_attn.flash_attn_func` (Ampere and later)
+  "fa3"         flash-attn 3: `flash_attn_interface.flash_attn_func` (the Hopper build;
+                also found as `flash_attn_3.flash_attn_interface`), no dropout
+  "fa4"         flash-attn 4: `flash_attn.cute.flash_attn_func` (Hopper, Blackwell), no dropout
+  "sdpa-flash"  torch's scaled_dot_product_attention restricted to its FlashAttention
+                backend (`torch.nn.attention.sdpa_kernel`)
+  "sdpa"        torch's scaled_dot_product_attention, backend chosen by torch
+  "math"        `explicit_attention`, the float32 reference the others are tested against
+
+"auto" (the default): CUDA fp16/bf16 tensors with a head dimension FlashAttention
+takes (<= 256, a multiple of 8) on an sm80+ GPU run a FlashAttention kernel: the
+installed flash-attn kernel preferred for the GPU (sm90: fa3, fa2, fa4; sm100 and
+later: fa4, fa2; sm80: fa2; fa3/fa4 only without dropout), else torch's own flash
+backend ("sdpa-flash"). Everything else (float32, CPU) runs "sdpa" as before. The
+models reach fp16/bf16 either with cast weights (`ddpd.models.prepare_for_sampling`)
+or under `torch.autocast` (training), so sampling and training share this path.
+
+`set_attention_backend` / `attention_backend` force one: "flash" (the preferred
+installed flash-attn kernel), "fa2", "fa3", "fa4", "sdpa-flash", "sdpa" or "math";
+"auto" restores the rule. flash-attn is imported on first use, not with ddpd;
+the installed generations and the GPU's compute capability are then cached in plain
+dicts, which torch.compile reads as constants: run one eager call before compiling
+(or capturing a CUDA graph) so that the dispatch adds no graph break.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
+import importlib
 import math
-from typing import Iterator
+from typing import Callable, Counter, Iterator, Optional, Tuple
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 try:
-    from flash_attn import flash_attn_func
-except ImportError:  # flash-attn is an optional CUDA-only dependency
-    flash_attn_func = None
+    from torch.nn.attention import SDPBackend, sdpa_kernel
 
-ATTENTION_BACKENDS = ("auto", "flash", "sdpa", "math")
+    def _sdpa_flash_only():
+        return sdpa_kernel(SDPBackend.FLASH_ATTENTION)
+except ImportError:  # torch < 2.3
+    def _sdpa_flash_only():
+        return torch.backends.cuda.sdp_kernel(enable_flash=True, enable_math=False, enable_mem_efficient=False)
+
+FLASH_KERNELS = ("fa2", "fa3", "fa4")
+ATTENTION_BACKENDS = ("auto", "flash") + FLASH_KERNELS + ("sdpa-flash", "sdpa", "math")
 _FLASH_DTYPES = (torch.float16, torch.bfloat16)
 _FLASH_MAX_HEAD_DIM = 256
+_NO_DROPOUT = ("fa3", "fa4")  # their interfaces take no dropout_p
+# (module, attribute) tried in order for each flash-attn generation
+_FLASH_MODULES = {
+    "fa2": (("flash_attn", "flash_attn_func"),),
+    "fa3": (("flash_attn_interface", "flash_attn_func"), ("flash_attn_3.flash_attn_interface", "flash_attn_func")),
+    "fa4": (("flash_attn.cute", "flash_attn_func"),),
+}
 _forced_backend = "auto"
+_recorders: list = []
+_flash_functions: dict = {}  # generation -> its flash_attn_func, or None when not installed
+_capabilities: dict = {}  # CUDA device index -> compute capability
+
+
+# ---------------------------------------------------------------------------- discovery
+
+def load_flash_kernel(name: str) -> Optional[Callable]:
+    """The flash_attn_func of flash-attn generation `name` ("fa2", "fa3", "fa4"), or
+    None when it is not installed (or its import fails). Cached: call
+    `clear_flash_cache()` after installing one in a running process."""
+    if name not in _flash_functions:
+        _flash_functions[name] = _import_flash(name)
+    return _flash_functions[name]
+
+
+def clear_flash_cache() -> None:
+    """Forget which flash-attn generations were found (they are looked up again)."""
+    _flash_functions.clear()
+
+
+def _import_flash(name: str) -> Optional[Callable]:
+    for module_name, attribute in _FLASH_MODULES[name]:
+        try:
+            return getattr(importlib.import_module(module_name), attribute)
+        except (ImportError, AttributeError, OSError):  # OSError: a build whose CUDA library does not load
+            continue
+    return None
 
 
 def flash_available() -> bool:
-    return flash_attn_func is not None
+    """True when any flash-attn generation (fa2, fa3, fa4) is importable."""
+    return any(load_flash_kernel(name) is not None for name in FLASH_KERNELS)
 
+
+def flash_preference(capability: Tuple[int, int]) -> Tuple[str, ...]:
+    """flash-attn generations in order of preference for a GPU of this compute capability."""
+    major = capability[0]
+    if major >= 10:
+        return ("fa4", "fa2")  # FA3 is a Hopper-only build
+    if major == 9:
+        return ("fa3", "fa2", "fa4")
+    return ("fa2",) if major == 8 else ()
+
+
+def flash_kernel_for(capability: Tuple[int, int], dropout_p: float = 0.0) -> Optional[str]:
+    """The installed flash-attn generation "auto" runs on this GPU (None: none fits)."""
+    for name in flash_preference(capability):
+        if dropout_p > 0.0 and name in _NO_DROPOUT:
+            continue
+        if load_flash_kernel(name) is not None:
+            return name
+    return None
+
+
+def _device_capability(index: Optional[int]) -> Tuple[int, int]:
+    if index not in _capabilities:
+        _capabilities[index] = torch.cuda.get_device_capability(index)
+    return _capabilities[index]
+
+
+def _flash_capability(q: torch.Tensor) -> Optional[Tuple[int, int]]:
+    """Compute capability of q's GPU when a FlashAttention kernel can take q (CUDA
+    fp16/bf16, head_dim <= 256 and a multiple of 8, sm80 or later), else None."""
+    head_dim = q.shape[-1]
+    if not (q.is_cuda and q.dtype in _FLASH_DTYPES and head_dim <= _FLASH_MAX_HEAD_DIM and head_dim % 8 == 0):
+        return None
+    capability = _device_capability(q.device.index)
+    return capability if capability[0] >= 8 else None
+
+
+# ---------------------------------------------------------------------------- settings
 
 def set_attention_backend(name: str) -> None:
-    """Force an attention backend for every later call ("auto" restores the default)."""
+    """Force an attention backend for every later call ("auto" restores the default rule)."""
     global _forced_backend
     if name not in ATTENTION_BACKENDS:
         raise ValueError(f"set_attention_backend: name expected one of {ATTENTION_BACKENDS}, got {name!r}")
     if name == "flash" and not flash_available():
-        raise ValueError("set_attention_backend: name='flash' but flash_attn is not importable")
+        raise ValueError("set_attention_backend: name='flash' but no flash-attn (fa2, fa3 or fa4) is importable")
+    if name in FLASH_KERNELS and load_flash_kernel(name) is None:
+        module = " or ".join(m for m, _ in _FLASH_MODULES[name])
+        raise ValueError(f"set_attention_backend: name={name!r} but {module} is not importable")
     _forced_backend = name
 
 
@@ -61,19 +165,44 @@ def attention_backend(name: str) -> Iterator[None]:
         set_attention_backend(previous)
 
 
-def _flash_fits(q: torch.Tensor) -> bool:
-    return q.is_cuda and q.dtype in _FLASH_DTYPES and q.shape[-1] <= _FLASH_MAX_HEAD_DIM
+@contextlib.contextmanager
+def record_attention() -> Iterator[Counter]:
+    """Count the backend of every attention call made inside the block:
+    `with record_attention() as calls: model(x, t)` gives e.g. Counter({"fa2": 4}).
+    Counts eager calls only (a replayed CUDA graph runs no Python)."""
+    calls: Counter = collections.Counter()
+    _recorders.append(calls)
+    try:
+        yield calls
+    finally:  # by identity: two recorders can hold equal counts
+        _recorders[:] = [r for r in _recorders if r is not calls]
 
 
-def resolve_backend(q: torch.Tensor) -> str:
-    """Backend that attention(q, ...) runs: "flash", "sdpa" or "math"."""
-    if _forced_backend == "auto":
-        return "flash" if flash_available() and _flash_fits(q) else "sdpa"
-    if _forced_backend == "flash" and not _flash_fits(q):
-        raise ValueError("attention backend 'flash' is forced but needs CUDA fp16/bf16 tensors with head_dim "
-                         f"<= {_FLASH_MAX_HEAD_DIM}; got device={q.device}, dtype={q.dtype}, head_dim={q.shape[-1]}")
-    return _forced_backend
+def resolve_backend(q: torch.Tensor, dropout_p: float = 0.0) -> str:
+    """The backend attention(q, ..., dropout_p) runs: one of FLASH_KERNELS, "sdpa-flash",
+    "sdpa" or "math". Raises ValueError when a forced backend cannot take q."""
+    forced = _forced_backend
+    if forced in ("sdpa", "math"):
+        return forced
+    capability = _flash_capability(q)
+    if forced == "auto":
+        if capability is None:
+            return "sdpa"
+        return flash_kernel_for(capability, dropout_p) or "sdpa-flash"
+    if capability is None and (forced != "sdpa-flash" or q.is_cuda):
+        raise ValueError(f"attention backend {forced!r} is forced but needs CUDA fp16/bf16 tensors with head_dim "
+                         f"<= {_FLASH_MAX_HEAD_DIM} and a multiple of 8 on an sm80+ GPU; got device={q.device}, "
+                         f"dtype={q.dtype}, head_dim={q.shape[-1]}")
+    if forced == "sdpa-flash":
+        return forced
+    kernel = flash_kernel_for(capability, dropout_p) if forced == "flash" else forced
+    if kernel is None or (dropout_p > 0.0 and kernel in _NO_DROPOUT):
+        raise ValueError(f"attention backend {forced!r} is forced but no installed flash-attn kernel runs with "
+                         f"dropout_p={dropout_p} on compute capability {capability}")
+    return kernel
 
+
+# ---------------------------------------------------------------------------- kernels
 
 def explicit_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
     """Reference: softmax(q k^T / sqrt(d)) v on [B, H, L, d] tensors, computed in float32."""
@@ -85,15 +214,31 @@ def explicit_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal
     return (scores.softmax(dim=-1) @ v.float()).to(v.dtype)
 
 
+def _flash_attention(kernel: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                     dropout_p: float) -> torch.Tensor:
+    """A flash-attn generation on [B, H, L, d] tensors (its interface is [B, L, H, d])."""
+    function = load_flash_kernel(kernel)
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    if kernel == "fa2":
+        out = function(q, k, v, dropout_p=dropout_p, causal=causal)
+    else:
+        out = function(q, k, v, causal=causal)
+    if isinstance(out, tuple):  # FA4 and some FA3 releases return (out, softmax_lse)
+        out = out[0]
+    return out.transpose(1, 2)
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
               dropout_p: float = 0.0) -> torch.Tensor:
     """Scaled dot-product attention on [B, H, L, d] tensors with the resolved backend."""
-    backend = resolve_backend(q)
-    if backend == "flash":
-        # flash-attn wants [B, L, H, d]
-        out = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                              dropout_p=dropout_p, causal=causal)
-        return out.transpose(1, 2)
+    backend = resolve_backend(q, dropout_p)
+    for calls in _recorders:
+        calls[backend] += 1
+    if backend in FLASH_KERNELS:
+        return _flash_attention(backend, q, k, v, causal, dropout_p)
+    if backend == "sdpa-flash":
+        with _sdpa_flash_only():
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=causal)
     if backend == "sdpa":
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=causal)
     if dropout_p > 0.0:
@@ -101,8 +246,13 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
     return explicit_attention(q, k, v, causal)
 
 
+# ---------------------------------------------------------------------------- modules
+
 class RotaryEmbedding(nn.Module):
-    """Rotates channel pairs (i, i + d/2) of q and k by angle pos * base^(-2i/d)."""
+    """Rotates channel pairs (i, i + d/2) of q and k by angle pos * base^(-2i/d).
+
+    The cos/sin tables stay float32 whatever dtype the network is cast to (a bf16
+    table would round the angles); they follow the network's device."""
 
     def __init__(self, head_dim: int, max_seq_len: int, base: float = 10000.0):
         super().__init__()
@@ -111,6 +261,12 @@ class RotaryEmbedding(nn.Module):
         # not persistent: derived from the config, so never stored in checkpoints
         self.register_buffer("cos", angles.cos().float(), persistent=False)
         self.register_buffer("sin", angles.sin().float(), persistent=False)
+
+    def _apply(self, fn, recurse=True):
+        tables = (self.cos, self.sin)
+        super()._apply(fn, recurse)
+        self.cos, self.sin = (table.to(self.cos.device) for table in tables)
+        return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [B, H, L, d] -> x rotated by its position along L (computed in float32)."""

@@ -1,13 +1,27 @@
 """Pre-norm transformer trunk shared by the planner, the denoisers and the AR judge.
 
 tokens -> embedding -> n_layers x [x + attn(norm(x)), x + mlp(norm(x))] -> final norm,
-giving hidden states [B, D, H] that a network's output head turns into logits. With
-`time_conditioned`, t in [0, 1] (the corruption level alpha_t's argument) enters by
-adaLN: a sinusoidal embedding of t goes through an MLP to a per-block shift, scale
-and gate of each sub-layer, plus a shift and scale of the final norm. All of these
-start at zero, so a fresh time-conditioned block is the identity (adaLN-Zero) and
-learns how much to use t. The planner is built without time input: it must read the
-corruption from x_t alone (paper, appendix 'Implementation details').
+giving hidden states [B, D, H] that a network's output head turns into logits.
+
+Conditioning (adaLN): with `time_conditioned`, t in [0, 1] (the corruption level
+alpha_t's argument) enters through a sinusoidal embedding and an MLP; with
+`num_classes = C > 0`, a class label y in [0, C] enters through an embedding table
+of C + 1 rows, row C being the null label ("no class", for classifier-free
+guidance: train with labels dropped to C, sample with conditional and null logits).
+The conditioning vector c = silu(time_mlp(t) + label_embed(y)) (either term absent
+when its input is) gives a per-block shift, scale and gate of each sub-layer, plus a
+shift and scale of the final norm. All of these start at zero, so a fresh
+conditioned block is the identity (adaLN-Zero) and learns how much to use t and y.
+The planner is built without time input: it must read the corruption from x_t alone
+(paper, appendix 'Implementation details'); it can still be class-conditional.
+
+Calls: `hidden(x, t, labels=y)` with labels Long[B] (or an int for every row); None
+means the null label for every row, so `hidden(x, t)` on a class-conditional trunk is
+its unconditional prediction and every existing call keeps working.
+
+Precision: the trunk runs in the dtype of its weights (float32, or bf16/fp16 after
+`ddpd.models.prepare_for_sampling`) or under torch.autocast; norm statistics, rotary
+embeddings and the time features are computed in float32 whatever that dtype is.
 """
 from __future__ import annotations
 
@@ -26,6 +40,14 @@ TIME_FREQ_DIM = 256
 TIME_SCALE = 1000.0  # spreads t in [0, 1] over the sinusoid periods
 
 
+class LayerNorm(nn.LayerNorm):
+    """nn.LayerNorm with its statistics in float32 for bf16/fp16 inputs (identical for float32)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x.float(), self.normalized_shape, self.weight.float(), self.bias.float(),
+                            self.eps).to(x.dtype)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float = 1e-6):
         super().__init__()
@@ -39,7 +61,7 @@ class RMSNorm(nn.Module):
 
 
 def make_norm(kind: str, dim: int) -> nn.Module:
-    return RMSNorm(dim) if kind == "rmsnorm" else nn.LayerNorm(dim)
+    return RMSNorm(dim) if kind == "rmsnorm" else LayerNorm(dim)
 
 
 def timestep_embedding(t: torch.Tensor, dim: int = TIME_FREQ_DIM, max_period: float = 10000.0) -> torch.Tensor:
@@ -51,14 +73,15 @@ def timestep_embedding(t: torch.Tensor, dim: int = TIME_FREQ_DIM, max_period: fl
 
 
 class TimeEmbedding(nn.Module):
-    """t -> sinusoid -> MLP -> conditioning vector c [B, d_model]."""
+    """t -> float32 sinusoid -> MLP -> [B, d_model], added into the conditioning vector before its silu."""
 
     def __init__(self, d_model: int):
         super().__init__()
         self.mlp = nn.Sequential(nn.Linear(TIME_FREQ_DIM, d_model), nn.SiLU(), nn.Linear(d_model, d_model))
 
     def forward(self, t: torch.Tensor) -> torch.Tensor:
-        return F.silu(self.mlp(timestep_embedding(t)))
+        features = timestep_embedding(t)
+        return self.mlp(features.to(self.mlp[0].weight.dtype))
 
 
 class MLP(nn.Module):
@@ -85,7 +108,7 @@ class Block(nn.Module):
         self.attn = SelfAttention(config.d_model, config.n_heads, config.max_seq_len, config.causal, config.dropout)
         self.norm2 = make_norm(config.norm, config.d_model)
         self.mlp = MLP(config.d_model, config.mlp_ratio, config.dropout)
-        self.modulation = nn.Linear(config.d_model, 6 * config.d_model) if config.time_conditioned else None
+        self.modulation = nn.Linear(config.d_model, 6 * config.d_model) if config.conditioned else None
 
     def forward(self, x: torch.Tensor, c: Optional[torch.Tensor] = None) -> torch.Tensor:
         if self.modulation is None:
@@ -96,8 +119,8 @@ class Block(nn.Module):
         return x + gate2 * self.mlp(_modulate(self.norm2(x), shift2, scale2))
 
 
-def check_tokens(x: torch.Tensor, vocab_size: int, max_seq_len: int) -> None:
-    """Validate x: Long[B, D] with D <= max_seq_len and ids in [0, vocab_size).
+def check_tokens(x: torch.Tensor, vocab_size: int, max_seq_len: Optional[int] = None) -> None:
+    """Validate x: Long[B, D] with D >= 1 (and <= max_seq_len when given) and ids in [0, vocab_size).
 
     The id range is checked on CPU only: on CUDA it would cost a host sync per call."""
     if not isinstance(x, torch.Tensor):
@@ -106,7 +129,7 @@ def check_tokens(x: torch.Tensor, vocab_size: int, max_seq_len: int) -> None:
         raise TypeError(f"x: expected dtype torch.int64, got {x.dtype}")
     if x.dim() != 2:
         raise ValueError(f"x: expected shape [B, D], got {tuple(x.shape)}")
-    if not 1 <= x.shape[1] <= max_seq_len:
+    if x.shape[1] < 1 or (max_seq_len is not None and x.shape[1] > max_seq_len):
         raise ValueError(f"x: expected sequence length in [1, max_seq_len={max_seq_len}], got {x.shape[1]}")
     if x.device.type == "cpu" and x.numel() > 0:
         low, high = int(x.min()), int(x.max())
@@ -129,6 +152,38 @@ def check_time(t: Union[torch.Tensor, float], batch: int, device: torch.device) 
     return t.to(device)
 
 
+def check_labels(labels: Optional[Union[torch.Tensor, int]], batch: int, num_classes: int,
+                 device: torch.device) -> Optional[torch.Tensor]:
+    """Validate class labels and return them as Long[B] on device (None for a model
+    without classes). labels: Long[B] or an int in [0, num_classes], num_classes being
+    the null label; None means the null label for every row. The range is checked on
+    CPU only (on CUDA it would cost a host sync per call)."""
+    if num_classes == 0:
+        if labels is not None:
+            raise ValueError("labels: this model is not class-conditional (num_classes=0), expected None, "
+                             f"got {type(labels).__name__}")
+        return None
+    if labels is None:
+        return torch.full((batch,), num_classes, dtype=torch.long, device=device)
+    if isinstance(labels, int) and not isinstance(labels, bool):
+        if not 0 <= labels <= num_classes:
+            raise ValueError(f"labels: expected class ids in [0, {num_classes}] ({num_classes} = null), got {labels}")
+        return torch.full((batch,), labels, dtype=torch.long, device=device)
+    if not isinstance(labels, torch.Tensor):
+        raise TypeError(f"labels: expected a torch.int64 tensor of shape [{batch}], an int or None, "
+                        f"got {type(labels).__name__}")
+    if labels.dtype != torch.long:
+        raise TypeError(f"labels: expected dtype torch.int64, got {labels.dtype}")
+    if labels.shape != (batch,):
+        raise ValueError(f"labels: expected shape [{batch}] (one label per sequence), got {tuple(labels.shape)}")
+    if labels.device.type == "cpu" and labels.numel() > 0:
+        low, high = int(labels.min()), int(labels.max())
+        if low < 0 or high > num_classes:
+            raise ValueError(f"labels: expected class ids in [0, {num_classes}] ({num_classes} = null), "
+                             f"got range [{low}, {high}]")
+    return labels.to(device)
+
+
 def init_linear(module: nn.Module, std: float = INIT_STD) -> None:
     """GPT-2 initialisation: N(0, std) weights, zero biases."""
     if isinstance(module, (nn.Linear, nn.Embedding)):
@@ -148,9 +203,11 @@ class Backbone(nn.Module):
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
         self.dropout = nn.Dropout(config.dropout)
         self.time_embed = TimeEmbedding(config.d_model) if config.time_conditioned else None
+        # row num_classes is the null label of classifier-free guidance
+        self.label_embed = nn.Embedding(config.num_classes + 1, config.d_model) if config.num_classes else None
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
         self.final_norm = make_norm(config.norm, config.d_model)
-        self.final_modulation = nn.Linear(config.d_model, 2 * config.d_model) if config.time_conditioned else None
+        self.final_modulation = nn.Linear(config.d_model, 2 * config.d_model) if config.conditioned else None
         self._init_weights()
 
     def _init_weights(self) -> None:
@@ -167,17 +224,32 @@ class Backbone(nn.Module):
             nn.init.zeros_(self.final_modulation.weight)
             nn.init.zeros_(self.final_modulation.bias)
 
-    def hidden(self, x: torch.Tensor, t: Optional[Union[torch.Tensor, float]] = None) -> torch.Tensor:
-        """Hidden states after the final norm, [B, D, d_model].
-
-        t is required when the config is time-conditioned and ignored otherwise (so a
-        sampler can pass t to any denoiser)."""
-        check_tokens(x, self.config.vocab_size, self.config.max_seq_len)
-        c = None
+    def condition(self, x: torch.Tensor, t: Optional[Union[torch.Tensor, float]],
+                  labels: Optional[Union[torch.Tensor, int]]) -> Optional[torch.Tensor]:
+        """The adaLN conditioning vector c [B, d_model] (None for an unconditioned trunk)."""
+        batch = x.shape[0]
+        labels = check_labels(labels, batch, self.config.num_classes, x.device)
+        terms = []
         if self.time_embed is not None:
             if t is None:
                 raise ValueError("t: this model is time-conditioned, expected Float[B] times, got None")
-            c = self.time_embed(check_time(t, x.shape[0], x.device))
+            terms.append(self.time_embed(check_time(t, batch, x.device)))
+        if labels is not None:
+            terms.append(self.label_embed(labels))
+        if not terms:
+            return None
+        return F.silu(terms[0] if len(terms) == 1 else terms[0] + terms[1])
+
+    def hidden(self, x: torch.Tensor, t: Optional[Union[torch.Tensor, float]] = None, *,
+               labels: Optional[Union[torch.Tensor, int]] = None) -> torch.Tensor:
+        """Hidden states after the final norm, [B, D, d_model], in the weights' dtype.
+
+        t is required when the config is time-conditioned and ignored otherwise (so a
+        sampler can pass t to any denoiser). labels: Long[B] class ids in
+        [0, num_classes] or None (the null label) for a class-conditional config; must
+        be None otherwise."""
+        check_tokens(x, self.config.vocab_size, self.config.max_seq_len)
+        c = self.condition(x, t, labels)
         h = self.dropout(self.embed(x))
         for block in self.blocks:
             h = block(h, c)

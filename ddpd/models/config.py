@@ -31,7 +31,10 @@ class TransformerConfig:
 
     vocab_size: number of input symbols; out_dim: logits per position;
     time_conditioned: adaLN conditioning on t in [0, 1]; causal: attend to the past only;
-    norm: "layernorm" or "rmsnorm"; mlp_ratio: MLP hidden width / d_model.
+    norm: "layernorm" or "rmsnorm"; mlp_ratio: MLP hidden width / d_model;
+    num_classes: C > 0 adds adaLN conditioning on a class label in [0, C], C being the
+    null label of classifier-free guidance (0: no labels). Fields added later have
+    defaults, so the config.json of an older checkpoint still loads.
     """
 
     vocab_size: int
@@ -45,6 +48,7 @@ class TransformerConfig:
     dropout: float = 0.0
     norm: str = "layernorm"
     mlp_ratio: int = 4
+    num_classes: int = 0
 
     def __post_init__(self) -> None:
         _check_int("vocab_size", self.vocab_size, 1)
@@ -54,6 +58,7 @@ class TransformerConfig:
         _check_int("n_heads", self.n_heads, 1)
         _check_int("max_seq_len", self.max_seq_len, 1)
         _check_int("mlp_ratio", self.mlp_ratio, 1)
+        _check_int("num_classes", self.num_classes, 0)
         _check_bool("time_conditioned", self.time_conditioned)
         _check_bool("causal", self.causal)
         if self.d_model % self.n_heads != 0:
@@ -73,6 +78,11 @@ class TransformerConfig:
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
+
+    @property
+    def conditioned(self) -> bool:
+        """True when the trunk has adaLN conditioning (on t, on a class label or both)."""
+        return self.time_conditioned or self.num_classes > 0
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

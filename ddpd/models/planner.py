@@ -12,12 +12,15 @@ from typing import Optional, Union
 
 import torch
 
-from ddpd.models.base import HeadModel, require_config
+from ddpd.models.base import HeadModel, Labels, require_config
 from ddpd.models.config import TransformerConfig
 
 
 class Planner(HeadModel):
-    """planner(x: Long[B, D]) -> Float[B, D] logits of "position d is noise"."""
+    """planner(x: Long[B, D]) -> Float[B, D] float32 logits of "position d is noise".
+
+    With config.num_classes > 0 the planner is class-conditional: planner(x, labels=y)
+    (the paper's ImageNet setting leaves the choice to the user; None = null label)."""
 
     kind = "planner"
 
@@ -25,13 +28,10 @@ class Planner(HeadModel):
         require_config(config, self.kind, out_dim=1, time_conditioned=False, causal=False)
         super().__init__(config)
 
-    def hidden(self, x: torch.Tensor, t: Optional[Union[torch.Tensor, float]] = None) -> torch.Tensor:
+    def hidden(self, x: torch.Tensor, t: Optional[Union[torch.Tensor, float]] = None, *,
+               labels: Labels = None) -> torch.Tensor:
         """Hidden states [B, D, d_model]; t is accepted for a uniform signature and ignored."""
-        return self.backbone.hidden(x)
+        return self.backbone.hidden(x, labels=labels)
 
-    def logits_at(self, hidden: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-        """Noise logits at positions index: Long[B, k] -> [B, k]."""
-        return super().logits_at(hidden, index).squeeze(-1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.backbone.hidden(x)).squeeze(-1)
+    def forward(self, x: torch.Tensor, *, labels: Labels = None) -> torch.Tensor:
+        return self.head(self.backbone.hidden(x, labels=labels)).squeeze(-1).float()

@@ -1,0 +1,162 @@
+"""Mask-diffusion denoisers trained elsewhere, wrapped as ddpd mask denoisers.
+
+ddpd's samplers call a mask denoiser as
+
+    denoiser(x: Long[B, D], t: Float[B]) -> Float[B, D, V] logits of p(x_1^d | x_t)
+
+with clean ids in [0, V), the mask id V at masked positions, and t the ddpd time
+(alpha_t = schedule.alpha(t) is the probability that a position is unmasked; the
+samplers derive t from the fraction of unmasked positions). The adapters here turn
+two published parameterisations into that callable; both codebases put the mask at
+the last id V of a vocabulary of V + 1 and condition their network on the total
+noise sigma with P(masked) = 1 - exp(-sigma), so sigma = -log(alpha_t).
+
+SEDD absorbing score model (Lou et al. 2024; `SEDDAbsorbingDenoiser`)
+    The network returns log-scores log s(x_t)_{x_t^d -> j} [B, D, V + 1], where the
+    score is the ratio p_t(x_t with x_t^d replaced by j) / p_t(x_t) (paper, appendix
+    'S_t Parameterization in SEDD'). At a masked position x_t^d = M and a clean j:
+    each position is independently unmasked with probability alpha and then equals
+    its clean value, so
+        p_t(x_t^{d <- j}) = alpha * p(x_1^d = j, x_t^{\\d})
+        p_t(x_t)          = (1 - alpha) * p(x_t^{\\d})
+    and s_j = alpha / (1 - alpha) * p(x_1^d = j | x_t^{\\d}). Masking d is independent
+    of x_1, so p(x_1^d = j | x_t^{\\d}) = p(x_1^d = j | x_t), and
+        p(x_1^d = j | x_t) = (1 - alpha) / alpha * s_j = expm1(sigma) * s_j.
+    (In rates: R^diff = R_t s = alpha_dot / (1 - alpha) * p(x_1^d = j | x_t), the
+    mask-diffusion rate eq. reverse_rate; the paper's 'Connection to reverse rate'.)
+    The adapter returns log s_j + log expm1(sigma) for j < V, which for an exact score
+    are exactly log p(x_1^d = j | x_t) (they sum to one); a learned score is
+    renormalised by whatever softmax the sampler applies.
+
+MDLM SUBS parameterisation (Sahoo et al. 2024; `MDLMSubsDenoiser`)
+    The network returns logits [B, D, V + 1]; SUBS gives the mask logit -inf
+    ("zero masking probabilities") and normalises, so at masked positions
+    log_softmax over the V clean logits is log p_theta(x_1^d | x_t). The released
+    MDLM models were trained with time_conditioning=False (their DiT is fed
+    sigma = 0); pass time_conditioning=True for a model trained with it.
+
+Both adapters return carry-over logits at unmasked positions (SUBS "carry-over
+unmasking"): the clean value is known there, p(x_1^d | x_t) is one-hot (logit 0 at
+x_t^d, -1e6 elsewhere, finite so that p log p stays 0). Samplers read masked positions
+only. alpha is clamped to [min_alpha, max_alpha] before sigma is formed: the log-linear
+noise of both codebases never masks more than 1 - 1e-3 of a sequence, and sigma = 0
+(nothing masked) would make expm1(sigma) = 0.
+
+Real checkpoints (not downloadable here, so the tests use locally built networks with
+the same interfaces whose outputs are constructed from exact denoisers):
+
+    # SEDD: github.com/louaaron/Score-Entropy-Discrete-Diffusion on PYTHONPATH
+    from model import SEDD
+    net = SEDD.from_pretrained("louaaron/sedd-small").to("cuda").eval()
+    denoiser = SEDDAbsorbingDenoiser(net, vocab_size=50257)       # GPT-2 ids, mask 50257
+
+    # MDLM: the Hugging Face port of github.com/kuleshov-group/mdlm
+    from transformers import AutoModelForMaskedLM
+    net = AutoModelForMaskedLM.from_pretrained("kuleshov-group/mdlm-owt", trust_remote_code=True)
+    denoiser = MDLMSubsDenoiser(net.to("cuda").eval(), vocab_size=50257)
+
+and pass `denoiser` wherever ddpd takes a mask denoiser (denoiser_type="mask").
+Either network can be run in bf16 with `ddpd.models.prepare_for_sampling(denoiser, ...)`;
+the adapter's arithmetic is float32.
+"""
+from __future__ import annotations
+
+from typing import Union
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ddpd.models.backbone import check_time, check_tokens
+from ddpd.process import LinearSchedule, Schedule, get_schedule
+from ddpd.validation import check_bool, check_float, check_int
+
+CARRY_OVER_LOGIT = -1e6  # logit of the values an unmasked position cannot take
+MIN_ALPHA = 1e-3  # 1 - the largest masked fraction of the log-linear noise of SEDD and MDLM (eps = 1e-3)
+MAX_ALPHA = 1.0 - 1e-5  # sigma >= 1e-5, as at the end of their samplers
+
+
+class MaskDenoiserAdapter(nn.Module):
+    """Common part of the adapters: checks, time -> sigma, carry-over at unmasked positions.
+
+    network: the wrapped nn.Module, called as network(x, sigma) with x: Long[B, D]
+    (mask id V) and sigma: Float[B]; vocab_size: V clean symbols; schedule: the ddpd
+    schedule the sampler uses (name or Schedule)."""
+
+    def __init__(self, network: nn.Module, vocab_size: int, schedule: Union[str, Schedule] = LinearSchedule(),
+                 min_alpha: float = MIN_ALPHA, max_alpha: float = MAX_ALPHA):
+        super().__init__()
+        if not callable(network):
+            raise TypeError(f"network: expected a callable nn.Module, got {type(network).__name__}")
+        self.network = network
+        self.vocab_size = check_int("vocab_size", vocab_size, 1)
+        self.schedule = get_schedule(schedule)
+        self.min_alpha = check_float("min_alpha", min_alpha, 0.0, 1.0, open_min=True, open_max=True)
+        self.max_alpha = check_float("max_alpha", max_alpha, self.min_alpha, 1.0, open_max=True)
+
+    @property
+    def mask_id(self) -> int:
+        return self.vocab_size
+
+    def sigma(self, t: torch.Tensor) -> torch.Tensor:
+        """Total noise sigma = -log(alpha_t), Float[B], alpha clamped to [min_alpha, max_alpha]."""
+        alpha = self.schedule.alpha(t.double()).clamp(self.min_alpha, self.max_alpha)
+        return (-torch.log(alpha)).float()
+
+    def network_output(self, x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+        """network(x, sigma) as float32 [B, D, V + 1] (a tensor, a `.logits` output or a tuple's first item)."""
+        out = self.network(x, sigma)
+        if hasattr(out, "logits"):  # a Hugging Face ModelOutput
+            out = out.logits
+        elif isinstance(out, (tuple, list)) and out:
+            out = out[0]
+        expected = (*x.shape, self.vocab_size + 1)
+        if not isinstance(out, torch.Tensor) or tuple(out.shape) != expected:
+            got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+            raise ValueError(f"network: expected output of shape {list(expected)} (V + 1 = {self.vocab_size + 1} "
+                             f"columns, the last one the mask), got {got}; is vocab_size={self.vocab_size} right?")
+        return out.float()
+
+    def forward(self, x: torch.Tensor, t: Union[torch.Tensor, float]) -> torch.Tensor:
+        check_tokens(x, self.vocab_size + 1)
+        t = check_time(t, x.shape[0], x.device)
+        masked_logits = self.masked_logits(x, t)
+        masked = (x == self.mask_id)[..., None]
+        clean = x.clamp(max=self.vocab_size - 1)
+        carry = torch.full_like(masked_logits, CARRY_OVER_LOGIT).scatter_(-1, clean[..., None], 0.0)
+        return torch.where(masked, masked_logits, carry)
+
+    def masked_logits(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """Logits of p(x_1^d | x_t) [B, D, V], read at masked positions only."""
+        raise NotImplementedError
+
+
+class SEDDAbsorbingDenoiser(MaskDenoiserAdapter):
+    """A SEDD absorbing-state score network as a ddpd mask denoiser (module docstring).
+
+    network(x, sigma) -> log-scores [B, D, V + 1]; logits = log s_j + log expm1(sigma)."""
+
+    def masked_logits(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        sigma = self.sigma(t)
+        log_score = self.network_output(x, sigma)[..., :self.vocab_size]
+        # log(e^sigma - 1) = sigma + log(1 - e^-sigma): no overflow for large sigma
+        log_expm1 = sigma + torch.log(-torch.expm1(-sigma))
+        return log_score + log_expm1[:, None, None]
+
+
+class MDLMSubsDenoiser(MaskDenoiserAdapter):
+    """An MDLM network (SUBS parameterisation) as a ddpd mask denoiser (module docstring).
+
+    network(x, sigma) -> logits [B, D, V + 1]; logits = log_softmax of the V clean ones."""
+
+    def __init__(self, network: nn.Module, vocab_size: int, schedule: Union[str, Schedule] = LinearSchedule(),
+                 time_conditioning: bool = False, min_alpha: float = MIN_ALPHA, max_alpha: float = MAX_ALPHA):
+        super().__init__(network, vocab_size, schedule, min_alpha, max_alpha)
+        self.time_conditioning = check_bool("time_conditioning", time_conditioning)
+
+    def masked_logits(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        sigma = self.sigma(t)
+        if not self.time_conditioning:
+            sigma = torch.zeros_like(sigma)
+        logits = self.network_output(x, sigma)[..., :self.vocab_size]  # the mask logit is -inf under SUBS
+        return F.log_softmax(logits, dim=-1)

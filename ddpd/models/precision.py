@@ -1,0 +1,71 @@
+"""Running a network in bfloat16 or float16 for sampling.
+
+    dtype = resolve_dtype("auto", device)           # bf16 on CUDA, float32 on CPU
+    model = prepare_for_sampling(model, dtype, device)
+    logits = model(x, t)                             # float32 logits, bf16 network
+
+`prepare_for_sampling` moves a network to the device, puts it in eval mode without
+gradients and casts its weights to the dtype, except the parameters of its norms
+(ddpd's LayerNorm and RMSNorm stay float32); the rotary tables stay float32 by
+themselves. Inside the trunk, norm statistics, rotary embeddings and the time
+features are computed in float32 and attention runs a FlashAttention kernel on CUDA
+(its softmax accumulates in float32, see ddpd.models.attention); matmuls run in the
+dtype. `forward` returns float32 logits, so the sampler's own arithmetic (time
+estimates, Gumbel keys, planner probabilities) stays float32; `hidden` returns the
+dtype, which `ddpd.ops.sample_from_hidden` takes together with the cast head.
+
+Training keeps float32 weights and uses torch.autocast instead (ddpd.training):
+the same modules, the same attention dispatch.
+"""
+from __future__ import annotations
+
+from typing import Union
+
+import torch
+import torch.nn as nn
+
+from ddpd.models.backbone import LayerNorm, RMSNorm
+from ddpd.validation import check_choice
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPE_CHOICES = ("auto",) + tuple(DTYPES)
+FLOAT32_MODULES = (LayerNorm, RMSNorm)  # modules whose parameters stay float32
+
+
+def resolve_dtype(dtype: Union[str, torch.dtype], device: Union[str, torch.device, None] = None) -> torch.dtype:
+    """The torch dtype for a --dtype choice: "auto" is bfloat16 on CUDA and float32
+    elsewhere; "float32", "bfloat16", "float16" (or those torch dtypes) as named."""
+    if isinstance(dtype, torch.dtype):
+        if dtype not in DTYPES.values():
+            raise ValueError(f"dtype must be one of {tuple(DTYPES.values())}, got {dtype}")
+        return dtype
+    check_choice("dtype", dtype, DTYPE_CHOICES)
+    if dtype != "auto":
+        return DTYPES[dtype]
+    device_type = torch.device(device).type if device is not None else "cpu"
+    return torch.bfloat16 if device_type == "cuda" else torch.float32
+
+
+def prepare_for_sampling(model: nn.Module, dtype: Union[str, torch.dtype] = "auto",
+                         device: Union[str, torch.device, None] = None) -> nn.Module:
+    """Move `model` to `device` (default: where it is), set eval mode and
+    requires_grad=False, and cast its floating-point weights to `dtype` (a
+    resolve_dtype choice; "auto" resolves for the target device), keeping norm
+    parameters in float32. Works in place on any nn.Module and returns it."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model: expected torch.nn.Module, got {type(model).__name__}")
+    if device is not None:
+        model.to(device=device)
+    else:
+        device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    dtype = resolve_dtype(dtype, device)
+    model.eval().requires_grad_(False)
+
+    def cast(tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.to(dtype) if tensor.is_floating_point() else tensor
+
+    for module in model.modules():
+        if not isinstance(module, FLOAT32_MODULES):
+            module._apply(cast, recurse=False)  # this module's own parameters and buffers
+    return model
+

@@ -1,0 +1,212 @@
+"""Adapters for mask denoisers trained elsewhere (ddpd.models.adapters).
+
+No SEDD or MDLM weights can be downloaded here, so each adapter wraps a small local
+network with that codebase's interface, forward(indices, sigma), whose outputs are
+built from the exact mask denoiser of an enumerable toy distribution, as a perfect
+network of that parameterisation would output them (SEDD: exact log-scores passed
+through SEDD's own output steps; MDLM: exact logits up to a per-position constant,
+with anything in the mask column). The adapter must recover the exact denoiser, and
+a sampler run with it must draw what it draws with the exact denoiser.
+"""
+import math
+import types
+
+import pytest
+import torch
+import torch.nn as nn
+
+from ddpd.models import MDLMSubsDenoiser, SEDDAbsorbingDenoiser, prepare_for_sampling
+from ddpd.models.adapters import CARRY_OVER_LOGIT, MAX_ALPHA, MIN_ALPHA
+from ddpd.process import CosineSchedule
+from ddpd.sampling import ddpd_sample, tau_leaping_mask
+from oracles.toy import ToyProblem, dirichlet_p_data, sparse_p_data
+
+S, D = 3, 4
+
+
+@pytest.fixture(scope="module")
+def toy():
+    return ToyProblem(sparse_p_data(S, D, support=20, seed=7), S, D)
+
+
+def exact(toy, x):
+    """p(x_1^d = j | x_t) [B, D, S] float64 at masked positions (mask id S)."""
+    return toy.mask_denoiser(toy.mask_index(x))
+
+
+def masked_inputs(batch=64, seed=0):
+    """Random partly masked sequences (mask id S), including all-masked and unmasked rows."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, S, (batch, D), generator=gen)
+    masked = torch.rand(batch, D, generator=gen) < torch.rand(batch, 1, generator=gen)
+    masked[0], masked[1] = True, False
+    return torch.where(masked, S, x), torch.rand(batch, generator=gen).clamp(0.05, 0.95)
+
+
+class ToySEDD(nn.Module):
+    """SEDD's absorbing-state score network interface: forward(indices [B, D] in [0, S],
+    sigma [B]) -> log-scores [B, D, S + 1]. The exact score at a masked position is
+    s_j = (alpha / (1 - alpha)) p(x_1^d = j | x_t), alpha = e^-sigma; a perfect network's
+    last layer therefore outputs log p_j + log(N - 1) (N = S + 1 states), which SEDD's
+    forward turns into log s_j by subtracting log(e^sigma - 1) + log(N - 1)
+    (scale_by_sigma) and then zeroes the log-score of the current token. Unmasked
+    positions (a different score the adapter must not read) get random values."""
+
+    def __init__(self, toy):
+        super().__init__()
+        self.toy = toy
+        self.weight = nn.Parameter(torch.ones(()))  # so that .to() and prepare_for_sampling have work
+        self.sigmas = []
+
+    def forward(self, indices, sigma):
+        self.sigmas.append(sigma)
+        n = S + 1
+        gen = torch.Generator().manual_seed(int(indices.sum()))
+        raw = torch.randn(*indices.shape, n, generator=gen, dtype=torch.float64)
+        perfect = torch.log(exact(self.toy, indices).clamp_min(1e-300)) + math.log(n - 1)
+        masked = (indices == S)[..., None]
+        raw[..., :S] = torch.where(masked, perfect, raw[..., :S])
+        sigma = sigma.double()
+        esigm1_log = torch.where(sigma < 0.5, torch.expm1(sigma), sigma.exp() - 1).log()
+        out = raw - esigm1_log[:, None, None] - math.log(n - 1)
+        out = torch.scatter(out, -1, indices[..., None], torch.zeros_like(out[..., :1]))
+        return (out * self.weight.double()).to(self.weight.dtype)
+
+
+class ToyMDLM(nn.Module):
+    """MDLM's DiT interface through its Hugging Face port: forward(input_ids, timesteps)
+    returning an object with .logits [B, D, S + 1]. A perfect SUBS network's logits are
+    log p_j plus any per-position constant, with anything in the mask column (SUBS
+    overrides it with -inf); unmasked positions get random values."""
+
+    def __init__(self, toy):
+        super().__init__()
+        self.toy = toy
+        self.weight = nn.Parameter(torch.ones(()))
+        self.sigmas = []
+
+    def forward(self, input_ids, timesteps):
+        self.sigmas.append(timesteps)
+        gen = torch.Generator().manual_seed(int(input_ids.sum()) + 1)
+        logits = 3.0 * torch.randn(*input_ids.shape, S + 1, generator=gen, dtype=torch.float64)
+        shift = 5.0 * torch.randn(*input_ids.shape, 1, generator=gen, dtype=torch.float64)
+        perfect = torch.log(exact(self.toy, input_ids).clamp_min(1e-300)) + shift
+        masked = (input_ids == S)[..., None]
+        logits[..., :S] = torch.where(masked, perfect, logits[..., :S])
+        return types.SimpleNamespace(logits=(logits * self.weight.double()).to(self.weight.dtype))
+
+
+ADAPTERS = {"sedd": lambda toy, **kw: SEDDAbsorbingDenoiser(ToySEDD(toy), S, **kw),
+            "mdlm": lambda toy, **kw: MDLMSubsDenoiser(ToyMDLM(toy), S, **kw)}
+
+
+# ---- recovering the exact denoiser --------------------------------------------------------
+
+@pytest.mark.parametrize("name", ADAPTERS)
+def test_adapter_recovers_the_exact_denoiser(toy, name):
+    denoiser = ADAPTERS[name](toy)
+    x, t = masked_inputs()
+    logits = denoiser(x, t)
+    assert logits.shape == (x.shape[0], D, S) and logits.dtype == torch.float32
+    masked = x == S
+    p = exact(toy, x)
+    # SEDD: log s_j + log expm1(sigma) are the log-probabilities themselves (no renormalisation)
+    got = logits.double().exp() if name == "sedd" else logits.double().softmax(-1)
+    torch.testing.assert_close(got[masked], p[masked], rtol=1e-5, atol=1e-6)
+    # unmasked positions: their known clean value (carry-over), whatever the network said there
+    probs = logits.softmax(-1)
+    assert torch.equal(probs[~masked].argmax(-1), x[~masked])
+    assert (probs[~masked].max(-1).values == 1.0).all()
+    assert (logits[~masked].min(-1).values == CARRY_OVER_LOGIT).all()
+
+
+@pytest.mark.parametrize("schedule", ["linear", CosineSchedule()])
+def test_networks_see_sigma_minus_log_alpha(toy, schedule):
+    # both codebases condition on the total noise sigma with P(masked) = 1 - exp(-sigma)
+    sedd = ADAPTERS["sedd"](toy, schedule=schedule)
+    mdlm = ADAPTERS["mdlm"](toy, schedule=schedule, time_conditioning=True)
+    x = torch.full((4, D), S)
+    t = torch.tensor([0.0, 0.25, 0.5, 1.0])
+    alpha = (t if schedule == "linear" else 1.0 - torch.cos(0.5 * math.pi * t)).double()
+    expected = -torch.log(alpha.clamp(MIN_ALPHA, MAX_ALPHA))
+    for adapter in (sedd, mdlm):
+        adapter(x, t)
+        torch.testing.assert_close(adapter.network.sigmas[-1].double(), expected, rtol=1e-6, atol=1e-7)
+    assert math.isclose(float(expected[1]), math.log(4.0), rel_tol=1e-6) or schedule != "linear"
+
+
+def test_mdlm_without_time_conditioning_sees_zero_sigma(toy):
+    mdlm = ADAPTERS["mdlm"](toy)
+    mdlm(*masked_inputs(8))
+    assert torch.equal(mdlm.network.sigmas[-1], torch.zeros(8))
+
+
+def test_sedd_conversion_at_extreme_noise(toy):
+    # at alpha = MIN_ALPHA, expm1(sigma) ~ 1000; near alpha = 1, expm1(sigma) ~ 1e-5: both exact
+    sedd = ADAPTERS["sedd"](toy)
+    x, _ = masked_inputs(16, seed=3)
+    masked = x == S
+    for t in (0.0, 1.0):
+        got = sedd(x, torch.full((16,), t)).double().exp()
+        torch.testing.assert_close(got[masked], exact(toy, x)[masked], rtol=1e-4, atol=1e-6)
+
+
+# ---- in a sampler --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ADAPTERS)
+def test_samplers_draw_the_same_with_the_adapter(toy, name):
+    # the same seed gives the same tokens as with the exact mask denoiser (logits equal to ~1e-7)
+    adapter, models = ADAPTERS[name](toy), toy.models()
+    for sampler in (lambda den: tau_leaping_mask(den, 200, D, S, steps=8, seed=5),
+                    lambda den: ddpd_sample(models.planner, den, 200, D, S, steps=12, denoiser_type="mask",
+                                            seed=5)):
+        assert torch.equal(sampler(adapter).tokens, sampler(models.mask_denoiser).tokens)
+
+
+def test_adapter_in_bfloat16(toy):
+    # the wrapped network can be cast like any other; the adapter's arithmetic stays float32
+    adapter = prepare_for_sampling(ADAPTERS["mdlm"](toy), "bfloat16", "cpu")
+    assert adapter.network.weight.dtype == torch.bfloat16
+    x, t = masked_inputs(16)
+    logits = adapter(x, t)
+    assert logits.dtype == torch.float32
+    masked = x == S
+    torch.testing.assert_close(logits.softmax(-1)[masked].double(), exact(toy, x)[masked], rtol=0, atol=2e-2)
+
+
+# ---- errors ----------------------------------------------------------------------------------
+
+def test_adapter_argument_errors(toy):
+    with pytest.raises(ValueError, match="vocab_size"):
+        SEDDAbsorbingDenoiser(ToySEDD(toy), 0)
+    with pytest.raises(TypeError, match="network"):
+        MDLMSubsDenoiser(None, S)
+    with pytest.raises(ValueError, match="min_alpha"):
+        SEDDAbsorbingDenoiser(ToySEDD(toy), S, min_alpha=0.0)
+    with pytest.raises(ValueError, match="schedule"):
+        SEDDAbsorbingDenoiser(ToySEDD(toy), S, schedule="quadratic")
+    with pytest.raises(TypeError, match="time_conditioning"):
+        MDLMSubsDenoiser(ToyMDLM(toy), S, time_conditioning=1)
+
+
+def test_adapter_call_errors(toy):
+    sedd = ADAPTERS["sedd"](toy)
+    x, t = masked_inputs(4)
+    with pytest.raises(ValueError, match=r"x: expected token ids in \[0, 4\)"):
+        sedd(x + 1, t)
+    with pytest.raises(ValueError, match="t: expected shape"):
+        sedd(x, t[:2])
+    wrong = SEDDAbsorbingDenoiser(ToySEDD(toy), S + 1)  # the network has S + 1 columns, not S + 2
+    with pytest.raises(ValueError, match=r"network: expected output of shape \[4, 4, 5\].*vocab_size=4"):
+        wrong(x, t)
+    assert sedd.mask_id == S
+
+
+def test_dirichlet_toy_too():
+    # a dense p_data: every masked pattern is consistent with some data
+    toy = ToyProblem(dirichlet_p_data(S, D, seed=11), S, D)
+    x, t = masked_inputs(seed=4)
+    masked = x == S
+    for name in ADAPTERS:
+        logits = ADAPTERS[name](toy)(x, t).double()
+        torch.testing.assert_close(logits.softmax(-1)[masked], exact(toy, x)[masked], rtol=1e-5, atol=1e-6)

@@ -1,0 +1,331 @@
+"""Attention kernel dispatch (ddpd.models.attention).
+
+On CPU: the choice rule with fake flash-attn modules (FA2, FA3, FA4 interfaces) put in
+sys.modules and a patched GPU capability, the layout each interface is called with,
+the recorded backend, forced backends and their errors, torch's flash SDPA backend
+against the reference, and autocast training through the same path. On a GPU
+(marked gpu): the CUDA kernels that ran, read from the profiler.
+"""
+import sys
+import types
+
+import pytest
+import torch
+
+import ddpd.models.attention as attn
+from ddpd.models import (
+    FLASH_KERNELS,
+    attention_backend,
+    build_model,
+    config_for,
+    prepare_for_sampling,
+    record_attention,
+    resolve_backend,
+    set_attention_backend,
+)
+from ddpd.models.attention import (
+    SelfAttention,
+    attention,
+    clear_flash_cache,
+    explicit_attention,
+    flash_preference,
+    load_flash_kernel,
+)
+
+B, H, L, HEAD = 2, 4, 16, 8
+MODULE_NAMES = ("flash_attn", "flash_attn_interface", "flash_attn_3", "flash_attn_3.flash_attn_interface",
+                "flash_attn.cute")
+
+
+def qkv(dtype=torch.float32, seed=0, device="cpu"):
+    gen = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(B, H, L, HEAD, generator=gen).to(device=device, dtype=dtype) for _ in range(3))
+
+
+def _reference_blhd(q, k, v, causal):
+    """What a flash-attn interface computes, on its [B, L, H, d] layout."""
+    out = explicit_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal)
+    return out.transpose(1, 2)
+
+
+def _fake_module(name, calls, returns_tuple=False, dropout=True):
+    """A module whose flash_attn_func has the interface of a flash-attn generation."""
+    module = types.ModuleType(name)
+
+    def flash_attn_func(q, k, v, *, causal=False, softmax_scale=None, **kwargs):
+        if "dropout_p" in kwargs and not dropout:
+            raise TypeError("flash_attn_func() got an unexpected keyword argument 'dropout_p'")
+        assert q.shape == (B, L, H, HEAD) and q.stride(-1) == 1  # [B, L, H, d], last dim contiguous
+        calls.append({"module": name, "causal": causal, **kwargs})
+        out = _reference_blhd(q, k, v, causal)
+        return (out, torch.zeros(B, H, L)) if returns_tuple else out
+
+    module.flash_attn_func = flash_attn_func
+    return module
+
+
+@pytest.fixture
+def fake_flash(monkeypatch):
+    """install(*generations, capability=(9, 0), fa3_path="flash_attn_interface") -> list of calls.
+
+    Puts fake FA2 (flash_attn), FA3 (flash_attn_interface or flash_attn_3.flash_attn_interface,
+    returning (out, lse) as some releases do) and FA4 (flash_attn.cute, returning (out, lse))
+    modules in sys.modules, blocks the real ones, and makes CPU bf16/fp16 tensors look like
+    tensors on a GPU of the given compute capability."""
+    clear_flash_cache()
+    set_attention_backend("auto")
+
+    def install(*generations, capability=(9, 0), fa3_path="flash_attn_interface"):
+        calls = []
+        for name in MODULE_NAMES:
+            monkeypatch.setitem(sys.modules, name, None)  # None: import raises ImportError
+        if "fa2" in generations:
+            monkeypatch.setitem(sys.modules, "flash_attn", _fake_module("flash_attn", calls))
+        if "fa3" in generations:
+            if fa3_path != "flash_attn_interface":
+                monkeypatch.setitem(sys.modules, "flash_attn_3", types.ModuleType("flash_attn_3"))
+            monkeypatch.setitem(sys.modules, fa3_path, _fake_module(fa3_path, calls, returns_tuple=True,
+                                                                     dropout=False))
+        if "fa4" in generations:
+            if "fa2" not in generations:  # FA4 alone: a namespace package without flash_attn_func
+                monkeypatch.setitem(sys.modules, "flash_attn", types.ModuleType("flash_attn"))
+            monkeypatch.setitem(sys.modules, "flash_attn.cute", _fake_module("flash_attn.cute", calls,
+                                                                             returns_tuple=True, dropout=False))
+        monkeypatch.setattr(attn, "_flash_capability",
+                            lambda q: capability if q.dtype in (torch.float16, torch.bfloat16) else None)
+        clear_flash_cache()
+        return calls
+
+    yield install
+    set_attention_backend("auto")
+    clear_flash_cache()
+
+
+# ---- the rule ---------------------------------------------------------------------------
+
+def test_cpu_tensors_never_take_a_flash_kernel():
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        q = qkv(dtype)[0]
+        assert attn._flash_capability(q) is None
+        assert resolve_backend(q) == "sdpa"
+
+
+@pytest.mark.parametrize("capability, expected", [
+    ((8, 0), ("fa2",)), ((8, 9), ("fa2",)), ((9, 0), ("fa3", "fa2", "fa4")),
+    ((10, 0), ("fa4", "fa2")), ((12, 0), ("fa4", "fa2")), ((7, 5), ()),
+])
+def test_flash_preference_by_gpu(capability, expected):
+    assert flash_preference(capability) == expected
+
+
+@pytest.mark.parametrize("installed, capability, dropout_p, expected", [
+    (("fa2", "fa3", "fa4"), (8, 0), 0.0, "fa2"),
+    (("fa2", "fa3", "fa4"), (9, 0), 0.0, "fa3"),
+    (("fa2", "fa3", "fa4"), (10, 0), 0.0, "fa4"),
+    (("fa2", "fa3", "fa4"), (9, 0), 0.1, "fa2"),        # fa3/fa4 have no dropout
+    (("fa3",), (9, 0), 0.1, "sdpa-flash"),
+    (("fa3",), (8, 0), 0.0, "sdpa-flash"),              # the Hopper build does not serve an A100
+    (("fa4",), (9, 0), 0.0, "fa4"),                     # FA4 alone (flash_attn has no flash_attn_func)
+    (("fa2",), (10, 0), 0.0, "fa2"),
+    ((), (9, 0), 0.0, "sdpa-flash"),                    # no flash-attn: torch's flash backend
+])
+def test_auto_rule(fake_flash, installed, capability, dropout_p, expected):
+    fake_flash(*installed, capability=capability)
+    q = qkv(torch.bfloat16)[0]
+    assert resolve_backend(q, dropout_p) == expected
+    assert resolve_backend(q.float(), dropout_p) == "sdpa"  # float32 keeps SDPA as before
+
+
+def test_fa3_found_under_its_package_name(fake_flash):
+    fake_flash("fa3", fa3_path="flash_attn_3.flash_attn_interface")
+    assert load_flash_kernel("fa3") is not None
+    assert resolve_backend(qkv(torch.bfloat16)[0]) == "fa3"
+
+
+# ---- the calls --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("generation, capability", [("fa2", (8, 0)), ("fa3", (9, 0)), ("fa4", (10, 0))])
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_interfaces_called_in_their_layout(fake_flash, generation, capability, causal):
+    calls = fake_flash(generation, capability=capability)
+    q, k, v = qkv(torch.bfloat16)
+    with record_attention() as counts:
+        out = attention(q, k, v, causal)
+    assert counts == {generation: 1}
+    assert len(calls) == 1 and calls[0]["causal"] is causal
+    assert ("dropout_p" in calls[0]) == (generation == "fa2")
+    assert out.shape == q.shape and out.dtype == torch.bfloat16
+    torch.testing.assert_close(out, explicit_attention(q, k, v, causal), rtol=0, atol=0)
+
+
+def test_sdpa_flash_backend_matches_reference_on_cpu(fake_flash):
+    # without flash-attn, a "GPU" tensor takes torch's flash SDPA backend, which also runs on CPU
+    calls = fake_flash(capability=(9, 0))
+    for causal in (False, True):
+        q, k, v = qkv(torch.bfloat16, seed=1)
+        with record_attention() as counts:
+            out = attention(q, k, v, causal)
+        assert counts == {"sdpa-flash": 1} and calls == []
+        torch.testing.assert_close(out.float(), explicit_attention(q.float(), k.float(), v.float(), causal),
+                                   rtol=1e-2, atol=1e-2)
+
+
+def test_record_attention_counts_every_layer(fake_flash):
+    fake_flash("fa2", capability=(8, 0))
+    torch.manual_seed(0)
+    model = build_model("mask-denoiser", config_for("mask-denoiser", 7, L, d_model=32, n_layers=3, n_heads=4))
+    prepare_for_sampling(model, "bfloat16")
+    x = torch.randint(0, 8, (B, L))
+    with record_attention() as outer, torch.no_grad():
+        with record_attention() as inner:
+            model(x, torch.rand(B))
+        model(x, torch.rand(B))
+    assert inner == {"fa2": 3} and outer == {"fa2": 6}
+    assert attn._recorders == []
+
+
+def test_autocast_training_takes_the_flash_path_with_gradients(fake_flash):
+    # training runs under bf16 autocast: q, k, v come out of the qkv projection in bf16
+    calls = fake_flash("fa2", "fa3", capability=(9, 0))
+    torch.manual_seed(0)
+    layer = SelfAttention(32, 4, L, causal=False, dropout=0.1).train()
+    x = torch.randn(B, L, 32)
+    with record_attention() as counts, torch.autocast("cpu", dtype=torch.bfloat16):
+        out = layer(x)
+    assert counts == {"fa2": 1}  # dropout in training: FA3 has none
+    assert calls[0]["dropout_p"] == 0.1
+    out.float().square().mean().backward()
+    assert layer.qkv.weight.grad is not None and torch.isfinite(layer.qkv.weight.grad).all()
+    with record_attention() as counts, torch.autocast("cpu", dtype=torch.bfloat16):
+        layer.eval()(x)
+    assert counts == {"fa3": 1}
+
+
+@pytest.mark.parametrize("installed, dtype", [(("fa2",), torch.bfloat16), ((), torch.bfloat16),
+                                             ((), torch.float32)])
+def test_dispatch_adds_no_graph_break_after_an_eager_call(fake_flash, installed, dtype):
+    # torch.compile and CUDA graphs run after a warm-up; the cached dispatch then traces as constants
+    fake_flash(*installed, capability=(8, 0))
+    torch.manual_seed(0)
+    layer = SelfAttention(32, 4, L, causal=True).eval().to(dtype)
+    x = torch.randn(B, L, 32, dtype=dtype)
+    torch._dynamo.reset()
+    with torch.no_grad(), record_attention() as counts:
+        layer(x)
+        explained = torch._dynamo.explain(layer)(x)
+    assert set(counts) == {"fa2" if installed else "sdpa-flash" if dtype == torch.bfloat16 else "sdpa"}
+    assert explained.graph_break_count == 0, explained.break_reasons
+    torch._dynamo.reset()
+
+
+# ---- forcing ----------------------------------------------------------------------------
+
+def test_forcing_an_absent_kernel_is_refused(fake_flash):
+    fake_flash("fa2")
+    with pytest.raises(ValueError, match="fa3.*flash_attn_interface"):
+        set_attention_backend("fa3")
+    with pytest.raises(ValueError, match="name expected one of"):
+        set_attention_backend("xformers")
+    fake_flash()
+    with pytest.raises(ValueError, match="no flash-attn"):
+        set_attention_backend("flash")
+
+
+def test_forced_kernels(fake_flash):
+    fake_flash("fa2", "fa3", "fa4", capability=(9, 0))
+    q = qkv(torch.bfloat16)[0]
+    for name in FLASH_KERNELS + ("sdpa-flash", "sdpa", "math"):
+        with attention_backend(name):
+            assert resolve_backend(q) == name
+    with attention_backend("flash"):
+        assert resolve_backend(q) == "fa3"
+        assert resolve_backend(q, dropout_p=0.1) == "fa2"
+    with attention_backend("fa4"), pytest.raises(ValueError, match="dropout_p=0.1"):
+        resolve_backend(q, dropout_p=0.1)
+    with attention_backend("fa2"), pytest.raises(ValueError, match="CUDA fp16/bf16"):
+        resolve_backend(q.float())  # float32: no flash kernel takes it
+    assert attn.get_attention_backend() == "auto"
+
+
+def test_forced_sdpa_flash_on_cpu_matches_reference():
+    q, k, v = qkv(torch.float32, seed=2)
+    with attention_backend("sdpa-flash"), record_attention() as counts:
+        out = attention(q, k, v, causal=True)
+    assert counts == {"sdpa-flash": 1}
+    torch.testing.assert_close(out, explicit_attention(q, k, v, True), rtol=1e-5, atol=1e-6)
+
+
+# ---- on a GPU: which CUDA kernels ran -----------------------------------------------------
+
+def cuda_kernels(fn):
+    """Names of the CUDA kernels that ran in fn()."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()  # warm up: lazy initialisation and JIT compilation stay out of the trace
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return {event.name for event in prof.events() if event.device_type == torch.autograd.DeviceType.CUDA}
+
+
+def _gpu_model(n_layers=2):
+    torch.manual_seed(0)
+    config = config_for("mask-denoiser", 27, 128, d_model=256, n_layers=n_layers, n_heads=4)
+    return build_model("mask-denoiser", config).cuda()
+
+
+@pytest.mark.gpu
+def test_bf16_sampling_runs_a_flash_kernel_on_cuda():
+    model = prepare_for_sampling(_gpu_model(), "auto", "cuda")
+    x, t = torch.randint(0, 28, (8, 128), device="cuda"), torch.rand(8, device="cuda")
+    q = torch.empty(1, 4, 128, 64, device="cuda", dtype=torch.bfloat16)
+    expected = resolve_backend(q)
+    assert expected in FLASH_KERNELS + ("sdpa-flash",)
+    with torch.no_grad(), record_attention() as counts:
+        kernels = cuda_kernels(lambda: model(x, t))
+    assert set(counts) == {expected}
+    flash = [name for name in kernels if "flash" in name.lower()]
+    assert flash, f"no FlashAttention kernel among {sorted(kernels)}"
+    assert not any("fmha_cutlass" in name for name in kernels)  # not the memory-efficient kernel
+
+
+@pytest.mark.gpu
+def test_float32_on_cuda_keeps_sdpa_and_no_flash_kernel():
+    model = _gpu_model().eval()
+    x, t = torch.randint(0, 28, (8, 128), device="cuda"), torch.rand(8, device="cuda")
+    with torch.no_grad(), record_attention() as counts:
+        kernels = cuda_kernels(lambda: model(x, t))
+    assert set(counts) == {"sdpa"}
+    assert not any("flash" in name.lower() for name in kernels)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", FLASH_KERNELS + ("sdpa-flash",))
+@pytest.mark.parametrize("causal", [False, True])
+def test_each_flash_backend_on_cuda(backend, causal):
+    if backend in FLASH_KERNELS and load_flash_kernel(backend) is None:
+        pytest.skip(f"{backend} not installed")
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 256, 64, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(3))
+    try:
+        with attention_backend(backend):
+            resolve_backend(q)
+    except ValueError as err:
+        pytest.skip(str(err))  # e.g. FA3 on a GPU that is not a Hopper
+    with attention_backend(backend):
+        out = attention(q, k, v, causal)
+        kernels = cuda_kernels(lambda: attention(q, k, v, causal))
+    torch.testing.assert_close(out.float(), explicit_attention(q, k, v, causal).float(), rtol=1e-2, atol=1e-2)
+    assert any("flash" in name.lower() for name in kernels), sorted(kernels)
+
+
+@pytest.mark.gpu
+def test_autocast_training_step_on_cuda_uses_flash():
+    model = _gpu_model().train()
+    x, t = torch.randint(0, 28, (8, 128), device="cuda"), torch.rand(8, device="cuda")
+    with record_attention() as counts, torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = model(x, t).logsumexp(-1).mean()
+    loss.backward()
+    assert set(counts) <= set(FLASH_KERNELS + ("sdpa-flash",)) and sum(counts.values()) == 2
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
