@@ -126,3 +126,24 @@ def test_fused_guided_hidden_states_draw_the_reference_guided_logits(vocab):
 def test_bad_conditions_are_refused(labelled, kwargs, match):
     with pytest.raises(ValueError, match=match):
         tau_leaping_uniform(labelled.models.uniform_denoiser, 2, 3, 3, steps=2, seed=0, **kwargs)
+
+
+def test_a_network_with_a_null_label_is_guided_in_one_batched_pass():
+    from ddpd.sampling.batch import Condition, _Call
+
+    torch.manual_seed(0)
+    net = build_model("mask-denoiser", config_for("mask-denoiser", 27, 8, d_model=16, n_layers=1, n_heads=2,
+                                                  num_classes=3)).eval()
+    x, t, labels = torch.randint(0, 28, (5, 8)), torch.rand(5), torch.tensor([0, 1, 2, 1, 0])
+    condition = Condition(labels, 2.5)
+    calls = []
+    with torch.no_grad():
+        batched = condition.guide(_Call(net, "__call__"), x, t, torch.arange(5))
+        net.register_forward_hook(lambda module, args, out: calls.append(args[0].shape[0]))
+        condition.guide(_Call(net, "__call__"), x, t, torch.arange(5))
+        separate = condition.guide(lambda x, t, labels: net(x, t, labels=labels), x, t, torch.arange(5))
+    assert calls[0] == 10  # one pass of 2B rows, then the callable's two passes of B
+    assert calls[1:] == [5, 5]
+    assert torch.allclose(batched, separate, atol=1e-5)
+    assert torch.allclose(separate, net(x, t, labels=None) + 2.5 * (net(x, t, labels=labels) - net(x, t, labels=None)),
+                          atol=1e-5)

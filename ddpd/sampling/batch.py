@@ -107,7 +107,7 @@ class RunningBatch:
         if self.condition is None:
             logits = model(x, t)
         else:
-            logits = self.condition.guide(lambda labels: model(x, t, labels=labels), self._rows(rows))
+            logits = self.condition.guide(_Call(model, "__call__"), x, t, self._rows(rows))
         _check_output(name, logits, (*x.shape, vocab_size))
         self.denoiser_calls += 1
         self.denoiser_rows += x.shape[0]
@@ -122,7 +122,7 @@ class RunningBatch:
         if self.condition is None:
             h = model.hidden(x, t)
         else:
-            h = self.condition.guide(lambda labels: model.hidden(x, t, labels=labels), self._rows(rows))
+            h = self.condition.guide(_Call(model, "hidden"), x, t, self._rows(rows))
         if not isinstance(h, Tensor) or h.dim() != 3 or tuple(h.shape[:2]) != tuple(x.shape) \
                 or h.shape[2] != head.in_features:
             shape = list(h.shape) if isinstance(h, Tensor) else type(h).__name__
@@ -232,13 +232,32 @@ class Condition:
     def labels_of(self, rows: Tensor) -> Tensor:
         return self.labels[rows]
 
-    def guide(self, call: Callable, rows: Tensor) -> Tensor:
-        """call(labels) evaluated at the labels of rows, guided by guidance_scale."""
-        conditional = call(self.labels_of(rows))
+    def guide(self, network: Callable, x: Tensor, t: Tensor, rows: Tensor) -> Tensor:
+        """network(x, t, labels) at the labels of rows, guided by guidance_scale. A network that
+        names its null label (`null_label`, the ddpd.models networks) runs the conditional and
+        the unconditional pass as one batch of 2B rows."""
+        labels = self.labels_of(rows)
         if self.guidance_scale == 1.0:
-            return conditional
-        unconditional = call(None)
+            return network(x, t, labels)
+        null = getattr(network, "null_label", None)
+        if isinstance(null, int):
+            both = network(torch.cat([x, x]), torch.cat([t, t]), torch.cat([labels, torch.full_like(labels, null)]))
+            conditional, unconditional = both.chunk(2)
+        else:
+            conditional, unconditional = network(x, t, labels), network(x, t, None)
         return unconditional + self.guidance_scale * (conditional - unconditional)
+
+
+class _Call:
+    """network.method(x, t, labels=...) as a function of (x, t, labels), exposing the
+    network's null label (if it has one) to Condition.guide."""
+
+    def __init__(self, network: Callable, method: str):
+        self.fn = getattr(network, method) if method != "__call__" else network
+        self.null_label = getattr(network, "null_label", None)
+
+    def __call__(self, x: Tensor, t: Tensor, labels: Optional[Tensor]) -> Tensor:
+        return self.fn(x, t, labels=labels)
 
 
 def _check_output(name: str, out, shape: tuple) -> None:
