@@ -132,7 +132,7 @@ def test_write_changes_only_the_allowed_chosen_positions():
 def test_reference_and_fused_draws_agree_on_random_logits(vocab, per_row):
     """The two Draws strategies draw the same positions, masks and tokens from one source."""
     noise, rows = PhiloxNoise(3, first_row=7), torch.tensor([4, 0, 9, 2])
-    reference, fused = ReferenceDraws(noise), FusedDraws(noise, Execution(fused=True))
+    reference, fused = ReferenceDraws(noise, Execution()), FusedDraws(noise, Execution(fused=True))
     logits = torch.randn(4, 6) * 3
     x = torch.randint(0, vocab, (4, 6))
     for mask_id in (None, vocab):

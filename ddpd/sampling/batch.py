@@ -18,6 +18,7 @@ exact clock's time), which leaves and is packed with the rows, count the forward
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Callable, Dict, Optional
 
@@ -64,12 +65,13 @@ class RunningBatch:
     """
 
     def __init__(self, x: Tensor, state: Optional[Dict[str, Tensor]] = None,
-                 condition: Optional["Condition"] = None):
+                 condition: Optional["Condition"] = None, dtype: torch.dtype = torch.float32):
         self.out = x.clone()
         self.rows = torch.arange(x.shape[0], device=x.device)
         self.x = x
         self.state: Dict[str, Tensor] = dict(state or {})
         self.condition = condition
+        self.dtype = dtype
         self.stop_step = torch.full((x.shape[0],), -1, dtype=torch.long, device=x.device)
         self.planner_calls = self.denoiser_calls = 0
         self.planner_rows = self.denoiser_rows = 0
@@ -91,10 +93,11 @@ class RunningBatch:
     def planner(self, model: Callable, x: Tensor, *args, rows: Optional[Tensor] = None) -> Tensor:
         """Planner logits Float[B, D] for x (time passed when given), shape-checked; with a
         class-conditional planner, called with the labels of `rows` (default: the batch)."""
-        if self.condition is not None and self.condition.conditional_planner:
-            logits = model(x, *args, labels=self.condition.labels_of(self._rows(rows)))
-        else:
-            logits = model(x, *args)
+        with self._precision():
+            if self.condition is not None and self.condition.conditional_planner:
+                logits = model(x, *args, labels=self.condition.labels_of(self._rows(rows)))
+            else:
+                logits = model(x, *args)
         _check_output("planner", logits, tuple(x.shape))
         self.planner_calls += 1
         self.planner_rows += x.shape[0]
@@ -104,10 +107,11 @@ class RunningBatch:
                  rows: Optional[Tensor] = None) -> Tensor:
         """Denoiser logits Float[B, D, V] for (x, t), shape-checked (name: for errors); with
         labels, the guided logits of `rows` (default: the batch), see Condition."""
-        if self.condition is None:
-            logits = model(x, t)
-        else:
-            logits = self.condition.guide(_Call(model, "__call__"), x, t, self._rows(rows))
+        with self._precision():
+            if self.condition is None:
+                logits = model(x, t)
+            else:
+                logits = self.condition.guide(_Call(model, "__call__"), x, t, self._rows(rows))
         _check_output(name, logits, (*x.shape, vocab_size))
         self.denoiser_calls += 1
         self.denoiser_rows += x.shape[0]
@@ -119,10 +123,11 @@ class RunningBatch:
         head = model.head
         if head.out_features != vocab_size:
             raise ValueError(f"denoiser.head must have {vocab_size} outputs, got {head.out_features}")
-        if self.condition is None:
-            h = model.hidden(x, t)
-        else:
-            h = self.condition.guide(_Call(model, "hidden"), x, t, self._rows(rows))
+        with self._precision():
+            if self.condition is None:
+                h = model.hidden(x, t)
+            else:
+                h = self.condition.guide(_Call(model, "hidden"), x, t, self._rows(rows))
         if not isinstance(h, Tensor) or h.dim() != 3 or tuple(h.shape[:2]) != tuple(x.shape) \
                 or h.shape[2] != head.in_features:
             shape = list(h.shape) if isinstance(h, Tensor) else type(h).__name__
@@ -134,6 +139,12 @@ class RunningBatch:
 
     def _rows(self, rows: Optional[Tensor]) -> Tensor:
         return self.rows if rows is None else rows
+
+    def _precision(self):
+        """The networks' precision: autocast below float32, else nothing."""
+        if self.dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(self.x.device.type, dtype=self.dtype)
 
     # ---- rows leaving
 
@@ -164,8 +175,9 @@ class FusedBatch(RunningBatch):
     """Rows in the batch (running, or finished since the last stop check) and their bookkeeping."""
 
     def __init__(self, x: Tensor, state: Optional[Dict[str, Tensor]] = None,
-                 condition: Optional["Condition"] = None, sync_every: int = 1, compaction: bool = True):
-        super().__init__(x, state, condition)
+                 condition: Optional["Condition"] = None, dtype: torch.dtype = torch.float32, sync_every: int = 1,
+                 compaction: bool = True):
+        super().__init__(x, state, condition, dtype)
         self.sync_every = sync_every
         self.compaction = compaction
         self.running_rows = x.shape[0]  # as of the last stop check (a host count)

@@ -27,6 +27,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
+from ddpd.models.precision import resolve_dtype
 from ddpd.process import Schedule, get_schedule
 from ddpd.sampling.batch import Condition
 from ddpd.sampling.draws import Draws, make_draws
@@ -86,9 +87,10 @@ def setup(sampler: str, batch_size, length, vocab_size, steps, temperature, seed
     condition = check_condition(options.pop("labels", None), options.pop("guidance_scale", 1.0),
                                 options.pop("conditional_planner", False), batch_size, device)
     execution, *objects = resolve(sampler, options, Execution, *kinds)
+    dtype = resolve_dtype(execution.dtype, device)
     run = Run(batch_size, length, vocab_size, steps, temperature, schedule, mask_id, noise, device, x_init, frozen,
               condition)
-    return run, make_draws(noise, execution), tuple(objects)
+    return run, make_draws(noise, execution, dtype), tuple(objects)
 
 
 def check_prompt(x_init, frozen, batch_size: int, length: int, vocab_size: int, device) -> tuple:

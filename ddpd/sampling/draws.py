@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from ddpd.ops import (planner_select, planner_select_mask, planner_select_mask_reference, planner_select_reference,
@@ -59,12 +60,12 @@ class Plan:
 class Draws:
     """The interface both runs implement (see the module docstring)."""
 
-    def __init__(self, noise: NoiseSource):
-        self.noise = noise
+    def __init__(self, noise: NoiseSource, execution: Execution, dtype: torch.dtype = torch.float32):
+        self.noise, self.execution, self.dtype = noise, execution, dtype
 
     def batch(self, x0: Tensor, state: Optional[dict] = None, condition: Optional[Condition] = None) -> RunningBatch:
         """The running batch of a run starting at x0, with per-row `state` and class `condition`
-        (see ddpd.sampling.batch)."""
+        (see ddpd.sampling.batch), its networks run in `dtype`."""
         raise NotImplementedError
 
     def plan(self, step: int, logits: Tensor, rows: Tensor, k: int, selection: str, eps: float,
@@ -125,7 +126,7 @@ class ReferenceDraws(Draws):
     """Plain torch: explicit uniforms into the ops' torch references; full denoiser logits."""
 
     def batch(self, x0: Tensor, state: Optional[dict] = None, condition: Optional[Condition] = None) -> RunningBatch:
-        return RunningBatch(x0, state, condition)
+        return RunningBatch(x0, state, condition, self.dtype)
 
     def plan(self, step, logits, rows, k, selection, eps, x=None, mask_id=None) -> Plan:
         length = logits.shape[1]
@@ -150,13 +151,12 @@ class ReferenceDraws(Draws):
 class FusedDraws(Draws):
     """The ddpd.ops kernels; uniforms generated in the kernels from a PhiloxNoise source."""
 
-    def __init__(self, noise: NoiseSource, execution: Execution):
-        super().__init__(noise)
-        self.execution = execution
+    def __init__(self, noise: NoiseSource, execution: Execution, dtype: torch.dtype = torch.float32):
+        super().__init__(noise, execution, dtype)
         self.philox = isinstance(noise, PhiloxNoise)
 
     def batch(self, x0: Tensor, state: Optional[dict] = None, condition: Optional[Condition] = None) -> RunningBatch:
-        return FusedBatch(x0, state, condition, self.execution.sync_every, self.execution.compaction)
+        return FusedBatch(x0, state, condition, self.dtype, self.execution.sync_every, self.execution.compaction)
 
     def plan(self, step, logits, rows, k, selection, eps, x=None, mask_id=None) -> Plan:
         length = logits.shape[1]
@@ -191,8 +191,9 @@ class FusedDraws(Draws):
         h = batch.hidden(denoiser, x_in, t, vocab_size, rows=rows)
         picked = h.gather(1, positions[..., None].expand(-1, -1, h.shape[-1])).reshape(n * k, -1)
         head = denoiser.head
-        if temperature == 0:
-            return head(picked).argmax(-1).view(n, k)
+        if temperature == 0:  # the argmax of float32 logits, whatever precision the network ran in
+            bias = None if head.bias is None else head.bias.float()
+            return F.linear(picked.float(), head.weight.float(), bias).argmax(-1).view(n, k)
         tokens, _ = sample_from_hidden(picked, head.weight, head.bias, temperature,
                                        **self._token_stream(step, rows, k, vocab_size))
         return tokens.view(n, k)
@@ -210,6 +211,6 @@ def argmax(logits: Tensor, exclude: Optional[Tensor] = None) -> Tensor:
     return logits.argmax(-1)
 
 
-def make_draws(noise: NoiseSource, execution: Execution) -> Draws:
-    """The strategy of a run: fused or reference, as `execution` says."""
-    return FusedDraws(noise, execution) if execution.fused else ReferenceDraws(noise)
+def make_draws(noise: NoiseSource, execution: Execution, dtype: torch.dtype = torch.float32) -> Draws:
+    """The strategy of a run: fused or reference as `execution` says, networks in `dtype`."""
+    return (FusedDraws if execution.fused else ReferenceDraws)(noise, execution, dtype)

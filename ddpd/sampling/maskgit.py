@@ -55,7 +55,8 @@ def maskgit_sample(
     options: temperature_end, schedule, mask_id, generator, labels, guidance_scale (class
     conditioning, ddpd.sampling.common), x_init and frozen (a prompt:
     its positions start unmasked; the cosine schedule counts the m0 masks a row starts
-    with instead of D), fused (draw the tokens with ddpd.ops.sample_categorical).
+    with instead of D), fused (draw the tokens with ddpd.ops.sample_categorical), dtype (the
+    networks' precision, ddpd.sampling.options.Execution).
     """
     check_callable("denoiser", denoiser)
     choice_temperature = check_float("choice_temperature", choice_temperature, 0.0)

@@ -9,7 +9,8 @@
   and whether the planner takes the time (`time_conditioned_planner`, exact clock only).
 - `Execution`: how a run is carried out, not what it draws: `fused` (the ddpd.ops kernels,
   no host synchronisation inside a step), `sync_every` (steps between the stop checks where
-  finished rows leave the batch) and `compaction` (whether they leave it at all).
+  finished rows leave the batch), `compaction` (whether they leave it at all) and `dtype`,
+  the precision the networks run in ("auto": bfloat16 on CUDA, float32 on the CPU).
 
 Each object checks its own fields when built; `DDPDOptions.check` adds the checks that need
 the run's length and step budget. The public samplers take these objects, or their fields
@@ -29,6 +30,7 @@ from ddpd.validation import check_bool, check_choice, check_float, check_int
 SELECTIONS = ("sigmoid", "softmax")
 STOPS = ("eps", "budget")
 CLOCKS = ("planner", "exact")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 def check_temperature(name: str, value) -> float:
@@ -105,16 +107,25 @@ class DDPDOptions:
 
 @dataclass(frozen=True)
 class Execution:
-    """Reference or fused run; for the fused run, the stop-check interval and compaction."""
+    """Reference or fused run; for the fused run, the stop-check interval and compaction; the
+    precision of the networks.
+
+    dtype: "auto" (bfloat16 on CUDA, float32 on the CPU), "float32", "bfloat16" or "float16".
+    Below float32 the networks run under torch.autocast in that precision (a network whose
+    weights are already cast, ddpd.models.prepare_for_sampling, runs as it is); the sampler's
+    own arithmetic (planner probabilities, time estimates, Gumbel keys) stays float32.
+    """
 
     fused: bool = False
     sync_every: int = 8
     compaction: bool = True
+    dtype: str = "auto"
 
     def __post_init__(self) -> None:
         check_bool("fused", self.fused)
         check_int("sync_every", self.sync_every, 1)
         check_bool("compaction", self.compaction)
+        check_choice("dtype", self.dtype, DTYPES)
 
 
 def _field_names(kind: Type) -> Tuple[str, ...]:

@@ -1,0 +1,89 @@
+"""The precision the networks run in (Execution.dtype, `dtype=` of every sampler).
+
+dtype "bfloat16"/"float16" runs the networks under autocast, "float32" and "auto" on the CPU
+as they are; the sampler's own arithmetic stays float32. Checked: the networks see the
+precision asked for and the sampler float32 logits; reference and fused runs draw the same
+tokens in bfloat16 too; with toy networks whose logits pass through a bfloat16 matmul (the
+rounding a bfloat16 network adds), every sampler still follows its exact law within the
+sampling noise floor plus the rounding's effect (a stated tolerance).
+"""
+import pytest
+import torch
+
+from oracles import laws
+from oracles.fixtures import noise, single_thread, toy  # noqa: F401  (single_thread: autouse)
+from oracles.stats import empirical, threshold, tv
+from ddpd.models import build_model, config_for
+from ddpd.sampling import PhiloxNoise, ddpd_sample, maskgit_sample, tau_leaping_mask
+from ddpd.sampling import draws as sampling_draws
+
+B = 50_000
+ROUNDING = 0.01  # TV the bfloat16 rounding of the toy logits may add
+
+
+class InPrecision:
+    """A toy network whose logits go through a float32 matmul, so that autocast rounds them as a
+    low-precision network's would; records the dtype that matmul ran in."""
+
+    def __init__(self, model):
+        self.model, self.seen = model, []
+
+    def __call__(self, x, *args):
+        logits = self.model(x, *args).float()
+        eye = torch.eye(logits.shape[-1])
+        out = logits.nan_to_num(neginf=-1e4) @ eye  # -inf would give NaN through a matmul
+        self.seen.append(out.dtype)
+        return out.float().masked_fill(torch.isneginf(logits), float("-inf"))
+
+
+@pytest.mark.parametrize("dtype,expected", [("float32", torch.float32), ("auto", torch.float32),
+                                            ("bfloat16", torch.bfloat16), ("float16", torch.float16)])
+def test_networks_run_in_the_precision_asked_for_and_the_sampler_in_float32(monkeypatch, dtype, expected):
+    m = toy("dir S3 D3").models()
+    planner, denoiser = InPrecision(m.planner), InPrecision(m.uniform_denoiser)
+    seen_by_ops = []
+    original = sampling_draws.planner_select_reference
+    monkeypatch.setattr(sampling_draws, "planner_select_reference",
+                        lambda logits, *a, **k: seen_by_ops.append(logits.dtype) or original(logits, *a, **k))
+    ddpd_sample(planner, denoiser, 8, 3, 3, steps=3, stop="budget", dtype=dtype, seed=0)
+    assert set(planner.seen) == set(denoiser.seen) == {expected}
+    assert set(seen_by_ops) == {torch.float32}
+
+
+@pytest.mark.parametrize("vocab", [27, 300])
+def test_bfloat16_fused_run_draws_what_the_reference_draws(vocab):
+    torch.manual_seed(0)
+    planner = build_model("planner", config_for("planner", vocab, 8, d_model=16, n_layers=1, n_heads=2)).eval()
+    denoiser = build_model("mask-denoiser", config_for("mask-denoiser", vocab, 8, d_model=16, n_layers=1,
+                                                       n_heads=2)).eval()
+    with torch.inference_mode():
+        runs = [ddpd_sample(planner, denoiser, 32, 8, vocab, steps=12, denoiser_type="mask", dtype="bfloat16",
+                            noise=PhiloxNoise(3), fused=fused, sync_every=1) for fused in (False, True)]
+    assert torch.equal(runs[0].tokens, runs[1].tokens)
+    assert torch.equal(runs[0].stop_step, runs[1].stop_step)
+
+
+CASES = {
+    "ddpd uniform A": lambda m, **kw: ddpd_sample(InPrecision(m.planner), InPrecision(m.uniform_denoiser), B, 3, 3,
+                                                  steps=10, eps=0.3, **kw),
+    "ddpd mask B": lambda m, **kw: ddpd_sample(InPrecision(m.planner), InPrecision(m.mask_denoiser), B, 3, 3, steps=8,
+                                               stop="budget", denoiser_type="mask", **kw),
+    "tau mask eta 1": lambda m, **kw: tau_leaping_mask(InPrecision(m.mask_denoiser), B, 3, 3, steps=8, eta=1.0, **kw),
+    "maskgit": lambda m, **kw: maskgit_sample(InPrecision(m.mask_denoiser), B, 3, 3, steps=3, choice_temperature=1.0,
+                                              **kw),
+}
+LAWS = {
+    "ddpd uniform A": lambda p: laws.ddpd_planner_clock_law(p, 10, stop="eps", eps=0.3),
+    "ddpd mask B": lambda p: laws.ddpd_planner_clock_law(p, 8, stop="budget", denoiser_type="mask"),
+    "tau mask eta 1": lambda p: laws.tau_leaping_mask_law(p, 8, eta=1.0),
+    "maskgit": lambda p: laws.maskgit_law(p, 3, choice_temperature=1.0),
+}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_bfloat16_networks_keep_the_exact_law_within_rounding(name):
+    problem = toy("dir S3 D3")
+    result = CASES[name](problem.models(), dtype="bfloat16", fused=True, seed=5)
+    law = LAWS[name](problem)
+    distance = tv(empirical(problem.index(result.tokens), problem.N), law)
+    assert distance < threshold(law, B) + ROUNDING, f"{name}: TV {distance:.4f}"
