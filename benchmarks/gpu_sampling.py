@@ -1,0 +1,160 @@
+"""End-to-end sampling speed on one GPU (a part of benchmarks/gpu_check.sh).
+
+1. The bundled text8 planner + mask denoiser, option A, 512 steps, batches 64 and 512:
+   samples/s of the reference run and of the fused run in float32 (the fused path as it
+   was before networks ran in bfloat16 by default), and of the default fused run
+   (dtype auto = bfloat16 on CUDA; compiled networks when --compile), with the ratio to the
+   float32 fused run; the time of one planner + denoiser pass in float32 and bfloat16.
+   Target: batch 64 at least 4x, batch 512 at least 3x the float32 fused samples/s.
+2. A GPT-2-size pair (12 layers, d_model 768, V = 50257, D = 1024, batch 16, bfloat16,
+   random weights): the fused step's time against the planner pass plus the denoiser
+   trunk (hidden states, no output head) alone, and the reference step's; peak memory of
+   both runs. Target: fused step within 1.05x of planner + trunk.
+
+Every run is checked before it is timed: the fused and reference runs return the same
+samples from the same seed (float32). Times are CUDA-event medians of whole calls after a
+warm-up; samples/s from whole runs (stops included).
+
+    python benchmarks/gpu_sampling.py             # CUDA
+    python benchmarks/gpu_sampling.py --dry-run   # tiny shapes on the CPU: checks the script only
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from typing import Callable, List
+
+import torch
+
+from ddpd.checkpoint import load_bundle
+from ddpd.models import build_model, config_for, prepare_for_sampling
+from ddpd.pretrained import BUNDLE_DIR
+from ddpd.sampling import ddpd_sample
+
+
+class Clock:
+    """Median wall time of a callable: CUDA events on a GPU, perf_counter on the CPU."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    def __call__(self, fn: Callable, repeats: int = 3) -> float:
+        fn()  # warm-up
+        times: List[float] = []
+        for _ in range(repeats):
+            if self.cuda:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                torch.cuda.synchronize()
+                start.record()
+                fn()
+                end.record()
+                torch.cuda.synchronize()
+                times.append(start.elapsed_time(end) / 1e3)
+            else:
+                begin = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - begin)
+        return statistics.median(times)
+
+
+def peak_memory(fn: Callable, device: torch.device) -> float:
+    """Peak device memory growth of one call, MiB (0 on the CPU)."""
+    if device.type != "cuda":
+        fn()
+        return 0.0
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device)
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated(device) - base) / 2**20
+
+
+def bundled(args, device: torch.device, clock: Clock) -> None:
+    planner, denoiser, configs = load_bundle(str(BUNDLE_DIR), device=str(device))
+    length, vocab = configs["denoiser"]["model"]["max_seq_len"], configs["denoiser"]["model"]["out_dim"]
+    steps = 512 if not args.dry_run else 8
+    batches = (64, 512) if not args.dry_run else (4,)
+    print(f"## bundled text8 planner + mask denoiser, option A, {steps} steps, D = {length}")
+    print("| batch | reference fp32 | fused fp32 | fused default (bf16) | ratio to fused fp32 | target |")
+    print("|---|---|---|---|---|---|")
+    low = {"planner": prepare_for_sampling(load_bundle(str(BUNDLE_DIR), device=str(device))[0], "auto", device),
+           "denoiser": prepare_for_sampling(load_bundle(str(BUNDLE_DIR), device=str(device))[1], "auto", device)}
+    for batch in batches:
+        def run(p, d, **kw):
+            return lambda: ddpd_sample(p, d, batch, length, vocab, steps=steps, denoiser_type="mask", seed=0,
+                                       device=device, **kw)
+        with torch.inference_mode():
+            reference = run(planner, denoiser, dtype="float32")()
+            fused32 = run(planner, denoiser, dtype="float32", fused=True)()
+            assert torch.equal(reference.tokens, fused32.tokens), "fused and reference runs differ"
+            seconds = {name: clock(fn, repeats=1 if batch > 64 else 3) for name, fn in (
+                ("reference", run(planner, denoiser, dtype="float32")),
+                ("fused32", run(planner, denoiser, dtype="float32", fused=True)),
+                ("default", run(low["planner"], low["denoiser"], fused=True)))}
+        rate = {k: batch / v for k, v in seconds.items()}
+        target = 4.0 if batch == 64 else 3.0
+        print(f"| {batch} | {rate['reference']:.1f}/s | {rate['fused32']:.1f}/s | {rate['default']:.1f}/s | "
+              f"{rate['default'] / rate['fused32']:.2f}x | {target:.0f}x |")
+    x = torch.randint(0, vocab, (batches[0], length), device=device)
+    t = torch.rand(batches[0], device=device)
+    with torch.inference_mode():
+        for name, (p, d) in (("float32", (planner, denoiser)), ("bfloat16", (low["planner"], low["denoiser"]))):
+            seconds = clock(lambda: (p(x), d(x, t)), repeats=10)
+            print(f"one planner + denoiser pass, batch {batches[0]}, {name}: {seconds * 1e3:.2f} ms")
+
+
+def gpt2_pair(args, device: torch.device, clock: Clock) -> None:
+    if args.dry_run:
+        vocab, length, batch, fields = 300, 32, 2, dict(d_model=32, n_layers=2, n_heads=2)
+    else:
+        vocab, length, batch, fields = 50257, 1024, 16, dict(d_model=768, n_layers=12, n_heads=12)
+    steps = 8
+    torch.manual_seed(0)
+    planner = prepare_for_sampling(build_model("planner", config_for("planner", vocab, length, **fields)), "auto",
+                                   device)
+    denoiser = prepare_for_sampling(build_model("uniform-denoiser", config_for("uniform-denoiser", vocab, length,
+                                                                               **fields)), "auto", device)
+    x = torch.randint(0, vocab, (batch, length), device=device)
+    t = torch.rand(batch, device=device)
+
+    def run(fused: bool):
+        return lambda: ddpd_sample(planner, denoiser, batch, length, vocab, steps=steps, stop="budget", seed=0,
+                                   device=device, fused=fused)
+
+    with torch.inference_mode():
+        networks = clock(lambda: (planner(x), denoiser.hidden(x, t)), repeats=5)
+        fused = clock(run(True), repeats=3) / steps
+        reference = clock(run(False), repeats=3) / steps
+        memory = {name: peak_memory(run(name == "fused"), device) for name in ("fused", "reference")}
+    print(f"## GPT-2-size pair: 12 layers, d 768, V {vocab}, D {length}, batch {batch}, bfloat16 (random weights)")
+    print(f"planner pass + denoiser trunk: {networks * 1e3:.2f} ms")
+    print(f"fused step: {fused * 1e3:.2f} ms ({fused / networks:.3f}x the networks; target <= 1.05x), "
+          f"peak memory {memory['fused']:.0f} MiB")
+    print(f"reference step: {reference * 1e3:.2f} ms ({reference / networks:.3f}x), "
+          f"peak memory {memory['reference']:.0f} MiB")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dry-run", action="store_true", help="tiny shapes on the CPU (checks the script only)")
+    args = parser.parse_args(argv)
+    if not args.dry_run and not torch.cuda.is_available():
+        print("gpu_sampling: no CUDA device (use --dry-run to check the script)", file=sys.stderr)
+        return 1
+    device = torch.device("cpu" if args.dry_run else "cuda")
+    clock = Clock(device)
+    failed = 0
+    for part in (bundled, gpt2_pair):
+        try:
+            part(args, device, clock)
+        except Exception as error:  # report and go on: one part's failure must not hide the other's numbers
+            print(f"gpu_sampling: {part.__name__} FAILED: {type(error).__name__}: {error}")
+            failed = 1
+    return failed
+
+
+if __name__ == "__main__":
+    sys.exit(main())
