@@ -5,7 +5,8 @@ From planner logits l [B, D] ("position d is noise"), per row:
 - positions Long[B, k]: k positions drawn without replacement with probability
   proportional to p(z^d = N | x_t) = sigmoid(l^d) (prop:self-loop-jumps; options
   A/B of the paper's listings), or to softmax(l / tau) over positions (option C);
-  by Gumbel-top-k on the log-weights (log sigmoid(l) = -softplus(-l), or l / tau),
+  by Gumbel-top-k on the log-weights (log sigmoid(l) = -softplus(-l), or
+  (l - max_d l) / tau: exact at any logit scale, uniform among +inf logits),
   the first choice being the draw d' ~ Cat(p) of Algorithm `alg:sampling`;
 - sum_p Float[B] = sum_d sigmoid(l^d), for the planner's time estimate
   t = alpha^{-1}(1 - sum_p / D) (section 'Adaptive Time Correction');
@@ -24,6 +25,7 @@ from typing import Optional
 import torch
 
 from ddpd.ops import _sampling_args as args
+from ddpd.ops.sample_categorical import shifted
 
 MODES = ("sigmoid", "softmax")
 MAX_TRITON_WIDTH = 2**17  # the Triton kernel holds a row in one block
@@ -67,9 +69,12 @@ def planner_prob(l: torch.Tensor) -> torch.Tensor:
 
 
 def selection_log_weights(l: torch.Tensor, softmax: bool, tau: float) -> torch.Tensor:
-    """log sigmoid(l) = min(l, 0) - log(1 + exp(-|l|)) (option A), or l / tau (option C)."""
+    """log sigmoid(l) = min(l, 0) - log(1 + exp(-|l|)) (option A), or (l - max l) / tau
+    (option C): relative to the row maximum, so huge logits keep their noise and +inf
+    logits tie at 0 and are drawn uniformly among themselves (sigmoid mode needs
+    neither: log sigmoid is at most 0)."""
     if softmax:
-        return l / tau
+        return shifted(l, l.amax(dim=1, keepdim=True), tau)
     return torch.clamp(l, max=0.0) - torch.log(1.0 + torch.exp(-l.abs()))
 
 
