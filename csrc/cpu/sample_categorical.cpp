@@ -63,6 +63,7 @@ std::tuple<at::Tensor, at::Tensor> sample_categorical_cpu(
     const std::optional<at::Tensor>& exclude_per_row, const std::optional<at::Tensor>& noise, int64_t seed,
     int64_t offset, const std::optional<at::Tensor>& row_ids) {
   TORCH_CHECK(logits.dim() == 2 && logits.is_contiguous(), "logits must be a contiguous [N, V] tensor");
+  check_exclude_per_row(exclude_per_row, logits.size(1));
   at::Tensor tokens = at::empty({logits.size(0)}, logits.options().dtype(at::kLong));
   at::Tensor valid = at::empty({logits.size(0)}, logits.options().dtype(at::kBool));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, logits.scalar_type(), "sample_categorical_cpu", [&] {

@@ -101,6 +101,7 @@ std::tuple<at::Tensor, at::Tensor> sample_from_hidden_cpu(
     const std::optional<at::Tensor>& noise, int64_t seed, int64_t offset, const std::optional<at::Tensor>& row_ids) {
   TORCH_CHECK(hidden.dim() == 2 && weight.dim() == 2 && hidden.size(1) == weight.size(1),
               "hidden [N, H] and weight [V, H] must share H");
+  check_exclude_per_row(exclude_per_row, weight.size(0));
   const HeadArgs a{hidden.to(at::kFloat).contiguous(),
                    weight,
                    bias,

@@ -60,6 +60,17 @@ struct Exclusions {
   }
 };
 
+// ValueError unless every exclude_per_row value is a token id in [0, vocab): the
+// range check of the CPU ops, here where it costs one pass over N integers.
+inline void check_exclude_per_row(const std::optional<at::Tensor>& exclude_per_row, int64_t vocab) {
+  if (!exclude_per_row) return;
+  const int64_t* ids = exclude_per_row->data_ptr<int64_t>();
+  for (int64_t r = 0; r < exclude_per_row->numel(); ++r) {
+    TORCH_CHECK_VALUE(ids[r] >= 0 && ids[r] < vocab, "exclude_per_row values must be in [0, ", vocab, "), got ",
+                      ids[r], " at row ", r);
+  }
+}
+
 // Inner loops work on kLanes floats at a time: the SIMD width of SSE2 and NEON,
 // the baseline of x86-64 and aarch64 builds (wider vectors than the target has
 // are split into slow scalar code by the compiler).

@@ -171,6 +171,18 @@ def multiprocessors(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+def eager(*tensors: Optional[torch.Tensor]) -> bool:
+    """Whether a call can go straight to its kernel instead of through the registered
+    custom op: nothing traces it (torch.compile, make_fx, fake or functional tensors,
+    jit tracing, torch-function modes) and its tensors are plain tensors. The custom-op
+    dispatch costs tens of microseconds a call; tracing needs it (the fake kernel, the
+    schema), eager calls do not. A few hundred nanoseconds."""
+    if (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack()
+            or torch._C._is_torch_function_mode_enabled() or torch._C._is_tracing()):
+        return False
+    return all(t is None or type(t) is torch.Tensor for t in tensors)
+
+
 def cpu_ops():
     """torch.ops.ddpd with the CPU kernels of ddpd._C loaded."""
     from ddpd.ops import _ext

@@ -148,6 +148,13 @@ def planner_select_triton(logits, k, softmax, tau, eps, noise, seed, offset, row
     return positions, sum_p, stop, masked, z, count
 
 
+def _planner_select_impl(logits, k, softmax, tau, eps, noise, seed, offset, row_ids):
+    """The kernels behind the op (arguments validated): Triton on CUDA, C++ on CPU."""
+    if logits.device.type == "cuda":
+        return planner_select_triton(logits, k, softmax, tau, eps, noise, seed, offset, row_ids)
+    return args.cpu_ops().planner_select_cpu(logits.contiguous(), k, softmax, tau, eps, noise, seed, offset, row_ids)
+
+
 @torch.library.custom_op("ddpd::planner_select", mutates_args=())
 def _planner_select_op(
     logits: torch.Tensor,
@@ -160,9 +167,7 @@ def _planner_select_op(
     offset: int,
     row_ids: Optional[torch.Tensor],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    if logits.device.type == "cuda":
-        return planner_select_triton(logits, k, softmax, tau, eps, noise, seed, offset, row_ids)
-    return args.cpu_ops().planner_select_cpu(logits.contiguous(), k, softmax, tau, eps, noise, seed, offset, row_ids)
+    return _planner_select_impl(logits, k, softmax, tau, eps, noise, seed, offset, row_ids)
 
 
 @_planner_select_op.register_fake
@@ -198,4 +203,5 @@ def planner_select(
     seed, offset = args.resolve_stream(noise, tuple(logits.shape), logits, seed, offset, generator, row_ids)
     noise, row_ids = args.contiguous(noise, row_ids)
     # Draws and the stop statistics carry no gradient (see sample_from_hidden).
-    return _planner_select_op(logits.detach(), k, softmax, tau, eps, noise, seed, offset, row_ids)
+    call = _planner_select_impl if args.eager(logits, noise, row_ids) else _planner_select_op
+    return call(logits.detach(), k, softmax, tau, eps, noise, seed, offset, row_ids)

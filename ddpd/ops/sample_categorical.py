@@ -31,8 +31,10 @@ explicit `noise` Float[N, V + n_tiles] or of the Philox stream of
 
 Rows with no drawable token (every allowed logit -inf or NaN) return token 0 and
 valid = False; NaN logits are never drawn. Tokens are always in [0, V).
-exclude_per_row values are range-checked on CPU only (a check on CUDA would
-sync); on CUDA a value outside [0, V) excludes nothing.
+exclude_per_row values are range-checked on CPU only, inside the C++ kernel (a
+check on CUDA would sync); on CUDA a value outside [0, V) excludes nothing.
+Eager calls go straight to the kernels; under tracing (torch.compile, make_fx,
+fake tensors) the call goes through the registered custom op ddpd::sample_categorical.
 CPU tensors run the C++ kernel of ddpd._C (csrc/cpu/sample_categorical.cpp),
 CUDA tensors the Triton kernels ddpd.kernels.sample_categorical (each row's tiles
 split over several programs, then one small program per row: categorical_launch).
@@ -65,7 +67,9 @@ def check_exclusions(exclude_ids, exclude_per_row, like: torch.Tensor, vocab_siz
     """Validate the exclusion arguments of a categorical draw; return the ids as a list."""
     ids: list[int] = []
     if exclude_ids is not None:
-        if isinstance(exclude_ids, (torch.Tensor, str)) or not isinstance(exclude_ids, Sequence):
+        # list / tuple first: the typing.Sequence check costs microseconds a call
+        if not isinstance(exclude_ids, (list, tuple)) and (
+                isinstance(exclude_ids, (torch.Tensor, str)) or not isinstance(exclude_ids, Sequence)):
             raise TypeError(f"exclude_ids must be a sequence of ints, got {type(exclude_ids).__name__}")
         ids = [args.check_int("exclude_ids[]", i, 0, vocab_size) for i in exclude_ids]
     if exclude_per_row is not None:
@@ -245,6 +249,17 @@ def sample_categorical_triton(logits, temperature, exclude_ids, exclude_per_row,
     return tokens, valid
 
 
+def _sample_categorical_impl(logits, temperature, exclude_ids, exclude_per_row, noise, seed, offset, row_ids):
+    """The kernels behind the op (arguments validated): Triton on CUDA, C++ on CPU,
+    which also range-checks exclude_per_row."""
+    if logits.device.type == "cuda":
+        return sample_categorical_triton(logits, temperature, exclude_ids, exclude_per_row, noise, seed, offset,
+                                         row_ids)
+    return args.cpu_ops().sample_categorical_cpu(
+        logits.contiguous(), temperature, exclude_ids, exclude_per_row, noise, seed, offset, row_ids
+    )
+
+
 @torch.library.custom_op("ddpd::sample_categorical", mutates_args=())
 def _sample_categorical_op(
     logits: torch.Tensor,
@@ -256,13 +271,7 @@ def _sample_categorical_op(
     offset: int,
     row_ids: Optional[torch.Tensor],
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    if logits.device.type == "cuda":
-        return sample_categorical_triton(logits, temperature, exclude_ids, exclude_per_row, noise, seed, offset,
-                                         row_ids)
-    check_exclude_values(exclude_per_row, logits.shape[1])
-    return args.cpu_ops().sample_categorical_cpu(
-        logits.contiguous(), temperature, exclude_ids, exclude_per_row, noise, seed, offset, row_ids
-    )
+    return _sample_categorical_impl(logits, temperature, exclude_ids, exclude_per_row, noise, seed, offset, row_ids)
 
 
 @_sample_categorical_op.register_fake
@@ -297,4 +306,5 @@ def sample_categorical(
         logits, temperature, exclude_ids, exclude_per_row, seed, offset, generator, row_ids, noise
     )
     exclude_per_row, noise, row_ids = args.contiguous(exclude_per_row, noise, row_ids)
-    return _sample_categorical_op(logits.detach(), temperature, ids, exclude_per_row, noise, seed, offset, row_ids)
+    call = _sample_categorical_impl if args.eager(logits, exclude_per_row, noise, row_ids) else _sample_categorical_op
+    return call(logits.detach(), temperature, ids, exclude_per_row, noise, seed, offset, row_ids)

@@ -157,6 +157,17 @@ def sample_from_hidden_triton(hidden, weight, bias, temperature, exclude_ids, ex
     return tokens, valid
 
 
+def _sample_from_hidden_impl(hidden, weight, bias, temperature, exclude_ids, exclude_per_row, noise, seed, offset,
+                             row_ids):
+    """The kernels behind the op (arguments validated): Triton on CUDA, C++ on CPU,
+    which also range-checks exclude_per_row."""
+    if hidden.device.type == "cuda":
+        return sample_from_hidden_triton(hidden, weight, bias, temperature, exclude_ids, exclude_per_row, noise, seed,
+                                         offset, row_ids)
+    return args.cpu_ops().sample_from_hidden_cpu(hidden, weight, bias, temperature, exclude_ids, exclude_per_row,
+                                                 noise, seed, offset, row_ids)
+
+
 @torch.library.custom_op("ddpd::sample_from_hidden", mutates_args=())
 def _sample_from_hidden_op(
     hidden: torch.Tensor,
@@ -170,12 +181,8 @@ def _sample_from_hidden_op(
     offset: int,
     row_ids: Optional[torch.Tensor],
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    if hidden.device.type == "cuda":
-        return sample_from_hidden_triton(hidden, weight, bias, temperature, exclude_ids, exclude_per_row, noise, seed,
-                                         offset, row_ids)
-    check_exclude_values(exclude_per_row, weight.shape[0])
-    return args.cpu_ops().sample_from_hidden_cpu(hidden, weight, bias, temperature, exclude_ids, exclude_per_row,
-                                                 noise, seed, offset, row_ids)
+    return _sample_from_hidden_impl(hidden, weight, bias, temperature, exclude_ids, exclude_per_row, noise, seed,
+                                    offset, row_ids)
 
 
 @_sample_from_hidden_op.register_fake
@@ -210,5 +217,6 @@ def sample_from_hidden(
     # parameters (requires_grad) outside torch.no_grad().
     bias = None if bias is None else bias.detach()
     exclude_per_row, noise, row_ids = args.contiguous(exclude_per_row, noise, row_ids)
-    return _sample_from_hidden_op(hidden.detach(), weight.detach(), bias, temperature, ids, exclude_per_row, noise,
-                                  seed, offset, row_ids)
+    eager = args.eager(hidden, weight, bias, exclude_per_row, noise, row_ids)
+    call = _sample_from_hidden_impl if eager else _sample_from_hidden_op
+    return call(hidden.detach(), weight.detach(), bias, temperature, ids, exclude_per_row, noise, seed, offset, row_ids)
