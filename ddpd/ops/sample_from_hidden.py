@@ -108,14 +108,16 @@ class HeadLaunch:
 
 
 def head_launch(rows: int, width: int, vocab: int, element_size: int, multiprocessors: int) -> HeadLaunch:
-    """Rows in blocks of 16 or 32 (the dot's N: the tile's 256 tokens are its M), the
+    """Rows in blocks of 32, or 16 where 32 would leave multiprocessors idle (the dot's
+    N: the tile's 256 tokens are its M), the
     vocabulary split so that there are about PROGRAMS_PER_SM programs per
     multiprocessor; a W tile is read by every row block, which run side by side so
     the repeats hit L2. H slices of 64 (16-bit) or 32 (float32) elements: 36 KB of
     operands per pipeline stage, three stages within any recent GPU's shared memory."""
-    block_n = 16 if rows <= 16 else 32
-    row_blocks = -(-rows // block_n)
     tiles = n_tiles(vocab)
+    # 32 rows per block unless that leaves multiprocessors idle (few rows, or few tiles)
+    block_n = 16 if rows <= 16 or -(-rows // 32) * tiles < multiprocessors else 32
+    row_blocks = -(-rows // block_n)
     splits = max(1, min(tiles, -(-args.PROGRAMS_PER_SM * multiprocessors // row_blocks)))
     per_split = -(-tiles // splits)
     splits = -(-tiles // per_split)
