@@ -63,7 +63,10 @@ def row_key(seed: int, rows: torch.Tensor) -> tuple:
     the seed's words below 2**32, the derived key of the module docstring above."""
     seed_lo, seed_hi = seed & _MASK32, (seed >> 32) & _MASK32
     row_hi = (rows >> 32) & _MASK32
-    # One extra evaluation per row (not per column), and no host sync to skip it.
+    # One extra evaluation per row (not per column). Skipped where no row needs it,
+    # when that costs no host sync (CPU tensors): most callers have small row ids.
+    if rows.device.type == "cpu" and not bool(row_hi.any()):
+        return seed_lo, seed_hi
     ones = torch.full_like(row_hi, _MASK32)
     d0, d1, _, _ = philox4x32(row_hi, ones, ones, ones, seed_lo, seed_hi)
     return torch.where(row_hi != 0, d0, seed_lo), torch.where(row_hi != 0, d1, seed_hi)
