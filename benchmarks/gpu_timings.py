@@ -5,24 +5,25 @@ Per op and shape, on the device:
 - check: the op draws what its torch reference draws for the same seed (integer
   and boolean outputs equal, float outputs to 1e-4), so the kernel timed is a
   kernel tested on this device;
-- the median time of the op and of the torch code it replaces, with
-  triton.testing.do_bench (after warm-up; L2 flushed before each call; CUDA
-  events), and the speed-up;
-- the bytes the op must move, as GB/s and as a share of the measured copy
-  bandwidth (a 256 MiB Tensor.copy_ timed the same way, bytes read + written);
-- the peak memory of one call of each (torch.cuda.max_memory_allocated growth).
-Targets printed beside the numbers: sample_categorical within 2x of the time to
-read the logits once at the copy bandwidth; the fused sampler step
-(benchmarks/bench_step.py) at least 10x faster than the reference step at
-(B, D, V, H) = (64, 1024, 50257, 256).
+- sample_categorical, sample_from_hidden, multinomial (the issue's table): the
+  median of a normal call ("eager", what a user sees: host cost included) and of a
+  CUDA-graph replay of the same call ("graph", kernel time only), with
+  triton.testing.do_bench (warm-up, L2 flushed before each call, CUDA events), for
+  ddpd and for the best torch code for the same job (Gumbel-argmax, or softmax +
+  torch.multinomial, whichever is faster; cuBLAS matmul + Gumbel-argmax;
+  torch.multinomial), the speed-ups, one read of the input at the measured copy
+  bandwidth, and ddpd's host cost (eager - graph); the targets are printed beside;
+- sample_from_hidden's GEMM under a few launch configurations (to tune head_launch);
+- the other ops and the fused sampler step: ddpd against the torch code it
+  replaces, GB/s against the copy bandwidth, peak memory.
 
     python benchmarks/gpu_timings.py            # CUDA
     python benchmarks/gpu_timings.py --dry-run  # checks this script without a GPU
 
 --dry-run runs the same code on CPU tensors of tiny shapes with a wall-clock
-timer (median of 3 calls after one warm-up) and peak RSS growth: the numbers
-mean nothing. Exit status 1 when a check disagrees or a case raises; the other
-cases still run.
+timer (median of 3 calls after one warm-up; no graphs) and peak RSS growth: the
+numbers mean nothing. Exit status 1 when a check disagrees or a case raises; the
+other cases still run.
 """
 from __future__ import annotations
 
@@ -59,32 +60,37 @@ from ddpd.ops.planner_mask import (  # noqa: E402
     planner_select_mask_reference,
 )
 from ddpd.ops.planner_select import planner_select, planner_select_reference  # noqa: E402
-from ddpd.ops.sample_categorical import TILE, sample_categorical, sample_categorical_reference  # noqa: E402
+from ddpd.ops.sample_categorical import sample_categorical, sample_categorical_reference  # noqa: E402
 from ddpd.ops.sample_from_hidden import sample_from_hidden, sample_from_hidden_reference  # noqa: E402
 
 BF16, FP32 = torch.bfloat16, torch.float32
-GPT2 = 50257
+GPT2, LLAMA3 = 50257, 128256
 SHAPES = {
     "full": dict(
-        categorical=[(64, GPT2, BF16), (64, GPT2, FP32)],  # rows, vocab, dtype
-        hidden=[(64, 256, GPT2, FP32), (64, 512, GPT2, FP32), (64, 1024, GPT2, FP32), (64, 1024, GPT2, BF16)],
+        # rows, vocab, dtype: the issue's table plus (256, 50257) and (64, 128256) bf16
+        categorical=[(1, GPT2, FP32), (64, GPT2, FP32), (64, GPT2, BF16), (256, GPT2, BF16), (1024, GPT2, BF16),
+                     (4096, 27, FP32), (64, LLAMA3, BF16)],
+        hidden=[(64, 768, GPT2, BF16), (256, 768, GPT2, BF16), (64, 4096, LLAMA3, BF16), (64, 256, GPT2, FP32)],
+        hidden_configs=(64, 768, GPT2, BF16),  # a few launch configurations timed at this shape
         planner=[(64, 1024)],  # rows, length
         step=[(64, 1024, GPT2, 256), (8, 1024, GPT2, 256)],  # B, D, V, H
-        multinomial=[(64, GPT2), (512, GPT2), (4096, 27)],  # rows, categories
+        # rows, categories, k, replacement: benchmarks/bench_multinomial.py's and the issue's
+        multinomial=[(64, GPT2, 1, True), (64, GPT2, 16, False), (64, GPT2, 16, True), (512, GPT2, 16, False),
+                     (4096, 27, 16, False), (4096, 27, 1, True)],
         compact=[(256, 1024), (4096, 1024)],  # batch, length
         copy_floats=2**26,
     ),
     "dry": dict(
-        categorical=[(4, 300, BF16), (4, 300, FP32)],
+        categorical=[(4, 300, BF16), (4, 300, FP32), (3, 27, FP32)],
         hidden=[(4, 32, 300, FP32), (4, 32, 300, BF16)],
+        hidden_configs=(4, 32, 300, FP32),
         planner=[(4, 64)],
         step=[(4, 64, 300, 32)],
-        multinomial=[(4, 300), (16, 27)],
+        multinomial=[(4, 300, 1, True), (4, 300, 16, False), (16, 27, 16, False)],
         compact=[(16, 64)],
         copy_floats=2**20,
     ),
 }
-COPY_TARGET = 2.0  # sample_categorical: at most this many logits-read times
 STEP_TARGET = 10.0  # fused step: at least this many times faster than the reference
 
 
@@ -138,6 +144,47 @@ class Bench:
               f"{moved / 1e6:8.2f} MB {gbs:7.1f} GB/s {100 * gbs / self.copy_gbs:5.1f}% of copy | "
               f"peak ddpd {mib(peak_a)} torch {mib(peak_b)}")
         return a, b
+
+    def graph_ms(self, fn: Callable[[], object]) -> Optional[float]:
+        """Median time of a CUDA-graph replay of fn (kernel time, no host cost); None
+        where fn cannot be captured (it synchronises) or on the CPU."""
+        if not self.cuda:
+            return None
+        try:
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(3):
+                    fn()
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                fn()
+        except Exception as error:  # a synchronising op cannot be captured: report it
+            print(f"  (no graph: {type(error).__name__}: {str(error).splitlines()[0][:80]})")
+            torch.cuda.synchronize()
+            return None
+        return self.median_ms(graph.replay)
+
+    def versus(self, name: str, ours: Callable, theirs: dict, read_bytes: int, read_what: str) -> None:
+        """The issue's table row: our eager and graph-replay medians, each torch candidate's,
+        the ratios against the best torch code, one read of the input at the copy
+        bandwidth, and our host cost (eager - graph)."""
+        eager, graph = self.median_ms(ours), self.graph_ms(ours)
+        rows = {label: (self.median_ms(fn), self.graph_ms(fn)) for label, fn in theirs.items()}
+        best_label = min(rows, key=lambda label: rows[label][0])
+        best_eager, best_graph = rows[best_label]
+        read_us = read_bytes / self.copy_gbs / 1e3
+        us = lambda ms: "    n/a" if ms is None else f"{ms * 1e3:7.1f}"  # noqa: E731
+        ratio = lambda a, b: "  n/a" if a is None or b is None else f"{b / a:5.2f}x"  # noqa: E731
+        print(f"{name:40s} ddpd {us(eager)} / {us(graph)} us | best torch ({best_label}) {us(best_eager)} / "
+              f"{us(best_graph)} us | speed-up {ratio(eager, best_eager)} eager {ratio(graph, best_graph)} graph | "
+              f"one read of {read_what} {read_us:7.1f} us, graph / read "
+              f"{'n/a' if graph is None else f'{graph * 1e3 / read_us:.2f}'} | host cost "
+              f"{'n/a' if graph is None else f'{(eager - graph) * 1e3:.1f} us'}")
+        for label, (a, b) in rows.items():
+            if label != best_label:
+                print(f"  also torch {label}: {us(a)} / {us(b)} us")
 
     @contextlib.contextmanager
     def case(self, title: str):
@@ -194,32 +241,61 @@ def copy_bandwidth(bench: Bench, floats: int) -> None:
     print(f"copy bandwidth: {bench.copy_gbs:.0f} GB/s (a {x.numel() * 4 / 2**20:.0f} MiB copy, read + write)")
 
 
+def gumbel_argmax(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """The best plain torch categorical draw: argmax of logits / T + Gumbel noise."""
+    u = torch.rand(logits.shape, device=logits.device)
+    return (logits.float() / temperature - torch.log(-torch.log(u))).argmax(-1)
+
+
 def time_sample_categorical(bench: Bench, rows: int, vocab: int, dtype: torch.dtype) -> None:
     logits = randn(rows, vocab, scale=3.0, seed=vocab, dtype=dtype, device=bench.device)
-    name = f"sample_categorical {rows}x{vocab} {str(dtype)[6:]}"
+    name = f"sample_categorical ({rows}, {vocab}) {str(dtype)[6:]}"
     bench.check(name, sample_categorical(logits, seed=1, offset=2), sample_categorical_reference(logits, seed=1,
                                                                                                  offset=2))
-    read = logits.numel() * logits.element_size()
-    moved = read + rows * TILE * logits.element_size() + rows * (8 + 1)  # + the winning tile again, outputs
-    ms, _ = bench.compare(name, lambda: sample_categorical(logits, seed=1, offset=2),
-                       lambda: torch.multinomial(torch.softmax(logits, -1, dtype=FP32), 1), moved)
-    read_ms = read / bench.copy_gbs / 1e6
-    print(f"  time / logits read once at copy bandwidth ({read_ms * 1e3:.1f} us): {ms / read_ms:.2f} "
-          f"(target <= {COPY_TARGET:g} on H100)")
+    bench.versus(name, lambda: sample_categorical(logits, seed=1, offset=2),
+                 {"Gumbel-argmax": lambda: gumbel_argmax(logits),
+                  "softmax + multinomial": lambda: torch.multinomial(torch.softmax(logits, -1, dtype=FP32), 1)},
+                 logits.numel() * logits.element_size(), "the logits")
+    print(f"  targets: eager >= 1.5x the best torch code; graph < 10 us at <= 64 rows (V = {GPT2}), "
+          f"within 1.5x of one read at 1024 rows")
 
 
 def time_sample_from_hidden(bench: Bench, rows: int, width: int, vocab: int, dtype: torch.dtype) -> None:
     hidden = randn(rows, width, seed=1, dtype=dtype, device=bench.device)
     weight = randn(vocab, width, scale=2 / width**0.5, seed=2, dtype=dtype, device=bench.device)
     bias = randn(vocab, scale=0.1, seed=3, dtype=dtype, device=bench.device)
-    name = f"sample_from_hidden {rows}x{width}->{vocab} {str(dtype)[6:]}"
+    name = f"sample_from_hidden N={rows} H={width} V={vocab} {str(dtype)[6:]}"
     bench.check(name, sample_from_hidden(hidden, weight, bias, seed=1, offset=2),
                 sample_from_hidden_reference(hidden, weight, bias, seed=1, offset=2))
-    moved = (weight.numel() + bias.numel() + hidden.numel()) * weight.element_size() + rows * (8 + 1)
-    ms, _ = bench.compare(name, lambda: sample_from_hidden(hidden, weight, bias, seed=1, offset=2),
-                       lambda: torch.multinomial(torch.softmax(F.linear(hidden, weight, bias), -1, dtype=FP32), 1),
-                       moved)
-    print(f"  head: {2 * rows * width * vocab / ms / 1e9:.2f} TFLOP/s")
+    bench.versus(name, lambda: sample_from_hidden(hidden, weight, bias, seed=1, offset=2),
+                 {"matmul + Gumbel-argmax": lambda: gumbel_argmax(F.linear(hidden, weight, bias))},
+                 weight.numel() * weight.element_size(), "W")
+    print("  targets: eager >= 1.2x matmul + Gumbel-argmax; graph within 1.5x of one read of W at N <= 64")
+
+
+def time_head_configs(bench: Bench, rows: int, width: int, vocab: int, dtype: torch.dtype) -> None:
+    """Graph-replay time of sample_from_hidden's GEMM under a few launch configurations
+    (block rows, warps, pipeline stages), to choose head_launch's on this GPU (on CPU
+    tensors the C++ path runs and the configurations change nothing)."""
+    module = sys.modules["ddpd.ops.sample_from_hidden"]  # the package exports a function of that name
+
+    hidden = randn(rows, width, seed=1, dtype=dtype, device=bench.device)
+    weight = randn(vocab, width, scale=2 / width**0.5, seed=2, dtype=dtype, device=bench.device)
+    default = module.head_launch
+    for block_n, warps, stages in [(16, 4, 3), (16, 8, 3), (32, 8, 3), (32, 8, 2), (32, 4, 4)]:
+        def launch(*args_, block_n=block_n, warps=warps, stages=stages):
+            chosen = default(*args_)
+            grid = (-(-rows // block_n), chosen.tiles_grid[1])
+            return module.HeadLaunch(block_n, chosen.block_h, chosen.tiles_per_split, grid, chosen.finish_grid,
+                                     warps, stages)
+
+        module.head_launch = launch
+        try:
+            fn = lambda: sample_from_hidden(hidden, weight, None, seed=1, offset=2)  # noqa: E731
+            ms = bench.graph_ms(fn) or bench.median_ms(fn)
+            print(f"  head config block_n={block_n} warps={warps} stages={stages}: {ms * 1e3:8.1f} us")
+        finally:
+            module.head_launch = default
 
 
 def time_planner_ops(bench: Bench, rows: int, length: int) -> None:
@@ -261,19 +337,17 @@ def time_step(bench: Bench, batch: int, length: int, vocab: int, width: int) -> 
           f"H100 at B=64 D=1024 V=50257 H=256)")
 
 
-def time_multinomial(bench: Bench, rows: int, categories: int) -> None:
+def time_multinomial(bench: Bench, rows: int, categories: int, k: int, replacement: bool) -> None:
     g = torch.Generator().manual_seed(rows)
     weights = torch.softmax(torch.randn(rows, categories, generator=g) * 3, -1).to(bench.device)
     ids = torch.arange(rows, device=bench.device)
-    read = weights.numel() * 4
-    for k, replacement in [(1, True), (16, False)]:
-        if k > categories:
-            continue
-        name = f"multinomial {rows}x{categories} k={k}{'' if replacement else ' no repl.'}"
-        bench.check(name, multinomial(weights, k, replacement, seed=1, row_ids=ids, return_valid=True),
-                    multinomial_reference(weights, k, replacement, seed=1, row_ids=ids, return_valid=True))
-        bench.compare(name, lambda: multinomial(weights, k, replacement, seed=1, row_ids=ids, return_valid=True),
-                      lambda: torch.multinomial(weights, k, replacement=replacement), read)
+    name = f"multinomial ({rows}, {categories}) k={k}{'' if replacement else ' without replacement'}"
+    bench.check(name, multinomial(weights, k, replacement, seed=1, row_ids=ids, return_valid=True),
+                multinomial_reference(weights, k, replacement, seed=1, row_ids=ids, return_valid=True))
+    bench.versus(name, lambda: multinomial(weights, k, replacement, seed=1, row_ids=ids, return_valid=True),
+                 {"torch.multinomial": lambda: torch.multinomial(weights, k, replacement=replacement)},
+                 weights.numel() * 4, "the weights")
+    print("  target: at least 1.0x torch.multinomial")
 
 
 def time_compaction(bench: Bench, batch: int, length: int) -> None:
@@ -330,6 +404,7 @@ def main() -> int:
     plan = [
         ("sample_categorical", time_sample_categorical, shapes["categorical"]),
         ("sample_from_hidden", time_sample_from_hidden, shapes["hidden"]),
+        ("sample_from_hidden launch configurations", time_head_configs, [shapes["hidden_configs"]]),
         ("planner_select, planner_select_mask, planner_mask", time_planner_ops, shapes["planner"]),
         ("sampler step: fused vs reference (benchmarks/bench_step.py)", time_step, shapes["step"]),
         ("multinomial", time_multinomial, shapes["multinomial"]),

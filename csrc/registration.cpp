@@ -4,6 +4,22 @@
 // Python wrappers with validation and a torch reference: ddpd/ops/*.py.
 #include <torch/library.h>
 
+#include <vector>
+
+#include "multinomial_launch.h"
+
+namespace {
+
+// The CUDA multinomial's launch configuration for a device of `multiprocessors`
+// SMs, computed by the code the CUDA launcher runs (any build can report it):
+// [inline_sums, splits, sum_blocks, draw_blocks, draw_threads, shared_state].
+std::vector<int64_t> multinomial_launch_config(int64_t rows, int64_t n, bool replacement, int64_t multiprocessors) {
+  const ddpd::MultinomialLaunch c = ddpd::multinomial_launch(rows, n, replacement, multiprocessors);
+  return {c.inline_sums, c.splits, c.sum_blocks, c.draw_blocks, c.draw_threads, c.shared_state};
+}
+
+}  // namespace
+
 TORCH_LIBRARY(ddpd, m) {
   // ddpd/ops/categorical_weights.py: one inverse-CDF draw per row -> (index, valid).
   m.def("categorical_from_weights(Tensor weights, Tensor uniforms) -> (Tensor, Tensor)");
@@ -13,6 +29,8 @@ TORCH_LIBRARY(ddpd, m) {
       "multinomial(Tensor weights, int k, bool replacement, int seed, int offset, "
       "Tensor row_ids) -> (Tensor, Tensor)");
   m.def("multinomial_with_uniforms(Tensor weights, Tensor uniforms, bool replacement) -> (Tensor, Tensor)");
+  m.def("multinomial_launch(int rows, int n, bool replacement, int multiprocessors) -> int[]",
+        &multinomial_launch_config);
   // ddpd/ops/compact.py: pack the active rows, and write packed rows back.
   m.def("compact(Tensor active, Tensor[] tensors) -> (Tensor[], Tensor)");
   m.def("compact_fixed(Tensor active, int capacity, Tensor[] tensors) -> (Tensor[], Tensor, Tensor)");

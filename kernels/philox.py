@@ -1,8 +1,10 @@
 """Counter-based uniforms inside Triton kernels, bit-identical to ddpd.ops.rng.
 
-Philox4x32-10 with key (seed_lo, seed_hi) and counter (column, row, offset_lo,
+Philox4x32-10 with key (seed_lo, seed_hi) and counter (column, row_lo, offset_lo,
 offset_hi); the first output word w becomes u = ((w >> 8) + 0.5) * 2**-24, a float32
-in the open interval (0, 1). Written out with tl.umulhi rather than tl.philox so the
+in (0, 1] (float32 rounds the top value to 1.0; `gumbel` clamps it). Row ids are
+64-bit: a row at or above 2**32 draws under a key derived from (seed, row >> 32),
+as ddpd.ops.rng documents. Written out with tl.umulhi rather than tl.philox so the
 constants and the counter layout are those of the shared contract, whatever the
 installed Triton does.
 """
@@ -11,16 +13,8 @@ import triton.language as tl
 
 
 @triton.jit
-def philox_uniform(seed_lo, seed_hi, offset_lo, offset_hi, row, col):
-    """Uniforms for the broadcast of `row` and `col` (integer tensors or scalars)."""
-    # tl.cast also accepts scalars that Triton specialised to constants.
-    c0 = tl.cast(col, tl.uint32)
-    c1 = tl.cast(row, tl.uint32) + c0 * 0  # broadcast every word to the common shape
-    c0 = c0 + c1 * 0
-    c2 = c0 * 0 + tl.cast(offset_lo, tl.uint32)
-    c3 = c0 * 0 + tl.cast(offset_hi, tl.uint32)
-    k0 = tl.cast(seed_lo, tl.uint32)
-    k1 = tl.cast(seed_hi, tl.uint32)
+def philox4x32(c0, c1, c2, c3, k0, k1):
+    """Philox4x32-10 on uint32 words of a common shape (keys may be scalars)."""
     for _ in tl.static_range(10):
         a0 = c0
         a2 = c2
@@ -30,7 +24,35 @@ def philox_uniform(seed_lo, seed_hi, offset_lo, offset_hi, row, col):
         c3 = a0 * 0xD2511F53
         k0 = k0 + 0x9E3779B9
         k1 = k1 + 0xBB67AE85
-    return ((c0 >> 8).to(tl.float32) + 0.5) * 5.9604644775390625e-08
+    return c0, c1, c2, c3
+
+
+@triton.jit
+def row_key(seed_lo, seed_hi, row):
+    """Key words of 64-bit row ids `row` (int64, scalar or tensor): the seed below
+    2**32, else the first two words of Philox(counter (row_hi, ~0, ~0, ~0), key seed)."""
+    row_hi = tl.cast(row >> 32, tl.uint32)
+    ones = row_hi * 0 + 0xFFFFFFFF
+    k0 = row_hi * 0 + tl.cast(seed_lo, tl.uint32)
+    k1 = row_hi * 0 + tl.cast(seed_hi, tl.uint32)
+    d0, d1, _, _ = philox4x32(row_hi, ones, ones, ones, k0, k1)
+    return tl.where(row_hi != 0, d0, k0), tl.where(row_hi != 0, d1, k1)
+
+
+@triton.jit
+def philox_uniform(seed_lo, seed_hi, offset_lo, offset_hi, row, col):
+    """Uniforms for the broadcast of `row` (int64 row ids) and `col` (integer tensors
+    or scalars). The row key is derived on row's own shape: one extra Philox per row,
+    not per column."""
+    k0, k1 = row_key(seed_lo, seed_hi, row)
+    # tl.cast also accepts scalars that Triton specialised to constants.
+    c0 = tl.cast(col, tl.uint32)
+    c1 = tl.cast(row, tl.uint32) + c0 * 0  # broadcast every word to the common shape
+    c0 = c0 + c1 * 0
+    c2 = c0 * 0 + tl.cast(offset_lo, tl.uint32)
+    c3 = c0 * 0 + tl.cast(offset_hi, tl.uint32)
+    w, _, _, _ = philox4x32(c0, c1, c2, c3, k0, k1)
+    return ((w >> 8).to(tl.float32) + 0.5) * 5.9604644775390625e-08
 
 
 @triton.jit

@@ -3,7 +3,7 @@
 One program per row of planner logits [B, D], the row held in one block:
 p^d = sigmoid(l^d), sum_d p^d, stop = all p^d < eps, and k positions without
 replacement by Gumbel-top-k on the log-weights (log sigmoid(l) for option A,
-l / tau for option C's softmax over positions; uniform d at column d). With
+(l - max l) / tau for option C's softmax over positions; uniform d at column d). With
 WITH_MASK the mask of prop:draw_with_maskD follows from the same probabilities
 (uniform d at column d of the mask offset). float32 arithmetic only.
 """
@@ -12,6 +12,7 @@ import triton.language as tl
 
 from ddpd.kernels.philox import gumbel, row_uniform
 from ddpd.kernels.planner_mask import planner_row, planner_sigmoid, write_mask
+from ddpd.kernels.sample_categorical import shift
 
 
 @triton.jit
@@ -41,7 +42,8 @@ def planner_select_kernel(
     tl.store(stop_ptr + row, tl.max(p, axis=0) < eps)
 
     if SOFTMAX:
-        log_weight = l / tau
+        # Relative to the row maximum: huge logits keep their noise, +inf logits tie at 0.
+        log_weight = shift(l, tl.max(l, axis=0), tau)
     else:
         log_weight = log_sigmoid(l)
     u = row_uniform(noise_ptr, D, row, column, row_id, seed_lo, seed_hi, offset_lo, offset_hi,

@@ -87,6 +87,27 @@ def test_pairs_follow_successive_sampling_without_replacement():
     assert chi_square_p(counts, probs) > CHI2_MIN_P
 
 
+def test_softmax_ties_at_plus_inf_are_uniform_and_huge_logits_keep_their_noise():
+    """Option C draws relative to the row maximum: [inf, inf, 0] used to give [4000, 0, 0],
+    [1e30, 1e30] always the first position. Sigmoid mode is unaffected (log sigmoid <= 0)."""
+    n = 4000
+    for row, probs in (([float("inf"), float("inf"), 0.0], [1.0, 1.0, 0.0]), ([1e30, 1e30, 0.0], [1.0, 1.0, 0.0]),
+                       ([1e8, 1e8 - 64, 1e8], [1.0, 0.0, 1.0])):
+        logits = torch.tensor([row]).expand(n, 3)
+        positions, _, _ = planner_select(logits, 1, "softmax", 0.7, seed=3)
+        counts = torch.bincount(positions[:, 0], minlength=3)
+        probs = torch.tensor(probs)
+        assert counts[probs == 0].sum() == 0 and chi_square_p(counts[probs > 0], probs[probs > 0]) > CHI2_MIN_P
+        ref = planner_select_reference(logits[:8], 1, "softmax", 0.7, seed=3)
+        assert_same(triton_select(logits[:8], 1, "softmax", 0.7, seed=3), ref)
+        assert torch.equal(positions[:8], ref[0])
+    # Two +inf of three, k = 2: both +inf come first, in either order.
+    logits = torch.tensor([[float("inf"), 0.0, float("inf")]]).expand(n, 3)
+    positions = planner_select(logits, 2, "softmax", seed=4)[0]
+    assert bool((positions.sort(dim=1).values == torch.tensor([0, 2])).all())
+    assert 0.45 < float((positions[:, 0] == 0).double().mean()) < 0.55
+
+
 def test_positions_distinct_in_range_and_zero_weight_last():
     logits = torch.randn(50, 9)
     logits[:, 2] = float("-inf")

@@ -10,6 +10,9 @@ from scipy import stats
 from ddpd.ops import _sampling_args
 from ddpd.ops.rng import philox_uniform
 from ddpd.ops.sample_categorical import (
+    categorical_launch,
+    categorical_reference,
+    draw_from_logits,
     noise_width,
     sample_categorical,
     sample_categorical_reference,
@@ -18,7 +21,9 @@ from ddpd.ops.sample_categorical import (
 
 # An all -inf tile has log-sum-exp log(0) = -inf by design; the Triton interpreter
 # computes it with numpy, which warns.
-pytestmark = pytest.mark.filterwarnings("ignore:divide by zero encountered in log:RuntimeWarning")
+# and inf - inf in the branch a where() does not take.
+pytestmark = [pytest.mark.filterwarnings("ignore:divide by zero encountered in log:RuntimeWarning"),
+              pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")]
 CHI2_MIN_P = 1e-3  # a distribution test fails when its chi-square p-value is below this
 
 
@@ -137,13 +142,131 @@ def test_rows_with_nothing_drawable_are_flagged_and_in_range():
         assert bool(((tokens >= 0) & (tokens < vocab)).all())
 
 
-def test_plus_inf_logit_is_always_drawn():
-    logits = torch.randn(6, 700)
-    logits[:, 450] = float("inf")
-    logits[:, 600] = float("inf")
-    for tokens, valid in (sample_categorical(logits, seed=2), triton_draw(logits, seed=2),
-                          sample_categorical_reference(logits, seed=2)):
-        assert bool(valid.all()) and tokens.tolist() == [450] * 6  # the first +inf wins ties
+def test_plus_inf_logits_are_drawn_uniformly_among_themselves():
+    """Ties at +inf: every +inf entry equally likely (tiles weighted by their count)."""
+    n, vocab = 30_000, 700
+    logits = torch.randn(n, vocab, generator=torch.Generator().manual_seed(0))
+    logits[:, [10, 450, 451]] = float("inf")  # one in tile 0, two in tile 1
+    tokens, valid = sample_categorical(logits, 0.5, seed=2)
+    assert bool(valid.all()) and set(tokens.unique().tolist()) == {10, 450, 451}
+    probs = torch.zeros(vocab)
+    probs[[10, 450, 451]] = 1.0
+    assert chi_square_p(tokens, probs) > CHI2_MIN_P
+    for tokens_, valid_ in (triton_draw(logits[:6], 0.5, seed=2), sample_categorical_reference(logits[:6], 0.5,
+                                                                                              seed=2)):
+        assert torch.equal(tokens_, tokens[:6]) and bool(valid_.all())
+    # planner_select's softmax mode shares the rule; [inf, inf, 0] used to give [4000, 0, 0].
+    two = torch.tensor([[float("inf"), float("inf"), 0.0]]).expand(4000, 3)
+    assert chi_square_p(sample_categorical(two, seed=5)[0], torch.tensor([1.0, 1.0, 0.0])) > CHI2_MIN_P
+
+
+@pytest.mark.parametrize("row,expected", [([1e8, 1e8], [0.5, 0.5]), ([1e30, 1e30], [0.5, 0.5]),
+                                          ([-3e38, -3e38], [0.5, 0.5]), ([3e38, -3e38], [1.0, 0.0])])
+def test_huge_logits_keep_their_noise(row, expected):
+    """The noise is added to logits minus their maximum: at 1e8 it used to be absorbed
+    (20,000 rows gave [19633, 367]), at 1e30 entirely ([20000, 0])."""
+    n = 20_000
+    logits = torch.tensor([row]).expand(n, 2)
+    tokens, valid = sample_categorical(logits, seed=3)
+    assert bool(valid.all())
+    if expected[1] == 0.0:
+        assert not bool(tokens.any())
+    else:
+        assert chi_square_p(tokens, torch.tensor(expected)) > CHI2_MIN_P
+    assert torch.equal(triton_draw(logits[:64], seed=3)[0], tokens[:64])
+    assert torch.equal(sample_categorical_reference(logits[:64], seed=3)[0], tokens[:64])
+
+
+def test_huge_logits_over_many_tiles_are_uniform():
+    """Equal logits of 1e30 over 3 tiles (V = 600): the tile race as well as the token race."""
+    n, vocab = 60_000, 600
+    logits = torch.full((n, vocab), 1e30)
+    tokens, valid = sample_categorical(logits, 2.0, seed=4)
+    assert bool(valid.all()) and chi_square_p(tokens, torch.ones(vocab)) > CHI2_MIN_P
+    assert chi_square_p(tokens // 256, torch.tensor([256.0, 256.0, 88.0])) > CHI2_MIN_P
+    assert torch.equal(triton_draw(logits[:8], 2.0, seed=4)[0], tokens[:8])
+
+
+def test_tiny_temperatures_keep_their_noise_and_their_maxima():
+    """[5, 5, 1] at T = 1e-6: the two maxima half the time each (used to be [11278, 8722, 0]
+    in 20,000 rows); T = 1e-300 rounds to 0 in float32 and leaves the maxima only (it used to
+    return token 0 for [1, 2] and an invalid row for [-2, -1])."""
+    n = 20_000
+    logits = torch.tensor([[5.0, 5.0, 1.0]]).expand(n, 3)
+    tokens, valid = sample_categorical(logits, 1e-6, seed=6)
+    assert bool(valid.all()) and chi_square_p(tokens, torch.tensor([1.0, 1.0, 0.0])) > CHI2_MIN_P
+    assert torch.equal(triton_draw(logits[:64], 1e-6, seed=6)[0], tokens[:64])
+    rows = torch.tensor([[1.0, 2.0], [-2.0, -1.0], [3.0, 3.0 + 2**-21]])
+    for temperature in (1e-300, 1e-40):  # below float32's range; a float32 denormal
+        for tokens, valid in (sample_categorical(rows, temperature, seed=1),
+                              sample_categorical_reference(rows, temperature, seed=1),
+                              triton_draw(rows, temperature, seed=1)):
+            assert tokens.tolist() == [1, 1, 1] and bool(valid.all())
+
+
+def test_categorical_reference_is_the_law_of_every_path():
+    """categorical_reference (raw logits, temperature, noise) draws what every path draws;
+    with one tile it reads no tile uniform (noise of width V)."""
+    g = torch.Generator().manual_seed(8)
+    for vocab in (5, 256, 300, 1000):
+        logits = 4 * torch.randn(6, vocab, generator=g)
+        logits[0, :] = float("-inf")
+        logits[1, 3] = float("nan")
+        noise = torch.rand(6, noise_width(vocab), generator=g)
+        tokens, valid = categorical_reference(logits, 0.7, noise)
+        for got in (sample_categorical(logits, 0.7, noise=noise), triton_draw(logits, 0.7, noise=noise)):
+            assert torch.equal(got[0], tokens) and torch.equal(got[1], valid)
+        assert valid.tolist() == [False] + [True] * 5 and tokens[0] == 0
+        if vocab <= 256:
+            assert torch.equal(categorical_reference(logits, 0.7, noise[:, :vocab])[0], tokens)
+    # draw_from_logits (logits already tempered) is the same law.
+    logits = torch.randn(3, 600, generator=g)
+    noise = torch.rand(3, noise_width(600), generator=g)
+    assert torch.equal(draw_from_logits(logits, noise)[0], categorical_reference(logits, 1.0, noise)[0])
+
+
+@pytest.mark.parametrize("multiprocessors", [1, 3, 64])
+@pytest.mark.parametrize("rows,vocab", [(1, 3000), (3, 1025), (5, 256 * 7)])
+def test_split_vocabulary_matches_reference(monkeypatch, multiprocessors, rows, vocab):
+    """Any split of the tiles over programs (one tile each, a partial last chunk, whole
+    rows) draws the reference's tokens: V not a multiple of the tile, a single row, rows
+    with everything excluded, NaN and inf logits, huge logits."""
+    monkeypatch.setattr(_sampling_args, "multiprocessors", lambda device: multiprocessors)
+    g = torch.Generator().manual_seed(rows * vocab + multiprocessors)
+    logits = 3 * torch.randn(rows, vocab, generator=g)
+    if rows > 1:
+        logits[1, :] = float("-inf")
+        logits[1, 700] = 1.0  # the only drawable token of row 1, excluded per row below
+        logits[-1, 1000] = float("inf")
+        logits[-1, 2] = float("nan")
+    logits[0, 2000 % vocab] = 1e30
+    per_row = torch.randint(0, vocab, (rows,), generator=g)
+    if rows > 1:
+        per_row[1] = 700
+    launch = categorical_launch(rows, vocab, multiprocessors)
+    assert launch.splits * launch.tiles_per_split >= -(-vocab // 256) > (launch.splits - 1) * launch.tiles_per_split
+    for kwargs in (dict(seed=2**64 - 5, offset=7, row_ids=torch.arange(rows) * 2**31), dict(noise=torch.rand(
+            rows, noise_width(vocab), generator=g))):
+        ref = sample_categorical_reference(logits, 0.9, [5], per_row, **kwargs)
+        tri = triton_draw(logits, 0.9, [5], per_row, **kwargs)
+        assert torch.equal(tri[0], ref[0]) and torch.equal(tri[1], ref[1])
+        assert torch.equal(sample_categorical(logits, 0.9, [5], per_row, **kwargs)[0], ref[0])
+    if rows > 1:
+        assert ref[1].tolist()[:2] == [True, False] and ref[0][1] == 0 and ref[0][-1] == 1000
+
+
+def test_triton_seeded_draws_follow_softmax(monkeypatch):
+    """A coarse chi-square of the Triton kernels' own seeded draws (the interpreter runs a
+    program in tens of milliseconds, so 96 draws; p > CHI2_MIN_P): the two tiles of V = 300
+    at probabilities 0.3 / 0.7, whole rows per program. The law itself rests on the exact
+    agreement with the reference (above), whose draws are tested with 1e5 samples."""
+    monkeypatch.setattr(_sampling_args, "multiprocessors", lambda device: 1)
+    n, vocab = 96, 300
+    logits = torch.zeros(vocab)
+    logits[256:] = torch.log(torch.tensor(0.7 / 0.3 * 256 / 44))
+    tokens, valid = triton_draw(logits.expand(n, vocab).contiguous(), 1.0, seed=8)
+    assert bool(valid.all())
+    assert chi_square_p(tokens // 256, torch.tensor([0.3, 0.7])) > CHI2_MIN_P
 
 
 def test_same_seed_same_tokens_and_batch_composition_invariance():

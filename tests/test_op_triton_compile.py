@@ -17,15 +17,17 @@ from triton.compiler import ASTSource
 
 from ddpd.kernels.planner_mask import planner_mask_kernel
 from ddpd.kernels.planner_select import planner_select_kernel
-from ddpd.kernels.sample_categorical import sample_categorical_kernel
-from ddpd.kernels.sample_from_hidden import draw_in_tile_kernel, tile_race_kernel
+from ddpd.kernels import sample_categorical as categorical_kernels
+from ddpd.kernels import sample_from_hidden as hidden_kernels
+from ddpd.ops.sample_from_hidden import head_launch
 
 TARGETS = [GPUTarget("cuda", 80, 32), GPUTarget("cuda", 90, 32)]
 SEED = {"seed_lo": "i64", "seed_hi": "i64", "offset_lo": "i64", "offset_hi": "i64"}
 
 
-def compile_kernel(kernel, types: dict, constexprs: dict, target) -> dict:
-    """Compile `kernel`; types: argument -> Triton type, or None for an absent input."""
+def compile_kernel(kernel, types: dict, constexprs: dict, target, **options) -> dict:
+    """Compile `kernel`; types: argument -> Triton type, or None for an absent input;
+    options: num_warps, num_stages as the launcher passes them."""
     signature, values = {}, dict(constexprs)
     for name, kind in types.items():
         signature[name] = "constexpr" if kind is None else kind
@@ -34,7 +36,7 @@ def compile_kernel(kernel, types: dict, constexprs: dict, target) -> dict:
     signature.update({name: "constexpr" for name in constexprs})
     missing = set(kernel.arg_names) - set(signature)
     assert not missing, f"signature lacks {missing}"
-    return triton.compile(ASTSource(kernel, signature, values), target=target).asm
+    return triton.compile(ASTSource(kernel, signature, values), target=target, options=options).asm
 
 
 def optional(present: bool, kind: str):
@@ -42,12 +44,17 @@ def optional(present: bool, kind: str):
 
 
 def sample_categorical_case(target, present):
-    types = dict(logits_ptr="*bf16" if present else "*fp32", V="i32", n_tiles="i32", temperature="fp32",
-                 exclude_ptr="*i64", n_exclude="i32", exclude_row_ptr=optional(present, "*i64"),
-                 noise_ptr=optional(present, "*fp32"), row_ids_ptr=optional(present, "*i64"), **SEED,
-                 tokens_ptr="*i64", valid_ptr="*i1")
-    asm = compile_kernel(sample_categorical_kernel, types, dict(TILE=256, BLOCK_J=256, TILES_PER_CHUNK=16), target)
-    assert "cubin" in asm
+    common = dict(V="i32", n_tiles="i32", temperature="fp32", exclude_ptr="*i64", n_exclude="i32",
+                  exclude_row_ptr=optional(present, "*i64"), noise_ptr=optional(present, "*fp32"),
+                  row_ids_ptr=optional(present, "*i64"), **SEED)
+    logits = dict(logits_ptr="*bf16" if present else "*fp32")
+    stats = dict(logits, **common, tiles_per_split="i32", tile_max_ptr="*fp32", tile_key_ptr="*fp32")
+    assert "cubin" in compile_kernel(categorical_kernels.tile_stats_kernel, stats,
+                                     dict(TILE=256, TILES_PER_CHUNK=4), target)
+    finish = dict(logits, **common, tile_max_ptr=optional(present, "*fp32"), tile_key_ptr=optional(present, "*fp32"),
+                  tokens_ptr="*i64", valid_ptr="*i1")
+    assert "cubin" in compile_kernel(categorical_kernels.finish_kernel, finish,
+                                     dict(TILE=256, BLOCK_J=256, BLOCK_T=256, SINGLE_TILE=not present), target)
 
 
 def planner_select_case(target, present):
@@ -72,16 +79,25 @@ def planner_mask_case(target, present):
 
 
 def sample_from_hidden_case(target, present):
-    head = dict(h_ptr="*bf16" if present else "*fp32", w_ptr="*bf16" if present else "*fp32",
-                b_ptr=optional(present, "*fp32"), N="i32", V="i32", H="i32", n_tiles="i32")
-    common = dict(exclude_ptr="*i64", n_exclude="i32", exclude_row_ptr=optional(present, "*i64"),
-                  noise_ptr=optional(present, "*fp32"), row_ids_ptr=optional(present, "*i64"), **SEED)
-    race = dict(head, tiles_per_split="i32", temperature="fp32", **common, best_key_ptr="*fp32",
-                best_tile_ptr="*i32")
-    draw = dict(head, n_splits="i32", temperature="fp32", **common, best_key_ptr="*fp32", best_tile_ptr="*i32",
-                tokens_ptr="*i64", valid_ptr="*i1")
-    assert "cubin" in compile_kernel(tile_race_kernel, race, dict(TILE=256, BLOCK_N=16, BLOCK_H=32), target)
-    assert "cubin" in compile_kernel(draw_in_tile_kernel, draw, dict(TILE=256, BLOCK_H=32), target)
+    """bf16 operands on the tensor cores with a bias and every optional input, or float32
+    operands in IEEE float32 with none; the block shapes and options of head_launch at
+    N = 64, H = 768, V = 50257."""
+    launch = head_launch(64, 768, 50257, 2 if present else 4, 132)
+    types = dict(h_ptr="*bf16" if present else "*fp32", w_ptr="*bf16" if present else "*fp32",
+                 b_ptr=optional(present, "*bf16"), N="i32", V="i32", H="i32", n_tiles="i32", tiles_per_split="i32",
+                 temperature="fp32", exclude_ptr="*i64", n_exclude="i32", exclude_row_ptr=optional(present, "*i64"),
+                 noise_ptr=optional(present, "*fp32"), row_ids_ptr=optional(present, "*i64"), **SEED,
+                 tile_max_ptr="*fp32", tile_key_ptr="*fp32", candidate_ptr="*i32", tokens_ptr="*i64",
+                 valid_ptr="*i1")
+    asm = compile_kernel(hidden_kernels.head_tiles_kernel, types,
+                         dict(TILE=256, BLOCK_N=launch.block_n, BLOCK_H=launch.block_h, DOT_F32=not present,
+                              SINGLE_TILE=False), target, num_warps=launch.num_warps, num_stages=launch.num_stages)
+    assert "cubin" in asm
+    if present and target.arch >= 90:
+        assert "wgmma" in asm["ptx"] or "mma" in asm["ptx"]  # the tensor cores
+    finish = dict(n_tiles="i32", temperature="fp32", tile_max_ptr="*fp32", tile_key_ptr="*fp32",
+                  candidate_ptr="*i32", tokens_ptr="*i64", valid_ptr="*i1")
+    assert "cubin" in compile_kernel(hidden_kernels.finish_kernel, finish, dict(BLOCK_T=256), target)
 
 
 CASES = [sample_categorical_case, planner_select_case, planner_mask_case, sample_from_hidden_case]

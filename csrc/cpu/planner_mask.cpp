@@ -46,10 +46,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> planner_mask_cpu(
   TORCH_CHECK(logits.dim() == 2 && logits.is_contiguous(), "logits must be a contiguous [B, D] tensor");
   TORCH_CHECK(x.sizes() == logits.sizes() && x.is_contiguous() && x.scalar_type() == at::kLong,
               "x must be a contiguous Long tensor shaped like logits");
-  if (positions) {
-    TORCH_CHECK(positions->numel() == 0 || (positions->min().item<int64_t>() >= 0 &&
-                                            positions->max().item<int64_t>() < logits.size(1)),
-                "positions must be in [0, D)");
+  if (positions) {  // one pass over B x k integers: the op's range check
+    const int64_t* chosen = positions->data_ptr<int64_t>();
+    for (int64_t i = 0; i < positions->numel(); ++i) {
+      TORCH_CHECK_VALUE(chosen[i] >= 0 && chosen[i] < logits.size(1), "positions must be in [0, ", logits.size(1),
+                        "), got ", chosen[i]);
+    }
   }
   at::Tensor masked = at::empty_like(x);
   at::Tensor z = at::empty(x.sizes(), x.options().dtype(at::kBool));

@@ -46,6 +46,16 @@ inline float planner_log_sigmoid(float l) {
   return std::min(l, 0.0f) - std::log(1.0f + std::exp(-std::fabs(l)));
 }
 
+// Log-weight of a position: log sigmoid(l) (options A/B), or (l - row_max) / tau
+// for the softmax of option C, relative to the row maximum so that huge logits
+// keep their noise and +inf logits tie at 0 (drawn uniformly among themselves):
+// exactly 0 where l == row_max, -inf where l is -inf.
+inline float selection_log_weight(float l, bool softmax, float row_max, float tau) {
+  if (!softmax) return planner_log_sigmoid(l);
+  if (l == kPlannerNegInf) return kPlannerNegInf;
+  return l == row_max ? 0.0f : (l - row_max) / tau;
+}
+
 inline float planner_gumbel(float u) {
   constexpr float kBelowOne = 1.0f - 5.9604644775390625e-08f;  // float32 may round u up to 1
   return -std::log(-std::log(u < kBelowOne ? u : kBelowOne));

@@ -1,12 +1,14 @@
 // CPU path of ddpd.ops.sample_categorical: one token per row of logits [N, V]
 // (uniforms: column j for token j, column V + t for tile t)
-// by the two-level exact Gumbel-max of sample_tiles.h, one pass over the
-// logits plus one tile, no probabilities written. Rows run in parallel.
+// by the two-level exact Gumbel-max of sample_tiles.h (relative to the tile and
+// row maxima), one pass over the logits keeping two floats per tile, plus the
+// winning tile again; no probabilities written. Rows run in parallel.
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include <array>
 #include <tuple>
+#include <vector>
 
 #include "sample_tiles.h"
 
@@ -33,21 +35,25 @@ void sample_rows(const at::Tensor& logits, double temperature, at::IntArrayRef e
 
   at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
     std::array<float, kTile> buf;
+    std::vector<TileStats> stats(tiles);
     for (int64_t r = begin; r < end; ++r) {
       const scalar_t* row = x + r * vocab;
       const RowUniforms u{noise_ptr ? noise_ptr + r * noise_stride : nullptr, seed, offset,
                           static_cast<uint64_t>(ids ? ids[r] : r)};
       const Exclusions excl{exclude_ids, excl_row ? excl_row[r] : -1};
-      TileRace race;
       for (int64_t t = 0; t < tiles; ++t) {
         const int64_t start = t * kTile, n = std::min(kTile, vocab - start);
-        load_tile(row + start, start, n, temp, excl, buf.data());
-        race.offer(tile_lse(buf.data(), n), t, u(vocab + t));
+        load_tile(row + start, start, n, excl, buf.data());
+        // One tile always wins: it needs no tile uniform.
+        stats[t] = tiles == 1 ? TileStats{tile_max(buf.data(), n), 0.0f}
+                              : tile_stats(buf.data(), n, temp, u(vocab + t));
       }
-      const int64_t start = race.tile * kTile, n = std::min(kTile, vocab - start);
-      load_tile(row + start, start, n, temp, excl, buf.data());
-      out[r] = draw_in_tile(buf.data(), start, n, u);
-      ok[r] = race.valid();
+      float row_max;
+      const int64_t winner = race(stats.data(), tiles, temp, &row_max);
+      const int64_t start = winner * kTile, n = std::min(kTile, vocab - start);
+      load_tile(row + start, start, n, excl, buf.data());
+      ok[r] = row_max > kNegInf;
+      out[r] = ok[r] ? draw_in_tile(buf.data(), start, n, temp, u) : 0;
     }
   });
 }
@@ -57,6 +63,7 @@ std::tuple<at::Tensor, at::Tensor> sample_categorical_cpu(
     const std::optional<at::Tensor>& exclude_per_row, const std::optional<at::Tensor>& noise, int64_t seed,
     int64_t offset, const std::optional<at::Tensor>& row_ids) {
   TORCH_CHECK(logits.dim() == 2 && logits.is_contiguous(), "logits must be a contiguous [N, V] tensor");
+  check_exclude_per_row(exclude_per_row, logits.size(1));
   at::Tensor tokens = at::empty({logits.size(0)}, logits.options().dtype(at::kLong));
   at::Tensor valid = at::empty({logits.size(0)}, logits.options().dtype(at::kBool));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, logits.scalar_type(), "sample_categorical_cpu", [&] {

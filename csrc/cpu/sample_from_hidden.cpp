@@ -4,11 +4,11 @@
 //
 // The vocabulary is cut into splits of whole chunks of kChunkTiles tiles, one
 // split per thread. A thread walks its chunks: a BLAS matmul gives the chunk's
-// logits [N, chunk] in a small buffer, each row offers the chunk's tiles to the
-// split's tile race and keeps the logits of its current winning tile. The split
-// winners are then merged in vocabulary order (the race is associative) and the
-// token is drawn inside the kept winning tile. Memory per split:
-// N x (chunk + kTile) floats; one parallel region per call.
+// logits [N, chunk] in a small buffer, and each row keeps two floats per tile
+// (its maximum and s_t + G_t). The race then picks each row's tile (it needs the
+// row maximum, known only at the end); the rows that won the same tile get their
+// logits of that tile computed again in one matmul and draw their token there.
+// Memory: N x chunk floats per split and N x n_tiles x 2 floats.
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
@@ -45,34 +45,53 @@ struct HeadArgs {
   }
 };
 
-// The tile race of every row over the chunks [first_chunk, end_chunk); each
-// row's winning tile logits go to kept [N, kTile].
-void race_split(const HeadArgs& a, int64_t first_chunk, int64_t end_chunk, std::vector<TileRace>& races,
-                float* kept) {
-  const int64_t rows = a.hidden.size(0), vocab = a.weight.size(0);
+// float32 logits [len(h), width] of the tokens [first, first + width): h @ w^T + b.
+void head_logits(const HeadArgs& a, int64_t first, int64_t width, const at::Tensor& h, at::Tensor& out) {
+  const at::Tensor w = a.weight.narrow(0, first, width).to(at::kFloat);
+  if (a.bias) {
+    at::addmm_out(out, a.bias->narrow(0, first, width).to(at::kFloat), h, w.t());
+  } else {
+    at::mm_out(out, h, w.t());
+  }
+}
+
+// Tile statistics (m_t, s_t + G_t) of every row for the tiles of the chunks
+// [first_chunk, end_chunk), into stats [N, n_tiles].
+void stats_split(const HeadArgs& a, int64_t first_chunk, int64_t end_chunk, TileStats* stats) {
+  const int64_t rows = a.hidden.size(0), vocab = a.weight.size(0), tiles = n_tiles(vocab);
   at::Tensor buf = at::empty({rows, std::min(kChunk, vocab)}, a.hidden.options());
   std::array<float, kTile> tile;
   for (int64_t c = first_chunk; c < end_chunk; ++c) {
     const int64_t first = c * kChunk, width = std::min(kChunk, vocab - first);
     at::Tensor logits = buf.narrow(1, 0, width);
-    const at::Tensor w = a.weight.narrow(0, first, width).to(at::kFloat);
-    if (a.bias) {
-      at::addmm_out(logits, a.bias->narrow(0, first, width).to(at::kFloat), a.hidden, w.t());
-    } else {
-      at::mm_out(logits, a.hidden, w.t());
-    }
+    head_logits(a, first, width, a.hidden, logits);
     const float* chunk = logits.data_ptr<float>();
     for (int64_t r = 0; r < rows; ++r) {
       const RowUniforms u = a.uniforms(r);
       const Exclusions excl{a.exclude_ids, a.exclude_row ? a.exclude_row[r] : -1};
       for (int64_t start = first; start < first + width; start += kTile) {
-        const int64_t n = std::min(kTile, vocab - start);
-        load_tile(chunk + r * logits.stride(0) + (start - first), start, n, a.temperature, excl, tile.data());
-        if (races[r].offer(tile_lse(tile.data(), n), start / kTile, u(vocab + start / kTile))) {
-          std::copy(tile.begin(), tile.begin() + n, kept + r * kTile);
-        }
+        const int64_t n = std::min(kTile, vocab - start), t = start / kTile;
+        load_tile(chunk + r * logits.stride(0) + (start - first), start, n, excl, tile.data());
+        stats[r * tiles + t] = tiles == 1 ? TileStats{tile_max(tile.data(), n), 0.0f}
+                                          : tile_stats(tile.data(), n, a.temperature, u(vocab + t));
       }
     }
+  }
+}
+
+// The token draw of the rows whose winning tile is `t`: their logits of that tile
+// are computed again (one matmul for the group) and raced.
+void draw_group(const HeadArgs& a, int64_t t, const std::vector<int64_t>& group, int64_t* tokens) {
+  const int64_t vocab = a.weight.size(0), start = t * kTile, n = std::min(kTile, vocab - start);
+  const at::Tensor index = at::tensor(group, a.hidden.options().dtype(at::kLong));
+  at::Tensor logits = at::empty({static_cast<int64_t>(group.size()), n}, a.hidden.options());
+  head_logits(a, start, n, a.hidden.index_select(0, index), logits);
+  std::array<float, kTile> tile;
+  for (size_t i = 0; i < group.size(); ++i) {
+    const int64_t r = group[i];
+    const Exclusions excl{a.exclude_ids, a.exclude_row ? a.exclude_row[r] : -1};
+    load_tile(logits.data_ptr<float>() + i * n, start, n, excl, tile.data());
+    tokens[r] = draw_in_tile(tile.data(), start, n, a.temperature, a.uniforms(r));
   }
 }
 
@@ -82,6 +101,7 @@ std::tuple<at::Tensor, at::Tensor> sample_from_hidden_cpu(
     const std::optional<at::Tensor>& noise, int64_t seed, int64_t offset, const std::optional<at::Tensor>& row_ids) {
   TORCH_CHECK(hidden.dim() == 2 && weight.dim() == 2 && hidden.size(1) == weight.size(1),
               "hidden [N, H] and weight [V, H] must share H");
+  check_exclude_per_row(exclude_per_row, weight.size(0));
   const HeadArgs a{hidden.to(at::kFloat).contiguous(),
                    weight,
                    bias,
@@ -93,32 +113,29 @@ std::tuple<at::Tensor, at::Tensor> sample_from_hidden_cpu(
                    static_cast<uint64_t>(seed),
                    static_cast<uint64_t>(offset),
                    row_ids ? row_ids->data_ptr<int64_t>() : nullptr};
-  const int64_t rows = hidden.size(0), vocab = weight.size(0);
+  const int64_t rows = hidden.size(0), vocab = weight.size(0), tiles = n_tiles(vocab);
   const int64_t chunks = (vocab + kChunk - 1) / kChunk;
   const int64_t splits = std::max<int64_t>(1, std::min<int64_t>(chunks, at::get_num_threads()));
-  std::vector<std::vector<TileRace>> races(splits, std::vector<TileRace>(rows));
-  std::vector<float> kept(splits * rows * kTile);
+  std::vector<TileStats> stats(rows * tiles);
   at::parallel_for(0, splits, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t s = begin; s < end; ++s) {
-      race_split(a, s * chunks / splits, (s + 1) * chunks / splits, races[s], kept.data() + s * rows * kTile);
-    }
+    for (int64_t s = begin; s < end; ++s) stats_split(a, s * chunks / splits, (s + 1) * chunks / splits, stats.data());
   });
 
-  at::Tensor tokens = at::empty({rows}, hidden.options().dtype(at::kLong));
+  at::Tensor tokens = at::zeros({rows}, hidden.options().dtype(at::kLong));
   at::Tensor valid = at::empty({rows}, hidden.options().dtype(at::kBool));
-  at::parallel_for(0, rows, 256, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      int64_t winner = 0;  // splits hold increasing tiles: strict > keeps the lowest on ties
-      for (int64_t s = 1; s < splits; ++s) {
-        if (races[s][r].key > races[winner][r].key) winner = s;
-      }
-      const TileRace& race = races[winner][r];
-      const int64_t start = race.tile * kTile, n = std::min(kTile, vocab - start);
-      float* tile = kept.data() + (winner * rows + r) * kTile;
-      if (!race.valid()) std::fill(tile, tile + n, kNegInf);  // no tile was ever kept
-      tokens.data_ptr<int64_t>()[r] = draw_in_tile(tile, start, n, a.uniforms(r));
-      valid.data_ptr<bool>()[r] = race.valid();
-    }
+  std::vector<std::vector<int64_t>> groups(tiles);  // the rows each tile won
+  for (int64_t r = 0; r < rows; ++r) {
+    float row_max;
+    const int64_t winner = race(stats.data() + r * tiles, tiles, a.temperature, &row_max);
+    valid.data_ptr<bool>()[r] = row_max > kNegInf;
+    if (row_max > kNegInf) groups[winner].push_back(r);  // an invalid row keeps token 0
+  }
+  std::vector<int64_t> won;
+  for (int64_t t = 0; t < tiles; ++t) {
+    if (!groups[t].empty()) won.push_back(t);
+  }
+  at::parallel_for(0, static_cast<int64_t>(won.size()), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) draw_group(a, won[i], groups[won[i]], tokens.data_ptr<int64_t>());
   });
   return {tokens, valid};
 }

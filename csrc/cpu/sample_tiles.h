@@ -1,9 +1,12 @@
 // Shared pieces of the CPU categorical samplers (sample_categorical.cpp,
 // sample_from_hidden.cpp): the two-level exact Gumbel-max over vocabulary tiles.
 //
-// The vocabulary is cut into tiles of kTile tokens. Tile t wins the race
-// argmax_t lse_t + G_t (lse_t = log sum_{j in t} exp l_j), then token j wins
-// argmax_{j in t} l_j + G_j inside the winning tile, so P(j) = softmax(l)_j.
+// The vocabulary is cut into tiles of kTile tokens. With m_t the maximum of tile
+// t, M the row maximum and shift(a, b) = (a - b) / T: tile t wins the race
+// argmax_t shift(m_t, M) + (s_t + G_t), s_t = log sum_{j in t} exp shift(l_j, m_t),
+// then token j wins argmax_{j in t} shift(l_j, m_t) + G_j inside the winning tile,
+// so P(j) = softmax(l / T)_j at any scale of logits and temperature, uniform among
+// +inf logits (ddpd/ops/sample_categorical.py has the derivation).
 // Uniforms: token j reads column j, tile t column V + t, of an explicit noise
 // row or of the row's Philox stream.
 // Mirrors ddpd/ops/sample_categorical.py token for token.
@@ -57,6 +60,17 @@ struct Exclusions {
   }
 };
 
+// ValueError unless every exclude_per_row value is a token id in [0, vocab): the
+// range check of the CPU ops, here where it costs one pass over N integers.
+inline void check_exclude_per_row(const std::optional<at::Tensor>& exclude_per_row, int64_t vocab) {
+  if (!exclude_per_row) return;
+  const int64_t* ids = exclude_per_row->data_ptr<int64_t>();
+  for (int64_t r = 0; r < exclude_per_row->numel(); ++r) {
+    TORCH_CHECK_VALUE(ids[r] >= 0 && ids[r] < vocab, "exclude_per_row values must be in [0, ", vocab, "), got ",
+                      ids[r], " at row ", r);
+  }
+}
+
 // Inner loops work on kLanes floats at a time: the SIMD width of SSE2 and NEON,
 // the baseline of x86-64 and aarch64 builds (wider vectors than the target has
 // are split into slow scalar code by the compiler).
@@ -64,18 +78,25 @@ constexpr int64_t kLanes = 4;
 
 inline int64_t padded(int64_t n) { return (n + kLanes - 1) / kLanes * kLanes; }
 
-// Tempered logits of the tile of tokens [start, start + n), read from tile,
-// NaN read as -inf (never drawn), into out; out is -inf padded to a multiple
-// of kLanes.
+// Logits of the tile of tokens [start, start + n), read from tile as float32, NaN
+// read as -inf (never drawn), excluded tokens -inf, into out; out is -inf padded to
+// a multiple of kLanes. No temperature yet: it divides differences (shift below).
 template <typename scalar_t>
-inline void load_tile(const scalar_t* tile, int64_t start, int64_t n, float temperature,
-                      const Exclusions& excl, float* out) {
+inline void load_tile(const scalar_t* tile, int64_t start, int64_t n, const Exclusions& excl, float* out) {
   for (int64_t j = 0; j < n; ++j) {
-    const float x = static_cast<float>(tile[j]) / temperature;
+    const float x = static_cast<float>(tile[j]);
     out[j] = x != x ? kNegInf : x;
   }
   for (int64_t j = n; j < padded(n); ++j) out[j] = kNegInf;
   excl.apply(out, start, n);
+}
+
+// (a - b) / t for a <= b: exactly 0 where a == b (+inf == +inf too, not NaN), -inf
+// where a is -inf. Subtracting before dividing cannot overflow; t = 0 (a
+// temperature below float32's range) leaves only the maxima finite.
+inline float shift(float a, float b, float t) {
+  if (a == kNegInf) return kNegInf;
+  return a == b ? 0.0f : (a - b) / t;
 }
 
 // kLanes floats / int32s in one GCC/Clang vector value: the compiler maps the
@@ -110,48 +131,74 @@ inline LaneF exp_nonpositive(LaneF y) {
   return n > -126 ? p * scale : LaneF{};
 }
 
-// log sum exp over x[0, padded(n)); -inf for an all -inf tile, +inf if one is +inf.
-inline float tile_lse(const float* x, int64_t n) {
-  const int64_t len = padded(n);
+// Maximum over x[0, padded(n)).
+inline float tile_max(const float* x, int64_t n) {
   LaneF lane_max = load_lanes(x);
-  for (int64_t j = kLanes; j < len; j += kLanes) {
+  for (int64_t j = kLanes; j < padded(n); j += kLanes) {
     const LaneF v = load_lanes(x + j);
     lane_max = v > lane_max ? v : lane_max;
   }
   float m = kNegInf;
   for (int64_t l = 0; l < kLanes; ++l) m = lane_max[l] > m ? lane_max[l] : m;
-  if (!std::isfinite(m)) return m;  // all -inf, or a +inf logit
-  LaneF lane_sum = {};
-  for (int64_t j = 0; j < len; j += kLanes) lane_sum += exp_nonpositive(load_lanes(x + j) - m);
-  float s = 0.0f;
-  for (int64_t l = 0; l < kLanes; ++l) s += lane_sum[l];
-  return m + std::log(s);
+  return m;
 }
 
-// Running winner of the tile race of one row.
-struct TileRace {
-  float key = kNegInf;
-  int64_t tile = 0;
-
-  // Strict > keeps the lowest tile on ties, as torch.argmax does.
-  bool offer(float lse, int64_t t, float u) {
-    const float k = lse + gumbel(u);
-    if (k > key) {
-      key = k;
-      tile = t;
-      return true;
-    }
-    return false;
+// s = log sum_j exp(shift(x_j, m, t)) over x[0, padded(n)) with m its maximum: in
+// [0, log kTile], -inf for an all -inf tile.
+inline float tile_mass(const float* x, int64_t n, float m, float t) {
+  if (m == kNegInf) return kNegInf;
+  const LaneF zero = {}, neg_inf = zero + kNegInf;
+  LaneF lane_sum = {};
+  for (int64_t j = 0; j < padded(n); j += kLanes) {
+    const LaneF v = load_lanes(x + j);
+    LaneF y = (v - m) / t;  // NaN at inf - inf is replaced just below
+    y = v == m ? zero : y;
+    y = v == neg_inf ? neg_inf : y;
+    lane_sum += exp_nonpositive(y);
   }
-  bool valid() const { return key > kNegInf; }
+  float s = 0.0f;
+  for (int64_t l = 0; l < kLanes; ++l) s += lane_sum[l];
+  return std::log(s);
+}
+
+// Statistics of one tile for the tile race: its maximum m_t and r_t = s_t + G_t.
+struct TileStats {
+  float max = kNegInf;
+  float key = kNegInf;
 };
 
-// Gumbel-max inside the winning tile (x holds its n tempered logits).
-inline int64_t draw_in_tile(const float* x, int64_t start, int64_t n, const RowUniforms& u) {
+inline TileStats tile_stats(const float* x, int64_t n, float t, float u) {
+  const float m = tile_max(x, n);
+  return {m, tile_mass(x, n, m, t) + gumbel(u)};
+}
+
+// The tile race: argmax_t shift(m_t, M) + r_t with M the row maximum, the lowest
+// tile on ties (as torch.argmax). Returns the winning tile; row_max gets M (-inf:
+// nothing drawable).
+inline int64_t race(const TileStats* stats, int64_t tiles, float t, float* row_max) {
+  float m = kNegInf;
+  for (int64_t i = 0; i < tiles; ++i) m = stats[i].max > m ? stats[i].max : m;
+  *row_max = m;
+  int64_t best = 0;
+  float best_key = kNegInf;
+  for (int64_t i = 0; i < tiles; ++i) {
+    const float key = shift(stats[i].max, m, t) + stats[i].key;
+    if (key > best_key) {
+      best_key = key;
+      best = i;
+    }
+  }
+  return best;
+}
+
+// Gumbel-max inside the winning tile: argmax_j shift(x_j, m, t) + G_j over its n
+// logits x (m their maximum), the first on ties.
+inline int64_t draw_in_tile(const float* x, int64_t start, int64_t n, float t, const RowUniforms& u) {
+  const float m = tile_max(x, n);
   int64_t best = 0;
   float best_key = kNegInf;
   for (int64_t j = 0; j < n; ++j) {
-    const float k = x[j] + gumbel(u(start + j));
+    const float k = shift(x[j], m, t) + gumbel(u(start + j));
     if (j == 0 || k > best_key) {
       best_key = k;
       best = j;

@@ -4,6 +4,7 @@
 #include "compact_args.h"
 #include <ATen/Dispatch.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/cuda/CUDAContext.h>
 #include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -36,7 +37,8 @@ std::tuple<at::Tensor, at::Tensor> sample(const at::Tensor& weights, int64_t k, 
   const auto opts = w.options();
   at::Tensor index = at::empty({rows, k}, opts.dtype(at::kLong));
   at::Tensor valid = at::empty({rows}, opts.dtype(at::kBool));
-  const int64_t scratch_doubles = multinomial_scratch_doubles(rows, n, replacement);
+  const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const int64_t scratch_doubles = multinomial_scratch_doubles(rows, n, replacement, sms);
   at::Tensor scratch = scratch_doubles > 0 ? at::empty({scratch_doubles}, opts.dtype(at::kDouble)) : at::Tensor();
   const at::Tensor u = uniforms.defined() ? uniforms.contiguous() : at::Tensor();
   const at::Tensor ids = row_ids.defined() ? row_ids.contiguous() : at::Tensor();
@@ -46,7 +48,7 @@ std::tuple<at::Tensor, at::Tensor> sample(const at::Tensor& weights, int64_t k, 
                      w.data_ptr<scalar_t>(), rows, n, k, replacement,
                      u.defined() ? u.data_ptr<double>() : nullptr, seed, offset,
                      ids.defined() ? ids.data_ptr<int64_t>() : nullptr,
-                     scratch.defined() ? scratch.data_ptr<double>() : nullptr, index.data_ptr<int64_t>(),
+                     scratch.defined() ? scratch.data_ptr<double>() : nullptr, sms, index.data_ptr<int64_t>(),
                      valid.data_ptr<bool>(), stream),
                  "multinomial");
   });

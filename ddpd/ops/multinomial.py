@@ -36,7 +36,7 @@ import torch
 from ddpd.ops import _ext
 from ddpd.ops import _sampling_args as args
 from ddpd.ops.categorical_weights import Result, check_uniforms, check_weights, finish, inverse_cdf, row_validity
-from ddpd.ops.rng import philox4x32
+from ddpd.ops.rng import philox_words
 
 def _check_k(k, replacement, n: int) -> int:
     if isinstance(k, bool) or not isinstance(k, int):
@@ -68,11 +68,8 @@ def draw_uniforms(seed: int, offset: int, row_ids: torch.Tensor, k: int) -> torc
     Built from the Philox words themselves: a float32 uniform of ddpd.ops.rng rounds
     (w >> 8) + 1/2 to 24 bits, which would lose the lowest bit of a.
     """
-    rows = (row_ids.to(torch.int64) & 0xFFFFFFFF)[:, None]
-    cols = torch.arange(2 * k, dtype=torch.int64, device=row_ids.device)[None, :]
-    offset_lo, offset_hi = args.split32(offset)
-    counter_hi = torch.full_like(rows, offset_lo), torch.full_like(rows, offset_hi)
-    word, _, _, _ = philox4x32(cols, rows, *counter_hi, *args.split32(seed))
+    cols = torch.arange(2 * k, dtype=torch.int64, device=row_ids.device)
+    word = philox_words(seed & (2**64 - 1), offset & (2**64 - 1), row_ids.to(torch.int64), cols)
     top = (word >> 8).double()  # 24 bits each
     return (top[:, 0::2] * 2.0**24 + top[:, 1::2] + 0.5) * 2.0**-48
 

@@ -17,7 +17,9 @@ which masks the other positions; this follows the proposition).
 CPU tensors run the C++ kernels (csrc/cpu/planner_mask.cpp,
 csrc/cpu/planner_select.cpp), CUDA tensors the Triton kernels
 ddpd.kernels.planner_mask and ddpd.kernels.planner_select. On CUDA, positions
-outside [0, D) are not checked (that would need a device sync) and force nothing.
+outside [0, D) are not checked (that would need a device sync) and force nothing;
+the C++ kernel rejects them. Eager calls go straight to the kernels; traced calls
+(torch.compile, make_fx, fake tensors) go through the registered custom ops.
 """
 from __future__ import annotations
 
@@ -170,6 +172,17 @@ def planner_mask_triton(logits, x, positions, mask_id, noise, seed, offset, row_
     return masked, z, count
 
 
+def _planner_mask_impl(logits, x, positions, mask_id, noise, seed, offset, row_ids):
+    """The kernels behind the op (arguments validated): Triton on CUDA, C++ on CPU,
+    which also range-checks the positions."""
+    if logits.device.type == "cuda":
+        return planner_mask_triton(logits, x, positions, mask_id, noise, seed, offset, row_ids)
+    if positions is not None:
+        positions = positions.contiguous()
+    return args.cpu_ops().planner_mask_cpu(logits.contiguous(), x.contiguous(), positions, mask_id, noise, seed,
+                                           offset, row_ids)
+
+
 @torch.library.custom_op("ddpd::planner_mask", mutates_args=())
 def _planner_mask_op(
     logits: torch.Tensor,
@@ -181,18 +194,21 @@ def _planner_mask_op(
     offset: int,
     row_ids: Optional[torch.Tensor],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    if logits.device.type == "cuda":
-        return planner_mask_triton(logits, x, positions, mask_id, noise, seed, offset, row_ids)
-    check_position_values(positions, logits.shape[1])
-    if positions is not None:
-        positions = positions.contiguous()
-    return args.cpu_ops().planner_mask_cpu(logits.contiguous(), x.contiguous(), positions, mask_id, noise, seed,
-                                           offset, row_ids)
+    return _planner_mask_impl(logits, x, positions, mask_id, noise, seed, offset, row_ids)
 
 
 @_planner_mask_op.register_fake
 def _(logits, x, positions, mask_id, noise, seed, offset, row_ids):
     return torch.empty_like(x), torch.empty_like(x, dtype=torch.bool), x.new_empty(x.shape[0])
+
+
+def _planner_select_mask_impl(logits, x, mask_id, k, softmax, tau, eps, noise, mask_noise, seed, offset, row_ids):
+    """The kernels behind the op (arguments validated): Triton on CUDA, C++ on CPU."""
+    if logits.device.type == "cuda":
+        return planner_select_triton(logits, k, softmax, tau, eps, noise, seed, offset, row_ids,
+                                     mask=(x, mask_id, mask_noise))
+    return args.cpu_ops().planner_select_mask_cpu(logits.contiguous(), x.contiguous(), mask_id, k, softmax, tau,
+                                                  eps, noise, mask_noise, seed, offset, row_ids)
 
 
 @torch.library.custom_op("ddpd::planner_select_mask", mutates_args=())
@@ -210,11 +226,8 @@ def _planner_select_mask_op(
     offset: int,
     row_ids: Optional[torch.Tensor],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    if logits.device.type == "cuda":
-        return planner_select_triton(logits, k, softmax, tau, eps, noise, seed, offset, row_ids,
-                                     mask=(x, mask_id, mask_noise))
-    return args.cpu_ops().planner_select_mask_cpu(logits.contiguous(), x.contiguous(), mask_id, k, softmax, tau,
-                                                  eps, noise, mask_noise, seed, offset, row_ids)
+    return _planner_select_mask_impl(logits, x, mask_id, k, softmax, tau, eps, noise, mask_noise, seed, offset,
+                                     row_ids)
 
 
 @_planner_select_mask_op.register_fake
@@ -250,7 +263,8 @@ def planner_mask(
         check_positions(positions, logits)
     seed, offset = args.resolve_stream(noise, tuple(logits.shape), logits, seed, offset, generator, row_ids)
     noise, row_ids = args.contiguous(noise, row_ids)
-    return _planner_mask_op(logits.detach(), x, positions, mask_id, noise, seed, offset, row_ids)
+    call = _planner_mask_impl if args.eager(logits, x, positions, noise, row_ids) else _planner_mask_op
+    return call(logits.detach(), x, positions, mask_id, noise, seed, offset, row_ids)
 
 
 def planner_select_mask(
@@ -280,5 +294,6 @@ def planner_select_mask(
     check_mask_args(logits, x, mask_id)
     seed, offset = _resolve_pair(noise, mask_noise, logits, seed, offset, generator, row_ids)
     noise, mask_noise, row_ids = args.contiguous(noise, mask_noise, row_ids)
-    return _planner_select_mask_op(logits.detach(), x, mask_id, k, softmax, tau, eps, noise, mask_noise, seed, offset,
-                                   row_ids)
+    eager = args.eager(logits, x, noise, mask_noise, row_ids)
+    call = _planner_select_mask_impl if eager else _planner_select_mask_op
+    return call(logits.detach(), x, mask_id, k, softmax, tau, eps, noise, mask_noise, seed, offset, row_ids)

@@ -5,7 +5,8 @@ From planner logits l [B, D] ("position d is noise"), per row:
 - positions Long[B, k]: k positions drawn without replacement with probability
   proportional to p(z^d = N | x_t) = sigmoid(l^d) (prop:self-loop-jumps; options
   A/B of the paper's listings), or to softmax(l / tau) over positions (option C);
-  by Gumbel-top-k on the log-weights (log sigmoid(l) = -softplus(-l), or l / tau),
+  by Gumbel-top-k on the log-weights (log sigmoid(l) = -softplus(-l), or
+  (l - max_d l) / tau: exact at any logit scale, uniform among +inf logits),
   the first choice being the draw d' ~ Cat(p) of Algorithm `alg:sampling`;
 - sum_p Float[B] = sum_d sigmoid(l^d), for the planner's time estimate
   t = alpha^{-1}(1 - sum_p / D) (section 'Adaptive Time Correction');
@@ -24,6 +25,7 @@ from typing import Optional
 import torch
 
 from ddpd.ops import _sampling_args as args
+from ddpd.ops.sample_categorical import shifted
 
 MODES = ("sigmoid", "softmax")
 MAX_TRITON_WIDTH = 2**17  # the Triton kernel holds a row in one block
@@ -67,9 +69,12 @@ def planner_prob(l: torch.Tensor) -> torch.Tensor:
 
 
 def selection_log_weights(l: torch.Tensor, softmax: bool, tau: float) -> torch.Tensor:
-    """log sigmoid(l) = min(l, 0) - log(1 + exp(-|l|)) (option A), or l / tau (option C)."""
+    """log sigmoid(l) = min(l, 0) - log(1 + exp(-|l|)) (option A), or (l - max l) / tau
+    (option C): relative to the row maximum, so huge logits keep their noise and +inf
+    logits tie at 0 and are drawn uniformly among themselves (sigmoid mode needs
+    neither: log sigmoid is at most 0)."""
     if softmax:
-        return l / tau
+        return shifted(l, l.amax(dim=1, keepdim=True), tau)
     return torch.clamp(l, max=0.0) - torch.log(1.0 + torch.exp(-l.abs()))
 
 
@@ -143,6 +148,13 @@ def planner_select_triton(logits, k, softmax, tau, eps, noise, seed, offset, row
     return positions, sum_p, stop, masked, z, count
 
 
+def _planner_select_impl(logits, k, softmax, tau, eps, noise, seed, offset, row_ids):
+    """The kernels behind the op (arguments validated): Triton on CUDA, C++ on CPU."""
+    if logits.device.type == "cuda":
+        return planner_select_triton(logits, k, softmax, tau, eps, noise, seed, offset, row_ids)
+    return args.cpu_ops().planner_select_cpu(logits.contiguous(), k, softmax, tau, eps, noise, seed, offset, row_ids)
+
+
 @torch.library.custom_op("ddpd::planner_select", mutates_args=())
 def _planner_select_op(
     logits: torch.Tensor,
@@ -155,9 +167,7 @@ def _planner_select_op(
     offset: int,
     row_ids: Optional[torch.Tensor],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    if logits.device.type == "cuda":
-        return planner_select_triton(logits, k, softmax, tau, eps, noise, seed, offset, row_ids)
-    return args.cpu_ops().planner_select_cpu(logits.contiguous(), k, softmax, tau, eps, noise, seed, offset, row_ids)
+    return _planner_select_impl(logits, k, softmax, tau, eps, noise, seed, offset, row_ids)
 
 
 @_planner_select_op.register_fake
@@ -193,4 +203,5 @@ def planner_select(
     seed, offset = args.resolve_stream(noise, tuple(logits.shape), logits, seed, offset, generator, row_ids)
     noise, row_ids = args.contiguous(noise, row_ids)
     # Draws and the stop statistics carry no gradient (see sample_from_hidden).
-    return _planner_select_op(logits.detach(), k, softmax, tau, eps, noise, seed, offset, row_ids)
+    call = _planner_select_impl if args.eager(logits, noise, row_ids) else _planner_select_op
+    return call(logits.detach(), k, softmax, tau, eps, noise, seed, offset, row_ids)

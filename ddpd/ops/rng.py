@@ -1,8 +1,15 @@
 """Counter-based random numbers shared by every ddpd op (torch reference).
 
 Each uniform is a pure function of (seed, offset, row, column): Philox4x32-10
-with key (seed_lo, seed_hi) and counter (column, row, offset_lo, offset_hi), the
+with key (seed_lo, seed_hi) and counter (column, row_lo, offset_lo, offset_hi), the
 first 32-bit output word w mapped to u = ((w >> 8) + 0.5) * 2**-24 in float32.
+Row ids are 64-bit: a row whose high word row_hi = row >> 32 is not zero draws with
+the key (k0, k1) = the first two output words of Philox4x32-10 with key (seed_lo,
+seed_hi) and counter (row_hi, 2**32 - 1, 2**32 - 1, 2**32 - 1), so rows r and
+r + 2**32 draw independently while every row below 2**32 keeps the stream it always
+had. (The counter of that extra evaluation is the one of column row_hi, row
+2**32 - 1, offset 2**64 - 1; a caller that reads that last offset sees a key word's
+top bits, nothing worse.)
 Float32 rounds the half-step above 0.5, and the top value (probability 2**-25)
 rounds to exactly 1.0, so u lies in (0, 1]: every consumer that takes a logarithm
 of 1 - u (Gumbel, exponential) clamps u to the largest float below one first. Because the row enters the
@@ -39,8 +46,9 @@ def _mulhilo(a: int, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return hi & _MASK32, lo
 
 
-def philox4x32(c0, c1, c2, c3, k0: int, k1: int):
-    """Philox4x32-10 on int64 tensors holding uint32 values (broadcasting)."""
+def philox4x32(c0, c1, c2, c3, k0, k1):
+    """Philox4x32-10 on int64 tensors holding uint32 values (broadcasting); the key
+    words k0, k1 are ints or such tensors."""
     for _ in range(_ROUNDS):
         hi_b, lo_b = _mulhilo(_ROUND_B, c2)
         hi_a, lo_a = _mulhilo(_ROUND_A, c0)
@@ -48,6 +56,32 @@ def philox4x32(c0, c1, c2, c3, k0: int, k1: int):
         k0 = (k0 + _KEY_A) & _MASK32
         k1 = (k1 + _KEY_B) & _MASK32
     return c0, c1, c2, c3
+
+
+def row_key(seed: int, rows: torch.Tensor) -> tuple:
+    """Philox key words (k0, k1) of each row id (int64 tensor holding uint64 bits):
+    the seed's words below 2**32, the derived key of the module docstring above."""
+    seed_lo, seed_hi = seed & _MASK32, (seed >> 32) & _MASK32
+    row_hi = (rows >> 32) & _MASK32
+    # One extra evaluation per row (not per column). Skipped where no row needs it,
+    # when that costs no host sync (CPU tensors): most callers have small row ids.
+    if rows.device.type == "cpu" and not bool(row_hi.any()):
+        return seed_lo, seed_hi
+    ones = torch.full_like(row_hi, _MASK32)
+    d0, d1, _, _ = philox4x32(row_hi, ones, ones, ones, seed_lo, seed_hi)
+    return torch.where(row_hi != 0, d0, seed_lo), torch.where(row_hi != 0, d1, seed_hi)
+
+
+def philox_words(seed: int, offset: int, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """First Philox output word (uint32 in int64) for row ids rows [N] x columns cols [M]."""
+    rows = rows[:, None]
+    k0, k1 = row_key(seed, rows)
+    c0 = (cols & _MASK32)[None, :]
+    c1 = rows & _MASK32
+    c2 = torch.full_like(c1, offset & _MASK32)
+    c3 = torch.full_like(c1, (offset >> 32) & _MASK32)
+    w, _, _, _ = philox4x32(c0, c1, c2, c3, k0, k1)
+    return w.expand(rows.shape[0], cols.numel())
 
 
 def check_seed(seed: int, offset: int) -> None:
@@ -66,7 +100,7 @@ def philox_uniform(
 ) -> torch.Tensor:
     """Uniforms in (0, 1], float32 [len(rows), n_cols], from (seed, offset, row id, column).
 
-    rows: row ids (Long[N]); cols: number of columns M (columns 0..M-1) or Long[M].
+    rows: row ids (Long[N], 64-bit: negative values stand for ids >= 2**63); cols: number of columns M (columns 0..M-1) or Long[M].
     """
     check_seed(seed, offset)
     rows = torch.as_tensor(rows, dtype=torch.int64, device=device)
@@ -75,12 +109,7 @@ def philox_uniform(
     cols = torch.as_tensor(cols, dtype=torch.int64, device=rows.device)
     if rows.dim() != 1 or cols.dim() != 1:
         raise ValueError(f"rows and cols must be 1-D, got shapes {tuple(rows.shape)} and {tuple(cols.shape)}")
-    c0 = (cols & _MASK32)[None, :]
-    c1 = (rows & _MASK32)[:, None]
-    c2 = torch.full_like(c1, offset & _MASK32)
-    c3 = torch.full_like(c1, (offset >> 32) & _MASK32)
-    w, _, _, _ = philox4x32(c0, c1, c2, c3, seed & _MASK32, (seed >> 32) & _MASK32)
-    w = w.expand(rows.numel(), cols.numel())
+    w = philox_words(seed, offset, rows, cols)
     return ((w >> 8).to(torch.float32) + 0.5) * (2.0**-24)
 
 

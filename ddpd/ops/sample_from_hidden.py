@@ -8,16 +8,17 @@ states of those rows and the head's weight, and draws exactly what
 ddpd.ops.sample_categorical draws from the logits, noise for noise: the same
 two-level Gumbel-max over tiles of TILE = 256 tokens, the same uniforms (column j
 for token j, column V + t for tile t). The logits are computed a chunk of tiles
-at a time (CPU: a BLAS matmul into an N x 4096 buffer; CUDA: a Triton kernel per
-row block and vocabulary split) and reduced on the fly; only the winning tile's
-logits are kept or recomputed.
+at a time (CPU: a BLAS matmul into an N x 4096 buffer; CUDA: a GEMM on the tensor
+cores per row block and vocabulary split, head_launch) and reduced on the fly to a
+few numbers per tile; the CPU computes the winning tile's logits again, the CUDA
+kernels keep every tile's candidate token instead (the weight is read once).
 
 CPU tensors run the C++ kernel of ddpd._C (csrc/cpu/sample_from_hidden.cpp),
 CUDA tensors the Triton kernels ddpd.kernels.sample_from_hidden.
 """
 from __future__ import annotations
 
-import functools
+import dataclasses
 from typing import Optional, Sequence
 
 import torch
@@ -27,13 +28,12 @@ from ddpd.ops.sample_categorical import (
     TILE,
     check_exclude_values,
     check_exclusions,
-    draw_from_logits,
+    categorical_reference,
     n_tiles,
     noise_width,
-    tempered_logits,
+    masked_logits,
 )
 
-BLOCK_N = 16  # rows per program of the Triton tile race (tl.dot needs >= 16)
 
 
 def _prepare(hidden, weight, bias, temperature, exclude_ids, exclude_per_row, seed, offset, generator, row_ids,
@@ -83,26 +83,52 @@ def sample_from_hidden_reference(
     logits = hidden.float() @ weight.float().T
     if bias is not None:
         logits = logits + bias.float()
-    return draw_from_logits(tempered_logits(logits, temperature, ids, exclude_per_row), noise)
+    return categorical_reference(masked_logits(logits, ids, exclude_per_row), temperature, noise)
 
 
 # ------------------------------------------------------------------------- fused op
 
 
-@functools.lru_cache(maxsize=8)
-def _multiprocessors(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 4  # the interpreter: a few splits so the cross-split reduction is exercised
-    return torch.cuda.get_device_properties(device).multi_processor_count
+@dataclasses.dataclass(frozen=True)
+class HeadLaunch:
+    """Grids and block shapes of the Triton kernels for one call
+    (ddpd.kernels.sample_from_hidden).
+
+    tiles_grid (row blocks, splits): the GEMM with its epilogue, BLOCK_N rows and
+    tiles_per_split tiles of TILE tokens per program, H in slices of block_h;
+    finish_grid (rows,): the tile race over the stored statistics, None for a single
+    tile (the GEMM's epilogue then writes the tokens)."""
+    block_n: int
+    block_h: int
+    tiles_per_split: int
+    tiles_grid: tuple
+    finish_grid: Optional[tuple]
+    num_warps: int = 8
+    num_stages: int = 3
+
+
+def head_launch(rows: int, width: int, vocab: int, element_size: int, multiprocessors: int) -> HeadLaunch:
+    """Rows in blocks of 32, or 16 where 32 would leave multiprocessors idle (the dot's
+    N: the tile's 256 tokens are its M), the
+    vocabulary split so that there are about PROGRAMS_PER_SM programs per
+    multiprocessor; a W tile is read by every row block, which run side by side so
+    the repeats hit L2. H slices of 64 (16-bit) or 32 (float32) elements: 36 KB of
+    operands per pipeline stage, three stages within any recent GPU's shared memory."""
+    tiles = n_tiles(vocab)
+    # 32 rows per block unless that leaves multiprocessors idle (few rows, or few tiles)
+    block_n = 16 if rows <= 16 or -(-rows // 32) * tiles < multiprocessors else 32
+    row_blocks = -(-rows // block_n)
+    splits = max(1, min(tiles, -(-args.PROGRAMS_PER_SM * multiprocessors // row_blocks)))
+    per_split = -(-tiles // splits)
+    splits = -(-tiles // per_split)
+    block_h = min(64 if element_size <= 2 else 32, max(16, 1 << (width - 1).bit_length()))
+    return HeadLaunch(block_n, block_h, per_split, (row_blocks, splits), (rows,) if tiles > 1 else None)
 
 
 def sample_from_hidden_triton(hidden, weight, bias, temperature, exclude_ids, exclude_per_row, noise, seed, offset,
-                              row_ids, splits: Optional[int] = None):
-    """Launch the Triton kernels (CUDA tensors; CPU tensors under TRITON_INTERPRET=1).
-
-    splits: vocabulary splits of the tile race (default: enough programs for about
-    four per multiprocessor)."""
-    from ddpd.kernels.sample_from_hidden import draw_in_tile_kernel, tile_race_kernel
+                              row_ids):
+    """Launch the Triton kernels (CUDA tensors; CPU tensors under TRITON_INTERPRET=1)."""
+    from ddpd.kernels.sample_from_hidden import finish_kernel, head_tiles_kernel
 
     hidden, weight = hidden.contiguous(), weight.contiguous()
     rows, width = hidden.shape
@@ -112,33 +138,36 @@ def sample_from_hidden_triton(hidden, weight, bias, temperature, exclude_ids, ex
     valid = torch.empty(rows, dtype=torch.bool, device=device)
     if rows == 0:
         return tokens, valid
+    launch = head_launch(rows, width, vocab, weight.element_size(), args.multiprocessors(device))
     tiles = n_tiles(vocab)
-    row_blocks = -(-rows // BLOCK_N)
-    if splits is None:
-        splits = max(1, min(tiles, 4 * _multiprocessors(device) // row_blocks))
-    tiles_per_split = -(-tiles // splits)
-    splits = -(-tiles // tiles_per_split)
-    best_key = torch.empty(splits, rows, dtype=torch.float32, device=device)
-    best_tile = torch.empty(splits, rows, dtype=torch.int32, device=device)
-    seed_lo, seed_hi = args.split32(seed)
-    offset_lo, offset_hi = args.split32(offset)
-    excl = args.device_ids(tuple(exclude_ids), device)
-    # 32 keeps the pipelined fp32 tl.dot operands (16 x 32 and 32 x 256, a few
-    # stages) within the shared memory of every recent GPU.
-    block_h = min(32, max(16, 1 << (width - 1).bit_length()))
-    bias = bias.contiguous() if bias is not None else None
-    stream = (noise, row_ids, seed_lo, seed_hi, offset_lo, offset_hi)
-    tile_race_kernel[(row_blocks, splits)](
-        hidden, weight, bias, rows, vocab, width, tiles, tiles_per_split, temperature,
-        excl, len(exclude_ids), exclude_per_row, *stream, best_key, best_tile,
-        TILE=TILE, BLOCK_N=BLOCK_N, BLOCK_H=block_h,
+    # One allocation for the per-tile statistics: maxima and keys (float32), candidates.
+    stats = torch.empty(3, rows, tiles, dtype=torch.int32, device=device) if launch.finish_grid else None
+    tile_max, tile_key, candidate = ((stats[0].view(torch.float32), stats[1].view(torch.float32), stats[2])
+                                     if launch.finish_grid else (None, None, None))
+    interpreted = device.type != "cuda"
+    head_tiles_kernel[launch.tiles_grid](
+        hidden, weight, None if bias is None else bias.contiguous(), rows, vocab, width, tiles, launch.tiles_per_split,
+        temperature, args.device_ids(tuple(exclude_ids), device), len(exclude_ids), exclude_per_row,
+        noise, row_ids, *args.split32(seed), *args.split32(offset), tile_max, tile_key, candidate, tokens, valid,
+        TILE=TILE, BLOCK_N=launch.block_n, BLOCK_H=launch.block_h,
+        DOT_F32=interpreted or weight.dtype == torch.float32 or hidden.dtype != weight.dtype,
+        SINGLE_TILE=launch.finish_grid is None, num_warps=launch.num_warps, num_stages=launch.num_stages,
     )
-    draw_in_tile_kernel[(rows,)](
-        hidden, weight, bias, rows, vocab, width, tiles, splits, temperature,
-        excl, len(exclude_ids), exclude_per_row, *stream, best_key, best_tile, tokens, valid,
-        TILE=TILE, BLOCK_H=block_h,
-    )
+    if launch.finish_grid:
+        finish_kernel[launch.finish_grid](tiles, temperature, tile_max, tile_key, candidate, tokens, valid,
+                                          BLOCK_T=min(1024, 1 << (tiles - 1).bit_length()))
     return tokens, valid
+
+
+def _sample_from_hidden_impl(hidden, weight, bias, temperature, exclude_ids, exclude_per_row, noise, seed, offset,
+                             row_ids):
+    """The kernels behind the op (arguments validated): Triton on CUDA, C++ on CPU,
+    which also range-checks exclude_per_row."""
+    if hidden.device.type == "cuda":
+        return sample_from_hidden_triton(hidden, weight, bias, temperature, exclude_ids, exclude_per_row, noise, seed,
+                                         offset, row_ids)
+    return args.cpu_ops().sample_from_hidden_cpu(hidden, weight, bias, temperature, exclude_ids, exclude_per_row,
+                                                 noise, seed, offset, row_ids)
 
 
 @torch.library.custom_op("ddpd::sample_from_hidden", mutates_args=())
@@ -154,12 +183,8 @@ def _sample_from_hidden_op(
     offset: int,
     row_ids: Optional[torch.Tensor],
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    if hidden.device.type == "cuda":
-        return sample_from_hidden_triton(hidden, weight, bias, temperature, exclude_ids, exclude_per_row, noise, seed,
-                                         offset, row_ids)
-    check_exclude_values(exclude_per_row, weight.shape[0])
-    return args.cpu_ops().sample_from_hidden_cpu(hidden, weight, bias, temperature, exclude_ids, exclude_per_row,
-                                                 noise, seed, offset, row_ids)
+    return _sample_from_hidden_impl(hidden, weight, bias, temperature, exclude_ids, exclude_per_row, noise, seed,
+                                    offset, row_ids)
 
 
 @_sample_from_hidden_op.register_fake
@@ -194,5 +219,6 @@ def sample_from_hidden(
     # parameters (requires_grad) outside torch.no_grad().
     bias = None if bias is None else bias.detach()
     exclude_per_row, noise, row_ids = args.contiguous(exclude_per_row, noise, row_ids)
-    return _sample_from_hidden_op(hidden.detach(), weight.detach(), bias, temperature, ids, exclude_per_row, noise,
-                                  seed, offset, row_ids)
+    eager = args.eager(hidden, weight, bias, exclude_per_row, noise, row_ids)
+    call = _sample_from_hidden_impl if eager else _sample_from_hidden_op
+    return call(hidden.detach(), weight.detach(), bias, temperature, ids, exclude_per_row, noise, seed, offset, row_ids)

@@ -1,0 +1,113 @@
+"""Per-call host cost of every ddpd op: the public Python function against the raw
+torch.ops.ddpd.* call of the same kernel on the same (tiny) inputs.
+
+On CPU tensors of a few elements the kernels take a microsecond or two, so the
+difference between the two medians is what the wrapper adds: argument checks,
+stream resolution, custom-op dispatch. Target: under 20 us per op (issue 12).
+
+    python benchmarks/host_cost.py            # CPU
+    python benchmarks/host_cost.py --cuda     # CUDA tensors: the raw call of the Triton
+                                              # ops is then their registered custom op,
+                                              # the path traced code takes (eager minus
+                                              # CUDA-graph time is in gpu_timings.py)
+
+Prints one line per op: public, raw, difference (microseconds per call), each the
+minimum over REPEATS timings of CALLS calls (on a shared machine other work only
+adds time, so the minimum is the steadiest estimate of the cost itself).
+"""
+from __future__ import annotations
+
+import sys
+import time
+from typing import Callable
+
+import torch
+
+from ddpd.ops import _ext
+from ddpd.ops.compact import compact_fixed, scatter_back
+from ddpd.ops.multinomial import multinomial
+from ddpd.ops.planner_mask import planner_mask, planner_select_mask
+from ddpd.ops.planner_select import planner_select
+from ddpd.ops.sample_categorical import sample_categorical
+from ddpd.ops.sample_from_hidden import sample_from_hidden
+
+CALLS, REPEATS = 300, 9
+TARGET_US = 20.0
+
+
+def per_call_us(public: Callable[[], object], raw: Callable[[], object],
+                sync: Callable[[], None]) -> tuple[float, float]:
+    """Microseconds per call of both, timed in alternation so both see the same load."""
+    for fn in (public, raw):
+        for _ in range(20):
+            fn()
+    sync()
+    best = [float("inf"), float("inf")]
+    for _ in range(REPEATS):
+        for i, fn in enumerate((public, raw)):
+            start = time.perf_counter()
+            for _ in range(CALLS):
+                fn()
+            sync()
+            best[i] = min(best[i], (time.perf_counter() - start) / CALLS * 1e6)
+    return best[0], best[1]
+
+
+def cases(device: torch.device) -> dict:
+    """op name -> (public call, raw torch.ops call) on tiny inputs."""
+    ops = torch.ops.ddpd
+    cpu = device.type == "cpu"
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(4, 40, generator=g).to(device)
+    planner = torch.randn(4, 16, generator=g).to(device)
+    x = torch.randint(0, 27, (4, 16), generator=g).to(device)
+    positions = torch.zeros(4, 1, dtype=torch.long, device=device)
+    hidden, weight = torch.randn(4, 8, generator=g).to(device), torch.randn(40, 8, generator=g).to(device)
+    weights = torch.rand(4, 40, generator=g).to(device)
+    rows = torch.arange(4, device=device)
+    active = torch.tensor([True, False, True, True], device=device)
+    packed, index, _ = compact_fixed(active, 4, x)
+    out = x.clone()
+    raw_categorical = ops.sample_categorical_cpu if cpu else ops.sample_categorical
+    raw_hidden = ops.sample_from_hidden_cpu if cpu else ops.sample_from_hidden
+    raw_select = ops.planner_select_cpu if cpu else ops.planner_select
+    raw_mask = ops.planner_mask_cpu if cpu else ops.planner_mask
+    raw_select_mask = ops.planner_select_mask_cpu if cpu else ops.planner_select_mask
+    return {
+        "sample_categorical": (lambda: sample_categorical(logits, 0.9, [0], seed=1, offset=2),
+                               lambda: raw_categorical(logits, 0.9, [0], None, None, 1, 2, None)),
+        "sample_from_hidden": (lambda: sample_from_hidden(hidden, weight, None, 0.9, [0], seed=1, offset=2),
+                               lambda: raw_hidden(hidden, weight, None, 0.9, [0], None, None, 1, 2, None)),
+        "planner_select": (lambda: planner_select(planner, 1, "sigmoid", 1.0, 0.01, seed=1, offset=2),
+                           lambda: raw_select(planner, 1, False, 1.0, 0.01, None, 1, 2, None)),
+        "planner_mask": (lambda: planner_mask(planner, x, positions, 27, seed=1, offset=2),
+                         lambda: raw_mask(planner, x, positions, 27, None, 1, 2, None)),
+        "planner_select_mask": (lambda: planner_select_mask(planner, x, 27, 1, seed=1, offset=2),
+                                lambda: raw_select_mask(planner, x, 27, 1, False, 1.0, 0.01, None, None, 1, 2, None)),
+        "multinomial": (lambda: multinomial(weights, 1, True, seed=1, row_ids=rows, return_valid=True),
+                        lambda: ops.multinomial(weights, 1, True, 1, 0, rows)),
+        "compact_fixed": (lambda: compact_fixed(active, 4, x), lambda: ops.compact_fixed(active, 4, [x])),
+        "scatter_back": (lambda: scatter_back(index, packed, (out,)),
+                         lambda: ops.scatter_back(index, packed[0], out)),
+    }
+
+
+def main() -> int:
+    device = torch.device("cuda" if "--cuda" in sys.argv[1:] else "cpu")
+    torch.set_num_threads(1)
+    _ext.load()
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    print(f"host cost per call on {device} (torch {torch.__version__}), best of {REPEATS} x {CALLS} calls, "
+          f"target < {TARGET_US:g} us")
+    print(f"{'op':22s} {'public':>9s} {'raw':>9s} {'added':>9s}")
+    worst = 0.0
+    for name, (public, raw) in cases(device).items():
+        a, b = per_call_us(public, raw, sync)
+        worst = max(worst, a - b)
+        print(f"{name:22s} {a:7.1f}us {b:7.1f}us {a - b:7.1f}us{'' if a - b < TARGET_US else '  over target'}")
+    print(f"largest added cost: {worst:.1f} us")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

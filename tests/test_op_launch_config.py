@@ -1,0 +1,78 @@
+"""The GPU grids of every op at the shapes of the issue's table (and the sampler's
+planner shapes), computed on the CPU by the launch-configuration code the ops run,
+for a 132-SM device (an H100 SXM): the pass that reads the input has at least one
+program per multiprocessor wherever there are 64 rows or more.
+
+The per-row finishing passes (sample_categorical's and sample_from_hidden's tile race
+over a few hundred statistics, multinomial's sequential draws) have one program per
+row by design: what they read per row is bounded (asserted below), not the input.
+A row of a single tile (V <= 256) is one program's whole work: 64 such rows are 64
+programs of a few hundred elements, nothing to split."""
+import pytest
+import torch
+
+from ddpd.ops import _ext
+from ddpd.ops.sample_categorical import TILE, categorical_launch, n_tiles
+from ddpd.ops.sample_from_hidden import head_launch
+
+SMS = 132  # H100 SXM; an H200 has the same count
+GPT2, LLAMA3 = 50257, 128256
+
+
+def programs(grid) -> int:
+    total = 1
+    for size in grid:
+        total *= size
+    return total
+
+
+@pytest.mark.parametrize("rows,vocab", [(1, GPT2), (64, GPT2), (256, GPT2), (1024, GPT2), (4096, 27), (64, LLAMA3),
+                                        (8, 1000)])
+def test_sample_categorical_grids_fill_the_device(rows, vocab):
+    launch = categorical_launch(rows, vocab, SMS)
+    streaming = launch.stats_grid or launch.finish_grid  # one tile: the finish pass reads the row
+    if rows >= 64:
+        assert programs(streaming) >= SMS, (rows, vocab, launch)
+    if rows == 1 and vocab == GPT2:
+        assert launch.tiles_per_split == 1 and programs(streaming) == n_tiles(vocab)  # one tile per program
+    # every tile is covered exactly once
+    tiles = n_tiles(vocab)
+    assert launch.splits * launch.tiles_per_split >= tiles > (launch.splits - 1) * launch.tiles_per_split
+    # the finish pass reads two floats per tile and one float32 tile of logits per row: a
+    # small part of a row even in 16 bits
+    assert launch.finish_grid == (rows,)
+    if vocab >= GPT2:
+        assert 8 * tiles + 4 * TILE < 2 * vocab / 8
+
+
+@pytest.mark.parametrize("rows,width,vocab,element_size", [(1, 768, GPT2, 2), (64, 768, GPT2, 2),
+                                                           (256, 768, GPT2, 2), (64, 4096, LLAMA3, 2),
+                                                           (64, 256, GPT2, 4), (4096, 256, 28, 4)])
+def test_sample_from_hidden_grids_fill_the_device(rows, width, vocab, element_size):
+    launch = head_launch(rows, width, vocab, element_size, SMS)
+    if rows >= 64:
+        assert programs(launch.tiles_grid) >= SMS, launch
+    row_blocks, splits = launch.tiles_grid
+    assert row_blocks * launch.block_n >= rows > (row_blocks - 1) * launch.block_n
+    assert splits * launch.tiles_per_split >= n_tiles(vocab) > (splits - 1) * launch.tiles_per_split
+    assert launch.block_n in (16, 32) and width % launch.block_h == 0  # full slices of H at these shapes
+    assert (launch.finish_grid is None) == (vocab <= TILE)
+
+
+@pytest.mark.parametrize("rows,n,replacement", [(64, GPT2, False), (64, GPT2, True), (512, GPT2, False),
+                                                (4096, 27, False), (64, LLAMA3, False), (1, GPT2, True)])
+def test_multinomial_grids_fill_the_device(rows, n, replacement):
+    _ext.load()
+    inline, splits, sum_blocks, draw_blocks, draw_threads, shared = torch.ops.ddpd.multinomial_launch(
+        rows, n, replacement, SMS)
+    chunks = -(-n // 64)
+    if inline:  # short rows: eight rows per block, one launch
+        assert chunks <= 32 and draw_threads == 256 and draw_blocks == -(-rows // 8)
+        streaming = draw_blocks
+    else:
+        assert sum_blocks == rows * splits and draw_blocks == rows and draw_threads == 32
+        streaming = sum_blocks
+    if rows >= 64:
+        assert streaming >= SMS, (rows, n, splits, sum_blocks, draw_blocks)
+    if (rows, n) == (64, GPT2):
+        assert shared  # the draw state of a GPT-2 row sits in shared memory

@@ -1,0 +1,79 @@
+"""64-bit row ids in the counter-based streams (ddpd.ops.rng, csrc/philox.h,
+ddpd.kernels.philox): rows r and r + 2**32 draw independently in every path, and
+no row below 2**32 draws anything other than it always did (values pinned before
+the high word entered the stream)."""
+import torch
+
+from ddpd.ops.multinomial import draw_uniforms, multinomial, multinomial_reference
+from ddpd.ops.planner_select import planner_select, planner_select_reference
+from ddpd.ops.rng import philox_uniform
+from ddpd.ops.sample_categorical import noise_width, sample_categorical, sample_categorical_reference
+from ddpd.ops.sample_from_hidden import sample_from_hidden
+
+LOW_ROWS = torch.tensor([0, 1, 7, 2**31 + 5, 2**32 - 1])
+
+
+def top_bits(u: torch.Tensor) -> list:
+    """The 24-bit integers behind float32 uniforms ((w >> 8) + 0.5) * 2**-24."""
+    return (u.double() * 2**24 - 0.5).round().long().tolist()
+
+
+def test_rows_below_two_to_the_32_keep_their_pinned_uniforms():
+    u = philox_uniform(2**64 - 3, 2**40 + 9, LOW_ROWS, torch.tensor([0, 1, 255, 2**31]))
+    assert top_bits(u) == [[8295071, 3435516, 8244011, 14325818], [13038420, 3825856, 14059882, 198231],
+                           [14809300, 2653171, 13603144, 15913862], [15559918, 8859476, 12505692, 10154046],
+                           [513062, 13719392, 8738382, 2262310]]
+    assert top_bits(philox_uniform(0, 0, torch.tensor([0, 2**32 - 1]), 3)) == [[6694888, 16311500, 326307],
+                                                                              [16135064, 1950120, 3741989]]
+    d = draw_uniforms(12345, 6, LOW_ROWS, 2)
+    assert (d * 2**48 - 0.5).round().long().tolist() == [
+        [64715191359271, 15686838978852], [13122894301882, 171292599858808], [29146650697753, 275324219343527],
+        [21814841602648, 14188968788462], [110992586303409, 246745908406445]]
+
+
+def test_high_word_of_the_row_id_enters_the_stream():
+    rows = torch.tensor([0, 5, 2**32 - 1])
+    for high in (1, 2**31, 2**32 - 1):
+        shifted = rows + high * 2**32
+        assert not torch.equal(philox_uniform(3, 4, rows, 64), philox_uniform(3, 4, shifted, 64))
+    # Negative int64 ids stand for ids >= 2**63 (the same bits as uint64).
+    assert not torch.equal(philox_uniform(3, 4, torch.tensor([-1]), 64), philox_uniform(3, 4, torch.tensor([2**32 - 1]),
+                                                                                         64))
+    # Independent, not merely different: over 1000 row pairs the uniforms are uncorrelated.
+    low = torch.arange(1000)
+    a, b = philox_uniform(9, 0, low, 8), philox_uniform(9, 0, low + 2**32, 8)
+    assert abs(float(torch.corrcoef(torch.stack([a.flatten(), b.flatten()]))[0, 1])) < 0.05
+    assert (a == b).float().mean() < 0.01
+
+
+def test_every_path_draws_differently_for_rows_two_to_the_32_apart():
+    """Token draws of rows r and r + 2**32 (1000 pairs) rarely coincide; before, all did."""
+    n, vocab = 1000, 300
+    logits = torch.zeros(n, vocab)
+    low, high = torch.arange(n), torch.arange(n) + 2**32
+    same = (sample_categorical(logits, seed=1, row_ids=low)[0] == sample_categorical(logits, seed=1, row_ids=high)[0])
+    assert same.float().mean() < 0.02  # 1/300 expected
+    ref_low = sample_categorical_reference(logits, seed=1, row_ids=low)[0]
+    assert torch.equal(ref_low, sample_categorical(logits, seed=1, row_ids=low)[0])
+    assert torch.equal(sample_categorical_reference(logits, seed=1, row_ids=high)[0],
+                       sample_categorical(logits, seed=1, row_ids=high)[0])
+    planner = torch.zeros(n, 64)
+    a, b = planner_select(planner, seed=2, row_ids=low)[0], planner_select(planner, seed=2, row_ids=high)[0]
+    assert (a == b).float().mean() < 0.05
+    assert torch.equal(b, planner_select_reference(planner, seed=2, row_ids=high)[0])
+    weights = torch.ones(n, 64)
+    a, b = multinomial(weights, 1, seed=3, row_ids=low), multinomial(weights, 1, seed=3, row_ids=high)
+    assert (a == b).float().mean() < 0.05
+    assert torch.equal(b, multinomial_reference(weights, 1, seed=3, row_ids=high))
+    hidden, weight = torch.zeros(n, 4), torch.zeros(vocab, 4)
+    a = sample_from_hidden(hidden, weight, seed=4, row_ids=low)[0]
+    b = sample_from_hidden(hidden, weight, seed=4, row_ids=high)[0]
+    assert (a == b).float().mean() < 0.02
+
+
+def test_seeded_high_rows_read_the_reference_stream():
+    rows = torch.tensor([2**32, 2**40 + 3, -5])
+    logits = torch.randn(3, 600, generator=torch.Generator().manual_seed(0))
+    noise = philox_uniform(11, 2, rows, noise_width(600))
+    expected = sample_categorical_reference(logits, noise=noise)[0]
+    assert torch.equal(sample_categorical(logits, seed=11, offset=2, row_ids=rows)[0], expected)
