@@ -23,6 +23,7 @@ from typing import Callable
 
 import torch
 
+from ddpd.ops.bernoulli import bernoulli
 from ddpd.ops.compact import compact_fixed, scatter_back
 from ddpd.ops.multinomial import multinomial
 from ddpd.ops.planner_mask import planner_mask
@@ -67,6 +68,8 @@ def cases(device: torch.device) -> dict:
     active = torch.tensor([True, False, True, True], device=device)
     packed, index, _ = compact_fixed(active, 4, x)
     out = x.clone()
+    ids = torch.tensor([0], device=device)
+    probs = torch.rand(4, 16, generator=g).to(device)
     raw_categorical = ops.sample_categorical_cpu if cpu else ops.sample_categorical
     raw_hidden = ops.sample_from_hidden_cpu if cpu else ops.sample_from_hidden
     raw_select = ops.planner_select_cpu if cpu else ops.planner_select
@@ -74,9 +77,15 @@ def cases(device: torch.device) -> dict:
     raw_select_mask = ops.planner_select_mask_cpu if cpu else ops.planner_select_mask
     return {
         "sample_categorical": (lambda: sample_categorical(logits, 0.9, [0], seed=1, offset=2),
-                               lambda: raw_categorical(logits, 0.9, [0], None, None, 1, 2, None, None, None)),
+                               lambda: raw_categorical(logits, 0.9, None, ids, None, None, 0, None, 1.0, None,
+                                                       -float("inf"), None, None, 1, 2, None, None, None, False, 0)),
+        "sample_categorical top_p": (lambda: sample_categorical(logits, 0.9, top_p=0.9, seed=1, offset=2),
+                                     lambda: raw_categorical(logits, 0.9, None, None, None, None, 0, None, 0.9, None,
+                                                             -float("inf"), None, None, 1, 2, None, None, None, False,
+                                                             0)),
         "sample_from_hidden": (lambda: sample_from_hidden(hidden, weight, None, 0.9, [0], seed=1, offset=2),
-                               lambda: raw_hidden(hidden, weight, None, 0.9, [0], None, None, 1, 2, None, None, None)),
+                               lambda: raw_hidden(hidden, weight, None, 0.9, None, ids, None, None, None, 1, 2, None,
+                                                  None, None, False, 0)),
         "planner_select": (lambda: planner_select(planner, 1, "sigmoid", 1.0, 0.01, seed=1, offset=2),
                            lambda: raw_select(planner, 1, False, 1.0, 0.01, None, 1, 2, None, None, None)),
         "planner_mask": (lambda: planner_mask(planner, x, positions, 27, seed=1, offset=2),
@@ -84,11 +93,13 @@ def cases(device: torch.device) -> dict:
         "planner_select_mask": (lambda: planner_select_mask(planner, x, 27, 1, seed=1, offset=2),
                                 lambda: raw_select_mask(planner, x, 27, 1, False, 1.0, 0.01, None, None, 1, 2, 3, None,
                                                         None, None, None)),
+        "bernoulli": (lambda: bernoulli(probs, seed=1, offset=2),
+                      lambda: (ops.bernoulli_cpu if cpu else ops.bernoulli)(probs, None, 1, 2, None, None, None)),
         "multinomial": (lambda: multinomial(weights, 1, True, seed=1, row_ids=rows, return_valid=True),
-                        lambda: ops.multinomial(weights, 1, True, 1, 0, rows)),
-        "compact_fixed": (lambda: compact_fixed(active, 4, x), lambda: ops.compact_fixed(active, 4, [x])),
+                        lambda: ops.multinomial_kernel(weights, 1, True, None, 1, 0, rows, None, None)),
+        "compact_fixed": (lambda: compact_fixed(active, 4, x), lambda: ops.compact_fixed_kernel(active, 4, [x])),
         "scatter_back": (lambda: scatter_back(index, packed, (out,)),
-                         lambda: ops.scatter_back(index, packed[0], out)),
+                         lambda: ops.scatter_back_kernel(index, packed[0], out)),
     }
 
 
@@ -98,12 +109,12 @@ def main() -> int:
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     print(f"host cost per call on {device} (torch {torch.__version__}), best of {REPEATS} x {CALLS} calls, "
           f"target < {TARGET_US:g} us")
-    print(f"{'op':22s} {'public':>9s} {'raw':>9s} {'added':>9s}")
+    print(f"{'op':26s} {'public':>9s} {'raw':>9s} {'added':>9s}")
     worst = 0.0
     for name, (public, raw) in cases(device).items():
         a, b = per_call_us(public, raw, sync)
         worst = max(worst, a - b)
-        print(f"{name:22s} {a:7.1f}us {b:7.1f}us {a - b:7.1f}us{'' if a - b < TARGET_US else '  over target'}")
+        print(f"{name:26s} {a:7.1f}us {b:7.1f}us {a - b:7.1f}us{'' if a - b < TARGET_US else '  over target'}")
     print(f"largest added cost: {worst:.1f} us")
     return 0
 

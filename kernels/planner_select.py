@@ -49,7 +49,8 @@ def log_sigmoid(l):
 def planner_select_kernel(
     logits_ptr, D, k, tau, eps,
     noise_ptr, mask_noise_ptr, row_ids_ptr, seed_lo, seed_hi, offset_lo, offset_hi, mask_offset_lo, mask_offset_hi,
-    seed_ptr, offset_ptr, mask_offset_ptr, x_ptr, mask_id, positions_ptr, sum_p_ptr, stop_ptr, masked_ptr, z_ptr, count_ptr,
+    seed_ptr, offset_ptr, mask_offset_ptr, x_ptr, mask_id, positions_ptr, sum_p_ptr, stop_ptr, masked_ptr, z_ptr,
+    count_ptr,
     SOFTMAX: tl.constexpr, WITH_MASK: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)

@@ -1,36 +1,78 @@
 """Triton kernels of ddpd.ops.sample_categorical: the two-level exact Gumbel-max,
-with each row's vocabulary split over several programs.
+with each row's vocabulary split over several programs, the sampling controls and
+the statistics behind the log-probability and confidence outputs.
 
-With l the logits (NaN and excluded tokens at -inf), m_t the maximum of tile t
-(TILE tokens), M = max_t m_t and shift(a, b) = (a - b) / T (0 where a == b, -inf
-where a is -inf):
+With l the logits (NaN, excluded, not allowed and truncated tokens at -inf), m_t the
+maximum of tile t (TILE tokens), M = max_t m_t and shift(a, b) = (a - b) / T (0 where
+a == b, -inf where a is -inf):
+- thresholds_kernel, one program per row, only when top-k / top-p / min-p is asked:
+  the row's truncation threshold tau (ddpd.ops.sample_categorical says which tokens
+  each keeps), found without sorting by a radix search over the order-preserving
+  32-bit keys of the logits: each pass buckets the keys still in play into 16 ranges
+  and keeps the one that holds the threshold, narrowed to the keys present in it;
 - tile_stats_kernel, grid (rows, splits): each program takes a run of tiles and
-  writes, per tile, m_t and r_t = s_t + G_t, where s_t = log sum_j exp(y_j),
-  y_j = shift(l_j, m_t), and G_t the Gumbel variable of column V + t;
+  writes, per tile, m_t and s_t = log sum_j exp(y_j), y_j = shift(l_j, m_t), and on
+  request the second largest value and a_t = sum_j exp(y_j) y_j;
 - finish_kernel, one program per row: M, the winning tile argmax_t shift(m_t, M)
-  + r_t (first on ties), then the token argmax_j y_j + G_j inside it (column j).
-  With a single tile (V <= TILE) it does everything itself, one launch.
+  + s_t + G_t (G_t the Gumbel variable of column V + t; greedy rows without s_t + G_t;
+  first on ties), the token argmax_j y_j + G_j inside it (column j), and from the tile
+  statistics the log-probability and confidence. With a single tile (V <= TILE) it
+  does everything itself, one launch.
 Only the winning tile's TILE logits are read twice; no probabilities are stored.
-float32 arithmetic only (inputs cast on load); the temperature division is IEEE
-(div_rn), as in the torch reference and the C++ kernel.
+float32 arithmetic only (inputs cast on load; sums of the threshold search in
+float64); the temperature division is IEEE (div_rn), as in the torch reference and
+the C++ kernel. A row's temperature T < 0 marks a greedy row, whose statistics use T = 1.
 """
 import triton
 import triton.language as tl
 
 from ddpd.kernels.rng import gumbel, load_counters, row_uniform
 
+N_BUCKETS = tl.constexpr(16)  # ranges per pass of the threshold search
+
 
 @triton.jit
-def masked_logits(logits_ptr, row, offs, V, exclude_ptr, n_exclude, exclude_row_ptr,
-                  HAS_EXCLUDE_ROW: tl.constexpr):
-    """float32 logits at offs, -inf beyond V, for NaN and for excluded tokens."""
+def masked_logits(logits_ptr, row, offs, V, exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr, tau):
+    """float32 logits at offs, -inf beyond V, for NaN, excluded and not allowed tokens,
+    and below the row's threshold tau."""
     x = tl.load(logits_ptr + row * V + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
     x = tl.where(x != x, float("-inf"), x)
     for e in range(n_exclude):
         x = tl.where(offs == tl.load(exclude_ptr + e), float("-inf"), x)
-    if HAS_EXCLUDE_ROW:
+    if exclude_row_ptr is not None:
         x = tl.where(offs == tl.load(exclude_row_ptr + row), float("-inf"), x)
-    return x
+    if allowed_ptr is not None:
+        ok = tl.load(allowed_ptr + row * V + offs, mask=offs < V, other=0).to(tl.int1)
+        x = tl.where(ok, x, float("-inf"))
+    return tl.where(x >= tau, x, float("-inf"))
+
+
+@triton.jit
+def row_value(scalar, ptr, row):
+    """A per-row control: ptr[row] where a per-row tensor is given, else the scalar."""
+    if ptr is not None:
+        value = tl.load(ptr + row)
+    else:
+        value = scalar
+    return value
+
+
+@triton.jit
+def row_temperature(temperature, temperature_ptr, row):
+    """(greedy, T) of a row: T < 0 marks a greedy row, whose statistics use T = 1. float32
+    (a scalar below float32's range arrives as float64 and rounds to 0 here)."""
+    given = tl.cast(row_value(temperature, temperature_ptr, row), tl.float32)
+    greedy = given < 0
+    return greedy, tl.where(greedy, 1.0, given)
+
+
+@triton.jit
+def row_threshold(tau_ptr, row):
+    if tau_ptr is not None:
+        tau = tl.load(tau_ptr + row)
+    else:
+        tau = float("-inf")
+    return tau
 
 
 @triton.jit
@@ -43,12 +85,6 @@ def shift(a, b, temperature):
 
 
 @triton.jit
-def tile_mass(y):
-    """s = log sum exp(y) along axis 1 (y <= 0 with a 0 in every non-empty tile)."""
-    return tl.log(tl.sum(tl.exp(y), axis=1))
-
-
-@triton.jit
 def first_argmax(keys, index, sentinel):
     """The index of the first maximum of keys (1-D), and that maximum."""
     best = tl.max(keys, axis=0)
@@ -56,21 +92,37 @@ def first_argmax(keys, index, sentinel):
 
 
 @triton.jit
+def tile_statistics(x, temperature, SECOND: tl.constexpr, ENTROPY: tl.constexpr):
+    """Per tile (axis 1 of x [tiles, TILE]): m_t, s_t, and where asked the second largest
+    value (with multiplicity) and a_t = sum exp(y) y; -inf tiles give m = s = -inf."""
+    m = tl.max(x, axis=1)
+    y = shift(x, m[:, None], temperature)
+    e = tl.exp(y)
+    s = tl.log(tl.sum(e, axis=1))
+    if SECOND:
+        at_max = tl.sum((x == m[:, None]).to(tl.int32), axis=1)
+        below = tl.max(tl.where(x < m[:, None], x, float("-inf")), axis=1)
+        second = tl.where(at_max > 1, m, below)
+    else:
+        second = m
+    if ENTROPY:
+        ent = tl.sum(tl.where(e > 0, e * y, 0.0), axis=1)
+    else:
+        ent = s
+    return m, s, second, ent
+
+
+@triton.jit
 def tile_stats_kernel(
-    logits_ptr, V, n_tiles, tiles_per_split, temperature,
-    exclude_ptr, n_exclude, exclude_row_ptr,
-    noise_ptr, row_ids_ptr, seed_lo, seed_hi, offset_lo, offset_hi, seed_ptr, offset_ptr,
-    tile_max_ptr, tile_key_ptr,
-    TILE: tl.constexpr, TILES_PER_CHUNK: tl.constexpr,
+    logits_ptr, V, n_tiles, tiles_per_split, temperature, temperature_ptr,
+    exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr, tau_ptr,
+    tile_max_ptr, tile_mass_ptr, tile_second_ptr, tile_ent_ptr,
+    TILE: tl.constexpr, TILES_PER_CHUNK: tl.constexpr, SECOND: tl.constexpr, ENTROPY: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
-    seed_lo, seed_hi, offset_lo, offset_hi = load_counters(seed_lo, seed_hi, offset_lo, offset_hi, seed_ptr,
-                                                           offset_ptr)
     split = tl.program_id(1)
-    if row_ids_ptr is not None:
-        row_id = tl.load(row_ids_ptr + row)
-    else:
-        row_id = row
+    _, t = row_temperature(temperature, temperature_ptr, row)
+    tau = row_threshold(tau_ptr, row)
     j = tl.arange(0, TILE)
     first = split * tiles_per_split
     end = tl.minimum(first + tiles_per_split, n_tiles)
@@ -79,22 +131,106 @@ def tile_stats_kernel(
         live = tiles < end
         offs = tiles[:, None] * TILE + j[None, :]
         x = masked_logits(logits_ptr, row, tl.where(live[:, None], offs, V), V, exclude_ptr, n_exclude,
-                          exclude_row_ptr, exclude_row_ptr is not None)
-        m = tl.max(x, axis=1)
-        s = tile_mass(shift(x, m[:, None], temperature))
-        u = row_uniform(noise_ptr, V + n_tiles, row, V + tl.where(live, tiles, 0), row_id, seed_lo, seed_hi,
+                          exclude_row_ptr, allowed_ptr, tau)
+        m, s, second, ent = tile_statistics(x, t, SECOND, ENTROPY)
+        at = row * n_tiles + tiles
+        tl.store(tile_max_ptr + at, m, mask=live)
+        tl.store(tile_mass_ptr + at, s, mask=live)
+        if SECOND:
+            tl.store(tile_second_ptr + at, second, mask=live)
+        if ENTROPY:
+            tl.store(tile_ent_ptr + at, ent, mask=live)
+
+
+@triton.jit
+def race(row, n_tiles, V, t, greedy, tile_max_ptr, tile_mass_ptr, noise_ptr, row_id, seed_lo, seed_hi, offset_lo,
+         offset_hi, BLOCK_T: tl.constexpr):
+    """The tile race over the stored statistics: (winning tile, row maximum M)."""
+    ts = tl.arange(0, BLOCK_T)
+    row_max = tl.full([], float("-inf"), tl.float32)
+    for t0 in range(0, n_tiles, BLOCK_T):
+        m = tl.load(tile_max_ptr + row * n_tiles + t0 + ts, mask=t0 + ts < n_tiles, other=float("-inf"))
+        row_max = tl.maximum(row_max, tl.max(m, axis=0))
+    best_key = tl.full([], float("-inf"), tl.float32)
+    tile = tl.full([], 0, tl.int32)
+    for t0 in range(0, n_tiles, BLOCK_T):
+        live = t0 + ts < n_tiles
+        m = tl.load(tile_max_ptr + row * n_tiles + t0 + ts, mask=live, other=float("-inf"))
+        s = tl.load(tile_mass_ptr + row * n_tiles + t0 + ts, mask=live, other=0.0)
+        u = row_uniform(noise_ptr, V + n_tiles, row, V + tl.where(live, t0 + ts, 0), row_id, seed_lo, seed_hi,
                         offset_lo, offset_hi, noise_ptr is not None)
-        tl.store(tile_max_ptr + row * n_tiles + tiles, m, mask=live)
-        tl.store(tile_key_ptr + row * n_tiles + tiles, s + gumbel(u), mask=live)
+        d = shift(m, row_max, t)
+        key = tl.where(greedy, d, d + (s + gumbel(u)))
+        key = tl.where(live, key, float("-inf"))
+        chunk_tile, chunk_key = first_argmax(key, t0 + ts, n_tiles)
+        better = chunk_key > best_key  # strict: the lowest tile wins ties
+        tile = tl.where(better, chunk_tile, tile)
+        best_key = tl.where(better, chunk_key, best_key)
+    return tile, row_max
+
+
+@triton.jit
+def row_summary(row, n_tiles, row_max, t, tile_max_ptr, tile_mass_ptr, tile_second_ptr, tile_ent_ptr,
+                SECOND: tl.constexpr, ENTROPY: tl.constexpr, BLOCK_T: tl.constexpr):
+    """From the tile statistics: log Z = log sum_t exp(d_t + s_t), d_t = shift(m_t, M);
+    the second largest value of the row; sum_j p_j log p_j (ENTROPY)."""
+    ts = tl.arange(0, BLOCK_T)
+    z = tl.full([], 0.0, tl.float32)
+    ey = tl.full([], 0.0, tl.float32)
+    first = tl.full([], float("-inf"), tl.float32)
+    second = tl.full([], float("-inf"), tl.float32)
+    for t0 in range(0, n_tiles, BLOCK_T):
+        live = t0 + ts < n_tiles
+        at = row * n_tiles + t0 + ts
+        m = tl.load(tile_max_ptr + at, mask=live, other=float("-inf"))
+        s = tl.load(tile_mass_ptr + at, mask=live, other=float("-inf"))
+        d = shift(m, row_max, t)
+        scale = tl.exp(d)
+        mass = tl.exp(s)
+        z += tl.sum(scale * mass, axis=0)
+        if ENTROPY:
+            a = tl.load(tile_ent_ptr + at, mask=live, other=0.0)
+            ey += tl.sum(tl.where(scale > 0, scale * (a + d * mass), 0.0), axis=0)
+        if SECOND:
+            m2 = tl.load(tile_second_ptr + at, mask=live, other=float("-inf"))
+            first, second = top_two(first, second, m, m2, t0 + ts, BLOCK_T)
+    log_z = tl.log(z)
+    return log_z, second, ey / z - log_z
+
+
+@triton.jit
+def top_two(first, second, m, m2, index, BLOCK_T: tl.constexpr):
+    """The two largest values (with multiplicity) of {first, second} and the chunk's
+    tile maxima m and second values m2."""
+    c1, _ = first_argmax(m, index, 2**30)
+    top = tl.max(m, axis=0)
+    rest = tl.maximum(tl.max(tl.where(index == c1, float("-inf"), m), axis=0), tl.max(m2, axis=0))
+    # merge (top, rest) with (first, second)
+    new_first = tl.maximum(first, top)
+    new_second = tl.maximum(tl.minimum(first, top), tl.maximum(second, rest))
+    return new_first, new_second
+
+
+@triton.jit
+def confidence_of(CONFIDENCE: tl.constexpr, token_logit, row_max, t, log_z, second, neg_entropy):
+    """1 prob of the drawn token, 2 margin p(top 1) - p(top 2), 3 sum p log p."""
+    if CONFIDENCE == 1:
+        c = tl.exp(shift(token_logit, row_max, t) - log_z)
+    elif CONFIDENCE == 2:
+        c = (1.0 - tl.exp(shift(second, row_max, t))) * tl.exp(-log_z)
+    else:
+        c = neg_entropy
+    return c
 
 
 @triton.jit
 def finish_kernel(
-    logits_ptr, V, n_tiles, temperature,
-    exclude_ptr, n_exclude, exclude_row_ptr,
+    logits_ptr, V, n_tiles, temperature, temperature_ptr,
+    exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr, tau_ptr,
     noise_ptr, row_ids_ptr, seed_lo, seed_hi, offset_lo, offset_hi, seed_ptr, offset_ptr,
-    tile_max_ptr, tile_key_ptr, tokens_ptr, valid_ptr,
+    tile_max_ptr, tile_mass_ptr, tile_second_ptr, tile_ent_ptr, tokens_ptr, valid_ptr, logprob_ptr, confidence_ptr,
     TILE: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_T: tl.constexpr, SINGLE_TILE: tl.constexpr,
+    LOGPROB: tl.constexpr, CONFIDENCE: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     seed_lo, seed_hi, offset_lo, offset_hi = load_counters(seed_lo, seed_hi, offset_lo, offset_hi, seed_ptr,
@@ -103,40 +239,162 @@ def finish_kernel(
         row_id = tl.load(row_ids_ptr + row)
     else:
         row_id = row
+    greedy, t = row_temperature(temperature, temperature_ptr, row)
+    tau = row_threshold(tau_ptr, row)
     if SINGLE_TILE:
         tile = 0
     else:
-        t = tl.arange(0, BLOCK_T)
-        row_max = tl.full([], float("-inf"), tl.float32)
-        for t0 in range(0, n_tiles, BLOCK_T):
-            m = tl.load(tile_max_ptr + row * n_tiles + t0 + t, mask=t0 + t < n_tiles, other=float("-inf"))
-            row_max = tl.maximum(row_max, tl.max(m, axis=0))
-        best_key = tl.full([], float("-inf"), tl.float32)
-        tile = tl.full([], 0, tl.int32)
-        for t0 in range(0, n_tiles, BLOCK_T):
-            live = t0 + t < n_tiles
-            m = tl.load(tile_max_ptr + row * n_tiles + t0 + t, mask=live, other=float("-inf"))
-            r = tl.load(tile_key_ptr + row * n_tiles + t0 + t, mask=live, other=0.0)
-            key = tl.where(live, shift(m, row_max, temperature) + r, float("-inf"))
-            chunk_tile, chunk_key = first_argmax(key, t0 + t, n_tiles)
-            better = chunk_key > best_key  # strict: the lowest tile wins ties
-            tile = tl.where(better, chunk_tile, tile)
-            best_key = tl.where(better, chunk_key, best_key)
+        tile, row_max = race(row, n_tiles, V, t, greedy, tile_max_ptr, tile_mass_ptr, noise_ptr, row_id, seed_lo,
+                             seed_hi, offset_lo, offset_hi, BLOCK_T)
 
     offs = tile * TILE + tl.arange(0, BLOCK_J)
-    x = masked_logits(logits_ptr, row, offs, V, exclude_ptr, n_exclude, exclude_row_ptr,
-                      exclude_row_ptr is not None)
+    x = masked_logits(logits_ptr, row, offs, V, exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr, tau)
     tile_max = tl.max(x, axis=0)
-    y = shift(x, tile_max, temperature)
+    y = shift(x, tile_max, t)
     column = tl.where(offs < V, offs, 0)
     u = row_uniform(noise_ptr, V + n_tiles, row, column, row_id, seed_lo, seed_hi, offset_lo, offset_hi,
                     noise_ptr is not None)
-    keys = tl.where(offs < V, y + gumbel(u), float("-inf"))
+    keys = tl.where(greedy, y, y + gumbel(u))
+    keys = tl.where(offs < V, keys, float("-inf"))
     token, _ = first_argmax(keys, offs, V)
     if SINGLE_TILE:
-        valid = tile_max > float("-inf")
-    else:
-        valid = row_max > float("-inf")
+        row_max = tile_max
+    valid = row_max > float("-inf")
     # An invalid row draws token 0.
     tl.store(tokens_ptr + row, tl.where(valid, token, 0).to(tl.int64))
     tl.store(valid_ptr + row, valid)
+    if LOGPROB or CONFIDENCE != 0:
+        token_logit = tl.max(tl.where(offs == token, x, float("-inf")), axis=0)
+        if SINGLE_TILE:
+            m, s, second, ent = tile_statistics(x[None, :], t, CONFIDENCE == 2, CONFIDENCE == 3)
+            log_z = tl.sum(s, axis=0)
+            second = tl.sum(second, axis=0)
+            neg_entropy = tl.sum(ent, axis=0) * tl.exp(-log_z) - log_z
+        else:
+            log_z, second, neg_entropy = row_summary(row, n_tiles, row_max, t, tile_max_ptr, tile_mass_ptr,
+                                                     tile_second_ptr, tile_ent_ptr, CONFIDENCE == 2,
+                                                     CONFIDENCE == 3, BLOCK_T)
+        if LOGPROB:
+            lp = shift(token_logit, row_max, t) - log_z
+            tl.store(logprob_ptr + row, tl.where(valid, lp, float("-inf")))
+        if CONFIDENCE != 0:
+            c = confidence_of(CONFIDENCE, token_logit, row_max, t, log_z, second, neg_entropy)
+            tl.store(confidence_ptr + row, tl.where(valid, c, float("-inf")))
+
+
+# ------------------------------------------------------------- truncation thresholds
+
+
+@triton.jit
+def ordered_key(x):
+    """Order-preserving key of float32 values as int64 in [0, 2**32); -0 reads as +0."""
+    x = tl.where(x == 0.0, 0.0, x)
+    bits = x.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF
+    return tl.where(bits >= 0x80000000, 0xFFFFFFFF - bits, bits + 0x80000000)
+
+
+@triton.jit
+def key_value(key):
+    """The float32 whose ordered key is `key` (int64 scalar)."""
+    bits = tl.where(key >= 0x80000000, key - 0x80000000, 0xFFFFFFFF - key)
+    return bits.to(tl.int32).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def weight_of(x, row_max, t, MASS: tl.constexpr):
+    """A key's weight in the search: 1 (top-k counts) or exp(shift(x, M)) (top-p mass)."""
+    if MASS:
+        w = tl.exp(shift(x, row_max, t))
+    else:
+        w = tl.where(x > float("-inf"), 1.0, 0.0)
+    return w
+
+
+@triton.jit
+def search_key(logits_ptr, row, V, exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr, floor, row_max, t, target,
+               lo, hi, MASS: tl.constexpr, BLOCK: tl.constexpr, NB: tl.constexpr):
+    """The largest key k* with W(k*) >= target, W(k) the weight of the row's logits >= floor
+    with key >= k, given W(lo) >= target > W(hi). Each pass buckets the keys in [lo, hi)
+    into NB ranges of 2**width keys, keeps the bucket holding k* and narrows [lo, hi)
+    to the smallest and largest key present in it; it ends when one key is left."""
+    b = tl.arange(0, NB)
+    above = tl.full([], 0.0, tl.float64)  # W(hi)
+    while hi - lo > 1:
+        width = 0
+        while ((hi - lo - 1) >> width) >= NB:
+            width += 1
+        weight = tl.zeros([NB], tl.float64)
+        smallest = tl.full([NB], 2**33, tl.int64)
+        largest = tl.full([NB], -1, tl.int64)
+        for start in range(0, V, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            x = masked_logits(logits_ptr, row, offs, V, exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr, floor)
+            key = ordered_key(x)
+            inside = (x > float("-inf")) & (key >= lo) & (key < hi)
+            bucket = tl.where(inside, (key - lo) >> width, NB)
+            hit = bucket[:, None] == b[None, :]
+            w = weight_of(x, row_max, t, MASS)
+            weight += tl.sum(tl.where(hit, w[:, None], 0.0), axis=0).to(tl.float64)
+            smallest = tl.minimum(smallest, tl.min(tl.where(hit, key[:, None], 2**33), axis=0))
+            largest = tl.maximum(largest, tl.max(tl.where(hit, key[:, None], -1), axis=0))
+        at_or_above = above + tl.cumsum(weight, axis=0, reverse=True)  # W(lower end of each bucket)
+        present = largest >= 0
+        chosen = tl.max(tl.where(present & (at_or_above >= target), b, -1), axis=0)
+        # target above every sum (p Z rounded above the sums of this pass): keep everything
+        chosen = tl.where(chosen >= 0, chosen, tl.min(tl.where(present, b, NB), axis=0))
+        pick = b == chosen
+        above = tl.sum(tl.where(pick, at_or_above - weight, 0.0), axis=0)
+        lo = tl.sum(tl.where(pick, smallest, 0), axis=0)
+        hi = tl.sum(tl.where(pick, largest, 0), axis=0) + 1
+    return lo
+
+
+@triton.jit
+def thresholds_kernel(
+    logits_ptr, V, temperature, temperature_ptr, exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr,
+    top_k, top_k_ptr, top_p, top_p_ptr, log_min_p, log_min_p_ptr, tau_ptr,
+    TOP_K: tl.constexpr, TOP_P: tl.constexpr, MIN_P: tl.constexpr, BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    _, t = row_temperature(temperature, temperature_ptr, row)
+    neg_inf = float("-inf")
+    row_max = tl.full([], neg_inf, tl.float32)
+    allowed = tl.full([], 0, tl.int64)
+    for start in range(0, V, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        x = masked_logits(logits_ptr, row, offs, V, exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr, neg_inf)
+        row_max = tl.maximum(row_max, tl.max(x, axis=0))
+        allowed += tl.sum((x > neg_inf).to(tl.int64), axis=0)
+    tau = tl.full([], neg_inf, tl.float32)
+    lowest = ordered_key(tl.full([], -3.4028234663852886e38, tl.float32))  # the smallest finite float
+    top = ordered_key(row_max) + 1
+    if TOP_K:
+        k = tl.cast(row_value(top_k, top_k_ptr, row), tl.int64)
+        if (k > 0) & (k < allowed):
+            key = search_key(logits_ptr, row, V, exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr, neg_inf,
+                             row_max, t, k.to(tl.float64), lowest, top, False, BLOCK, N_BUCKETS)
+            tau = key_value(key)
+    if TOP_P:
+        p = tl.cast(row_value(top_p, top_p_ptr, row), tl.float32)
+        if (p < 1.0) & (allowed > 0):
+            z = tl.full([], 0.0, tl.float64)
+            for start in range(0, V, BLOCK):
+                offs = start + tl.arange(0, BLOCK)
+                x = masked_logits(logits_ptr, row, offs, V, exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr, tau)
+                z += tl.sum(tl.exp(shift(x, row_max, t)), axis=0).to(tl.float64)
+            key = search_key(logits_ptr, row, V, exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr, tau, row_max,
+                             t, p.to(tl.float64) * z, tl.maximum(ordered_key(tau), lowest), top, True, BLOCK,
+                             N_BUCKETS)
+            tau = tl.maximum(tau, key_value(key))
+    if MIN_P:
+        c = tl.cast(row_value(log_min_p, log_min_p_ptr, row), tl.float32)
+        if c > neg_inf:
+            smallest = tl.full([], float("inf"), tl.float32)
+            for start in range(0, V, BLOCK):
+                offs = start + tl.arange(0, BLOCK)
+                x = masked_logits(logits_ptr, row, offs, V, exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr,
+                                  neg_inf)
+                kept = (x > neg_inf) & (shift(x, row_max, t) >= c)
+                smallest = tl.minimum(smallest, tl.min(tl.where(kept, x, float("inf")), axis=0))
+            tau = tl.maximum(tau, smallest)
+    tl.store(tau_ptr + row, tau)

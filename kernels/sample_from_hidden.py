@@ -8,13 +8,18 @@ as its epilogue; the [N, V] logits never exist.
   operands with float32 accumulation; float32 operands in IEEE float32). The tile
   dimension is the dot's M (256, what the tensor cores want) and the rows its N,
   so a few rows still make a full-width product. Epilogue, per row: the tile
-  maximum m_t, r_t = s_t + G_t (s_t = log sum_j exp y_j, y_j = shift(x_j, m_t)) and
-  the tile's candidate token c_t = argmax_j y_j + G_j (column j's Gumbel variable).
-  The race inside a tile does not depend on which tile wins, so every tile's winner
-  is kept (three numbers) and the weight is read once.
-  With a single tile (V <= TILE) it writes the tokens itself: one launch.
-- finish_kernel, one program per row: M = max_t m_t, the winning tile argmax_t
-  shift(m_t, M) + r_t (the first on ties), its candidate is the token.
+  maximum m_t, s_t = log sum_j exp y_j (y_j = shift(x_j, m_t)), the tile's candidate
+  token c_t = argmax_j y_j + G_j (column j's Gumbel variable; greedy rows: argmax_j
+  y_j) with its logit, and on request the second largest value and a_t. The race
+  inside a tile does not depend on which tile wins, so every tile's winner is kept
+  and the weight is read once. With a single tile (V <= TILE) it writes the outputs
+  itself: one launch.
+- finish_kernel, one program per row: the tile race of
+  ddpd.kernels.sample_categorical over the stored statistics (G_t from column V + t),
+  the winning tile's candidate is the token; its log-probability and confidence
+  from the same statistics.
+- head_logits_kernel, grid (row blocks, tiles): the float32 logits themselves, for
+  the calls with a truncation threshold (top-k / top-p / min-p needs a whole row).
 The logits are those of the torch reference up to the order of the float32
 additions; everything after them is ddpd.kernels.sample_categorical's arithmetic.
 """
@@ -22,7 +27,7 @@ import triton
 import triton.language as tl
 
 from ddpd.kernels.rng import gumbel, load_counters, row_uniform
-from ddpd.kernels.sample_categorical import first_argmax, shift
+from ddpd.kernels.sample_categorical import confidence_of, race, row_summary, row_temperature, shift, tile_statistics
 
 
 @triton.jit
@@ -43,13 +48,27 @@ def head_logits(h_ptr, w_ptr, b_ptr, rows, cols, N, V, H, BLOCK_H: tl.constexpr,
 
 
 @triton.jit
+def masked_head_logits(x, cols, rows_in_block, V, exclude_ptr, n_exclude, exclude_row, allowed_ptr):
+    """x [TILE, BLOCK_N] with NaN, excluded, not allowed and out-of-vocabulary tokens at -inf."""
+    x = tl.where(x != x, float("-inf"), x)
+    for e in range(n_exclude):
+        x = tl.where(cols[:, None] == tl.load(exclude_ptr + e), float("-inf"), x)
+    x = tl.where((cols[:, None] == exclude_row[None, :]) | (cols[:, None] >= V), float("-inf"), x)
+    if allowed_ptr is not None:
+        ok = tl.load(allowed_ptr + rows_in_block[None, :] * V + cols[:, None], mask=cols[:, None] < V, other=0)
+        x = tl.where(ok.to(tl.int1), x, float("-inf"))
+    return x
+
+
+@triton.jit
 def head_tiles_kernel(
-    h_ptr, w_ptr, b_ptr, N, V, H, n_tiles, tiles_per_split, temperature,
-    exclude_ptr, n_exclude, exclude_row_ptr,
+    h_ptr, w_ptr, b_ptr, N, V, H, n_tiles, tiles_per_split, temperature, temperature_ptr,
+    exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr,
     noise_ptr, row_ids_ptr, seed_lo, seed_hi, offset_lo, offset_hi, seed_ptr, offset_ptr,
-    tile_max_ptr, tile_key_ptr, candidate_ptr, tokens_ptr, valid_ptr,
+    tile_max_ptr, tile_mass_ptr, tile_second_ptr, tile_ent_ptr, candidate_ptr, candidate_logit_ptr,
+    tokens_ptr, valid_ptr, logprob_ptr, confidence_ptr,
     TILE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, DOT_F32: tl.constexpr,
-    SINGLE_TILE: tl.constexpr,
+    SINGLE_TILE: tl.constexpr, LOGPROB: tl.constexpr, CONFIDENCE: tl.constexpr,
 ):
     seed_lo, seed_hi, offset_lo, offset_hi = load_counters(seed_lo, seed_hi, offset_lo, offset_hi, seed_ptr,
                                                            offset_ptr)
@@ -64,60 +83,94 @@ def head_tiles_kernel(
         exclude_row = tl.load(exclude_row_ptr + safe_rows)
     else:
         exclude_row = tl.full((BLOCK_N,), -1, tl.int64)
+    if temperature_ptr is not None:
+        given = tl.load(temperature_ptr + safe_rows)
+    else:
+        given = tl.full((BLOCK_N,), tl.cast(temperature, tl.float32), tl.float32)
+    greedy = given < 0
+    t = tl.where(greedy, 1.0, given)
     j = tl.arange(0, TILE)
     first = tl.program_id(1) * tiles_per_split
-    for t in range(first, tl.minimum(first + tiles_per_split, n_tiles)):
-        cols = t * TILE + j
+    for tile in range(first, tl.minimum(first + tiles_per_split, n_tiles)):
+        cols = tile * TILE + j
         x = head_logits(h_ptr, w_ptr, b_ptr, rows, cols, N, V, H, BLOCK_H, DOT_F32)
-        x = tl.where(x != x, float("-inf"), x)
-        for e in range(n_exclude):
-            x = tl.where(cols[:, None] == tl.load(exclude_ptr + e), float("-inf"), x)
-        x = tl.where((cols[:, None] == exclude_row[None, :]) | (cols[:, None] >= V), float("-inf"), x)
-        m = tl.max(x, axis=0)
-        y = shift(x, m[None, :], temperature)
-        s = tl.log(tl.sum(tl.exp(y), axis=0))
-        u = row_uniform(noise_ptr, V + n_tiles, safe_rows, V + t, row_id, seed_lo, seed_hi, offset_lo, offset_hi,
-                        noise_ptr is not None)
+        x = masked_head_logits(x, cols, safe_rows, V, exclude_ptr, n_exclude, exclude_row, allowed_ptr)
+        # statistics per row: tile_statistics works along axis 1, so on x^T [BLOCK_N, TILE]
+        m, s, second, ent = tile_statistics(tl.trans(x), t[:, None], CONFIDENCE == 2, CONFIDENCE == 3)
+        y = shift(x, m[None, :], t[None, :])
         u_tok = row_uniform(noise_ptr, V + n_tiles, safe_rows[None, :], tl.where(cols < V, cols, 0)[:, None],
                             row_id[None, :], seed_lo, seed_hi, offset_lo, offset_hi, noise_ptr is not None)
-        keys = tl.where(cols[:, None] < V, y + gumbel(u_tok), float("-inf"))
+        keys = tl.where(greedy[None, :], y, y + gumbel(u_tok))
+        keys = tl.where(cols[:, None] < V, keys, float("-inf"))
         best = tl.max(keys, axis=0)
         candidate = tl.min(tl.where(keys == best[None, :], cols[:, None], V), axis=0)
+        candidate_logit = tl.max(tl.where(cols[:, None] == candidate[None, :], x, float("-inf")), axis=0)
         if SINGLE_TILE:  # the tile wins whenever anything is drawable: no finish pass
             valid = m > float("-inf")
             tl.store(tokens_ptr + safe_rows, tl.where(valid, candidate, 0).to(tl.int64), mask=live_row)
             tl.store(valid_ptr + safe_rows, valid, mask=live_row)
+            if LOGPROB:
+                lp = shift(candidate_logit, m, t) - s
+                tl.store(logprob_ptr + safe_rows, tl.where(valid, lp, float("-inf")), mask=live_row)
+            if CONFIDENCE != 0:
+                c = confidence_of(CONFIDENCE, candidate_logit, m, t, s, second, ent * tl.exp(-s) - s)
+                tl.store(confidence_ptr + safe_rows, tl.where(valid, c, float("-inf")), mask=live_row)
         else:
-            at = safe_rows * n_tiles + t
+            at = safe_rows * n_tiles + tile
             tl.store(tile_max_ptr + at, m, mask=live_row)
-            tl.store(tile_key_ptr + at, s + gumbel(u), mask=live_row)
+            tl.store(tile_mass_ptr + at, s, mask=live_row)
             tl.store(candidate_ptr + at, candidate, mask=live_row)
+            if LOGPROB or CONFIDENCE == 1:
+                tl.store(candidate_logit_ptr + at, candidate_logit, mask=live_row)
+            if CONFIDENCE == 2:
+                tl.store(tile_second_ptr + at, second, mask=live_row)
+            if CONFIDENCE == 3:
+                tl.store(tile_ent_ptr + at, ent, mask=live_row)
 
 
 @triton.jit
 def finish_kernel(
-    n_tiles, temperature, tile_max_ptr, tile_key_ptr, candidate_ptr, tokens_ptr, valid_ptr,
-    BLOCK_T: tl.constexpr,
+    n_tiles, V, temperature, temperature_ptr, noise_ptr, row_ids_ptr, seed_lo, seed_hi, offset_lo, offset_hi,
+    seed_ptr, offset_ptr, tile_max_ptr, tile_mass_ptr, tile_second_ptr, tile_ent_ptr, candidate_ptr,
+    candidate_logit_ptr, tokens_ptr, valid_ptr, logprob_ptr, confidence_ptr,
+    BLOCK_T: tl.constexpr, LOGPROB: tl.constexpr, CONFIDENCE: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
-    t = tl.arange(0, BLOCK_T)
-    row_max = tl.full([], float("-inf"), tl.float32)
-    for t0 in range(0, n_tiles, BLOCK_T):
-        m = tl.load(tile_max_ptr + row * n_tiles + t0 + t, mask=t0 + t < n_tiles, other=float("-inf"))
-        row_max = tl.maximum(row_max, tl.max(m, axis=0))
-    best_key = tl.full([], float("-inf"), tl.float32)
-    tile = tl.full([], 0, tl.int32)
-    for t0 in range(0, n_tiles, BLOCK_T):
-        live = t0 + t < n_tiles
-        m = tl.load(tile_max_ptr + row * n_tiles + t0 + t, mask=live, other=float("-inf"))
-        r = tl.load(tile_key_ptr + row * n_tiles + t0 + t, mask=live, other=0.0)
-        key = tl.where(live, shift(m, row_max, temperature) + r, float("-inf"))
-        chunk_tile, chunk_key = first_argmax(key, t0 + t, n_tiles)
-        better = chunk_key > best_key  # strict: the lowest tile wins ties
-        tile = tl.where(better, chunk_tile, tile)
-        best_key = tl.where(better, chunk_key, best_key)
+    seed_lo, seed_hi, offset_lo, offset_hi = load_counters(seed_lo, seed_hi, offset_lo, offset_hi, seed_ptr,
+                                                           offset_ptr)
+    if row_ids_ptr is not None:
+        row_id = tl.load(row_ids_ptr + row)
+    else:
+        row_id = row
+    greedy, t = row_temperature(temperature, temperature_ptr, row)
+    tile, row_max = race(row, n_tiles, V, t, greedy, tile_max_ptr, tile_mass_ptr, noise_ptr, row_id, seed_lo, seed_hi,
+                         offset_lo, offset_hi, BLOCK_T)
     valid = row_max > float("-inf")
     token = tl.load(candidate_ptr + row * n_tiles + tile)
     # An invalid row draws token 0.
     tl.store(tokens_ptr + row, tl.where(valid, token, 0).to(tl.int64))
     tl.store(valid_ptr + row, valid)
+    if LOGPROB or CONFIDENCE != 0:
+        log_z, second, neg_entropy = row_summary(row, n_tiles, row_max, t, tile_max_ptr, tile_mass_ptr,
+                                                 tile_second_ptr, tile_ent_ptr, CONFIDENCE == 2, CONFIDENCE == 3,
+                                                 BLOCK_T)
+        if LOGPROB or CONFIDENCE == 1:
+            token_logit = tl.load(candidate_logit_ptr + row * n_tiles + tile)
+        else:
+            token_logit = row_max
+        if LOGPROB:
+            lp = shift(token_logit, row_max, t) - log_z
+            tl.store(logprob_ptr + row, tl.where(valid, lp, float("-inf")))
+        if CONFIDENCE != 0:
+            c = confidence_of(CONFIDENCE, token_logit, row_max, t, log_z, second, neg_entropy)
+            tl.store(confidence_ptr + row, tl.where(valid, c, float("-inf")))
+
+
+@triton.jit
+def head_logits_kernel(h_ptr, w_ptr, b_ptr, N, V, H, out_ptr, TILE: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_H: tl.constexpr, DOT_F32: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = tl.program_id(1) * TILE + tl.arange(0, TILE)
+    x = head_logits(h_ptr, w_ptr, b_ptr, rows, cols, N, V, H, BLOCK_H, DOT_F32)
+    inside = (rows[None, :] < N) & (cols[:, None] < V)
+    tl.store(out_ptr + rows[None, :].to(tl.int64) * V + cols[:, None], x, mask=inside)

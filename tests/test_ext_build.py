@@ -21,8 +21,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_load_registers_the_ops():
     module = _ext.load()
     assert module is _ext.load()  # loaded once per process
-    for name in ("categorical_from_weights", "multinomial", "multinomial_with_uniforms", "compact_fixed",
-                 "scatter_back", "sample_categorical_cpu", "planner_select_cpu"):
+    for name in ("multinomial_kernel", "compact_fixed_kernel", "scatter_back_kernel", "sample_categorical_cpu",
+                 "sample_from_hidden_cpu", "planner_select_cpu", "planner_mask_cpu", "bernoulli_cpu"):
         assert hasattr(torch.ops.ddpd, name)
     assert _ext.has_cuda() in (True, False)
     assert _ext.ops_for(torch.device("cpu")) is torch.ops.ddpd

@@ -353,3 +353,31 @@ def test_cuda_multinomial_does_not_synchronise():
         multinomial(w, 4, False, seed=1, row_ids=ids, return_valid=True)
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+def test_opcheck_and_compile():
+    """ddpd::multinomial is a custom op with a fake kernel (categorical_from_weights runs
+    through it): opcheck passes, and a compiled call draws what the eager one draws."""
+    weights = torch.rand(5, 300, generator=torch.Generator().manual_seed(2))
+    op = torch.ops.ddpd.multinomial.default
+    rows = torch.arange(5) * 3
+    torch.library.opcheck(op, (weights, 4, False, None, 3, 9, rows, None, None))
+    torch.library.opcheck(op, (weights.double(), 2, True, torch.rand(5, 2, dtype=torch.float64), 0, 0, None, None,
+                               None))
+    torch.library.opcheck(op, (weights, 3, False, None, 0, 0, rows, torch.tensor(3), torch.tensor(9)))
+
+    def draw(w, offset):
+        index, valid = multinomial(w, 4, seed=3, offset=offset, return_valid=True)
+        picked = categorical_from_weights(w, torch.full((w.shape[0],), 0.5, dtype=torch.float64),
+                                          return_valid=True)[0]
+        return index, valid, picked
+
+    compiled = torch.compile(draw, fullgraph=True, backend="aot_eager")
+    offset = torch.tensor(9)
+    for _ in range(2):
+        for a, b in zip(compiled(weights, offset), draw(weights, offset)):
+            assert torch.equal(a, b)
+        offset += 1
+    raising = torch.compile(lambda w: multinomial(w, 2, seed=1), fullgraph=True, backend="aot_eager")
+    with pytest.raises(Exception, match="return_valid=True"):
+        raising(weights)

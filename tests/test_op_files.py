@@ -87,8 +87,8 @@ def test_kernels_install_as_ddpd_kernels_only(tmp_path):
     import sys
 
     script = ("import importlib.util, ddpd.kernels.rng as k; spec = importlib.util.find_spec('kernels'); "
-              "print(k.__file__); print(spec.origin if spec and spec.origin else (list(spec.submodule_search_locations) "
-              "if spec else None))")
+              "print(k.__file__); print(spec.origin if spec and spec.origin else "
+              "(list(spec.submodule_search_locations) if spec else None))")
     result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120,
                             env={k: v for k, v in __import__("os").environ.items() if k != "PYTHONPATH"})
     assert result.returncode == 0, result.stderr

@@ -7,13 +7,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from ddpd.ops import _dispatch, rng
+from ddpd.ops import _dispatch
 from ddpd.ops.rng import philox_uniform
 from ddpd.ops.sample_categorical import (
     categorical_launch,
     categorical_reference,
-    draw_from_logits,
     noise_width,
+    prepare_categorical,
     sample_categorical,
     sample_categorical_reference,
     sample_categorical_triton,
@@ -28,11 +28,13 @@ CHI2_MIN_P = 1e-3  # a distribution test fails when its chi-square p-value is be
 
 
 def triton_draw(logits, temperature=1.0, exclude_ids=(), exclude_per_row=None, seed=None, offset=0,
-                row_ids=None, noise=None):
-    """The Triton kernel on CPU tensors (TRITON_INTERPRET=1), arguments as the public op."""
-    width = (logits.shape[0], noise_width(logits.shape[1]))
-    counters = rng.resolve_stream(noise, width, logits, seed, offset, None, row_ids)
-    return sample_categorical_triton(logits, temperature, list(exclude_ids), exclude_per_row, noise, counters, row_ids)
+                row_ids=None, noise=None, **controls):
+    """The Triton kernels on CPU tensors (TRITON_INTERPRET=1), arguments as the public op."""
+    call = prepare_categorical(logits, temperature, list(exclude_ids), exclude_per_row, controls.get("allowed"),
+                               controls.get("top_k"), controls.get("top_p"), controls.get("min_p"),
+                               controls.get("return_logprob", False), controls.get("confidence"), seed, offset, None,
+                               row_ids, noise)
+    return call.finish(*sample_categorical_triton(logits.reshape(-1, logits.shape[-1]), *call.args()))
 
 
 def chi_square_p(tokens: torch.Tensor, probs: torch.Tensor) -> float:
@@ -218,10 +220,6 @@ def test_categorical_reference_is_the_law_of_every_path():
         assert valid.tolist() == [False] + [True] * 5 and tokens[0] == 0
         if vocab <= 256:
             assert torch.equal(categorical_reference(logits, 0.7, noise[:, :vocab])[0], tokens)
-    # draw_from_logits (logits already tempered) is the same law.
-    logits = torch.randn(3, 600, generator=g)
-    noise = torch.rand(3, noise_width(600), generator=g)
-    assert torch.equal(draw_from_logits(logits, noise)[0], categorical_reference(logits, 1.0, noise)[0])
 
 
 @pytest.mark.parametrize("multiprocessors", [1, 3, 64])
@@ -314,21 +312,26 @@ def test_fuzz_triton_matches_reference(rows, vocab, seed, dtype):
 @pytest.mark.parametrize(
     "call, error, match",
     [
-        (lambda x: sample_categorical(x.double(), seed=1), TypeError, "logits must have dtype"),
-        (lambda x: sample_categorical(x[0], seed=1), ValueError, "logits must be 2-D"),
-        (lambda x: sample_categorical(x, 0.0, seed=1), ValueError, r"temperature must be in \(0.0, inf\)"),
+        (lambda x: sample_categorical(x.long(), seed=1), TypeError, "logits must have dtype"),
+        (lambda x: sample_categorical(x[0, 0], seed=1), ValueError, r"logits must have shape \[..., V\]"),
+        (lambda x: sample_categorical(x, -1.0, seed=1), ValueError, r"temperature must be in \[0.0, inf\)"),
         (lambda x: sample_categorical(x, float("nan"), seed=1), ValueError, "temperature"),
         (lambda x: sample_categorical(x, 1.0, [10], seed=1), ValueError, r"exclude_ids\[\] must be in \[0, 9\]"),
-        (lambda x: sample_categorical(x, 1.0, torch.tensor([1]), seed=1), TypeError, "exclude_ids must be a sequence"),
+        (lambda x: sample_categorical(x, 1.0, [1.0], seed=1), TypeError, r"exclude_ids\[\] must be ints"),
+        (lambda x: sample_categorical(x, 1.0, "ab", seed=1), TypeError, "exclude_ids must be a sequence of ints"),
+        (lambda x: sample_categorical(x, 1.0, torch.tensor([1.0]), seed=1), TypeError, "exclude_ids must have dtype"),
+        (lambda x: sample_categorical(x, 1.0, torch.tensor([12]), seed=1), ValueError,
+         r"exclude_ids values must be in \[0, 10\)"),
         (lambda x: sample_categorical(x, 1.0, None, torch.tensor([0, 10, 0]), seed=1), ValueError,
          "exclude_per_row values"),
         (lambda x: sample_categorical(x, 1.0, None, torch.tensor([0, 1]), seed=1), ValueError,
-         "exclude_per_row must have shape"),
+         r"exclude_per_row must have the leading shape \(3,\)"),
         (lambda x: sample_categorical(x, noise=torch.rand(3, 10)), ValueError, r"noise must have shape \(3, 11\)"),
         (lambda x: sample_categorical(x, seed=1, noise=torch.rand(3, 11)), ValueError, "either noise or seed"),
         (lambda x: sample_categorical(x, seed=-1), ValueError, "seed must be an int"),
         (lambda x: sample_categorical(x, offset=3), ValueError, "offset needs an explicit seed"),
-        (lambda x: sample_categorical(x, seed=1, row_ids=torch.arange(2)), ValueError, "row_ids must have shape"),
+        (lambda x: sample_categorical(x, seed=1, row_ids=torch.arange(2)), ValueError,
+         r"row_ids must have the leading shape \(3,\)"),
         (lambda x: sample_categorical(x, seed=1, generator=torch.Generator()), ValueError, "either seed or generator"),
     ],
 )
@@ -346,7 +349,54 @@ def test_traces_with_fake_tensors_and_passes_opcheck():
 
     compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
     assert torch.equal(compiled(logits), step(logits))
-    torch.library.opcheck(torch.ops.ddpd.sample_categorical.default,
-                          (logits, 0.5, [3], torch.zeros(4, dtype=torch.long), None, 11, 2, None, None, None))
+    op = torch.ops.ddpd.sample_categorical.default
+    ids = torch.tensor([3])
+    torch.library.opcheck(op, (logits, 0.5, None, ids, torch.zeros(4, dtype=torch.long), None, 0, None, 1.0, None,
+                               -float("inf"), None, None, 11, 2, None, None, None, False, 0))
     noise = torch.rand(4, noise_width(300))
-    torch.library.opcheck(torch.ops.ddpd.sample_categorical.default, (logits, 1.0, [], None, noise, 0, 0, None, None, None))
+    torch.library.opcheck(op, (logits, 1.0, torch.tensor([0.5, -1.0, 1.0, 2.0]), None, None,
+                               torch.rand(4, 300) < 0.5, 5, torch.tensor([0, 3, 300, 7]), 0.9, None, -2.0, None,
+                               noise, 0, 0, None, None, None, True, 2))
+
+
+@pytest.mark.parametrize("outputs", [dict(), dict(return_logprob=True, confidence="margin")])
+def test_every_path_accepts_an_empty_batch(outputs):
+    """Zero rows give empty outputs on every path (the references used to fail to reshape
+    a tensor of 0 elements into [0, -1, 256])."""
+    from ddpd.ops.sample_from_hidden import sample_from_hidden, sample_from_hidden_reference
+
+    for shape in ((0, 300), (2, 0, 700)):
+        logits = torch.randn(*shape)
+        lead = shape[:-1]
+        for out in (sample_categorical(logits, seed=1, **outputs),
+                    sample_categorical_reference(logits, seed=1, **outputs),
+                    sample_categorical_reference(logits, seed=1, top_p=0.9, **outputs),
+                    triton_draw(logits, seed=1, **outputs)):
+            assert all(t.shape == lead for t in out) and len(out) == 2 + len(outputs)
+    hidden, weight = torch.randn(0, 8), torch.randn(300, 8)
+    for out in (sample_from_hidden(hidden, weight, seed=1, **outputs),
+                sample_from_hidden_reference(hidden, weight, seed=1, **outputs),
+                sample_from_hidden_reference(hidden, weight, seed=1, top_k=5, **outputs)):
+        assert all(t.shape == (0,) for t in out)
+
+
+def test_explicit_noise_is_range_checked():
+    """Uniforms of 0 (a Gumbel variable of -inf) or NaN are refused with a clear error (an
+    all-zero noise used to return valid=False for finite logits)."""
+    logits = torch.randn(3, 300)
+    for bad in (torch.zeros(3, noise_width(300)), torch.full((3, noise_width(300)), float("nan")),
+                torch.full((3, noise_width(300)), 1.5)):
+        for op in (sample_categorical, sample_categorical_reference):
+            with pytest.raises(ValueError, match=r"noise values must be uniforms in \(0, 1\]"):
+                op(logits, noise=bad)
+    from ddpd.ops import planner_mask, planner_select, planner_select_mask, sample_from_hidden
+
+    with pytest.raises(ValueError, match=r"noise values must be uniforms in \(0, 1\]"):
+        sample_from_hidden(torch.randn(3, 4), torch.randn(300, 4), noise=torch.zeros(3, noise_width(300)))
+    planner, x, zeros = torch.randn(2, 5), torch.zeros(2, 5, dtype=torch.long), torch.zeros(2, 5)
+    for call in (lambda: planner_select(planner, noise=zeros), lambda: planner_mask(planner, x, None, 9, noise=zeros),
+                 lambda: planner_select_mask(planner, x, 9, noise=zeros + 0.5, mask_noise=zeros)):
+        with pytest.raises(ValueError, match=r"noise values must be uniforms in \(0, 1\]"):
+            call()
+    ones = torch.ones(3, noise_width(300))  # the top Philox uniform, 1.0 in float32, is a uniform
+    assert torch.equal(sample_categorical(logits, noise=ones)[0], sample_categorical_reference(logits, noise=ones)[0])

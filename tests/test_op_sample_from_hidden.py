@@ -9,9 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from ddpd.ops import _dispatch, rng
+from ddpd.ops import _dispatch
 from ddpd.ops.sample_categorical import noise_width, sample_categorical
 from ddpd.ops.sample_from_hidden import (
+    prepare_hidden,
     sample_from_hidden,
     sample_from_hidden_reference,
     sample_from_hidden_triton,
@@ -34,11 +35,17 @@ def head(rows, width, vocab, seed, dtype=torch.float32, bias=True):
 
 
 def triton_draw(hidden, weight, bias=None, temperature=1.0, exclude_ids=(), exclude_per_row=None, seed=None,
-                offset=0, row_ids=None, noise=None):
-    width = (hidden.shape[0], noise_width(weight.shape[0]))
-    counters = rng.resolve_stream(noise, width, hidden, seed, offset, None, row_ids)
-    return sample_from_hidden_triton(hidden, weight, bias, temperature, list(exclude_ids), exclude_per_row, noise,
-                                     counters, row_ids)
+                offset=0, row_ids=None, noise=None, allowed=None, return_logprob=False, confidence=None):
+    """The Triton kernels on CPU tensors (TRITON_INTERPRET=1), arguments as the public op
+    (no truncation: that path is sample_categorical's)."""
+    call = prepare_hidden(hidden, weight, bias, temperature, list(exclude_ids), exclude_per_row, allowed, None, None,
+                          None, return_logprob, confidence, seed, offset, None, row_ids, noise)
+    c = call.controls
+    seed, offset, seed_t, offset_t = call.counters
+    out = sample_from_hidden_triton(hidden.reshape(-1, hidden.shape[-1]), weight, bias, c.temperature,
+                                    c.temperature_t, call.exclude_ids, call.exclude_per_row, call.allowed, call.noise,
+                                    seed, offset, call.row_ids, seed_t, offset_t, call.logprob, call.confidence)
+    return call.finish(*out)
 
 
 def assert_same(out, ref):
@@ -173,9 +180,9 @@ def test_fuzz_cpu_matches_reference(rows, width, vocab, bias, dtype, seed):
     [
         (lambda h, w, b: sample_from_hidden(h, w[:, :4], seed=1), ValueError, r"weight must have shape \[V, 8\]"),
         (lambda h, w, b: sample_from_hidden(h, w.long(), seed=1), TypeError, "weight must have dtype"),
-        (lambda h, w, b: sample_from_hidden(h[0], w, seed=1), ValueError, "hidden must be 2-D"),
+        (lambda h, w, b: sample_from_hidden(h[0, 0], w, seed=1), ValueError, r"hidden must have shape \[..., H\]"),
         (lambda h, w, b: sample_from_hidden(h, w, b[:5], seed=1), ValueError, r"bias must have shape \(20,\)"),
-        (lambda h, w, b: sample_from_hidden(h, w, b, 0.0, seed=1), ValueError, "temperature"),
+        (lambda h, w, b: sample_from_hidden(h, w, b, -0.5, seed=1), ValueError, "temperature"),
         (lambda h, w, b: sample_from_hidden(h, w, b, 1.0, [20], seed=1), ValueError, "exclude_ids"),
         (lambda h, w, b: sample_from_hidden(h, w, noise=torch.rand(3, 20)), ValueError, r"noise must have shape"),
     ],
@@ -195,8 +202,13 @@ def test_traces_with_fake_tensors_and_passes_opcheck():
     compiled = torch.compile(denoise, fullgraph=True, backend="aot_eager")
     for a, b in zip(compiled(hidden), denoise(hidden)):
         assert torch.equal(a, b)
-    torch.library.opcheck(torch.ops.ddpd.sample_from_hidden.default,
-                          (hidden, weight, bias, 0.9, [2], None, None, 3, 1, None, None, None))
+    op = torch.ops.ddpd.sample_from_hidden.default
+    torch.library.opcheck(op, (hidden, weight, bias, 0.9, None, torch.tensor([2]), None, None, None, 3, 1, None, None,
+                               None, False, 0))
+    torch.library.opcheck(op, (hidden, weight, None, 1.0, torch.tensor([0.5, -1.0, 2.0]), None,
+                               torch.tensor([0, 1, 2]), torch.rand(3, 300) < 0.7, None, 3, 1, None, None, None,
+                               True, 3))
+    torch.library.opcheck(torch.ops.ddpd.head_logits.default, (hidden, weight, bias))
 
 
 @pytest.mark.slow

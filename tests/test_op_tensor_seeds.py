@@ -18,7 +18,7 @@ from ddpd.ops.planner_select import (
     resolve_pair,
 )
 from ddpd.ops.rng import philox_uniform
-from ddpd.ops.sample_categorical import noise_width, sample_categorical, sample_categorical_reference, \
+from ddpd.ops.sample_categorical import prepare_categorical, sample_categorical, sample_categorical_reference, \
     sample_categorical_triton
 from ddpd.ops.sample_from_hidden import sample_from_hidden, sample_from_hidden_reference, sample_from_hidden_triton
 
@@ -113,10 +113,13 @@ def test_triton_kernels_read_tensor_counters(seed, offset):
                                    mask=(d["x"][:3], MASK_ID, None, pair[1])),
              planner_select_mask_reference(d["planner"][:3], d["x"][:3], MASK_ID, 2, seed=seed, offset=offset,
                                            row_ids=rows))
-        counters = rng.resolve_stream(None, (3, noise_width(700)), d["logits"], s, o, None, rows)
-        same(sample_categorical_triton(d["logits"][:3], 0.8, [], None, None, counters, rows),
+        call = prepare_categorical(d["logits"][:3], 0.8, None, None, None, None, None, None, False, None, s, o, None,
+                                   rows, None)
+        same(call.finish(*sample_categorical_triton(d["logits"][:3], *call.args())),
              sample_categorical_reference(d["logits"][:3], 0.8, seed=seed, offset=offset, row_ids=rows))
-        same(sample_from_hidden_triton(d["hidden"][:3], d["weight"], None, 1.0, [], None, None, counters, rows),
+        seed_, offset_, seed_t, offset_t = call.counters
+        same(sample_from_hidden_triton(d["hidden"][:3], d["weight"], None, 1.0, None, None, None, None, None, seed_,
+                                       offset_, rows, seed_t, offset_t, False, 0)[:2],
              sample_from_hidden_reference(d["hidden"][:3], d["weight"], seed=seed, offset=offset, row_ids=rows))
 
 

@@ -49,17 +49,31 @@ def optional(present: bool, kind: str):
 
 
 def sample_categorical_case(target, present):
-    common = dict(V="i32", n_tiles="i32", temperature="fp32", exclude_ptr="*i64", n_exclude="i32",
-                  exclude_row_ptr=optional(present, "*i64"), noise_ptr=optional(present, "*fp32"),
-                  row_ids_ptr=optional(present, "*i64"), **counters(present))
-    logits = dict(logits_ptr="*bf16" if present else "*fp32")
-    stats = dict(logits, **common, tiles_per_split="i32", tile_max_ptr="*fp32", tile_key_ptr="*fp32")
+    """Every optional input and output present (bf16 logits, per-row controls, a threshold,
+    the margin confidence and the log-probability), or none (float32, scalars); the
+    threshold search with and without per-row tensors."""
+    masks = dict(exclude_ptr="*i64", n_exclude="i32", exclude_row_ptr=optional(present, "*i64"),
+                 allowed_ptr=optional(present, "*i1"))
+    temp = dict(temperature="fp32", temperature_ptr=optional(present, "*fp32"))
+    logits = dict(logits_ptr="*bf16" if present else "*fp32", V="i32")
+    stats = dict(logits, n_tiles="i32", tiles_per_split="i32", **temp, **masks, tau_ptr=optional(present, "*fp32"),
+                 tile_max_ptr="*fp32", tile_mass_ptr="*fp32", tile_second_ptr=optional(present, "*fp32"),
+                 tile_ent_ptr=optional(not present, "*fp32"))
     assert "cubin" in compile_kernel(categorical_kernels.tile_stats_kernel, stats,
-                                     dict(TILE=256, TILES_PER_CHUNK=4), target)
-    finish = dict(logits, **common, tile_max_ptr=optional(present, "*fp32"), tile_key_ptr=optional(present, "*fp32"),
-                  tokens_ptr="*i64", valid_ptr="*i1")
+                                     dict(TILE=256, TILES_PER_CHUNK=4, SECOND=present, ENTROPY=not present), target)
+    finish = dict(logits, n_tiles="i32", **temp, **masks, tau_ptr=optional(present, "*fp32"),
+                  noise_ptr=optional(present, "*fp32"), row_ids_ptr=optional(present, "*i64"), **counters(present),
+                  tile_max_ptr=optional(present, "*fp32"), tile_mass_ptr=optional(present, "*fp32"),
+                  tile_second_ptr=optional(present, "*fp32"), tile_ent_ptr=None, tokens_ptr="*i64",
+                  valid_ptr="*i1", logprob_ptr="*fp32", confidence_ptr="*fp32")
     assert "cubin" in compile_kernel(categorical_kernels.finish_kernel, finish,
-                                     dict(TILE=256, BLOCK_J=256, BLOCK_T=256, SINGLE_TILE=not present), target)
+                                     dict(TILE=256, BLOCK_J=256, BLOCK_T=256, SINGLE_TILE=not present, LOGPROB=present,
+                                          CONFIDENCE=2 if present else 3), target)
+    thresholds = dict(logits, **temp, **masks, top_k="i64", top_k_ptr=optional(present, "*i64"), top_p="fp32",
+                      top_p_ptr=optional(present, "*fp32"), log_min_p="fp32", log_min_p_ptr=optional(present, "*fp32"),
+                      tau_ptr="*fp32")
+    assert "cubin" in compile_kernel(categorical_kernels.thresholds_kernel, thresholds,
+                                     dict(TOP_K=True, TOP_P=True, MIN_P=present, BLOCK=1024), target)
 
 
 def planner_select_case(target, present):
@@ -67,7 +81,8 @@ def planner_select_case(target, present):
     types = dict(logits_ptr="*fp16" if present else "*fp32", D="i32", k="i32", tau="fp32", eps="fp32",
                  noise_ptr=optional(present, "*fp32"), mask_noise_ptr=optional(present and with_mask, "*fp32"),
                  row_ids_ptr=optional(present, "*i64"), **counters(present), mask_offset_lo="i64",
-                 mask_offset_hi="i64", mask_offset_ptr=optional(present and with_mask, "*i64"), x_ptr=optional(with_mask, "*i64"), mask_id="i64", positions_ptr="*i64", sum_p_ptr="*fp32",
+                 mask_offset_hi="i64", mask_offset_ptr=optional(present and with_mask, "*i64"),
+                 x_ptr=optional(with_mask, "*i64"), mask_id="i64", positions_ptr="*i64", sum_p_ptr="*fp32",
                  stop_ptr="*i1", masked_ptr=optional(with_mask, "*i64"), z_ptr=optional(with_mask, "*i1"),
                  count_ptr=optional(with_mask, "*i64"))
     asm = compile_kernel(planner_select_kernel, types, dict(SOFTMAX=softmax, WITH_MASK=with_mask, BLOCK_D=1024),
@@ -84,25 +99,36 @@ def planner_mask_case(target, present):
 
 
 def sample_from_hidden_case(target, present):
-    """bf16 operands on the tensor cores with a bias and every optional input, or float32
-    operands in IEEE float32 with none; the block shapes and options of head_launch at
-    N = 64, H = 768, V = 50257."""
+    """bf16 operands on the tensor cores with a bias and every optional input and output,
+    or float32 operands in IEEE float32 with none; the block shapes and options of
+    head_launch at N = 64, H = 768, V = 50257; the logits kernel of the truncating calls."""
     launch = head_launch(64, 768, 50257, 2 if present else 4, 132)
-    types = dict(h_ptr="*bf16" if present else "*fp32", w_ptr="*bf16" if present else "*fp32",
-                 b_ptr=optional(present, "*bf16"), N="i32", V="i32", H="i32", n_tiles="i32", tiles_per_split="i32",
-                 temperature="fp32", exclude_ptr="*i64", n_exclude="i32", exclude_row_ptr=optional(present, "*i64"),
-                 noise_ptr=optional(present, "*fp32"), row_ids_ptr=optional(present, "*i64"), **counters(present),
-                 tile_max_ptr="*fp32", tile_key_ptr="*fp32", candidate_ptr="*i32", tokens_ptr="*i64",
-                 valid_ptr="*i1")
+    matrices = dict(h_ptr="*bf16" if present else "*fp32", w_ptr="*bf16" if present else "*fp32",
+                    b_ptr=optional(present, "*bf16"))
+    stream = dict(noise_ptr=optional(present, "*fp32"), row_ids_ptr=optional(present, "*i64"), **counters(present))
+    stats = dict(tile_max_ptr="*fp32", tile_mass_ptr="*fp32", tile_second_ptr=optional(present, "*fp32"),
+                 tile_ent_ptr=optional(not present, "*fp32"), candidate_ptr="*i32", candidate_logit_ptr="*fp32")
+    outputs = dict(tokens_ptr="*i64", valid_ptr="*i1", logprob_ptr="*fp32", confidence_ptr="*fp32")
+    types = dict(matrices, N="i32", V="i32", H="i32", n_tiles="i32", tiles_per_split="i32", temperature="fp32",
+                 temperature_ptr=optional(present, "*fp32"), exclude_ptr="*i64", n_exclude="i32",
+                 exclude_row_ptr=optional(present, "*i64"), allowed_ptr=optional(present, "*i1"), **stream, **stats,
+                 **outputs)
+    flags = dict(LOGPROB=present, CONFIDENCE=2 if present else 3)
     asm = compile_kernel(hidden_kernels.head_tiles_kernel, types,
                          dict(TILE=256, BLOCK_N=launch.block_n, BLOCK_H=launch.block_h, DOT_F32=not present,
-                              SINGLE_TILE=False), target, num_warps=launch.num_warps, num_stages=launch.num_stages)
+                              SINGLE_TILE=False, **flags), target, num_warps=launch.num_warps,
+                         num_stages=launch.num_stages)
     assert "cubin" in asm
     if present and target.arch >= 90:
         assert "wgmma" in asm["ptx"] or "mma" in asm["ptx"]  # the tensor cores
-    finish = dict(n_tiles="i32", temperature="fp32", tile_max_ptr="*fp32", tile_key_ptr="*fp32",
-                  candidate_ptr="*i32", tokens_ptr="*i64", valid_ptr="*i1")
-    assert "cubin" in compile_kernel(hidden_kernels.finish_kernel, finish, dict(BLOCK_T=256), target)
+    finish = dict(n_tiles="i32", V="i32", temperature="fp32", temperature_ptr=optional(present, "*fp32"), **stream,
+                  **stats, **outputs)
+    assert "cubin" in compile_kernel(hidden_kernels.finish_kernel, finish, dict(BLOCK_T=256, **flags), target)
+    logits = dict(matrices, N="i32", V="i32", H="i32", out_ptr="*fp32")
+    assert "cubin" in compile_kernel(hidden_kernels.head_logits_kernel, logits,
+                                     dict(TILE=256, BLOCK_N=launch.block_n, BLOCK_H=launch.block_h,
+                                          DOT_F32=not present), target, num_warps=launch.num_warps,
+                                     num_stages=launch.num_stages)
 
 
 CASES = [sample_categorical_case, planner_select_case, planner_mask_case, sample_from_hidden_case]

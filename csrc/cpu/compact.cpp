@@ -1,4 +1,5 @@
-// CPU kernels of ddpd::compact_fixed and ddpd::scatter_back: the
+// CPU kernels of ddpd::compact_fixed and ddpd::scatter_back (the ops
+// compact_fixed_kernel and scatter_back_kernel): the
 // rows of a batch whose `active` flag is set are packed to the front (finished
 // sequences leave the batch) and later written back to their rows. Rows of any
 // dtype and trailing shape are moved as raw bytes. Consecutive rows that stay
@@ -176,13 +177,14 @@ at::Tensor& scatter_back(const at::Tensor& index, const at::Tensor& packed, at::
 }  // namespace ddpd
 
 TORCH_LIBRARY_FRAGMENT(ddpd, m) {
-  // ddpd/ops/compact.py: pack the active rows into a fixed capacity, and write packed
+  // The kernels behind the custom ops ddpd::compact_fixed and ddpd::scatter_back
+  // (ddpd/ops/compact.py): pack the active rows into a fixed capacity, and write packed
   // rows back.
-  m.def("compact_fixed(Tensor active, int capacity, Tensor[] tensors) -> (Tensor[], Tensor, Tensor)");
-  m.def("scatter_back(Tensor index, Tensor packed, Tensor(a!) out) -> Tensor(a!)");
+  m.def("compact_fixed_kernel(Tensor active, int capacity, Tensor[] tensors) -> (Tensor[], Tensor, Tensor)");
+  m.def("scatter_back_kernel(Tensor index, Tensor packed, Tensor(a!) out) -> Tensor(a!)");
 }
 
 TORCH_LIBRARY_IMPL(ddpd, CPU, m) {
-  m.impl("compact_fixed", &ddpd::cpu::compact_fixed);
-  m.impl("scatter_back", &ddpd::cpu::scatter_back);
+  m.impl("compact_fixed_kernel", &ddpd::cpu::compact_fixed);
+  m.impl("scatter_back_kernel", &ddpd::cpu::scatter_back);
 }

@@ -1,6 +1,6 @@
-// CPU kernels of ddpd::multinomial (uniforms from counter-based Philox streams,
-// csrc/rng.h), ddpd::multinomial_with_uniforms and ddpd::categorical_from_weights
-// (uniforms given): k draws per row by the two-level inverse CDF of
+// CPU kernel of ddpd::multinomial and ddpd::categorical_from_weights (uniforms given,
+// or from counter-based Philox streams, csrc/rng.h): k draws per row by the two-level
+// inverse CDF of
 // csrc/multinomial.h, with replacement or without (sequential draws, each drawn
 // weight set to zero: the successive-sampling law of torch.multinomial(replacement=False)).
 // One pass per row builds the chunk prefix sums, then the k draws; rows are spread
@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "../multinomial.h"
-#include "counters.h"
+#include "stream.h"
 
 namespace ddpd {
 namespace cpu {
@@ -127,56 +127,32 @@ std::tuple<at::Tensor, at::Tensor> run(const at::Tensor& weights, int64_t k, boo
   return {index, valid};
 }
 
-std::tuple<at::Tensor, at::Tensor> multinomial(const at::Tensor& weights, int64_t k,
-                                               bool replacement, int64_t seed, int64_t offset,
-                                               const at::Tensor& row_ids, const std::optional<at::Tensor>& seed_tensor,
-                                               const std::optional<at::Tensor>& offset_tensor) {
+// k draws per row: from the given uniforms [B, k] (float64), or from the Philox
+// streams of (seed, offset, row_ids).
+std::tuple<at::Tensor, at::Tensor> multinomial_kernel(const at::Tensor& weights, int64_t k, bool replacement,
+                                                      const std::optional<at::Tensor>& uniforms, int64_t seed,
+                                                      int64_t offset, const std::optional<at::Tensor>& row_ids,
+                                                      const std::optional<at::Tensor>& seed_tensor,
+                                                      const std::optional<at::Tensor>& offset_tensor) {
   check_weights(weights, k, replacement);
-  TORCH_CHECK(row_ids.dim() == 1 && row_ids.size(0) == weights.size(0) &&
-                  row_ids.scalar_type() == at::kLong,
+  if (uniforms) {
+    TORCH_CHECK(uniforms->dim() == 2 && uniforms->size(0) == weights.size(0) && uniforms->size(1) == k &&
+                    uniforms->scalar_type() == at::kDouble,
+                "multinomial: uniforms must be float64 [", weights.size(0), ", ", k, "], got ",
+                uniforms->scalar_type(), " ", uniforms->sizes());
+    const at::Tensor u = uniforms->contiguous();
+    const double* up = u.data_ptr<double>();
+    return run(weights, k, replacement, [=](int64_t r, int64_t d) { return up[r * k + d]; });
+  }
+  TORCH_CHECK(row_ids && row_ids->dim() == 1 && row_ids->size(0) == weights.size(0) &&
+                  row_ids->scalar_type() == at::kLong,
               "multinomial: row_ids must be int64 [B] with B = ", weights.size(0));
-  const at::Tensor ids = row_ids.contiguous();
+  const at::Tensor ids = row_ids->contiguous();
   const int64_t* rows = ids.data_ptr<int64_t>();
   const uint64_t s = counter(seed, seed_tensor), o = counter(offset, offset_tensor);
   return run(weights, k, replacement, [=](int64_t r, int64_t d) {
     return draw_uniform(s, o, static_cast<uint64_t>(rows[r]), d);
   });
-}
-
-std::tuple<at::Tensor, at::Tensor> multinomial_with_uniforms(const at::Tensor& weights,
-                                                             const at::Tensor& uniforms,
-                                                             bool replacement) {
-  TORCH_CHECK(uniforms.dim() == 2 && uniforms.size(0) == weights.size(0) &&
-                  uniforms.scalar_type() == at::kDouble,
-              "multinomial: uniforms must be float64 [B, k] with B = ", weights.size(0), ", got ",
-              uniforms.scalar_type(), " ", uniforms.sizes());
-  const int64_t k = uniforms.size(1);
-  check_weights(weights, k, replacement);
-  const at::Tensor u = uniforms.contiguous();
-  const double* up = u.data_ptr<double>();
-  return run(weights, k, replacement, [=](int64_t r, int64_t d) { return up[r * k + d]; });
-}
-
-std::tuple<at::Tensor, at::Tensor> categorical_from_weights(const at::Tensor& weights,
-                                                            const at::Tensor& uniforms) {
-  TORCH_CHECK(weights.dim() == 2 && weights.size(1) > 0,
-              "categorical_from_weights: weights must be [B, N] with N > 0, got ", weights.sizes());
-  TORCH_CHECK(uniforms.dim() == 1 && uniforms.size(0) == weights.size(0),
-              "categorical_from_weights: uniforms must be [B] with B = ", weights.size(0), ", got ",
-              uniforms.sizes());
-  TORCH_CHECK(uniforms.scalar_type() == at::kDouble,
-              "categorical_from_weights: uniforms must be float64, got ", uniforms.scalar_type());
-  const at::Tensor w = weights.contiguous(), u = uniforms.contiguous();
-  const int64_t rows = w.size(0), n = w.size(1);
-  at::Tensor index = at::empty({rows}, w.options().dtype(at::kLong));
-  at::Tensor valid = at::empty({rows}, w.options().dtype(at::kBool));
-  AT_DISPATCH_FLOATING_TYPES(w.scalar_type(), "ddpd::categorical_from_weights", [&] {
-    const double* up = u.data_ptr<double>();
-    sample_rows(w.data_ptr<scalar_t>(), rows, n, 1, true,
-                [up](int64_t r, int64_t) { return up[r]; }, index.data_ptr<int64_t>(),
-                valid.data_ptr<bool>());
-  });
-  return {index, valid};
 }
 
 // The CUDA launch configuration for a device of `multiprocessors` SMs, computed by
@@ -192,21 +168,15 @@ std::vector<int64_t> multinomial_launch_config(int64_t rows, int64_t n, bool rep
 }  // namespace ddpd
 
 TORCH_LIBRARY_FRAGMENT(ddpd, m) {
-  // k draws per row from counter-based Philox streams (seed and offset are uint64
-  // carried in int64, or one-element int64 tensors on the device of weights that hold
-  // them) or from given uniforms -> (index, valid).
+  // The kernel behind the custom op ddpd::multinomial (ddpd/ops/multinomial.py): k
+  // draws per row from given uniforms or from counter-based Philox streams (seed and
+  // offset are uint64 carried in int64, or one-element int64 tensors on the device of
+  // weights that hold them) -> (index, valid).
   m.def(
-      "multinomial(Tensor weights, int k, bool replacement, int seed, int offset, "
-      "Tensor row_ids, Tensor? seed_tensor=None, Tensor? offset_tensor=None) -> (Tensor, Tensor)");
-  m.def("multinomial_with_uniforms(Tensor weights, Tensor uniforms, bool replacement) -> (Tensor, Tensor)");
-  // One inverse-CDF draw per row with a given uniform -> (index, valid).
-  m.def("categorical_from_weights(Tensor weights, Tensor uniforms) -> (Tensor, Tensor)");
+      "multinomial_kernel(Tensor weights, int k, bool replacement, Tensor? uniforms, int seed, int offset, "
+      "Tensor? row_ids, Tensor? seed_tensor, Tensor? offset_tensor) -> (Tensor, Tensor)");
   m.def("multinomial_launch(int rows, int n, bool replacement, int multiprocessors) -> int[]",
         &ddpd::cpu::multinomial_launch_config);
 }
 
-TORCH_LIBRARY_IMPL(ddpd, CPU, m) {
-  m.impl("multinomial", &ddpd::cpu::multinomial);
-  m.impl("multinomial_with_uniforms", &ddpd::cpu::multinomial_with_uniforms);
-  m.impl("categorical_from_weights", &ddpd::cpu::categorical_from_weights);
-}
+TORCH_LIBRARY_IMPL(ddpd, CPU, m) { m.impl("multinomial_kernel", &ddpd::cpu::multinomial_kernel); }

@@ -8,7 +8,7 @@
 #include <optional>
 #include <tuple>
 
-#include "counters.h"
+#include "stream.h"
 #include "planner_select.h"
 
 namespace ddpd {
@@ -55,6 +55,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> planner_mask_cpu(
                         "), got ", chosen[i]);
     }
   }
+  check_noise(noise);
   at::Tensor masked = at::empty_like(x);
   at::Tensor z = at::empty(x.sizes(), x.options().dtype(at::kBool));
   at::Tensor count = at::empty({x.size(0)}, x.options());

@@ -12,7 +12,7 @@
 #include <optional>
 #include <tuple>
 
-#include "counters.h"
+#include "stream.h"
 #include "planner_select.h"
 
 namespace ddpd {
@@ -122,6 +122,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> planner_select_cpu(
   at::Tensor positions = at::empty({logits.size(0), k}, opts.dtype(at::kLong));
   at::Tensor sum_p = at::empty({logits.size(0)}, opts.dtype(at::kFloat));
   at::Tensor stop = at::empty({logits.size(0)}, opts.dtype(at::kBool));
+  check_noise(noise);
   const Counters c{seed, offset, 0, seed_tensor, offset_tensor, std::nullopt};
   run(logits, select_args(k, softmax, tau, eps, noise, std::nullopt, c, row_ids), positions, sum_p, stop, MaskOut{});
   return {positions, sum_p, stop};
@@ -145,6 +146,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   at::Tensor count = at::empty({rows}, opts.dtype(at::kLong));
   const MaskOut mask{x.data_ptr<int64_t>(), mask_id, masked.data_ptr<int64_t>(), z.data_ptr<bool>(),
                      count.data_ptr<int64_t>()};
+  check_noise(noise);
+  check_noise(mask_noise, "mask_noise");
   const Counters c{seed, offset, mask_offset, seed_tensor, offset_tensor, mask_offset_tensor};
   run(logits, select_args(k, softmax, tau, eps, noise, mask_noise, c, row_ids), positions, sum_p, stop, mask);
   return {positions, sum_p, stop, masked, z, count};

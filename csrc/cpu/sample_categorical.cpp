@@ -1,8 +1,13 @@
 // CPU path of ddpd.ops.sample_categorical: one token per row of logits [N, V]
-// (uniforms: column j for token j, column V + t for tile t)
-// by the two-level exact Gumbel-max of sample_categorical.h (relative to the tile and
-// row maxima), one pass over the logits keeping two floats per tile, plus the
-// winning tile again; no probabilities written. Rows run in parallel.
+// (uniforms: column j for token j, column V + t for tile t) by the two-level exact
+// Gumbel-max of sample_categorical.h (relative to the tile and row maxima), with the
+// sampling controls: per-row temperature (greedy rows race without noise), exclusions
+// and an allowed mask, and the truncation threshold of top-k / top-p / min-p, found
+// without sorting (truncation_threshold). Without truncation one pass over the logits
+// keeps a few floats per tile, plus the winning tile again; with it the row is first
+// copied (masked, as float32) and its threshold found. No probabilities are written.
+// The log-probability of the drawn token and its confidence come from the same tile
+// statistics. Rows run in parallel.
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
@@ -10,69 +15,139 @@
 #include <tuple>
 #include <vector>
 
-#include "counters.h"
+#include "stream.h"
 #include "sample_categorical.h"
 
 namespace ddpd {
 namespace cpu {
 namespace {
 
+struct CategoricalArgs {
+  Controls controls;
+  const int64_t* exclude_ids;
+  int64_t n_exclude;
+  const int64_t* exclude_row;
+  const bool* allowed;
+  const float* noise;
+  int64_t noise_stride;
+  uint64_t seed, offset;
+  const int64_t* row_ids;
+  bool logprob;
+  int confidence;  // 0 none, 1 prob, 2 margin, 3 entropy
+
+  RowUniforms uniforms(int64_t r) const {
+    return RowUniforms{noise ? noise + r * noise_stride : nullptr, seed, offset,
+                       static_cast<uint64_t>(row_ids ? row_ids[r] : r)};
+  }
+};
+
+struct Outputs {
+  int64_t* tokens;
+  bool* valid;
+  float* logprob;
+  float* confidence;
+};
+
+// One row, read from `row` (the logits, or their masked float32 copy when truncating).
 template <typename scalar_t>
-void sample_rows(const at::Tensor& logits, double temperature, at::IntArrayRef exclude_ids,
-                 const std::optional<at::Tensor>& exclude_per_row, const std::optional<at::Tensor>& noise,
-                 uint64_t seed, uint64_t offset, const std::optional<at::Tensor>& row_ids,
-                 at::Tensor& tokens, at::Tensor& valid) {
+void draw_row(const scalar_t* row, int64_t vocab, const RowMask& mask, float t, bool greedy, const RowUniforms& u,
+              const CategoricalArgs& a, std::vector<TileStats>& stats, float* buf, int64_t r, const Outputs& out) {
+  const int64_t tiles = n_tiles(vocab);
+  const bool second = a.confidence == 2, entropy = a.confidence == 3;
+  for (int64_t i = 0; i < tiles; ++i) {
+    const int64_t start = i * kTile, n = std::min(kTile, vocab - start);
+    load_tile(row + start, start, n, mask, buf);
+    stats[i] = tile_stats(buf, n, t, second, entropy);
+  }
+  float row_max;
+  const int64_t winner = race(stats.data(), tiles, vocab, t, greedy, u, &row_max);
+  const int64_t start = winner * kTile, n = std::min(kTile, vocab - start);
+  load_tile(row + start, start, n, mask, buf);
+  const bool ok = row_max > kNegInf;
+  out.valid[r] = ok;
+  out.tokens[r] = ok ? draw_in_tile(buf, start, n, t, greedy, u) : 0;
+  if (!a.logprob && a.confidence == 0) return;
+  const RowStats rs = row_stats(stats.data(), tiles, row_max, t, second, entropy);
+  const float token_logit = ok ? buf[out.tokens[r] - start] : kNegInf;
+  if (a.logprob) out.logprob[r] = ok ? shift(token_logit, row_max, t) - rs.log_z : kNegInf;
+  if (a.confidence) out.confidence[r] = confidence(a.confidence, token_logit, row_max, t, rs);
+}
+
+template <typename scalar_t>
+void sample_rows(const at::Tensor& logits, const CategoricalArgs& a, const Outputs& out) {
   const int64_t rows = logits.size(0), vocab = logits.size(1);
   const scalar_t* x = logits.data_ptr<scalar_t>();
-  const float* noise_ptr = noise ? noise->data_ptr<float>() : nullptr;
-  const int64_t noise_stride = noise ? noise->size(1) : 0;
-  const int64_t* excl_row = exclude_per_row ? exclude_per_row->data_ptr<int64_t>() : nullptr;
-  const int64_t* ids = row_ids ? row_ids->data_ptr<int64_t>() : nullptr;
-  int64_t* out = tokens.data_ptr<int64_t>();
-  bool* ok = valid.data_ptr<bool>();
-  const float temp = static_cast<float>(temperature);
-  const int64_t tiles = n_tiles(vocab);
+  const bool truncates = a.controls.truncates();
   const int64_t grain = std::max<int64_t>(1, 32768 / vocab);
-
   at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
     std::array<float, kTile> buf;
-    std::vector<TileStats> stats(tiles);
+    std::vector<TileStats> stats(n_tiles(vocab));
+    std::vector<float> copy(truncates ? vocab : 0);
+    ThresholdScratch scratch;
     for (int64_t r = begin; r < end; ++r) {
       const scalar_t* row = x + r * vocab;
-      const RowUniforms u{noise_ptr ? noise_ptr + r * noise_stride : nullptr, seed, offset,
-                          static_cast<uint64_t>(ids ? ids[r] : r)};
-      const Exclusions excl{exclude_ids, excl_row ? excl_row[r] : -1};
-      for (int64_t t = 0; t < tiles; ++t) {
-        const int64_t start = t * kTile, n = std::min(kTile, vocab - start);
-        load_tile(row + start, start, n, excl, buf.data());
-        // One tile always wins: it needs no tile uniform.
-        stats[t] = tiles == 1 ? TileStats{tile_max(buf.data(), n), 0.0f}
-                              : tile_stats(buf.data(), n, temp, u(vocab + t));
+      RowMask mask{a.exclude_ids, a.n_exclude, a.exclude_row ? a.exclude_row[r] : -1,
+                   a.allowed ? a.allowed + r * vocab : nullptr, kNegInf};
+      const float given = a.controls.t(r);
+      const bool greedy = is_greedy(given);
+      const float t = effective_temperature(given);
+      if (!truncates) {
+        draw_row(row, vocab, mask, t, greedy, a.uniforms(r), a, stats, buf.data(), r, out);
+        continue;
       }
-      float row_max;
-      const int64_t winner = race(stats.data(), tiles, temp, &row_max);
-      const int64_t start = winner * kTile, n = std::min(kTile, vocab - start);
-      load_tile(row + start, start, n, excl, buf.data());
-      ok[r] = row_max > kNegInf;
-      out[r] = ok[r] ? draw_in_tile(buf.data(), start, n, temp, u) : 0;
+      for (int64_t start = 0; start < vocab; start += kTile) {
+        load_tile(row + start, start, std::min(kTile, vocab - start), mask, buf.data());
+        std::copy(buf.begin(), buf.begin() + std::min(kTile, vocab - start), copy.begin() + start);
+      }
+      mask.tau = truncation_threshold(copy.data(), vocab, t, a.controls.k(r), a.controls.p(r),
+                                      a.controls.min_p(r), scratch);
+      draw_row(copy.data(), vocab, mask, t, greedy, a.uniforms(r), a, stats, buf.data(), r, out);
     }
   });
 }
 
-std::tuple<at::Tensor, at::Tensor> sample_categorical_cpu(
-    const at::Tensor& logits, double temperature, at::IntArrayRef exclude_ids,
-    const std::optional<at::Tensor>& exclude_per_row, const std::optional<at::Tensor>& noise, int64_t seed,
-    int64_t offset, const std::optional<at::Tensor>& row_ids, const std::optional<at::Tensor>& seed_tensor,
-    const std::optional<at::Tensor>& offset_tensor) {
+template <typename T>
+const T* optional_ptr(const std::optional<at::Tensor>& t) {
+  return t ? t->data_ptr<T>() : nullptr;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sample_categorical_cpu(
+    const at::Tensor& logits, double temperature, const std::optional<at::Tensor>& temperature_t,
+    const std::optional<at::Tensor>& exclude_ids, const std::optional<at::Tensor>& exclude_per_row,
+    const std::optional<at::Tensor>& allowed, int64_t top_k, const std::optional<at::Tensor>& top_k_t, double top_p,
+    const std::optional<at::Tensor>& top_p_t, double log_min_p, const std::optional<at::Tensor>& log_min_p_t,
+    const std::optional<at::Tensor>& noise, int64_t seed, int64_t offset, const std::optional<at::Tensor>& row_ids,
+    const std::optional<at::Tensor>& seed_tensor, const std::optional<at::Tensor>& offset_tensor, bool logprob,
+    int64_t confidence) {
   TORCH_CHECK(logits.dim() == 2 && logits.is_contiguous(), "logits must be a contiguous [N, V] tensor");
-  check_exclude_per_row(exclude_per_row, logits.size(1));
-  at::Tensor tokens = at::empty({logits.size(0)}, logits.options().dtype(at::kLong));
-  at::Tensor valid = at::empty({logits.size(0)}, logits.options().dtype(at::kBool));
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, logits.scalar_type(), "sample_categorical_cpu", [&] {
-    sample_rows<scalar_t>(logits, temperature, exclude_ids, exclude_per_row, noise, counter(seed, seed_tensor),
-                          counter(offset, offset_tensor), row_ids, tokens, valid);
-  });
-  return {tokens, valid};
+  const int64_t rows = logits.size(0), vocab = logits.size(1);
+  check_ids(exclude_ids, vocab, "exclude_ids");
+  check_ids(exclude_per_row, vocab, "exclude_per_row");
+  check_noise(noise);
+  const Controls controls{static_cast<float>(temperature), optional_ptr<float>(temperature_t), top_k,
+                          optional_ptr<int64_t>(top_k_t), static_cast<float>(top_p), optional_ptr<float>(top_p_t),
+                          static_cast<float>(log_min_p), optional_ptr<float>(log_min_p_t)};
+  const CategoricalArgs a{controls,
+                          optional_ptr<int64_t>(exclude_ids),
+                          exclude_ids ? exclude_ids->numel() : 0,
+                          optional_ptr<int64_t>(exclude_per_row),
+                          optional_ptr<bool>(allowed),
+                          optional_ptr<float>(noise),
+                          noise ? noise->size(1) : 0,
+                          counter(seed, seed_tensor),
+                          counter(offset, offset_tensor),
+                          optional_ptr<int64_t>(row_ids),
+                          logprob,
+                          static_cast<int>(confidence)};
+  const auto opts = logits.options();
+  at::Tensor tokens = at::empty({rows}, opts.dtype(at::kLong));
+  at::Tensor valid = at::empty({rows}, opts.dtype(at::kBool));
+  at::Tensor lp = at::empty({logprob ? rows : 0}, opts.dtype(at::kFloat));
+  at::Tensor conf = at::empty({confidence ? rows : 0}, opts.dtype(at::kFloat));
+  const Outputs out{tokens.data_ptr<int64_t>(), valid.data_ptr<bool>(), lp.data_ptr<float>(), conf.data_ptr<float>()};
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, logits.scalar_type(), "sample_categorical_cpu",
+                                  [&] { sample_rows<scalar_t>(logits, a, out); });
+  return {tokens, valid, lp, conf};
 }
 
 }  // namespace
@@ -81,9 +156,10 @@ std::tuple<at::Tensor, at::Tensor> sample_categorical_cpu(
 
 TORCH_LIBRARY_FRAGMENT(ddpd, m) {
   m.def(
-      "sample_categorical_cpu(Tensor logits, float temperature, int[] exclude_ids, Tensor? exclude_per_row, "
-      "Tensor? noise, int seed, int offset, Tensor? row_ids, Tensor? seed_tensor, Tensor? offset_tensor) "
-      "-> (Tensor, Tensor)");
+      "sample_categorical_cpu(Tensor logits, float temperature, Tensor? temperature_t, Tensor? exclude_ids, "
+      "Tensor? exclude_per_row, Tensor? allowed, int top_k, Tensor? top_k_t, float top_p, Tensor? top_p_t, "
+      "float log_min_p, Tensor? log_min_p_t, Tensor? noise, int seed, int offset, Tensor? row_ids, "
+      "Tensor? seed_tensor, Tensor? offset_tensor, bool logprob, int confidence) -> (Tensor, Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(ddpd, CPU, m) { m.impl("sample_categorical_cpu", &ddpd::cpu::sample_categorical_cpu); }

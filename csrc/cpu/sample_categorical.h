@@ -1,12 +1,17 @@
 // The categorical law on the CPU: the two-level exact Gumbel-max over vocabulary
-// tiles of sample_categorical.cpp, which sample_from_hidden.cpp draws too.
+// tiles of sample_categorical.cpp, which sample_from_hidden.cpp draws too, with the
+// sampling controls (per-row temperature, greedy, truncation thresholds) and the
+// statistics behind the log-probability and confidence outputs.
 //
 // The vocabulary is cut into tiles of kTile tokens. With m_t the maximum of tile
 // t, M the row maximum and shift(a, b) = (a - b) / T: tile t wins the race
 // argmax_t shift(m_t, M) + (s_t + G_t), s_t = log sum_{j in t} exp shift(l_j, m_t),
 // then token j wins argmax_{j in t} shift(l_j, m_t) + G_j inside the winning tile,
 // so P(j) = softmax(l / T)_j at any scale of logits and temperature, uniform among
-// +inf logits (ddpd/ops/sample_categorical.py has the derivation).
+// +inf logits (ddpd/ops/sample_categorical.py has the derivation). A greedy row
+// (temperature 0, passed as a negative value) races without the noise terms and uses
+// T = 1 for its statistics. Tokens below the row's truncation threshold tau (top-k,
+// top-p, min-p) read as -inf.
 // Uniforms: token j reads column j, tile t column V + t, of an explicit noise
 // row or of the row's Philox stream.
 // Mirrors ddpd/ops/sample_categorical.py token for token.
@@ -14,6 +19,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -28,6 +34,7 @@ namespace cpu {
 
 constexpr int64_t kTile = 256;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr float kPosInf = std::numeric_limits<float>::infinity();
 
 // Where a row's uniforms come from: an explicit noise row or its Philox stream.
 struct RowUniforms {
@@ -46,30 +53,64 @@ inline float gumbel(float u) {
   return -std::log(-std::log(u < kBelowOne ? u : kBelowOne));
 }
 
-// Tokens a row may not draw: the shared list plus an optional per-row id.
-struct Exclusions {
-  at::IntArrayRef ids;
+// Tokens a row may not draw: the shared list, an optional per-row id, an optional
+// allowed mask of the row, and the row's truncation threshold (tokens below it).
+struct RowMask {
+  const int64_t* ids = nullptr;
+  int64_t n_ids = 0;
   int64_t row_id = -1;
+  const bool* allowed = nullptr;  // the row of the [N, V] mask, or null
+  float tau = kNegInf;
 
-  // Sets excluded logits of the tile [start, start + n) to -inf.
+  // Sets the masked logits of the tile [start, start + n) to -inf.
   void apply(float* x, int64_t start, int64_t n) const {
-    for (const int64_t id : ids) {
-      if (id >= start && id < start + n) x[id - start] = kNegInf;
+    for (int64_t i = 0; i < n_ids; ++i) {
+      if (ids[i] >= start && ids[i] < start + n) x[ids[i] - start] = kNegInf;
     }
     if (row_id >= start && row_id < start + n) x[row_id - start] = kNegInf;
+    if (allowed) {
+      for (int64_t j = 0; j < n; ++j) x[j] = allowed[start + j] ? x[j] : kNegInf;
+    }
+    if (tau > kNegInf) {
+      for (int64_t j = 0; j < n; ++j) x[j] = x[j] >= tau ? x[j] : kNegInf;
+    }
   }
 };
 
-// ValueError unless every exclude_per_row value is a token id in [0, vocab): the
-// range check of the CPU ops, here where it costs one pass over N integers.
-inline void check_exclude_per_row(const std::optional<at::Tensor>& exclude_per_row, int64_t vocab) {
-  if (!exclude_per_row) return;
-  const int64_t* ids = exclude_per_row->data_ptr<int64_t>();
-  for (int64_t r = 0; r < exclude_per_row->numel(); ++r) {
-    TORCH_CHECK_VALUE(ids[r] >= 0 && ids[r] < vocab, "exclude_per_row values must be in [0, ", vocab, "), got ",
-                      ids[r], " at row ", r);
+// ValueError unless every value of an id tensor is a token id in [0, vocab): the
+// range checks of the CPU ops, here where they cost one pass over the ids.
+inline void check_ids(const std::optional<at::Tensor>& ids, int64_t vocab, const char* name) {
+  if (!ids) return;
+  const int64_t* p = ids->data_ptr<int64_t>();
+  for (int64_t r = 0; r < ids->numel(); ++r) {
+    TORCH_CHECK_VALUE(p[r] >= 0 && p[r] < vocab, name, " values must be in [0, ", vocab, "), got ", p[r], " at ", r);
   }
 }
+
+// The per-row controls of a call: each a scalar for every row or a per-row array.
+struct Controls {
+  float temperature;  // < 0: greedy (temperature 0 as the user gives it)
+  const float* temperature_row = nullptr;
+  int64_t top_k = 0;  // <= 0 or >= the allowed tokens: off
+  const int64_t* top_k_row = nullptr;
+  float top_p = 1.0f;  // >= 1: off
+  const float* top_p_row = nullptr;
+  float log_min_p = kNegInf;  // -inf: off
+  const float* log_min_p_row = nullptr;
+
+  float t(int64_t r) const { return temperature_row ? temperature_row[r] : temperature; }
+  int64_t k(int64_t r) const { return top_k_row ? top_k_row[r] : top_k; }
+  float p(int64_t r) const { return top_p_row ? top_p_row[r] : top_p; }
+  float min_p(int64_t r) const { return log_min_p_row ? log_min_p_row[r] : log_min_p; }
+  bool truncates() const {
+    return top_k_row || top_p_row || log_min_p_row || top_k > 0 || top_p < 1.0f || log_min_p > kNegInf;
+  }
+};
+
+// A row's temperature as the law uses it: greedy rows (t < 0, or NaN) draw the argmax
+// and compute their statistics at T = 1.
+inline bool is_greedy(float t) { return !(t >= 0.0f); }
+inline float effective_temperature(float t) { return is_greedy(t) ? 1.0f : t; }
 
 // Inner loops work on kLanes floats at a time: the SIMD width of SSE2 and NEON,
 // the baseline of x86-64 and aarch64 builds (wider vectors than the target has
@@ -79,16 +120,16 @@ constexpr int64_t kLanes = 4;
 inline int64_t padded(int64_t n) { return (n + kLanes - 1) / kLanes * kLanes; }
 
 // Logits of the tile of tokens [start, start + n), read from tile as float32, NaN
-// read as -inf (never drawn), excluded tokens -inf, into out; out is -inf padded to
+// read as -inf (never drawn), masked tokens -inf, into out; out is -inf padded to
 // a multiple of kLanes. No temperature yet: it divides differences (shift below).
 template <typename scalar_t>
-inline void load_tile(const scalar_t* tile, int64_t start, int64_t n, const Exclusions& excl, float* out) {
+inline void load_tile(const scalar_t* tile, int64_t start, int64_t n, const RowMask& mask, float* out) {
   for (int64_t j = 0; j < n; ++j) {
     const float x = static_cast<float>(tile[j]);
     out[j] = x != x ? kNegInf : x;
   }
   for (int64_t j = n; j < padded(n); ++j) out[j] = kNegInf;
-  excl.apply(out, start, n);
+  mask.apply(out, start, n);
 }
 
 // (a - b) / t for a <= b: exactly 0 where a == b (+inf == +inf too, not NaN), -inf
@@ -131,6 +172,14 @@ inline LaneF exp_nonpositive(LaneF y) {
   return n > -126 ? p * scale : LaneF{};
 }
 
+// Lane-wise shift(v, m, t) (see shift above) for a scalar maximum m.
+inline LaneF shift_lanes(LaneF v, float m, float t) {
+  const LaneF zero = {}, neg_inf = zero + kNegInf;
+  LaneF y = (v - m) / t;  // NaN at inf - inf is replaced just below
+  y = v == m ? zero : y;
+  return v == neg_inf ? neg_inf : y;
+}
+
 // Maximum over x[0, padded(n)).
 inline float tile_max(const float* x, int64_t n) {
   LaneF lane_max = load_lanes(x);
@@ -143,46 +192,63 @@ inline float tile_max(const float* x, int64_t n) {
   return m;
 }
 
-// s = log sum_j exp(shift(x_j, m, t)) over x[0, padded(n)) with m its maximum: in
-// [0, log kTile], -inf for an all -inf tile.
-inline float tile_mass(const float* x, int64_t n, float m, float t) {
-  if (m == kNegInf) return kNegInf;
-  const LaneF zero = {}, neg_inf = zero + kNegInf;
-  LaneF lane_sum = {};
-  for (int64_t j = 0; j < padded(n); j += kLanes) {
-    const LaneF v = load_lanes(x + j);
-    LaneF y = (v - m) / t;  // NaN at inf - inf is replaced just below
-    y = v == m ? zero : y;
-    y = v == neg_inf ? neg_inf : y;
-    lane_sum += exp_nonpositive(y);
-  }
-  float s = 0.0f;
-  for (int64_t l = 0; l < kLanes; ++l) s += lane_sum[l];
-  return std::log(s);
-}
-
-// Statistics of one tile for the tile race: its maximum m_t and r_t = s_t + G_t.
+// Statistics of one tile: its maximum m_t, s_t = log sum_j exp(y_j) with y_j =
+// shift(x_j, m_t) (in [0, log kTile], -inf for an all -inf tile), and where asked,
+// its second largest value (counted with multiplicity: a maximum twice is also the
+// second) and a_t = sum_j exp(y_j) y_j (for the entropy).
 struct TileStats {
   float max = kNegInf;
-  float key = kNegInf;
+  float mass = kNegInf;
+  float second = kNegInf;
+  float ent = 0.0f;
 };
 
-inline TileStats tile_stats(const float* x, int64_t n, float t, float u) {
-  const float m = tile_max(x, n);
-  return {m, tile_mass(x, n, m, t) + gumbel(u)};
+inline TileStats tile_stats(const float* x, int64_t n, float t, bool want_second, bool want_entropy) {
+  TileStats s;
+  s.max = tile_max(x, n);
+  if (s.max == kNegInf) return s;
+  const LaneF zero = {};
+  LaneF lane_sum = {}, lane_ent = {};
+  for (int64_t j = 0; j < padded(n); j += kLanes) {
+    const LaneF y = shift_lanes(load_lanes(x + j), s.max, t);
+    const LaneF e = exp_nonpositive(y);
+    lane_sum += e;
+    if (want_entropy) lane_ent += e > zero ? e * y : zero;  // 0 * -inf would be NaN
+  }
+  float sum = 0.0f, ent = 0.0f;
+  for (int64_t l = 0; l < kLanes; ++l) {
+    sum += lane_sum[l];
+    ent += lane_ent[l];
+  }
+  s.mass = std::log(sum);
+  s.ent = ent;
+  if (want_second) {
+    int64_t at_max = 0;
+    float below = kNegInf;
+    for (int64_t j = 0; j < n; ++j) {
+      at_max += x[j] == s.max;
+      if (x[j] < s.max && x[j] > below) below = x[j];
+    }
+    s.second = at_max > 1 ? s.max : below;
+  }
+  return s;
 }
 
-// The tile race: argmax_t shift(m_t, M) + r_t with M the row maximum, the lowest
-// tile on ties (as torch.argmax). Returns the winning tile; row_max gets M (-inf:
-// nothing drawable).
-inline int64_t race(const TileStats* stats, int64_t tiles, float t, float* row_max) {
+// The tile race: argmax_t shift(m_t, M) + s_t + G_t with M the row maximum (greedy:
+// argmax_t shift(m_t, M), the first tile holding M), the lowest tile on ties (as
+// torch.argmax). A single tile needs no tile uniform. Returns the winning tile;
+// row_max gets M (-inf: nothing drawable).
+inline int64_t race(const TileStats* stats, int64_t tiles, int64_t vocab, float t, bool greedy,
+                    const RowUniforms& u, float* row_max) {
   float m = kNegInf;
   for (int64_t i = 0; i < tiles; ++i) m = stats[i].max > m ? stats[i].max : m;
   *row_max = m;
+  if (tiles == 1 || m == kNegInf) return 0;
   int64_t best = 0;
   float best_key = kNegInf;
   for (int64_t i = 0; i < tiles; ++i) {
-    const float key = shift(stats[i].max, m, t) + stats[i].key;
+    float key = shift(stats[i].max, m, t);
+    if (!greedy && key > kNegInf) key += stats[i].mass + gumbel(u(vocab + i));
     if (key > best_key) {
       best_key = key;
       best = i;
@@ -192,13 +258,14 @@ inline int64_t race(const TileStats* stats, int64_t tiles, float t, float* row_m
 }
 
 // Gumbel-max inside the winning tile: argmax_j shift(x_j, m, t) + G_j over its n
-// logits x (m their maximum), the first on ties.
-inline int64_t draw_in_tile(const float* x, int64_t start, int64_t n, float t, const RowUniforms& u) {
+// logits x (m their maximum; greedy: without G_j), the first on ties.
+inline int64_t draw_in_tile(const float* x, int64_t start, int64_t n, float t, bool greedy, const RowUniforms& u) {
   const float m = tile_max(x, n);
   int64_t best = 0;
   float best_key = kNegInf;
   for (int64_t j = 0; j < n; ++j) {
-    const float k = shift(x[j], m, t) + gumbel(u(start + j));
+    float k = shift(x[j], m, t);
+    if (!greedy && k > kNegInf) k += gumbel(u(start + j));
     if (j == 0 || k > best_key) {
       best_key = k;
       best = j;
@@ -208,6 +275,183 @@ inline int64_t draw_in_tile(const float* x, int64_t start, int64_t n, float t, c
 }
 
 inline int64_t n_tiles(int64_t vocab) { return (vocab + kTile - 1) / kTile; }
+
+// What the log-probability and confidence outputs need from a row's tile
+// statistics: log Z = log sum_t exp(d_t + s_t) with d_t = shift(m_t, M) (Z relative
+// to the row maximum), and on request the second largest value and sum_j p_j log p_j.
+struct RowStats {
+  float log_z = kNegInf;
+  float second = kNegInf;
+  float neg_entropy = kNegInf;
+};
+
+inline RowStats row_stats(const TileStats* stats, int64_t tiles, float row_max, float t, bool want_second,
+                          bool want_entropy) {
+  RowStats r;
+  if (row_max == kNegInf) return r;
+  double z = 0.0, ey = 0.0;
+  float first = kNegInf, second = kNegInf;
+  for (int64_t i = 0; i < tiles; ++i) {
+    const TileStats& s = stats[i];
+    if (s.max == kNegInf) continue;
+    const float d = shift(s.max, row_max, t);
+    const double scale = std::exp(static_cast<double>(d));
+    const double mass = std::exp(static_cast<double>(s.mass));
+    z += scale * mass;
+    // sum_j e_j y_j of the tile relative to M: exp(d) (a_t + d exp(s_t)), y_j = y_j^t + d
+    if (want_entropy && scale > 0.0) ey += scale * (static_cast<double>(s.ent) + static_cast<double>(d) * mass);
+    for (const float v : {s.max, s.second}) {  // the top two of the row, with multiplicity
+      if (v > first) {
+        second = first;
+        first = v;
+      } else if (v > second) {
+        second = v;
+      }
+    }
+  }
+  r.log_z = static_cast<float>(std::log(z));
+  r.second = second;
+  if (want_entropy) r.neg_entropy = static_cast<float>(ey / z - std::log(z));
+  return r;
+}
+
+// The confidence outputs (ddpd/ops/sample_categorical.py, CONFIDENCES): 1 prob of the
+// drawn token, 2 margin p(top 1) - p(top 2), 3 sum_j p_j log p_j (minus the entropy);
+// -inf for a row with nothing drawable.
+inline float confidence(int kind, float token_logit, float row_max, float t, const RowStats& r) {
+  if (row_max == kNegInf) return kNegInf;
+  switch (kind) {
+    case 1: return std::exp(shift(token_logit, row_max, t) - r.log_z);
+    case 2: return (1.0f - std::exp(shift(r.second, row_max, t))) * std::exp(-r.log_z);
+    default: return r.neg_entropy;
+  }
+}
+
+// -------------------------------------------------------------- truncation thresholds
+
+// Order-preserving uint32 key of a float32 (-0 read as +0, so equal values share a key).
+inline uint32_t ordered_key(float x) {
+  uint32_t bits;
+  const float canonical = x == 0.0f ? 0.0f : x;
+  std::memcpy(&bits, &canonical, sizeof(bits));
+  return (bits & 0x80000000u) ? ~bits : bits | 0x80000000u;
+}
+
+inline float key_value(uint32_t key) {
+  const uint32_t bits = (key & 0x80000000u) ? key & 0x7FFFFFFFu : ~key;
+  float x;
+  std::memcpy(&x, &bits, sizeof(x));
+  return x;
+}
+
+// The largest key k* with W(k*) = above + sum of the weights of the keys >= k* at
+// least `target`, given W(smallest key) >= target: radix selection over the keys in
+// three rounds of 11, 11 and 10 bits, each a histogram of the weights (in double)
+// over the candidates left by the round before. A target above every sum (p Z
+// rounded above the sums here) keeps everything: the smallest key.
+inline uint32_t select_key(std::vector<uint32_t>& keys, std::vector<float>& weights, double target, double above) {
+  constexpr int kShifts[3] = {21, 10, 0};
+  std::vector<double> histogram(2048);
+  std::vector<int64_t> present(2048);
+  for (const int shift : kShifts) {
+    const uint32_t mask = shift == 0 ? 0x3FFu : 0x7FFu;
+    std::fill(histogram.begin(), histogram.end(), 0.0);
+    std::fill(present.begin(), present.end(), 0);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      histogram[(keys[i] >> shift) & mask] += weights[i];
+      ++present[(keys[i] >> shift) & mask];
+    }
+    int64_t bucket = -1, lowest = -1;
+    for (int64_t b = mask; b >= 0; --b) {
+      if (!present[b]) continue;
+      lowest = b;
+      if (above + histogram[b] >= target) {
+        bucket = b;
+        break;
+      }
+      above += histogram[b];
+    }
+    if (bucket < 0) bucket = lowest;
+    size_t kept = 0;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (static_cast<int64_t>((keys[i] >> shift) & mask) == bucket) {
+        keys[kept] = keys[i];
+        weights[kept] = weights[i];
+        ++kept;
+      }
+    }
+    keys.resize(kept);
+    weights.resize(kept);
+  }
+  return keys.empty() ? 0u : keys[0];
+}
+
+// The row's truncation threshold tau: top-k keeps the logits >= the k-th largest;
+// top-p, on what top-k keeps, the smallest upper set whose mass under softmax(l / T)
+// reaches p (a token is kept when the mass of the tokens strictly above it is below
+// p Z); min-p the logits whose shift(l, M, T) >= log min_p. Each is an upper set of
+// the row, so together they keep the logits >= tau. x: the row's masked logits
+// (-inf where not allowed); scratch vectors are reused across rows.
+struct ThresholdScratch {
+  std::vector<uint32_t> keys;
+  std::vector<float> weights;
+  std::vector<float> e;
+};
+
+inline float truncation_threshold(const float* x, int64_t vocab, float t, int64_t k, float p, float log_min_p,
+                                  ThresholdScratch& s) {
+  float row_max = kNegInf;
+  int64_t allowed = 0;
+  for (int64_t j = 0; j < vocab; ++j) {
+    row_max = x[j] > row_max ? x[j] : row_max;
+    allowed += x[j] > kNegInf;
+  }
+  if (allowed == 0) return kNegInf;
+  float tau = kNegInf;
+  if (k > 0 && k < allowed) {
+    s.keys.clear();
+    s.weights.clear();
+    for (int64_t j = 0; j < vocab; ++j) {
+      if (x[j] > kNegInf) {
+        s.keys.push_back(ordered_key(x[j]));
+        s.weights.push_back(1.0f);
+      }
+    }
+    tau = key_value(select_key(s.keys, s.weights, static_cast<double>(k), 0.0));
+  }
+  if (p < 1.0f) {
+    s.e.assign(padded(vocab), 0.0f);
+    double z = 0.0;
+    for (int64_t j = 0; j < padded(vocab); j += kLanes) {
+      LaneF v = {};
+      for (int64_t l = 0; l < kLanes; ++l) {
+        const float xl = j + l < vocab ? x[j + l] : kNegInf;
+        v[l] = xl >= tau ? xl : kNegInf;
+      }
+      const LaneF e = exp_nonpositive(shift_lanes(v, row_max, t));
+      std::memcpy(s.e.data() + j, &e, sizeof(e));
+    }
+    s.keys.clear();
+    s.weights.clear();
+    for (int64_t j = 0; j < vocab; ++j) {
+      if (x[j] > kNegInf && x[j] >= tau) {
+        z += s.e[j];
+        s.keys.push_back(ordered_key(x[j]));
+        s.weights.push_back(s.e[j]);
+      }
+    }
+    const float tau_p = key_value(select_key(s.keys, s.weights, static_cast<double>(p) * z, 0.0));
+    tau = tau_p > tau ? tau_p : tau;
+  }
+  if (log_min_p > kNegInf) {
+    float smallest = kPosInf;
+    for (int64_t j = 0; j < vocab; ++j) {
+      if (x[j] > kNegInf && shift(x[j], row_max, t) >= log_min_p && x[j] < smallest) smallest = x[j];
+    }
+    tau = smallest > tau ? smallest : tau;
+  }
+  return tau;
+}
 
 }  // namespace cpu
 }  // namespace ddpd

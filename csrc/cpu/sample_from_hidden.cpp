@@ -1,14 +1,17 @@
 // CPU path of ddpd.ops.sample_from_hidden: one token per row of
 // softmax((hidden @ weight^T + bias) / temperature), the output head fused with
 // the two-level Gumbel-max of sample_categorical.h so the [N, V] logits never exist.
+// (With top-k / top-p / min-p the Python op computes the logits and draws with
+// sample_categorical instead: a threshold needs the whole row.)
 //
 // The vocabulary is cut into splits of whole chunks of kChunkTiles tiles, one
 // split per thread. A thread walks its chunks: a BLAS matmul gives the chunk's
-// logits [N, chunk] in a small buffer, and each row keeps two floats per tile
-// (its maximum and s_t + G_t). The race then picks each row's tile (it needs the
-// row maximum, known only at the end); the rows that won the same tile get their
-// logits of that tile computed again in one matmul and draw their token there.
-// Memory: N x chunk floats per split and N x n_tiles x 2 floats.
+// logits [N, chunk] in a small buffer, and each row keeps its tile statistics (the
+// maximum and s_t, with the second largest value and a_t when a confidence needs
+// them). The race then picks each row's tile (it needs the row maximum, known only
+// at the end); the rows that won the same tile get their logits of that tile
+// computed again in one matmul and draw their token there.
+// Memory: N x chunk floats per split and N x n_tiles tile statistics.
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
@@ -18,7 +21,7 @@
 #include <tuple>
 #include <vector>
 
-#include "counters.h"
+#include "stream.h"
 #include "sample_categorical.h"
 
 namespace ddpd {
@@ -32,18 +35,28 @@ struct HeadArgs {
   at::Tensor hidden;  // float32 [N, H]
   const at::Tensor& weight;
   const std::optional<at::Tensor>& bias;
-  float temperature;
-  at::IntArrayRef exclude_ids;
+  float temperature;  // < 0: greedy
+  const float* temperature_row;
+  const int64_t* exclude_ids;
+  int64_t n_exclude;
   const int64_t* exclude_row;
+  const bool* allowed;
   const float* noise;
   int64_t noise_stride;
   uint64_t seed, offset;
   const int64_t* row_ids;
+  bool logprob;
+  int confidence;  // 0 none, 1 prob, 2 margin, 3 entropy
 
   RowUniforms uniforms(int64_t r) const {
     return RowUniforms{noise ? noise + r * noise_stride : nullptr, seed, offset,
                        static_cast<uint64_t>(row_ids ? row_ids[r] : r)};
   }
+  RowMask mask(int64_t r, int64_t vocab) const {
+    return RowMask{exclude_ids, n_exclude, exclude_row ? exclude_row[r] : -1, allowed ? allowed + r * vocab : nullptr,
+                   kNegInf};
+  }
+  float given_temperature(int64_t r) const { return temperature_row ? temperature_row[r] : temperature; }
 };
 
 // float32 logits [len(h), width] of the tokens [first, first + width): h @ w^T + b.
@@ -56,8 +69,8 @@ void head_logits(const HeadArgs& a, int64_t first, int64_t width, const at::Tens
   }
 }
 
-// Tile statistics (m_t, s_t + G_t) of every row for the tiles of the chunks
-// [first_chunk, end_chunk), into stats [N, n_tiles].
+// Tile statistics of every row for the tiles of the chunks [first_chunk, end_chunk),
+// into stats [N, n_tiles].
 void stats_split(const HeadArgs& a, int64_t first_chunk, int64_t end_chunk, TileStats* stats) {
   const int64_t rows = a.hidden.size(0), vocab = a.weight.size(0), tiles = n_tiles(vocab);
   at::Tensor buf = at::empty({rows, std::min(kChunk, vocab)}, a.hidden.options());
@@ -68,21 +81,25 @@ void stats_split(const HeadArgs& a, int64_t first_chunk, int64_t end_chunk, Tile
     head_logits(a, first, width, a.hidden, logits);
     const float* chunk = logits.data_ptr<float>();
     for (int64_t r = 0; r < rows; ++r) {
-      const RowUniforms u = a.uniforms(r);
-      const Exclusions excl{a.exclude_ids, a.exclude_row ? a.exclude_row[r] : -1};
+      const RowMask mask = a.mask(r, vocab);
+      const float t = effective_temperature(a.given_temperature(r));
       for (int64_t start = first; start < first + width; start += kTile) {
-        const int64_t n = std::min(kTile, vocab - start), t = start / kTile;
-        load_tile(chunk + r * logits.stride(0) + (start - first), start, n, excl, tile.data());
-        stats[r * tiles + t] = tiles == 1 ? TileStats{tile_max(tile.data(), n), 0.0f}
-                                          : tile_stats(tile.data(), n, a.temperature, u(vocab + t));
+        const int64_t n = std::min(kTile, vocab - start), i = start / kTile;
+        load_tile(chunk + r * logits.stride(0) + (start - first), start, n, mask, tile.data());
+        stats[r * tiles + i] = tile_stats(tile.data(), n, t, a.confidence == 2, a.confidence == 3);
       }
     }
   }
 }
 
+struct Outputs {
+  int64_t* tokens;
+  float* token_logit;  // the drawn token's logit, for the log-probability and confidence
+};
+
 // The token draw of the rows whose winning tile is `t`: their logits of that tile
 // are computed again (one matmul for the group) and raced.
-void draw_group(const HeadArgs& a, int64_t t, const std::vector<int64_t>& group, int64_t* tokens) {
+void draw_group(const HeadArgs& a, int64_t t, const std::vector<int64_t>& group, const Outputs& out) {
   const int64_t vocab = a.weight.size(0), start = t * kTile, n = std::min(kTile, vocab - start);
   const at::Tensor index = at::tensor(group, a.hidden.options().dtype(at::kLong));
   at::Tensor logits = at::empty({static_cast<int64_t>(group.size()), n}, a.hidden.options());
@@ -90,32 +107,48 @@ void draw_group(const HeadArgs& a, int64_t t, const std::vector<int64_t>& group,
   std::array<float, kTile> tile;
   for (size_t i = 0; i < group.size(); ++i) {
     const int64_t r = group[i];
-    const Exclusions excl{a.exclude_ids, a.exclude_row ? a.exclude_row[r] : -1};
-    load_tile(logits.data_ptr<float>() + i * n, start, n, excl, tile.data());
-    tokens[r] = draw_in_tile(tile.data(), start, n, a.temperature, a.uniforms(r));
+    const float given = a.given_temperature(r);
+    load_tile(logits.data_ptr<float>() + i * n, start, n, a.mask(r, vocab), tile.data());
+    out.tokens[r] = draw_in_tile(tile.data(), start, n, effective_temperature(given), is_greedy(given),
+                                 a.uniforms(r));
+    out.token_logit[r] = tile[out.tokens[r] - start];
   }
 }
 
-std::tuple<at::Tensor, at::Tensor> sample_from_hidden_cpu(
+template <typename T>
+const T* optional_ptr(const std::optional<at::Tensor>& t) {
+  return t ? t->data_ptr<T>() : nullptr;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sample_from_hidden_cpu(
     const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias, double temperature,
-    at::IntArrayRef exclude_ids, const std::optional<at::Tensor>& exclude_per_row,
+    const std::optional<at::Tensor>& temperature_t, const std::optional<at::Tensor>& exclude_ids,
+    const std::optional<at::Tensor>& exclude_per_row, const std::optional<at::Tensor>& allowed,
     const std::optional<at::Tensor>& noise, int64_t seed, int64_t offset, const std::optional<at::Tensor>& row_ids,
-    const std::optional<at::Tensor>& seed_tensor, const std::optional<at::Tensor>& offset_tensor) {
+    const std::optional<at::Tensor>& seed_tensor, const std::optional<at::Tensor>& offset_tensor, bool logprob,
+    int64_t confidence) {
   TORCH_CHECK(hidden.dim() == 2 && weight.dim() == 2 && hidden.size(1) == weight.size(1),
               "hidden [N, H] and weight [V, H] must share H");
-  check_exclude_per_row(exclude_per_row, weight.size(0));
+  const int64_t rows = hidden.size(0), vocab = weight.size(0), tiles = n_tiles(vocab);
+  check_ids(exclude_ids, vocab, "exclude_ids");
+  check_ids(exclude_per_row, vocab, "exclude_per_row");
+  check_noise(noise);
   const HeadArgs a{hidden.to(at::kFloat).contiguous(),
                    weight,
                    bias,
                    static_cast<float>(temperature),
-                   exclude_ids,
-                   exclude_per_row ? exclude_per_row->data_ptr<int64_t>() : nullptr,
-                   noise ? noise->data_ptr<float>() : nullptr,
+                   optional_ptr<float>(temperature_t),
+                   optional_ptr<int64_t>(exclude_ids),
+                   exclude_ids ? exclude_ids->numel() : 0,
+                   optional_ptr<int64_t>(exclude_per_row),
+                   optional_ptr<bool>(allowed),
+                   optional_ptr<float>(noise),
                    noise ? noise->size(1) : 0,
                    counter(seed, seed_tensor),
                    counter(offset, offset_tensor),
-                   row_ids ? row_ids->data_ptr<int64_t>() : nullptr};
-  const int64_t rows = hidden.size(0), vocab = weight.size(0), tiles = n_tiles(vocab);
+                   optional_ptr<int64_t>(row_ids),
+                   logprob,
+                   static_cast<int>(confidence)};
   const int64_t chunks = (vocab + kChunk - 1) / kChunk;
   const int64_t splits = std::max<int64_t>(1, std::min<int64_t>(chunks, at::get_num_threads()));
   std::vector<TileStats> stats(rows * tiles);
@@ -123,23 +156,41 @@ std::tuple<at::Tensor, at::Tensor> sample_from_hidden_cpu(
     for (int64_t s = begin; s < end; ++s) stats_split(a, s * chunks / splits, (s + 1) * chunks / splits, stats.data());
   });
 
-  at::Tensor tokens = at::zeros({rows}, hidden.options().dtype(at::kLong));
-  at::Tensor valid = at::empty({rows}, hidden.options().dtype(at::kBool));
+  const auto opts = hidden.options();
+  at::Tensor tokens = at::zeros({rows}, opts.dtype(at::kLong));
+  at::Tensor valid = at::empty({rows}, opts.dtype(at::kBool));
+  std::vector<float> row_max(rows), token_logit(rows, kNegInf);
   std::vector<std::vector<int64_t>> groups(tiles);  // the rows each tile won
   for (int64_t r = 0; r < rows; ++r) {
-    float row_max;
-    const int64_t winner = race(stats.data() + r * tiles, tiles, a.temperature, &row_max);
-    valid.data_ptr<bool>()[r] = row_max > kNegInf;
-    if (row_max > kNegInf) groups[winner].push_back(r);  // an invalid row keeps token 0
+    const float given = a.given_temperature(r);
+    const int64_t winner = race(stats.data() + r * tiles, tiles, vocab, effective_temperature(given),
+                                is_greedy(given), a.uniforms(r), &row_max[r]);
+    valid.data_ptr<bool>()[r] = row_max[r] > kNegInf;
+    if (row_max[r] > kNegInf) groups[winner].push_back(r);  // an invalid row keeps token 0
   }
   std::vector<int64_t> won;
   for (int64_t t = 0; t < tiles; ++t) {
     if (!groups[t].empty()) won.push_back(t);
   }
+  const Outputs out{tokens.data_ptr<int64_t>(), token_logit.data()};
   at::parallel_for(0, static_cast<int64_t>(won.size()), 1, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) draw_group(a, won[i], groups[won[i]], tokens.data_ptr<int64_t>());
+    for (int64_t i = begin; i < end; ++i) draw_group(a, won[i], groups[won[i]], out);
   });
-  return {tokens, valid};
+
+  at::Tensor lp = at::empty({logprob ? rows : 0}, opts.dtype(at::kFloat));
+  at::Tensor conf = at::empty({confidence ? rows : 0}, opts.dtype(at::kFloat));
+  for (int64_t r = 0; r < rows && (logprob || confidence); ++r) {
+    const float t = effective_temperature(a.given_temperature(r));
+    const RowStats rs = row_stats(stats.data() + r * tiles, tiles, row_max[r], t, confidence == 2, confidence == 3);
+    if (logprob) {
+      lp.data_ptr<float>()[r] = row_max[r] > kNegInf ? shift(token_logit[r], row_max[r], t) - rs.log_z : kNegInf;
+    }
+    if (confidence) {
+      conf.data_ptr<float>()[r] = ddpd::cpu::confidence(static_cast<int>(confidence), token_logit[r], row_max[r], t,
+                                                        rs);
+    }
+  }
+  return {tokens, valid, lp, conf};
 }
 
 }  // namespace
@@ -148,9 +199,10 @@ std::tuple<at::Tensor, at::Tensor> sample_from_hidden_cpu(
 
 TORCH_LIBRARY_FRAGMENT(ddpd, m) {
   m.def(
-      "sample_from_hidden_cpu(Tensor hidden, Tensor weight, Tensor? bias, float temperature, int[] exclude_ids, "
-      "Tensor? exclude_per_row, Tensor? noise, int seed, int offset, Tensor? row_ids, Tensor? seed_tensor, "
-      "Tensor? offset_tensor) -> (Tensor, Tensor)");
+      "sample_from_hidden_cpu(Tensor hidden, Tensor weight, Tensor? bias, float temperature, Tensor? temperature_t, "
+      "Tensor? exclude_ids, Tensor? exclude_per_row, Tensor? allowed, Tensor? noise, int seed, int offset, "
+      "Tensor? row_ids, Tensor? seed_tensor, Tensor? offset_tensor, bool logprob, int confidence) "
+      "-> (Tensor, Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(ddpd, CPU, m) { m.impl("sample_from_hidden_cpu", &ddpd::cpu::sample_from_hidden_cpu); }

@@ -1,4 +1,5 @@
-// CUDA implementations of ddpd::compact_fixed and ddpd::scatter_back
+// CUDA implementations of ddpd::compact_fixed and ddpd::scatter_back (the ops
+// compact_fixed_kernel and scatter_back_kernel)
 // (schemas: csrc/cpu/compact.cpp): checks, output allocation and stream handling
 // around the launchers of csrc/cuda/compact.cuh. Compiled only when torch has CUDA and
 // a toolkit is found; only c10's CUDA headers, so .ci/nvcc_check.sh can check it.
@@ -73,6 +74,6 @@ at::Tensor& scatter_back(const at::Tensor& index, const at::Tensor& packed, at::
 }  // namespace ddpd
 
 TORCH_LIBRARY_IMPL(ddpd, CUDA, m) {
-  m.impl("compact_fixed", &ddpd::cuda::compact_fixed);
-  m.impl("scatter_back", &ddpd::cuda::scatter_back);
+  m.impl("compact_fixed_kernel", &ddpd::cuda::compact_fixed);
+  m.impl("scatter_back_kernel", &ddpd::cuda::scatter_back);
 }

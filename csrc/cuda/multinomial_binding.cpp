@@ -1,5 +1,5 @@
-// CUDA implementations of ddpd::multinomial, ddpd::multinomial_with_uniforms and
-// ddpd::categorical_from_weights (schemas: csrc/cpu/multinomial.cpp): checks, output
+// CUDA implementation of ddpd::multinomial_kernel, the kernel of ddpd::multinomial and
+// ddpd::categorical_from_weights (schema: csrc/cpu/multinomial.cpp): checks, output
 // allocation and stream handling around the launcher of csrc/cuda/multinomial.cuh.
 // Compiled only when torch has CUDA and a toolkit is found. Only c10's CUDA headers
 // (no ATen/cuda, which pulls in cuSPARSE and cuBLAS): .ci/nvcc_check.sh can check it.
@@ -30,7 +30,7 @@ int64_t multiprocessors(int device) {
   return count;
 }
 
-// Shared by the three sampling ops; uniforms [rows, k] float64 or undefined.
+// uniforms [rows, k] float64, or undefined for the Philox streams.
 std::tuple<at::Tensor, at::Tensor> sample(const at::Tensor& weights, int64_t k, bool replacement,
                                           const at::Tensor& uniforms, uint64_t seed, uint64_t offset,
                                           const at::Tensor& row_ids, const at::Tensor& seed_tensor = at::Tensor(),
@@ -65,21 +65,6 @@ std::tuple<at::Tensor, at::Tensor> sample(const at::Tensor& weights, int64_t k, 
   return {index, valid};
 }
 
-void check_uniforms(const at::Tensor& uniforms, const at::Tensor& weights, int64_t dims) {
-  TORCH_CHECK(uniforms.scalar_type() == at::kDouble && uniforms.dim() == dims &&
-                  uniforms.size(0) == weights.size(0) && uniforms.device() == weights.device(),
-              "multinomial: uniforms must be float64 with ", weights.size(0), " rows on ",
-              weights.device(), ", got ", uniforms.scalar_type(), " ", uniforms.sizes(), " on ",
-              uniforms.device());
-}
-
-std::tuple<at::Tensor, at::Tensor> categorical_from_weights(const at::Tensor& weights,
-                                                            const at::Tensor& uniforms) {
-  check_uniforms(uniforms, weights, 1);
-  auto [index, valid] = sample(weights, 1, true, uniforms.view({-1, 1}), 0, 0, at::Tensor());
-  return {index.view({-1}), valid};
-}
-
 // A tensor seed or offset: one int64 on the device of weights, read by the kernel.
 at::Tensor device_counter(const std::optional<at::Tensor>& t, const at::Tensor& weights, const char* name) {
   if (!t) return at::Tensor();
@@ -88,31 +73,30 @@ at::Tensor device_counter(const std::optional<at::Tensor>& t, const at::Tensor& 
   return t->contiguous();
 }
 
-std::tuple<at::Tensor, at::Tensor> multinomial(const at::Tensor& weights, int64_t k, bool replacement,
-                                               int64_t seed, int64_t offset, const at::Tensor& row_ids,
-                                               const std::optional<at::Tensor>& seed_tensor,
-                                               const std::optional<at::Tensor>& offset_tensor) {
-  TORCH_CHECK(row_ids.dim() == 1 && row_ids.size(0) == weights.size(0) &&
-                  row_ids.scalar_type() == at::kLong && row_ids.device() == weights.device(),
+// The CUDA implementation of ddpd::multinomial_kernel (csrc/cpu/multinomial.cpp).
+std::tuple<at::Tensor, at::Tensor> multinomial_kernel(const at::Tensor& weights, int64_t k, bool replacement,
+                                                      const std::optional<at::Tensor>& uniforms, int64_t seed,
+                                                      int64_t offset, const std::optional<at::Tensor>& row_ids,
+                                                      const std::optional<at::Tensor>& seed_tensor,
+                                                      const std::optional<at::Tensor>& offset_tensor) {
+  if (uniforms) {
+    TORCH_CHECK(uniforms->scalar_type() == at::kDouble && uniforms->dim() == 2 &&
+                    uniforms->size(0) == weights.size(0) && uniforms->size(1) == k &&
+                    uniforms->device() == weights.device(),
+                "multinomial: uniforms must be float64 [", weights.size(0), ", ", k, "] on ", weights.device(),
+                ", got ", uniforms->scalar_type(), " ", uniforms->sizes(), " on ", uniforms->device());
+    return sample(weights, k, replacement, *uniforms, 0, 0, at::Tensor());
+  }
+  TORCH_CHECK(row_ids && row_ids->dim() == 1 && row_ids->size(0) == weights.size(0) &&
+                  row_ids->scalar_type() == at::kLong && row_ids->device() == weights.device(),
               "multinomial: row_ids must be int64 [B] on the device of weights");
-  return sample(weights, k, replacement, at::Tensor(), static_cast<uint64_t>(seed),
-                static_cast<uint64_t>(offset), row_ids, device_counter(seed_tensor, weights, "seed"),
+  return sample(weights, k, replacement, at::Tensor(), static_cast<uint64_t>(seed), static_cast<uint64_t>(offset),
+                *row_ids, device_counter(seed_tensor, weights, "seed"),
                 device_counter(offset_tensor, weights, "offset"));
-}
-
-std::tuple<at::Tensor, at::Tensor> multinomial_with_uniforms(const at::Tensor& weights,
-                                                             const at::Tensor& uniforms,
-                                                             bool replacement) {
-  check_uniforms(uniforms, weights, 2);
-  return sample(weights, uniforms.size(1), replacement, uniforms, 0, 0, at::Tensor());
 }
 
 }  // namespace
 }  // namespace cuda
 }  // namespace ddpd
 
-TORCH_LIBRARY_IMPL(ddpd, CUDA, m) {
-  m.impl("categorical_from_weights", &ddpd::cuda::categorical_from_weights);
-  m.impl("multinomial", &ddpd::cuda::multinomial);
-  m.impl("multinomial_with_uniforms", &ddpd::cuda::multinomial_with_uniforms);
-}
+TORCH_LIBRARY_IMPL(ddpd, CUDA, m) { m.impl("multinomial_kernel", &ddpd::cuda::multinomial_kernel); }

@@ -10,6 +10,7 @@ CUDA tensors run Triton kernels (ddpd.kernels) or CUDA kernels of ddpd._C; CPU
 tensors run the C++ kernels of ddpd._C. Randomness is counter-based (ddpd.ops.rng):
 every op takes seed/offset/generator/row_ids, or explicit `noise=` uniforms.
 """
+from ddpd.ops.bernoulli import bernoulli, bernoulli_reference
 from ddpd.ops.compact import compact_fixed, compact_fixed_reference, scatter_back, scatter_back_reference
 from ddpd.ops.multinomial import (
     categorical_from_weights,
@@ -27,10 +28,17 @@ from ddpd.ops.planner_select import (
     planner_select_reference,
 )
 from ddpd.ops.rng import philox_uniform
-from ddpd.ops.sample_categorical import noise_width, sample_categorical, sample_categorical_reference
+from ddpd.ops.sample_categorical import (
+    categorical_reference,
+    noise_width,
+    sample_categorical,
+    sample_categorical_reference,
+)
 from ddpd.ops.sample_from_hidden import sample_from_hidden, sample_from_hidden_reference
 
 __all__ = [
+    "bernoulli",
+    "bernoulli_reference",
     "categorical_from_weights",
     "categorical_from_weights_reference",
     "compact_fixed",
@@ -41,6 +49,7 @@ __all__ = [
     "multinomial_reference",
     "multinomial_from_logits",
     "multinomial_from_logits_reference",
+    "categorical_reference",
     "noise_width",
     "philox_uniform",
     "planner_mask",

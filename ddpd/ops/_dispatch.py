@@ -28,10 +28,17 @@ def contiguous(*tensors: Optional[torch.Tensor]) -> tuple:
     return tuple(None if t is None else t.contiguous() for t in tensors)
 
 
-@functools.lru_cache(maxsize=64)
 def device_ids(ids: tuple, device: torch.device) -> torch.Tensor:
     """Long tensor of `ids` (one unused 0 if empty) on device; cached, so repeated
-    calls (and CUDA graph captures after a warm-up call) copy nothing."""
+    calls (and CUDA graph captures after a warm-up call) copy nothing. (Traced by
+    torch.compile, the ids become a constant of the graph instead.)"""
+    if torch.compiler.is_compiling():
+        return torch.tensor(ids if ids else [0], dtype=torch.int64, device=device)
+    return _cached_ids(ids, device)
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_ids(ids: tuple, device: torch.device) -> torch.Tensor:
     return torch.tensor(ids if ids else [0], dtype=torch.int64, device=device)
 
 
@@ -58,3 +65,30 @@ def eager(*tensors: Optional[torch.Tensor]) -> bool:
 def cpu_ops():
     """torch.ops.ddpd with the CPU kernels of ddpd._C loaded."""
     return _ext.ops()
+
+
+_cpu_kernels: dict = {}
+
+
+def cpu_kernel(name: str):
+    """The C++ kernel torch.ops.ddpd.<name>.default, looked up once: the per-call path
+    of the sampling ops (a lookup through the op namespace costs microseconds)."""
+    kernel = _cpu_kernels.get(name)
+    if kernel is None:
+        kernel = _cpu_kernels[name] = getattr(cpu_ops(), name).default
+    return kernel
+
+
+def refuse_transforms(op: str, *tensors) -> None:
+    """ValueError when a torch.func transform (vmap, grad, ...) wraps an input: under vmap
+    every slice would be row 0 of its own batch and draw from the same row streams (a
+    batch of identical draws), so the ops refuse rather than return that. One C call per
+    tensor. (torch.compile traces no functorch wrappers: nothing to check there.)"""
+    if torch.compiler.is_compiling():
+        return
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and torch._C._functorch.is_functorch_wrapped_tensor(t):
+            raise ValueError(
+                f"ddpd.ops.{op} does not run under torch.func transforms (vmap, grad): under vmap every slice "
+                "would draw from the same row streams. Pass the batch as rows instead (sample_categorical and "
+                "sample_from_hidden take any leading shape; give distinct row_ids for distinct streams)")

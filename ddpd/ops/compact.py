@@ -28,7 +28,7 @@ from typing import Sequence, Union
 
 import torch
 
-from ddpd.ops import _ext
+from ddpd.ops import _dispatch, _ext
 
 Tensors = tuple[torch.Tensor, ...]
 
@@ -95,14 +95,39 @@ def compact_fixed_reference(active, capacity: int, *tensors: torch.Tensor) -> tu
     return tuple(packed), index, count
 
 
+def _compact_fixed_impl(active, capacity: int, tensors) -> tuple[list, torch.Tensor, torch.Tensor]:
+    """The kernel behind the op: ddpd._C on CPU and CUDA; the reference where the
+    extension has no kernels for the device."""
+    ops = _kernels_for(active)
+    if ops is None:
+        packed, index, count = compact_fixed_reference(active, capacity, *tensors)
+    else:
+        packed, index, count = ops.compact_fixed_kernel(active, capacity, tensors)
+    return list(packed), index, count
+
+
+@torch.library.custom_op("ddpd::compact_fixed", mutates_args=())
+def _compact_fixed_op(active: torch.Tensor, capacity: int,
+                      tensors: list[torch.Tensor]) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
+    return _compact_fixed_impl(active, capacity, tensors)
+
+
+@_compact_fixed_op.register_fake
+def _(active, capacity, tensors):
+    packed = [t.new_empty((capacity,) + tuple(t.shape[1:])) for t in tensors]
+    return packed, active.new_empty(capacity, dtype=torch.int64), active.new_empty((), dtype=torch.int64)
+
+
 def compact_fixed(active, capacity: int, *tensors: torch.Tensor) -> tuple[Tensors, torch.Tensor, torch.Tensor]:
     """(packed tensors of `capacity` rows, index Long[capacity] padded with -1, count Long[])."""
-    ops = _kernels_for(_check_active(active))
+    _dispatch.refuse_transforms("compact_fixed", active, *tensors)
     capacity = _check_capacity(capacity)
-    if ops is None:
-        return compact_fixed_reference(active, capacity, *tensors)
-    try:
-        packed, index, count = ops.compact_fixed(active, capacity, tensors)
+    if not _dispatch.eager(_check_active(active), *tensors):
+        _check_rows(active, tensors)
+        packed, index, count = _compact_fixed_op(active, capacity, list(tensors))
+        return tuple(packed), index, count
+    try:  # the kernel checks the rows itself: a valid call pays for those checks once
+        packed, index, count = _compact_fixed_impl(active, capacity, tensors)
     except (RuntimeError, TypeError):
         _check_rows(active, tensors)
         raise
@@ -137,7 +162,9 @@ def _check_scatter(index, packed, out) -> list[tuple[torch.Tensor, torch.Tensor]
             raise ValueError(f"packed[{i}] must have the dtype of out[{i}] ({o.dtype}), got {p.dtype}")
         if p.device != index.device or o.device != index.device:
             raise ValueError(f"packed[{i}] and out[{i}] must be on {index.device} like index")
-    if index.device.type == "cpu" and index.numel() > 0:  # on CUDA this check would wait for the device
+    # On CUDA this check would wait for the device, under tracing guard on data: there the
+    # kernel checks the range when it runs.
+    if index.device.type == "cpu" and index.numel() > 0 and _dispatch.eager(index):
         high = int(index.max())
         rows = min(o.shape[0] for _, o in pairs) if pairs else high + 1
         if high >= rows:
@@ -153,13 +180,30 @@ def scatter_back_reference(index, packed, out):
     return out
 
 
+def _scatter_back_impl(index: torch.Tensor, packed: torch.Tensor, out: torch.Tensor) -> None:
+    ops = _kernels_for(index)
+    if ops is None:
+        scatter_back_reference(index, packed, out)
+    else:
+        ops.scatter_back_kernel(index, packed, out)
+
+
+@torch.library.custom_op("ddpd::scatter_back", mutates_args=("out",))
+def _scatter_back_op(index: torch.Tensor, packed: torch.Tensor, out: torch.Tensor) -> None:
+    _scatter_back_impl(index, packed, out)
+
+
+@_scatter_back_op.register_fake
+def _(index, packed, out):
+    return None
+
+
 def scatter_back(index, packed: Union[torch.Tensor, Sequence[torch.Tensor]],
                  out: Union[torch.Tensor, Sequence[torch.Tensor]]):
     """out[index[i]] = packed[i] where index[i] >= 0, in place; returns out."""
+    _dispatch.refuse_transforms("scatter_back", index, *(packed if isinstance(packed, (list, tuple)) else [packed]))
     pairs = _check_scatter(index, packed, out)
-    ops = _ext.ops_for(index.device)
-    if ops is None:
-        return scatter_back_reference(index, packed, out)
+    eager = _dispatch.eager(index, *(t for pair in pairs for t in pair))
     for p, o in pairs:
-        ops.scatter_back(index, p, o)
+        (_scatter_back_impl if eager else _scatter_back_op)(index, p, o)
     return out

@@ -48,7 +48,7 @@ from typing import Optional, Union
 import torch
 import torch.nn.functional as F
 
-from ddpd.ops import _ext, rng
+from ddpd.ops import _dispatch, _ext, rng
 from ddpd.ops.rng import philox_words
 
 CHUNK = 64  # equals kChunk in csrc/multinomial.h
@@ -75,8 +75,8 @@ def check_weights(weights) -> torch.Tensor:
 def check_uniforms(name: str, uniforms, shape: tuple, like: torch.Tensor) -> torch.Tensor:
     """Validate uniforms in [0, 1) of the given shape on like's device; returns them as float64.
 
-    The range is checked on CPU only, where it costs no device synchronisation; on
-    CUDA a uniform outside [0, 1) still gives an index in range.
+    The range is checked on CPU in eager calls only, where it costs no device
+    synchronisation; elsewhere a uniform outside [0, 1) still gives an index in range.
     """
     if not isinstance(uniforms, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(uniforms).__name__}")
@@ -86,7 +86,7 @@ def check_uniforms(name: str, uniforms, shape: tuple, like: torch.Tensor) -> tor
         raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(uniforms.shape)}")
     if uniforms.device != like.device:
         raise ValueError(f"{name} must be on {like.device} like the weights, got {uniforms.device}")
-    if uniforms.device.type == "cpu" and uniforms.numel() > 0:
+    if uniforms.device.type == "cpu" and uniforms.numel() > 0 and _dispatch.eager(uniforms):
         low, high = float(uniforms.min()), float(uniforms.max())
         if not (0.0 <= low and high < 1.0):
             raise ValueError(f"{name} must lie in [0, 1), got values in [{low}, {high}]")
@@ -97,6 +97,9 @@ def finish(index: torch.Tensor, valid: torch.Tensor, return_valid: bool, need: s
     """(index, valid) when asked for, else index after raising on invalid rows."""
     if return_valid:
         return index, valid
+    if not _dispatch.eager(valid):
+        raise ValueError("return_valid=False raises on invalid rows, which needs their flags on the host; under "
+                         "torch.compile (or other tracing) pass return_valid=True")
     if not bool(valid.all()):
         bad = (~valid).nonzero().flatten()[:8].tolist()
         raise ValueError(
@@ -225,20 +228,59 @@ def multinomial_reference(
 # ------------------------------------------------------------------------- fused ops
 
 
+def _multinomial_impl(weights, k, replacement, uniforms, seed, offset, row_ids, seed_t, offset_t):
+    """The kernels behind the op (arguments validated): ddpd._C on CPU and CUDA; the torch
+    reference where the extension has no kernels for the device."""
+    ops = _ext.ops_for(weights.device)
+    if ops is None:
+        if uniforms is None:
+            uniforms = draw_uniforms(rng.counter_value(seed, seed_t), rng.counter_value(offset, offset_t), row_ids, k)
+        return multinomial_reference(weights, k, replacement, noise=uniforms, return_valid=True)
+    return ops.multinomial_kernel(weights, k, replacement, uniforms, seed, offset, row_ids, seed_t, offset_t)
+
+
+@torch.library.custom_op("ddpd::multinomial", mutates_args=())
+def _multinomial_op(
+    weights: torch.Tensor,
+    k: int,
+    replacement: bool,
+    uniforms: Optional[torch.Tensor],
+    seed: int,
+    offset: int,
+    row_ids: Optional[torch.Tensor],
+    seed_t: Optional[torch.Tensor],
+    offset_t: Optional[torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return _multinomial_impl(weights, k, replacement, uniforms, seed, offset, row_ids, seed_t, offset_t)
+
+
+@_multinomial_op.register_fake
+def _(weights, k, replacement, uniforms, seed, offset, row_ids, seed_t, offset_t):
+    rows = weights.shape[0]
+    return weights.new_empty(rows, k, dtype=torch.int64), weights.new_empty(rows, dtype=torch.bool)
+
+
+def _run(weights, k, replacement, uniforms, counters, row_ids):
+    """The op for a validated call: its kernel directly when nothing traces the call."""
+    seed, offset, seed_t, offset_t = counters
+    eager = _dispatch.eager(weights, uniforms, row_ids, seed_t, offset_t)
+    return (_multinomial_impl if eager else _multinomial_op)(weights, k, replacement, uniforms, seed, offset, row_ids,
+                                                             seed_t, offset_t)
+
+
 def categorical_from_weights(weights, uniforms, *, return_valid: bool = False) -> Result:
     """Long[B] index per row of weights Float[B, N], drawn with the row's uniform in [0, 1).
 
     index[b] is the smallest i whose two-level cumulative weight exceeds
-    uniforms[b] * total[b] (module docstring). With return_valid=True returns
-    (index, valid Bool[B]); otherwise an invalid row raises ValueError.
+    uniforms[b] * total[b] (module docstring): multinomial's first draw with the given
+    uniforms. With return_valid=True returns (index, valid Bool[B]); otherwise an
+    invalid row raises ValueError.
     """
+    _dispatch.refuse_transforms("categorical_from_weights", weights, uniforms)
     weights = check_weights(weights)
     uniforms = check_uniforms("uniforms", uniforms, (weights.shape[0],), weights)
-    ops = _ext.ops_for(weights.device)
-    if ops is None:
-        return categorical_from_weights_reference(weights, uniforms, return_valid=return_valid)
-    index, valid = ops.categorical_from_weights(weights, uniforms)
-    return finish(index, valid, return_valid, "a positive total")
+    index, valid = _run(weights, 1, True, uniforms[:, None].contiguous(), (0, 0, None, None), None)
+    return finish(index[:, 0], valid, return_valid, "a positive total")
 
 
 def multinomial(
@@ -260,21 +302,14 @@ def multinomial(
     seed and offset may be int64 tensors of one element on the device of weights (read
     by the kernel, so a captured CUDA graph replays with their current values).
     With return_valid=True returns (index, valid Bool[B]); otherwise an invalid row
-    raises ValueError.
+    raises ValueError (which needs the flags on the host: under torch.compile pass
+    return_valid=True).
     """
+    _dispatch.refuse_transforms("multinomial", weights, noise, row_ids)
     weights = check_weights(weights)
     k = _check_k(k, replacement, weights.shape[1])
-    u, (seed, offset, seed_t, offset_t), row_ids = _resolve_stream(weights, k, seed, offset, generator, row_ids,
-                                                                   noise)
-    ops = _ext.ops_for(weights.device)
-    if ops is None:
-        if u is None:
-            u = draw_uniforms(rng.counter_value(seed, seed_t), rng.counter_value(offset, offset_t), row_ids, k)
-        return multinomial_reference(weights, k, replacement, noise=u, return_valid=return_valid)
-    if u is not None:
-        index, valid = ops.multinomial_with_uniforms(weights, u, replacement)
-    else:
-        index, valid = ops.multinomial(weights, k, replacement, seed, offset, row_ids, seed_t, offset_t)
+    u, counters, row_ids = _resolve_stream(weights, k, seed, offset, generator, row_ids, noise)
+    index, valid = _run(weights, k, replacement, u, counters, row_ids)
     return finish(index, valid, return_valid, _need(k, replacement))
 
 

@@ -69,6 +69,7 @@ def planner_mask_reference(
         check_position_values(positions, logits.shape[1])
     rows, length = logits.shape
     counters = rng.resolve_stream(noise, (rows, length), logits, seed, offset, generator, row_ids)
+    rng.check_noise_values(noise)
     if noise is None:
         noise = rng.stream_noise(counters, row_ids, rows, length, logits.device)
     return draw_mask(planner_prob(planner_logits(logits)), noise, positions, x, mask_id)
@@ -105,8 +106,9 @@ def _planner_mask_impl(logits, x, positions, mask_id, noise, seed, offset, row_i
         return planner_mask_triton(logits, x, positions, mask_id, noise, (seed, offset, seed_t, offset_t), row_ids)
     if positions is not None:
         positions = positions.contiguous()
-    return _dispatch.cpu_ops().planner_mask_cpu(logits.contiguous(), x.contiguous(), positions, mask_id, noise, seed,
-                                                offset, row_ids, seed_t, offset_t)
+    kernel = _dispatch.cpu_kernel("planner_mask_cpu")
+    return kernel(logits.contiguous(), x.contiguous(), positions, mask_id, noise, seed, offset, row_ids, seed_t,
+                  offset_t)
 
 
 @torch.library.custom_op("ddpd::planner_mask", mutates_args=())
@@ -148,6 +150,7 @@ def planner_mask(
     Randomness as planner_select (explicit `noise` Float[B, D]).
     Returns (masked Long[B, D], z Bool[B, D], count Long[B] = z.sum(1)).
     """
+    _dispatch.refuse_transforms("planner_mask", logits, x, positions, noise, row_ids)
     check_tensor("logits", logits, _dispatch.FLOAT_DTYPES, 2)
     _dispatch.check_width("D (logits.shape[1])", logits.shape[1])
     check_mask_args(logits, x, mask_id)

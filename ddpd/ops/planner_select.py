@@ -158,6 +158,7 @@ def planner_select_reference(
     softmax, tau, eps = check_select_args(logits, k, mode, tau, eps)
     rows, length = logits.shape
     counters = rng.resolve_stream(noise, (rows, length), logits, seed, offset, generator, row_ids)
+    rng.check_noise_values(noise)
     if noise is None:
         noise = rng.stream_noise(counters, row_ids, rows, length, logits.device)
     l = planner_logits(logits)
@@ -189,6 +190,8 @@ def planner_select_mask_reference(
     counters, (mask_offset, mask_offset_t) = resolve_pair(noise, mask_noise, logits, seed, offset, mask_offset,
                                                            generator, row_ids)
     rows, length = logits.shape
+    rng.check_noise_values(noise)
+    rng.check_noise_values(mask_noise, "mask_noise")
     if noise is None:
         seed, _, seed_t, _ = counters
         noise = rng.stream_noise(counters, row_ids, rows, length, logits.device)
@@ -241,8 +244,8 @@ def _planner_select_impl(logits, k, softmax, tau, eps, noise, seed, offset, row_
     """The kernels behind the op (arguments validated): Triton on CUDA, C++ on CPU."""
     if logits.device.type == "cuda":
         return planner_select_triton(logits, k, softmax, tau, eps, noise, (seed, offset, seed_t, offset_t), row_ids)
-    return _dispatch.cpu_ops().planner_select_cpu(logits.contiguous(), k, softmax, tau, eps, noise, seed, offset,
-                                                  row_ids, seed_t, offset_t)
+    kernel = _dispatch.cpu_kernel("planner_select_cpu")
+    return kernel(logits.contiguous(), k, softmax, tau, eps, noise, seed, offset, row_ids, seed_t, offset_t)
 
 
 @torch.library.custom_op("ddpd::planner_select", mutates_args=())
@@ -275,9 +278,9 @@ def _planner_select_mask_impl(logits, x, mask_id, k, softmax, tau, eps, noise, m
     if logits.device.type == "cuda":
         return planner_select_triton(logits, k, softmax, tau, eps, noise, (seed, offset, seed_t, offset_t), row_ids,
                                      mask=(x, mask_id, mask_noise, (mask_offset, mask_offset_t)))
-    return _dispatch.cpu_ops().planner_select_mask_cpu(logits.contiguous(), x.contiguous(), mask_id, k, softmax, tau,
-                                                       eps, noise, mask_noise, seed, offset, mask_offset, row_ids,
-                                                       seed_t, offset_t, mask_offset_t)
+    kernel = _dispatch.cpu_kernel("planner_select_mask_cpu")
+    return kernel(logits.contiguous(), x.contiguous(), mask_id, k, softmax, tau, eps, noise, mask_noise, seed, offset,
+                  mask_offset, row_ids, seed_t, offset_t, mask_offset_t)
 
 
 @torch.library.custom_op("ddpd::planner_select_mask", mutates_args=())
@@ -336,6 +339,7 @@ def planner_select(
     `noise` Float[B, D].
     Returns (positions Long[B, k] in draw order, sum_p Float[B], stop Bool[B]).
     """
+    _dispatch.refuse_transforms("planner_select", logits, noise, row_ids)
     softmax, tau, eps = check_select_args(logits, k, mode, tau, eps)
     seed, offset, seed_t, offset_t = rng.resolve_stream(noise, tuple(logits.shape), logits, seed, offset, generator,
                                                         row_ids)
@@ -371,6 +375,7 @@ def planner_select_mask(
     Returns (positions Long[B, k], sum_p Float[B], stop Bool[B],
     masked Long[B, D], z Bool[B, D], count Long[B]).
     """
+    _dispatch.refuse_transforms("planner_select_mask", logits, x, noise, mask_noise, row_ids)
     softmax, tau, eps = check_select_args(logits, k, mode, tau, eps)
     check_mask_args(logits, x, mask_id)
     (seed, offset, seed_t, offset_t), (mask_offset, mask_offset_t) = resolve_pair(

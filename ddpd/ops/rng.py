@@ -170,6 +170,18 @@ def resolve_stream(noise: Optional[torch.Tensor], noise_shape: tuple, like: torc
     return resolve_seed(seed, offset, generator, row_ids, noise_shape[0], like)
 
 
+def check_noise_values(noise: Optional[torch.Tensor], name: str = "noise") -> None:
+    """Explicit noise must hold uniforms in (0, 1]: 0 would give a Gumbel variable of
+    -inf, NaN no order at all. The references check it on CPU, as the C++ kernels do."""
+    if noise is None or noise.device.type != "cpu" or noise.numel() == 0:
+        return
+    bad = ~((noise > 0) & (noise <= 1))
+    if bool(bad.any()):
+        row, column = (int(i) for i in bad.nonzero()[0])
+        raise ValueError(f"{name} values must be uniforms in (0, 1], got {float(noise[row, column])} at row {row}, "
+                         f"column {column}")
+
+
 def check_noise_alone(seed, offset, generator, row_ids) -> None:
     """Explicit noise replaces the stream: no seed, offset, generator or row_ids with it."""
     if seed is not None or generator is not None or row_ids is not None or not is_zero(offset):
@@ -191,6 +203,8 @@ def check_counter(name: str, value, like: torch.Tensor) -> tuple:
                             f"{tuple(value.shape)}")
         check_same_device(name, value, like, "the input")
         return 0, value.detach().reshape(())
+    if isinstance(value, torch.SymInt):  # traced by torch.compile: an int whose value is not known here
+        return value, None
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**64:
         raise ValueError(f"{name} must be an int in [0, 2**64) or an int64 tensor, got {value!r}")
     return as_int64(value), None
@@ -214,11 +228,25 @@ def resolve_seed(seed, offset, generator: Optional[torch.Generator], row_ids: Op
     if seed is None:
         if not is_zero(offset):
             raise ValueError(f"offset needs an explicit seed (it is drawn with the seed otherwise), got {offset}")
+        if torch.compiler.is_compiling():
+            return traced_seed(generator, like)
         seed, offset = seed_from_generator(generator)
     elif generator is not None:
         raise ValueError("pass either seed or generator, not both")
     (seed, seed_t), (offset, offset_t) = check_counter("seed", seed, like), check_counter("offset", offset, like)
     return seed, offset, seed_t, offset_t
+
+
+def traced_seed(generator: Optional[torch.Generator], like: torch.Tensor) -> tuple:
+    """The counters of a call without seed under torch.compile: a (seed, offset) pair
+    drawn from torch's global generator as tensors on like's device (an int would need
+    the value on the host; the kernels read the tensors). torch.compile cannot trace a
+    torch.Generator argument."""
+    if generator is not None:
+        raise TypeError("generator= cannot be traced by torch.compile: pass seed= (an int, or an int64 tensor "
+                        "advanced between calls) inside compiled code")
+    draws = torch.randint(0, 2**62, (2,), dtype=torch.int64, device=like.device)
+    return 0, 0, draws[0], draws[1]
 
 
 def as_int64(value: int) -> int:

@@ -1,40 +1,78 @@
-"""One token per row from logits [N, V], without writing a softmax.
+"""One token per row from logits [..., V], without writing a softmax, with the
+sampling controls of practitioners' samplers and the drawn token's log-probability
+or confidence from the same pass.
 
 This is the denoising draw j ~ Cat(p_{1|t}(x_1^d = j | x_t, z_t^d = N)) of the DDPD
-sampler (Algorithm `alg:sampling`, `prop:self-loop-jumps`), with the logits
-divided by a temperature (> 0; the argmax is not a temperature here) and some
-tokens excluded (special tokens, the current value x_t^d, ...).
+sampler (Algorithm `alg:sampling`, `prop:self-loop-jumps`), and the token draw of
+MDLM, LLaDA, Dream and MaskGIT samplers.
+
+The law. With l the logits of a row as float32 (float64 inputs are read as float32:
+values beyond its range become +-inf), NaN, excluded (exclude_ids, exclude_per_row)
+and not allowed (allowed[..., j] False) tokens read as -inf; M = max_j l_j; T the
+row's temperature (T = 1 for the statistics of a greedy row) and
+shift(a, b) = (a - b) / T for a <= b, exactly 0 where a == b and -inf where a = -inf
+(subtracting before dividing cannot overflow; a temperature below float32's range
+rounds to 0 and leaves only the maxima), y_j = shift(l_j, M):
+1. truncation keeps K = the tokens with l_j >= tau, tau the largest of
+   - top_k (k >= 1): the k-th largest logit, counted with multiplicity (ties at the
+     boundary are all kept); off for k = 0 or k >= the number of allowed tokens;
+   - top_p (p in (0, 1]): over what top_k keeps, with e_j = exp(y_j) and Z their
+     sum, a token is kept when the mass of the tokens strictly above it is below
+     p Z: the smallest upper set whose mass reaches p (ties kept together); off at
+     p = 1. e_j is a float32 exp summed in float64; a token whose cumulative mass
+     lies within a few float32 ulps of p Z may fall on either side on different
+     paths (exp rounds differently in C++, Triton and torch);
+   - min_p (in [0, 1]): the tokens with y_j >= log(min_p) (p_j >= min_p p_max);
+     off at 0;
+   in that order (top_p renormalised after top_k, as Hugging Face and vLLM do;
+   min_p is relative to the maximum, so its place changes nothing). Each keeps an
+   upper set of the row, so K = {l >= tau}; M is always kept.
+2. the token is drawn from softmax(y) over K; with temperature 0 (greedy) it is the
+   first argmax of l. No sort: the thresholds come from a radix search over the
+   order-preserving 32-bit keys of the logits (csrc/cpu/sample_categorical.h,
+   ddpd.kernels.sample_categorical).
+3. return_logprob: log p(token) = y_token - log sum_{j in K} exp(y_j) under this
+   tempered, truncated law (at temperature 0: the law at T = 1, as LLaDA and Dream
+   compute confidences when decoding greedily); confidence="prob" that probability,
+   "margin" p(top 1) - p(top 2) (0 when the top value is tied), "entropy"
+   sum_j p_j log p_j (minus the entropy: larger is more confident). Rows with nothing
+   drawable: log-probability and confidence -inf.
 
 Method: two-level exact Gumbel-max, every comparison made relative to a maximum so
 that no scale of logits or temperature loses the noise. The vocabulary is cut into
-tiles of TILE = 256 tokens. With l the logits (NaN and excluded tokens read as -inf),
-m_t the maximum of tile t, M = max_t m_t, T the temperature in float32, and
-shift(a, b) = (a - b) / T for a <= b (exactly 0 where a == b, -inf where a = -inf):
-  y_j = shift(l_j, m_t)                    tempered logit relative to its tile maximum
-  s_t = log sum_{j in t} exp(y_j)          in [0, log TILE]
+tiles of TILE = 256 tokens. With m_t the maximum of tile t (over K):
+  y_j^t = shift(l_j, m_t)                  tempered logit relative to its tile maximum
+  s_t = log sum_{j in t} exp(y_j^t)        in [0, log TILE]
   tile  = argmax_t  shift(m_t, M) + (s_t + G_t)     (G_t from column V + t)
-  token = argmax_{j in tile}  y_j + G_j             (G_j from column j)
+  token = argmax_{j in tile}  y_j^t + G_j           (G_j from column j)
 shift(m_t, M) + s_t = log sum_{j in t} exp((l_j - M) / T), so P(j) = P(tile of j)
 P(j | tile) = softmax(l / T)_j exactly, whatever the scale: logits [1e30, 1e30] draw
 each token half the time, [5, 5, 1] at T = 1e-6 the first two half the time each.
-Subtracting before dividing cannot overflow; a temperature below float32's range
-(1e-300) rounds to 0 and leaves only the maxima drawable. Ties at +inf: every +inf
-logit has y = 0 and every other -inf, so the draw is uniform among the +inf entries.
-The logits are read once plus one tile again; a row needs n_tiles + TILE uniforms
-instead of V; no [N, V] probability tensor is ever written.
+Ties at +inf: every +inf logit has y = 0 and every other -inf, so the draw is uniform
+among the +inf entries. A greedy row races without s_t + G_t and G_j: the first tile
+holding M, then its first maximum. The log-probability and confidences come from the
+same tile statistics (log Z = log sum_t exp(shift(m_t, M) + s_t), the two largest
+values, sum_j e_j y_j per tile). The logits are read once plus one tile again (more
+passes for a truncation threshold); a row needs n_tiles + TILE uniforms instead of V;
+no [N, V] probability tensor is ever written.
 `categorical_reference` is this law in plain torch, for any V, from explicit noise:
 every path (C++, Triton, the samplers' reference code) is tested against it.
 
 Uniforms: column j < V drives token j, column V + t drives tile t, either of
-explicit `noise` Float[N, V + n_tiles] or of the Philox stream of
-(seed, offset, row id) (ddpd.ops.rng.philox_uniform).
+explicit `noise` Float[..., V + n_tiles] (uniforms in (0, 1], checked on CPU) or of
+the Philox stream of (seed, offset, row id) (ddpd.ops.rng.philox_uniform).
 
-Rows with no drawable token (every allowed logit -inf or NaN) return token 0 and
-valid = False; NaN logits are never drawn. Tokens are always in [0, V).
-exclude_per_row values are range-checked on CPU only, inside the C++ kernel (a
-check on CUDA would sync); on CUDA a value outside [0, V) excludes nothing.
+Controls and outputs per row: temperature, top_k, top_p and min_p are numbers or
+tensors of the leading shape (one value per row; 0-d tensors apply to every row),
+read by the kernels (a temperature tensor annealed in place needs no recompilation
+under torch.compile); their values are checked on CPU tensors in eager calls (on
+CUDA that would sync: there a negative or NaN temperature draws greedily). Rows with
+no drawable token return token 0 and valid = False; NaN logits are never drawn.
+Tokens are always in [0, V). exclude_ids and exclude_per_row values are range-checked
+on CPU only, inside the C++ kernel; on CUDA a value outside [0, V) excludes nothing.
 Eager calls go straight to the kernels; under tracing (torch.compile, make_fx,
 fake tensors) the call goes through the registered custom op ddpd::sample_categorical.
+torch.func transforms (vmap) are refused: give the batch as leading dimensions.
 CPU tensors run the C++ kernel of ddpd._C (csrc/cpu/sample_categorical.cpp),
 CUDA tensors the Triton kernels ddpd.kernels.sample_categorical (each row's tiles
 split over several programs, then one small program per row: categorical_launch).
@@ -42,14 +80,21 @@ split over several programs, then one small program per row: categorical_launch)
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Sequence
+import math
+import operator
+import struct
+from typing import Optional
 
 import torch
 
 from ddpd.ops import _dispatch, rng
-from ddpd.validation import check_float, check_int, check_same_device, check_shape, check_tensor
+from ddpd.validation import check_float, check_same_device, check_tensor
 
 TILE = 256
+CONFIDENCES = ("prob", "margin", "entropy")  # codes 1, 2, 3 in the kernels
+LOGIT_DTYPES = _dispatch.FLOAT_DTYPES + (torch.float64,)
+GREEDY = -1.0  # the temperature the kernels read for a greedy row (temperature 0)
+THRESHOLD_BLOCK = 1024  # logits per step of the Triton threshold search
 
 
 def n_tiles(vocab_size: int) -> int:
@@ -64,130 +109,431 @@ def noise_width(vocab_size: int) -> int:
 # ----------------------------------------------------------------------------- checks
 
 
-def check_exclusions(exclude_ids, exclude_per_row, like: torch.Tensor, vocab_size: int) -> list[int]:
-    """Validate the exclusion arguments of a categorical draw; return the ids as a list."""
-    ids: list[int] = []
-    if exclude_ids is not None:
-        # list / tuple first: the typing.Sequence check costs microseconds a call
-        if not isinstance(exclude_ids, (list, tuple)) and (
-                isinstance(exclude_ids, (torch.Tensor, str)) or not isinstance(exclude_ids, Sequence)):
-            raise TypeError(f"exclude_ids must be a sequence of ints, got {type(exclude_ids).__name__}")
-        ids = [check_int("exclude_ids[]", i, 0, vocab_size - 1) for i in exclude_ids]
+@dataclasses.dataclass(frozen=True)
+class Controls:
+    """The sampling controls of a call as the kernels read them, each a scalar for every
+    row or a per-row tensor [N]: temperature (float32; GREEDY for temperature 0), top_k
+    (int64; 0 = off), top_p (float32; 1 = off), log_min_p (float32 log of min_p; -inf =
+    off)."""
+    temperature: float = 1.0
+    temperature_t: Optional[torch.Tensor] = None
+    top_k: int = 0
+    top_k_t: Optional[torch.Tensor] = None
+    top_p: float = 1.0
+    top_p_t: Optional[torch.Tensor] = None
+    log_min_p: float = -math.inf
+    log_min_p_t: Optional[torch.Tensor] = None
+
+    @property
+    def truncates(self) -> bool:
+        return (self.top_k_t is not None or self.top_p_t is not None or self.log_min_p_t is not None
+                or self.top_k > 0 or self.top_p < 1.0 or self.log_min_p > -math.inf)
+
+    def args(self) -> tuple:
+        """The controls in the order of the ops' schemas."""
+        return (self.temperature, self.temperature_t, self.top_k, self.top_k_t, self.top_p, self.top_p_t,
+                self.log_min_p, self.log_min_p_t)
+
+    def per_row(self, rows: int, device: torch.device) -> tuple:
+        """(temperature, top_k, top_p, log_min_p), each a tensor [rows]."""
+        def full(scalar, tensor, dtype):
+            return tensor if tensor is not None else torch.full((rows,), scalar, dtype=dtype, device=device)
+
+        return (full(self.temperature, self.temperature_t, torch.float32), full(self.top_k, self.top_k_t, torch.int64),
+                full(self.top_p, self.top_p_t, torch.float32), full(self.log_min_p, self.log_min_p_t, torch.float32))
+
+
+def float32(value: float) -> float:
+    """value rounded to float32 (every path then compares the same number)."""
+    return struct.unpack("f", struct.pack("f", value))[0]
+
+
+def symbolic(value) -> bool:
+    """A number traced by torch.compile: passed through, its value is not known here."""
+    return isinstance(value, (torch.SymInt, torch.SymFloat))
+
+
+def per_row_tensor(name: str, value: torch.Tensor, lead: tuple, like: torch.Tensor, dtypes) -> torch.Tensor:
+    """A per-row control given as a tensor: of the leading shape, or 0-d (every row);
+    returned flat [N] (contiguous: the kernels read element r for row r)."""
+    check_tensor(name, value, dtypes)
+    if value.dim() != 0 and tuple(value.shape) != tuple(lead):
+        raise ValueError(f"{name} must be a number, a 0-d tensor or a tensor of the leading shape {tuple(lead)} "
+                         f"(one value per row), got shape {tuple(value.shape)}")
+    check_same_device(name, value, like, "logits")
+    rows = math.prod(lead)
+    return (value.expand(lead) if value.dim() == 0 else value).reshape(rows).contiguous()
+
+
+def check_values(name: str, value: torch.Tensor, ok: torch.Tensor, expected: str) -> None:
+    """Range check of a per-row control: on CPU tensors in eager calls only (elsewhere it
+    would wait for the device or guard on data)."""
+    if value.device.type == "cpu" and value.numel() and _dispatch.eager(value) and not bool(ok.all()):
+        bad = value[~ok][0].item()
+        raise ValueError(f"{name} values must be {expected}, got {bad}")
+
+
+FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+INTS = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+
+
+def check_controls(temperature, top_k, top_p, min_p, lead: tuple, like: torch.Tensor) -> Controls:
+    """Validate the sampling controls (numbers, or tensors of the leading shape)."""
+    c = {}
+    if isinstance(temperature, torch.Tensor):
+        t = per_row_tensor("temperature", temperature, lead, like, FLOATS)
+        check_values("temperature", t, (t >= 0) & torch.isfinite(t), "finite and >= 0 (0: greedy)")
+        c["temperature_t"] = torch.where(t > 0, t.float(), GREEDY)
+    elif symbolic(temperature):
+        c["temperature"] = temperature
+    else:
+        t = check_float("temperature", temperature, 0.0, float("inf"), open_max=True)
+        c["temperature"] = GREEDY if t == 0 else t
+    if top_k is not None:
+        if isinstance(top_k, torch.Tensor):
+            k = per_row_tensor("top_k", top_k, lead, like, INTS)
+            check_values("top_k", k, k >= 0, ">= 0 (0: off)")
+            c["top_k_t"] = k.long()
+        elif not symbolic(top_k):
+            if isinstance(top_k, bool):
+                raise TypeError("top_k must be an int or an integer tensor, got bool")
+            k = operator.index(top_k)
+            if k < 0:
+                raise ValueError(f"top_k must be >= 0 (0: off), got {k}")
+            c["top_k"] = k
+        else:
+            c["top_k"] = top_k
+    if top_p is not None:
+        if isinstance(top_p, torch.Tensor):
+            p = per_row_tensor("top_p", top_p, lead, like, FLOATS)
+            check_values("top_p", p, (p > 0) & (p <= 1), "in (0, 1] (1: off)")
+            c["top_p_t"] = p.float()
+        else:
+            c["top_p"] = float32(check_float("top_p", top_p, 0.0, 1.0, open_min=True))
+    if min_p is not None:
+        if isinstance(min_p, torch.Tensor):
+            m = per_row_tensor("min_p", min_p, lead, like, FLOATS)
+            check_values("min_p", m, (m >= 0) & (m <= 1), "in [0, 1] (0: off)")
+            c["log_min_p_t"] = torch.log(m.double()).float()
+        else:
+            m = check_float("min_p", min_p, 0.0, 1.0)
+            c["log_min_p"] = float32(math.log(m)) if m > 0 else -math.inf
+    return Controls(**c)
+
+
+def check_token_ids(exclude_ids, like: torch.Tensor, vocab_size: int) -> Optional[torch.Tensor]:
+    """exclude_ids as an int64 tensor on like's device, or None when empty: a sequence of
+    ints (numpy integers too) is range-checked here and cached on the device; a tensor is
+    checked by the kernels (CPU)."""
+    if exclude_ids is None:
+        return None
+    if isinstance(exclude_ids, torch.Tensor):
+        check_tensor("exclude_ids", exclude_ids, INTS, 1)
+        check_same_device("exclude_ids", exclude_ids, like, "logits")
+        return exclude_ids.long().contiguous() if exclude_ids.numel() else None
+    if isinstance(exclude_ids, (str, bytes)) or not hasattr(exclude_ids, "__iter__"):
+        raise TypeError("exclude_ids must be a sequence of ints or an integer tensor, got "
+                        f"{type(exclude_ids).__name__}")
+    ids = []
+    for i in exclude_ids:
+        if isinstance(i, bool) or not hasattr(i, "__index__"):
+            raise TypeError(f"exclude_ids[] must be ints, got {type(i).__name__} {i!r}")
+        i = operator.index(i)
+        if not 0 <= i < vocab_size:
+            raise ValueError(f"exclude_ids[] must be in [0, {vocab_size - 1}], got {i}")
+        ids.append(i)
+    return _dispatch.device_ids(tuple(ids), like.device) if ids else None
+
+
+def check_masks(exclude_ids, exclude_per_row, allowed, lead: tuple, like: torch.Tensor, vocab_size: int) -> tuple:
+    """(exclude_ids [m] | None, exclude_per_row [N] | None, allowed [N, V] | None)."""
+    ids = check_token_ids(exclude_ids, like, vocab_size)
+    rows = math.prod(lead)
     if exclude_per_row is not None:
-        check_tensor("exclude_per_row", exclude_per_row, (torch.int64,), 1)
-        check_shape("exclude_per_row", exclude_per_row, (like.shape[0],))
+        check_tensor("exclude_per_row", exclude_per_row, (torch.int64,))
+        if tuple(exclude_per_row.shape) != tuple(lead):
+            raise ValueError(f"exclude_per_row must have the leading shape {tuple(lead)} (one id per row), got "
+                             f"{tuple(exclude_per_row.shape)}")
         check_same_device("exclude_per_row", exclude_per_row, like, "logits")
-    return ids
+        exclude_per_row = exclude_per_row.reshape(rows).contiguous()
+    if allowed is not None:
+        check_tensor("allowed", allowed, (torch.bool,))
+        if tuple(allowed.shape) != tuple(lead) + (vocab_size,):
+            raise ValueError(f"allowed must have shape {tuple(lead) + (vocab_size,)} (one flag per token), got "
+                             f"{tuple(allowed.shape)}")
+        check_same_device("allowed", allowed, like, "logits")
+        allowed = allowed.reshape(rows, vocab_size).contiguous()
+    return ids, exclude_per_row, allowed
 
 
-def check_exclude_values(exclude_per_row: Optional[torch.Tensor], vocab_size: int) -> None:
-    """Range check of exclude_per_row; CPU only, where it costs no device sync."""
-    if exclude_per_row is None or exclude_per_row.device.type != "cpu" or exclude_per_row.numel() == 0:
+def check_confidence(return_logprob, confidence) -> tuple[bool, int]:
+    if not isinstance(return_logprob, bool):
+        raise TypeError(f"return_logprob must be a bool, got {type(return_logprob).__name__}")
+    if confidence is None:
+        return return_logprob, 0
+    if confidence not in CONFIDENCES:
+        raise ValueError(f"confidence must be None or one of {CONFIDENCES}, got {confidence!r}")
+    return return_logprob, CONFIDENCES.index(confidence) + 1
+
+
+def check_id_values(name: str, ids: Optional[torch.Tensor], vocab_size: int) -> None:
+    """The range check the C++ kernels make, for the references (CPU tensors only)."""
+    if ids is None or ids.device.type != "cpu" or ids.numel() == 0:
         return
-    low, high = int(exclude_per_row.min()), int(exclude_per_row.max())
-    if low < 0 or high >= vocab_size:
-        raise ValueError(f"exclude_per_row values must be in [0, {vocab_size}), got range [{low}, {high}]")
+    bad = (ids < 0) | (ids >= vocab_size)
+    if bool(bad.any()):
+        at = int(bad.nonzero()[0, 0])
+        raise ValueError(f"{name} values must be in [0, {vocab_size}), got {int(ids[at])} at {at}")
 
 
-def _prepare(logits, temperature, exclude_ids, exclude_per_row, seed, offset, generator, row_ids, noise):
-    check_tensor("logits", logits, _dispatch.FLOAT_DTYPES, 2)
-    rows, vocab = logits.shape
-    _dispatch.check_width("V (logits.shape[1])", vocab)
-    temperature = check_float("temperature", temperature, 0.0, float("inf"), open_min=True, open_max=True)
-    ids = check_exclusions(exclude_ids, exclude_per_row, logits, vocab)
-    counters = rng.resolve_stream(noise, (rows, noise_width(vocab)), logits, seed, offset, generator, row_ids)
-    return temperature, ids, counters
+@dataclasses.dataclass
+class Call:
+    """A validated call of sample_categorical or sample_from_hidden: its rows flattened
+    to [N, ...], and how to give the outputs back in the leading shape."""
+    lead: tuple
+    controls: Controls
+    exclude_ids: Optional[torch.Tensor]
+    exclude_per_row: Optional[torch.Tensor]
+    allowed: Optional[torch.Tensor]
+    noise: Optional[torch.Tensor]
+    counters: tuple
+    row_ids: Optional[torch.Tensor]
+    logprob: bool
+    confidence: int
+
+    def args(self) -> tuple:
+        """Everything after the logits in the schema of ddpd::sample_categorical."""
+        seed, offset, seed_t, offset_t = self.counters
+        c = self.controls
+        return (c.temperature, c.temperature_t, self.exclude_ids, self.exclude_per_row, self.allowed, c.top_k,
+                c.top_k_t, c.top_p, c.top_p_t, c.log_min_p, c.log_min_p_t, self.noise, seed, offset, self.row_ids,
+                seed_t, offset_t, self.logprob, self.confidence)
+
+    def tensors(self) -> tuple:
+        c = self.controls
+        return (self.exclude_ids, self.exclude_per_row, self.allowed, self.noise, self.row_ids, self.counters[2],
+                self.counters[3], c.temperature_t, c.top_k_t, c.top_p_t, c.log_min_p_t)
+
+    def finish(self, tokens, valid, logprob, confidence) -> tuple:
+        """(tokens, valid[, logprob][, confidence]) in the leading shape."""
+        out = (tokens, valid) + ((logprob,) if self.logprob else ()) + ((confidence,) if self.confidence else ())
+        if len(self.lead) == 1:  # rows as given: nothing to reshape (a few microseconds a call)
+            return out
+        return tuple(t.reshape(self.lead) for t in out)
+
+    def rows(self, inputs: torch.Tensor) -> torch.Tensor:
+        """inputs [..., X] as [N, X], without gradient (a draw has none)."""
+        x = inputs.detach() if inputs.requires_grad else inputs
+        return x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+
+
+def prepare(op: str, input_name: str, inputs: torch.Tensor, vocab_size: int, temperature, exclude_ids,
+            exclude_per_row, allowed, top_k, top_p, min_p, return_logprob, confidence, seed, offset, generator,
+            row_ids, noise) -> Call:
+    """Validate the arguments shared by sample_categorical and sample_from_hidden;
+    inputs [..., X] gives the leading shape (its rows)."""
+    _dispatch.refuse_transforms(op, inputs, noise, row_ids, allowed, exclude_per_row, temperature)
+    _dispatch.check_width(f"V ({input_name})", vocab_size)
+    lead = tuple(inputs.shape[:-1])
+    rows = math.prod(lead)
+    controls = check_controls(temperature, top_k, top_p, min_p, lead, inputs)
+    ids, per_row, allowed = check_masks(exclude_ids, exclude_per_row, allowed, lead, inputs, vocab_size)
+    logprob, confidence = check_confidence(return_logprob, confidence)
+    width = noise_width(vocab_size)
+    if noise is not None:
+        check_tensor("noise", noise, (torch.float32,))
+        if tuple(noise.shape) != lead + (width,):
+            raise ValueError(f"noise must have shape {lead + (width,)} (noise_width(V) uniforms per row), got "
+                             f"{tuple(noise.shape)}")
+        noise = noise.reshape(rows, width)
+    if row_ids is not None:
+        check_tensor("row_ids", row_ids, (torch.int64,))
+        if tuple(row_ids.shape) != lead:
+            raise ValueError(f"row_ids must have the leading shape {lead} (one id per row), got {tuple(row_ids.shape)}")
+        row_ids = row_ids.reshape(rows)
+    counters = rng.resolve_stream(noise, (rows, width), inputs, seed, offset, generator, row_ids)
+    noise, row_ids = _dispatch.contiguous(noise, row_ids)
+    return Call(lead, controls, ids, per_row, allowed, noise, counters, row_ids, logprob, confidence)
 
 
 # ------------------------------------------------------------------------- reference
 
 
-def masked_logits(logits, exclude_ids, exclude_per_row) -> torch.Tensor:
-    """float32 logits with NaN and excluded tokens set to -inf (no temperature yet)."""
+def masked_logits(logits: torch.Tensor, exclude_ids: Optional[torch.Tensor], exclude_per_row: Optional[torch.Tensor],
+                  allowed: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """float32 logits [N, V] with NaN, excluded and not allowed tokens set to -inf (no
+    temperature yet)."""
     x = logits.float()
     x = x.masked_fill(torch.isnan(x), float("-inf"))
-    if exclude_ids:
-        x[:, list(exclude_ids)] = float("-inf")
+    if exclude_ids is not None:
+        x = x.index_fill(1, exclude_ids, float("-inf"))
     if exclude_per_row is not None:
         x = x.scatter(1, exclude_per_row[:, None], float("-inf"))
+    if allowed is not None:
+        x = x.masked_fill(~allowed, float("-inf"))
     return x
 
 
-def shifted(a: torch.Tensor, b: torch.Tensor, temperature: float) -> torch.Tensor:
+def shifted(a: torch.Tensor, b: torch.Tensor, temperature) -> torch.Tensor:
     """(a - b) / temperature for a <= b (b a maximum over a's entries), in float32:
     exactly 0 where a == b (so +inf == +inf gives 0, not NaN) and -inf where a is
     -inf. Subtracting before dividing cannot overflow, and a temperature below the
-    float32 range (0 after rounding) leaves only the maxima finite."""
-    t = torch.tensor(temperature, dtype=torch.float32, device=a.device)  # not a CPU scalar: CUDA
-    # would multiply by its reciprocal, which rounds differently from the kernels' division
+    float32 range (0 after rounding) leaves only the maxima finite. temperature: a
+    number or a float32 tensor broadcasting against a."""
+    t = temperature if isinstance(temperature, torch.Tensor) else \
+        torch.tensor(temperature, dtype=torch.float32, device=a.device)  # a tensor divisor: CUDA would
+    # otherwise multiply by a scalar's reciprocal, which rounds differently from the kernels' division
     d = torch.where(a == b, torch.zeros((), device=a.device), (a - b) / t)
     return d.masked_fill(a == float("-inf"), float("-inf"))
 
 
-def categorical_reference(logits: torch.Tensor, temperature: float,
-                          noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The categorical draw of every ddpd path, in plain torch: one token per row of
-    softmax(logits / temperature) by the two-level Gumbel-max of the module docstring.
-
-    logits [N, V] (any float dtype; NaN reads as -inf; excluded tokens already -inf);
-    temperature > 0; noise [N, noise_width(V)] uniforms (column j for token j, column
-    V + t for tile t), or [N, V] when V <= TILE (a single tile needs no tile uniform).
-    Returns (tokens Long[N], valid Bool[N]): token 0 and valid False where every logit
-    is -inf or NaN.
-    """
-    x = logits.float().masked_fill(torch.isnan(logits), float("-inf"))
+def truncation_threshold(x: torch.Tensor, t: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                         log_min_p: torch.Tensor) -> torch.Tensor:
+    """tau [N] of the module docstring's truncation (-inf where nothing is cut), from the
+    masked logits x [N, V], the effective temperatures t [N] and the per-row controls;
+    by sorting, for clarity (the kernels search without sorting)."""
     rows, vocab = x.shape
+    allowed = x > float("-inf")
+    n_allowed = allowed.sum(1)
+    row_max = x.amax(1, keepdim=True)
+    values = x.sort(dim=1, descending=True).values
+    neg_inf = torch.full((rows,), float("-inf"), device=x.device)
+    k_on = (top_k > 0) & (top_k < n_allowed)
+    kth = values.gather(1, (top_k - 1).clamp(0, vocab - 1)[:, None]).squeeze(1)
+    tau_k = torch.where(k_on, kth, neg_inf)
+    # top_p over what top_k keeps: a value is kept when the mass strictly above it is < p Z
+    kept = values >= tau_k[:, None]
+    e = torch.where(kept, torch.exp(shifted(values, row_max, t[:, None])), 0.0).double()
+    cumulative = e.cumsum(1)
+    position = torch.arange(vocab, device=x.device).expand(rows, vocab)
+    starts = torch.ones_like(values, dtype=torch.bool)
+    starts[:, 1:] = values[:, 1:] != values[:, :-1]  # first position of each run of equal values
+    group_start = torch.where(starts, position, 0).cummax(1).values
+    strictly_above = (cumulative - e).gather(1, group_start)
+    z = cumulative[:, -1]
+    count = (strictly_above < (top_p.double() * z)[:, None]).sum(1)
+    p_on = (top_p < 1) & (n_allowed > 0)
+    tau_p = torch.where(p_on, values.gather(1, (count - 1).clamp(0, vocab - 1)[:, None]).squeeze(1), neg_inf)
+    # min_p: y >= log(min_p), relative to the maximum
+    y = shifted(x, row_max, t[:, None])
+    smallest = torch.where(allowed & (y >= log_min_p[:, None]), x, float("inf")).amin(1)
+    tau_min = torch.where((log_min_p > float("-inf")) & (n_allowed > 0), smallest, neg_inf)
+    return torch.maximum(torch.maximum(tau_k, tau_p), tau_min)
+
+
+def draw(x: torch.Tensor, controls: Controls, noise: torch.Tensor, logprob: bool = False,
+         confidence: int = 0) -> tuple:
+    """The law of the module docstring on masked float32 logits x [N, V]: (tokens, valid,
+    logprob | None, confidence | None). noise [N, noise_width(V)] (or [N, V] when V <=
+    TILE: a single tile needs no tile uniform; unused by greedy rows)."""
+    rows, vocab = x.shape
+    given, top_k, top_p, log_min_p = controls.per_row(rows, x.device)
+    greedy = given < 0
+    t = torch.where(greedy, 1.0, given)
+    if controls.truncates:
+        tau = truncation_threshold(x, t, top_k, top_p, log_min_p)
+        x = x.masked_fill(x < tau[:, None], float("-inf"))
     tiles = n_tiles(vocab)
     padded = x.new_full((rows, tiles * TILE), float("-inf"))
     padded[:, :vocab] = x
     padded = padded.view(rows, tiles, TILE)
     tile_max = padded.amax(dim=2)  # m_t
-    y = shifted(padded, tile_max[:, :, None], temperature)  # tempered, relative to the tile maximum
+    y = shifted(padded, tile_max[:, :, None], t[:, None, None])  # tempered, relative to the tile maximum
     row_max = tile_max.amax(dim=1, keepdim=True)  # M
     if tiles == 1:
         tile = torch.zeros(rows, dtype=torch.int64, device=x.device)
     else:
         lse = torch.log(torch.exp(y).sum(dim=2))  # s_t, in [0, log TILE] or -inf
-        keys = shifted(tile_max, row_max, temperature) + (lse + rng.gumbel(noise[:, vocab:vocab + tiles]))
+        d = shifted(tile_max, row_max, t[:, None])
+        keys = torch.where(greedy[:, None], d, d + (lse + rng.gumbel(noise[:, vocab:vocab + tiles])))
         tile = keys.argmax(dim=1)  # first maximum on ties
     valid = row_max.squeeze(1) > float("-inf")
     in_tile = y.gather(1, tile[:, None, None].expand(-1, 1, TILE)).squeeze(1)
     columns = tile[:, None] * TILE + torch.arange(TILE, device=x.device)
     u = noise.gather(1, columns.clamp(max=vocab - 1))
-    keys = torch.where(columns < vocab, in_tile + rng.gumbel(u), float("-inf"))
+    in_tile = torch.where(greedy[:, None], in_tile, in_tile + rng.gumbel(u))
+    keys = torch.where(columns < vocab, in_tile, float("-inf"))
     token = torch.where(valid, columns.gather(1, keys.argmax(dim=1, keepdim=True)).squeeze(1), 0)
-    return token, valid
+    if not logprob and not confidence:
+        return token, valid, None, None
+    return (token, valid) + statistics(x, t, row_max, token, valid, logprob, confidence)
 
 
-def draw_from_logits(x: torch.Tensor, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """categorical_reference(x, 1.0, noise) on logits x [N, V] already divided by the
-    temperature. The ops divide after subtracting the maximum, so their draws from the
-    raw logits equal categorical_reference(logits, temperature, noise) bit for bit,
-    and this one's up to rounding."""
-    return categorical_reference(x, 1.0, noise)
+def statistics(x, t, row_max, token, valid, logprob: bool, confidence: int) -> tuple:
+    """(logprob | None, confidence | None) of the drawn tokens under the truncated,
+    tempered law, in float64 then float32 (module docstring, step 3)."""
+    y = shifted(x, row_max, t[:, None]).double()  # relative to M, -inf outside K
+    log_z = torch.logsumexp(y, dim=1)
+    lp = y.gather(1, token[:, None]).squeeze(1) - log_z
+    neg_inf = torch.full_like(lp, float("-inf"))
+    out_lp = torch.where(valid, lp, neg_inf).float() if logprob else None
+    if not confidence:
+        return out_lp, None
+    if confidence == 1:
+        c = lp.exp()
+    elif confidence == 2:
+        top = torch.cat([x, x.new_full((x.shape[0], 1), float("-inf"))], 1).topk(2, dim=1).values
+        second = shifted(top[:, 1:], row_max, t[:, None]).double().squeeze(1)
+        c = (1.0 - second.exp()) * torch.exp(-log_z)
+    else:
+        p = torch.exp(y - log_z[:, None])
+        c = torch.where(p > 0, p * (y - log_z[:, None]), 0.0).sum(1)
+    return out_lp, torch.where(valid, c, neg_inf).float()
+
+
+def categorical_reference(logits: torch.Tensor, temperature, noise: Optional[torch.Tensor], *, top_k=None, top_p=None,
+                          min_p=None, return_logprob: bool = False, confidence: Optional[str] = None) -> tuple:
+    """The categorical draw of every ddpd path, in plain torch: one token per row of
+    the law of the module docstring (steps 1-3) by the two-level Gumbel-max.
+
+    logits [N, V] (any float dtype; NaN reads as -inf; excluded tokens already -inf);
+    temperature >= 0 (0: greedy), top_k, top_p, min_p: numbers or per-row tensors [N];
+    noise [N, noise_width(V)] uniforms (column j for token j, column V + t for tile t),
+    or [N, V] when V <= TILE (a single tile needs no tile uniform); None for greedy.
+    Returns (tokens Long[N], valid Bool[N][, logprob][, confidence]): token 0 and valid
+    False where every logit is -inf or NaN.
+    """
+    controls = check_controls(temperature, top_k, top_p, min_p, tuple(logits.shape[:1]), logits)
+    logprob, code = check_confidence(return_logprob, confidence)
+    if noise is None:  # a greedy draw reads no uniform
+        if not bool((controls.per_row(logits.shape[0], logits.device)[0] < 0).all()):
+            raise ValueError("noise is needed unless every row is drawn greedily (temperature 0)")
+        noise = logits.new_full((logits.shape[0], noise_width(logits.shape[1])), 0.5, dtype=torch.float32)
+    tokens, valid, lp, conf = draw(masked_logits(logits, None, None), controls, noise, logprob, code)
+    return tuple(o for o in (tokens, valid, lp, conf) if o is not None)
 
 
 def sample_categorical_reference(
     logits: torch.Tensor,
-    temperature: float = 1.0,
-    exclude_ids: Optional[Sequence[int]] = None,
+    temperature=1.0,
+    exclude_ids=None,
     exclude_per_row: Optional[torch.Tensor] = None,
     *,
+    top_k=None,
+    top_p=None,
+    min_p=None,
+    allowed: Optional[torch.Tensor] = None,
+    return_logprob: bool = False,
+    confidence: Optional[str] = None,
     seed=None,
     offset=0,
     generator: Optional[torch.Generator] = None,
     row_ids: Optional[torch.Tensor] = None,
     noise: Optional[torch.Tensor] = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple:
     """Plain torch version of sample_categorical (same arguments, same tokens)."""
-    temperature, ids, counters = _prepare(
-        logits, temperature, exclude_ids, exclude_per_row, seed, offset, generator, row_ids, noise
-    )
-    check_exclude_values(exclude_per_row, logits.shape[1])
+    call = prepare_categorical(logits, temperature, exclude_ids, exclude_per_row, allowed, top_k, top_p, min_p,
+                               return_logprob, confidence, seed, offset, generator, row_ids, noise)
+    vocab = logits.shape[-1]
+    x = logits.reshape(-1, vocab)
+    check_id_values("exclude_ids", call.exclude_ids, vocab)
+    check_id_values("exclude_per_row", call.exclude_per_row, vocab)
+    rng.check_noise_values(call.noise)
+    noise = call.noise
     if noise is None:
-        rows, vocab = logits.shape
-        noise = rng.stream_noise(counters, row_ids, rows, noise_width(vocab), logits.device)
-    return categorical_reference(masked_logits(logits, ids, exclude_per_row), temperature, noise)
+        noise = rng.stream_noise(call.counters, call.row_ids, x.shape[0], noise_width(vocab), x.device)
+    masked = masked_logits(x, call.exclude_ids, call.exclude_per_row, call.allowed)
+    return call.finish(*draw(masked, call.controls, noise, call.logprob, call.confidence))
 
 
 # ------------------------------------------------------------------------ fused op
@@ -199,7 +545,8 @@ class CategoricalLaunch:
 
     stats_grid (rows, splits): tile statistics, each program a run of tiles_per_split
     tiles, tiles_per_chunk at a time; None for a single tile. finish_grid (rows,):
-    the tile race and the token draw, a few hundred values per row."""
+    the tile race and the token draw, a few hundred values per row. (A truncating call
+    first runs the threshold search, one program per row.)"""
     splits: int
     tiles_per_split: int
     tiles_per_chunk: int
@@ -220,100 +567,150 @@ def categorical_launch(rows: int, vocab: int, multiprocessors: int) -> Categoric
     return CategoricalLaunch(splits, per_split, min(4, 1 << (per_split - 1).bit_length()), (rows, splits), (rows,))
 
 
-def sample_categorical_triton(logits, temperature, exclude_ids, exclude_per_row, noise, counters, row_ids):
-    """Launch the Triton kernels (CUDA tensors; CPU tensors under TRITON_INTERPRET=1)."""
-    from ddpd.kernels.sample_categorical import finish_kernel, tile_stats_kernel
+def empty_outputs(rows: int, device: torch.device, logprob: bool, confidence: int) -> tuple:
+    return (torch.empty(rows, dtype=torch.int64, device=device), torch.empty(rows, dtype=torch.bool, device=device),
+            torch.empty(rows if logprob else 0, dtype=torch.float32, device=device),
+            torch.empty(rows if confidence else 0, dtype=torch.float32, device=device))
+
+
+def truncation_flags(top_k, top_k_t, top_p, top_p_t, log_min_p, log_min_p_t) -> tuple[bool, bool, bool]:
+    """Which thresholds a call computes (per-row tensors: all their rows)."""
+    return (top_k_t is not None or top_k > 0, top_p_t is not None or top_p < 1.0,
+            log_min_p_t is not None or log_min_p > -math.inf)
+
+
+def sample_categorical_triton(logits, temperature, temperature_t, exclude_ids, exclude_per_row, allowed, top_k,
+                              top_k_t, top_p, top_p_t, log_min_p, log_min_p_t, noise, seed, offset, row_ids, seed_t,
+                              offset_t, logprob, confidence):
+    """Launch the Triton kernels (CUDA tensors; CPU tensors under TRITON_INTERPRET=1);
+    the arguments of ddpd::sample_categorical."""
+    from ddpd.kernels.sample_categorical import finish_kernel, thresholds_kernel, tile_stats_kernel
 
     logits = logits.contiguous()
     rows, vocab = logits.shape
     device = logits.device
-    tokens = torch.empty(rows, dtype=torch.int64, device=device)
-    valid = torch.empty(rows, dtype=torch.bool, device=device)
+    outputs = empty_outputs(rows, device, logprob, confidence)
     if rows == 0:
-        return tokens, valid
+        return outputs
     launch = categorical_launch(rows, vocab, _dispatch.multiprocessors(device))
     tiles = n_tiles(vocab)
-    seed, offset, seed_t, offset_t = counters
-    stream = (noise, row_ids, *rng.split32(seed), *rng.split32(offset), seed_t, offset_t)
-    excl = (_dispatch.device_ids(tuple(exclude_ids), device), len(exclude_ids), exclude_per_row)
-    stats = torch.empty(2, rows, tiles, dtype=torch.float32, device=device) if launch.stats_grid else None
-    tile_max, tile_key = (stats[0], stats[1]) if launch.stats_grid else (None, None)
+    ids = exclude_ids if exclude_ids is not None else _dispatch.device_ids((), device)
+    masks = (ids, 0 if exclude_ids is None else exclude_ids.numel(), exclude_per_row, allowed)
+    temp = (temperature, temperature_t)
+    flags = truncation_flags(top_k, top_k_t, top_p, top_p_t, log_min_p, log_min_p_t)
+    tau = None
+    if any(flags):
+        tau = torch.empty(rows, dtype=torch.float32, device=device)
+        thresholds_kernel[(rows,)](logits, vocab, *temp, *masks, top_k, top_k_t, top_p, top_p_t, log_min_p,
+                                   log_min_p_t, tau, TOP_K=flags[0], TOP_P=flags[1], MIN_P=flags[2],
+                                   BLOCK=THRESHOLD_BLOCK)
+    stats = (tuple(torch.empty(4, rows, tiles, dtype=torch.float32, device=device)) if launch.stats_grid
+             else (None,) * 4)
     if launch.stats_grid:
         tile_stats_kernel[launch.stats_grid](
-            logits, vocab, tiles, launch.tiles_per_split, temperature, *excl, *stream, tile_max, tile_key,
-            TILE=TILE, TILES_PER_CHUNK=launch.tiles_per_chunk,
+            logits, vocab, tiles, launch.tiles_per_split, *temp, *masks, tau, *stats,
+            TILE=TILE, TILES_PER_CHUNK=launch.tiles_per_chunk, SECOND=confidence == 2, ENTROPY=confidence == 3,
         )
     finish_kernel[launch.finish_grid](
-        logits, vocab, tiles, temperature, *excl, *stream, tile_max, tile_key, tokens, valid,
+        logits, vocab, tiles, *temp, *masks, tau, noise, row_ids, *rng.split32(seed), *rng.split32(offset), seed_t,
+        offset_t, *stats, *outputs,
         TILE=TILE, BLOCK_J=TILE if tiles > 1 else 1 << (vocab - 1).bit_length(),
-        BLOCK_T=min(1024, 1 << (tiles - 1).bit_length()), SINGLE_TILE=tiles == 1,
+        BLOCK_T=min(1024, 1 << (tiles - 1).bit_length()), SINGLE_TILE=tiles == 1, LOGPROB=logprob,
+        CONFIDENCE=confidence,
     )
-    return tokens, valid
+    return outputs
 
 
-def _sample_categorical_impl(logits, temperature, exclude_ids, exclude_per_row, noise, seed, offset, row_ids,
-                             seed_t, offset_t):
-    """The kernels behind the op (arguments validated): Triton on CUDA, C++ on CPU,
-    which also range-checks exclude_per_row."""
+def _sample_categorical_impl(logits, *args):
+    """The kernels behind the op (arguments validated; the op's schema): Triton on CUDA,
+    C++ on CPU, which also range-checks the ids and the explicit noise."""
     if logits.device.type == "cuda":
-        return sample_categorical_triton(logits, temperature, exclude_ids, exclude_per_row, noise,
-                                         (seed, offset, seed_t, offset_t), row_ids)
-    return _dispatch.cpu_ops().sample_categorical_cpu(
-        logits.contiguous(), temperature, exclude_ids, exclude_per_row, noise, seed, offset, row_ids, seed_t, offset_t
-    )
+        return sample_categorical_triton(logits, *args)
+    return _dispatch.cpu_kernel("sample_categorical_cpu")(logits.contiguous(), *args)
 
 
 @torch.library.custom_op("ddpd::sample_categorical", mutates_args=())
 def _sample_categorical_op(
     logits: torch.Tensor,
     temperature: float,
-    exclude_ids: list[int],
+    temperature_t: Optional[torch.Tensor],
+    exclude_ids: Optional[torch.Tensor],
     exclude_per_row: Optional[torch.Tensor],
+    allowed: Optional[torch.Tensor],
+    top_k: int,
+    top_k_t: Optional[torch.Tensor],
+    top_p: float,
+    top_p_t: Optional[torch.Tensor],
+    log_min_p: float,
+    log_min_p_t: Optional[torch.Tensor],
     noise: Optional[torch.Tensor],
     seed: int,
     offset: int,
     row_ids: Optional[torch.Tensor],
     seed_t: Optional[torch.Tensor],
     offset_t: Optional[torch.Tensor],
-) -> tuple[torch.Tensor, torch.Tensor]:
-    return _sample_categorical_impl(logits, temperature, exclude_ids, exclude_per_row, noise, seed, offset, row_ids,
-                                    seed_t, offset_t)
+    logprob: bool,
+    confidence: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _sample_categorical_impl(logits, temperature, temperature_t, exclude_ids, exclude_per_row, allowed, top_k,
+                                    top_k_t, top_p, top_p_t, log_min_p, log_min_p_t, noise, seed, offset, row_ids,
+                                    seed_t, offset_t, logprob, confidence)
 
 
 @_sample_categorical_op.register_fake
-def _(logits, temperature, exclude_ids, exclude_per_row, noise, seed, offset, row_ids, seed_t, offset_t):
-    rows = logits.shape[0]
-    return logits.new_empty(rows, dtype=torch.int64), logits.new_empty(rows, dtype=torch.bool)
+def _(logits, *args):
+    logprob, confidence = args[-2:]
+    return empty_outputs(logits.shape[0], logits.device, logprob, confidence)
+
+
+def prepare_categorical(logits, temperature, exclude_ids, exclude_per_row, allowed, top_k, top_p, min_p,
+                        return_logprob, confidence, seed, offset, generator, row_ids, noise) -> Call:
+    check_tensor("logits", logits, LOGIT_DTYPES)
+    if logits.dim() == 0:
+        raise ValueError("logits must have shape [..., V], got a 0-d tensor")
+    return prepare("sample_categorical", "logits.shape[-1]", logits, logits.shape[-1], temperature, exclude_ids,
+                   exclude_per_row, allowed, top_k, top_p, min_p, return_logprob, confidence, seed, offset,
+                   generator, row_ids, noise)
 
 
 def sample_categorical(
     logits: torch.Tensor,
-    temperature: float = 1.0,
-    exclude_ids: Optional[Sequence[int]] = None,
+    temperature=1.0,
+    exclude_ids=None,
     exclude_per_row: Optional[torch.Tensor] = None,
     *,
+    top_k=None,
+    top_p=None,
+    min_p=None,
+    allowed: Optional[torch.Tensor] = None,
+    return_logprob: bool = False,
+    confidence: Optional[str] = None,
     seed=None,
     offset=0,
     generator: Optional[torch.Generator] = None,
     row_ids: Optional[torch.Tensor] = None,
     noise: Optional[torch.Tensor] = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Draw one token per row of `logits` [N, V] (float32/bfloat16/float16).
+) -> tuple:
+    """Draw one token per row of `logits` [..., V] (float32/bfloat16/float16/float64).
 
-    P(token j) is softmax(logits / temperature)_j over the tokens not excluded.
-    exclude_ids: tokens no row may draw; exclude_per_row: Long[N], one more per row.
+    The law is the module docstring's: P(token j) = softmax(logits / temperature)_j over
+    the tokens kept by exclude_ids (ints or an integer tensor: tokens no row may draw),
+    exclude_per_row (Long[...], one more per row), allowed (Bool[..., V]) and the
+    truncations top_k, top_p, min_p (numbers or tensors of the leading shape; None or
+    0 / 1 / 0: off). temperature: a number >= 0 or a tensor of the leading shape;
+    0 draws the argmax (greedy).
     Randomness: `seed`/`offset` (ints in [0, 2**64), or int64 tensors of one element on
     the device of logits, read by the kernels: advancing such a tensor in place gives
     fresh draws on each replay of a captured CUDA graph), or both drawn from
-    `generator`; `row_ids` Long[N] names each row's stream (default 0..N-1); or
-    explicit uniforms `noise` Float[N, noise_width(V)].
-    Returns (tokens Long[N] in [0, V), valid Bool[N]); valid is False where no
-    token was drawable, and the token there is 0.
+    `generator`; `row_ids` Long[...] names each row's stream (default 0..N-1 over the
+    flattened rows); or explicit uniforms `noise` Float[..., noise_width(V)].
+    Returns (tokens Long[...] in [0, V), valid Bool[...]); valid is False where no
+    token was drawable, and the token there is 0. return_logprob=True appends the
+    drawn token's log-probability (float32) under the tempered, truncated law;
+    confidence="prob" / "margin" / "entropy" appends that confidence (float32).
     """
-    temperature, ids, (seed, offset, seed_t, offset_t) = _prepare(
-        logits, temperature, exclude_ids, exclude_per_row, seed, offset, generator, row_ids, noise
-    )
-    exclude_per_row, noise, row_ids = _dispatch.contiguous(exclude_per_row, noise, row_ids)
-    eager = _dispatch.eager(logits, exclude_per_row, noise, row_ids, seed_t, offset_t)
-    call = _sample_categorical_impl if eager else _sample_categorical_op
-    return call(logits.detach(), temperature, ids, exclude_per_row, noise, seed, offset, row_ids, seed_t, offset_t)
+    call = prepare_categorical(logits, temperature, exclude_ids, exclude_per_row, allowed, top_k, top_p, min_p,
+                               return_logprob, confidence, seed, offset, generator, row_ids, noise)
+    x = call.rows(logits)
+    run = _sample_categorical_impl if _dispatch.eager(x, *call.tensors()) else _sample_categorical_op
+    return call.finish(*run(x, *call.args()))

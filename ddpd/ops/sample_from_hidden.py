@@ -5,13 +5,16 @@ In a DDPD step only the positions chosen by the planner are denoised
 (Algorithm `alg:sampling`, j^{d'} ~ Cat(p_{1|t}(x_1^{d'} | x_t, z^{d'} = N))), so
 the head is needed at N = B * k rows, not B * D. This op takes the final hidden
 states of those rows and the head's weight, and draws exactly what
-ddpd.ops.sample_categorical draws from the logits, noise for noise: the same
-two-level Gumbel-max over tiles of TILE = 256 tokens, the same uniforms (column j
-for token j, column V + t for tile t). The logits are computed a chunk of tiles
-at a time (CPU: a BLAS matmul into an N x 4096 buffer; CUDA: a GEMM on the tensor
-cores per row block and vocabulary split, head_launch) and reduced on the fly to a
-few numbers per tile; the CPU computes the winning tile's logits again, the CUDA
-kernels keep every tile's candidate token instead (the weight is read once).
+ddpd.ops.sample_categorical draws from the logits, noise for noise, with the same
+controls and outputs: the same two-level Gumbel-max over tiles of TILE = 256 tokens,
+the same uniforms (column j for token j, column V + t for tile t). The logits are
+computed a chunk of tiles at a time (CPU: a BLAS matmul into an N x 4096 buffer;
+CUDA: a GEMM on the tensor cores per row block and vocabulary split, head_launch)
+and reduced on the fly to a few numbers per tile; the CPU computes the winning tile's
+logits again, the CUDA kernels keep every tile's candidate token instead (the weight
+is read once). A truncation threshold (top_k, top_p, min_p) needs a whole row: those
+calls compute the float32 logits [N, V] (head_logits) and draw them with
+sample_categorical's kernels.
 
 CPU tensors run the C++ kernel of ddpd._C (csrc/cpu/sample_from_hidden.cpp),
 CUDA tensors the Triton kernels ddpd.kernels.sample_from_hidden.
@@ -19,42 +22,46 @@ CUDA tensors the Triton kernels ddpd.kernels.sample_from_hidden.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Sequence
+from typing import Optional
 
 import torch
+import torch.nn.functional as F
 
 from ddpd.ops import _dispatch, rng
-from ddpd.validation import check_float, check_same_device, check_shape, check_tensor
 from ddpd.ops.sample_categorical import (
     TILE,
-    check_exclude_values,
-    check_exclusions,
-    categorical_reference,
+    Call,
+    _sample_categorical_impl,
+    _sample_categorical_op,
+    check_id_values,
+    draw,
+    empty_outputs,
+    masked_logits,
     n_tiles,
     noise_width,
-    masked_logits,
+    prepare,
 )
+from ddpd.validation import check_same_device, check_shape, check_tensor
+
+HEAD_CHUNK = 4096  # vocabulary rows of the weight cast to float32 at a time (CPU head_logits)
 
 
-
-def _prepare(hidden, weight, bias, temperature, exclude_ids, exclude_per_row, seed, offset, generator, row_ids,
-             noise):
-    check_tensor("hidden", hidden, _dispatch.FLOAT_DTYPES, 2)
+def prepare_hidden(hidden, weight, bias, temperature, exclude_ids, exclude_per_row, allowed, top_k, top_p, min_p,
+                   return_logprob, confidence, seed, offset, generator, row_ids, noise) -> Call:
+    check_tensor("hidden", hidden, _dispatch.FLOAT_DTYPES)
+    if hidden.dim() == 0:
+        raise ValueError("hidden must have shape [..., H], got a 0-d tensor")
     check_tensor("weight", weight, _dispatch.FLOAT_DTYPES, 2)
-    if weight.shape[1] != hidden.shape[1]:
-        raise ValueError(f"weight must have shape [V, {hidden.shape[1]}] (H of hidden), got {tuple(weight.shape)}")
+    if weight.shape[1] != hidden.shape[-1]:
+        raise ValueError(f"weight must have shape [V, {hidden.shape[-1]}] (H of hidden), got {tuple(weight.shape)}")
     check_same_device("weight", weight, hidden, "hidden")
     vocab = weight.shape[0]
-    _dispatch.check_width("V (weight.shape[0])", vocab)
     if bias is not None:
         check_tensor("bias", bias, _dispatch.FLOAT_DTYPES, 1)
         check_shape("bias", bias, (vocab,))
         check_same_device("bias", bias, hidden, "hidden")
-    temperature = check_float("temperature", temperature, 0.0, float("inf"), open_min=True, open_max=True)
-    ids = check_exclusions(exclude_ids, exclude_per_row, hidden, vocab)
-    counters = rng.resolve_stream(noise, (hidden.shape[0], noise_width(vocab)), hidden, seed, offset, generator,
-                                   row_ids)
-    return temperature, ids, counters
+    return prepare("sample_from_hidden", "weight.shape[0]", hidden, vocab, temperature, exclude_ids, exclude_per_row,
+                   allowed, top_k, top_p, min_p, return_logprob, confidence, seed, offset, generator, row_ids, noise)
 
 
 # ------------------------------------------------------------------------- reference
@@ -64,27 +71,38 @@ def sample_from_hidden_reference(
     hidden: torch.Tensor,
     weight: torch.Tensor,
     bias: Optional[torch.Tensor] = None,
-    temperature: float = 1.0,
-    exclude_ids: Optional[Sequence[int]] = None,
+    temperature=1.0,
+    exclude_ids=None,
     exclude_per_row: Optional[torch.Tensor] = None,
     *,
+    top_k=None,
+    top_p=None,
+    min_p=None,
+    allowed: Optional[torch.Tensor] = None,
+    return_logprob: bool = False,
+    confidence: Optional[str] = None,
     seed=None,
     offset=0,
     generator: Optional[torch.Generator] = None,
     row_ids: Optional[torch.Tensor] = None,
     noise: Optional[torch.Tensor] = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Plain torch version: the full float32 logits, then sample_categorical_reference."""
-    temperature, ids, counters = _prepare(hidden, weight, bias, temperature, exclude_ids, exclude_per_row, seed,
-                                          offset, generator, row_ids, noise)
+) -> tuple:
+    """Plain torch version: the full float32 logits, then sample_categorical's law."""
+    call = prepare_hidden(hidden, weight, bias, temperature, exclude_ids, exclude_per_row, allowed, top_k, top_p, min_p,
+                          return_logprob, confidence, seed, offset, generator, row_ids, noise)
     vocab = weight.shape[0]
-    check_exclude_values(exclude_per_row, vocab)
+    h = hidden.reshape(-1, hidden.shape[-1])
+    check_id_values("exclude_ids", call.exclude_ids, vocab)
+    check_id_values("exclude_per_row", call.exclude_per_row, vocab)
+    rng.check_noise_values(call.noise)
+    noise = call.noise
     if noise is None:
-        noise = rng.stream_noise(counters, row_ids, hidden.shape[0], noise_width(vocab), hidden.device)
-    logits = hidden.float() @ weight.float().T
+        noise = rng.stream_noise(call.counters, call.row_ids, h.shape[0], noise_width(vocab), h.device)
+    logits = h.float() @ weight.float().T
     if bias is not None:
         logits = logits + bias.float()
-    return categorical_reference(masked_logits(logits, ids, exclude_per_row), temperature, noise)
+    masked = masked_logits(logits, call.exclude_ids, call.exclude_per_row, call.allowed)
+    return call.finish(*draw(masked, call.controls, noise, call.logprob, call.confidence))
 
 
 # ------------------------------------------------------------------------- fused op
@@ -126,49 +144,56 @@ def head_launch(rows: int, width: int, vocab: int, element_size: int, multiproce
     return HeadLaunch(block_n, block_h, per_split, (row_blocks, splits), (rows,) if tiles > 1 else None)
 
 
-def sample_from_hidden_triton(hidden, weight, bias, temperature, exclude_ids, exclude_per_row, noise, counters,
-                              row_ids):
-    """Launch the Triton kernels (CUDA tensors; CPU tensors under TRITON_INTERPRET=1)."""
+def dot_in_float32(hidden: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether the head's tl.dot runs on float32 operands: float32 inputs, mixed inputs,
+    or the interpreter (no bf16 arithmetic there)."""
+    return hidden.device.type != "cuda" or weight.dtype == torch.float32 or hidden.dtype != weight.dtype
+
+
+def sample_from_hidden_triton(hidden, weight, bias, temperature, temperature_t, exclude_ids, exclude_per_row, allowed,
+                              noise, seed, offset, row_ids, seed_t, offset_t, logprob, confidence):
+    """Launch the Triton kernels (CUDA tensors; CPU tensors under TRITON_INTERPRET=1);
+    the arguments of ddpd::sample_from_hidden."""
     from ddpd.kernels.sample_from_hidden import finish_kernel, head_tiles_kernel
 
     hidden, weight = hidden.contiguous(), weight.contiguous()
     rows, width = hidden.shape
     vocab = weight.shape[0]
     device = hidden.device
-    tokens = torch.empty(rows, dtype=torch.int64, device=device)
-    valid = torch.empty(rows, dtype=torch.bool, device=device)
+    outputs = empty_outputs(rows, device, logprob, confidence)
     if rows == 0:
-        return tokens, valid
+        return outputs
     launch = head_launch(rows, width, vocab, weight.element_size(), _dispatch.multiprocessors(device))
     tiles = n_tiles(vocab)
-    # One allocation for the per-tile statistics: maxima and keys (float32), candidates.
-    stats = torch.empty(3, rows, tiles, dtype=torch.int32, device=device) if launch.finish_grid else None
-    tile_max, tile_key, candidate = ((stats[0].view(torch.float32), stats[1].view(torch.float32), stats[2])
-                                     if launch.finish_grid else (None, None, None))
-    interpreted = device.type != "cuda"
+    # One allocation for the per-tile statistics: maxima, masses, second values, a_t and
+    # candidate logits (float32), candidates.
+    stats = torch.empty(6, rows, tiles, dtype=torch.int32, device=device) if launch.finish_grid else None
+    tile_stats = ((stats[0].view(torch.float32), stats[1].view(torch.float32), stats[2].view(torch.float32),
+                   stats[3].view(torch.float32), stats[4], stats[5].view(torch.float32)) if launch.finish_grid
+                  else (None,) * 6)
+    ids = exclude_ids if exclude_ids is not None else _dispatch.device_ids((), device)
+    stream = (noise, row_ids, *rng.split32(seed), *rng.split32(offset), seed_t, offset_t)
     head_tiles_kernel[launch.tiles_grid](
         hidden, weight, None if bias is None else bias.contiguous(), rows, vocab, width, tiles, launch.tiles_per_split,
-        temperature, _dispatch.device_ids(tuple(exclude_ids), device), len(exclude_ids), exclude_per_row,
-        noise, row_ids, *rng.split32(counters[0]), *rng.split32(counters[1]), counters[2], counters[3], tile_max, tile_key, candidate, tokens, valid,
-        TILE=TILE, BLOCK_N=launch.block_n, BLOCK_H=launch.block_h,
-        DOT_F32=interpreted or weight.dtype == torch.float32 or hidden.dtype != weight.dtype,
-        SINGLE_TILE=launch.finish_grid is None, num_warps=launch.num_warps, num_stages=launch.num_stages,
+        temperature, temperature_t, ids, 0 if exclude_ids is None else exclude_ids.numel(), exclude_per_row, allowed,
+        *stream, *tile_stats, *outputs,
+        TILE=TILE, BLOCK_N=launch.block_n, BLOCK_H=launch.block_h, DOT_F32=dot_in_float32(hidden, weight),
+        SINGLE_TILE=launch.finish_grid is None, LOGPROB=logprob, CONFIDENCE=confidence,
+        num_warps=launch.num_warps, num_stages=launch.num_stages,
     )
     if launch.finish_grid:
-        finish_kernel[launch.finish_grid](tiles, temperature, tile_max, tile_key, candidate, tokens, valid,
-                                          BLOCK_T=min(1024, 1 << (tiles - 1).bit_length()))
-    return tokens, valid
+        finish_kernel[launch.finish_grid](tiles, vocab, temperature, temperature_t, *stream, *tile_stats, *outputs,
+                                          BLOCK_T=min(1024, 1 << (tiles - 1).bit_length()), LOGPROB=logprob,
+                                          CONFIDENCE=confidence)
+    return outputs
 
 
-def _sample_from_hidden_impl(hidden, weight, bias, temperature, exclude_ids, exclude_per_row, noise, seed, offset,
-                             row_ids, seed_t, offset_t):
-    """The kernels behind the op (arguments validated): Triton on CUDA, C++ on CPU,
-    which also range-checks exclude_per_row."""
+def _sample_from_hidden_impl(hidden, weight, *args):
+    """The kernels behind the op (arguments validated; the op's schema): Triton on CUDA,
+    C++ on CPU, which also range-checks the ids and the explicit noise."""
     if hidden.device.type == "cuda":
-        return sample_from_hidden_triton(hidden, weight, bias, temperature, exclude_ids, exclude_per_row, noise,
-                                         (seed, offset, seed_t, offset_t), row_ids)
-    return _dispatch.cpu_ops().sample_from_hidden_cpu(hidden, weight, bias, temperature, exclude_ids, exclude_per_row,
-                                                 noise, seed, offset, row_ids, seed_t, offset_t)
+        return sample_from_hidden_triton(hidden, weight, *args)
+    return _dispatch.cpu_kernel("sample_from_hidden_cpu")(hidden, weight, *args)
 
 
 @torch.library.custom_op("ddpd::sample_from_hidden", mutates_args=())
@@ -177,53 +202,106 @@ def _sample_from_hidden_op(
     weight: torch.Tensor,
     bias: Optional[torch.Tensor],
     temperature: float,
-    exclude_ids: list[int],
+    temperature_t: Optional[torch.Tensor],
+    exclude_ids: Optional[torch.Tensor],
     exclude_per_row: Optional[torch.Tensor],
+    allowed: Optional[torch.Tensor],
     noise: Optional[torch.Tensor],
     seed: int,
     offset: int,
     row_ids: Optional[torch.Tensor],
     seed_t: Optional[torch.Tensor],
     offset_t: Optional[torch.Tensor],
-) -> tuple[torch.Tensor, torch.Tensor]:
-    return _sample_from_hidden_impl(hidden, weight, bias, temperature, exclude_ids, exclude_per_row, noise, seed,
-                                    offset, row_ids, seed_t, offset_t)
+    logprob: bool,
+    confidence: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _sample_from_hidden_impl(hidden, weight, bias, temperature, temperature_t, exclude_ids, exclude_per_row,
+                                    allowed, noise, seed, offset, row_ids, seed_t, offset_t, logprob, confidence)
 
 
 @_sample_from_hidden_op.register_fake
-def _(hidden, weight, bias, temperature, exclude_ids, exclude_per_row, noise, seed, offset, row_ids, seed_t,
-      offset_t):
-    rows = hidden.shape[0]
-    return hidden.new_empty(rows, dtype=torch.int64), hidden.new_empty(rows, dtype=torch.bool)
+def _(hidden, weight, *args):
+    logprob, confidence = args[-2:]
+    return empty_outputs(hidden.shape[0], hidden.device, logprob, confidence)
+
+
+def _head_logits_impl(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """float32 logits [N, V] = hidden @ weight^T + bias: on CUDA the GEMM of the fused
+    kernel (head_logits_kernel), on CPU float32 matmuls over HEAD_CHUNK rows of the
+    weight at a time (a 16-bit weight is never copied whole)."""
+    rows, width = hidden.shape
+    vocab = weight.shape[0]
+    out = torch.empty(rows, vocab, dtype=torch.float32, device=hidden.device)
+    if hidden.device.type == "cuda":
+        from ddpd.kernels.sample_from_hidden import head_logits_kernel
+
+        hidden, weight = hidden.contiguous(), weight.contiguous()
+        launch = head_launch(rows, width, vocab, weight.element_size(), _dispatch.multiprocessors(hidden.device))
+        if rows:
+            head_logits_kernel[(launch.tiles_grid[0], n_tiles(vocab))](
+                hidden, weight, None if bias is None else bias.contiguous(), rows, vocab, width, out, TILE=TILE,
+                BLOCK_N=launch.block_n, BLOCK_H=launch.block_h, DOT_F32=dot_in_float32(hidden, weight),
+                num_warps=launch.num_warps, num_stages=launch.num_stages)
+        return out
+    h = hidden.float()
+    for first in range(0, vocab, HEAD_CHUNK):
+        last = min(vocab, first + HEAD_CHUNK)
+        b = None if bias is None else bias[first:last].float()
+        out[:, first:last] = F.linear(h, weight[first:last].float(), b)
+    return out
+
+
+@torch.library.custom_op("ddpd::head_logits", mutates_args=())
+def _head_logits_op(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    return _head_logits_impl(hidden, weight, bias)
+
+
+@_head_logits_op.register_fake
+def _(hidden, weight, bias):
+    return hidden.new_empty(hidden.shape[0], weight.shape[0], dtype=torch.float32)
 
 
 def sample_from_hidden(
     hidden: torch.Tensor,
     weight: torch.Tensor,
     bias: Optional[torch.Tensor] = None,
-    temperature: float = 1.0,
-    exclude_ids: Optional[Sequence[int]] = None,
+    temperature=1.0,
+    exclude_ids=None,
     exclude_per_row: Optional[torch.Tensor] = None,
     *,
+    top_k=None,
+    top_p=None,
+    min_p=None,
+    allowed: Optional[torch.Tensor] = None,
+    return_logprob: bool = False,
+    confidence: Optional[str] = None,
     seed=None,
     offset=0,
     generator: Optional[torch.Generator] = None,
     row_ids: Optional[torch.Tensor] = None,
     noise: Optional[torch.Tensor] = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Draw one token per row of hidden [N, H] through the head weight [V, H] (+ bias [V]).
+) -> tuple:
+    """Draw one token per row of hidden [..., H] through the head weight [V, H] (+ bias [V]).
 
     Same draw, arguments and outputs as sample_categorical(hidden @ weight.T + bias,
-    ...) (explicit `noise` Float[N, noise_width(V)]), without the [N, V] logits.
-    Returns (tokens Long[N] in [0, V), valid Bool[N]).
+    ...) (explicit `noise` Float[..., noise_width(V)]), without the [N, V] logits
+    unless a truncation (top_k, top_p, min_p) asks for them.
+    Returns (tokens Long[...] in [0, V), valid Bool[...][, logprob][, confidence]).
     """
-    temperature, ids, (seed, offset, seed_t, offset_t) = _prepare(
-        hidden, weight, bias, temperature, exclude_ids, exclude_per_row, seed, offset, generator, row_ids, noise)
+    call = prepare_hidden(hidden, weight, bias, temperature, exclude_ids, exclude_per_row, allowed, top_k, top_p, min_p,
+                          return_logprob, confidence, seed, offset, generator, row_ids, noise)
     # A draw has no gradient; detaching lets callers pass a live nn.Linear's
     # parameters (requires_grad) outside torch.no_grad().
-    bias = None if bias is None else bias.detach()
-    exclude_per_row, noise, row_ids = _dispatch.contiguous(exclude_per_row, noise, row_ids)
-    eager = _dispatch.eager(hidden, weight, bias, exclude_per_row, noise, row_ids, seed_t, offset_t)
-    call = _sample_from_hidden_impl if eager else _sample_from_hidden_op
-    return call(hidden.detach(), weight.detach(), bias, temperature, ids, exclude_per_row, noise, seed, offset, row_ids,
-                seed_t, offset_t)
+    h = call.rows(hidden)
+    weight, bias = weight.detach(), None if bias is None else bias.detach()
+    eager = _dispatch.eager(h, weight, bias, *call.tensors())
+    if call.controls.truncates:
+        logits = (_head_logits_impl if eager else _head_logits_op)(h, weight, bias)
+        run = _sample_categorical_impl if eager else _sample_categorical_op
+        return call.finish(*run(logits, *call.args()))
+    c = call.controls
+    seed, offset, seed_t, offset_t = call.counters
+    args = (c.temperature, c.temperature_t, call.exclude_ids, call.exclude_per_row, call.allowed, call.noise, seed,
+            offset, call.row_ids, seed_t, offset_t, call.logprob, call.confidence)
+    run = _sample_from_hidden_impl if eager else _sample_from_hidden_op
+    return call.finish(*run(h, weight, bias, *args))

@@ -1,0 +1,63 @@
+// CPU kernel of ddpd.ops.bernoulli: z = min(u, largest float32 below 1) < p per element,
+// u the counter-based uniform of (seed, offset, row id, column) (csrc/rng.h) or of
+// explicit noise. The comparison runs in double for double p, in float otherwise
+// (16-bit p is exact in float), as in the torch reference and the Triton kernel.
+// Rows run in parallel.
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <optional>
+#include <type_traits>
+
+#include "../rng.h"
+#include "stream.h"
+
+namespace ddpd {
+namespace cpu {
+namespace {
+
+at::Tensor bernoulli_cpu(const at::Tensor& p, const std::optional<at::Tensor>& noise, int64_t seed, int64_t offset,
+                         const std::optional<at::Tensor>& row_ids, const std::optional<at::Tensor>& seed_tensor,
+                         const std::optional<at::Tensor>& offset_tensor) {
+  TORCH_CHECK(p.dim() == 2 && p.is_contiguous(), "bernoulli: p must be a contiguous [N, D] tensor");
+  check_noise(noise);
+  const int64_t rows = p.size(0), width = p.size(1);
+  at::Tensor z = at::empty({rows, width}, p.options().dtype(at::kBool));
+  const float* u = noise ? noise->data_ptr<float>() : nullptr;
+  const int64_t* ids = row_ids ? row_ids->data_ptr<int64_t>() : nullptr;
+  const uint64_t s = counter(seed, seed_tensor), o = counter(offset, offset_tensor);
+  constexpr float kBelowOne = 1.0f - 5.9604644775390625e-08f;
+  bool* out = z.data_ptr<bool>();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, p.scalar_type(), "bernoulli_cpu", [&] {
+    using acc_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
+    const scalar_t* pp = p.data_ptr<scalar_t>();
+    const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(width, 1));
+    at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        const uint64_t row = static_cast<uint64_t>(ids ? ids[r] : r);
+        for (int64_t d = 0; d < width; ++d) {
+          float ud = u ? u[r * width + d] : philox_uniform(s, o, row, static_cast<uint64_t>(d));
+          ud = ud < kBelowOne ? ud : kBelowOne;
+          out[r * width + d] = static_cast<acc_t>(ud) < static_cast<acc_t>(pp[r * width + d]);
+        }
+      }
+    });
+  });
+  return z;
+}
+
+}  // namespace
+}  // namespace cpu
+}  // namespace ddpd
+
+TORCH_LIBRARY_FRAGMENT(ddpd, m) {
+  m.def(
+      "bernoulli_cpu(Tensor p, Tensor? noise, int seed, int offset, Tensor? row_ids, Tensor? seed_tensor, "
+      "Tensor? offset_tensor) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(ddpd, CPU, m) { m.impl("bernoulli_cpu", &ddpd::cpu::bernoulli_cpu); }

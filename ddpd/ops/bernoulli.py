@@ -1,0 +1,119 @@
+"""bernoulli: one coin per element, z = u < p, from the counter-based streams every ddpd
+op draws from, so a user's own coins (an unmask decision of a remasking sampler, a
+stochastic mask) are keyed by (seed, offset, row id, column) like the ops' draws: a row
+keeps its coins whatever the batch, and a CUDA graph captured with tensor counters draws
+fresh ones on each replay.
+
+Law: z[r, d] = min(u, BELOW_ONE) < p[r, d] with u the uniform of column d of row r's
+stream (ddpd.ops.rng.philox_uniform) or of explicit noise; u lies on the grid
+((w >> 8) + 1/2) 2**-24, so P(z = 1) is p rounded to that grid (p <= 0: never; p >= 1:
+always). The comparison runs in float64 for float64 p and in float32 otherwise (16-bit
+p is exact there). This is the Bernoulli draw of planner_mask (z^d = u^d < p^d), up to
+the clamp: planner_mask's u of exactly 1.0 (probability 2**-25) leaves a p of 1.0
+unmasked, bernoulli's does not.
+
+CPU tensors run the C++ kernel of ddpd._C (csrc/cpu/bernoulli.cpp), CUDA tensors the
+Triton kernel ddpd.kernels.bernoulli.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from ddpd.ops import _dispatch, rng
+from ddpd.validation import check_tensor
+
+P_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+BLOCK = 1024  # columns per Triton program
+
+
+def check_p(p) -> torch.Tensor:
+    check_tensor("p", p, P_DTYPES)
+    if p.dim() == 0:
+        raise ValueError("p must have shape [..., D] (rows of probabilities), got a 0-d tensor")
+    return p
+
+
+def bernoulli_reference(p: torch.Tensor, *, seed=None, offset=0, generator: Optional[torch.Generator] = None,
+                        row_ids: Optional[torch.Tensor] = None, noise: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Plain torch version of bernoulli (same arguments, same coins)."""
+    p2, noise, counters, row_ids = _prepare(p, seed, offset, generator, row_ids, noise)
+    rng.check_noise_values(noise)
+    if noise is None:
+        noise = rng.stream_noise(counters, row_ids, p2.shape[0], p2.shape[1], p2.device)
+    u = noise.clamp(max=rng.BELOW_ONE)
+    z = u.double() < p2 if p2.dtype == torch.float64 else u < p2.float()
+    return z.reshape(p.shape)
+
+
+def bernoulli_triton(p, noise, seed, offset, row_ids, seed_t, offset_t):
+    """Launch the Triton kernel (CUDA tensors; CPU tensors under TRITON_INTERPRET=1)."""
+    from ddpd.kernels.bernoulli import bernoulli_kernel
+
+    p = p.contiguous()
+    rows, width = p.shape
+    z = torch.empty(rows, width, dtype=torch.bool, device=p.device)
+    if rows and width:
+        bernoulli_kernel[(rows, -(-width // BLOCK))](p, width, noise, row_ids, *rng.split32(seed), *rng.split32(offset),
+                                                    seed_t, offset_t, z, BLOCK=BLOCK, FLOAT64=p.dtype == torch.float64)
+    return z
+
+
+def _bernoulli_impl(p, noise, seed, offset, row_ids, seed_t, offset_t):
+    """The kernels behind the op (arguments validated): Triton on CUDA, C++ on CPU."""
+    if p.device.type == "cuda":
+        return bernoulli_triton(p, noise, seed, offset, row_ids, seed_t, offset_t)
+    return _dispatch.cpu_kernel("bernoulli_cpu")(p.contiguous(), noise, seed, offset, row_ids, seed_t, offset_t)
+
+
+@torch.library.custom_op("ddpd::bernoulli", mutates_args=())
+def _bernoulli_op(p: torch.Tensor, noise: Optional[torch.Tensor], seed: int, offset: int,
+                  row_ids: Optional[torch.Tensor], seed_t: Optional[torch.Tensor],
+                  offset_t: Optional[torch.Tensor]) -> torch.Tensor:
+    return _bernoulli_impl(p, noise, seed, offset, row_ids, seed_t, offset_t)
+
+
+@_bernoulli_op.register_fake
+def _(p, noise, seed, offset, row_ids, seed_t, offset_t):
+    return torch.empty_like(p, dtype=torch.bool)
+
+
+def _prepare(p, seed, offset, generator, row_ids, noise):
+    """(p [N, D], noise [N, D] | None, counters, row_ids [N] | None), validated."""
+    _dispatch.refuse_transforms("bernoulli", p, noise, row_ids)
+    p = check_p(p)
+    lead, width = tuple(p.shape[:-1]), p.shape[-1]
+    rows = math.prod(lead)
+    if noise is not None:
+        check_tensor("noise", noise, (torch.float32,))
+        if noise.shape != p.shape:
+            raise ValueError(f"noise must have the shape of p {tuple(p.shape)}, got {tuple(noise.shape)}")
+        noise = noise.reshape(rows, width)
+    if row_ids is not None:
+        check_tensor("row_ids", row_ids, (torch.int64,))
+        if tuple(row_ids.shape) != lead:
+            raise ValueError(f"row_ids must have the leading shape {lead} (one id per row), got {tuple(row_ids.shape)}")
+        row_ids = row_ids.reshape(rows)
+    p2 = p.reshape(rows, width)
+    counters = rng.resolve_stream(noise, (rows, width), p2, seed, offset, generator, row_ids)
+    noise, row_ids = _dispatch.contiguous(noise, row_ids)
+    return p2, noise, counters, row_ids
+
+
+def bernoulli(p: torch.Tensor, *, seed=None, offset=0, generator: Optional[torch.Generator] = None,
+              row_ids: Optional[torch.Tensor] = None, noise: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Bool[..., D]: z = u < p for probabilities p [..., D] (module docstring for the law).
+
+    Randomness as the other ops: `seed`/`offset` (ints in [0, 2**64) or int64 tensors of
+    one element on p's device), or both drawn from `generator`; `row_ids` Long[...] names
+    each row's stream (default 0..N-1 over the flattened rows); or explicit uniforms
+    `noise` Float[..., D] in (0, 1]. Column d of row r reads the uniform that
+    philox_uniform(seed, offset, row_ids, D)[r, d] returns.
+    """
+    p2, noise, (seed, offset, seed_t, offset_t), row_ids = _prepare(p, seed, offset, generator, row_ids, noise)
+    p2 = p2.detach()
+    eager = _dispatch.eager(p2, noise, row_ids, seed_t, offset_t)
+    z = (_bernoulli_impl if eager else _bernoulli_op)(p2, noise, seed, offset, row_ids, seed_t, offset_t)
+    return z.reshape(p.shape)

@@ -1,0 +1,33 @@
+"""Triton kernel of ddpd.ops.bernoulli: z = min(u, BELOW_ONE) < p per element, u the
+counter-based uniform of (seed, offset, row id, column) (ddpd.kernels.rng), or of
+explicit noise. Grid (rows, column blocks); the comparison runs in float64 for float64
+p, in float32 otherwise (16-bit p is exact in float32), so every path compares the same
+numbers.
+"""
+import triton
+import triton.language as tl
+
+from ddpd.kernels.rng import load_counters, row_uniform
+
+
+@triton.jit
+def bernoulli_kernel(p_ptr, D, noise_ptr, row_ids_ptr, seed_lo, seed_hi, offset_lo, offset_hi, seed_ptr, offset_ptr,
+                     z_ptr, BLOCK: tl.constexpr, FLOAT64: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    seed_lo, seed_hi, offset_lo, offset_hi = load_counters(seed_lo, seed_hi, offset_lo, offset_hi, seed_ptr,
+                                                           offset_ptr)
+    if row_ids_ptr is not None:
+        row_id = tl.load(row_ids_ptr + row)
+    else:
+        row_id = row
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    live = cols < D
+    u = row_uniform(noise_ptr, D, row, tl.where(live, cols, 0), row_id, seed_lo, seed_hi, offset_lo, offset_hi,
+                    noise_ptr is not None)
+    u = tl.minimum(u, 0.99999994)  # float32 rounds the top uniform to 1.0: p = 1 stays certain
+    p = tl.load(p_ptr + row * D + cols, mask=live, other=0.0)
+    if FLOAT64:
+        z = u.to(tl.float64) < p
+    else:
+        z = u < p.to(tl.float32)
+    tl.store(z_ptr + row * D + cols, z, mask=live)

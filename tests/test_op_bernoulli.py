@@ -1,0 +1,86 @@
+"""ddpd.ops.bernoulli: the C++ path, the Triton kernel (interpreter) and the torch
+reference give the same coins; the coins read the counter-based stream that
+philox_uniform returns; their law is Bernoulli(p); p = 0 / 1 are certain; tensor
+counters, leading dimensions, opcheck and torch.compile."""
+import pytest
+import torch
+from scipy import stats
+
+from ddpd.ops import bernoulli, bernoulli_reference, philox_uniform
+from ddpd.ops.bernoulli import _prepare, bernoulli_triton
+
+
+def triton_coins(p, **kw):
+    p2, noise, (seed, offset, seed_t, offset_t), row_ids = _prepare(p, kw.get("seed"), kw.get("offset", 0), None,
+                                                                    kw.get("row_ids"), kw.get("noise"))
+    return bernoulli_triton(p2, noise, seed, offset, row_ids, seed_t, offset_t).reshape(p.shape)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("width", [1, 37, 2500])
+def test_paths_agree_and_read_the_philox_stream(dtype, width):
+    g = torch.Generator().manual_seed(width)
+    p = torch.rand(4, width, generator=g).to(dtype)
+    p[0, 0] = 0.0
+    p[1, 0] = 1.0
+    rows = torch.tensor([0, 3, 2**35, 9])
+    kw = dict(seed=2**64 - 7, offset=2**33 + 1, row_ids=rows)
+    expected = bernoulli_reference(p, **kw)
+    assert torch.equal(bernoulli(p, **kw), expected) and torch.equal(triton_coins(p, **kw), expected)
+    u = philox_uniform(2**64 - 7, 2**33 + 1, rows, width).clamp(max=1 - 2**-24)
+    assert torch.equal(expected, u.double() < p.double() if dtype == torch.float64 else u < p.float())
+    assert not expected[0, 0] and expected[1, 0]
+    noise = torch.rand(4, width, generator=g).clamp(min=1e-7)
+    assert torch.equal(bernoulli(p, noise=noise), bernoulli_reference(p, noise=noise))
+    assert torch.equal(triton_coins(p, noise=noise), bernoulli_reference(p, noise=noise))
+
+
+def test_the_coins_are_bernoulli_p_and_certain_at_zero_and_one():
+    n = 200_000
+    p = torch.tensor([0.0, 1e-3, 0.3, 0.5, 0.97, 1.0]).expand(n, 6)
+    z = bernoulli(p, seed=11, row_ids=torch.arange(n))
+    hits = z.sum(0).double()
+    assert hits[0] == 0 and hits[-1] == n
+    for j in (1, 2, 3, 4):
+        q = float(p[0, j])
+        assert stats.binomtest(int(hits[j]), n, q).pvalue > 1e-3
+    assert bool((bernoulli(torch.tensor([[-2.0, 3.0]]), seed=1) == torch.tensor([[False, True]])).all())
+
+
+def test_tensor_counters_leading_dimensions_and_batch_invariance():
+    p = torch.rand(2, 3, 50, generator=torch.Generator().manual_seed(1))
+    z = bernoulli(p, seed=4, offset=6)
+    assert z.shape == p.shape and z.dtype == torch.bool
+    assert torch.equal(z.reshape(6, 50), bernoulli(p.reshape(6, 50), seed=4, offset=6))
+    assert torch.equal(bernoulli(p, seed=torch.tensor(4), offset=torch.tensor(6)), z)
+    keep = torch.tensor([1, 4])
+    assert torch.equal(bernoulli(p.reshape(6, 50)[keep], seed=4, offset=6, row_ids=keep), z.reshape(6, 50)[keep])
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(p=torch.tensor(0.5)), ValueError, r"p must have shape \[..., D\]"),
+    (dict(p=torch.ones(2, 3, dtype=torch.long)), TypeError, "p must have dtype"),
+    (dict(noise=torch.rand(2, 4)), ValueError, r"noise must have the shape of p \(2, 3\)"),
+    (dict(noise=torch.zeros(2, 3)), ValueError, r"noise values must be uniforms in \(0, 1\]"),
+    (dict(seed=1, row_ids=torch.arange(3)), ValueError, r"row_ids must have the leading shape \(2,\)"),
+    (dict(seed=1, offset=torch.tensor(1.0)), TypeError, "offset must be an int or an int64 tensor"),
+])
+def test_bad_arguments_raise_clear_errors(kwargs, error, match):
+    kwargs = dict(dict(p=torch.rand(2, 3)), **kwargs)
+    for op in (bernoulli, bernoulli_reference):
+        with pytest.raises(error, match=match):
+            op(**kwargs)
+
+
+def test_opcheck_compile_and_vmap():
+    p = torch.rand(3, 40)
+    op = torch.ops.ddpd.bernoulli.default
+    torch.library.opcheck(op, (p, None, 5, 6, None, None, None))
+    torch.library.opcheck(op, (p.double(), torch.rand(3, 40) + 1e-6, 0, 0, None, None, None))
+    compiled = torch.compile(lambda q, o: bernoulli(q, seed=2, offset=o), fullgraph=True, backend="aot_eager")
+    offset = torch.tensor(0)
+    for _ in range(2):
+        assert torch.equal(compiled(p, offset), bernoulli(p, seed=2, offset=int(offset)))
+        offset += 1
+    with pytest.raises(ValueError, match="does not run under torch.func transforms"):
+        torch.vmap(lambda q: bernoulli(q, seed=1))(p[:, None])

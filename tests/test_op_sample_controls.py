@@ -1,0 +1,358 @@
+"""The sampling controls of sample_categorical and sample_from_hidden: per-row and
+greedy temperatures, top-k / top-p / min-p (exact in law: chi-square against the
+truncated law computed here independently, by sorting in float64), exclusions in any
+form, the allowed mask, leading dimensions, float64 logits, the log-probability and
+confidence outputs; every path (C++, Triton in the interpreter, the torch reference)
+token for token; compile, graphs and vmap."""
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from ddpd.ops.sample_categorical import (
+    categorical_reference,
+    noise_width,
+    prepare_categorical,
+    sample_categorical,
+    sample_categorical_reference,
+    sample_categorical_triton,
+)
+from ddpd.ops.sample_from_hidden import prepare_hidden, sample_from_hidden, sample_from_hidden_reference, \
+    sample_from_hidden_triton
+
+pytestmark = [pytest.mark.filterwarnings("ignore:divide by zero encountered:RuntimeWarning"),
+              pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning"),
+              pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")]
+CHI2_MIN_P = 1e-3  # a distribution test fails when its chi-square p-value is below this
+CONTROLS = [dict(), dict(top_k=7), dict(top_p=0.8), dict(min_p=0.05), dict(top_k=40, top_p=0.9, min_p=0.02),
+            dict(temperature=0.0), dict(temperature=0.5, top_p=0.5)]
+OUTPUTS = [dict(), dict(return_logprob=True, confidence="prob"), dict(confidence="margin"),
+           dict(return_logprob=True, confidence="entropy")]
+
+
+def triton_categorical(logits, temperature=1.0, **kw):
+    """sample_categorical's Triton kernels on CPU tensors (TRITON_INTERPRET=1)."""
+    call = prepare_categorical(logits, temperature, kw.get("exclude_ids"), kw.get("exclude_per_row"), kw.get("allowed"),
+                               kw.get("top_k"), kw.get("top_p"), kw.get("min_p"), kw.get("return_logprob", False),
+                               kw.get("confidence"), kw.get("seed"), kw.get("offset", 0), None, kw.get("row_ids"),
+                               kw.get("noise"))
+    return call.finish(*sample_categorical_triton(logits.reshape(-1, logits.shape[-1]), *call.args()))
+
+
+def triton_hidden(hidden, weight, bias, temperature=1.0, **kw):
+    call = prepare_hidden(hidden, weight, bias, temperature, kw.get("exclude_ids"), kw.get("exclude_per_row"),
+                          kw.get("allowed"), None, None, None, kw.get("return_logprob", False), kw.get("confidence"),
+                          kw.get("seed"), kw.get("offset", 0), None, kw.get("row_ids"), kw.get("noise"))
+    c = call.controls
+    seed, offset, seed_t, offset_t = call.counters
+    return call.finish(*sample_from_hidden_triton(hidden, weight, bias, c.temperature, c.temperature_t,
+                                                  call.exclude_ids, call.exclude_per_row, call.allowed, call.noise,
+                                                  seed, offset, call.row_ids, seed_t, offset_t, call.logprob,
+                                                  call.confidence))
+
+
+def assert_same(out, ref):
+    """Tokens and flags equal; log-probabilities and confidences to 1e-5."""
+    assert len(out) == len(ref)
+    assert torch.equal(out[0], ref[0]) and torch.equal(out[1], ref[1])
+    for a, b in zip(out[2:], ref[2:]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def truncated_law(logits, temperature=1.0, top_k=None, top_p=None, min_p=None):
+    """The law of one row, independently of ddpd: float64, by sorting (module docstring of
+    ddpd.ops.sample_categorical, steps 1-2)."""
+    l = np.asarray(logits, dtype=np.float64)
+    y = (l - l.max()) / temperature
+    p = np.exp(y)
+    keep = np.isfinite(l) | (l == np.inf)
+    if top_k:
+        keep &= l >= np.sort(l)[::-1][top_k - 1]
+    if top_p is not None and top_p < 1:
+        q = np.where(keep, p, 0.0)
+        q = q / q.sum()
+        above = np.array([q[l > v].sum() for v in l])  # mass strictly above each token
+        keep &= above < top_p
+    if min_p:
+        keep &= p >= min_p * p.max()
+    law = np.where(keep, p, 0.0)
+    return law / law.sum()
+
+
+def chi_square_p(tokens, probs):
+    observed = np.bincount(tokens.numpy(), minlength=len(probs)).astype(np.float64)
+    expected = probs * len(tokens)
+    assert observed[expected == 0].sum() == 0, "a token outside the truncated support was drawn"
+    big = expected >= 5
+    obs = np.append(observed[big], observed[~big].sum())
+    exp = np.append(expected[big], expected[~big].sum())
+    keep = exp > 0
+    return stats.chisquare(obs[keep], exp[keep]).pvalue
+
+
+@pytest.mark.parametrize("vocab", [7, 300, 1000])
+@pytest.mark.parametrize("controls", CONTROLS)
+@pytest.mark.parametrize("outputs", OUTPUTS)
+def test_every_path_agrees_with_controls_and_outputs(vocab, controls, outputs):
+    g = torch.Generator().manual_seed(vocab)
+    logits = 2 * torch.randn(5, vocab, generator=g)
+    logits[1, :vocab // 2] = float("-inf")
+    logits[2, 3] = float("nan")
+    logits[3, 1] = logits[3, 2] = logits[3].max()  # a tie at the top
+    logits[4] = float("-inf")  # nothing drawable
+    kw = dict(controls, **outputs, seed=9, offset=2, row_ids=torch.tensor([0, 5, 2**33, 7, 1]))
+    ref = sample_categorical_reference(logits, **kw)
+    assert_same(sample_categorical(logits, **kw), ref)
+    assert_same(triton_categorical(logits, **kw), ref)
+    assert ref[1].tolist() == [True] * 4 + [False] and ref[0][4] == 0
+    for extra in ref[2:]:
+        assert extra[4] == float("-inf")
+
+
+@pytest.mark.parametrize("controls", [dict(top_k=3), dict(top_p=0.7), dict(min_p=0.2), dict(top_k=5, top_p=0.6),
+                                      dict(top_p=0.5, min_p=0.3, temperature=0.7)])
+def test_truncated_draws_follow_the_exact_truncated_law(controls):
+    """Chi-square over 1e5 draws of one row of V = 300 (two tiles) from the C++ path, against
+    the law computed by sorting; a token outside the support fails outright."""
+    n, vocab = 100_000, 300
+    logits = 1.5 * torch.randn(vocab, generator=torch.Generator().manual_seed(11))
+    tokens, valid = sample_categorical(logits.expand(n, vocab), seed=4, row_ids=torch.arange(n), **controls)
+    assert bool(valid.all())
+    law = truncated_law(logits, controls.get("temperature", 1.0), controls.get("top_k"), controls.get("top_p"),
+                        controls.get("min_p"))
+    assert chi_square_p(tokens, law) > CHI2_MIN_P
+
+
+def test_per_row_controls_draw_what_each_row_draws_alone():
+    g = torch.Generator().manual_seed(1)
+    logits = 2 * torch.randn(6, 500, generator=g)
+    temperature = torch.tensor([0.0, 0.5, 1.0, 2.0, 0.0, 1e-3])
+    top_k = torch.tensor([0, 3, 0, 100, 5, 1])
+    top_p = torch.tensor([1.0, 0.9, 0.3, 1.0, 0.5, 0.99])
+    min_p = torch.tensor([0.0, 0.0, 0.1, 0.05, 0.0, 0.5])
+    rows = torch.arange(6) + 40
+    out = sample_categorical(logits, temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=3, row_ids=rows,
+                             return_logprob=True)
+    for r in range(6):
+        one = sample_categorical(logits[r:r + 1], float(temperature[r]), top_k=int(top_k[r]), top_p=float(top_p[r]),
+                                 min_p=float(min_p[r]), seed=3, row_ids=rows[r:r + 1], return_logprob=True)
+        assert out[0][r] == one[0][0]
+        torch.testing.assert_close(out[2][r:r + 1], one[2])
+    assert_same(triton_categorical(logits, temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=3, row_ids=rows,
+                                   return_logprob=True), out)
+    # a 0-d tensor applies to every row
+    assert_same(sample_categorical(logits, torch.tensor(0.7), top_p=torch.tensor(0.8), seed=3),
+                sample_categorical(logits, 0.7, top_p=0.8, seed=3))
+
+
+def test_greedy_is_the_first_argmax_and_its_statistics_use_temperature_one():
+    logits = torch.tensor([[1.0, 3.0, 3.0, 2.0], [float("nan"), -1.0, 5.0, 5.0], [0.0, 0.0, 0.0, 0.0]])
+    for tokens, valid, lp in (sample_categorical(logits, 0.0, seed=1, return_logprob=True),
+                              triton_categorical(logits, 0.0, seed=1, return_logprob=True),
+                              sample_categorical_reference(logits, 0.0, seed=1, return_logprob=True)):
+        assert tokens.tolist() == [1, 2, 0] and bool(valid.all())
+        torch.testing.assert_close(lp, torch.log_softmax(torch.nan_to_num(logits, nan=-math.inf), 1)[[0, 1, 2],
+                                                                                                  [1, 2, 0]])
+    wide = torch.randn(64, 3000, generator=torch.Generator().manual_seed(2))
+    wide[5, 2900] = wide[5, 10] = wide[5].max() + 1  # the first of two maxima, in different tiles
+    expected = wide.argmax(1)
+    assert expected[5] == 10
+    for tokens, _ in (sample_categorical(wide, 0.0, [3], seed=5), triton_categorical(wide, 0.0, seed=5,
+                                                                                     exclude_ids=[3])):
+        masked = wide.clone()
+        masked[:, 3] = -math.inf
+        assert torch.equal(tokens, masked.argmax(1))
+    # greedy needs no noise: the reference law takes none
+    assert torch.equal(categorical_reference(wide, 0.0, None)[0], expected)
+
+
+def test_top_k_keeps_ties_and_top_p_keeps_tied_groups_together():
+    n = 20_000
+    logits = torch.tensor([2.0, 2.0, 1.0, 0.0]).expand(n, 4)
+    tokens = sample_categorical(logits, top_k=1, seed=1)[0]
+    assert set(tokens.tolist()) == {0, 1}  # both maxima kept by top_k = 1
+    assert 0.45 < float((tokens == 0).double().mean()) < 0.55
+    # p(2) = e^2 / Z: the tied pair holds 0.844 of the mass; top_p = 0.5 keeps both, not one
+    tokens = sample_categorical(logits, top_p=0.5, seed=2)[0]
+    assert set(tokens.tolist()) == {0, 1}
+    tokens = sample_categorical(logits, top_p=0.9, seed=2)[0]
+    assert set(tokens.tolist()) == {0, 1, 2}
+    # +inf logits share the mass; a finite logit beside them has none
+    inf = torch.tensor([float("inf"), 1.0, float("inf")]).expand(n, 3)
+    tokens, _, lp = sample_categorical(inf, top_p=0.6, seed=3, return_logprob=True)
+    assert set(tokens.tolist()) == {0, 2} and torch.allclose(lp, torch.full((n,), math.log(0.5)))
+
+
+def test_logprob_and_confidences_are_those_of_the_truncated_law():
+    g = torch.Generator().manual_seed(7)
+    logits = 2 * torch.randn(8, 700, generator=g)
+    for controls in (dict(), dict(top_k=20, temperature=0.8), dict(top_p=0.7), dict(min_p=0.1, temperature=1.3)):
+        t = controls.get("temperature", 1.0)
+        for confidence in ("prob", "margin", "entropy"):
+            for tokens, _, lp, conf in (sample_categorical(logits, seed=2, return_logprob=True,
+                                                           confidence=confidence, **controls),
+                                        triton_categorical(logits, seed=2, return_logprob=True,
+                                                           confidence=confidence, **controls)):
+                for r in range(8):
+                    law = truncated_law(logits[r], t, controls.get("top_k"), controls.get("top_p"),
+                                        controls.get("min_p"))
+                    assert law[tokens[r]] > 0
+                    assert abs(float(lp[r]) - math.log(law[tokens[r]])) < 1e-4
+                    top = np.sort(law)[::-1]
+                    want = {"prob": law[tokens[r]], "margin": top[0] - top[1],
+                            "entropy": float(np.sum(law[law > 0] * np.log(law[law > 0])))}[confidence]
+                    assert abs(float(conf[r]) - want) < 1e-4, (controls, confidence, r)
+
+
+def test_exclusions_in_every_form_and_the_allowed_mask():
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(50, 600, generator=g)
+    expected = sample_categorical(logits, 0.9, [5, 300, 599], seed=1)
+    for ids in ((5, 300, 599), np.array([5, 300, 599]), [np.int64(5), np.int32(300), 599], range(5, 6),
+                torch.tensor([5, 300, 599]), torch.tensor([599, 5, 300], dtype=torch.int32)):
+        out = sample_categorical(logits, 0.9, ids, seed=1)
+        if isinstance(ids, range):
+            assert not (out[0] == 5).any()
+        else:
+            assert_same(out, expected)
+    allowed = torch.ones(50, 600, dtype=torch.bool)
+    allowed[:, [5, 300, 599]] = False
+    assert_same(sample_categorical(logits, 0.9, allowed=allowed, seed=1), expected)
+    assert_same(triton_categorical(logits[:4], 0.9, allowed=allowed[:4], seed=1), tuple(t[:4] for t in expected))
+    # only some tokens allowed per row; a row with none is invalid
+    allowed = torch.rand(50, 600, generator=g) < 0.02
+    allowed[0] = False
+    tokens, valid = sample_categorical(logits, allowed=allowed, seed=2)
+    assert not valid[0] and bool(valid[1:].all()) and bool(allowed[torch.arange(1, 50), tokens[1:]].all())
+    assert_same(sample_categorical_reference(logits, allowed=allowed, seed=2), (tokens, valid))
+
+
+def test_leading_dimensions_and_float64_logits():
+    g = torch.Generator().manual_seed(4)
+    logits = torch.randn(2, 3, 400, generator=g, dtype=torch.float64)
+    flat = sample_categorical(logits.reshape(6, 400).float(), top_p=0.9, seed=7, return_logprob=True)
+    out = sample_categorical(logits, top_p=0.9, seed=7, return_logprob=True)
+    assert out[0].shape == (2, 3) and out[2].shape == (2, 3)
+    assert_same(tuple(t.reshape(6) for t in out), flat)
+    assert_same(sample_categorical_reference(logits, top_p=0.9, seed=7, return_logprob=True), out)
+    assert_same(triton_categorical(logits, top_p=0.9, seed=7, return_logprob=True), out)
+    one = sample_categorical(logits[0, 0], seed=7)  # a single row [V]: 0-d outputs
+    assert one[0].shape == () and one[0] == flat[0][0]
+    temperature = torch.rand(2, 3, generator=g) + 0.5
+    expected = sample_categorical(logits.reshape(6, 400), temperature.reshape(6), seed=7)
+    assert_same(sample_categorical(logits, temperature, seed=7), tuple(t.reshape(2, 3) for t in expected))
+
+
+@pytest.mark.parametrize("outputs", OUTPUTS)
+@pytest.mark.parametrize("vocab", [5, 700])
+def test_sample_from_hidden_controls_on_every_path(outputs, vocab):
+    g = torch.Generator().manual_seed(vocab)
+    hidden, weight, bias = torch.randn(5, 16, generator=g), torch.randn(vocab, 16, generator=g) / 2, torch.randn(vocab)
+    temperature = torch.tensor([0.0, 0.7, 1.0, 1.5, 0.0])
+    allowed = torch.rand(5, vocab, generator=g) < 0.8
+    kw = dict(outputs, allowed=allowed, exclude_ids=[1], seed=5, row_ids=torch.arange(5) * 7)
+    ref = sample_from_hidden_reference(hidden, weight, bias, temperature, **kw)
+    assert_same(sample_from_hidden(hidden, weight, bias, temperature, **kw), ref)
+    assert_same(triton_hidden(hidden, weight, bias, temperature, **kw), ref)
+    logits = hidden @ weight.T + bias
+    assert_same(sample_categorical(logits, temperature, **kw), ref)
+
+
+def test_sample_from_hidden_truncates_through_the_logits():
+    g = torch.Generator().manual_seed(6)
+    hidden, weight = torch.randn(2, 3, 24, generator=g), torch.randn(900, 24, generator=g) / 3
+    kw = dict(top_k=30, top_p=0.8, min_p=0.01, seed=8, return_logprob=True, confidence="margin")
+    out = sample_from_hidden(hidden, weight, None, 0.9, **kw)
+    assert out[0].shape == (2, 3)
+    assert_same(out, sample_from_hidden_reference(hidden, weight, None, 0.9, **kw))
+    assert_same(out, sample_categorical(hidden @ weight.T, 0.9, **kw))
+    half = sample_from_hidden(hidden.bfloat16(), weight.bfloat16(), None, 0.9, **kw)
+    assert_same(half, sample_categorical(hidden.bfloat16().float() @ weight.bfloat16().float().T, 0.9, **kw))
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(temperature=torch.tensor([1.0, -1.0, 1.0])), ValueError, "temperature values must be finite and >= 0"),
+        (dict(temperature=torch.tensor([1.0, 2.0])), ValueError, "temperature must be a number, a 0-d tensor or"),
+        (dict(temperature=torch.tensor([1, 2, 3])), TypeError, "temperature must have dtype"),
+        (dict(top_k=-1), ValueError, r"top_k must be >= 0"),
+        (dict(top_k=2.5), TypeError, "integer"),
+        (dict(top_k=torch.tensor([1, -2, 3])), ValueError, "top_k values must be >= 0"),
+        (dict(top_p=0.0), ValueError, r"top_p must be in \(0.0, 1.0\]"),
+        (dict(top_p=torch.tensor([0.5, 1.5, 0.5])), ValueError, r"top_p values must be in \(0, 1\]"),
+        (dict(min_p=1.5), ValueError, r"min_p must be in \[0.0, 1.0\]"),
+        (dict(min_p=torch.tensor([0.5, -0.1, 0.0])), ValueError, r"min_p values must be in \[0, 1\]"),
+        (dict(allowed=torch.ones(3, 9, dtype=torch.bool)), ValueError, r"allowed must have shape \(3, 10\)"),
+        (dict(allowed=torch.ones(3, 10)), TypeError, "allowed must have dtype"),
+        (dict(confidence="max"), ValueError, "confidence must be None or one of"),
+        (dict(return_logprob=1), TypeError, "return_logprob must be a bool"),
+        (dict(noise=torch.zeros(3, 11)), ValueError, r"noise values must be uniforms in \(0, 1\]"),
+        (dict(noise=torch.full((3, 11), float("nan"))), ValueError, r"noise values must be uniforms in \(0, 1\]"),
+    ],
+)
+def test_bad_controls_raise_clear_errors(kwargs, error, match):
+    logits = torch.randn(3, 10)
+    for op in (sample_categorical, sample_categorical_reference):
+        with pytest.raises(error, match=match):
+            op(logits, **dict(dict(seed=1) if "noise" not in kwargs else {}, **kwargs))
+
+
+def test_vmap_is_refused_with_a_clear_error():
+    """Under vmap every slice would be row 0 of its own batch: six identical draws. The
+    batch goes in as leading dimensions instead, with distinct rows."""
+    logits = torch.randn(6, 1, 50)
+    with pytest.raises(ValueError, match="does not run under torch.func transforms"):
+        torch.vmap(lambda x: sample_categorical(x, seed=1)[0])(logits)
+    weight = torch.randn(50, 1)
+    with pytest.raises(ValueError, match="does not run under torch.func transforms"):
+        torch.vmap(lambda h: sample_from_hidden(h, weight, seed=1)[0])(torch.randn(6, 1, 1))
+    tokens = sample_categorical(torch.zeros(6, 1, 300), seed=1)[0]
+    assert len(set(tokens.flatten().tolist())) > 1
+
+
+def test_compiled_calls_with_annealed_tensor_controls_do_not_recompile():
+    """Temperatures, truncations and seeds given as tensors are graph inputs: advancing them
+    in place between calls gives the new draws, with one compilation."""
+    compiles = []
+
+    def backend(gm, inputs):
+        compiles.append(gm)
+        return gm.forward
+
+    logits = torch.randn(8, 700, generator=torch.Generator().manual_seed(9))
+
+    def step(x, temperature, top_p, offset):
+        return sample_categorical(x, temperature, top_p=top_p, top_k=50, seed=3, offset=offset, return_logprob=True,
+                                  confidence="margin")
+
+    compiled = torch.compile(step, fullgraph=True, backend=backend)
+    temperature, top_p, offset = torch.tensor(1.0), torch.full((8,), 0.9), torch.tensor(0)
+    for _ in range(4):
+        assert_same(compiled(logits, temperature, top_p, offset), step(logits, temperature, top_p, offset))
+        temperature -= 0.2
+        top_p -= 0.1
+        offset += 1
+    assert len(compiles) == 1
+    # numbers work too (a float is a constant of the graph: a new value recompiles)
+    floats = torch.compile(lambda x, t: sample_categorical(x, t, seed=1)[0], fullgraph=True, backend="aot_eager")
+    for t in (1.0, 0.5, 0.0):
+        assert torch.equal(floats(logits, t), sample_categorical(logits, t, seed=1)[0])
+
+
+def test_compiled_calls_without_a_seed_draw_from_the_global_generator():
+    compiled = torch.compile(lambda x: sample_categorical(x)[0], fullgraph=True, backend="aot_eager")
+    logits = torch.zeros(64, 300)
+    torch.manual_seed(0)
+    a, b = compiled(logits), compiled(logits)
+    assert not torch.equal(a, b) and bool(((a >= 0) & (a < 300)).all())
+
+
+def test_opcheck_with_controls():
+    logits = torch.randn(4, 300)
+    op = torch.ops.ddpd.sample_categorical.default
+    torch.library.opcheck(op, (logits.double(), 0.7, None, torch.tensor([1, 2]), None, None, 10, None, 0.8,
+                               torch.tensor([0.5, 1.0, 0.9, 0.3]), -1.0, torch.tensor([-3.0, -1.0, -2.0, -5.0]),
+                               None, 4, 5, torch.tensor([9, 8, 7, 6]), torch.tensor(3), None, True, 1))
