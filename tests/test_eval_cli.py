@@ -6,12 +6,14 @@ import os
 import pytest
 import torch
 
+from ddpd.assets import BOOKS
+
 from ddpd.checkpoint import save_checkpoint
 from ddpd.cli.eval import main
 from ddpd.models import build_model, config_for
 
 V, L = 27, 16
-WIKI = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "text8-mini", "wiki.txt")
+WIKI = str(BOOKS)  # the text8-format corpus shipped with the package
 
 
 @pytest.fixture(scope="module")
