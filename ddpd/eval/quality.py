@@ -31,7 +31,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from ddpd.eval.checks import check_callable, check_int, check_tokens
-from ddpd.eval.report import MissingDependency, markdown_table, mean_and_se, pyplot, write_csv, write_text
+from ddpd.eval.report import MissingDependency, markdown_table, mean_and_se, pyplot, save_figure, write_csv, write_text
 
 REFERENCE = "held-out text"
 SWEEP_COLUMNS = (("sampler", "Sampler", ""), ("steps", "Steps", ""), ("temperature", "Temperature", ""),
@@ -196,7 +196,7 @@ def plot_quality(rows: List[dict], path: str) -> None:
             handles.setdefault(label, handle)
     fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=4, fontsize=7, frameon=False)
     fig.tight_layout(rect=(0, 0.04 + 0.025 * ((len(handles) + 3) // 4), 1, 1))
-    fig.savefig(path, dpi=150)
+    save_figure(fig, path, dpi=150)
     plt.close(fig)
 
 
