@@ -245,3 +245,13 @@ def test_sigterm_stops_an_evaluation_in_one_line(setup, tmp_path):
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert err == "ddpd-eval: interrupted by SIGTERM\n"
     assert os.listdir(tmp_path) == []  # nothing half written
+
+
+def test_progress_bars_stay_off_a_redirected_stream(setup, capsys):
+    """With progress on (the default), a stderr that is not a terminal gets no bar."""
+    p = setup
+    code, _, err = _run(capsys, "elbo", "--uniform", p["uniform"], "--data", p["data"], "--num-sequences", 4)
+    assert code == 0 and err == "", err
+    code, _, err = _run(capsys, "convergence", "--planner", p["planner"], "--denoiser", p["uniform-denoiser"],
+                        "--steps", 2, "--num-samples", 2, "--out-dir", p["root"] / "conv-bars")
+    assert code == 0 and "\r" not in err and "batch" not in err, err  # (a skipped plot may be reported)

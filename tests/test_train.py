@@ -378,7 +378,7 @@ def _start_training(corpus, out, *extra):
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
 def test_signals_stop_training_with_a_final_checkpoint(corpus, tmp_path, sig):
     out = tmp_path / "p"
-    proc = _start_training(corpus, out)
+    proc = _start_training(corpus, out, "--save-every", "1")  # a save at every step: signals land in saves too
     Lines(proc.stdout).wait_for("step       5")  # training is under way
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=600)

@@ -348,7 +348,7 @@ def run_convergence(args: argparse.Namespace) -> None:
     stops = []
     starts = range(0, args.num_samples, args.batch_size)
     with torch.no_grad():
-        for first in tqdm(starts, desc="convergence", unit="batch", disable=not args.progress):
+        for first in tqdm(starts, desc="convergence", unit="batch", disable=None if args.progress else True):
             n = min(args.batch_size, args.num_samples - first)
             noise = sampling.PhiloxNoise(args.seed, first_row=first)
             recorder.start_run(n)  # option B: every sample runs (and is recorded) every step

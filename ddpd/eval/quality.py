@@ -140,7 +140,7 @@ def run_sweep(samplers: Sequence[SamplerSpec], *, steps: Sequence[int], temperat
         if on_row is not None:
             on_row(rows)
     configs = [(spec, s, t) for spec in samplers for s in steps for t in temperatures]
-    for spec, s, t in tqdm(configs, desc="sweep", unit="config", disable=not progress):
+    for spec, s, t in tqdm(configs, desc="sweep", unit="config", disable=None if progress else True):
         start = time.perf_counter()
         tokens, mean_steps, nfe = _sample(spec, num_samples, s, t, seed, batch_size)
         seconds = time.perf_counter() - start
