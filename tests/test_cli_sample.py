@@ -384,3 +384,12 @@ def test_non_finite_weights_are_refused(tmp_path, capsys):
     save_checkpoint(str(tmp_path / "m"), model, config)
     code, _, err = run_cli(capsys, "--checkpoint", str(tmp_path / "m"), "--sampler", "maskgit")
     assert code == 1 and err.count("\n") == 1 and "NaN or infinite weights in head.bias" in err
+
+
+def test_models_that_do_not_belong_together_are_named(ckpts, tmp_path, capsys):
+    model, config = _model("uniform-denoiser", 2)
+    save_checkpoint(str(tmp_path / "cosine"), model, {**config, "schedule": "cosine"})
+    code, _, err = run_cli(capsys, "--planner", ckpts["planner"], "--denoiser", str(tmp_path / "cosine"))
+    assert code == 2 and err.count("\n") == 1
+    assert f"--denoiser {tmp_path / 'cosine'} has schedule 'cosine', but --planner {ckpts['planner']} has " \
+           "'linear'" in err, err

@@ -205,20 +205,19 @@ def load_role(role: str, path: str, kinds: Sequence[str], device: torch.device):
     return model, config
 
 
-def shared_facts(entries: Sequence[Tuple[str, dict]], *, judge_kinds: Sequence[str] = ("ar",)) -> Dict[str, object]:
+def shared_facts(entries: Sequence[Tuple[str, dict]]) -> Dict[str, object]:
     """What a set of checkpoints (name, config) used together must share: the vocabulary,
-    the tokenizer and (diffusion models only) the schedule; UsageError naming the two
-    that differ. Returns {"vocab_size", "tokenizer", "schedule", "seq_len"} (the
-    shortest sequence length of the diffusion models)."""
+    the tokenizer and (diffusion models; not the AR judge) the schedule; UsageError
+    naming the two that differ. Returns {"vocab_size", "tokenizer", "schedule",
+    "seq_len"} (seq_len: the shortest training length of the diffusion models)."""
     facts: Dict[str, object] = {}
     owners: Dict[str, str] = {}
     lengths = []
     for name, config in entries:
         values = {"vocab_size": vocabulary(config), "tokenizer": config.get("tokenizer")}
-        if config["kind"] not in judge_kinds:
+        if config["kind"] != "ar":
             values["schedule"] = config.get("schedule", "linear")
-            lengths.append(int(config.get("training", {}).get("seq_len", config["model"]["max_seq_len"]))
-                           if config["kind"] != "ar" else int(config["model"]["max_seq_len"]))
+            lengths.append(int(config.get("training", {}).get("seq_len", config["model"]["max_seq_len"])))
         for key, value in values.items():
             if key in facts and facts[key] != value:
                 raise UsageError(f"{name} has {key} {value!r}, but {owners[key]} has {facts[key]!r}: "
