@@ -1,6 +1,4 @@
 """Tokenizers, corpus loading, the 90/5/5 split and the batch samplers."""
-import os
-
 import pytest
 import torch
 from scipy.stats import chisquare

@@ -24,7 +24,7 @@ import os
 import sys
 from typing import List, Optional
 
-from ddpd.cli.common import OneLineParser, UsageError, add_runtime_arguments, apply_threads, run_tool
+from ddpd.cli.common import OneLineParser, add_runtime_arguments, apply_threads, run_tool
 from ddpd.training.trainer import KINDS, TOKENIZERS
 
 
