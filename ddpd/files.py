@@ -58,6 +58,8 @@ def _check_destination(path) -> str:
     path = os.path.abspath(os.fspath(path))
     if os.path.isdir(path):
         raise OutputError(path, IsADirectoryError(errno.EISDIR, "it is a directory"))
+    if os.path.exists(path) and not os.path.isfile(path):  # a device, FIFO or socket: renaming would replace it
+        raise OutputError(path, OSError(errno.EINVAL, "it is not a regular file"))
     parent = os.path.dirname(path)
     if not os.path.isdir(parent):
         raise OutputError(path, FileNotFoundError(errno.ENOENT, f"directory {parent} does not exist"))

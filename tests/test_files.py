@@ -65,14 +65,22 @@ def test_streamed_file_is_flushed_as_it_goes_and_published_at_the_end(tmp_path):
     assert target.read_text() == "one\n" and _entries(tmp_path) == ["s.jsonl"]
 
 
+def _fifo(tmp):
+    os.mkfifo(tmp / "fifo")
+    return tmp / "fifo"
+
+
 @pytest.mark.parametrize("make, message", [
     (lambda tmp: tmp / "missing" / "s.jsonl", "does not exist"),
     (lambda tmp: tmp, "it is a directory"),
+    (_fifo, "it is not a regular file"),
 ])
 def test_unwritable_destinations_fail_at_once(tmp_path, make, message):
+    path = make(tmp_path)
+    before = _entries(tmp_path)
     with pytest.raises(files.OutputError, match=message):
-        files.StreamedFile(make(tmp_path))
-    assert _entries(tmp_path) == []
+        files.StreamedFile(path)
+    assert _entries(tmp_path) == before
 
 
 def _dead_pid():
