@@ -345,7 +345,10 @@ class OutputLock:
         self._fd = None
 
     def __del__(self) -> None:  # an abandoned holder releases its lock
-        self.release()
+        try:
+            self.release()
+        except Exception:  # at interpreter exit; the OS releases the lock with the process
+            pass
 
     def __enter__(self) -> "OutputLock":
         return self.acquire()
