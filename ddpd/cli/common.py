@@ -12,9 +12,9 @@ device and thread policy, signals, error reporting, and loading checkpoints by r
 - Threads (`--threads N`): torch's intra-op thread count, which the C++ kernels of
   ddpd._C share (they run in at::parallel_for, torch's own pool). Default: the value
   of OMP_NUM_THREADS when it is set, else 1. One thread keeps the CPU path steady on
-  a machine other work is using (two threads measured 585 s against 85 s for one on a
-  loaded 2-core machine) and is near the best for the small models of this package;
-  on an idle machine with larger models give more.
+  a machine other work is using: on a 2-core machine the default quickstart took
+  104-195 s with one thread, quiet or busy, and 177-618 s with two, whose threads
+  wait on each other when the cores are shared.
 """
 from __future__ import annotations
 
