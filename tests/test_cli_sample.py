@@ -182,3 +182,214 @@ def test_progress_bar_ticks_once_per_denoiser_pass(ckpts, monkeypatch, capsys, f
     assert main(argv + ["--no-progress", *fused]) == 0
     assert bars.pop().disabled_by_cli
     capsys.readouterr()
+
+
+# ---------------------------------------------------------------- output, signals and faults
+
+
+import errno  # noqa: E402
+import queue  # noqa: E402
+import signal  # noqa: E402
+import threading  # noqa: E402
+import tracemalloc  # noqa: E402
+
+from ddpd import files  # noqa: E402
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def test_out_is_streamed_batch_by_batch(ckpts, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "s.jsonl"
+    on_disk = []
+    write = files.StreamedFile.write
+
+    def recording(self, text):
+        write(self, text)
+        on_disk.append(len(open(self.temp).read().splitlines()))  # flushed, readable by anyone
+
+    monkeypatch.setattr(files.StreamedFile, "write", recording)
+    code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--num-samples", "5", "--batch-size", "2",
+                           "--steps", "3", "--out", str(out), "--quiet")
+    assert code == 0, err
+    assert on_disk == [2, 4, 5] and [r["index"] for r in read_jsonl(out)] == list(range(5))
+    assert sorted(os.listdir(tmp_path)) == ["s.jsonl"]
+
+
+def test_memory_does_not_grow_with_the_number_of_samples(ckpts, tmp_path, capsys):
+    """The records of finished batches are written and dropped: 20x more samples may
+    not raise the Python heap's peak by more than a few batches' worth (keeping them
+    all would add about 1 MB here)."""
+    peaks = []
+    for n in ("40", "800"):
+        tracemalloc.start()
+        code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--num-samples", n, "--batch-size", "20",
+                               "--steps", "1", "--out", str(tmp_path / f"{n}.jsonl"), "--quiet", "--option", "A+B")
+        peaks.append(tracemalloc.get_traced_memory()[1])
+        tracemalloc.stop()
+        assert code == 0, err
+    assert len(read_jsonl(tmp_path / "800.jsonl")) == 800
+    assert peaks[1] - peaks[0] < 200_000, peaks
+
+
+def _sample_process(ckpts, out, *extra, stdout=subprocess.PIPE):
+    command = [sys.executable, "-m", "ddpd.cli.sample", "--checkpoint", ckpts["bundle"], "--steps", "8",
+               "--batch-size", "5", "--out", str(out), *extra]
+    return subprocess.Popen(command, stdout=stdout, stderr=subprocess.PIPE, text=True, env=ENV)
+
+
+def test_a_closed_stdout_does_not_stop_the_file(ckpts, tmp_path):
+    """`ddpd-sample --out s.jsonl | head -1`: the reader goes away after one line."""
+    out = tmp_path / "s.jsonl"
+    proc = _sample_process(ckpts, out, "--num-samples", "60")
+    assert len(proc.stdout.readline().strip()) == D
+    proc.stdout.close()  # what head does after its line
+    err = proc.stderr.read()
+    proc.wait(timeout=600)
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err and "Broken pipe" not in err, err
+    assert [r["index"] for r in read_jsonl(out)] == list(range(60))
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+def test_signals_keep_the_finished_samples(ckpts, tmp_path, sig):
+    out = tmp_path / "s.jsonl"
+    proc = _sample_process(ckpts, out, "--num-samples", "1000000")
+    lines = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
+    lines.get(timeout=600)  # a first batch is done
+    proc.send_signal(sig)
+    proc.wait(timeout=600)
+    err = proc.stderr.read()
+    assert proc.returncode == 128 + sig, err
+    assert len(err.strip().splitlines()) == 1, err
+    name = signal.Signals(sig).name
+    assert f"ddpd-sample: interrupted by {name}; wrote the " in err and str(out) in err, err
+    kept = int(err.split("wrote the ")[1].split()[0])
+    records = read_jsonl(out)
+    assert len(records) == kept >= 5 and kept % 5 == 0
+    assert [r["index"] for r in records] == list(range(kept))
+    assert os.listdir(tmp_path) == ["s.jsonl"]  # no temporary left
+
+
+def test_out_is_checked_before_any_work(ckpts, tmp_path, capsys, monkeypatch):
+    def never(*args):
+        raise AssertionError("models loaded before --out was checked")
+
+    monkeypatch.setattr("ddpd.cli.sample.load_models", never)
+    code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--out", str(tmp_path / "no" / "s.jsonl"))
+    assert code == 1 and err.count("\n") == 1 and f"cannot write {tmp_path / 'no' / 's.jsonl'}" in err
+    assert "does not exist" in err
+    code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--out", str(tmp_path))
+    assert code == 1 and err.count("\n") == 1 and "it is a directory" in err
+    assert os.listdir(tmp_path) == []  # no stray temporary
+
+    def denied(*args, **kwargs):
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(files.tempfile, "mkstemp", denied)
+    code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--out", str(tmp_path / "s.jsonl"))
+    assert err == f"ddpd-sample: error: cannot write {tmp_path / 's.jsonl'}: Permission denied\n" and code == 1
+
+
+def test_a_full_disk_keeps_the_previous_output(ckpts, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "s.jsonl"
+    out.write_text('{"index": 0}\n')
+
+    def full(self, text):
+        raise files.OutputError(self.path, OSError(errno.ENOSPC, "No space left on device"))
+
+    monkeypatch.setattr(files.StreamedFile, "write", full)
+    code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--out", str(out), "--quiet")
+    assert code == 1 and err == f"ddpd-sample: error: cannot write {out}: No space left on device\n"
+    assert out.read_text() == '{"index": 0}\n' and os.listdir(tmp_path) == ["s.jsonl"]
+
+
+def test_too_few_steps_are_warned_about(ckpts, capsys):
+    code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--steps", "3", "--num-samples", "1")
+    assert code == 0 and "warning: --steps 3 can denoise at most 3 of the 8 positions" in err
+    code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--steps", "3", "--k", "3",
+                           "--parallel-steps", "3", "--num-samples", "1")
+    assert code == 0 and "warning" not in err
+    code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--steps", "3", "--sampler", "tau-leaping",
+                           "--num-samples", "1")
+    assert code == 0 and "warning" not in err
+
+
+@pytest.mark.parametrize("argv", [["--temperature", "0"], ["--temperature", "inf"], ["--temperature", "nan"],
+                                  ["--temperature-end", "-1"], ["--threads", "0"]])
+def test_temperatures_and_threads_must_be_sensible(ckpts, capsys, argv):
+    code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], *argv)
+    assert code == 2 and err.count("\n") == 1 and argv[0] in err, err
+
+
+def test_thread_policy(ckpts, capsys, monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    torch.set_num_threads(2)
+    code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--num-samples", "1", "--quiet")
+    assert code == 0 and torch.get_num_threads() == 1 and "1 CPU thread)" in err
+    code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--num-samples", "1", "--quiet",
+                           "--threads", "2")
+    assert code == 0 and torch.get_num_threads() == 2 and "2 CPU threads)" in err
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # honoured as it is: not overridden
+    code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--num-samples", "1", "--quiet")
+    assert code == 0 and torch.get_num_threads() == 2
+    torch.set_num_threads(1)
+
+
+def test_building_the_extension_is_not_counted_as_sampling(ckpts, capsys, monkeypatch):
+    from ddpd.ops import _ext
+
+    clock = [0.0]
+    load = _ext.load
+
+    def slow_build():
+        if clock[0] == 0.0:
+            clock[0] += 1000.0  # the first call compiles
+        return load()
+
+    monkeypatch.setattr(_ext, "load", slow_build)
+    monkeypatch.setattr("ddpd.cli.sample.time.perf_counter", lambda: clock[0])
+    code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--num-samples", "2", "--fused", "--quiet")
+    assert code == 0 and clock[0] == 1000.0 and " in 0.00 s " in err, err
+
+
+def test_an_extension_that_cannot_be_built_is_one_line(ckpts, capsys, monkeypatch):
+    from ddpd.ops import _ext
+
+    def broken():
+        raise RuntimeError("ddpd: the C++ extension is unavailable (ddpd._C was not built) and compiling it in "
+                           "/x failed: Ninja is required to load C++ extensions\n" + "compiler output\n" * 70)
+
+    monkeypatch.setattr(_ext, "load", broken)
+    code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--fused")
+    assert code == 1 and err.count("\n") == 1 and "Ninja is required" in err
+
+
+def test_out_of_memory_is_one_line(ckpts, capsys, monkeypatch):
+    def allocate(args, models):
+        def sample(n, noise):
+            raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate "
+                               "memory: you tried to allocate 800000000000 bytes.")
+        return sample
+
+    monkeypatch.setattr("ddpd.cli.sample.make_sampler", allocate)
+    code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--batch-size", "100000000")
+    assert code == 1 and err.count("\n") == 1 and "out of memory" in err and "--batch-size" in err
+
+
+def test_non_finite_weights_are_refused(tmp_path, capsys):
+    model, config = _model("mask-denoiser", 0)
+    with torch.no_grad():
+        model.head.bias.fill_(float("inf"))
+    save_checkpoint(str(tmp_path / "m"), model, config)
+    code, _, err = run_cli(capsys, "--checkpoint", str(tmp_path / "m"), "--sampler", "maskgit")
+    assert code == 1 and err.count("\n") == 1 and "NaN or infinite weights in head.bias" in err
+
+
+def test_models_that_do_not_belong_together_are_named(ckpts, tmp_path, capsys):
+    model, config = _model("uniform-denoiser", 2)
+    save_checkpoint(str(tmp_path / "cosine"), model, {**config, "schedule": "cosine"})
+    code, _, err = run_cli(capsys, "--planner", ckpts["planner"], "--denoiser", str(tmp_path / "cosine"))
+    assert code == 2 and err.count("\n") == 1
+    assert f"--denoiser {tmp_path / 'cosine'} has schedule 'cosine', but --planner {ckpts['planner']} has " \
+           "'linear'" in err, err

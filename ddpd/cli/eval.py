@@ -1,16 +1,21 @@
 """ddpd-eval: likelihood bounds, sample quality and convergence of ddpd models.
 
     ddpd-eval elbo --planner runs/planner --denoiser runs/mask runs/unid --uniform runs/uniform \\
-        --data ../shared/data/text8-mini/wiki.txt --num-sequences 256 --mc-samples 4 --out elbo.json
+        --data books --num-sequences 256 --mc-samples 4 --out elbo.json
     ddpd-eval quality --planner runs/planner --denoiser runs/mask --judge runs/ar \\
-        --data ../shared/data/text8-mini/wiki.txt --steps 64 128 256 512 --temperatures 0.8 0.9 1.0 --out-dir q/
+        --data books --steps 64 128 256 512 --temperatures 0.8 0.9 1.0 --out-dir q/
     ddpd-eval convergence --planner runs/planner --denoiser runs/mask --steps 512 --out-dir conv/
     ddpd-eval merge q1/sweep.csv q2/sweep.csv --out-dir q/   # a sweep run in parts (--samplers)
     ddpd-eval training runs/planner runs/mask runs/ar --out-dir docs/   # what the training runs cost and reached
     ddpd-eval compare q/sweep.csv --baselines dfm-eta0 dfm-eta15   # NLL differences at matched entropy
 
 Checkpoints are directories written by ddpd-train (their kind is read from config.json);
---denoiser takes mask and/or uniform denoisers. Every result is reproducible from --seed.
+--denoiser takes mask and/or uniform denoisers. --data is held-out text as ddpd-train
+reads it: a file, books (shipped with ddpd), text8 or hf:NAME[:CONFIG]; use the corpus
+the models were trained on, whose --split test they never saw. Every result is
+reproducible from --seed. Every report is written atomically (a temporary file renamed
+over the old one), so an interruption or a full disk never leaves a half-written
+report; SIGINT, SIGTERM and SIGHUP stop with one line.
 """
 from __future__ import annotations
 
@@ -23,15 +28,11 @@ from typing import Dict, List, Optional
 import torch
 from tqdm.auto import tqdm
 
+from ddpd.cli.common import OneLineParser, UsageError, add_runtime_arguments, apply_threads, load_role, \
+    resolve_device, run_tool, shared_facts
+
 SAMPLER_HELP = ("ddpd-{A,AB,ABC}-{mask,uniform,uniform-model}, tau-planned-{mask,uniform}, dfm-eta<eta>, "
                 "dfm-uni, maskgit (default: every one the checkpoints allow)")
-
-
-class _OneLineParser(argparse.ArgumentParser):
-    """Argument errors as a single line on stderr (exit status 2), no usage dump."""
-
-    def error(self, message: str) -> None:
-        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def _common(p: argparse.ArgumentParser, *, data_required: bool) -> None:
@@ -39,18 +40,20 @@ def _common(p: argparse.ArgumentParser, *, data_required: bool) -> None:
     p.add_argument("--denoiser", nargs="+", default=[], metavar="DIR",
                    help="mask-denoiser and/or uniform-denoiser checkpoint directories")
     p.add_argument("--uniform", help="single uniform-diffusion model checkpoint directory")
-    p.add_argument("--data", required=data_required, help="held-out text: a file (text8 format for text8 models)")
+    p.add_argument("--data", required=data_required,
+                   help="held-out text: a file (text8 format for text8 models), books, text8 or hf:NAME")
     p.add_argument("--split", default="test", choices=("train", "validation", "test"),
                    help="which 90/5/5 split of --data to use (default test)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--device", default="auto", help="auto (default), cpu, cuda or cuda:N")
-    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
+    add_runtime_arguments(p)
+    p.add_argument("--no-progress", dest="progress", action="store_false",
+                   help="no progress bars (shown on a terminal only)")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _OneLineParser(prog="ddpd-eval", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_OneLineParser)
+    parser = OneLineParser(prog="ddpd-eval", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
 
     p = sub.add_parser("elbo", help="ELBO terms and denoising performance on held-out text (bits per token)")
     _common(p, data_required=True)
@@ -130,55 +133,26 @@ ROLES = {"planner": ("planner",), "uniform": ("uniform",), "judge": ("ar",),
          "denoiser": ("mask-denoiser", "uniform-denoiser")}
 
 
-def _device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise ValueError(f"--device: expected auto, cpu, cuda or cuda:N, got {name!r}") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {name}: CUDA is not available on this machine")
-    return device
-
-
 def load_models(args: argparse.Namespace) -> Loaded:
     """Load every checkpoint given, check kinds and that they agree on the vocabulary,
     tokenizer and schedule."""
-    from ddpd.checkpoint import load_model
-
-    loaded = Loaded(device=_device(args.device))
+    loaded = Loaded(device=resolve_device(args.device))
     given = [("planner", args.planner), ("uniform", args.uniform), ("judge", getattr(args, "judge", None))]
     given += [("denoiser", d) for d in args.denoiser]
+    configs = []
     for role, path in given:
         if path is None:
             continue
-        model, config = load_model(path, str(loaded.device))
-        kind = config["kind"]
-        if kind not in ROLES[role]:
-            raise ValueError(f"--{role} {path}: expected a checkpoint of kind {' or '.join(ROLES[role])}, got {kind}")
-        key = kind if role == "denoiser" else role
+        model, config = load_role(role, path, ROLES[role], loaded.device)
+        key = config["kind"] if role == "denoiser" else role
         if key in loaded.models:
-            raise ValueError(f"--{role} {path}: a {kind} checkpoint was already given")
-        _agree(loaded, path, model, config)
+            raise UsageError(f"--{role} {path}: a {config['kind']} checkpoint was already given")
+        configs.append((f"--{role} {path}", config))
         loaded.models[key] = model
-    diffusion = [k for k in loaded.models if k != "judge"]
-    if not diffusion:
-        raise ValueError("no model to evaluate: give --planner with --denoiser, and/or --uniform")
+    if not [k for k in loaded.models if k != "judge"]:
+        raise UsageError("no model to evaluate: give --planner with --denoiser, and/or --uniform")
+    loaded.shared = shared_facts(configs)
     return loaded
-
-
-def _agree(loaded: Loaded, path: str, model, config: dict) -> None:
-    kind = config["kind"]
-    shared = {"vocab_size": model.config.vocab_size if kind == "planner" else model.config.out_dim,
-              "tokenizer": config.get("tokenizer")}
-    if kind != "ar":
-        shared["schedule"] = config.get("schedule", "linear")
-        shared["seq_len"] = int(config.get("training", {}).get("seq_len", model.config.max_seq_len))
-    for name, value in shared.items():
-        if name in loaded.shared and loaded.shared[name] != value:
-            raise ValueError(f"{path}: {name} {value!r} differs from the other checkpoints' {loaded.shared[name]!r}")
-        loaded.shared[name] = value
 
 
 def _model_set(loaded: Loaded):
@@ -191,10 +165,12 @@ def _model_set(loaded: Loaded):
 
 def _heldout(args: argparse.Namespace, loaded: Loaded, num: Optional[int]) -> torch.Tensor:
     from ddpd.eval import heldout_sequences
-    from ddpd.training.data import tokenizer_from_config
+    from ddpd.training.data import resolve_source, tokenizer_from_config
 
-    if not os.path.isfile(args.data):
-        raise FileNotFoundError(f"--data: no such file: {args.data}")
+    try:
+        resolve_source(args.data)
+    except FileNotFoundError as err:
+        raise FileNotFoundError(f"--data: {err}") from None
     if loaded.tokenizer is None:
         raise ValueError("the checkpoints do not record their tokenizer; cannot encode --data")
     tokenizer = tokenizer_from_config(loaded.tokenizer)
@@ -372,7 +348,7 @@ def run_convergence(args: argparse.Namespace) -> None:
     stops = []
     starts = range(0, args.num_samples, args.batch_size)
     with torch.no_grad():
-        for first in tqdm(starts, desc="convergence", unit="batch", disable=not args.progress):
+        for first in tqdm(starts, desc="convergence", unit="batch", disable=None if args.progress else True):
             n = min(args.batch_size, args.num_samples - first)
             noise = sampling.PhiloxNoise(args.seed, first_row=first)
             recorder.start_run(n)  # option B: every sample runs (and is recorded) every step
@@ -395,15 +371,14 @@ COMMANDS = {"elbo": run_elbo, "quality": run_quality, "merge": run_merge, "compa
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
+
+    def body() -> int:
+        if hasattr(args, "threads"):
+            apply_threads(args.threads)
         COMMANDS[args.command](args)
-    except KeyboardInterrupt:
-        print("ddpd-eval: interrupted", file=sys.stderr)
-        return 130
-    except (ValueError, TypeError, OSError) as err:  # CheckpointError is a ValueError
-        print(f"ddpd-eval: error: {err}", file=sys.stderr)
-        return 1
-    return 0
+        return 0
+
+    return run_tool("ddpd-eval", body)
 
 
 if __name__ == "__main__":

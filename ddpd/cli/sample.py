@@ -25,8 +25,18 @@ from the same seed, with the per-step work in the ddpd.ops kernels, the denoiser
 output head applied at the denoised positions only, and rows that stop early
 leaving the batch at a stop check every --sync-every steps (the only host
 synchronisation). Not available for ddpd with one uniform model or --clock exact.
-The summary line on stderr gives samples/s, forward passes, row-evaluations run
-(sequences through each model) and those early stopping saved.
+The summary line on stderr gives samples/s (sampling only: loading the models and
+the C++ extension is not counted), forward passes, and row-evaluations: how many
+sequences went through each model in all (a forward pass over a batch of B rows
+counts B), and how many early stopping saved (rows that had stopped and left the
+batch; the non-fused path saves none).
+
+--out streams: every finished batch is appended to a temporary file beside FILE and
+flushed, and the file is renamed to FILE at the end, so FILE is never half written and
+memory stays bounded for any --num-samples. Interrupted (Ctrl-C, SIGTERM, SIGHUP),
+the samples finished so far are published to FILE and the one-line message says how
+many; a reader of stdout that went away (`| head`) does not stop the file. --threads
+sets the CPU threads (default $OMP_NUM_THREADS if set, else 1: see ddpd.cli.common).
 """
 from __future__ import annotations
 
@@ -42,6 +52,9 @@ from typing import List, Optional
 
 import torch
 
+from ddpd.cli.common import (OneLineParser, Stdout, UsageError, add_runtime_arguments, apply_threads, check_finite,
+                             load_role, resolve_device, run_tool, shared_facts)
+
 SAMPLERS = ("ddpd", "tau-leaping", "maskgit")
 NUM_SAMPLES, NUM_SAMPLES_BUNDLED = 8, 4
 # With the bundled model, a step budget of twice the length: option A then stops on
@@ -49,19 +62,8 @@ NUM_SAMPLES, NUM_SAMPLES_BUNDLED = 8, 4
 BUNDLED_STEPS_PER_TOKEN = 2
 
 
-class _OneLineParser(argparse.ArgumentParser):
-    """Argument errors as a single line on stderr (exit status 2), no usage dump."""
-
-    def error(self, message: str) -> None:
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-class UsageError(Exception):
-    """A problem with the command line or the models given: reported in one line, exit 2."""
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = _OneLineParser(prog="ddpd-sample", description=__doc__.split("\n\n")[0])
+    p = OneLineParser(prog="ddpd-sample", description=__doc__.split("\n\n")[0])
     models = p.add_argument_group("models (default: the bundled text8 planner + mask denoiser, ddpd.pretrained)")
     models.add_argument("--checkpoint", help="a bundle (planner/ + denoiser/) or a single checkpoint directory")
     models.add_argument("--planner", help="planner checkpoint directory")
@@ -77,8 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=1.0, help="denoiser logit temperature")
     p.add_argument("--temperature-end", dest="temperature_end", type=float,
                    help="anneal the temperature linearly to this value over the steps")
-    p.add_argument("--out", help="write the samples to this JSONL file")
-    p.add_argument("--device", default="auto", help="auto (default), cpu, cuda or cuda:N")
+    p.add_argument("--out", help="write the samples to this JSONL file (streamed, published atomically)")
+    add_runtime_arguments(p)
     p.add_argument("--quiet", action="store_true", help="do not print the samples")
     p.add_argument("--no-progress", dest="progress", action="store_false",
                    help="no progress bar (shown on a terminal: one tick per denoiser pass)")
@@ -115,43 +117,19 @@ def parse_option(option: str) -> dict:
     return {"stop": "budget" if "B" in letters else "eps", "selection": "softmax" if "C" in letters else "sigmoid"}
 
 
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise UsageError(f"--device must be auto, cpu, cuda or cuda:N, got {name!r}") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UsageError(f"--device {name}: CUDA is not available on this machine")
-    if device.type not in ("cpu", "cuda"):
-        raise UsageError(f"--device must be auto, cpu, cuda or cuda:N, got {name!r}")
-    return device
-
-
 class Models:
     """The loaded networks by role, their configs, and what they imply (V, D, schedule, tokenizer)."""
 
-    def __init__(self, planner, denoiser, planner_config: Optional[dict], denoiser_config: Optional[dict]):
+    def __init__(self, planner, denoiser, planner_config: Optional[dict], denoiser_config: Optional[dict],
+                 names=("the planner", "the denoiser")):
         self.planner, self.denoiser = planner, denoiser
         self.planner_config, self.denoiser_config = planner_config, denoiser_config
         self.config = denoiser_config or planner_config
         self.bundled = False  # the default bundle of ddpd.pretrained, not models the user named
         self.kind = denoiser_config["kind"] if denoiser_config else None
-        self.vocab_size = int(self.config["model"]["out_dim"]) if denoiser_config else \
-            int(planner_config["model"]["vocab_size"])
-        self.max_length = min(int(c["model"]["max_seq_len"]) for c in (planner_config, denoiser_config) if c)
-        if planner_config and denoiser_config:
-            self._check_pair()
-
-    def _check_pair(self) -> None:
-        v = int(self.planner_config["model"]["vocab_size"])
-        if v != self.vocab_size:
-            raise UsageError(f"the planner reads {v} symbols but the denoiser predicts {self.vocab_size}")
-        if self.planner_config.get("tokenizer") != self.denoiser_config.get("tokenizer"):
-            raise UsageError("the planner and the denoiser were trained with different tokenizers")
-        if self.planner_config.get("schedule", "linear") != self.denoiser_config.get("schedule", "linear"):
-            raise UsageError("the planner and the denoiser were trained with different schedules")
+        configs = [(name, c) for name, c in zip(names, (planner_config, denoiser_config)) if c]
+        self.vocab_size = int(shared_facts(configs)["vocab_size"])  # also checks that the two agree
+        self.max_length = min(int(c["model"]["max_seq_len"]) for _, c in configs)
 
     def tokenizer(self):
         from ddpd.training.data import tokenizer_from_config
@@ -161,7 +139,7 @@ class Models:
 
 
 def load_models(args, device: torch.device) -> Models:
-    from ddpd.checkpoint import load_bundle, load_model
+    from ddpd.checkpoint import DENOISER_KINDS, load_bundle, load_model
 
     if args.checkpoint and (args.planner or args.denoiser):
         raise UsageError("give either --checkpoint or --planner/--denoiser, not both")
@@ -169,22 +147,21 @@ def load_models(args, device: torch.device) -> Models:
         if os.path.isdir(os.path.join(args.checkpoint, "planner")) or \
                 os.path.isdir(os.path.join(args.checkpoint, "denoiser")):
             planner, denoiser, configs = load_bundle(args.checkpoint, device=str(device))
-            return Models(planner, denoiser, configs["planner"], configs["denoiser"])
+            return Models(planner, denoiser, configs["planner"], configs["denoiser"],
+                          (f"{args.checkpoint}/planner", f"{args.checkpoint}/denoiser"))
         model, config = load_model(args.checkpoint, device=str(device))
         if config["kind"] == "planner":
             raise UsageError(f"{args.checkpoint} holds a planner only: give a denoiser too (--planner/--denoiser)")
-        return Models(None, model, None, config)
+        return Models(None, model, None, config, (None, args.checkpoint))
     if not args.planner and not args.denoiser:
         return _load_default_bundle(device)
     if not args.denoiser:
         raise UsageError("--planner needs a --denoiser")
-    denoiser, denoiser_config = load_model(args.denoiser, device=str(device))
-    planner, planner_config = (None, None)
-    if args.planner:
-        planner, planner_config = load_model(args.planner, device=str(device))
-        if planner_config["kind"] != "planner":
-            raise UsageError(f"--planner {args.planner} holds a {planner_config['kind']!r} model, not a planner")
-    return Models(planner, denoiser, planner_config, denoiser_config)
+    denoiser, denoiser_config = load_role("denoiser", args.denoiser, DENOISER_KINDS, device)
+    planner, planner_config = load_role("planner", args.planner, ("planner",), device) if args.planner \
+        else (None, None)
+    return Models(planner, denoiser, planner_config, denoiser_config,
+                  (f"--planner {args.planner}", f"--denoiser {args.denoiser}"))
 
 
 def _load_default_bundle(device: torch.device) -> Models:
@@ -260,63 +237,121 @@ def check_args(args) -> None:
         raise UsageError(f"--num-samples must be >= 1, got {args.num_samples}")
     if args.batch_size < 1:
         raise UsageError(f"--batch-size must be >= 1, got {args.batch_size}")
+    if args.steps is not None and args.steps < 1:
+        raise UsageError(f"--steps must be >= 1, got {args.steps}")
     if not 0 <= args.seed < 2**63:
         raise UsageError(f"--seed must be in [0, 2**63), got {args.seed}")
     if args.sync_every < 1:
         raise UsageError(f"--sync-every must be >= 1, got {args.sync_every}")
+    check_finite("--temperature", args.temperature)
+    check_finite("--temperature-end", args.temperature_end)
 
 
-def run(args) -> int:
-    from ddpd.sampling import PhiloxNoise
+def warn_if_too_few_steps(args) -> None:
+    """The Gillespie sampler denoises one position per step after its parallel stage:
+    a budget that cannot reach every position leaves samples mostly noise."""
+    if args.sampler != "ddpd" or args.clock != "planner":
+        return
+    parallel = min(args.parallel_steps, args.steps)
+    reachable = parallel * args.k + (args.steps - parallel)
+    if reachable < args.length:
+        print(f"ddpd-sample: warning: --steps {args.steps} can denoise at most {reachable} of the {args.length} "
+              f"positions (one per step after --parallel-steps): the samples will be partly noise; give --steps "
+              f">= {args.length}, or --k and --parallel-steps", file=sys.stderr)
 
+
+def run(args, stdout: Optional[Stdout] = None) -> int:
+    from ddpd.files import StreamedFile
+
+    stdout = stdout or Stdout()
     check_args(args)
+    threads = apply_threads(args.threads)
     args.device_obj = resolve_device(args.device)
-    models = load_models(args, args.device_obj)
-    if args.length is None:
-        args.length = models.max_length
-    if not 1 <= args.length <= models.max_length:
-        raise UsageError(f"--length must be in [1, {models.max_length}] (the models' max_seq_len), got {args.length}")
-    if args.steps is None:
-        args.steps = args.length * (BUNDLED_STEPS_PER_TOKEN if models.bundled else 1)
-    if args.num_samples is None:
-        args.num_samples = NUM_SAMPLES_BUNDLED if models.bundled else NUM_SAMPLES
-    tokenizer = models.tokenizer()
-    if tokenizer is not None and tokenizer.vocab_size != models.vocab_size:
-        raise UsageError(f"the tokenizer has {tokenizer.vocab_size} symbols but the models {models.vocab_size}")
-    sample = make_sampler(args, models)
-
-    records = []
-    calls = dict.fromkeys(("planner_calls", "denoiser_calls", "planner_rows", "denoiser_rows", "planner_rows_saved",
-                           "denoiser_rows_saved"), 0)
-    if args.fused:
-        # The first call of any torch.library custom op imports torch._dynamo (about
-        # 2 s, once per process); like model loading, keep it out of samples/s.
-        importlib.import_module("torch._dynamo")
-    start = time.perf_counter()
-    with torch.inference_mode(), _progress(args, models) as advance:
-        for batch, first in enumerate(range(0, args.num_samples, args.batch_size)):
-            n = min(args.batch_size, args.num_samples - first)
-            result = sample(n, PhiloxNoise(args.seed, first_row=first))
-            advance((batch + 1) * args.steps)  # a batch that stopped early ends its share of the bar
-            for key in calls:
-                calls[key] += getattr(result, key)
-            for row in range(n):
-                tokens = result.tokens[row].tolist()
-                records.append({"index": first + row, "text": tokenizer.decode(tokens) if tokenizer else None,
-                                "tokens": tokens, "steps": result.steps, "stop_step": int(result.stop_step[row])})
-    elapsed = time.perf_counter() - start
-
-    if not args.quiet:
-        for r in records:
-            print(r["text"] if r["text"] is not None else " ".join(map(str, r["tokens"])))
-    if args.out:
-        _write_jsonl(args.out, records)
+    out = StreamedFile(args.out) if args.out else None  # an unwritable --out fails before any work
+    try:
+        models = load_models(args, args.device_obj)
+        if args.length is None:
+            args.length = models.max_length
+        if not 1 <= args.length <= models.max_length:
+            raise UsageError(f"--length must be in [1, {models.max_length}] (the models' max_seq_len), "
+                             f"got {args.length}")
+        if args.steps is None:
+            args.steps = args.length * (BUNDLED_STEPS_PER_TOKEN if models.bundled else 1)
+        if args.num_samples is None:
+            args.num_samples = NUM_SAMPLES_BUNDLED if models.bundled else NUM_SAMPLES
+        tokenizer = models.tokenizer()
+        if tokenizer is not None and tokenizer.vocab_size != models.vocab_size:
+            raise UsageError(f"the tokenizer has {tokenizer.vocab_size} symbols but the models {models.vocab_size}")
+        sample = make_sampler(args, models)
+        warn_if_too_few_steps(args)
+        _warm_up(args)
+        calls, elapsed = _sample_all(args, models, sample, tokenizer, out, stdout)
+        if out is not None:
+            out.publish()
+    finally:
+        if out is not None and not out.published:
+            out.discard()
     rate = args.num_samples / elapsed if elapsed > 0 else math.inf
     passes = ", ".join(f"{model} {calls[model + '_calls']} ({calls[model + '_rows']} row-evaluations, "
                        f"{calls[model + '_rows_saved']} saved by early stopping)" for model in ("planner", "denoiser"))
-    print(f"ddpd-sample: {args.num_samples} samples of {args.length} tokens in {elapsed:.2f} s ({rate:.2f} samples/s)"
-          f"{', fused' if args.fused else ''}; forward passes: {passes}", file=sys.stderr)
+    where = f"{threads} CPU thread{'s' if threads > 1 else ''}" if args.device_obj.type == "cpu" \
+        else str(args.device_obj)
+    print(f"ddpd-sample: {args.num_samples} samples of {args.length} tokens in {elapsed:.2f} s ({rate:.2f} samples/s, "
+          f"{where}){', fused' if args.fused else ''}; forward passes: {passes}", file=sys.stderr)
     return 0
+
+
+def _warm_up(args) -> None:
+    """Load what the first sampling call would otherwise load on the clock: the C++
+    extension (compiled on first use where the install did not build it) and
+    torch._dynamo (imported by the first call of any torch.library custom op)."""
+    if args.fused:
+        from ddpd.ops import _ext
+
+        _ext.load()
+        importlib.import_module("torch._dynamo")
+
+
+def _sample_all(args, models: Models, sample, tokenizer, out, stdout: Stdout):
+    """Sample every batch; each one's records go to `out` (flushed) and its texts to
+    stdout as soon as it is done, and are not kept. Returns (call counts, seconds).
+    Interrupted, the finished samples are published to `out` and the message says so."""
+    from ddpd.cli.common import Interrupted
+    from ddpd.sampling import PhiloxNoise
+
+    calls = dict.fromkeys(("planner_calls", "denoiser_calls", "planner_rows", "denoiser_rows", "planner_rows_saved",
+                           "denoiser_rows_saved"), 0)
+    done = 0
+    start = time.perf_counter()
+    try:
+        with torch.inference_mode(), _progress(args, models) as advance:
+            for batch, first in enumerate(range(0, args.num_samples, args.batch_size)):
+                n = min(args.batch_size, args.num_samples - first)
+                result = sample(n, PhiloxNoise(args.seed, first_row=first))
+                advance((batch + 1) * args.steps)  # a batch that stopped early ends its share of the bar
+                for key in calls:
+                    calls[key] += getattr(result, key)
+                tokens = result.tokens.tolist()
+                texts = [tokenizer.decode(row) if tokenizer else None for row in tokens]
+                if out is not None:
+                    out.write("".join(json.dumps({"index": first + row, "text": texts[row], "tokens": tokens[row],
+                                                  "steps": result.steps,
+                                                  "stop_step": int(result.stop_step[row])}) + "\n"
+                                      for row in range(n)))
+                done += n
+                if not args.quiet:
+                    for row in range(n):
+                        stdout.print(texts[row] if texts[row] is not None else " ".join(map(str, tokens[row])))
+                if stdout.closed and out is None:
+                    break  # nobody reads the samples any more
+    except Interrupted as stop:
+        if out is not None and done:
+            out.publish()
+            stop.detail = f"; wrote the {done} finished sample(s) to {args.out}"
+        elif out is not None:
+            stop.detail = f"; no sample was finished, {args.out} not written"
+        raise
+    return calls, time.perf_counter() - start
 
 
 @contextlib.contextmanager
@@ -349,30 +384,10 @@ def _progress(args, models: Models):
         bar.close()
 
 
-def _write_jsonl(path: str, records: List[dict]) -> None:
-    """Written to a temporary file then renamed: never a half-written output."""
-    directory = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(directory):
-        raise UsageError(f"--out {path}: directory {directory} does not exist")
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        for record in records:
-            f.write(json.dumps(record) + "\n")
-    os.replace(tmp, path)
-
-
 def main(argv: Optional[List[str]] = None) -> int:
-    from ddpd.checkpoint import CheckpointError
-
     args = build_parser().parse_args(argv)
-    try:
-        return run(args)
-    except (CheckpointError, OSError) as err:
-        print(f"ddpd-sample: error: {err}", file=sys.stderr)
-        return 1
-    except (UsageError, ValueError, TypeError) as err:  # the samplers' argument checks
-        print(f"ddpd-sample: error: {err}", file=sys.stderr)
-        return 2
+    stdout = Stdout()
+    return run_tool("ddpd-sample", lambda: run(args, stdout), value_error_status=2)
 
 
 if __name__ == "__main__":

@@ -2,11 +2,15 @@
 
 - `Text8Tokenizer`: the 27-symbol text8 alphabet (space, a-z), the vocabulary of the
   paper's text8 experiments (S = 27; a mask denoiser adds the mask id 27 as input).
-- `GPT2Tokenizer`: GPT-2 BPE (S = 50257) built from a local .tiktoken ranks file,
-  checked against its known sha256, never fetched from the network.
+- `GPT2Tokenizer`: GPT-2 BPE (S = 50257) built from the .tiktoken ranks file shipped
+  with the package (ddpd.assets) or another copy, checked against its known sha256,
+  never fetched from the network. Needs the `tiktoken` package (`ddpd[gpt2]`).
 - `load_text` / `encode_corpus` / `split_tokens`: a corpus is one token stream split
   by position into train / validation / test (90 / 5 / 5), so no evaluated text is
-  ever trained on.
+  ever trained on. A corpus is a local text file, `books` (shipped with the package),
+  `text8` (the full 100 M-character text8, through `datasets`) or `hf:NAME[:CONFIG]`
+  (any Hugging Face dataset with a "text" column). `fingerprint` identifies its text,
+  so a resumed run can tell that its corpus changed.
 - `RandomCrops`: training batches of `seq_len` tokens cut at uniformly random
   offsets, drawn from a `torch.Generator` whose state is saved with a checkpoint so a
   resumed run sees exactly the batches it would have seen.
@@ -14,12 +18,16 @@
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import re
-from typing import Dict, Iterable, Sequence, Tuple
+from typing import Dict, Iterable, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
+
+from ddpd.assets import BOOKS, GPT2_RANKS
+from ddpd.validation import require_extra
 
 TEXT8_ALPHABET = " abcdefghijklmnopqrstuvwxyz"
 GPT2_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
@@ -27,6 +35,12 @@ GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+
 GPT2_EOT = "<|endoftext|>"
 SPLITS = ("train", "validation", "test")
 SPLIT_FRACTIONS = (0.9, 0.05, 0.05)
+# Corpora by name. text8 on the Hugging Face hub holds the standard 90 M / 5 M / 5 M
+# split of the 100 M characters as three one-row splits: joined in order they are
+# text8 itself, and SPLIT_FRACTIONS then give back the standard split.
+HUB_TEXT8 = "afmck/text8"
+CORPUS_NAMES = {"books": "the text8-format public-domain books shipped with ddpd (198 k characters)",
+                "text8": f"the full text8 (100 M characters), downloaded with `datasets` from {HUB_TEXT8}"}
 
 _NOT_TEXT8 = re.compile(r"[^ a-z]")
 _TEXT8_TABLE = bytes.maketrans(TEXT8_ALPHABET.encode("ascii"), bytes(range(len(TEXT8_ALPHABET))))
@@ -48,6 +62,13 @@ class Text8Tokenizer:
     vocab_size = len(TEXT8_ALPHABET)
 
     def encode(self, text: str) -> list:
+        return list(self._ids(text))
+
+    def encode_tensor(self, text: str) -> Tensor:
+        """encode() as a Long tensor, without a Python list (text8 has 100 M characters)."""
+        return torch.frombuffer(bytearray(self._ids(text)), dtype=torch.uint8).long()
+
+    def _ids(self, text: str) -> bytes:
         if not isinstance(text, str):
             raise TypeError(f"Text8Tokenizer.encode: text must be str, got {type(text).__name__}")
         bad = _NOT_TEXT8.search(text)
@@ -57,7 +78,7 @@ class Text8Tokenizer:
             raise ValueError(
                 f"Text8Tokenizer.encode: text must contain only space and a-z (text8 format), got "
                 f"{char!r} (U+{ord(char):04X}) at position {bad.start()}; {count} such character(s) in total")
-        return list(text.encode("ascii").translate(_TEXT8_TABLE))
+        return text.encode("ascii").translate(_TEXT8_TABLE)
 
     def decode(self, ids: Iterable[int]) -> str:
         return "".join(TEXT8_ALPHABET[i] for i in _check_ids(ids, self.vocab_size, "Text8Tokenizer"))
@@ -70,13 +91,16 @@ class Text8Tokenizer:
 
 
 class GPT2Tokenizer:
-    """GPT-2 BPE (r50k_base) from a local .tiktoken file; '<|endoftext|>' in text is
-    encoded as ordinary text, so corpora cannot inject the special token."""
+    """GPT-2 BPE (r50k_base) from a .tiktoken ranks file: by default the one shipped
+    with ddpd (ddpd.assets.GPT2_RANKS); '<|endoftext|>' in text is encoded as ordinary
+    text, so corpora cannot inject the special token."""
 
-    def __init__(self, path: str):
-        import tiktoken
+    def __init__(self, path: Optional[str] = None):
+        tiktoken = require_extra("tiktoken", "gpt2", "the GPT-2 tokenizer")
         from tiktoken.load import load_tiktoken_bpe
 
+        if path is None:
+            path = GPT2_RANKS
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"GPT2Tokenizer: path must be a file path, got {type(path).__name__}")
         path = os.path.abspath(os.fspath(path))
@@ -101,7 +125,8 @@ class GPT2Tokenizer:
         return self._encoding.decode(_check_ids(ids, self.vocab_size, "GPT2Tokenizer"), errors="replace")
 
     def to_config(self) -> dict:
-        return {"name": "gpt2", "path": self.path, "sha256": GPT2_SHA256}
+        # No path: every valid ranks file is byte for byte the shipped one (the sha256).
+        return {"name": "gpt2", "sha256": GPT2_SHA256}
 
     def __repr__(self) -> str:
         return f"GPT2Tokenizer({self.path!r})"
@@ -115,56 +140,112 @@ def tokenizer_from_config(config: dict):
     if name == "text8":
         return Text8Tokenizer()
     if name == "gpt2":
-        if "path" not in config:
-            raise ValueError("tokenizer config for 'gpt2' must give 'path' (the .tiktoken file)")
-        return GPT2Tokenizer(config["path"])
+        # A path recorded by an older version is used where it still exists; the
+        # shipped ranks file is the same file (checked by its sha256).
+        path = config.get("path")
+        return GPT2Tokenizer(path if isinstance(path, str) and os.path.isfile(path) else None)
     raise ValueError(f"tokenizer config 'name' must be 'text8' or 'gpt2', got {name!r}")
 
 
-def load_text(source: str) -> str:
-    """The text of a corpus: a local UTF-8 text file (read whole; one final line break
-    is dropped), or `hf:NAME[:CONFIG]`, the "text" column of a Hugging Face
-    dataset's train split joined by line breaks (through `datasets`; needs a network
-    or a local datasets cache). Local files need no `datasets` and write no cache."""
+def resolve_source(source: str) -> str:
+    """The canonical form of a corpus source: `hf:NAME[:CONFIG]` as given, an existing
+    file as its absolute path, else a corpus name of CORPUS_NAMES as given. Raises
+    FileNotFoundError for anything else (naming the corpora that need no file)."""
     if not isinstance(source, (str, os.PathLike)):
-        raise TypeError(f"data source must be a path or 'hf:NAME', got {type(source).__name__}")
+        raise TypeError(f"data source must be a path, a corpus name or 'hf:NAME', got {type(source).__name__}")
     source = os.fspath(source)
     if source.startswith("hf:"):
+        return source
+    if os.path.exists(source):
+        return os.path.abspath(source)
+    if source in CORPUS_NAMES:
+        return source
+    names = "; ".join(f"{name}: {what}" for name, what in CORPUS_NAMES.items())
+    raise FileNotFoundError(f"no such file: {source} (corpora that need no file: {names}; "
+                            "or hf:NAME[:CONFIG] for a Hugging Face dataset)")
+
+
+def load_text(source: str) -> str:
+    """The text of a corpus (see resolve_source): a local UTF-8 text file (read whole;
+    one final line break is dropped), `books` (the shipped file), `text8`, or
+    `hf:NAME[:CONFIG]`, the "text" column of a Hugging Face dataset's train split joined
+    by line breaks (through `datasets`, the `ddpd[hf]` extra; needs a network or a local
+    datasets cache). Local files need no `datasets` and write no cache."""
+    source = resolve_source(source)
+    if source.startswith("hf:"):
         return _load_hub_text(source[3:])
-    if not os.path.isfile(source):
-        raise FileNotFoundError(f"data file not found: {source}")
-    with open(source, encoding="utf-8") as f:
-        text = f.read()
-    return text[:-1] if text.endswith("\n") else text
+    if source == "text8":
+        return _load_hub_text(HUB_TEXT8, splits=SPLITS, joiner="")
+    return _read_text_file(str(BOOKS) if source == "books" else source)
 
 
-def _load_hub_text(name: str) -> str:
+def _read_text_file(path: str) -> str:
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"data {path} is a directory, not a text file")
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"data file {path} is not UTF-8 text (byte 0x{raw[err.start]:02x} at offset "
+                         f"{err.start})") from None
+    text = text[:-1] if text.endswith("\n") else text
+    if not text:
+        raise ValueError(f"data file {path} is empty")
+    return text
+
+
+def fingerprint(text: str) -> dict:
+    """What identifies a corpus: its length in characters and the sha256 of its UTF-8 text."""
+    return {"chars": len(text), "sha256": hashlib.sha256(text.encode("utf-8")).hexdigest()}
+
+
+def _load_hub_text(name: str, splits: Sequence[str] = ("train",), joiner: str = "\n") -> str:
     repo, _, config = name.partition(":")
     if not repo:
         raise ValueError(f"data source 'hf:NAME[:CONFIG]' needs a dataset name, got 'hf:{name}'")
-    try:
-        rows = _load_dataset_quietly(repo, config or None, split="train")
-    except Exception as err:  # datasets raises many kinds (offline, missing, bad config)
-        raise ValueError(f"could not load Hugging Face dataset {name!r}: {err}") from None
-    if "text" not in rows.column_names:
-        raise ValueError(f"Hugging Face dataset {name!r} has no 'text' column (columns: {rows.column_names})")
-    return "\n".join(rows["text"])
+    require_extra("datasets", "hf", f"the Hugging Face dataset {repo!r}")
+    parts = []
+    for split in splits:
+        try:
+            rows = _load_dataset_quietly(repo, config or None, split=split)
+        except Exception as err:  # datasets raises many kinds (offline, missing, bad config)
+            reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise ValueError(f"could not load the Hugging Face dataset {name!r} (split {split}; downloading it "
+                             f"needs a network connection, or a datasets cache that holds it): {reason}") from None
+        if "text" not in rows.column_names:
+            raise ValueError(f"Hugging Face dataset {name!r} has no 'text' column (columns: {rows.column_names})")
+        parts.append(joiner.join(rows["text"]))
+    text = joiner.join(parts)
+    if not text:
+        raise ValueError(f"Hugging Face dataset {name!r} holds no text")
+    return text
 
 
 def _load_dataset_quietly(*args, **kwargs):
+    """datasets.load_dataset without progress bars or the hub's retry warnings (a
+    failure is reported once, in one line, by the caller)."""
+    import logging
+
     import datasets
 
     shown = datasets.is_progress_bar_enabled()
     datasets.disable_progress_bars()
+    hub_log = logging.getLogger("huggingface_hub")
+    level = hub_log.level
+    hub_log.setLevel(logging.ERROR)
     try:
         return datasets.load_dataset(*args, **kwargs)
     finally:
+        hub_log.setLevel(level)
         if shown:
             datasets.enable_progress_bars()
 
 
 def encode_corpus(text: str, tokenizer) -> Tensor:
     """The whole text as one Long[N] token stream."""
+    if hasattr(tokenizer, "encode_tensor"):
+        return tokenizer.encode_tensor(text)
     return torch.tensor(tokenizer.encode(text), dtype=torch.long)
 
 
