@@ -24,10 +24,11 @@ TORCH_LIBRARY(ddpd, m) {
   // ddpd/ops/categorical_weights.py: one inverse-CDF draw per row -> (index, valid).
   m.def("categorical_from_weights(Tensor weights, Tensor uniforms) -> (Tensor, Tensor)");
   // ddpd/ops/multinomial.py: k draws per row from counter-based Philox streams
-  // (seed and offset are uint64 carried in int64) or from given uniforms.
+  // (seed and offset are uint64 carried in int64, or one-element int64 tensors on the
+  // device of weights that hold them) or from given uniforms.
   m.def(
       "multinomial(Tensor weights, int k, bool replacement, int seed, int offset, "
-      "Tensor row_ids) -> (Tensor, Tensor)");
+      "Tensor row_ids, Tensor? seed_tensor=None, Tensor? offset_tensor=None) -> (Tensor, Tensor)");
   m.def("multinomial_with_uniforms(Tensor weights, Tensor uniforms, bool replacement) -> (Tensor, Tensor)");
   m.def("multinomial_launch(int rows, int n, bool replacement, int multiprocessors) -> int[]",
         &multinomial_launch_config);

@@ -4,7 +4,8 @@ Philox4x32-10 with key (seed_lo, seed_hi) and counter (column, row_lo, offset_lo
 offset_hi); the first output word w becomes u = ((w >> 8) + 0.5) * 2**-24, a float32
 in (0, 1] (float32 rounds the top value to 1.0; `gumbel` clamps it). Row ids are
 64-bit: a row at or above 2**32 draws under a key derived from (seed, row >> 32),
-as ddpd.ops.rng documents. Written out with tl.umulhi rather than tl.philox so the
+as ddpd.ops.rng documents. The seed and the offset come as 32-bit words, or from
+int64 tensors (load_counters). Written out with tl.umulhi rather than tl.philox so the
 constants and the counter layout are those of the shared contract, whatever the
 installed Triton does.
 """
@@ -53,6 +54,22 @@ def philox_uniform(seed_lo, seed_hi, offset_lo, offset_hi, row, col):
     c3 = c0 * 0 + tl.cast(offset_hi, tl.uint32)
     w, _, _, _ = philox4x32(c0, c1, c2, c3, k0, k1)
     return ((w >> 8).to(tl.float32) + 0.5) * 5.9604644775390625e-08
+
+
+@triton.jit
+def load_counters(seed_lo, seed_hi, offset_lo, offset_hi, seed_ptr, offset_ptr):
+    """The 32-bit words of the seed and the offset: the values passed, or, where a
+    pointer is given, the int64 read from it (a tensor seed or offset: a CUDA graph
+    replays with whatever value the tensor holds then)."""
+    if seed_ptr is not None:
+        seed = tl.load(seed_ptr)
+        seed_lo = seed & 0xFFFFFFFF
+        seed_hi = (seed >> 32) & 0xFFFFFFFF
+    if offset_ptr is not None:
+        offset = tl.load(offset_ptr)
+        offset_lo = offset & 0xFFFFFFFF
+        offset_hi = (offset >> 32) & 0xFFFFFFFF
+    return seed_lo, seed_hi, offset_lo, offset_hi
 
 
 @triton.jit

@@ -9,7 +9,7 @@ One program per row; the row is held in one block. float32 arithmetic only.
 import triton
 import triton.language as tl
 
-from ddpd.kernels.philox import row_uniform
+from ddpd.kernels.philox import load_counters, row_uniform
 
 
 @triton.jit
@@ -39,11 +39,13 @@ def write_mask(u, p, forced, x_ptr, masked_ptr, z_ptr, count_ptr, row, offs, D, 
 @triton.jit
 def planner_mask_kernel(
     logits_ptr, x_ptr, positions_ptr, D, k, mask_id,
-    noise_ptr, row_ids_ptr, seed_lo, seed_hi, offset_lo, offset_hi,
+    noise_ptr, row_ids_ptr, seed_lo, seed_hi, offset_lo, offset_hi, seed_ptr, offset_ptr,
     masked_ptr, z_ptr, count_ptr,
     BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
+    seed_lo, seed_hi, offset_lo, offset_hi = load_counters(seed_lo, seed_hi, offset_lo, offset_hi, seed_ptr,
+                                                           offset_ptr)
     if row_ids_ptr is not None:
         row_id = tl.load(row_ids_ptr + row)
     else:

@@ -5,12 +5,12 @@ p^d = sigmoid(l^d), sum_d p^d, stop = all p^d < eps, and k positions without
 replacement by Gumbel-top-k on the log-weights (log sigmoid(l) for option A,
 (l - max l) / tau for option C's softmax over positions; uniform d at column d). With
 WITH_MASK the mask of prop:draw_with_maskD follows from the same probabilities
-(uniform d at column d of the mask offset). float32 arithmetic only.
+(uniform d at column d of the mask's offset). float32 arithmetic only.
 """
 import triton
 import triton.language as tl
 
-from ddpd.kernels.philox import gumbel, row_uniform
+from ddpd.kernels.philox import gumbel, load_counters, row_uniform
 from ddpd.kernels.planner_mask import planner_row, planner_sigmoid, write_mask
 from ddpd.kernels.sample_categorical import shift
 
@@ -25,10 +25,12 @@ def log_sigmoid(l):
 def planner_select_kernel(
     logits_ptr, D, k, tau, eps,
     noise_ptr, mask_noise_ptr, row_ids_ptr, seed_lo, seed_hi, offset_lo, offset_hi, mask_offset_lo, mask_offset_hi,
-    x_ptr, mask_id, positions_ptr, sum_p_ptr, stop_ptr, masked_ptr, z_ptr, count_ptr,
+    seed_ptr, offset_ptr, mask_offset_ptr, x_ptr, mask_id, positions_ptr, sum_p_ptr, stop_ptr, masked_ptr, z_ptr, count_ptr,
     SOFTMAX: tl.constexpr, WITH_MASK: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
+    seed_lo, seed_hi, offset_lo, offset_hi = load_counters(seed_lo, seed_hi, offset_lo, offset_hi, seed_ptr,
+                                                           offset_ptr)
     if row_ids_ptr is not None:
         row_id = tl.load(row_ids_ptr + row)
     else:
@@ -60,6 +62,8 @@ def planner_select_kernel(
         taken = taken | (offs == pick)
 
     if WITH_MASK:
+        _, _, mask_offset_lo, mask_offset_hi = load_counters(seed_lo, seed_hi, mask_offset_lo, mask_offset_hi, None,
+                                                             mask_offset_ptr)
         mask_u = row_uniform(mask_noise_ptr, D, row, column, row_id, seed_lo, seed_hi, mask_offset_lo,
                              mask_offset_hi, mask_noise_ptr is not None)
         write_mask(mask_u, p, taken, x_ptr, masked_ptr, z_ptr, count_ptr, row, offs, D, mask_id)

@@ -17,7 +17,7 @@ float32 arithmetic only (inputs cast on load); the temperature division is IEEE
 import triton
 import triton.language as tl
 
-from ddpd.kernels.philox import gumbel, row_uniform
+from ddpd.kernels.philox import gumbel, load_counters, row_uniform
 
 
 @triton.jit
@@ -59,11 +59,13 @@ def first_argmax(keys, index, sentinel):
 def tile_stats_kernel(
     logits_ptr, V, n_tiles, tiles_per_split, temperature,
     exclude_ptr, n_exclude, exclude_row_ptr,
-    noise_ptr, row_ids_ptr, seed_lo, seed_hi, offset_lo, offset_hi,
+    noise_ptr, row_ids_ptr, seed_lo, seed_hi, offset_lo, offset_hi, seed_ptr, offset_ptr,
     tile_max_ptr, tile_key_ptr,
     TILE: tl.constexpr, TILES_PER_CHUNK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
+    seed_lo, seed_hi, offset_lo, offset_hi = load_counters(seed_lo, seed_hi, offset_lo, offset_hi, seed_ptr,
+                                                           offset_ptr)
     split = tl.program_id(1)
     if row_ids_ptr is not None:
         row_id = tl.load(row_ids_ptr + row)
@@ -90,11 +92,13 @@ def tile_stats_kernel(
 def finish_kernel(
     logits_ptr, V, n_tiles, temperature,
     exclude_ptr, n_exclude, exclude_row_ptr,
-    noise_ptr, row_ids_ptr, seed_lo, seed_hi, offset_lo, offset_hi,
+    noise_ptr, row_ids_ptr, seed_lo, seed_hi, offset_lo, offset_hi, seed_ptr, offset_ptr,
     tile_max_ptr, tile_key_ptr, tokens_ptr, valid_ptr,
     TILE: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_T: tl.constexpr, SINGLE_TILE: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
+    seed_lo, seed_hi, offset_lo, offset_hi = load_counters(seed_lo, seed_hi, offset_lo, offset_hi, seed_ptr,
+                                                           offset_ptr)
     if row_ids_ptr is not None:
         row_id = tl.load(row_ids_ptr + row)
     else:

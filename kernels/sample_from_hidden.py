@@ -21,7 +21,7 @@ additions; everything after them is ddpd.kernels.sample_categorical's arithmetic
 import triton
 import triton.language as tl
 
-from ddpd.kernels.philox import gumbel, row_uniform
+from ddpd.kernels.philox import gumbel, load_counters, row_uniform
 from ddpd.kernels.sample_categorical import first_argmax, shift
 
 
@@ -46,11 +46,13 @@ def head_logits(h_ptr, w_ptr, b_ptr, rows, cols, N, V, H, BLOCK_H: tl.constexpr,
 def head_tiles_kernel(
     h_ptr, w_ptr, b_ptr, N, V, H, n_tiles, tiles_per_split, temperature,
     exclude_ptr, n_exclude, exclude_row_ptr,
-    noise_ptr, row_ids_ptr, seed_lo, seed_hi, offset_lo, offset_hi,
+    noise_ptr, row_ids_ptr, seed_lo, seed_hi, offset_lo, offset_hi, seed_ptr, offset_ptr,
     tile_max_ptr, tile_key_ptr, candidate_ptr, tokens_ptr, valid_ptr,
     TILE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, DOT_F32: tl.constexpr,
     SINGLE_TILE: tl.constexpr,
 ):
+    seed_lo, seed_hi, offset_lo, offset_hi = load_counters(seed_lo, seed_hi, offset_lo, offset_hi, seed_ptr,
+                                                           offset_ptr)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     live_row = rows < N
     safe_rows = tl.where(live_row, rows, 0).to(tl.int64)

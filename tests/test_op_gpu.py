@@ -4,6 +4,7 @@ without a CUDA device."""
 import pytest
 import torch
 
+from ddpd.ops.multinomial import multinomial
 from ddpd.ops.planner_mask import planner_mask, planner_select_mask
 from ddpd.ops.planner_select import planner_select
 from ddpd.ops.sample_categorical import sample_categorical
@@ -92,3 +93,31 @@ def test_step_compiles_fullgraph_on_cuda():
     inputs = step_inputs(64, 256, 28, 256)
     compiled = torch.compile(fused_step, fullgraph=True)
     agree(compiled(**inputs), fused_step(**inputs))
+
+
+def test_graph_replays_draw_fresh_noise_from_tensor_offsets():
+    """A step captured with tensor seed and offsets draws, on each replay, what eager calls
+    at the offsets the tensors then hold draw."""
+    inputs = step_inputs(8, 256, 1000, 64)
+    seed, offset = torch.tensor(7, device="cuda"), torch.tensor(100, device="cuda")
+
+    def step():
+        positions, _, _, masked, _, _ = planner_select_mask(inputs["planner_logits"], inputs["x"], inputs["mask_id"],
+                                                            1, seed=seed, offset=offset, mask_offset=offset + 1)
+        chosen = inputs["hidden"].gather(1, positions[:, :, None].expand(-1, -1, 64)).squeeze(1)
+        tokens, _ = sample_from_hidden(chosen, inputs["weight"], inputs["bias"], seed=seed, offset=offset + 2)
+        weights = torch.softmax(inputs["planner_logits"], -1)
+        return positions, masked, tokens, multinomial(weights, 2, seed=seed, offset=offset + 3, return_valid=True)[0]
+
+    step()  # warm-up: kernels compiled
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    draws = []
+    for start in (100, 104, 2**40):
+        offset.fill_(start)
+        graph.replay()
+        torch.cuda.synchronize()
+        draws.append([t.clone() for t in out])
+        agree(draws[-1], step())
+    assert not torch.equal(draws[0][2], draws[1][2])

@@ -80,8 +80,8 @@ def test_planner_select_triton_transposed_x(planner_inputs):
     """The launcher writes the masked sequence row-major, whatever the layout of x."""
     logits, noise, mask_noise, x, _ = planner_inputs
     expected = planner_select_mask_reference(logits, x, MASK_ID, 2, noise=noise, mask_noise=mask_noise)
-    out = planner_select_triton(logits, 2, False, 1.0, 0.01, noise, 0, 0, None, mask=(transposed(x), MASK_ID,
-                                                                                       mask_noise))
+    out = planner_select_triton(logits, 2, False, 1.0, 0.01, noise, (0, 0, None, None), None,
+                                mask=(transposed(x), MASK_ID, mask_noise, (0, None)))
     assert_same(out, expected)
 
 

@@ -11,6 +11,7 @@ from ddpd.ops import _sampling_args
 from ddpd.ops.planner_mask import (
     planner_mask,
     planner_mask_reference,
+    _resolve_pair,
     planner_mask_triton,
     planner_select_mask,
     planner_select_mask_reference,
@@ -34,15 +35,15 @@ def inputs(rows, length, seed, k=1):
 
 
 def triton_mask(logits, x, positions, seed=None, offset=0, row_ids=None, noise=None):
-    seed, offset = _sampling_args.resolve_stream(noise, tuple(logits.shape), logits, seed, offset, None, row_ids)
-    return planner_mask_triton(logits, x, positions, MASK_ID, noise, seed, offset, row_ids)
+    counters = _sampling_args.resolve_stream(noise, tuple(logits.shape), logits, seed, offset, None, row_ids)
+    return planner_mask_triton(logits, x, positions, MASK_ID, noise, counters, row_ids)
 
 
 def triton_select_mask(logits, x, k, mode="sigmoid", seed=None, offset=0, row_ids=None, noise=None,
-                       mask_noise=None):
-    seed, offset = _sampling_args.resolve_stream(noise, tuple(logits.shape), logits, seed, offset, None, row_ids)
-    return planner_select_triton(logits, k, mode == "softmax", 1.0, 0.01, noise, seed, offset, row_ids,
-                                 mask=(x, MASK_ID, mask_noise))
+                       mask_noise=None, mask_offset=None):
+    counters, mask_counter = _resolve_pair(noise, mask_noise, logits, seed, offset, mask_offset, None, row_ids)
+    return planner_select_triton(logits, k, mode == "softmax", 1.0, 0.01, noise, counters, row_ids,
+                                 mask=(x, MASK_ID, mask_noise, mask_counter))
 
 
 def assert_all_equal(out, ref):
@@ -159,6 +160,6 @@ def test_traces_with_fake_tensors_and_passes_opcheck():
     compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
     for a, b in zip(compiled(logits, x), step(logits, x)):
         assert torch.equal(a, b)
-    torch.library.opcheck(torch.ops.ddpd.planner_mask.default, (logits, x, positions, MASK_ID, None, 2, 8, None))
+    torch.library.opcheck(torch.ops.ddpd.planner_mask.default, (logits, x, positions, MASK_ID, None, 2, 8, None, None, None))
     torch.library.opcheck(torch.ops.ddpd.planner_select_mask.default,
-                          (logits, x, MASK_ID, 2, False, 1.0, 0.01, None, None, 2, 8, None))
+                          (logits, x, MASK_ID, 2, False, 1.0, 0.01, None, None, 2, 8, 9, None, None, None, None))

@@ -17,8 +17,8 @@ CHI2_MIN_P = 1e-3  # a distribution test fails when its chi-square p-value is be
 
 def triton_select(logits, k=1, mode="sigmoid", tau=1.0, eps=0.01, seed=None, offset=0, row_ids=None, noise=None):
     """The Triton kernel on CPU tensors (TRITON_INTERPRET=1), arguments as the public op."""
-    seed, offset = _sampling_args.resolve_stream(noise, tuple(logits.shape), logits, seed, offset, None, row_ids)
-    return planner_select_triton(logits, k, mode == "softmax", tau, eps, noise, seed, offset, row_ids)
+    counters = _sampling_args.resolve_stream(noise, tuple(logits.shape), logits, seed, offset, None, row_ids)
+    return planner_select_triton(logits, k, mode == "softmax", tau, eps, noise, counters, row_ids)
 
 
 def assert_same(out, ref):
@@ -190,5 +190,5 @@ def test_traces_with_fake_tensors_and_passes_opcheck():
     for a, b in zip(compiled(logits), plan(logits)):
         assert torch.equal(a, b)
     op = torch.ops.ddpd.planner_select.default
-    torch.library.opcheck(op, (logits, 2, False, 1.0, 0.01, None, 4, 1, None))
-    torch.library.opcheck(op, (logits, 1, True, 0.5, 0.01, torch.rand(3, 40), 0, 0, None))
+    torch.library.opcheck(op, (logits, 2, False, 1.0, 0.01, None, 4, 1, None, None, None))
+    torch.library.opcheck(op, (logits, 1, True, 0.5, 0.01, torch.rand(3, 40), 0, 0, None, None, None))

@@ -31,9 +31,8 @@ def triton_draw(logits, temperature=1.0, exclude_ids=(), exclude_per_row=None, s
                 row_ids=None, noise=None):
     """The Triton kernel on CPU tensors (TRITON_INTERPRET=1), arguments as the public op."""
     width = (logits.shape[0], noise_width(logits.shape[1]))
-    seed, offset = _sampling_args.resolve_stream(noise, width, logits, seed, offset, None, row_ids)
-    return sample_categorical_triton(logits, temperature, list(exclude_ids), exclude_per_row, noise, seed, offset,
-                                     row_ids)
+    counters = _sampling_args.resolve_stream(noise, width, logits, seed, offset, None, row_ids)
+    return sample_categorical_triton(logits, temperature, list(exclude_ids), exclude_per_row, noise, counters, row_ids)
 
 
 def chi_square_p(tokens: torch.Tensor, probs: torch.Tensor) -> float:
@@ -348,6 +347,6 @@ def test_traces_with_fake_tensors_and_passes_opcheck():
     compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
     assert torch.equal(compiled(logits), step(logits))
     torch.library.opcheck(torch.ops.ddpd.sample_categorical.default,
-                          (logits, 0.5, [3], torch.zeros(4, dtype=torch.long), None, 11, 2, None))
+                          (logits, 0.5, [3], torch.zeros(4, dtype=torch.long), None, 11, 2, None, None, None))
     noise = torch.rand(4, noise_width(300))
-    torch.library.opcheck(torch.ops.ddpd.sample_categorical.default, (logits, 1.0, [], None, noise, 0, 0, None))
+    torch.library.opcheck(torch.ops.ddpd.sample_categorical.default, (logits, 1.0, [], None, noise, 0, 0, None, None, None))

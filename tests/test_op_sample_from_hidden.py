@@ -36,9 +36,9 @@ def head(rows, width, vocab, seed, dtype=torch.float32, bias=True):
 def triton_draw(hidden, weight, bias=None, temperature=1.0, exclude_ids=(), exclude_per_row=None, seed=None,
                 offset=0, row_ids=None, noise=None):
     width = (hidden.shape[0], noise_width(weight.shape[0]))
-    seed, offset = _sampling_args.resolve_stream(noise, width, hidden, seed, offset, None, row_ids)
+    counters = _sampling_args.resolve_stream(noise, width, hidden, seed, offset, None, row_ids)
     return sample_from_hidden_triton(hidden, weight, bias, temperature, list(exclude_ids), exclude_per_row, noise,
-                                     seed, offset, row_ids)
+                                     counters, row_ids)
 
 
 def assert_same(out, ref):
@@ -196,7 +196,7 @@ def test_traces_with_fake_tensors_and_passes_opcheck():
     for a, b in zip(compiled(hidden), denoise(hidden)):
         assert torch.equal(a, b)
     torch.library.opcheck(torch.ops.ddpd.sample_from_hidden.default,
-                          (hidden, weight, bias, 0.9, [2], None, None, 3, 1, None))
+                          (hidden, weight, bias, 0.9, [2], None, None, 3, 1, None, None, None))
 
 
 @pytest.mark.slow

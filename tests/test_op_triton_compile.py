@@ -25,6 +25,11 @@ TARGETS = [GPUTarget("cuda", 80, 32), GPUTarget("cuda", 90, 32)]
 SEED = {"seed_lo": "i64", "seed_hi": "i64", "offset_lo": "i64", "offset_hi": "i64"}
 
 
+def counters(present: bool) -> dict:
+    """The seed and offset words, and their tensors (int64 pointers) when present."""
+    return dict(SEED, seed_ptr=optional(present, "*i64"), offset_ptr=optional(present, "*i64"))
+
+
 def compile_kernel(kernel, types: dict, constexprs: dict, target, **options) -> dict:
     """Compile `kernel`; types: argument -> Triton type, or None for an absent input;
     options: num_warps, num_stages as the launcher passes them."""
@@ -46,7 +51,7 @@ def optional(present: bool, kind: str):
 def sample_categorical_case(target, present):
     common = dict(V="i32", n_tiles="i32", temperature="fp32", exclude_ptr="*i64", n_exclude="i32",
                   exclude_row_ptr=optional(present, "*i64"), noise_ptr=optional(present, "*fp32"),
-                  row_ids_ptr=optional(present, "*i64"), **SEED)
+                  row_ids_ptr=optional(present, "*i64"), **counters(present))
     logits = dict(logits_ptr="*bf16" if present else "*fp32")
     stats = dict(logits, **common, tiles_per_split="i32", tile_max_ptr="*fp32", tile_key_ptr="*fp32")
     assert "cubin" in compile_kernel(categorical_kernels.tile_stats_kernel, stats,
@@ -61,8 +66,8 @@ def planner_select_case(target, present):
     with_mask, softmax = present, not present
     types = dict(logits_ptr="*fp16" if present else "*fp32", D="i32", k="i32", tau="fp32", eps="fp32",
                  noise_ptr=optional(present, "*fp32"), mask_noise_ptr=optional(present and with_mask, "*fp32"),
-                 row_ids_ptr=optional(present, "*i64"), **SEED, mask_offset_lo="i64", mask_offset_hi="i64",
-                 x_ptr=optional(with_mask, "*i64"), mask_id="i64", positions_ptr="*i64", sum_p_ptr="*fp32",
+                 row_ids_ptr=optional(present, "*i64"), **counters(present), mask_offset_lo="i64",
+                 mask_offset_hi="i64", mask_offset_ptr=optional(present and with_mask, "*i64"), x_ptr=optional(with_mask, "*i64"), mask_id="i64", positions_ptr="*i64", sum_p_ptr="*fp32",
                  stop_ptr="*i1", masked_ptr=optional(with_mask, "*i64"), z_ptr=optional(with_mask, "*i1"),
                  count_ptr=optional(with_mask, "*i64"))
     asm = compile_kernel(planner_select_kernel, types, dict(SOFTMAX=softmax, WITH_MASK=with_mask, BLOCK_D=1024),
@@ -72,7 +77,7 @@ def planner_select_case(target, present):
 
 def planner_mask_case(target, present):
     types = dict(logits_ptr="*fp32", x_ptr="*i64", positions_ptr="*i64", D="i32", k="i32", mask_id="i64",
-                 noise_ptr=optional(present, "*fp32"), row_ids_ptr=optional(present, "*i64"), **SEED,
+                 noise_ptr=optional(present, "*fp32"), row_ids_ptr=optional(present, "*i64"), **counters(present),
                  masked_ptr="*i64", z_ptr="*i1", count_ptr="*i64")
     asm = compile_kernel(planner_mask_kernel, types, dict(BLOCK_D=256, BLOCK_K=4), target)
     assert "cubin" in asm
@@ -86,7 +91,7 @@ def sample_from_hidden_case(target, present):
     types = dict(h_ptr="*bf16" if present else "*fp32", w_ptr="*bf16" if present else "*fp32",
                  b_ptr=optional(present, "*bf16"), N="i32", V="i32", H="i32", n_tiles="i32", tiles_per_split="i32",
                  temperature="fp32", exclude_ptr="*i64", n_exclude="i32", exclude_row_ptr=optional(present, "*i64"),
-                 noise_ptr=optional(present, "*fp32"), row_ids_ptr=optional(present, "*i64"), **SEED,
+                 noise_ptr=optional(present, "*fp32"), row_ids_ptr=optional(present, "*i64"), **counters(present),
                  tile_max_ptr="*fp32", tile_key_ptr="*fp32", candidate_ptr="*i32", tokens_ptr="*i64",
                  valid_ptr="*i1")
     asm = compile_kernel(hidden_kernels.head_tiles_kernel, types,

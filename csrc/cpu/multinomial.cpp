@@ -10,6 +10,7 @@
 #include <tuple>
 
 #include "cdf_rows.h"
+#include "counters.h"
 
 namespace ddpd {
 namespace cpu {
@@ -39,14 +40,15 @@ std::tuple<at::Tensor, at::Tensor> run(const at::Tensor& weights, int64_t k, boo
 
 std::tuple<at::Tensor, at::Tensor> multinomial(const at::Tensor& weights, int64_t k,
                                                bool replacement, int64_t seed, int64_t offset,
-                                               const at::Tensor& row_ids) {
+                                               const at::Tensor& row_ids, const std::optional<at::Tensor>& seed_tensor,
+                                               const std::optional<at::Tensor>& offset_tensor) {
   check_weights(weights, k, replacement);
   TORCH_CHECK(row_ids.dim() == 1 && row_ids.size(0) == weights.size(0) &&
                   row_ids.scalar_type() == at::kLong,
               "multinomial: row_ids must be int64 [B] with B = ", weights.size(0));
   const at::Tensor ids = row_ids.contiguous();
   const int64_t* rows = ids.data_ptr<int64_t>();
-  const uint64_t s = static_cast<uint64_t>(seed), o = static_cast<uint64_t>(offset);
+  const uint64_t s = counter(seed, seed_tensor), o = counter(offset, offset_tensor);
   return run(weights, k, replacement, [=](int64_t r, int64_t d) {
     return draw_uniform(s, o, static_cast<uint64_t>(rows[r]), d);
   });

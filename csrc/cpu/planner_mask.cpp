@@ -8,6 +8,7 @@
 #include <optional>
 #include <tuple>
 
+#include "counters.h"
 #include "planner_rows.h"
 
 namespace ddpd {
@@ -42,7 +43,8 @@ void mask_rows(const at::Tensor& logits, const at::Tensor& x, const std::optiona
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> planner_mask_cpu(
     const at::Tensor& logits, const at::Tensor& x, const std::optional<at::Tensor>& positions, int64_t mask_id,
-    const std::optional<at::Tensor>& noise, int64_t seed, int64_t offset, const std::optional<at::Tensor>& row_ids) {
+    const std::optional<at::Tensor>& noise, int64_t seed, int64_t offset, const std::optional<at::Tensor>& row_ids,
+    const std::optional<at::Tensor>& seed_tensor, const std::optional<at::Tensor>& offset_tensor) {
   TORCH_CHECK(logits.dim() == 2 && logits.is_contiguous(), "logits must be a contiguous [B, D] tensor");
   TORCH_CHECK(x.sizes() == logits.sizes() && x.is_contiguous() && x.scalar_type() == at::kLong,
               "x must be a contiguous Long tensor shaped like logits");
@@ -58,7 +60,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> planner_mask_cpu(
   at::Tensor count = at::empty({x.size(0)}, x.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, logits.scalar_type(), "planner_mask_cpu", [&] {
     mask_rows<scalar_t>(logits, x, positions, mask_id, noise ? noise->data_ptr<float>() : nullptr,
-                        static_cast<uint64_t>(seed), static_cast<uint64_t>(offset),
+                        counter(seed, seed_tensor), counter(offset, offset_tensor),
                         row_ids ? row_ids->data_ptr<int64_t>() : nullptr, masked, z, count);
   });
   return {masked, z, count};
@@ -71,7 +73,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> planner_mask_cpu(
 TORCH_LIBRARY_FRAGMENT(ddpd, m) {
   m.def(
       "planner_mask_cpu(Tensor logits, Tensor x, Tensor? positions, int mask_id, Tensor? noise, int seed, "
-      "int offset, Tensor? row_ids) -> (Tensor, Tensor, Tensor)");
+      "int offset, Tensor? row_ids, Tensor? seed_tensor, Tensor? offset_tensor) -> (Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(ddpd, CPU, m) { m.impl("planner_mask_cpu", &ddpd::cpu::planner_mask_cpu); }

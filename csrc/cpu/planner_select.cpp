@@ -5,13 +5,14 @@
 // replacement by Gumbel-top-k on the log-weights (log sigmoid(l) for option A,
 // (l - max l) / tau for the softmax of option C), uniform d at column d of `offset`.
 // The fused variant also draws the mask of prop:draw_with_maskD from the same
-// probabilities (uniform d at column d of offset + 1). Rows run in parallel.
+// probabilities (uniform d at column d of the mask's own offset). Rows run in parallel.
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include <optional>
 #include <tuple>
 
+#include "counters.h"
 #include "planner_rows.h"
 
 namespace ddpd {
@@ -24,7 +25,7 @@ struct SelectArgs {
   float tau, eps;
   const float* noise;
   const float* mask_noise;
-  uint64_t seed, offset;
+  uint64_t seed, offset, mask_offset;
   const int64_t* row_ids;
 };
 
@@ -70,7 +71,7 @@ void select_rows(const at::Tensor& logits, const SelectArgs& a, int64_t* positio
       if (mask.x) {
         std::fill(forced.begin(), forced.end(), 0);
         for (int64_t i = 0; i < a.k; ++i) forced[chosen[i]] = 1;
-        const PlannerUniforms mask_u{a.mask_noise ? a.mask_noise + r * length : nullptr, a.seed, a.offset + 1,
+        const PlannerUniforms mask_u{a.mask_noise ? a.mask_noise + r * length : nullptr, a.seed, a.mask_offset,
                                      row_id};
         mask.count[r] = draw_mask(p.data(), mask_u, forced, mask.x + r * length, mask.mask_id,
                                   length, mask.masked + r * length, mask.z + r * length);
@@ -79,8 +80,17 @@ void select_rows(const at::Tensor& logits, const SelectArgs& a, int64_t* positio
   });
 }
 
+// The stream of a call: seed, offset and the mask's offset (ints, or one-element
+// tensors holding them).
+struct Counters {
+  int64_t seed, offset, mask_offset;
+  const std::optional<at::Tensor>& seed_tensor;
+  const std::optional<at::Tensor>& offset_tensor;
+  const std::optional<at::Tensor>& mask_offset_tensor;
+};
+
 SelectArgs select_args(int64_t k, bool softmax, double tau, double eps, const std::optional<at::Tensor>& noise,
-                       const std::optional<at::Tensor>& mask_noise, int64_t seed, int64_t offset,
+                       const std::optional<at::Tensor>& mask_noise, const Counters& c,
                        const std::optional<at::Tensor>& row_ids) {
   return {k,
           softmax,
@@ -88,8 +98,9 @@ SelectArgs select_args(int64_t k, bool softmax, double tau, double eps, const st
           static_cast<float>(eps),
           noise ? noise->data_ptr<float>() : nullptr,
           mask_noise ? mask_noise->data_ptr<float>() : nullptr,
-          static_cast<uint64_t>(seed),
-          static_cast<uint64_t>(offset),
+          counter(c.seed, c.seed_tensor),
+          counter(c.offset, c.offset_tensor),
+          counter(c.mask_offset, c.mask_offset_tensor),
           row_ids ? row_ids->data_ptr<int64_t>() : nullptr};
 }
 
@@ -105,20 +116,23 @@ void run(const at::Tensor& logits, const SelectArgs& a, at::Tensor& positions, a
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> planner_select_cpu(
     const at::Tensor& logits, int64_t k, bool softmax, double tau, double eps,
-    const std::optional<at::Tensor>& noise, int64_t seed, int64_t offset, const std::optional<at::Tensor>& row_ids) {
+    const std::optional<at::Tensor>& noise, int64_t seed, int64_t offset, const std::optional<at::Tensor>& row_ids,
+    const std::optional<at::Tensor>& seed_tensor, const std::optional<at::Tensor>& offset_tensor) {
   const auto opts = logits.options();
   at::Tensor positions = at::empty({logits.size(0), k}, opts.dtype(at::kLong));
   at::Tensor sum_p = at::empty({logits.size(0)}, opts.dtype(at::kFloat));
   at::Tensor stop = at::empty({logits.size(0)}, opts.dtype(at::kBool));
-  run(logits, select_args(k, softmax, tau, eps, noise, std::nullopt, seed, offset, row_ids), positions, sum_p, stop,
-      MaskOut{});
+  const Counters c{seed, offset, 0, seed_tensor, offset_tensor, std::nullopt};
+  run(logits, select_args(k, softmax, tau, eps, noise, std::nullopt, c, row_ids), positions, sum_p, stop, MaskOut{});
   return {positions, sum_p, stop};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> planner_select_mask_cpu(
     const at::Tensor& logits, const at::Tensor& x, int64_t mask_id, int64_t k, bool softmax, double tau, double eps,
     const std::optional<at::Tensor>& noise, const std::optional<at::Tensor>& mask_noise, int64_t seed,
-    int64_t offset, const std::optional<at::Tensor>& row_ids) {
+    int64_t offset, int64_t mask_offset, const std::optional<at::Tensor>& row_ids,
+    const std::optional<at::Tensor>& seed_tensor, const std::optional<at::Tensor>& offset_tensor,
+    const std::optional<at::Tensor>& mask_offset_tensor) {
   TORCH_CHECK(x.sizes() == logits.sizes() && x.is_contiguous() && x.scalar_type() == at::kLong,
               "x must be a contiguous Long tensor shaped like logits");
   const auto opts = logits.options();
@@ -131,8 +145,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   at::Tensor count = at::empty({rows}, opts.dtype(at::kLong));
   const MaskOut mask{x.data_ptr<int64_t>(), mask_id, masked.data_ptr<int64_t>(), z.data_ptr<bool>(),
                      count.data_ptr<int64_t>()};
-  run(logits, select_args(k, softmax, tau, eps, noise, mask_noise, seed, offset, row_ids), positions, sum_p, stop,
-      mask);
+  const Counters c{seed, offset, mask_offset, seed_tensor, offset_tensor, mask_offset_tensor};
+  run(logits, select_args(k, softmax, tau, eps, noise, mask_noise, c, row_ids), positions, sum_p, stop, mask);
   return {positions, sum_p, stop, masked, z, count};
 }
 
@@ -143,10 +157,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
 TORCH_LIBRARY_FRAGMENT(ddpd, m) {
   m.def(
       "planner_select_cpu(Tensor logits, int k, bool softmax, float tau, float eps, Tensor? noise, int seed, "
-      "int offset, Tensor? row_ids) -> (Tensor, Tensor, Tensor)");
+      "int offset, Tensor? row_ids, Tensor? seed_tensor, Tensor? offset_tensor) -> (Tensor, Tensor, Tensor)");
   m.def(
       "planner_select_mask_cpu(Tensor logits, Tensor x, int mask_id, int k, bool softmax, float tau, float eps, "
-      "Tensor? noise, Tensor? mask_noise, int seed, int offset, Tensor? row_ids) "
+      "Tensor? noise, Tensor? mask_noise, int seed, int offset, int mask_offset, Tensor? row_ids, "
+      "Tensor? seed_tensor, Tensor? offset_tensor, Tensor? mask_offset_tensor) "
       "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
 }
 

@@ -10,6 +10,7 @@
 #include <tuple>
 #include <vector>
 
+#include "counters.h"
 #include "sample_tiles.h"
 
 namespace ddpd {
@@ -61,14 +62,15 @@ void sample_rows(const at::Tensor& logits, double temperature, at::IntArrayRef e
 std::tuple<at::Tensor, at::Tensor> sample_categorical_cpu(
     const at::Tensor& logits, double temperature, at::IntArrayRef exclude_ids,
     const std::optional<at::Tensor>& exclude_per_row, const std::optional<at::Tensor>& noise, int64_t seed,
-    int64_t offset, const std::optional<at::Tensor>& row_ids) {
+    int64_t offset, const std::optional<at::Tensor>& row_ids, const std::optional<at::Tensor>& seed_tensor,
+    const std::optional<at::Tensor>& offset_tensor) {
   TORCH_CHECK(logits.dim() == 2 && logits.is_contiguous(), "logits must be a contiguous [N, V] tensor");
   check_exclude_per_row(exclude_per_row, logits.size(1));
   at::Tensor tokens = at::empty({logits.size(0)}, logits.options().dtype(at::kLong));
   at::Tensor valid = at::empty({logits.size(0)}, logits.options().dtype(at::kBool));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, logits.scalar_type(), "sample_categorical_cpu", [&] {
-    sample_rows<scalar_t>(logits, temperature, exclude_ids, exclude_per_row, noise, static_cast<uint64_t>(seed),
-                          static_cast<uint64_t>(offset), row_ids, tokens, valid);
+    sample_rows<scalar_t>(logits, temperature, exclude_ids, exclude_per_row, noise, counter(seed, seed_tensor),
+                          counter(offset, offset_tensor), row_ids, tokens, valid);
   });
   return {tokens, valid};
 }
@@ -80,7 +82,8 @@ std::tuple<at::Tensor, at::Tensor> sample_categorical_cpu(
 TORCH_LIBRARY_FRAGMENT(ddpd, m) {
   m.def(
       "sample_categorical_cpu(Tensor logits, float temperature, int[] exclude_ids, Tensor? exclude_per_row, "
-      "Tensor? noise, int seed, int offset, Tensor? row_ids) -> (Tensor, Tensor)");
+      "Tensor? noise, int seed, int offset, Tensor? row_ids, Tensor? seed_tensor, Tensor? offset_tensor) "
+      "-> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(ddpd, CPU, m) { m.impl("sample_categorical_cpu", &ddpd::cpu::sample_categorical_cpu); }

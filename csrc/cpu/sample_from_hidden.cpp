@@ -18,6 +18,7 @@
 #include <tuple>
 #include <vector>
 
+#include "counters.h"
 #include "sample_tiles.h"
 
 namespace ddpd {
@@ -98,7 +99,8 @@ void draw_group(const HeadArgs& a, int64_t t, const std::vector<int64_t>& group,
 std::tuple<at::Tensor, at::Tensor> sample_from_hidden_cpu(
     const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias, double temperature,
     at::IntArrayRef exclude_ids, const std::optional<at::Tensor>& exclude_per_row,
-    const std::optional<at::Tensor>& noise, int64_t seed, int64_t offset, const std::optional<at::Tensor>& row_ids) {
+    const std::optional<at::Tensor>& noise, int64_t seed, int64_t offset, const std::optional<at::Tensor>& row_ids,
+    const std::optional<at::Tensor>& seed_tensor, const std::optional<at::Tensor>& offset_tensor) {
   TORCH_CHECK(hidden.dim() == 2 && weight.dim() == 2 && hidden.size(1) == weight.size(1),
               "hidden [N, H] and weight [V, H] must share H");
   check_exclude_per_row(exclude_per_row, weight.size(0));
@@ -110,8 +112,8 @@ std::tuple<at::Tensor, at::Tensor> sample_from_hidden_cpu(
                    exclude_per_row ? exclude_per_row->data_ptr<int64_t>() : nullptr,
                    noise ? noise->data_ptr<float>() : nullptr,
                    noise ? noise->size(1) : 0,
-                   static_cast<uint64_t>(seed),
-                   static_cast<uint64_t>(offset),
+                   counter(seed, seed_tensor),
+                   counter(offset, offset_tensor),
                    row_ids ? row_ids->data_ptr<int64_t>() : nullptr};
   const int64_t rows = hidden.size(0), vocab = weight.size(0), tiles = n_tiles(vocab);
   const int64_t chunks = (vocab + kChunk - 1) / kChunk;
@@ -147,7 +149,8 @@ std::tuple<at::Tensor, at::Tensor> sample_from_hidden_cpu(
 TORCH_LIBRARY_FRAGMENT(ddpd, m) {
   m.def(
       "sample_from_hidden_cpu(Tensor hidden, Tensor weight, Tensor? bias, float temperature, int[] exclude_ids, "
-      "Tensor? exclude_per_row, Tensor? noise, int seed, int offset, Tensor? row_ids) -> (Tensor, Tensor)");
+      "Tensor? exclude_per_row, Tensor? noise, int seed, int offset, Tensor? row_ids, Tensor? seed_tensor, "
+      "Tensor? offset_tensor) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(ddpd, CPU, m) { m.impl("sample_from_hidden_cpu", &ddpd::cpu::sample_from_hidden_cpu); }

@@ -10,6 +10,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include <optional>
 #include <tuple>
 #include <vector>
 
@@ -26,7 +27,8 @@ void check_launch(cudaError_t status, const char* what) {
 // Shared by the three sampling ops; uniforms [rows, k] float64 or undefined.
 std::tuple<at::Tensor, at::Tensor> sample(const at::Tensor& weights, int64_t k, bool replacement,
                                           const at::Tensor& uniforms, uint64_t seed, uint64_t offset,
-                                          const at::Tensor& row_ids) {
+                                          const at::Tensor& row_ids, const at::Tensor& seed_tensor = at::Tensor(),
+                                          const at::Tensor& offset_tensor = at::Tensor()) {
   TORCH_CHECK(weights.dim() == 2 && weights.size(1) > 0,
               "multinomial: weights must be [B, N] with N > 0, got ", weights.sizes());
   TORCH_CHECK(k >= 1 && (replacement || k <= weights.size(1)), "multinomial: invalid k = ", k,
@@ -47,6 +49,8 @@ std::tuple<at::Tensor, at::Tensor> sample(const at::Tensor& weights, int64_t k, 
     check_launch(launch_multinomial<scalar_t>(
                      w.data_ptr<scalar_t>(), rows, n, k, replacement,
                      u.defined() ? u.data_ptr<double>() : nullptr, seed, offset,
+                     seed_tensor.defined() ? seed_tensor.data_ptr<int64_t>() : nullptr,
+                     offset_tensor.defined() ? offset_tensor.data_ptr<int64_t>() : nullptr,
                      ids.defined() ? ids.data_ptr<int64_t>() : nullptr,
                      scratch.defined() ? scratch.data_ptr<double>() : nullptr, sms, index.data_ptr<int64_t>(),
                      valid.data_ptr<bool>(), stream),
@@ -70,13 +74,24 @@ std::tuple<at::Tensor, at::Tensor> categorical_from_weights(const at::Tensor& we
   return {index.view({-1}), valid};
 }
 
+// A tensor seed or offset: one int64 on the device of weights, read by the kernel.
+at::Tensor device_counter(const std::optional<at::Tensor>& t, const at::Tensor& weights, const char* name) {
+  if (!t) return at::Tensor();
+  TORCH_CHECK(t->numel() == 1 && t->scalar_type() == at::kLong && t->device() == weights.device(), "multinomial: ",
+              name, " must be one int64 on the device of weights");
+  return t->contiguous();
+}
+
 std::tuple<at::Tensor, at::Tensor> multinomial(const at::Tensor& weights, int64_t k, bool replacement,
-                                               int64_t seed, int64_t offset, const at::Tensor& row_ids) {
+                                               int64_t seed, int64_t offset, const at::Tensor& row_ids,
+                                               const std::optional<at::Tensor>& seed_tensor,
+                                               const std::optional<at::Tensor>& offset_tensor) {
   TORCH_CHECK(row_ids.dim() == 1 && row_ids.size(0) == weights.size(0) &&
                   row_ids.scalar_type() == at::kLong && row_ids.device() == weights.device(),
               "multinomial: row_ids must be int64 [B] on the device of weights");
   return sample(weights, k, replacement, at::Tensor(), static_cast<uint64_t>(seed),
-                static_cast<uint64_t>(offset), row_ids);
+                static_cast<uint64_t>(offset), row_ids, device_counter(seed_tensor, weights, "seed"),
+                device_counter(offset_tensor, weights, "offset"));
 }
 
 std::tuple<at::Tensor, at::Tensor> multinomial_with_uniforms(const at::Tensor& weights,

@@ -155,6 +155,7 @@ __device__ int64_t warp_draw(const scalar_t* row, int64_t n, const double* prefi
 template <typename scalar_t, bool kInline>
 __global__ void draw_kernel(const scalar_t* __restrict__ weights, int64_t rows, int64_t n, int64_t k,
                             bool replacement, const double* __restrict__ uniforms, uint64_t seed, uint64_t offset,
+                            const int64_t* __restrict__ seed_ptr, const int64_t* __restrict__ offset_ptr,
                             const int64_t* __restrict__ row_ids, int64_t splits, double* __restrict__ sums_global,
                             const unsigned long long* __restrict__ positive, const int* __restrict__ negative,
                             double* __restrict__ state_global, int64_t* __restrict__ out, bool* __restrict__ valid) {
@@ -170,6 +171,9 @@ __global__ void draw_kernel(const scalar_t* __restrict__ weights, int64_t rows, 
   double* chunk = state + 2 * m;
   uint64_t* removed = replacement ? nullptr : reinterpret_cast<uint64_t*>(state + 2 * m + kChunk);
   const scalar_t* row = weights + r * n;
+  // Tensor seeds and offsets are read here, at run time (a CUDA graph replays with their values then).
+  if (seed_ptr != nullptr) seed = static_cast<uint64_t>(*seed_ptr);
+  if (offset_ptr != nullptr) offset = static_cast<uint64_t>(*offset_ptr);
 
   unsigned long long count = 0;
   bool neg = false;
@@ -245,9 +249,9 @@ int64_t multinomial_scratch_doubles(int64_t rows, int64_t n, bool replacement, i
 
 template <typename scalar_t>
 cudaError_t launch_multinomial(const scalar_t* weights, int64_t rows, int64_t n, int64_t k, bool replacement,
-                               const double* uniforms, uint64_t seed, uint64_t offset, const int64_t* row_ids,
-                               double* scratch, int64_t multiprocessors, int64_t* out, bool* valid,
-                               cudaStream_t stream) {
+                               const double* uniforms, uint64_t seed, uint64_t offset, const int64_t* seed_ptr,
+                               const int64_t* offset_ptr, const int64_t* row_ids, double* scratch,
+                               int64_t multiprocessors, int64_t* out, bool* valid, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
   const MultinomialLaunch c = multinomial_launch(rows, n, replacement, multiprocessors);
   const int64_t m = num_chunks(n);
@@ -255,8 +259,8 @@ cudaError_t launch_multinomial(const scalar_t* weights, int64_t rows, int64_t n,
   if (c.inline_sums) {
     draw_kernel<scalar_t, true><<<static_cast<unsigned>(c.draw_blocks), static_cast<unsigned>(c.draw_threads),
                                   state_bytes * kRowsPerDrawBlock, stream>>>(
-        weights, rows, n, k, replacement, uniforms, seed, offset, row_ids, 0, nullptr, nullptr, nullptr, nullptr, out,
-        valid);
+        weights, rows, n, k, replacement, uniforms, seed, offset, seed_ptr, offset_ptr, row_ids, 0, nullptr, nullptr,
+        nullptr, nullptr, out, valid);
     return cudaGetLastError();
   }
   double* sums = scratch;
@@ -267,17 +271,17 @@ cudaError_t launch_multinomial(const scalar_t* weights, int64_t rows, int64_t n,
                                 stream>>>(weights, n, c.splits, sums, positive, negative);
   draw_kernel<scalar_t, false><<<static_cast<unsigned>(c.draw_blocks), static_cast<unsigned>(c.draw_threads),
                                  c.shared_state ? state_bytes : 0, stream>>>(
-      weights, rows, n, k, replacement, uniforms, seed, offset, row_ids, c.splits, sums, positive, negative, state,
-      out, valid);
+      weights, rows, n, k, replacement, uniforms, seed, offset, seed_ptr, offset_ptr, row_ids, c.splits, sums,
+      positive, negative, state, out, valid);
   return cudaGetLastError();
 }
 
 template cudaError_t launch_multinomial<float>(const float*, int64_t, int64_t, int64_t, bool, const double*,
-                                               uint64_t, uint64_t, const int64_t*, double*, int64_t, int64_t*, bool*,
-                                               cudaStream_t);
+                                               uint64_t, uint64_t, const int64_t*, const int64_t*, const int64_t*,
+                                               double*, int64_t, int64_t*, bool*, cudaStream_t);
 template cudaError_t launch_multinomial<double>(const double*, int64_t, int64_t, int64_t, bool, const double*,
-                                                uint64_t, uint64_t, const int64_t*, double*, int64_t, int64_t*, bool*,
-                                                cudaStream_t);
+                                                uint64_t, uint64_t, const int64_t*, const int64_t*, const int64_t*,
+                                                double*, int64_t, int64_t*, bool*, cudaStream_t);
 
 }  // namespace cuda
 }  // namespace ddpd

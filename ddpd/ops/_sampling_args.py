@@ -17,7 +17,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from ddpd.ops.rng import check_seed, philox_uniform, seed_from_generator
+from ddpd.ops.rng import philox_uniform, seed_from_generator
 
 BELOW_ONE = 1.0 - 2.0**-24  # largest float32 under 1
 MAX_WIDTH = 2**30  # bound on D and V: columns of a row stay below 2**31
@@ -82,14 +82,15 @@ def resolve_stream(
     noise: Optional[torch.Tensor],
     noise_shape: tuple,
     like: torch.Tensor,
-    seed: Optional[int],
-    offset: int,
+    seed,
+    offset,
     generator: Optional[torch.Generator],
     row_ids: Optional[torch.Tensor],
-) -> tuple[int, int]:
-    """Validate the randomness arguments; return (seed, offset) as int64 bit patterns.
+) -> tuple:
+    """Validate the randomness arguments; return the counters (seed, offset, seed_tensor,
+    offset_tensor) of resolve_seed.
 
-    With `noise` (float32 uniforms in (0, 1) of shape noise_shape) seed, generator
+    With `noise` (float32 uniforms in (0, 1] of shape noise_shape) seed, generator
     and row_ids must be left unset. Without it, see resolve_seed.
     """
     if noise is not None:
@@ -97,19 +98,40 @@ def resolve_stream(
         check_tensor("noise", noise, (torch.float32,), len(noise_shape))
         check_shape("noise", noise, noise_shape)
         check_same_device("noise", noise, like, "the input")
-        return 0, 0
+        return 0, 0, None, None
     return resolve_seed(seed, offset, generator, row_ids, noise_shape[0], like)
 
 
 def check_noise_alone(seed, offset, generator, row_ids) -> None:
     """Explicit noise replaces the stream: no seed, offset, generator or row_ids with it."""
-    if seed is not None or generator is not None or row_ids is not None or offset != 0:
+    if seed is not None or generator is not None or row_ids is not None or not is_zero(offset):
         raise ValueError("pass either noise or seed/offset/generator/row_ids, not both")
 
 
-def resolve_seed(seed: Optional[int], offset: int, generator: Optional[torch.Generator],
-                 row_ids: Optional[torch.Tensor], rows: int, like: torch.Tensor) -> tuple[int, int]:
-    """Validate a counter-based stream; return (seed, offset) as int64 bit patterns.
+def is_zero(offset) -> bool:
+    """Whether `offset` is the default 0 (a tensor never is: its value is on the device)."""
+    return not isinstance(offset, torch.Tensor) and offset == 0
+
+
+def check_counter(name: str, value, like: torch.Tensor) -> tuple:
+    """A seed or offset: an int in [0, 2**64), or an int64 tensor of one element on like's
+    device whose value (read by the kernels, never on the host) holds the uint64 bits.
+    Returns (int64 bit pattern, None) or (0, the tensor as 0-d)."""
+    if isinstance(value, torch.Tensor):
+        if value.dtype != torch.int64 or value.numel() != 1:
+            raise TypeError(f"{name} must be an int or an int64 tensor of one element, got {value.dtype} of shape "
+                            f"{tuple(value.shape)}")
+        check_same_device(name, value, like, "the input")
+        return 0, value.detach().reshape(())
+    check_seed_int(name, value)
+    return as_int64(value), None
+
+
+def resolve_seed(seed, offset, generator: Optional[torch.Generator],
+                 row_ids: Optional[torch.Tensor], rows: int, like: torch.Tensor) -> tuple:
+    """Validate a counter-based stream; return its counters (seed, offset, seed_tensor,
+    offset_tensor): each of seed and offset either an int64 bit pattern with tensor None,
+    or 0 with an int64 0-d tensor on like's device that the kernels read.
 
     row_ids: Long[rows] on like's device, or None. A missing seed is drawn together
     with the offset from `generator` (or torch's default generator).
@@ -121,13 +143,18 @@ def resolve_seed(seed: Optional[int], offset: int, generator: Optional[torch.Gen
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
     if seed is None:
-        if offset != 0:
+        if not is_zero(offset):
             raise ValueError(f"offset needs an explicit seed (it is drawn with the seed otherwise), got {offset}")
         seed, offset = seed_from_generator(generator)
     elif generator is not None:
         raise ValueError("pass either seed or generator, not both")
-    check_seed(seed, offset)
-    return as_int64(seed), as_int64(offset)
+    (seed, seed_t), (offset, offset_t) = check_counter("seed", seed, like), check_counter("offset", offset, like)
+    return seed, offset, seed_t, offset_t
+
+
+def check_seed_int(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**64:
+        raise ValueError(f"{name} must be an int in [0, 2**64) or an int64 tensor, got {value!r}")
 
 
 def contiguous(*tensors: Optional[torch.Tensor]) -> tuple:
@@ -142,12 +169,19 @@ def split32(value: int) -> tuple[int, int]:
     return value & 0xFFFFFFFF, value >> 32
 
 
-def stream_noise(seed: int, offset: int, row_ids: Optional[torch.Tensor], rows: int, width: int,
+def counter_value(value: int, tensor: Optional[torch.Tensor]):
+    """The uint64 value of a counter from resolve_seed: the int, or the tensor itself (int64
+    bits; the torch Philox reads it on its device)."""
+    return tensor if tensor is not None else value & (2**64 - 1)
+
+
+def stream_noise(counters: tuple, row_ids: Optional[torch.Tensor], rows: int, width: int,
                  device: torch.device) -> torch.Tensor:
     """The uniforms a seeded call reads, as explicit noise Float[rows, width]
-    (seed and offset as returned by resolve_stream)."""
-    ids = row_ids.cpu() if row_ids is not None else torch.arange(rows)
-    return philox_uniform(seed & (2**64 - 1), offset & (2**64 - 1), ids, width).to(device)
+    (counters as returned by resolve_stream)."""
+    seed, offset, seed_t, offset_t = counters
+    ids = row_ids if row_ids is not None else torch.arange(rows, device=device)
+    return philox_uniform(counter_value(seed, seed_t), counter_value(offset, offset_t), ids, width)
 
 
 def gumbel(u: torch.Tensor) -> torch.Tensor:

@@ -50,26 +50,29 @@ def _check_k(k, replacement, n: int) -> int:
 
 
 def _resolve_stream(weights, k, seed, offset, generator, row_ids, noise):
-    """Validate the randomness arguments: (noise as float64 | None, seed, offset, row_ids),
-    seed and offset as int64 bit patterns."""
+    """Validate the randomness arguments: (noise as float64 | None, counters, row_ids),
+    counters as args.resolve_seed returns them."""
     rows = weights.shape[0]
     if noise is not None:
         args.check_noise_alone(seed, offset, generator, row_ids)
-        return check_uniforms("noise", noise, (rows, k), weights), 0, 0, None
-    seed, offset = args.resolve_seed(seed, offset, generator, row_ids, rows, weights)
+        return check_uniforms("noise", noise, (rows, k), weights), (0, 0, None, None), None
+    counters = args.resolve_seed(seed, offset, generator, row_ids, rows, weights)
     if row_ids is None:
         row_ids = torch.arange(rows, device=weights.device)
-    return None, seed, offset, row_ids
+    return None, counters, row_ids
 
 
-def draw_uniforms(seed: int, offset: int, row_ids: torch.Tensor, k: int) -> torch.Tensor:
+def draw_uniforms(seed, offset, row_ids: torch.Tensor, k: int) -> torch.Tensor:
     """Float64[B, k]: the 48-bit uniform of each draw from the Philox stream (module docstring).
+    seed, offset: ints (uint64 or int64 bit patterns) or int64 0-d tensors holding the bits.
 
     Built from the Philox words themselves: a float32 uniform of ddpd.ops.rng rounds
     (w >> 8) + 1/2 to 24 bits, which would lose the lowest bit of a.
     """
     cols = torch.arange(2 * k, dtype=torch.int64, device=row_ids.device)
-    word = philox_words(seed & (2**64 - 1), offset & (2**64 - 1), row_ids.to(torch.int64), cols)
+    seed, offset = (v.reshape(()).to(row_ids.device) if isinstance(v, torch.Tensor) else v & (2**64 - 1)
+                    for v in (seed, offset))
+    word = philox_words(seed, offset, row_ids.to(torch.int64), cols)
     top = (word >> 8).double()  # 24 bits each
     return (top[:, 0::2] * 2.0**24 + top[:, 1::2] + 0.5) * 2.0**-48
 
@@ -83,8 +86,8 @@ def multinomial_reference(
     k: int,
     replacement: bool = False,
     *,
-    seed: Optional[int] = None,
-    offset: int = 0,
+    seed=None,
+    offset=0,
     generator: Optional[torch.Generator] = None,
     row_ids: Optional[torch.Tensor] = None,
     noise: Optional[torch.Tensor] = None,
@@ -93,9 +96,10 @@ def multinomial_reference(
     """Plain torch version of multinomial (same arguments, same results)."""
     weights = check_weights(weights)
     k = _check_k(k, replacement, weights.shape[1])
-    u, seed, offset, row_ids = _resolve_stream(weights, k, seed, offset, generator, row_ids, noise)
+    u, counters, row_ids = _resolve_stream(weights, k, seed, offset, generator, row_ids, noise)
     if u is None:
-        u = draw_uniforms(seed, offset, row_ids, k)
+        u = draw_uniforms(args.counter_value(counters[0], counters[2]), args.counter_value(counters[1], counters[3]),
+                          row_ids, k)
     valid = row_validity(weights, 1 if replacement else k)
     w = torch.where(valid[:, None], weights.double(), 1.0)
     draws = []
@@ -113,8 +117,8 @@ def multinomial(
     k: int,
     replacement: bool = False,
     *,
-    seed: Optional[int] = None,
-    offset: int = 0,
+    seed=None,
+    offset=0,
     generator: Optional[torch.Generator] = None,
     row_ids: Optional[torch.Tensor] = None,
     noise: Optional[torch.Tensor] = None,
@@ -124,21 +128,24 @@ def multinomial(
 
     Randomness: `noise` [B, k], or (seed, offset) with `row_ids` (default 0..B-1), or
     a (seed, offset) pair drawn from `generator` (default: torch's global generator).
+    seed and offset may be int64 tensors of one element on the device of weights (read
+    by the kernel, so a captured CUDA graph replays with their current values).
     With return_valid=True returns (index, valid Bool[B]); otherwise an invalid row
     raises ValueError.
     """
     weights = check_weights(weights)
     k = _check_k(k, replacement, weights.shape[1])
-    u, seed, offset, row_ids = _resolve_stream(weights, k, seed, offset, generator, row_ids, noise)
+    u, (seed, offset, seed_t, offset_t), row_ids = _resolve_stream(weights, k, seed, offset, generator, row_ids,
+                                                                   noise)
     ops = _ext.ops_for(weights.device)
     if ops is None:
         if u is None:
-            u = draw_uniforms(seed, offset, row_ids, k)
+            u = draw_uniforms(args.counter_value(seed, seed_t), args.counter_value(offset, offset_t), row_ids, k)
         return multinomial_reference(weights, k, replacement, noise=u, return_valid=return_valid)
     if u is not None:
         index, valid = ops.multinomial_with_uniforms(weights, u, replacement)
     else:
-        index, valid = ops.multinomial(weights, k, replacement, seed, offset, row_ids)
+        index, valid = ops.multinomial(weights, k, replacement, seed, offset, row_ids, seed_t, offset_t)
     return finish(index, valid, return_valid, _need(k, replacement))
 
 

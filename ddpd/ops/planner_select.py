@@ -92,8 +92,8 @@ def planner_select_reference(
     tau: float = 1.0,
     eps: float = 0.01,
     *,
-    seed: Optional[int] = None,
-    offset: int = 0,
+    seed=None,
+    offset=0,
     generator: Optional[torch.Generator] = None,
     row_ids: Optional[torch.Tensor] = None,
     noise: Optional[torch.Tensor] = None,
@@ -101,9 +101,9 @@ def planner_select_reference(
     """Plain torch version of planner_select (same arguments, same outputs)."""
     softmax, tau, eps = check_select_args(logits, k, mode, tau, eps)
     rows, length = logits.shape
-    seed, offset = args.resolve_stream(noise, (rows, length), logits, seed, offset, generator, row_ids)
+    counters = args.resolve_stream(noise, (rows, length), logits, seed, offset, generator, row_ids)
     if noise is None:
-        noise = args.stream_noise(seed, offset, row_ids, rows, length, logits.device)
+        noise = args.stream_noise(counters, row_ids, rows, length, logits.device)
     l = planner_logits(logits)
     p = planner_prob(l)
     positions = gumbel_top_k(selection_log_weights(l, softmax, tau), noise, k)
@@ -113,11 +113,12 @@ def planner_select_reference(
 # ------------------------------------------------------------------------ fused op
 
 
-def planner_select_triton(logits, k, softmax, tau, eps, noise, seed, offset, row_ids, mask=None):
+def planner_select_triton(logits, k, softmax, tau, eps, noise, counters, row_ids, mask=None):
     """Launch the Triton kernel (CUDA tensors; CPU tensors under TRITON_INTERPRET=1).
 
-    mask: None, or (x, mask_id, mask_noise) to draw the mask of planner_select_mask
-    too (at offset + 1 when seeded). Returns 3 outputs, or 6 with the mask.
+    counters: (seed, offset, seed_tensor, offset_tensor) of args.resolve_stream.
+    mask: None, or (x, mask_id, mask_noise, (mask_offset, mask_offset_tensor)) to draw
+    the mask of planner_select_mask too. Returns 3 outputs, or 6 with the mask.
     """
     from ddpd.kernels.planner_select import planner_select_kernel
 
@@ -128,19 +129,17 @@ def planner_select_triton(logits, k, softmax, tau, eps, noise, seed, offset, row
     positions = torch.empty(rows, k, dtype=torch.int64, device=device)
     sum_p = torch.empty(rows, dtype=torch.float32, device=device)
     stop = torch.empty(rows, dtype=torch.bool, device=device)
-    x, mask_id, mask_noise = mask if mask is not None else (None, 0, None)
+    x, mask_id, mask_noise, (mask_offset, mask_offset_t) = mask if mask is not None else (None, 0, None, (0, None))
     x = x.contiguous() if x is not None else None  # masked below is written row-major
     masked = torch.empty_like(x) if mask is not None else None
     z = torch.empty(rows, length, dtype=torch.bool, device=device) if mask is not None else None
     count = torch.empty(rows, dtype=torch.int64, device=device) if mask is not None else None
     if rows > 0:
-        seed_lo, seed_hi = args.split32(seed)
-        offset_lo, offset_hi = args.split32(offset)
-        mask_offset_lo, mask_offset_hi = args.split32(offset + 1)
+        seed, offset, seed_t, offset_t = counters
         planner_select_kernel[(rows,)](
             logits, length, k, tau, eps,
-            noise, mask_noise, row_ids, seed_lo, seed_hi, offset_lo, offset_hi, mask_offset_lo, mask_offset_hi,
-            x, mask_id, positions, sum_p, stop, masked, z, count,
+            noise, mask_noise, row_ids, *args.split32(seed), *args.split32(offset), *args.split32(mask_offset),
+            seed_t, offset_t, mask_offset_t, x, mask_id, positions, sum_p, stop, masked, z, count,
             SOFTMAX=softmax, WITH_MASK=mask is not None, BLOCK_D=1 << (length - 1).bit_length(),
         )
     if mask is None:
@@ -148,11 +147,12 @@ def planner_select_triton(logits, k, softmax, tau, eps, noise, seed, offset, row
     return positions, sum_p, stop, masked, z, count
 
 
-def _planner_select_impl(logits, k, softmax, tau, eps, noise, seed, offset, row_ids):
+def _planner_select_impl(logits, k, softmax, tau, eps, noise, seed, offset, row_ids, seed_t, offset_t):
     """The kernels behind the op (arguments validated): Triton on CUDA, C++ on CPU."""
     if logits.device.type == "cuda":
-        return planner_select_triton(logits, k, softmax, tau, eps, noise, seed, offset, row_ids)
-    return args.cpu_ops().planner_select_cpu(logits.contiguous(), k, softmax, tau, eps, noise, seed, offset, row_ids)
+        return planner_select_triton(logits, k, softmax, tau, eps, noise, (seed, offset, seed_t, offset_t), row_ids)
+    return args.cpu_ops().planner_select_cpu(logits.contiguous(), k, softmax, tau, eps, noise, seed, offset, row_ids,
+                                             seed_t, offset_t)
 
 
 @torch.library.custom_op("ddpd::planner_select", mutates_args=())
@@ -166,12 +166,14 @@ def _planner_select_op(
     seed: int,
     offset: int,
     row_ids: Optional[torch.Tensor],
+    seed_t: Optional[torch.Tensor],
+    offset_t: Optional[torch.Tensor],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _planner_select_impl(logits, k, softmax, tau, eps, noise, seed, offset, row_ids)
+    return _planner_select_impl(logits, k, softmax, tau, eps, noise, seed, offset, row_ids, seed_t, offset_t)
 
 
 @_planner_select_op.register_fake
-def _(logits, k, softmax, tau, eps, noise, seed, offset, row_ids):
+def _(logits, k, softmax, tau, eps, noise, seed, offset, row_ids, seed_t, offset_t):
     rows = logits.shape[0]
     return (logits.new_empty(rows, k, dtype=torch.int64), logits.new_empty(rows, dtype=torch.float32),
             logits.new_empty(rows, dtype=torch.bool))
@@ -184,8 +186,8 @@ def planner_select(
     tau: float = 1.0,
     eps: float = 0.01,
     *,
-    seed: Optional[int] = None,
-    offset: int = 0,
+    seed=None,
+    offset=0,
     generator: Optional[torch.Generator] = None,
     row_ids: Optional[torch.Tensor] = None,
     noise: Optional[torch.Tensor] = None,
@@ -194,14 +196,17 @@ def planner_select(
 
     mode 'sigmoid': P proportional to sigmoid(logits) (options A/B); 'softmax':
     softmax(logits / tau) over positions (option C). eps in (0, 1): stop threshold.
-    Randomness: `seed`/`offset` (ints in [0, 2**64)), or both drawn from
+    Randomness: `seed`/`offset` (ints in [0, 2**64), or int64 tensors of one element on
+    the device of logits, read by the kernel: advancing such a tensor in place gives
+    fresh draws on each replay of a captured CUDA graph), or both drawn from
     `generator`; `row_ids` Long[B] names each row's stream; or explicit uniforms
     `noise` Float[B, D].
     Returns (positions Long[B, k] in draw order, sum_p Float[B], stop Bool[B]).
     """
     softmax, tau, eps = check_select_args(logits, k, mode, tau, eps)
-    seed, offset = args.resolve_stream(noise, tuple(logits.shape), logits, seed, offset, generator, row_ids)
+    seed, offset, seed_t, offset_t = args.resolve_stream(noise, tuple(logits.shape), logits, seed, offset, generator,
+                                                         row_ids)
     noise, row_ids = args.contiguous(noise, row_ids)
     # Draws and the stop statistics carry no gradient (see sample_from_hidden).
-    call = _planner_select_impl if args.eager(logits, noise, row_ids) else _planner_select_op
-    return call(logits.detach(), k, softmax, tau, eps, noise, seed, offset, row_ids)
+    call = _planner_select_impl if args.eager(logits, noise, row_ids, seed_t, offset_t) else _planner_select_op
+    return call(logits.detach(), k, softmax, tau, eps, noise, seed, offset, row_ids, seed_t, offset_t)

@@ -58,9 +58,10 @@ def philox4x32(c0, c1, c2, c3, k0, k1):
     return c0, c1, c2, c3
 
 
-def row_key(seed: int, rows: torch.Tensor) -> tuple:
+def row_key(seed, rows: torch.Tensor) -> tuple:
     """Philox key words (k0, k1) of each row id (int64 tensor holding uint64 bits):
-    the seed's words below 2**32, the derived key of the module docstring above."""
+    the seed's words below 2**32, the derived key of the module docstring above.
+    seed: an int, or an int64 0-d tensor holding its bits."""
     seed_lo, seed_hi = seed & _MASK32, (seed >> 32) & _MASK32
     row_hi = (rows >> 32) & _MASK32
     # One extra evaluation per row (not per column). Skipped where no row needs it,
@@ -72,35 +73,44 @@ def row_key(seed: int, rows: torch.Tensor) -> tuple:
     return torch.where(row_hi != 0, d0, seed_lo), torch.where(row_hi != 0, d1, seed_hi)
 
 
-def philox_words(seed: int, offset: int, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-    """First Philox output word (uint32 in int64) for row ids rows [N] x columns cols [M]."""
+def philox_words(seed, offset, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """First Philox output word (uint32 in int64) for row ids rows [N] x columns cols [M].
+    seed, offset: ints, or int64 0-d tensors on the rows' device holding their bits."""
     rows = rows[:, None]
     k0, k1 = row_key(seed, rows)
     c0 = (cols & _MASK32)[None, :]
     c1 = rows & _MASK32
-    c2 = torch.full_like(c1, offset & _MASK32)
-    c3 = torch.full_like(c1, (offset >> 32) & _MASK32)
+    zero = torch.zeros_like(c1)
+    c2 = zero + (offset & _MASK32)
+    c3 = zero + ((offset >> 32) & _MASK32)
     w, _, _, _ = philox4x32(c0, c1, c2, c3, k0, k1)
     return w.expand(rows.shape[0], cols.numel())
 
 
-def check_seed(seed: int, offset: int) -> None:
-    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**64:
-        raise ValueError(f"seed must be an int in [0, 2**64), got {seed!r}")
-    if not isinstance(offset, int) or isinstance(offset, bool) or not 0 <= offset < 2**64:
-        raise ValueError(f"offset must be an int in [0, 2**64), got {offset!r}")
+def check_seed(seed, offset) -> None:
+    """seed and offset: ints in [0, 2**64), or int64 tensors of one element (their bits)."""
+    for name, value in (("seed", seed), ("offset", offset)):
+        if isinstance(value, torch.Tensor):
+            if value.dtype != torch.int64 or value.numel() != 1:
+                raise ValueError(f"{name} must be an int in [0, 2**64) or an int64 tensor of one element, got "
+                                 f"{value.dtype} of shape {tuple(value.shape)}")
+        elif not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**64:
+            raise ValueError(f"{name} must be an int in [0, 2**64), got {value!r}")
 
 
 def philox_uniform(
-    seed: int,
-    offset: int,
+    seed,
+    offset,
     rows: Union[torch.Tensor, Sequence[int]],
     cols: Union[torch.Tensor, int],
     device: Optional[torch.device] = None,
 ) -> torch.Tensor:
     """Uniforms in (0, 1], float32 [len(rows), n_cols], from (seed, offset, row id, column).
 
-    rows: row ids (Long[N], 64-bit: negative values stand for ids >= 2**63); cols: number of columns M (columns 0..M-1) or Long[M].
+    seed, offset: ints in [0, 2**64), or int64 tensors of one element holding their bits
+    (read on the device, so a CUDA graph replays with whatever value they hold).
+    rows: row ids (Long[N], 64-bit: negative values stand for ids >= 2**63); cols: number
+    of columns M (columns 0..M-1) or Long[M].
     """
     check_seed(seed, offset)
     rows = torch.as_tensor(rows, dtype=torch.int64, device=device)
@@ -109,6 +119,7 @@ def philox_uniform(
     cols = torch.as_tensor(cols, dtype=torch.int64, device=rows.device)
     if rows.dim() != 1 or cols.dim() != 1:
         raise ValueError(f"rows and cols must be 1-D, got shapes {tuple(rows.shape)} and {tuple(cols.shape)}")
+    seed, offset = (v.reshape(()).to(rows.device) if isinstance(v, torch.Tensor) else v for v in (seed, offset))
     w = philox_words(seed, offset, rows, cols)
     return ((w >> 8).to(torch.float32) + 0.5) * (2.0**-24)
 

@@ -94,8 +94,8 @@ def _prepare(logits, temperature, exclude_ids, exclude_per_row, seed, offset, ge
     args.check_width("V (logits.shape[1])", vocab)
     temperature = args.check_positive_float("temperature", temperature)
     ids = check_exclusions(exclude_ids, exclude_per_row, logits, vocab)
-    seed, offset = args.resolve_stream(noise, (rows, noise_width(vocab)), logits, seed, offset, generator, row_ids)
-    return temperature, ids, seed, offset
+    counters = args.resolve_stream(noise, (rows, noise_width(vocab)), logits, seed, offset, generator, row_ids)
+    return temperature, ids, counters
 
 
 # ------------------------------------------------------------------------- reference
@@ -172,20 +172,20 @@ def sample_categorical_reference(
     exclude_ids: Optional[Sequence[int]] = None,
     exclude_per_row: Optional[torch.Tensor] = None,
     *,
-    seed: Optional[int] = None,
-    offset: int = 0,
+    seed=None,
+    offset=0,
     generator: Optional[torch.Generator] = None,
     row_ids: Optional[torch.Tensor] = None,
     noise: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Plain torch version of sample_categorical (same arguments, same tokens)."""
-    temperature, ids, seed, offset = _prepare(
+    temperature, ids, counters = _prepare(
         logits, temperature, exclude_ids, exclude_per_row, seed, offset, generator, row_ids, noise
     )
     check_exclude_values(exclude_per_row, logits.shape[1])
     if noise is None:
         rows, vocab = logits.shape
-        noise = args.stream_noise(seed, offset, row_ids, rows, noise_width(vocab), logits.device)
+        noise = args.stream_noise(counters, row_ids, rows, noise_width(vocab), logits.device)
     return categorical_reference(masked_logits(logits, ids, exclude_per_row), temperature, noise)
 
 
@@ -219,7 +219,7 @@ def categorical_launch(rows: int, vocab: int, multiprocessors: int) -> Categoric
     return CategoricalLaunch(splits, per_split, min(4, 1 << (per_split - 1).bit_length()), (rows, splits), (rows,))
 
 
-def sample_categorical_triton(logits, temperature, exclude_ids, exclude_per_row, noise, seed, offset, row_ids):
+def sample_categorical_triton(logits, temperature, exclude_ids, exclude_per_row, noise, counters, row_ids):
     """Launch the Triton kernels (CUDA tensors; CPU tensors under TRITON_INTERPRET=1)."""
     from ddpd.kernels.sample_categorical import finish_kernel, tile_stats_kernel
 
@@ -232,7 +232,8 @@ def sample_categorical_triton(logits, temperature, exclude_ids, exclude_per_row,
         return tokens, valid
     launch = categorical_launch(rows, vocab, args.multiprocessors(device))
     tiles = n_tiles(vocab)
-    stream = (noise, row_ids, *args.split32(seed), *args.split32(offset))
+    seed, offset, seed_t, offset_t = counters
+    stream = (noise, row_ids, *args.split32(seed), *args.split32(offset), seed_t, offset_t)
     excl = (args.device_ids(tuple(exclude_ids), device), len(exclude_ids), exclude_per_row)
     stats = torch.empty(2, rows, tiles, dtype=torch.float32, device=device) if launch.stats_grid else None
     tile_max, tile_key = (stats[0], stats[1]) if launch.stats_grid else (None, None)
@@ -249,14 +250,15 @@ def sample_categorical_triton(logits, temperature, exclude_ids, exclude_per_row,
     return tokens, valid
 
 
-def _sample_categorical_impl(logits, temperature, exclude_ids, exclude_per_row, noise, seed, offset, row_ids):
+def _sample_categorical_impl(logits, temperature, exclude_ids, exclude_per_row, noise, seed, offset, row_ids,
+                             seed_t, offset_t):
     """The kernels behind the op (arguments validated): Triton on CUDA, C++ on CPU,
     which also range-checks exclude_per_row."""
     if logits.device.type == "cuda":
-        return sample_categorical_triton(logits, temperature, exclude_ids, exclude_per_row, noise, seed, offset,
-                                         row_ids)
+        return sample_categorical_triton(logits, temperature, exclude_ids, exclude_per_row, noise,
+                                         (seed, offset, seed_t, offset_t), row_ids)
     return args.cpu_ops().sample_categorical_cpu(
-        logits.contiguous(), temperature, exclude_ids, exclude_per_row, noise, seed, offset, row_ids
+        logits.contiguous(), temperature, exclude_ids, exclude_per_row, noise, seed, offset, row_ids, seed_t, offset_t
     )
 
 
@@ -270,12 +272,15 @@ def _sample_categorical_op(
     seed: int,
     offset: int,
     row_ids: Optional[torch.Tensor],
+    seed_t: Optional[torch.Tensor],
+    offset_t: Optional[torch.Tensor],
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return _sample_categorical_impl(logits, temperature, exclude_ids, exclude_per_row, noise, seed, offset, row_ids)
+    return _sample_categorical_impl(logits, temperature, exclude_ids, exclude_per_row, noise, seed, offset, row_ids,
+                                    seed_t, offset_t)
 
 
 @_sample_categorical_op.register_fake
-def _(logits, temperature, exclude_ids, exclude_per_row, noise, seed, offset, row_ids):
+def _(logits, temperature, exclude_ids, exclude_per_row, noise, seed, offset, row_ids, seed_t, offset_t):
     rows = logits.shape[0]
     return logits.new_empty(rows, dtype=torch.int64), logits.new_empty(rows, dtype=torch.bool)
 
@@ -286,8 +291,8 @@ def sample_categorical(
     exclude_ids: Optional[Sequence[int]] = None,
     exclude_per_row: Optional[torch.Tensor] = None,
     *,
-    seed: Optional[int] = None,
-    offset: int = 0,
+    seed=None,
+    offset=0,
     generator: Optional[torch.Generator] = None,
     row_ids: Optional[torch.Tensor] = None,
     noise: Optional[torch.Tensor] = None,
@@ -296,15 +301,18 @@ def sample_categorical(
 
     P(token j) is softmax(logits / temperature)_j over the tokens not excluded.
     exclude_ids: tokens no row may draw; exclude_per_row: Long[N], one more per row.
-    Randomness: `seed`/`offset` (ints in [0, 2**64)), or both drawn from
+    Randomness: `seed`/`offset` (ints in [0, 2**64), or int64 tensors of one element on
+    the device of logits, read by the kernels: advancing such a tensor in place gives
+    fresh draws on each replay of a captured CUDA graph), or both drawn from
     `generator`; `row_ids` Long[N] names each row's stream (default 0..N-1); or
     explicit uniforms `noise` Float[N, noise_width(V)].
     Returns (tokens Long[N] in [0, V), valid Bool[N]); valid is False where no
     token was drawable, and the token there is 0.
     """
-    temperature, ids, seed, offset = _prepare(
+    temperature, ids, (seed, offset, seed_t, offset_t) = _prepare(
         logits, temperature, exclude_ids, exclude_per_row, seed, offset, generator, row_ids, noise
     )
     exclude_per_row, noise, row_ids = args.contiguous(exclude_per_row, noise, row_ids)
-    call = _sample_categorical_impl if args.eager(logits, exclude_per_row, noise, row_ids) else _sample_categorical_op
-    return call(logits.detach(), temperature, ids, exclude_per_row, noise, seed, offset, row_ids)
+    eager = args.eager(logits, exclude_per_row, noise, row_ids, seed_t, offset_t)
+    call = _sample_categorical_impl if eager else _sample_categorical_op
+    return call(logits.detach(), temperature, ids, exclude_per_row, noise, seed, offset, row_ids, seed_t, offset_t)

@@ -51,9 +51,9 @@ def _prepare(hidden, weight, bias, temperature, exclude_ids, exclude_per_row, se
         args.check_same_device("bias", bias, hidden, "hidden")
     temperature = args.check_positive_float("temperature", temperature)
     ids = check_exclusions(exclude_ids, exclude_per_row, hidden, vocab)
-    seed, offset = args.resolve_stream(noise, (hidden.shape[0], noise_width(vocab)), hidden, seed, offset,
-                                       generator, row_ids)
-    return temperature, ids, seed, offset
+    counters = args.resolve_stream(noise, (hidden.shape[0], noise_width(vocab)), hidden, seed, offset, generator,
+                                   row_ids)
+    return temperature, ids, counters
 
 
 # ------------------------------------------------------------------------- reference
@@ -67,19 +67,19 @@ def sample_from_hidden_reference(
     exclude_ids: Optional[Sequence[int]] = None,
     exclude_per_row: Optional[torch.Tensor] = None,
     *,
-    seed: Optional[int] = None,
-    offset: int = 0,
+    seed=None,
+    offset=0,
     generator: Optional[torch.Generator] = None,
     row_ids: Optional[torch.Tensor] = None,
     noise: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Plain torch version: the full float32 logits, then sample_categorical_reference."""
-    temperature, ids, seed, offset = _prepare(hidden, weight, bias, temperature, exclude_ids, exclude_per_row, seed,
-                                              offset, generator, row_ids, noise)
+    temperature, ids, counters = _prepare(hidden, weight, bias, temperature, exclude_ids, exclude_per_row, seed,
+                                          offset, generator, row_ids, noise)
     vocab = weight.shape[0]
     check_exclude_values(exclude_per_row, vocab)
     if noise is None:
-        noise = args.stream_noise(seed, offset, row_ids, hidden.shape[0], noise_width(vocab), hidden.device)
+        noise = args.stream_noise(counters, row_ids, hidden.shape[0], noise_width(vocab), hidden.device)
     logits = hidden.float() @ weight.float().T
     if bias is not None:
         logits = logits + bias.float()
@@ -125,7 +125,7 @@ def head_launch(rows: int, width: int, vocab: int, element_size: int, multiproce
     return HeadLaunch(block_n, block_h, per_split, (row_blocks, splits), (rows,) if tiles > 1 else None)
 
 
-def sample_from_hidden_triton(hidden, weight, bias, temperature, exclude_ids, exclude_per_row, noise, seed, offset,
+def sample_from_hidden_triton(hidden, weight, bias, temperature, exclude_ids, exclude_per_row, noise, counters,
                               row_ids):
     """Launch the Triton kernels (CUDA tensors; CPU tensors under TRITON_INTERPRET=1)."""
     from ddpd.kernels.sample_from_hidden import finish_kernel, head_tiles_kernel
@@ -148,7 +148,7 @@ def sample_from_hidden_triton(hidden, weight, bias, temperature, exclude_ids, ex
     head_tiles_kernel[launch.tiles_grid](
         hidden, weight, None if bias is None else bias.contiguous(), rows, vocab, width, tiles, launch.tiles_per_split,
         temperature, args.device_ids(tuple(exclude_ids), device), len(exclude_ids), exclude_per_row,
-        noise, row_ids, *args.split32(seed), *args.split32(offset), tile_max, tile_key, candidate, tokens, valid,
+        noise, row_ids, *args.split32(counters[0]), *args.split32(counters[1]), counters[2], counters[3], tile_max, tile_key, candidate, tokens, valid,
         TILE=TILE, BLOCK_N=launch.block_n, BLOCK_H=launch.block_h,
         DOT_F32=interpreted or weight.dtype == torch.float32 or hidden.dtype != weight.dtype,
         SINGLE_TILE=launch.finish_grid is None, num_warps=launch.num_warps, num_stages=launch.num_stages,
@@ -160,14 +160,14 @@ def sample_from_hidden_triton(hidden, weight, bias, temperature, exclude_ids, ex
 
 
 def _sample_from_hidden_impl(hidden, weight, bias, temperature, exclude_ids, exclude_per_row, noise, seed, offset,
-                             row_ids):
+                             row_ids, seed_t, offset_t):
     """The kernels behind the op (arguments validated): Triton on CUDA, C++ on CPU,
     which also range-checks exclude_per_row."""
     if hidden.device.type == "cuda":
-        return sample_from_hidden_triton(hidden, weight, bias, temperature, exclude_ids, exclude_per_row, noise, seed,
-                                         offset, row_ids)
+        return sample_from_hidden_triton(hidden, weight, bias, temperature, exclude_ids, exclude_per_row, noise,
+                                         (seed, offset, seed_t, offset_t), row_ids)
     return args.cpu_ops().sample_from_hidden_cpu(hidden, weight, bias, temperature, exclude_ids, exclude_per_row,
-                                                 noise, seed, offset, row_ids)
+                                                 noise, seed, offset, row_ids, seed_t, offset_t)
 
 
 @torch.library.custom_op("ddpd::sample_from_hidden", mutates_args=())
@@ -182,13 +182,16 @@ def _sample_from_hidden_op(
     seed: int,
     offset: int,
     row_ids: Optional[torch.Tensor],
+    seed_t: Optional[torch.Tensor],
+    offset_t: Optional[torch.Tensor],
 ) -> tuple[torch.Tensor, torch.Tensor]:
     return _sample_from_hidden_impl(hidden, weight, bias, temperature, exclude_ids, exclude_per_row, noise, seed,
-                                    offset, row_ids)
+                                    offset, row_ids, seed_t, offset_t)
 
 
 @_sample_from_hidden_op.register_fake
-def _(hidden, weight, bias, temperature, exclude_ids, exclude_per_row, noise, seed, offset, row_ids):
+def _(hidden, weight, bias, temperature, exclude_ids, exclude_per_row, noise, seed, offset, row_ids, seed_t,
+      offset_t):
     rows = hidden.shape[0]
     return hidden.new_empty(rows, dtype=torch.int64), hidden.new_empty(rows, dtype=torch.bool)
 
@@ -201,8 +204,8 @@ def sample_from_hidden(
     exclude_ids: Optional[Sequence[int]] = None,
     exclude_per_row: Optional[torch.Tensor] = None,
     *,
-    seed: Optional[int] = None,
-    offset: int = 0,
+    seed=None,
+    offset=0,
     generator: Optional[torch.Generator] = None,
     row_ids: Optional[torch.Tensor] = None,
     noise: Optional[torch.Tensor] = None,
@@ -213,12 +216,13 @@ def sample_from_hidden(
     ...) (explicit `noise` Float[N, noise_width(V)]), without the [N, V] logits.
     Returns (tokens Long[N] in [0, V), valid Bool[N]).
     """
-    temperature, ids, seed, offset = _prepare(hidden, weight, bias, temperature, exclude_ids, exclude_per_row, seed,
-                                              offset, generator, row_ids, noise)
+    temperature, ids, (seed, offset, seed_t, offset_t) = _prepare(
+        hidden, weight, bias, temperature, exclude_ids, exclude_per_row, seed, offset, generator, row_ids, noise)
     # A draw has no gradient; detaching lets callers pass a live nn.Linear's
     # parameters (requires_grad) outside torch.no_grad().
     bias = None if bias is None else bias.detach()
     exclude_per_row, noise, row_ids = args.contiguous(exclude_per_row, noise, row_ids)
-    eager = args.eager(hidden, weight, bias, exclude_per_row, noise, row_ids)
+    eager = args.eager(hidden, weight, bias, exclude_per_row, noise, row_ids, seed_t, offset_t)
     call = _sample_from_hidden_impl if eager else _sample_from_hidden_op
-    return call(hidden.detach(), weight.detach(), bias, temperature, ids, exclude_per_row, noise, seed, offset, row_ids)
+    return call(hidden.detach(), weight.detach(), bias, temperature, ids, exclude_per_row, noise, seed, offset, row_ids,
+                seed_t, offset_t)
