@@ -84,6 +84,13 @@ class RunningBatch:
         """True once every row has stopped."""
         return len(self) == 0
 
+    generation = 0  # a new generation begins when rows leave at a stop check (fused run)
+
+    def check_due(self, step: int) -> bool:
+        """Whether the stop flags recorded at loop step `step` are looked at on the host: every
+        step for the reference run."""
+        return True
+
     def running(self) -> Optional[Tensor]:
         """Bool[len] of the rows that have not stopped, or None when that is every row."""
         return None
@@ -148,9 +155,9 @@ class RunningBatch:
 
     # ---- rows leaving
 
-    def finish(self, done: Tensor, step: int, *carried: Optional[Tensor]) -> tuple:
+    def finish(self, done: Tensor, step, *carried: Optional[Tensor], check: bool = True) -> tuple:
         """Retire the rows where done (Bool[len]) at `step`; returns `carried` (per-row tensors
-        of this step, or None) restricted to the rows kept."""
+        of this step, or None) restricted to the rows kept. (check: see FusedBatch.)"""
         if not bool(done.any()):
             return carried
         ids = self.rows[done]
@@ -167,8 +174,10 @@ class RunningBatch:
         return self._result()
 
     def _result(self) -> SampleResult:
-        return SampleResult(self.out, int(self.stop_step.max()), self.stop_step, self.planner_calls,
-                            self.denoiser_calls, self.planner_rows, self.denoiser_rows)
+        with _sync_allowed():  # the run is over: its step count is read once
+            steps = int(self.stop_step.max())
+        return SampleResult(self.out, steps, self.stop_step, self.planner_calls, self.denoiser_calls,
+                            self.planner_rows, self.denoiser_rows)
 
 
 class FusedBatch(RunningBatch):
@@ -181,7 +190,7 @@ class FusedBatch(RunningBatch):
         self.sync_every = sync_every
         self.compaction = compaction
         self.running_rows = x.shape[0]  # as of the last stop check (a host count)
-        self._checks = 0
+        self.generation = 0
 
     @property
     def finished(self) -> bool:
@@ -191,24 +200,29 @@ class FusedBatch(RunningBatch):
         """Bool[len]: the rows in the batch that have not stopped (no host sync)."""
         return self.stop_step[self.rows] < 0
 
-    def finish(self, done: Tensor, step: int, *carried: Optional[Tensor]) -> tuple:
-        """Record that the rows where done (Bool[len]) stopped at `step` (unless they already had).
+    def check_due(self, step: int) -> bool:
+        """Every sync_every-th loop step is a stop check."""
+        return (step + 1) % self.sync_every == 0
 
-        Every sync_every-th call is a stop check: the finished rows leave the batch and each
-        of `carried` is packed like the batch. Returns `carried`, packed or not.
+    def finish(self, done: Tensor, step, *carried: Optional[Tensor], check: bool = True) -> tuple:
+        """Record that the rows where done (Bool[len]) stopped at `step` (an int, or the step
+        tensor of a CUDA graph; unless they already had). At a stop check (`check`, see
+        check_due) the finished rows leave the batch and each of `carried` is packed like the
+        batch. Returns `carried`, packed or not.
         """
         rows_stop = self.stop_step[self.rows]
         self.stop_step[self.rows] = torch.where(done & (rows_stop < 0), step, rows_stop)
-        self._checks += 1
-        if self._checks % self.sync_every:
+        if not check:
             return carried
         return self._check(carried)
 
     def _check(self, carried: tuple) -> tuple:
         running = self.running()
-        self.running_rows = int(running.sum())  # the host synchronisation of the stop check
+        with _sync_allowed():
+            self.running_rows = int(running.sum())  # the host synchronisation of the stop check
         if not self.compaction or self.running_rows == len(self):
             return carried
+        self.generation += 1
         scatter_back(torch.where(running, -1, self.rows), self.x, self.out)
         present = [c for c in carried if c is not None]
         names = list(self.state)
@@ -270,6 +284,21 @@ class _Call:
 
     def __call__(self, x: Tensor, t: Tensor, labels: Optional[Tensor]) -> Tensor:
         return self.fn(x, t, labels=labels)
+
+
+@contextlib.contextmanager
+def _sync_allowed():
+    """The stop check's synchronisation is the one a fused run makes: allowed under
+    torch.cuda.set_sync_debug_mode("error"), which catches any other."""
+    if not torch.cuda.is_available():
+        yield
+        return
+    mode = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode(0)
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode(mode)
 
 
 def _check_output(name: str, out, shape: tuple) -> None:
