@@ -16,8 +16,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ddpd.ops.planner_mask import planner_select_mask, planner_select_mask_reference
-from ddpd.ops.planner_select import planner_select, planner_select_reference
+from ddpd.ops.planner_select import planner_select, planner_select_mask, planner_select_mask_reference, \
+    planner_select_reference
 from ddpd.ops.sample_categorical import noise_width, sample_categorical, sample_categorical_reference
 from ddpd.ops.sample_from_hidden import sample_from_hidden, sample_from_hidden_reference
 

@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ddpd.ops.planner_mask import planner_select_mask
+from ddpd.ops.planner_select import planner_select_mask
 from ddpd.ops.sample_from_hidden import sample_from_hidden
 
 EPS = 0.01

@@ -44,22 +44,15 @@ from bench_ops import MASK_ID, torch_planner_select, torch_planner_select_mask  
 from bench_step import fused_step, reference_step, step_inputs  # noqa: E402
 from conftest import peak_cuda_growth, peak_rss_growth  # noqa: E402
 
-from ddpd.ops.compact import (  # noqa: E402
-    compact,
-    compact_fixed,
-    compact_fixed_reference,
-    compact_reference,
-    scatter_back,
-    scatter_back_reference,
-)
+from ddpd.ops.compact import compact_fixed, compact_fixed_reference, scatter_back, scatter_back_reference  # noqa: E402
 from ddpd.ops.multinomial import multinomial, multinomial_reference  # noqa: E402
-from ddpd.ops.planner_mask import (  # noqa: E402
-    planner_mask,
-    planner_mask_reference,
+from ddpd.ops.planner_mask import planner_mask, planner_mask_reference  # noqa: E402
+from ddpd.ops.planner_select import (  # noqa: E402
+    planner_select,
     planner_select_mask,
     planner_select_mask_reference,
+    planner_select_reference,
 )
-from ddpd.ops.planner_select import planner_select, planner_select_reference  # noqa: E402
 from ddpd.ops.sample_categorical import sample_categorical, sample_categorical_reference  # noqa: E402
 from ddpd.ops.sample_from_hidden import sample_from_hidden, sample_from_hidden_reference  # noqa: E402
 
@@ -362,14 +355,11 @@ def time_compaction(bench: Bench, batch: int, length: int) -> None:
         index = active.nonzero().squeeze(1)
         return tokens.index_select(0, index), logits.index_select(0, index)
 
-    name = f"compact {batch}x{length} x2"
-    bench.check(name, compact(active, tokens, logits), compact_reference(active, tokens, logits))
-    bench.compare(name, lambda: compact(active, tokens, logits), chain, moved)
     name = f"compact_fixed {batch}x{length} x2"
     bench.check(name, compact_fixed(active, batch, tokens, logits), compact_fixed_reference(active, batch, tokens,
                                                                                           logits))
     bench.compare(name, lambda: compact_fixed(active, batch, tokens, logits), chain, 2 * batch * length * 12)
-    (packed_tokens, packed_logits), index = compact(active, tokens, logits)
+    (packed_tokens, packed_logits), index, _ = compact_fixed(active, n_active, tokens, logits)
     zeros = (torch.zeros_like(tokens), torch.zeros_like(logits))
     name = f"scatter_back {batch}x{length} x2"
     bench.check(name, scatter_back(index, (packed_tokens, packed_logits), tuple(t.clone() for t in zeros)),
@@ -408,7 +398,7 @@ def main() -> int:
         ("planner_select, planner_select_mask, planner_mask", time_planner_ops, shapes["planner"]),
         ("sampler step: fused vs reference (benchmarks/bench_step.py)", time_step, shapes["step"]),
         ("multinomial", time_multinomial, shapes["multinomial"]),
-        ("compact, compact_fixed, scatter_back", time_compaction, shapes["compact"]),
+        ("compact_fixed, scatter_back", time_compaction, shapes["compact"]),
     ]
     for title, fn, cases in plan:
         with section(title):

@@ -23,11 +23,10 @@ from typing import Callable
 
 import torch
 
-from ddpd.ops import _ext
 from ddpd.ops.compact import compact_fixed, scatter_back
 from ddpd.ops.multinomial import multinomial
-from ddpd.ops.planner_mask import planner_mask, planner_select_mask
-from ddpd.ops.planner_select import planner_select
+from ddpd.ops.planner_mask import planner_mask
+from ddpd.ops.planner_select import planner_select, planner_select_mask
 from ddpd.ops.sample_categorical import sample_categorical
 from ddpd.ops.sample_from_hidden import sample_from_hidden
 
@@ -55,7 +54,7 @@ def per_call_us(public: Callable[[], object], raw: Callable[[], object],
 
 def cases(device: torch.device) -> dict:
     """op name -> (public call, raw torch.ops call) on tiny inputs."""
-    ops = torch.ops.ddpd
+    ops = torch.ops.ddpd  # the kernels of ddpd._C are registered by the first op call below
     cpu = device.type == "cpu"
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(4, 40, generator=g).to(device)
@@ -75,15 +74,16 @@ def cases(device: torch.device) -> dict:
     raw_select_mask = ops.planner_select_mask_cpu if cpu else ops.planner_select_mask
     return {
         "sample_categorical": (lambda: sample_categorical(logits, 0.9, [0], seed=1, offset=2),
-                               lambda: raw_categorical(logits, 0.9, [0], None, None, 1, 2, None)),
+                               lambda: raw_categorical(logits, 0.9, [0], None, None, 1, 2, None, None, None)),
         "sample_from_hidden": (lambda: sample_from_hidden(hidden, weight, None, 0.9, [0], seed=1, offset=2),
-                               lambda: raw_hidden(hidden, weight, None, 0.9, [0], None, None, 1, 2, None)),
+                               lambda: raw_hidden(hidden, weight, None, 0.9, [0], None, None, 1, 2, None, None, None)),
         "planner_select": (lambda: planner_select(planner, 1, "sigmoid", 1.0, 0.01, seed=1, offset=2),
-                           lambda: raw_select(planner, 1, False, 1.0, 0.01, None, 1, 2, None)),
+                           lambda: raw_select(planner, 1, False, 1.0, 0.01, None, 1, 2, None, None, None)),
         "planner_mask": (lambda: planner_mask(planner, x, positions, 27, seed=1, offset=2),
-                         lambda: raw_mask(planner, x, positions, 27, None, 1, 2, None)),
+                         lambda: raw_mask(planner, x, positions, 27, None, 1, 2, None, None, None)),
         "planner_select_mask": (lambda: planner_select_mask(planner, x, 27, 1, seed=1, offset=2),
-                                lambda: raw_select_mask(planner, x, 27, 1, False, 1.0, 0.01, None, None, 1, 2, None)),
+                                lambda: raw_select_mask(planner, x, 27, 1, False, 1.0, 0.01, None, None, 1, 2, 3, None,
+                                                        None, None, None)),
         "multinomial": (lambda: multinomial(weights, 1, True, seed=1, row_ids=rows, return_valid=True),
                         lambda: ops.multinomial(weights, 1, True, 1, 0, rows)),
         "compact_fixed": (lambda: compact_fixed(active, 4, x), lambda: ops.compact_fixed(active, 4, [x])),
@@ -95,7 +95,6 @@ def cases(device: torch.device) -> dict:
 def main() -> int:
     device = torch.device("cuda" if "--cuda" in sys.argv[1:] else "cpu")
     torch.set_num_threads(1)
-    _ext.load()
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     print(f"host cost per call on {device} (torch {torch.__version__}), best of {REPEATS} x {CALLS} calls, "
           f"target < {TARGET_US:g} us")

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Callable, Optional, Sequence
 
+import torch
+
 
 def check_int(name: str, value, minimum: int, maximum: Optional[int] = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
@@ -48,6 +50,31 @@ def check_callable(name: str, value) -> Callable:
     return value
 
 
+def check_tensor(name: str, value, dtypes: Sequence[torch.dtype], dim: Optional[int] = None) -> torch.Tensor:
+    """TypeError/ValueError unless `value` is a tensor of one of `dtypes` with `dim` dims
+    (any number when dim is None) on a cpu or cuda device."""
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if value.dtype not in dtypes:
+        names = ", ".join(str(d) for d in dtypes)
+        raise TypeError(f"{name} must have dtype in ({names}), got {value.dtype}")
+    if dim is not None and value.dim() != dim:
+        raise ValueError(f"{name} must be {dim}-D, got shape {tuple(value.shape)}")
+    if value.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"{name} must be on a cpu or cuda device, got {value.device}")
+    return value
+
+
+def check_shape(name: str, value: torch.Tensor, shape: tuple) -> None:
+    if tuple(value.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(value.shape)}")
+
+
+def check_same_device(name: str, value: torch.Tensor, like: torch.Tensor, like_name: str) -> None:
+    if value.device != like.device:
+        raise ValueError(f"{name} must be on the device of {like_name} ({like.device}), got {value.device}")
+
+
 class MissingExtra(ImportError):
     """An optional dependency is not installed; the message names the extra to install."""
 
@@ -66,8 +93,6 @@ def require_extra(module: str, extra: str, purpose: str):
 def check_device(name: str, value, local_rank: Optional[int] = None):
     """torch.device for `value`: "auto" (CUDA if available, else CPU), "cpu", "cuda"
     or "cuda:N"; `local_rank` picks the GPU of a torchrun process."""
-    import torch
-
     expected = "auto, cpu, cuda or cuda:N"
     if not isinstance(value, str):
         raise TypeError(f"{name} must be {expected}, got {type(value).__name__} {value!r}")

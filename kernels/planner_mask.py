@@ -1,39 +1,16 @@
-"""Triton kernel of ddpd.ops.planner_mask, and the planner helpers the planner
-kernels share.
+"""Triton kernel of ddpd.ops.planner_mask: the mask of prop:draw_with_maskD alone.
 
-The mask of prop:draw_with_maskD: z^d ~ Bernoulli(p^d), p^d = sigmoid(l^d), drawn
-as z^d = u^d < p^d (uniform d at column d), forced to 1 at the positions being
-denoised; the masked sequence holds mask_id where z = 1 and x elsewhere.
-One program per row; the row is held in one block. float32 arithmetic only.
+z^d ~ Bernoulli(p^d), p^d = sigmoid(l^d), drawn as z^d = u^d < p^d (uniform d at
+column d), forced to 1 at the positions being denoised; the masked sequence holds
+mask_id where z = 1 and x elsewhere. One program per row; the row is held in one
+block. float32 arithmetic only. The row helpers are ddpd.kernels.planner_select's
+(planner_select_mask draws the same mask in its own kernel).
 """
 import triton
 import triton.language as tl
 
-from ddpd.kernels.philox import load_counters, row_uniform
-
-
-@triton.jit
-def planner_row(logits_ptr, row, offs, D):
-    """Planner logits of a row as float32; NaN reads as -inf (probability 0) and
-    lanes beyond D are -inf."""
-    l = tl.load(logits_ptr + row * D + offs, mask=offs < D, other=float("-inf")).to(tl.float32)
-    return tl.where(l != l, float("-inf"), l)
-
-
-@triton.jit
-def planner_sigmoid(l):
-    return 1.0 / (1.0 + tl.exp(-l))
-
-
-@triton.jit
-def write_mask(u, p, forced, x_ptr, masked_ptr, z_ptr, count_ptr, row, offs, D, mask_id):
-    """z = (u < p) | forced on the row; store the masked row, z and the count."""
-    in_row = offs < D
-    z = ((u < p) | forced) & in_row
-    x = tl.load(x_ptr + row * D + offs, mask=in_row, other=0)
-    tl.store(masked_ptr + row * D + offs, tl.where(z, mask_id, x), mask=in_row)
-    tl.store(z_ptr + row * D + offs, z, mask=in_row)
-    tl.store(count_ptr + row, tl.sum(z.to(tl.int64), axis=0))
+from ddpd.kernels.planner_select import planner_row, planner_sigmoid, write_mask
+from ddpd.kernels.rng import load_counters, row_uniform
 
 
 @triton.jit

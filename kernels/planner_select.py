@@ -5,14 +5,38 @@ p^d = sigmoid(l^d), sum_d p^d, stop = all p^d < eps, and k positions without
 replacement by Gumbel-top-k on the log-weights (log sigmoid(l) for option A,
 (l - max l) / tau for option C's softmax over positions; uniform d at column d). With
 WITH_MASK the mask of prop:draw_with_maskD follows from the same probabilities
-(uniform d at column d of the mask's offset). float32 arithmetic only.
+(uniform d at column d of the mask's offset). float32 arithmetic, sum_p accumulated in
+float64. The row helpers here are also those of ddpd.kernels.planner_mask.
 """
 import triton
 import triton.language as tl
 
-from ddpd.kernels.philox import gumbel, load_counters, row_uniform
-from ddpd.kernels.planner_mask import planner_row, planner_sigmoid, write_mask
+from ddpd.kernels.rng import gumbel, load_counters, row_uniform
 from ddpd.kernels.sample_categorical import shift
+
+
+@triton.jit
+def planner_row(logits_ptr, row, offs, D):
+    """Planner logits of a row as float32; NaN reads as -inf (probability 0) and
+    lanes beyond D are -inf."""
+    l = tl.load(logits_ptr + row * D + offs, mask=offs < D, other=float("-inf")).to(tl.float32)
+    return tl.where(l != l, float("-inf"), l)
+
+
+@triton.jit
+def planner_sigmoid(l):
+    return 1.0 / (1.0 + tl.exp(-l))
+
+
+@triton.jit
+def write_mask(u, p, forced, x_ptr, masked_ptr, z_ptr, count_ptr, row, offs, D, mask_id):
+    """z = (u < p) | forced on the row; store the masked row, z and the count."""
+    in_row = offs < D
+    z = ((u < p) | forced) & in_row
+    x = tl.load(x_ptr + row * D + offs, mask=in_row, other=0)
+    tl.store(masked_ptr + row * D + offs, tl.where(z, mask_id, x), mask=in_row)
+    tl.store(z_ptr + row * D + offs, z, mask=in_row)
+    tl.store(count_ptr + row, tl.sum(z.to(tl.int64), axis=0))
 
 
 @triton.jit
@@ -40,7 +64,7 @@ def planner_select_kernel(
     column = tl.where(in_row, offs, 0)
     l = planner_row(logits_ptr, row, offs, D)
     p = planner_sigmoid(l)  # 0 beyond D
-    tl.store(sum_p_ptr + row, tl.sum(p, axis=0))
+    tl.store(sum_p_ptr + row, tl.sum(p.to(tl.float64), axis=0).to(tl.float32))
     tl.store(stop_ptr + row, tl.max(p, axis=0) < eps)
 
     if SOFTMAX:

@@ -17,7 +17,7 @@ float32 arithmetic only (inputs cast on load); the temperature division is IEEE
 import triton
 import triton.language as tl
 
-from ddpd.kernels.philox import gumbel, load_counters, row_uniform
+from ddpd.kernels.rng import gumbel, load_counters, row_uniform
 
 
 @triton.jit

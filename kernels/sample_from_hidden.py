@@ -21,7 +21,7 @@ additions; everything after them is ddpd.kernels.sample_categorical's arithmetic
 import triton
 import triton.language as tl
 
-from ddpd.kernels.philox import gumbel, load_counters, row_uniform
+from ddpd.kernels.rng import gumbel, load_counters, row_uniform
 from ddpd.kernels.sample_categorical import first_argmax, shift
 
 

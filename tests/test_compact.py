@@ -1,19 +1,12 @@
-"""compact, compact_fixed and scatter_back: the C++ kernels against their torch
-references and the round trip compact -> scatter_back, for random batch sizes and
+"""compact_fixed and scatter_back: the C++ kernels against their torch references and
+the round trip compact_fixed -> scatter_back, for random batch sizes, capacities and
 active patterns (none, all, any), several dtypes and trailing shapes."""
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ddpd.ops.compact import (
-    compact,
-    compact_fixed,
-    compact_fixed_reference,
-    compact_reference,
-    scatter_back,
-    scatter_back_reference,
-)
+from ddpd.ops.compact import compact_fixed, compact_fixed_reference, scatter_back, scatter_back_reference
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int8,
           torch.uint8, torch.bool, torch.complex64]
@@ -54,23 +47,6 @@ def assert_same(a, b):
 
 
 @settings(max_examples=150, deadline=None)
-@given(batches())
-def test_compact_matches_reference_and_round_trips(batch):
-    active, tensors = batch
-    packed, index = compact(active, *tensors)
-    ref_packed, ref_index = compact_reference(active, *tensors)
-    assert index.dtype == torch.int64 and torch.equal(index, ref_index)
-    assert_same(packed, ref_packed)
-    assert torch.equal(index, torch.arange(active.shape[0])[active])
-    # Round trip: rows written back over a blank batch restore the active rows only.
-    outs = [torch.zeros_like(t) for t in tensors]
-    assert scatter_back(index, packed, outs) is outs
-    for t, out in zip(tensors, outs):
-        assert torch.equal(out[active], t[active])
-        assert not out[~active].any()
-
-
-@settings(max_examples=150, deadline=None)
 @given(batches(), st.integers(0, 45))
 def test_compact_fixed_matches_reference_and_round_trips(batch, capacity):
     active, tensors = batch
@@ -97,7 +73,7 @@ def test_compact_fixed_matches_reference_and_round_trips(batch, capacity):
 def test_scatter_back_into_noncontiguous_out():
     x = torch.arange(24.0).view(6, 4)
     active = torch.tensor([True, False, True, True, False, False])
-    (packed,), index = compact(active, x)
+    (packed,), index, _ = compact_fixed(active, 6, x)
     out = torch.zeros(4, 6).t()  # [6, 4], not contiguous
     scatter_back(index, packed, out)
     assert torch.equal(out[active], x[active]) and not out[~active].any()
@@ -113,12 +89,13 @@ def test_scatter_back_skips_negative_entries_anywhere():
     assert fast.tolist() == [[2, 3], [4, 5], [-7, -7], [10, 11], [12, 13]]
 
 
-def test_compact_without_tensors_and_large_rows():
+def test_compact_fixed_without_tensors_and_large_rows():
     active = torch.rand(256, generator=torch.Generator().manual_seed(0)) < 0.5
-    packed, index = compact(active)
-    assert packed == () and torch.equal(index, active.nonzero().flatten())
+    n = int(active.sum())
+    packed, index, count = compact_fixed(active, 256)
+    assert packed == () and int(count) == n and torch.equal(index[:n], active.nonzero().flatten())
     x = torch.randint(0, 50257, (256, 1024))
-    (packed,), index = compact(active, x)
+    (packed,), index, _ = compact_fixed(active, n, x)
     assert torch.equal(packed, x[active])
 
 
@@ -133,13 +110,11 @@ def test_byte_split_over_threads_matches_reference(threads):
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        packed, index = compact(active, *tensors)
         fixed = [compact_fixed(active, capacity, *tensors) for capacity in (100, 300)]
         outs = [torch.zeros_like(t) for t in tensors]
-        scatter_back(index, packed, outs)
+        scatter_back(fixed[1][1], fixed[1][0], outs)
     finally:
         torch.set_num_threads(previous)
-    assert_same(packed, compact_reference(active, *tensors)[0])
     for capacity, (fixed_packed, fixed_index, _) in zip((100, 300), fixed):
         ref_packed, ref_index, _ = compact_fixed_reference(active, capacity, *tensors)
         assert torch.equal(fixed_index, ref_index)
@@ -151,13 +126,12 @@ def test_byte_split_over_threads_matches_reference(threads):
 @pytest.mark.parametrize(
     "call,error,match",
     [
-        (lambda: compact(torch.ones(3), torch.ones(3)), ValueError, "active must be a 1-D bool"),
-        (lambda: compact([True], torch.ones(1)), TypeError, "active must be a torch.Tensor"),
-        (lambda: compact(torch.ones(3, dtype=torch.bool), torch.ones(4)), ValueError, r"tensors\[0\] must be a dense tensor with 3 rows"),
-        (lambda: compact(torch.ones(3, dtype=torch.bool), torch.tensor(1.0)), ValueError, r"tensors\[0\]"),
-        (lambda: compact(torch.ones(3, dtype=torch.bool), [1, 2, 3]), TypeError, r"tensors\[0\] must be a torch.Tensor"),
-        (lambda: compact(torch.ones(3, dtype=torch.bool), torch.ones(3), torch.ones(3, device="meta")), ValueError, r"tensors\[1\] must be on cpu like active"),
-        (lambda: compact(torch.ones(3, dtype=torch.bool), torch.ones(3).to_sparse()), ValueError, r"tensors\[0\] must be a dense tensor"),
+        (lambda: compact_fixed(torch.ones(3), 3, torch.ones(3)), ValueError, "active must be a 1-D bool"),
+        (lambda: compact_fixed([True], 1, torch.ones(1)), TypeError, "active must be a torch.Tensor"),
+        (lambda: compact_fixed(torch.ones(3, dtype=torch.bool), 3, torch.tensor(1.0)), ValueError, r"tensors\[0\]"),
+        (lambda: compact_fixed(torch.ones(3, dtype=torch.bool), 3, [1, 2, 3]), TypeError, r"tensors\[0\] must be a torch.Tensor"),
+        (lambda: compact_fixed(torch.ones(3, dtype=torch.bool), 3, torch.ones(3), torch.ones(3, device="meta")), ValueError, r"tensors\[1\] must be on cpu like active"),
+        (lambda: compact_fixed(torch.ones(3, dtype=torch.bool), 3, torch.ones(3).to_sparse()), ValueError, r"tensors\[0\] must be a dense tensor"),
         (lambda: compact_fixed(torch.ones(3, dtype=torch.bool), 2, torch.ones(4)), ValueError, r"tensors\[0\] must be a dense tensor with 3 rows"),
         (lambda: compact_fixed(torch.ones(3, dtype=torch.bool), 2, torch.ones(3), "x"), TypeError, r"tensors\[1\] must be a torch.Tensor"),
         (lambda: compact_fixed(torch.ones(3, dtype=torch.bool), -1), ValueError, "capacity must be >= 0"),
@@ -182,10 +156,6 @@ def test_cuda_matches_cpu():
     active = torch.rand(256, generator=g) < 0.4
     x, t = torch.randint(0, 50257, (256, 1024), generator=g), torch.rand(256, generator=g)
     h = torch.randn(256, 3, 5, generator=g).half()
-    (px, pt, ph), index = compact(active.cuda(), x.cuda(), t.cuda(), h.cuda())
-    (qx, qt, qh), ref_index = compact(active, x, t, h)
-    assert torch.equal(index.cpu(), ref_index)
-    assert torch.equal(px.cpu(), qx) and torch.equal(pt.cpu(), qt) and torch.equal(ph.cpu(), qh)
     for capacity in (0, 50, 300):
         fast = compact_fixed(active.cuda(), capacity, x.cuda(), h.cuda())
         ref = compact_fixed(active, capacity, x, h)

@@ -21,8 +21,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_load_registers_the_ops():
     module = _ext.load()
     assert module is _ext.load()  # loaded once per process
-    for name in ("categorical_from_weights", "multinomial", "multinomial_with_uniforms", "compact",
-                 "compact_fixed", "scatter_back"):
+    for name in ("categorical_from_weights", "multinomial", "multinomial_with_uniforms", "compact_fixed",
+                 "scatter_back", "sample_categorical_cpu", "planner_select_cpu"):
         assert hasattr(torch.ops.ddpd, name)
     assert _ext.has_cuda() in (True, False)
     assert _ext.ops_for(torch.device("cpu")) is torch.ops.ddpd
@@ -44,7 +44,7 @@ def test_sources_cover_every_cpp_and_cuda_file():
     assert root == ROOT / "csrc"
     cpu = _ext.sources(root, with_cuda=False)
     assert cpu == sorted(str(p) for p in list(root.glob("*.cpp")) + list(root.glob("cpu/*.cpp")))
-    assert str(root / "registration.cpp") in cpu and str(root / "cpu" / "multinomial.cpp") in cpu
+    assert str(root / "module.cpp") in cpu and str(root / "cpu" / "multinomial.cpp") in cpu
     cuda = _ext.sources(root, with_cuda=True)
     assert set(cuda) - set(cpu) == {str(p) for p in list(root.glob("cuda/*.cu")) + list(root.glob("cuda/*.cpp"))}
     assert str(root / "cuda" / "multinomial.cu") in cuda
@@ -71,12 +71,12 @@ def fake_build(tmp_path, monkeypatch):
     monkeypatch.delenv("DDPD_FORCE_JIT", raising=False)
     sources = tmp_path / "csrc"
     sources.mkdir()
-    (sources / "registration.cpp").write_text("")
+    (sources / "module.cpp").write_text("")
     built = tmp_path / "ddpd" / "_C.so"
     built.parent.mkdir()
     built.write_text("")
     now = time.time()
-    os.utime(sources / "registration.cpp", (now - 100, now - 100))
+    os.utime(sources / "module.cpp", (now - 100, now - 100))
     os.utime(built, (now, now))
     (built.parent / _ext.BUILD_INFO).write_text(json.dumps({"torch": torch.__version__, "cuda": _ext.can_build_cuda()}))
     monkeypatch.setattr(_ext, "source_dir", lambda: sources)
@@ -169,12 +169,12 @@ def test_compile_on_first_use_in_a_fresh_cache(tmp_path):
         "import torch\n"
         "from ddpd.ops import _ext\n"
         "from ddpd.ops.multinomial import multinomial, multinomial_reference\n"
-        "from ddpd.ops.compact import compact\n"
+        "from ddpd.ops.compact import compact_fixed\n"
         "module = _ext.load()\n"
         "w = torch.rand(8, 500)\n"
         "assert torch.equal(multinomial(w, 4, seed=1), multinomial_reference(w, 4, seed=1))\n"
         "active = torch.tensor([True, False] * 4)\n"
-        "assert torch.equal(compact(active, w)[0][0], w[active])\n"
+        "assert torch.equal(compact_fixed(active, 4, w)[0][0], w[active])\n"
         "print(module.__file__)\n"
     )
     env = dict(os.environ, DDPD_FORCE_JIT="1", DDPD_EXTENSIONS_DIR=str(tmp_path))

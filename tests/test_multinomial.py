@@ -7,12 +7,10 @@ import pytest
 import torch
 from scipy import stats
 
-from ddpd.ops.categorical_weights import (
+from ddpd.ops.multinomial import (
     categorical_from_weights,
     categorical_from_weights_reference,
     cumulative_weights,
-)
-from ddpd.ops.multinomial import (
     draw_uniforms,
     multinomial,
     multinomial_from_logits,

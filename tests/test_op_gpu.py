@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from ddpd.ops.multinomial import multinomial
-from ddpd.ops.planner_mask import planner_mask, planner_select_mask
-from ddpd.ops.planner_select import planner_select
+from ddpd.ops.planner_mask import planner_mask
+from ddpd.ops.planner_select import planner_select, planner_select_mask
 from ddpd.ops.sample_categorical import sample_categorical
 from ddpd.ops.sample_from_hidden import sample_from_hidden
 

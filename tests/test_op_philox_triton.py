@@ -1,11 +1,11 @@
-"""The Triton Philox helper (ddpd.kernels.philox) is bit-identical to the torch
+"""The Triton Philox helper (ddpd.kernels.rng) is bit-identical to the torch
 reference ddpd.ops.rng.philox_uniform, run in the Triton interpreter."""
 import pytest
 import torch
 import triton
 import triton.language as tl
 
-from ddpd.kernels.philox import gumbel, philox_uniform
+from ddpd.kernels.rng import gumbel, philox_uniform
 from ddpd.ops.rng import philox_uniform as philox_uniform_reference
 
 

@@ -7,16 +7,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from ddpd.ops import _sampling_args
-from ddpd.ops.planner_mask import (
-    planner_mask,
-    planner_mask_reference,
-    _resolve_pair,
-    planner_mask_triton,
+from ddpd.ops import rng
+from ddpd.ops.planner_mask import planner_mask, planner_mask_reference, planner_mask_triton
+from ddpd.ops.planner_select import (
+    planner_select,
     planner_select_mask,
     planner_select_mask_reference,
+    planner_select_triton,
+    resolve_pair,
 )
-from ddpd.ops.planner_select import planner_select, planner_select_triton
 from ddpd.ops.rng import philox_uniform
 
 CHI2_MIN_P = 1e-3  # a distribution test fails when its chi-square p-value is below this
@@ -35,13 +34,13 @@ def inputs(rows, length, seed, k=1):
 
 
 def triton_mask(logits, x, positions, seed=None, offset=0, row_ids=None, noise=None):
-    counters = _sampling_args.resolve_stream(noise, tuple(logits.shape), logits, seed, offset, None, row_ids)
+    counters = rng.resolve_stream(noise, tuple(logits.shape), logits, seed, offset, None, row_ids)
     return planner_mask_triton(logits, x, positions, MASK_ID, noise, counters, row_ids)
 
 
 def triton_select_mask(logits, x, k, mode="sigmoid", seed=None, offset=0, row_ids=None, noise=None,
                        mask_noise=None, mask_offset=None):
-    counters, mask_counter = _resolve_pair(noise, mask_noise, logits, seed, offset, mask_offset, None, row_ids)
+    counters, mask_counter = resolve_pair(noise, mask_noise, logits, seed, offset, mask_offset, None, row_ids)
     return planner_select_triton(logits, k, mode == "softmax", 1.0, 0.01, noise, counters, row_ids,
                                  mask=(x, MASK_ID, mask_noise, mask_counter))
 
@@ -141,7 +140,7 @@ def test_fuzz_cpu_matches_reference(rows, length, data, seed, dtype):
          "both noise and mask_noise"),
         (lambda l, x, p: planner_select_mask(l, x, MASK_ID, noise=torch.rand(4, 5), mask_noise=torch.rand(4, 4)),
          ValueError, r"mask_noise must have shape \(4, 5\)"),
-        (lambda l, x, p: planner_select_mask(l, x, MASK_ID, k=9, seed=1), ValueError, r"k must be in \[1, 6\)"),
+        (lambda l, x, p: planner_select_mask(l, x, MASK_ID, k=9, seed=1), ValueError, r"k must be in \[1, 5\]"),
     ],
 )
 def test_bad_arguments_raise_clear_errors(call, error, match):

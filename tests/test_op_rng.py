@@ -1,5 +1,5 @@
-"""64-bit row ids in the counter-based streams (ddpd.ops.rng, csrc/philox.h,
-ddpd.kernels.philox): rows r and r + 2**32 draw independently in every path, and
+"""64-bit row ids in the counter-based streams (ddpd.ops.rng, csrc/rng.h,
+ddpd.kernels.rng): rows r and r + 2**32 draw independently in every path, and
 no row below 2**32 draws anything other than it always did (values pinned before
 the high word entered the stream)."""
 import torch

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from ddpd.ops import _sampling_args
+from ddpd.ops import _dispatch, rng
 from ddpd.ops.sample_categorical import noise_width, sample_categorical
 from ddpd.ops.sample_from_hidden import (
     sample_from_hidden,
@@ -36,7 +36,7 @@ def head(rows, width, vocab, seed, dtype=torch.float32, bias=True):
 def triton_draw(hidden, weight, bias=None, temperature=1.0, exclude_ids=(), exclude_per_row=None, seed=None,
                 offset=0, row_ids=None, noise=None):
     width = (hidden.shape[0], noise_width(weight.shape[0]))
-    counters = _sampling_args.resolve_stream(noise, width, hidden, seed, offset, None, row_ids)
+    counters = rng.resolve_stream(noise, width, hidden, seed, offset, None, row_ids)
     return sample_from_hidden_triton(hidden, weight, bias, temperature, list(exclude_ids), exclude_per_row, noise,
                                      counters, row_ids)
 
@@ -51,7 +51,7 @@ def assert_same(out, ref):
 def test_paths_agree_on_explicit_noise_and_seed(monkeypatch, rows, width, vocab, multiprocessors, dtype):
     """Row blocks of 16 and 32 (a partial last one), one or several tiles per program, a
     single tile (no finish pass), V not a multiple of the tile."""
-    monkeypatch.setattr(_sampling_args, "multiprocessors", lambda device: multiprocessors)
+    monkeypatch.setattr(_dispatch, "multiprocessors", lambda device: multiprocessors)
     hidden, weight, bias = head(rows, width, vocab, vocab + rows, dtype)
     noise = torch.rand(rows, noise_width(vocab), generator=torch.Generator().manual_seed(rows))
     excl = [0] if vocab > 1 else []
@@ -202,7 +202,7 @@ def test_traces_with_fake_tensors_and_passes_opcheck():
 @pytest.mark.slow
 def test_fused_step_compiles_with_inductor():
     """A whole fused sampler step through torch.compile's default (inductor) backend."""
-    from ddpd.ops.planner_mask import planner_select_mask
+    from ddpd.ops.planner_select import planner_select_mask
 
     hidden, weight, bias = head(4 * 16, 8, 300, 7)
     hidden = hidden.view(4, 16, 8)

@@ -6,17 +6,17 @@ needs). planner_select_mask's mask offset is explicit, offset + 1 by default."""
 import pytest
 import torch
 
-from ddpd.ops import _sampling_args
+from ddpd.ops import rng
 from ddpd.ops.multinomial import multinomial, multinomial_reference
-from ddpd.ops.planner_mask import (
-    _resolve_pair,
-    planner_mask,
-    planner_mask_reference,
-    planner_mask_triton,
+from ddpd.ops.planner_mask import planner_mask, planner_mask_reference, planner_mask_triton
+from ddpd.ops.planner_select import (
+    planner_select,
     planner_select_mask,
     planner_select_mask_reference,
+    planner_select_reference,
+    planner_select_triton,
+    resolve_pair,
 )
-from ddpd.ops.planner_select import planner_select, planner_select_reference, planner_select_triton
 from ddpd.ops.rng import philox_uniform
 from ddpd.ops.sample_categorical import noise_width, sample_categorical, sample_categorical_reference, \
     sample_categorical_triton
@@ -102,18 +102,18 @@ def test_triton_kernels_read_tensor_counters(seed, offset):
     d = inputs()
     rows = d["rows"][:3]
     for s, o in ((as_tensor(seed), as_tensor(offset)), (seed, as_tensor(offset))):
-        counters = _sampling_args.resolve_stream(None, (3, 40), d["planner"], s, o, None, rows)
+        counters = rng.resolve_stream(None, (3, 40), d["planner"], s, o, None, rows)
         same(planner_select_triton(d["planner"][:3], 2, True, 0.7, 0.01, None, counters, rows),
              planner_select_reference(d["planner"][:3], 2, "softmax", 0.7, seed=seed, offset=offset, row_ids=rows))
         same(planner_mask_triton(d["planner"][:3], d["x"][:3], None, MASK_ID, None, counters, rows),
              planner_mask_reference(d["planner"][:3], d["x"][:3], None, MASK_ID, seed=seed, offset=offset,
                                     row_ids=rows))
-        pair = _resolve_pair(None, None, d["planner"][:3], s, o, None, None, rows)
+        pair = resolve_pair(None, None, d["planner"][:3], s, o, None, None, rows)
         same(planner_select_triton(d["planner"][:3], 2, False, 1.0, 0.01, None, pair[0], rows,
                                    mask=(d["x"][:3], MASK_ID, None, pair[1])),
              planner_select_mask_reference(d["planner"][:3], d["x"][:3], MASK_ID, 2, seed=seed, offset=offset,
                                            row_ids=rows))
-        counters = _sampling_args.resolve_stream(None, (3, noise_width(700)), d["logits"], s, o, None, rows)
+        counters = rng.resolve_stream(None, (3, noise_width(700)), d["logits"], s, o, None, rows)
         same(sample_categorical_triton(d["logits"][:3], 0.8, [], None, None, counters, rows),
              sample_categorical_reference(d["logits"][:3], 0.8, seed=seed, offset=offset, row_ids=rows))
         same(sample_from_hidden_triton(d["hidden"][:3], d["weight"], None, 1.0, [], None, None, counters, rows),

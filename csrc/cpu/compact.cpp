@@ -1,10 +1,9 @@
-// CPU kernels of ddpd::compact, ddpd::compact_fixed and ddpd::scatter_back: the
+// CPU kernels of ddpd::compact_fixed and ddpd::scatter_back: the
 // rows of a batch whose `active` flag is set are packed to the front (finished
 // sequences leave the batch) and later written back to their rows. Rows of any
 // dtype and trailing shape are moved as raw bytes. Consecutive rows that stay
 // consecutive are copied as one block (runs), and the copies (and zero padding) of
 // all tensors share one parallel region, split by bytes.
-#include "compact_args.h"
 #include <ATen/Parallel.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/core/Tensor.h>
@@ -14,6 +13,8 @@
 #include <cstring>
 #include <tuple>
 #include <vector>
+
+#include "../compact.h"
 
 namespace ddpd {
 namespace cpu {
@@ -135,16 +136,6 @@ std::vector<at::Tensor> gather(at::TensorList tensors, const int64_t* index, int
   return packed;
 }
 
-std::tuple<std::vector<at::Tensor>, at::Tensor> compact(const at::Tensor& active,
-                                                        at::TensorList tensors) {
-  check_compact_args(active, tensors);
-  const at::Tensor flags = active.contiguous();
-  const int64_t count = count_active(flags);
-  at::Tensor index = at::detail::empty_cpu({count}, at::kLong);
-  fill_active_rows(flags, count, index.data_ptr<int64_t>());
-  return {gather(tensors, index.data_ptr<int64_t>(), count, count), index};
-}
-
 std::tuple<std::vector<at::Tensor>, at::Tensor, at::Tensor> compact_fixed(const at::Tensor& active,
                                                                           int64_t capacity,
                                                                           at::TensorList tensors) {
@@ -184,8 +175,14 @@ at::Tensor& scatter_back(const at::Tensor& index, const at::Tensor& packed, at::
 }  // namespace cpu
 }  // namespace ddpd
 
+TORCH_LIBRARY_FRAGMENT(ddpd, m) {
+  // ddpd/ops/compact.py: pack the active rows into a fixed capacity, and write packed
+  // rows back.
+  m.def("compact_fixed(Tensor active, int capacity, Tensor[] tensors) -> (Tensor[], Tensor, Tensor)");
+  m.def("scatter_back(Tensor index, Tensor packed, Tensor(a!) out) -> Tensor(a!)");
+}
+
 TORCH_LIBRARY_IMPL(ddpd, CPU, m) {
-  m.impl("compact", &ddpd::cpu::compact);
   m.impl("compact_fixed", &ddpd::cpu::compact_fixed);
   m.impl("scatter_back", &ddpd::cpu::scatter_back);
 }

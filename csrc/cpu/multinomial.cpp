@@ -1,20 +1,109 @@
 // CPU kernels of ddpd::multinomial (uniforms from counter-based Philox streams,
-// csrc/philox.h) and ddpd::multinomial_with_uniforms (uniforms given): k draws per
-// row, with replacement or without (sequential draws, each drawn weight set to
-// zero: the successive-sampling law of torch.multinomial(replacement=False)).
+// csrc/rng.h), ddpd::multinomial_with_uniforms and ddpd::categorical_from_weights
+// (uniforms given): k draws per row by the two-level inverse CDF of
+// csrc/multinomial.h, with replacement or without (sequential draws, each drawn
+// weight set to zero: the successive-sampling law of torch.multinomial(replacement=False)).
+// One pass per row builds the chunk prefix sums, then the k draws; rows are spread
+// over threads with at::parallel_for (OpenMP). Python wrapper: ddpd/ops/multinomial.py.
 #include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <cstdint>
+#include <optional>
 #include <tuple>
+#include <vector>
 
-#include "cdf_rows.h"
+#include "../multinomial.h"
 #include "counters.h"
 
 namespace ddpd {
 namespace cpu {
 namespace {
+
+// Chunk sums and prefix sums of one row; returns whether a weight is negative.
+// Four chunks at a time: four independent addition chains overlap in the FPU
+// (a single chain would wait for each addition's latency).
+template <typename scalar_t>
+bool build_prefix(const scalar_t* w, int64_t n, double* sums, double* prefix) {
+  const int64_t m = num_chunks(n), full = n / kChunk;
+  bool negative = false;
+  int64_t j = 0;
+  for (; j + 4 <= full; j += 4) {
+    const scalar_t* p = w + j * kChunk;
+    double a0 = 0.0, a1 = 0.0, a2 = 0.0, a3 = 0.0;
+    bool n0 = false, n1 = false, n2 = false, n3 = false;
+    for (int64_t i = 0; i < kChunk; ++i) {
+      const scalar_t x0 = p[i], x1 = p[kChunk + i], x2 = p[2 * kChunk + i], x3 = p[3 * kChunk + i];
+      a0 += static_cast<double>(x0);
+      a1 += static_cast<double>(x1);
+      a2 += static_cast<double>(x2);
+      a3 += static_cast<double>(x3);
+      n0 |= x0 < 0;
+      n1 |= x1 < 0;
+      n2 |= x2 < 0;
+      n3 |= x3 < 0;
+    }
+    sums[j] = a0;
+    sums[j + 1] = a1;
+    sums[j + 2] = a2;
+    sums[j + 3] = a3;
+    negative |= n0 | n1 | n2 | n3;
+  }
+  for (; j < m; ++j) {
+    const int64_t begin = j * kChunk, end = chunk_end(j, n);
+    sums[j] = chunk_sum(w, begin, end, 0);
+    for (int64_t i = begin; i < end; ++i) negative |= w[i] < 0;
+  }
+  prefix_from(sums, prefix, 0, m);
+  return negative;
+}
+
+template <typename scalar_t>
+int64_t count_positive(const scalar_t* w, int64_t n) {
+  int64_t count = 0;
+  for (int64_t i = 0; i < n; ++i) count += w[i] > 0;
+  return count;
+}
+
+// Draws k indices from each row of w [rows, n]; uniform(row, draw) gives the
+// uniform of a draw. A row is valid when its weights are finite, non-negative
+// and (at least one | at least k, without replacement) positive; an invalid row
+// gets index 0 everywhere and valid = false.
+template <typename scalar_t, typename Uniform>
+void sample_rows(const scalar_t* w, int64_t rows, int64_t n, int64_t k, bool replacement,
+                 const Uniform& uniform, int64_t* out, bool* valid) {
+  const int64_t m = num_chunks(n);
+  const int64_t grain = std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(n, 1));
+  at::parallel_for(0, rows, grain, [&](int64_t first, int64_t last) {
+    std::vector<double> sums(m), prefix(m);
+    std::vector<uint64_t> removed(replacement ? 0 : m);
+    for (int64_t r = first; r < last; ++r) {
+      const scalar_t* row = w + r * n;
+      int64_t* idx = out + r * k;
+      const bool negative = build_prefix(row, n, sums.data(), prefix.data());
+      const double total = prefix[m - 1];
+      bool ok = !negative && total > 0 && total <= 1.7976931348623157e308;  // also rejects NaN
+      if (ok && !replacement && k > 1) ok = count_positive(row, n) >= k;
+      valid[r] = ok;
+      if (!ok) {
+        std::fill(idx, idx + k, int64_t{0});
+        continue;
+      }
+      if (!replacement) std::fill(removed.begin(), removed.end(), uint64_t{0});
+      for (int64_t d = 0; d < k; ++d) {
+        idx[d] = draw_index(row, n, prefix.data(), m, replacement ? nullptr : removed.data(),
+                            uniform(r, d));
+        if (!replacement && d + 1 < k) {
+          remove_index(row, n, sums.data(), prefix.data(), m, removed.data(), idx[d]);
+        }
+      }
+    }
+  });
+}
 
 void check_weights(const at::Tensor& weights, int64_t k, bool replacement) {
   TORCH_CHECK(weights.dim() == 2 && weights.size(1) > 0,
@@ -68,11 +157,56 @@ std::tuple<at::Tensor, at::Tensor> multinomial_with_uniforms(const at::Tensor& w
   return run(weights, k, replacement, [=](int64_t r, int64_t d) { return up[r * k + d]; });
 }
 
+std::tuple<at::Tensor, at::Tensor> categorical_from_weights(const at::Tensor& weights,
+                                                            const at::Tensor& uniforms) {
+  TORCH_CHECK(weights.dim() == 2 && weights.size(1) > 0,
+              "categorical_from_weights: weights must be [B, N] with N > 0, got ", weights.sizes());
+  TORCH_CHECK(uniforms.dim() == 1 && uniforms.size(0) == weights.size(0),
+              "categorical_from_weights: uniforms must be [B] with B = ", weights.size(0), ", got ",
+              uniforms.sizes());
+  TORCH_CHECK(uniforms.scalar_type() == at::kDouble,
+              "categorical_from_weights: uniforms must be float64, got ", uniforms.scalar_type());
+  const at::Tensor w = weights.contiguous(), u = uniforms.contiguous();
+  const int64_t rows = w.size(0), n = w.size(1);
+  at::Tensor index = at::empty({rows}, w.options().dtype(at::kLong));
+  at::Tensor valid = at::empty({rows}, w.options().dtype(at::kBool));
+  AT_DISPATCH_FLOATING_TYPES(w.scalar_type(), "ddpd::categorical_from_weights", [&] {
+    const double* up = u.data_ptr<double>();
+    sample_rows(w.data_ptr<scalar_t>(), rows, n, 1, true,
+                [up](int64_t r, int64_t) { return up[r]; }, index.data_ptr<int64_t>(),
+                valid.data_ptr<bool>());
+  });
+  return {index, valid};
+}
+
+// The CUDA launch configuration for a device of `multiprocessors` SMs, computed by
+// the code the CUDA launcher runs (any build can report it):
+// [inline_sums, splits, sum_blocks, draw_blocks, draw_threads, shared_state].
+std::vector<int64_t> multinomial_launch_config(int64_t rows, int64_t n, bool replacement, int64_t multiprocessors) {
+  const MultinomialLaunch c = multinomial_launch(rows, n, replacement, multiprocessors);
+  return {c.inline_sums, c.splits, c.sum_blocks, c.draw_blocks, c.draw_threads, c.shared_state};
+}
+
 }  // namespace
 }  // namespace cpu
 }  // namespace ddpd
 
+TORCH_LIBRARY_FRAGMENT(ddpd, m) {
+  // k draws per row from counter-based Philox streams (seed and offset are uint64
+  // carried in int64, or one-element int64 tensors on the device of weights that hold
+  // them) or from given uniforms -> (index, valid).
+  m.def(
+      "multinomial(Tensor weights, int k, bool replacement, int seed, int offset, "
+      "Tensor row_ids, Tensor? seed_tensor=None, Tensor? offset_tensor=None) -> (Tensor, Tensor)");
+  m.def("multinomial_with_uniforms(Tensor weights, Tensor uniforms, bool replacement) -> (Tensor, Tensor)");
+  // One inverse-CDF draw per row with a given uniform -> (index, valid).
+  m.def("categorical_from_weights(Tensor weights, Tensor uniforms) -> (Tensor, Tensor)");
+  m.def("multinomial_launch(int rows, int n, bool replacement, int multiprocessors) -> int[]",
+        &ddpd::cpu::multinomial_launch_config);
+}
+
 TORCH_LIBRARY_IMPL(ddpd, CPU, m) {
   m.impl("multinomial", &ddpd::cpu::multinomial);
   m.impl("multinomial_with_uniforms", &ddpd::cpu::multinomial_with_uniforms);
+  m.impl("categorical_from_weights", &ddpd::cpu::categorical_from_weights);
 }

@@ -13,7 +13,7 @@
 #include <tuple>
 
 #include "counters.h"
-#include "planner_rows.h"
+#include "planner_select.h"
 
 namespace ddpd {
 namespace cpu {

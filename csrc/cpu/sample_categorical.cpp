@@ -1,6 +1,6 @@
 // CPU path of ddpd.ops.sample_categorical: one token per row of logits [N, V]
 // (uniforms: column j for token j, column V + t for tile t)
-// by the two-level exact Gumbel-max of sample_tiles.h (relative to the tile and
+// by the two-level exact Gumbel-max of sample_categorical.h (relative to the tile and
 // row maxima), one pass over the logits keeping two floats per tile, plus the
 // winning tile again; no probabilities written. Rows run in parallel.
 #include <ATen/Parallel.h>
@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "counters.h"
-#include "sample_tiles.h"
+#include "sample_categorical.h"
 
 namespace ddpd {
 namespace cpu {

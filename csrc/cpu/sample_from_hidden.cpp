@@ -1,6 +1,6 @@
 // CPU path of ddpd.ops.sample_from_hidden: one token per row of
 // softmax((hidden @ weight^T + bias) / temperature), the output head fused with
-// the two-level Gumbel-max of sample_tiles.h so the [N, V] logits never exist.
+// the two-level Gumbel-max of sample_categorical.h so the [N, V] logits never exist.
 //
 // The vocabulary is cut into splits of whole chunks of kChunkTiles tiles, one
 // split per thread. A thread walks its chunks: a BLAS matmul gives the chunk's
@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "counters.h"
-#include "sample_tiles.h"
+#include "sample_categorical.h"
 
 namespace ddpd {
 namespace cpu {

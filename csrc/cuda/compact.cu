@@ -1,4 +1,4 @@
-// CUDA kernels of ddpd::compact, ddpd::compact_fixed and ddpd::scatter_back.
+// CUDA kernels of ddpd::compact_fixed and ddpd::scatter_back.
 //
 // compact_index: one block scans the active flags tile by tile (warp ballots, then
 // a scan of the per-warp counts), writing the row numbers of the active rows in
@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "launchers.h"
+#include "compact.cuh"
 
 namespace ddpd {
 namespace cuda {

@@ -1,9 +1,9 @@
 // CUDA kernels of ddpd::categorical_from_weights, ddpd::multinomial and
-// ddpd::multinomial_with_uniforms: the two-level inverse CDF of csrc/chunked_cdf.h,
+// ddpd::multinomial_with_uniforms: the two-level inverse CDF of csrc/multinomial.h,
 // bit-identical to the CPU kernel and the torch reference (the same double
 // additions in the same order; --fmad=false).
 //
-// Launch configuration: csrc/multinomial_launch.h. Two kernels:
+// Launch configuration: multinomial_launch in csrc/multinomial.h. Two kernels:
 // - chunk_sums_kernel, grid (rows, splits): the pass over the weights, many blocks
 //   per row so that every shape fills the device; each chunk's sum is an addition
 //   chain in double (its order is part of the law), one chunk per thread at a time;
@@ -19,9 +19,8 @@
 #include <cfloat>
 #include <cstdint>
 
-#include "../chunked_cdf.h"
-#include "../multinomial_launch.h"
-#include "launchers.h"
+#include "../multinomial.h"
+#include "multinomial.cuh"
 
 namespace ddpd {
 namespace cuda {

@@ -306,9 +306,9 @@ def _warm_up(args) -> None:
     extension (compiled on first use where the install did not build it) and
     torch._dynamo (imported by the first call of any torch.library custom op)."""
     if args.fused:
-        from ddpd.ops import _ext
+        from ddpd.ops import load_extension
 
-        _ext.load()
+        load_extension()
         importlib.import_module("torch._dynamo")
 
 

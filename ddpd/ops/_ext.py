@@ -52,7 +52,7 @@ def source_dir() -> Path:
     """csrc/ of a source checkout (editable install), else the copy shipped as ddpd/_csrc."""
     package = Path(__file__).resolve().parents[1]
     for candidate in (package.parent / "csrc", package / "_csrc"):
-        if (candidate / "registration.cpp").is_file():
+        if (candidate / "module.cpp").is_file():
             return candidate
     raise RuntimeError(f"ddpd: the C++ sources are missing (looked in {package.parent / 'csrc'} and {package / '_csrc'})")
 
@@ -173,8 +173,11 @@ def _compile(reason: str) -> ModuleType:
 
 
 def load() -> ModuleType:
-    """The extension module; once it is loaded, torch.ops.ddpd.* are registered."""
+    """The extension module; once it is loaded, torch.ops.ddpd.* are registered.
+    The lock guards the first load only: once loaded, no call takes it."""
     global _module
+    if _module is not None:
+        return _module
     with _lock:
         if _module is None:
             reason = prebuilt_problem()
@@ -186,6 +189,16 @@ def load() -> ModuleType:
             else:
                 _module = _compile(reason)
         return _module
+
+
+def ops():
+    """torch.ops.ddpd with the kernels of ddpd._C registered: the per-call path of every
+    op, lock-free once the extension is loaded."""
+    import torch
+
+    if _module is None:
+        load()
+    return torch.ops.ddpd
 
 
 def has_cuda() -> bool:
@@ -202,8 +215,7 @@ def ops_for(device):
     import torch
 
     if device.type == "cpu" or (device.type == "cuda" and has_cuda()):
-        load()
-        return torch.ops.ddpd
+        return ops()
     if device.type not in _warned_devices:
         _warned_devices.add(device.type)
         warnings.warn(

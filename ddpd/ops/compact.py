@@ -1,4 +1,4 @@
-"""compact / compact_fixed / scatter_back: finished rows leave the batch, results go back.
+"""compact_fixed / scatter_back: finished rows leave the batch, results go back.
 
 The adaptive Gillespie sampler (Algorithm `alg:sampling`) stops a sequence as soon
 as the planner says every position is clean, so rows finish at different steps.
@@ -6,21 +6,18 @@ Packing the still-active rows to the front lets each step run the planner and th
 denoiser on those rows only; scatter_back writes the packed rows back to their
 places in the full batch.
 
-- compact(active, *tensors) -> (packed, index): packed[i] = t[index] for each
-  tensor t (any dtype, any trailing shape), index = the active row numbers in
-  increasing order. On CUDA it waits for the device once, for the row count that
-  sizes the outputs.
-- compact_fixed(active, capacity, *tensors) -> (packed, index, count): outputs of
+- compact_fixed(active, capacity, *tensors) -> (packed, index, count): packed[i] =
+  t[index[i]] for each tensor t (any dtype, any trailing shape), in outputs of
   `capacity` rows, so nothing waits for the device. The first min(count, capacity)
-  rows are the first active rows; the rest of index is -1 and the rest of packed is
-  zero. count (a 0-d int64 tensor on the device) is the number of active rows, which
-  may exceed capacity.
+  rows are the first active rows, in increasing order; the rest of index is -1 and
+  the rest of packed is zero. count (a 0-d int64 tensor on the device) is the number
+  of active rows, which may exceed capacity.
 - scatter_back(index, packed, out): out[index[i]] = packed[i] for every i with
   index[i] >= 0 (so the -1 padding of compact_fixed is skipped); in place, returns
   out. Index entries must be distinct and < out.shape[0] (checked on CPU only).
   packed and out may also be equal-length sequences of tensors.
 
-The kernels of compact and compact_fixed check the rows of their tensors (dense,
+The kernels of compact_fixed check the rows of their tensors (dense,
 as many rows as active, on its device) themselves; only when a kernel refuses its
 arguments do the Python checks run, to raise an error that names the argument, so
 a valid call pays for those checks once, in C++.
@@ -75,27 +72,6 @@ def _check_capacity(capacity) -> int:
     if capacity < 0:
         raise ValueError(f"capacity must be >= 0, got {capacity}")
     return capacity
-
-
-def compact_reference(active, *tensors: torch.Tensor) -> tuple[Tensors, torch.Tensor]:
-    """Plain torch version of compact (same arguments, same results)."""
-    active = _check_active(active)
-    _check_rows(active, tensors)
-    index = active.nonzero().flatten()
-    return tuple(t.index_select(0, index) for t in tensors), index
-
-
-def compact(active, *tensors: torch.Tensor) -> tuple[Tensors, torch.Tensor]:
-    """(rows of each tensor where active is set, their row numbers Long[n_active])."""
-    ops = _kernels_for(_check_active(active))
-    if ops is None:
-        return compact_reference(active, *tensors)
-    try:
-        packed, index = ops.compact(active, tensors)
-    except (RuntimeError, TypeError):
-        _check_rows(active, tensors)
-        raise
-    return tuple(packed), index
 
 
 def compact_fixed_reference(active, capacity: int, *tensors: torch.Tensor) -> tuple[Tensors, torch.Tensor, torch.Tensor]:

@@ -1,5 +1,6 @@
-"""Plan step of the DDPD sampler: which positions to denoise, in one pass over
-the planner logits.
+"""Plan step of the DDPD sampler: which positions to denoise, in one pass over the
+planner logits, and (planner_select_mask) the mask of prop:draw_with_maskD from the
+same pass.
 
 From planner logits l [B, D] ("position d is noise"), per row:
 - positions Long[B, k]: k positions drawn without replacement with probability
@@ -9,14 +10,22 @@ From planner logits l [B, D] ("position d is noise"), per row:
   (l - max_d l) / tau: exact at any logit scale, uniform among +inf logits),
   the first choice being the draw d' ~ Cat(p) of Algorithm `alg:sampling`;
 - sum_p Float[B] = sum_d sigmoid(l^d), for the planner's time estimate
-  t = alpha^{-1}(1 - sum_p / D) (section 'Adaptive Time Correction');
+  t = alpha^{-1}(1 - sum_p / D) (section 'Adaptive Time Correction'); every path
+  sums in float64 and rounds once, so the paths differ only by the rounding of the
+  sigmoid's exp on each (within 1e-6 relative, SUM_P_RTOL);
 - stop Bool[B] = every sigmoid(l^d) < eps, the stopping rule of Algorithm 1.
+planner_select_mask also draws z^d ~ Bernoulli(sigmoid(l^d)) forced to 1 at the chosen
+positions, as ddpd.ops.planner_mask does (its module says why), with its own uniforms.
 
 Uniforms: column d drives position d, of explicit `noise` Float[B, D] or of the
-Philox stream of (seed, offset, row id). NaN logits count as -inf (probability 0,
-chosen only when fewer than k positions have weight, lowest position first).
+Philox stream of (seed, offset, row id); the mask's column d reads `mask_noise` or the
+stream at mask_offset (default offset + 1: a caller that uses offset + 1 for another
+draw passes mask_offset). NaN logits count as -inf (probability 0, never in sum_p,
+chosen only when fewer than k positions have weight, lowest position first), in the
+kernels and in the references alike; +inf logits have probability 1 (sigmoid) or share
+the whole softmax mass uniformly.
 CPU tensors run the C++ kernel (csrc/cpu/planner_select.cpp), CUDA tensors the
-Triton kernel ddpd.kernels.planner_select.
+Triton kernel ddpd.kernels.planner_select (one program per row).
 """
 from __future__ import annotations
 
@@ -24,11 +33,13 @@ from typing import Optional
 
 import torch
 
-from ddpd.ops import _sampling_args as args
+from ddpd.ops import _dispatch, rng
 from ddpd.ops.sample_categorical import shifted
+from ddpd.validation import check_float, check_int, check_same_device, check_shape, check_tensor
 
 MODES = ("sigmoid", "softmax")
 MAX_TRITON_WIDTH = 2**17  # the Triton kernel holds a row in one block
+SUM_P_RTOL = 1e-6  # sum_p of two paths: float64 sums of sigmoids whose exp rounds differently
 
 
 # ----------------------------------------------------------------------------- checks
@@ -36,22 +47,54 @@ MAX_TRITON_WIDTH = 2**17  # the Triton kernel holds a row in one block
 
 def check_select_args(logits, k, mode, tau, eps) -> tuple[bool, float, float]:
     """Validate the selection arguments; return (softmax, tau, eps)."""
-    args.check_tensor("logits", logits, args.FLOAT_DTYPES, 2)
-    args.check_width("D (logits.shape[1])", logits.shape[1])
-    args.check_int("k", k, 1, logits.shape[1] + 1)
+    check_tensor("logits", logits, _dispatch.FLOAT_DTYPES, 2)
+    _dispatch.check_width("D (logits.shape[1])", logits.shape[1])
+    check_int("k", k, 1, logits.shape[1])
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    tau = args.check_positive_float("tau", tau)
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
-        raise TypeError(f"eps must be a float, got {type(eps).__name__}")
-    if not 0.0 < eps < 1.0:
-        raise ValueError(f"eps must be in (0, 1), got {eps!r}")
-    return mode == "softmax", tau, float(eps)
+    tau = check_float("tau", tau, 0.0, float("inf"), open_min=True, open_max=True)
+    eps = check_float("eps", eps, 0.0, 1.0, open_min=True, open_max=True)
+    return mode == "softmax", tau, eps
+
+
+def check_mask_args(logits, x, mask_id) -> None:
+    check_tensor("x", x, (torch.int64,), 2)
+    check_shape("x", x, tuple(logits.shape))
+    check_same_device("x", x, logits, "logits")
+    check_int("mask_id", mask_id, 0, 2**62)
 
 
 def check_triton_width(length: int) -> None:
     if length > MAX_TRITON_WIDTH:
         raise ValueError(f"D must be <= {MAX_TRITON_WIDTH} on CUDA (one block per row), got {length}")
+
+
+def resolve_mask_offset(mask_offset, counters: tuple, like: torch.Tensor) -> tuple:
+    """(int64 bits, tensor or None) of the mask's offset: as given, or by default the
+    selection's offset + 1 mod 2**64 (for a tensor offset, a tensor computed on its device:
+    int64 addition wraps, as uint64 addition does)."""
+    if mask_offset is not None:
+        return rng.check_counter("mask_offset", mask_offset, like)
+    _, offset, _, offset_t = counters
+    if offset_t is not None:
+        return 0, offset_t + 1
+    return rng.as_int64((offset + 1) & (2**64 - 1)), None
+
+
+def resolve_pair(noise, mask_noise, logits, seed, offset, mask_offset, generator, row_ids) -> tuple:
+    """resolve_stream for the two draws of planner_select_mask (both noises or neither):
+    the selection's counters and the mask's offset (int64 bits, tensor or None)."""
+    if (noise is None) != (mask_noise is None):
+        raise ValueError("pass both noise and mask_noise (explicit uniforms) or neither")
+    shape = tuple(logits.shape)
+    if mask_noise is not None:
+        if mask_offset is not None:
+            raise ValueError("pass either mask_noise or mask_offset, not both")
+        check_tensor("mask_noise", mask_noise, (torch.float32,), 2)
+        check_shape("mask_noise", mask_noise, shape)
+        check_same_device("mask_noise", mask_noise, logits, "logits")
+    counters = rng.resolve_stream(noise, shape, logits, seed, offset, generator, row_ids)
+    return counters, (resolve_mask_offset(mask_offset, counters, logits) if noise is None else (0, None))
 
 
 # ------------------------------------------------------------------------- reference
@@ -68,6 +111,11 @@ def planner_prob(l: torch.Tensor) -> torch.Tensor:
     return 1.0 / (1.0 + torch.exp(-l))
 
 
+def sum_p(p: torch.Tensor) -> torch.Tensor:
+    """sum_d p^d per row, summed in float64 and rounded once to float32 (as the kernels)."""
+    return p.double().sum(dim=1).float()
+
+
 def selection_log_weights(l: torch.Tensor, softmax: bool, tau: float) -> torch.Tensor:
     """log sigmoid(l) = min(l, 0) - log(1 + exp(-|l|)) (option A), or (l - max l) / tau
     (option C): relative to the row maximum, so huge logits keep their noise and +inf
@@ -81,8 +129,16 @@ def selection_log_weights(l: torch.Tensor, softmax: bool, tau: float) -> torch.T
 def gumbel_top_k(log_weights: torch.Tensor, noise: torch.Tensor, k: int) -> torch.Tensor:
     """k positions without replacement, P proportional to exp(log_weights): the k
     largest log_weights + Gumbel, ties to the lower position (stable sort)."""
-    keys = log_weights + args.gumbel(noise)
+    keys = log_weights + rng.gumbel(noise)
     return torch.sort(keys, dim=1, descending=True, stable=True).indices[:, :k]
+
+
+def draw_mask(p, noise, positions, x, mask_id):
+    """z = (u < p) with the positions forced to 1; returns (masked, z, count)."""
+    z = noise < p
+    if positions is not None:
+        z = z.scatter(1, positions, True)
+    return torch.where(z, torch.full_like(x, mask_id), x), z, z.sum(dim=1)
 
 
 def planner_select_reference(
@@ -101,22 +157,56 @@ def planner_select_reference(
     """Plain torch version of planner_select (same arguments, same outputs)."""
     softmax, tau, eps = check_select_args(logits, k, mode, tau, eps)
     rows, length = logits.shape
-    counters = args.resolve_stream(noise, (rows, length), logits, seed, offset, generator, row_ids)
+    counters = rng.resolve_stream(noise, (rows, length), logits, seed, offset, generator, row_ids)
     if noise is None:
-        noise = args.stream_noise(counters, row_ids, rows, length, logits.device)
+        noise = rng.stream_noise(counters, row_ids, rows, length, logits.device)
     l = planner_logits(logits)
     p = planner_prob(l)
     positions = gumbel_top_k(selection_log_weights(l, softmax, tau), noise, k)
-    return positions, p.sum(dim=1), (p < eps).all(dim=1)
+    return positions, sum_p(p), (p < eps).all(dim=1)
 
 
-# ------------------------------------------------------------------------ fused op
+def planner_select_mask_reference(
+    logits: torch.Tensor,
+    x: torch.Tensor,
+    mask_id: int,
+    k: int = 1,
+    mode: str = "sigmoid",
+    tau: float = 1.0,
+    eps: float = 0.01,
+    *,
+    seed=None,
+    offset=0,
+    generator: Optional[torch.Generator] = None,
+    row_ids: Optional[torch.Tensor] = None,
+    noise: Optional[torch.Tensor] = None,
+    mask_noise: Optional[torch.Tensor] = None,
+    mask_offset=None,
+):
+    """Plain torch version of planner_select_mask (same arguments, same outputs)."""
+    softmax, tau, eps = check_select_args(logits, k, mode, tau, eps)
+    check_mask_args(logits, x, mask_id)
+    counters, (mask_offset, mask_offset_t) = resolve_pair(noise, mask_noise, logits, seed, offset, mask_offset,
+                                                           generator, row_ids)
+    rows, length = logits.shape
+    if noise is None:
+        seed, _, seed_t, _ = counters
+        noise = rng.stream_noise(counters, row_ids, rows, length, logits.device)
+        mask_noise = rng.stream_noise((seed, mask_offset, seed_t, mask_offset_t), row_ids, rows, length,
+                                      logits.device)
+    l = planner_logits(logits)
+    p = planner_prob(l)
+    positions = gumbel_top_k(selection_log_weights(l, softmax, tau), noise, k)
+    return (positions, sum_p(p), (p < eps).all(dim=1)) + draw_mask(p, mask_noise, positions, x, mask_id)
+
+
+# ------------------------------------------------------------------------ fused ops
 
 
 def planner_select_triton(logits, k, softmax, tau, eps, noise, counters, row_ids, mask=None):
     """Launch the Triton kernel (CUDA tensors; CPU tensors under TRITON_INTERPRET=1).
 
-    counters: (seed, offset, seed_tensor, offset_tensor) of args.resolve_stream.
+    counters: (seed, offset, seed_tensor, offset_tensor) of rng.resolve_stream.
     mask: None, or (x, mask_id, mask_noise, (mask_offset, mask_offset_tensor)) to draw
     the mask of planner_select_mask too. Returns 3 outputs, or 6 with the mask.
     """
@@ -138,7 +228,7 @@ def planner_select_triton(logits, k, softmax, tau, eps, noise, counters, row_ids
         seed, offset, seed_t, offset_t = counters
         planner_select_kernel[(rows,)](
             logits, length, k, tau, eps,
-            noise, mask_noise, row_ids, *args.split32(seed), *args.split32(offset), *args.split32(mask_offset),
+            noise, mask_noise, row_ids, *rng.split32(seed), *rng.split32(offset), *rng.split32(mask_offset),
             seed_t, offset_t, mask_offset_t, x, mask_id, positions, sum_p, stop, masked, z, count,
             SOFTMAX=softmax, WITH_MASK=mask is not None, BLOCK_D=1 << (length - 1).bit_length(),
         )
@@ -151,8 +241,8 @@ def _planner_select_impl(logits, k, softmax, tau, eps, noise, seed, offset, row_
     """The kernels behind the op (arguments validated): Triton on CUDA, C++ on CPU."""
     if logits.device.type == "cuda":
         return planner_select_triton(logits, k, softmax, tau, eps, noise, (seed, offset, seed_t, offset_t), row_ids)
-    return args.cpu_ops().planner_select_cpu(logits.contiguous(), k, softmax, tau, eps, noise, seed, offset, row_ids,
-                                             seed_t, offset_t)
+    return _dispatch.cpu_ops().planner_select_cpu(logits.contiguous(), k, softmax, tau, eps, noise, seed, offset,
+                                                  row_ids, seed_t, offset_t)
 
 
 @torch.library.custom_op("ddpd::planner_select", mutates_args=())
@@ -177,6 +267,49 @@ def _(logits, k, softmax, tau, eps, noise, seed, offset, row_ids, seed_t, offset
     rows = logits.shape[0]
     return (logits.new_empty(rows, k, dtype=torch.int64), logits.new_empty(rows, dtype=torch.float32),
             logits.new_empty(rows, dtype=torch.bool))
+
+
+def _planner_select_mask_impl(logits, x, mask_id, k, softmax, tau, eps, noise, mask_noise, seed, offset,
+                              mask_offset, row_ids, seed_t, offset_t, mask_offset_t):
+    """The kernels behind the op (arguments validated): Triton on CUDA, C++ on CPU."""
+    if logits.device.type == "cuda":
+        return planner_select_triton(logits, k, softmax, tau, eps, noise, (seed, offset, seed_t, offset_t), row_ids,
+                                     mask=(x, mask_id, mask_noise, (mask_offset, mask_offset_t)))
+    return _dispatch.cpu_ops().planner_select_mask_cpu(logits.contiguous(), x.contiguous(), mask_id, k, softmax, tau,
+                                                       eps, noise, mask_noise, seed, offset, mask_offset, row_ids,
+                                                       seed_t, offset_t, mask_offset_t)
+
+
+@torch.library.custom_op("ddpd::planner_select_mask", mutates_args=())
+def _planner_select_mask_op(
+    logits: torch.Tensor,
+    x: torch.Tensor,
+    mask_id: int,
+    k: int,
+    softmax: bool,
+    tau: float,
+    eps: float,
+    noise: Optional[torch.Tensor],
+    mask_noise: Optional[torch.Tensor],
+    seed: int,
+    offset: int,
+    mask_offset: int,
+    row_ids: Optional[torch.Tensor],
+    seed_t: Optional[torch.Tensor],
+    offset_t: Optional[torch.Tensor],
+    mask_offset_t: Optional[torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _planner_select_mask_impl(logits, x, mask_id, k, softmax, tau, eps, noise, mask_noise, seed, offset,
+                                     mask_offset, row_ids, seed_t, offset_t, mask_offset_t)
+
+
+@_planner_select_mask_op.register_fake
+def _(logits, x, mask_id, k, softmax, tau, eps, noise, mask_noise, seed, offset, mask_offset, row_ids, seed_t,
+      offset_t, mask_offset_t):
+    rows = logits.shape[0]
+    return (logits.new_empty(rows, k, dtype=torch.int64), logits.new_empty(rows, dtype=torch.float32),
+            logits.new_empty(rows, dtype=torch.bool), torch.empty_like(x), torch.empty_like(x, dtype=torch.bool),
+            x.new_empty(rows))
 
 
 def planner_select(
@@ -204,9 +337,46 @@ def planner_select(
     Returns (positions Long[B, k] in draw order, sum_p Float[B], stop Bool[B]).
     """
     softmax, tau, eps = check_select_args(logits, k, mode, tau, eps)
-    seed, offset, seed_t, offset_t = args.resolve_stream(noise, tuple(logits.shape), logits, seed, offset, generator,
-                                                         row_ids)
-    noise, row_ids = args.contiguous(noise, row_ids)
+    seed, offset, seed_t, offset_t = rng.resolve_stream(noise, tuple(logits.shape), logits, seed, offset, generator,
+                                                        row_ids)
+    noise, row_ids = _dispatch.contiguous(noise, row_ids)
     # Draws and the stop statistics carry no gradient (see sample_from_hidden).
-    call = _planner_select_impl if args.eager(logits, noise, row_ids, seed_t, offset_t) else _planner_select_op
+    call = _planner_select_impl if _dispatch.eager(logits, noise, row_ids, seed_t, offset_t) else _planner_select_op
     return call(logits.detach(), k, softmax, tau, eps, noise, seed, offset, row_ids, seed_t, offset_t)
+
+
+def planner_select_mask(
+    logits: torch.Tensor,
+    x: torch.Tensor,
+    mask_id: int,
+    k: int = 1,
+    mode: str = "sigmoid",
+    tau: float = 1.0,
+    eps: float = 0.01,
+    *,
+    seed=None,
+    offset=0,
+    generator: Optional[torch.Generator] = None,
+    row_ids: Optional[torch.Tensor] = None,
+    noise: Optional[torch.Tensor] = None,
+    mask_noise: Optional[torch.Tensor] = None,
+    mask_offset=None,
+):
+    """planner_select then planner_mask at the chosen positions, in one pass.
+
+    Seeded: the selection reads (seed, offset), the mask (seed, mask_offset);
+    mask_offset defaults to offset + 1 (mod 2**64). Each may be an int or an int64
+    tensor of one element (see planner_select).
+    Explicit: `noise` and `mask_noise`, both Float[B, D].
+    Returns (positions Long[B, k], sum_p Float[B], stop Bool[B],
+    masked Long[B, D], z Bool[B, D], count Long[B]).
+    """
+    softmax, tau, eps = check_select_args(logits, k, mode, tau, eps)
+    check_mask_args(logits, x, mask_id)
+    (seed, offset, seed_t, offset_t), (mask_offset, mask_offset_t) = resolve_pair(
+        noise, mask_noise, logits, seed, offset, mask_offset, generator, row_ids)
+    noise, mask_noise, row_ids = _dispatch.contiguous(noise, mask_noise, row_ids)
+    eager = _dispatch.eager(logits, x, noise, mask_noise, row_ids, seed_t, offset_t, mask_offset_t)
+    call = _planner_select_mask_impl if eager else _planner_select_mask_op
+    return call(logits.detach(), x, mask_id, k, softmax, tau, eps, noise, mask_noise, seed, offset, mask_offset,
+                row_ids, seed_t, offset_t, mask_offset_t)

@@ -1,4 +1,6 @@
-"""Counter-based random numbers shared by every ddpd op (torch reference).
+"""Counter-based random numbers shared by every ddpd op: the torch reference of the
+Philox stream, the Gumbel transform every path applies to it, and the randomness
+arguments of the sampling ops.
 
 Each uniform is a pure function of (seed, offset, row, column): Philox4x32-10
 with key (seed_lo, seed_hi) and counter (column, row_lo, offset_lo, offset_hi), the
@@ -16,8 +18,17 @@ of 1 - u (Gumbel, exponential) clamps u to the largest float below one first. Be
 counter as an id rather than a position in the batch, a row keeps its stream
 whatever the batch composition (compaction, sharding, different batch sizes).
 
-The C++ (csrc/philox.h) and Triton (ddpd.kernels) paths reproduce these bits
+The C++ (csrc/rng.h) and Triton (kernels/rng.py) paths reproduce these bits
 exactly, so a kernel and this reference can be compared token for token.
+
+Randomness arguments (resolve_stream): every sampling op takes either explicit
+uniforms (`noise`) or a counter-based stream: (seed, offset) from the caller or drawn
+from a torch.Generator, and per-row ids (default 0..N-1) so a row keeps its stream
+whatever the batch. Column c of explicit noise and column c of the Philox stream play
+the same role, so `noise = philox_uniform(seed, offset, row_ids, width)` reproduces the
+seeded call exactly. Draws that must be independent need distinct offsets (a sampler
+uses one offset per kind of draw and step). seed and offset are ints in [0, 2**64), or
+int64 tensors of one element on the op's device that the kernels read when they run.
 """
 from __future__ import annotations
 
@@ -25,6 +36,9 @@ from typing import Optional, Sequence, Union
 
 import torch
 
+from ddpd.validation import check_same_device, check_shape, check_tensor
+
+BELOW_ONE = 1.0 - 2.0**-24  # largest float32 under 1
 _MASK32 = 0xFFFFFFFF
 _ROUND_A = 0xD2511F53
 _ROUND_B = 0xCD9E8D57
@@ -128,3 +142,106 @@ def seed_from_generator(generator: Optional[torch.Generator]) -> tuple[int, int]
     """Draw a (seed, offset) pair from a torch.Generator (or the global one)."""
     draws = torch.randint(0, 2**62, (2,), generator=generator, dtype=torch.int64)
     return int(draws[0]), int(draws[1])
+
+
+def gumbel(u: torch.Tensor) -> torch.Tensor:
+    """-log(-log u). float32 rounds the top Philox uniform to 1.0, which would give
+    +inf: every path clamps u to the largest float32 below 1 first."""
+    return -torch.log(-torch.log(u.clamp(max=BELOW_ONE)))
+
+
+# ---------------------------------------------------------------- the ops' arguments
+
+
+def resolve_stream(noise: Optional[torch.Tensor], noise_shape: tuple, like: torch.Tensor, seed, offset,
+                   generator: Optional[torch.Generator], row_ids: Optional[torch.Tensor]) -> tuple:
+    """Validate the randomness arguments of a sampling op; return its counters
+    (seed, offset, seed_tensor, offset_tensor) as resolve_seed does.
+
+    With `noise` (float32 uniforms in (0, 1] of shape noise_shape) seed, offset,
+    generator and row_ids must be left unset. Without it, see resolve_seed.
+    """
+    if noise is not None:
+        check_noise_alone(seed, offset, generator, row_ids)
+        check_tensor("noise", noise, (torch.float32,), len(noise_shape))
+        check_shape("noise", noise, noise_shape)
+        check_same_device("noise", noise, like, "the input")
+        return 0, 0, None, None
+    return resolve_seed(seed, offset, generator, row_ids, noise_shape[0], like)
+
+
+def check_noise_alone(seed, offset, generator, row_ids) -> None:
+    """Explicit noise replaces the stream: no seed, offset, generator or row_ids with it."""
+    if seed is not None or generator is not None or row_ids is not None or not is_zero(offset):
+        raise ValueError("pass either noise or seed/offset/generator/row_ids, not both")
+
+
+def is_zero(offset) -> bool:
+    """Whether `offset` is the default 0 (a tensor never is: its value is on the device)."""
+    return not isinstance(offset, torch.Tensor) and offset == 0
+
+
+def check_counter(name: str, value, like: torch.Tensor) -> tuple:
+    """A seed or offset: an int in [0, 2**64), or an int64 tensor of one element on like's
+    device whose value (read by the kernels, never on the host) holds the uint64 bits.
+    Returns (int64 bit pattern, None) or (0, the tensor as 0-d)."""
+    if isinstance(value, torch.Tensor):
+        if value.dtype != torch.int64 or value.numel() != 1:
+            raise TypeError(f"{name} must be an int or an int64 tensor of one element, got {value.dtype} of shape "
+                            f"{tuple(value.shape)}")
+        check_same_device(name, value, like, "the input")
+        return 0, value.detach().reshape(())
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**64:
+        raise ValueError(f"{name} must be an int in [0, 2**64) or an int64 tensor, got {value!r}")
+    return as_int64(value), None
+
+
+def resolve_seed(seed, offset, generator: Optional[torch.Generator], row_ids: Optional[torch.Tensor], rows: int,
+                 like: torch.Tensor) -> tuple:
+    """Validate a counter-based stream; return its counters (seed, offset, seed_tensor,
+    offset_tensor): each of seed and offset either an int64 bit pattern with tensor None,
+    or 0 with an int64 0-d tensor on like's device that the kernels read.
+
+    row_ids: Long[rows] on like's device, or None. A missing seed is drawn together
+    with the offset from `generator` (or torch's default generator).
+    """
+    if row_ids is not None:
+        check_tensor("row_ids", row_ids, (torch.int64,), 1)
+        check_shape("row_ids", row_ids, (rows,))
+        check_same_device("row_ids", row_ids, like, "the input")
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+    if seed is None:
+        if not is_zero(offset):
+            raise ValueError(f"offset needs an explicit seed (it is drawn with the seed otherwise), got {offset}")
+        seed, offset = seed_from_generator(generator)
+    elif generator is not None:
+        raise ValueError("pass either seed or generator, not both")
+    (seed, seed_t), (offset, offset_t) = check_counter("seed", seed, like), check_counter("offset", offset, like)
+    return seed, offset, seed_t, offset_t
+
+
+def as_int64(value: int) -> int:
+    """The uint64 `value` as the int64 with the same bits (torch op schemas carry int64)."""
+    return value - 2**64 if value >= 2**63 else value
+
+
+def split32(value: int) -> tuple[int, int]:
+    """(low, high) 32-bit words of the uint64 whose bits the int64 `value` holds."""
+    value &= 2**64 - 1
+    return value & 0xFFFFFFFF, value >> 32
+
+
+def counter_value(value: int, tensor: Optional[torch.Tensor]):
+    """The uint64 value of a counter from resolve_seed: the int, or the tensor itself (int64
+    bits; the torch Philox reads it on its device)."""
+    return tensor if tensor is not None else value & (2**64 - 1)
+
+
+def stream_noise(counters: tuple, row_ids: Optional[torch.Tensor], rows: int, width: int,
+                 device: torch.device) -> torch.Tensor:
+    """The uniforms a seeded call reads, as explicit noise Float[rows, width]
+    (counters as returned by resolve_stream)."""
+    seed, offset, seed_t, offset_t = counters
+    ids = row_ids if row_ids is not None else torch.arange(rows, device=device)
+    return philox_uniform(counter_value(seed, seed_t), counter_value(offset, offset_t), ids, width)

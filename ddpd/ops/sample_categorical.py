@@ -46,7 +46,8 @@ from typing import Optional, Sequence
 
 import torch
 
-from ddpd.ops import _sampling_args as args
+from ddpd.ops import _dispatch, rng
+from ddpd.validation import check_float, check_int, check_same_device, check_shape, check_tensor
 
 TILE = 256
 
@@ -71,11 +72,11 @@ def check_exclusions(exclude_ids, exclude_per_row, like: torch.Tensor, vocab_siz
         if not isinstance(exclude_ids, (list, tuple)) and (
                 isinstance(exclude_ids, (torch.Tensor, str)) or not isinstance(exclude_ids, Sequence)):
             raise TypeError(f"exclude_ids must be a sequence of ints, got {type(exclude_ids).__name__}")
-        ids = [args.check_int("exclude_ids[]", i, 0, vocab_size) for i in exclude_ids]
+        ids = [check_int("exclude_ids[]", i, 0, vocab_size - 1) for i in exclude_ids]
     if exclude_per_row is not None:
-        args.check_tensor("exclude_per_row", exclude_per_row, (torch.int64,), 1)
-        args.check_shape("exclude_per_row", exclude_per_row, (like.shape[0],))
-        args.check_same_device("exclude_per_row", exclude_per_row, like, "logits")
+        check_tensor("exclude_per_row", exclude_per_row, (torch.int64,), 1)
+        check_shape("exclude_per_row", exclude_per_row, (like.shape[0],))
+        check_same_device("exclude_per_row", exclude_per_row, like, "logits")
     return ids
 
 
@@ -89,12 +90,12 @@ def check_exclude_values(exclude_per_row: Optional[torch.Tensor], vocab_size: in
 
 
 def _prepare(logits, temperature, exclude_ids, exclude_per_row, seed, offset, generator, row_ids, noise):
-    args.check_tensor("logits", logits, args.FLOAT_DTYPES, 2)
+    check_tensor("logits", logits, _dispatch.FLOAT_DTYPES, 2)
     rows, vocab = logits.shape
-    args.check_width("V (logits.shape[1])", vocab)
-    temperature = args.check_positive_float("temperature", temperature)
+    _dispatch.check_width("V (logits.shape[1])", vocab)
+    temperature = check_float("temperature", temperature, 0.0, float("inf"), open_min=True, open_max=True)
     ids = check_exclusions(exclude_ids, exclude_per_row, logits, vocab)
-    counters = args.resolve_stream(noise, (rows, noise_width(vocab)), logits, seed, offset, generator, row_ids)
+    counters = rng.resolve_stream(noise, (rows, noise_width(vocab)), logits, seed, offset, generator, row_ids)
     return temperature, ids, counters
 
 
@@ -147,13 +148,13 @@ def categorical_reference(logits: torch.Tensor, temperature: float,
         tile = torch.zeros(rows, dtype=torch.int64, device=x.device)
     else:
         lse = torch.log(torch.exp(y).sum(dim=2))  # s_t, in [0, log TILE] or -inf
-        keys = shifted(tile_max, row_max, temperature) + (lse + args.gumbel(noise[:, vocab:vocab + tiles]))
+        keys = shifted(tile_max, row_max, temperature) + (lse + rng.gumbel(noise[:, vocab:vocab + tiles]))
         tile = keys.argmax(dim=1)  # first maximum on ties
     valid = row_max.squeeze(1) > float("-inf")
     in_tile = y.gather(1, tile[:, None, None].expand(-1, 1, TILE)).squeeze(1)
     columns = tile[:, None] * TILE + torch.arange(TILE, device=x.device)
     u = noise.gather(1, columns.clamp(max=vocab - 1))
-    keys = torch.where(columns < vocab, in_tile + args.gumbel(u), float("-inf"))
+    keys = torch.where(columns < vocab, in_tile + rng.gumbel(u), float("-inf"))
     token = torch.where(valid, columns.gather(1, keys.argmax(dim=1, keepdim=True)).squeeze(1), 0)
     return token, valid
 
@@ -185,7 +186,7 @@ def sample_categorical_reference(
     check_exclude_values(exclude_per_row, logits.shape[1])
     if noise is None:
         rows, vocab = logits.shape
-        noise = args.stream_noise(counters, row_ids, rows, noise_width(vocab), logits.device)
+        noise = rng.stream_noise(counters, row_ids, rows, noise_width(vocab), logits.device)
     return categorical_reference(masked_logits(logits, ids, exclude_per_row), temperature, noise)
 
 
@@ -213,7 +214,7 @@ def categorical_launch(rows: int, vocab: int, multiprocessors: int) -> Categoric
     tiles = n_tiles(vocab)
     if tiles == 1:
         return CategoricalLaunch(1, 1, 1, None, (rows,))
-    splits = max(1, min(tiles, -(-args.PROGRAMS_PER_SM * multiprocessors // max(rows, 1))))
+    splits = max(1, min(tiles, -(-_dispatch.PROGRAMS_PER_SM * multiprocessors // max(rows, 1))))
     per_split = -(-tiles // splits)
     splits = -(-tiles // per_split)
     return CategoricalLaunch(splits, per_split, min(4, 1 << (per_split - 1).bit_length()), (rows, splits), (rows,))
@@ -230,11 +231,11 @@ def sample_categorical_triton(logits, temperature, exclude_ids, exclude_per_row,
     valid = torch.empty(rows, dtype=torch.bool, device=device)
     if rows == 0:
         return tokens, valid
-    launch = categorical_launch(rows, vocab, args.multiprocessors(device))
+    launch = categorical_launch(rows, vocab, _dispatch.multiprocessors(device))
     tiles = n_tiles(vocab)
     seed, offset, seed_t, offset_t = counters
-    stream = (noise, row_ids, *args.split32(seed), *args.split32(offset), seed_t, offset_t)
-    excl = (args.device_ids(tuple(exclude_ids), device), len(exclude_ids), exclude_per_row)
+    stream = (noise, row_ids, *rng.split32(seed), *rng.split32(offset), seed_t, offset_t)
+    excl = (_dispatch.device_ids(tuple(exclude_ids), device), len(exclude_ids), exclude_per_row)
     stats = torch.empty(2, rows, tiles, dtype=torch.float32, device=device) if launch.stats_grid else None
     tile_max, tile_key = (stats[0], stats[1]) if launch.stats_grid else (None, None)
     if launch.stats_grid:
@@ -257,7 +258,7 @@ def _sample_categorical_impl(logits, temperature, exclude_ids, exclude_per_row, 
     if logits.device.type == "cuda":
         return sample_categorical_triton(logits, temperature, exclude_ids, exclude_per_row, noise,
                                          (seed, offset, seed_t, offset_t), row_ids)
-    return args.cpu_ops().sample_categorical_cpu(
+    return _dispatch.cpu_ops().sample_categorical_cpu(
         logits.contiguous(), temperature, exclude_ids, exclude_per_row, noise, seed, offset, row_ids, seed_t, offset_t
     )
 
@@ -312,7 +313,7 @@ def sample_categorical(
     temperature, ids, (seed, offset, seed_t, offset_t) = _prepare(
         logits, temperature, exclude_ids, exclude_per_row, seed, offset, generator, row_ids, noise
     )
-    exclude_per_row, noise, row_ids = args.contiguous(exclude_per_row, noise, row_ids)
-    eager = args.eager(logits, exclude_per_row, noise, row_ids, seed_t, offset_t)
+    exclude_per_row, noise, row_ids = _dispatch.contiguous(exclude_per_row, noise, row_ids)
+    eager = _dispatch.eager(logits, exclude_per_row, noise, row_ids, seed_t, offset_t)
     call = _sample_categorical_impl if eager else _sample_categorical_op
     return call(logits.detach(), temperature, ids, exclude_per_row, noise, seed, offset, row_ids, seed_t, offset_t)

@@ -23,7 +23,8 @@ from typing import Optional, Sequence
 
 import torch
 
-from ddpd.ops import _sampling_args as args
+from ddpd.ops import _dispatch, rng
+from ddpd.validation import check_float, check_same_device, check_shape, check_tensor
 from ddpd.ops.sample_categorical import (
     TILE,
     check_exclude_values,
@@ -38,20 +39,20 @@ from ddpd.ops.sample_categorical import (
 
 def _prepare(hidden, weight, bias, temperature, exclude_ids, exclude_per_row, seed, offset, generator, row_ids,
              noise):
-    args.check_tensor("hidden", hidden, args.FLOAT_DTYPES, 2)
-    args.check_tensor("weight", weight, args.FLOAT_DTYPES, 2)
+    check_tensor("hidden", hidden, _dispatch.FLOAT_DTYPES, 2)
+    check_tensor("weight", weight, _dispatch.FLOAT_DTYPES, 2)
     if weight.shape[1] != hidden.shape[1]:
         raise ValueError(f"weight must have shape [V, {hidden.shape[1]}] (H of hidden), got {tuple(weight.shape)}")
-    args.check_same_device("weight", weight, hidden, "hidden")
+    check_same_device("weight", weight, hidden, "hidden")
     vocab = weight.shape[0]
-    args.check_width("V (weight.shape[0])", vocab)
+    _dispatch.check_width("V (weight.shape[0])", vocab)
     if bias is not None:
-        args.check_tensor("bias", bias, args.FLOAT_DTYPES, 1)
-        args.check_shape("bias", bias, (vocab,))
-        args.check_same_device("bias", bias, hidden, "hidden")
-    temperature = args.check_positive_float("temperature", temperature)
+        check_tensor("bias", bias, _dispatch.FLOAT_DTYPES, 1)
+        check_shape("bias", bias, (vocab,))
+        check_same_device("bias", bias, hidden, "hidden")
+    temperature = check_float("temperature", temperature, 0.0, float("inf"), open_min=True, open_max=True)
     ids = check_exclusions(exclude_ids, exclude_per_row, hidden, vocab)
-    counters = args.resolve_stream(noise, (hidden.shape[0], noise_width(vocab)), hidden, seed, offset, generator,
+    counters = rng.resolve_stream(noise, (hidden.shape[0], noise_width(vocab)), hidden, seed, offset, generator,
                                    row_ids)
     return temperature, ids, counters
 
@@ -79,7 +80,7 @@ def sample_from_hidden_reference(
     vocab = weight.shape[0]
     check_exclude_values(exclude_per_row, vocab)
     if noise is None:
-        noise = args.stream_noise(counters, row_ids, hidden.shape[0], noise_width(vocab), hidden.device)
+        noise = rng.stream_noise(counters, row_ids, hidden.shape[0], noise_width(vocab), hidden.device)
     logits = hidden.float() @ weight.float().T
     if bias is not None:
         logits = logits + bias.float()
@@ -118,7 +119,7 @@ def head_launch(rows: int, width: int, vocab: int, element_size: int, multiproce
     # 32 rows per block unless that leaves multiprocessors idle (few rows, or few tiles)
     block_n = 16 if rows <= 16 or -(-rows // 32) * tiles < multiprocessors else 32
     row_blocks = -(-rows // block_n)
-    splits = max(1, min(tiles, -(-args.PROGRAMS_PER_SM * multiprocessors // row_blocks)))
+    splits = max(1, min(tiles, -(-_dispatch.PROGRAMS_PER_SM * multiprocessors // row_blocks)))
     per_split = -(-tiles // splits)
     splits = -(-tiles // per_split)
     block_h = min(64 if element_size <= 2 else 32, max(16, 1 << (width - 1).bit_length()))
@@ -138,7 +139,7 @@ def sample_from_hidden_triton(hidden, weight, bias, temperature, exclude_ids, ex
     valid = torch.empty(rows, dtype=torch.bool, device=device)
     if rows == 0:
         return tokens, valid
-    launch = head_launch(rows, width, vocab, weight.element_size(), args.multiprocessors(device))
+    launch = head_launch(rows, width, vocab, weight.element_size(), _dispatch.multiprocessors(device))
     tiles = n_tiles(vocab)
     # One allocation for the per-tile statistics: maxima and keys (float32), candidates.
     stats = torch.empty(3, rows, tiles, dtype=torch.int32, device=device) if launch.finish_grid else None
@@ -147,8 +148,8 @@ def sample_from_hidden_triton(hidden, weight, bias, temperature, exclude_ids, ex
     interpreted = device.type != "cuda"
     head_tiles_kernel[launch.tiles_grid](
         hidden, weight, None if bias is None else bias.contiguous(), rows, vocab, width, tiles, launch.tiles_per_split,
-        temperature, args.device_ids(tuple(exclude_ids), device), len(exclude_ids), exclude_per_row,
-        noise, row_ids, *args.split32(counters[0]), *args.split32(counters[1]), counters[2], counters[3], tile_max, tile_key, candidate, tokens, valid,
+        temperature, _dispatch.device_ids(tuple(exclude_ids), device), len(exclude_ids), exclude_per_row,
+        noise, row_ids, *rng.split32(counters[0]), *rng.split32(counters[1]), counters[2], counters[3], tile_max, tile_key, candidate, tokens, valid,
         TILE=TILE, BLOCK_N=launch.block_n, BLOCK_H=launch.block_h,
         DOT_F32=interpreted or weight.dtype == torch.float32 or hidden.dtype != weight.dtype,
         SINGLE_TILE=launch.finish_grid is None, num_warps=launch.num_warps, num_stages=launch.num_stages,
@@ -166,7 +167,7 @@ def _sample_from_hidden_impl(hidden, weight, bias, temperature, exclude_ids, exc
     if hidden.device.type == "cuda":
         return sample_from_hidden_triton(hidden, weight, bias, temperature, exclude_ids, exclude_per_row, noise,
                                          (seed, offset, seed_t, offset_t), row_ids)
-    return args.cpu_ops().sample_from_hidden_cpu(hidden, weight, bias, temperature, exclude_ids, exclude_per_row,
+    return _dispatch.cpu_ops().sample_from_hidden_cpu(hidden, weight, bias, temperature, exclude_ids, exclude_per_row,
                                                  noise, seed, offset, row_ids, seed_t, offset_t)
 
 
@@ -221,8 +222,8 @@ def sample_from_hidden(
     # A draw has no gradient; detaching lets callers pass a live nn.Linear's
     # parameters (requires_grad) outside torch.no_grad().
     bias = None if bias is None else bias.detach()
-    exclude_per_row, noise, row_ids = args.contiguous(exclude_per_row, noise, row_ids)
-    eager = args.eager(hidden, weight, bias, exclude_per_row, noise, row_ids, seed_t, offset_t)
+    exclude_per_row, noise, row_ids = _dispatch.contiguous(exclude_per_row, noise, row_ids)
+    eager = _dispatch.eager(hidden, weight, bias, exclude_per_row, noise, row_ids, seed_t, offset_t)
     call = _sample_from_hidden_impl if eager else _sample_from_hidden_op
     return call(hidden.detach(), weight.detach(), bias, temperature, ids, exclude_per_row, noise, seed, offset, row_ids,
                 seed_t, offset_t)

@@ -29,8 +29,8 @@ from typing import Optional, Protocol
 import torch
 from torch import Tensor
 
-from ddpd.ops._sampling_args import BELOW_ONE, gumbel  # noqa: F401 (re-exported: the ops' transform, so both paths agree bit for bit)
-from ddpd.ops.rng import check_seed, philox_uniform, seed_from_generator
+# gumbel: the ops' own transform, re-exported here so that both runs agree bit for bit
+from ddpd.ops.rng import BELOW_ONE, check_seed, gumbel, philox_uniform, seed_from_generator  # noqa: F401
 
 # One stream per kind of draw in a step; the offset of a draw is
 # base + step * NUM_STREAMS + stream, so no two draws of a run share counters.

@@ -1,10 +1,10 @@
-// CUDA implementations of the torch.ops.ddpd operators of csrc/registration.cpp:
-// checks, output allocation and stream handling around the launchers of
-// csrc/cuda/launchers.h. Compiled only when torch has CUDA and a toolkit is found.
-#include "compact_args.h"
+// CUDA implementations of ddpd::multinomial, ddpd::multinomial_with_uniforms and
+// ddpd::categorical_from_weights (schemas: csrc/cpu/multinomial.cpp): checks, output
+// allocation and stream handling around the launcher of csrc/cuda/multinomial.cuh.
+// Compiled only when torch has CUDA and a toolkit is found. Only c10's CUDA headers
+// (no ATen/cuda, which pulls in cuSPARSE and cuBLAS): .ci/nvcc_check.sh can check it.
 #include <ATen/Dispatch.h>
 #include <ATen/core/Tensor.h>
-#include <ATen/cuda/CUDAContext.h>
 #include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -12,9 +12,8 @@
 
 #include <optional>
 #include <tuple>
-#include <vector>
 
-#include "launchers.h"
+#include "multinomial.cuh"
 
 namespace ddpd {
 namespace cuda {
@@ -22,6 +21,13 @@ namespace {
 
 void check_launch(cudaError_t status, const char* what) {
   TORCH_CHECK(status == cudaSuccess, what, ": CUDA launch failed: ", cudaGetErrorString(status));
+}
+
+// Streaming multiprocessors of a device: what the launch grids are sized for.
+int64_t multiprocessors(int device) {
+  int count = 0;
+  check_launch(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device), "multinomial");
+  return count;
 }
 
 // Shared by the three sampling ops; uniforms [rows, k] float64 or undefined.
@@ -39,7 +45,7 @@ std::tuple<at::Tensor, at::Tensor> sample(const at::Tensor& weights, int64_t k, 
   const auto opts = w.options();
   at::Tensor index = at::empty({rows, k}, opts.dtype(at::kLong));
   at::Tensor valid = at::empty({rows}, opts.dtype(at::kBool));
-  const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const int64_t sms = multiprocessors(weights.device().index());
   const int64_t scratch_doubles = multinomial_scratch_doubles(rows, n, replacement, sms);
   at::Tensor scratch = scratch_doubles > 0 ? at::empty({scratch_doubles}, opts.dtype(at::kDouble)) : at::Tensor();
   const at::Tensor u = uniforms.defined() ? uniforms.contiguous() : at::Tensor();
@@ -101,68 +107,6 @@ std::tuple<at::Tensor, at::Tensor> multinomial_with_uniforms(const at::Tensor& w
   return sample(weights, uniforms.size(1), replacement, uniforms, 0, 0, at::Tensor());
 }
 
-// Packs `out_rows` rows of every tensor by `index` (entries < 0 give zero rows).
-std::vector<at::Tensor> gather(at::TensorList tensors, const at::Tensor& index, int64_t out_rows,
-                               cudaStream_t stream) {
-  std::vector<at::Tensor> packed;
-  for (const at::Tensor& t : tensors) {
-    const at::Tensor src = t.contiguous();
-    std::vector<int64_t> sizes = src.sizes().vec();
-    sizes[0] = out_rows;
-    at::Tensor dst = at::empty(sizes, src.options());
-    check_launch(launch_gather_rows(src.data_ptr(), row_bytes(src), index.data_ptr<int64_t>(),
-                                    out_rows, dst.data_ptr(), stream),
-                 "compact");
-    packed.push_back(dst);
-  }
-  return packed;
-}
-
-std::tuple<std::vector<at::Tensor>, at::Tensor> compact(const at::Tensor& active, at::TensorList tensors) {
-  check_compact_args(active, tensors);
-  const c10::cuda::CUDAGuard guard(active.device());
-  const at::Tensor flags = active.contiguous();
-  const int64_t rows = flags.size(0);
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  at::Tensor index = at::empty({rows}, flags.options().dtype(at::kLong));
-  at::Tensor count = at::empty({}, flags.options().dtype(at::kLong));
-  check_launch(launch_compact_index(flags.data_ptr<bool>(), rows, rows, index.data_ptr<int64_t>(),
-                                    count.data_ptr<int64_t>(), stream),
-               "compact");
-  const int64_t n = count.item<int64_t>();  // the one wait: it sizes the outputs
-  index = index.narrow(0, 0, n);
-  return {gather(tensors, index, n, stream), index};
-}
-
-std::tuple<std::vector<at::Tensor>, at::Tensor, at::Tensor> compact_fixed(const at::Tensor& active,
-                                                                          int64_t capacity,
-                                                                          at::TensorList tensors) {
-  check_compact_args(active, tensors);
-  TORCH_CHECK(capacity >= 0, "compact_fixed: capacity must be >= 0, got ", capacity);
-  const c10::cuda::CUDAGuard guard(active.device());
-  const at::Tensor flags = active.contiguous();
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  at::Tensor index = at::empty({capacity}, flags.options().dtype(at::kLong));
-  at::Tensor count = at::empty({}, flags.options().dtype(at::kLong));
-  check_launch(launch_compact_index(flags.data_ptr<bool>(), flags.size(0), capacity,
-                                    index.data_ptr<int64_t>(), count.data_ptr<int64_t>(), stream),
-               "compact_fixed");
-  return {gather(tensors, index, capacity, stream), index, count};
-}
-
-at::Tensor& scatter_back(const at::Tensor& index, const at::Tensor& packed, at::Tensor& out) {
-  check_scatter_back_args(index, packed, out);
-  const c10::cuda::CUDAGuard guard(out.device());
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  const at::Tensor idx = index.contiguous(), src = packed.contiguous();
-  at::Tensor dense = out.is_contiguous() ? out : out.contiguous();
-  check_launch(launch_scatter_rows(src.data_ptr(), row_bytes(src), idx.data_ptr<int64_t>(),
-                                   src.size(0), dense.data_ptr(), stream),
-               "scatter_back");
-  if (!dense.is_same(out)) out.copy_(dense);
-  return out;
-}
-
 }  // namespace
 }  // namespace cuda
 }  // namespace ddpd
@@ -171,7 +115,4 @@ TORCH_LIBRARY_IMPL(ddpd, CUDA, m) {
   m.impl("categorical_from_weights", &ddpd::cuda::categorical_from_weights);
   m.impl("multinomial", &ddpd::cuda::multinomial);
   m.impl("multinomial_with_uniforms", &ddpd::cuda::multinomial_with_uniforms);
-  m.impl("compact", &ddpd::cuda::compact);
-  m.impl("compact_fixed", &ddpd::cuda::compact_fixed);
-  m.impl("scatter_back", &ddpd::cuda::scatter_back);
 }

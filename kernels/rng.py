@@ -1,4 +1,5 @@
-"""Counter-based uniforms inside Triton kernels, bit-identical to ddpd.ops.rng.
+"""Counter-based uniforms inside Triton kernels, bit-identical to ddpd.ops.rng (and to
+csrc/rng.h).
 
 Philox4x32-10 with key (seed_lo, seed_hi) and counter (column, row_lo, offset_lo,
 offset_hi); the first output word w becomes u = ((w >> 8) + 0.5) * 2**-24, a float32

@@ -1,4 +1,5 @@
-// Shared pieces of the CPU planner ops (planner_select.cpp, planner_mask.cpp):
+// The row pieces of the CPU planner kernels (planner_select.cpp, and planner_mask.cpp
+// for its mask alone):
 // per-position planner probabilities p(z^d = N | x_t) = sigmoid(logit), the
 // selection weights of prop:self-loop-jumps, Gumbel-top-k, and the Bernoulli
 // mask of prop:draw_with_maskD. Mirrors ddpd/ops/planner_select.py and
@@ -14,7 +15,7 @@
 #include <numeric>
 #include <vector>
 
-#include "../philox.h"
+#include "../rng.h"
 
 namespace ddpd {
 namespace cpu {

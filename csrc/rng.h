@@ -1,8 +1,9 @@
-// Counter-based uniforms shared by every ddpd op: Philox4x32-10 with key
+// Counter-based uniforms shared by every ddpd op (ddpd/ops/rng.py, kernels/rng.py
+// are its torch and Triton twins): Philox4x32-10 with key
 // (seed_lo, seed_hi) and counter (column, row_lo, offset_lo, offset_hi); the first
 // output word w gives u = ((w >> 8) + 0.5) * 2^-24 in float32, in (0, 1] (float32
 // rounds the top value to 1.0; consumers that take log(1 - u) clamp first).
-// Bit-identical to ddpd/ops/rng.py and the Triton kernels, so every path can be
+// Bit-identical to ddpd/ops/rng.py and kernels/rng.py, so every path can be
 // compared with the torch reference token for token. Host and device code.
 #pragma once
 #include <cstdint>

@@ -1,5 +1,5 @@
-// Shared pieces of the CPU categorical samplers (sample_categorical.cpp,
-// sample_from_hidden.cpp): the two-level exact Gumbel-max over vocabulary tiles.
+// The categorical law on the CPU: the two-level exact Gumbel-max over vocabulary
+// tiles of sample_categorical.cpp, which sample_from_hidden.cpp draws too.
 //
 // The vocabulary is cut into tiles of kTile tokens. With m_t the maximum of tile
 // t, M the row maximum and shift(a, b) = (a - b) / T: tile t wins the race
@@ -21,7 +21,7 @@
 #include <optional>
 #include <vector>
 
-#include "../philox.h"
+#include "../rng.h"
 
 namespace ddpd {
 namespace cpu {

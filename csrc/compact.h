@@ -1,5 +1,5 @@
 // Argument checks and row sizes shared by the CPU and CUDA kernels of
-// ddpd::compact, ddpd::compact_fixed and ddpd::scatter_back, so both devices refuse
+// ddpd::compact_fixed and ddpd::scatter_back, so both devices refuse
 // the same inputs with the same messages.
 #pragma once
 #include <ATen/core/Tensor.h>
@@ -18,13 +18,13 @@ inline int64_t row_bytes(const at::Tensor& t) {
 
 inline void check_compact_args(const at::Tensor& active, at::TensorList tensors) {
   TORCH_CHECK(active.dim() == 1 && active.scalar_type() == at::kBool,
-              "compact: active must be a 1-D bool tensor, got ", active.scalar_type(), " ",
+              "compact_fixed: active must be a 1-D bool tensor, got ", active.scalar_type(), " ",
               active.sizes());
   for (size_t i = 0; i < tensors.size(); ++i) {
     const at::Tensor& t = tensors[i];
     TORCH_CHECK(t.layout() == at::kStrided && t.dim() >= 1 && t.size(0) == active.size(0) &&
                     t.device() == active.device(),
-                "compact: tensors[", i, "] must be a dense tensor on ", active.device(), " with ",
+                "compact_fixed: tensors[", i, "] must be a dense tensor on ", active.device(), " with ",
                 active.size(0), " rows, got ", t.sizes(), " on ", t.device());
   }
 }

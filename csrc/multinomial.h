@@ -1,0 +1,148 @@
+// The law of ddpd::multinomial (ddpd/ops/multinomial.py), reproduced bit for bit on
+// CPU (csrc/cpu/multinomial.cpp) and GPU (csrc/cuda/multinomial.cu), and the launch
+// configuration of the CUDA kernels, plain C++ so that any build can report it.
+//
+// Two-level inverse CDF of one row of non-negative weights. The row is cut into
+// chunks of kChunk consecutive weights. A chunk sum s_j adds its weights one by one
+// in double; P_j = P_{j-1} + s_j in chunk order; the cumulative weight of element i
+// of chunk j is c_i = P_{j-1} + (its running sum inside the chunk). The draw for a
+// uniform u in [0, 1) is the smallest i with c_i > u * P_last. Chunk sums are
+// independent dependency chains, so the one pass over the row runs many at once
+// (SIMD lanes, GPU threads); a draw then costs a binary search over the prefix sums
+// and at most kChunk additions. Only IEEE additions and one multiplication in double
+// are used (no transcendental), so the torch reference finds the same index for the
+// same uniform.
+#pragma once
+#include <cstdint>
+
+#include "rng.h"
+
+namespace ddpd {
+
+constexpr int64_t kChunk = 64;  // equals CHUNK in ddpd/ops/multinomial.py
+
+DDPD_HD int64_t num_chunks(int64_t n) { return (n + kChunk - 1) / kChunk; }
+
+DDPD_HD int64_t chunk_end(int64_t j, int64_t n) {
+  const int64_t end = (j + 1) * kChunk;
+  return end < n ? end : n;
+}
+
+// Sum of w[begin, end) in order, skipping the elements flagged in `removed`
+// (bit i - begin): they count as zero, exactly as in the reference.
+template <typename scalar_t>
+DDPD_HD double chunk_sum(const scalar_t* w, int64_t begin, int64_t end, uint64_t removed) {
+  double q = 0.0;
+  for (int64_t i = begin; i < end; ++i) {
+    if (!((removed >> (i - begin)) & 1u)) q += static_cast<double>(w[i]);
+  }
+  return q;
+}
+
+// prefix[c] = P_c for c >= first, given P_{first-1} already in place.
+DDPD_HD void prefix_from(const double* sums, double* prefix, int64_t first, int64_t m) {
+  double acc = first > 0 ? prefix[first - 1] + sums[first] : sums[first];
+  prefix[first] = acc;
+  for (int64_t c = first + 1; c < m; ++c) {
+    acc += sums[c];
+    prefix[c] = acc;
+  }
+}
+
+// Index drawn by uniform u from a row whose prefix sums are built (P_last > 0).
+// `removed` holds one 64-bit mask per chunk, or is null when nothing was removed.
+template <typename scalar_t>
+DDPD_HD int64_t draw_index(const scalar_t* w, int64_t n, const double* prefix, int64_t m,
+                           const uint64_t* removed, double u) {
+  const double threshold = u * prefix[m - 1];
+  int64_t lo = 0, hi = m - 1;  // smallest j with P_j > threshold; P_{m-1} is one
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (prefix[mid] > threshold) hi = mid; else lo = mid + 1;
+  }
+  const double base = lo > 0 ? prefix[lo - 1] : 0.0;
+  const int64_t begin = lo * kChunk, end = chunk_end(lo, n);
+  const uint64_t mask = removed ? removed[lo] : 0;
+  double q = 0.0;
+  for (int64_t i = begin; i < end; ++i) {
+    if (!((mask >> (i - begin)) & 1u)) q += static_cast<double>(w[i]);
+    if (base + q > threshold) return i;
+  }
+  return end - 1;  // not reached: base + q at the chunk end is P_j > threshold
+}
+
+// Sets weight i to zero for the following draws: its chunk sum and every later
+// prefix sum are recomputed in the order a fresh build would use.
+template <typename scalar_t>
+DDPD_HD void remove_index(const scalar_t* w, int64_t n, double* sums, double* prefix, int64_t m,
+                          uint64_t* removed, int64_t i) {
+  const int64_t j = i / kChunk;
+  removed[j] |= uint64_t{1} << (i - j * kChunk);
+  sums[j] = chunk_sum(w, j * kChunk, chunk_end(j, n), removed[j]);
+  prefix_from(sums, prefix, j, m);
+}
+
+// Uniform in (0, 1) with 48 random bits for draw number `draw` of a row, from the
+// Philox words of columns 2 draw and 2 draw + 1: u = (a 2^24 + b + 1/2) 2^-48 with
+// a, b their top 24 bits (exact in double). 24 bits alone would give no token of a
+// large vocabulary a probability below 2^-24.
+DDPD_HD double draw_uniform(uint64_t seed, uint64_t offset, uint64_t row, int64_t draw) {
+  const uint32_t a = philox_word(seed, offset, row, static_cast<uint64_t>(2 * draw)) >> 8;
+  const uint32_t b = philox_word(seed, offset, row, static_cast<uint64_t>(2 * draw + 1)) >> 8;
+  return (static_cast<double>(a) * 16777216.0 + static_cast<double>(b) + 0.5) * 0x1p-48;
+}
+
+// Launch configuration of the CUDA kernels. Rows of at most kInlineChunks chunks are
+// drawn by one warp each, eight rows per block, the warp summing its row's chunks
+// itself: one launch. Longer rows first have their chunk sums computed by a grid of
+// (rows, splits) blocks, enough for kBlocksPerSM blocks per multiprocessor, then drawn
+// by one warp per row. The draws of a row are sequential by the law (each depends on
+// the prefix sums left by the one before), so the draw pass has one warp per row and
+// is kept short: its state sits in shared memory and every loop over the weights reads
+// them coalesced.
+constexpr int64_t kInlineChunks = 32;     // rows of up to 32 x 64 weights: one warp, one launch
+constexpr int64_t kRowsPerDrawBlock = 8;  // warps (rows) per block of the inline draw kernel
+constexpr int64_t kSumThreads = 256;      // threads per chunk-sum block, one chunk each at a time
+constexpr int64_t kBlocksPerSM = 4;
+constexpr int64_t kSharedStateBytes = 48 * 1024;  // default shared memory limit of a block
+
+struct MultinomialLaunch {
+  bool inline_sums;      // one launch, the draw warps sum the chunks themselves
+  int64_t splits;        // chunk-sum blocks per row (0 when inline_sums)
+  int64_t sum_blocks;    // blocks of the chunk-sum grid: rows x splits
+  int64_t draw_blocks;   // blocks of the draw grid
+  int64_t draw_threads;  // threads per draw block (32 per row)
+  bool shared_state;     // the per-row state (sums, prefix sums, removed masks) fits in shared memory
+};
+
+// Bytes of one row's draw state: chunk sums, prefix sums, the staged chunk, and the
+// removed-masks without replacement.
+inline int64_t multinomial_state_bytes(int64_t n, bool replacement) {
+  return num_chunks(n) * (replacement ? 2 : 3) * 8 + kChunk * 8;
+}
+
+inline MultinomialLaunch multinomial_launch(int64_t rows, int64_t n, bool replacement, int64_t multiprocessors) {
+  const int64_t m = num_chunks(n);
+  MultinomialLaunch c{};
+  c.inline_sums = m <= kInlineChunks;
+  if (c.inline_sums) {
+    c.splits = 0;
+    c.sum_blocks = 0;
+    c.draw_blocks = (rows + kRowsPerDrawBlock - 1) / kRowsPerDrawBlock;
+    c.draw_threads = 32 * kRowsPerDrawBlock;
+    c.shared_state = true;
+    return c;
+  }
+  const int64_t want = kBlocksPerSM * multiprocessors;
+  const int64_t most = (m + kSumThreads - 1) / kSumThreads;  // at least a chunk per thread
+  int64_t splits = rows > 0 ? (want + rows - 1) / rows : 1;
+  splits = splits < 1 ? 1 : (splits > most ? most : splits);
+  c.splits = splits;
+  c.sum_blocks = rows * splits;
+  c.draw_blocks = rows;
+  c.draw_threads = 32;
+  c.shared_state = multinomial_state_bytes(n, replacement) <= kSharedStateBytes;
+  return c;
+}
+
+}  // namespace ddpd

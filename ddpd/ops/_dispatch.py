@@ -1,0 +1,60 @@
+"""How a call of a ddpd op reaches its kernel: straight to it when nothing traces the
+call, through the registered custom op otherwise; the C++ kernels of ddpd._C for CPU
+tensors; launch grids sized from the device; the limits every op shares.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Optional
+
+import torch
+
+from ddpd.ops import _ext
+
+MAX_WIDTH = 2**30  # bound on D and V: columns of a row stay below 2**31
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+PROGRAMS_PER_SM = 4  # Triton grids aim at this many programs per multiprocessor
+INTERPRETER_MULTIPROCESSORS = 4  # CPU tensors (the interpreter): a few splits, so they are tested
+
+
+def check_width(name: str, size: int) -> None:
+    if not 1 <= size < MAX_WIDTH:
+        raise ValueError(f"{name} must be in [1, {MAX_WIDTH}), got {size}")
+
+
+def contiguous(*tensors: Optional[torch.Tensor]) -> tuple:
+    """Each tensor made contiguous (None stays None): the kernels index rows as
+    row * width, so strided noise, row ids or exclusions would be misread."""
+    return tuple(None if t is None else t.contiguous() for t in tensors)
+
+
+@functools.lru_cache(maxsize=64)
+def device_ids(ids: tuple, device: torch.device) -> torch.Tensor:
+    """Long tensor of `ids` (one unused 0 if empty) on device; cached, so repeated
+    calls (and CUDA graph captures after a warm-up call) copy nothing."""
+    return torch.tensor(ids if ids else [0], dtype=torch.int64, device=device)
+
+
+@functools.lru_cache(maxsize=8)
+def multiprocessors(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device (what the launch grids are sized for)."""
+    if device.type != "cuda":
+        return INTERPRETER_MULTIPROCESSORS
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def eager(*tensors: Optional[torch.Tensor]) -> bool:
+    """Whether a call can go straight to its kernel instead of through the registered
+    custom op: nothing traces it (torch.compile, make_fx, fake or functional tensors,
+    jit tracing, torch-function modes) and its tensors are plain tensors. The custom-op
+    dispatch costs tens of microseconds a call; tracing needs it (the fake kernel, the
+    schema), eager calls do not. A few hundred nanoseconds."""
+    if (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack()
+            or torch._C._is_torch_function_mode_enabled() or torch._C._is_tracing()):
+        return False
+    return all(t is None or type(t) is torch.Tensor for t in tensors)
+
+
+def cpu_ops():
+    """torch.ops.ddpd with the CPU kernels of ddpd._C loaded."""
+    return _ext.ops()
