@@ -62,9 +62,11 @@ def test_replayed_steps_draw_what_eager_steps_draw(nets, name, vocab, monkeypatc
             runs[mode] = CASES[name](nets[vocab], vocab, noise=PhiloxNoise(4), fused=True, sync_every=6, graphs=mode)
     eager, replayed = runs["off"], runs["emulate"]
     assert torch.equal(eager.tokens, replayed.tokens) and torch.equal(eager.stop_step, replayed.stop_step)
-    assert (eager.planner_rows, eager.denoiser_rows, eager.planner_calls, eager.denoiser_calls) == \
-        (replayed.planner_rows, replayed.denoiser_rows, replayed.planner_calls, replayed.denoiser_calls)
+    assert (eager.planner_calls, eager.denoiser_calls) == (replayed.planner_calls, replayed.denoiser_calls)
+    # finished rows stay in a power-of-two batch until the running ones fit half of it
+    assert replayed.planner_rows >= eager.planner_rows and replayed.denoiser_rows >= eager.denoiser_rows
     assert len(graphs) == 1 and graphs[0].replays > graphs[0].captures > 0  # most steps were replays
+    assert graphs[0].batch.generation <= 6  # 48 rows: at most 48 -> 32 -> 16 -> 8 -> 4 -> 2 -> 1
 
 
 def test_the_emulation_catches_a_step_that_bakes_in_a_python_value():
@@ -77,6 +79,17 @@ def test_the_emulation_catches_a_step_that_bakes_in_a_python_value():
     for i in range(5):  # a step that adds the Python i it was built with: replays repeat i = 1
         graphs.run("baked", lambda step, i=i: batch.x.add_(i), i)
     assert batch.x[0, 0] == 0 + 1 + 1 + 1 + 1 != sum(range(5))
+
+
+def test_with_graphs_the_batch_keeps_power_of_two_sizes(nets):
+    sizes = []
+    planner = nets[27]["planner"]
+    recorded = lambda x: (sizes.append(x.shape[0]), planner(x))[1]  # noqa: E731
+    result = ddpd_sample(recorded, nets[27]["uniform"], 48, 8, 27, steps=24, eps=0.2, seed=4, fused=True,
+                         sync_every=2, graphs="emulate")
+    assert (result.stop_step < 24).sum() > 24  # more than half the rows stopped: the batch shrank
+    assert sizes == sorted(sizes, reverse=True) and min(sizes) < 32
+    assert all(n == 48 or n & (n - 1) == 0 for n in sizes)  # the first size, then powers of two
 
 
 def test_graphs_stay_off_where_a_run_cannot_replay(nets):

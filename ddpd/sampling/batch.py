@@ -181,16 +181,28 @@ class RunningBatch:
 
 
 class FusedBatch(RunningBatch):
-    """Rows in the batch (running, or finished since the last stop check) and their bookkeeping."""
+    """Rows in the batch (running, or finished since the last stop check) and their bookkeeping.
+
+    buckets: rows leave the batch only when the running rows fit a smaller power of two, and
+    the batch keeps that many rows (finished rows stay frozen, padding rows are stopped
+    rows with the row id `size`, a slot past the output's rows), so that its shape, and a
+    CUDA graph captured on it, last from one stop check to the next (ddpd.sampling.graphs).
+    `generation` counts the times the batch was packed into new tensors.
+    """
 
     def __init__(self, x: Tensor, state: Optional[Dict[str, Tensor]] = None,
                  condition: Optional["Condition"] = None, dtype: torch.dtype = torch.float32, sync_every: int = 1,
-                 compaction: bool = True):
+                 compaction: bool = True, buckets: bool = False):
         super().__init__(x, state, condition, dtype)
         self.sync_every = sync_every
         self.compaction = compaction
+        self.buckets = buckets
+        self.size = x.shape[0]
         self.running_rows = x.shape[0]  # as of the last stop check (a host count)
         self.generation = 0
+        # a padding slot past the rows: always stopped, its output row dropped at the end
+        self.out = torch.cat([self.out, self.out[:1]])
+        self.stop_step = torch.cat([self.stop_step, torch.zeros_like(self.stop_step[:1])])
 
     @property
     def finished(self) -> bool:
@@ -220,23 +232,36 @@ class FusedBatch(RunningBatch):
         running = self.running()
         with _sync_allowed():
             self.running_rows = int(running.sum())  # the host synchronisation of the stop check
-        if not self.compaction or self.running_rows == len(self):
+        capacity = _bucket(self.running_rows) if self.buckets else self.running_rows
+        if not self.compaction or capacity >= len(self):
             return carried
         self.generation += 1
-        scatter_back(torch.where(running, -1, self.rows), self.x, self.out)
+        scatter_back(self._out_index(running), self.x, self.out)
         present = [c for c in carried if c is not None]
         names = list(self.state)
-        packed, _, _ = compact_fixed(running, self.running_rows, self.x, self.rows,
-                                     *(self.state[n] for n in names), *present)
-        self.x, self.rows, rest = packed[0], packed[1], iter(packed[2:])
+        packed, index, _ = compact_fixed(running, capacity, self.x, self.rows, *(self.state[n] for n in names),
+                                         *present)
+        self.x, rest = packed[0], iter(packed[2:])
+        self.rows = torch.where(index >= 0, packed[1], self.size)  # padding rows: the stopped slot
         self.state = {name: next(rest) for name in names}
         return tuple(None if c is None else next(rest) for c in carried)
+
+    def _out_index(self, skip: Optional[Tensor] = None) -> Tensor:
+        """Output rows of the batch's rows for scatter_back: -1 (skipped) for padding and `skip`."""
+        skip = self.rows == self.size if skip is None else skip | (self.rows == self.size)
+        return torch.where(skip, -1, self.rows)
 
     def result(self, steps: int) -> SampleResult:
         rows_stop = self.stop_step[self.rows]
         self.stop_step[self.rows] = torch.where(rows_stop < 0, steps, rows_stop)
-        scatter_back(self.rows, self.x, self.out)
+        scatter_back(self._out_index(), self.x, self.out)
+        self.out, self.stop_step = self.out[:self.size], self.stop_step[:self.size]
         return self._result()
+
+
+def _bucket(rows: int) -> int:
+    """The batch size kept for `rows` running rows with buckets: the next power of two."""
+    return 1 << max(rows - 1, 0).bit_length() if rows else 0
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,10 @@
 On a GPU a step of small kernels is launch-bound: the planner pass, the plan, the denoiser
 trunk, the draw and the write are hundreds of launches from Python. Between two stop checks a
 fused step does the same work on tensors of the same shapes, so it is captured once into a
-CUDA graph and replayed; a stop check (a host synchronisation, after which the batch may be
-packed to fewer rows) runs eagerly and starts a new generation of graphs.
+CUDA graph and replayed; a stop check (a host synchronisation) runs eagerly. The batch keeps
+power-of-two sizes (finished rows stay frozen in it until the running ones fit half of it),
+so most stop checks leave its tensors, and the graphs captured on them, as they are; when it
+is packed into a smaller bucket a new generation of graphs is captured.
 
 What a replay must not bake in is kept in device tensors the step reads: the step counter
 `step` (a 0-d int64 tensor, set before every replay), from which every Philox offset of the
@@ -94,12 +96,17 @@ def _add(batch, delta: Dict[str, int]) -> None:
 
 
 def step_graphs(batch, run, execution, philox: bool) -> Optional[StepGraphs]:
-    """The StepGraphs of a fused run, or None where its steps run eagerly (see the modes)."""
+    """The StepGraphs of a fused run, or None where its steps run eagerly (see the modes).
+    With graphs the batch keeps power-of-two sizes (FusedBatch.buckets), so that a graph
+    captured on it lasts across the stop checks that do not halve it."""
     if not execution.fused or execution.graphs == "off":
         return None
-    if execution.graphs == "emulate":
-        return StepGraphs(batch, batch.x.device, emulate=True)
     fixed_temperature = run.temperature.start == run.temperature.end
-    if batch.x.device.type == "cuda" and philox and fixed_temperature:
-        return StepGraphs(batch, batch.x.device, emulate=False)
-    return None
+    if execution.graphs == "emulate":
+        emulate = True
+    elif batch.x.device.type == "cuda" and philox and fixed_temperature:
+        emulate = False
+    else:
+        return None
+    batch.buckets = True
+    return StepGraphs(batch, batch.x.device, emulate=emulate)
