@@ -46,7 +46,7 @@ def test_graph_replays_draw_what_eager_steps_draw(nets, name, dtype, monkeypatch
         replayed = RUNS[name](nets[dtype], seed=3, device="cuda", fused=True, dtype=dtype)
     assert made and made[-1].replays > 0 and not made[-1].emulate
     assert torch.equal(eager.tokens, replayed.tokens) and torch.equal(eager.stop_step, replayed.stop_step)
-    assert (eager.planner_rows, eager.denoiser_rows) == (replayed.planner_rows, replayed.denoiser_rows)
+    assert (eager.planner_calls, eager.denoiser_calls) == (replayed.planner_calls, replayed.denoiser_calls)
 
 
 @pytest.mark.parametrize("graphs", ["off", "auto"])
