@@ -42,7 +42,6 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
 
 import torch
-import torch.distributed as dist
 from torch import Tensor
 
 from ddpd.checkpoint import CheckpointError, ensure_replaceable, has_train_state, load_checkpoint, save_checkpoint
@@ -51,8 +50,8 @@ from ddpd.models import build_model, config_for
 from ddpd.process import corrupt, get_schedule
 from ddpd.training.data import (GPT2Tokenizer, RandomCrops, Text8Tokenizer, encode_corpus, evaluation_batches,
                                 fingerprint, load_text, resolve_source, split_tokens)
+from ddpd.training.distributed import Distributed
 from ddpd.training.losses import ar_loss, denoiser_loss, planner_loss, uniform_model_loss
-from ddpd.validation import check_device
 
 KINDS = ("planner", "mask-denoiser", "uniform-denoiser", "uniform", "ar")
 TOKENIZERS = ("text8", "gpt2")
@@ -206,57 +205,6 @@ def stream_seed(seed: int, rank: int, stream: str) -> int:
     """An independent 63-bit seed for one random stream of one process."""
     digest = hashlib.sha256(f"ddpd/{seed}/{rank}/{stream}".encode()).digest()
     return int.from_bytes(digest[:8], "little") >> 1
-
-
-class Distributed:
-    """Rank, world size and device of this process; joins the torchrun process group
-    when WORLD_SIZE > 1 (nccl on CUDA, gloo otherwise)."""
-
-    def __init__(self, device: str):
-        self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
-        self.rank = int(os.environ.get("RANK", "0"))
-        local_rank = int(os.environ.get("LOCAL_RANK", str(self.rank)))
-        self.device = check_device("device", device, local_rank if self.world_size > 1 else None)
-        self.owns_group = False
-        if self.world_size > 1 and not dist.is_initialized():
-            if self.device.type == "cuda":
-                torch.cuda.set_device(self.device)
-            dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
-            self.owns_group = True
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    def all_gather(self, value):
-        if self.world_size == 1:
-            return [value]
-        gathered = [None] * self.world_size
-        dist.all_gather_object(gathered, value)
-        return gathered
-
-    def sum(self, values: List[float]) -> List[float]:
-        return self._reduce(values, dist.ReduceOp.SUM)
-
-    def max(self, values: List[float]) -> List[float]:
-        return self._reduce(values, dist.ReduceOp.MAX)
-
-    def _reduce(self, values: List[float], op) -> List[float]:
-        if self.world_size == 1:
-            return values
-        total = torch.tensor(values, dtype=torch.float64, device=self.device)
-        dist.all_reduce(total, op=op)
-        return total.tolist()
-
-    def barrier(self) -> None:
-        if self.world_size > 1:
-            dist.barrier()
-
-    def close(self) -> None:
-        if self.owns_group:
-            dist.barrier()  # no process tears the group down while another still uses it
-            dist.destroy_process_group()
-            self.owns_group = False
 
 
 class Trainer:
