@@ -557,3 +557,108 @@ def test_a_prompt_needs_a_tokenizer(tmp_path, capsys):
     save_checkpoint(str(tmp_path / "m"), model, config)
     code, _, err = run_cli(capsys, "--checkpoint", str(tmp_path / "m"), "--sampler", "maskgit", "--prompt", "ab")
     assert code == 2 and "--prompt needs a tokenizer, and the checkpoints record none" in err
+
+
+# ---------------------------------------------------------------- class labels and guidance
+
+
+def _conditional(kind: str, seed: int, classes: int = 2):
+    """A class-conditional network whose labels matter: its adaLN weights (zero when
+    built, so that a fresh model ignores the label) drawn at random."""
+    torch.manual_seed(seed)
+    config = config_for(kind, V, D, num_classes=classes, **TINY)
+    model = build_model(kind, config)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "modulation" in name or "label_embed" in name:
+                p.normal_(0.0, 1.0)
+    return model, {"kind": kind, "model": config.to_dict(), "tokenizer": {"name": "text8"}, "schedule": "linear"}
+
+
+@pytest.fixture(scope="module")
+def classes(tmp_path_factory):
+    root = tmp_path_factory.mktemp("classes")
+    paths = {}
+    for i, kind in enumerate(("planner", "mask-denoiser", "uniform")):
+        paths[kind] = str(root / kind)
+        save_checkpoint(paths[kind], *_conditional(kind, 10 + i))
+    paths["planner3"] = str(root / "planner3")
+    save_checkpoint(paths["planner3"], *_conditional("planner", 20, classes=3))
+    return paths
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """The keyword arguments of every sampler call."""
+    from ddpd import sampling
+
+    seen = []
+    for name in ("ddpd_sample", "ddpd_sample_uniform", "maskgit_sample"):
+        real = getattr(sampling, name)
+
+        def spy(*args, _real=real, **kwargs):
+            seen.append(kwargs)
+            return _real(*args, **kwargs)
+        monkeypatch.setattr(sampling, name, spy)
+    return seen
+
+
+def test_labels_and_guidance_reach_the_sampler(classes, ckpts, tmp_path, capsys, calls):
+    out = tmp_path / "s.jsonl"
+    code, _, err = run_cli(capsys, "--planner", classes["planner"], "--denoiser", classes["mask-denoiser"],
+                           "--labels", "1", "0", "1", "--guidance-scale", "2.5", "--num-samples", "5",
+                           "--batch-size", "2", "--steps", "6", "--out", str(out), "--quiet")
+    assert code == 0, err
+    assert [c["labels"].tolist() for c in calls] == [[1, 0], [1, 1], [0]]  # sample i: label i mod 3
+    assert all(c["guidance_scale"] == 2.5 and c["conditional_planner"] for c in calls)
+    assert [r["label"] for r in read_jsonl(out)] == [1, 0, 1, 1, 0]
+    calls.clear()
+    # an unconditional planner with a class-conditional denoiser: the labels go to the denoiser only
+    code, _, err = run_cli(capsys, "--planner", ckpts["planner"], "--denoiser", classes["mask-denoiser"],
+                           "--labels", "0", "--num-samples", "2", "--steps", "6", "--quiet")
+    assert code == 0, err
+    assert calls[0]["labels"].tolist() == [0, 0] and calls[0]["guidance_scale"] == 1.0
+    assert "conditional_planner" not in calls[0]
+    calls.clear()
+    code, _, err = run_cli(capsys, "--checkpoint", classes["mask-denoiser"], "--sampler", "maskgit", "--steps", "3",
+                           "--num-samples", "2", "--quiet")  # no --labels: the null label, no guidance
+    assert code == 0, err
+    assert "labels" not in calls[0] and "guidance_scale" not in calls[0]
+
+
+@pytest.mark.parametrize("model,argv", [("mask-denoiser", ["--sampler", "maskgit"]),
+                                        ("mask-denoiser", ["--sampler", "tau-leaping", "--eta", "1"]),
+                                        ("uniform", ["--sampler", "ddpd", "--clock", "exact"]),
+                                        ("uniform", ["--sampler", "tau-leaping"])])
+def test_samples_follow_the_label_and_the_guidance(classes, tmp_path, capsys, model, argv):
+    """Same seed, other label or other guidance: other samples (these networks' labels
+    matter); the same label and guidance: the same samples, fused or not."""
+    def tokens(*extra):
+        out = tmp_path / "s.jsonl"
+        code, _, err = run_cli(capsys, "--checkpoint", classes[model], *argv, "--steps", "8", "--num-samples", "6",
+                               "--out", str(out), "--quiet", *extra)
+        assert code == 0, err
+        return [r["tokens"] for r in read_jsonl(out)]
+
+    zero, one = tokens("--labels", "0"), tokens("--labels", "1")
+    assert zero != one
+    assert tokens("--labels", "0", "--guidance-scale", "3") != zero
+    assert tokens("--labels", "0", "--guidance-scale", "3", "--fused") == tokens("--labels", "0",
+                                                                                  "--guidance-scale", "3")
+    assert tokens("--labels", "0", "1") == [zero[0], one[1], zero[2], one[3], zero[4], one[5]]
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--planner", "{planner}", "--denoiser", "{mask-denoiser}", "--labels", "2"],
+     "--labels must be classes in [0, 2) of --denoiser {mask-denoiser}, got 2"),
+    (["--planner", "{planner3}", "--denoiser", "{mask-denoiser}", "--labels", "0"],
+     "--planner {planner3} has 3 classes, but --denoiser {mask-denoiser} has 2"),
+    (["--checkpoint", "{mask-denoiser}", "--guidance-scale", "2"], "--guidance-scale needs --labels"),
+    (["--checkpoint", "{mask-denoiser}", "--labels", "0", "--guidance-scale", "-1"], "--guidance-scale must be"),
+    (["--checkpoint", "{plain}", "--labels", "0"], "is not class-conditional (trained without --num-classes)"),
+])
+def test_labels_that_cannot_be_used_are_named_in_one_line(classes, ckpts, capsys, argv, message):
+    paths = {**classes, "plain": ckpts["mask-denoiser"]}
+    code, _, err = run_cli(capsys, *[a.format(**paths) for a in argv], "--sampler", "maskgit" if "--checkpoint"
+                           in argv else "ddpd")
+    assert code == 2 and err.count("\n") == 1 and message.format(**paths) in err, err
