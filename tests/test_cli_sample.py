@@ -438,6 +438,11 @@ def test_the_table_names_what_each_sampler_needs(ckpts, capsys):
         "tau-planned-uniform", "dfm-eta0", "dfm-eta15", "dfm-uni", "maskgit"]
     assert list(table.variants(("mask-denoiser",), [2.5])) == ["dfm-eta2.5", "maskgit"]
     assert list(table.variants(("planner",), [0.0])) == []
+    # the module's documented table is the table
+    documented = [[cell.strip().split(" (")[0] for cell in line.split("|")[1:5]]
+                  for line in table.__doc__.splitlines() if line.startswith("| ")][1:]
+    assert documented == [[row.family, row.name.replace("{option}", "{A,AB,ABC}"),
+                           ("planner + " if row.planner else "") + row.model, row.function] for row in table.TABLE]
 
 
 def test_dtype_casts_the_networks_and_is_reported(ckpts, tmp_path, capsys, monkeypatch):

@@ -400,6 +400,7 @@ def run(args, stdout: Optional[Stdout] = None) -> int:
 
     stdout = stdout or Stdout()
     check_args(args)
+    prompts = read_prompts(args)  # a missing or unreadable file fails before any work
     threads = apply_threads(args.threads)
     group = Distributed(args.device, name="--device")  # one process, or the torchrun group
     args.device_obj = group.device
@@ -419,7 +420,6 @@ def run(args, stdout: Optional[Stdout] = None) -> int:
         tokenizer = models.tokenizer()
         if tokenizer is not None and tokenizer.vocab_size != models.vocab_size:
             raise UsageError(f"the tokenizer has {tokenizer.vocab_size} symbols but the models {models.vocab_size}")
-        prompts = read_prompts(args)
         sample, settings = make_sampler(args, models, tokenizer, prompts)
         if args.num_samples is None:
             args.num_samples = len(prompts[0]) if args.prompts or args.infills else \

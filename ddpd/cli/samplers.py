@@ -1,15 +1,15 @@
 """The samplers of ddpd-sample and ddpd-eval, in one table: name -> the models it needs -> how it is called.
 
-| --sampler   | ddpd-eval name              | models                          | ddpd.sampling         |
-|-------------|-----------------------------|---------------------------------|-----------------------|
-| ddpd        | ddpd-{A,AB,ABC}-mask        | planner + mask-denoiser         | ddpd_sample           |
-| ddpd        | ddpd-{A,AB,ABC}-uniform     | planner + uniform-denoiser      | ddpd_sample           |
-| ddpd        | ddpd-{A,AB,ABC}-uniform-model | uniform                       | ddpd_sample_uniform   |
-| tau-leaping | tau-planned-mask            | planner + mask-denoiser (P x D) | tau_leaping_planned   |
-| tau-leaping | tau-planned-uniform         | planner + uniform-denoiser      | tau_leaping_planned   |
-| tau-leaping | dfm-eta{eta}                | mask-denoiser (DFM)             | tau_leaping_mask      |
-| tau-leaping | dfm-uni                     | uniform (DFM-Uni)               | tau_leaping_uniform   |
-| maskgit     | maskgit                     | mask-denoiser                   | maskgit_sample        |
+| --sampler   | ddpd-eval name                | models                          | ddpd.sampling       |
+|-------------|-------------------------------|---------------------------------|---------------------|
+| ddpd        | ddpd-{A,AB,ABC}-mask          | planner + mask-denoiser         | ddpd_sample         |
+| ddpd        | ddpd-{A,AB,ABC}-uniform       | planner + uniform-denoiser      | ddpd_sample         |
+| ddpd        | ddpd-{A,AB,ABC}-uniform-model | uniform                         | ddpd_sample_uniform |
+| tau-leaping | tau-planned-mask              | planner + mask-denoiser (P x D) | tau_leaping_planned |
+| tau-leaping | tau-planned-uniform           | planner + uniform-denoiser      | tau_leaping_planned |
+| tau-leaping | dfm-eta{eta}                  | mask-denoiser (DFM)             | tau_leaping_mask    |
+| tau-leaping | dfm-uni                       | uniform (DFM-Uni)               | tau_leaping_uniform |
+| maskgit     | maskgit                       | mask-denoiser                   | maskgit_sample      |
 
 ddpd-sample runs the row of its --sampler whose models are exactly the ones given;
 ddpd-eval runs every row the checkpoints allow, with DDPD's options A, A+B, A+B+C and
