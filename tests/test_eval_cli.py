@@ -255,3 +255,45 @@ def test_progress_bars_stay_off_a_redirected_stream(setup, capsys):
     code, _, err = _run(capsys, "convergence", "--planner", p["planner"], "--denoiser", p["uniform-denoiser"],
                         "--steps", 2, "--num-samples", 2, "--out-dir", p["root"] / "conv-bars")
     assert code == 0 and "\r" not in err and "batch" not in err, err  # (a skipped plot may be reported)
+
+
+def test_fused_quality_sweep_of_every_sampler_scores_the_reference_samples(setup, capsys):
+    """One sampler table with ddpd-sample: --fused runs every sampler on its fused path,
+    whose samples (so judge NLL and entropy) are the reference path's."""
+    p = setup
+    tables = []
+    for name, fused in (("ref", []), ("fused", ["--fused"])):
+        code, _, err = _run(capsys, "quality", "--planner", p["planner"], "--denoiser", p["mask-denoiser"],
+                            p["uniform-denoiser"], "--uniform", p["uniform"], "--judge", p["ar"], "--steps", 3,
+                            "--temperatures", 1.0, "--num-samples", 3, "--batch-size", 2, "--eta", 0, 2,
+                            "--out-dir", p["root"] / name, "--no-progress", *fused)
+        assert code == 0, err
+        with open(p["root"] / name / "sweep.csv") as f:
+            tables.append([(r["sampler"], r["judge_nll"], r["entropy"]) for r in csv.DictReader(f)])
+    assert tables[0] == tables[1]
+    assert [r[0] for r in tables[0]] == [
+        "ddpd-A-mask", "ddpd-AB-mask", "ddpd-ABC-mask", "ddpd-A-uniform", "ddpd-AB-uniform", "ddpd-ABC-uniform",
+        "ddpd-A-uniform-model", "ddpd-AB-uniform-model", "ddpd-ABC-uniform-model", "tau-planned-mask",
+        "tau-planned-uniform", "dfm-eta0", "dfm-eta2", "dfm-uni", "maskgit"]
+
+
+def test_dtype_of_the_sampling_networks(setup, capsys, monkeypatch):
+    import ddpd.models
+
+    cast = []
+    prepare = ddpd.models.prepare_for_sampling
+    monkeypatch.setattr(ddpd.models, "prepare_for_sampling",
+                        lambda model, dtype, device: cast.append((model.kind, dtype)) or prepare(model, dtype, device))
+    p = setup
+    code, _, err = _run(capsys, "quality", "--planner", p["planner"], "--denoiser", p["mask-denoiser"],
+                        "--judge", p["ar"], "--samplers", "ddpd-A-mask", "maskgit", "--steps", 2, "--temperatures",
+                        1.0, "--num-samples", 2, "--dtype", "bfloat16", "--out-dir", p["root"] / "bf16",
+                        "--no-progress")
+    assert code == 0, err
+    assert cast == [("planner", torch.bfloat16), ("mask-denoiser", torch.bfloat16)]  # not the judge
+    cast.clear()
+    code, _, err = _run(capsys, "convergence", "--planner", p["planner"], "--denoiser", p["uniform-denoiser"],
+                        "--steps", 3, "--num-samples", 2, "--dtype", "bfloat16", "--out-dir", p["root"] / "c16",
+                        "--no-progress")
+    assert code == 0, err
+    assert cast == [("planner", torch.bfloat16), ("uniform-denoiser", torch.bfloat16)]

@@ -338,10 +338,15 @@ def test_cli_fused_prints_the_reference_samples_and_statistics(bundle, tmp_path,
     assert samples[True] == samples[False]
 
 
-def test_cli_fused_rejects_the_single_uniform_model(tmp_path, capsys):
+def test_cli_fused_runs_the_single_uniform_model(tmp_path, capsys):
+    """ddpd with one uniform model has a fused run too (every sampler does): same samples."""
     config = config_for("uniform", 27, 8, d_model=16, n_layers=1, n_heads=2)
     save_checkpoint(str(tmp_path / "u"), tiny("uniform", 27, 8, 3),
                     {"kind": "uniform", "model": config.to_dict(), "tokenizer": {"name": "text8"}})
-    code = main(["--checkpoint", str(tmp_path / "u"), "--fused", "--quiet"])
-    _, err = capsys.readouterr()
-    assert code == 2 and "--fused" in err and len(err.strip().splitlines()) == 1
+    samples = []
+    for flag in ([], ["--fused"]):
+        out = tmp_path / f"s{len(flag)}.jsonl"
+        _cli(capsys, "--checkpoint", str(tmp_path / "u"), "--steps", "6", "--quiet", "--out", str(out), *flag)
+        with open(out, encoding="utf-8") as f:
+            samples.append([r["tokens"] for r in map(json.loads, f)])
+    assert samples[0] == samples[1]

@@ -332,7 +332,7 @@ def test_resume_needs_a_training_checkpoint(corpus, tmp_path):
 
 def test_non_finite_loss_stops_training(corpus, tmp_path, monkeypatch):
     trainer = Trainer(config(corpus, tmp_path / "out", steps=3))
-    monkeypatch.setattr(trainer, "objective", lambda network, x1, generator: network(x1).sum() * float("nan"))
+    monkeypatch.setattr(trainer, "objective", lambda network, x1, generator, *labels: network(x1).sum() * float("nan"))
     with pytest.raises(FloatingPointError, match="at step 1"):
         trainer.train()
     with pytest.raises(ValueError, match="stop_at must be >= 0"):
@@ -543,3 +543,97 @@ def test_the_shipped_corpus_by_name(tmp_path, capsys):
                                 "--eval-every", 1, *TINY_CLI, "--no-progress")
     assert code == 0, err
     assert read_config(tmp_path / "o")["training"]["data"] == "books"
+
+
+# ---------------------------------------------------------------- class labels
+
+
+@pytest.fixture(scope="module")
+def labelled(tmp_path_factory):
+    """Two classes of records: words of a..m letters (class 0) and of n..z letters (class 1)."""
+    generator = torch.Generator().manual_seed(0)
+    letters = ["abcdefghijklm", "nopqrstuvwxyz"]
+    lines = []
+    for i in range(80):
+        label = i % 2
+        picks = torch.randint(0, 13, (60,), generator=generator).tolist()
+        text = "".join(letters[label][p] if k % 5 else " " for k, p in enumerate(picks))
+        lines.append(json.dumps({"text": text, "label": label}))
+    path = tmp_path_factory.mktemp("labelled") / "two.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+class LabelSpy(Spy):
+    def forward(self, x, t=None, labels=None):
+        self.labels = labels
+        return super().forward(x, t)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_labels_reach_the_network_with_label_dropout(labelled, tmp_path, kind):
+    trainer = Trainer(config(labelled, tmp_path / kind, kind, num_classes=2, label_dropout=0.25))
+    x1, labels = next(trainer.train_batches)
+    assert labels.shape == (16,) and set(labels.tolist()) <= {0, 1}
+    spy = LabelSpy(1 if kind == "planner" else 27)
+    trainer.objective(spy, x1, torch.Generator().manual_seed(0), labels)
+    assert torch.equal(spy.labels, labels)  # no dropout unless asked (evaluation)
+    many = torch.zeros(4000, dtype=torch.long)
+    trainer.objective(spy, x1[:1].expand(4000, -1), torch.Generator().manual_seed(1), many, 0.25)
+    dropped = (spy.labels == 2).float().mean().item()  # 2: the null label
+    assert set(spy.labels.tolist()) == {0, 2} and abs(dropped - 0.25) < 0.035  # 5 standard deviations
+
+
+def test_class_conditional_training_and_its_checkpoint(labelled, tmp_path):
+    trainer = Trainer(config(labelled, tmp_path / "out", "mask-denoiser", num_classes=2, label_dropout=0.1))
+    before = trainer.evaluate()
+    after = trainer.train()[-1]["val_loss"]
+    assert after < 0.95 * before, (before, after)
+    model, saved = load_model(tmp_path / "out")
+    assert saved["model"]["num_classes"] == 2 and model.null_label == 2
+    assert saved["training"]["num_classes"] == 2 and saved["training"]["label_dropout"] == 0.1
+    # a labelled corpus without num_classes trains an unconditional model on its records
+    plain = Trainer(config(labelled, tmp_path / "plain", "planner"))
+    assert isinstance(next(plain.train_batches), torch.Tensor) and plain.model.null_label is None
+
+
+def test_class_conditional_run_resumes_bitwise(labelled, tmp_path):
+    settings = dict(kind="mask-denoiser", steps=6, batch_size=8, warmup=2, eval_every=3, eval_batches=2,
+                    save_every=3, num_classes=2, label_dropout=0.5)
+    Trainer(config(labelled, tmp_path / "full", **settings)).train()
+    Trainer(config(labelled, tmp_path / "part", **settings)).train(stop_at=3)
+    Trainer(config(labelled, tmp_path / "part", **settings), resume=True).train()
+    assert_same_checkpoints(tmp_path / "full", tmp_path / "part")
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"label_dropout": 0.1}, "label_dropout needs num_classes > 0"),
+    ({"num_classes": 2, "label_dropout": 1.0}, r"label_dropout must be in \[0.0, 1.0\)"),
+    ({"num_classes": -1}, "num_classes must be >= 0"),
+    ({"num_classes": 2, "data": "books"}, "num_classes needs a labelled corpus"),
+])
+def test_class_settings_are_checked(labelled, tmp_path, changes, message):
+    data = changes.pop("data", labelled)
+    with pytest.raises((TypeError, ValueError), match=message):
+        config(data, tmp_path, **changes)
+
+
+def test_labels_must_be_classes_of_the_model(labelled, tmp_path, capsys):
+    code, _, err = run_cli(capsys, "planner", "--data", labelled, "--out", tmp_path / "o", "--num-classes", "1",
+                           *TINY_CLI)
+    assert code == 1 and err.count("\n") == 1 and "has label 1, but num_classes=1" in err, err
+
+
+def test_cli_trains_class_conditional_models_that_ddpd_sample_guides(labelled, tmp_path, capsys):
+    from ddpd.cli.sample import main as sample
+
+    for kind in ("planner", "mask-denoiser"):
+        code, out, err = run_cli(capsys, kind, "--data", labelled, "--out", tmp_path / "toy" / kind, "--steps", 3,
+                                 "--num-classes", 2, "--label-dropout", 0.2, *TINY_CLI, "--no-progress")
+        assert code == 0, err
+    code = sample(["--planner", str(tmp_path / "toy" / "planner"), "--denoiser", str(tmp_path / "toy" / "mask-denoiser"),
+                   "--labels", "0", "1", "--guidance-scale", "2", "--num-samples", "3", "--steps", "4",
+                   "--out", str(tmp_path / "s.jsonl"), "--quiet"])
+    assert code == 0, capsys.readouterr().err
+    with open(tmp_path / "s.jsonl") as f:
+        assert [json.loads(line)["label"] for line in f] == [0, 1, 0]

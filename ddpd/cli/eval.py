@@ -20,6 +20,7 @@ report; SIGINT, SIGTERM and SIGHUP stop with one line.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from dataclasses import dataclass, field
@@ -72,7 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eta", nargs="+", type=float, default=[0.0, 15.0], help="DFM tau-leaping stochasticities")
     p.add_argument("--eps", type=float, default=0.01, help="stop criterion of DDPD option A")
     p.add_argument("--num-samples", type=int, default=64)
-    p.add_argument("--fused", action="store_true", help="DDPD samplers on the fused path (ddpd.sampling.fused)")
+    p.add_argument("--fused", action="store_true",
+                   help="every sampler on its fused path (ddpd.sampling.draws): the same samples, faster")
+    _dtype(p)
     p.add_argument("--reference-sequences", type=int, default=256,
                    help="held-out sequences scored as the reference point (needs --data)")
     p.add_argument("--out-dir", required=True)
@@ -97,8 +100,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-samples", type=int, default=64)
     p.add_argument("--eps", nargs="+", type=float, default=[0.05, 0.01], help="stop criteria to track")
     p.add_argument("--temperature", type=float, default=1.0)
+    _dtype(p)
     p.add_argument("--out-dir", required=True)
     return parser
+
+
+def _dtype(p: argparse.ArgumentParser) -> None:
+    from ddpd.models import DTYPE_CHOICES
+
+    p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
+                   help="precision of the sampling networks (not the judge): auto (bfloat16 on CUDA, float32 on "
+                        "the CPU), float32, bfloat16, float16")
 
 
 # ---------------------------------------------------------------- checkpoints
@@ -207,40 +219,37 @@ def run_elbo(args: argparse.Namespace) -> None:
 # ---------------------------------------------------------------- samplers
 
 
-def sampler_specs(loaded: Loaded, etas: List[float], eps: float, fused: bool = False) -> Dict[str, object]:
-    """Every sampler the loaded checkpoints allow, by name; fused: the DDPD samplers with a
-    planner run ddpd.sampling's fused path (same draws, faster)."""
-    from ddpd import sampling
+def sampler_specs(loaded: Loaded, etas: List[float], eps: float, fused: bool = False,
+                  dtype: str = "auto") -> Dict[str, object]:
+    """Every sampler the loaded checkpoints allow, by name (the table of ddpd.cli.samplers,
+    which ddpd-sample runs too); fused: each on its fused path (same draws, faster);
+    dtype: the precision the networks run in."""
+    from ddpd.cli.samplers import Settings, variants
     from ddpd.eval import SamplerSpec
+    from ddpd.sampling import DDPDOptions, Execution, PhiloxNoise
 
-    m, V, D, device, schedule = loaded.models, loaded.vocab_size, loaded.seq_len, loaded.device, loaded.schedule
-    options = {"A": dict(stop="eps", selection="sigmoid", eps=eps), "AB": dict(stop="budget", selection="sigmoid"),
-               "ABC": dict(stop="budget", selection="softmax")}
+    base = Settings(loaded.seq_len, loaded.vocab_size, steps=1, schedule=loaded.schedule, device=loaded.device,
+                    execution=Execution(fused=fused, dtype=dtype), ddpd=DDPDOptions(eps=eps))
 
-    def spec(name, fn, *models, **kwargs):
+    def spec(variant) -> SamplerSpec:
         def run(n, steps, temperature, seed, first_row):
-            noise = sampling.PhiloxNoise(seed, first_row=first_row)
-            return fn(*models, n, D, V, steps=steps, temperature=temperature, schedule=schedule, noise=noise,
-                      device=device, **kwargs)
-        return name, SamplerSpec(name, run)
+            settings = dataclasses.replace(base, steps=steps, temperature=temperature)
+            return variant.call(loaded.models, settings, n, PhiloxNoise(seed, first_row=first_row), first_row)
+        return SamplerSpec(variant.name, run)
 
-    specs = []
-    for kind, short in (("mask-denoiser", "mask"), ("uniform-denoiser", "uniform")):
-        if "planner" in m and kind in m:
-            for option, kwargs in options.items():
-                specs.append(spec(f"ddpd-{option}-{short}", sampling.ddpd_sample, m["planner"], m[kind],
-                                  denoiser_type=short, fused=fused, **kwargs))
-            specs.append(spec(f"tau-planned-{short}", sampling.tau_leaping_planned, m["planner"], m[kind],
-                              denoiser_type=short))
-    if "uniform" in m:
-        for option, kwargs in options.items():
-            specs.append(spec(f"ddpd-{option}-uniform-model", sampling.ddpd_sample_uniform, m["uniform"], **kwargs))
-        specs.append(spec("dfm-uni", sampling.tau_leaping_uniform, m["uniform"]))
-    if "mask-denoiser" in m:
-        for eta in etas:
-            specs.append(spec(f"dfm-eta{eta:g}", sampling.tau_leaping_mask, m["mask-denoiser"], eta=eta))
-        specs.append(spec("maskgit", sampling.maskgit_sample, m["mask-denoiser"]))
-    return dict(specs)
+    kinds = [kind for kind in loaded.models if kind != "judge"]
+    return {name: spec(variant) for name, variant in variants(kinds, etas).items()}
+
+
+def _prepare(loaded: Loaded, dtype: str) -> str:
+    """Cast the networks that sample (not the judge) to --dtype; returns its resolved name."""
+    from ddpd.models import prepare_for_sampling, resolve_dtype
+
+    resolved = resolve_dtype(dtype, loaded.device)
+    for kind, model in loaded.models.items():
+        if kind != "judge":
+            prepare_for_sampling(model, resolved, loaded.device)
+    return str(resolved).replace("torch.", "")
 
 
 def run_quality(args: argparse.Namespace) -> None:
@@ -254,7 +263,7 @@ def run_quality(args: argparse.Namespace) -> None:
     judge_len = loaded.models["judge"].config.max_seq_len - 1
     if loaded.seq_len > judge_len:
         raise ValueError(f"--judge: scores sequences of up to {judge_len} tokens, the samples have {loaded.seq_len}")
-    available = sampler_specs(loaded, args.eta, args.eps, args.fused)
+    available = sampler_specs(loaded, args.eta, args.eps, args.fused, _prepare(loaded, args.dtype))
     names = args.samplers or list(available)
     unknown = [n for n in names if n not in available]
     if unknown:
@@ -341,10 +350,11 @@ def run_convergence(args: argparse.Namespace) -> None:
         raise ValueError("convergence: give --planner and exactly one --denoiser")
     check_int("--num-samples", args.num_samples, 1)
     check_int("--batch-size", args.batch_size, 1)
+    dtype = _prepare(loaded, args.dtype)
     recorder = PlannerRecorder(m["planner"], args.eps)
     eps = min(args.eps)  # the option-A run stops at the strictest criterion tracked
     common = dict(denoiser_type="mask" if kinds[0] == "mask-denoiser" else "uniform", steps=args.steps,
-                  temperature=args.temperature, schedule=loaded.schedule, device=loaded.device)
+                  temperature=args.temperature, schedule=loaded.schedule, device=loaded.device, dtype=dtype)
     stops = []
     starts = range(0, args.num_samples, args.batch_size)
     with torch.no_grad():

@@ -4,11 +4,18 @@
     ddpd-train mask-denoiser --data text8 --out runs/mask-denoiser      # needs `datasets` and a network
     torchrun --nproc_per_node 2 -m ddpd.cli.train mask-denoiser --data ... --out ...
     ddpd-train planner --out runs/planner --resume     # continue a stopped run
+    ddpd-train mask-denoiser --data toy.jsonl --num-classes 2 --label-dropout 0.1 --out runs/toy/denoiser
 
 --data is a text file (text8 format for --tokenizer text8), `books` (a 198 k-character
 text8-format corpus shipped with ddpd), `text8` (the full 100 M characters, downloaded
 with `datasets`: pip install "ddpd[hf]") or hf:NAME[:CONFIG] (a Hugging Face dataset's
-"text" column). --out is the checkpoint directory (model.safetensors + config.json +
+"text" column). A .jsonl file is a labelled corpus, one {"text": str, "label": int}
+object per line (each line one record of its class; split 90/5/5 by position within
+each class): --num-classes N trains a class-conditional network on it (labels in
+[0, N); N is the null label), with --label-dropout P replacing a label by the null
+label with probability P so that the same network is also the unconditional model of
+classifier-free guidance (ddpd-sample --labels --guidance-scale). Without
+--num-classes the labels are ignored. --out is the checkpoint directory (model.safetensors + config.json +
 training state), loadable with ddpd.checkpoint.load_model. With --resume, settings not
 given are taken from the checkpoint (--save-every and --eval-every included); those
 given must match it (a resumed run is the same run), and so must the corpus.
@@ -32,8 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="ddpd-train", description=__doc__.split("\n\n")[0],
                            argument_default=argparse.SUPPRESS)
     parser.add_argument("kind", choices=KINDS, help="which network to train")
-    parser.add_argument("--data", help="a text file (text8 format for --tokenizer text8), books (shipped), text8 "
-                                       "(downloaded with datasets) or hf:NAME[:CONFIG]")
+    parser.add_argument("--data", help="a text file (text8 format for --tokenizer text8), a labelled .jsonl file "
+                                       "({\"text\", \"label\"} per line), books (shipped), text8 (downloaded with "
+                                       "datasets) or hf:NAME[:CONFIG]")
     parser.add_argument("--out", required=True, help="checkpoint directory to write (or resume)")
     parser.add_argument("--steps", type=int, help="optimizer steps in total (default 1000)")
     parser.add_argument("--max-time", dest="max_time", type=float, metavar="SECONDS",
@@ -56,6 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--eval-batches", dest="eval_batches", type=int, help="validation batches per evaluation")
     parser.add_argument("--save-every", dest="save_every", type=int, help="steps between checkpoints")
     parser.add_argument("--seed", type=int)
+    parser.add_argument("--num-classes", dest="num_classes", type=int, metavar="N",
+                        help="class-conditional network for a labelled .jsonl corpus, labels in [0, N) (default 0: "
+                             "unconditional)")
+    parser.add_argument("--label-dropout", dest="label_dropout", type=float, metavar="P",
+                        help="replace each label by the null label with probability P, for classifier-free "
+                             "guidance (default 0)")
     parser.add_argument("--tokenizer", choices=TOKENIZERS)
     parser.add_argument("--tiktoken", help="another copy of the GPT-2 ranks file gpt2.tiktoken (with --tokenizer "
                                            "gpt2; default: the one shipped with ddpd)")

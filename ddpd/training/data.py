@@ -11,17 +11,26 @@
   `text8` (the full 100 M-character text8, through `datasets`) or `hf:NAME[:CONFIG]`
   (any Hugging Face dataset with a "text" column). `fingerprint` identifies its text,
   so a resumed run can tell that its corpus changed.
+- Labelled corpora (class-conditional training): a `.jsonl` file, one JSON object
+  `{"text": str, "label": int}` per line, each line one record (an example of its
+  class, e.g. a document or an image's tokens). `load_labelled` encodes it as
+  `Records`: one token stream with each record's start, length and label. Its split
+  is by position within each class (the first 90% of each class's records train, the
+  next 5% validation, the rest test), so every class is in every split that has room.
 - `RandomCrops`: training batches of `seq_len` tokens cut at uniformly random
-  offsets, drawn from a `torch.Generator` whose state is saved with a checkpoint so a
-  resumed run sees exactly the batches it would have seen.
+  offsets (within one record of a labelled corpus, uniformly over all such windows,
+  with the record's labels), drawn from a `torch.Generator` whose state is saved with
+  a checkpoint so a resumed run sees exactly the batches it would have seen.
 - `chunk`: non-overlapping fixed-length chunks, for evaluation.
 """
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
-from typing import Dict, Iterable, Optional, Sequence, Tuple
+from dataclasses import dataclass
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -39,6 +48,7 @@ SPLIT_FRACTIONS = (0.9, 0.05, 0.05)
 # split of the 100 M characters as three one-row splits: joined in order they are
 # text8 itself, and SPLIT_FRACTIONS then give back the standard split.
 HUB_TEXT8 = "afmck/text8"
+LABELLED_SUFFIX = ".jsonl"  # a labelled corpus: {"text", "label"} per line
 CORPUS_NAMES = {"books": "the text8-format public-domain books shipped with ddpd (198 k characters)",
                 "text8": f"the full text8 (100 M characters), downloaded with `datasets` from {HUB_TEXT8}"}
 
@@ -255,8 +265,7 @@ def split_tokens(tokens: Tensor, fractions: Sequence[float] = SPLIT_FRACTIONS) -
     if not isinstance(tokens, Tensor) or tokens.dim() != 1:
         raise ValueError(f"tokens must be a 1-D tensor, got {type(tokens).__name__} "
                          f"{tuple(getattr(tokens, 'shape', ()))}")
-    if len(fractions) != 3 or any(f <= 0 for f in fractions) or abs(sum(fractions) - 1.0) > 1e-9:
-        raise ValueError(f"fractions must be three positive numbers summing to 1, got {tuple(fractions)}")
+    _check_fractions(fractions)
     n = tokens.numel()
     train_end = int(n * fractions[0])
     validation_end = int(n * (fractions[0] + fractions[1]))
@@ -264,9 +273,97 @@ def split_tokens(tokens: Tensor, fractions: Sequence[float] = SPLIT_FRACTIONS) -
             "test": tokens[validation_end:]}
 
 
+def _check_fractions(fractions: Sequence[float]) -> None:
+    if len(fractions) != 3 or any(f <= 0 for f in fractions) or abs(sum(fractions) - 1.0) > 1e-9:
+        raise ValueError(f"fractions must be three positive numbers summing to 1, got {tuple(fractions)}")
+
+
 def load_splits(source: str, tokenizer, fractions: Sequence[float] = SPLIT_FRACTIONS) -> Dict[str, Tensor]:
-    """Load, tokenize and split a corpus (see `load_text`, `split_tokens`)."""
+    """Load, tokenize and split a plain-text corpus (see `load_text`, `split_tokens`)."""
+    if is_labelled(source):
+        raise ValueError(f"data {source} is a labelled corpus ({LABELLED_SUFFIX}); this reads plain text")
     return split_tokens(encode_corpus(load_text(source), tokenizer), fractions)
+
+
+# ---------------------------------------------------------------- labelled corpora
+
+
+def is_labelled(source: str) -> bool:
+    """Whether the corpus at `source` is a labelled one (a .jsonl file)."""
+    return os.fspath(source).endswith(LABELLED_SUFFIX)
+
+
+@dataclass
+class Records:
+    """Records in one Long[N] token stream: record r is tokens[starts[r] : starts[r] + lengths[r]],
+    of class labels[r] (labels None: records without labels, e.g. a labelled corpus used
+    for an unconditional model). A plain corpus is one record."""
+
+    tokens: Tensor
+    starts: Tensor
+    lengths: Tensor
+    labels: Optional[Tensor] = None
+
+    @classmethod
+    def stream(cls, tokens: Tensor) -> "Records":
+        """A plain token stream as one record."""
+        return cls(tokens, torch.zeros(1, dtype=torch.long), torch.tensor([tokens.numel()]))
+
+    def windows(self, seq_len: int) -> Tensor:
+        """Long[R]: the windows of seq_len tokens within each record."""
+        return (self.lengths - seq_len + 1).clamp(min=0)
+
+    def select(self, index: Tensor) -> "Records":
+        """The records `index` (Long), in that order, as a stream of their own."""
+        pieces = [self.tokens[s:s + n] for s, n in zip(self.starts[index].tolist(), self.lengths[index].tolist())]
+        lengths = self.lengths[index]
+        starts = torch.cumsum(lengths, 0) - lengths
+        tokens = torch.cat(pieces) if pieces else self.tokens[:0]
+        return Records(tokens, starts, lengths, None if self.labels is None else self.labels[index])
+
+    def split(self, fractions: Sequence[float] = SPLIT_FRACTIONS) -> Dict[str, "Records"]:
+        """{'train', 'validation', 'test'}: the records of each class split by position
+        (within the class, in corpus order) by `fractions`."""
+        _check_fractions(fractions)
+        labels = self.labels if self.labels is not None else torch.zeros_like(self.lengths)
+        parts: Dict[str, List[Tensor]] = {name: [] for name in SPLITS}
+        for label in torch.unique(labels).tolist():
+            index = torch.nonzero(labels == label).flatten()
+            n = index.numel()
+            ends = (int(n * fractions[0]), int(n * (fractions[0] + fractions[1])), n)
+            for name, begin, end in zip(SPLITS, (0,) + ends[:2], ends):
+                parts[name].append(index[begin:end])
+        return {name: self.select(torch.sort(torch.cat(index)).values) for name, index in parts.items()}
+
+
+def load_labelled(source: str, tokenizer, text: Optional[str] = None) -> Records:
+    """The labelled corpus at `source` (a .jsonl file; `text`: its content, if already read)
+    as Records. ValueError naming the line for anything but {"text": str, "label": int >= 0}."""
+    text = load_text(source) if text is None else text
+    pieces, labels = [], []
+    for number, line in enumerate(text.split("\n"), 1):
+        if not line.strip():
+            continue
+        where = f"data {source} line {number}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{where}: not JSON ({err.msg} at column {err.colno})") from None
+        if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+            raise ValueError(f"{where}: expected an object {{\"text\": str, \"label\": int}}, got {line[:60]!r}")
+        label = record.get("label")
+        if isinstance(label, bool) or not isinstance(label, int) or label < 0:
+            raise ValueError(f"{where}: 'label' must be an int >= 0 (a class id), got {label!r}")
+        try:
+            pieces.append(encode_corpus(record["text"], tokenizer))
+        except ValueError as err:
+            raise ValueError(f"{where}: {err}") from None
+        labels.append(label)
+    if not pieces:
+        raise ValueError(f"data {source} holds no record")
+    lengths = torch.tensor([p.numel() for p in pieces], dtype=torch.long)
+    return Records(torch.cat(pieces), torch.cumsum(lengths, 0) - lengths, lengths,
+                   torch.tensor(labels, dtype=torch.long))
 
 
 def chunk(tokens: Tensor, seq_len: int) -> Tensor:
@@ -285,20 +382,26 @@ def _check_positive(name: str, value) -> None:
 
 class RandomCrops:
     """Endless Long[batch_size, seq_len] batches cut from `tokens` at offsets drawn
-    uniformly from [0, N - seq_len] with a private generator seeded by `seed`.
+    uniformly from [0, N - seq_len] with a private generator seeded by `seed`. Given
+    `Records`, the windows lie within one record each, drawn uniformly over all of them;
+    records with labels give (tokens, labels Long[batch_size]) batches.
 
     `state_dict()` / `load_state_dict()` capture the generator, so a restored
     sampler continues with exactly the batches the original would have produced.
     """
 
-    def __init__(self, tokens: Tensor, seq_len: int, batch_size: int, seed: int):
+    def __init__(self, tokens: Union[Tensor, Records], seq_len: int, batch_size: int, seed: int):
         _check_positive("seq_len", seq_len)
         _check_positive("batch_size", batch_size)
-        if not isinstance(tokens, Tensor) or tokens.dim() != 1:
-            raise ValueError(f"tokens must be a 1-D tensor, got {type(tokens).__name__}")
-        if tokens.numel() < seq_len:
-            raise ValueError(f"seq_len must be <= the number of tokens ({tokens.numel()}), got {seq_len}")
-        self.tokens = tokens
+        if isinstance(tokens, Tensor) and tokens.dim() == 1:
+            tokens = Records.stream(tokens)
+        if not isinstance(tokens, Records):
+            raise ValueError(f"tokens must be a 1-D tensor or Records, got {type(tokens).__name__}")
+        self.records = tokens
+        self.windows = torch.cumsum(tokens.windows(seq_len), 0)  # windows in records 0 .. r
+        if not self.windows.numel() or int(self.windows[-1]) < 1:
+            longest = int(tokens.lengths.max()) if tokens.lengths.numel() else 0
+            raise ValueError(f"seq_len must be <= the number of tokens of a record ({longest}), got {seq_len}")
         self.seq_len = seq_len
         self.batch_size = batch_size
         self.generator = torch.Generator().manual_seed(seed)
@@ -308,11 +411,15 @@ class RandomCrops:
     def __iter__(self) -> "RandomCrops":
         return self
 
-    def __next__(self) -> Tensor:
-        starts = torch.randint(0, self.tokens.numel() - self.seq_len + 1, (self.batch_size,),
-                               generator=self.generator)
+    def __next__(self) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+        # window w of the corpus: record r with windows[r - 1] <= w < windows[r], offset w - windows[r - 1]
+        window = torch.randint(0, int(self.windows[-1]), (self.batch_size,), generator=self.generator)
+        record = torch.searchsorted(self.windows, window, right=True)
+        before = self.windows[record] - self.records.windows(self.seq_len)[record]
+        starts = self.records.starts[record] + window - before
         self.batches += 1
-        return self.tokens[starts[:, None] + self._window]
+        x = self.records.tokens[starts[:, None] + self._window]
+        return x if self.records.labels is None else (x, self.records.labels[record])
 
     def state_dict(self) -> Dict[str, object]:
         return {"generator": self.generator.get_state(), "batches": self.batches}
@@ -322,14 +429,24 @@ class RandomCrops:
         self.batches = int(state["batches"])
 
 
-def evaluation_batches(tokens: Tensor, seq_len: int, batch_size: int, max_batches: int) -> Tuple[Tensor, ...]:
+def evaluation_batches(tokens: Union[Tensor, Records], seq_len: int, batch_size: int,
+                       max_batches: int) -> Tuple:
     """Up to `max_batches` Long[<=batch_size, seq_len] batches of chunks picked evenly
-    across `tokens`, the same on every call (a fixed evaluation set)."""
+    across `tokens`, the same on every call (a fixed evaluation set). Given Records, the
+    chunks are those of each record, and with labels each batch is (chunks, labels)."""
     _check_positive("max_batches", max_batches)
     _check_positive("batch_size", batch_size)
-    chunks = chunk(tokens, seq_len)
-    if chunks.shape[0] == 0:
-        raise ValueError(f"seq_len must be <= the number of evaluation tokens ({tokens.numel()}), got {seq_len}")
-    wanted = min(chunks.shape[0], max_batches * batch_size)
-    picked = chunks[torch.linspace(0, chunks.shape[0] - 1, wanted).round().long()]
-    return tuple(picked.split(batch_size))
+    records = tokens if isinstance(tokens, Records) else Records.stream(tokens)
+    counts = records.lengths // seq_len
+    starts = torch.cat([torch.zeros(0, dtype=torch.long)] +
+                       [s + seq_len * torch.arange(n) for s, n in zip(records.starts.tolist(), counts.tolist())])
+    if starts.numel() == 0:
+        longest = int(records.lengths.max()) if records.lengths.numel() else 0
+        raise ValueError(f"seq_len must be <= the number of evaluation tokens of a record ({longest}), got {seq_len}")
+    wanted = min(starts.numel(), max_batches * batch_size)
+    picked = torch.linspace(0, starts.numel() - 1, wanted).round().long()
+    chunks = records.tokens[starts[picked][:, None] + torch.arange(seq_len)]
+    if records.labels is None:
+        return tuple(chunks.split(batch_size))
+    labels = torch.repeat_interleave(records.labels, counts)[picked]
+    return tuple(zip(chunks.split(batch_size), labels.split(batch_size)))

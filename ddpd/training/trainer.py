@@ -39,27 +39,27 @@ import os
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
-import torch.distributed as dist
 from torch import Tensor
 
 from ddpd.checkpoint import CheckpointError, ensure_replaceable, has_train_state, load_checkpoint, save_checkpoint
 from ddpd.files import OutputLock, remove_stale_temps
 from ddpd.models import build_model, config_for
 from ddpd.process import corrupt, get_schedule
-from ddpd.training.data import (GPT2Tokenizer, RandomCrops, Text8Tokenizer, encode_corpus, evaluation_batches,
-                                fingerprint, load_text, resolve_source, split_tokens)
+from ddpd.training.data import (LABELLED_SUFFIX, GPT2Tokenizer, RandomCrops, Records, Text8Tokenizer,
+                                encode_corpus, evaluation_batches, fingerprint, is_labelled, load_labelled, load_text,
+                                resolve_source, split_tokens)
+from ddpd.training.distributed import Distributed
 from ddpd.training.losses import ar_loss, denoiser_loss, planner_loss, uniform_model_loss
-from ddpd.validation import check_device
 
 KINDS = ("planner", "mask-denoiser", "uniform-denoiser", "uniform", "ar")
 TOKENIZERS = ("text8", "gpt2")
 # settings that must not change when a run resumes, or it would not continue the same run
 RESUME_FIXED = ("kind", "data", "batch_size", "seq_len", "d_model", "n_layers", "n_heads", "dropout", "lr",
                 "min_lr", "warmup", "weight_decay", "grad_accum", "grad_clip", "ema", "seed", "tokenizer",
-                "tiktoken", "schedule", "steps", "max_time")
+                "tiktoken", "schedule", "steps", "max_time", "num_classes", "label_dropout")
 
 
 @dataclass
@@ -96,6 +96,11 @@ class TrainConfig:
     # decay follows whichever of steps and max_time runs out first, so a run cut by the
     # clock still ends at final_lr (its step count then depends on the machine).
     max_time: Optional[float] = None
+    # class-conditional training on a labelled corpus (.jsonl): labels in [0, num_classes),
+    # each replaced by the null label num_classes with probability label_dropout
+    # (classifier-free guidance needs the unconditional model too)
+    num_classes: int = 0
+    label_dropout: float = 0.0
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -112,11 +117,13 @@ class TrainConfig:
             _check_int(name, getattr(self, name), 1)
         _check_int("warmup", self.warmup, 0)
         _check_int("seed", self.seed, 0)
+        _check_int("num_classes", self.num_classes, 0)
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
         if self.min_lr is not None and not 0 <= self.min_lr <= self.lr:
             raise ValueError(f"min_lr must be in [0, lr={self.lr}], got {self.min_lr}")
-        for name, value, low, high in (("dropout", self.dropout, 0.0, 1.0), ("ema", self.ema, 0.0, 1.0)):
+        for name, value, low, high in (("dropout", self.dropout, 0.0, 1.0), ("ema", self.ema, 0.0, 1.0),
+                                       ("label_dropout", self.label_dropout, 0.0, 1.0)):
             if not low <= value < high:
                 raise ValueError(f"{name} must be in [{low}, {high}), got {value}")
         if self.max_time is not None and not self.max_time > 0:
@@ -124,8 +131,13 @@ class TrainConfig:
         if self.weight_decay < 0 or self.grad_clip < 0:
             raise ValueError(f"weight_decay and grad_clip must be >= 0, got {self.weight_decay}, {self.grad_clip}")
         get_schedule(self.schedule)
+        if self.label_dropout and not self.num_classes:
+            raise ValueError(f"label_dropout needs num_classes > 0 (class labels to drop), got {self.label_dropout}")
         # absolute paths, so a resumed run recognises its settings from any directory
         self.data = resolve_source(self.data)
+        if self.num_classes and not is_labelled(self.data):
+            raise ValueError(f"num_classes needs a labelled corpus (a {LABELLED_SUFFIX} file of "
+                             f"{{\"text\": str, \"label\": int}} lines), got data {self.data}")
         if self.tiktoken:
             self.tiktoken = os.path.abspath(self.tiktoken)
         self.out = os.path.abspath(self.out)
@@ -208,57 +220,6 @@ def stream_seed(seed: int, rank: int, stream: str) -> int:
     return int.from_bytes(digest[:8], "little") >> 1
 
 
-class Distributed:
-    """Rank, world size and device of this process; joins the torchrun process group
-    when WORLD_SIZE > 1 (nccl on CUDA, gloo otherwise)."""
-
-    def __init__(self, device: str):
-        self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
-        self.rank = int(os.environ.get("RANK", "0"))
-        local_rank = int(os.environ.get("LOCAL_RANK", str(self.rank)))
-        self.device = check_device("device", device, local_rank if self.world_size > 1 else None)
-        self.owns_group = False
-        if self.world_size > 1 and not dist.is_initialized():
-            if self.device.type == "cuda":
-                torch.cuda.set_device(self.device)
-            dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
-            self.owns_group = True
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    def all_gather(self, value):
-        if self.world_size == 1:
-            return [value]
-        gathered = [None] * self.world_size
-        dist.all_gather_object(gathered, value)
-        return gathered
-
-    def sum(self, values: List[float]) -> List[float]:
-        return self._reduce(values, dist.ReduceOp.SUM)
-
-    def max(self, values: List[float]) -> List[float]:
-        return self._reduce(values, dist.ReduceOp.MAX)
-
-    def _reduce(self, values: List[float], op) -> List[float]:
-        if self.world_size == 1:
-            return values
-        total = torch.tensor(values, dtype=torch.float64, device=self.device)
-        dist.all_reduce(total, op=op)
-        return total.tolist()
-
-    def barrier(self) -> None:
-        if self.world_size > 1:
-            dist.barrier()
-
-    def close(self) -> None:
-        if self.owns_group:
-            dist.barrier()  # no process tears the group down while another still uses it
-            dist.destroy_process_group()
-            self.owns_group = False
-
-
 class Trainer:
     """Train one network as configured; `train()` runs to `config.steps` (or `stop_at`),
     evaluating every `eval_every` and checkpointing to `config.out` every `save_every`
@@ -300,7 +261,7 @@ class Trainer:
         self.corpus = fingerprint(text)
         if stored is not None:
             self._check_corpus(stored.config)
-        splits = split_tokens(encode_corpus(text, self.tokenizer))
+        splits = self._splits(text)
         del text
         self._check_splits(splits)
         self.train_batches = RandomCrops(splits["train"], config.seq_len, config.batch_size,
@@ -319,7 +280,8 @@ class Trainer:
     def _build_model(self) -> None:
         config = self.config
         self.model_config = config_for(config.kind, self.vocab_size, config.seq_len, d_model=config.d_model,
-                                       n_layers=config.n_layers, n_heads=config.n_heads, dropout=config.dropout)
+                                       n_layers=config.n_layers, n_heads=config.n_heads, dropout=config.dropout,
+                                       num_classes=config.num_classes)
         torch.manual_seed(config.seed)  # the same initial weights on every process
         self.model = build_model(config.kind, self.model_config).to(self.device)
         self.ema = copy.deepcopy(self.model).requires_grad_(False) if config.ema > 0 else None
@@ -346,8 +308,9 @@ class Trainer:
             raise CheckpointError(f"cannot resume: {out} holds no training checkpoint")
         stored = load_checkpoint(out, train_state=True)
         settings = stored.config.get("training", {})
-        changed = [f"{name} ({settings.get(name)!r} -> {getattr(self.config, name)!r})"
-                   for name in RESUME_FIXED if settings.get(name) != getattr(self.config, name)]
+        defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}  # of settings added later
+        changed = [f"{name} ({settings.get(name, defaults[name])!r} -> {getattr(self.config, name)!r})"
+                   for name in RESUME_FIXED if settings.get(name, defaults[name]) != getattr(self.config, name)]
         if changed:
             raise ValueError(f"cannot resume {out} with changed settings: {', '.join(changed)}")
         return stored
@@ -366,11 +329,30 @@ class Trainer:
             "moves validation and test text into training; pass allow_data_change (--allow-data-change) to "
             "resume anyway")
 
-    def _check_splits(self, splits: Dict[str, Tensor]) -> None:
+    def _splits(self, text: str) -> Dict[str, Records]:
+        """The train, validation and test Records of the corpus: a plain one split by position,
+        a labelled one by records within each class (their labels kept when the model is
+        class-conditional)."""
+        config = self.config
+        if not is_labelled(config.data):
+            return {name: Records.stream(tokens) for name, tokens in
+                    split_tokens(encode_corpus(text, self.tokenizer)).items()}
+        records = load_labelled(config.data, self.tokenizer, text)
+        if not config.num_classes:
+            records.labels = None  # an unconditional model trained on the records' texts
+        elif int(records.labels.max()) >= config.num_classes:
+            raise ValueError(f"data {config.data} has label {int(records.labels.max())}, but num_classes="
+                             f"{config.num_classes} (labels must be in [0, {config.num_classes}))")
+        return records.split()
+
+    def _check_splits(self, splits: Dict[str, Records]) -> None:
         seq_len = self.config.seq_len
         for name in ("train", "validation"):
-            if splits[name].numel() < seq_len:
-                raise ValueError(f"data {self.config.data}: its {name} split holds {splits[name].numel()} tokens, "
+            if not int(splits[name].windows(seq_len).sum()):
+                held = splits[name].lengths
+                what = f"{int(held.sum())} tokens" if held.numel() <= 1 else \
+                    f"{held.numel()} records of at most {int(held.max())} tokens"
+                raise ValueError(f"data {self.config.data}: its {name} split holds {what}, "
                                  f"fewer than seq_len={seq_len}; use a longer corpus or a shorter seq_len")
 
     # ---- the loop ----------------------------------------------------------------
@@ -444,12 +426,12 @@ class Trainer:
         self.network.train()
         total = 0.0
         for micro in range(config.grad_accum):
-            x1 = next(self.train_batches).to(self.device, non_blocking=True)
+            x1, labels = self._to_device(next(self.train_batches))
             last = micro == config.grad_accum - 1
             sync = self.network.no_sync() if self.dist.world_size > 1 and not last else nullcontext()
             with sync:
                 with self._autocast():
-                    loss = self.objective(self.network, x1, self.noise)
+                    loss = self.objective(self.network, x1, self.noise, labels, config.label_dropout)
                 (loss / config.grad_accum).backward()
             total += loss.item()
         if not math.isfinite(total):
@@ -464,20 +446,40 @@ class Trainer:
                 torch._foreach_lerp_(list(self.ema.parameters()), list(self.model.parameters()), 1.0 - config.ema)
         return total / config.grad_accum
 
-    def objective(self, network, x1: Tensor, generator: torch.Generator) -> Tensor:
-        """The training loss of config.kind on clean chunks x1: Long[B, L]."""
+    def _to_device(self, batch) -> Tuple[Tensor, Optional[Tensor]]:
+        """(x1, labels or None) of a batch of RandomCrops / evaluation_batches, on the device."""
+        x1, labels = batch if isinstance(batch, tuple) else (batch, None)
+        return x1.to(self.device, non_blocking=True), None if labels is None else labels.to(self.device)
+
+    def objective(self, network, x1: Tensor, generator: torch.Generator, labels: Optional[Tensor] = None,
+                  label_dropout: float = 0.0) -> Tensor:
+        """The training loss of config.kind on clean chunks x1: Long[B, L] of classes `labels`
+        (Long[B], class-conditional models), each replaced by the null label with
+        probability label_dropout (drawn from `generator` after the corruption)."""
         kind = self.config.kind
         if kind == "ar":
             x = self.model.with_bos(x1)
-            return ar_loss(network(x), x)
+            return ar_loss(network(x, **self._labels(labels, label_dropout, generator)), x)
         t = torch.rand(x1.shape[0], generator=generator, device=x1.device)
         noise = "mask" if kind == "mask-denoiser" else "uniform"
         x_t, z_t = corrupt(x1, t, self.schedule, noise, self.vocab_size, generator=generator)
+        condition = self._labels(labels, label_dropout, generator)
         if kind == "planner":
-            return planner_loss(network(x_t), z_t)
+            return planner_loss(network(x_t, **condition), z_t)
         if kind == "uniform":
-            return uniform_model_loss(network(x_t, t), x1)
-        return denoiser_loss(network(x_t, t), x1, z_t)
+            return uniform_model_loss(network(x_t, t, **condition), x1)
+        return denoiser_loss(network(x_t, t, **condition), x1, z_t)
+
+    def _labels(self, labels: Optional[Tensor], dropout: float, generator: torch.Generator) -> dict:
+        """{"labels": ...} for a network call ({} without labels), dropped to the null label
+        (num_classes) with probability `dropout`: the unconditional model of classifier-free
+        guidance is the same network."""
+        if labels is None:
+            return {}
+        if dropout > 0:
+            drop = torch.rand(labels.shape[0], generator=generator, device=labels.device) < dropout
+            labels = torch.where(drop, torch.full_like(labels, self.config.num_classes), labels)
+        return {"labels": labels}
 
     def _autocast(self):
         if self.device.type == "cuda":
@@ -503,9 +505,9 @@ class Trainer:
         for index in range(self.dist.rank, len(self.eval_set), self.dist.world_size):
             # one noise stream per batch: the same value whatever the number of processes
             generator = torch.Generator(self.device).manual_seed(stream_seed(self.config.seed, index, "eval"))
-            batch = self.eval_set[index].to(self.device)
-            with self._autocast():
-                loss_sum += self.objective(model, batch, generator).item() * batch.shape[0]
+            batch, labels = self._to_device(self.eval_set[index])
+            with self._autocast():  # the conditional loss: no label dropout
+                loss_sum += self.objective(model, batch, generator, labels).item() * batch.shape[0]
             count += batch.shape[0]
         model.train(was_training)
         loss_sum, count = self.dist.sum([loss_sum, count])
