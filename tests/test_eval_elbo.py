@@ -9,7 +9,6 @@ exponential when the rates do not depend on time) and applying the emission.
 Monte-Carlo comparisons use Z = 4 standard errors (two-sided, per comparison).
 """
 import math
-import os
 
 import pytest
 import torch

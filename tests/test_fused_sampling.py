@@ -20,12 +20,12 @@ import pytest
 import torch
 
 from oracles import laws
-from oracles.fixtures import single_thread  # noqa: F401  (autouse)
+from oracles.fixtures import single_thread, tiny_network  # noqa: F401  (single_thread: autouse)
 from oracles.stats import empirical, threshold, tv
 from oracles.toy import ToyProblem, dirichlet_p_data, sparse_p_data
 from ddpd.checkpoint import save_bundle, save_checkpoint
 from ddpd.cli.sample import main
-from ddpd.models import build_model, config_for
+from ddpd.models import config_for
 from ddpd.ops.sample_from_hidden import sample_from_hidden
 from ddpd.sampling import (PhiloxNoise, TorchNoise, ddpd_sample, ddpd_sample_uniform, maskgit_sample,
                            tau_leaping_mask, tau_leaping_planned, tau_leaping_uniform)
@@ -154,11 +154,7 @@ def test_baseline_fused_equals_reference_on_oracle_toy(name):
 # ----------------------------------------------------------------------------- (a) tiny transformers
 
 def tiny(kind, vocab, length, seed, scale=1.0):
-    torch.manual_seed(seed)
-    model = build_model(kind, config_for(kind, vocab, length, d_model=16, n_layers=1, n_heads=2)).eval()
-    with torch.no_grad():
-        model.head.weight.mul_(scale)  # spread the logits: stops and confident draws happen
-    return model
+    return tiny_network(kind, vocab, seed, scale, length)
 
 
 @pytest.fixture(scope="module")

@@ -11,25 +11,15 @@ must catch a step that bakes in a Python value. On a GPU the same runs replay re
 import pytest
 import torch
 
-from oracles.fixtures import single_thread  # noqa: F401  (autouse)
-from ddpd.models import build_model, config_for
+from oracles.fixtures import single_thread, tiny_networks  # noqa: F401  (single_thread: autouse)
 from ddpd.sampling import PhiloxNoise, ddpd_sample, ddpd_sample_uniform
 from ddpd.sampling.batch import RunningBatch
 from ddpd.sampling.graphs import StepGraphs
 
 
-def tiny(kind, vocab, seed, scale=1.0):
-    torch.manual_seed(seed)
-    model = build_model(kind, config_for(kind, vocab, 8, d_model=16, n_layers=1, n_heads=2)).eval()
-    with torch.no_grad():
-        model.head.weight.mul_(scale)
-    return model
-
-
 @pytest.fixture(scope="module")
 def nets():
-    return {v: dict(planner=tiny("planner", v, 0, 40.0), uniform=tiny("uniform-denoiser", v, 1, 20.0),
-                    mask=tiny("mask-denoiser", v, 2, 20.0), model=tiny("uniform", v, 3, 20.0)) for v in (27, 300)}
+    return tiny_networks()
 
 
 CASES = {

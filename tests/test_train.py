@@ -631,7 +631,8 @@ def test_cli_trains_class_conditional_models_that_ddpd_sample_guides(labelled, t
         code, out, err = run_cli(capsys, kind, "--data", labelled, "--out", tmp_path / "toy" / kind, "--steps", 3,
                                  "--num-classes", 2, "--label-dropout", 0.2, *TINY_CLI, "--no-progress")
         assert code == 0, err
-    code = sample(["--planner", str(tmp_path / "toy" / "planner"), "--denoiser", str(tmp_path / "toy" / "mask-denoiser"),
+    toy = tmp_path / "toy"
+    code = sample(["--planner", str(toy / "planner"), "--denoiser", str(toy / "mask-denoiser"),
                    "--labels", "0", "1", "--guidance-scale", "2", "--num-samples", "3", "--steps", "4",
                    "--out", str(tmp_path / "s.jsonl"), "--quiet"])
     assert code == 0, capsys.readouterr().err
