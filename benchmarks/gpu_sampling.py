@@ -1,21 +1,23 @@
 """End-to-end sampling speed on one GPU (a part of benchmarks/gpu_check.sh).
 
 1. The bundled text8 planner + mask denoiser, option A, 512 steps, batches 64 and 512:
-   samples/s of the reference run and of the fused run in float32 (the fused path as it
-   was before networks ran in bfloat16 by default), and of the default fused run
-   (dtype auto = bfloat16 on CUDA; compiled networks when --compile), with the ratio to the
-   float32 fused run; the time of one planner + denoiser pass in float32 and bfloat16.
+   samples/s of the reference run, of the fused run in float32 without CUDA graphs (the
+   fused path as it was before bfloat16 networks and graphs), of the fused run in bfloat16
+   without graphs, and of the default fused run (bfloat16, CUDA graphs), with the ratio of
+   the default to the float32 fused run; the time of one planner + denoiser pass in float32
+   and bfloat16; with --compile, the default run with torch.compile'd networks too.
    Target: batch 64 at least 4x, batch 512 at least 3x the float32 fused samples/s.
 2. A GPT-2-size pair (12 layers, d_model 768, V = 50257, D = 1024, batch 16, bfloat16,
    random weights): the fused step's time against the planner pass plus the denoiser
    trunk (hidden states, no output head) alone, and the reference step's; peak memory of
    both runs. Target: fused step within 1.05x of planner + trunk.
 
-Every run is checked before it is timed: the fused and reference runs return the same
-samples from the same seed (float32). Times are CUDA-event medians of whole calls after a
-warm-up; samples/s from whole runs (stops included).
+Checked before anything is timed: the fused and reference runs return the same samples
+from the same seed (float32, 64 steps). Whole runs are timed once each after a short
+warm-up run (8 steps); other times are CUDA-event medians after a warm-up; samples/s from
+whole runs (stops included).
 
-    python benchmarks/gpu_sampling.py             # CUDA
+    python benchmarks/gpu_sampling.py [--compile] # CUDA
     python benchmarks/gpu_sampling.py --dry-run   # tiny shapes on the CPU: checks the script only
 """
 from __future__ import annotations
@@ -40,8 +42,9 @@ class Clock:
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
 
-    def __call__(self, fn: Callable, repeats: int = 3) -> float:
-        fn()  # warm-up
+    def __call__(self, fn: Callable, repeats: int = 3, warm: bool = True) -> float:
+        if warm:
+            fn()
         times: List[float] = []
         for _ in range(repeats):
             if self.cuda:
@@ -77,33 +80,53 @@ def bundled(args, device: torch.device, clock: Clock) -> None:
     length, vocab = configs["denoiser"]["model"]["max_seq_len"], configs["denoiser"]["model"]["out_dim"]
     steps = 512 if not args.dry_run else 8
     batches = (64, 512) if not args.dry_run else (4,)
+    low = [prepare_for_sampling(m, "auto", device) for m in load_bundle(str(BUNDLE_DIR), device=str(device))[:2]]
+    variants = {  # name: (planner, denoiser, sampler options); "fused fp32" is the fused path before bf16/graphs
+        "reference fp32": (planner, denoiser, dict(dtype="float32")),
+        "fused fp32": (planner, denoiser, dict(dtype="float32", fused=True, graphs="off")),
+        "fused bf16": (*low, dict(fused=True, graphs="off")),
+        "fused bf16 + graphs (default)": (*low, dict(fused=True)),
+    }
+
+    def run(batch, name, n_steps=steps):
+        p, d, options = variants[name]
+        return lambda: ddpd_sample(p, d, batch, length, vocab, steps=n_steps, denoiser_type="mask", seed=0,
+                                   device=device, **options)
+
     print(f"## bundled text8 planner + mask denoiser, option A, {steps} steps, D = {length}")
-    print("| batch | reference fp32 | fused fp32 | fused default (bf16) | ratio to fused fp32 | target |")
-    print("|---|---|---|---|---|---|")
-    low = {"planner": prepare_for_sampling(load_bundle(str(BUNDLE_DIR), device=str(device))[0], "auto", device),
-           "denoiser": prepare_for_sampling(load_bundle(str(BUNDLE_DIR), device=str(device))[1], "auto", device)}
-    for batch in batches:
-        def run(p, d, **kw):
-            return lambda: ddpd_sample(p, d, batch, length, vocab, steps=steps, denoiser_type="mask", seed=0,
-                                       device=device, **kw)
-        with torch.inference_mode():
-            reference = run(planner, denoiser, dtype="float32")()
-            fused32 = run(planner, denoiser, dtype="float32", fused=True)()
-            assert torch.equal(reference.tokens, fused32.tokens), "fused and reference runs differ"
-            seconds = {name: clock(fn, repeats=1 if batch > 64 else 3) for name, fn in (
-                ("reference", run(planner, denoiser, dtype="float32")),
-                ("fused32", run(planner, denoiser, dtype="float32", fused=True)),
-                ("default", run(low["planner"], low["denoiser"], fused=True)))}
-        rate = {k: batch / v for k, v in seconds.items()}
-        target = 4.0 if batch == 64 else 3.0
-        print(f"| {batch} | {rate['reference']:.1f}/s | {rate['fused32']:.1f}/s | {rate['default']:.1f}/s | "
-              f"{rate['default'] / rate['fused32']:.2f}x | {target:.0f}x |")
+    with torch.inference_mode():
+        check = [run(batches[0], name, min(steps, 64))() for name in ("reference fp32", "fused fp32")]
+        assert torch.equal(check[0].tokens, check[1].tokens), "fused and reference runs differ"
+        print("check: the fused fp32 run draws the reference run's samples (64 steps, same seed)")
+        print("| batch | " + " | ".join(variants) + " | default / fused fp32 | target |")
+        print("|---" * (len(variants) + 3) + "|")
+        for batch in batches:
+            names = [n for n in variants if batch <= 64 or n != "reference fp32"]  # measured before at 512
+            for name in names:
+                run(batch, name, 8)()  # warm-up: compiles, caches, graph pools
+            rate = {name: batch / clock(run(batch, name), repeats=1, warm=False) for name in names}
+            cells = " | ".join(f"{rate[n]:.1f}/s" if n in rate else "-" for n in variants)
+            gain = rate["fused bf16 + graphs (default)"] / rate["fused fp32"]
+            print(f"| {batch} | {cells} | {gain:.2f}x | {4 if batch == 64 else 3}x |")
     x = torch.randint(0, vocab, (batches[0], length), device=device)
     t = torch.rand(batches[0], device=device)
     with torch.inference_mode():
-        for name, (p, d) in (("float32", (planner, denoiser)), ("bfloat16", (low["planner"], low["denoiser"]))):
+        for name, (p, d) in (("float32", (planner, denoiser)), ("bfloat16", low)):
             seconds = clock(lambda: (p(x), d(x, t)), repeats=10)
             print(f"one planner + denoiser pass, batch {batches[0]}, {name}: {seconds * 1e3:.2f} ms")
+    if args.compile:
+        bundle = load_bundle(str(BUNDLE_DIR), device=str(device))
+        compiled = [prepare_for_sampling(m, "auto", device) for m in bundle[:2]]
+        compiled[0].forward = torch.compile(compiled[0].forward)
+        compiled[1].hidden = torch.compile(compiled[1].hidden)
+        variants["fused bf16 + graphs + torch.compile"] = (*compiled, dict(fused=True))
+        with torch.inference_mode():
+            begin = time.perf_counter()
+            run(batches[0], "fused bf16 + graphs + torch.compile", 8)()
+            warm = time.perf_counter() - begin
+            seconds = clock(run(batches[0], "fused bf16 + graphs + torch.compile"), repeats=1, warm=False)
+        print(f"torch.compile of both networks, batch {batches[0]}: {batches[0] / seconds:.1f} samples/s "
+              f"(compile and warm-up {warm:.0f} s)")
 
 
 def gpt2_pair(args, device: torch.device, clock: Clock) -> None:
@@ -140,6 +163,7 @@ def gpt2_pair(args, device: torch.device, clock: Clock) -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dry-run", action="store_true", help="tiny shapes on the CPU (checks the script only)")
+    parser.add_argument("--compile", action="store_true", help="also time torch.compile'd networks (batch 64)")
     args = parser.parse_args(argv)
     if not args.dry_run and not torch.cuda.is_available():
         print("gpu_sampling: no CUDA device (use --dry-run to check the script)", file=sys.stderr)

@@ -4,4 +4,6 @@ A planner predicts which positions of a sequence are still noise; a denoiser fil
 one chosen position; the adaptive Gillespie sampler repeats this until the planner
 says the sequence is clean.
 """
+import torch  # noqa: F401  (first: ddpd._C links against torch's libraries, which this loads)
+
 __version__ = "0.1.0"

@@ -1,4 +1,4 @@
-"""Checkpoints: safetensors weights + a JSON config, written atomically.
+"""Checkpoints: safetensors weights + a JSON config, written atomically, read verified.
 
 A checkpoint is a directory holding
 - `model.safetensors`: the network's weights (never a pickle; loading cannot run code),
@@ -8,27 +8,37 @@ A checkpoint is a directory holding
   needs to resume exactly (optimizer moments, EMA weights, RNG and data-sampler
   states as tensors; step counters and settings as JSON).
 
-Every save builds the directory under a temporary name next to the destination and
-then swaps it in with a rename, so a crash mid-write leaves the previous checkpoint
-untouched. The sha256 digests in config.json catch files damaged after writing.
+Writing: every save builds the directory under a temporary name next to the
+destination and swaps it in with one rename (ddpd.files.atomic_directory), so a crash
+mid-write leaves the previous checkpoint untouched; temporaries of crashed writers are
+removed by the next save.
+
+Reading: every file of one load is read through one descriptor of the directory, so
+config, weights and training state all come from the same save even while a trainer
+replaces the checkpoint (a file that vanishes mid-read because the directory was
+swapped restarts the read). Each file's bytes are read once, checked against the
+sha256 in config.json and loaded from those same bytes. Before any hashing or
+allocation, the safetensors header is checked against config.json: the network is
+built on the meta device and every tensor's name and shape compared with the header,
+and the file's size with the header's offsets. So a hostile config (a model of
+terabytes) or file (a sparse 200 GiB file, a flipped bit, a crafted header) is refused
+with one line in milliseconds, and weights that are not finite are refused too.
 
 A sampling bundle is a directory with `planner/` and `denoiser/` checkpoints.
 """
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import json
 import os
-import shutil
-import sys
-import tempfile
-from contextlib import contextmanager
-from typing import Dict, Iterator, Optional, Tuple
+import struct
+from typing import Dict, NamedTuple, Optional, Tuple
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, load_model as _load_weights, save_file, save_model as _save_weights
+from safetensors.torch import load as load_safetensors, save as save_safetensors
+
+from ddpd.files import atomic_directory
 
 KINDS = ("planner", "mask-denoiser", "uniform-denoiser", "uniform", "ar")
 PLANNER_KINDS = ("planner", "uniform")
@@ -37,12 +47,30 @@ WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
 STATE_TENSORS = "train_state.safetensors"
 STATE_META = "train_state.json"
+# Bounds on what a reader accepts before looking further (a config is a few KB, a
+# header a few KB per layer).
+MAX_CONFIG_BYTES = 1 << 20
+MAX_STATE_META_BYTES = 64 << 20
+MAX_HEADER_BYTES = 8 << 20
+MAX_BUFFER_BYTES = 1 << 30  # non-persistent buffers (rotary tables) a config may ask for
+WEIGHT_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+STATE_DTYPES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
+_ATTEMPTS = 20  # reads restarted because a writer replaced the directory while it was opened
 
 TrainState = Tuple[Dict[str, torch.Tensor], dict]
 
 
 class CheckpointError(ValueError):
     """A checkpoint directory is missing, incomplete, corrupt or inconsistent."""
+
+
+class Checkpoint(NamedTuple):
+    model: torch.nn.Module
+    config: dict
+    train_state: Optional[TrainState]
+
+
+# ---------------------------------------------------------------- writing
 
 
 def save_checkpoint(path: str, model: torch.nn.Module, config: dict,
@@ -56,82 +84,37 @@ def save_checkpoint(path: str, model: torch.nn.Module, config: dict,
     if hasattr(model_config, "to_dict") and model_config.to_dict() != config["model"]:
         raise ValueError(f"save_checkpoint: config['model'] must describe the model, got {config['model']} "
                          f"for a model with {model_config.to_dict()}")
+    files = _checkpoint_files(model, config, train_state)
+    ensure_replaceable(path)
+    with atomic_directory(path) as tmp:
+        _write_files(tmp, files)
+
+
+def _checkpoint_files(model: torch.nn.Module, config: dict, train_state: Optional[TrainState]) -> Dict[str, bytes]:
+    """The bytes of every file of a checkpoint, config.json (with the digests) last."""
     meta = _check_train_state(train_state)
-    with _atomic_directory(path) as tmp:
-        _write_checkpoint(tmp, model, config, train_state, meta)
-
-
-def _write_checkpoint(directory: str, model: torch.nn.Module, config: dict,
-                      train_state: Optional[TrainState], meta: Optional[str]) -> None:
-    _save_weights(model, os.path.join(directory, WEIGHTS))
-    digests = {WEIGHTS: _sha256(os.path.join(directory, WEIGHTS))}
+    files = {WEIGHTS: _serialize(model.state_dict())}
     if train_state is not None:
-        tensors = {name: t.detach().cpu().contiguous() for name, t in train_state[0].items()}
-        save_file(tensors, os.path.join(directory, STATE_TENSORS))
-        _write_text(os.path.join(directory, STATE_META), meta)
-        digests[STATE_TENSORS] = _sha256(os.path.join(directory, STATE_TENSORS))
-        digests[STATE_META] = _sha256(os.path.join(directory, STATE_META))
-    _write_text(os.path.join(directory, CONFIG), json.dumps({**config, "sha256": digests}, indent=2))
+        files[STATE_TENSORS] = _serialize(train_state[0])
+        files[STATE_META] = meta.encode("utf-8")
+    digests = {name: hashlib.sha256(data).hexdigest() for name, data in files.items()}
+    files[CONFIG] = json.dumps({**config, "sha256": digests}, indent=2).encode("utf-8")
+    return files
 
 
-def load_model(path: str, device: str = "cpu") -> Tuple[torch.nn.Module, dict]:
-    """(model in eval mode on `device`, config dict) from a checkpoint directory."""
-    from ddpd.models import build_model
-    from ddpd.models.config import TransformerConfig
-
-    config = read_config(path)
-    try:
-        model = build_model(config["kind"], TransformerConfig.from_dict(config["model"]))
-    except (TypeError, ValueError) as err:
-        raise CheckpointError(f"checkpoint {path}: config.json does not describe a valid model: {err}") from None
-    weights = os.path.join(path, WEIGHTS)
-    _verify(path, WEIGHTS, config)
-    try:
-        _load_weights(model, weights, strict=True)
-    except (SafetensorError, RuntimeError, OSError) as err:
-        raise CheckpointError(f"checkpoint {path}: {WEIGHTS} does not match config.json: {err}") from None
-    return model.to(device).eval(), config
+def _serialize(tensors: Dict[str, torch.Tensor]) -> bytes:
+    # clone: safetensors refuses tensors that share memory (tied or sliced weights)
+    return save_safetensors({name: t.detach().cpu().clone().contiguous() for name, t in tensors.items()})
 
 
-def read_config(path: str) -> dict:
-    """The config.json of a checkpoint directory, validated."""
-    if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"checkpoint path must be a str or os.PathLike, got {type(path).__name__}")
-    if not os.path.isdir(path):
-        raise CheckpointError(f"checkpoint directory not found: {path}")
-    config_path = os.path.join(path, CONFIG)
-    if not os.path.isfile(config_path):
-        raise CheckpointError(f"checkpoint {path}: missing {CONFIG} (not a ddpd checkpoint, or never completed)")
-    try:
-        with open(config_path, encoding="utf-8") as f:
-            config = json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise CheckpointError(f"checkpoint {path}: {CONFIG} is not valid JSON: {err}") from None
-    try:
-        _check_config(config, f"checkpoint {path}: {CONFIG}")
-    except (TypeError, ValueError) as err:
-        raise CheckpointError(str(err)) from None
-    return config
+def _write_files(directory: str, files: Dict[str, bytes]) -> None:
+    for name, data in files.items():
+        _write_file(os.path.join(directory, name), data)
 
 
-def has_train_state(path: str) -> bool:
-    return os.path.isfile(os.path.join(path, STATE_META))
-
-
-def load_train_state(path: str) -> TrainState:
-    """(tensors, meta) saved with `save_checkpoint(..., train_state=...)`."""
-    config = read_config(path)
-    if not has_train_state(path):
-        raise CheckpointError(f"checkpoint {path}: no training state to resume from ({STATE_META} missing)")
-    for name in (STATE_TENSORS, STATE_META):
-        _verify(path, name, config)
-    try:
-        tensors = load_file(os.path.join(path, STATE_TENSORS))
-        with open(os.path.join(path, STATE_META), encoding="utf-8") as f:
-            meta = json.load(f)
-    except (SafetensorError, OSError, json.JSONDecodeError) as err:
-        raise CheckpointError(f"checkpoint {path}: training state is unreadable: {err}") from None
-    return tensors, meta
+def _write_file(file: str, data: bytes) -> None:
+    with open(file, "wb") as f:
+        f.write(data)
 
 
 def save_bundle(path: str, planner: torch.nn.Module, planner_config: dict,
@@ -140,24 +123,13 @@ def save_bundle(path: str, planner: torch.nn.Module, planner_config: dict,
     swapped in together."""
     _check_bundle_kind("planner", planner_config, PLANNER_KINDS)
     _check_bundle_kind("denoiser", denoiser_config, DENOISER_KINDS)
-    with _atomic_directory(path) as tmp:
-        for name, model, config in (("planner", planner, planner_config), ("denoiser", denoiser, denoiser_config)):
-            os.mkdir(os.path.join(tmp, name))
-            _write_checkpoint(os.path.join(tmp, name), model, config, None, None)
-
-
-def load_bundle(path: str, device: str = "cpu") -> Tuple[torch.nn.Module, torch.nn.Module, Dict[str, dict]]:
-    """(planner, denoiser, {"planner": config, "denoiser": config}) from a bundle."""
-    if not isinstance(path, (str, os.PathLike)) or not os.path.isdir(path):
-        raise CheckpointError(f"bundle directory not found: {path}")
-    planner, planner_config = load_model(os.path.join(path, "planner"), device)
-    denoiser, denoiser_config = load_model(os.path.join(path, "denoiser"), device)
-    try:
-        _check_bundle_kind("planner", planner_config, PLANNER_KINDS)
-        _check_bundle_kind("denoiser", denoiser_config, DENOISER_KINDS)
-    except ValueError as err:
-        raise CheckpointError(f"bundle {path}: {err}") from None
-    return planner, denoiser, {"planner": planner_config, "denoiser": denoiser_config}
+    files = {"planner": _checkpoint_files(planner, planner_config, None),
+             "denoiser": _checkpoint_files(denoiser, denoiser_config, None)}
+    ensure_replaceable(path)
+    with atomic_directory(path) as tmp:
+        for role, role_files in files.items():
+            os.mkdir(os.path.join(tmp, role))
+            _write_files(os.path.join(tmp, role), role_files)
 
 
 def ensure_replaceable(path: str) -> None:
@@ -176,6 +148,337 @@ def ensure_replaceable(path: str) -> None:
         raise CheckpointError(f"refusing to replace {path}: it is neither empty nor a ddpd checkpoint")
 
 
+# ---------------------------------------------------------------- reading
+
+
+def load_model(path: str, device: str = "cpu") -> Tuple[torch.nn.Module, dict]:
+    """(model in eval mode on `device`, config dict) from a checkpoint directory."""
+    checkpoint = load_checkpoint(path, device)
+    return checkpoint.model, checkpoint.config
+
+
+def load_checkpoint(path: str, device: str = "cpu", train_state: bool = False) -> Checkpoint:
+    """The model (eval mode, on `device`), config and, with train_state=True, the
+    training state (tensors, meta), all from the same save, each file verified."""
+    _check_path(path)
+    return _consistent(path, lambda reader: _load_from(reader, device, train_state))
+
+
+def read_config(path: str) -> dict:
+    """The config.json of a checkpoint directory, validated."""
+    _check_path(path)
+    return _consistent(path, _config_from)
+
+
+def has_train_state(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, STATE_META))
+
+
+def load_train_state(path: str) -> TrainState:
+    """(tensors, meta) saved with `save_checkpoint(..., train_state=...)`."""
+    _check_path(path)
+    return _consistent(path, lambda reader: _state_from(reader, _config_from(reader)))
+
+
+def load_bundle(path: str, device: str = "cpu") -> Tuple[torch.nn.Module, torch.nn.Module, Dict[str, dict]]:
+    """(planner, denoiser, {"planner": config, "denoiser": config}) from a bundle,
+    both from the same version of the bundle."""
+    if not isinstance(path, (str, os.PathLike)) or not os.path.isdir(path):
+        raise CheckpointError(f"bundle directory not found: {path}")
+
+    def load(reader: "_Reader"):
+        readers = {role: reader.sub(role) for role in ("planner", "denoiser")}  # both opened at once
+        loaded = {role: _load_from(readers[role], device, False) for role in readers}
+        try:
+            _check_bundle_kind("planner", loaded["planner"].config, PLANNER_KINDS)
+            _check_bundle_kind("denoiser", loaded["denoiser"].config, DENOISER_KINDS)
+        except ValueError as err:
+            raise CheckpointError(f"bundle {path}: {err}") from None
+        return loaded
+
+    loaded = _consistent(path, load)
+    return (loaded["planner"].model, loaded["denoiser"].model,
+            {role: checkpoint.config for role, checkpoint in loaded.items()})
+
+
+def _check_path(path) -> None:
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"checkpoint path must be a str or os.PathLike, got {type(path).__name__}")
+
+
+class _Replaced(Exception):
+    """A file vanished because a writer replaced the directory being read."""
+
+
+class _Reader:
+    """The files of one directory read through one descriptor of it: they all belong
+    to the version of the directory that was at `path` when it was opened. Every file
+    of a checkpoint is opened at once (a writer deletes a replaced directory soon
+    after; an open file stays readable), so verifying and parsing may take their time."""
+
+    def __init__(self, path: str, fd: int, root: Optional["_Reader"] = None):
+        self.path, self.fd, self.root = os.fspath(path), fd, root or self
+        self.owned = [fd]  # descriptors to close with the root
+        self.files: Dict[str, int] = {}
+        for name in (CONFIG, WEIGHTS, STATE_META, STATE_TENSORS):
+            try:
+                self.files[name] = os.open(name, os.O_RDONLY, dir_fd=fd)
+            except FileNotFoundError:
+                continue
+            except IsADirectoryError:
+                raise CheckpointError(f"checkpoint {self.path}: {name} is a directory") from None
+            except OSError as err:
+                raise CheckpointError(f"checkpoint {self.path}: cannot read {name}: {err.strerror}") from None
+            self.root.owned.append(self.files[name])
+        if len(self.files) < 4 and self.replaced():
+            raise _Replaced()  # the files of a directory being deleted
+
+    def replaced(self) -> bool:
+        try:
+            return os.stat(self.root.path).st_ino != os.fstat(self.root.fd).st_ino
+        except FileNotFoundError:
+            return True
+
+    def open(self, name: str) -> int:
+        if name not in self.files:
+            raise CheckpointError(f"checkpoint {self.path}: missing {name}"
+                                  + (" (not a ddpd checkpoint, or never completed)" if name == CONFIG else ""))
+        return os.dup(self.files[name])
+
+    def read(self, name: str, limit: int) -> bytes:
+        fd = self.open(name)
+        try:
+            size = os.fstat(fd).st_size
+            if size > limit:
+                raise CheckpointError(f"checkpoint {self.path}: {name} takes {size} bytes, more than the "
+                                      f"{limit} such a file may")
+            return _read_exactly(self.path, name, fd, 0, size)
+        finally:
+            os.close(fd)
+
+    def sub(self, name: str) -> "_Reader":
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=self.fd)
+        except (FileNotFoundError, NotADirectoryError):
+            if self.replaced():
+                raise _Replaced() from None
+            raise CheckpointError(f"bundle {self.path}: missing the {name}/ checkpoint") from None
+        self.root.owned.append(fd)
+        return _Reader(os.path.join(self.path, name), fd, self.root)
+
+
+def _consistent(path, read):
+    """read(reader) on one descriptor of the directory `path`, restarted when a writer
+    replaced the directory while its files were being opened."""
+    path = os.fspath(path)
+    for _ in range(_ATTEMPTS):
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        except FileNotFoundError:
+            raise CheckpointError(f"checkpoint directory not found: {path}") from None
+        except NotADirectoryError:
+            raise CheckpointError(f"checkpoint path is not a directory: {path}") from None
+        except OSError as err:
+            raise CheckpointError(f"checkpoint {path}: cannot open it: {err.strerror}") from None
+        root = None
+        try:
+            root = _Reader(path, fd)
+            return read(root)
+        except _Replaced:
+            continue
+        finally:
+            for owned in (root.owned if root is not None else [fd]):
+                os.close(owned)
+    raise CheckpointError(f"checkpoint {path}: it was replaced {_ATTEMPTS} times while being opened; "
+                          "is a writer saving it in a tight loop?")
+
+
+def _read_exactly(path: str, name: str, fd: int, offset: int, size: int) -> bytes:
+    data = bytearray(size)
+    view, done = memoryview(data), 0
+    try:
+        while done < size:
+            n = _pread_into(fd, view[done:], offset + done)
+            if n == 0:
+                raise CheckpointError(f"checkpoint {path}: {name} ended after {done} of {size} bytes "
+                                      "(truncated while being read?)")
+            done += n
+    except OSError as err:
+        raise CheckpointError(f"checkpoint {path}: cannot read {name}: {err.strerror}") from None
+    return bytes(data)
+
+
+def _pread_into(fd: int, view: memoryview, offset: int) -> int:
+    if hasattr(os, "preadv"):
+        return os.preadv(fd, [view], offset)
+    chunk = os.pread(fd, min(len(view), 1 << 24), offset)
+    view[:len(chunk)] = chunk
+    return len(chunk)
+
+
+def _parse_json(path: str, name: str, data: bytes):
+    try:
+        return json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as err:  # JSONDecodeError is a ValueError
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise CheckpointError(f"checkpoint {path}: {name} is not valid JSON: {reason}") from None
+
+
+def _config_from(reader: _Reader) -> dict:
+    config = _parse_json(reader.path, CONFIG, reader.read(CONFIG, MAX_CONFIG_BYTES))
+    try:
+        _check_config(config, f"checkpoint {reader.path}: {CONFIG}")
+    except (TypeError, ValueError) as err:
+        raise CheckpointError(str(err)) from None
+    return config
+
+
+def _digest(config: dict, name: str) -> Optional[str]:
+    return config.get("sha256", {}).get(name)
+
+
+def _verified(reader: _Reader, name: str, data: bytes, config: dict) -> bytes:
+    expected = _digest(config, name)
+    if expected is not None and hashlib.sha256(data).hexdigest() != expected:
+        raise CheckpointError(f"checkpoint {reader.path}: {name} is corrupt (sha256 differs from config.json)")
+    return data
+
+
+def _load_from(reader: _Reader, device, want_state: bool) -> Checkpoint:
+    from ddpd.models import build_model
+
+    config = _config_from(reader)
+    model_config = _model_config(reader.path, config)
+    tensors = _read_weights(reader, config, model_config)
+    model = build_model(config["kind"], model_config)
+    model.load_state_dict(tensors, strict=True)  # names and shapes were checked against the header
+    state = _state_from(reader, config) if want_state else None
+    return Checkpoint(model.to(device).eval(), config, state)
+
+
+def _model_config(path: str, config: dict):
+    from ddpd.models.config import TransformerConfig
+
+    try:
+        return TransformerConfig.from_dict(config["model"])
+    except (TypeError, ValueError) as err:
+        raise CheckpointError(f"checkpoint {path}: config.json does not describe a valid model: {err}") from None
+
+
+def _read_header(reader: _Reader, name: str, fd: int) -> Tuple[dict, int, int]:
+    """(header, bytes before the data, file size) of a safetensors file, checked for
+    form: a bounded length, JSON, and offsets that tile the data exactly."""
+    size = os.fstat(fd).st_size
+    where = f"checkpoint {reader.path}: {name}"
+    if size < 8:
+        raise CheckpointError(f"{where} is corrupt (only {size} bytes)")
+    (length,) = struct.unpack("<Q", _read_exactly(reader.path, name, fd, 0, 8))
+    if length > min(MAX_HEADER_BYTES, size - 8):
+        raise CheckpointError(f"{where} is corrupt (its header claims {length} bytes; the file has {size})")
+    header = _parse_json(reader.path, f"the header of {name}", _read_exactly(reader.path, name, fd, 8, length))
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{where} is corrupt (its header is not a JSON object)")
+    header.pop("__metadata__", None)
+    spans = []
+    for key, entry in header.items():
+        if (not isinstance(entry, dict) or not isinstance(entry.get("shape"), list)
+                or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in entry["shape"])
+                or entry.get("dtype") not in STATE_DTYPES or not isinstance(entry.get("data_offsets"), list)
+                or len(entry["data_offsets"]) != 2 or not all(isinstance(o, int) for o in entry["data_offsets"])):
+            raise CheckpointError(f"{where} is corrupt (header entry {key!r} is malformed)")
+        begin, end = entry["data_offsets"]
+        numel = 1
+        for d in entry["shape"]:
+            numel *= d
+        if end - begin != numel * STATE_DTYPES[entry["dtype"]]:
+            raise CheckpointError(f"{where} is corrupt (tensor {key!r} has {end - begin} bytes for its shape "
+                                  f"{entry['shape']})")
+        spans.append((begin, end))
+    spans.sort()
+    position = 0
+    for begin, end in spans:
+        if begin != position:
+            raise CheckpointError(f"{where} is corrupt (its tensors overlap or leave gaps)")
+        position = end
+    if 8 + length + position != size:
+        raise CheckpointError(f"{where} is corrupt: its header describes {8 + length + position} bytes, "
+                              f"the file has {size}")
+    return header, 8 + length, size
+
+
+def _read_weights(reader: _Reader, config: dict, model_config) -> Dict[str, torch.Tensor]:
+    fd = reader.open(WEIGHTS)
+    try:
+        header, _, size = _read_header(reader, WEIGHTS, fd)
+        _check_against_config(reader.path, config, model_config, header)
+        data = _verified(reader, WEIGHTS, _read_exactly(reader.path, WEIGHTS, fd, 0, size), config)
+    finally:
+        os.close(fd)
+    try:
+        tensors = load_safetensors(data)
+    except SafetensorError as err:
+        raise CheckpointError(f"checkpoint {reader.path}: {WEIGHTS} is corrupt: {err}") from None
+    bad = [key for key, t in tensors.items() if not bool(torch.isfinite(t).all())]
+    if bad:
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise CheckpointError(f"checkpoint {reader.path}: {WEIGHTS} holds NaN or infinite weights in "
+                              f"{bad[0]}{more}; the model cannot be used")
+    return tensors
+
+
+def _check_against_config(path: str, config: dict, model_config, header: dict) -> None:
+    """The header must hold exactly the tensors of the network config.json describes,
+    in floating types; checked on a network built on the meta device (no memory)."""
+    from ddpd.models import build_model
+
+    where = f"checkpoint {path}: {WEIGHTS} does not match config.json"
+    if model_config.n_layers > len(header):  # every layer holds at least one tensor: no need to build
+        raise CheckpointError(f"{where}: config.json has {model_config.n_layers} layers, the file "
+                              f"{len(header)} tensors")
+    with torch.device("meta"):
+        network = build_model(config["kind"], model_config)
+    expected = network.state_dict()
+    buffers = sum(b.numel() * b.element_size() for b in network.buffers())
+    if buffers > MAX_BUFFER_BYTES:
+        raise CheckpointError(f"checkpoint {path}: config.json describes a network with {buffers} bytes of "
+                              f"buffers (max_seq_len {model_config.max_seq_len}); refusing to build it")
+    missing = sorted(set(expected) - set(header))
+    unexpected = sorted(set(header) - set(expected))
+    if missing or unexpected:
+        raise CheckpointError(f"{where}: missing tensors {missing[:3]}{'...' if len(missing) > 3 else ''}, "
+                              f"unexpected {unexpected[:3]}{'...' if len(unexpected) > 3 else ''}")
+    for key, tensor in expected.items():
+        entry = header[key]
+        if list(tensor.shape) != entry["shape"]:
+            raise CheckpointError(f"{where}: {key} has shape {entry['shape']} in the file, "
+                                  f"{list(tensor.shape)} by config.json")
+        if entry["dtype"] not in WEIGHT_DTYPES:
+            raise CheckpointError(f"{where}: {key} is stored as {entry['dtype']}, not a floating type")
+
+
+def _state_from(reader: _Reader, config: dict) -> TrainState:
+    if STATE_META not in config.get("sha256", {}):
+        raise CheckpointError(f"checkpoint {reader.path}: no training state to resume from ({STATE_META} missing)")
+    meta = _parse_json(reader.path, STATE_META,
+                       _verified(reader, STATE_META, reader.read(STATE_META, MAX_STATE_META_BYTES), config))
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"checkpoint {reader.path}: {STATE_META} must hold a JSON object, "
+                              f"got {type(meta).__name__}")
+    fd = reader.open(STATE_TENSORS)
+    try:
+        _, _, size = _read_header(reader, STATE_TENSORS, fd)
+        data = _verified(reader, STATE_TENSORS, _read_exactly(reader.path, STATE_TENSORS, fd, 0, size), config)
+    finally:
+        os.close(fd)
+    try:
+        return load_safetensors(data), meta
+    except SafetensorError as err:
+        raise CheckpointError(f"checkpoint {reader.path}: {STATE_TENSORS} is corrupt: {err}") from None
+
+
+# ---------------------------------------------------------------- checks
+
+
 def _check_bundle_kind(role: str, config: dict, allowed: Tuple[str, ...]) -> None:
     _check_config(config, f"{role} config")
     if config["kind"] not in allowed:
@@ -189,6 +492,10 @@ def _check_config(config, what: str) -> None:
         raise ValueError(f"{what}: 'kind' must be one of {KINDS}, got {config.get('kind')!r}")
     if not isinstance(config.get("model"), dict):
         raise ValueError(f"{what}: 'model' must be a dict of TransformerConfig fields, got {config.get('model')!r}")
+    digests = config.get("sha256", {})
+    if not isinstance(digests, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) and len(v) == 64 for k, v in digests.items()):
+        raise ValueError(f"{what}: 'sha256' must map file names to hex digests, got {str(digests)[:80]}")
 
 
 def _check_train_state(train_state: Optional[TrainState]) -> Optional[str]:
@@ -209,100 +516,6 @@ def _check_train_state(train_state: Optional[TrainState]) -> Optional[str]:
         raise ValueError(f"save_checkpoint: train_state meta must be JSON-serialisable: {err}") from None
 
 
-def _verify(path: str, name: str, config: dict) -> None:
-    file = os.path.join(path, name)
-    if not os.path.isfile(file):
-        raise CheckpointError(f"checkpoint {path}: missing {name}")
-    expected = config.get("sha256", {}).get(name)
-    if expected is not None and _sha256(file) != expected:
-        raise CheckpointError(f"checkpoint {path}: {name} is corrupt (sha256 differs from config.json)")
-
-
-def _sha256(file: str) -> str:
-    digest = hashlib.sha256()
-    with open(file, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _write_text(file: str, text: str) -> None:
-    with open(file, "w", encoding="utf-8") as f:
-        f.write(text)
-
-
-@contextmanager
-def _atomic_directory(path: str) -> Iterator[str]:
-    """Yield a fresh temporary directory beside `path`; on success make it `path`
-    (replacing an existing checkpoint), on any failure delete it."""
-    if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"checkpoint path must be a str or os.PathLike, got {type(path).__name__}")
-    path = os.path.abspath(os.fspath(path))
-    ensure_replaceable(path)
-    parent, name = os.path.split(path)
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=parent)
-    try:
-        yield tmp
-        _publish_permissions(tmp)
-        _sync_tree(tmp)
-        _replace_directory(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    _fsync_directory(parent)
-
-
-def _replace_directory(new: str, path: str) -> None:
-    if not os.path.exists(path):
-        os.rename(new, path)
-        return
-    if _exchange(new, path):  # one atomic step: `path` is never absent
-        shutil.rmtree(new)
-        return
-    old = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.old-", dir=os.path.dirname(path))
-    os.rmdir(old)
-    os.rename(path, old)
-    os.rename(new, path)
-    shutil.rmtree(old)
-
-
-def _exchange(a: str, b: str) -> bool:
-    """Atomically swap two paths with Linux renameat2(RENAME_EXCHANGE); False where
-    the platform or file system cannot."""
-    if not sys.platform.startswith("linux"):
-        return False
-    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
-    if renameat2 is None:
-        return False
-    at_fdcwd, rename_exchange = -100, 2
-    return renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
-
-
-def _publish_permissions(directory: str) -> None:
-    """Ordinary permissions (subject to the umask) instead of the private ones that
-    temporary directories and files are created with."""
-    umask = os.umask(0)
-    os.umask(umask)
-    for root, dirs, files in os.walk(directory):
-        os.chmod(root, 0o777 & ~umask)
-        for name in files:
-            os.chmod(os.path.join(root, name), 0o666 & ~umask)
-
-
-def _sync_tree(directory: str) -> None:
-    for root, _, files in os.walk(directory):
-        for name in files:
-            with open(os.path.join(root, name), "rb") as f:
-                os.fsync(f.fileno())
-        _fsync_directory(root)
-
-
-def _fsync_directory(directory: str) -> None:
-    if os.name != "posix":
-        return
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+__all__ = ["CONFIG", "Checkpoint", "CheckpointError", "KINDS", "STATE_META", "STATE_TENSORS", "WEIGHTS",
+           "ensure_replaceable", "has_train_state", "load_bundle", "load_checkpoint", "load_model",
+           "load_train_state", "read_config", "save_bundle", "save_checkpoint"]

@@ -73,3 +73,40 @@ def check_shape(name: str, value: torch.Tensor, shape: tuple) -> None:
 def check_same_device(name: str, value: torch.Tensor, like: torch.Tensor, like_name: str) -> None:
     if value.device != like.device:
         raise ValueError(f"{name} must be on the device of {like_name} ({like.device}), got {value.device}")
+
+
+class MissingExtra(ImportError):
+    """An optional dependency is not installed; the message names the extra to install."""
+
+
+def require_extra(module: str, extra: str, purpose: str):
+    """The module `module`, or MissingExtra naming `pip install "ddpd[extra]"`."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise MissingExtra(f"{purpose} needs the {module} package, which is not installed: "
+                           f"pip install \"ddpd[{extra}]\"") from None
+
+
+def check_device(name: str, value, local_rank: Optional[int] = None):
+    """torch.device for `value`: "auto" (CUDA if available, else CPU), "cpu", "cuda"
+    or "cuda:N"; `local_rank` picks the GPU of a torchrun process."""
+    expected = "auto, cpu, cuda or cuda:N"
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be {expected}, got {type(value).__name__} {value!r}")
+    if value == "auto":
+        value = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(value)
+    except RuntimeError:
+        raise ValueError(f"{name} must be {expected}, got {value!r}") from None
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"{name} must be {expected}, got {value!r}")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"{name} {value}: CUDA is not available on this machine")
+        if local_rank is not None:
+            device = torch.device("cuda", local_rank)
+    return device

@@ -73,31 +73,35 @@ def test_failed_write_keeps_previous_checkpoint(tmp_path, monkeypatch, failure):
     save_checkpoint(tmp_path / "c", first, config, ({"a": torch.ones(2)}, {"step": 1}))
     second, _ = tiny("planner", seed=1)
 
-    def half_write(tensors, filename, metadata=None):
-        with open(filename, "wb") as f:
-            f.write(b"\x00" * 100)
-        raise failure
+    def half_write(file, data):
+        with open(file, "wb") as f:
+            f.write(data[:100])
+        if file.endswith("train_state.safetensors"):
+            raise failure
 
-    monkeypatch.setattr(ckpt, "save_file", half_write)
-    with pytest.raises(type(failure)):
+    monkeypatch.setattr(ckpt, "_write_file", half_write)
+    with pytest.raises(type(failure)) as info:
         save_checkpoint(tmp_path / "c", second, config, ({"a": torch.zeros(2)}, {"step": 2}))
+    if isinstance(failure, OSError):  # one line naming the checkpoint, not the temporary
+        assert str(info.value) == f"cannot write {tmp_path / 'c'}: disk full"
     assert same_weights(load_model(tmp_path / "c")[0], first)
     assert load_train_state(tmp_path / "c")[1] == {"step": 1}
     assert sorted(os.listdir(tmp_path)) == ["c"]
 
 
 def test_killed_writer_keeps_previous_checkpoint(tmp_path):
-    """A process killed (no cleanup at all) mid-write leaves only a stray temporary."""
+    """A process killed (no cleanup at all) mid-write leaves only a stray temporary,
+    which the next save removes."""
     first, config = tiny("planner", seed=0)
     save_checkpoint(tmp_path / "c", first, config)
     script = textwrap.dedent(f"""
         import os, torch
         import ddpd.checkpoint as ckpt
         from ddpd.models import build_model, config_for
-        def die(tensors, filename, metadata=None):
-            open(filename, "wb").write(b"partial")
+        def die(file, data):
+            open(file, "wb").write(b"partial")
             os._exit(9)
-        ckpt.save_file = die
+        ckpt._write_file = die
         model = build_model("planner", config_for("planner", 27, 16, d_model=32, n_layers=1, n_heads=2))
         ckpt.save_checkpoint({str(tmp_path / "c")!r}, model, {config!r}, ({{"a": torch.ones(1)}}, {{}}))
     """)
@@ -105,6 +109,8 @@ def test_killed_writer_keeps_previous_checkpoint(tmp_path):
     assert result.returncode == 9, result.stderr
     assert same_weights(load_model(tmp_path / "c")[0], first)
     assert len(os.listdir(tmp_path)) == 2  # the checkpoint and the abandoned temporary
+    save_checkpoint(tmp_path / "c", first, config)
+    assert os.listdir(tmp_path) == ["c"]  # the next save removed it (its process is gone)
 
 
 def test_corrupt_checkpoints_raise_checkpoint_error(tmp_path):
@@ -219,3 +225,145 @@ def test_bundle_errors(tmp_path):
     save_checkpoint(tmp_path / "half" / "planner", planner, planner_config)
     with pytest.raises(CheckpointError, match="denoiser"):
         load_bundle(tmp_path / "half")
+
+
+# ---------------------------------------------------------------- hostile and damaged files
+
+
+def _saved(tmp_path, kind="planner", name="c", **kwargs):
+    model, config = tiny(kind, **kwargs)
+    save_checkpoint(tmp_path / name, model, config, ({"moment": torch.ones(3)}, {"step": 1}))
+    return tmp_path / name
+
+
+def _rewrite_config(path, change):
+    config = json.loads((path / "config.json").read_text())
+    change(config)
+    (path / "config.json").write_text(json.dumps(config))
+
+
+def _no_hashing(monkeypatch):
+    """Hashing a file must not happen before its header was checked against the config."""
+    def refuse(*args):
+        raise AssertionError("hashed before the header was checked")
+
+    monkeypatch.setattr(ckpt.hashlib, "sha256", refuse)
+
+
+def _one_line(err):
+    return len(str(err).splitlines()) == 1
+
+
+def test_a_flipped_bit_is_refused(tmp_path):
+    path = _saved(tmp_path)
+    data = bytearray((path / "model.safetensors").read_bytes())
+    data[-7] ^= 0x04
+    (path / "model.safetensors").write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="model.safetensors is corrupt \\(sha256"):
+        load_model(path)
+
+
+def test_a_config_of_a_huge_model_is_refused_before_any_allocation(tmp_path, monkeypatch):
+    path = _saved(tmp_path)
+    _rewrite_config(path, lambda c: c["model"].update(d_model=65536, n_layers=100000, n_heads=256))
+    _no_hashing(monkeypatch)
+    built = []
+    monkeypatch.setattr("ddpd.models.build_model", lambda *a: built.append(a))
+    with pytest.raises(CheckpointError, match="100000 layers") as info:
+        load_model(path)
+    assert built == [] and _one_line(info.value)
+
+
+def test_a_sparse_huge_weights_file_is_refused_before_hashing(tmp_path, monkeypatch):
+    path = _saved(tmp_path)
+    os.truncate(path / "model.safetensors", 200 << 30)  # 200 GiB, sparse: no disk used
+    _no_hashing(monkeypatch)
+    with pytest.raises(CheckpointError, match="the file has 214748364800") as info:
+        load_model(path)
+    assert _one_line(info.value)
+
+
+def test_a_config_with_the_wrong_vocabulary_names_the_tensor(tmp_path, monkeypatch):
+    path = _saved(tmp_path)
+    _rewrite_config(path, lambda c: c["model"].update(vocab_size=51))
+    _no_hashing(monkeypatch)
+    with pytest.raises(CheckpointError, match="backbone.embed.weight has shape \\[27, 32\\] in the file, "
+                                              "\\[51, 32\\] by config.json") as info:
+        load_model(path)
+    assert _one_line(info.value)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[" * 100_000 + "]" * 100_000, "config.json is not valid JSON"),
+    ('{"kind": "planner", "model": {}, "sha256": ["a"]}', "'sha256' must map file names"),
+    ('{"kind": "planner", "model": {"d_model": ' + "9" * 5000 + "}}", "config.json is not valid JSON"),
+    ('{"kind": "planner", "model": {"d_model": "wide"}}', "does not describe a valid model"),
+    ("x" * (2 << 20), "more than the"),
+])
+def test_crafted_configs_give_one_line_naming_the_file(tmp_path, text, message):
+    path = _saved(tmp_path)
+    (path / "config.json").write_text(text)
+    with pytest.raises(CheckpointError, match=message) as info:
+        load_model(path)
+    assert _one_line(info.value) and str(path) in str(info.value)
+
+
+def test_non_finite_weights_are_refused(tmp_path):
+    model, config = tiny("planner")
+    with torch.no_grad():
+        model.head.weight[0, 0] = float("nan")
+    save_checkpoint(tmp_path / "c", model, config)
+    with pytest.raises(CheckpointError, match="NaN or infinite weights in head.weight"):
+        load_model(tmp_path / "c")
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda data: data[:100], "corrupt"),
+    (lambda data: (1 << 62).to_bytes(8, "little") + data[8:], "header claims"),
+    (lambda data: data[:8] + b"[" + data[9:], "not valid JSON"),
+])
+def test_crafted_headers_are_refused(tmp_path, damage, message):
+    path = _saved(tmp_path)
+    weights = path / "model.safetensors"
+    weights.write_bytes(damage(weights.read_bytes()))
+    with pytest.raises(CheckpointError, match=message) as info:
+        load_model(path)
+    assert _one_line(info.value)
+
+
+_WRITER = textwrap.dedent("""
+    import sys, torch
+    from ddpd.checkpoint import save_checkpoint
+    from ddpd.models import build_model, config_for
+    config = config_for("planner", 27, 16, d_model=32, n_layers=1, n_heads=2)
+    model = build_model("planner", config)
+    meta = {"kind": "planner", "model": config.to_dict()}
+    for i in range(1, 10**9):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.fill_(float(i))
+        save_checkpoint(sys.argv[1], model, meta, ({"marker": torch.tensor([i])}, {"step": i}))
+        if i == 1:
+            print("saved", flush=True)
+""")
+
+
+def test_reads_during_saves_are_consistent(tmp_path):
+    """A process saves a checkpoint in a loop (weights all equal to the save's number,
+    train state step = the same number) while this one loads it: every load succeeds
+    and weights and train state come from the same save."""
+    path = tmp_path / "c"
+    writer = subprocess.Popen([sys.executable, "-c", _WRITER, str(path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout.readline().strip() == "saved"
+        seen = set()
+        for _ in range(300):
+            checkpoint = ckpt.load_checkpoint(path, train_state=True)
+            tensors, meta = checkpoint.train_state
+            value = float(checkpoint.model.head.weight[0, 0].detach())
+            assert value == meta["step"] == int(tensors["marker"][0])
+            seen.add(meta["step"])
+        assert len(seen) > 1, "the writer did not save during the reads"
+    finally:
+        writer.kill()
+        writer.wait()

@@ -9,6 +9,7 @@ import torch
 
 from ddpd.checkpoint import save_bundle, save_checkpoint
 from ddpd.cli.sample import main
+from ddpd.cli.samplers import Settings
 from ddpd.models import build_model, config_for
 from oracles.fixtures import single_thread  # noqa: F401  (autouse)
 
@@ -182,3 +183,487 @@ def test_progress_bar_ticks_once_per_denoiser_pass(ckpts, monkeypatch, capsys, f
     assert main(argv + ["--no-progress", *fused]) == 0
     assert bars.pop().disabled_by_cli
     capsys.readouterr()
+
+
+# ---------------------------------------------------------------- output, signals and faults
+
+
+import errno  # noqa: E402
+import queue  # noqa: E402
+import signal  # noqa: E402
+import threading  # noqa: E402
+import tracemalloc  # noqa: E402
+
+from ddpd import files  # noqa: E402
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def test_out_is_streamed_batch_by_batch(ckpts, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "s.jsonl"
+    on_disk = []
+    write = files.StreamedFile.write
+
+    def recording(self, text):
+        write(self, text)
+        on_disk.append(len(open(self.temp).read().splitlines()))  # flushed, readable by anyone
+
+    monkeypatch.setattr(files.StreamedFile, "write", recording)
+    code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--num-samples", "5", "--batch-size", "2",
+                           "--steps", "3", "--out", str(out), "--quiet")
+    assert code == 0, err
+    assert on_disk == [2, 4, 5] and [r["index"] for r in read_jsonl(out)] == list(range(5))
+    assert sorted(os.listdir(tmp_path)) == ["s.jsonl"]
+
+
+def test_memory_does_not_grow_with_the_number_of_samples(ckpts, tmp_path, capsys):
+    """The records of finished batches are written and dropped: 20x more samples may
+    not raise the Python heap's peak by more than a few batches' worth (keeping them
+    all would add about 1 MB here)."""
+    peaks = []
+    for n in ("40", "800"):
+        tracemalloc.start()
+        code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--num-samples", n, "--batch-size", "20",
+                               "--steps", "1", "--out", str(tmp_path / f"{n}.jsonl"), "--quiet", "--option", "A+B")
+        peaks.append(tracemalloc.get_traced_memory()[1])
+        tracemalloc.stop()
+        assert code == 0, err
+    assert len(read_jsonl(tmp_path / "800.jsonl")) == 800
+    assert peaks[1] - peaks[0] < 200_000, peaks
+
+
+def _sample_process(ckpts, out, *extra, stdout=subprocess.PIPE):
+    command = [sys.executable, "-m", "ddpd.cli.sample", "--checkpoint", ckpts["bundle"], "--steps", "8",
+               "--batch-size", "5", "--out", str(out), *extra]
+    return subprocess.Popen(command, stdout=stdout, stderr=subprocess.PIPE, text=True, env=ENV)
+
+
+def test_a_closed_stdout_does_not_stop_the_file(ckpts, tmp_path):
+    """`ddpd-sample --out s.jsonl | head -1`: the reader goes away after one line."""
+    out = tmp_path / "s.jsonl"
+    proc = _sample_process(ckpts, out, "--num-samples", "60")
+    assert len(proc.stdout.readline().strip()) == D
+    proc.stdout.close()  # what head does after its line
+    err = proc.stderr.read()
+    proc.wait(timeout=600)
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err and "Broken pipe" not in err, err
+    assert [r["index"] for r in read_jsonl(out)] == list(range(60))
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+def test_signals_keep_the_finished_samples(ckpts, tmp_path, sig):
+    out = tmp_path / "s.jsonl"
+    proc = _sample_process(ckpts, out, "--num-samples", "1000000")
+    lines = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
+    lines.get(timeout=600)  # a first batch is done
+    proc.send_signal(sig)
+    proc.wait(timeout=600)
+    err = proc.stderr.read()
+    assert proc.returncode == 128 + sig, err
+    assert len(err.strip().splitlines()) == 1, err
+    name = signal.Signals(sig).name
+    assert f"ddpd-sample: interrupted by {name}; wrote the " in err and str(out) in err, err
+    kept = int(err.split("wrote the ")[1].split()[0])
+    records = read_jsonl(out)
+    assert len(records) == kept >= 5 and kept % 5 == 0
+    assert [r["index"] for r in records] == list(range(kept))
+    assert os.listdir(tmp_path) == ["s.jsonl"]  # no temporary left
+
+
+def test_out_is_checked_before_any_work(ckpts, tmp_path, capsys, monkeypatch):
+    def never(*args):
+        raise AssertionError("models loaded before --out was checked")
+
+    monkeypatch.setattr("ddpd.cli.sample.load_models", never)
+    code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--out", str(tmp_path / "no" / "s.jsonl"))
+    assert code == 1 and err.count("\n") == 1 and f"cannot write {tmp_path / 'no' / 's.jsonl'}" in err
+    assert "does not exist" in err
+    code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--out", str(tmp_path))
+    assert code == 1 and err.count("\n") == 1 and "it is a directory" in err
+    assert os.listdir(tmp_path) == []  # no stray temporary
+
+    def denied(*args, **kwargs):
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(files.tempfile, "mkstemp", denied)
+    code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--out", str(tmp_path / "s.jsonl"))
+    assert err == f"ddpd-sample: error: cannot write {tmp_path / 's.jsonl'}: Permission denied\n" and code == 1
+
+
+def test_a_full_disk_keeps_the_previous_output(ckpts, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "s.jsonl"
+    out.write_text('{"index": 0}\n')
+
+    def full(self, text):
+        raise files.OutputError(self.path, OSError(errno.ENOSPC, "No space left on device"))
+
+    monkeypatch.setattr(files.StreamedFile, "write", full)
+    code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--out", str(out), "--quiet")
+    assert code == 1 and err == f"ddpd-sample: error: cannot write {out}: No space left on device\n"
+    assert out.read_text() == '{"index": 0}\n' and os.listdir(tmp_path) == ["s.jsonl"]
+
+
+def test_too_few_steps_are_warned_about(ckpts, capsys):
+    code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--steps", "3", "--num-samples", "1")
+    assert code == 0 and "warning: --steps 3 can denoise at most 3 of the 8 positions" in err
+    code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--steps", "3", "--k", "3",
+                           "--parallel-steps", "3", "--num-samples", "1")
+    assert code == 0 and "warning" not in err
+    code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--steps", "3", "--sampler", "tau-leaping",
+                           "--num-samples", "1")
+    assert code == 0 and "warning" not in err
+
+
+@pytest.mark.parametrize("argv", [["--temperature", "0"], ["--temperature", "inf"], ["--temperature", "nan"],
+                                  ["--temperature-end", "-1"], ["--threads", "0"]])
+def test_temperatures_and_threads_must_be_sensible(ckpts, capsys, argv):
+    code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], *argv)
+    assert code == 2 and err.count("\n") == 1 and argv[0] in err, err
+
+
+def test_thread_policy(ckpts, capsys, monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    torch.set_num_threads(2)
+    code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--num-samples", "1", "--quiet")
+    assert code == 0 and torch.get_num_threads() == 1 and "1 CPU thread, float32)" in err
+    code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--num-samples", "1", "--quiet",
+                           "--threads", "2")
+    assert code == 0 and torch.get_num_threads() == 2 and "2 CPU threads, float32)" in err
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # honoured as it is: not overridden
+    code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--num-samples", "1", "--quiet")
+    assert code == 0 and torch.get_num_threads() == 2
+    torch.set_num_threads(1)
+
+
+def test_building_the_extension_is_not_counted_as_sampling(ckpts, capsys, monkeypatch):
+    from ddpd.ops import _ext
+
+    clock = [0.0]
+    load = _ext.load
+
+    def slow_build():
+        if clock[0] == 0.0:
+            clock[0] += 1000.0  # the first call compiles
+        return load()
+
+    monkeypatch.setattr(_ext, "load", slow_build)
+    monkeypatch.setattr("ddpd.cli.sample.time.perf_counter", lambda: clock[0])
+    code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--num-samples", "2", "--fused", "--quiet")
+    assert code == 0 and clock[0] == 1000.0 and " in 0.00 s " in err, err
+
+
+def test_an_extension_that_cannot_be_built_is_one_line(ckpts, capsys, monkeypatch):
+    from ddpd.ops import _ext
+
+    def broken():
+        raise RuntimeError("ddpd: the C++ extension is unavailable (ddpd._C was not built) and compiling it in "
+                           "/x failed: Ninja is required to load C++ extensions\n" + "compiler output\n" * 70)
+
+    monkeypatch.setattr(_ext, "load", broken)
+    code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--fused")
+    assert code == 1 and err.count("\n") == 1 and "Ninja is required" in err
+
+
+def test_out_of_memory_is_one_line(ckpts, capsys, monkeypatch):
+    def allocate(args, models, tokenizer, prompts):
+        def sample(n, first):
+            raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate "
+                               "memory: you tried to allocate 800000000000 bytes.")
+        return sample, Settings(8, 27, 8)
+
+    monkeypatch.setattr("ddpd.cli.sample.make_sampler", allocate)
+    code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--batch-size", "100000000")
+    assert code == 1 and err.count("\n") == 1 and "out of memory" in err and "--batch-size" in err
+
+
+def test_non_finite_weights_are_refused(tmp_path, capsys):
+    model, config = _model("mask-denoiser", 0)
+    with torch.no_grad():
+        model.head.bias.fill_(float("inf"))
+    save_checkpoint(str(tmp_path / "m"), model, config)
+    code, _, err = run_cli(capsys, "--checkpoint", str(tmp_path / "m"), "--sampler", "maskgit")
+    assert code == 1 and err.count("\n") == 1 and "NaN or infinite weights in head.bias" in err
+
+
+def test_models_that_do_not_belong_together_are_named(ckpts, tmp_path, capsys):
+    model, config = _model("uniform-denoiser", 2)
+    save_checkpoint(str(tmp_path / "cosine"), model, {**config, "schedule": "cosine"})
+    code, _, err = run_cli(capsys, "--planner", ckpts["planner"], "--denoiser", str(tmp_path / "cosine"))
+    assert code == 2 and err.count("\n") == 1
+    assert f"--denoiser {tmp_path / 'cosine'} has schedule 'cosine', but --planner {ckpts['planner']} has " \
+           "'linear'" in err, err
+
+
+# ---------------------------------------------------------------- one sampler table, --fused and --dtype
+
+from ddpd.cli import samplers as table  # noqa: E402
+
+# every row of the table with the checkpoints it needs, and the DDPD rows on the exact clock too
+ROWS = [(row.name, ["--planner", "{planner}", "--denoiser", "{%s}" % row.model] if row.planner else
+         ["--checkpoint", "{%s}" % row.model], ["--sampler", row.family]) for row in table.TABLE]
+ROWS += [(name + " exact clock", models, argv + ["--clock", "exact"]) for name, models, argv in ROWS
+         if argv[1] == "ddpd"]
+
+
+@pytest.mark.parametrize("name,models,argv", ROWS, ids=[r[0] for r in ROWS])
+def test_every_sampler_runs_fused_and_draws_what_the_reference_draws(ckpts, tmp_path, capsys, name, models, argv):
+    """--fused means every sampler in both tools: the same samples as the reference path."""
+    models = [m.format(**ckpts) for m in models]
+    records = []
+    for fused in ([], ["--fused", "--sync-every", "2"]):
+        out = tmp_path / f"{len(fused)}.jsonl"
+        code, _, err = run_cli(capsys, *models, *argv, "--steps", "10", "--num-samples", "5", "--batch-size", "3",
+                               "--seed", "11", "--eta", "1", "--out", str(out), "--quiet", *fused)
+        assert code == 0, err
+        assert (", fused;" in err) == bool(fused)
+        records.append(read_jsonl(out))
+    assert [r["tokens"] for r in records[0]] == [r["tokens"] for r in records[1]]
+    assert [r["stop_step"] for r in records[0]] == [r["stop_step"] for r in records[1]]
+
+
+def test_the_table_names_what_each_sampler_needs(ckpts, capsys):
+    assert table.needs("maskgit") == "one mask-denoiser"
+    assert table.needs("ddpd") == ("a planner with a mask-denoiser, a planner with a uniform-denoiser or one uniform "
+                                   "model")
+    code, _, err = run_cli(capsys, "--checkpoint", ckpts["uniform-denoiser"], "--sampler", "tau-leaping")
+    assert code == 2 and err.count("\n") == 1
+    assert "--sampler tau-leaping needs a planner with a mask-denoiser, a planner with a uniform-denoiser, one " \
+           "mask-denoiser or one uniform model; got denoiser 'uniform-denoiser'" in err, err
+    kinds = ("planner", "mask-denoiser", "uniform-denoiser", "uniform")
+    assert list(table.variants(kinds, [0.0, 15.0])) == [
+        "ddpd-A-mask", "ddpd-AB-mask", "ddpd-ABC-mask", "ddpd-A-uniform", "ddpd-AB-uniform", "ddpd-ABC-uniform",
+        "ddpd-A-uniform-model", "ddpd-AB-uniform-model", "ddpd-ABC-uniform-model", "tau-planned-mask",
+        "tau-planned-uniform", "dfm-eta0", "dfm-eta15", "dfm-uni", "maskgit"]
+    assert list(table.variants(("mask-denoiser",), [2.5])) == ["dfm-eta2.5", "maskgit"]
+    assert list(table.variants(("planner",), [0.0])) == []
+    # the module's documented table is the table
+    documented = [[cell.strip().split(" (")[0] for cell in line.split("|")[1:5]]
+                  for line in table.__doc__.splitlines() if line.startswith("| ")][1:]
+    assert documented == [[row.family, row.name.replace("{option}", "{A,AB,ABC}"),
+                           ("planner + " if row.planner else "") + row.model, row.function] for row in table.TABLE]
+
+
+def test_dtype_casts_the_networks_and_is_reported(ckpts, tmp_path, capsys, monkeypatch):
+    import ddpd.models
+
+    cast = []
+    prepare = ddpd.models.prepare_for_sampling
+
+    def spy(model, dtype, device):
+        cast.append(dtype)
+        return prepare(model, dtype, device)
+
+    monkeypatch.setattr(ddpd.models, "prepare_for_sampling", spy)
+    outs = {}
+    for dtype in ("auto", "float32", "bfloat16"):
+        outs[dtype] = tmp_path / f"{dtype}.jsonl"
+        code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--num-samples", "3", "--steps", "8",
+                               "--dtype", dtype, "--out", str(outs[dtype]), "--quiet", "--fused")
+        assert code == 0, err
+        expected = "float32" if dtype == "auto" else dtype  # auto: float32 on the CPU
+        assert f"1 CPU thread, {expected}), fused;" in err, err
+        assert cast[-2:] == [getattr(torch, expected)] * 2  # planner and denoiser
+    assert outs["auto"].read_bytes() == outs["float32"].read_bytes()
+    records = read_jsonl(outs["bfloat16"])
+    assert len(records) == 3 and all(len(r["tokens"]) == D and all(0 <= t < V for t in r["tokens"])
+                                     for r in records)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--checkpoint", ckpts["bundle"], "--dtype", "float64"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "--dtype" in err and err.count("\n") == 1
+
+
+# ---------------------------------------------------------------- several processes
+
+
+def test_two_processes_write_what_one_process_writes(ckpts, tmp_path, capsys):
+    """torchrun with two gloo processes: batches dealt out in turn, gathered by process 0,
+    which prints and writes them in order: the file is byte for byte the one-process file."""
+    infills = tmp_path / "infills.txt"
+    infills.write_text("ab_d\n\nx__y zz\n")
+    argv = ["--checkpoint", ckpts["bundle"], "--num-samples", "7", "--batch-size", "2", "--steps", "9", "--seed", "5",
+            "--infills", str(infills), "--fused", "--no-progress"]
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+               "-m", "ddpd.cli.sample", *argv, "--out", str(tmp_path / "two.jsonl")]
+    proc = subprocess.run(command, capture_output=True, text=True, env=ENV, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    code, stdout, err = run_cli(capsys, *argv, "--out", str(tmp_path / "one.jsonl"))
+    assert code == 0, err
+    assert (tmp_path / "two.jsonl").read_bytes() == (tmp_path / "one.jsonl").read_bytes()
+    assert proc.stdout == stdout and len(stdout.splitlines()) == 7  # one printed list, in order
+    summary = [line for line in proc.stderr.splitlines() if line.startswith("ddpd-sample: 7 samples")]
+    assert len(summary) == 1 and "2 processes of 1 CPU thread, float32), fused;" in summary[0], proc.stderr
+    records = read_jsonl(tmp_path / "two.jsonl")
+    assert [r["prompt"] for r in records] == ["ab_d", "", "x__y zz"] * 2 + ["ab_d"]
+    assert all(r["text"].startswith("ab") and r["text"][3] == "d" for r in records[::3])
+
+
+# ---------------------------------------------------------------- prompts and infilling
+
+
+@pytest.mark.parametrize("fused", [[], ["--fused"]])
+@pytest.mark.parametrize("name,models,argv", ROWS, ids=[r[0] for r in ROWS])
+def test_every_sampler_keeps_the_prompt(ckpts, tmp_path, capsys, name, models, argv, fused):
+    out = tmp_path / "s.jsonl"
+    code, stdout, err = run_cli(capsys, *[m.format(**ckpts) for m in models], *argv, "--infill", "a_c ",
+                                "--steps", "8", "--num-samples", "3", "--out", str(out), *fused)
+    assert code == 0, err
+    for line, record in zip(stdout.splitlines(), read_jsonl(out), strict=True):
+        assert line == record["text"] and record["prompt"] == "a_c "
+        assert record["tokens"][0] == 1 and record["tokens"][2:4] == [3, 0]  # 'a', 'c', ' '
+
+
+def test_prompt_and_prompt_files(ckpts, tmp_path, capsys):
+    code, stdout, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--prompt", "the ", "--num-samples", "4",
+                                "--steps", "4")
+    assert code == 0, err
+    assert len(stdout.splitlines()) == 4 and all(line.startswith("the ") for line in stdout.splitlines())
+    assert "warning" not in err  # 4 steps reach the 4 positions the prompt leaves free
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("ab\nxyz\n")
+    out = tmp_path / "s.jsonl"
+    code, stdout, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--prompts", str(prompts), "--out",
+                                str(out), "--steps", "8")
+    assert code == 0, err
+    records = read_jsonl(out)
+    assert [r["prompt"] for r in records] == ["ab", "xyz"]  # --num-samples: the number of lines
+    code, stdout, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--prompts", str(prompts), "--out",
+                                str(out), "--steps", "8", "--num-samples", "5", "--batch-size", "2")
+    assert code == 0, err
+    assert [r["text"][:2] for r in read_jsonl(out)] == ["ab", "xy", "ab", "xy", "ab"]  # line i mod 2
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--prompt", "The"], "--prompt 'The': cannot encode the text: text must contain only space and a-z"),
+    (["--infill", "a_b_c_d_e"], "--infill 'a_b_c_d_e' is 9 tokens long, more than the 8 of a sample (--length)"),
+    (["--prompt", "abcd", "--length", "3"], "--prompt 'abcd' is 4 tokens long, more than the 3 of a sample"),
+    (["--prompts", "{missing}"], "No such file or directory"),
+    (["--infills", "{empty}"], "holds no line"),
+    (["--prompts", "{bad}"], "line 2: cannot encode the text"),
+    (["--prompt", "a", "--infill", "b"], "not allowed with argument"),
+])
+def test_prompts_that_cannot_be_used_are_named_in_one_line(ckpts, tmp_path, capsys, argv, message):
+    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "bad.txt").write_text("fine\nNot fine\n")
+    paths = {name: str(tmp_path / f"{name}.txt") for name in ("missing", "empty", "bad")}
+    argv = [a.format(**paths) for a in argv]
+    try:
+        code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], *argv)
+    except SystemExit as exit_info:  # argparse
+        code, err = exit_info.code, capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and message in err, err
+
+
+def test_a_prompt_needs_a_tokenizer(tmp_path, capsys):
+    model, config = _model("mask-denoiser", 0)
+    del config["tokenizer"]
+    save_checkpoint(str(tmp_path / "m"), model, config)
+    code, _, err = run_cli(capsys, "--checkpoint", str(tmp_path / "m"), "--sampler", "maskgit", "--prompt", "ab")
+    assert code == 2 and "--prompt needs a tokenizer, and the checkpoints record none" in err
+
+
+# ---------------------------------------------------------------- class labels and guidance
+
+
+def _conditional(kind: str, seed: int, classes: int = 2):
+    """A class-conditional network whose labels matter: its adaLN weights (zero when
+    built, so that a fresh model ignores the label) drawn at random."""
+    torch.manual_seed(seed)
+    config = config_for(kind, V, D, num_classes=classes, **TINY)
+    model = build_model(kind, config)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "modulation" in name or "label_embed" in name:
+                p.normal_(0.0, 1.0)
+    return model, {"kind": kind, "model": config.to_dict(), "tokenizer": {"name": "text8"}, "schedule": "linear"}
+
+
+@pytest.fixture(scope="module")
+def classes(tmp_path_factory):
+    root = tmp_path_factory.mktemp("classes")
+    paths = {}
+    for i, kind in enumerate(("planner", "mask-denoiser", "uniform")):
+        paths[kind] = str(root / kind)
+        save_checkpoint(paths[kind], *_conditional(kind, 10 + i))
+    paths["planner3"] = str(root / "planner3")
+    save_checkpoint(paths["planner3"], *_conditional("planner", 20, classes=3))
+    return paths
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """The keyword arguments of every sampler call."""
+    from ddpd import sampling
+
+    seen = []
+    for name in ("ddpd_sample", "ddpd_sample_uniform", "maskgit_sample"):
+        real = getattr(sampling, name)
+
+        def spy(*args, _real=real, **kwargs):
+            seen.append(kwargs)
+            return _real(*args, **kwargs)
+        monkeypatch.setattr(sampling, name, spy)
+    return seen
+
+
+def test_labels_and_guidance_reach_the_sampler(classes, ckpts, tmp_path, capsys, calls):
+    out = tmp_path / "s.jsonl"
+    code, _, err = run_cli(capsys, "--planner", classes["planner"], "--denoiser", classes["mask-denoiser"],
+                           "--labels", "1", "0", "1", "--guidance-scale", "2.5", "--num-samples", "5",
+                           "--batch-size", "2", "--steps", "6", "--out", str(out), "--quiet")
+    assert code == 0, err
+    assert [c["labels"].tolist() for c in calls] == [[1, 0], [1, 1], [0]]  # sample i: label i mod 3
+    assert all(c["guidance_scale"] == 2.5 and c["conditional_planner"] for c in calls)
+    assert [r["label"] for r in read_jsonl(out)] == [1, 0, 1, 1, 0]
+    calls.clear()
+    # an unconditional planner with a class-conditional denoiser: the labels go to the denoiser only
+    code, _, err = run_cli(capsys, "--planner", ckpts["planner"], "--denoiser", classes["mask-denoiser"],
+                           "--labels", "0", "--num-samples", "2", "--steps", "6", "--quiet")
+    assert code == 0, err
+    assert calls[0]["labels"].tolist() == [0, 0] and calls[0]["guidance_scale"] == 1.0
+    assert "conditional_planner" not in calls[0]
+    calls.clear()
+    code, _, err = run_cli(capsys, "--checkpoint", classes["mask-denoiser"], "--sampler", "maskgit", "--steps", "3",
+                           "--num-samples", "2", "--quiet")  # no --labels: the null label, no guidance
+    assert code == 0, err
+    assert "labels" not in calls[0] and "guidance_scale" not in calls[0]
+
+
+@pytest.mark.parametrize("model,argv", [("mask-denoiser", ["--sampler", "maskgit"]),
+                                        ("mask-denoiser", ["--sampler", "tau-leaping", "--eta", "1"]),
+                                        ("uniform", ["--sampler", "ddpd", "--clock", "exact"]),
+                                        ("uniform", ["--sampler", "tau-leaping"])])
+def test_samples_follow_the_label_and_the_guidance(classes, tmp_path, capsys, model, argv):
+    """Same seed, other label or other guidance: other samples (these networks' labels
+    matter); the same label and guidance: the same samples, fused or not."""
+    def tokens(*extra):
+        out = tmp_path / "s.jsonl"
+        code, _, err = run_cli(capsys, "--checkpoint", classes[model], *argv, "--steps", "8", "--num-samples", "6",
+                               "--out", str(out), "--quiet", *extra)
+        assert code == 0, err
+        return [r["tokens"] for r in read_jsonl(out)]
+
+    zero, one = tokens("--labels", "0"), tokens("--labels", "1")
+    assert zero != one
+    assert tokens("--labels", "0", "--guidance-scale", "3") != zero
+    assert tokens("--labels", "0", "--guidance-scale", "3", "--fused") == tokens("--labels", "0",
+                                                                                  "--guidance-scale", "3")
+    assert tokens("--labels", "0", "1") == [zero[0], one[1], zero[2], one[3], zero[4], one[5]]
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--planner", "{planner}", "--denoiser", "{mask-denoiser}", "--labels", "2"],
+     "--labels must be classes in [0, 2) of --denoiser {mask-denoiser}, got 2"),
+    (["--planner", "{planner3}", "--denoiser", "{mask-denoiser}", "--labels", "0"],
+     "--planner {planner3} has 3 classes, but --denoiser {mask-denoiser} has 2"),
+    (["--checkpoint", "{mask-denoiser}", "--guidance-scale", "2"], "--guidance-scale needs --labels"),
+    (["--checkpoint", "{mask-denoiser}", "--labels", "0", "--guidance-scale", "-1"], "--guidance-scale must be"),
+    (["--checkpoint", "{plain}", "--labels", "0"], "is not class-conditional (trained without --num-classes)"),
+])
+def test_labels_that_cannot_be_used_are_named_in_one_line(classes, ckpts, capsys, argv, message):
+    paths = {**classes, "plain": ckpts["mask-denoiser"]}
+    code, _, err = run_cli(capsys, *[a.format(**paths) for a in argv], "--sampler", "maskgit" if "--checkpoint"
+                           in argv else "ddpd")
+    assert code == 2 and err.count("\n") == 1 and message.format(**paths) in err, err

@@ -1,17 +1,19 @@
 """Tokenizers, corpus loading, the 90/5/5 split and the batch samplers."""
-import os
+import json
+import re
 
 import pytest
 import torch
 from scipy.stats import chisquare
 
-from ddpd.training.data import (GPT2Tokenizer, RandomCrops, Text8Tokenizer, chunk, encode_corpus,
-                                evaluation_batches, load_splits, load_text, split_tokens, tokenizer_from_config)
+from ddpd.assets import ASSETS, BOOKS, GPT2_RANKS
+from ddpd.training.data import (GPT2Tokenizer, RandomCrops, Records, Text8Tokenizer, chunk, encode_corpus,
+                                evaluation_batches, is_labelled, load_labelled, load_splits, load_text, split_tokens,
+                                tokenizer_from_config)
 
-DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
-WIKI = os.path.join(DATA, "text8-mini", "wiki.txt")
-TIKTOKEN = os.path.join(DATA, "gpt2", "gpt2.tiktoken")
-WIKITEXT = os.path.join(DATA, "wikitext2", "valid.txt")
+WIKI = str(BOOKS)  # the shipped text8-format corpus
+TIKTOKEN = str(GPT2_RANKS)
+MIXED = str(ASSETS / "NOTICE.md")  # mixed case, punctuation, line breaks
 
 
 @pytest.fixture(scope="module")
@@ -63,8 +65,8 @@ def test_text8_decode_rejects_bad_ids():
 def test_gpt2_known_ids_and_round_trip(gpt2):
     assert gpt2.vocab_size == 50257
     assert gpt2.encode("Hello world") == [15496, 995]
-    with open(WIKITEXT, encoding="utf-8") as f:
-        text = f.read()[:50_000]
+    with open(MIXED, encoding="utf-8") as f:
+        text = f.read()
     ids = gpt2.encode(text)
     assert gpt2.decode(ids) == text
     assert len(ids) < len(text) / 2  # BPE merges: far fewer tokens than characters
@@ -91,8 +93,7 @@ def test_tokenizer_config_round_trip(gpt2):
     assert again.encode("Hello world") == gpt2.encode("Hello world")
     with pytest.raises(ValueError, match="'name' must be"):
         tokenizer_from_config({"name": "bytes"})
-    with pytest.raises(ValueError, match="path"):
-        tokenizer_from_config({"name": "gpt2"})
+    assert tokenizer_from_config({"name": "gpt2"}).path == TIKTOKEN  # the shipped ranks file
 
 
 def test_load_text_reads_local_files(tmp_path, wiki_text):
@@ -100,7 +101,7 @@ def test_load_text_reads_local_files(tmp_path, wiki_text):
     path.write_text("first line\nsecond line\n")
     assert load_text(str(path)) == "first line\nsecond line"  # the final line break only is dropped
     assert load_text(WIKI) == wiki_text.rstrip("\n")
-    with pytest.raises(FileNotFoundError, match="not found"):
+    with pytest.raises(FileNotFoundError, match="no such file"):
         load_text(str(tmp_path / "missing.txt"))
     with pytest.raises(ValueError, match="dataset name"):
         load_text("hf:")
@@ -125,7 +126,7 @@ def test_split_validation():
 
 
 def test_bpe_corpus_splits(gpt2):
-    splits = load_splits(WIKITEXT, gpt2)
+    splits = load_splits(WIKI, gpt2)
     total = sum(s.numel() for s in splits.values())
     assert abs(splits["validation"].numel() / total - 0.05) < 1e-3
     assert int(splits["train"].max()) < gpt2.vocab_size
@@ -191,3 +192,93 @@ def test_evaluation_batches_are_fixed_chunks():
     assert rows[0, 0] == 0 and rows[-1, 0] == 990  # spread over the whole split
     assert all(torch.equal(a, b) for a, b in zip(batches, evaluation_batches(tokens, 10, 8, 3)))
     assert sum(b.shape[0] for b in evaluation_batches(tokens, 10, 8, 100)) == 100
+
+
+# ---------------------------------------------------------------- labelled corpora
+
+
+def _labelled(path, records):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return str(path)
+
+
+def test_labelled_corpus_records_and_their_split_by_class(tmp_path):
+    # 20 records of class 0, then 20 of class 1: a split by position over all records would
+    # leave class 0 out of validation and test
+    records = [{"text": "ab" * (i + 5), "label": 0} for i in range(20)]
+    records += [{"text": "xyz " * (i + 3), "label": 1} for i in range(20)]
+    path = _labelled(tmp_path / "c.jsonl", records)
+    assert is_labelled(path) and not is_labelled(str(tmp_path / "c.txt"))
+    corpus = load_labelled(path, Text8Tokenizer())
+    assert corpus.labels.tolist() == [0] * 20 + [1] * 20
+    for r in (0, 7, 39):
+        piece = corpus.tokens[corpus.starts[r]:corpus.starts[r] + corpus.lengths[r]]
+        assert Text8Tokenizer().decode(piece) == records[r]["text"]
+    splits = corpus.split()
+    assert [splits[name].labels.tolist() for name in ("train", "validation", "test")] == \
+        [[0] * 18 + [1] * 18, [0, 1], [0, 1]]
+    assert Text8Tokenizer().decode(splits["validation"].tokens[:splits["validation"].lengths[0]]) == \
+        records[18]["text"]  # within a class, by position
+    with pytest.raises(ValueError, match="labelled corpus"):
+        load_splits(path, Text8Tokenizer())
+
+
+@pytest.mark.parametrize("line,message", [
+    ('{"text": "ab", "label": 0', "line 2: not JSON"), ('["ab", 0]', "line 2: expected an object"),
+    ('{"label": 0}', "line 2: expected an object"), ('{"text": "ab", "label": -1}', "line 2: 'label' must be"),
+    ('{"text": "ab", "label": true}', "'label' must be an int"), ('{"text": "ab"}', "'label' must be an int"),
+    ('{"text": "Ab", "label": 0}', "line 2: Text8Tokenizer.encode: text must contain only space and a-z"),
+])
+def test_labelled_corpus_errors_name_the_line(tmp_path, line, message):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"text": "fine", "label": 1}\n' + line + "\n")
+    with pytest.raises(ValueError, match=re.escape(message)):
+        load_labelled(str(path), Text8Tokenizer())
+    (tmp_path / "empty.jsonl").write_text("\n\n")
+    with pytest.raises(ValueError, match="holds no record"):
+        load_labelled(str(tmp_path / "empty.jsonl"), Text8Tokenizer())
+
+
+def test_crops_of_a_stream_are_those_of_one_record():
+    """A plain stream is one record: the same crops as drawing offsets in [0, N - L] directly."""
+    tokens = torch.arange(300)
+    crops = RandomCrops(tokens, seq_len=10, batch_size=16, seed=7)
+    generator = torch.Generator().manual_seed(7)
+    for _ in range(3):
+        starts = torch.randint(0, 291, (16,), generator=generator)
+        assert torch.equal(next(crops), starts[:, None] + torch.arange(10))
+
+
+def test_crops_of_records_stay_within_one_record_uniformly_and_carry_its_label():
+    """Records of 12, 5 (too short) and 20 tokens, seq_len 10: 3 + 0 + 11 windows, each drawn
+    with probability 1/14 (chi-square over 28,000 draws, threshold 1e-4)."""
+    lengths = torch.tensor([12, 5, 20])
+    starts = torch.cumsum(lengths, 0) - lengths
+    records = Records(torch.arange(37), starts, lengths, torch.tensor([4, 5, 6]))
+    crops = RandomCrops(records, seq_len=10, batch_size=4000, seed=2)
+    firsts, labels = [], []
+    for _ in range(7):
+        x, y = next(crops)
+        assert torch.equal(x - x[:, :1], torch.arange(10).expand(4000, 10))
+        firsts.append(x[:, 0])
+        labels.append(y)
+    first, label = torch.cat(firsts), torch.cat(labels)
+    windows = list(range(0, 3)) + list(range(17, 28))
+    assert set(first.tolist()) == set(windows)
+    assert torch.equal(label, torch.where(first < 12, 4, 6))
+    counts = torch.bincount(first, minlength=28)[windows]
+    assert chisquare(counts.numpy()).pvalue > 1e-4
+    with pytest.raises(ValueError, match="seq_len must be <= the number of tokens of a record \\(20\\)"):
+        RandomCrops(records, seq_len=21, batch_size=1, seed=0)
+
+
+def test_evaluation_batches_of_records_carry_their_labels():
+    lengths = torch.tensor([25, 9, 30])
+    starts = torch.cumsum(lengths, 0) - lengths
+    records = Records(torch.arange(64), starts, lengths, torch.tensor([0, 1, 2]))
+    batches = evaluation_batches(records, seq_len=10, batch_size=3, max_batches=5)
+    x = torch.cat([b[0] for b in batches])
+    y = torch.cat([b[1] for b in batches])
+    assert x[:, 0].tolist() == [0, 10, 34, 44, 54] and y.tolist() == [0, 0, 2, 2, 2]
+    unlabelled = Records(records.tokens, starts, lengths)
+    assert torch.equal(torch.cat(evaluation_batches(unlabelled, 10, 3, 5)), x)

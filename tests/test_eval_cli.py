@@ -6,12 +6,14 @@ import os
 import pytest
 import torch
 
+from ddpd.assets import BOOKS
+
 from ddpd.checkpoint import save_checkpoint
 from ddpd.cli.eval import main
 from ddpd.models import build_model, config_for
 
 V, L = 27, 16
-WIKI = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "text8-mini", "wiki.txt")
+WIKI = str(BOOKS)  # the text8-format corpus shipped with the package
 
 
 @pytest.fixture(scope="module")
@@ -158,8 +160,8 @@ def test_convergence_command(setup, capsys):
 @pytest.mark.parametrize("argv, message", [
     (["elbo", "--planner", "{root}/nowhere", "--denoiser", "{mask-denoiser}", "--data", "{data}"],
      "checkpoint directory not found"),
-    (["elbo", "--planner", "{mask-denoiser}", "--data", "{data}"], "expected a checkpoint of kind planner"),
     (["elbo", "--uniform", "{uniform}", "--data", "{root}/missing.txt"], "--data: no such file"),
+    (["elbo", "--uniform", "{uniform}", "--data", "{root}"], "is a directory"),
     (["elbo", "--uniform", "{uniform}", "--data", "{data}", "--num-sequences", "100000"], "num_sequences"),
     (["elbo", "--uniform", "{uniform}", "--data", "{data}", "--mc-samples", "0"], "mc_samples must be >= 1"),
     (["quality", "--uniform", "{uniform}", "--judge", "{ar}", "--samplers", "maskgit", "--out-dir", "{root}/q2"],
@@ -179,3 +181,119 @@ def test_argument_errors_exit_2_in_one_line(capsys):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert "required: --data" in err and err.count("\n") == 1
+
+
+def test_a_checkpoint_of_the_wrong_kind_is_a_usage_error(setup, capsys):
+    code, _, err = _run(capsys, "elbo", "--planner", setup["mask-denoiser"], "--data", setup["data"])
+    assert code == 2 and err.count("\n") == 1
+    assert f"--planner {setup['mask-denoiser']} holds a 'mask-denoiser' model, expected planner" in err
+
+
+def test_reports_are_replaced_atomically(setup, tmp_path, capsys, monkeypatch):
+    """A full disk while writing a report leaves the previous report whole."""
+    import errno
+
+    from ddpd.training.trainer import TrainConfig, Trainer
+
+    run = str(tmp_path / "planner")
+    with Trainer(TrainConfig(kind="planner", data=setup["data"], out=run, steps=2, batch_size=4, seq_len=L,
+                             d_model=16, n_layers=1, n_heads=2, warmup=1, eval_every=2, eval_batches=1,
+                             save_every=2)) as trainer:
+        trainer.train()
+    code, _, err = _run(capsys, "training", run, "--out-dir", tmp_path / "report")
+    assert code == 0, err
+    before = {name: (tmp_path / "report" / name).read_bytes() for name in ("training.json", "training.md")}
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", full)
+    code, _, err = _run(capsys, "training", run, "--out-dir", tmp_path / "report")
+    assert code == 1 and err.count("\n") == 1 and "No space left on device" in err
+    assert {name: (tmp_path / "report" / name).read_bytes() for name in before} == before
+    assert sorted(os.listdir(tmp_path / "report")) == ["training.json", "training.md"]
+
+
+def _handles_sigterm(pid):
+    """Whether the process has installed its SIGTERM handler (Linux: /proc/PID/status)."""
+    import signal
+
+    with open(f"/proc/{pid}/status") as f:
+        caught = int(next(line for line in f if line.startswith("SigCgt:")).split()[1], 16)
+    return bool(caught >> (signal.SIGTERM - 1) & 1)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads /proc to see the handler installed")
+def test_sigterm_stops_an_evaluation_in_one_line(setup, tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    p = setup
+    out = tmp_path / "elbo.json"
+    proc = subprocess.Popen([sys.executable, "-m", "ddpd.cli.eval", "elbo", "--uniform", p["uniform"],
+                             "--data", p["data"], "--mc-samples", "100000", "--out", str(out), "--no-progress"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    deadline = time.monotonic() + 600  # a hang guard; the loop ends as soon as the handler is there
+    while not _handles_sigterm(proc.pid):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert err == "ddpd-eval: interrupted by SIGTERM\n"
+    assert os.listdir(tmp_path) == []  # nothing half written
+
+
+def test_progress_bars_stay_off_a_redirected_stream(setup, capsys):
+    """With progress on (the default), a stderr that is not a terminal gets no bar."""
+    p = setup
+    code, _, err = _run(capsys, "elbo", "--uniform", p["uniform"], "--data", p["data"], "--num-sequences", 4)
+    assert code == 0 and err == "", err
+    code, _, err = _run(capsys, "convergence", "--planner", p["planner"], "--denoiser", p["uniform-denoiser"],
+                        "--steps", 2, "--num-samples", 2, "--out-dir", p["root"] / "conv-bars")
+    assert code == 0 and "\r" not in err and "batch" not in err, err  # (a skipped plot may be reported)
+
+
+def test_fused_quality_sweep_of_every_sampler_scores_the_reference_samples(setup, capsys):
+    """One sampler table with ddpd-sample: --fused runs every sampler on its fused path,
+    whose samples (so judge NLL and entropy) are the reference path's."""
+    p = setup
+    tables = []
+    for name, fused in (("ref", []), ("fused", ["--fused"])):
+        code, _, err = _run(capsys, "quality", "--planner", p["planner"], "--denoiser", p["mask-denoiser"],
+                            p["uniform-denoiser"], "--uniform", p["uniform"], "--judge", p["ar"], "--steps", 3,
+                            "--temperatures", 1.0, "--num-samples", 3, "--batch-size", 2, "--eta", 0, 2,
+                            "--out-dir", p["root"] / name, "--no-progress", *fused)
+        assert code == 0, err
+        with open(p["root"] / name / "sweep.csv") as f:
+            tables.append([(r["sampler"], r["judge_nll"], r["entropy"]) for r in csv.DictReader(f)])
+    assert tables[0] == tables[1]
+    assert [r[0] for r in tables[0]] == [
+        "ddpd-A-mask", "ddpd-AB-mask", "ddpd-ABC-mask", "ddpd-A-uniform", "ddpd-AB-uniform", "ddpd-ABC-uniform",
+        "ddpd-A-uniform-model", "ddpd-AB-uniform-model", "ddpd-ABC-uniform-model", "tau-planned-mask",
+        "tau-planned-uniform", "dfm-eta0", "dfm-eta2", "dfm-uni", "maskgit"]
+
+
+def test_dtype_of_the_sampling_networks(setup, capsys, monkeypatch):
+    import ddpd.models
+
+    cast = []
+    prepare = ddpd.models.prepare_for_sampling
+    monkeypatch.setattr(ddpd.models, "prepare_for_sampling",
+                        lambda model, dtype, device: cast.append((model.kind, dtype)) or prepare(model, dtype, device))
+    p = setup
+    code, _, err = _run(capsys, "quality", "--planner", p["planner"], "--denoiser", p["mask-denoiser"],
+                        "--judge", p["ar"], "--samplers", "ddpd-A-mask", "maskgit", "--steps", 2, "--temperatures",
+                        1.0, "--num-samples", 2, "--dtype", "bfloat16", "--out-dir", p["root"] / "bf16",
+                        "--no-progress")
+    assert code == 0, err
+    assert cast == [("planner", torch.bfloat16), ("mask-denoiser", torch.bfloat16)]  # not the judge
+    cast.clear()
+    code, _, err = _run(capsys, "convergence", "--planner", p["planner"], "--denoiser", p["uniform-denoiser"],
+                        "--steps", 3, "--num-samples", 2, "--dtype", "bfloat16", "--out-dir", p["root"] / "c16",
+                        "--no-progress")
+    assert code == 0, err
+    assert cast == [("planner", torch.bfloat16), ("uniform-denoiser", torch.bfloat16)]

@@ -9,10 +9,11 @@ exponential when the rates do not depend on time) and applying the emission.
 Monte-Carlo comparisons use Z = 4 standard errors (two-sided, per comparison).
 """
 import math
-import os
 
 import pytest
 import torch
+
+from ddpd.assets import BOOKS
 
 from ddpd.eval.elbo import elbo_mask_diffusion, elbo_planned, elbo_uniform_model
 from tests.oracles.toy import ToyProblem, dirichlet_p_data, tempered
@@ -449,7 +450,7 @@ def test_true_mask_denoising_term_is_the_mask_diffusion_one(toy, models):
 # ---------------------------------------------------------------- tiny transformers, reproducibility, inputs
 
 V, L = 27, 24
-WIKI = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "text8-mini", "wiki.txt")
+WIKI = str(BOOKS)  # the text8-format corpus shipped with the package
 
 
 @pytest.fixture(scope="module")

@@ -20,12 +20,12 @@ import pytest
 import torch
 
 from oracles import laws
-from oracles.fixtures import single_thread  # noqa: F401  (autouse)
+from oracles.fixtures import single_thread, tiny_network  # noqa: F401  (single_thread: autouse)
 from oracles.stats import empirical, threshold, tv
 from oracles.toy import ToyProblem, dirichlet_p_data, sparse_p_data
 from ddpd.checkpoint import save_bundle, save_checkpoint
 from ddpd.cli.sample import main
-from ddpd.models import build_model, config_for
+from ddpd.models import config_for
 from ddpd.ops.sample_from_hidden import sample_from_hidden
 from ddpd.sampling import (PhiloxNoise, TorchNoise, ddpd_sample, ddpd_sample_uniform, maskgit_sample,
                            tau_leaping_mask, tau_leaping_planned, tau_leaping_uniform)
@@ -154,11 +154,7 @@ def test_baseline_fused_equals_reference_on_oracle_toy(name):
 # ----------------------------------------------------------------------------- (a) tiny transformers
 
 def tiny(kind, vocab, length, seed, scale=1.0):
-    torch.manual_seed(seed)
-    model = build_model(kind, config_for(kind, vocab, length, d_model=16, n_layers=1, n_heads=2)).eval()
-    with torch.no_grad():
-        model.head.weight.mul_(scale)  # spread the logits: stops and confident draws happen
-    return model
+    return tiny_network(kind, vocab, seed, scale, length)
 
 
 @pytest.fixture(scope="module")
@@ -338,10 +334,15 @@ def test_cli_fused_prints_the_reference_samples_and_statistics(bundle, tmp_path,
     assert samples[True] == samples[False]
 
 
-def test_cli_fused_rejects_the_single_uniform_model(tmp_path, capsys):
+def test_cli_fused_runs_the_single_uniform_model(tmp_path, capsys):
+    """ddpd with one uniform model has a fused run too (every sampler does): same samples."""
     config = config_for("uniform", 27, 8, d_model=16, n_layers=1, n_heads=2)
     save_checkpoint(str(tmp_path / "u"), tiny("uniform", 27, 8, 3),
                     {"kind": "uniform", "model": config.to_dict(), "tokenizer": {"name": "text8"}})
-    code = main(["--checkpoint", str(tmp_path / "u"), "--fused", "--quiet"])
-    _, err = capsys.readouterr()
-    assert code == 2 and "--fused" in err and len(err.strip().splitlines()) == 1
+    samples = []
+    for flag in ([], ["--fused"]):
+        out = tmp_path / f"s{len(flag)}.jsonl"
+        _cli(capsys, "--checkpoint", str(tmp_path / "u"), "--steps", "6", "--quiet", "--out", str(out), *flag)
+        with open(out, encoding="utf-8") as f:
+            samples.append([r["tokens"] for r in map(json.loads, f)])
+    assert samples[0] == samples[1]

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import ddpd.pretrained as pretrained
+from ddpd.assets import BOOKS
 from ddpd.checkpoint import load_bundle, read_config, save_bundle, save_checkpoint
 from ddpd.cli.sample import BUNDLED_STEPS_PER_TOKEN, NUM_SAMPLES_BUNDLED, main
 from ddpd.models import build_model, config_for
@@ -130,29 +131,35 @@ def _packaged_or_skip():
     return pretrained.BUNDLE_DIR
 
 
-def _training_words():
-    wiki = ROOT.parent / "shared" / "data" / "text8-mini" / "wiki.txt"
-    text = wiki.read_text(encoding="ascii")
-    return set(text[: int(0.9 * len(text))].split())  # the training split
+def _english_words():
+    """The words of the English text shipped with the package (ddpd.assets.BOOKS)."""
+    return set(BOOKS.read_text(encoding="ascii").split())
+
+
+# A hang guard only: the run takes 1-3 minutes on 2 CPU cores, idle or loaded (it uses
+# one thread by default); no property of the test depends on how long it takes.
+HANG_GUARD_SECONDS = 3600
 
 
 def test_packaged_bundle_samples_words_out_of_the_box(monkeypatch):
-    """`ddpd-sample --fused` in a fresh process, with no model argument: text8 characters,
-    many of them in words of the training text: the bundled model's samples have 41-51% of
-    their letters in such words, held-out text 90%, uniform letters 0.2%, and the same model
-    stopped after 256 steps 6-29%."""
-    env = {k: v for k, v in os.environ.items() if k != pretrained.ENV_VAR}
+    """`ddpd-sample --fused` in a fresh process, with no model argument and the default
+    thread policy: 256 text8 characters per sample, many of them in English words (those
+    of the shipped books): the four default samples have 27-41% of their letters in such
+    words (the first two 30% together), held-out Wikipedia text 54%, uniform letters 0%."""
+    env = {k: v for k, v in os.environ.items() if k not in (pretrained.ENV_VAR, "OMP_NUM_THREADS")}
     script = shutil.which("ddpd-sample")
     command = [script] if script else [sys.executable, "-m", "ddpd.cli.sample"]
     proc = subprocess.run(command + ["--fused", "--num-samples", "2"], capture_output=True, text=True, env=env,
-                          timeout=600)
+                          timeout=HANG_GUARD_SECONDS)
     assert proc.returncode == 0, proc.stderr
+    if not torch.cuda.is_available():
+        assert "1 CPU thread" in proc.stderr  # the default thread policy
     lines = proc.stdout.splitlines()
     assert len(lines) == 2 and all(len(line) == 256 and set(line) <= ALPHABET for line in lines)
     words = " ".join(lines).split()
-    known = _training_words()
+    known = _english_words()
     share = sum(len(w) for w in words if w in known) / sum(len(w) for w in words)
-    assert share > 0.3, (share, lines)
+    assert share > 0.2, (share, lines)
 
 
 def test_packaged_bundle_size():
@@ -247,6 +254,27 @@ def test_install_command(tmp_path, capsys):
     assert "bytes" in capsys.readouterr().out
     assert install_main([paths["denoiser"], paths["planner"], "--dest", str(tmp_path / "c")]) == 1
     assert "must be a 'planner'" in capsys.readouterr().err
+
+
+def test_install_command_never_replaces_the_shipped_bundle_unasked(tmp_path, capsys, monkeypatch):
+    from ddpd.pretrained.__main__ import main as install_main
+
+    paths = _training_checkpoints(tmp_path)
+    shipped = tmp_path / "pkg" / "text8"
+    pretrained.install_bundle(paths["planner"], paths["denoiser"], str(shipped))
+    before = {p: p.read_bytes() for p in shipped.rglob("*") if p.is_file()}
+    monkeypatch.setattr(pretrained, "BUNDLE_DIR", shipped)
+    monkeypatch.setattr("ddpd.pretrained.__main__.BUNDLE_DIR", shipped)
+    assert install_main([paths["planner"], paths["denoiser"]]) == 2  # no --dest: refused
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "--dest is required" in err
+    assert {p: p.read_bytes() for p in shipped.rglob("*") if p.is_file()} == before
+    # named explicitly, it is replaced and the previous version kept beside it
+    assert install_main([paths["planner"], paths["denoiser"], "--dest", str(shipped), "--dtype", "float16"]) == 0
+    assert "previous bundle is in" in capsys.readouterr().out
+    backup = shipped.parent / "text8.previous"
+    assert {backup / p.relative_to(shipped): b for p, b in before.items()} == \
+        {p: p.read_bytes() for p in backup.rglob("*") if p.is_file()}
 
 
 # Packaging: files dropped into ddpd/pretrained/text8 ship with the package.

@@ -13,27 +13,17 @@ import pytest
 import torch
 
 from ddpd.checkpoint import load_bundle
-from ddpd.models import build_model, config_for
 from ddpd.pretrained import BUNDLE_DIR
 from ddpd.sampling import (ddpd_sample, ddpd_sample_uniform, maskgit_sample, tau_leaping_mask, tau_leaping_planned,
                            tau_leaping_uniform)
-from oracles.fixtures import single_thread  # noqa: F401  (autouse)
+from oracles.fixtures import single_thread, tiny_networks  # noqa: F401  (single_thread: autouse)
 
 PINNED = json.loads((Path(__file__).parent / "data" / "pinned_samples.json").read_text())
 
 
-def tiny(kind, vocab, seed, scale):
-    torch.manual_seed(seed)
-    model = build_model(kind, config_for(kind, vocab, 8, d_model=16, n_layers=1, n_heads=2)).eval()
-    with torch.no_grad():
-        model.head.weight.mul_(scale)
-    return model
-
-
 @pytest.fixture(scope="module")
 def nets():
-    return {v: dict(planner=tiny("planner", v, 0, 40.0), uniform=tiny("uniform-denoiser", v, 1, 20.0),
-                    mask=tiny("mask-denoiser", v, 2, 20.0), model=tiny("uniform", v, 3, 20.0)) for v in (27, 300)}
+    return tiny_networks()
 
 
 def cases(v):

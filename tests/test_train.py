@@ -1,9 +1,14 @@
 """The training loop: objectives wiring, loss decrease, exact resume, data parallel, CLI."""
+import errno
+import gc
+import json
 import math
 import os
-import socket
+import queue
+import signal
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
@@ -11,11 +16,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
 
-from ddpd.checkpoint import CheckpointError, load_model, load_train_state, read_config
+import ddpd.checkpoint as ckpt
+from ddpd import files
+from ddpd.assets import BOOKS
+from ddpd.checkpoint import CheckpointError, load_checkpoint, load_model, load_train_state, read_config
 from ddpd.cli.train import main
 from ddpd.training.trainer import TrainConfig, Trainer, learning_rate
-
-DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
 KINDS = ("planner", "mask-denoiser", "uniform-denoiser", "uniform", "ar")
 TINY = dict(steps=20, batch_size=16, seq_len=32, d_model=32, n_layers=1, n_heads=2, lr=3e-3, warmup=4,
             eval_every=20, eval_batches=4, save_every=20, seed=0)
@@ -36,10 +42,9 @@ ONE_THREAD_ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    """The first 200,000 characters of text8-mini/wiki.txt."""
-    path = tmp_path_factory.mktemp("data") / "wiki-200k.txt"
-    with open(os.path.join(DATA, "text8-mini", "wiki.txt")) as f:
-        path.write_text(f.read(200_000))
+    """The shipped books corpus (198 k characters), copied: tests may change their copy."""
+    path = tmp_path_factory.mktemp("data") / "books.txt"
+    path.write_text(BOOKS.read_text())
     return str(path)
 
 
@@ -73,6 +78,7 @@ def test_max_time_stops_and_checkpoints(corpus, tmp_path, monkeypatch):
     assert trainer.step == 3 and [h["step"] for h in history] == [0, 3]
     _, saved = load_model(tmp_path / "out")
     assert saved["step"] == 3
+    trainer.close()
     resumed = Trainer(config(corpus, tmp_path / "out", steps=20, max_time=3.0, eval_every=10), resume=True)
     assert resumed.train_seconds == 3.0 and resumed.train() == history  # the clock is already spent
 
@@ -80,7 +86,7 @@ def test_max_time_stops_and_checkpoints(corpus, tmp_path, monkeypatch):
 @pytest.mark.parametrize("changes, message", [
     ({"kind": "gan"}, "kind must be one of"), ({"steps": 0}, "steps must be >= 1"),
     ({"lr": -1.0}, "lr must be > 0"), ({"ema": 1.0}, r"ema must be in \[0.0, 1.0\)"),
-    ({"tokenizer": "gpt2"}, "needs tiktoken"), ({"schedule": "square"}, "schedule must be one of"),
+    ({"tiktoken": "x.tiktoken"}, "needs tokenizer 'gpt2'"), ({"schedule": "square"}, "schedule must be one of"),
     ({"batch_size": 2.5}, "batch_size must be an int"), ({"min_lr": 1.0}, "min_lr must be in"),
     ({"max_time": 0.0}, "max_time must be > 0")])
 def test_config_validation(corpus, tmp_path, changes, message):
@@ -165,6 +171,7 @@ def test_killed_run_resumes_bitwise(corpus, tmp_path, full_run):
     part.train(stop_at=3)  # checkpoint at step 3 ...
     part._optimizer_step()  # ... then two more steps, lost when the process is killed
     part._optimizer_step()
+    part.close()
     resumed = Trainer(config(corpus, tmp_path / "part", **RESUME), resume=True)
     assert resumed.step == 3
     resumed.train()
@@ -203,44 +210,49 @@ def test_ema_checkpoint_exports_ema_weights(corpus, tmp_path):
 
 
 def test_gpt2_corpus(tmp_path):
-    with open(os.path.join(DATA, "wikitext2", "valid.txt"), encoding="utf-8") as f:
-        (tmp_path / "wikitext.txt").write_text(f.read()[:100_000], encoding="utf-8")
-    tiktoken = os.path.join(DATA, "gpt2", "gpt2.tiktoken")
-    trainer = Trainer(TrainConfig(kind="planner", data=str(tmp_path / "wikitext.txt"), out=str(tmp_path / "out"),
-                                  tokenizer="gpt2", tiktoken=tiktoken, **{**TINY, "steps": 2}))
+    """--tokenizer gpt2 with no ranks file given uses the one shipped with the package."""
+    (tmp_path / "mixed.txt").write_text(BOOKS.read_text()[:100_000].title(), encoding="utf-8")
+    trainer = Trainer(TrainConfig(kind="planner", data=str(tmp_path / "mixed.txt"), out=str(tmp_path / "out"),
+                                  tokenizer="gpt2", **{**TINY, "steps": 2}))
     assert trainer.vocab_size == 50257
     assert math.isfinite(trainer.train()[-1]["val_loss"])
     saved = read_config(tmp_path / "out")
     assert saved["tokenizer"]["name"] == "gpt2" and saved["model"]["vocab_size"] == 50257
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _ddp_worker(rank, port, settings, out):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
-                      LOCAL_RANK=str(rank))
+def _ddp_worker(rank, store, settings, out):
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo")
+    # A file store: no TCP port to pick (and lose to another process in between).
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    trainers = []
     try:
         full = Trainer(TrainConfig.from_dict({**settings, "out": os.path.join(out, "full")}))
+        trainers.append(full)
         full.train()
         save_file(dict(full.model.state_dict()), os.path.join(out, f"rank{rank}.safetensors"))
         part_settings = TrainConfig.from_dict({**settings, "out": os.path.join(out, "part")})
-        Trainer(part_settings).train(stop_at=2)
+        trainers.append(Trainer(part_settings))
+        trainers[-1].train(stop_at=2)
+        trainers[-1].close()
         resumed = Trainer(part_settings, resume=True)
+        trainers.append(resumed)
         resumed.train()
         save_file(dict(resumed.model.state_dict()), os.path.join(out, f"resumed{rank}.safetensors"))
     finally:
+        # Every DistributedDataParallel wrapper holds the process group: released here,
+        # the group is destroyed now, by both processes together, not at interpreter exit.
+        for trainer in trainers:
+            trainer.close()
+        del trainers, full, resumed
+        gc.collect()
+        dist.barrier()
         dist.destroy_process_group()
 
 
 def test_two_process_data_parallel(corpus, tmp_path):
     settings = config(corpus, tmp_path, steps=4, grad_accum=2, dropout=0.1, save_every=4, eval_every=2).to_dict()
-    mp.start_processes(_ddp_worker, args=(_free_port(), settings, str(tmp_path)), nprocs=2, join=True,
+    mp.start_processes(_ddp_worker, args=(str(tmp_path / "store"), settings, str(tmp_path)), nprocs=2, join=True,
                        start_method="spawn")
     rank0, rank1 = (load_file(tmp_path / f"rank{r}.safetensors") for r in (0, 1))
     assert all(torch.equal(rank0[k], rank1[k]) for k in rank0)  # the ranks agree
@@ -287,10 +299,10 @@ def test_cli_trains_and_resumes(corpus, tmp_path, capsys):
     (["planner", "--data", "{corpus}", "--out", "{tmp}/o", "--device", "tpu"], "device must be"),
     (["planner", "--data", "{corpus}", "--out", "{tmp}/o", "--tokenizer", "gpt2", "--tiktoken", "/no/file"],
      "--tiktoken: no such file"),
-    (["planner", "--data", os.path.join(DATA, "tinyshakespeare", "input.txt"), "--out", "{tmp}/o"],
-     "only space and a-z"),
+    (["planner", "--data", "{tmp}/mixed-case.txt", "--out", "{tmp}/o"], "only space and a-z"),
 ])
 def test_cli_errors_are_one_line(corpus, tmp_path, capsys, argv, message):
+    (tmp_path / "mixed-case.txt").write_text("First Citizen: Before we proceed any further, hear me speak.")
     argv = [a.format(tmp=tmp_path, corpus=corpus) for a in argv]
     code, out, err = run_cli(capsys, *argv)
     assert code == 1
@@ -320,8 +332,309 @@ def test_resume_needs_a_training_checkpoint(corpus, tmp_path):
 
 def test_non_finite_loss_stops_training(corpus, tmp_path, monkeypatch):
     trainer = Trainer(config(corpus, tmp_path / "out", steps=3))
-    monkeypatch.setattr(trainer, "objective", lambda network, x1, generator: network(x1).sum() * float("nan"))
+    monkeypatch.setattr(trainer, "objective", lambda network, x1, generator, *labels: network(x1).sum() * float("nan"))
     with pytest.raises(FloatingPointError, match="at step 1"):
         trainer.train()
     with pytest.raises(ValueError, match="stop_at must be >= 0"):
         trainer.train(stop_at=-1)
+
+
+# ---------------------------------------------------------------- faults: signals, two writers, damaged state
+
+
+TINY_CLI = ["--batch-size", "4", "--seq-len", "16", "--d-model", "16", "--n-layers", "1", "--n-heads", "2",
+            "--eval-batches", "1", "--lr", "1e-3", "--warmup", "1"]
+
+
+class Lines:
+    """The lines a subprocess prints, read by a thread, so a test waits for a line
+    (never for a fixed time) with a generous hang guard."""
+
+    def __init__(self, stream):
+        self.queue, self.seen = queue.Queue(), []
+        threading.Thread(target=self._read, args=(stream,), daemon=True).start()
+
+    def _read(self, stream):
+        for line in stream:
+            self.queue.put(line)
+        self.queue.put(None)
+
+    def wait_for(self, text, timeout=600):
+        while True:
+            line = self.queue.get(timeout=timeout)
+            if line is None:
+                raise AssertionError(f"the process ended before printing {text!r}: {self.seen}")
+            self.seen.append(line)
+            if text in line:
+                return line
+
+
+def _start_training(corpus, out, *extra):
+    command = [sys.executable, "-m", "ddpd.cli.train", "planner", "--data", corpus, "--out", str(out),
+               "--steps", "1000000", "--eval-every", "5", *TINY_CLI, *extra]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ONE_THREAD_ENV)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+def test_signals_stop_training_with_a_final_checkpoint(corpus, tmp_path, sig):
+    out = tmp_path / "p"
+    proc = _start_training(corpus, out, "--save-every", "1")  # a save at every step: signals land in saves too
+    Lines(proc.stdout).wait_for("step       5")  # training is under way
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=600)
+    name = signal.Signals(sig).name
+    assert proc.returncode == 128 + sig, err
+    assert len(err.strip().splitlines()) == 1 and f"interrupted by {name} at step" in err, err
+    assert "\r" not in err and "it/s" not in err  # no progress bar off a terminal
+    step = int(err.split("at step ")[1].split()[0])
+    checkpoint = load_checkpoint(out, train_state=True)
+    assert checkpoint.train_state[1]["step"] == step >= 5
+    assert os.listdir(tmp_path) == ["p"]  # no temporary, no lock left behind
+    Trainer(TrainConfig.from_dict({**read_config(out)["training"], "out": str(out)}), resume=True).close()
+
+
+def test_a_second_writer_is_refused_while_a_run_holds_the_output(corpus, tmp_path):
+    out = tmp_path / "p"
+    first = _start_training(corpus, out, "--save-every", "5")
+    lines = Lines(first.stdout)
+    try:
+        lines.wait_for("step      10")  # the checkpoint of step 5 is written before step 6 starts
+        for extra in ([], ["--resume"]):
+            second = subprocess.run([sys.executable, "-m", "ddpd.cli.train", "planner", "--data", corpus, "--out",
+                                     str(out), "--steps", "1000000", "--eval-every", "5", *TINY_CLI, *extra],
+                                    capture_output=True, text=True, env=ONE_THREAD_ENV, timeout=600)
+            assert second.returncode == 1, second.stderr
+            assert len(second.stderr.strip().splitlines()) == 1
+            assert f"being written by pid {first.pid} on " in second.stderr, second.stderr
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=600)
+    assert first.returncode == 128 + signal.SIGTERM
+
+
+def _checkpoint_at_step_2(corpus, out, **changes):
+    with Trainer(config(corpus, out, steps=20, save_every=2, **changes)) as trainer:
+        trainer.train(stop_at=2)
+
+
+def _rewrite_state(out, meta_change=None, drop=None):
+    """Change the training state as a careful attacker would: digests recomputed."""
+    from safetensors.torch import load_file as load, save_file as save
+    import hashlib
+
+    config = json.loads((out / "config.json").read_text())
+    if meta_change is not None:
+        meta = json.loads((out / "train_state.json").read_text())
+        meta_change(meta)
+        (out / "train_state.json").write_text(json.dumps(meta))
+    if drop is not None:
+        tensors = load(out / "train_state.safetensors")
+        del tensors[drop]
+        save(tensors, out / "train_state.safetensors")
+    for name in ("train_state.json", "train_state.safetensors"):
+        config["sha256"][name] = hashlib.sha256((out / name).read_bytes()).hexdigest()
+    (out / "config.json").write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize("change, drop, message", [
+    (lambda m: m.update(step=1450.5), None, "'step' must be an int in \\[0, 20\\], got 1450.5"),
+    (lambda m: m.update(step=-5), None, "'step' must be an int in \\[0, 20\\], got -5"),
+    (lambda m: m.update(step=10**6), None, "'step' must be an int in \\[0, 20\\], got 1000000"),
+    (lambda m: m.update(step="12"), None, "'step' must be an int"),
+    (lambda m: m.update(history=None), None, "'history' must be a list"),
+    (lambda m: m.update(train_seconds=-1), None, "'train_seconds' must be a finite number"),
+    (None, "rank0.rng.noise", "lacks rank0.rng.noise"),
+    (None, "optim.0.exp_avg", "lacks optim.0.exp_avg"),
+])
+def test_damaged_training_state_is_refused_in_one_line(corpus, tmp_path, capsys, change, drop, message):
+    out = tmp_path / "p"
+    _checkpoint_at_step_2(corpus, out)
+    _rewrite_state(out, change, drop)
+    with pytest.raises(CheckpointError, match=message):
+        Trainer(config(corpus, out, steps=20, save_every=2), resume=True)
+    code, _, err = run_cli(capsys, "planner", "--out", out, "--resume", "--no-progress")
+    assert code == 1 and err.count("\n") == 1 and "train_state" in err, err
+
+
+def test_resume_verifies_the_weights(corpus, tmp_path, capsys):
+    out = tmp_path / "p"
+    _checkpoint_at_step_2(corpus, out)
+    data = bytearray((out / "model.safetensors").read_bytes())
+    data[-3] ^= 0x01  # one flipped bit
+    (out / "model.safetensors").write_bytes(bytes(data))
+    code, _, err = run_cli(capsys, "planner", "--out", out, "--resume", "--no-progress")
+    assert code == 1 and err.count("\n") == 1 and "model.safetensors is corrupt (sha256" in err, err
+    (out / "model.safetensors").write_bytes(bytes(data[:1000]))  # truncated
+    code, _, err = run_cli(capsys, "planner", "--out", out, "--resume", "--no-progress")
+    assert code == 1 and err.count("\n") == 1 and "corrupt" in err and "Traceback" not in err, err
+
+
+def test_resume_refuses_a_changed_corpus(tmp_path, capsys):
+    data = tmp_path / "corpus.txt"
+    data.write_text(BOOKS.read_text()[:60_000])
+    out = tmp_path / "p"
+    _checkpoint_at_step_2(str(data), out)
+    assert read_config(out)["corpus"]["chars"] == 60_000
+    data.write_text(BOOKS.read_text()[:60_000] + " and more text appended")
+    code, _, err = run_cli(capsys, "planner", "--out", out, "--resume", "--no-progress")
+    assert code == 1 and err.count("\n") == 1 and "changed since the run started" in err, err
+    code, out_text, err = run_cli(capsys, "planner", "--out", out, "--resume", "--no-progress",
+                                  "--allow-data-change")
+    assert code == 0 and "step 2 of 20" in out_text, err
+
+
+def test_resume_keeps_the_runs_reporting_settings(corpus, tmp_path):
+    from ddpd.cli.train import _train_config, build_parser
+
+    out = tmp_path / "p"
+    _checkpoint_at_step_2(corpus, out, eval_every=3, eval_batches=2)
+    resumed = _train_config(build_parser().parse_args(["planner", "--out", str(out), "--resume"]))
+    assert (resumed.save_every, resumed.eval_every, resumed.eval_batches) == (2, 3, 2)
+    given = _train_config(build_parser().parse_args(["planner", "--out", str(out), "--resume", "--save-every",
+                                                     "7"]))
+    assert given.save_every == 7
+
+
+def test_resume_removes_stale_temporaries_of_killed_saves(corpus, tmp_path):
+    out = tmp_path / "p"
+    _checkpoint_at_step_2(corpus, out)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    stale = tmp_path / f".p.tmp-{files._HOST}-{dead}-abcdefgh"
+    stale.mkdir()
+    (stale / "model.safetensors").write_bytes(b"partial")
+    Trainer(config(corpus, out, steps=20, save_every=2), resume=True).close()
+    assert sorted(os.listdir(tmp_path)) == ["p"]
+
+
+def test_a_full_disk_while_saving_is_one_line_and_keeps_the_checkpoint(corpus, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "p"
+    _checkpoint_at_step_2(corpus, out)
+    before = (out / "model.safetensors").read_bytes()
+
+    def full(file, data):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(ckpt, "_write_file", full)
+    code, _, err = run_cli(capsys, "planner", "--out", out, "--resume", "--no-progress")
+    assert code == 1 and err == f"ddpd-train: error: cannot write {out}: No space left on device\n"
+    assert (out / "model.safetensors").read_bytes() == before and sorted(os.listdir(tmp_path)) == ["p"]
+
+
+def test_an_unwritable_out_is_refused_before_training(corpus, tmp_path, capsys):
+    (tmp_path / "a-file").write_text("not a directory")
+    code, stdout, err = run_cli(capsys, "planner", "--data", corpus, "--out", tmp_path / "a-file" / "run",
+                                "--no-progress")
+    assert code == 1 and err.count("\n") == 1 and f"cannot write {tmp_path / 'a-file' / 'run'}" in err, err
+    assert "step" not in stdout
+
+
+@pytest.mark.parametrize("content, message", [(b"\xfc\xfd binary", "is not UTF-8 text (byte 0xfc at offset 0)"),
+                                              (b"", "is empty"), (b"\n", "is empty")])
+def test_unreadable_corpora_are_named(tmp_path, capsys, content, message):
+    data = tmp_path / "corpus.txt"
+    data.write_bytes(content)
+    code, _, err = run_cli(capsys, "planner", "--data", data, "--out", tmp_path / "o", "--no-progress")
+    assert code == 1 and err.count("\n") == 1 and str(data) in err and message in err, err
+
+
+def test_the_shipped_corpus_by_name(tmp_path, capsys):
+    code, stdout, err = run_cli(capsys, "planner", "--data", "books", "--out", tmp_path / "o", "--steps", 1,
+                                "--eval-every", 1, *TINY_CLI, "--no-progress")
+    assert code == 0, err
+    assert read_config(tmp_path / "o")["training"]["data"] == "books"
+
+
+# ---------------------------------------------------------------- class labels
+
+
+@pytest.fixture(scope="module")
+def labelled(tmp_path_factory):
+    """Two classes of records: words of a..m letters (class 0) and of n..z letters (class 1)."""
+    generator = torch.Generator().manual_seed(0)
+    letters = ["abcdefghijklm", "nopqrstuvwxyz"]
+    lines = []
+    for i in range(80):
+        label = i % 2
+        picks = torch.randint(0, 13, (60,), generator=generator).tolist()
+        text = "".join(letters[label][p] if k % 5 else " " for k, p in enumerate(picks))
+        lines.append(json.dumps({"text": text, "label": label}))
+    path = tmp_path_factory.mktemp("labelled") / "two.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+class LabelSpy(Spy):
+    def forward(self, x, t=None, labels=None):
+        self.labels = labels
+        return super().forward(x, t)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_labels_reach_the_network_with_label_dropout(labelled, tmp_path, kind):
+    trainer = Trainer(config(labelled, tmp_path / kind, kind, num_classes=2, label_dropout=0.25))
+    x1, labels = next(trainer.train_batches)
+    assert labels.shape == (16,) and set(labels.tolist()) <= {0, 1}
+    spy = LabelSpy(1 if kind == "planner" else 27)
+    trainer.objective(spy, x1, torch.Generator().manual_seed(0), labels)
+    assert torch.equal(spy.labels, labels)  # no dropout unless asked (evaluation)
+    many = torch.zeros(4000, dtype=torch.long)
+    trainer.objective(spy, x1[:1].expand(4000, -1), torch.Generator().manual_seed(1), many, 0.25)
+    dropped = (spy.labels == 2).float().mean().item()  # 2: the null label
+    assert set(spy.labels.tolist()) == {0, 2} and abs(dropped - 0.25) < 0.035  # 5 standard deviations
+
+
+def test_class_conditional_training_and_its_checkpoint(labelled, tmp_path):
+    trainer = Trainer(config(labelled, tmp_path / "out", "mask-denoiser", num_classes=2, label_dropout=0.1))
+    before = trainer.evaluate()
+    after = trainer.train()[-1]["val_loss"]
+    assert after < 0.95 * before, (before, after)
+    model, saved = load_model(tmp_path / "out")
+    assert saved["model"]["num_classes"] == 2 and model.null_label == 2
+    assert saved["training"]["num_classes"] == 2 and saved["training"]["label_dropout"] == 0.1
+    # a labelled corpus without num_classes trains an unconditional model on its records
+    plain = Trainer(config(labelled, tmp_path / "plain", "planner"))
+    assert isinstance(next(plain.train_batches), torch.Tensor) and plain.model.null_label is None
+
+
+def test_class_conditional_run_resumes_bitwise(labelled, tmp_path):
+    settings = dict(kind="mask-denoiser", steps=6, batch_size=8, warmup=2, eval_every=3, eval_batches=2,
+                    save_every=3, num_classes=2, label_dropout=0.5)
+    Trainer(config(labelled, tmp_path / "full", **settings)).train()
+    Trainer(config(labelled, tmp_path / "part", **settings)).train(stop_at=3)
+    Trainer(config(labelled, tmp_path / "part", **settings), resume=True).train()
+    assert_same_checkpoints(tmp_path / "full", tmp_path / "part")
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"label_dropout": 0.1}, "label_dropout needs num_classes > 0"),
+    ({"num_classes": 2, "label_dropout": 1.0}, r"label_dropout must be in \[0.0, 1.0\)"),
+    ({"num_classes": -1}, "num_classes must be >= 0"),
+    ({"num_classes": 2, "data": "books"}, "num_classes needs a labelled corpus"),
+])
+def test_class_settings_are_checked(labelled, tmp_path, changes, message):
+    data = changes.pop("data", labelled)
+    with pytest.raises((TypeError, ValueError), match=message):
+        config(data, tmp_path, **changes)
+
+
+def test_labels_must_be_classes_of_the_model(labelled, tmp_path, capsys):
+    code, _, err = run_cli(capsys, "planner", "--data", labelled, "--out", tmp_path / "o", "--num-classes", "1",
+                           *TINY_CLI)
+    assert code == 1 and err.count("\n") == 1 and "has label 1, but num_classes=1" in err, err
+
+
+def test_cli_trains_class_conditional_models_that_ddpd_sample_guides(labelled, tmp_path, capsys):
+    from ddpd.cli.sample import main as sample
+
+    for kind in ("planner", "mask-denoiser"):
+        code, out, err = run_cli(capsys, kind, "--data", labelled, "--out", tmp_path / "toy" / kind, "--steps", 3,
+                                 "--num-classes", 2, "--label-dropout", 0.2, *TINY_CLI, "--no-progress")
+        assert code == 0, err
+    toy = tmp_path / "toy"
+    code = sample(["--planner", str(toy / "planner"), "--denoiser", str(toy / "mask-denoiser"),
+                   "--labels", "0", "1", "--guidance-scale", "2", "--num-samples", "3", "--steps", "4",
+                   "--out", str(tmp_path / "s.jsonl"), "--quiet"])
+    assert code == 0, capsys.readouterr().err
+    with open(tmp_path / "s.jsonl") as f:
+        assert [json.loads(line)["label"] for line in f] == [0, 1, 0]

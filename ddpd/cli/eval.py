@@ -1,20 +1,26 @@
 """ddpd-eval: likelihood bounds, sample quality and convergence of ddpd models.
 
     ddpd-eval elbo --planner runs/planner --denoiser runs/mask runs/unid --uniform runs/uniform \\
-        --data ../shared/data/text8-mini/wiki.txt --num-sequences 256 --mc-samples 4 --out elbo.json
+        --data books --num-sequences 256 --mc-samples 4 --out elbo.json
     ddpd-eval quality --planner runs/planner --denoiser runs/mask --judge runs/ar \\
-        --data ../shared/data/text8-mini/wiki.txt --steps 64 128 256 512 --temperatures 0.8 0.9 1.0 --out-dir q/
+        --data books --steps 64 128 256 512 --temperatures 0.8 0.9 1.0 --out-dir q/
     ddpd-eval convergence --planner runs/planner --denoiser runs/mask --steps 512 --out-dir conv/
     ddpd-eval merge q1/sweep.csv q2/sweep.csv --out-dir q/   # a sweep run in parts (--samplers)
     ddpd-eval training runs/planner runs/mask runs/ar --out-dir docs/   # what the training runs cost and reached
     ddpd-eval compare q/sweep.csv --baselines dfm-eta0 dfm-eta15   # NLL differences at matched entropy
 
 Checkpoints are directories written by ddpd-train (their kind is read from config.json);
---denoiser takes mask and/or uniform denoisers. Every result is reproducible from --seed.
+--denoiser takes mask and/or uniform denoisers. --data is held-out text as ddpd-train
+reads it: a file, books (shipped with ddpd), text8 or hf:NAME[:CONFIG]; use the corpus
+the models were trained on, whose --split test they never saw. Every result is
+reproducible from --seed. Every report is written atomically (a temporary file renamed
+over the old one), so an interruption or a full disk never leaves a half-written
+report; SIGINT, SIGTERM and SIGHUP stop with one line.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from dataclasses import dataclass, field
@@ -23,15 +29,11 @@ from typing import Dict, List, Optional
 import torch
 from tqdm.auto import tqdm
 
+from ddpd.cli.common import OneLineParser, UsageError, add_runtime_arguments, apply_threads, load_role, \
+    resolve_device, run_tool, shared_facts
+
 SAMPLER_HELP = ("ddpd-{A,AB,ABC}-{mask,uniform,uniform-model}, tau-planned-{mask,uniform}, dfm-eta<eta>, "
                 "dfm-uni, maskgit (default: every one the checkpoints allow)")
-
-
-class _OneLineParser(argparse.ArgumentParser):
-    """Argument errors as a single line on stderr (exit status 2), no usage dump."""
-
-    def error(self, message: str) -> None:
-        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def _common(p: argparse.ArgumentParser, *, data_required: bool) -> None:
@@ -39,18 +41,20 @@ def _common(p: argparse.ArgumentParser, *, data_required: bool) -> None:
     p.add_argument("--denoiser", nargs="+", default=[], metavar="DIR",
                    help="mask-denoiser and/or uniform-denoiser checkpoint directories")
     p.add_argument("--uniform", help="single uniform-diffusion model checkpoint directory")
-    p.add_argument("--data", required=data_required, help="held-out text: a file (text8 format for text8 models)")
+    p.add_argument("--data", required=data_required,
+                   help="held-out text: a file (text8 format for text8 models), books, text8 or hf:NAME")
     p.add_argument("--split", default="test", choices=("train", "validation", "test"),
                    help="which 90/5/5 split of --data to use (default test)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--device", default="auto", help="auto (default), cpu, cuda or cuda:N")
-    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
+    add_runtime_arguments(p)
+    p.add_argument("--no-progress", dest="progress", action="store_false",
+                   help="no progress bars (shown on a terminal only)")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _OneLineParser(prog="ddpd-eval", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_OneLineParser)
+    parser = OneLineParser(prog="ddpd-eval", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
 
     p = sub.add_parser("elbo", help="ELBO terms and denoising performance on held-out text (bits per token)")
     _common(p, data_required=True)
@@ -69,7 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eta", nargs="+", type=float, default=[0.0, 15.0], help="DFM tau-leaping stochasticities")
     p.add_argument("--eps", type=float, default=0.01, help="stop criterion of DDPD option A")
     p.add_argument("--num-samples", type=int, default=64)
-    p.add_argument("--fused", action="store_true", help="DDPD samplers on the fused path (ddpd.sampling.fused)")
+    p.add_argument("--fused", action="store_true",
+                   help="every sampler on its fused path (ddpd.sampling.draws): the same samples, faster")
+    _dtype(p)
     p.add_argument("--reference-sequences", type=int, default=256,
                    help="held-out sequences scored as the reference point (needs --data)")
     p.add_argument("--out-dir", required=True)
@@ -94,8 +100,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-samples", type=int, default=64)
     p.add_argument("--eps", nargs="+", type=float, default=[0.05, 0.01], help="stop criteria to track")
     p.add_argument("--temperature", type=float, default=1.0)
+    _dtype(p)
     p.add_argument("--out-dir", required=True)
     return parser
+
+
+def _dtype(p: argparse.ArgumentParser) -> None:
+    from ddpd.models import DTYPE_CHOICES
+
+    p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
+                   help="precision of the sampling networks (not the judge): auto (bfloat16 on CUDA, float32 on "
+                        "the CPU), float32, bfloat16, float16")
 
 
 # ---------------------------------------------------------------- checkpoints
@@ -130,55 +145,26 @@ ROLES = {"planner": ("planner",), "uniform": ("uniform",), "judge": ("ar",),
          "denoiser": ("mask-denoiser", "uniform-denoiser")}
 
 
-def _device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise ValueError(f"--device: expected auto, cpu, cuda or cuda:N, got {name!r}") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {name}: CUDA is not available on this machine")
-    return device
-
-
 def load_models(args: argparse.Namespace) -> Loaded:
     """Load every checkpoint given, check kinds and that they agree on the vocabulary,
     tokenizer and schedule."""
-    from ddpd.checkpoint import load_model
-
-    loaded = Loaded(device=_device(args.device))
+    loaded = Loaded(device=resolve_device(args.device))
     given = [("planner", args.planner), ("uniform", args.uniform), ("judge", getattr(args, "judge", None))]
     given += [("denoiser", d) for d in args.denoiser]
+    configs = []
     for role, path in given:
         if path is None:
             continue
-        model, config = load_model(path, str(loaded.device))
-        kind = config["kind"]
-        if kind not in ROLES[role]:
-            raise ValueError(f"--{role} {path}: expected a checkpoint of kind {' or '.join(ROLES[role])}, got {kind}")
-        key = kind if role == "denoiser" else role
+        model, config = load_role(role, path, ROLES[role], loaded.device)
+        key = config["kind"] if role == "denoiser" else role
         if key in loaded.models:
-            raise ValueError(f"--{role} {path}: a {kind} checkpoint was already given")
-        _agree(loaded, path, model, config)
+            raise UsageError(f"--{role} {path}: a {config['kind']} checkpoint was already given")
+        configs.append((f"--{role} {path}", config))
         loaded.models[key] = model
-    diffusion = [k for k in loaded.models if k != "judge"]
-    if not diffusion:
-        raise ValueError("no model to evaluate: give --planner with --denoiser, and/or --uniform")
+    if not [k for k in loaded.models if k != "judge"]:
+        raise UsageError("no model to evaluate: give --planner with --denoiser, and/or --uniform")
+    loaded.shared = shared_facts(configs)
     return loaded
-
-
-def _agree(loaded: Loaded, path: str, model, config: dict) -> None:
-    kind = config["kind"]
-    shared = {"vocab_size": model.config.vocab_size if kind == "planner" else model.config.out_dim,
-              "tokenizer": config.get("tokenizer")}
-    if kind != "ar":
-        shared["schedule"] = config.get("schedule", "linear")
-        shared["seq_len"] = int(config.get("training", {}).get("seq_len", model.config.max_seq_len))
-    for name, value in shared.items():
-        if name in loaded.shared and loaded.shared[name] != value:
-            raise ValueError(f"{path}: {name} {value!r} differs from the other checkpoints' {loaded.shared[name]!r}")
-        loaded.shared[name] = value
 
 
 def _model_set(loaded: Loaded):
@@ -191,10 +177,12 @@ def _model_set(loaded: Loaded):
 
 def _heldout(args: argparse.Namespace, loaded: Loaded, num: Optional[int]) -> torch.Tensor:
     from ddpd.eval import heldout_sequences
-    from ddpd.training.data import tokenizer_from_config
+    from ddpd.training.data import resolve_source, tokenizer_from_config
 
-    if not os.path.isfile(args.data):
-        raise FileNotFoundError(f"--data: no such file: {args.data}")
+    try:
+        resolve_source(args.data)
+    except FileNotFoundError as err:
+        raise FileNotFoundError(f"--data: {err}") from None
     if loaded.tokenizer is None:
         raise ValueError("the checkpoints do not record their tokenizer; cannot encode --data")
     tokenizer = tokenizer_from_config(loaded.tokenizer)
@@ -231,40 +219,37 @@ def run_elbo(args: argparse.Namespace) -> None:
 # ---------------------------------------------------------------- samplers
 
 
-def sampler_specs(loaded: Loaded, etas: List[float], eps: float, fused: bool = False) -> Dict[str, object]:
-    """Every sampler the loaded checkpoints allow, by name; fused: the DDPD samplers with a
-    planner run ddpd.sampling's fused path (same draws, faster)."""
-    from ddpd import sampling
+def sampler_specs(loaded: Loaded, etas: List[float], eps: float, fused: bool = False,
+                  dtype: str = "auto") -> Dict[str, object]:
+    """Every sampler the loaded checkpoints allow, by name (the table of ddpd.cli.samplers,
+    which ddpd-sample runs too); fused: each on its fused path (same draws, faster);
+    dtype: the precision the networks run in."""
+    from ddpd.cli.samplers import Settings, variants
     from ddpd.eval import SamplerSpec
+    from ddpd.sampling import DDPDOptions, Execution, PhiloxNoise
 
-    m, V, D, device, schedule = loaded.models, loaded.vocab_size, loaded.seq_len, loaded.device, loaded.schedule
-    options = {"A": dict(stop="eps", selection="sigmoid", eps=eps), "AB": dict(stop="budget", selection="sigmoid"),
-               "ABC": dict(stop="budget", selection="softmax")}
+    base = Settings(loaded.seq_len, loaded.vocab_size, steps=1, schedule=loaded.schedule, device=loaded.device,
+                    execution=Execution(fused=fused, dtype=dtype), ddpd=DDPDOptions(eps=eps))
 
-    def spec(name, fn, *models, **kwargs):
+    def spec(variant) -> SamplerSpec:
         def run(n, steps, temperature, seed, first_row):
-            noise = sampling.PhiloxNoise(seed, first_row=first_row)
-            return fn(*models, n, D, V, steps=steps, temperature=temperature, schedule=schedule, noise=noise,
-                      device=device, **kwargs)
-        return name, SamplerSpec(name, run)
+            settings = dataclasses.replace(base, steps=steps, temperature=temperature)
+            return variant.call(loaded.models, settings, n, PhiloxNoise(seed, first_row=first_row), first_row)
+        return SamplerSpec(variant.name, run)
 
-    specs = []
-    for kind, short in (("mask-denoiser", "mask"), ("uniform-denoiser", "uniform")):
-        if "planner" in m and kind in m:
-            for option, kwargs in options.items():
-                specs.append(spec(f"ddpd-{option}-{short}", sampling.ddpd_sample, m["planner"], m[kind],
-                                  denoiser_type=short, fused=fused, **kwargs))
-            specs.append(spec(f"tau-planned-{short}", sampling.tau_leaping_planned, m["planner"], m[kind],
-                              denoiser_type=short))
-    if "uniform" in m:
-        for option, kwargs in options.items():
-            specs.append(spec(f"ddpd-{option}-uniform-model", sampling.ddpd_sample_uniform, m["uniform"], **kwargs))
-        specs.append(spec("dfm-uni", sampling.tau_leaping_uniform, m["uniform"]))
-    if "mask-denoiser" in m:
-        for eta in etas:
-            specs.append(spec(f"dfm-eta{eta:g}", sampling.tau_leaping_mask, m["mask-denoiser"], eta=eta))
-        specs.append(spec("maskgit", sampling.maskgit_sample, m["mask-denoiser"]))
-    return dict(specs)
+    kinds = [kind for kind in loaded.models if kind != "judge"]
+    return {name: spec(variant) for name, variant in variants(kinds, etas).items()}
+
+
+def _prepare(loaded: Loaded, dtype: str) -> str:
+    """Cast the networks that sample (not the judge) to --dtype; returns its resolved name."""
+    from ddpd.models import prepare_for_sampling, resolve_dtype
+
+    resolved = resolve_dtype(dtype, loaded.device)
+    for kind, model in loaded.models.items():
+        if kind != "judge":
+            prepare_for_sampling(model, resolved, loaded.device)
+    return str(resolved).replace("torch.", "")
 
 
 def run_quality(args: argparse.Namespace) -> None:
@@ -278,7 +263,7 @@ def run_quality(args: argparse.Namespace) -> None:
     judge_len = loaded.models["judge"].config.max_seq_len - 1
     if loaded.seq_len > judge_len:
         raise ValueError(f"--judge: scores sequences of up to {judge_len} tokens, the samples have {loaded.seq_len}")
-    available = sampler_specs(loaded, args.eta, args.eps, args.fused)
+    available = sampler_specs(loaded, args.eta, args.eps, args.fused, _prepare(loaded, args.dtype))
     names = args.samplers or list(available)
     unknown = [n for n in names if n not in available]
     if unknown:
@@ -365,14 +350,15 @@ def run_convergence(args: argparse.Namespace) -> None:
         raise ValueError("convergence: give --planner and exactly one --denoiser")
     check_int("--num-samples", args.num_samples, 1)
     check_int("--batch-size", args.batch_size, 1)
+    dtype = _prepare(loaded, args.dtype)
     recorder = PlannerRecorder(m["planner"], args.eps)
     eps = min(args.eps)  # the option-A run stops at the strictest criterion tracked
     common = dict(denoiser_type="mask" if kinds[0] == "mask-denoiser" else "uniform", steps=args.steps,
-                  temperature=args.temperature, schedule=loaded.schedule, device=loaded.device)
+                  temperature=args.temperature, schedule=loaded.schedule, device=loaded.device, dtype=dtype)
     stops = []
     starts = range(0, args.num_samples, args.batch_size)
     with torch.no_grad():
-        for first in tqdm(starts, desc="convergence", unit="batch", disable=not args.progress):
+        for first in tqdm(starts, desc="convergence", unit="batch", disable=None if args.progress else True):
             n = min(args.batch_size, args.num_samples - first)
             noise = sampling.PhiloxNoise(args.seed, first_row=first)
             recorder.start_run(n)  # option B: every sample runs (and is recorded) every step
@@ -395,15 +381,14 @@ COMMANDS = {"elbo": run_elbo, "quality": run_quality, "merge": run_merge, "compa
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
+
+    def body() -> int:
+        if hasattr(args, "threads"):
+            apply_threads(args.threads)
         COMMANDS[args.command](args)
-    except KeyboardInterrupt:
-        print("ddpd-eval: interrupted", file=sys.stderr)
-        return 130
-    except (ValueError, TypeError, OSError) as err:  # CheckpointError is a ValueError
-        print(f"ddpd-eval: error: {err}", file=sys.stderr)
-        return 1
-    return 0
+        return 0
+
+    return run_tool("ddpd-eval", body)
 
 
 if __name__ == "__main__":

@@ -1,32 +1,64 @@
 """ddpd-sample: draw sequences from trained ddpd models and decode them.
 
     ddpd-sample --fused
+    ddpd-sample --prompt "the history of " --fused
+    ddpd-sample --infill "the ______ of the city" --fused
     ddpd-sample --checkpoint runs/bundle --steps 256 --num-samples 16 --out samples.jsonl
     ddpd-sample --planner runs/planner --denoiser runs/mask-denoiser --option A+B+C --steps 512
     ddpd-sample --checkpoint runs/mask-denoiser --sampler tau-leaping --eta 15 --steps 1024
     ddpd-sample --checkpoint runs/mask-denoiser --sampler maskgit --steps 16
-    ddpd-sample --checkpoint runs/bundle --fused --sync-every 8 --num-samples 512 --batch-size 256
+    ddpd-sample --checkpoint runs/toy --labels 0 1 --guidance-scale 2
+    torchrun --standalone --nproc_per_node 2 -m ddpd.cli.sample --num-samples 64 --out s.jsonl
 
 --checkpoint is a sampling bundle (planner/ and denoiser/ checkpoints) or a single
 checkpoint written by ddpd-train. With none of --checkpoint/--planner/--denoiser the
 default bundle of ddpd.pretrained is used (the text8 planner + mask denoiser shipped
 with the package, see docs/pretrained.md, or the bundle in $DDPD_PRETRAINED_DIR),
-with 256 characters, --steps 512 and --num-samples 4 unless given. Which sampler a set of models supports:
+with 256 characters, --steps 512 and --num-samples 4 unless given. Which sampler a set
+of models supports (one table for ddpd-sample and ddpd-eval, ddpd.cli.samplers):
   ddpd:        planner + uniform-denoiser or mask-denoiser; or one uniform model
   tau-leaping: one mask-denoiser (DFM, --eta); one uniform model (DFM-Uni);
                planner + uniform-denoiser or mask-denoiser (P x D)
   maskgit:     one mask-denoiser
 Samples are printed decoded and, with --out, written as JSON lines
-{"index", "text", "tokens", "steps", "stop_step"}. Sample i draws its noise from
-Philox row i of --seed, so it does not depend on --batch-size.
+{"index", "text", "tokens", "steps", "stop_step"} (with "prompt" and "label" when
+given). Sample i draws its noise from Philox row i of --seed, so it does not depend on
+--batch-size or on the number of processes.
 
---fused runs the fused path of the sampler (ddpd.sampling.fused): the same samples
+--fused runs every sampler on its fused path (ddpd.sampling.draws): the same samples
 from the same seed, with the per-step work in the ddpd.ops kernels, the denoiser's
-output head applied at the denoised positions only, and rows that stop early
-leaving the batch at a stop check every --sync-every steps (the only host
-synchronisation). Not available for ddpd with one uniform model or --clock exact.
-The summary line on stderr gives samples/s, forward passes, row-evaluations run
-(sequences through each model) and those early stopping saved.
+output head applied at the denoised positions only, and rows that stop early leaving
+the batch at a stop check every --sync-every steps (the only host synchronisation).
+--dtype is the precision the networks run in (auto: bfloat16 on CUDA, float32 on the
+CPU; ddpd.models.prepare_for_sampling); the sampler's own arithmetic stays float32.
+The summary line on stderr gives samples/s (sampling only: loading the models and the
+C++ extension is not counted), the precision, forward passes, and row-evaluations: how
+many sequences went through each model in all (a forward pass over a batch of B rows
+counts B), and how many early stopping saved (rows that had stopped and left the
+batch; the reference path saves none).
+
+Prompts: --prompt TEXT fixes the first positions to TEXT; --infill TEXT fixes the
+positions of TEXT except those marked `_`, one token each (one character with the text8
+tokenizer); positions after TEXT are generated in both. --prompts FILE and --infills
+FILE give one such text per line, sample i taking line i modulo the number of lines
+(default --num-samples: the number of lines). Fixed positions are never noised, chosen
+or masked by any sampler (ddpd.sampling: x_init, frozen). Class labels: --labels C
+[C ...] (sample i takes the label i modulo their number) for a class-conditional
+denoiser (ddpd-train --num-classes), with classifier-free guidance --guidance-scale W
+(1: the conditional model, 0: the unconditional one); a class-conditional planner gets
+the labels too.
+
+Several processes: `torchrun --nproc_per_node N -m ddpd.cli.sample ...` (gloo on the
+CPU, nccl on CUDA, one GPU per process) deals the batches of --batch-size samples out
+to the processes in turn; process 0 gathers them and prints and writes them in order,
+so the output is the one a single process writes for the same seed.
+
+--out streams: every finished batch is appended to a temporary file beside FILE and
+flushed, and the file is renamed to FILE at the end, so FILE is never half written and
+memory stays bounded for any --num-samples. Interrupted (Ctrl-C, SIGTERM, SIGHUP),
+the samples finished so far are published to FILE and the one-line message says how
+many; a reader of stdout that went away (`| head`) does not stop the file. --threads
+sets the CPU threads (default $OMP_NUM_THREADS if set, else 1: see ddpd.cli.common).
 """
 from __future__ import annotations
 
@@ -38,55 +70,71 @@ import math
 import os
 import sys
 import time
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import torch
 
-SAMPLERS = ("ddpd", "tau-leaping", "maskgit")
+from ddpd.cli.common import (OneLineParser, Stdout, UsageError, add_runtime_arguments, apply_threads, check_finite,
+                             load_role, run_tool, shared_facts)
+from ddpd.cli.samplers import FAMILIES
+
 NUM_SAMPLES, NUM_SAMPLES_BUNDLED = 8, 4
 # With the bundled model, a step budget of twice the length: option A then stops on
 # the planner (every p(z = N) < eps) rather than on the budget.
 BUNDLED_STEPS_PER_TOKEN = 2
-
-
-class _OneLineParser(argparse.ArgumentParser):
-    """Argument errors as a single line on stderr (exit status 2), no usage dump."""
-
-    def error(self, message: str) -> None:
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-class UsageError(Exception):
-    """A problem with the command line or the models given: reported in one line, exit 2."""
+GAP = "_"  # --infill: a position to generate
+COUNTS = ("planner_calls", "denoiser_calls", "planner_rows", "denoiser_rows", "planner_rows_saved",
+          "denoiser_rows_saved")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _OneLineParser(prog="ddpd-sample", description=__doc__.split("\n\n")[0])
+    from ddpd.models import DTYPE_CHOICES
+
+    p = OneLineParser(prog="ddpd-sample", description=__doc__.split("\n\n")[0])
     models = p.add_argument_group("models (default: the bundled text8 planner + mask denoiser, ddpd.pretrained)")
     models.add_argument("--checkpoint", help="a bundle (planner/ + denoiser/) or a single checkpoint directory")
     models.add_argument("--planner", help="planner checkpoint directory")
     models.add_argument("--denoiser", help="denoiser checkpoint directory (mask-denoiser, uniform-denoiser, uniform)")
-    p.add_argument("--sampler", choices=SAMPLERS, default="ddpd")
+    p.add_argument("--sampler", choices=FAMILIES, default="ddpd")
     p.add_argument("--steps", type=int, help="step budget T (default: the sequence length; twice that with the "
                                              "bundled default model)")
     p.add_argument("--length", type=int, help="sequence length D (default: the models' max_seq_len)")
     p.add_argument("--num-samples", dest="num_samples", type=int,
-                   help=f"default {NUM_SAMPLES}; {NUM_SAMPLES_BUNDLED} with the bundled default model")
-    p.add_argument("--batch-size", dest="batch_size", type=int, default=64)
+                   help=f"default {NUM_SAMPLES}; {NUM_SAMPLES_BUNDLED} with the bundled default model; the number "
+                        "of lines of --prompts/--infills")
+    p.add_argument("--batch-size", dest="batch_size", type=int, default=64, help="samples per batch and process")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--temperature", type=float, default=1.0, help="denoiser logit temperature")
     p.add_argument("--temperature-end", dest="temperature_end", type=float,
                    help="anneal the temperature linearly to this value over the steps")
-    p.add_argument("--out", help="write the samples to this JSONL file")
-    p.add_argument("--device", default="auto", help="auto (default), cpu, cuda or cuda:N")
+    p.add_argument("--out", help="write the samples to this JSONL file (streamed, published atomically)")
+    add_runtime_arguments(p)
+    p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
+                   help="precision of the networks: auto (bfloat16 on CUDA, float32 on the CPU), float32, bfloat16, "
+                        "float16")
     p.add_argument("--quiet", action="store_true", help="do not print the samples")
     p.add_argument("--no-progress", dest="progress", action="store_false",
                    help="no progress bar (shown on a terminal: one tick per denoiser pass)")
     p.add_argument("--fused", action="store_true",
-                   help="fused path: ops kernels, head at the denoised positions only, early-stop compaction "
-                        "(same samples as without)")
+                   help="fused path of every sampler: ops kernels, head at the denoised positions only, early-stop "
+                        "compaction (same samples as without)")
     p.add_argument("--sync-every", dest="sync_every", type=int, default=8,
                    help="--fused: steps between stop checks, where finished rows leave the batch (default 8)")
+    conditions = p.add_argument_group("prompts and class labels")
+    prompts = conditions.add_mutually_exclusive_group()
+    prompts.add_argument("--prompt", metavar="TEXT", help="a prefix every sample starts with")
+    prompts.add_argument("--infill", metavar="TEXT", help=f"fixed text in which each {GAP!r} is a token to generate "
+                                                          "(positions after the text are generated too)")
+    prompts.add_argument("--prompts", metavar="FILE", help="one --prompt per line; sample i takes line i modulo "
+                                                           "their number")
+    prompts.add_argument("--infills", metavar="FILE", help="one --infill per line; sample i takes line i modulo "
+                                                           "their number")
+    conditions.add_argument("--labels", type=int, nargs="+", metavar="C",
+                            help="class labels of a class-conditional denoiser; sample i takes label i modulo their "
+                                 "number")
+    conditions.add_argument("--guidance-scale", dest="guidance_scale", type=float, default=1.0,
+                            help="classifier-free guidance weight w of --labels: u + w (c - u) on the denoiser "
+                                 "logits (default 1: no guidance)")
     ddpd = p.add_argument_group("ddpd sampler (appendix 'Implementation details': A, +B, +C)")
     ddpd.add_argument("--option", help="letters of A, B, C: B runs the whole budget, C selects by softmax "
                                        "(e.g. A, A+B, A+B+C); overrides --stop and --selection")
@@ -108,50 +156,47 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_option(option: str) -> dict:
-    """--option letters -> ddpd_sample keyword arguments (A: eps stop + sigmoid selection)."""
+    """--option letters -> DDPDOptions fields (A: eps stop + sigmoid selection)."""
     letters = set(option.upper().replace("+", ""))
     if not letters or not letters <= set("ABC"):
         raise UsageError(f"--option must combine the letters A, B, C (e.g. A+B+C), got {option!r}")
     return {"stop": "budget" if "B" in letters else "eps", "selection": "softmax" if "C" in letters else "sigmoid"}
 
 
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise UsageError(f"--device must be auto, cpu, cuda or cuda:N, got {name!r}") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UsageError(f"--device {name}: CUDA is not available on this machine")
-    if device.type not in ("cpu", "cuda"):
-        raise UsageError(f"--device must be auto, cpu, cuda or cuda:N, got {name!r}")
-    return device
-
-
 class Models:
-    """The loaded networks by role, their configs, and what they imply (V, D, schedule, tokenizer)."""
+    """The loaded networks by role, their configs, and what they imply (V, D, schedule, tokenizer, classes)."""
 
-    def __init__(self, planner, denoiser, planner_config: Optional[dict], denoiser_config: Optional[dict]):
+    def __init__(self, planner, denoiser, planner_config: Optional[dict], denoiser_config: Optional[dict],
+                 names=("the planner", "the denoiser")):
         self.planner, self.denoiser = planner, denoiser
         self.planner_config, self.denoiser_config = planner_config, denoiser_config
+        self.names = names
         self.config = denoiser_config or planner_config
         self.bundled = False  # the default bundle of ddpd.pretrained, not models the user named
         self.kind = denoiser_config["kind"] if denoiser_config else None
-        self.vocab_size = int(self.config["model"]["out_dim"]) if denoiser_config else \
-            int(planner_config["model"]["vocab_size"])
-        self.max_length = min(int(c["model"]["max_seq_len"]) for c in (planner_config, denoiser_config) if c)
-        if planner_config and denoiser_config:
-            self._check_pair()
+        configs = [(name, c) for name, c in zip(names, (planner_config, denoiser_config)) if c]
+        self.vocab_size = int(shared_facts(configs)["vocab_size"])  # also checks that the two agree
+        self.max_length = min(int(c["model"]["max_seq_len"]) for _, c in configs)
 
-    def _check_pair(self) -> None:
-        v = int(self.planner_config["model"]["vocab_size"])
-        if v != self.vocab_size:
-            raise UsageError(f"the planner reads {v} symbols but the denoiser predicts {self.vocab_size}")
-        if self.planner_config.get("tokenizer") != self.denoiser_config.get("tokenizer"):
-            raise UsageError("the planner and the denoiser were trained with different tokenizers")
-        if self.planner_config.get("schedule", "linear") != self.denoiser_config.get("schedule", "linear"):
-            raise UsageError("the planner and the denoiser were trained with different schedules")
+    @property
+    def has_planner(self) -> bool:
+        return self.planner_config is not None and self.planner_config["kind"] == "planner"
+
+    def num_classes(self, role: str) -> int:
+        config = self.planner_config if role == "planner" else self.denoiser_config
+        return int(config["model"].get("num_classes", 0)) if config else 0
+
+    def by_kind(self) -> dict:
+        """The networks as the sampler table names them: planner, mask-denoiser, ..."""
+        return {"planner": self.planner if self.has_planner else None, self.kind: self.denoiser}
+
+    def prepare(self, dtype: torch.dtype, device: torch.device) -> None:
+        """Cast the networks for sampling in `dtype` (ddpd.models.prepare_for_sampling)."""
+        from ddpd.models import prepare_for_sampling
+
+        for network in (self.planner, self.denoiser):
+            if isinstance(network, torch.nn.Module):
+                prepare_for_sampling(network, dtype, device)
 
     def tokenizer(self):
         from ddpd.training.data import tokenizer_from_config
@@ -161,7 +206,7 @@ class Models:
 
 
 def load_models(args, device: torch.device) -> Models:
-    from ddpd.checkpoint import load_bundle, load_model
+    from ddpd.checkpoint import DENOISER_KINDS, load_bundle, load_model
 
     if args.checkpoint and (args.planner or args.denoiser):
         raise UsageError("give either --checkpoint or --planner/--denoiser, not both")
@@ -169,22 +214,21 @@ def load_models(args, device: torch.device) -> Models:
         if os.path.isdir(os.path.join(args.checkpoint, "planner")) or \
                 os.path.isdir(os.path.join(args.checkpoint, "denoiser")):
             planner, denoiser, configs = load_bundle(args.checkpoint, device=str(device))
-            return Models(planner, denoiser, configs["planner"], configs["denoiser"])
+            return Models(planner, denoiser, configs["planner"], configs["denoiser"],
+                          (f"{args.checkpoint}/planner", f"{args.checkpoint}/denoiser"))
         model, config = load_model(args.checkpoint, device=str(device))
         if config["kind"] == "planner":
             raise UsageError(f"{args.checkpoint} holds a planner only: give a denoiser too (--planner/--denoiser)")
-        return Models(None, model, None, config)
+        return Models(None, model, None, config, (None, args.checkpoint))
     if not args.planner and not args.denoiser:
         return _load_default_bundle(device)
     if not args.denoiser:
         raise UsageError("--planner needs a --denoiser")
-    denoiser, denoiser_config = load_model(args.denoiser, device=str(device))
-    planner, planner_config = (None, None)
-    if args.planner:
-        planner, planner_config = load_model(args.planner, device=str(device))
-        if planner_config["kind"] != "planner":
-            raise UsageError(f"--planner {args.planner} holds a {planner_config['kind']!r} model, not a planner")
-    return Models(planner, denoiser, planner_config, denoiser_config)
+    denoiser, denoiser_config = load_role("denoiser", args.denoiser, DENOISER_KINDS, device)
+    planner, planner_config = load_role("planner", args.planner, ("planner",), device) if args.planner \
+        else (None, None)
+    return Models(planner, denoiser, planner_config, denoiser_config,
+                  (f"--planner {args.planner}", f"--denoiser {args.denoiser}"))
 
 
 def _load_default_bundle(device: torch.device) -> Models:
@@ -201,52 +245,116 @@ def _load_default_bundle(device: torch.device) -> Models:
     return models
 
 
-def make_sampler(args, models: Models):
-    """A function (batch_size, noise) -> SampleResult for the chosen sampler and models."""
-    from ddpd import sampling
+# ---------------------------------------------------------------- prompts and labels
 
-    kind = models.kind
-    planner = models.planner if models.planner_config and models.planner_config["kind"] == "planner" else None
-    common = dict(steps=args.steps, temperature=args.temperature, temperature_end=args.temperature_end,
-                  schedule=models.config.get("schedule", "linear"), device=args.device_obj)
-    # The fused path's options: every sampler but the single-model DDPD; sync_every where rows stop early.
-    fused = dict(fused=True) if args.fused else {}
-    stops = dict(fused, sync_every=args.sync_every) if args.fused else {}
-    D, V = args.length, models.vocab_size
-    if args.sampler == "ddpd":
-        options = dict(stop=args.stop, selection=args.selection, eps=args.eps, k=args.k,
-                       parallel_steps=args.parallel_steps, clock=args.clock, t_end=args.t_end)
-        if args.option:
-            options.update(parse_option(args.option))
-        if kind == "uniform" and planner is None:
-            if args.fused:
-                raise UsageError("--fused is not available for --sampler ddpd with one uniform model")
-            return lambda n, noise: sampling.ddpd_sample_uniform(models.denoiser, n, D, V, noise=noise, **options,
-                                                                 **common)
-        if planner is not None and kind in ("mask-denoiser", "uniform-denoiser"):
-            denoiser_type = "mask" if kind == "mask-denoiser" else "uniform"
-            return lambda n, noise: sampling.ddpd_sample(planner, models.denoiser, n, D, V, noise=noise,
-                                                         denoiser_type=denoiser_type, **options, **stops, **common)
-        raise UsageError(f"--sampler ddpd needs a planner with a mask-denoiser or uniform-denoiser, or one uniform "
-                         f"model; got {_describe(models)}")
-    if args.sampler == "tau-leaping":
-        if planner is not None and kind in ("mask-denoiser", "uniform-denoiser"):
-            denoiser_type = "mask" if kind == "mask-denoiser" else "uniform"
-            return lambda n, noise: sampling.tau_leaping_planned(planner, models.denoiser, n, D, V, noise=noise,
-                                                                 denoiser_type=denoiser_type, **fused, **common)
-        if planner is None and kind == "mask-denoiser":
-            return lambda n, noise: sampling.tau_leaping_mask(models.denoiser, n, D, V, noise=noise, eta=args.eta,
-                                                              **stops, **common)
-        if planner is None and kind == "uniform":
-            return lambda n, noise: sampling.tau_leaping_uniform(models.denoiser, n, D, V, noise=noise, **fused,
-                                                                 **common)
-        raise UsageError(f"--sampler tau-leaping needs one mask-denoiser, one uniform model, or a planner with a "
-                         f"denoiser; got {_describe(models)}")
-    if planner is None and kind == "mask-denoiser":
-        return lambda n, noise: sampling.maskgit_sample(models.denoiser, n, D, V, noise=noise,
-                                                        choice_temperature=args.choice_temperature, **fused,
-                                                        **common)
-    raise UsageError(f"--sampler maskgit needs one mask-denoiser; got {_describe(models)}")
+
+def _encode(tokenizer, text: str, gaps: bool, length: int, where: str) -> List[int]:
+    """Token ids of `text`, -1 for each GAP when `gaps`; UsageError naming `where` for text
+    the tokenizer cannot encode or longer than `length`."""
+    pieces = text.split(GAP) if gaps else [text]
+    ids: List[int] = []
+    try:
+        for i, piece in enumerate(pieces):
+            ids += ([-1] if i else []) + tokenizer.encode(piece)
+    except ValueError as err:
+        reason = str(err).split(": ", 1)[-1]  # without the tokenizer's own prefix
+        raise UsageError(f"{where}: cannot encode the text: {reason}") from None
+    if len(ids) > length:
+        raise UsageError(f"{where} is {len(ids)} tokens long, more than the {length} of a sample (--length)")
+    return ids
+
+
+def read_prompts(args) -> Optional[Tuple[List[str], bool, List[str]]]:
+    """(texts, gaps, where) of --prompt/--infill/--prompts/--infills, or None. `where`
+    names each text in errors (the option, or FILE line N)."""
+    for option, gaps in (("prompt", False), ("infill", True)):
+        text = getattr(args, option)
+        if text is not None:
+            shown = text if len(text) <= 40 else text[:37] + "..."
+            return [text], gaps, [f"--{option} {shown!r}"]
+    for option, gaps in (("prompts", False), ("infills", True)):
+        path = getattr(args, option)
+        if path is None:
+            continue
+        try:
+            with open(path, encoding="utf-8") as f:
+                lines = f.read().splitlines()
+        except UnicodeDecodeError as err:
+            raise UsageError(f"--{option} {path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+        except OSError as err:
+            raise UsageError(f"--{option} {path}: {err.strerror or err}") from None
+        if not lines:
+            raise UsageError(f"--{option} {path} holds no line")
+        return lines, gaps, [f"--{option} {path} line {i + 1}" for i in range(len(lines))]
+    return None
+
+
+def encode_prompts(prompts, tokenizer, length: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(x_init Long[P, D], frozen Bool[P, D]) of the texts: each text's tokens from position 0,
+    -1 (generated) at its gaps and after it."""
+    texts, gaps, where = prompts
+    if tokenizer is None:
+        raise UsageError(f"{where[0].split(' ')[0]} needs a tokenizer, and the checkpoints record none")
+    x_init = torch.full((len(texts), length), -1, dtype=torch.long)
+    for row, (text, name) in enumerate(zip(texts, where)):
+        ids = _encode(tokenizer, text, gaps, length, name)
+        x_init[row, :len(ids)] = torch.tensor(ids, dtype=torch.long)
+    return x_init, x_init >= 0
+
+
+def conditions(args, models: Models, tokenizer, prompts) -> dict:
+    """The Settings fields of the prompts (read_prompts) and labels given: x_init, frozen,
+    labels, guidance_scale, conditional_planner."""
+    fields = {}
+    if prompts is not None:
+        fields["x_init"], fields["frozen"] = encode_prompts(prompts, tokenizer, args.length)
+    check_finite("--guidance-scale", args.guidance_scale, open_min=False)
+    if args.labels is None:
+        if args.guidance_scale != 1.0:
+            raise UsageError("--guidance-scale needs --labels (the classes to guide towards)")
+        return fields
+    classes = models.num_classes("denoiser")
+    if classes == 0:
+        raise UsageError(f"--labels: {models.names[1]} is not class-conditional (trained without --num-classes)")
+    bad = [label for label in args.labels if not 0 <= label < classes]
+    if bad:
+        raise UsageError(f"--labels must be classes in [0, {classes}) of {models.names[1]}, got {bad[0]}")
+    planner_classes = models.num_classes("planner") if models.has_planner else 0
+    if planner_classes and planner_classes != classes:
+        raise UsageError(f"{models.names[0]} has {planner_classes} classes, but {models.names[1]} has {classes}: "
+                         "they cannot be used together")
+    fields.update(labels=torch.tensor(args.labels, dtype=torch.long), guidance_scale=args.guidance_scale,
+                  conditional_planner=planner_classes > 0)
+    return fields
+
+
+# ---------------------------------------------------------------- the sampler
+
+
+def make_sampler(args, models: Models, tokenizer=None, prompts=None):
+    """(sample, settings): sample(batch_size, first) -> SampleResult draws samples first ..
+    first + batch_size - 1 with the chosen sampler (ddpd.cli.samplers), each from Philox row
+    `first + row` of --seed; settings: what it runs with (ddpd.cli.samplers.Settings)."""
+    from ddpd.cli.samplers import Settings, find, needs
+    from ddpd.sampling import DDPDOptions, Execution, PhiloxNoise
+
+    row = find(args.sampler, models.has_planner, models.kind)
+    if row is None:
+        raise UsageError(f"--sampler {args.sampler} needs {needs(args.sampler)}; got {_describe(models)}")
+    ddpd = DDPDOptions()
+    if row.family == "ddpd":
+        fields = dict(stop=args.stop, selection=args.selection, eps=args.eps, k=args.k,
+                      parallel_steps=args.parallel_steps, clock=args.clock, t_end=args.t_end)
+        fields.update(parse_option(args.option) if args.option else {})
+        ddpd = DDPDOptions(**fields).check(args.length, args.steps)
+    settings = Settings(args.length, models.vocab_size, args.steps, temperature=args.temperature,
+                        temperature_end=args.temperature_end, schedule=models.config.get("schedule", "linear"),
+                        device=args.device_obj, ddpd=ddpd, eta=args.eta, choice_temperature=args.choice_temperature,
+                        execution=Execution(fused=args.fused, sync_every=args.sync_every, dtype=args.dtype_name),
+                        **conditions(args, models, tokenizer, prompts))
+    networks = models.by_kind()
+    return (lambda n, first: row.call(networks, settings, n, PhiloxNoise(args.seed, first_row=first), first),
+            settings)
 
 
 def _describe(models: Models) -> str:
@@ -260,75 +368,190 @@ def check_args(args) -> None:
         raise UsageError(f"--num-samples must be >= 1, got {args.num_samples}")
     if args.batch_size < 1:
         raise UsageError(f"--batch-size must be >= 1, got {args.batch_size}")
+    if args.steps is not None and args.steps < 1:
+        raise UsageError(f"--steps must be >= 1, got {args.steps}")
     if not 0 <= args.seed < 2**63:
         raise UsageError(f"--seed must be in [0, 2**63), got {args.seed}")
     if args.sync_every < 1:
         raise UsageError(f"--sync-every must be >= 1, got {args.sync_every}")
+    check_finite("--temperature", args.temperature)
+    check_finite("--temperature-end", args.temperature_end)
 
 
-def run(args) -> int:
-    from ddpd.sampling import PhiloxNoise
+def warn_if_too_few_steps(args, frozen: Optional[torch.Tensor]) -> None:
+    """The Gillespie sampler denoises one position per step after its parallel stage:
+    a budget that cannot reach every position a prompt leaves free leaves samples
+    mostly noise."""
+    if args.sampler != "ddpd" or args.clock != "planner":
+        return
+    free = args.length - (int(frozen.sum(1).min()) if frozen is not None else 0)
+    parallel = min(args.parallel_steps, args.steps)
+    reachable = parallel * args.k + (args.steps - parallel)
+    if reachable < free:
+        print(f"ddpd-sample: warning: --steps {args.steps} can denoise at most {reachable} of the {free} "
+              f"positions to generate (one per step after --parallel-steps): the samples will be partly noise; "
+              f"give --steps >= {free}, or --k and --parallel-steps", file=sys.stderr)
 
+
+def run(args, stdout: Optional[Stdout] = None) -> int:
+    from ddpd.files import StreamedFile
+    from ddpd.models import resolve_dtype
+    from ddpd.training.distributed import Distributed
+
+    stdout = stdout or Stdout()
     check_args(args)
-    args.device_obj = resolve_device(args.device)
-    models = load_models(args, args.device_obj)
-    if args.length is None:
-        args.length = models.max_length
-    if not 1 <= args.length <= models.max_length:
-        raise UsageError(f"--length must be in [1, {models.max_length}] (the models' max_seq_len), got {args.length}")
-    if args.steps is None:
-        args.steps = args.length * (BUNDLED_STEPS_PER_TOKEN if models.bundled else 1)
-    if args.num_samples is None:
-        args.num_samples = NUM_SAMPLES_BUNDLED if models.bundled else NUM_SAMPLES
-    tokenizer = models.tokenizer()
-    if tokenizer is not None and tokenizer.vocab_size != models.vocab_size:
-        raise UsageError(f"the tokenizer has {tokenizer.vocab_size} symbols but the models {models.vocab_size}")
-    sample = make_sampler(args, models)
-
-    records = []
-    calls = dict.fromkeys(("planner_calls", "denoiser_calls", "planner_rows", "denoiser_rows", "planner_rows_saved",
-                           "denoiser_rows_saved"), 0)
-    if args.fused:
-        # The first call of any torch.library custom op imports torch._dynamo (about
-        # 2 s, once per process); like model loading, keep it out of samples/s.
-        importlib.import_module("torch._dynamo")
-    start = time.perf_counter()
-    with torch.inference_mode(), _progress(args, models) as advance:
-        for batch, first in enumerate(range(0, args.num_samples, args.batch_size)):
-            n = min(args.batch_size, args.num_samples - first)
-            result = sample(n, PhiloxNoise(args.seed, first_row=first))
-            advance((batch + 1) * args.steps)  # a batch that stopped early ends its share of the bar
-            for key in calls:
-                calls[key] += getattr(result, key)
-            for row in range(n):
-                tokens = result.tokens[row].tolist()
-                records.append({"index": first + row, "text": tokenizer.decode(tokens) if tokenizer else None,
-                                "tokens": tokens, "steps": result.steps, "stop_step": int(result.stop_step[row])})
-    elapsed = time.perf_counter() - start
-
-    if not args.quiet:
-        for r in records:
-            print(r["text"] if r["text"] is not None else " ".join(map(str, r["tokens"])))
-    if args.out:
-        _write_jsonl(args.out, records)
-    rate = args.num_samples / elapsed if elapsed > 0 else math.inf
-    passes = ", ".join(f"{model} {calls[model + '_calls']} ({calls[model + '_rows']} row-evaluations, "
-                       f"{calls[model + '_rows_saved']} saved by early stopping)" for model in ("planner", "denoiser"))
-    print(f"ddpd-sample: {args.num_samples} samples of {args.length} tokens in {elapsed:.2f} s ({rate:.2f} samples/s)"
-          f"{', fused' if args.fused else ''}; forward passes: {passes}", file=sys.stderr)
+    prompts = read_prompts(args)  # a missing or unreadable file fails before any work
+    threads = apply_threads(args.threads)
+    group = Distributed(args.device, name="--device")  # one process, or the torchrun group
+    args.device_obj = group.device
+    dtype = resolve_dtype(args.dtype, args.device_obj)
+    args.dtype_name = str(dtype).replace("torch.", "")
+    out = StreamedFile(args.out) if args.out and group.is_main else None  # an unwritable --out fails first
+    try:
+        models = load_models(args, args.device_obj)
+        models.prepare(dtype, args.device_obj)
+        if args.length is None:
+            args.length = models.max_length
+        if not 1 <= args.length <= models.max_length:
+            raise UsageError(f"--length must be in [1, {models.max_length}] (the models' max_seq_len), "
+                             f"got {args.length}")
+        if args.steps is None:
+            args.steps = args.length * (BUNDLED_STEPS_PER_TOKEN if models.bundled else 1)
+        tokenizer = models.tokenizer()
+        if tokenizer is not None and tokenizer.vocab_size != models.vocab_size:
+            raise UsageError(f"the tokenizer has {tokenizer.vocab_size} symbols but the models {models.vocab_size}")
+        sample, settings = make_sampler(args, models, tokenizer, prompts)
+        if args.num_samples is None:
+            args.num_samples = len(prompts[0]) if args.prompts or args.infills else \
+                NUM_SAMPLES_BUNDLED if models.bundled else NUM_SAMPLES
+        if group.is_main:
+            warn_if_too_few_steps(args, settings.frozen)
+        _warm_up(args)
+        calls, elapsed = _sample_all(args, models, sample, Records(tokenizer, prompts, settings.labels), out,
+                                     stdout, group)
+        if out is not None:
+            out.publish()
+    except BaseException:
+        group.close(wait=False)
+        raise
+    finally:
+        if out is not None and not out.published:
+            out.discard()
+    group.close()
+    if group.is_main:
+        _summary(args, calls, elapsed, threads, group.world_size)
     return 0
 
 
+def _summary(args, calls: dict, elapsed: float, threads: int, processes: int) -> None:
+    rate = args.num_samples / elapsed if elapsed > 0 else math.inf
+    passes = ", ".join(f"{model} {calls[model + '_calls']} ({calls[model + '_rows']} row-evaluations, "
+                       f"{calls[model + '_rows_saved']} saved by early stopping)" for model in ("planner", "denoiser"))
+    cpu = args.device_obj.type == "cpu"
+    where = f"{threads} CPU thread{'s' if threads > 1 else ''}" if cpu else str(args.device_obj)
+    if processes > 1:
+        where = f"{processes} processes of {where}" if cpu else f"{processes} processes on {args.device_obj.type}"
+    print(f"ddpd-sample: {args.num_samples} samples of {args.length} tokens in {elapsed:.2f} s ({rate:.2f} samples/s, "
+          f"{where}, {args.dtype_name}){', fused' if args.fused else ''}; forward passes: {passes}", file=sys.stderr)
+
+
+def _warm_up(args) -> None:
+    """Load what the first sampling call would otherwise load on the clock: the C++
+    extension (compiled on first use where the install did not build it) and
+    torch._dynamo (imported by the first call of any torch.library custom op)."""
+    if args.fused:
+        from ddpd.ops import load_extension
+
+        load_extension()
+        importlib.import_module("torch._dynamo")
+
+
+class Records:
+    """Sample i as printed (decoded text, or token ids without a tokenizer) and as a JSON line,
+    with the prompt text and the label it was drawn with."""
+
+    def __init__(self, tokenizer, prompts, labels: Optional[torch.Tensor]):
+        self.tokenizer = tokenizer
+        self.prompts = prompts[0] if prompts is not None else None
+        self.labels = labels.tolist() if labels is not None else None
+
+    def text(self, tokens: List[int]) -> Optional[str]:
+        return self.tokenizer.decode(tokens) if self.tokenizer else None
+
+    def line(self, i: int, text: Optional[str], tokens: List[int], steps: int, stop_step: int) -> str:
+        record = {"index": i, "text": text, "tokens": tokens, "steps": steps, "stop_step": stop_step}
+        if self.prompts is not None:
+            record["prompt"] = self.prompts[i % len(self.prompts)]
+        if self.labels is not None:
+            record["label"] = self.labels[i % len(self.labels)]
+        return json.dumps(record) + "\n"
+
+
+def _batch(args, sample, records: Records, first: int, n: int) -> dict:
+    """Sample one batch; returns its JSON lines (with --out), printed lines and counts."""
+    result = sample(n, first)
+    tokens = result.tokens.tolist()
+    texts = [records.text(row) for row in tokens]
+    lines = "".join(records.line(first + row, texts[row], tokens[row], result.steps, int(result.stop_step[row]))
+                    for row in range(n)) if args.out else ""
+    printed = [] if args.quiet else [texts[row] if texts[row] is not None else " ".join(map(str, tokens[row]))
+                                     for row in range(n)]
+    return {"n": n, "lines": lines, "printed": printed, "counts": {key: getattr(result, key) for key in COUNTS}}
+
+
+def _sample_all(args, models: Models, sample, records: Records, out, stdout: Stdout, group):
+    """Sample every batch: in rounds of one batch per process (batch b on process
+    b mod N), process 0 writing each round's batches to `out` (flushed) and their texts to
+    stdout in order as soon as the round is done, keeping none. Returns (call counts,
+    seconds). Interrupted, the finished samples are published to `out` and the message
+    says so."""
+    from ddpd.cli.common import Interrupted
+
+    calls = dict.fromkeys(COUNTS, 0)
+    batches = [(first, min(args.batch_size, args.num_samples - first))
+               for first in range(0, args.num_samples, args.batch_size)]
+    done = 0
+    start = time.perf_counter()
+    try:
+        with torch.inference_mode(), _progress(args, models, group.is_main) as advance:
+            for first_batch in range(0, len(batches), group.world_size):
+                if group.all_gather(stdout.closed and out is None)[0]:
+                    break  # nobody reads the samples any more
+                mine = first_batch + group.rank
+                own = _batch(args, sample, records, *batches[mine]) if mine < len(batches) else None
+                for part in group.all_gather(own):
+                    if part is None or not group.is_main:
+                        continue
+                    for key in calls:
+                        calls[key] += part["counts"][key]
+                    if out is not None:
+                        out.write(part["lines"])
+                    done += part["n"]
+                    for line in part["printed"]:
+                        stdout.print(line)
+                # a batch that stopped early ends its share of the bar
+                advance(min(first_batch + group.world_size, len(batches)) * args.steps)
+    except Interrupted as stop:
+        if out is not None and done:
+            out.publish()
+            stop.detail = f"; wrote the {done} finished sample(s) to {args.out}"
+        elif out is not None:
+            stop.detail = f"; no sample was finished, {args.out} not written"
+        raise
+    return calls, time.perf_counter() - start
+
+
 @contextlib.contextmanager
-def _progress(args, models: Models):
+def _progress(args, models: Models, shown: bool = True):
     """A progress bar over the step budget of every batch, ticked by each forward pass
     of the denoiser (one per step in every sampler); yields advance(to) for the end of a
-    batch. tqdm shows it on a terminal only, or never with --no-progress."""
+    batch. tqdm shows it on a terminal only, or never with --no-progress (or `shown`
+    False: a process other than the first of several)."""
     from tqdm.auto import tqdm
 
     batches = -(-args.num_samples // args.batch_size)
     bar = tqdm(total=args.steps * batches, desc="ddpd-sample", unit="step", leave=False,
-               disable=None if args.progress else True)
+               disable=None if args.progress and shown else True)
     network = models.denoiser if models.denoiser is not None else models.planner
     embed = getattr(getattr(network, "backbone", None), "embed", None)
 
@@ -349,30 +572,10 @@ def _progress(args, models: Models):
         bar.close()
 
 
-def _write_jsonl(path: str, records: List[dict]) -> None:
-    """Written to a temporary file then renamed: never a half-written output."""
-    directory = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(directory):
-        raise UsageError(f"--out {path}: directory {directory} does not exist")
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        for record in records:
-            f.write(json.dumps(record) + "\n")
-    os.replace(tmp, path)
-
-
 def main(argv: Optional[List[str]] = None) -> int:
-    from ddpd.checkpoint import CheckpointError
-
     args = build_parser().parse_args(argv)
-    try:
-        return run(args)
-    except (CheckpointError, OSError) as err:
-        print(f"ddpd-sample: error: {err}", file=sys.stderr)
-        return 1
-    except (UsageError, ValueError, TypeError) as err:  # the samplers' argument checks
-        print(f"ddpd-sample: error: {err}", file=sys.stderr)
-        return 2
+    stdout = Stdout()
+    return run_tool("ddpd-sample", lambda: run(args, stdout), value_error_status=2)
 
 
 if __name__ == "__main__":

@@ -1,12 +1,28 @@
 """ddpd-train: train a planner, a denoiser, a uniform model or an AR baseline.
 
-    ddpd-train planner --data ../shared/data/text8-mini/wiki.txt --out runs/planner --steps 2000
+    ddpd-train planner --data books --out runs/planner --steps 2000
+    ddpd-train mask-denoiser --data text8 --out runs/mask-denoiser      # needs `datasets` and a network
     torchrun --nproc_per_node 2 -m ddpd.cli.train mask-denoiser --data ... --out ...
-    ddpd-train planner --data ... --out runs/planner --resume     # continue a stopped run
+    ddpd-train planner --out runs/planner --resume     # continue a stopped run
+    ddpd-train mask-denoiser --data toy.jsonl --num-classes 2 --label-dropout 0.1 --out runs/toy/denoiser
 
---out is the checkpoint directory (model.safetensors + config.json + training state),
-loadable with ddpd.checkpoint.load_model. With --resume, settings not given are taken
-from the checkpoint; those given must match it (a resumed run is the same run).
+--data is a text file (text8 format for --tokenizer text8), `books` (a 198 k-character
+text8-format corpus shipped with ddpd), `text8` (the full 100 M characters, downloaded
+with `datasets`: pip install "ddpd[hf]") or hf:NAME[:CONFIG] (a Hugging Face dataset's
+"text" column). A .jsonl file is a labelled corpus, one {"text": str, "label": int}
+object per line (each line one record of its class; split 90/5/5 by position within
+each class): --num-classes N trains a class-conditional network on it (labels in
+[0, N); N is the null label), with --label-dropout P replacing a label by the null
+label with probability P so that the same network is also the unconditional model of
+classifier-free guidance (ddpd-sample --labels --guidance-scale). Without
+--num-classes the labels are ignored. --out is the checkpoint directory (model.safetensors + config.json +
+training state), loadable with ddpd.checkpoint.load_model. With --resume, settings not
+given are taken from the checkpoint (--save-every and --eval-every included); those
+given must match it (a resumed run is the same run), and so must the corpus.
+
+One run writes an --out at a time (a second is refused, naming the first). SIGINT,
+SIGTERM and SIGHUP stop the run after the current step with a checkpoint there; a
+second signal stops at once, keeping the last checkpoint.
 """
 from __future__ import annotations
 
@@ -15,21 +31,17 @@ import os
 import sys
 from typing import List, Optional
 
+from ddpd.cli.common import OneLineParser, add_runtime_arguments, apply_threads, run_tool
 from ddpd.training.trainer import KINDS, TOKENIZERS
 
 
-class _OneLineParser(argparse.ArgumentParser):
-    """Argument errors as a single line on stderr (exit status 2), no usage dump."""
-
-    def error(self, message: str) -> None:
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _OneLineParser(prog="ddpd-train", description=__doc__.split("\n\n")[0],
-                            argument_default=argparse.SUPPRESS)
+    parser = OneLineParser(prog="ddpd-train", description=__doc__.split("\n\n")[0],
+                           argument_default=argparse.SUPPRESS)
     parser.add_argument("kind", choices=KINDS, help="which network to train")
-    parser.add_argument("--data", help="text file (text8 format for --tokenizer text8) or hf:NAME[:CONFIG]")
+    parser.add_argument("--data", help="a text file (text8 format for --tokenizer text8), a labelled .jsonl file "
+                                       "({\"text\", \"label\"} per line), books (shipped), text8 (downloaded with "
+                                       "datasets) or hf:NAME[:CONFIG]")
     parser.add_argument("--out", required=True, help="checkpoint directory to write (or resume)")
     parser.add_argument("--steps", type=int, help="optimizer steps in total (default 1000)")
     parser.add_argument("--max-time", dest="max_time", type=float, metavar="SECONDS",
@@ -52,63 +64,103 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--eval-batches", dest="eval_batches", type=int, help="validation batches per evaluation")
     parser.add_argument("--save-every", dest="save_every", type=int, help="steps between checkpoints")
     parser.add_argument("--seed", type=int)
+    parser.add_argument("--num-classes", dest="num_classes", type=int, metavar="N",
+                        help="class-conditional network for a labelled .jsonl corpus, labels in [0, N) (default 0: "
+                             "unconditional)")
+    parser.add_argument("--label-dropout", dest="label_dropout", type=float, metavar="P",
+                        help="replace each label by the null label with probability P, for classifier-free "
+                             "guidance (default 0)")
     parser.add_argument("--tokenizer", choices=TOKENIZERS)
-    parser.add_argument("--tiktoken", help="path of gpt2.tiktoken (with --tokenizer gpt2)")
-    parser.add_argument("--device", help="auto (default), cpu, cuda or cuda:N")
+    parser.add_argument("--tiktoken", help="another copy of the GPT-2 ranks file gpt2.tiktoken (with --tokenizer "
+                                           "gpt2; default: the one shipped with ddpd)")
+    add_runtime_arguments(parser, default=argparse.SUPPRESS)
     parser.add_argument("--resume", action="store_true", default=False,
                         help="continue the run whose checkpoint is in --out, exactly where it stopped")
+    parser.add_argument("--allow-data-change", dest="allow_data_change", action="store_true", default=False,
+                        help="--resume even though the corpus changed since the run started")
     parser.add_argument("--no-progress", dest="progress", action="store_false", default=True,
                         help="no progress bar (validation losses are still printed)")
     return parser
 
 
+LOCAL = ("resume", "progress", "threads", "allow_data_change")  # options of this invocation, not of the run
+
+
 def _train_config(args: argparse.Namespace):
     from ddpd.checkpoint import read_config
+    from ddpd.training.data import resolve_source
     from ddpd.training.trainer import TrainConfig
 
-    given = {k: v for k, v in vars(args).items() if k not in ("resume", "progress")}
+    given = {k: v for k, v in vars(args).items() if k not in LOCAL}
     if args.resume:
         stored = dict(read_config(args.out).get("training", {}))
-        for name in ("out", "device", "eval_every", "eval_batches", "save_every"):
-            stored.pop(name, None)  # where and how it runs and reports may change
+        for name in ("out", "device"):
+            stored.pop(name, None)  # where it runs may change; how often it reports is kept unless given
         return TrainConfig.from_dict({**stored, **given})
     if "data" not in given:
-        raise ValueError("--data is required (the training corpus)")
-    if not given["data"].startswith("hf:") and not os.path.isfile(given["data"]):
-        raise FileNotFoundError(f"--data: no such file: {given['data']}")
+        raise ValueError("--data is required (the training corpus: a file, books, text8 or hf:NAME)")
+    try:
+        resolve_source(given["data"])
+    except FileNotFoundError as err:
+        raise FileNotFoundError(f"--data: {err}") from None
     if "tiktoken" in given and not os.path.isfile(given["tiktoken"]):
         raise FileNotFoundError(f"--tiktoken: no such file: {given['tiktoken']}")
     return TrainConfig.from_dict(given)
 
 
-def run(args: argparse.Namespace) -> None:
+def run(args: argparse.Namespace, state: dict) -> int:
+    from ddpd.cli.common import Interrupted
     from ddpd.models import count_parameters
     from ddpd.training.trainer import Trainer
 
-    trainer = Trainer(_train_config(args), resume=args.resume, progress=args.progress, log=print)
+    apply_threads(getattr(args, "threads", None))
+    config = _train_config(args)
     try:
-        config = trainer.config
+        trainer = Trainer(config, resume=args.resume, progress=args.progress, log=print,
+                          allow_data_change=args.allow_data_change)
+    except Interrupted as stop:
+        stop.detail = "; training had not started, nothing was written"
+        raise
+    state["trainer"] = trainer
+    try:
         trainer.log(f"{config.kind}: {count_parameters(trainer.model):,} parameters on {trainer.device}, "
                     f"{trainer.dist.world_size} process(es), step {trainer.step} of {config.steps}")
         trainer.train()
-        last = trainer.history[-1] if trainer.history else {}
-        trainer.log(f"done: step {trainer.step}, val loss {last.get('val_loss', float('nan')):.4f}, "
-                    f"{trainer.tokens_per_second:,.0f} tokens/s, checkpoint {config.out}")
+    except Interrupted as stop:
+        saved = trainer._saved_step
+        stop.detail = (f"; the checkpoint of step {saved} in {config.out} is intact (--resume continues it)"
+                       if saved is not None else "; no checkpoint was written")
+        raise
     finally:
+        state.pop("trainer", None)
         trainer.close()
+    if trainer.stop_reason is not None:
+        print(f"ddpd-train: interrupted by {trainer.stop_reason} at step {trainer.step} of {config.steps}; "
+              f"saved a checkpoint there in {config.out}; continue with: ddpd-train {config.kind} --out "
+              f"{config.out} --resume", file=sys.stderr)
+        return 128 + state.get("signum", 2)
+    last = trainer.history[-1] if trainer.history else {}
+    trainer.log(f"done: step {trainer.step}, val loss {last.get('val_loss', float('nan')):.4f}, "
+                f"{trainer.tokens_per_second:,.0f} tokens/s, checkpoint {config.out}")
+    return 0
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    import signal
+
     args = build_parser().parse_args(argv)
-    try:
-        run(args)
-    except KeyboardInterrupt:
-        print("ddpd-train: interrupted; continue from the last checkpoint with --resume", file=sys.stderr)
-        return 130
-    except (ValueError, TypeError, OSError, FloatingPointError) as err:  # CheckpointError is a ValueError
-        print(f"ddpd-train: error: {err}", file=sys.stderr)
-        return 1
-    return 0
+    state: dict = {}
+
+    def graceful(name: str) -> bool:
+        """The first signal during training: stop after this step, with a checkpoint."""
+        trainer = state.get("trainer")
+        if trainer is None:
+            return False
+        state["signum"] = int(signal.Signals[name])
+        trainer.request_stop(name)
+        return True
+
+    return run_tool("ddpd-train", lambda: run(args, state), graceful=graceful)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from ddpd.eval.checks import check_callable, check_int
-from ddpd.eval.report import MissingDependency, pyplot, write_csv
+from ddpd.eval.report import MissingDependency, pyplot, save_figure, write_csv
 
 DEFAULT_EPS = (0.05, 0.01)
 
@@ -124,7 +124,7 @@ def plot_convergence(rows: List[dict], path: str) -> None:
         ax.set_xlabel("step", fontsize=8)
         ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=150)
+    save_figure(fig, path, dpi=150)
     plt.close(fig)
 
 

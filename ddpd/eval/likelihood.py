@@ -90,7 +90,7 @@ def evaluate_elbo(models: ModelSet, sequences: Tensor, *, mc_samples: int = 1, t
     if unknown or not names:
         raise ValueError(f"methods: these models support {sorted(available)}, got {names}")
     batches = list(_batches(sequences, batch_size))
-    bar = tqdm(total=len(batches) * len(names), desc="elbo", unit="batch", disable=not progress)
+    bar = tqdm(total=len(batches) * len(names), desc="elbo", unit="batch", disable=None if progress else True)
     rows = []
     for name in names:
         bound, estimate = available[name]
@@ -134,7 +134,7 @@ def evaluate_denoising(models: ModelSet, sequences: Tensor, *, alpha: float = DE
     if not kinds:
         raise ValueError("denoising: no denoiser or uniform model given")
     batches = list(_batches(sequences, batch_size))
-    bar = tqdm(total=len(batches) * len(kinds), desc="denoising", unit="batch", disable=not progress)
+    bar = tqdm(total=len(batches) * len(kinds), desc="denoising", unit="batch", disable=None if progress else True)
     rows = []
     for kind, (denoiser, planner) in kinds.items():
         nats, noisy, correct = [], [], []

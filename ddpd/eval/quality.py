@@ -31,7 +31,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from ddpd.eval.checks import check_callable, check_int, check_tokens
-from ddpd.eval.report import MissingDependency, markdown_table, mean_and_se, pyplot, write_csv, write_text
+from ddpd.eval.report import MissingDependency, markdown_table, mean_and_se, pyplot, save_figure, write_csv, write_text
 
 REFERENCE = "held-out text"
 SWEEP_COLUMNS = (("sampler", "Sampler", ""), ("steps", "Steps", ""), ("temperature", "Temperature", ""),
@@ -140,7 +140,7 @@ def run_sweep(samplers: Sequence[SamplerSpec], *, steps: Sequence[int], temperat
         if on_row is not None:
             on_row(rows)
     configs = [(spec, s, t) for spec in samplers for s in steps for t in temperatures]
-    for spec, s, t in tqdm(configs, desc="sweep", unit="config", disable=not progress):
+    for spec, s, t in tqdm(configs, desc="sweep", unit="config", disable=None if progress else True):
         start = time.perf_counter()
         tokens, mean_steps, nfe = _sample(spec, num_samples, s, t, seed, batch_size)
         seconds = time.perf_counter() - start
@@ -196,7 +196,7 @@ def plot_quality(rows: List[dict], path: str) -> None:
             handles.setdefault(label, handle)
     fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=4, fontsize=7, frameon=False)
     fig.tight_layout(rect=(0, 0.04 + 0.025 * ((len(handles) + 3) // 4), 1, 1))
-    fig.savefig(path, dpi=150)
+    save_figure(fig, path, dpi=150)
     plt.close(fig)
 
 

@@ -1,22 +1,28 @@
 """Writing evaluation results: CSV, JSON and Markdown tables; matplotlib for plots (optional).
 
 Rows are flat dicts; a column spec is (key, header, format) with a format such as
-'.4f' for numbers, or '' to print the value as it is.
+'.4f' for numbers, or '' to print the value as it is. Every file is written atomically
+(ddpd.files: a temporary beside it, renamed over it when complete), so a full disk or
+an interruption leaves the previous report as it was, never a truncated one.
 """
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 from typing import List, Sequence, Tuple
 
 from torch import Tensor
 
+from ddpd import files
+from ddpd.validation import MissingExtra
+
 Column = Tuple[str, str, str]
 PLOT_HINT = "matplotlib is not installed; install it with: pip install 'ddpd[eval]'"
 
 
-class MissingDependency(ImportError):
+class MissingDependency(MissingExtra):
     """An optional dependency of ddpd.eval (matplotlib, for plots) is not installed."""
 
 
@@ -54,17 +60,23 @@ def write_csv(rows: Sequence[dict], path: str) -> None:
     keys: List[str] = []
     for row in rows:
         keys.extend(k for k in row if k not in keys)
-    _parent(path)
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, fieldnames=keys)
-        writer.writeheader()
-        writer.writerows(rows)
+    buffer = io.StringIO(newline="")
+    writer = csv.DictWriter(buffer, fieldnames=keys)
+    writer.writeheader()
+    writer.writerows(rows)
+    write_text(buffer.getvalue(), path)
 
 
 def write_text(text: str, path: str) -> None:
     _parent(path)
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
+    files.write_text(path, text)
+
+
+def save_figure(fig, path: str, **kwargs) -> None:
+    """fig.savefig to `path` atomically."""
+    _parent(path)
+    with files.atomic_file(path, "wb") as f:
+        fig.savefig(f, format=os.path.splitext(path)[1][1:] or "png", **kwargs)
 
 
 def write_json(data, path: str) -> None:
@@ -73,7 +85,10 @@ def write_json(data, path: str) -> None:
 
 def _parent(path: str) -> None:
     parent = os.path.dirname(os.path.abspath(path))
-    os.makedirs(parent, exist_ok=True)
+    try:
+        os.makedirs(parent, exist_ok=True)
+    except OSError as err:
+        raise files.OutputError(path, err) from None
 
 
 def mean_and_se(values: Tensor) -> Tuple[float, float]:

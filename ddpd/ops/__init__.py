@@ -9,7 +9,10 @@ kernels in ddpd._C); docs/architecture.md draws the map.
 CUDA tensors run Triton kernels (ddpd.kernels) or CUDA kernels of ddpd._C; CPU
 tensors run the C++ kernels of ddpd._C. Randomness is counter-based (ddpd.ops.rng):
 every op takes seed/offset/generator/row_ids, or explicit `noise=` uniforms.
+`load_extension()` loads ddpd._C ahead of the first op call (compiling it on first use
+where the install did not build it; see ddpd.ops._ext).
 """
+from ddpd.ops import _ext
 from ddpd.ops.bernoulli import bernoulli, bernoulli_reference
 from ddpd.ops.compact import compact_fixed, compact_fixed_reference, scatter_back, scatter_back_reference
 from ddpd.ops.multinomial import (
@@ -36,7 +39,15 @@ from ddpd.ops.sample_categorical import (
 )
 from ddpd.ops.sample_from_hidden import sample_from_hidden, sample_from_hidden_reference
 
+
+def load_extension():
+    """Load ddpd._C (torch.ops.ddpd.*), compiling it first where the install did not build it;
+    the ops load it themselves at their first call, this does it ahead of time."""
+    return _ext.load()
+
+
 __all__ = [
+    "load_extension",
     "bernoulli",
     "bernoulli_reference",
     "categorical_from_weights",

@@ -14,30 +14,31 @@ default_bundle() raises BundleNotFoundError when the files are missing (a source
 tree without them). How it was trained and how it scores: docs/pretrained.md and
 docs/text8/.
 
-    from ddpd.pretrained import default_bundle
-    from ddpd.checkpoint import load_bundle
-    planner, denoiser, configs = load_bundle(default_bundle())
+    from ddpd.pretrained import load_default
+    planner, denoiser, tokenizer = load_default()      # for sampling: no gradients
 
 Setting the environment variable DDPD_PRETRAINED_DIR to a bundle directory (one
 holding planner/ and denoiser/ checkpoints) makes that bundle the default instead.
 Your own checkpoints are always usable directly: `ddpd-sample --checkpoint BUNDLE`
 or `ddpd-sample --planner DIR --denoiser DIR`.
 
-The bundle is written from two training checkpoints with
+A bundle is written from two training checkpoints with
 
-    python -m ddpd.pretrained runs/planner runs/mask-denoiser
+    python -m ddpd.pretrained runs/planner runs/mask-denoiser --dest runs/bundle
 
 which keeps the weights and configs only (no optimizer or EMA state), optionally
 stores the weights as float16 (--dtype float16: half the size; they load back into
 float32 parameters), and checks what the default must be: a planner and a mask
 denoiser, the text8 tokenizer, the same sequence length, at most MAX_BUNDLE_BYTES on
-disk.
+disk. --dest is required: the bundle shipped in the package is never replaced
+unless named explicitly (`--dest` of its own directory), and then its previous
+version is kept beside it as text8.previous.
 """
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import List, Optional
+from typing import List
 
 import torch
 
@@ -71,6 +72,17 @@ def default_bundle() -> str:
             f"no default model in {where}: {path} lacks {', '.join(missing)}; pass your own checkpoints with "
             f"--checkpoint BUNDLE (or --planner DIR --denoiser DIR), or set {ENV_VAR} to a bundle directory")
     return str(path)
+
+
+def load_default(device: str = "cpu"):
+    """(planner, denoiser, tokenizer) of the default bundle, ready to sample: eval mode,
+    no gradients. Sample with denoiser_type="mask" (the denoiser is a mask denoiser)."""
+    from ddpd.checkpoint import load_bundle
+    from ddpd.training.data import tokenizer_from_config
+
+    planner, denoiser, configs = load_bundle(default_bundle(), device=device)
+    return (planner.requires_grad_(False), denoiser.requires_grad_(False),
+            tokenizer_from_config(configs["denoiser"]["tokenizer"]))
 
 
 def missing_files(path: os.PathLike) -> List[str]:
@@ -118,19 +130,23 @@ def _portable(config: dict) -> dict:
     return {**config, "training": training}
 
 
-def install_bundle(planner: str, denoiser: str, dest: Optional[str] = None, dtype: str = "float32") -> str:
-    """Write the default bundle at `dest` (default: the packaged ddpd/pretrained/text8)
-    from a planner and a mask-denoiser checkpoint, weights (stored as `dtype`, one of
-    WEIGHT_DTYPES) and configs only, and return `dest`. Raises ValueError, leaving
-    `dest` untouched, if the checkpoints are not what the default must be or the
-    bundle would take over MAX_BUNDLE_BYTES."""
+def install_bundle(planner: str, denoiser: str, dest: str, dtype: str = "float32") -> str:
+    """Write a default bundle at `dest` from a planner and a mask-denoiser checkpoint,
+    weights (stored as `dtype`, one of WEIGHT_DTYPES) and configs only, and return
+    `dest`. Raises ValueError, leaving `dest` untouched, if the checkpoints are not what
+    the default must be or the bundle would take over MAX_BUNDLE_BYTES. When `dest` is
+    the bundle shipped in the package, its previous version is kept beside it
+    (text8.previous, replacing an older one)."""
+    import shutil
     import tempfile
 
     from ddpd.checkpoint import ensure_replaceable, load_model, save_bundle
 
     if dtype not in WEIGHT_DTYPES:
         raise ValueError(f"install_bundle: dtype must be one of {WEIGHT_DTYPES}, got {dtype!r}")
-    dest = str(BUNDLE_DIR if dest is None else dest)
+    if not isinstance(dest, (str, os.PathLike)):
+        raise TypeError(f"install_bundle: dest must be a directory path, got {type(dest).__name__}")
+    dest = str(dest)
     ensure_replaceable(dest)
     models = {}
     for role, path in (("planner", planner), ("denoiser", denoiser)):
@@ -145,5 +161,14 @@ def install_bundle(planner: str, denoiser: str, dest: Optional[str] = None, dtyp
     if size > MAX_BUNDLE_BYTES:
         raise ValueError(f"install_bundle: the bundle would take {size} bytes, over the {MAX_BUNDLE_BYTES} "
                          f"a package may ship; store the weights as float16 or train smaller models")
+    if is_packaged(dest) and not missing_files(dest):
+        backup = BUNDLE_DIR.parent / f"{BUNDLE_DIR.name}.previous"
+        shutil.rmtree(backup, ignore_errors=True)
+        shutil.copytree(dest, backup)
     save_bundle(dest, *models["planner"], *models["denoiser"])
     return dest
+
+
+def is_packaged(path: os.PathLike) -> bool:
+    """Whether `path` is the bundle directory shipped in the package."""
+    return Path(path).resolve() == BUNDLE_DIR

@@ -1,8 +1,10 @@
-"""python -m ddpd.pretrained PLANNER DENOISER [--dest DIR] [--dtype float16]: write the default bundle.
+"""python -m ddpd.pretrained PLANNER DENOISER --dest DIR [--dtype float16]: write a default bundle.
 
 Copies the weights and configs of a planner and a mask-denoiser checkpoint (as
-written by ddpd-train) into ddpd/pretrained/text8, or --dest, after checking that
-they are what the default of ddpd-sample must be (see ddpd.pretrained).
+written by ddpd-train) into the bundle directory --dest, after checking that they are
+what the default of ddpd-sample must be (see ddpd.pretrained). Make it the default
+with DDPD_PRETRAINED_DIR=DIR. The bundle shipped in the package is replaced only when
+--dest names its directory (its previous version is then kept as text8.previous).
 """
 from __future__ import annotations
 
@@ -10,23 +12,31 @@ import argparse
 import sys
 from typing import List, Optional
 
-from ddpd.pretrained import WEIGHT_DTYPES, bundle_bytes, install_bundle
+from ddpd.pretrained import BUNDLE_DIR, ENV_VAR, WEIGHT_DTYPES, bundle_bytes, install_bundle, is_packaged
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ddpd.pretrained", description=__doc__.split("\n\n")[0])
     parser.add_argument("planner", help="planner checkpoint directory")
     parser.add_argument("denoiser", help="mask-denoiser checkpoint directory")
-    parser.add_argument("--dest", help="bundle directory to write (default: the packaged ddpd/pretrained/text8)")
+    parser.add_argument("--dest", help=f"bundle directory to write (required; {BUNDLE_DIR} replaces the shipped "
+                                       "default, keeping its previous version)")
     parser.add_argument("--dtype", choices=WEIGHT_DTYPES, default="float32",
                         help="storage type of the weights (float16 halves the size; loaded as float32)")
     args = parser.parse_args(argv)
+    if args.dest is None:
+        print(f"python -m ddpd.pretrained: error: --dest is required: the directory to write the bundle to (then "
+              f"set {ENV_VAR} to it to make it the default; --dest {BUNDLE_DIR} replaces the bundle shipped in "
+              "the package)", file=sys.stderr)
+        return 2
     try:
         dest = install_bundle(args.planner, args.denoiser, args.dest, args.dtype)
     except (ValueError, OSError) as err:  # CheckpointError is a ValueError
         print(f"python -m ddpd.pretrained: error: {err}", file=sys.stderr)
         return 1
-    print(f"wrote {dest} ({bundle_bytes(dest)} bytes)")
+    kept = f"; the previous bundle is in {BUNDLE_DIR.parent / (BUNDLE_DIR.name + '.previous')}" \
+        if is_packaged(dest) else ""
+    print(f"wrote {dest} ({bundle_bytes(dest)} bytes){kept}")
     return 0
 
 

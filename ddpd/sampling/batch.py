@@ -84,6 +84,13 @@ class RunningBatch:
         """True once every row has stopped."""
         return len(self) == 0
 
+    generation = 0  # a new generation begins when rows leave at a stop check (fused run)
+
+    def check_due(self, step: int) -> bool:
+        """Whether the stop flags recorded at loop step `step` are looked at on the host: every
+        step for the reference run."""
+        return True
+
     def running(self) -> Optional[Tensor]:
         """Bool[len] of the rows that have not stopped, or None when that is every row."""
         return None
@@ -148,9 +155,9 @@ class RunningBatch:
 
     # ---- rows leaving
 
-    def finish(self, done: Tensor, step: int, *carried: Optional[Tensor]) -> tuple:
+    def finish(self, done: Tensor, step, *carried: Optional[Tensor], check: bool = True) -> tuple:
         """Retire the rows where done (Bool[len]) at `step`; returns `carried` (per-row tensors
-        of this step, or None) restricted to the rows kept."""
+        of this step, or None) restricted to the rows kept. (check: see FusedBatch.)"""
         if not bool(done.any()):
             return carried
         ids = self.rows[done]
@@ -167,21 +174,35 @@ class RunningBatch:
         return self._result()
 
     def _result(self) -> SampleResult:
-        return SampleResult(self.out, int(self.stop_step.max()), self.stop_step, self.planner_calls,
-                            self.denoiser_calls, self.planner_rows, self.denoiser_rows)
+        with _sync_allowed():  # the run is over: its step count is read once
+            steps = int(self.stop_step.max())
+        return SampleResult(self.out, steps, self.stop_step, self.planner_calls, self.denoiser_calls,
+                            self.planner_rows, self.denoiser_rows)
 
 
 class FusedBatch(RunningBatch):
-    """Rows in the batch (running, or finished since the last stop check) and their bookkeeping."""
+    """Rows in the batch (running, or finished since the last stop check) and their bookkeeping.
+
+    buckets: rows leave the batch only when the running rows fit a smaller power of two, and
+    the batch keeps that many rows (finished rows stay frozen, padding rows are stopped
+    rows with the row id `size`, a slot past the output's rows), so that its shape, and a
+    CUDA graph captured on it, last from one stop check to the next (ddpd.sampling.graphs).
+    `generation` counts the times the batch was packed into new tensors.
+    """
 
     def __init__(self, x: Tensor, state: Optional[Dict[str, Tensor]] = None,
                  condition: Optional["Condition"] = None, dtype: torch.dtype = torch.float32, sync_every: int = 1,
-                 compaction: bool = True):
+                 compaction: bool = True, buckets: bool = False):
         super().__init__(x, state, condition, dtype)
         self.sync_every = sync_every
         self.compaction = compaction
+        self.buckets = buckets
+        self.size = x.shape[0]
         self.running_rows = x.shape[0]  # as of the last stop check (a host count)
-        self._checks = 0
+        self.generation = 0
+        # a padding slot past the rows: always stopped, its output row dropped at the end
+        self.out = torch.cat([self.out, self.out[:1]])
+        self.stop_step = torch.cat([self.stop_step, torch.zeros_like(self.stop_step[:1])])
 
     @property
     def finished(self) -> bool:
@@ -191,38 +212,56 @@ class FusedBatch(RunningBatch):
         """Bool[len]: the rows in the batch that have not stopped (no host sync)."""
         return self.stop_step[self.rows] < 0
 
-    def finish(self, done: Tensor, step: int, *carried: Optional[Tensor]) -> tuple:
-        """Record that the rows where done (Bool[len]) stopped at `step` (unless they already had).
+    def check_due(self, step: int) -> bool:
+        """Every sync_every-th loop step is a stop check."""
+        return (step + 1) % self.sync_every == 0
 
-        Every sync_every-th call is a stop check: the finished rows leave the batch and each
-        of `carried` is packed like the batch. Returns `carried`, packed or not.
+    def finish(self, done: Tensor, step, *carried: Optional[Tensor], check: bool = True) -> tuple:
+        """Record that the rows where done (Bool[len]) stopped at `step` (an int, or the step
+        tensor of a CUDA graph; unless they already had). At a stop check (`check`, see
+        check_due) the finished rows leave the batch and each of `carried` is packed like the
+        batch. Returns `carried`, packed or not.
         """
         rows_stop = self.stop_step[self.rows]
         self.stop_step[self.rows] = torch.where(done & (rows_stop < 0), step, rows_stop)
-        self._checks += 1
-        if self._checks % self.sync_every:
+        if not check:
             return carried
         return self._check(carried)
 
     def _check(self, carried: tuple) -> tuple:
         running = self.running()
-        self.running_rows = int(running.sum())  # the host synchronisation of the stop check
-        if not self.compaction or self.running_rows == len(self):
+        with _sync_allowed():
+            self.running_rows = int(running.sum())  # the host synchronisation of the stop check
+        capacity = _bucket(self.running_rows) if self.buckets else self.running_rows
+        if not self.compaction or capacity >= len(self):
             return carried
-        scatter_back(torch.where(running, -1, self.rows), self.x, self.out)
+        self.generation += 1
+        scatter_back(self._out_index(running), self.x, self.out)
         present = [c for c in carried if c is not None]
         names = list(self.state)
-        packed, _, _ = compact_fixed(running, self.running_rows, self.x, self.rows,
-                                     *(self.state[n] for n in names), *present)
-        self.x, self.rows, rest = packed[0], packed[1], iter(packed[2:])
+        packed, index, _ = compact_fixed(running, capacity, self.x, self.rows, *(self.state[n] for n in names),
+                                         *present)
+        self.x, rest = packed[0], iter(packed[2:])
+        self.rows = torch.where(index >= 0, packed[1], self.size)  # padding rows: the stopped slot
         self.state = {name: next(rest) for name in names}
         return tuple(None if c is None else next(rest) for c in carried)
+
+    def _out_index(self, skip: Optional[Tensor] = None) -> Tensor:
+        """Output rows of the batch's rows for scatter_back: -1 (skipped) for padding and `skip`."""
+        skip = self.rows == self.size if skip is None else skip | (self.rows == self.size)
+        return torch.where(skip, -1, self.rows)
 
     def result(self, steps: int) -> SampleResult:
         rows_stop = self.stop_step[self.rows]
         self.stop_step[self.rows] = torch.where(rows_stop < 0, steps, rows_stop)
-        scatter_back(self.rows, self.x, self.out)
+        scatter_back(self._out_index(), self.x, self.out)
+        self.out, self.stop_step = self.out[:self.size], self.stop_step[:self.size]
         return self._result()
+
+
+def _bucket(rows: int) -> int:
+    """The batch size kept for `rows` running rows with buckets: the next power of two."""
+    return 1 << max(rows - 1, 0).bit_length() if rows else 0
 
 
 @dataclass(frozen=True)
@@ -270,6 +309,21 @@ class _Call:
 
     def __call__(self, x: Tensor, t: Tensor, labels: Optional[Tensor]) -> Tensor:
         return self.fn(x, t, labels=labels)
+
+
+@contextlib.contextmanager
+def _sync_allowed():
+    """The stop check's synchronisation is the one a fused run makes: allowed under
+    torch.cuda.set_sync_debug_mode("error"), which catches any other."""
+    if not torch.cuda.is_available():
+        yield
+        return
+    mode = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode(0)
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode(mode)
 
 
 def _check_output(name: str, out, shape: tuple) -> None:

@@ -41,6 +41,7 @@ from ddpd.ops import (planner_select, planner_select_mask, planner_select_mask_r
                       sample_categorical, sample_categorical_reference, sample_from_hidden)
 from ddpd.ops.sample_categorical import TILE, noise_width
 from ddpd.sampling.batch import Condition, FusedBatch, RunningBatch, has_head
+from ddpd.sampling.graphs import StepGraphs, step_graphs
 from ddpd.sampling.noise import MASK, SELECT, TOKEN, NoiseSource, PhiloxNoise
 from ddpd.sampling.options import Execution
 
@@ -74,6 +75,10 @@ class Draws:
 
     def rows_with(self, flags: Tensor) -> Optional[Tensor]:
         raise NotImplementedError
+
+    def graphs(self, batch: RunningBatch, run) -> Optional[StepGraphs]:
+        """The CUDA graphs that replay the steps between stop checks, or None (eager steps)."""
+        return None
 
     def categorical(self, step: int, rows: Tensor, logits: Tensor, per_row: int, temperature: float,
                     exclude: Optional[Tensor] = None) -> Tensor:
@@ -166,8 +171,8 @@ class FusedDraws(Draws):
             stream = dict(noise=self.noise.uniform(step, SELECT, rows, length))
         if mask_id is None:
             return Plan(*planner_select(logits, k, selection, eps=eps, **stream))
-        if self.philox:  # the op draws its mask at offset + 1: that must be the MASK stream
-            assert self.noise.counters(step, MASK, rows)["offset"] == (stream["offset"] + 1) % 2**64
+        if self.philox:
+            stream["mask_offset"] = self.noise.counters(step, MASK, rows)["offset"]
         else:
             stream["mask_noise"] = self.noise.uniform(step, MASK, rows, length)
         positions, sum_p, stop, masked, _, count = planner_select_mask(logits, x, mask_id, k, selection, eps=eps,
@@ -176,6 +181,9 @@ class FusedDraws(Draws):
 
     def rows_with(self, flags: Tensor) -> Optional[Tensor]:
         return None  # every row runs: which rows draw is not known on the host without a sync
+
+    def graphs(self, batch: RunningBatch, run) -> Optional[StepGraphs]:
+        return step_graphs(batch, run, self.execution, self.philox)
 
     def categorical(self, step, rows, logits, per_row, temperature, exclude=None) -> Tensor:
         if temperature == 0:

@@ -232,27 +232,33 @@ def _planner_clock(run: Run, draws: Draws, opts: DDPDOptions, networks, batch: R
     """Algorithm 1: plan, stop check (option A), denoise; the time comes from the planner.
 
     A planner that needs a time (the single uniform model) is given the previous step's
-    estimate, 0 at the first step (batch state "t_prev").
+    estimate, 0 at the first step (batch state "t_prev"). A step writes its results in place,
+    so that the fused run can replay it from a CUDA graph (ddpd.sampling.graphs); `step` is
+    the loop index, or the graph's step tensor.
     """
     if networks.takes_time:
         batch.state["t_prev"] = torch.zeros(len(batch), device=batch.x.device)
-    for i in range(run.steps):
+
+    def one_step(step, k: int, temperature: float, check: bool) -> bool:
         logits = _plan(networks, batch, batch.state.get("t_prev"))
-        plan = draws.plan(i, logits, batch.rows, opts.positions_at(i), opts.selection, opts.eps, batch.x, mask_id)
+        plan = draws.plan(step, logits, batch.rows, k, opts.selection, opts.eps, batch.x, mask_id)
         positions, sum_p, masked, count = plan.positions, plan.sum_p, plan.masked, plan.count
         if opts.stop == "eps":
-            logits, positions, sum_p, masked, count = batch.finish(plan.stop, i, logits, positions, sum_p, masked,
-                                                                   count)
+            logits, positions, sum_p, masked, count = batch.finish(plan.stop, step, logits, positions, sum_p, masked,
+                                                                   count, check=check)
             if batch.finished:
-                return
+                return True
         if mask_id is not None:
             x_in, t = masked, mask_time(count, run)
         else:
             x_in, t = batch.x, planner_time(sum_p, run, _noisy_positions(batch, run))
-        tokens = networks.tokens(draws, batch, i, x_in, t, positions, batch.rows, run.temperature_at(i), None)
-        batch.x = write(batch.x, positions, tokens, _changes(batch, logits, positions))
+        tokens = networks.tokens(draws, batch, step, x_in, t, positions, batch.rows, temperature, None)
+        batch.x.copy_(write(batch.x, positions, tokens, _changes(batch, logits, positions)))
         if "t_prev" in batch.state:
-            batch.state["t_prev"] = t
+            batch.state["t_prev"].copy_(t)
+        return False
+
+    _run_steps(run, draws, batch, opts, one_step, stops=opts.stop == "eps")
 
 
 def _exact_clock(run: Run, draws: Draws, opts: DDPDOptions, networks, batch: RunningBatch,
@@ -272,25 +278,45 @@ def _exact_clock(run: Run, draws: Draws, opts: DDPDOptions, networks, batch: Run
     length = run.length
     s_end = -math.log1p(-float(run.schedule.alpha(torch.tensor(opts.t_end, dtype=torch.float64))))
     batch.state["s"] = torch.zeros(len(batch), dtype=torch.float64, device=batch.x.device)
-    for i in range(run.steps):
-        s = batch.state["s"] + exponential(run.noise.uniform(i, CLOCK, batch.rows, 1)[:, 0]).double() / length
-        batch.state["s"] = s
-        batch.finish(s >= s_end, i)
+
+    def one_step(step, k: int, temperature: float, check: bool) -> bool:
+        clock = exponential(run.noise.uniform(step, CLOCK, batch.rows, 1)[:, 0]).double() / length
+        batch.state["s"].add_(clock)
+        batch.finish(batch.state["s"] >= s_end, step, check=check)
         if batch.finished:
-            return
+            return True
         t = run.schedule.inverse(-torch.expm1(-batch.state["s"])).float()
         logits = _plan(networks, batch, t)
-        plan = draws.plan(i, logits, batch.rows, 1, opts.selection, opts.eps, batch.x, mask_id)
-        accept = run.noise.uniform(i, ACCEPT, batch.rows, 1)[:, 0] * length < plan.sum_p
+        plan = draws.plan(step, logits, batch.rows, 1, opts.selection, opts.eps, batch.x, mask_id)
+        accept = run.noise.uniform(step, ACCEPT, batch.rows, 1)[:, 0] * length < plan.sum_p
         index = draws.rows_with(accept)
         if index is not None and index.numel() == 0:
-            continue
+            return False
         x_in, t_in = (plan.masked, mask_time(plan.count, run)) if mask_id is not None else (batch.x, t)
         x_in, t_in, positions, rows = subset(index, x_in, t_in, plan.positions, batch.rows)
-        tokens = networks.tokens(draws, batch, i, x_in, t_in, positions, rows, run.temperature_at(i), index)
+        tokens = networks.tokens(draws, batch, step, x_in, t_in, positions, rows, temperature, index)
         tokens = expand(index, tokens, batch.x.gather(1, plan.positions))
         change = _changes(batch, logits, plan.positions) & accept[:, None]
-        batch.x = write(batch.x, plan.positions, tokens, change)
+        batch.x.copy_(write(batch.x, plan.positions, tokens, change))
+        return False
+
+    _run_steps(run, draws, batch, opts, one_step, stops=True)
+
+
+def _run_steps(run: Run, draws: Draws, batch: RunningBatch, opts: DDPDOptions, one_step: Callable,
+               stops: bool) -> None:
+    """Run one_step(step, k, temperature, check) for step = 0 .. steps - 1 until every row has
+    stopped: eagerly at the stop checks (and always in the reference run), from the fused
+    run's CUDA graphs in between (ddpd.sampling.graphs)."""
+    graphs = draws.graphs(batch, run)
+    for i in range(run.steps):
+        k, temperature = opts.positions_at(i), run.temperature_at(i)
+        check = stops and batch.check_due(i)
+        if graphs is None or check:
+            if one_step(i, k, temperature, check):
+                return
+        else:
+            graphs.run(k, lambda step, k=k, temperature=temperature: one_step(step, k, temperature, False), i)
 
 
 def _changes(batch: RunningBatch, logits: Tensor, positions: Tensor) -> Tensor:

@@ -29,8 +29,8 @@ from typing import Optional, Protocol
 import torch
 from torch import Tensor
 
-from ddpd.ops._sampling_args import BELOW_ONE, gumbel  # noqa: F401 (re-exported: the ops' transform, so both paths agree bit for bit)
-from ddpd.ops.rng import check_seed, philox_uniform, seed_from_generator
+# gumbel: the ops' own transform, re-exported here so that both runs agree bit for bit
+from ddpd.ops.rng import BELOW_ONE, check_seed, gumbel, philox_uniform, seed_from_generator  # noqa: F401
 
 # One stream per kind of draw in a step; the offset of a draw is
 # base + step * NUM_STREAMS + stream, so no two draws of a run share counters.
@@ -55,9 +55,16 @@ class NoiseSource(Protocol):
         ...
 
 
-def stream_offset(base: int, step: int, stream: int) -> int:
+def stream_offset(base: int, step, stream: int):
     """The Philox offset of the draws of `stream` at `step` of a run whose base offset is `base`:
-    base + step * NUM_STREAMS + stream (mod 2**64), distinct for every (step, stream)."""
+    base + step * NUM_STREAMS + stream (mod 2**64), distinct for every (step, stream).
+
+    step: an int, giving an int; or an int64 tensor on a device (the step counter a CUDA
+    graph advances), giving the same value as an int64 tensor (the bits of the uint64; int64
+    arithmetic wraps like uint64)."""
+    if isinstance(step, Tensor):
+        low = base - 2**64 if base >= 2**63 else base
+        return step * NUM_STREAMS + (low + stream)
     return (base + step * NUM_STREAMS + stream) % 2**64
 
 
@@ -80,9 +87,10 @@ class PhiloxNoise:
         return philox_uniform(self.seed, stream_offset(self.offset, step, stream), rows + self.first_row, cols,
                               device=rows.device)
 
-    def counters(self, step: int, stream: int, rows: Tensor) -> dict:
+    def counters(self, step, stream: int, rows: Tensor) -> dict:
         """The arguments that make a ddpd.ops sampling op generate, in its kernel, the uniforms
-        uniform(step, stream, rows, .) returns: seed, offset and row ids."""
+        uniform(step, stream, rows, .) returns: seed, offset and row ids. step: an int, or
+        an int64 tensor on the rows' device (then the offset is a tensor too)."""
         return dict(seed=self.seed, offset=stream_offset(self.offset, step, stream), row_ids=rows + self.first_row)
 
     def __repr__(self) -> str:

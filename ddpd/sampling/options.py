@@ -31,6 +31,7 @@ SELECTIONS = ("sigmoid", "softmax")
 STOPS = ("eps", "budget")
 CLOCKS = ("planner", "exact")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+GRAPHS = ("auto", "off", "emulate")
 
 
 def check_temperature(name: str, value) -> float:
@@ -114,18 +115,23 @@ class Execution:
     Below float32 the networks run under torch.autocast in that precision (a network whose
     weights are already cast, ddpd.models.prepare_for_sampling, runs as it is); the sampler's
     own arithmetic (planner probabilities, time estimates, Gumbel keys) stays float32.
+    graphs: "auto" replays the fused DDPD steps between stop checks from CUDA graphs where the
+    run allows it (CUDA, a PhiloxNoise source, a fixed temperature), "off" never does,
+    "emulate" runs the capture and replay logic without CUDA (ddpd.sampling.graphs).
     """
 
     fused: bool = False
     sync_every: int = 8
     compaction: bool = True
     dtype: str = "auto"
+    graphs: str = "auto"
 
     def __post_init__(self) -> None:
         check_bool("fused", self.fused)
         check_int("sync_every", self.sync_every, 1)
         check_bool("compaction", self.compaction)
         check_choice("dtype", self.dtype, DTYPES)
+        check_choice("graphs", self.graphs, GRAPHS)
 
 
 def _field_names(kind: Type) -> Tuple[str, ...]:

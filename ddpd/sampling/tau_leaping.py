@@ -88,7 +88,7 @@ def tau_leaping_mask(
             x = torch.where(remask, torch.full_like(batch.x, run.mask_id), batch.x)
             batch.x = _draw_where(run, draws, batch, denoiser, i, x, batch.x, unmask, grid.t(i, len(batch)))
             if eta == 0.0 and not last:
-                batch.finish(~(batch.x == run.mask_id).any(-1), i + 1)
+                batch.finish(~(batch.x == run.mask_id).any(-1), i + 1, check=batch.check_due(i))
                 if batch.finished:
                     break
     return batch.result(run.steps)

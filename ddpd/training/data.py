@@ -2,24 +2,41 @@
 
 - `Text8Tokenizer`: the 27-symbol text8 alphabet (space, a-z), the vocabulary of the
   paper's text8 experiments (S = 27; a mask denoiser adds the mask id 27 as input).
-- `GPT2Tokenizer`: GPT-2 BPE (S = 50257) built from a local .tiktoken ranks file,
-  checked against its known sha256, never fetched from the network.
+- `GPT2Tokenizer`: GPT-2 BPE (S = 50257) built from the .tiktoken ranks file shipped
+  with the package (ddpd.assets) or another copy, checked against its known sha256,
+  never fetched from the network. Needs the `tiktoken` package (`ddpd[gpt2]`).
 - `load_text` / `encode_corpus` / `split_tokens`: a corpus is one token stream split
   by position into train / validation / test (90 / 5 / 5), so no evaluated text is
-  ever trained on.
+  ever trained on. A corpus is a local text file, `books` (shipped with the package),
+  `text8` (the full 100 M-character text8, through `datasets`) or `hf:NAME[:CONFIG]`
+  (any Hugging Face dataset with a "text" column). `fingerprint` identifies its text,
+  so a resumed run can tell that its corpus changed.
+- Labelled corpora (class-conditional training): a `.jsonl` file, one JSON object
+  `{"text": str, "label": int}` per line, each line one record (an example of its
+  class, e.g. a document or an image's tokens). `load_labelled` encodes it as
+  `Records`: one token stream with each record's start, length and label. Its split
+  is by position within each class (the first 90% of each class's records train, the
+  next 5% validation, the rest test), so every class is in every split that has room.
 - `RandomCrops`: training batches of `seq_len` tokens cut at uniformly random
-  offsets, drawn from a `torch.Generator` whose state is saved with a checkpoint so a
-  resumed run sees exactly the batches it would have seen.
+  offsets (within one record of a labelled corpus, uniformly over all such windows,
+  with the record's labels), drawn from a `torch.Generator` whose state is saved with
+  a checkpoint so a resumed run sees exactly the batches it would have seen.
 - `chunk`: non-overlapping fixed-length chunks, for evaluation.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
-from typing import Dict, Iterable, Sequence, Tuple
+from dataclasses import dataclass
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
+
+from ddpd.assets import BOOKS, GPT2_RANKS
+from ddpd.validation import require_extra
 
 TEXT8_ALPHABET = " abcdefghijklmnopqrstuvwxyz"
 GPT2_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
@@ -27,6 +44,13 @@ GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+
 GPT2_EOT = "<|endoftext|>"
 SPLITS = ("train", "validation", "test")
 SPLIT_FRACTIONS = (0.9, 0.05, 0.05)
+# Corpora by name. text8 on the Hugging Face hub holds the standard 90 M / 5 M / 5 M
+# split of the 100 M characters as three one-row splits: joined in order they are
+# text8 itself, and SPLIT_FRACTIONS then give back the standard split.
+HUB_TEXT8 = "afmck/text8"
+LABELLED_SUFFIX = ".jsonl"  # a labelled corpus: {"text", "label"} per line
+CORPUS_NAMES = {"books": "the text8-format public-domain books shipped with ddpd (198 k characters)",
+                "text8": f"the full text8 (100 M characters), downloaded with `datasets` from {HUB_TEXT8}"}
 
 _NOT_TEXT8 = re.compile(r"[^ a-z]")
 _TEXT8_TABLE = bytes.maketrans(TEXT8_ALPHABET.encode("ascii"), bytes(range(len(TEXT8_ALPHABET))))
@@ -48,6 +72,13 @@ class Text8Tokenizer:
     vocab_size = len(TEXT8_ALPHABET)
 
     def encode(self, text: str) -> list:
+        return list(self._ids(text))
+
+    def encode_tensor(self, text: str) -> Tensor:
+        """encode() as a Long tensor, without a Python list (text8 has 100 M characters)."""
+        return torch.frombuffer(bytearray(self._ids(text)), dtype=torch.uint8).long()
+
+    def _ids(self, text: str) -> bytes:
         if not isinstance(text, str):
             raise TypeError(f"Text8Tokenizer.encode: text must be str, got {type(text).__name__}")
         bad = _NOT_TEXT8.search(text)
@@ -57,7 +88,7 @@ class Text8Tokenizer:
             raise ValueError(
                 f"Text8Tokenizer.encode: text must contain only space and a-z (text8 format), got "
                 f"{char!r} (U+{ord(char):04X}) at position {bad.start()}; {count} such character(s) in total")
-        return list(text.encode("ascii").translate(_TEXT8_TABLE))
+        return text.encode("ascii").translate(_TEXT8_TABLE)
 
     def decode(self, ids: Iterable[int]) -> str:
         return "".join(TEXT8_ALPHABET[i] for i in _check_ids(ids, self.vocab_size, "Text8Tokenizer"))
@@ -70,13 +101,16 @@ class Text8Tokenizer:
 
 
 class GPT2Tokenizer:
-    """GPT-2 BPE (r50k_base) from a local .tiktoken file; '<|endoftext|>' in text is
-    encoded as ordinary text, so corpora cannot inject the special token."""
+    """GPT-2 BPE (r50k_base) from a .tiktoken ranks file: by default the one shipped
+    with ddpd (ddpd.assets.GPT2_RANKS); '<|endoftext|>' in text is encoded as ordinary
+    text, so corpora cannot inject the special token."""
 
-    def __init__(self, path: str):
-        import tiktoken
+    def __init__(self, path: Optional[str] = None):
+        tiktoken = require_extra("tiktoken", "gpt2", "the GPT-2 tokenizer")
         from tiktoken.load import load_tiktoken_bpe
 
+        if path is None:
+            path = GPT2_RANKS
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"GPT2Tokenizer: path must be a file path, got {type(path).__name__}")
         path = os.path.abspath(os.fspath(path))
@@ -101,7 +135,8 @@ class GPT2Tokenizer:
         return self._encoding.decode(_check_ids(ids, self.vocab_size, "GPT2Tokenizer"), errors="replace")
 
     def to_config(self) -> dict:
-        return {"name": "gpt2", "path": self.path, "sha256": GPT2_SHA256}
+        # No path: every valid ranks file is byte for byte the shipped one (the sha256).
+        return {"name": "gpt2", "sha256": GPT2_SHA256}
 
     def __repr__(self) -> str:
         return f"GPT2Tokenizer({self.path!r})"
@@ -115,56 +150,112 @@ def tokenizer_from_config(config: dict):
     if name == "text8":
         return Text8Tokenizer()
     if name == "gpt2":
-        if "path" not in config:
-            raise ValueError("tokenizer config for 'gpt2' must give 'path' (the .tiktoken file)")
-        return GPT2Tokenizer(config["path"])
+        # A path recorded by an older version is used where it still exists; the
+        # shipped ranks file is the same file (checked by its sha256).
+        path = config.get("path")
+        return GPT2Tokenizer(path if isinstance(path, str) and os.path.isfile(path) else None)
     raise ValueError(f"tokenizer config 'name' must be 'text8' or 'gpt2', got {name!r}")
 
 
-def load_text(source: str) -> str:
-    """The text of a corpus: a local UTF-8 text file (read whole; one final line break
-    is dropped), or `hf:NAME[:CONFIG]`, the "text" column of a Hugging Face
-    dataset's train split joined by line breaks (through `datasets`; needs a network
-    or a local datasets cache). Local files need no `datasets` and write no cache."""
+def resolve_source(source: str) -> str:
+    """The canonical form of a corpus source: `hf:NAME[:CONFIG]` as given, an existing
+    file as its absolute path, else a corpus name of CORPUS_NAMES as given. Raises
+    FileNotFoundError for anything else (naming the corpora that need no file)."""
     if not isinstance(source, (str, os.PathLike)):
-        raise TypeError(f"data source must be a path or 'hf:NAME', got {type(source).__name__}")
+        raise TypeError(f"data source must be a path, a corpus name or 'hf:NAME', got {type(source).__name__}")
     source = os.fspath(source)
     if source.startswith("hf:"):
+        return source
+    if os.path.exists(source):
+        return os.path.abspath(source)
+    if source in CORPUS_NAMES:
+        return source
+    names = "; ".join(f"{name}: {what}" for name, what in CORPUS_NAMES.items())
+    raise FileNotFoundError(f"no such file: {source} (corpora that need no file: {names}; "
+                            "or hf:NAME[:CONFIG] for a Hugging Face dataset)")
+
+
+def load_text(source: str) -> str:
+    """The text of a corpus (see resolve_source): a local UTF-8 text file (read whole;
+    one final line break is dropped), `books` (the shipped file), `text8`, or
+    `hf:NAME[:CONFIG]`, the "text" column of a Hugging Face dataset's train split joined
+    by line breaks (through `datasets`, the `ddpd[hf]` extra; needs a network or a local
+    datasets cache). Local files need no `datasets` and write no cache."""
+    source = resolve_source(source)
+    if source.startswith("hf:"):
         return _load_hub_text(source[3:])
-    if not os.path.isfile(source):
-        raise FileNotFoundError(f"data file not found: {source}")
-    with open(source, encoding="utf-8") as f:
-        text = f.read()
-    return text[:-1] if text.endswith("\n") else text
+    if source == "text8":
+        return _load_hub_text(HUB_TEXT8, splits=SPLITS, joiner="")
+    return _read_text_file(str(BOOKS) if source == "books" else source)
 
 
-def _load_hub_text(name: str) -> str:
+def _read_text_file(path: str) -> str:
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"data {path} is a directory, not a text file")
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"data file {path} is not UTF-8 text (byte 0x{raw[err.start]:02x} at offset "
+                         f"{err.start})") from None
+    text = text[:-1] if text.endswith("\n") else text
+    if not text:
+        raise ValueError(f"data file {path} is empty")
+    return text
+
+
+def fingerprint(text: str) -> dict:
+    """What identifies a corpus: its length in characters and the sha256 of its UTF-8 text."""
+    return {"chars": len(text), "sha256": hashlib.sha256(text.encode("utf-8")).hexdigest()}
+
+
+def _load_hub_text(name: str, splits: Sequence[str] = ("train",), joiner: str = "\n") -> str:
     repo, _, config = name.partition(":")
     if not repo:
         raise ValueError(f"data source 'hf:NAME[:CONFIG]' needs a dataset name, got 'hf:{name}'")
-    try:
-        rows = _load_dataset_quietly(repo, config or None, split="train")
-    except Exception as err:  # datasets raises many kinds (offline, missing, bad config)
-        raise ValueError(f"could not load Hugging Face dataset {name!r}: {err}") from None
-    if "text" not in rows.column_names:
-        raise ValueError(f"Hugging Face dataset {name!r} has no 'text' column (columns: {rows.column_names})")
-    return "\n".join(rows["text"])
+    require_extra("datasets", "hf", f"the Hugging Face dataset {repo!r}")
+    parts = []
+    for split in splits:
+        try:
+            rows = _load_dataset_quietly(repo, config or None, split=split)
+        except Exception as err:  # datasets raises many kinds (offline, missing, bad config)
+            reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise ValueError(f"could not load the Hugging Face dataset {name!r} (split {split}; downloading it "
+                             f"needs a network connection, or a datasets cache that holds it): {reason}") from None
+        if "text" not in rows.column_names:
+            raise ValueError(f"Hugging Face dataset {name!r} has no 'text' column (columns: {rows.column_names})")
+        parts.append(joiner.join(rows["text"]))
+    text = joiner.join(parts)
+    if not text:
+        raise ValueError(f"Hugging Face dataset {name!r} holds no text")
+    return text
 
 
 def _load_dataset_quietly(*args, **kwargs):
+    """datasets.load_dataset without progress bars or the hub's retry warnings (a
+    failure is reported once, in one line, by the caller)."""
+    import logging
+
     import datasets
 
     shown = datasets.is_progress_bar_enabled()
     datasets.disable_progress_bars()
+    hub_log = logging.getLogger("huggingface_hub")
+    level = hub_log.level
+    hub_log.setLevel(logging.ERROR)
     try:
         return datasets.load_dataset(*args, **kwargs)
     finally:
+        hub_log.setLevel(level)
         if shown:
             datasets.enable_progress_bars()
 
 
 def encode_corpus(text: str, tokenizer) -> Tensor:
     """The whole text as one Long[N] token stream."""
+    if hasattr(tokenizer, "encode_tensor"):
+        return tokenizer.encode_tensor(text)
     return torch.tensor(tokenizer.encode(text), dtype=torch.long)
 
 
@@ -174,8 +265,7 @@ def split_tokens(tokens: Tensor, fractions: Sequence[float] = SPLIT_FRACTIONS) -
     if not isinstance(tokens, Tensor) or tokens.dim() != 1:
         raise ValueError(f"tokens must be a 1-D tensor, got {type(tokens).__name__} "
                          f"{tuple(getattr(tokens, 'shape', ()))}")
-    if len(fractions) != 3 or any(f <= 0 for f in fractions) or abs(sum(fractions) - 1.0) > 1e-9:
-        raise ValueError(f"fractions must be three positive numbers summing to 1, got {tuple(fractions)}")
+    _check_fractions(fractions)
     n = tokens.numel()
     train_end = int(n * fractions[0])
     validation_end = int(n * (fractions[0] + fractions[1]))
@@ -183,9 +273,97 @@ def split_tokens(tokens: Tensor, fractions: Sequence[float] = SPLIT_FRACTIONS) -
             "test": tokens[validation_end:]}
 
 
+def _check_fractions(fractions: Sequence[float]) -> None:
+    if len(fractions) != 3 or any(f <= 0 for f in fractions) or abs(sum(fractions) - 1.0) > 1e-9:
+        raise ValueError(f"fractions must be three positive numbers summing to 1, got {tuple(fractions)}")
+
+
 def load_splits(source: str, tokenizer, fractions: Sequence[float] = SPLIT_FRACTIONS) -> Dict[str, Tensor]:
-    """Load, tokenize and split a corpus (see `load_text`, `split_tokens`)."""
+    """Load, tokenize and split a plain-text corpus (see `load_text`, `split_tokens`)."""
+    if is_labelled(source):
+        raise ValueError(f"data {source} is a labelled corpus ({LABELLED_SUFFIX}); this reads plain text")
     return split_tokens(encode_corpus(load_text(source), tokenizer), fractions)
+
+
+# ---------------------------------------------------------------- labelled corpora
+
+
+def is_labelled(source: str) -> bool:
+    """Whether the corpus at `source` is a labelled one (a .jsonl file)."""
+    return os.fspath(source).endswith(LABELLED_SUFFIX)
+
+
+@dataclass
+class Records:
+    """Records in one Long[N] token stream: record r is tokens[starts[r] : starts[r] + lengths[r]],
+    of class labels[r] (labels None: records without labels, e.g. a labelled corpus used
+    for an unconditional model). A plain corpus is one record."""
+
+    tokens: Tensor
+    starts: Tensor
+    lengths: Tensor
+    labels: Optional[Tensor] = None
+
+    @classmethod
+    def stream(cls, tokens: Tensor) -> "Records":
+        """A plain token stream as one record."""
+        return cls(tokens, torch.zeros(1, dtype=torch.long), torch.tensor([tokens.numel()]))
+
+    def windows(self, seq_len: int) -> Tensor:
+        """Long[R]: the windows of seq_len tokens within each record."""
+        return (self.lengths - seq_len + 1).clamp(min=0)
+
+    def select(self, index: Tensor) -> "Records":
+        """The records `index` (Long), in that order, as a stream of their own."""
+        pieces = [self.tokens[s:s + n] for s, n in zip(self.starts[index].tolist(), self.lengths[index].tolist())]
+        lengths = self.lengths[index]
+        starts = torch.cumsum(lengths, 0) - lengths
+        tokens = torch.cat(pieces) if pieces else self.tokens[:0]
+        return Records(tokens, starts, lengths, None if self.labels is None else self.labels[index])
+
+    def split(self, fractions: Sequence[float] = SPLIT_FRACTIONS) -> Dict[str, "Records"]:
+        """{'train', 'validation', 'test'}: the records of each class split by position
+        (within the class, in corpus order) by `fractions`."""
+        _check_fractions(fractions)
+        labels = self.labels if self.labels is not None else torch.zeros_like(self.lengths)
+        parts: Dict[str, List[Tensor]] = {name: [] for name in SPLITS}
+        for label in torch.unique(labels).tolist():
+            index = torch.nonzero(labels == label).flatten()
+            n = index.numel()
+            ends = (int(n * fractions[0]), int(n * (fractions[0] + fractions[1])), n)
+            for name, begin, end in zip(SPLITS, (0,) + ends[:2], ends):
+                parts[name].append(index[begin:end])
+        return {name: self.select(torch.sort(torch.cat(index)).values) for name, index in parts.items()}
+
+
+def load_labelled(source: str, tokenizer, text: Optional[str] = None) -> Records:
+    """The labelled corpus at `source` (a .jsonl file; `text`: its content, if already read)
+    as Records. ValueError naming the line for anything but {"text": str, "label": int >= 0}."""
+    text = load_text(source) if text is None else text
+    pieces, labels = [], []
+    for number, line in enumerate(text.split("\n"), 1):
+        if not line.strip():
+            continue
+        where = f"data {source} line {number}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{where}: not JSON ({err.msg} at column {err.colno})") from None
+        if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+            raise ValueError(f"{where}: expected an object {{\"text\": str, \"label\": int}}, got {line[:60]!r}")
+        label = record.get("label")
+        if isinstance(label, bool) or not isinstance(label, int) or label < 0:
+            raise ValueError(f"{where}: 'label' must be an int >= 0 (a class id), got {label!r}")
+        try:
+            pieces.append(encode_corpus(record["text"], tokenizer))
+        except ValueError as err:
+            raise ValueError(f"{where}: {err}") from None
+        labels.append(label)
+    if not pieces:
+        raise ValueError(f"data {source} holds no record")
+    lengths = torch.tensor([p.numel() for p in pieces], dtype=torch.long)
+    return Records(torch.cat(pieces), torch.cumsum(lengths, 0) - lengths, lengths,
+                   torch.tensor(labels, dtype=torch.long))
 
 
 def chunk(tokens: Tensor, seq_len: int) -> Tensor:
@@ -204,20 +382,26 @@ def _check_positive(name: str, value) -> None:
 
 class RandomCrops:
     """Endless Long[batch_size, seq_len] batches cut from `tokens` at offsets drawn
-    uniformly from [0, N - seq_len] with a private generator seeded by `seed`.
+    uniformly from [0, N - seq_len] with a private generator seeded by `seed`. Given
+    `Records`, the windows lie within one record each, drawn uniformly over all of them;
+    records with labels give (tokens, labels Long[batch_size]) batches.
 
     `state_dict()` / `load_state_dict()` capture the generator, so a restored
     sampler continues with exactly the batches the original would have produced.
     """
 
-    def __init__(self, tokens: Tensor, seq_len: int, batch_size: int, seed: int):
+    def __init__(self, tokens: Union[Tensor, Records], seq_len: int, batch_size: int, seed: int):
         _check_positive("seq_len", seq_len)
         _check_positive("batch_size", batch_size)
-        if not isinstance(tokens, Tensor) or tokens.dim() != 1:
-            raise ValueError(f"tokens must be a 1-D tensor, got {type(tokens).__name__}")
-        if tokens.numel() < seq_len:
-            raise ValueError(f"seq_len must be <= the number of tokens ({tokens.numel()}), got {seq_len}")
-        self.tokens = tokens
+        if isinstance(tokens, Tensor) and tokens.dim() == 1:
+            tokens = Records.stream(tokens)
+        if not isinstance(tokens, Records):
+            raise ValueError(f"tokens must be a 1-D tensor or Records, got {type(tokens).__name__}")
+        self.records = tokens
+        self.windows = torch.cumsum(tokens.windows(seq_len), 0)  # windows in records 0 .. r
+        if not self.windows.numel() or int(self.windows[-1]) < 1:
+            longest = int(tokens.lengths.max()) if tokens.lengths.numel() else 0
+            raise ValueError(f"seq_len must be <= the number of tokens of a record ({longest}), got {seq_len}")
         self.seq_len = seq_len
         self.batch_size = batch_size
         self.generator = torch.Generator().manual_seed(seed)
@@ -227,11 +411,15 @@ class RandomCrops:
     def __iter__(self) -> "RandomCrops":
         return self
 
-    def __next__(self) -> Tensor:
-        starts = torch.randint(0, self.tokens.numel() - self.seq_len + 1, (self.batch_size,),
-                               generator=self.generator)
+    def __next__(self) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+        # window w of the corpus: record r with windows[r - 1] <= w < windows[r], offset w - windows[r - 1]
+        window = torch.randint(0, int(self.windows[-1]), (self.batch_size,), generator=self.generator)
+        record = torch.searchsorted(self.windows, window, right=True)
+        before = self.windows[record] - self.records.windows(self.seq_len)[record]
+        starts = self.records.starts[record] + window - before
         self.batches += 1
-        return self.tokens[starts[:, None] + self._window]
+        x = self.records.tokens[starts[:, None] + self._window]
+        return x if self.records.labels is None else (x, self.records.labels[record])
 
     def state_dict(self) -> Dict[str, object]:
         return {"generator": self.generator.get_state(), "batches": self.batches}
@@ -241,14 +429,24 @@ class RandomCrops:
         self.batches = int(state["batches"])
 
 
-def evaluation_batches(tokens: Tensor, seq_len: int, batch_size: int, max_batches: int) -> Tuple[Tensor, ...]:
+def evaluation_batches(tokens: Union[Tensor, Records], seq_len: int, batch_size: int,
+                       max_batches: int) -> Tuple:
     """Up to `max_batches` Long[<=batch_size, seq_len] batches of chunks picked evenly
-    across `tokens`, the same on every call (a fixed evaluation set)."""
+    across `tokens`, the same on every call (a fixed evaluation set). Given Records, the
+    chunks are those of each record, and with labels each batch is (chunks, labels)."""
     _check_positive("max_batches", max_batches)
     _check_positive("batch_size", batch_size)
-    chunks = chunk(tokens, seq_len)
-    if chunks.shape[0] == 0:
-        raise ValueError(f"seq_len must be <= the number of evaluation tokens ({tokens.numel()}), got {seq_len}")
-    wanted = min(chunks.shape[0], max_batches * batch_size)
-    picked = chunks[torch.linspace(0, chunks.shape[0] - 1, wanted).round().long()]
-    return tuple(picked.split(batch_size))
+    records = tokens if isinstance(tokens, Records) else Records.stream(tokens)
+    counts = records.lengths // seq_len
+    starts = torch.cat([torch.zeros(0, dtype=torch.long)] +
+                       [s + seq_len * torch.arange(n) for s, n in zip(records.starts.tolist(), counts.tolist())])
+    if starts.numel() == 0:
+        longest = int(records.lengths.max()) if records.lengths.numel() else 0
+        raise ValueError(f"seq_len must be <= the number of evaluation tokens of a record ({longest}), got {seq_len}")
+    wanted = min(starts.numel(), max_batches * batch_size)
+    picked = torch.linspace(0, starts.numel() - 1, wanted).round().long()
+    chunks = records.tokens[starts[picked][:, None] + torch.arange(seq_len)]
+    if records.labels is None:
+        return tuple(chunks.split(batch_size))
+    labels = torch.repeat_interleave(records.labels, counts)[picked]
+    return tuple(zip(chunks.split(batch_size), labels.split(batch_size)))

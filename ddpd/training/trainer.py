@@ -14,12 +14,20 @@ without the rate prefactor alpha_dot/(1-alpha), as in the paper's implementation
 accumulation and clipping, optional EMA, bf16 autocast on CUDA, data parallel over
 torchrun processes (gloo on CPU, nccl on CUDA).
 
+One writer: a Trainer holds an exclusive lock on config.out (ddpd.files.OutputLock)
+from construction to close(), so a second run, or a --resume beside a running run,
+is refused with a line that names the holder. A stop requested with request_stop()
+(ddpd-train does so on SIGINT, SIGTERM and SIGHUP) ends the loop after the current
+step and saves a checkpoint there.
+
 Exact resume: a checkpoint stores the model, AdamW moments, EMA weights, every RNG
 the loop draws from (the global torch RNG used by dropout, the corruption generator,
 the data sampler's generator, per process) and the step count. The learning rate is
 a pure function of the step. A run restarted from a checkpoint therefore computes
 bit-for-bit the same updates as one that never stopped, on the same hardware, thread
-count and number of processes.
+count and number of processes. The checkpoint also records the corpus's fingerprint
+(characters and sha256): resuming on a changed corpus is refused, since its
+validation and test ranges would move into the training split.
 """
 from __future__ import annotations
 
@@ -31,18 +39,19 @@ import os
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
-import torch.distributed as dist
-from safetensors.torch import load_model as load_weights
 from torch import Tensor
 
-from ddpd.checkpoint import (WEIGHTS, CheckpointError, ensure_replaceable, has_train_state, load_train_state,
-                             read_config, save_checkpoint)
+from ddpd.checkpoint import CheckpointError, ensure_replaceable, has_train_state, load_checkpoint, save_checkpoint
+from ddpd.files import OutputLock, remove_stale_temps
 from ddpd.models import build_model, config_for
 from ddpd.process import corrupt, get_schedule
-from ddpd.training.data import (GPT2Tokenizer, RandomCrops, Text8Tokenizer, evaluation_batches, load_splits)
+from ddpd.training.data import (LABELLED_SUFFIX, GPT2Tokenizer, RandomCrops, Records, Text8Tokenizer,
+                                encode_corpus, evaluation_batches, fingerprint, is_labelled, load_labelled, load_text,
+                                resolve_source, split_tokens)
+from ddpd.training.distributed import Distributed
 from ddpd.training.losses import ar_loss, denoiser_loss, planner_loss, uniform_model_loss
 
 KINDS = ("planner", "mask-denoiser", "uniform-denoiser", "uniform", "ar")
@@ -50,7 +59,7 @@ TOKENIZERS = ("text8", "gpt2")
 # settings that must not change when a run resumes, or it would not continue the same run
 RESUME_FIXED = ("kind", "data", "batch_size", "seq_len", "d_model", "n_layers", "n_heads", "dropout", "lr",
                 "min_lr", "warmup", "weight_decay", "grad_accum", "grad_clip", "ema", "seed", "tokenizer",
-                "tiktoken", "schedule", "steps", "max_time")
+                "tiktoken", "schedule", "steps", "max_time", "num_classes", "label_dropout")
 
 
 @dataclass
@@ -87,6 +96,11 @@ class TrainConfig:
     # decay follows whichever of steps and max_time runs out first, so a run cut by the
     # clock still ends at final_lr (its step count then depends on the machine).
     max_time: Optional[float] = None
+    # class-conditional training on a labelled corpus (.jsonl): labels in [0, num_classes),
+    # each replaced by the null label num_classes with probability label_dropout
+    # (classifier-free guidance needs the unconditional model too)
+    num_classes: int = 0
+    label_dropout: float = 0.0
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -96,18 +110,20 @@ class TrainConfig:
                 raise TypeError(f"{name} must be a non-empty path string, got {getattr(self, name)!r}")
         if self.tokenizer not in TOKENIZERS:
             raise ValueError(f"tokenizer must be one of {TOKENIZERS}, got {self.tokenizer!r}")
-        if self.tokenizer == "gpt2" and not self.tiktoken:
-            raise ValueError("tokenizer 'gpt2' needs tiktoken (the path of the gpt2.tiktoken ranks file)")
+        if self.tiktoken and self.tokenizer != "gpt2":
+            raise ValueError(f"tiktoken (a GPT-2 ranks file) needs tokenizer 'gpt2', got {self.tokenizer!r}")
         for name in ("steps", "batch_size", "seq_len", "d_model", "n_layers", "n_heads", "grad_accum",
                      "eval_every", "eval_batches", "save_every"):
             _check_int(name, getattr(self, name), 1)
         _check_int("warmup", self.warmup, 0)
         _check_int("seed", self.seed, 0)
+        _check_int("num_classes", self.num_classes, 0)
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
         if self.min_lr is not None and not 0 <= self.min_lr <= self.lr:
             raise ValueError(f"min_lr must be in [0, lr={self.lr}], got {self.min_lr}")
-        for name, value, low, high in (("dropout", self.dropout, 0.0, 1.0), ("ema", self.ema, 0.0, 1.0)):
+        for name, value, low, high in (("dropout", self.dropout, 0.0, 1.0), ("ema", self.ema, 0.0, 1.0),
+                                       ("label_dropout", self.label_dropout, 0.0, 1.0)):
             if not low <= value < high:
                 raise ValueError(f"{name} must be in [{low}, {high}), got {value}")
         if self.max_time is not None and not self.max_time > 0:
@@ -115,9 +131,13 @@ class TrainConfig:
         if self.weight_decay < 0 or self.grad_clip < 0:
             raise ValueError(f"weight_decay and grad_clip must be >= 0, got {self.weight_decay}, {self.grad_clip}")
         get_schedule(self.schedule)
+        if self.label_dropout and not self.num_classes:
+            raise ValueError(f"label_dropout needs num_classes > 0 (class labels to drop), got {self.label_dropout}")
         # absolute paths, so a resumed run recognises its settings from any directory
-        if not self.data.startswith("hf:"):
-            self.data = os.path.abspath(self.data)
+        self.data = resolve_source(self.data)
+        if self.num_classes and not is_labelled(self.data):
+            raise ValueError(f"num_classes needs a labelled corpus (a {LABELLED_SUFFIX} file of "
+                             f"{{\"text\": str, \"label\": int}} lines), got data {self.data}")
         if self.tiktoken:
             self.tiktoken = os.path.abspath(self.tiktoken)
         self.out = os.path.abspath(self.out)
@@ -161,99 +181,89 @@ def make_tokenizer(config: TrainConfig):
     return GPT2Tokenizer(config.tiktoken) if config.tokenizer == "gpt2" else Text8Tokenizer()
 
 
+def check_train_state(path: str, tensors: Dict[str, Tensor], meta: dict, steps: int, world_size: int,
+                      expected: Dict[str, tuple]) -> None:
+    """CheckpointError (one line) unless a training state is one this run can resume:
+    meta's counters of the right types and ranges, and every tensor in `expected`
+    (name -> shape, or None for any shape) present."""
+    def fail(what: str):
+        raise CheckpointError(f"checkpoint {path}: train_state.json: {what}")
+
+    step = meta.get("step")
+    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= steps:
+        fail(f"'step' must be an int in [0, {steps}], got {step!r}")
+    if meta.get("world_size") != world_size:
+        raise ValueError(f"cannot resume {path} exactly: it was written by {meta.get('world_size')!r} "
+                         f"process(es), this run has {world_size}")
+    history = meta.get("history")
+    if not isinstance(history, list) or not all(isinstance(h, dict) and isinstance(h.get("step"), int)
+                                                for h in history):
+        fail(f"'history' must be a list of records with a 'step', got {str(history)[:60]}")
+    seconds, tokens = meta.get("train_seconds", 0.0), meta.get("train_tokens", 0)
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds < math.inf:
+        fail(f"'train_seconds' must be a finite number >= 0, got {seconds!r}")
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
+        fail(f"'train_tokens' must be an int >= 0, got {tokens!r}")
+    if not isinstance(meta.get("optimizer_param_groups"), list):
+        fail(f"'optimizer_param_groups' must be a list, got {meta.get('optimizer_param_groups')!r}")
+    for name, shape in expected.items():
+        if name not in tensors:
+            raise CheckpointError(f"checkpoint {path}: train_state.safetensors lacks {name}")
+        if shape is not None and tuple(tensors[name].shape) != shape:
+            raise CheckpointError(f"checkpoint {path}: train_state.safetensors holds {name} of shape "
+                                  f"{tuple(tensors[name].shape)}, expected {shape}")
+
+
 def stream_seed(seed: int, rank: int, stream: str) -> int:
     """An independent 63-bit seed for one random stream of one process."""
     digest = hashlib.sha256(f"ddpd/{seed}/{rank}/{stream}".encode()).digest()
     return int.from_bytes(digest[:8], "little") >> 1
 
 
-class Distributed:
-    """Rank, world size and device of this process; joins the torchrun process group
-    when WORLD_SIZE > 1 (nccl on CUDA, gloo otherwise)."""
-
-    def __init__(self, device: str):
-        self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
-        self.rank = int(os.environ.get("RANK", "0"))
-        local_rank = int(os.environ.get("LOCAL_RANK", str(self.rank)))
-        self.device = _resolve_device(device, local_rank if self.world_size > 1 else None)
-        self.owns_group = False
-        if self.world_size > 1 and not dist.is_initialized():
-            if self.device.type == "cuda":
-                torch.cuda.set_device(self.device)
-            dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
-            self.owns_group = True
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    def all_gather(self, value):
-        if self.world_size == 1:
-            return [value]
-        gathered = [None] * self.world_size
-        dist.all_gather_object(gathered, value)
-        return gathered
-
-    def sum(self, values: List[float]) -> List[float]:
-        if self.world_size == 1:
-            return values
-        total = torch.tensor(values, dtype=torch.float64, device=self.device)
-        dist.all_reduce(total)
-        return total.tolist()
-
-    def close(self) -> None:
-        if self.owns_group:
-            dist.destroy_process_group()
-            self.owns_group = False
-
-
-def _resolve_device(device: str, local_rank: Optional[int]) -> torch.device:
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        resolved = torch.device(device)
-    except RuntimeError:
-        raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}") from None
-    if resolved.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"device {device!r} requested but CUDA is not available")
-        if local_rank is not None:
-            resolved = torch.device("cuda", local_rank)
-    elif resolved.type != "cpu":
-        raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}")
-    return resolved
-
-
 class Trainer:
     """Train one network as configured; `train()` runs to `config.steps` (or `stop_at`),
     evaluating every `eval_every` and checkpointing to `config.out` every `save_every`
-    steps and at the end. `resume=True` continues the checkpoint in `config.out`."""
+    steps and at the end. `resume=True` continues the checkpoint in `config.out`.
+    The output stays locked until `close()` (or the end of a `with` block)."""
 
     def __init__(self, config: TrainConfig, resume: bool = False, progress: bool = False,
-                 log: Optional[Callable[[str], None]] = None):
+                 log: Optional[Callable[[str], None]] = None, allow_data_change: bool = False):
         self.config = config
         self.progress = progress
         self._log = log
+        self.allow_data_change = allow_data_change
+        self.stop_reason: Optional[str] = None
+        self._lock: Optional[OutputLock] = None
+        self._saved_step: Optional[int] = None  # the step of the checkpoint in config.out, if any
         self.dist = Distributed(config.device)
         self.device = self.dist.device
         try:
+            if self.dist.is_main:  # one writer per output, for the whole run
+                self._lock = OutputLock(config.out).acquire()
             self._setup(resume)
         except BaseException:
-            self.dist.close()
+            self.close()
             raise
 
     # ---- setup -------------------------------------------------------------------
 
     def _setup(self, resume: bool) -> None:
         config = self.config
-        if resume:
-            self._check_resumable()
-        elif self.dist.is_main:
+        stored = self._load_resumable() if resume else None
+        if not resume and self.dist.is_main:
             self._check_fresh_destination()
+        if self.dist.is_main:
+            remove_stale_temps(config.out)  # of saves killed before they finished
         self.tokenizer = make_tokenizer(config)
         self.vocab_size = self.tokenizer.vocab_size
         self.schedule = get_schedule(config.schedule)
-        splits = load_splits(config.data, self.tokenizer)
+        text = load_text(config.data)
+        self.corpus = fingerprint(text)
+        if stored is not None:
+            self._check_corpus(stored.config)
+        splits = self._splits(text)
+        del text
+        self._check_splits(splits)
         self.train_batches = RandomCrops(splits["train"], config.seq_len, config.batch_size,
                                          stream_seed(config.seed, self.dist.rank, "data"))
         self.eval_set = evaluation_batches(splits["validation"], config.seq_len, config.batch_size,
@@ -264,13 +274,14 @@ class Trainer:
         self.step = 0
         self.history: List[dict] = []
         self.train_seconds, self.train_tokens = 0.0, 0
-        if resume:
-            self._restore()
+        if stored is not None:
+            self._restore(stored)
 
     def _build_model(self) -> None:
         config = self.config
         self.model_config = config_for(config.kind, self.vocab_size, config.seq_len, d_model=config.d_model,
-                                       n_layers=config.n_layers, n_heads=config.n_heads, dropout=config.dropout)
+                                       n_layers=config.n_layers, n_heads=config.n_heads, dropout=config.dropout,
+                                       num_classes=config.num_classes)
         torch.manual_seed(config.seed)  # the same initial weights on every process
         self.model = build_model(config.kind, self.model_config).to(self.device)
         self.ema = copy.deepcopy(self.model).requires_grad_(False) if config.ema > 0 else None
@@ -289,14 +300,60 @@ class Trainer:
             raise ValueError(f"out directory {self.config.out} already holds a checkpoint; pass resume "
                              "(--resume) to continue it or choose another out directory")
 
-    def _check_resumable(self) -> None:
-        if not has_train_state(self.config.out):
-            raise CheckpointError(f"cannot resume: {self.config.out} holds no training checkpoint")
-        stored = read_config(self.config.out).get("training", {})
-        changed = [f"{name} ({stored.get(name)!r} -> {getattr(self.config, name)!r})"
-                   for name in RESUME_FIXED if stored.get(name) != getattr(self.config, name)]
+    def _load_resumable(self):
+        """The checkpoint in config.out with its training state, verified and read from
+        one save, and checked to be this run."""
+        out = self.config.out
+        if not has_train_state(out):
+            raise CheckpointError(f"cannot resume: {out} holds no training checkpoint")
+        stored = load_checkpoint(out, train_state=True)
+        settings = stored.config.get("training", {})
+        defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}  # of settings added later
+        changed = [f"{name} ({settings.get(name, defaults[name])!r} -> {getattr(self.config, name)!r})"
+                   for name in RESUME_FIXED if settings.get(name, defaults[name]) != getattr(self.config, name)]
         if changed:
-            raise ValueError(f"cannot resume {self.config.out} with changed settings: {', '.join(changed)}")
+            raise ValueError(f"cannot resume {out} with changed settings: {', '.join(changed)}")
+        return stored
+
+    def _check_corpus(self, stored_config: dict) -> None:
+        """A resumed run must read the corpus it started on: a corpus appended to or
+        edited moves text between the training, validation and test ranges."""
+        recorded = stored_config.get("corpus")
+        if recorded is None or recorded == self.corpus or self.allow_data_change:
+            return
+        then = (f"{recorded.get('chars')} characters, sha256 {str(recorded.get('sha256'))[:12]}"
+                if isinstance(recorded, dict) else repr(recorded))
+        raise CheckpointError(
+            f"cannot resume {self.config.out}: the corpus {self.config.data} changed since the run started "
+            f"({then}; now {self.corpus['chars']} characters, sha256 {self.corpus['sha256'][:12]}), which "
+            "moves validation and test text into training; pass allow_data_change (--allow-data-change) to "
+            "resume anyway")
+
+    def _splits(self, text: str) -> Dict[str, Records]:
+        """The train, validation and test Records of the corpus: a plain one split by position,
+        a labelled one by records within each class (their labels kept when the model is
+        class-conditional)."""
+        config = self.config
+        if not is_labelled(config.data):
+            return {name: Records.stream(tokens) for name, tokens in
+                    split_tokens(encode_corpus(text, self.tokenizer)).items()}
+        records = load_labelled(config.data, self.tokenizer, text)
+        if not config.num_classes:
+            records.labels = None  # an unconditional model trained on the records' texts
+        elif int(records.labels.max()) >= config.num_classes:
+            raise ValueError(f"data {config.data} has label {int(records.labels.max())}, but num_classes="
+                             f"{config.num_classes} (labels must be in [0, {config.num_classes}))")
+        return records.split()
+
+    def _check_splits(self, splits: Dict[str, Records]) -> None:
+        seq_len = self.config.seq_len
+        for name in ("train", "validation"):
+            if not int(splits[name].windows(seq_len).sum()):
+                held = splits[name].lengths
+                what = f"{int(held.sum())} tokens" if held.numel() <= 1 else \
+                    f"{held.numel()} records of at most {int(held.max())} tokens"
+                raise ValueError(f"data {self.config.data}: its {name} split holds {what}, "
+                                 f"fewer than seq_len={seq_len}; use a longer corpus or a shorter seq_len")
 
     # ---- the loop ----------------------------------------------------------------
 
@@ -312,7 +369,7 @@ class Trainer:
             self._record(None)  # the untrained baseline
         bar = self._progress_bar(stop_at)
         losses: List[float] = []
-        while self.step < stop_at and not self.out_of_time:
+        while self.step < stop_at and not self._stopping():
             started = time.perf_counter()
             losses.append(self._optimizer_step())
             self.step += 1
@@ -330,9 +387,27 @@ class Trainer:
                 self.save()
         if bar is not None:
             bar.close()
+        if self.stop_reason is not None and self._saved_step != self.step:
+            self.save()  # a stopped run continues from where it stopped
         if self.out_of_time:
             self.log(f"stopped by max_time ({config.max_time:g} s of training) at step {self.step} of {config.steps}")
         return self.history
+
+    def request_stop(self, reason: str) -> None:
+        """Ask train() to return after the current step, with a checkpoint there (safe
+        to call from a signal handler)."""
+        if self.stop_reason is None:
+            self.stop_reason = reason
+
+    def _stopping(self) -> bool:
+        """Whether to stop before the next step: a stop was requested or the time is up,
+        agreed by every process (they may see a signal or the clock at different steps)."""
+        flags = [float(self.stop_reason is not None), float(self.out_of_time)]
+        if self.dist.world_size > 1:
+            flags = self.dist.max(flags)
+            if flags[0] and self.stop_reason is None:
+                self.stop_reason = "a stop requested in another process"
+        return bool(flags[0] or flags[1])
 
     @property
     def out_of_time(self) -> bool:
@@ -351,12 +426,12 @@ class Trainer:
         self.network.train()
         total = 0.0
         for micro in range(config.grad_accum):
-            x1 = next(self.train_batches).to(self.device, non_blocking=True)
+            x1, labels = self._to_device(next(self.train_batches))
             last = micro == config.grad_accum - 1
             sync = self.network.no_sync() if self.dist.world_size > 1 and not last else nullcontext()
             with sync:
                 with self._autocast():
-                    loss = self.objective(self.network, x1, self.noise)
+                    loss = self.objective(self.network, x1, self.noise, labels, config.label_dropout)
                 (loss / config.grad_accum).backward()
             total += loss.item()
         if not math.isfinite(total):
@@ -371,20 +446,40 @@ class Trainer:
                 torch._foreach_lerp_(list(self.ema.parameters()), list(self.model.parameters()), 1.0 - config.ema)
         return total / config.grad_accum
 
-    def objective(self, network, x1: Tensor, generator: torch.Generator) -> Tensor:
-        """The training loss of config.kind on clean chunks x1: Long[B, L]."""
+    def _to_device(self, batch) -> Tuple[Tensor, Optional[Tensor]]:
+        """(x1, labels or None) of a batch of RandomCrops / evaluation_batches, on the device."""
+        x1, labels = batch if isinstance(batch, tuple) else (batch, None)
+        return x1.to(self.device, non_blocking=True), None if labels is None else labels.to(self.device)
+
+    def objective(self, network, x1: Tensor, generator: torch.Generator, labels: Optional[Tensor] = None,
+                  label_dropout: float = 0.0) -> Tensor:
+        """The training loss of config.kind on clean chunks x1: Long[B, L] of classes `labels`
+        (Long[B], class-conditional models), each replaced by the null label with
+        probability label_dropout (drawn from `generator` after the corruption)."""
         kind = self.config.kind
         if kind == "ar":
             x = self.model.with_bos(x1)
-            return ar_loss(network(x), x)
+            return ar_loss(network(x, **self._labels(labels, label_dropout, generator)), x)
         t = torch.rand(x1.shape[0], generator=generator, device=x1.device)
         noise = "mask" if kind == "mask-denoiser" else "uniform"
         x_t, z_t = corrupt(x1, t, self.schedule, noise, self.vocab_size, generator=generator)
+        condition = self._labels(labels, label_dropout, generator)
         if kind == "planner":
-            return planner_loss(network(x_t), z_t)
+            return planner_loss(network(x_t, **condition), z_t)
         if kind == "uniform":
-            return uniform_model_loss(network(x_t, t), x1)
-        return denoiser_loss(network(x_t, t), x1, z_t)
+            return uniform_model_loss(network(x_t, t, **condition), x1)
+        return denoiser_loss(network(x_t, t, **condition), x1, z_t)
+
+    def _labels(self, labels: Optional[Tensor], dropout: float, generator: torch.Generator) -> dict:
+        """{"labels": ...} for a network call ({} without labels), dropped to the null label
+        (num_classes) with probability `dropout`: the unconditional model of classifier-free
+        guidance is the same network."""
+        if labels is None:
+            return {}
+        if dropout > 0:
+            drop = torch.rand(labels.shape[0], generator=generator, device=labels.device) < dropout
+            labels = torch.where(drop, torch.full_like(labels, self.config.num_classes), labels)
+        return {"labels": labels}
 
     def _autocast(self):
         if self.device.type == "cuda":
@@ -410,9 +505,9 @@ class Trainer:
         for index in range(self.dist.rank, len(self.eval_set), self.dist.world_size):
             # one noise stream per batch: the same value whatever the number of processes
             generator = torch.Generator(self.device).manual_seed(stream_seed(self.config.seed, index, "eval"))
-            batch = self.eval_set[index].to(self.device)
-            with self._autocast():
-                loss_sum += self.objective(model, batch, generator).item() * batch.shape[0]
+            batch, labels = self._to_device(self.eval_set[index])
+            with self._autocast():  # the conditional loss: no label dropout
+                loss_sum += self.objective(model, batch, generator, labels).item() * batch.shape[0]
             count += batch.shape[0]
         model.train(was_training)
         loss_sum, count = self.dist.sum([loss_sum, count])
@@ -441,8 +536,9 @@ class Trainer:
             return None
         from tqdm import tqdm
 
+        # disable=None: shown on a terminal only, never written into a redirected log
         return tqdm(total=stop_at, initial=self.step, desc=f"train {self.config.kind}", unit="step",
-                    dynamic_ncols=True)
+                    dynamic_ncols=True, disable=None)
 
     # ---- checkpoints ---------------------------------------------------------------
 
@@ -450,7 +546,7 @@ class Trainer:
         config = {"kind": self.config.kind, "model": self.model_config.to_dict(),
                   "tokenizer": self.tokenizer.to_config(), "schedule": self.config.schedule,
                   "vocab_size": self.vocab_size, "step": self.step, "ema": self.config.ema or None,
-                  "training": self.config.to_dict()}
+                  "training": self.config.to_dict(), "corpus": self.corpus}
         if self.config.kind == "mask-denoiser":
             config["mask_id"] = self.vocab_size
         return config
@@ -472,8 +568,8 @@ class Trainer:
                     "train_seconds": self.train_seconds, "train_tokens": self.train_tokens,
                     "optimizer_param_groups": optimizer["param_groups"]}
             save_checkpoint(self.config.out, self.exported, self.checkpoint_config(), (tensors, meta))
-        if self.dist.world_size > 1:
-            dist.barrier()
+        self._saved_step = self.step
+        self.dist.barrier()
 
     def _rank_state(self) -> Dict[str, Tensor]:
         state = {"rng.torch": torch.get_rng_state(), "rng.noise": self.noise.get_state(),
@@ -483,32 +579,69 @@ class Trainer:
             state["rng.cuda"] = torch.cuda.get_rng_state(self.device)
         return state
 
-    def _restore(self) -> None:
-        tensors, meta = load_train_state(self.config.out)
-        if meta["world_size"] != self.dist.world_size:
-            raise ValueError(f"cannot resume {self.config.out} exactly: it was written by {meta['world_size']} "
-                             f"process(es), this run has {self.dist.world_size}")
-        load_weights(self.exported, os.path.join(self.config.out, WEIGHTS), strict=True, device=str(self.device))
+    def _expected_state(self, meta: dict) -> Dict[str, Optional[tuple]]:
+        """The tensors a training state of this run must hold (name -> shape or None)."""
+        expected: Dict[str, Optional[tuple]] = {}
+        for rank in range(self.dist.world_size):
+            names = ["rng.torch", "rng.noise", "data.generator", "data.batches"]
+            names += ["rng.cuda"] if self.device.type == "cuda" else []
+            expected.update({f"rank{rank}.{name}": None for name in names})
         if self.ema is not None:
-            prefix = "model."
-            self.model.load_state_dict({k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)})
-        optimizer_state: Dict[int, Dict[str, Tensor]] = {}
-        for name, value in tensors.items():
-            if name.startswith("optim."):
-                _, index, key = name.split(".", 2)
-                optimizer_state.setdefault(int(index), {})[key] = value
-        self.optimizer.load_state_dict({"state": optimizer_state, "param_groups": meta["optimizer_param_groups"]})
-        prefix = f"rank{self.dist.rank}."
-        torch.set_rng_state(tensors[prefix + "rng.torch"])
-        self.noise.set_state(tensors[prefix + "rng.noise"])
-        if self.device.type == "cuda":
-            torch.cuda.set_rng_state(tensors[prefix + "rng.cuda"], self.device)
-        self.train_batches.load_state_dict({"generator": tensors[prefix + "data.generator"],
-                                            "batches": int(tensors[prefix + "data.batches"])})
+            expected.update({f"model.{name}": tuple(t.shape) for name, t in self.model.state_dict().items()})
+        if meta.get("step"):  # AdamW has moments once a step was taken
+            params = [p for group in self.optimizer.param_groups for p in group["params"]]
+            for index, p in enumerate(params):
+                expected.update({f"optim.{index}.exp_avg": tuple(p.shape), f"optim.{index}.exp_avg_sq": tuple(p.shape),
+                                 f"optim.{index}.step": None})
+        return expected
+
+    def _restore(self, stored) -> None:
+        out = self.config.out
+        tensors, meta = stored.train_state
+        check_train_state(out, tensors, meta, self.config.steps, self.dist.world_size, self._expected_state(meta))
+        try:
+            self.exported.load_state_dict(stored.model.state_dict())
+            if self.ema is not None:
+                prefix = "model."
+                self.model.load_state_dict({k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)})
+            optimizer_state: Dict[int, Dict[str, Tensor]] = {}
+            for name, value in tensors.items():
+                if name.startswith("optim."):
+                    _, index, key = name.split(".", 2)
+                    optimizer_state.setdefault(int(index), {})[key] = value
+            self.optimizer.load_state_dict({"state": optimizer_state,
+                                            "param_groups": meta["optimizer_param_groups"]})
+            prefix = f"rank{self.dist.rank}."
+            torch.set_rng_state(tensors[prefix + "rng.torch"])
+            self.noise.set_state(tensors[prefix + "rng.noise"])
+            if self.device.type == "cuda":
+                torch.cuda.set_rng_state(tensors[prefix + "rng.cuda"], self.device)
+            self.train_batches.load_state_dict({"generator": tensors[prefix + "data.generator"],
+                                                "batches": int(tensors[prefix + "data.batches"])})
+        except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as err:
+            reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise CheckpointError(f"checkpoint {out}: the training state does not fit this run: {reason}") from None
         self.step = meta["step"]
+        self._saved_step = self.step
         self.history = meta["history"]
         # the clock of max_time goes on where it stopped
         self.train_seconds, self.train_tokens = meta.get("train_seconds", 0.0), meta.get("train_tokens", 0)
 
+    def __enter__(self) -> "Trainer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def close(self) -> None:
-        self.dist.close()
+        """Release the process group and the output lock. The DDP wrapper goes first: its
+        reducer holds the process group, which must not outlive this call (destroyed at
+        interpreter exit instead, gloo's threads abort the process)."""
+        if hasattr(self, "model"):
+            self.network = self.model
+        try:
+            self.dist.close()
+        finally:
+            if self._lock is not None:
+                self._lock.release()
+                self._lock = None

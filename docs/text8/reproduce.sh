@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Reproduces docs/text8/: the text8 models of ddpd and every evaluation of them.
 #
-#   docs/text8/reproduce.sh train    # five networks on text8-mini/wiki.txt, all at once
+#   docs/text8/reproduce.sh train    # five networks on $DATA, all at once
 #   docs/text8/reproduce.sh export   # their weights as float16, without training state
 #   docs/text8/reproduce.sh eval     # ELBO, denoising, sample-quality sweep, convergence
 #                                    # (of the float16 copies, each in a process of its own)
@@ -12,11 +12,15 @@
 # concurrent processes (on one GPU they share it; on a CPU give each a thread with
 # OMP_NUM_THREADS=1). Every tool is the package's own: ddpd-train, ddpd-eval,
 # python -m ddpd.pretrained, ddpd-sample. Settings, from the environment:
-#   DATA           text8-format corpus (default ../shared/data/text8-mini/wiki.txt)
+#   DATA           text8-format corpus: a file, or a corpus name of ddpd-train --data
+#                  (default text8: the full text8, downloaded once through `datasets`,
+#                  pip install "ddpd[hf]"). docs/text8 was made with DATA=.../wiki.txt,
+#                  text8-mini/wiki.txt (see docs/text8/README.md)
 #   RUNS           checkpoints and logs (default runs/text8); the float16 copies go to
 #                  $RUNS/float16, which is what eval and bundle read
 #   RESULTS        tables and plots (default docs/text8)
-#   BUNDLE         where `bundle` writes (default ddpd/pretrained/text8, the default model)
+#   BUNDLE         where `bundle` writes (default $RUNS/bundle; ddpd/pretrained/text8
+#                  replaces the bundle shipped in the package, keeping the previous one)
 #   TRAIN_SECONDS  training seconds per network (ddpd-train --max-time; default 180)
 #   STEPS          step ceiling per network (default 20000: the clock ends the runs)
 #   SAMPLES        samples per sweep configuration (default 64)
@@ -30,10 +34,10 @@
 # takes depends on the machine; every evaluation is reproducible from its seed.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-DATA=${DATA:-$ROOT/../shared/data/text8-mini/wiki.txt}
+DATA=${DATA:-text8}
 RUNS=${RUNS:-$ROOT/runs/text8}
 RESULTS=${RESULTS:-$ROOT/docs/text8}
-BUNDLE=${BUNDLE:-$ROOT/ddpd/pretrained/text8}
+BUNDLE=${BUNDLE:-$RUNS/bundle}
 TRAIN_SECONDS=${TRAIN_SECONDS:-180}
 STEPS=${STEPS:-20000}
 SAMPLES=${SAMPLES:-64}
@@ -76,7 +80,10 @@ wait_all() {
 }
 
 train() {
-    [ -f "$DATA" ] || { echo "reproduce: DATA: no such file: $DATA" >&2; return 1; }
+    case "$DATA" in
+        text8 | books | hf:*) ;;
+        *) [ -f "$DATA" ] || { echo "reproduce: DATA: no such file: $DATA" >&2; return 1; } ;;
+    esac
     mkdir -p "$RUNS"
     local pids=() name resume
     for name in "${ORDER[@]}"; do

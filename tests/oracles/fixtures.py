@@ -37,3 +37,23 @@ def single_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+def tiny_network(kind: str, vocab: int, seed: int, scale: float = 1.0, length: int = 8):
+    """A tiny randomly initialised ddpd.models network (d_model 16, one layer) in eval mode; its
+    head scaled by `scale` spreads the logits, so stops and confident draws happen."""
+    from ddpd.models import build_model, config_for
+
+    torch.manual_seed(seed)
+    model = build_model(kind, config_for(kind, vocab, length, d_model=16, n_layers=1, n_heads=2)).eval()
+    with torch.no_grad():
+        model.head.weight.mul_(scale)
+    return model
+
+
+def tiny_networks(vocabularies=(27, 300)) -> dict:
+    """{vocab: planner, uniform (denoiser), mask (denoiser), model (single uniform model)}, the
+    tiny networks the sampler tests pin and compare runs on (one tile at V = 27, two at 300)."""
+    return {v: dict(planner=tiny_network("planner", v, 0, 40.0), uniform=tiny_network("uniform-denoiser", v, 1, 20.0),
+                    mask=tiny_network("mask-denoiser", v, 2, 20.0), model=tiny_network("uniform", v, 3, 20.0))
+            for v in vocabularies}

@@ -1,0 +1,228 @@
+"""What ddpd-sample, ddpd-train and ddpd-eval share: the one-line argument parser, the
+device and thread policy, signals, error reporting, and loading checkpoints by role.
+
+- Errors: every expected failure ends in one line on stderr, `PROG: error: ...`, that
+  names the user's path or argument and the cause; exit status 2 for a bad command
+  line (argparse, UsageError), 1 for a failure while working.
+- Signals: SIGINT, SIGTERM and SIGHUP all interrupt like Ctrl-C. A tool cleans up
+  (temporary files are removed; ddpd-sample publishes the samples it finished;
+  ddpd-train stops after the current step and saves a checkpoint), and the process
+  prints one line `PROG: interrupted by SIGNAL...` and exits with 128 + the signal
+  number.
+- Threads (`--threads N`): torch's intra-op thread count, which the C++ kernels of
+  ddpd._C share (they run in at::parallel_for, torch's own pool). Default: the value
+  of OMP_NUM_THREADS when it is set, else 1. One thread keeps the CPU path steady on
+  a machine other work is using: on a 2-core machine the default quickstart took
+  104-195 s with one thread, quiet or busy, and 177-618 s with two, whose threads
+  wait on each other when the cores are shared.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from contextlib import contextmanager
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import torch
+
+SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
+class UsageError(Exception):
+    """A problem with the command line or the models given: one line, exit status 2."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT, SIGTERM or SIGHUP arrived; `detail` says what the tool kept."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+        self.name = signal.Signals(signum).name
+        self.detail = ""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """Argument errors as a single line on stderr (exit status 2), no usage dump."""
+
+    def error(self, message: str) -> None:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def add_runtime_arguments(parser: argparse.ArgumentParser, default=None) -> None:
+    """--device and --threads (default=argparse.SUPPRESS leaves them out when not given)."""
+    kwargs = {} if default is None else {"default": default}
+    parser.add_argument("--device", help="auto (default: CUDA if available), cpu, cuda or cuda:N",
+                        **({"default": "auto"} if default is None else kwargs))
+    parser.add_argument("--threads", type=int, metavar="N",
+                        help="CPU threads of torch and the ddpd ops (default: $OMP_NUM_THREADS if set, else 1)",
+                        **kwargs)
+
+
+def apply_threads(threads: Optional[int]) -> int:
+    """Set torch's intra-op threads (shared by the C++ ops) by the policy above; returns them."""
+    if threads is not None:
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise UsageError(f"--threads must be >= 1, got {threads}")
+        torch.set_num_threads(threads)
+    elif not os.environ.get("OMP_NUM_THREADS"):
+        torch.set_num_threads(1)  # torch honours OMP_NUM_THREADS itself when it is set
+    return torch.get_num_threads()
+
+
+def resolve_device(name: str) -> torch.device:
+    from ddpd.validation import check_device
+
+    try:
+        return check_device("--device", name)
+    except (TypeError, ValueError) as err:
+        raise UsageError(str(err)) from None
+
+
+def check_finite(name: str, value: Optional[float], minimum: float = 0.0, open_min: bool = True) -> None:
+    """UsageError unless `value` (if given) is a finite number above (or at) `minimum`."""
+    if value is None:
+        return
+    if value != value or value in (float("inf"), float("-inf")) or value < minimum or \
+            (open_min and value == minimum):
+        bound = f"> {minimum:g}" if open_min else f">= {minimum:g}"
+        raise UsageError(f"{name} must be a finite number {bound}, got {value}")
+
+
+# ---------------------------------------------------------------- signals and errors
+
+
+@contextmanager
+def signals_as_interrupts(graceful: Optional[Callable[[str], bool]] = None) -> Iterator[None]:
+    """Within the block SIGINT, SIGTERM and SIGHUP raise Interrupted in the main thread.
+    With `graceful`, the first signal calls graceful(name) instead when it returns True
+    (the tool stops at its next safe point); a second signal always raises."""
+    received: List[str] = []
+
+    def handler(signum, frame):
+        name = signal.Signals(signum).name
+        received.append(name)
+        if graceful is not None and len(received) == 1 and graceful(name):
+            return
+        raise Interrupted(signum)
+
+    previous = {}
+    try:
+        for s in SIGNALS:
+            previous[s] = signal.signal(s, handler)
+    except ValueError:  # not the main thread: leave the signals alone
+        pass
+    try:
+        yield
+    finally:
+        for s, old in previous.items():
+            signal.signal(s, old)
+
+
+def one_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def _out_of_memory(err: BaseException) -> bool:
+    return isinstance(err, torch.OutOfMemoryError) or "can't allocate memory" in str(err)
+
+
+def run_tool(prog: str, body: Callable[[], int], value_error_status: int = 1,
+             graceful: Optional[Callable[[str], bool]] = None) -> int:
+    """Run a tool's body with signals handled, turning every expected failure into one
+    line on stderr and an exit status."""
+    from ddpd.checkpoint import CheckpointError
+    from ddpd.validation import MissingExtra
+
+    def fail(message: str, status: int) -> int:
+        print(f"{prog}: error: {message}", file=sys.stderr)
+        return status
+
+    try:
+        with signals_as_interrupts(graceful):
+            return body()
+    except Interrupted as stop:
+        print(f"{prog}: interrupted by {stop.name}{stop.detail}", file=sys.stderr)
+        return 128 + stop.signum
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+    except UsageError as err:
+        return fail(one_line(err), 2)
+    except (CheckpointError, MissingExtra, OSError, FloatingPointError) as err:
+        return fail(one_line(err), 1)
+    except (ValueError, TypeError) as err:  # the argument checks of the layers below
+        return fail(one_line(err), value_error_status)
+    except RuntimeError as err:
+        if _out_of_memory(err):
+            return fail(f"out of memory: {one_line(err)}; lower --batch-size (or --num-samples)", 1)
+        if str(err).startswith("ddpd:"):  # the C++ extension could not be built or loaded
+            return fail(one_line(err)[len("ddpd:"):].strip(), 1)
+        raise
+
+
+class Stdout:
+    """Lines for stdout that survive a reader that went away (`| head -1`): after a
+    broken pipe nothing more is printed, and `closed` tells the tool."""
+
+    def __init__(self):
+        self.closed = False
+
+    def print(self, text: str) -> None:
+        if self.closed:
+            return
+        try:
+            sys.stdout.write(text + "\n")
+            sys.stdout.flush()
+        except BrokenPipeError:
+            self.closed = True
+            # Python would report the broken pipe again when it flushes stdout at exit
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+
+
+# ---------------------------------------------------------------- checkpoints by role
+
+
+def vocabulary(config: dict) -> int:
+    """The clean symbols a network reads (planner) or predicts (every other kind)."""
+    model = config["model"]
+    return int(model["vocab_size"] if config["kind"] == "planner" else model["out_dim"])
+
+
+def load_role(role: str, path: str, kinds: Sequence[str], device: torch.device):
+    """(model, config) of the checkpoint `path` given for `role`; UsageError unless its
+    kind is one of `kinds`."""
+    from ddpd.checkpoint import load_model
+
+    model, config = load_model(path, str(device))
+    if config["kind"] not in kinds:
+        raise UsageError(f"--{role} {path} holds a {config['kind']!r} model, expected {' or '.join(kinds)}")
+    return model, config
+
+
+def shared_facts(entries: Sequence[Tuple[str, dict]]) -> Dict[str, object]:
+    """What a set of checkpoints (name, config) used together must share: the vocabulary,
+    the tokenizer and (diffusion models; not the AR judge) the schedule; UsageError
+    naming the two that differ. Returns {"vocab_size", "tokenizer", "schedule",
+    "seq_len"} (seq_len: the shortest training length of the diffusion models)."""
+    facts: Dict[str, object] = {}
+    owners: Dict[str, str] = {}
+    lengths = []
+    for name, config in entries:
+        values = {"vocab_size": vocabulary(config), "tokenizer": config.get("tokenizer")}
+        if config["kind"] != "ar":
+            values["schedule"] = config.get("schedule", "linear")
+            lengths.append(int(config.get("training", {}).get("seq_len", config["model"]["max_seq_len"])))
+        for key, value in values.items():
+            if key in facts and facts[key] != value:
+                raise UsageError(f"{name} has {key} {value!r}, but {owners[key]} has {facts[key]!r}: "
+                                 "they cannot be used together")
+            facts.setdefault(key, value)
+            owners.setdefault(key, name)
+    facts["seq_len"] = min(lengths) if lengths else None
+    return facts

@@ -1,0 +1,169 @@
+"""The samplers of ddpd-sample and ddpd-eval, in one table: name -> the models it needs -> how it is called.
+
+| --sampler   | ddpd-eval name                | models                          | ddpd.sampling       |
+|-------------|-------------------------------|---------------------------------|---------------------|
+| ddpd        | ddpd-{A,AB,ABC}-mask          | planner + mask-denoiser         | ddpd_sample         |
+| ddpd        | ddpd-{A,AB,ABC}-uniform       | planner + uniform-denoiser      | ddpd_sample         |
+| ddpd        | ddpd-{A,AB,ABC}-uniform-model | uniform                         | ddpd_sample_uniform |
+| tau-leaping | tau-planned-mask              | planner + mask-denoiser (P x D) | tau_leaping_planned |
+| tau-leaping | tau-planned-uniform           | planner + uniform-denoiser      | tau_leaping_planned |
+| tau-leaping | dfm-eta{eta}                  | mask-denoiser (DFM)             | tau_leaping_mask    |
+| tau-leaping | dfm-uni                       | uniform (DFM-Uni)               | tau_leaping_uniform |
+| maskgit     | maskgit                       | mask-denoiser                   | maskgit_sample      |
+
+ddpd-sample runs the row of its --sampler whose models are exactly the ones given;
+ddpd-eval runs every row the checkpoints allow, with DDPD's options A, A+B, A+B+C and
+DFM's eta values as named variants. Both call a row through `Sampler.call` with one
+`Settings` object, so each sampler is wired to ddpd.sampling once, and --fused means the
+same in both: every sampler on its fused path (ddpd.sampling.draws), same samples.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from ddpd import sampling
+from ddpd.sampling import DDPDOptions, Execution, SampleResult
+
+# DDPD's options of the appendix 'Implementation details' as ddpd-eval names them
+OPTIONS = {"A": dict(stop="eps", selection="sigmoid"), "AB": dict(stop="budget", selection="sigmoid"),
+           "ABC": dict(stop="budget", selection="softmax")}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything a sampler call takes besides its models and its rows' noise.
+
+    x_init / frozen: Long[P, D] / Bool[P, D] prompts, labels: Long[L] class labels;
+    sample i (counted over the whole run) takes prompt i mod P and label i mod L, so a
+    batch's rows are the same whatever the batching or the process that samples them.
+    conditional_planner: the labels go to the planner too (a class-conditional planner).
+    """
+
+    length: int
+    vocab_size: int
+    steps: int
+    temperature: float = 1.0
+    temperature_end: Optional[float] = None
+    schedule: str = "linear"
+    device: Optional[torch.device] = None
+    execution: Execution = field(default_factory=Execution)
+    ddpd: DDPDOptions = field(default_factory=DDPDOptions)
+    eta: float = 0.0
+    choice_temperature: float = 4.5
+    x_init: Optional[Tensor] = None
+    frozen: Optional[Tensor] = None
+    labels: Optional[Tensor] = None
+    guidance_scale: float = 1.0
+    conditional_planner: bool = False
+
+    def rows(self, first: int, n: int, planner: bool) -> dict:
+        """The per-row keywords (prompt, labels, guidance) of samples first .. first + n - 1."""
+        kwargs = {}
+        if self.x_init is not None:
+            index = torch.arange(first, first + n) % self.x_init.shape[0]
+            kwargs.update(x_init=self.x_init[index], frozen=self.frozen[index])
+        if self.labels is not None:
+            kwargs.update(labels=self.labels[torch.arange(first, first + n) % self.labels.shape[0]],
+                          guidance_scale=self.guidance_scale)
+            if planner and self.conditional_planner:
+                kwargs["conditional_planner"] = True
+        return kwargs
+
+
+@dataclass(frozen=True)
+class Sampler:
+    """One row of the table: `family` is ddpd-sample's --sampler, `name` ddpd-eval's (with
+    {option} / {eta} for its variants); it needs a planner (or not) and one model of kind
+    `model`; `options(settings)` gives the keywords only this sampler takes."""
+
+    family: str
+    name: str
+    planner: bool
+    model: str
+    function: str
+    options: Callable[[Settings], dict]
+
+    @property
+    def needs(self) -> str:
+        model = "uniform model" if self.model == "uniform" else self.model
+        return f"a planner with a {model}" if self.planner else f"one {model}"
+
+    def call(self, models: Dict[str, Callable], settings: Settings, n: int, noise, first: int) -> SampleResult:
+        """Samples first .. first + n - 1 from `models` (by kind: planner, mask-denoiser, ...)."""
+        networks = (models["planner"], models[self.model]) if self.planner else (models[self.model],)
+        s = settings
+        return getattr(sampling, self.function)(
+            *networks, n, s.length, s.vocab_size, steps=s.steps, temperature=s.temperature,
+            temperature_end=s.temperature_end, schedule=s.schedule, device=s.device, noise=noise,
+            execution=s.execution, **self.options(s), **s.rows(first, n, self.planner))
+
+
+def _ddpd(denoiser_type: Optional[str]) -> Callable[[Settings], dict]:
+    def options(s: Settings) -> dict:
+        return {"ddpd": s.ddpd, **({"denoiser_type": denoiser_type} if denoiser_type else {})}
+    return options
+
+
+TABLE: Tuple[Sampler, ...] = (
+    Sampler("ddpd", "ddpd-{option}-mask", True, "mask-denoiser", "ddpd_sample", _ddpd("mask")),
+    Sampler("ddpd", "ddpd-{option}-uniform", True, "uniform-denoiser", "ddpd_sample", _ddpd("uniform")),
+    Sampler("ddpd", "ddpd-{option}-uniform-model", False, "uniform", "ddpd_sample_uniform", _ddpd(None)),
+    Sampler("tau-leaping", "tau-planned-mask", True, "mask-denoiser", "tau_leaping_planned",
+            lambda s: {"denoiser_type": "mask"}),
+    Sampler("tau-leaping", "tau-planned-uniform", True, "uniform-denoiser", "tau_leaping_planned",
+            lambda s: {"denoiser_type": "uniform"}),
+    Sampler("tau-leaping", "dfm-eta{eta}", False, "mask-denoiser", "tau_leaping_mask", lambda s: {"eta": s.eta}),
+    Sampler("tau-leaping", "dfm-uni", False, "uniform", "tau_leaping_uniform", lambda s: {}),
+    Sampler("maskgit", "maskgit", False, "mask-denoiser", "maskgit_sample",
+            lambda s: {"choice_temperature": s.choice_temperature}),
+)
+FAMILIES = tuple(dict.fromkeys(row.family for row in TABLE))
+
+
+def find(family: str, planner: bool, model: Optional[str]) -> Optional[Sampler]:
+    """The row of `family` that uses exactly a planner (or none) and one model of kind `model`."""
+    return next((row for row in TABLE if (row.family, row.planner, row.model) == (family, planner, model)), None)
+
+
+def needs(family: str) -> str:
+    """What `family` needs, in words: 'a planner with a mask-denoiser, ... or one uniform model'."""
+    options = [row.needs for row in TABLE if row.family == family]
+    options = list(dict.fromkeys(options))
+    return options[0] if len(options) == 1 else ", ".join(options[:-1]) + " or " + options[-1]
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A named sampler of ddpd-eval: a row with its variant's settings applied."""
+
+    name: str
+    sampler: Sampler
+    change: dict
+
+    def call(self, models, settings: Settings, n: int, noise, first: int) -> SampleResult:
+        changed = dict(self.change)
+        if "ddpd" in changed:
+            changed["ddpd"] = dataclasses.replace(settings.ddpd, **changed["ddpd"])
+        return self.sampler.call(models, dataclasses.replace(settings, **changed), n, noise, first)
+
+
+def variants(kinds, etas: List[float]) -> Dict[str, Variant]:
+    """Every named sampler the models of `kinds` (planner, mask-denoiser, ...) allow, in table order."""
+    named: Dict[str, Variant] = {}
+    for row in TABLE:
+        if row.model not in kinds or (row.planner and "planner" not in kinds):
+            continue
+        if "{option}" in row.name:
+            for option, change in OPTIONS.items():
+                named[row.name.format(option=option)] = Variant(row.name.format(option=option), row, {"ddpd": change})
+        elif "{eta}" in row.name:
+            for eta in etas:
+                named[row.name.format(eta=f"{eta:g}")] = Variant(row.name.format(eta=f"{eta:g}"), row, {"eta": eta})
+        else:
+            named[row.name] = Variant(row.name, row, {})
+    return named

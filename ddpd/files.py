@@ -1,0 +1,357 @@
+"""Durable output: atomic replacement, streamed output, one writer per output.
+
+Every file ddpd writes (checkpoints, sample files, evaluation reports) goes through here:
+
+- `atomic_file` / `write_text` / `atomic_directory`: the new version is built under a
+  temporary name beside its destination (`.NAME.tmp-HOST-PID-XXXXXXXX`), flushed to
+  disk and renamed over the destination, so a reader sees the old version or the new
+  one, never a mixture; on any failure (a full disk, an interruption) the temporary is
+  deleted and the destination is left as it was.
+- `StreamedFile`: lines appended to such a temporary and flushed as they come (memory
+  stays bounded however much is written), published by one rename at the end.
+- `remove_stale_temps`: a writer killed with SIGKILL cannot delete its temporary; the
+  next writer of the same destination removes those whose process no longer runs on
+  this host.
+- `OutputLock`: an exclusive `fcntl` lock on `.NAME.lock` beside a destination, held
+  for as long as a process writes it; a second writer is refused with one line that
+  names the holder.
+
+Errors are `OutputError`s (an OSError) whose message names the user's path and the
+cause, not the temporary. Lowest layer: imports nothing from ddpd.
+"""
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import shutil
+import socket
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from typing import IO, Iterator, Optional
+
+_HOST = socket.gethostname().replace(os.sep, "_") or "localhost"
+
+
+class OutputError(OSError):
+    """An output cannot be written: the message names the destination and the cause."""
+
+    def __init__(self, path, cause: BaseException):
+        reason = getattr(cause, "strerror", None) or str(cause)
+        super().__init__(f"cannot write {os.fspath(path)}: {reason}")
+        self.errno = getattr(cause, "errno", None)
+
+
+class OutputLockedError(OSError):
+    """Another process holds the lock of an output."""
+
+
+def _temp_prefix(path: str, kind: str = "tmp") -> str:
+    return f".{os.path.basename(path)}.{kind}-{_HOST}-{os.getpid()}-"
+
+
+def _check_destination(path) -> str:
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"output path must be a str or os.PathLike, got {type(path).__name__}")
+    path = os.path.abspath(os.fspath(path))
+    if os.path.isdir(path):
+        raise OutputError(path, IsADirectoryError(errno.EISDIR, "it is a directory"))
+    if os.path.exists(path) and not os.path.isfile(path):  # a device, FIFO or socket: renaming would replace it
+        raise OutputError(path, OSError(errno.EINVAL, "it is not a regular file"))
+    parent = os.path.dirname(path)
+    if not os.path.isdir(parent):
+        raise OutputError(path, FileNotFoundError(errno.ENOENT, f"directory {parent} does not exist"))
+    return path
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, owned by someone else
+        return True
+    return True
+
+
+def remove_stale_temps(path) -> list:
+    """Delete the temporaries of `path` (files or directories `.NAME.tmp-*`, `.NAME.old-*`)
+    left by processes of this host that no longer run; returns what was removed.
+    Temporaries of live processes and of other hosts are kept."""
+    path = os.path.abspath(os.fspath(path))
+    parent, name = os.path.split(path)
+    removed = []
+    try:
+        entries = os.listdir(parent)
+    except OSError:
+        return removed
+    for entry in entries:
+        for kind in ("tmp", "old"):
+            head = f".{name}.{kind}-"
+            if not entry.startswith(head):
+                continue
+            parts = entry[len(head):].rsplit("-", 2)
+            if len(parts) != 3 or parts[0] != _HOST or not parts[1].isdigit() or _pid_alive(int(parts[1])):
+                continue
+            stale = os.path.join(parent, entry)
+            if os.path.isdir(stale) and not os.path.islink(stale):
+                shutil.rmtree(stale, ignore_errors=True)
+            else:
+                try:
+                    os.unlink(stale)
+                except OSError:
+                    continue
+            removed.append(stale)
+    return removed
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def fsync_directory(directory: str) -> None:
+    if os.name != "posix":
+        return
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class StreamedFile:
+    """Text written to a temporary beside `path`, flushed at every `write`, and made
+    `path` by `publish()` (or deleted by `discard()`). The temporary is created at once,
+    so a destination that cannot be written is reported before any work is done."""
+
+    def __init__(self, path, binary: bool = False):
+        self.path = _check_destination(path)
+        remove_stale_temps(self.path)
+        try:
+            fd, self.temp = tempfile.mkstemp(prefix=_temp_prefix(self.path), dir=os.path.dirname(self.path))
+        except OSError as err:
+            raise OutputError(self.path, err) from None
+        self._file: IO = os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", encoding="utf-8")
+        self.published = False
+
+    def write(self, text) -> None:
+        try:
+            self._file.write(text)
+            self._file.flush()
+        except OSError as err:
+            raise OutputError(self.path, err) from None
+
+    def publish(self) -> None:
+        """Flush to disk and rename over `path` (ordinary permissions, subject to the umask)."""
+        try:
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._file.close()
+            os.chmod(self.temp, 0o666 & ~_umask())
+            os.replace(self.temp, self.path)
+            fsync_directory(os.path.dirname(self.path))
+        except OSError as err:
+            self.discard()
+            raise OutputError(self.path, err) from None
+        self.published = True
+
+    def discard(self) -> None:
+        try:
+            self._file.close()
+        except OSError:
+            pass
+        try:
+            os.unlink(self.temp)
+        except FileNotFoundError:
+            pass
+
+    def __enter__(self) -> "StreamedFile":
+        return self
+
+    def __exit__(self, kind, value, traceback) -> None:
+        if not self.published:
+            self.discard()
+
+
+@contextmanager
+def atomic_file(path, mode: str = "w") -> Iterator[IO]:
+    """A file object to write `path` with: the content replaces `path` in one rename
+    when the block ends, or is deleted if the block raises."""
+    out = StreamedFile(path, binary="b" in mode)
+    try:
+        yield out._file
+        out.publish()
+    except OSError as err:
+        out.discard()
+        if isinstance(err, OutputError):
+            raise
+        raise OutputError(out.path, err) from None
+    except BaseException:
+        out.discard()
+        raise
+
+
+def write_text(path, text: str) -> None:
+    """Replace `path` by `text` atomically (see atomic_file)."""
+    with atomic_file(path) as f:
+        f.write(text)
+
+
+def write_bytes(path, data: bytes) -> None:
+    """Replace `path` by `data` atomically (see atomic_file)."""
+    with atomic_file(path, "wb") as f:
+        f.write(data)
+
+
+# ---------------------------------------------------------------- directories
+
+
+@contextmanager
+def atomic_directory(path) -> Iterator[str]:
+    """Yield a fresh temporary directory beside `path`; on success make it `path`
+    (replacing an existing directory in one step where Linux allows), on any failure
+    delete it. Stale temporaries of dead writers of `path` are removed first."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"output path must be a str or os.PathLike, got {type(path).__name__}")
+    path = os.path.abspath(os.fspath(path))
+    parent = os.path.dirname(path)
+    try:
+        os.makedirs(parent, exist_ok=True)
+        remove_stale_temps(path)
+        tmp = tempfile.mkdtemp(prefix=_temp_prefix(path), dir=parent)
+    except OSError as err:
+        raise OutputError(path, err) from None
+    try:
+        yield tmp
+        _publish_permissions(tmp)
+        _sync_tree(tmp)
+        _replace_directory(tmp, path)
+    except OSError as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(err, OutputError):
+            raise
+        raise OutputError(path, err) from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    fsync_directory(parent)
+
+
+def _replace_directory(new: str, path: str) -> None:
+    if not os.path.exists(path):
+        os.rename(new, path)
+        return
+    if _exchange(new, path):  # one atomic step: `path` is never absent
+        shutil.rmtree(new)
+        return
+    old = tempfile.mkdtemp(prefix=_temp_prefix(path, "old"), dir=os.path.dirname(path))
+    os.rmdir(old)
+    os.rename(path, old)
+    os.rename(new, path)
+    shutil.rmtree(old)
+
+
+def _exchange(a: str, b: str) -> bool:
+    """Atomically swap two paths with Linux renameat2(RENAME_EXCHANGE); False where
+    the platform or file system cannot."""
+    if not sys.platform.startswith("linux"):
+        return False
+    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if renameat2 is None:
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    return renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
+
+
+def _publish_permissions(directory: str) -> None:
+    """Ordinary permissions (subject to the umask) instead of the private ones that
+    temporary directories and files are created with."""
+    umask = _umask()
+    for root, dirs, files in os.walk(directory):
+        os.chmod(root, 0o777 & ~umask)
+        for name in files:
+            os.chmod(os.path.join(root, name), 0o666 & ~umask)
+
+
+def _sync_tree(directory: str) -> None:
+    for root, _, files in os.walk(directory):
+        for name in files:
+            with open(os.path.join(root, name), "rb") as f:
+                os.fsync(f.fileno())
+        fsync_directory(root)
+
+
+# ---------------------------------------------------------------- single writer
+
+
+class OutputLock:
+    """An exclusive lock on the output `path`, held from `acquire()` to `release()`
+    (or the end of a `with` block, or the process): `fcntl.flock` on `.NAME.lock` beside
+    `path`, which records the holder. A second `acquire()` of the same output, from any
+    process, raises OutputLockedError naming the holder."""
+
+    def __init__(self, path):
+        self.path = os.path.abspath(os.fspath(path))
+        parent, name = os.path.split(self.path)
+        self.lock_path = os.path.join(parent, f".{name}.lock")
+        self._fd: Optional[int] = None
+
+    def acquire(self) -> "OutputLock":
+        import fcntl
+
+        parent = os.path.dirname(self.path)
+        try:
+            os.makedirs(parent, exist_ok=True)
+        except OSError as err:
+            raise OutputError(self.path, err) from None
+        while True:
+            try:
+                fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as err:
+                raise OutputError(self.path, err) from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.read(fd, 200).decode("utf-8", "replace").strip() or "another process"
+                os.close(fd)
+                raise OutputLockedError(f"{self.path} is being written by {holder} (lock {self.lock_path}); "
+                                        "wait for it to finish or stop it") from None
+            # The previous holder may have deleted the file between our open and our lock:
+            # only a lock on the file that is still at lock_path counts.
+            try:
+                same = os.stat(self.lock_path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()} on {_HOST} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode())
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        try:
+            os.unlink(self.lock_path)  # while still holding it, so no one locks a deleted file
+        except OSError:
+            pass
+        os.close(self._fd)
+        self._fd = None
+
+    def __del__(self) -> None:  # an abandoned holder releases its lock
+        try:
+            self.release()
+        except Exception:  # at interpreter exit; the OS releases the lock with the process
+            pass
+
+    def __enter__(self) -> "OutputLock":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()

@@ -1,0 +1,112 @@
+"""CUDA graphs for the fused DDPD steps between stop checks.
+
+On a GPU a step of small kernels is launch-bound: the planner pass, the plan, the denoiser
+trunk, the draw and the write are hundreds of launches from Python. Between two stop checks a
+fused step does the same work on tensors of the same shapes, so it is captured once into a
+CUDA graph and replayed; a stop check (a host synchronisation) runs eagerly. The batch keeps
+power-of-two sizes (finished rows stay frozen in it until the running ones fit half of it),
+so most stop checks leave its tensors, and the graphs captured on them, as they are; when it
+is packed into a smaller bucket a new generation of graphs is captured.
+
+What a replay must not bake in is kept in device tensors the step reads: the step counter
+`step` (a 0-d int64 tensor, set before every replay), from which every Philox offset of the
+step is computed inside the graph (ddpd.sampling.noise.stream_offset; the ops read offsets
+from device tensors), so every replay draws fresh noise and the same draws as the eager step
+of that index. The step writes its results in place (the batch's tokens, stop steps and
+per-row state), so the next replay reads them. Forward-pass counts, which Python increments
+while the step is captured, are added again at every replay.
+
+Modes (Execution.graphs): "auto" captures on CUDA when the run allows it (a fused run, a
+PhiloxNoise source, a fixed temperature) and runs eagerly otherwise; "off" never captures;
+"emulate" runs the same capture/replay logic without CUDA: the first call of a generation and
+key runs the step eagerly (the warm-up, as on a GPU), the second builds the step function once
+and every later step calls that same function with the step tensor, so a step that depended on
+anything but its tensors would replay stale values (what the tests check, on the CPU).
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict, Hashable, Optional, Tuple
+
+import torch
+
+COUNTS = ("planner_calls", "denoiser_calls", "planner_rows", "denoiser_rows")
+
+
+class StepGraphs:
+    """Captured steps of one batch, by (batch generation, key)."""
+
+    def __init__(self, batch, device: torch.device, emulate: bool):
+        self.batch, self.emulate = batch, emulate
+        self.step = torch.zeros((), dtype=torch.int64, device=device)
+        self.graphs: Dict[Tuple[int, Hashable], "_Captured"] = {}
+        self.warm: set = set()
+        self.captures = self.replays = 0
+
+    def run(self, key: Hashable, step_fn: Callable, i: int) -> None:
+        """Step i by step_fn(step): eagerly the first time for (generation, key), then from the
+        captured graph."""
+        slot = (self.batch.generation, key)
+        if slot not in self.warm:  # warm-up: lazy initialisation (compiles, caches) happens eagerly
+            self.warm.add(slot)
+            step_fn(i)
+            return
+        self.step.fill_(i)
+        captured = self.graphs.get(slot)
+        if captured is None:
+            self.graphs = {s: g for s, g in self.graphs.items() if s[0] == self.batch.generation}
+            captured = self.graphs[slot] = self._capture(step_fn)
+            self.captures += 1
+        captured.replay(self.batch)
+        self.replays += 1
+
+    def _capture(self, step_fn: Callable) -> "_Captured":
+        if self.emulate:  # the function of the capture, with whatever it closed over then
+            return _Captured(lambda: step_fn(self.step), None)
+        before = _counts(self.batch)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step_fn(self.step)
+        # Capturing recorded the step's kernels but ran none of them: its counts come back with
+        # every replay instead.
+        counts = {name: _counts(self.batch)[name] - before[name] for name in COUNTS}
+        _add(self.batch, {name: -value for name, value in counts.items()})
+        return _Captured(graph.replay, counts)
+
+
+class _Captured:
+    """A captured step: replay() runs it; `counts` are the forward passes one replay adds
+    (None when replaying calls the step function itself, which counts them)."""
+
+    def __init__(self, replay: Callable, counts: Optional[Dict[str, int]]):
+        self._replay, self.counts = replay, counts
+
+    def replay(self, batch) -> None:
+        self._replay()
+        if self.counts is not None:
+            _add(batch, self.counts)
+
+
+def _counts(batch) -> Dict[str, int]:
+    return {name: getattr(batch, name) for name in COUNTS}
+
+
+def _add(batch, delta: Dict[str, int]) -> None:
+    for name, value in delta.items():
+        setattr(batch, name, getattr(batch, name) + value)
+
+
+def step_graphs(batch, run, execution, philox: bool) -> Optional[StepGraphs]:
+    """The StepGraphs of a fused run, or None where its steps run eagerly (see the modes).
+    With graphs the batch keeps power-of-two sizes (FusedBatch.buckets), so that a graph
+    captured on it lasts across the stop checks that do not halve it."""
+    if not execution.fused or execution.graphs == "off":
+        return None
+    fixed_temperature = run.temperature.start == run.temperature.end
+    if execution.graphs == "emulate":
+        emulate = True
+    elif batch.x.device.type == "cuda" and philox and fixed_temperature:
+        emulate = False
+    else:
+        return None
+    batch.buckets = True
+    return StepGraphs(batch, batch.x.device, emulate=emulate)

@@ -1,0 +1,73 @@
+"""Processes started by torchrun: rank, world size, device and the collectives ddpd uses.
+
+`ddpd-train` splits batches over the processes (data parallel); `ddpd-sample` splits
+samples over them by Philox row. Both join the group torchrun describes in the
+environment (WORLD_SIZE, RANK, LOCAL_RANK, MASTER_ADDR/PORT): nccl on CUDA, gloo on
+the CPU. One process (WORLD_SIZE unset) needs no group, and every collective below is
+then the identity.
+"""
+from __future__ import annotations
+
+import os
+from typing import List
+
+import torch
+import torch.distributed as dist
+
+from ddpd.validation import check_device
+
+
+class Distributed:
+    """Rank, world size and device of this process; joins the torchrun process group
+    when WORLD_SIZE > 1 (nccl on CUDA, gloo otherwise). `name` is the device argument's
+    name in error messages."""
+
+    def __init__(self, device: str, name: str = "device"):
+        self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        self.rank = int(os.environ.get("RANK", "0"))
+        local_rank = int(os.environ.get("LOCAL_RANK", str(self.rank)))
+        self.device = check_device(name, device, local_rank if self.world_size > 1 else None)
+        self.owns_group = False
+        if self.world_size > 1 and not dist.is_initialized():
+            if self.device.type == "cuda":
+                torch.cuda.set_device(self.device)
+            dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
+            self.owns_group = True
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def all_gather(self, value):
+        """[value of rank 0, value of rank 1, ...] on every rank (any picklable value)."""
+        if self.world_size == 1:
+            return [value]
+        gathered = [None] * self.world_size
+        dist.all_gather_object(gathered, value)
+        return gathered
+
+    def sum(self, values: List[float]) -> List[float]:
+        return self._reduce(values, dist.ReduceOp.SUM)
+
+    def max(self, values: List[float]) -> List[float]:
+        return self._reduce(values, dist.ReduceOp.MAX)
+
+    def _reduce(self, values: List[float], op) -> List[float]:
+        if self.world_size == 1:
+            return values
+        total = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.all_reduce(total, op=op)
+        return total.tolist()
+
+    def barrier(self) -> None:
+        if self.world_size > 1:
+            dist.barrier()
+
+    def close(self, wait: bool = True) -> None:
+        """Leave the group. wait=False skips the final barrier: after a failure the other
+        processes may never reach it (torchrun stops them)."""
+        if self.owns_group:
+            if wait:
+                dist.barrier()  # no process tears the group down while another still uses it
+            dist.destroy_process_group()
+            self.owns_group = False

@@ -1,0 +1,115 @@
+"""ddpd.files: atomic replacement, streamed output, stale temporaries, the output lock."""
+import errno
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ddpd import files
+
+
+def _entries(folder):
+    return sorted(os.listdir(folder))
+
+
+def test_write_text_replaces_atomically(tmp_path):
+    target = tmp_path / "report.json"
+    files.write_text(target, "old")
+    files.write_text(target, "new")
+    assert target.read_text() == "new" and _entries(tmp_path) == ["report.json"]
+
+
+def test_full_disk_keeps_the_previous_file(tmp_path, monkeypatch):
+    target = tmp_path / "report.json"
+    files.write_text(target, '{"complete": true}')
+
+    def full(fd):  # a full disk shows when the data is flushed
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(files.os, "fsync", full)
+    with pytest.raises(OSError) as info:
+        files.write_text(target, "x" * 4096)
+    assert str(info.value) == f"cannot write {target}: No space left on device"
+    assert target.read_text() == '{"complete": true}' and _entries(tmp_path) == ["report.json"]
+
+
+def test_enospc_from_the_file_object_names_the_destination(tmp_path, monkeypatch):
+    target = tmp_path / "s.jsonl"
+    out = files.StreamedFile(target)
+
+    class Full:
+        def write(self, text):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def close(self):
+            pass
+
+    out._file = Full()
+    with pytest.raises(files.OutputError, match=f"cannot write {target}: No space left on device"):
+        out.write("line\n")
+    out.discard()
+    assert _entries(tmp_path) == []
+
+
+def test_streamed_file_is_flushed_as_it_goes_and_published_at_the_end(tmp_path):
+    target = tmp_path / "s.jsonl"
+    with files.StreamedFile(target) as out:
+        out.write("one\n")
+        assert open(out.temp).read() == "one\n"  # on disk before the end
+        assert not target.exists()
+        out.publish()
+    assert target.read_text() == "one\n" and _entries(tmp_path) == ["s.jsonl"]
+    with files.StreamedFile(target) as out:
+        out.write("two\n")  # never published: the block ends without it
+    assert target.read_text() == "one\n" and _entries(tmp_path) == ["s.jsonl"]
+
+
+def _fifo(tmp):
+    os.mkfifo(tmp / "fifo")
+    return tmp / "fifo"
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda tmp: tmp / "missing" / "s.jsonl", "does not exist"),
+    (lambda tmp: tmp, "it is a directory"),
+    (_fifo, "it is not a regular file"),
+])
+def test_unwritable_destinations_fail_at_once(tmp_path, make, message):
+    path = make(tmp_path)
+    before = _entries(tmp_path)
+    with pytest.raises(files.OutputError, match=message):
+        files.StreamedFile(path)
+    assert _entries(tmp_path) == before
+
+
+def _dead_pid():
+    proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    return int(proc.stdout)
+
+
+def test_stale_temporaries_of_dead_processes_are_removed(tmp_path):
+    host, dead = files._HOST, _dead_pid()
+    stale = [f".ck.tmp-{host}-{dead}-abc123", f".ck.old-{host}-{dead}-x_y"]
+    kept = [f".ck.tmp-{host}-{os.getpid()}-abc", f".ck.tmp-other-host-{dead}-abc", f".other.tmp-{host}-{dead}-a", "ck"]
+    for name in stale[:1] + kept[:2]:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "model.safetensors").write_bytes(b"partial")
+    for name in stale[1:] + kept[2:]:
+        (tmp_path / name).write_text("x")
+    removed = files.remove_stale_temps(tmp_path / "ck")
+    assert sorted(os.path.basename(p) for p in removed) == sorted(stale)
+    assert _entries(tmp_path) == sorted(kept)
+
+
+def test_output_lock_refuses_a_second_writer_and_names_the_holder(tmp_path):
+    first = files.OutputLock(tmp_path / "run").acquire()
+    with pytest.raises(files.OutputLockedError, match=f"being written by pid {os.getpid()} on "):
+        files.OutputLock(tmp_path / "run").acquire()
+    script = f"from ddpd.files import OutputLock; OutputLock({str(tmp_path / 'run')!r}).acquire()"
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert proc.returncode == 1 and f"being written by pid {os.getpid()}" in proc.stderr
+    first.release()
+    assert _entries(tmp_path) == []  # the lock file goes with the lock
+    with files.OutputLock(tmp_path / "run"):
+        pass

@@ -1,0 +1,149 @@
+"""What the package declares and ships: dependencies where they are needed, optional
+extras with one-line errors, the extension importable on its own, the shipped data."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import ddpd.training.data as data
+from ddpd.assets import ASSETS, BOOKS, GPT2_RANKS
+from ddpd.validation import MissingExtra
+
+tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+ROOT = Path(__file__).resolve().parents[1]
+PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+
+
+def _names(requirements):
+    return {r.split(";")[0].split(">")[0].split("=")[0].split("<")[0].strip() for r in requirements}
+
+
+def test_runtime_dependencies_are_what_the_code_needs():
+    runtime = _names(PROJECT["dependencies"])
+    assert runtime == {"torch", "safetensors", "tqdm", "ninja"}  # ninja: the first-use build of ddpd._C
+    assert "torch>=2.4" in PROJECT["dependencies"]  # torch.library.custom_op / register_fake
+    extras = PROJECT["optional-dependencies"]
+    assert extras["hf"] == ["datasets"] and extras["gpt2"] == ["tiktoken"]
+    assert {"numpy", "scipy", "tiktoken", "triton"} <= _names(extras["test"])
+
+
+def test_nothing_imports_an_undeclared_or_optional_package_at_module_level():
+    """numpy, pybind11, datasets, tiktoken, triton and matplotlib are imported lazily
+    (or not at all) by the package, so a CPU install without the extras imports it."""
+    for path in (ROOT / "ddpd").rglob("*.py"):
+        for line in path.read_text().splitlines():
+            if line.startswith(("import ", "from ")):
+                module = line.split()[1].split(".")[0]
+                assert module not in ("numpy", "pybind11", "datasets", "tiktoken", "triton", "matplotlib",
+                                      "scipy"), f"{path}: {line}"
+
+
+def test_import_ddpd_C_works_in_a_fresh_process():
+    """ddpd._C links against torch's libraries: importing it first must work."""
+    built = list((ROOT / "ddpd").glob("_C*.so"))
+    if not built:
+        pytest.skip("ddpd._C was not built in place (JIT install)")
+    proc = subprocess.run([sys.executable, "-c", "import ddpd._C as c; print(c.with_cuda in (0, 1))"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout.strip() == "True", proc.stderr
+
+
+def test_shipped_data():
+    text = BOOKS.read_text(encoding="ascii")
+    assert len(text) == 197_991 and len(BOOKS.read_bytes()) <= 200_000
+    assert set(text) <= set(" abcdefghijklmnopqrstuvwxyz") and "  " not in text
+    import hashlib
+
+    assert hashlib.sha256(GPT2_RANKS.read_bytes()).hexdigest() == data.GPT2_SHA256
+    notice = (ASSETS / "NOTICE.md").read_text()
+    assert "public domain" in notice and "MIT License" in notice and "Copyright (c) 2022 OpenAI" in notice
+
+
+def test_missing_extras_name_what_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "tiktoken", None)  # as if not installed
+    with pytest.raises(MissingExtra, match='pip install "ddpd\\[gpt2\\]"'):
+        data.GPT2Tokenizer()
+    monkeypatch.setitem(sys.modules, "datasets", None)
+    for source in ("text8", "hf:someone/corpus"):
+        with pytest.raises(MissingExtra, match='pip install "ddpd\\[hf\\]"') as info:
+            data.load_text(source)
+        assert len(str(info.value).splitlines()) == 1
+
+
+def test_the_cli_names_a_missing_extra_in_one_line(monkeypatch, capsys, tmp_path):
+    from ddpd.cli.train import main
+
+    monkeypatch.setitem(sys.modules, "datasets", None)
+    code = main(["planner", "--data", "text8", "--out", str(tmp_path / "o"), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 1 and err.count("\n") == 1 and 'ddpd[hf]' in err
+
+
+class FakeDatasets:
+    """The few calls of `datasets` that ddpd makes, answering from memory (no network)."""
+
+    def __init__(self, splits=None, error=None):
+        self.splits, self.error, self.calls = splits or {}, error, []
+
+    def load_dataset(self, repo, config=None, split=None):
+        self.calls.append((repo, config, split))
+        if self.error is not None:
+            raise self.error
+        return FakeRows(self.splits[split])
+
+    def is_progress_bar_enabled(self):
+        return True
+
+    def disable_progress_bars(self):
+        pass
+
+    def enable_progress_bars(self):
+        pass
+
+
+class FakeRows:
+    def __init__(self, texts):
+        self.texts, self.column_names = texts, ["text"]
+
+    def __getitem__(self, column):
+        return self.texts
+
+
+def test_text8_is_the_hub_splits_joined_in_order(monkeypatch):
+    fake = FakeDatasets({"train": [" anarchism originated"], "validation": [" as a term"], "test": [" of abuse"]})
+    monkeypatch.setitem(sys.modules, "datasets", fake)
+    assert data.load_text("text8") == " anarchism originated as a term of abuse"
+    assert fake.calls == [(data.HUB_TEXT8, None, s) for s in ("train", "validation", "test")]
+    fake = FakeDatasets({"train": ["first", "second"]})
+    monkeypatch.setitem(sys.modules, "datasets", fake)
+    assert data.load_text("hf:someone/corpus:small") == "first\nsecond"
+    assert fake.calls == [("someone/corpus", "small", "train")]
+
+
+def test_no_network_is_one_line_that_says_so(monkeypatch):
+    error = ConnectionError("Couldn't reach 'afmck/text8' on the Hub (LocalEntryNotFoundError)\nmore detail")
+    monkeypatch.setitem(sys.modules, "datasets", FakeDatasets(error=error))
+    with pytest.raises(ValueError) as info:
+        data.load_text("text8")
+    message = str(info.value)
+    assert len(message.splitlines()) == 1 and "network connection" in message and "Couldn't reach" in message
+
+
+def test_corpus_names_and_files(tmp_path, monkeypatch):
+    assert data.resolve_source("books") == "books" and data.load_text("books") == BOOKS.read_text()
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "text8").write_text("a local text eight")  # `unzip text8.zip` makes a file named text8
+    assert data.resolve_source("text8") == str(tmp_path / "text8") and data.load_text("text8") == "a local text eight"
+    with pytest.raises(FileNotFoundError, match="no such file: nothing.txt .*books.*text8.*hf:NAME"):
+        data.resolve_source("nothing.txt")
+
+
+def test_wheel_ships_the_data(tmp_path):
+    """build_py puts the books corpus, the ranks file and the notice into the package."""
+    subprocess.run([sys.executable, "setup.py", "-q", "build_py", "-d", str(tmp_path / "lib")], cwd=ROOT, check=True,
+                   capture_output=True, timeout=600, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+    shipped = sorted(p.name for p in (tmp_path / "lib" / "ddpd" / "assets").iterdir())
+    assert shipped == ["NOTICE.md", "__init__.py", "books.txt", "gpt2.tiktoken"]

@@ -1,0 +1,65 @@
+"""The fused samplers on a GPU: CUDA graphs replay what eager steps draw, and no step waits
+for the host except at the stop checks. Skipped without a CUDA device."""
+import pytest
+import torch
+
+from ddpd.models import build_model, config_for, prepare_for_sampling
+from ddpd.sampling import ddpd_sample, ddpd_sample_uniform
+from ddpd.sampling.graphs import StepGraphs
+
+pytestmark = pytest.mark.gpu
+
+
+def tiny(kind, vocab, seed, dtype="float32"):
+    torch.manual_seed(seed)
+    model = build_model(kind, config_for(kind, vocab, 64, d_model=64, n_layers=2, n_heads=4))
+    return prepare_for_sampling(model, dtype, "cuda")
+
+
+@pytest.fixture(scope="module")
+def nets():
+    return {dtype: dict(planner=tiny("planner", 300, 0, dtype), mask=tiny("mask-denoiser", 300, 1, dtype),
+                        uniform=tiny("uniform-denoiser", 300, 2, dtype), model=tiny("uniform", 300, 3, dtype))
+            for dtype in ("float32", "bfloat16")}
+
+
+RUNS = {
+    "planner clock, mask, A": lambda n, **kw: ddpd_sample(n["planner"], n["mask"], 64, 64, 300, steps=96,
+                                                          denoiser_type="mask", **kw),
+    "planner clock, uniform, B, k=4 x8": lambda n, **kw: ddpd_sample(n["planner"], n["uniform"], 64, 64, 300,
+                                                                     steps=48, stop="budget", k=4, parallel_steps=8,
+                                                                     **kw),
+    "exact clock, uniform": lambda n, **kw: ddpd_sample(n["planner"], n["uniform"], 64, 64, 300, steps=400,
+                                                        clock="exact", **kw),
+    "single uniform model": lambda n, **kw: ddpd_sample_uniform(n["model"], 64, 64, 300, steps=96, **kw),
+}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("name", RUNS)
+def test_graph_replays_draw_what_eager_steps_draw(nets, name, dtype, monkeypatch):
+    made = []
+    original = StepGraphs.__init__
+    monkeypatch.setattr(StepGraphs, "__init__", lambda self, *a, **k: (original(self, *a, **k), made.append(self)))
+    with torch.inference_mode():
+        eager = RUNS[name](nets[dtype], seed=3, device="cuda", fused=True, graphs="off", dtype=dtype)
+        replayed = RUNS[name](nets[dtype], seed=3, device="cuda", fused=True, dtype=dtype)
+    assert made and made[-1].replays > 0 and not made[-1].emulate
+    assert torch.equal(eager.tokens, replayed.tokens) and torch.equal(eager.stop_step, replayed.stop_step)
+    assert (eager.planner_calls, eager.denoiser_calls) == (replayed.planner_calls, replayed.denoiser_calls)
+
+
+@pytest.mark.parametrize("graphs", ["off", "auto"])
+def test_no_host_synchronisation_inside_a_step(nets, graphs):
+    n = nets["bfloat16"]
+    names = ("planner clock, mask, A", "exact clock, uniform")
+    with torch.inference_mode():
+        for name in names:  # a first run fills the ops' caches (a host-to-device copy each)
+            RUNS[name](n, seed=5, device="cuda", fused=True, graphs=graphs, dtype="bfloat16")
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")  # the stop checks and the final count allow theirs
+        try:
+            for name in names:
+                RUNS[name](n, seed=6, device="cuda", fused=True, graphs=graphs, dtype="bfloat16")
+        finally:
+            torch.cuda.set_sync_debug_mode(0)

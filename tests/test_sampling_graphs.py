@@ -1,0 +1,90 @@
+"""CUDA graphs of the fused DDPD steps (ddpd.sampling.graphs), checked on the CPU.
+
+graphs="emulate" runs the capture and replay logic without CUDA: per batch generation and
+key, one eager warm-up step, then one step function built at "capture" and called again for
+every later step with the step tensor, so anything a step took from Python instead of its
+tensors would be replayed stale. Those runs must draw exactly what eager fused runs draw, with
+the same stop steps and forward-pass counts, for every clock and denoiser; and the emulation
+must catch a step that bakes in a Python value. On a GPU the same runs replay real CUDA graphs
+(tests/test_op_gpu.py-style tests marked gpu).
+"""
+import pytest
+import torch
+
+from oracles.fixtures import single_thread, tiny_networks  # noqa: F401  (single_thread: autouse)
+from ddpd.sampling import PhiloxNoise, ddpd_sample, ddpd_sample_uniform
+from ddpd.sampling.batch import RunningBatch
+from ddpd.sampling.graphs import StepGraphs
+
+
+@pytest.fixture(scope="module")
+def nets():
+    return tiny_networks()
+
+
+CASES = {
+    "planner clock, uniform, A": lambda n, v, **kw: ddpd_sample(n["planner"], n["uniform"], 48, 8, v, steps=24,
+                                                                eps=0.2, **kw),
+    "planner clock, mask, A+C": lambda n, v, **kw: ddpd_sample(n["planner"], n["mask"], 48, 8, v, steps=24, eps=0.2,
+                                                               denoiser_type="mask", selection="softmax", **kw),
+    "planner clock, mask, B, k=3 x4": lambda n, v, **kw: ddpd_sample(n["planner"], n["mask"], 48, 8, v, steps=16,
+                                                                     stop="budget", denoiser_type="mask", k=3,
+                                                                     parallel_steps=4, **kw),
+    "exact clock, mask": lambda n, v, **kw: ddpd_sample(n["planner"], n["mask"], 48, 8, v, steps=40, clock="exact",
+                                                        denoiser_type="mask", **kw),
+    "single uniform model, A": lambda n, v, **kw: ddpd_sample_uniform(n["model"], 48, 8, v, steps=24, eps=0.2, **kw),
+}
+
+
+@pytest.mark.parametrize("vocab", [27, 300])
+@pytest.mark.parametrize("name", CASES)
+def test_replayed_steps_draw_what_eager_steps_draw(nets, name, vocab, monkeypatch):
+    runs, graphs = {}, []
+    original = StepGraphs.__init__
+
+    def recorded(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        graphs.append(self)
+
+    monkeypatch.setattr(StepGraphs, "__init__", recorded)
+    with torch.inference_mode():
+        for mode in ("off", "emulate"):
+            runs[mode] = CASES[name](nets[vocab], vocab, noise=PhiloxNoise(4), fused=True, sync_every=6, graphs=mode)
+    eager, replayed = runs["off"], runs["emulate"]
+    assert torch.equal(eager.tokens, replayed.tokens) and torch.equal(eager.stop_step, replayed.stop_step)
+    assert (eager.planner_calls, eager.denoiser_calls) == (replayed.planner_calls, replayed.denoiser_calls)
+    # finished rows stay in a power-of-two batch until the running ones fit half of it
+    assert replayed.planner_rows >= eager.planner_rows and replayed.denoiser_rows >= eager.denoiser_rows
+    assert len(graphs) == 1 and graphs[0].replays > graphs[0].captures > 0  # most steps were replays
+    assert graphs[0].batch.generation <= 6  # 48 rows: at most 48 -> 32 -> 16 -> 8 -> 4 -> 2 -> 1
+
+
+def test_the_emulation_catches_a_step_that_bakes_in_a_python_value():
+    batch = RunningBatch(torch.zeros(2, 3, dtype=torch.long))
+    graphs = StepGraphs(batch, torch.device("cpu"), emulate=True)
+    for i in range(5):  # the right step adds its own index, read from the step tensor when replayed
+        graphs.run("right", lambda step: batch.x.add_(step), i)
+    assert batch.x[0, 0] == sum(range(5))
+    batch.x.zero_()
+    for i in range(5):  # a step that adds the Python i it was built with: replays repeat i = 1
+        graphs.run("baked", lambda step, i=i: batch.x.add_(i), i)
+    assert batch.x[0, 0] == 0 + 1 + 1 + 1 + 1 != sum(range(5))
+
+
+def test_with_graphs_the_batch_keeps_power_of_two_sizes(nets):
+    sizes = []
+    planner = nets[27]["planner"]
+    recorded = lambda x: (sizes.append(x.shape[0]), planner(x))[1]  # noqa: E731
+    result = ddpd_sample(recorded, nets[27]["uniform"], 48, 8, 27, steps=24, eps=0.2, seed=4, fused=True,
+                         sync_every=2, graphs="emulate")
+    assert (result.stop_step < 24).sum() > 24  # more than half the rows stopped: the batch shrank
+    assert sizes == sorted(sizes, reverse=True) and min(sizes) < 32
+    assert all(n == 48 or n & (n - 1) == 0 for n in sizes)  # the first size, then powers of two
+
+
+def test_graphs_stay_off_where_a_run_cannot_replay(nets):
+    from ddpd.sampling.common import setup, start
+
+    for kwargs in (dict(fused=False), dict(fused=True, graphs="off"), dict(fused=True)):  # CPU: auto captures nothing
+        run, draws, _ = setup("ddpd_sample", 4, 8, 27, 3, 1.0, 0, None, None, dict(kwargs))
+        assert draws.graphs(start(run, draws), run) is None
