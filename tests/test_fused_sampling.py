@@ -137,6 +137,7 @@ BASELINES = {
     "tau planned mask": lambda **kw: tau_leaping_planned(M.planner, M.mask_denoiser, 300, 4, 3, steps=10,
                                                          denoiser_type="mask", **kw),
     "maskgit": lambda **kw: maskgit_sample(M.mask_denoiser, 300, 4, 3, steps=4, temperature=0.8, **kw),
+    "maskgit T 1 (confidence from the draw)": lambda **kw: maskgit_sample(M.mask_denoiser, 300, 4, 3, steps=4, **kw),
 }
 
 

@@ -34,7 +34,6 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from ddpd.ops import (planner_select, planner_select_mask, planner_select_mask_reference, planner_select_reference,
@@ -81,9 +80,10 @@ class Draws:
         return None
 
     def categorical(self, step: int, rows: Tensor, logits: Tensor, per_row: int, temperature: float,
-                    exclude: Optional[Tensor] = None) -> Tensor:
+                    exclude: Optional[Tensor] = None, logprob: bool = False):
         """Long[N]: one draw per row of logits [N, V] (N = len(rows) * per_row, the draws of a row
-        consecutive) from the TOKEN stream; temperature 0 is the argmax; never exclude[n]."""
+        consecutive) from the TOKEN stream; temperature 0 is the argmax; never exclude[n].
+        logprob: also the drawn tokens' log-probabilities under the tempered law, from the same pass."""
         raise NotImplementedError
 
     def tokens_at(self, batch: RunningBatch, denoiser: Callable, step: int, x_in: Tensor, t: Tensor,
@@ -100,12 +100,14 @@ class Draws:
         return self.categorical(step, rows, picked, k, temperature).view(n, k)
 
     def tokens_everywhere(self, step: int, rows: Tensor, logits: Tensor, temperature: float,
-                          exclude: Optional[Tensor] = None) -> Tensor:
-        """Long[B, D]: a token at every position of logits [B, D, V], never exclude (Long[B, D])."""
+                          exclude: Optional[Tensor] = None, logprob: bool = False):
+        """Long[B, D]: a token at every position of logits [B, D, V], never exclude (Long[B, D]);
+        with logprob, (tokens, their log-probabilities Float[B, D] under the tempered law)."""
         n, length, vocab = logits.shape
         flat_exclude = None if exclude is None else exclude.reshape(-1)
-        return self.categorical(step, rows, logits.reshape(n * length, vocab), length, temperature,
-                                flat_exclude).view(n, length)
+        out = self.categorical(step, rows, logits.reshape(n * length, vocab), length, temperature, flat_exclude,
+                               logprob)
+        return tuple(o.view(n, length) for o in out) if logprob else out.view(n, length)
 
     def _token_noise(self, step: int, rows: Tensor, per_row: int, vocab_size: int) -> Tensor:
         """The TOKEN uniforms of `per_row` draws in each row, Float[len(rows) * per_row, noise_width(V)].
@@ -146,11 +148,11 @@ class ReferenceDraws(Draws):
     def rows_with(self, flags: Tensor) -> Optional[Tensor]:
         return flags.nonzero().flatten()
 
-    def categorical(self, step, rows, logits, per_row, temperature, exclude=None) -> Tensor:
-        if temperature == 0:
-            return argmax(logits, exclude)
+    def categorical(self, step, rows, logits, per_row, temperature, exclude=None, logprob=False):
         u = self._token_noise(step, rows, per_row, logits.shape[1])
-        return sample_categorical_reference(logits, temperature, exclude_per_row=exclude, noise=u)[0]
+        out = sample_categorical_reference(logits, temperature, exclude_per_row=exclude, noise=u,
+                                           return_logprob=logprob)
+        return (out[0], out[2]) if logprob else out[0]
 
 
 class FusedDraws(Draws):
@@ -185,11 +187,10 @@ class FusedDraws(Draws):
     def graphs(self, batch: RunningBatch, run) -> Optional[StepGraphs]:
         return step_graphs(batch, run, self.execution, self.philox)
 
-    def categorical(self, step, rows, logits, per_row, temperature, exclude=None) -> Tensor:
-        if temperature == 0:
-            return argmax(logits, exclude)
+    def categorical(self, step, rows, logits, per_row, temperature, exclude=None, logprob=False):
         stream = self._token_stream(step, rows, per_row, logits.shape[1])
-        return sample_categorical(logits, temperature, exclude_per_row=exclude, **stream)[0]
+        out = sample_categorical(logits, temperature, exclude_per_row=exclude, return_logprob=logprob, **stream)
+        return (out[0], out[2]) if logprob else out[0]
 
     def tokens_at(self, batch, denoiser, step, x_in, t, positions, rows, vocab_size, temperature) -> Tensor:
         """With hidden(x, t) and an nn.Linear head, the head runs at the B * k chosen positions only."""
@@ -199,9 +200,6 @@ class FusedDraws(Draws):
         h = batch.hidden(denoiser, x_in, t, vocab_size, rows=rows)
         picked = h.gather(1, positions[..., None].expand(-1, -1, h.shape[-1])).reshape(n * k, -1)
         head = denoiser.head
-        if temperature == 0:  # the argmax of float32 logits, whatever precision the network ran in
-            bias = None if head.bias is None else head.bias.float()
-            return F.linear(picked.float(), head.weight.float(), bias).argmax(-1).view(n, k)
         tokens, _ = sample_from_hidden(picked, head.weight, head.bias, temperature,
                                        **self._token_stream(step, rows, k, vocab_size))
         return tokens.view(n, k)
@@ -210,13 +208,6 @@ class FusedDraws(Draws):
         if self.philox and per_row == 1:
             return self.noise.counters(step, TOKEN, rows)
         return dict(noise=self._token_noise(step, rows, per_row, vocab_size))
-
-
-def argmax(logits: Tensor, exclude: Optional[Tensor] = None) -> Tensor:
-    """Temperature 0: the most likely token of each row of logits [N, V], never exclude[n]."""
-    if exclude is not None:
-        logits = logits.scatter(1, exclude[:, None], float("-inf"))
-    return logits.argmax(-1)
 
 
 def make_draws(noise: NoiseSource, execution: Execution, dtype: torch.dtype = torch.float32) -> Draws:

@@ -9,7 +9,10 @@ positions (at least one unmasked per step, one left for later), and n = 0 at the
 last step, which fills every remaining mask.
 
 The Gumbel-perturbed ranking is a Plackett-Luce draw: the unmasked set is the first
-m - n_i picks, without replacement, with weights p(token)^(1 / tau_i).
+m - n_i picks, without replacement, with weights p(token)^(1 / tau_i). The confidence is
+the untempered model probability of the drawn token (as MaskGIT and LLaDA's low-confidence
+remasking define it); at temperature 1 it is the draw's own log-probability, which the
+sampling op returns from the same pass, otherwise a log-softmax of the logits.
 
 fused=True hands the loop the fused Draws strategy (ddpd.sampling.draws): the tokens
 are drawn with ddpd.ops.sample_categorical (same tokens from the same noise); every row
@@ -68,9 +71,13 @@ def maskgit_sample(
         for i in range(steps):
             masked = batch.x == run.mask_id
             logits = batch.denoiser(denoiser, batch.x, mask_time(masked.sum(-1), run), vocab_size)
-            tokens = draws.tokens_everywhere(i, batch.rows, logits, run.temperature_at(i))
+            temperature = run.temperature_at(i)
+            if temperature == 1.0:  # the draw's own log-probability is the confidence: no second pass
+                tokens, confidence = draws.tokens_everywhere(i, batch.rows, logits, temperature, logprob=True)
+            else:
+                tokens = draws.tokens_everywhere(i, batch.rows, logits, temperature)
+                confidence = logits.log_softmax(-1).gather(-1, tokens[..., None]).squeeze(-1)
             tau = choice_temperature * (1.0 - (i + 1) / steps)
-            confidence = logits.log_softmax(-1).gather(-1, tokens[..., None]).squeeze(-1)
             confidence = confidence + tau * gumbel(run.noise.uniform(i, CONFIDENCE, batch.rows, length))
             n_masked = _masks_left(masked.sum(-1), i, steps, batch.state["m0"])
             unmask = masked & ~least_confident(confidence, masked, n_masked)
