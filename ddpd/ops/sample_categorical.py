@@ -434,9 +434,10 @@ def draw(x: torch.Tensor, controls: Controls, noise: torch.Tensor, logprob: bool
         tau = truncation_threshold(x, t, top_k, top_p, log_min_p)
         x = x.masked_fill(x < tau[:, None], float("-inf"))
     tiles = n_tiles(vocab)
-    padded = x.new_full((rows, tiles * TILE), float("-inf"))
+    width = TILE if tiles > 1 else vocab  # a single tile is the row itself: no padding to compute
+    padded = x.new_full((rows, tiles * width), float("-inf"))
     padded[:, :vocab] = x
-    padded = padded.view(rows, tiles, TILE)
+    padded = padded.view(rows, tiles, width)
     tile_max = padded.amax(dim=2)  # m_t
     y = shifted(padded, tile_max[:, :, None], t[:, None, None])  # tempered, relative to the tile maximum
     row_max = tile_max.amax(dim=1, keepdim=True)  # M
@@ -448,8 +449,8 @@ def draw(x: torch.Tensor, controls: Controls, noise: torch.Tensor, logprob: bool
         keys = torch.where(greedy[:, None], d, d + (lse + rng.gumbel(noise[:, vocab:vocab + tiles])))
         tile = keys.argmax(dim=1)  # first maximum on ties
     valid = row_max.squeeze(1) > float("-inf")
-    in_tile = y.gather(1, tile[:, None, None].expand(-1, 1, TILE)).squeeze(1)
-    columns = tile[:, None] * TILE + torch.arange(TILE, device=x.device)
+    in_tile = y.gather(1, tile[:, None, None].expand(-1, 1, width)).squeeze(1)
+    columns = tile[:, None] * width + torch.arange(width, device=x.device)
     u = noise.gather(1, columns.clamp(max=vocab - 1))
     in_tile = torch.where(greedy[:, None], in_tile, in_tile + rng.gumbel(u))
     keys = torch.where(columns < vocab, in_tile, float("-inf"))
