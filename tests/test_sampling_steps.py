@@ -37,6 +37,19 @@ def test_philox_noise_first_row_shifts_the_row_ids():
     assert torch.equal(shifted, PhiloxNoise(seed=4).uniform(3, SELECT, torch.arange(5, 8), 7))
 
 
+def test_row_ids_are_64_bit_end_to_end():
+    """Rows 2**32 apart draw differently (only the low 32 bits entered Philox once)."""
+    low = PhiloxNoise(0).uniform(3, SELECT, torch.arange(4), 16)
+    high = PhiloxNoise(0, first_row=2**32).uniform(3, SELECT, torch.arange(4), 16)
+    assert not torch.equal(low, high)
+    assert not torch.equal(PhiloxNoise(0, first_row=2**32 - 1).uniform(0, SELECT, torch.arange(2), 8)[1],
+                           PhiloxNoise(0).uniform(0, SELECT, torch.arange(1), 8)[0])
+    runs = [ddpd_sample(M.planner, M.uniform_denoiser, 30, 4, 3, steps=4, stop="budget", fused=fused,
+                        noise=PhiloxNoise(1, first_row=first)) for first in (0, 2**40) for fused in (False, True)]
+    assert torch.equal(runs[0].tokens, runs[1].tokens) and torch.equal(runs[2].tokens, runs[3].tokens)
+    assert not torch.equal(runs[0].tokens, runs[2].tokens)
+
+
 def test_torch_noise_is_on_the_open_grid():
     u = TorchNoise(torch.Generator().manual_seed(0)).uniform(0, 0, torch.arange(1000), 100)
     assert (u > 0).all() and (u < 1).all()

@@ -71,14 +71,15 @@ def stream_offset(base: int, step, stream: int):
 class PhiloxNoise:
     """Counter-based uniforms: deterministic in (seed, offset, step, stream, row, column).
 
-    first_row is added to the sampler's row ids (0..B-1), so that a run split into
+    first_row is added to the sampler's row ids (0..B-1; row ids are 64-bit end to end, every
+    bit enters Philox), so that a run split into
     batches draws sample i from row id i whatever the batch size.
     """
 
     def __init__(self, seed: int, offset: int = 0, first_row: int = 0):
         check_seed(seed, offset)
-        if isinstance(first_row, bool) or not isinstance(first_row, int) or not 0 <= first_row < 2**32:
-            raise ValueError(f"first_row must be an int in [0, 2**32), got {first_row!r}")
+        if isinstance(first_row, bool) or not isinstance(first_row, int) or not 0 <= first_row < 2**62:
+            raise ValueError(f"first_row must be an int in [0, 2**62), got {first_row!r}")
         self.seed = seed
         self.offset = offset
         self.first_row = first_row
