@@ -8,7 +8,10 @@ the speed-ups and peak memory). Variants of each group, timed in the same run:
   its uniforms generated before timing;
 - fused: the ddpd op, seeded (its counter-based uniforms are generated inside).
 Each runs on CPU, and on CUDA where a device is present (Triton kernels).
-Target: sample_categorical 64 x 50257 fp32 at least 5x faster than torch on CPU.
+Targets: sample_categorical 64 x 50257 fp32 at least 5x faster than torch on CPU; with
+top-k / top-p / min-p (test_sample_categorical_controls) at least 3x faster than the
+usual torch code (Hugging Face's logits warpers: top-k by torch.topk, top-p by sort +
+cumsum + mask, min-p by a softmax threshold; then softmax + torch.multinomial).
 """
 import functools
 
@@ -109,3 +112,42 @@ def test_sample_from_hidden(compare, rows, width, vocab, variant, device):
         "fused": lambda: sample_from_hidden(hidden, weight, bias, seed=1, offset=2),
     }
     compare(f"sample_from_hidden {rows}x{width} -> {vocab}", variant, fns[variant], device)
+
+
+def torch_truncated(logits, temperature=1.0, top_k=None, top_p=None, min_p=None):
+    """The usual torch code of a truncated draw (Hugging Face's warpers, in their order):
+    temperature, top-k (torch.topk), top-p (sort + cumsum + mask, scattered back), min-p
+    (softmax threshold), then softmax + torch.multinomial."""
+    logits = logits / temperature
+    if top_k:
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        probs = sorted_logits.softmax(-1)
+        remove = probs.cumsum(-1) - probs >= top_p
+        logits = logits.scatter(-1, order, sorted_logits.masked_fill(remove, float("-inf")))
+    if min_p is not None:
+        probs = logits.softmax(-1)
+        logits = logits.masked_fill(probs < min_p * probs.amax(-1, keepdim=True), float("-inf"))
+    return torch.multinomial(logits.softmax(-1), 1)
+
+
+CONTROLS = {"top_k=50": dict(top_k=50), "top_p=0.9": dict(top_p=0.9), "min_p=0.05": dict(min_p=0.05),
+            "top_k=50 top_p=0.9": dict(top_k=50, top_p=0.9)}
+
+
+@pytest.mark.parametrize("controls", list(CONTROLS))
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("device", DEVICES)
+def test_sample_categorical_controls(compare, controls, variant, device):
+    rows, vocab = 64, 50257
+    logits = randn(rows, vocab, device=device)
+    noise = uniforms(rows, noise_width(vocab), device=device)
+    kw = CONTROLS[controls]
+    fns = {
+        "torch": lambda: torch_truncated(logits, 0.8, **kw),
+        "reference": lambda: sample_categorical_reference(logits, 0.8, noise=noise, **kw),
+        "fused": lambda: sample_categorical(logits, 0.8, seed=1, offset=2, **kw),
+    }
+    compare(f"sample_categorical {rows}x{vocab} fp32 {controls}", variant, fns[variant], device)

@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_ops import MASK_ID, torch_planner_select, torch_planner_select_mask  # noqa: E402
+from bench_ops import MASK_ID, torch_planner_select, torch_planner_select_mask, torch_truncated  # noqa: E402
 from bench_step import fused_step, reference_step, step_inputs  # noqa: E402
 from conftest import peak_cuda_growth, peak_rss_growth  # noqa: E402
 
@@ -60,6 +60,10 @@ BF16, FP32 = torch.bfloat16, torch.float32
 GPT2, LLAMA3 = 50257, 128256
 SHAPES = {
     "full": dict(
+        # rows, vocab, dtype, controls: each truncation against the usual torch code
+        controls=[(64, GPT2, BF16, "top_p"), (64, GPT2, BF16, "top_k"), (64, GPT2, BF16, "min_p"),
+                  (64, GPT2, BF16, "top_k+top_p"), (64, GPT2, FP32, "top_p"), (256, LLAMA3, BF16, "top_p"),
+                  (256, LLAMA3, BF16, "top_k"), (256, LLAMA3, BF16, "min_p"), (256, LLAMA3, BF16, "top_k+top_p")],
         # rows, vocab, dtype: the issue's table plus (256, 50257) and (64, 128256) bf16
         categorical=[(1, GPT2, FP32), (64, GPT2, FP32), (64, GPT2, BF16), (256, GPT2, BF16), (1024, GPT2, BF16),
                      (4096, 27, FP32), (64, LLAMA3, BF16)],
@@ -74,6 +78,7 @@ SHAPES = {
         copy_floats=2**26,
     ),
     "dry": dict(
+        controls=[(4, 700, BF16, "top_p"), (3, 300, FP32, "top_k+top_p")],
         categorical=[(4, 300, BF16), (4, 300, FP32), (3, 27, FP32)],
         hidden=[(4, 32, 300, FP32), (4, 32, 300, BF16)],
         hidden_configs=(4, 32, 300, FP32),
@@ -253,6 +258,26 @@ def time_sample_categorical(bench: Bench, rows: int, vocab: int, dtype: torch.dt
           f"within 1.5x of one read at 1024 rows")
 
 
+TRUNCATIONS = {"top_p": dict(top_p=0.9), "top_k": dict(top_k=50), "min_p": dict(min_p=0.05),
+               "top_k+top_p": dict(top_k=50, top_p=0.9)}
+
+
+def time_sample_categorical_controls(bench: Bench, rows: int, vocab: int, dtype: torch.dtype, controls: str) -> None:
+    """A truncated draw with its log-probability: ddpd's kernels (threshold search, tile
+    statistics, finish) against the usual torch code (benchmarks/bench_ops.py
+    torch_truncated: torch.topk / sort + cumsum + mask / softmax threshold, then softmax +
+    torch.multinomial)."""
+    kw = TRUNCATIONS[controls]
+    logits = randn(rows, vocab, scale=3.0, seed=vocab + 1, dtype=dtype, device=bench.device)
+    name = f"sample_categorical {controls} ({rows}, {vocab}) {str(dtype)[6:]}"
+    bench.check(name, sample_categorical(logits, 0.8, seed=1, offset=2, return_logprob=True, **kw),
+                sample_categorical_reference(logits, 0.8, seed=1, offset=2, return_logprob=True, **kw))
+    bench.versus(name, lambda: sample_categorical(logits, 0.8, seed=1, offset=2, **kw),
+                 {"torch truncation + multinomial": lambda: torch_truncated(logits.float(), 0.8, **kw)},
+                 logits.numel() * logits.element_size(), "the logits")
+    print("  target: at least 2x the torch code")
+
+
 def time_sample_from_hidden(bench: Bench, rows: int, width: int, vocab: int, dtype: torch.dtype) -> None:
     hidden = randn(rows, width, seed=1, dtype=dtype, device=bench.device)
     weight = randn(vocab, width, scale=2 / width**0.5, seed=2, dtype=dtype, device=bench.device)
@@ -393,6 +418,7 @@ def main() -> int:
     copy_bandwidth(bench, shapes["copy_floats"])
     plan = [
         ("sample_categorical", time_sample_categorical, shapes["categorical"]),
+        ("sample_categorical with top-k / top-p / min-p", time_sample_categorical_controls, shapes["controls"]),
         ("sample_from_hidden", time_sample_from_hidden, shapes["hidden"]),
         ("sample_from_hidden launch configurations", time_head_configs, [shapes["hidden_configs"]]),
         ("planner_select, planner_select_mask, planner_mask", time_planner_ops, shapes["planner"]),

@@ -104,7 +104,10 @@ def head_tiles_kernel(
         keys = tl.where(cols[:, None] < V, keys, float("-inf"))
         best = tl.max(keys, axis=0)
         candidate = tl.min(tl.where(keys == best[None, :], cols[:, None], V), axis=0)
-        candidate_logit = tl.max(tl.where(cols[:, None] == candidate[None, :], x, float("-inf")), axis=0)
+        if LOGPROB or CONFIDENCE != 0:  # the candidate's own logit, for its probability
+            candidate_logit = tl.max(tl.where(cols[:, None] == candidate[None, :], x, float("-inf")), axis=0)
+        else:
+            candidate_logit = m
         if SINGLE_TILE:  # the tile wins whenever anything is drawable: no finish pass
             valid = m > float("-inf")
             tl.store(tokens_ptr + safe_rows, tl.where(valid, candidate, 0).to(tl.int64), mask=live_row)

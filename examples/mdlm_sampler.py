@@ -1,0 +1,103 @@
+"""An MDLM-style masked-diffusion sampler written against ddpd.ops, beside its plain-torch
+version.
+
+The sampler (MDLM's ancestral update, linear schedule): start from all-mask; at step i of
+`steps`, time goes from t = 1 - i / steps to s = 1 - (i + 1) / steps; every masked position
+is revealed with probability (t - s) / t, and a revealed position takes a token drawn from
+the denoiser's softmax(logits / temperature), truncated by top_p. (MDLM draws the
+two choices jointly from one categorical over the V tokens and "stay masked"; the coin
+then the token is the same law.)
+
+- `mdlm_ddpd`: the coin is ddpd.ops.bernoulli, the token ddpd.ops.sample_from_hidden on
+  the hidden states of the masked positions only (the output head never runs on the
+  others), with top_p inside the kernel. Every draw is keyed by (seed, offset, row id):
+  position d of sequence b is row b * D + d, so a position's draws do not depend on which
+  other positions are still masked, nor on the batch.
+- `mdlm_plain`: the same loop in plain torch: the full logits, top-p by sort + cumsum +
+  mask, the coin as u < p and the token by ddpd.ops.categorical_reference (the
+  categorical law of every ddpd path, written in plain torch), from the same
+  counter-based uniforms (ddpd.ops.philox_uniform). It returns the same tokens; a
+  textbook torch.multinomial draw would have the same law, from other randomness.
+
+    python examples/mdlm_sampler.py
+"""
+from __future__ import annotations
+
+import pathlib
+import sys
+
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from tiny_networks import TinyDenoiser  # noqa: E402
+
+from ddpd.ops import bernoulli, categorical_reference, noise_width, philox_uniform, sample_from_hidden  # noqa: E402
+from ddpd.ops.rng import BELOW_ONE  # noqa: E402
+
+
+def reveal_probability(i: int, steps: int) -> float:
+    """(t - s) / t of step i: the chance that a masked position is revealed."""
+    t, s = 1 - i / steps, 1 - (i + 1) / steps
+    return (t - s) / t
+
+
+@torch.no_grad()
+def mdlm_ddpd(net: TinyDenoiser, batch: int, length: int, steps: int, seed: int, temperature: float = 1.0,
+              top_p: float | None = None) -> torch.Tensor:
+    x = torch.full((batch, length), net.mask_id)
+    rows = torch.arange(batch * length).view(batch, length)  # one stream per position
+    for i in range(steps):
+        masked = x == net.mask_id
+        p = torch.full((batch, length, 1), reveal_probability(i, steps))  # one coin per position (row)
+        reveal = masked & bernoulli(p, seed=seed, offset=2 * i, row_ids=rows)[..., 0]
+        if not reveal.any():
+            continue
+        hidden = net.hidden(x)[reveal]  # [n, H]: the head runs on these rows only
+        tokens, _ = sample_from_hidden(hidden, net.head.weight, net.head.bias, temperature, top_p=top_p, seed=seed,
+                                       offset=2 * i + 1, row_ids=rows[reveal])
+        x[reveal] = tokens
+    return x
+
+
+def top_p_mask(logits: torch.Tensor, top_p: float, temperature: float) -> torch.Tensor:
+    """Plain torch top-p: sort, cumulative softmax mass, drop the tokens whose mass above is
+    already >= top_p (the usual code of Hugging Face's sampler)."""
+    probs = torch.softmax(logits / temperature, -1)
+    sorted_probs, order = probs.sort(-1, descending=True)
+    above = sorted_probs.cumsum(-1) - sorted_probs
+    drop = torch.zeros_like(probs, dtype=torch.bool).scatter(-1, order, above >= top_p)
+    return logits.masked_fill(drop, float("-inf"))
+
+
+@torch.no_grad()
+def mdlm_plain(net: TinyDenoiser, batch: int, length: int, steps: int, seed: int, temperature: float = 1.0,
+               top_p: float | None = None) -> torch.Tensor:
+    x = torch.full((batch, length), net.mask_id)
+    rows = torch.arange(batch * length).view(batch, length)
+    vocab = net.head.out_features
+    for i in range(steps):
+        masked = x == net.mask_id
+        u = philox_uniform(seed, 2 * i, rows.reshape(-1), 1).view(batch, length)  # column 0 of each row
+        reveal = masked & (u.clamp(max=BELOW_ONE) < reveal_probability(i, steps))
+        if not reveal.any():
+            continue
+        logits = net(x)[reveal]  # [n, V]
+        if top_p is not None:
+            logits = top_p_mask(logits, top_p, temperature)
+        noise = philox_uniform(seed, 2 * i + 1, rows[reveal], noise_width(vocab))
+        x[reveal] = categorical_reference(logits, temperature, noise)[0]
+    return x
+
+
+def main() -> None:
+    vocab, length, batch, steps = 50, 16, 4, 8
+    net = TinyDenoiser(vocab, length)
+    for kw in (dict(temperature=1.0), dict(temperature=0.8, top_p=0.9)):
+        fused = mdlm_ddpd(net, batch, length, steps, seed=1, **kw)
+        plain = mdlm_plain(net, batch, length, steps, seed=1, **kw)
+        print(f"{kw}: same tokens from the same noise: {torch.equal(fused, plain)}")
+        print(fused)
+
+
+if __name__ == "__main__":
+    main()
