@@ -1,22 +1,27 @@
 #!/usr/bin/env bash
-# GPU check of ddpd, every kernel, in under 6 minutes on one GPU:
+# GPU check of ddpd, every kernel and the end-to-end sampler, in under 8 minutes on
+# one GPU:
 #  1. build: installs ddpd editable (pip --no-deps --no-build-isolation --no-index:
 #     nothing is downloaded), which maps kernels/ to ddpd.kernels and compiles
 #     ddpd._C with its CUDA kernels, for this GPU's architecture only;
 #  2. tests: every test marked gpu (tests/test_op_gpu.py: the compiled Triton kernels
 #     draw for draw against the CPU path, CUDA graph capture, torch.compile; the CUDA
-#     ops of ddpd._C; the models on CUDA);
+#     ops of ddpd._C; the models and the sampler on CUDA);
 #  3. timings: benchmarks/gpu_timings.py, each op checked against its torch
-#     reference on the device, then, for the ops and shapes of issue 12, eager and
+#     reference on the device, then, for sample_categorical (with and without
+#     top-k / top-p / min-p), sample_from_hidden and multinomial, eager and
 #     CUDA-graph-replay medians of ddpd and of the best torch code, the ratios, one
 #     read of the input at the measured copy bandwidth and ddpd's host cost; the
 #     other ops as GB/s and peak memory; the fused sampler step against the
 #     reference step; then benchmarks/host_cost.py --cuda (per-call host cost of
-#     every op against its raw torch.ops call).
+#     every op against its raw torch.ops call);
+#  4. sampling: benchmarks/gpu_sampling.py, whole sampling runs of the bundled model
+#     (reference, fused float32, fused bfloat16, the default fused run with CUDA
+#     graphs) and a GPT-2-size pair's fused step against its networks.
 # The build and Triton compile checks (tests/test_ext_build.py,
 # tests/test_op_triton_compile.py) run in CI, not here.
 # Each part runs under `timeout` inside a total budget of DDPD_GPU_BUDGET_S seconds
-# (default 330) and prints its elapsed time; a part that fails or runs out is
+# (default 450) and prints its elapsed time; a part that fails or runs out is
 # reported and the next part still runs (except after a failed build). The exit
 # status is 1 if any part failed. Everything goes to
 # benchmarks/results/<device>-<date>.txt. Python: $PYTHON, default python3.
@@ -25,12 +30,12 @@
 # would also put the CUDA tests in the interpreter; CI runs them.
 #
 # `benchmarks/gpu_check.sh --dry-run` needs no GPU: it prints the commands of steps
-# 1-2 and runs step 3 on CPU tensors of tiny shapes with a wall-clock timer,
+# 1-2 and runs steps 3-4 on CPU tensors of tiny shapes with a wall-clock timer,
 # writing to ${TMPDIR:-/tmp}/ddpd-gpu-check-dry-run.txt instead of a results file.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-BUDGET=${DDPD_GPU_BUDGET_S:-330}
+BUDGET=${DDPD_GPU_BUDGET_S:-450}
 export PYTHONUNBUFFERED=1
 DRY_RUN=0
 if [ "${1:-}" = "--dry-run" ]; then
@@ -47,7 +52,7 @@ part() {
     shift 2
     ((limit > left)) && limit=$left
     echo "## $name (limit ${limit} s)"
-    if ((DRY_RUN)) && [ "$name" != timings ] && [ "$name" != "host cost" ]; then
+    if ((DRY_RUN)) && [[ $name = build || $name = extension || $name = "gpu tests" ]]; then
         printf 'dry run, would run:'
         printf ' %q' "$@"
         echo
@@ -86,6 +91,7 @@ check() {
     ((DRY_RUN)) && mode=(--dry-run) && host=()
     part timings 200 $PY benchmarks/gpu_timings.py ${mode[@]+"${mode[@]}"} || failed=1
     part "host cost" 30 $PY benchmarks/host_cost.py ${host[@]+"${host[@]}"} || failed=1
+    part sampling 150 $PY benchmarks/gpu_sampling.py ${mode[@]+"${mode[@]}"} || failed=1
     echo "# total $SECONDS s"
     return $failed
 }

@@ -97,7 +97,7 @@ def bundled(args, device: torch.device, clock: Clock) -> None:
     with torch.inference_mode():
         check = [run(batches[0], name, min(steps, 64))() for name in ("reference fp32", "fused fp32")]
         assert torch.equal(check[0].tokens, check[1].tokens), "fused and reference runs differ"
-        print("check: the fused fp32 run draws the reference run's samples (64 steps, same seed)")
+        print(f"check: the fused fp32 run draws the reference run's samples ({min(steps, 64)} steps, same seed)")
         print("| batch | " + " | ".join(variants) + " | default / fused fp32 | target |")
         print("|---" * (len(variants) + 3) + "|")
         for batch in batches:
@@ -152,7 +152,8 @@ def gpt2_pair(args, device: torch.device, clock: Clock) -> None:
         fused = clock(run(True), repeats=3) / steps
         reference = clock(run(False), repeats=3) / steps
         memory = {name: peak_memory(run(name == "fused"), device) for name in ("fused", "reference")}
-    print(f"## GPT-2-size pair: 12 layers, d 768, V {vocab}, D {length}, batch {batch}, bfloat16 (random weights)")
+    print(f"## GPT-2-size pair: {fields['n_layers']} layers, d {fields['d_model']}, V {vocab}, D {length}, "
+          f"batch {batch}, {next(planner.parameters()).dtype} weights (random)")
     print(f"planner pass + denoiser trunk: {networks * 1e3:.2f} ms")
     print(f"fused step: {fused * 1e3:.2f} ms ({fused / networks:.3f}x the networks; target <= 1.05x), "
           f"peak memory {memory['fused']:.0f} MiB")

@@ -5,7 +5,7 @@ Per op and shape, on the device:
 - check: the op draws what its torch reference draws for the same seed (integer
   and boolean outputs equal, float outputs to 1e-4), so the kernel timed is a
   kernel tested on this device;
-- sample_categorical, sample_from_hidden, multinomial (the issue's table): the
+- sample_categorical, sample_from_hidden, multinomial (GPT-2 and Llama-3 vocabularies): the
   median of a normal call ("eager", what a user sees: host cost included) and of a
   CUDA-graph replay of the same call ("graph", kernel time only), with
   triton.testing.do_bench (warm-up, L2 flushed before each call, CUDA events), for
@@ -64,14 +64,14 @@ SHAPES = {
         controls=[(64, GPT2, BF16, "top_p"), (64, GPT2, BF16, "top_k"), (64, GPT2, BF16, "min_p"),
                   (64, GPT2, BF16, "top_k+top_p"), (64, GPT2, FP32, "top_p"), (256, LLAMA3, BF16, "top_p"),
                   (256, LLAMA3, BF16, "top_k"), (256, LLAMA3, BF16, "min_p"), (256, LLAMA3, BF16, "top_k+top_p")],
-        # rows, vocab, dtype: the issue's table plus (256, 50257) and (64, 128256) bf16
+        # rows, vocab, dtype
         categorical=[(1, GPT2, FP32), (64, GPT2, FP32), (64, GPT2, BF16), (256, GPT2, BF16), (1024, GPT2, BF16),
                      (4096, 27, FP32), (64, LLAMA3, BF16)],
         hidden=[(64, 768, GPT2, BF16), (256, 768, GPT2, BF16), (64, 4096, LLAMA3, BF16), (64, 256, GPT2, FP32)],
         hidden_configs=(64, 768, GPT2, BF16),  # a few launch configurations timed at this shape
         planner=[(64, 1024)],  # rows, length
         step=[(64, 1024, GPT2, 256), (8, 1024, GPT2, 256)],  # B, D, V, H
-        # rows, categories, k, replacement: benchmarks/bench_multinomial.py's and the issue's
+        # rows, categories, k, replacement: benchmarks/bench_multinomial.py's and larger
         multinomial=[(64, GPT2, 1, True), (64, GPT2, 16, False), (64, GPT2, 16, True), (512, GPT2, 16, False),
                      (4096, 27, 16, False), (4096, 27, 1, True)],
         compact=[(256, 1024), (4096, 1024)],  # batch, length
@@ -165,7 +165,7 @@ class Bench:
         return self.median_ms(graph.replay)
 
     def versus(self, name: str, ours: Callable, theirs: dict, read_bytes: int, read_what: str) -> None:
-        """The issue's table row: our eager and graph-replay medians, each torch candidate's,
+        """One table row: our eager and graph-replay medians, each torch candidate's,
         the ratios against the best torch code, one read of the input at the copy
         bandwidth, and our host cost (eager - graph)."""
         eager, graph = self.median_ms(ours), self.graph_ms(ours)

@@ -3,7 +3,7 @@ torch.ops.ddpd.* call of the same kernel on the same (tiny) inputs.
 
 On CPU tensors of a few elements the kernels take a microsecond or two, so the
 difference between the two medians is what the wrapper adds: argument checks,
-stream resolution, custom-op dispatch. Target: under 20 us per op (issue 12).
+stream resolution, custom-op dispatch. Target: under 20 us per op.
 
     python benchmarks/host_cost.py            # CPU
     python benchmarks/host_cost.py --cuda     # CUDA tensors: the raw call of the Triton

@@ -123,26 +123,34 @@ def test_byte_split_over_threads_matches_reference(threads):
         assert torch.equal(out[active], t[active]) and not out[~active].any()
 
 
+ALL3, INDEX2 = torch.ones(3, dtype=torch.bool), torch.zeros(2, dtype=torch.int64)  # argument-error cases
+
+
 @pytest.mark.parametrize(
     "call,error,match",
     [
         (lambda: compact_fixed(torch.ones(3), 3, torch.ones(3)), ValueError, "active must be a 1-D bool"),
         (lambda: compact_fixed([True], 1, torch.ones(1)), TypeError, "active must be a torch.Tensor"),
-        (lambda: compact_fixed(torch.ones(3, dtype=torch.bool), 3, torch.tensor(1.0)), ValueError, r"tensors\[0\]"),
-        (lambda: compact_fixed(torch.ones(3, dtype=torch.bool), 3, [1, 2, 3]), TypeError, r"tensors\[0\] must be a torch.Tensor"),
-        (lambda: compact_fixed(torch.ones(3, dtype=torch.bool), 3, torch.ones(3), torch.ones(3, device="meta")), ValueError, r"tensors\[1\] must be on cpu like active"),
-        (lambda: compact_fixed(torch.ones(3, dtype=torch.bool), 3, torch.ones(3).to_sparse()), ValueError, r"tensors\[0\] must be a dense tensor"),
-        (lambda: compact_fixed(torch.ones(3, dtype=torch.bool), 2, torch.ones(4)), ValueError, r"tensors\[0\] must be a dense tensor with 3 rows"),
-        (lambda: compact_fixed(torch.ones(3, dtype=torch.bool), 2, torch.ones(3), "x"), TypeError, r"tensors\[1\] must be a torch.Tensor"),
-        (lambda: compact_fixed(torch.ones(3, dtype=torch.bool), -1), ValueError, "capacity must be >= 0"),
-        (lambda: compact_fixed(torch.ones(3, dtype=torch.bool), 2.0), TypeError, "capacity must be an int"),
-        (lambda: scatter_back(torch.zeros(2, dtype=torch.int32), torch.ones(2), torch.ones(3)), ValueError, "index must be a 1-D int64"),
-        (lambda: scatter_back(torch.zeros(2, dtype=torch.int64), torch.ones(3), torch.ones(3)), ValueError, r"packed\[0\] must have shape"),
-        (lambda: scatter_back(torch.zeros(2, dtype=torch.int64), torch.ones(2, 2), torch.ones(3, 3)), ValueError, r"packed\[0\] must have shape"),
-        (lambda: scatter_back(torch.zeros(2, dtype=torch.int64), torch.ones(2), torch.ones(3, dtype=torch.float64)), ValueError, "dtype"),
-        (lambda: scatter_back(torch.tensor([0, 3]), torch.ones(2), torch.ones(3)), ValueError, r"index values must be < out.shape\[0\] = 3"),
-        (lambda: scatter_back(torch.tensor([0, 1]), torch.ones(2), [torch.ones(3)]), TypeError, "both be tensors or both be sequences"),
-        (lambda: scatter_back(torch.tensor([0, 1]), [torch.ones(2)], [torch.ones(3), torch.ones(3)]), ValueError, "same length"),
+        (lambda: compact_fixed(ALL3, 3, torch.tensor(1.0)), ValueError, r"tensors\[0\]"),
+        (lambda: compact_fixed(ALL3, 3, [1, 2, 3]), TypeError, r"tensors\[0\] must be a torch.Tensor"),
+        (lambda: compact_fixed(ALL3, 3, torch.ones(3), torch.ones(3, device="meta")), ValueError,
+         r"tensors\[1\] must be on cpu like active"),
+        (lambda: compact_fixed(ALL3, 3, torch.ones(3).to_sparse()), ValueError, r"tensors\[0\] must be a dense tensor"),
+        (lambda: compact_fixed(ALL3, 2, torch.ones(4)), ValueError, r"tensors\[0\] must be a dense tensor with 3 rows"),
+        (lambda: compact_fixed(ALL3, 2, torch.ones(3), "x"), TypeError, r"tensors\[1\] must be a torch.Tensor"),
+        (lambda: compact_fixed(ALL3, -1), ValueError, "capacity must be >= 0"),
+        (lambda: compact_fixed(ALL3, 2.0), TypeError, "capacity must be an int"),
+        (lambda: scatter_back(torch.zeros(2, dtype=torch.int32), torch.ones(2), torch.ones(3)), ValueError,
+         "index must be a 1-D int64"),
+        (lambda: scatter_back(INDEX2, torch.ones(3), torch.ones(3)), ValueError, r"packed\[0\] must have shape"),
+        (lambda: scatter_back(INDEX2, torch.ones(2, 2), torch.ones(3, 3)), ValueError, r"packed\[0\] must have shape"),
+        (lambda: scatter_back(INDEX2, torch.ones(2), torch.ones(3, dtype=torch.float64)), ValueError, "dtype"),
+        (lambda: scatter_back(torch.tensor([0, 3]), torch.ones(2), torch.ones(3)), ValueError,
+         r"index values must be < out.shape\[0\] = 3"),
+        (lambda: scatter_back(torch.tensor([0, 1]), torch.ones(2), [torch.ones(3)]), TypeError,
+         "both be tensors or both be sequences"),
+        (lambda: scatter_back(torch.tensor([0, 1]), [torch.ones(2)], [torch.ones(3), torch.ones(3)]), ValueError,
+         "same length"),
     ],
 )
 def test_argument_errors(call, error, match):
@@ -157,8 +165,8 @@ def test_cuda_matches_cpu():
     x, t = torch.randint(0, 50257, (256, 1024), generator=g), torch.rand(256, generator=g)
     h = torch.randn(256, 3, 5, generator=g).half()
     for capacity in (0, 50, 300):
-        fast = compact_fixed(active.cuda(), capacity, x.cuda(), h.cuda())
-        ref = compact_fixed(active, capacity, x, h)
+        fast = compact_fixed(active.cuda(), capacity, x.cuda(), t.cuda(), h.cuda())
+        ref = compact_fixed(active, capacity, x, t, h)
         assert torch.equal(fast[1].cpu(), ref[1]) and int(fast[2]) == int(ref[2])
         assert all(torch.equal(a.cpu(), b) for a, b in zip(fast[0], ref[0]))
         out = torch.zeros_like(x).cuda()

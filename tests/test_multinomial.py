@@ -187,7 +187,8 @@ def test_ordered_pairs_follow_the_sequential_sampling_law():
     pair = draws[:, 0] * 4 + draws[:, 1]
     counts = torch.bincount(pair, minlength=16)
     total = w.sum()
-    law = torch.tensor([[0.0 if i == j else (w[i] / total * w[j] / (total - w[i])).item() for j in range(4)] for i in range(4)])
+    law = torch.tensor([[0.0 if i == j else (w[i] / total * w[j] / (total - w[i])).item() for j in range(4)]
+                        for i in range(4)])
     diagonal = torch.arange(4) * 5
     assert counts[diagonal].sum() == 0
     off = torch.ones(16, dtype=torch.bool)
@@ -310,7 +311,8 @@ def test_categorical_argument_errors():
         categorical_from_weights(w, [0.1, 0.2, 0.3])
 
 
-@pytest.mark.parametrize("temperature,error", [(0.0, ValueError), (-1.0, ValueError), (math.inf, ValueError), ("1", TypeError)])
+@pytest.mark.parametrize("temperature,error",
+                         [(0.0, ValueError), (-1.0, ValueError), (math.inf, ValueError), ("1", TypeError)])
 def test_multinomial_from_logits_temperature_errors(temperature, error):
     with pytest.raises(error, match="temperature"):
         multinomial_from_logits(torch.zeros(2, 3), 1, temperature, seed=0)

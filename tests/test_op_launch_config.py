@@ -1,4 +1,4 @@
-"""The GPU grids of every op at the shapes of the issue's table (and the sampler's
+"""The GPU grids of every op at the benchmarked shapes (and the sampler's
 planner shapes), computed on the CPU by the launch-configuration code the ops run,
 for a 132-SM device (an H100 SXM): the pass that reads the input has at least one
 program per multiprocessor wherever there are 64 rows or more.

@@ -159,6 +159,7 @@ def test_traces_with_fake_tensors_and_passes_opcheck():
     compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
     for a, b in zip(compiled(logits, x), step(logits, x)):
         assert torch.equal(a, b)
-    torch.library.opcheck(torch.ops.ddpd.planner_mask.default, (logits, x, positions, MASK_ID, None, 2, 8, None, None, None))
+    torch.library.opcheck(torch.ops.ddpd.planner_mask.default,
+                          (logits, x, positions, MASK_ID, None, 2, 8, None, None, None))
     torch.library.opcheck(torch.ops.ddpd.planner_select_mask.default,
                           (logits, x, MASK_ID, 2, False, 1.0, 0.01, None, None, 2, 8, 9, None, None, None, None))

@@ -13,7 +13,6 @@ from scipy import stats
 
 from ddpd.ops.sample_categorical import (
     categorical_reference,
-    noise_width,
     prepare_categorical,
     sample_categorical,
     sample_categorical_reference,

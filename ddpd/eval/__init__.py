@@ -22,5 +22,6 @@ __all__ = [
     "DenoisingStats", "ElboTerms", "MissingDependency", "ModelSet", "PlannerRecorder", "SamplerSpec",
     "convergence_rows", "denoising_stats", "elbo_mask_diffusion", "elbo_methods", "elbo_planned",
     "elbo_uniform_model", "evaluate_denoising", "evaluate_elbo", "heldout_sequences", "judge_nll", "pick_chunks",
-    "merge_sweeps", "quality_metrics", "read_sweep", "run_sweep", "stopped_fraction", "unigram_entropy", "write_convergence", "write_sweep",
+    "merge_sweeps", "quality_metrics", "read_sweep", "run_sweep", "stopped_fraction", "unigram_entropy",
+    "write_convergence", "write_sweep",
 ]

@@ -54,7 +54,8 @@ def source_dir() -> Path:
     for candidate in (package.parent / "csrc", package / "_csrc"):
         if (candidate / "module.cpp").is_file():
             return candidate
-    raise RuntimeError(f"ddpd: the C++ sources are missing (looked in {package.parent / 'csrc'} and {package / '_csrc'})")
+    raise RuntimeError(f"ddpd: the C++ sources are missing "
+                       f"(looked in {package.parent / 'csrc'} and {package / '_csrc'})")
 
 
 def sources(root: Path, with_cuda: bool) -> list[str]:
@@ -212,7 +213,6 @@ _warned_devices: set = set()
 def ops_for(device):
     """torch.ops.ddpd when ddpd._C has kernels for `device`, else None: the caller then
     runs its torch reference, which gives the same results (warned once per device)."""
-    import torch
 
     if device.type == "cpu" or (device.type == "cuda" and has_cuda()):
         return ops()

@@ -74,7 +74,8 @@ def _check_capacity(capacity) -> int:
     return capacity
 
 
-def compact_fixed_reference(active, capacity: int, *tensors: torch.Tensor) -> tuple[Tensors, torch.Tensor, torch.Tensor]:
+def compact_fixed_reference(active, capacity: int,
+                            *tensors: torch.Tensor) -> tuple[Tensors, torch.Tensor, torch.Tensor]:
     """Plain torch version of compact_fixed (same arguments, same results)."""
     active = _check_active(active)
     capacity = _check_capacity(capacity)
