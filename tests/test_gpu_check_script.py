@@ -1,0 +1,26 @@
+"""The GPU check (benchmarks/gpu_check.sh) runs only where a GPU is lent, rarely: its
+dry run (tiny shapes on the CPU, the same code paths and checks) runs here, so the
+script that a device run depends on cannot rot unnoticed."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_gpu_check_dry_run_runs_every_part(tmp_path):
+    env = dict(os.environ, PYTHON=sys.executable, TMPDIR=str(tmp_path))
+    run = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), "--dry-run"], cwd=ROOT, env=env,
+                         capture_output=True, text=True)
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out[-4000:]
+    report = (tmp_path / "ddpd-gpu-check-dry-run.txt").read_text()
+    for part in ("timings", "host cost", "sampling"):
+        assert f"## {part}: passed" in report, report[-4000:]
+    for part in ("build", "extension", "gpu tests"):  # printed, not run, without a GPU
+        assert f"## {part} (limit" in report
+    assert "gpu_timings: 0 failed case(s)" in report
+    assert "check: the fused fp32 run draws the reference run's samples" in report
+    assert "FAILED" not in report and "Traceback" not in report
+    assert "## torch.compile of both networks" in report
