@@ -7,7 +7,7 @@ numbers.
 import triton
 import triton.language as tl
 
-from ddpd.kernels.rng import load_counters, row_uniform
+from ddpd.kernels.rng import load_counters, load_row_id, row_uniform
 
 
 @triton.jit
@@ -16,10 +16,7 @@ def bernoulli_kernel(p_ptr, D, noise_ptr, row_ids_ptr, seed_lo, seed_hi, offset_
     row = tl.program_id(0).to(tl.int64)
     seed_lo, seed_hi, offset_lo, offset_hi = load_counters(seed_lo, seed_hi, offset_lo, offset_hi, seed_ptr,
                                                            offset_ptr)
-    if row_ids_ptr is not None:
-        row_id = tl.load(row_ids_ptr + row)
-    else:
-        row_id = row
+    row_id = load_row_id(row_ids_ptr, row)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     live = cols < D
     u = row_uniform(noise_ptr, D, row, tl.where(live, cols, 0), row_id, seed_lo, seed_hi, offset_lo, offset_hi,

@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from ddpd.kernels.planner_select import planner_row, planner_sigmoid, write_mask
-from ddpd.kernels.rng import load_counters, row_uniform
+from ddpd.kernels.rng import load_counters, load_row_id, row_uniform
 
 
 @triton.jit
@@ -23,10 +23,7 @@ def planner_mask_kernel(
     row = tl.program_id(0).to(tl.int64)
     seed_lo, seed_hi, offset_lo, offset_hi = load_counters(seed_lo, seed_hi, offset_lo, offset_hi, seed_ptr,
                                                            offset_ptr)
-    if row_ids_ptr is not None:
-        row_id = tl.load(row_ids_ptr + row)
-    else:
-        row_id = row
+    row_id = load_row_id(row_ids_ptr, row)
     offs = tl.arange(0, BLOCK_D)
     p = planner_sigmoid(planner_row(logits_ptr, row, offs, D))
     u = row_uniform(noise_ptr, D, row, tl.where(offs < D, offs, 0), row_id, seed_lo, seed_hi, offset_lo, offset_hi,

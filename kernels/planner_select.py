@@ -11,7 +11,7 @@ float64. The row helpers here are also those of ddpd.kernels.planner_mask.
 import triton
 import triton.language as tl
 
-from ddpd.kernels.rng import gumbel, load_counters, row_uniform
+from ddpd.kernels.rng import gumbel, load_counters, load_row_id, row_uniform
 from ddpd.kernels.sample_categorical import shift
 
 
@@ -56,10 +56,7 @@ def planner_select_kernel(
     row = tl.program_id(0).to(tl.int64)
     seed_lo, seed_hi, offset_lo, offset_hi = load_counters(seed_lo, seed_hi, offset_lo, offset_hi, seed_ptr,
                                                            offset_ptr)
-    if row_ids_ptr is not None:
-        row_id = tl.load(row_ids_ptr + row)
-    else:
-        row_id = row
+    row_id = load_row_id(row_ids_ptr, row)
     offs = tl.arange(0, BLOCK_D)
     in_row = offs < D
     column = tl.where(in_row, offs, 0)

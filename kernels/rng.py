@@ -74,6 +74,16 @@ def load_counters(seed_lo, seed_hi, offset_lo, offset_hi, seed_ptr, offset_ptr):
 
 
 @triton.jit
+def load_row_id(row_ids_ptr, row):
+    """The Philox row of `row` (a program's row or a block of rows): row_ids[row] where
+    the caller gave row ids, else the row itself."""
+    row_id = row
+    if row_ids_ptr is not None:
+        row_id = tl.load(row_ids_ptr + row)
+    return row_id
+
+
+@triton.jit
 def row_uniform(noise_ptr, noise_width, row, column, row_id, seed_lo, seed_hi, offset_lo, offset_hi,
                 HAS_NOISE: tl.constexpr):
     """Uniform at `column` of a row: explicit noise [rows, noise_width], or Philox."""

@@ -26,7 +26,7 @@ the C++ kernel. A row's temperature T < 0 marks a greedy row, whose statistics u
 import triton
 import triton.language as tl
 
-from ddpd.kernels.rng import gumbel, load_counters, row_uniform
+from ddpd.kernels.rng import gumbel, load_counters, load_row_id, row_uniform
 
 N_BUCKETS = tl.constexpr(16)  # ranges per pass of the threshold search
 
@@ -235,10 +235,7 @@ def finish_kernel(
     row = tl.program_id(0).to(tl.int64)
     seed_lo, seed_hi, offset_lo, offset_hi = load_counters(seed_lo, seed_hi, offset_lo, offset_hi, seed_ptr,
                                                            offset_ptr)
-    if row_ids_ptr is not None:
-        row_id = tl.load(row_ids_ptr + row)
-    else:
-        row_id = row
+    row_id = load_row_id(row_ids_ptr, row)
     greedy, t = row_temperature(temperature, temperature_ptr, row)
     tau = row_threshold(tau_ptr, row)
     if SINGLE_TILE:

@@ -26,7 +26,7 @@ additions; everything after them is ddpd.kernels.sample_categorical's arithmetic
 import triton
 import triton.language as tl
 
-from ddpd.kernels.rng import gumbel, load_counters, row_uniform
+from ddpd.kernels.rng import gumbel, load_counters, load_row_id, row_uniform
 from ddpd.kernels.sample_categorical import confidence_of, race, row_summary, row_temperature, shift, tile_statistics
 
 
@@ -75,10 +75,7 @@ def head_tiles_kernel(
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     live_row = rows < N
     safe_rows = tl.where(live_row, rows, 0).to(tl.int64)
-    if row_ids_ptr is not None:
-        row_id = tl.load(row_ids_ptr + safe_rows)
-    else:
-        row_id = safe_rows
+    row_id = load_row_id(row_ids_ptr, safe_rows)
     if exclude_row_ptr is not None:
         exclude_row = tl.load(exclude_row_ptr + safe_rows)
     else:
@@ -141,10 +138,7 @@ def finish_kernel(
     row = tl.program_id(0).to(tl.int64)
     seed_lo, seed_hi, offset_lo, offset_hi = load_counters(seed_lo, seed_hi, offset_lo, offset_hi, seed_ptr,
                                                            offset_ptr)
-    if row_ids_ptr is not None:
-        row_id = tl.load(row_ids_ptr + row)
-    else:
-        row_id = row
+    row_id = load_row_id(row_ids_ptr, row)
     greedy, t = row_temperature(temperature, temperature_ptr, row)
     tile, row_max = race(row, n_tiles, V, t, greedy, tile_max_ptr, tile_mass_ptr, noise_ptr, row_id, seed_lo, seed_hi,
                          offset_lo, offset_hi, BLOCK_T)
