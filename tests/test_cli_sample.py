@@ -316,11 +316,28 @@ def test_too_few_steps_are_warned_about(ckpts, capsys):
     assert code == 0 and "warning" not in err
 
 
-@pytest.mark.parametrize("argv", [["--temperature", "0"], ["--temperature", "inf"], ["--temperature", "nan"],
-                                  ["--temperature-end", "-1"], ["--threads", "0"]])
-def test_temperatures_and_threads_must_be_sensible(ckpts, capsys, argv):
+@pytest.mark.parametrize("argv", [["--temperature", "-0.5"], ["--temperature", "inf"], ["--temperature", "nan"],
+                                  ["--temperature-end", "-1"], ["--threads", "0"], ["--top-k", "0"],
+                                  ["--top-p", "0"], ["--top-p", "1.5"], ["--top-p", "nan"], ["--min-p", "-0.1"],
+                                  ["--min-p", "2"]])
+def test_temperatures_truncations_and_threads_must_be_sensible(ckpts, capsys, argv):
     code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], *argv)
     assert code == 2 and err.count("\n") == 1 and argv[0] in err, err
+
+
+@pytest.mark.parametrize("sampler", [["--sampler", "ddpd"], ["--sampler", "tau-leaping"]])
+def test_greedy_and_truncated_draws(ckpts, tmp_path, capsys, sampler):
+    """--temperature 0 is the greedy run, which --top-k 1 draws too; --top-p changes the samples."""
+    def tokens(*argv):
+        out = tmp_path / "s.jsonl"
+        code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--num-samples", "4", "--steps", "8",
+                               "--quiet", "--out", str(out), *sampler, *argv)
+        assert code == 0, err
+        return [r["tokens"] for r in read_jsonl(out)]
+
+    greedy = tokens("--temperature", "0")
+    assert tokens("--top-k", "1") == greedy and tokens("--top-k", "1", "--fused") == greedy
+    assert tokens("--top-p", "0.2", "--min-p", "0.1") != tokens()
 
 
 def test_thread_policy(ckpts, capsys, monkeypatch):

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from ddpd import sampling
-from ddpd.sampling import DDPDOptions, Execution, SampleResult
+from ddpd.sampling import DDPDOptions, Execution, SampleResult, Truncation
 
 # DDPD's options of the appendix 'Implementation details' as ddpd-eval names them
 OPTIONS = {"A": dict(stop="eps", selection="sigmoid"), "AB": dict(stop="budget", selection="sigmoid"),
@@ -52,6 +52,7 @@ class Settings:
     schedule: str = "linear"
     device: Optional[torch.device] = None
     execution: Execution = field(default_factory=Execution)
+    truncation: Truncation = field(default_factory=Truncation)
     ddpd: DDPDOptions = field(default_factory=DDPDOptions)
     eta: float = 0.0
     choice_temperature: float = 4.5
@@ -100,7 +101,7 @@ class Sampler:
         return getattr(sampling, self.function)(
             *networks, n, s.length, s.vocab_size, steps=s.steps, temperature=s.temperature,
             temperature_end=s.temperature_end, schedule=s.schedule, device=s.device, noise=noise,
-            execution=s.execution, **self.options(s), **s.rows(first, n, self.planner))
+            execution=s.execution, truncation=s.truncation, **self.options(s), **s.rows(first, n, self.planner))
 
 
 def _ddpd(denoiser_type: Optional[str]) -> Callable[[Settings], dict]:

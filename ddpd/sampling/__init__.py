@@ -12,8 +12,8 @@ SampleResult (tokens, steps, per-row stop_step, forward-pass counts).
 - tau_leaping_mask (DFM), tau_leaping_uniform (DFM-Uni), tau_leaping_planned (P x D).
 - maskgit_sample: MaskGIT confidence-based unmasking.
 
-Options are objects (ddpd.sampling.options: Temperature, DDPDOptions, Execution) or their
-fields as keywords. A run is reference (plain torch) or fused (the ddpd.ops kernels, no
+Options are objects (ddpd.sampling.options: Temperature, DDPDOptions, Truncation,
+Execution) or their fields as keywords. A run is reference (plain torch) or fused (the ddpd.ops kernels, no
 host synchronisation inside a step, finished rows leaving the batch at a stop check every
 sync_every steps) by the Draws strategy the loop is handed (ddpd.sampling.draws), chosen
 with fused=True; from the same noise source both return the same samples.
@@ -22,7 +22,7 @@ from ddpd.sampling.batch import SampleResult
 from ddpd.sampling.gillespie import ddpd_sample, ddpd_sample_uniform
 from ddpd.sampling.maskgit import maskgit_sample
 from ddpd.sampling.noise import NoiseSource, PhiloxNoise, TorchNoise
-from ddpd.sampling.options import DDPDOptions, Execution, Temperature
+from ddpd.sampling.options import DDPDOptions, Execution, Temperature, Truncation
 from ddpd.sampling.tau_leaping import tau_leaping_mask, tau_leaping_planned, tau_leaping_uniform
 
 __all__ = [
@@ -33,6 +33,7 @@ __all__ = [
     "PhiloxNoise",
     "Temperature",
     "TorchNoise",
+    "Truncation",
     "ddpd_sample",
     "ddpd_sample_uniform",
     "maskgit_sample",

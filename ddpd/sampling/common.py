@@ -32,7 +32,7 @@ from ddpd.process import Schedule, get_schedule
 from ddpd.sampling.batch import Condition
 from ddpd.sampling.draws import Draws, make_draws
 from ddpd.sampling.noise import INIT, NoiseSource, make_noise
-from ddpd.sampling.options import Execution, Temperature, resolve
+from ddpd.sampling.options import Execution, Temperature, Truncation, resolve
 from ddpd.validation import check_bool, check_float, check_int
 
 
@@ -52,6 +52,7 @@ class Run:
     x_init: Optional[Tensor] = None
     frozen: Optional[Tensor] = None
     condition: Optional[Condition] = None
+    truncation: Truncation = Truncation()
 
     def temperature_at(self, step: int) -> float:
         return self.temperature.at(step, self.steps)
@@ -63,7 +64,7 @@ def setup(sampler: str, batch_size, length, vocab_size, steps, temperature, seed
 
     options: the call's remaining keywords: `temperature_end`, `schedule`, `generator`,
     `x_init`, `frozen`, `mask_id` (samplers with a mask, masks=True), and the fields of
-    Execution and of each kind (or the objects themselves, see ddpd.sampling.options.resolve).
+    Execution, Truncation and of each kind (or the objects themselves, see ddpd.sampling.options.resolve).
     """
     check_int("batch_size", batch_size, 1)
     check_int("length", length, 1)
@@ -86,11 +87,11 @@ def setup(sampler: str, batch_size, length, vocab_size, steps, temperature, seed
                                   vocab_size, device)
     condition = check_condition(options.pop("labels", None), options.pop("guidance_scale", 1.0),
                                 options.pop("conditional_planner", False), batch_size, device)
-    execution, *objects = resolve(sampler, options, Execution, *kinds)
+    execution, truncation, *objects = resolve(sampler, options, Execution, Truncation, *kinds)
     dtype = resolve_dtype(execution.dtype, device)
     run = Run(batch_size, length, vocab_size, steps, temperature, schedule, mask_id, noise, device, x_init, frozen,
-              condition)
-    return run, make_draws(noise, execution, dtype), tuple(objects)
+              condition, truncation)
+    return run, make_draws(noise, execution, dtype, truncation), tuple(objects)
 
 
 def check_prompt(x_init, frozen, batch_size: int, length: int, vocab_size: int, device) -> tuple:

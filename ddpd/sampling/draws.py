@@ -42,7 +42,7 @@ from ddpd.ops.sample_categorical import TILE, noise_width
 from ddpd.sampling.batch import Condition, FusedBatch, RunningBatch, has_head
 from ddpd.sampling.graphs import StepGraphs, step_graphs
 from ddpd.sampling.noise import MASK, SELECT, TOKEN, NoiseSource, PhiloxNoise
-from ddpd.sampling.options import Execution
+from ddpd.sampling.options import Execution, Truncation
 
 
 @dataclass
@@ -60,8 +60,10 @@ class Plan:
 class Draws:
     """The interface both runs implement (see the module docstring)."""
 
-    def __init__(self, noise: NoiseSource, execution: Execution, dtype: torch.dtype = torch.float32):
+    def __init__(self, noise: NoiseSource, execution: Execution, dtype: torch.dtype = torch.float32,
+                 truncation: Truncation = Truncation()):
         self.noise, self.execution, self.dtype = noise, execution, dtype
+        self.controls = truncation.controls()  # top_k / top_p / min_p of every token draw
 
     def batch(self, x0: Tensor, state: Optional[dict] = None, condition: Optional[Condition] = None) -> RunningBatch:
         """The running batch of a run starting at x0, with per-row `state` and class `condition`
@@ -82,8 +84,9 @@ class Draws:
     def categorical(self, step: int, rows: Tensor, logits: Tensor, per_row: int, temperature: float,
                     exclude: Optional[Tensor] = None, logprob: bool = False):
         """Long[N]: one draw per row of logits [N, V] (N = len(rows) * per_row, the draws of a row
-        consecutive) from the TOKEN stream; temperature 0 is the argmax; never exclude[n].
-        logprob: also the drawn tokens' log-probabilities under the tempered law, from the same pass."""
+        consecutive) from the TOKEN stream, truncated as the run's Truncation says; temperature 0 is
+        the argmax; never exclude[n]. logprob: also the drawn tokens' log-probabilities under the
+        tempered, truncated law, from the same pass."""
         raise NotImplementedError
 
     def tokens_at(self, batch: RunningBatch, denoiser: Callable, step: int, x_in: Tensor, t: Tensor,
@@ -151,15 +154,16 @@ class ReferenceDraws(Draws):
     def categorical(self, step, rows, logits, per_row, temperature, exclude=None, logprob=False):
         u = self._token_noise(step, rows, per_row, logits.shape[1])
         out = sample_categorical_reference(logits, temperature, exclude_per_row=exclude, noise=u,
-                                           return_logprob=logprob)
+                                           return_logprob=logprob, **self.controls)
         return (out[0], out[2]) if logprob else out[0]
 
 
 class FusedDraws(Draws):
     """The ddpd.ops kernels; uniforms generated in the kernels from a PhiloxNoise source."""
 
-    def __init__(self, noise: NoiseSource, execution: Execution, dtype: torch.dtype = torch.float32):
-        super().__init__(noise, execution, dtype)
+    def __init__(self, noise: NoiseSource, execution: Execution, dtype: torch.dtype = torch.float32,
+                 truncation: Truncation = Truncation()):
+        super().__init__(noise, execution, dtype, truncation)
         self.philox = isinstance(noise, PhiloxNoise)
 
     def batch(self, x0: Tensor, state: Optional[dict] = None, condition: Optional[Condition] = None) -> RunningBatch:
@@ -189,7 +193,8 @@ class FusedDraws(Draws):
 
     def categorical(self, step, rows, logits, per_row, temperature, exclude=None, logprob=False):
         stream = self._token_stream(step, rows, per_row, logits.shape[1])
-        out = sample_categorical(logits, temperature, exclude_per_row=exclude, return_logprob=logprob, **stream)
+        out = sample_categorical(logits, temperature, exclude_per_row=exclude, return_logprob=logprob,
+                                 **self.controls, **stream)
         return (out[0], out[2]) if logprob else out[0]
 
     def tokens_at(self, batch, denoiser, step, x_in, t, positions, rows, vocab_size, temperature) -> Tensor:
@@ -200,7 +205,7 @@ class FusedDraws(Draws):
         h = batch.hidden(denoiser, x_in, t, vocab_size, rows=rows)
         picked = h.gather(1, positions[..., None].expand(-1, -1, h.shape[-1])).reshape(n * k, -1)
         head = denoiser.head
-        tokens, _ = sample_from_hidden(picked, head.weight, head.bias, temperature,
+        tokens, _ = sample_from_hidden(picked, head.weight, head.bias, temperature, **self.controls,
                                        **self._token_stream(step, rows, k, vocab_size))
         return tokens.view(n, k)
 
@@ -210,6 +215,8 @@ class FusedDraws(Draws):
         return dict(noise=self._token_noise(step, rows, per_row, vocab_size))
 
 
-def make_draws(noise: NoiseSource, execution: Execution, dtype: torch.dtype = torch.float32) -> Draws:
-    """The strategy of a run: fused or reference as `execution` says, networks in `dtype`."""
-    return (FusedDraws if execution.fused else ReferenceDraws)(noise, execution, dtype)
+def make_draws(noise: NoiseSource, execution: Execution, dtype: torch.dtype = torch.float32,
+               truncation: Truncation = Truncation()) -> Draws:
+    """The strategy of a run: fused or reference as `execution` says, networks in `dtype`,
+    token draws truncated as `truncation` says."""
+    return (FusedDraws if execution.fused else ReferenceDraws)(noise, execution, dtype, truncation)

@@ -96,7 +96,8 @@ def ddpd_sample(
     options (keywords, or the objects): the fields of DDPDOptions — selection, stop, eps,
     clock, t_end, k, parallel_steps, time_conditioned_planner (or ddpd=DDPDOptions(...));
     of Execution — fused, sync_every, compaction, dtype (or execution=Execution(...));
-    temperature_end, schedule, mask_id, generator; x_init (Long[B, D], -1 where the run
+    of Truncation — top_k, top_p, min_p, cuts of every token draw's law (or
+    truncation=Truncation(...)); temperature_end, schedule, mask_id, generator; x_init (Long[B, D], -1 where the run
     starts from noise) and frozen (Bool[B, D], positions that keep their x_init value):
     prompts and infilling, see the module docstring; labels (Long[B]), guidance_scale and
     conditional_planner: class conditioning and classifier-free guidance of the denoiser

@@ -58,8 +58,9 @@ def maskgit_sample(
     options: temperature_end, schedule, mask_id, generator, labels, guidance_scale (class
     conditioning, ddpd.sampling.common), x_init and frozen (a prompt:
     its positions start unmasked; the cosine schedule counts the m0 masks a row starts
-    with instead of D), fused (draw the tokens with ddpd.ops.sample_categorical), dtype (the
-    networks' precision, ddpd.sampling.options.Execution).
+    with instead of D), top_k, top_p, min_p (cuts of the token draws; the confidence stays the
+    model's log-probability of the drawn token), fused (draw the tokens with
+    ddpd.ops.sample_categorical), dtype (the networks' precision; ddpd.sampling.options).
     """
     check_callable("denoiser", denoiser)
     choice_temperature = check_float("choice_temperature", choice_temperature, 0.0)
@@ -72,7 +73,9 @@ def maskgit_sample(
             masked = batch.x == run.mask_id
             logits = batch.denoiser(denoiser, batch.x, mask_time(masked.sum(-1), run), vocab_size)
             temperature = run.temperature_at(i)
-            if temperature == 1.0:  # the draw's own log-probability is the confidence: no second pass
+            # The confidence is the model's log-probability of the drawn token; at temperature 1 without
+            # truncation that is the draw's own log-probability: no second pass.
+            if temperature == 1.0 and not run.truncation.controls():
                 tokens, confidence = draws.tokens_everywhere(i, batch.rows, logits, temperature, logprob=True)
             else:
                 tokens = draws.tokens_everywhere(i, batch.rows, logits, temperature)

@@ -7,6 +7,9 @@
   `clock` (planner: the paper's time estimate; exact: the self-loop CTMC simulated
   exactly, ending at `t_end`), `k` positions per step during the first `parallel_steps`,
   and whether the planner takes the time (`time_conditioned_planner`, exact clock only).
+- `Truncation`: top-k / top-p / min-p truncation of every token draw's law (the tempered
+  denoiser distribution renormalised over the kept tokens), applied inside the ops in both
+  runs; shared by every sampler. Nothing set: the untruncated law.
 - `Execution`: how a run is carried out, not what it draws: `fused` (the ddpd.ops kernels,
   no host synchronisation inside a step), `sync_every` (steps between the stop checks where
   finished rows leave the batch), `compaction` (whether they leave it at all) and `dtype`,
@@ -107,6 +110,30 @@ class DDPDOptions:
 
 
 @dataclass(frozen=True)
+class Truncation:
+    """Which tokens a denoiser draw may take: the `top_k` most probable, the smallest set of
+    most probable tokens whose probability reaches `top_p`, those with at least `min_p`
+    times the top probability (each None: no such cut; several: all apply). The draw is from
+    the tempered law renormalised over what is kept (ddpd.ops.sample_categorical)."""
+
+    top_k: Optional[int] = None
+    top_p: Optional[float] = None
+    min_p: Optional[float] = None
+
+    def __post_init__(self) -> None:
+        if self.top_k is not None:
+            check_int("top_k", self.top_k, 1)
+        if self.top_p is not None:
+            object.__setattr__(self, "top_p", check_float("top_p", self.top_p, 0.0, 1.0, open_min=True))
+        if self.min_p is not None:
+            object.__setattr__(self, "min_p", check_float("min_p", self.min_p, 0.0, 1.0))
+
+    def controls(self) -> dict:
+        """The keywords of the ops' draws (sample_categorical, sample_from_hidden): the cuts set."""
+        return {name: value for name, value in dataclasses.asdict(self).items() if value is not None}
+
+
+@dataclass(frozen=True)
 class Execution:
     """Reference or fused run; for the fused run, the stop-check interval and compaction; the
     precision of the networks.
@@ -166,4 +193,4 @@ def resolve(sampler: str, options: dict, *kinds: Type) -> Tuple:
     return tuple(resolved)
 
 
-KEYWORDS = {DDPDOptions: "ddpd", Execution: "execution"}
+KEYWORDS = {DDPDOptions: "ddpd", Execution: "execution", Truncation: "truncation"}

@@ -67,8 +67,9 @@ def tau_leaping_mask(
     stops once it has no mask left. Randomness: seed, noise or generator=.
     options: temperature_end, schedule, mask_id, generator, labels, guidance_scale (class
     conditioning, ddpd.sampling.common), x_init and frozen (a prompt:
-    frozen positions start unmasked at their values and are never remasked), and fused,
-    sync_every, compaction, dtype (or execution=Execution(...)): see the module docstring.
+    frozen positions start unmasked at their values and are never remasked), top_k, top_p,
+    min_p (ddpd.sampling.options.Truncation), and fused, sync_every, compaction, dtype (or
+    execution=Execution(...)): see the module docstring.
     """
     check_callable("denoiser", denoiser)
     eta = check_float("eta", eta, 0.0)
@@ -114,7 +115,8 @@ def tau_leaping_uniform(
     (clamped to 1) to j != x_t^d drawn from p(x_1^d = j | x_t) at the logit
     temperature. Calls are counted in denoiser_calls. options: temperature_end,
     schedule, generator, labels, guidance_scale, x_init and frozen (frozen positions never
-    jump), fused, dtype (see the module docstring and ddpd.sampling.options.Execution).
+    jump), top_k, top_p, min_p (of the jump's draw, after the current token is excluded),
+    fused, dtype (see the module docstring and ddpd.sampling.options).
     """
     check_callable("model", model)
     run, draws, _ = setup("tau_leaping_uniform", batch_size, length, vocab_size, steps, temperature, seed, noise,
@@ -158,8 +160,8 @@ def tau_leaping_planned(
     draw of the denoiser (which may return the current value). options:
     time_conditioned_planner, temperature_end, schedule, mask_id, generator, labels,
     guidance_scale, conditional_planner, x_init and frozen (a frozen position has
-    p(z = N) = 0: it never jumps and is never masked), fused, dtype (see the module docstring
-    and ddpd.sampling.options.Execution).
+    p(z = N) = 0: it never jumps and is never masked), top_k, top_p, min_p, fused, dtype (see
+    the module docstring and ddpd.sampling.options).
     """
     check_callable("planner", planner)
     check_callable("denoiser", denoiser)
