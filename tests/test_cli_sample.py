@@ -12,6 +12,7 @@ from ddpd.cli.sample import main
 from ddpd.cli.samplers import Settings
 from ddpd.models import build_model, config_for
 from oracles.fixtures import single_thread  # noqa: F401  (autouse)
+from hang_guard import HANG_GUARD_SECONDS
 
 V, D = 27, 8  # text8 alphabet, short sequences
 TINY = dict(d_model=16, n_layers=1, n_heads=2)
@@ -245,7 +246,7 @@ def test_a_closed_stdout_does_not_stop_the_file(ckpts, tmp_path):
     assert len(proc.stdout.readline().strip()) == D
     proc.stdout.close()  # what head does after its line
     err = proc.stderr.read()
-    proc.wait(timeout=600)
+    proc.wait(timeout=HANG_GUARD_SECONDS)
     assert proc.returncode == 0, err
     assert "Traceback" not in err and "Broken pipe" not in err, err
     assert [r["index"] for r in read_jsonl(out)] == list(range(60))
@@ -257,9 +258,9 @@ def test_signals_keep_the_finished_samples(ckpts, tmp_path, sig):
     proc = _sample_process(ckpts, out, "--num-samples", "1000000")
     lines = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
-    lines.get(timeout=600)  # a first batch is done
+    lines.get(timeout=HANG_GUARD_SECONDS)  # a first batch is done
     proc.send_signal(sig)
-    proc.wait(timeout=600)
+    proc.wait(timeout=HANG_GUARD_SECONDS)
     err = proc.stderr.read()
     assert proc.returncode == 128 + sig, err
     assert len(err.strip().splitlines()) == 1, err
@@ -504,7 +505,7 @@ def test_two_processes_write_what_one_process_writes(ckpts, tmp_path, capsys):
             "--infills", str(infills), "--fused", "--no-progress"]
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                "-m", "ddpd.cli.sample", *argv, "--out", str(tmp_path / "two.jsonl")]
-    proc = subprocess.run(command, capture_output=True, text=True, env=ENV, timeout=600)
+    proc = subprocess.run(command, capture_output=True, text=True, env=ENV, timeout=HANG_GUARD_SECONDS)
     assert proc.returncode == 0, proc.stderr
     code, stdout, err = run_cli(capsys, *argv, "--out", str(tmp_path / "one.jsonl"))
     assert code == 0, err

@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ddpd.ops.compact import compact_fixed, compact_fixed_reference, scatter_back, scatter_back_reference
+from hang_guard import HANG_GUARD_SECONDS
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int8,
           torch.uint8, torch.bool, torch.complex64]
@@ -218,5 +219,5 @@ def test_the_ops_exist_in_a_fresh_process_after_importing_ddpd_ops():
               "for name in ('compact_fixed', 'scatter_back', 'multinomial', 'sample_categorical', 'bernoulli'):\n"
               "    assert hasattr(torch.ops.ddpd, name), name\n"
               "print('ok')\n")
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=HANG_GUARD_SECONDS)
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-2000:]

@@ -11,6 +11,7 @@ from ddpd.assets import BOOKS
 from ddpd.checkpoint import save_checkpoint
 from ddpd.cli.eval import main
 from ddpd.models import build_model, config_for
+from hang_guard import HANG_GUARD_SECONDS
 
 V, L = 27, 16
 WIKI = str(BOOKS)  # the text8-format corpus shipped with the package
@@ -241,7 +242,7 @@ def test_sigterm_stops_an_evaluation_in_one_line(setup, tmp_path):
         assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
         time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=600)
+    _, err = proc.communicate(timeout=HANG_GUARD_SECONDS)
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert err == "ddpd-eval: interrupted by SIGTERM\n"
     assert os.listdir(tmp_path) == []  # nothing half written

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hang_guard import HANG_GUARD_SECONDS
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -44,6 +45,6 @@ def test_llada_sampler_matches_its_plain_torch_version(temperature):
 @pytest.mark.parametrize("name", ["mdlm_sampler", "llada_sampler"])
 def test_examples_run_as_scripts(name):
     result = subprocess.run([sys.executable, str(EXAMPLES / f"{name}.py")], capture_output=True, text=True,
-                            timeout=600)
+                            timeout=HANG_GUARD_SECONDS)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "False" not in result.stdout and result.stdout.count("True") == 2

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from ddpd.ops import _ext
+from hang_guard import HANG_GUARD_SECONDS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -178,7 +179,8 @@ def test_compile_on_first_use_in_a_fresh_cache(tmp_path):
         "print(module.__file__)\n"
     )
     env = dict(os.environ, DDPD_FORCE_JIT="1", DDPD_EXTENSIONS_DIR=str(tmp_path))
-    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=900)
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                            timeout=HANG_GUARD_SECONDS)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().startswith(str(tmp_path))
     assert "compiling the C++ extension because DDPD_FORCE_JIT is set" in result.stderr

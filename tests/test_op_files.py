@@ -5,6 +5,8 @@ of ddpd.ops imported from outside it."""
 import ast
 from pathlib import Path
 
+from hang_guard import HANG_GUARD_SECONDS
+
 ROOT = Path(__file__).resolve().parents[1]
 OPS = ROOT / "ddpd" / "ops"
 SHARED = {"rng"}  # the counter-based streams: every op's, in every tree
@@ -86,7 +88,8 @@ def test_kernels_install_as_ddpd_kernels_only(tmp_path):
     script = ("import importlib.util, ddpd.kernels.rng as k; spec = importlib.util.find_spec('kernels'); "
               "print(k.__file__); print(spec.origin if spec and spec.origin else "
               "(list(spec.submodule_search_locations) if spec else None))")
-    result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=HANG_GUARD_SECONDS,
                             env={k: v for k, v in __import__("os").environ.items() if k != "PYTHONPATH"})
     assert result.returncode == 0, result.stderr
     ours, other = result.stdout.strip().splitlines()

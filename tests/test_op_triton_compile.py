@@ -20,6 +20,7 @@ from ddpd.kernels.planner_select import planner_select_kernel
 from ddpd.kernels import sample_categorical as categorical_kernels
 from ddpd.kernels import sample_from_hidden as hidden_kernels
 from ddpd.ops.sample_from_hidden import head_launch
+from hang_guard import HANG_GUARD_SECONDS
 
 TARGETS = [GPUTarget("cuda", 80, 32), GPUTarget("cuda", 90, 32)]
 SEED = {"seed_lo": "i64", "seed_hi": "i64", "offset_lo": "i64", "offset_hi": "i64"}
@@ -136,7 +137,8 @@ CASES = [sample_categorical_case, planner_select_case, planner_mask_case, sample
 
 def test_kernels_compile_for_gpus():
     env = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
-    result = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=600)
+    result = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True,
+                            timeout=HANG_GUARD_SECONDS)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     assert result.stdout.count("compiled") == len(CASES) * len(TARGETS) * 2
 

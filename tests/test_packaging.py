@@ -10,6 +10,7 @@ import pytest
 import ddpd.training.data as data
 from ddpd.assets import ASSETS, BOOKS, GPT2_RANKS
 from ddpd.validation import MissingExtra
+from hang_guard import HANG_GUARD_SECONDS
 
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
@@ -144,6 +145,6 @@ def test_corpus_names_and_files(tmp_path, monkeypatch):
 def test_wheel_ships_the_data(tmp_path):
     """build_py puts the books corpus, the ranks file and the notice into the package."""
     subprocess.run([sys.executable, "setup.py", "-q", "build_py", "-d", str(tmp_path / "lib")], cwd=ROOT, check=True,
-                   capture_output=True, timeout=600, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+                   capture_output=True, timeout=HANG_GUARD_SECONDS, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
     shipped = sorted(p.name for p in (tmp_path / "lib" / "ddpd" / "assets").iterdir())
     assert shipped == ["NOTICE.md", "__init__.py", "books.txt", "gpt2.tiktoken"]

@@ -23,6 +23,7 @@ from ddpd.cli.sample import BUNDLED_STEPS_PER_TOKEN, NUM_SAMPLES_BUNDLED, main
 from ddpd.models import build_model, config_for
 from ddpd.training.data import Text8Tokenizer, tokenizer_from_config
 from oracles.fixtures import single_thread  # noqa: F401  (autouse)
+from hang_guard import HANG_GUARD_SECONDS
 
 V, D = 27, 8
 TINY = dict(d_model=16, n_layers=1, n_heads=2)
@@ -97,7 +98,7 @@ def test_console_script_with_no_model_argument(as_default):
     script = shutil.which("ddpd-sample")
     command = [script] if script else [sys.executable, "-m", "ddpd.cli.sample"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", pretrained.ENV_VAR: as_default}
-    proc = subprocess.run(command + ["--fused"], capture_output=True, text=True, env=env, timeout=120)
+    proc = subprocess.run(command + ["--fused"], capture_output=True, text=True, env=env, timeout=HANG_GUARD_SECONDS)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert len(lines) == NUM_SAMPLES_BUNDLED and all(set(line) <= ALPHABET for line in lines)
@@ -134,11 +135,6 @@ def _packaged_or_skip():
 def _english_words():
     """The words of the English text shipped with the package (ddpd.assets.BOOKS)."""
     return set(BOOKS.read_text(encoding="ascii").split())
-
-
-# A hang guard only: the run takes 1-3 minutes on 2 CPU cores, idle or loaded (it uses
-# one thread by default); no property of the test depends on how long it takes.
-HANG_GUARD_SECONDS = 3600
 
 
 def test_packaged_bundle_samples_words_out_of_the_box(monkeypatch):
@@ -306,7 +302,7 @@ EXPECTED = sorted(f"text8/{role}/{name}" for role in pretrained.ROLES for name i
 def test_package_data_includes_the_bundle(tmp_path):
     src = _scratch_source(tmp_path)
     subprocess.run([sys.executable, "setup.py", "-q", "build_py", "-d", str(tmp_path / "lib")], cwd=src, check=True,
-                   capture_output=True, timeout=120)
+                   capture_output=True, timeout=HANG_GUARD_SECONDS)
     names = [p.relative_to(tmp_path / "lib").as_posix() for p in (tmp_path / "lib").rglob("*") if p.is_file()]
     assert _shipped(names) == EXPECTED
 
@@ -315,7 +311,7 @@ def test_package_data_includes_the_bundle(tmp_path):
 def test_wheel_includes_the_bundle(tmp_path):
     src = _scratch_source(tmp_path)
     subprocess.run([sys.executable, "-m", "pip", "wheel", ".", "--no-deps", "--no-build-isolation", "-w",
-                    str(tmp_path / "whl")], cwd=src, check=True, capture_output=True, timeout=1800)
+                    str(tmp_path / "whl")], cwd=src, check=True, capture_output=True, timeout=HANG_GUARD_SECONDS)
     (wheel,) = (tmp_path / "whl").glob("ddpd-*.whl")
     with zipfile.ZipFile(wheel) as archive:
         assert _shipped(archive.namelist()) == EXPECTED

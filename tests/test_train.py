@@ -22,6 +22,8 @@ from ddpd.assets import BOOKS
 from ddpd.checkpoint import CheckpointError, load_checkpoint, load_model, load_train_state, read_config
 from ddpd.cli.train import main
 from ddpd.training.trainer import TrainConfig, Trainer, learning_rate
+from hang_guard import HANG_GUARD_SECONDS
+
 KINDS = ("planner", "mask-denoiser", "uniform-denoiser", "uniform", "ar")
 TINY = dict(steps=20, batch_size=16, seq_len=32, d_model=32, n_layers=1, n_heads=2, lr=3e-3, warmup=4,
             eval_every=20, eval_batches=4, save_every=20, seed=0)
@@ -359,7 +361,7 @@ class Lines:
             self.queue.put(line)
         self.queue.put(None)
 
-    def wait_for(self, text, timeout=600):
+    def wait_for(self, text, timeout=HANG_GUARD_SECONDS):
         while True:
             line = self.queue.get(timeout=timeout)
             if line is None:
@@ -381,7 +383,7 @@ def test_signals_stop_training_with_a_final_checkpoint(corpus, tmp_path, sig):
     proc = _start_training(corpus, out, "--save-every", "1")  # a save at every step: signals land in saves too
     Lines(proc.stdout).wait_for("step       5")  # training is under way
     proc.send_signal(sig)
-    _, err = proc.communicate(timeout=600)
+    _, err = proc.communicate(timeout=HANG_GUARD_SECONDS)
     name = signal.Signals(sig).name
     assert proc.returncode == 128 + sig, err
     assert len(err.strip().splitlines()) == 1 and f"interrupted by {name} at step" in err, err
@@ -402,13 +404,13 @@ def test_a_second_writer_is_refused_while_a_run_holds_the_output(corpus, tmp_pat
         for extra in ([], ["--resume"]):
             second = subprocess.run([sys.executable, "-m", "ddpd.cli.train", "planner", "--data", corpus, "--out",
                                      str(out), "--steps", "1000000", "--eval-every", "5", *TINY_CLI, *extra],
-                                    capture_output=True, text=True, env=ONE_THREAD_ENV, timeout=600)
+                                    capture_output=True, text=True, env=ONE_THREAD_ENV, timeout=HANG_GUARD_SECONDS)
             assert second.returncode == 1, second.stderr
             assert len(second.stderr.strip().splitlines()) == 1
             assert f"being written by pid {first.pid} on " in second.stderr, second.stderr
     finally:
         first.send_signal(signal.SIGTERM)
-        first.communicate(timeout=600)
+        first.communicate(timeout=HANG_GUARD_SECONDS)
     assert first.returncode == 128 + signal.SIGTERM
 
 
