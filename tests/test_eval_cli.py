@@ -237,7 +237,7 @@ def test_sigterm_stops_an_evaluation_in_one_line(setup, tmp_path):
                              "--data", p["data"], "--mc-samples", "100000", "--out", str(out), "--no-progress"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
-    deadline = time.monotonic() + 600  # a hang guard; the loop ends as soon as the handler is there
+    deadline = time.monotonic() + HANG_GUARD_SECONDS  # the loop ends as soon as the handler is there
     while not _handles_sigterm(proc.pid):
         assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
         time.sleep(0.05)
