@@ -77,6 +77,28 @@ def test_quality_command(setup, capsys):
     assert "wrote " in out
 
 
+def test_quality_sweep_with_truncated_draws(setup, capsys):
+    """--top-k/--top-p/--min-p cut every sampler's token draws and name themselves in the
+    sampler names; --top-k 1 is the greedy sweep (--temperatures 0), sample for sample."""
+    p = setup
+    tables = {}
+    for name, argv in (("greedy", ["--temperatures", 0.0]), ("top-k", ["--top-k", 1]),
+                       ("top-p", ["--top-p", 0.5, "--min-p", 0.1])):
+        code, _, err = _run(capsys, "quality", "--planner", p["planner"], "--denoiser", p["mask-denoiser"],
+                            "--judge", p["ar"], "--samplers", "ddpd-A-mask", "maskgit", "--steps", 3,
+                            "--num-samples", 3, "--out-dir", p["root"] / f"q-{name}", "--no-progress", *argv)
+        assert code == 0, err
+        with open(p["root"] / f"q-{name}" / "sweep.csv") as f:
+            tables[name] = [(r["sampler"], r["judge_nll"], r["entropy"]) for r in csv.DictReader(f)]
+    assert [r[0] for r in tables["top-k"]] == ["ddpd-A-mask top-k=1"] * 3 + ["maskgit top-k=1"] * 3
+    assert [r[0] for r in tables["top-p"]][::3] == ["ddpd-A-mask top-p=0.5 min-p=0.1", "maskgit top-p=0.5 min-p=0.1"]
+    greedy = [r[1:] for r in tables["greedy"]]
+    assert [r[1:] for r in tables["top-k"]] == [g for g in greedy for _ in range(3)]  # at every temperature
+    code, _, err = _run(capsys, "quality", "--planner", p["planner"], "--denoiser", p["mask-denoiser"],
+                        "--judge", p["ar"], "--top-k", 0, "--out-dir", p["root"] / "q-bad")
+    assert code == 2 and err.count("\n") == 1 and "--top-k" in err
+
+
 def test_sweep_run_in_parts_merges_into_the_whole_sweep(setup, capsys):
     p = setup
     common = ["quality", "--planner", p["planner"], "--denoiser", p["mask-denoiser"], "--judge", p["ar"],

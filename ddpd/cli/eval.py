@@ -31,6 +31,7 @@ from tqdm.auto import tqdm
 
 from ddpd.cli.common import OneLineParser, UsageError, add_runtime_arguments, apply_threads, load_role, \
     resolve_device, run_tool, shared_facts
+from ddpd.cli.samplers import add_truncation_arguments, truncation_from
 
 SAMPLER_HELP = ("ddpd-{A,AB,ABC}-{mask,uniform,uniform-model}, tau-planned-{mask,uniform}, dfm-eta<eta>, "
                 "dfm-uni, maskgit (default: every one the checkpoints allow)")
@@ -72,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperatures", nargs="+", type=float, default=[0.8, 0.9, 1.0])
     p.add_argument("--eta", nargs="+", type=float, default=[0.0, 15.0], help="DFM tau-leaping stochasticities")
     p.add_argument("--eps", type=float, default=0.01, help="stop criterion of DDPD option A")
+    add_truncation_arguments(p)
     p.add_argument("--num-samples", type=int, default=64)
     p.add_argument("--fused", action="store_true",
                    help="every sampler on its fused path (ddpd.sampling.draws): the same samples, faster")
@@ -220,22 +222,25 @@ def run_elbo(args: argparse.Namespace) -> None:
 
 
 def sampler_specs(loaded: Loaded, etas: List[float], eps: float, fused: bool = False,
-                  dtype: str = "auto") -> Dict[str, object]:
+                  dtype: str = "auto", truncation=None) -> Dict[str, object]:
     """Every sampler the loaded checkpoints allow, by name (the table of ddpd.cli.samplers,
     which ddpd-sample runs too); fused: each on its fused path (same draws, faster);
-    dtype: the precision the networks run in."""
-    from ddpd.cli.samplers import Settings, variants
+    dtype: the precision the networks run in; truncation: the cuts of every token draw
+    (ddpd.sampling.Truncation), named in each sampler's name in the sweep (' top-p=0.9'),
+    so that sweeps with and without them merge and compare as different samplers."""
+    from ddpd.cli.samplers import Settings, truncation_label, variants
     from ddpd.eval import SamplerSpec
-    from ddpd.sampling import DDPDOptions, Execution, PhiloxNoise
+    from ddpd.sampling import DDPDOptions, Execution, PhiloxNoise, Truncation
 
+    truncation = truncation or Truncation()
     base = Settings(loaded.seq_len, loaded.vocab_size, steps=1, schedule=loaded.schedule, device=loaded.device,
-                    execution=Execution(fused=fused, dtype=dtype), ddpd=DDPDOptions(eps=eps))
+                    execution=Execution(fused=fused, dtype=dtype), ddpd=DDPDOptions(eps=eps), truncation=truncation)
 
     def spec(variant) -> SamplerSpec:
         def run(n, steps, temperature, seed, first_row):
             settings = dataclasses.replace(base, steps=steps, temperature=temperature)
             return variant.call(loaded.models, settings, n, PhiloxNoise(seed, first_row=first_row), first_row)
-        return SamplerSpec(variant.name, run)
+        return SamplerSpec(variant.name + truncation_label(truncation), run)
 
     kinds = [kind for kind in loaded.models if kind != "judge"]
     return {name: spec(variant) for name, variant in variants(kinds, etas).items()}
@@ -257,13 +262,14 @@ def run_quality(args: argparse.Namespace) -> None:
     from ddpd.eval.quality import sweep_markdown
     from ddpd.eval.report import write_csv
 
+    truncation = truncation_from(args)  # before any model is loaded
     loaded = load_models(args)
     if "judge" not in loaded.models:
         raise ValueError("--judge: an ar checkpoint is required")
     judge_len = loaded.models["judge"].config.max_seq_len - 1
     if loaded.seq_len > judge_len:
         raise ValueError(f"--judge: scores sequences of up to {judge_len} tokens, the samples have {loaded.seq_len}")
-    available = sampler_specs(loaded, args.eta, args.eps, args.fused, _prepare(loaded, args.dtype))
+    available = sampler_specs(loaded, args.eta, args.eps, args.fused, _prepare(loaded, args.dtype), truncation)
     names = args.samplers or list(available)
     unknown = [n for n in names if n not in available]
     if unknown:

@@ -76,7 +76,7 @@ import torch
 
 from ddpd.cli.common import (OneLineParser, Stdout, UsageError, add_runtime_arguments, apply_threads, check_finite,
                              load_role, run_tool, shared_facts)
-from ddpd.cli.samplers import FAMILIES
+from ddpd.cli.samplers import FAMILIES, add_truncation_arguments, truncation_from
 
 NUM_SAMPLES, NUM_SAMPLES_BUNDLED = 8, 4
 # With the bundled model, a step budget of twice the length: option A then stops on
@@ -108,12 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="denoiser logit temperature (0: greedy, the most probable token)")
     p.add_argument("--temperature-end", dest="temperature_end", type=float,
                    help="anneal the temperature linearly to this value over the steps")
-    p.add_argument("--top-k", dest="top_k", type=int, metavar="K",
-                   help="draw each token among the K most probable only")
-    p.add_argument("--top-p", dest="top_p", type=float, metavar="P",
-                   help="draw each token from the smallest set of most probable tokens whose probability reaches P")
-    p.add_argument("--min-p", dest="min_p", type=float, metavar="P",
-                   help="draw each token among those with at least P times the top probability")
+    add_truncation_arguments(p)
     p.add_argument("--out", help="write the samples to this JSONL file (streamed, published atomically)")
     add_runtime_arguments(p)
     p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
@@ -343,7 +338,7 @@ def make_sampler(args, models: Models, tokenizer=None, prompts=None):
     first + batch_size - 1 with the chosen sampler (ddpd.cli.samplers), each from Philox row
     `first + row` of --seed; settings: what it runs with (ddpd.cli.samplers.Settings)."""
     from ddpd.cli.samplers import Settings, find, needs
-    from ddpd.sampling import DDPDOptions, Execution, PhiloxNoise, Truncation
+    from ddpd.sampling import DDPDOptions, Execution, PhiloxNoise
 
     row = find(args.sampler, models.has_planner, models.kind)
     if row is None:
@@ -358,7 +353,7 @@ def make_sampler(args, models: Models, tokenizer=None, prompts=None):
                         temperature_end=args.temperature_end, schedule=models.config.get("schedule", "linear"),
                         device=args.device_obj, ddpd=ddpd, eta=args.eta, choice_temperature=args.choice_temperature,
                         execution=Execution(fused=args.fused, sync_every=args.sync_every, dtype=args.dtype_name),
-                        truncation=Truncation(args.top_k, args.top_p, args.min_p),
+                        truncation=truncation_from(args),
                         **conditions(args, models, tokenizer, prompts))
     networks = models.by_kind()
     return (lambda n, first: row.call(networks, settings, n, PhiloxNoise(args.seed, first_row=first), first),
@@ -384,12 +379,7 @@ def check_args(args) -> None:
         raise UsageError(f"--sync-every must be >= 1, got {args.sync_every}")
     check_finite("--temperature", args.temperature, open_min=False)  # 0: greedy
     check_finite("--temperature-end", args.temperature_end, open_min=False)
-    if args.top_k is not None and args.top_k < 1:
-        raise UsageError(f"--top-k must be >= 1, got {args.top_k}")
-    if args.top_p is not None and not 0 < args.top_p <= 1:
-        raise UsageError(f"--top-p must be in (0, 1], got {args.top_p}")
-    if args.min_p is not None and not 0 <= args.min_p <= 1:
-        raise UsageError(f"--min-p must be in [0, 1], got {args.min_p}")
+    truncation_from(args)
 
 
 def warn_if_too_few_steps(args, frozen: Optional[torch.Tensor]) -> None:

@@ -19,6 +19,7 @@ same in both: every sampler on its fused path (ddpd.sampling.draws), same sample
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
@@ -27,6 +28,7 @@ import torch
 from torch import Tensor
 
 from ddpd import sampling
+from ddpd.cli.common import UsageError
 from ddpd.sampling import DDPDOptions, Execution, SampleResult, Truncation
 
 # DDPD's options of the appendix 'Implementation details' as ddpd-eval names them
@@ -168,3 +170,35 @@ def variants(kinds, etas: List[float]) -> Dict[str, Variant]:
         else:
             named[row.name] = Variant(row.name, row, {})
     return named
+
+
+# ---------------------------------------------------------------- truncation flags of both tools
+
+TRUNCATION_FLAGS = {"top_k": "--top-k", "top_p": "--top-p", "min_p": "--min-p"}
+
+
+def add_truncation_arguments(parser: argparse.ArgumentParser) -> None:
+    """--top-k, --top-p, --min-p: ddpd.sampling.Truncation of every token draw."""
+    parser.add_argument("--top-k", dest="top_k", type=int, metavar="K",
+                        help="draw each token among the K most probable only")
+    parser.add_argument("--top-p", dest="top_p", type=float, metavar="P",
+                        help="draw each token from the smallest set of most probable tokens whose probability "
+                             "reaches P, in (0, 1]")
+    parser.add_argument("--min-p", dest="min_p", type=float, metavar="P",
+                        help="draw each token among those with at least P (in [0, 1]) times the top probability")
+
+
+def truncation_from(args: argparse.Namespace) -> Truncation:
+    """The Truncation of the parsed flags; a bad value is a UsageError naming its flag."""
+    try:
+        return Truncation(args.top_k, args.top_p, args.min_p)
+    except (TypeError, ValueError) as err:
+        message = str(err)
+        for field_name, flag in TRUNCATION_FLAGS.items():
+            message = message.replace(field_name, flag)
+        raise UsageError(message) from None
+
+
+def truncation_label(truncation: Truncation) -> str:
+    """' top-p=0.9'-style suffix naming the cuts in ddpd-eval's sampler names ('' for none)."""
+    return "".join(f" {TRUNCATION_FLAGS[name][2:]}={value:g}" for name, value in truncation.controls().items())
