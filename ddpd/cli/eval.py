@@ -311,7 +311,7 @@ def run_compare(args: argparse.Namespace) -> None:
     rows = [r for r in read_sweep(args.sweep) if r["sampler"] != REFERENCE]
     present = list(dict.fromkeys(r["sampler"] for r in rows))
     samplers = args.samplers or [n for n in present if n.startswith(("ddpd-", "tau-planned-"))]
-    baselines = args.baselines or [n for n in present if n.startswith("dfm-") or n == "maskgit"]
+    baselines = args.baselines or [n for n in present if n.startswith(("dfm-", "maskgit"))]
     unknown = [n for n in samplers + baselines if n not in present]
     if unknown or not samplers or not baselines:
         raise ValueError(f"compare: samplers {samplers} and baselines {baselines} must be non-empty and in the "
