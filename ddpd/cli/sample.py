@@ -6,7 +6,7 @@
     ddpd-sample --checkpoint runs/bundle --steps 256 --num-samples 16 --out samples.jsonl
     ddpd-sample --planner runs/planner --denoiser runs/mask-denoiser --option A+B+C --steps 512
     ddpd-sample --checkpoint runs/mask-denoiser --sampler tau-leaping --eta 15 --steps 1024
-    ddpd-sample --checkpoint runs/mask-denoiser --sampler maskgit --steps 16
+    ddpd-sample --checkpoint runs/mask-denoiser --sampler maskgit --steps 16 --top-p 0.9
     ddpd-sample --checkpoint runs/toy --labels 0 1 --guidance-scale 2
     torchrun --standalone --nproc_per_node 2 -m ddpd.cli.sample --num-samples 64 --out s.jsonl
 
@@ -31,6 +31,8 @@ output head applied at the denoised positions only, and rows that stop early lea
 the batch at a stop check every --sync-every steps (the only host synchronisation).
 --dtype is the precision the networks run in (auto: bfloat16 on CUDA, float32 on the
 CPU; ddpd.models.prepare_for_sampling); the sampler's own arithmetic stays float32.
+--temperature 0 draws the most probable token (greedy); --top-k, --top-p and --min-p
+truncate every token draw of every sampler (ddpd.sampling.Truncation).
 The summary line on stderr gives samples/s (sampling only: loading the models and the
 C++ extension is not counted), the precision, forward passes, and row-evaluations: how
 many sequences went through each model in all (a forward pass over a batch of B rows
