@@ -224,6 +224,19 @@ def confidence_of(CONFIDENCE: tl.constexpr, token_logit, row_max, t, log_z, seco
 
 
 @triton.jit
+def store_outputs(row, valid, token_logit, row_max, t, log_z, second, neg_entropy, logprob_ptr, confidence_ptr,
+                  LOGPROB: tl.constexpr, CONFIDENCE: tl.constexpr, live=None):
+    """The drawn token's log-probability and confidence at `row` (a row or a block of rows,
+    stored where `live`), -inf where the row drew nothing."""
+    if LOGPROB:
+        lp = shift(token_logit, row_max, t) - log_z
+        tl.store(logprob_ptr + row, tl.where(valid, lp, float("-inf")), mask=live)
+    if CONFIDENCE != 0:
+        c = confidence_of(CONFIDENCE, token_logit, row_max, t, log_z, second, neg_entropy)
+        tl.store(confidence_ptr + row, tl.where(valid, c, float("-inf")), mask=live)
+
+
+@triton.jit
 def finish_kernel(
     logits_ptr, V, n_tiles, temperature, temperature_ptr,
     exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr, tau_ptr,
@@ -271,12 +284,8 @@ def finish_kernel(
             log_z, second, neg_entropy = row_summary(row, n_tiles, row_max, t, tile_max_ptr, tile_mass_ptr,
                                                      tile_second_ptr, tile_ent_ptr, CONFIDENCE == 2,
                                                      CONFIDENCE == 3, BLOCK_T)
-        if LOGPROB:
-            lp = shift(token_logit, row_max, t) - log_z
-            tl.store(logprob_ptr + row, tl.where(valid, lp, float("-inf")))
-        if CONFIDENCE != 0:
-            c = confidence_of(CONFIDENCE, token_logit, row_max, t, log_z, second, neg_entropy)
-            tl.store(confidence_ptr + row, tl.where(valid, c, float("-inf")))
+        store_outputs(row, valid, token_logit, row_max, t, log_z, second, neg_entropy, logprob_ptr, confidence_ptr,
+                      LOGPROB, CONFIDENCE)
 
 
 # ------------------------------------------------------------- truncation thresholds

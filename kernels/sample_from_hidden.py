@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from ddpd.kernels.rng import gumbel, load_counters, load_row_id, row_uniform
-from ddpd.kernels.sample_categorical import confidence_of, race, row_summary, row_temperature, shift, tile_statistics
+from ddpd.kernels.sample_categorical import race, row_summary, row_temperature, shift, store_outputs, tile_statistics
 
 
 @triton.jit
@@ -109,12 +109,8 @@ def head_tiles_kernel(
             valid = m > float("-inf")
             tl.store(tokens_ptr + safe_rows, tl.where(valid, candidate, 0).to(tl.int64), mask=live_row)
             tl.store(valid_ptr + safe_rows, valid, mask=live_row)
-            if LOGPROB:
-                lp = shift(candidate_logit, m, t) - s
-                tl.store(logprob_ptr + safe_rows, tl.where(valid, lp, float("-inf")), mask=live_row)
-            if CONFIDENCE != 0:
-                c = confidence_of(CONFIDENCE, candidate_logit, m, t, s, second, ent * tl.exp(-s) - s)
-                tl.store(confidence_ptr + safe_rows, tl.where(valid, c, float("-inf")), mask=live_row)
+            store_outputs(safe_rows, valid, candidate_logit, m, t, s, second, ent * tl.exp(-s) - s, logprob_ptr,
+                          confidence_ptr, LOGPROB, CONFIDENCE, live_row)
         else:
             at = safe_rows * n_tiles + tile
             tl.store(tile_max_ptr + at, m, mask=live_row)
@@ -155,12 +151,8 @@ def finish_kernel(
             token_logit = tl.load(candidate_logit_ptr + row * n_tiles + tile)
         else:
             token_logit = row_max
-        if LOGPROB:
-            lp = shift(token_logit, row_max, t) - log_z
-            tl.store(logprob_ptr + row, tl.where(valid, lp, float("-inf")))
-        if CONFIDENCE != 0:
-            c = confidence_of(CONFIDENCE, token_logit, row_max, t, log_z, second, neg_entropy)
-            tl.store(confidence_ptr + row, tl.where(valid, c, float("-inf")))
+        store_outputs(row, valid, token_logit, row_max, t, log_z, second, neg_entropy, logprob_ptr, confidence_ptr,
+                      LOGPROB, CONFIDENCE)
 
 
 @triton.jit
