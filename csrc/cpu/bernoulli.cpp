@@ -27,8 +27,8 @@ at::Tensor bernoulli_cpu(const at::Tensor& p, const std::optional<at::Tensor>& n
   check_noise(noise);
   const int64_t rows = p.size(0), width = p.size(1);
   at::Tensor z = at::empty({rows, width}, p.options().dtype(at::kBool));
-  const float* u = noise ? noise->data_ptr<float>() : nullptr;
-  const int64_t* ids = row_ids ? row_ids->data_ptr<int64_t>() : nullptr;
+  const float* u = optional_ptr<float>(noise);
+  const int64_t* ids = optional_ptr<int64_t>(row_ids);
   const uint64_t s = counter(seed, seed_tensor), o = counter(offset, offset_tensor);
   constexpr float kBelowOne = 1.0f - 5.9604644775390625e-08f;
   bool* out = z.data_ptr<bool>();

@@ -21,7 +21,7 @@ void mask_rows(const at::Tensor& logits, const at::Tensor& x, const std::optiona
                at::Tensor& masked, at::Tensor& z, at::Tensor& count) {
   const int64_t rows = logits.size(0), length = logits.size(1);
   const int64_t k = positions ? positions->size(1) : 0;
-  const int64_t* chosen = positions ? positions->data_ptr<int64_t>() : nullptr;
+  const int64_t* chosen = optional_ptr<int64_t>(positions);
   const scalar_t* logits_ptr = logits.data_ptr<scalar_t>();
   const int64_t grain = std::max<int64_t>(1, 16384 / length);
   at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
@@ -60,9 +60,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> planner_mask_cpu(
   at::Tensor z = at::empty(x.sizes(), x.options().dtype(at::kBool));
   at::Tensor count = at::empty({x.size(0)}, x.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, logits.scalar_type(), "planner_mask_cpu", [&] {
-    mask_rows<scalar_t>(logits, x, positions, mask_id, noise ? noise->data_ptr<float>() : nullptr,
+    mask_rows<scalar_t>(logits, x, positions, mask_id, optional_ptr<float>(noise),
                         counter(seed, seed_tensor), counter(offset, offset_tensor),
-                        row_ids ? row_ids->data_ptr<int64_t>() : nullptr, masked, z, count);
+                        optional_ptr<int64_t>(row_ids), masked, z, count);
   });
   return {masked, z, count};
 }

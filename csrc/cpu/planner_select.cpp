@@ -96,12 +96,12 @@ SelectArgs select_args(int64_t k, bool softmax, double tau, double eps, const st
           softmax,
           static_cast<float>(tau),
           static_cast<float>(eps),
-          noise ? noise->data_ptr<float>() : nullptr,
-          mask_noise ? mask_noise->data_ptr<float>() : nullptr,
+          optional_ptr<float>(noise),
+          optional_ptr<float>(mask_noise),
           counter(c.seed, c.seed_tensor),
           counter(c.offset, c.offset_tensor),
           counter(c.mask_offset, c.mask_offset_tensor),
-          row_ids ? row_ids->data_ptr<int64_t>() : nullptr};
+          optional_ptr<int64_t>(row_ids)};
 }
 
 void run(const at::Tensor& logits, const SelectArgs& a, at::Tensor& positions, at::Tensor& sum_p, at::Tensor& stop,

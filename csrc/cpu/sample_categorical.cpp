@@ -24,21 +24,7 @@ namespace {
 
 struct CategoricalArgs {
   Controls controls;
-  const int64_t* exclude_ids;
-  int64_t n_exclude;
-  const int64_t* exclude_row;
-  const bool* allowed;
-  const float* noise;
-  int64_t noise_stride;
-  uint64_t seed, offset;
-  const int64_t* row_ids;
-  bool logprob;
-  int confidence;  // 0 none, 1 prob, 2 margin, 3 entropy
-
-  RowUniforms uniforms(int64_t r) const {
-    return RowUniforms{noise ? noise + r * noise_stride : nullptr, seed, offset,
-                       static_cast<uint64_t>(row_ids ? row_ids[r] : r)};
-  }
+  DrawInputs in;
 };
 
 struct Outputs {
@@ -53,7 +39,7 @@ template <typename scalar_t>
 void draw_row(const scalar_t* row, int64_t vocab, const RowMask& mask, float t, bool greedy, const RowUniforms& u,
               const CategoricalArgs& a, std::vector<TileStats>& stats, float* buf, int64_t r, const Outputs& out) {
   const int64_t tiles = n_tiles(vocab);
-  const bool second = a.confidence == 2, entropy = a.confidence == 3;
+  const bool second = a.in.confidence == 2, entropy = a.in.confidence == 3;
   for (int64_t i = 0; i < tiles; ++i) {
     const int64_t start = i * kTile, n = std::min(kTile, vocab - start);
     load_tile(row + start, start, n, mask, buf);
@@ -66,11 +52,11 @@ void draw_row(const scalar_t* row, int64_t vocab, const RowMask& mask, float t, 
   const bool ok = row_max > kNegInf;
   out.valid[r] = ok;
   out.tokens[r] = ok ? draw_in_tile(buf, start, n, t, greedy, u) : 0;
-  if (!a.logprob && a.confidence == 0) return;
+  if (!a.in.logprob && a.in.confidence == 0) return;
   const RowStats rs = row_stats(stats.data(), tiles, row_max, t, second, entropy);
   const float token_logit = ok ? buf[out.tokens[r] - start] : kNegInf;
-  if (a.logprob) out.logprob[r] = ok ? shift(token_logit, row_max, t) - rs.log_z : kNegInf;
-  if (a.confidence) out.confidence[r] = confidence(a.confidence, token_logit, row_max, t, rs);
+  if (a.in.logprob) out.logprob[r] = ok ? shift(token_logit, row_max, t) - rs.log_z : kNegInf;
+  if (a.in.confidence) out.confidence[r] = confidence(a.in.confidence, token_logit, row_max, t, rs);
 }
 
 template <typename scalar_t>
@@ -86,13 +72,12 @@ void sample_rows(const at::Tensor& logits, const CategoricalArgs& a, const Outpu
     ThresholdScratch scratch;
     for (int64_t r = begin; r < end; ++r) {
       const scalar_t* row = x + r * vocab;
-      RowMask mask{a.exclude_ids, a.n_exclude, a.exclude_row ? a.exclude_row[r] : -1,
-                   a.allowed ? a.allowed + r * vocab : nullptr, kNegInf};
+      RowMask mask = a.in.mask(r, vocab);
       const float given = a.controls.t(r);
       const bool greedy = is_greedy(given);
       const float t = effective_temperature(given);
       if (!truncates) {
-        draw_row(row, vocab, mask, t, greedy, a.uniforms(r), a, stats, buf.data(), r, out);
+        draw_row(row, vocab, mask, t, greedy, a.in.uniforms(r), a, stats, buf.data(), r, out);
         continue;
       }
       for (int64_t start = 0; start < vocab; start += kTile) {
@@ -101,14 +86,9 @@ void sample_rows(const at::Tensor& logits, const CategoricalArgs& a, const Outpu
       }
       mask.tau = truncation_threshold(copy.data(), vocab, t, a.controls.k(r), a.controls.p(r),
                                       a.controls.min_p(r), scratch);
-      draw_row(copy.data(), vocab, mask, t, greedy, a.uniforms(r), a, stats, buf.data(), r, out);
+      draw_row(copy.data(), vocab, mask, t, greedy, a.in.uniforms(r), a, stats, buf.data(), r, out);
     }
   });
-}
-
-template <typename T>
-const T* optional_ptr(const std::optional<at::Tensor>& t) {
-  return t ? t->data_ptr<T>() : nullptr;
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sample_categorical_cpu(
@@ -121,24 +101,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sample_categorical_cp
     int64_t confidence) {
   TORCH_CHECK(logits.dim() == 2 && logits.is_contiguous(), "logits must be a contiguous [N, V] tensor");
   const int64_t rows = logits.size(0), vocab = logits.size(1);
-  check_ids(exclude_ids, vocab, "exclude_ids");
-  check_ids(exclude_per_row, vocab, "exclude_per_row");
-  check_noise(noise);
   const Controls controls{static_cast<float>(temperature), optional_ptr<float>(temperature_t), top_k,
                           optional_ptr<int64_t>(top_k_t), static_cast<float>(top_p), optional_ptr<float>(top_p_t),
                           static_cast<float>(log_min_p), optional_ptr<float>(log_min_p_t)};
-  const CategoricalArgs a{controls,
-                          optional_ptr<int64_t>(exclude_ids),
-                          exclude_ids ? exclude_ids->numel() : 0,
-                          optional_ptr<int64_t>(exclude_per_row),
-                          optional_ptr<bool>(allowed),
-                          optional_ptr<float>(noise),
-                          noise ? noise->size(1) : 0,
-                          counter(seed, seed_tensor),
-                          counter(offset, offset_tensor),
-                          optional_ptr<int64_t>(row_ids),
-                          logprob,
-                          static_cast<int>(confidence)};
+  const CategoricalArgs a{controls, draw_inputs(vocab, exclude_ids, exclude_per_row, allowed, noise, seed, offset,
+                                                 row_ids, seed_tensor, offset_tensor, logprob, confidence)};
   const auto opts = logits.options();
   at::Tensor tokens = at::empty({rows}, opts.dtype(at::kLong));
   at::Tensor valid = at::empty({rows}, opts.dtype(at::kBool));

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "../rng.h"
+#include "stream.h"
 
 namespace ddpd {
 namespace cpu {
@@ -106,6 +107,54 @@ struct Controls {
     return top_k_row || top_p_row || log_min_p_row || top_k > 0 || top_p < 1.0f || log_min_p > kNegInf;
   }
 };
+
+// What a draw reads besides its logits (or head) and controls, the same for
+// sample_categorical and sample_from_hidden: the tokens it may not draw, where its
+// uniforms come from, and the outputs asked for.
+struct DrawInputs {
+  const int64_t* exclude_ids;
+  int64_t n_exclude;
+  const int64_t* exclude_row;
+  const bool* allowed;
+  const float* noise;
+  int64_t noise_stride;
+  uint64_t seed, offset;
+  const int64_t* row_ids;
+  bool logprob;
+  int confidence;  // 0 none, 1 prob, 2 margin, 3 entropy
+
+  RowUniforms uniforms(int64_t r) const {
+    return RowUniforms{noise ? noise + r * noise_stride : nullptr, seed, offset,
+                       static_cast<uint64_t>(row_ids ? row_ids[r] : r)};
+  }
+  RowMask mask(int64_t r, int64_t vocab) const {
+    return RowMask{exclude_ids, n_exclude, exclude_row ? exclude_row[r] : -1, allowed ? allowed + r * vocab : nullptr,
+                   kNegInf};
+  }
+};
+
+// The DrawInputs of an op's arguments, the ids and the noise checked.
+inline DrawInputs draw_inputs(int64_t vocab, const std::optional<at::Tensor>& exclude_ids,
+                              const std::optional<at::Tensor>& exclude_per_row,
+                              const std::optional<at::Tensor>& allowed, const std::optional<at::Tensor>& noise,
+                              int64_t seed, int64_t offset, const std::optional<at::Tensor>& row_ids,
+                              const std::optional<at::Tensor>& seed_tensor,
+                              const std::optional<at::Tensor>& offset_tensor, bool logprob, int64_t confidence) {
+  check_ids(exclude_ids, vocab, "exclude_ids");
+  check_ids(exclude_per_row, vocab, "exclude_per_row");
+  check_noise(noise);
+  return DrawInputs{optional_ptr<int64_t>(exclude_ids),
+                    exclude_ids ? exclude_ids->numel() : 0,
+                    optional_ptr<int64_t>(exclude_per_row),
+                    optional_ptr<bool>(allowed),
+                    optional_ptr<float>(noise),
+                    noise ? noise->size(1) : 0,
+                    counter(seed, seed_tensor),
+                    counter(offset, offset_tensor),
+                    optional_ptr<int64_t>(row_ids),
+                    logprob,
+                    static_cast<int>(confidence)};
+}
 
 // A row's temperature as the law uses it: greedy rows (t < 0, or NaN) draw the argmax
 // and compute their statistics at T = 1.

@@ -37,25 +37,8 @@ struct HeadArgs {
   const std::optional<at::Tensor>& bias;
   float temperature;  // < 0: greedy
   const float* temperature_row;
-  const int64_t* exclude_ids;
-  int64_t n_exclude;
-  const int64_t* exclude_row;
-  const bool* allowed;
-  const float* noise;
-  int64_t noise_stride;
-  uint64_t seed, offset;
-  const int64_t* row_ids;
-  bool logprob;
-  int confidence;  // 0 none, 1 prob, 2 margin, 3 entropy
+  DrawInputs in;
 
-  RowUniforms uniforms(int64_t r) const {
-    return RowUniforms{noise ? noise + r * noise_stride : nullptr, seed, offset,
-                       static_cast<uint64_t>(row_ids ? row_ids[r] : r)};
-  }
-  RowMask mask(int64_t r, int64_t vocab) const {
-    return RowMask{exclude_ids, n_exclude, exclude_row ? exclude_row[r] : -1, allowed ? allowed + r * vocab : nullptr,
-                   kNegInf};
-  }
   float given_temperature(int64_t r) const { return temperature_row ? temperature_row[r] : temperature; }
 };
 
@@ -81,12 +64,12 @@ void stats_split(const HeadArgs& a, int64_t first_chunk, int64_t end_chunk, Tile
     head_logits(a, first, width, a.hidden, logits);
     const float* chunk = logits.data_ptr<float>();
     for (int64_t r = 0; r < rows; ++r) {
-      const RowMask mask = a.mask(r, vocab);
+      const RowMask mask = a.in.mask(r, vocab);
       const float t = effective_temperature(a.given_temperature(r));
       for (int64_t start = first; start < first + width; start += kTile) {
         const int64_t n = std::min(kTile, vocab - start), i = start / kTile;
         load_tile(chunk + r * logits.stride(0) + (start - first), start, n, mask, tile.data());
-        stats[r * tiles + i] = tile_stats(tile.data(), n, t, a.confidence == 2, a.confidence == 3);
+        stats[r * tiles + i] = tile_stats(tile.data(), n, t, a.in.confidence == 2, a.in.confidence == 3);
       }
     }
   }
@@ -108,16 +91,11 @@ void draw_group(const HeadArgs& a, int64_t t, const std::vector<int64_t>& group,
   for (size_t i = 0; i < group.size(); ++i) {
     const int64_t r = group[i];
     const float given = a.given_temperature(r);
-    load_tile(logits.data_ptr<float>() + i * n, start, n, a.mask(r, vocab), tile.data());
+    load_tile(logits.data_ptr<float>() + i * n, start, n, a.in.mask(r, vocab), tile.data());
     out.tokens[r] = draw_in_tile(tile.data(), start, n, effective_temperature(given), is_greedy(given),
-                                 a.uniforms(r));
+                                 a.in.uniforms(r));
     out.token_logit[r] = tile[out.tokens[r] - start];
   }
-}
-
-template <typename T>
-const T* optional_ptr(const std::optional<at::Tensor>& t) {
-  return t ? t->data_ptr<T>() : nullptr;
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sample_from_hidden_cpu(
@@ -130,25 +108,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sample_from_hidden_cp
   TORCH_CHECK(hidden.dim() == 2 && weight.dim() == 2 && hidden.size(1) == weight.size(1),
               "hidden [N, H] and weight [V, H] must share H");
   const int64_t rows = hidden.size(0), vocab = weight.size(0), tiles = n_tiles(vocab);
-  check_ids(exclude_ids, vocab, "exclude_ids");
-  check_ids(exclude_per_row, vocab, "exclude_per_row");
-  check_noise(noise);
   const HeadArgs a{hidden.to(at::kFloat).contiguous(),
                    weight,
                    bias,
                    static_cast<float>(temperature),
                    optional_ptr<float>(temperature_t),
-                   optional_ptr<int64_t>(exclude_ids),
-                   exclude_ids ? exclude_ids->numel() : 0,
-                   optional_ptr<int64_t>(exclude_per_row),
-                   optional_ptr<bool>(allowed),
-                   optional_ptr<float>(noise),
-                   noise ? noise->size(1) : 0,
-                   counter(seed, seed_tensor),
-                   counter(offset, offset_tensor),
-                   optional_ptr<int64_t>(row_ids),
-                   logprob,
-                   static_cast<int>(confidence)};
+                   draw_inputs(vocab, exclude_ids, exclude_per_row, allowed, noise, seed, offset, row_ids, seed_tensor,
+                               offset_tensor, logprob, confidence)};
   const int64_t chunks = (vocab + kChunk - 1) / kChunk;
   const int64_t splits = std::max<int64_t>(1, std::min<int64_t>(chunks, at::get_num_threads()));
   std::vector<TileStats> stats(rows * tiles);
@@ -164,7 +130,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sample_from_hidden_cp
   for (int64_t r = 0; r < rows; ++r) {
     const float given = a.given_temperature(r);
     const int64_t winner = race(stats.data() + r * tiles, tiles, vocab, effective_temperature(given),
-                                is_greedy(given), a.uniforms(r), &row_max[r]);
+                                is_greedy(given), a.in.uniforms(r), &row_max[r]);
     valid.data_ptr<bool>()[r] = row_max[r] > kNegInf;
     if (row_max[r] > kNegInf) groups[winner].push_back(r);  // an invalid row keeps token 0
   }

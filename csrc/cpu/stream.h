@@ -13,6 +13,12 @@
 namespace ddpd {
 namespace cpu {
 
+// The data of an optional tensor argument, or null.
+template <typename T>
+const T* optional_ptr(const std::optional<at::Tensor>& t) {
+  return t ? t->data_ptr<T>() : nullptr;
+}
+
 inline uint64_t counter(int64_t value, const std::optional<at::Tensor>& tensor) {
   return static_cast<uint64_t>(tensor ? *tensor->data_ptr<int64_t>() : value);
 }
