@@ -49,17 +49,32 @@ def test_graph_replays_draw_what_eager_steps_draw(nets, name, dtype, monkeypatch
     assert (eager.planner_calls, eager.denoiser_calls) == (replayed.planner_calls, replayed.denoiser_calls)
 
 
+CUT = dict(top_k=40, top_p=0.9, min_p=0.01)
+
+
+@pytest.mark.parametrize("name", ["planner clock, mask, A", "exact clock, uniform"])
+def test_truncated_graph_replays_draw_what_eager_steps_draw(nets, name):
+    """top-k / top-p / min-p inside the captured steps (the head's truncated draw)."""
+    with torch.inference_mode():
+        eager = RUNS[name](nets["bfloat16"], seed=4, device="cuda", fused=True, graphs="off", **CUT)
+        replayed = RUNS[name](nets["bfloat16"], seed=4, device="cuda", fused=True, **CUT)
+        untruncated = RUNS[name](nets["bfloat16"], seed=4, device="cuda", fused=True)
+    assert torch.equal(eager.tokens, replayed.tokens) and torch.equal(eager.stop_step, replayed.stop_step)
+    assert not torch.equal(eager.tokens, untruncated.tokens)
+
+
+@pytest.mark.parametrize("cut", [{}, CUT], ids=["untruncated", "truncated"])
 @pytest.mark.parametrize("graphs", ["off", "auto"])
-def test_no_host_synchronisation_inside_a_step(nets, graphs):
+def test_no_host_synchronisation_inside_a_step(nets, graphs, cut):
     n = nets["bfloat16"]
     names = ("planner clock, mask, A", "exact clock, uniform")
     with torch.inference_mode():
         for name in names:  # a first run fills the ops' caches (a host-to-device copy each)
-            RUNS[name](n, seed=5, device="cuda", fused=True, graphs=graphs, dtype="bfloat16")
+            RUNS[name](n, seed=5, device="cuda", fused=True, graphs=graphs, dtype="bfloat16", **cut)
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")  # the stop checks and the final count allow theirs
         try:
             for name in names:
-                RUNS[name](n, seed=6, device="cuda", fused=True, graphs=graphs, dtype="bfloat16")
+                RUNS[name](n, seed=6, device="cuda", fused=True, graphs=graphs, dtype="bfloat16", **cut)
         finally:
             torch.cuda.set_sync_debug_mode(0)
