@@ -22,7 +22,7 @@
 # The build and Triton compile checks (tests/test_ext_build.py,
 # tests/test_op_triton_compile.py) run in CI, not here.
 # Each part runs under `timeout` inside a total budget of DDPD_GPU_BUDGET_S seconds
-# (default 450) and prints its elapsed time; a part that fails or runs out is
+# (default 480) and prints its elapsed time; a part that fails or runs out is
 # reported and the next part still runs (except after a failed build). The exit
 # status is 1 if any part failed. Everything goes to
 # benchmarks/results/<device>-<date>.txt. Python: $PYTHON, default python3.
@@ -37,7 +37,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-BUDGET=${DDPD_GPU_BUDGET_S:-450}
+BUDGET=${DDPD_GPU_BUDGET_S:-480}
 export PYTHONUNBUFFERED=1
 DRY_RUN=0
 if [ "${1:-}" = "--dry-run" ]; then
@@ -96,7 +96,7 @@ check() {
     ((DRY_RUN)) && mode=(--dry-run) && host=()
     part timings 200 $PY benchmarks/gpu_timings.py ${mode[@]+"${mode[@]}"} || failed=1
     part "host cost" 30 $PY benchmarks/host_cost.py ${host[@]+"${host[@]}"} || failed=1
-    part sampling 170 $PY benchmarks/gpu_sampling.py --compile ${mode[@]+"${mode[@]}"} || failed=1
+    part sampling 200 $PY benchmarks/gpu_sampling.py --compile ${mode[@]+"${mode[@]}"} || failed=1
     echo "# total $SECONDS s"
     return $failed
 }
