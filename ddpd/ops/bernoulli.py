@@ -91,11 +91,7 @@ def _prepare(p, seed, offset, generator, row_ids, noise):
         if noise.shape != p.shape:
             raise ValueError(f"noise must have the shape of p {tuple(p.shape)}, got {tuple(noise.shape)}")
         noise = noise.reshape(rows, width)
-    if row_ids is not None:
-        check_tensor("row_ids", row_ids, (torch.int64,))
-        if tuple(row_ids.shape) != lead:
-            raise ValueError(f"row_ids must have the leading shape {lead} (one id per row), got {tuple(row_ids.shape)}")
-        row_ids = row_ids.reshape(rows)
+    row_ids = rng.flat_row_ids(row_ids, lead)
     p2 = p.reshape(rows, width)
     counters = rng.resolve_stream(noise, (rows, width), p2, seed, offset, generator, row_ids)
     noise, row_ids = _dispatch.contiguous(noise, row_ids)

@@ -32,6 +32,7 @@ int64 tensors of one element on the op's device that the kernels read when they 
 """
 from __future__ import annotations
 
+import math
 from typing import Optional, Sequence, Union
 
 import torch
@@ -168,6 +169,16 @@ def resolve_stream(noise: Optional[torch.Tensor], noise_shape: tuple, like: torc
         check_same_device("noise", noise, like, "the input")
         return 0, 0, None, None
     return resolve_seed(seed, offset, generator, row_ids, noise_shape[0], like)
+
+
+def flat_row_ids(row_ids: Optional[torch.Tensor], lead: tuple) -> Optional[torch.Tensor]:
+    """row_ids (int64, one id per row of the leading shape `lead`) checked and flattened."""
+    if row_ids is None:
+        return None
+    check_tensor("row_ids", row_ids, (torch.int64,))
+    if tuple(row_ids.shape) != lead:
+        raise ValueError(f"row_ids must have the leading shape {lead} (one id per row), got {tuple(row_ids.shape)}")
+    return row_ids.reshape(math.prod(lead))
 
 
 def check_noise_values(noise: Optional[torch.Tensor], name: str = "noise") -> None:

@@ -346,11 +346,7 @@ def prepare(op: str, input_name: str, inputs: torch.Tensor, vocab_size: int, tem
             raise ValueError(f"noise must have shape {lead + (width,)} (noise_width(V) uniforms per row), got "
                              f"{tuple(noise.shape)}")
         noise = noise.reshape(rows, width)
-    if row_ids is not None:
-        check_tensor("row_ids", row_ids, (torch.int64,))
-        if tuple(row_ids.shape) != lead:
-            raise ValueError(f"row_ids must have the leading shape {lead} (one id per row), got {tuple(row_ids.shape)}")
-        row_ids = row_ids.reshape(rows)
+    row_ids = rng.flat_row_ids(row_ids, lead)
     counters = rng.resolve_stream(noise, (rows, width), inputs, seed, offset, generator, row_ids)
     noise, row_ids = _dispatch.contiguous(noise, row_ids)
     return Call(lead, controls, ids, per_row, allowed, noise, counters, row_ids, logprob, confidence)
