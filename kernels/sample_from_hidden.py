@@ -34,10 +34,13 @@ from ddpd.kernels.sample_categorical import race, row_summary, row_temperature, 
 def head_logits(h_ptr, w_ptr, b_ptr, rows, cols, N, V, H, BLOCK_H: tl.constexpr, DOT_F32: tl.constexpr):
     """float32 logits [len(cols), len(rows)] = weight[cols] @ hidden[rows]^T + bias[cols]."""
     acc = tl.zeros((cols.shape[0], rows.shape[0]), dtype=tl.float32)
+    # Row starts in int64: V * H and N * H may pass 2**31 (a 256k vocabulary at H = 8192).
+    w_rows = w_ptr + cols.to(tl.int64)[:, None] * H
+    h_rows = h_ptr + rows.to(tl.int64)[None, :] * H
     for h0 in range(0, H, BLOCK_H):
         k = h0 + tl.arange(0, BLOCK_H)
-        w = tl.load(w_ptr + cols[:, None] * H + k[None, :], mask=(cols[:, None] < V) & (k[None, :] < H), other=0.0)
-        h = tl.load(h_ptr + rows[None, :] * H + k[:, None], mask=(rows[None, :] < N) & (k[:, None] < H), other=0.0)
+        w = tl.load(w_rows + k[None, :], mask=(cols[:, None] < V) & (k[None, :] < H), other=0.0)
+        h = tl.load(h_rows + k[:, None], mask=(rows[None, :] < N) & (k[:, None] < H), other=0.0)
         if DOT_F32:  # float32 operands, or the interpreter (no bf16 arithmetic there)
             acc += tl.dot(w.to(tl.float32), h.to(tl.float32), input_precision="ieee")
         else:

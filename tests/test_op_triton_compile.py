@@ -4,9 +4,10 @@ sm_90 cubin through Triton's own ptxas), with and without its optional inputs.
 The interpreter tests check what the kernels compute; this checks what only the
 compiler sees (types of the Philox words, constexpr branches on None inputs, dot
 shapes, shared memory), on machines without a GPU. The signatures are those the
-launchers in ddpd.ops pass. The test process imports the kernels for the
-interpreter (TRITON_INTERPRET=1), so the compilation runs in a child process
-without it: `python tests/test_op_triton_compile.py`."""
+launchers in ddpd.ops pass (tests/test_op_kernel_resources.py compiles the launches
+themselves, specialised as on a GPU, and reads their registers). The test process
+imports the kernels for the interpreter (TRITON_INTERPRET=1), so the compilation runs
+in a child process without it: `python tests/test_op_triton_compile.py`."""
 import os
 import subprocess
 import sys

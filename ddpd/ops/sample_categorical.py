@@ -95,6 +95,9 @@ CONFIDENCES = ("prob", "margin", "entropy")  # codes 1, 2, 3 in the kernels
 LOGIT_DTYPES = _dispatch.FLOAT_DTYPES + (torch.float64,)
 GREEDY = -1.0  # the temperature the kernels read for a greedy row (temperature 0)
 THRESHOLD_BLOCK = 1024  # logits per step of the Triton threshold search
+# 8 warps, 4 logits a thread: with 4 warps (8 a thread) the search spills registers on sm_90
+# (tests/test_op_kernel_resources.py)
+THRESHOLD_WARPS = 8
 
 
 def n_tiles(vocab_size: int) -> int:
@@ -600,7 +603,7 @@ def sample_categorical_triton(logits, temperature, temperature_t, exclude_ids, e
         tau = torch.empty(rows, dtype=torch.float32, device=device)
         thresholds_kernel[(rows,)](logits, vocab, *temp, *masks, top_k, top_k_t, top_p, top_p_t, log_min_p,
                                    log_min_p_t, tau, TOP_K=flags[0], TOP_P=flags[1], MIN_P=flags[2],
-                                   BLOCK=THRESHOLD_BLOCK)
+                                   BLOCK=THRESHOLD_BLOCK, num_warps=THRESHOLD_WARPS)
     stats = (tuple(torch.empty(4, rows, tiles, dtype=torch.float32, device=device)) if launch.stats_grid
              else (None,) * 4)
     if launch.stats_grid:

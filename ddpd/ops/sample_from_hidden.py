@@ -122,26 +122,33 @@ class HeadLaunch:
     tiles_per_split: int
     tiles_grid: tuple
     finish_grid: Optional[tuple]
-    num_warps: int = 8
+    num_warps: int
     num_stages: int = 3
 
 
 def head_launch(rows: int, width: int, vocab: int, element_size: int, multiprocessors: int) -> HeadLaunch:
-    """Rows in blocks of 32, or 16 where 32 would leave multiprocessors idle (the dot's
-    N: the tile's 256 tokens are its M), the
+    """Rows in blocks of 16 with 4 warps up to 64 rows, else 32 with 8 warps unless that
+    leaves multiprocessors idle (the dot's N: the tile's 256 tokens are its M); the
     vocabulary split so that there are about PROGRAMS_PER_SM programs per
     multiprocessor; a W tile is read by every row block, which run side by side so
-    the repeats hit L2. H slices of 64 (16-bit) or 32 (float32) elements: 36 KB of
-    operands per pipeline stage, three stages within any recent GPU's shared memory."""
+    the repeats hit L2. H slices of 64 (16-bit) or 32 (float32) elements, three
+    pipeline stages: at most 108 KB of shared memory.
+
+    Why 16 rows and 4 warps at few rows, where one read of W is the limit: compiled
+    for sm_90 (cuobjdump), that kernel takes 202 registers a thread and no spills,
+    so two programs fit on a multiprocessor and one's epilogue (the Gumbel race, a
+    Philox draw per logit) runs while the other's loads are in flight; with 32 rows
+    and 8 warps it takes all 255 registers, spills, and runs alone, stalling between
+    tiles (tests/test_op_kernel_resources.py holds both facts)."""
     tiles = n_tiles(vocab)
-    # 32 rows per block unless that leaves multiprocessors idle (few rows, or few tiles)
-    block_n = 16 if rows <= 16 or -(-rows // 32) * tiles < multiprocessors else 32
+    few_rows = rows <= 64 or -(-rows // 32) * tiles < multiprocessors
+    block_n, num_warps = (16, 4) if few_rows else (32, 8)
     row_blocks = -(-rows // block_n)
     splits = max(1, min(tiles, -(-_dispatch.PROGRAMS_PER_SM * multiprocessors // row_blocks)))
     per_split = -(-tiles // splits)
     splits = -(-tiles // per_split)
     block_h = min(64 if element_size <= 2 else 32, max(16, 1 << (width - 1).bit_length()))
-    return HeadLaunch(block_n, block_h, per_split, (row_blocks, splits), (rows,) if tiles > 1 else None)
+    return HeadLaunch(block_n, block_h, per_split, (row_blocks, splits), (rows,) if tiles > 1 else None, num_warps)
 
 
 def dot_in_float32(hidden: torch.Tensor, weight: torch.Tensor) -> bool:
