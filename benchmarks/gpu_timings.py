@@ -68,7 +68,7 @@ SHAPES = {
         categorical=[(1, GPT2, FP32), (64, GPT2, FP32), (64, GPT2, BF16), (256, GPT2, BF16), (1024, GPT2, BF16),
                      (4096, 27, FP32), (64, LLAMA3, BF16)],
         hidden=[(64, 768, GPT2, BF16), (256, 768, GPT2, BF16), (64, 4096, LLAMA3, BF16), (64, 256, GPT2, FP32)],
-        hidden_configs=(64, 768, GPT2, BF16),  # a few launch configurations timed at this shape
+        hidden_configs=[(64, 768, GPT2, BF16), (256, 768, GPT2, BF16)],  # a few launch configurations timed
         planner=[(64, 1024)],  # rows, length
         step=[(64, 1024, GPT2, 256), (8, 1024, GPT2, 256)],  # B, D, V, H
         # rows, categories, k, replacement: benchmarks/bench_multinomial.py's and larger
@@ -81,7 +81,7 @@ SHAPES = {
         controls=[(4, 700, BF16, "top_p"), (3, 300, FP32, "top_k+top_p")],
         categorical=[(4, 300, BF16), (4, 300, FP32), (3, 27, FP32)],
         hidden=[(4, 32, 300, FP32), (4, 32, 300, BF16)],
-        hidden_configs=(4, 32, 300, FP32),
+        hidden_configs=[(4, 32, 300, FP32)],
         planner=[(4, 64)],
         step=[(4, 64, 300, 32)],
         multinomial=[(4, 300, 1, True), (4, 300, 16, False), (16, 27, 16, False)],
@@ -300,7 +300,7 @@ def time_head_configs(bench: Bench, rows: int, width: int, vocab: int, dtype: to
     hidden = randn(rows, width, seed=1, dtype=dtype, device=bench.device)
     weight = randn(vocab, width, scale=2 / width**0.5, seed=2, dtype=dtype, device=bench.device)
     default = module.head_launch
-    for block_n, warps, stages in [(16, 4, 3), (16, 8, 3), (32, 8, 3), (32, 8, 2), (32, 4, 4)]:
+    for block_n, warps, stages in [(16, 4, 3), (16, 4, 2), (16, 8, 3), (32, 8, 3), (32, 8, 2)]:
         def launch(*args_, block_n=block_n, warps=warps, stages=stages):
             chosen = default(*args_)
             grid = (-(-rows // block_n), chosen.tiles_grid[1])
@@ -311,7 +311,11 @@ def time_head_configs(bench: Bench, rows: int, width: int, vocab: int, dtype: to
         try:
             fn = lambda: sample_from_hidden(hidden, weight, None, seed=1, offset=2)  # noqa: E731
             ms = bench.graph_ms(fn) or bench.median_ms(fn)
-            print(f"  head config block_n={block_n} warps={warps} stages={stages}: {ms * 1e3:8.1f} us")
+            chosen = default(rows, width, vocab, weight.element_size(), module._dispatch.multiprocessors(bench.device))
+            mark = " (head_launch's)" if (chosen.block_n, chosen.num_warps, chosen.num_stages) == (
+                block_n, warps, stages) else ""
+            print(f"  head config N={rows} H={width} V={vocab} block_n={block_n} warps={warps} stages={stages}: "
+                  f"{ms * 1e3:8.1f} us{mark}")
         finally:
             module.head_launch = default
 
@@ -420,7 +424,7 @@ def main() -> int:
         ("sample_categorical", time_sample_categorical, shapes["categorical"]),
         ("sample_categorical with top-k / top-p / min-p", time_sample_categorical_controls, shapes["controls"]),
         ("sample_from_hidden", time_sample_from_hidden, shapes["hidden"]),
-        ("sample_from_hidden launch configurations", time_head_configs, [shapes["hidden_configs"]]),
+        ("sample_from_hidden launch configurations", time_head_configs, shapes["hidden_configs"]),
         ("planner_select, planner_select_mask, planner_mask", time_planner_ops, shapes["planner"]),
         ("sampler step: fused vs reference (benchmarks/bench_step.py)", time_step, shapes["step"]),
         ("multinomial", time_multinomial, shapes["multinomial"]),
