@@ -95,9 +95,10 @@ CONFIDENCES = ("prob", "margin", "entropy")  # codes 1, 2, 3 in the kernels
 LOGIT_DTYPES = _dispatch.FLOAT_DTYPES + (torch.float64,)
 GREEDY = -1.0  # the temperature the kernels read for a greedy row (temperature 0)
 THRESHOLD_BLOCK = 1024  # logits per step of the Triton threshold search
-# 8 warps, 4 logits a thread: with 4 warps (8 a thread) the search spills registers on sm_90
+# One program a row, so as many warps as fit: 16 (4 a scheduler to hide latency, 2 logits a
+# thread); with 4 or 8 warps the 16-bucket search spills registers on sm_90
 # (tests/test_op_kernel_resources.py)
-THRESHOLD_WARPS = 8
+THRESHOLD_WARPS = 16
 
 
 def n_tiles(vocab_size: int) -> int:
