@@ -29,6 +29,10 @@ import triton.language as tl
 from ddpd.kernels.rng import gumbel, load_counters, load_row_id, row_uniform
 
 N_BUCKETS = tl.constexpr(16)  # ranges per pass of the threshold search
+# A tile's statistics are one record of float32 fields, at stats_ptr + (row * n_tiles +
+# tile) * RECORD: one buffer and one pointer per call, whatever the fields asked for.
+TILE_MAX, TILE_MASS, TILE_SECOND, TILE_ENT = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2), tl.constexpr(3)
+RECORD = tl.constexpr(4)
 
 
 @triton.jit
@@ -116,7 +120,7 @@ def tile_statistics(x, temperature, SECOND: tl.constexpr, ENTROPY: tl.constexpr)
 def tile_stats_kernel(
     logits_ptr, V, n_tiles, tiles_per_split, temperature, temperature_ptr,
     exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr, tau_ptr,
-    tile_max_ptr, tile_mass_ptr, tile_second_ptr, tile_ent_ptr,
+    stats_ptr,
     TILE: tl.constexpr, TILES_PER_CHUNK: tl.constexpr, SECOND: tl.constexpr, ENTROPY: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
@@ -133,30 +137,33 @@ def tile_stats_kernel(
         x = masked_logits(logits_ptr, row, tl.where(live[:, None], offs, V), V, exclude_ptr, n_exclude,
                           exclude_row_ptr, allowed_ptr, tau)
         m, s, second, ent = tile_statistics(x, t, SECOND, ENTROPY)
-        at = row * n_tiles + tiles
-        tl.store(tile_max_ptr + at, m, mask=live)
-        tl.store(tile_mass_ptr + at, s, mask=live)
+        record = stats_ptr + (row * n_tiles + tiles) * RECORD
+        tl.store(record + TILE_MAX, m, mask=live)
+        tl.store(record + TILE_MASS, s, mask=live)
         if SECOND:
-            tl.store(tile_second_ptr + at, second, mask=live)
+            tl.store(record + TILE_SECOND, second, mask=live)
         if ENTROPY:
-            tl.store(tile_ent_ptr + at, ent, mask=live)
+            tl.store(record + TILE_ENT, ent, mask=live)
 
 
 @triton.jit
-def race(row, n_tiles, V, t, greedy, tile_max_ptr, tile_mass_ptr, noise_ptr, row_id, seed_lo, seed_hi, offset_lo,
-         offset_hi, BLOCK_T: tl.constexpr):
-    """The tile race over the stored statistics: (winning tile, row maximum M)."""
+def race(row, n_tiles, V, t, greedy, stats_ptr, noise_ptr, row_id, seed_lo, seed_hi, offset_lo, offset_hi,
+         BLOCK_T: tl.constexpr, RECORD_WIDTH: tl.constexpr):
+    """The tile race over the stored statistics (records of RECORD_WIDTH fields):
+    (winning tile, row maximum M)."""
     ts = tl.arange(0, BLOCK_T)
     row_max = tl.full([], float("-inf"), tl.float32)
     for t0 in range(0, n_tiles, BLOCK_T):
-        m = tl.load(tile_max_ptr + row * n_tiles + t0 + ts, mask=t0 + ts < n_tiles, other=float("-inf"))
+        record = stats_ptr + (row * n_tiles + t0 + ts) * RECORD_WIDTH
+        m = tl.load(record + TILE_MAX, mask=t0 + ts < n_tiles, other=float("-inf"))
         row_max = tl.maximum(row_max, tl.max(m, axis=0))
     best_key = tl.full([], float("-inf"), tl.float32)
     tile = tl.full([], 0, tl.int32)
     for t0 in range(0, n_tiles, BLOCK_T):
         live = t0 + ts < n_tiles
-        m = tl.load(tile_max_ptr + row * n_tiles + t0 + ts, mask=live, other=float("-inf"))
-        s = tl.load(tile_mass_ptr + row * n_tiles + t0 + ts, mask=live, other=0.0)
+        record = stats_ptr + (row * n_tiles + t0 + ts) * RECORD_WIDTH
+        m = tl.load(record + TILE_MAX, mask=live, other=float("-inf"))
+        s = tl.load(record + TILE_MASS, mask=live, other=0.0)
         u = row_uniform(noise_ptr, V + n_tiles, row, V + tl.where(live, t0 + ts, 0), row_id, seed_lo, seed_hi,
                         offset_lo, offset_hi, noise_ptr is not None)
         d = shift(m, row_max, t)
@@ -170,8 +177,8 @@ def race(row, n_tiles, V, t, greedy, tile_max_ptr, tile_mass_ptr, noise_ptr, row
 
 
 @triton.jit
-def row_summary(row, n_tiles, row_max, t, tile_max_ptr, tile_mass_ptr, tile_second_ptr, tile_ent_ptr,
-                SECOND: tl.constexpr, ENTROPY: tl.constexpr, BLOCK_T: tl.constexpr):
+def row_summary(row, n_tiles, row_max, t, stats_ptr, SECOND: tl.constexpr, ENTROPY: tl.constexpr,
+                BLOCK_T: tl.constexpr, RECORD_WIDTH: tl.constexpr):
     """From the tile statistics: log Z = log sum_t exp(d_t + s_t), d_t = shift(m_t, M);
     the second largest value of the row; sum_j p_j log p_j (ENTROPY)."""
     ts = tl.arange(0, BLOCK_T)
@@ -181,18 +188,18 @@ def row_summary(row, n_tiles, row_max, t, tile_max_ptr, tile_mass_ptr, tile_seco
     second = tl.full([], float("-inf"), tl.float32)
     for t0 in range(0, n_tiles, BLOCK_T):
         live = t0 + ts < n_tiles
-        at = row * n_tiles + t0 + ts
-        m = tl.load(tile_max_ptr + at, mask=live, other=float("-inf"))
-        s = tl.load(tile_mass_ptr + at, mask=live, other=float("-inf"))
+        record = stats_ptr + (row * n_tiles + t0 + ts) * RECORD_WIDTH
+        m = tl.load(record + TILE_MAX, mask=live, other=float("-inf"))
+        s = tl.load(record + TILE_MASS, mask=live, other=float("-inf"))
         d = shift(m, row_max, t)
         scale = tl.exp(d)
         mass = tl.exp(s)
         z += tl.sum(scale * mass, axis=0)
         if ENTROPY:
-            a = tl.load(tile_ent_ptr + at, mask=live, other=0.0)
+            a = tl.load(record + TILE_ENT, mask=live, other=0.0)
             ey += tl.sum(tl.where(scale > 0, scale * (a + d * mass), 0.0), axis=0)
         if SECOND:
-            m2 = tl.load(tile_second_ptr + at, mask=live, other=float("-inf"))
+            m2 = tl.load(record + TILE_SECOND, mask=live, other=float("-inf"))
             first, second = top_two(first, second, m, m2, t0 + ts, BLOCK_T)
     log_z = tl.log(z)
     return log_z, second, ey / z - log_z
@@ -241,7 +248,7 @@ def finish_kernel(
     logits_ptr, V, n_tiles, temperature, temperature_ptr,
     exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr, tau_ptr,
     noise_ptr, row_ids_ptr, seed_lo, seed_hi, offset_lo, offset_hi, seed_ptr, offset_ptr,
-    tile_max_ptr, tile_mass_ptr, tile_second_ptr, tile_ent_ptr, tokens_ptr, valid_ptr, logprob_ptr, confidence_ptr,
+    stats_ptr, tokens_ptr, valid_ptr, logprob_ptr, confidence_ptr,
     TILE: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_T: tl.constexpr, SINGLE_TILE: tl.constexpr,
     LOGPROB: tl.constexpr, CONFIDENCE: tl.constexpr,
 ):
@@ -254,8 +261,8 @@ def finish_kernel(
     if SINGLE_TILE:
         tile = 0
     else:
-        tile, row_max = race(row, n_tiles, V, t, greedy, tile_max_ptr, tile_mass_ptr, noise_ptr, row_id, seed_lo,
-                             seed_hi, offset_lo, offset_hi, BLOCK_T)
+        tile, row_max = race(row, n_tiles, V, t, greedy, stats_ptr, noise_ptr, row_id, seed_lo, seed_hi, offset_lo,
+                             offset_hi, BLOCK_T, RECORD)
 
     offs = tile * TILE + tl.arange(0, BLOCK_J)
     x = masked_logits(logits_ptr, row, offs, V, exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr, tau)
@@ -281,9 +288,8 @@ def finish_kernel(
             second = tl.sum(second, axis=0)
             neg_entropy = tl.sum(ent, axis=0) * tl.exp(-log_z) - log_z
         else:
-            log_z, second, neg_entropy = row_summary(row, n_tiles, row_max, t, tile_max_ptr, tile_mass_ptr,
-                                                     tile_second_ptr, tile_ent_ptr, CONFIDENCE == 2,
-                                                     CONFIDENCE == 3, BLOCK_T)
+            log_z, second, neg_entropy = row_summary(row, n_tiles, row_max, t, stats_ptr, CONFIDENCE == 2,
+                                                     CONFIDENCE == 3, BLOCK_T, RECORD)
         store_outputs(row, valid, token_logit, row_max, t, log_z, second, neg_entropy, logprob_ptr, confidence_ptr,
                       LOGPROB, CONFIDENCE)
 

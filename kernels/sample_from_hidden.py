@@ -27,7 +27,13 @@ import triton
 import triton.language as tl
 
 from ddpd.kernels.rng import gumbel, load_counters, load_row_id, row_uniform
-from ddpd.kernels.sample_categorical import race, row_summary, row_temperature, shift, store_outputs, tile_statistics
+from ddpd.kernels.sample_categorical import (TILE_ENT, TILE_MASS, TILE_MAX, TILE_SECOND, race, row_summary,
+                                             row_temperature, shift, store_outputs, tile_statistics)
+
+# A tile's record: sample_categorical's four statistics, then the tile's candidate token
+# (int32 bits) and its logit.
+TILE_CANDIDATE, TILE_CANDIDATE_LOGIT = tl.constexpr(4), tl.constexpr(5)
+RECORD = tl.constexpr(6)
 
 
 @triton.jit
@@ -68,8 +74,7 @@ def head_tiles_kernel(
     h_ptr, w_ptr, b_ptr, N, V, H, n_tiles, tiles_per_split, temperature, temperature_ptr,
     exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr,
     noise_ptr, row_ids_ptr, seed_lo, seed_hi, offset_lo, offset_hi, seed_ptr, offset_ptr,
-    tile_max_ptr, tile_mass_ptr, tile_second_ptr, tile_ent_ptr, candidate_ptr, candidate_logit_ptr,
-    tokens_ptr, valid_ptr, logprob_ptr, confidence_ptr,
+    stats_ptr, tokens_ptr, valid_ptr, logprob_ptr, confidence_ptr,
     TILE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, DOT_F32: tl.constexpr,
     SINGLE_TILE: tl.constexpr, LOGPROB: tl.constexpr, CONFIDENCE: tl.constexpr,
 ):
@@ -115,23 +120,22 @@ def head_tiles_kernel(
             store_outputs(safe_rows, valid, candidate_logit, m, t, s, second, ent * tl.exp(-s) - s, logprob_ptr,
                           confidence_ptr, LOGPROB, CONFIDENCE, live_row)
         else:
-            at = safe_rows * n_tiles + tile
-            tl.store(tile_max_ptr + at, m, mask=live_row)
-            tl.store(tile_mass_ptr + at, s, mask=live_row)
-            tl.store(candidate_ptr + at, candidate, mask=live_row)
+            record = stats_ptr + (safe_rows * n_tiles + tile) * RECORD
+            tl.store(record + TILE_MAX, m, mask=live_row)
+            tl.store(record + TILE_MASS, s, mask=live_row)
+            tl.store(record + TILE_CANDIDATE, candidate.to(tl.float32, bitcast=True), mask=live_row)
             if LOGPROB or CONFIDENCE == 1:
-                tl.store(candidate_logit_ptr + at, candidate_logit, mask=live_row)
+                tl.store(record + TILE_CANDIDATE_LOGIT, candidate_logit, mask=live_row)
             if CONFIDENCE == 2:
-                tl.store(tile_second_ptr + at, second, mask=live_row)
+                tl.store(record + TILE_SECOND, second, mask=live_row)
             if CONFIDENCE == 3:
-                tl.store(tile_ent_ptr + at, ent, mask=live_row)
+                tl.store(record + TILE_ENT, ent, mask=live_row)
 
 
 @triton.jit
 def finish_kernel(
     n_tiles, V, temperature, temperature_ptr, noise_ptr, row_ids_ptr, seed_lo, seed_hi, offset_lo, offset_hi,
-    seed_ptr, offset_ptr, tile_max_ptr, tile_mass_ptr, tile_second_ptr, tile_ent_ptr, candidate_ptr,
-    candidate_logit_ptr, tokens_ptr, valid_ptr, logprob_ptr, confidence_ptr,
+    seed_ptr, offset_ptr, stats_ptr, tokens_ptr, valid_ptr, logprob_ptr, confidence_ptr,
     BLOCK_T: tl.constexpr, LOGPROB: tl.constexpr, CONFIDENCE: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
@@ -139,19 +143,19 @@ def finish_kernel(
                                                            offset_ptr)
     row_id = load_row_id(row_ids_ptr, row)
     greedy, t = row_temperature(temperature, temperature_ptr, row)
-    tile, row_max = race(row, n_tiles, V, t, greedy, tile_max_ptr, tile_mass_ptr, noise_ptr, row_id, seed_lo, seed_hi,
-                         offset_lo, offset_hi, BLOCK_T)
+    tile, row_max = race(row, n_tiles, V, t, greedy, stats_ptr, noise_ptr, row_id, seed_lo, seed_hi, offset_lo,
+                         offset_hi, BLOCK_T, RECORD)
     valid = row_max > float("-inf")
-    token = tl.load(candidate_ptr + row * n_tiles + tile)
+    winner = stats_ptr + (row * n_tiles + tile) * RECORD
+    token = tl.load(winner + TILE_CANDIDATE).to(tl.int32, bitcast=True)
     # An invalid row draws token 0.
     tl.store(tokens_ptr + row, tl.where(valid, token, 0).to(tl.int64))
     tl.store(valid_ptr + row, valid)
     if LOGPROB or CONFIDENCE != 0:
-        log_z, second, neg_entropy = row_summary(row, n_tiles, row_max, t, tile_max_ptr, tile_mass_ptr,
-                                                 tile_second_ptr, tile_ent_ptr, CONFIDENCE == 2, CONFIDENCE == 3,
-                                                 BLOCK_T)
+        log_z, second, neg_entropy = row_summary(row, n_tiles, row_max, t, stats_ptr, CONFIDENCE == 2,
+                                                 CONFIDENCE == 3, BLOCK_T, RECORD)
         if LOGPROB or CONFIDENCE == 1:
-            token_logit = tl.load(candidate_logit_ptr + row * n_tiles + tile)
+            token_logit = tl.load(winner + TILE_CANDIDATE_LOGIT)
         else:
             token_logit = row_max
         store_outputs(row, valid, token_logit, row_max, t, log_z, second, neg_entropy, logprob_ptr, confidence_ptr,

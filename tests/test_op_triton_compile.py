@@ -59,15 +59,13 @@ def sample_categorical_case(target, present):
     temp = dict(temperature="fp32", temperature_ptr=optional(present, "*fp32"))
     logits = dict(logits_ptr="*bf16" if present else "*fp32", V="i32")
     stats = dict(logits, n_tiles="i32", tiles_per_split="i32", **temp, **masks, tau_ptr=optional(present, "*fp32"),
-                 tile_max_ptr="*fp32", tile_mass_ptr="*fp32", tile_second_ptr=optional(present, "*fp32"),
-                 tile_ent_ptr=optional(not present, "*fp32"))
+                 stats_ptr="*fp32")
     assert "cubin" in compile_kernel(categorical_kernels.tile_stats_kernel, stats,
                                      dict(TILE=256, TILES_PER_CHUNK=4, SECOND=present, ENTROPY=not present), target)
     finish = dict(logits, n_tiles="i32", **temp, **masks, tau_ptr=optional(present, "*fp32"),
                   noise_ptr=optional(present, "*fp32"), row_ids_ptr=optional(present, "*i64"), **counters(present),
-                  tile_max_ptr=optional(present, "*fp32"), tile_mass_ptr=optional(present, "*fp32"),
-                  tile_second_ptr=optional(present, "*fp32"), tile_ent_ptr=None, tokens_ptr="*i64",
-                  valid_ptr="*i1", logprob_ptr="*fp32", confidence_ptr="*fp32")
+                  stats_ptr=optional(present, "*fp32"), tokens_ptr="*i64", valid_ptr="*i1", logprob_ptr="*fp32",
+                  confidence_ptr="*fp32")
     assert "cubin" in compile_kernel(categorical_kernels.finish_kernel, finish,
                                      dict(TILE=256, BLOCK_J=256, BLOCK_T=256, SINGLE_TILE=not present, LOGPROB=present,
                                           CONFIDENCE=2 if present else 3), target)
@@ -108,8 +106,7 @@ def sample_from_hidden_case(target, present):
     matrices = dict(h_ptr="*bf16" if present else "*fp32", w_ptr="*bf16" if present else "*fp32",
                     b_ptr=optional(present, "*bf16"))
     stream = dict(noise_ptr=optional(present, "*fp32"), row_ids_ptr=optional(present, "*i64"), **counters(present))
-    stats = dict(tile_max_ptr="*fp32", tile_mass_ptr="*fp32", tile_second_ptr=optional(present, "*fp32"),
-                 tile_ent_ptr=optional(not present, "*fp32"), candidate_ptr="*i32", candidate_logit_ptr="*fp32")
+    stats = dict(stats_ptr="*fp32")
     outputs = dict(tokens_ptr="*i64", valid_ptr="*i1", logprob_ptr="*fp32", confidence_ptr="*fp32")
     types = dict(matrices, N="i32", V="i32", H="i32", n_tiles="i32", tiles_per_split="i32", temperature="fp32",
                  temperature_ptr=optional(present, "*fp32"), exclude_ptr="*i64", n_exclude="i32",

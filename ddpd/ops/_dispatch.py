@@ -5,6 +5,7 @@ tensors; launch grids sized from the device; the limits every op shares.
 from __future__ import annotations
 
 import functools
+import importlib
 from typing import Optional
 
 import torch
@@ -40,6 +41,14 @@ def device_ids(ids: tuple, device: torch.device) -> torch.Tensor:
 @functools.lru_cache(maxsize=64)
 def _cached_ids(ids: tuple, device: torch.device) -> torch.Tensor:
     return torch.tensor(ids if ids else [0], dtype=torch.int64, device=device)
+
+
+@functools.cache
+def kernels(op: str):
+    """The Triton kernel module of `op` (ddpd.kernels.<op>), imported on first use: importing
+    Triton is not free, and CPU-only calls never need it. Cached: an import statement costs
+    a launcher microseconds a call."""
+    return importlib.import_module(f"ddpd.kernels.{op}")
 
 
 @functools.lru_cache(maxsize=8)

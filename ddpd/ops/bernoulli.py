@@ -50,7 +50,7 @@ def bernoulli_reference(p: torch.Tensor, *, seed=None, offset=0, generator: Opti
 
 def bernoulli_triton(p, noise, seed, offset, row_ids, seed_t, offset_t):
     """Launch the Triton kernel (CUDA tensors; CPU tensors under TRITON_INTERPRET=1)."""
-    from ddpd.kernels.bernoulli import bernoulli_kernel
+    bernoulli_kernel = _dispatch.kernels("bernoulli").bernoulli_kernel
 
     p = p.contiguous()
     rows, width = p.shape

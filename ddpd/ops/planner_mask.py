@@ -80,7 +80,7 @@ def planner_mask_reference(
 
 def planner_mask_triton(logits, x, positions, mask_id, noise, counters, row_ids):
     """Launch the Triton kernel (CUDA tensors; CPU tensors under TRITON_INTERPRET=1)."""
-    from ddpd.kernels.planner_mask import planner_mask_kernel
+    planner_mask_kernel = _dispatch.kernels("planner_mask").planner_mask_kernel
 
     check_triton_width(logits.shape[1])
     logits, x = logits.contiguous(), x.contiguous()

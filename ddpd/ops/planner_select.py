@@ -213,7 +213,7 @@ def planner_select_triton(logits, k, softmax, tau, eps, noise, counters, row_ids
     mask: None, or (x, mask_id, mask_noise, (mask_offset, mask_offset_tensor)) to draw
     the mask of planner_select_mask too. Returns 3 outputs, or 6 with the mask.
     """
-    from ddpd.kernels.planner_select import planner_select_kernel
+    planner_select_kernel = _dispatch.kernels("planner_select").planner_select_kernel
 
     check_triton_width(logits.shape[1])
     logits = logits.contiguous()

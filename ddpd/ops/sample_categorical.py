@@ -80,6 +80,7 @@ split over several programs, then one small program per row: categorical_launch)
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import operator
 import struct
@@ -555,6 +556,7 @@ class CategoricalLaunch:
     finish_grid: tuple
 
 
+@functools.lru_cache(maxsize=256)  # a per-call cost otherwise; a sampler calls it with few shapes
 def categorical_launch(rows: int, vocab: int, multiprocessors: int) -> CategoricalLaunch:
     """Split each row's tiles over enough programs for PROGRAMS_PER_SM per multiprocessor
     (a single row of GPT-2's vocabulary: one tile per program), whole rows when the
@@ -585,8 +587,7 @@ def sample_categorical_triton(logits, temperature, temperature_t, exclude_ids, e
                               offset_t, logprob, confidence):
     """Launch the Triton kernels (CUDA tensors; CPU tensors under TRITON_INTERPRET=1);
     the arguments of ddpd::sample_categorical."""
-    from ddpd.kernels.sample_categorical import finish_kernel, thresholds_kernel, tile_stats_kernel
-
+    kernels = _dispatch.kernels("sample_categorical")
     logits = logits.contiguous()
     rows, vocab = logits.shape
     device = logits.device
@@ -602,19 +603,19 @@ def sample_categorical_triton(logits, temperature, temperature_t, exclude_ids, e
     tau = None
     if any(flags):
         tau = torch.empty(rows, dtype=torch.float32, device=device)
-        thresholds_kernel[(rows,)](logits, vocab, *temp, *masks, top_k, top_k_t, top_p, top_p_t, log_min_p,
-                                   log_min_p_t, tau, TOP_K=flags[0], TOP_P=flags[1], MIN_P=flags[2],
-                                   BLOCK=THRESHOLD_BLOCK, num_warps=THRESHOLD_WARPS)
-    stats = (tuple(torch.empty(4, rows, tiles, dtype=torch.float32, device=device)) if launch.stats_grid
-             else (None,) * 4)
+        kernels.thresholds_kernel[(rows,)](logits, vocab, *temp, *masks, top_k, top_k_t, top_p, top_p_t,
+                                           log_min_p, log_min_p_t, tau, TOP_K=flags[0], TOP_P=flags[1],
+                                           MIN_P=flags[2], BLOCK=THRESHOLD_BLOCK, num_warps=THRESHOLD_WARPS)
+    stats = None
     if launch.stats_grid:
-        tile_stats_kernel[launch.stats_grid](
-            logits, vocab, tiles, launch.tiles_per_split, *temp, *masks, tau, *stats,
+        stats = torch.empty(rows, tiles, kernels.RECORD.value, dtype=torch.float32, device=device)
+        kernels.tile_stats_kernel[launch.stats_grid](
+            logits, vocab, tiles, launch.tiles_per_split, *temp, *masks, tau, stats,
             TILE=TILE, TILES_PER_CHUNK=launch.tiles_per_chunk, SECOND=confidence == 2, ENTROPY=confidence == 3,
         )
-    finish_kernel[launch.finish_grid](
+    kernels.finish_kernel[launch.finish_grid](
         logits, vocab, tiles, *temp, *masks, tau, noise, row_ids, *rng.split32(seed), *rng.split32(offset), seed_t,
-        offset_t, *stats, *outputs,
+        offset_t, stats, *outputs,
         TILE=TILE, BLOCK_J=TILE if tiles > 1 else 1 << (vocab - 1).bit_length(),
         BLOCK_T=min(1024, 1 << (tiles - 1).bit_length()), SINGLE_TILE=tiles == 1, LOGPROB=logprob,
         CONFIDENCE=confidence,

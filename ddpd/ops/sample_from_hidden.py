@@ -22,6 +22,7 @@ CUDA tensors the Triton kernels ddpd.kernels.sample_from_hidden.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Optional
 
 import torch
@@ -126,6 +127,7 @@ class HeadLaunch:
     num_stages: int = 3
 
 
+@functools.lru_cache(maxsize=256)  # a per-call cost otherwise; a sampler calls it with few shapes
 def head_launch(rows: int, width: int, vocab: int, element_size: int, multiprocessors: int) -> HeadLaunch:
     """Rows in blocks of 16 with 4 warps up to 64 rows, else 32 with 8 warps unless that
     leaves multiprocessors idle (the dot's N: the tile's 256 tokens are its M); the
@@ -161,8 +163,7 @@ def sample_from_hidden_triton(hidden, weight, bias, temperature, temperature_t, 
                               noise, seed, offset, row_ids, seed_t, offset_t, logprob, confidence):
     """Launch the Triton kernels (CUDA tensors; CPU tensors under TRITON_INTERPRET=1);
     the arguments of ddpd::sample_from_hidden."""
-    from ddpd.kernels.sample_from_hidden import finish_kernel, head_tiles_kernel
-
+    kernels = _dispatch.kernels("sample_from_hidden")
     hidden, weight = hidden.contiguous(), weight.contiguous()
     rows, width = hidden.shape
     vocab = weight.shape[0]
@@ -172,26 +173,23 @@ def sample_from_hidden_triton(hidden, weight, bias, temperature, temperature_t, 
         return outputs
     launch = head_launch(rows, width, vocab, weight.element_size(), _dispatch.multiprocessors(device))
     tiles = n_tiles(vocab)
-    # One allocation for the per-tile statistics: maxima, masses, second values, a_t and
-    # candidate logits (float32), candidates.
-    stats = torch.empty(6, rows, tiles, dtype=torch.int32, device=device) if launch.finish_grid else None
-    tile_stats = ((stats[0].view(torch.float32), stats[1].view(torch.float32), stats[2].view(torch.float32),
-                   stats[3].view(torch.float32), stats[4], stats[5].view(torch.float32)) if launch.finish_grid
-                  else (None,) * 6)
+    # The per-tile statistics, one record per tile (ddpd.kernels.sample_from_hidden.RECORD)
+    stats = (torch.empty(rows, tiles, kernels.RECORD.value, dtype=torch.float32, device=device) if launch.finish_grid
+             else None)
     ids = exclude_ids if exclude_ids is not None else _dispatch.device_ids((), device)
     stream = (noise, row_ids, *rng.split32(seed), *rng.split32(offset), seed_t, offset_t)
-    head_tiles_kernel[launch.tiles_grid](
+    kernels.head_tiles_kernel[launch.tiles_grid](
         hidden, weight, None if bias is None else bias.contiguous(), rows, vocab, width, tiles, launch.tiles_per_split,
         temperature, temperature_t, ids, 0 if exclude_ids is None else exclude_ids.numel(), exclude_per_row, allowed,
-        *stream, *tile_stats, *outputs,
+        *stream, stats, *outputs,
         TILE=TILE, BLOCK_N=launch.block_n, BLOCK_H=launch.block_h, DOT_F32=dot_in_float32(hidden, weight),
         SINGLE_TILE=launch.finish_grid is None, LOGPROB=logprob, CONFIDENCE=confidence,
         num_warps=launch.num_warps, num_stages=launch.num_stages,
     )
     if launch.finish_grid:
-        finish_kernel[launch.finish_grid](tiles, vocab, temperature, temperature_t, *stream, *tile_stats, *outputs,
-                                          BLOCK_T=min(1024, 1 << (tiles - 1).bit_length()), LOGPROB=logprob,
-                                          CONFIDENCE=confidence)
+        kernels.finish_kernel[launch.finish_grid](tiles, vocab, temperature, temperature_t, *stream, stats, *outputs,
+                                                  BLOCK_T=min(1024, 1 << (tiles - 1).bit_length()), LOGPROB=logprob,
+                                                  CONFIDENCE=confidence)
     return outputs
 
 
@@ -240,7 +238,7 @@ def _head_logits_impl(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional
     vocab = weight.shape[0]
     out = torch.empty(rows, vocab, dtype=torch.float32, device=hidden.device)
     if hidden.device.type == "cuda":
-        from ddpd.kernels.sample_from_hidden import head_logits_kernel
+        head_logits_kernel = _dispatch.kernels("sample_from_hidden").head_logits_kernel
 
         hidden, weight = hidden.contiguous(), weight.contiguous()
         launch = head_launch(rows, width, vocab, weight.element_size(), _dispatch.multiprocessors(hidden.device))
