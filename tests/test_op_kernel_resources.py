@@ -10,19 +10,29 @@ No GPU is needed: each launcher runs on CPU tensors with Triton's launch replace
 a recorder, so the kernels, constexprs, warps and stages compiled are exactly those
 the launcher passes (the grids sized for a 132-multiprocessor device), specialised as
 Triton's runtime specialises a launch (16-byte aligned tensors, integers that are
-multiples of 16 or equal to 1). Like tests/test_op_triton_compile.py, the compilation
-runs in a child process without TRITON_INTERPRET: `python tests/test_op_kernel_resources.py`.
+multiples of 16 or equal to 1); the launcher calls are benchmarks/launch_cost.py's. Like
+tests/test_op_triton_compile.py, the compilation runs in a child process without
+TRITON_INTERPRET: `python tests/test_op_kernel_resources.py`.
 """
 import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import torch
 
 from hang_guard import HANG_GUARD_SECONDS
 
-SMS = 132
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from launch_cost import (  # noqa: E402  the launcher calls at the benchmark shapes
+    as_on_an_h100,
+    planner_call,
+    planner_mask_call,
+    sample_categorical_call,
+    sample_from_hidden_call,
+)
+
 REGISTERS_PER_SM, SHARED_PER_SM, SHARED_RESERVED, WARPS_PER_SM = 65536, 233472, 1024, 64  # sm_90
 GPT2, LLAMA3 = 50257, 128256
 TRITON_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.int64: "i64",
@@ -108,44 +118,6 @@ def resources(compiled) -> dict:
     return dict(registers=registers, stack=stack, shared=shared, warps=warps, per_sm=per_sm)
 
 
-def sample_categorical_call(rows: int, vocab: int, dtype: torch.dtype, **controls):
-    from ddpd.ops.sample_categorical import prepare_categorical, sample_categorical_triton
-
-    logits = torch.empty(rows, vocab, dtype=dtype)
-    call = prepare_categorical(logits, 1.0, None, None, None, controls.get("top_k"), controls.get("top_p"),
-                               controls.get("min_p"), False, None, 1, 2, None, None, None)
-    return lambda: sample_categorical_triton(logits, *call.args())
-
-
-def sample_from_hidden_call(rows: int, width: int, vocab: int):
-    from ddpd.ops.sample_from_hidden import prepare_hidden, sample_from_hidden_triton
-
-    hidden, weight = torch.empty(rows, width, dtype=torch.bfloat16), torch.empty(vocab, width, dtype=torch.bfloat16)
-    call = prepare_hidden(hidden, weight, None, 1.0, None, None, None, None, None, None, False, None, 1, 2, None, None,
-                          None)
-    c, (seed, offset, seed_t, offset_t) = call.controls, call.counters
-    return lambda: sample_from_hidden_triton(hidden, weight, None, c.temperature, c.temperature_t, call.exclude_ids,
-                                             call.exclude_per_row, call.allowed, call.noise, seed, offset,
-                                             call.row_ids, seed_t, offset_t, call.logprob, call.confidence)
-
-
-def planner_call(rows: int, length: int, with_mask: bool):
-    from ddpd.ops import rng
-    from ddpd.ops.planner_mask import planner_mask_triton
-    from ddpd.ops.planner_select import planner_select_triton, resolve_pair
-
-    logits = torch.empty(rows, length)
-    x = torch.zeros(rows, length, dtype=torch.long)
-    if not with_mask:
-        counters = rng.resolve_stream(None, (rows, length), logits, 1, 2, None, None)
-        positions = torch.zeros(rows, 1, dtype=torch.long)
-        return lambda: (planner_select_triton(logits, 1, False, 1.0, 0.01, None, counters, None),
-                        planner_mask_triton(logits, x, positions, 27, None, counters, None))
-    counters, mask_counter = resolve_pair(None, None, logits, 1, 2, None, None, None)
-    return lambda: planner_select_triton(logits, 1, False, 1.0, 0.01, None, counters, None,
-                                         mask=(x, 27, None, mask_counter))
-
-
 def head_gemm(kernel) -> bool:
     return kernel.fn.__name__ == "head_tiles_kernel"
 
@@ -178,19 +150,13 @@ CASES = {
     "sample_from_hidden N=64 H=768 V=50257": lambda: sample_from_hidden_call(64, 768, GPT2),
     "sample_from_hidden N=64 H=4096 V=128256": lambda: sample_from_hidden_call(64, 4096, LLAMA3),
     "sample_from_hidden N=16 H=768 V=50257": lambda: sample_from_hidden_call(16, 768, GPT2),
-    "planner_select, planner_mask 64x1024": lambda: planner_call(64, 1024, with_mask=False),
+    "planner_select 64x1024": lambda: planner_call(64, 1024),
     "planner_select_mask 64x1024": lambda: planner_call(64, 1024, with_mask=True),
+    "planner_mask 64x1024": lambda: planner_mask_call(64, 1024),
 }
 
 
 if __name__ == "__main__":
-    from ddpd.ops import _dispatch
-
-    # What the launchers ask of the device, answered as for CUDA tensors on an H100: the
-    # grids sized for 132 multiprocessors, and 16-bit operands on the tensor cores (CPU
-    # tensors mean the interpreter, which has no bf16 arithmetic).
-    _dispatch.multiprocessors = lambda device: SMS
-    sys.modules["ddpd.ops.sample_from_hidden"].dot_in_float32 = (
-        lambda hidden, weight: weight.dtype == torch.float32 or hidden.dtype != weight.dtype)
+    as_on_an_h100()
     for case, make in CASES.items():
         check_case(case, make(), few_rows=case.startswith("sample_from_hidden"))

@@ -1,0 +1,169 @@
+"""The Python side of a CUDA call of each Triton op, measured without a GPU.
+
+On a GPU an eager call costs its wrapper's checks (benchmarks/host_cost.py), then the
+op's launcher (ddpd.ops.<op>.<op>_triton: allocations, grids) and Triton's launch of
+each kernel (argument binding and specialisation, cache lookup) before the driver's
+cuLaunchKernel. This times the launcher and Triton's launches on CPU tensors, with
+Triton's driver replaced by a stub that reports an sm_90 device and each compiled
+kernel by one whose launch does nothing: everything but the driver's own calls.
+Shapes of the GPU benchmarks (64 rows of GPT-2's vocabulary, H = 768).
+
+    python benchmarks/launch_cost.py
+
+LAUNCHES (op name -> a builder of the launcher call) is also what
+tests/test_op_kernel_resources.py compiles. Uses Triton's runtime internals
+(driver.set_active, JITFunction.device_caches): another Triton version may need
+this script changed, never the library.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from typing import Callable
+
+import torch
+
+GPT2 = 50257
+CALLS, REPEATS = 2000, 7
+
+
+def sample_categorical_call(rows: int = 64, vocab: int = GPT2, dtype: torch.dtype = torch.bfloat16,
+                            **controls) -> Callable[[], object]:
+    from ddpd.ops.sample_categorical import prepare_categorical, sample_categorical_triton
+
+    logits = torch.empty(rows, vocab, dtype=dtype)
+    call = prepare_categorical(logits, 1.0, None, None, None, controls.get("top_k"), controls.get("top_p"),
+                               controls.get("min_p"), False, None, 1, 2, None, None, None)
+    return lambda: sample_categorical_triton(logits, *call.args())
+
+
+def sample_from_hidden_call(rows: int = 64, width: int = 768, vocab: int = GPT2) -> Callable[[], object]:
+    from ddpd.ops.sample_from_hidden import prepare_hidden, sample_from_hidden_triton
+
+    hidden, weight = torch.empty(rows, width, dtype=torch.bfloat16), torch.empty(vocab, width, dtype=torch.bfloat16)
+    call = prepare_hidden(hidden, weight, None, 1.0, None, None, None, None, None, None, False, None, 1, 2, None, None,
+                          None)
+    c, (seed, offset, seed_t, offset_t) = call.controls, call.counters
+    return lambda: sample_from_hidden_triton(hidden, weight, None, c.temperature, c.temperature_t, call.exclude_ids,
+                                             call.exclude_per_row, call.allowed, call.noise, seed, offset,
+                                             call.row_ids, seed_t, offset_t, call.logprob, call.confidence)
+
+
+def planner_call(rows: int = 64, length: int = 1024, with_mask: bool = False) -> Callable[[], object]:
+    """planner_select (with_mask: planner_select_mask, one launch for both)."""
+    from ddpd.ops import rng
+    from ddpd.ops.planner_select import planner_select_triton, resolve_pair
+
+    logits = torch.empty(rows, length)
+    if not with_mask:
+        counters = rng.resolve_stream(None, (rows, length), logits, 1, 2, None, None)
+        return lambda: planner_select_triton(logits, 1, False, 1.0, 0.01, None, counters, None)
+    x = torch.zeros(rows, length, dtype=torch.long)
+    counters, mask_counter = resolve_pair(None, None, logits, 1, 2, None, None, None)
+    return lambda: planner_select_triton(logits, 1, False, 1.0, 0.01, None, counters, None,
+                                         mask=(x, 27, None, mask_counter))
+
+
+def planner_mask_call(rows: int = 64, length: int = 1024) -> Callable[[], object]:
+    from ddpd.ops import rng
+    from ddpd.ops.planner_mask import planner_mask_triton
+
+    logits, x = torch.empty(rows, length), torch.zeros(rows, length, dtype=torch.long)
+    counters = rng.resolve_stream(None, (rows, length), logits, 1, 2, None, None)
+    positions = torch.zeros(rows, 1, dtype=torch.long)
+    return lambda: planner_mask_triton(logits, x, positions, 27, None, counters, None)
+
+
+LAUNCHES = {
+    "sample_categorical": sample_categorical_call,
+    "sample_categorical top_p": lambda: sample_categorical_call(top_p=0.9),
+    "sample_from_hidden": sample_from_hidden_call,
+    "planner_select": planner_call,
+    "planner_select_mask": lambda: planner_call(with_mask=True),
+    "planner_mask": planner_mask_call,
+}
+
+
+class _StubDriver:
+    """What JITFunction.run asks of the driver: a device, a stream, an sm_90 target."""
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device):
+        return 0
+
+    def get_current_target(self):
+        from triton.backends.compiler import GPUTarget
+
+        return GPUTarget("cuda", 90, 32)
+
+
+class _StubKernel:
+    """A compiled kernel whose launch does nothing."""
+    function, packed_metadata = 0, ()
+
+    def launch_metadata(self, grid, stream, *args):
+        return None
+
+    def run(self, *args):
+        return None
+
+
+def stub_triton() -> None:
+    """Point Triton's launches at the stubs; the ops' launchers then run on CPU tensors
+    as on a GPU (as_on_an_h100)."""
+    from triton.runtime import driver
+    from triton.runtime.jit import JITFunction
+
+    from ddpd.ops import _dispatch
+
+    driver.set_active(_StubDriver())
+    for op in ("sample_categorical", "sample_from_hidden", "planner_select", "planner_mask", "bernoulli"):
+        for kernel in vars(_dispatch.kernels(op)).values():
+            if isinstance(kernel, JITFunction):
+                kernel.device_caches[0]  # the binder, made once per device; it sets kernel.compile
+                kernel.compile = lambda *args, **kwargs: _StubKernel()
+    as_on_an_h100()
+
+
+def as_on_an_h100() -> None:
+    """What the launchers ask of the device, answered as for CUDA tensors on an H100: grids
+    sized for 132 multiprocessors, and 16-bit operands on the tensor cores (CPU tensors
+    otherwise mean the interpreter, which has no bf16 arithmetic)."""
+    import importlib
+
+    from ddpd.ops import _dispatch
+
+    _dispatch.multiprocessors = lambda device: 132
+    hidden = importlib.import_module("ddpd.ops.sample_from_hidden")  # the package exports a function of that name
+    hidden.dot_in_float32 = lambda h, w: w.dtype == torch.float32 or h.dtype != w.dtype
+
+
+def per_call_us(fn: Callable[[], object]) -> float:
+    """Best of REPEATS timings of CALLS calls (on a shared machine other work only adds)."""
+    for _ in range(50):
+        fn()
+    best = float("inf")
+    for _ in range(REPEATS):
+        start = time.perf_counter()
+        for _ in range(CALLS):
+            fn()
+        best = min(best, (time.perf_counter() - start) / CALLS * 1e6)
+    return best
+
+
+def main() -> int:
+    import triton
+
+    torch.set_num_threads(1)
+    stub_triton()
+    print(f"Python side of a CUDA call's launches (launcher + Triton's launch, no driver), triton "
+          f"{triton.__version__}, torch {torch.__version__}, best of {REPEATS} x {CALLS} calls")
+    for name, build in LAUNCHES.items():
+        print(f"{name:26s} {per_call_us(build()):7.1f} us")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
