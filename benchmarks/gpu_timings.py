@@ -318,9 +318,12 @@ def time_head_configs(bench: Bench, rows: int, width: int, vocab: int, dtype: to
         try:
             fn = lambda: sample_from_hidden(hidden, weight, None, seed=1, offset=2)  # noqa: E731
             ms = bench.graph_ms(fn) or bench.median_ms(fn)
-            chosen = default(rows, width, vocab, weight.element_size(), module._dispatch.multiprocessors(bench.device))
-            mark = " (head_launch's)" if (chosen.block_n, chosen.num_warps, chosen.num_stages) == (
-                block_n, warps, stages) else ""
+            mark = ""
+            if bench.cuda:
+                sms = torch.cuda.get_device_properties(bench.device).multi_processor_count
+                chosen = default(rows, width, vocab, weight.element_size(), sms)
+                if (chosen.block_n, chosen.num_warps, chosen.num_stages) == (block_n, warps, stages):
+                    mark = " (head_launch's)"
             print(f"  head config N={rows} H={width} V={vocab} block_n={block_n} warps={warps} stages={stages}: "
                   f"{ms * 1e3:8.1f} us{mark}")
         finally:

@@ -10,10 +10,10 @@ Shapes of the GPU benchmarks (64 rows of GPT-2's vocabulary, H = 768).
 
     python benchmarks/launch_cost.py
 
-LAUNCHES (op name -> a builder of the launcher call) is also what
-tests/test_op_kernel_resources.py compiles. Uses Triton's runtime internals
-(driver.set_active, JITFunction.device_caches): another Triton version may need
-this script changed, never the library.
+The builders of the launcher calls (sample_categorical_call, ...) are also those of
+tests/test_op_kernel_resources.py, which compiles their launches. Uses Triton's runtime
+internals (driver.set_active, JITFunction.device_caches): another Triton version may
+need this script changed, never the library. Run it without TRITON_INTERPRET.
 """
 from __future__ import annotations
 
@@ -112,32 +112,19 @@ class _StubKernel:
 
 def stub_triton() -> None:
     """Point Triton's launches at the stubs; the ops' launchers then run on CPU tensors
-    as on a GPU (as_on_an_h100)."""
+    as on a GPU. (Their grids are those of a CPU device, which changes the values of a few
+    integer arguments, not the work of launching.)"""
+    import importlib
+
     from triton.runtime import driver
     from triton.runtime.jit import JITFunction
 
-    from ddpd.ops import _dispatch
-
     driver.set_active(_StubDriver())
     for op in ("sample_categorical", "sample_from_hidden", "planner_select", "planner_mask", "bernoulli"):
-        for kernel in vars(_dispatch.kernels(op)).values():
+        for kernel in vars(importlib.import_module(f"ddpd.kernels.{op}")).values():
             if isinstance(kernel, JITFunction):
                 kernel.device_caches[0]  # the binder, made once per device; it sets kernel.compile
                 kernel.compile = lambda *args, **kwargs: _StubKernel()
-    as_on_an_h100()
-
-
-def as_on_an_h100() -> None:
-    """What the launchers ask of the device, answered as for CUDA tensors on an H100: grids
-    sized for 132 multiprocessors, and 16-bit operands on the tensor cores (CPU tensors
-    otherwise mean the interpreter, which has no bf16 arithmetic)."""
-    import importlib
-
-    from ddpd.ops import _dispatch
-
-    _dispatch.multiprocessors = lambda device: 132
-    hidden = importlib.import_module("ddpd.ops.sample_from_hidden")  # the package exports a function of that name
-    hidden.dot_in_float32 = lambda h, w: w.dtype == torch.float32 or h.dtype != w.dtype
 
 
 def per_call_us(fn: Callable[[], object]) -> float:
