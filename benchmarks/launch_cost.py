@@ -127,6 +127,25 @@ def stub_triton() -> None:
                 kernel.compile = lambda *args, **kwargs: _StubKernel()
 
 
+def record_launches(call: Callable[[], object]) -> list:
+    """(kernel, grid, arguments by name, constexprs and options) of every Triton launch
+    `call` makes; nothing is launched."""
+    from triton.runtime.jit import JITFunction
+
+    launches = []
+
+    def record(self, *args, grid, warmup, **kwargs):
+        launches.append((self, grid, dict(zip(self.arg_names, args)), kwargs))
+
+    original = JITFunction.run
+    JITFunction.run = record
+    try:
+        call()
+    finally:
+        JITFunction.run = original
+    return launches
+
+
 def per_call_us(fn: Callable[[], object]) -> float:
     """Best of REPEATS timings of CALLS calls (on a shared machine other work only adds)."""
     for _ in range(50):
@@ -147,8 +166,12 @@ def main() -> int:
     stub_triton()
     print(f"Python side of a CUDA call's launches (launcher + Triton's launch, no driver), triton "
           f"{triton.__version__}, torch {torch.__version__}, best of {REPEATS} x {CALLS} calls")
+    print(f"{'op':26s} {'call':>9s}   of which Triton's launch of each kernel")
     for name, build in LAUNCHES.items():
-        print(f"{name:26s} {per_call_us(build()):7.1f} us")
+        call = build()
+        kernels = [f"{kernel.fn.__name__} {per_call_us(lambda: kernel[grid](*args.values(), **kwargs)):.1f} us"
+                   for kernel, grid, args, kwargs in record_launches(call)]
+        print(f"{name:26s} {per_call_us(call):6.1f} us   {', '.join(kernels)}")
     return 0
 
 

@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from launch_cost import (  # noqa: E402  the launcher calls at the benchmark shapes
     planner_call,
     planner_mask_call,
+    record_launches,
     sample_categorical_call,
     sample_from_hidden_call,
 )
@@ -47,24 +48,6 @@ def test_kernels_fit_an_h100():
 
 
 # --------------------------------------------------------------------- the child process
-
-
-def record_launches(call) -> list:
-    """(kernel, arguments, constexprs and options) of every Triton launch `call` makes."""
-    from triton.runtime.jit import JITFunction
-
-    launches = []
-
-    def record(self, *args, grid, warmup, **kwargs):
-        launches.append((self, dict(zip(self.arg_names, args)), kwargs))
-
-    original = JITFunction.run
-    JITFunction.run = record
-    try:
-        call()
-    finally:
-        JITFunction.run = original
-    return launches
 
 
 def compile_launch(kernel, args: dict, kwargs: dict):
@@ -124,7 +107,7 @@ def head_gemm(kernel) -> bool:
 def check_case(name: str, call, few_rows: bool = False) -> None:
     """Every kernel `call` launches: no register spills; the head GEMM on wgmma with its
     loads pipelined, and two programs per multiprocessor where `few_rows`."""
-    for kernel, args, kwargs in record_launches(call):
+    for kernel, _, args, kwargs in record_launches(call):
         compiled = compile_launch(kernel, args, dict(kwargs))
         r = resources(compiled)
         label = f"{name}: {kernel.fn.__name__} {r}"
