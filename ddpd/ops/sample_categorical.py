@@ -98,7 +98,7 @@ GREEDY = -1.0  # the temperature the kernels read for a greedy row (temperature 
 THRESHOLD_BLOCK = 1024  # logits per step of the Triton threshold search
 # One program a row, so as many warps as fit: 16 (4 a scheduler to hide latency, 2 logits a
 # thread); with 4 or 8 warps the 16-bucket search spills registers on sm_90
-# (tests/test_op_kernel_resources.py)
+# (tests/test_op_kernel_resources.py checks that 16 do not)
 THRESHOLD_WARPS = 16
 
 

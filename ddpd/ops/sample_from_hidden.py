@@ -141,7 +141,8 @@ def head_launch(rows: int, width: int, vocab: int, element_size: int, multiproce
     so two programs fit on a multiprocessor and one's epilogue (the Gumbel race, a
     Philox draw per logit) runs while the other's loads are in flight; with 32 rows
     and 8 warps it takes all 255 registers, spills, and runs alone, stalling between
-    tiles (tests/test_op_kernel_resources.py holds both facts)."""
+    tiles (tests/test_op_kernel_resources.py holds the first; the second was read the
+    same way when this was chosen, and GPU timings compare both)."""
     tiles = n_tiles(vocab)
     few_rows = rows <= 64 or -(-rows // 32) * tiles < multiprocessors
     block_n, num_warps = (16, 4) if few_rows else (32, 8)
