@@ -27,51 +27,62 @@ GPT2 = 50257
 CALLS, REPEATS = 2000, 7
 
 
-def sample_categorical_call(rows: int = 64, vocab: int = GPT2, dtype: torch.dtype = torch.bfloat16,
-                            **controls) -> Callable[[], object]:
+def sample_categorical_call(rows: int = 64, vocab: int = GPT2, dtype: torch.dtype = torch.bfloat16, seed: int = 1,
+                            offset: int = 2, **controls) -> Callable[[], object]:
     from ddpd.ops.sample_categorical import prepare_categorical, sample_categorical_triton
 
     logits = torch.empty(rows, vocab, dtype=dtype)
     call = prepare_categorical(logits, 1.0, None, None, None, controls.get("top_k"), controls.get("top_p"),
-                               controls.get("min_p"), False, None, 1, 2, None, None, None)
+                               controls.get("min_p"), False, None, seed, offset, None, None, None)
     return lambda: sample_categorical_triton(logits, *call.args())
 
 
-def sample_from_hidden_call(rows: int = 64, width: int = 768, vocab: int = GPT2) -> Callable[[], object]:
+def sample_from_hidden_call(rows: int = 64, width: int = 768, vocab: int = GPT2, seed: int = 1,
+                            offset: int = 2) -> Callable[[], object]:
     from ddpd.ops.sample_from_hidden import prepare_hidden, sample_from_hidden_triton
 
     hidden, weight = torch.empty(rows, width, dtype=torch.bfloat16), torch.empty(vocab, width, dtype=torch.bfloat16)
-    call = prepare_hidden(hidden, weight, None, 1.0, None, None, None, None, None, None, False, None, 1, 2, None, None,
-                          None)
+    call = prepare_hidden(hidden, weight, None, 1.0, None, None, None, None, None, None, False, None, seed, offset,
+                          None, None, None)
     c, (seed, offset, seed_t, offset_t) = call.controls, call.counters
     return lambda: sample_from_hidden_triton(hidden, weight, None, c.temperature, c.temperature_t, call.exclude_ids,
                                              call.exclude_per_row, call.allowed, call.noise, seed, offset,
                                              call.row_ids, seed_t, offset_t, call.logprob, call.confidence)
 
 
-def planner_call(rows: int = 64, length: int = 1024, with_mask: bool = False) -> Callable[[], object]:
+def planner_call(rows: int = 64, length: int = 1024, with_mask: bool = False, seed: int = 1,
+                 offset: int = 2) -> Callable[[], object]:
     """planner_select (with_mask: planner_select_mask, one launch for both)."""
     from ddpd.ops import rng
     from ddpd.ops.planner_select import planner_select_triton, resolve_pair
 
     logits = torch.empty(rows, length)
     if not with_mask:
-        counters = rng.resolve_stream(None, (rows, length), logits, 1, 2, None, None)
+        counters = rng.resolve_stream(None, (rows, length), logits, seed, offset, None, None)
         return lambda: planner_select_triton(logits, 1, False, 1.0, 0.01, None, counters, None)
     x = torch.zeros(rows, length, dtype=torch.long)
-    counters, mask_counter = resolve_pair(None, None, logits, 1, 2, None, None, None)
+    counters, mask_counter = resolve_pair(None, None, logits, seed, offset, None, None, None)
     return lambda: planner_select_triton(logits, 1, False, 1.0, 0.01, None, counters, None,
                                          mask=(x, 27, None, mask_counter))
 
 
-def planner_mask_call(rows: int = 64, length: int = 1024) -> Callable[[], object]:
+def planner_mask_call(rows: int = 64, length: int = 1024, seed: int = 1, offset: int = 2) -> Callable[[], object]:
     from ddpd.ops import rng
     from ddpd.ops.planner_mask import planner_mask_triton
 
     logits, x = torch.empty(rows, length), torch.zeros(rows, length, dtype=torch.long)
-    counters = rng.resolve_stream(None, (rows, length), logits, 1, 2, None, None)
+    counters = rng.resolve_stream(None, (rows, length), logits, seed, offset, None, None)
     positions = torch.zeros(rows, 1, dtype=torch.long)
     return lambda: planner_mask_triton(logits, x, positions, 27, None, counters, None)
+
+
+def bernoulli_call(rows: int = 64, width: int = 1024, seed: int = 1, offset: int = 2) -> Callable[[], object]:
+    from ddpd.ops import rng
+    from ddpd.ops.bernoulli import bernoulli_triton
+
+    p = torch.empty(rows, width)
+    seed, offset, seed_t, offset_t = rng.resolve_stream(None, (rows, width), p, seed, offset, None, None)
+    return lambda: bernoulli_triton(p, None, seed, offset, None, seed_t, offset_t)
 
 
 LAUNCHES = {
@@ -81,6 +92,7 @@ LAUNCHES = {
     "planner_select": planner_call,
     "planner_select_mask": lambda: planner_call(with_mask=True),
     "planner_mask": planner_mask_call,
+    "bernoulli": bernoulli_call,
 }
 
 

@@ -7,10 +7,10 @@ numbers.
 import triton
 import triton.language as tl
 
-from ddpd.kernels.rng import load_counters, load_row_id, row_uniform
+from ddpd.kernels.rng import COUNTER_WORDS, load_counters, load_row_id, row_uniform
 
 
-@triton.jit
+@triton.jit(do_not_specialize=COUNTER_WORDS)
 def bernoulli_kernel(p_ptr, D, noise_ptr, row_ids_ptr, seed_lo, seed_hi, offset_lo, offset_hi, seed_ptr, offset_ptr,
                      z_ptr, BLOCK: tl.constexpr, FLOAT64: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)

@@ -10,10 +10,10 @@ import triton
 import triton.language as tl
 
 from ddpd.kernels.planner_select import planner_row, planner_sigmoid, write_mask
-from ddpd.kernels.rng import load_counters, load_row_id, row_uniform
+from ddpd.kernels.rng import COUNTER_WORDS, load_counters, load_row_id, row_uniform
 
 
-@triton.jit
+@triton.jit(do_not_specialize=COUNTER_WORDS)
 def planner_mask_kernel(
     logits_ptr, x_ptr, positions_ptr, D, k, mask_id,
     noise_ptr, row_ids_ptr, seed_lo, seed_hi, offset_lo, offset_hi, seed_ptr, offset_ptr,

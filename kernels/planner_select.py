@@ -11,7 +11,7 @@ float64. The row helpers here are also those of ddpd.kernels.planner_mask.
 import triton
 import triton.language as tl
 
-from ddpd.kernels.rng import gumbel, load_counters, load_row_id, row_uniform
+from ddpd.kernels.rng import COUNTER_WORDS, gumbel, load_counters, load_row_id, row_uniform
 from ddpd.kernels.sample_categorical import shift
 
 
@@ -45,7 +45,7 @@ def log_sigmoid(l):
     return tl.minimum(l, 0.0) - tl.log(1.0 + tl.exp(-tl.abs(l)))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=COUNTER_WORDS)
 def planner_select_kernel(
     logits_ptr, D, k, tau, eps,
     noise_ptr, mask_noise_ptr, row_ids_ptr, seed_lo, seed_hi, offset_lo, offset_hi, mask_offset_lo, mask_offset_hi,

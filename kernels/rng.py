@@ -13,6 +13,12 @@ installed Triton does.
 import triton
 import triton.language as tl
 
+# The words of the seeds and offsets, whatever their values, reach a kernel as int32
+# arguments (ddpd.ops.rng.split32) that Triton must not specialise on (a value of 1 or a
+# multiple of 16 would otherwise compile a variant of the kernel on first sight: a fresh
+# compile in the middle of a sampling run, where the offsets change every step).
+COUNTER_WORDS = ["seed_lo", "seed_hi", "offset_lo", "offset_hi", "mask_offset_lo", "mask_offset_hi"]
+
 
 @triton.jit
 def philox4x32(c0, c1, c2, c3, k0, k1):

@@ -26,7 +26,7 @@ the C++ kernel. A row's temperature T < 0 marks a greedy row, whose statistics u
 import triton
 import triton.language as tl
 
-from ddpd.kernels.rng import gumbel, load_counters, load_row_id, row_uniform
+from ddpd.kernels.rng import COUNTER_WORDS, gumbel, load_counters, load_row_id, row_uniform
 
 N_BUCKETS = tl.constexpr(16)  # ranges per pass of the threshold search
 # A tile's statistics are one record of float32 fields, at stats_ptr + (row * n_tiles +
@@ -243,7 +243,7 @@ def store_outputs(row, valid, token_logit, row_max, t, log_z, second, neg_entrop
         tl.store(confidence_ptr + row, tl.where(valid, c, float("-inf")), mask=live)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=COUNTER_WORDS)
 def finish_kernel(
     logits_ptr, V, n_tiles, temperature, temperature_ptr,
     exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr, tau_ptr,

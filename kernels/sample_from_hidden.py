@@ -26,7 +26,7 @@ additions; everything after them is ddpd.kernels.sample_categorical's arithmetic
 import triton
 import triton.language as tl
 
-from ddpd.kernels.rng import gumbel, load_counters, load_row_id, row_uniform
+from ddpd.kernels.rng import COUNTER_WORDS, gumbel, load_counters, load_row_id, row_uniform
 from ddpd.kernels.sample_categorical import (TILE_ENT, TILE_MASS, TILE_MAX, TILE_SECOND, race, row_summary,
                                              row_temperature, shift, store_outputs, tile_statistics)
 
@@ -69,7 +69,7 @@ def masked_head_logits(x, cols, rows_in_block, V, exclude_ptr, n_exclude, exclud
     return x
 
 
-@triton.jit
+@triton.jit(do_not_specialize=COUNTER_WORDS)
 def head_tiles_kernel(
     h_ptr, w_ptr, b_ptr, N, V, H, n_tiles, tiles_per_split, temperature, temperature_ptr,
     exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr,
@@ -132,7 +132,7 @@ def head_tiles_kernel(
                 tl.store(record + TILE_ENT, ent, mask=live_row)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=COUNTER_WORDS)
 def finish_kernel(
     n_tiles, V, temperature, temperature_ptr, noise_ptr, row_ids_ptr, seed_lo, seed_hi, offset_lo, offset_hi,
     seed_ptr, offset_ptr, stats_ptr, tokens_ptr, valid_ptr, logprob_ptr, confidence_ptr,

@@ -24,7 +24,7 @@ from ddpd.ops.sample_from_hidden import head_launch
 from hang_guard import HANG_GUARD_SECONDS
 
 TARGETS = [GPUTarget("cuda", 80, 32), GPUTarget("cuda", 90, 32)]
-SEED = {"seed_lo": "i64", "seed_hi": "i64", "offset_lo": "i64", "offset_hi": "i64"}
+SEED = {"seed_lo": "i32", "seed_hi": "i32", "offset_lo": "i32", "offset_hi": "i32"}
 
 
 def counters(present: bool) -> dict:
@@ -80,8 +80,8 @@ def planner_select_case(target, present):
     with_mask, softmax = present, not present
     types = dict(logits_ptr="*fp16" if present else "*fp32", D="i32", k="i32", tau="fp32", eps="fp32",
                  noise_ptr=optional(present, "*fp32"), mask_noise_ptr=optional(present and with_mask, "*fp32"),
-                 row_ids_ptr=optional(present, "*i64"), **counters(present), mask_offset_lo="i64",
-                 mask_offset_hi="i64", mask_offset_ptr=optional(present and with_mask, "*i64"),
+                 row_ids_ptr=optional(present, "*i64"), **counters(present), mask_offset_lo="i32",
+                 mask_offset_hi="i32", mask_offset_ptr=optional(present and with_mask, "*i64"),
                  x_ptr=optional(with_mask, "*i64"), mask_id="i64", positions_ptr="*i64", sum_p_ptr="*fp32",
                  stop_ptr="*i1", masked_ptr=optional(with_mask, "*i64"), z_ptr=optional(with_mask, "*i1"),
                  count_ptr=optional(with_mask, "*i64"))

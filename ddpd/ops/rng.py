@@ -266,9 +266,12 @@ def as_int64(value: int) -> int:
 
 
 def split32(value: int) -> tuple[int, int]:
-    """(low, high) 32-bit words of the uint64 whose bits the int64 `value` holds."""
+    """(low, high) 32-bit words of the uint64 whose bits the int64 `value` holds, each as
+    the int32 of its bits: every seed and offset then reaches a Triton kernel as two int32
+    arguments (a word at or above 2**31 as a Python int would make it an int64 argument, and
+    another compiled variant); the kernels read the words as uint32."""
     value &= 2**64 - 1
-    return value & 0xFFFFFFFF, value >> 32
+    return tuple(word - 2**32 if word >= 2**31 else word for word in (value & 0xFFFFFFFF, value >> 32))
 
 
 def counter_value(value: int, tensor: Optional[torch.Tensor]):

@@ -1,0 +1,79 @@
+"""New seeds and offsets never compile a new variant of a Triton kernel.
+
+A sampler draws with a new offset at every step. Triton specialises an integer argument
+on its value (1, multiples of 16) and types it by its range (int32 or int64), so words of
+the seed and offset passed as plain integers made a kernel compile up to 16 variants over
+a handful of seeds and offsets: seconds of compilation at unpredictable steps of a first
+sampling run. The words now arrive as int32 arguments Triton does not specialise on
+(ddpd.kernels.rng.COUNTER_WORDS, ddpd.ops.rng.split32).
+
+Counted without a GPU: in a child process (no TRITON_INTERPRET), Triton's driver is
+stubbed (benchmarks/launch_cost.py) and each kernel's compile is counted as every
+launcher runs at one shape under many seeds and offsets.
+"""
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+from hang_guard import HANG_GUARD_SECONDS
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import launch_cost  # noqa: E402
+
+SEEDS = (0, 1, 2, 16, 2**31 + 3, 2**32, 2**40 + 1, 2**63 + 16)
+OFFSETS = (0, 1, 2, 16, 33, 2**31, 2**32 + 16, 2**62 + 1)
+BUILDERS = {
+    "sample_categorical": launch_cost.sample_categorical_call,
+    "sample_from_hidden": launch_cost.sample_from_hidden_call,
+    "planner_select": launch_cost.planner_call,
+    "planner_select_mask": lambda **kw: launch_cost.planner_call(with_mask=True, **kw),
+    "planner_mask": launch_cost.planner_mask_call,
+    "bernoulli": launch_cost.bernoulli_call,
+}
+
+
+def test_seeds_and_offsets_compile_each_kernel_once():
+    env = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
+    result = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True,
+                            timeout=HANG_GUARD_SECONDS)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    assert result.stdout.count("ok ") == len(BUILDERS), result.stdout
+
+
+COMPILES: Counter = Counter()  # kernel name -> variants compiled since the last reset
+
+
+def count_compiles() -> None:
+    """After launch_cost.stub_triton: every kernel's compile counted, a stub returned."""
+    import importlib
+
+    from triton.runtime.jit import JITFunction
+
+    for op in ("sample_categorical", "sample_from_hidden", "planner_select", "planner_mask", "bernoulli"):
+        for kernel in vars(importlib.import_module(f"ddpd.kernels.{op}")).values():
+            if isinstance(kernel, JITFunction):
+                def count(*args, _name=kernel.fn.__name__, **kwargs):
+                    COMPILES[_name] += 1
+                    return launch_cost._StubKernel()
+
+                kernel.compile = count
+
+
+def compiles_per_kernel(build) -> Counter:
+    """How many variants of each kernel the launcher asks Triton to compile over SEEDS x OFFSETS."""
+    COMPILES.clear()
+    for seed in SEEDS:
+        for offset in OFFSETS:
+            build(seed=seed, offset=offset)()
+    return Counter(COMPILES)
+
+
+if __name__ == "__main__":
+    launch_cost.stub_triton()
+    count_compiles()
+    for name, build in BUILDERS.items():
+        counts = compiles_per_kernel(build)
+        assert counts and set(counts.values()) == {1}, f"{name}: compiled variants per kernel {dict(counts)}"
+        print(f"ok {name}: {dict(counts)}")
