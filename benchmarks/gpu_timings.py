@@ -68,7 +68,8 @@ SHAPES = {
         categorical=[(1, GPT2, FP32), (64, GPT2, FP32), (64, GPT2, BF16), (256, GPT2, BF16), (1024, GPT2, BF16),
                      (4096, 27, FP32), (64, LLAMA3, BF16)],
         hidden=[(64, 768, GPT2, BF16), (256, 768, GPT2, BF16), (64, 4096, LLAMA3, BF16), (64, 256, GPT2, FP32)],
-        hidden_configs=[(64, 768, GPT2, BF16), (256, 768, GPT2, BF16)],  # a few launch configurations timed
+        # head launch configurations timed at these (64 x 4096 x Llama-3: the one-read-of-W target's hardest)
+        hidden_configs=[(64, 768, GPT2, BF16), (64, 4096, LLAMA3, BF16), (256, 768, GPT2, BF16)],
         planner=[(64, 1024)],  # rows, length
         step=[(64, 1024, GPT2, 256), (8, 1024, GPT2, 256)],  # B, D, V, H
         # rows, categories, k, replacement: benchmarks/bench_multinomial.py's and larger
