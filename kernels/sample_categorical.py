@@ -299,17 +299,19 @@ def finish_kernel(
 
 @triton.jit
 def ordered_key(x):
-    """Order-preserving key of float32 values as int64 in [0, 2**32); -0 reads as +0."""
+    """Order-preserving key of float32 values as uint32 (32-bit arithmetic: half the
+    instructions of int64 in the search's inner loop); -0 reads as +0. Every key of a
+    value above -inf is at least 0x00800000."""
     x = tl.where(x == 0.0, 0.0, x)
-    bits = x.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF
+    bits = x.to(tl.uint32, bitcast=True)
     return tl.where(bits >= 0x80000000, 0xFFFFFFFF - bits, bits + 0x80000000)
 
 
 @triton.jit
 def key_value(key):
-    """The float32 whose ordered key is `key` (int64 scalar)."""
+    """The float32 whose ordered key is `key` (uint32 scalar)."""
     bits = tl.where(key >= 0x80000000, key - 0x80000000, 0xFFFFFFFF - key)
-    return bits.to(tl.int32).to(tl.float32, bitcast=True)
+    return bits.to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -336,8 +338,8 @@ def search_key(logits_ptr, row, V, exclude_ptr, n_exclude, exclude_row_ptr, allo
         while ((hi - lo - 1) >> width) >= NB:
             width += 1
         weight = tl.zeros([NB], tl.float64)
-        smallest = tl.full([NB], 2**33, tl.int64)
-        largest = tl.full([NB], -1, tl.int64)
+        smallest = tl.full([NB], 0xFFFFFFFF, tl.uint32)
+        largest = tl.full([NB], 0, tl.uint32)  # 0: no key in the bucket (keys in play are above it)
         for start in range(0, V, BLOCK):
             offs = start + tl.arange(0, BLOCK)
             x = masked_logits(logits_ptr, row, offs, V, exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr, floor)
@@ -347,10 +349,10 @@ def search_key(logits_ptr, row, V, exclude_ptr, n_exclude, exclude_row_ptr, allo
             hit = bucket[:, None] == b[None, :]
             w = weight_of(x, row_max, t, MASS)
             weight += tl.sum(tl.where(hit, w[:, None], 0.0), axis=0).to(tl.float64)
-            smallest = tl.minimum(smallest, tl.min(tl.where(hit, key[:, None], 2**33), axis=0))
-            largest = tl.maximum(largest, tl.max(tl.where(hit, key[:, None], -1), axis=0))
+            smallest = tl.minimum(smallest, tl.min(tl.where(hit, key[:, None], 0xFFFFFFFF), axis=0))
+            largest = tl.maximum(largest, tl.max(tl.where(hit, key[:, None], 0), axis=0))
         at_or_above = above + tl.cumsum(weight, axis=0, reverse=True)  # W(lower end of each bucket)
-        present = largest >= 0
+        present = largest > 0
         chosen = tl.max(tl.where(present & (at_or_above >= target), b, -1), axis=0)
         # target above every sum (p Z rounded above the sums of this pass): keep everything
         chosen = tl.where(chosen >= 0, chosen, tl.min(tl.where(present, b, NB), axis=0))

@@ -96,10 +96,10 @@ CONFIDENCES = ("prob", "margin", "entropy")  # codes 1, 2, 3 in the kernels
 LOGIT_DTYPES = _dispatch.FLOAT_DTYPES + (torch.float64,)
 GREEDY = -1.0  # the temperature the kernels read for a greedy row (temperature 0)
 THRESHOLD_BLOCK = 1024  # logits per step of the Triton threshold search
-# One program a row, so as many warps as fit: 16 (4 a scheduler to hide latency, 2 logits a
-# thread); with 4 or 8 warps the 16-bucket search spills registers on sm_90
-# (tests/test_op_kernel_resources.py checks that 16 do not)
-THRESHOLD_WARPS = 16
+# 8 warps, 4 logits a thread: with its 32-bit keys the 16-bucket search then keeps every
+# value in registers on sm_90 under Triton 3.6 and 3.9 (with 4 warps it spills; with 16,
+# Triton 3.9 caps it at 64 registers and spills; tests/test_op_kernel_resources.py)
+THRESHOLD_WARPS = 8
 
 
 def n_tiles(vocab_size: int) -> int:
