@@ -11,13 +11,11 @@ Counted without a GPU: in a child process (no TRITON_INTERPRET), Triton's driver
 stubbed (benchmarks/launch_cost.py) and each kernel's compile is counted as every
 launcher runs at one shape under many seeds and offsets.
 """
-import os
-import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
 
-from hang_guard import HANG_GUARD_SECONDS
+from hang_guard import run_compiled
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import launch_cost  # noqa: E402
@@ -35,9 +33,7 @@ BUILDERS = {
 
 
 def test_seeds_and_offsets_compile_each_kernel_once():
-    env = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
-    result = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True,
-                            timeout=HANG_GUARD_SECONDS)
+    result = run_compiled(__file__)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     assert result.stdout.count("ok ") == len(BUILDERS), result.stdout
 

@@ -14,7 +14,6 @@ multiples of 16 or equal to 1); the launcher calls are benchmarks/launch_cost.py
 tests/test_op_triton_compile.py, the compilation runs in a child process without
 TRITON_INTERPRET: `python tests/test_op_kernel_resources.py`.
 """
-import os
 import re
 import subprocess
 import sys
@@ -22,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from hang_guard import HANG_GUARD_SECONDS
+from hang_guard import run_compiled
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from launch_cost import (  # noqa: E402  the launcher calls at the benchmark shapes
@@ -40,9 +39,7 @@ TRITON_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "
 
 
 def test_kernels_fit_an_h100():
-    env = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
-    result = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True,
-                            timeout=HANG_GUARD_SECONDS)
+    result = run_compiled(__file__)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     assert result.stdout.count("ok ") == len(CASES), result.stdout
 

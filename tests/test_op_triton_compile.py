@@ -8,9 +8,6 @@ launchers in ddpd.ops pass (tests/test_op_kernel_resources.py compiles the launc
 themselves, specialised as on a GPU, and reads their registers). The test process
 imports the kernels for the interpreter (TRITON_INTERPRET=1), so the compilation runs
 in a child process without it: `python tests/test_op_triton_compile.py`."""
-import os
-import subprocess
-import sys
 
 import triton
 from triton.backends.compiler import GPUTarget
@@ -21,7 +18,7 @@ from ddpd.kernels.planner_select import planner_select_kernel
 from ddpd.kernels import sample_categorical as categorical_kernels
 from ddpd.kernels import sample_from_hidden as hidden_kernels
 from ddpd.ops.sample_from_hidden import head_launch
-from hang_guard import HANG_GUARD_SECONDS
+from hang_guard import run_compiled
 
 TARGETS = [GPUTarget("cuda", 80, 32), GPUTarget("cuda", 90, 32)]
 SEED = {"seed_lo": "i32", "seed_hi": "i32", "offset_lo": "i32", "offset_hi": "i32"}
@@ -134,9 +131,7 @@ CASES = [sample_categorical_case, planner_select_case, planner_mask_case, sample
 
 
 def test_kernels_compile_for_gpus():
-    env = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
-    result = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True,
-                            timeout=HANG_GUARD_SECONDS)
+    result = run_compiled(__file__)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     assert result.stdout.count("compiled") == len(CASES) * len(TARGETS) * 2
 
