@@ -36,17 +36,18 @@ RECORD = tl.constexpr(4)
 
 
 @triton.jit
-def masked_logits(logits_ptr, row, offs, V, exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr, tau):
-    """float32 logits at offs, -inf beyond V, for NaN, excluded and not allowed tokens,
-    and below the row's threshold tau."""
-    x = tl.load(logits_ptr + row * V + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
+def masked_logits(logits_ptr, row, offs, V, limit, exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr, tau):
+    """float32 logits at offs, -inf at or beyond limit (at most V), for NaN, excluded and not
+    allowed tokens, and below the row's threshold tau. (A limit rather than offsets moved
+    out of range keeps the offsets provably contiguous: vector loads where rows are aligned.)"""
+    x = tl.load(logits_ptr + row * V + offs, mask=offs < limit, other=float("-inf")).to(tl.float32)
     x = tl.where(x != x, float("-inf"), x)
     for e in range(n_exclude):
         x = tl.where(offs == tl.load(exclude_ptr + e), float("-inf"), x)
     if exclude_row_ptr is not None:
         x = tl.where(offs == tl.load(exclude_row_ptr + row), float("-inf"), x)
     if allowed_ptr is not None:
-        ok = tl.load(allowed_ptr + row * V + offs, mask=offs < V, other=0).to(tl.int1)
+        ok = tl.load(allowed_ptr + row * V + offs, mask=offs < limit, other=0).to(tl.int1)
         x = tl.where(ok, x, float("-inf"))
     return tl.where(x >= tau, x, float("-inf"))
 
@@ -134,7 +135,7 @@ def tile_stats_kernel(
         tiles = chunk + tl.arange(0, TILES_PER_CHUNK)
         live = tiles < end
         offs = tiles[:, None] * TILE + j[None, :]
-        x = masked_logits(logits_ptr, row, tl.where(live[:, None], offs, V), V, exclude_ptr, n_exclude,
+        x = masked_logits(logits_ptr, row, offs, V, tl.minimum(V, end * TILE), exclude_ptr, n_exclude,
                           exclude_row_ptr, allowed_ptr, tau)
         m, s, second, ent = tile_statistics(x, t, SECOND, ENTROPY)
         record = stats_ptr + (row * n_tiles + tiles) * RECORD
@@ -265,7 +266,7 @@ def finish_kernel(
                              offset_hi, BLOCK_T, RECORD)
 
     offs = tile * TILE + tl.arange(0, BLOCK_J)
-    x = masked_logits(logits_ptr, row, offs, V, exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr, tau)
+    x = masked_logits(logits_ptr, row, offs, V, V, exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr, tau)
     tile_max = tl.max(x, axis=0)
     y = shift(x, tile_max, t)
     column = tl.where(offs < V, offs, 0)
@@ -342,7 +343,7 @@ def search_key(logits_ptr, row, V, exclude_ptr, n_exclude, exclude_row_ptr, allo
         largest = tl.full([NB], 0, tl.uint32)  # 0: no key in the bucket (keys in play are above it)
         for start in range(0, V, BLOCK):
             offs = start + tl.arange(0, BLOCK)
-            x = masked_logits(logits_ptr, row, offs, V, exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr, floor)
+            x = masked_logits(logits_ptr, row, offs, V, V, exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr, floor)
             key = ordered_key(x)
             inside = (x > float("-inf")) & (key >= lo) & (key < hi)
             bucket = tl.where(inside, (key - lo) >> width, NB)
@@ -376,7 +377,7 @@ def thresholds_kernel(
     allowed = tl.full([], 0, tl.int64)
     for start in range(0, V, BLOCK):
         offs = start + tl.arange(0, BLOCK)
-        x = masked_logits(logits_ptr, row, offs, V, exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr, neg_inf)
+        x = masked_logits(logits_ptr, row, offs, V, V, exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr, neg_inf)
         row_max = tl.maximum(row_max, tl.max(x, axis=0))
         allowed += tl.sum((x > neg_inf).to(tl.int64), axis=0)
     tau = tl.full([], neg_inf, tl.float32)
@@ -394,7 +395,8 @@ def thresholds_kernel(
             z = tl.full([], 0.0, tl.float64)
             for start in range(0, V, BLOCK):
                 offs = start + tl.arange(0, BLOCK)
-                x = masked_logits(logits_ptr, row, offs, V, exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr, tau)
+                x = masked_logits(logits_ptr, row, offs, V, V, exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr,
+                                  tau)
                 z += tl.sum(tl.exp(shift(x, row_max, t)), axis=0).to(tl.float64)
             key = search_key(logits_ptr, row, V, exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr, tau, row_max,
                              t, p.to(tl.float64) * z, tl.maximum(ordered_key(tau), lowest), top, True, BLOCK,
@@ -406,7 +408,7 @@ def thresholds_kernel(
             smallest = tl.full([], float("inf"), tl.float32)
             for start in range(0, V, BLOCK):
                 offs = start + tl.arange(0, BLOCK)
-                x = masked_logits(logits_ptr, row, offs, V, exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr,
+                x = masked_logits(logits_ptr, row, offs, V, V, exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr,
                                   neg_inf)
                 kept = (x > neg_inf) & (shift(x, row_max, t) >= c)
                 smallest = tl.minimum(smallest, tl.min(tl.where(kept, x, float("inf")), axis=0))

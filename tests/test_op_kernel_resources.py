@@ -1,6 +1,7 @@
 """What the Triton kernels cost an H100 in registers and shared memory, read from the
 sm_90 binaries Triton builds here (cuobjdump), for the launches the ops make at the
-benchmark shapes: no kernel spills registers to local memory; sample_from_hidden's
+benchmark shapes: no kernel spills registers to local memory; sample_categorical's tile
+statistics read rows that start 16-byte aligned with vector loads; sample_from_hidden's
 GEMM runs on the tensor cores (wgmma) with its loads pipelined (asynchronous copies
 into shared memory), and at 64 rows or fewer two of its programs fit on a
 multiprocessor, so one's epilogue runs while the other's loads are in flight
@@ -101,15 +102,24 @@ def head_gemm(kernel) -> bool:
     return kernel.fn.__name__ == "head_tiles_kernel"
 
 
+def aligned_rows(args: dict) -> bool:
+    """Whether every row of the logits starts 16-byte aligned (V a multiple of 16 bytes)."""
+    logits = args.get("logits_ptr")
+    return logits is not None and args["V"] * logits.element_size() % 16 == 0
+
+
 def check_case(name: str, call, few_rows: bool = False) -> None:
-    """Every kernel `call` launches: no register spills; the head GEMM on wgmma with its
-    loads pipelined, and two programs per multiprocessor where `few_rows`."""
+    """Every kernel `call` launches: no register spills; the tile statistics read aligned
+    rows with 16-byte vector loads; the head GEMM on wgmma with its loads pipelined, and
+    two programs per multiprocessor where `few_rows`."""
     for kernel, _, args, kwargs in record_launches(call):
         compiled = compile_launch(kernel, args, dict(kwargs))
         r = resources(compiled)
         label = f"{name}: {kernel.fn.__name__} {r}"
         print(label)
         assert r["stack"] == 0, f"{label}: spills registers"
+        if kernel.fn.__name__ == "tile_stats_kernel" and aligned_rows(args):
+            assert "ld.global.v4" in compiled.asm["ptx"], f"{label}: no vector loads of aligned rows"
         if head_gemm(kernel):
             assert "wgmma.mma_async" in compiled.asm["ptx"], f"{label}: not on the tensor cores"
             ttgir = compiled.asm["ttgir"]
@@ -124,6 +134,7 @@ CASES = {
     "sample_categorical 1x50257 fp32": lambda: sample_categorical_call(1, GPT2, torch.float32),
     "sample_categorical 1024x50257 bf16": lambda: sample_categorical_call(1024, GPT2, torch.bfloat16),
     "sample_categorical 4096x27 fp32": lambda: sample_categorical_call(4096, 27, torch.float32),
+    "sample_categorical 64x128256 bf16": lambda: sample_categorical_call(64, LLAMA3, torch.bfloat16),
     "sample_categorical 64x50257 bf16 top-k top-p min-p": lambda: sample_categorical_call(
         64, GPT2, torch.bfloat16, top_k=50, top_p=0.9, min_p=0.05),
     "sample_from_hidden N=64 H=768 V=50257": lambda: sample_from_hidden_call(64, 768, GPT2),
