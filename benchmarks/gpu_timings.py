@@ -13,7 +13,8 @@ Per op and shape, on the device:
   torch.multinomial, whichever is faster; cuBLAS matmul + Gumbel-argmax;
   torch.multinomial), the speed-ups, one read of the input at the measured copy
   bandwidth, and ddpd's host cost (eager - graph); the targets are printed beside;
-- sample_from_hidden's GEMM under a few launch configurations (to tune head_launch);
+- sample_from_hidden's GEMM and sample_categorical under a few launch configurations
+  (to tune head_launch and categorical_launch);
 - the other ops and the fused sampler step: ddpd against the torch code it
   replaces, GB/s against the copy bandwidth, peak memory.
 
@@ -70,6 +71,7 @@ SHAPES = {
         hidden=[(64, 768, GPT2, BF16), (256, 768, GPT2, BF16), (64, 4096, LLAMA3, BF16), (64, 256, GPT2, FP32)],
         # head launch configurations timed at these (64 x 4096 x Llama-3: the one-read-of-W target's hardest)
         hidden_configs=[(64, 768, GPT2, BF16), (64, 4096, LLAMA3, BF16), (256, 768, GPT2, BF16)],
+        categorical_configs=[(64, GPT2, BF16), (1024, GPT2, BF16)],
         planner=[(64, 1024)],  # rows, length
         step=[(64, 1024, GPT2, 256), (8, 1024, GPT2, 256)],  # B, D, V, H
         # rows, categories, k, replacement: benchmarks/bench_multinomial.py's and larger
@@ -83,6 +85,7 @@ SHAPES = {
         categorical=[(4, 300, BF16), (4, 300, FP32), (3, 27, FP32)],
         hidden=[(4, 32, 300, FP32), (4, 32, 300, BF16)],
         hidden_configs=[(4, 32, 300, FP32)],
+        categorical_configs=[(4, 700, BF16)],
         planner=[(4, 64)],
         step=[(4, 64, 300, 32)],
         multinomial=[(4, 300, 1, True), (4, 300, 16, False), (16, 27, 16, False)],
@@ -331,6 +334,29 @@ def time_head_configs(bench: Bench, rows: int, width: int, vocab: int, dtype: to
             module.head_launch = default
 
 
+def time_categorical_configs(bench: Bench, rows: int, vocab: int, dtype: torch.dtype) -> None:
+    """Graph-replay time of sample_categorical under a few splits of its rows (programs
+    per multiprocessor) and chunks of tiles per load, to choose categorical_launch's on
+    this GPU (on CPU tensors the C++ path runs and the configurations change nothing)."""
+    module = sys.modules["ddpd.ops.sample_categorical"]  # the package exports a function of that name
+    logits = randn(rows, vocab, scale=3.0, seed=vocab, dtype=dtype, device=bench.device)
+    default = module.categorical_launch
+    for per_sm, chunk in [(4, 4), (8, 4), (16, 4), (8, 8)]:
+        module.categorical_launch = lambda r, v, sms, per_sm=per_sm, chunk=chunk: default(r, v, sms, per_sm, chunk)
+        try:
+            fn = lambda: sample_categorical(logits, seed=1, offset=2)  # noqa: E731
+            ms = bench.graph_ms(fn) or bench.median_ms(fn)
+        finally:
+            module.categorical_launch = default
+        mark = ""
+        if bench.cuda:
+            sms = torch.cuda.get_device_properties(bench.device).multi_processor_count
+            if default(rows, vocab, sms) == default(rows, vocab, sms, per_sm, chunk):
+                mark = " (categorical_launch's)"
+        print(f"  categorical config ({rows}, {vocab}) {str(dtype)[6:]} programs/SM={per_sm} tiles/load={chunk}: "
+              f"{ms * 1e3:8.1f} us{mark}")
+
+
 def time_planner_ops(bench: Bench, rows: int, length: int) -> None:
     logits = randn(rows, length, scale=3.0, seed=length, device=bench.device)
     x = torch.randint(0, MASK_ID, (rows, length), generator=torch.Generator().manual_seed(4)).to(bench.device)
@@ -441,6 +467,7 @@ def main() -> int:
         ("planner_select, planner_select_mask, planner_mask", time_planner_ops, shapes["planner"]),
         ("compact_fixed, scatter_back", time_compaction, shapes["compact"]),
         ("sample_from_hidden launch configurations", time_head_configs, shapes["hidden_configs"]),
+        ("sample_categorical launch configurations", time_categorical_configs, shapes["categorical_configs"]),
     ]
     for title, fn, cases in plan:
         with section(title):

@@ -556,18 +556,27 @@ class CategoricalLaunch:
     finish_grid: tuple
 
 
+# Programs per multiprocessor of the tile statistics: twice the usual. A program has one
+# chunk of logits in flight at a time (Triton pipelines loads that feed a dot, not these),
+# so the bytes in flight, and with few rows the bandwidth, grow with the programs resident
+# (12 fit on an sm_90 multiprocessor at 40 registers).
+STATS_PROGRAMS_PER_SM = 2 * _dispatch.PROGRAMS_PER_SM
+
+
 @functools.lru_cache(maxsize=256)  # a per-call cost otherwise; a sampler calls it with few shapes
-def categorical_launch(rows: int, vocab: int, multiprocessors: int) -> CategoricalLaunch:
-    """Split each row's tiles over enough programs for PROGRAMS_PER_SM per multiprocessor
-    (a single row of GPT-2's vocabulary: one tile per program), whole rows when the
-    rows alone fill the device."""
+def categorical_launch(rows: int, vocab: int, multiprocessors: int, programs_per_sm: int = STATS_PROGRAMS_PER_SM,
+                       tiles_per_load: int = 4) -> CategoricalLaunch:
+    """Split each row's tiles over enough programs for programs_per_sm per multiprocessor
+    (a single row of GPT-2's vocabulary: one tile per program), whole rows when the rows
+    alone fill the device; each program reads up to tiles_per_load tiles at a time."""
     tiles = n_tiles(vocab)
     if tiles == 1:
         return CategoricalLaunch(1, 1, 1, None, (rows,))
-    splits = max(1, min(tiles, -(-_dispatch.PROGRAMS_PER_SM * multiprocessors // max(rows, 1))))
+    splits = max(1, min(tiles, -(-programs_per_sm * multiprocessors // max(rows, 1))))
     per_split = -(-tiles // splits)
     splits = -(-tiles // per_split)
-    return CategoricalLaunch(splits, per_split, min(4, 1 << (per_split - 1).bit_length()), (rows, splits), (rows,))
+    chunk = min(tiles_per_load, 1 << (per_split - 1).bit_length())
+    return CategoricalLaunch(splits, per_split, chunk, (rows, splits), (rows,))
 
 
 def empty_outputs(rows: int, device: torch.device, logprob: bool, confidence: int) -> tuple:
