@@ -122,10 +122,11 @@ class _StubKernel:
         return None
 
 
-def stub_triton() -> None:
+def stub_triton(on_compile: Callable[[str], None] = lambda name: None) -> None:
     """Point Triton's launches at the stubs; the ops' launchers then run on CPU tensors
     as on a GPU. (Their grids are those of a CPU device, which changes the values of a few
-    integer arguments, not the work of launching.)"""
+    integer arguments, not the work of launching.) on_compile(kernel name) is called for
+    every variant Triton would compile."""
     import importlib
 
     from triton.runtime import driver
@@ -136,7 +137,12 @@ def stub_triton() -> None:
         for kernel in vars(importlib.import_module(f"ddpd.kernels.{op}")).values():
             if isinstance(kernel, JITFunction):
                 kernel.device_caches[0]  # the binder, made once per device; it sets kernel.compile
-                kernel.compile = lambda *args, **kwargs: _StubKernel()
+
+                def compile_stub(*args, _name=kernel.fn.__name__, **kwargs):
+                    on_compile(_name)
+                    return _StubKernel()
+
+                kernel.compile = compile_stub
 
 
 def record_launches(call: Callable[[], object]) -> list:
