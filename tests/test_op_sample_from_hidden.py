@@ -137,6 +137,26 @@ def test_exact_at_any_scale_and_uniform_among_plus_inf():
         assert out[0].tolist() == [3, 3] and bool(out[1].all())
 
 
+@pytest.mark.parametrize("temperature", [1e-6, 1e-30])
+def test_log_probability_and_confidence_at_tiny_temperatures(temperature):
+    """At a temperature near 0 the drawn token is its row's maximum: log-probability 0,
+    probability 1, on every path. The C++ path computes the winning tile's logits a second
+    time, in a matmul of another shape that may round them differently in the last bit;
+    divided by the temperature, that difference once gave log-probabilities far from 0,
+    some of them positive (fuzzing: up to 6e22; here, before the fix, about half the rows
+    off by multiples of 0.48 at 1e-6)."""
+    kwargs = dict(return_logprob=True, confidence="prob", seed=3, offset=1)
+    for seed in range(4):
+        hidden, weight, _ = head(8, 64, 600, seed=seed, bias=False)
+        ref = sample_from_hidden_reference(hidden, weight, None, temperature, **kwargs)
+        paths = [sample_from_hidden(hidden, weight, None, temperature, **kwargs)]
+        if seed == 0:
+            paths.append(triton_draw(hidden, weight, None, temperature, **kwargs))
+        for out in paths:
+            assert torch.equal(out[0], ref[0]) and bool(out[1].all())
+            assert out[2].tolist() == [0.0] * 8 and out[3].tolist() == [1.0] * 8
+
+
 def test_determinism_and_batch_composition_invariance():
     hidden, weight, bias = head(10, 16, 1000, 4)
     a = sample_from_hidden(hidden, weight, bias, seed=2, offset=9)[0]

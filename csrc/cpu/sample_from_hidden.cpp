@@ -10,7 +10,12 @@
 // maximum and s_t, with the second largest value and a_t when a confidence needs
 // them). The race then picks each row's tile (it needs the row maximum, known only
 // at the end); the rows that won the same tile get their logits of that tile
-// computed again in one matmul and draw their token there.
+// computed again in one matmul and draw their token there. That matmul may round a
+// logit differently from the chunk's (another shape, another BLAS kernel), so the
+// outputs that compare the token's logit with the rest (log-probability, confidence)
+// take the winning tile's statistics from the same recomputed logits: a last-bit
+// difference divided by a small temperature would otherwise give a log-probability
+// far from the truth, even above 0.
 // Memory: N x chunk floats per split and N x n_tiles tile statistics.
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -78,12 +83,13 @@ void stats_split(const HeadArgs& a, int64_t first_chunk, int64_t end_chunk, Tile
 struct Outputs {
   int64_t* tokens;
   float* token_logit;  // the drawn token's logit, for the log-probability and confidence
+  TileStats* stats;    // [N, n_tiles]: the winning tile's replaced when those outputs are asked for
 };
 
 // The token draw of the rows whose winning tile is `t`: their logits of that tile
 // are computed again (one matmul for the group) and raced.
 void draw_group(const HeadArgs& a, int64_t t, const std::vector<int64_t>& group, const Outputs& out) {
-  const int64_t vocab = a.weight.size(0), start = t * kTile, n = std::min(kTile, vocab - start);
+  const int64_t vocab = a.weight.size(0), tiles = n_tiles(vocab), start = t * kTile, n = std::min(kTile, vocab - start);
   const at::Tensor index = at::tensor(group, a.hidden.options().dtype(at::kLong));
   at::Tensor logits = at::empty({static_cast<int64_t>(group.size()), n}, a.hidden.options());
   head_logits(a, start, n, a.hidden.index_select(0, index), logits);
@@ -92,9 +98,12 @@ void draw_group(const HeadArgs& a, int64_t t, const std::vector<int64_t>& group,
     const int64_t r = group[i];
     const float given = a.given_temperature(r);
     load_tile(logits.data_ptr<float>() + i * n, start, n, a.in.mask(r, vocab), tile.data());
-    out.tokens[r] = draw_in_tile(tile.data(), start, n, effective_temperature(given), is_greedy(given),
-                                 a.in.uniforms(r));
+    const float temp = effective_temperature(given);
+    out.tokens[r] = draw_in_tile(tile.data(), start, n, temp, is_greedy(given), a.in.uniforms(r));
     out.token_logit[r] = tile[out.tokens[r] - start];
+    if (a.in.logprob || a.in.confidence) {
+      out.stats[r * tiles + t] = tile_stats(tile.data(), n, temp, a.in.confidence == 2, a.in.confidence == 3);
+    }
   }
 }
 
@@ -138,7 +147,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sample_from_hidden_cp
   for (int64_t t = 0; t < tiles; ++t) {
     if (!groups[t].empty()) won.push_back(t);
   }
-  const Outputs out{tokens.data_ptr<int64_t>(), token_logit.data()};
+  const Outputs out{tokens.data_ptr<int64_t>(), token_logit.data(), stats.data()};
   at::parallel_for(0, static_cast<int64_t>(won.size()), 1, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) draw_group(a, won[i], groups[won[i]], out);
   });
@@ -147,13 +156,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sample_from_hidden_cp
   at::Tensor conf = at::empty({confidence ? rows : 0}, opts.dtype(at::kFloat));
   for (int64_t r = 0; r < rows && (logprob || confidence); ++r) {
     const float t = effective_temperature(a.given_temperature(r));
-    const RowStats rs = row_stats(stats.data() + r * tiles, tiles, row_max[r], t, confidence == 2, confidence == 3);
-    if (logprob) {
-      lp.data_ptr<float>()[r] = row_max[r] > kNegInf ? shift(token_logit[r], row_max[r], t) - rs.log_z : kNegInf;
-    }
+    const TileStats* row = stats.data() + r * tiles;
+    float m = kNegInf;  // the row maximum again, the winning tile's recomputed
+    for (int64_t i = 0; i < tiles; ++i) m = std::max(m, row[i].max);
+    const RowStats rs = row_stats(row, tiles, m, t, confidence == 2, confidence == 3);
+    if (logprob) lp.data_ptr<float>()[r] = m > kNegInf ? shift(token_logit[r], m, t) - rs.log_z : kNegInf;
     if (confidence) {
-      conf.data_ptr<float>()[r] = ddpd::cpu::confidence(static_cast<int>(confidence), token_logit[r], row_max[r], t,
-                                                        rs);
+      conf.data_ptr<float>()[r] = ddpd::cpu::confidence(static_cast<int>(confidence), token_logit[r], m, t, rs);
     }
   }
   return {tokens, valid, lp, conf};
