@@ -88,3 +88,35 @@ def test_graphs_stay_off_where_a_run_cannot_replay(nets):
     for kwargs in (dict(fused=False), dict(fused=True, graphs="off"), dict(fused=True)):  # CPU: auto captures nothing
         run, draws, _ = setup("ddpd_sample", 4, 8, 27, 3, 1.0, 0, None, None, dict(kwargs))
         assert draws.graphs(start(run, draws), run) is None
+
+
+def test_labelled_rows_keep_their_labels_when_the_batch_is_packed_into_a_bucket():
+    """Packed into a power-of-two bucket, a batch's padding rows carry the row id B (one past
+    the last): the labels of a class-conditional run are looked up for them too, which once
+    indexed past the labels (a device-side assert on CUDA)."""
+    g = torch.Generator().manual_seed(0)
+    embed = torch.randn(4, 3, generator=g)
+
+    def planner(x):  # a row whose first token is 0 is clean at once, the others never
+        return torch.where(x[:, :1] == 0, -20.0, 5.0).expand(x.shape)
+
+    def denoiser(x, t, labels=None):
+        return embed[x] + (0.0 if labels is None else labels[:, None, None].float())
+
+    x_init = torch.full((8, 4), -1)
+    x_init[:, 0] = torch.tensor([0, 0, 0, 0, 0, 1, 2, 2])  # five rows stop at step 0: 3 left, a bucket of 4
+    kw = dict(steps=6, eps=0.1, labels=torch.arange(8), x_init=x_init, frozen=x_init >= 0, noise=PhiloxNoise(0))
+    ref = ddpd_sample(planner, denoiser, 8, 4, 3, **kw)
+    for graphs in ("off", "emulate"):
+        out = ddpd_sample(planner, denoiser, 8, 4, 3, fused=True, sync_every=1, graphs=graphs, **kw)
+        assert torch.equal(out.tokens, ref.tokens) and torch.equal(out.stop_step, ref.stop_step)
+
+
+def test_emulated_graphs_stay_off_under_a_temperature_schedule(nets):
+    """A replay draws at the temperature it was captured with: "emulate", like "auto", runs
+    the steps of an annealed run eagerly (it once replayed the first step's temperature)."""
+    kw = dict(steps=12, stop="budget", temperature=0.05, temperature_end=5.0, noise=PhiloxNoise(3))
+    n = nets[27]
+    ref = ddpd_sample(n["planner"], n["mask"], 4, 8, 27, denoiser_type="mask", **kw)
+    out = ddpd_sample(n["planner"], n["mask"], 4, 8, 27, denoiser_type="mask", fused=True, graphs="emulate", **kw)
+    assert torch.equal(out.tokens, ref.tokens)

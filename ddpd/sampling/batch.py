@@ -281,7 +281,9 @@ class Condition:
     conditional_planner: bool = False
 
     def labels_of(self, rows: Tensor) -> Tensor:
-        return self.labels[rows]
+        """The labels of row ids. A bucket's padding rows (FusedBatch: id B, one past the
+        last) take row B - 1's: their outputs are discarded."""
+        return self.labels[rows.clamp(max=self.labels.shape[0] - 1)]
 
     def guide(self, network: Callable, x: Tensor, t: Tensor, rows: Tensor) -> Tensor:
         """network(x, t, labels) at the labels of rows, guided by guidance_scale. A network that

@@ -18,7 +18,8 @@ while the step is captured, are added again at every replay.
 
 Modes (Execution.graphs): "auto" captures on CUDA when the run allows it (a fused run, a
 PhiloxNoise source, a fixed temperature) and runs eagerly otherwise; "off" never captures;
-"emulate" runs the same capture/replay logic without CUDA: the first call of a generation and
+"emulate" runs the same capture/replay logic without CUDA where a run allows it (as "auto",
+on any device; eagerly otherwise): the first call of a generation and
 key runs the step eagerly (the warm-up, as on a GPU), the second builds the step function once
 and every later step calls that same function with the step tensor, so a step that depended on
 anything but its tensors would replay stale values (what the tests check, on the CPU).
@@ -101,10 +102,12 @@ def step_graphs(batch, run, execution, philox: bool) -> Optional[StepGraphs]:
     captured on it lasts across the stop checks that do not halve it."""
     if not execution.fused or execution.graphs == "off":
         return None
-    fixed_temperature = run.temperature.start == run.temperature.end
+    # A replay draws at the temperature it was captured with, from offsets it computes on the device.
+    if not philox or run.temperature.start != run.temperature.end:
+        return None
     if execution.graphs == "emulate":
         emulate = True
-    elif batch.x.device.type == "cuda" and philox and fixed_temperature:
+    elif batch.x.device.type == "cuda":
         emulate = False
     else:
         return None

@@ -144,7 +144,8 @@ class Execution:
     own arithmetic (planner probabilities, time estimates, Gumbel keys) stays float32.
     graphs: "auto" replays the fused DDPD steps between stop checks from CUDA graphs where the
     run allows it (CUDA, a PhiloxNoise source, a fixed temperature), "off" never does,
-    "emulate" runs the capture and replay logic without CUDA (ddpd.sampling.graphs).
+    "emulate" runs the capture and replay logic without CUDA where a run allows it (a
+    PhiloxNoise source, a fixed temperature; ddpd.sampling.graphs).
     """
 
     fused: bool = False
