@@ -204,3 +204,22 @@ def test_maskgit_equals_simple_implementation_draw_for_draw(choice_temperature):
     expected = simple_maskgit(denoiser, range(n), problem.D, problem.S, steps, 0.9, choice_temperature,
                               PhiloxNoise(7))
     assert torch.equal(result.tokens, expected)
+
+
+def test_maskgit_fused_equals_reference_when_ranking_by_confidence_alone():
+    """A confident denoiser (log-probabilities within 1e-13 of 0) ranked without noise
+    (choice_temperature 0): the confidence comes from the same torch code on both paths. (It
+    once came from the draws' own log-probabilities, 0 in the kernels' float32 tile sums and
+    -5e-14 in the reference's float64, and the fused run unmasked other positions.)"""
+    g = torch.Generator().manual_seed(0)
+    length, vocab = 6, 5
+    embed, position = torch.randn(vocab + 1, vocab, generator=g) * 50, torch.randn(length, vocab, generator=g) * 50
+    context = torch.randn(vocab + 1, vocab, generator=g) * 200
+
+    def denoiser(x, t):  # mask id = vocab
+        return embed[x] + position + context[x].mean(1, keepdim=True)
+
+    for seed in range(4):
+        kw = dict(steps=4, choice_temperature=0.0, noise=PhiloxNoise(seed))
+        assert torch.equal(maskgit_sample(denoiser, 4, length, vocab, fused=True, **kw).tokens,
+                           maskgit_sample(denoiser, 4, length, vocab, **kw).tokens)

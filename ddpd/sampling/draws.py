@@ -82,11 +82,10 @@ class Draws:
         return None
 
     def categorical(self, step: int, rows: Tensor, logits: Tensor, per_row: int, temperature: float,
-                    exclude: Optional[Tensor] = None, logprob: bool = False):
+                    exclude: Optional[Tensor] = None) -> Tensor:
         """Long[N]: one draw per row of logits [N, V] (N = len(rows) * per_row, the draws of a row
         consecutive) from the TOKEN stream, truncated as the run's Truncation says; temperature 0 is
-        the argmax; never exclude[n]. logprob: also the drawn tokens' log-probabilities under the
-        tempered, truncated law, from the same pass."""
+        the argmax; never exclude[n]."""
         raise NotImplementedError
 
     def tokens_at(self, batch: RunningBatch, denoiser: Callable, step: int, x_in: Tensor, t: Tensor,
@@ -103,14 +102,12 @@ class Draws:
         return self.categorical(step, rows, picked, k, temperature).view(n, k)
 
     def tokens_everywhere(self, step: int, rows: Tensor, logits: Tensor, temperature: float,
-                          exclude: Optional[Tensor] = None, logprob: bool = False):
-        """Long[B, D]: a token at every position of logits [B, D, V], never exclude (Long[B, D]);
-        with logprob, (tokens, their log-probabilities Float[B, D] under the tempered law)."""
+                          exclude: Optional[Tensor] = None) -> Tensor:
+        """Long[B, D]: a token at every position of logits [B, D, V], never exclude (Long[B, D])."""
         n, length, vocab = logits.shape
         flat_exclude = None if exclude is None else exclude.reshape(-1)
-        out = self.categorical(step, rows, logits.reshape(n * length, vocab), length, temperature, flat_exclude,
-                               logprob)
-        return tuple(o.view(n, length) for o in out) if logprob else out.view(n, length)
+        return self.categorical(step, rows, logits.reshape(n * length, vocab), length, temperature,
+                                flat_exclude).view(n, length)
 
     def _token_noise(self, step: int, rows: Tensor, per_row: int, vocab_size: int) -> Tensor:
         """The TOKEN uniforms of `per_row` draws in each row, Float[len(rows) * per_row, noise_width(V)].
@@ -151,11 +148,10 @@ class ReferenceDraws(Draws):
     def rows_with(self, flags: Tensor) -> Optional[Tensor]:
         return flags.nonzero().flatten()
 
-    def categorical(self, step, rows, logits, per_row, temperature, exclude=None, logprob=False):
+    def categorical(self, step, rows, logits, per_row, temperature, exclude=None):
         u = self._token_noise(step, rows, per_row, logits.shape[1])
-        out = sample_categorical_reference(logits, temperature, exclude_per_row=exclude, noise=u,
-                                           return_logprob=logprob, **self.controls)
-        return (out[0], out[2]) if logprob else out[0]
+        return sample_categorical_reference(logits, temperature, exclude_per_row=exclude, noise=u,
+                                            **self.controls)[0]
 
 
 class FusedDraws(Draws):
@@ -191,11 +187,9 @@ class FusedDraws(Draws):
     def graphs(self, batch: RunningBatch, run) -> Optional[StepGraphs]:
         return step_graphs(batch, run, self.execution, self.philox)
 
-    def categorical(self, step, rows, logits, per_row, temperature, exclude=None, logprob=False):
+    def categorical(self, step, rows, logits, per_row, temperature, exclude=None):
         stream = self._token_stream(step, rows, per_row, logits.shape[1])
-        out = sample_categorical(logits, temperature, exclude_per_row=exclude, return_logprob=logprob,
-                                 **self.controls, **stream)
-        return (out[0], out[2]) if logprob else out[0]
+        return sample_categorical(logits, temperature, exclude_per_row=exclude, **self.controls, **stream)[0]
 
     def tokens_at(self, batch, denoiser, step, x_in, t, positions, rows, vocab_size, temperature) -> Tensor:
         """With hidden(x, t) and an nn.Linear head, the head runs at the B * k chosen positions only."""

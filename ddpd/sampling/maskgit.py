@@ -11,8 +11,7 @@ last step, which fills every remaining mask.
 The Gumbel-perturbed ranking is a Plackett-Luce draw: the unmasked set is the first
 m - n_i picks, without replacement, with weights p(token)^(1 / tau_i). The confidence is
 the untempered model probability of the drawn token (as MaskGIT and LLaDA's low-confidence
-remasking define it); at temperature 1 it is the draw's own log-probability, which the
-sampling op returns from the same pass, otherwise a log-softmax of the logits.
+remasking define it), a log-softmax of the logits on both paths.
 
 fused=True hands the loop the fused Draws strategy (ddpd.sampling.draws): the tokens
 are drawn with ddpd.ops.sample_categorical (same tokens from the same noise); every row
@@ -63,7 +62,7 @@ def maskgit_sample(
     ddpd.ops.sample_categorical), dtype (the networks' precision; ddpd.sampling.options).
     """
     check_callable("denoiser", denoiser)
-    choice_temperature = check_float("choice_temperature", choice_temperature, 0.0)
+    choice_temperature = check_float("choice_temperature", choice_temperature, 0.0, float("inf"), open_max=True)
     run, draws, _ = setup("maskgit_sample", batch_size, length, vocab_size, steps, temperature, seed, noise, device,
                           options, masks=True)
     batch = start(run, draws, masks=True)
@@ -72,14 +71,13 @@ def maskgit_sample(
         for i in range(steps):
             masked = batch.x == run.mask_id
             logits = batch.denoiser(denoiser, batch.x, mask_time(masked.sum(-1), run), vocab_size)
-            temperature = run.temperature_at(i)
-            # The confidence is the model's log-probability of the drawn token; at temperature 1 without
-            # truncation that is the draw's own log-probability: no second pass.
-            if temperature == 1.0 and not run.truncation.controls():
-                tokens, confidence = draws.tokens_everywhere(i, batch.rows, logits, temperature, logprob=True)
-            else:
-                tokens = draws.tokens_everywhere(i, batch.rows, logits, temperature)
-                confidence = logits.log_softmax(-1).gather(-1, tokens[..., None]).squeeze(-1)
+            tokens = draws.tokens_everywhere(i, batch.rows, logits, run.temperature_at(i))
+            # The confidence is the model's log-probability of the drawn token, by the same torch code on
+            # both paths. (The draw's own log-probability at temperature 1 would save this pass, but the
+            # kernels' float32 tile sums and the reference's float64 differ in the last bits: a confident
+            # draw gets 0 from one and -5e-14 from the other, and ranked by confidence alone
+            # (choice_temperature 0) the fused run then unmasked other positions.)
+            confidence = logits.log_softmax(-1).gather(-1, tokens[..., None]).squeeze(-1)
             tau = choice_temperature * (1.0 - (i + 1) / steps)
             confidence = confidence + tau * gumbel(run.noise.uniform(i, CONFIDENCE, batch.rows, length))
             n_masked = _masks_left(masked.sum(-1), i, steps, batch.state["m0"])
