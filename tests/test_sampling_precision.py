@@ -3,7 +3,8 @@
 dtype "bfloat16"/"float16" runs the networks under autocast, "float32" and "auto" on the CPU
 as they are; the sampler's own arithmetic stays float32. Checked: the networks see the
 precision asked for and the sampler float32 logits; reference and fused runs draw the same
-tokens in bfloat16 too; with toy networks whose logits pass through a bfloat16 matmul (the
+tokens in bfloat16 too from the same logits (not through an output head, whose logits the fused
+run keeps in float32); with toy networks whose logits pass through a bfloat16 matmul (the
 rounding a bfloat16 network adds), every sampler still follows its exact law within the
 sampling noise floor plus the rounding's effect (a stated tolerance).
 """
@@ -52,13 +53,18 @@ def test_networks_run_in_the_precision_asked_for_and_the_sampler_in_float32(monk
 
 @pytest.mark.parametrize("vocab", [27, 300])
 def test_bfloat16_fused_run_draws_what_the_reference_draws(vocab):
+    """Given the same logits. The denoiser is called as a plain function: through its output
+    head the fused run would draw from float32 logits at the chosen positions
+    (sample_from_hidden), where the reference's bfloat16 head rounds them to bfloat16, and the
+    two runs agree in law only (the law tests below)."""
     torch.manual_seed(0)
     planner = build_model("planner", config_for("planner", vocab, 8, d_model=16, n_layers=1, n_heads=2)).eval()
     denoiser = build_model("mask-denoiser", config_for("mask-denoiser", vocab, 8, d_model=16, n_layers=1,
                                                        n_heads=2)).eval()
     with torch.inference_mode():
-        runs = [ddpd_sample(planner, denoiser, 32, 8, vocab, steps=12, denoiser_type="mask", dtype="bfloat16",
-                            noise=PhiloxNoise(3), fused=fused, sync_every=1) for fused in (False, True)]
+        runs = [ddpd_sample(planner, lambda x, t: denoiser(x, t), 32, 8, vocab, steps=12, denoiser_type="mask",
+                            dtype="bfloat16", noise=PhiloxNoise(3), fused=fused, sync_every=1)
+                for fused in (False, True)]
     assert torch.equal(runs[0].tokens, runs[1].tokens)
     assert torch.equal(runs[0].stop_step, runs[1].stop_step)
 
