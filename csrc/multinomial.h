@@ -13,6 +13,7 @@
 // are used (no transcendental), so the torch reference finds the same index for the
 // same uniform.
 #pragma once
+#include <cmath>
 #include <cstdint>
 
 #include "rng.h"
@@ -49,12 +50,20 @@ DDPD_HD void prefix_from(const double* sums, double* prefix, int64_t first, int6
   }
 }
 
+// The draw's threshold u * total, kept below total: u < 1, but where total is subnormal
+// the product can round up to it, and no c_i would exceed it (the reference computes
+// the same: ddpd/ops/multinomial.py inverse_cdf).
+DDPD_HD double draw_threshold(double u, double total) {
+  const double t = u * total, below = nextafter(total, 0.0);
+  return t < below ? t : below;
+}
+
 // Index drawn by uniform u from a row whose prefix sums are built (P_last > 0).
 // `removed` holds one 64-bit mask per chunk, or is null when nothing was removed.
 template <typename scalar_t>
 DDPD_HD int64_t draw_index(const scalar_t* w, int64_t n, const double* prefix, int64_t m,
                            const uint64_t* removed, double u) {
-  const double threshold = u * prefix[m - 1];
+  const double threshold = draw_threshold(u, prefix[m - 1]);
   int64_t lo = 0, hi = m - 1;  // smallest j with P_j > threshold; P_{m-1} is one
   while (lo < hi) {
     const int64_t mid = lo + (hi - lo) / 2;

@@ -262,7 +262,21 @@ def test_float64_total_overflow_is_invalid():
 
 
 def test_empty_batch():
-    assert multinomial(torch.zeros(0, 5), 2, seed=0).shape == (0, 2)
+    for fn in (multinomial, multinomial_reference):
+        assert fn(torch.zeros(0, 5), 2, seed=0).shape == (0, 2)
+
+
+def test_subnormal_totals_draw_positive_weights_without_repeats():
+    """With a subnormal float64 total, u * total can round up to the total itself, which no
+    cumulative weight exceeds: the reference returned index N (out of range, or a crash
+    without replacement) and the kernel its last index (a zero weight, or a repeat)."""
+    w = torch.tensor([[5e-324, 5e-324, 0.0]], dtype=torch.float64)
+    for fn in (categorical_from_weights, categorical_from_weights_reference):
+        assert fn(w, torch.tensor([0.9], dtype=torch.float64), return_valid=True)[0].tolist() == [1]
+    w = torch.full((1, 3), 5e-324, dtype=torch.float64)
+    noise = torch.tensor([[0.99, 0.9, 0.5]], dtype=torch.float64)
+    for fn in (multinomial, multinomial_reference):
+        assert sorted(fn(w, 3, False, noise=noise)[0].tolist()) == [0, 1, 2]
 
 
 # ----------------------------------------------------------------------------- arguments

@@ -123,7 +123,7 @@ __device__ int64_t warp_draw(const scalar_t* row, int64_t n, const double* prefi
   int64_t lo = 0;
   double threshold = 0.0;
   if (lane == 0) {
-    threshold = u * prefix[m - 1];
+    threshold = draw_threshold(u, prefix[m - 1]);
     int64_t hi = m - 1;  // smallest j with P_j > threshold; P_{m-1} is one
     while (lo < hi) {
       const int64_t mid = lo + (hi - lo) / 2;

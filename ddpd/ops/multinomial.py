@@ -13,7 +13,9 @@ and the torch reference below return the same index for the same uniform:
   entries; the running sum inside a chunk adds one weight at a time;
 - P_j = P_{j-1} + (sum of chunk j), in chunk order; the cumulative weight of entry
   i of chunk j is c_i = P_{j-1} + (running sum of chunk j up to i); total = P_last;
-- index = the smallest i with c_i > u * total, for the draw's uniform u in [0, 1).
+- index = the smallest i with c_i > u * total, for the draw's uniform u in [0, 1)
+  (u * total taken as the largest float64 below total where it rounds up to total,
+  which a subnormal total allows).
 Entries of zero weight are never drawn, and P(index = i) = w_i / total up to the
 resolution of u. The chunking lets the kernel run one addition chain per chunk in
 parallel instead of one chain per row.
@@ -148,7 +150,7 @@ def cumulative_weights(weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     running = padded.view(rows, chunks, CHUNK).cumsum(-1)  # torch.cumsum adds in order
     prefix = running[..., -1].cumsum(-1)
     before = F.pad(prefix[:, :-1], (1, 0))  # P_{j-1}, zero before the first chunk
-    c = (before[..., None] + running).view(rows, -1)[:, :n]
+    c = (before[..., None] + running).reshape(rows, chunks * CHUNK)[:, :n]
     return c, prefix[:, -1]
 
 
@@ -164,9 +166,11 @@ def row_validity(weights: torch.Tensor, min_positive: int) -> torch.Tensor:
 
 
 def inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """Long[B]: smallest i with c_i > u * total, for rows with positive finite total."""
+    """Long[B]: smallest i with c_i > u * total, for rows with positive finite total. The
+    threshold is kept below total: with a subnormal total, u * total can round up to it."""
     c, total = cumulative_weights(weights)
-    return (c <= (u.double() * total)[:, None]).sum(-1)
+    threshold = torch.minimum(u.double() * total, torch.nextafter(total, torch.zeros_like(total)))
+    return (c <= threshold[:, None]).sum(-1)
 
 
 def draw_uniforms(seed, offset, row_ids: torch.Tensor, k: int) -> torch.Tensor:
