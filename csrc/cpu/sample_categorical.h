@@ -182,8 +182,10 @@ inline void load_tile(const scalar_t* tile, int64_t start, int64_t n, const RowM
 }
 
 // (a - b) / t for a <= b: exactly 0 where a == b (+inf == +inf too, not NaN), -inf
-// where a is -inf. Subtracting before dividing cannot overflow; t = 0 (a
-// temperature below float32's range) leaves only the maxima finite.
+// where a is -inf. Subtracting first keeps a small t from overflowing the quotient; a - b
+// overflows only for a spread beyond float32's range, whose weight is 0 anyway for t up
+// to MAX_TEMPERATURE (ddpd/ops/sample_categorical.py); t = 0 (a temperature below
+// float32's range) leaves only the maxima finite.
 inline float shift(float a, float b, float t) {
   if (a == kNegInf) return kNegInf;
   return a == b ? 0.0f : (a - b) / t;

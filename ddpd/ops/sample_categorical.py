@@ -11,8 +11,8 @@ values beyond its range become +-inf), NaN, excluded (exclude_ids, exclude_per_r
 and not allowed (allowed[..., j] False) tokens read as -inf; M = max_j l_j; T the
 row's temperature (T = 1 for the statistics of a greedy row) and
 shift(a, b) = (a - b) / T for a <= b, exactly 0 where a == b and -inf where a = -inf
-(subtracting before dividing cannot overflow; a temperature below float32's range
-rounds to 0 and leaves only the maxima), y_j = shift(l_j, M):
+(exact for every T in [0, MAX_TEMPERATURE = 1e36]: see shifted; a temperature below
+float32's range rounds to 0 and leaves only the maxima), y_j = shift(l_j, M):
 1. truncation keeps K = the tokens with l_j >= tau, tau the largest of
    - top_k (k >= 1): the k-th largest logit, counted with multiplicity (ties at the
      boundary are all kept); off for k = 0 or k >= the number of allowed tokens;
@@ -95,6 +95,10 @@ TILE = 256
 CONFIDENCES = ("prob", "margin", "entropy")  # codes 1, 2, 3 in the kernels
 LOGIT_DTYPES = _dispatch.FLOAT_DTYPES + (torch.float64,)
 GREEDY = -1.0  # the temperature the kernels read for a greedy row (temperature 0)
+# The largest temperature (and planner tau): up to it a logit spread that overflows float32
+# (a - b = -inf in shifted) has weight exp(-3.4e38 / T) = 0 in float32, so every path is
+# exact; much above it a temperature rounds to +inf in float32 and the shift is NaN.
+MAX_TEMPERATURE = 1e36
 THRESHOLD_BLOCK = 1024  # logits per step of the Triton threshold search
 # 8 warps, 4 logits a thread: with its 32-bit keys the 16-bucket search then keeps every
 # value in registers on sm_90 under Triton 3.6 and 3.9 (with 4 warps it spills; with 16,
@@ -187,12 +191,13 @@ def check_controls(temperature, top_k, top_p, min_p, lead: tuple, like: torch.Te
     c = {}
     if isinstance(temperature, torch.Tensor):
         t = per_row_tensor("temperature", temperature, lead, like, FLOATS)
-        check_values("temperature", t, (t >= 0) & torch.isfinite(t), "finite and >= 0 (0: greedy)")
+        check_values("temperature", t, (t >= 0) & (t <= MAX_TEMPERATURE),
+                     f"in [0, {MAX_TEMPERATURE:g}] (0: greedy)")
         c["temperature_t"] = torch.where(t > 0, t.float(), GREEDY)
     elif symbolic(temperature):
         c["temperature"] = temperature
     else:
-        t = check_float("temperature", temperature, 0.0, float("inf"), open_max=True)
+        t = check_float("temperature", temperature, 0.0, MAX_TEMPERATURE)
         c["temperature"] = GREEDY if t == 0 else t
     if top_k is not None:
         if isinstance(top_k, torch.Tensor):
@@ -378,9 +383,11 @@ def masked_logits(logits: torch.Tensor, exclude_ids: Optional[torch.Tensor], exc
 def shifted(a: torch.Tensor, b: torch.Tensor, temperature) -> torch.Tensor:
     """(a - b) / temperature for a <= b (b a maximum over a's entries), in float32:
     exactly 0 where a == b (so +inf == +inf gives 0, not NaN) and -inf where a is
-    -inf. Subtracting before dividing cannot overflow, and a temperature below the
-    float32 range (0 after rounding) leaves only the maxima finite. temperature: a
-    number or a float32 tensor broadcasting against a."""
+    -inf. Subtracting first keeps small temperatures from overflowing the quotient;
+    a - b itself overflows to -inf only for a spread beyond float32's range, whose
+    weight exp((a - b) / T) is 0 in float32 anyway for T <= MAX_TEMPERATURE. A
+    temperature below the float32 range (0 after rounding) leaves only the maxima
+    finite. temperature: a number or a float32 tensor broadcasting against a."""
     t = temperature if isinstance(temperature, torch.Tensor) else \
         torch.tensor(temperature, dtype=torch.float32, device=a.device)  # a tensor divisor: CUDA would
     # otherwise multiply by a scalar's reciprocal, which rounds differently from the kernels' division
@@ -489,7 +496,7 @@ def categorical_reference(logits: torch.Tensor, temperature, noise: Optional[tor
     the law of the module docstring (steps 1-3) by the two-level Gumbel-max.
 
     logits [N, V] (any float dtype; NaN reads as -inf; excluded tokens already -inf);
-    temperature >= 0 (0: greedy), top_k, top_p, min_p: numbers or per-row tensors [N];
+    temperature in [0, MAX_TEMPERATURE] (0: greedy), top_k, top_p, min_p: numbers or per-row tensors [N];
     noise [N, noise_width(V)] uniforms (column j for token j, column V + t for tile t),
     or [N, V] when V <= TILE (a single tile needs no tile uniform); None for greedy.
     Returns (tokens Long[N], valid Bool[N][, logprob][, confidence]): token 0 and valid
@@ -708,7 +715,7 @@ def sample_categorical(
     the tokens kept by exclude_ids (ints or an integer tensor: tokens no row may draw),
     exclude_per_row (Long[...], one more per row), allowed (Bool[..., V]) and the
     truncations top_k, top_p, min_p (numbers or tensors of the leading shape; None or
-    0 / 1 / 0: off). temperature: a number >= 0 or a tensor of the leading shape;
+    0 / 1 / 0: off). temperature: a number in [0, 1e36] or a tensor of the leading shape;
     0 draws the argmax (greedy).
     Randomness: `seed`/`offset` (ints in [0, 2**64), or int64 tensors of one element on
     the device of logits, read by the kernels: advancing such a tensor in place gives

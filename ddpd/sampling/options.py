@@ -24,10 +24,10 @@ objects and checks nothing again.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import Optional, Tuple, Type
 
+from ddpd.ops.sample_categorical import MAX_TEMPERATURE
 from ddpd.validation import check_bool, check_choice, check_float, check_int
 
 SELECTIONS = ("sigmoid", "softmax")
@@ -38,11 +38,9 @@ GRAPHS = ("auto", "off", "emulate")
 
 
 def check_temperature(name: str, value) -> float:
-    """A logit temperature: a finite number >= 0 (0 = argmax)."""
-    value = check_float(name, value, 0.0)
-    if math.isinf(value):
-        raise ValueError(f"{name} must be finite (0 = argmax), got {value}")
-    return value
+    """A logit temperature: a number in [0, MAX_TEMPERATURE] (0 = argmax), the range in
+    which the ops' float32 draws are exact."""
+    return check_float(name, value, 0.0, MAX_TEMPERATURE)
 
 
 @dataclass(frozen=True)

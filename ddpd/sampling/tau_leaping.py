@@ -72,7 +72,7 @@ def tau_leaping_mask(
     execution=Execution(...)): see the module docstring.
     """
     check_callable("denoiser", denoiser)
-    eta = check_float("eta", eta, 0.0)
+    eta = check_float("eta", eta, 0.0, float("inf"), open_max=True)
     run, draws, _ = setup("tau_leaping_mask", batch_size, length, vocab_size, steps, temperature, seed, noise,
                           device, options, masks=True)
     grid = _Grid(run)
