@@ -2,8 +2,9 @@
 
 One program per row of planner logits [B, D], the row held in one block:
 p^d = sigmoid(l^d), sum_d p^d, stop = all p^d < eps, and k positions without
-replacement by Gumbel-top-k on the log-weights (log sigmoid(l) for option A,
-(l - max l) / tau for option C's softmax over positions; uniform d at column d). With
+replacement by Gumbel-top-k on the log-weights (log sigmoid(l) for option A, l / tau
+for option C's softmax over positions, relative to the row's largest; uniform d at
+column d). With
 WITH_MASK the mask of prop:draw_with_maskD follows from the same probabilities
 (uniform d at column d of the mask's offset). float32 arithmetic, sum_p accumulated in
 float64. The row helpers here are also those of ddpd.kernels.planner_mask.
@@ -65,11 +66,12 @@ def planner_select_kernel(
     tl.store(sum_p_ptr + row, tl.sum(p.to(tl.float64), axis=0).to(tl.float32))
     tl.store(stop_ptr + row, tl.max(p, axis=0) < eps)
 
+    # Relative to the row's largest: huge logits keep their noise, +inf logits tie at 0.
     if SOFTMAX:
-        # Relative to the row maximum: huge logits keep their noise, +inf logits tie at 0.
         log_weight = shift(l, tl.max(l, axis=0), tau)
     else:
-        log_weight = log_sigmoid(l)
+        log_p = log_sigmoid(l)
+        log_weight = shift(log_p, tl.max(log_p, axis=0), 1.0)
     u = row_uniform(noise_ptr, D, row, column, row_id, seed_lo, seed_hi, offset_lo, offset_hi,
                     noise_ptr is not None)
     key = log_weight + gumbel(u)

@@ -136,6 +136,8 @@ def test_fuzz_cpu_matches_reference(rows, length, data, seed, dtype):
         (lambda l, x, p: planner_mask(l, x, p[:2], MASK_ID, seed=1), ValueError, "positions must have 4 rows"),
         (lambda l, x, p: planner_mask(l, x, p + 5, MASK_ID, seed=1), ValueError, r"positions must be in \[0, 5\)"),
         (lambda l, x, p: planner_mask(l, x, p, -1, seed=1), ValueError, "mask_id must be in"),
+        (lambda l, x, p: planner_mask_reference(l[:, :0], x[:, :0], None, MASK_ID, seed=1), ValueError,
+         r"D \(logits.shape\[1\]\) must be in \[1, "),
         (lambda l, x, p: planner_select_mask(l, x, MASK_ID, noise=torch.rand(4, 5)), ValueError,
          "both noise and mask_noise"),
         (lambda l, x, p: planner_select_mask(l, x, MASK_ID, noise=torch.rand(4, 5), mask_noise=torch.rand(4, 4)),

@@ -2,6 +2,8 @@
 reference agree position for position; seeded draws follow the planner's law."""
 import itertools
 
+import math
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -10,6 +12,7 @@ from scipy import stats
 
 from ddpd.ops import rng
 from ddpd.ops.planner_select import (
+    check_select_args,
     planner_select,
     planner_select_mask,
     planner_select_mask_reference,
@@ -23,8 +26,9 @@ CHI2_MIN_P = 1e-3  # a distribution test fails when its chi-square p-value is be
 
 def triton_select(logits, k=1, mode="sigmoid", tau=1.0, eps=0.01, seed=None, offset=0, row_ids=None, noise=None):
     """The Triton kernel on CPU tensors (TRITON_INTERPRET=1), arguments as the public op."""
+    softmax, tau, eps = check_select_args(logits, k, mode, tau, eps)
     counters = rng.resolve_stream(noise, tuple(logits.shape), logits, seed, offset, None, row_ids)
-    return planner_select_triton(logits, k, mode == "softmax", tau, eps, noise, counters, row_ids)
+    return planner_select_triton(logits, k, softmax, tau, eps, noise, counters, row_ids)
 
 
 def assert_same(out, ref):
@@ -93,20 +97,29 @@ def test_pairs_follow_successive_sampling_without_replacement():
     assert chi_square_p(counts, probs) > CHI2_MIN_P
 
 
-def test_softmax_ties_at_plus_inf_are_uniform_and_huge_logits_keep_their_noise():
-    """Option C draws relative to the row maximum: [inf, inf, 0] used to give [4000, 0, 0],
-    [1e30, 1e30] always the first position. Sigmoid mode is unaffected (log sigmoid <= 0)."""
+@pytest.mark.parametrize("mode, cases", [
+    ("softmax", [([float("inf"), float("inf"), 0.0], [1.0, 1.0, 0.0]), ([1e30, 1e30, 0.0], [1.0, 1.0, 0.0]),
+                 ([1e8, 1e8 - 64, 1e8], [1.0, 0.0, 1.0])]),
+    ("sigmoid", [([-1e8, -1e8, -1e8], [1.0, 1.0, 1.0]), ([-1e30, -1e30, -1e38], [1.0, 1.0, 0.0]),
+                 ([-1e8, -1e8 + 8, -1e8], [1.0, math.exp(8), 1.0])]),
+])
+def test_ties_at_plus_inf_are_uniform_and_huge_logits_keep_their_noise(mode, cases):
+    """Both modes draw relative to the row's largest log-weight: in softmax mode [inf, inf, 0]
+    used to give [4000, 0, 0] and [1e30, 1e30] always the first position; in sigmoid mode
+    logits of -1e8 (log sigmoid -1e8, float32 spacing 8) chose the first position 95% of
+    the time, and of -1e30 always."""
     n = 4000
-    for row, probs in (([float("inf"), float("inf"), 0.0], [1.0, 1.0, 0.0]), ([1e30, 1e30, 0.0], [1.0, 1.0, 0.0]),
-                       ([1e8, 1e8 - 64, 1e8], [1.0, 0.0, 1.0])):
+    for row, probs in cases:
         logits = torch.tensor([row]).expand(n, 3)
-        positions, _, _ = planner_select(logits, 1, "softmax", 0.7, seed=3)
+        positions, _, _ = planner_select(logits, 1, mode, 0.7, seed=3)
         counts = torch.bincount(positions[:, 0], minlength=3)
         probs = torch.tensor(probs)
         assert counts[probs == 0].sum() == 0 and chi_square_p(counts[probs > 0], probs[probs > 0]) > CHI2_MIN_P
-        ref = planner_select_reference(logits[:8], 1, "softmax", 0.7, seed=3)
-        assert_same(triton_select(logits[:8], 1, "softmax", 0.7, seed=3), ref)
+        ref = planner_select_reference(logits[:8], 1, mode, 0.7, seed=3)
+        assert_same(triton_select(logits[:8], 1, mode, 0.7, seed=3), ref)
         assert torch.equal(positions[:8], ref[0])
+    if mode == "sigmoid":
+        return
     # Two +inf of three, k = 2: both +inf come first, in either order.
     logits = torch.tensor([[float("inf"), 0.0, float("inf")]]).expand(n, 3)
     positions = planner_select(logits, 2, "softmax", seed=4)[0]
@@ -129,6 +142,17 @@ def test_sum_p_and_stop():
     for _, sum_p, stop in (planner_select(logits, eps=0.01, seed=0), triton_select(logits, eps=0.01, seed=0)):
         torch.testing.assert_close(sum_p, p.sum(1), rtol=1e-5, atol=0)
         assert stop.tolist() == [True, False, True]
+
+
+def test_stop_compares_probabilities_with_eps_exactly():
+    """eps is taken as the smallest float32 at or above it, so that p < eps is exact for the
+    float32 probabilities: rounded to nearest, eps = 1e-50 was 0 (a probability 0 was not
+    below it) and the float64 just above 0.5 was 0.5."""
+    logits = torch.tensor([[-1000.0, -1000.0], [0.0, -1000.0]])  # p = [0, 0] and [0.5, 0]
+    for eps, want in ((1e-50, [True, False]), (math.nextafter(0.5, 1.0), [True, True]), (0.5, [True, False])):
+        for out in (planner_select(logits, eps=eps, seed=0), planner_select_reference(logits, eps=eps, seed=0),
+                    triton_select(logits, eps=eps, seed=0)):
+            assert out[2].tolist() == want
 
 
 def test_determinism_and_batch_composition_invariance():
@@ -167,7 +191,8 @@ def test_fuzz_triton_matches_reference(rows, length, mode, seed):
         (dict(k=6), ValueError, r"k must be in \[1, 5\]"),
         (dict(k=1.0), TypeError, "k must be an int"),
         (dict(mode="max"), ValueError, "mode must be one of"),
-        (dict(tau=-1.0), ValueError, r"tau must be in \(0.0, inf\)"),
+        (dict(tau=-1.0), ValueError, r"tau must be in \(0.0, 1e\+36\]"),
+        (dict(tau=1e39), ValueError, r"tau must be in \(0.0, 1e\+36\]"),
         (dict(eps=1.0), ValueError, r"eps must be in \(0.0, 1.0\)"),
         (dict(eps="0.1"), TypeError, "eps must be a number"),
         (dict(noise=torch.rand(4, 6)), ValueError, r"noise must have shape \(4, 5\)"),

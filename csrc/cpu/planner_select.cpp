@@ -2,8 +2,9 @@
 //
 // Per row of planner logits [B, D], in one pass: p^d = sigmoid(l^d), sum_d p^d
 // (the planner's time estimate), stop = all p^d < eps, and k positions without
-// replacement by Gumbel-top-k on the log-weights (log sigmoid(l) for option A,
-// (l - max l) / tau for the softmax of option C), uniform d at column d of `offset`.
+// replacement by Gumbel-top-k on the log-weights (log sigmoid(l) for option A, l / tau
+// for the softmax of option C, relative to the row's largest), uniform d at column d of
+// `offset`.
 // The fused variant also draws the mask of prop:draw_with_maskD from the same
 // probabilities (uniform d at column d of the mask's own offset). Rows run in parallel.
 #include <ATen/Parallel.h>
@@ -52,17 +53,18 @@ void select_rows(const at::Tensor& logits, const SelectArgs& a, int64_t* positio
       const uint64_t row_id = static_cast<uint64_t>(a.row_ids ? a.row_ids[r] : r);
       const PlannerUniforms u{a.noise ? a.noise + r * length : nullptr, a.seed, a.offset, row_id};
       double total = 0.0;
-      float largest = 0.0f, row_max = kPlannerNegInf;
+      float largest = 0.0f, top = kPlannerNegInf;
       for (int64_t d = 0; d < length; ++d) {
         const float l = planner_logit(row[d]);
         p[d] = planner_sigmoid(l);
         total += p[d];
         largest = std::max(largest, p[d]);
-        keys[d] = l;
-        row_max = std::max(row_max, l);
+        keys[d] = selection_base(l, a.softmax);
+        top = std::max(top, keys[d]);
       }
+      const float tau = a.softmax ? a.tau : 1.0f;
       for (int64_t d = 0; d < length; ++d) {
-        keys[d] = selection_log_weight(keys[d], a.softmax, row_max, a.tau) + planner_gumbel(u(d));
+        keys[d] = selection_log_weight(keys[d], top, tau) + planner_gumbel(u(d));
       }
       sum_p[r] = static_cast<float>(total);
       stop[r] = largest < a.eps;

@@ -47,14 +47,16 @@ inline float planner_log_sigmoid(float l) {
   return std::min(l, 0.0f) - std::log(1.0f + std::exp(-std::fabs(l)));
 }
 
-// Log-weight of a position: log sigmoid(l) (options A/B), or (l - row_max) / tau
-// for the softmax of option C, relative to the row maximum so that huge logits
-// keep their noise and +inf logits tie at 0 (drawn uniformly among themselves):
-// exactly 0 where l == row_max, -inf where l is -inf.
-inline float selection_log_weight(float l, bool softmax, float row_max, float tau) {
-  if (!softmax) return planner_log_sigmoid(l);
-  if (l == kPlannerNegInf) return kPlannerNegInf;
-  return l == row_max ? 0.0f : (l - row_max) / tau;
+// Log-weight of a position before its shift: log sigmoid(l) (options A/B), or l (option C).
+inline float selection_base(float l, bool softmax) { return softmax ? l : planner_log_sigmoid(l); }
+
+// The log-weight: the base relative to the row's largest base `top`, divided by tau
+// (option C's softmax; 1 for A/B), so that huge logits keep their noise (log sigmoid(-1e8)
+// = -1e8, whose float32 spacing of 8 would absorb it) and +inf logits tie at 0 (drawn
+// uniformly among themselves): exactly 0 where base == top, -inf where base is -inf.
+inline float selection_log_weight(float base, float top, float tau) {
+  if (base == kPlannerNegInf) return kPlannerNegInf;
+  return base == top ? 0.0f : (base - top) / tau;
 }
 
 inline float planner_gumbel(float u) {

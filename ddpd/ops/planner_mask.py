@@ -63,6 +63,7 @@ def planner_mask_reference(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Plain torch version of planner_mask (same arguments, same outputs)."""
     check_tensor("logits", logits, _dispatch.FLOAT_DTYPES, 2)
+    _dispatch.check_width("D (logits.shape[1])", logits.shape[1])
     check_mask_args(logits, x, mask_id)
     if positions is not None:
         check_positions(positions, logits)

@@ -6,14 +6,15 @@ From planner logits l [B, D] ("position d is noise"), per row:
 - positions Long[B, k]: k positions drawn without replacement with probability
   proportional to p(z^d = N | x_t) = sigmoid(l^d) (prop:self-loop-jumps; options
   A/B of the paper's listings), or to softmax(l / tau) over positions (option C);
-  by Gumbel-top-k on the log-weights (log sigmoid(l) = -softplus(-l), or
-  (l - max_d l) / tau: exact at any logit scale, uniform among +inf logits),
-  the first choice being the draw d' ~ Cat(p) of Algorithm `alg:sampling`;
+  by Gumbel-top-k on the log-weights (log sigmoid(l) = -softplus(-l), or l / tau),
+  taken relative to the row's largest: exact at any logit scale, uniform among
+  +inf logits; the first choice being the draw d' ~ Cat(p) of Algorithm `alg:sampling`;
 - sum_p Float[B] = sum_d sigmoid(l^d), for the planner's time estimate
   t = alpha^{-1}(1 - sum_p / D) (section 'Adaptive Time Correction'); every path
   sums in float64 and rounds once, so the paths differ only by the rounding of the
   sigmoid's exp on each (within 1e-6 relative, SUM_P_RTOL);
-- stop Bool[B] = every sigmoid(l^d) < eps, the stopping rule of Algorithm 1.
+- stop Bool[B] = every sigmoid(l^d) < eps, the stopping rule of Algorithm 1 (exact:
+  eps is taken as the smallest float32 at or above it).
 planner_select_mask also draws z^d ~ Bernoulli(sigmoid(l^d)) forced to 1 at the chosen
 positions, as ddpd.ops.planner_mask does (its module says why), with its own uniforms.
 
@@ -29,12 +30,13 @@ Triton kernel ddpd.kernels.planner_select (one program per row).
 """
 from __future__ import annotations
 
+import struct
 from typing import Optional
 
 import torch
 
 from ddpd.ops import _dispatch, rng
-from ddpd.ops.sample_categorical import shifted
+from ddpd.ops.sample_categorical import MAX_TEMPERATURE, float32, shifted
 from ddpd.validation import check_float, check_int, check_same_device, check_shape, check_tensor
 
 MODES = ("sigmoid", "softmax")
@@ -52,9 +54,20 @@ def check_select_args(logits, k, mode, tau, eps) -> tuple[bool, float, float]:
     check_int("k", k, 1, logits.shape[1])
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    tau = check_float("tau", tau, 0.0, float("inf"), open_min=True, open_max=True)
+    tau = check_float("tau", tau, 0.0, MAX_TEMPERATURE, open_min=True)
     eps = check_float("eps", eps, 0.0, 1.0, open_min=True, open_max=True)
-    return mode == "softmax", tau, eps
+    return mode == "softmax", tau, float32_at_least(eps)
+
+
+def float32_at_least(value: float) -> float:
+    """The smallest float32 >= value (value > 0): every path compares float32
+    probabilities with eps in float32, and p < eps holds for a float32 p exactly when
+    p < float32_at_least(eps) (rounding to nearest would make eps = 1e-50 zero, so that
+    a probability 0 would not count as below it)."""
+    nearest = float32(value)
+    if nearest >= value:
+        return nearest
+    return struct.unpack("f", struct.pack("I", struct.unpack("I", struct.pack("f", nearest))[0] + 1))[0]
 
 
 def check_mask_args(logits, x, mask_id) -> None:
@@ -117,13 +130,14 @@ def sum_p(p: torch.Tensor) -> torch.Tensor:
 
 
 def selection_log_weights(l: torch.Tensor, softmax: bool, tau: float) -> torch.Tensor:
-    """log sigmoid(l) = min(l, 0) - log(1 + exp(-|l|)) (option A), or (l - max l) / tau
-    (option C): relative to the row maximum, so huge logits keep their noise and +inf
-    logits tie at 0 and are drawn uniformly among themselves (sigmoid mode needs
-    neither: log sigmoid is at most 0)."""
+    """log sigmoid(l) = min(l, 0) - log(1 + exp(-|l|)) (option A), or l / tau (option C),
+    relative to the row maximum (shifted): huge logits keep their noise (log sigmoid(-1e8)
+    is -1e8, whose float32 spacing of 8 would absorb the Gumbel variables) and +inf
+    logits tie at 0 and are drawn uniformly among themselves."""
     if softmax:
         return shifted(l, l.amax(dim=1, keepdim=True), tau)
-    return torch.clamp(l, max=0.0) - torch.log(1.0 + torch.exp(-l.abs()))
+    log_p = torch.clamp(l, max=0.0) - torch.log(1.0 + torch.exp(-l.abs()))
+    return shifted(log_p, log_p.amax(dim=1, keepdim=True), 1.0)
 
 
 def gumbel_top_k(log_weights: torch.Tensor, noise: torch.Tensor, k: int) -> torch.Tensor:
@@ -331,7 +345,7 @@ def planner_select(
     """Choose k positions per row of planner logits [B, D] to denoise.
 
     mode 'sigmoid': P proportional to sigmoid(logits) (options A/B); 'softmax':
-    softmax(logits / tau) over positions (option C). eps in (0, 1): stop threshold.
+    softmax(logits / tau) over positions (option C), tau in (0, 1e36]. eps in (0, 1): stop threshold.
     Randomness: `seed`/`offset` (ints in [0, 2**64), or int64 tensors of one element on
     the device of logits, read by the kernel: advancing such a tensor in place gives
     fresh draws on each replay of a captured CUDA graph), or both drawn from
