@@ -14,7 +14,8 @@ places in the full batch.
   of active rows, which may exceed capacity.
 - scatter_back(index, packed, out): out[index[i]] = packed[i] for every i with
   index[i] >= 0 (so the -1 padding of compact_fixed is skipped); in place, returns
-  out. Index entries must be distinct and < out.shape[0] (checked on CPU only).
+  out. Index entries must be < out.shape[0] (checked on CPU only) and distinct (not
+  checked: where an entry repeats, one of its rows is written, on CUDA any one).
   packed and out may also be equal-length sequences of tensors.
 
 The kernels of compact_fixed check the rows of their tensors (dense,
