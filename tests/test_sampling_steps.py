@@ -283,3 +283,8 @@ BAD_ARGUMENTS = [
 def test_bad_arguments_raise_clear_errors(call, error, match):
     with pytest.raises(error, match=match):
         call()
+
+
+def test_a_bad_device_is_refused_with_a_clear_error():
+    with pytest.raises(ValueError, match="device must be auto, cpu, cuda or cuda:N, got 'bogus'"):
+        ddpd_sample(M.planner, M.uniform_denoiser, 2, 4, 3, steps=2, device="bogus")

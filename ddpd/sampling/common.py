@@ -33,7 +33,7 @@ from ddpd.sampling.batch import Condition
 from ddpd.sampling.draws import Draws, make_draws
 from ddpd.sampling.noise import INIT, NoiseSource, make_noise
 from ddpd.sampling.options import Execution, Temperature, Truncation, resolve
-from ddpd.validation import check_bool, check_float, check_int
+from ddpd.validation import check_bool, check_device, check_float, check_int
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,8 @@ def setup(sampler: str, batch_size, length, vocab_size, steps, temperature, seed
     if masks:
         mask_id = vocab_size if mask_id is None else check_int("mask_id", mask_id, vocab_size)
     noise = make_noise(seed, options.pop("generator", None), noise)
-    device = None if device is None else torch.device(device)
+    if device is not None and not isinstance(device, torch.device):
+        device = check_device("device", device)
     x_init, frozen = check_prompt(options.pop("x_init", None), options.pop("frozen", None), batch_size, length,
                                   vocab_size, device)
     condition = check_condition(options.pop("labels", None), options.pop("guidance_scale", 1.0),
