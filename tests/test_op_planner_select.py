@@ -2,6 +2,7 @@
 reference agree position for position; seeded draws follow the planner's law."""
 import itertools
 import math
+import os
 import random
 
 import pytest
@@ -212,7 +213,8 @@ def random_call(r: random.Random) -> tuple:
     return logits.to(dtype), kw
 
 
-@settings(max_examples=40, deadline=None, derandomize=True, phases=[Phase.explicit, Phase.generate])
+@settings(max_examples=int(os.environ.get("DDPD_RANDOM_CALLS", 40)), deadline=None, derandomize=True,
+          phases=[Phase.explicit, Phase.generate])
 @given(r=st.randoms(use_true_random=False))
 def test_every_path_agrees_on_random_calls(r):
     """Differential test of every argument at once: the C++ kernel and the Triton kernel equal
