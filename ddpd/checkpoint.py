@@ -31,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import struct
 from typing import Dict, NamedTuple, Optional, Tuple
 
@@ -76,7 +77,8 @@ class Checkpoint(NamedTuple):
 def save_checkpoint(path: str, model: torch.nn.Module, config: dict,
                     train_state: Optional[TrainState] = None) -> None:
     """Write `model` and `config` (and a resumable `train_state` = (tensors, meta))
-    as the checkpoint directory `path`, replacing any checkpoint already there."""
+    as the checkpoint directory `path`, replacing any checkpoint already there (other
+    files a user keeps in that directory stay)."""
     _check_config(config, "save_checkpoint: config")
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"save_checkpoint: model must be a torch.nn.Module, got {type(model).__name__}")
@@ -85,9 +87,10 @@ def save_checkpoint(path: str, model: torch.nn.Module, config: dict,
         raise ValueError(f"save_checkpoint: config['model'] must describe the model, got {config['model']} "
                          f"for a model with {model_config.to_dict()}")
     files = _checkpoint_files(model, config, train_state)
-    ensure_replaceable(path)
+    ensure_replaceable(path, "checkpoint")
     with atomic_directory(path) as tmp:
         _write_files(tmp, files)
+        _keep_other_entries(path, tmp, CHECKPOINT_ENTRIES)
 
 
 def _checkpoint_files(model: torch.nn.Module, config: dict, train_state: Optional[TrainState]) -> Dict[str, bytes]:
@@ -120,32 +123,77 @@ def _write_file(file: str, data: bytes) -> None:
 def save_bundle(path: str, planner: torch.nn.Module, planner_config: dict,
                 denoiser: torch.nn.Module, denoiser_config: dict) -> None:
     """Write a sampling bundle: `path/planner` and `path/denoiser` checkpoints,
-    swapped in together."""
+    swapped in together (other entries a user keeps in `path` stay)."""
     _check_bundle_kind("planner", planner_config, PLANNER_KINDS)
     _check_bundle_kind("denoiser", denoiser_config, DENOISER_KINDS)
     files = {"planner": _checkpoint_files(planner, planner_config, None),
              "denoiser": _checkpoint_files(denoiser, denoiser_config, None)}
-    ensure_replaceable(path)
+    ensure_replaceable(path, "bundle")
     with atomic_directory(path) as tmp:
         for role, role_files in files.items():
             os.mkdir(os.path.join(tmp, role))
             _write_files(os.path.join(tmp, role), role_files)
+        _keep_other_entries(path, tmp, BUNDLE_ENTRIES)
 
 
-def ensure_replaceable(path: str) -> None:
-    """Raise CheckpointError unless `path` is absent, an empty directory or a ddpd
-    checkpoint/bundle: a mistyped destination must never delete unrelated files."""
+def ensure_replaceable(path: str, kind: str = "checkpoint") -> None:
+    """Raise CheckpointError unless `path` is absent, an empty directory or a ddpd `kind`
+    ("checkpoint" or "bundle") that a save may replace: a mistyped destination must never
+    delete unrelated files, nor a bundle a training checkpoint (or the other way round).
+    The path is checked as the save will write it (relative to the working directory; an
+    empty path is refused, not read as the working directory)."""
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"checkpoint path must be a str or os.PathLike, got {type(path).__name__}")
+    if not os.fspath(path):
+        raise CheckpointError("checkpoint path is empty")
+    path = os.path.abspath(os.fspath(path))
     if not os.path.exists(path):
         return
     if not os.path.isdir(path):
         raise CheckpointError(f"checkpoint path exists and is not a directory: {path}")
     entries = os.listdir(path)
-    is_checkpoint = CONFIG in entries
-    is_bundle = all(os.path.isfile(os.path.join(path, role, CONFIG)) for role in ("planner", "denoiser"))
-    if entries and not (is_checkpoint or is_bundle):
+    if not entries:
+        return
+    found = "checkpoint" if CONFIG in entries else "bundle" if _is_bundle(path) else None
+    if found is None:
         raise CheckpointError(f"refusing to replace {path}: it is neither empty nor a ddpd checkpoint")
+    if found != kind:
+        raise CheckpointError(f"refusing to replace {path}: it holds a ddpd {found}, not a {kind}")
+
+
+def _is_bundle(path: str) -> bool:
+    return all(os.path.isfile(os.path.join(path, role, CONFIG)) for role in ("planner", "denoiser"))
+
+
+# What a save writes into a checkpoint or bundle directory; anything else there is a user's.
+CHECKPOINT_ENTRIES = frozenset({CONFIG, WEIGHTS, STATE_TENSORS, STATE_META})
+BUNDLE_ENTRIES = frozenset({"planner", "denoiser"})
+
+
+def _keep_other_entries(old: str, new: str, ours: frozenset) -> None:
+    """Entries of the directory being replaced that a save does not write (a user's notes,
+    logs, samples) into its new version, as hard links (copies where the file system refuses
+    one): a save replaces the checkpoint, not what is kept beside it."""
+    if not os.path.isdir(old):
+        return
+    for name in os.listdir(old):
+        if name in ours:
+            continue
+        src, dst = os.path.join(old, name), os.path.join(new, name)
+        if os.path.isdir(src) and not os.path.islink(src):
+            shutil.copytree(src, dst, symlinks=True, copy_function=_link_or_copy)
+        else:
+            _link_or_copy(src, dst)
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    if os.path.islink(src):
+        os.symlink(os.readlink(src), dst)
+        return
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
 
 
 # ---------------------------------------------------------------- reading

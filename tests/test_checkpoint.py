@@ -175,6 +175,56 @@ def test_refuses_to_replace_unrelated_directory(tmp_path):
         save_checkpoint(tmp_path / "file", model, config)
 
 
+def test_an_empty_path_is_refused_and_the_working_directory_kept(tmp_path, monkeypatch):
+    """An empty path once passed the check (it does not exist) and was then written as the
+    working directory: `python -m ddpd.pretrained P D --dest ''` replaced everything in it."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "precious.txt").write_text("keep")
+    planner, planner_config = tiny("planner")
+    denoiser, denoiser_config = tiny("mask-denoiser", seed=2)
+    for save in (lambda: save_checkpoint("", planner, planner_config),
+                 lambda: save_bundle("", planner, planner_config, denoiser, denoiser_config)):
+        with pytest.raises(CheckpointError, match="checkpoint path is empty"):
+            save()
+    assert sorted(os.listdir(tmp_path)) == ["precious.txt"]
+
+
+def test_a_save_keeps_the_users_files_beside_the_checkpoint(tmp_path):
+    """A save replaces the checkpoint's own files, not notes, logs or samples a user keeps in
+    the directory (they were deleted at the next save)."""
+    first, config = tiny("planner", seed=0)
+    second, _ = tiny("planner", seed=1)
+    save_checkpoint(tmp_path / "c", first, config, ({"a": torch.ones(2)}, {"step": 1}))
+    (tmp_path / "c" / "NOTES.txt").write_text("lr 1e-3 diverged")
+    (tmp_path / "c" / "logs").mkdir()
+    (tmp_path / "c" / "logs" / "run.log").write_text("step 1")
+    save_checkpoint(tmp_path / "c", second, config)
+    assert same_weights(load_model(tmp_path / "c")[0], second)
+    assert not os.path.exists(tmp_path / "c" / "train_state.json")  # the checkpoint's own files are replaced
+    assert (tmp_path / "c" / "NOTES.txt").read_text() == "lr 1e-3 diverged"
+    assert (tmp_path / "c" / "logs" / "run.log").read_text() == "step 1"
+    denoiser, denoiser_config = tiny("mask-denoiser", seed=2)
+    save_bundle(tmp_path / "b", first, config, denoiser, denoiser_config)
+    (tmp_path / "b" / "samples.jsonl").write_text("{}\n")
+    save_bundle(tmp_path / "b", second, config, denoiser, denoiser_config)
+    assert (tmp_path / "b" / "samples.jsonl").read_text() == "{}\n"
+    assert sorted(os.listdir(tmp_path)) == ["b", "c"]
+
+
+def test_a_bundle_and_a_checkpoint_never_replace_each_other(tmp_path):
+    """`python -m ddpd.pretrained ... --dest` naming a training checkpoint replaced it (and its
+    optimizer state) with a bundle."""
+    planner, planner_config = tiny("planner")
+    denoiser, denoiser_config = tiny("mask-denoiser", seed=2)
+    save_checkpoint(tmp_path / "c", planner, planner_config, ({"a": torch.ones(2)}, {"step": 1}))
+    with pytest.raises(CheckpointError, match="holds a ddpd checkpoint, not a bundle"):
+        save_bundle(tmp_path / "c", planner, planner_config, denoiser, denoiser_config)
+    save_bundle(tmp_path / "b", planner, planner_config, denoiser, denoiser_config)
+    with pytest.raises(CheckpointError, match="holds a ddpd bundle, not a checkpoint"):
+        save_checkpoint(tmp_path / "b", planner, planner_config)
+    assert os.path.exists(tmp_path / "c" / "train_state.json") and os.path.isdir(tmp_path / "b" / "planner")
+
+
 def test_save_validates_before_writing(tmp_path):
     model, config = tiny("planner")
     other, _ = tiny("planner", d_model=64)

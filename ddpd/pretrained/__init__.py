@@ -147,7 +147,7 @@ def install_bundle(planner: str, denoiser: str, dest: str, dtype: str = "float32
     if not isinstance(dest, (str, os.PathLike)):
         raise TypeError(f"install_bundle: dest must be a directory path, got {type(dest).__name__}")
     dest = str(dest)
-    ensure_replaceable(dest)
+    ensure_replaceable(dest, "bundle")
     models = {}
     for role, path in (("planner", planner), ("denoiser", denoiser)):
         model, config = load_model(path)
