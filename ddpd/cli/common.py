@@ -61,11 +61,14 @@ def add_runtime_arguments(parser: argparse.ArgumentParser, default=None) -> None
                         **kwargs)
 
 
+MAX_THREADS = 1024  # torch.set_num_threads(100000) ends the process with a segmentation fault
+
+
 def apply_threads(threads: Optional[int]) -> int:
     """Set torch's intra-op threads (shared by the C++ ops) by the policy above; returns them."""
     if threads is not None:
-        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-            raise UsageError(f"--threads must be >= 1, got {threads}")
+        if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= MAX_THREADS:
+            raise UsageError(f"--threads must be in [1, {MAX_THREADS}], got {threads}")
         torch.set_num_threads(threads)
     elif not os.environ.get("OMP_NUM_THREADS"):
         torch.set_num_threads(1)  # torch honours OMP_NUM_THREADS itself when it is set
