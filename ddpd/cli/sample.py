@@ -514,17 +514,18 @@ def _sample_all(args, models: Models, sample, records: Records, out, stdout: Std
     from ddpd.cli.common import Interrupted
 
     calls = dict.fromkeys(COUNTS, 0)
-    batches = [(first, min(args.batch_size, args.num_samples - first))
-               for first in range(0, args.num_samples, args.batch_size)]
+    batches = -(-args.num_samples // args.batch_size)  # batch b: rows [b * batch_size, ...), not listed
     done = 0
     start = time.perf_counter()
     try:
         with torch.inference_mode(), _progress(args, models, group.is_main) as advance:
-            for first_batch in range(0, len(batches), group.world_size):
+            for first_batch in range(0, batches, group.world_size):
                 if group.all_gather(stdout.closed and out is None)[0]:
                     break  # nobody reads the samples any more
                 mine = first_batch + group.rank
-                own = _batch(args, sample, records, *batches[mine]) if mine < len(batches) else None
+                first = mine * args.batch_size
+                own = (_batch(args, sample, records, first, min(args.batch_size, args.num_samples - first))
+                       if mine < batches else None)
                 for part in group.all_gather(own):
                     if part is None or not group.is_main:
                         continue
@@ -536,7 +537,7 @@ def _sample_all(args, models: Models, sample, records: Records, out, stdout: Std
                     for line in part["printed"]:
                         stdout.print(line)
                 # a batch that stopped early ends its share of the bar
-                advance(min(first_batch + group.world_size, len(batches)) * args.steps)
+                advance(min(first_batch + group.world_size, batches) * args.steps)
     except Interrupted as stop:
         if out is not None and done:
             out.publish()
