@@ -87,7 +87,10 @@ def test_max_time_stops_and_checkpoints(corpus, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("changes, message", [
     ({"kind": "gan"}, "kind must be one of"), ({"steps": 0}, "steps must be >= 1"),
-    ({"lr": -1.0}, "lr must be > 0"), ({"ema": 1.0}, r"ema must be in \[0.0, 1.0\)"),
+    ({"lr": -1.0}, "lr must be finite and > 0"), ({"lr": float("inf")}, "lr must be finite and > 0"),
+    ({"grad_clip": float("nan")}, "grad_clip must be finite and >= 0"),
+    ({"weight_decay": float("inf")}, "weight_decay must be finite and >= 0"),
+    ({"seed": 2**64}, r"seed must be in \[0, 9223372036854775807\]"), ({"ema": 1.0}, r"ema must be in \[0.0, 1.0\)"),
     ({"tiktoken": "x.tiktoken"}, "needs tokenizer 'gpt2'"), ({"schedule": "square"}, "schedule must be one of"),
     ({"batch_size": 2.5}, "batch_size must be an int"), ({"min_lr": 1.0}, "min_lr must be in"),
     ({"max_time": 0.0}, "max_time must be > 0")])

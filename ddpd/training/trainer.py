@@ -53,6 +53,7 @@ from ddpd.training.data import (LABELLED_SUFFIX, GPT2Tokenizer, RandomCrops, Rec
                                 resolve_source, split_tokens)
 from ddpd.training.distributed import Distributed
 from ddpd.training.losses import ar_loss, denoiser_loss, planner_loss, uniform_model_loss
+from ddpd.validation import check_int
 
 KINDS = ("planner", "mask-denoiser", "uniform-denoiser", "uniform", "ar")
 TOKENIZERS = ("text8", "gpt2")
@@ -114,12 +115,12 @@ class TrainConfig:
             raise ValueError(f"tiktoken (a GPT-2 ranks file) needs tokenizer 'gpt2', got {self.tokenizer!r}")
         for name in ("steps", "batch_size", "seq_len", "d_model", "n_layers", "n_heads", "grad_accum",
                      "eval_every", "eval_batches", "save_every"):
-            _check_int(name, getattr(self, name), 1)
-        _check_int("warmup", self.warmup, 0)
-        _check_int("seed", self.seed, 0)
-        _check_int("num_classes", self.num_classes, 0)
-        if not self.lr > 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
+            check_int(name, getattr(self, name), 1)
+        check_int("warmup", self.warmup, 0)
+        check_int("seed", self.seed, 0, 2**63 - 1)
+        check_int("num_classes", self.num_classes, 0)
+        if not 0 < self.lr < math.inf:
+            raise ValueError(f"lr must be finite and > 0, got {self.lr}")
         if self.min_lr is not None and not 0 <= self.min_lr <= self.lr:
             raise ValueError(f"min_lr must be in [0, lr={self.lr}], got {self.min_lr}")
         for name, value, low, high in (("dropout", self.dropout, 0.0, 1.0), ("ema", self.ema, 0.0, 1.0),
@@ -128,8 +129,9 @@ class TrainConfig:
                 raise ValueError(f"{name} must be in [{low}, {high}), got {value}")
         if self.max_time is not None and not self.max_time > 0:
             raise ValueError(f"max_time must be > 0 seconds, got {self.max_time}")
-        if self.weight_decay < 0 or self.grad_clip < 0:
-            raise ValueError(f"weight_decay and grad_clip must be >= 0, got {self.weight_decay}, {self.grad_clip}")
+        for name in ("weight_decay", "grad_clip"):  # NaN passes a "< 0" test: it would switch clipping off
+            if not 0 <= getattr(self, name) < math.inf:
+                raise ValueError(f"{name} must be finite and >= 0, got {getattr(self, name)}")
         get_schedule(self.schedule)
         if self.label_dropout and not self.num_classes:
             raise ValueError(f"label_dropout needs num_classes > 0 (class labels to drop), got {self.label_dropout}")
@@ -156,13 +158,6 @@ class TrainConfig:
         if unknown:
             raise ValueError(f"unknown training settings {unknown}")
         return cls(**values)
-
-
-def _check_int(name: str, value, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
 
 
 def learning_rate(step: int, config: TrainConfig, seconds: float = 0.0) -> float:
@@ -362,7 +357,7 @@ class Trainer:
         history of {step, train_loss, val_loss} records."""
         config = self.config
         if stop_at is not None:
-            _check_int("stop_at", stop_at, 0)
+            check_int("stop_at", stop_at, 0)
         stop_at = config.steps if stop_at is None else min(stop_at, config.steps)
         tokens_per_step = config.batch_size * config.grad_accum * config.seq_len * self.dist.world_size
         if self.step == 0 and not self.history:
