@@ -319,6 +319,7 @@ def test_too_few_steps_are_warned_about(ckpts, capsys):
 
 @pytest.mark.parametrize("argv", [["--temperature", "-0.5"], ["--temperature", "inf"], ["--temperature", "nan"],
                                   ["--temperature-end", "-1"], ["--threads", "0"], ["--threads", "100000"],
+                                  ["--out", ""],
                                   ["--top-k", "0"],
                                   ["--top-p", "0"], ["--top-p", "1.5"], ["--top-p", "nan"], ["--min-p", "-0.1"],
                                   ["--min-p", "2"]])

@@ -379,6 +379,8 @@ def check_args(args) -> None:
         raise UsageError(f"--seed must be in [0, 2**63), got {args.seed}")
     if args.sync_every < 1:
         raise UsageError(f"--sync-every must be >= 1, got {args.sync_every}")
+    if args.out == "":  # an empty --out wrote nothing and exited 0
+        raise UsageError("--out must be a file path, got ''")
     check_finite("--temperature", args.temperature, open_min=False)  # 0: greedy
     check_finite("--temperature-end", args.temperature_end, open_min=False)
     truncation_from(args)
