@@ -206,6 +206,13 @@ def test_argument_errors_exit_2_in_one_line(capsys):
     assert "required: --data" in err and err.count("\n") == 1
 
 
+@pytest.mark.parametrize("argv", [["elbo", "--uniform", "{uniform}", "--data", "{data}", "--out", ""],
+                                  ["convergence", "--uniform", "{uniform}", "--out-dir", ""]])
+def test_an_empty_output_path_is_a_usage_error(setup, capsys, argv):
+    code, _, err = _run(capsys, *[a.format(**setup) for a in argv])
+    assert code == 2 and err.count("\n") == 1 and "must be a path, got ''" in err, err
+
+
 def test_a_checkpoint_of_the_wrong_kind_is_a_usage_error(setup, capsys):
     code, _, err = _run(capsys, "elbo", "--planner", setup["mask-denoiser"], "--data", setup["data"])
     assert code == 2 and err.count("\n") == 1

@@ -389,6 +389,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
 
     def body() -> int:
+        for name in ("out", "out_dir"):  # an empty --out wrote nothing, an empty --out-dir the working directory
+            if getattr(args, name, None) == "":
+                raise UsageError(f"--{name.replace('_', '-')} must be a path, got ''")
         if hasattr(args, "threads"):
             apply_threads(args.threads)
         COMMANDS[args.command](args)
