@@ -217,6 +217,8 @@ def atomic_directory(path) -> Iterator[str]:
     delete it. Stale temporaries of dead writers of `path` are removed first."""
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"output path must be a str or os.PathLike, got {type(path).__name__}")
+    if not os.fspath(path):  # abspath would make it the working directory, which the swap would replace
+        raise OutputError(path, ValueError("the path is empty"))
     path = os.path.abspath(os.fspath(path))
     parent = os.path.dirname(path)
     try:

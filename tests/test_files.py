@@ -113,3 +113,12 @@ def test_output_lock_refuses_a_second_writer_and_names_the_holder(tmp_path):
     assert _entries(tmp_path) == []  # the lock file goes with the lock
     with files.OutputLock(tmp_path / "run"):
         pass
+
+
+def test_an_empty_directory_path_is_refused_not_read_as_the_working_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "precious.txt").write_text("keep")
+    with pytest.raises(files.OutputError, match="the path is empty"):
+        with files.atomic_directory(""):
+            pass
+    assert sorted(os.listdir(tmp_path)) == ["precious.txt"]

@@ -84,6 +84,14 @@ def resolve_device(name: str) -> torch.device:
         raise UsageError(str(err)) from None
 
 
+def refuse_empty_paths(args: argparse.Namespace, *names: str) -> None:
+    """UsageError for an output path given as '' (--out, --out-dir): an empty --out read as
+    "no output" wrote nothing and exited 0, an empty --out-dir wrote into the working directory."""
+    for name in names:
+        if getattr(args, name, None) == "":
+            raise UsageError(f"--{name.replace('_', '-')} must be a path, got ''")
+
+
 def check_finite(name: str, value: Optional[float], minimum: float = 0.0, open_min: bool = True) -> None:
     """UsageError unless `value` (if given) is a finite number above (or at) `minimum`."""
     if value is None:

@@ -30,7 +30,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ddpd.cli.common import OneLineParser, UsageError, add_runtime_arguments, apply_threads, load_role, \
-    resolve_device, run_tool, shared_facts
+    refuse_empty_paths, resolve_device, run_tool, shared_facts
 from ddpd.cli.samplers import add_truncation_arguments, truncation_from
 
 SAMPLER_HELP = ("ddpd-{A,AB,ABC}-{mask,uniform,uniform-model}, tau-planned-{mask,uniform}, dfm-eta<eta>, "
@@ -389,9 +389,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
 
     def body() -> int:
-        for name in ("out", "out_dir"):  # an empty --out wrote nothing, an empty --out-dir the working directory
-            if getattr(args, name, None) == "":
-                raise UsageError(f"--{name.replace('_', '-')} must be a path, got ''")
+        refuse_empty_paths(args, "out", "out_dir")
         if hasattr(args, "threads"):
             apply_threads(args.threads)
         COMMANDS[args.command](args)

@@ -77,7 +77,7 @@ from typing import List, Optional, Tuple
 import torch
 
 from ddpd.cli.common import (OneLineParser, Stdout, UsageError, add_runtime_arguments, apply_threads, check_finite,
-                             load_role, run_tool, shared_facts)
+                             load_role, refuse_empty_paths, run_tool, shared_facts)
 from ddpd.cli.samplers import FAMILIES, add_truncation_arguments, truncation_from
 
 NUM_SAMPLES, NUM_SAMPLES_BUNDLED = 8, 4
@@ -379,8 +379,7 @@ def check_args(args) -> None:
         raise UsageError(f"--seed must be in [0, 2**63), got {args.seed}")
     if args.sync_every < 1:
         raise UsageError(f"--sync-every must be >= 1, got {args.sync_every}")
-    if args.out == "":  # an empty --out wrote nothing and exited 0
-        raise UsageError("--out must be a file path, got ''")
+    refuse_empty_paths(args, "out")
     check_finite("--temperature", args.temperature, open_min=False)  # 0: greedy
     check_finite("--temperature-end", args.temperature_end, open_min=False)
     truncation_from(args)
