@@ -17,7 +17,8 @@ Reading: every file of one load is read through one descriptor of the directory,
 config, weights and training state all come from the same save even while a trainer
 replaces the checkpoint (a file that vanishes mid-read because the directory was
 swapped restarts the read). Each file's bytes are read once, checked against the
-sha256 in config.json and loaded from those same bytes. Before any hashing or
+sha256 in config.json and loaded from those same bytes (a file whose digest
+config.json does not record is refused). Before any hashing or
 allocation, the safetensors header is checked against config.json: the network is
 built on the meta device and every tensor's name and shape compared with the header,
 and the file's size with the header's offsets. So a hostile config (a model of
@@ -387,7 +388,10 @@ def _digest(config: dict, name: str) -> Optional[str]:
 
 def _verified(reader: _Reader, name: str, data: bytes, config: dict) -> bytes:
     expected = _digest(config, name)
-    if expected is not None and hashlib.sha256(data).hexdigest() != expected:
+    if expected is None:  # every save records one: without it a flipped bit would load silently
+        raise CheckpointError(f"checkpoint {reader.path}: config.json records no sha256 for {name}, so it cannot "
+                              "be verified (save_checkpoint records one; re-save the model with it)")
+    if hashlib.sha256(data).hexdigest() != expected:
         raise CheckpointError(f"checkpoint {reader.path}: {name} is corrupt (sha256 differs from config.json)")
     return data
 
@@ -505,7 +509,7 @@ def _check_against_config(path: str, config: dict, model_config, header: dict) -
 
 
 def _state_from(reader: _Reader, config: dict) -> TrainState:
-    if STATE_META not in config.get("sha256", {}):
+    if STATE_META not in reader.files:
         raise CheckpointError(f"checkpoint {reader.path}: no training state to resume from ({STATE_META} missing)")
     meta = _parse_json(reader.path, STATE_META,
                        _verified(reader, STATE_META, reader.read(STATE_META, MAX_STATE_META_BYTES), config))

@@ -313,6 +313,20 @@ def test_a_flipped_bit_is_refused(tmp_path):
         load_model(path)
 
 
+@pytest.mark.parametrize("name", ["model.safetensors", "train_state.safetensors", "train_state.json"])
+def test_a_file_without_a_recorded_digest_is_refused(tmp_path, name):
+    """A config.json that records no sha256 for a file must not load it unverified."""
+    model, config = tiny("planner")
+    save_checkpoint(tmp_path / "c", model, config, ({"rng": torch.get_rng_state()}, {"step": 1}))
+    stored = read_config(tmp_path / "c")
+    del stored["sha256"][name]
+    (tmp_path / "c" / "config.json").write_text(json.dumps(stored))
+    load = load_train_state if name.startswith("train_state") else load_model
+    with pytest.raises(CheckpointError, match=f"records no sha256 for {name}") as err:
+        load(tmp_path / "c")
+    assert _one_line(err.value)
+
+
 def test_a_config_of_a_huge_model_is_refused_before_any_allocation(tmp_path, monkeypatch):
     path = _saved(tmp_path)
     _rewrite_config(path, lambda c: c["model"].update(d_model=65536, n_layers=100000, n_heads=256))
