@@ -3,7 +3,8 @@
 Every file ddpd writes (checkpoints, sample files, evaluation reports) goes through here:
 
 - `atomic_file` / `write_text` / `atomic_directory`: the new version is built under a
-  temporary name beside its destination (`.NAME.tmp-HOST-PID-XXXXXXXX`), flushed to
+  temporary name beside its destination (`.NAME.tmp-HOST-PID-XXXXXXXX`, NAME cut short
+  with a digest of it where the whole would not fit in a file name), flushed to
   disk and renamed over the destination, so a reader sees the old version or the new
   one, never a mixture; on any failure (a full disk, an interruption) the temporary is
   deleted and the destination is left as it was.
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import hashlib
 import os
 import shutil
 import socket
@@ -48,8 +50,29 @@ class OutputLockedError(OSError):
     """Another process holds the lock of an output."""
 
 
+NAME_MAX = 255  # bytes in one file name (Linux, macOS)
+# What a temporary's name adds to the destination's: ".", ".tmp-", "-", the pid (at most
+# 7 digits), "-" and mkstemp's 8 random characters.
+_TEMP_EXTRA = 1 + 5 + len(os.fsencode(_HOST)) + 1 + 7 + 1 + 8
+
+
+def _fitted(name: str, room: int) -> str:
+    """`name` if it takes at most `room` bytes, else its head and a digest of the whole
+    in `room` bytes: the names beside a destination (temporaries, the lock) must fit in
+    NAME_MAX even when the destination's own name nearly fills it."""
+    raw = os.fsencode(name)
+    if len(raw) <= room:
+        return name
+    digest = hashlib.sha256(raw).hexdigest()[:16]
+    return os.fsdecode(raw[:room - len(digest) - 1]) + "~" + digest
+
+
+def _temp_head(path: str, kind: str) -> str:
+    return f".{_fitted(os.path.basename(path), NAME_MAX - _TEMP_EXTRA)}.{kind}-"
+
+
 def _temp_prefix(path: str, kind: str = "tmp") -> str:
-    return f".{os.path.basename(path)}.{kind}-{_HOST}-{os.getpid()}-"
+    return f"{_temp_head(path, kind)}{_HOST}-{os.getpid()}-"
 
 
 def _check_destination(path) -> str:
@@ -81,7 +104,7 @@ def remove_stale_temps(path) -> list:
     left by processes of this host that no longer run; returns what was removed.
     Temporaries of live processes and of other hosts are kept."""
     path = os.path.abspath(os.fspath(path))
-    parent, name = os.path.split(path)
+    parent = os.path.dirname(path)
     removed = []
     try:
         entries = os.listdir(parent)
@@ -89,7 +112,7 @@ def remove_stale_temps(path) -> list:
         return removed
     for entry in entries:
         for kind in ("tmp", "old"):
-            head = f".{name}.{kind}-"
+            head = _temp_head(path, kind)
             if not entry.startswith(head):
                 continue
             parts = entry[len(head):].rsplit("-", 2)
@@ -299,7 +322,7 @@ class OutputLock:
     def __init__(self, path):
         self.path = os.path.abspath(os.fspath(path))
         parent, name = os.path.split(self.path)
-        self.lock_path = os.path.join(parent, f".{name}.lock")
+        self.lock_path = os.path.join(parent, f".{_fitted(name, NAME_MAX - 6)}.lock")
         self._fd: Optional[int] = None
 
     def acquire(self) -> "OutputLock":

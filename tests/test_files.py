@@ -102,6 +102,26 @@ def test_stale_temporaries_of_dead_processes_are_removed(tmp_path):
     assert _entries(tmp_path) == sorted(kept)
 
 
+@pytest.mark.parametrize("length", [200, 250, 255])
+def test_names_that_nearly_fill_a_file_name_can_be_written(tmp_path, length):
+    """The temporaries and the lock beside a destination add to its name: they are cut
+    short with a digest, so any name the file system takes can be written."""
+    name = "é" * (length // 2) + "x" * (length % 2)  # two-byte characters: some cut in the middle
+    assert len(os.fsencode(name)) == length
+    files.write_text(tmp_path / name, "text")
+    with files.OutputLock(tmp_path / name):
+        with files.atomic_directory(tmp_path / f"d{name[1:]}") as directory:
+            open(os.path.join(directory, "f"), "w").close()
+    assert _entries(tmp_path) == sorted([name, f"d{name[1:]}"])
+    assert (tmp_path / name).read_text() == "text" and os.listdir(tmp_path / f"d{name[1:]}") == ["f"]
+    other = name[:-1] + "z"  # same head, another name: another digest
+    assert files._temp_prefix(str(tmp_path / name)) != files._temp_prefix(str(tmp_path / other))
+    stale = files._temp_prefix(str(tmp_path / name)).replace(f"-{os.getpid()}-", f"-{_dead_pid()}-") + "abcdefgh"
+    assert len(os.fsencode(stale)) <= 255
+    (tmp_path / stale).write_text("partial")
+    assert files.remove_stale_temps(tmp_path / name) == [str(tmp_path / stale)]
+
+
 def test_output_lock_refuses_a_second_writer_and_names_the_holder(tmp_path):
     first = files.OutputLock(tmp_path / "run").acquire()
     with pytest.raises(files.OutputLockedError, match=f"being written by pid {os.getpid()} on "):
