@@ -17,6 +17,9 @@ Every file ddpd writes (checkpoints, sample files, evaluation reports) goes thro
   for as long as a process writes it; a second writer is refused with one line that
   names the holder.
 
+A destination that is a symbolic link is written through: the link stays, and the file
+or directory it points to is replaced.
+
 Errors are `OutputError`s (an OSError) whose message names the user's path and the
 cause, not the temporary. Lowest layer: imports nothing from ddpd.
 """
@@ -75,10 +78,17 @@ def _temp_prefix(path: str, kind: str = "tmp") -> str:
     return f"{_temp_head(path, kind)}{_HOST}-{os.getpid()}-"
 
 
+def destination(path) -> str:
+    """The absolute path a write of `path` replaces. Symbolic links are followed: a link
+    to a file or a checkpoint directory stays a link, and what it points to is
+    replaced (replacing the link itself would cut it from its target)."""
+    return os.path.realpath(os.fspath(path))
+
+
 def _check_destination(path) -> str:
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"output path must be a str or os.PathLike, got {type(path).__name__}")
-    path = os.path.abspath(os.fspath(path))
+    path = destination(path)
     if os.path.isdir(path):
         raise OutputError(path, IsADirectoryError(errno.EISDIR, "it is a directory"))
     if os.path.exists(path) and not os.path.isfile(path):  # a device, FIFO or socket: renaming would replace it
@@ -103,7 +113,7 @@ def remove_stale_temps(path) -> list:
     """Delete the temporaries of `path` (files or directories `.NAME.tmp-*`, `.NAME.old-*`)
     left by processes of this host that no longer run; returns what was removed.
     Temporaries of live processes and of other hosts are kept."""
-    path = os.path.abspath(os.fspath(path))
+    path = destination(path)
     parent = os.path.dirname(path)
     removed = []
     try:
@@ -242,7 +252,7 @@ def atomic_directory(path) -> Iterator[str]:
         raise TypeError(f"output path must be a str or os.PathLike, got {type(path).__name__}")
     if not os.fspath(path):  # abspath would make it the working directory, which the swap would replace
         raise OutputError(path, ValueError("the path is empty"))
-    path = os.path.abspath(os.fspath(path))
+    path = destination(path)
     parent = os.path.dirname(path)
     try:
         os.makedirs(parent, exist_ok=True)
@@ -320,7 +330,7 @@ class OutputLock:
     process, raises OutputLockedError naming the holder."""
 
     def __init__(self, path):
-        self.path = os.path.abspath(os.fspath(path))
+        self.path = destination(path)
         parent, name = os.path.split(self.path)
         self.lock_path = os.path.join(parent, f".{_fitted(name, NAME_MAX - 6)}.lock")
         self._fd: Optional[int] = None

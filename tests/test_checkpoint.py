@@ -211,6 +211,20 @@ def test_a_save_keeps_the_users_files_beside_the_checkpoint(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["b", "c"]
 
 
+def test_a_checkpoint_saved_through_a_symbolic_link_replaces_its_target(tmp_path):
+    """runs/latest -> runs/2026-11-26: every save replaces the target and keeps the link
+    (the swap used to exchange the link itself and then fail to delete it)."""
+    model, config = tiny("planner")
+    (tmp_path / "runs").mkdir()
+    save_checkpoint(tmp_path / "runs" / "day1", model, config)
+    os.symlink("day1", tmp_path / "runs" / "latest")
+    for _ in range(2):
+        save_checkpoint(tmp_path / "runs" / "latest", model, config)
+    assert os.readlink(tmp_path / "runs" / "latest") == "day1"
+    assert sorted(os.listdir(tmp_path / "runs")) == ["day1", "latest"]
+    load_model(tmp_path / "runs" / "latest")
+
+
 def test_a_bundle_and_a_checkpoint_never_replace_each_other(tmp_path):
     """`python -m ddpd.pretrained ... --dest` naming a training checkpoint replaced it (and its
     optimizer state) with a bundle."""

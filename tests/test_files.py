@@ -122,6 +122,29 @@ def test_names_that_nearly_fill_a_file_name_can_be_written(tmp_path, length):
     assert files.remove_stale_temps(tmp_path / name) == [str(tmp_path / stale)]
 
 
+def test_a_symbolic_link_is_written_through_and_kept(tmp_path):
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "today.jsonl").write_text("old")
+    os.symlink("runs/today.jsonl", tmp_path / "latest.jsonl")
+    files.write_text(tmp_path / "latest.jsonl", "new")
+    os.symlink("runs/absent.jsonl", tmp_path / "dangling.jsonl")
+    with files.StreamedFile(tmp_path / "dangling.jsonl") as out:
+        out.write("made")
+        out.publish()
+    assert os.readlink(tmp_path / "latest.jsonl") == "runs/today.jsonl"
+    assert (tmp_path / "runs" / "today.jsonl").read_text() == "new"
+    assert (tmp_path / "runs" / "absent.jsonl").read_text() == "made"
+    (tmp_path / "runs" / "ck").mkdir()
+    os.symlink("runs/ck", tmp_path / "ck")
+    with files.atomic_directory(tmp_path / "ck") as directory:
+        open(os.path.join(directory, "f"), "w").close()
+    assert os.readlink(tmp_path / "ck") == "runs/ck" and os.listdir(tmp_path / "runs" / "ck") == ["f"]
+    assert _entries(tmp_path) == ["ck", "dangling.jsonl", "latest.jsonl", "runs"]
+    with files.OutputLock(tmp_path / "ck"):  # one output, whichever name it is written by
+        with pytest.raises(files.OutputLockedError):
+            files.OutputLock(tmp_path / "runs" / "ck").acquire()
+
+
 def test_output_lock_refuses_a_second_writer_and_names_the_holder(tmp_path):
     first = files.OutputLock(tmp_path / "run").acquire()
     with pytest.raises(files.OutputLockedError, match=f"being written by pid {os.getpid()} on "):
