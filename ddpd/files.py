@@ -112,7 +112,9 @@ def _pid_alive(pid: int) -> bool:
 def remove_stale_temps(path) -> list:
     """Delete the temporaries of `path` (files or directories `.NAME.tmp-*`, `.NAME.old-*`)
     left by processes of this host that no longer run; returns what was removed.
-    Temporaries of live processes and of other hosts are kept."""
+    Temporaries of live processes and of other hosts are kept. A `.NAME.old-*` while
+    `path` is absent is the previous version that a writer killed between the two
+    renames of `_replace_directory`'s fallback had set aside: it is renamed back."""
     path = destination(path)
     parent = os.path.dirname(path)
     removed = []
@@ -129,6 +131,9 @@ def remove_stale_temps(path) -> list:
             if len(parts) != 3 or parts[0] != _HOST or not parts[1].isdigit() or _pid_alive(int(parts[1])):
                 continue
             stale = os.path.join(parent, entry)
+            if kind == "old" and not os.path.lexists(path):
+                _restore(stale, path)  # never deleted while it is the only version
+                continue
             if os.path.isdir(stale) and not os.path.islink(stale):
                 shutil.rmtree(stale, ignore_errors=True)
             else:
@@ -138,6 +143,13 @@ def remove_stale_temps(path) -> list:
                     continue
             removed.append(stale)
     return removed
+
+
+def _restore(aside: str, path: str) -> None:
+    try:
+        os.rename(aside, path)
+    except OSError:  # another process restored it first, or it cannot be: it stays
+        pass
 
 
 def _umask() -> int:
@@ -283,6 +295,8 @@ def _replace_directory(new: str, path: str) -> None:
     if _exchange(new, path):  # one atomic step: `path` is never absent
         shutil.rmtree(new)
         return
+    # Two renames: killed between them, `path` is absent and its previous version is at
+    # `old`, which the next writer's remove_stale_temps renames back.
     old = tempfile.mkdtemp(prefix=_temp_prefix(path, "old"), dir=os.path.dirname(path))
     os.rmdir(old)
     os.rename(path, old)

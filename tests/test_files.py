@@ -145,6 +145,35 @@ def test_a_symbolic_link_is_written_through_and_kept(tmp_path):
             files.OutputLock(tmp_path / "runs" / "ck").acquire()
 
 
+def test_a_writer_killed_inside_the_two_rename_fallback_loses_nothing(tmp_path):
+    """Without renameat2's exchange a directory is replaced by two renames; a writer
+    killed between them leaves no `ck`, only its previous version set aside, which the
+    next writer restores instead of deleting it as stale."""
+    (tmp_path / "ck").mkdir()
+    (tmp_path / "ck" / "model").write_text("version 1")
+    script = f"""
+import os
+from ddpd import files
+files._exchange = lambda a, b: False
+renames = []
+def rename(a, b):
+    renames.append(b)
+    if len(renames) == 2:
+        os._exit(137)  # killed between the renames: no cleanup runs
+    real(a, b)
+real, files.os.rename = files.os.rename, rename
+with files.atomic_directory({str(tmp_path / "ck")!r}) as new:
+    open(os.path.join(new, "model"), "w").write("version 2")
+"""
+    proc = subprocess.run([sys.executable, "-c", script])
+    assert proc.returncode == 137
+    aside = [entry for entry in _entries(tmp_path) if entry.startswith(".ck.old-")]
+    assert not (tmp_path / "ck").exists() and len(aside) == 1
+    temps = [str(tmp_path / entry) for entry in _entries(tmp_path) if entry.startswith(".ck.tmp-")]
+    assert len(temps) == 1 and files.remove_stale_temps(tmp_path / "ck") == temps
+    assert _entries(tmp_path) == ["ck"] and (tmp_path / "ck" / "model").read_text() == "version 1"
+
+
 def test_output_lock_refuses_a_second_writer_and_names_the_holder(tmp_path):
     first = files.OutputLock(tmp_path / "run").acquire()
     with pytest.raises(files.OutputLockedError, match=f"being written by pid {os.getpid()} on "):

@@ -244,11 +244,11 @@ class Trainer:
 
     def _setup(self, resume: bool) -> None:
         config = self.config
+        if self.dist.is_main:  # of saves killed before they finished; first, as it may restore the checkpoint
+            remove_stale_temps(config.out)
         stored = self._load_resumable() if resume else None
         if not resume and self.dist.is_main:
             self._check_fresh_destination()
-        if self.dist.is_main:
-            remove_stale_temps(config.out)  # of saves killed before they finished
         self.tokenizer = make_tokenizer(config)
         self.vocab_size = self.tokenizer.vocab_size
         self.schedule = get_schedule(config.schedule)
