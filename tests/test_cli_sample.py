@@ -317,6 +317,22 @@ def test_too_few_steps_are_warned_about(ckpts, capsys):
     assert code == 0 and "warning" not in err
 
 
+def test_networks_of_different_lengths_are_warned_about(ckpts, tmp_path, capsys):
+    torch.manual_seed(0)
+    long = build_model("planner", config_for("planner", V, 2 * D, **TINY))
+    save_checkpoint(str(tmp_path / "long"), long,
+                    {"kind": "planner", "model": long.config.to_dict(), "tokenizer": {"name": "text8"}})
+    argv = ["--planner", str(tmp_path / "long"), "--denoiser", ckpts["mask-denoiser"], "--num-samples", "1",
+            "--out", str(tmp_path / "s.jsonl")]
+    code, _, err = run_cli(capsys, *argv)
+    assert code == 0 and err.count("warning") == 1
+    assert (f"warning: --planner {tmp_path / 'long'} takes sequences of up to {2 * D} tokens, --denoiser "
+            f"{ckpts['mask-denoiser']} of up to {D}: sampling {D} tokens (--length sets it)") in err, err
+    assert len(read_jsonl(tmp_path / "s.jsonl")[0]["tokens"]) == D
+    code, _, err = run_cli(capsys, *argv, "--length", str(D))
+    assert code == 0 and "warning" not in err
+
+
 @pytest.mark.parametrize("argv", [["--temperature", "-0.5"], ["--temperature", "inf"], ["--temperature", "nan"],
                                   ["--temperature-end", "-1"], ["--threads", "0"], ["--threads", "100000"],
                                   ["--out", ""],

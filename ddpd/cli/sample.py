@@ -180,7 +180,8 @@ class Models:
         self.kind = denoiser_config["kind"] if denoiser_config else None
         configs = [(name, c) for name, c in zip(names, (planner_config, denoiser_config)) if c]
         self.vocab_size = int(shared_facts(configs)["vocab_size"])  # also checks that the two agree
-        self.max_length = min(int(c["model"]["max_seq_len"]) for _, c in configs)
+        self.lengths = {name: int(c["model"]["max_seq_len"]) for name, c in configs}
+        self.max_length = min(self.lengths.values())
 
     @property
     def has_planner(self) -> bool:
@@ -385,6 +386,15 @@ def check_args(args) -> None:
     truncation_from(args)
 
 
+def warn_if_lengths_differ(models: Models, show: bool) -> None:
+    """Without --length a sample is as long as the shorter network takes: say so when the
+    two differ, as the longer network then never sees the length it was made for."""
+    if show and len(set(models.lengths.values())) > 1:
+        (short, length), (long, longer) = sorted(models.lengths.items(), key=lambda item: item[1])
+        print(f"ddpd-sample: warning: {long} takes sequences of up to {longer} tokens, {short} of up to "
+              f"{length}: sampling {length} tokens (--length sets it)", file=sys.stderr)
+
+
 def warn_if_too_few_steps(args, frozen: Optional[torch.Tensor]) -> None:
     """The Gillespie sampler denoises one position per step after its parallel stage:
     a budget that cannot reach every position a prompt leaves free leaves samples
@@ -419,6 +429,7 @@ def run(args, stdout: Optional[Stdout] = None) -> int:
         models.prepare(dtype, args.device_obj)
         if args.length is None:
             args.length = models.max_length
+            warn_if_lengths_differ(models, group.is_main)
         if not 1 <= args.length <= models.max_length:
             raise UsageError(f"--length must be in [1, {models.max_length}] (the models' max_seq_len), "
                              f"got {args.length}")
