@@ -487,8 +487,12 @@ def _check_against_config(path: str, config: dict, model_config, header: dict) -
     if model_config.n_layers > len(header):  # every layer holds at least one tensor: no need to build
         raise CheckpointError(f"{where}: config.json has {model_config.n_layers} layers, the file "
                               f"{len(header)} tensors")
-    with torch.device("meta"):
-        network = build_model(config["kind"], model_config)
+    try:
+        with torch.device("meta"):
+            network = build_model(config["kind"], model_config)
+    except (TypeError, ValueError) as err:  # a config that does not fit its kind (a planner with out_dim 5)
+        raise CheckpointError(f"checkpoint {path}: config.json does not describe a valid {config['kind']} model: "
+                              f"{err}") from None
     expected = network.state_dict()
     buffers = sum(b.numel() * b.element_size() for b in network.buffers())
     if buffers > MAX_BUFFER_BYTES:

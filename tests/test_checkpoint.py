@@ -161,6 +161,11 @@ def test_weights_that_do_not_match_the_config(tmp_path):
     (tmp_path / "c" / "config.json").write_text(json.dumps(stored))
     with pytest.raises(CheckpointError, match="does not describe a valid model"):
         load_model(tmp_path / "c")
+    stored["model"].update(n_heads=4, out_dim=5)  # a valid transformer, but no planner has 5 outputs
+    (tmp_path / "c" / "config.json").write_text(json.dumps(stored))
+    with pytest.raises(CheckpointError, match=f"checkpoint {tmp_path / 'c'}: config.json does not describe a valid "
+                                              "planner model: config.out_dim"):
+        load_model(tmp_path / "c")
 
 
 def test_refuses_to_replace_unrelated_directory(tmp_path):
