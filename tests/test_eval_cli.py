@@ -143,7 +143,7 @@ def test_compare_command(setup, capsys):
                                                           ["| 3", "ddpd-A-mask", "maskgit"]]
     assert (p["root"] / "cmp" / "compare.md").read_text() in out + "\n"
     code, _, err = _run(capsys, "compare", sweep, "--baselines", "dfm-eta15")
-    assert code == 1 and "not there: ['dfm-eta15']" in err
+    assert code == 2 and "not there: ['dfm-eta15']" in err
 
 
 def test_training_command_reports_the_runs(setup, tmp_path, capsys):
@@ -180,21 +180,28 @@ def test_convergence_command(setup, capsys):
     assert {"noise_left", "z_changed", "met_eps_0.05", "met_eps_0.01", "stopped_eps_0.01"} <= set(rows[0])
 
 
-@pytest.mark.parametrize("argv, message", [
+@pytest.mark.parametrize("argv, message, status", [
     (["elbo", "--planner", "{root}/nowhere", "--denoiser", "{mask-denoiser}", "--data", "{data}"],
-     "checkpoint directory not found"),
-    (["elbo", "--uniform", "{uniform}", "--data", "{root}/missing.txt"], "--data: no such file"),
-    (["elbo", "--uniform", "{uniform}", "--data", "{root}"], "is a directory"),
-    (["elbo", "--uniform", "{uniform}", "--data", "{data}", "--num-sequences", "100000"], "num_sequences"),
-    (["elbo", "--uniform", "{uniform}", "--data", "{data}", "--mc-samples", "0"], "mc_samples must be >= 1"),
+     "checkpoint directory not found", 1),
+    (["elbo", "--uniform", "{uniform}", "--data", "{root}/missing.txt"], "--data: no such file", 2),
+    (["elbo", "--uniform", "{uniform}", "--data", "{root}"], "is a directory", 1),
+    (["elbo", "--uniform", "{uniform}", "--data", "{data}", "--num-sequences", "100000"], "num_sequences", 1),
+    (["elbo", "--uniform", "{uniform}", "--data", "{data}", "--mc-samples", "0"], "--mc-samples must be >= 1", 2),
+    (["elbo", "--uniform", "{uniform}", "--data", "{data}", "--t-max", "1"], "--t-max must be in (0.0, 1.0)", 2),
+    (["elbo", "--uniform", "{uniform}", "--data", "{data}", "--seed", "-1"], "--seed must be in [0, ", 2),
     (["quality", "--uniform", "{uniform}", "--judge", "{ar}", "--samplers", "maskgit", "--out-dir", "{root}/q2"],
-     "--samplers: ['maskgit'] not available"),
-    (["convergence", "--uniform", "{uniform}", "--out-dir", "{root}/c2"], "give --planner and exactly one"),
+     "--samplers: ['maskgit'] not available", 2),
+    (["quality", "--uniform", "{uniform}", "--judge", "{ar}", "--temperatures", "1", "nan", "--out-dir",
+      "{root}/q2"], "--temperatures must be in [0.0, 1e+36], got nan", 2),
+    (["convergence", "--uniform", "{uniform}", "--out-dir", "{root}/c2"], "give --planner and exactly one", 2),
+    (["convergence", "--planner", "{planner}", "--denoiser", "{mask-denoiser}", "--num-samples", "0", "--out-dir",
+      "{root}/c2"], "--num-samples must be >= 1, got 0", 2),
 ])
-def test_errors_are_one_line_with_a_nonzero_exit(setup, capsys, argv, message):
+def test_errors_are_one_line_with_a_nonzero_exit(setup, capsys, argv, message, status):
+    """A bad command line exits with status 2 naming the flag; a failure while working with 1."""
     argv = [a.format(**setup) for a in argv] + ["--no-progress"]
     code, out, err = _run(capsys, *argv)
-    assert code == 1
+    assert code == status
     assert err.startswith("ddpd-eval: error:") and message in err and err.count("\n") == 1, err
 
 

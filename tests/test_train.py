@@ -296,21 +296,25 @@ def test_cli_trains_and_resumes(corpus, tmp_path, capsys):
     assert code == 0 and "step 4 of 4" in out
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["planner", "--data", "/nonexistent/corpus.txt", "--out", "{tmp}/o"], "--data: no such file"),
-    (["planner", "--out", "{tmp}/o"], "--data is required"),
-    (["planner", "--data", "{corpus}", "--out", "{tmp}/o", "--resume"], "checkpoint directory not found"),
-    (["planner", "--data", "{corpus}", "--out", "{tmp}/o", "--d-model", "30", "--n-heads", "4"], "d_model"),
-    (["planner", "--data", "{corpus}", "--out", "{tmp}/o", "--device", "tpu"], "device must be"),
+@pytest.mark.parametrize("argv, message, status", [
+    (["planner", "--data", "/nonexistent/corpus.txt", "--out", "{tmp}/o"], "--data: no such file", 2),
+    (["planner", "--out", "{tmp}/o"], "--data is required", 2),
+    (["planner", "--data", "{corpus}", "--out", "{tmp}/o", "--resume"], "checkpoint directory not found", 1),
+    (["planner", "--data", "{corpus}", "--out", "{tmp}/o", "--d-model", "30", "--n-heads", "4"],
+     "--d-model: expected a multiple of n_heads=4, got 30", 2),
+    (["planner", "--data", "{corpus}", "--out", "{tmp}/o", "--lr", "nan"], "--lr must be finite and > 0, got nan", 2),
+    (["planner", "--data", "{corpus}", "--out", "{tmp}/o", "--label-dropout", "0.1"], "--label-dropout needs", 2),
+    (["planner", "--data", "{corpus}", "--out", "{tmp}/o", "--device", "tpu"], "--device must be", 2),
     (["planner", "--data", "{corpus}", "--out", "{tmp}/o", "--tokenizer", "gpt2", "--tiktoken", "/no/file"],
-     "--tiktoken: no such file"),
-    (["planner", "--data", "{tmp}/mixed-case.txt", "--out", "{tmp}/o"], "only space and a-z"),
+     "--tiktoken: no such file", 2),
+    (["planner", "--data", "{tmp}/mixed-case.txt", "--out", "{tmp}/o"], "only space and a-z", 1),
 ])
-def test_cli_errors_are_one_line(corpus, tmp_path, capsys, argv, message):
+def test_cli_errors_are_one_line(corpus, tmp_path, capsys, argv, message, status):
+    """A bad command line exits with status 2 naming the flag; a failure while working with 1."""
     (tmp_path / "mixed-case.txt").write_text("First Citizen: Before we proceed any further, hear me speak.")
     argv = [a.format(tmp=tmp_path, corpus=corpus) for a in argv]
     code, out, err = run_cli(capsys, *argv)
-    assert code == 1
+    assert code == status
     assert err.startswith("ddpd-train: error: ") and message in err and err.count("\n") == 1
 
 
@@ -326,7 +330,7 @@ def test_cli_usage_errors_exit_2(capsys, argv):
 def test_cli_process_has_no_traceback(tmp_path):
     result = subprocess.run([sys.executable, "-m", "ddpd.cli.train", "planner", "--data", str(tmp_path / "none"),
                              "--out", str(tmp_path / "o")], capture_output=True, text=True, env=ONE_THREAD_ENV)
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert result.stderr.startswith("ddpd-train: error: --data: no such file") and "Traceback" not in result.stderr
 
 

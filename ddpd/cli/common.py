@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import sys
 from contextlib import contextmanager
@@ -90,6 +91,17 @@ def refuse_empty_paths(args: argparse.Namespace, *names: str) -> None:
     for name in names:
         if getattr(args, name, None) == "":
             raise UsageError(f"--{name.replace('_', '-')} must be a path, got ''")
+
+
+def flag_error(err: BaseException, flags: Sequence[str]) -> UsageError:
+    """A setting refused by a layer below ("lr must be ...", "TransformerConfig.d_model:
+    expected ...") as a UsageError naming its flag (--lr, --d-model) when `flags` (the
+    parser's dests) has it."""
+    text = one_line(err)
+    head = re.match(r"(?:TransformerConfig\.)?([a-z][a-z_]*)\b", text)
+    if head and head.group(1) in flags:
+        text = f"--{head.group(1).replace('_', '-')}{text[head.end():]}"
+    return UsageError(text)
 
 
 def check_finite(name: str, value: Optional[float], minimum: float = 0.0, open_min: bool = True) -> None:

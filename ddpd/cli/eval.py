@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import sys
 from dataclasses import dataclass, field
@@ -184,9 +185,9 @@ def _heldout(args: argparse.Namespace, loaded: Loaded, num: Optional[int]) -> to
     try:
         resolve_source(args.data)
     except FileNotFoundError as err:
-        raise FileNotFoundError(f"--data: {err}") from None
+        raise UsageError(f"--data: {err}") from None
     if loaded.tokenizer is None:
-        raise ValueError("the checkpoints do not record their tokenizer; cannot encode --data")
+        raise UsageError("the checkpoints do not record their tokenizer; cannot encode --data")
     tokenizer = tokenizer_from_config(loaded.tokenizer)
     return heldout_sequences(args.data, tokenizer, loaded.seq_len, args.split, num).to(loaded.device)
 
@@ -265,15 +266,15 @@ def run_quality(args: argparse.Namespace) -> None:
     truncation = truncation_from(args)  # before any model is loaded
     loaded = load_models(args)
     if "judge" not in loaded.models:
-        raise ValueError("--judge: an ar checkpoint is required")
+        raise UsageError("--judge: an ar checkpoint is required")
     judge_len = loaded.models["judge"].config.max_seq_len - 1
     if loaded.seq_len > judge_len:
-        raise ValueError(f"--judge: scores sequences of up to {judge_len} tokens, the samples have {loaded.seq_len}")
+        raise UsageError(f"--judge: scores sequences of up to {judge_len} tokens, the samples have {loaded.seq_len}")
     available = sampler_specs(loaded, args.eta, args.eps, args.fused, _prepare(loaded, args.dtype), truncation)
     names = args.samplers or list(available)
     unknown = [n for n in names if n not in available]
     if unknown:
-        raise ValueError(f"--samplers: {unknown} not available with these checkpoints; available: {list(available)}")
+        raise UsageError(f"--samplers: {unknown} not available with these checkpoints; available: {list(available)}")
     reference = _heldout(args, loaded, args.reference_sequences) if args.data else None
     partial = os.path.join(args.out_dir, "sweep.csv")  # rewritten after every configuration
     with torch.no_grad():
@@ -314,7 +315,7 @@ def run_compare(args: argparse.Namespace) -> None:
     baselines = args.baselines or [n for n in present if n.startswith(("dfm-", "maskgit"))]
     unknown = [n for n in samplers + baselines if n not in present]
     if unknown or not samplers or not baselines:
-        raise ValueError(f"compare: samplers {samplers} and baselines {baselines} must be non-empty and in the "
+        raise UsageError(f"compare: samplers {samplers} and baselines {baselines} must be non-empty and in the "
                          f"sweep; not there: {unknown}; the sweep has {present}")
     budgets = sorted({r["steps"] for r in rows})
     table = [c for steps in budgets for b in baselines for s in samplers
@@ -347,15 +348,12 @@ def run_training(args: argparse.Namespace) -> None:
 def run_convergence(args: argparse.Namespace) -> None:
     from ddpd import sampling
     from ddpd.eval import PlannerRecorder, convergence_rows, stopped_fraction, write_convergence
-    from ddpd.eval.checks import check_int
 
     loaded = load_models(args)
     m = loaded.models
     kinds = [k for k in ("mask-denoiser", "uniform-denoiser") if k in m]
     if "planner" not in m or len(kinds) != 1:
-        raise ValueError("convergence: give --planner and exactly one --denoiser")
-    check_int("--num-samples", args.num_samples, 1)
-    check_int("--batch-size", args.batch_size, 1)
+        raise UsageError("convergence: give --planner and exactly one --denoiser")
     dtype = _prepare(loaded, args.dtype)
     recorder = PlannerRecorder(m["planner"], args.eps)
     eps = min(args.eps)  # the option-A run stops at the strictest criterion tracked
@@ -385,11 +383,42 @@ COMMANDS = {"elbo": run_elbo, "quality": run_quality, "merge": run_merge, "compa
             "training": run_training, "convergence": run_convergence}
 
 
+# The numeric flags of every command with the bounds the evaluation enforces, checked
+# before any model is loaded, so that a bad value is a usage error naming its flag.
+INT_FLAGS = {"seed": (0, 2**64 - 1), "batch_size": (1, None), "num_sequences": (1, None), "mc_samples": (1, None),
+             "num_samples": (1, None), "reference_sequences": (1, None), "steps": (1, None)}
+# name: (low, high, open below, open above); temperatures up to MAX_TEMPERATURE
+FLOAT_FLAGS = {"t_max": (0.0, 1.0, True, True), "alpha": (0.0, 1.0, True, True), "eps": (0.0, 1.0, True, True),
+               "temperature": (0.0, None, False, False), "temperatures": (0.0, None, False, False),
+               "eta": (0.0, math.inf, False, True)}
+
+
+def check_args(args: argparse.Namespace) -> None:
+    from ddpd.sampling.options import MAX_TEMPERATURE
+    from ddpd.validation import check_float, check_int
+
+    def values(name):
+        value = getattr(args, name, None)
+        return [] if value is None else value if isinstance(value, list) else [value]
+
+    try:
+        for name, (low, high) in INT_FLAGS.items():
+            for value in values(name):
+                check_int("--" + name.replace("_", "-"), value, low, high)
+        for name, (low, high, open_low, open_high) in FLOAT_FLAGS.items():
+            for value in values(name):
+                check_float("--" + name.replace("_", "-"), value, low, MAX_TEMPERATURE if high is None else high,
+                            open_min=open_low, open_max=open_high)
+    except (TypeError, ValueError) as err:
+        raise UsageError(str(err)) from None
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
 
     def body() -> int:
         refuse_empty_paths(args, "out", "out_dir")
+        check_args(args)
         if hasattr(args, "threads"):
             apply_threads(args.threads)
         COMMANDS[args.command](args)

@@ -31,7 +31,8 @@ import os
 import sys
 from typing import List, Optional
 
-from ddpd.cli.common import OneLineParser, add_runtime_arguments, apply_threads, run_tool
+from ddpd.cli.common import (OneLineParser, add_runtime_arguments, apply_threads, flag_error, resolve_device,
+                             run_tool)
 from ddpd.training.trainer import KINDS, TOKENIZERS
 
 
@@ -110,13 +111,28 @@ def _train_config(args: argparse.Namespace):
     return TrainConfig.from_dict(given)
 
 
+def _checked_config(args: argparse.Namespace):
+    """The run's TrainConfig; a setting it refuses is a usage error (exit status 2) naming
+    its flag. A checkpoint that cannot be read for --resume stays a CheckpointError."""
+    from ddpd.checkpoint import CheckpointError
+
+    try:
+        if "device" in args:
+            resolve_device(args.device)
+        return _train_config(args)
+    except CheckpointError:
+        raise
+    except (TypeError, ValueError, FileNotFoundError) as err:
+        raise flag_error(err, [action.dest for action in build_parser()._actions]) from None
+
+
 def run(args: argparse.Namespace, state: dict) -> int:
     from ddpd.cli.common import Interrupted
     from ddpd.models import count_parameters
     from ddpd.training.trainer import Trainer
 
     apply_threads(getattr(args, "threads", None))
-    config = _train_config(args)
+    config = _checked_config(args)
     try:
         trainer = Trainer(config, resume=args.resume, progress=args.progress, log=print,
                           allow_data_change=args.allow_data_change)

@@ -133,6 +133,10 @@ class TrainConfig:
             if not 0 <= getattr(self, name) < math.inf:
                 raise ValueError(f"{name} must be finite and >= 0, got {getattr(self, name)}")
         get_schedule(self.schedule)
+        # the network's shape (d_model a multiple of n_heads, ...), refused now rather than after
+        # the corpus is read; the vocabulary is not known yet and does not constrain it
+        config_for(self.kind, 1, self.seq_len, d_model=self.d_model, n_layers=self.n_layers, n_heads=self.n_heads,
+                   dropout=self.dropout, num_classes=self.num_classes)
         if self.label_dropout and not self.num_classes:
             raise ValueError(f"label_dropout needs num_classes > 0 (class labels to drop), got {self.label_dropout}")
         # absolute paths, so a resumed run recognises its settings from any directory
