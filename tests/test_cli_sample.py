@@ -326,8 +326,8 @@ def test_networks_of_different_lengths_are_warned_about(ckpts, tmp_path, capsys)
             "--out", str(tmp_path / "s.jsonl")]
     code, _, err = run_cli(capsys, *argv)
     assert code == 0 and err.count("warning") == 1
-    assert (f"warning: --planner {tmp_path / 'long'} takes sequences of up to {2 * D} tokens, --denoiser "
-            f"{ckpts['mask-denoiser']} of up to {D}: sampling {D} tokens (--length sets it)") in err, err
+    assert (f"ddpd-sample: warning: --planner {tmp_path / 'long'} takes sequences of {2 * D} tokens, --denoiser "
+            f"{ckpts['mask-denoiser']} of {D}: using {D} (--length sets it)\n") in err, err
     assert len(read_jsonl(tmp_path / "s.jsonl")[0]["tokens"]) == D
     code, _, err = run_cli(capsys, *argv, "--length", str(D))
     assert code == 0 and "warning" not in err

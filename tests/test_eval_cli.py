@@ -63,6 +63,19 @@ def test_elbo_command_writes_reproducible_tables(setup, capsys):
     assert all(r["num_sequences"] == 6 and r["length"] == L for r in first["elbo"])
 
 
+def test_models_of_different_lengths_are_warned_about(setup, capsys, tmp_path):
+    config = config_for("planner", V, 2 * L, d_model=16, n_layers=1, n_heads=2)
+    save_checkpoint(tmp_path / "long", build_model("planner", config),
+                    {"kind": "planner", "model": config.to_dict(), "tokenizer": {"name": "text8"},
+                     "training": {"seq_len": 2 * L}})
+    code, out, err = _run(capsys, "elbo", "--planner", tmp_path / "long", "--denoiser", setup["mask-denoiser"],
+                          "--data", setup["data"], "--num-sequences", 2, "--no-progress")
+    assert code == 0, err
+    assert err == (f"ddpd-eval: warning: --planner {tmp_path / 'long'} takes sequences of {2 * L} tokens, "
+                   f"--denoiser {setup['mask-denoiser']} of {L}: using {L}\n")
+    assert f"on 2 x {L} tokens" in out
+
+
 def test_quality_command(setup, capsys):
     p = setup
     out_dir = p["root"] / "quality"

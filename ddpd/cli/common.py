@@ -232,20 +232,31 @@ def shared_facts(entries: Sequence[Tuple[str, dict]]) -> Dict[str, object]:
     """What a set of checkpoints (name, config) used together must share: the vocabulary,
     the tokenizer and (diffusion models; not the AR judge) the schedule; UsageError
     naming the two that differ. Returns {"vocab_size", "tokenizer", "schedule",
-    "seq_len"} (seq_len: the shortest training length of the diffusion models)."""
+    "seq_len", "seq_lens"} (seq_len: the shortest training length of the diffusion models,
+    seq_lens: each one's by name)."""
     facts: Dict[str, object] = {}
     owners: Dict[str, str] = {}
-    lengths = []
+    lengths: Dict[str, int] = {}
     for name, config in entries:
         values = {"vocab_size": vocabulary(config), "tokenizer": config.get("tokenizer")}
         if config["kind"] != "ar":
             values["schedule"] = config.get("schedule", "linear")
-            lengths.append(int(config.get("training", {}).get("seq_len", config["model"]["max_seq_len"])))
+            lengths[name] = int(config.get("training", {}).get("seq_len", config["model"]["max_seq_len"]))
         for key, value in values.items():
             if key in facts and facts[key] != value:
                 raise UsageError(f"{name} has {key} {value!r}, but {owners[key]} has {facts[key]!r}: "
                                  "they cannot be used together")
             facts.setdefault(key, value)
             owners.setdefault(key, name)
-    facts["seq_len"] = min(lengths) if lengths else None
+    facts["seq_len"] = min(lengths.values()) if lengths else None
+    facts["seq_lens"] = lengths
     return facts
+
+
+def warn_if_lengths_differ(prog: str, lengths: Dict[str, int], hint: str = "") -> None:
+    """Models used together run at the shortest length among them: say so when they
+    differ, as the longer ones never see the length they were made for."""
+    if len(set(lengths.values())) > 1:
+        (short, length), *_, (long, longer) = sorted(lengths.items(), key=lambda item: item[1])
+        print(f"{prog}: warning: {long} takes sequences of {longer} tokens, {short} of {length}: "
+              f"using {length}{hint}", file=sys.stderr)

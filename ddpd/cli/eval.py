@@ -31,7 +31,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ddpd.cli.common import OneLineParser, UsageError, add_runtime_arguments, apply_threads, load_role, \
-    refuse_empty_paths, resolve_device, run_tool, shared_facts
+    refuse_empty_paths, resolve_device, run_tool, shared_facts, warn_if_lengths_differ
 from ddpd.cli.samplers import add_truncation_arguments, truncation_from
 
 SAMPLER_HELP = ("ddpd-{A,AB,ABC}-{mask,uniform,uniform-model}, tau-planned-{mask,uniform}, dfm-eta<eta>, "
@@ -167,6 +167,7 @@ def load_models(args: argparse.Namespace) -> Loaded:
     if not [k for k in loaded.models if k != "judge"]:
         raise UsageError("no model to evaluate: give --planner with --denoiser, and/or --uniform")
     loaded.shared = shared_facts(configs)
+    warn_if_lengths_differ("ddpd-eval", loaded.shared["seq_lens"])
     return loaded
 
 

@@ -77,7 +77,8 @@ from typing import List, Optional, Tuple
 import torch
 
 from ddpd.cli.common import (OneLineParser, Stdout, UsageError, add_runtime_arguments, apply_threads, check_finite,
-                             load_role, refuse_empty_paths, run_tool, shared_facts)
+                             load_role, refuse_empty_paths, run_tool, shared_facts,
+                             warn_if_lengths_differ)
 from ddpd.cli.samplers import FAMILIES, add_truncation_arguments, truncation_from
 
 NUM_SAMPLES, NUM_SAMPLES_BUNDLED = 8, 4
@@ -386,15 +387,6 @@ def check_args(args) -> None:
     truncation_from(args)
 
 
-def warn_if_lengths_differ(models: Models, show: bool) -> None:
-    """Without --length a sample is as long as the shorter network takes: say so when the
-    two differ, as the longer network then never sees the length it was made for."""
-    if show and len(set(models.lengths.values())) > 1:
-        (short, length), (long, longer) = sorted(models.lengths.items(), key=lambda item: item[1])
-        print(f"ddpd-sample: warning: {long} takes sequences of up to {longer} tokens, {short} of up to "
-              f"{length}: sampling {length} tokens (--length sets it)", file=sys.stderr)
-
-
 def warn_if_too_few_steps(args, frozen: Optional[torch.Tensor]) -> None:
     """The Gillespie sampler denoises one position per step after its parallel stage:
     a budget that cannot reach every position a prompt leaves free leaves samples
@@ -429,7 +421,8 @@ def run(args, stdout: Optional[Stdout] = None) -> int:
         models.prepare(dtype, args.device_obj)
         if args.length is None:
             args.length = models.max_length
-            warn_if_lengths_differ(models, group.is_main)
+            if group.is_main:
+                warn_if_lengths_differ("ddpd-sample", models.lengths, " (--length sets it)")
         if not 1 <= args.length <= models.max_length:
             raise UsageError(f"--length must be in [1, {models.max_length}] (the models' max_seq_len), "
                              f"got {args.length}")
