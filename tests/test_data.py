@@ -107,6 +107,15 @@ def test_load_text_reads_local_files(tmp_path, wiki_text):
         load_text("hf:")
 
 
+def test_text_a_tokenizer_refuses_is_named_by_its_corpus(tmp_path):
+    assert Text8Tokenizer().encode_tensor("").shape == (0,)
+    path = tmp_path / "crlf.txt"
+    path.write_bytes(b"the cat sat\r\non the mat\r\n")
+    with pytest.raises(ValueError, match=re.escape(f"data {path}: text must contain only space and a-z (text8 "
+                                                   "format), got '\\r' (U+000D) at position 11")):
+        load_splits(str(path), Text8Tokenizer())
+
+
 def test_split_by_position(wiki_text):
     tokens = encode_corpus(wiki_text, Text8Tokenizer())
     n = tokens.numel()
@@ -227,7 +236,11 @@ def test_labelled_corpus_records_and_their_split_by_class(tmp_path):
     ('{"text": "ab", "label": 0', "line 2: not JSON"), ('["ab", 0]', "line 2: expected an object"),
     ('{"label": 0}', "line 2: expected an object"), ('{"text": "ab", "label": -1}', "line 2: 'label' must be"),
     ('{"text": "ab", "label": true}', "'label' must be an int"), ('{"text": "ab"}', "'label' must be an int"),
-    ('{"text": "Ab", "label": 0}', "line 2: Text8Tokenizer.encode: text must contain only space and a-z"),
+    ('{"text": "Ab", "label": 0}', "line 2: text must contain only space and a-z"),
+    ('{"text": "", "label": 0}', "line 2: 'text' is empty"),
+    ('{"text": "ab", "label": 100000000000000000000}', "line 2: 'label' must be an int in [0, 2**63)"),
+    ('{"text": "ab", "label": ' + "9" * 5000 + "}", "line 2: not JSON (Exceeds the limit"),
+    ("[" * 50000 + "]" * 50000, "line 2: not JSON (nested too deeply)"),
 ])
 def test_labelled_corpus_errors_name_the_line(tmp_path, line, message):
     path = tmp_path / "bad.jsonl"

@@ -76,7 +76,10 @@ class Text8Tokenizer:
 
     def encode_tensor(self, text: str) -> Tensor:
         """encode() as a Long tensor, without a Python list (text8 has 100 M characters)."""
-        return torch.frombuffer(bytearray(self._ids(text)), dtype=torch.uint8).long()
+        ids = self._ids(text)
+        if not ids:  # frombuffer refuses an empty buffer
+            return torch.empty(0, dtype=torch.long)
+        return torch.frombuffer(bytearray(ids), dtype=torch.uint8).long()
 
     def _ids(self, text: str) -> bytes:
         if not isinstance(text, str):
@@ -252,11 +255,17 @@ def _load_dataset_quietly(*args, **kwargs):
             datasets.enable_progress_bars()
 
 
-def encode_corpus(text: str, tokenizer) -> Tensor:
-    """The whole text as one Long[N] token stream."""
-    if hasattr(tokenizer, "encode_tensor"):
-        return tokenizer.encode_tensor(text)
-    return torch.tensor(tokenizer.encode(text), dtype=torch.long)
+def encode_corpus(text: str, tokenizer, where: Optional[str] = None) -> Tensor:
+    """The whole text as one Long[N] token stream; text the tokenizer refuses is a
+    ValueError that starts with `where` ("data FILE"), when given."""
+    try:
+        if hasattr(tokenizer, "encode_tensor"):
+            return tokenizer.encode_tensor(text)
+        return torch.tensor(tokenizer.encode(text), dtype=torch.long)
+    except ValueError as err:
+        if where is None:
+            raise
+        raise ValueError(f"{where}: {str(err).split(': ', 1)[-1]}") from None  # without the tokenizer's name
 
 
 def split_tokens(tokens: Tensor, fractions: Sequence[float] = SPLIT_FRACTIONS) -> Dict[str, Tensor]:
@@ -282,7 +291,7 @@ def load_splits(source: str, tokenizer, fractions: Sequence[float] = SPLIT_FRACT
     """Load, tokenize and split a plain-text corpus (see `load_text`, `split_tokens`)."""
     if is_labelled(source):
         raise ValueError(f"data {source} is a labelled corpus ({LABELLED_SUFFIX}); this reads plain text")
-    return split_tokens(encode_corpus(load_text(source), tokenizer), fractions)
+    return split_tokens(encode_corpus(load_text(source), tokenizer, f"data {source}"), fractions)
 
 
 # ---------------------------------------------------------------- labelled corpora
@@ -349,15 +358,16 @@ def load_labelled(source: str, tokenizer, text: Optional[str] = None) -> Records
             record = json.loads(line)
         except json.JSONDecodeError as err:
             raise ValueError(f"{where}: not JSON ({err.msg} at column {err.colno})") from None
+        except (ValueError, RecursionError) as err:  # an integer of > 4300 digits, nesting too deep
+            raise ValueError(f"{where}: not JSON ({'nested too deeply' if isinstance(err, RecursionError) else err})")
         if not isinstance(record, dict) or not isinstance(record.get("text"), str):
             raise ValueError(f"{where}: expected an object {{\"text\": str, \"label\": int}}, got {line[:60]!r}")
+        if not record["text"]:
+            raise ValueError(f"{where}: 'text' is empty (a record needs text to train on)")
         label = record.get("label")
-        if isinstance(label, bool) or not isinstance(label, int) or label < 0:
-            raise ValueError(f"{where}: 'label' must be an int >= 0 (a class id), got {label!r}")
-        try:
-            pieces.append(encode_corpus(record["text"], tokenizer))
-        except ValueError as err:
-            raise ValueError(f"{where}: {err}") from None
+        if isinstance(label, bool) or not isinstance(label, int) or not 0 <= label < 2**63:
+            raise ValueError(f"{where}: 'label' must be an int in [0, 2**63) (a class id), got {str(label)[:40]}")
+        pieces.append(encode_corpus(record["text"], tokenizer, where))
         labels.append(label)
     if not pieces:
         raise ValueError(f"data {source} holds no record")

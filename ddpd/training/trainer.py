@@ -335,7 +335,7 @@ class Trainer:
         config = self.config
         if not is_labelled(config.data):
             return {name: Records.stream(tokens) for name, tokens in
-                    split_tokens(encode_corpus(text, self.tokenizer)).items()}
+                    split_tokens(encode_corpus(text, self.tokenizer, f"data {config.data}")).items()}
         records = load_labelled(config.data, self.tokenizer, text)
         if not config.num_classes:
             records.labels = None  # an unconditional model trained on the records' texts
