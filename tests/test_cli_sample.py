@@ -578,12 +578,17 @@ def test_prompt_and_prompt_files(ckpts, tmp_path, capsys):
     (["--prompts", "{missing}"], "No such file or directory"),
     (["--infills", "{empty}"], "holds no line"),
     (["--prompts", "{bad}"], "line 2: cannot encode the text"),
+    (["--prompts", "{form_feed}"], "line 1: cannot encode the text: text must contain only space and a-z (text8 "
+                                   "format), got '\\x0c' (U+000C) at position 2"),
+    (["--infill", "ab_cD"], "got 'D' (U+0044) at position 4; 1 such"),  # positions in the whole text
+    (["--infill", "A_B_C"], "got 'A' (U+0041) at position 0; 3 such"),
     (["--prompt", "a", "--infill", "b"], "not allowed with argument"),
 ])
 def test_prompts_that_cannot_be_used_are_named_in_one_line(ckpts, tmp_path, capsys, argv, message):
     (tmp_path / "empty.txt").write_text("")
     (tmp_path / "bad.txt").write_text("fine\nNot fine\n")
-    paths = {name: str(tmp_path / f"{name}.txt") for name in ("missing", "empty", "bad")}
+    (tmp_path / "form_feed.txt").write_text("ab\x0ccd\n")  # one line, not two: only line breaks split lines
+    paths = {name: str(tmp_path / f"{name}.txt") for name in ("missing", "empty", "bad", "form_feed")}
     argv = [a.format(**paths) for a in argv]
     try:
         code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], *argv)

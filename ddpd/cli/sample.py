@@ -260,6 +260,8 @@ def _encode(tokenizer, text: str, gaps: bool, length: int, where: str) -> List[i
     pieces = text.split(GAP) if gaps else [text]
     ids: List[int] = []
     try:
+        if gaps:  # first the whole text, each gap as a space, so that an error's positions and counts are the text's
+            tokenizer.encode(text.replace(GAP, " "))
         for i, piece in enumerate(pieces):
             ids += ([-1] if i else []) + tokenizer.encode(piece)
     except ValueError as err:
@@ -283,8 +285,10 @@ def read_prompts(args) -> Optional[Tuple[List[str], bool, List[str]]]:
         if path is None:
             continue
         try:
-            with open(path, encoding="utf-8") as f:
-                lines = f.read().splitlines()
+            with open(path, encoding="utf-8") as f:  # universal newlines: \r\n and \r read as \n
+                lines = f.read().split("\n")  # not splitlines(): it also splits at form feeds, U+2028, ...
+            if lines[-1] == "":
+                lines.pop()  # the end of the last line
         except UnicodeDecodeError as err:
             raise UsageError(f"--{option} {path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
         except OSError as err:
