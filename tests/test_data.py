@@ -72,6 +72,14 @@ def test_gpt2_known_ids_and_round_trip(gpt2):
     assert len(ids) < len(text) / 2  # BPE merges: far fewer tokens than characters
 
 
+def test_gpt2_refuses_lone_surrogates(gpt2):
+    """They are not Unicode text (undecodable bytes read with surrogateescape); tiktoken
+    would encode them as U+FFFD."""
+    with pytest.raises(ValueError, match="lone surrogate U\\+D800 at position 1"):
+        gpt2.encode("a\ud800b")
+    assert gpt2.decode(gpt2.encode("a\U0001F600b")) == "a\U0001F600b"  # a surrogate pair in UTF-16 only
+
+
 def test_gpt2_special_token_text_is_ordinary(gpt2):
     ids = gpt2.encode("a <|endoftext|> b")
     assert 50256 not in ids
@@ -94,6 +102,9 @@ def test_tokenizer_config_round_trip(gpt2):
     with pytest.raises(ValueError, match="'name' must be"):
         tokenizer_from_config({"name": "bytes"})
     assert tokenizer_from_config({"name": "gpt2"}).path == TIKTOKEN  # the shipped ranks file
+    assert tokenizer_from_config({"name": "gpt2", "path": "/moved/gpt2.tiktoken"}).path == TIKTOKEN
+    with pytest.raises(ValueError, match="records a GPT-2 ranks file of sha256 deadbeef"):
+        tokenizer_from_config({"name": "gpt2", "sha256": "deadbeef"})
 
 
 def test_load_text_reads_local_files(tmp_path, wiki_text):
@@ -241,6 +252,7 @@ def test_labelled_corpus_records_and_their_split_by_class(tmp_path):
     ('{"text": "ab", "label": 100000000000000000000}', "line 2: 'label' must be an int in [0, 2**63)"),
     ('{"text": "ab", "label": ' + "9" * 5000 + "}", "line 2: not JSON (Exceeds the limit"),
     ("[" * 50000 + "]" * 50000, "line 2: not JSON (nested too deeply)"),
+    ('{"text": "ab", "label": 0, "label": 1}', "line 2: not JSON (the key 'label' appears more than once)"),
 ])
 def test_labelled_corpus_errors_name_the_line(tmp_path, line, message):
     path = tmp_path / "bad.jsonl"

@@ -627,6 +627,24 @@ def test_class_settings_are_checked(labelled, tmp_path, changes, message):
         config(data, tmp_path, **changes)
 
 
+def test_a_class_with_no_training_record_is_warned_about(labelled, tmp_path):
+    """A class of one record: the 90/5/5 split within the class sends it to test, so the
+    network would never see the class; the run says so instead of training silently."""
+    lines = open(labelled).read().splitlines()
+    few = tmp_path / "few.jsonl"
+    few.write_text("\n".join([line for line in lines if '"label": 0' in line] + [lines[1]]) + "\n")
+    assert '"label": 1' in lines[1]
+    messages = []
+    Trainer(config(str(few), tmp_path / "out", "mask-denoiser", num_classes=2), progress=False,
+            log=messages.append)
+    warnings = [m for m in messages if m.startswith("warning")]
+    assert warnings == [f"warning: class 1 of data {few} has no training record of seq_len=32 tokens or more (a "
+                        "class's records are split 90/5/5 in order): the network will not learn it"], messages
+    messages.clear()
+    Trainer(config(labelled, tmp_path / "both", "mask-denoiser", num_classes=2), progress=False, log=messages.append)
+    assert not [m for m in messages if m.startswith("warning")]
+
+
 def test_labels_must_be_classes_of_the_model(labelled, tmp_path, capsys):
     code, _, err = run_cli(capsys, "planner", "--data", labelled, "--out", tmp_path / "o", "--num-classes", "1",
                            *TINY_CLI)

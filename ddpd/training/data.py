@@ -53,6 +53,7 @@ CORPUS_NAMES = {"books": "the text8-format public-domain books shipped with ddpd
                 "text8": f"the full text8 (100 M characters), downloaded with `datasets` from {HUB_TEXT8}"}
 
 _NOT_TEXT8 = re.compile(r"[^ a-z]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 _TEXT8_TABLE = bytes.maketrans(TEXT8_ALPHABET.encode("ascii"), bytes(range(len(TEXT8_ALPHABET))))
 
 
@@ -132,6 +133,10 @@ class GPT2Tokenizer:
     def encode(self, text: str) -> list:
         if not isinstance(text, str):
             raise TypeError(f"GPT2Tokenizer.encode: text must be str, got {type(text).__name__}")
+        bad = _SURROGATE.search(text)
+        if bad is not None:  # tiktoken would encode it as U+FFFD: a silent change of the text
+            raise ValueError(f"GPT2Tokenizer.encode: text must be Unicode text, got a lone surrogate "
+                             f"U+{ord(bad.group()):04X} at position {bad.start()} (undecodable bytes?)")
         return self._encoding.encode_ordinary(text)
 
     def decode(self, ids: Iterable[int]) -> str:
@@ -153,10 +158,13 @@ def tokenizer_from_config(config: dict):
     if name == "text8":
         return Text8Tokenizer()
     if name == "gpt2":
-        # A path recorded by an older version is used where it still exists; the
-        # shipped ranks file is the same file (checked by its sha256).
-        path = config.get("path")
-        return GPT2Tokenizer(path if isinstance(path, str) and os.path.isfile(path) else None)
+        # Every valid ranks file is byte for byte the shipped one, so a path recorded by an
+        # older version is not needed; a recorded sha256 must be that file's.
+        digest = config.get("sha256", GPT2_SHA256)
+        if digest != GPT2_SHA256:
+            raise ValueError(f"tokenizer config records a GPT-2 ranks file of sha256 {str(digest)[:64]}, not "
+                             f"{GPT2_SHA256} (the GPT-2 vocabulary ddpd reads)")
+        return GPT2Tokenizer()
     raise ValueError(f"tokenizer config 'name' must be 'text8' or 'gpt2', got {name!r}")
 
 
@@ -345,6 +353,14 @@ class Records:
         return {name: self.select(torch.sort(torch.cat(index)).values) for name, index in parts.items()}
 
 
+def _without_repeated_keys(pairs) -> dict:
+    keys = [key for key, _ in pairs]
+    repeated = sorted({key for key in keys if keys.count(key) > 1})
+    if repeated:  # json.loads would keep the last silently
+        raise ValueError(f"the key {repeated[0]!r} appears more than once")
+    return dict(pairs)
+
+
 def load_labelled(source: str, tokenizer, text: Optional[str] = None) -> Records:
     """The labelled corpus at `source` (a .jsonl file; `text`: its content, if already read)
     as Records. ValueError naming the line for anything but {"text": str, "label": int >= 0}."""
@@ -355,7 +371,7 @@ def load_labelled(source: str, tokenizer, text: Optional[str] = None) -> Records
             continue
         where = f"data {source} line {number}"
         try:
-            record = json.loads(line)
+            record = json.loads(line, object_pairs_hook=_without_repeated_keys)
         except json.JSONDecodeError as err:
             raise ValueError(f"{where}: not JSON ({err.msg} at column {err.colno})") from None
         except (ValueError, RecursionError) as err:  # an integer of > 4300 digits, nesting too deep

@@ -353,6 +353,21 @@ class Trainer:
                     f"{held.numel()} records of at most {int(held.max())} tokens"
                 raise ValueError(f"data {self.config.data}: its {name} split holds {what}, "
                                  f"fewer than seq_len={seq_len}; use a longer corpus or a shorter seq_len")
+        self._warn_of_untrained_classes(splits)
+
+    def _warn_of_untrained_classes(self, splits: Dict[str, Records]) -> None:
+        """A class whose records all went to validation and test (a class of a few records:
+        the split is 90/5/5 by position within each class), or whose training records are
+        all shorter than seq_len, is never trained on: say so."""
+        train = splits["train"]
+        if train.labels is None:
+            return
+        trained = set(train.labels[train.windows(self.config.seq_len) > 0].tolist())
+        every = set(torch.cat([part.labels for part in splits.values()]).tolist())
+        for label in sorted(every - trained):
+            self.log(f"warning: class {label} of data {self.config.data} has no training record of seq_len="
+                     f"{self.config.seq_len} tokens or more (a class's records are split 90/5/5 in order): "
+                     "the network will not learn it")
 
     # ---- the loop ----------------------------------------------------------------
 
