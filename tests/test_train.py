@@ -299,6 +299,7 @@ def test_cli_trains_and_resumes(corpus, tmp_path, capsys):
 @pytest.mark.parametrize("argv, message, status", [
     (["planner", "--data", "/nonexistent/corpus.txt", "--out", "{tmp}/o"], "--data: no such file", 2),
     (["planner", "--out", "{tmp}/o"], "--data is required", 2),
+    (["planner", "--data", "hf:", "--out", "{tmp}/o"], "--data: data source 'hf:NAME[:CONFIG]' needs a dataset", 2),
     (["planner", "--data", "{corpus}", "--out", "{tmp}/o", "--resume"], "checkpoint directory not found", 1),
     (["planner", "--data", "{corpus}", "--out", "{tmp}/o", "--d-model", "30", "--n-heads", "4"],
      "--d-model: expected a multiple of n_heads=4, got 30", 2),

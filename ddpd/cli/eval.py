@@ -185,7 +185,7 @@ def _heldout(args: argparse.Namespace, loaded: Loaded, num: Optional[int]) -> to
 
     try:
         resolve_source(args.data)
-    except FileNotFoundError as err:
+    except (FileNotFoundError, ValueError) as err:
         raise UsageError(f"--data: {err}") from None
     if loaded.tokenizer is None:
         raise UsageError("the checkpoints do not record their tokenizer; cannot encode --data")

@@ -31,8 +31,8 @@ import os
 import sys
 from typing import List, Optional
 
-from ddpd.cli.common import (OneLineParser, add_runtime_arguments, apply_threads, flag_error, resolve_device,
-                             run_tool)
+from ddpd.cli.common import (OneLineParser, UsageError, add_runtime_arguments, apply_threads, flag_error,
+                             resolve_device, run_tool)
 from ddpd.training.trainer import KINDS, TOKENIZERS
 
 
@@ -104,10 +104,10 @@ def _train_config(args: argparse.Namespace):
         raise ValueError("--data is required (the training corpus: a file, books, text8 or hf:NAME)")
     try:
         resolve_source(given["data"])
-    except FileNotFoundError as err:
-        raise FileNotFoundError(f"--data: {err}") from None
+    except (FileNotFoundError, ValueError) as err:
+        raise UsageError(f"--data: {err}") from None
     if "tiktoken" in given and not os.path.isfile(given["tiktoken"]):
-        raise FileNotFoundError(f"--tiktoken: no such file: {given['tiktoken']}")
+        raise UsageError(f"--tiktoken: no such file: {given['tiktoken']}")
     return TrainConfig.from_dict(given)
 
 
@@ -122,7 +122,7 @@ def _checked_config(args: argparse.Namespace):
         return _train_config(args)
     except CheckpointError:
         raise
-    except (TypeError, ValueError, FileNotFoundError) as err:
+    except (TypeError, ValueError) as err:
         raise flag_error(err, [action.dest for action in build_parser()._actions]) from None
 
 

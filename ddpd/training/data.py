@@ -171,11 +171,14 @@ def tokenizer_from_config(config: dict):
 def resolve_source(source: str) -> str:
     """The canonical form of a corpus source: `hf:NAME[:CONFIG]` as given, an existing
     file as its absolute path, else a corpus name of CORPUS_NAMES as given. Raises
-    FileNotFoundError for anything else (naming the corpora that need no file)."""
+    FileNotFoundError for anything else (naming the corpora that need no file), and
+    ValueError for an `hf:` without a name."""
     if not isinstance(source, (str, os.PathLike)):
         raise TypeError(f"data source must be a path, a corpus name or 'hf:NAME', got {type(source).__name__}")
     source = os.fspath(source)
     if source.startswith("hf:"):
+        if not source[3:].partition(":")[0]:
+            raise ValueError(f"data source 'hf:NAME[:CONFIG]' needs a dataset name, got {source!r}")
         return source
     if os.path.exists(source):
         return os.path.abspath(source)
@@ -223,8 +226,6 @@ def fingerprint(text: str) -> dict:
 
 def _load_hub_text(name: str, splits: Sequence[str] = ("train",), joiner: str = "\n") -> str:
     repo, _, config = name.partition(":")
-    if not repo:
-        raise ValueError(f"data source 'hf:NAME[:CONFIG]' needs a dataset name, got 'hf:{name}'")
     require_extra("datasets", "hf", f"the Hugging Face dataset {repo!r}")
     parts = []
     for split in splits:
