@@ -348,11 +348,16 @@ class OutputLock:
         parent, name = os.path.split(self.path)
         self.lock_path = os.path.join(parent, f".{_fitted(name, NAME_MAX - 6)}.lock")
         self._fd: Optional[int] = None
+        self._made: list = []  # the directories acquire() created, deepest first
 
     def acquire(self) -> "OutputLock":
         import fcntl
 
         parent = os.path.dirname(self.path)
+        missing = parent
+        while not os.path.exists(missing):
+            self._made.append(missing)
+            missing = os.path.dirname(missing)
         try:
             os.makedirs(parent, exist_ok=True)
         except OSError as err:
@@ -392,6 +397,12 @@ class OutputLock:
             pass
         os.close(self._fd)
         self._fd = None
+        for directory in self._made:  # a run that wrote nothing leaves no empty directories behind
+            try:
+                os.rmdir(directory)
+            except OSError:  # not empty: it holds the output, or something of someone else's
+                break
+        self._made = []
 
     def __del__(self) -> None:  # an abandoned holder releases its lock
         try:

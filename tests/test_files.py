@@ -174,6 +174,15 @@ with files.atomic_directory({str(tmp_path / "ck")!r}) as new:
     assert _entries(tmp_path) == ["ck"] and (tmp_path / "ck" / "model").read_text() == "version 1"
 
 
+def test_a_lock_removes_the_directories_it_made_if_they_stay_empty(tmp_path):
+    with files.OutputLock(tmp_path / "a" / "new" / "run"):
+        assert (tmp_path / "a" / "new").is_dir()
+    assert _entries(tmp_path) == []  # a run that failed before writing leaves nothing
+    with files.OutputLock(tmp_path / "a" / "new" / "run"):
+        files.write_text(tmp_path / "a" / "new" / "run", "output")
+    assert _entries(tmp_path / "a" / "new") == ["run"]
+
+
 def test_output_lock_refuses_a_second_writer_and_names_the_holder(tmp_path):
     first = files.OutputLock(tmp_path / "run").acquire()
     with pytest.raises(files.OutputLockedError, match=f"being written by pid {os.getpid()} on "):
