@@ -152,6 +152,11 @@ RESUME = dict(kind="mask-denoiser", steps=8, batch_size=8, dropout=0.1, ema=0.9,
               eval_every=4, eval_batches=2, save_every=3, seed=5)
 
 
+def losses(history):
+    """What a resumed run's history must repeat exactly (its throughput is a time)."""
+    return [(h["step"], h["train_loss"], h["val_loss"]) for h in history]
+
+
 def assert_same_checkpoints(a, b):
     assert open(os.path.join(a, "model.safetensors"), "rb").read() == \
         open(os.path.join(b, "model.safetensors"), "rb").read()
@@ -160,6 +165,7 @@ def assert_same_checkpoints(a, b):
     assert state_a.keys() == state_b.keys()
     assert [k for k in state_a if not torch.equal(state_a[k], state_b[k])] == []
     assert meta_a["step"] == meta_b["step"]
+    assert losses(meta_a["history"]) == losses(meta_b["history"])  # train losses averaged over the whole run
 
 
 @pytest.fixture(scope="module")
@@ -183,7 +189,7 @@ def test_killed_run_resumes_bitwise(corpus, tmp_path, full_run):
     assert_same_checkpoints(full.config.out, tmp_path / "part")
     sa, sb = full.model.state_dict(), resumed.model.state_dict()
     assert all(torch.equal(sa[k], sb[k]) for k in sa)
-    assert [h["val_loss"] for h in resumed.history] == [h["val_loss"] for h in full.history]
+    assert losses(resumed.history) == losses(full.history)  # step 3 is between two records (eval_every 4)
 
     # the comparison has teeth: a resume that loses the dropout RNG state diverges
     Trainer(config(corpus, tmp_path / "lost", **RESUME)).train(stop_at=3)
@@ -464,6 +470,33 @@ def test_damaged_training_state_is_refused_in_one_line(corpus, tmp_path, capsys,
         Trainer(config(corpus, out, steps=20, save_every=2), resume=True)
     code, _, err = run_cli(capsys, "planner", "--out", out, "--resume", "--no-progress")
     assert code == 1 and err.count("\n") == 1 and "train_state" in err, err
+
+
+def test_a_resumed_run_keeps_its_evaluation_and_follows_its_corpus_by_content(tmp_path, capsys):
+    data = tmp_path / "corpus.txt"
+    data.write_text(BOOKS.read_text()[:60_000])
+    out = tmp_path / "p"
+    _checkpoint_at_step_2(str(data), out)
+    code, _, err = run_cli(capsys, "planner", "--out", out, "--resume", "--eval-batches", "1")
+    assert code == 1 and "changed settings: eval_batches (4 -> 1)" in err, err  # losses of another set
+    moved = tmp_path / "moved.txt"
+    os.rename(data, moved)  # the same text elsewhere is the same corpus
+    with Trainer(config(str(moved), out, steps=20, save_every=2), resume=True) as trainer:
+        trainer.train(stop_at=4)
+    assert read_config(out)["training"]["data"] == str(moved)
+
+
+def test_a_stop_asked_for_in_the_last_step_completes_the_run(corpus, tmp_path):
+    with Trainer(config(corpus, tmp_path / "p", steps=3)) as trainer:
+        original = trainer._optimizer_step
+
+        def step():
+            if trainer.step == 2:
+                trainer.request_stop("SIGTERM")
+            return original()
+        trainer._optimizer_step = step
+        trainer.train()
+        assert trainer.step == 3 and trainer.stop_reason is None
 
 
 def test_resume_verifies_the_weights(corpus, tmp_path, capsys):

@@ -18,7 +18,8 @@ classifier-free guidance (ddpd-sample --labels --guidance-scale). Without
 --num-classes the labels are ignored. --out is the checkpoint directory (model.safetensors + config.json +
 training state), loadable with ddpd.checkpoint.load_model. With --resume, settings not
 given are taken from the checkpoint (--save-every and --eval-every included); those
-given must match it (a resumed run is the same run), and so must the corpus.
+given must match it (a resumed run is the same run) except --save-every, --eval-every,
+--device and --threads, and the corpus must hold the same text (it may have moved).
 
 One run writes an --out at a time (a second is refused, naming the first). SIGINT,
 SIGTERM and SIGHUP stop the run after the current step with a checkpoint there; a

@@ -58,9 +58,11 @@ from ddpd.validation import check_int
 KINDS = ("planner", "mask-denoiser", "uniform-denoiser", "uniform", "ar")
 TOKENIZERS = ("text8", "gpt2")
 # settings that must not change when a run resumes, or it would not continue the same run
+# Settings a resumed run must keep (it is the same run). The corpus is compared by its
+# content (`corpus` fingerprint) where the checkpoint records one, by its path where not.
 RESUME_FIXED = ("kind", "data", "batch_size", "seq_len", "d_model", "n_layers", "n_heads", "dropout", "lr",
                 "min_lr", "warmup", "weight_decay", "grad_accum", "grad_clip", "ema", "seed", "tokenizer",
-                "tiktoken", "schedule", "steps", "max_time", "num_classes", "label_dropout")
+                "tiktoken", "schedule", "steps", "max_time", "num_classes", "label_dropout", "eval_batches")
 
 
 @dataclass
@@ -203,6 +205,10 @@ def check_train_state(path: str, tensors: Dict[str, Tensor], meta: dict, steps: 
         fail(f"'train_seconds' must be a finite number >= 0, got {seconds!r}")
     if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
         fail(f"'train_tokens' must be an int >= 0, got {tokens!r}")
+    pending = meta.get("pending_losses", [])
+    if not isinstance(pending, list) or not all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                                for x in pending):
+        fail(f"'pending_losses' must be a list of numbers, got {str(pending)[:60]}")
     if not isinstance(meta.get("optimizer_param_groups"), list):
         fail(f"'optimizer_param_groups' must be a list, got {meta.get('optimizer_param_groups')!r}")
     for name, shape in expected.items():
@@ -273,6 +279,7 @@ class Trainer:
         self.step = 0
         self.history: List[dict] = []
         self.train_seconds, self.train_tokens = 0.0, 0
+        self._losses: List[float] = []  # the step losses since the last history record
         if stored is not None:
             self._restore(stored)
 
@@ -308,8 +315,9 @@ class Trainer:
         stored = load_checkpoint(out, train_state=True)
         settings = stored.config.get("training", {})
         defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}  # of settings added later
+        fixed = [name for name in RESUME_FIXED if name != "data" or "corpus" not in stored.config]
         changed = [f"{name} ({settings.get(name, defaults[name])!r} -> {getattr(self.config, name)!r})"
-                   for name in RESUME_FIXED if settings.get(name, defaults[name]) != getattr(self.config, name)]
+                   for name in fixed if settings.get(name, defaults[name]) != getattr(self.config, name)]
         if changed:
             raise ValueError(f"cannot resume {out} with changed settings: {', '.join(changed)}")
         return stored
@@ -382,7 +390,7 @@ class Trainer:
         if self.step == 0 and not self.history:
             self._record(None)  # the untrained baseline
         bar = self._progress_bar(stop_at)
-        losses: List[float] = []
+        losses = self._losses  # saved with the checkpoint: a resumed run averages what the whole run would
         while self.step < stop_at and not self._stopping():
             started = time.perf_counter()
             losses.append(self._optimizer_step())
@@ -394,9 +402,10 @@ class Trainer:
                 bar.update(1)
             if self.step % config.eval_every == 0 or self.step == config.steps:
                 self._record(sum(losses) / len(losses))
-                losses = []
+                losses.clear()
             if self.out_of_time and self.step % config.eval_every and self.step != config.steps:
                 self._record(sum(losses) / len(losses))  # the last losses of a run cut by the clock
+                losses.clear()
             if self.step % config.save_every == 0 or self.step == stop_at or self.out_of_time:
                 self.save()
         if bar is not None:
@@ -405,6 +414,8 @@ class Trainer:
             self.save()  # a stopped run continues from where it stopped
         if self.out_of_time:
             self.log(f"stopped by max_time ({config.max_time:g} s of training) at step {self.step} of {config.steps}")
+        if self.step == config.steps:
+            self.stop_reason = None  # a stop asked for during the last step: the run is complete, not interrupted
         return self.history
 
     def request_stop(self, reason: str) -> None:
@@ -580,7 +591,7 @@ class Trainer:
                 tensors.update({f"model.{name}": p.detach().clone() for name, p in self.model.state_dict().items()})
             meta = {"step": self.step, "world_size": self.dist.world_size, "history": self.history,
                     "train_seconds": self.train_seconds, "train_tokens": self.train_tokens,
-                    "optimizer_param_groups": optimizer["param_groups"]}
+                    "pending_losses": list(self._losses), "optimizer_param_groups": optimizer["param_groups"]}
             save_checkpoint(self.config.out, self.exported, self.checkpoint_config(), (tensors, meta))
         self._saved_step = self.step
         self.dist.barrier()
@@ -640,6 +651,7 @@ class Trainer:
         self.history = meta["history"]
         # the clock of max_time goes on where it stopped
         self.train_seconds, self.train_tokens = meta.get("train_seconds", 0.0), meta.get("train_tokens", 0)
+        self._losses = list(meta.get("pending_losses", []))
 
     def __enter__(self) -> "Trainer":
         return self
