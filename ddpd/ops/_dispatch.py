@@ -25,8 +25,11 @@ def check_width(name: str, size: int) -> None:
 
 def contiguous(*tensors: Optional[torch.Tensor]) -> tuple:
     """Each tensor made contiguous (None stays None): the kernels index rows as
-    row * width, so strided noise, row ids or exclusions would be misread."""
-    return tuple(None if t is None else t.contiguous() for t in tensors)
+    row * width, so strided noise, row ids or exclusions would be misread. Detached
+    too: a draw has no gradient, and an output computed from a tensor that requires
+    one (noise, a temperature) would otherwise require one through a kernel without
+    a backward."""
+    return tuple(None if t is None else t.detach().contiguous() for t in tensors)
 
 
 def device_ids(ids: tuple, device: torch.device) -> torch.Tensor:

@@ -16,7 +16,13 @@ places in the full batch.
   index[i] >= 0 (so the -1 padding of compact_fixed is skipped); in place, returns
   out. Index entries must be < out.shape[0] (checked on CPU only) and distinct (not
   checked: where an entry repeats, one of its rows is written, on CUDA any one).
-  packed and out may also be equal-length sequences of tensors.
+  packed and out may also be equal-length sequences of tensors, and packed may share
+  memory with out (it is copied first).
+
+Where autograd must see a call (a tensor that requires grad, with grad enabled), both
+take their plain torch reference: it differentiates, and refuses an in-place write
+that would corrupt a saved tensor. Other calls tell autograd of scatter_back's write
+(the version counter), so a later backward through `out` still fails loudly.
 
 The kernels of compact_fixed check the rows of their tensors (dense,
 as many rows as active, on its device) themselves; only when a kernel refuses its
@@ -120,10 +126,19 @@ def _(active, capacity, tensors):
     return packed, active.new_empty(capacity, dtype=torch.int64), active.new_empty((), dtype=torch.int64)
 
 
+def _for_autograd(*tensors: torch.Tensor) -> bool:
+    """Whether autograd must see the call: the kernels have no backward and do not tell
+    autograd about their writes, so such a call takes the reference (plain torch, which
+    differentiates, and refuses in-place writes that would corrupt a gradient)."""
+    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
+
+
 def compact_fixed(active, capacity: int, *tensors: torch.Tensor) -> tuple[Tensors, torch.Tensor, torch.Tensor]:
     """(packed tensors of `capacity` rows, index Long[capacity] padded with -1, count Long[])."""
     _dispatch.refuse_transforms("compact_fixed", active, *tensors)
     capacity = _check_capacity(capacity)
+    if _for_autograd(*tensors):
+        return compact_fixed_reference(active, capacity, *tensors)
     if not _dispatch.eager(_check_active(active), *tensors):
         _check_rows(active, tensors)
         packed, index, count = _compact_fixed_op(active, capacity, list(tensors))
@@ -207,5 +222,13 @@ def scatter_back(index, packed: Union[torch.Tensor, Sequence[torch.Tensor]],
     pairs = _check_scatter(index, packed, out)
     eager = _dispatch.eager(index, *(t for pair in pairs for t in pair))
     for p, o in pairs:
-        (_scatter_back_impl if eager else _scatter_back_op)(index, p, o)
+        if not eager:  # traced: the op's schema declares the write
+            _scatter_back_op(index, p, o)
+        elif _for_autograd(p, o) or (o.is_inference() and not torch.is_inference_mode_enabled()):
+            scatter_back_reference(index, p, o)  # torch's own checks and errors
+        else:
+            if p.untyped_storage().data_ptr() == o.untyped_storage().data_ptr():
+                p = p.clone()  # the kernel copies row by row, in threads: it must not read what it writes
+            _scatter_back_impl(index, p, o)
+            torch.autograd.graph.increment_version(o)  # what an in-place torch op tells autograd
     return out

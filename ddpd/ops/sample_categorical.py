@@ -346,6 +346,7 @@ def prepare(op: str, input_name: str, inputs: torch.Tensor, vocab_size: int, tem
     _dispatch.check_width(f"V ({input_name})", vocab_size)
     lead = tuple(inputs.shape[:-1])
     rows = math.prod(lead)
+    temperature, top_p, min_p = (x.detach() if isinstance(x, torch.Tensor) else x for x in (temperature, top_p, min_p))
     controls = check_controls(temperature, top_k, top_p, min_p, lead, inputs)
     ids, per_row, allowed = check_masks(exclude_ids, exclude_per_row, allowed, lead, inputs, vocab_size)
     logprob, confidence = check_confidence(return_logprob, confidence)
