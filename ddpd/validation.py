@@ -51,8 +51,8 @@ def check_callable(name: str, value) -> Callable:
 
 
 def check_tensor(name: str, value, dtypes: Sequence[torch.dtype], dim: Optional[int] = None) -> torch.Tensor:
-    """TypeError/ValueError unless `value` is a tensor of one of `dtypes` with `dim` dims
-    (any number when dim is None) on a cpu or cuda device."""
+    """TypeError/ValueError unless `value` is a dense tensor of one of `dtypes` with `dim`
+    dims (any number when dim is None) on a cpu or cuda device."""
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
     if value.dtype not in dtypes:
@@ -62,6 +62,8 @@ def check_tensor(name: str, value, dtypes: Sequence[torch.dtype], dim: Optional[
         raise ValueError(f"{name} must be {dim}-D, got shape {tuple(value.shape)}")
     if value.device.type not in ("cpu", "cuda"):
         raise ValueError(f"{name} must be on a cpu or cuda device, got {value.device}")
+    if value.layout != torch.strided:  # the kernels read dense memory
+        raise TypeError(f"{name} must be a dense tensor, got layout {value.layout}")
     return value
 
 

@@ -250,3 +250,21 @@ def test_fused_step_compiles_with_inductor():
     compiled = torch.compile(step, fullgraph=True)
     for a, b in zip(compiled(planner_logits, x, hidden), step(planner_logits, x, hidden)):
         assert torch.equal(a, b)
+
+
+def test_an_empty_hidden_width_draws_from_the_bias():
+    """H = 0: the logits are the bias alone; both paths agree for any leading shape (the
+    reference's reshape(-1, 0) used to fail on a leading shape of two dimensions)."""
+    weight, bias = torch.randn(5, 0), torch.randn(5)
+    for hidden in (torch.randn(2, 0), torch.randn(2, 3, 0)):
+        got = sample_from_hidden(hidden, weight, bias, seed=1, return_logprob=True)
+        want = sample_from_hidden_reference(hidden, weight, bias, seed=1, return_logprob=True)
+        assert torch.equal(got[0], want[0]) and torch.allclose(got[2], want[2])
+
+
+def test_sparse_tensors_are_refused_by_name():
+    dense = torch.randn(2, 8)
+    with pytest.raises(TypeError, match="hidden must be a dense tensor, got layout torch.sparse_coo"):
+        sample_from_hidden(dense.to_sparse(), torch.randn(5, 8), None, seed=1)
+    with pytest.raises(TypeError, match="weight must be a dense tensor"):
+        sample_from_hidden(dense, torch.randn(5, 8).to_sparse(), None, seed=1)

@@ -334,7 +334,7 @@ class Call:
     def rows(self, inputs: torch.Tensor) -> torch.Tensor:
         """inputs [..., X] as [N, X], without gradient (a draw has none)."""
         x = inputs.detach() if inputs.requires_grad else inputs
-        return x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+        return x if x.dim() == 2 else x.reshape(math.prod(self.lead), x.shape[-1])  # not -1: H may be 0
 
 
 def prepare(op: str, input_name: str, inputs: torch.Tensor, vocab_size: int, temperature, exclude_ids,

@@ -92,7 +92,7 @@ def sample_from_hidden_reference(
     call = prepare_hidden(hidden, weight, bias, temperature, exclude_ids, exclude_per_row, allowed, top_k, top_p, min_p,
                           return_logprob, confidence, seed, offset, generator, row_ids, noise)
     vocab = weight.shape[0]
-    h = hidden.reshape(-1, hidden.shape[-1])
+    h = call.rows(hidden)
     check_id_values("exclude_ids", call.exclude_ids, vocab)
     check_id_values("exclude_per_row", call.exclude_per_row, vocab)
     rng.check_noise_values(call.noise)
