@@ -94,8 +94,11 @@ def require_extra(module: str, extra: str, purpose: str):
 
 def check_device(name: str, value, local_rank: Optional[int] = None):
     """torch.device for `value`: "auto" (CUDA if available, else CPU), "cpu", "cuda"
-    or "cuda:N"; `local_rank` picks the GPU of a torchrun process."""
+    or "cuda:N", or a torch.device of those; `local_rank` picks the GPU of a torchrun
+    process."""
     expected = "auto, cpu, cuda or cuda:N"
+    if isinstance(value, torch.device):  # checked like its name: a meta device, or CUDA absent, is refused
+        value = str(value)
     if not isinstance(value, str):
         raise TypeError(f"{name} must be {expected}, got {type(value).__name__} {value!r}")
     if value == "auto":

@@ -288,3 +288,18 @@ def test_bad_arguments_raise_clear_errors(call, error, match):
 def test_a_bad_device_is_refused_with_a_clear_error():
     with pytest.raises(ValueError, match="device must be auto, cpu, cuda or cuda:N, got 'bogus'"):
         ddpd_sample(M.planner, M.uniform_denoiser, 2, 4, 3, steps=2, device="bogus")
+    with pytest.raises(ValueError, match="device must be auto, cpu, cuda or cuda:N, got 'meta'"):
+        ddpd_sample(M.planner, M.uniform_denoiser, 2, 4, 3, steps=2, device=torch.device("meta"))
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA is not available"):
+            ddpd_sample(M.planner, M.uniform_denoiser, 2, 4, 3, steps=2, device=torch.device("cuda"))
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_a_philox_offset_given_as_a_tensor_draws_what_the_int_draws(fused):
+    """check_seed allows an int64 tensor of one element (the bits of the uint64) for the
+    offset as for the seed; the samplers failed on it with an OverflowError."""
+    runs = [ddpd_sample(M.planner, M.uniform_denoiser, 3, 4, 3, steps=6, fused=fused, noise=PhiloxNoise(7, offset))
+            for offset in (5, torch.tensor(5), 2**64 - 3, torch.tensor(-3))]
+    assert torch.equal(runs[0].tokens, runs[1].tokens) and torch.equal(runs[2].tokens, runs[3].tokens)
+    assert not torch.equal(runs[0].tokens, runs[2].tokens)

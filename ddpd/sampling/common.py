@@ -82,7 +82,7 @@ def setup(sampler: str, batch_size, length, vocab_size, steps, temperature, seed
     if masks:
         mask_id = vocab_size if mask_id is None else check_int("mask_id", mask_id, vocab_size)
     noise = make_noise(seed, options.pop("generator", None), noise)
-    if device is not None and not isinstance(device, torch.device):
+    if device is not None:
         device = check_device("device", device)
     x_init, frozen = check_prompt(options.pop("x_init", None), options.pop("frozen", None), batch_size, length,
                                   vocab_size, device)

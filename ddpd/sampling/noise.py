@@ -55,13 +55,16 @@ class NoiseSource(Protocol):
         ...
 
 
-def stream_offset(base: int, step, stream: int):
+def stream_offset(base, step, stream: int):
     """The Philox offset of the draws of `stream` at `step` of a run whose base offset is `base`:
     base + step * NUM_STREAMS + stream (mod 2**64), distinct for every (step, stream).
 
-    step: an int, giving an int; or an int64 tensor on a device (the step counter a CUDA
-    graph advances), giving the same value as an int64 tensor (the bits of the uint64; int64
-    arithmetic wraps like uint64)."""
+    base: an int, or an int64 tensor of one element (the bits of the uint64). step: an int,
+    or an int64 tensor on a device (the step counter a CUDA graph advances). Ints give an
+    int; a tensor among them gives the same value as an int64 tensor (int64 arithmetic wraps
+    like uint64)."""
+    if isinstance(base, Tensor):
+        return base.reshape(()) + (step * NUM_STREAMS + stream)
     if isinstance(step, Tensor):
         low = base - 2**64 if base >= 2**63 else base
         return step * NUM_STREAMS + (low + stream)
