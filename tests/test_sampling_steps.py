@@ -295,6 +295,14 @@ def test_a_bad_device_is_refused_with_a_clear_error():
             ddpd_sample(M.planner, M.uniform_denoiser, 2, 4, 3, steps=2, device=torch.device("cuda"))
 
 
+def test_conditional_planner_is_refused_where_no_planner_runs():
+    labels = torch.zeros(2, dtype=torch.long)
+    with pytest.raises(TypeError, match="maskgit_sample: conditional_planner does not apply"):
+        maskgit_sample(M.mask_denoiser, 2, 4, 3, steps=2, seed=0, labels=labels, conditional_planner=True)
+    with pytest.raises(TypeError, match="tau_leaping_mask: conditional_planner does not apply"):
+        tau_leaping_mask(M.mask_denoiser, 2, 4, 3, steps=2, seed=0, labels=labels, conditional_planner=True)
+
+
 @pytest.mark.parametrize("fused", [False, True])
 def test_a_philox_offset_given_as_a_tensor_draws_what_the_int_draws(fused):
     """check_seed allows an int64 tensor of one element (the bits of the uint64) for the

@@ -59,12 +59,14 @@ class Run:
 
 
 def setup(sampler: str, batch_size, length, vocab_size, steps, temperature, seed, noise, device, options: dict,
-          *kinds, masks: bool = False) -> Tuple[Run, Draws, tuple]:
+          *kinds, masks: bool = False, planner: bool = False) -> Tuple[Run, Draws, tuple]:
     """Check a sampler call; returns (run, its Draws strategy, one option object per kind).
 
     options: the call's remaining keywords: `temperature_end`, `schedule`, `generator`,
-    `x_init`, `frozen`, `mask_id` (samplers with a mask, masks=True), and the fields of
-    Execution, Truncation and of each kind (or the objects themselves, see ddpd.sampling.options.resolve).
+    `x_init`, `frozen`, `mask_id` (samplers with a mask, masks=True), `labels`,
+    `guidance_scale`, `conditional_planner` (samplers with a planner network,
+    planner=True), and the fields of Execution, Truncation and of each kind (or the
+    objects themselves, see ddpd.sampling.options.resolve).
     """
     check_int("batch_size", batch_size, 1)
     check_int("length", length, 1)
@@ -86,8 +88,11 @@ def setup(sampler: str, batch_size, length, vocab_size, steps, temperature, seed
         device = check_device("device", device)
     x_init, frozen = check_prompt(options.pop("x_init", None), options.pop("frozen", None), batch_size, length,
                                   vocab_size, device)
+    conditional_planner = options.pop("conditional_planner", False)
+    if conditional_planner is not False and not planner:  # ignoring it would hide a mistake
+        raise TypeError(f"{sampler}: conditional_planner does not apply (this sampler runs no planner network)")
     condition = check_condition(options.pop("labels", None), options.pop("guidance_scale", 1.0),
-                                options.pop("conditional_planner", False), batch_size, device)
+                                conditional_planner, batch_size, device)
     execution, truncation, *objects = resolve(sampler, options, Execution, Truncation, *kinds)
     dtype = resolve_dtype(execution.dtype, device)
     run = Run(batch_size, length, vocab_size, steps, temperature, schedule, mask_id, noise, device, x_init, frozen,

@@ -116,7 +116,7 @@ def ddpd_sample(
     check_callable("denoiser", denoiser)
     check_choice("denoiser_type", denoiser_type, DENOISER_TYPES)
     run, draws, (opts,) = setup("ddpd_sample", batch_size, length, vocab_size, steps, temperature, seed, noise,
-                                device, options, DDPDOptions, masks=True)
+                                device, options, DDPDOptions, masks=True, planner=True)
     networks = _PlannerDenoiser(planner, denoiser, vocab_size, opts.time_conditioned_planner)
     return _algorithm1(run, draws, opts.check(length, steps), networks, denoiser_type == "mask")
 

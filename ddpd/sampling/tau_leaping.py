@@ -168,7 +168,7 @@ def tau_leaping_planned(
     check_choice("denoiser_type", denoiser_type, DENOISER_TYPES)
     time_conditioned = check_bool("time_conditioned_planner", options.pop("time_conditioned_planner", False))
     run, draws, _ = setup("tau_leaping_planned", batch_size, length, vocab_size, steps, temperature, seed, noise,
-                          device, options, masks=True)
+                          device, options, masks=True, planner=True)
     grid = _Grid(run)
     batch = start(run, draws)
     with torch.no_grad():
