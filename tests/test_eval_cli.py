@@ -135,7 +135,48 @@ def test_sweep_run_in_parts_merges_into_the_whole_sweep(setup, capsys):
     assert (p["root"] / "merged" / "sweep.md").read_text() != ""
     code, _, err = _run(capsys, "merge", p["root"] / "part1" / "sweep.csv", p["root"] / "whole" / "sweep.csv",
                         "--out-dir", p["root"] / "twice")
-    assert code == 1 and "appears in more than one sweep" in err
+    assert code == 1 and (f"appears in both {p['root'] / 'part1' / 'sweep.csv'} and "
+                          f"{p['root'] / 'whole' / 'sweep.csv'}") in err, err
+
+
+def _sweep_text(rows):
+    header = "sampler,steps,temperature,judge_nll,entropy,notes"
+    return "\n".join([header] + rows) + "\n"
+
+
+@pytest.mark.parametrize("rows, message", [
+    ([], "holds no row"),
+    (["ddpd-A-mask,2,1.0,3.2,nan,"], "line 2: entropy must be a finite number, got nan"),
+    (["ddpd-A-mask,2,1.0,inf,3.1,"], "line 2: judge_nll must be a finite number, got inf"),
+    (["ddpd-A-mask,,1.0,3.2,3.1,"], "line 2: steps must be an int >= 1, got None"),
+    (["ddpd-A-mask,two,1.0,3.2,3.1,"], "line 2: steps must be a number, got 'two'"),
+    (["ddpd-A-mask,2,1.0,3.2,3.1,", "ddpd-A-mask,2,1.0,3.3,3.0,"],
+     "line 3: configuration ('ddpd-A-mask', 2, 1.0) already appears on line 2"),
+    (["ddpd-A-mask,2,1.0,3.2,3.1,,extra"], "line 2: more cells than the 6 of the header"),
+    (["ddpd-A-mask,2,1.0"], "line 2: fewer cells than the 6 of the header"),
+    (["ddpd-A-mask,2,1.0,3.2," + "9" * 200_000 + ","], "line 2: not CSV (field larger than field limit"),
+])
+def test_a_sweep_that_would_be_merged_or_compared_wrongly_is_refused(tmp_path, capsys, rows, message):
+    """read_sweep checks every row: a NaN sorts nowhere in compare's matching, a
+    duplicated row counts twice, a missing cell used to end in a traceback."""
+    path = tmp_path / "sweep.csv"
+    path.write_text(_sweep_text(rows))
+    for argv in (["merge", path, "--out-dir", tmp_path / "out"], ["compare", path]):
+        code, _, err = _run(capsys, *argv)
+        assert code == 1 and err.startswith(f"ddpd-eval: error: {path}") and message in err, err
+        assert err.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_sweep_of_a_spreadsheet_reads_back(tmp_path):
+    """A byte-order mark, CRLF line ends, 8.0 for 8 and a column of one's own are fine."""
+    from ddpd.eval import read_sweep
+
+    path = tmp_path / "sweep.csv"
+    path.write_bytes(b"\xef\xbb\xbf" + _sweep_text(["ddpd-A-mask,8.0,1,3.2,3.1,first try"]).replace(
+        "\n", "\r\n").encode())
+    assert read_sweep(str(path)) == [{"sampler": "ddpd-A-mask", "steps": 8, "temperature": 1, "judge_nll": 3.2,
+                                      "entropy": 3.1, "notes": "first try"}]
 
 
 def test_compare_command(setup, capsys):

@@ -299,7 +299,7 @@ def run_merge(args: argparse.Namespace) -> None:
     from ddpd.eval import merge_sweeps, read_sweep, write_sweep
     from ddpd.eval.quality import sweep_markdown
 
-    rows = merge_sweeps([read_sweep(path) for path in args.sweeps])
+    rows = merge_sweeps([read_sweep(path) for path in args.sweeps], args.sweeps)
     paths = write_sweep(rows, args.out_dir)
     print(sweep_markdown(rows))
     _report_paths(paths)

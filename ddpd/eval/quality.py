@@ -235,31 +235,87 @@ def _parse_cell(text: str):
     return text
 
 
+# What a configuration row of a sweep must hold (the reference row has no steps or
+# temperature): read_sweep refuses anything else rather than compare or merge it wrongly.
+_MEASURED = ("judge_nll", "entropy")
+
+
 def read_sweep(path: str) -> List[dict]:
-    """The rows of a sweep.csv written by write_sweep."""
-    with open(path, newline="", encoding="utf-8") as f:
-        rows = [{key: _parse_cell(value) for key, value in row.items()} for row in csv.DictReader(f)]
-    for row in rows:
-        if not isinstance(row.get("sampler"), str) or "judge_nll" not in row or "entropy" not in row:
-            raise ValueError(f"{path}: not a sweep CSV (needs sampler, judge_nll and entropy columns)")
-        if row["sampler"] == REFERENCE:
-            row["steps"] = row["temperature"] = ""
+    """The rows of a sweep.csv written by write_sweep, checked: ValueError naming the file
+    (and line) for text that is not UTF-8 or not CSV, a missing column, a row whose cells
+    do not match the header, a sampler's steps that are not an int >= 1, a temperature or
+    a measurement that is not a finite number (the other columns of SWEEP_COLUMNS: numbers
+    or empty; columns of one's own are kept as they are), a
+    configuration (sampler, steps, temperature) that appears twice, or no row at all."""
+    rows, lines = [], []
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as f:  # -sig: a spreadsheet's byte-order mark
+            reader = csv.DictReader(f)
+            for row in reader:
+                rows.append(row)
+                lines.append(reader.line_num)
+            header = reader.fieldnames or []
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+    except csv.Error as err:
+        raise ValueError(f"{path} line {reader.line_num + 1}: not CSV ({err})") from None  # the line being read
+    missing = [c for c in ("sampler", "steps", "temperature", *_MEASURED) if c not in header]
+    if missing:
+        raise ValueError(f"{path}: not a sweep CSV (no {', '.join(missing)} column; write one with ddpd-eval quality)")
+    if not rows:
+        raise ValueError(f"{path}: holds no row")
+    seen: Dict[tuple, int] = {}
+    for row, line in zip(rows, lines):
+        key = _check_sweep_row(row, f"{path} line {line}", len(header))
+        if key in seen:
+            raise ValueError(f"{path} line {line}: configuration {key} already appears on line {seen[key]}")
+        seen[key] = line
     return rows
 
 
-def merge_sweeps(parts: Sequence[List[dict]]) -> List[dict]:
+def _check_sweep_row(row: dict, where: str, columns: int) -> tuple:
+    """Parse one row of a sweep in place; returns its (sampler, steps, temperature)."""
+    if None in row:  # csv.DictReader keeps extra cells under None, and gives None for missing ones
+        raise ValueError(f"{where}: more cells than the {columns} of the header")
+    if None in row.values():
+        raise ValueError(f"{where}: fewer cells than the {columns} of the header")
+    numeric = {key for key, _, _ in SWEEP_COLUMNS} - {"sampler"}
+    for key, text in row.items():
+        if key != "sampler":
+            row[key] = _parse_cell(text)
+            if key in numeric and isinstance(row[key], str):
+                raise ValueError(f"{where}: {key} must be a number, got {text[:40]!r}")
+    if not row["sampler"]:
+        raise ValueError(f"{where}: the sampler is empty")
+    reference = row["sampler"] == REFERENCE
+    finite = _MEASURED if reference else ("temperature", *_MEASURED)
+    for key in finite:
+        if not isinstance(row[key], (int, float)) or not math.isfinite(row[key]):
+            raise ValueError(f"{where}: {key} must be a finite number, got {row[key]!r}")
+    if isinstance(row["steps"], float) and row["steps"].is_integer():
+        row["steps"] = int(row["steps"])  # 8.0, as a spreadsheet may write 8
+    if reference:
+        row["steps"] = row["temperature"] = ""
+    elif not isinstance(row["steps"], int) or row["steps"] < 1:
+        raise ValueError(f"{where}: steps must be an int >= 1, got {row['steps']!r}")
+    return row["sampler"], row["steps"], row["temperature"]
+
+
+def merge_sweeps(parts: Sequence[List[dict]], names: Optional[Sequence[str]] = None) -> List[dict]:
     """One sweep from several: the first reference row, then every configuration row in
-    the order given. Raises ValueError when a configuration appears twice."""
-    reference, rows, seen = [], [], set()
-    for part in parts:
+    the order given. Raises ValueError when a configuration appears in two parts (named
+    by `names`, default their positions)."""
+    names = list(names) if names is not None else [f"sweep {i + 1}" for i in range(len(parts))]
+    reference, rows, seen = [], [], {}
+    for name, part in zip(names, parts):
         for row in part:
             if row["sampler"] == REFERENCE:
                 reference = reference or [row]
                 continue
             key = (row["sampler"], row["steps"], row["temperature"])
             if key in seen:
-                raise ValueError(f"configuration {key} appears in more than one sweep")
-            seen.add(key)
+                raise ValueError(f"configuration {key} appears in both {seen[key]} and {name}")
+            seen[key] = name
             rows.append(row)
     return reference + rows
 
