@@ -220,6 +220,11 @@ def test_training_command_reports_the_runs(setup, tmp_path, capsys):
     assert rows[0]["train_seconds"] > 0 and rows[0]["tokens_per_s"] > 0
     code, _, err = _run(capsys, "training", setup["planner"])  # weights only, no training state
     assert code == 1 and "no training state" in err
+    config = json.loads((tmp_path / "ar" / "config.json").read_text())
+    (tmp_path / "ar" / "config.json").write_text(json.dumps({**config, "training": None}))  # an edited config
+    code, _, err = _run(capsys, "training", runs[1])
+    assert code == 1 and err == (f"ddpd-eval: error: checkpoint {runs[1]}: config.json 'training' must be an "
+                                 "object of ddpd-train settings, got None\n"), err
 
 
 def test_convergence_command(setup, capsys):

@@ -250,6 +250,16 @@ def test_install_command(tmp_path, capsys):
     assert "bytes" in capsys.readouterr().out
     assert install_main([paths["denoiser"], paths["planner"], "--dest", str(tmp_path / "c")]) == 1
     assert "must be a 'planner'" in capsys.readouterr().err
+    assert install_main([paths["planner"], paths["denoiser"], "--dest", ""]) == 2
+    assert capsys.readouterr().err == "python -m ddpd.pretrained: error: --dest must be a path, got ''\n"
+    edited = os.path.join(paths["planner"], "config.json")
+    with open(edited) as f:
+        config = json.load(f)
+    with open(edited, "w") as f:
+        json.dump({**config, "training": 5}, f)  # config.json carries no digest: an edit loads
+    assert install_main([paths["planner"], paths["denoiser"], "--dest", str(tmp_path / "d")]) == 1
+    assert capsys.readouterr().err == (f"python -m ddpd.pretrained: error: install_bundle: {paths['planner']}: "
+                                       "config.json 'training' must be an object of ddpd-train settings, got 5\n")
 
 
 def test_install_command_never_replaces_the_shipped_bundle_unasked(tmp_path, capsys, monkeypatch):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import List, Sequence
 
-from ddpd.checkpoint import load_train_state, read_config
+from ddpd.checkpoint import CheckpointError, load_train_state, read_config
 from ddpd.eval.report import markdown_table
 
 TRAINING_COLUMNS = (("kind", "Network", ""), ("parameters", "Parameters", ","), ("d_model", "d_model", ""),
@@ -28,11 +28,33 @@ def _parameters(config: dict) -> int:
     return count_parameters(build_model(config["kind"], TransformerConfig.from_dict(config["model"])))
 
 
+def _check_record(path: str, config: dict, meta: dict) -> None:
+    """CheckpointError naming the checkpoint unless config.json and train_state.json hold
+    what a ddpd-train run writes (config.json carries no digest: it may have been edited)."""
+    def fail(what: str):
+        raise CheckpointError(f"checkpoint {path}: {what}")
+
+    if not isinstance(config.get("training", {}), dict):
+        fail(f"config.json 'training' must be an object of ddpd-train settings, got {config['training']!r:.40}")
+    step = meta.get("step")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        fail(f"train_state.json 'step' must be an int >= 0, got {step!r:.40}")
+    history = meta.get("history", [])
+    if not isinstance(history, list) or not all(isinstance(h, dict) for h in history):
+        fail(f"train_state.json 'history' must be a list of records, got {history!r:.40}")
+    for h in history:
+        for key in ("step", "train_loss", "val_loss"):
+            value = h.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                fail(f"train_state.json history: {key} must be a number, got {value!r:.40}")
+
+
 def training_row(path: str) -> dict:
     """The row of one checkpoint directory written by ddpd-train (with its training state)."""
     config = read_config(path)
     _, meta = load_train_state(path)
-    training, history = config.get("training", {}), meta.get("history", [])
+    _check_record(path, config, meta)
+    training, history = {**config["model"], **config.get("training", {})}, meta.get("history", [])
     validated = [h for h in history if h.get("val_loss") is not None and math.isfinite(h["val_loss"])]
     best = min(validated, key=lambda h: h["val_loss"]) if validated else {}
     trained = [h for h in history if h.get("train_loss") is not None]

@@ -117,9 +117,12 @@ def check_bundle_configs(configs: dict) -> None:
         raise ValueError(f"default bundle: planner and denoiser must share the schedule, got {schedules}")
 
 
-def _portable(config: dict) -> dict:
+def _portable(config: dict, path: str) -> dict:
     """The config without the paths of the machine that trained it: the corpus by file
     name (a shipped bundle names its training data, not a directory), no output path."""
+    if not isinstance(config.get("training") or {}, dict):  # config.json has no digest: it may have been edited
+        raise ValueError(f"install_bundle: {path}: config.json 'training' must be an object of ddpd-train "
+                         f"settings, got {config['training']!r:.40}")
     training = dict(config.get("training") or {})
     if not training:
         return config
@@ -153,7 +156,7 @@ def install_bundle(planner: str, denoiser: str, dest: str, dtype: str = "float32
         model, config = load_model(path)
         model.to(getattr(torch, dtype))
         # The digests are recomputed on save; the training checkpoint's also name its optimizer state.
-        models[role] = (model, _portable({k: v for k, v in config.items() if k != "sha256"}))
+        models[role] = (model, _portable({k: v for k, v in config.items() if k != "sha256"}, path))
     check_bundle_configs({role: config for role, (_, config) in models.items()})
     with tempfile.TemporaryDirectory() as scratch:
         save_bundle(os.path.join(scratch, "bundle"), *models["planner"], *models["denoiser"])

@@ -24,6 +24,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--dtype", choices=WEIGHT_DTYPES, default="float32",
                         help="storage type of the weights (float16 halves the size; loaded as float32)")
     args = parser.parse_args(argv)
+    if args.dest == "":
+        print("python -m ddpd.pretrained: error: --dest must be a path, got ''", file=sys.stderr)
+        return 2
     if args.dest is None:
         print(f"python -m ddpd.pretrained: error: --dest is required: the directory to write the bundle to (then "
               f"set {ENV_VAR} to it to make it the default; --dest {BUNDLE_DIR} replaces the bundle shipped in "
