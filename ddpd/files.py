@@ -122,9 +122,9 @@ def remove_stale_temps(path) -> list:
         entries = os.listdir(parent)
     except OSError:
         return removed
+    heads = {kind: _temp_head(path, kind) for kind in ("tmp", "old")}
     for entry in entries:
-        for kind in ("tmp", "old"):
-            head = _temp_head(path, kind)
+        for kind, head in heads.items():
             if not entry.startswith(head):
                 continue
             parts = entry[len(head):].rsplit("-", 2)

@@ -238,6 +238,7 @@ def _parse_cell(text: str):
 # What a configuration row of a sweep must hold (the reference row has no steps or
 # temperature): read_sweep refuses anything else rather than compare or merge it wrongly.
 _MEASURED = ("judge_nll", "entropy")
+_NUMBERS = {key for key, _, _ in SWEEP_COLUMNS} - {"sampler"}  # columns of one's own may hold text
 
 
 def read_sweep(path: str) -> List[dict]:
@@ -279,11 +280,10 @@ def _check_sweep_row(row: dict, where: str, columns: int) -> tuple:
         raise ValueError(f"{where}: more cells than the {columns} of the header")
     if None in row.values():
         raise ValueError(f"{where}: fewer cells than the {columns} of the header")
-    numeric = {key for key, _, _ in SWEEP_COLUMNS} - {"sampler"}
     for key, text in row.items():
         if key != "sampler":
             row[key] = _parse_cell(text)
-            if key in numeric and isinstance(row[key], str):
+            if key in _NUMBERS and isinstance(row[key], str):
                 raise ValueError(f"{where}: {key} must be a number, got {text[:40]!r}")
     if not row["sampler"]:
         raise ValueError(f"{where}: the sampler is empty")

@@ -31,22 +31,12 @@ def _parameters(config: dict) -> int:
 def _check_record(path: str, config: dict, meta: dict) -> None:
     """CheckpointError naming the checkpoint unless config.json and train_state.json hold
     what a ddpd-train run writes (config.json carries no digest: it may have been edited)."""
-    def fail(what: str):
-        raise CheckpointError(f"checkpoint {path}: {what}")
+    from ddpd.training.trainer import check_train_record
 
     if not isinstance(config.get("training", {}), dict):
-        fail(f"config.json 'training' must be an object of ddpd-train settings, got {config['training']!r:.40}")
-    step = meta.get("step")
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        fail(f"train_state.json 'step' must be an int >= 0, got {step!r:.40}")
-    history = meta.get("history", [])
-    if not isinstance(history, list) or not all(isinstance(h, dict) for h in history):
-        fail(f"train_state.json 'history' must be a list of records, got {history!r:.40}")
-    for h in history:
-        for key in ("step", "train_loss", "val_loss"):
-            value = h.get(key)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
-                fail(f"train_state.json history: {key} must be a number, got {value!r:.40}")
+        raise CheckpointError(f"checkpoint {path}: config.json 'training' must be an object of ddpd-train "
+                              f"settings, got {config['training']!r:.40}")
+    check_train_record(path, meta)
 
 
 def training_row(path: str) -> dict:

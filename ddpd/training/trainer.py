@@ -182,33 +182,47 @@ def make_tokenizer(config: TrainConfig):
     return GPT2Tokenizer(config.tiktoken) if config.tokenizer == "gpt2" else Text8Tokenizer()
 
 
-def check_train_state(path: str, tensors: Dict[str, Tensor], meta: dict, steps: int, world_size: int,
-                      expected: Dict[str, tuple]) -> None:
-    """CheckpointError (one line) unless a training state is one this run can resume:
-    meta's counters of the right types and ranges, and every tensor in `expected`
-    (name -> shape, or None for any shape) present."""
+def check_train_record(path: str, meta: dict, steps: Optional[int] = None) -> None:
+    """CheckpointError (one line) unless a training state's meta records a run as
+    ddpd-train writes it: the step (at most `steps`, when given), the history of
+    {step, train_loss, val_loss} records, the clock, the token count and the pending
+    losses (ddpd-eval training reads the same record)."""
     def fail(what: str):
         raise CheckpointError(f"checkpoint {path}: train_state.json: {what}")
 
+    def number(value) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+
     step = meta.get("step")
-    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= steps:
-        fail(f"'step' must be an int in [0, {steps}], got {step!r}")
-    if meta.get("world_size") != world_size:
-        raise ValueError(f"cannot resume {path} exactly: it was written by {meta.get('world_size')!r} "
-                         f"process(es), this run has {world_size}")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0 or (steps is not None and step > steps):
+        fail(f"'step' must be an int in [0, {steps if steps is not None else 'steps'}], got {step!r:.40}")
     history = meta.get("history")
-    if not isinstance(history, list) or not all(isinstance(h, dict) and isinstance(h.get("step"), int)
-                                                for h in history):
-        fail(f"'history' must be a list of records with a 'step', got {str(history)[:60]}")
+    if not isinstance(history, list) or not all(
+            isinstance(h, dict) and isinstance(h.get("step"), int)
+            and all(h.get(key) is None or number(h[key]) for key in ("train_loss", "val_loss")) for h in history):
+        fail(f"'history' must be a list of records with a 'step' and numeric losses, got {str(history)[:60]}")
     seconds, tokens = meta.get("train_seconds", 0.0), meta.get("train_tokens", 0)
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds < math.inf:
+    if not number(seconds) or not 0 <= seconds < math.inf:
         fail(f"'train_seconds' must be a finite number >= 0, got {seconds!r}")
     if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
         fail(f"'train_tokens' must be an int >= 0, got {tokens!r}")
     pending = meta.get("pending_losses", [])
-    if not isinstance(pending, list) or not all(isinstance(x, (int, float)) and not isinstance(x, bool)
-                                                for x in pending):
+    if not isinstance(pending, list) or not all(number(x) for x in pending):
         fail(f"'pending_losses' must be a list of numbers, got {str(pending)[:60]}")
+
+
+def check_train_state(path: str, tensors: Dict[str, Tensor], meta: dict, steps: int, world_size: int,
+                      expected: Dict[str, tuple]) -> None:
+    """CheckpointError (one line) unless a training state is one this run can resume:
+    its record (check_train_record), written by as many processes, and every tensor in
+    `expected` (name -> shape, or None for any shape) present."""
+    def fail(what: str):
+        raise CheckpointError(f"checkpoint {path}: train_state.json: {what}")
+
+    check_train_record(path, meta, steps)
+    if meta.get("world_size") != world_size:
+        raise ValueError(f"cannot resume {path} exactly: it was written by {meta.get('world_size')!r} "
+                         f"process(es), this run has {world_size}")
     if not isinstance(meta.get("optimizer_param_groups"), list):
         fail(f"'optimizer_param_groups' must be a list, got {meta.get('optimizer_param_groups')!r}")
     for name, shape in expected.items():
