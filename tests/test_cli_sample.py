@@ -423,6 +423,32 @@ def test_non_finite_weights_are_refused(tmp_path, capsys):
     assert code == 1 and err.count("\n") == 1 and "NaN or infinite weights in head.bias" in err
 
 
+@pytest.mark.parametrize("processes", [1, 2])
+def test_networks_that_return_nan_are_warned_about_once(ckpts, tmp_path, capsys, processes):
+    """Finite weights that overflow float32 (embeddings of 3e37) give NaN logits: the samples
+    are written, and one warning sums the passes of every batch and process."""
+    model, config = _model("mask-denoiser", 0)
+    with torch.no_grad():
+        model.backbone.embed.weight.mul_(3e37)
+    save_checkpoint(str(tmp_path / "m"), model, config)
+    argv = ["--checkpoint", str(tmp_path / "m"), "--sampler", "maskgit", "--steps", "4", "--num-samples", "5",
+            "--batch-size", "2", "--out", str(tmp_path / "s.jsonl")]
+    if processes == 1:
+        code, _, err = run_cli(capsys, *argv)
+    else:
+        done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
+                               "-m", "ddpd.cli.sample", *argv], capture_output=True, text=True,
+                              timeout=HANG_GUARD_SECONDS, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        code, err = done.returncode, done.stderr
+    assert code == 0, err
+    assert len(read_jsonl(tmp_path / "s.jsonl")) == 5
+    warnings = [line for line in err.splitlines() if "warning" in line]
+    assert warnings == ["ddpd-sample: warning: the denoiser returned NaN in 12 of 12 passes: NaN is read as -inf "
+                        "(a planner position as clean, a token as never drawn, token 0 where nothing else is left), "
+                        "so these samples are not the model's; run the networks in float32 (dtype / --dtype) or "
+                        "check their weights"], err
+
+
 def test_models_that_do_not_belong_together_are_named(ckpts, tmp_path, capsys):
     model, config = _model("uniform-denoiser", 2)
     save_checkpoint(str(tmp_path / "cosine"), model, {**config, "schedule": "cosine"})

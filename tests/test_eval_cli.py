@@ -90,6 +90,24 @@ def test_quality_command(setup, capsys):
     assert "wrote " in out
 
 
+def test_networks_that_return_nan_are_warned_about(setup, capsys, tmp_path):
+    """The samplers' NaNOutputWarning, for each sampled configuration, as one line of the tool."""
+    p = setup
+    config = config_for("mask-denoiser", V, L, d_model=16, n_layers=1, n_heads=2)
+    model = build_model("mask-denoiser", config)
+    with torch.no_grad():
+        model.backbone.embed.weight.mul_(3e37)  # finite weights that overflow float32: NaN logits
+    save_checkpoint(str(tmp_path / "nan"), model, {"kind": "mask-denoiser", "model": config.to_dict(),
+                                                   "tokenizer": {"name": "text8"}, "schedule": "linear"})
+    code, _, err = _run(capsys, "quality", "--denoiser", tmp_path / "nan", "--judge", p["ar"], "--data", p["data"],
+                        "--samplers", "dfm-eta0", "maskgit", "--steps", 2, "--temperatures", 1.0, "--num-samples", 2,
+                        "--reference-sequences", 3, "--out-dir", tmp_path / "q", "--no-progress")
+    assert code == 0, err
+    warnings = [line for line in err.splitlines() if "NaN" in line]
+    assert len(warnings) == 2 and all(line.startswith("ddpd-eval: warning: the denoiser returned NaN in 2 of 2 "
+                                                      "passes") for line in warnings), err
+
+
 def test_quality_sweep_with_truncated_draws(setup, capsys):
     """--top-k/--top-p/--min-p cut every sampler's token draws and name themselves in the
     sampler names; --top-k 1 is the greedy sweep (--temperatures 0), sample for sample."""

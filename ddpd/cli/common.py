@@ -23,6 +23,7 @@ import os
 import re
 import signal
 import sys
+import warnings
 from contextlib import contextmanager
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -165,7 +166,7 @@ def run_tool(prog: str, body: Callable[[], int], value_error_status: int = 1,
         return status
 
     try:
-        with signals_as_interrupts(graceful):
+        with signals_as_interrupts(graceful), _warnings_as_lines(prog):
             return body()
     except Interrupted as stop:
         print(f"{prog}: interrupted by {stop.name}{stop.detail}", file=sys.stderr)
@@ -185,6 +186,25 @@ def run_tool(prog: str, body: Callable[[], int], value_error_status: int = 1,
         if str(err).startswith("ddpd:"):  # the C++ extension could not be built or loaded
             return fail(one_line(err)[len("ddpd:"):].strip(), 1)
         raise
+
+
+@contextmanager
+def _warnings_as_lines(prog: str):
+    """ddpd's own warnings (e.g. ddpd.sampling.NaNOutputWarning) as one line on stderr,
+    `prog: warning: ...`, like the tools' other warnings, every time (each run that warns,
+    e.g. each sampled configuration of ddpd-eval); others as Python shows them."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("always", module=r"ddpd(\.|$)")
+        default = warnings.showwarning
+
+        def show(message, category, filename, lineno, file=None, line=None):
+            if category.__module__.split(".")[0] == "ddpd":
+                print(f"{prog}: warning: {message}", file=sys.stderr)
+            else:
+                default(message, category, filename, lineno, file, line)
+
+        warnings.showwarning = show
+        yield
 
 
 class Stdout:

@@ -72,6 +72,7 @@ import math
 import os
 import sys
 import time
+import warnings
 from typing import List, Optional, Tuple
 
 import torch
@@ -87,7 +88,7 @@ NUM_SAMPLES, NUM_SAMPLES_BUNDLED = 8, 4
 BUNDLED_STEPS_PER_TOKEN = 2
 GAP = "_"  # --infill: a position to generate
 COUNTS = ("planner_calls", "denoiser_calls", "planner_rows", "denoiser_rows", "planner_rows_saved",
-          "denoiser_rows_saved")
+          "denoiser_rows_saved", "planner_nan_passes", "denoiser_nan_passes")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -459,6 +460,8 @@ def run(args, stdout: Optional[Stdout] = None) -> int:
 
 
 def _summary(args, calls: dict, elapsed: float, threads: int, processes: int) -> None:
+    from ddpd.sampling.batch import nan_warning
+
     rate = args.num_samples / elapsed if elapsed > 0 else math.inf
     passes = ", ".join(f"{model} {calls[model + '_calls']} ({calls[model + '_rows']} row-evaluations, "
                        f"{calls[model + '_rows_saved']} saved by early stopping)" for model in ("planner", "denoiser"))
@@ -468,6 +471,10 @@ def _summary(args, calls: dict, elapsed: float, threads: int, processes: int) ->
         where = f"{processes} processes of {where}" if cpu else f"{processes} processes on {args.device_obj.type}"
     print(f"ddpd-sample: {args.num_samples} samples of {args.length} tokens in {elapsed:.2f} s ({rate:.2f} samples/s, "
           f"{where}, {args.dtype_name}){', fused' if args.fused else ''}; forward passes: {passes}", file=sys.stderr)
+    nan = nan_warning(calls["planner_nan_passes"], calls["planner_calls"], calls["denoiser_nan_passes"],
+                      calls["denoiser_calls"])
+    if nan:
+        print(f"ddpd-sample: warning: {nan}", file=sys.stderr)
 
 
 def _warm_up(args) -> None:
@@ -504,7 +511,11 @@ class Records:
 
 def _batch(args, sample, records: Records, first: int, n: int) -> dict:
     """Sample one batch; returns its JSON lines (with --out), printed lines and counts."""
-    result = sample(n, first)
+    from ddpd.sampling import NaNOutputWarning
+
+    with warnings.catch_warnings():  # its NaN counts are summed over every batch and process by _summary
+        warnings.simplefilter("ignore", NaNOutputWarning)
+        result = sample(n, first)
     tokens = result.tokens.tolist()
     texts = [records.text(row) for row in tokens]
     lines = "".join(records.line(first + row, texts[row], tokens[row], result.steps, int(result.stop_step[row]))

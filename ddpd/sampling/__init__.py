@@ -3,7 +3,8 @@
 Models are callables (see DESIGN.md): planner(x) -> Float[B, D] logits of "position
 is noise", denoiser(x, t) -> Float[B, D, V] logits. Every sampler takes one of
 seed / generator / noise (a NoiseSource, ddpd.sampling.noise) and returns a
-SampleResult (tokens, steps, per-row stop_step, forward-pass counts).
+SampleResult (tokens, steps, per-row stop_step, forward-pass counts, the passes whose
+output held a NaN: the run warns with a NaNOutputWarning).
 
 - ddpd_sample: the DDPD Gillespie sampler (Algorithm 1) with a planner and a uniform or
   mask denoiser, on the planner clock or the exact clock.
@@ -18,7 +19,7 @@ host synchronisation inside a step, finished rows leaving the batch at a stop ch
 sync_every steps) by the Draws strategy the loop is handed (ddpd.sampling.draws), chosen
 with fused=True; from the same noise source both return the same samples.
 """
-from ddpd.sampling.batch import SampleResult
+from ddpd.sampling.batch import NaNOutputWarning, SampleResult
 from ddpd.sampling.gillespie import ddpd_sample, ddpd_sample_uniform
 from ddpd.sampling.maskgit import maskgit_sample
 from ddpd.sampling.noise import NoiseSource, PhiloxNoise, TorchNoise
@@ -28,6 +29,7 @@ from ddpd.sampling.tau_leaping import tau_leaping_mask, tau_leaping_planned, tau
 __all__ = [
     "DDPDOptions",
     "Execution",
+    "NaNOutputWarning",
     "SampleResult",
     "NoiseSource",
     "PhiloxNoise",

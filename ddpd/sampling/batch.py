@@ -14,11 +14,15 @@ else is in the batch. Two ways to let finished rows go:
 
 Both carry per-row state across steps (`state`: e.g. the frozen positions of a prompt, the
 exact clock's time), which leaves and is packed with the rows, count the forward passes
-(calls) and the sequences evaluated (row-evaluations), and check what the networks return.
+(calls) and the sequences evaluated (row-evaluations), and check what the networks return:
+the shape on the host, NaN on the device (counted without a synchronisation, read once at
+the end of the run, which warns: a network that overflows its precision, e.g. float16, would
+otherwise give samples that look like any others).
 """
 from __future__ import annotations
 
 import contextlib
+import warnings
 from dataclasses import dataclass
 from typing import Callable, Dict, Optional
 
@@ -38,6 +42,10 @@ class SampleResult:
     planner_rows / denoiser_rows: sequences evaluated (row-evaluations), summed over
     those calls. planner_rows_saved / denoiser_rows_saved: the row-evaluations that
     rows leaving the batch saved, against the whole batch at every call.
+    planner_nan_passes / denoiser_nan_passes: the passes whose output held a NaN (read as
+    -inf by every draw: a planner position is taken as clean, a token is never drawn, a
+    position with no other logit draws token 0); the run warns (NaNOutputWarning) when
+    either is not 0.
     """
 
     tokens: Tensor
@@ -47,6 +55,8 @@ class SampleResult:
     denoiser_calls: int = 0
     planner_rows: int = 0
     denoiser_rows: int = 0
+    planner_nan_passes: int = 0
+    denoiser_nan_passes: int = 0
 
     @property
     def planner_rows_saved(self) -> int:
@@ -55,6 +65,11 @@ class SampleResult:
     @property
     def denoiser_rows_saved(self) -> int:
         return self.tokens.shape[0] * self.denoiser_calls - self.denoiser_rows
+
+
+class NaNOutputWarning(RuntimeWarning):
+    """A network returned NaN during a sampling run (SampleResult.planner_nan_passes,
+    denoiser_nan_passes)."""
 
 
 class RunningBatch:
@@ -75,6 +90,9 @@ class RunningBatch:
         self.stop_step = torch.full((x.shape[0],), -1, dtype=torch.long, device=x.device)
         self.planner_calls = self.denoiser_calls = 0
         self.planner_rows = self.denoiser_rows = 0
+        # passes with a NaN output, planner then denoiser: device counters, updated in place
+        # (a CUDA graph replays the update), read at the end
+        self.nan_passes = torch.zeros(2, dtype=torch.long, device=x.device)
 
     def __len__(self) -> int:
         return self.rows.numel()
@@ -106,6 +124,7 @@ class RunningBatch:
             else:
                 logits = model(x, *args)
         _check_output("planner", logits, tuple(x.shape))
+        self._count_nan(0, logits)
         self.planner_calls += 1
         self.planner_rows += x.shape[0]
         return logits.float()
@@ -120,6 +139,7 @@ class RunningBatch:
             else:
                 logits = self.condition.guide(_Call(model, "__call__"), x, t, self._rows(rows))
         _check_output(name, logits, (*x.shape, vocab_size))
+        self._count_nan(1, logits)
         self.denoiser_calls += 1
         self.denoiser_rows += x.shape[0]
         return logits.float()
@@ -140,9 +160,13 @@ class RunningBatch:
             shape = list(h.shape) if isinstance(h, Tensor) else type(h).__name__
             raise ValueError(f"denoiser.hidden must return hidden states of shape "
                              f"{[*x.shape, head.in_features]}, got {shape}")
+        self._count_nan(1, h)  # a NaN in a hidden state is a NaN in the logits it gives
         self.denoiser_calls += 1
         self.denoiser_rows += x.shape[0]
         return h
+
+    def _count_nan(self, network: int, out: Tensor) -> None:
+        self.nan_passes[network] += torch.isnan(out).any()
 
     def _rows(self, rows: Optional[Tensor]) -> Tensor:
         return self.rows if rows is None else rows
@@ -174,10 +198,16 @@ class RunningBatch:
         return self._result()
 
     def _result(self) -> SampleResult:
-        with _sync_allowed():  # the run is over: its step count is read once
+        with _sync_allowed():  # the run is over: its step count and NaN counts are read once
             steps = int(self.stop_step.max())
-        return SampleResult(self.out, steps, self.stop_step, self.planner_calls, self.denoiser_calls,
-                            self.planner_rows, self.denoiser_rows)
+            nan_passes = self.nan_passes.tolist()
+        result = SampleResult(self.out, steps, self.stop_step, self.planner_calls, self.denoiser_calls,
+                              self.planner_rows, self.denoiser_rows, *nan_passes)
+        message = nan_warning(result.planner_nan_passes, result.planner_calls, result.denoiser_nan_passes,
+                              result.denoiser_calls)
+        if message:
+            warnings.warn(message, NaNOutputWarning, stacklevel=2)
+        return result
 
 
 class FusedBatch(RunningBatch):
@@ -257,6 +287,18 @@ class FusedBatch(RunningBatch):
         scatter_back(self._out_index(), self.x, self.out)
         self.out, self.stop_step = self.out[:self.size], self.stop_step[:self.size]
         return self._result()
+
+
+def nan_warning(planner_nan: int, planner_calls: int, denoiser_nan: int, denoiser_calls: int) -> str:
+    """What a run's NaN counts (SampleResult's) say, or '' when there were none."""
+    parts = [f"the {network} returned NaN in {bad} of {calls} passes"
+             for network, bad, calls in (("planner", planner_nan, planner_calls),
+                                         ("denoiser", denoiser_nan, denoiser_calls)) if bad]
+    if not parts:
+        return ""
+    return (" and ".join(parts) + ": NaN is read as -inf (a planner position as clean, a token as never drawn, token "
+            "0 where nothing else is left), so these samples are not the model's; run the networks in float32 "
+            "(dtype / --dtype) or check their weights")
 
 
 def _bucket(rows: int) -> int:
