@@ -81,12 +81,7 @@ def save_checkpoint(path: str, model: torch.nn.Module, config: dict,
     as the checkpoint directory `path`, replacing any checkpoint already there (other
     files a user keeps in that directory stay)."""
     _check_config(config, "save_checkpoint: config")
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"save_checkpoint: model must be a torch.nn.Module, got {type(model).__name__}")
-    model_config = getattr(model, "config", None)
-    if hasattr(model_config, "to_dict") and model_config.to_dict() != config["model"]:
-        raise ValueError(f"save_checkpoint: config['model'] must describe the model, got {config['model']} "
-                         f"for a model with {model_config.to_dict()}")
+    _check_model(model, config, "save_checkpoint")
     files = _checkpoint_files(model, config, train_state)
     ensure_replaceable(path, "checkpoint")
     with atomic_directory(path) as tmp:
@@ -127,6 +122,8 @@ def save_bundle(path: str, planner: torch.nn.Module, planner_config: dict,
     swapped in together (other entries a user keeps in `path` stay)."""
     _check_bundle_kind("planner", planner_config, PLANNER_KINDS)
     _check_bundle_kind("denoiser", denoiser_config, DENOISER_KINDS)
+    _check_model(planner, planner_config, "save_bundle: planner")
+    _check_model(denoiser, denoiser_config, "save_bundle: denoiser")
     files = {"planner": _checkpoint_files(planner, planner_config, None),
              "denoiser": _checkpoint_files(denoiser, denoiser_config, None)}
     ensure_replaceable(path, "bundle")
@@ -539,6 +536,20 @@ def _check_bundle_kind(role: str, config: dict, allowed: Tuple[str, ...]) -> Non
     _check_config(config, f"{role} config")
     if config["kind"] not in allowed:
         raise ValueError(f"{role} config: kind must be one of {allowed}, got {config['kind']!r}")
+
+
+def _check_model(model, config: dict, what: str) -> None:
+    """A ddpd.models network must be what its config says, kind and fields: a checkpoint that
+    would load as another network (or not at all) is refused before it replaces anything."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"{what}: model must be a torch.nn.Module, got {type(model).__name__}")
+    kind = getattr(model, "kind", None)
+    if kind in KINDS and kind != config["kind"]:
+        raise ValueError(f"{what}: config['kind'] must be the model's kind {kind!r}, got {config['kind']!r}")
+    model_config = getattr(model, "config", None)
+    if hasattr(model_config, "to_dict") and model_config.to_dict() != config["model"]:
+        raise ValueError(f"{what}: config['model'] must describe the model, got {config['model']} "
+                         f"for a model with {model_config.to_dict()}")
 
 
 def _check_config(config, what: str) -> None:

@@ -258,6 +258,31 @@ def test_save_validates_before_writing(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_model_saved_as_another_kind_is_refused_before_anything_is_replaced(tmp_path, kind):
+    """uniform-denoiser and uniform have the same weights: saved as the other, one would load
+    silently as the other network; the other pairs would no longer load at all."""
+    model, config = tiny(kind)
+    save_checkpoint(tmp_path / "c", model, config)
+    before = read_config(tmp_path / "c")
+    for other in KINDS:
+        if other != kind:
+            with pytest.raises(ValueError, match=f"must be the model's kind '{kind}', got '{other}'"):
+                save_checkpoint(tmp_path / "c", model, {**config, "kind": other})
+    assert read_config(tmp_path / "c") == before and type(load_model(tmp_path / "c")[0]) is type(model)
+
+
+def test_save_bundle_checks_each_model_against_its_config(tmp_path):
+    planner, planner_config = tiny("planner")
+    denoiser, denoiser_config = tiny("uniform-denoiser", seed=2)
+    short = {**planner_config, "model": {**planner_config["model"], "max_seq_len": 4}}
+    with pytest.raises(ValueError, match=r"save_bundle: planner: config\['model'\] must describe the model"):
+        save_bundle(tmp_path / "b", planner, short, denoiser, denoiser_config)
+    with pytest.raises(ValueError, match=r"save_bundle: denoiser: config\['kind'\] must be the model's kind"):
+        save_bundle(tmp_path / "b", planner, planner_config, denoiser, {**denoiser_config, "kind": "mask-denoiser"})
+    assert os.listdir(tmp_path) == []
+
+
 def test_weights_file_is_plain_safetensors(tmp_path):
     model, config = tiny("mask-denoiser")
     save_checkpoint(tmp_path / "c", model, config)
