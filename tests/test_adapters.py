@@ -174,6 +174,30 @@ def test_adapter_in_bfloat16(toy):
     torch.testing.assert_close(logits.softmax(-1)[masked].double(), exact(toy, x)[masked], rtol=0, atol=2e-2)
 
 
+class TimeFeatures(nn.Module):
+    """A network that, like SEDD's TimestepEmbedder, computes float32 features of sigma
+    (`sigma.float()`) and feeds them to an nn.Linear: cast to bfloat16 it needs autocast."""
+
+    def __init__(self, toy):
+        super().__init__()
+        self.toy = ToyMDLM(toy)
+        self.time = nn.Linear(8, 1)
+
+    def forward(self, input_ids, sigma):
+        features = sigma[:, None].float() * torch.arange(8, dtype=torch.float32)
+        return self.toy(input_ids, sigma).logits + 0.0 * self.time(features.cos())[:, None]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_cast_network_that_mixes_in_float32_features_runs_outside_a_sampler(toy, dtype):
+    adapter = prepare_for_sampling(MDLMSubsDenoiser(TimeFeatures(toy), S), "bfloat16", "cpu")
+    x, t = masked_inputs(16)
+    masked = x == S
+    torch.testing.assert_close(adapter(x, t).softmax(-1)[masked].double(), exact(toy, x)[masked], rtol=0, atol=2e-2)
+    result = tau_leaping_mask(adapter, 8, D, S, steps=4, seed=0, dtype=dtype)  # float32: no autocast of the run
+    assert torch.all(result.tokens < S)
+
+
 # ---- errors ----------------------------------------------------------------------------------
 
 def test_adapter_argument_errors(toy):
@@ -196,6 +220,9 @@ def test_adapter_call_errors(toy):
         sedd(x + 1, t)
     with pytest.raises(ValueError, match="t: expected shape"):
         sedd(x, t[:2])
+    integers = SEDDAbsorbingDenoiser(lambda x, sigma: torch.zeros(*x.shape, S + 1, dtype=torch.long), S)
+    with pytest.raises(ValueError, match="network: expected floating-point log-scores or logits, got torch.int64"):
+        integers(x, t)
     wrong = SEDDAbsorbingDenoiser(ToySEDD(toy), S + 1)  # the network has S + 1 columns, not S + 2
     with pytest.raises(ValueError, match=r"network: expected output of shape \[4, 4, 5\].*vocab_size=4"):
         wrong(x, t)

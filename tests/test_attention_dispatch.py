@@ -253,6 +253,9 @@ def test_forced_sdpa_flash_on_cpu_matches_reference():
         out = attention(q, k, v, causal=True)
     assert counts == {"sdpa-flash": 1}
     torch.testing.assert_close(out, explicit_attention(q, k, v, True), rtol=1e-5, atol=1e-6)
+    # torch's CPU flash kernel has no dropout: refused in one line, not "No available kernel"
+    with attention_backend("sdpa-flash"), pytest.raises(ValueError, match="CPU flash kernel runs without dropout"):
+        attention(q, k, v, causal=True, dropout_p=0.1)
 
 
 # ---- on a GPU: which CUDA kernels ran -----------------------------------------------------

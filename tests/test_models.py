@@ -93,6 +93,12 @@ def test_config_for_derives_kind_layout():
         config_for("planner", V, D, time_conditioned=True)
     with pytest.raises(ValueError, match="derived"):
         config_for("uniform", V, D, out_dim=3)
+    with pytest.raises(TypeError, match="time_conditioned must be a bool, got str 'yes'"):
+        config_for("ar", V, D, time_conditioned="yes")
+    with pytest.raises(TypeError, match="vocab_size must be an int, got bool True"):
+        config_for("uniform", True, D)
+    with pytest.raises(ValueError, match="seq_len must be >= 1, got 0"):
+        config_for("uniform", V, 0)
 
 
 def test_build_model_rejects_config_of_another_kind():
@@ -285,6 +291,11 @@ def test_time_conditioned_model_requires_t():
         model(tokens(), torch.rand(B + 1))
     with pytest.raises(TypeError, match="t:"):
         model(tokens(), torch.ones(B, dtype=torch.long))
+    # a NaN or a time outside [0, 1] gave NaN or extrapolated logits without a word
+    for bad in (float("nan"), 1.5, -0.1, torch.tensor(2.0), torch.rand(B).index_fill(0, torch.tensor([1]), math.nan)):
+        with pytest.raises(ValueError, match=r"t: expected times in \[0, 1\]"):
+            model(tokens(), bad)
+    assert model(tokens(), torch.tensor([0.0, 1.0]).repeat(B // 2 + 1)[:B]).isfinite().all()
 
 
 # ---- hidden states and head -----------------------------------------------------------

@@ -57,10 +57,13 @@ the same interfaces whose outputs are constructed from exact denoisers):
 
 and pass `denoiser` wherever ddpd takes a mask denoiser (denoiser_type="mask").
 Either network can be run in bf16 with `ddpd.models.prepare_for_sampling(denoiser, ...)`;
-the adapter's arithmetic is float32.
+the adapter's arithmetic is float32, and it calls a network cast below float32 under
+autocast to that precision (SEDD computes its time features in float32 before a cast
+nn.Linear; autocast mixes them, as a sampler's run in that precision does anyway).
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Union
 
 import torch
@@ -105,7 +108,8 @@ class MaskDenoiserAdapter(nn.Module):
 
     def network_output(self, x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
         """network(x, sigma) as float32 [B, D, V + 1] (a tensor, a `.logits` output or a tuple's first item)."""
-        out = self.network(x, sigma)
+        with _autocast_like(self.network, x.device):
+            out = self.network(x, sigma)
         if hasattr(out, "logits"):  # a Hugging Face ModelOutput
             out = out.logits
         elif isinstance(out, (tuple, list)) and out:
@@ -115,6 +119,8 @@ class MaskDenoiserAdapter(nn.Module):
             got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
             raise ValueError(f"network: expected output of shape {list(expected)} (V + 1 = {self.vocab_size + 1} "
                              f"columns, the last one the mask), got {got}; is vocab_size={self.vocab_size} right?")
+        if not out.is_floating_point():
+            raise ValueError(f"network: expected floating-point log-scores or logits, got {out.dtype}")
         return out.float()
 
     def forward(self, x: torch.Tensor, t: Union[torch.Tensor, float]) -> torch.Tensor:
@@ -129,6 +135,16 @@ class MaskDenoiserAdapter(nn.Module):
     def masked_logits(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         """Logits of p(x_1^d | x_t) [B, D, V], read at masked positions only."""
         raise NotImplementedError
+
+
+def _autocast_like(network, device: torch.device):
+    """Autocast to the precision of a network cast below float32 (prepare_for_sampling), where
+    none is on already; nothing for a float32 network or a plain callable."""
+    parameters = network.parameters() if isinstance(network, nn.Module) else ()
+    dtype = next((p.dtype for p in parameters if p.is_floating_point()), None)
+    if dtype not in (torch.bfloat16, torch.float16) or torch.is_autocast_enabled(device.type):
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=dtype)
 
 
 class SEDDAbsorbingDenoiser(MaskDenoiserAdapter):

@@ -194,6 +194,9 @@ def resolve_backend(q: torch.Tensor, dropout_p: float = 0.0) -> str:
                          f"<= {_FLASH_MAX_HEAD_DIM} and a multiple of 8 on an sm80+ GPU; got device={q.device}, "
                          f"dtype={q.dtype}, head_dim={q.shape[-1]}")
     if forced == "sdpa-flash":
+        if not q.is_cuda and dropout_p > 0.0:
+            raise ValueError(f"attention backend 'sdpa-flash' is forced but torch's CPU flash kernel runs without "
+                             f"dropout, got dropout_p={dropout_p} (a model in train mode with dropout)")
         return forced
     kernel = flash_kernel_for(capability, dropout_p) if forced == "flash" else forced
     if kernel is None or (dropout_p > 0.0 and kernel in _NO_DROPOUT):

@@ -138,18 +138,26 @@ def check_tokens(x: torch.Tensor, vocab_size: int, max_seq_len: Optional[int] = 
 
 
 def check_time(t: Union[torch.Tensor, float], batch: int, device: torch.device) -> torch.Tensor:
-    """Validate t (Float[B], a 0-d tensor or a number) and return it as Float[B] on device."""
+    """Validate t (Float[B], a 0-d tensor or a number, in [0, 1]) and return it as Float[B]
+    on device. The range is checked for numbers and CPU tensors only: on CUDA it would cost
+    a host sync per call."""
     if isinstance(t, (int, float)) and not isinstance(t, bool):
+        _check_time_range(float(t), float(t))
         return torch.full((batch,), float(t), device=device)
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"t: expected a float tensor of shape [B] or a number, got {type(t).__name__}")
     if not t.is_floating_point():
         raise TypeError(f"t: expected a floating-point tensor, got {t.dtype}")
-    if t.dim() == 0:
-        return t.expand(batch).to(device)
-    if t.shape != (batch,):
+    if t.dim() != 0 and t.shape != (batch,):
         raise ValueError(f"t: expected shape [{batch}] (one time per sequence), got {tuple(t.shape)}")
-    return t.to(device)
+    if t.device.type == "cpu" and t.numel() > 0:
+        _check_time_range(float(t.min()), float(t.max()))  # min and max are NaN where any t is
+    return t.expand(batch).to(device) if t.dim() == 0 else t.to(device)
+
+
+def _check_time_range(low: float, high: float) -> None:
+    if not 0.0 <= low <= high <= 1.0:
+        raise ValueError(f"t: expected times in [0, 1], got range [{low}, {high}]")
 
 
 def check_labels(labels: Optional[Union[torch.Tensor, int]], batch: int, num_classes: int,

@@ -15,6 +15,7 @@ from ddpd.models.mask_denoiser import MaskDenoiser
 from ddpd.models.planner import Planner
 from ddpd.models.uniform_denoiser import UniformDenoiser
 from ddpd.models.uniform_model import UniformModel
+from ddpd.validation import check_bool, check_int
 
 MODEL_CLASSES = {cls.kind: cls for cls in (Planner, MaskDenoiser, UniformDenoiser, UniformModel, ARModel)}
 MODEL_KINDS = tuple(MODEL_CLASSES)
@@ -49,12 +50,10 @@ def config_for(kind: str, vocab_size: int, seq_len: int, time_conditioned: Optio
     extra, out_dim, causal, timed = _LAYOUT[kind]
     if time_conditioned is None:
         time_conditioned = timed
-    elif time_conditioned and kind in ("planner", "ar"):
+    elif check_bool("time_conditioned", time_conditioned) and kind in ("planner", "ar"):
         raise ValueError(f"time_conditioned: a {kind} model has no time input, got True")
-    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
-        raise ValueError(f"vocab_size: expected a positive int, got {vocab_size!r}")
-    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
-        raise ValueError(f"seq_len: expected a positive int, got {seq_len!r}")
+    check_int("vocab_size", vocab_size, 1)
+    check_int("seq_len", seq_len, 1)
     fixed = {"vocab_size", "out_dim", "causal", "max_seq_len"} & set(fields)
     if fixed:
         raise ValueError(f"config_for: fields {sorted(fixed)} are derived from kind, vocab_size and seq_len")
