@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from ddpd.models import build_model, config_for, prepare_for_sampling
-from ddpd.sampling import ddpd_sample, ddpd_sample_uniform
+from ddpd.sampling import NaNOutputWarning, ddpd_sample, ddpd_sample_uniform
 from ddpd.sampling.graphs import StepGraphs
 
 pytestmark = pytest.mark.gpu
@@ -78,3 +78,20 @@ def test_no_host_synchronisation_inside_a_step(nets, graphs, cut):
                 RUNS[name](n, seed=6, device="cuda", fused=True, graphs=graphs, dtype="bfloat16", **cut)
         finally:
             torch.cuda.set_sync_debug_mode(0)
+
+
+def test_graph_replays_count_the_passes_that_return_nan():
+    """The NaN count is a device counter the captured step updates: every replayed pass is
+    counted, as every eager one is (embeddings that overflow: NaN in every pass)."""
+    planner, denoiser = tiny("planner", 300, 0), tiny("mask-denoiser", 300, 1)
+    with torch.no_grad():
+        denoiser.backbone.embed.weight.fill_(3e37)
+    runs = {}
+    with torch.inference_mode(), pytest.warns(NaNOutputWarning):
+        for graphs in ("off", "auto"):
+            runs[graphs] = ddpd_sample(planner, denoiser, 64, 64, 300, steps=96, denoiser_type="mask", seed=2,
+                                       device="cuda", fused=True, graphs=graphs)
+    eager, replayed = runs["off"], runs["auto"]
+    assert torch.equal(eager.tokens, replayed.tokens)
+    assert eager.denoiser_nan_passes == replayed.denoiser_nan_passes == replayed.denoiser_calls == 96
+    assert eager.planner_nan_passes == replayed.planner_nan_passes == 0

@@ -166,7 +166,7 @@ class RunningBatch:
         return h
 
     def _count_nan(self, network: int, out: Tensor) -> None:
-        self.nan_passes[network] += torch.isnan(out).any()
+        self.nan_passes.select(0, network).add_(torch.isnan(out).any())  # in place, no host sync
 
     def _rows(self, rows: Optional[Tensor]) -> Tensor:
         return self.rows if rows is None else rows
