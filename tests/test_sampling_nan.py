@@ -6,73 +6,104 @@ import pytest
 import torch
 
 from oracles.fixtures import single_thread, tiny_network  # noqa: F401  (single_thread: autouse)
-from ddpd.sampling import (NaNOutputWarning, PhiloxNoise, ddpd_sample, maskgit_sample, tau_leaping_mask,
-                           tau_leaping_planned)
+from ddpd.sampling import (NaNOutputWarning, PhiloxNoise, ddpd_sample, ddpd_sample_uniform, maskgit_sample,
+                           tau_leaping_mask, tau_leaping_planned)
 
 V, D, B = 27, 8, 6
 
 
-class EveryThird(torch.nn.Module):
-    """A network that writes NaN into one logit of one row in every third call: the passes
-    with a NaN are known in advance. Keeps `hidden` and `head` (the fused head path) when
-    the network has them, the NaN then in a hidden state."""
+class Poisoned(torch.nn.Module):
+    """A network whose output is NaN in the rows holding a multiple of 3 at position `at` (the
+    mask id 27 included): a function of its input, so runs that draw the same samples meet the
+    same NaN. Counts on the host the calls with a NaN row (`nan_calls`), which in a reference
+    run (every row of a pass used) are the passes the run must count. Keeps `hidden` and
+    `head` (the fused head path) when the network has them, the NaN then in hidden states."""
 
-    def __init__(self, network):
+    def __init__(self, network, at: int):
         super().__init__()
-        self.network, self.calls = network, 0
+        self.network, self.at, self.nan_calls = network, at, 0
         if hasattr(network, "hidden"):
             self.head = network.head
             self.hidden = self._poisoned(network.hidden)
         self.forward = self._poisoned(network.forward)
 
     def _poisoned(self, fn):
-        def call(*args, **kwargs):
-            out = fn(*args, **kwargs).clone()
-            self.calls += 1
-            if self.calls % 3 == 0:
-                out[0, 0, ...].view(-1)[-1] = float("nan")
-            return out
+        def call(x, *args, **kwargs):
+            out = fn(x, *args, **kwargs)
+            rows = x[:, self.at] % 3 == 0
+            self.nan_calls += bool(rows.any())
+            return out.masked_fill(rows.view(-1, *[1] * (out.dim() - 1)), float("nan"))
         return call
-
-    def expected(self) -> int:
-        return self.calls // 3
 
 
 def _runs():
-    """name -> (run(planner, denoiser, **kw), which networks it calls)."""
+    """name -> (run(planner, denoiser, **kw), denoiser kind)."""
     return {
-        "ddpd mask": (lambda p, d, **kw: ddpd_sample(p, d, B, D, V, steps=12, denoiser_type="mask", **kw),
-                      ("planner", "denoiser")),
+        "ddpd mask": (lambda p, d, **kw: ddpd_sample(p, d, B, D, V, steps=12, denoiser_type="mask", **kw), "mask"),
         "ddpd uniform A+B": (lambda p, d, **kw: ddpd_sample(p, d, B, D, V, steps=12, stop="budget", **kw),
-                             ("planner", "denoiser")),
+                             "uniform"),
+        "ddpd exact clock": (lambda p, d, **kw: ddpd_sample(p, d, B, D, V, steps=30, clock="exact",
+                                                            denoiser_type="mask", **kw), "mask"),
+        "uniform model, exact clock": (lambda p, d, **kw: ddpd_sample_uniform(d, B, D, V, steps=30, clock="exact",
+                                                                              **kw), "model"),
         "tau-leaping P x D": (lambda p, d, **kw: tau_leaping_planned(p, d, B, D, V, steps=6, denoiser_type="mask",
-                                                                     **kw), ("planner", "denoiser")),
-        "tau-leaping mask": (lambda p, d, **kw: tau_leaping_mask(d, B, D, V, steps=6, **kw), ("denoiser",)),
-        "maskgit": (lambda p, d, **kw: maskgit_sample(d, B, D, V, steps=6, **kw), ("denoiser",)),
+                                                                     **kw), "mask"),
+        "tau-leaping mask": (lambda p, d, **kw: tau_leaping_mask(d, B, D, V, steps=6, **kw), "mask"),
+        "maskgit": (lambda p, d, **kw: maskgit_sample(d, B, D, V, steps=6, **kw), "mask"),
     }
 
 
-@pytest.mark.parametrize("execution", [dict(fused=False), dict(fused=True), dict(fused=True, graphs="emulate"),
-                                       dict(fused=True, compaction=False, sync_every=4)])
-@pytest.mark.parametrize("name", list(_runs()))
-def test_nan_passes_are_counted_and_warned_about_once(name, execution):
-    run, networks = _runs()[name]
-    denoiser_type = "uniform-denoiser" if "uniform" in name else "mask-denoiser"
-    planner = EveryThird(tiny_network("planner", V, 0, 40.0))
-    denoiser = EveryThird(tiny_network(denoiser_type, V, 1, 20.0))
+KINDS = {"mask": "mask-denoiser", "uniform": "uniform-denoiser", "model": "uniform"}
+EXECUTIONS = {"fused": dict(fused=True), "graphs": dict(fused=True, graphs="emulate"),
+              "no compaction": dict(fused=True, compaction=False), "sync every 4": dict(fused=True, sync_every=4)}
+
+
+def _sample(name, **execution):
+    run, kind = _runs()[name]
+    planner = Poisoned(tiny_network("planner", V, 0, 40.0), at=1)
+    denoiser = Poisoned(tiny_network(KINDS[kind], V, 1, 20.0), at=0)
     with warnings.catch_warnings(record=True) as caught, torch.inference_mode():
         warnings.simplefilter("always")
         result = run(planner, denoiser, noise=PhiloxNoise(3), **execution)
-    assert denoiser.calls == result.denoiser_calls > 0
-    assert result.denoiser_nan_passes == denoiser.expected() > 0
-    assert result.planner_nan_passes == (planner.expected() if "planner" in networks else 0)
-    assert planner.calls == result.planner_calls
-    nan = [w for w in caught if issubclass(w.category, NaNOutputWarning)]
-    assert len(nan) == 1, [str(w.message) for w in caught]
-    message = str(nan[0].message)
-    assert f"the denoiser returned NaN in {denoiser.expected()} of {denoiser.calls} passes" in message
-    assert ("the planner returned NaN" in message) == ("planner" in networks and planner.expected() > 0)
-    assert torch.all((result.tokens >= 0) & (result.tokens < V))
+    return result, planner, denoiser, [w for w in caught if issubclass(w.category, NaNOutputWarning)]
+
+
+@pytest.mark.parametrize("name", list(_runs()))
+def test_the_passes_with_nan_are_counted_and_warned_about_once(name):
+    """Every path counts the passes the reference counts, for the same samples: rows a fused
+    step evaluates but does not use (finished rows it keeps, rows that draw nothing) do not count."""
+    reference, planner, denoiser, warned = _sample(name)
+    assert reference.denoiser_nan_passes == denoiser.nan_calls > 0
+    assert reference.planner_nan_passes == planner.nan_calls
+    assert len(warned) == 1
+    message = str(warned[0].message)
+    assert f"the denoiser returned NaN in {denoiser.nan_calls} of {reference.denoiser_calls} passes" in message
+    assert ("the planner returned NaN" in message) == (planner.nan_calls > 0)
+    for execution in EXECUTIONS.values():
+        fused, _, _, warned = _sample(name, **execution)
+        assert torch.equal(fused.tokens, reference.tokens), execution
+        assert (fused.planner_nan_passes, fused.denoiser_nan_passes) == \
+            (reference.planner_nan_passes, reference.denoiser_nan_passes), execution
+        assert len(warned) == 1
+
+
+def test_an_infinite_hidden_state_counts_as_nan():
+    """inf in a hidden state gives NaN logits in the head (inf * w - inf * w'): the fused run,
+    which sees hidden states only, counts it as the reference counts the logits."""
+    planner, denoiser = tiny_network("planner", V, 0, 40.0), tiny_network("mask-denoiser", V, 1, 20.0)
+    hidden = denoiser.hidden
+
+    def infinite(x, t):
+        h = hidden(x, t).clone()
+        h[..., :2] = float("inf")
+        return h
+
+    denoiser.hidden = infinite
+    denoiser.forward = lambda x, t: denoiser.head(infinite(x, t))
+    for fused in (False, True):
+        with pytest.warns(NaNOutputWarning), torch.inference_mode():
+            result = ddpd_sample(planner, denoiser, B, D, V, steps=8, denoiser_type="mask", seed=0, fused=fused)
+        assert result.denoiser_nan_passes == result.denoiser_calls == 8
 
 
 @pytest.mark.parametrize("fused", [False, True])

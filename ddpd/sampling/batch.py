@@ -17,7 +17,9 @@ exact clock's time), which leaves and is packed with the rows, count the forward
 (calls) and the sequences evaluated (row-evaluations), and check what the networks return:
 the shape on the host, NaN on the device (counted without a synchronisation, read once at
 the end of the run, which warns: a network that overflows its precision, e.g. float16, would
-otherwise give samples that look like any others).
+otherwise give samples that look like any others). Only the rows whose output a step uses
+count: not the finished rows a fused batch keeps, nor, with `used`, rows that draw nothing,
+so that both runs count the same passes for the same samples.
 """
 from __future__ import annotations
 
@@ -42,10 +44,11 @@ class SampleResult:
     planner_rows / denoiser_rows: sequences evaluated (row-evaluations), summed over
     those calls. planner_rows_saved / denoiser_rows_saved: the row-evaluations that
     rows leaving the batch saved, against the whole batch at every call.
-    planner_nan_passes / denoiser_nan_passes: the passes whose output held a NaN (read as
-    -inf by every draw: a planner position is taken as clean, a token is never drawn, a
-    position with no other logit draws token 0); the run warns (NaNOutputWarning) when
-    either is not 0.
+    planner_nan_passes / denoiser_nan_passes: the passes whose output held a NaN in a row the
+    step used (a denoiser run through its head: a NaN or infinite hidden state, which makes
+    NaN logits); every draw reads NaN as -inf (a planner position is taken as clean, a token
+    is never drawn, a position with no other logit draws token 0); the run warns
+    (NaNOutputWarning) when either is not 0.
     """
 
     tokens: Tensor
@@ -124,29 +127,32 @@ class RunningBatch:
             else:
                 logits = model(x, *args)
         _check_output("planner", logits, tuple(x.shape))
-        self._count_nan(0, logits)
+        self._count_nan(0, torch.isnan(logits))
         self.planner_calls += 1
         self.planner_rows += x.shape[0]
         return logits.float()
 
     def denoiser(self, model: Callable, x: Tensor, t: Tensor, vocab_size: int, name: str = "denoiser",
-                 rows: Optional[Tensor] = None) -> Tensor:
+                 rows: Optional[Tensor] = None, used: Optional[Tensor] = None) -> Tensor:
         """Denoiser logits Float[B, D, V] for (x, t), shape-checked (name: for errors); with
-        labels, the guided logits of `rows` (default: the batch), see Condition."""
+        labels, the guided logits of `rows` (default: the batch), see Condition. used: Bool[B],
+        the rows whose logits the step uses (default: every running row)."""
         with self._precision():
             if self.condition is None:
                 logits = model(x, t)
             else:
                 logits = self.condition.guide(_Call(model, "__call__"), x, t, self._rows(rows))
         _check_output(name, logits, (*x.shape, vocab_size))
-        self._count_nan(1, logits)
+        self._count_nan(1, torch.isnan(logits), used)
         self.denoiser_calls += 1
         self.denoiser_rows += x.shape[0]
         return logits.float()
 
-    def hidden(self, model, x: Tensor, t: Tensor, vocab_size: int, rows: Optional[Tensor] = None) -> Tensor:
+    def hidden(self, model, x: Tensor, t: Tensor, vocab_size: int, rows: Optional[Tensor] = None,
+               used: Optional[Tensor] = None) -> Tensor:
         """model.hidden(x, t) Float[B, D, H], counted as a denoiser pass; its head must give
-        vocab_size logits. With labels, the guided hidden states (exact through a linear head)."""
+        vocab_size logits. With labels, the guided hidden states (exact through a linear head).
+        used: as for denoiser."""
         head = model.head
         if head.out_features != vocab_size:
             raise ValueError(f"denoiser.head must have {vocab_size} outputs, got {head.out_features}")
@@ -160,13 +166,20 @@ class RunningBatch:
             shape = list(h.shape) if isinstance(h, Tensor) else type(h).__name__
             raise ValueError(f"denoiser.hidden must return hidden states of shape "
                              f"{[*x.shape, head.in_features]}, got {shape}")
-        self._count_nan(1, h)  # a NaN in a hidden state is a NaN in the logits it gives
+        self._count_nan(1, ~torch.isfinite(h), used)  # NaN or inf in a hidden state: NaN logits
         self.denoiser_calls += 1
         self.denoiser_rows += x.shape[0]
         return h
 
-    def _count_nan(self, network: int, out: Tensor) -> None:
-        self.nan_passes.select(0, network).add_(torch.isnan(out).any())  # in place, no host sync
+    def _count_nan(self, network: int, bad: Tensor, used: Optional[Tensor] = None) -> None:
+        """Count a pass of `network` (0 planner, 1 denoiser) whose `bad` (Bool[B, ...]) holds a
+        True in a row it uses: `used` and running. In place on the device, no host sync."""
+        bad = bad.flatten(1).any(1) if bad.dim() > 1 else bad
+        running = self.running()
+        for rows in (used, running):
+            if rows is not None and rows.shape == bad.shape:
+                bad = bad & rows
+        self.nan_passes.select(0, network).add_(bad.any())
 
     def _rows(self, rows: Optional[Tensor]) -> Tensor:
         return self.rows if rows is None else rows

@@ -89,9 +89,11 @@ class Draws:
         raise NotImplementedError
 
     def tokens_at(self, batch: RunningBatch, denoiser: Callable, step: int, x_in: Tensor, t: Tensor,
-                  positions: Tensor, rows: Tensor, vocab_size: int, temperature: float) -> Tensor:
-        """Long[B, k]: a token at each of positions (Long[B, k]) from denoiser(x_in, t) (rows: their row ids)."""
-        logits = batch.denoiser(denoiser, x_in, t, vocab_size, rows=rows)
+                  positions: Tensor, rows: Tensor, vocab_size: int, temperature: float,
+                  used: Optional[Tensor] = None) -> Tensor:
+        """Long[B, k]: a token at each of positions (Long[B, k]) from denoiser(x_in, t) (rows: their row
+        ids; used: Bool[B], the rows whose tokens the step keeps, default all)."""
+        logits = batch.denoiser(denoiser, x_in, t, vocab_size, rows=rows, used=used)
         return self.tokens_from(step, rows, logits, positions, temperature)
 
     def tokens_from(self, step: int, rows: Tensor, logits: Tensor, positions: Tensor, temperature: float) -> Tensor:
@@ -191,12 +193,13 @@ class FusedDraws(Draws):
         stream = self._token_stream(step, rows, per_row, logits.shape[1])
         return sample_categorical(logits, temperature, exclude_per_row=exclude, **self.controls, **stream)[0]
 
-    def tokens_at(self, batch, denoiser, step, x_in, t, positions, rows, vocab_size, temperature) -> Tensor:
+    def tokens_at(self, batch, denoiser, step, x_in, t, positions, rows, vocab_size, temperature,
+                  used=None) -> Tensor:
         """With hidden(x, t) and an nn.Linear head, the head runs at the B * k chosen positions only."""
         if not has_head(denoiser):
-            return super().tokens_at(batch, denoiser, step, x_in, t, positions, rows, vocab_size, temperature)
+            return super().tokens_at(batch, denoiser, step, x_in, t, positions, rows, vocab_size, temperature, used)
         n, k = positions.shape
-        h = batch.hidden(denoiser, x_in, t, vocab_size, rows=rows)
+        h = batch.hidden(denoiser, x_in, t, vocab_size, rows=rows, used=used)
         picked = h.gather(1, positions[..., None].expand(-1, -1, h.shape[-1])).reshape(n * k, -1)
         head = denoiser.head
         tokens, _ = sample_from_hidden(picked, head.weight, head.bias, temperature, **self.controls,

@@ -171,8 +171,9 @@ class _PlannerDenoiser:
         return batch.planner(self.planner, x, t) if self.time_conditioned else batch.planner(self.planner, x)
 
     def tokens(self, draws: Draws, batch: RunningBatch, step: int, x_in: Tensor, t: Tensor, positions: Tensor,
-               rows: Tensor, temperature: float, index: Optional[Tensor]) -> Tensor:
-        return draws.tokens_at(batch, self.denoiser, step, x_in, t, positions, rows, self.vocab_size, temperature)
+               rows: Tensor, temperature: float, index: Optional[Tensor], used: Optional[Tensor] = None) -> Tensor:
+        return draws.tokens_at(batch, self.denoiser, step, x_in, t, positions, rows, self.vocab_size, temperature,
+                               used)
 
 
 class _UniformModel:
@@ -189,8 +190,9 @@ class _UniformModel:
         self.softmax, self.reuse = selection == "softmax", reuse
         self.p_x1: Optional[Tensor] = None
 
-    def _p_x1(self, batch: RunningBatch, x: Tensor, t: Tensor, rows: Optional[Tensor] = None) -> Tensor:
-        return batch.denoiser(self.model, x, t, self.vocab_size, "model", rows=rows).softmax(-1)
+    def _p_x1(self, batch: RunningBatch, x: Tensor, t: Tensor, rows: Optional[Tensor] = None,
+              used: Optional[Tensor] = None) -> Tensor:
+        return batch.denoiser(self.model, x, t, self.vocab_size, "model", rows=rows, used=used).softmax(-1)
 
     def plan(self, batch: RunningBatch, x: Tensor, t: Tensor) -> Tensor:
         p_x1 = self._p_x1(batch, x, t)
@@ -200,11 +202,11 @@ class _UniformModel:
         return torch.logit(p.double(), eps=1e-10).float() if self.softmax else torch.log(p) - torch.log1p(-p)
 
     def tokens(self, draws: Draws, batch: RunningBatch, step: int, x_in: Tensor, t: Tensor, positions: Tensor,
-               rows: Tensor, temperature: float, index: Optional[Tensor]) -> Tensor:
+               rows: Tensor, temperature: float, index: Optional[Tensor], used: Optional[Tensor] = None) -> Tensor:
         if self.reuse:
             p_x1 = self.p_x1 if index is None else self.p_x1[index]
         else:
-            p_x1 = self._p_x1(batch, x_in, t, rows)
+            p_x1 = self._p_x1(batch, x_in, t, rows, used)
         q = denoiser_prob_from_uniform(p_x1, x_in, self.alpha(t))
         return draws.tokens_from(step, rows, torch.log(q), positions, temperature)
 
@@ -295,7 +297,9 @@ def _exact_clock(run: Run, draws: Draws, opts: DDPDOptions, networks, batch: Run
             return False
         x_in, t_in = (plan.masked, mask_time(plan.count, run)) if mask_id is not None else (batch.x, t)
         x_in, t_in, positions, rows = subset(index, x_in, t_in, plan.positions, batch.rows)
-        tokens = networks.tokens(draws, batch, step, x_in, t_in, positions, rows, temperature, index)
+        # the reference run passes the accepted rows only; the fused run passes all and keeps theirs
+        used = accept if index is None else None
+        tokens = networks.tokens(draws, batch, step, x_in, t_in, positions, rows, temperature, index, used)
         tokens = expand(index, tokens, batch.x.gather(1, plan.positions))
         change = _changes(batch, logits, plan.positions) & accept[:, None]
         batch.x.copy_(write(batch.x, plan.positions, tokens, change))

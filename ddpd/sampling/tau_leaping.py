@@ -227,6 +227,7 @@ def _draw_where(run: Run, draws: Draws, batch: RunningBatch, denoiser: Callable,
     if index is not None and index.numel() == 0:
         return x
     x_in, t, rows = subset(index, x_in, t, batch.rows)
-    logits = batch.denoiser(denoiser, x_in, t, run.vocab_size, rows=rows)
+    used = where.any(-1) if index is None else None  # the rows with a draw, as the reference run passes
+    logits = batch.denoiser(denoiser, x_in, t, run.vocab_size, rows=rows, used=used)
     tokens = draws.tokens_everywhere(step, rows, logits, run.temperature_at(step))
     return torch.where(where, expand(index, tokens, x), x)
