@@ -112,6 +112,8 @@ def test_single_model_samplers(ckpts, tmp_path, capsys, kind, argv):
     (["--device", "tpu"], "--device"),
     (["--sampler", "maskgit"], "maskgit needs one mask-denoiser"),
     (["--clock", "exact", "--stop", "eps"], "stop"),
+    (["--sync-every", "4"], "--sync-every is a setting of the fused run: give --fused too"),
+    (["--fused", "--sync-every", "0"], "--sync-every must be >= 1, got 0"),
 ])
 def test_bad_arguments_fail_in_one_line(ckpts, capsys, argv, message):
     code, _, stderr = run_cli(capsys, "--checkpoint", ckpts["bundle"], *argv)

@@ -87,6 +87,7 @@ NUM_SAMPLES, NUM_SAMPLES_BUNDLED = 8, 4
 # the planner (every p(z = N) < eps) rather than on the budget.
 BUNDLED_STEPS_PER_TOKEN = 2
 GAP = "_"  # --infill: a position to generate
+SYNC_EVERY = 8  # --fused: steps between stop checks
 COUNTS = ("planner_calls", "denoiser_calls", "planner_rows", "denoiser_rows", "planner_rows_saved",
           "denoiser_rows_saved", "planner_nan_passes", "denoiser_nan_passes")
 
@@ -124,8 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fused", action="store_true",
                    help="fused path of every sampler: ops kernels, head at the denoised positions only, early-stop "
                         "compaction (same samples as without)")
-    p.add_argument("--sync-every", dest="sync_every", type=int, default=8,
-                   help="--fused: steps between stop checks, where finished rows leave the batch (default 8)")
+    p.add_argument("--sync-every", dest="sync_every", type=int,
+                   help=f"--fused: steps between stop checks, where finished rows leave the batch (default "
+                        f"{SYNC_EVERY})")
     conditions = p.add_argument_group("prompts and class labels")
     prompts = conditions.add_mutually_exclusive_group()
     prompts.add_argument("--prompt", metavar="TEXT", help="a prefix every sample starts with")
@@ -384,7 +386,11 @@ def check_args(args) -> None:
         raise UsageError(f"--steps must be >= 1, got {args.steps}")
     if not 0 <= args.seed < 2**63:
         raise UsageError(f"--seed must be in [0, 2**63), got {args.seed}")
-    if args.sync_every < 1:
+    if args.sync_every is None:
+        args.sync_every = SYNC_EVERY
+    elif not args.fused:  # the reference run checks its stops every step
+        raise UsageError("--sync-every is a setting of the fused run: give --fused too")
+    elif args.sync_every < 1:
         raise UsageError(f"--sync-every must be >= 1, got {args.sync_every}")
     refuse_empty_paths(args, "out")
     check_finite("--temperature", args.temperature, open_min=False)  # 0: greedy
