@@ -3,8 +3,8 @@
 One program per row of planner logits [B, D], the row held in one block:
 p^d = sigmoid(l^d), sum_d p^d, stop = all p^d < eps, and k positions without
 replacement by Gumbel-top-k on the log-weights (log sigmoid(l) for option A, l / tau
-for option C's softmax over positions, relative to the row's largest; uniform d at
-column d). With
+for option C's softmax over positions, relative to the row's largest, or to the largest
+still free where that lies far below it; uniform d at column d). With
 WITH_MASK the mask of prop:draw_with_maskD follows from the same probabilities
 (uniform d at column d of the mask's offset). float32 arithmetic, sum_p accumulated in
 float64. The row helpers here are also those of ddpd.kernels.planner_mask.
@@ -14,6 +14,8 @@ import triton.language as tl
 
 from ddpd.kernels.rng import COUNTER_WORDS, gumbel, load_counters, load_row_id, row_uniform
 from ddpd.kernels.sample_categorical import shift
+
+REBASE_GAP = tl.constexpr(64.0)  # ddpd.ops.planner_select.REBASE_GAP
 
 
 @triton.jit
@@ -68,18 +70,28 @@ def planner_select_kernel(
 
     # Relative to the row's largest: huge logits keep their noise, +inf logits tie at 0.
     if SOFTMAX:
-        log_weight = shift(l, tl.max(l, axis=0), tau)
+        base = l
+        scale = tau
     else:
-        log_p = log_sigmoid(l)
-        log_weight = shift(log_p, tl.max(log_p, axis=0), 1.0)
+        base = log_sigmoid(l)
+        scale = 1.0
     u = row_uniform(noise_ptr, D, row, column, row_id, seed_lo, seed_hi, offset_lo, offset_hi,
                     noise_ptr is not None)
-    key = log_weight + gumbel(u)
+    g = gumbel(u)
+    top = tl.max(base, axis=0)
     # Gumbel-top-k by k rounds of argmax; the lowest free position wins ties, so
-    # positions of weight 0 come last, in order, as in a stable descending sort.
+    # positions of weight 0 come last, in order, as in a stable descending sort. A round
+    # whose largest free base lies more than REBASE_GAP below `top` (and is not -inf) takes
+    # the keys relative to it instead: the same order in exact arithmetic, but keys far
+    # below the top would round to one value (ddpd.ops.planner_select.gumbel_rounds).
     taken = offs < 0
     for i in range(k):
         free = in_row & ~taken
+        free_top = tl.max(tl.where(free, base, float("-inf")), axis=0)
+        rebase = (tl.max(tl.where(free, shift(base, top, scale), float("-inf")), axis=0) < -REBASE_GAP) \
+            & (free_top > float("-inf"))
+        top = tl.where(rebase, free_top, top)
+        key = shift(base, top, scale) + g
         best = tl.max(tl.where(free, key, float("-inf")), axis=0)
         pick = tl.min(tl.where(free & (key == best), offs, BLOCK_D), axis=0)
         tl.store(positions_ptr + row * k + i, pick.to(tl.int64))

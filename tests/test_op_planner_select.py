@@ -128,6 +128,46 @@ def test_ties_at_plus_inf_are_uniform_and_huge_logits_keep_their_noise(mode, cas
     assert 0.45 < float((positions[:, 0] == 0).double().mean()) < 0.55
 
 
+@pytest.mark.parametrize("mode, tau, row, second", [
+    ("sigmoid", 1.0, [0.0, -1e8, -1e8], [0.0, 0.5, 0.5]),
+    ("softmax", 1e-6, [10.0, 0.0, 0.0], [0.0, 0.5, 0.5]),
+    ("softmax", 1.0, [1e30, -2.0, 0.0], [0.0, 1 / (1 + math.e ** 2), 1 / (1 + math.e ** -2)]),
+    ("softmax", 1.0, [float("inf"), -2.0, 0.0], [0.0, 1 / (1 + math.e ** 2), 1 / (1 + math.e ** -2)]),
+    ("sigmoid", 1.0, [0.0, -1e30, -1e30 * (1 + 2 ** -20)], [0.0, 1.0, 0.0]),
+])
+def test_later_choices_are_exact_far_below_the_first(mode, tau, row, second):
+    """Keys relative to the row's largest log-weight lost the Gumbel noise of positions far
+    below it: the second of two choices was position 1 in 98% of rows for [0, -1e8, -1e8]
+    (sigmoid) and always the lower weight for [1e30, -2, 0]. A later round now takes its
+    keys relative to the largest free log-weight when that is more than REBASE_GAP below."""
+    n = 20_000
+    logits = torch.tensor([row]).expand(n, 3)
+    positions = planner_select(logits, 2, mode, tau, seed=5)[0]
+    assert bool((positions[:, 0] == 0).all())
+    counts = torch.bincount(positions[:, 1], minlength=3)
+    probs = torch.tensor(second)
+    assert counts[probs == 0].sum() == 0
+    if int((probs > 0).sum()) > 1:
+        assert chi_square_p(counts[probs > 0], probs[probs > 0]) > CHI2_MIN_P
+    ref = planner_select_reference(logits[:6], 2, mode, tau, seed=5)
+    assert torch.equal(positions[:6], ref[0])
+    assert_same(triton_select(logits[:6], 2, mode, tau, seed=5), ref)
+
+
+def test_rows_that_need_no_rebase_draw_as_one_sort():
+    """Where every choice lies within REBASE_GAP of the largest log-weight the rounds choose
+    what one stable sort of the keys chooses (the C++ path and the reference sort them)."""
+    from ddpd.ops.planner_select import gumbel_rounds, selection_bases, shifted
+
+    g = torch.Generator().manual_seed(2)
+    base = selection_bases(8 * torch.randn(64, 40, generator=g), False)
+    u = torch.rand(64, 40, generator=g)
+    top = base.amax(dim=1, keepdim=True)
+    keys = shifted(base, top, 1.0) + rng.gumbel(u)
+    sort = torch.sort(keys, dim=1, descending=True, stable=True).indices[:, :40]
+    assert torch.equal(gumbel_rounds(base, top, 1.0, rng.gumbel(u), 40), sort)
+
+
 def test_positions_distinct_in_range_and_zero_weight_last():
     logits = torch.randn(50, 9)
     logits[:, 2] = float("-inf")

@@ -45,9 +45,9 @@ void select_rows(const at::Tensor& logits, const SelectArgs& a, int64_t* positio
   const scalar_t* logits_ptr = logits.data_ptr<scalar_t>();
   const int64_t grain = std::max<int64_t>(1, 16384 / length);
   at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
-    std::vector<float> p(length), keys(length);
+    std::vector<float> p(length), base(length), gumbel(length), keys(length);
     std::vector<int64_t> order;
-    std::vector<char> forced(length);
+    std::vector<char> forced(length), taken;
     for (int64_t r = begin; r < end; ++r) {
       const scalar_t* row = logits_ptr + r * length;
       const uint64_t row_id = static_cast<uint64_t>(a.row_ids ? a.row_ids[r] : r);
@@ -59,17 +59,14 @@ void select_rows(const at::Tensor& logits, const SelectArgs& a, int64_t* positio
         p[d] = planner_sigmoid(l);
         total += p[d];
         largest = std::max(largest, p[d]);
-        keys[d] = selection_base(l, a.softmax);
-        top = std::max(top, keys[d]);
-      }
-      const float tau = a.softmax ? a.tau : 1.0f;
-      for (int64_t d = 0; d < length; ++d) {
-        keys[d] = selection_log_weight(keys[d], top, tau) + planner_gumbel(u(d));
+        base[d] = selection_base(l, a.softmax);
+        top = std::max(top, base[d]);
+        gumbel[d] = planner_gumbel(u(d));
       }
       sum_p[r] = static_cast<float>(total);
       stop[r] = largest < a.eps;
       int64_t* chosen = positions + r * a.k;
-      top_k(keys, a.k, order, chosen);
+      gumbel_top_k(base, gumbel, top, a.softmax ? a.tau : 1.0f, a.k, keys, order, taken, chosen);
       if (mask.x) {
         std::fill(forced.begin(), forced.end(), 0);
         for (int64_t i = 0; i < a.k; ++i) forced[chosen[i]] = 1;

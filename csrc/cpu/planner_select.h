@@ -74,6 +74,57 @@ inline void top_k(const std::vector<float>& keys, int64_t k, std::vector<int64_t
   std::copy(order.begin(), order.begin() + k, out);
 }
 
+// Keys of positions more than this below the top log-weight are rebased (gumbel_rounds):
+// at 64 the float32 spacing, 2^-17, is far below the Gumbel noise's scale of 1.
+constexpr float kRebaseGap = 64.0f;
+
+// Gumbel-top-k as k rounds of argmax (the lower free position on ties), the keys of a
+// round taken relative to the largest free base once that lies more than kRebaseGap
+// below the current top (and is not -inf): a shift of every key, the same order in exact
+// arithmetic, but the free positions keep their noise in float32 (keys 1e8 below the top,
+// or below +inf, would all round to one value and go in position order). taken: scratch.
+inline void gumbel_rounds(const std::vector<float>& base, const std::vector<float>& gumbel, float top, float tau,
+                          int64_t k, std::vector<float>& keys, std::vector<char>& taken, int64_t* out) {
+  const int64_t n = static_cast<int64_t>(base.size());
+  taken.assign(n, 0);
+  for (int64_t i = 0; i < k; ++i) {
+    float free_top = kPlannerNegInf;
+    for (int64_t d = 0; d < n; ++d) {
+      if (!taken[d]) free_top = std::max(free_top, base[d]);
+    }
+    if (free_top != kPlannerNegInf && selection_log_weight(free_top, top, tau) < -kRebaseGap) top = free_top;
+    int64_t best = -1;
+    for (int64_t d = 0; d < n; ++d) {
+      if (taken[d]) continue;
+      keys[d] = selection_log_weight(base[d], top, tau) + gumbel[d];
+      if (best < 0 || keys[d] > keys[best]) best = d;
+    }
+    out[i] = best;
+    taken[best] = 1;
+  }
+}
+
+// k positions without replacement, P proportional to exp(base / tau), exact at any
+// spread: keys relative to the row's largest base `top` (selection_log_weight) plus the
+// Gumbel variables, their k largest; where fewer than k positions lie within kRebaseGap
+// of the top, by gumbel_rounds (which then chooses what the sort would, wherever no
+// round rebases).
+inline void gumbel_top_k(const std::vector<float>& base, const std::vector<float>& gumbel, float top, float tau,
+                         int64_t k, std::vector<float>& keys, std::vector<int64_t>& order, std::vector<char>& taken,
+                         int64_t* out) {
+  int64_t near = 0;
+  for (size_t d = 0; d < base.size(); ++d) {
+    const float log_weight = selection_log_weight(base[d], top, tau);
+    near += log_weight >= -kRebaseGap;
+    keys[d] = log_weight + gumbel[d];
+  }
+  if (near >= k) {
+    top_k(keys, k, order, out);
+  } else {
+    gumbel_rounds(base, gumbel, top, tau, k, keys, taken, out);
+  }
+}
+
 // z^d = u^d < p^d, forced to 1 at the chosen positions (forced[d] != 0); writes
 // the masked sequence (mask_id where z) and z; returns the number masked.
 inline int64_t draw_mask(const float* p, const PlannerUniforms& u, const std::vector<char>& forced,

@@ -7,8 +7,10 @@ From planner logits l [B, D] ("position d is noise"), per row:
   proportional to p(z^d = N | x_t) = sigmoid(l^d) (prop:self-loop-jumps; options
   A/B of the paper's listings), or to softmax(l / tau) over positions (option C);
   by Gumbel-top-k on the log-weights (log sigmoid(l) = -softplus(-l), or l / tau),
-  taken relative to the row's largest: exact at any logit scale, uniform among
-  +inf logits; the first choice being the draw d' ~ Cat(p) of Algorithm `alg:sampling`;
+  taken relative to the row's largest, and for a later choice relative to the largest
+  still free where that lies more than REBASE_GAP below (gumbel_rounds): exact at any
+  logit scale, for every choice, uniform among +inf logits; the first choice being the
+  draw d' ~ Cat(p) of Algorithm `alg:sampling`;
 - sum_p Float[B] = sum_d sigmoid(l^d), for the planner's time estimate
   t = alpha^{-1}(1 - sum_p / D) (section 'Adaptive Time Correction'); every path
   sums in float64 and rounds once, so the paths differ only by the rounding of the
@@ -42,6 +44,9 @@ from ddpd.validation import check_float, check_int, check_same_device, check_sha
 MODES = ("sigmoid", "softmax")
 MAX_TRITON_WIDTH = 2**17  # the Triton kernel holds a row in one block
 SUM_P_RTOL = 1e-6  # sum_p of two paths: float64 sums of sigmoids whose exp rounds differently
+# Keys of positions more than this below the top log-weight are rebased (gumbel_rounds): at 64
+# the float32 spacing, 2^-17, is far below the Gumbel noise's scale of 1.
+REBASE_GAP = 64.0
 
 
 # ----------------------------------------------------------------------------- checks
@@ -129,22 +134,54 @@ def sum_p(p: torch.Tensor) -> torch.Tensor:
     return p.double().sum(dim=1).float()
 
 
-def selection_log_weights(l: torch.Tensor, softmax: bool, tau: float) -> torch.Tensor:
-    """log sigmoid(l) = min(l, 0) - log(1 + exp(-|l|)) (option A), or l / tau (option C),
-    relative to the row maximum (shifted): huge logits keep their noise (log sigmoid(-1e8)
-    is -1e8, whose float32 spacing of 8 would absorb the Gumbel variables) and +inf
-    logits tie at 0 and are drawn uniformly among themselves."""
+def selection_bases(l: torch.Tensor, softmax: bool) -> torch.Tensor:
+    """The log-weight of each position before its shift: log sigmoid(l) = min(l, 0) -
+    log(1 + exp(-|l|)) (option A, finite where sigmoid(l) underflows), or l (option C)."""
     if softmax:
-        return shifted(l, l.amax(dim=1, keepdim=True), tau)
-    log_p = torch.clamp(l, max=0.0) - torch.log(1.0 + torch.exp(-l.abs()))
-    return shifted(log_p, log_p.amax(dim=1, keepdim=True), 1.0)
+        return l
+    return torch.clamp(l, max=0.0) - torch.log(1.0 + torch.exp(-l.abs()))
 
 
-def gumbel_top_k(log_weights: torch.Tensor, noise: torch.Tensor, k: int) -> torch.Tensor:
-    """k positions without replacement, P proportional to exp(log_weights): the k
-    largest log_weights + Gumbel, ties to the lower position (stable sort)."""
-    keys = log_weights + rng.gumbel(noise)
-    return torch.sort(keys, dim=1, descending=True, stable=True).indices[:, :k]
+def gumbel_top_k(base: torch.Tensor, tau: float, noise: torch.Tensor, k: int) -> torch.Tensor:
+    """k positions without replacement, P proportional to exp(base / tau): the k largest
+    shifted(base, top) + Gumbel, ties to the lower position (stable sort), `top` the row's
+    largest base: huge logits keep their noise (log sigmoid(-1e8) is -1e8, whose float32
+    spacing of 8 would absorb the Gumbel variables) and +inf logits tie at 0 and are drawn
+    uniformly among themselves. Where fewer than k positions lie within REBASE_GAP of the
+    largest, see gumbel_rounds."""
+    gumbel = rng.gumbel(noise)
+    top = base.amax(dim=1, keepdim=True)
+    log_weights = shifted(base, top, tau)
+    keys = log_weights + gumbel
+    positions = torch.sort(keys, dim=1, descending=True, stable=True).indices[:, :k]
+    far = (log_weights >= -REBASE_GAP).sum(dim=1) < k
+    if bool(far.any()):
+        positions[far] = gumbel_rounds(base[far], top[far], tau, gumbel[far], k)
+    return positions
+
+
+def gumbel_rounds(base: torch.Tensor, top: torch.Tensor, tau: float, gumbel: torch.Tensor, k: int) -> torch.Tensor:
+    """Gumbel-top-k as k rounds of argmax (the lower free position on ties), the keys of a
+    round taken relative to the largest free base once that lies more than REBASE_GAP below
+    the current `top` (and is not -inf): a shift of every key, so the same order in exact
+    arithmetic, but the free positions' keys keep their noise in float32 (keys relative to a
+    top 1e8 above them, or +inf, would all round to one value and go in position order).
+    Where every chosen position lies within REBASE_GAP of the top no round rebases and the
+    choices are those of the sort in gumbel_top_k, which the kernels rely on."""
+    neg_inf = float("-inf")
+    taken = torch.zeros_like(base, dtype=torch.bool)
+    columns = torch.arange(base.shape[1], device=base.device)
+    positions = []
+    for _ in range(k):
+        free_top = base.masked_fill(taken, neg_inf).amax(dim=1, keepdim=True)
+        far = shifted(free_top, top, tau) < -REBASE_GAP
+        top = torch.where(far & (free_top > neg_inf), free_top, top)
+        keys = (shifted(base, top, tau) + gumbel).masked_fill(taken, neg_inf)
+        best = keys.amax(dim=1, keepdim=True)
+        pick = torch.where(~taken & (keys == best), columns, base.shape[1]).amin(dim=1)
+        positions.append(pick)
+        taken[torch.arange(base.shape[0], device=base.device), pick] = True
+    return torch.stack(positions, dim=1)
 
 
 def draw_mask(p, noise, positions, x, mask_id):
@@ -177,7 +214,7 @@ def planner_select_reference(
         noise = rng.stream_noise(counters, row_ids, rows, length, logits.device)
     l = planner_logits(logits)
     p = planner_prob(l)
-    positions = gumbel_top_k(selection_log_weights(l, softmax, tau), noise, k)
+    positions = gumbel_top_k(selection_bases(l, softmax), tau if softmax else 1.0, noise, k)
     return positions, sum_p(p), (p < eps).all(dim=1)
 
 
@@ -213,7 +250,7 @@ def planner_select_mask_reference(
                                       logits.device)
     l = planner_logits(logits)
     p = planner_prob(l)
-    positions = gumbel_top_k(selection_log_weights(l, softmax, tau), noise, k)
+    positions = gumbel_top_k(selection_bases(l, softmax), tau if softmax else 1.0, noise, k)
     return (positions, sum_p(p), (p < eps).all(dim=1)) + draw_mask(p, mask_noise, positions, x, mask_id)
 
 
