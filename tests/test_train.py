@@ -428,6 +428,38 @@ def test_a_second_writer_is_refused_while_a_run_holds_the_output(corpus, tmp_pat
     assert first.returncode == 128 + signal.SIGTERM
 
 
+def _torchrun_training(corpus, out, *extra, **popen):
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
+               "ddpd.cli.train", "planner", "--data", corpus, "--out", str(out), "--eval-every", "5", *TINY_CLI, *extra]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ONE_THREAD_ENV,
+                            **popen)
+
+
+def test_a_refusal_on_process_0_ends_a_torchrun_in_one_line(corpus, tmp_path):
+    """Only process 0 takes the lock and checks the output: its refusal used to close with a
+    barrier the other process, inside a collective of the setup, never reached (a hang)."""
+    out = tmp_path / "p"
+    _checkpoint_at_step_2(corpus, out)
+    proc = _torchrun_training(corpus, out, "--steps", "20")
+    _, err = proc.communicate(timeout=HANG_GUARD_SECONDS)
+    assert proc.returncode != 0
+    errors = [line for line in err.splitlines() if line.startswith("ddpd-train: error:")]
+    assert len(errors) == 1 and "already holds a checkpoint" in errors[0], err
+
+
+def test_an_interrupted_torchrun_says_how_to_resume_it(corpus, tmp_path):
+    """The resume hint of a run of two processes is a torchrun of two (one process is refused)."""
+    out = tmp_path / "p"
+    proc = _torchrun_training(corpus, out, "--steps", "1000000", "--save-every", "5")
+    Lines(proc.stdout).wait_for("step       5")
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=HANG_GUARD_SECONDS)
+    hints = [line for line in err.splitlines() if "continue with:" in line]
+    assert len(hints) == 1, err
+    assert hints[0].endswith(f"continue with: torchrun --nproc_per_node 2 -m ddpd.cli.train planner --out {out} "
+                             "--resume"), err
+
+
 def _checkpoint_at_step_2(corpus, out, **changes):
     with Trainer(config(corpus, out, steps=20, save_every=2, **changes)) as trainer:
         trainer.train(stop_at=2)

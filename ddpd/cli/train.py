@@ -141,10 +141,12 @@ def run(args: argparse.Namespace, state: dict) -> int:
         stop.detail = "; training had not started, nothing was written"
         raise
     state["trainer"] = trainer
+    finished = False
     try:
         trainer.log(f"{config.kind}: {count_parameters(trainer.model):,} parameters on {trainer.device}, "
                     f"{trainer.dist.world_size} process(es), step {trainer.step} of {config.steps}")
         trainer.train()
+        finished = True
     except Interrupted as stop:
         saved = trainer._saved_step
         stop.detail = (f"; the checkpoint of step {saved} in {config.out} is intact (--resume continues it)"
@@ -152,11 +154,14 @@ def run(args: argparse.Namespace, state: dict) -> int:
         raise
     finally:
         state.pop("trainer", None)
-        trainer.close()
+        trainer.close(wait=finished)  # after a failure the other processes may never reach a barrier
     if trainer.stop_reason is not None:
-        print(f"ddpd-train: interrupted by {trainer.stop_reason} at step {trainer.step} of {config.steps}; "
-              f"saved a checkpoint there in {config.out}; continue with: ddpd-train {config.kind} --out "
-              f"{config.out} --resume", file=sys.stderr)
+        processes = trainer.dist.world_size  # a resume must run as many (the checkpoint records them)
+        command = f"torchrun --nproc_per_node {processes} -m ddpd.cli.train" if processes > 1 else "ddpd-train"
+        if trainer.dist.is_main:
+            print(f"ddpd-train: interrupted by {trainer.stop_reason} at step {trainer.step} of {config.steps}; "
+                  f"saved a checkpoint there in {config.out}; continue with: {command} {config.kind} --out "
+                  f"{config.out} --resume", file=sys.stderr)
         return 128 + state.get("signum", 2)
     last = trainer.history[-1] if trainer.history else {}
     trainer.log(f"done: step {trainer.step}, val loss {last.get('val_loss', float('nan')):.4f}, "

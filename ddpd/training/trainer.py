@@ -261,7 +261,9 @@ class Trainer:
                 self._lock = OutputLock(config.out).acquire()
             self._setup(resume)
         except BaseException:
-            self.close()
+            # no final barrier: a refusal on process 0 (a locked or occupied output) leaves the
+            # others inside a collective of _setup, which they would never leave
+            self.close(wait=False)
             raise
 
     # ---- setup -------------------------------------------------------------------
@@ -671,16 +673,17 @@ class Trainer:
         return self
 
     def __exit__(self, *exc) -> None:
-        self.close()
+        self.close(wait=exc[0] is None)
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
         """Release the process group and the output lock. The DDP wrapper goes first: its
         reducer holds the process group, which must not outlive this call (destroyed at
-        interpreter exit instead, gloo's threads abort the process)."""
+        interpreter exit instead, gloo's threads abort the process). wait=False (after a
+        failure) skips the final barrier the other processes may never reach."""
         if hasattr(self, "model"):
             self.network = self.model
         try:
-            self.dist.close()
+            self.dist.close(wait)
         finally:
             if self._lock is not None:
                 self._lock.release()
