@@ -254,6 +254,25 @@ def test_a_closed_stdout_does_not_stop_the_file(ckpts, tmp_path):
     assert [r["index"] for r in read_jsonl(out)] == list(range(60))
 
 
+def test_the_summary_counts_the_samples_drawn_when_the_reader_went_away(ckpts):
+    """`ddpd-sample | head -1` without --out stops after the batch it could not print: the
+    summary used to report every --num-samples, at a rate 30 times the real one. (The reader
+    is gone before the start here, so the first batch is the only one, whatever the timing.)"""
+    read, write = os.pipe()
+    os.close(read)
+    command = [sys.executable, "-m", "ddpd.cli.sample", "--checkpoint", ckpts["bundle"], "--steps", "4",
+               "--num-samples", "60", "--batch-size", "2", "--no-progress"]
+    try:
+        done = subprocess.run(command, stdout=write, stderr=subprocess.PIPE, text=True, timeout=HANG_GUARD_SECONDS,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+    finally:
+        os.close(write)
+    assert done.returncode == 0, done.stderr
+    summary = [line for line in done.stderr.splitlines() if "samples/s" in line]
+    assert len(summary) == 1 and summary[0].startswith("ddpd-sample: 2 samples of 8 tokens"), done.stderr
+    assert "denoiser 4 (8 row-evaluations" in summary[0], done.stderr
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
 def test_signals_keep_the_finished_samples(ckpts, tmp_path, sig):
     out = tmp_path / "s.jsonl"

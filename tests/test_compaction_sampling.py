@@ -134,3 +134,15 @@ def test_reference_reports_rows_saved():
     result = RUNS["ddpd uniform"](300, seed=3)
     assert result.planner_rows_saved == 300 * result.planner_calls - result.planner_rows > 0
     assert result.denoiser_rows_saved == 300 * result.denoiser_calls - result.denoiser_rows > 0
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_rows_left_out_of_a_pass_are_not_saved_by_early_stopping(fused):
+    """The reference run leaves out of a denoiser pass the rows that draw nothing (no jump in
+    a tau-leaping step); they had not stopped, so early stopping saved nothing: the count
+    used to be every row-evaluation not run."""
+    result = tau_leaping_mask(M.mask_denoiser, 300, 5, 3, steps=40, eta=5.0, seed=2, fused=fused)
+    assert (result.stop_step == 40).all()
+    assert result.planner_rows_saved == result.denoiser_rows_saved == 0
+    if not fused:
+        assert result.denoiser_rows < 300 * result.denoiser_calls

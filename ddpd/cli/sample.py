@@ -37,7 +37,8 @@ The summary line on stderr gives samples/s (sampling only: loading the models an
 C++ extension is not counted), the precision, forward passes, and row-evaluations: how
 many sequences went through each model in all (a forward pass over a batch of B rows
 counts B), and how many early stopping saved (rows that had stopped and left the
-batch; the reference path saves none).
+batch: the reference run removes a row the step it stops, the fused run at its stop
+checks).
 
 Prompts: --prompt TEXT fixes the first positions to TEXT; --infill TEXT fixes the
 positions of TEXT except those marked `_`, one token each (one character with the text8
@@ -449,7 +450,7 @@ def run(args, stdout: Optional[Stdout] = None) -> int:
         if group.is_main:
             warn_if_too_few_steps(args, settings.frozen)
         _warm_up(args)
-        calls, elapsed = _sample_all(args, models, sample, Records(tokenizer, prompts, settings.labels), out,
+        done, calls, elapsed = _sample_all(args, models, sample, Records(tokenizer, prompts, settings.labels), out,
                                      stdout, group)
         if out is not None:
             out.publish()
@@ -461,21 +462,23 @@ def run(args, stdout: Optional[Stdout] = None) -> int:
             out.discard()
     group.close()
     if group.is_main:
-        _summary(args, calls, elapsed, threads, group.world_size)
+        _summary(args, done, calls, elapsed, threads, group.world_size)
     return 0
 
 
-def _summary(args, calls: dict, elapsed: float, threads: int, processes: int) -> None:
+def _summary(args, done: int, calls: dict, elapsed: float, threads: int, processes: int) -> None:
+    """The summary line of `done` samples (fewer than --num-samples where stdout's reader
+    went away without --out)."""
     from ddpd.sampling.batch import nan_warning
 
-    rate = args.num_samples / elapsed if elapsed > 0 else math.inf
+    rate = done / elapsed if elapsed > 0 else math.inf
     passes = ", ".join(f"{model} {calls[model + '_calls']} ({calls[model + '_rows']} row-evaluations, "
                        f"{calls[model + '_rows_saved']} saved by early stopping)" for model in ("planner", "denoiser"))
     cpu = args.device_obj.type == "cpu"
     where = f"{threads} CPU thread{'s' if threads > 1 else ''}" if cpu else str(args.device_obj)
     if processes > 1:
         where = f"{processes} processes of {where}" if cpu else f"{processes} processes on {args.device_obj.type}"
-    print(f"ddpd-sample: {args.num_samples} samples of {args.length} tokens in {elapsed:.2f} s ({rate:.2f} samples/s, "
+    print(f"ddpd-sample: {done} samples of {args.length} tokens in {elapsed:.2f} s ({rate:.2f} samples/s, "
           f"{where}, {args.dtype_name}){', fused' if args.fused else ''}; forward passes: {passes}", file=sys.stderr)
     nan = nan_warning(calls["planner_nan_passes"], calls["planner_calls"], calls["denoiser_nan_passes"],
                       calls["denoiser_calls"])
@@ -534,8 +537,8 @@ def _batch(args, sample, records: Records, first: int, n: int) -> dict:
 def _sample_all(args, models: Models, sample, records: Records, out, stdout: Stdout, group):
     """Sample every batch: in rounds of one batch per process (batch b on process
     b mod N), process 0 writing each round's batches to `out` (flushed) and their texts to
-    stdout in order as soon as the round is done, keeping none. Returns (call counts,
-    seconds). Interrupted, the finished samples are published to `out` and the message
+    stdout in order as soon as the round is done, keeping none. Returns (samples finished,
+    call counts, seconds). Interrupted, the finished samples are published to `out` and the message
     says so."""
     from ddpd.cli.common import Interrupted
 
@@ -571,7 +574,7 @@ def _sample_all(args, models: Models, sample, records: Records, out, stdout: Std
         elif out is not None:
             stop.detail = f"; no sample was finished, {args.out} not written"
         raise
-    return calls, time.perf_counter() - start
+    return done, calls, time.perf_counter() - start
 
 
 @contextlib.contextmanager

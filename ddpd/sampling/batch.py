@@ -43,7 +43,8 @@ class SampleResult:
     planner_calls / denoiser_calls: forward passes (calls, whatever their batch size).
     planner_rows / denoiser_rows: sequences evaluated (row-evaluations), summed over
     those calls. planner_rows_saved / denoiser_rows_saved: the row-evaluations that
-    rows leaving the batch saved, against the whole batch at every call.
+    early stopping saved: at each call, the rows that had stopped and left the batch
+    (not the rows a reference run leaves out of a pass because they draw nothing).
     planner_nan_passes / denoiser_nan_passes: the passes whose output held a NaN in a row the
     step used (a denoiser run through its head: a NaN or infinite hidden state, which makes
     NaN logits); every draw reads NaN as -inf (a planner position is taken as clean, a token
@@ -58,16 +59,10 @@ class SampleResult:
     denoiser_calls: int = 0
     planner_rows: int = 0
     denoiser_rows: int = 0
+    planner_rows_saved: int = 0
+    denoiser_rows_saved: int = 0
     planner_nan_passes: int = 0
     denoiser_nan_passes: int = 0
-
-    @property
-    def planner_rows_saved(self) -> int:
-        return self.tokens.shape[0] * self.planner_calls - self.planner_rows
-
-    @property
-    def denoiser_rows_saved(self) -> int:
-        return self.tokens.shape[0] * self.denoiser_calls - self.denoiser_rows
 
 
 class NaNOutputWarning(RuntimeWarning):
@@ -93,6 +88,8 @@ class RunningBatch:
         self.stop_step = torch.full((x.shape[0],), -1, dtype=torch.long, device=x.device)
         self.planner_calls = self.denoiser_calls = 0
         self.planner_rows = self.denoiser_rows = 0
+        self.planner_rows_saved = self.denoiser_rows_saved = 0
+        self.batch_size = x.shape[0]  # the rows of the run; those that left the batch are saved
         # passes with a NaN output, planner then denoiser: device counters, updated in place
         # (a CUDA graph replays the update), read at the end
         self.nan_passes = torch.zeros(2, dtype=torch.long, device=x.device)
@@ -130,6 +127,7 @@ class RunningBatch:
         self._count_nan(0, torch.isnan(logits))
         self.planner_calls += 1
         self.planner_rows += x.shape[0]
+        self.planner_rows_saved += self.batch_size - len(self)
         return logits.float()
 
     def denoiser(self, model: Callable, x: Tensor, t: Tensor, vocab_size: int, name: str = "denoiser",
@@ -146,6 +144,7 @@ class RunningBatch:
         self._count_nan(1, torch.isnan(logits), used)
         self.denoiser_calls += 1
         self.denoiser_rows += x.shape[0]
+        self.denoiser_rows_saved += self.batch_size - len(self)
         return logits.float()
 
     def hidden(self, model, x: Tensor, t: Tensor, vocab_size: int, rows: Optional[Tensor] = None,
@@ -169,6 +168,7 @@ class RunningBatch:
         self._count_nan(1, ~torch.isfinite(h), used)  # NaN or inf in a hidden state: NaN logits
         self.denoiser_calls += 1
         self.denoiser_rows += x.shape[0]
+        self.denoiser_rows_saved += self.batch_size - len(self)
         return h
 
     def _count_nan(self, network: int, bad: Tensor, used: Optional[Tensor] = None) -> None:
@@ -215,7 +215,8 @@ class RunningBatch:
             steps = int(self.stop_step.max())
             nan_passes = self.nan_passes.tolist()
         result = SampleResult(self.out, steps, self.stop_step, self.planner_calls, self.denoiser_calls,
-                              self.planner_rows, self.denoiser_rows, *nan_passes)
+                              self.planner_rows, self.denoiser_rows, self.planner_rows_saved,
+                              self.denoiser_rows_saved, *nan_passes)
         message = nan_warning(result.planner_nan_passes, result.planner_calls, result.denoiser_nan_passes,
                               result.denoiser_calls)
         if message:

@@ -30,7 +30,8 @@ from typing import Callable, Dict, Hashable, Optional, Tuple
 
 import torch
 
-COUNTS = ("planner_calls", "denoiser_calls", "planner_rows", "denoiser_rows")
+COUNTS = ("planner_calls", "denoiser_calls", "planner_rows", "denoiser_rows", "planner_rows_saved",
+          "denoiser_rows_saved")
 
 
 class StepGraphs:
