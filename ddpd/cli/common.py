@@ -159,6 +159,7 @@ def run_tool(prog: str, body: Callable[[], int], value_error_status: int = 1,
     """Run a tool's body with signals handled, turning every expected failure into one
     line on stderr and an exit status."""
     from ddpd.checkpoint import CheckpointError
+    from ddpd.training.distributed import PeerLost
     from ddpd.validation import MissingExtra
 
     def fail(message: str, status: int) -> int:
@@ -176,6 +177,8 @@ def run_tool(prog: str, body: Callable[[], int], value_error_status: int = 1,
         return 130
     except UsageError as err:
         return fail(one_line(err), 2)
+    except PeerLost as err:
+        return fail(f"{err}{err.detail}", 1)
     except (CheckpointError, MissingExtra, OSError, FloatingPointError) as err:
         return fail(one_line(err), 1)
     except (ValueError, TypeError) as err:  # the argument checks of the layers below

@@ -538,9 +538,10 @@ def _sample_all(args, models: Models, sample, records: Records, out, stdout: Std
     """Sample every batch: in rounds of one batch per process (batch b on process
     b mod N), process 0 writing each round's batches to `out` (flushed) and their texts to
     stdout in order as soon as the round is done, keeping none. Returns (samples finished,
-    call counts, seconds). Interrupted, the finished samples are published to `out` and the message
-    says so."""
+    call counts, seconds). Interrupted, or another process lost, the finished samples are
+    published to `out` and the message says so."""
     from ddpd.cli.common import Interrupted
+    from ddpd.training.distributed import PeerLost
 
     calls = dict.fromkeys(COUNTS, 0)
     batches = -(-args.num_samples // args.batch_size)  # batch b: rows [b * batch_size, ...), not listed
@@ -567,7 +568,7 @@ def _sample_all(args, models: Models, sample, records: Records, out, stdout: Std
                         stdout.print(line)
                 # a batch that stopped early ends its share of the bar
                 advance(min(first_batch + group.world_size, batches) * args.steps)
-    except Interrupted as stop:
+    except (Interrupted, PeerLost) as stop:  # a signal, or another process stopped
         if out is not None and done:
             out.publish()
             stop.detail = f"; wrote the {done} finished sample(s) to {args.out}"

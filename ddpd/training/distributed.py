@@ -9,12 +9,34 @@ then the identity.
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from typing import List
 
 import torch
 import torch.distributed as dist
 
 from ddpd.validation import check_device
+
+
+class PeerLost(RuntimeError):
+    """A collective failed because another process of the group stopped (its own error, or
+    killed); `detail` says what the tool kept."""
+
+    def __init__(self, error: BaseException):
+        # the backend's first sentence: gloo goes on with advice and an emoji
+        first = str(error).strip().splitlines()[0].split(". ")[0] if str(error).strip() else type(error).__name__
+        super().__init__(f"another process of the group failed or was killed ({first})")
+        self.detail = ""
+
+
+@contextmanager
+def _collective():
+    """A collective's failure as PeerLost: with gloo a dead peer is a RuntimeError of a lost
+    connection, which says nothing of what happened."""
+    try:
+        yield
+    except RuntimeError as err:
+        raise PeerLost(err) from err
 
 
 class Distributed:
@@ -43,7 +65,8 @@ class Distributed:
         if self.world_size == 1:
             return [value]
         gathered = [None] * self.world_size
-        dist.all_gather_object(gathered, value)
+        with _collective():
+            dist.all_gather_object(gathered, value)
         return gathered
 
     def sum(self, values: List[float]) -> List[float]:
@@ -56,12 +79,14 @@ class Distributed:
         if self.world_size == 1:
             return values
         total = torch.tensor(values, dtype=torch.float64, device=self.device)
-        dist.all_reduce(total, op=op)
+        with _collective():
+            dist.all_reduce(total, op=op)
         return total.tolist()
 
     def barrier(self) -> None:
         if self.world_size > 1:
-            dist.barrier()
+            with _collective():
+                dist.barrier()
 
     def close(self, wait: bool = True) -> None:
         """Leave the group. wait=False skips the final barrier: after a failure the other
