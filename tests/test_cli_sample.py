@@ -787,6 +787,6 @@ def test_a_process_killed_mid_run_keeps_the_finished_samples(ckpts, tmp_path):
     assert "[rank0]" not in err, err  # no traceback of process 0 (torchrun reports the killed one)
     lines = [line for line in err.splitlines() if line.startswith("ddpd-sample:")]
     assert len(lines) == 1, err
-    assert "another process of the group failed or was killed" in lines[0] or "interrupted by SIGTERM" in lines[0]
+    assert "another process of the group failed or was killed" in lines[0] or "interrupted by SIGTERM" in lines[0], err
     written = int(lines[0].split("wrote the ")[1].split()[0])
     assert [r["index"] for r in read_jsonl(out)] == list(range(written)) and written >= 4

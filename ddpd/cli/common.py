@@ -145,6 +145,17 @@ def signals_as_interrupts(graceful: Optional[Callable[[str], bool]] = None) -> I
             signal.signal(s, old)
 
 
+def ignore_further_signals() -> None:
+    """The tool is stopping and publishes what it kept: a further signal (torchrun's SIGTERM
+    after another process died, a second Ctrl-C) would interrupt that. Restored on leaving
+    signals_as_interrupts."""
+    try:
+        for s in SIGNALS:
+            signal.signal(s, signal.SIG_IGN)
+    except ValueError:  # not the main thread
+        pass
+
+
 def one_line(err: BaseException) -> str:
     text = str(err).strip()
     return text.splitlines()[0] if text else type(err).__name__

@@ -540,7 +540,7 @@ def _sample_all(args, models: Models, sample, records: Records, out, stdout: Std
     stdout in order as soon as the round is done, keeping none. Returns (samples finished,
     call counts, seconds). Interrupted, or another process lost, the finished samples are
     published to `out` and the message says so."""
-    from ddpd.cli.common import Interrupted
+    from ddpd.cli.common import Interrupted, ignore_further_signals
     from ddpd.training.distributed import PeerLost
 
     calls = dict.fromkeys(COUNTS, 0)
@@ -569,6 +569,7 @@ def _sample_all(args, models: Models, sample, records: Records, out, stdout: Std
                 # a batch that stopped early ends its share of the bar
                 advance(min(first_batch + group.world_size, batches) * args.steps)
     except (Interrupted, PeerLost) as stop:  # a signal, or another process stopped
+        ignore_further_signals()
         if out is not None and done:
             out.publish()
             stop.detail = f"; wrote the {done} finished sample(s) to {args.out}"
