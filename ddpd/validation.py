@@ -1,6 +1,6 @@
 """Argument checks shared by the public entry points of every layer.
 
-Errors name the argument, what was expected and what was given (DESIGN.md).
+Errors name the argument, what was expected and what was given.
 Lowest layer: imports nothing from ddpd.
 """
 from __future__ import annotations

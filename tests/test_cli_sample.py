@@ -336,6 +336,11 @@ def test_too_few_steps_are_warned_about(ckpts, capsys):
     code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--steps", "3", "--sampler", "tau-leaping",
                            "--num-samples", "1")
     assert code == 0 and "warning" not in err
+    # the exact clock makes at most one jump per step (it was not warned about)
+    code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--steps", "5", "--clock", "exact",
+                           "--num-samples", "1")
+    assert code == 0 and "warning: --steps 5 can denoise at most 5 of the 8 positions to generate (at most one " \
+                         "per step)" in err, err
 
 
 def test_networks_of_different_lengths_are_warned_about(ckpts, tmp_path, capsys):

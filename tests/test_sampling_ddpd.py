@@ -163,6 +163,11 @@ def test_exact_clock_with_a_mask_denoiser_is_biased():
     assert tv(exact, problem.p_data) < 1e-3 < 0.01 < tv(biased, problem.p_data)
     TABLE.add("ddpd exact clock law, time-conditioned planner, mask denoiser [support5 S3 D3]", None,
               tv(biased, problem.p_data), None, problem.N)
+    markov = toy("markov S2 D2")  # the bias on a chain, too (the README quotes both)
+    law = laws.ddpd_exact_clock_law(markov, T_END, denoiser_type="mask")
+    assert tv(law, markov.p_data) > 0.005
+    TABLE.add("ddpd exact clock law, time-conditioned planner, mask denoiser [markov S2 D2]", None,
+              tv(law, markov.p_data), None, markov.N)
     result = ddpd_sample(models.planner_t, models.mask_denoiser, B, problem.D, problem.S, steps=220, clock="exact",
                          time_conditioned_planner=True, denoiser_type="mask", t_end=T_END, noise=noise(4))
     check_law("ddpd exact clock, time-conditioned planner, mask denoiser [support5 S3 D3]", problem, result, biased)
@@ -175,6 +180,7 @@ def test_paper_sampler_bias_does_not_shrink_with_D():
     far = {D: [tv(laws.ddpd_planner_clock_law(toy(f"markov S2 D{D}"), T, stop="budget"),
                   toy(f"markov S2 D{D}").p_data) for T in (2 * D, 4 * D)] for D in (2, 4, 6, 8)}
     for D, (short, long) in far.items():
+        TABLE.add(f"ddpd B exact law, {2 * D} steps [markov S2 D{D}]", None, short, None, 2**D)
         TABLE.add(f"ddpd B exact law, {4 * D} steps [markov S2 D{D}]", None, long, None, 2**D)
     assert far[8][1] > far[2][1] > 0.15 and far[8][1] > far[8][0], far
     problem = toy("markov S2 D6")  # the sampler follows that law

@@ -147,7 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
     ddpd = p.add_argument_group("ddpd sampler (appendix 'Implementation details': A, +B, +C)")
     ddpd.add_argument("--option", help="letters of A, B, C: B runs the whole budget, C selects by softmax "
                                        "(e.g. A, A+B, A+B+C); overrides --stop and --selection")
-    ddpd.add_argument("--stop", choices=("eps", "budget"), help="eps (A, default) or budget (B)")
+    ddpd.add_argument("--stop", choices=("eps", "budget"),
+                      help="eps (A, default on the planner clock) or budget (B, default and only choice on the "
+                           "exact clock)")
     ddpd.add_argument("--selection", choices=("sigmoid", "softmax"), default="sigmoid",
                       help="sigmoid (A, default) or softmax (C) of the planner logits")
     ddpd.add_argument("--eps", type=float, default=0.01, help="stop when every p(z = N) < eps (option A)")
@@ -400,18 +402,22 @@ def check_args(args) -> None:
 
 
 def warn_if_too_few_steps(args, frozen: Optional[torch.Tensor]) -> None:
-    """The Gillespie sampler denoises one position per step after its parallel stage:
-    a budget that cannot reach every position a prompt leaves free leaves samples
-    mostly noise."""
-    if args.sampler != "ddpd" or args.clock != "planner":
+    """The Gillespie sampler denoises one position per step after its parallel stage (the
+    exact clock at most one per step, a candidate event): a budget that cannot reach every
+    position a prompt leaves free leaves samples mostly noise."""
+    if args.sampler != "ddpd":
         return
     free = args.length - (int(frozen.sum(1).min()) if frozen is not None else 0)
-    parallel = min(args.parallel_steps, args.steps)
-    reachable = parallel * args.k + (args.steps - parallel)
+    if args.clock == "exact":
+        reachable, how, advice = args.steps, "at most one per step", ""
+    else:
+        parallel = min(args.parallel_steps, args.steps)
+        reachable = parallel * args.k + (args.steps - parallel)
+        how, advice = "one per step after --parallel-steps", ", or --k and --parallel-steps"
     if reachable < free:
         print(f"ddpd-sample: warning: --steps {args.steps} can denoise at most {reachable} of the {free} "
-              f"positions to generate (one per step after --parallel-steps): the samples will be partly noise; "
-              f"give --steps >= {free}, or --k and --parallel-steps", file=sys.stderr)
+              f"positions to generate ({how}): the samples will be partly noise; give --steps >= {free}{advice}",
+              file=sys.stderr)
 
 
 def run(args, stdout: Optional[Stdout] = None) -> int:

@@ -39,7 +39,7 @@ DENOISING_COLUMNS = (("denoiser", "Denoiser", ""), ("bits", "Denoising (bits/tok
 
 @dataclass
 class ModelSet:
-    """The networks to evaluate (callables, see DESIGN.md); any may be None."""
+    """The networks to evaluate (callables with the signatures of ddpd.sampling); any may be None."""
 
     vocab_size: int
     planner: Optional[Callable] = None
