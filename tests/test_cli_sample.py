@@ -113,6 +113,8 @@ def test_single_model_samplers(ckpts, tmp_path, capsys, kind, argv):
     (["--sampler", "maskgit"], "maskgit needs one mask-denoiser"),
     (["--clock", "exact", "--stop", "eps"], "stop"),
     (["--sync-every", "4"], "--sync-every is a setting of the fused run: give --fused too"),
+    (["--k", "99"], "--k must be in [1, 8], got 99"),  # the sampling layer's refusals name the flag
+    (["--clock", "exact", "--t-end", "2"], "--t-end must be in (0.0, 1.0), got 2.0"),
     (["--fused", "--sync-every", "0"], "--sync-every must be >= 1, got 0"),
 ])
 def test_bad_arguments_fail_in_one_line(ckpts, capsys, argv, message):

@@ -79,7 +79,7 @@ from typing import List, Optional, Tuple
 import torch
 
 from ddpd.cli.common import (OneLineParser, Stdout, UsageError, add_runtime_arguments, apply_threads, check_finite,
-                             load_role, refuse_empty_paths, run_tool, shared_facts,
+                             flag_error, load_role, refuse_empty_paths, run_tool, shared_facts,
                              warn_if_lengths_differ)
 from ddpd.cli.samplers import FAMILIES, add_truncation_arguments, truncation_from
 
@@ -350,7 +350,24 @@ def conditions(args, models: Models, tokenizer, prompts) -> dict:
 def make_sampler(args, models: Models, tokenizer=None, prompts=None):
     """(sample, settings): sample(batch_size, first) -> SampleResult draws samples first ..
     first + batch_size - 1 with the chosen sampler (ddpd.cli.samplers), each from Philox row
-    `first + row` of --seed; settings: what it runs with (ddpd.cli.samplers.Settings)."""
+    `first + row` of --seed; settings: what it runs with (ddpd.cli.samplers.Settings). A
+    setting the sampling layer refuses (`k must be ...`) is a usage error naming its flag."""
+    flags = [action.dest for action in build_parser()._actions]
+    try:
+        sample, settings = _make_sampler(args, models, tokenizer, prompts)
+    except (TypeError, ValueError) as err:
+        raise flag_error(err, flags) from None
+
+    def checked(n: int, first: int):
+        try:
+            return sample(n, first)
+        except (TypeError, ValueError) as err:
+            raise flag_error(err, flags) from None
+
+    return checked, settings
+
+
+def _make_sampler(args, models: Models, tokenizer, prompts):
     from ddpd.cli.samplers import Settings, find, needs
     from ddpd.sampling import DDPDOptions, Execution, PhiloxNoise
 
