@@ -262,7 +262,10 @@ def test_convergence_command(setup, capsys):
      "checkpoint directory not found", 1),
     (["elbo", "--uniform", "{uniform}", "--data", "{root}/missing.txt"], "--data: no such file", 2),
     (["elbo", "--uniform", "{uniform}", "--data", "{root}"], "is a directory", 1),
-    (["elbo", "--uniform", "{uniform}", "--data", "{data}", "--num-sequences", "100000"], "num_sequences", 1),
+    (["elbo", "--uniform", "{uniform}", "--data", "{data}", "--num-sequences", "100000"],
+     "--num-sequences: the test split of", 2),
+    (["quality", "--uniform", "{uniform}", "--judge", "{ar}", "--data", "{data}", "--samplers", "dfm-uni",
+      "--reference-sequences", "100000", "--out-dir", "{root}/q3"], "--reference-sequences: the test split of", 2),
     (["elbo", "--uniform", "{uniform}", "--data", "{data}", "--mc-samples", "0"], "--mc-samples must be >= 1", 2),
     (["elbo", "--uniform", "{uniform}", "--data", "{data}", "--t-max", "1"], "--t-max must be in (0.0, 1.0)", 2),
     (["elbo", "--uniform", "{uniform}", "--data", "{data}", "--seed", "-1"], "--seed must be in [0, ", 2),
@@ -280,6 +283,12 @@ def test_errors_are_one_line_with_a_nonzero_exit(setup, capsys, argv, message, s
     code, out, err = _run(capsys, *argv)
     assert code == status
     assert err.startswith("ddpd-eval: error:") and message in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("argv", [["compare", "missing.csv"], ["merge", "missing.csv", "--out-dir", "m"]])
+def test_a_missing_sweep_is_a_usage_error(tmp_path, capsys, argv):
+    code, _, err = _run(capsys, *[str(tmp_path / a) if a != argv[0] and not a.startswith("--") else a for a in argv])
+    assert code == 2 and err == f"ddpd-eval: error: no such sweep file: {tmp_path / 'missing.csv'}\n", err
 
 
 def test_argument_errors_exit_2_in_one_line(capsys):

@@ -179,7 +179,9 @@ def _model_set(loaded: Loaded):
                     mask_denoiser=m.get("mask-denoiser"), uniform_model=m.get("uniform"))
 
 
-def _heldout(args: argparse.Namespace, loaded: Loaded, num: Optional[int]) -> torch.Tensor:
+def _heldout(args: argparse.Namespace, loaded: Loaded, num: Optional[int], flag: str) -> torch.Tensor:
+    """The held-out sequences of --data; num: the value of `flag` (more than the split
+    holds is a usage error naming it)."""
     from ddpd.eval import heldout_sequences
     from ddpd.training.data import resolve_source, tokenizer_from_config
 
@@ -190,7 +192,13 @@ def _heldout(args: argparse.Namespace, loaded: Loaded, num: Optional[int]) -> to
     if loaded.tokenizer is None:
         raise UsageError("the checkpoints do not record their tokenizer; cannot encode --data")
     tokenizer = tokenizer_from_config(loaded.tokenizer)
-    return heldout_sequences(args.data, tokenizer, loaded.seq_len, args.split, num).to(loaded.device)
+    try:
+        sequences = heldout_sequences(args.data, tokenizer, loaded.seq_len, args.split, num)
+    except ValueError as err:
+        if str(err).startswith("num_sequences:"):
+            raise UsageError(f"{flag}:{str(err)[len('num_sequences:'):]}".replace("num_sequences=", f"{flag} "))
+        raise
+    return sequences.to(loaded.device)
 
 
 # ---------------------------------------------------------------- elbo
@@ -203,7 +211,7 @@ def run_elbo(args: argparse.Namespace) -> None:
 
     loaded = load_models(args)
     models = _model_set(loaded)
-    sequences = _heldout(args, loaded, args.num_sequences)
+    sequences = _heldout(args, loaded, args.num_sequences, "--num-sequences")
     common = dict(schedule=loaded.schedule, seed=args.seed, batch_size=args.batch_size, progress=args.progress)
     elbo_rows = evaluate_elbo(models, sequences, mc_samples=args.mc_samples, t_max=args.t_max, **common)
     denoising_rows = evaluate_denoising(models, sequences, alpha=args.alpha, **common) \
@@ -276,7 +284,7 @@ def run_quality(args: argparse.Namespace) -> None:
     unknown = [n for n in names if n not in available]
     if unknown:
         raise UsageError(f"--samplers: {unknown} not available with these checkpoints; available: {list(available)}")
-    reference = _heldout(args, loaded, args.reference_sequences) if args.data else None
+    reference = _heldout(args, loaded, args.reference_sequences, "--reference-sequences") if args.data else None
     partial = os.path.join(args.out_dir, "sweep.csv")  # rewritten after every configuration
     with torch.no_grad():
         rows = run_sweep([available[n] for n in names], steps=args.steps, temperatures=args.temperatures,
@@ -402,6 +410,9 @@ def check_args(args: argparse.Namespace) -> None:
         value = getattr(args, name, None)
         return [] if value is None else value if isinstance(value, list) else [value]
 
+    for path in values("sweeps") + values("sweep"):  # merge, compare: a missing input is a usage error
+        if not os.path.isfile(path):
+            raise UsageError(f"no such sweep file: {path}")
     try:
         for name, (low, high) in INT_FLAGS.items():
             for value in values(name):
