@@ -141,10 +141,7 @@ class RunningBatch:
             else:
                 logits = self.condition.guide(_Call(model, "__call__"), x, t, self._rows(rows))
         _check_output(name, logits, (*x.shape, vocab_size))
-        self._count_nan(1, torch.isnan(logits), used)
-        self.denoiser_calls += 1
-        self.denoiser_rows += x.shape[0]
-        self.denoiser_rows_saved += self.batch_size - len(self)
+        self._count_denoiser_pass(x, torch.isnan(logits), used)
         return logits.float()
 
     def hidden(self, model, x: Tensor, t: Tensor, vocab_size: int, rows: Optional[Tensor] = None,
@@ -165,11 +162,14 @@ class RunningBatch:
             shape = list(h.shape) if isinstance(h, Tensor) else type(h).__name__
             raise ValueError(f"denoiser.hidden must return hidden states of shape "
                              f"{[*x.shape, head.in_features]}, got {shape}")
-        self._count_nan(1, ~torch.isfinite(h), used)  # NaN or inf in a hidden state: NaN logits
+        self._count_denoiser_pass(x, ~torch.isfinite(h), used)  # NaN or inf in a hidden state: NaN logits
+        return h
+
+    def _count_denoiser_pass(self, x: Tensor, bad: Tensor, used: Optional[Tensor]) -> None:
+        self._count_nan(1, bad, used)
         self.denoiser_calls += 1
         self.denoiser_rows += x.shape[0]
         self.denoiser_rows_saved += self.batch_size - len(self)
-        return h
 
     def _count_nan(self, network: int, bad: Tensor, used: Optional[Tensor] = None) -> None:
         """Count a pass of `network` (0 planner, 1 denoiser) whose `bad` (Bool[B, ...]) holds a
