@@ -77,7 +77,7 @@ def test_the_passes_with_nan_are_counted_and_warned_about_once(name):
     assert reference.planner_nan_passes == planner.nan_calls
     assert len(warned) == 1
     message = str(warned[0].message)
-    assert f"the denoiser returned NaN in {denoiser.nan_calls} of {reference.denoiser_calls} passes" in message
+    assert f"the denoiser returned NaN or +inf in {denoiser.nan_calls} of {reference.denoiser_calls} passes" in message
     assert ("the planner returned NaN" in message) == (planner.nan_calls > 0)
     for execution in EXECUTIONS.values():
         fused, _, _, warned = _sample(name, **execution)
@@ -122,7 +122,44 @@ def test_guidance_that_makes_nan_is_counted():
         logits[..., 1] = float("inf")
         return logits
 
-    with pytest.warns(NaNOutputWarning, match="the denoiser returned NaN in 6 of 6 passes"):
+    with pytest.warns(NaNOutputWarning, match=r"the denoiser returned NaN or \+inf in 6 of 6 passes"):
         result = maskgit_sample(denoiser, B, D, V, steps=6, seed=0, labels=torch.zeros(B, dtype=torch.long),
                                 guidance_scale=2.0)
     assert result.denoiser_nan_passes == 6
+
+
+def test_one_infinite_hidden_feature_counts_on_both_paths():
+    """One inf feature of a hidden state makes +-inf logits, no NaN: the fused run (hidden
+    states) counted it and the reference (logits, NaN only) did not."""
+    planner, network = tiny_network("planner", V, 0, 40.0), tiny_network("uniform-denoiser", V, 1, 20.0)
+
+    class OneInfinite(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.network, self.head = network, network.head
+
+        def hidden(self, x, t):
+            h = self.network.hidden(x, t)
+            return h.index_fill(2, torch.tensor([0]), float("inf")).where((x.sum(-1) % 2 == 0)[:, None, None], h)
+
+        def forward(self, x, t):
+            return self.head(self.hidden(x, t))
+
+    counts = []
+    for fused in (False, True):
+        with warnings.catch_warnings(), torch.inference_mode():
+            warnings.simplefilter("ignore", NaNOutputWarning)
+            result = ddpd_sample(planner, OneInfinite(), B, D, V, steps=8, stop="budget", seed=0, fused=fused)
+        counts.append(result.denoiser_nan_passes)
+    assert counts[0] == counts[1] > 0
+
+
+def test_the_warning_names_the_line_that_called_the_sampler():
+    """Python's filters key a warning on its location: inside ddpd, one internal line, every run
+    of a program after the first was silent; at the caller's line, as for any library."""
+    def denoiser(x, t):
+        return torch.full((*x.shape, V), float("nan"))
+
+    with pytest.warns(NaNOutputWarning) as caught:
+        maskgit_sample(denoiser, B, D, V, steps=2, seed=0)
+    assert caught[0].filename == __file__

@@ -207,8 +207,10 @@ def _warnings_as_lines(prog: str):
     """ddpd's own warnings (e.g. ddpd.sampling.NaNOutputWarning) as one line on stderr,
     `prog: warning: ...`, like the tools' other warnings, every time (each run that warns,
     e.g. each sampled configuration of ddpd-eval); others as Python shows them."""
+    from ddpd.sampling import NaNOutputWarning
+
     with warnings.catch_warnings():
-        warnings.filterwarnings("always", module=r"ddpd(\.|$)")
+        warnings.simplefilter("always", NaNOutputWarning)  # a sampler's warning keys on its caller, in ddpd here
         default = warnings.showwarning
 
         def show(message, category, filename, lineno, file=None, line=None):

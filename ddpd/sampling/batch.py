@@ -24,6 +24,7 @@ so that both runs count the same passes for the same samples.
 from __future__ import annotations
 
 import contextlib
+import sys
 import warnings
 from dataclasses import dataclass
 from typing import Callable, Dict, Optional
@@ -46,10 +47,13 @@ class SampleResult:
     early stopping saved: at each call, the rows that had stopped and left the batch
     (not the rows a reference run leaves out of a pass because they draw nothing).
     planner_nan_passes / denoiser_nan_passes: the passes whose output held a NaN in a row the
-    step used (a denoiser run through its head: a NaN or infinite hidden state, which makes
-    NaN logits); every draw reads NaN as -inf (a planner position is taken as clean, a token
-    is never drawn, a position with no other logit draws token 0); the run warns
-    (NaNOutputWarning) when either is not 0.
+    step used (a denoiser's logits also +inf, an overflow; a denoiser run through its head:
+    a NaN or infinite hidden state, which makes such logits); every draw reads NaN as -inf
+    (a planner position is taken as clean, a token is never drawn, a position with no other
+    logit draws token 0); the run warns (NaNOutputWarning) when either is not 0. The
+    reference and the fused run count the same passes in float32, except for finite hidden
+    states whose logits overflow float32 in the head (|logit| > 3.4e38), which only the
+    reference sees.
     """
 
     tokens: Tensor
@@ -141,7 +145,8 @@ class RunningBatch:
             else:
                 logits = self.condition.guide(_Call(model, "__call__"), x, t, self._rows(rows))
         _check_output(name, logits, (*x.shape, vocab_size))
-        self._count_denoiser_pass(x, torch.isnan(logits), used)
+        # +inf too: an overflow (float16), where the fused run sees an infinite hidden state
+        self._count_denoiser_pass(x, torch.isnan(logits) | (logits == float("inf")), used)
         return logits.float()
 
     def hidden(self, model, x: Tensor, t: Tensor, vocab_size: int, rows: Optional[Tensor] = None,
@@ -162,7 +167,8 @@ class RunningBatch:
             shape = list(h.shape) if isinstance(h, Tensor) else type(h).__name__
             raise ValueError(f"denoiser.hidden must return hidden states of shape "
                              f"{[*x.shape, head.in_features]}, got {shape}")
-        self._count_denoiser_pass(x, ~torch.isfinite(h), used)  # NaN or inf in a hidden state: NaN logits
+        # NaN or inf in a hidden state: NaN or +inf logits (inf times weights of both signs)
+        self._count_denoiser_pass(x, ~torch.isfinite(h), used)
         return h
 
     def _count_denoiser_pass(self, x: Tensor, bad: Tensor, used: Optional[Tensor]) -> None:
@@ -220,7 +226,7 @@ class RunningBatch:
         message = nan_warning(result.planner_nan_passes, result.planner_calls, result.denoiser_nan_passes,
                               result.denoiser_calls)
         if message:
-            warnings.warn(message, NaNOutputWarning, stacklevel=2)
+            warnings.warn(message, NaNOutputWarning, stacklevel=_caller_level())
         return result
 
 
@@ -303,9 +309,18 @@ class FusedBatch(RunningBatch):
         return self._result()
 
 
+def _caller_level() -> int:
+    """The stacklevel of warnings.warn, called by the caller of this function, that names the
+    first frame outside ddpd: the user's sampler call, where Python's filters key the warning."""
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and frame.f_globals.get("__name__", "").split(".")[0] == "ddpd":
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 def nan_warning(planner_nan: int, planner_calls: int, denoiser_nan: int, denoiser_calls: int) -> str:
     """What a run's NaN counts (SampleResult's) say, or '' when there were none."""
-    parts = [f"the {network} returned NaN in {bad} of {calls} passes"
+    parts = [f"the {network} returned NaN{' or +inf' if network == 'denoiser' else ''} in {bad} of {calls} passes"
              for network, bad, calls in (("planner", planner_nan, planner_calls),
                                          ("denoiser", denoiser_nan, denoiser_calls)) if bad]
     if not parts:
