@@ -107,18 +107,20 @@ inline void gumbel_rounds(const std::vector<float>& base, const std::vector<floa
 // k positions without replacement, P proportional to exp(base / tau), exact at any
 // spread: keys relative to the row's largest base `top` (selection_log_weight) plus the
 // Gumbel variables, their k largest; where fewer than k positions lie within kRebaseGap
-// of the top, by gumbel_rounds (which then chooses what the sort would, wherever no
-// round rebases).
+// of the top and a position of weight > 0 lies beyond it, by gumbel_rounds (which
+// chooses what the sort would wherever no round rebases: rounds rebase only to reach
+// such a position).
 inline void gumbel_top_k(const std::vector<float>& base, const std::vector<float>& gumbel, float top, float tau,
                          int64_t k, std::vector<float>& keys, std::vector<int64_t>& order, std::vector<char>& taken,
                          int64_t* out) {
-  int64_t near = 0;
+  int64_t near = 0, far = 0;
   for (size_t d = 0; d < base.size(); ++d) {
     const float log_weight = selection_log_weight(base[d], top, tau);
     near += log_weight >= -kRebaseGap;
+    far += log_weight < -kRebaseGap && base[d] != kPlannerNegInf;
     keys[d] = log_weight + gumbel[d];
   }
-  if (near >= k) {
+  if (near >= k || far == 0) {
     top_k(keys, k, order, out);
   } else {
     gumbel_rounds(base, gumbel, top, tau, k, keys, taken, out);

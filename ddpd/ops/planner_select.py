@@ -148,13 +148,14 @@ def gumbel_top_k(base: torch.Tensor, tau: float, noise: torch.Tensor, k: int) ->
     largest base: huge logits keep their noise (log sigmoid(-1e8) is -1e8, whose float32
     spacing of 8 would absorb the Gumbel variables) and +inf logits tie at 0 and are drawn
     uniformly among themselves. Where fewer than k positions lie within REBASE_GAP of the
-    largest, see gumbel_rounds."""
+    largest and a position of weight > 0 lies beyond it, see gumbel_rounds."""
     gumbel = rng.gumbel(noise)
     top = base.amax(dim=1, keepdim=True)
     log_weights = shifted(base, top, tau)
     keys = log_weights + gumbel
     positions = torch.sort(keys, dim=1, descending=True, stable=True).indices[:, :k]
-    far = (log_weights >= -REBASE_GAP).sum(dim=1) < k
+    beyond = (log_weights < -REBASE_GAP) & (base > float("-inf"))  # rounds rebase only to reach these
+    far = ((log_weights >= -REBASE_GAP).sum(dim=1) < k) & beyond.any(dim=1)
     if bool(far.any()):
         positions[far] = gumbel_rounds(base[far], top[far], tau, gumbel[far], k)
     return positions
