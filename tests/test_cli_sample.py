@@ -471,10 +471,10 @@ def test_networks_that_return_nan_are_warned_about_once(ckpts, tmp_path, capsys,
     assert code == 0, err
     assert len(read_jsonl(tmp_path / "s.jsonl")) == 5
     warnings = [line for line in err.splitlines() if "warning" in line]
-    assert warnings == ["ddpd-sample: warning: the denoiser returned NaN or +inf in 12 of 12 passes: NaN is read as -inf "
-                        "(a planner position as clean, a token as never drawn, token 0 where nothing else is left), "
-                        "so these samples are not the model's; run the networks in float32 (dtype / --dtype) or "
-                        "check their weights"], err
+    assert warnings == ["ddpd-sample: warning: the denoiser returned NaN or +inf in 12 of 12 passes: NaN is read as "
+                        "-inf (a planner position as clean, a token as never drawn, token 0 where nothing else is "
+                        "left), so these samples are not the model's; run the networks in float32 (dtype / --dtype) "
+                        "or check their weights"], err
 
 
 def test_models_that_do_not_belong_together_are_named(ckpts, tmp_path, capsys):
