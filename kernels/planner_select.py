@@ -71,7 +71,7 @@ def planner_select_kernel(
     # Relative to the row's largest: huge logits keep their noise, +inf logits tie at 0.
     if SOFTMAX:
         base = l
-        scale = tau
+        scale = tl.cast(tau, tl.float32)  # the interpreter types a Python float below 2**-126 as fp64
     else:
         base = log_sigmoid(l)
         scale = 1.0

@@ -227,7 +227,8 @@ def test_fuzz_triton_matches_reference(rows, length, mode, seed):
 
 def random_call(r: random.Random) -> tuple:
     """A random call of planner_select: lengths around the block sizes, every dtype, huge, tied
-    and non-finite logits, k up to D, both modes, tau and eps across their range, explicit noise
+    and non-finite logits, k up to D, both modes, tau and eps across their range (tau also
+    float32-subnormal and below float32's range), explicit noise
     or seeds and offsets at the ends of their range (ints or tensors), row ids with high bits.
     (No bfloat16 subnormals: Triton's interpreter misreads them, a GPU does not.)"""
     rows, length = r.choice([1, 2, 4]), r.choice([1, 2, 7, 16, 17, 63, 64, 65, 257, 600])
@@ -240,7 +241,7 @@ def random_call(r: random.Random) -> tuple:
         logits[r.randrange(rows), r.randrange(length)] = r.choice([float("nan"), float("inf"), -float("inf"), 1e30])
     if r.random() < 0.25:  # far below 0: log sigmoid's float32 spacing is large there
         logits = r.choice([-1e30, -1e8, float("-inf")]) + 8 * torch.randint(0, 2, (rows, length), generator=g)
-    kw = dict(k=r.randint(1, length), mode=r.choice(["sigmoid", "softmax"]), tau=r.choice([1e-30, 0.3, 1.0, 1e36]),
+    kw = dict(k=r.randint(1, length), mode=r.choice(["sigmoid", "softmax"]), tau=r.choice([1e-300, 1e-40, 1e-30, 0.3, 1.0, 1e36]),
               eps=r.choice([1e-50, 1e-3, 0.5, 0.999]))
     if r.random() < 0.2:
         kw["noise"] = torch.rand(rows, length, generator=g).clamp_min(1e-7)
