@@ -1,6 +1,7 @@
-"""The one time limit the tests use: a guard against a hung child process or a wait that
-never ends, not a measure of speed. Every run it guards takes seconds to a few minutes on
-2 busy CPU cores; nothing a test asserts depends on how long it took."""
+"""Child processes of the tests. The one time limit the tests use is a guard against a
+hung child process or a wait that never ends, not a measure of speed. Every run it guards
+takes seconds to a few minutes on 2 busy CPU cores; nothing a test asserts depends on how
+long it took."""
 
 import os
 import subprocess
@@ -16,3 +17,14 @@ def run_compiled(script: str) -> subprocess.CompletedProcess:
     env = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
     return subprocess.run([sys.executable, script], env=env, capture_output=True, text=True,
                           timeout=HANG_GUARD_SECONDS)
+
+
+def torchrun_worker(launcher: int, rank: int) -> int:
+    """The pid of the torchrun worker of `rank` among the children of `launcher`."""
+    with open(f"/proc/{launcher}/task/{launcher}/children") as f:
+        children = [int(pid) for pid in f.read().split()]
+    for pid in children:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            if f"RANK={rank}".encode() in f.read().split(b"\0"):
+                return pid
+    raise AssertionError(f"no worker of rank {rank} among {children}")

@@ -12,7 +12,7 @@ from ddpd.cli.sample import main
 from ddpd.cli.samplers import Settings
 from ddpd.models import build_model, config_for
 from oracles.fixtures import single_thread  # noqa: F401  (autouse)
-from hang_guard import HANG_GUARD_SECONDS
+from hang_guard import HANG_GUARD_SECONDS, torchrun_worker
 
 V, D = 27, 8  # text8 alphabet, short sequences
 TINY = dict(d_model=16, n_layers=1, n_heads=2)
@@ -764,17 +764,6 @@ def test_labels_that_cannot_be_used_are_named_in_one_line(classes, ckpts, capsys
     assert code == 2 and err.count("\n") == 1 and message.format(**paths) in err, err
 
 
-def _worker_of_rank(launcher: int, rank: int) -> int:
-    """The pid of the torchrun worker of `rank` among the children of `launcher`."""
-    with open(f"/proc/{launcher}/task/{launcher}/children") as f:
-        children = [int(pid) for pid in f.read().split()]
-    for pid in children:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            if f"RANK={rank}".encode() in f.read().split(b"\0"):
-                return pid
-    raise AssertionError(f"no worker of rank {rank} among {children}")
-
-
 def test_a_process_killed_mid_run_keeps_the_finished_samples(ckpts, tmp_path):
     """kill -9 of process 1: process 0's next gather fails. It used to end in a gloo traceback
     with the finished samples thrown away; now it publishes them and says why in one line
@@ -787,7 +776,7 @@ def test_a_process_killed_mid_run_keeps_the_finished_samples(ckpts, tmp_path):
     try:
         for _ in range(4):  # four rounds gathered: both processes are sampling
             assert proc.stdout.readline(), proc.stderr.read()
-        os.kill(_worker_of_rank(proc.pid, 1), signal.SIGKILL)
+        os.kill(torchrun_worker(proc.pid, 1), signal.SIGKILL)
         _, err = proc.communicate(timeout=HANG_GUARD_SECONDS)
     finally:
         proc.kill()

@@ -22,7 +22,7 @@ from ddpd.assets import BOOKS
 from ddpd.checkpoint import CheckpointError, load_checkpoint, load_model, load_train_state, read_config
 from ddpd.cli.train import main
 from ddpd.training.trainer import TrainConfig, Trainer, learning_rate
-from hang_guard import HANG_GUARD_SECONDS
+from hang_guard import HANG_GUARD_SECONDS, torchrun_worker
 
 KINDS = ("planner", "mask-denoiser", "uniform-denoiser", "uniform", "ar")
 TINY = dict(steps=20, batch_size=16, seq_len=32, d_model=32, n_layers=1, n_heads=2, lr=3e-3, warmup=4,
@@ -279,6 +279,41 @@ def test_two_process_data_parallel(corpus, tmp_path):
         Trainer(TrainConfig.from_dict({**settings, "out": str(tmp_path / "full")}), resume=True)
 
 
+def _peer_dies_worker(rank, store, settings, out):
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    trainer = Trainer(TrainConfig.from_dict(settings))
+    if rank == 1:
+        objective = trainer.objective
+
+        def dies_at_step_3(network, *args):
+            if trainer.step == 2 and network is trainer.network:  # step 3's forward, not an evaluation
+                os._exit(0)  # as if killed: its gradients never reach the all-reduce
+            return objective(network, *args)
+
+        trainer.objective = dies_at_step_3
+    try:
+        trainer.train()
+        outcome = "finished"
+    except RuntimeError as err:
+        outcome = f"{type(err).__name__}: {err}"
+    with open(os.path.join(out, "outcome.txt"), "w") as f:
+        f.write(outcome)
+    trainer.close(wait=False)
+
+
+def test_a_peer_lost_in_the_gradient_all_reduce_is_named(corpus, tmp_path):
+    """Process 1 stops inside a step: process 0 is then in backward(), in DDP's all-reduce of
+    the gradients, which used to end it in a gloo traceback; it raises PeerLost."""
+    settings = config(corpus, tmp_path / "out", steps=6, save_every=2, eval_every=2).to_dict()
+    mp.start_processes(_peer_dies_worker, args=(str(tmp_path / "store"), settings, str(tmp_path)), nprocs=2,
+                       join=True, start_method="spawn")
+    outcome = (tmp_path / "outcome.txt").read_text()
+    assert outcome.startswith("PeerLost: another process of the group failed or was killed"), outcome
+    assert load_train_state(tmp_path / "out")[1]["step"] == 2  # the last checkpoint is intact
+
+
 def run_cli(capsys, *argv):
     code = main([str(a) for a in argv])
     captured = capsys.readouterr()
@@ -458,6 +493,27 @@ def test_an_interrupted_torchrun_says_how_to_resume_it(corpus, tmp_path):
     assert len(hints) == 1, err
     assert hints[0].endswith(f"continue with: torchrun --nproc_per_node 2 -m ddpd.cli.train planner --out {out} "
                              "--resume"), err
+
+
+def test_a_torchrun_with_a_killed_process_ends_in_one_line(corpus, tmp_path):
+    """kill -9 of process 1 mid-training: process 0 used to end in a gloo traceback raised by
+    DDP's backward; it says what happened and how to continue, in one line (or, when torchrun's
+    SIGTERM reaches it first, as any interrupted run)."""
+    out = tmp_path / "p"
+    proc = _torchrun_training(corpus, out, "--steps", "1000000", "--save-every", "5")
+    try:
+        Lines(proc.stdout).wait_for("step      10")  # the checkpoint of step 5 is written before step 6 starts
+        os.kill(torchrun_worker(proc.pid, 1), signal.SIGKILL)
+        _, err = proc.communicate(timeout=HANG_GUARD_SECONDS)
+    finally:
+        proc.kill()
+    assert "[rank0]" not in err, err
+    lines = [line for line in err.splitlines() if line.startswith("ddpd-train:")]
+    assert len(lines) == 1, err
+    assert "another process of the group failed or was killed" in lines[0] or "interrupted by SIGTERM" in lines[0], err
+    assert lines[0].endswith(f"continue with: torchrun --nproc_per_node 2 -m ddpd.cli.train planner --out {out} "
+                             "--resume"), err
+    assert load_train_state(out)[1]["step"] >= 5
 
 
 def _checkpoint_at_step_2(corpus, out, **changes):

@@ -127,9 +127,17 @@ def _checked_config(args: argparse.Namespace):
         raise flag_error(err, [action.dest for action in build_parser()._actions]) from None
 
 
+def _resume_command(trainer) -> str:
+    """The command that continues the run: as many processes (the checkpoint records them)."""
+    processes, config = trainer.dist.world_size, trainer.config
+    command = f"torchrun --nproc_per_node {processes} -m ddpd.cli.train" if processes > 1 else "ddpd-train"
+    return f"{command} {config.kind} --out {config.out} --resume"
+
+
 def run(args: argparse.Namespace, state: dict) -> int:
     from ddpd.cli.common import Interrupted
     from ddpd.models import count_parameters
+    from ddpd.training.distributed import PeerLost
     from ddpd.training.trainer import Trainer
 
     apply_threads(getattr(args, "threads", None))
@@ -147,21 +155,19 @@ def run(args: argparse.Namespace, state: dict) -> int:
                     f"{trainer.dist.world_size} process(es), step {trainer.step} of {config.steps}")
         trainer.train()
         finished = True
-    except Interrupted as stop:
+    except (Interrupted, PeerLost) as stop:
         saved = trainer._saved_step
-        stop.detail = (f"; the checkpoint of step {saved} in {config.out} is intact (--resume continues it)"
-                       if saved is not None else "; no checkpoint was written")
+        stop.detail = (f"; the checkpoint of step {saved} in {config.out} is intact; continue with: "
+                       f"{_resume_command(trainer)}" if saved is not None else "; no checkpoint was written")
         raise
     finally:
         state.pop("trainer", None)
         trainer.close(wait=finished)  # after a failure the other processes may never reach a barrier
     if trainer.stop_reason is not None:
-        processes = trainer.dist.world_size  # a resume must run as many (the checkpoint records them)
-        command = f"torchrun --nproc_per_node {processes} -m ddpd.cli.train" if processes > 1 else "ddpd-train"
         if trainer.dist.is_main:
             print(f"ddpd-train: interrupted by {trainer.stop_reason} at step {trainer.step} of {config.steps}; "
-                  f"saved a checkpoint there in {config.out}; continue with: {command} {config.kind} --out "
-                  f"{config.out} --resume", file=sys.stderr)
+                  f"saved a checkpoint there in {config.out}; continue with: {_resume_command(trainer)}",
+                  file=sys.stderr)
         return 128 + state.get("signum", 2)
     last = trainer.history[-1] if trainer.history else {}
     trainer.log(f"done: step {trainer.step}, val loss {last.get('val_loss', float('nan')):.4f}, "

@@ -8,6 +8,7 @@ then the identity.
 """
 from __future__ import annotations
 
+import inspect
 import os
 from contextlib import contextmanager
 from typing import List
@@ -37,6 +38,44 @@ def _collective():
         yield
     except RuntimeError as err:
         raise PeerLost(err) from err
+
+
+def data_parallel(model: torch.nn.Module) -> torch.nn.parallel.DistributedDataParallel:
+    """`model` wrapped by DistributedDataParallel, without the broadcast of its buffers at
+    each forward: ddpd's only buffers are the rotary tables, computed alike on every
+    process (a broadcast of seq_len x head_dim floats per layer per micro-step, for
+    nothing). torch 2.13 renamed the flag."""
+    ddp = torch.nn.parallel.DistributedDataParallel
+    flag = "forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(ddp).parameters \
+        else "broadcast_buffers"
+    return ddp(model, **{flag: False})
+
+
+class GradientMean:
+    """DistributedDataParallel's gradient all-reduce (each process's gradient divided by
+    the world size, then summed: what DDP does by itself), as a comm hook that remembers
+    a failed reduction. A peer lost inside backward() then reads as PeerLost, apart from
+    the step's own errors, which no message text could tell apart."""
+
+    def __init__(self, world_size: int):
+        self.world_size = world_size
+        self.failed = False
+
+    def attach(self, network: torch.nn.parallel.DistributedDataParallel) -> None:
+        network.register_comm_hook(self, GradientMean._reduce)
+
+    @staticmethod
+    def _reduce(state, bucket):  # (no annotations: DDP checks them against its own types)
+        gradients = bucket.buffer().div_(state.world_size)
+
+        def reduced(future: torch.futures.Future) -> torch.Tensor:
+            try:
+                return future.value()[0]
+            except RuntimeError:
+                state.failed = True
+                raise
+
+        return dist.all_reduce(gradients, async_op=True).get_future().then(reduced)
 
 
 class Distributed:

@@ -37,7 +37,7 @@ import hashlib
 import math
 import os
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Tuple
 
@@ -51,7 +51,7 @@ from ddpd.process import corrupt, get_schedule
 from ddpd.training.data import (LABELLED_SUFFIX, GPT2Tokenizer, RandomCrops, Records, Text8Tokenizer,
                                 encode_corpus, evaluation_batches, fingerprint, is_labelled, load_labelled, load_text,
                                 resolve_source, split_tokens)
-from ddpd.training.distributed import Distributed
+from ddpd.training.distributed import Distributed, GradientMean, PeerLost, data_parallel
 from ddpd.training.losses import ar_loss, denoiser_loss, planner_loss, uniform_model_loss
 from ddpd.validation import check_int
 
@@ -308,8 +308,11 @@ class Trainer:
         self.model = build_model(config.kind, self.model_config).to(self.device)
         self.ema = copy.deepcopy(self.model).requires_grad_(False) if config.ema > 0 else None
         self.network = self.model
+        self.reduction = None
         if self.dist.world_size > 1:
-            self.network = torch.nn.parallel.DistributedDataParallel(self.model)
+            self.network = data_parallel(self.model)
+            self.reduction = GradientMean(self.dist.world_size)
+            self.reduction.attach(self.network)
         decay = [p for p in self.model.parameters() if p.dim() >= 2]
         no_decay = [p for p in self.model.parameters() if p.dim() < 2]
         self.optimizer = torch.optim.AdamW(
@@ -460,6 +463,16 @@ class Trainer:
         checkpointing excluded)."""
         return self.train_tokens / self.train_seconds if self.train_seconds > 0 else 0.0
 
+    @contextmanager
+    def _peer_failures(self):
+        """A failed all-reduce of the gradients (another process stopped) as PeerLost."""
+        try:
+            yield
+        except RuntimeError as err:
+            if self.reduction is not None and self.reduction.failed:
+                raise PeerLost(err) from err
+            raise
+
     def _optimizer_step(self) -> float:
         config = self.config
         for group in self.optimizer.param_groups:
@@ -470,7 +483,7 @@ class Trainer:
             x1, labels = self._to_device(next(self.train_batches))
             last = micro == config.grad_accum - 1
             sync = self.network.no_sync() if self.dist.world_size > 1 and not last else nullcontext()
-            with sync:
+            with sync, self._peer_failures():
                 with self._autocast():
                     loss = self.objective(self.network, x1, self.noise, labels, config.label_dropout)
                 (loss / config.grad_accum).backward()
