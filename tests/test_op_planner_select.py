@@ -241,8 +241,8 @@ def random_call(r: random.Random) -> tuple:
         logits[r.randrange(rows), r.randrange(length)] = r.choice([float("nan"), float("inf"), -float("inf"), 1e30])
     if r.random() < 0.25:  # far below 0: log sigmoid's float32 spacing is large there
         logits = r.choice([-1e30, -1e8, float("-inf")]) + 8 * torch.randint(0, 2, (rows, length), generator=g)
-    kw = dict(k=r.randint(1, length), mode=r.choice(["sigmoid", "softmax"]), tau=r.choice([1e-300, 1e-40, 1e-30, 0.3, 1.0, 1e36]),
-              eps=r.choice([1e-50, 1e-3, 0.5, 0.999]))
+    kw = dict(k=r.randint(1, length), mode=r.choice(["sigmoid", "softmax"]),
+              tau=r.choice([1e-300, 1e-40, 1e-30, 0.3, 1.0, 1e36]), eps=r.choice([1e-50, 1e-3, 0.5, 0.999]))
     if r.random() < 0.2:
         kw["noise"] = torch.rand(rows, length, generator=g).clamp_min(1e-7)
     else:
