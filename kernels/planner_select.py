@@ -102,4 +102,6 @@ def planner_select_kernel(
                                                              mask_offset_ptr)
         mask_u = row_uniform(mask_noise_ptr, D, row, column, row_id, seed_lo, seed_hi, mask_offset_lo,
                              mask_offset_hi, mask_noise_ptr is not None)
-        write_mask(mask_u, p, taken, x_ptr, masked_ptr, z_ptr, count_ptr, row, offs, D, mask_id)
+        # a pick of weight 0 (logit -inf or NaN) is not denoised: not forced into the mask
+        write_mask(mask_u, p, taken & (base > float("-inf")), x_ptr, masked_ptr, z_ptr, count_ptr, row, offs, D,
+                   mask_id)

@@ -93,6 +93,26 @@ def test_fused_equals_select_then_mask_at_next_offset():
     assert_all_equal(explicit, (masked, z, count))
 
 
+@pytest.mark.parametrize("mode", ["sigmoid", "softmax"])
+def test_picks_of_weight_zero_are_not_forced_into_the_mask(mode):
+    """k beyond the positions of weight > 0 (a prompt's fixed positions reach the op as -inf
+    logits): the extra picks are not denoised, so they stay unmasked; they used to be masked,
+    hiding the prompt from the mask denoiser."""
+    logits = torch.full((4, 6), float("-inf"))
+    logits[:, 4:] = 0.0
+    logits[1, 0] = float("nan")  # NaN counts as -inf
+    x = torch.randint(0, MASK_ID, (4, 6), generator=torch.Generator().manual_seed(0))
+    for kw in (dict(seed=5), dict(noise=torch.rand(4, 6), mask_noise=torch.ones(4, 6) - 1e-7)):
+        ref = planner_select_mask_reference(logits, x, MASK_ID, 6, mode, **kw)
+        positions, _, _, masked, z, count = ref
+        assert torch.equal(positions[:, 2:].sort(1).values, torch.arange(4).expand(4, 4))  # the -inf picks last
+        assert not z[:, :4].any() and torch.equal(masked[:, :4], x[:, :4])
+        if "mask_noise" in kw:  # no Bernoulli mask: exactly the two positions of weight > 0 are forced
+            assert bool(z[:, 4:].all()) and torch.equal(count, torch.full((4,), 2))
+        assert_all_equal(planner_select_mask(logits, x, MASK_ID, 6, mode, **kw), ref)
+        assert_all_equal(triton_select_mask(logits, x, 6, mode, **kw), ref)
+
+
 def test_mask_structure():
     logits, x, positions = inputs(64, 33, 2, k=3)
     few = torch.tensor([0, 1, 63])  # the Triton interpreter gets the first and last rows

@@ -90,6 +90,30 @@ def test_rows_carry_their_own_prompts_and_minus_one_starts_from_noise():
     assert int((first.tokens != start).sum()) <= 3  # one position per row redrawn, from the given start
 
 
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("clock", ["planner", "exact"])
+def test_the_mask_denoiser_always_sees_the_prompt(fused, clock):
+    """k above the number of free positions, and a fully fixed row under the step budget: the
+    fixed positions, picked with weight 0, used to be masked in the denoiser's input."""
+    seen = []
+
+    def denoiser(x, t):
+        seen.append(x.clone())
+        return torch.zeros(*x.shape, 4)
+
+    x_init = torch.tensor([[0, 1, 2, 3, -1, -1], [0, 1, 2, 3, 0, 1], [-1, 2, -1, 2, -1, 2]])
+    frozen = x_init >= 0
+    k = dict(k=6, parallel_steps=1) if clock == "planner" else {}
+    result = ddpd_sample(lambda x: torch.zeros(x.shape), denoiser, 3, 6, 4, steps=4, stop="budget", clock=clock,
+                         denoiser_type="mask", x_init=x_init, frozen=frozen, seed=0, fused=fused, **k)
+    assert torch.equal(result.tokens[frozen], x_init[frozen]) and seen
+    for x in seen:  # every denoiser input, fused (all rows) or reference (the rows it denoises)
+        if x.shape[0] == 3:
+            assert torch.equal(x[frozen], x_init[frozen])
+        else:  # the reference's accepted rows only (exact clock): each row keeps its 3 or more fixed values
+            assert bool(((x != 4).sum(1) >= 3).all())
+
+
 def test_a_fully_frozen_row_stops_at_once_and_keeps_its_values():
     m = toy("sparse S2 D4").models()
     x_init = torch.tensor([[1, 0, 1, 1], [-1, 0, -1, -1]])

@@ -69,7 +69,9 @@ void select_rows(const at::Tensor& logits, const SelectArgs& a, int64_t* positio
       gumbel_top_k(base, gumbel, top, a.softmax ? a.tau : 1.0f, a.k, keys, order, taken, chosen);
       if (mask.x) {
         std::fill(forced.begin(), forced.end(), 0);
-        for (int64_t i = 0; i < a.k; ++i) forced[chosen[i]] = 1;
+        // A pick of weight 0 (logit -inf or NaN: chosen only when fewer than k positions
+        // have weight) is not denoised, so it is not forced into the mask.
+        for (int64_t i = 0; i < a.k; ++i) forced[chosen[i]] = base[chosen[i]] != kPlannerNegInf;
         const PlannerUniforms mask_u{a.mask_noise ? a.mask_noise + r * length : nullptr, a.seed, a.mask_offset,
                                      row_id};
         mask.count[r] = draw_mask(p.data(), mask_u, forced, mask.x + r * length, mask.mask_id,

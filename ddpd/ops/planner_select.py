@@ -18,7 +18,9 @@ From planner logits l [B, D] ("position d is noise"), per row:
 - stop Bool[B] = every sigmoid(l^d) < eps, the stopping rule of Algorithm 1 (exact:
   eps is taken as the smallest float32 at or above it).
 planner_select_mask also draws z^d ~ Bernoulli(sigmoid(l^d)) forced to 1 at the chosen
-positions, as ddpd.ops.planner_mask does (its module says why), with its own uniforms.
+positions, as ddpd.ops.planner_mask does (its module says why), with its own uniforms;
+a position chosen with weight 0 (logit -inf or NaN, e.g. a prompt's fixed position when
+fewer than k positions have weight) is not denoised, so it is not forced.
 
 Uniforms: column d drives position d, of explicit `noise` Float[B, D] or of the
 Philox stream of (seed, offset, row id); the mask's column d reads `mask_noise` or the
@@ -185,11 +187,12 @@ def gumbel_rounds(base: torch.Tensor, top: torch.Tensor, tau: float, gumbel: tor
     return torch.stack(positions, dim=1)
 
 
-def draw_mask(p, noise, positions, x, mask_id):
-    """z = (u < p) with the positions forced to 1; returns (masked, z, count)."""
+def draw_mask(p, noise, positions, x, mask_id, forced=None):
+    """z = (u < p) with the positions forced to 1 (those where `forced`, Bool like
+    positions, holds, when given); returns (masked, z, count)."""
     z = noise < p
     if positions is not None:
-        z = z.scatter(1, positions, True)
+        z = z.scatter(1, positions, True if forced is None else z.gather(1, positions) | forced)
     return torch.where(z, torch.full_like(x, mask_id), x), z, z.sum(dim=1)
 
 
@@ -252,7 +255,8 @@ def planner_select_mask_reference(
     l = planner_logits(logits)
     p = planner_prob(l)
     positions = gumbel_top_k(selection_bases(l, softmax), tau if softmax else 1.0, noise, k)
-    return (positions, sum_p(p), (p < eps).all(dim=1)) + draw_mask(p, mask_noise, positions, x, mask_id)
+    weighted = l.gather(1, positions) > float("-inf")  # a pick of weight 0 is not denoised: not forced
+    return (positions, sum_p(p), (p < eps).all(dim=1)) + draw_mask(p, mask_noise, positions, x, mask_id, weighted)
 
 
 # ------------------------------------------------------------------------ fused ops
