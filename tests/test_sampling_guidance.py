@@ -8,6 +8,8 @@ On tiny transformers the fused run, which guides the hidden states before the li
 draws what the reference run draws from the guided logits. B = 50k rows per law check;
 threshold as in tests/test_sampling_ddpd.py.
 """
+import warnings
+
 import pytest
 import torch
 
@@ -16,7 +18,9 @@ from oracles.fixtures import noise, single_thread  # noqa: F401  (single_thread:
 from oracles.stats import TVTable, empirical, threshold, tv
 from oracles.toy import Guided, Labelled, ToyProblem, dirichlet_p_data
 from ddpd.models import build_model, config_for
-from ddpd.sampling import PhiloxNoise, ddpd_sample, maskgit_sample, tau_leaping_uniform
+from ddpd.sampling import (NaNOutputWarning, PhiloxNoise, ddpd_sample, maskgit_sample, tau_leaping_mask,
+                           tau_leaping_uniform)
+from ddpd.sampling.batch import guided
 
 B = 50_000
 T_END = 1.0 - 1e-4
@@ -60,6 +64,45 @@ def test_guidance_zero_is_the_unconditional_model(labelled):
     unconditional = ddpd_sample(m.planner, lambda x, t: m.uniform_denoiser(x, t), 300, 3, 3, steps=8,
                                 stop="budget", seed=4)
     assert torch.equal(guided.tokens, unconditional.tokens)
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["reference", "fused"])
+def test_guidance_keeps_the_tokens_a_network_forbids(fused):
+    """-inf logits (a forbidden token) under guidance: (-inf) - (-inf) and 0 * -inf made NaN,
+    read as -inf, so scale 0 was not the unconditional model and a token forbidden by both
+    networks warned of NaN outputs at every pass."""
+    base = torch.tensor([3.0, 1.0, 0.5, 0.0, -1.0])
+
+    def denoiser(x, t, labels=None):
+        logits = base.expand(*x.shape, 5).clone()
+        logits[..., 4] = float("-inf")  # forbidden by both networks
+        if labels is not None:
+            logits[labels == 0, :, 0] = float("-inf")  # class 0 forbids the unconditional argmax
+        return logits
+
+    def sample(**kw):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", NaNOutputWarning)
+            return tau_leaping_mask(denoiser, 6, 4, 5, steps=4, temperature=0.0, seed=0, fused=fused, **kw).tokens
+
+    zeros, ones = torch.zeros(6, dtype=torch.long), torch.ones(6, dtype=torch.long)
+    assert bool((sample() == 0).all())
+    assert torch.equal(sample(labels=zeros, guidance_scale=0.0), sample())
+    assert bool((sample(labels=zeros, guidance_scale=0.5) == 1).all())  # -inf for any scale in (0, 1]
+    assert bool((sample(labels=ones, guidance_scale=2.0) == 0).all())
+
+
+def test_guided_logits_at_forbidden_tokens():
+    """(1 - w) u + w c in the extended reals; -inf where both networks forbid the token."""
+    inf = float("inf")
+    u, c = torch.tensor([-inf, -inf, 1.0, -inf]), torch.tensor([-inf, 2.0, -inf, inf])
+    assert guided(u, c, 0.0).tolist() == [-inf, -inf, 1.0, -inf]
+    assert guided(u, c, 0.5).tolist() == [-inf, -inf, -inf, -inf]
+    assert guided(u, c, 1.0).tolist() == [-inf, 2.0, -inf, inf]
+    assert guided(u, c, 3.0).tolist() == [-inf, inf, -inf, inf]
+    with pytest.raises(ValueError, match="guidance_scale must be in"):
+        tau_leaping_mask(lambda x, t, labels=None: torch.zeros(*x.shape, 3), 2, 2, 3, steps=2, seed=0,
+                         labels=torch.zeros(2, dtype=torch.long), guidance_scale=1e300)
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["reference", "fused"])

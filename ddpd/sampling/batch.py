@@ -369,7 +369,20 @@ class Condition:
             conditional, unconditional = both.chunk(2)
         else:
             conditional, unconditional = network(x, t, labels), network(x, t, None)
-        return unconditional + self.guidance_scale * (conditional - unconditional)
+        return guided(unconditional, conditional, self.guidance_scale)
+
+
+def guided(unconditional: Tensor, conditional: Tensor, scale: float) -> Tensor:
+    """u + w (c - u) = (1 - w) u + w c, classifier-free guidance, with its limits where a
+    network forbids a token (logit -inf), where the formula alone gives NaN: u exactly at
+    w = 0; -inf where both are; where only u is, -inf for w < 1 and +inf for w > 1."""
+    if scale == 0.0 or scale == 1.0:
+        return unconditional if scale == 0.0 else conditional
+    mixed = unconditional + scale * (conditional - unconditional)
+    forbidden = unconditional == float("-inf")
+    if scale < 1.0:
+        return mixed.masked_fill(forbidden, float("-inf"))
+    return torch.where(forbidden, conditional.masked_fill(conditional > float("-inf"), float("inf")), mixed)
 
 
 class _Call:

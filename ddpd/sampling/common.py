@@ -20,7 +20,6 @@ planner too (ddpd.sampling.batch.Condition).
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
@@ -137,9 +136,8 @@ def check_condition(labels, guidance_scale, conditional_planner, batch_size: int
         raise ValueError(f"labels must be a Long tensor of shape [{batch_size}], got {got}")
     if labels.numel() and int(labels.min()) < 0:  # once, before the loop
         raise ValueError(f"labels must be >= 0 (class ids; the null label is passed as None), got {int(labels.min())}")
-    scale = check_float("guidance_scale", guidance_scale, 0.0)
-    if math.isinf(scale):
-        raise ValueError("guidance_scale must be finite")
+    # it multiplies float32 logits: a scale beyond float32's range would make every guided logit infinite
+    scale = check_float("guidance_scale", guidance_scale, 0.0, torch.finfo(torch.float32).max)
     check_bool("conditional_planner", conditional_planner)
     return Condition(labels.to(device) if device is not None else labels, scale, conditional_planner)
 
