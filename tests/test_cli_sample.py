@@ -623,6 +623,11 @@ def test_prompt_and_prompt_files(ckpts, tmp_path, capsys):
                                 str(out), "--steps", "8", "--num-samples", "5", "--batch-size", "2")
     assert code == 0, err
     assert [r["text"][:2] for r in read_jsonl(out)] == ["ab", "xy", "ab", "xy", "ab"]  # line i mod 2
+    prompts.write_bytes(b"\xef\xbb\xbfab\r\nxyz\r\n")  # a byte-order mark and CRLF lines: the same file
+    code, stdout, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--prompts", str(prompts), "--out",
+                                str(out), "--steps", "8")
+    assert code == 0, err
+    assert [r["prompt"] for r in read_jsonl(out)] == ["ab", "xyz"]
 
 
 @pytest.mark.parametrize("argv,message", [

@@ -291,7 +291,9 @@ def read_prompts(args) -> Optional[Tuple[List[str], bool, List[str]]]:
         if path is None:
             continue
         try:
-            with open(path, encoding="utf-8") as f:  # universal newlines: \r\n and \r read as \n
+            # universal newlines: \r\n and \r read as \n; utf-8-sig: the byte-order mark some editors
+            # write is not text (the GPT-2 tokenizer would fix its 3 bytes into every sample)
+            with open(path, encoding="utf-8-sig") as f:
                 lines = f.read().split("\n")  # not splitlines(): it also splits at form feeds, U+2028, ...
             if lines[-1] == "":
                 lines.pop()  # the end of the last line
