@@ -65,16 +65,21 @@ def test_bundle_ddpd_writes_jsonl(ckpts, tmp_path, capsys):
     assert "samples/s" in stderr and "planner 36 " in stderr  # 3 batches x 12 steps
 
 
-def test_samples_do_not_depend_on_batch_size(ckpts, tmp_path, capsys):
+@pytest.mark.parametrize("stop", [["--stop", "budget"], ["--eps", "0.55"]])
+def test_samples_do_not_depend_on_batch_size(ckpts, tmp_path, capsys, stop):
+    """The whole record: its "steps" used to be its batch's last stop step."""
     outs = []
     for batch in ("1", "4"):
         out = tmp_path / f"b{batch}.jsonl"
         code, _, err = run_cli(capsys, "--planner", ckpts["planner"], "--denoiser", ckpts["uniform-denoiser"],
                                "--num-samples", "4", "--batch-size", batch, "--steps", "6", "--out", str(out),
-                               "--stop", "budget", "--quiet")
+                               "--quiet", *stop)
         assert code == 0, err
-        outs.append([r["tokens"] for r in read_jsonl(out)])
+        outs.append(read_jsonl(out))
     assert outs[0] == outs[1]
+    assert all(r["steps"] == 6 for r in outs[0])
+    if stop[0] == "--eps":  # rows that stop at different steps, so that the batch's last stop step is not theirs
+        assert len({r["stop_step"] for r in outs[0]}) > 1, outs[0]
 
 
 @pytest.mark.parametrize("argv", [
@@ -107,7 +112,7 @@ def test_single_model_samplers(ckpts, tmp_path, capsys, kind, argv):
     (["--steps", "0"], "steps"),
     (["--num-samples", "0"], "--num-samples"),
     (["--option", "AZ"], "--option"),
-    (["--eps", "2"], "eps"),
+    (["--eps", "0.55"], "eps"),
     (["--length", "99"], "--length"),
     (["--device", "tpu"], "--device"),
     (["--sampler", "maskgit"], "maskgit needs one mask-denoiser"),

@@ -21,8 +21,8 @@ of models supports (one table for ddpd-sample and ddpd-eval, ddpd.cli.samplers):
                planner + uniform-denoiser or mask-denoiser (P x D)
   maskgit:     one mask-denoiser
 Samples are printed decoded and, with --out, written as JSON lines
-{"index", "text", "tokens", "steps", "stop_step"} (with "prompt" and "label" when
-given). Sample i draws its noise from Philox row i of --seed, so it does not depend on
+{"index", "text", "tokens", "steps", "stop_step"} ("steps": the step budget,
+"stop_step": the steps the sample took; with "prompt" and "label" when given). Sample i draws its noise from Philox row i of --seed, so it does not depend on
 --batch-size or on the number of processes.
 
 --fused runs every sampler on its fused path (ddpd.sampling.draws): the same samples
@@ -552,7 +552,9 @@ def _batch(args, sample, records: Records, first: int, n: int) -> dict:
         result = sample(n, first)
     tokens = result.tokens.tolist()
     texts = [records.text(row) for row in tokens]
-    lines = "".join(records.line(first + row, texts[row], tokens[row], result.steps, int(result.stop_step[row]))
+    # "steps": the budget the sample was drawn with (not the batch's last stop step, which would
+    # depend on the other rows of its batch, so on --batch-size)
+    lines = "".join(records.line(first + row, texts[row], tokens[row], args.steps, int(result.stop_step[row]))
                     for row in range(n)) if args.out else ""
     printed = [] if args.quiet else [texts[row] if texts[row] is not None else " ".join(map(str, tokens[row]))
                                      for row in range(n)]
