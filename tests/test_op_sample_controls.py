@@ -15,7 +15,7 @@ from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from ddpd.ops import _dispatch, rng
+from ddpd.ops import _dispatch, multinomial, rng
 from ddpd.ops.sample_categorical import (
     categorical_reference,
     noise_width,
@@ -377,6 +377,23 @@ def test_bad_controls_raise_clear_errors(kwargs, error, match):
     for op in (sample_categorical, sample_categorical_reference):
         with pytest.raises(error, match=match):
             op(logits, **dict(dict(seed=1) if "noise" not in kwargs else {}, **kwargs))
+    with torch.device("cpu"), pytest.raises(error, match=match):  # a default device is no tracing: checked too
+        sample_categorical(logits, **dict(dict(seed=1) if "noise" not in kwargs else {}, **kwargs))
+
+
+def test_calls_under_a_default_device_keep_their_checks():
+    """torch.set_default_device and `with torch.device(...)` are torch-function modes, which
+    the ops took for tracing: per-row controls went unchecked and multinomial refused every
+    call as if under torch.compile."""
+    weights = torch.rand(3, 10)
+    expected = multinomial(weights, 2, seed=1)
+    torch.set_default_device("cpu")
+    try:
+        assert torch.equal(multinomial(weights, 2, seed=1), expected)
+        with pytest.raises(ValueError, match=r"top_p values must be in \(0, 1\]"):
+            sample_categorical(torch.randn(3, 10), top_p=torch.tensor([0.5, 0.5, 7.0]), seed=1)
+    finally:
+        torch.set_default_device(None)
 
 
 def test_vmap_is_refused_with_a_clear_error():
@@ -390,6 +407,20 @@ def test_vmap_is_refused_with_a_clear_error():
         torch.vmap(lambda h: sample_from_hidden(h, weight, seed=1)[0])(torch.randn(6, 1, 1))
     tokens = sample_categorical(torch.zeros(6, 1, 300), seed=1)[0]
     assert len(set(tokens.flatten().tolist())) > 1
+    for control in ("top_k", "top_p", "min_p"):  # a control batched alone, once torch's own vmap error
+        values = torch.tensor([2, 3]) if control == "top_k" else torch.tensor([0.5, 0.2])
+        with pytest.raises(ValueError, match="does not run under torch.func transforms"):
+            torch.vmap(lambda v: sample_categorical(logits[0], seed=1, **{control: v[None]})[0])(values)
+
+
+def test_tensor_temperatures_compile_with_dynamic_shapes():
+    """dynamic=True: the range message, once formatted at each call (a format spec Dynamo
+    does not trace), failed the compile."""
+    logits, hidden, weight, t = torch.randn(3, 27), torch.randn(3, 8), torch.randn(27, 8), torch.full((3,), 0.7)
+    for call in (lambda: sample_categorical(logits, t, seed=1)[0], lambda: sample_from_hidden(hidden, weight, None, t,
+                                                                                              seed=1)[0]):
+        torch._dynamo.reset()
+        assert torch.equal(torch.compile(call, fullgraph=True, dynamic=True, backend="eager")(), call())
 
 
 def test_compiled_calls_with_annealed_tensor_controls_do_not_recompile():

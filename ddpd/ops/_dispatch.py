@@ -9,6 +9,7 @@ import importlib
 from typing import Optional
 
 import torch
+from torch.utils._device import DeviceContext
 
 from ddpd.ops import _ext
 
@@ -69,9 +70,17 @@ def eager(*tensors: Optional[torch.Tensor]) -> bool:
     dispatch costs tens of microseconds a call; tracing needs it (the fake kernel, the
     schema), eager calls do not. A few hundred nanoseconds."""
     if (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack()
-            or torch._C._is_torch_function_mode_enabled() or torch._C._is_tracing()):
+            or (torch._C._is_torch_function_mode_enabled() and not _only_device_modes()) or torch._C._is_tracing()):
         return False
     return all(t is None or type(t) is torch.Tensor for t in tensors)
+
+
+def _only_device_modes() -> bool:
+    """Whether every torch-function mode on the stack is a default device (`with
+    torch.device(...)`, torch.set_default_device): such a mode traces nothing, and an eager
+    call under it keeps its host-side checks."""
+    return all(isinstance(torch._C._get_function_stack_at(i), DeviceContext)
+               for i in range(torch._C._len_torch_function_stack()))
 
 
 def cpu_ops():

@@ -99,6 +99,7 @@ GREEDY = -1.0  # the temperature the kernels read for a greedy row (temperature 
 # (a - b = -inf in shifted) has weight exp(-3.4e38 / T) = 0 in float32, so every path is
 # exact; much above it a temperature rounds to +inf in float32 and the shift is NaN.
 MAX_TEMPERATURE = 1e36
+TEMPERATURE_RANGE = f"in [0, {MAX_TEMPERATURE:g}] (0: greedy)"  # built once: torch.compile traces no format spec
 THRESHOLD_BLOCK = 1024  # logits per step of the Triton threshold search
 # 8 warps, 4 logits a thread: with its 32-bit keys the 16-bucket search then keeps every
 # value in registers on sm_90 under Triton 3.6 and 3.9 (with 4 warps it spills; with 16,
@@ -191,8 +192,7 @@ def check_controls(temperature, top_k, top_p, min_p, lead: tuple, like: torch.Te
     c = {}
     if isinstance(temperature, torch.Tensor):
         t = per_row_tensor("temperature", temperature, lead, like, FLOATS)
-        check_values("temperature", t, (t >= 0) & (t <= MAX_TEMPERATURE),
-                     f"in [0, {MAX_TEMPERATURE:g}] (0: greedy)")
+        check_values("temperature", t, (t >= 0) & (t <= MAX_TEMPERATURE), TEMPERATURE_RANGE)
         c["temperature_t"] = torch.where(t > 0, t.float(), GREEDY)
     elif symbolic(temperature):
         c["temperature"] = temperature
@@ -342,7 +342,8 @@ def prepare(op: str, input_name: str, inputs: torch.Tensor, vocab_size: int, tem
             row_ids, noise) -> Call:
     """Validate the arguments shared by sample_categorical and sample_from_hidden;
     inputs [..., X] gives the leading shape (its rows)."""
-    _dispatch.refuse_transforms(op, inputs, noise, row_ids, allowed, exclude_per_row, temperature)
+    _dispatch.refuse_transforms(op, inputs, noise, row_ids, allowed, exclude_per_row, temperature, top_k, top_p,
+                                min_p)
     _dispatch.check_width(f"V ({input_name})", vocab_size)
     lead = tuple(inputs.shape[:-1])
     rows = math.prod(lead)
