@@ -22,7 +22,8 @@ of models supports (one table for ddpd-sample and ddpd-eval, ddpd.cli.samplers):
   maskgit:     one mask-denoiser
 Samples are printed decoded and, with --out, written as JSON lines
 {"index", "text", "tokens", "steps", "stop_step"} ("steps": the step budget,
-"stop_step": the steps the sample took; with "prompt" and "label" when given). Sample i draws its noise from Philox row i of --seed, so it does not depend on
+"stop_step": the steps the sample took; with "prompt" and "label" when given).
+Sample i draws its noise from Philox row i of --seed, so it does not depend on
 --batch-size or on the number of processes.
 
 --fused runs every sampler on its fused path (ddpd.sampling.draws): the same samples
