@@ -24,11 +24,25 @@ def _names(requirements):
 
 def test_runtime_dependencies_are_what_the_code_needs():
     runtime = _names(PROJECT["dependencies"])
-    assert runtime == {"torch", "safetensors", "tqdm", "ninja"}  # ninja: the first-use build of ddpd._C
+    # ninja: the first-use build of ddpd._C; numpy: safetensors.torch.save (every checkpoint save)
+    assert runtime == {"torch", "safetensors", "numpy", "tqdm", "ninja"}
     assert "torch>=2.4" in PROJECT["dependencies"]  # torch.library.custom_op / register_fake
     extras = PROJECT["optional-dependencies"]
     assert extras["hf"] == ["datasets"] and extras["gpt2"] == ["tiktoken"]
     assert {"numpy", "scipy", "tiktoken", "triton"} <= _names(extras["test"])
+
+
+def test_a_checkpoint_saves_with_the_runtime_dependencies_alone():
+    """Saving imports numpy inside safetensors: with numpy blocked the save fails, which is
+    why numpy is a runtime dependency (an install without the test extra lost every run)."""
+    script = ("import sys; sys.modules['numpy'] = None\n"
+              "import torch\nfrom safetensors.torch import save\n"
+              "try:\n    save({'w': torch.zeros(2)})\nexcept ImportError:\n    print('needs numpy')\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=HANG_GUARD_SECONDS)
+    assert proc.returncode == 0, proc.stderr
+    if proc.stdout.strip() == "needs numpy":
+        assert "numpy" in _names(PROJECT["dependencies"])
 
 
 def test_nothing_imports_an_undeclared_or_optional_package_at_module_level():
