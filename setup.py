@@ -62,7 +62,7 @@ def _extension_kwargs():
             if self.inplace:
                 folders.add(ROOT / self.get_finalized_command("build_py").get_package_dir("ddpd"))
             for folder in folders:
-                (folder / config.BUILD_INFO).write_text(json.dumps(config.build_info(with_cuda)))
+                (folder / config.BUILD_INFO).write_text(json.dumps(config.build_info(with_cuda, ROOT / CSRC)))
 
     return {
         "ext_modules": [

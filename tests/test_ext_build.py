@@ -76,16 +76,27 @@ def fake_build(tmp_path, monkeypatch):
     built = tmp_path / "ddpd" / "_C.so"
     built.parent.mkdir()
     built.write_text("")
-    now = time.time()
-    os.utime(sources / "module.cpp", (now - 100, now - 100))
-    os.utime(built, (now, now))
-    (built.parent / _ext.BUILD_INFO).write_text(json.dumps({"torch": torch.__version__, "cuda": _ext.can_build_cuda()}))
+    _write_info(built, sources, _ext.can_build_cuda())
     monkeypatch.setattr(_ext, "source_dir", lambda: sources)
     monkeypatch.setattr(_ext, "prebuilt_path", lambda: built)
     return sources, built
 
 
+def _write_info(built, sources, cuda, torch_version=None):
+    info = {"torch": torch_version or torch.__version__, "cuda": cuda, "sources": _ext.source_digests(sources, cuda)}
+    (built.parent / _ext.BUILD_INFO).write_text(json.dumps(info))
+
+
 def test_a_current_build_is_used(fake_build):
+    assert _ext.prebuilt_problem() is None
+
+
+def test_sources_newer_than_the_build_but_the_same_are_current(fake_build):
+    """An installed wheel: pip gives every file the time of the install, the shipped sources
+    after the library (zip order), which read as stale and were compiled again on first use."""
+    sources, built = fake_build
+    later = time.time() + 100
+    os.utime(sources / "module.cpp", (later, later))
     assert _ext.prebuilt_problem() is None
 
 
@@ -99,36 +110,43 @@ def test_missing_build(fake_build, monkeypatch):
     assert "was not built" in _ext.prebuilt_problem()
 
 
-def test_source_newer_than_build(fake_build):
+def test_changed_added_or_removed_sources_make_the_build_stale(fake_build):
     sources, built = fake_build
     header = sources / "cpu" / "new_op.h"
     header.parent.mkdir()
     header.write_text("")
-    os.utime(header, (time.time() + 10, time.time() + 10))
-    assert _ext.prebuilt_problem() == f"{header} is newer than {built}"
+    assert _ext.prebuilt_problem() == f"{header} changed since ddpd._C was built"
+    _write_info(built, sources, _ext.can_build_cuda())
+    assert _ext.prebuilt_problem() is None
+    header.write_text("// an edit")
+    assert _ext.prebuilt_problem() == f"{header} changed since ddpd._C was built"
+    header.unlink()
+    assert _ext.prebuilt_problem() == f"{header} was removed since ddpd._C was built"
 
 
 def test_cuda_sources_do_not_make_a_cpu_build_stale(fake_build):
     sources, built = fake_build
-    (built.parent / _ext.BUILD_INFO).write_text(json.dumps({"torch": torch.__version__, "cuda": False}))
+    _write_info(built, sources, False)
     kernel = sources / "cuda" / "op.cu"
     kernel.parent.mkdir()
     kernel.write_text("")
-    os.utime(kernel, (time.time() + 10, time.time() + 10))
     if not _ext.can_build_cuda():
         assert _ext.prebuilt_problem() is None
-    (built.parent / _ext.BUILD_INFO).write_text(json.dumps({"torch": torch.__version__, "cuda": True}))
-    assert _ext.prebuilt_problem() == f"{kernel} is newer than {built}"
+    _write_info(built, sources, True)
+    kernel.write_text("// an edit")
+    assert _ext.prebuilt_problem() == f"{kernel} changed since ddpd._C was built"
 
 
 def test_build_for_another_torch(fake_build):
-    _, built = fake_build
-    (built.parent / _ext.BUILD_INFO).write_text(json.dumps({"torch": "1.0.0", "cuda": False}))
+    sources, built = fake_build
+    _write_info(built, sources, False, torch_version="1.0.0")
     assert _ext.prebuilt_problem() == f"_C.so was built for torch 1.0.0, this is torch {torch.__version__}"
 
 
 def test_build_without_info(fake_build):
-    _, built = fake_build
+    sources, built = fake_build
+    (built.parent / _ext.BUILD_INFO).write_text(json.dumps({"torch": torch.__version__, "cuda": False}))
+    assert "does not record the sources" in _ext.prebuilt_problem()  # a build of an older ddpd
     (built.parent / _ext.BUILD_INFO).unlink()
     assert "is missing" in _ext.prebuilt_problem()
 

@@ -5,8 +5,8 @@ build of torch plus a CUDA toolkit csrc/cuda/*.cu, csrc/cuda/*.cpp):
 
 - setup.py compiles ddpd._C when torch is importable at build time
   (`pip install -e . --no-build-isolation`) and records the torch version it was
-  built against in ddpd/_C.build.json;
-- otherwise, or when that module is stale (a source is newer than it, it was built
+  built against and the digests of the sources it was built from in ddpd/_C.build.json;
+- otherwise, or when that module is stale (a source changed since, it was built
   for another torch, or it fails to import), `load()` compiles the sources on first
   use with torch.utils.cpp_extension.load into a cache directory
   ($DDPD_EXTENSIONS_DIR, default ~/.cache/ddpd/extensions/<python-torch-device>),
@@ -18,6 +18,7 @@ setup.py loads it by path for the source list and the compiler flags.
 """
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import json
@@ -88,21 +89,30 @@ def can_build_cuda() -> bool:
     return torch.version.cuda is not None and CUDA_HOME is not None
 
 
-def build_info(with_cuda: bool) -> dict:
+def build_info(with_cuda: bool, root: Path) -> dict:
+    """What ddpd._C is built against and from (root: its sources), for prebuilt_problem."""
     import torch
 
-    return {"torch": torch.__version__, "python": sys.version.split()[0], "cuda": with_cuda}
+    return {"torch": torch.__version__, "python": sys.version.split()[0], "cuda": with_cuda,
+            "sources": source_digests(root, with_cuda)}
 
 
-def _newest_source(root: Path, with_cuda: bool) -> tuple[float, Optional[Path]]:
-    """Time and path of the newest source a build with(out) CUDA compiles."""
-    newest, path = 0.0, None
-    for p in root.rglob("*"):
-        if p.suffix not in _SOURCE_SUFFIXES or (not with_cuda and p.parent.name == "cuda"):
-            continue
-        if p.stat().st_mtime > newest:
-            newest, path = p.stat().st_mtime, p
-    return newest, path
+def source_digests(root: Path, with_cuda: bool) -> dict:
+    """{path under root: sha256} of every source a build with(out) CUDA compiles or includes.
+    By content, not time: an installed wheel's files all carry the time of the install, in
+    whatever order pip wrote them."""
+    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*"))
+            if p.suffix in _SOURCE_SUFFIXES and (with_cuda or p.parent.name != "cuda")}
+
+
+def _changed_source(root: Path, with_cuda: bool, built_from: dict) -> Optional[str]:
+    """The first source that differs from what ddpd._C was built from, or None."""
+    now = source_digests(root, with_cuda)
+    for name in sorted(set(now) | set(built_from)):
+        if now.get(name) != built_from.get(name):
+            return f"{root / name} {'was removed' if name not in now else 'changed'} since ddpd._C was built"
+    return None
 
 
 def prebuilt_path() -> Optional[Path]:
@@ -122,12 +132,15 @@ def prebuilt_problem() -> Optional[str]:
     if not info_path.is_file():
         return f"{info_path} is missing, so the torch version {built.name} was built for is unknown"
     info = json.loads(info_path.read_text())
+    if "sources" not in info:
+        return f"{info_path} does not record the sources {built.name} was built from"
     try:
-        newest, path = _newest_source(source_dir(), bool(info.get("cuda")))
+        root = source_dir()
     except RuntimeError:  # an install that ships no sources cannot be stale
-        newest, path = 0.0, None
-    if newest > built.stat().st_mtime:
-        return f"{path} is newer than {built}"
+        root = None
+    changed = _changed_source(root, bool(info.get("cuda")), info["sources"]) if root is not None else None
+    if changed is not None:
+        return changed
     import torch
 
     if info.get("torch") != torch.__version__:
