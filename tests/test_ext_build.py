@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from ddpd.cli.common import one_line
 from ddpd.ops import _ext
 from hang_guard import HANG_GUARD_SECONDS
 
@@ -167,6 +168,13 @@ def test_compile_route_calls_torch_load(monkeypatch, tmp_path, capsys):
     assert Path(kwargs["build_directory"]).parent == tmp_path and Path(kwargs["build_directory"]).is_dir()
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "compiling the C++ extension because a test asked for it" in err[0]
+    assert _ext._compile("a test asked for it") == "module"  # the same sources: ninja has nothing to do
+    assert capsys.readouterr().err == ""
+    (tmp_path / "more.cpp").write_text("")
+    monkeypatch.setattr(_ext, "source_dir", lambda: tmp_path)
+    monkeypatch.setattr(_ext, "sources", lambda root, with_cuda: [])
+    assert _ext._compile("a test asked for it") == "module"  # other sources: said again
+    assert "compiling the C++ extension" in capsys.readouterr().err
 
 
 def test_compile_failure_is_explained(monkeypatch, tmp_path):
@@ -177,8 +185,19 @@ def test_compile_failure_is_explained(monkeypatch, tmp_path):
 
     monkeypatch.setattr(cpp_extension, "load", fail)
     monkeypatch.setenv("DDPD_EXTENSIONS_DIR", str(tmp_path))
-    with pytest.raises(RuntimeError, match=r"unavailable \(the reason\) and compiling it .* failed: no compiler"):
+    with pytest.raises(RuntimeError, match=r"unavailable \(the reason\) and compiling it .* failed: no compiler \("):
         _ext._compile("the reason")
+
+    def fail_in_ninja(**kwargs):  # as torch reports it: ninja's log, the first line its first command
+        raise RuntimeError("Error building extension 'ddpd_C': [1/9] c++ -MMD -MF bernoulli.o.d -c bernoulli.cpp\n"
+                           "FAILED: bernoulli.o\nc++ -MMD -MF bernoulli.o.d -c bernoulli.cpp\n"
+                           "/bin/sh: 1: c++: not found\nninja: build stopped: subcommand failed.\n")
+
+    monkeypatch.setattr(cpp_extension, "load", fail_in_ninja)
+    with pytest.raises(RuntimeError) as raised:
+        _ext._compile("the reason")
+    assert "failed: /bin/sh: 1: c++: not found (it needs a C++17 compiler" in str(raised.value)
+    assert "without --fused" in one_line(raised.value)
 
 
 @pytest.mark.slow

@@ -165,10 +165,14 @@ def _compile(reason: str) -> ModuleType:
     root = source_dir()
     build_dir = _cache_dir(with_cuda)
     build_dir.mkdir(parents=True, exist_ok=True)
-    print(f"ddpd: compiling the C++ extension because {reason}; building in {build_dir} (once per source change)",
-          file=sys.stderr, flush=True)
+    built_from = build_dir / BUILD_INFO
+    digests = source_digests(root, with_cuda)
+    if not built_from.is_file() or json.loads(built_from.read_text()) != digests:  # else ninja has nothing to do
+        print(f"ddpd: compiling the C++ extension because {reason}; building in {build_dir} (once per source "
+              "change)", file=sys.stderr, flush=True)
+        built_from.unlink(missing_ok=True)
     try:
-        return cpp_extension.load(
+        module = cpp_extension.load(
             name=JIT_NAME,
             sources=sources(root, with_cuda),
             extra_include_paths=[str(root)],
@@ -181,9 +185,23 @@ def _compile(reason: str) -> ModuleType:
         )
     except Exception as error:
         raise RuntimeError(
-            f"ddpd: the C++ extension is unavailable ({reason}) and compiling it in {build_dir} failed: {error}. "
-            "Reinstall with `pip install -e . --no-build-isolation` (needs a C++17 compiler and ninja)."
+            f"ddpd: the C++ extension is unavailable ({reason}) and compiling it in {build_dir} failed: "
+            f"{_build_failure(error)} (it needs a C++17 compiler and ninja; the samplers without --fused, "
+            "fused=False, need no extension)"
         ) from error
+    built_from.write_text(json.dumps(digests))
+    return module
+
+
+def _build_failure(error: Exception) -> str:
+    """The line of a failed build that says why (a compiler's error, a missing compiler),
+    else its first: the message of torch's build holds ninja's whole log, in which the
+    first line is only the first command."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    for line in lines:
+        if "error:" in line.lower() or "not found" in line or "No such file" in line:
+            return line.rstrip(".")
+    return lines[0].rstrip(".") if lines else type(error).__name__
 
 
 def load() -> ModuleType:
