@@ -8,6 +8,7 @@ source list and the flags come from ddpd/ops/_ext.py, shared by both routes.
 """
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 from setuptools import find_packages, setup
@@ -57,7 +58,13 @@ def _extension_kwargs():
         """Records what ddpd._C was built against, for the staleness check in _ext.py."""
 
         def run(self):
-            super().run()  # builds in build_lib, then copies the module into the source tree if inplace
+            try:
+                super().run()  # builds in build_lib, then copies the module into the source tree if inplace
+            except Exception as error:  # no compiler, a failed compile: the first-use route remains
+                cause = next((line for line in str(error).splitlines() if line.strip()), type(error).__name__)
+                print(f"ddpd: building ddpd._C failed ({cause}); ddpd.ops._ext will compile it on first use",
+                      file=sys.stderr)
+                return
             folders = {Path(self.get_ext_fullpath("ddpd._C")).parent}
             if self.inplace:
                 folders.add(ROOT / self.get_finalized_command("build_py").get_package_dir("ddpd"))

@@ -4,6 +4,7 @@ itself (mocked here; a real compile in a fresh cache is the slow test at the end
 and the sources shipped with the package."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -198,6 +199,22 @@ def test_compile_failure_is_explained(monkeypatch, tmp_path):
         _ext._compile("the reason")
     assert "failed: /bin/sh: 1: c++: not found (it needs a C++17 compiler" in str(raised.value)
     assert "without --fused" in one_line(raised.value)
+
+
+def test_an_install_without_a_compiler_leaves_the_build_to_first_use(tmp_path):
+    """setup.py with a compiler that fails: the install goes on without ddpd._C, saying that
+    its first use will compile it (`pip install --no-build-isolation` used to end in a
+    traceback from torch's build)."""
+    root = Path(__file__).resolve().parents[1]
+    copy = tmp_path / "src"
+    shutil.copytree(root, copy, ignore=shutil.ignore_patterns(".git", "build", "*.so", _ext.BUILD_INFO, "__pycache__",
+                                                              "*.egg-info", "tests", "benchmarks", "docs"))
+    env = dict(os.environ, CC="/bin/false", CXX="/bin/false")
+    proc = subprocess.run([sys.executable, "setup.py", "build_ext", "--inplace"], cwd=copy, env=env,
+                          capture_output=True, text=True, timeout=HANG_GUARD_SECONDS)
+    assert proc.returncode == 0, proc.stderr
+    assert "ddpd: building ddpd._C failed (" in proc.stderr and "compile it on first use" in proc.stderr
+    assert not list((copy / "ddpd").glob("_C*.so"))
 
 
 @pytest.mark.slow
