@@ -18,8 +18,13 @@ strategy object it is handed:
   (`sample_from_hidden`). No host synchronisation inside a step: stops are recorded on the
   device and finished rows leave at stop checks (FusedBatch), every row runs every pass.
 
-Both draw the same positions and tokens from the same noise source (the ops and their
-references agree token for token), which the tests check for every sampler.
+From a counter-based source (PhiloxNoise: seed= and generator= too) both draw the same
+positions and tokens (the ops and their references agree token for token), which the
+tests check for every sampler. A sequential source (TorchNoise) hands out its uniforms in
+the order they are asked for, and the fused run asks for rows the reference leaves out
+(rows finished since the last stop check, events of the exact clock it rejects,
+tau-leaping rows that make no jump): the two then agree only under a step budget on the
+planner clock, and otherwise draw different samples of the same law.
 
 Methods (B rows in the batch, `rows` their row ids):
 - plan: positions (k per row, prop:self-loop-jumps), sum_d p(z^d = N | x_t), the stop flag;

@@ -17,6 +17,8 @@ the logarithm of 1 - u or of -log u (Gumbel, exponential) clamps u below one fir
   composition: finished rows leaving the batch change nothing for the others.
 - `TorchNoise(generator)`: sequential torch.Generator draws on the same grid. Not
   batch-invariant, but two orders of magnitude faster on CPU; the statistical tests use it.
+  A fused run reads other uniforms from it than the reference run does, except under a
+  step budget on the planner clock (ddpd.sampling.draws says why).
 
 The transforms to Gumbel variables (the ops' own, from ddpd.ops) and exponential
 variables are exported here too, so that every consumer, reference or fused,
