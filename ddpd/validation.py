@@ -5,6 +5,7 @@ Lowest layer: imports nothing from ddpd.
 """
 from __future__ import annotations
 
+import numbers
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -21,14 +22,17 @@ def check_int(name: str, value, minimum: int, maximum: Optional[int] = None) -> 
 
 def check_float(name: str, value, minimum: float, maximum: float = float("inf"),
                 open_min: bool = False, open_max: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):  # numpy's numbers too
         raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
-    value = float(value)
+    interval = f"{'(' if open_min else '['}{minimum}, {maximum}{')' if open_max else ']'}"
+    try:
+        value = float(value)
+    except OverflowError:  # an int beyond float's range
+        raise ValueError(f"{name} must be in {interval}, got an int of {int(value).bit_length()} bits") from None
     low_ok = value > minimum if open_min else value >= minimum
     high_ok = value < maximum if open_max else value <= maximum
     if not (low_ok and high_ok) or value != value:
-        left, right = "(" if open_min else "[", ")" if open_max else "]"
-        raise ValueError(f"{name} must be in {left}{minimum}, {maximum}{right}, got {value}")
+        raise ValueError(f"{name} must be in {interval}, got {value}")
     return value
 
 

@@ -358,7 +358,8 @@ def test_every_path_agrees_on_random_calls(r, hidden, multiprocessors):
         (dict(temperature=torch.tensor([1.0, 2.0])), ValueError, "temperature must be a number, a 0-d tensor or"),
         (dict(temperature=torch.tensor([1, 2, 3])), TypeError, "temperature must have dtype"),
         (dict(top_k=-1), ValueError, r"top_k must be >= 0"),
-        (dict(top_k=2.5), TypeError, "integer"),
+        (dict(top_k=2.5), TypeError, "top_k must be an int or an integer tensor, got float 2.5"),
+        (dict(temperature=10**400), ValueError, r"temperature must be in \[0.0, 1e\+36\], got an int of 1329 bits"),
         (dict(top_k=torch.tensor([1, -2, 3])), ValueError, "top_k values must be >= 0"),
         (dict(top_p=0.0), ValueError, r"top_p must be in \(0.0, 1.0\]"),
         (dict(top_p=torch.tensor([0.5, 1.5, 0.5])), ValueError, r"top_p values must be in \(0, 1\]"),
@@ -379,6 +380,29 @@ def test_bad_controls_raise_clear_errors(kwargs, error, match):
             op(logits, **dict(dict(seed=1) if "noise" not in kwargs else {}, **kwargs))
     with torch.device("cpu"), pytest.raises(error, match=match):  # a default device is no tracing: checked too
         sample_categorical(logits, **dict(dict(seed=1) if "noise" not in kwargs else {}, **kwargs))
+
+
+def test_numbers_of_any_kind_and_size():
+    """numpy scalars are numbers (float32 ones were refused); a top_k beyond int64 is off,
+    as any at or above the number of tokens (it failed in the op's schema)."""
+    logits = torch.randn(3, 10)
+    expected = sample_categorical(logits, 0.5, top_p=0.75, seed=1)
+    assert_same(sample_categorical(logits, np.float32(0.5), top_p=np.float32(0.75), seed=1), expected)
+    assert_same(sample_categorical(logits, top_k=2**63, seed=1), sample_categorical(logits, seed=1))
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: categorical_reference(torch.zeros(1, 300), 1.0, torch.rand(1, 300)), r"noise must have shape \(1, 302\)"),
+    (lambda: categorical_reference(torch.zeros(1, 5), 1.0, torch.rand(1, 4)), r"shape \(1, 5\) or \(1, 6\)"),
+    (lambda: categorical_reference(torch.zeros(2, 1, 3), 1.0, torch.rand(2, 1, 3)), "logits must be 2-D"),
+    (lambda: categorical_reference(torch.zeros(1, 3), 1.0, torch.zeros(1, 3)), r"noise values must be uniforms in"),
+    (lambda: noise_width(0), "vocab_size must be an int >= 1"),
+])
+def test_the_reference_checks_its_arguments(call, match):
+    """categorical_reference is public: a wrong noise shape was an index error, noise of zeros
+    a silent draw."""
+    with pytest.raises(ValueError, match=match):
+        call()
 
 
 def test_calls_under_a_default_device_keep_their_checks():

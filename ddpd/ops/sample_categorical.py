@@ -113,6 +113,8 @@ def n_tiles(vocab_size: int) -> int:
 
 def noise_width(vocab_size: int) -> int:
     """Uniforms per row that explicit `noise` must hold: V token + n_tiles tile uniforms."""
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
+        raise ValueError(f"vocab_size must be an int >= 1, got {vocab_size!r}")
     return vocab_size + n_tiles(vocab_size)
 
 
@@ -205,12 +207,12 @@ def check_controls(temperature, top_k, top_p, min_p, lead: tuple, like: torch.Te
             check_values("top_k", k, k >= 0, ">= 0 (0: off)")
             c["top_k_t"] = k.long()
         elif not symbolic(top_k):
-            if isinstance(top_k, bool):
-                raise TypeError("top_k must be an int or an integer tensor, got bool")
+            if isinstance(top_k, bool) or not hasattr(top_k, "__index__"):
+                raise TypeError(f"top_k must be an int or an integer tensor, got {type(top_k).__name__} {top_k!r}")
             k = operator.index(top_k)
             if k < 0:
                 raise ValueError(f"top_k must be >= 0 (0: off), got {k}")
-            c["top_k"] = k
+            c["top_k"] = min(k, 2**62)  # at or above the number of tokens it is off; the kernels take int64
         else:
             c["top_k"] = top_k
     if top_p is not None:
@@ -504,8 +506,16 @@ def categorical_reference(logits: torch.Tensor, temperature, noise: Optional[tor
     Returns (tokens Long[N], valid Bool[N][, logprob][, confidence]): token 0 and valid
     False where every logit is -inf or NaN.
     """
+    check_tensor("logits", logits, FLOATS, 2)
     controls = check_controls(temperature, top_k, top_p, min_p, tuple(logits.shape[:1]), logits)
     logprob, code = check_confidence(return_logprob, confidence)
+    if noise is not None:
+        rows, vocab = logits.shape
+        shapes = {(rows, noise_width(vocab))} | ({(rows, vocab)} if vocab <= TILE else set())
+        if tuple(noise.shape) not in shapes:
+            raise ValueError(f"noise must have shape {' or '.join(map(str, sorted(shapes)))}, got "
+                             f"{tuple(noise.shape)}")
+        rng.check_noise_values(noise)
     if noise is None:  # a greedy draw reads no uniform
         if not bool((controls.per_row(logits.shape[0], logits.device)[0] < 0).all()):
             raise ValueError("noise is needed unless every row is drawn greedily (temperature 0)")
