@@ -314,6 +314,26 @@ def test_a_peer_lost_in_the_gradient_all_reduce_is_named(corpus, tmp_path):
     assert load_train_state(tmp_path / "out")[1]["step"] == 2  # the last checkpoint is intact
 
 
+def test_help_states_the_defaults_of_the_run_settings():
+    """Every setting whose help names a default names TrainConfig's (the flags default to
+    unset, so that a resumed run keeps its own)."""
+    import dataclasses
+    import re
+
+    from ddpd.cli.train import build_parser
+
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    checked = 0
+    for action in build_parser()._actions:
+        if action.dest not in defaults or action.help is None or not isinstance(defaults[action.dest], (int, float)):
+            continue
+        stated = re.search(r"\(default ([0-9.e+-]+)[):]", action.help)
+        assert stated, f"--{action.dest}: {action.help}"
+        assert float(stated.group(1)) == defaults[action.dest], f"--{action.dest}: {action.help}"
+        checked += 1
+    assert checked >= 15  # batch size, model shape, optimizer, schedule, evaluation, seed
+
+
 def run_cli(capsys, *argv):
     code = main([str(a) for a in argv])
     captured = capsys.readouterr()

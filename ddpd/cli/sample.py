@@ -109,10 +109,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-samples", dest="num_samples", type=int,
                    help=f"default {NUM_SAMPLES}; {NUM_SAMPLES_BUNDLED} with the bundled default model; the number "
                         "of lines of --prompts/--infills")
-    p.add_argument("--batch-size", dest="batch_size", type=int, default=64, help="samples per batch and process")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch-size", dest="batch_size", type=int, default=64,
+                   help="samples per batch and process (default %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the Philox noise (default %(default)s)")
     p.add_argument("--temperature", type=float, default=1.0,
-                   help="denoiser logit temperature (0: greedy, the most probable token)")
+                   help="denoiser logit temperature (0: greedy, the most probable token; default %(default)s)")
     p.add_argument("--temperature-end", dest="temperature_end", type=float,
                    help="anneal the temperature linearly to this value over the steps")
     add_truncation_arguments(p)
@@ -153,17 +154,20 @@ def build_parser() -> argparse.ArgumentParser:
                            "exact clock)")
     ddpd.add_argument("--selection", choices=("sigmoid", "softmax"), default="sigmoid",
                       help="sigmoid (A, default) or softmax (C) of the planner logits")
-    ddpd.add_argument("--eps", type=float, default=0.01, help="stop when every p(z = N) < eps (option A)")
-    ddpd.add_argument("--k", type=int, default=1, help="positions denoised per step in the parallel stage")
+    ddpd.add_argument("--eps", type=float, default=0.01,
+                      help="stop when every p(z = N) < eps (option A; default %(default)s)")
+    ddpd.add_argument("--k", type=int, default=1,
+                      help="positions denoised per step in the parallel stage (default %(default)s)")
     ddpd.add_argument("--parallel-steps", dest="parallel_steps", type=int, default=0,
-                      help="steps that denoise --k positions before one-at-a-time refinement")
+                      help="steps that denoise --k positions before one-at-a-time refinement (default %(default)s)")
     ddpd.add_argument("--clock", choices=("planner", "exact"), default="planner",
                       help="planner: time estimated from the planner (paper); exact: exact CTMC clock")
     ddpd.add_argument("--t-end", dest="t_end", type=float, default=1.0 - 1e-4, help="end time of --clock exact")
     baselines = p.add_argument_group("baselines")
-    baselines.add_argument("--eta", type=float, default=0.0, help="remasking stochasticity of mask tau-leaping")
+    baselines.add_argument("--eta", type=float, default=0.0,
+                           help="remasking stochasticity of mask tau-leaping (default %(default)s)")
     baselines.add_argument("--choice-temperature", dest="choice_temperature", type=float, default=4.5,
-                           help="MaskGIT: scale of the Gumbel noise on the confidences")
+                           help="MaskGIT: scale of the Gumbel noise on the confidences (default %(default)s)")
     return p
 
 
