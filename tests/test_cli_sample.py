@@ -112,7 +112,7 @@ def test_single_model_samplers(ckpts, tmp_path, capsys, kind, argv):
     (["--steps", "0"], "steps"),
     (["--num-samples", "0"], "--num-samples"),
     (["--option", "AZ"], "--option"),
-    (["--eps", "0.55"], "eps"),
+    (["--eps", "2"], "eps"),
     (["--length", "99"], "--length"),
     (["--device", "tpu"], "--device"),
     (["--sampler", "maskgit"], "maskgit needs one mask-denoiser"),
