@@ -88,8 +88,27 @@ def test_guidance_keeps_the_tokens_a_network_forbids(fused):
     zeros, ones = torch.zeros(6, dtype=torch.long), torch.ones(6, dtype=torch.long)
     assert bool((sample() == 0).all())
     assert torch.equal(sample(labels=zeros, guidance_scale=0.0), sample())
+    assert torch.equal(sample(labels=zeros, guidance_scale=1e-46), sample())  # 0 in float32
     assert bool((sample(labels=zeros, guidance_scale=0.5) == 1).all())  # -inf for any scale in (0, 1]
     assert bool((sample(labels=ones, guidance_scale=2.0) == 0).all())
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["reference", "fused"])
+def test_a_token_only_the_conditional_network_allows_is_certain_beyond_scale_1(fused):
+    """(1 - w) (-inf) + w c = +inf for w > 1: the guided law, not an overflow of the
+    networks, so no NaN warning (it counted the guided logits)."""
+
+    def denoiser(x, t, labels=None):
+        logits = torch.zeros(*x.shape, 5)
+        if labels is None:
+            logits[..., 4] = float("-inf")
+        return logits
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", NaNOutputWarning)
+        result = tau_leaping_mask(denoiser, 6, 4, 5, steps=4, seed=0, fused=fused,
+                                  labels=torch.zeros(6, dtype=torch.long), guidance_scale=2.0)
+    assert bool((result.tokens == 4).all()) and result.denoiser_nan_passes == 0
 
 
 def test_guided_logits_at_forbidden_tokens():

@@ -85,11 +85,14 @@ def test_temperature_schedule():
     assert [t.at(i, 5) for i in (0, 2, 4)] == [1.0, 0.5, 0.0]
     assert Temperature(0.7, 0.1).at(0, 1) == 0.7 and Temperature(0.7).end == 0.7
     # the last step ends at the end, never past it (1.7 to 0 in 42 steps used to end at -2.2e-16)
-    for start, end, steps in ((1.7, 0.0, 42), (1.7, 0.0, 155), (0.7, 0.0, 188), (0.1, 1.3, 77)):
+    for start, end, steps in ((1.7, 0.0, 42), (1.7, 0.0, 155), (0.7, 0.0, 188), (0.1, 1.3, 77), (1.17, 0.0, 31),
+                              (0.1, 0.0, 44)):  # past the end, or short of it (1.17: 2.2e-16, not greedy)
         schedule = [Temperature(start, end).at(i, steps) for i in range(steps)]
         assert schedule[-1] == end and all(min(start, end) <= v <= max(start, end) for v in schedule)
     assert ddpd_sample(M.planner, M.uniform_denoiser, 2, 4, 3, steps=42, temperature=Temperature(1.7, 0.0),
                        seed=0).tokens.shape == (2, 4)
+    with pytest.raises(ValueError, match=r"steps must be in \[1, 4611686018427387904\]"):  # not after the run
+        ddpd_sample(M.planner, M.uniform_denoiser, 2, 4, 3, steps=2**63, seed=0)
     for too_hot in (float("inf"), 1e37):
         with pytest.raises(ValueError, match=r"temperature must be in \[0.0, 1e\+36\]"):
             Temperature(too_hot)

@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 
 from ddpd.ops.compact import compact_fixed, scatter_back
+from ddpd.ops.sample_categorical import float32
 
 
 @dataclass
@@ -141,12 +142,20 @@ class RunningBatch:
         the rows whose logits the step uses (default: every running row)."""
         with self._precision():
             if self.condition is None:
-                logits = model(x, t)
+                outputs = (model(x, t), None)
             else:
-                logits = self.condition.guide(_Call(model, "__call__"), x, t, self._rows(rows))
-        _check_output(name, logits, (*x.shape, vocab_size))
-        # +inf too: an overflow (float16), where the fused run sees an infinite hidden state
-        self._count_denoiser_pass(x, torch.isnan(logits) | (logits == float("inf")), used)
+                outputs = self.condition.outputs(_Call(model, "__call__"), x, t, self._rows(rows))
+        outputs = [output for output in outputs if output is not None]
+        for output in outputs:
+            _check_output(name, output, (*x.shape, vocab_size))
+        # The networks' own outputs (guidance gives +inf by design where only the conditional
+        # network allows a token); +inf too: an overflow (float16), where the fused run sees an
+        # infinite hidden state.
+        bad = torch.zeros((), dtype=torch.bool, device=x.device)
+        for output in outputs:
+            bad = bad | torch.isnan(output) | (output == float("inf"))
+        self._count_denoiser_pass(x, bad, used)
+        logits = outputs[0] if len(outputs) == 1 else guided(outputs[1], outputs[0], self.condition.guidance_scale)
         return logits.float()
 
     def hidden(self, model, x: Tensor, t: Tensor, vocab_size: int, rows: Optional[Tensor] = None,
@@ -357,27 +366,31 @@ class Condition:
         return self.labels[rows.clamp(max=self.labels.shape[0] - 1)]
 
     def guide(self, network: Callable, x: Tensor, t: Tensor, rows: Tensor) -> Tensor:
-        """network(x, t, labels) at the labels of rows, guided by guidance_scale. A network that
-        names its null label (`null_label`, the ddpd.models networks) runs the conditional and
-        the unconditional pass as one batch of 2B rows."""
+        """network(x, t, labels) at the labels of rows, guided by guidance_scale."""
+        conditional, unconditional = self.outputs(network, x, t, rows)
+        return conditional if unconditional is None else guided(unconditional, conditional, self.guidance_scale)
+
+    def outputs(self, network: Callable, x: Tensor, t: Tensor, rows: Tensor):
+        """(conditional, unconditional) outputs of network at the labels of rows; None for
+        the unconditional one at guidance_scale 1. A network that names its null label
+        (`null_label`, the ddpd.models networks) runs both passes as one batch of 2B rows."""
         labels = self.labels_of(rows)
         if self.guidance_scale == 1.0:
-            return network(x, t, labels)
+            return network(x, t, labels), None
         null = getattr(network, "null_label", None)
         if isinstance(null, int):
             both = network(torch.cat([x, x]), torch.cat([t, t]), torch.cat([labels, torch.full_like(labels, null)]))
-            conditional, unconditional = both.chunk(2)
-        else:
-            conditional, unconditional = network(x, t, labels), network(x, t, None)
-        return guided(unconditional, conditional, self.guidance_scale)
+            return both.chunk(2)
+        return network(x, t, labels), network(x, t, None)
 
 
 def guided(unconditional: Tensor, conditional: Tensor, scale: float) -> Tensor:
     """u + w (c - u) = (1 - w) u + w c, classifier-free guidance, with its limits where a
     network forbids a token (logit -inf), where the formula alone gives NaN: u exactly at
-    w = 0; -inf where both are; where only u is, -inf for w < 1 and +inf for w > 1."""
-    if scale == 0.0 or scale == 1.0:
-        return unconditional if scale == 0.0 else conditional
+    w = 0 (also a w that rounds to 0 in float32); -inf where both are; where only u is,
+    -inf for w < 1 and +inf for w > 1."""
+    if float32(scale) == 0.0 or scale == 1.0:
+        return unconditional if scale != 1.0 else conditional
     mixed = unconditional + scale * (conditional - unconditional)
     forbidden = unconditional == float("-inf")
     if scale < 1.0:

@@ -70,7 +70,7 @@ def setup(sampler: str, batch_size, length, vocab_size, steps, temperature, seed
     check_int("batch_size", batch_size, 1)
     check_int("length", length, 1)
     check_int("vocab_size", vocab_size, 2)
-    check_int("steps", steps, 1)
+    check_int("steps", steps, 1, 2**62)  # step counters are int64, with room for the noise offsets
     options = dict(options)
     end = options.pop("temperature_end", None)
     if isinstance(temperature, Temperature):

@@ -59,9 +59,10 @@ class Temperature:
         """The temperature at `step` of `steps`."""
         if steps <= 1:
             return self.start
+        if step >= steps - 1:  # exactly the end: rounding gave 1.7 to 0 in 42 steps -2.2e-16 there
+            return self.end
         value = self.start + (self.end - self.start) * step / (steps - 1)
-        # rounding may overshoot the end (1.7 to 0 in 42 steps ends at -2.2e-16, which the ops refuse)
-        return min(max(value, min(self.start, self.end)), max(self.start, self.end))
+        return min(max(value, min(self.start, self.end)), max(self.start, self.end))  # never past either end
 
 
 @dataclass(frozen=True)
