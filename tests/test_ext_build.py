@@ -169,13 +169,18 @@ def test_compile_route_calls_torch_load(monkeypatch, tmp_path, capsys):
     assert Path(kwargs["build_directory"]).parent == tmp_path and Path(kwargs["build_directory"]).is_dir()
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "compiling the C++ extension because a test asked for it" in err[0]
+    build_dir = Path(kwargs["build_directory"])
+    (build_dir / "module.o").write_text("an object of these sources")
     assert _ext._compile("a test asked for it") == "module"  # the same sources: ninja has nothing to do
-    assert capsys.readouterr().err == ""
-    (tmp_path / "more.cpp").write_text("")
-    monkeypatch.setattr(_ext, "source_dir", lambda: tmp_path)
+    assert capsys.readouterr().err == "" and (build_dir / "module.o").exists()
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "more.cpp").write_text("")
+    monkeypatch.setattr(_ext, "source_dir", lambda: other)
     monkeypatch.setattr(_ext, "sources", lambda root, with_cuda: [])
-    assert _ext._compile("a test asked for it") == "module"  # other sources: said again
+    assert _ext._compile("a test asked for it") == "module"  # other sources: said again, and built anew
     assert "compiling the C++ extension" in capsys.readouterr().err
+    assert not (build_dir / "module.o").exists()  # ninja goes by file times: a restored older file was skipped
 
 
 def test_compile_failure_is_explained(monkeypatch, tmp_path):

@@ -18,12 +18,14 @@ setup.py loads it by path for the source list and the compiler flags.
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import importlib
 import importlib.util
 import json
 import os
 import re
+import shutil
 import sys
 import threading
 import warnings
@@ -164,32 +166,38 @@ def _compile(reason: str) -> ModuleType:
     with_cuda = can_build_cuda()
     root = source_dir()
     build_dir = _cache_dir(with_cuda)
-    build_dir.mkdir(parents=True, exist_ok=True)
-    built_from = build_dir / BUILD_INFO
-    digests = source_digests(root, with_cuda)
-    if not built_from.is_file() or json.loads(built_from.read_text()) != digests:  # else ninja has nothing to do
-        print(f"ddpd: compiling the C++ extension because {reason}; building in {build_dir} (once per source "
-              "change)", file=sys.stderr, flush=True)
-        built_from.unlink(missing_ok=True)
-    try:
-        module = cpp_extension.load(
-            name=JIT_NAME,
-            sources=sources(root, with_cuda),
-            extra_include_paths=[str(root)],
-            extra_cflags=cxx_flags(with_cuda),
-            extra_cuda_cflags=NVCC_FLAGS,
-            extra_ldflags=LINK_FLAGS,
-            build_directory=str(build_dir),
-            with_cuda=with_cuda,
-            verbose=False,
-        )
-    except Exception as error:
-        raise RuntimeError(
-            f"ddpd: the C++ extension is unavailable ({reason}) and compiling it in {build_dir} failed: "
-            f"{_build_failure(error)} (it needs a C++17 compiler and ninja; the samplers without --fused, "
-            "fused=False, need no extension)"
-        ) from error
-    built_from.write_text(json.dumps(digests))
+    build_dir.parent.mkdir(parents=True, exist_ok=True)
+    # One process at a time (torchrun starts several): a stale build directory is emptied.
+    with open(build_dir.parent / f".{build_dir.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        built_from = build_dir / BUILD_INFO
+        digests = source_digests(root, with_cuda)
+        if not built_from.is_file() or json.loads(built_from.read_text()) != digests:
+            print(f"ddpd: compiling the C++ extension because {reason}; building in {build_dir} (once per source "
+                  "change)", file=sys.stderr, flush=True)
+            # ninja rebuilds by file times: a source whose content changed but whose file is
+            # not newer than the objects (restored from an archive, `cp -p`) would be skipped
+            shutil.rmtree(build_dir, ignore_errors=True)
+        build_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            module = cpp_extension.load(
+                name=JIT_NAME,
+                sources=sources(root, with_cuda),
+                extra_include_paths=[str(root)],
+                extra_cflags=cxx_flags(with_cuda),
+                extra_cuda_cflags=NVCC_FLAGS,
+                extra_ldflags=LINK_FLAGS,
+                build_directory=str(build_dir),
+                with_cuda=with_cuda,
+                verbose=False,
+            )
+        except Exception as error:
+            raise RuntimeError(
+                f"ddpd: the C++ extension is unavailable ({reason}) and compiling it in {build_dir} failed: "
+                f"{_build_failure(error)} (it needs a C++17 compiler and ninja; the samplers without --fused, "
+                "fused=False, need no extension)"
+            ) from error
+        built_from.write_text(json.dumps(digests))
     return module
 
 
