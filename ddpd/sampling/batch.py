@@ -33,7 +33,6 @@ import torch
 from torch import Tensor
 
 from ddpd.ops.compact import compact_fixed, scatter_back
-from ddpd.ops.sample_categorical import float32
 
 
 @dataclass
@@ -387,10 +386,9 @@ class Condition:
 def guided(unconditional: Tensor, conditional: Tensor, scale: float) -> Tensor:
     """u + w (c - u) = (1 - w) u + w c, classifier-free guidance, with its limits where a
     network forbids a token (logit -inf), where the formula alone gives NaN: u exactly at
-    w = 0 (also a w that rounds to 0 in float32); -inf where both are; where only u is,
-    -inf for w < 1 and +inf for w > 1."""
-    if float32(scale) == 0.0 or scale == 1.0:
-        return unconditional if scale != 1.0 else conditional
+    w = 0; -inf where both are; where only u is, -inf for w < 1 and +inf for w > 1."""
+    if scale == 0.0 or scale == 1.0:
+        return unconditional if scale == 0.0 else conditional
     mixed = unconditional + scale * (conditional - unconditional)
     forbidden = unconditional == float("-inf")
     if scale < 1.0:

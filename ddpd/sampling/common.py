@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from ddpd.models.precision import resolve_dtype
+from ddpd.ops.sample_categorical import float32
 from ddpd.process import Schedule, get_schedule
 from ddpd.sampling.batch import Condition
 from ddpd.sampling.draws import Draws, make_draws
@@ -138,6 +139,7 @@ def check_condition(labels, guidance_scale, conditional_planner, batch_size: int
         raise ValueError(f"labels must be >= 0 (class ids; the null label is passed as None), got {int(labels.min())}")
     # it multiplies float32 logits: a scale beyond float32's range would make every guided logit infinite
     scale = check_float("guidance_scale", guidance_scale, 0.0, torch.finfo(torch.float32).max)
+    scale = 0.0 if float32(scale) == 0.0 else scale  # 0 in float32 (1e-46): 0 * -inf would be NaN
     check_bool("conditional_planner", conditional_planner)
     return Condition(labels.to(device) if device is not None else labels, scale, conditional_planner)
 
