@@ -28,6 +28,7 @@ other cases still run.
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import platform
 import statistics
@@ -448,7 +449,9 @@ def describe(device: torch.device) -> str:
 
 
 def main() -> int:
-    dry_run = "--dry-run" in sys.argv[1:]
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dry-run", action="store_true", help="tiny shapes on CPU tensors (checks the script only)")
+    dry_run = parser.parse_args().dry_run
     if not dry_run and not torch.cuda.is_available():
         print("gpu_timings: no CUDA device visible to torch (use --dry-run to check the script)", file=sys.stderr)
         return 2

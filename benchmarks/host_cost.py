@@ -17,6 +17,7 @@ adds time, so the minimum is the steadiest estimate of the cost itself).
 """
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from typing import Callable
@@ -104,7 +105,9 @@ def cases(device: torch.device) -> dict:
 
 
 def main() -> int:
-    device = torch.device("cuda" if "--cuda" in sys.argv[1:] else "cpu")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cuda", action="store_true", help="time CUDA tensors instead of CPU ones")
+    device = torch.device("cuda" if parser.parse_args().cuda else "cpu")
     torch.set_num_threads(1)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     print(f"host cost per call on {device} (torch {torch.__version__}), best of {REPEATS} x {CALLS} calls, "

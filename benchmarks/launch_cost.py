@@ -17,6 +17,7 @@ need this script changed, never the library. Run it without TRITON_INTERPRET.
 """
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from typing import Callable
@@ -178,6 +179,7 @@ def per_call_us(fn: Callable[[], object]) -> float:
 
 
 def main() -> int:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()  # --help: this docstring
     import triton
 
     torch.set_num_threads(1)

@@ -23,6 +23,7 @@ then the token is the same law.)
 """
 from __future__ import annotations
 
+import argparse
 import pathlib
 import sys
 
@@ -90,6 +91,7 @@ def mdlm_plain(net: TinyDenoiser, batch: int, length: int, steps: int, seed: int
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()  # --help: this docstring
     vocab, length, batch, steps = 50, 16, 4, 8
     net = TinyDenoiser(vocab, length)
     for kw in (dict(temperature=1.0), dict(temperature=0.8, top_p=0.9)):

@@ -1,6 +1,8 @@
 """The examples (examples/): the MDLM-style and LLaDA-style samplers written against
 ddpd.ops return the tokens of their plain-torch versions from the same noise, greedy and
-sampled, with and without top-p; they run as scripts."""
+sampled, with and without top-p; they run as scripts. Every script of examples/ and
+benchmarks/ answers --help with its usage and runs nothing."""
+import ast
 import importlib.util
 import subprocess
 import sys
@@ -10,7 +12,10 @@ import pytest
 import torch
 from hang_guard import HANG_GUARD_SECONDS
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+SCRIPTS = sorted(path for folder in ("examples", "benchmarks") for path in (ROOT / folder).glob("*.py")
+                 if 'if __name__ == "__main__":' in path.read_text())
 
 
 def load(name: str):
@@ -48,3 +53,14 @@ def test_examples_run_as_scripts(name):
                             timeout=HANG_GUARD_SECONDS)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "False" not in result.stdout and result.stdout.count("True") == 2
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda path: f"{path.parent.name}/{path.name}")
+def test_scripts_answer_help_without_running(script):
+    result = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True,
+                            timeout=HANG_GUARD_SECONDS)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.startswith(f"usage: {script.name}") and result.stderr == ""
+    # the help is the script's docstring (its first line at least), and nothing was run after it
+    summary = ast.get_docstring(ast.parse(script.read_text())).splitlines()[0]
+    assert summary in result.stdout and result.stdout.rstrip().split("\n\n")[-1].startswith("options:")
