@@ -7,6 +7,7 @@
     the law) over 300 repeats, plus 0.005 (oracles/stats.py).
 """
 import pytest
+import torch
 
 from oracles import laws
 from oracles.fixtures import noise, single_thread, toy  # noqa: F401  (single_thread: autouse)
@@ -91,6 +92,42 @@ def test_single_uniform_model_matches_its_law(name, options):
     check_law(f"ddpd single uniform model {name} [dir S3 D2]", problem, result, law)
     assert result.planner_calls == 0
     assert result.denoiser_calls == 2 * result.steps
+
+
+def product_of_marginals(problem):
+    law = torch.ones(problem.N, dtype=torch.float64)
+    for d in range(problem.D):
+        marginal = torch.zeros(problem.S, dtype=torch.float64).index_add_(0, problem.states[:, d], problem.p_data)
+        law = law * marginal[problem.states[:, d]]
+    return law
+
+
+def test_single_uniform_model_planner_clock_leaves_t_0():
+    """The planner clock's time is the planner's own estimate, so the uniform model's planner
+    cannot be eq. corruption_prob at that time: at alpha = 0 it is 1 everywhere, t stayed 0
+    for ever, the stop rule never fired, and every step redrew a position from the data
+    marginal (the run sampled the product of the marginals)."""
+    problem = toy("dir S3 D3")
+    result = ddpd_sample_uniform(problem.models().uniform_model, 20_000, problem.D, problem.S, steps=16,
+                                 noise=noise(3))
+    assert (result.stop_step < 16).float().mean() > 0.9  # the exact model's planner says "clean"
+    emp = empirical(problem.index(result.tokens), problem.N)
+    assert tv(emp, problem.p_data) < 0.5 * tv(product_of_marginals(problem), problem.p_data)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_single_uniform_model_keeps_a_token_it_is_sure_of(fused):
+    """Planned at the previous time, denoised at the new one: where the model is then sure the
+    token is clean, the jump law is empty and the position keeps its token (it was token 0)."""
+    S, D = 5, 4
+
+    def model(x, t):  # uniform at t = 0, certain of x from any t > 0 on
+        sure = torch.nn.functional.one_hot(x, S).float().masked_fill(x[..., None] != torch.arange(S), -1e30)
+        return torch.where(t.view(-1, 1, 1) > 0, sure, torch.zeros_like(sure))
+
+    x_init = torch.randint(1, S, (64, D), generator=torch.Generator().manual_seed(0))
+    result = ddpd_sample_uniform(model, 64, D, S, steps=1, seed=1, x_init=x_init, fused=fused)
+    assert torch.equal(result.tokens, x_init)
 
 
 # ----------------------------------------------------------------------------- (a) exact clock

@@ -37,8 +37,10 @@ t = alpha^{-1}(1 - sum_{d free} p_d / (D - F)). A mask denoiser is given
 t = alpha^{-1}(1 - #masked / D), the masking level of the sequence it sees.
 
 `ddpd_sample_uniform` runs the same loops with a single uniform-diffusion model
-p(x_1^d | x_t) split into planner and denoiser by prop:generative_rate_decomposition
-(eqs. corruption_prob and denoising_prob), as in the appendix's first listing.
+p(x_1^d | x_t) split into planner and denoiser by prop:generative_rate_decomposition: on
+the exact clock by eqs. corruption_prob and denoising_prob, on the planner clock into the
+probability of a change and the jump law, as in the appendix's first listing (see
+`_UniformModel`).
 
 What the samplers reach, measured against exact laws on enumerable toys
 (tests/test_sampling_ddpd.py, docs/oracle_tv.txt): with a time-conditioned planner
@@ -136,12 +138,15 @@ def ddpd_sample_uniform(
 ) -> SampleResult:
     """DDPD with one uniform-diffusion model(x, t) -> Float[B, D, V] logits of p(x_1^d | x_t).
 
-    Planner: p(z^d = N | x_t) = 1 - p(x_1^d = x_t^d | x_t) alpha / (alpha + (1 - alpha) / S)
-    (eq. corruption_prob); denoiser: p(x_1^d = j | x_t, z^d = N) of eq. denoising_prob,
-    including the self-loop j = x_t^d. With clock='planner' each step calls the model
-    twice, as the appendix's first listing does: at the previous step's time estimate
-    (0 at the first step) to plan, then at the new estimate to denoise. With clock='exact'
-    one call at the clock's time serves both. Every call is counted in denoiser_calls.
+    With clock='planner' (the appendix's first listing) each step calls the model twice:
+    at the previous step's time estimate (0 at the first step) to plan, with the planner
+    the probability that a position changes, 1 - p(x_1^d = x_t^d | x_t), and at the new
+    estimate t = alpha^{-1}(1 - sum_d of it / D) to denoise, with the denoiser the jump law
+    p(x_1^d = j | x_t) / (1 - p(x_1^d = x_t^d | x_t)) over j != x_t^d. With clock='exact'
+    one call at the clock's time serves both, split by eqs. corruption_prob and
+    denoising_prob: p(z^d = N | x_t) = 1 - p(x_1^d = x_t^d | x_t) alpha / (alpha + (1 - alpha) / S)
+    and p(x_1^d = j | x_t, z^d = N), self-loop j = x_t^d included. Every call is counted
+    in denoiser_calls.
     Other arguments as in ddpd_sample (denoiser_type, mask_id and time_conditioned_planner
     do not apply).
     """
@@ -179,14 +184,25 @@ class _PlannerDenoiser:
 class _UniformModel:
     """Planner and denoiser of prop:generative_rate_decomposition from one model of p(x_1 | x_t).
 
-    reuse: the denoiser reads the planning call's p(x_1 | x_t) (the exact clock plans and
-    denoises at the same t); otherwise it calls the model again at its own time.
+    reuse (the exact clock): plan and denoise at the clock's t, split by eqs. corruption_prob
+    and denoising_prob at alpha_t, self-loops included; the denoiser reads the planning
+    call's p(x_1 | x_t). Otherwise (the planner clock) the denoiser calls the model again at
+    its own time, and the split is taken at alpha = 1: the planner is the probability that a
+    position changes, 1 - p(x_1^d = x_t^d | x_t), the denoiser the jump law over
+    j != x_t^d, as the appendix's first listing computes them. The planner clock cannot use
+    alpha_t: its t is the planner's own estimate, and at alpha_t = 0 eq. corruption_prob is
+    1 at every position whatever the model says, so t = alpha^{-1}(1 - sum_d p / D) would
+    stay 0 from the first step on (each step redrawing a position from the data marginal).
+    The jumps are those of eq. rate_decomposition_uniform_D either way (position d, token
+    j != x_t^d, in proportion to p(x_1^d = j | x_t) under sigmoid selection); alpha = 1 only
+    drops the self-loop events, which would cost the planner clock steps and no time.
     """
 
     takes_time = True  # the planner needs a time: the previous estimate on the planner clock
 
     def __init__(self, model: Callable, run: Run, selection: str, reuse: bool):
-        self.model, self.vocab_size, self.alpha = model, run.vocab_size, run.schedule.alpha
+        self.model, self.vocab_size = model, run.vocab_size
+        self.alpha = run.schedule.alpha if reuse else (lambda t: 1.0)
         self.softmax, self.reuse = selection == "softmax", reuse
         self.p_x1: Optional[Tensor] = None
 
@@ -208,6 +224,10 @@ class _UniformModel:
         else:
             p_x1 = self._p_x1(batch, x_in, t, rows, used)
         q = denoiser_prob_from_uniform(p_x1, x_in, self.alpha(t))
+        # No jump where the model is sure the token is clean (q all zero: planned at the
+        # previous time, denoised at the new one): the position keeps its token.
+        stays = torch.nn.functional.one_hot(x_in, self.vocab_size).to(q.dtype)
+        q = torch.where(q.sum(-1, keepdim=True) > 0, q, stays)
         return draws.tokens_from(step, rows, torch.log(q), positions, temperature)
 
 

@@ -111,18 +111,19 @@ def ddpd_kernel(toy: ToyProblem, p: torch.Tensor, alpha: torch.Tensor, selection
                 denoiser_type: str, states: torch.Tensor | None = None) -> torch.Tensor:
     """One plan-and-denoise step from every state: K[x, y] (rows: `states`, default all).
 
-    p: planner probabilities [B, D]; alpha: the uniform denoiser's alpha per state [B].
+    p: planner probabilities [B, D]; alpha: the uniform denoiser's alpha per state [B];
+    denoiser_type "jump": the uniform model's jump law (toy.jump_denoiser) in its place.
     """
     states = toy.states if states is None else states
     w = selection_weights(p, selection)
-    if denoiser_type == "uniform" and k == 1:
-        return _single_position_kernel(toy, states, w / w.sum(-1, keepdim=True),
-                                       tempered(toy.uniform_denoiser(toy.index(states), alpha), temperature))
+    if denoiser_type in ("uniform", "jump"):
+        exact = toy.uniform_denoiser if denoiser_type == "uniform" else toy.jump_denoiser
+        q_uniform = tempered(exact(toy.index(states), alpha), temperature)
+        if k == 1:
+            return _single_position_kernel(toy, states, w / w.sum(-1, keepdim=True), q_uniform)
     K = torch.zeros(states.shape[0], toy.N, dtype=torch.float64)
-    if denoiser_type == "uniform":
-        q_uniform = tempered(toy.uniform_denoiser(toy.index(states), alpha), temperature)
     for positions, prob in set_probabilities(w, k).items():
-        if denoiser_type == "uniform":
+        if denoiser_type in ("uniform", "jump"):
             scatter_draws(K, states, toy.S, positions, prob, q_uniform[:, list(positions)])
         else:
             mask_draws(toy, K, p, positions, prob, temperature, states)
@@ -160,8 +161,10 @@ def ddpd_uniform_model_law(toy: ToyProblem, steps: int, selection: str = "sigmoi
                            temperature_end: float | None = None) -> torch.Tensor:
     """Law of ddpd_sample_uniform(clock='planner') with the exact uniform model.
 
-    The plan of step i uses the time estimated at step i - 1, so the chain's state is
-    (x, t_prev, stopped): the law is a weighted list of such triples, merged where equal.
+    The plan of step i is the probability of a change at the time estimated at step i - 1
+    (0 at the first); the new estimate t = alpha^{-1}(1 - mean_d p) is the denoiser's time,
+    the jump law its draw. The chain's state is (x, t_prev, stopped): the law is a
+    weighted list of such triples, merged where equal.
     """
     state = toy.states.clone()
     t_prev = torch.zeros(toy.N, dtype=torch.float64)
@@ -169,12 +172,12 @@ def ddpd_uniform_model_law(toy: ToyProblem, steps: int, selection: str = "sigmoi
     stopped = torch.zeros(toy.N, dtype=torch.bool)
     for i in range(steps):
         idx = toy.index(state)
-        p = toy.planner_t(idx, toy.schedule.alpha(t_prev))
+        p = toy.p_change(idx, toy.schedule.alpha(t_prev))
         if stop == "eps":
             stopped = stopped | (p < eps).all(-1)
         t_new = toy.schedule.inverse(1.0 - p.mean(-1))
         K = ddpd_kernel(toy, p, toy.schedule.alpha(t_new), selection, k if i < parallel_steps else 1,
-                        _temperature(i, steps, temperature, temperature_end), "uniform", state)
+                        _temperature(i, steps, temperature, temperature_end), "jump", state)
         K[stopped] = 0.0
         K[stopped, idx[stopped]] = 1.0
         src, dst = K.nonzero(as_tuple=True)

@@ -141,6 +141,19 @@ class ToyProblem:
         beta = self._beta(alpha).expand(idx.shape)
         return self._horner(self.c_noise[idx], beta) / self._horner(self.c_xt[idx], beta)[:, None]
 
+    def p_change(self, idx: torch.Tensor, alpha) -> torch.Tensor:
+        """p_t(x_1^d != x_t^d | x_t) [B, D]: the planner of the appendix's first listing."""
+        p_x1 = self.p_x1(idx, alpha)
+        return 1.0 - p_x1.gather(-1, self.states[idx][..., None]).squeeze(-1)
+
+    def jump_denoiser(self, idx: torch.Tensor, alpha) -> torch.Tensor:
+        """p_t(x_1^d = j | x_t) renormalised over j != x_t^d [B, D, S] (the listing's denoiser);
+        where p_t(x_1^d = x_t^d | x_t) = 1 there is no jump: the token stays."""
+        here = torch.nn.functional.one_hot(self.states[idx], self.S).bool()
+        others = self.p_x1(idx, alpha).masked_fill(here, 0.0)
+        total = others.sum(-1, keepdim=True)
+        return torch.where(total > 0, others / total.clamp_min(1e-300), here.double())
+
     def uniform_denoiser(self, idx: torch.Tensor, alpha) -> torch.Tensor:
         """p_t(x_1^d = j | x_t, z^d = N) [B, D, S]."""
         beta = self._beta(alpha).expand(idx.shape)
