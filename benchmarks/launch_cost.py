@@ -179,7 +179,8 @@ def per_call_us(fn: Callable[[], object]) -> float:
 
 
 def main() -> int:
-    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()  # --help: this docstring
+    # --help: this docstring
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     import triton
 
     torch.set_num_threads(1)

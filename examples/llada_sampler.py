@@ -86,7 +86,8 @@ def llada_plain(net: TinyDenoiser, prompt: torch.Tensor, answer: int, steps: int
 
 
 def main() -> None:
-    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()  # --help: this docstring
+    # --help: this docstring
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     vocab, prompt_length, answer, steps = 50, 4, 12, 6
     net = TinyDenoiser(vocab, prompt_length + answer)
     prompt = torch.randint(0, vocab, (3, prompt_length), generator=torch.Generator().manual_seed(0))

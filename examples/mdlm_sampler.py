@@ -91,7 +91,8 @@ def mdlm_plain(net: TinyDenoiser, batch: int, length: int, steps: int, seed: int
 
 
 def main() -> None:
-    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()  # --help: this docstring
+    # --help: this docstring
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     vocab, length, batch, steps = 50, 16, 4, 8
     net = TinyDenoiser(vocab, length)
     for kw in (dict(temperature=1.0), dict(temperature=0.8, top_p=0.9)):
