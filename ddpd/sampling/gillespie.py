@@ -202,7 +202,7 @@ class _UniformModel:
 
     def __init__(self, model: Callable, run: Run, selection: str, reuse: bool):
         self.model, self.vocab_size = model, run.vocab_size
-        self.alpha = run.schedule.alpha if reuse else (lambda t: 1.0)
+        self.alpha = run.schedule.alpha if reuse else torch.ones_like  # a tensor: no host copy in a graph
         self.softmax, self.reuse = selection == "softmax", reuse
         self.p_x1: Optional[Tensor] = None
 
