@@ -5,7 +5,7 @@ noise (t = 0) to data (t = 1); z_t^d = N marks a corrupted position.
 
 - Schedules alpha_t with derivative and inverse (eq. corruption_flow).
 - `corrupt`: draw (x_t, z_t) ~ p_{t|1}(x_t, z_t | x_1) for uniform or mask noise.
-- `planner_prob_from_uniform`, `denoiser_prob_from_uniform`: the rate
+- `planner_prob_from_uniform`, `denoiser_prob_from_uniform` (and its log): the rate
   decomposition of prop:generative_rate_decomposition (eqs. corruption_prob and
   denoising_prob), turning a single uniform model p(x_1^d | x_t) into a planner and
   a denoiser.
@@ -168,17 +168,24 @@ def planner_prob_from_uniform(p_x1: Tensor, x_t: Tensor, alpha) -> Tensor:
 
 
 def denoiser_prob_from_uniform(p_x1: Tensor, x_t: Tensor, alpha) -> Tensor:
-    """p(x_1^d = j | x_t, z_t^d = N) for every j (eq. denoising_prob).
+    """p(x_1^d = j | x_t, z_t^d = N) for every j (eq. denoising_prob): the exp of
+    `denoiser_log_prob_from_uniform` of log p_x1."""
+    return denoiser_log_prob_from_uniform(torch.log(p_x1), x_t, alpha).exp()
 
-    For j != x_t^d it is p(x_1^d = j | x_t) / p(z_t^d = N | x_t). The value at
+
+def denoiser_log_prob_from_uniform(log_p_x1: Tensor, x_t: Tensor, alpha) -> Tensor:
+    """log p(x_1^d = j | x_t, z_t^d = N) for every j (eq. denoising_prob), from log p(x_1^d | x_t).
+
+    For j != x_t^d it is log p(x_1^d = j | x_t) - log p(z_t^d = N | x_t). The value at
     j = x_t^d is the probability that a corrupted position was redrawn onto its own
     clean value; with it the row sums to one, which is the self-loop of
-    prop:self-loop-jumps. Rows with p(z = N) = 0 are returned as zeros (no jump).
+    prop:self-loop-jumps. Rows with p(z = N) = 0 are -inf throughout (no jump). In logs, so
+    that a probability below float32's smallest (a logit gap over ~103 nats) stays finite.
     """
-    p_same = p_x1.gather(-1, x_t[..., None]).squeeze(-1)
-    kept = _kept_weight(_alpha_like(alpha, p_same), p_x1.shape[-1])
-    p_noise = 1.0 - p_same * kept
-    self_loop = p_same * (1.0 - kept)
-    joint = p_x1.scatter(-1, x_t[..., None], self_loop[..., None])
-    safe = torch.where(p_noise > 0, p_noise, torch.ones_like(p_noise))
-    return torch.where(p_noise[..., None] > 0, joint / safe[..., None], torch.zeros_like(joint))
+    log_same = log_p_x1.gather(-1, x_t[..., None]).squeeze(-1)
+    kept = _kept_weight(_alpha_like(alpha, log_same), log_p_x1.shape[-1])
+    log_noise = torch.log1p(-(log_same.exp() * kept))
+    log_self_loop = log_same + torch.log1p(-kept)
+    log_joint = log_p_x1.scatter(-1, x_t[..., None], log_self_loop[..., None])
+    jumps = (log_noise > float("-inf"))[..., None]
+    return torch.where(jumps, log_joint - torch.where(jumps, log_noise[..., None], 0.0), float("-inf"))

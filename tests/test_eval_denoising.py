@@ -33,6 +33,20 @@ def test_uniform_model_split_by_the_decomposition_is_the_exact_uniform_denoiser(
     assert torch.equal(split.noisy, direct.noisy) and torch.equal(split.correct, direct.correct)
 
 
+def test_uniform_model_split_keeps_tiny_probabilities_finite():
+    """A model 120 nats sure of token 0: the clean token 2 has p(x_1 = 2 | x_t) ~ e^-120, below
+    float32's smallest, yet its cross-entropy is finite: 120 nats a noisy position, less
+    log p(z = N | x_t) (down to log(1/6) where x_t = 0); through probabilities it was inf."""
+    def sure_of_0(x, t):
+        return torch.full((*x.shape, S), -120.0).index_fill(-1, torch.tensor([0]), 0.0)
+
+    x1 = torch.full((64, 6), 2)
+    split = denoising_stats("uniform", sure_of_0, x1, S, alpha=0.5, seed=0)
+    assert bool(torch.isfinite(split.nats).all()) and float(split.noisy.sum()) > 0
+    per_position = split.nats.sum() / split.noisy.sum()
+    assert 120.0 - math.log(6.0) <= float(per_position) <= 120.0 + 1e-3
+
+
 def test_exact_denoisers_beat_wrong_ones(toy, x1):
     """On the same noisy positions the exact denoiser's cross-entropy is the lower one
     (by more than 4 standard errors of the paired difference)."""

@@ -6,7 +6,7 @@ Clean tokens x_1 are corrupted at level alpha: z^d = N with probability 1 - alph
 positions we score the denoiser's p(x_1^d | x_t, z^d = N):
 
 - 'uniform': a single uniform model p(x_1^d | x_t), turned into a denoiser by
-  eq. denoising_prob (ddpd.process.denoiser_prob_from_uniform), on uniform noise;
+  eq. denoising_prob (ddpd.process.denoiser_log_prob_from_uniform), on uniform noise;
 - 'uniform-denoiser': the noise-conditioned uniform denoiser on uniform noise;
 - 'mask-denoiser': the mask denoiser with the true noisy positions masked;
 - 'mask-denoiser-planner': the mask denoiser with the mask drawn from the planner
@@ -28,7 +28,7 @@ from ddpd.eval import corruption as C
 from ddpd.eval.checks import (at, check_callable, check_choice, check_int, check_open_unit, check_row_ids,
                               check_tokens, log_probs, planner_logits)
 from ddpd.eval.planned_mask import planned_mask_log_probs
-from ddpd.process import Schedule, denoiser_prob_from_uniform, get_schedule
+from ddpd.process import Schedule, denoiser_log_prob_from_uniform, get_schedule
 
 KINDS = ("uniform", "uniform-denoiser", "mask-denoiser", "mask-denoiser-planner")
 DEFAULT_ALPHA = 0.85
@@ -81,8 +81,7 @@ def denoising_stats(
                                    noise.uniform(0, C.VALUE, rows, length), "uniform", vocab_size)
     t = schedule.inverse(a).float()
     if kind == "uniform":
-        p_x1 = log_probs(denoiser, x_t, t, vocab_size, "denoiser").exp()
-        log_q = torch.log(denoiser_prob_from_uniform(p_x1, x_t, a))
+        log_q = denoiser_log_prob_from_uniform(log_probs(denoiser, x_t, t, vocab_size, "denoiser"), x_t, a)
     elif kind == "uniform-denoiser":
         log_q = log_probs(denoiser, x_t, t, vocab_size, "denoiser")
     elif kind == "mask-denoiser":
