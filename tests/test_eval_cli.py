@@ -63,6 +63,34 @@ def test_elbo_command_writes_reproducible_tables(setup, capsys):
     assert all(r["num_sequences"] == 6 and r["length"] == L for r in first["elbo"])
 
 
+def test_elbo_refuses_what_it_cannot_do_before_working(setup, capsys, tmp_path):
+    """Usage errors (exit 2, naming the flag) before any model runs: an --out whose Markdown
+    twin is itself (the table overwrote the JSON), checkpoints that give no row at all, a
+    --t-max whose alpha is 0 under the checkpoints' schedule."""
+    p = setup
+    common = ["--data", p["data"], "--num-sequences", 2, "--no-progress"]
+    code, out, err = _run(capsys, "elbo", "--planner", p["planner"], "--denoiser", p["mask-denoiser"], *common,
+                          "--out", tmp_path / "results.md")
+    assert code == 2 and "--out" in err and "give a .json path" in err and not list(tmp_path.iterdir())
+    code, out, err = _run(capsys, "elbo", "--planner", p["planner"], *common)
+    assert code == 2 and "neither an ELBO nor a denoising row" in err, err
+    config = config_for("mask-denoiser", V, L, d_model=16, n_layers=1, n_heads=2)
+    save_checkpoint(tmp_path / "cosine", build_model("mask-denoiser", config),
+                    {"kind": "mask-denoiser", "model": config.to_dict(), "tokenizer": {"name": "text8"},
+                     "schedule": "cosine", "vocab_size": V, "training": {"seq_len": L}})
+    code, out, err = _run(capsys, "elbo", "--denoiser", tmp_path / "cosine", *common, "--t-max", 1e-9)
+    assert code == 2 and err.startswith("ddpd-eval: error: --t-max 1e-09: alpha(t_max)") and "cosine" in err, err
+
+
+def test_elbo_of_a_lone_uniform_denoiser_is_its_denoising_table(setup, capsys, tmp_path):
+    code, out, err = _run(capsys, "elbo", "--denoiser", setup["uniform-denoiser"], "--data", setup["data"],
+                          "--num-sequences", 2, "--no-progress", "--out", tmp_path / "r.json")
+    assert code == 0, err
+    assert "ELBO" not in out and "Denoising at alpha = 0.85" in out and "| uniform-denoiser |" in out
+    results = json.loads((tmp_path / "r.json").read_text())
+    assert results["elbo"] == [] and [r["denoiser"] for r in results["denoising"]] == ["uniform-denoiser"]
+
+
 def test_models_of_different_lengths_are_warned_about(setup, capsys, tmp_path):
     config = config_for("planner", V, 2 * L, d_model=16, n_layers=1, n_heads=2)
     save_checkpoint(tmp_path / "long", build_model("planner", config),

@@ -206,26 +206,45 @@ def _heldout(args: argparse.Namespace, loaded: Loaded, num: Optional[int], flag:
 
 def run_elbo(args: argparse.Namespace) -> None:
     from ddpd.eval import evaluate_denoising, evaluate_elbo
-    from ddpd.eval.likelihood import denoising_kinds, denoising_markdown, elbo_markdown
+    from ddpd.eval.likelihood import denoising_kinds, denoising_markdown, elbo_markdown, elbo_methods
     from ddpd.eval.report import write_json, write_text
+    from ddpd.process import get_schedule
 
+    markdown = None if args.out is None else os.path.splitext(args.out)[0] + ".md"
+    if markdown is not None and os.path.normcase(os.path.abspath(markdown)) == os.path.normcase(
+            os.path.abspath(args.out)):
+        raise UsageError(f"--out {args.out}: the JSON results go to --out and the Markdown beside it as .md, "
+                         "the same file here; give a .json path")
     loaded = load_models(args)
     models = _model_set(loaded)
+    if not elbo_methods(models) and not denoising_kinds(models):
+        raise UsageError("these checkpoints give neither an ELBO nor a denoising row: give --planner with "
+                         "--denoiser, --denoiser alone (mask or uniform), or --uniform")
+    alpha_max = float(get_schedule(loaded.schedule).alpha(torch.tensor(args.t_max, dtype=torch.float64)))
+    if not 0.0 < alpha_max < 1.0:
+        raise UsageError(f"--t-max {args.t_max}: alpha(t_max) under the checkpoints' {loaded.schedule} schedule "
+                         f"must be in (0, 1), got {alpha_max}")
     sequences = _heldout(args, loaded, args.num_sequences, "--num-sequences")
     common = dict(schedule=loaded.schedule, seed=args.seed, batch_size=args.batch_size, progress=args.progress)
-    elbo_rows = evaluate_elbo(models, sequences, mc_samples=args.mc_samples, t_max=args.t_max, **common)
+    elbo_rows = evaluate_elbo(models, sequences, mc_samples=args.mc_samples, t_max=args.t_max, **common) \
+        if elbo_methods(models) else []
     denoising_rows = evaluate_denoising(models, sequences, alpha=args.alpha, **common) \
         if denoising_kinds(models) else []
-    report = (f"ELBO terms on {sequences.shape[0]} x {sequences.shape[1]} tokens of the {args.split} split "
-              f"(bits per token, lower is better; t_max={args.t_max}, {args.mc_samples} MC sample(s))\n\n"
-              + elbo_markdown(elbo_rows))
+    tokens = f"{sequences.shape[0]} x {sequences.shape[1]} tokens of the {args.split} split"
+    parts = []
+    if elbo_rows:
+        parts.append(f"ELBO terms on {tokens} (bits per token, lower is better; t_max={args.t_max}, "
+                     f"{args.mc_samples} MC sample(s))\n\n" + elbo_markdown(elbo_rows))
     if denoising_rows:
-        report += f"\nDenoising at alpha = {args.alpha}\n\n" + denoising_markdown(denoising_rows)
+        if not elbo_rows:
+            parts.append(f"On {tokens}\n")
+        parts.append(f"Denoising at alpha = {args.alpha}\n\n" + denoising_markdown(denoising_rows))
+    report = "\n".join(parts)
     print(report)
     if args.out:
         settings = {k: v for k, v in vars(args).items() if k not in ("command", "progress")}
         write_json({"settings": settings, "elbo": elbo_rows, "denoising": denoising_rows}, args.out)
-        write_text(report, os.path.splitext(args.out)[0] + ".md")
+        write_text(report, markdown)
 
 
 # ---------------------------------------------------------------- samplers
