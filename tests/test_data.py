@@ -1,5 +1,6 @@
 """Tokenizers, corpus loading, the 90/5/5 split and the batch samplers."""
 import json
+from fractions import Fraction
 import re
 
 import pytest
@@ -8,8 +9,8 @@ from scipy.stats import chisquare
 
 from ddpd.assets import ASSETS, BOOKS, GPT2_RANKS
 from ddpd.training.data import (GPT2Tokenizer, RandomCrops, Records, Text8Tokenizer, chunk, encode_corpus,
-                                evaluation_batches, is_labelled, load_labelled, load_splits, load_text, split_tokens,
-                                tokenizer_from_config)
+                                evaluation_batches, evenly_spaced, is_labelled, load_labelled, load_splits, load_text,
+                                split_tokens, tokenizer_from_config)
 
 WIKI = str(BOOKS)  # the shipped text8-format corpus
 TIKTOKEN = str(GPT2_RANKS)
@@ -307,3 +308,18 @@ def test_evaluation_batches_of_records_carry_their_labels():
     assert x[:, 0].tolist() == [0, 10, 34, 44, 54] and y.tolist() == [0, 0, 2, 2, 2]
     unlabelled = Records(records.tokens, starts, lengths)
     assert torch.equal(torch.cat(evaluation_batches(unlabelled, 10, 3, 5)), x)
+
+
+def test_evenly_spaced_picks_are_exact_at_any_size():
+    """round(i (n - 1) / (k - 1)), ties to even, from first to last, strictly increasing: a float32
+    linspace gave index n for n = 2**24 + 4 (held-out chunks: IndexError) and repeats beyond."""
+    def exact(n, k):
+        return [0] if k == 1 else [round(Fraction(i * (n - 1), k - 1)) for i in range(k)]
+
+    for n in range(1, 60):
+        for k in range(1, n + 1):
+            assert evenly_spaced(n, k).tolist() == exact(n, k), (n, k)
+    for n, k in ((2**24 + 4, 2), (2**24 + 4, 7), (2**31 + 11, 1001)):
+        picks = evenly_spaced(n, k)
+        assert picks.tolist() == exact(n, k) and picks.dtype == torch.long
+        assert int(picks[-1]) == n - 1 and bool((picks.diff() > 0).all())

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from ddpd.eval.checks import check_choice, check_int
-from ddpd.training.data import SPLITS, chunk, load_splits
+from ddpd.training.data import SPLITS, chunk, evenly_spaced, load_splits
 
 
 def heldout_sequences(source: str, tokenizer, seq_len: int, split: str = "test",
@@ -36,4 +36,4 @@ def pick_chunks(tokens: Tensor, seq_len: int, num_sequences: Optional[int] = Non
     if num_sequences > chunks.shape[0]:
         raise ValueError(f"num_sequences: {what} holds {chunks.shape[0]} sequences of {seq_len} tokens, "
                          f"got num_sequences={num_sequences}")
-    return chunks[torch.linspace(0, chunks.shape[0] - 1, num_sequences).round().long()]
+    return chunks[evenly_spaced(chunks.shape[0], num_sequences)]

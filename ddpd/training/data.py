@@ -456,6 +456,18 @@ class RandomCrops:
         self.batches = int(state["batches"])
 
 
+
+def evenly_spaced(n: int, k: int) -> Tensor:
+    """Long[k]: k of the indices 0..n-1 (k <= n) evenly spaced from first to last,
+    round(i (n - 1) / (k - 1)) with ties to even, in integers: a float32 linspace rounds
+    past n - 1 (an index out of range) and repeats indices beyond 2**24."""
+    if k == 1:
+        return torch.zeros(1, dtype=torch.long)
+    num = torch.arange(k, dtype=torch.long) * (n - 1)
+    q, r = num // (k - 1), num % (k - 1)
+    up = (2 * r > k - 1) | ((2 * r == k - 1) & (q % 2 == 1))
+    return q + up.long()
+
 def evaluation_batches(tokens: Union[Tensor, Records], seq_len: int, batch_size: int,
                        max_batches: int) -> Tuple:
     """Up to `max_batches` Long[<=batch_size, seq_len] batches of chunks picked evenly
@@ -471,7 +483,7 @@ def evaluation_batches(tokens: Union[Tensor, Records], seq_len: int, batch_size:
         longest = int(records.lengths.max()) if records.lengths.numel() else 0
         raise ValueError(f"seq_len must be <= the number of evaluation tokens of a record ({longest}), got {seq_len}")
     wanted = min(starts.numel(), max_batches * batch_size)
-    picked = torch.linspace(0, starts.numel() - 1, wanted).round().long()
+    picked = evenly_spaced(starts.numel(), wanted)
     chunks = records.tokens[starts[picked][:, None] + torch.arange(seq_len)]
     if records.labels is None:
         return tuple(chunks.split(batch_size))
