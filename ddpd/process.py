@@ -147,6 +147,24 @@ def corrupt(
     return x_t, z_t
 
 
+# The largest vocabulary a uniform token is drawn over from one float32 uniform: the Philox
+# uniforms ((w >> 8) + 0.5) 2**-24 lie 2**-23 apart on [0.5, 1), so beyond 2**23 tokens some
+# tokens could never be drawn.
+MAX_UNIFORM_VOCAB = 2**23
+
+
+def uniform_token(u: Tensor, vocab_size: int) -> Tensor:
+    """Long: floor(u V), a token uniform over [0, V) from uniforms u (V <= MAX_UNIFORM_VOCAB); u = 1,
+    the float32 rounding of the largest Philox uniform, is the last token.
+
+    Exact, in float64 (a float32 u times V < 2**29 fits its 53 bits): in float32 the product
+    rounds again, and some tokens came out 0.35% (V = 50257) to 7% (V = 10**6) more likely
+    than others beyond what the uniforms' own grid gives. On the Philox grid each token's
+    probability is within 2**-23 of 1/V.
+    """
+    return (u.double() * vocab_size).long().clamp_(max=vocab_size - 1)
+
+
 def _alpha_like(alpha, ref: Tensor) -> Tensor:
     """alpha as a tensor broadcastable against [B, D] (accepts a scalar or [B])."""
     alpha = torch.as_tensor(alpha, dtype=ref.dtype, device=ref.device)

@@ -13,6 +13,7 @@ from ddpd.process import (
     denoiser_prob_from_uniform,
     get_schedule,
     planner_prob_from_uniform,
+    uniform_token,
 )
 
 F64 = torch.float64
@@ -126,3 +127,17 @@ def test_corrupt_validates():
         corrupt(x1, torch.zeros(2), "linear", "gaussian", 4)
     with pytest.raises(ValueError, match="x1"):
         corrupt(x1.float(), torch.zeros(2), "linear", "mask", 4)
+
+
+def test_uniform_token_is_exact_on_the_uniforms_of_both_noise_sources():
+    """floor(u V) with no rounding of its own, for every uniform PhiloxNoise ((m + 0.5) 2**-24 in
+    float32) and TorchNoise (k 2**-24) can give: every token drawn, each within 2**-23 of 1/V.
+    The product in float32 rounded again: at V = 50257 some tokens 0.35% more likely."""
+    m = torch.arange(2**24, dtype=torch.int64)
+    for u in ((m.float() + 0.5) * 2.0**-24, m.float() * 2.0**-24):
+        dyadic = (u.double() * 2**25).long()  # u = dyadic / 2**25 exactly
+        for vocab in (2**23, 10**6, 50257, 27):
+            tokens = uniform_token(u, vocab)
+            assert torch.equal(tokens, ((dyadic * vocab) >> 25).clamp(max=vocab - 1))  # Philox's top u is 1.0
+            p = torch.bincount(tokens, minlength=vocab).double() / 2**24
+            assert p.numel() == vocab and float((p - 1 / vocab).abs().max()) <= 2.0**-23

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from ddpd.ops.rng import check_seed, philox_uniform
+from ddpd.process import uniform_token
 
 # Streams of one Monte-Carlo sample; the offset of a draw is sample * NUM_STREAMS + stream.
 ALPHA = 0  # the corruption level alpha (stratified over the samples)
@@ -68,8 +69,7 @@ def _noisy_values(x1: Tensor, z: Tensor, u_value: Tensor, noise: str, vocab_size
     if noise == "mask":
         fill = torch.full_like(x1, vocab_size if mask_id is None else mask_id)
     else:
-        # u < 1, but float32 may round u * S up to S for the top grid values
-        fill = (u_value * vocab_size).long().clamp_(max=vocab_size - 1)
+        fill = uniform_token(u_value, vocab_size)
     return torch.where(z, fill, x1)
 
 

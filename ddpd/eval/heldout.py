@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Optional
 
-import torch
 from torch import Tensor
 
 from ddpd.eval.checks import check_choice, check_int

@@ -28,7 +28,7 @@ from torch import Tensor
 
 from ddpd.models.precision import resolve_dtype
 from ddpd.ops.sample_categorical import float32
-from ddpd.process import Schedule, get_schedule
+from ddpd.process import MAX_UNIFORM_VOCAB, Schedule, get_schedule, uniform_token
 from ddpd.sampling.batch import Condition
 from ddpd.sampling.draws import Draws, make_draws
 from ddpd.sampling.noise import INIT, NoiseSource, make_noise
@@ -70,7 +70,7 @@ def setup(sampler: str, batch_size, length, vocab_size, steps, temperature, seed
     """
     check_int("batch_size", batch_size, 1)
     check_int("length", length, 1)
-    check_int("vocab_size", vocab_size, 2)
+    check_int("vocab_size", vocab_size, 2, MAX_UNIFORM_VOCAB)  # x_0 is uniform over it
     check_int("steps", steps, 1, 2**62)  # step counters are int64, with room for the noise offsets
     options = dict(options)
     end = options.pop("temperature_end", None)
@@ -152,7 +152,7 @@ def start(run: Run, draws: Draws, masks: bool = False, **state: Tensor):
         x0 = torch.full((run.batch_size, run.length), run.mask_id, dtype=torch.long, device=run.device)
     else:
         u = run.noise.uniform(0, INIT, torch.arange(run.batch_size, device=run.device), run.length)
-        x0 = (u * run.vocab_size).long().clamp_(max=run.vocab_size - 1)
+        x0 = uniform_token(u, run.vocab_size)
     if run.x_init is not None:
         x0 = torch.where(run.x_init >= 0, run.x_init.to(x0.device), x0)
     if run.frozen is not None:
