@@ -381,6 +381,24 @@ def test_every_path_accepts_an_empty_batch(outputs):
         assert all(t.shape == (0,) for t in out)
 
 
+def test_references_take_float32_noise_only_as_the_ops_do():
+    """Uniforms of another dtype are other draws (bfloat16 ones changed 16% of the tokens): the
+    references refuse them as the public ops do, and a float16 temperature tensor holding inf
+    is refused like the float inf (in float16 the bound 1e36 is itself inf)."""
+    logits, width = torch.randn(4, 300), noise_width(300)
+    u = torch.rand(4, width, generator=torch.Generator().manual_seed(0)).clamp_min(1e-6)
+    for dtype in (torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.bool):
+        for op in (sample_categorical, sample_categorical_reference):
+            with pytest.raises(TypeError, match="noise must have dtype"):
+                op(logits, noise=u.to(dtype))
+        with pytest.raises(TypeError, match="noise must have dtype"):
+            categorical_reference(logits, 1.0, u.to(dtype))
+    for temperature in (torch.tensor([float("inf")] * 4, dtype=torch.float16), torch.full((4,), 1e37)):
+        for op in (sample_categorical, sample_categorical_reference):
+            with pytest.raises(ValueError, match=r"temperature values must be in \[0, 1e\+36\]"):
+                op(logits, temperature, seed=0)
+
+
 def test_explicit_noise_is_range_checked():
     """Uniforms of 0 (a Gumbel variable of -inf) or NaN are refused with a clear error (an
     all-zero noise used to return valid=False for finite logits)."""

@@ -194,7 +194,8 @@ def check_controls(temperature, top_k, top_p, min_p, lead: tuple, like: torch.Te
     c = {}
     if isinstance(temperature, torch.Tensor):
         t = per_row_tensor("temperature", temperature, lead, like, FLOATS)
-        check_values("temperature", t, (t >= 0) & (t <= MAX_TEMPERATURE), TEMPERATURE_RANGE)
+        wide = t.double()  # in float16 the bound 1e36 is inf: an inf temperature would pass
+        check_values("temperature", t, (wide >= 0) & (wide <= MAX_TEMPERATURE), TEMPERATURE_RANGE)
         c["temperature_t"] = torch.where(t > 0, t.float(), GREEDY)
     elif symbolic(temperature):
         c["temperature"] = temperature
