@@ -93,3 +93,18 @@ def test_bfloat16_networks_keep_the_exact_law_within_rounding(name):
     law = LAWS[name](problem)
     distance = tv(empirical(problem.index(result.tokens), problem.N), law)
     assert distance < threshold(law, B) + ROUNDING, f"{name}: TV {distance:.4f}"
+
+
+@pytest.mark.parametrize("denoiser_type", ["mask", "uniform"])
+@pytest.mark.parametrize("clock", ["planner", "exact"])
+def test_float64_networks_run_fused_as_they_run_the_reference(denoiser_type, clock):
+    """The fused head takes float32/bfloat16/float16 weights: a float64 network's denoiser runs
+    whole and its logits are drawn as the reference draws them (it raised a TypeError about a
+    `hidden` argument the user never passed)."""
+    from oracles.fixtures import tiny_network
+
+    planner = tiny_network("planner", 300, 0, 40.0).double()
+    denoiser = tiny_network(f"{denoiser_type}-denoiser", 300, 1, 20.0).double()
+    runs = [ddpd_sample(planner, denoiser, 6, 8, 300, steps=12, seed=3, denoiser_type=denoiser_type, clock=clock,
+                        fused=fused) for fused in (False, True)]
+    assert torch.equal(runs[0].tokens, runs[1].tokens) and torch.equal(runs[0].stop_step, runs[1].stop_step)

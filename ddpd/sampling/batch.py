@@ -32,6 +32,7 @@ from typing import Callable, Dict, Optional
 import torch
 from torch import Tensor
 
+from ddpd.ops._dispatch import FLOAT_DTYPES
 from ddpd.ops.compact import compact_fixed, scatter_back
 
 
@@ -432,5 +433,9 @@ def _check_output(name: str, out, shape: tuple) -> None:
 
 
 def has_head(model: Callable) -> bool:
-    """True for a network exposing hidden(x, t) and an nn.Linear output head (ddpd.models)."""
-    return callable(getattr(model, "hidden", None)) and isinstance(getattr(model, "head", None), torch.nn.Linear)
+    """True for a network exposing hidden(x, t) and an nn.Linear output head (ddpd.models) in a
+    dtype the fused head (ddpd.ops.sample_from_hidden) takes: a float64 network runs whole,
+    its logits drawn as the reference draws them."""
+    head = getattr(model, "head", None)
+    return (callable(getattr(model, "hidden", None)) and isinstance(head, torch.nn.Linear)
+            and head.weight.dtype in FLOAT_DTYPES)
