@@ -1,6 +1,7 @@
 """Triton kernel of ddpd.ops.bernoulli: z = min(u, BELOW_ONE) < p per element, u the
 counter-based uniform of (seed, offset, row id, column) (ddpd.kernels.rng), or of
-explicit noise. Grid (rows, column blocks); the comparison runs in float64 for float64
+explicit noise. One grid axis over (row, column block) pairs, column blocks fastest: a
+second axis would be capped at 65535 blocks (D of 67M); the comparison runs in float64 for float64
 p, in float32 otherwise (16-bit p is exact in float32), so every path compares the same
 numbers.
 """
@@ -13,11 +14,12 @@ from ddpd.kernels.rng import COUNTER_WORDS, load_counters, load_row_id, row_unif
 @triton.jit(do_not_specialize=COUNTER_WORDS)
 def bernoulli_kernel(p_ptr, D, noise_ptr, row_ids_ptr, seed_lo, seed_hi, offset_lo, offset_hi, seed_ptr, offset_ptr,
                      z_ptr, BLOCK: tl.constexpr, FLOAT64: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
+    blocks = tl.cdiv(D, BLOCK)
+    row = tl.program_id(0).to(tl.int64) // blocks
     seed_lo, seed_hi, offset_lo, offset_hi = load_counters(seed_lo, seed_hi, offset_lo, offset_hi, seed_ptr,
                                                            offset_ptr)
     row_id = load_row_id(row_ids_ptr, row)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    cols = (tl.program_id(0).to(tl.int64) % blocks) * BLOCK + tl.arange(0, BLOCK)
     live = cols < D
     u = row_uniform(noise_ptr, D, row, tl.where(live, cols, 0), row_id, seed_lo, seed_hi, offset_lo, offset_hi,
                     noise_ptr is not None)

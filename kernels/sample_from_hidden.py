@@ -165,8 +165,11 @@ def finish_kernel(
 @triton.jit
 def head_logits_kernel(h_ptr, w_ptr, b_ptr, N, V, H, out_ptr, TILE: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_H: tl.constexpr, DOT_F32: tl.constexpr):
-    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    cols = tl.program_id(1) * TILE + tl.arange(0, TILE)
+    # one grid axis over (row block, tile) pairs, row blocks fastest (side by side on a W
+    # tile): a second axis would be capped at 65535 tiles (V of 16.7M)
+    row_blocks = tl.cdiv(N, BLOCK_N)
+    rows = (tl.program_id(0) % row_blocks) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = (tl.program_id(0) // row_blocks) * TILE + tl.arange(0, TILE)
     x = head_logits(h_ptr, w_ptr, b_ptr, rows, cols, N, V, H, BLOCK_H, DOT_F32)
     inside = (rows[None, :] < N) & (cols[:, None] < V)
     tl.store(out_ptr + rows[None, :].to(tl.int64) * V + cols[:, None], x, mask=inside)

@@ -84,3 +84,13 @@ def test_opcheck_compile_and_vmap():
         offset += 1
     with pytest.raises(ValueError, match="does not run under torch.func transforms"):
         torch.vmap(lambda q: bernoulli(q, seed=1))(p[:, None])
+
+
+def test_rows_wider_than_the_streams_are_refused():
+    """A row's stream has 2**30 columns at most, as every op's (the C++ Philox column is 32 bits:
+    column d + 2**32 would repeat column d's coin)."""
+    wide = torch.zeros(1).expand(2**30)  # no memory behind it: refused before any work
+    for op in (bernoulli, bernoulli_reference):
+        with pytest.raises(ValueError, match=r"D \(p's last dimension\) must be in \[1, 1073741824\)"):
+            op(wide, seed=0)
+    assert bernoulli(torch.zeros(3, 0), seed=0).shape == (3, 0)  # an empty row is no row of coins

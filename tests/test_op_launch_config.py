@@ -13,7 +13,8 @@ import torch
 
 from ddpd.ops import _ext
 from ddpd.ops.sample_categorical import TILE, categorical_launch, n_tiles
-from ddpd.ops.sample_from_hidden import head_launch
+from ddpd.ops.bernoulli import BLOCK as BERNOULLI_BLOCK, bernoulli_grid
+from ddpd.ops.sample_from_hidden import head_launch, head_logits_grid
 
 SMS = 132  # H100 SXM; an H200 has the same count
 GPT2, LLAMA3 = 50257, 128256
@@ -78,3 +79,23 @@ def test_multinomial_grids_fill_the_device(rows, n, replacement):
         assert streaming >= SMS, (rows, n, splits, sum_blocks, draw_blocks)
     if (rows, n) == (64, GPT2):
         assert shared  # the draw state of a GPT-2 row sits in shared memory
+
+
+def within_cuda_limits(grid) -> bool:
+    """A CUDA grid: up to 2**31 - 1 blocks on x, 65535 on y and z."""
+    return 1 <= len(grid) <= 3 and grid[0] <= 2**31 - 1 and all(size <= 65535 for size in grid[1:])
+
+
+@pytest.mark.parametrize("rows,vocab", [(1, 2**30 - 1), (2**20, 151936), (2**24, 27), (3, 70_000_000)])
+def test_every_grid_launches_at_the_largest_shapes_the_ops_accept(rows, vocab):
+    """Vocabularies and widths up to 2**30 - 1 are accepted: no grid axis may pass CUDA's limits
+    there (bernoulli's column blocks and the logits GEMM's tiles sat on a y axis, capped at
+    65535: D over 67M or V over 16.7M failed to launch)."""
+    launch = categorical_launch(rows, vocab, SMS)
+    assert all(within_cuda_limits(g) for g in (launch.stats_grid, launch.finish_grid) if g)
+    for block_n_rows in (rows, 64):
+        head = head_launch(block_n_rows, 4096, vocab, 2, SMS)
+        assert within_cuda_limits(head.tiles_grid) and within_cuda_limits(head_logits_grid(head, vocab))
+        assert head.finish_grid is None or within_cuda_limits(head.finish_grid)
+    assert within_cuda_limits(bernoulli_grid(rows, vocab))
+    assert bernoulli_grid(rows, vocab)[0] * BERNOULLI_BLOCK >= rows * vocab  # every column covered

@@ -12,6 +12,7 @@ from scipy import stats
 from ddpd.ops import _dispatch
 from ddpd.ops.sample_categorical import noise_width, sample_categorical
 from ddpd.ops.sample_from_hidden import (
+    head_logits_triton,
     prepare_hidden,
     sample_from_hidden,
     sample_from_hidden_reference,
@@ -268,3 +269,17 @@ def test_sparse_tensors_are_refused_by_name():
         sample_from_hidden(dense.to_sparse(), torch.randn(5, 8), None, seed=1)
     with pytest.raises(TypeError, match="weight must be a dense tensor"):
         sample_from_hidden(dense, torch.randn(5, 8).to_sparse(), None, seed=1)
+
+
+@pytest.mark.parametrize("rows,width,vocab", [(1, 8, 1), (5, 24, 700), (40, 16, 300)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_head_logits_kernel_is_the_matmul(rows, width, vocab, dtype):
+    """The logits GEMM of the truncated draws on CUDA, in the interpreter: every (row block,
+    tile) pair of its one-axis grid, partial blocks and tiles included, equals the float32
+    matmul of the same inputs."""
+    g = torch.Generator().manual_seed(rows)
+    hidden, weight = torch.randn(rows, width, generator=g).to(dtype), torch.randn(vocab, width, generator=g).to(dtype)
+    bias = torch.randn(vocab, generator=g)
+    expected = hidden.float() @ weight.float().T + bias
+    torch.testing.assert_close(head_logits_triton(hidden, weight, bias), expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(head_logits_triton(hidden, weight, None), expected - bias, rtol=1e-5, atol=1e-5)

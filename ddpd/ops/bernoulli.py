@@ -48,6 +48,12 @@ def bernoulli_reference(p: torch.Tensor, *, seed=None, offset=0, generator: Opti
     return z.reshape(p.shape)
 
 
+def bernoulli_grid(rows: int, width: int) -> tuple:
+    """One program per BLOCK columns of a row, on one grid axis (2**31 - 1 programs; a second
+    axis is capped at 65535)."""
+    return (rows * -(-width // BLOCK),)
+
+
 def bernoulli_triton(p, noise, seed, offset, row_ids, seed_t, offset_t):
     """Launch the Triton kernel (CUDA tensors; CPU tensors under TRITON_INTERPRET=1)."""
     bernoulli_kernel = _dispatch.kernels("bernoulli").bernoulli_kernel
@@ -56,8 +62,9 @@ def bernoulli_triton(p, noise, seed, offset, row_ids, seed_t, offset_t):
     rows, width = p.shape
     z = torch.empty(rows, width, dtype=torch.bool, device=p.device)
     if rows and width:
-        bernoulli_kernel[(rows, -(-width // BLOCK))](p, width, noise, row_ids, *rng.split32(seed), *rng.split32(offset),
-                                                    seed_t, offset_t, z, BLOCK=BLOCK, FLOAT64=p.dtype == torch.float64)
+        bernoulli_kernel[bernoulli_grid(rows, width)](p, width, noise, row_ids, *rng.split32(seed),
+                                                      *rng.split32(offset), seed_t, offset_t, z, BLOCK=BLOCK,
+                                                      FLOAT64=p.dtype == torch.float64)
     return z
 
 
@@ -85,6 +92,8 @@ def _prepare(p, seed, offset, generator, row_ids, noise):
     _dispatch.refuse_transforms("bernoulli", p, noise, row_ids)
     p = check_p(p)
     lead, width = tuple(p.shape[:-1]), p.shape[-1]
+    if width:
+        _dispatch.check_width("D (p's last dimension)", width)  # stream columns stay below 2**31
     rows = math.prod(lead)
     if noise is not None:
         check_tensor("noise", noise, (torch.float32,))

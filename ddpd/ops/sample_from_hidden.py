@@ -127,6 +127,12 @@ class HeadLaunch:
     num_stages: int = 3
 
 
+def head_logits_grid(launch: HeadLaunch, vocab: int) -> tuple:
+    """The logits GEMM's grid: every (row block, tile) pair on one axis (2**31 - 1 programs; a
+    second axis is capped at 65535)."""
+    return (launch.tiles_grid[0] * n_tiles(vocab),)
+
+
 @functools.lru_cache(maxsize=256)  # a per-call cost otherwise; a sampler calls it with few shapes
 def head_launch(rows: int, width: int, vocab: int, element_size: int, multiprocessors: int) -> HeadLaunch:
     """Rows in blocks of 16 with 4 warps up to 64 rows, else 32 with 8 warps unless that
@@ -231,24 +237,32 @@ def _(hidden, weight, *args):
     return empty_outputs(hidden.shape[0], hidden.device, logprob, confidence)
 
 
+def head_logits_triton(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """float32 logits [N, V] = hidden @ weight^T + bias by head_logits_kernel (CUDA tensors; CPU
+    tensors under TRITON_INTERPRET=1)."""
+    head_logits_kernel = _dispatch.kernels("sample_from_hidden").head_logits_kernel
+
+    hidden, weight = hidden.contiguous(), weight.contiguous()
+    rows, width = hidden.shape
+    vocab = weight.shape[0]
+    out = torch.empty(rows, vocab, dtype=torch.float32, device=hidden.device)
+    launch = head_launch(rows, width, vocab, weight.element_size(), _dispatch.multiprocessors(hidden.device))
+    if rows:
+        head_logits_kernel[head_logits_grid(launch, vocab)](
+            hidden, weight, None if bias is None else bias.contiguous(), rows, vocab, width, out, TILE=TILE,
+            BLOCK_N=launch.block_n, BLOCK_H=launch.block_h, DOT_F32=dot_in_float32(hidden, weight),
+            num_warps=launch.num_warps, num_stages=launch.num_stages)
+    return out
+
+
 def _head_logits_impl(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
     """float32 logits [N, V] = hidden @ weight^T + bias: on CUDA the GEMM of the fused
     kernel (head_logits_kernel), on CPU float32 matmuls over HEAD_CHUNK rows of the
     weight at a time (a 16-bit weight is never copied whole)."""
-    rows, width = hidden.shape
-    vocab = weight.shape[0]
-    out = torch.empty(rows, vocab, dtype=torch.float32, device=hidden.device)
     if hidden.device.type == "cuda":
-        head_logits_kernel = _dispatch.kernels("sample_from_hidden").head_logits_kernel
-
-        hidden, weight = hidden.contiguous(), weight.contiguous()
-        launch = head_launch(rows, width, vocab, weight.element_size(), _dispatch.multiprocessors(hidden.device))
-        if rows:
-            head_logits_kernel[(launch.tiles_grid[0], n_tiles(vocab))](
-                hidden, weight, None if bias is None else bias.contiguous(), rows, vocab, width, out, TILE=TILE,
-                BLOCK_N=launch.block_n, BLOCK_H=launch.block_h, DOT_F32=dot_in_float32(hidden, weight),
-                num_warps=launch.num_warps, num_stages=launch.num_stages)
-        return out
+        return head_logits_triton(hidden, weight, bias)
+    vocab = weight.shape[0]
+    out = torch.empty(hidden.shape[0], vocab, dtype=torch.float32, device=hidden.device)
     h = hidden.float()
     for first in range(0, vocab, HEAD_CHUNK):
         last = min(vocab, first + HEAD_CHUNK)
