@@ -291,6 +291,7 @@ def test_subnormal_totals_draw_positive_weights_without_repeats():
         (dict(weights=torch.ones(2, 0)), ValueError, "N >= 1"),
         (dict(k=0), ValueError, "k must be >= 1"),
         (dict(k=5, replacement=False), ValueError, "<= N = 4"),
+        (dict(k=2**30, replacement=True), ValueError, r"k must be < 1073741824"),  # stream columns 2j, 2j + 1
         (dict(k=2.0), TypeError, "k must be an int"),
         (dict(replacement=1), TypeError, "replacement must be a bool"),
         (dict(seed=-1), ValueError, "seed must be an int"),

@@ -119,6 +119,8 @@ def _check_k(k, replacement, n: int) -> int:
     if k < 1 or (not replacement and k > n):
         limit = "" if replacement else f" and <= N = {n} without replacement"
         raise ValueError(f"k must be >= 1{limit}, got {k}")
+    if k >= _dispatch.MAX_WIDTH:  # draw j reads columns 2j and 2j + 1, which stay below 2**31
+        raise ValueError(f"k must be < {_dispatch.MAX_WIDTH}, got {k}")
     return k
 
 
