@@ -71,7 +71,7 @@ def setup(sampler: str, batch_size, length, vocab_size, steps, temperature, seed
     check_int("batch_size", batch_size, 1)
     check_int("length", length, 1)
     check_int("vocab_size", vocab_size, 2, MAX_UNIFORM_VOCAB)  # x_0 is uniform over it
-    check_int("steps", steps, 1, 2**62)  # step counters are int64, with room for the noise offsets
+    check_int("steps", steps, 1, 2**61)  # noise offsets step * 8 + stream stay distinct mod 2**64
     options = dict(options)
     end = options.pop("temperature_end", None)
     if isinstance(temperature, Temperature):
