@@ -67,13 +67,14 @@ __global__ void gather_rows_kernel(const word_t* __restrict__ src, int64_t row_w
 template <typename word_t>
 __global__ void scatter_rows_kernel(const word_t* __restrict__ src, int64_t row_words,
                                     const int64_t* __restrict__ index, int64_t rows,
-                                    word_t* __restrict__ dst) {
+                                    word_t* __restrict__ dst, int64_t dst_rows) {
   const int64_t total = rows * row_words;
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t r = e / row_words, c = e - r * row_words;
     const int64_t to = index[r];
-    if (to >= 0) dst[to * row_words + c] = src[e];
+    // an index past dst is skipped, not written: checking it on the host would wait for the device
+    if (to >= 0 && to < dst_rows) dst[to * row_words + c] = src[e];
   }
 }
 
@@ -122,11 +123,11 @@ cudaError_t launch_gather_rows(const void* src, int64_t row_bytes, const int64_t
 }
 
 cudaError_t launch_scatter_rows(const void* src, int64_t row_bytes, const int64_t* index,
-                                int64_t rows, void* dst, cudaStream_t stream) {
+                                int64_t rows, void* dst, int64_t dst_rows, cudaStream_t stream) {
   auto run = [&](auto word, int64_t row_words, unsigned blocks) {
     using word_t = std::remove_pointer_t<decltype(word)>;
     scatter_rows_kernel<word_t><<<blocks, kCopyThreads, 0, stream>>>(
-        static_cast<const word_t*>(src), row_words, index, rows, static_cast<word_t*>(dst));
+        static_cast<const word_t*>(src), row_words, index, rows, static_cast<word_t*>(dst), dst_rows);
   };
   switch (word_bytes(src, dst, row_bytes)) {
     case 16: return launch_words<uint4>(rows, row_bytes, run);

@@ -19,9 +19,9 @@ cudaError_t launch_compact_index(const bool* active, int64_t rows, int64_t capac
 cudaError_t launch_gather_rows(const void* src, int64_t row_bytes, const int64_t* index,
                                int64_t out_rows, void* dst, cudaStream_t stream);
 
-// dst row index[r] = src row r wherever index[r] >= 0.
+// dst row index[r] = src row r wherever 0 <= index[r] < dst_rows.
 cudaError_t launch_scatter_rows(const void* src, int64_t row_bytes, const int64_t* index,
-                                int64_t rows, void* dst, cudaStream_t stream);
+                                int64_t rows, void* dst, int64_t dst_rows, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace ddpd

@@ -63,7 +63,7 @@ at::Tensor& scatter_back(const at::Tensor& index, const at::Tensor& packed, at::
   const at::Tensor idx = index.contiguous(), src = packed.contiguous();
   at::Tensor dense = out.is_contiguous() ? out : out.contiguous();
   check_launch(launch_scatter_rows(src.data_ptr(), row_bytes(src), idx.data_ptr<int64_t>(),
-                                   src.size(0), dense.data_ptr(), stream),
+                                   src.size(0), dense.data_ptr(), dense.size(0), stream),
                "scatter_back");
   if (!dense.is_same(out)) out.copy_(dense);
   return out;

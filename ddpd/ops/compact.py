@@ -14,7 +14,8 @@ places in the full batch.
   of active rows, which may exceed capacity.
 - scatter_back(index, packed, out): out[index[i]] = packed[i] for every i with
   index[i] >= 0 (so the -1 padding of compact_fixed is skipped); in place, returns
-  out. Index entries must be < out.shape[0] (checked on CPU only) and distinct (not
+  out. Index entries must be < out.shape[0] (checked on CPU; on CUDA, where the check
+  would wait for the device, a row with a larger entry is skipped) and distinct (not
   checked: where an entry repeats, one of its rows is written, on CUDA any one).
   packed and out may also be equal-length sequences of tensors, and packed may share
   memory with out (it is copied first).
@@ -180,7 +181,7 @@ def _check_scatter(index, packed, out) -> list[tuple[torch.Tensor, torch.Tensor]
         if p.device != index.device or o.device != index.device:
             raise ValueError(f"packed[{i}] and out[{i}] must be on {index.device} like index")
     # On CUDA this check would wait for the device, under tracing guard on data: there the
-    # kernel checks the range when it runs.
+    # kernel skips an index past out when it runs.
     if index.device.type == "cpu" and index.numel() > 0 and _dispatch.eager(index):
         high = int(index.max())
         rows = min(o.shape[0] for _, o in pairs) if pairs else high + 1
