@@ -796,3 +796,21 @@ def test_a_process_killed_mid_run_keeps_the_finished_samples(ckpts, tmp_path):
     assert "another process of the group failed or was killed" in lines[0] or "interrupted by SIGTERM" in lines[0], err
     written = int(lines[0].split("wrote the ")[1].split()[0])
     assert [r["index"] for r in read_jsonl(out)] == list(range(written)) and written >= 4
+
+
+def test_a_signal_while_the_samples_are_published_keeps_them(ckpts, tmp_path, capsys, monkeypatch):
+    """Every sample is finished when the file is published: a Ctrl-C during its final fsync and
+    rename used to discard all of them (exit 130, no file). The signal is now ignored there."""
+    out = tmp_path / "s.jsonl"
+    publish = files.StreamedFile.publish
+
+    def interrupted(self):
+        os.kill(os.getpid(), signal.SIGINT)  # handled at once, in this (the main) thread
+        publish(self)
+
+    monkeypatch.setattr(files.StreamedFile, "publish", interrupted)
+    code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--num-samples", "4", "--batch-size", "2",
+                           "--steps", "2", "--out", str(out), "--quiet")
+    assert code == 0, err
+    assert [r["index"] for r in read_jsonl(out)] == list(range(4))
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored after the run

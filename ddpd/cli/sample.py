@@ -600,6 +600,7 @@ def _sample_all(args, models: Models, sample, records: Records, out, stdout: Std
                         stdout.print(line)
                 # a batch that stopped early ends its share of the bar
                 advance(min(first_batch + group.world_size, batches) * args.steps)
+        ignore_further_signals()  # every sample is finished: a signal while they are published must not lose them
     except (Interrupted, PeerLost) as stop:  # a signal, or another process stopped
         ignore_further_signals()
         if out is not None and done:
