@@ -814,3 +814,19 @@ def test_a_signal_while_the_samples_are_published_keeps_them(ckpts, tmp_path, ca
     assert code == 0, err
     assert [r["index"] for r in read_jsonl(out)] == list(range(4))
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored after the run
+
+
+def test_a_signal_ignored_at_the_start_stays_ignored(ckpts, tmp_path):
+    """`nohup ddpd-sample ...` ignores SIGHUP: the run outlives the terminal (the tool used to
+    install its own handler and stop with exit 129)."""
+    out = tmp_path / "s.jsonl"
+    command = [sys.executable, "-c", "import signal, sys; signal.signal(signal.SIGHUP, signal.SIG_IGN); "
+               "from ddpd.cli.sample import main; sys.exit(main(sys.argv[1:]))",
+               "--checkpoint", ckpts["bundle"], "--steps", "8", "--batch-size", "5", "--num-samples", "15",
+               "--out", str(out), "--no-progress"]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    assert len(proc.stdout.readline().strip()) == D  # a first batch is done: the handlers are in place
+    proc.send_signal(signal.SIGHUP)
+    rest, err = proc.communicate(timeout=HANG_GUARD_SECONDS)
+    assert proc.returncode == 0, err
+    assert [r["index"] for r in read_jsonl(out)] == list(range(15))

@@ -122,7 +122,9 @@ def check_finite(name: str, value: Optional[float], minimum: float = 0.0, open_m
 def signals_as_interrupts(graceful: Optional[Callable[[str], bool]] = None) -> Iterator[None]:
     """Within the block SIGINT, SIGTERM and SIGHUP raise Interrupted in the main thread.
     With `graceful`, the first signal calls graceful(name) instead when it returns True
-    (the tool stops at its next safe point); a second signal always raises."""
+    (the tool stops at its next safe point); a second signal always raises. A signal ignored
+    when the tool started stays ignored (`nohup` ignores SIGHUP, a shell's `&` SIGINT: the
+    run must outlive the terminal)."""
     received: List[str] = []
 
     def handler(signum, frame):
@@ -135,7 +137,8 @@ def signals_as_interrupts(graceful: Optional[Callable[[str], bool]] = None) -> I
     previous = {}
     try:
         for s in SIGNALS:
-            previous[s] = signal.signal(s, handler)
+            if signal.getsignal(s) is not signal.SIG_IGN:
+                previous[s] = signal.signal(s, handler)
     except ValueError:  # not the main thread: leave the signals alone
         pass
     try:
