@@ -487,7 +487,8 @@ def _check_against_config(path: str, config: dict, model_config, header: dict) -
     try:
         with torch.device("meta"):
             network = build_model(config["kind"], model_config)
-    except (TypeError, ValueError) as err:  # a config that does not fit its kind (a planner with out_dim 5)
+    except (TypeError, ValueError, RuntimeError) as err:  # a config that does not fit its kind (a planner with
+        # out_dim 5), or sizes whose tensors cannot exist even on the meta device (d_model 1e12)
         raise CheckpointError(f"checkpoint {path}: config.json does not describe a valid {config['kind']} model: "
                               f"{err}") from None
     expected = network.state_dict()

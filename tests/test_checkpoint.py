@@ -382,6 +382,16 @@ def test_a_config_of_a_huge_model_is_refused_before_any_allocation(tmp_path, mon
     assert built == [] and _one_line(info.value)
 
 
+def test_a_config_whose_tensors_cannot_exist_is_one_line(tmp_path, monkeypatch):
+    """d_model 10**12: its tensors overflow even on the meta device (a raw RuntimeError)."""
+    path = _saved(tmp_path)
+    _rewrite_config(path, lambda c: c["model"].update(d_model=10**12, n_heads=1))
+    _no_hashing(monkeypatch)
+    with pytest.raises(CheckpointError, match="does not describe a valid planner model") as info:
+        load_model(path)
+    assert _one_line(info.value) and str(path) in str(info.value)
+
+
 def test_a_sparse_huge_weights_file_is_refused_before_hashing(tmp_path, monkeypatch):
     path = _saved(tmp_path)
     os.truncate(path / "model.safetensors", 200 << 30)  # 200 GiB, sparse: no disk used

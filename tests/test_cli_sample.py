@@ -830,3 +830,26 @@ def test_a_signal_ignored_at_the_start_stays_ignored(ckpts, tmp_path):
     rest, err = proc.communicate(timeout=HANG_GUARD_SECONDS)
     assert proc.returncode == 0, err
     assert [r["index"] for r in read_jsonl(out)] == list(range(15))
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda c: c.update(training="long"), "config.json's training is 'long', not an object"),
+    (lambda c: c.update(training={"seq_len": "8"}), "config.json's training.seq_len is '8', not a positive int"),
+    (lambda c: (c.update(training=None), c["model"].pop("max_seq_len")), None),  # the models' defaults
+])
+def test_an_edited_config_is_one_line_or_its_defaults(ckpts, tmp_path, capsys, edit, message):
+    """config.json has no digest: a hand-edited training section or a missing max_seq_len gave
+    a raw AttributeError / KeyError."""
+    import shutil
+
+    denoiser = tmp_path / "denoiser"
+    shutil.copytree(ckpts["mask-denoiser"], denoiser)
+    config = json.loads((denoiser / "config.json").read_text())
+    edit(config)
+    (denoiser / "config.json").write_text(json.dumps(config))
+    code, _, err = run_cli(capsys, "--planner", ckpts["planner"], "--denoiser", str(denoiser), "--num-samples", "1",
+                           "--steps", "2", "--quiet")
+    if message is None:
+        assert code == 0, err
+    else:
+        assert code == 1 and err.count("\n") == 1 and message in err and str(denoiser) in err, err

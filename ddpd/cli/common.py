@@ -267,6 +267,28 @@ def load_role(role: str, path: str, kinds: Sequence[str], device: torch.device):
     return model, config
 
 
+def max_length(config: dict) -> int:
+    """The longest sequence a network takes: its max_seq_len, or the default of one built from a
+    config.json that does not give it (as load_model builds it)."""
+    from ddpd.models.config import TransformerConfig
+
+    return int(config["model"].get("max_seq_len", TransformerConfig.max_seq_len))
+
+
+def training_length(name: str, config: dict) -> int:
+    """The length a diffusion network was trained on: training.seq_len, else its max_seq_len
+    (config.json, which no digest covers, is checked: an edited one is a one-line error)."""
+    from ddpd.checkpoint import CheckpointError
+
+    training = config.get("training") or {}
+    if not isinstance(training, dict):
+        raise CheckpointError(f"{name}: config.json's training is {training!r}, not an object")
+    length = training.get("seq_len", max_length(config))
+    if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+        raise CheckpointError(f"{name}: config.json's training.seq_len is {length!r}, not a positive int")
+    return length
+
+
 def shared_facts(entries: Sequence[Tuple[str, dict]]) -> Dict[str, object]:
     """What a set of checkpoints (name, config) used together must share: the vocabulary,
     the tokenizer and (diffusion models; not the AR judge) the schedule; UsageError
@@ -280,7 +302,7 @@ def shared_facts(entries: Sequence[Tuple[str, dict]]) -> Dict[str, object]:
         values = {"vocab_size": vocabulary(config), "tokenizer": config.get("tokenizer")}
         if config["kind"] != "ar":
             values["schedule"] = config.get("schedule", "linear")
-            lengths[name] = int(config.get("training", {}).get("seq_len", config["model"]["max_seq_len"]))
+            lengths[name] = training_length(name, config)
         for key, value in values.items():
             if key in facts and facts[key] != value:
                 raise UsageError(f"{name} has {key} {value!r}, but {owners[key]} has {facts[key]!r}: "

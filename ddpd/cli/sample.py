@@ -80,7 +80,7 @@ from typing import List, Optional, Tuple
 import torch
 
 from ddpd.cli.common import (OneLineParser, Stdout, UsageError, add_runtime_arguments, apply_threads, check_finite,
-                             flag_error, load_role, refuse_empty_paths, run_tool, shared_facts,
+                             flag_error, load_role, max_length, refuse_empty_paths, run_tool, shared_facts,
                              warn_if_lengths_differ)
 from ddpd.cli.samplers import FAMILIES, add_truncation_arguments, truncation_from
 
@@ -192,7 +192,7 @@ class Models:
         self.kind = denoiser_config["kind"] if denoiser_config else None
         configs = [(name, c) for name, c in zip(names, (planner_config, denoiser_config)) if c]
         self.vocab_size = int(shared_facts(configs)["vocab_size"])  # also checks that the two agree
-        self.lengths = {name: int(c["model"]["max_seq_len"]) for name, c in configs}
+        self.lengths = {name: max_length(c) for name, c in configs}
         self.max_length = min(self.lengths.values())
 
     @property
