@@ -135,6 +135,21 @@ def test_objective_feeds_the_right_noise(corpus, tmp_path, kind):
     assert loss.item() == pytest.approx(expected, rel=1e-5)
 
 
+def test_weights_that_are_not_finite_are_never_saved(corpus, tmp_path):
+    """A step with a finite loss can end in NaN weights (an update from a NaN moment of the
+    optimizer): the save refuses them and the last good checkpoint stays as it was."""
+    trainer = Trainer(config(corpus, tmp_path / "out", steps=4))
+    trainer.train()
+    good = (tmp_path / "out" / "model.safetensors").read_bytes()
+    with torch.no_grad():
+        next(trainer.model.parameters())[0].fill_(float("nan"))
+    with pytest.raises(FloatingPointError, match="the weights are not finite after step 4; .* .the last checkpoint, "
+                                                 "of step 4, is intact"):
+        trainer.save()
+    assert (tmp_path / "out" / "model.safetensors").read_bytes() == good
+    load_model(tmp_path / "out")
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_training_reduces_validation_loss(corpus, tmp_path, kind):
     """20 steps of a 1-layer d_model=32 model must cut the validation loss by 5% or more."""

@@ -607,7 +607,14 @@ class Trainer:
 
     def save(self) -> None:
         """Checkpoint to config.out (rank 0 writes; every rank contributes its RNG
-        and data states)."""
+        and data states). Weights that are no longer finite are never saved over the last
+        good checkpoint: a step with a finite loss can still end in NaN weights (an update
+        from a NaN moment of the optimizer)."""
+        if not all(bool(torch.isfinite(p).all()) for p in self.model.parameters()):
+            kept = "no checkpoint was written" if self._saved_step is None else \
+                f"the last checkpoint, of step {self._saved_step}, is intact"
+            raise FloatingPointError(f"the weights are not finite after step {self.step}; lower the learning rate "
+                                     f"({kept})")
         per_rank = self.dist.all_gather(self._rank_state())
         if self.dist.is_main:
             tensors: Dict[str, Tensor] = {}
