@@ -57,6 +57,9 @@ from ddpd.validation import check_int
 
 KINDS = ("planner", "mask-denoiser", "uniform-denoiser", "uniform", "ar")
 TOKENIZERS = ("text8", "gpt2")
+BETAS = (0.9, 0.95)  # AdamW's
+# AdamW's float32 step is lr / (1 - beta1) at the first step: a larger lr overflows it
+MAX_LR = float(torch.finfo(torch.float32).max) * (1.0 - BETAS[0])
 # settings that must not change when a run resumes, or it would not continue the same run
 # Settings a resumed run must keep (it is the same run). The corpus is compared by its
 # content (`corpus` fingerprint) where the checkpoint records one, by its path where not.
@@ -121,8 +124,8 @@ class TrainConfig:
         check_int("warmup", self.warmup, 0)
         check_int("seed", self.seed, 0, 2**63 - 1)
         check_int("num_classes", self.num_classes, 0)
-        if not 0 < self.lr < math.inf:
-            raise ValueError(f"lr must be finite and > 0, got {self.lr}")
+        if not 0 < self.lr <= MAX_LR:
+            raise ValueError(f"lr must be in (0, {MAX_LR:.6g}], got {self.lr}")
         if self.min_lr is not None and not 0 <= self.min_lr <= self.lr:
             raise ValueError(f"min_lr must be in [0, lr={self.lr}], got {self.min_lr}")
         for name, value, low, high in (("dropout", self.dropout, 0.0, 1.0), ("ema", self.ema, 0.0, 1.0),
@@ -317,7 +320,7 @@ class Trainer:
         no_decay = [p for p in self.model.parameters() if p.dim() < 2]
         self.optimizer = torch.optim.AdamW(
             [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=config.lr, betas=(0.9, 0.95), eps=1e-8)
+            lr=config.lr, betas=BETAS, eps=1e-8)
 
     def _check_fresh_destination(self) -> None:
         ensure_replaceable(self.config.out)
