@@ -33,6 +33,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import struct
 from typing import Dict, NamedTuple, Optional, Tuple
 
@@ -267,15 +268,21 @@ class _Reader:
         self.owned = [fd]  # descriptors to close with the root
         self.files: Dict[str, int] = {}
         for name in (CONFIG, WEIGHTS, STATE_META, STATE_TENSORS):
-            try:
-                self.files[name] = os.open(name, os.O_RDONLY, dir_fd=fd)
+            try:  # non-blocking: opening a FIFO put in a file's place would wait for a writer
+                file = os.open(name, os.O_RDONLY | os.O_NONBLOCK, dir_fd=fd)
             except FileNotFoundError:
                 continue
             except IsADirectoryError:
                 raise CheckpointError(f"checkpoint {self.path}: {name} is a directory") from None
             except OSError as err:
                 raise CheckpointError(f"checkpoint {self.path}: cannot read {name}: {err.strerror}") from None
-            self.root.owned.append(self.files[name])
+            mode = os.fstat(file).st_mode
+            if not stat.S_ISREG(mode):
+                os.close(file)
+                what = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
+                raise CheckpointError(f"checkpoint {self.path}: {name} is {what}")
+            self.files[name] = file
+            self.root.owned.append(file)
         if len(self.files) < 4 and self.replaced():
             raise _Replaced()  # the files of a directory being deleted
 

@@ -485,3 +485,24 @@ def test_reads_during_saves_are_consistent(tmp_path):
     finally:
         writer.kill()
         writer.wait()
+
+
+def test_a_fifo_in_place_of_a_file_is_refused_without_waiting(tmp_path):
+    """Opening a FIFO for reading waits for a writer: a crafted checkpoint hung the tools."""
+    import threading
+
+    path = _saved(tmp_path)
+    os.remove(path / "model.safetensors")
+    os.mkfifo(path / "model.safetensors")
+    outcome = []
+
+    def load():
+        try:
+            load_model(path)
+        except CheckpointError as err:
+            outcome.append(str(err))
+
+    worker = threading.Thread(target=load, daemon=True)
+    worker.start()
+    worker.join(timeout=60)
+    assert outcome == [f"checkpoint {path}: model.safetensors is not a regular file"]
