@@ -271,6 +271,16 @@ def test_training_command_reports_the_runs(setup, tmp_path, capsys):
     code, _, err = _run(capsys, "training", runs[1])
     assert code == 1 and err == (f"ddpd-eval: error: checkpoint {runs[1]}: config.json 'training' must be an "
                                  "object of ddpd-train settings, got None\n"), err
+    # sizes nobody could allocate: counted on the meta device, or refused naming the file
+    (tmp_path / "ar" / "config.json").write_text(json.dumps({**config, "model": {**config["model"], "d_model": 10**12,
+                                                                                "n_heads": 1}}))
+    code, _, err = _run(capsys, "training", runs[1])
+    assert code == 1 and err.startswith(f"ddpd-eval: error: checkpoint {runs[1]}: config.json does not describe a "
+                                        "valid ar model") and err.count("\n") == 1, err
+    del config["model"]["vocab_size"]
+    (tmp_path / "ar" / "config.json").write_text(json.dumps(config))
+    code, _, err = _run(capsys, "training", runs[1])
+    assert code == 1 and f"checkpoint {runs[1]}: " in err and "vocab_size" in err, err
 
 
 def test_convergence_command(setup, capsys):

@@ -21,11 +21,20 @@ TRAINING_COLUMNS = (("kind", "Network", ""), ("parameters", "Parameters", ","), 
                     ("final_train_loss", "Final train loss", ".4f"), ("final_val_loss", "Final val loss", ".4f"))
 
 
-def _parameters(config: dict) -> int:
+def _parameters(path: str, config: dict) -> int:
+    """The parameter count of the network config.json describes, built on the meta device:
+    config.json carries no digest, and an edited one must not allocate what it says."""
+    import torch
+
     from ddpd.models import build_model, count_parameters
     from ddpd.models.config import TransformerConfig
 
-    return count_parameters(build_model(config["kind"], TransformerConfig.from_dict(config["model"])))
+    try:
+        with torch.device("meta"):
+            return count_parameters(build_model(config["kind"], TransformerConfig.from_dict(config["model"])))
+    except (TypeError, ValueError, RuntimeError, KeyError) as err:
+        raise CheckpointError(f"checkpoint {path}: config.json does not describe a valid {config.get('kind')} "
+                              f"model: {err}") from None
 
 
 def _check_record(path: str, config: dict, meta: dict) -> None:
@@ -49,7 +58,7 @@ def training_row(path: str) -> dict:
     best = min(validated, key=lambda h: h["val_loss"]) if validated else {}
     trained = [h for h in history if h.get("train_loss") is not None]
     seconds = meta.get("train_seconds", 0.0)
-    return {"kind": config["kind"], "parameters": _parameters(config),
+    return {"kind": config["kind"], "parameters": _parameters(path, config),
             **{k: training.get(k) for k in ("d_model", "n_layers", "n_heads", "dropout", "batch_size", "seq_len",
                                               "lr", "steps", "max_time")},
             "step": meta["step"], "train_seconds": seconds,
