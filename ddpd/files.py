@@ -85,9 +85,25 @@ def destination(path) -> str:
     return os.path.realpath(os.fspath(path))
 
 
+def make_parents(path, parent: str) -> None:
+    """os.makedirs(parent), an OutputError of `path` if it fails; where a file stands in the
+    way the message names it (makedirs says 'File exists', of the directory it wanted)."""
+    try:
+        os.makedirs(parent, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        blocker = parent
+        while os.path.dirname(blocker) != blocker and not os.path.exists(blocker):
+            blocker = os.path.dirname(blocker)
+        raise OutputError(path, NotADirectoryError(errno.ENOTDIR, f"{blocker} is not a directory")) from None
+    except OSError as err:
+        raise OutputError(path, err) from None
+
+
 def _check_destination(path) -> str:
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"output path must be a str or os.PathLike, got {type(path).__name__}")
+    if os.fspath(path).endswith(("/", os.sep)):  # realpath would drop the slash and write a file
+        raise OutputError(path, IsADirectoryError(errno.EISDIR, "the path ends with '/', which names a directory"))
     path = destination(path)
     if os.path.isdir(path):
         raise OutputError(path, IsADirectoryError(errno.EISDIR, "it is a directory"))
@@ -266,8 +282,8 @@ def atomic_directory(path) -> Iterator[str]:
         raise OutputError(path, ValueError("the path is empty"))
     path = destination(path)
     parent = os.path.dirname(path)
+    make_parents(path, parent)
     try:
-        os.makedirs(parent, exist_ok=True)
         remove_stale_temps(path)
         tmp = tempfile.mkdtemp(prefix=_temp_prefix(path), dir=parent)
     except OSError as err:
@@ -358,10 +374,7 @@ class OutputLock:
         while not os.path.exists(missing):
             self._made.append(missing)
             missing = os.path.dirname(missing)
-        try:
-            os.makedirs(parent, exist_ok=True)
-        except OSError as err:
-            raise OutputError(self.path, err) from None
+        make_parents(self.path, parent)
         while True:
             try:
                 fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)

@@ -74,6 +74,7 @@ def _fifo(tmp):
     (lambda tmp: tmp / "missing" / "s.jsonl", "does not exist"),
     (lambda tmp: tmp, "it is a directory"),
     (_fifo, "it is not a regular file"),
+    (lambda tmp: f"{tmp}/s.jsonl/", "the path ends with '/'"),  # realpath dropped the slash: a file was written
 ])
 def test_unwritable_destinations_fail_at_once(tmp_path, make, message):
     path = make(tmp_path)
@@ -203,3 +204,13 @@ def test_an_empty_directory_path_is_refused_not_read_as_the_working_directory(tm
         with files.atomic_directory(""):
             pass
     assert sorted(os.listdir(tmp_path)) == ["precious.txt"]
+
+
+def test_a_file_in_the_way_of_the_parents_is_named(tmp_path):
+    """makedirs said 'File exists' (of the directory it wanted) where a file stands in the way."""
+    (tmp_path / "keep.jsonl").write_text("x")
+    for make in (lambda path: files.atomic_directory(path).__enter__(),
+                 lambda path: __import__("ddpd.eval.report", fromlist=["write_text"]).write_text("t", path)):
+        with pytest.raises(files.OutputError, match=f"{tmp_path / 'keep.jsonl'} is not a directory"):
+            make(str(tmp_path / "keep.jsonl" / "sub" / "out"))
+    assert (tmp_path / "keep.jsonl").read_text() == "x"

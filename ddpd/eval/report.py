@@ -84,11 +84,7 @@ def write_json(data, path: str) -> None:
 
 
 def _parent(path: str) -> None:
-    parent = os.path.dirname(os.path.abspath(path))
-    try:
-        os.makedirs(parent, exist_ok=True)
-    except OSError as err:
-        raise files.OutputError(path, err) from None
+    files.make_parents(path, os.path.dirname(os.path.abspath(path)))
 
 
 def mean_and_se(values: Tensor) -> Tuple[float, float]:
