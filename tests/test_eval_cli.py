@@ -458,3 +458,17 @@ def test_dtype_of_the_sampling_networks(setup, capsys, monkeypatch):
                         "--no-progress")
     assert code == 0, err
     assert cast == [("planner", torch.bfloat16), ("uniform-denoiser", torch.bfloat16)]
+
+
+def test_denoising_without_a_noisy_position_is_undefined_not_zero(setup, capsys, tmp_path):
+    """At alpha 0.99999 no position of 2 x 16 tokens is corrupted (with this seed): the
+    denoising row has no cross-entropy and no accuracy to report (it said NaN and 0.0000,
+    and the JSON held a bare NaN, which is not JSON)."""
+    code, out, err = _run(capsys, "elbo", "--denoiser", setup["mask-denoiser"], "--data", setup["data"],
+                          "--num-sequences", 2, "--alpha", 0.99999, "--no-progress", "--out", tmp_path / "r.json")
+    assert code == 0, err
+    text = (tmp_path / "r.json").read_text()
+    assert "NaN" not in text
+    row, = json.loads(text)["denoising"]
+    assert row["noisy_positions"] == 0 and row["bits"] is None and row["accuracy"] is None
+    assert "| mask-denoiser |  |  |  | 0.99999 |" in out

@@ -34,7 +34,7 @@ ELBO_COLUMNS = (("method", "Method", ""), ("rate_matching", "Rate matching (bits
                 ("transitioning", "Transitioning (bits/token)", ".4f"), ("elbo", "Combined (bits/token)", ".4f"),
                 ("elbo_se", "± s.e.", ".4f"), ("bound", "Bound", ""))
 DENOISING_COLUMNS = (("denoiser", "Denoiser", ""), ("bits", "Denoising (bits/token)", ".4f"),
-                     ("bits_se", "± s.e.", ".4f"), ("accuracy", "Accuracy", ".4f"), ("alpha", "alpha", ".2f"))
+                     ("bits_se", "± s.e.", ".4f"), ("accuracy", "Accuracy", ".4f"), ("alpha", "alpha", "g"))
 
 
 @dataclass
@@ -146,10 +146,12 @@ def evaluate_denoising(models: ModelSet, sequences: Tensor, *, alpha: float = DE
             correct.append(stats.correct.cpu())
             bar.update()
         nats, noisy, correct = torch.cat(nats), torch.cat(noisy), torch.cat(correct)
-        has_noise = noisy > 0
-        bits, bits_se = mean_and_se(nats[has_noise] / noisy[has_noise] / torch.log(torch.tensor(2.0)))
+        has_noise, total = noisy > 0, int(noisy.sum())
+        # no noisy position at all (alpha near 1, few sequences): no denoising to score, not 0 or NaN
+        bits, bits_se = mean_and_se(nats[has_noise] / noisy[has_noise] / torch.log(torch.tensor(2.0))) \
+            if total else (None, None)
         rows.append({"denoiser": kind, "bits": bits, "bits_se": bits_se,
-                     "accuracy": float(correct.sum() / noisy.sum().clamp(min=1)), "noisy_positions": int(noisy.sum()),
+                     "accuracy": float(correct.sum()) / total if total else None, "noisy_positions": total,
                      "alpha": alpha, "num_sequences": sequences.shape[0]})
     bar.close()
     return rows
