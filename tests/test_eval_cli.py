@@ -292,6 +292,7 @@ def test_convergence_command(setup, capsys):
     with open(out_dir / "convergence.csv") as f:
         rows = list(csv.DictReader(f))
     assert [int(r["step"]) for r in rows] == [0, 1, 2, 3]
+    assert out.splitlines()[0].startswith("at step 3 of 4 (before its move): noise left ")  # it said "after 4"
     assert {"noise_left", "z_changed", "met_eps_0.05", "met_eps_0.01", "stopped_eps_0.01"} <= set(rows[0])
 
 

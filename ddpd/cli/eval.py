@@ -402,8 +402,9 @@ def run_convergence(args: argparse.Namespace) -> None:
     rows = convergence_rows(recorder.rows(), stopped_fraction(torch.cat(stops), args.steps), eps)
     paths = write_convergence(rows, args.out_dir)
     last = rows[-1]
-    print(f"after {args.steps} steps: noise left {last['noise_left']:.4f}, stopped (eps={eps:g}) "
-          f"{last[f'stopped_eps_{eps:g}']:.3f}")
+    # the last row is the planner's look at step steps - 1, before that step's move
+    print(f"at step {last['step']} of {args.steps} (before its move): noise left {last['noise_left']:.4f}, "
+          f"stopped (eps={eps:g}) {last[f'stopped_eps_{eps:g}']:.3f}")
     _report_paths(paths)
 
 
