@@ -99,7 +99,24 @@ def make_parents(path, parent: str) -> None:
         raise OutputError(path, err) from None
 
 
-def _check_destination(path) -> str:
+def check_output(path, directory: bool = False) -> None:
+    """An OutputError at once, before any work, where `path` (a file, or a directory of
+    outputs) cannot be written: the nearest existing directory on its way must be one, and
+    writable; a file path must not name a directory or a special file. Nothing is made."""
+    if not directory:
+        path = _refuse_non_files(path)
+    existing = os.path.abspath(os.fspath(path)) if directory else os.path.dirname(path)
+    while not os.path.lexists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise OutputError(path, NotADirectoryError(errno.ENOTDIR, f"{existing} is not a directory"))
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise OutputError(path, PermissionError(errno.EACCES, f"{existing} is not writable"))
+
+
+def _refuse_non_files(path) -> str:
+    """The destination of a file `path`; an OutputError where it names a directory or a file
+    that is not regular (a device, FIFO or socket: renaming would replace it)."""
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"output path must be a str or os.PathLike, got {type(path).__name__}")
     if os.fspath(path).endswith(("/", os.sep)):  # realpath would drop the slash and write a file
@@ -107,8 +124,13 @@ def _check_destination(path) -> str:
     path = destination(path)
     if os.path.isdir(path):
         raise OutputError(path, IsADirectoryError(errno.EISDIR, "it is a directory"))
-    if os.path.exists(path) and not os.path.isfile(path):  # a device, FIFO or socket: renaming would replace it
+    if os.path.exists(path) and not os.path.isfile(path):
         raise OutputError(path, OSError(errno.EINVAL, "it is not a regular file"))
+    return path
+
+
+def _check_destination(path) -> str:
+    path = _refuse_non_files(path)
     parent = os.path.dirname(path)
     if not os.path.isdir(parent):
         raise OutputError(path, FileNotFoundError(errno.ENOENT, f"directory {parent} does not exist"))

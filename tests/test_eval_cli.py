@@ -473,3 +473,25 @@ def test_denoising_without_a_noisy_position_is_undefined_not_zero(setup, capsys,
     row, = json.loads(text)["denoising"]
     assert row["noisy_positions"] == 0 and row["bits"] is None and row["accuracy"] is None
     assert "| mask-denoiser |  |  |  | 0.99999 |" in out
+
+
+def test_outputs_are_checked_before_any_model_is_loaded(setup, capsys, tmp_path, monkeypatch):
+    """An --out that is a directory, an --out-dir with a file in its way: one line, exit 1,
+    before the work (elbo failed after its whole run, quality after its first configuration)."""
+    import ddpd.cli.eval as eval_cli
+
+    monkeypatch.setattr(eval_cli, "load_models", lambda args: pytest.fail("the models were loaded"))
+    (tmp_path / "a_dir").mkdir()
+    (tmp_path / "keep.jsonl").write_text("x")
+    for argv, message in (
+            (["elbo", "--uniform", setup["uniform"], "--data", setup["data"], "--out", tmp_path / "a_dir"],
+             f"cannot write {tmp_path / 'a_dir'}: it is a directory"),
+            (["elbo", "--uniform", setup["uniform"], "--data", setup["data"], "--out", tmp_path / "r.json"], None),
+            (["quality", "--uniform", setup["uniform"], "--judge", setup["ar"], "--samplers", "dfm-uni",
+              "--out-dir", tmp_path / "keep.jsonl" / "q"], f"{tmp_path / 'keep.jsonl'} is not a directory")):
+        if message is None:  # the Markdown twin r.md is a directory
+            (tmp_path / "r.md").mkdir()
+            message = f"cannot write {tmp_path / 'r.md'}: it is a directory"
+        code, _, err = _run(capsys, *argv)
+        assert code == 1 and message in err and err.count("\n") == 1, err
+    assert (tmp_path / "keep.jsonl").read_text() == "x" and not (tmp_path / "r.json").exists()

@@ -422,6 +422,19 @@ FLOAT_FLAGS = {"t_max": (0.0, 1.0, True, True), "alpha": (0.0, 1.0, True, True),
                "eta": (0.0, math.inf, False, True)}
 
 
+def check_outputs(args: argparse.Namespace) -> None:
+    """--out and --out-dir are checked before any model is loaded: a directory given as --out,
+    a file in the way of --out-dir, an unwritable place fail at once, not after the work."""
+    from ddpd.files import check_output
+
+    if getattr(args, "out", None):
+        check_output(args.out)
+        if args.command == "elbo":
+            check_output(os.path.splitext(args.out)[0] + ".md")  # the Markdown beside it
+    if getattr(args, "out_dir", None):
+        check_output(args.out_dir, directory=True)
+
+
 def check_args(args: argparse.Namespace) -> None:
     from ddpd.sampling.options import MAX_TEMPERATURE
     from ddpd.validation import check_float, check_int
@@ -451,6 +464,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     def body() -> int:
         refuse_empty_paths(args, "out", "out_dir")
         check_args(args)
+        check_outputs(args)
         if hasattr(args, "threads"):
             apply_threads(args.threads)
         COMMANDS[args.command](args)
