@@ -514,7 +514,8 @@ def _check_against_config(path: str, config: dict, model_config, header: dict) -
             raise CheckpointError(f"{where}: {key} has shape {entry['shape']} in the file, "
                                   f"{list(tensor.shape)} by config.json")
         if entry["dtype"] not in WEIGHT_DTYPES:
-            raise CheckpointError(f"{where}: {key} is stored as {entry['dtype']}, not a floating type")
+            raise CheckpointError(f"{where}: {key} is stored as {entry['dtype']}; weights are stored as "
+                                  f"{', '.join(WEIGHT_DTYPES)}")
 
 
 def _state_from(reader: _Reader, config: dict) -> TrainState:

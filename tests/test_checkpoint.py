@@ -506,3 +506,15 @@ def test_a_fifo_in_place_of_a_file_is_refused_without_waiting(tmp_path):
     worker.start()
     worker.join(timeout=60)
     assert outcome == [f"checkpoint {path}: model.safetensors is not a regular file"]
+
+
+def test_weights_of_a_type_weights_are_not_stored_in_name_the_types(tmp_path, monkeypatch):
+    from safetensors.torch import load_file, save_file
+
+    path = _saved(tmp_path)
+    tensors = load_file(path / "model.safetensors")
+    save_file({k: v.double() for k, v in tensors.items()}, path / "model.safetensors")
+    _no_hashing(monkeypatch)
+    with pytest.raises(CheckpointError, match="is stored as F64; weights are stored as F32, F16, BF16") as info:
+        load_model(path)  # it said "F64, not a floating type"
+    assert _one_line(info.value)
