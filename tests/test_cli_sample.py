@@ -403,6 +403,14 @@ def test_thread_policy(ckpts, capsys, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "3")  # honoured as it is: not overridden
     code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--num-samples", "1", "--quiet")
     assert code == 0 and torch.get_num_threads() == 2
+    for unusable in ("abc", "0", "-1"):  # OpenMP reads these as every core: the opposite of the default
+        monkeypatch.setenv("OMP_NUM_THREADS", unusable)
+        code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--num-samples", "1", "--quiet")
+        assert code == 2 and f"OMP_NUM_THREADS must be a positive int (or unset, or --threads given), got " \
+                              f"'{unusable}'" in err, err
+        code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--num-samples", "1", "--quiet",
+                               "--threads", "1")
+        assert code == 0, err
     torch.set_num_threads(1)
 
 

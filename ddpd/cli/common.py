@@ -74,6 +74,11 @@ def apply_threads(threads: Optional[int]) -> int:
         torch.set_num_threads(threads)
     elif not os.environ.get("OMP_NUM_THREADS"):
         torch.set_num_threads(1)  # torch honours OMP_NUM_THREADS itself when it is set
+    else:  # a value OpenMP cannot use means every core to it, the opposite of the default
+        first = os.environ["OMP_NUM_THREADS"].split(",")[0].strip()
+        if not first.isdigit() or int(first) < 1:
+            raise UsageError(f"OMP_NUM_THREADS must be a positive int (or unset, or --threads given), got "
+                             f"{os.environ['OMP_NUM_THREADS']!r}")
     return torch.get_num_threads()
 
 
