@@ -82,7 +82,8 @@ class SamplerSpec:
     The result has `tokens` (Long[B, D]) and optionally `stop_step` (Long[B]),
     `planner_calls`, `denoiser_calls`, `planner_rows`, `denoiser_rows` (as
     ddpd.sampling.SampleResult). first_row: the id of the batch's first sample, so that
-    a sampler with per-row random streams gives the same samples whatever the batching.
+    a sampler with per-row random streams gives the same samples whatever the batching (up to
+    the last bits of a network's float32 output, which can change with its batch size).
     """
 
     name: str
