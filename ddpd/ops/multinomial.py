@@ -37,7 +37,9 @@ u = (a 2^24 + b + 1/2) 2^-48, fine enough for the smallest probabilities of a
 share a seed different offsets.
 
 A row is valid when its weights are finite and non-negative with at least one
-positive weight (with replacement) or at least k (without). Invalid rows return
+positive weight (with replacement) or at least k (without), and their total, summed in
+float64, is finite (float64 weights summing past 1.8e308 make an invalid row; float32
+and 16-bit weights cannot). Invalid rows return
 index 0 everywhere; `return_valid=True` returns the flags, otherwise an invalid row
 raises ValueError (on CUDA that check waits for the device).
 CPU and CUDA tensors run the kernels of ddpd._C (csrc/cpu/multinomial.cpp,
