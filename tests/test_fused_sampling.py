@@ -152,6 +152,17 @@ def test_baseline_fused_equals_reference_on_oracle_toy(name):
         assert (reference.stop_step < 20).any()
 
 
+@pytest.mark.parametrize("name", ["tau mask eta 0", "tau uniform", "maskgit"])
+@pytest.mark.parametrize("chunk", [7, 13, 30], ids=["parts of a row", "a row", "two rows"])
+def test_baseline_draws_in_chunks_are_the_same_draws(name, chunk, monkeypatch):
+    """Every position's draw of MaskGIT and tau-leaping: the fused run makes their uniforms in
+    chunks of at most TOKEN_CHUNK (3 tokens a draw here: 2, 4 or 10 draws a chunk; all at
+    once, a GPT-2-size batch needed ~100 GB)."""
+    monkeypatch.setattr(draws, "TOKEN_CHUNK", chunk)
+    assert_same_samples(BASELINES[name](noise=PhiloxNoise(3)), BASELINES[name](noise=PhiloxNoise(3), fused=True),
+                        same_rows=False)
+
+
 # ----------------------------------------------------------------------------- (a) tiny transformers
 
 def tiny(kind, vocab, length, seed, scale=1.0):

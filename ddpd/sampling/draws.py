@@ -130,6 +130,10 @@ class Draws:
         return u
 
 
+# Uniforms of the TOKEN stream made at once when several draws a row read them (FusedDraws)
+TOKEN_CHUNK = 2**22
+
+
 def token_noise_width(vocab_size: int) -> int:
     """Uniforms one categorical draw over vocab_size tokens reads from its row of the TOKEN stream:
     V for a single tile (no tile race), V + n_tiles above (the layout of ddpd.ops.sample_categorical)."""
@@ -195,8 +199,34 @@ class FusedDraws(Draws):
         return step_graphs(batch, run, self.execution, self.philox)
 
     def categorical(self, step, rows, logits, per_row, temperature, exclude=None):
-        stream = self._token_stream(step, rows, per_row, logits.shape[1])
-        return sample_categorical(logits, temperature, exclude_per_row=exclude, **self.controls, **stream)[0]
+        if per_row == 1 or not self.philox:
+            stream = self._token_stream(step, rows, per_row, logits.shape[1])
+            return sample_categorical(logits, temperature, exclude_per_row=exclude, **self.controls, **stream)[0]
+        tokens = [sample_categorical(logits[first:last], temperature, **self.controls, noise=noise,
+                                     exclude_per_row=None if exclude is None else exclude[first:last])[0]
+                  for first, last, noise in self._token_chunks(step, rows, per_row, logits.shape[1])]
+        return torch.cat(tokens)
+
+    def _token_chunks(self, step: int, rows: Tensor, per_row: int, vocab_size: int):
+        """(first, last, noise) over the draws of `rows` (per_row each, consecutive): the
+        uniforms of draws first .. last - 1, at most TOKEN_CHUNK of them. A kernel cannot
+        start a draw at column j * W of its row's stream, so several draws a row (every
+        position of MaskGIT and tau-leaping) take theirs from torch's Philox, which needs
+        ~130 bytes a uniform at its peak: all at once, a GPT-2-size batch needed ~100 GB."""
+        width = token_noise_width(vocab_size)
+        draws = max(1, TOKEN_CHUNK // width)  # per chunk
+        pad = width < noise_width(vocab_size)
+        whole_rows = max(1, draws // per_row)
+        for r in range(0, len(rows), whole_rows):
+            rows_here = rows[r:r + whole_rows]
+            spans = [(0, per_row)] if per_row <= draws else \
+                [(j, min(per_row, j + draws)) for j in range(0, per_row, draws)]
+            for j0, j1 in spans:
+                u = self.noise.columns(step, TOKEN, rows_here, j0 * width, (j1 - j0) * width).view(-1, width)
+                if pad:
+                    u = torch.cat([u, torch.full_like(u[:, :1], 0.5)], 1)
+                first = r * per_row + j0
+                yield first, first + len(rows_here) * (j1 - j0), u
 
     def tokens_at(self, batch, denoiser, step, x_in, t, positions, rows, vocab_size, temperature,
                   used=None) -> Tensor:

@@ -90,6 +90,11 @@ class PhiloxNoise:
         self.first_row = first_row
 
     def uniform(self, step: int, stream: int, rows: Tensor, cols: int) -> Tensor:
+        return self.columns(step, stream, rows, 0, cols)
+
+    def columns(self, step: int, stream: int, rows: Tensor, first: int, count: int) -> Tensor:
+        """Float32[len(rows), count]: columns first .. first + count - 1 of uniform(step, stream, rows, .)."""
+        cols = torch.arange(first, first + count, dtype=torch.int64, device=rows.device)
         return philox_uniform(self.seed, stream_offset(self.offset, step, stream), rows + self.first_row, cols,
                               device=rows.device)
 
