@@ -60,7 +60,7 @@ from typing import Callable, Optional, Union
 import torch
 from torch import Tensor
 
-from ddpd.process import denoiser_prob_from_uniform, planner_prob_from_uniform
+from ddpd.process import denoiser_log_prob_from_uniform, planner_prob_from_uniform
 from ddpd.sampling.batch import RunningBatch, SampleResult
 from ddpd.sampling.common import Run, expand, setup, start, subset, write
 from ddpd.sampling.draws import Draws
@@ -223,12 +223,13 @@ class _UniformModel:
             p_x1 = self.p_x1 if index is None else self.p_x1[index]
         else:
             p_x1 = self._p_x1(batch, x_in, t, rows, used)
-        q = denoiser_prob_from_uniform(p_x1, x_in, self.alpha(t))
-        # No jump where the model is sure the token is clean (q all zero: planned at the
+        log_q = denoiser_log_prob_from_uniform(torch.log(p_x1), x_in, self.alpha(t))
+        # No jump where the model is sure the token is clean (log q all -inf: planned at the
         # previous time, denoised at the new one): the position keeps its token.
-        stays = torch.nn.functional.one_hot(x_in, self.vocab_size).to(q.dtype)
-        q = torch.where(q.sum(-1, keepdim=True) > 0, q, stays)
-        return draws.tokens_from(step, rows, torch.log(q), positions, temperature)
+        stays = torch.nn.functional.one_hot(x_in, self.vocab_size).bool()
+        log_q = torch.where((log_q > float("-inf")).any(-1, keepdim=True), log_q,
+                            torch.where(stays, 0.0, float("-inf")))
+        return draws.tokens_from(step, rows, log_q, positions, temperature)
 
 
 # ---------------------------------------------------------------------------------------------- the loops
