@@ -586,6 +586,9 @@ def _rewrite_state(out, meta_change=None, drop=None):
     (lambda m: m.update(train_seconds=-1), None, "'train_seconds' must be a finite number"),
     (None, "rank0.rng.noise", "lacks rank0.rng.noise"),
     (None, "optim.0.exp_avg", "lacks optim.0.exp_avg"),
+    (lambda m: m["optimizer_param_groups"][0].update(betas="x"), None,  # failed at the first step, unnamed
+     "does not fit this run: train_state.json's optimizer group 0 has \\{'betas': 'x'"),
+    (lambda m: m["optimizer_param_groups"][1].update(eps=0.5), None, "optimizer group 1 has .*'eps': 0.5"),
 ])
 def test_damaged_training_state_is_refused_in_one_line(corpus, tmp_path, capsys, change, drop, message):
     out = tmp_path / "p"

@@ -58,6 +58,7 @@ from ddpd.validation import check_int
 KINDS = ("planner", "mask-denoiser", "uniform-denoiser", "uniform", "ar")
 TOKENIZERS = ("text8", "gpt2")
 BETAS = (0.9, 0.95)  # AdamW's
+SETTLED_BY_THE_RUN = ("betas", "eps", "weight_decay", "amsgrad")  # optimizer settings a resume must keep
 # AdamW's float32 step is lr / (1 - beta1) at the first step: a larger lr overflows it
 MAX_LR = float(torch.finfo(torch.float32).max) * (1.0 - BETAS[0])
 # settings that must not change when a run resumes, or it would not continue the same run
@@ -234,6 +235,13 @@ def check_train_state(path: str, tensors: Dict[str, Tensor], meta: dict, steps: 
         if shape is not None and tuple(tensors[name].shape) != shape:
             raise CheckpointError(f"checkpoint {path}: train_state.safetensors holds {name} of shape "
                                   f"{tuple(tensors[name].shape)}, expected {shape}")
+
+
+def _settled(group: dict) -> dict:
+    """The settings of an optimizer parameter group a resumed run must share (JSON made the
+    betas a list)."""
+    return {key: tuple(group[key]) if isinstance(group.get(key), list) else group.get(key)
+            for key in SETTLED_BY_THE_RUN}
 
 
 def stream_seed(seed: int, rank: int, stream: str) -> int:
@@ -673,8 +681,16 @@ class Trainer:
                 if name.startswith("optim."):
                     _, index, key = name.split(".", 2)
                     optimizer_state.setdefault(int(index), {})[key] = value
+            fresh = [_settled(group) for group in self.optimizer.param_groups]
             self.optimizer.load_state_dict({"state": optimizer_state,
                                             "param_groups": meta["optimizer_param_groups"]})
+            # config.json records the state's digests but has none itself, so an edited pair passes
+            # them: settings this run fixes must be its own
+            # (betas of "x" failed at the first step with "not enough values to unpack")
+            for index, (group, own) in enumerate(zip(self.optimizer.param_groups, fresh)):
+                if _settled(group) != own:
+                    raise ValueError(f"train_state.json's optimizer group {index} has {_settled(group)}, "
+                                     f"this run {own}")
             prefix = f"rank{self.dist.rank}."
             torch.set_rng_state(tensors[prefix + "rng.torch"])
             self.noise.set_state(tensors[prefix + "rng.noise"])
