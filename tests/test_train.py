@@ -568,9 +568,9 @@ def _rewrite_state(out, meta_change=None, drop=None):
         meta = json.loads((out / "train_state.json").read_text())
         meta_change(meta)
         (out / "train_state.json").write_text(json.dumps(meta))
-    if drop is not None:
+    if drop is not None:  # a tensor's name to drop, or a change of the tensors
         tensors = load(out / "train_state.safetensors")
-        del tensors[drop]
+        drop(tensors) if callable(drop) else tensors.pop(drop)
         save(tensors, out / "train_state.safetensors")
     for name in ("train_state.json", "train_state.safetensors"):
         config["sha256"][name] = hashlib.sha256((out / name).read_bytes()).hexdigest()
@@ -586,6 +586,8 @@ def _rewrite_state(out, meta_change=None, drop=None):
     (lambda m: m.update(train_seconds=-1), None, "'train_seconds' must be a finite number"),
     (None, "rank0.rng.noise", "lacks rank0.rng.noise"),
     (None, "optim.0.exp_avg", "lacks optim.0.exp_avg"),
+    (None, lambda t: t["optim.0.exp_avg"].view(-1)[0].fill_(float("nan")),  # NaN weights after the next step
+     "holds NaN or infinite values in optim.0.exp_avg"),
     (lambda m: m["optimizer_param_groups"][0].update(betas="x"), None,  # failed at the first step, unnamed
      "does not fit this run: train_state.json's optimizer group 0 has \\{'betas': 'x'"),
     (lambda m: m["optimizer_param_groups"][1].update(eps=0.5), None, "optimizer group 1 has .*'eps': 0.5"),

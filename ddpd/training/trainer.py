@@ -235,6 +235,10 @@ def check_train_state(path: str, tensors: Dict[str, Tensor], meta: dict, steps: 
         if shape is not None and tuple(tensors[name].shape) != shape:
             raise CheckpointError(f"checkpoint {path}: train_state.safetensors holds {name} of shape "
                                   f"{tuple(tensors[name].shape)}, expected {shape}")
+    for name, value in tensors.items():  # a NaN moment makes NaN weights at the next step
+        if name.startswith("optim.") and value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            raise CheckpointError(f"checkpoint {path}: train_state.safetensors holds NaN or infinite values in "
+                                  f"{name}")
 
 
 def _settled(group: dict) -> dict:
