@@ -28,3 +28,13 @@ def torchrun_worker(launcher: int, rank: int) -> int:
             if f"RANK={rank}".encode() in f.read().split(b"\0"):
                 return pid
     raise AssertionError(f"no worker of rank {rank} among {children}")
+
+
+def default_signals() -> None:
+    """preexec_fn of a child a test signals: SIGINT, SIGTERM and SIGHUP at their defaults. The
+    tools keep a signal that was ignored when they started (nohup), and a shell script that
+    runs the tests in the background ignores SIGINT in them."""
+    import signal
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)

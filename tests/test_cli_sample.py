@@ -12,7 +12,7 @@ from ddpd.cli.sample import main
 from ddpd.cli.samplers import Settings
 from ddpd.models import build_model, config_for
 from oracles.fixtures import single_thread  # noqa: F401  (autouse)
-from hang_guard import HANG_GUARD_SECONDS, torchrun_worker
+from hang_guard import HANG_GUARD_SECONDS, default_signals, torchrun_worker
 
 V, D = 27, 8  # text8 alphabet, short sequences
 TINY = dict(d_model=16, n_layers=1, n_heads=2)
@@ -245,7 +245,8 @@ def test_memory_does_not_grow_with_the_number_of_samples(ckpts, tmp_path, capsys
 def _sample_process(ckpts, out, *extra, stdout=subprocess.PIPE):
     command = [sys.executable, "-m", "ddpd.cli.sample", "--checkpoint", ckpts["bundle"], "--steps", "8",
                "--batch-size", "5", "--out", str(out), *extra]
-    return subprocess.Popen(command, stdout=stdout, stderr=subprocess.PIPE, text=True, env=ENV)
+    return subprocess.Popen(command, stdout=stdout, stderr=subprocess.PIPE, text=True, env=ENV,
+                            preexec_fn=default_signals)
 
 
 def test_a_closed_stdout_does_not_stop_the_file(ckpts, tmp_path):
@@ -790,7 +791,8 @@ def test_a_process_killed_mid_run_keeps_the_finished_samples(ckpts, tmp_path):
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                "-m", "ddpd.cli.sample", "--checkpoint", ckpts["bundle"], "--num-samples", "100000", "--batch-size",
                "1", "--steps", "8", "--no-progress", "--out", str(out)]
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
+                            preexec_fn=default_signals)
     try:
         for _ in range(4):  # four rounds gathered: both processes are sampling
             assert proc.stdout.readline(), proc.stderr.read()
@@ -817,11 +819,15 @@ def test_a_signal_while_the_samples_are_published_keeps_them(ckpts, tmp_path, ca
         publish(self)
 
     monkeypatch.setattr(files.StreamedFile, "publish", interrupted)
-    code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--num-samples", "4", "--batch-size", "2",
-                           "--steps", "2", "--out", str(out), "--quiet")
+    outer = signal.signal(signal.SIGINT, signal.default_int_handler)  # not ignored, whoever runs the tests
+    try:
+        code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--num-samples", "4", "--batch-size", "2",
+                               "--steps", "2", "--out", str(out), "--quiet")
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored after the run
+    finally:
+        signal.signal(signal.SIGINT, outer)
     assert code == 0, err
     assert [r["index"] for r in read_jsonl(out)] == list(range(4))
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored after the run
 
 
 def test_a_signal_ignored_at_the_start_stays_ignored(ckpts, tmp_path):
@@ -832,7 +838,8 @@ def test_a_signal_ignored_at_the_start_stays_ignored(ckpts, tmp_path):
                "from ddpd.cli.sample import main; sys.exit(main(sys.argv[1:]))",
                "--checkpoint", ckpts["bundle"], "--steps", "8", "--batch-size", "5", "--num-samples", "15",
                "--out", str(out), "--no-progress"]
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
+                            preexec_fn=default_signals)
     assert len(proc.stdout.readline().strip()) == D  # a first batch is done: the handlers are in place
     proc.send_signal(signal.SIGHUP)
     rest, err = proc.communicate(timeout=HANG_GUARD_SECONDS)

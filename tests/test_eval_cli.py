@@ -11,7 +11,7 @@ from ddpd.assets import BOOKS
 from ddpd.checkpoint import save_checkpoint
 from ddpd.cli.eval import main
 from ddpd.models import build_model, config_for
-from hang_guard import HANG_GUARD_SECONDS
+from hang_guard import HANG_GUARD_SECONDS, default_signals
 
 V, L = 27, 16
 WIKI = str(BOOKS)  # the text8-format corpus shipped with the package
@@ -397,7 +397,7 @@ def test_sigterm_stops_an_evaluation_in_one_line(setup, tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "ddpd.cli.eval", "elbo", "--uniform", p["uniform"],
                              "--data", p["data"], "--mc-samples", "100000", "--out", str(out), "--no-progress"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+                            env={**os.environ, "OMP_NUM_THREADS": "1"}, preexec_fn=default_signals)
     deadline = time.monotonic() + HANG_GUARD_SECONDS  # the loop ends as soon as the handler is there
     while not _handles_sigterm(proc.pid):
         assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()

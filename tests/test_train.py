@@ -22,7 +22,7 @@ from ddpd.assets import BOOKS
 from ddpd.checkpoint import CheckpointError, load_checkpoint, load_model, load_train_state, read_config
 from ddpd.cli.train import main
 from ddpd.training.trainer import TrainConfig, Trainer, learning_rate
-from hang_guard import HANG_GUARD_SECONDS, torchrun_worker
+from hang_guard import HANG_GUARD_SECONDS, default_signals, torchrun_worker
 
 KINDS = ("planner", "mask-denoiser", "uniform-denoiser", "uniform", "ar")
 TINY = dict(steps=20, batch_size=16, seq_len=32, d_model=32, n_layers=1, n_heads=2, lr=3e-3, warmup=4,
@@ -460,7 +460,8 @@ class Lines:
 def _start_training(corpus, out, *extra):
     command = [sys.executable, "-m", "ddpd.cli.train", "planner", "--data", corpus, "--out", str(out),
                "--steps", "1000000", "--eval-every", "5", *TINY_CLI, *extra]
-    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ONE_THREAD_ENV)
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ONE_THREAD_ENV,
+                            preexec_fn=default_signals)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
@@ -504,7 +505,7 @@ def _torchrun_training(corpus, out, *extra, **popen):
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
                "ddpd.cli.train", "planner", "--data", corpus, "--out", str(out), "--eval-every", "5", *TINY_CLI, *extra]
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ONE_THREAD_ENV,
-                            **popen)
+                            preexec_fn=default_signals, **popen)
 
 
 def test_a_refusal_on_process_0_ends_a_torchrun_in_one_line(corpus, tmp_path):
