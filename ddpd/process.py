@@ -198,12 +198,18 @@ def denoiser_log_prob_from_uniform(log_p_x1: Tensor, x_t: Tensor, alpha) -> Tens
     j = x_t^d is the probability that a corrupted position was redrawn onto its own
     clean value; with it the row sums to one, which is the self-loop of
     prop:self-loop-jumps. Rows with p(z = N) = 0 are -inf throughout (no jump). In logs, so
-    that a probability below float32's smallest (a logit gap over ~103 nats) stays finite.
+    that a probability below float32's smallest (a logit gap over ~103 nats) stays finite,
+    and p(z = N) = (1 - p(x_1^d = x_t^d)) + p(x_1^d = x_t^d)(1 - kept) with its first term
+    summed over the other tokens: 1 - p(x_1^d = x_t^d) rounds to 0 once the other tokens
+    hold less than 2**-24 (a model 25 nats sure of x_t^d), where the jump law is still defined.
+    log_p_x1 must be normalised (a log_softmax).
     """
-    log_same = log_p_x1.gather(-1, x_t[..., None]).squeeze(-1)
+    here = x_t[..., None]
+    log_same = log_p_x1.gather(-1, here).squeeze(-1)
     kept = _kept_weight(_alpha_like(alpha, log_same), log_p_x1.shape[-1])
-    log_noise = torch.log1p(-(log_same.exp() * kept))
+    log_change = torch.logsumexp(log_p_x1.scatter(-1, here, float("-inf")), -1)  # log(1 - p(x_1 = x_t))
     log_self_loop = log_same + torch.log1p(-kept)
-    log_joint = log_p_x1.scatter(-1, x_t[..., None], log_self_loop[..., None])
+    log_noise = torch.logaddexp(log_change, log_self_loop)
+    log_joint = log_p_x1.scatter(-1, here, log_self_loop[..., None])
     jumps = (log_noise > float("-inf"))[..., None]
     return torch.where(jumps, log_joint - torch.where(jumps, log_noise[..., None], 0.0), float("-inf"))

@@ -122,12 +122,28 @@ def test_single_uniform_model_keeps_a_token_it_is_sure_of(fused):
     S, D = 5, 4
 
     def model(x, t):  # uniform at t = 0, certain of x from any t > 0 on
-        sure = torch.nn.functional.one_hot(x, S).float().masked_fill(x[..., None] != torch.arange(S), -1e30)
+        sure = torch.nn.functional.one_hot(x, S).float().masked_fill(x[..., None] != torch.arange(S), float("-inf"))
         return torch.where(t.view(-1, 1, 1) > 0, sure, torch.zeros_like(sure))
 
     x_init = torch.randint(1, S, (64, D), generator=torch.Generator().manual_seed(0))
     result = ddpd_sample_uniform(model, 64, D, S, steps=1, seed=1, x_init=x_init, fused=fused)
     assert torch.equal(result.tokens, x_init)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_single_uniform_model_jumps_where_it_is_nearly_sure(fused):
+    """A model 25 nats sure of x_t at the new time still gives the other tokens probability
+    (1.4e-11 each): the chosen position jumps, by the jump law over them. 1 - p(x_1 = x_t)
+    rounded to 0 in float32 and the position kept its token."""
+    S, D = 5, 4
+
+    def model(x, t):  # uniform at t = 0, 25 nats sure of x from any t > 0 on
+        sure = torch.nn.functional.one_hot(x, S).float() * 25.0
+        return torch.where(t.view(-1, 1, 1) > 0, sure, torch.zeros_like(sure))
+
+    x_init = torch.randint(0, S, (64, D), generator=torch.Generator().manual_seed(0))
+    result = ddpd_sample_uniform(model, 64, D, S, steps=1, seed=1, x_init=x_init, stop="budget", fused=fused)
+    assert ((result.tokens != x_init).sum(1) == 1).all()
 
 
 # ----------------------------------------------------------------------------- (a) exact clock

@@ -204,26 +204,26 @@ class _UniformModel:
         self.model, self.vocab_size = model, run.vocab_size
         self.alpha = run.schedule.alpha if reuse else torch.ones_like  # a tensor: no host copy in a graph
         self.softmax, self.reuse = selection == "softmax", reuse
-        self.p_x1: Optional[Tensor] = None
+        self.logits: Optional[Tensor] = None  # of the planning call, which the exact clock's denoiser reads
 
-    def _p_x1(self, batch: RunningBatch, x: Tensor, t: Tensor, rows: Optional[Tensor] = None,
-              used: Optional[Tensor] = None) -> Tensor:
-        return batch.denoiser(self.model, x, t, self.vocab_size, "model", rows=rows, used=used).softmax(-1)
+    def _logits(self, batch: RunningBatch, x: Tensor, t: Tensor, rows: Optional[Tensor] = None,
+                used: Optional[Tensor] = None) -> Tensor:
+        return batch.denoiser(self.model, x, t, self.vocab_size, "model", rows=rows, used=used)
 
     def plan(self, batch: RunningBatch, x: Tensor, t: Tensor) -> Tensor:
-        p_x1 = self._p_x1(batch, x, t)
-        self.p_x1 = p_x1 if self.reuse else None
-        p = planner_prob_from_uniform(p_x1, x, self.alpha(t))
+        logits = self._logits(batch, x, t)
+        self.logits = logits if self.reuse else None
+        p = planner_prob_from_uniform(logits.softmax(-1), x, self.alpha(t))
         # Planner logits log p - log(1 - p); for softmax selection clamped so that p = 1 stays finite.
         return torch.logit(p.double(), eps=1e-10).float() if self.softmax else torch.log(p) - torch.log1p(-p)
 
     def tokens(self, draws: Draws, batch: RunningBatch, step: int, x_in: Tensor, t: Tensor, positions: Tensor,
                rows: Tensor, temperature: float, index: Optional[Tensor], used: Optional[Tensor] = None) -> Tensor:
         if self.reuse:
-            p_x1 = self.p_x1 if index is None else self.p_x1[index]
+            logits = self.logits if index is None else self.logits[index]
         else:
-            p_x1 = self._p_x1(batch, x_in, t, rows, used)
-        log_q = denoiser_log_prob_from_uniform(torch.log(p_x1), x_in, self.alpha(t))
+            logits = self._logits(batch, x_in, t, rows, used)
+        log_q = denoiser_log_prob_from_uniform(logits.log_softmax(-1), x_in, self.alpha(t))
         # No jump where the model is sure the token is clean (log q all -inf: planned at the
         # previous time, denoised at the new one): the position keeps its token.
         stays = torch.nn.functional.one_hot(x_in, self.vocab_size).bool()
