@@ -271,7 +271,7 @@ def test_sparse_tensors_are_refused_by_name():
         sample_from_hidden(dense, torch.randn(5, 8).to_sparse(), None, seed=1)
 
 
-@pytest.mark.parametrize("rows,width,vocab", [(1, 8, 1), (5, 24, 700), (40, 16, 300)])
+@pytest.mark.parametrize("rows,width,vocab", [(0, 8, 300), (1, 8, 1), (5, 24, 700), (40, 16, 300)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_head_logits_kernel_is_the_matmul(rows, width, vocab, dtype):
     """The logits GEMM of the truncated draws on CUDA, in the interpreter: every (row block,

@@ -246,12 +246,13 @@ def head_logits_triton(hidden: torch.Tensor, weight: torch.Tensor, bias: Optiona
     rows, width = hidden.shape
     vocab = weight.shape[0]
     out = torch.empty(rows, vocab, dtype=torch.float32, device=hidden.device)
+    if rows == 0:  # no launch (and no launch configuration: it divides by the row blocks)
+        return out
     launch = head_launch(rows, width, vocab, weight.element_size(), _dispatch.multiprocessors(hidden.device))
-    if rows:
-        head_logits_kernel[head_logits_grid(launch, vocab)](
-            hidden, weight, None if bias is None else bias.contiguous(), rows, vocab, width, out, TILE=TILE,
-            BLOCK_N=launch.block_n, BLOCK_H=launch.block_h, DOT_F32=dot_in_float32(hidden, weight),
-            num_warps=launch.num_warps, num_stages=launch.num_stages)
+    head_logits_kernel[head_logits_grid(launch, vocab)](
+        hidden, weight, None if bias is None else bias.contiguous(), rows, vocab, width, out, TILE=TILE,
+        BLOCK_N=launch.block_n, BLOCK_H=launch.block_h, DOT_F32=dot_in_float32(hidden, weight),
+        num_warps=launch.num_warps, num_stages=launch.num_stages)
     return out
 
 
