@@ -162,6 +162,9 @@ def uniform_token(u: Tensor, vocab_size: int) -> Tensor:
     than others beyond what the uniforms' own grid gives. On the Philox grid each token's
     probability is within 2**-23 of 1/V.
     """
+    if vocab_size > MAX_UNIFORM_VOCAB:
+        raise ValueError(f"vocab_size must be <= {MAX_UNIFORM_VOCAB} for tokens drawn uniformly (x_0, uniform "
+                         f"noise): beyond it some tokens could never be drawn from a float32 uniform, got {vocab_size}")
     return (u.double() * vocab_size).long().clamp_(max=vocab_size - 1)
 
 

@@ -141,3 +141,5 @@ def test_uniform_token_is_exact_on_the_uniforms_of_both_noise_sources():
             assert torch.equal(tokens, ((dyadic * vocab) >> 25).clamp(max=vocab - 1))  # Philox's top u is 1.0
             p = torch.bincount(tokens, minlength=vocab).double() / 2**24
             assert p.numel() == vocab and float((p - 1 / vocab).abs().max()) <= 2.0**-23
+    with pytest.raises(ValueError, match="vocab_size must be <= 8388608"):  # some tokens could never come
+        uniform_token(m[:4].float() * 2.0**-24, 2**23 + 1)

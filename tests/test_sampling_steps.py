@@ -93,8 +93,10 @@ def test_temperature_schedule():
                        seed=0).tokens.shape == (2, 4)
     with pytest.raises(ValueError, match=r"steps must be in \[1, 2305843009213693952\]"):  # not after the run
         ddpd_sample(M.planner, M.uniform_denoiser, 2, 4, 3, steps=2**61 + 1, seed=0)
-    with pytest.raises(ValueError, match=r"vocab_size must be in \[2, 8388608\]"):  # x_0 over 24-bit uniforms
+    with pytest.raises(ValueError, match=r"vocab_size must be <= 8388608 for tokens drawn uniformly"):  # x_0
         ddpd_sample(M.planner, M.uniform_denoiser, 2, 4, 2**23 + 1, steps=2, seed=0)
+    huge = 2**23 + 1  # a sampler that starts from masks draws no uniform token: no bound
+    assert maskgit_sample(lambda x, t: torch.zeros(*x.shape, huge), 1, 1, huge, steps=1, seed=0).tokens.shape == (1, 1)
     for too_hot in (float("inf"), 1e37):
         with pytest.raises(ValueError, match=r"temperature must be in \[0.0, 1e\+36\]"):
             Temperature(too_hot)

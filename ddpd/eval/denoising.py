@@ -28,7 +28,7 @@ from ddpd.eval import corruption as C
 from ddpd.eval.checks import (at, check_callable, check_choice, check_int, check_open_unit, check_row_ids,
                               check_tokens, log_probs, planner_logits)
 from ddpd.eval.planned_mask import planned_mask_log_probs
-from ddpd.process import MAX_UNIFORM_VOCAB, Schedule, denoiser_log_prob_from_uniform, get_schedule
+from ddpd.process import Schedule, denoiser_log_prob_from_uniform, get_schedule
 
 KINDS = ("uniform", "uniform-denoiser", "mask-denoiser", "mask-denoiser-planner")
 DEFAULT_ALPHA = 0.85
@@ -66,7 +66,7 @@ def denoising_stats(
     """
     check_choice("kind", kind, KINDS)
     check_callable("denoiser", denoiser)
-    vocab_size = check_int("vocab_size", vocab_size, 2, MAX_UNIFORM_VOCAB)
+    vocab_size = check_int("vocab_size", vocab_size, 2)
     check_tokens("x1", x1, vocab_size)
     alpha = check_open_unit("alpha", alpha)
     if kind == "mask-denoiser-planner":

@@ -81,7 +81,7 @@ from ddpd.eval import corruption as C
 from ddpd.eval.checks import (at, check_callable, check_choice, check_int, check_open_unit, check_row_ids,
                               check_tokens, log_probs, planner_logits)
 from ddpd.eval.planned_mask import planned_mask_log_probs
-from ddpd.process import MAX_UNIFORM_VOCAB, Schedule, get_schedule
+from ddpd.process import Schedule, get_schedule
 
 DEFAULT_T_MAX = 1.0 - 1e-3
 DENOISER_TYPES = ("uniform", "mask")
@@ -130,7 +130,7 @@ class _Estimator:
 
     def __init__(self, x1: Tensor, vocab_size: int, mc_samples: int, t_max: float,
                  schedule: Union[str, Schedule], seed: int, row_ids: Optional[Tensor]):
-        self.vocab_size = check_int("vocab_size", vocab_size, 2, MAX_UNIFORM_VOCAB)
+        self.vocab_size = check_int("vocab_size", vocab_size, 2)
         self.x1 = check_tokens("x1", x1, vocab_size)
         self.samples = check_int("mc_samples", mc_samples, 1)
         self.t_max = check_open_unit("t_max", t_max)

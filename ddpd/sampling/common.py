@@ -28,7 +28,7 @@ from torch import Tensor
 
 from ddpd.models.precision import resolve_dtype
 from ddpd.ops.sample_categorical import float32
-from ddpd.process import MAX_UNIFORM_VOCAB, Schedule, get_schedule, uniform_token
+from ddpd.process import Schedule, get_schedule, uniform_token
 from ddpd.sampling.batch import Condition
 from ddpd.sampling.draws import Draws, make_draws
 from ddpd.sampling.noise import INIT, NoiseSource, make_noise
@@ -70,7 +70,7 @@ def setup(sampler: str, batch_size, length, vocab_size, steps, temperature, seed
     """
     check_int("batch_size", batch_size, 1)
     check_int("length", length, 1)
-    check_int("vocab_size", vocab_size, 2, MAX_UNIFORM_VOCAB)  # x_0 is uniform over it
+    check_int("vocab_size", vocab_size, 2)
     check_int("steps", steps, 1, 2**61)  # noise offsets step * 8 + stream stay distinct mod 2**64
     options = dict(options)
     end = options.pop("temperature_end", None)
