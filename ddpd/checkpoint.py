@@ -217,6 +217,17 @@ def read_config(path: str) -> dict:
     return _consistent(path, _config_from)
 
 
+def training_settings(path, config: dict) -> dict:
+    """config.json's "training" section, ddpd-train's settings ({} where it is absent or null).
+    config.json carries no digest: a section that is not an object is a CheckpointError."""
+    training = config.get("training")
+    if training is None:
+        return {}
+    if not isinstance(training, dict):
+        raise CheckpointError(f"checkpoint {path}: config.json's training is {training!r:.40}, not an object")
+    return training
+
+
 def has_train_state(path: str) -> bool:
     return os.path.isfile(os.path.join(path, STATE_META))
 

@@ -136,6 +136,36 @@ def test_objective_feeds_the_right_noise(corpus, tmp_path, kind):
     assert loss.item() == pytest.approx(expected, rel=1e-5)
 
 
+def test_a_diverged_run_says_what_it_kept(corpus, tmp_path, capsys):
+    """A NaN loss in a fresh run said "(the last checkpoint is intact)" of a checkpoint never
+    written; a NaN validation loss (finite weights) failed in the save with a JSON message."""
+    trainer = Trainer(config(corpus, tmp_path / "fresh", steps=4))
+    objective = trainer.objective  # NaN in training only: the step-0 evaluation stays finite
+    trainer.objective = lambda network, *args: (torch.tensor(float("nan"), requires_grad=True) if network.training
+                                                else objective(network, *args))
+    with pytest.raises(FloatingPointError, match=r"training loss is nan at step 1; lower the learning rate "
+                                                 r"\(no checkpoint was written\)"):
+        trainer.train()
+    trainer = Trainer(config(corpus, tmp_path / "val", steps=4, eval_every=2, save_every=2))
+    evaluate = trainer.evaluate
+    trainer.evaluate = lambda: evaluate() if trainer.step < 4 else float("nan")
+    with pytest.raises(FloatingPointError, match=r"validation loss is nan at step 4; .*\(the last checkpoint, of "
+                                                 r"step 2, is intact\)"):
+        trainer.train()
+    assert load_train_state(tmp_path / "val")[1]["step"] == 2
+
+
+def test_resume_names_a_training_section_that_is_not_an_object(corpus, tmp_path, capsys):
+    out = tmp_path / "p"
+    _checkpoint_at_step_2(corpus, out)
+    config_path = out / "config.json"
+    for edited in ([1, 2], 5, "x"):
+        config_path.write_text(json.dumps({**json.loads(config_path.read_text()), "training": edited}))
+        code, _, err = run_cli(capsys, "planner", "--out", out, "--resume", "--no-progress")
+        assert code == 1 and err.count("\n") == 1, err  # raw "'int' object is not iterable" before
+        assert f"checkpoint {out}: config.json's training is {edited!r}, not an object" in err, err
+
+
 def test_weights_that_are_not_finite_are_never_saved(corpus, tmp_path):
     """A step with a finite loss can end in NaN weights (an update from a NaN moment of the
     optimizer): the save refuses them and the last good checkpoint stays as it was."""

@@ -283,12 +283,9 @@ def max_length(config: dict) -> int:
 def training_length(name: str, config: dict) -> int:
     """The length a diffusion network was trained on: training.seq_len, else its max_seq_len
     (config.json, which no digest covers, is checked: an edited one is a one-line error)."""
-    from ddpd.checkpoint import CheckpointError
+    from ddpd.checkpoint import CheckpointError, training_settings
 
-    training = config.get("training") or {}
-    if not isinstance(training, dict):
-        raise CheckpointError(f"{name}: config.json's training is {training!r}, not an object")
-    length = training.get("seq_len", max_length(config))
+    length = training_settings(name, config).get("seq_len", max_length(config))
     if isinstance(length, bool) or not isinstance(length, int) or length < 1:
         raise CheckpointError(f"{name}: config.json's training.seq_len is {length!r}, not a positive int")
     return length

@@ -94,7 +94,7 @@ LOCAL = ("resume", "progress", "threads", "allow_data_change")  # options of thi
 
 
 def _train_config(args: argparse.Namespace):
-    from ddpd.checkpoint import read_config
+    from ddpd.checkpoint import read_config, training_settings
     from ddpd.files import remove_stale_temps
     from ddpd.training.data import resolve_source
     from ddpd.training.trainer import TrainConfig
@@ -102,7 +102,7 @@ def _train_config(args: argparse.Namespace):
     given = {k: v for k, v in vars(args).items() if k not in LOCAL}
     if args.resume:
         remove_stale_temps(args.out)  # may restore the checkpoint a killed save had set aside
-        stored = dict(read_config(args.out).get("training", {}))
+        stored = dict(training_settings(args.out, read_config(args.out)))
         for name in ("out", "device"):
             stored.pop(name, None)  # where it runs may change; how often it reports is kept unless given
         return TrainConfig.from_dict({**stored, **given})

@@ -44,7 +44,8 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from ddpd.checkpoint import CheckpointError, ensure_replaceable, has_train_state, load_checkpoint, save_checkpoint
+from ddpd.checkpoint import (CheckpointError, ensure_replaceable, has_train_state, load_checkpoint, save_checkpoint,
+                             training_settings)
 from ddpd.files import OutputLock, remove_stale_temps
 from ddpd.models import build_model, config_for
 from ddpd.process import corrupt, get_schedule
@@ -347,7 +348,7 @@ class Trainer:
         if not has_train_state(out):
             raise CheckpointError(f"cannot resume: {out} holds no training checkpoint")
         stored = load_checkpoint(out, train_state=True)
-        settings = stored.config.get("training", {})
+        settings = training_settings(out, stored.config)
         defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}  # of settings added later
         fixed = [name for name in RESUME_FIXED if name != "data" or "corpus" not in stored.config]
         changed = [f"{name} ({settings.get(name, defaults[name])!r} -> {getattr(self.config, name)!r})"
@@ -504,8 +505,7 @@ class Trainer:
                 (loss / config.grad_accum).backward()
             total += loss.item()
         if not math.isfinite(total):
-            raise FloatingPointError(f"training loss is {total} at step {self.step + 1}; lower the learning rate "
-                                     "(the last checkpoint is intact)")
+            self._diverged(f"training loss is {total} at step {self.step + 1}")
         if config.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.grad_clip)
         self.optimizer.step()
@@ -582,8 +582,17 @@ class Trainer:
         loss_sum, count = self.dist.sum([loss_sum, count])
         return loss_sum / count
 
+    def _diverged(self, what: str) -> None:
+        """FloatingPointError: the run diverged; says what of it is kept."""
+        kept = "no checkpoint was written" if self._saved_step is None else \
+            f"the last checkpoint, of step {self._saved_step}, is intact"
+        raise FloatingPointError(f"{what}; lower the learning rate ({kept})")
+
     def _record(self, train_loss: Optional[float]) -> None:
-        entry = {"step": self.step, "train_loss": train_loss, "val_loss": self.evaluate(),
+        val_loss = self.evaluate()
+        if not math.isfinite(val_loss):  # finite weights, overflowing logits: no history a checkpoint can hold
+            self._diverged(f"validation loss is {val_loss} at step {self.step}")
+        entry = {"step": self.step, "train_loss": train_loss, "val_loss": val_loss,
                  "tokens_per_s": round(self.tokens_per_second)}
         self.history.append(entry)
         train = "     -" if train_loss is None else f"{train_loss:.4f}"
@@ -626,10 +635,7 @@ class Trainer:
         good checkpoint: a step with a finite loss can still end in NaN weights (an update
         from a NaN moment of the optimizer)."""
         if not all(bool(torch.isfinite(p).all()) for p in self.model.parameters()):
-            kept = "no checkpoint was written" if self._saved_step is None else \
-                f"the last checkpoint, of step {self._saved_step}, is intact"
-            raise FloatingPointError(f"the weights are not finite after step {self.step}; lower the learning rate "
-                                     f"({kept})")
+            self._diverged(f"the weights are not finite after step {self.step}")
         per_rank = self.dist.all_gather(self._rank_state())
         if self.dist.is_main:
             tensors: Dict[str, Tensor] = {}
