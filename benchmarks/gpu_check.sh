@@ -40,7 +40,11 @@ PY=${PYTHON:-python3}
 BUDGET=${DDPD_GPU_BUDGET_S:-480}
 export PYTHONUNBUFFERED=1
 DRY_RUN=0
-if [ "${1:-}" = "--dry-run" ]; then
+if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then
+    echo "usage: $0 [--dry-run]"
+    sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'  # the comment above
+    exit 0
+elif [ "${1:-}" = "--dry-run" ]; then
     DRY_RUN=1
 elif [ $# -gt 0 ]; then
     echo "usage: $0 [--dry-run]" >&2

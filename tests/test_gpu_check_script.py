@@ -24,3 +24,10 @@ def test_gpu_check_dry_run_runs_every_part(tmp_path):
     assert "check: the fused fp32 run draws the reference run's samples" in report
     assert "FAILED" not in report and "Traceback" not in report
     assert "## torch.compile of both networks" in report
+
+
+def test_gpu_check_answers_help_without_running():
+    """--help prints the usage and the script's comment (what it runs, its budget), and runs nothing."""
+    done = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), "--help"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stderr == ""
+    assert done.stdout.startswith("usage: ") and "GPU check of ddpd" in done.stdout and "## build" not in done.stdout
