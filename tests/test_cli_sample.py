@@ -810,7 +810,8 @@ def test_a_process_killed_mid_run_keeps_the_finished_samples(ckpts, tmp_path):
 
 def test_a_signal_while_the_samples_are_published_keeps_them(ckpts, tmp_path, capsys, monkeypatch):
     """Every sample is finished when the file is published: a Ctrl-C during its final fsync and
-    rename used to discard all of them (exit 130, no file). The signal is now ignored there."""
+    rename used to discard all of them (exit 130, no file). The signal now waits for the
+    publication, then stops the tool as any signal does."""
     out = tmp_path / "s.jsonl"
     publish = files.StreamedFile.publish
 
@@ -826,7 +827,8 @@ def test_a_signal_while_the_samples_are_published_keeps_them(ckpts, tmp_path, ca
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored after the run
     finally:
         signal.signal(signal.SIGINT, outer)
-    assert code == 0, err
+    assert code == 128 + signal.SIGINT and err.endswith(f"ddpd-sample: interrupted by SIGINT; wrote the 4 finished "
+                                                        f"sample(s) to {out}\n"), err
     assert [r["index"] for r in read_jsonl(out)] == list(range(4))
 
 

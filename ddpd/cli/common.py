@@ -153,6 +153,28 @@ def signals_as_interrupts(graceful: Optional[Callable[[str], bool]] = None) -> I
             signal.signal(s, old)
 
 
+@contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Within the block SIGINT, SIGTERM and SIGHUP are held, and the first raised as
+    Interrupted when it ends: a step that must not be cut in two (publishing finished
+    outputs) completes, and the tool still stops, with its handlers back in place."""
+    held: List[int] = []
+    previous = {}
+    try:
+        for s in SIGNALS:
+            if signal.getsignal(s) is not signal.SIG_IGN:
+                previous[s] = signal.signal(s, lambda signum, frame: held.append(signum))
+    except ValueError:  # not the main thread
+        pass
+    try:
+        yield
+    finally:
+        for s, old in previous.items():
+            signal.signal(s, old)
+    if held:
+        raise Interrupted(held[0])
+
+
 def ignore_further_signals() -> None:
     """The tool is stopping and publishes what it kept: a further signal (torchrun's SIGTERM
     after another process died, a second Ctrl-C) would interrupt that. Restored on leaving

@@ -482,8 +482,6 @@ def run(args, stdout: Optional[Stdout] = None) -> int:
         _warm_up(args)
         done, calls, elapsed = _sample_all(args, models, sample, Records(tokenizer, prompts, settings.labels), out,
                                      stdout, group)
-        if out is not None:
-            out.publish()
     except BaseException:
         group.close(wait=False)
         raise
@@ -570,9 +568,9 @@ def _sample_all(args, models: Models, sample, records: Records, out, stdout: Std
     """Sample every batch: in rounds of one batch per process (batch b on process
     b mod N), process 0 writing each round's batches to `out` (flushed) and their texts to
     stdout in order as soon as the round is done, keeping none. Returns (samples finished,
-    call counts, seconds). Interrupted, or another process lost, the finished samples are
-    published to `out` and the message says so."""
-    from ddpd.cli.common import Interrupted, ignore_further_signals
+    call counts, seconds), `out` published (a signal meanwhile waits for it). Interrupted, or
+    another process lost, the finished samples are published to `out` and the message says so."""
+    from ddpd.cli.common import Interrupted, ignore_further_signals, signals_deferred
     from ddpd.training.distributed import PeerLost
 
     calls = dict.fromkeys(COUNTS, 0)
@@ -600,11 +598,14 @@ def _sample_all(args, models: Models, sample, records: Records, out, stdout: Std
                         stdout.print(line)
                 # a batch that stopped early ends its share of the bar
                 advance(min(first_batch + group.world_size, batches) * args.steps)
-        ignore_further_signals()  # every sample is finished: a signal while they are published must not lose them
+        if out is not None:
+            with signals_deferred():  # every sample is finished: a signal waits until they are published
+                out.publish()
     except (Interrupted, PeerLost) as stop:  # a signal, or another process stopped
         ignore_further_signals()
         if out is not None and done:
-            out.publish()
+            if not out.published:
+                out.publish()
             stop.detail = f"; wrote the {done} finished sample(s) to {args.out}"
         elif out is not None:
             stop.detail = f"; no sample was finished, {args.out} not written"
