@@ -45,20 +45,21 @@ from ddpd.ops.sample_categorical import (
 from ddpd.validation import check_same_device, check_shape, check_tensor
 
 HEAD_CHUNK = 4096  # vocabulary rows of the weight cast to float32 at a time (CPU head_logits)
+HEAD_DTYPES = _dispatch.FLOAT_DTYPES  # of hidden, weight and bias
 
 
 def prepare_hidden(hidden, weight, bias, temperature, exclude_ids, exclude_per_row, allowed, top_k, top_p, min_p,
                    return_logprob, confidence, seed, offset, generator, row_ids, noise) -> Call:
-    check_tensor("hidden", hidden, _dispatch.FLOAT_DTYPES)
+    check_tensor("hidden", hidden, HEAD_DTYPES)
     if hidden.dim() == 0:
         raise ValueError("hidden must have shape [..., H], got a 0-d tensor")
-    check_tensor("weight", weight, _dispatch.FLOAT_DTYPES, 2)
+    check_tensor("weight", weight, HEAD_DTYPES, 2)
     if weight.shape[1] != hidden.shape[-1]:
         raise ValueError(f"weight must have shape [V, {hidden.shape[-1]}] (H of hidden), got {tuple(weight.shape)}")
     check_same_device("weight", weight, hidden, "hidden")
     vocab = weight.shape[0]
     if bias is not None:
-        check_tensor("bias", bias, _dispatch.FLOAT_DTYPES, 1)
+        check_tensor("bias", bias, HEAD_DTYPES, 1)
         check_shape("bias", bias, (vocab,))
         check_same_device("bias", bias, hidden, "hidden")
     return prepare("sample_from_hidden", "weight.shape[0]", hidden, vocab, temperature, exclude_ids, exclude_per_row,

@@ -32,8 +32,8 @@ from typing import Callable, Dict, Optional
 import torch
 from torch import Tensor
 
-from ddpd.ops._dispatch import FLOAT_DTYPES
 from ddpd.ops.compact import compact_fixed, scatter_back
+from ddpd.ops.sample_from_hidden import HEAD_DTYPES
 
 
 @dataclass
@@ -438,4 +438,4 @@ def has_head(model: Callable) -> bool:
     its logits drawn as the reference draws them."""
     head = getattr(model, "head", None)
     return (callable(getattr(model, "hidden", None)) and isinstance(head, torch.nn.Linear)
-            and head.weight.dtype in FLOAT_DTYPES)
+            and head.weight.dtype in HEAD_DTYPES)
