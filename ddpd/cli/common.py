@@ -139,6 +139,26 @@ def signals_as_interrupts(graceful: Optional[Callable[[str], bool]] = None) -> I
             return
         raise Interrupted(signum)
 
+    with _handled_by(handler):
+        yield
+
+
+@contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Within the block SIGINT, SIGTERM and SIGHUP are held, and the first raised as
+    Interrupted when it ends: a step that must not be cut in two (publishing finished
+    outputs) completes, and the tool still stops, with its handlers back in place."""
+    held: List[int] = []
+    with _handled_by(lambda signum, frame: held.append(signum)):
+        yield
+    if held:
+        raise Interrupted(held[0])
+
+
+@contextmanager
+def _handled_by(handler: Callable) -> Iterator[None]:
+    """SIGNALS go to `handler` within the block, except those ignored (a signal ignored when
+    the tool started stays ignored); the previous handlers are restored after it."""
     previous = {}
     try:
         for s in SIGNALS:
@@ -151,28 +171,6 @@ def signals_as_interrupts(graceful: Optional[Callable[[str], bool]] = None) -> I
     finally:
         for s, old in previous.items():
             signal.signal(s, old)
-
-
-@contextmanager
-def signals_deferred() -> Iterator[None]:
-    """Within the block SIGINT, SIGTERM and SIGHUP are held, and the first raised as
-    Interrupted when it ends: a step that must not be cut in two (publishing finished
-    outputs) completes, and the tool still stops, with its handlers back in place."""
-    held: List[int] = []
-    previous = {}
-    try:
-        for s in SIGNALS:
-            if signal.getsignal(s) is not signal.SIG_IGN:
-                previous[s] = signal.signal(s, lambda signum, frame: held.append(signum))
-    except ValueError:  # not the main thread
-        pass
-    try:
-        yield
-    finally:
-        for s, old in previous.items():
-            signal.signal(s, old)
-    if held:
-        raise Interrupted(held[0])
 
 
 def ignore_further_signals() -> None:

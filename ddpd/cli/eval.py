@@ -217,17 +217,18 @@ def run_elbo(args: argparse.Namespace) -> None:
                          "the same file here; give a .json path")
     loaded = load_models(args)
     models = _model_set(loaded)
-    if not elbo_methods(models) and not denoising_kinds(models):
+    methods = elbo_methods(models)
+    if not methods and not denoising_kinds(models):
         raise UsageError("these checkpoints give neither an ELBO nor a denoising row: give --planner with "
                          "--denoiser, --denoiser alone (mask or uniform), or --uniform")
     alpha_max = float(get_schedule(loaded.schedule).alpha(torch.tensor(args.t_max, dtype=torch.float64)))
-    if elbo_methods(models) and not 0.0 < alpha_max < 1.0:  # the denoising rows do not read it
+    if methods and not 0.0 < alpha_max < 1.0:  # the denoising rows do not read it
         raise UsageError(f"--t-max {args.t_max}: alpha(t_max) under the checkpoints' {loaded.schedule} schedule "
                          f"must be in (0, 1), got {alpha_max}")
     sequences = _heldout(args, loaded, args.num_sequences, "--num-sequences")
     common = dict(schedule=loaded.schedule, seed=args.seed, batch_size=args.batch_size, progress=args.progress)
     elbo_rows = evaluate_elbo(models, sequences, mc_samples=args.mc_samples, t_max=args.t_max, **common) \
-        if elbo_methods(models) else []
+        if methods else []
     denoising_rows = evaluate_denoising(models, sequences, alpha=args.alpha, **common) \
         if denoising_kinds(models) else []
     tokens = f"{sequences.shape[0]} x {sequences.shape[1]} tokens of the {args.split} split"
