@@ -28,6 +28,7 @@ def test_gpu_check_dry_run_runs_every_part(tmp_path):
 
 def test_gpu_check_answers_help_without_running():
     """--help prints the usage and the script's comment (what it runs, its budget), and runs nothing."""
-    done = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), "--help"], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), "--help"], capture_output=True,
+                          text=True, timeout=60)
     assert done.returncode == 0 and done.stderr == ""
     assert done.stdout.startswith("usage: ") and "GPU check of ddpd" in done.stdout and "## build" not in done.stdout
