@@ -91,12 +91,17 @@ def make_parents(path, parent: str) -> None:
     try:
         os.makedirs(parent, exist_ok=True)
     except (FileExistsError, NotADirectoryError):
-        blocker = parent
-        while os.path.dirname(blocker) != blocker and not os.path.exists(blocker):
-            blocker = os.path.dirname(blocker)
+        blocker = _nearest_existing(parent)
         raise OutputError(path, NotADirectoryError(errno.ENOTDIR, f"{blocker} is not a directory")) from None
     except OSError as err:
         raise OutputError(path, err) from None
+
+
+def _nearest_existing(path: str) -> str:
+    """`path`, or the nearest of its ancestors that exists (the root at worst)."""
+    while not os.path.lexists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return path
 
 
 def check_output(path, directory: bool = False) -> None:
@@ -105,9 +110,7 @@ def check_output(path, directory: bool = False) -> None:
     writable; a file path must not name a directory or a special file. Nothing is made."""
     if not directory:
         path = _refuse_non_files(path)
-    existing = os.path.abspath(os.fspath(path)) if directory else os.path.dirname(path)
-    while not os.path.lexists(existing):
-        existing = os.path.dirname(existing)
+    existing = _nearest_existing(os.path.abspath(os.fspath(path)) if directory else os.path.dirname(path))
     if not os.path.isdir(existing):
         raise OutputError(path, NotADirectoryError(errno.ENOTDIR, f"{existing} is not a directory"))
     if not os.access(existing, os.W_OK | os.X_OK):

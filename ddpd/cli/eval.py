@@ -210,7 +210,7 @@ def run_elbo(args: argparse.Namespace) -> None:
     from ddpd.eval.report import write_json, write_text
     from ddpd.process import get_schedule
 
-    markdown = None if args.out is None else os.path.splitext(args.out)[0] + ".md"
+    markdown = None if args.out is None else markdown_twin(args.out)
     if markdown is not None and os.path.normcase(os.path.abspath(markdown)) == os.path.normcase(
             os.path.abspath(args.out)):
         raise UsageError(f"--out {args.out}: the JSON results go to --out and the Markdown beside it as .md, "
@@ -423,6 +423,11 @@ FLOAT_FLAGS = {"t_max": (0.0, 1.0, True, True), "alpha": (0.0, 1.0, True, True),
                "eta": (0.0, math.inf, False, True)}
 
 
+def markdown_twin(out: str) -> str:
+    """Where elbo writes the Markdown of its JSON results `out`: beside it, as .md."""
+    return os.path.splitext(out)[0] + ".md"
+
+
 def check_outputs(args: argparse.Namespace) -> None:
     """--out and --out-dir are checked before any model is loaded: a directory given as --out,
     a file in the way of --out-dir, an unwritable place fail at once, not after the work."""
@@ -431,7 +436,7 @@ def check_outputs(args: argparse.Namespace) -> None:
     if getattr(args, "out", None):
         check_output(args.out)
         if args.command == "elbo":
-            check_output(os.path.splitext(args.out)[0] + ".md")  # the Markdown beside it
+            check_output(markdown_twin(args.out))
     if getattr(args, "out_dir", None):
         check_output(args.out_dir, directory=True)
 
