@@ -212,14 +212,18 @@ def fsync_directory(directory: str) -> None:
 class StreamedFile:
     """Text written to a temporary beside `path`, flushed at every `write`, and made
     `path` by `publish()` (or deleted by `discard()`). The temporary is created at once,
-    so a destination that cannot be written is reported before any work is done."""
+    so a destination that cannot be written is reported before any work is done.
+    `one_writer`: hold `path`'s OutputLock until then, so that a second long writer of the
+    same destination is refused at its start rather than replacing this one's output."""
 
-    def __init__(self, path, binary: bool = False):
+    def __init__(self, path, binary: bool = False, one_writer: bool = False):
         self.path = _check_destination(path)
+        self._lock = OutputLock(self.path).acquire() if one_writer else None
         remove_stale_temps(self.path)
         try:
             fd, self.temp = tempfile.mkstemp(prefix=_temp_prefix(self.path), dir=os.path.dirname(self.path))
         except OSError as err:
+            self._release()
             raise OutputError(self.path, err) from None
         self._file: IO = os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", encoding="utf-8")
         self.published = False
@@ -244,6 +248,7 @@ class StreamedFile:
             self.discard()
             raise OutputError(self.path, err) from None
         self.published = True
+        self._release()
 
     def discard(self) -> None:
         try:
@@ -254,6 +259,11 @@ class StreamedFile:
             os.unlink(self.temp)
         except FileNotFoundError:
             pass
+        self._release()
+
+    def _release(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
 
     def __enter__(self) -> "StreamedFile":
         return self

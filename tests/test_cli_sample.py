@@ -322,6 +322,20 @@ def test_out_is_checked_before_any_work(ckpts, tmp_path, capsys, monkeypatch):
     assert err == f"ddpd-sample: error: cannot write {tmp_path / 's.jsonl'}: Permission denied\n" and code == 1
 
 
+def test_a_second_writer_of_the_same_out_is_refused(ckpts, tmp_path, capsys):
+    """Two runs writing one --out: the later rename replaced the earlier run's samples."""
+    out = tmp_path / "s.jsonl"
+    out.write_text('{"index": 0}\n')
+    with files.OutputLock(out):  # another ddpd-sample writing it (flock: per open file)
+        code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--out", str(out), "--quiet")
+    assert code == 1 and err.count("\n") == 1 and f"{out} is being written by pid {os.getpid()}" in err
+    assert out.read_text() == '{"index": 0}\n' and os.listdir(tmp_path) == ["s.jsonl"]
+    code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--out", str(out), "--quiet",
+                           "--num-samples", "2", "--steps", "4")
+    assert code == 0 and len(out.read_text().splitlines()) == 2
+    assert os.listdir(tmp_path) == ["s.jsonl"]  # the lock is gone with its run
+
+
 def test_a_full_disk_keeps_the_previous_output(ckpts, tmp_path, capsys, monkeypatch):
     out = tmp_path / "s.jsonl"
     out.write_text('{"index": 0}\n')

@@ -61,7 +61,8 @@ so the output is the one a single process writes for the same seed.
 flushed, and the file is renamed to FILE at the end, so FILE is never half written and
 memory stays bounded for any --num-samples. Interrupted (Ctrl-C, SIGTERM, SIGHUP),
 the samples finished so far are published to FILE and the one-line message says how
-many; a reader of stdout that went away (`| head`) does not stop the file. --threads
+many; a reader of stdout that went away (`| head`) does not stop the file. A second
+ddpd-sample writing the same FILE meanwhile is refused (one writer: ddpd.files). --threads
 sets the CPU threads (default $OMP_NUM_THREADS if set, else 1: see ddpd.cli.common).
 """
 from __future__ import annotations
@@ -457,7 +458,8 @@ def run(args, stdout: Optional[Stdout] = None) -> int:
     args.device_obj = group.device
     dtype = resolve_dtype(args.dtype, args.device_obj)
     args.dtype_name = str(dtype).replace("torch.", "")
-    out = StreamedFile(args.out) if args.out and group.is_main else None  # an unwritable --out fails first
+    # An unwritable --out, or one another ddpd-sample is writing, fails first.
+    out = StreamedFile(args.out, one_writer=True) if args.out and group.is_main else None
     try:
         models = load_models(args, args.device_obj)
         models.prepare(dtype, args.device_obj)
