@@ -567,9 +567,19 @@ def _check_model(model, config: dict, what: str) -> None:
     if kind in KINDS and kind != config["kind"]:
         raise ValueError(f"{what}: config['kind'] must be the model's kind {kind!r}, got {config['kind']!r}")
     model_config = getattr(model, "config", None)
-    if hasattr(model_config, "to_dict") and model_config.to_dict() != config["model"]:
+    if hasattr(model_config, "to_dict") and model_config.to_dict() != _described(model_config, config["model"]):
         raise ValueError(f"{what}: config['model'] must describe the model, got {config['model']} "
                          f"for a model with {model_config.to_dict()}")
+
+
+def _described(model_config, fields: dict) -> dict:
+    """`fields` as the model's config class reads them: an older config.json lacks the
+    fields added since, which load as their defaults (the shipped bundle's has no
+    num_classes), and still describes the same model."""
+    try:
+        return type(model_config).from_dict(fields).to_dict()
+    except (AttributeError, TypeError, ValueError):  # not a TransformerConfig, or not a valid one
+        return fields
 
 
 def _check_config(config, what: str) -> None:

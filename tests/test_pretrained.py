@@ -198,6 +198,19 @@ def test_install_bundle_keeps_weights_and_drops_training_state(tmp_path, dtype):
         assert loaded.dtype == torch.float32 and torch.equal(loaded, value.to(getattr(torch, dtype)).float()), name
 
 
+def test_install_bundle_takes_the_shipped_bundle(tmp_path):
+    """The shipped configs predate TransformerConfig.num_classes: re-storing them (e.g. as
+    float16) was refused as 'config['model'] must describe the model'."""
+    shipped = pretrained.default_bundle()
+    assert "num_classes" not in read_config(os.path.join(shipped, "planner"))["model"]
+    dest = pretrained.install_bundle(os.path.join(shipped, "planner"), os.path.join(shipped, "denoiser"),
+                                     str(tmp_path / "text8"), "float16")
+    before, after = load_bundle(shipped), load_bundle(dest)
+    for role in (0, 1):
+        for name, value in before[role].state_dict().items():
+            assert torch.equal(after[role].state_dict()[name], value.half().float()), name
+
+
 def test_install_bundle_drops_the_paths_of_the_training_machine(tmp_path):
     paths = _training_checkpoints(tmp_path)
     for role in ("planner", "denoiser"):
