@@ -264,8 +264,15 @@ def test_training_command_reports_the_runs(setup, tmp_path, capsys):
     assert rows[0]["final_val_loss"] == rows[0]["history"][-1]["val_loss"]
     assert rows[0]["best_val_loss"] == min(h["val_loss"] for h in rows[0]["history"])
     assert rows[0]["train_seconds"] > 0 and rows[0]["tokens_per_s"] > 0
-    code, _, err = _run(capsys, "training", setup["planner"])  # weights only, no training state
-    assert code == 1 and "no training state" in err
+    # weights only (a bundle): its size and settings, no time or losses (it was refused)
+    code, out, err = _run(capsys, "training", setup["planner"], "--out-dir", tmp_path / "weights")
+    assert code == 0, err
+    with open(tmp_path / "weights" / "training.json") as f:
+        (row,) = json.load(f)
+    config = json.loads(open(os.path.join(setup["planner"], "config.json")).read())
+    assert row["kind"] == "planner" and row["parameters"] > 0 and row["d_model"] == config["model"]["d_model"]
+    assert row["step"] == config.get("step") and row["history"] == []
+    assert all(row[k] is None for k in ("train_seconds", "tokens_per_s", "best_val_loss", "final_train_loss"))
     config = json.loads((tmp_path / "ar" / "config.json").read_text())
     (tmp_path / "ar" / "config.json").write_text(json.dumps({**config, "training": None}))  # an edited config
     code, _, err = _run(capsys, "training", runs[1])

@@ -2,14 +2,17 @@
 
 Read from the checkpoint alone (config.json and the training state's history), so the
 table can be written wherever the runs finished: kind, size, batch, steps done, the
-training seconds and throughput, and the first, best and last validation losses.
+training seconds and throughput, and the first, best and last validation losses. A
+checkpoint kept without its training state (a bundle of ddpd.pretrained) gives its size,
+settings and step only.
 """
 from __future__ import annotations
 
 import math
+import os
 from typing import List, Sequence
 
-from ddpd.checkpoint import CheckpointError, load_train_state, read_config
+from ddpd.checkpoint import STATE_META, CheckpointError, load_train_state, read_config
 from ddpd.eval.report import markdown_table
 
 TRAINING_COLUMNS = (("kind", "Network", ""), ("parameters", "Parameters", ","), ("d_model", "d_model", ""),
@@ -37,31 +40,35 @@ def _parameters(path: str, config: dict) -> int:
                               f"model: {err}") from None
 
 
-def _check_record(path: str, config: dict, meta: dict) -> None:
-    """CheckpointError naming the checkpoint unless config.json and train_state.json hold
-    what a ddpd-train run writes (config.json carries no digest: it may have been edited)."""
+def _record(path: str) -> dict:
+    """The training state's record; {} for a checkpoint that keeps its weights only (a
+    bundle written by ddpd.pretrained): its row has no time or losses."""
     from ddpd.training.trainer import check_train_record
 
-    if not isinstance(config.get("training", {}), dict):
-        raise CheckpointError(f"checkpoint {path}: config.json 'training' must be an object of ddpd-train "
-                              f"settings, got {config['training']!r:.40}")
+    if not os.path.exists(os.path.join(path, STATE_META)):
+        return {}
+    _, meta = load_train_state(path)
     check_train_record(path, meta)
+    return meta
 
 
 def training_row(path: str) -> dict:
-    """The row of one checkpoint directory written by ddpd-train (with its training state)."""
+    """The row of one checkpoint directory written by ddpd-train (or kept from one)."""
     config = read_config(path)
-    _, meta = load_train_state(path)
-    _check_record(path, config, meta)
+    meta = _record(path)
+    if not isinstance(config.get("training", {}), dict):
+        raise CheckpointError(f"checkpoint {path}: config.json 'training' must be an object of ddpd-train "
+                              f"settings, got {config['training']!r:.40}")
     training, history = {**config["model"], **config.get("training", {})}, meta.get("history", [])
     validated = [h for h in history if h.get("val_loss") is not None and math.isfinite(h["val_loss"])]
     best = min(validated, key=lambda h: h["val_loss"]) if validated else {}
     trained = [h for h in history if h.get("train_loss") is not None]
-    seconds = meta.get("train_seconds", 0.0)
+    seconds = meta.get("train_seconds")
+    step = meta["step"] if meta else config.get("step")
     return {"kind": config["kind"], "parameters": _parameters(path, config),
             **{k: training.get(k) for k in ("d_model", "n_layers", "n_heads", "dropout", "batch_size", "seq_len",
                                               "lr", "steps", "max_time")},
-            "step": meta["step"], "train_seconds": seconds,
+            "step": step if isinstance(step, int) else None, "train_seconds": seconds,
             "tokens_per_s": meta.get("train_tokens", 0) / seconds if seconds else None,
             "first_val_loss": validated[0]["val_loss"] if validated else None,
             "best_val_loss": best.get("val_loss"), "best_step": best.get("step"),
