@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 import torch
@@ -55,12 +56,14 @@ def config(corpus, out, kind="planner", **changes):
 
 
 def test_learning_rate_schedule(corpus, tmp_path):
+    """Steps 0 to 99: up to lr at step 9, min_lr at step 99 (the last step ran above it, and
+    the peak was held two steps)."""
     cfg = config(corpus, tmp_path, steps=100, warmup=10, lr=1e-3, min_lr=1e-4)
-    lrs = [learning_rate(step, cfg) for step in range(101)]
+    lrs = [learning_rate(step, cfg) for step in range(100)]
     assert lrs[:10] == pytest.approx([1e-3 * (s + 1) / 10 for s in range(10)])
-    assert lrs[10] == pytest.approx(1e-3) and lrs[100] == pytest.approx(1e-4)
-    assert lrs[55] == pytest.approx(1e-4 + 0.5 * 9e-4)  # cosine midpoint
-    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))
+    assert lrs[10] < 1e-3 and lrs[99] == pytest.approx(1e-4)
+    assert lrs[54] == pytest.approx(1e-4 + 0.5 * 9e-4)  # cosine midpoint
+    assert all(a > b for a, b in zip(lrs[9:], lrs[10:]))
 
 
 def test_learning_rate_decays_by_max_time(corpus, tmp_path):
@@ -118,11 +121,12 @@ def test_objective_feeds_the_right_noise(corpus, tmp_path, kind):
     trainer = Trainer(config(corpus, tmp_path / kind, kind))
     x1 = next(trainer.train_batches)
     spy = Spy(1 if kind == "planner" else 27)
-    loss = trainer.objective(spy, x1, torch.Generator().manual_seed(0))
+    loss_sum, count = trainer.objective(spy, x1, torch.Generator().manual_seed(0))
+    loss = loss_sum / count
     (x, t), = spy.calls
     if kind == "ar":
         assert t is None and torch.equal(x[:, 0], torch.full((16,), 27)) and torch.equal(x[:, 1:], x1)
-        assert loss.item() == pytest.approx(math.log(27))
+        assert loss.item() == pytest.approx(math.log(27)) and count == x1.numel()
         return
     changed = x != x1
     if kind == "mask-denoiser":
@@ -134,6 +138,12 @@ def test_objective_feeds_the_right_noise(corpus, tmp_path, kind):
         assert t.shape == (16,) and float(t.min()) >= 0 and float(t.max()) < 1
     expected = math.log(2) if kind == "planner" else math.log(27)
     assert loss.item() == pytest.approx(expected, rel=1e-5)
+    if kind == "mask-denoiser":  # the loss's terms: the corrupted positions
+        assert count == changed.sum()
+    elif kind == "uniform-denoiser":  # a uniform draw may give back the clean token
+        assert changed.sum() <= count < x1.numel()
+    else:
+        assert count == x1.numel()
 
 
 def test_a_diverged_run_says_what_it_kept(corpus, tmp_path, capsys):
@@ -141,8 +151,8 @@ def test_a_diverged_run_says_what_it_kept(corpus, tmp_path, capsys):
     written; a NaN validation loss (finite weights) failed in the save with a JSON message."""
     trainer = Trainer(config(corpus, tmp_path / "fresh", steps=4))
     objective = trainer.objective  # NaN in training only: the step-0 evaluation stays finite
-    trainer.objective = lambda network, *args: (torch.tensor(float("nan"), requires_grad=True) if network.training
-                                                else objective(network, *args))
+    trainer.objective = lambda network, *args: ((torch.tensor(float("nan"), requires_grad=True), torch.tensor(1))
+                                                if network.training else objective(network, *args))
     with pytest.raises(FloatingPointError, match=r"training loss is nan at step 1; lower the learning rate "
                                                  r"\(no checkpoint was written\)"):
         trainer.train()
@@ -307,6 +317,94 @@ def _ddp_worker(rank, store, settings, out):
         dist.destroy_process_group()
 
 
+def _slow_clock_worker(rank, store, settings, out):
+    """Process 1's clock runs twice as fast as process 0's (a busier machine): each ran
+    out of max_time at its own step, with its own learning rates, and the two hung in
+    collectives that no longer matched."""
+    import types
+
+    import ddpd.training.trainer as trainer_module
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    ticks = iter(range(10**6))
+    trainer_module.time = types.SimpleNamespace(perf_counter=lambda: float(next(ticks) * (rank + 1)))
+    trainer = Trainer(TrainConfig.from_dict(settings))
+    lrs, step = [], trainer.optimizer.step
+    trainer.optimizer.step = lambda *a, **k: (lrs.append(trainer.optimizer.param_groups[0]["lr"]), step(*a, **k))[1]
+    try:
+        history = trainer.train()
+        save_file(dict(trainer.model.state_dict()), os.path.join(out, f"rank{rank}.safetensors"))
+        with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+            json.dump({"step": trainer.step, "lrs": lrs, "history": history}, f)
+    finally:
+        trainer.close()
+        del trainer
+        gc.collect()
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def test_two_processes_follow_one_clock_and_one_loss(corpus, tmp_path):
+    """Both processes stop at the step the faster clock says (3 steps of 2 s against 6 s),
+    with the same learning rates, weights and history: the recorded training loss is the
+    step's over both processes (it was process 0's alone)."""
+    settings = config(corpus, tmp_path / "run", "mask-denoiser", steps=20, max_time=6.0, warmup=2, eval_every=2,
+                      save_every=20).to_dict()
+    context = mp.start_processes(_slow_clock_worker, args=(str(tmp_path / "store"), settings, str(tmp_path)),
+                                 nprocs=2, join=False, start_method="spawn")
+    deadline = time.monotonic() + HANG_GUARD_SECONDS
+    while not context.join(timeout=10):
+        if time.monotonic() > deadline:
+            for process in context.processes:
+                process.kill()
+            pytest.fail("the two processes hung")
+    runs = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    for run in runs:  # the throughput a record names is its process's (process 0's is saved)
+        run["history"] = [{k: v for k, v in h.items() if k != "tokens_per_s"} for h in run["history"]]
+    assert runs[0] == runs[1] and runs[0]["step"] == 3 and len(runs[0]["lrs"]) == 3
+    assert [h["step"] for h in runs[0]["history"]] == [0, 2, 3]
+    rank0, rank1 = (load_file(tmp_path / f"rank{r}.safetensors") for r in (0, 1))
+    assert all(torch.equal(rank0[k], rank1[k]) for k in rank0)
+    assert load_train_state(tmp_path / "run")[1]["step"] == 3
+
+
+def test_a_step_weighs_every_corrupted_position_alike_however_it_is_split(corpus, tmp_path):
+    """The denoiser's step loss was the mean of its micro-batches' means: a position of a
+    micro-batch with few corrupted ones weighed more, and --grad-accum changed the gradient
+    (and the training and validation losses read lower with smaller batches)."""
+    from ddpd.training.losses import denoiser_loss
+
+    x1 = torch.randint(0, 27, (8, 32), generator=torch.Generator().manual_seed(0))
+    corrupted = torch.arange(32) < torch.tensor([30, 30, 30, 30, 1, 2, 1, 2])[:, None]  # many, then few
+
+    def objective(network, rows, generator, labels=None, label_dropout=0.0):
+        z = corrupted[[int((x1 == row).all(-1).nonzero()) for row in rows]]
+        logits = network(torch.where(z, 27, rows), torch.full((rows.shape[0],), 0.5))
+        return denoiser_loss(logits, rows, z, reduction="sum"), z.sum()
+
+    steps = {}
+    for batch, accum in ((8, 1), (4, 2)):
+        trainer = Trainer(config(corpus, tmp_path / str(batch), "mask-denoiser", batch_size=batch, grad_accum=accum,
+                                 grad_clip=0.0))
+        trainer.train_batches, trainer.objective = iter(x1.split(batch)), objective
+        grads, step = [], trainer.optimizer.step
+        trainer.optimizer.step = lambda *a, **k: (grads.extend(p.grad.clone() for p in trainer.model.parameters()),
+                                                  step(*a, **k))[1]
+        steps[batch] = trainer._optimizer_step(), grads
+        trainer.close()
+    reference = Trainer(config(corpus, tmp_path / "whole", "mask-denoiser"))  # the same initial weights
+    model = reference.model
+    whole = denoiser_loss(model(torch.where(corrupted, 27, x1), torch.full((8,), 0.5)), x1, corrupted)
+    whole.backward()
+    reference.close()
+    assert steps[8][0] == pytest.approx(whole.item(), rel=1e-5) and steps[4][0] == pytest.approx(whole.item(), rel=1e-5)
+    for expected, one, two in zip((p.grad for p in model.parameters()), steps[8][1], steps[4][1]):
+        torch.testing.assert_close(one, expected, rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(two, expected, rtol=1e-4, atol=1e-6)
+
+
 def test_two_process_data_parallel(corpus, tmp_path):
     settings = config(corpus, tmp_path, steps=4, grad_accum=2, dropout=0.1, save_every=4, eval_every=2).to_dict()
     mp.start_processes(_ddp_worker, args=(str(tmp_path / "store"), settings, str(tmp_path)), nprocs=2, join=True,
@@ -398,7 +496,7 @@ def test_cli_trains_and_resumes(corpus, tmp_path, capsys):
     code, out, err = run_cli(capsys, *args)
     assert code == 1 and "already holds a checkpoint" in err
     code, out, err = run_cli(capsys, "planner", "--out", tmp_path / "p", "--resume", "--lr", "0.1")
-    assert code == 1 and "changed settings: lr" in err
+    assert code == 2 and err.count("\n") == 1 and "changed settings: --lr (0.0003 -> 0.1); leave those flags" in err
     code, out, err = run_cli(capsys, "planner", "--out", tmp_path / "p", "--resume", "--no-progress")
     assert code == 0 and "step 4 of 4" in out
 
@@ -436,6 +534,21 @@ def test_cli_usage_errors_exit_2(capsys, argv):
     assert err.startswith("ddpd-train: error: ") and err.count("\n") == 1
 
 
+@pytest.mark.parametrize("environ, message", [
+    ({"RANK": "1"}, "RANK must be an int in [0, 0] (below WORLD_SIZE, which is 1 when unset), got '1'"),
+    ({"RANK": "2", "WORLD_SIZE": "2"}, "RANK must be an int in [0, 1]"),
+    ({"WORLD_SIZE": "two"}, "WORLD_SIZE must be an int >= 1, got 'two'"),
+    ({"LOCAL_RANK": "-1"}, "LOCAL_RANK must be an int >= 0")])
+def test_torchrun_variables_that_cannot_be_are_named(corpus, tmp_path, capsys, monkeypatch, environ, message):
+    """RANK=1 without a group made a lone process a helper of process 0: nothing written,
+    exit 0 (or a ZeroDivisionError traceback in its evaluation)."""
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    code, _, err = run_cli(capsys, "planner", "--data", corpus, "--out", tmp_path / "p", "--steps", "2", *TINY_CLI)
+    assert code == 1 and err.count("\n") == 1 and err.startswith(f"ddpd-train: error: environment variable {message}")
+    assert not (tmp_path / "p").exists()
+
+
 def test_cli_process_has_no_traceback(tmp_path):
     result = subprocess.run([sys.executable, "-m", "ddpd.cli.train", "planner", "--data", str(tmp_path / "none"),
                              "--out", str(tmp_path / "o")], capture_output=True, text=True, env=ONE_THREAD_ENV)
@@ -451,8 +564,8 @@ def test_resume_needs_a_training_checkpoint(corpus, tmp_path):
 def test_non_finite_loss_stops_training(corpus, tmp_path, monkeypatch):
     trainer = Trainer(config(corpus, tmp_path / "out", steps=3))
     monkeypatch.setattr(trainer, "objective",  # in training: a NaN validation loss stops the run at step 0
-                        lambda network, x1, generator, *labels: network(x1).sum() * (float("nan") if network.training
-                                                                                      else 0.0))
+                        lambda network, x1, generator, *labels: (
+                            network(x1).sum() * (float("nan") if network.training else 0.0), torch.tensor(1)))
     with pytest.raises(FloatingPointError, match="training loss is nan at step 1"):
         trainer.train()
     with pytest.raises(ValueError, match="stop_at must be >= 0"):
@@ -641,7 +754,7 @@ def test_a_resumed_run_keeps_its_evaluation_and_follows_its_corpus_by_content(tm
     out = tmp_path / "p"
     _checkpoint_at_step_2(str(data), out)
     code, _, err = run_cli(capsys, "planner", "--out", out, "--resume", "--eval-batches", "1")
-    assert code == 1 and "changed settings: eval_batches (4 -> 1)" in err, err  # losses of another set
+    assert code == 2 and "changed settings: --eval-batches (4 -> 1)" in err, err  # losses of another set
     moved = tmp_path / "moved.txt"
     os.rename(data, moved)  # the same text elsewhere is the same corpus
     with Trainer(config(str(moved), out, steps=20, save_every=2), resume=True) as trainer:
@@ -788,6 +901,23 @@ def test_labels_reach_the_network_with_label_dropout(labelled, tmp_path, kind):
     trainer.objective(spy, x1[:1].expand(4000, -1), torch.Generator().manual_seed(1), many, 0.25)
     dropped = (spy.labels == 2).float().mean().item()  # 2: the null label
     assert set(spy.labels.tolist()) == {0, 2} and abs(dropped - 0.25) < 0.035  # 5 standard deviations
+
+
+def test_a_labelled_corpus_is_held_out_alike_with_and_without_labels(tmp_path):
+    """Without --num-classes the records were split 90/5/5 over the whole file, not within
+    each class: an unconditional planner and a conditional denoiser of one corpus trained
+    on each other's held-out records."""
+    lines = [json.dumps({"text": "ab"[label] * 30 + " " + "".join("cdefghijkl"[int(d)] for d in f"{i:03d}"),
+                         "label": label}) for label in (0, 1) for i in range(40)]  # sorted by class
+    (tmp_path / "sorted.jsonl").write_text("\n".join(lines) + "\n")
+    data, held_out = str(tmp_path / "sorted.jsonl"), []
+    for classes in (0, 2):
+        trainer = Trainer(TrainConfig(kind="planner", data=data, out=str(tmp_path / str(classes)),
+                                      **{**TINY, "seq_len": 8, "num_classes": classes}))
+        batches = [batch[0] if isinstance(batch, tuple) else batch for batch in trainer.eval_set]
+        held_out.append(torch.cat(batches))
+        trainer.close()
+    assert torch.equal(held_out[0], held_out[1])
 
 
 def test_class_conditional_training_and_its_checkpoint(labelled, tmp_path):

@@ -139,11 +139,19 @@ def _resume_command(trainer) -> str:
     return f"{command} {config.kind} --out {config.out} --resume"
 
 
+def _conflict_message(err) -> str:
+    """A --resume given other settings than its run's, by their flags: a command-line error."""
+    flags = {action.dest: action.option_strings[0] for action in build_parser()._actions if action.option_strings}
+    changed = ", ".join(f"{flags.get(name, name)} ({old!r} -> {new!r})" for name, old, new in err.changed)
+    return (f"cannot resume {err.out} with changed settings: {changed}; leave those flags out to continue the "
+            "run as it was")
+
+
 def run(args: argparse.Namespace, state: dict) -> int:
     from ddpd.cli.common import Interrupted
     from ddpd.models import count_parameters
     from ddpd.training.distributed import PeerLost
-    from ddpd.training.trainer import Trainer
+    from ddpd.training.trainer import ResumeConflict, Trainer
 
     apply_threads(getattr(args, "threads", None))
     config = _checked_config(args)
@@ -153,6 +161,8 @@ def run(args: argparse.Namespace, state: dict) -> int:
     except Interrupted as stop:
         stop.detail = "; training had not started, nothing was written"
         raise
+    except ResumeConflict as err:
+        raise UsageError(_conflict_message(err)) from None
     state["trainer"] = trainer
     finished = False
     try:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import inspect
 import os
 from contextlib import contextmanager
-from typing import List
+from typing import List, Optional
 
 import torch
 import torch.distributed as dist
@@ -78,15 +78,33 @@ class GradientMean:
         return dist.all_reduce(gradients, async_op=True).get_future().then(reduced)
 
 
+def _environ_int(variable: str, default: int, low: int, high: Optional[int] = None) -> int:
+    """An int environment variable of torchrun's, in [low, high]; ValueError naming it."""
+    text = os.environ.get(variable)
+    if text is None:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or value < low or (high is not None and value > high):
+        span = f"in [{low}, {high}]" if high is not None else f">= {low}"
+        below = " (below WORLD_SIZE, which is 1 when unset)" if variable == "RANK" else ""
+        raise ValueError(f"environment variable {variable} must be an int {span}{below}, got {text!r}")
+    return value
+
+
 class Distributed:
     """Rank, world size and device of this process; joins the torchrun process group
     when WORLD_SIZE > 1 (nccl on CUDA, gloo otherwise). `name` is the device argument's
     name in error messages."""
 
     def __init__(self, device: str, name: str = "device"):
-        self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
-        self.rank = int(os.environ.get("RANK", "0"))
-        local_rank = int(os.environ.get("LOCAL_RANK", str(self.rank)))
+        self.world_size = _environ_int("WORLD_SIZE", 1, 1)
+        # A RANK without a group (set by hand, or left from another job) made a lone process
+        # act as a helper of process 0: it wrote nothing and exited 0.
+        self.rank = _environ_int("RANK", 0, 0, self.world_size - 1)
+        local_rank = _environ_int("LOCAL_RANK", self.rank, 0)
         self.device = check_device(name, device, local_rank if self.world_size > 1 else None)
         self.owns_group = False
         if self.world_size > 1 and not dist.is_initialized():

@@ -64,30 +64,45 @@ def _token_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.T
     return ce.view(targets.shape)
 
 
-def _rate_weighted(per_position: torch.Tensor, rate: torch.Tensor) -> torch.Tensor:
-    """E_batch[ rate * sum_d per_position ]: the theorem's form, nats per sequence."""
-    return (rate.float() * per_position.sum(-1)).mean()
+REDUCTIONS = ("mean", "sum")
 
 
-def planner_loss(logits: torch.Tensor, z_t: torch.Tensor, rate: Optional[torch.Tensor] = None) -> torch.Tensor:
+def _reduced(per_position: torch.Tensor, count, rate: Optional[torch.Tensor], reduction: str) -> torch.Tensor:
+    """mean: the sum of per_position's terms over `count` of them, or with rate
+    E_batch[ rate * sum_d per_position ] (the theorem's form, nats per sequence); sum: the
+    numerator alone, for a mean over several batches (a training step's micro-batches and
+    processes), which a mean of their means is not where their counts differ."""
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+    if rate is not None:
+        total, count = (rate.float() * per_position.sum(-1)).sum(), per_position.shape[0]
+    else:
+        total = per_position.sum()
+    return total if reduction == "sum" else total / count
+
+
+def planner_loss(logits: torch.Tensor, z_t: torch.Tensor, rate: Optional[torch.Tensor] = None,
+                 reduction: str = "mean") -> torch.Tensor:
     """Binary cross-entropy of planner logits [B, D] against z_t [B, D] (bool, True = noise).
 
-    Default: mean over all B * D positions. With rate: E_b[rate_b * sum_d BCE_bd]."""
+    Default: mean over all B * D positions. With rate: E_b[rate_b * sum_d BCE_bd].
+    reduction="sum": the mean's numerator (module docstring)."""
     _check_tensor("logits", logits, 2, floating=True)
     _check_tensor("z_t", z_t, 2, dtype=torch.bool)
     _check_same_shape("z_t", z_t, logits.shape)
     _check_rate(rate, logits.shape[0])
     bce = F.binary_cross_entropy_with_logits(logits.float(), z_t.float(), reduction="none")
-    return bce.mean() if rate is None else _rate_weighted(bce, rate)
+    return _reduced(bce, bce.numel(), rate, reduction)
 
 
 def denoiser_loss(logits: torch.Tensor, x1: torch.Tensor, z_t: torch.Tensor,
-                  rate: Optional[torch.Tensor] = None) -> torch.Tensor:
+                  rate: Optional[torch.Tensor] = None, reduction: str = "mean") -> torch.Tensor:
     """Cross-entropy of denoiser logits [B, D, V] against clean x1 [B, D] at the corrupted
     positions z_t [B, D] (bool, True = noise).
 
     Default: mean over the corrupted positions of the whole batch (0, with a zero
-    gradient, when none is corrupted). With rate: E_b[rate_b * sum_{d: z=N} CE_bd]."""
+    gradient, when none is corrupted). With rate: E_b[rate_b * sum_{d: z=N} CE_bd].
+    reduction="sum": the mean's numerator (module docstring)."""
     _check_tensor("logits", logits, 3, floating=True)
     _check_targets("x1", x1, logits.shape[:2], logits.shape[-1])
     _check_tensor("z_t", z_t, 2, dtype=torch.bool)
@@ -95,28 +110,27 @@ def denoiser_loss(logits: torch.Tensor, x1: torch.Tensor, z_t: torch.Tensor,
     _check_rate(rate, logits.shape[0])
     # where, not multiply: a non-finite CE at a clean position must not leak into the loss
     ce = torch.where(z_t, _token_cross_entropy(logits, x1), 0.0)
-    if rate is not None:
-        return _rate_weighted(ce, rate)
     # clamp: an all-clean batch gives 0 / 1 instead of 0 / 0, and no host sync
-    return ce.sum() / z_t.sum().clamp(min=1)
+    return _reduced(ce, z_t.sum().clamp(min=1), rate, reduction)
 
 
-def uniform_model_loss(logits: torch.Tensor, x1: torch.Tensor) -> torch.Tensor:
+def uniform_model_loss(logits: torch.Tensor, x1: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
     """Cross-entropy of p_theta(x_1 | x_t) logits [B, D, V] against x1 [B, D], mean over
-    all positions (DFM-Uni: the model is not told which positions are noise)."""
+    all positions (DFM-Uni: the model is not told which positions are noise); sum with
+    reduction="sum"."""
     _check_tensor("logits", logits, 3, floating=True)
     _check_targets("x1", x1, logits.shape[:2], logits.shape[-1])
-    return _token_cross_entropy(logits, x1).mean()
+    return _reduced(_token_cross_entropy(logits, x1), x1.numel(), None, reduction)
 
 
-def ar_loss(logits: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+def ar_loss(logits: torch.Tensor, x: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
     """Next-token cross-entropy: logits [B, D, V] at position d against x[:, d + 1],
-    mean over the B * (D - 1) predicted tokens. x may start with a BOS id >= V, since
-    position 0 is never a target."""
+    mean over the B * (D - 1) predicted tokens (sum with reduction="sum"). x may start
+    with a BOS id >= V, since position 0 is never a target."""
     _check_tensor("logits", logits, 3, floating=True)
     _check_tensor("x", x, 2, dtype=torch.long)
     _check_same_shape("x", x, logits.shape[:2])
     if x.shape[1] < 2:
         raise ValueError(f"x: expected at least 2 tokens per sequence, got {x.shape[1]}")
     _check_targets("x[:, 1:]", x[:, 1:], x[:, 1:].shape, logits.shape[-1])
-    return _token_cross_entropy(logits[:, :-1], x[:, 1:]).mean()
+    return _reduced(_token_cross_entropy(logits[:, :-1], x[:, 1:]), x[:, 1:].numel(), None, reduction)

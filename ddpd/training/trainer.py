@@ -70,6 +70,16 @@ RESUME_FIXED = ("kind", "data", "batch_size", "seq_len", "d_model", "n_layers", 
                 "tiktoken", "schedule", "steps", "max_time", "num_classes", "label_dropout", "eval_batches")
 
 
+class ResumeConflict(ValueError):
+    """A resumed run given settings other than its own: `changed` holds (setting, the
+    run's value, the value given)."""
+
+    def __init__(self, out: str, changed: List[Tuple[str, object, object]]):
+        self.out, self.changed = out, changed
+        super().__init__(f"cannot resume {out} with changed settings: "
+                         + ", ".join(f"{name} ({old!r} -> {new!r})" for name, old, new in changed))
+
+
 @dataclass
 class TrainConfig:
     """Settings of one training run. batch_size is per process and per micro-batch:
@@ -172,12 +182,13 @@ class TrainConfig:
 
 
 def learning_rate(step: int, config: TrainConfig, seconds: float = 0.0) -> float:
-    """Linear warmup over `warmup` steps to lr, then cosine decay to final_lr at `steps`,
+    """The learning rate of optimizer step `step` (0 to steps - 1): linear warmup over the
+    first `warmup` steps up to lr, then cosine decay down to final_lr at the last step,
     or at config.max_time training seconds (`seconds` so far) if that comes first."""
     if step < config.warmup:
         return config.lr * (step + 1) / config.warmup
-    span = max(config.steps - config.warmup, 1)
-    progress = min((step - config.warmup) / span, 1.0)
+    # step warmup - 1 ran at lr: the decay's first step is already below it
+    progress = min((step - config.warmup + 1) / max(config.steps - config.warmup, 1), 1.0)
     if config.max_time is not None:
         progress = max(progress, min(seconds / config.max_time, 1.0))
     return config.final_lr + 0.5 * (config.lr - config.final_lr) * (1.0 + math.cos(math.pi * progress))
@@ -351,10 +362,10 @@ class Trainer:
         settings = training_settings(out, stored.config)
         defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}  # of settings added later
         fixed = [name for name in RESUME_FIXED if name != "data" or "corpus" not in stored.config]
-        changed = [f"{name} ({settings.get(name, defaults[name])!r} -> {getattr(self.config, name)!r})"
+        changed = [(name, settings.get(name, defaults[name]), getattr(self.config, name))
                    for name in fixed if settings.get(name, defaults[name]) != getattr(self.config, name)]
         if changed:
-            raise ValueError(f"cannot resume {out} with changed settings: {', '.join(changed)}")
+            raise ResumeConflict(out, changed)
         return stored
 
     def _check_corpus(self, stored_config: dict) -> None:
@@ -380,12 +391,14 @@ class Trainer:
             return {name: Records.stream(tokens) for name, tokens in
                     split_tokens(encode_corpus(text, self.tokenizer, f"data {config.data}")).items()}
         records = load_labelled(config.data, self.tokenizer, text)
-        if not config.num_classes:
-            records.labels = None  # an unconditional model trained on the records' texts
-        elif int(records.labels.max()) >= config.num_classes:
+        if config.num_classes and int(records.labels.max()) >= config.num_classes:
             raise ValueError(f"data {config.data} has label {int(records.labels.max())}, but num_classes="
                              f"{config.num_classes} (labels must be in [0, {config.num_classes}))")
-        return records.split()
+        splits = records.split()  # by class either way: a conditional and an unconditional network hold out alike
+        if not config.num_classes:
+            for part in splits.values():
+                part.labels = None  # an unconditional model trained on the records' texts
+        return splits
 
     def _check_splits(self, splits: Dict[str, Records]) -> None:
         seq_len = self.config.seq_len
@@ -426,7 +439,8 @@ class Trainer:
             self._record(None)  # the untrained baseline
         bar = self._progress_bar(stop_at)
         losses = self._losses  # saved with the checkpoint: a resumed run averages what the whole run would
-        while self.step < stop_at and not self._stopping():
+        # _stopping first: every process calls its collective the same number of times
+        while not self._stopping() and self.step < stop_at:
             started = time.perf_counter()
             losses.append(self._optimizer_step())
             self.step += 1
@@ -438,14 +452,14 @@ class Trainer:
             if self.step % config.eval_every == 0 or self.step == config.steps:
                 self._record(sum(losses) / len(losses))
                 losses.clear()
-            if self.out_of_time and self.step % config.eval_every and self.step != config.steps:
-                self._record(sum(losses) / len(losses))  # the last losses of a run cut by the clock
-                losses.clear()
-            if self.step % config.save_every == 0 or self.step == stop_at or self.out_of_time:
+            if self.step % config.save_every == 0 or self.step == stop_at:
                 self.save()
         if bar is not None:
             bar.close()
-        if self.stop_reason is not None and self._saved_step != self.step:
+        if self.out_of_time and losses:
+            self._record(sum(losses) / len(losses))  # the last losses of a run cut by the clock
+            losses.clear()
+        if (self.stop_reason is not None or self.out_of_time) and self._saved_step != self.step:
             self.save()  # a stopped run continues from where it stopped
         if self.out_of_time:
             self.log(f"stopped by max_time ({config.max_time:g} s of training) at step {self.step} of {config.steps}")
@@ -461,13 +475,14 @@ class Trainer:
 
     def _stopping(self) -> bool:
         """Whether to stop before the next step: a stop was requested or the time is up,
-        agreed by every process (they may see a signal or the clock at different steps)."""
-        flags = [float(self.stop_reason is not None), float(self.out_of_time)]
+        agreed by every process (they may see a signal at different steps). Their clocks
+        become the slowest one's: the learning rate under max_time, the records and the
+        saves follow one clock, or the processes' weights and collectives part ways."""
         if self.dist.world_size > 1:
-            flags = self.dist.max(flags)
-            if flags[0] and self.stop_reason is None:
+            stop, self.train_seconds = self.dist.max([float(self.stop_reason is not None), self.train_seconds])
+            if stop and self.stop_reason is None:
                 self.stop_reason = "a stop requested in another process"
-        return bool(flags[0] or flags[1])
+        return self.stop_reason is not None or self.out_of_time
 
     @property
     def out_of_time(self) -> bool:
@@ -494,18 +509,27 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = learning_rate(self.step, config, self.train_seconds)
         self.network.train()
-        total = 0.0
+        total, count = 0.0, 0.0
         for micro in range(config.grad_accum):
             x1, labels = self._to_device(next(self.train_batches))
             last = micro == config.grad_accum - 1
             sync = self.network.no_sync() if self.dist.world_size > 1 and not last else nullcontext()
             with sync, self._peer_failures():
                 with self._autocast():
-                    loss = self.objective(self.network, x1, self.noise, labels, config.label_dropout)
-                (loss / config.grad_accum).backward()
-            total += loss.item()
-        if not math.isfinite(total):
-            self._diverged(f"training loss is {total} at step {self.step + 1}")
+                    loss_sum, terms = self.objective(self.network, x1, self.noise, labels, config.label_dropout)
+                loss_sum.backward()
+            total, count = total + loss_sum.item(), count + float(terms)
+        # The step's loss is the mean over all its terms (the denoiser's: its corrupted
+        # positions), whichever micro-batch and process they fell in: the gradients hold
+        # each process's sum, averaged over the processes.
+        total, count = self.dist.sum([total, count])
+        count = max(count, 1.0)  # a step without a corrupted position: a zero gradient
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        if grads:
+            torch._foreach_mul_(grads, self.dist.world_size / count)
+        loss = total / count
+        if not math.isfinite(loss):
+            self._diverged(f"training loss is {loss} at step {self.step + 1}")
         if config.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.grad_clip)
         self.optimizer.step()
@@ -513,7 +537,7 @@ class Trainer:
         if self.ema is not None:
             with torch.no_grad():
                 torch._foreach_lerp_(list(self.ema.parameters()), list(self.model.parameters()), 1.0 - config.ema)
-        return total / config.grad_accum
+        return loss
 
     def _to_device(self, batch) -> Tuple[Tensor, Optional[Tensor]]:
         """(x1, labels or None) of a batch of RandomCrops / evaluation_batches, on the device."""
@@ -521,23 +545,26 @@ class Trainer:
         return x1.to(self.device, non_blocking=True), None if labels is None else labels.to(self.device)
 
     def objective(self, network, x1: Tensor, generator: torch.Generator, labels: Optional[Tensor] = None,
-                  label_dropout: float = 0.0) -> Tensor:
+                  label_dropout: float = 0.0) -> Tuple[Tensor, Tensor]:
         """The training loss of config.kind on clean chunks x1: Long[B, L] of classes `labels`
         (Long[B], class-conditional models), each replaced by the null label with
-        probability label_dropout (drawn from `generator` after the corruption)."""
+        probability label_dropout (drawn from `generator` after the corruption), as (the
+        sum of its terms, their count): the loss is their ratio, over a whole step or a
+        whole evaluation, not a mean of per-batch means."""
         kind = self.config.kind
         if kind == "ar":
             x = self.model.with_bos(x1)
-            return ar_loss(network(x, **self._labels(labels, label_dropout, generator)), x)
+            return ar_loss(network(x, **self._labels(labels, label_dropout, generator)), x, reduction="sum"), \
+                torch.tensor(x1.numel())  # one next-token term per clean token
         t = torch.rand(x1.shape[0], generator=generator, device=x1.device)
         noise = "mask" if kind == "mask-denoiser" else "uniform"
         x_t, z_t = corrupt(x1, t, self.schedule, noise, self.vocab_size, generator=generator)
         condition = self._labels(labels, label_dropout, generator)
         if kind == "planner":
-            return planner_loss(network(x_t, **condition), z_t)
+            return planner_loss(network(x_t, **condition), z_t, reduction="sum"), torch.tensor(z_t.numel())
         if kind == "uniform":
-            return uniform_model_loss(network(x_t, t, **condition), x1)
-        return denoiser_loss(network(x_t, t, **condition), x1, z_t)
+            return uniform_model_loss(network(x_t, t, **condition), x1, reduction="sum"), torch.tensor(x1.numel())
+        return denoiser_loss(network(x_t, t, **condition), x1, z_t, reduction="sum"), z_t.sum()
 
     def _labels(self, labels: Optional[Tensor], dropout: float, generator: torch.Generator) -> dict:
         """{"labels": ...} for a network call ({} without labels), dropped to the null label
@@ -576,11 +603,11 @@ class Trainer:
             generator = torch.Generator(self.device).manual_seed(stream_seed(self.config.seed, index, "eval"))
             batch, labels = self._to_device(self.eval_set[index])
             with self._autocast():  # the conditional loss: no label dropout
-                loss_sum += self.objective(model, batch, generator, labels).item() * batch.shape[0]
-            count += batch.shape[0]
+                total, terms = self.objective(model, batch, generator, labels)
+            loss_sum, count = loss_sum + total.item(), count + float(terms)
         model.train(was_training)
         loss_sum, count = self.dist.sum([loss_sum, count])
-        return loss_sum / count
+        return loss_sum / max(count, 1.0)
 
     def _diverged(self, what: str) -> None:
         """FloatingPointError: the run diverged; says what of it is kept."""
