@@ -67,7 +67,13 @@ def _fitted(name: str, room: int) -> str:
     if len(raw) <= room:
         return name
     digest = hashlib.sha256(raw).hexdigest()[:16]
-    return os.fsdecode(raw[:room - len(digest) - 1]) + "~" + digest
+    cut = raw[:room - len(digest) - 1]
+    head = cut.decode("utf-8", "ignore") if _utf8() else os.fsdecode(cut)  # whole characters: none shows broken
+    return head + "~" + digest
+
+
+def _utf8() -> bool:
+    return sys.getfilesystemencoding().lower().replace("-", "") == "utf8"
 
 
 def _temp_head(path: str, kind: str) -> str:
@@ -115,6 +121,19 @@ def check_output(path, directory: bool = False) -> None:
         raise OutputError(path, NotADirectoryError(errno.ENOTDIR, f"{existing} is not a directory"))
     if not os.access(existing, os.W_OK | os.X_OK):
         raise OutputError(path, PermissionError(errno.EACCES, f"{existing} is not writable"))
+    _check_name_lengths(path, existing)
+
+
+def _check_name_lengths(path, existing: str) -> None:
+    """An OutputError where a name on `path` is longer than the file system below `existing` takes."""
+    try:
+        limit = os.pathconf(existing, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        limit = NAME_MAX
+    for name in os.fspath(path).split(os.sep):
+        if len(os.fsencode(name)) > limit:
+            raise OutputError(path, OSError(errno.ENAMETOOLONG, f"a name of {len(os.fsencode(name))} bytes, over "
+                                                                f"the {limit} a file name may take"))
 
 
 def _refuse_non_files(path) -> str:

@@ -192,6 +192,10 @@ def test_progress_bar_ticks_once_per_denoiser_pass(ckpts, monkeypatch, capsys, f
     assert bar.n == 24 and bar.ticks <= 24 + 2
     assert main(argv + ["--no-progress", *fused]) == 0
     assert bars.pop().disabled_by_cli
+    # one uniform model on the planner clock: two passes a step (the bar ended at 200%)
+    assert main(["--denoiser", ckpts["uniform"], *argv[2:], "--option", "A+B", *fused]) == 0
+    bar = bars.pop()
+    assert (bar.total, bar.n, bar.ticks) == (48, 48, 48 + 2)
     capsys.readouterr()
 
 
@@ -260,6 +264,33 @@ def test_a_closed_stdout_does_not_stop_the_file(ckpts, tmp_path):
     assert proc.returncode == 0, err
     assert "Traceback" not in err and "Broken pipe" not in err, err
     assert [r["index"] for r in read_jsonl(out)] == list(range(60))
+
+
+def test_a_full_stdout_keeps_the_file_and_says_so(ckpts, tmp_path):
+    """`>/dev/full`: the failure unwound through the run and discarded every finished sample."""
+    out = tmp_path / "s.jsonl"
+    with open("/dev/full", "w") as full:
+        proc = _sample_process(ckpts, out, "--num-samples", "20", stdout=full)
+        err = proc.communicate(timeout=HANG_GUARD_SECONDS)[1]
+    assert proc.returncode == 1 and "Traceback" not in err, err
+    assert err.endswith(f"ddpd-sample: error: cannot write stdout: No space left on device; the 20 samples are in "
+                        f"{out}\n"), err
+    assert [r["index"] for r in read_jsonl(out)] == list(range(20))
+
+
+@pytest.mark.parametrize("closed", [1, 2])
+def test_a_closed_stream_at_the_start_is_no_failure(ckpts, tmp_path, closed):
+    """`2>&-` (or `1>&-`): sys.stderr was None, the progress bar failed on it, exit 1 and no
+    file; and the file opened next took descriptor 2."""
+    out = tmp_path / "s.jsonl"
+    command = [sys.executable, "-m", "ddpd.cli.sample", "--checkpoint", ckpts["bundle"], "--steps", "8",
+               "--batch-size", "5", "--out", str(out), "--num-samples", "10"]
+    done = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True, env=ENV,
+                          timeout=HANG_GUARD_SECONDS, preexec_fn=lambda: os.close(closed))
+    assert done.returncode == 0
+    assert [r["index"] for r in read_jsonl(out)] == list(range(10))
+    if closed == 2:
+        assert [len(line) for line in done.stdout.splitlines()] == [D] * 10  # only the samples
 
 
 def test_the_summary_counts_the_samples_drawn_when_the_reader_went_away(ckpts):

@@ -502,3 +502,37 @@ def test_outputs_are_checked_before_any_model_is_loaded(setup, capsys, tmp_path,
         code, _, err = _run(capsys, *argv)
         assert code == 1 and message in err and err.count("\n") == 1, err
     assert (tmp_path / "keep.jsonl").read_text() == "x" and not (tmp_path / "r.json").exists()
+
+
+@pytest.mark.parametrize("command", ["training", "elbo"])
+def test_a_reader_that_went_away_loses_no_report(setup, tmp_path, command):
+    """`ddpd-eval ... | true`: the report was printed before it was written, and the broken
+    pipe ended the tool (exit 1) with nothing written."""
+    import subprocess
+    import sys
+
+    p, out = setup, tmp_path / "report"
+    argv = {"training": ["training", p["planner"], "--out-dir", str(out)],
+            "elbo": ["elbo", "--uniform", p["uniform"], "--data", p["data"], "--num-sequences", "2",
+                     "--out", str(out / "elbo.json"), "--no-progress"]}[command]
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first line
+    try:
+        done = subprocess.run([sys.executable, "-m", "ddpd.cli.eval", *argv], stdout=write,
+                              stderr=subprocess.PIPE, text=True, timeout=HANG_GUARD_SECONDS,
+                              env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+    finally:
+        os.close(write)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert sorted(os.listdir(out)) == (["training.json", "training.md"] if command == "training"
+                                       else ["elbo.json", "elbo.md"])
+
+
+def test_a_name_too_long_is_refused_before_any_work(setup, tmp_path, capsys, monkeypatch):
+    """elbo's --out of 255 bytes has a 256-byte .md twin: refused only after the evaluation,
+    the JSON written without its Markdown."""
+    monkeypatch.setattr("ddpd.cli.eval.load_models", lambda args: pytest.fail("models loaded before --out was checked"))
+    out = tmp_path / ("a" * 253 + ".j")
+    code, _, err = _run(capsys, "elbo", "--uniform", setup["uniform"], "--data", setup["data"], "--out", out)
+    assert code == 1 and err.count("\n") == 1 and "a name of 256 bytes, over the 255 a file name may take" in err, err
+    assert os.listdir(tmp_path) == []

@@ -331,8 +331,9 @@ def _slow_clock_worker(rank, store, settings, out):
     ticks = iter(range(10**6))
     trainer_module.time = types.SimpleNamespace(perf_counter=lambda: float(next(ticks) * (rank + 1)))
     trainer = Trainer(TrainConfig.from_dict(settings))
-    lrs, step = [], trainer.optimizer.step
-    trainer.optimizer.step = lambda *a, **k: (lrs.append(trainer.optimizer.param_groups[0]["lr"]), step(*a, **k))[1]
+    lrs, optimizer = [], trainer.optimizer
+    step = optimizer.step
+    optimizer.step = lambda *a, **k: (lrs.append(optimizer.param_groups[0]["lr"]), step(*a, **k))[1]
     try:
         history = trainer.train()
         save_file(dict(trainer.model.state_dict()), os.path.join(out, f"rank{rank}.safetensors"))

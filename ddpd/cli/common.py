@@ -252,24 +252,59 @@ def _warnings_as_lines(prog: str):
 
 
 class Stdout:
-    """Lines for stdout that survive a reader that went away (`| head -1`): after a
-    broken pipe nothing more is printed, and `closed` tells the tool."""
+    """Lines for stdout that survive a reader that went away (`| head -1`) or a stdout
+    that fails (a full disk): after either nothing more is printed and `closed` tells the
+    tool; a failure other than the broken pipe is kept in `error` for the tool to report
+    once its files are written (`check`). A progress bar on the terminal is cleared
+    while a line is printed, so that none is left between the lines."""
 
     def __init__(self):
         self.closed = False
+        self.error: Optional[OSError] = None
 
     def print(self, text: str) -> None:
+        from tqdm import tqdm
+
         if self.closed:
             return
         try:
-            sys.stdout.write(text + "\n")
-            sys.stdout.flush()
-        except BrokenPipeError:
+            with tqdm.external_write_mode(file=sys.stdout):
+                sys.stdout.write(text + "\n")
+                sys.stdout.flush()
+        except OSError as err:
             self.closed = True
-            # Python would report the broken pipe again when it flushes stdout at exit
+            if not isinstance(err, BrokenPipeError):
+                self.error = err
+            # Python would report the failure again when it flushes stdout at exit
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, sys.stdout.fileno())
             os.close(devnull)
+
+    def check(self, kept: str = "") -> None:
+        """OSError (one line, exit status 1) if printing failed other than by a reader
+        that went away; `kept` says where the results are all the same."""
+        if self.error is not None:
+            reason = self.error.strerror or str(self.error)
+            raise OSError(f"cannot write stdout: {reason}{'; ' + kept if kept else ''}")
+
+
+def standard_streams() -> None:
+    """A tool started with stdin, stdout or stderr closed (`2>&-`) gets /dev/null there:
+    Python leaves sys.stderr None (progress bars and error lines then failed, or errors
+    went to stdout), and the next file opened would take the descriptor, so that text
+    written to stderr by C++ code would land in an output file."""
+    for fd, name, mode in ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w")):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+            if getattr(sys, name) is None:
+                setattr(sys, name, open(fd, mode, closefd=False))
+        if getattr(sys, name) is None:  # the descriptor was taken by a file opened meanwhile
+            setattr(sys, name, open(os.devnull, mode))
 
 
 # ---------------------------------------------------------------- checkpoints by role

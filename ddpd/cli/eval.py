@@ -30,8 +30,8 @@ from typing import Dict, List, Optional
 import torch
 from tqdm.auto import tqdm
 
-from ddpd.cli.common import OneLineParser, UsageError, add_runtime_arguments, apply_threads, load_role, \
-    refuse_empty_paths, resolve_device, run_tool, shared_facts, warn_if_lengths_differ
+from ddpd.cli.common import OneLineParser, Stdout, UsageError, add_runtime_arguments, apply_threads, load_role, \
+    refuse_empty_paths, resolve_device, run_tool, shared_facts, standard_streams, warn_if_lengths_differ
 from ddpd.cli.samplers import add_truncation_arguments, truncation_from
 
 SAMPLER_HELP = ("ddpd-{A,AB,ABC}-{mask,uniform,uniform-model}, tau-planned-{mask,uniform}, dfm-eta<eta>, "
@@ -241,11 +241,11 @@ def run_elbo(args: argparse.Namespace) -> None:
             parts.append(f"On {tokens}\n")
         parts.append(f"Denoising at alpha = {args.alpha}\n\n" + denoising_markdown(denoising_rows))
     report = "\n".join(parts)
-    print(report)
-    if args.out:
-        settings = {k: v for k, v in vars(args).items() if k not in ("command", "progress")}
+    if args.out:  # written before the report is printed: a reader of stdout may go away
+        settings = {k: v for k, v in vars(args).items() if k not in ("command", "progress", "stdout")}
         write_json({"settings": settings, "elbo": elbo_rows, "denoising": denoising_rows}, args.out)
         write_text(report, markdown)
+    args.stdout.print(report)
 
 
 # ---------------------------------------------------------------- samplers
@@ -312,13 +312,13 @@ def run_quality(args: argparse.Namespace) -> None:
                          seed=args.seed, batch_size=args.batch_size, reference=reference, progress=args.progress,
                          on_row=lambda rows: write_csv(rows, partial))
     paths = write_sweep(rows, args.out_dir)
-    print(sweep_markdown(rows))
-    _report_paths(paths)
+    args.stdout.print(sweep_markdown(rows))
+    _report_paths(args, paths)
 
 
-def _report_paths(paths: Dict[str, Optional[str]]) -> None:
+def _report_paths(args: argparse.Namespace, paths: Dict[str, Optional[str]]) -> None:
     written = [p for k, p in paths.items() if p and k != "plot_skipped"]
-    print("wrote " + ", ".join(written))
+    args.stdout.print("wrote " + ", ".join(written))
     if paths.get("plot_skipped"):
         print(f"ddpd-eval: plot skipped: {paths['plot_skipped']}", file=sys.stderr)
 
@@ -329,8 +329,8 @@ def run_merge(args: argparse.Namespace) -> None:
 
     rows = merge_sweeps([read_sweep(path) for path in args.sweeps], args.sweeps)
     paths = write_sweep(rows, args.out_dir)
-    print(sweep_markdown(rows))
-    _report_paths(paths)
+    args.stdout.print(sweep_markdown(rows))
+    _report_paths(args, paths)
 
 
 def run_compare(args: argparse.Namespace) -> None:
@@ -350,10 +350,11 @@ def run_compare(args: argparse.Namespace) -> None:
     table = [c for steps in budgets for b in baselines for s in samplers
              if (c := matched_entropy(rows, s, b, steps)) is not None]
     text = compare_markdown(table)
-    print(text)
     if args.out:
         write_text(text, args.out)
-        print(f"wrote {args.out}")
+    args.stdout.print(text)
+    if args.out:
+        args.stdout.print(f"wrote {args.out}")
 
 
 def run_training(args: argparse.Namespace) -> None:
@@ -362,13 +363,14 @@ def run_training(args: argparse.Namespace) -> None:
 
     rows = training_rows(args.runs)
     table = training_markdown(rows)
-    print(table)
-    if args.out_dir:
-        paths = {"markdown": os.path.join(args.out_dir, "training.md"),
-                 "json": os.path.join(args.out_dir, "training.json")}
+    paths = {"markdown": os.path.join(args.out_dir, "training.md"),
+             "json": os.path.join(args.out_dir, "training.json")} if args.out_dir else {}
+    if paths:
         write_text(table, paths["markdown"])
         write_json(rows, paths["json"])
-        _report_paths(paths)
+    args.stdout.print(table)
+    if paths:
+        _report_paths(args, paths)
 
 
 # ---------------------------------------------------------------- convergence
@@ -404,9 +406,9 @@ def run_convergence(args: argparse.Namespace) -> None:
     paths = write_convergence(rows, args.out_dir)
     last = rows[-1]
     # the last row is the planner's look at step steps - 1, before that step's move
-    print(f"at step {last['step']} of {args.steps} (before its move): noise left {last['noise_left']:.4f}, "
-          f"stopped (eps={eps:g}) {last[f'stopped_eps_{eps:g}']:.3f}")
-    _report_paths(paths)
+    args.stdout.print(f"at step {last['step']} of {args.steps} (before its move): noise left "
+                      f"{last['noise_left']:.4f}, stopped (eps={eps:g}) {last[f'stopped_eps_{eps:g}']:.3f}")
+    _report_paths(args, paths)
 
 
 COMMANDS = {"elbo": run_elbo, "quality": run_quality, "merge": run_merge, "compare": run_compare,
@@ -465,7 +467,9 @@ def check_args(args: argparse.Namespace) -> None:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    standard_streams()
     args = build_parser().parse_args(argv)
+    args.stdout = Stdout()  # what the commands print: reports go on when its reader is gone
 
     def body() -> int:
         refuse_empty_paths(args, "out", "out_dir")
@@ -474,6 +478,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         if hasattr(args, "threads"):
             apply_threads(args.threads)
         COMMANDS[args.command](args)
+        args.stdout.check("the files are written")
         return 0
 
     return run_tool("ddpd-eval", body)

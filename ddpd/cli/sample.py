@@ -82,7 +82,7 @@ import torch
 
 from ddpd.cli.common import (OneLineParser, Stdout, UsageError, add_runtime_arguments, apply_threads, check_finite,
                              flag_error, load_role, max_length, refuse_empty_paths, run_tool, shared_facts,
-                             warn_if_lengths_differ)
+                             standard_streams, warn_if_lengths_differ)
 from ddpd.cli.samplers import FAMILIES, add_truncation_arguments, truncation_from
 
 NUM_SAMPLES, NUM_SAMPLES_BUNDLED = 8, 4
@@ -493,6 +493,7 @@ def run(args, stdout: Optional[Stdout] = None) -> int:
     group.close()
     if group.is_main:
         _summary(args, done, calls, elapsed, threads, group.world_size)
+        stdout.check(f"the {done} samples are in {args.out}" if args.out else "")
     return 0
 
 
@@ -618,13 +619,15 @@ def _sample_all(args, models: Models, sample, records: Records, out, stdout: Std
 @contextlib.contextmanager
 def _progress(args, models: Models, shown: bool = True):
     """A progress bar over the step budget of every batch, ticked by each forward pass
-    of the denoiser (one per step in every sampler); yields advance(to) for the end of a
+    of the denoiser (one per step in every sampler but one); yields advance(to) for the end of a
     batch. tqdm shows it on a terminal only, or never with --no-progress (or `shown`
     False: a process other than the first of several)."""
     from tqdm.auto import tqdm
 
     batches = -(-args.num_samples // args.batch_size)
-    bar = tqdm(total=args.steps * batches, desc="ddpd-sample", unit="step", leave=False,
+    # one uniform model on the planner clock is called twice a step (to plan, then to denoise)
+    passes = 2 if (args.sampler, models.kind, args.clock) == ("ddpd", "uniform", "planner") else 1
+    bar = tqdm(total=args.steps * batches * passes, desc="ddpd-sample", unit="pass", leave=False,
                disable=None if args.progress and shown else True)
     network = models.denoiser if models.denoiser is not None else models.planner
     embed = getattr(getattr(network, "backbone", None), "embed", None)
@@ -636,7 +639,7 @@ def _progress(args, models: Models, shown: bool = True):
     hook = embed.register_forward_hook(tick) if isinstance(embed, torch.nn.Module) else None
 
     def advance(to: int) -> None:
-        bar.update(max(to - bar.n, 0))
+        bar.update(max(to * passes - bar.n, 0))
 
     try:
         yield advance
@@ -647,6 +650,7 @@ def _progress(args, models: Models, shown: bool = True):
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    standard_streams()
     args = build_parser().parse_args(argv)
     stdout = Stdout()
     return run_tool("ddpd-sample", lambda: run(args, stdout), value_error_status=2)

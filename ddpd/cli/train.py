@@ -33,7 +33,7 @@ import sys
 from typing import List, Optional
 
 from ddpd.cli.common import (OneLineParser, UsageError, add_runtime_arguments, apply_threads, flag_error,
-                             resolve_device, run_tool)
+                             resolve_device, run_tool, standard_streams)
 from ddpd.training.trainer import KINDS, TOKENIZERS
 
 
@@ -193,6 +193,7 @@ def run(args: argparse.Namespace, state: dict) -> int:
 def main(argv: Optional[List[str]] = None) -> int:
     import signal
 
+    standard_streams()
     args = build_parser().parse_args(argv)
     state: dict = {}
 
