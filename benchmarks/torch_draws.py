@@ -1,0 +1,173 @@
+"""Plain-torch draws that ddpd's ops are timed against: the usual torch code (softmax +
+torch.multinomial, torch.bernoulli, truncation by masking all V logits) and the fastest
+torch code for the same law, written once for bench_ops.py, bench_multinomial.py,
+bench_step.py and gpu_timings.py. tests/test_benchmark_baselines.py checks that each
+draws the law it stands for, so a baseline cannot be fast by drawing something else.
+
+The fast draws avoid torch.multinomial, whose CPU path draws an exponential variate per
+category (slow), and never mask or sort more than they must:
+- Gumbel-argmax: argmax(logits / T + G), G = -log(-log U);
+- inverse CDF: one uniform per draw scaled to the row's total, searchsorted in the
+  cumulative sum of unnormalised weights (exp(y - max) for logits);
+- Gumbel-top-k without replacement: top k of log w + G, the law of k sequential draws
+  without replacement;
+- truncation by the kept tokens only: torch.topk then a draw among k; sort + cumsum, cut
+  at top-p and draw in sorted order; min-p as the logit threshold max + T log(min_p).
+Ties at a truncation boundary: torch.topk and the sorted cut keep a subset of the tied
+tokens where ddpd keeps them all; with continuous logits (the benchmarks') no tie occurs.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+
+EPS = 0.01  # planner: a row stops when every p < EPS
+
+
+def gumbel_like(x: torch.Tensor) -> torch.Tensor:
+    """Standard Gumbel noise shaped like x, float32: -log(-log U) (torch's exponential_
+    is several times slower on CPU)."""
+    return torch.rand(x.shape, device=x.device).log_().neg_().log_().neg_()
+
+
+def gumbel_argmax(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """One token per row [N] drawn from softmax(logits / T)."""
+    return (logits.float() / temperature + gumbel_like(logits)).argmax(-1)
+
+
+def inverse_cdf(weights: torch.Tensor, k: int = 1) -> torch.Tensor:
+    """k draws with replacement [N, k] from unnormalised weights [N, V] >= 0: uniforms
+    scaled to each row's total, located in the cumulative sum."""
+    cumulative = weights.float().cumsum(-1)
+    u = torch.rand(weights.shape[0], k, device=weights.device) * cumulative[:, -1:]
+    # u can round up to the total: clamp to the last category (cumulative rounding only)
+    return torch.searchsorted(cumulative, u, right=True).clamp_(max=weights.shape[-1] - 1)
+
+
+def softmax_weights(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """exp(y - max y), y = logits / T: softmax's weights without the division."""
+    y = logits.float() / temperature
+    return (y - y.amax(-1, keepdim=True)).exp_()
+
+
+def softmax_inverse_cdf(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """One token per row [N] from softmax(logits / T) by the inverse CDF."""
+    return inverse_cdf(softmax_weights(logits, temperature)).squeeze(-1)
+
+
+def softmax_multinomial(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """The usual code: softmax + torch.multinomial, one token per row [N]."""
+    return torch.multinomial(torch.softmax(logits.float() / temperature, -1), 1).squeeze(-1)
+
+
+def gumbel_top_k(weights: torch.Tensor, k: int) -> torch.Tensor:
+    """k draws without replacement [N, k] from weights [N, V] (at least k positive a row),
+    in the order sequential draws would make them."""
+    return (weights.float().log() + gumbel_like(weights)).topk(k, dim=-1).indices
+
+
+CATEGORICAL = {  # name -> draw(logits, temperature) of one token per row
+    "softmax + torch.multinomial": softmax_multinomial,
+    "Gumbel-argmax": gumbel_argmax,
+    "inverse CDF": softmax_inverse_cdf,
+}
+
+
+def masked_truncation_multinomial(logits: torch.Tensor, temperature: float = 1.0, top_k: Optional[int] = None,
+                                  top_p: Optional[float] = None, min_p: Optional[float] = None) -> torch.Tensor:
+    """The usual code of a truncated draw (Hugging Face's warpers, in their order): every
+    V logit divided by T, masked by top-k (torch.topk), top-p (sort + cumsum + mask,
+    scattered back) and min-p (softmax threshold), then softmax + torch.multinomial."""
+    logits = logits.float() / temperature
+    if top_k:
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        probs = sorted_logits.softmax(-1)
+        remove = probs.cumsum(-1) - probs >= top_p
+        logits = logits.scatter(-1, order, sorted_logits.masked_fill(remove, float("-inf")))
+    if min_p is not None:
+        probs = logits.softmax(-1)
+        logits = logits.masked_fill(probs < min_p * probs.amax(-1, keepdim=True), float("-inf"))
+    return torch.multinomial(logits.softmax(-1), 1).squeeze(-1)
+
+
+def kept_token_draw(logits: torch.Tensor, temperature: float = 1.0, top_k: Optional[int] = None,
+                    top_p: Optional[float] = None, min_p: Optional[float] = None) -> torch.Tensor:
+    """The law of masked_truncation_multinomial, drawn among the kept tokens only: top-k
+    keeps torch.topk's k candidates (sorted), top-p sorts them (or the row) and keeps the
+    prefix whose mass strictly above is < p, min-p keeps y >= max y + log(min_p). In
+    sorted order each cut keeps a prefix, so one cumulative sum serves the cuts and the
+    draw; min-p alone needs no order, only a threshold."""
+    y = logits.float() / temperature
+    if not top_k and top_p is None:
+        if min_p is not None:
+            y = y.masked_fill(y < y.amax(-1, keepdim=True) + math.log(min_p), float("-inf"))
+        return inverse_cdf(softmax_weights(y)).squeeze(-1)
+    y, ids = y.topk(min(top_k, y.shape[-1]), dim=-1) if top_k else y.sort(dim=-1, descending=True)
+    w = softmax_weights(y)
+    cumulative = w.cumsum(-1)
+    kept = torch.full((y.shape[0], 1), y.shape[-1], device=y.device)
+    if top_p is not None:  # over what top-k keeps (renormalised), as Hugging Face and ddpd do
+        kept = (cumulative - w < top_p * cumulative[:, -1:]).sum(-1, keepdim=True)
+    if min_p is not None:
+        kept = torch.minimum(kept, (y >= y[:, :1] + math.log(min_p)).sum(-1, keepdim=True))
+    u = torch.rand(kept.shape, device=y.device) * cumulative.gather(-1, kept - 1)
+    j = torch.searchsorted(cumulative, u, right=True).clamp_(max=y.shape[-1] - 1)
+    return ids.gather(-1, j).squeeze(-1)
+
+
+TRUNCATED = {  # name -> draw(logits, temperature, top_k=, top_p=, min_p=) of one token per row
+    "masked V + torch.multinomial": masked_truncation_multinomial,
+    "kept tokens + inverse CDF": kept_token_draw,
+}
+
+
+# Planner draws: a position with probability p_d / sum p (p = sigmoid(planner logits)),
+# and the mask coins z_d ~ Bernoulli(p_d).
+SELECT: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {  # (logits, p) -> positions [N]
+    "torch.multinomial": lambda logits, p: torch.multinomial(p, 1).squeeze(-1),
+    "inverse CDF": lambda logits, p: inverse_cdf(p).squeeze(-1),
+    "Gumbel-argmax": lambda logits, p: gumbel_argmax(F.logsigmoid(logits)),
+}
+COIN: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {  # p -> bool z
+    "torch.bernoulli": lambda p: torch.bernoulli(p).bool(),
+    "rand < p": lambda p: torch.rand_like(p) < p,
+}
+
+
+def planner_select(logits: torch.Tensor, select: str) -> tuple:
+    """(positions [N, 1], sum p [N], stop [N]) as planner_select returns them."""
+    p = torch.sigmoid(logits)
+    return SELECT[select](logits, p)[:, None], p.sum(-1), (p < EPS).all(-1)
+
+
+def planner_select_mask(logits: torch.Tensor, x: torch.Tensor, mask_id: int, select: str, coin: str) -> tuple:
+    """planner_select's outputs, then the mask of prop:draw_with_maskD (z_d ~ Bernoulli(p_d),
+    the chosen position always masked): (positions, sum p, stop, masked x, z, count)."""
+    p = torch.sigmoid(logits)
+    positions = SELECT[select](logits, p)[:, None]
+    z = COIN[coin](p).scatter_(1, positions, True)
+    return positions, p.sum(-1), (p < EPS).all(-1), torch.where(z, mask_id, x), z, z.sum(-1)
+
+
+PLANNER_MASK = {  # name -> (select, coin)
+    "torch.multinomial + torch.bernoulli": ("torch.multinomial", "torch.bernoulli"),
+    "inverse CDF + rand < p": ("inverse CDF", "rand < p"),
+    "Gumbel-argmax + rand < p": ("Gumbel-argmax", "rand < p"),
+}
+
+
+def gathered_step(planner_logits: torch.Tensor, x: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor,
+                  bias: Optional[torch.Tensor], mask_id: int, draw: Callable = softmax_inverse_cdf) -> tuple:
+    """One DDPD step with a mask denoiser in plain torch, the head applied only at the
+    chosen positions: planner draw and mask, the chosen rows of the hidden states,
+    linear + draw, scatter. Returns (x with the new tokens, masked x, stop)."""
+    positions, _, stop, masked, _, _ = planner_select_mask(planner_logits, x, mask_id, "inverse CDF", "rand < p")
+    chosen = hidden.gather(1, positions[:, :, None].expand(-1, -1, hidden.shape[2])).squeeze(1)
+    tokens = draw(F.linear(chosen, weight, bias))
+    return x.scatter(1, positions, tokens[:, None]), masked, stop

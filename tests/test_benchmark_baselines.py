@@ -1,0 +1,180 @@
+"""The plain-torch draws the benchmarks time ddpd against (benchmarks/torch_draws.py) draw
+the laws they stand for: a baseline that is fast because it draws something else would
+make every ratio a lie. Each draw is repeated on many identical rows of a small
+vocabulary and its frequencies are tested (chi-square) against exact probabilities
+computed here from the definitions; seeded, so a run is deterministic."""
+import itertools
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import torch_draws  # noqa: E402
+
+DRAWS = 40_000
+LOGITS = torch.tensor([1.3, -0.4, 0.9, 2.1, -1.7, 0.2, 1.8])  # distinct: no ties at a boundary
+P_VALUE = 1e-6  # seeded draws: a correct law passes far above this, a wrong one fails far below
+
+
+def rows(x: torch.Tensor, n: int = DRAWS) -> torch.Tensor:
+    return x.expand(n, *x.shape).contiguous()
+
+
+def assert_law(outcomes: torch.Tensor, probs: torch.Tensor) -> None:
+    """outcomes [n] integer codes in [0, len(probs)); probs the exact law (sums to 1)."""
+    counts = torch.bincount(outcomes, minlength=len(probs)).double()
+    assert counts.shape == probs.shape, "an outcome outside the support"
+    support = probs > 0
+    assert counts[~support].sum() == 0, f"drew an impossible outcome: {counts[~support]}"
+    if support.sum() == 1:
+        return  # one possible outcome, and only it was drawn
+    expected = probs[support].double() / probs[support].double().sum() * len(outcomes)
+    p_value = chisquare(counts[support].numpy(), expected.numpy()).pvalue
+    assert p_value > P_VALUE, (p_value, (counts / len(outcomes)).tolist(), probs.tolist())
+
+
+def truncated_law(logits, temperature=1.0, top_k=None, top_p=None, min_p=None) -> torch.Tensor:
+    """The exact law of a truncated draw from its definition (ddpd.ops.sample_categorical's
+    module docstring): top-k, then top-p over what top-k keeps, then min-p; softmax of y =
+    logits / T over what is kept."""
+    y = (logits.double() / temperature).tolist()
+    order = sorted(range(len(y)), key=lambda j: -y[j])
+    kept = order[:top_k] if top_k else order
+    if top_p is not None:
+        z = sum(math.exp(y[j]) for j in kept)
+        above, cut = 0.0, []
+        for j in kept:
+            if above >= top_p * z:
+                break
+            cut.append(j)
+            above += math.exp(y[j])
+        kept = cut
+    if min_p is not None:
+        kept = [j for j in kept if y[j] >= max(y) + math.log(min_p)]
+    probs = torch.zeros(len(y), dtype=torch.float64)
+    for j in kept:
+        probs[j] = math.exp(y[j])
+    return probs / probs.sum()
+
+
+@pytest.mark.parametrize("name", list(torch_draws.CATEGORICAL))
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_categorical_draws(name, temperature):
+    torch.manual_seed(1)
+    tokens = torch_draws.CATEGORICAL[name](rows(LOGITS), temperature)
+    assert tokens.shape == (DRAWS,)
+    assert_law(tokens, torch.softmax(LOGITS.double() / temperature, -1))
+
+
+CONTROLS = [dict(top_k=3), dict(top_k=1), dict(top_p=0.7), dict(top_p=0.2), dict(min_p=0.3), dict(top_k=4, top_p=0.6),
+            dict(top_p=0.9, min_p=0.4), dict(top_k=5, top_p=0.8, min_p=0.2), dict(top_k=7), dict(top_p=1.0), dict()]
+
+
+@pytest.mark.parametrize("name", list(torch_draws.TRUNCATED))
+@pytest.mark.parametrize("controls", CONTROLS, ids=lambda c: " ".join(f"{k}={v}" for k, v in c.items()) or "none")
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_truncated_draws(name, controls, temperature):
+    torch.manual_seed(2)
+    tokens = torch_draws.TRUNCATED[name](rows(LOGITS), temperature, **controls)
+    assert tokens.shape == (DRAWS,)
+    assert_law(tokens, truncated_law(LOGITS, temperature, **controls))
+
+
+def test_the_law_test_catches_a_wrong_truncation():
+    """The test has the power to see a wrong cut: top-p 0.7 drawn with top-p 0.8's law fails."""
+    torch.manual_seed(2)
+    tokens = torch_draws.kept_token_draw(rows(LOGITS), top_p=0.7)
+    with pytest.raises(AssertionError):
+        assert_law(tokens, truncated_law(LOGITS, top_p=0.9))
+
+
+WEIGHTS = torch.tensor([0.05, 0.3, 0.0, 0.15, 0.2, 0.1, 0.2])  # one zero weight: never drawn
+
+
+def test_inverse_cdf_with_replacement_draws_independent_categories():
+    torch.manual_seed(3)
+    k = 3
+    draws = torch_draws.inverse_cdf(rows(3.0 * WEIGHTS), k)  # unnormalised weights
+    assert draws.shape == (DRAWS, k)
+    p = (WEIGHTS.double() / WEIGHTS.double().sum()).tolist()
+    joint = torch.tensor([p[a] * p[b] * p[c] for a, b, c in itertools.product(range(7), repeat=3)])
+    assert_law((draws[:, 0] * 49 + draws[:, 1] * 7 + draws[:, 2]), joint)
+
+
+def test_gumbel_top_k_draws_sequential_sampling_without_replacement():
+    torch.manual_seed(4)
+    k = 3
+    draws = torch_draws.gumbel_top_k(rows(3.0 * WEIGHTS), k)
+    assert draws.shape == (DRAWS, k)
+    w = WEIGHTS.double().tolist()
+    total = sum(w)
+    joint = torch.zeros(7**3, dtype=torch.float64)
+    for a, b, c in itertools.permutations(range(7), 3):
+        joint[a * 49 + b * 7 + c] = w[a] / total * w[b] / (total - w[a]) * w[c] / (total - w[a] - w[b])
+    assert_law(draws[:, 0] * 49 + draws[:, 1] * 7 + draws[:, 2], joint)
+
+
+PLANNER_LOGITS = torch.tensor([2.0, -1.0, 0.5, -3.0, 1.0, 0.0, -0.5])
+
+
+@pytest.mark.parametrize("select", list(torch_draws.SELECT))
+def test_planner_selection_draws_p_over_its_sum(select):
+    torch.manual_seed(5)
+    positions, total, stop = torch_draws.planner_select(rows(PLANNER_LOGITS), select)
+    p = torch.sigmoid(PLANNER_LOGITS.double())
+    assert positions.shape == (DRAWS, 1) and not stop.any()
+    assert torch.allclose(total[0].double(), p.sum())
+    assert_law(positions[:, 0], p / p.sum())
+
+
+@pytest.mark.parametrize("name", list(torch_draws.PLANNER_MASK))
+def test_planner_mask_coins(name):
+    """Each coin z_d is Bernoulli(p_d), independent of the others, and the chosen position is
+    always masked: the joint law of (position, z_1, z_2) is tested, and every marginal."""
+    torch.manual_seed(6)
+    x = torch.arange(7)
+    select, coin = torch_draws.PLANNER_MASK[name]
+    positions, _, _, masked, z, count = torch_draws.planner_select_mask(rows(PLANNER_LOGITS), rows(x), 99, select,
+                                                                        coin)
+    assert torch.equal(z.gather(1, positions), torch.ones_like(positions, dtype=torch.bool))
+    assert torch.equal(masked, torch.where(z, 99, rows(x))) and torch.equal(count, z.sum(-1))
+    p = torch.sigmoid(PLANNER_LOGITS.double())
+    choose = p / p.sum()
+    # position d, then the coins of positions 1 and 3 (forced True when chosen)
+    def coin(d: int, position: int, value: int) -> float:
+        if d == position:
+            return float(value)  # the chosen position is always masked
+        return float(p[position] if value else 1 - p[position])
+
+    joint = torch.tensor([choose[d] * coin(d, 1, z1) * coin(d, 3, z3)
+                          for d in range(7) for z1, z3 in itertools.product((0, 1), repeat=2)])
+    assert_law(positions[:, 0] * 4 + z[:, 1].long() * 2 + z[:, 3].long(), joint)
+    for coin_fn in torch_draws.COIN.values():
+        freq = coin_fn(rows(p.float())).double().mean(0)
+        assert ((freq - p).abs() < 6 * (p * (1 - p) / DRAWS).sqrt() + 1e-9).all()
+
+
+@pytest.mark.parametrize("draw", [torch_draws.softmax_inverse_cdf, torch_draws.gumbel_argmax])
+def test_gathered_step_draws_the_position_then_its_token(draw):
+    """The plain-torch step draws position d with p_d / sum p and its token from the head's
+    softmax at d's hidden state; every other position keeps its token."""
+    torch.manual_seed(7)
+    length, width, vocab = 3, 4, 5
+    g = torch.Generator().manual_seed(0)
+    planner = torch.tensor([1.0, -0.5, 0.3])
+    hidden, weight, bias = torch.randn(length, width, generator=g), torch.randn(vocab, width, generator=g), \
+        torch.randn(vocab, generator=g)
+    x = torch.full((length,), 7)
+    out, masked, stop = torch_draws.gathered_step(rows(planner), rows(x), rows(hidden), weight, bias, 9, draw)
+    changed = out != 7
+    assert (changed.sum(1) == 1).all() and not stop.any()
+    positions = changed.long().argmax(1)
+    assert (masked.gather(1, positions[:, None]) == 9).all()
+    p = torch.sigmoid(planner.double())
+    token_law = torch.softmax(torch.nn.functional.linear(hidden.double(), weight.double(), bias.double()), -1)
+    joint = (p / p.sum())[:, None] * token_law
+    assert_law(positions * vocab + out.gather(1, positions[:, None]).squeeze(1), joint.flatten())
