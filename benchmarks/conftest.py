@@ -2,10 +2,13 @@
 
 `compare(group, variant, fn, device)` times fn with pytest-benchmark under `group`
 (on CUDA each call ends with a synchronize), measures the peak memory of one call,
-and records both; at the end of the session
-a table gives, per group, every variant's median time and peak memory and the
-speed-up of 'fused' over the other variants of the same group, all timed in the
-same run on the same machine.
+and records both; `versus(group, name, fn, ..., baselines=...)` times ddpd's op against
+baselines timed earlier in the group and prints the ratios. At the end of the session
+a table gives, per group, every variant's median time (and peak memory, for compare)
+and the speed-up of ddpd's op ('fused', or the name given to versus with baselines)
+over each other variant, then names the fastest torch code of the group (the variants
+named "torch: ...") and ddpd's ratio against it; all timed in the same run on the
+same machine.
 
 Threads: every variant runs with DDPD_BENCH_THREADS torch threads (default 1):
 on a machine shared with other work, OpenMP regions of several threads wait on
@@ -29,11 +32,13 @@ from typing import Callable, Optional
 
 import pytest
 import torch
+from torch_draws import TORCH  # the prefix of the variants that are plain torch code for the same job
 
 THREADS = int(os.environ.get("DDPD_BENCH_THREADS", "1"))
 _M_MMAP_THRESHOLD = -3  # mallopt parameter number in glibc's malloc.h
 _results: dict[str, dict[str, tuple[Optional[float], Optional[int]]]] = {}
 _versus_stats: dict = {}  # (group, name) -> pytest-benchmark stats, for `versus`
+_ours: dict[str, str] = {}  # group -> the name of ddpd's variant, where it is not "fused"
 
 
 def _glibc():
@@ -127,7 +132,8 @@ def versus(benchmark, capsys):
     under `group` as `name`, then print its speed-up over each of `baselines` (names
     timed earlier in the same group, same run): the ratio of medians, and of
     minimums, which a machine shared with other jobs disturbs least. Like compare,
-    it runs fn with DDPD_BENCH_THREADS torch threads."""
+    it runs fn with DDPD_BENCH_THREADS torch threads. Under --benchmark-disable fn
+    runs once and nothing is recorded."""
 
     def run(group: str, name: str, fn: Callable, *args, baselines: tuple = (), **kwargs) -> None:
         benchmark.group = group
@@ -138,7 +144,13 @@ def versus(benchmark, capsys):
             benchmark(fn, *args, **kwargs)
         finally:
             torch.set_num_threads(threads)
-        _versus_stats[(group, name)] = ours = benchmark.stats.stats
+        stats = getattr(benchmark, "stats", None)  # None under --benchmark-disable: nothing timed
+        if stats is None:
+            return
+        _versus_stats[(group, name)] = ours = stats.stats
+        _results.setdefault(group, {})[name] = (ours.median, None)
+        if baselines:
+            _ours[group] = name
         for baseline in baselines:
             theirs = _versus_stats.get((group, baseline))
             if theirs is None:
@@ -156,16 +168,30 @@ def _mib(peak: Optional[int]) -> str:
     return "n/a" if peak is None else f"{peak / 2**20:.1f} MiB"
 
 
+def _ratio(theirs: Optional[float], ours: Optional[float]) -> str:
+    if not theirs or not ours:
+        return ""
+    return f"{theirs / ours:.1f}x faster" if theirs >= ours else f"{ours / theirs:.1f}x SLOWER"
+
+
 def pytest_terminal_summary(terminalreporter):
     if not _results:
         return
     write = terminalreporter.write_line
-    terminalreporter.section(f"ddpd fused vs reference ({THREADS} torch threads, same run)")
+    terminalreporter.section(f"ddpd against plain torch ({THREADS} torch threads, same run)")
     for group, variants in _results.items():
-        fused = variants.get("fused", (None, None))[0]
+        name = _ours.get(group, "fused")
+        ours = variants.get(name, (None, None))[0]
+        width = max(10, *map(len, variants))
+        write(group)
         for variant, (median, peak) in variants.items():
-            line = f"{group:48s} {variant:10s} median {'n/a' if median is None else f'{median * 1e3:10.3f} ms'}"
-            line += f"  peak memory +{_mib(peak)}"
-            if variant != "fused" and median and fused:
-                line += f"  fused is {median / fused:.1f}x faster"
+            line = f"  {variant:{width}s} median {'n/a' if median is None else f'{median * 1e3:10.3f} ms'}"
+            line += "" if peak is None else f"  peak memory +{_mib(peak)}"
+            if variant != name and median and ours:
+                line += f"  {name} is {_ratio(median, ours)}"
             write(line)
+        timed = {v: m for v, (m, _) in variants.items() if v.startswith(TORCH) and m}
+        if timed and ours:
+            fastest = min(timed, key=timed.get)
+            write(f"  => fastest torch code: {fastest[len(TORCH):]} ({timed[fastest] * 1e3:.3f} ms); "
+                  f"{name} is {_ratio(timed[fastest], ours)} than it")

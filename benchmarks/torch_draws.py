@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 EPS = 0.01  # planner: a row stops when every p < EPS
+TORCH = "torch: "  # the benchmarks name a torch variant by this prefix and the candidate's name
 
 
 def gumbel_like(x: torch.Tensor) -> torch.Tensor:
