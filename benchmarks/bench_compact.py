@@ -38,23 +38,24 @@ def torch_scatter_back(index, packed, outs):
 
 def test_torch_compact(versus, state):
     active, tensors = state
-    versus("compact", "nonzero + index_select", torch_compact, active, *tensors)
+    versus("compact", "torch: nonzero + index_select", torch_compact, active, *tensors)
 
 
 def test_ddpd_compact_fixed(versus, state):
     active, tensors = state
-    versus("compact", "ddpd fixed capacity", compact_fixed, active, B, *tensors, baselines=("nonzero + index_select",))
+    versus("compact", "ddpd fixed capacity", compact_fixed, active, B, *tensors,
+           baselines=("torch: nonzero + index_select",))
 
 
 def test_torch_scatter_back(versus, state):
     active, tensors = state
     packed, index = torch_compact(active, *tensors)
     outs = [t.clone() for t in tensors]
-    versus("scatter_back", "index_copy_", torch_scatter_back, index, packed, outs)
+    versus("scatter_back", "torch: index_copy_", torch_scatter_back, index, packed, outs)
 
 
 def test_ddpd_scatter_back(versus, state):
     active, tensors = state
     packed, index, _ = compact_fixed(active, int(active.sum()), *tensors)
     outs = [t.clone() for t in tensors]
-    versus("scatter_back", "ddpd", scatter_back, index, packed, outs, baselines=("index_copy_",))
+    versus("scatter_back", "ddpd", scatter_back, index, packed, outs, baselines=("torch: index_copy_",))

@@ -1,15 +1,25 @@
-"""multinomial on CPU against torch.multinomial, at the shape of one GPT-2-vocabulary
+"""multinomial on CPU against plain torch, at the shape of one GPT-2-vocabulary
 denoising step (64 rows, 50257 weights). Run with
 `pytest benchmarks/bench_multinomial.py --benchmark-only`; each ddpd benchmark prints
-its speed-up over the torch benchmark of the same work, timed in the same run.
+its speed-up over each torch benchmark of the same work, timed in the same run, and the
+session summary names the fastest torch code (benchmarks/torch_draws.py):
+torch.multinomial, and for the same law cumsum + searchsorted of one uniform per draw
+(with replacement) or the Gumbel-top-k trick (without replacement).
 Targets: k = 1 at least 5x torch.multinomial; k = 16 without replacement faster than
 torch.multinomial(replacement=False)."""
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
-from ddpd.ops.multinomial import multinomial, multinomial_reference
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from torch_draws import TORCH, gumbel_top_k, inverse_cdf  # noqa: E402
+
+from ddpd.ops.multinomial import multinomial, multinomial_reference  # noqa: E402
 
 ROWS, VOCAB = 64, 50257
+MULTINOMIAL, INVERSE_CDF, GUMBEL_TOP_K = TORCH + "torch.multinomial", TORCH + "inverse CDF", TORCH + "Gumbel-top-k"
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +30,11 @@ def weights():
 
 
 def test_torch_multinomial_k1(versus, weights):
-    versus("k=1", "torch.multinomial", torch.multinomial, weights, 1)
+    versus("k=1", MULTINOMIAL, torch.multinomial, weights, 1)
+
+
+def test_inverse_cdf_k1(versus, weights):
+    versus("k=1", INVERSE_CDF, inverse_cdf, weights, 1)
 
 
 def test_reference_k1(versus, weights):
@@ -28,21 +42,30 @@ def test_reference_k1(versus, weights):
 
 
 def test_ddpd_multinomial_k1(versus, weights):
-    versus("k=1", "ddpd", multinomial, weights, 1, True, seed=1, baselines=("torch.multinomial", "reference"))
+    versus("k=1", "ddpd", multinomial, weights, 1, True, seed=1, baselines=(MULTINOMIAL, INVERSE_CDF, "reference"))
 
 
 def test_torch_multinomial_k16_without_replacement(versus, weights):
-    versus("k=16 without replacement", "torch.multinomial", torch.multinomial, weights, 16, replacement=False)
+    versus("k=16 without replacement", MULTINOMIAL, torch.multinomial, weights, 16, replacement=False)
+
+
+def test_gumbel_top_k_k16_without_replacement(versus, weights):
+    versus("k=16 without replacement", GUMBEL_TOP_K, gumbel_top_k, weights, 16)
 
 
 def test_ddpd_multinomial_k16_without_replacement(versus, weights):
     versus("k=16 without replacement", "ddpd", multinomial, weights, 16, False, seed=1,
-           baselines=("torch.multinomial",))
+           baselines=(MULTINOMIAL, GUMBEL_TOP_K))
 
 
 def test_torch_multinomial_k16_with_replacement(versus, weights):
-    versus("k=16 with replacement", "torch.multinomial", torch.multinomial, weights, 16, replacement=True)
+    versus("k=16 with replacement", MULTINOMIAL, torch.multinomial, weights, 16, replacement=True)
+
+
+def test_inverse_cdf_k16_with_replacement(versus, weights):
+    versus("k=16 with replacement", INVERSE_CDF, inverse_cdf, weights, 16)
 
 
 def test_ddpd_multinomial_k16_with_replacement(versus, weights):
-    versus("k=16 with replacement", "ddpd", multinomial, weights, 16, True, seed=1, baselines=("torch.multinomial",))
+    versus("k=16 with replacement", "ddpd", multinomial, weights, 16, True, seed=1,
+           baselines=(MULTINOMIAL, INVERSE_CDF))

@@ -4,24 +4,32 @@ output head, softmax/sampling, planner selection, mask construction and scatter.
 Run: `pytest benchmarks/bench_step.py --benchmark-only`. Inputs stand for the
 bodies' outputs: planner logits [B, D] and the denoiser's final hidden states
 [B, D, H] with its head (H -> V).
-- reference: the paper's listing (appendix 'Implementation details', DDPD with a
-  separate planner and a mask denoiser; the mask as prop:draw_with_maskD states
+- torch: paper listing: the paper's listing (appendix 'Implementation details', DDPD
+  with a separate planner and a mask denoiser; the mask as prop:draw_with_maskD states
   it): head on all B x D positions, softmax over [B, D, V], torch.multinomial;
+- torch: gathered: the best plain torch step (benchmarks/torch_draws.py gathered_step):
+  inverse-CDF planner draw and rand < p mask, the chosen positions' hidden rows
+  gathered first, then linear + inverse-CDF draw;
 - fused: planner_select_mask -> hidden at the chosen positions ->
   sample_from_hidden -> scatter; no [B, D, V] tensor is ever allocated.
 Runs on CPU, and on CUDA where a device is present.
-Target (CPU): fused at least 20x faster than the reference at (B, D, V, H) =
-(8, 1024, 50257, 256); the reference there builds 1.6 GB of logits and as much of
+Target (CPU): fused at least 20x faster than the paper listing at (B, D, V, H) =
+(8, 1024, 50257, 256); the listing there builds 1.6 GB of logits and as much of
 probabilities, so it is timed over 3 rounds only.
 """
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
 
-from ddpd.ops.planner_select import planner_select_mask
-from ddpd.ops.sample_from_hidden import sample_from_hidden
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from torch_draws import EPS, TORCH, gathered_step  # noqa: E402
 
-EPS = 0.01
+from ddpd.ops.planner_select import planner_select_mask  # noqa: E402
+from ddpd.ops.sample_from_hidden import sample_from_hidden  # noqa: E402
+
 SHAPES = [(64, 256, 28, 256), (8, 1024, 50257, 256)]  # (B, D, V, H)
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))]
 
@@ -39,6 +47,7 @@ def step_inputs(batch, length, vocab, width, device):
 
 
 def reference_step(planner_logits, x, hidden, weight, bias, mask_id):
+    """The paper's listing: the head at every position (see the module docstring)."""
     rows = torch.arange(x.shape[0], device=x.device)
     p = torch.sigmoid(planner_logits)
     stop = (p < EPS).all(-1)
@@ -61,12 +70,15 @@ def fused_step(planner_logits, x, hidden, weight, bias, mask_id, offset=0):
     return x.scatter(1, positions, tokens[:, None]), masked, stop
 
 
+STEPS = {TORCH + "paper listing": reference_step, TORCH + "gathered": gathered_step, "fused": fused_step}
+
+
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}-D{}-V{}-H{}".format(*s))
-@pytest.mark.parametrize("variant", ["reference", "fused"])
+@pytest.mark.parametrize("variant", list(STEPS))
 @pytest.mark.parametrize("device", DEVICES)
 def test_sampler_step(compare, shape, variant, device):
     inputs = step_inputs(*shape, device)
-    fn = reference_step if variant == "reference" else fused_step
-    big = shape[2] > 1000 and variant == "reference" and device == "cpu"
+    fn = STEPS[variant]
+    big = shape[2] > 1000 and fn is reference_step and device == "cpu"
     compare("step B={} D={} V={} H={}".format(*shape), variant, lambda: fn(**inputs), device,
             rounds=3 if big else None)
