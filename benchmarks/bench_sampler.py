@@ -12,11 +12,13 @@ CPU thread). Models: tiny randomly initialised ddpd.models transformers.
   compaction is timed against the same run with compaction=False (finished rows
   frozen in the batch): same samples (checked), and compaction must run at most
   60% of the uncompacted run's model row-evaluations (checked; counts, not times).
+  Both are timed over EARLY_ROUNDS rounds after a warm-up (the ratio is of medians).
 - fused vs reference: ddpd_sample(fused=True) against the reference sampler, same
   seed, same samples (checked), with a mask denoiser on text8's 27 symbols and with
   a uniform denoiser on GPT-2's 50257 tokens (where the reference applies the head
   at every position of every row, and the fused path at one position per row).
-Ratios are printed; the session summary (benchmarks/conftest.py) repeats them.
+The end-to-end runs are timed once each (after a warm-up). Ratios are printed; the
+session summary (benchmarks/conftest.py) repeats them.
 """
 import pytest
 import torch
@@ -25,6 +27,7 @@ from ddpd.models import build_model, config_for
 from ddpd.sampling import ddpd_sample
 
 EARLY = dict(vocab=27, length=32, batch=128, steps=96, easy_span=6, d_model=64, n_layers=2, n_heads=4)
+EARLY_ROUNDS = 3  # the early-stop ratio is of medians over this many timed rounds (after one warm-up)
 _runs: dict = {}
 
 
@@ -70,11 +73,12 @@ def early_run(models, compaction):
 
 def test_early_stop_uncompacted(compare, early_models):
     compare("ddpd sampler, half the rows stop early", "uncompacted", lambda: early_run(early_models, False),
-            rounds=1)
+            rounds=EARLY_ROUNDS)
 
 
 def test_early_stop_compacted(compare, early_models, capsys):
-    compare("ddpd sampler, half the rows stop early", "fused", lambda: early_run(early_models, True), rounds=1)
+    compare("ddpd sampler, half the rows stop early", "fused", lambda: early_run(early_models, True),
+            rounds=EARLY_ROUNDS)
     compacted = _runs[("early", True)]
     uncompacted = _runs.get(("early", False)) or early_run(early_models, False)
     assert torch.equal(compacted.tokens, uncompacted.tokens)
