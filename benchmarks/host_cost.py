@@ -108,6 +108,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cuda", action="store_true", help="time CUDA tensors instead of CPU ones")
     device = torch.device("cuda" if parser.parse_args().cuda else "cpu")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("host_cost: no CUDA device visible to torch (run it without --cuda to time CPU tensors)",
+              file=sys.stderr)
+        return 2
     torch.set_num_threads(1)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     print(f"host cost per call on {device} (torch {torch.__version__}), best of {REPEATS} x {CALLS} calls, "
