@@ -13,11 +13,12 @@ Shapes of the GPU benchmarks (64 rows of GPT-2's vocabulary, H = 768).
 The builders of the launcher calls (sample_categorical_call, ...) are also those of
 tests/test_op_kernel_resources.py, which compiles their launches. Uses Triton's runtime
 internals (driver.set_active, JITFunction.device_caches): another Triton version may
-need this script changed, never the library. Run it without TRITON_INTERPRET.
+need this script changed, never the library. It refuses to run under TRITON_INTERPRET.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from typing import Callable
@@ -181,6 +182,10 @@ def per_call_us(fn: Callable[[], object]) -> float:
 def main() -> int:
     # --help: this docstring
     argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
+    if os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "on", "yes"):
+        # the interpreter would run every kernel for real on the CPU: minutes, and nothing about launches
+        print("launch_cost: TRITON_INTERPRET is set; run it without (unset TRITON_INTERPRET)", file=sys.stderr)
+        return 2
     import triton
 
     torch.set_num_threads(1)
