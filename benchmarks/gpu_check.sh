@@ -25,7 +25,9 @@
 # (default 480) and prints its elapsed time; a part that fails or runs out is
 # reported and the next part still runs (except after a failed build). The exit
 # status is 1 if any part failed. Everything goes to
-# benchmarks/results/<device>-<date>.txt. Python: $PYTHON, default python3.
+# benchmarks/results/<device>-<UTC date>.txt, or, when a run of the same day wrote
+# that, to <device>-<UTC date>-2.txt, -3.txt, ...: a results file is never
+# overwritten. Python: $PYTHON, default python3.
 # Tests that run the Triton kernels on CPU tensors (the interpreter) are not run
 # here: they need TRITON_INTERPRET=1 set before the kernels are imported, which
 # would also put the CUDA tests in the interpreter; CI runs them.
@@ -114,7 +116,13 @@ else
     fi
     device=$($PY -c "import re, torch; print(re.sub(r'[^a-z0-9]+', '-', torch.cuda.get_device_name().lower()).strip('-'))")
     mkdir -p benchmarks/results
-    results="benchmarks/results/${device}-$(date -u +%Y-%m-%d).txt"
+    base="benchmarks/results/${device}-$(date -u +%Y-%m-%d)"
+    results="$base.txt"
+    n=2
+    while [ -e "$results" ]; do  # tee truncates: never write over an earlier run's results
+        results="$base-$n.txt"
+        n=$((n + 1))
+    done
     # Only this GPU's architecture: a quarter of the compile time of the default list.
     TORCH_CUDA_ARCH_LIST=$($PY -c "import torch; print('%d.%d' % torch.cuda.get_device_capability())")
     export TORCH_CUDA_ARCH_LIST
