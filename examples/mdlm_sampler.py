@@ -16,8 +16,9 @@ then the token is the same law.)
 - `mdlm_plain`: the same loop in plain torch: the full logits, top-p by sort + cumsum +
   mask, the coin as u < p and the token by ddpd.ops.categorical_reference (the
   categorical law of every ddpd path, written in plain torch), from the same
-  counter-based uniforms (ddpd.ops.philox_uniform). It returns the same tokens; a
-  textbook torch.multinomial draw would have the same law, from other randomness.
+  counter-based uniforms (ddpd.ops.philox_uniform). It returns the same tokens, tied
+  logits at the top-p boundary included (both keep every token tied with the last one
+  kept); a textbook torch.multinomial draw would have the same law, from other randomness.
 
     python examples/mdlm_sampler.py
 """
@@ -61,13 +62,16 @@ def mdlm_ddpd(net: TinyDenoiser, batch: int, length: int, steps: int, seed: int,
 
 
 def top_p_mask(logits: torch.Tensor, top_p: float, temperature: float) -> torch.Tensor:
-    """Plain torch top-p: sort, cumulative softmax mass, drop the tokens whose mass above is
-    already >= top_p (the usual code of Hugging Face's sampler)."""
+    """Plain torch top-p as ddpd cuts: sort, cumulative softmax mass, keep the tokens whose
+    mass above is < top_p (Hugging Face's sampler's cut), then every token tied with the
+    last one kept. Hugging Face's code keeps only the tied tokens that the sort happens to
+    put first; ddpd keeps the smallest upper set of logits whose mass reaches top_p, ties
+    together, which is this: everything at or above the smallest logit kept."""
     probs = torch.softmax(logits / temperature, -1)
     sorted_probs, order = probs.sort(-1, descending=True)
-    above = sorted_probs.cumsum(-1) - sorted_probs
-    drop = torch.zeros_like(probs, dtype=torch.bool).scatter(-1, order, above >= top_p)
-    return logits.masked_fill(drop, float("-inf"))
+    kept = (sorted_probs.cumsum(-1) - sorted_probs < top_p).sum(-1, keepdim=True)  # >= 1: a prefix
+    smallest_kept = logits.gather(-1, order.gather(-1, kept - 1))
+    return logits.masked_fill(logits < smallest_kept, float("-inf"))
 
 
 @torch.no_grad()

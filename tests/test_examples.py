@@ -1,6 +1,6 @@
 """The examples (examples/): the MDLM-style and LLaDA-style samplers written against
 ddpd.ops return the tokens of their plain-torch versions from the same noise, greedy and
-sampled, with and without top-p; they run as scripts. Every script of examples/ and
+sampled, with and without top-p (tied logits at its boundary included); they run as scripts. Every script of examples/ and
 benchmarks/ answers --help with its usage and runs nothing."""
 import ast
 import importlib.util
@@ -35,6 +35,29 @@ def test_mdlm_sampler_matches_its_plain_torch_version(kw, seed):
     assert not (fused == net.mask_id).any()  # the last step reveals every position
     # the draws of a sequence do not depend on the batch it is sampled in
     assert torch.equal(mdlm.mdlm_ddpd(net, 1, 12, 6, seed=seed, **kw), fused[:1])
+
+
+@pytest.mark.parametrize("seed", [0, 5])
+def test_mdlm_sampler_keeps_tied_logits_at_the_top_p_boundary_as_ddpd_does(seed):
+    """Tokens 2i and 2i + 1 share their head row, so every logit is tied with another; ddpd
+    keeps every token tied with the last one top-p keeps, and so must the plain version."""
+    mdlm = load("mdlm_sampler")
+    net = mdlm.TinyDenoiser(40, 12, seed=seed)
+    with torch.no_grad():
+        net.head.weight[1::2] = net.head.weight[0::2]
+        net.head.bias[1::2] = net.head.bias[0::2]
+    kw = dict(temperature=0.7, top_p=0.8)
+    x = torch.randint(0, net.mask_id + 1, (8, 12), generator=torch.Generator().manual_seed(seed))
+    logits = net(x).flatten(0, 1)  # states like the sampler's: tokens and masks
+    assert torch.equal(logits[:, 1::2], logits[:, 0::2])
+    # The case is the one that matters: in some rows the sort-order cut splits a tied pair.
+    probs = torch.softmax(logits / kw["temperature"], -1)
+    sorted_probs, order = probs.sort(-1, descending=True)
+    cut_in_sort_order = torch.zeros_like(probs, dtype=torch.bool).scatter(
+        -1, order, sorted_probs.cumsum(-1) - sorted_probs < kw["top_p"])
+    kept_with_ties = mdlm.top_p_mask(logits, kw["top_p"], kw["temperature"]) > float("-inf")
+    assert (cut_in_sort_order != kept_with_ties).any(1).any()
+    assert torch.equal(mdlm.mdlm_ddpd(net, 3, 12, 6, seed=seed, **kw), mdlm.mdlm_plain(net, 3, 12, 6, seed=seed, **kw))
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.5, 1.0])
