@@ -171,7 +171,7 @@ def _mib(peak: Optional[int]) -> str:
 def _ratio(theirs: Optional[float], ours: Optional[float]) -> str:
     if not theirs or not ours:
         return ""
-    return f"{theirs / ours:.1f}x faster" if theirs >= ours else f"{ours / theirs:.1f}x SLOWER"
+    return f"{theirs / ours:.2f}x faster" if theirs >= ours else f"{ours / theirs:.2f}x SLOWER"
 
 
 def pytest_terminal_summary(terminalreporter):
