@@ -1,7 +1,8 @@
 """The examples (examples/): the MDLM-style and LLaDA-style samplers written against
 ddpd.ops return the tokens of their plain-torch versions from the same noise, greedy and
-sampled, with and without top-p (tied logits at its boundary included); they run as scripts. Every script of examples/ and
-benchmarks/ answers --help with its usage and runs nothing."""
+sampled, with and without top-p (tied logits at its boundary included); they run as
+scripts. Every script of examples/ and benchmarks/ answers --help with its usage and
+runs nothing."""
 import ast
 import importlib.util
 import subprocess
