@@ -490,3 +490,19 @@ def test_opcheck_with_controls():
     torch.library.opcheck(op, (logits.double(), 0.7, None, torch.tensor([1, 2]), None, None, 10, None, 0.8,
                                torch.tensor([0.5, 1.0, 0.9, 0.3]), -1.0, torch.tensor([-3.0, -1.0, -2.0, -5.0]),
                                None, 4, 5, torch.tensor([9, 8, 7, 6]), torch.tensor(3), None, True, 1))
+
+
+@pytest.mark.parametrize("top_k", [1, 7, 256, 257, 8999])
+@pytest.mark.parametrize("top_p", [1.0, 0.3])
+def test_top_k_by_the_heap_and_by_radix_selection_agree_with_the_reference(top_k, top_p):
+    """The C++ path finds the k-th largest logit with a heap up to k = 256 (unless too many
+    logits enter it, as in ascending order) and by radix selection otherwise: both keep
+    every logit tied with it, as the reference does. Integer logits: ties everywhere, at
+    the k-th too."""
+    g = torch.Generator().manual_seed(top_k)
+    logits = torch.randint(-20, 20, (6, 9000), generator=g).float()
+    logits[1, ::3] = float("-inf")  # fewer allowed than k at the largest k
+    logits[2, :4500] = 50.0  # the k-th inside a block of 4500 ties
+    logits[3] = torch.arange(9000) / 7.0  # ascending: every logit enters the heap
+    kw = dict(top_k=top_k, top_p=top_p, temperature=0.7, seed=3, return_logprob=True)
+    assert_same(sample_categorical(logits, **kw), sample_categorical_reference(logits, **kw))

@@ -23,6 +23,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <vector>
@@ -437,6 +438,35 @@ inline uint32_t select_key(std::vector<uint32_t>& keys, std::vector<float>& weig
   return keys.empty() ? 0u : keys[0];
 }
 
+// The k-th largest of the row's allowed logits, with multiplicity (0 < k < their
+// number), into *kth: a min-heap of the k largest seen so far, which past the first k
+// logits turns most of the rest away with one comparison (the radix selection of
+// select_key passes over the row four times). Each logit that enters costs log k: past
+// a budget of them (a row in ascending order, say) it gives up and returns false, and
+// so does a k beyond kHeapTopK, for select_key to find it.
+constexpr int64_t kHeapTopK = 256;
+
+inline bool kth_largest(const float* x, int64_t vocab, int64_t k, std::vector<float>& heap, float* kth) {
+  if (k > kHeapTopK) return false;
+  const auto above = std::greater<float>();
+  int64_t budget = k + vocab / 16;
+  heap.clear();
+  for (int64_t j = 0; j < vocab; ++j) {
+    const float v = x[j];
+    if (!(v > kNegInf) || (static_cast<int64_t>(heap.size()) == k && !(v > heap.front()))) continue;
+    if (--budget < 0) return false;
+    if (static_cast<int64_t>(heap.size()) == k) {
+      std::pop_heap(heap.begin(), heap.end(), above);
+      heap.back() = v;
+    } else {
+      heap.push_back(v);
+    }
+    std::push_heap(heap.begin(), heap.end(), above);
+  }
+  *kth = heap.front();
+  return true;
+}
+
 // The row's truncation threshold tau: top-k keeps the logits >= the k-th largest;
 // top-p, on what top-k keeps, the smallest upper set whose mass under softmax(l / T)
 // reaches p (a token is kept when the mass of the tokens strictly above it is below
@@ -446,7 +476,7 @@ inline uint32_t select_key(std::vector<uint32_t>& keys, std::vector<float>& weig
 struct ThresholdScratch {
   std::vector<uint32_t> keys;
   std::vector<float> weights;
-  std::vector<float> e;
+  std::vector<float> kept;
 };
 
 inline float truncation_threshold(const float* x, int64_t vocab, float t, int64_t k, float p, float log_min_p,
@@ -459,7 +489,7 @@ inline float truncation_threshold(const float* x, int64_t vocab, float t, int64_
   }
   if (allowed == 0) return kNegInf;
   float tau = kNegInf;
-  if (k > 0 && k < allowed) {
+  if (k > 0 && k < allowed && !kth_largest(x, vocab, k, s.weights, &tau)) {
     s.keys.clear();
     s.weights.clear();
     for (int64_t j = 0; j < vocab; ++j) {
@@ -471,26 +501,26 @@ inline float truncation_threshold(const float* x, int64_t vocab, float t, int64_
     tau = key_value(select_key(s.keys, s.weights, static_cast<double>(k), 0.0));
   }
   if (p < 1.0f) {
-    s.e.assign(padded(vocab), 0.0f);
-    double z = 0.0;
-    for (int64_t j = 0; j < padded(vocab); j += kLanes) {
-      LaneF v = {};
-      for (int64_t l = 0; l < kLanes; ++l) {
-        const float xl = j + l < vocab ? x[j + l] : kNegInf;
-        v[l] = xl >= tau ? xl : kNegInf;
-      }
-      const LaneF e = exp_nonpositive(shift_lanes(v, row_max, t));
-      std::memcpy(s.e.data() + j, &e, sizeof(e));
-    }
+    // The logits top-k kept (every allowed one without it), in row order: their
+    // softmax weights, and Z summed in that order.
+    s.kept.clear();
     s.keys.clear();
-    s.weights.clear();
     for (int64_t j = 0; j < vocab; ++j) {
       if (x[j] > kNegInf && x[j] >= tau) {
-        z += s.e[j];
+        s.kept.push_back(x[j]);
         s.keys.push_back(ordered_key(x[j]));
-        s.weights.push_back(s.e[j]);
       }
     }
+    const int64_t n = static_cast<int64_t>(s.kept.size());
+    s.kept.resize(padded(n), kNegInf);
+    s.weights.resize(padded(n));
+    for (int64_t i = 0; i < padded(n); i += kLanes) {
+      const LaneF e = exp_nonpositive(shift_lanes(load_lanes(s.kept.data() + i), row_max, t));
+      std::memcpy(s.weights.data() + i, &e, sizeof(e));
+    }
+    s.weights.resize(n);
+    double z = 0.0;
+    for (const float e : s.weights) z += e;
     const float tau_p = key_value(select_key(s.keys, s.weights, static_cast<double>(p) * z, 0.0));
     tau = tau_p > tau ? tau_p : tau;
   }
