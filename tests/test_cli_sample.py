@@ -278,6 +278,17 @@ def test_a_full_stdout_keeps_the_file_and_says_so(ckpts, tmp_path):
     assert [r["index"] for r in read_jsonl(out)] == list(range(20))
 
 
+def test_a_failing_stderr_loses_no_sample(ckpts, tmp_path):
+    """`2>/dev/full` (or `2>&1 | true`) with a warning to print (too few steps): the
+    warning's failure unwound through the run and discarded every sample."""
+    out = tmp_path / "s.jsonl"
+    command = [sys.executable, "-m", "ddpd.cli.sample", "--checkpoint", ckpts["bundle"], "--steps", "2",
+               "--num-samples", "3", "--out", str(out)]
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=full, env=ENV, timeout=HANG_GUARD_SECONDS)
+    assert done.returncode == 0 and [r["index"] for r in read_jsonl(out)] == [0, 1, 2]
+
+
 @pytest.mark.parametrize("closed", [1, 2])
 def test_a_closed_stream_at_the_start_is_no_failure(ckpts, tmp_path, closed):
     """`2>&-` (or `1>&-`): sys.stderr was None, the progress bar failed on it, exit 1 and no

@@ -75,6 +75,46 @@ def test_learning_rate_decays_by_max_time(corpus, tmp_path):
     assert learning_rate(1000, cfg, seconds=1.0) == pytest.approx(1e-4)  # steps ran out first
 
 
+def test_warmup_0_starts_at_the_peak(corpus, tmp_path):
+    cfg = config(corpus, tmp_path, steps=4, warmup=0, lr=1e-3, min_lr=1e-4)
+    lrs = [learning_rate(step, cfg) for step in range(4)]
+    assert lrs[0] == pytest.approx(1e-3) and lrs[3] == pytest.approx(1e-4) and lrs[1] > lrs[2]
+    assert learning_rate(0, config(corpus, tmp_path, steps=1, warmup=0, lr=1e-3)) == pytest.approx(1e-3)
+
+
+def test_the_last_record_of_a_run_cut_by_the_clock_is_saved(corpus, tmp_path, monkeypatch):
+    """Stopped by max_time at a save step between two records: the step was saved, then
+    recorded, and the record never reached the checkpoint (ddpd-eval training read the
+    step-0 loss as the final one)."""
+    clock = iter(range(10_000))  # a step takes one second
+    monkeypatch.setattr("ddpd.training.trainer.time.perf_counter", lambda: float(next(clock)))
+    trainer = Trainer(config(corpus, tmp_path / "out", steps=20, max_time=5.0, eval_every=7, save_every=5))
+    history = trainer.train()
+    assert trainer.step == 5 and [h["step"] for h in history] == [0, 5]
+    _, meta = load_train_state(tmp_path / "out")
+    assert meta["history"] == json.loads(json.dumps(history)) and meta["pending_losses"] == []
+
+
+def test_a_step_without_a_term_is_no_loss_of_0(corpus, tmp_path):
+    """A step where nothing was corrupted (tiny batches) counted as a loss of 0 in the
+    recorded training loss."""
+    trainer = Trainer(config(corpus, tmp_path / "out", "mask-denoiser", steps=4, eval_every=4))
+    objective, losses = trainer.objective, []
+
+    def every_other_empty(network, *args):
+        if not network.training:
+            return objective(network, *args)
+        if trainer.step % 2:
+            return network(args[0], torch.zeros(args[0].shape[0])).sum() * 0.0, torch.tensor(0)
+        loss_sum, count = objective(network, *args)
+        losses.append((loss_sum / count).item())
+        return loss_sum, count
+
+    trainer.objective = every_other_empty
+    history = trainer.train()
+    assert len(losses) == 2 and history[-1]["train_loss"] == pytest.approx(sum(losses) / 2, rel=1e-6)
+
+
 def test_max_time_stops_and_checkpoints(corpus, tmp_path, monkeypatch):
     clock = iter(range(10_000))  # every perf_counter call advances one second: a step takes one
     monkeypatch.setattr("ddpd.training.trainer.time.perf_counter", lambda: float(next(clock)))
@@ -498,6 +538,8 @@ def test_cli_trains_and_resumes(corpus, tmp_path, capsys):
     assert code == 1 and "already holds a checkpoint" in err
     code, out, err = run_cli(capsys, "planner", "--out", tmp_path / "p", "--resume", "--lr", "0.1")
     assert code == 2 and err.count("\n") == 1 and "changed settings: --lr (0.0003 -> 0.1); leave those flags" in err
+    code, out, err = run_cli(capsys, "ar", "--out", tmp_path / "p", "--resume")
+    assert code == 2 and f"cannot resume {tmp_path / 'p'}: it holds a 'planner' network, not 'ar'" in err
     code, out, err = run_cli(capsys, "planner", "--out", tmp_path / "p", "--resume", "--no-progress")
     assert code == 0 and "step 4 of 4" in out
 
@@ -555,6 +597,32 @@ def test_cli_process_has_no_traceback(tmp_path):
                              "--out", str(tmp_path / "o")], capture_output=True, text=True, env=ONE_THREAD_ENV)
     assert result.returncode == 2
     assert result.stderr.startswith("ddpd-train: error: --data: no such file") and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("stdout", ["gone", "full"])
+def test_a_log_reader_that_went_away_does_not_stop_the_training(corpus, tmp_path, stdout):
+    """`ddpd-train ... | head -3` stopped at the next log line with 'Broken pipe' and no
+    final checkpoint; `>/dev/full` the same with 'No space left on device'."""
+    argv = [sys.executable, "-m", "ddpd.cli.train", "planner", "--data", corpus, "--out", str(tmp_path / "o"),
+            "--steps", "6", "--eval-every", "1", "--save-every", "100", *TINY_CLI]
+    env = {**ONE_THREAD_ENV, "PYTHONUNBUFFERED": "1"}
+    if stdout == "gone":
+        read, write = os.pipe()
+        os.close(read)
+        try:
+            result = subprocess.run(argv, stdout=write, stderr=subprocess.PIPE, text=True, env=env,
+                                    timeout=HANG_GUARD_SECONDS)
+        finally:
+            os.close(write)
+        assert result.returncode == 0 and result.stderr == "", result.stderr
+    else:
+        with open("/dev/full", "w") as full:
+            result = subprocess.run(argv, stdout=full, stderr=subprocess.PIPE, text=True, env=env,
+                                    timeout=HANG_GUARD_SECONDS)
+        assert result.returncode == 1 and result.stderr == (
+            f"ddpd-train: error: cannot write stdout: No space left on device; the checkpoint of step 6 is in "
+            f"{tmp_path / 'o'}\n"), result.stderr
+    assert load_train_state(tmp_path / "o")[1]["step"] == 6
 
 
 def test_resume_needs_a_training_checkpoint(corpus, tmp_path):

@@ -305,6 +305,32 @@ def standard_streams() -> None:
                 setattr(sys, name, open(fd, mode, closefd=False))
         if getattr(sys, name) is None:  # the descriptor was taken by a file opened meanwhile
             setattr(sys, name, open(os.devnull, mode))
+    if not isinstance(sys.stderr, _Tolerant):
+        sys.stderr = _Tolerant(sys.stderr)
+
+
+class _Tolerant:
+    """stderr whose failures (a full disk, a reader gone: `2>&1 | true`) lose its own
+    lines and nothing else: a warning that could not be printed ended the tool before it
+    published its output."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except (OSError, ValueError):  # ValueError: written after the stream was closed
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except (OSError, ValueError):
+            pass
+
+    def __getattr__(self, name):  # fileno, isatty, encoding, ... of the stream
+        return getattr(self._stream, name)
 
 
 # ---------------------------------------------------------------- checkpoints by role

@@ -32,7 +32,7 @@ import os
 import sys
 from typing import List, Optional
 
-from ddpd.cli.common import (OneLineParser, UsageError, add_runtime_arguments, apply_threads, flag_error,
+from ddpd.cli.common import (OneLineParser, Stdout, UsageError, add_runtime_arguments, apply_threads, flag_error,
                              resolve_device, run_tool, standard_streams)
 from ddpd.training.trainer import KINDS, TOKENIZERS
 
@@ -141,6 +141,9 @@ def _resume_command(trainer) -> str:
 
 def _conflict_message(err) -> str:
     """A --resume given other settings than its run's, by their flags: a command-line error."""
+    kinds = [(old, new) for name, old, new in err.changed if name == "kind"]
+    if kinds:  # the positional argument: no flag to leave out
+        return f"cannot resume {err.out}: it holds a {kinds[0][0]!r} network, not {kinds[0][1]!r}"
     flags = {action.dest: action.option_strings[0] for action in build_parser()._actions if action.option_strings}
     changed = ", ".join(f"{flags.get(name, name)} ({old!r} -> {new!r})" for name, old, new in err.changed)
     return (f"cannot resume {err.out} with changed settings: {changed}; leave those flags out to continue the "
@@ -155,8 +158,9 @@ def run(args: argparse.Namespace, state: dict) -> int:
 
     apply_threads(getattr(args, "threads", None))
     config = _checked_config(args)
+    stdout = Stdout()  # a reader of the log that goes away (| head) does not stop the training
     try:
-        trainer = Trainer(config, resume=args.resume, progress=args.progress, log=print,
+        trainer = Trainer(config, resume=args.resume, progress=args.progress, log=stdout.print,
                           allow_data_change=args.allow_data_change)
     except Interrupted as stop:
         stop.detail = "; training had not started, nothing was written"
@@ -187,6 +191,7 @@ def run(args: argparse.Namespace, state: dict) -> int:
     last = trainer.history[-1] if trainer.history else {}
     trainer.log(f"done: step {trainer.step}, val loss {last.get('val_loss', float('nan')):.4f}, "
                 f"{trainer.tokens_per_second:,.0f} tokens/s, checkpoint {config.out}")
+    stdout.check(f"the checkpoint of step {trainer.step} is in {config.out}")
     return 0
 
 

@@ -181,14 +181,18 @@ class TrainConfig:
         return cls(**values)
 
 
+def _mean(values: List[float]) -> Optional[float]:
+    return sum(values) / len(values) if values else None
+
+
 def learning_rate(step: int, config: TrainConfig, seconds: float = 0.0) -> float:
     """The learning rate of optimizer step `step` (0 to steps - 1): linear warmup over the
     first `warmup` steps up to lr, then cosine decay down to final_lr at the last step,
     or at config.max_time training seconds (`seconds` so far) if that comes first."""
     if step < config.warmup:
         return config.lr * (step + 1) / config.warmup
-    # step warmup - 1 ran at lr: the decay's first step is already below it
-    progress = min((step - config.warmup + 1) / max(config.steps - config.warmup, 1), 1.0)
+    peak = max(config.warmup - 1, 0)  # the step at lr: the last of the warmup, or the first
+    progress = min((step - peak) / max(config.steps - 1 - peak, 1), 1.0)
     if config.max_time is not None:
         progress = max(progress, min(seconds / config.max_time, 1.0))
     return config.final_lr + 0.5 * (config.lr - config.final_lr) * (1.0 + math.cos(math.pi * progress))
@@ -442,24 +446,28 @@ class Trainer:
         # _stopping first: every process calls its collective the same number of times
         while not self._stopping() and self.step < stop_at:
             started = time.perf_counter()
-            losses.append(self._optimizer_step())
+            loss = self._optimizer_step()
+            if loss is not None:  # a step without a term (nothing corrupted) has no loss, not 0
+                losses.append(loss)
             self.step += 1
             self.train_seconds += time.perf_counter() - started
             self.train_tokens += tokens_per_step
             if bar is not None:
-                bar.set_postfix(loss=f"{losses[-1]:.4f}", tok_s=f"{self.tokens_per_second:,.0f}")
+                bar.set_postfix(loss=f"{losses[-1]:.4f}" if losses else "-", tok_s=f"{self.tokens_per_second:,.0f}")
                 bar.update(1)
             if self.step % config.eval_every == 0 or self.step == config.steps:
-                self._record(sum(losses) / len(losses))
+                self._record(_mean(losses))
                 losses.clear()
             if self.step % config.save_every == 0 or self.step == stop_at:
                 self.save()
         if bar is not None:
             bar.close()
+        unsaved = self._saved_step != self.step
         if self.out_of_time and losses:
-            self._record(sum(losses) / len(losses))  # the last losses of a run cut by the clock
+            self._record(_mean(losses))  # the last losses of a run cut by the clock
             losses.clear()
-        if (self.stop_reason is not None or self.out_of_time) and self._saved_step != self.step:
+            unsaved = True  # a checkpoint of this step saved before the record lacks it
+        if (self.stop_reason is not None or self.out_of_time) and unsaved:
             self.save()  # a stopped run continues from where it stopped
         if self.out_of_time:
             self.log(f"stopped by max_time ({config.max_time:g} s of training) at step {self.step} of {config.steps}")
@@ -504,7 +512,8 @@ class Trainer:
                 raise PeerLost(err) from err
             raise
 
-    def _optimizer_step(self) -> float:
+    def _optimizer_step(self) -> Optional[float]:
+        """One optimizer step; its loss over every micro-batch and process (None: no term)."""
         config = self.config
         for group in self.optimizer.param_groups:
             group["lr"] = learning_rate(self.step, config, self.train_seconds)
@@ -523,7 +532,7 @@ class Trainer:
         # positions), whichever micro-batch and process they fell in: the gradients hold
         # each process's sum, averaged over the processes.
         total, count = self.dist.sum([total, count])
-        count = max(count, 1.0)  # a step without a corrupted position: a zero gradient
+        terms, count = count, max(count, 1.0)  # a step without a corrupted position: a zero gradient
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
         if grads:
             torch._foreach_mul_(grads, self.dist.world_size / count)
@@ -537,7 +546,7 @@ class Trainer:
         if self.ema is not None:
             with torch.no_grad():
                 torch._foreach_lerp_(list(self.ema.parameters()), list(self.model.parameters()), 1.0 - config.ema)
-        return loss
+        return loss if terms > 0 else None
 
     def _to_device(self, batch) -> Tuple[Tensor, Optional[Tensor]]:
         """(x1, labels or None) of a batch of RandomCrops / evaluation_batches, on the device."""
@@ -627,14 +636,16 @@ class Trainer:
                  f"{entry['tokens_per_s']:,} tok/s")
 
     def log(self, message: str) -> None:
+        """`message` to the log callback given (which clears a progress bar it draws over:
+        the tools' Stdout), else above the progress bar."""
         if not self.dist.is_main:
             return
-        if self.progress:
+        if self._log is not None:
+            self._log(message)
+        elif self.progress:
             from tqdm import tqdm
 
             tqdm.write(message)
-        elif self._log is not None:
-            self._log(message)
 
     def _progress_bar(self, stop_at: int):
         if not (self.progress and self.dist.is_main):
