@@ -203,6 +203,7 @@ def test_progress_bar_ticks_once_per_denoiser_pass(ckpts, monkeypatch, capsys, f
 
 
 import errno  # noqa: E402
+import io  # noqa: E402
 import queue  # noqa: E402
 import signal  # noqa: E402
 import threading  # noqa: E402
@@ -287,6 +288,17 @@ def test_a_failing_stderr_loses_no_sample(ckpts, tmp_path):
     with open("/dev/full", "w") as full:
         done = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=full, env=ENV, timeout=HANG_GUARD_SECONDS)
     assert done.returncode == 0 and [r["index"] for r in read_jsonl(out)] == [0, 1, 2]
+
+
+def test_the_tolerant_stderr_copies():
+    """copy.copy of the wrapped stderr recursed forever in its __getattr__."""
+    import copy
+
+    from ddpd.cli.common import _Tolerant
+
+    wrapped = _Tolerant(io.StringIO())
+    copy.copy(wrapped).write("x")
+    assert wrapped.getvalue() == "x"
 
 
 @pytest.mark.parametrize("closed", [1, 2])

@@ -275,6 +275,27 @@ def test_install_command(tmp_path, capsys):
                                        "config.json 'training' must be an object of ddpd-train settings, got 5\n")
 
 
+def test_install_command_with_a_reader_that_went_away(tmp_path):
+    """`python -m ddpd.pretrained ... | true`: a BrokenPipeError traceback after the bundle
+    was written (exit 1); `>/dev/full` the same with ENOSPC."""
+    paths = _training_checkpoints(tmp_path)
+    command = [sys.executable, "-m", "ddpd.pretrained", paths["planner"], paths["denoiser"]]
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        done = subprocess.run([*command, "--dest", str(tmp_path / "b")], stdout=write, stderr=subprocess.PIPE,
+                              text=True, timeout=HANG_GUARD_SECONDS, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    finally:
+        os.close(write)
+    assert done.returncode == 0 and done.stderr == "" and pretrained.missing_files(tmp_path / "b") == []
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([*command, "--dest", str(tmp_path / "c")], stdout=full, stderr=subprocess.PIPE,
+                              text=True, timeout=HANG_GUARD_SECONDS)
+    assert done.returncode == 1 and done.stderr == ("python -m ddpd.pretrained: error: cannot write stdout: No space "
+                                                    "left on device; the bundle is written\n"), done.stderr
+    assert pretrained.missing_files(tmp_path / "c") == []
+
+
 def test_install_command_never_replaces_the_shipped_bundle_unasked(tmp_path, capsys, monkeypatch):
     from ddpd.pretrained.__main__ import main as install_main
 

@@ -95,6 +95,25 @@ def test_the_last_record_of_a_run_cut_by_the_clock_is_saved(corpus, tmp_path, mo
     assert meta["history"] == json.loads(json.dumps(history)) and meta["pending_losses"] == []
 
 
+def test_a_run_cut_by_the_clock_after_steps_without_a_term_records_its_last_step(corpus, tmp_path, monkeypatch):
+    """Steps without a loss term since the last record left nothing pending: the clock's
+    last record was skipped, and the checkpoint of step 4 ended its history at step 3."""
+    clock = iter(range(10_000))  # a step takes one second
+    monkeypatch.setattr("ddpd.training.trainer.time.perf_counter", lambda: float(next(clock)))
+    trainer = Trainer(config(corpus, tmp_path / "out", "mask-denoiser", steps=20, max_time=4.0, eval_every=3))
+    objective = trainer.objective
+
+    def empty_after_step_3(network, *args):
+        if network.training and trainer.step >= 3:
+            return network(args[0], torch.zeros(args[0].shape[0])).sum() * 0.0, torch.tensor(0)
+        return objective(network, *args)
+
+    trainer.objective = empty_after_step_3
+    history = trainer.train()
+    assert trainer.step == 4 and [h["step"] for h in history] == [0, 3, 4] and history[-1]["train_loss"] is None
+    assert load_train_state(tmp_path / "out")[1]["history"][-1]["step"] == 4
+
+
 def test_a_step_without_a_term_is_no_loss_of_0(corpus, tmp_path):
     """A step where nothing was corrupted (tiny batches) counted as a loss of 0 in the
     recorded training loss."""

@@ -330,6 +330,8 @@ class _Tolerant:
             pass
 
     def __getattr__(self, name):  # fileno, isatty, encoding, ... of the stream
+        if name == "_stream":  # an instance made without __init__ (copy.copy): no recursion
+            raise AttributeError(name)
         return getattr(self._stream, name)
 
 

@@ -16,6 +16,9 @@ from ddpd.pretrained import BUNDLE_DIR, ENV_VAR, WEIGHT_DTYPES, bundle_bytes, in
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    from ddpd.cli.common import Stdout, standard_streams  # the tools' handling of closed and failing streams
+
+    standard_streams()
     parser = argparse.ArgumentParser(prog="python -m ddpd.pretrained", description=__doc__.split("\n\n")[0])
     parser.add_argument("planner", help="planner checkpoint directory")
     parser.add_argument("denoiser", help="mask-denoiser checkpoint directory")
@@ -39,7 +42,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 1
     kept = f"; the previous bundle is in {BUNDLE_DIR.parent / (BUNDLE_DIR.name + '.previous')}" \
         if is_packaged(dest) else ""
-    print(f"wrote {dest} ({bundle_bytes(dest)} bytes){kept}")
+    stdout = Stdout()
+    stdout.print(f"wrote {dest} ({bundle_bytes(dest)} bytes){kept}")
+    try:
+        stdout.check("the bundle is written")
+    except OSError as err:
+        print(f"python -m ddpd.pretrained: error: {err}", file=sys.stderr)
+        return 1
     return 0
 
 

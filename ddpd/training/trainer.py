@@ -112,7 +112,8 @@ class TrainConfig:
     device: str = "auto"
     # training seconds (evaluation and checkpoints excluded); None: no limit. The cosine
     # decay follows whichever of steps and max_time runs out first, so a run cut by the
-    # clock still ends at final_lr (its step count then depends on the machine).
+    # clock still ends at final_lr (its step count then depends on the machine), unless
+    # the clock runs out within the warmup, which goes by steps.
     max_time: Optional[float] = None
     # class-conditional training on a labelled corpus (.jsonl): labels in [0, num_classes),
     # each replaced by the null label num_classes with probability label_dropout
@@ -463,13 +464,13 @@ class Trainer:
         if bar is not None:
             bar.close()
         unsaved = self._saved_step != self.step
-        if self.out_of_time and losses:
-            self._record(_mean(losses))  # the last losses of a run cut by the clock
+        if self.out_of_time and self.history[-1]["step"] != self.step:
+            self._record(_mean(losses))  # the last steps of a run cut by the clock
             losses.clear()
             unsaved = True  # a checkpoint of this step saved before the record lacks it
         if (self.stop_reason is not None or self.out_of_time) and unsaved:
             self.save()  # a stopped run continues from where it stopped
-        if self.out_of_time:
+        if self.out_of_time and self.step < config.steps:
             self.log(f"stopped by max_time ({config.max_time:g} s of training) at step {self.step} of {config.steps}")
         if self.step == config.steps:
             self.stop_reason = None  # a stop asked for during the last step: the run is complete, not interrupted
