@@ -149,6 +149,8 @@ def test_build_without_info(fake_build):
     sources, built = fake_build
     (built.parent / _ext.BUILD_INFO).write_text(json.dumps({"torch": torch.__version__, "cuda": False}))
     assert "does not record the sources" in _ext.prebuilt_problem()  # a build of an older ddpd
+    (built.parent / _ext.BUILD_INFO).write_text("")  # cut short: stale, not a JSONDecodeError at every call
+    assert _ext.prebuilt_problem().endswith("is not the JSON record of a build")
     (built.parent / _ext.BUILD_INFO).unlink()
     assert "is missing" in _ext.prebuilt_problem()
 
@@ -157,7 +159,9 @@ def test_compile_route_calls_torch_load(monkeypatch, tmp_path, capsys):
     from torch.utils import cpp_extension
 
     calls = []
-    monkeypatch.setattr(cpp_extension, "load", lambda **kwargs: calls.append(kwargs) or "module")
+    monkeypatch.setattr(cpp_extension, "load",
+                        lambda **kwargs: calls.append({**kwargs, "PATH": os.environ["PATH"]}) or "module")
+    monkeypatch.setenv("PATH", "/usr/bin")  # an environment used without activating it
     monkeypatch.setenv("DDPD_EXTENSIONS_DIR", str(tmp_path))
     assert _ext._compile("a test asked for it") == "module"
     (kwargs,) = calls
@@ -167,6 +171,10 @@ def test_compile_route_calls_torch_load(monkeypatch, tmp_path, capsys):
     assert kwargs["extra_cflags"] == _ext.cxx_flags(with_cuda) and "-O3" in kwargs["extra_cflags"]
     assert not any("march=native" in f or "fast-math" in f for f in kwargs["extra_cflags"])
     assert Path(kwargs["build_directory"]).parent == tmp_path and Path(kwargs["build_directory"]).is_dir()
+    import sysconfig  # the ninja ddpd installs is in the interpreter's scripts directory
+
+    assert kwargs["PATH"].split(os.pathsep) == [sysconfig.get_path("scripts"), "/usr/bin"]
+    assert os.environ["PATH"] == "/usr/bin"
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "compiling the C++ extension because a test asked for it" in err[0]
     build_dir = Path(kwargs["build_directory"])
@@ -178,9 +186,20 @@ def test_compile_route_calls_torch_load(monkeypatch, tmp_path, capsys):
     (other / "more.cpp").write_text("")
     monkeypatch.setattr(_ext, "source_dir", lambda: other)
     monkeypatch.setattr(_ext, "sources", lambda root, with_cuda: [])
-    assert _ext._compile("a test asked for it") == "module"  # other sources: said again, and built anew
+    assert _ext._compile("a test asked for it") == "module"  # another checkout: a build directory of its own
+    other_dir = Path(calls[-1]["build_directory"])
+    assert other_dir != build_dir and (build_dir / "module.o").exists()  # two installs no longer rebuild each other
     assert "compiling the C++ extension" in capsys.readouterr().err
-    assert not (build_dir / "module.o").exists()  # ninja goes by file times: a restored older file was skipped
+    (other_dir / "more.o").write_text("an object of the old sources")
+    (other / "more.cpp").write_text("int changed;")
+    assert _ext._compile("a test asked for it") == "module"  # changed sources: said again, and built anew
+    assert "compiling the C++ extension" in capsys.readouterr().err
+    assert not (other_dir / "more.o").exists()  # ninja goes by file times: a restored older file was skipped
+    (other_dir / _ext.BUILD_INFO).write_text("")  # a record cut short (a full disk, a kill): built again
+    assert _ext._compile("a test asked for it") == "module" and "compiling" in capsys.readouterr().err
+    monkeypatch.setenv("DDPD_EXTENSIONS_DIR", str(other / "more.cpp"))  # a file where the cache should be
+    with pytest.raises(RuntimeError, match=r"compiling it in .* failed: .*more.cpp \(DDPD_EXTENSIONS_DIR sets"):
+        _ext._compile("a test asked for it")
 
 
 def test_compile_failure_is_explained(monkeypatch, tmp_path):
@@ -243,3 +262,12 @@ def test_compile_on_first_use_in_a_fresh_cache(tmp_path):
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().startswith(str(tmp_path))
     assert "compiling the C++ extension because DDPD_FORCE_JIT is set" in result.stderr
+
+
+def test_python_m_ddpd_ops_names_the_module_without_a_warning():
+    """`python -m ddpd.ops._ext`, which the README gave, ran a second copy of a module that
+    ddpd.ops imports (a runpy RuntimeWarning)."""
+    done = subprocess.run([sys.executable, "-W", "error", "-m", "ddpd.ops"], capture_output=True, text=True,
+                          timeout=HANG_GUARD_SECONDS)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert done.stdout.startswith("ddpd: extension ddpd") and "CUDA kernels: " in done.stdout

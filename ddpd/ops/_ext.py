@@ -9,7 +9,8 @@ build of torch plus a CUDA toolkit csrc/cuda/*.cu, csrc/cuda/*.cpp):
 - otherwise, or when that module is stale (a source changed since, it was built
   for another torch, or it fails to import), `load()` compiles the sources on first
   use with torch.utils.cpp_extension.load into a cache directory
-  ($DDPD_EXTENSIONS_DIR, default ~/.cache/ddpd/extensions/<python-torch-device>),
+  ($DDPD_EXTENSIONS_DIR, default ~/.cache/ddpd/extensions/<python-torch-device-sources>, one
+  per checkout or install),
   printing one line that says why. DDPD_FORCE_JIT=1 takes that route regardless.
 
 Only one of the two may be loaded in a process: both register the ddpd namespace.
@@ -129,11 +130,14 @@ def prebuilt_problem() -> Optional[str]:
         return "DDPD_FORCE_JIT is set"
     built = prebuilt_path()
     if built is None:
-        return "ddpd._C was not built (torch was not importable when ddpd was installed)"
+        return ("ddpd._C was not built when ddpd was installed (no C++ compiler or no torch then; "
+                "`pip install -v` shows why)")
     info_path = built.parent / BUILD_INFO
     if not info_path.is_file():
         return f"{info_path} is missing, so the torch version {built.name} was built for is unknown"
-    info = json.loads(info_path.read_text())
+    info = _read_json(info_path)
+    if not isinstance(info, dict):
+        return f"{info_path} is not the JSON record of a build"
     if "sources" not in info:
         return f"{info_path} does not record the sources {built.name} was built from"
     try:
@@ -152,34 +156,83 @@ def prebuilt_problem() -> Optional[str]:
     return None
 
 
-def _cache_dir(with_cuda: bool) -> Path:
+def _read_json(path: Path):
+    """The JSON in `path`, or None where it cannot be read (a record cut short by a full
+    disk or a kill: a build to redo, not an error that stays)."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _cache_dir(with_cuda: bool, root: Path) -> Path:
+    """The build directory of the sources in `root`: one per checkout or install, since ninja
+    rebuilds whenever its build file (which names the sources' paths) changes, so two
+    installs sharing one directory rebuilt each other's extension at every switch."""
     import torch
 
-    root = os.environ.get("DDPD_EXTENSIONS_DIR") or Path.home() / ".cache" / "ddpd" / "extensions"
-    tag = f"py{sys.version_info[0]}{sys.version_info[1]}-torch{torch.__version__}-{'cuda' if with_cuda else 'cpu'}"
-    return Path(root) / re.sub(r"[^A-Za-z0-9_.-]", "_", tag)
+    cache = os.environ.get("DDPD_EXTENSIONS_DIR") or Path.home() / ".cache" / "ddpd" / "extensions"
+    where = hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:8]
+    tag = (f"py{sys.version_info[0]}{sys.version_info[1]}-torch{torch.__version__}-{'cuda' if with_cuda else 'cpu'}"
+           f"-{where}")
+    return Path(cache) / re.sub(r"[^A-Za-z0-9_.-]", "_", tag)
+
+
+class _ScriptsOnPath:
+    """The running interpreter's scripts directory first on PATH while building: the ninja
+    that ddpd installs lives there, and torch runs `ninja` from PATH, which an
+    environment used without activating it (a service, cron) does not hold."""
+
+    def __enter__(self):
+        import sysconfig
+
+        self.saved = os.environ.get("PATH")
+        scripts = sysconfig.get_path("scripts")
+        os.environ["PATH"] = os.pathsep.join(p for p in (scripts, self.saved) if p)
+
+    def __exit__(self, *exc):
+        if self.saved is None:
+            os.environ.pop("PATH", None)
+        else:
+            os.environ["PATH"] = self.saved
 
 
 def _compile(reason: str) -> ModuleType:
-    from torch.utils import cpp_extension
-
     with_cuda = can_build_cuda()
     root = source_dir()
-    build_dir = _cache_dir(with_cuda)
-    build_dir.parent.mkdir(parents=True, exist_ok=True)
-    # One process at a time (torchrun starts several): a stale build directory is emptied.
-    with open(build_dir.parent / f".{build_dir.name}.lock", "w") as lock:
+    build_dir = _cache_dir(with_cuda, root)
+    try:
+        build_dir.parent.mkdir(parents=True, exist_ok=True)
+        # One process at a time (torchrun starts several): a stale build directory is emptied.
+        lock = open(build_dir.parent / f".{build_dir.name}.lock", "w")
+    except OSError as error:
+        raise _unavailable(reason, build_dir, f"{error.strerror or error}: {getattr(error, 'filename', '')} "
+                                              "(DDPD_EXTENSIONS_DIR sets the directory)") from error
+    with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        built_from = build_dir / BUILD_INFO
-        digests = source_digests(root, with_cuda)
-        if not built_from.is_file() or json.loads(built_from.read_text()) != digests:
-            print(f"ddpd: compiling the C++ extension because {reason}; building in {build_dir} (once per source "
-                  "change)", file=sys.stderr, flush=True)
-            # ninja rebuilds by file times: a source whose content changed but whose file is
-            # not newer than the objects (restored from an archive, `cp -p`) would be skipped
-            shutil.rmtree(build_dir, ignore_errors=True)
+        return _build(reason, root, build_dir, with_cuda)
+
+
+def _unavailable(reason: str, build_dir: Path, why: str) -> RuntimeError:
+    return RuntimeError(f"ddpd: the C++ extension is unavailable ({reason}) and compiling it in {build_dir} failed: "
+                        f"{why} (it needs a C++17 compiler and ninja; the samplers without --fused, fused=False, "
+                        "need no extension)")
+
+
+def _build(reason: str, root: Path, build_dir: Path, with_cuda: bool) -> ModuleType:
+    from torch.utils import cpp_extension
+
+    built_from = build_dir / BUILD_INFO
+    digests = source_digests(root, with_cuda)
+    if _read_json(built_from) != digests:
+        print(f"ddpd: compiling the C++ extension because {reason}; building in {build_dir} (once per source "
+              "change)", file=sys.stderr, flush=True)
+        # ninja rebuilds by file times: a source whose content changed but whose file is
+        # not newer than the objects (restored from an archive, `cp -p`) would be skipped
+        shutil.rmtree(build_dir, ignore_errors=True)
+    try:
         build_dir.mkdir(parents=True, exist_ok=True)
-        try:
+        with _ScriptsOnPath():
             module = cpp_extension.load(
                 name=JIT_NAME,
                 sources=sources(root, with_cuda),
@@ -191,13 +244,11 @@ def _compile(reason: str) -> ModuleType:
                 with_cuda=with_cuda,
                 verbose=False,
             )
-        except Exception as error:
-            raise RuntimeError(
-                f"ddpd: the C++ extension is unavailable ({reason}) and compiling it in {build_dir} failed: "
-                f"{_build_failure(error)} (it needs a C++17 compiler and ninja; the samplers without --fused, "
-                "fused=False, need no extension)"
-            ) from error
-        built_from.write_text(json.dumps(digests))
+    except Exception as error:
+        raise _unavailable(reason, build_dir, _build_failure(error)) from error
+    temporary = built_from.with_name(f".{BUILD_INFO}.tmp")  # whole or absent: a rename, not a write in place
+    temporary.write_text(json.dumps(digests))
+    os.replace(temporary, built_from)
     return module
 
 
@@ -263,8 +314,3 @@ def ops_for(device):
             stacklevel=3,
         )
     return None
-
-
-if __name__ == "__main__":
-    module = load()
-    print(f"ddpd: extension {module.__name__} from {module.__file__}, CUDA kernels: {bool(module.with_cuda)}")

@@ -1,0 +1,8 @@
+"""python -m ddpd.ops: which ddpd._C this process loads (the module built at install,
+or the one compiled on first use) and whether it holds the CUDA kernels. (Run as
+`python -m ddpd.ops._ext` it would be a second copy of the module that ddpd.ops
+imports, which runpy warns of.)"""
+from ddpd.ops import _ext
+
+module = _ext.load()
+print(f"ddpd: extension {module.__name__} from {module.__file__}, CUDA kernels: {bool(module.with_cuda)}")
