@@ -294,7 +294,7 @@ def test_the_tolerant_stderr_copies():
     """copy.copy of the wrapped stderr recursed forever in its __getattr__."""
     import copy
 
-    from ddpd.cli.common import _Tolerant
+    from ddpd.streams import _Tolerant
 
     wrapped = _Tolerant(io.StringIO())
     copy.copy(wrapped).write("x")

@@ -30,9 +30,10 @@ from typing import Dict, List, Optional
 import torch
 from tqdm.auto import tqdm
 
-from ddpd.cli.common import OneLineParser, Stdout, UsageError, add_runtime_arguments, apply_threads, load_role, \
-    refuse_empty_paths, resolve_device, run_tool, shared_facts, standard_streams, warn_if_lengths_differ
+from ddpd.cli.common import (OneLineParser, UsageError, add_runtime_arguments, apply_threads, load_role,
+                             refuse_empty_paths, resolve_device, run_tool, shared_facts, warn_if_lengths_differ)
 from ddpd.cli.samplers import add_truncation_arguments, truncation_from
+from ddpd.streams import Stdout, standard_streams
 
 SAMPLER_HELP = ("ddpd-{A,AB,ABC}-{mask,uniform,uniform-model}, tau-planned-{mask,uniform}, dfm-eta<eta>, "
                 "dfm-uni, maskgit (default: every one the checkpoints allow)")

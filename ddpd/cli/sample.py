@@ -80,10 +80,10 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from ddpd.cli.common import (OneLineParser, Stdout, UsageError, add_runtime_arguments, apply_threads, check_finite,
-                             flag_error, load_role, max_length, refuse_empty_paths, run_tool, shared_facts,
-                             standard_streams, warn_if_lengths_differ)
+from ddpd.cli.common import (OneLineParser, UsageError, add_runtime_arguments, apply_threads, check_finite, flag_error,
+                             load_role, max_length, refuse_empty_paths, run_tool, shared_facts, warn_if_lengths_differ)
 from ddpd.cli.samplers import FAMILIES, add_truncation_arguments, truncation_from
+from ddpd.streams import Stdout, standard_streams
 
 NUM_SAMPLES, NUM_SAMPLES_BUNDLED = 8, 4
 # With the bundled model, a step budget of twice the length: option A then stops on

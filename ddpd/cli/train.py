@@ -32,8 +32,9 @@ import os
 import sys
 from typing import List, Optional
 
-from ddpd.cli.common import (OneLineParser, Stdout, UsageError, add_runtime_arguments, apply_threads, flag_error,
-                             resolve_device, run_tool, standard_streams)
+from ddpd.cli.common import (OneLineParser, UsageError, add_runtime_arguments, apply_threads, flag_error,
+                             resolve_device, run_tool)
+from ddpd.streams import Stdout, standard_streams
 from ddpd.training.trainer import KINDS, TOKENIZERS
 
 

@@ -16,7 +16,7 @@ from ddpd.pretrained import BUNDLE_DIR, ENV_VAR, WEIGHT_DTYPES, bundle_bytes, in
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    from ddpd.cli.common import Stdout, standard_streams  # the tools' handling of closed and failing streams
+    from ddpd.streams import Stdout, standard_streams
 
     standard_streams()
     parser = argparse.ArgumentParser(prog="python -m ddpd.pretrained", description=__doc__.split("\n\n")[0])

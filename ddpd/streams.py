@@ -1,0 +1,100 @@
+"""The standard streams of ddpd's tools: a tool's output survives what happens to them.
+
+- `standard_streams()`, first thing in a tool: closed stdin/stdout/stderr (`2>&-`) are
+  reopened on /dev/null, and stderr is wrapped so that its failures (a full disk, a
+  reader gone) lose its own lines and nothing else.
+- `Stdout`: the lines a tool prints, going on without them when stdout's reader went
+  away (`| head -1`) or stdout fails, and reporting the failure once the files are written.
+
+Lowest layer: imports nothing from ddpd (the tools of ddpd.cli and `python -m
+ddpd.pretrained` use it).
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Optional
+
+
+class Stdout:
+    """Lines for stdout that survive a reader that went away (`| head -1`) or a stdout
+    that fails (a full disk): after either nothing more is printed and `closed` tells the
+    tool; a failure other than the broken pipe is kept in `error` for the tool to report
+    once its files are written (`check`). A progress bar on the terminal is cleared
+    while a line is printed, so that none is left between the lines."""
+
+    def __init__(self):
+        self.closed = False
+        self.error: Optional[OSError] = None
+
+    def print(self, text: str) -> None:
+        from tqdm import tqdm
+
+        if self.closed:
+            return
+        try:
+            with tqdm.external_write_mode(file=sys.stdout):
+                sys.stdout.write(text + "\n")
+                sys.stdout.flush()
+        except OSError as err:
+            self.closed = True
+            if not isinstance(err, BrokenPipeError):
+                self.error = err
+            # Python would report the failure again when it flushes stdout at exit
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+
+    def check(self, kept: str = "") -> None:
+        """OSError (one line, exit status 1) if printing failed other than by a reader
+        that went away; `kept` says where the results are all the same."""
+        if self.error is not None:
+            reason = self.error.strerror or str(self.error)
+            raise OSError(f"cannot write stdout: {reason}{'; ' + kept if kept else ''}")
+
+
+def standard_streams() -> None:
+    """A tool started with stdin, stdout or stderr closed (`2>&-`) gets /dev/null there:
+    Python leaves sys.stderr None (progress bars and error lines then failed, or errors
+    went to stdout), and the next file opened would take the descriptor, so that text
+    written to stderr by C++ code would land in an output file."""
+    for fd, name, mode in ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w")):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+            if getattr(sys, name) is None:
+                setattr(sys, name, open(fd, mode, closefd=False))
+        if getattr(sys, name) is None:  # the descriptor was taken by a file opened meanwhile
+            setattr(sys, name, open(os.devnull, mode))
+    if not isinstance(sys.stderr, _Tolerant):
+        sys.stderr = _Tolerant(sys.stderr)
+
+
+class _Tolerant:
+    """stderr whose failures (a full disk, a reader gone: `2>&1 | true`) lose its own
+    lines and nothing else: a warning that could not be printed ended the tool before it
+    published its output."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except (OSError, ValueError):  # ValueError: written after the stream was closed
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except (OSError, ValueError):
+            pass
+
+    def __getattr__(self, name):  # fileno, isatty, encoding, ... of the stream
+        if name == "_stream":  # an instance made without __init__ (copy.copy): no recursion
+            raise AttributeError(name)
+        return getattr(self._stream, name)
