@@ -149,6 +149,8 @@ def test_build_without_info(fake_build):
     sources, built = fake_build
     (built.parent / _ext.BUILD_INFO).write_text(json.dumps({"torch": torch.__version__, "cuda": False}))
     assert "does not record the sources" in _ext.prebuilt_problem()  # a build of an older ddpd
+    (built.parent / _ext.BUILD_INFO).write_text(json.dumps({"torch": torch.__version__, "sources": None}))
+    assert "does not record the sources" in _ext.prebuilt_problem()  # was a TypeError
     (built.parent / _ext.BUILD_INFO).write_text("")  # cut short: stale, not a JSONDecodeError at every call
     assert _ext.prebuilt_problem().endswith("is not the JSON record of a build")
     (built.parent / _ext.BUILD_INFO).unlink()
@@ -271,3 +273,22 @@ def test_python_m_ddpd_ops_names_the_module_without_a_warning():
                           timeout=HANG_GUARD_SECONDS)
     assert done.returncode == 0 and done.stderr == "", done.stderr
     assert done.stdout.startswith("ddpd: extension ddpd") and "CUDA kernels: " in done.stdout
+
+
+def test_one_cache_directory_per_checkout_and_environment(monkeypatch, tmp_path):
+    """Two environments of one checkout shared a directory, and ninja (whose build file
+    names torch's paths) silently rebuilt the extension at every switch."""
+    here = _ext._cache_dir(False, ROOT / "csrc")
+    assert here == _ext._cache_dir(False, ROOT / "csrc")
+    assert _ext._cache_dir(False, tmp_path) != here
+    monkeypatch.setattr(sys, "prefix", str(tmp_path / "another-venv"))
+    assert _ext._cache_dir(False, ROOT / "csrc") != here
+
+
+def test_python_m_ddpd_ops_says_why_in_one_line(tmp_path):
+    (tmp_path / "a-file").write_text("")
+    env = {**os.environ, "DDPD_FORCE_JIT": "1", "DDPD_EXTENSIONS_DIR": str(tmp_path / "a-file")}
+    done = subprocess.run([sys.executable, "-m", "ddpd.ops"], capture_output=True, text=True, env=env,
+                          timeout=HANG_GUARD_SECONDS)
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith("ddpd: the C++ extension is unavailable (DDPD_FORCE_JIT is set)")

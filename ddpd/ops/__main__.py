@@ -2,7 +2,12 @@
 or the one compiled on first use) and whether it holds the CUDA kernels. (Run as
 `python -m ddpd.ops._ext` it would be a second copy of the module that ddpd.ops
 imports, which runpy warns of.)"""
+import sys
+
 from ddpd.ops import _ext
 
-module = _ext.load()
+try:
+    module = _ext.load()
+except RuntimeError as error:  # the build's one-line reason, as the tools give it
+    sys.exit(str(error).splitlines()[0])
 print(f"ddpd: extension {module.__name__} from {module.__file__}, CUDA kernels: {bool(module.with_cuda)}")

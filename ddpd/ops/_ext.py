@@ -138,7 +138,7 @@ def prebuilt_problem() -> Optional[str]:
     info = _read_json(info_path)
     if not isinstance(info, dict):
         return f"{info_path} is not the JSON record of a build"
-    if "sources" not in info:
+    if not isinstance(info.get("sources"), dict):
         return f"{info_path} does not record the sources {built.name} was built from"
     try:
         root = source_dir()
@@ -166,13 +166,15 @@ def _read_json(path: Path):
 
 
 def _cache_dir(with_cuda: bool, root: Path) -> Path:
-    """The build directory of the sources in `root`: one per checkout or install, since ninja
-    rebuilds whenever its build file (which names the sources' paths) changes, so two
-    installs sharing one directory rebuilt each other's extension at every switch."""
+    """The build directory of the sources in `root` built against this environment's torch:
+    one per checkout and environment, since ninja rebuilds whenever its build file (which
+    names the sources' and torch's paths) changes, so two installs sharing one directory
+    rebuilt each other's extension at every switch."""
     import torch
 
     cache = os.environ.get("DDPD_EXTENSIONS_DIR") or Path.home() / ".cache" / "ddpd" / "extensions"
-    where = hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:8]
+    paths = f"{root.resolve()}\n{Path(torch.__file__).resolve().parent}\n{sys.prefix}"
+    where = hashlib.sha256(paths.encode()).hexdigest()[:8]
     tag = (f"py{sys.version_info[0]}{sys.version_info[1]}-torch{torch.__version__}-{'cuda' if with_cuda else 'cpu'}"
            f"-{where}")
     return Path(cache) / re.sub(r"[^A-Za-z0-9_.-]", "_", tag)
