@@ -67,13 +67,8 @@ def _fitted(name: str, room: int) -> str:
     if len(raw) <= room:
         return name
     digest = hashlib.sha256(raw).hexdigest()[:16]
-    cut = raw[:room - len(digest) - 1]
-    head = cut.decode("utf-8", "ignore") if _utf8() else os.fsdecode(cut)  # whole characters: none shows broken
-    return head + "~" + digest
-
-
-def _utf8() -> bool:
-    return sys.getfilesystemencoding().lower().replace("-", "") == "utf8"
+    # whole characters: a listing shows none broken
+    return raw[:room - len(digest) - 1].decode(sys.getfilesystemencoding(), "ignore") + "~" + digest
 
 
 def _temp_head(path: str, kind: str) -> str:
@@ -130,10 +125,10 @@ def _check_name_lengths(path, existing: str) -> None:
         limit = os.pathconf(existing, "PC_NAME_MAX")
     except (OSError, ValueError):
         limit = NAME_MAX
-    for name in os.fspath(path).split(os.sep):
-        if len(os.fsencode(name)) > limit:
-            raise OutputError(path, OSError(errno.ENAMETOOLONG, f"a name of {len(os.fsencode(name))} bytes, over "
-                                                                f"the {limit} a file name may take"))
+    for size in (len(os.fsencode(name)) for name in os.fspath(path).split(os.sep)):
+        if size > limit:
+            raise OutputError(path, OSError(errno.ENAMETOOLONG, f"a name of {size} bytes, over the {limit} a file "
+                                                                "name may take"))
 
 
 def _refuse_non_files(path) -> str:
