@@ -92,7 +92,7 @@ check() {
     fi
     # pip -q prints the compiler's output only when the build fails.
     part build 150 $PY -m pip install -q --no-deps --no-build-isolation --no-index -e . &&
-        part extension 40 $PY -m ddpd.ops._ext || { echo "gpu_check: the build failed"; return 1; }
+        part extension 40 $PY -m ddpd.ops || { echo "gpu_check: the build failed"; return 1; }
     local gpu_tests
     gpu_tests=$(grep -l "pytest.mark.gpu" tests/test_*.py | tr '\n' ' ')
     # shellcheck disable=SC2086  # one word per test file
