@@ -40,7 +40,12 @@ RUNS = {
 def test_graph_replays_draw_what_eager_steps_draw(nets, name, dtype, monkeypatch):
     made = []
     original = StepGraphs.__init__
-    monkeypatch.setattr(StepGraphs, "__init__", lambda self, *a, **k: (original(self, *a, **k), made.append(self)))
+
+    def init(self, *args, **kwargs):  # __init__ must return None: no lambda returning a tuple
+        original(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch.setattr(StepGraphs, "__init__", init)
     with torch.inference_mode():
         eager = RUNS[name](nets[dtype], seed=3, device="cuda", fused=True, graphs="off", dtype=dtype)
         replayed = RUNS[name](nets[dtype], seed=3, device="cuda", fused=True, dtype=dtype)
