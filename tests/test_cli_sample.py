@@ -121,6 +121,7 @@ def test_single_model_samplers(ckpts, tmp_path, capsys, kind, argv):
     (["--k", "99"], "--k must be in [1, 8], got 99"),  # the sampling layer's refusals name the flag
     (["--clock", "exact", "--t-end", "2"], "--t-end must be in (0.0, 1.0), got 2.0"),
     (["--fused", "--sync-every", "0"], "--sync-every must be >= 1, got 0"),
+    (["--compile", "fast"], "--compile: unknown torch.compile backend 'fast' (try inductor or eager)"),
 ])
 def test_bad_arguments_fail_in_one_line(ckpts, capsys, argv, message):
     code, _, stderr = run_cli(capsys, "--checkpoint", ckpts["bundle"], *argv)
@@ -645,6 +646,27 @@ def test_dtype_casts_the_networks_and_is_reported(ckpts, tmp_path, capsys, monke
         main(["--checkpoint", ckpts["bundle"], "--dtype", "float64"])
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and "--dtype" in err and err.count("\n") == 1
+
+
+def test_compiled_networks_draw_the_samples_of_eager_ones(ckpts, tmp_path, capsys):
+    """--compile eager: Dynamo traces both networks (the fused run calls the planner's
+    forward and the denoiser's hidden) and the samples are those of the plain run."""
+    from torch._dynamo.utils import counters
+
+    outs = {}
+    torch._dynamo.reset()
+    counters.clear()
+    try:
+        for backend in (None, "eager"):
+            outs[backend] = tmp_path / f"{backend}.jsonl"
+            code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--num-samples", "5", "--steps", "8",
+                                   "--batch-size", "4", "--out", str(outs[backend]), "--quiet", "--fused",
+                                   *(("--compile", backend) if backend else ()))
+            assert code == 0, err
+        assert counters["stats"]["unique_graphs"] >= 2 and not counters["graph_break"]
+    finally:
+        torch._dynamo.reset()
+    assert outs[None].read_bytes() == outs["eager"].read_bytes()
 
 
 # ---------------------------------------------------------------- several processes

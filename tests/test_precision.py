@@ -12,6 +12,7 @@ from ddpd.models import (
     DTYPE_CHOICES,
     MODEL_KINDS,
     build_model,
+    compile_for_sampling,
     config_for,
     prepare_for_sampling,
     resolve_dtype,
@@ -123,6 +124,46 @@ def test_autocast_and_cast_weights_agree():
     cast = prepare_for_sampling(copy.deepcopy(model), "bfloat16")
     with torch.no_grad():
         torch.testing.assert_close(cast(x, t), autocast, rtol=2e-2, atol=2e-2)
+
+
+# ---- compile_for_sampling ---------------------------------------------------------------------
+
+@pytest.fixture
+def dynamo():
+    """Dynamo's counters, cleared before and its caches reset after the test."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    yield counters
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("kind", MODEL_KINDS)
+def test_compiled_networks_compute_what_eager_ones_do(kind, dynamo):
+    """The "eager" backend runs what Dynamo traced: the same outputs, in whole graphs (no
+    break, e.g. a host-side check), and a batch of another size compiles again, once."""
+    model = prepare_for_sampling(make(kind, seed=2), "float32", "cpu")
+    x, t = inputs(model)
+    with torch.inference_mode():
+        want, want_hidden = call(model, x, t), model.hidden(x, t)
+        assert compile_for_sampling(model, "eager") is model
+        assert torch.equal(call(model, x, t), want) and torch.equal(model.hidden(x, t), want_hidden)
+        assert dynamo["stats"]["unique_graphs"] == 2 and not dynamo["graph_break"]
+        for batch in (2, 1):
+            x, t = inputs(model, batch=batch, seed=batch)
+            call(model, x, t)
+    assert dynamo["stats"]["unique_graphs"] <= 4
+
+
+def test_compile_for_sampling_rejects_bad_arguments():
+    model = make("planner")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        compile_for_sampling(model, "fast")
+    with pytest.raises(TypeError, match="expected torch.nn.Module"):
+        compile_for_sampling(lambda x: x)
+    forward = model.forward
+    assert compile_for_sampling(model, None) is model and model.forward == forward  # None: left as it is
 
 
 # ---- the bundled text8 models ---------------------------------------------------------------

@@ -118,6 +118,14 @@ def flash_kernel_for(capability: Tuple[int, int], dropout_p: float = 0.0) -> Opt
     return None
 
 
+def warm_dispatch(device: torch.device) -> None:
+    """Fill the caches the dispatch reads for `device` (which flash-attn generations are
+    installed, the GPU's compute capability), as one eager call would: before torch.compile."""
+    flash_available()
+    if device.type == "cuda":
+        _device_capability(device.index if device.index is not None else torch.cuda.current_device())
+
+
 def _device_capability(index: Optional[int]) -> Tuple[int, int]:
     if index not in _capabilities:
         _capabilities[index] = torch.cuda.get_device_capability(index)

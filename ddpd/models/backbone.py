@@ -122,7 +122,8 @@ class Block(nn.Module):
 def check_tokens(x: torch.Tensor, vocab_size: int, max_seq_len: Optional[int] = None) -> None:
     """Validate x: Long[B, D] with D >= 1 (and <= max_seq_len when given) and ids in [0, vocab_size).
 
-    The id range is checked on CPU only: on CUDA it would cost a host sync per call."""
+    The id range is checked on CPU only (on CUDA it would cost a host sync per call), and
+    not inside torch.compile (a graph break per call)."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x: expected a torch.Tensor of token ids, got {type(x).__name__}")
     if x.dtype != torch.long:
@@ -131,7 +132,7 @@ def check_tokens(x: torch.Tensor, vocab_size: int, max_seq_len: Optional[int] = 
         raise ValueError(f"x: expected shape [B, D], got {tuple(x.shape)}")
     if x.shape[1] < 1 or (max_seq_len is not None and x.shape[1] > max_seq_len):
         raise ValueError(f"x: expected sequence length in [1, max_seq_len={max_seq_len}], got {x.shape[1]}")
-    if x.device.type == "cpu" and x.numel() > 0:
+    if x.device.type == "cpu" and x.numel() > 0 and not torch.compiler.is_compiling():
         low, high = int(x.min()), int(x.max())
         if low < 0 or high >= vocab_size:
             raise ValueError(f"x: expected token ids in [0, {vocab_size}), got range [{low}, {high}]")
@@ -139,8 +140,8 @@ def check_tokens(x: torch.Tensor, vocab_size: int, max_seq_len: Optional[int] = 
 
 def check_time(t: Union[torch.Tensor, float], batch: int, device: torch.device) -> torch.Tensor:
     """Validate t (Float[B], a 0-d tensor or a number, in [0, 1]) and return it as Float[B]
-    on device. The range is checked for numbers and CPU tensors only: on CUDA it would cost
-    a host sync per call."""
+    on device. The range is checked for numbers and CPU tensors only (on CUDA it would cost
+    a host sync per call), and not inside torch.compile."""
     if isinstance(t, (int, float)) and not isinstance(t, bool):
         _check_time_range(float(t), float(t))
         return torch.full((batch,), float(t), device=device)
@@ -150,7 +151,7 @@ def check_time(t: Union[torch.Tensor, float], batch: int, device: torch.device) 
         raise TypeError(f"t: expected a floating-point tensor, got {t.dtype}")
     if t.dim() != 0 and t.shape != (batch,):
         raise ValueError(f"t: expected shape [{batch}] (one time per sequence), got {tuple(t.shape)}")
-    if t.device.type == "cpu" and t.numel() > 0:
+    if t.device.type == "cpu" and t.numel() > 0 and not torch.compiler.is_compiling():
         _check_time_range(float(t.min()), float(t.max()))  # min and max are NaN where any t is
     return t.expand(batch).to(device) if t.dim() == 0 else t.to(device)
 
@@ -184,7 +185,7 @@ def check_labels(labels: Optional[Union[torch.Tensor, int]], batch: int, num_cla
         raise TypeError(f"labels: expected dtype torch.int64, got {labels.dtype}")
     if labels.shape != (batch,):
         raise ValueError(f"labels: expected shape [{batch}] (one label per sequence), got {tuple(labels.shape)}")
-    if labels.device.type == "cpu" and labels.numel() > 0:
+    if labels.device.type == "cpu" and labels.numel() > 0 and not torch.compiler.is_compiling():
         low, high = int(labels.min()), int(labels.max())
         if low < 0 or high > num_classes:
             raise ValueError(f"labels: expected class ids in [0, {num_classes}] ({num_classes} = null), "

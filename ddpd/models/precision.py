@@ -14,16 +14,24 @@ dtype. `forward` returns float32 logits, so the sampler's own arithmetic (time
 estimates, Gumbel keys, planner probabilities) stays float32; `hidden` returns the
 dtype, which `ddpd.ops.sample_from_hidden` takes together with the cast head.
 
+`compile_for_sampling` then torch.compiles the network's `forward` and `hidden` (the
+trunk the fused samplers call): on a GPU, Inductor fuses the trunk's many small kernels
+(norms, activations, residuals), which CUDA graphs alone only launch faster. Each new
+batch size compiles once more (the fused samplers' batch shrinks at the stop checks;
+after the second size the batch dimension is compiled as dynamic), and that time counts
+in the first steps that meet it.
+
 Training keeps float32 weights and uses torch.autocast instead (ddpd.training):
 the same modules, the same attention dispatch.
 """
 from __future__ import annotations
 
-from typing import Union
+from typing import Optional, Union
 
 import torch
 import torch.nn as nn
 
+from ddpd.models.attention import warm_dispatch
 from ddpd.models.backbone import LayerNorm, RMSNorm
 from ddpd.validation import check_choice
 
@@ -69,3 +77,24 @@ def prepare_for_sampling(model: nn.Module, dtype: Union[str, torch.dtype] = "aut
             module._apply(cast, recurse=False)  # this module's own parameters and buffers
     return model
 
+
+
+def compile_for_sampling(model: nn.Module, backend: Optional[str] = "inductor") -> nn.Module:
+    """torch.compile `model.forward` and, where the model has one, `model.hidden`, with
+    `backend` ("inductor", or any torch.compile backend: "eager" traces without compiling,
+    which finds graph breaks quickly); None leaves the model as it is. In place (instance
+    attributes); returns the model. Call it once the model is on its device: the attention
+    dispatch's caches are filled for that device first (ddpd.models.attention)."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model: expected torch.nn.Module, got {type(model).__name__}")
+    if backend is None:
+        return model
+    if not isinstance(backend, str) or backend not in torch.compiler.list_backends(exclude_tags=()):
+        raise ValueError(f"backend must be one of {tuple(torch.compiler.list_backends(exclude_tags=()))}, "
+                         f"got {backend!r}")
+    warm_dispatch(next((p.device for p in model.parameters()), torch.device("cpu")))
+    for name in ("hidden", "forward"):
+        method = getattr(model, name, None)
+        if method is not None:
+            setattr(model, name, torch.compile(method, backend=backend))
+    return model
