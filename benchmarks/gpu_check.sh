@@ -14,7 +14,7 @@
 #     read of the input at the measured copy bandwidth and ddpd's host cost; the
 #     other ops as GB/s and peak memory; the fused sampler step against the
 #     reference step; then benchmarks/host_cost.py --cuda (per-call host cost of
-#     every op against its raw torch.ops call);
+#     every op against its raw torch.ops call, and where sample_categorical's goes);
 #  4. sampling: benchmarks/gpu_sampling.py, whole sampling runs of the bundled model
 #     (reference, fused float32, fused bfloat16, the default fused run with CUDA
 #     graphs) and a GPT-2-size pair's fused step against its networks; last, the
@@ -32,6 +32,9 @@
 # here: they need TRITON_INTERPRET=1 set before the kernels are imported, which
 # would also put the CUDA tests in the interpreter; CI runs them.
 #
+# `--only PARTS` runs the build and then only the named parts (a comma list of tests,
+# timings, host, sampling), for a rerun that fits what is left of a device lease; the
+# results file's second line records the command.
 # `benchmarks/gpu_check.sh --dry-run` needs no GPU: it prints the commands of steps
 # 1-2 and runs steps 3-4 on CPU tensors of tiny shapes with a wall-clock timer and
 # no time limits (tests/test_gpu_check_script.py runs it in CI), writing to
@@ -42,16 +45,31 @@ PY=${PYTHON:-python3}
 BUDGET=${DDPD_GPU_BUDGET_S:-480}
 export PYTHONUNBUFFERED=1
 DRY_RUN=0
-if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then
-    echo "usage: $0 [--dry-run]"
-    sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'  # the comment above
-    exit 0
-elif [ "${1:-}" = "--dry-run" ]; then
-    DRY_RUN=1
-elif [ $# -gt 0 ]; then
-    echo "usage: $0 [--dry-run]" >&2
-    exit 2
-fi
+ONLY=tests,timings,host,sampling
+USAGE="usage: $0 [--dry-run] [--only tests,timings,host,sampling]"
+ARGS="$*"
+while [ $# -gt 0 ]; do
+    case $1 in
+        -h | --help)
+            echo "$USAGE"
+            sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'  # the comment above
+            exit 0 ;;
+        --dry-run) DRY_RUN=1 ;;
+        --only)
+            ONLY=${2:-}
+            if [[ ! $ONLY =~ ^(tests|timings|host|sampling)(,(tests|timings|host|sampling))*$ ]]; then
+                echo "$USAGE" >&2
+                exit 2
+            fi
+            shift ;;
+        *)
+            echo "$USAGE" >&2
+            exit 2 ;;
+    esac
+    shift
+done
+# wanted PART: whether --only names it
+wanted() { [[ ,$ONLY, == *,$1,* ]]; }
 
 # part NAME LIMIT CMD...: run CMD under `timeout`, for at most LIMIT seconds and what
 # is left of the budget; report its outcome and elapsed time; return its status.
@@ -85,7 +103,7 @@ part() {
 check() {
     local failed=0
     echo "# ddpd GPU check, $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
-    echo "# command: benchmarks/gpu_check.sh $*, budget ${BUDGET} s, $(nproc) cores, $($PY --version 2>&1)"
+    echo "# command: benchmarks/gpu_check.sh $ARGS, budget ${BUDGET} s, $(nproc) cores, $($PY --version 2>&1)"
     if ((!DRY_RUN)); then
         nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader 2>/dev/null |
             sed 's/^/# /'
@@ -96,13 +114,15 @@ check() {
     local gpu_tests
     gpu_tests=$(grep -l "pytest.mark.gpu" tests/test_*.py | tr '\n' ' ')
     # shellcheck disable=SC2086  # one word per test file
-    part "gpu tests" 100 $PY -m pytest $gpu_tests -m "gpu and not slow" -q -rs -p no:cacheprovider \
-        --continue-on-collection-errors || failed=1
+    wanted tests && { part "gpu tests" 160 $PY -m pytest $gpu_tests -m "gpu and not slow" -q -rs -p no:cacheprovider \
+        --durations=15 --continue-on-collection-errors || failed=1; }
     local mode=() host=(--cuda)
     ((DRY_RUN)) && mode=(--dry-run) && host=()
-    part timings 200 $PY benchmarks/gpu_timings.py ${mode[@]+"${mode[@]}"} || failed=1
-    part "host cost" 30 $PY benchmarks/host_cost.py ${host[@]+"${host[@]}"} || failed=1
-    part sampling 200 $PY benchmarks/gpu_sampling.py --compile ${mode[@]+"${mode[@]}"} || failed=1
+    wanted timings && { part timings 200 $PY benchmarks/gpu_timings.py ${mode[@]+"${mode[@]}"} || failed=1; }
+    wanted host && { part "host cost" 45 $PY benchmarks/host_cost.py ${host[@]+"${host[@]}"} \
+        --profile sample_categorical || failed=1; }
+    wanted sampling && { part sampling 230 $PY benchmarks/gpu_sampling.py --compile ${mode[@]+"${mode[@]}"} ||
+        failed=1; }
     echo "# total $SECONDS s"
     return $failed
 }

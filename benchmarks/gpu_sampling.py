@@ -10,9 +10,16 @@
 2. A GPT-2-size pair (12 layers, d_model 768, V = 50257, D = 1024, batch 16, bfloat16,
    random weights): the fused step's time against the planner pass plus the denoiser
    trunk (hidden states, no output head) alone, and the reference step's; peak memory of
-   both runs. Target: fused step within 1.05x of planner + trunk.
-3. With --compile: the default fused run of part 1 at batch 64 with both networks
-   torch.compile'd, and what the compilation costs.
+   both runs. A step's time is that of a run of 40 steps less one of 8, over 32: what a
+   step costs once the run is going, without the per-run costs (the first, eager step,
+   capturing the graph, the final tokens), which are printed apart. Target: fused step
+   within 1.05x of planner + trunk.
+   Where the default run's step goes: the device kernels of 32 fused bfloat16 steps at
+   batch 64 without graphs (the kernels a graph replays), under torch.profiler: kernels
+   per step, kernel time per step, and the kernels that take the most.
+3. With --compile: the default fused run of part 1 at batches 64 and 512 with both
+   networks torch.compile'd (ddpd.models.compile_for_sampling, as `ddpd-sample --compile`),
+   and what the compilation costs.
 
 Checked before anything is timed: the fused and reference runs return the same samples
 from the same seed (float32, 64 steps). Whole runs are timed once each after a short
@@ -33,7 +40,7 @@ from typing import Callable, List
 import torch
 
 from ddpd.checkpoint import load_bundle
-from ddpd.models import build_model, config_for, prepare_for_sampling
+from ddpd.models import build_model, compile_for_sampling, config_for, prepare_for_sampling
 from ddpd.pretrained import BUNDLE_DIR
 from ddpd.sampling import ddpd_sample
 
@@ -118,19 +125,46 @@ def bundled(args, device: torch.device, clock: Clock) -> None:
         for name, (p, d) in (("float32", (planner, denoiser)), ("bfloat16", low)):
             seconds = clock(lambda: (p(x), d(x, t)), repeats=10)
             print(f"one planner + denoiser pass, batch {batches[0]}, {name}: {seconds * 1e3:.2f} ms")
+        kernels(run(batches[0], "fused bf16", 32), 32, device)
+
+
+def kernels(fn: Callable, steps: int, device: torch.device, top: int = 12) -> None:
+    """The kernels of `steps` sampler steps (fn runs them) under torch.profiler: how many a
+    step launches, their time a step, and the `top` that take the most (CPU ops on the CPU)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    fn()  # warm-up: the first run compiles and fills caches
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+        fn()
+        if cuda:
+            torch.cuda.synchronize()
+    own = "self_device_time_total" if cuda else "self_cpu_time_total"
+    events = [e for e in prof.key_averages() if getattr(e, own) > 0]
+    events.sort(key=lambda e: -getattr(e, own))
+    total = sum(getattr(e, own) for e in events)
+    count = sum(e.count for e in events)
+    what = "kernels" if cuda else "CPU ops"
+    print(f"{what} of the fused bf16 run without graphs, batch {'64' if cuda else 'of the dry run'}: "
+          f"{count / steps:.0f} a step, {total / steps / 1e3:.3f} ms a step; the {top} that take the most:")
+    for e in events[:top]:
+        print(f"  {getattr(e, own) / steps:8.1f} us a step  {e.count / steps:5.1f} a step  {e.key[:90]}")
 
 
 def compiled(args, device: torch.device, clock: Clock) -> None:
-    """The default fused run with both networks torch.compile'd: samples/s at batch 64 beside
-    the compile and warm-up time it costs."""
-    batch, steps = (64, 512) if not args.dry_run else (4, 8)
+    """The default fused run with both networks torch.compile'd: samples/s at batches 64 and
+    512 beside the compile and warm-up time each costs."""
+    for batch in (64, 512) if not args.dry_run else (4,):
+        compiled_run(args, device, clock, batch)
+
+
+def compiled_run(args, device: torch.device, clock: Clock, batch: int) -> None:
+    steps = 512 if not args.dry_run else 8
     bundle = load_bundle(str(BUNDLE_DIR), device=str(device))
     length, vocab = bundle[2]["denoiser"]["model"]["max_seq_len"], bundle[2]["denoiser"]["model"]["out_dim"]
-    planner, denoiser = [prepare_for_sampling(m, "auto", device) for m in bundle[:2]]
     # The dry run checks this code path, not Inductor's C++ compile of the CPU kernels (slow).
     backend = "eager" if args.dry_run else "inductor"
-    planner.forward = torch.compile(planner.forward, backend=backend)
-    denoiser.hidden = torch.compile(denoiser.hidden, backend=backend)
+    planner, denoiser = [compile_for_sampling(prepare_for_sampling(m, "auto", device), backend) for m in bundle[:2]]
 
     def run(n_steps):
         return lambda: ddpd_sample(planner, denoiser, batch, length, vocab, steps=n_steps, denoiser_type="mask",
@@ -150,7 +184,7 @@ def gpt2_pair(args, device: torch.device, clock: Clock) -> None:
         vocab, length, batch, fields = 300, 32, 2, dict(d_model=32, n_layers=2, n_heads=2)
     else:
         vocab, length, batch, fields = 50257, 1024, 16, dict(d_model=768, n_layers=12, n_heads=12)
-    steps = 8
+    short, long = (8, 40) if not args.dry_run else (2, 4)
     torch.manual_seed(0)
     planner = prepare_for_sampling(build_model("planner", config_for("planner", vocab, length, **fields)), "auto",
                                    device)
@@ -159,28 +193,36 @@ def gpt2_pair(args, device: torch.device, clock: Clock) -> None:
     x = torch.randint(0, vocab, (batch, length), device=device)
     t = torch.rand(batch, device=device)
 
-    def run(fused: bool):
+    def run(fused: bool, steps: int):
         return lambda: ddpd_sample(planner, denoiser, batch, length, vocab, steps=steps, stop="budget", seed=0,
                                    device=device, fused=fused)
 
+    def step_and_fixed(fused: bool) -> tuple:
+        """(seconds a step, seconds a run costs besides its steps)."""
+        a, b = (clock(run(fused, steps), repeats=3) for steps in (short, long))
+        step = (b - a) / (long - short)
+        return step, a - short * step
+
     with torch.inference_mode():
         networks = clock(lambda: (planner(x), denoiser.hidden(x, t)), repeats=5)
-        fused = clock(run(True), repeats=3) / steps
-        reference = clock(run(False), repeats=3) / steps
-        memory = {name: peak_memory(run(name == "fused"), device) for name in ("fused", "reference")}
+        fused, fused_fixed = step_and_fixed(True)
+        reference, reference_fixed = step_and_fixed(False)
+        memory = {name: peak_memory(run(name == "fused", short), device) for name in ("fused", "reference")}
     print(f"## GPT-2-size pair: {fields['n_layers']} layers, d {fields['d_model']}, V {vocab}, D {length}, "
           f"batch {batch}, {next(planner.parameters()).dtype} weights (random)")
     print(f"planner pass + denoiser trunk: {networks * 1e3:.2f} ms")
     print(f"fused step: {fused * 1e3:.2f} ms ({fused / networks:.3f}x the networks; target <= 1.05x), "
-          f"peak memory {memory['fused']:.0f} MiB")
+          f"peak memory {memory['fused']:.0f} MiB; per run besides its steps {fused_fixed * 1e3:.1f} ms")
     print(f"reference step: {reference * 1e3:.2f} ms ({reference / networks:.3f}x), "
-          f"peak memory {memory['reference']:.0f} MiB")
+          f"peak memory {memory['reference']:.0f} MiB; per run besides its steps {reference_fixed * 1e3:.1f} ms")
+    print(f"(steps from runs of {long} less runs of {short} steps)")
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dry-run", action="store_true", help="tiny shapes on the CPU (checks the script only)")
-    parser.add_argument("--compile", action="store_true", help="also time torch.compile'd networks (batch 64)")
+    parser.add_argument("--compile", action="store_true",
+                        help="also time torch.compile'd networks (batches 64 and 512)")
     args = parser.parse_args(argv)
     if not args.dry_run and not torch.cuda.is_available():
         print("gpu_sampling: no CUDA device (use --dry-run to check the script)", file=sys.stderr)

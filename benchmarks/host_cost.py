@@ -14,10 +14,18 @@ stream resolution, custom-op dispatch. Target: under 20 us per op.
 Prints one line per op: public, raw, difference (microseconds per call), each the
 minimum over REPEATS timings of CALLS calls (on a shared machine other work only
 adds time, so the minimum is the steadiest estimate of the cost itself).
+
+    python benchmarks/host_cost.py --cuda --profile sample_categorical
+
+also profiles the public call of that op (cProfile, CALLS x REPEATS calls) and prints
+where its host time goes, by function (time in the function itself, microseconds per
+call): our checks and launch arithmetic, torch's allocations, Triton's launcher.
 """
 from __future__ import annotations
 
 import argparse
+import cProfile
+import pstats
 import sys
 import time
 from typing import Callable
@@ -104,25 +112,53 @@ def cases(device: torch.device) -> dict:
     }
 
 
+def profile(name: str, public: Callable[[], object], sync: Callable[[], None], top: int = 14) -> None:
+    """Where one public call's host time goes: the functions with the most time of their
+    own, in microseconds per call."""
+    calls = CALLS * REPEATS
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(calls):
+        public()
+    sync()
+    profiler.disable()
+    stats = pstats.Stats(profiler)
+    rows = sorted(stats.stats.items(), key=lambda item: -item[1][2])  # (file, line, function) -> (.., tottime, ..)
+    total = sum(row[1][2] for row in rows)
+    print(f"profile of {name} (cProfile adds its own cost to every call): {total / calls * 1e6:.1f} us a call")
+    for (file, line, function), (_, _, own, cumulative, _) in rows[:top]:
+        where = function if file == "~" else f"{function} ({file.split('site-packages/')[-1]}:{line})"
+        print(f"  {own / calls * 1e6:7.1f} us own {cumulative / calls * 1e6:7.1f} us with callees  {where}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cuda", action="store_true", help="time CUDA tensors instead of CPU ones")
-    device = torch.device("cuda" if parser.parse_args().cuda else "cpu")
+    parser.add_argument("--profile", metavar="OP", help="also profile the public call of this op (e.g. "
+                                                        "sample_categorical)")
+    args = parser.parse_args()
+    device = torch.device("cuda" if args.cuda else "cpu")
     if device.type == "cuda" and not torch.cuda.is_available():
         print("host_cost: no CUDA device visible to torch (run it without --cuda to time CPU tensors)",
               file=sys.stderr)
         return 2
     torch.set_num_threads(1)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    table = cases(device)
+    if args.profile is not None and args.profile not in table:
+        print(f"host_cost: --profile must be one of {', '.join(table)}, got {args.profile!r}", file=sys.stderr)
+        return 2
     print(f"host cost per call on {device} (torch {torch.__version__}), best of {REPEATS} x {CALLS} calls, "
           f"target < {TARGET_US:g} us")
     print(f"{'op':26s} {'public':>9s} {'raw':>9s} {'added':>9s}")
     worst = 0.0
-    for name, (public, raw) in cases(device).items():
+    for name, (public, raw) in table.items():
         a, b = per_call_us(public, raw, sync)
         worst = max(worst, a - b)
         print(f"{name:26s} {a:7.1f}us {b:7.1f}us {a - b:7.1f}us{'' if a - b < TARGET_US else '  over target'}")
     print(f"largest added cost: {worst:.1f} us")
+    if args.profile is not None:
+        profile(args.profile, table[args.profile][0], sync)
     return 0
 
 

@@ -32,3 +32,21 @@ def test_gpu_check_answers_help_without_running():
                           text=True, timeout=60)
     assert done.returncode == 0 and done.stderr == ""
     assert done.stdout.startswith("usage: ") and "GPU check of ddpd" in done.stdout and "## build" not in done.stdout
+
+
+def test_gpu_check_only_runs_the_named_parts(tmp_path):
+    """--only host: the build (printed in a dry run) and the host cost part, nothing else;
+    a part it does not know is a usage error."""
+    env = dict(os.environ, PYTHON=sys.executable, TMPDIR=str(tmp_path))
+    script = str(ROOT / "benchmarks" / "gpu_check.sh")
+    run = subprocess.run(["bash", script, "--dry-run", "--only", "host"], cwd=ROOT, env=env, capture_output=True,
+                         text=True)
+    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+    report = (tmp_path / "ddpd-gpu-check-dry-run.txt").read_text()
+    assert "## host cost: passed" in report and "## build (limit" in report
+    assert "profile of sample_categorical" in report
+    for part in ("gpu tests", "timings", "sampling"):
+        assert f"## {part}" not in report
+    bad = subprocess.run(["bash", script, "--only", "tests,everything"], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert bad.returncode == 2 and bad.stderr.startswith("usage: ")
