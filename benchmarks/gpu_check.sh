@@ -111,11 +111,15 @@ check() {
     # pip -q prints the compiler's output only when the build fails.
     part build 150 $PY -m pip install -q --no-deps --no-build-isolation --no-index -e . &&
         part extension 40 $PY -m ddpd.ops || { echo "gpu_check: the build failed"; return 1; }
-    local gpu_tests
+    local gpu_tests workers=()
     gpu_tests=$(grep -l "pytest.mark.gpu" tests/test_*.py | tr '\n' ' ')
+    # Four pytest processes (pytest-xdist, where installed) share the GPU, so that the tests'
+    # CPU work (Triton compiling each kernel variant, the samplers' Python) runs on four
+    # cores: on an H200 one process ran out of 100 s with 15 of the 58 tests to go.
+    $PY -c "import xdist" 2>/dev/null && workers=(-n 4)
     # shellcheck disable=SC2086  # one word per test file
     wanted tests && { part "gpu tests" 160 $PY -m pytest $gpu_tests -m "gpu and not slow" -q -rs -p no:cacheprovider \
-        --durations=15 --continue-on-collection-errors || failed=1; }
+        ${workers[@]+"${workers[@]}"} --durations=15 --continue-on-collection-errors || failed=1; }
     local mode=() host=(--cuda)
     ((DRY_RUN)) && mode=(--dry-run) && host=()
     wanted timings && { part timings 200 $PY benchmarks/gpu_timings.py ${mode[@]+"${mode[@]}"} || failed=1; }
