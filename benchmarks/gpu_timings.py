@@ -17,6 +17,9 @@ Per op and shape, on the device:
   graph); the targets are printed beside;
 - sample_from_hidden's GEMM and sample_categorical under a few launch configurations
   (to tune head_launch and categorical_launch);
+- rotary, the networks' position rotation, against the torch code it replaces, at the
+  shapes of the sampling benchmarks (the bundled model at batches 64 and 512, the
+  GPT-2-size pair); bit-for-bit equality is checked;
 - the other ops and the fused sampler step: ddpd against the fastest of the torch
   candidates (the usual code it replaces and faster code for the same law; for the
   step, the paper's listing and the step that applies the head only at the chosen
@@ -52,6 +55,7 @@ from bench_ops import MASK_ID  # noqa: E402
 from bench_step import fused_step, reference_step, step_inputs  # noqa: E402
 from conftest import peak_cuda_growth, peak_rss_growth  # noqa: E402
 
+from ddpd.models.attention import RotaryEmbedding  # noqa: E402
 from ddpd.ops.compact import compact_fixed, compact_fixed_reference, scatter_back, scatter_back_reference  # noqa: E402
 from ddpd.ops.multinomial import multinomial, multinomial_reference  # noqa: E402
 from ddpd.ops.planner_mask import planner_mask, planner_mask_reference  # noqa: E402
@@ -62,6 +66,7 @@ from ddpd.ops.planner_select import (  # noqa: E402
     planner_select_reference,
 )
 from ddpd.ops.sample_categorical import sample_categorical, sample_categorical_reference  # noqa: E402
+from ddpd.ops.rotary import rotary, rotary_reference  # noqa: E402
 from ddpd.ops.sample_from_hidden import sample_from_hidden, sample_from_hidden_reference  # noqa: E402
 
 BF16, FP32 = torch.bfloat16, torch.float32
@@ -85,6 +90,7 @@ SHAPES = {
         multinomial=[(64, GPT2, 1, True), (64, GPT2, 16, False), (64, GPT2, 16, True), (512, GPT2, 16, False),
                      (4096, 27, 16, False), (4096, 27, 1, True)],
         compact=[(256, 1024), (4096, 1024)],  # batch, length
+        rotary=[(64, 4, 256, 64, BF16), (512, 4, 256, 64, BF16), (16, 12, 1024, 64, BF16)],  # B, heads, L, d
         copy_floats=2**26,
     ),
     "dry": dict(
@@ -97,6 +103,7 @@ SHAPES = {
         step=[(4, 64, 300, 32)],
         multinomial=[(4, 300, 1, True), (4, 300, 16, False), (16, 27, 16, False)],
         compact=[(16, 64)],
+        rotary=[(2, 2, 16, 8, BF16)],
         copy_floats=2**20,
     ),
 }
@@ -452,6 +459,23 @@ def time_compaction(bench: Bench, batch: int, length: int) -> None:
                                            out_logits.index_copy_(0, index, packed_logits))}, moved)
 
 
+def time_rotary(bench: Bench, batch: int, heads: int, length: int, head_dim: int, dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(length)
+    qkv = torch.randn(batch, length, 3, heads, head_dim, generator=g).to(dtype).to(bench.device)
+    q = qkv.permute(2, 0, 3, 1, 4)[0]  # as SelfAttention slices it
+    table = RotaryEmbedding(head_dim, length).to(bench.device)
+    name = f"rotary B={batch} heads={heads} L={length} d={head_dim} {str(dtype)[6:]}"
+    ours, want = rotary(q, table.cos, table.sin), rotary_reference(q, table.cos, table.sin)
+    if not torch.equal(ours, want):
+        bench.failures += 1
+        print(f"  check {name}: MISMATCH: not the reference's values bit for bit")
+    else:
+        print(f"  check {name}: the reference's values bit for bit")
+    moved = 2 * q.numel() * q.element_size() + 2 * length * head_dim // 2 * 4
+    bench.compare(name, lambda: rotary(q, table.cos, table.sin),
+                  {"torch elementwise": lambda: rotary_reference(q, table.cos, table.sin)}, moved)
+
+
 def describe(device: torch.device) -> str:
     import triton
 
@@ -484,6 +508,7 @@ def main() -> int:
         ("sample_categorical with top-k / top-p / min-p", time_sample_categorical_controls, shapes["controls"]),
         ("planner_select, planner_select_mask, planner_mask", time_planner_ops, shapes["planner"]),
         ("compact_fixed, scatter_back", time_compaction, shapes["compact"]),
+        ("rotary", time_rotary, shapes["rotary"]),
         ("sample_from_hidden launch configurations", time_head_configs, shapes["hidden_configs"]),
         ("sample_categorical launch configurations", time_categorical_configs, shapes["categorical_configs"]),
     ]

@@ -187,3 +187,23 @@ def test_opcheck_every_op_on_cuda():
     torch.library.opcheck(ops.compact_fixed.default, (active, 3, [x]))
     packed, index, _ = compact_fixed(active, 3, x)
     torch.library.opcheck(ops.scatter_back.default, (index, packed[0], torch.zeros_like(x)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_rotary_cuda_is_the_reference_bit_for_bit(dtype):
+    """The compiled kernel (no fused multiply-adds, torch's bfloat16 rounding) against torch's
+    elementwise kernels on the same GPU, from the strided q of a qkv projection; and the
+    networks take it when they sample."""
+    from ddpd.models.attention import RotaryEmbedding, SelfAttention
+    from ddpd.ops.rotary import rotary_reference, rotary_triton
+
+    qkv = (4 * torch.randn(3, 300, 3, 4, 64, device="cuda")).to(dtype)
+    q = qkv.permute(2, 0, 3, 1, 4)[0]
+    table = RotaryEmbedding(64, 512).cuda()
+    assert torch.equal(rotary_triton(q, table.cos, table.sin), rotary_reference(q, table.cos, table.sin))
+    layer = SelfAttention(256, 4, 300, causal=False).cuda().to(dtype).eval()
+    x = torch.randn(2, 300, 256, device="cuda").to(dtype)
+    with torch.inference_mode():
+        fused = layer(x)
+        layer.rotary.forward = lambda t: rotary_reference(t, layer.rotary.cos, layer.rotary.sin)
+        assert torch.equal(fused, layer(x))

@@ -16,6 +16,7 @@ from triton.compiler import ASTSource
 from ddpd.kernels.planner_mask import planner_mask_kernel
 from ddpd.kernels.planner_select import planner_select_kernel
 from ddpd.kernels import sample_categorical as categorical_kernels
+from ddpd.kernels import rotary as rotary_kernels
 from ddpd.kernels import sample_from_hidden as hidden_kernels
 from ddpd.ops.sample_from_hidden import head_launch
 from hang_guard import run_compiled
@@ -127,7 +128,18 @@ def sample_from_hidden_case(target, present):
                                      num_stages=launch.num_stages)
 
 
-CASES = [sample_categorical_case, planner_select_case, planner_mask_case, sample_from_hidden_case]
+def rotary_case(target, present):
+    """bfloat16 (the rounding written out) or float32 q, compiled as the launcher compiles it:
+    without fused multiply-adds, which would round the rotation differently from torch."""
+    types = dict(x_ptr="*bf16" if present else "*fp32", cos_ptr="*fp32", sin_ptr="*fp32",
+                 out_ptr="*bf16" if present else "*fp32", heads="i32", length="i32", half="i32", stride_b="i64",
+                 stride_h="i64", stride_l="i64")
+    asm = compile_kernel(rotary_kernels.rotary_kernel, types, dict(BLOCK_L=128, BLOCK_HALF=32, OUT_BF16=present),
+                         target, enable_fp_fusion=False)
+    assert "cubin" in asm and "fma" not in asm["ptx"]
+
+
+CASES = [sample_categorical_case, planner_select_case, planner_mask_case, sample_from_hidden_case, rotary_case]
 
 
 def test_kernels_compile_for_gpus():

@@ -42,6 +42,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ddpd.ops.rotary import rotary_reference, rotary_triton
+
 try:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -280,12 +282,14 @@ class RotaryEmbedding(nn.Module):
         return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [B, H, L, d] -> x rotated by its position along L (computed in float32)."""
-        length = x.shape[-2]
-        cos, sin = self.cos[:length], self.sin[:length]
-        x1, x2 = x.float().chunk(2, dim=-1)
-        rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-        return rotated.to(x.dtype)
+        """x: [B, H, L, d] -> x rotated by its position along L (computed in float32).
+
+        On CUDA without a gradient (sampling) one Triton kernel does it, with the same
+        values bit for bit (ddpd.ops.rotary); elsewhere, and inside torch.compile (which
+        fuses the torch code itself), the plain torch rotation runs."""
+        if x.is_cuda and not torch.compiler.is_compiling() and not (torch.is_grad_enabled() and x.requires_grad):
+            return rotary_triton(x, self.cos, self.sin)
+        return rotary_reference(x, self.cos, self.sin)
 
 
 class SelfAttention(nn.Module):

@@ -10,7 +10,8 @@ CUDA tensors run Triton kernels (ddpd.kernels) or CUDA kernels of ddpd._C; CPU
 tensors run the C++ kernels of ddpd._C. Randomness is counter-based (ddpd.ops.rng):
 every op takes seed/offset/generator/row_ids, or explicit `noise=` uniforms.
 `load_extension()` loads ddpd._C ahead of the first op call (compiling it on first use
-where the install did not build it; see ddpd.ops._ext).
+where the install did not build it; see ddpd.ops._ext). Beside the sampling ops,
+`rotary` is the networks' rotary position embedding in one kernel (no randomness).
 """
 from ddpd.ops import _ext
 from ddpd.ops.bernoulli import bernoulli, bernoulli_reference
@@ -31,6 +32,7 @@ from ddpd.ops.planner_select import (
     planner_select_reference,
 )
 from ddpd.ops.rng import philox_uniform
+from ddpd.ops.rotary import rotary, rotary_reference
 from ddpd.ops.sample_categorical import (
     categorical_reference,
     noise_width,
@@ -69,6 +71,8 @@ __all__ = [
     "planner_select_reference",
     "planner_select_mask",
     "planner_select_mask_reference",
+    "rotary",
+    "rotary_reference",
     "sample_categorical",
     "sample_categorical_reference",
     "sample_from_hidden",

@@ -1,0 +1,96 @@
+"""rotary: the rotary position embedding of q or k in one pass (the rotation of
+ddpd.models.attention.RotaryEmbedding), for networks sampling on a GPU.
+
+Law (rotary_reference): x [B, H, L, d] with d even, cos and sin float32 tables
+[L', d/2] with L' >= L; with x1, x2 the two halves of x's channels in float32,
+    out = cat(x1 * cos - x2 * sin, x2 * cos + x1 * sin)   (cos, sin: rows 0..L-1)
+rounded to x's dtype. In torch that is about ten elementwise kernels (a float32 copy,
+four products, a difference, a sum, a concatenation, the cast back), each reading and
+writing the whole tensor, twice per attention layer; the Triton kernel reads x once
+and writes the output once, computing the same roundings in the same order (no fused
+multiply-adds), so it returns the reference's values bit for bit.
+
+CUDA tensors run the Triton kernel ddpd.kernels.rotary, CPU tensors the reference;
+so does any call whose output needs a gradient (the kernel has no backward). The
+output is a new contiguous tensor; x may be any view whose last dimension is
+contiguous (q or k sliced out of a qkv projection).
+"""
+from __future__ import annotations
+
+import torch
+
+from ddpd.ops import _dispatch
+from ddpd.validation import check_same_device, check_tensor
+
+BLOCK_ELEMENTS = 4096  # channel pairs per program: BLOCK_L positions x BLOCK_HALF pairs
+
+
+def rotary_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Plain torch rotation (the module docstring's law)."""
+    length = x.shape[-2]
+    x1, x2 = x.float().chunk(2, dim=-1)
+    cos, sin = cos[:length], sin[:length]
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+
+
+def check_rotary(x, cos, sin) -> None:
+    check_tensor("x", x, _dispatch.FLOAT_DTYPES, 4)
+    head_dim, length = x.shape[-1], x.shape[-2]
+    if head_dim % 2:
+        raise ValueError(f"x's last dimension (the head dimension) must be even, got {head_dim}")
+    for name, table in (("cos", cos), ("sin", sin)):
+        check_tensor(name, table, (torch.float32,), 2)
+        check_same_device(name, table, x, "x")
+        if table.shape[1] != head_dim // 2 or table.shape[0] < length:
+            raise ValueError(f"{name} must have shape [L' >= {length}, {head_dim // 2}] (positions x channel "
+                             f"pairs), got {tuple(table.shape)}")
+
+
+def rotary_launch(length: int, half: int) -> tuple[int, int]:
+    """(BLOCK_L, BLOCK_HALF): every channel pair of a position in one program, and as many
+    positions as make about BLOCK_ELEMENTS pairs."""
+    block_half = 1 << max(half - 1, 0).bit_length()
+    block_l = max(1, min(BLOCK_ELEMENTS // block_half, 1 << max(length - 1, 0).bit_length()))
+    return block_l, block_half
+
+
+def rotary_triton(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Launch the Triton kernel (CUDA tensors; CPU tensors under TRITON_INTERPRET=1)."""
+    rotary_kernel = _dispatch.kernels("rotary").rotary_kernel
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    batch, heads, length, head_dim = x.shape
+    half = head_dim // 2
+    out = torch.empty(batch, heads, length, head_dim, dtype=x.dtype, device=x.device)
+    if out.numel():
+        block_l, block_half = rotary_launch(length, half)
+        rotary_kernel[(batch * heads, -(-length // block_l))](
+            x, cos[:length].contiguous(), sin[:length].contiguous(), out, heads, length, half, x.stride(0),
+            x.stride(1), x.stride(2), BLOCK_L=block_l, BLOCK_HALF=block_half, OUT_BF16=x.dtype == torch.bfloat16,
+            enable_fp_fusion=False)
+    return out
+
+
+def _rotary_impl(x, cos, sin):
+    return rotary_triton(x, cos, sin) if x.device.type == "cuda" else rotary_reference(x, cos, sin)
+
+
+@torch.library.custom_op("ddpd::rotary", mutates_args=())
+def _rotary_op(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    return _rotary_impl(x, cos, sin)
+
+
+@_rotary_op.register_fake
+def _(x, cos, sin):
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
+def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [B, H, L, d] (float32/bfloat16/float16, d even) rotated by position: the module
+    docstring's law, with cos and sin float32 [L' >= L, d/2]. Returns a new contiguous
+    tensor of x's dtype; differentiable (through the reference) when a gradient is needed."""
+    check_rotary(x, cos, sin)
+    if torch.is_grad_enabled() and (x.requires_grad or cos.requires_grad or sin.requires_grad):
+        return rotary_reference(x, cos, sin)
+    run = _rotary_impl if _dispatch.eager(x, cos, sin) else _rotary_op
+    return run(x, cos, sin)

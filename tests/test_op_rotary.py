@@ -1,0 +1,118 @@
+"""ddpd.ops.rotary: the Triton kernel (interpreter) returns the torch reference's values
+bit for bit in every dtype, from strided views (q and k of a qkv projection) and at
+lengths that fill no block; the networks' RotaryEmbedding is that reference; bad
+arguments, gradients, opcheck and torch.compile."""
+import pytest
+import torch
+
+from ddpd.models.attention import RotaryEmbedding, SelfAttention
+from ddpd.ops import rotary, rotary_reference
+from ddpd.ops.rotary import rotary_launch, rotary_triton
+
+
+def qkv_views(batch, heads, length, head_dim, dtype, seed=0):
+    """q and k as SelfAttention slices them out of its projection (strided views)."""
+    g = torch.Generator().manual_seed(seed)
+    qkv = (torch.randn(batch, length, 3, heads, head_dim, generator=g) * 4).to(dtype)
+    q, k, _ = qkv.permute(2, 0, 3, 1, 4)
+    return q, k
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", [(2, 3, 37, 16), (1, 1, 1, 2), (3, 2, 300, 64), (1, 2, 5, 6)])
+def test_kernel_returns_the_reference_bit_for_bit(dtype, shape):
+    batch, heads, length, head_dim = shape
+    table = RotaryEmbedding(head_dim, length + 7)  # tables longer than the sequence
+    for x in qkv_views(*shape, dtype):
+        want = rotary_reference(x, table.cos, table.sin)
+        got = rotary_triton(x, table.cos, table.sin)
+        assert got.dtype == dtype and got.shape == x.shape and got.is_contiguous()
+        assert torch.equal(got, want)
+    contiguous = qkv_views(*shape, dtype, seed=1)[0].contiguous()
+    assert torch.equal(rotary_triton(contiguous, table.cos, table.sin),
+                       rotary_reference(contiguous, table.cos, table.sin))
+
+
+BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # the interpreter's numpy, on purpose
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_special_values_and_rounding_ties_bit_for_bit(dtype):
+    """inf, NaN, values that overflow the dtype after the rotation, and results halfway
+    between two bfloat16 / float16 values: the bits of the reference's output (NaN where it
+    has NaN, whose payload carries no meaning)."""
+    q = qkv_views(1, 2, 64, 8, dtype)[0].contiguous()
+    q[0, 0, 1, 0], q[0, 0, 2, 5], q[0, 1, 3, 2] = float("inf"), float("nan"), float("-inf")
+    q[0, 1, 4:8] = torch.finfo(dtype).max  # x1 * cos + ... overflows the dtype
+    q[0, 1, 10, :] = torch.tensor([1 + 2**-8, 1 + 3 * 2**-8, 1 + 2**-11, 1 + 3 * 2**-11, 0, 0, 0, 0]).to(dtype)
+    table = RotaryEmbedding(8, 64)
+    table.cos[10], table.sin[10] = 1.0, 0.0  # position 10 unrotated: only the final rounding acts
+    want, got = rotary_reference(q, table.cos, table.sin), rotary_triton(q, table.cos, table.sin)
+    nan = torch.isnan(want)
+    assert nan.sum() == 2 and torch.equal(torch.isnan(got), nan) and torch.isinf(want).sum() >= 4
+    assert torch.equal(got.view(BITS[dtype])[~nan], want.view(BITS[dtype])[~nan])
+
+
+def test_the_rotation_is_rotary_embedding():
+    """The reference is the rotation the networks compute: pairs (i, i + d/2) turned by
+    pos * base^(-2i/d), lengths kept (a rotation), position 0 unchanged."""
+    x = qkv_views(2, 2, 9, 8, torch.float64)[0].float()
+    out = RotaryEmbedding(8, 16)(x)
+    assert torch.equal(out, rotary_reference(x, *RotaryEmbedding(8, 16).buffers()))
+    pairs = lambda t: torch.stack(t.chunk(2, dim=-1), -1)  # noqa: E731
+    assert torch.allclose(pairs(out).norm(dim=-1), pairs(x).norm(dim=-1), atol=1e-5)
+    assert torch.equal(out[:, :, 0], x[:, :, 0])
+    angle = torch.atan2(pairs(out)[0, 0, 3, 1, 1], pairs(out)[0, 0, 3, 1, 0]) - \
+        torch.atan2(pairs(x)[0, 0, 3, 1, 1], pairs(x)[0, 0, 3, 1, 0])
+    assert torch.isclose(torch.remainder(angle, 2 * torch.pi), torch.tensor(3 * 10000 ** (-2 / 8)), atol=1e-5)
+
+
+def test_attention_on_cpu_keeps_its_values():
+    """SelfAttention's output is unchanged by routing its rotation through ddpd.ops (the
+    CPU runs the reference): the pinned sampling tests depend on it."""
+    torch.manual_seed(0)
+    layer = SelfAttention(32, 4, 16, causal=False).eval()
+    x = torch.randn(2, 16, 32)
+    q, k, v = layer.qkv(x).view(2, 16, 3, 4, 8).permute(2, 0, 3, 1, 4)
+    x1, x2 = q.chunk(2, dim=-1)
+    cos, sin = layer.rotary.cos, layer.rotary.sin
+    by_hand = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    assert torch.equal(layer.rotary(q), by_hand)
+
+
+def test_launch_blocks_cover_every_pair():
+    assert rotary_launch(1, 1) == (1, 1)
+    assert rotary_launch(1024, 32) == (128, 32)  # 4096 pairs a program
+    assert rotary_launch(5, 3) == (8, 4)
+    block_l, block_half = rotary_launch(100_000, 4096)
+    assert block_half == 4096 and block_l == 1
+
+
+@pytest.mark.parametrize("x,table,error,match", [
+    (torch.zeros(2, 3, 4), torch.zeros(4, 2), ValueError, "x must be 4-D"),
+    (torch.zeros(1, 1, 4, 5), torch.zeros(4, 2), ValueError, "must be even"),
+    (torch.zeros(1, 1, 4, 6, dtype=torch.int64), torch.zeros(4, 3), TypeError, "x must have dtype"),
+    (torch.zeros(1, 1, 4, 6), torch.zeros(3, 3), ValueError, r"cos must have shape \[L' >= 4, 3\]"),
+    (torch.zeros(1, 1, 4, 6), torch.zeros(4, 2), ValueError, "cos must have shape"),
+    (torch.zeros(1, 1, 4, 6), torch.zeros(4, 3, dtype=torch.float64), TypeError, "cos must have dtype"),
+])
+def test_bad_arguments_raise_clear_errors(x, table, error, match):
+    with pytest.raises(error, match=match):
+        rotary(x, table, table)
+
+
+def test_gradients_flow_through_the_reference():
+    q = qkv_views(1, 2, 7, 8, torch.float32)[0].clone().requires_grad_(True)
+    table = RotaryEmbedding(8, 7)
+    rotary(q, table.cos, table.sin).square().sum().backward()
+    expected = torch.autograd.grad(rotary_reference(q, table.cos, table.sin).square().sum(), q)[0]
+    assert torch.equal(q.grad, expected)
+
+
+def test_opcheck_and_compile():
+    x = qkv_views(2, 2, 6, 8, torch.float32)[0]
+    table = RotaryEmbedding(8, 6)
+    torch.library.opcheck(torch.ops.ddpd.rotary.default, (x.contiguous(), table.cos, table.sin))
+    compiled = torch.compile(rotary, fullgraph=True, backend="eager")
+    assert torch.equal(compiled(x, table.cos, table.sin), rotary_reference(x, table.cos, table.sin))
