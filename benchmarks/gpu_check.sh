@@ -12,13 +12,14 @@
 #     top-k / top-p / min-p), sample_from_hidden and multinomial, eager and
 #     CUDA-graph-replay medians of ddpd and of the best torch code, the ratios, one
 #     read of the input at the measured copy bandwidth and ddpd's host cost; the
-#     other ops as GB/s and peak memory; the fused sampler step against the
-#     reference step; then benchmarks/host_cost.py --cuda (per-call host cost of
+#     other ops (rotary among them) as GB/s and peak memory; the fused sampler step
+#     against the reference step; then benchmarks/host_cost.py --cuda (per-call host cost of
 #     every op against its raw torch.ops call, and where sample_categorical's goes);
 #  4. sampling: benchmarks/gpu_sampling.py, whole sampling runs of the bundled model
 #     (reference, fused float32, fused bfloat16, the default fused run with CUDA
-#     graphs) and a GPT-2-size pair's fused step against its networks; last, the
-#     default run with torch.compile'd networks.
+#     graphs), the kernels of a fused step, and a GPT-2-size pair's fused step against
+#     its networks; last, the default run with torch.compile'd networks (batches 64
+#     and 512).
 # The build and Triton compile checks (tests/test_ext_build.py,
 # tests/test_op_triton_compile.py) run in CI, not here.
 # Each part runs under `timeout` inside a total budget of DDPD_GPU_BUDGET_S seconds

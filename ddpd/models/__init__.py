@@ -26,7 +26,6 @@ __all__ = [
     "ARModel", "ATTENTION_BACKENDS", "Backbone", "DTYPE_CHOICES", "FLASH_KERNELS", "HeadModel", "MDLMSubsDenoiser",
     "MODEL_CLASSES", "MODEL_KINDS", "MaskDenoiser", "MaskDenoiserAdapter", "Planner", "SEDDAbsorbingDenoiser",
     "TransformerConfig", "UniformDenoiser", "UniformModel", "attention_backend", "build_model", "compile_for_sampling",
-    "config_for",
-    "count_parameters", "flash_available", "get_attention_backend", "prepare_for_sampling", "record_attention",
-    "resolve_backend", "resolve_dtype", "set_attention_backend",
+    "config_for", "count_parameters", "flash_available", "get_attention_backend", "prepare_for_sampling",
+    "record_attention", "resolve_backend", "resolve_dtype", "set_attention_backend",
 ]

@@ -78,7 +78,6 @@ def prepare_for_sampling(model: nn.Module, dtype: Union[str, torch.dtype] = "aut
     return model
 
 
-
 def compile_for_sampling(model: nn.Module, backend: Optional[str] = "inductor") -> nn.Module:
     """torch.compile `model.forward` and, where the model has one, `model.hidden`, with
     `backend` ("inductor", or any torch.compile backend: "eager" traces without compiling,
