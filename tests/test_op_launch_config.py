@@ -14,6 +14,7 @@ import torch
 from ddpd.ops import _ext
 from ddpd.ops.sample_categorical import TILE, categorical_launch, n_tiles
 from ddpd.ops.bernoulli import BLOCK as BERNOULLI_BLOCK, bernoulli_grid
+from ddpd.ops.rotary import rotary_launch
 from ddpd.ops.sample_from_hidden import head_launch, head_logits_grid
 
 SMS = 132  # H100 SXM; an H200 has the same count
@@ -99,3 +100,13 @@ def test_every_grid_launches_at_the_largest_shapes_the_ops_accept(rows, vocab):
         assert head.finish_grid is None or within_cuda_limits(head.finish_grid)
     assert within_cuda_limits(bernoulli_grid(rows, vocab))
     assert bernoulli_grid(rows, vocab)[0] * BERNOULLI_BLOCK >= rows * vocab  # every column covered
+
+
+@pytest.mark.parametrize("batch,heads,length,head_dim", [(64, 4, 256, 64), (512, 4, 256, 64), (16, 12, 1024, 64)])
+def test_rotary_grids_fill_the_device(batch, heads, length, head_dim):
+    """The rotation of q at the sampling benchmarks' shapes (the bundled model at batches 64
+    and 512, the GPT-2-size pair): a program per multiprocessor at least, every position once."""
+    grid, block_l, block_half = rotary_launch(batch, heads, length, head_dim // 2)
+    assert programs(grid) >= SMS and grid[0] == batch * heads
+    assert block_half >= head_dim // 2 and grid[1] * block_l >= length > (grid[1] - 1) * block_l
+    assert grid[1] <= 65535  # the second grid axis's limit

@@ -82,11 +82,11 @@ def test_attention_on_cpu_keeps_its_values():
 
 
 def test_launch_blocks_cover_every_pair():
-    assert rotary_launch(1, 1) == (1, 1)
-    assert rotary_launch(1024, 32) == (128, 32)  # 4096 pairs a program
-    assert rotary_launch(5, 3) == (8, 4)
-    block_l, block_half = rotary_launch(100_000, 4096)
-    assert block_half == 4096 and block_l == 1
+    assert rotary_launch(1, 1, 1, 1) == ((1, 1), 1, 1)
+    assert rotary_launch(2, 3, 1024, 32) == ((6, 8), 128, 32)  # 4096 pairs a program
+    assert rotary_launch(1, 1, 5, 3) == ((1, 1), 8, 4)
+    grid, block_l, block_half = rotary_launch(1, 1, 100_000, 4096)
+    assert block_half == 4096 and block_l == 1 and grid == (1, 100_000)
 
 
 @pytest.mark.parametrize("x,table,error,match", [
