@@ -412,6 +412,8 @@ def _describe(models: Models) -> str:
 
 
 def check_args(args) -> None:
+    from ddpd.models.precision import compile_backends
+
     if args.num_samples is not None and args.num_samples < 1:
         raise UsageError(f"--num-samples must be >= 1, got {args.num_samples}")
     if args.batch_size < 1:
@@ -420,7 +422,7 @@ def check_args(args) -> None:
         raise UsageError(f"--steps must be >= 1, got {args.steps}")
     if not 0 <= args.seed < 2**63:
         raise UsageError(f"--seed must be in [0, 2**63), got {args.seed}")
-    if args.compile is not None and args.compile not in torch.compiler.list_backends(exclude_tags=()):
+    if args.compile is not None and args.compile not in compile_backends():
         raise UsageError(f"--compile: unknown torch.compile backend {args.compile!r} (try inductor or eager)")
     if args.sync_every is None:
         args.sync_every = SYNC_EVERY

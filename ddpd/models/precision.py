@@ -78,6 +78,11 @@ def prepare_for_sampling(model: nn.Module, dtype: Union[str, torch.dtype] = "aut
     return model
 
 
+def compile_backends() -> tuple:
+    """The torch.compile backends this torch offers (compile_for_sampling's choices)."""
+    return tuple(torch.compiler.list_backends(exclude_tags=()))
+
+
 def compile_for_sampling(model: nn.Module, backend: Optional[str] = "inductor") -> nn.Module:
     """torch.compile `model.forward` and, where the model has one, `model.hidden`, with
     `backend` ("inductor", or any torch.compile backend: "eager" traces without compiling,
@@ -88,9 +93,8 @@ def compile_for_sampling(model: nn.Module, backend: Optional[str] = "inductor") 
         raise TypeError(f"model: expected torch.nn.Module, got {type(model).__name__}")
     if backend is None:
         return model
-    if not isinstance(backend, str) or backend not in torch.compiler.list_backends(exclude_tags=()):
-        raise ValueError(f"backend must be one of {tuple(torch.compiler.list_backends(exclude_tags=()))}, "
-                         f"got {backend!r}")
+    if not isinstance(backend, str) or backend not in compile_backends():
+        raise ValueError(f"backend must be one of {compile_backends()}, got {backend!r}")
     warm_dispatch(next((p.device for p in model.parameters()), torch.device("cpu")))
     for name in ("hidden", "forward"):
         method = getattr(model, name, None)
