@@ -107,6 +107,6 @@ def test_rotary_grids_fill_the_device(batch, heads, length, head_dim):
     """The rotation of q at the sampling benchmarks' shapes (the bundled model at batches 64
     and 512, the GPT-2-size pair): a program per multiprocessor at least, every position once."""
     grid, block_l, block_half = rotary_launch(batch, heads, length, head_dim // 2)
-    assert programs(grid) >= SMS and grid[0] == batch * heads
-    assert block_half >= head_dim // 2 and grid[1] * block_l >= length > (grid[1] - 1) * block_l
-    assert grid[1] <= 65535  # the second grid axis's limit
+    blocks = grid[0] // (batch * heads)
+    assert len(grid) == 1 and programs(grid) >= SMS and grid[0] == batch * heads * blocks
+    assert block_half >= head_dim // 2 and blocks * block_l >= length > (blocks - 1) * block_l

@@ -46,8 +46,10 @@ def test_special_values_and_rounding_ties_bit_for_bit(dtype):
     q[0, 0, 1, 0], q[0, 0, 2, 5], q[0, 1, 3, 2] = float("inf"), float("nan"), float("-inf")
     q[0, 1, 4:8] = torch.finfo(dtype).max  # x1 * cos + ... overflows the dtype
     q[0, 1, 10, :] = torch.tensor([1 + 2**-8, 1 + 3 * 2**-8, 1 + 2**-11, 1 + 3 * 2**-11, 0, 0, 0, 0]).to(dtype)
+    tiny = torch.finfo(dtype).tiny
+    q[0, 1, 11, :] = torch.tensor([tiny / 4, tiny * 0.75, tiny / 64, -tiny / 2, 0, 0, 0, 0]).to(dtype)  # subnormal
     table = RotaryEmbedding(8, 64)
-    table.cos[10], table.sin[10] = 1.0, 0.0  # position 10 unrotated: only the final rounding acts
+    table.cos[10:12], table.sin[10:12] = 1.0, 0.0  # positions 10, 11 unrotated: only the roundings act
     want, got = rotary_reference(q, table.cos, table.sin), rotary_triton(q, table.cos, table.sin)
     nan = torch.isnan(want)
     assert nan.sum() == 2 and torch.equal(torch.isnan(got), nan) and torch.isinf(want).sum() >= 4
@@ -82,11 +84,11 @@ def test_attention_on_cpu_keeps_its_values():
 
 
 def test_launch_blocks_cover_every_pair():
-    assert rotary_launch(1, 1, 1, 1) == ((1, 1), 1, 1)
-    assert rotary_launch(2, 3, 1024, 32) == ((6, 8), 128, 32)  # 4096 pairs a program
-    assert rotary_launch(1, 1, 5, 3) == ((1, 1), 8, 4)
-    grid, block_l, block_half = rotary_launch(1, 1, 100_000, 4096)
-    assert block_half == 4096 and block_l == 1 and grid == (1, 100_000)
+    assert rotary_launch(1, 1, 1, 1) == ((1,), 1, 1)
+    assert rotary_launch(2, 3, 1024, 32) == ((48,), 128, 32)  # 4096 pairs a program
+    assert rotary_launch(1, 1, 5, 3) == ((1,), 8, 4)
+    grid, block_l, block_half = rotary_launch(1, 1, 100_000, 4096)  # one grid axis: no 65535 cap
+    assert block_half == 4096 and block_l == 1 and grid == (100_000,)
 
 
 @pytest.mark.parametrize("x,table,error,match", [

@@ -134,7 +134,7 @@ def rotary_case(target, present):
     types = dict(x_ptr="*bf16" if present else "*fp32", cos_ptr="*fp32", sin_ptr="*fp32",
                  out_ptr="*bf16" if present else "*fp32", heads="i32", length="i32", half="i32", stride_b="i64",
                  stride_h="i64", stride_l="i64")
-    asm = compile_kernel(rotary_kernels.rotary_kernel, types, dict(BLOCK_L=128, BLOCK_HALF=32, OUT_BF16=present),
+    asm = compile_kernel(rotary_kernels.rotary_kernel, types, dict(BLOCK_L=128, BLOCK_HALF=32, BF16=present),
                          target, enable_fp_fusion=False)
     assert "cubin" in asm and "fma" not in asm["ptx"]
 

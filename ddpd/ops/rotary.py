@@ -49,10 +49,10 @@ def check_rotary(x, cos, sin) -> None:
 def rotary_launch(batch: int, heads: int, length: int, half: int) -> tuple[tuple, int, int]:
     """(grid, BLOCK_L, BLOCK_HALF): every channel pair of a position in one program, as
     many positions as make about BLOCK_ELEMENTS pairs, a program per (sequence, head) and
-    block of positions."""
+    block of positions, all on the first grid axis (up to 2**31 - 1 programs)."""
     block_half = 1 << max(half - 1, 0).bit_length()
     block_l = max(1, min(BLOCK_ELEMENTS // block_half, 1 << max(length - 1, 0).bit_length()))
-    return (batch * heads, -(-length // block_l)), block_l, block_half
+    return (batch * heads * -(-length // block_l),), block_l, block_half
 
 
 def rotary_triton(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -67,7 +67,7 @@ def rotary_triton(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torc
         grid, block_l, block_half = rotary_launch(batch, heads, length, half)
         rotary_kernel[grid](
             x, cos[:length].contiguous(), sin[:length].contiguous(), out, heads, length, half, x.stride(0),
-            x.stride(1), x.stride(2), BLOCK_L=block_l, BLOCK_HALF=block_half, OUT_BF16=x.dtype == torch.bfloat16,
+            x.stride(1), x.stride(2), BLOCK_L=block_l, BLOCK_HALF=block_half, BF16=x.dtype == torch.bfloat16,
             enable_fp_fusion=False)
     return out
 
