@@ -121,7 +121,8 @@ def test_single_model_samplers(ckpts, tmp_path, capsys, kind, argv):
     (["--k", "99"], "--k must be in [1, 8], got 99"),  # the sampling layer's refusals name the flag
     (["--clock", "exact", "--t-end", "2"], "--t-end must be in (0.0, 1.0), got 2.0"),
     (["--fused", "--sync-every", "0"], "--sync-every must be >= 1, got 0"),
-    (["--compile", "fast"], "--compile: unknown torch.compile backend 'fast' (try inductor or eager)"),
+    (["--compile", "fast"], "--compile must be one of inductor, aot_eager, eager, got 'fast'"),
+    (["--compile", "tvm"], "--compile must be one of inductor, aot_eager, eager, got 'tvm'"),  # needs apache-tvm
 ])
 def test_bad_arguments_fail_in_one_line(ckpts, capsys, argv, message):
     code, _, stderr = run_cli(capsys, "--checkpoint", ckpts["bundle"], *argv)

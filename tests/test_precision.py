@@ -2,6 +2,7 @@
 bf16/fp16 with its norms and rotary tables kept float32, float32 logits out, CPU
 bf16/fp16 against float32, and the bundled text8 models unchanged in float32."""
 import copy
+import io
 import os
 
 import pytest
@@ -156,10 +157,46 @@ def test_compiled_networks_compute_what_eager_ones_do(kind, dynamo):
     assert dynamo["stats"]["unique_graphs"] <= 4
 
 
+def test_compiled_networks_copy_pickle_and_recompile(dynamo):
+    """A deep copy computes with its own weights, a pickled network compiles again after
+    loading, the state_dict keeps its keys (a layer named `hidden` is not a method and
+    stays as it is), and compiling again replaces the backend."""
+    model = prepare_for_sampling(make("mask-denoiser", seed=3), "float32", "cpu")
+    x, t = inputs(model)
+    keys = list(model.state_dict())
+    with torch.inference_mode():
+        want = model(x, t)
+        compile_for_sampling(model, "eager")
+        copy_ = copy.deepcopy(model)
+        for p in copy_.parameters():
+            p.zero_()
+        assert not torch.equal(copy_(x, t), want) and torch.equal(model(x, t), want)
+        buffer = io.BytesIO()
+        torch.save(model, buffer)
+        buffer.seek(0)
+        assert torch.equal(torch.load(buffer, weights_only=False)(x, t), want)
+        assert list(model.state_dict()) == keys
+        compile_for_sampling(model, "aot_eager")
+        assert model.forward.backend == model.hidden.backend == "aot_eager" and torch.equal(model(x, t), want)
+
+    class Layered(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.hidden = torch.nn.Linear(3, 3)
+
+        def forward(self, x):
+            return self.hidden(x)
+
+    layered = compile_for_sampling(Layered(), "eager")
+    assert isinstance(layered.hidden, torch.nn.Linear) and list(layered.state_dict()) == ["hidden.weight",
+                                                                                          "hidden.bias"]
+
+
 def test_compile_for_sampling_rejects_bad_arguments():
     model = make("planner")
-    with pytest.raises(ValueError, match="backend must be one of"):
-        compile_for_sampling(model, "fast")
+    for backend in ("fast", "tvm", "cudagraphs", "relu_compile_error_TESTING_ONLY"):
+        with pytest.raises(ValueError, match=r"backend must be one of \('inductor', 'aot_eager', 'eager'\)"):
+            compile_for_sampling(model, backend)
     with pytest.raises(TypeError, match="expected torch.nn.Module"):
         compile_for_sampling(lambda x: x)
     forward = model.forward

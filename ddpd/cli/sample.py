@@ -127,10 +127,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="precision of the networks: auto (bfloat16 on CUDA, float32 on the CPU), float32, bfloat16, "
                         "float16")
     p.add_argument("--compile", nargs="?", const="inductor", metavar="BACKEND",
-                   help="torch.compile the networks (BACKEND default inductor; eager: trace only)")
+                   help="torch.compile the networks (BACKEND: inductor, the default, or eager / aot_eager, which "
+                        "trace only); the progress bar then moves once per batch")
     p.add_argument("--quiet", action="store_true", help="do not print the samples")
     p.add_argument("--no-progress", dest="progress", action="store_false",
-                   help="no progress bar (shown on a terminal: one tick per denoiser pass)")
+                   help="no progress bar (shown on a terminal: one tick per denoiser pass, per batch with "
+                        "--compile)")
     p.add_argument("--fused", action="store_true",
                    help="fused path of every sampler: ops kernels, head at the denoised positions only, early-stop "
                         "compaction (same samples as without)")
@@ -423,7 +425,7 @@ def check_args(args) -> None:
     if not 0 <= args.seed < 2**63:
         raise UsageError(f"--seed must be in [0, 2**63), got {args.seed}")
     if args.compile is not None and args.compile not in compile_backends():
-        raise UsageError(f"--compile: unknown torch.compile backend {args.compile!r} (try inductor or eager)")
+        raise UsageError(f"--compile must be one of {', '.join(compile_backends())}, got {args.compile!r}")
     if args.sync_every is None:
         args.sync_every = SYNC_EVERY
     elif not args.fused:  # the reference run checks its stops every step

@@ -26,6 +26,7 @@ the same modules, the same attention dispatch.
 """
 from __future__ import annotations
 
+import inspect
 from typing import Optional, Union
 
 import torch
@@ -78,17 +79,47 @@ def prepare_for_sampling(model: nn.Module, dtype: Union[str, torch.dtype] = "aut
     return model
 
 
+# torch.compile backends compile_for_sampling takes: Inductor (fuses and compiles), and two
+# that trace without compiling, to check a model for graph breaks quickly. Others that torch
+# lists need packages it does not install (tvm, openxla) or capture CUDA graphs of their own
+# (cudagraphs), which the fused samplers already do.
+BACKENDS = ("inductor", "aot_eager", "eager")
+
+
 def compile_backends() -> tuple:
-    """The torch.compile backends this torch offers (compile_for_sampling's choices)."""
-    return tuple(torch.compiler.list_backends(exclude_tags=()))
+    """The backends of BACKENDS this torch offers (compile_for_sampling's choices)."""
+    offered = torch.compiler.list_backends(exclude_tags=())
+    return tuple(name for name in BACKENDS if name in offered)
+
+
+class CompiledMethod:
+    """A network's method torch.compiled for that network: calls the compiled function of
+    its class with the network as `self`. Holds the network and the method's name, not a
+    bound method, so a deep copy of the network computes with the copy's weights, and a
+    pickled network compiles again when it is called after loading."""
+
+    def __init__(self, model: nn.Module, name: str, backend: str):
+        self.__setstate__({"model": model, "name": name, "backend": backend})
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.compiled = torch.compile(getattr(type(self.model), self.name), backend=self.backend)
+
+    def __getstate__(self) -> dict:
+        return {"model": self.model, "name": self.name, "backend": self.backend}
+
+    def __call__(self, *args, **kwargs):
+        return self.compiled(self.model, *args, **kwargs)
 
 
 def compile_for_sampling(model: nn.Module, backend: Optional[str] = "inductor") -> nn.Module:
-    """torch.compile `model.forward` and, where the model has one, `model.hidden`, with
-    `backend` ("inductor", or any torch.compile backend: "eager" traces without compiling,
-    which finds graph breaks quickly); None leaves the model as it is. In place (instance
-    attributes); returns the model. Call it once the model is on its device: the attention
-    dispatch's caches are filled for that device first (ddpd.models.attention)."""
+    """torch.compile the methods `forward` and, where the model has one, `hidden` of
+    `model` with `backend` ("inductor"; "eager" or "aot_eager" trace without compiling,
+    which finds graph breaks quickly); None leaves the model as it is. In place: the model
+    gets CompiledMethod attributes; its parameters and state_dict are unchanged, and
+    compiling again replaces the backend. Call it once the model is on its device: the
+    attention dispatch's caches are filled for that device first (ddpd.models.attention).
+    Pass the time t as a tensor: a Python number is compiled as a constant, once per value."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model: expected torch.nn.Module, got {type(model).__name__}")
     if backend is None:
@@ -97,7 +128,7 @@ def compile_for_sampling(model: nn.Module, backend: Optional[str] = "inductor") 
         raise ValueError(f"backend must be one of {compile_backends()}, got {backend!r}")
     warm_dispatch(next((p.device for p in model.parameters()), torch.device("cpu")))
     for name in ("hidden", "forward"):
-        method = getattr(model, name, None)
-        if method is not None:
-            setattr(model, name, torch.compile(method, backend=backend))
+        current = getattr(model, name, None)
+        if isinstance(current, CompiledMethod) or (inspect.ismethod(current) and current.__self__ is model):
+            setattr(model, name, CompiledMethod(model, name, backend))
     return model
