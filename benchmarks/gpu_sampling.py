@@ -125,10 +125,10 @@ def bundled(args, device: torch.device, clock: Clock) -> None:
         for name, (p, d) in (("float32", (planner, denoiser)), ("bfloat16", low)):
             seconds = clock(lambda: (p(x), d(x, t)), repeats=10)
             print(f"one planner + denoiser pass, batch {batches[0]}, {name}: {seconds * 1e3:.2f} ms")
-        kernels(run(batches[0], "fused bf16", 32), 32, device)
+        kernels(run(batches[0], "fused bf16", 32), 32, device, batches[0], str(next(low[1].parameters()).dtype)[6:])
 
 
-def kernels(fn: Callable, steps: int, device: torch.device, top: int = 12) -> None:
+def kernels(fn: Callable, steps: int, device: torch.device, batch: int, dtype: str, top: int = 12) -> None:
     """The kernels of `steps` sampler steps (fn runs them) under torch.profiler: how many a
     step launches, their time a step, and the `top` that take the most (CPU ops on the CPU)."""
     from torch.profiler import ProfilerActivity, profile
@@ -145,7 +145,7 @@ def kernels(fn: Callable, steps: int, device: torch.device, top: int = 12) -> No
     total = sum(getattr(e, own) for e in events)
     count = sum(e.count for e in events)
     what = "kernels" if cuda else "CPU ops"
-    print(f"{what} of the fused bf16 run without graphs, batch {'64' if cuda else 'of the dry run'}: "
+    print(f"{what} of the fused {dtype} run without graphs, batch {batch}: "
           f"{count / steps:.0f} a step, {total / steps / 1e3:.3f} ms a step; the {top} that take the most:")
     for e in events[:top]:
         print(f"  {getattr(e, own) / steps:8.1f} us a step  {e.count / steps:5.1f} a step  {e.key[:90]}")
@@ -160,6 +160,7 @@ def compiled(args, device: torch.device, clock: Clock) -> None:
 
 def compiled_run(args, device: torch.device, clock: Clock, batch: int) -> None:
     steps = 512 if not args.dry_run else 8
+    torch._dynamo.reset()  # a fresh compilation: the cache of an earlier batch would be reused as dynamic
     bundle = load_bundle(str(BUNDLE_DIR), device=str(device))
     length, vocab = bundle[2]["denoiser"]["model"]["max_seq_len"], bundle[2]["denoiser"]["model"]["out_dim"]
     # The dry run checks this code path, not Inductor's C++ compile of the CPU kernels (slow).
@@ -212,10 +213,11 @@ def gpt2_pair(args, device: torch.device, clock: Clock) -> None:
           f"batch {batch}, {next(planner.parameters()).dtype} weights (random)")
     print(f"planner pass + denoiser trunk: {networks * 1e3:.2f} ms")
     print(f"fused step: {fused * 1e3:.2f} ms ({fused / networks:.3f}x the networks; target <= 1.05x), "
-          f"peak memory {memory['fused']:.0f} MiB; per run besides its steps {fused_fixed * 1e3:.1f} ms")
+          f"peak memory {memory['fused']:.0f} MiB; a run's fixed cost, estimated {fused_fixed * 1e3:.1f} ms")
     print(f"reference step: {reference * 1e3:.2f} ms ({reference / networks:.3f}x), "
-          f"peak memory {memory['reference']:.0f} MiB; per run besides its steps {reference_fixed * 1e3:.1f} ms")
-    print(f"(steps from runs of {long} less runs of {short} steps)")
+          f"peak memory {memory['reference']:.0f} MiB; a run's fixed cost, estimated {reference_fixed * 1e3:.1f} ms")
+    print(f"(a step: runs of {long} less runs of {short} steps, over {long - short}; a run's fixed cost: what the "
+          f"{short}-step run takes beyond {short} such steps, which noise can make negative)")
 
 
 def main(argv=None) -> int:
