@@ -55,6 +55,17 @@ def kernels(op: str):
     return importlib.import_module(f"ddpd.kernels.{op}")
 
 
+@functools.cache
+def triton_available() -> bool:
+    """Whether Triton imports: torch's CUDA wheels for Linux ship it, other installs may not
+    (the networks then keep their torch code where they would call a ddpd kernel)."""
+    try:
+        importlib.import_module("triton")
+    except Exception:  # ImportError, or a broken install failing in its own way
+        return False
+    return True
+
+
 @functools.lru_cache(maxsize=8)
 def multiprocessors(device: torch.device) -> int:
     """Streaming multiprocessors of a CUDA device (what the launch grids are sized for)."""
