@@ -50,3 +50,24 @@ def test_gpu_check_only_runs_the_named_parts(tmp_path):
     bad = subprocess.run(["bash", script, "--only", "tests,everything"], cwd=ROOT, env=env, capture_output=True,
                          text=True, timeout=60)
     assert bad.returncode == 2 and bad.stderr.startswith("usage: ")
+
+
+def test_no_gpu_test_is_taken_for_an_interpreter_test():
+    """On a GPU the conftest skips tests that run Triton kernels on CPU tensors, which it
+    recognises by name (`*_triton`, `*_kernel`): a GPU test calling such a name would be
+    skipped there unseen (one calling load_flash_kernel was, until NOT_TRITON)."""
+    import importlib
+
+    import conftest
+
+    files = sorted(path.stem for path in (ROOT / "tests").glob("test_*.py") if "pytest.mark.gpu" in path.read_text())
+    taken = []
+    for name in files:
+        module = importlib.import_module(name)
+        module_gpu = "gpu" in str(getattr(module, "pytestmark", ""))
+        for attribute, fn in vars(module).items():
+            if attribute.startswith("test_") and (module_gpu or "gpu" in str(getattr(fn, "pytestmark", ""))):
+                item = type("Item", (), {"function": fn})()
+                if conftest._launches_triton_on_cpu(item):
+                    taken.append(f"{name}::{attribute}")
+    assert files and not taken, taken
