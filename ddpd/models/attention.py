@@ -42,7 +42,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ddpd.ops._dispatch import triton_available
+from ddpd.ops import triton_available
 from ddpd.ops.rotary import rotary_reference, rotary_triton
 
 try:
