@@ -42,8 +42,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ddpd.ops import triton_available
-from ddpd.ops.rotary import rotary_reference, rotary_triton
+from ddpd.ops.rotary import rotate
 
 try:
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -286,12 +285,8 @@ class RotaryEmbedding(nn.Module):
         """x: [B, H, L, d] -> x rotated by its position along L (computed in float32).
 
         On CUDA without a gradient (sampling) one Triton kernel does it, with the same
-        values bit for bit (ddpd.ops.rotary); elsewhere, inside torch.compile (which
-        fuses the torch code itself) and without Triton, the plain torch rotation runs."""
-        if (x.is_cuda and not torch.compiler.is_compiling() and not (torch.is_grad_enabled() and x.requires_grad)
-                and triton_available()):
-            return rotary_triton(x, self.cos, self.sin)
-        return rotary_reference(x, self.cos, self.sin)
+        values bit for bit; elsewhere the plain torch rotation (ddpd.ops.rotary.rotate)."""
+        return rotate(x, self.cos, self.sin)
 
 
 class SelfAttention(nn.Module):

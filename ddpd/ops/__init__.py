@@ -11,11 +11,9 @@ tensors run the C++ kernels of ddpd._C. Randomness is counter-based (ddpd.ops.rn
 every op takes seed/offset/generator/row_ids, or explicit `noise=` uniforms.
 `load_extension()` loads ddpd._C ahead of the first op call (compiling it on first use
 where the install did not build it; see ddpd.ops._ext). Beside the sampling ops,
-`rotary` is the networks' rotary position embedding in one kernel (no randomness);
-`triton_available()` says whether Triton imports (the CUDA kernels need it).
+`rotary` is the networks' rotary position embedding in one kernel (no randomness).
 """
 from ddpd.ops import _ext
-from ddpd.ops._dispatch import triton_available
 from ddpd.ops.bernoulli import bernoulli, bernoulli_reference
 from ddpd.ops.compact import compact_fixed, compact_fixed_reference, scatter_back, scatter_back_reference
 from ddpd.ops.multinomial import (
@@ -52,7 +50,6 @@ def load_extension():
 
 __all__ = [
     "load_extension",
-    "triton_available",
     "bernoulli",
     "bernoulli_reference",
     "categorical_from_weights",

@@ -10,10 +10,10 @@ writing the whole tensor, twice per attention layer; the Triton kernel reads x o
 and writes the output once, computing the same roundings in the same order (no fused
 multiply-adds), so it returns the reference's values bit for bit.
 
-CUDA tensors run the Triton kernel ddpd.kernels.rotary, CPU tensors the reference;
-so does any call whose output needs a gradient (the kernel has no backward). The
-output is a new contiguous tensor; x may be any view whose last dimension is
-contiguous (q or k sliced out of a qkv projection).
+CUDA tensors run the Triton kernel ddpd.kernels.rotary (where Triton imports), CPU
+tensors the reference; so does any call whose output needs a gradient (the kernel has
+no backward). The output is a new contiguous tensor; x may be any view whose last
+dimension is contiguous (q or k sliced out of a qkv projection).
 """
 from __future__ import annotations
 
@@ -72,8 +72,25 @@ def rotary_triton(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torc
     return out
 
 
+def _needs_grad(*tensors: torch.Tensor) -> bool:
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
 def _rotary_impl(x, cos, sin):
-    return rotary_triton(x, cos, sin) if x.device.type == "cuda" else rotary_reference(x, cos, sin)
+    """The kernel on CUDA where Triton imports (it is no dependency of ddpd), else the reference."""
+    if x.device.type == "cuda" and _dispatch.triton_available():
+        return rotary_triton(x, cos, sin)
+    return rotary_reference(x, cos, sin)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """rotary without its argument checks, for callers whose shapes are right by
+    construction (the networks' RotaryEmbedding): the kernel where rotary would run it,
+    the reference where a gradient is needed and inside torch.compile (which fuses the
+    torch code itself, where the custom op would be opaque to it)."""
+    if torch.compiler.is_compiling() or _needs_grad(x, cos, sin):
+        return rotary_reference(x, cos, sin)
+    return _rotary_impl(x, cos, sin)
 
 
 @torch.library.custom_op("ddpd::rotary", mutates_args=())
@@ -91,7 +108,7 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     docstring's law, with cos and sin float32 [L' >= L, d/2]. Returns a new contiguous
     tensor of x's dtype; differentiable (through the reference) when a gradient is needed."""
     check_rotary(x, cos, sin)
-    if torch.is_grad_enabled() and (x.requires_grad or cos.requires_grad or sin.requires_grad):
+    if _needs_grad(x, cos, sin):
         return rotary_reference(x, cos, sin)
     run = _rotary_impl if _dispatch.eager(x, cos, sin) else _rotary_op
     return run(x, cos, sin)
