@@ -19,7 +19,10 @@ Per op and shape, on the device:
   (to tune head_launch and categorical_launch);
 - rotary, the networks' position rotation, against the torch code it replaces, at the
   shapes of the sampling benchmarks (the bundled model at batches 64 and 512, the
-  GPT-2-size pair); bit-for-bit equality is checked;
+  GPT-2-size pair); bit-for-bit equality is checked; norm, the networks' LayerNorm with
+  the adaLN modulation, at the same shapes, against the torch code it replaces and
+  against the shortest torch code (layer_norm in the dtype, then one addcmul); values
+  within one unit of the dtype's last place are checked;
 - the other ops and the fused sampler step: ddpd against the fastest of the torch
   candidates (the usual code it replaces and faster code for the same law; for the
   step, the paper's listing and the step that applies the head only at the chosen
@@ -66,6 +69,7 @@ from ddpd.ops.planner_select import (  # noqa: E402
     planner_select_reference,
 )
 from ddpd.ops.sample_categorical import sample_categorical, sample_categorical_reference  # noqa: E402
+from ddpd.ops.norm import norm, norm_reference  # noqa: E402
 from ddpd.ops.rotary import rotary, rotary_reference  # noqa: E402
 from ddpd.ops.sample_from_hidden import sample_from_hidden, sample_from_hidden_reference  # noqa: E402
 
@@ -92,6 +96,7 @@ SHAPES = {
                      (4096, 27, 16, False), (4096, 27, 1, True)],
         compact=[(256, 1024), (4096, 1024)],  # batch, length
         rotary=[(64, 4, 256, 64, BF16), (512, 4, 256, 64, BF16), (16, 12, 1024, 64, BF16)],  # B, heads, L, d
+        norm=[(64, 256, 256, True, BF16), (512, 256, 256, True, BF16), (16, 1024, 768, False, BF16)],  # B, L, H
         copy_floats=2**26,
     ),
     "dry": dict(
@@ -105,6 +110,7 @@ SHAPES = {
         multinomial=[(4, 300, 1, True), (4, 300, 16, False), (16, 27, 16, False)],
         compact=[(16, 64)],
         rotary=[(2, 2, 16, 8, BF16)],
+        norm=[(2, 16, 32, True, BF16)],
         copy_floats=2**20,
     ),
 }
@@ -479,6 +485,40 @@ def time_rotary(bench: Bench, batch: int, heads: int, length: int, head_dim: int
                   {"torch elementwise": lambda: rotary_reference(q, table.cos, table.sin)}, moved)
 
 
+def time_norm(bench: Bench, batch: int, length: int, width: int, modulated: bool, dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(width)
+    x = torch.randn(batch, length, width, generator=g).to(dtype).to(bench.device)
+    weight, bias = (torch.randn(width, generator=g).to(bench.device) for _ in range(2))
+    shift = scale = None
+    if modulated:  # chunks of one adaLN projection, as a conditioned block has them
+        shift, scale = (torch.randn(batch, 1, 2 * width, generator=g) * 0.1).to(dtype).to(bench.device).chunk(2, -1)
+    name = f"norm B={batch} L={length} H={width}{' adaLN' if modulated else ''} {str(dtype)[6:]}"
+    ours = norm(x, weight, bias, shift=shift, scale=scale)
+    want = norm_reference(x, weight, bias, shift=shift, scale=scale)
+    off = ((ours.float() - want.float()).abs() > torch.finfo(dtype).eps * want.float().abs().clamp_min(1)).sum()
+    if not bench.cuda:
+        print(f"  check {name}: none (on the CPU norm runs the reference)")
+    elif off:
+        bench.failures += 1
+        print(f"  check {name}: MISMATCH: {int(off)} values more than one unit of the last place from the reference")
+    else:
+        print(f"  check {name}: within one unit of the last place of the reference "
+              f"({100 * (ours != want).float().mean():.2f}% of the values not bit for bit)")
+    weight_x, bias_x = weight.to(dtype), bias.to(dtype)
+
+    def as_networks_had_it():  # float32 copy, norm, cast back, then the modulation in the dtype
+        normed = F.layer_norm(x.float(), (width,), weight, bias).to(dtype)
+        return normed if shift is None else normed * (1 + scale) + shift
+
+    def shortest():
+        normed = F.layer_norm(x, (width,), weight_x, bias_x)
+        return normed if shift is None else torch.addcmul(shift, normed, 1 + scale)
+
+    bench.compare(name, lambda: norm(x, weight, bias, shift=shift, scale=scale),
+                  {"as the networks had it": as_networks_had_it, "layer_norm + addcmul": shortest},
+                  2 * x.numel() * x.element_size())
+
+
 def describe(device: torch.device) -> str:
     import triton
 
@@ -512,6 +552,7 @@ def main() -> int:
         ("planner_select, planner_select_mask, planner_mask", time_planner_ops, shapes["planner"]),
         ("compact_fixed, scatter_back", time_compaction, shapes["compact"]),
         ("rotary", time_rotary, shapes["rotary"]),
+        ("norm", time_norm, shapes["norm"]),
         ("sample_from_hidden launch configurations", time_head_configs, shapes["hidden_configs"]),
         ("sample_categorical launch configurations", time_categorical_configs, shapes["categorical_configs"]),
     ]

@@ -14,6 +14,7 @@ import torch
 from ddpd.ops import _ext
 from ddpd.ops.sample_categorical import TILE, categorical_launch, n_tiles
 from ddpd.ops.bernoulli import BLOCK as BERNOULLI_BLOCK, bernoulli_grid
+from ddpd.ops.norm import norm_launch
 from ddpd.ops.rotary import rotary_launch
 from ddpd.ops.sample_from_hidden import head_launch, head_logits_grid
 
@@ -110,3 +111,15 @@ def test_rotary_grids_fill_the_device(batch, heads, length, head_dim):
     blocks = grid[0] // (batch * heads)
     assert len(grid) == 1 and programs(grid) >= SMS and grid[0] == batch * heads * blocks
     assert block_half >= head_dim // 2 and blocks * block_l >= length > (blocks - 1) * block_l
+
+
+@pytest.mark.parametrize("batch,length,width", [(64, 256, 256), (512, 256, 256), (16, 1024, 768), (1, 256, 4096)])
+def test_norm_grids_fill_the_device(batch, length, width):
+    """The networks' norms at the sampling benchmarks' shapes (and a long row of a large
+    model at batch 1): a program per multiprocessor at least, every row once, a whole row
+    in each program."""
+    rows = batch * length
+    grid, block_rows, block_w, num_warps = norm_launch(rows, width)
+    assert len(grid) == 1 and programs(grid) >= SMS and within_cuda_limits(grid)
+    assert grid[0] * block_rows >= rows > (grid[0] - 1) * block_rows and block_w >= width
+    assert num_warps * 32 * 32 >= block_rows * block_w  # at most 32 values a thread

@@ -16,6 +16,7 @@ from triton.compiler import ASTSource
 from ddpd.kernels.planner_mask import planner_mask_kernel
 from ddpd.kernels.planner_select import planner_select_kernel
 from ddpd.kernels import sample_categorical as categorical_kernels
+from ddpd.kernels import norm as norm_kernels
 from ddpd.kernels import rotary as rotary_kernels
 from ddpd.kernels import sample_from_hidden as hidden_kernels
 from ddpd.ops.sample_from_hidden import head_launch
@@ -139,7 +140,20 @@ def rotary_case(target, present):
     assert "cubin" in asm and "fma" not in asm["ptx"]
 
 
-CASES = [sample_categorical_case, planner_select_case, planner_mask_case, sample_from_hidden_case, rotary_case]
+def norm_case(target, present):
+    """bfloat16 x with adaLN (the bundled denoiser's norms) or float32 x without affine or
+    modulation, a GPT-2-width row in each program."""
+    element = "*bf16" if present else "*fp32"
+    types = dict(x_ptr=element, weight_ptr="*fp32", bias_ptr="*fp32", shift_ptr=element, scale_ptr=element,
+                 out_ptr=element, rows="i32", length="i32", width="i32", eps="fp32", stride_x="i64",
+                 stride_shift="i64", stride_scale="i64")
+    flags = dict(BLOCK_ROWS=4, BLOCK_W=1024, RMS=not present, HAS_WEIGHT=present, HAS_BIAS=present,
+                 MODULATED=present, BF16=present, BF16_MODULATION=present)
+    assert "cubin" in compile_kernel(norm_kernels.norm_kernel, types, flags, target, num_warps=8)
+
+
+CASES = [sample_categorical_case, planner_select_case, planner_mask_case, sample_from_hidden_case, rotary_case,
+         norm_case]
 
 
 def test_kernels_compile_for_gpus():

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 
 from ddpd.models.attention import SelfAttention
 from ddpd.models.config import TransformerConfig
+from ddpd.ops.norm import normalize
 
 INIT_STD = 0.02
 TIME_FREQ_DIM = 256
@@ -41,23 +42,26 @@ TIME_SCALE = 1000.0  # spreads t in [0, 1] over the sinusoid periods
 
 
 class LayerNorm(nn.LayerNorm):
-    """nn.LayerNorm with its statistics in float32 for bf16/fp16 inputs (identical for float32)."""
+    """nn.LayerNorm with its statistics in float32 for bf16/fp16 inputs (identical for float32),
+    and the adaLN modulation n * (1 + scale) + shift when given, rounded once (ddpd.ops.norm:
+    one kernel on CUDA when no gradient is needed, the torch code otherwise)."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.layer_norm(x.float(), self.normalized_shape, self.weight.float(), self.bias.float(),
-                            self.eps).to(x.dtype)
+    def forward(self, x: torch.Tensor, shift: Optional[torch.Tensor] = None,
+                scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return normalize(x, self.weight, self.bias, self.eps, False, shift, scale)
 
 
 class RMSNorm(nn.Module):
+    """x / sqrt(mean(x^2) + eps) * weight in float32, modulated like LayerNorm."""
+
     def __init__(self, dim: int, eps: float = 1e-6):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (normed * self.weight.float()).to(x.dtype)
+    def forward(self, x: torch.Tensor, shift: Optional[torch.Tensor] = None,
+                scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return normalize(x, self.weight, None, self.eps, True, shift, scale)
 
 
 def make_norm(kind: str, dim: int) -> nn.Module:
@@ -95,10 +99,6 @@ class MLP(nn.Module):
         return self.dropout(self.proj(F.gelu(self.fc(x))))
 
 
-def _modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    return x * (1 + scale) + shift
-
-
 class Block(nn.Module):
     """Pre-norm transformer block, adaLN-modulated when a conditioning vector is given."""
 
@@ -115,8 +115,8 @@ class Block(nn.Module):
             x = x + self.attn(self.norm1(x))
             return x + self.mlp(self.norm2(x))
         shift1, scale1, gate1, shift2, scale2, gate2 = self.modulation(c)[:, None, :].chunk(6, dim=-1)
-        x = x + gate1 * self.attn(_modulate(self.norm1(x), shift1, scale1))
-        return x + gate2 * self.mlp(_modulate(self.norm2(x), shift2, scale2))
+        x = x + gate1 * self.attn(self.norm1(x, shift1, scale1))
+        return x + gate2 * self.mlp(self.norm2(x, shift2, scale2))
 
 
 def check_tokens(x: torch.Tensor, vocab_size: int, max_seq_len: Optional[int] = None) -> None:
@@ -262,10 +262,9 @@ class Backbone(nn.Module):
         h = self.dropout(self.embed(x))
         for block in self.blocks:
             h = block(h, c)
-        h = self.final_norm(h)
-        if c is not None:
-            shift, scale = self.final_modulation(c)[:, None, :].chunk(2, dim=-1)
-            h = _modulate(h, shift, scale)
-        return h
+        if c is None:
+            return self.final_norm(h)
+        shift, scale = self.final_modulation(c)[:, None, :].chunk(2, dim=-1)
+        return self.final_norm(h, shift, scale)
 
     forward = hidden

@@ -11,7 +11,8 @@ tensors run the C++ kernels of ddpd._C. Randomness is counter-based (ddpd.ops.rn
 every op takes seed/offset/generator/row_ids, or explicit `noise=` uniforms.
 `load_extension()` loads ddpd._C ahead of the first op call (compiling it on first use
 where the install did not build it; see ddpd.ops._ext). Beside the sampling ops,
-`rotary` is the networks' rotary position embedding in one kernel (no randomness).
+`rotary` (the rotary position embedding) and `norm` (LayerNorm or RMSNorm with the
+adaLN modulation) are the networks' own kernels, no randomness.
 """
 from ddpd.ops import _ext
 from ddpd.ops.bernoulli import bernoulli, bernoulli_reference
@@ -24,6 +25,7 @@ from ddpd.ops.multinomial import (
     multinomial_from_logits_reference,
     multinomial_reference,
 )
+from ddpd.ops.norm import norm, norm_reference
 from ddpd.ops.planner_mask import planner_mask, planner_mask_reference
 from ddpd.ops.planner_select import (
     planner_select,
@@ -64,6 +66,8 @@ __all__ = [
     "multinomial_from_logits_reference",
     "categorical_reference",
     "noise_width",
+    "norm",
+    "norm_reference",
     "philox_uniform",
     "planner_mask",
     "planner_mask_reference",

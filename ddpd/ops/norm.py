@@ -1,0 +1,175 @@
+"""norm: LayerNorm or RMSNorm of the last dimension, with the optional adaLN modulation
+of a conditioned trunk, in one pass (the norms of ddpd.models.backbone), for networks
+sampling on a GPU.
+
+Law (norm_reference): x [B, ..., H]; in float32,
+    layer norm:  n = (x - mean(x)) / sqrt(var(x) + eps)       (biased variance)
+    RMS norm:    n = x / sqrt(mean(x^2) + eps)
+    affine:      n = n * weight + bias                        (each when given, [H])
+    adaLN:       n = n * (1 + scale[b]) + shift[b]            (when given, [B, H] or [B, 1, H]:
+                                                               sequence b's row, for all its positions)
+rounded once to x's dtype. In torch, for a bf16 trunk, that is five kernels each
+reading and writing the whole tensor (the float32 copy, the norm, the cast back, the
+product and the sum of the modulation, both rounded to bf16); the Triton kernel reads
+x once and writes the output once.
+
+CUDA tensors run the Triton kernel ddpd.kernels.norm (where Triton imports, for H up
+to MAX_KERNEL_WIDTH), everything else the reference; so does any call whose output
+needs a gradient (the kernel has no backward). The kernel sums in another order than
+torch's norm kernels: its values agree with the reference's to float32 rounding before
+the one rounding to x's dtype, not bit for bit.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from ddpd.ops import _dispatch
+from ddpd.validation import check_bool, check_float, check_same_device, check_tensor
+
+MAX_KERNEL_WIDTH = 16384  # channels a program holds in registers; wider rows run the reference
+BLOCK_ELEMENTS = 4096  # values a program normalises: BLOCK_ROWS rows of BLOCK_W channels
+
+
+def norm_reference(x: torch.Tensor, weight: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None,
+                   eps: float = 1e-5, *, rms: bool = False, shift: Optional[torch.Tensor] = None,
+                   scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Plain torch norm (the module docstring's law). For float32 x it is the arithmetic
+    of nn.LayerNorm (or the usual RMSNorm) followed by x * (1 + scale) + shift."""
+    x32 = x.float()
+    if rms:
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+        if weight is not None:
+            normed = normed * weight.float()
+        if bias is not None:
+            normed = normed + bias.float()
+    else:
+        normed = F.layer_norm(x32, (x.shape[-1],), None if weight is None else weight.float(),
+                              None if bias is None else bias.float(), eps)
+    if scale is not None:
+        per_sequence = (x.shape[0],) + (1,) * (x.dim() - 2) + (x.shape[-1],)
+        normed = normed * (1 + scale.float().reshape(per_sequence)) + shift.float().reshape(per_sequence)
+    return normed.to(x.dtype)
+
+
+def check_norm(x, weight, bias, eps, rms, shift, scale) -> None:
+    check_tensor("x", x, _dispatch.FLOAT_DTYPES)
+    if x.dim() < 1:
+        raise ValueError("x must have at least one dimension (the channels normalised)")
+    width = x.shape[-1]
+    _dispatch.check_width("x's last dimension", width)
+    check_float("eps", eps, 0.0, open_max=True)
+    check_bool("rms", rms)
+    for name, param in (("weight", weight), ("bias", bias)):
+        if param is not None:
+            check_tensor(name, param, _dispatch.FLOAT_DTYPES, 1)
+            check_same_device(name, param, x, "x")
+            if param.shape[0] != width:
+                raise ValueError(f"{name} must have shape [{width}] (x's last dimension), got {tuple(param.shape)}")
+    if (shift is None) != (scale is None):
+        raise ValueError("shift and scale come together (adaLN): give both or neither")
+    if shift is None:
+        return
+    if x.dim() < 2:
+        raise ValueError(f"x must be [B, ..., H] to take a per-sequence shift and scale, got shape {tuple(x.shape)}")
+    for name, param in (("shift", shift), ("scale", scale)):
+        check_tensor(name, param, _dispatch.FLOAT_DTYPES)
+        check_same_device(name, param, x, "x")
+        if tuple(param.shape) not in ((x.shape[0], width), (x.shape[0], 1, width)):
+            raise ValueError(f"{name} must have shape [{x.shape[0]}, {width}] or [{x.shape[0]}, 1, {width}] "
+                             f"(one row per sequence of x), got {tuple(param.shape)}")
+    if shift.dtype != scale.dtype:
+        raise TypeError(f"shift and scale must share a dtype (chunks of one projection), got {shift.dtype} "
+                        f"and {scale.dtype}")
+
+
+def norm_launch(rows: int, width: int) -> tuple[tuple, int, int, int]:
+    """(grid, BLOCK_ROWS, BLOCK_W, num_warps): a whole row in each program, as many rows as
+    make about BLOCK_ELEMENTS values, on one grid axis; more warps for wider blocks, so a
+    thread holds at most 16 (BLOCK_ELEMENTS' worth) to 32 values."""
+    block_w = 1 << (width - 1).bit_length()
+    block_rows = max(1, min(BLOCK_ELEMENTS // block_w, 1 << max(rows - 1, 0).bit_length()))
+    num_warps = max(4, min(16, block_rows * block_w // 512))
+    return (-(-rows // block_rows),), block_rows, block_w, num_warps
+
+
+def _rows(param: torch.Tensor) -> torch.Tensor:
+    """A per-sequence [B, H] or [B, 1, H] parameter as [B, H] rows with contiguous channels."""
+    param = param.reshape(param.shape[0], param.shape[-1])
+    return param if param.stride(-1) == 1 else param.contiguous()
+
+
+def norm_triton(x: torch.Tensor, weight: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None,
+                eps: float = 1e-5, *, rms: bool = False, shift: Optional[torch.Tensor] = None,
+                scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Launch the Triton kernel (CUDA tensors; CPU tensors under TRITON_INTERPRET=1)."""
+    width = x.shape[-1]
+    x2d = x.reshape(-1, width)
+    if x2d.stride(-1) != 1:
+        x2d = x2d.contiguous()
+    rows = x2d.shape[0]
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if rows == 0:
+        return out
+    grid, block_rows, block_w, num_warps = norm_launch(rows, width)
+    modulated = scale is not None
+    shift_rows, scale_rows = (_rows(shift), _rows(scale)) if modulated else (x2d, x2d)
+    _dispatch.kernels("norm").norm_kernel[grid](
+        x2d, x2d if weight is None else weight.contiguous(), x2d if bias is None else bias.contiguous(),
+        shift_rows, scale_rows, out, rows, rows // x.shape[0] if modulated else rows, width, eps, x2d.stride(0),
+        shift_rows.stride(0), scale_rows.stride(0), BLOCK_ROWS=block_rows, BLOCK_W=block_w, RMS=rms,
+        HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, MODULATED=modulated, BF16=x.dtype == torch.bfloat16,
+        BF16_MODULATION=modulated and scale.dtype == torch.bfloat16, num_warps=num_warps)
+    return out
+
+
+def _needs_grad(*tensors: Optional[torch.Tensor]) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def _norm_impl(x, weight, bias, shift, scale, eps, rms):
+    """The kernel on CUDA where Triton imports (it is no dependency of ddpd), else the reference."""
+    if x.device.type == "cuda" and x.shape[-1] <= MAX_KERNEL_WIDTH and _dispatch.triton_available():
+        return norm_triton(x, weight, bias, eps, rms=rms, shift=shift, scale=scale)
+    return norm_reference(x, weight, bias, eps, rms=rms, shift=shift, scale=scale)
+
+
+def normalize(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor], eps: float,
+              rms: bool = False, shift: Optional[torch.Tensor] = None,
+              scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """norm without its argument checks, for callers whose shapes are right by construction
+    (the networks' LayerNorm and RMSNorm): the kernel where norm would run it, the reference
+    where a gradient is needed and inside torch.compile (which fuses the torch code itself,
+    where the custom op would be opaque to it)."""
+    if torch.compiler.is_compiling() or _needs_grad(x, weight, bias, shift, scale):
+        return norm_reference(x, weight, bias, eps, rms=rms, shift=shift, scale=scale)
+    return _norm_impl(x, weight, bias, shift, scale, eps, rms)
+
+
+@torch.library.custom_op("ddpd::norm", mutates_args=())
+def _norm_op(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor],
+             shift: Optional[torch.Tensor], scale: Optional[torch.Tensor], eps: float, rms: bool) -> torch.Tensor:
+    return _norm_impl(x, weight, bias, shift, scale, eps, rms)
+
+
+@_norm_op.register_fake
+def _(x, weight, bias, shift, scale, eps, rms):
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
+def norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None,
+         eps: float = 1e-5, *, rms: bool = False, shift: Optional[torch.Tensor] = None,
+         scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """x [B, ..., H] (float32/bfloat16/float16) normalised over its last dimension: layer norm
+    (or RMS norm with rms=True), then weight and bias [H] when given, then the adaLN
+    modulation n * (1 + scale) + shift when shift and scale ([B, H] or [B, 1, H], one row
+    per sequence) are given; statistics and arithmetic in float32, one rounding to x's dtype.
+    Returns a new tensor of x's shape and dtype; differentiable (through the reference) when
+    a gradient is needed."""
+    check_norm(x, weight, bias, eps, rms, shift, scale)
+    if _needs_grad(x, weight, bias, shift, scale):
+        return norm_reference(x, weight, bias, eps, rms=rms, shift=shift, scale=scale)
+    run = _norm_impl if _dispatch.eager(x, weight, bias, shift, scale) else _norm_op
+    return run(x, weight, bias, shift, scale, float(eps), rms)

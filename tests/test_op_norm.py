@@ -1,0 +1,171 @@
+"""ddpd.ops.norm: the Triton kernel (interpreter) agrees with the torch reference in every
+dtype, for layer and RMS norms, with and without affine parameters and the adaLN
+modulation, from strided views and at widths and row counts that fill no block; the
+reference is the arithmetic the networks' norms had (nn.LayerNorm, then the modulation);
+bad arguments, gradients, opcheck and torch.compile."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ddpd.models.backbone import LayerNorm, RMSNorm
+from ddpd.ops import norm, norm_reference
+from ddpd.ops.norm import MAX_KERNEL_WIDTH, norm_launch, norm_triton
+
+def inputs(shape, dtype, seed=0, modulated=True, affine=True):
+    """x with an offset and spread per row (the mean matters), float32 norm parameters as
+    the networks keep them, shift and scale as adaLN's chunks of one projection (views)."""
+    g = torch.Generator().manual_seed(seed)
+    width = shape[-1]
+    x = (torch.randn(shape, generator=g) * 3 + torch.randn(shape[:-1] + (1,), generator=g) * 5).to(dtype)
+    weight = torch.randn(width, generator=g) if affine else None
+    bias = torch.randn(width, generator=g) if affine else None
+    if not modulated:
+        return x, weight, bias, None, None
+    chunks = (torch.randn(shape[0], 1, 2 * width, generator=g) * 0.5).to(dtype)
+    shift, scale = chunks.chunk(2, dim=-1)
+    return x, weight, bias, shift, scale
+
+
+def exact(x, weight, bias, eps, rms, shift, scale):
+    """The law in float64, unrounded."""
+    x = x.double()
+    if rms:
+        n = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    else:
+        n = (x - x.mean(-1, keepdim=True)) / torch.sqrt(x.var(-1, unbiased=False, keepdim=True) + eps)
+    n = n * (1 if weight is None else weight.double()) + (0 if bias is None else bias.double())
+    if scale is not None:
+        per_sequence = (x.shape[0],) + (1,) * (x.dim() - 2) + (x.shape[-1],)
+        n = n * (1 + scale.double().reshape(per_sequence)) + shift.double().reshape(per_sequence)
+    return n
+
+
+def assert_rounded_from(got, want64, dtype, ulps):
+    """got is want64 rounded to dtype, give or take `ulps` units of its last place (of 1
+    below 1: the centred values near 0 carry the statistics' absolute error)."""
+    assert got.dtype == dtype
+    tolerance = ulps * torch.finfo(dtype).eps * want64.abs().clamp_min(1.0)
+    assert ((got.double() - want64).abs() <= tolerance).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rms", [False, True])
+@pytest.mark.parametrize("modulated", [False, True])
+@pytest.mark.parametrize("shape", [(2, 37, 48), (1, 1, 1), (3, 5, 300), (4, 16), (2, 3, 4, 24)])
+def test_kernel_agrees_with_the_reference(dtype, rms, modulated, shape):
+    x, weight, bias, shift, scale = inputs(shape, dtype, modulated=modulated)
+    bias = None if rms else bias
+    got = norm_triton(x, weight, bias, 1e-5, rms=rms, shift=shift, scale=scale)
+    want = norm_reference(x, weight, bias, 1e-5, rms=rms, shift=shift, scale=scale)
+    assert got.shape == x.shape and got.is_contiguous()
+    truth = exact(x, weight, bias, 1e-5, rms, shift, scale)
+    assert_rounded_from(want, truth, dtype, 1 if dtype != torch.float32 else 64)
+    assert_rounded_from(got, truth, dtype, 1 if dtype != torch.float32 else 64)
+    if dtype != torch.float32:  # one rounding of nearly the same float32: the same value but for near-ties
+        assert (got != want).float().mean() < 0.05
+
+
+def test_strided_rows_and_parameters_without_affine():
+    """x a view with strided rows (a slice of channels), no weight or bias, and shift/scale
+    given as [B, H] rows of a wider tensor."""
+    base = torch.randn(3, 10, 64)
+    x = base[..., 8:40]
+    mods = torch.randn(3, 96)
+    shift, scale = mods[:, :32], mods[:, 64:]
+    got = norm_triton(x, None, None, 1e-6, shift=shift, scale=scale)
+    assert torch.allclose(got, norm_reference(x, None, None, 1e-6, shift=shift, scale=scale), atol=1e-5)
+    assert torch.allclose(norm_triton(x, None, None, 1e-6, rms=True), norm_reference(x, None, None, 1e-6, rms=True),
+                          atol=1e-5)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the interpreter's numpy
+def test_special_rows():
+    """A constant row normalises to the bias (no NaN from its zero variance); inf or NaN in
+    a row makes that row NaN and leaves its neighbours alone; rows of large values (whose
+    squares still fit float32, as in the reference) normalise as the others."""
+    x = torch.randn(6, 40)
+    x[0] = 7.0
+    x[1, 3] = float("inf")
+    x[2, 5] = float("nan")
+    x[3] = torch.randn(40) * 1e15
+    weight, bias = torch.randn(40), torch.randn(40)
+    got = norm_triton(x, weight, bias, 1e-5)
+    want = norm_reference(x, weight, bias, 1e-5)
+    assert torch.allclose(got[0], bias) and got[1:3].isnan().all()
+    assert torch.allclose(got[3:], want[3:], atol=1e-5) and torch.isfinite(got[3:]).all()
+
+
+def test_the_networks_norms_keep_their_arithmetic():
+    """On the CPU the networks' norms are the torch code they were: nn.LayerNorm (float32
+    statistics for bf16) then x * (1 + scale) + shift; RMSNorm the usual formula. The
+    pinned sampling tests depend on float32 staying bit for bit."""
+    torch.manual_seed(0)
+    x, _, _, shift, scale = inputs((2, 7, 32), torch.float32)
+    layer = LayerNorm(32)
+    torch.nn.init.normal_(layer.weight)
+    torch.nn.init.normal_(layer.bias)
+    with torch.no_grad():
+        by_hand = F.layer_norm(x, (32,), layer.weight, layer.bias, layer.eps) * (1 + scale) + shift
+        assert torch.equal(layer(x, shift, scale), by_hand)
+        assert torch.equal(layer(x), F.layer_norm(x, (32,), layer.weight, layer.bias, layer.eps))
+        rms = RMSNorm(32)
+        assert torch.equal(rms(x), x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + rms.eps) * rms.weight)
+
+
+@pytest.mark.parametrize("rows,width,expected", [
+    (1, 1, ((1,), 1, 1, 4)),
+    (16384, 256, ((1024,), 16, 256, 8)),  # a bundled-model trunk at batch 64: 1024 programs
+    (5, 300, ((1,), 8, 512, 8)),
+    (3, 4096, ((3,), 1, 4096, 8)),
+    (2, MAX_KERNEL_WIDTH, ((2,), 1, MAX_KERNEL_WIDTH, 16)),
+])
+def test_launch_covers_every_row(rows, width, expected):
+    grid, block_rows, block_w, _ = launch = norm_launch(rows, width)
+    assert launch == expected
+    assert grid[0] * block_rows >= rows and block_w >= width
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    (dict(x=torch.zeros(2, 3, dtype=torch.int64)), TypeError, "x must have dtype"),
+    (dict(x=torch.zeros(())), ValueError, "at least one dimension"),
+    (dict(x=torch.zeros(2, 3), weight=torch.zeros(4)), ValueError, r"weight must have shape \[3\]"),
+    (dict(x=torch.zeros(2, 3), bias=torch.zeros(3, 1)), ValueError, "bias must be 1-D"),
+    (dict(x=torch.zeros(2, 3), eps=-1.0), ValueError, "eps must be in"),
+    (dict(x=torch.zeros(2, 3), eps=float("inf")), ValueError, "eps must be in"),
+    (dict(x=torch.zeros(2, 3), rms=1), TypeError, "rms must be a bool"),
+    (dict(x=torch.zeros(2, 4, 3), shift=torch.zeros(2, 3)), ValueError, "give both or neither"),
+    (dict(x=torch.zeros(3), shift=torch.zeros(1, 3), scale=torch.zeros(1, 3)), ValueError, r"\[B, \.\.\., H\]"),
+    (dict(x=torch.zeros(2, 4, 3), shift=torch.zeros(2, 4, 3), scale=torch.zeros(2, 4, 3)), ValueError,
+     r"shift must have shape \[2, 3\] or \[2, 1, 3\]"),
+    (dict(x=torch.zeros(2, 4, 3), shift=torch.zeros(2, 3), scale=torch.zeros(1, 3)), ValueError,
+     "scale must have shape"),
+    (dict(x=torch.zeros(2, 4, 3), shift=torch.zeros(2, 3), scale=torch.zeros(2, 3, dtype=torch.bfloat16)),
+     TypeError, "share a dtype"),
+])
+def test_bad_arguments_raise_clear_errors(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        norm(**kwargs)
+
+
+def test_gradients_flow_through_the_reference():
+    x, weight, bias, shift, scale = inputs((2, 5, 16), torch.float32)
+    for t in (x, weight, shift):
+        t.requires_grad_(True)
+    norm(x, weight, bias, shift=shift, scale=scale).square().sum().backward()
+    want = torch.autograd.grad(norm_reference(x, weight, bias, shift=shift, scale=scale).square().sum(),
+                               (x, weight, shift))
+    assert all(torch.equal(got, w) for got, w in zip((x.grad, weight.grad, shift.grad), want))
+
+
+def test_an_empty_batch():
+    x = torch.zeros(0, 4, 8)
+    assert norm_triton(x, None, None, 1e-5, shift=torch.zeros(0, 8), scale=torch.zeros(0, 8)).shape == (0, 4, 8)
+    assert norm(x).shape == (0, 4, 8)
+
+
+def test_opcheck_and_compile():
+    x, weight, bias, shift, scale = inputs((2, 6, 8), torch.float32)
+    torch.library.opcheck(torch.ops.ddpd.norm.default, (x, weight, bias, shift.contiguous(), scale.contiguous(),
+                                                         1e-5, False))
+    compiled = torch.compile(lambda *a: norm(*a, shift=shift, scale=scale), fullgraph=True, backend="eager")
+    assert torch.equal(compiled(x, weight, bias), norm_reference(x, weight, bias, shift=shift, scale=scale))
