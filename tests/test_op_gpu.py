@@ -213,7 +213,7 @@ def test_rotary_cuda_is_the_reference_bit_for_bit(dtype):
 def test_norm_cuda_agrees_with_the_reference(dtype):
     """The compiled kernel against torch's norm and elementwise kernels on the same GPU: within
     one unit of the dtype's last place, bit for bit for nearly every value; and a conditioned
-    block takes it when it samples."""
+    block takes it when it samples (and adds its gated residuals with one kernel each)."""
     from ddpd.models.backbone import Block
     from ddpd.models.config import TransformerConfig
     from ddpd.ops import norm, norm_reference  # (a name ending in _triton would skip this test on a GPU)
@@ -239,3 +239,4 @@ def test_norm_cuda_agrees_with_the_reference(dtype):
     names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     assert sum(name.startswith("norm_kernel") for name in names) == 2, names  # norm1 and norm2, one kernel each
     assert not any("layer_norm" in name for name in names)
+    assert sum("addcmul" in name for name in names) == 2, names  # the gated residuals, one kernel each
