@@ -12,7 +12,7 @@
 #     top-k / top-p / min-p), sample_from_hidden and multinomial, eager and
 #     CUDA-graph-replay medians of ddpd and of the best torch code, the ratios, one
 #     read of the input at the measured copy bandwidth and ddpd's host cost; the
-#     other ops (rotary among them) as GB/s and peak memory; the fused sampler step
+#     other ops (rotary and norm among them) as GB/s and peak memory; the fused sampler step
 #     against the reference step; then benchmarks/host_cost.py --cuda (per-call host cost of
 #     every op against its raw torch.ops call, and where sample_categorical's goes);
 #  4. sampling: benchmarks/gpu_sampling.py, whole sampling runs of the bundled model
