@@ -5,7 +5,10 @@ as its epilogue; the [N, V] logits never exist.
 - head_tiles_kernel, grid (row blocks, vocabulary splits): for each of its tiles,
   the logits x[j, n] of TILE tokens j for BLOCK_N rows n, as weight[tile, H] @
   hidden[rows, H]^T (+ bias) by tl.dot over BLOCK_H slices of H (bf16 / fp16
-  operands with float32 accumulation; float32 operands in IEEE float32). The tile
+  operands with float32 accumulation; float32 operands as three TF32 products,
+  tf32x3, on the tensor cores too: each operand split in a TF32 high part and a TF32
+  remainder, so a product keeps about 22 of float32's 24 bits, against a few TFLOP/s
+  for IEEE float32 products on the CUDA cores). The tile
   dimension is the dot's M (256, what the tensor cores want) and the rows its N,
   so a few rows still make a full-width product. Epilogue, per row: the tile
   maximum m_t, s_t = log sum_j exp y_j (y_j = shift(x_j, m_t)), the tile's candidate
@@ -21,7 +24,8 @@ as its epilogue; the [N, V] logits never exist.
 - head_logits_kernel, grid (row blocks, tiles): the float32 logits themselves, for
   the calls with a truncation threshold (top-k / top-p / min-p needs a whole row).
 The logits are those of the torch reference up to the order of the float32
-additions; everything after them is ddpd.kernels.sample_categorical's arithmetic.
+additions (and, for float32 operands, the TF32 split's last bits); everything after them
+is ddpd.kernels.sample_categorical's arithmetic.
 """
 import triton
 import triton.language as tl
@@ -47,8 +51,8 @@ def head_logits(h_ptr, w_ptr, b_ptr, rows, cols, N, V, H, BLOCK_H: tl.constexpr,
         k = h0 + tl.arange(0, BLOCK_H)
         w = tl.load(w_rows + k[None, :], mask=(cols[:, None] < V) & (k[None, :] < H), other=0.0)
         h = tl.load(h_rows + k[:, None], mask=(rows[None, :] < N) & (k[:, None] < H), other=0.0)
-        if DOT_F32:  # float32 operands, or the interpreter (no bf16 arithmetic there)
-            acc += tl.dot(w.to(tl.float32), h.to(tl.float32), input_precision="ieee")
+        if DOT_F32:  # float32 operands, or the interpreter (no bf16 arithmetic there; it ignores tf32x3)
+            acc += tl.dot(w.to(tl.float32), h.to(tl.float32), input_precision="tf32x3")
         else:
             acc += tl.dot(w, h.to(w.dtype))
     if b_ptr is not None:
