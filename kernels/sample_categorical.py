@@ -9,7 +9,12 @@ a == b, -inf where a is -inf):
   the row's truncation threshold tau (ddpd.ops.sample_categorical says which tokens
   each keeps), found without sorting by a radix search over the order-preserving
   32-bit keys of the logits: each pass buckets the keys still in play into 16 ranges
-  and keeps the one that holds the threshold, narrowed to the keys present in it;
+  and keeps the one that holds the threshold, narrowed to the keys present in it.
+  Each pass reads every value it searches, so top-k first bounds its threshold: the
+  k-th largest of the row's group maxima (groups of 64 logits or more) is at most the
+  k-th largest logit, and the logits at or above it, a few times k for most rows,
+  are copied to a scratch row; top-k's search, and top-p's after it, read those (the
+  whole row when there are more than the scratch holds, or fewer than k groups);
 - tile_stats_kernel, grid (rows, splits): each program takes a run of tiles and
   writes, per tile, m_t and s_t = log sum_j exp(y_j), y_j = shift(l_j, m_t), and on
   request the second largest value and a_t = sum_j exp(y_j) y_j;
@@ -326,10 +331,11 @@ def weight_of(x, row_max, t, MASS: tl.constexpr):
 
 
 @triton.jit
-def search_key(logits_ptr, row, V, exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr, floor, row_max, t, target,
-               lo, hi, MASS: tl.constexpr, BLOCK: tl.constexpr, NB: tl.constexpr):
-    """The largest key k* with W(k*) >= target, W(k) the weight of the row's logits >= floor
-    with key >= k, given W(lo) >= target > W(hi). Each pass buckets the keys in [lo, hi)
+def search_key(values_ptr, row, stride, limit, exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr, floor, row_max,
+               t, target, lo, hi, MASS: tl.constexpr, BLOCK: tl.constexpr, NB: tl.constexpr):
+    """The largest key k* with W(k*) >= target, W(k) the weight of the row's values (the
+    first `limit` of row `row`, rows `stride` apart) >= floor with key >= k, given
+    W(lo) >= target > W(hi). Each pass buckets the keys in [lo, hi)
     into NB ranges of 2**width keys, keeps the bucket holding k* and narrows [lo, hi)
     to the smallest and largest key present in it; it ends when one key is left."""
     b = tl.arange(0, NB)
@@ -341,9 +347,10 @@ def search_key(logits_ptr, row, V, exclude_ptr, n_exclude, exclude_row_ptr, allo
         weight = tl.zeros([NB], tl.float64)
         smallest = tl.full([NB], 0xFFFFFFFF, tl.uint32)
         largest = tl.full([NB], 0, tl.uint32)  # 0: no key in the bucket (keys in play are above it)
-        for start in range(0, V, BLOCK):
+        for start in range(0, limit, BLOCK):
             offs = start + tl.arange(0, BLOCK)
-            x = masked_logits(logits_ptr, row, offs, V, V, exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr, floor)
+            x = masked_logits(values_ptr, row, offs, stride, limit, exclude_ptr, n_exclude, exclude_row_ptr,
+                              allowed_ptr, floor)
             key = ordered_key(x)
             inside = (x > float("-inf")) & (key >= lo) & (key < hi)
             bucket = tl.where(inside, (key - lo) >> width, NB)
@@ -365,49 +372,100 @@ def search_key(logits_ptr, row, V, exclude_ptr, n_exclude, exclude_row_ptr, allo
 
 
 @triton.jit
+def compact(logits_ptr, row, V, exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr, floor, out_ptr, capacity,
+            SCAN_BLOCK: tl.constexpr):
+    """Write the row's logits >= floor (masks applied) in index order to out_ptr[0, capacity)
+    (the first capacity of them); return how many there are."""
+    count = tl.full([], 0, tl.int32)
+    for start in range(0, V, SCAN_BLOCK):
+        offs = start + tl.arange(0, SCAN_BLOCK)
+        x = masked_logits(logits_ptr, row, offs, V, V, exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr, floor)
+        keep = (x > float("-inf")).to(tl.int32)
+        position = count + tl.cumsum(keep, axis=0) - 1
+        tl.store(out_ptr + position, x, mask=(keep != 0) & (position < capacity))
+        count += tl.sum(keep, axis=0)
+    return count
+
+
+@triton.jit
+def top_p_threshold(values_ptr, row, stride, limit, exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr, tau, row_max,
+                    t, p, lowest, top, BLOCK: tl.constexpr, SCAN_BLOCK: tl.constexpr, NB: tl.constexpr):
+    """tau raised to top-p's threshold over the values >= tau: Z their mass, then the largest
+    key whose upper set holds p Z."""
+    z = tl.full([], 0.0, tl.float64)
+    for start in range(0, limit, SCAN_BLOCK):
+        offs = start + tl.arange(0, SCAN_BLOCK)
+        x = masked_logits(values_ptr, row, offs, stride, limit, exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr,
+                          tau)
+        z += tl.sum(tl.exp(shift(x, row_max, t)), axis=0).to(tl.float64)
+    key = search_key(values_ptr, row, stride, limit, exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr, tau, row_max,
+                     t, p.to(tl.float64) * z, tl.maximum(ordered_key(tau), lowest), top, True, BLOCK, NB)
+    return tl.maximum(tau, key_value(key))
+
+
+@triton.jit
 def thresholds_kernel(
     logits_ptr, V, temperature, temperature_ptr, exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr,
-    top_k, top_k_ptr, top_p, top_p_ptr, log_min_p, log_min_p_ptr, tau_ptr,
-    TOP_K: tl.constexpr, TOP_P: tl.constexpr, MIN_P: tl.constexpr, BLOCK: tl.constexpr,
+    top_k, top_k_ptr, top_p, top_p_ptr, log_min_p, log_min_p_ptr, tau_ptr, scratch_ptr, n_groups, capacity,
+    TOP_K: tl.constexpr, TOP_P: tl.constexpr, MIN_P: tl.constexpr, BLOCK: tl.constexpr, SCAN_BLOCK: tl.constexpr,
+    GROUP: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     _, t = row_temperature(temperature, temperature_ptr, row)
     neg_inf = float("-inf")
+    # scratch row: n_groups group maxima, then room for `capacity` candidates
+    groups_ptr = scratch_ptr + row * (n_groups + capacity)
+    candidates_ptr = groups_ptr + n_groups
     row_max = tl.full([], neg_inf, tl.float32)
     allowed = tl.full([], 0, tl.int64)
-    for start in range(0, V, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
+    finite_groups = tl.full([], 0, tl.int32)
+    for start in range(0, V, SCAN_BLOCK):
+        offs = start + tl.arange(0, SCAN_BLOCK)
         x = masked_logits(logits_ptr, row, offs, V, V, exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr, neg_inf)
         row_max = tl.maximum(row_max, tl.max(x, axis=0))
         allowed += tl.sum((x > neg_inf).to(tl.int64), axis=0)
+        if TOP_K:  # the maximum of each group of GROUP logits
+            g = tl.max(tl.reshape(x, [SCAN_BLOCK // GROUP, GROUP]), axis=1)
+            index = start // GROUP + tl.arange(0, SCAN_BLOCK // GROUP)
+            tl.store(groups_ptr + index, g, mask=index < n_groups)
+            finite_groups += tl.sum(((g > neg_inf) & (index < n_groups)).to(tl.int32), axis=0)
     tau = tl.full([], neg_inf, tl.float32)
     lowest = ordered_key(tl.full([], -3.4028234663852886e38, tl.float32))  # the smallest finite float
     top = ordered_key(row_max) + 1
+    count = tl.full([], -1, tl.int32)  # candidates compacted by top-k (-1: none)
     if TOP_K:
         k = tl.cast(row_value(top_k, top_k_ptr, row), tl.int64)
         if (k > 0) & (k < allowed):
-            key = search_key(logits_ptr, row, V, exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr, neg_inf,
-                             row_max, t, k.to(tl.float64), lowest, top, False, BLOCK, N_BUCKETS)
+            lo = lowest
+            if k <= finite_groups:
+                # k group maxima are k logits: the k-th largest of them bounds the threshold below,
+                # and the few logits at or above it are all the search needs
+                lo = search_key(groups_ptr, 0, 0, n_groups, exclude_ptr, 0, None, None, neg_inf, row_max, t,
+                                k.to(tl.float64), lowest, top, False, BLOCK, N_BUCKETS)
+                count = compact(logits_ptr, row, V, exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr,
+                                key_value(lo), candidates_ptr, capacity, SCAN_BLOCK)
+            if (count >= 0) & (count <= capacity):
+                key = search_key(candidates_ptr, 0, 0, count, exclude_ptr, 0, None, None, neg_inf, row_max, t,
+                                 k.to(tl.float64), lo, top, False, BLOCK, N_BUCKETS)
+            else:
+                key = search_key(logits_ptr, row, V, V, exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr, neg_inf,
+                                 row_max, t, k.to(tl.float64), lo, top, False, BLOCK, N_BUCKETS)
             tau = key_value(key)
     if TOP_P:
         p = tl.cast(row_value(top_p, top_p_ptr, row), tl.float32)
         if (p < 1.0) & (allowed > 0):
-            z = tl.full([], 0.0, tl.float64)
-            for start in range(0, V, BLOCK):
-                offs = start + tl.arange(0, BLOCK)
-                x = masked_logits(logits_ptr, row, offs, V, V, exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr,
-                                  tau)
-                z += tl.sum(tl.exp(shift(x, row_max, t)), axis=0).to(tl.float64)
-            key = search_key(logits_ptr, row, V, exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr, tau, row_max,
-                             t, p.to(tl.float64) * z, tl.maximum(ordered_key(tau), lowest), top, True, BLOCK,
-                             N_BUCKETS)
-            tau = tl.maximum(tau, key_value(key))
+            if (count >= 0) & (count <= capacity):  # every logit top-k keeps is a candidate
+                tau = top_p_threshold(candidates_ptr, 0, 0, count, exclude_ptr, 0, None, None, tau, row_max, t, p,
+                                      lowest, top, BLOCK, SCAN_BLOCK, N_BUCKETS)
+            else:
+                tau = top_p_threshold(logits_ptr, row, V, V, exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr, tau,
+                                      row_max, t, p, lowest, top, BLOCK, SCAN_BLOCK, N_BUCKETS)
     if MIN_P:
         c = tl.cast(row_value(log_min_p, log_min_p_ptr, row), tl.float32)
         if c > neg_inf:
             smallest = tl.full([], float("inf"), tl.float32)
-            for start in range(0, V, BLOCK):
-                offs = start + tl.arange(0, BLOCK)
+            for start in range(0, V, SCAN_BLOCK):
+                offs = start + tl.arange(0, SCAN_BLOCK)
                 x = masked_logits(logits_ptr, row, offs, V, V, exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr,
                                   neg_inf)
                 kept = (x > neg_inf) & (shift(x, row_max, t) >= c)

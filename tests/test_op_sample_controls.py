@@ -498,11 +498,49 @@ def test_top_k_by_the_heap_and_by_radix_selection_agree_with_the_reference(top_k
     """The C++ path finds the k-th largest logit with a heap up to k = 256 (unless too many
     logits enter it, as in ascending order) and by radix selection otherwise: both keep
     every logit tied with it, as the reference does. Integer logits: ties everywhere, at
-    the k-th too."""
+    the k-th too. The Triton path searches among the logits at or above the k-th largest
+    maximum of 141 groups of 64 (k <= 141), or, when more than 4096 are (the block of 4500
+    ties) or k > 141, over the whole row."""
     g = torch.Generator().manual_seed(top_k)
     logits = torch.randint(-20, 20, (6, 9000), generator=g).float()
     logits[1, ::3] = float("-inf")  # fewer allowed than k at the largest k
     logits[2, :4500] = 50.0  # the k-th inside a block of 4500 ties
     logits[3] = torch.arange(9000) / 7.0  # ascending: every logit enters the heap
     kw = dict(top_k=top_k, top_p=top_p, temperature=0.7, seed=3, return_logprob=True)
-    assert_same(sample_categorical(logits, **kw), sample_categorical_reference(logits, **kw))
+    reference = sample_categorical_reference(logits, **kw)
+    assert_same(sample_categorical(logits, **kw), reference)
+    assert_same(triton_categorical(logits, **kw), reference)
+
+
+def test_the_threshold_kernel_bounds_top_k_by_group_maxima():
+    """White box: the Triton threshold kernel's scratch row holds the maximum of each group of
+    64 logits (masks applied), then, for k <= the groups, the logits at or above the k-th
+    largest of those maxima in index order; the thresholds are the k-th largest logits. A
+    row whose bound holds more logits than the scratch keeps (all ties) still gets its
+    threshold, from the whole row."""
+    from ddpd.ops.sample_categorical import threshold_launch
+
+    kernels = _dispatch.kernels("sample_categorical")
+    vocab, k = 5000, 9
+    group, n_groups, capacity = threshold_launch(vocab)
+    assert (group, n_groups, capacity) == (64, 79, 4096)
+    logits = torch.randn(3, vocab, generator=torch.Generator().manual_seed(5))
+    logits[1, 100:4300] = 7.0  # 4200 ties at the top: more than the candidates' room
+    logits[2, ::2] = float("nan")  # read as -inf
+    tau = torch.empty(3)
+    scratch = torch.full((3, n_groups + capacity), float("nan"))
+    ids = _dispatch.device_ids((), logits.device)
+    kernels.thresholds_kernel[(3,)](logits, vocab, 1.0, None, ids, 0, None, None, k, None, 1.0, None, -math.inf, None,
+                                    tau, scratch, n_groups, capacity, TOP_K=True, TOP_P=False, MIN_P=False,
+                                    BLOCK=1024, SCAN_BLOCK=4096, GROUP=group)
+    masked = torch.nan_to_num(logits, nan=-math.inf)
+    assert torch.equal(tau, masked.sort(dim=1, descending=True).values[:, k - 1])
+    padded = torch.cat([masked, torch.full((3, n_groups * group - vocab), -math.inf)], dim=1)
+    maxima = padded.view(3, n_groups, group).amax(dim=2)
+    assert torch.equal(scratch[:, :n_groups], maxima)
+    for row in (0, 2):
+        bound = maxima[row].sort(descending=True).values[k - 1]
+        candidates = masked[row][masked[row] >= bound]
+        assert k <= len(candidates) < 10 * k
+        assert torch.equal(scratch[row, n_groups:n_groups + len(candidates)], candidates)
+    assert torch.equal(scratch[1, n_groups:], torch.full((capacity,), 7.0))  # the first 4096 of the 4200 ties

@@ -70,9 +70,10 @@ def sample_categorical_case(target, present):
                                           CONFIDENCE=2 if present else 3), target)
     thresholds = dict(logits, **temp, **masks, top_k="i64", top_k_ptr=optional(present, "*i64"), top_p="fp32",
                       top_p_ptr=optional(present, "*fp32"), log_min_p="fp32", log_min_p_ptr=optional(present, "*fp32"),
-                      tau_ptr="*fp32")
+                      tau_ptr="*fp32", scratch_ptr="*fp32", n_groups="i32", capacity="i32")
     assert "cubin" in compile_kernel(categorical_kernels.thresholds_kernel, thresholds,
-                                     dict(TOP_K=True, TOP_P=True, MIN_P=present, BLOCK=1024), target)
+                                     dict(TOP_K=True, TOP_P=True, MIN_P=present, BLOCK=1024, SCAN_BLOCK=4096,
+                                          GROUP=64), target, num_warps=8)
 
 
 def planner_select_case(target, present):

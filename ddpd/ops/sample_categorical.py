@@ -101,10 +101,16 @@ GREEDY = -1.0  # the temperature the kernels read for a greedy row (temperature 
 MAX_TEMPERATURE = 1e36
 TEMPERATURE_RANGE = f"in [0, {MAX_TEMPERATURE:g}] (0: greedy)"  # built once: torch.compile traces no format spec
 THRESHOLD_BLOCK = 1024  # logits per step of the Triton threshold search
+THRESHOLD_SCAN_BLOCK = 4096  # logits per step of its plain passes (maximum, masses, compaction)
 # 8 warps, 4 logits a thread: with its 32-bit keys the 16-bucket search then keeps every
 # value in registers on sm_90 under Triton 3.6 and 3.9 (with 4 warps it spills; with 16,
 # Triton 3.9 caps it at 64 registers and spills; tests/test_op_kernel_resources.py)
 THRESHOLD_WARPS = 8
+# top-k's bound: the row's logits in groups (at least GROUP_MIN, at most MAX_GROUPS groups);
+# the k-th largest group maximum is at most the k-th largest logit, and the logits at or
+# above it (typically a few times k) are copied out, up to CANDIDATES of them, so that
+# the search passes read those instead of the row
+GROUP_MIN, MAX_GROUPS, CANDIDATES = 64, 2048, 4096
 
 
 def n_tiles(vocab_size: int) -> int:
@@ -605,6 +611,17 @@ def empty_outputs(rows: int, device: torch.device, logprob: bool, confidence: in
             torch.empty(rows if confidence else 0, dtype=torch.float32, device=device))
 
 
+def threshold_launch(vocab: int) -> tuple[int, int, int]:
+    """(GROUP, n_groups, capacity) of the threshold kernel's top-k bound for rows of vocab
+    logits: groups of GROUP logits (a power of two from GROUP_MIN, up to a scan block), at most
+    MAX_GROUPS of them, and room for capacity candidates a row. n_groups = 0 (no bound, every
+    search pass reads the row) beyond MAX_GROUPS scan blocks."""
+    group = max(GROUP_MIN, 1 << (-(-vocab // MAX_GROUPS) - 1).bit_length())
+    if group > THRESHOLD_SCAN_BLOCK:
+        return THRESHOLD_SCAN_BLOCK, 0, 0
+    return group, -(-vocab // group), min(CANDIDATES, vocab)
+
+
 def truncation_flags(top_k, top_k_t, top_p, top_p_t, log_min_p, log_min_p_t) -> tuple[bool, bool, bool]:
     """Which thresholds a call computes (per-row tensors: all their rows)."""
     return (top_k_t is not None or top_k > 0, top_p_t is not None or top_p < 1.0,
@@ -632,9 +649,12 @@ def sample_categorical_triton(logits, temperature, temperature_t, exclude_ids, e
     tau = None
     if any(flags):
         tau = torch.empty(rows, dtype=torch.float32, device=device)
+        group, n_groups, capacity = threshold_launch(vocab) if flags[0] else (THRESHOLD_SCAN_BLOCK, 0, 0)
+        scratch = torch.empty(rows, n_groups + capacity, dtype=torch.float32, device=device) if n_groups else tau
         kernels.thresholds_kernel[(rows,)](logits, vocab, *temp, *masks, top_k, top_k_t, top_p, top_p_t,
-                                           log_min_p, log_min_p_t, tau, TOP_K=flags[0], TOP_P=flags[1],
-                                           MIN_P=flags[2], BLOCK=THRESHOLD_BLOCK, num_warps=THRESHOLD_WARPS)
+                                           log_min_p, log_min_p_t, tau, scratch, n_groups, capacity,
+                                           TOP_K=flags[0], TOP_P=flags[1], MIN_P=flags[2], BLOCK=THRESHOLD_BLOCK,
+                                           SCAN_BLOCK=THRESHOLD_SCAN_BLOCK, GROUP=group, num_warps=THRESHOLD_WARPS)
     stats = None
     if launch.stats_grid:
         stats = torch.empty(rows, tiles, kernels.RECORD.value, dtype=torch.float32, device=device)
