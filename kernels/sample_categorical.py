@@ -86,11 +86,16 @@ def row_threshold(tau_ptr, row):
 
 
 @triton.jit
-def shift(a, b, temperature):
-    """(a - b) / temperature for a <= b: 0 where a == b (+inf too), -inf where a is -inf."""
+def shift(a, b, temperature, UNIT: tl.constexpr = False):
+    """(a - b) / temperature for a <= b: 0 where a == b (+inf too), -inf where a is -inf.
+    UNIT: the temperature is known to be 1, and the IEEE division by it, which is exact and
+    costs a dozen instructions a value, is left out (the same values)."""
     zero = tl.zeros_like(a)  # div_rn takes operands of one shape; 0 * a would be NaN at inf
     b = b + zero
-    d = tl.where(a == b, 0.0, tl.math.div_rn(a - b, temperature + zero))
+    if UNIT:
+        d = tl.where(a == b, 0.0, a - b)
+    else:
+        d = tl.where(a == b, 0.0, tl.math.div_rn(a - b, temperature + zero))
     return tl.where(a == float("-inf"), float("-inf"), d)
 
 
@@ -102,11 +107,12 @@ def first_argmax(keys, index, sentinel):
 
 
 @triton.jit
-def tile_statistics(x, temperature, SECOND: tl.constexpr, ENTROPY: tl.constexpr):
+def tile_statistics(x, temperature, SECOND: tl.constexpr, ENTROPY: tl.constexpr, UNIT: tl.constexpr = False):
     """Per tile (axis 1 of x [tiles, TILE]): m_t, s_t, and where asked the second largest
-    value (with multiplicity) and a_t = sum exp(y) y; -inf tiles give m = s = -inf."""
+    value (with multiplicity) and a_t = sum exp(y) y; -inf tiles give m = s = -inf.
+    UNIT: the temperature is 1 (see shift)."""
     m = tl.max(x, axis=1)
-    y = shift(x, m[:, None], temperature)
+    y = shift(x, m[:, None], temperature, UNIT)
     e = tl.exp(y)
     s = tl.log(tl.sum(e, axis=1))
     if SECOND:
@@ -142,7 +148,10 @@ def tile_stats_kernel(
         offs = tiles[:, None] * TILE + j[None, :]
         x = masked_logits(logits_ptr, row, offs, V, tl.minimum(V, end * TILE), exclude_ptr, n_exclude,
                           exclude_row_ptr, allowed_ptr, tau)
-        m, s, second, ent = tile_statistics(x, t, SECOND, ENTROPY)
+        if t == 1.0:  # the usual temperature: no division (a branch per program, not per value)
+            m, s, second, ent = tile_statistics(x, t, SECOND, ENTROPY, True)
+        else:
+            m, s, second, ent = tile_statistics(x, t, SECOND, ENTROPY)
         record = stats_ptr + (row * n_tiles + tiles) * RECORD
         tl.store(record + TILE_MAX, m, mask=live)
         tl.store(record + TILE_MASS, s, mask=live)
