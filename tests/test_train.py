@@ -734,6 +734,37 @@ def test_a_second_writer_is_refused_while_a_run_holds_the_output(corpus, tmp_pat
     assert first.returncode == 128 + signal.SIGTERM
 
 
+@pytest.mark.parametrize("signals", [1, 2])
+def test_signals_while_closing_after_a_lost_peer_keep_the_one_line(corpus, tmp_path, capsys, monkeypatch, signals):
+    """torchrun sends SIGTERM to process 0 after a peer died, possibly while the trainer closes
+    after the lost collective: the first signal there stays graceful, so the one line is the
+    lost peer's, with what was kept; a second one interrupts, with what was kept too (it used
+    to end in a bare `interrupted by SIGTERM`)."""
+    from ddpd.training.distributed import PeerLost
+    from ddpd.training.trainer import Trainer
+
+    def lose_a_peer(self, *args, **kwargs):
+        raise PeerLost(RuntimeError("Connection closed by peer. More advice"))
+
+    close = Trainer.close
+
+    def close_under_signals(self, wait=True):
+        for _ in range(signals):
+            os.kill(os.getpid(), signal.SIGTERM)
+        close(self, wait=wait)
+
+    monkeypatch.setattr(Trainer, "train", lose_a_peer)
+    monkeypatch.setattr(Trainer, "close", close_under_signals)
+    code, _, err = run_cli(capsys, "planner", "--data", corpus, "--out", tmp_path / "p", "--steps", 4, *TINY_CLI)
+    assert err.count("\n") == 1, err
+    if signals == 1:
+        assert code == 1 and err.startswith("ddpd-train: error: another process of the group failed or was killed "
+                                            "(Connection closed by peer)"), err
+    else:
+        assert code == 128 + signal.SIGTERM and err.startswith("ddpd-train: interrupted by SIGTERM"), err
+    assert err.rstrip().endswith("; no checkpoint was written"), err
+
+
 def _torchrun_training(corpus, out, *extra, **popen):
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
                "ddpd.cli.train", "planner", "--data", corpus, "--out", str(out), "--eval-every", "5", *TINY_CLI, *extra]

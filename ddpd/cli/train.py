@@ -151,6 +151,14 @@ def _conflict_message(err) -> str:
             "run as it was")
 
 
+def _kept(trainer, config) -> str:
+    """What an interrupted or failed run leaves: the detail of its one line."""
+    saved = trainer._saved_step
+    if saved is None:
+        return "; no checkpoint was written"
+    return f"; the checkpoint of step {saved} in {config.out} is intact; continue with: {_resume_command(trainer)}"
+
+
 def run(args: argparse.Namespace, state: dict) -> int:
     from ddpd.cli.common import Interrupted
     from ddpd.models import count_parameters
@@ -176,13 +184,16 @@ def run(args: argparse.Namespace, state: dict) -> int:
         trainer.train()
         finished = True
     except (Interrupted, PeerLost) as stop:
-        saved = trainer._saved_step
-        stop.detail = (f"; the checkpoint of step {saved} in {config.out} is intact; continue with: "
-                       f"{_resume_command(trainer)}" if saved is not None else "; no checkpoint was written")
+        stop.detail = _kept(trainer, config)
         raise
     finally:
-        state.pop("trainer", None)
-        trainer.close(wait=finished)  # after a failure the other processes may never reach a barrier
+        try:  # with the trainer still in state, a first signal while closing stays graceful
+            trainer.close(wait=finished)  # after a failure the other processes may never reach a barrier
+        except Interrupted as stop:  # a second one (torchrun's SIGTERM after a peer was lost, say)
+            stop.detail = _kept(trainer, config)
+            raise
+        finally:
+            state.pop("trainer", None)
     if trainer.stop_reason is not None:
         if trainer.dist.is_main:
             print(f"ddpd-train: interrupted by {trainer.stop_reason} at step {trainer.step} of {config.steps}; "
