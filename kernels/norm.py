@@ -13,6 +13,13 @@ from ddpd.kernels.rotary import from_input, to_output
 
 
 @triton.jit
+def inverse_deviation(variance, eps):
+    """1 / sqrt(variance + eps); NaN where the squares overflowed float32 (values spread beyond
+    about 1e19), as in the reference, not the 0 that would return the bias silently."""
+    return tl.where(variance == float("inf"), float("nan"), tl.rsqrt(variance + eps))
+
+
+@triton.jit
 def norm_kernel(x_ptr, weight_ptr, bias_ptr, shift_ptr, scale_ptr, out_ptr, rows, length, width, eps,
                 stride_x, stride_shift, stride_scale, BLOCK_ROWS: tl.constexpr, BLOCK_W: tl.constexpr,
                 RMS: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, MODULATED: tl.constexpr,
@@ -23,10 +30,15 @@ def norm_kernel(x_ptr, weight_ptr, bias_ptr, shift_ptr, scale_ptr, out_ptr, rows
     live = (row < rows)[:, None] & live_cols[None, :]
     x = from_input(tl.load(x_ptr + row[:, None] * stride_x + cols[None, :], mask=live, other=0.0), BF16)
     if RMS:
-        normed = x * tl.rsqrt(tl.sum(x * x, axis=1) / width + eps)[:, None]
+        normed = x * inverse_deviation(tl.sum(x * x, axis=1) / width, eps)[:, None]
     else:  # two passes over the registers: the variance of the centred row, no cancellation
-        centred = tl.where(live, x - (tl.sum(x, axis=1) / width)[:, None], 0.0)
-        normed = centred * tl.rsqrt(tl.sum(centred * centred, axis=1) / width + eps)[:, None]
+        # centred on the row's first value first: a constant row is then exactly 0 whatever its
+        # float32 sum rounds to (else every value would keep the mean's rounding error, the
+        # variance its square, and the output +-weight + bias instead of bias)
+        pivot = from_input(tl.load(x_ptr + row * stride_x, mask=row < rows, other=0.0), BF16)
+        pivoted = tl.where(live, x - pivot[:, None], 0.0)
+        centred = tl.where(live, pivoted - (tl.sum(pivoted, axis=1) / width)[:, None], 0.0)
+        normed = centred * inverse_deviation(tl.sum(centred * centred, axis=1) / width, eps)[:, None]
     if HAS_WEIGHT:
         normed = normed * tl.load(weight_ptr + cols, mask=live_cols, other=0.0).to(tl.float32)[None, :]
     if HAS_BIAS:

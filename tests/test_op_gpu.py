@@ -201,6 +201,9 @@ def test_rotary_cuda_is_the_reference_bit_for_bit(dtype):
     q = qkv.permute(2, 0, 3, 1, 4)[0]
     table = RotaryEmbedding(64, 512).cuda()
     assert torch.equal(rotary(q, table.cos, table.sin), rotary_reference(q, table.cos, table.sin))
+    stacked = torch.stack([q, q.flip(0)])  # vmap's tensors run the reference
+    assert torch.equal(torch.func.vmap(lambda t: rotary(t, table.cos, table.sin))(stacked),
+                       torch.stack([rotary_reference(t, table.cos, table.sin) for t in stacked]))
     layer = SelfAttention(256, 4, 300, causal=False).cuda().to(dtype).eval()
     x = torch.randn(2, 300, 256, device="cuda").to(dtype)
     with torch.inference_mode():
@@ -226,6 +229,8 @@ def test_norm_cuda_agrees_with_the_reference(dtype):
         want = norm_reference(x, weight, bias, rms=rms, shift=shift, scale=scale)
         assert ((got.float() - want.float()).abs() <= torch.finfo(dtype).eps * want.float().abs().clamp_min(1)).all()
         assert (got != want).float().mean() < (0.05 if dtype != torch.float32 else 0.5)
+    batched = torch.func.vmap(lambda t: norm(t, weight, bias))(x[:, :4])  # vmap's tensors run the reference
+    assert torch.equal(batched, torch.stack([norm_reference(t, weight, bias) for t in x[:, :4]]))
     config = TransformerConfig(vocab_size=30, out_dim=30, d_model=256, n_layers=1, n_heads=4, max_seq_len=64,
                                time_conditioned=True)
     block = Block(config).cuda().to(dtype).eval()

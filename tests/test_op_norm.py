@@ -79,6 +79,31 @@ def test_strided_rows_and_parameters_without_affine():
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the interpreter's numpy
+@pytest.mark.parametrize("value,width,dtype", [(12345.678, 3, torch.float32), (1e15, 5, torch.float32),
+                                               (-10.3359375, 16383, torch.float16), (3.0, 40, torch.bfloat16)])
+def test_constant_rows_normalise_to_the_bias(value, width, dtype):
+    """Whatever the row's float32 sum rounds to (12345.678 * 3 is not exact): the mean's
+    rounding error must not become a variance. With eps = 0 a constant row is NaN, as in
+    the reference."""
+    x = torch.full((2, width), value, dtype=dtype)
+    bias = torch.randn(width)
+    assert torch.equal(norm_triton(x, torch.randn(width), bias, 1e-5), bias.to(dtype).expand(2, width))
+    assert torch.equal(norm_triton(x, None, None, 1e-5, rms=False), torch.zeros(2, width, dtype=dtype))
+    assert norm_triton(x, None, None, 0.0).isnan().all() and norm_reference(x, None, None, 0.0).isnan().all()
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # the interpreter's numpy, on purpose
+def test_rows_whose_squares_overflow_are_nan_as_in_the_reference():
+    """A spread beyond about 1e19 overflows the float32 variance: NaN, not the bias a zero
+    inverse deviation would give silently."""
+    x = torch.tensor([[1.7e38, -2.8e38, 0.0, 1.0], [1.0, 2.0, 3.0, 4.0]])
+    bias = torch.ones(4)
+    got, want = norm_triton(x, None, bias, 1e-5), norm_reference(x, None, bias, 1e-5)
+    assert got[0].isnan().all() and want[0].isnan().all()
+    assert torch.allclose(got[1], want[1])
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the interpreter's numpy
 def test_special_rows():
     """A constant row normalises to the bias (no NaN from its zero variance); inf or NaN in
     a row makes that row NaN and leaves its neighbours alone; rows of large values (whose
@@ -161,6 +186,28 @@ def test_an_empty_batch():
     x = torch.zeros(0, 4, 8)
     assert norm_triton(x, None, None, 1e-5, shift=torch.zeros(0, 8), scale=torch.zeros(0, 8)).shape == (0, 4, 8)
     assert norm(x).shape == (0, 4, 8)
+
+
+def test_outputs_are_contiguous_as_the_fake_kernel_says():
+    """x with contiguous channels but permuted rows: every path returns a contiguous tensor
+    (the fake kernel's strides, which torch.compile's inductor relies on)."""
+    x = torch.randn(6, 2, 8).transpose(0, 1)
+    for rms in (False, True):
+        torch.library.opcheck(torch.ops.ddpd.norm.default, (x, None, None, None, None, 1e-5, rms))
+        assert norm(x, rms=rms).is_contiguous() and norm_triton(x, None, None, 1e-5, rms=rms).is_contiguous()
+
+
+def test_vmap_runs_the_reference():
+    """A kernel cannot read vmap's batched tensors: the op runs its reference under torch.func
+    transforms (on CUDA too), slice by slice the same values."""
+    from ddpd.ops import _dispatch
+
+    x, weight, bias, _, _ = inputs((3, 2, 4, 8), torch.float32)
+    seen = []
+    torch.func.vmap(lambda t: seen.append(_dispatch.transformed(t)) or t)(x)
+    assert seen == [True] and not _dispatch.transformed(x, None)
+    batched = torch.func.vmap(lambda t: norm(t, weight, bias))(x)
+    assert torch.equal(batched, torch.stack([norm_reference(t, weight, bias) for t in x]))
 
 
 def test_opcheck_and_compile():

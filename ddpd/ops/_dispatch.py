@@ -111,6 +111,12 @@ def cpu_kernel(name: str):
     return kernel
 
 
+def transformed(*tensors: Optional[torch.Tensor]) -> bool:
+    """Whether a torch.func transform (vmap, grad, ...) wraps one of the tensors: a kernel
+    cannot read such a tensor's storage, its torch reference can."""
+    return any(t is not None and torch._C._functorch.is_functorch_wrapped_tensor(t) for t in tensors)
+
+
 def refuse_transforms(op: str, *tensors) -> None:
     """ValueError when a torch.func transform (vmap, grad, ...) wraps an input: under vmap
     every slice would be row 0 of its own batch and draw from the same row streams (a
@@ -118,9 +124,8 @@ def refuse_transforms(op: str, *tensors) -> None:
     tensor. (torch.compile traces no functorch wrappers: nothing to check there.)"""
     if torch.compiler.is_compiling():
         return
-    for t in tensors:
-        if isinstance(t, torch.Tensor) and torch._C._functorch.is_functorch_wrapped_tensor(t):
-            raise ValueError(
-                f"ddpd.ops.{op} does not run under torch.func transforms (vmap, grad): under vmap every slice "
-                "would draw from the same row streams. Pass the batch as rows instead (sample_categorical and "
-                "sample_from_hidden take any leading shape; give distinct row_ids for distinct streams)")
+    if transformed(*(t for t in tensors if isinstance(t, torch.Tensor))):
+        raise ValueError(
+            f"ddpd.ops.{op} does not run under torch.func transforms (vmap, grad): under vmap every slice "
+            "would draw from the same row streams. Pass the batch as rows instead (sample_categorical and "
+            "sample_from_hidden take any leading shape; give distinct row_ids for distinct streams)")
