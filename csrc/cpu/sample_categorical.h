@@ -224,10 +224,28 @@ inline LaneF exp_nonpositive(LaneF y) {
   return n > -126 ? p * scale : LaneF{};
 }
 
+inline bool any_lane(LaneI mask) {
+  int32_t any = 0;
+  for (int64_t l = 0; l < kLanes; ++l) any |= mask[l];
+  return any != 0;
+}
+
+// Whether any of x[0, kSkip) is above `floor`: one test for a run of logits that a scan
+// turns away together (most of a row, past a top-k threshold).
+constexpr int64_t kSkip = 4 * kLanes;
+
+inline bool any_above(const float* x, float floor) {
+  const LaneF f = LaneF{} + floor;
+  return any_lane((load_lanes(x) > f) | (load_lanes(x + kLanes) > f) | (load_lanes(x + 2 * kLanes) > f) |
+                  (load_lanes(x + 3 * kLanes) > f));
+}
+
 // Lane-wise shift(v, m, t) (see shift above) for a scalar maximum m.
 inline LaneF shift_lanes(LaneF v, float m, float t) {
   const LaneF zero = {}, neg_inf = zero + kNegInf;
-  LaneF y = (v - m) / t;  // NaN at inf - inf is replaced just below
+  // NaN at inf - inf is replaced just below. At t = 1 the division, exact there and the
+  // dearest operation of the loops that call this, is left out (loop-invariant: -O3 unswitches).
+  LaneF y = t == 1.0f ? v - m : (v - m) / t;
   y = v == m ? zero : y;
   return v == neg_inf ? neg_inf : y;
 }
@@ -452,6 +470,13 @@ inline bool kth_largest(const float* x, int64_t vocab, int64_t k, std::vector<fl
   int64_t budget = k + vocab / 16;
   heap.clear();
   for (int64_t j = 0; j < vocab; ++j) {
+    // Once the heap is full, 4 kLanes logits at a time are turned away together when none
+    // passes its smallest (most of a row).
+    if (static_cast<int64_t>(heap.size()) == k && j % kSkip == 0 && j + kSkip <= vocab &&
+        !any_above(x + j, heap.front())) {
+      j += kSkip - 1;
+      continue;
+    }
     const float v = x[j];
     if (!(v > kNegInf) || (static_cast<int64_t>(heap.size()) == k && !(v > heap.front()))) continue;
     if (--budget < 0) return false;
@@ -483,9 +508,24 @@ inline float truncation_threshold(const float* x, int64_t vocab, float t, int64_
                                   ThresholdScratch& s) {
   float row_max = kNegInf;
   int64_t allowed = 0;
-  for (int64_t j = 0; j < vocab; ++j) {
-    row_max = x[j] > row_max ? x[j] : row_max;
-    allowed += x[j] > kNegInf;
+  {  // kLanes at a time (a float maximum does not vectorise by itself without -ffast-math)
+    const LaneF neg_inf = LaneF{} + kNegInf;
+    LaneF lane_max = neg_inf;
+    LaneI lane_allowed = {};
+    int64_t j = 0;
+    for (; j + kLanes <= vocab; j += kLanes) {
+      const LaneF v = load_lanes(x + j);
+      lane_max = v > lane_max ? v : lane_max;
+      lane_allowed -= v > neg_inf;  // a true lane is -1
+    }
+    for (int64_t l = 0; l < kLanes; ++l) {
+      row_max = lane_max[l] > row_max ? lane_max[l] : row_max;
+      allowed += lane_allowed[l];
+    }
+    for (; j < vocab; ++j) {
+      row_max = x[j] > row_max ? x[j] : row_max;
+      allowed += x[j] > kNegInf;
+    }
   }
   if (allowed == 0) return kNegInf;
   float tau = kNegInf;
@@ -505,7 +545,12 @@ inline float truncation_threshold(const float* x, int64_t vocab, float t, int64_
     // softmax weights, and Z summed in that order.
     s.kept.clear();
     s.keys.clear();
+    const float below_tau = std::nextafter(tau, kNegInf);  // x >= tau is x > below_tau (tau > -inf)
     for (int64_t j = 0; j < vocab; ++j) {
+      if (tau > kNegInf && j % kSkip == 0 && j + kSkip <= vocab && !any_above(x + j, below_tau)) {
+        j += kSkip - 1;
+        continue;
+      }
       if (x[j] > kNegInf && x[j] >= tau) {
         s.kept.push_back(x[j]);
         s.keys.push_back(ordered_key(x[j]));
