@@ -83,7 +83,10 @@ def eager(*tensors: Optional[torch.Tensor]) -> bool:
     if (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack()
             or (torch._C._is_torch_function_mode_enabled() and not _only_device_modes()) or torch._C._is_tracing()):
         return False
-    return all(t is None or type(t) is torch.Tensor for t in tensors)
+    for t in tensors:  # a plain loop: a generator costs a microsecond here
+        if t is not None and type(t) is not torch.Tensor:
+            return False
+    return True
 
 
 def _only_device_modes() -> bool:
@@ -111,10 +114,14 @@ def cpu_kernel(name: str):
     return kernel
 
 
-def transformed(*tensors: Optional[torch.Tensor]) -> bool:
-    """Whether a torch.func transform (vmap, grad, ...) wraps one of the tensors: a kernel
-    cannot read such a tensor's storage, its torch reference can."""
-    return any(t is not None and torch._C._functorch.is_functorch_wrapped_tensor(t) for t in tensors)
+def transformed(*values) -> bool:
+    """Whether a torch.func transform (vmap, grad, ...) wraps one of the values that are
+    tensors: a kernel cannot read such a tensor's storage, its torch reference can. (A plain
+    loop: every sampling call pays for this one, and a generator costs a microsecond.)"""
+    for t in values:
+        if isinstance(t, torch.Tensor) and torch._C._functorch.is_functorch_wrapped_tensor(t):
+            return True
+    return False
 
 
 def refuse_transforms(op: str, *tensors) -> None:
@@ -124,8 +131,8 @@ def refuse_transforms(op: str, *tensors) -> None:
     tensor. (torch.compile traces no functorch wrappers: nothing to check there.)"""
     if torch.compiler.is_compiling():
         return
-    if transformed(*(t for t in tensors if isinstance(t, torch.Tensor))):
+    if transformed(*tensors):
         raise ValueError(
-            f"ddpd.ops.{op} does not run under torch.func transforms (vmap, grad): under vmap every slice "
-            "would draw from the same row streams. Pass the batch as rows instead (sample_categorical and "
-            "sample_from_hidden take any leading shape; give distinct row_ids for distinct streams)")
+                f"ddpd.ops.{op} does not run under torch.func transforms (vmap, grad): under vmap every slice "
+                "would draw from the same row streams. Pass the batch as rows instead (sample_categorical and "
+                "sample_from_hidden take any leading shape; give distinct row_ids for distinct streams)")

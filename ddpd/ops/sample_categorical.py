@@ -197,6 +197,9 @@ INTS = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
 def check_controls(temperature, top_k, top_p, min_p, lead: tuple, like: torch.Tensor) -> Controls:
     """Validate the sampling controls (numbers, or tensors of the leading shape)."""
+    if type(temperature) is float and 0.0 < temperature <= MAX_TEMPERATURE and top_k is None and top_p is None \
+            and min_p is None:
+        return Controls(temperature=temperature)  # the usual call, checked in one line (host cost)
     c = {}
     if isinstance(temperature, torch.Tensor):
         t = per_row_tensor("temperature", temperature, lead, like, FLOATS)
