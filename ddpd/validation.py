@@ -64,7 +64,7 @@ def check_tensor(name: str, value, dtypes: Sequence[torch.dtype], dim: Optional[
         raise TypeError(f"{name} must have dtype in ({names}), got {value.dtype}")
     if dim is not None and value.dim() != dim:
         raise ValueError(f"{name} must be {dim}-D, got shape {tuple(value.shape)}")
-    if value.device.type not in ("cpu", "cuda"):
+    if not (value.is_cpu or value.is_cuda):  # (device.type builds a device: 4x the time)
         raise ValueError(f"{name} must be on a cpu or cuda device, got {value.device}")
     if value.layout != torch.strided:  # the kernels read dense memory
         raise TypeError(f"{name} must be a dense tensor, got layout {value.layout}")

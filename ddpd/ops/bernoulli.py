@@ -70,7 +70,7 @@ def bernoulli_triton(p, noise, seed, offset, row_ids, seed_t, offset_t):
 
 def _bernoulli_impl(p, noise, seed, offset, row_ids, seed_t, offset_t):
     """The kernels behind the op (arguments validated): Triton on CUDA, C++ on CPU."""
-    if p.device.type == "cuda":
+    if p.is_cuda:
         return bernoulli_triton(p, noise, seed, offset, row_ids, seed_t, offset_t)
     return _dispatch.cpu_kernel("bernoulli_cpu")(p.contiguous(), noise, seed, offset, row_ids, seed_t, offset_t)
 

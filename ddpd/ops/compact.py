@@ -182,7 +182,7 @@ def _check_scatter(index, packed, out) -> list[tuple[torch.Tensor, torch.Tensor]
             raise ValueError(f"packed[{i}] and out[{i}] must be on {index.device} like index")
     # On CUDA this check would wait for the device, under tracing guard on data: there the
     # kernel skips an index past out when it runs.
-    if index.device.type == "cpu" and index.numel() > 0 and _dispatch.eager(index):
+    if index.is_cpu and index.numel() > 0 and _dispatch.eager(index):
         high = int(index.max())
         rows = min(o.shape[0] for _, o in pairs) if pairs else high + 1
         if high >= rows:

@@ -90,7 +90,7 @@ def check_uniforms(name: str, uniforms, shape: tuple, like: torch.Tensor) -> tor
         raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(uniforms.shape)}")
     if uniforms.device != like.device:
         raise ValueError(f"{name} must be on {like.device} like the weights, got {uniforms.device}")
-    if uniforms.device.type == "cpu" and uniforms.numel() > 0 and _dispatch.eager(uniforms):
+    if uniforms.is_cpu and uniforms.numel() > 0 and _dispatch.eager(uniforms):
         low, high = float(uniforms.min()), float(uniforms.max())
         if not (0.0 <= low and high < 1.0):
             raise ValueError(f"{name} must lie in [0, 1), got values in [{low}, {high}]")

@@ -132,7 +132,7 @@ def _needs_grad(*tensors: Optional[torch.Tensor]) -> bool:
 def _norm_impl(x, weight, bias, shift, scale, eps, rms):
     """The kernel on CUDA where Triton imports (it is no dependency of ddpd), else the reference
     (under vmap too); a contiguous tensor either way, as the fake kernel says."""
-    if (x.device.type == "cuda" and x.shape[-1] <= MAX_KERNEL_WIDTH and _dispatch.triton_available()
+    if (x.is_cuda and x.shape[-1] <= MAX_KERNEL_WIDTH and _dispatch.triton_available()
             and not _dispatch.transformed(x, weight, bias, shift, scale)):
         return norm_triton(x, weight, bias, eps, rms=rms, shift=shift, scale=scale)
     return norm_reference(x, weight, bias, eps, rms=rms, shift=shift, scale=scale).contiguous()

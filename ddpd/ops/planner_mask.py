@@ -39,7 +39,7 @@ def check_positions(positions, logits) -> None:
 
 def check_position_values(positions: Optional[torch.Tensor], length: int) -> None:
     """Range check of positions; CPU only, where it costs no device sync."""
-    if positions is None or positions.device.type != "cpu" or positions.numel() == 0:
+    if positions is None or not positions.is_cpu or positions.numel() == 0:
         return
     low, high = int(positions.min()), int(positions.max())
     if low < 0 or high >= length:
@@ -103,7 +103,7 @@ def planner_mask_triton(logits, x, positions, mask_id, noise, counters, row_ids)
 def _planner_mask_impl(logits, x, positions, mask_id, noise, seed, offset, row_ids, seed_t, offset_t):
     """The kernels behind the op (arguments validated): Triton on CUDA, C++ on CPU,
     which also range-checks the positions."""
-    if logits.device.type == "cuda":
+    if logits.is_cuda:
         return planner_mask_triton(logits, x, positions, mask_id, noise, (seed, offset, seed_t, offset_t), row_ids)
     if positions is not None:
         positions = positions.contiguous()

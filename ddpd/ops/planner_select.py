@@ -298,7 +298,7 @@ def planner_select_triton(logits, k, softmax, tau, eps, noise, counters, row_ids
 
 def _planner_select_impl(logits, k, softmax, tau, eps, noise, seed, offset, row_ids, seed_t, offset_t):
     """The kernels behind the op (arguments validated): Triton on CUDA, C++ on CPU."""
-    if logits.device.type == "cuda":
+    if logits.is_cuda:
         return planner_select_triton(logits, k, softmax, tau, eps, noise, (seed, offset, seed_t, offset_t), row_ids)
     kernel = _dispatch.cpu_kernel("planner_select_cpu")
     return kernel(logits.contiguous(), k, softmax, tau, eps, noise, seed, offset, row_ids, seed_t, offset_t)
@@ -331,7 +331,7 @@ def _(logits, k, softmax, tau, eps, noise, seed, offset, row_ids, seed_t, offset
 def _planner_select_mask_impl(logits, x, mask_id, k, softmax, tau, eps, noise, mask_noise, seed, offset,
                               mask_offset, row_ids, seed_t, offset_t, mask_offset_t):
     """The kernels behind the op (arguments validated): Triton on CUDA, C++ on CPU."""
-    if logits.device.type == "cuda":
+    if logits.is_cuda:
         return planner_select_triton(logits, k, softmax, tau, eps, noise, (seed, offset, seed_t, offset_t), row_ids,
                                      mask=(x, mask_id, mask_noise, (mask_offset, mask_offset_t)))
     kernel = _dispatch.cpu_kernel("planner_select_mask_cpu")

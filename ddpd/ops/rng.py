@@ -81,7 +81,7 @@ def row_key(seed, rows: torch.Tensor) -> tuple:
     row_hi = (rows >> 32) & _MASK32
     # One extra evaluation per row (not per column). Skipped where no row needs it,
     # when that costs no host sync (CPU tensors): most callers have small row ids.
-    if rows.device.type == "cpu" and not bool(row_hi.any()):
+    if rows.is_cpu and not bool(row_hi.any()):
         return seed_lo, seed_hi
     ones = torch.full_like(row_hi, _MASK32)
     d0, d1, _, _ = philox4x32(row_hi, ones, ones, ones, seed_lo, seed_hi)
@@ -188,7 +188,7 @@ def check_noise_values(noise: Optional[torch.Tensor], name: str = "noise") -> No
     as the C++ kernels do."""
     if noise is not None and noise.dtype != torch.float32:
         raise TypeError(f"{name} must have dtype torch.float32, got {noise.dtype}")
-    if noise is None or noise.device.type != "cpu" or noise.numel() == 0:
+    if noise is None or not noise.is_cpu or noise.numel() == 0:
         return
     bad = ~((noise > 0) & (noise <= 1))
     if bool(bad.any()):

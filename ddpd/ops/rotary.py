@@ -79,7 +79,7 @@ def _needs_grad(*tensors: torch.Tensor) -> bool:
 def _rotary_impl(x, cos, sin):
     """The kernel on CUDA where Triton imports (it is no dependency of ddpd), else the reference
     (under vmap too)."""
-    if x.device.type == "cuda" and _dispatch.triton_available() and not _dispatch.transformed(x, cos, sin):
+    if x.is_cuda and _dispatch.triton_available() and not _dispatch.transformed(x, cos, sin):
         return rotary_triton(x, cos, sin)
     return rotary_reference(x, cos, sin)
 

@@ -186,7 +186,7 @@ def per_row_tensor(name: str, value: torch.Tensor, lead: tuple, like: torch.Tens
 def check_values(name: str, value: torch.Tensor, ok: torch.Tensor, expected: str) -> None:
     """Range check of a per-row control: on CPU tensors in eager calls only (elsewhere it
     would wait for the device or guard on data)."""
-    if value.device.type == "cpu" and value.numel() and _dispatch.eager(value) and not bool(ok.all()):
+    if value.is_cpu and value.numel() and _dispatch.eager(value) and not bool(ok.all()):
         bad = value[~ok][0].item()
         raise ValueError(f"{name} values must be {expected}, got {bad}")
 
@@ -300,7 +300,7 @@ def check_confidence(return_logprob, confidence) -> tuple[bool, int]:
 
 def check_id_values(name: str, ids: Optional[torch.Tensor], vocab_size: int) -> None:
     """The range check the C++ kernels make, for the references (CPU tensors only)."""
-    if ids is None or ids.device.type != "cpu" or ids.numel() == 0:
+    if ids is None or not ids.is_cpu or ids.numel() == 0:
         return
     bad = (ids < 0) | (ids >= vocab_size)
     if bool(bad.any()):
@@ -678,7 +678,7 @@ def sample_categorical_triton(logits, temperature, temperature_t, exclude_ids, e
 def _sample_categorical_impl(logits, *args):
     """The kernels behind the op (arguments validated; the op's schema): Triton on CUDA,
     C++ on CPU, which also range-checks the ids and the explicit noise."""
-    if logits.device.type == "cuda":
+    if logits.is_cuda:
         return sample_categorical_triton(logits, *args)
     return _dispatch.cpu_kernel("sample_categorical_cpu")(logits.contiguous(), *args)
 

@@ -164,7 +164,7 @@ def head_launch(rows: int, width: int, vocab: int, element_size: int, multiproce
 def dot_in_float32(hidden: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether the head's tl.dot runs on float32 operands: float32 inputs, mixed inputs,
     or the interpreter (no bf16 arithmetic there)."""
-    return hidden.device.type != "cuda" or weight.dtype == torch.float32 or hidden.dtype != weight.dtype
+    return not hidden.is_cuda or weight.dtype == torch.float32 or hidden.dtype != weight.dtype
 
 
 def sample_from_hidden_triton(hidden, weight, bias, temperature, temperature_t, exclude_ids, exclude_per_row, allowed,
@@ -204,7 +204,7 @@ def sample_from_hidden_triton(hidden, weight, bias, temperature, temperature_t, 
 def _sample_from_hidden_impl(hidden, weight, *args):
     """The kernels behind the op (arguments validated; the op's schema): Triton on CUDA,
     C++ on CPU, which also range-checks the ids and the explicit noise."""
-    if hidden.device.type == "cuda":
+    if hidden.is_cuda:
         return sample_from_hidden_triton(hidden, weight, *args)
     return _dispatch.cpu_kernel("sample_from_hidden_cpu")(hidden, weight, *args)
 
@@ -261,7 +261,7 @@ def _head_logits_impl(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional
     """float32 logits [N, V] = hidden @ weight^T + bias: on CUDA the GEMM of the fused
     kernel (head_logits_kernel), on CPU float32 matmuls over HEAD_CHUNK rows of the
     weight at a time (a 16-bit weight is never copied whole)."""
-    if hidden.device.type == "cuda":
+    if hidden.is_cuda:
         return head_logits_triton(hidden, weight, bias)
     vocab = weight.shape[0]
     out = torch.empty(hidden.shape[0], vocab, dtype=torch.float32, device=hidden.device)
@@ -315,7 +315,8 @@ def sample_from_hidden(
     # A draw has no gradient; detaching lets callers pass a live nn.Linear's
     # parameters (requires_grad) outside torch.no_grad().
     h = call.rows(hidden)
-    weight, bias = weight.detach(), None if bias is None else bias.detach()
+    weight = weight.detach() if weight.requires_grad else weight
+    bias = bias.detach() if bias is not None and bias.requires_grad else bias
     eager = _dispatch.eager(h, weight, bias, *call.tensors())
     if call.controls.truncates:
         logits = (_head_logits_impl if eager else _head_logits_op)(h, weight, bias)
