@@ -9,8 +9,10 @@ ddpd.ops.sample_categorical draws from the logits, noise for noise, with the sam
 controls and outputs: the same two-level Gumbel-max over tiles of TILE = 256 tokens,
 the same uniforms (column j for token j, column V + t for tile t). The logits are
 computed a chunk of tiles at a time (CPU: a BLAS matmul into an N x 4096 buffer;
-CUDA: a GEMM on the tensor cores per row block and vocabulary split, head_launch)
-and reduced on the fly to a few numbers per tile; the CPU computes the winning tile's
+CUDA: a GEMM on the tensor cores per row block and vocabulary split, head_launch:
+bf16 / fp16 operands with float32 accumulation, float32 operands as three TF32
+products, about 22 of float32's 24 bits a product) and reduced on the fly to a few
+numbers per tile; the CPU computes the winning tile's
 logits again, the CUDA kernels keep every tile's candidate token instead (the weight
 is read once). A truncation threshold (top_k, top_p, min_p) needs a whole row: those
 calls compute the float32 logits [N, V] (head_logits) and draw them with
