@@ -86,8 +86,9 @@ SHAPES = {
                      (4096, 27, FP32), (64, LLAMA3, BF16)],
         hidden=[(64, 768, GPT2, BF16), (256, 768, GPT2, BF16), (64, 4096, LLAMA3, BF16), (64, 256, GPT2, FP32)],
         # head launch configurations timed at 64 x 4096 x Llama-3, the one-read-of-W target's hardest (on an
-        # H200, 2026-11-27, head_launch's choice was the fastest at H = 768, at 64 and 256 rows)
-        hidden_configs=[(64, 4096, LLAMA3, BF16)],
+        # H200, 2026-11-27, head_launch's choice was the fastest at H = 768, at 64 and 256 rows), and with
+        # float32 operands, since multiplied as three TF32 products (tf32x3)
+        hidden_configs=[(64, 4096, LLAMA3, BF16), (64, 256, GPT2, FP32)],
         categorical_configs=[(64, GPT2, BF16), (1024, GPT2, BF16)],
         planner=[(64, 1024)],  # rows, length
         step=[(64, 1024, GPT2, 256), (8, 1024, GPT2, 256)],  # B, D, V, H
