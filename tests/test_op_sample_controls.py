@@ -499,7 +499,7 @@ def test_top_k_by_the_heap_and_by_radix_selection_agree_with_the_reference(top_k
     logits enter it, as in ascending order) and by radix selection otherwise: both keep
     every logit tied with it, as the reference does. Integer logits: ties everywhere, at
     the k-th too. The Triton path searches among the logits at or above the k-th largest
-    maximum of 141 groups of 64 (k <= 141), or, when more than 4096 are (the block of 4500
+    maximum of 141 groups of 64 (k <= 141), or, when more than 2048 are (the block of 4500
     ties) or k > 141, over the whole row."""
     g = torch.Generator().manual_seed(top_k)
     logits = torch.randint(-20, 20, (6, 9000), generator=g).float()
@@ -523,7 +523,7 @@ def test_the_threshold_kernel_bounds_top_k_by_group_maxima():
     kernels = _dispatch.kernels("sample_categorical")
     vocab, k = 5000, 9
     group, n_groups, capacity = threshold_launch(vocab)
-    assert (group, n_groups, capacity) == (64, 79, 4096)
+    assert (group, n_groups, capacity) == (64, 79, 2048)
     logits = torch.randn(3, vocab, generator=torch.Generator().manual_seed(5))
     logits[1, 100:4300] = 7.0  # 4200 ties at the top: more than the candidates' room
     logits[2, ::2] = float("nan")  # read as -inf
@@ -543,4 +543,4 @@ def test_the_threshold_kernel_bounds_top_k_by_group_maxima():
         candidates = masked[row][masked[row] >= bound]
         assert k <= len(candidates) < 10 * k
         assert torch.equal(scratch[row, n_groups:n_groups + len(candidates)], candidates)
-    assert torch.equal(scratch[1, n_groups:], torch.full((capacity,), 7.0))  # the first 4096 of the 4200 ties
+    assert torch.equal(scratch[1, n_groups:], torch.full((capacity,), 7.0))  # the first 2048 of the 4200 ties

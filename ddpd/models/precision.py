@@ -8,9 +8,9 @@
 gradients and casts its weights to the dtype, except the parameters of its norms
 (ddpd's LayerNorm and RMSNorm stay float32); the rotary tables stay float32 by
 themselves. Inside the trunk, norm statistics (with the adaLN modulation), rotary
-embeddings and the time features are computed in float32 and attention runs a FlashAttention kernel on CUDA
-(its softmax accumulates in float32, see ddpd.models.attention); matmuls run in the
-dtype. `forward` returns float32 logits, so the sampler's own arithmetic (time
+embeddings and the time features are computed in float32 and attention runs a
+FlashAttention kernel on CUDA (its softmax accumulates in float32, see
+ddpd.models.attention); matmuls run in the dtype. `forward` returns float32 logits, so the sampler's own arithmetic (time
 estimates, Gumbel keys, planner probabilities) stays float32; `hidden` returns the
 dtype, which `ddpd.ops.sample_from_hidden` takes together with the cast head.
 

@@ -109,8 +109,9 @@ THRESHOLD_WARPS = 8
 # top-k's bound: the row's logits in groups (at least GROUP_MIN, at most MAX_GROUPS groups);
 # the k-th largest group maximum is at most the k-th largest logit, and the logits at or
 # above it (typically a few times k) are copied out, up to CANDIDATES of them, so that
-# the search passes read those instead of the row
-GROUP_MIN, MAX_GROUPS, CANDIDATES = 64, 2048, 4096
+# the search passes read those instead of the row (a scratch of 11-16 KiB a row, beside
+# 100-250 KiB of bf16 logits at GPT-2's and Llama 3's vocabularies)
+GROUP_MIN, MAX_GROUPS, CANDIDATES = 64, 2048, 2048
 
 
 def n_tiles(vocab_size: int) -> int:
