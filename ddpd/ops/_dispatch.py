@@ -114,6 +114,12 @@ def cpu_kernel(name: str):
     return kernel
 
 
+def needs_grad(*tensors: Optional[torch.Tensor]) -> bool:
+    """Whether an output computed from these tensors needs a gradient: the networks' own
+    kernels (rotary, norm) have no backward, their torch references do."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
 def transformed(*values) -> bool:
     """Whether a torch.func transform (vmap, grad, ...) wraps one of the values that are
     tensors: a kernel cannot read such a tensor's storage, its torch reference can. (A plain

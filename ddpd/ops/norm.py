@@ -125,10 +125,6 @@ def norm_triton(x: torch.Tensor, weight: Optional[torch.Tensor] = None, bias: Op
     return out
 
 
-def _needs_grad(*tensors: Optional[torch.Tensor]) -> bool:
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
-
-
 def _norm_impl(x, weight, bias, shift, scale, eps, rms):
     """The kernel on CUDA where Triton imports (it is no dependency of ddpd), else the reference
     (under vmap too); a contiguous tensor either way, as the fake kernel says."""
@@ -145,7 +141,7 @@ def normalize(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[to
     (the networks' LayerNorm and RMSNorm): the kernel where norm would run it, the reference
     where a gradient is needed and inside torch.compile (which fuses the torch code itself,
     where the custom op would be opaque to it)."""
-    if torch.compiler.is_compiling() or _needs_grad(x, weight, bias, shift, scale):
+    if torch.compiler.is_compiling() or _dispatch.needs_grad(x, weight, bias, shift, scale):
         return norm_reference(x, weight, bias, eps, rms=rms, shift=shift, scale=scale)
     return _norm_impl(x, weight, bias, shift, scale, eps, rms)
 
@@ -171,7 +167,7 @@ def norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, bias: Optional[
     Returns a new tensor of x's shape and dtype; differentiable (through the reference) when
     a gradient is needed."""
     check_norm(x, weight, bias, eps, rms, shift, scale)
-    if _needs_grad(x, weight, bias, shift, scale):
+    if _dispatch.needs_grad(x, weight, bias, shift, scale):
         return norm_reference(x, weight, bias, eps, rms=rms, shift=shift, scale=scale)
     run = _norm_impl if _dispatch.eager(x, weight, bias, shift, scale) else _norm_op
     return run(x, weight, bias, shift, scale, float(eps), rms)

@@ -72,10 +72,6 @@ def rotary_triton(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torc
     return out
 
 
-def _needs_grad(*tensors: torch.Tensor) -> bool:
-    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
-
-
 def _rotary_impl(x, cos, sin):
     """The kernel on CUDA where Triton imports (it is no dependency of ddpd), else the reference
     (under vmap too)."""
@@ -89,7 +85,7 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     construction (the networks' RotaryEmbedding): the kernel where rotary would run it,
     the reference where a gradient is needed and inside torch.compile (which fuses the
     torch code itself, where the custom op would be opaque to it)."""
-    if torch.compiler.is_compiling() or _needs_grad(x, cos, sin):
+    if torch.compiler.is_compiling() or _dispatch.needs_grad(x, cos, sin):
         return rotary_reference(x, cos, sin)
     return _rotary_impl(x, cos, sin)
 
@@ -109,7 +105,7 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     docstring's law, with cos and sin float32 [L' >= L, d/2]. Returns a new contiguous
     tensor of x's dtype; differentiable (through the reference) when a gradient is needed."""
     check_rotary(x, cos, sin)
-    if _needs_grad(x, cos, sin):
+    if _dispatch.needs_grad(x, cos, sin):
         return rotary_reference(x, cos, sin)
     run = _rotary_impl if _dispatch.eager(x, cos, sin) else _rotary_op
     return run(x, cos, sin)
