@@ -10,9 +10,10 @@ gradients and casts its weights to the dtype, except the parameters of its norms
 themselves. Inside the trunk, norm statistics (with the adaLN modulation), rotary
 embeddings and the time features are computed in float32 and attention runs a
 FlashAttention kernel on CUDA (its softmax accumulates in float32, see
-ddpd.models.attention); matmuls run in the dtype. `forward` returns float32 logits, so the sampler's own arithmetic (time
-estimates, Gumbel keys, planner probabilities) stays float32; `hidden` returns the
-dtype, which `ddpd.ops.sample_from_hidden` takes together with the cast head.
+ddpd.models.attention); matmuls run in the dtype. `forward` returns float32 logits,
+so the sampler's own arithmetic (time estimates, Gumbel keys, planner probabilities)
+stays float32; `hidden` returns the dtype, which `ddpd.ops.sample_from_hidden` takes
+together with the cast head.
 
 `compile_for_sampling` then torch.compiles the network's `forward` and `hidden` (the
 trunk the fused samplers call): on a GPU, Inductor fuses the trunk's many small kernels
