@@ -214,9 +214,10 @@ def test_rotary_cuda_is_the_reference_bit_for_bit(dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_norm_cuda_agrees_with_the_reference(dtype):
-    """The compiled kernel against torch's norm and elementwise kernels on the same GPU: within
-    one unit of the dtype's last place, bit for bit for nearly every value; and a conditioned
-    block takes it when it samples (and adds its gated residuals with one kernel each)."""
+    """The compiled kernel against torch's norm and elementwise kernels on the same GPU: 16-bit
+    outputs within one unit of the last place (bit for bit for nearly every value), float32
+    ones within the reordered sums' error; and a conditioned block takes it when it samples
+    (and adds its gated residuals with one kernel each)."""
     from ddpd.models.backbone import Block
     from ddpd.models.config import TransformerConfig
     from ddpd.ops import norm, norm_reference  # (a name ending in _triton would skip this test on a GPU)
@@ -227,8 +228,10 @@ def test_norm_cuda_agrees_with_the_reference(dtype):
     for rms in (False, True):
         got = norm(x, weight, bias, rms=rms, shift=shift, scale=scale)
         want = norm_reference(x, weight, bias, rms=rms, shift=shift, scale=scale)
-        assert ((got.float() - want.float()).abs() <= torch.finfo(dtype).eps * want.float().abs().clamp_min(1)).all()
-        assert (got != want).float().mean() < (0.05 if dtype != torch.float32 else 0.5)
+        tolerance = (64 if dtype == torch.float32 else 1) * torch.finfo(dtype).eps * want.float().abs().clamp_min(1)
+        assert ((got.float() - want.float()).abs() <= tolerance).all()
+        if dtype != torch.float32:  # one rounding of nearly the same float32 (whose last bits may all differ)
+            assert (got != want).float().mean() < 0.05
     batched = torch.func.vmap(lambda t: norm(t, weight, bias))(x[:, :4])  # vmap's tensors run the reference
     assert torch.equal(batched, torch.stack([norm_reference(t, weight, bias) for t in x[:, :4]]))
     config = TransformerConfig(vocab_size=30, out_dim=30, d_model=256, n_layers=1, n_heads=4, max_seq_len=64,
