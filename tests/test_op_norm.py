@@ -94,13 +94,14 @@ def test_constant_rows_normalise_to_the_bias(value, width, dtype):
 
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # the interpreter's numpy, on purpose
 def test_rows_whose_squares_overflow_are_nan_as_in_the_reference():
-    """A spread beyond about 1e19 overflows the float32 variance: NaN, not the bias a zero
-    inverse deviation would give silently."""
+    """A spread beyond about 1e19 overflows the float32 variance (or mean square): NaN, in the
+    kernel and the reference, not the bias a zero inverse deviation would give silently."""
     x = torch.tensor([[1.7e38, -2.8e38, 0.0, 1.0], [1.0, 2.0, 3.0, 4.0]])
     bias = torch.ones(4)
-    got, want = norm_triton(x, None, bias, 1e-5), norm_reference(x, None, bias, 1e-5)
-    assert got[0].isnan().all() and want[0].isnan().all()
-    assert torch.allclose(got[1], want[1])
+    for rms in (False, True):
+        got, want = norm_triton(x, None, bias, 1e-5, rms=rms), norm_reference(x, None, bias, 1e-5, rms=rms)
+        assert got[0].isnan().all() and want[0].isnan().all()
+        assert torch.allclose(got[1], want[1])
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the interpreter's numpy

@@ -21,6 +21,7 @@ the one rounding to x's dtype, not bit for bit.
 """
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -40,7 +41,9 @@ def norm_reference(x: torch.Tensor, weight: Optional[torch.Tensor] = None, bias:
     of nn.LayerNorm (or the usual RMSNorm) followed by x * (1 + scale) + shift."""
     x32 = x.float()
     if rms:
-        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+        mean_square = x32.pow(2).mean(-1, keepdim=True)
+        # squares past float32's range: NaN, as layer_norm gives, not x * 0 (the bias, silently)
+        normed = x32 * torch.rsqrt(mean_square + eps).masked_fill(mean_square == math.inf, math.nan)
         if weight is not None:
             normed = normed * weight.float()
         if bias is not None:
