@@ -34,6 +34,7 @@ import triton.language as tl
 from ddpd.kernels.rng import COUNTER_WORDS, gumbel, load_counters, load_row_id, row_uniform
 
 N_BUCKETS = tl.constexpr(16)  # ranges per pass of the threshold search
+N_CUTS = tl.constexpr(8)  # top-p's candidate cuts (top_p_cut)
 # A tile's statistics are one record of float32 fields, at stats_ptr + (row * n_tiles +
 # tile) * RECORD: one buffer and one pointer per call, whatever the fields asked for.
 TILE_MAX, TILE_MASS, TILE_SECOND, TILE_ENT = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2), tl.constexpr(3)
@@ -382,13 +383,16 @@ def search_key(values_ptr, row, stride, limit, exclude_ptr, n_exclude, exclude_r
 
 @triton.jit
 def compact(logits_ptr, row, V, exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr, floor, out_ptr, capacity,
-            SCAN_BLOCK: tl.constexpr):
-    """Write the row's logits >= floor (masks applied) in index order to out_ptr[0, capacity)
-    (the first capacity of them); return how many there are."""
+            row_max, t, cut, SCAN_BLOCK: tl.constexpr, CUT: tl.constexpr = False):
+    """Write the row's logits >= floor (masks applied; CUT: and with shift(x, row_max) >= cut)
+    in index order to out_ptr[0, capacity) (the first capacity of them); return how many
+    there are."""
     count = tl.full([], 0, tl.int32)
     for start in range(0, V, SCAN_BLOCK):
         offs = start + tl.arange(0, SCAN_BLOCK)
         x = masked_logits(logits_ptr, row, offs, V, V, exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr, floor)
+        if CUT:
+            x = tl.where(shift(x, row_max, t) >= cut, x, float("-inf"))
         keep = (x > float("-inf")).to(tl.int32)
         position = count + tl.cumsum(keep, axis=0) - 1
         tl.store(out_ptr + position, x, mask=(keep != 0) & (position < capacity))
@@ -407,9 +411,43 @@ def top_p_threshold(values_ptr, row, stride, limit, exclude_ptr, n_exclude, excl
         x = masked_logits(values_ptr, row, offs, stride, limit, exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr,
                           tau)
         z += tl.sum(tl.exp(shift(x, row_max, t)), axis=0).to(tl.float64)
+    return top_p_search(values_ptr, row, stride, limit, exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr, tau,
+                        row_max, t, p.to(tl.float64) * z, lowest, top, BLOCK, NB)
+
+
+@triton.jit
+def top_p_search(values_ptr, row, stride, limit, exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr, tau, row_max,
+                 t, target, lowest, top, BLOCK: tl.constexpr, NB: tl.constexpr):
+    """tau raised to the largest key whose upper set (among the values >= tau) holds target."""
     key = search_key(values_ptr, row, stride, limit, exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr, tau, row_max,
-                     t, p.to(tl.float64) * z, tl.maximum(ordered_key(tau), lowest), top, True, BLOCK, NB)
+                     t, target, tl.maximum(ordered_key(tau), lowest), top, True, BLOCK, NB)
     return tl.maximum(tau, key_value(key))
+
+
+@triton.jit
+def top_p_cut(logits_ptr, row, V, exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr, tau, row_max, t, p,
+              BLOCK: tl.constexpr):
+    """(p Z, cut): Z the mass of the row's values >= tau, and the largest of the cuts
+    -1, -1.5, -2, -3, -4, -6, -8, -12 whose upper set {shift(x, row_max) >= cut} holds
+    p Z with a margin of 1e-5 Z over the rounding of the sums (-inf where none does).
+    That set holds top-p's nucleus, typically a few times its size."""
+    i = tl.arange(0, N_CUTS)
+    cuts = -((2 + (i & 1)) << (i >> 1)).to(tl.float32) * 0.5
+    # float32 sums a lane, added up once at the end: no reduction across the program per block
+    # (the rounding, under 1e-6 of Z here, is what the margin is for)
+    z = tl.zeros([BLOCK], tl.float32)
+    mass = tl.zeros([BLOCK, N_CUTS], tl.float32)
+    for start in range(0, V, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        x = masked_logits(logits_ptr, row, offs, V, V, exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr, tau)
+        y = shift(x, row_max, t)
+        e = tl.exp(y)
+        z += e
+        mass += tl.where(y[:, None] >= cuts[None, :], e[:, None], 0.0)
+    total = tl.sum(z.to(tl.float64), axis=0)
+    held = tl.sum(mass.to(tl.float64), axis=0)
+    return p.to(tl.float64) * total, tl.max(tl.where(held >= (p.to(tl.float64) + 1e-5) * total, cuts,
+                                                     float("-inf")), axis=0)
 
 
 @triton.jit
@@ -452,7 +490,7 @@ def thresholds_kernel(
                 lo = search_key(groups_ptr, 0, 0, n_groups, exclude_ptr, 0, None, None, neg_inf, row_max, t,
                                 k.to(tl.float64), lowest, top, False, BLOCK, N_BUCKETS)
                 count = compact(logits_ptr, row, V, exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr,
-                                key_value(lo), candidates_ptr, capacity, SCAN_BLOCK)
+                                key_value(lo), candidates_ptr, capacity, row_max, t, neg_inf, SCAN_BLOCK)
             if (count >= 0) & (count <= capacity):
                 key = search_key(candidates_ptr, 0, 0, count, exclude_ptr, 0, None, None, neg_inf, row_max, t,
                                  k.to(tl.float64), lo, top, False, BLOCK, N_BUCKETS)
@@ -467,8 +505,20 @@ def thresholds_kernel(
                 tau = top_p_threshold(candidates_ptr, 0, 0, count, exclude_ptr, 0, None, None, tau, row_max, t, p,
                                       lowest, top, BLOCK, SCAN_BLOCK, N_BUCKETS)
             else:
-                tau = top_p_threshold(logits_ptr, row, V, V, exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr, tau,
-                                      row_max, t, p, lowest, top, BLOCK, SCAN_BLOCK, N_BUCKETS)
+                # the nucleus lies above the tightest cut whose upper set holds p Z: search those
+                # logits, copied out, when the scratch holds them, else the whole row
+                target, cut = top_p_cut(logits_ptr, row, V, exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr,
+                                        tau, row_max, t, p, BLOCK // 4)
+                count = capacity + 1
+                if (cut > neg_inf) & (capacity > 0):
+                    count = compact(logits_ptr, row, V, exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr, tau,
+                                    candidates_ptr, capacity, row_max, t, cut, SCAN_BLOCK, True)
+                if count <= capacity:
+                    tau = top_p_search(candidates_ptr, 0, 0, count, exclude_ptr, 0, None, None, tau, row_max, t,
+                                       target, lowest, top, BLOCK, N_BUCKETS)
+                else:
+                    tau = top_p_threshold(logits_ptr, row, V, V, exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr,
+                                          tau, row_max, t, p, lowest, top, BLOCK, SCAN_BLOCK, N_BUCKETS)
     if MIN_P:
         c = tl.cast(row_value(log_min_p, log_min_p_ptr, row), tl.float32)
         if c > neg_inf:

@@ -544,3 +544,46 @@ def test_the_threshold_kernel_bounds_top_k_by_group_maxima():
         assert k <= len(candidates) < 10 * k
         assert torch.equal(scratch[row, n_groups:n_groups + len(candidates)], candidates)
     assert torch.equal(scratch[1, n_groups:], torch.full((capacity,), 7.0))  # the first 2048 of the 4200 ties
+
+
+def test_the_threshold_kernel_cuts_top_p_to_candidates():
+    """White box: without top-k, the Triton threshold kernel finds the tightest of its cuts
+    (shift(x, M) >= -1, -1.5, ..., -12) whose upper set holds (p + 1e-5) Z, copies the logits
+    above it to the scratch row in index order and searches those; the thresholds are the
+    reference's. A flat row (every cut holds all 5000 logits, more than the scratch keeps),
+    and a row where no cut holds p Z with the margin, get theirs from the whole row."""
+    from ddpd.ops.sample_categorical import threshold_launch, truncation_threshold
+
+    kernels = _dispatch.kernels("sample_categorical")
+    vocab, t, p = 5000, 0.8, 0.9
+    _, _, capacity = threshold_launch(vocab)
+    g = torch.Generator().manual_seed(11)
+    logits = 3 * torch.randn(4, vocab, generator=g)
+    logits[1] = 7.0  # flat
+    logits[2, ::2] = float("nan")  # read as -inf
+    logits[3] = 0.0  # 3 logits of 10 and 4997 ties 12.5 below them (at t = 0.8): the cut at -12 holds
+    logits[3, :3] = 10.0  # 0.994 of the mass, no cut p Z with the margin, and the nucleus takes every tie
+    top_p = torch.tensor([p, p, p, 1 - 2**-24])
+    tau = torch.empty(4)
+    scratch = torch.full((4, capacity), float("nan"))
+    ids = _dispatch.device_ids((), logits.device)
+    kernels.thresholds_kernel[(4,)](logits, vocab, t, None, ids, 0, None, None, 0, None, 1.0, top_p, -math.inf, None,
+                                    tau, scratch, 0, capacity, TOP_K=False, TOP_P=True, MIN_P=False, BLOCK=1024,
+                                    SCAN_BLOCK=4096, GROUP=4096)
+    masked = torch.nan_to_num(logits, nan=-math.inf)
+    want = truncation_threshold(masked, torch.full((4,), t), torch.zeros(4, dtype=torch.long), top_p,
+                                torch.full((4,), -math.inf))
+    assert torch.equal(tau, want)
+    cuts = [-1, -1.5, -2, -3, -4, -6, -8, -12]
+    for row in (0, 2):
+        x = masked[row]
+        y = torch.where(x == x.max(), 0.0, (x - x.max()) / torch.tensor(t))
+        e = torch.exp(y).double()
+        mass = [float(e[y >= c].sum()) for c in cuts]
+        cut = next(c for c, m in zip(cuts, mass) if m >= (p + 1e-5) * float(e.sum()))
+        candidates = x[y >= cut]
+        assert len(candidates) < capacity and tau[row] >= candidates.min()  # the nucleus is among them
+        assert torch.equal(scratch[row, :len(candidates)], candidates)
+        assert scratch[row, len(candidates):].isnan().all()
+    assert torch.equal(scratch[1], torch.full((capacity,), 7.0))  # the first 2048 of the flat row
+    assert scratch[3].isnan().all()  # no cut: nothing copied

@@ -105,7 +105,8 @@ THRESHOLD_BLOCK = 1024  # logits per step of the Triton threshold search
 THRESHOLD_SCAN_BLOCK = 4096  # logits per step of its plain passes (maximum, masses, compaction)
 # 8 warps, 4 logits a thread: with its 32-bit keys the 16-bucket search then keeps every
 # value in registers on sm_90 under Triton 3.6 and 3.9 (with 4 warps it spills; with 16,
-# Triton 3.9 caps it at 64 registers and spills; tests/test_op_kernel_resources.py)
+# Triton 3.9 caps it at 64 registers and spills; with top-k, top-p and min-p together it
+# keeps 8 bytes on the stack; tests/test_op_kernel_resources.py)
 THRESHOLD_WARPS = 8
 # top-k's bound: the row's logits in groups (at least GROUP_MIN, at most MAX_GROUPS groups);
 # the k-th largest group maximum is at most the k-th largest logit, and the logits at or
@@ -654,8 +655,11 @@ def sample_categorical_triton(logits, temperature, temperature_t, exclude_ids, e
     tau = None
     if any(flags):
         tau = torch.empty(rows, dtype=torch.float32, device=device)
-        group, n_groups, capacity = threshold_launch(vocab) if flags[0] else (THRESHOLD_SCAN_BLOCK, 0, 0)
-        scratch = torch.empty(rows, n_groups + capacity, dtype=torch.float32, device=device) if n_groups else tau
+        group, n_groups, capacity = threshold_launch(vocab)
+        if not flags[0]:  # no group maxima; top-p's candidates alone, if top-p is asked
+            group, n_groups, capacity = THRESHOLD_SCAN_BLOCK, 0, capacity if flags[1] else 0
+        scratch = torch.empty(rows, n_groups + capacity, dtype=torch.float32, device=device) \
+            if n_groups + capacity else tau
         kernels.thresholds_kernel[(rows,)](logits, vocab, *temp, *masks, top_k, top_k_t, top_p, top_p_t,
                                            log_min_p, log_min_p_t, tau, scratch, n_groups, capacity,
                                            TOP_K=flags[0], TOP_P=flags[1], MIN_P=flags[2], BLOCK=THRESHOLD_BLOCK,

@@ -136,6 +136,9 @@ def head_logits_grid(launch: HeadLaunch, vocab: int) -> tuple:
     return (launch.tiles_grid[0] * n_tiles(vocab),)
 
 
+WIDE_H = 2048  # rows this wide take head_launch's large row blocks even when they are few
+
+
 @functools.lru_cache(maxsize=256)  # a per-call cost otherwise; a sampler calls it with few shapes
 def head_launch(rows: int, width: int, vocab: int, element_size: int, multiprocessors: int) -> HeadLaunch:
     """Rows in blocks of 16 with 4 warps up to 64 rows, else 32 with 8 warps unless that
@@ -151,10 +154,18 @@ def head_launch(rows: int, width: int, vocab: int, element_size: int, multiproce
     Philox draw per logit) runs while the other's loads are in flight; with 32 rows
     and 8 warps it takes all 255 registers, spills, and runs alone, stalling between
     tiles (tests/test_op_kernel_resources.py holds the first; the second was read the
-    same way when this was chosen, and GPU timings compare both)."""
+    same way when this was chosen, and GPU timings compare both). Two exceptions,
+    measured on an H200 (benchmarks/results/nvidia-h200-2026-11-27*.txt): rows of
+    WIDE_H or more 16-bit elements, where a tile's long sweep over H hides the spilled
+    epilogue and half as many row blocks read each W tile (64 x 4096 -> 128256: 450
+    against 485 us; at H = 768 99 against 97), and float32 operands, whose three TF32
+    products a slice want 8 warps (64 x 256 -> 50257: 107 against 123 us)."""
     tiles = n_tiles(vocab)
     few_rows = rows <= 64 or -(-rows // 32) * tiles < multiprocessors
-    block_n, num_warps = (16, 4) if few_rows else (32, 8)
+    if not few_rows or (element_size <= 2 and width >= WIDE_H):
+        block_n, num_warps = 32, 8
+    else:
+        block_n, num_warps = 16, 4 if element_size <= 2 else 8
     row_blocks = -(-rows // block_n)
     splits = max(1, min(tiles, -(-_dispatch.PROGRAMS_PER_SM * multiprocessors // row_blocks)))
     per_split = -(-tiles // splits)
