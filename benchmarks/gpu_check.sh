@@ -103,7 +103,11 @@ part() {
 
 check() {
     local failed=0
-    echo "# ddpd GPU check, $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+    local rev
+    rev=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+    # a copy of a working tree can carry an older .git: say when the files are not that commit's
+    git diff --quiet HEAD -- 2>/dev/null || rev="$rev, with files that differ from it"
+    echo "# ddpd GPU check, $(date -u '+%Y-%m-%d %H:%M UTC'), commit $rev"
     echo "# command: benchmarks/gpu_check.sh $ARGS, budget ${BUDGET} s, $(nproc) cores, $($PY --version 2>&1)"
     if ((!DRY_RUN)); then
         nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader 2>/dev/null |

@@ -14,7 +14,11 @@ a == b, -inf where a is -inf):
   k-th largest of the row's group maxima (groups of 64 logits or more) is at most the
   k-th largest logit, and the logits at or above it, a few times k for most rows,
   are copied to a scratch row; top-k's search, and top-p's after it, read those (the
-  whole row when there are more than the scratch holds, or fewer than k groups);
+  whole row when there are more than the scratch holds, or fewer than k groups).
+  Top-p without such candidates first finds the tightest of the cuts shift(x, M) >= -1,
+  -2, ..., -16 whose upper set holds p Z (with a margin for rounding), in one pass with
+  Z, and searches the logits above it, copied out likewise (the whole row when no cut
+  holds p Z or more logits than the scratch holds are above it);
 - tile_stats_kernel, grid (rows, splits): each program takes a run of tiles and
   writes, per tile, m_t and s_t = log sum_j exp(y_j), y_j = shift(l_j, m_t), and on
   request the second largest value and a_t = sum_j exp(y_j) y_j;
@@ -34,7 +38,7 @@ import triton.language as tl
 from ddpd.kernels.rng import COUNTER_WORDS, gumbel, load_counters, load_row_id, row_uniform
 
 N_BUCKETS = tl.constexpr(16)  # ranges per pass of the threshold search
-N_CUTS = tl.constexpr(8)  # top-p's candidate cuts (top_p_cut)
+N_CUTS = tl.constexpr(16)  # top-p's candidate cuts (top_p_cut)
 # A tile's statistics are one record of float32 fields, at stats_ptr + (row * n_tiles +
 # tile) * RECORD: one buffer and one pointer per call, whatever the fields asked for.
 TILE_MAX, TILE_MASS, TILE_SECOND, TILE_ENT = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2), tl.constexpr(3)
@@ -428,11 +432,13 @@ def top_p_search(values_ptr, row, stride, limit, exclude_ptr, n_exclude, exclude
 def top_p_cut(logits_ptr, row, V, exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr, tau, row_max, t, p,
               BLOCK: tl.constexpr):
     """(p Z, cut): Z the mass of the row's values >= tau, and the largest of the cuts
-    -1, -1.5, -2, -3, -4, -6, -8, -12 whose upper set {shift(x, row_max) >= cut} holds
-    p Z with a margin of 1e-5 Z over the rounding of the sums (-inf where none does).
-    That set holds top-p's nucleus, typically a few times its size."""
-    i = tl.arange(0, N_CUTS)
-    cuts = -((2 + (i & 1)) << (i >> 1)).to(tl.float32) * 0.5
+    -1, -2, ..., -N_CUTS whose upper set {shift(x, row_max) >= cut} holds p Z with a
+    margin of 1e-5 Z over the rounding of the sums (-inf where none does). That set holds
+    top-p's nucleus; one unit of log-weight apart, the cuts keep it to a few times the
+    nucleus's size. (Eight coarser cuts, up to -12, left rows of random logits whose
+    nucleus needed the -12 cut with more logits than the scratch holds, and such a row
+    searched its whole row after the cut's pass and copy: slower than before.)"""
+    cuts = -(tl.arange(0, N_CUTS) + 1).to(tl.float32)
     # float32 sums a lane, added up once at the end: no reduction across the program per block
     # (the rounding, under 1e-6 of Z here, is what the margin is for)
     z = tl.zeros([BLOCK], tl.float32)

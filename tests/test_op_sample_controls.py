@@ -499,8 +499,9 @@ def test_top_k_by_the_heap_and_by_radix_selection_agree_with_the_reference(top_k
     logits enter it, as in ascending order) and by radix selection otherwise: both keep
     every logit tied with it, as the reference does. Integer logits: ties everywhere, at
     the k-th too. The Triton path searches among the logits at or above the k-th largest
-    maximum of 141 groups of 64 (k <= 141), or, when more than 2048 are (the block of 4500
-    ties) or k > 141, over the whole row."""
+    maximum of 141 groups of 64 (k <= 141), or, when more than the scratch row holds are
+    (2048, or 8192 with top-p: the block of 4500 ties falls on either side) or k > 141, over
+    the whole row."""
     g = torch.Generator().manual_seed(top_k)
     logits = torch.randint(-20, 20, (6, 9000), generator=g).float()
     logits[1, ::3] = float("-inf")  # fewer allowed than k at the largest k
@@ -548,21 +549,21 @@ def test_the_threshold_kernel_bounds_top_k_by_group_maxima():
 
 def test_the_threshold_kernel_cuts_top_p_to_candidates():
     """White box: without top-k, the Triton threshold kernel finds the tightest of its cuts
-    (shift(x, M) >= -1, -1.5, ..., -12) whose upper set holds (p + 1e-5) Z, copies the logits
+    (shift(x, M) >= -1, -2, ..., -16) whose upper set holds (p + 1e-5) Z, copies the logits
     above it to the scratch row in index order and searches those; the thresholds are the
-    reference's. A flat row (every cut holds all 5000 logits, more than the scratch keeps),
+    reference's. A flat row (every cut holds all 9000 logits, more than the scratch keeps),
     and a row where no cut holds p Z with the margin, get theirs from the whole row."""
-    from ddpd.ops.sample_categorical import threshold_launch, truncation_threshold
+    from ddpd.ops.sample_categorical import TOP_P_CANDIDATES, truncation_threshold
 
     kernels = _dispatch.kernels("sample_categorical")
-    vocab, t, p = 5000, 0.8, 0.9
-    _, _, capacity = threshold_launch(vocab)
+    vocab, t, p = 9000, 0.8, 0.9
+    capacity = TOP_P_CANDIDATES
     g = torch.Generator().manual_seed(11)
     logits = 3 * torch.randn(4, vocab, generator=g)
     logits[1] = 7.0  # flat
     logits[2, ::2] = float("nan")  # read as -inf
-    logits[3] = 0.0  # 3 logits of 10 and 4997 ties 12.5 below them (at t = 0.8): the cut at -12 holds
-    logits[3, :3] = 10.0  # 0.994 of the mass, no cut p Z with the margin, and the nucleus takes every tie
+    logits[3] = 0.0  # 3 logits of 16 and 8997 ties 20 below them (at t = 0.8): every cut holds 1 - 6e-6
+    logits[3, :3] = 16.0  # of the mass, less than (p + 1e-5) Z, and the nucleus takes every tie
     top_p = torch.tensor([p, p, p, 1 - 2**-24])
     tau = torch.empty(4)
     scratch = torch.full((4, capacity), float("nan"))
@@ -574,7 +575,7 @@ def test_the_threshold_kernel_cuts_top_p_to_candidates():
     want = truncation_threshold(masked, torch.full((4,), t), torch.zeros(4, dtype=torch.long), top_p,
                                 torch.full((4,), -math.inf))
     assert torch.equal(tau, want)
-    cuts = [-1, -1.5, -2, -3, -4, -6, -8, -12]
+    cuts = [-c for c in range(1, 17)]
     for row in (0, 2):
         x = masked[row]
         y = torch.where(x == x.max(), 0.0, (x - x.max()) / torch.tensor(t))
@@ -585,5 +586,5 @@ def test_the_threshold_kernel_cuts_top_p_to_candidates():
         assert len(candidates) < capacity and tau[row] >= candidates.min()  # the nucleus is among them
         assert torch.equal(scratch[row, :len(candidates)], candidates)
         assert scratch[row, len(candidates):].isnan().all()
-    assert torch.equal(scratch[1], torch.full((capacity,), 7.0))  # the first 2048 of the flat row
+    assert torch.equal(scratch[1], torch.full((capacity,), 7.0))  # the first 8192 of the flat row
     assert scratch[3].isnan().all()  # no cut: nothing copied

@@ -114,6 +114,9 @@ THRESHOLD_WARPS = 8
 # the search passes read those instead of the row (a scratch of 11-16 KiB a row, beside
 # 100-250 KiB of bf16 logits at GPT-2's and Llama 3's vocabularies)
 GROUP_MIN, MAX_GROUPS, CANDIDATES = 64, 2048, 2048
+# top-p's candidates, the logits above the tightest cut of kernels.sample_categorical.top_p_cut
+# (its nucleus, often hundreds of random logits, and the cut's margin): room for more
+TOP_P_CANDIDATES = 8192
 
 
 def n_tiles(vocab_size: int) -> int:
@@ -656,6 +659,8 @@ def sample_categorical_triton(logits, temperature, temperature_t, exclude_ids, e
     if any(flags):
         tau = torch.empty(rows, dtype=torch.float32, device=device)
         group, n_groups, capacity = threshold_launch(vocab)
+        if flags[1]:  # top-p searches candidates too: more of them (its nucleus, and the cut's margin)
+            capacity = max(capacity, min(TOP_P_CANDIDATES, vocab))
         if not flags[0]:  # no group maxima; top-p's candidates alone, if top-p is asked
             group, n_groups, capacity = THRESHOLD_SCAN_BLOCK, 0, capacity if flags[1] else 0
         scratch = torch.empty(rows, n_groups + capacity, dtype=torch.float32, device=device) \
