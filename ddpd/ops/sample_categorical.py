@@ -115,7 +115,8 @@ THRESHOLD_WARPS = 8
 # 100-250 KiB of bf16 logits at GPT-2's and Llama 3's vocabularies)
 GROUP_MIN, MAX_GROUPS, CANDIDATES = 64, 2048, 2048
 # top-p's candidates, the logits above the tightest cut of kernels.sample_categorical.top_p_cut
-# (its nucleus, often hundreds of random logits, and the cut's margin): room for more
+# (its nucleus, often hundreds of random logits, and the cut's margin): room for more (32 KiB
+# a row of scratch)
 TOP_P_CANDIDATES = 8192
 
 
