@@ -659,11 +659,9 @@ def sample_categorical_triton(logits, temperature, temperature_t, exclude_ids, e
     tau = None
     if any(flags):
         tau = torch.empty(rows, dtype=torch.float32, device=device)
-        group, n_groups, capacity = threshold_launch(vocab)
-        if flags[1]:  # top-p searches candidates too: more of them (its nucleus, and the cut's margin)
+        group, n_groups, capacity = threshold_launch(vocab) if flags[0] else (THRESHOLD_SCAN_BLOCK, 0, 0)
+        if flags[1]:  # top-p copies its candidates out too, and wants more room
             capacity = max(capacity, min(TOP_P_CANDIDATES, vocab))
-        if not flags[0]:  # no group maxima; top-p's candidates alone, if top-p is asked
-            group, n_groups, capacity = THRESHOLD_SCAN_BLOCK, 0, capacity if flags[1] else 0
         scratch = torch.empty(rows, n_groups + capacity, dtype=torch.float32, device=device) \
             if n_groups + capacity else tau
         kernels.thresholds_kernel[(rows,)](logits, vocab, *temp, *masks, top_k, top_k_t, top_p, top_p_t,
