@@ -19,7 +19,10 @@
 #     (reference, fused float32, fused bfloat16, the default fused run with CUDA
 #     graphs), the kernels of a fused step, and a GPT-2-size pair's fused step against
 #     its networks; last, the default run with torch.compile'd networks (batches 64
-#     and 512).
+#     and 512);
+#  5. kernel profile: benchmarks/kernel_profile.py --ncu, one call each of the draws whose
+#     time the timings leave unexplained, under Nsight Compute (memory throughput,
+#     occupancy, warp stalls), where ncu is installed.
 # The build and Triton compile checks (tests/test_ext_build.py,
 # tests/test_op_triton_compile.py) run in CI, not here.
 # Each part runs under `timeout` inside a total budget of DDPD_GPU_BUDGET_S seconds
@@ -34,10 +37,10 @@
 # would also put the CUDA tests in the interpreter; CI runs them.
 #
 # `--only PARTS` runs the build and then only the named parts (a comma list of tests,
-# timings, host, sampling), for a rerun that fits what is left of a device lease; the
+# timings, host, sampling, profile), for a rerun that fits what is left of a device lease; the
 # results file's second line records the command.
 # `benchmarks/gpu_check.sh --dry-run` needs no GPU: it prints the commands of steps
-# 1-2 and runs steps 3-4 on CPU tensors of tiny shapes with a wall-clock timer and
+# 1-2 and runs steps 3-5 on CPU tensors of tiny shapes with a wall-clock timer and
 # no time limits (tests/test_gpu_check_script.py runs it in CI), writing to
 # ${TMPDIR:-/tmp}/ddpd-gpu-check-dry-run.txt instead of a results file.
 set -uo pipefail
@@ -46,8 +49,8 @@ PY=${PYTHON:-python3}
 BUDGET=${DDPD_GPU_BUDGET_S:-480}
 export PYTHONUNBUFFERED=1
 DRY_RUN=0
-ONLY=tests,timings,host,sampling
-USAGE="usage: $0 [--dry-run] [--only tests,timings,host,sampling]"
+ONLY=tests,timings,host,sampling,profile
+USAGE="usage: $0 [--dry-run] [--only tests,timings,host,sampling,profile]"
 ARGS="$*"
 while [ $# -gt 0 ]; do
     case $1 in
@@ -58,7 +61,7 @@ while [ $# -gt 0 ]; do
         --dry-run) DRY_RUN=1 ;;
         --only)
             ONLY=${2:-}
-            if [[ ! $ONLY =~ ^(tests|timings|host|sampling)(,(tests|timings|host|sampling))*$ ]]; then
+            if [[ ! $ONLY =~ ^(tests|timings|host|sampling|profile)(,(tests|timings|host|sampling|profile))*$ ]]; then
                 echo "$USAGE" >&2
                 exit 2
             fi
@@ -132,6 +135,9 @@ check() {
         --profile sample_categorical || failed=1; }
     wanted sampling && { part sampling 230 $PY benchmarks/gpu_sampling.py --compile ${mode[@]+"${mode[@]}"} ||
         failed=1; }
+    local profiler=(--ncu)
+    ((DRY_RUN)) && profiler=(--dry-run)
+    wanted profile && { part "kernel profile" 90 $PY benchmarks/kernel_profile.py "${profiler[@]}" || failed=1; }
     echo "# total $SECONDS s"
     return $failed
 }

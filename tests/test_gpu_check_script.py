@@ -16,8 +16,9 @@ def test_gpu_check_dry_run_runs_every_part(tmp_path):
     out = run.stdout + run.stderr
     assert run.returncode == 0, out[-4000:]
     report = (tmp_path / "ddpd-gpu-check-dry-run.txt").read_text()
-    for part in ("timings", "host cost", "sampling"):
+    for part in ("timings", "host cost", "sampling", "kernel profile"):
         assert f"## {part}: passed" in report, report[-4000:]
+    assert "called: sample_from_hidden" in report  # the profiled calls, made without a profiler
     for part in ("build", "extension", "gpu tests"):  # printed, not run, without a GPU
         assert f"## {part} (limit" in report
     assert "gpu_timings: 0 failed case(s)" in report
@@ -45,7 +46,7 @@ def test_gpu_check_only_runs_the_named_parts(tmp_path):
     report = (tmp_path / "ddpd-gpu-check-dry-run.txt").read_text()
     assert "## host cost: passed" in report and "## build (limit" in report
     assert "profile of sample_categorical" in report
-    for part in ("gpu tests", "timings", "sampling"):
+    for part in ("gpu tests", "timings", "sampling", "kernel profile"):
         assert f"## {part}" not in report
     bad = subprocess.run(["bash", script, "--only", "tests,everything"], cwd=ROOT, env=env, capture_output=True,
                          text=True, timeout=60)
