@@ -439,19 +439,20 @@ def top_p_cut(logits_ptr, row, V, exclude_ptr, n_exclude, exclude_row_ptr, allow
     nucleus needed the -12 cut with more logits than the scratch holds, and such a row
     searched its whole row after the cut's pass and copy: slower than before.)"""
     cuts = -(tl.arange(0, N_CUTS) + 1).to(tl.float32)
-    # float32 sums a lane, added up once at the end: no reduction across the program per block.
-    # A lane adds V / BLOCK values, so a sum is off by at most V / BLOCK * 2**-24 of itself:
-    # under the margin up to V = 429k for BLOCK = 256, and typically far less beyond
-    z = tl.zeros([BLOCK], tl.float32)
+    # Sums a lane, added up once at the end: no reduction across the program per block. Z in
+    # float64, as the law sums it; the cuts' masses in float32: a lane adds V / BLOCK values,
+    # so such a sum is off by at most V / BLOCK * 2**-24 of itself, under the margin up to
+    # V = 429k for BLOCK = 256, and typically far less beyond
+    z = tl.zeros([BLOCK], tl.float64)
     mass = tl.zeros([BLOCK, N_CUTS], tl.float32)
     for start in range(0, V, BLOCK):
         offs = start + tl.arange(0, BLOCK)
         x = masked_logits(logits_ptr, row, offs, V, V, exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr, tau)
         y = shift(x, row_max, t)
         e = tl.exp(y)
-        z += e
+        z += e.to(tl.float64)
         mass += tl.where(y[:, None] >= cuts[None, :], e[:, None], 0.0)
-    total = tl.sum(z.to(tl.float64), axis=0)
+    total = tl.sum(z, axis=0)
     held = tl.sum(mass.to(tl.float64), axis=0)
     return p.to(tl.float64) * total, tl.max(tl.where(held >= (p.to(tl.float64) + 1e-4) * total, cuts,
                                                      float("-inf")), axis=0)

@@ -20,7 +20,7 @@ float32's range rounds to 0 and leaves only the maxima), y_j = shift(l_j, M):
      sum, a token is kept when the mass of the tokens strictly above it is below
      p Z: the smallest upper set whose mass reaches p (ties kept together); off at
      p = 1. e_j is a float32 exp summed in float64 (the Triton kernel sums blocks of
-     values, or each lane's share of a row, in float32 first); a token whose
+     values in float32 first); a token whose
      cumulative mass lies within a few float32 ulps of p Z may fall on either side on
      different paths (exp and the order of the sums differ in C++, Triton and torch);
    - min_p (in [0, 1]): the tokens with y_j >= log(min_p) (p_j >= min_p p_max);
