@@ -1,6 +1,7 @@
 """What the package declares and ships: dependencies where they are needed, optional
 extras with one-line errors, the extension importable on its own, the shipped data."""
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -64,6 +65,47 @@ def test_import_ddpd_C_works_in_a_fresh_process():
     proc = subprocess.run([sys.executable, "-c", "import ddpd._C as c; print(c.with_cuda in (0, 1))"],
                           capture_output=True, text=True)
     assert proc.returncode == 0 and proc.stdout.strip() == "True", proc.stderr
+
+
+# A fresh process that takes a Ctrl-C while `import torch` runs (the import raises it here).
+_INTERRUPTED_IMPORT = """import builtins, sys
+sys.argv[0] = {argv0!r}
+imported = builtins.__import__
+def interrupted(name, *args, **kwargs):
+    if name == "torch":
+        raise KeyboardInterrupt
+    return imported(name, *args, **kwargs)
+builtins.__import__ = interrupted
+import ddpd
+"""
+
+
+@pytest.mark.parametrize("argv0, tool", [("/venv/bin/ddpd-sample", "ddpd-sample"), ("ddpd-train", "ddpd-train"),
+                                         ("-c", None)])
+def test_a_ctrl_c_while_torch_imports_ends_a_tool_in_one_line(argv0, tool):
+    """A tool's first seconds go to importing torch, before it handles signals itself: a
+    Ctrl-C then ends it with one line, not a traceback (and by SIGINT, as Python ends any
+    process on an uncaught KeyboardInterrupt); a process that is not a tool keeps Python's
+    traceback."""
+    proc = subprocess.run([sys.executable, "-c", _INTERRUPTED_IMPORT.format(argv0=argv0)], capture_output=True,
+                          text=True, timeout=HANG_GUARD_SECONDS)
+    assert proc.returncode in (-signal.SIGINT, 128 + signal.SIGINT), (proc.returncode, proc.stderr)
+    if tool:
+        assert proc.stderr == f"{tool}: interrupted\n", proc.stderr
+    else:
+        assert proc.stderr.startswith("Traceback") and proc.stderr.rstrip().endswith("KeyboardInterrupt")
+
+
+def test_the_tools_are_known_by_their_scripts_and_their_modules():
+    """python -m ddpd.cli.<tool> (how torchrun starts its workers) counts as the tool too."""
+    from ddpd._interrupts import tool_name
+
+    assert tool_name("/venv/bin/ddpd-eval", []) == "ddpd-eval"
+    assert tool_name("-m", ["python3", "-u", "-m", "ddpd.cli.train", "--steps", "1"]) == "ddpd-train"
+    assert tool_name("/repo/ddpd/cli/sample.py", ["python", "-m", "ddpd.cli.sample"]) == "ddpd-sample"
+    for argv0, orig in (("-c", ["python", "-c", "import ddpd"]), ("-m", ["python", "-m", "pytest"]),
+                        ("-m", ["python", "-m"]), ("", [])):
+        assert tool_name(argv0, orig) is None
 
 
 def test_shipped_data():

@@ -1,0 +1,43 @@
+"""One line, not a traceback, when Ctrl-C stops a ddpd tool before the tool's own signal
+handling starts: while torch and the tool's modules import, the first seconds of every
+run (ddpd.cli.common.run_tool handles the rest). Only in the processes of the tools
+(ddpd-sample, ddpd-train, ddpd-eval, or python -m ddpd.cli.<tool>): an uncaught
+KeyboardInterrupt there prints `<tool>: interrupted`, and Python still ends the process
+by SIGINT, as it does after a traceback. Other processes that import ddpd keep Python's
+traceback. Light: ddpd's __init__ installs it before importing torch."""
+from __future__ import annotations
+
+import os
+import sys
+
+TOOLS = {"ddpd-sample": "ddpd.cli.sample", "ddpd-train": "ddpd.cli.train", "ddpd-eval": "ddpd.cli.eval"}
+
+
+def tool_name(argv0: str, orig_argv: list) -> str | None:
+    """The tool a process runs: its console script's name in argv[0], or the module after
+    -m in the interpreter's command line (python -m ddpd.cli.sample, as torchrun starts
+    its workers); None for any other process."""
+    name = os.path.basename(argv0)
+    if name in TOOLS:
+        return name
+    for i, word in enumerate(orig_argv[:-1]):
+        if word == "-m":
+            return next((tool for tool, module in TOOLS.items() if orig_argv[i + 1] == module), None)
+    return None
+
+
+def install() -> None:
+    """In a tool's process, print an uncaught KeyboardInterrupt as one line."""
+    # sys.orig_argv: Python 3.10+; with 3.9 only the console scripts are recognised
+    name = tool_name(sys.argv[0] if sys.argv else "", getattr(sys, "orig_argv", []))
+    if name is None:
+        return
+    traceback = sys.excepthook
+
+    def one_line(kind, value, tb):
+        if issubclass(kind, KeyboardInterrupt):
+            print(f"{name}: interrupted", file=sys.stderr)
+        else:
+            traceback(kind, value, tb)
+
+    sys.excepthook = one_line
