@@ -109,7 +109,7 @@ check() {
     local rev
     rev=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
     # a copy of a working tree can carry an older .git: say when the files are not that commit's
-    git diff --quiet HEAD -- 2>/dev/null || rev="$rev, with files that differ from it"
+    [[ $rev != unknown ]] && ! git diff --quiet HEAD -- 2>/dev/null && rev="$rev, with files that differ from it"
     echo "# ddpd GPU check, $(date -u '+%Y-%m-%d %H:%M UTC'), commit $rev"
     echo "# command: benchmarks/gpu_check.sh $ARGS, budget ${BUDGET} s, $(nproc) cores, $($PY --version 2>&1)"
     if ((!DRY_RUN)); then
