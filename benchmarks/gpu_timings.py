@@ -30,6 +30,7 @@ Per op and shape, on the device:
 
     python benchmarks/gpu_timings.py            # CUDA
     python benchmarks/gpu_timings.py --dry-run  # checks this script without a GPU
+    python benchmarks/gpu_timings.py --only 'launch configurations'  # those sections only
 
 --dry-run runs the same code on CPU tensors of tiny shapes with a wall-clock
 timer (median of 3 calls after one warm-up; no graphs) and peak RSS growth: the
@@ -89,7 +90,8 @@ SHAPES = {
         # H200, 2026-11-27, head_launch's choice was the fastest at H = 768, at 64 and 256 rows), and with
         # float32 operands, since multiplied as three TF32 products (tf32x3)
         hidden_configs=[(64, 4096, LLAMA3, BF16), (64, 256, GPT2, FP32)],
-        categorical_configs=[(64, GPT2, BF16), (1024, GPT2, BF16)],
+        # 50304: GPT-2's vocabulary padded to a multiple of 64 (nanoGPT), rows 16-byte aligned
+        categorical_configs=[(64, GPT2, BF16), (1024, GPT2, BF16), (1024, 50304, BF16), (64, LLAMA3, BF16)],
         planner=[(64, 1024)],  # rows, length
         step=[(64, 1024, GPT2, 256), (8, 1024, GPT2, 256)],  # B, D, V, H
         # rows, categories, k, replacement: benchmarks/bench_multinomial.py's and larger
@@ -362,13 +364,18 @@ def time_head_configs(bench: Bench, rows: int, width: int, vocab: int, dtype: to
 
 def time_categorical_configs(bench: Bench, rows: int, vocab: int, dtype: torch.dtype) -> None:
     """Graph-replay time of sample_categorical under a few splits of its rows (programs
-    per multiprocessor) and chunks of tiles per load, to choose categorical_launch's on
+    per multiprocessor), chunks of tiles per load and warps a program, to choose categorical_launch's on
     this GPU (on CPU tensors the C++ path runs and the configurations change nothing)."""
     module = sys.modules["ddpd.ops.sample_categorical"]  # the package exports a function of that name
     logits = randn(rows, vocab, scale=3.0, seed=vocab, dtype=dtype, device=bench.device)
     default = module.categorical_launch
-    for per_sm, chunk in [(4, 4), (8, 4), (16, 4), (8, 8)]:
-        module.categorical_launch = lambda r, v, sms, per_sm=per_sm, chunk=chunk: default(r, v, sms, per_sm, chunk)
+    # one warp a program: a tile of 256 is then 8 values a lane, reduced within the warp; with
+    # four, rows that do not start 16-byte aligned (V = 50257 in bf16) spread each tile over
+    # the four warps, and every tile's two reductions pass through shared memory and barriers
+    for per_sm, chunk, warps in [(8, 4, 4), (8, 8, 4), (32, 2, 1), (64, 2, 1), (64, 1, 1), (128, 2, 1), (128, 1, 1),
+                                 (64, 4, 1), (32, 2, 2)]:
+        module.categorical_launch = lambda r, v, sms, per_sm=per_sm, chunk=chunk, warps=warps: default(
+            r, v, sms, per_sm, chunk, warps)
         try:
             fn = lambda: sample_categorical(logits, seed=1, offset=2)  # noqa: E731
             ms = bench.graph_ms(fn) or bench.median_ms(fn)
@@ -377,10 +384,10 @@ def time_categorical_configs(bench: Bench, rows: int, vocab: int, dtype: torch.d
         mark = ""
         if bench.cuda:
             sms = torch.cuda.get_device_properties(bench.device).multi_processor_count
-            if default(rows, vocab, sms) == default(rows, vocab, sms, per_sm, chunk):
+            if default(rows, vocab, sms) == default(rows, vocab, sms, per_sm, chunk, warps):
                 mark = " (categorical_launch's)"
-        print(f"  categorical config ({rows}, {vocab}) {str(dtype)[6:]} programs/SM={per_sm} tiles/load={chunk}: "
-              f"{ms * 1e3:8.1f} us{mark}")
+        print(f"  categorical config ({rows}, {vocab}) {str(dtype)[6:]} programs/SM={per_sm} tiles/load={chunk} "
+              f"warps={warps}: {ms * 1e3:8.1f} us{mark}")
 
 
 def time_planner_ops(bench: Bench, rows: int, length: int) -> None:
@@ -536,7 +543,11 @@ def describe(device: torch.device) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dry-run", action="store_true", help="tiny shapes on CPU tensors (checks the script only)")
-    dry_run = parser.parse_args().dry_run
+    parser.add_argument("--only", metavar="WORDS", default="",
+                        help="a comma list: run only the sections whose title contains one of them "
+                             "(e.g. 'launch configurations')")
+    args = parser.parse_args()
+    dry_run, only = args.dry_run, [word for word in args.only.split(",") if word]
     if not dry_run and not torch.cuda.is_available():
         print("gpu_timings: no CUDA device visible to torch (use --dry-run to check the script)", file=sys.stderr)
         return 2
@@ -560,6 +571,8 @@ def main() -> int:
         ("sample_categorical launch configurations", time_categorical_configs, shapes["categorical_configs"]),
     ]
     for title, fn, cases in plan:
+        if only and not any(word in title for word in only):
+            continue
         with section(title):
             for shape in cases:
                 with bench.case(f"{title} {shape}"):

@@ -577,12 +577,27 @@ def sample_categorical_reference(
 # ------------------------------------------------------------------------ fused op
 
 
+# The tile statistics' launch: programs of one warp, each reading 2 tiles at a time, 64 of
+# them per multiprocessor (more than fit at once: the grid runs in waves). In one warp a
+# tile of 256 is 8 values a lane and its maximum and mass are reduced within the warp;
+# with 4 warps, rows that do not start 16-byte aligned (V = 50257 in bf16) spread each
+# tile over the warps, and each tile's two reductions went through shared memory and
+# barriers (the 1024-row draw was compute-bound, kernel_profile: 74% of the SM's issue
+# against 19% of DRAM). Graph replay on an H200 (results/nvidia-h200-2026-11-27-6-launch-
+# sweeps.txt), this launch against the former (8 programs a multiprocessor of 4 warps, 4
+# tiles at a time): 1024 x 50257 bf16 76 against 127 us, 1024 x 50304 66 against 78,
+# 64 x 50257 13.8 against 17.1, 64 x 128256 19.3 against 21.8: the fastest tried at 64
+# rows; at 1024 rows 128 programs a multiprocessor were faster (72.5 and 63.4 us) but cost
+# 64 rows 17.0.
+STATS_PROGRAMS_PER_SM, STATS_TILES_PER_LOAD, STATS_WARPS = 64, 2, 1
+
+
 @dataclasses.dataclass(frozen=True)
 class CategoricalLaunch:
     """Grids of the Triton kernels for one call (ddpd.kernels.sample_categorical).
 
-    stats_grid (rows, splits): tile statistics, each program a run of tiles_per_split
-    tiles, tiles_per_chunk at a time; None for a single tile. finish_grid (rows,):
+    stats_grid (rows, splits): tile statistics, each program (stats_warps warps) a run of
+    tiles_per_split tiles, tiles_per_chunk at a time; None for a single tile. finish_grid (rows,):
     the tile race and the token draw, a few hundred values per row. (A truncating call
     first runs the threshold search, one program per row.)"""
     splits: int
@@ -590,21 +605,15 @@ class CategoricalLaunch:
     tiles_per_chunk: int
     stats_grid: Optional[tuple]
     finish_grid: tuple
-
-
-# Programs per multiprocessor of the tile statistics: twice the usual. A program has one
-# chunk of logits in flight at a time (Triton pipelines loads that feed a dot, not these),
-# so the bytes in flight, and with few rows the bandwidth, grow with the programs resident
-# (12 fit on an sm_90 multiprocessor at 40 registers).
-STATS_PROGRAMS_PER_SM = 2 * _dispatch.PROGRAMS_PER_SM
+    stats_warps: int = STATS_WARPS
 
 
 @functools.lru_cache(maxsize=256)  # a per-call cost otherwise; a sampler calls it with few shapes
 def categorical_launch(rows: int, vocab: int, multiprocessors: int, programs_per_sm: int = STATS_PROGRAMS_PER_SM,
-                       tiles_per_load: int = 4) -> CategoricalLaunch:
+                       tiles_per_load: int = STATS_TILES_PER_LOAD, warps: int = STATS_WARPS) -> CategoricalLaunch:
     """Split each row's tiles over enough programs for programs_per_sm per multiprocessor
     (a single row of GPT-2's vocabulary: one tile per program), whole rows when the rows
-    alone fill the device; each program reads up to tiles_per_load tiles at a time."""
+    alone fill the device; each program (warps warps) reads up to tiles_per_load tiles at a time."""
     tiles = n_tiles(vocab)
     if tiles == 1:
         return CategoricalLaunch(1, 1, 1, None, (rows,))
@@ -612,7 +621,7 @@ def categorical_launch(rows: int, vocab: int, multiprocessors: int, programs_per
     per_split = -(-tiles // splits)
     splits = -(-tiles // per_split)
     chunk = min(tiles_per_load, 1 << (per_split - 1).bit_length())
-    return CategoricalLaunch(splits, per_split, chunk, (rows, splits), (rows,))
+    return CategoricalLaunch(splits, per_split, chunk, (rows, splits), (rows,), warps)
 
 
 def empty_outputs(rows: int, device: torch.device, logprob: bool, confidence: int) -> tuple:
@@ -674,6 +683,7 @@ def sample_categorical_triton(logits, temperature, temperature_t, exclude_ids, e
         kernels.tile_stats_kernel[launch.stats_grid](
             logits, vocab, tiles, launch.tiles_per_split, *temp, *masks, tau, stats,
             TILE=TILE, TILES_PER_CHUNK=launch.tiles_per_chunk, SECOND=confidence == 2, ENTROPY=confidence == 3,
+            num_warps=launch.stats_warps,
         )
     kernels.finish_kernel[launch.finish_grid](
         logits, vocab, tiles, *temp, *masks, tau, noise, row_ids, *rng.split32(seed), *rng.split32(offset), seed_t,

@@ -146,7 +146,8 @@ def head_launch(rows: int, width: int, vocab: int, element_size: int, multiproce
     vocabulary split so that there are about PROGRAMS_PER_SM programs per
     multiprocessor; a W tile is read by every row block, which run side by side so
     the repeats hit L2. H slices of 64 (16-bit) or 32 (float32) elements, three
-    pipeline stages: at most 108 KB of shared memory.
+    pipeline stages (at most 108 KB of shared memory), four for rows of WIDE_H or more
+    16-bit elements (144 KB).
 
     Why 16 rows and 4 warps at few rows, where one read of W is the limit: compiled
     for sm_90 (cuobjdump), that kernel takes 202 registers a thread and no spills,
@@ -159,10 +160,13 @@ def head_launch(rows: int, width: int, vocab: int, element_size: int, multiproce
     WIDE_H or more 16-bit elements, where a tile's long sweep over H hides the spilled
     epilogue and half as many row blocks read each W tile (64 x 4096 -> 128256: 450
     against 485 us; at H = 768 99 against 97), and float32 operands, whose three TF32
-    products a slice want 8 warps (64 x 256 -> 50257: 107 against 123 us)."""
+    products a slice want 8 warps (64 x 256 -> 50257: 107 against 123 us). The wide rows'
+    fourth stage keeps more of W in flight: 423 and 426 against 459 us in two runs
+    (nvidia-h200-2026-11-27-5.txt, -6-launch-sweeps.txt), at 48 bytes of stack."""
     tiles = n_tiles(vocab)
     few_rows = rows <= 64 or -(-rows // 32) * tiles < multiprocessors
-    if not few_rows or (element_size <= 2 and width >= WIDE_H):
+    wide = element_size <= 2 and width >= WIDE_H
+    if not few_rows or wide:
         block_n, num_warps = 32, 8
     else:
         block_n, num_warps = 16, 4 if element_size <= 2 else 8
@@ -171,7 +175,8 @@ def head_launch(rows: int, width: int, vocab: int, element_size: int, multiproce
     per_split = -(-tiles // splits)
     splits = -(-tiles // per_split)
     block_h = min(64 if element_size <= 2 else 32, max(16, 1 << (width - 1).bit_length()))
-    return HeadLaunch(block_n, block_h, per_split, (row_blocks, splits), (rows,) if tiles > 1 else None, num_warps)
+    return HeadLaunch(block_n, block_h, per_split, (row_blocks, splits), (rows,) if tiles > 1 else None, num_warps,
+                      4 if wide else 3)
 
 
 def dot_in_float32(hidden: torch.Tensor, weight: torch.Tensor) -> bool:
