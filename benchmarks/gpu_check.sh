@@ -15,14 +15,14 @@
 #     other ops (rotary and norm among them) as GB/s and peak memory; the fused sampler step
 #     against the reference step; then benchmarks/host_cost.py --cuda (per-call host cost of
 #     every op against its raw torch.ops call, and where sample_categorical's goes);
-#  4. sampling: benchmarks/gpu_sampling.py, whole sampling runs of the bundled model
+#  4. kernel profile: benchmarks/kernel_profile.py --ncu, one call each of the draws whose
+#     time the timings leave unexplained, under Nsight Compute (memory throughput,
+#     occupancy, warp stalls), where ncu is installed;
+#  5. sampling: benchmarks/gpu_sampling.py, whole sampling runs of the bundled model
 #     (reference, fused float32, fused bfloat16, the default fused run with CUDA
 #     graphs), the kernels of a fused step, and a GPT-2-size pair's fused step against
 #     its networks; last, the default run with torch.compile'd networks (batches 64
-#     and 512);
-#  5. kernel profile: benchmarks/kernel_profile.py --ncu, one call each of the draws whose
-#     time the timings leave unexplained, under Nsight Compute (memory throughput,
-#     occupancy, warp stalls), where ncu is installed.
+#     and 512).
 # The build and Triton compile checks (tests/test_ext_build.py,
 # tests/test_op_triton_compile.py) run in CI, not here.
 # Each part runs under `timeout` inside a total budget of DDPD_GPU_BUDGET_S seconds
@@ -133,11 +133,14 @@ check() {
     wanted timings && { part timings 200 $PY benchmarks/gpu_timings.py ${mode[@]+"${mode[@]}"} || failed=1; }
     wanted host && { part "host cost" 45 $PY benchmarks/host_cost.py ${host[@]+"${host[@]}"} \
         --profile sample_categorical || failed=1; }
-    wanted sampling && { part sampling 230 $PY benchmarks/gpu_sampling.py --compile ${mode[@]+"${mode[@]}"} ||
-        failed=1; }
+    # The kernel profile before the whole runs: a run whose budget runs out loses the longest
+    # part, not the short one (an H200 run's sampling once took the 152 s left and the profile
+    # got none).
     local profiler=(--ncu)
     ((DRY_RUN)) && profiler=(--dry-run)
     wanted profile && { part "kernel profile" 90 $PY benchmarks/kernel_profile.py "${profiler[@]}" || failed=1; }
+    wanted sampling && { part sampling 230 $PY benchmarks/gpu_sampling.py --compile ${mode[@]+"${mode[@]}"} ||
+        failed=1; }
     echo "# total $SECONDS s"
     return $failed
 }
