@@ -37,6 +37,32 @@ def test_sample_categorical_cuda_matches_cpu(rows, vocab, dtype):
     agree(gpu, cpu)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_special_logits_cuda_match_cpu(dtype, temperature):
+    """Rows of GPT-2's vocabulary whose tiles the statistics kernel cannot take by plain
+    subtraction (a +inf maximum, a tile of -inf only), beside rows it can: NaN, +inf ties in
+    two tiles, huge ties, everything excluded, a row whose end tile is short; the same tokens,
+    flags and statistics as the CPU path, at temperature 1 and below."""
+    vocab = 50257
+    g = torch.Generator().manual_seed(11)
+    logits = 3 * torch.randn(6, vocab, generator=g)
+    logits[0, 5] = float("nan")
+    logits[0, 40000] = float("inf")
+    logits[1, 300] = logits[1, 45000] = float("inf")  # uniform between the two
+    logits[2, :] = float("-inf")  # nothing drawable: token 0, valid False
+    logits[3, 1000] = logits[3, 1001] = 1e30  # huge ties keep their noise
+    logits[4, :256] = float("-inf")  # a tile of -inf only, beside finite tiles
+    logits[5, -1] = 30.0  # the short end tile holds the maximum
+    logits = logits.to(dtype)
+    kw = dict(seed=9, offset=4, return_logprob=True, confidence="entropy")
+    cpu = sample_categorical(logits, temperature, **kw)
+    gpu = sample_categorical(logits.cuda(), temperature, **kw)
+    agree(gpu, cpu)
+    assert cpu[1].tolist() == [True, True, False, True, True, True]
+    assert cpu[0][0] == 40000 and cpu[0][1] in (300, 45000) and cpu[0][3] in (1000, 1001)
+
+
 @pytest.mark.parametrize("rows,length,k", [(64, 256, 1), (8, 1024, 4), (3, 7, 7)])
 @pytest.mark.parametrize("mode", ["sigmoid", "softmax"])
 def test_planner_ops_cuda_match_cpu(rows, length, k, mode):
