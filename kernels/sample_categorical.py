@@ -18,7 +18,9 @@ a == b, -inf where a is -inf):
   Top-p without such candidates first finds the tightest of the cuts shift(x, M) >= -1,
   -2, ..., -16 whose upper set holds p Z (with a margin for rounding), in one pass with
   Z, and searches the logits above it, copied out likewise (the whole row when no cut
-  holds p Z or more logits than the scratch holds are above it);
+  holds p Z or more logits than the scratch holds are above it). Min-p reads no logit:
+  shift(v, M) is non-decreasing in v, and a bisection over the float32 keys finds the
+  smallest v with shift(v, M) >= log(min_p);
 - tile_stats_kernel, grid (rows, splits): each program takes a run of tiles and
   writes, per tile, m_t and s_t = log sum_j exp(y_j), y_j = shift(l_j, m_t), and on
   request the second largest value and a_t = sum_j exp(y_j) y_j;
@@ -362,6 +364,23 @@ def key_value(key):
 
 
 @triton.jit
+def min_p_bound(row_max, t, c):
+    """The smallest float32 v with shift(v, row_max) >= c, for a row maximum above -inf and
+    c <= 0: min-p keeps exactly the logits >= v, since shift is non-decreasing in v (a rounded
+    difference, then a rounded division by T > 0). A bisection over the ordered keys up to
+    the maximum's, 32 steps of scalar arithmetic, in place of a pass over the row for its
+    smallest kept logit."""
+    lo = ordered_key(tl.full([], -3.4028234663852886e38, tl.float32))  # the smallest finite float
+    hi = ordered_key(row_max)  # shift(row_max, row_max) = 0 >= c: the answer's key is in [lo, hi]
+    for _ in range(32):
+        mid = lo + ((hi - lo) >> 1)
+        keep = shift(key_value(mid), row_max, t) >= c
+        hi = tl.where(keep, mid, hi)
+        lo = tl.where(keep, lo, mid + 1)
+    return key_value(hi)
+
+
+@triton.jit
 def weight_of(x, row_max, t, MASS: tl.constexpr):
     """A key's weight in the search: 1 (top-k counts) or exp(shift(x, M)) (top-p mass)."""
     if MASS:
@@ -512,6 +531,12 @@ def thresholds_kernel(
             tl.store(groups_ptr + index, g, mask=index < n_groups)
             finite_groups += tl.sum(((g > neg_inf) & (index < n_groups)).to(tl.int32), axis=0)
     tau = tl.full([], neg_inf, tl.float32)
+    min_p_tau = tl.full([], neg_inf, tl.float32)
+    if MIN_P:  # min-p's bound needs only M and T: found first, before the searches' loops
+        c = tl.cast(row_value(log_min_p, log_min_p_ptr, row), tl.float32)
+        if (c > neg_inf) & (row_max > neg_inf):
+            # c > 0 (a per-row min_p above 1, unchecked on CUDA) keeps nothing
+            min_p_tau = tl.where(c > 0, float("inf"), min_p_bound(row_max, t, c))
     lowest = ordered_key(tl.full([], -3.4028234663852886e38, tl.float32))  # the smallest finite float
     top = ordered_key(row_max) + 1
     count = tl.full([], -1, tl.int32)  # candidates compacted by top-k (-1: none)
@@ -554,15 +579,6 @@ def thresholds_kernel(
                 else:
                     tau = top_p_threshold(logits_ptr, row, V, V, exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr,
                                           tau, row_max, t, p, lowest, top, BLOCK, SCAN_BLOCK, N_BUCKETS)
-    if MIN_P:
-        c = tl.cast(row_value(log_min_p, log_min_p_ptr, row), tl.float32)
-        if c > neg_inf:
-            smallest = tl.full([], float("inf"), tl.float32)
-            for start in range(0, V, SCAN_BLOCK):
-                offs = start + tl.arange(0, SCAN_BLOCK)
-                x = masked_logits(logits_ptr, row, offs, V, V, exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr,
-                                  neg_inf)
-                kept = (x > neg_inf) & (shift(x, row_max, t) >= c)
-                smallest = tl.minimum(smallest, tl.min(tl.where(kept, x, float("inf")), axis=0))
-            tau = tl.maximum(tau, smallest)
+    if MIN_P:  # the three thresholds' largest (top-p's is over what top-k keeps, not min-p)
+        tau = tl.maximum(tau, min_p_tau)
     tl.store(tau_ptr + row, tau)

@@ -1,13 +1,12 @@
 """What the Triton kernels cost an H100 in registers and shared memory, read from the
 sm_90 binaries Triton builds here (cuobjdump), for the launches the ops make at the
-benchmark shapes: no kernel spills registers to local memory (two exceptions below); sample_categorical's tile
+benchmark shapes: no kernel spills registers to local memory (one exception below); sample_categorical's tile
 statistics read rows that start 16-byte aligned with vector loads; sample_from_hidden's
 GEMM runs on the tensor cores (wgmma) with its loads pipelined (asynchronous copies
 into shared memory), and at 64 rows or fewer of H below 2048 two of its programs fit on
 a multiprocessor, so one's epilogue runs while the other's loads are in flight
-(ddpd.ops.sample_from_hidden.head_launch says why it matters). Two exceptions: the
-threshold kernel with top-k, top-p and min-p together keeps 8 bytes on the stack, and
-the head GEMM of rows of H >= 2048 (four pipeline stages) 48.
+(ddpd.ops.sample_from_hidden.head_launch says why it matters). One exception: the head
+GEMM of rows of H >= 2048 (four pipeline stages) keeps 48 bytes on the stack.
 
 No GPU is needed: each launcher runs on CPU tensors with Triton's launch replaced by
 a recorder, so the kernels, constexprs, warps and stages compiled are exactly those
@@ -162,8 +161,7 @@ if __name__ == "__main__":
     for case, make in CASES.items():
         # head_launch gives rows of H >= WIDE_H one program a multiprocessor and four pipeline
         # stages, at 255 registers with 48 bytes on the stack, measured faster than three
-        # stages without (it says why); the threshold kernel with all three truncations sits
-        # at its 128 registers and keeps 8 bytes on the stack (with top-k or top-p alone, none)
+        # stages without (it says why)
         wide_head = case.startswith("sample_from_hidden") and "H=4096" in case
         check_case(case, make(), few_rows=case.startswith("sample_from_hidden") and not wide_head,
-                   spill=8 if case.endswith("top-k top-p min-p") else 48 if wide_head else 0)
+                   spill=48 if wide_head else 0)

@@ -588,3 +588,40 @@ def test_the_threshold_kernel_cuts_top_p_to_candidates():
         assert scratch[row, len(candidates):].isnan().all()
     assert torch.equal(scratch[1], torch.full((capacity,), 7.0))  # the first 8192 of the flat row
     assert scratch[3].isnan().all()  # no cut: nothing copied
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7, 1.3e-3, 3e5])
+def test_the_threshold_kernel_finds_min_p_without_reading_the_row(temperature):
+    """White box: min-p's threshold is the smallest float32 v with shift(v, M) >= log(min_p),
+    found by bisection (shift is non-decreasing in v), not a pass over the row. Its kept set
+    is the reference's on rows crowded around the boundary, ulp by ulp, where the rounding
+    of the difference and of the division decide, with min_p 1 (the maxima only), with a +inf
+    maximum, and with a min_p of 1e-30."""
+    from ddpd.ops.sample_categorical import truncation_threshold
+
+    kernels = _dispatch.kernels("sample_categorical")
+    vocab, rows = 700, 5
+    g = torch.Generator().manual_seed(3)
+    logits = 2 * torch.randn(rows, vocab, generator=g)
+    min_p = torch.tensor([0.05, 0.3, 1.0, 0.05, 1e-30])
+    t = torch.tensor(temperature, dtype=torch.float32)
+    for row in (0, 1, 2):
+        m = logits[row].max()
+        edge = (m + t * math.log(float(min_p[row]))).float()  # about where the kept set ends
+        ulps = torch.arange(-150, 150, dtype=torch.float32) * torch.finfo(torch.float32).eps * edge.abs()
+        logits[row, :300] = torch.minimum(edge + ulps, m)
+    logits[3, 9] = float("inf")
+    log_min_p = torch.log(min_p)
+    tau = torch.empty(rows)
+    ids = _dispatch.device_ids((), logits.device)
+    kernels.thresholds_kernel[(rows,)](logits, vocab, temperature, None, ids, 0, None, None, 0, None, 1.0, None, 0.0,
+                                       log_min_p, tau, tau, 0, 0, TOP_K=False, TOP_P=False, MIN_P=True, BLOCK=1024,
+                                       SCAN_BLOCK=4096, GROUP=4096)
+    want = truncation_threshold(logits, torch.full((rows,), temperature), torch.zeros(rows, dtype=torch.long),
+                                torch.ones(rows), log_min_p)
+    for row in range(rows):
+        assert torch.equal(logits[row] >= tau[row], logits[row] >= want[row]), row
+    kept = [int((logits[row] >= want[row]).sum()) for row in range(rows)]
+    assert kept[3] == 1  # +inf alone
+    for row in (0, 1):  # the boundary falls inside the crowd
+        assert 0 < int((logits[row, :300] >= want[row]).sum()) < 300
