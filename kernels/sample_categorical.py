@@ -576,9 +576,9 @@ def thresholds_kernel(
                 if count <= capacity:
                     tau = top_p_search(candidates_ptr, 0, 0, count, exclude_ptr, 0, None, None, tau, row_max, t,
                                        target, lowest, top, BLOCK, N_BUCKETS)
-                else:
-                    tau = top_p_threshold(logits_ptr, row, V, V, exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr,
-                                          tau, row_max, t, p, lowest, top, BLOCK, SCAN_BLOCK, N_BUCKETS)
+                else:  # p Z is known: the whole row's search needs no pass for it
+                    tau = top_p_search(logits_ptr, row, V, V, exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr,
+                                       tau, row_max, t, target, lowest, top, BLOCK, N_BUCKETS)
     if MIN_P:  # the three thresholds' largest (top-p's is over what top-k keeps, not min-p)
         tau = tl.maximum(tau, min_p_tau)
     tl.store(tau_ptr + row, tau)
