@@ -372,7 +372,7 @@ def min_p_bound(row_max, t, c):
     smallest kept logit."""
     lo = ordered_key(tl.full([], -3.4028234663852886e38, tl.float32))  # the smallest finite float
     hi = ordered_key(row_max)  # shift(row_max, row_max) = 0 >= c: the answer's key is in [lo, hi]
-    for _ in range(32):
+    while lo < hi:  # at most 32 steps
         mid = lo + ((hi - lo) >> 1)
         keep = shift(key_value(mid), row_max, t) >= c
         hi = tl.where(keep, mid, hi)
@@ -490,16 +490,18 @@ def top_p_cut(logits_ptr, row, V, exclude_ptr, n_exclude, exclude_row_ptr, allow
     # so such a sum is off by at most V / BLOCK * 2**-24 of itself, under the margin up to
     # V = 429k for BLOCK = 256, and typically far less beyond
     z = tl.zeros([BLOCK], tl.float64)
-    mass = tl.zeros([BLOCK, N_CUTS], tl.float32)
+    # cuts along axis 0: a lane's value and its 16 sums share the lane, where [BLOCK, N_CUTS]
+    # passed y and e through shared memory, with three barriers, every block (sm_90 SASS)
+    mass = tl.zeros([N_CUTS, BLOCK], tl.float32)
     for start in range(0, V, BLOCK):
         offs = start + tl.arange(0, BLOCK)
         x = masked_logits(logits_ptr, row, offs, V, V, exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr, tau)
         y = shift(x, row_max, t)
         e = tl.exp(y)
         z += e.to(tl.float64)
-        mass += tl.where(y[:, None] >= cuts[None, :], e[:, None], 0.0)
+        mass += tl.where(y[None, :] >= cuts[:, None], e[None, :], 0.0)
     total = tl.sum(z, axis=0)
-    held = tl.sum(mass.to(tl.float64), axis=0)
+    held = tl.sum(mass.to(tl.float64), axis=1)
     return p.to(tl.float64) * total, tl.max(tl.where(held >= (p.to(tl.float64) + 1e-4) * total, cuts,
                                                      float("-inf")), axis=0)
 
