@@ -126,9 +126,8 @@ def tile_statistics(x, temperature, SECOND: tl.constexpr, ENTROPY: tl.constexpr,
     """Per tile (axis 1 of x [tiles, TILE]): m_t, s_t, and where asked the second largest
     value (with multiplicity) and a_t = sum exp(y) y; -inf tiles give m = s = -inf.
     UNIT: the temperature is 1 (see shift). STREAM: the tile statistics kernel's fewer
-    instructions a value (sm_90 SASS of the 1024 x 50257 bf16 launch: 348 against 498 a
-    loop of 16 values a lane), which the head's epilogue does not take: there the branch
-    raised the wide head's stack from 48 to 416 bytes, and exp2 alone to 72 (Triton 3.9)."""
+    instructions a value, which the head's epilogue does not take: there the branch, and
+    exp2 alone too, made the wide head's GEMM spill more registers (Triton 3.9)."""
     m = tl.max(x, axis=1)
     if STREAM:
         if (tl.min(m, axis=0) > float("-inf")) & (tl.max(m, axis=0) < float("inf")):

@@ -10,12 +10,13 @@ import sys
 HANG_GUARD_SECONDS = 3600
 
 
-def run_compiled(script: str) -> subprocess.CompletedProcess:
-    """Run a test file as a script in a child process without TRITON_INTERPRET: the test
-    process imports the kernels for the interpreter, and a process holds one mode, so
-    whatever compiles kernels for a GPU runs there. Output captured as text."""
+def run_compiled(script: str, *args: str) -> subprocess.CompletedProcess:
+    """Run a test file (or a benchmark script, with args) as a script in a child process
+    without TRITON_INTERPRET: the test process imports the kernels for the interpreter, and
+    a process holds one mode, so whatever compiles kernels for a GPU runs there. Output
+    captured as text."""
     env = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
-    return subprocess.run([sys.executable, script], env=env, capture_output=True, text=True,
+    return subprocess.run([sys.executable, script, *args], env=env, capture_output=True, text=True,
                           timeout=HANG_GUARD_SECONDS)
 
 

@@ -12,12 +12,11 @@ No GPU is needed: each launcher runs on CPU tensors with Triton's launch replace
 a recorder, so the kernels, constexprs, warps and stages compiled are exactly those
 the launcher passes (the grids sized for a 132-multiprocessor device), specialised as
 Triton's runtime specialises a launch (16-byte aligned tensors, integers that are
-multiples of 16 or equal to 1); the launcher calls are benchmarks/launch_cost.py's. Like
-tests/test_op_triton_compile.py, the compilation runs in a child process without
-TRITON_INTERPRET: `python tests/test_op_kernel_resources.py`.
+multiples of 16 or equal to 1); the launcher calls are benchmarks/launch_cost.py's, the
+compilation and the reading of the binaries benchmarks/kernel_binaries.py's (the last test
+runs that script). Like tests/test_op_triton_compile.py, the compilation runs in a child
+process without TRITON_INTERPRET: `python tests/test_op_kernel_resources.py`.
 """
-import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -25,7 +24,9 @@ import torch
 
 from hang_guard import run_compiled
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+from kernel_binaries import compile_launch, resources  # noqa: E402  sm_90 binaries of recorded launches
 from launch_cost import (  # noqa: E402  the launcher calls at the benchmark shapes
     planner_call,
     planner_mask_call,
@@ -34,10 +35,7 @@ from launch_cost import (  # noqa: E402  the launcher calls at the benchmark sha
     sample_from_hidden_call,
 )
 
-REGISTERS_PER_SM, SHARED_PER_SM, SHARED_RESERVED, WARPS_PER_SM = 65536, 233472, 1024, 64  # sm_90
 GPT2, LLAMA3 = 50257, 128256
-TRITON_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.int64: "i64",
-                 torch.int32: "i32", torch.bool: "i1"}
 
 
 def test_kernels_fit_an_h100():
@@ -46,57 +44,26 @@ def test_kernels_fit_an_h100():
     assert result.stdout.count("ok ") == len(CASES), result.stdout
 
 
-# --------------------------------------------------------------------- the child process
-
-
-def compile_launch(kernel, args: dict, kwargs: dict):
-    """Compile one recorded launch for sm_90 as Triton's runtime would specialise it."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    options = {name: kwargs.pop(name) for name in ("num_warps", "num_stages") if name in kwargs}
-    signature, constexprs, attrs = {}, dict(kwargs), {}
-    for i, name in enumerate(kernel.arg_names):
-        value = kwargs.get(name, args.get(name))
-        if name in kwargs or value is None or (type(value) is int and value == 1):
-            signature[name], constexprs[name] = "constexpr", value
-            continue
-        if isinstance(value, torch.Tensor):
-            signature[name] = "*" + TRITON_DTYPES[value.dtype]
-            aligned = value.data_ptr() % 16 == 0
-        elif isinstance(value, bool):
-            signature[name], aligned = "i1", False
-        elif isinstance(value, int):
-            signature[name] = "i32" if -2**31 <= value < 2**31 else "i64"
-            aligned = value % 16 == 0
+def test_kernel_binaries_reads_the_loops_of_the_launches():
+    """benchmarks/kernel_binaries.py on the 1024-row draw: each kernel's resources and the
+    counts of its loops, which show the tile statistics (one warp a program) reducing each
+    tile within the warp: no barrier in any of their loops, shuffles instead."""
+    result = run_compiled(str(BENCHMARKS / "kernel_binaries.py"), "--case", "1024x50257")
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    kernels, name = {}, None
+    for line in result.stdout.splitlines()[1:]:
+        if line.startswith("  loop "):
+            kernels[name].append(line)
         else:
-            signature[name], aligned = "fp32", False
-        if aligned:
-            attrs[(i,)] = [["tt.divisibility", 16]]
-    return triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=GPUTarget("cuda", 90, 32),
-                          options=options)
+            name = line.split(": ")[1].split(" ")[0]
+            kernels[name] = [line]
+    assert set(kernels) == {"tile_stats_kernel", "finish_kernel"}, result.stdout
+    stats = kernels["tile_stats_kernel"]
+    assert "'warps': 1" in stats[0] and len(stats) > 1
+    assert all(" BAR 0 " in loop for loop in stats[1:]) and any(" SHFL 0 " not in loop for loop in stats[1:])
 
 
-def resources(compiled) -> dict:
-    """Registers a thread, stack (spill) bytes a thread, shared memory a program, and how
-    many programs fit on one sm_90 multiprocessor."""
-    import tempfile
-
-    import triton
-
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(compiled.asm["cubin"])
-        f.flush()
-        usage = subprocess.run([triton.knobs.nvidia.cuobjdump.path, "--dump-resource-usage", f.name],
-                               capture_output=True, text=True, check=True).stdout
-    registers = int(re.search(r"REG:(\d+)", usage).group(1))
-    stack = int(re.search(r"STACK:(\d+)", usage).group(1))
-    shared = compiled.metadata.shared
-    warps = compiled.metadata.num_warps
-    per_sm = min(REGISTERS_PER_SM // (-(-registers // 8) * 8 * 32 * warps),
-                 SHARED_PER_SM // (shared + SHARED_RESERVED), WARPS_PER_SM // warps)
-    return dict(registers=registers, stack=stack, shared=shared, warps=warps, per_sm=per_sm)
+# --------------------------------------------------------------------- the child process
 
 
 def head_gemm(kernel) -> bool:

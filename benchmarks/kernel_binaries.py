@@ -1,0 +1,164 @@
+"""The sm_90 binaries of the Triton launches the ops make, compiled here without a GPU,
+and what their loops execute.
+
+Each launcher runs on CPU tensors with Triton's launch replaced by a recorder
+(launch_cost.record_launches), so the kernels, constexprs, warps and stages compiled are
+exactly those the launcher passes, the grids sized for a 132-multiprocessor device, and
+each launch is specialised as Triton's runtime specialises it (16-byte aligned tensors,
+integers that are multiples of 16 or equal to 1). For every kernel it prints the registers
+and stack (cuobjdump) and, for each loop of the SASS (a backward branch and the code it
+jumps over), its length in instructions and the barriers (BAR), shared-memory accesses
+(LDS, STS), shuffles (SHFL), global loads (LDG) and special-function operations (MUFU:
+exp2, reciprocals) in it: what a kernel does a block, read where no GPU can time it.
+A loop's length counts every branch inside it, taken or not.
+
+    python benchmarks/kernel_binaries.py                  # every case
+    python benchmarks/kernel_binaries.py --case top-p     # the cases whose names hold it
+
+tests/test_op_kernel_resources.py uses compile_launch and resources. Like it, this must
+run without TRITON_INTERPRET (it refuses to run under it).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import torch
+
+from launch_cost import record_launches, sample_categorical_call, sample_from_hidden_call
+
+REGISTERS_PER_SM, SHARED_PER_SM, SHARED_RESERVED, WARPS_PER_SM = 65536, 233472, 1024, 64  # sm_90
+GPT2, LLAMA3 = 50257, 128256
+TRITON_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.int64: "i64",
+                 torch.int32: "i32", torch.bool: "i1"}
+COUNTED = ("BAR", "LDS", "STS", "SHFL", "LDG", "MUFU")  # opcodes counted in each loop
+
+
+def compile_launch(kernel, args: dict, kwargs: dict):
+    """Compile one recorded launch for sm_90 as Triton's runtime would specialise it."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    options = {name: kwargs.pop(name) for name in ("num_warps", "num_stages") if name in kwargs}
+    signature, constexprs, attrs = {}, dict(kwargs), {}
+    for i, name in enumerate(kernel.arg_names):
+        value = kwargs.get(name, args.get(name))
+        if name in kwargs or value is None or (type(value) is int and value == 1):
+            signature[name], constexprs[name] = "constexpr", value
+            continue
+        if isinstance(value, torch.Tensor):
+            signature[name] = "*" + TRITON_DTYPES[value.dtype]
+            aligned = value.data_ptr() % 16 == 0
+        elif isinstance(value, bool):
+            signature[name], aligned = "i1", False
+        elif isinstance(value, int):
+            signature[name] = "i32" if -2**31 <= value < 2**31 else "i64"
+            aligned = value % 16 == 0
+        else:
+            signature[name], aligned = "fp32", False
+        if aligned:
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    return triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=GPUTarget("cuda", 90, 32),
+                          options=options)
+
+
+def cuobjdump(compiled, flag: str) -> str:
+    """cuobjdump's output (Triton's own copy of the tool) for the compiled kernel's cubin."""
+    import triton
+
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        return subprocess.run([triton.knobs.nvidia.cuobjdump.path, flag, f.name], capture_output=True, text=True,
+                              check=True).stdout
+
+
+def resources(compiled) -> dict:
+    """Registers a thread, stack (spill) bytes a thread, shared memory a program, and how
+    many programs fit on one sm_90 multiprocessor."""
+    usage = cuobjdump(compiled, "--dump-resource-usage")
+    registers = int(re.search(r"REG:(\d+)", usage).group(1))
+    stack = int(re.search(r"STACK:(\d+)", usage).group(1))
+    shared = compiled.metadata.shared
+    warps = compiled.metadata.num_warps
+    per_sm = min(REGISTERS_PER_SM // (-(-registers // 8) * 8 * 32 * warps),
+                 SHARED_PER_SM // (shared + SHARED_RESERVED), WARPS_PER_SM // warps)
+    return dict(registers=registers, stack=stack, shared=shared, warps=warps, per_sm=per_sm)
+
+
+def instructions(sass: str) -> list[tuple[int, str]]:
+    """(address, instruction text) of every SASS instruction."""
+    found = re.findall(r"^\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;?\s*(?:/\*|$)", sass, re.M)
+    return [(int(address, 16), text) for address, text in found]
+
+
+def opcode(text: str) -> str:
+    """The opcode of an instruction, without its predicate and modifiers (@!P0 LDG.E.64 -> LDG)."""
+    return re.sub(r"^@!?U?P\w+\s+", "", text).split(" ")[0].split(".")[0]
+
+
+def loops(sass: str) -> list[dict]:
+    """Each backward branch's loop: its first and last address, its instructions, and the
+    COUNTED opcodes in it; innermost (shortest) first."""
+    code = instructions(sass)
+    found = []
+    for address, text in code:
+        target = re.search(r"\bBRA\s+(?:!?U?P\w+,\s*)?(0x[0-9a-f]+)", text)
+        if target is None or int(target.group(1), 16) >= address:
+            continue
+        first = int(target.group(1), 16)
+        body = [opcode(t) for a, t in code if first <= a <= address]
+        found.append(dict(first=first, last=address, instructions=len(body),
+                          **{name: body.count(name) for name in COUNTED}))
+    return sorted(found, key=lambda loop: loop["instructions"])
+
+
+CASES = {
+    "sample_categorical 1024x50257 bf16": lambda: sample_categorical_call(1024, GPT2, torch.bfloat16),
+    "sample_categorical 64x50257 bf16 top-p": lambda: sample_categorical_call(64, GPT2, torch.bfloat16, top_p=0.9),
+    "sample_categorical 64x50257 bf16 top-k": lambda: sample_categorical_call(64, GPT2, torch.bfloat16, top_k=50),
+    "sample_categorical 64x50257 bf16 min-p": lambda: sample_categorical_call(64, GPT2, torch.bfloat16, min_p=0.05),
+    "sample_categorical 64x50257 bf16 top-k top-p min-p": lambda: sample_categorical_call(
+        64, GPT2, torch.bfloat16, top_k=50, top_p=0.9, min_p=0.05),
+    "sample_from_hidden N=64 H=4096 V=128256": lambda: sample_from_hidden_call(64, 4096, LLAMA3),
+}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--case", default="", help="only the cases whose names contain this")
+    only = parser.parse_args().case
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        print("kernel_binaries: unset TRITON_INTERPRET (the interpreter compiles nothing)", file=sys.stderr)
+        return 2
+    import triton
+
+    from ddpd.ops import _dispatch
+
+    # What the launchers ask of the device, answered as for CUDA tensors on an H100: the grids
+    # sized for 132 multiprocessors, and 16-bit operands on the tensor cores
+    _dispatch.multiprocessors = lambda device: 132
+    sys.modules["ddpd.ops.sample_from_hidden"].dot_in_float32 = (
+        lambda hidden, weight: weight.dtype == torch.float32 or hidden.dtype != weight.dtype)
+    print(f"sm_90 binaries, triton {triton.__version__}, torch {torch.__version__}; loops innermost first, "
+          f"each: first-last address, instructions, {', '.join(COUNTED)}")
+    for case, make in CASES.items():
+        if only not in case:
+            continue
+        for kernel, grid, args, kwargs in record_launches(make()):
+            compiled = compile_launch(kernel, args, dict(kwargs))
+            print(f"{case}: {kernel.fn.__name__} grid {tuple(grid)} {resources(compiled)}")
+            for loop in loops(cuobjdump(compiled, "-sass")):
+                counts = " ".join(f"{name} {loop[name]}" for name in COUNTED)
+                print(f"  loop {loop['first']:#06x}-{loop['last']:#06x}: {loop['instructions']:5d} instructions, "
+                      f"{counts}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
