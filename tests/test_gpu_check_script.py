@@ -25,6 +25,18 @@ def test_gpu_check_dry_run_runs_every_part(tmp_path):
     assert "check: the fused fp32 run draws the reference run's samples" in report
     assert "FAILED" not in report and "Traceback" not in report
     assert "## torch.compile of both networks" in report
+    # the short profile before the long sampling part: a run out of time loses the long one
+    assert report.index("## kernel profile (limit") < report.index("## sampling (limit")
+
+
+def test_gpu_timings_only_runs_the_sections_it_names():
+    """gpu_timings.py --only 'launch configurations': the two launch sweeps, no other section."""
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_timings.py"), "--dry-run", "--only",
+                          "launch configurations"], cwd=ROOT, capture_output=True, text=True)
+    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+    sections = [line for line in run.stdout.splitlines() if line.startswith("# ") and not line.endswith(" s")]
+    assert sections == ["# sample_from_hidden launch configurations", "# sample_categorical launch configurations"]
+    assert "categorical config" in run.stdout and "warps=1" in run.stdout
 
 
 def test_gpu_check_answers_help_without_running():
