@@ -125,6 +125,7 @@ CASES = {
     "sample_categorical 64x50257 bf16 min-p": lambda: sample_categorical_call(64, GPT2, torch.bfloat16, min_p=0.05),
     "sample_categorical 64x50257 bf16 top-k top-p min-p": lambda: sample_categorical_call(
         64, GPT2, torch.bfloat16, top_k=50, top_p=0.9, min_p=0.05),
+    "sample_from_hidden N=64 H=768 V=50257": lambda: sample_from_hidden_call(64, 768, GPT2),
     "sample_from_hidden N=64 H=4096 V=128256": lambda: sample_from_hidden_call(64, 4096, LLAMA3),
 }
 
