@@ -77,3 +77,19 @@ def test_seeded_high_rows_read_the_reference_stream():
     noise = philox_uniform(11, 2, rows, noise_width(600))
     expected = sample_categorical_reference(logits, noise=noise)[0]
     assert torch.equal(sample_categorical(logits, seed=11, offset=2, row_ids=rows)[0], expected)
+
+
+def test_split32_gives_the_int32_words_of_the_uint64_bits():
+    """A counter (an int64, or a uint64 as a Python int) reaches the kernels as its low and
+    high 32-bit words, each the int32 with the word's bits."""
+    from ddpd.ops.rng import split32
+
+    def words(value):  # by the definition: the uint64 bits, cut in two, each read as int32
+        bits = value % 2**64
+        return tuple(w - 2**32 if w >= 2**31 else w for w in (bits % 2**32, bits // 2**32))
+
+    edges = [0, 1, -1, 2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**63 - 1, -2**63, 2**63, 2**64 - 1, -5, 0x80000000_7FFFFFFF]
+    drawn = torch.randint(-2**63, 2**63 - 1, (1000,), generator=torch.Generator().manual_seed(0))
+    for value in edges + [int(x) for x in drawn]:
+        assert split32(value) == words(value), value
+        assert all(-2**31 <= w < 2**31 for w in split32(value))

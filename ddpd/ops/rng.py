@@ -274,8 +274,9 @@ def split32(value: int) -> tuple[int, int]:
     the int32 of its bits: every seed and offset then reaches a Triton kernel as two int32
     arguments (a word at or above 2**31 as a Python int would make it an int64 argument, and
     another compiled variant); the kernels read the words as uint32."""
-    value &= 2**64 - 1
-    return tuple(word - 2**32 if word >= 2**31 else word for word in (value & 0xFFFFFFFF, value >> 32))
+    # (w ^ 2**31) - 2**31: the uint32 w as the int32 of its bits, without a generator (a
+    # per-call cost: every seeded launch splits two counters)
+    return ((value & 0xFFFFFFFF) ^ 0x80000000) - 0x80000000, (((value >> 32) & 0xFFFFFFFF) ^ 0x80000000) - 0x80000000
 
 
 def counter_value(value: int, tensor: Optional[torch.Tensor]):
