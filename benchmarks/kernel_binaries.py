@@ -32,7 +32,7 @@ import torch
 from launch_cost import record_launches, sample_categorical_call, sample_from_hidden_call
 
 REGISTERS_PER_SM, SHARED_PER_SM, SHARED_RESERVED, WARPS_PER_SM = 65536, 233472, 1024, 64  # sm_90
-GPT2, LLAMA3 = 50257, 128256
+GPT2, LLAMA3, H100_SMS = 50257, 128256, 132
 TRITON_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.int64: "i64",
                  torch.int32: "i32", torch.bool: "i1"}
 COUNTED = ("BAR", "LDS", "STS", "SHFL", "LDG", "MUFU")  # opcodes counted in each loop
@@ -139,13 +139,15 @@ def main() -> int:
         return 2
     import triton
 
-    from ddpd.ops import _dispatch
+    import ddpd.ops  # noqa: F401  (loads the op modules; the package exports functions of their names)
 
     # What the launchers ask of the device, answered as for CUDA tensors on an H100: the grids
     # sized for 132 multiprocessors, and 16-bit operands on the tensor cores
-    _dispatch.multiprocessors = lambda device: 132
-    sys.modules["ddpd.ops.sample_from_hidden"].dot_in_float32 = (
-        lambda hidden, weight: weight.dtype == torch.float32 or hidden.dtype != weight.dtype)
+    categorical, hidden = sys.modules["ddpd.ops.sample_categorical"], sys.modules["ddpd.ops.sample_from_hidden"]
+    categorical_launch, head_launch = categorical.categorical_launch, hidden.head_launch
+    categorical.categorical_launch = lambda rows, vocab, sms, *rest: categorical_launch(rows, vocab, H100_SMS, *rest)
+    hidden.head_launch = lambda rows, width, vocab, size, sms: head_launch(rows, width, vocab, size, H100_SMS)
+    hidden.dot_in_float32 = lambda hidden, weight: weight.dtype == torch.float32 or hidden.dtype != weight.dtype
     print(f"sm_90 binaries, triton {triton.__version__}, torch {torch.__version__}; loops innermost first, "
           f"each: first-last address, instructions, {', '.join(COUNTED)}")
     for case, make in CASES.items():
