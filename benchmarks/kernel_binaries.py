@@ -15,8 +15,9 @@ A loop's length counts every branch inside it, taken or not.
     python benchmarks/kernel_binaries.py                  # every case
     python benchmarks/kernel_binaries.py --case top-p     # the cases whose names hold it
 
-tests/test_op_kernel_resources.py uses compile_launch and resources. Like it, this must
-run without TRITON_INTERPRET (it refuses to run under it).
+tests/test_op_kernel_resources.py checks the resources of every case with compile_launch,
+resources, CASES and answer_as_h100. Like it, this runs without TRITON_INTERPRET (it
+refuses to run under it).
 """
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ import tempfile
 
 import torch
 
-from launch_cost import record_launches, sample_categorical_call, sample_from_hidden_call
+from launch_cost import planner_call, planner_mask_call, record_launches, sample_categorical_call, \
+    sample_from_hidden_call
 
 REGISTERS_PER_SM, SHARED_PER_SM, SHARED_RESERVED, WARPS_PER_SM = 65536, 233472, 1024, 64  # sm_90
 GPT2, LLAMA3, H100_SMS = 50257, 128256, 132
@@ -118,36 +120,51 @@ def loops(sass: str) -> list[dict]:
     return sorted(found, key=lambda loop: loop["instructions"])
 
 
+# The launches compiled, at the benchmark shapes (tests/test_op_kernel_resources.py checks each)
 CASES = {
+    "sample_categorical 64x50257 bf16": lambda: sample_categorical_call(64, GPT2, torch.bfloat16),
+    "sample_categorical 1x50257 fp32": lambda: sample_categorical_call(1, GPT2, torch.float32),
     "sample_categorical 1024x50257 bf16": lambda: sample_categorical_call(1024, GPT2, torch.bfloat16),
+    "sample_categorical 4096x27 fp32": lambda: sample_categorical_call(4096, 27, torch.float32),
+    "sample_categorical 64x128256 bf16": lambda: sample_categorical_call(64, LLAMA3, torch.bfloat16),
+    "sample_categorical 64x50257 bf16 top-k top-p min-p": lambda: sample_categorical_call(
+        64, GPT2, torch.bfloat16, top_k=50, top_p=0.9, min_p=0.05),
     "sample_categorical 64x50257 bf16 top-p": lambda: sample_categorical_call(64, GPT2, torch.bfloat16, top_p=0.9),
     "sample_categorical 64x50257 bf16 top-k": lambda: sample_categorical_call(64, GPT2, torch.bfloat16, top_k=50),
     "sample_categorical 64x50257 bf16 min-p": lambda: sample_categorical_call(64, GPT2, torch.bfloat16, min_p=0.05),
-    "sample_categorical 64x50257 bf16 top-k top-p min-p": lambda: sample_categorical_call(
-        64, GPT2, torch.bfloat16, top_k=50, top_p=0.9, min_p=0.05),
     "sample_from_hidden N=64 H=768 V=50257": lambda: sample_from_hidden_call(64, 768, GPT2),
     "sample_from_hidden N=64 H=4096 V=128256": lambda: sample_from_hidden_call(64, 4096, LLAMA3),
+    "sample_from_hidden N=16 H=768 V=50257": lambda: sample_from_hidden_call(16, 768, GPT2),
+    "planner_select 64x1024": lambda: planner_call(64, 1024),
+    "planner_select_mask 64x1024": lambda: planner_call(64, 1024, with_mask=True),
+    "planner_mask 64x1024": lambda: planner_mask_call(64, 1024),
 }
+
+
+def answer_as_h100() -> None:
+    """Make the launchers ask of the device what CUDA tensors on an H100 would: grids sized
+    for 132 multiprocessors (categorical_launch and head_launch are the launches that read
+    the count), and 16-bit operands on the tensor cores (CPU tensors otherwise mean the
+    interpreter, which has no bf16 arithmetic)."""
+    import ddpd.ops  # noqa: F401  (loads the op modules; the package exports functions of their names)
+
+    categorical, hidden = sys.modules["ddpd.ops.sample_categorical"], sys.modules["ddpd.ops.sample_from_hidden"]
+    categorical_launch, head_launch = categorical.categorical_launch, hidden.head_launch
+    categorical.categorical_launch = lambda rows, vocab, sms, *rest: categorical_launch(rows, vocab, H100_SMS, *rest)
+    hidden.head_launch = lambda rows, width, vocab, size, sms: head_launch(rows, width, vocab, size, H100_SMS)
+    hidden.dot_in_float32 = lambda hidden, weight: weight.dtype == torch.float32 or hidden.dtype != weight.dtype
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--case", default="", help="only the cases whose names contain this")
     only = parser.parse_args().case
-    if os.environ.get("TRITON_INTERPRET") == "1":
+    if os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "on", "yes"):
         print("kernel_binaries: unset TRITON_INTERPRET (the interpreter compiles nothing)", file=sys.stderr)
         return 2
     import triton
 
-    import ddpd.ops  # noqa: F401  (loads the op modules; the package exports functions of their names)
-
-    # What the launchers ask of the device, answered as for CUDA tensors on an H100: the grids
-    # sized for 132 multiprocessors, and 16-bit operands on the tensor cores
-    categorical, hidden = sys.modules["ddpd.ops.sample_categorical"], sys.modules["ddpd.ops.sample_from_hidden"]
-    categorical_launch, head_launch = categorical.categorical_launch, hidden.head_launch
-    categorical.categorical_launch = lambda rows, vocab, sms, *rest: categorical_launch(rows, vocab, H100_SMS, *rest)
-    hidden.head_launch = lambda rows, width, vocab, size, sms: head_launch(rows, width, vocab, size, H100_SMS)
-    hidden.dot_in_float32 = lambda hidden, weight: weight.dtype == torch.float32 or hidden.dtype != weight.dtype
+    answer_as_h100()
     print(f"sm_90 binaries, triton {triton.__version__}, torch {torch.__version__}; loops innermost first, "
           f"each: first-last address, instructions, {', '.join(COUNTED)}")
     for case, make in CASES.items():

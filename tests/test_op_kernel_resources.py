@@ -13,29 +13,19 @@ a recorder, so the kernels, constexprs, warps and stages compiled are exactly th
 the launcher passes (the grids sized for a 132-multiprocessor device), specialised as
 Triton's runtime specialises a launch (16-byte aligned tensors, integers that are
 multiples of 16 or equal to 1); the launcher calls are benchmarks/launch_cost.py's, the
-compilation and the reading of the binaries benchmarks/kernel_binaries.py's (the last test
-runs that script). Like tests/test_op_triton_compile.py, the compilation runs in a child
+cases, the compilation and the reading of the binaries benchmarks/kernel_binaries.py's (the
+last test runs that script). Like tests/test_op_triton_compile.py, the compilation runs in a child
 process without TRITON_INTERPRET: `python tests/test_op_kernel_resources.py`.
 """
 import sys
 from pathlib import Path
 
-import torch
-
 from hang_guard import run_compiled
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
-from kernel_binaries import compile_launch, resources  # noqa: E402  sm_90 binaries of recorded launches
-from launch_cost import (  # noqa: E402  the launcher calls at the benchmark shapes
-    planner_call,
-    planner_mask_call,
-    record_launches,
-    sample_categorical_call,
-    sample_from_hidden_call,
-)
-
-GPT2, LLAMA3 = 50257, 128256
+from kernel_binaries import CASES, answer_as_h100, compile_launch, resources  # noqa: E402  sm_90 binaries
+from launch_cost import record_launches  # noqa: E402  the launches a call makes
 
 
 def test_kernels_fit_an_h100():
@@ -97,34 +87,8 @@ def check_case(name: str, call, few_rows: bool = False, spill: int = 0) -> None:
     print(f"ok {name}")
 
 
-CASES = {
-    "sample_categorical 64x50257 bf16": lambda: sample_categorical_call(64, GPT2, torch.bfloat16),
-    "sample_categorical 1x50257 fp32": lambda: sample_categorical_call(1, GPT2, torch.float32),
-    "sample_categorical 1024x50257 bf16": lambda: sample_categorical_call(1024, GPT2, torch.bfloat16),
-    "sample_categorical 4096x27 fp32": lambda: sample_categorical_call(4096, 27, torch.float32),
-    "sample_categorical 64x128256 bf16": lambda: sample_categorical_call(64, LLAMA3, torch.bfloat16),
-    "sample_categorical 64x50257 bf16 top-k top-p min-p": lambda: sample_categorical_call(
-        64, GPT2, torch.bfloat16, top_k=50, top_p=0.9, min_p=0.05),
-    "sample_categorical 64x50257 bf16 top-p": lambda: sample_categorical_call(64, GPT2, torch.bfloat16, top_p=0.9),
-    "sample_categorical 64x50257 bf16 top-k": lambda: sample_categorical_call(64, GPT2, torch.bfloat16, top_k=50),
-    "sample_from_hidden N=64 H=768 V=50257": lambda: sample_from_hidden_call(64, 768, GPT2),
-    "sample_from_hidden N=64 H=4096 V=128256": lambda: sample_from_hidden_call(64, 4096, LLAMA3),
-    "sample_from_hidden N=16 H=768 V=50257": lambda: sample_from_hidden_call(16, 768, GPT2),
-    "planner_select 64x1024": lambda: planner_call(64, 1024),
-    "planner_select_mask 64x1024": lambda: planner_call(64, 1024, with_mask=True),
-    "planner_mask 64x1024": lambda: planner_mask_call(64, 1024),
-}
-
-
 if __name__ == "__main__":
-    from ddpd.ops import _dispatch
-
-    # What the launchers ask of the device, answered as for CUDA tensors on an H100: the
-    # grids sized for 132 multiprocessors, and 16-bit operands on the tensor cores (CPU
-    # tensors otherwise mean the interpreter, which has no bf16 arithmetic).
-    _dispatch.multiprocessors = lambda device: 132
-    sys.modules["ddpd.ops.sample_from_hidden"].dot_in_float32 = (
-        lambda hidden, weight: weight.dtype == torch.float32 or hidden.dtype != weight.dtype)
+    answer_as_h100()
     for case, make in CASES.items():
         # head_launch gives rows of H >= WIDE_H one program a multiprocessor and four pipeline
         # stages, at 255 registers with 48 bytes on the stack, measured faster than three
