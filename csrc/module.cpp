@@ -1,7 +1,9 @@
 // The Python module ddpd._C. Importing it loads the shared library, whose static
-// initialisers register the torch.ops.ddpd operators; the module itself only says
-// whether the CUDA kernels were compiled in.
+// initialisers register the torch.ops.ddpd operators; the module itself says whether
+// the CUDA kernels were compiled in and holds launch_key (csrc/launch_key.cpp).
 #include <Python.h>
+
+#include "launch_key.h"
 
 #ifndef DDPD_WITH_CUDA
 #define DDPD_WITH_CUDA 0
@@ -12,9 +14,14 @@
 #define DDPD_STR_(a) #a
 #define DDPD_STR(a) DDPD_STR_(a)
 
+static PyMethodDef ddpd_methods[] = {
+    {"launch_key", ddpd::launch_key, METH_O,
+     "launch_key(args: tuple) -> bytes | None: the classes of a Triton launch's runtime arguments"},
+    {nullptr, nullptr, 0, nullptr}};
+
 static PyModuleDef ddpd_module = {
     PyModuleDef_HEAD_INIT, DDPD_STR(TORCH_EXTENSION_NAME),
-    "ddpd C++/CUDA operators, registered as torch.ops.ddpd.*", -1, nullptr};
+    "ddpd C++/CUDA operators, registered as torch.ops.ddpd.*", -1, ddpd_methods};
 
 PyMODINIT_FUNC DDPD_CONCAT(PyInit_, TORCH_EXTENSION_NAME)(void) {
   PyObject* module = PyModule_Create(&ddpd_module);
