@@ -1,12 +1,16 @@
 """The Python side of a CUDA call of each Triton op, measured without a GPU.
 
 On a GPU an eager call costs its wrapper's checks (benchmarks/host_cost.py), then the
-op's launcher (ddpd.ops.<op>.<op>_triton: allocations, grids) and Triton's launch of
-each kernel (argument binding and specialisation, cache lookup) before the driver's
-cuLaunchKernel. This times the launcher and Triton's launches on CPU tensors, with
-Triton's driver replaced by a stub that reports an sm_90 device and each compiled
-kernel by one whose launch does nothing: everything but the driver's own calls.
+op's launcher (ddpd.ops.<op>.<op>_triton: allocations, grids) and the launch of each
+kernel before the driver's cuLaunchKernel. This times the launcher and its launches on CPU
+tensors, with Triton's driver replaced by a stub that reports an sm_90 device and each
+compiled kernel by one whose launch does nothing: everything but the driver's own calls.
 Shapes of the GPU benchmarks (64 rows of GPT-2's vocabulary, H = 768).
+
+Per op: the call as it runs (each kernel started from ddpd's cache of compiled kernels,
+ddpd.ops._dispatch.launch), the same call through Triton's launch (JITFunction.run behind a
+wrapper, which launch() defers to: argument binding and specialisation, cache lookup), and
+Triton's launch of each kernel alone.
 
     python benchmarks/launch_cost.py
 
@@ -87,6 +91,23 @@ def bernoulli_call(rows: int = 64, width: int = 1024, seed: int = 1, offset: int
     return lambda: bernoulli_triton(p, None, seed, offset, None, seed_t, offset_t)
 
 
+def norm_call(rows: int = 64 * 256, width: int = 768) -> Callable[[], object]:
+    """The networks' LayerNorm over a batch of 64 sequences of 256 tokens."""
+    from ddpd.ops.norm import norm_triton
+
+    x, weight, bias = torch.empty(rows, width), torch.ones(width), torch.zeros(width)
+    return lambda: norm_triton(x, weight, bias)
+
+
+def rotary_call(batch: int = 64, heads: int = 12, length: int = 256, head_dim: int = 64) -> Callable[[], object]:
+    """Rotary embedding of one attention input of the networks (bf16)."""
+    from ddpd.ops.rotary import rotary_triton
+
+    x = torch.empty(batch, heads, length, head_dim, dtype=torch.bfloat16)
+    cos, sin = torch.empty(length, head_dim // 2), torch.empty(length, head_dim // 2)
+    return lambda: rotary_triton(x, cos, sin)
+
+
 LAUNCHES = {
     "sample_categorical": sample_categorical_call,
     "sample_categorical top_p": lambda: sample_categorical_call(top_p=0.9),
@@ -95,6 +116,8 @@ LAUNCHES = {
     "planner_select_mask": lambda: planner_call(with_mask=True),
     "planner_mask": planner_mask_call,
     "bernoulli": bernoulli_call,
+    "norm": norm_call,
+    "rotary": rotary_call,
 }
 
 
@@ -114,35 +137,53 @@ class _StubDriver:
 
 
 class _StubKernel:
-    """A compiled kernel whose launch does nothing."""
+    """A compiled kernel whose launch does nothing: what Triton's CompiledKernel does on the
+    host (its __getitem__ launch, which ddpd.ops._dispatch.launch uses) up to the driver's call.
+    on_run(*args) sees every launch's arguments, from Triton's launch and from __getitem__'s."""
     function, packed_metadata = 0, ()
+
+    def __init__(self, on_run: Callable = lambda *args: None):
+        self.run = on_run
 
     def launch_metadata(self, grid, stream, *args):
         return None
 
-    def run(self, *args):
-        return None
+    def __getitem__(self, grid):
+        from triton import knobs
+        from triton.runtime import driver
+
+        def runner(*args, stream=None):
+            if stream is None:
+                stream = driver.active.get_current_stream(driver.active.get_current_device())
+            self.run(grid[0], grid[1], grid[2], stream, self.function, self.packed_metadata,
+                     self.launch_metadata(grid, stream, *args), knobs.runtime.launch_enter_hook,
+                     knobs.runtime.launch_exit_hook, *args)
+
+        return runner
 
 
-def stub_triton(on_compile: Callable[[str], None] = lambda name: None) -> None:
+def stub_triton(on_compile: Callable[[str], None] = lambda name: None,
+                on_run: Callable = lambda *args: None) -> None:
     """Point Triton's launches at the stubs; the ops' launchers then run on CPU tensors
     as on a GPU. (Their grids are those of a CPU device, which changes the values of a few
     integer arguments, not the work of launching.) on_compile(kernel name) is called for
-    every variant Triton would compile."""
+    every variant Triton would compile, on_run(*args) with the arguments of every launch
+    of a compiled kernel."""
     import importlib
 
     from triton.runtime import driver
     from triton.runtime.jit import JITFunction
 
     driver.set_active(_StubDriver())
-    for op in ("sample_categorical", "sample_from_hidden", "planner_select", "planner_mask", "bernoulli"):
+    for op in ("sample_categorical", "sample_from_hidden", "planner_select", "planner_mask", "bernoulli", "norm",
+               "rotary"):
         for kernel in vars(importlib.import_module(f"ddpd.kernels.{op}")).values():
             if isinstance(kernel, JITFunction):
                 kernel.device_caches[0]  # the binder, made once per device; it sets kernel.compile
 
                 def compile_stub(*args, _name=kernel.fn.__name__, **kwargs):
                     on_compile(_name)
-                    return _StubKernel()
+                    return _StubKernel(on_run)
 
                 kernel.compile = compile_stub
 
@@ -190,15 +231,32 @@ def main() -> int:
 
     torch.set_num_threads(1)
     stub_triton()
-    print(f"Python side of a CUDA call's launches (launcher + Triton's launch, no driver), triton "
+    print(f"Python side of a CUDA call's launches (launcher + launches, no driver), triton "
           f"{triton.__version__}, torch {torch.__version__}, best of {REPEATS} x {CALLS} calls")
-    print(f"{'op':26s} {'call':>9s}   of which Triton's launch of each kernel")
+    print(f"{'op':26s} {'call':>9s} {'via Triton':>11s}   Triton's launch of each kernel")
     for name, build in LAUNCHES.items():
         call = build()
         kernels = [f"{kernel.fn.__name__} {per_call_us(lambda: kernel[grid](*args.values(), **kwargs)):.1f} us"
                    for kernel, grid, args, kwargs in record_launches(call)]
-        print(f"{name:26s} {per_call_us(call):6.1f} us   {', '.join(kernels)}")
+        print(f"{name:26s} {per_call_us(call):6.1f} us {through_tritons_launch(call):8.1f} us   {', '.join(kernels)}")
     return 0
+
+
+def through_tritons_launch(call: Callable[[], object]) -> float:
+    """per_call_us(call) with every kernel launched by Triton's JITFunction.run (behind a
+    wrapper, to which ddpd's launch defers every launch: one Python call more a kernel)."""
+    from triton.runtime.jit import JITFunction
+
+    tritons = JITFunction.run
+
+    def run(self, *args, **kwargs):
+        return tritons(self, *args, **kwargs)
+
+    JITFunction.run = run
+    try:
+        return per_call_us(call)
+    finally:
+        JITFunction.run = tritons
 
 
 if __name__ == "__main__":

@@ -55,6 +55,90 @@ def kernels(op: str):
     return importlib.import_module(f"ddpd.kernels.{op}")
 
 
+_compiled: dict = {}  # id(kernel) -> {(device, meta, argument classes): (compiled kernel, constexprs)} or False
+
+
+def launch(kernel, grid: tuple, *args, **meta) -> None:
+    """kernel[grid](*args, **meta), with args the kernel's runtime arguments in order and meta
+    its constexprs and launch options (num_warps, ...), minus most of Triton's per-launch cost.
+
+    Triton's launch binds the arguments, specialises each one, builds a cache key from them
+    and re-checks the globals the kernel read: 8-11 us a kernel on a CPU core
+    (benchmarks/launch_cost.py), more than the kernel takes at small shapes. Here the first
+    launch of each kernel, device, meta and argument classes goes through Triton and keeps
+    the compiled kernel it returns; later ones launch that kernel directly. The classes
+    (ddpd._C.launch_key, csrc/launch_key.cpp) are at least as fine as Triton's
+    specialisation, so equal classes mean the same compiled kernel. Triton's own launch runs
+    every launch under TRITON_INTERPRET (nothing is compiled), when JITFunction.run is
+    replaced (a tool recording launches) and when ddpd._C cannot be loaded."""
+    cached = _compiled.get(id(kernel))  # by id: a JITFunction hashes its source key, a microsecond
+    if cached is None:  # first sight of this kernel: compiled or interpreted?
+        cached = _compiled[id(kernel)] = {} if hasattr(kernel, "device_caches") and _launch_key() else False
+    classes = cached is not False and _tritons_run(type(kernel).run) and _launch_key()(args)
+    if not classes:  # also an argument launch_key does not classify: Triton decides
+        kernel[grid](*args, **meta)
+        return
+    key = (_triton_driver().active.get_current_device(), classes, *meta.items())
+    entry = cached.get(key)
+    if entry is None:
+        constexprs = _constexpr_values(kernel, args, meta)
+        compiled = kernel[grid](*args, **meta)
+        if compiled is not None:
+            cached[key] = (compiled, constexprs)
+        return
+    compiled, constexprs = entry
+    compiled[grid + _ONES[len(grid)]](*args, *constexprs)
+
+
+@functools.cache
+def _launch_key():
+    """ddpd._C.launch_key, or None where ddpd._C does not load (launch() then leaves every
+    launch to Triton)."""
+    try:
+        return _ext.load().launch_key
+    except Exception:  # no compiler, a failed build: the ops still run, at Triton's launch cost
+        return None
+
+
+_ONES = ((1, 1, 1), (1, 1), (1,), ())  # a grid's missing dimensions
+
+
+@functools.cache
+def _triton_driver():
+    """triton.runtime.driver, imported once (an import statement costs a launch a microsecond)."""
+    from triton.runtime import driver
+
+    return driver
+
+
+_triton_run = None  # Triton's JITFunction.run, once seen
+
+
+def _tritons_run(run) -> bool:
+    """Whether run is Triton's own launch, not a replacement (a tool recording the launches,
+    benchmarks/launch_cost.py): a replacement sees every launch, so none goes around it."""
+    global _triton_run
+    if run is _triton_run:
+        return True
+    if getattr(run, "__module__", None) == "triton.runtime.jit" and run.__qualname__ == "JITFunction.run":
+        _triton_run = run
+        return True
+    return False
+
+
+def _constexpr_values(kernel, args: tuple, meta: dict) -> tuple:
+    """The values of the kernel's parameters after args (its constexprs, from meta or their
+    defaults), in order: a compiled kernel takes every parameter, and Triton's binder fills
+    these in. Refuses a runtime argument passed by name (launch() would key it by value) and
+    a constexpr passed by position (keyed by its class only, it would reuse another value's
+    kernel)."""
+    given, rest = kernel.params[:len(args)], kernel.params[len(args):]
+    if any(p.is_constexpr for p in given) or any(not p.is_constexpr for p in rest):
+        raise TypeError(f"launch({kernel.fn.__name__}): pass the runtime arguments by position and only them, "
+                        f"then the constexprs by name")
+    return tuple(meta[p.name] if p.name in meta else p.default for p in rest)
+
+
 @functools.cache
 def triton_available() -> bool:
     """Whether Triton imports: torch's CUDA wheels for Linux ship it, other installs may not

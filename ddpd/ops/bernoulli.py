@@ -62,9 +62,8 @@ def bernoulli_triton(p, noise, seed, offset, row_ids, seed_t, offset_t):
     rows, width = p.shape
     z = torch.empty(rows, width, dtype=torch.bool, device=p.device)
     if rows and width:
-        bernoulli_kernel[bernoulli_grid(rows, width)](p, width, noise, row_ids, *rng.split32(seed),
-                                                      *rng.split32(offset), seed_t, offset_t, z, BLOCK=BLOCK,
-                                                      FLOAT64=p.dtype == torch.float64)
+        _dispatch.launch(bernoulli_kernel, bernoulli_grid(rows, width), p, width, noise, row_ids, *rng.split32(seed),
+                         *rng.split32(offset), seed_t, offset_t, z, BLOCK=BLOCK, FLOAT64=p.dtype == torch.float64)
     return z
 
 

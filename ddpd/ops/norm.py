@@ -119,7 +119,8 @@ def norm_triton(x: torch.Tensor, weight: Optional[torch.Tensor] = None, bias: Op
     grid, block_rows, block_w, num_warps = norm_launch(rows, width)
     modulated = scale is not None
     shift_rows, scale_rows = (_rows(shift), _rows(scale)) if modulated else (x2d, x2d)
-    _dispatch.kernels("norm").norm_kernel[grid](
+    _dispatch.launch(
+        _dispatch.kernels("norm").norm_kernel, grid,
         x2d, x2d if weight is None else weight.contiguous(), x2d if bias is None else bias.contiguous(),
         shift_rows, scale_rows, out, rows, rows // x.shape[0] if modulated else rows, width, eps, x2d.stride(0),
         shift_rows.stride(0), scale_rows.stride(0), BLOCK_ROWS=block_rows, BLOCK_W=block_w, RMS=rms,

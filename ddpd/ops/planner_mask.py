@@ -92,8 +92,8 @@ def planner_mask_triton(logits, x, positions, mask_id, noise, counters, row_ids)
     count = torch.empty(rows, dtype=torch.int64, device=x.device)
     if rows > 0:
         seed, offset, seed_t, offset_t = counters
-        planner_mask_kernel[(rows,)](
-            logits, x, positions.contiguous() if k > 0 else x, length, k, mask_id,
+        _dispatch.launch(
+            planner_mask_kernel, (rows,), logits, x, positions.contiguous() if k > 0 else x, length, k, mask_id,
             noise, row_ids, *rng.split32(seed), *rng.split32(offset), seed_t, offset_t, masked, z, count,
             BLOCK_D=1 << (length - 1).bit_length(), BLOCK_K=max(1, 1 << (k - 1).bit_length()),
         )

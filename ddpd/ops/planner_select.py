@@ -285,8 +285,8 @@ def planner_select_triton(logits, k, softmax, tau, eps, noise, counters, row_ids
     count = torch.empty(rows, dtype=torch.int64, device=device) if mask is not None else None
     if rows > 0:
         seed, offset, seed_t, offset_t = counters
-        planner_select_kernel[(rows,)](
-            logits, length, k, tau, eps,
+        _dispatch.launch(
+            planner_select_kernel, (rows,), logits, length, k, tau, eps,
             noise, mask_noise, row_ids, *rng.split32(seed), *rng.split32(offset), *rng.split32(mask_offset),
             seed_t, offset_t, mask_offset_t, x, mask_id, positions, sum_p, stop, masked, z, count,
             SOFTMAX=softmax, WITH_MASK=mask is not None, BLOCK_D=1 << (length - 1).bit_length(),

@@ -65,10 +65,10 @@ def rotary_triton(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torc
     out = torch.empty(batch, heads, length, head_dim, dtype=x.dtype, device=x.device)
     if out.numel():
         grid, block_l, block_half = rotary_launch(batch, heads, length, half)
-        rotary_kernel[grid](
-            x, cos[:length].contiguous(), sin[:length].contiguous(), out, heads, length, half, x.stride(0),
-            x.stride(1), x.stride(2), BLOCK_L=block_l, BLOCK_HALF=block_half, BF16=x.dtype == torch.bfloat16,
-            enable_fp_fusion=False)
+        _dispatch.launch(
+            rotary_kernel, grid, x, cos[:length].contiguous(), sin[:length].contiguous(), out, heads, length, half,
+            x.stride(0), x.stride(1), x.stride(2), BLOCK_L=block_l, BLOCK_HALF=block_half,
+            BF16=x.dtype == torch.bfloat16, enable_fp_fusion=False)
     return out
 
 

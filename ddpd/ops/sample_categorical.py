@@ -672,19 +672,21 @@ def sample_categorical_triton(logits, temperature, temperature_t, exclude_ids, e
             capacity = max(capacity, min(TOP_P_CANDIDATES, vocab))
         scratch = torch.empty(rows, n_groups + capacity, dtype=torch.float32, device=device) \
             if n_groups + capacity else tau
-        kernels.thresholds_kernel[(rows,)](logits, vocab, *temp, *masks, top_k, top_k_t, top_p, top_p_t,
-                                           log_min_p, log_min_p_t, tau, scratch, n_groups, capacity,
-                                           TOP_K=flags[0], TOP_P=flags[1], MIN_P=flags[2], BLOCK=THRESHOLD_BLOCK,
-                                           SCAN_BLOCK=THRESHOLD_SCAN_BLOCK, GROUP=group, num_warps=THRESHOLD_WARPS)
+        _dispatch.launch(kernels.thresholds_kernel, (rows,), logits, vocab, *temp, *masks, top_k, top_k_t, top_p,
+                         top_p_t, log_min_p, log_min_p_t, tau, scratch, n_groups, capacity,
+                         TOP_K=flags[0], TOP_P=flags[1], MIN_P=flags[2], BLOCK=THRESHOLD_BLOCK,
+                         SCAN_BLOCK=THRESHOLD_SCAN_BLOCK, GROUP=group, num_warps=THRESHOLD_WARPS)
     stats = None
     if launch.stats_grid:
         stats = torch.empty(rows, tiles, kernels.RECORD.value, dtype=torch.float32, device=device)
-        kernels.tile_stats_kernel[launch.stats_grid](
+        _dispatch.launch(
+            kernels.tile_stats_kernel, launch.stats_grid,
             logits, vocab, tiles, launch.tiles_per_split, *temp, *masks, tau, stats,
             TILE=TILE, TILES_PER_CHUNK=launch.tiles_per_chunk, SECOND=confidence == 2, ENTROPY=confidence == 3,
             num_warps=launch.stats_warps,
         )
-    kernels.finish_kernel[launch.finish_grid](
+    _dispatch.launch(
+        kernels.finish_kernel, launch.finish_grid,
         logits, vocab, tiles, *temp, *masks, tau, noise, row_ids, *rng.split32(seed), *rng.split32(offset), seed_t,
         offset_t, stats, *outputs,
         TILE=TILE, BLOCK_J=TILE if tiles > 1 else 1 << (vocab - 1).bit_length(),

@@ -204,7 +204,8 @@ def sample_from_hidden_triton(hidden, weight, bias, temperature, temperature_t, 
              else None)
     ids = exclude_ids if exclude_ids is not None else _dispatch.device_ids((), device)
     stream = (noise, row_ids, *rng.split32(seed), *rng.split32(offset), seed_t, offset_t)
-    kernels.head_tiles_kernel[launch.tiles_grid](
+    _dispatch.launch(
+        kernels.head_tiles_kernel, launch.tiles_grid,
         hidden, weight, None if bias is None else bias.contiguous(), rows, vocab, width, tiles, launch.tiles_per_split,
         temperature, temperature_t, ids, 0 if exclude_ids is None else exclude_ids.numel(), exclude_per_row, allowed,
         *stream, stats, *outputs,
@@ -213,9 +214,9 @@ def sample_from_hidden_triton(hidden, weight, bias, temperature, temperature_t, 
         num_warps=launch.num_warps, num_stages=launch.num_stages,
     )
     if launch.finish_grid:
-        kernels.finish_kernel[launch.finish_grid](tiles, vocab, temperature, temperature_t, *stream, stats, *outputs,
-                                                  BLOCK_T=min(1024, 1 << (tiles - 1).bit_length()), LOGPROB=logprob,
-                                                  CONFIDENCE=confidence)
+        _dispatch.launch(kernels.finish_kernel, launch.finish_grid, tiles, vocab, temperature, temperature_t, *stream,
+                         stats, *outputs, BLOCK_T=min(1024, 1 << (tiles - 1).bit_length()), LOGPROB=logprob,
+                         CONFIDENCE=confidence)
     return outputs
 
 
@@ -268,7 +269,8 @@ def head_logits_triton(hidden: torch.Tensor, weight: torch.Tensor, bias: Optiona
     if rows == 0:  # no launch (and no launch configuration: it divides by the row blocks)
         return out
     launch = head_launch(rows, width, vocab, weight.element_size(), _dispatch.multiprocessors(hidden.device))
-    head_logits_kernel[head_logits_grid(launch, vocab)](
+    _dispatch.launch(
+        head_logits_kernel, head_logits_grid(launch, vocab),
         hidden, weight, None if bias is None else bias.contiguous(), rows, vocab, width, out, TILE=TILE,
         BLOCK_N=launch.block_n, BLOCK_H=launch.block_h, DOT_F32=dot_in_float32(hidden, weight),
         num_warps=launch.num_warps, num_stages=launch.num_stages)
