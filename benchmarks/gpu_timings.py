@@ -336,30 +336,33 @@ def time_head_configs(bench: Bench, rows: int, width: int, vocab: int, dtype: to
 
     hidden = randn(rows, width, seed=1, dtype=dtype, device=bench.device)
     weight = randn(vocab, width, scale=2 / width**0.5, seed=2, dtype=dtype, device=bench.device)
-    default = module.head_launch
+    default, default_pdl = module.head_launch, module.PDL
+    sms = torch.cuda.get_device_properties(bench.device).multi_processor_count if bench.cuda else 4
+    chosen = default(rows, width, vocab, weight.element_size(), sms)
     # four stages: more of W in flight (the H = 4096 head reads W at 1.8x one read; 144 KB of
-    # shared memory at 32 rows, within sm_90's 227)
-    for block_n, warps, stages in [(16, 4, 3), (16, 4, 2), (16, 8, 3), (32, 8, 3), (32, 8, 2), (16, 8, 4), (32, 8, 4)]:
-        def launch(*args_, block_n=block_n, warps=warps, stages=stages):
+    # shared memory at 32 rows, within sm_90's 227); pdl: programmatic dependent launch
+    # (module.PDL, where the device has it) of head_launch's choice
+    configs = [(16, 4, 3, False), (16, 4, 2, False), (16, 8, 3, False), (32, 8, 3, False), (32, 8, 2, False),
+               (16, 8, 4, False), (32, 8, 4, False), (chosen.block_n, chosen.num_warps, chosen.num_stages, True)]
+    for block_n, warps, stages, pdl in configs:
+        def launch(*args_, block_n=block_n, warps=warps, stages=stages, pdl=False):
             chosen = default(*args_)
             grid = (-(-rows // block_n), chosen.tiles_grid[1])
             return module.HeadLaunch(block_n, chosen.block_h, chosen.tiles_per_split, grid, chosen.finish_grid,
-                                     warps, stages)
+                                     warps, stages, pdl)
 
-        module.head_launch = launch
+        module.head_launch, module.PDL = launch, pdl
         try:
             fn = lambda: sample_from_hidden(hidden, weight, None, seed=1, offset=2)  # noqa: E731
             ms = bench.graph_ms(fn) or bench.median_ms(fn)
-            mark = ""
-            if bench.cuda:
-                sms = torch.cuda.get_device_properties(bench.device).multi_processor_count
-                chosen = default(rows, width, vocab, weight.element_size(), sms)
-                if (chosen.block_n, chosen.num_warps, chosen.num_stages) == (block_n, warps, stages):
-                    mark = " (head_launch's)"
-            print(f"  head config N={rows} H={width} V={vocab} block_n={block_n} warps={warps} stages={stages}: "
-                  f"{ms * 1e3:8.1f} us{mark}")
         finally:
-            module.head_launch = default
+            module.head_launch, module.PDL = default, default_pdl
+        mark = ""
+        if bench.cuda and (chosen.block_n, chosen.num_warps, chosen.num_stages, default_pdl) == (
+                block_n, warps, stages, pdl):
+            mark = " (head_launch's)"
+        print(f"  head config N={rows} H={width} V={vocab} block_n={block_n} warps={warps} stages={stages} "
+              f"pdl={int(pdl)}: {ms * 1e3:8.1f} us{mark}")
 
 
 def time_categorical_configs(bench: Bench, rows: int, vocab: int, dtype: torch.dtype) -> None:
@@ -372,22 +375,27 @@ def time_categorical_configs(bench: Bench, rows: int, vocab: int, dtype: torch.d
     # one warp a program: a tile of 256 is then 8 values a lane, reduced within the warp; with
     # four, rows that do not start 16-byte aligned (V = 50257 in bf16) spread each tile over
     # the four warps, and every tile's two reductions pass through shared memory and barriers
-    for per_sm, chunk, warps in [(8, 4, 4), (8, 8, 4), (32, 2, 1), (64, 2, 1), (64, 1, 1), (128, 2, 1), (128, 1, 1),
-                                 (64, 4, 1), (32, 2, 2)]:
-        module.categorical_launch = lambda r, v, sms, per_sm=per_sm, chunk=chunk, warps=warps: default(
-            r, v, sms, per_sm, chunk, warps)
+    # pdl: programmatic dependent launch (module.PDL; only where the device has it), which may
+    # overlap the finish kernel's launch with the tile statistics' end
+    default_pdl = module.PDL
+    for per_sm, chunk, warps, pdl in [(8, 4, 4, False), (8, 8, 4, False), (32, 2, 1, False), (64, 2, 1, False),
+                                      (64, 1, 1, False), (128, 2, 1, False), (128, 1, 1, False), (64, 4, 1, False),
+                                      (32, 2, 2, False), (64, 2, 1, True), (128, 2, 1, True)]:
+        module.categorical_launch = lambda r, v, sms, per_sm=per_sm, chunk=chunk, warps=warps, pdl=False: default(
+            r, v, sms, per_sm, chunk, warps, pdl=pdl)
+        module.PDL = pdl
         try:
             fn = lambda: sample_categorical(logits, seed=1, offset=2)  # noqa: E731
             ms = bench.graph_ms(fn) or bench.median_ms(fn)
         finally:
-            module.categorical_launch = default
+            module.categorical_launch, module.PDL = default, default_pdl
         mark = ""
         if bench.cuda:
             sms = torch.cuda.get_device_properties(bench.device).multi_processor_count
-            if default(rows, vocab, sms) == default(rows, vocab, sms, per_sm, chunk, warps):
+            if default(rows, vocab, sms) == default(rows, vocab, sms, per_sm, chunk, warps) and pdl == default_pdl:
                 mark = " (categorical_launch's)"
         print(f"  categorical config ({rows}, {vocab}) {str(dtype)[6:]} programs/SM={per_sm} tiles/load={chunk} "
-              f"warps={warps}: {ms * 1e3:8.1f} us{mark}")
+              f"warps={warps} pdl={int(pdl)}: {ms * 1e3:8.1f} us{mark}")
 
 
 def time_planner_ops(bench: Bench, rows: int, length: int) -> None:

@@ -31,8 +31,9 @@ import triton
 import triton.language as tl
 
 from ddpd.kernels.rng import COUNTER_WORDS, gumbel, load_counters, load_row_id, row_uniform
-from ddpd.kernels.sample_categorical import (TILE_ENT, TILE_MASS, TILE_MAX, TILE_SECOND, race, row_summary,
-                                             row_temperature, shift, store_outputs, tile_statistics)
+from ddpd.kernels.sample_categorical import (TILE_ENT, TILE_MASS, TILE_MAX, TILE_SECOND, let_next_kernel_start, race,
+                                             row_summary, row_temperature, shift, store_outputs, tile_statistics,
+                                             wait_for_prior_kernel)
 
 # A tile's record: sample_categorical's four statistics, then the tile's candidate token
 # (int32 bits) and its logit.
@@ -80,8 +81,9 @@ def head_tiles_kernel(
     noise_ptr, row_ids_ptr, seed_lo, seed_hi, offset_lo, offset_hi, seed_ptr, offset_ptr,
     stats_ptr, tokens_ptr, valid_ptr, logprob_ptr, confidence_ptr,
     TILE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, DOT_F32: tl.constexpr,
-    SINGLE_TILE: tl.constexpr, LOGPROB: tl.constexpr, CONFIDENCE: tl.constexpr,
+    SINGLE_TILE: tl.constexpr, LOGPROB: tl.constexpr, CONFIDENCE: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    wait_for_prior_kernel(PDL)
     seed_lo, seed_hi, offset_lo, offset_hi = load_counters(seed_lo, seed_hi, offset_lo, offset_hi, seed_ptr,
                                                            offset_ptr)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -134,14 +136,16 @@ def head_tiles_kernel(
                 tl.store(record + TILE_SECOND, second, mask=live_row)
             if CONFIDENCE == 3:
                 tl.store(record + TILE_ENT, ent, mask=live_row)
+    let_next_kernel_start(PDL)
 
 
 @triton.jit(do_not_specialize=COUNTER_WORDS)
 def finish_kernel(
     n_tiles, V, temperature, temperature_ptr, noise_ptr, row_ids_ptr, seed_lo, seed_hi, offset_lo, offset_hi,
     seed_ptr, offset_ptr, stats_ptr, tokens_ptr, valid_ptr, logprob_ptr, confidence_ptr,
-    BLOCK_T: tl.constexpr, LOGPROB: tl.constexpr, CONFIDENCE: tl.constexpr,
+    BLOCK_T: tl.constexpr, LOGPROB: tl.constexpr, CONFIDENCE: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    wait_for_prior_kernel(PDL)
     row = tl.program_id(0).to(tl.int64)
     seed_lo, seed_hi, offset_lo, offset_hi = load_counters(seed_lo, seed_hi, offset_lo, offset_hi, seed_ptr,
                                                            offset_ptr)
@@ -164,6 +168,7 @@ def finish_kernel(
             token_logit = row_max
         store_outputs(row, valid, token_logit, row_max, t, log_z, second, neg_entropy, logprob_ptr, confidence_ptr,
                       LOGPROB, CONFIDENCE)
+    let_next_kernel_start(PDL)
 
 
 @triton.jit

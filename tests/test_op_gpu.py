@@ -149,6 +149,35 @@ def test_graph_replays_draw_fresh_noise_from_tensor_offsets():
     assert not torch.equal(draws[0][2], draws[1][2])
 
 
+def test_programmatic_dependent_launch_draws_what_plain_launches_draw(monkeypatch):
+    """With PDL on (sm_90+), each kernel of a call may start as the one before it ends and
+    waits before touching memory: the same outputs as plain launches, eager and replayed in
+    a CUDA graph, with truncation (three kernels), statistics and the fused head."""
+    import sys
+
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("programmatic dependent launch needs sm_90")
+    g = torch.Generator().manual_seed(5)
+    logits = (3 * torch.randn(64, 50257, generator=g)).bfloat16().cuda()
+    hidden, weight = torch.randn(8, 256, generator=g).cuda(), (torch.randn(50257, 256, generator=g) / 16).cuda()
+
+    def calls():
+        return (*sample_categorical(logits, 0.9, seed=3, offset=1),
+                *sample_categorical(logits, top_p=0.9, seed=3, offset=2, return_logprob=True, confidence="margin"),
+                *sample_from_hidden(hidden, weight, None, 0.8, seed=3, offset=3, return_logprob=True))
+
+    plain = [t.clone() for t in calls()]
+    for op in ("sample_categorical", "sample_from_hidden"):
+        monkeypatch.setattr(sys.modules[f"ddpd.ops.{op}"], "PDL", True)
+    agree(calls(), plain)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = calls()
+    graph.replay()
+    torch.cuda.synchronize()
+    agree(out, plain)
+
+
 @pytest.mark.parametrize("rows,vocab", [(64, 50257), (7, 300), (3, 128256)])
 def test_sampling_controls_cuda_match_cpu(rows, vocab):
     """The Triton kernels with per-row temperatures (greedy rows too), the truncation

@@ -49,6 +49,12 @@ def optional(present: bool, kind: str):
     return kind if present else None
 
 
+def dependent(target, present) -> dict:
+    """PDL, the programmatic dependent launch of the multi-kernel ops: on with every optional
+    input on sm_90 (griddepcontrol is an sm_90 instruction; the launchers ask for it only there)."""
+    return dict(PDL=present and target.arch >= 90)
+
+
 def sample_categorical_case(target, present):
     """Every optional input and output present (bf16 logits, per-row controls, a threshold,
     the margin confidence and the log-probability), or none (float32, scalars); the
@@ -60,20 +66,21 @@ def sample_categorical_case(target, present):
     stats = dict(logits, n_tiles="i32", tiles_per_split="i32", **temp, **masks, tau_ptr=optional(present, "*fp32"),
                  stats_ptr="*fp32")
     assert "cubin" in compile_kernel(categorical_kernels.tile_stats_kernel, stats,
-                                     dict(TILE=256, TILES_PER_CHUNK=4, SECOND=present, ENTROPY=not present), target)
+                                     dict(TILE=256, TILES_PER_CHUNK=4, SECOND=present, ENTROPY=not present,
+                                          **dependent(target, present)), target)
     finish = dict(logits, n_tiles="i32", **temp, **masks, tau_ptr=optional(present, "*fp32"),
                   noise_ptr=optional(present, "*fp32"), row_ids_ptr=optional(present, "*i64"), **counters(present),
                   stats_ptr=optional(present, "*fp32"), tokens_ptr="*i64", valid_ptr="*i1", logprob_ptr="*fp32",
                   confidence_ptr="*fp32")
     assert "cubin" in compile_kernel(categorical_kernels.finish_kernel, finish,
                                      dict(TILE=256, BLOCK_J=256, BLOCK_T=256, SINGLE_TILE=not present, LOGPROB=present,
-                                          CONFIDENCE=2 if present else 3), target)
+                                          CONFIDENCE=2 if present else 3, **dependent(target, present)), target)
     thresholds = dict(logits, **temp, **masks, top_k="i64", top_k_ptr=optional(present, "*i64"), top_p="fp32",
                       top_p_ptr=optional(present, "*fp32"), log_min_p="fp32", log_min_p_ptr=optional(present, "*fp32"),
                       tau_ptr="*fp32", scratch_ptr="*fp32", n_groups="i32", capacity="i32")
     assert "cubin" in compile_kernel(categorical_kernels.thresholds_kernel, thresholds,
                                      dict(TOP_K=True, TOP_P=True, MIN_P=present, BLOCK=1024, SCAN_BLOCK=4096,
-                                          GROUP=64), target, num_warps=8)
+                                          GROUP=64, **dependent(target, present)), target, num_warps=8)
 
 
 def planner_select_case(target, present):
@@ -112,7 +119,7 @@ def sample_from_hidden_case(target, present):
                  temperature_ptr=optional(present, "*fp32"), exclude_ptr="*i64", n_exclude="i32",
                  exclude_row_ptr=optional(present, "*i64"), allowed_ptr=optional(present, "*i1"), **stream, **stats,
                  **outputs)
-    flags = dict(LOGPROB=present, CONFIDENCE=2 if present else 3)
+    flags = dict(LOGPROB=present, CONFIDENCE=2 if present else 3, **dependent(target, present))
     asm = compile_kernel(hidden_kernels.head_tiles_kernel, types,
                          dict(TILE=256, BLOCK_N=launch.block_n, BLOCK_H=launch.block_h, DOT_F32=not present,
                               SINGLE_TILE=False, **flags), target, num_warps=launch.num_warps,

@@ -589,6 +589,11 @@ def sample_categorical_reference(
 # rows; at 1024 rows 128 programs a multiprocessor were faster (72.5 and 63.4 us) but cost
 # 64 rows 17.0.
 STATS_PROGRAMS_PER_SM, STATS_TILES_PER_LOAD, STATS_WARPS = 64, 2, 1
+# Programmatic dependent launch (PDL, sm_90 and later): a call's kernels launched so that
+# each may start while the one before it in the stream ends, and waits before it touches
+# memory (ddpd.kernels.sample_categorical.wait_for_prior_kernel). Off until a GPU run has
+# timed it: `python benchmarks/gpu_timings.py --only 'launch configurations'` times both.
+PDL = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -605,22 +610,26 @@ class CategoricalLaunch:
     stats_grid: Optional[tuple]
     finish_grid: tuple
     stats_warps: int = STATS_WARPS
+    pdl: bool = False  # programmatic dependent launch (PDL above)
 
 
 @functools.lru_cache(maxsize=256)  # a per-call cost otherwise; a sampler calls it with few shapes
 def categorical_launch(rows: int, vocab: int, multiprocessors: int, programs_per_sm: int = STATS_PROGRAMS_PER_SM,
-                       tiles_per_load: int = STATS_TILES_PER_LOAD, warps: int = STATS_WARPS) -> CategoricalLaunch:
+                       tiles_per_load: int = STATS_TILES_PER_LOAD, warps: int = STATS_WARPS,
+                       pdl: bool = False) -> CategoricalLaunch:
     """Split each row's tiles over enough programs for programs_per_sm per multiprocessor
     (a single row of GPT-2's vocabulary: one tile per program), whole rows when the rows
-    alone fill the device; each program (warps warps) reads up to tiles_per_load tiles at a time."""
+    alone fill the device; each program (warps warps) reads up to tiles_per_load tiles at a time.
+    pdl: launch the kernels with programmatic dependent launch (the launcher passes PDL on
+    devices that have it)."""
     tiles = n_tiles(vocab)
     if tiles == 1:
-        return CategoricalLaunch(1, 1, 1, None, (rows,))
+        return CategoricalLaunch(1, 1, 1, None, (rows,), pdl=pdl)
     splits = max(1, min(tiles, -(-programs_per_sm * multiprocessors // max(rows, 1))))
     per_split = -(-tiles // splits)
     splits = -(-tiles // per_split)
     chunk = min(tiles_per_load, 1 << (per_split - 1).bit_length())
-    return CategoricalLaunch(splits, per_split, chunk, (rows, splits), (rows,), warps)
+    return CategoricalLaunch(splits, per_split, chunk, (rows, splits), (rows,), warps, pdl)
 
 
 def empty_outputs(rows: int, device: torch.device, logprob: bool, confidence: int) -> tuple:
@@ -658,7 +667,8 @@ def sample_categorical_triton(logits, temperature, temperature_t, exclude_ids, e
     outputs = empty_outputs(rows, device, logprob, confidence)
     if rows == 0:
         return outputs
-    launch = categorical_launch(rows, vocab, _dispatch.multiprocessors(device))
+    launch = categorical_launch(rows, vocab, _dispatch.multiprocessors(device), pdl=PDL and _dispatch.has_pdl(device))
+    pdl = launch.pdl
     tiles = n_tiles(vocab)
     ids = exclude_ids if exclude_ids is not None else _dispatch.device_ids((), device)
     masks = (ids, 0 if exclude_ids is None else exclude_ids.numel(), exclude_per_row, allowed)
@@ -675,7 +685,8 @@ def sample_categorical_triton(logits, temperature, temperature_t, exclude_ids, e
         _dispatch.launch(kernels.thresholds_kernel, (rows,), logits, vocab, *temp, *masks, top_k, top_k_t, top_p,
                          top_p_t, log_min_p, log_min_p_t, tau, scratch, n_groups, capacity,
                          TOP_K=flags[0], TOP_P=flags[1], MIN_P=flags[2], BLOCK=THRESHOLD_BLOCK,
-                         SCAN_BLOCK=THRESHOLD_SCAN_BLOCK, GROUP=group, num_warps=THRESHOLD_WARPS)
+                         SCAN_BLOCK=THRESHOLD_SCAN_BLOCK, GROUP=group, PDL=pdl, num_warps=THRESHOLD_WARPS,
+                         launch_pdl=pdl)
     stats = None
     if launch.stats_grid:
         stats = torch.empty(rows, tiles, kernels.RECORD.value, dtype=torch.float32, device=device)
@@ -683,7 +694,7 @@ def sample_categorical_triton(logits, temperature, temperature_t, exclude_ids, e
             kernels.tile_stats_kernel, launch.stats_grid,
             logits, vocab, tiles, launch.tiles_per_split, *temp, *masks, tau, stats,
             TILE=TILE, TILES_PER_CHUNK=launch.tiles_per_chunk, SECOND=confidence == 2, ENTROPY=confidence == 3,
-            num_warps=launch.stats_warps,
+            PDL=pdl, num_warps=launch.stats_warps, launch_pdl=pdl,
         )
     _dispatch.launch(
         kernels.finish_kernel, launch.finish_grid,
@@ -691,7 +702,7 @@ def sample_categorical_triton(logits, temperature, temperature_t, exclude_ids, e
         offset_t, stats, *outputs,
         TILE=TILE, BLOCK_J=TILE if tiles > 1 else 1 << (vocab - 1).bit_length(),
         BLOCK_T=min(1024, 1 << (tiles - 1).bit_length()), SINGLE_TILE=tiles == 1, LOGPROB=logprob,
-        CONFIDENCE=confidence,
+        CONFIDENCE=confidence, PDL=pdl, launch_pdl=pdl,
     )
     return outputs
 

@@ -128,6 +128,7 @@ class HeadLaunch:
     finish_grid: Optional[tuple]
     num_warps: int
     num_stages: int = 3
+    pdl: bool = False  # programmatic dependent launch (PDL above)
 
 
 def head_logits_grid(launch: HeadLaunch, vocab: int) -> tuple:
@@ -137,10 +138,15 @@ def head_logits_grid(launch: HeadLaunch, vocab: int) -> tuple:
 
 
 WIDE_H = 2048  # rows this wide take head_launch's large row blocks even when they are few
+# Programmatic dependent launch of the two kernels, as ddpd.ops.sample_categorical.PDL
+# (the GEMM may start as the kernel before it ends, the finish pass as the GEMM ends).
+# Off until a GPU run has timed it.
+PDL = False
 
 
 @functools.lru_cache(maxsize=256)  # a per-call cost otherwise; a sampler calls it with few shapes
-def head_launch(rows: int, width: int, vocab: int, element_size: int, multiprocessors: int) -> HeadLaunch:
+def head_launch(rows: int, width: int, vocab: int, element_size: int, multiprocessors: int,
+                pdl: bool = False) -> HeadLaunch:
     """Rows in blocks of 16 with 4 warps up to 64 rows, else 32 with 8 warps unless that
     leaves multiprocessors idle (the dot's N: the tile's 256 tokens are its M); the
     vocabulary split so that there are about PROGRAMS_PER_SM programs per
@@ -162,7 +168,9 @@ def head_launch(rows: int, width: int, vocab: int, element_size: int, multiproce
     against 485 us; at H = 768 99 against 97), and float32 operands, whose three TF32
     products a slice want 8 warps (64 x 256 -> 50257: 107 against 123 us). The wide rows'
     fourth stage keeps more of W in flight: 423 and 426 against 459 us in two runs
-    (nvidia-h200-2026-11-27-5.txt, -6-launch-sweeps.txt), at 48 bytes of stack."""
+    (nvidia-h200-2026-11-27-5.txt, -6-launch-sweeps.txt), at 48 bytes of stack.
+    pdl: launch with programmatic dependent launch (the launcher passes PDL on devices that
+    have it)."""
     tiles = n_tiles(vocab)
     few_rows = rows <= 64 or -(-rows // 32) * tiles < multiprocessors
     wide = element_size <= 2 and width >= WIDE_H
@@ -176,7 +184,7 @@ def head_launch(rows: int, width: int, vocab: int, element_size: int, multiproce
     splits = -(-tiles // per_split)
     block_h = min(64 if element_size <= 2 else 32, max(16, 1 << (width - 1).bit_length()))
     return HeadLaunch(block_n, block_h, per_split, (row_blocks, splits), (rows,) if tiles > 1 else None, num_warps,
-                      4 if wide else 3)
+                      4 if wide else 3, pdl)
 
 
 def dot_in_float32(hidden: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -197,7 +205,9 @@ def sample_from_hidden_triton(hidden, weight, bias, temperature, temperature_t, 
     outputs = empty_outputs(rows, device, logprob, confidence)
     if rows == 0:
         return outputs
-    launch = head_launch(rows, width, vocab, weight.element_size(), _dispatch.multiprocessors(device))
+    launch = head_launch(rows, width, vocab, weight.element_size(), _dispatch.multiprocessors(device),
+                         pdl=PDL and _dispatch.has_pdl(device))
+    pdl = launch.pdl
     tiles = n_tiles(vocab)
     # The per-tile statistics, one record per tile (ddpd.kernels.sample_from_hidden.RECORD)
     stats = (torch.empty(rows, tiles, kernels.RECORD.value, dtype=torch.float32, device=device) if launch.finish_grid
@@ -210,13 +220,13 @@ def sample_from_hidden_triton(hidden, weight, bias, temperature, temperature_t, 
         temperature, temperature_t, ids, 0 if exclude_ids is None else exclude_ids.numel(), exclude_per_row, allowed,
         *stream, stats, *outputs,
         TILE=TILE, BLOCK_N=launch.block_n, BLOCK_H=launch.block_h, DOT_F32=dot_in_float32(hidden, weight),
-        SINGLE_TILE=launch.finish_grid is None, LOGPROB=logprob, CONFIDENCE=confidence,
-        num_warps=launch.num_warps, num_stages=launch.num_stages,
+        SINGLE_TILE=launch.finish_grid is None, LOGPROB=logprob, CONFIDENCE=confidence, PDL=pdl,
+        num_warps=launch.num_warps, num_stages=launch.num_stages, launch_pdl=pdl,
     )
     if launch.finish_grid:
         _dispatch.launch(kernels.finish_kernel, launch.finish_grid, tiles, vocab, temperature, temperature_t, *stream,
                          stats, *outputs, BLOCK_T=min(1024, 1 << (tiles - 1).bit_length()), LOGPROB=logprob,
-                         CONFIDENCE=confidence)
+                         CONFIDENCE=confidence, PDL=pdl, launch_pdl=pdl)
     return outputs
 
 
