@@ -218,16 +218,24 @@ def tile_stats_kernel(
 
 
 @triton.jit
-def race(row, n_tiles, V, t, greedy, stats_ptr, noise_ptr, row_id, seed_lo, seed_hi, offset_lo, offset_hi,
-         BLOCK_T: tl.constexpr, RECORD_WIDTH: tl.constexpr):
-    """The tile race over the stored statistics (records of RECORD_WIDTH fields):
-    (winning tile, row maximum M)."""
+def row_maximum(row, n_tiles, stats_ptr, BLOCK_T: tl.constexpr, RECORD_WIDTH: tl.constexpr):
+    """M = max_t m_t over the stored statistics (records of RECORD_WIDTH fields)."""
     ts = tl.arange(0, BLOCK_T)
     row_max = tl.full([], float("-inf"), tl.float32)
     for t0 in range(0, n_tiles, BLOCK_T):
         record = stats_ptr + (row * n_tiles + t0 + ts) * RECORD_WIDTH
         m = tl.load(record + TILE_MAX, mask=t0 + ts < n_tiles, other=float("-inf"))
         row_max = tl.maximum(row_max, tl.max(m, axis=0))
+    return row_max
+
+
+@triton.jit
+def race(row, n_tiles, V, t, greedy, stats_ptr, noise_ptr, row_id, seed_lo, seed_hi, offset_lo, offset_hi,
+         BLOCK_T: tl.constexpr, RECORD_WIDTH: tl.constexpr):
+    """The tile race over the stored statistics (records of RECORD_WIDTH fields):
+    (winning tile, row maximum M)."""
+    ts = tl.arange(0, BLOCK_T)
+    row_max = row_maximum(row, n_tiles, stats_ptr, BLOCK_T, RECORD_WIDTH)
     best_key = tl.full([], float("-inf"), tl.float32)
     tile = tl.full([], 0, tl.int32)
     for t0 in range(0, n_tiles, BLOCK_T):
@@ -314,6 +322,22 @@ def store_outputs(row, valid, token_logit, row_max, t, log_z, second, neg_entrop
         tl.store(confidence_ptr + row, tl.where(valid, c, float("-inf")), mask=live)
 
 
+@triton.jit
+def tile_draw(x, offs, V, n_tiles, t, greedy, noise_ptr, row, row_id, seed_lo, seed_hi, offset_lo, offset_hi):
+    """The token drawn inside one tile of a row: the first argmax over offs < V of
+    shift(x_j, m) + G_j (greedy rows: of shift(x_j, m)), m = max x, G_j the Gumbel variable of
+    column j of the row's stream; returns (token, m)."""
+    tile_max = tl.max(x, axis=0)
+    y = shift(x, tile_max, t)
+    column = tl.where(offs < V, offs, 0)
+    u = row_uniform(noise_ptr, V + n_tiles, row, column, row_id, seed_lo, seed_hi, offset_lo, offset_hi,
+                    noise_ptr is not None)
+    keys = tl.where(greedy, y, y + gumbel(u))
+    keys = tl.where(offs < V, keys, float("-inf"))
+    token, _ = first_argmax(keys, offs, V)
+    return token, tile_max
+
+
 @triton.jit(do_not_specialize=COUNTER_WORDS)
 def finish_kernel(
     logits_ptr, V, n_tiles, temperature, temperature_ptr,
@@ -338,14 +362,8 @@ def finish_kernel(
 
     offs = tile * TILE + tl.arange(0, BLOCK_J)
     x = masked_logits(logits_ptr, row, offs, V, V, exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr, tau)
-    tile_max = tl.max(x, axis=0)
-    y = shift(x, tile_max, t)
-    column = tl.where(offs < V, offs, 0)
-    u = row_uniform(noise_ptr, V + n_tiles, row, column, row_id, seed_lo, seed_hi, offset_lo, offset_hi,
-                    noise_ptr is not None)
-    keys = tl.where(greedy, y, y + gumbel(u))
-    keys = tl.where(offs < V, keys, float("-inf"))
-    token, _ = first_argmax(keys, offs, V)
+    token, tile_max = tile_draw(x, offs, V, n_tiles, t, greedy, noise_ptr, row, row_id, seed_lo, seed_hi, offset_lo,
+                                offset_hi)
     if SINGLE_TILE:
         row_max = tile_max
     valid = row_max > float("-inf")
