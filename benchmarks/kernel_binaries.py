@@ -139,24 +139,30 @@ CASES = {
     "planner_select_mask 64x1024": lambda: planner_call(64, 1024, with_mask=True),
     "planner_mask 64x1024": lambda: planner_mask_call(64, 1024),
     # as launched with programmatic dependent launch (the ops' PDL switch, off by default)
-    "sample_categorical 64x50257 bf16 top-p pdl": lambda: with_pdl(
-        "sample_categorical", sample_categorical_call(64, GPT2, torch.bfloat16, top_p=0.9)),
-    "sample_from_hidden N=64 H=768 V=50257 pdl": lambda: with_pdl("sample_from_hidden",
+    "sample_categorical 64x50257 bf16 top-p pdl": lambda: switched(
+        "sample_categorical", "PDL", sample_categorical_call(64, GPT2, torch.bfloat16, top_p=0.9)),
+    "sample_from_hidden N=64 H=768 V=50257 pdl": lambda: switched("sample_from_hidden", "PDL",
                                                                   sample_from_hidden_call(64, 768, GPT2)),
+    # the head with the winning tile computed again by the finish pass (off by default)
+    "sample_from_hidden N=64 H=768 V=50257 recompute": lambda: switched("sample_from_hidden", "RECOMPUTE",
+                                                                        sample_from_hidden_call(64, 768, GPT2)),
+    "sample_from_hidden N=64 H=4096 V=128256 recompute": lambda: switched(
+        "sample_from_hidden", "RECOMPUTE", sample_from_hidden_call(64, 4096, LLAMA3)),
 }
 
 
-def with_pdl(op: str, call):
-    """call, run with ddpd.ops.<op>.PDL on (answer_as_h100 then answers that the device has
-    programmatic dependent launch)."""
+def switched(op: str, switch: str, call):
+    """call, run with the switch ddpd.ops.<op>.<switch> on: PDL (answer_as_h100 then answers
+    that the device has programmatic dependent launch), RECOMPUTE."""
     module = sys.modules[f"ddpd.ops.{op}"]  # the package exports a function of that name
 
     def run():
-        saved, module.PDL = module.PDL, True
+        saved = getattr(module, switch)
+        setattr(module, switch, True)
         try:
             return call()
         finally:
-            module.PDL = saved
+            setattr(module, switch, saved)
 
     return run
 
@@ -173,8 +179,8 @@ def answer_as_h100() -> None:
     categorical_launch, head_launch = categorical.categorical_launch, hidden.head_launch
     categorical.categorical_launch = lambda rows, vocab, sms, *rest, pdl=False: categorical_launch(
         rows, vocab, H100_SMS, *rest, pdl=categorical.PDL)
-    hidden.head_launch = lambda rows, width, vocab, size, sms, pdl=False: head_launch(
-        rows, width, vocab, size, H100_SMS, pdl=hidden.PDL)
+    hidden.head_launch = lambda rows, width, vocab, size, sms, pdl=False, recompute=False: head_launch(
+        rows, width, vocab, size, H100_SMS, pdl=hidden.PDL, recompute=recompute)
     hidden.dot_in_float32 = lambda hidden, weight: weight.dtype == torch.float32 or hidden.dtype != weight.dtype
 
 

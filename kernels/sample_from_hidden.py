@@ -16,11 +16,16 @@ as its epilogue; the [N, V] logits never exist.
   y_j) with its logit, and on request the second largest value and a_t. The race
   inside a tile does not depend on which tile wins, so every tile's winner is kept
   and the weight is read once. With a single tile (V <= TILE) it writes the outputs
-  itself: one launch.
+  itself: one launch. RECOMPUTE: the epilogue keeps only the statistics (no Philox
+  draw a logit, half the registers), as the C++ path does;
 - finish_kernel, one program per row: the tile race of
   ddpd.kernels.sample_categorical over the stored statistics (G_t from column V + t),
   the winning tile's candidate is the token; its log-probability and confidence
-  from the same statistics.
+  from the same statistics. RECOMPUTE: it computes the winning tile's logits again
+  (one TILE x H tile of W against the row) and draws the token there from the same
+  stream columns, and the log-probability and confidence take that tile's statistics
+  from those logits (a last-bit difference between the two products, divided by a
+  small temperature, would otherwise move them far).
 - head_logits_kernel, grid (row blocks, tiles): the float32 logits themselves, for
   the calls with a truncation threshold (top-k / top-p / min-p needs a whole row).
 The logits are those of the torch reference up to the order of the float32
@@ -32,8 +37,8 @@ import triton.language as tl
 
 from ddpd.kernels.rng import COUNTER_WORDS, gumbel, load_counters, load_row_id, row_uniform
 from ddpd.kernels.sample_categorical import (TILE_ENT, TILE_MASS, TILE_MAX, TILE_SECOND, let_next_kernel_start, race,
-                                             row_summary, row_temperature, shift, store_outputs, tile_statistics,
-                                             wait_for_prior_kernel)
+                                             row_maximum, row_summary, row_temperature, shift, store_outputs,
+                                             tile_draw, tile_statistics, wait_for_prior_kernel)
 
 # A tile's record: sample_categorical's four statistics, then the tile's candidate token
 # (int32 bits) and its logit.
@@ -82,6 +87,7 @@ def head_tiles_kernel(
     stats_ptr, tokens_ptr, valid_ptr, logprob_ptr, confidence_ptr,
     TILE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, DOT_F32: tl.constexpr,
     SINGLE_TILE: tl.constexpr, LOGPROB: tl.constexpr, CONFIDENCE: tl.constexpr, PDL: tl.constexpr = False,
+    RECOMPUTE: tl.constexpr = False,
 ):
     wait_for_prior_kernel(PDL)
     seed_lo, seed_hi, offset_lo, offset_hi = load_counters(seed_lo, seed_hi, offset_lo, offset_hi, seed_ptr,
@@ -108,17 +114,18 @@ def head_tiles_kernel(
         x = masked_head_logits(x, cols, safe_rows, V, exclude_ptr, n_exclude, exclude_row, allowed_ptr)
         # statistics per row: tile_statistics works along axis 1, so on x^T [BLOCK_N, TILE]
         m, s, second, ent = tile_statistics(tl.trans(x), t[:, None], CONFIDENCE == 2, CONFIDENCE == 3)
-        y = shift(x, m[None, :], t[None, :])
-        u_tok = row_uniform(noise_ptr, V + n_tiles, safe_rows[None, :], tl.where(cols < V, cols, 0)[:, None],
-                            row_id[None, :], seed_lo, seed_hi, offset_lo, offset_hi, noise_ptr is not None)
-        keys = tl.where(greedy[None, :], y, y + gumbel(u_tok))
-        keys = tl.where(cols[:, None] < V, keys, float("-inf"))
-        best = tl.max(keys, axis=0)
-        candidate = tl.min(tl.where(keys == best[None, :], cols[:, None], V), axis=0)
-        if LOGPROB or CONFIDENCE != 0:  # the candidate's own logit, for its probability
-            candidate_logit = tl.max(tl.where(cols[:, None] == candidate[None, :], x, float("-inf")), axis=0)
-        else:
-            candidate_logit = m
+        if SINGLE_TILE or not RECOMPUTE:  # the tile's candidate token: a Philox draw a logit
+            y = shift(x, m[None, :], t[None, :])
+            u_tok = row_uniform(noise_ptr, V + n_tiles, safe_rows[None, :], tl.where(cols < V, cols, 0)[:, None],
+                                row_id[None, :], seed_lo, seed_hi, offset_lo, offset_hi, noise_ptr is not None)
+            keys = tl.where(greedy[None, :], y, y + gumbel(u_tok))
+            keys = tl.where(cols[:, None] < V, keys, float("-inf"))
+            best = tl.max(keys, axis=0)
+            candidate = tl.min(tl.where(keys == best[None, :], cols[:, None], V), axis=0)
+            if LOGPROB or CONFIDENCE != 0:  # the candidate's own logit, for its probability
+                candidate_logit = tl.max(tl.where(cols[:, None] == candidate[None, :], x, float("-inf")), axis=0)
+            else:
+                candidate_logit = m
         if SINGLE_TILE:  # the tile wins whenever anything is drawable: no finish pass
             valid = m > float("-inf")
             tl.store(tokens_ptr + safe_rows, tl.where(valid, candidate, 0).to(tl.int64), mask=live_row)
@@ -129,9 +136,10 @@ def head_tiles_kernel(
             record = stats_ptr + (safe_rows * n_tiles + tile) * RECORD
             tl.store(record + TILE_MAX, m, mask=live_row)
             tl.store(record + TILE_MASS, s, mask=live_row)
-            tl.store(record + TILE_CANDIDATE, candidate.to(tl.float32, bitcast=True), mask=live_row)
-            if LOGPROB or CONFIDENCE == 1:
-                tl.store(record + TILE_CANDIDATE_LOGIT, candidate_logit, mask=live_row)
+            if not RECOMPUTE:
+                tl.store(record + TILE_CANDIDATE, candidate.to(tl.float32, bitcast=True), mask=live_row)
+                if LOGPROB or CONFIDENCE == 1:
+                    tl.store(record + TILE_CANDIDATE_LOGIT, candidate_logit, mask=live_row)
             if CONFIDENCE == 2:
                 tl.store(record + TILE_SECOND, second, mask=live_row)
             if CONFIDENCE == 3:
@@ -139,11 +147,37 @@ def head_tiles_kernel(
     let_next_kernel_start(PDL)
 
 
+@triton.jit
+def winning_tile_draw(h_ptr, w_ptr, b_ptr, row, tile, V, H, n_tiles, t, greedy, exclude_ptr, n_exclude,
+                      exclude_row_ptr, allowed_ptr, noise_ptr, row_id, seed_lo, seed_hi, offset_lo, offset_hi,
+                      TILE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, DOT_F32: tl.constexpr):
+    """RECOMPUTE: the token drawn inside the row's winning tile from that tile's logits,
+    computed again (one tile of W, TILE x H, against the row's hidden state), and those
+    logits. The GEMM's product of BLOCK_N rows with only this row loaded (a dot wants at
+    least 16): the logits of the same tl.dot as the tile statistics'."""
+    cols = tile * TILE + tl.arange(0, TILE)
+    rows = row + tl.arange(0, BLOCK_N)
+    x = head_logits(h_ptr, w_ptr, b_ptr, rows, cols, row + 1, V, H, BLOCK_H, DOT_F32)  # rows past `row` read as 0
+    this_row = row + tl.zeros((BLOCK_N,), tl.int64)  # every column masked as the row (none read past it)
+    if exclude_row_ptr is not None:
+        exclude_row = tl.load(exclude_row_ptr + this_row)
+    else:
+        exclude_row = tl.full((BLOCK_N,), -1, tl.int64)
+    x = masked_head_logits(x, cols, this_row, V, exclude_ptr, n_exclude, exclude_row, allowed_ptr)
+    x = tl.max(tl.where(rows[None, :] == row, x, float("-inf")), axis=1)  # the row's column
+    token, _ = tile_draw(x, cols, V, n_tiles, t, greedy, noise_ptr, row, row_id, seed_lo, seed_hi, offset_lo,
+                         offset_hi)
+    return token, x
+
+
 @triton.jit(do_not_specialize=COUNTER_WORDS)
 def finish_kernel(
+    h_ptr, w_ptr, b_ptr, H, exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr,
     n_tiles, V, temperature, temperature_ptr, noise_ptr, row_ids_ptr, seed_lo, seed_hi, offset_lo, offset_hi,
     seed_ptr, offset_ptr, stats_ptr, tokens_ptr, valid_ptr, logprob_ptr, confidence_ptr,
     BLOCK_T: tl.constexpr, LOGPROB: tl.constexpr, CONFIDENCE: tl.constexpr, PDL: tl.constexpr = False,
+    RECOMPUTE: tl.constexpr = False, TILE: tl.constexpr = 256, BLOCK_N: tl.constexpr = 16,
+    BLOCK_H: tl.constexpr = 64, DOT_F32: tl.constexpr = False,
 ):
     wait_for_prior_kernel(PDL)
     row = tl.program_id(0).to(tl.int64)
@@ -155,17 +189,37 @@ def finish_kernel(
                          offset_hi, BLOCK_T, RECORD)
     valid = row_max > float("-inf")
     winner = stats_ptr + (row * n_tiles + tile) * RECORD
-    token = tl.load(winner + TILE_CANDIDATE).to(tl.int32, bitcast=True)
+    if RECOMPUTE:
+        token, x = winning_tile_draw(h_ptr, w_ptr, b_ptr, row, tile, V, H, n_tiles, t, greedy, exclude_ptr,
+                                     n_exclude, exclude_row_ptr, allowed_ptr, noise_ptr, row_id, seed_lo, seed_hi,
+                                     offset_lo, offset_hi, TILE, BLOCK_N, BLOCK_H, DOT_F32)
+    else:
+        token = tl.load(winner + TILE_CANDIDATE).to(tl.int32, bitcast=True)
     # An invalid row draws token 0.
     tl.store(tokens_ptr + row, tl.where(valid, token, 0).to(tl.int64))
     tl.store(valid_ptr + row, valid)
     if LOGPROB or CONFIDENCE != 0:
-        log_z, second, neg_entropy = row_summary(row, n_tiles, row_max, t, stats_ptr, CONFIDENCE == 2,
-                                                 CONFIDENCE == 3, BLOCK_T, RECORD)
-        if LOGPROB or CONFIDENCE == 1:
+        if RECOMPUTE:
+            # The winning tile's statistics from the recomputed logits, as the C++ path: the two
+            # products may round a logit differently in the last bit, which divided by a small
+            # temperature would put the log-probability far from the truth, even above 0.
+            cols = tile * TILE + tl.arange(0, TILE)
+            token_logit = tl.max(tl.where(cols == token, x, float("-inf")), axis=0)
+            m, s, second, ent = tile_statistics(x[None, :], t, CONFIDENCE == 2, CONFIDENCE == 3)
+            tl.store(winner + TILE_MAX, tl.max(m, axis=0))
+            tl.store(winner + TILE_MASS, tl.max(s, axis=0))
+            if CONFIDENCE == 2:
+                tl.store(winner + TILE_SECOND, tl.max(second, axis=0))
+            if CONFIDENCE == 3:
+                tl.store(winner + TILE_ENT, tl.max(ent, axis=0))
+            tl.debug_barrier()  # the record written, for every thread's reads below
+            row_max = row_maximum(row, n_tiles, stats_ptr, BLOCK_T, RECORD)
+        elif LOGPROB or CONFIDENCE == 1:
             token_logit = tl.load(winner + TILE_CANDIDATE_LOGIT)
         else:
             token_logit = row_max
+        log_z, second, neg_entropy = row_summary(row, n_tiles, row_max, t, stats_ptr, CONFIDENCE == 2,
+                                                 CONFIDENCE == 3, BLOCK_T, RECORD)
         store_outputs(row, valid, token_logit, row_max, t, log_z, second, neg_entropy, logprob_ptr, confidence_ptr,
                       LOGPROB, CONFIDENCE)
     let_next_kernel_start(PDL)

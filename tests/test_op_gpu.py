@@ -178,6 +178,29 @@ def test_programmatic_dependent_launch_draws_what_plain_launches_draw(monkeypatc
     agree(out, plain)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_recomputed_winning_tiles_draw_what_the_cpu_draws(monkeypatch, dtype):
+    """sample_from_hidden with RECOMPUTE (the finish pass computes the winning tile's logits
+    again instead of the GEMM's epilogue drawing a candidate in every tile): the C++ path's
+    tokens and statistics, with a bias, exclusions, an allowed mask, per-row temperatures (a
+    greedy row) and every confidence, over GPT-2's vocabulary."""
+    import sys
+
+    monkeypatch.setattr(sys.modules["ddpd.ops.sample_from_hidden"], "RECOMPUTE", True)
+    g = torch.Generator().manual_seed(11)
+    hidden, weight = torch.randn(40, 256, generator=g), torch.randn(50257, 256, generator=g) / 16
+    bias = torch.randn(50257, generator=g)
+    temperature = torch.rand(40, generator=g) + 0.5
+    temperature[3] = 0.0
+    allowed = torch.rand(40, 50257, generator=g) < 0.9
+    hidden, weight, bias = hidden.to(dtype), weight.to(dtype), bias.to(dtype)
+    for offset, confidence in enumerate(("prob", "margin", "entropy")):
+        kw = dict(return_logprob=True, confidence=confidence, seed=7, offset=offset)
+        cpu = sample_from_hidden(hidden, weight, bias, temperature, [5], allowed=allowed, **kw)
+        gpu = sample_from_hidden(*on("cuda", hidden, weight, bias, temperature), [5], allowed=allowed.cuda(), **kw)
+        agree(gpu, cpu, atol=1e-4 if dtype == torch.float32 else 1e-3)
+
+
 @pytest.mark.parametrize("rows,vocab", [(64, 50257), (7, 300), (3, 128256)])
 def test_sampling_controls_cuda_match_cpu(rows, vocab):
     """The Triton kernels with per-row temperatures (greedy rows too), the truncation

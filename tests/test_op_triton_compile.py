@@ -108,7 +108,8 @@ def planner_mask_case(target, present):
 def sample_from_hidden_case(target, present):
     """bf16 operands on the tensor cores with a bias and every optional input and output,
     or float32 operands as three TF32 products with none; the block shapes and options of
-    head_launch at N = 64, H = 768, V = 50257; the logits kernel of the truncating calls."""
+    head_launch at N = 64, H = 768, V = 50257; the logits kernel of the truncating calls.
+    With every optional input, the kernels as RECOMPUTE launches them."""
     launch = head_launch(64, 768, 50257, 2 if present else 4, 132)
     matrices = dict(h_ptr="*bf16" if present else "*fp32", w_ptr="*bf16" if present else "*fp32",
                     b_ptr=optional(present, "*bf16"))
@@ -122,15 +123,20 @@ def sample_from_hidden_case(target, present):
     flags = dict(LOGPROB=present, CONFIDENCE=2 if present else 3, **dependent(target, present))
     asm = compile_kernel(hidden_kernels.head_tiles_kernel, types,
                          dict(TILE=256, BLOCK_N=launch.block_n, BLOCK_H=launch.block_h, DOT_F32=not present,
-                              SINGLE_TILE=False, **flags), target, num_warps=launch.num_warps,
+                              SINGLE_TILE=False, RECOMPUTE=present, **flags), target, num_warps=launch.num_warps,
                          num_stages=launch.num_stages)
     assert "cubin" in asm
     assert "mma" in asm["ptx"]  # the tensor cores: bf16 operands, or float32 as three TF32 products
     if present and target.arch >= 90:
         assert "wgmma" in asm["ptx"]
-    finish = dict(n_tiles="i32", V="i32", temperature="fp32", temperature_ptr=optional(present, "*fp32"), **stream,
-                  **stats, **outputs)
-    assert "cubin" in compile_kernel(hidden_kernels.finish_kernel, finish, dict(BLOCK_T=256, **flags), target)
+    masks = dict(exclude_ptr="*i64", n_exclude="i32", exclude_row_ptr=optional(present, "*i64"),
+                 allowed_ptr=optional(present, "*i1"))
+    finish = dict(matrices, H="i32", **masks, n_tiles="i32", V="i32", temperature="fp32",
+                  temperature_ptr=optional(present, "*fp32"), **stream, **stats, **outputs)
+    # with every optional input, the finish pass that computes the winning tile again (RECOMPUTE)
+    assert "cubin" in compile_kernel(hidden_kernels.finish_kernel, finish,
+                                     dict(BLOCK_T=256, RECOMPUTE=present, TILE=256, BLOCK_N=16,
+                                          BLOCK_H=launch.block_h, DOT_F32=not present, **flags), target)
     logits = dict(matrices, N="i32", V="i32", H="i32", out_ptr="*fp32")
     assert "cubin" in compile_kernel(hidden_kernels.head_logits_kernel, logits,
                                      dict(TILE=256, BLOCK_N=launch.block_n, BLOCK_H=launch.block_h,

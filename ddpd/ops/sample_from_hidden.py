@@ -129,6 +129,7 @@ class HeadLaunch:
     num_warps: int
     num_stages: int = 3
     pdl: bool = False  # programmatic dependent launch (PDL above)
+    recompute: bool = False  # the finish pass draws from the winning tile computed again (RECOMPUTE above)
 
 
 def head_logits_grid(launch: HeadLaunch, vocab: int) -> tuple:
@@ -142,11 +143,19 @@ WIDE_H = 2048  # rows this wide take head_launch's large row blocks even when th
 # (the GEMM may start as the kernel before it ends, the finish pass as the GEMM ends).
 # Off until a GPU run has timed it.
 PDL = False
+# Where the token inside the winning tile is drawn. False: the GEMM's epilogue draws a
+# candidate in every tile (a Philox draw a logit: N x V of them, and the registers that
+# keep the wide head at one program a multiprocessor) and the finish pass reads the
+# winner's. True: the epilogue keeps only the tile statistics, and the finish pass computes
+# the winning tile's logits again (one TILE x H tile of W a row) and draws there: the same
+# stream columns, so the same draws up to the rounding of the logits. Off until a GPU run
+# has timed it (the head launch sweep of benchmarks/gpu_timings.py times both).
+RECOMPUTE = False
 
 
 @functools.lru_cache(maxsize=256)  # a per-call cost otherwise; a sampler calls it with few shapes
 def head_launch(rows: int, width: int, vocab: int, element_size: int, multiprocessors: int,
-                pdl: bool = False) -> HeadLaunch:
+                pdl: bool = False, recompute: bool = False) -> HeadLaunch:
     """Rows in blocks of 16 with 4 warps up to 64 rows, else 32 with 8 warps unless that
     leaves multiprocessors idle (the dot's N: the tile's 256 tokens are its M); the
     vocabulary split so that there are about PROGRAMS_PER_SM programs per
@@ -170,7 +179,7 @@ def head_launch(rows: int, width: int, vocab: int, element_size: int, multiproce
     fourth stage keeps more of W in flight: 423 and 426 against 459 us in two runs
     (nvidia-h200-2026-11-27-5.txt, -6-launch-sweeps.txt), at 48 bytes of stack.
     pdl: launch with programmatic dependent launch (the launcher passes PDL on devices that
-    have it)."""
+    have it); recompute: RECOMPUTE's way of drawing inside the winning tile."""
     tiles = n_tiles(vocab)
     few_rows = rows <= 64 or -(-rows // 32) * tiles < multiprocessors
     wide = element_size <= 2 and width >= WIDE_H
@@ -184,7 +193,7 @@ def head_launch(rows: int, width: int, vocab: int, element_size: int, multiproce
     splits = -(-tiles // per_split)
     block_h = min(64 if element_size <= 2 else 32, max(16, 1 << (width - 1).bit_length()))
     return HeadLaunch(block_n, block_h, per_split, (row_blocks, splits), (rows,) if tiles > 1 else None, num_warps,
-                      4 if wide else 3, pdl)
+                      4 if wide else 3, pdl, recompute)
 
 
 def dot_in_float32(hidden: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -206,27 +215,30 @@ def sample_from_hidden_triton(hidden, weight, bias, temperature, temperature_t, 
     if rows == 0:
         return outputs
     launch = head_launch(rows, width, vocab, weight.element_size(), _dispatch.multiprocessors(device),
-                         pdl=PDL and _dispatch.has_pdl(device))
-    pdl = launch.pdl
+                         pdl=PDL and _dispatch.has_pdl(device), recompute=RECOMPUTE)
+    pdl, dot_f32 = launch.pdl, dot_in_float32(hidden, weight)
+    bias = None if bias is None else bias.contiguous()
     tiles = n_tiles(vocab)
     # The per-tile statistics, one record per tile (ddpd.kernels.sample_from_hidden.RECORD)
     stats = (torch.empty(rows, tiles, kernels.RECORD.value, dtype=torch.float32, device=device) if launch.finish_grid
              else None)
     ids = exclude_ids if exclude_ids is not None else _dispatch.device_ids((), device)
+    masks = (ids, 0 if exclude_ids is None else exclude_ids.numel(), exclude_per_row, allowed)
     stream = (noise, row_ids, *rng.split32(seed), *rng.split32(offset), seed_t, offset_t)
     _dispatch.launch(
         kernels.head_tiles_kernel, launch.tiles_grid,
-        hidden, weight, None if bias is None else bias.contiguous(), rows, vocab, width, tiles, launch.tiles_per_split,
-        temperature, temperature_t, ids, 0 if exclude_ids is None else exclude_ids.numel(), exclude_per_row, allowed,
-        *stream, stats, *outputs,
-        TILE=TILE, BLOCK_N=launch.block_n, BLOCK_H=launch.block_h, DOT_F32=dot_in_float32(hidden, weight),
+        hidden, weight, bias, rows, vocab, width, tiles, launch.tiles_per_split,
+        temperature, temperature_t, *masks, *stream, stats, *outputs,
+        TILE=TILE, BLOCK_N=launch.block_n, BLOCK_H=launch.block_h, DOT_F32=dot_f32,
         SINGLE_TILE=launch.finish_grid is None, LOGPROB=logprob, CONFIDENCE=confidence, PDL=pdl,
-        num_warps=launch.num_warps, num_stages=launch.num_stages, launch_pdl=pdl,
+        RECOMPUTE=launch.recompute, num_warps=launch.num_warps, num_stages=launch.num_stages, launch_pdl=pdl,
     )
     if launch.finish_grid:
-        _dispatch.launch(kernels.finish_kernel, launch.finish_grid, tiles, vocab, temperature, temperature_t, *stream,
-                         stats, *outputs, BLOCK_T=min(1024, 1 << (tiles - 1).bit_length()), LOGPROB=logprob,
-                         CONFIDENCE=confidence, PDL=pdl, launch_pdl=pdl)
+        _dispatch.launch(kernels.finish_kernel, launch.finish_grid, hidden, weight, bias, width, *masks, tiles, vocab,
+                         temperature, temperature_t, *stream, stats, *outputs,
+                         BLOCK_T=min(1024, 1 << (tiles - 1).bit_length()), LOGPROB=logprob, CONFIDENCE=confidence,
+                         PDL=pdl, RECOMPUTE=launch.recompute, TILE=TILE, BLOCK_N=16, BLOCK_H=launch.block_h,
+                         DOT_F32=dot_f32, launch_pdl=pdl)
     return outputs
 
 
