@@ -55,7 +55,9 @@ def kernels(op: str):
     return importlib.import_module(f"ddpd.kernels.{op}")
 
 
-_compiled: dict = {}  # id(kernel) -> {(device, meta, argument classes): (compiled kernel, constexprs)} or False
+# id(kernel) -> (kernel, {(device, argument classes, meta): (compiled kernel, constexprs)}), or (kernel, None)
+# for a kernel that launch() leaves to Triton
+_compiled: dict = {}
 
 
 def launch(kernel, grid: tuple, *args, **meta) -> None:
@@ -70,11 +72,15 @@ def launch(kernel, grid: tuple, *args, **meta) -> None:
     (ddpd._C.launch_key, csrc/launch_key.cpp) are at least as fine as Triton's
     specialisation, so equal classes mean the same compiled kernel. Triton's own launch runs
     every launch under TRITON_INTERPRET (nothing is compiled), when JITFunction.run is
-    replaced (a tool recording launches) and when ddpd._C cannot be loaded."""
-    cached = _compiled.get(id(kernel))  # by id: a JITFunction hashes its source key, a microsecond
-    if cached is None:  # first sight of this kernel: compiled or interpreted?
-        cached = _compiled[id(kernel)] = {} if hasattr(kernel, "device_caches") and _launch_key() else False
-    classes = cached is not False and _tritons_run(type(kernel).run) and _launch_key()(args)
+    replaced (a tool recording launches) and when ddpd._C cannot be loaded (the first launch
+    loads it, compiling it where it was not built, as the first CPU call of an op does)."""
+    # by id: a JITFunction hashes its source key, a microsecond; the entry holds the kernel,
+    # so no other object can take over its id
+    owner, cached = _compiled.get(id(kernel), (None, None))
+    if owner is not kernel:  # first sight of this kernel: compiled or interpreted?
+        cached = {} if hasattr(kernel, "device_caches") and _launch_key() else None
+        _compiled[id(kernel)] = (kernel, cached)
+    classes = cached is not None and _tritons_run(type(kernel).run) and _launch_key()(args)
     if not classes:  # also an argument launch_key does not classify: Triton decides
         kernel[grid](*args, **meta)
         return
