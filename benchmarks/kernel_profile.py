@@ -5,7 +5,9 @@ occupancy, where the warps stall):
 - sample_categorical at 64 and 1024 rows of GPT-2's vocabulary, bf16: the draw runs
   at 5-11x one read of the logits (benchmarks/results/nvidia-h200-2026-11-27-4.txt);
 - the same 64 rows with top_p = 0.9 at temperature 0.8: the threshold search;
-- sample_from_hidden at N 64, H 4096, V 128256, bf16: 1.8x one read of W.
+- sample_from_hidden at N 64, H 4096, V 128256, bf16: 1.8x one read of W; and the same
+  with ddpd.ops.sample_from_hidden.RECOMPUTE on (off by default), whose GEMM keeps half
+  the registers (benchmarks/results/cpu-sm90-binaries-2026-11-27-head.txt).
 
     python benchmarks/kernel_profile.py --ncu
 
@@ -44,6 +46,15 @@ def cases(device: str, small: bool) -> dict[str, Callable[[], object]]:
 
     logits64, logits1024 = randn(rows64, vocab, scale=3.0), randn(rows1024, vocab, scale=3.0)
     hidden, weight = randn(rows64, width), randn(big_vocab, width, scale=2 / width**0.5)
+    head = sys.modules["ddpd.ops.sample_from_hidden"]  # the package exports a function of that name
+
+    def recomputed():
+        saved, head.RECOMPUTE = head.RECOMPUTE, True
+        try:
+            return sample_from_hidden(hidden, weight, None, seed=1, offset=2)
+        finally:
+            head.RECOMPUTE = saved
+
     return {
         f"sample_categorical {rows64} x {vocab}": lambda: sample_categorical(logits64, seed=1, offset=2),
         f"sample_categorical {rows1024} x {vocab}": lambda: sample_categorical(logits1024, seed=1, offset=2),
@@ -51,6 +62,7 @@ def cases(device: str, small: bool) -> dict[str, Callable[[], object]]:
                                                                                        seed=1, offset=2),
         f"sample_from_hidden {rows64} x {width} -> {big_vocab}": lambda: sample_from_hidden(hidden, weight, None,
                                                                                           seed=1, offset=2),
+        f"sample_from_hidden RECOMPUTE {rows64} x {width} -> {big_vocab}": recomputed,
     }
 
 
