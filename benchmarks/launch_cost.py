@@ -22,6 +22,7 @@ need this script changed, never the library. It refuses to run under TRITON_INTE
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -244,9 +245,10 @@ def main() -> int:
     return 0
 
 
-def through_tritons_launch(call: Callable[[], object]) -> float:
-    """per_call_us(call) with every kernel launched by Triton's JITFunction.run (behind a
-    wrapper, to which ddpd's launch defers every launch: one Python call more a kernel)."""
+@contextlib.contextmanager
+def tritons_launch():
+    """Every kernel launched by Triton's JITFunction.run within: it is put behind a wrapper,
+    to which ddpd's launch defers every launch (one Python call more a kernel)."""
     from triton.runtime.jit import JITFunction
 
     tritons = JITFunction.run
@@ -256,9 +258,15 @@ def through_tritons_launch(call: Callable[[], object]) -> float:
 
     JITFunction.run = run
     try:
-        return per_call_us(call)
+        yield
     finally:
         JITFunction.run = tritons
+
+
+def through_tritons_launch(call: Callable[[], object]) -> float:
+    """per_call_us(call) with every kernel launched by Triton's JITFunction.run."""
+    with tritons_launch():
+        return per_call_us(call)
 
 
 if __name__ == "__main__":

@@ -77,21 +77,15 @@ def same_arguments() -> None:
     """Each op's launcher called twice, first through Triton's launch (JITFunction.run replaced by
     a wrapper, which launch() leaves every launch to), then through the cache: the driver sees
     the same launches, and the second call takes every kernel from the cache."""
-    from triton.runtime.jit import JITFunction
-
     runs, cached = [], []
     launch_cost.stub_triton(on_run=lambda *args: runs.append(as_driver_sees(args)))
     getitem = launch_cost._StubKernel.__getitem__
     launch_cost._StubKernel.__getitem__ = lambda self, grid: cached.append(grid) or getitem(self, grid)
-    tritons = JITFunction.run
     for name, build in launch_cost.LAUNCHES.items():
         call = build()
         runs[:], cached[:] = [], []
-        JITFunction.run = lambda self, *args, **kwargs: tritons(self, *args, **kwargs)
-        try:
+        with launch_cost.tritons_launch():
             call()
-        finally:
-            JITFunction.run = tritons
         through_triton = list(runs)
         assert not cached, name
         runs[:] = []
