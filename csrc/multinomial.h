@@ -29,13 +29,14 @@ DDPD_HD int64_t chunk_end(int64_t j, int64_t n) {
   return end < n ? end : n;
 }
 
-// Sum of w[begin, end) in order, skipping the elements flagged in `removed`
-// (bit i - begin): they count as zero, exactly as in the reference.
-template <typename scalar_t>
-DDPD_HD double chunk_sum(const scalar_t* w, int64_t begin, int64_t end, uint64_t removed) {
-  double q = 0.0;
-  for (int64_t i = begin; i < end; ++i) {
-    if (!((removed >> (i - begin)) & 1u)) q += static_cast<double>(w[i]);
+// A chunk's sum: its weights w[0, len) added in order from q = 0, skipping the elements
+// flagged in `removed` (bit i): they count as zero, exactly as in the reference. Given q,
+// the sum of the elements before `from`, it continues the sum from there (the same
+// additions in the same order).
+template <typename value_t>
+DDPD_HD double chunk_sum_from(const value_t* w, int from, int len, uint64_t removed, double q) {
+  for (int i = from; i < len; ++i) {  // int: a chunk's offsets, cheaper than 64-bit ones on a GPU
+    if (!((removed >> i) & 1u)) q += static_cast<double>(w[i]);
   }
   return q;
 }
@@ -58,37 +59,70 @@ DDPD_HD double draw_threshold(double u, double total) {
   return t < below ? t : below;
 }
 
-// Index drawn by uniform u from a row whose prefix sums are built (P_last > 0).
-// `removed` holds one 64-bit mask per chunk, or is null when nothing was removed.
-template <typename scalar_t>
-DDPD_HD int64_t draw_index(const scalar_t* w, int64_t n, const double* prefix, int64_t m,
-                           const uint64_t* removed, double u) {
-  const double threshold = draw_threshold(u, prefix[m - 1]);
-  int64_t lo = 0, hi = m - 1;  // smallest j with P_j > threshold; P_{m-1} is one
+// A draw's element inside its chunk: offset `at` of the first element whose cumulative
+// weight base + q exceeds threshold (q: the running sum of the chunk's kept weights,
+// draw_index's additions), and `before`, q just ahead of it. Removing that element
+// leaves the chunk a new sum that a fresh chunk_sum_from builds by the same additions as
+// far as `before`, so remove_drawn continues from there instead of summing the whole
+// chunk again. w: the chunk's weights (the row itself, or a copy staged in double).
+struct ChunkHit {
+  int at;
+  double before;
+};
+
+template <typename value_t>
+DDPD_HD ChunkHit walk_chunk(const value_t* w, int len, uint64_t removed, double base, double threshold) {
+  double q = 0.0;
+  for (int i = 0; i < len; ++i) {
+    // a removed element adds nothing, and the test before it already failed with this q
+    if ((removed >> i) & 1u) continue;
+    const double next = q + static_cast<double>(w[i]);
+    if (base + next > threshold) return {i, q};
+    q = next;
+  }
+  return {len - 1, q};  // not reached: base + q at the chunk end is P_j > threshold
+}
+
+// The chunk a threshold falls in: the smallest j with P_j > threshold (P_{m-1} is one).
+DDPD_HD int64_t find_chunk(const double* prefix, int64_t m, double threshold) {
+  int64_t lo = 0, hi = m - 1;
   while (lo < hi) {
     const int64_t mid = lo + (hi - lo) / 2;
     if (prefix[mid] > threshold) hi = mid; else lo = mid + 1;
   }
-  const double base = lo > 0 ? prefix[lo - 1] : 0.0;
-  const int64_t begin = lo * kChunk, end = chunk_end(lo, n);
-  const uint64_t mask = removed ? removed[lo] : 0;
-  double q = 0.0;
-  for (int64_t i = begin; i < end; ++i) {
-    if (!((mask >> (i - begin)) & 1u)) q += static_cast<double>(w[i]);
-    if (base + q > threshold) return i;
-  }
-  return end - 1;  // not reached: base + q at the chunk end is P_j > threshold
+  return lo;
 }
 
-// Sets weight i to zero for the following draws: its chunk sum and every later
-// prefix sum are recomputed in the order a fresh build would use.
+// A drawn index, and its chunk's running sum just ahead of it (ChunkHit::before).
+struct Draw {
+  int64_t index;
+  double before;
+};
+
+// The draw for uniform u from a row whose prefix sums are built (P_last > 0).
+// `removed` holds one 64-bit mask per chunk, or is null when nothing was removed.
 template <typename scalar_t>
-DDPD_HD void remove_index(const scalar_t* w, int64_t n, double* sums, double* prefix, int64_t m,
-                          uint64_t* removed, int64_t i) {
-  const int64_t j = i / kChunk;
-  removed[j] |= uint64_t{1} << (i - j * kChunk);
-  sums[j] = chunk_sum(w, j * kChunk, chunk_end(j, n), removed[j]);
-  prefix_from(sums, prefix, j, m);
+DDPD_HD Draw draw_index(const scalar_t* w, int64_t n, const double* prefix, int64_t m, const uint64_t* removed,
+                        double u) {
+  const double threshold = draw_threshold(u, prefix[m - 1]);
+  const int64_t j = find_chunk(prefix, m, threshold);
+  const int64_t begin = j * kChunk;
+  const int len = static_cast<int>(chunk_end(j, n) - begin);
+  const ChunkHit hit = walk_chunk(w + begin, len, removed ? removed[j] : 0, j > 0 ? prefix[j - 1] : 0.0, threshold);
+  return {begin + hit.at, hit.before};
+}
+
+// Sets the drawn weight to zero for the following draws: its flag in `removed` and its
+// chunk's sum (chunk: that chunk's weights, in the row or staged); returns the chunk,
+// from whose prefix sum on the caller rebuilds the prefix sums (prefix_from's order).
+template <typename value_t>
+DDPD_HD int64_t remove_drawn(const value_t* chunk, int64_t n, double* sums, uint64_t* removed, Draw drawn) {
+  const int64_t j = drawn.index / kChunk;
+  const int at = static_cast<int>(drawn.index - j * kChunk);
+  removed[j] |= uint64_t{1} << at;
+  const int len = static_cast<int>(chunk_end(j, n) - j * kChunk);
+  sums[j] = chunk_sum_from(chunk, at + 1, len, removed[j], drawn.before);
+  return j;
 }
 
 // Uniform in (0, 1) with 48 random bits for draw number `draw` of a row, from the

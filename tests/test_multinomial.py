@@ -80,7 +80,7 @@ def test_categorical_accepts_float32_uniforms_and_noncontiguous_weights():
 
 
 @pytest.mark.parametrize("replacement", [True, False])
-@pytest.mark.parametrize("n,k", [(1, 1), (7, 7), (64, 3), (130, 16), (3000, 16), (50257, 16)])
+@pytest.mark.parametrize("n,k", [(1, 1), (7, 7), (27, 16), (64, 64), (64, 3), (130, 16), (3000, 16), (50257, 16)])
 def test_multinomial_matches_reference_with_seed(n, k, replacement):
     rows = 32 if n < 3000 else 4
     w = peaked_weights(rows, n, 7 * n + k)
@@ -358,6 +358,22 @@ def test_cuda_matches_cpu_exactly(replacement):
     index, valid = multinomial(bad.cuda(), 2, replacement, seed=1, return_valid=True)
     ref_index, ref_valid = multinomial(bad, 2, replacement, seed=1, return_valid=True)
     assert torch.equal(index.cpu(), ref_index) and torch.equal(valid.cpu(), ref_valid)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("replacement", [True, False])
+@pytest.mark.parametrize("rows,n,k", [(4096, 27, 16), (64, 1000, 40), (8, 2048, 70), (8, 50257, 33)])
+def test_cuda_matches_cpu_at_every_launch(rows, n, k, replacement):
+    """The one-launch path (rows of at most 32 chunks), the two-launch path, and k > 32:
+    the draw warp computes its uniforms 32 at a time, one a lane."""
+    w = peaked_weights(rows, n, rows + n + k)
+    w[:, :k] = 1  # at least k positive weights per row
+    for seed, offset in [(3, 9), (2**64 - 1, 2**63 + 5)]:
+        cpu = multinomial(w, k, replacement, seed=seed, offset=offset)
+        assert torch.equal(multinomial(w.cuda(), k, replacement, seed=seed, offset=offset).cpu(), cpu)
+    noise = torch.rand(rows, k, generator=torch.Generator().manual_seed(k), dtype=torch.float64)
+    cpu = multinomial(w, k, replacement, noise=noise)
+    assert torch.equal(multinomial(w.cuda(), k, replacement, noise=noise.cuda()).cpu(), cpu)
 
 
 @pytest.mark.gpu

@@ -55,7 +55,7 @@ bool build_prefix(const scalar_t* w, int64_t n, double* sums, double* prefix) {
   }
   for (; j < m; ++j) {
     const int64_t begin = j * kChunk, end = chunk_end(j, n);
-    sums[j] = chunk_sum(w, begin, end, 0);
+    sums[j] = chunk_sum_from(w + begin, 0, static_cast<int>(end - begin), 0, 0.0);
     for (int64_t i = begin; i < end; ++i) negative |= w[i] < 0;
   }
   prefix_from(sums, prefix, 0, m);
@@ -95,10 +95,12 @@ void sample_rows(const scalar_t* w, int64_t rows, int64_t n, int64_t k, bool rep
       }
       if (!replacement) std::fill(removed.begin(), removed.end(), uint64_t{0});
       for (int64_t d = 0; d < k; ++d) {
-        idx[d] = draw_index(row, n, prefix.data(), m, replacement ? nullptr : removed.data(),
-                            uniform(r, d));
+        const Draw drawn = draw_index(row, n, prefix.data(), m, replacement ? nullptr : removed.data(),
+                                      uniform(r, d));
+        idx[d] = drawn.index;
         if (!replacement && d + 1 < k) {
-          remove_index(row, n, sums.data(), prefix.data(), m, removed.data(), idx[d]);
+          const int64_t j = remove_drawn(row + drawn.index / kChunk * kChunk, n, sums.data(), removed.data(), drawn);
+          prefix_from(sums.data(), prefix.data(), j, m);
         }
       }
     }

@@ -13,7 +13,11 @@
 //   sits in shared memory, the lane-0 chains read it in register batches, and the
 //   one chunk a draw walks is first staged into shared memory by the whole warp
 //   with coalesced loads (the old kernel walked it from global memory, one
-//   dependent load at a time, which dominated its time). For short rows (at most
+//   dependent load at a time, which dominated its time). The uniforms of 32 draws
+//   come from the 32 lanes at once (two Philox evaluations each, which lane 0 made
+//   one after the other, 2k of them a row), and the chunk sum rebuilt after a removal
+//   continues the sum the draw's walk made up to the removed weight (csrc/multinomial.h
+//   remove_drawn): the same additions, about half of them. For short rows (at most
 //   kInlineChunks chunks) the warp sums the chunks itself and the first kernel is
 //   not launched.
 #include <cfloat>
@@ -106,47 +110,27 @@ __device__ __forceinline__ void prefix_batched(const double* sums, double* prefi
   }
 }
 
-// Sum of the staged chunk in order, skipping removed elements (chunk_sum's arithmetic).
-__device__ __forceinline__ double staged_sum(const double* chunk, int64_t len, uint64_t removed) {
-  double q = 0.0;
-  for (int64_t i = 0; i < len; ++i) {
-    if (!((removed >> i) & 1u)) q += chunk[i];
-  }
-  return q;
-}
-
-// The draw for uniform u (draw_index's arithmetic), lane 0 with the warp's help for
-// staging the chunk; the result is broadcast to the warp.
+// The draw for uniform u (draw_index's arithmetic: find_chunk, then walk_chunk over the
+// chunk staged by the whole warp), lane 0 with the warp's help; the index is broadcast
+// to the warp, `before` (for remove_drawn) is lane 0's.
 template <typename scalar_t>
-__device__ int64_t warp_draw(const scalar_t* row, int64_t n, const double* prefix, int64_t m,
-                             const uint64_t* removed, double u, double* chunk, int lane) {
-  int64_t lo = 0;
+__device__ Draw warp_draw(const scalar_t* row, int64_t n, const double* prefix, int64_t m, const uint64_t* removed,
+                          double u, double* chunk, int lane) {
+  int64_t j = 0;
   double threshold = 0.0;
   if (lane == 0) {
     threshold = draw_threshold(u, prefix[m - 1]);
-    int64_t hi = m - 1;  // smallest j with P_j > threshold; P_{m-1} is one
-    while (lo < hi) {
-      const int64_t mid = lo + (hi - lo) / 2;
-      if (prefix[mid] > threshold) hi = mid; else lo = mid + 1;
-    }
+    j = find_chunk(prefix, m, threshold);
   }
-  lo = __shfl_sync(kFullMask, lo, 0);
-  const int64_t begin = lo * kChunk, end = chunk_end(lo, n);
+  j = __shfl_sync(kFullMask, j, 0);
+  const int64_t begin = j * kChunk, end = chunk_end(j, n);
   stage_chunk(row, begin, end, chunk, lane);
-  int64_t index = end - 1;  // not reached: base + q at the chunk end is P_j > threshold
+  ChunkHit hit{0, 0.0};
   if (lane == 0) {
-    const double base = lo > 0 ? prefix[lo - 1] : 0.0;
-    const uint64_t mask = removed ? removed[lo] : 0;
-    double q = 0.0;
-    for (int64_t i = 0; i < end - begin; ++i) {
-      if (!((mask >> i) & 1u)) q += chunk[i];
-      if (base + q > threshold) {
-        index = begin + i;
-        break;
-      }
-    }
+    hit = walk_chunk(chunk, static_cast<int>(end - begin), removed ? removed[j] : 0, j > 0 ? prefix[j - 1] : 0.0,
+                     threshold);
   }
-  return __shfl_sync(kFullMask, index, 0);
+  return {begin + __shfl_sync(kFullMask, hit.at, 0), hit.before};
 }
 
 // One warp per row: the chunk sums (inline for short rows, else from chunk_sums_kernel),
@@ -211,23 +195,23 @@ __global__ void draw_kernel(const scalar_t* __restrict__ weights, int64_t rows, 
   ok = __shfl_sync(kFullMask, ok, 0);
   __syncwarp();
   int64_t* index = out + r * k;
+  double lane_u = 0.0;  // lane l: the uniform of draw d0 + l of the current run of 32 draws
   for (int64_t d = 0; d < k; ++d) {
     if (!ok) {
       if (lane == 0) index[d] = 0;
       continue;
     }
-    double u = 0.0;
-    if (lane == 0) {
-      u = uniforms != nullptr ? uniforms[r * k + d] : draw_uniform(seed, offset, static_cast<uint64_t>(row_ids[r]), d);
+    const int source = static_cast<int>(d % 32);
+    if (source == 0 && d + lane < k) {  // the next 32 uniforms at once, one a lane, off lane 0's chain
+      lane_u = uniforms != nullptr ? uniforms[r * k + d + lane]
+                                   : draw_uniform(seed, offset, static_cast<uint64_t>(row_ids[r]), d + lane);
     }
-    const int64_t i = warp_draw(row, n, prefix, m, removed, u, chunk, lane);
+    const double u = __shfl_sync(kFullMask, lane_u, source);
+    const Draw drawn = warp_draw(row, n, prefix, m, removed, u, chunk, lane);
     if (lane == 0) {
-      index[d] = i;
-      if (removed != nullptr && d + 1 < k) {  // remove_index's arithmetic, on the staged chunk
-        const int64_t j = i / kChunk;
-        removed[j] |= uint64_t{1} << (i - j * kChunk);
-        sums[j] = staged_sum(chunk, chunk_end(j, n) - j * kChunk, removed[j]);
-        prefix_batched(sums, prefix, j, m);
+      index[d] = drawn.index;
+      if (removed != nullptr && d + 1 < k) {  // the drawn chunk is still staged
+        prefix_batched(sums, prefix, remove_drawn(chunk, n, sums, removed, drawn), m);
       }
     }
     __syncwarp();
