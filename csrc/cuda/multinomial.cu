@@ -135,7 +135,10 @@ __device__ Draw warp_draw(const scalar_t* row, int64_t n, const double* prefix, 
 
 // One warp per row: the chunk sums (inline for short rows, else from chunk_sums_kernel),
 // the prefix sums, then the k draws.
-template <typename scalar_t, bool kInline>
+// kShared: the state sits in shared memory. A compile-time choice: the compiler then
+// knows the pointers' address space and reads and writes the state with shared-memory
+// instructions instead of generic ones (which first resolve the address's space).
+template <typename scalar_t, bool kInline, bool kShared>
 __global__ void draw_kernel(const scalar_t* __restrict__ weights, int64_t rows, int64_t n, int64_t k,
                             bool replacement, const double* __restrict__ uniforms, uint64_t seed, uint64_t offset,
                             const int64_t* __restrict__ seed_ptr, const int64_t* __restrict__ offset_ptr,
@@ -148,7 +151,7 @@ __global__ void draw_kernel(const scalar_t* __restrict__ weights, int64_t rows, 
   if (r >= rows) return;  // whole warps only: the shuffles below stay full-warp
   const int64_t m = num_chunks(n);
   const int64_t words = m * (replacement ? 2 : 3) + kChunk;
-  double* state = state_global != nullptr ? state_global + r * words : shared_state + warp * words;
+  double* state = kShared ? shared_state + warp * words : state_global + r * words;
   double* sums = state;
   double* prefix = state + m;
   double* chunk = state + 2 * m;
@@ -240,8 +243,8 @@ cudaError_t launch_multinomial(const scalar_t* weights, int64_t rows, int64_t n,
   const int64_t m = num_chunks(n);
   const size_t state_bytes = static_cast<size_t>(multinomial_state_bytes(n, replacement));
   if (c.inline_sums) {
-    draw_kernel<scalar_t, true><<<static_cast<unsigned>(c.draw_blocks), static_cast<unsigned>(c.draw_threads),
-                                  state_bytes * kRowsPerDrawBlock, stream>>>(
+    draw_kernel<scalar_t, true, true><<<static_cast<unsigned>(c.draw_blocks), static_cast<unsigned>(c.draw_threads),
+                                        state_bytes * kRowsPerDrawBlock, stream>>>(
         weights, rows, n, k, replacement, uniforms, seed, offset, seed_ptr, offset_ptr, row_ids, 0, nullptr, nullptr,
         nullptr, nullptr, out, valid);
     return cudaGetLastError();
@@ -249,13 +252,19 @@ cudaError_t launch_multinomial(const scalar_t* weights, int64_t rows, int64_t n,
   double* sums = scratch;
   auto* positive = reinterpret_cast<unsigned long long*>(scratch + rows * m);
   auto* negative = reinterpret_cast<int*>(scratch + rows * m + rows * c.splits);
-  double* state = c.shared_state ? nullptr : scratch + rows * m + rows * c.splits * 2;
+  double* state = scratch + rows * m + rows * c.splits * 2;  // the draw state where shared memory is short
   chunk_sums_kernel<scalar_t><<<dim3(static_cast<unsigned>(rows), static_cast<unsigned>(c.splits)), kSumThreads, 0,
                                 stream>>>(weights, n, c.splits, sums, positive, negative);
-  draw_kernel<scalar_t, false><<<static_cast<unsigned>(c.draw_blocks), static_cast<unsigned>(c.draw_threads),
-                                 c.shared_state ? state_bytes : 0, stream>>>(
-      weights, rows, n, k, replacement, uniforms, seed, offset, seed_ptr, offset_ptr, row_ids, c.splits, sums,
-      positive, negative, state, out, valid);
+  const dim3 grid(static_cast<unsigned>(c.draw_blocks)), block(static_cast<unsigned>(c.draw_threads));
+  if (c.shared_state) {
+    draw_kernel<scalar_t, false, true><<<grid, block, state_bytes, stream>>>(
+        weights, rows, n, k, replacement, uniforms, seed, offset, seed_ptr, offset_ptr, row_ids, c.splits, sums,
+        positive, negative, nullptr, out, valid);
+  } else {
+    draw_kernel<scalar_t, false, false><<<grid, block, 0, stream>>>(
+        weights, rows, n, k, replacement, uniforms, seed, offset, seed_ptr, offset_ptr, row_ids, c.splits, sums,
+        positive, negative, state, out, valid);
+  }
   return cudaGetLastError();
 }
 
