@@ -80,7 +80,9 @@ DDPD_HD ChunkHit walk_chunk(const value_t* w, int len, uint64_t removed, double 
     if (base + next > threshold) return {i, q};
     q = next;
   }
-  return {len - 1, q};  // not reached: base + q at the chunk end is P_j > threshold
+  // not reached: base + q at the chunk end is P_j > threshold; if it were, the last element
+  // and the sum ahead of it, as a fresh sum builds it
+  return {len - 1, chunk_sum_from(w, 0, len - 1, removed, 0.0)};
 }
 
 // The chunk a threshold falls in: the smallest j with P_j > threshold (P_{m-1} is one).
