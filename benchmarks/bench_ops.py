@@ -62,7 +62,7 @@ def uniforms(rows, cols, device="cpu"):
     return u.to(device)
 
 
-@pytest.mark.parametrize("rows,vocab", [(64, 28), (64, 50257)])
+@pytest.mark.parametrize("rows,vocab", [(64, 28), (4096, 27), (64, 50257)])
 @pytest.mark.parametrize("variant", variants(torch_draws.CATEGORICAL))
 @pytest.mark.parametrize("device", DEVICES)
 def test_sample_categorical(compare, rows, vocab, variant, device):
