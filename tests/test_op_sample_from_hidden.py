@@ -186,6 +186,26 @@ def test_statistics_of_the_kernels_match_the_reference(confidence, recompute):
     torch.testing.assert_close(out[3], ref[3], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("confidence", [None, "prob", "margin", "entropy"])
+def test_one_tile_vocabulary_draws_from_its_statistics_logits(confidence):
+    """A vocabulary of one tile (text8's 28 symbols): the C++ path draws from the logits of
+    its statistics pass; tokens, validity, log-probability and confidence as the reference,
+    with a greedy row, an excluded token and a row with nothing allowed."""
+    hidden, weight, bias = head(6, 24, 28, 12)
+    temperature = torch.tensor([0.7, 1.0, 0.0, 1.3, 0.5, 2.0])
+    allowed = torch.rand(6, 28, generator=torch.Generator().manual_seed(2)) < 0.7
+    allowed[4] = False
+    kw = dict(return_logprob=True, confidence=confidence, seed=3, offset=8, allowed=allowed)
+    out = sample_from_hidden(hidden, weight, bias, temperature, [5], **kw)
+    ref = sample_from_hidden_reference(hidden, weight, bias, temperature, [5], **kw)
+    assert_same(out, ref)
+    assert out[1].tolist() == [True, True, True, True, False, True]
+    for got, want in zip(out[2:], ref[2:]):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    plain = sample_from_hidden(hidden, weight, bias, temperature, [5], seed=3, offset=8, allowed=allowed)
+    assert_same(plain, ref)  # the draw that reads only the tile's maximum
+
+
 def test_determinism_and_batch_composition_invariance():
     hidden, weight, bias = head(10, 16, 1000, 4)
     a = sample_from_hidden(hidden, weight, bias, seed=2, offset=9)[0]

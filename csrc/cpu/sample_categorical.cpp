@@ -39,18 +39,10 @@ template <typename scalar_t>
 void draw_row(const scalar_t* row, int64_t vocab, const RowMask& mask, float t, bool greedy, const RowUniforms& u,
               const CategoricalArgs& a, std::vector<TileStats>& stats, float* buf, int64_t r, const Outputs& out) {
   const int64_t tiles = n_tiles(vocab);
-  const bool second = a.in.confidence == 2, entropy = a.in.confidence == 3;
-  const bool summarised = a.in.logprob || a.in.confidence != 0;
   for (int64_t i = 0; i < tiles; ++i) {
     const int64_t start = i * kTile, n = std::min(kTile, vocab - start);
     load_tile(row + start, start, n, mask, buf);
-    // A single tile races alone: without a log-probability or confidence only its maximum
-    // is read (small vocabularies, where these exps and the log are a good part of a row).
-    if (tiles == 1 && !summarised) {
-      stats[i].max = tile_max(buf, n);
-    } else {
-      stats[i] = tile_stats(buf, n, t, second, entropy);
-    }
+    stats[i] = drawn_tile_stats(buf, n, t, tiles, a.in);
   }
   float row_max;
   const int64_t winner = race(stats.data(), tiles, vocab, t, greedy, u, &row_max);
@@ -59,8 +51,8 @@ void draw_row(const scalar_t* row, int64_t vocab, const RowMask& mask, float t, 
   const bool ok = row_max > kNegInf;
   out.valid[r] = ok;
   out.tokens[r] = ok ? draw_in_tile(buf, start, n, t, greedy, u) : 0;
-  if (!summarised) return;
-  const RowStats rs = row_stats(stats.data(), tiles, row_max, t, second, entropy);
+  if (!a.in.logprob && a.in.confidence == 0) return;
+  const RowStats rs = row_stats(stats.data(), tiles, row_max, t, a.in.confidence == 2, a.in.confidence == 3);
   const float token_logit = ok ? buf[out.tokens[r] - start] : kNegInf;
   if (a.in.logprob) out.logprob[r] = ok ? shift(token_logit, row_max, t) - rs.log_z : kNegInf;
   if (a.in.confidence) out.confidence[r] = confidence(a.in.confidence, token_logit, row_max, t, rs);

@@ -304,6 +304,19 @@ inline TileStats tile_stats(const float* x, int64_t n, float t, bool want_second
   return s;
 }
 
+// The statistics a draw reads of one tile of a row of `tiles` tiles: only the maximum
+// where the row is a single tile and no log-probability or confidence is asked (it races
+// alone, and no mass is read), else tile_stats. In rows of a small vocabulary those
+// exps and the log were a good part of the work.
+inline TileStats drawn_tile_stats(const float* x, int64_t n, float t, int64_t tiles, const DrawInputs& in) {
+  if (tiles == 1 && !in.logprob && in.confidence == 0) {
+    TileStats s;
+    s.max = tile_max(x, n);
+    return s;
+  }
+  return tile_stats(x, n, t, in.confidence == 2, in.confidence == 3);
+}
+
 // The tile race: argmax_t shift(m_t, M) + s_t + G_t with M the row maximum (greedy:
 // argmax_t shift(m_t, M), the first tile holding M), the lowest tile on ties (as
 // torch.argmax). A single tile needs no tile uniform. Returns the winning tile;

@@ -16,6 +16,8 @@
 // take the winning tile's statistics from the same recomputed logits: a last-bit
 // difference divided by a small temperature would otherwise give a log-probability
 // far from the truth, even above 0.
+// A vocabulary of one tile (V <= 256) keeps the logits of its one chunk and draws from
+// them: nothing is computed again.
 // Memory: N x chunk floats per split and N x n_tiles tile statistics.
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -58,10 +60,12 @@ void head_logits(const HeadArgs& a, int64_t first, int64_t width, const at::Tens
 }
 
 // Tile statistics of every row for the tiles of the chunks [first_chunk, end_chunk),
-// into stats [N, n_tiles].
-void stats_split(const HeadArgs& a, int64_t first_chunk, int64_t end_chunk, TileStats* stats) {
+// into stats [N, n_tiles]; the chunk's logits go to `kept` where given ([N, V], a
+// vocabulary of one chunk), else to a buffer of the split's own.
+void stats_split(const HeadArgs& a, int64_t first_chunk, int64_t end_chunk, TileStats* stats,
+                 at::Tensor* kept = nullptr) {
   const int64_t rows = a.hidden.size(0), vocab = a.weight.size(0), tiles = n_tiles(vocab);
-  at::Tensor buf = at::empty({rows, std::min(kChunk, vocab)}, a.hidden.options());
+  at::Tensor buf = kept ? *kept : at::empty({rows, std::min(kChunk, vocab)}, a.hidden.options());
   std::array<float, kTile> tile;
   for (int64_t c = first_chunk; c < end_chunk; ++c) {
     const int64_t first = c * kChunk, width = std::min(kChunk, vocab - first);
@@ -74,7 +78,7 @@ void stats_split(const HeadArgs& a, int64_t first_chunk, int64_t end_chunk, Tile
       for (int64_t start = first; start < first + width; start += kTile) {
         const int64_t n = std::min(kTile, vocab - start), i = start / kTile;
         load_tile(chunk + r * logits.stride(0) + (start - first), start, n, mask, tile.data());
-        stats[r * tiles + i] = tile_stats(tile.data(), n, t, a.in.confidence == 2, a.in.confidence == 3);
+        stats[r * tiles + i] = drawn_tile_stats(tile.data(), n, t, tiles, a.in);
       }
     }
   }
@@ -87,21 +91,30 @@ struct Outputs {
 };
 
 // The token draw of the rows whose winning tile is `t`: their logits of that tile
-// are computed again (one matmul for the group) and raced.
-void draw_group(const HeadArgs& a, int64_t t, const std::vector<int64_t>& group, const Outputs& out) {
+// are computed again (one matmul for the group) and raced. A vocabulary of one tile
+// passes the statistics' logits of every row instead (`single`, [N, V]): nothing to
+// compute again, and the statistics already come from the logits drawn from.
+void draw_group(const HeadArgs& a, int64_t t, const std::vector<int64_t>& group, const Outputs& out,
+                const at::Tensor* single = nullptr) {
   const int64_t vocab = a.weight.size(0), tiles = n_tiles(vocab), start = t * kTile, n = std::min(kTile, vocab - start);
-  const at::Tensor index = at::tensor(group, a.hidden.options().dtype(at::kLong));
-  at::Tensor logits = at::empty({static_cast<int64_t>(group.size()), n}, a.hidden.options());
-  head_logits(a, start, n, a.hidden.index_select(0, index), logits);
+  at::Tensor logits;
+  if (single) {
+    logits = *single;
+  } else {
+    const at::Tensor index = at::tensor(group, a.hidden.options().dtype(at::kLong));
+    logits = at::empty({static_cast<int64_t>(group.size()), n}, a.hidden.options());
+    head_logits(a, start, n, a.hidden.index_select(0, index), logits);
+  }
   std::array<float, kTile> tile;
   for (size_t i = 0; i < group.size(); ++i) {
     const int64_t r = group[i];
     const float given = a.given_temperature(r);
-    load_tile(logits.data_ptr<float>() + i * n, start, n, a.in.mask(r, vocab), tile.data());
+    load_tile(logits.data_ptr<float>() + (single ? r : static_cast<int64_t>(i)) * n, start, n, a.in.mask(r, vocab),
+              tile.data());
     const float temp = effective_temperature(given);
     out.tokens[r] = draw_in_tile(tile.data(), start, n, temp, is_greedy(given), a.in.uniforms(r));
     out.token_logit[r] = tile[out.tokens[r] - start];
-    if (a.in.logprob || a.in.confidence) {
+    if (!single && (a.in.logprob || a.in.confidence)) {
       out.stats[r * tiles + t] = tile_stats(tile.data(), n, temp, a.in.confidence == 2, a.in.confidence == 3);
     }
   }
@@ -127,9 +140,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sample_from_hidden_cp
   const int64_t chunks = (vocab + kChunk - 1) / kChunk;
   const int64_t splits = std::max<int64_t>(1, std::min<int64_t>(chunks, at::get_num_threads()));
   std::vector<TileStats> stats(rows * tiles);
-  at::parallel_for(0, splits, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t s = begin; s < end; ++s) stats_split(a, s * chunks / splits, (s + 1) * chunks / splits, stats.data());
-  });
+  at::Tensor single;  // a vocabulary of one tile: its logits, kept for the draw
+  if (tiles == 1) {
+    single = at::empty({rows, vocab}, a.hidden.options());
+    stats_split(a, 0, 1, stats.data(), &single);
+  } else {
+    at::parallel_for(0, splits, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t s = begin; s < end; ++s) {
+        stats_split(a, s * chunks / splits, (s + 1) * chunks / splits, stats.data());
+      }
+    });
+  }
 
   const auto opts = hidden.options();
   at::Tensor tokens = at::zeros({rows}, opts.dtype(at::kLong));
@@ -149,7 +170,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sample_from_hidden_cp
   }
   const Outputs out{tokens.data_ptr<int64_t>(), token_logit.data(), stats.data()};
   at::parallel_for(0, static_cast<int64_t>(won.size()), 1, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) draw_group(a, won[i], groups[won[i]], out);
+    for (int64_t i = begin; i < end; ++i) draw_group(a, won[i], groups[won[i]], out, tiles == 1 ? &single : nullptr);
   });
 
   at::Tensor lp = at::empty({logprob ? rows : 0}, opts.dtype(at::kFloat));
