@@ -383,26 +383,29 @@ def time_categorical_configs(bench: Bench, rows: int, vocab: int, dtype: torch.d
     # four, rows that do not start 16-byte aligned (V = 50257 in bf16) spread each tile over
     # the four warps, and every tile's two reductions pass through shared memory and barriers
     # pdl: programmatic dependent launch (module.PDL; only where the device has it), which may
-    # overlap the finish kernel's launch with the tile statistics' end
-    default_pdl = module.PDL
-    for per_sm, chunk, warps, pdl in [(8, 4, 4, False), (8, 8, 4, False), (32, 2, 1, False), (64, 2, 1, False),
-                                      (64, 1, 1, False), (128, 2, 1, False), (128, 1, 1, False), (64, 4, 1, False),
-                                      (32, 2, 2, False), (64, 2, 1, True), (128, 2, 1, True)]:
+    # overlap the finish kernel's launch with the tile statistics' end; windows: the statistics
+    # read through 16-byte aligned windows (module.STATS_WINDOWS), or each value at its column
+    default_pdl, default_windows = module.PDL, module.STATS_WINDOWS
+    for per_sm, chunk, warps, pdl, windows in [
+            (8, 4, 4, False, True), (32, 2, 1, False, True), (64, 2, 1, False, True), (64, 2, 1, False, False),
+            (64, 1, 1, False, True), (128, 2, 1, False, True), (128, 2, 1, False, False), (128, 1, 1, False, True),
+            (64, 4, 1, False, True), (32, 2, 2, False, True), (64, 2, 1, True, True), (128, 2, 1, True, True)]:
         module.categorical_launch = lambda r, v, sms, per_sm=per_sm, chunk=chunk, warps=warps, pdl=False: default(
             r, v, sms, per_sm, chunk, warps, pdl=pdl)
-        module.PDL = pdl
+        module.PDL, module.STATS_WINDOWS = pdl, windows
         try:
             fn = lambda: sample_categorical(logits, seed=1, offset=2)  # noqa: E731
             ms = bench.graph_ms(fn) or bench.median_ms(fn)
         finally:
-            module.categorical_launch, module.PDL = default, default_pdl
+            module.categorical_launch, module.PDL, module.STATS_WINDOWS = default, default_pdl, default_windows
         mark = ""
         if bench.cuda:
             sms = torch.cuda.get_device_properties(bench.device).multi_processor_count
-            if default(rows, vocab, sms) == default(rows, vocab, sms, per_sm, chunk, warps) and pdl == default_pdl:
+            if default(rows, vocab, sms) == default(rows, vocab, sms, per_sm, chunk, warps) and \
+                    (pdl, windows) == (default_pdl, default_windows):
                 mark = " (categorical_launch's)"
         print(f"  categorical config ({rows}, {vocab}) {str(dtype)[6:]} programs/SM={per_sm} tiles/load={chunk} "
-              f"warps={warps} pdl={int(pdl)}: {ms * 1e3:8.1f} us{mark}")
+              f"warps={warps} pdl={int(pdl)} windows={int(windows)}: {ms * 1e3:8.1f} us{mark}")
 
 
 def time_planner_ops(bench: Bench, rows: int, length: int) -> None:

@@ -8,8 +8,9 @@ each launch is specialised as Triton's runtime specialises it (16-byte aligned t
 integers that are multiples of 16 or equal to 1). For every kernel it prints the registers
 and stack (cuobjdump) and, for each loop of the SASS (a backward branch and the code it
 jumps over), its length in instructions and the barriers (BAR), shared-memory accesses
-(LDS, STS), shuffles (SHFL), global loads (LDG) and special-function operations (MUFU:
-exp2, reciprocals) in it: what a kernel does a block, read where no GPU can time it.
+(LDS, STS), shuffles (SHFL), global loads (LDG; in brackets those of 16 bytes a lane) and
+special-function operations (MUFU: exp2, reciprocals) in it: what a kernel does a block,
+read where no GPU can time it.
 A loop's length counts every branch inside it, taken or not.
 
     python benchmarks/kernel_binaries.py                  # every case
@@ -38,6 +39,8 @@ GPT2, LLAMA3, H100_SMS = 50257, 128256, 132
 TRITON_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.int64: "i64",
                  torch.int32: "i32", torch.bool: "i1"}
 COUNTED = ("BAR", "LDS", "STS", "SHFL", "LDG", "MUFU")  # opcodes counted in each loop
+# and the vector loads among its LDG: 16 bytes a lane (LDG.E.128; LDG.E.64 is also an int64's load)
+VECTOR_LOAD = re.compile(r"\bLDG(\.\w+)*\.128\b")
 
 
 def compile_launch(kernel, args: dict, kwargs: dict):
@@ -106,7 +109,7 @@ def opcode(text: str) -> str:
 
 def loops(sass: str) -> list[dict]:
     """Each backward branch's loop: its first and last address, its instructions, and the
-    COUNTED opcodes in it; innermost (shortest) first."""
+    COUNTED opcodes in it, and its vector loads; innermost (shortest) first."""
     code = instructions(sass)
     found = []
     for address, text in code:
@@ -114,9 +117,11 @@ def loops(sass: str) -> list[dict]:
         if target is None or int(target.group(1), 16) >= address:
             continue
         first = int(target.group(1), 16)
-        body = [opcode(t) for a, t in code if first <= a <= address]
+        texts = [t for a, t in code if first <= a <= address]
+        body = [opcode(t) for t in texts]
         found.append(dict(first=first, last=address, instructions=len(body),
-                          **{name: body.count(name) for name in COUNTED}))
+                          **{name: body.count(name) for name in COUNTED},
+                          vector=sum(1 for t in texts if VECTOR_LOAD.search(t))))
     return sorted(found, key=lambda loop: loop["instructions"])
 
 
@@ -125,6 +130,8 @@ CASES = {
     "sample_categorical 64x50257 bf16": lambda: sample_categorical_call(64, GPT2, torch.bfloat16),
     "sample_categorical 1x50257 fp32": lambda: sample_categorical_call(1, GPT2, torch.float32),
     "sample_categorical 1024x50257 bf16": lambda: sample_categorical_call(1024, GPT2, torch.bfloat16),
+    "sample_categorical 1024x50257 bf16 T=0.7": lambda: sample_categorical_call(1024, GPT2, torch.bfloat16,
+                                                                               temperature=0.7),
     "sample_categorical 4096x27 fp32": lambda: sample_categorical_call(4096, 27, torch.float32),
     "sample_categorical 64x128256 bf16": lambda: sample_categorical_call(64, LLAMA3, torch.bfloat16),
     "sample_categorical 64x50257 bf16 top-k top-p min-p": lambda: sample_categorical_call(
@@ -195,7 +202,7 @@ def main() -> int:
 
     answer_as_h100()
     print(f"sm_90 binaries, triton {triton.__version__}, torch {torch.__version__}; loops innermost first, "
-          f"each: first-last address, instructions, {', '.join(COUNTED)}")
+          f"each: first-last address, instructions, {', '.join(COUNTED)} (LDG: in brackets those of 16 bytes)")
     for case, make in CASES.items():
         if only not in case:
             continue
@@ -203,7 +210,8 @@ def main() -> int:
             compiled = compile_launch(kernel, args, dict(kwargs))
             print(f"{case}: {kernel.fn.__name__} grid {tuple(grid)} {resources(compiled)}")
             for loop in loops(cuobjdump(compiled, "-sass")):
-                counts = " ".join(f"{name} {loop[name]}" for name in COUNTED)
+                counts = " ".join(f"{name} {loop[name]}" + (f" ({loop['vector']})" if name == "LDG" else "")
+                                  for name in COUNTED)
                 print(f"  loop {loop['first']:#06x}-{loop['last']:#06x}: {loop['instructions']:5d} instructions, "
                       f"{counts}")
     return 0

@@ -35,11 +35,11 @@ CALLS, REPEATS = 2000, 7
 
 
 def sample_categorical_call(rows: int = 64, vocab: int = GPT2, dtype: torch.dtype = torch.bfloat16, seed: int = 1,
-                            offset: int = 2, **controls) -> Callable[[], object]:
+                            offset: int = 2, temperature: float = 1.0, **controls) -> Callable[[], object]:
     from ddpd.ops.sample_categorical import prepare_categorical, sample_categorical_triton
 
     logits = torch.empty(rows, vocab, dtype=dtype)
-    call = prepare_categorical(logits, 1.0, None, None, None, controls.get("top_k"), controls.get("top_p"),
+    call = prepare_categorical(logits, temperature, None, None, None, controls.get("top_k"), controls.get("top_p"),
                                controls.get("min_p"), False, None, seed, offset, None, None, None)
     return lambda: sample_categorical_triton(logits, *call.args())
 

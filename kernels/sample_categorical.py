@@ -77,10 +77,17 @@ def masked_logits(logits_ptr, row, offs, V, limit, exclude_ptr, n_exclude, exclu
     full: every offset is below limit, and the loads need no mask (where the row is not
     aligned and each value is its own load, a comparison and a move a value fewer)."""
     if full:
-        x = tl.load(logits_ptr + row * V + offs).to(tl.float32)
+        x = tl.load(logits_ptr + row * V + offs)
     else:
-        x = tl.load(logits_ptr + row * V + offs, mask=offs < limit, other=float("-inf")).to(tl.float32)
-    x = tl.where(x != x, float("-inf"), x)
+        x = tl.load(logits_ptr + row * V + offs, mask=offs < limit, other=float("-inf"))
+    return mask_logits(x.to(tl.float32), row, offs, V, limit, exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr,
+                       tau)
+
+
+@triton.jit
+def mask_logits(x, row, offs, V, limit, exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr, tau):
+    """float32 logits x of columns offs, -inf for NaN, excluded and not allowed tokens and
+    below tau (allowed read where offs < limit, and at row * V + offs >= 0)."""
     for e in range(n_exclude):
         x = tl.where(offs == tl.load(exclude_ptr + e), float("-inf"), x)
     if exclude_row_ptr is not None:
@@ -88,6 +95,7 @@ def masked_logits(logits_ptr, row, offs, V, limit, exclude_ptr, n_exclude, exclu
     if allowed_ptr is not None:
         ok = tl.load(allowed_ptr + row * V + offs, mask=offs < limit, other=0).to(tl.int1)
         x = tl.where(ok, x, float("-inf"))
+    # NaN >= tau is false: one comparison also sends NaN to -inf (tau is -inf without truncation)
     return tl.where(x >= tau, x, float("-inf"))
 
 
@@ -185,25 +193,56 @@ def tile_stats_kernel(
     logits_ptr, V, n_tiles, tiles_per_split, temperature, temperature_ptr,
     exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr, tau_ptr,
     stats_ptr,
-    TILE: tl.constexpr, TILES_PER_CHUNK: tl.constexpr, SECOND: tl.constexpr, ENTROPY: tl.constexpr,
-    PDL: tl.constexpr = False,
+    TILE: tl.constexpr, TILES_PER_CHUNK: tl.constexpr, ALIGN: tl.constexpr, SECOND: tl.constexpr,
+    ENTROPY: tl.constexpr, UNIT: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
+    """Reads each tile through aligned windows. A row of V = 50257 bfloat16 logits starts at
+    any even byte, and loads at its columns take one value each (a load, a 64-bit address and
+    a predicate a value). Window w of a row starts `skew` columns before tile w, at a multiple
+    of ALIGN logits (16 bytes) from the tensor's start, and is read with 16-byte vector loads;
+    its first skew values, the end of tile w - 1, are replaced by those of window w + 1 (whose
+    first ALIGN values one more vector load reads): the tile's own values, rotated by skew.
+    ALIGN = 1: every skew is 0, and each value is read at its column."""
     wait_for_prior_kernel(PDL)
     row = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
     _, t = row_temperature(temperature, temperature_ptr, row)
     tau = row_threshold(tau_ptr, row)
+    start = row * V
+    skew = (start % ALIGN).to(tl.int32)
+    base = logits_ptr + tl.multiple_of(start - skew, ALIGN)  # start - skew >= 0: skew is 0 on row 0
     j = tl.arange(0, TILE)
+    own = j >= skew  # from window w; the others from window w + 1
+    rotated = tl.where(own, j - skew, j + TILE - skew)  # the column in the tile of each value
     first = split * tiles_per_split
     end = tl.minimum(first + tiles_per_split, n_tiles)
+    limit = tl.minimum(V, end * TILE)
+    masks = n_exclude > 0
+    if (exclude_row_ptr is not None) or (allowed_ptr is not None):
+        masks = True
     for chunk in range(first, end, TILES_PER_CHUNK):
         tiles = chunk + tl.arange(0, TILES_PER_CHUNK)
         live = tiles < end
-        offs = tiles[:, None] * TILE + j[None, :]
-        limit = tl.minimum(V, end * TILE)
-        x = masked_logits(logits_ptr, row, offs, V, limit, exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr, tau,
-                          (chunk + TILES_PER_CHUNK) * TILE <= limit)
-        if t == 1.0:  # the usual temperature: no division (a branch per program, not per value)
+        window = tiles[:, None] * TILE + j[None, :]  # from base: multiples of ALIGN, contiguous
+        if tl.minimum(end, chunk + TILES_PER_CHUNK) * TILE + ALIGN <= V:
+            # the windows of the live tiles, and the first ALIGN values of the next ones, lie in
+            # the row: masks constant over each 16 bytes (tiles past the split's end read nothing,
+            # and as 0 keep the chunk's maxima finite; their statistics are not stored)
+            x = tl.load(base + window, mask=live[:, None], other=0.0)
+            after = tl.load(base + window + TILE, mask=live[:, None] & (j[None, :] < ALIGN), other=0.0)
+            x = tl.where(own[None, :], x, after)
+        else:  # the row's last tiles: each value on its own, at its column
+            cols = tiles[:, None] * TILE + rotated[None, :]
+            x = tl.load(logits_ptr + start + cols, mask=cols < limit, other=float("-inf"))
+        x = x.to(tl.float32)
+        if masks:  # the columns, only then: 16 more registers a lane otherwise
+            x = mask_logits(x, row, tiles[:, None] * TILE + rotated[None, :], V, limit, exclude_ptr, n_exclude,
+                            exclude_row_ptr, allowed_ptr, tau)
+        else:
+            x = tl.where(x >= tau, x, float("-inf"))  # NaN too (mask_logits)
+        if UNIT:
+            m, s, second, ent = tile_statistics(x, t, SECOND, ENTROPY, UNIT=True, STREAM=True)
+        elif t == 1.0:  # no division either (a branch per program, not per value)
             m, s, second, ent = tile_statistics(x, t, SECOND, ENTROPY, UNIT=True, STREAM=True)
         else:
             m, s, second, ent = tile_statistics(x, t, SECOND, ENTROPY, STREAM=True)

@@ -1,6 +1,8 @@
 """ddpd.ops.sample_categorical: C++ CPU path, Triton kernel (interpreter) and the
 torch reference agree token for token; the seeded draws follow softmax(logits / T)."""
 
+import importlib
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -25,6 +27,7 @@ from ddpd.ops.sample_categorical import (
 pytestmark = [pytest.mark.filterwarnings("ignore:divide by zero encountered in log:RuntimeWarning"),
               pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")]
 CHI2_MIN_P = 1e-3  # a distribution test fails when its chi-square p-value is below this
+sample_categorical_module = importlib.import_module("ddpd.ops.sample_categorical")  # the package exports the op
 
 
 def triton_draw(logits, temperature=1.0, exclude_ids=(), exclude_per_row=None, seed=None, offset=0,
@@ -250,6 +253,43 @@ def test_split_vocabulary_matches_reference(monkeypatch, multiprocessors, rows, 
         assert torch.equal(sample_categorical(logits, 0.9, [5], per_row, **kwargs)[0], ref[0])
     if rows > 1:
         assert ref[1].tolist()[:2] == [True, False] and ref[0][1] == 0 and ref[0][-1] == 1000
+
+
+@pytest.mark.parametrize("whole_rows", [False, True])
+@pytest.mark.parametrize("vocab", [2 * 256 + 37, 3 * 256])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_tiles_read_through_aligned_windows_keep_every_column(monkeypatch, whole_rows, vocab, dtype):
+    """The tile statistics read a row through windows aligned to 16 bytes, each tile's last
+    `skew` columns from the next window. Rows starting at every offset from such a boundary
+    (9 rows of V = 549: row r at r * 549 logits), whose only drawable tokens are the first
+    and last 8 columns of each tile and a few inside it, draw the reference's tokens with its
+    log-probabilities and confidences: a column lost or read twice changes a tile's mass.
+    With exclusions and the allowed mask too (they read each value's column), one tile a
+    program and whole rows a program (two tiles a load, the last tile partial or not)."""
+    monkeypatch.setattr(_dispatch, "multiprocessors", lambda device: 1)
+    if whole_rows:
+        launch = categorical_launch
+        monkeypatch.setattr(sample_categorical_module, "categorical_launch",
+                            lambda rows, vocab, sms, pdl=False: launch(rows, vocab, sms, programs_per_sm=1, pdl=pdl))
+    rows = 9
+    g = torch.Generator().manual_seed(vocab)
+    logits = torch.full((rows, vocab), float("-inf"))
+    edges = torch.tensor([c for t in range(0, vocab, 256) for c in [*range(t, t + 8), *range(t + 248, t + 256), t + 99]
+                          if c < vocab])
+    logits[:, edges] = 3 * torch.randn(rows, edges.numel(), generator=g)
+    logits[2, 255], logits[5, 256 + 250] = 40.0, float("nan")  # one maximum in a tile's last column
+    logits = logits.to(dtype)
+    allowed = torch.rand(rows, vocab, generator=g) < 0.8
+    masks = dict(exclude_ids=[255, 256 + 3], exclude_per_row=edges[torch.randint(0, edges.numel(), (rows,),
+                                                                                 generator=g)], allowed=allowed)
+    for kw in (dict(noise=torch.rand(rows, noise_width(vocab), generator=g).clamp_min(1e-7)),
+               dict(seed=11, offset=3, return_logprob=True, confidence="prob"),
+               dict(seed=12, confidence="entropy", **masks), dict(seed=13, confidence="margin", **masks)):
+        ref = sample_categorical_reference(logits, **kw)
+        out = triton_draw(logits, **kw)
+        assert torch.equal(out[0], ref[0]) and torch.equal(out[1], ref[1]) and bool(ref[1].all())
+        for a, b in zip(out[2:], ref[2:]):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
 def test_triton_seeded_draws_follow_softmax(monkeypatch):

@@ -66,8 +66,9 @@ def sample_categorical_case(target, present):
     stats = dict(logits, n_tiles="i32", tiles_per_split="i32", **temp, **masks, tau_ptr=optional(present, "*fp32"),
                  stats_ptr="*fp32")
     assert "cubin" in compile_kernel(categorical_kernels.tile_stats_kernel, stats,
-                                     dict(TILE=256, TILES_PER_CHUNK=4, SECOND=present, ENTROPY=not present,
-                                          **dependent(target, present)), target)
+                                     dict(TILE=256, TILES_PER_CHUNK=4, ALIGN=8 if present else 4, SECOND=present,
+                                          ENTROPY=not present, UNIT=not present, **dependent(target, present)),
+                                     target)
     finish = dict(logits, n_tiles="i32", **temp, **masks, tau_ptr=optional(present, "*fp32"),
                   noise_ptr=optional(present, "*fp32"), row_ids_ptr=optional(present, "*i64"), **counters(present),
                   stats_ptr=optional(present, "*fp32"), tokens_ptr="*i64", valid_ptr="*i1", logprob_ptr="*fp32",

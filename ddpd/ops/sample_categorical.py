@@ -594,6 +594,14 @@ STATS_PROGRAMS_PER_SM, STATS_TILES_PER_LOAD, STATS_WARPS = 64, 2, 1
 # memory (ddpd.kernels.sample_categorical.wait_for_prior_kernel). Off until a GPU run has
 # timed it: `python benchmarks/gpu_timings.py --only 'launch configurations'` times both.
 PDL = False
+# The tile statistics read each row through windows aligned to 16 bytes (vector loads
+# wherever the row starts: ddpd.kernels.sample_categorical.tile_stats_kernel); False: each
+# value at its column, as before (one load a value where rows are not aligned). Compiled
+# for sm_90 (benchmarks/results/cpu-sm90-binaries-2026-11-27-windows.txt), a whole bf16 tile
+# is 8 values a lane in one 16-byte load (and one for the next window's first 8) where it was 8
+# loads, at 70 registers against 64 (28 programs a multiprocessor against 32; 93 at a
+# temperature other than 1). NOT yet timed on a GPU: gpu_timings.py's launch sweep times both.
+STATS_WINDOWS = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -690,11 +698,13 @@ def sample_categorical_triton(logits, temperature, temperature_t, exclude_ids, e
     stats = None
     if launch.stats_grid:
         stats = torch.empty(rows, tiles, kernels.RECORD.value, dtype=torch.float32, device=device)
+        align = 16 // logits.element_size() if STATS_WINDOWS else 1  # logits a window's alignment
         _dispatch.launch(
             kernels.tile_stats_kernel, launch.stats_grid,
             logits, vocab, tiles, launch.tiles_per_split, *temp, *masks, tau, stats,
-            TILE=TILE, TILES_PER_CHUNK=launch.tiles_per_chunk, SECOND=confidence == 2, ENTROPY=confidence == 3,
-            PDL=pdl, num_warps=launch.stats_warps, launch_pdl=pdl,
+            TILE=TILE, TILES_PER_CHUNK=launch.tiles_per_chunk, ALIGN=align, SECOND=confidence == 2,
+            ENTROPY=confidence == 3, UNIT=temperature_t is None and temperature == 1.0, PDL=pdl,
+            num_warps=launch.stats_warps, launch_pdl=pdl,
         )
     _dispatch.launch(
         kernels.finish_kernel, launch.finish_grid,
