@@ -384,14 +384,17 @@ def time_categorical_configs(bench: Bench, rows: int, vocab: int, dtype: torch.d
     # the four warps, and every tile's two reductions pass through shared memory and barriers
     # pdl: programmatic dependent launch (module.PDL; only where the device has it), which may
     # overlap the finish kernel's launch with the tile statistics' end; windows: the statistics
-    # read through 16-byte aligned windows (module.STATS_WINDOWS), or each value at its column
+    # read through 16-byte aligned windows (module.STATS_WINDOWS), or each value at its column;
+    # finish: the warps of a finish program (one a row)
     default_pdl, default_windows = module.PDL, module.STATS_WINDOWS
-    for per_sm, chunk, warps, pdl, windows in [
-            (8, 4, 4, False, True), (32, 2, 1, False, True), (64, 2, 1, False, True), (64, 2, 1, False, False),
-            (64, 1, 1, False, True), (128, 2, 1, False, True), (128, 2, 1, False, False), (128, 1, 1, False, True),
-            (64, 4, 1, False, True), (32, 2, 2, False, True), (64, 2, 1, True, True), (128, 2, 1, True, True)]:
-        module.categorical_launch = lambda r, v, sms, per_sm=per_sm, chunk=chunk, warps=warps, pdl=False: default(
-            r, v, sms, per_sm, chunk, warps, pdl=pdl)
+    for per_sm, chunk, warps, pdl, windows, finish in [
+            (8, 4, 4, False, True, 4), (32, 2, 1, False, True, 4), (64, 2, 1, False, True, 4),
+            (64, 2, 1, False, False, 4), (64, 2, 1, False, True, 2), (64, 2, 1, False, True, 8),
+            (64, 1, 1, False, True, 4), (128, 2, 1, False, True, 4), (128, 2, 1, False, False, 4),
+            (128, 1, 1, False, True, 4), (64, 4, 1, False, True, 4), (32, 2, 2, False, True, 4),
+            (64, 2, 1, True, True, 4), (128, 2, 1, True, True, 4)]:
+        module.categorical_launch = lambda r, v, sms, per_sm=per_sm, chunk=chunk, warps=warps, finish=finish, \
+            pdl=False: default(r, v, sms, per_sm, chunk, warps, pdl=pdl, finish_warps=finish)
         module.PDL, module.STATS_WINDOWS = pdl, windows
         try:
             fn = lambda: sample_categorical(logits, seed=1, offset=2)  # noqa: E731
@@ -401,11 +404,11 @@ def time_categorical_configs(bench: Bench, rows: int, vocab: int, dtype: torch.d
         mark = ""
         if bench.cuda:
             sms = torch.cuda.get_device_properties(bench.device).multi_processor_count
-            if default(rows, vocab, sms) == default(rows, vocab, sms, per_sm, chunk, warps) and \
+            if default(rows, vocab, sms) == default(rows, vocab, sms, per_sm, chunk, warps, finish_warps=finish) and \
                     (pdl, windows) == (default_pdl, default_windows):
                 mark = " (categorical_launch's)"
         print(f"  categorical config ({rows}, {vocab}) {str(dtype)[6:]} programs/SM={per_sm} tiles/load={chunk} "
-              f"warps={warps} pdl={int(pdl)} windows={int(windows)}: {ms * 1e3:8.1f} us{mark}")
+              f"warps={warps} pdl={int(pdl)} windows={int(windows)} finish warps={finish}: {ms * 1e3:8.1f} us{mark}")
 
 
 def time_planner_ops(bench: Bench, rows: int, length: int) -> None:

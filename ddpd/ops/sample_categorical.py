@@ -589,6 +589,12 @@ def sample_categorical_reference(
 # rows; at 1024 rows 128 programs a multiprocessor were faster (72.5 and 63.4 us) but cost
 # 64 rows 17.0.
 STATS_PROGRAMS_PER_SM, STATS_TILES_PER_LOAD, STATS_WARPS = 64, 2, 1
+# The finish pass: one program a row, of 4 warps (Triton's default, what every GPU run so far
+# timed). At 64 rows it is latency-bound (ncu: 5.0 us at 64 x 50257 bf16, the tile statistics
+# of that launch 10.5; nvidia-h200-2026-11-27-5-profile.txt); compiled for sm_90, its race over
+# a row's 197 tiles is a loop of 324 instructions a warp with 4 barriers, 176 with 8 warps, 614
+# with 2, 1194 and none with one warp. The launch sweep of benchmarks/gpu_timings.py times 2, 4 and 8.
+FINISH_WARPS = 4
 # Programmatic dependent launch (PDL, sm_90 and later): a call's kernels launched so that
 # each may start while the one before it in the stream ends, and waits before it touches
 # memory (ddpd.kernels.sample_categorical.wait_for_prior_kernel). Off until a GPU run has
@@ -619,25 +625,26 @@ class CategoricalLaunch:
     finish_grid: tuple
     stats_warps: int = STATS_WARPS
     pdl: bool = False  # programmatic dependent launch (PDL above)
+    finish_warps: int = FINISH_WARPS
 
 
 @functools.lru_cache(maxsize=256)  # a per-call cost otherwise; a sampler calls it with few shapes
 def categorical_launch(rows: int, vocab: int, multiprocessors: int, programs_per_sm: int = STATS_PROGRAMS_PER_SM,
                        tiles_per_load: int = STATS_TILES_PER_LOAD, warps: int = STATS_WARPS,
-                       pdl: bool = False) -> CategoricalLaunch:
+                       pdl: bool = False, finish_warps: int = FINISH_WARPS) -> CategoricalLaunch:
     """Split each row's tiles over enough programs for programs_per_sm per multiprocessor
     (a single row of GPT-2's vocabulary: one tile per program), whole rows when the rows
     alone fill the device; each program (warps warps) reads up to tiles_per_load tiles at a time.
     pdl: launch the kernels with programmatic dependent launch (the launcher passes PDL on
-    devices that have it)."""
+    devices that have it); finish_warps: the warps of a finish program."""
     tiles = n_tiles(vocab)
     if tiles == 1:
-        return CategoricalLaunch(1, 1, 1, None, (rows,), pdl=pdl)
+        return CategoricalLaunch(1, 1, 1, None, (rows,), pdl=pdl, finish_warps=finish_warps)
     splits = max(1, min(tiles, -(-programs_per_sm * multiprocessors // max(rows, 1))))
     per_split = -(-tiles // splits)
     splits = -(-tiles // per_split)
     chunk = min(tiles_per_load, 1 << (per_split - 1).bit_length())
-    return CategoricalLaunch(splits, per_split, chunk, (rows, splits), (rows,), warps, pdl)
+    return CategoricalLaunch(splits, per_split, chunk, (rows, splits), (rows,), warps, pdl, finish_warps)
 
 
 def empty_outputs(rows: int, device: torch.device, logprob: bool, confidence: int) -> tuple:
@@ -712,7 +719,7 @@ def sample_categorical_triton(logits, temperature, temperature_t, exclude_ids, e
         offset_t, stats, *outputs,
         TILE=TILE, BLOCK_J=TILE if tiles > 1 else 1 << (vocab - 1).bit_length(),
         BLOCK_T=min(1024, 1 << (tiles - 1).bit_length()), SINGLE_TILE=tiles == 1, LOGPROB=logprob,
-        CONFIDENCE=confidence, PDL=pdl, launch_pdl=pdl,
+        CONFIDENCE=confidence, PDL=pdl, num_warps=launch.finish_warps, launch_pdl=pdl,
     )
     return outputs
 
