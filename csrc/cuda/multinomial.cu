@@ -13,7 +13,8 @@
 //   sits in shared memory, the lane-0 chains read it in register batches, and the
 //   one chunk a draw walks is first staged into shared memory by the whole warp
 //   with coalesced loads (the old kernel walked it from global memory, one
-//   dependent load at a time, which dominated its time). The uniforms of 32 draws
+//   dependent load at a time, which dominated its time), and stays there for the
+//   next draws that fall in it. The uniforms of 32 draws
 //   come from the 32 lanes at once (two Philox evaluations each, which lane 0 made
 //   one after the other, 2k of them a row), and the chunk sum rebuilt after a removal
 //   continues the sum the draw's walk made up to the removed weight (csrc/multinomial.h
@@ -112,10 +113,12 @@ __device__ __forceinline__ void prefix_batched(const double* sums, double* prefi
 
 // The draw for uniform u (draw_index's arithmetic: find_chunk, then walk_chunk over the
 // chunk staged by the whole warp), lane 0 with the warp's help; the index is broadcast
-// to the warp, `before` (for remove_drawn) is lane 0's.
+// to the warp, `before` (for remove_drawn) is lane 0's. `staged`: the chunk already in
+// `chunk` (-1: none), which is not staged again (the copy holds the row's weights, which
+// no draw changes: removals are flags): a row of one chunk is staged once for all its draws.
 template <typename scalar_t>
 __device__ Draw warp_draw(const scalar_t* row, int64_t n, const double* prefix, int64_t m, const uint64_t* removed,
-                          double u, double* chunk, int lane) {
+                          double u, double* chunk, int64_t& staged, int lane) {
   int64_t j = 0;
   double threshold = 0.0;
   if (lane == 0) {
@@ -124,7 +127,10 @@ __device__ Draw warp_draw(const scalar_t* row, int64_t n, const double* prefix, 
   }
   j = __shfl_sync(kFullMask, j, 0);
   const int64_t begin = j * kChunk, end = chunk_end(j, n);
-  stage_chunk(row, begin, end, chunk, lane);
+  if (j != staged) {  // j is the warp's: every lane takes the same branch
+    stage_chunk(row, begin, end, chunk, lane);
+    staged = j;
+  }
   ChunkHit hit{0, 0.0};
   if (lane == 0) {
     hit = walk_chunk(chunk, static_cast<int>(end - begin), removed ? removed[j] : 0, j > 0 ? prefix[j - 1] : 0.0,
@@ -199,6 +205,7 @@ __global__ void draw_kernel(const scalar_t* __restrict__ weights, int64_t rows, 
   __syncwarp();
   int64_t* index = out + r * k;
   double lane_u = 0.0;  // lane l: the uniform of draw d0 + l of the current run of 32 draws
+  int64_t staged = -1;  // the chunk in `chunk`
   for (int64_t d = 0; d < k; ++d) {
     if (!ok) {
       if (lane == 0) index[d] = 0;
@@ -210,7 +217,7 @@ __global__ void draw_kernel(const scalar_t* __restrict__ weights, int64_t rows, 
                                    : draw_uniform(seed, offset, static_cast<uint64_t>(row_ids[r]), d + lane);
     }
     const double u = __shfl_sync(kFullMask, lane_u, source);
-    const Draw drawn = warp_draw(row, n, prefix, m, removed, u, chunk, lane);
+    const Draw drawn = warp_draw(row, n, prefix, m, removed, u, chunk, staged, lane);
     if (lane == 0) {
       index[d] = drawn.index;
       if (removed != nullptr && d + 1 < k) {  // the drawn chunk is still staged
