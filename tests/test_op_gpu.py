@@ -63,6 +63,26 @@ def test_special_logits_cuda_match_cpu(dtype, temperature):
     assert cpu[0][0] == 40000 and cpu[0][1] in (300, 45000) and cpu[0][3] in (1000, 1001)
 
 
+@pytest.mark.parametrize("vocab", [2 * 256 + 37, 50257])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_tile_edges_read_through_aligned_windows_match_cpu(vocab, dtype):
+    """Rows starting at every offset from a 16-byte boundary (9 rows of an odd V), whose only
+    drawable tokens are the first and last 8 columns of each tile: the tile statistics read
+    them through aligned windows, with vector loads, each tile's last columns from the next
+    window (STATS_WINDOWS); the same tokens, flags and statistics as the CPU path."""
+    g = torch.Generator().manual_seed(vocab)
+    logits = torch.full((9, vocab), float("-inf"))
+    edges = torch.tensor([c for t in range(0, vocab, 256) for c in [*range(t, t + 8), *range(t + 248, t + 256)]
+                          if c < vocab])
+    logits[:, edges] = 3 * torch.randn(9, edges.numel(), generator=g)
+    logits = logits.to(dtype)
+    for kw in (dict(seed=5, offset=1, return_logprob=True, confidence="entropy"),
+               dict(seed=6, exclude_ids=[255, 256], confidence="prob")):
+        cpu = sample_categorical(logits, **kw)
+        agree(sample_categorical(logits.cuda(), **kw), cpu)
+        assert bool(cpu[1].all())
+
+
 @pytest.mark.parametrize("rows,length,k", [(64, 256, 1), (8, 1024, 4), (3, 7, 7)])
 @pytest.mark.parametrize("mode", ["sigmoid", "softmax"])
 def test_planner_ops_cuda_match_cpu(rows, length, k, mode):
