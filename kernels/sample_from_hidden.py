@@ -87,8 +87,9 @@ def head_tiles_kernel(
     stats_ptr, tokens_ptr, valid_ptr, logprob_ptr, confidence_ptr,
     TILE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, DOT_F32: tl.constexpr,
     SINGLE_TILE: tl.constexpr, LOGPROB: tl.constexpr, CONFIDENCE: tl.constexpr, PDL: tl.constexpr = False,
-    RECOMPUTE: tl.constexpr = False,
+    RECOMPUTE: tl.constexpr = False, UNIT: tl.constexpr = False,
 ):
+    """UNIT: every row's temperature is 1 (read only where the epilogue keeps statistics alone)."""
     wait_for_prior_kernel(PDL)
     seed_lo, seed_hi, offset_lo, offset_hi = load_counters(seed_lo, seed_hi, offset_lo, offset_hi, seed_ptr,
                                                            offset_ptr)
@@ -112,8 +113,15 @@ def head_tiles_kernel(
         cols = tile * TILE + j
         x = head_logits(h_ptr, w_ptr, b_ptr, rows, cols, N, V, H, BLOCK_H, DOT_F32)
         x = masked_head_logits(x, cols, safe_rows, V, exclude_ptr, n_exclude, exclude_row, allowed_ptr)
-        # statistics per row: tile_statistics works along axis 1, so on x^T [BLOCK_N, TILE]
-        m, s, second, ent = tile_statistics(tl.trans(x), t[:, None], CONFIDENCE == 2, CONFIDENCE == 3)
+        # statistics per row: tile_statistics works along axis 1, so on x^T [BLOCK_N, TILE]; an
+        # epilogue of statistics alone (RECOMPUTE) takes the tile statistics kernel's fewer
+        # instructions a logit (STREAM, and no division at temperature 1), which the epilogue that
+        # draws a candidate has no registers for
+        if RECOMPUTE and not SINGLE_TILE:
+            m, s, second, ent = tile_statistics(tl.trans(x), t[:, None], CONFIDENCE == 2, CONFIDENCE == 3,
+                                                UNIT=UNIT, STREAM=True)
+        else:
+            m, s, second, ent = tile_statistics(tl.trans(x), t[:, None], CONFIDENCE == 2, CONFIDENCE == 3)
         if SINGLE_TILE or not RECOMPUTE:  # the tile's candidate token: a Philox draw a logit
             y = shift(x, m[None, :], t[None, :])
             u_tok = row_uniform(noise_ptr, V + n_tiles, safe_rows[None, :], tl.where(cols < V, cols, 0)[:, None],

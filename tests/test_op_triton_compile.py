@@ -124,8 +124,8 @@ def sample_from_hidden_case(target, present):
     flags = dict(LOGPROB=present, CONFIDENCE=2 if present else 3, **dependent(target, present))
     asm = compile_kernel(hidden_kernels.head_tiles_kernel, types,
                          dict(TILE=256, BLOCK_N=launch.block_n, BLOCK_H=launch.block_h, DOT_F32=not present,
-                              SINGLE_TILE=False, RECOMPUTE=present, **flags), target, num_warps=launch.num_warps,
-                         num_stages=launch.num_stages)
+                              SINGLE_TILE=False, RECOMPUTE=present, UNIT=present, **flags), target,
+                         num_warps=launch.num_warps, num_stages=launch.num_stages)
     assert "cubin" in asm
     assert "mma" in asm["ptx"]  # the tensor cores: bf16 operands, or float32 as three TF32 products
     if present and target.arch >= 90:

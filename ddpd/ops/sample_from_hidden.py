@@ -148,8 +148,10 @@ PDL = False
 # keep the wide head at one program a multiprocessor) and the finish pass reads the
 # winner's. True: the epilogue keeps only the tile statistics, and the finish pass computes
 # the winning tile's logits again (one TILE x H tile of W a row) and draws there: the same
-# stream columns, so the same draws up to the rounding of the logits. Off until a GPU run
-# has timed it (the head launch sweep of benchmarks/gpu_timings.py times both).
+# stream columns, so the same draws up to the rounding of the logits. Its epilogue then
+# computes the statistics with the tile statistics kernel's fewer instructions (exp2, plain
+# subtraction, no division at temperature 1). Off until a GPU run has timed it (the head
+# launch sweep of benchmarks/gpu_timings.py times both).
 RECOMPUTE = False
 
 
@@ -232,6 +234,7 @@ def sample_from_hidden_triton(hidden, weight, bias, temperature, temperature_t, 
         TILE=TILE, BLOCK_N=launch.block_n, BLOCK_H=launch.block_h, DOT_F32=dot_f32,
         SINGLE_TILE=launch.finish_grid is None, LOGPROB=logprob, CONFIDENCE=confidence, PDL=pdl,
         RECOMPUTE=launch.recompute, num_warps=launch.num_warps, num_stages=launch.num_stages, launch_pdl=pdl,
+        **(dict(UNIT=temperature_t is None and temperature == 1.0) if launch.recompute else {}),
     )
     if launch.finish_grid:
         _dispatch.launch(kernels.finish_kernel, launch.finish_grid, hidden, weight, bias, width, *masks, tiles, vocab,
