@@ -141,6 +141,8 @@ CASES = {
     "sample_categorical 64x50257 bf16 min-p": lambda: sample_categorical_call(64, GPT2, torch.bfloat16, min_p=0.05),
     "sample_from_hidden N=64 H=768 V=50257": lambda: sample_from_hidden_call(64, 768, GPT2),
     "sample_from_hidden N=64 H=4096 V=128256": lambda: sample_from_hidden_call(64, 4096, LLAMA3),
+    "sample_from_hidden N=64 H=4096 V=128256 T=0.7": lambda: sample_from_hidden_call(64, 4096, LLAMA3,
+                                                                                    temperature=0.7),
     "sample_from_hidden N=16 H=768 V=50257": lambda: sample_from_hidden_call(16, 768, GPT2),
     "planner_select 64x1024": lambda: planner_call(64, 1024),
     "planner_select_mask 64x1024": lambda: planner_call(64, 1024, with_mask=True),

@@ -45,12 +45,12 @@ def sample_categorical_call(rows: int = 64, vocab: int = GPT2, dtype: torch.dtyp
 
 
 def sample_from_hidden_call(rows: int = 64, width: int = 768, vocab: int = GPT2, seed: int = 1,
-                            offset: int = 2) -> Callable[[], object]:
+                            offset: int = 2, temperature: float = 1.0) -> Callable[[], object]:
     from ddpd.ops.sample_from_hidden import prepare_hidden, sample_from_hidden_triton
 
     hidden, weight = torch.empty(rows, width, dtype=torch.bfloat16), torch.empty(vocab, width, dtype=torch.bfloat16)
-    call = prepare_hidden(hidden, weight, None, 1.0, None, None, None, None, None, None, False, None, seed, offset,
-                          None, None, None)
+    call = prepare_hidden(hidden, weight, None, temperature, None, None, None, None, None, None, False, None, seed,
+                          offset, None, None, None)
     c, (seed, offset, seed_t, offset_t) = call.controls, call.counters
     return lambda: sample_from_hidden_triton(hidden, weight, None, c.temperature, c.temperature_t, call.exclude_ids,
                                              call.exclude_per_row, call.allowed, call.noise, seed, offset,

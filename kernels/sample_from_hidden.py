@@ -89,7 +89,7 @@ def head_tiles_kernel(
     SINGLE_TILE: tl.constexpr, LOGPROB: tl.constexpr, CONFIDENCE: tl.constexpr, PDL: tl.constexpr = False,
     RECOMPUTE: tl.constexpr = False, UNIT: tl.constexpr = False,
 ):
-    """UNIT: every row's temperature is 1 (read only where the epilogue keeps statistics alone)."""
+    """UNIT: every row's temperature is 1 (no division in the epilogue)."""
     wait_for_prior_kernel(PDL)
     seed_lo, seed_hi, offset_lo, offset_hi = load_counters(seed_lo, seed_hi, offset_lo, offset_hi, seed_ptr,
                                                            offset_ptr)
@@ -121,9 +121,10 @@ def head_tiles_kernel(
             m, s, second, ent = tile_statistics(tl.trans(x), t[:, None], CONFIDENCE == 2, CONFIDENCE == 3,
                                                 UNIT=UNIT, STREAM=True)
         else:
-            m, s, second, ent = tile_statistics(tl.trans(x), t[:, None], CONFIDENCE == 2, CONFIDENCE == 3)
+            m, s, second, ent = tile_statistics(tl.trans(x), t[:, None], CONFIDENCE == 2, CONFIDENCE == 3,
+                                                UNIT=UNIT)
         if SINGLE_TILE or not RECOMPUTE:  # the tile's candidate token: a Philox draw a logit
-            y = shift(x, m[None, :], t[None, :])
+            y = shift(x, m[None, :], t[None, :], UNIT)
             u_tok = row_uniform(noise_ptr, V + n_tiles, safe_rows[None, :], tl.where(cols < V, cols, 0)[:, None],
                                 row_id[None, :], seed_lo, seed_hi, offset_lo, offset_hi, noise_ptr is not None)
             keys = tl.where(greedy[None, :], y, y + gumbel(u_tok))

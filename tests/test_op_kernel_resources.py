@@ -6,7 +6,8 @@ GEMM runs on the tensor cores (wgmma) with its loads pipelined (asynchronous cop
 into shared memory), and at 64 rows or fewer of H below 2048 two of its programs fit on
 a multiprocessor, so one's epilogue runs while the other's loads are in flight
 (ddpd.ops.sample_from_hidden.head_launch says why it matters). One exception: the head
-GEMM of rows of H >= 2048 (four pipeline stages) keeps 48 bytes on the stack. Launched
+GEMM of rows of H >= 2048 (four pipeline stages) at a temperature other than 1 keeps 48
+bytes on the stack (at temperature 1, without the epilogue's divisions, none). Launched
 with programmatic dependent launch (the ops' PDL), a kernel waits for the kernel before it
 ahead of its first global memory access, and lets the next start only after its last store.
 
@@ -107,8 +108,8 @@ if __name__ == "__main__":
     answer_as_h100()
     for case, make in CASES.items():
         # head_launch gives rows of H >= WIDE_H one program a multiprocessor and four pipeline
-        # stages, at 255 registers with 48 bytes on the stack, measured faster than three
-        # stages without (it says why)
+        # stages, at 255 registers with 48 bytes on the stack where the temperature is not 1,
+        # measured faster than three stages without (it says why)
         wide_head = case.startswith("sample_from_hidden") and "H=4096" in case
         check_case(case, make(), few_rows=case.startswith("sample_from_hidden") and not wide_head,
-                   spill=48 if wide_head else 0, pdl=case.endswith(" pdl"))
+                   spill=48 if wide_head and "T=" in case else 0, pdl=case.endswith(" pdl"))

@@ -179,7 +179,8 @@ def head_launch(rows: int, width: int, vocab: int, element_size: int, multiproce
     against 485 us; at H = 768 99 against 97), and float32 operands, whose three TF32
     products a slice want 8 warps (64 x 256 -> 50257: 107 against 123 us). The wide rows'
     fourth stage keeps more of W in flight: 423 and 426 against 459 us in two runs
-    (nvidia-h200-2026-11-27-5.txt, -6-launch-sweeps.txt), at 48 bytes of stack.
+    (nvidia-h200-2026-11-27-5.txt, -6-launch-sweeps.txt), at 48 bytes of stack (none now at
+    temperature 1, whose epilogue has no divisions).
     pdl: launch with programmatic dependent launch (the launcher passes PDL on devices that
     have it); recompute: RECOMPUTE's way of drawing inside the winning tile."""
     tiles = n_tiles(vocab)
@@ -234,7 +235,7 @@ def sample_from_hidden_triton(hidden, weight, bias, temperature, temperature_t, 
         TILE=TILE, BLOCK_N=launch.block_n, BLOCK_H=launch.block_h, DOT_F32=dot_f32,
         SINGLE_TILE=launch.finish_grid is None, LOGPROB=logprob, CONFIDENCE=confidence, PDL=pdl,
         RECOMPUTE=launch.recompute, num_warps=launch.num_warps, num_stages=launch.num_stages, launch_pdl=pdl,
-        **(dict(UNIT=temperature_t is None and temperature == 1.0) if launch.recompute else {}),
+        UNIT=temperature_t is None and temperature == 1.0,
     )
     if launch.finish_grid:
         _dispatch.launch(kernels.finish_kernel, launch.finish_grid, hidden, weight, bias, width, *masks, tiles, vocab,
