@@ -69,17 +69,11 @@ def let_next_kernel_start(PDL: tl.constexpr):
 
 
 @triton.jit
-def masked_logits(logits_ptr, row, offs, V, limit, exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr, tau,
-                  full=False):
+def masked_logits(logits_ptr, row, offs, V, limit, exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr, tau):
     """float32 logits at offs, -inf at or beyond limit (at most V), for NaN, excluded and not
     allowed tokens, and below the row's threshold tau. (A limit rather than offsets moved
-    out of range keeps the offsets provably contiguous: vector loads where rows are aligned.)
-    full: every offset is below limit, and the loads need no mask (where the row is not
-    aligned and each value is its own load, a comparison and a move a value fewer)."""
-    if full:
-        x = tl.load(logits_ptr + row * V + offs)
-    else:
-        x = tl.load(logits_ptr + row * V + offs, mask=offs < limit, other=float("-inf"))
+    out of range keeps the offsets provably contiguous: vector loads where rows are aligned.)"""
+    x = tl.load(logits_ptr + row * V + offs, mask=offs < limit, other=float("-inf"))
     return mask_logits(x.to(tl.float32), row, offs, V, limit, exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr,
                        tau)
 
