@@ -234,9 +234,7 @@ def tile_stats_kernel(
                             exclude_row_ptr, allowed_ptr, tau)
         else:
             x = tl.where(x >= tau, x, float("-inf"))  # NaN too (mask_logits)
-        if UNIT:
-            m, s, second, ent = tile_statistics(x, t, SECOND, ENTROPY, UNIT=True, STREAM=True)
-        elif t == 1.0:  # no division either (a branch per program, not per value)
+        if UNIT or t == 1.0:  # no division (UNIT: compiled without it; else a branch per program)
             m, s, second, ent = tile_statistics(x, t, SECOND, ENTROPY, UNIT=True, STREAM=True)
         else:
             m, s, second, ent = tile_statistics(x, t, SECOND, ENTROPY, STREAM=True)
