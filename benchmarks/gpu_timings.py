@@ -348,7 +348,8 @@ def time_head_configs(bench: Bench, rows: int, width: int, vocab: int, dtype: to
     # (the configurations the runs of 2026-11-27 found slowest are no longer timed: 16 rows with
     # 2 stages or 8 warps, 32 rows with 2 stages); 64 rows a block with recompute: every row in
     # one program, so each tile of W is read once where blocks of 16 rows read it four times
-    # (through L2); compiled for sm_90 at N 64, H 768 with 8 warps: 195 registers, no spill
+    # (through L2); compiled for sm_90 at N 64, H 768 with 8 warps: 139 registers, no spill
+    # (results/cpu-sm90-binaries-2026-11-27-head-blocks.txt)
     mine = (chosen.block_n, chosen.num_warps, chosen.num_stages)
     configs = [(*mine, False, False), (16, 4, 3, False, False), (32, 8, 3, False, False), (*mine, True, False),
                (*mine, False, True), (*mine, True, True), (16, 4, 3, False, True), (16, 8, 3, False, True),

@@ -23,6 +23,7 @@ refuses to run under it).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import re
 import subprocess
@@ -157,6 +158,9 @@ CASES = {
                                                                         sample_from_hidden_call(64, 768, GPT2)),
     "sample_from_hidden N=64 H=4096 V=128256 recompute": lambda: switched(
         "sample_from_hidden", "RECOMPUTE", sample_from_hidden_call(64, 4096, LLAMA3)),
+    # and in one block of all 64 rows (8 warps), as the head's launch sweep tries it
+    "sample_from_hidden N=64 H=768 V=50257 recompute 64-row blocks": lambda: switched(
+        "sample_from_hidden", "RECOMPUTE", in_row_blocks(64, 8, sample_from_hidden_call(64, 768, GPT2))),
 }
 
 
@@ -172,6 +176,28 @@ def switched(op: str, switch: str, call):
             return call()
         finally:
             setattr(module, switch, saved)
+
+    return run
+
+
+def in_row_blocks(block_n: int, warps: int, call):
+    """call, with the head's GEMM in blocks of block_n rows of `warps` warps (the same splits of
+    the vocabulary as head_launch's)."""
+    module = sys.modules["ddpd.ops.sample_from_hidden"]  # the package exports a function of that name
+
+    def run():
+        chosen = module.head_launch
+
+        def launch(rows, *args, **kwargs):
+            c = chosen(rows, *args, **kwargs)
+            return dataclasses.replace(c, block_n=block_n, num_warps=warps,
+                                       tiles_grid=(-(-rows // block_n), c.tiles_grid[1]))
+
+        module.head_launch = launch
+        try:
+            return call()
+        finally:
+            module.head_launch = chosen
 
     return run
 

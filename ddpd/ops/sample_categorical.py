@@ -592,8 +592,9 @@ STATS_PROGRAMS_PER_SM, STATS_TILES_PER_LOAD, STATS_WARPS = 64, 2, 1
 # The finish pass: one program a row, of 4 warps (Triton's default, what every GPU run so far
 # timed). At 64 rows it is latency-bound (ncu: 5.0 us at 64 x 50257 bf16, the tile statistics
 # of that launch 10.5; nvidia-h200-2026-11-27-5-profile.txt); compiled for sm_90, its race over
-# a row's 197 tiles is a loop of 324 instructions a warp with 4 barriers, 176 with 8 warps, 614
-# with 2, 1194 and none with one warp. The launch sweep of benchmarks/gpu_timings.py times 2, 4 and 8.
+# a row's 197 tiles is a loop of 324 instructions a warp with 4 barriers
+# (results/cpu-sm90-binaries-2026-11-27-windows.txt): fewer warps make each warp's loop longer
+# with fewer barriers, more the reverse. The launch sweep of benchmarks/gpu_timings.py times 2, 4, 8.
 FINISH_WARPS = 4
 # Programmatic dependent launch (PDL, sm_90 and later): a call's kernels launched so that
 # each may start while the one before it in the stream ends, and waits before it touches
