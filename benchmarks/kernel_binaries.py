@@ -164,14 +164,15 @@ CASES = {
 }
 
 
-def switched(op: str, switch: str, call):
-    """call, run with the switch ddpd.ops.<op>.<switch> on: PDL (answer_as_h100 then answers
-    that the device has programmatic dependent launch), RECOMPUTE."""
+def switched(op: str, switch: str, call, value=True):
+    """call, run with ddpd.ops.<op>.<switch> set to value (default: the switch on): PDL
+    (answer_as_h100 then answers that the device has programmatic dependent launch),
+    RECOMPUTE, a launch function."""
     module = sys.modules[f"ddpd.ops.{op}"]  # the package exports a function of that name
 
     def run():
         saved = getattr(module, switch)
-        setattr(module, switch, True)
+        setattr(module, switch, value)
         try:
             return call()
         finally:
@@ -182,24 +183,15 @@ def switched(op: str, switch: str, call):
 
 def in_row_blocks(block_n: int, warps: int, call):
     """call, with the head's GEMM in blocks of block_n rows of `warps` warps (the same splits of
-    the vocabulary as head_launch's)."""
-    module = sys.modules["ddpd.ops.sample_from_hidden"]  # the package exports a function of that name
+    the vocabulary as head_launch's, as answer_as_h100 left it)."""
+    chosen = sys.modules["ddpd.ops.sample_from_hidden"].head_launch
 
-    def run():
-        chosen = module.head_launch
+    def launch(rows, *args, **kwargs):
+        c = chosen(rows, *args, **kwargs)
+        return dataclasses.replace(c, block_n=block_n, num_warps=warps, tiles_grid=(-(-rows // block_n),
+                                                                                   c.tiles_grid[1]))
 
-        def launch(rows, *args, **kwargs):
-            c = chosen(rows, *args, **kwargs)
-            return dataclasses.replace(c, block_n=block_n, num_warps=warps,
-                                       tiles_grid=(-(-rows // block_n), c.tiles_grid[1]))
-
-        module.head_launch = launch
-        try:
-            return call()
-        finally:
-            module.head_launch = chosen
-
-    return run
+    return switched("sample_from_hidden", "head_launch", call, launch)
 
 
 def answer_as_h100() -> None:

@@ -14,11 +14,11 @@
 //   one chunk a draw walks is first staged into shared memory by the whole warp
 //   with coalesced loads (the old kernel walked it from global memory, one
 //   dependent load at a time, which dominated its time), and stays there for the
-//   next draws that fall in it. The uniforms of 32 draws
-//   come from the 32 lanes at once (two Philox evaluations each, which lane 0 made
-//   one after the other, 2k of them a row), and the chunk sum rebuilt after a removal
-//   continues the sum the draw's walk made up to the removed weight (csrc/multinomial.h
-//   remove_drawn): the same additions, about half of them. For short rows (at most
+//   next draws that fall in it. The uniforms of 32 draws come from the 32 lanes at
+//   once (two Philox evaluations each, which lane 0 made one after the other, 2k of
+//   them a row), and the chunk sum rebuilt after a removal continues the sum the
+//   draw's walk made up to the removed weight (csrc/multinomial.h remove_drawn): the
+//   same additions, about half of them. For short rows (at most
 //   kInlineChunks chunks) the warp sums the chunks itself and the first kernel is
 //   not launched.
 #include <cfloat>
