@@ -89,6 +89,10 @@ def cases(device: torch.device) -> dict:
         "sample_categorical": (lambda: sample_categorical(logits, 0.9, [0], seed=1, offset=2),
                                lambda: raw_categorical(logits, 0.9, None, ids, None, None, 0, None, 1.0, None,
                                                        -float("inf"), None, None, 1, 2, None, None, None, False, 0)),
+        "sample_categorical unseeded": (lambda: sample_categorical(logits, 0.9),  # the seed drawn from torch's
+                                        lambda: raw_categorical(logits, 0.9, None, None, None, None, 0, None, 1.0,
+                                                                None, -float("inf"), None, None, 1, 2, None, None,
+                                                                None, False, 0)),  # generator, as most calls do
         "sample_categorical top_p": (lambda: sample_categorical(logits, 0.9, top_p=0.9, seed=1, offset=2),
                                      lambda: raw_categorical(logits, 0.9, None, None, None, None, 0, None, 0.9, None,
                                                              -float("inf"), None, None, 1, 2, None, None, None, False,

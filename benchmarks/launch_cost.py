@@ -41,7 +41,7 @@ def sample_categorical_call(rows: int = 64, vocab: int = GPT2, dtype: torch.dtyp
     logits = torch.empty(rows, vocab, dtype=dtype)
     call = prepare_categorical(logits, temperature, None, None, None, controls.get("top_k"), controls.get("top_p"),
                                controls.get("min_p"), False, None, seed, offset, None, None, None)
-    return lambda: sample_categorical_triton(logits, *call.args())
+    return lambda: sample_categorical_triton(logits, *call.args(), eager=True)  # as an eager public call
 
 
 def sample_from_hidden_call(rows: int = 64, width: int = 768, vocab: int = GPT2, seed: int = 1,
@@ -54,7 +54,8 @@ def sample_from_hidden_call(rows: int = 64, width: int = 768, vocab: int = GPT2,
     c, (seed, offset, seed_t, offset_t) = call.controls, call.counters
     return lambda: sample_from_hidden_triton(hidden, weight, None, c.temperature, c.temperature_t, call.exclude_ids,
                                              call.exclude_per_row, call.allowed, call.noise, seed, offset,
-                                             call.row_ids, seed_t, offset_t, call.logprob, call.confidence)
+                                             call.row_ids, seed_t, offset_t, call.logprob, call.confidence,
+                                             eager=True)  # as an eager public call
 
 
 def planner_call(rows: int = 64, length: int = 1024, with_mask: bool = False, seed: int = 1,

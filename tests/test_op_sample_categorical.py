@@ -423,6 +423,29 @@ def test_every_path_accepts_an_empty_batch(outputs):
         assert all(t.shape == (0,) for t in out)
 
 
+@pytest.mark.parametrize("logprob, confidence", [(False, 0), (True, 0), (False, 2)])
+def test_eager_launches_share_the_outputs_they_do_not_ask_for(logprob, confidence):
+    """An eager call passes its kernels one shared empty tensor for an output it does not
+    ask for, and draws what the op's launch draws; the op's own outputs are distinct
+    tensors (a registered op's outputs may not alias). Both launchers, in the interpreter."""
+    from ddpd.ops.sample_from_hidden import sample_from_hidden_triton
+
+    g = torch.Generator().manual_seed(5)
+    logits, hidden, weight = torch.randn(3, 700, generator=g), torch.randn(3, 8, generator=g), torch.randn(300, 8)
+    call = prepare_categorical(logits, 1.0, None, None, None, None, None, None, logprob, None, 1, 2, None, None, None)
+    args = call.args()[:-2] + (logprob, confidence)
+    hidden_args = (None, 1.0, None, None, None, None, None, 1, 2, None, None, None, logprob, confidence)
+    for draw in (lambda **kw: sample_categorical_triton(logits, *args, **kw),
+                 lambda **kw: sample_from_hidden_triton(hidden, weight, *hidden_args, **kw)):
+        op, eager = draw(), draw(eager=True)
+        assert len({id(t) for t in op}) == 4
+        unused = [i for i, asked in ((2, logprob), (3, confidence)) if not asked]
+        assert all(eager[i] is _dispatch.unused_output(logits.device) for i in unused)
+        assert all(eager[i].numel() == 0 for i in unused) and all(op[i].numel() == 0 for i in unused)
+        for i in range(4):
+            assert torch.equal(eager[i], op[i])
+
+
 def test_references_take_float32_noise_only_as_the_ops_do():
     """Uniforms of another dtype are other draws (bfloat16 ones changed 16% of the tokens): the
     references refuse them as the public ops do, and a float16 temperature tensor holding inf

@@ -47,6 +47,13 @@ def _cached_ids(ids: tuple, device: torch.device) -> torch.Tensor:
     return torch.tensor(ids if ids else [0], dtype=torch.int64, device=device)
 
 
+@functools.lru_cache(maxsize=8)
+def unused_output(device: torch.device) -> torch.Tensor:
+    """An empty float32 tensor on device, which eager calls pass their kernels for the outputs
+    they do not ask for (the kernels never write it) and then drop."""
+    return torch.empty(0, dtype=torch.float32, device=device)
+
+
 @functools.cache
 def kernels(op: str):
     """The Triton kernel module of `op` (ddpd.kernels.<op>), imported on first use: importing
@@ -219,8 +226,12 @@ def needs_grad(*tensors: Optional[torch.Tensor]) -> bool:
 
 def transformed(*values) -> bool:
     """Whether a torch.func transform (vmap, grad, ...) wraps one of the values that are
-    tensors: a kernel cannot read such a tensor's storage, its torch reference can. (A plain
-    loop: every sampling call pays for this one, and a generator costs a microsecond.)"""
+    tensors: a kernel cannot read such a tensor's storage, its torch reference can. Every
+    call of an op pays for this check: outside every transform (no functorch interpreter on
+    the stack, one C call) it answers without the loop over the arguments, a microsecond.
+    (A plain loop: a generator costs another.)"""
+    if torch._C._functorch.peek_interpreter_stack() is None:
+        return False
     for t in values:
         if isinstance(t, torch.Tensor) and torch._C._functorch.is_functorch_wrapped_tensor(t):
             return True

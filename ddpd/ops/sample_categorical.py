@@ -201,11 +201,18 @@ FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 INTS = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
 
+@functools.lru_cache(maxsize=64)
+def usual_controls(temperature: float) -> Controls:
+    """The controls of a call with only a temperature, made once a value: building the
+    frozen dataclass costs a call a microsecond (a lookup a tenth of that)."""
+    return Controls(temperature=temperature)
+
+
 def check_controls(temperature, top_k, top_p, min_p, lead: tuple, like: torch.Tensor) -> Controls:
     """Validate the sampling controls (numbers, or tensors of the leading shape)."""
     if type(temperature) is float and 0.0 < temperature <= MAX_TEMPERATURE and top_k is None and top_p is None \
             and min_p is None:
-        return Controls(temperature=temperature)  # the usual call, checked in one line (host cost)
+        return usual_controls(temperature)  # the usual call, checked in one line (host cost)
     c = {}
     if isinstance(temperature, torch.Tensor):
         t = per_row_tensor("temperature", temperature, lead, like, FLOATS)
@@ -648,10 +655,18 @@ def categorical_launch(rows: int, vocab: int, multiprocessors: int, programs_per
     return CategoricalLaunch(splits, per_split, chunk, (rows, splits), (rows,), warps, pdl, finish_warps)
 
 
-def empty_outputs(rows: int, device: torch.device, logprob: bool, confidence: int) -> tuple:
+def empty_outputs(rows: int, device: torch.device, logprob: bool, confidence: int, eager: bool = False) -> tuple:
+    """(tokens, valid, logprob, confidence) for the kernels to write. An output not asked for
+    is empty; in an eager call (eager=True: Call.finish drops it, and no kernel writes it) it
+    is one empty tensor that such calls share, as an allocation costs a call a microsecond or
+    more. The registered op returns outputs of its own: they may not alias."""
+    def extra(asked: bool) -> torch.Tensor:
+        if not asked and eager:
+            return _dispatch.unused_output(device)
+        return torch.empty(rows if asked else 0, dtype=torch.float32, device=device)
+
     return (torch.empty(rows, dtype=torch.int64, device=device), torch.empty(rows, dtype=torch.bool, device=device),
-            torch.empty(rows if logprob else 0, dtype=torch.float32, device=device),
-            torch.empty(rows if confidence else 0, dtype=torch.float32, device=device))
+            extra(logprob), extra(bool(confidence)))
 
 
 def threshold_launch(vocab: int) -> tuple[int, int, int]:
@@ -673,14 +688,14 @@ def truncation_flags(top_k, top_k_t, top_p, top_p_t, log_min_p, log_min_p_t) -> 
 
 def sample_categorical_triton(logits, temperature, temperature_t, exclude_ids, exclude_per_row, allowed, top_k,
                               top_k_t, top_p, top_p_t, log_min_p, log_min_p_t, noise, seed, offset, row_ids, seed_t,
-                              offset_t, logprob, confidence):
+                              offset_t, logprob, confidence, eager=False):
     """Launch the Triton kernels (CUDA tensors; CPU tensors under TRITON_INTERPRET=1);
-    the arguments of ddpd::sample_categorical."""
+    the arguments of ddpd::sample_categorical (eager: see empty_outputs)."""
     kernels = _dispatch.kernels("sample_categorical")
     logits = logits.contiguous()
     rows, vocab = logits.shape
     device = logits.device
-    outputs = empty_outputs(rows, device, logprob, confidence)
+    outputs = empty_outputs(rows, device, logprob, confidence, eager)
     if rows == 0:
         return outputs
     launch = categorical_launch(rows, vocab, _dispatch.multiprocessors(device), pdl=PDL and _dispatch.has_pdl(device))
@@ -725,11 +740,12 @@ def sample_categorical_triton(logits, temperature, temperature_t, exclude_ids, e
     return outputs
 
 
-def _sample_categorical_impl(logits, *args):
+def _sample_categorical_impl(logits, *args, eager=False):
     """The kernels behind the op (arguments validated; the op's schema): Triton on CUDA,
-    C++ on CPU, which also range-checks the ids and the explicit noise."""
+    C++ on CPU, which also range-checks the ids and the explicit noise. eager: a call that
+    does not go through the op (see empty_outputs)."""
     if logits.is_cuda:
-        return sample_categorical_triton(logits, *args)
+        return sample_categorical_triton(logits, *args, eager=eager)
     return _dispatch.cpu_kernel("sample_categorical_cpu")(logits.contiguous(), *args)
 
 
@@ -816,5 +832,6 @@ def sample_categorical(
     call = prepare_categorical(logits, temperature, exclude_ids, exclude_per_row, allowed, top_k, top_p, min_p,
                                return_logprob, confidence, seed, offset, generator, row_ids, noise)
     x = call.rows(logits)
-    run = _sample_categorical_impl if _dispatch.eager(x, *call.tensors()) else _sample_categorical_op
-    return call.finish(*run(x, *call.args()))
+    if _dispatch.eager(x, *call.tensors()):
+        return call.finish(*_sample_categorical_impl(x, *call.args(), eager=True))
+    return call.finish(*_sample_categorical_op(x, *call.args()))

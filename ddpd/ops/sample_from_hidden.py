@@ -206,15 +206,15 @@ def dot_in_float32(hidden: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 def sample_from_hidden_triton(hidden, weight, bias, temperature, temperature_t, exclude_ids, exclude_per_row, allowed,
-                              noise, seed, offset, row_ids, seed_t, offset_t, logprob, confidence):
+                              noise, seed, offset, row_ids, seed_t, offset_t, logprob, confidence, eager=False):
     """Launch the Triton kernels (CUDA tensors; CPU tensors under TRITON_INTERPRET=1);
-    the arguments of ddpd::sample_from_hidden."""
+    the arguments of ddpd::sample_from_hidden (eager: see empty_outputs)."""
     kernels = _dispatch.kernels("sample_from_hidden")
     hidden, weight = hidden.contiguous(), weight.contiguous()
     rows, width = hidden.shape
     vocab = weight.shape[0]
     device = hidden.device
-    outputs = empty_outputs(rows, device, logprob, confidence)
+    outputs = empty_outputs(rows, device, logprob, confidence, eager)
     if rows == 0:
         return outputs
     launch = head_launch(rows, width, vocab, weight.element_size(), _dispatch.multiprocessors(device),
@@ -246,11 +246,12 @@ def sample_from_hidden_triton(hidden, weight, bias, temperature, temperature_t, 
     return outputs
 
 
-def _sample_from_hidden_impl(hidden, weight, *args):
+def _sample_from_hidden_impl(hidden, weight, *args, eager=False):
     """The kernels behind the op (arguments validated; the op's schema): Triton on CUDA,
-    C++ on CPU, which also range-checks the ids and the explicit noise."""
+    C++ on CPU, which also range-checks the ids and the explicit noise. eager: a call that
+    does not go through the op (see empty_outputs)."""
     if hidden.is_cuda:
-        return sample_from_hidden_triton(hidden, weight, *args)
+        return sample_from_hidden_triton(hidden, weight, *args, eager=eager)
     return _dispatch.cpu_kernel("sample_from_hidden_cpu")(hidden, weight, *args)
 
 
@@ -365,12 +366,13 @@ def sample_from_hidden(
     bias = bias.detach() if bias is not None and bias.requires_grad else bias
     eager = _dispatch.eager(h, weight, bias, *call.tensors())
     if call.controls.truncates:
-        logits = (_head_logits_impl if eager else _head_logits_op)(h, weight, bias)
-        run = _sample_categorical_impl if eager else _sample_categorical_op
-        return call.finish(*run(logits, *call.args()))
+        if eager:
+            return call.finish(*_sample_categorical_impl(_head_logits_impl(h, weight, bias), *call.args(), eager=True))
+        return call.finish(*_sample_categorical_op(_head_logits_op(h, weight, bias), *call.args()))
     c = call.controls
     seed, offset, seed_t, offset_t = call.counters
     args = (c.temperature, c.temperature_t, call.exclude_ids, call.exclude_per_row, call.allowed, call.noise, seed,
             offset, call.row_ids, seed_t, offset_t, call.logprob, call.confidence)
-    run = _sample_from_hidden_impl if eager else _sample_from_hidden_op
-    return call.finish(*run(h, weight, bias, *args))
+    if eager:
+        return call.finish(*_sample_from_hidden_impl(h, weight, bias, *args, eager=True))
+    return call.finish(*_sample_from_hidden_op(h, weight, bias, *args))
