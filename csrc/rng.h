@@ -40,19 +40,26 @@ DDPD_HD PhiloxBlock philox4x32(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c
   return {c0, c1, c2, c3};
 }
 
-// The first output word for (seed, offset, row, col), the only word ddpd uses.
-// Row ids are 64-bit: below 2^32 the key is the seed; a row with a high word
-// row_hi != 0 draws under the key of the first two words of Philox(counter
-// (row_hi, ~0, ~0, ~0), key seed), so rows r and r + 2^32 are independent and no
-// row below 2^32 changes (ddpd/ops/rng.py says the same).
-DDPD_HD uint32_t philox_word(uint64_t seed, uint64_t offset, uint64_t row, uint64_t col) {
-  uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
+// The key of row `row`'s stream. Row ids are 64-bit: below 2^32 the key is the seed;
+// a row with a high word row_hi != 0 draws under the key of the first two words of
+// Philox(counter (row_hi, ~0, ~0, ~0), key seed), so rows r and r + 2^32 are
+// independent and no row below 2^32 changes (ddpd/ops/rng.py says the same).
+DDPD_HD void philox_row_key(uint64_t seed, uint64_t row, uint32_t* k0, uint32_t* k1) {
+  *k0 = static_cast<uint32_t>(seed);
+  *k1 = static_cast<uint32_t>(seed >> 32);
   const uint32_t row_hi = static_cast<uint32_t>(row >> 32);
   if (row_hi != 0) {
-    const PhiloxBlock key = philox4x32(row_hi, ~0u, ~0u, ~0u, k0, k1);
-    k0 = key.w0;
-    k1 = key.w1;
+    const PhiloxBlock key = philox4x32(row_hi, ~0u, ~0u, ~0u, *k0, *k1);
+    *k0 = key.w0;
+    *k1 = key.w1;
   }
+}
+
+// The first output word for (seed, offset, row, col), the only word ddpd uses: counter
+// (col, row_lo, offset_lo, offset_hi) under the row's key.
+DDPD_HD uint32_t philox_word(uint64_t seed, uint64_t offset, uint64_t row, uint64_t col) {
+  uint32_t k0, k1;
+  philox_row_key(seed, row, &k0, &k1);
   return philox4x32(static_cast<uint32_t>(col), static_cast<uint32_t>(row), static_cast<uint32_t>(offset),
                     static_cast<uint32_t>(offset >> 32), k0, k1)
       .w0;

@@ -2,11 +2,13 @@
 ddpd.kernels.rng): rows r and r + 2**32 draw independently in every path, and
 no row below 2**32 draws anything other than it always did (values pinned before
 the high word entered the stream)."""
+import pytest
 import torch
 
+from ddpd.ops._dispatch import cpu_ops
 from ddpd.ops.multinomial import draw_uniforms, multinomial, multinomial_reference
 from ddpd.ops.planner_select import planner_select, planner_select_reference
-from ddpd.ops.rng import philox_uniform
+from ddpd.ops.rng import as_int64, philox_uniform
 from ddpd.ops.sample_categorical import noise_width, sample_categorical, sample_categorical_reference
 from ddpd.ops.sample_from_hidden import sample_from_hidden
 
@@ -93,3 +95,22 @@ def test_split32_gives_the_int32_words_of_the_uint64_bits():
     for value in edges + [int(x) for x in drawn]:
         assert split32(value) == words(value), value
         assert all(-2**31 <= w < 2**31 for w in split32(value))
+
+
+@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512", "best"])
+def test_every_vector_path_of_the_cpu_kernels_computes_the_reference_uniforms(isa):
+    """The C++ kernels compute a row's uniforms a run of columns at a time, 16 or 8 columns at
+    once where the CPU has AVX-512 or AVX2 (csrc/cpu/uniforms.cpp): each path this CPU has
+    gives the reference's bits, for runs around the vector widths starting at any column,
+    columns up to 2**32 - 1, 64-bit row ids, and seeds and offsets with both words set."""
+    ops = cpu_ops()
+    rows = torch.cat([LOW_ROWS, torch.tensor([2**32 + 3, -1])])
+    runs = [(0, 1), (0, 7), (3, 8), (5, 9), (17, 16), (0, 17), (100, 33), (2**31 - 5, 40), (2**32 - 20, 20)]
+    for seed, offset in ((0, 0), (2**64 - 3, 2**40 + 9), (12345, 2**63 + 1)):
+        for first, n in runs:
+            try:
+                got = ops.philox_uniforms_cpu(as_int64(seed), as_int64(offset), rows, first, n, isa)
+            except ValueError as error:
+                assert f"no path '{isa}'" in str(error)
+                pytest.skip(f"this CPU has no {isa} path")
+            assert torch.equal(got, philox_uniform(seed, offset, rows, torch.arange(first, first + n))), (first, n)

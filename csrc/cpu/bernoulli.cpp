@@ -1,6 +1,6 @@
 // CPU kernel of ddpd.ops.bernoulli: z = min(u, largest float32 below 1) < p per element,
-// u the counter-based uniform of (seed, offset, row id, column) (csrc/rng.h) or of
-// explicit noise. The comparison runs in double for double p, in float otherwise
+// u the counter-based uniform of (seed, offset, row id, column) (csrc/rng.h, computed a
+// run of columns at a time: uniforms.h) or of explicit noise. The comparison runs in double for double p, in float otherwise
 // (16-bit p is exact in float), as in the torch reference and the Triton kernel.
 // Rows run in parallel.
 #include <ATen/Dispatch.h>
@@ -13,8 +13,8 @@
 #include <optional>
 #include <type_traits>
 
-#include "../rng.h"
 #include "stream.h"
+#include "uniforms.h"
 
 namespace ddpd {
 namespace cpu {
@@ -27,7 +27,7 @@ at::Tensor bernoulli_cpu(const at::Tensor& p, const std::optional<at::Tensor>& n
   check_noise(noise);
   const int64_t rows = p.size(0), width = p.size(1);
   at::Tensor z = at::empty({rows, width}, p.options().dtype(at::kBool));
-  const float* u = optional_ptr<float>(noise);
+  const float* noise_ptr = optional_ptr<float>(noise);
   const int64_t* ids = optional_ptr<int64_t>(row_ids);
   const uint64_t s = counter(seed, seed_tensor), o = counter(offset, offset_tensor);
   constexpr float kBelowOne = 1.0f - 5.9604644775390625e-08f;
@@ -38,12 +38,12 @@ at::Tensor bernoulli_cpu(const at::Tensor& p, const std::optional<at::Tensor>& n
     const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(width, 1));
     at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
-        const uint64_t row = static_cast<uint64_t>(ids ? ids[r] : r);
-        for (int64_t d = 0; d < width; ++d) {
-          float ud = u ? u[r * width + d] : philox_uniform(s, o, row, static_cast<uint64_t>(d));
+        const RowUniforms u{noise_ptr ? noise_ptr + r * width : nullptr, s, o,
+                            static_cast<uint64_t>(ids ? ids[r] : r)};
+        for_each_uniform(u, 0, width, [&](int64_t d, float ud) {
           ud = ud < kBelowOne ? ud : kBelowOne;
           out[r * width + d] = static_cast<acc_t>(ud) < static_cast<acc_t>(pp[r * width + d]);
-        }
+        });
       }
     });
   });

@@ -32,7 +32,7 @@ void mask_rows(const at::Tensor& logits, const at::Tensor& x, const std::optiona
       for (int64_t d = 0; d < length; ++d) p[d] = planner_sigmoid(planner_logit(row[d]));
       std::fill(forced.begin(), forced.end(), 0);
       for (int64_t i = 0; i < k; ++i) forced[chosen[r * k + i]] = 1;
-      const PlannerUniforms u{noise ? noise + r * length : nullptr, seed, offset,
+      const RowUniforms u{noise ? noise + r * length : nullptr, seed, offset,
                               static_cast<uint64_t>(row_ids ? row_ids[r] : r)};
       count.data_ptr<int64_t>()[r] =
           draw_mask(p.data(), u, forced, x.data_ptr<int64_t>() + r * length, mask_id, length,

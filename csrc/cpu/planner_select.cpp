@@ -51,7 +51,7 @@ void select_rows(const at::Tensor& logits, const SelectArgs& a, int64_t* positio
     for (int64_t r = begin; r < end; ++r) {
       const scalar_t* row = logits_ptr + r * length;
       const uint64_t row_id = static_cast<uint64_t>(a.row_ids ? a.row_ids[r] : r);
-      const PlannerUniforms u{a.noise ? a.noise + r * length : nullptr, a.seed, a.offset, row_id};
+      const RowUniforms u{a.noise ? a.noise + r * length : nullptr, a.seed, a.offset, row_id};
       double total = 0.0;
       float largest = 0.0f, top = kPlannerNegInf;
       for (int64_t d = 0; d < length; ++d) {
@@ -61,8 +61,8 @@ void select_rows(const at::Tensor& logits, const SelectArgs& a, int64_t* positio
         largest = std::max(largest, p[d]);
         base[d] = selection_base(l, a.softmax);
         top = std::max(top, base[d]);
-        gumbel[d] = planner_gumbel(u(d));
       }
+      for_each_uniform(u, 0, length, [&](int64_t d, float ud) { gumbel[d] = planner_gumbel(ud); });
       sum_p[r] = static_cast<float>(total);
       stop[r] = largest < a.eps;
       int64_t* chosen = positions + r * a.k;
@@ -72,7 +72,7 @@ void select_rows(const at::Tensor& logits, const SelectArgs& a, int64_t* positio
         // A pick of weight 0 (logit -inf or NaN: chosen only when fewer than k positions
         // have weight) is not denoised, so it is not forced into the mask.
         for (int64_t i = 0; i < a.k; ++i) forced[chosen[i]] = base[chosen[i]] != kPlannerNegInf;
-        const PlannerUniforms mask_u{a.mask_noise ? a.mask_noise + r * length : nullptr, a.seed, a.mask_offset,
+        const RowUniforms mask_u{a.mask_noise ? a.mask_noise + r * length : nullptr, a.seed, a.mask_offset,
                                      row_id};
         mask.count[r] = draw_mask(p.data(), mask_u, forced, mask.x + r * length, mask.mask_id,
                                   length, mask.masked + r * length, mask.z + r * length);

@@ -15,22 +15,12 @@
 #include <numeric>
 #include <vector>
 
-#include "../rng.h"
+#include "uniforms.h"
 
 namespace ddpd {
 namespace cpu {
 
 constexpr float kPlannerNegInf = -std::numeric_limits<float>::infinity();
-
-// Uniform at `column` of a row: explicit noise row, or the row's Philox stream.
-struct PlannerUniforms {
-  const float* noise = nullptr;
-  uint64_t seed = 0, offset = 0, row_id = 0;
-
-  float operator()(int64_t d) const {
-    return noise ? noise[d] : philox_uniform(seed, offset, row_id, static_cast<uint64_t>(d));
-  }
-};
 
 // A planner logit as float32; NaN reads as -inf (probability 0, never chosen).
 template <typename scalar_t>
@@ -129,15 +119,15 @@ inline void gumbel_top_k(const std::vector<float>& base, const std::vector<float
 
 // z^d = u^d < p^d, forced to 1 at the chosen positions (forced[d] != 0); writes
 // the masked sequence (mask_id where z) and z; returns the number masked.
-inline int64_t draw_mask(const float* p, const PlannerUniforms& u, const std::vector<char>& forced,
+inline int64_t draw_mask(const float* p, const RowUniforms& u, const std::vector<char>& forced,
                          const int64_t* x, int64_t mask_id, int64_t length, int64_t* masked, bool* z) {
   int64_t count = 0;
-  for (int64_t d = 0; d < length; ++d) {
-    const bool noise = forced[d] || u(d) < p[d];
+  for_each_uniform(u, 0, length, [&](int64_t d, float ud) {
+    const bool noise = forced[d] || ud < p[d];
     z[d] = noise;
     masked[d] = noise ? mask_id : x[d];
     count += noise;
-  }
+  });
   return count;
 }
 

@@ -28,8 +28,8 @@
 #include <optional>
 #include <vector>
 
-#include "../rng.h"
 #include "stream.h"
+#include "uniforms.h"
 
 namespace ddpd {
 namespace cpu {
@@ -37,16 +37,6 @@ namespace cpu {
 constexpr int64_t kTile = 256;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr float kPosInf = std::numeric_limits<float>::infinity();
-
-// Where a row's uniforms come from: an explicit noise row or its Philox stream.
-struct RowUniforms {
-  const float* noise = nullptr;  // one row of explicit noise, or null
-  uint64_t seed = 0, offset = 0, row_id = 0;
-
-  float operator()(int64_t column) const {
-    return noise ? noise[column] : philox_uniform(seed, offset, row_id, static_cast<uint64_t>(column));
-  }
-};
 
 // -log(-log u); float32 rounds the top Philox uniform to 1.0, which would give
 // +inf: clamp to the largest float32 below 1, as the references do.
@@ -329,13 +319,18 @@ inline int64_t race(const TileStats* stats, int64_t tiles, int64_t vocab, float 
   if (tiles == 1 || m == kNegInf) return 0;
   int64_t best = 0;
   float best_key = kNegInf;
-  for (int64_t i = 0; i < tiles; ++i) {
+  const auto enter = [&](int64_t i, float ui) {  // ui: the tile's uniform (unread for a greedy row)
     float key = shift(stats[i].max, m, t);
-    if (!greedy && key > kNegInf) key += stats[i].mass + gumbel(u(vocab + i));
+    if (!greedy && key > kNegInf) key += stats[i].mass + gumbel(ui);
     if (key > best_key) {
       best_key = key;
       best = i;
     }
+  };
+  if (greedy) {
+    for (int64_t i = 0; i < tiles; ++i) enter(i, 1.0f);
+  } else {
+    for_each_uniform(u, vocab, tiles, [&](int64_t column, float ui) { enter(column - vocab, ui); });
   }
   return best;
 }
@@ -346,13 +341,18 @@ inline int64_t draw_in_tile(const float* x, int64_t start, int64_t n, float t, b
   const float m = tile_max(x, n);
   int64_t best = 0;
   float best_key = kNegInf;
-  for (int64_t j = 0; j < n; ++j) {
+  const auto enter = [&](int64_t j, float uj) {  // uj: the token's uniform (unread for a greedy row)
     float k = shift(x[j], m, t);
-    if (!greedy && k > kNegInf) k += gumbel(u(start + j));
+    if (!greedy && k > kNegInf) k += gumbel(uj);
     if (j == 0 || k > best_key) {
       best_key = k;
       best = j;
     }
+  };
+  if (greedy) {
+    for (int64_t j = 0; j < n; ++j) enter(j, 1.0f);
+  } else {
+    for_each_uniform(u, start, n, [&](int64_t column, float uj) { enter(column - start, uj); });
   }
   return start + best;
 }
