@@ -25,11 +25,11 @@ void mask_rows(const at::Tensor& logits, const at::Tensor& x, const std::optiona
   const scalar_t* logits_ptr = logits.data_ptr<scalar_t>();
   const int64_t grain = std::max<int64_t>(1, 16384 / length);
   at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
-    std::vector<float> p(length);
+    std::vector<float> l(length), p(length);
     std::vector<char> forced(length);
     for (int64_t r = begin; r < end; ++r) {
-      const scalar_t* row = logits_ptr + r * length;
-      for (int64_t d = 0; d < length; ++d) p[d] = planner_sigmoid(planner_logit(row[d]));
+      planner_logits(logits_ptr + r * length, length, l.data());
+      planner_probabilities(l.data(), length, p.data());
       std::fill(forced.begin(), forced.end(), 0);
       for (int64_t i = 0; i < k; ++i) forced[chosen[r * k + i]] = 1;
       const RowUniforms u{noise ? noise + r * length : nullptr, seed, offset,

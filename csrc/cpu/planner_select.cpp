@@ -45,24 +45,23 @@ void select_rows(const at::Tensor& logits, const SelectArgs& a, int64_t* positio
   const scalar_t* logits_ptr = logits.data_ptr<scalar_t>();
   const int64_t grain = std::max<int64_t>(1, 16384 / length);
   at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
-    std::vector<float> p(length), base(length), gumbel(length), keys(length);
+    std::vector<float> l(length), p(length), base(length), gumbel(length), keys(length);
     std::vector<int64_t> order;
     std::vector<char> forced(length), taken;
     for (int64_t r = begin; r < end; ++r) {
-      const scalar_t* row = logits_ptr + r * length;
       const uint64_t row_id = static_cast<uint64_t>(a.row_ids ? a.row_ids[r] : r);
       const RowUniforms u{a.noise ? a.noise + r * length : nullptr, a.seed, a.offset, row_id};
+      planner_logits(logits_ptr + r * length, length, l.data());
+      planner_probabilities(l.data(), length, p.data());
+      selection_bases(l.data(), length, a.softmax, base.data());
       double total = 0.0;
       float largest = 0.0f, top = kPlannerNegInf;
       for (int64_t d = 0; d < length; ++d) {
-        const float l = planner_logit(row[d]);
-        p[d] = planner_sigmoid(l);
         total += p[d];
         largest = std::max(largest, p[d]);
-        base[d] = selection_base(l, a.softmax);
         top = std::max(top, base[d]);
       }
-      for_each_uniform(u, 0, length, [&](int64_t d, float ud) { gumbel[d] = planner_gumbel(ud); });
+      for_each_gumbel(u, 0, length, [&](int64_t d, float g) { gumbel[d] = g; });
       sum_p[r] = static_cast<float>(total);
       stop[r] = largest < a.eps;
       int64_t* chosen = positions + r * a.k;

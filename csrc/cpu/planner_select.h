@@ -22,23 +22,31 @@ namespace cpu {
 
 constexpr float kPlannerNegInf = -std::numeric_limits<float>::infinity();
 
-// A planner logit as float32; NaN reads as -inf (probability 0, never chosen).
+// A row of planner logits as float32 into l[0, length); NaN reads as -inf (probability 0,
+// never chosen).
 template <typename scalar_t>
-inline float planner_logit(scalar_t value) {
-  const float l = static_cast<float>(value);
-  return l != l ? kPlannerNegInf : l;
+inline void planner_logits(const scalar_t* row, int64_t length, float* l) {
+  for (int64_t d = 0; d < length; ++d) {
+    const float v = static_cast<float>(row[d]);
+    l[d] = v != v ? kPlannerNegInf : v;
+  }
 }
 
-inline float planner_sigmoid(float l) { return 1.0f / (1.0f + std::exp(-l)); }
-
-// log sigmoid(l) = min(l, 0) - log(1 + exp(-|l|)), finite for every finite l
-// even where sigmoid(l) underflows to 0.
-inline float planner_log_sigmoid(float l) {
-  return std::min(l, 0.0f) - std::log(1.0f + std::exp(-std::fabs(l)));
+// p = sigmoid(l) of a row's logits l (vector_math.h).
+inline void planner_probabilities(const float* l, int64_t length, float* p) {
+  vector_math(VectorFn::kSigmoid, l, length, p);
 }
 
-// Log-weight of a position before its shift: log sigmoid(l) (options A/B), or l (option C).
-inline float selection_base(float l, bool softmax) { return softmax ? l : planner_log_sigmoid(l); }
+// The log-weights of a row's positions before their shift: log sigmoid(l) (options A/B;
+// min(l, 0) - log(1 + exp(-|l|)), finite for every finite l even where sigmoid(l)
+// underflows to 0), or l (option C).
+inline void selection_bases(const float* l, int64_t length, bool softmax, float* base) {
+  if (softmax) {
+    std::copy(l, l + length, base);
+  } else {
+    vector_math(VectorFn::kLogSigmoid, l, length, base);
+  }
+}
 
 // The log-weight: the base relative to the row's largest base `top`, divided by tau
 // (option C's softmax; 1 for A/B), so that huge logits keep their noise (log sigmoid(-1e8)
@@ -47,11 +55,6 @@ inline float selection_base(float l, bool softmax) { return softmax ? l : planne
 inline float selection_log_weight(float base, float top, float tau) {
   if (base == kPlannerNegInf) return kPlannerNegInf;
   return base == top ? 0.0f : (base - top) / tau;
-}
-
-inline float planner_gumbel(float u) {
-  constexpr float kBelowOne = 1.0f - 5.9604644775390625e-08f;  // float32 may round u up to 1
-  return -std::log(-std::log(u < kBelowOne ? u : kBelowOne));
 }
 
 // Gumbel-top-k: the k largest keys, larger first, the lower position first on

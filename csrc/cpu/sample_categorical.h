@@ -38,13 +38,6 @@ constexpr int64_t kTile = 256;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr float kPosInf = std::numeric_limits<float>::infinity();
 
-// -log(-log u); float32 rounds the top Philox uniform to 1.0, which would give
-// +inf: clamp to the largest float32 below 1, as the references do.
-inline float gumbel(float u) {
-  constexpr float kBelowOne = 1.0f - 5.9604644775390625e-08f;
-  return -std::log(-std::log(u < kBelowOne ? u : kBelowOne));
-}
-
 // Tokens a row may not draw: the shared list, an optional per-row id, an optional
 // allowed mask of the row, and the row's truncation threshold (tokens below it).
 struct RowMask {
@@ -319,18 +312,18 @@ inline int64_t race(const TileStats* stats, int64_t tiles, int64_t vocab, float 
   if (tiles == 1 || m == kNegInf) return 0;
   int64_t best = 0;
   float best_key = kNegInf;
-  const auto enter = [&](int64_t i, float ui) {  // ui: the tile's uniform (unread for a greedy row)
+  const auto enter = [&](int64_t i, float g) {  // g: the tile's Gumbel variable (unread for a greedy row)
     float key = shift(stats[i].max, m, t);
-    if (!greedy && key > kNegInf) key += stats[i].mass + gumbel(ui);
+    if (!greedy && key > kNegInf) key += stats[i].mass + g;
     if (key > best_key) {
       best_key = key;
       best = i;
     }
   };
   if (greedy) {
-    for (int64_t i = 0; i < tiles; ++i) enter(i, 1.0f);
+    for (int64_t i = 0; i < tiles; ++i) enter(i, 0.0f);
   } else {
-    for_each_uniform(u, vocab, tiles, [&](int64_t column, float ui) { enter(column - vocab, ui); });
+    for_each_gumbel(u, vocab, tiles, [&](int64_t column, float g) { enter(column - vocab, g); });
   }
   return best;
 }
@@ -341,18 +334,18 @@ inline int64_t draw_in_tile(const float* x, int64_t start, int64_t n, float t, b
   const float m = tile_max(x, n);
   int64_t best = 0;
   float best_key = kNegInf;
-  const auto enter = [&](int64_t j, float uj) {  // uj: the token's uniform (unread for a greedy row)
+  const auto enter = [&](int64_t j, float g) {  // g: the token's Gumbel variable (unread for a greedy row)
     float k = shift(x[j], m, t);
-    if (!greedy && k > kNegInf) k += gumbel(uj);
+    if (!greedy && k > kNegInf) k += g;
     if (j == 0 || k > best_key) {
       best_key = k;
       best = j;
     }
   };
   if (greedy) {
-    for (int64_t j = 0; j < n; ++j) enter(j, 1.0f);
+    for (int64_t j = 0; j < n; ++j) enter(j, 0.0f);
   } else {
-    for_each_uniform(u, start, n, [&](int64_t column, float uj) { enter(column - start, uj); });
+    for_each_gumbel(u, start, n, [&](int64_t column, float g) { enter(column - start, g); });
   }
   return start + best;
 }

@@ -1,6 +1,6 @@
 // philox_uniforms (uniforms.h): the Philox4x32-10 of csrc/rng.h for a run of columns of
-// one row, 16 or 8 columns at once where the CPU has AVX-512 or AVX2 (chosen at the first
-// call), else one at a time. Only a lane's counter word c0 (its column) differs, so
+// one row, 16 or 8 columns at once where the CPU has AVX-512 or AVX2 (isa.h), else one at
+// a time. Only a lane's counter word c0 (its column) differs, so
 // the lanes start from one counter and one key. A lane's 32 x 32-bit product is the same
 // 64-bit product in a vector as in scalar code, and its uniform the same float32 operations
 // (an exact conversion, one addition, one exact multiplication): the same bits as
@@ -16,6 +16,7 @@
 #include <cstring>
 
 #include "../rng.h"
+#include "isa.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -135,31 +136,24 @@ __attribute__((target("avx512f"))) void avx512_run(const RowStream& s, uint64_t 
 
 using Run = void (*)(const RowStream&, uint64_t, int64_t, float*);
 
-// The vector path of name `isa` ("scalar", "avx2", "avx512"; "best": the widest the CPU
-// has), or null where the CPU lacks it.
-Run run_for(c10::string_view isa) {
-  if (isa == "scalar") return scalar_run;
+Run run_for(Isa isa) {
+  switch (isa) {
 #if DDPD_X86
-  __builtin_cpu_init();
-  const bool avx512 = __builtin_cpu_supports("avx512f"), avx2 = __builtin_cpu_supports("avx2");
-  if (isa == "avx512") return avx512 ? avx512_run : nullptr;
-  if (isa == "avx2") return avx2 ? avx2_run : nullptr;
-  if (isa == "best") return avx512 ? avx512_run : avx2 ? avx2_run : scalar_run;
-#else
-  if (isa == "best") return scalar_run;
+    case Isa::kAvx512: return avx512_run;
+    case Isa::kAvx2: return avx2_run;
 #endif
-  return nullptr;
+    default: return scalar_run;
+  }
 }
 
-// ddpd::philox_uniforms_cpu: columns [first, first + n) of each row's stream [rows, n] by one
-// path, for the tests that hold every path the CPU has to the torch reference
+// ddpd::philox_uniforms_cpu: columns [first, first + n) of each row's stream [rows, n] by the
+// path `isa` (isa.h), for the tests that hold every path this CPU has to the torch reference
 // (ddpd.ops.rng.philox_uniform).
 at::Tensor philox_uniforms_cpu(int64_t seed, int64_t offset, const at::Tensor& row_ids, int64_t first, int64_t n,
                                c10::string_view isa) {
   TORCH_CHECK(row_ids.dim() == 1 && row_ids.scalar_type() == at::kLong, "row_ids must be a 1-d int64 tensor");
   TORCH_CHECK_VALUE(first >= 0 && n >= 0 && first + n <= (int64_t{1} << 32), "columns must lie in [0, 2**32)");
-  const Run run = run_for(isa);
-  TORCH_CHECK_VALUE(run != nullptr, "philox_uniforms_cpu: no path '", isa, "' on this CPU");
+  const Run run = run_for(require_isa(isa));
   const at::Tensor ids = row_ids.contiguous();
   at::Tensor out = at::empty({ids.size(0), n}, ids.options().dtype(at::kFloat));
   for (int64_t r = 0; r < ids.size(0); ++r) {
@@ -173,7 +167,7 @@ at::Tensor philox_uniforms_cpu(int64_t seed, int64_t offset, const at::Tensor& r
 }  // namespace
 
 void philox_uniforms(uint64_t seed, uint64_t offset, uint64_t row, uint64_t first, int64_t n, float* out) {
-  static const Run run = run_for("best");  // chosen once, at the first call
+  static const Run run = run_for(best_isa());
   if (n > 0) run(row_stream(seed, offset, row), first, n, out);
 }
 

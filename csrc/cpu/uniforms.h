@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "vector_math.h"
+
 namespace ddpd {
 namespace cpu {
 
@@ -37,6 +39,18 @@ inline void for_each_uniform(const RowUniforms& u, int64_t first, int64_t n, F&&
     const int64_t m = std::min(kUniformRun, first + n - start);
     const float* v = u.run(start, m, run);
     for (int64_t i = 0; i < m; ++i) f(start + i, v[i]);
+  }
+}
+
+// f(column, g) for every column of [first, first + n), in order, g the column's Gumbel
+// variable -log(-log u) (vector_math.h), computed kUniformRun at a time.
+template <typename F>
+inline void for_each_gumbel(const RowUniforms& u, int64_t first, int64_t n, F&& f) {
+  float run[kUniformRun];
+  for (int64_t start = first; start < first + n; start += kUniformRun) {
+    const int64_t m = std::min(kUniformRun, first + n - start);
+    vector_math(VectorFn::kGumbel, u.run(start, m, run), m, run);
+    for (int64_t i = 0; i < m; ++i) f(start + i, run[i]);
   }
 }
 

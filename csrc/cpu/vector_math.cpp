@@ -1,0 +1,189 @@
+// vector_math.h's functions. One algorithm, written once on GCC vector types of W lanes
+// and compiled three times: W = 16 with AVX-512, W = 8 with AVX2, W = 4 for any x86-64 or
+// aarch64 CPU. The lanes never interact, so each lane computes the same bits at any W.
+//
+// log x: x = 2^k m with m in [sqrt(1/2), sqrt(2)), log m = 2 atanh(f), f = (m - 1) / (m + 1),
+// |f| <= 0.172, by its series to f^15 (the next term is below 3e-14 of the sum).
+// exp x: k = round(x / ln 2), r = x - k ln 2 in [-0.35, 0.35], exp r by its Taylor series
+// to r^13 (the next term below 5e-18), times 2^k; x first clamped to [-200, 200], where the
+// float result is already 0 or inf.
+#include "vector_math.h"
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty_like.h>
+#include <c10/util/Exception.h>
+#include <torch/library.h>
+
+#include <cstring>
+
+// The lane functions pass vectors by value; they are always inlined, so no call passes them
+// through the ABI that GCC warns about for vectors wider than the baseline's.
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+namespace ddpd {
+namespace cpu {
+namespace {
+
+#define DDPD_INLINE __attribute__((always_inline)) inline
+
+template <int W>
+struct Lanes {
+  typedef float f32 __attribute__((vector_size(4 * W)));
+  typedef double f64 __attribute__((vector_size(8 * W)));
+  typedef int32_t i32 __attribute__((vector_size(4 * W)));
+  typedef int64_t i64 __attribute__((vector_size(8 * W)));
+};
+
+constexpr double kLn2 = 0.69314718055994530942;
+
+template <int W>
+DDPD_INLINE typename Lanes<W>::f32 log_lanes(typename Lanes<W>::f32 x) {
+  using f32 = typename Lanes<W>::f32;
+  using f64 = typename Lanes<W>::f64;
+  using i32 = typename Lanes<W>::i32;
+  const i32 subnormal = reinterpret_cast<i32>(x) < 0x00800000;  // x > 0: scaled by 2^23 first
+  x = subnormal ? x * 8388608.0f : x;
+  const i32 bits = reinterpret_cast<i32>(x);
+  const i32 k = (bits - 0x3f3504f3) >> 23;  // 0x3f3504f3: sqrt(1/2); arithmetic shift
+  const f64 m = __builtin_convertvector(reinterpret_cast<f32>(bits - (k << 23)), f64);
+  const f64 f = (m - 1.0) / (m + 1.0), s = f * f;
+  f64 p = s * (1.0 / 15) + 1.0 / 13;
+  p = p * s + 1.0 / 11;
+  p = p * s + 1.0 / 9;
+  p = p * s + 1.0 / 7;
+  p = p * s + 1.0 / 5;
+  p = p * s + 1.0 / 3;
+  p = p * s + 1.0;
+  const f64 log_x = __builtin_convertvector(k + (subnormal & -23), f64) * kLn2 + 2.0 * f * p;
+  const f32 inf = f32{} + __builtin_inff();
+  return x == inf ? inf : __builtin_convertvector(log_x, f32);
+}
+
+template <int W>
+DDPD_INLINE typename Lanes<W>::f32 exp_lanes(typename Lanes<W>::f32 x) {
+  using f32 = typename Lanes<W>::f32;
+  using f64 = typename Lanes<W>::f64;
+  using i64 = typename Lanes<W>::i64;
+  // Clamped in float: compared after the conversion, GCC compiled the clamp lane by lane.
+  const f32 low = f32{} - 200.0f, high = f32{} + 200.0f;
+  x = x < low ? low : x;
+  x = x > high ? high : x;
+  const f64 xd = __builtin_convertvector(x, f64);
+  const f64 round = f64{} + 6755399441055744.0;  // 1.5 * 2^52: adding it rounds to an integer
+  const f64 k = (xd * 1.4426950408889634 + round) - round;
+  const f64 r = xd - k * kLn2;
+  f64 p = r * (1.0 / 6227020800.0) + 1.0 / 479001600.0;
+  p = p * r + 1.0 / 39916800.0;
+  p = p * r + 1.0 / 3628800.0;
+  p = p * r + 1.0 / 362880.0;
+  p = p * r + 1.0 / 40320.0;
+  p = p * r + 1.0 / 5040.0;
+  p = p * r + 1.0 / 720.0;
+  p = p * r + 1.0 / 120.0;
+  p = p * r + 1.0 / 24.0;
+  p = p * r + 1.0 / 6.0;
+  p = p * r + 0.5;
+  p = p * r + 1.0;
+  p = p * r + 1.0;
+  // 2^k: k + 2^52 + 1023 holds k + 1023 in its low bits (|k| <= 289), shifted to the exponent
+  const i64 biased = reinterpret_cast<i64>(k + 4503599627371519.0);
+  return __builtin_convertvector(p * reinterpret_cast<f64>(biased << 52), f32);
+}
+
+template <int W, VectorFn F>
+DDPD_INLINE typename Lanes<W>::f32 apply_lanes(typename Lanes<W>::f32 x) {
+  using f32 = typename Lanes<W>::f32;
+  const f32 zero = {}, one = zero + 1.0f;
+  if constexpr (F == VectorFn::kLog) {
+    return log_lanes<W>(x);
+  } else if constexpr (F == VectorFn::kExp) {
+    return exp_lanes<W>(x);
+  } else if constexpr (F == VectorFn::kGumbel) {
+    const f32 below_one = zero + (1.0f - 5.9604644775390625e-08f);  // float32 may round u up to 1
+    return -log_lanes<W>(-log_lanes<W>(x < below_one ? x : below_one));
+  } else if constexpr (F == VectorFn::kSigmoid) {
+    return one / (one + exp_lanes<W>(-x));
+  } else {
+    const f32 abs = x < zero ? -x : x;
+    return (x < zero ? x : zero) - log_lanes<W>(one + exp_lanes<W>(-abs));
+  }
+}
+
+template <int W, VectorFn F>
+DDPD_INLINE void apply_run(const float* x, int64_t n, float* out) {
+  using f32 = typename Lanes<W>::f32;
+  f32 v;
+  int64_t i = 0;
+  for (; i + W <= n; i += W) {
+    std::memcpy(&v, x + i, sizeof(v));
+    v = apply_lanes<W, F>(v);
+    std::memcpy(out + i, &v, sizeof(v));
+  }
+  if (i == n) return;
+  float lanes[W];
+  for (int64_t j = 0; j < W; ++j) lanes[j] = i + j < n ? x[i + j] : 1.0f;  // 1: in every domain
+  std::memcpy(&v, lanes, sizeof(v));
+  v = apply_lanes<W, F>(v);
+  std::memcpy(lanes, &v, sizeof(v));
+  for (int64_t j = 0; i + j < n; ++j) out[i + j] = lanes[j];
+}
+
+template <int W>
+DDPD_INLINE void apply(VectorFn fn, const float* x, int64_t n, float* out) {
+  switch (fn) {
+    case VectorFn::kLog: return apply_run<W, VectorFn::kLog>(x, n, out);
+    case VectorFn::kExp: return apply_run<W, VectorFn::kExp>(x, n, out);
+    case VectorFn::kGumbel: return apply_run<W, VectorFn::kGumbel>(x, n, out);
+    case VectorFn::kSigmoid: return apply_run<W, VectorFn::kSigmoid>(x, n, out);
+    case VectorFn::kLogSigmoid: return apply_run<W, VectorFn::kLogSigmoid>(x, n, out);
+  }
+}
+
+void apply_scalar(VectorFn fn, const float* x, int64_t n, float* out) { apply<4>(fn, x, n, out); }
+
+#if defined(__x86_64__) || defined(__i386__)
+__attribute__((target("avx2"))) void apply_avx2(VectorFn fn, const float* x, int64_t n, float* out) {
+  apply<8>(fn, x, n, out);
+}
+
+__attribute__((target("avx512f"))) void apply_avx512(VectorFn fn, const float* x, int64_t n, float* out) {
+  apply<16>(fn, x, n, out);
+}
+#endif
+
+// ddpd::vector_math_cpu: fn ("log", "exp", "gumbel", "sigmoid", "log_sigmoid") of each
+// value of x (float32) by the path `isa`, for the tests that hold every path this CPU has to
+// each other and to float64 torch.
+at::Tensor vector_math_cpu(const at::Tensor& x, c10::string_view fn, c10::string_view isa) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat, "x must be float32");
+  VectorFn f;
+  if (fn == "log") f = VectorFn::kLog;
+  else if (fn == "exp") f = VectorFn::kExp;
+  else if (fn == "gumbel") f = VectorFn::kGumbel;
+  else if (fn == "sigmoid") f = VectorFn::kSigmoid;
+  else if (fn == "log_sigmoid") f = VectorFn::kLogSigmoid;
+  else TORCH_CHECK_VALUE(false, "fn must be log, exp, gumbel, sigmoid or log_sigmoid, got ", fn);
+  const at::Tensor in = x.contiguous();
+  at::Tensor out = at::empty_like(in);
+  vector_math(f, in.data_ptr<float>(), in.numel(), out.data_ptr<float>(), require_isa(isa));
+  return out;
+}
+
+}  // namespace
+
+void vector_math(VectorFn fn, const float* x, int64_t n, float* out, Isa isa) {
+  switch (isa) {
+#if defined(__x86_64__) || defined(__i386__)
+    case Isa::kAvx512: return apply_avx512(fn, x, n, out);
+    case Isa::kAvx2: return apply_avx2(fn, x, n, out);
+#endif
+    default: return apply_scalar(fn, x, n, out);
+  }
+}
+
+}  // namespace cpu
+}  // namespace ddpd
+
+TORCH_LIBRARY_FRAGMENT(ddpd, m) { m.def("vector_math_cpu(Tensor x, str fn, str isa) -> Tensor"); }
+
+TORCH_LIBRARY_IMPL(ddpd, CPU, m) { m.impl("vector_math_cpu", &ddpd::cpu::vector_math_cpu); }

@@ -1,0 +1,28 @@
+// Elementwise transcendental functions of the CPU kernels over arrays of floats, many
+// lanes at a time with AVX-512 or AVX2 where the CPU has them (the C library computes one
+// value a call). Each value is computed in double and rounded once to float: within a few
+// 1e-13 of the exact value before the rounding, so the float is the correctly rounded one
+// but for exact values that close to a rounding boundary (none in tests/test_op_rng.py's
+// millions of inputs). Every path (isa.h) gives the same bits.
+#pragma once
+
+#include <cstdint>
+
+#include "isa.h"
+
+namespace ddpd {
+namespace cpu {
+
+enum class VectorFn {
+  kLog,         // log x, for x > 0 (subnormal included) and +inf
+  kExp,         // exp x (+-inf and values beyond float's range included)
+  kGumbel,      // -log(-log u) for u in (0, 1], u first clamped to the largest float below 1
+  kSigmoid,     // 1 / (1 + exp(-x)), in float after the exp
+  kLogSigmoid,  // log sigmoid(x) = min(x, 0) - log(1 + exp(-|x|)), in float after the exp and the log
+};
+
+// out[i] = fn(x[i]) for i in [0, n), by the path isa (out may be x).
+void vector_math(VectorFn fn, const float* x, int64_t n, float* out, Isa isa = best_isa());
+
+}  // namespace cpu
+}  // namespace ddpd
