@@ -1,8 +1,8 @@
 // CPU kernel of ddpd.ops.bernoulli: z = min(u, largest float32 below 1) < p per element,
 // u the counter-based uniform of (seed, offset, row id, column) (csrc/rng.h, computed a
-// run of columns at a time: uniforms.h) or of explicit noise. The comparison runs in double for double p, in float otherwise
-// (16-bit p is exact in float), as in the torch reference and the Triton kernel.
-// Rows run in parallel.
+// run of columns at a time: uniforms.h) or of explicit noise. The comparison runs in
+// double for double p, in float otherwise (16-bit p is exact in float), as in the torch
+// reference and the Triton kernel. Rows run in parallel.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>

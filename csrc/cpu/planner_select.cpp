@@ -72,7 +72,7 @@ void select_rows(const at::Tensor& logits, const SelectArgs& a, int64_t* positio
         // have weight) is not denoised, so it is not forced into the mask.
         for (int64_t i = 0; i < a.k; ++i) forced[chosen[i]] = base[chosen[i]] != kPlannerNegInf;
         const RowUniforms mask_u{a.mask_noise ? a.mask_noise + r * length : nullptr, a.seed, a.mask_offset,
-                                     row_id};
+                                 row_id};
         mask.count[r] = draw_mask(p.data(), mask_u, forced, mask.x + r * length, mask.mask_id,
                                   length, mask.masked + r * length, mask.z + r * length);
       }

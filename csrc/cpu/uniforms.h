@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <utility>
 
 #include "vector_math.h"
 
@@ -30,28 +31,25 @@ struct RowUniforms {
 
 constexpr int64_t kUniformRun = 256;  // uniforms computed at a time by for_each_uniform
 
-// f(column, u) for every column of [first, first + n), in order, the stream's uniforms
-// computed kUniformRun at a time.
-template <typename F>
+// f(column, v) for every column of [first, first + n), in order: v the column's uniform, or
+// where kGumbel its Gumbel variable -log(-log u) (vector_math.h); kUniformRun at a time.
+template <bool kGumbel = false, typename F>
 inline void for_each_uniform(const RowUniforms& u, int64_t first, int64_t n, F&& f) {
   float run[kUniformRun];
   for (int64_t start = first; start < first + n; start += kUniformRun) {
     const int64_t m = std::min(kUniformRun, first + n - start);
     const float* v = u.run(start, m, run);
+    if constexpr (kGumbel) {
+      vector_math(VectorFn::kGumbel, v, m, run);
+      v = run;
+    }
     for (int64_t i = 0; i < m; ++i) f(start + i, v[i]);
   }
 }
 
-// f(column, g) for every column of [first, first + n), in order, g the column's Gumbel
-// variable -log(-log u) (vector_math.h), computed kUniformRun at a time.
 template <typename F>
 inline void for_each_gumbel(const RowUniforms& u, int64_t first, int64_t n, F&& f) {
-  float run[kUniformRun];
-  for (int64_t start = first; start < first + n; start += kUniformRun) {
-    const int64_t m = std::min(kUniformRun, first + n - start);
-    vector_math(VectorFn::kGumbel, u.run(start, m, run), m, run);
-    for (int64_t i = 0; i < m; ++i) f(start + i, run[i]);
-  }
+  for_each_uniform<true>(u, first, n, std::forward<F>(f));
 }
 
 }  // namespace cpu
