@@ -1,8 +1,8 @@
-"""The elementwise functions of the C++ CPU kernels (csrc/cpu/vector_math.cpp): log, exp and
-the Gumbel, sigmoid and log-sigmoid built on them, computed in double and rounded once, many
-lanes at a time with AVX-512 or AVX2. Every path this CPU has gives the scalar path's bits,
-and those are float64 torch's values rounded to float32, composed as the torch references
-compose them (a rounding after each log and exp)."""
+"""The vector functions of the C++ CPU kernels (csrc/cpu/vector_math.cpp): log, exp and
+the Gumbel, sigmoid and log-sigmoid built on them, computed in double and rounded once, and
+the tile statistics' exp-sums, many lanes at a time with AVX-512 or AVX2. Every path this CPU
+has gives the scalar path's bits; the elementwise functions are float64 torch's values rounded
+to float32, composed as the torch references compose them (a rounding after each log and exp)."""
 import math
 
 import pytest
@@ -50,9 +50,9 @@ def exact(fn: str, x: torch.Tensor) -> torch.Tensor:
     return torch.minimum(x, torch.zeros(())) - log(1.0 + exp(-x.abs()))
 
 
-def vector_math(x: torch.Tensor, fn: str, isa: str) -> torch.Tensor:
+def vector_math(x: torch.Tensor, fn: str, isa: str, t: float = 1.0) -> torch.Tensor:
     try:
-        return cpu_ops().vector_math_cpu(x, fn, isa)
+        return cpu_ops().vector_math_cpu(x, fn, isa, t)
     except ValueError as error:
         assert f"no path '{isa}'" in str(error)
         pytest.skip(f"this CPU has no {isa} path")
@@ -92,3 +92,30 @@ def test_edges_of_each_domain():
     assert top[0] == top[1] and math.isfinite(float(top[0]))
     with pytest.raises(ValueError, match="fn must be"):
         ops.vector_math_cpu(t([1.0]), "tanh", "best")
+    with pytest.raises(ValueError, match="no path 'sse9'"):
+        ops.vector_math_cpu(t([1.0]), "log", "sse9")
+
+
+@pytest.mark.parametrize("t", [1.0, 0.7])
+def test_tile_sums_are_the_same_float_sums_on_every_path(t):
+    """The tile statistics' sums (the mass exp-sum and the entropy's sum exp(y) y) add the same
+    values in the same order on every path, and are within float32 rounding of float64's."""
+    g = torch.Generator().manual_seed(1)
+    x = 4 * torch.randn(64, 256, generator=g)
+    x[0, 5:] = -INF  # a tile mostly padding
+    x[1, :] = x[1, 0]  # every value the maximum
+    x[2, 7] = INF  # +inf ties at the maximum: the others weigh 0
+    x[3, 200:] = -1e30  # a spread beyond float32's exp range
+    scalar = vector_math(x, "tile_sums", "scalar", t)
+    for isa in ("avx2", "avx512", "best"):
+        try:
+            got = cpu_ops().vector_math_cpu(x, "tile_sums", isa, t)
+        except ValueError:
+            continue  # a path this CPU lacks (the scalar one always runs)
+        assert torch.equal(got.view(torch.int32), scalar.view(torch.int32)), isa
+    y = (x.double() - x.double().amax(1, keepdim=True)) / t
+    y = torch.where(x == x.amax(1, keepdim=True), 0.0, y)
+    e = y.exp()
+    want = torch.stack([e.sum(1), torch.where(e > 0, e * y, 0.0).sum(1)], 1)
+    assert torch.allclose(scalar.double(), want, rtol=1e-5, atol=1e-6)
+    assert scalar[1, 0] == 256 and scalar[2, 0] == 1

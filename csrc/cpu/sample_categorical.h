@@ -28,6 +28,7 @@
 #include <optional>
 #include <vector>
 
+#include "lanes.h"
 #include "stream.h"
 #include "uniforms.h"
 
@@ -151,17 +152,19 @@ inline float effective_temperature(float t) { return is_greedy(t) ? 1.0f : t; }
 constexpr int64_t kLanes = 4;
 
 inline int64_t padded(int64_t n) { return (n + kLanes - 1) / kLanes * kLanes; }
+inline int64_t padded_for_sums(int64_t n) { return (n + kSumLanes - 1) / kSumLanes * kSumLanes; }
 
 // Logits of the tile of tokens [start, start + n), read from tile as float32, NaN
 // read as -inf (never drawn), masked tokens -inf, into out; out is -inf padded to
-// a multiple of kLanes. No temperature yet: it divides differences (shift below).
+// a multiple of kSumLanes (tile_exp_sums; kTile values hold it). No temperature yet: it
+// divides differences (shift below).
 template <typename scalar_t>
 inline void load_tile(const scalar_t* tile, int64_t start, int64_t n, const RowMask& mask, float* out) {
   for (int64_t j = 0; j < n; ++j) {
     const float x = static_cast<float>(tile[j]);
     out[j] = x != x ? kNegInf : x;
   }
-  for (int64_t j = n; j < padded(n); ++j) out[j] = kNegInf;
+  for (int64_t j = n; j < padded_for_sums(n); ++j) out[j] = kNegInf;
   mask.apply(out, start, n);
 }
 
@@ -175,37 +178,13 @@ inline float shift(float a, float b, float t) {
   return a == b ? 0.0f : (a - b) / t;
 }
 
-// kLanes floats / int32s in one GCC/Clang vector value: the compiler maps the
-// operations onto whatever SIMD width the target has.
-typedef float LaneF __attribute__((vector_size(kLanes * sizeof(float))));
-typedef int32_t LaneI __attribute__((vector_size(kLanes * sizeof(int32_t))));
+// kLanes floats / int32s in one vector value (lanes.h).
+typedef Lanes<kLanes>::f32 LaneF;
+typedef Lanes<kLanes>::i32 LaneI;
 
-inline LaneF load_lanes(const float* x) {
-  LaneF v;
-  std::memcpy(&v, x, sizeof(v));
-  return v;
-}
-
-// exp(y) lane-wise for y <= 0 (y = -inf allowed), within 2 ulp; values below
-// exp(-87) flush to 0, which cannot move a log-sum-exp whose largest term is 1.
-inline LaneF exp_nonpositive(LaneF y) {
-  const LaneF low = LaneF{} - 100.0f;  // y = -inf would give NaN below: clamp first
-  y = y > low ? y : low;
-  const LaneI n = __builtin_convertvector(y * 1.44269504088896341f - 0.5f, LaneI);  // round, y <= 0
-  const LaneF nf = __builtin_convertvector(n, LaneF);
-  // ln 2 split in a short high part (nf * hi is exact) and the rest.
-  const LaneF r = y - nf * 0.693145751953125f - nf * 1.428606765330187e-06f;
-  // Taylor series of exp(r), |r| <= ln2 / 2, Horner form (truncation error < 1e-8).
-  LaneF p = r * (1.0f / 5040.0f) + 1.0f / 720.0f;
-  p = p * r + 1.0f / 120.0f;
-  p = p * r + 1.0f / 24.0f;
-  p = p * r + 1.0f / 6.0f;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  const LaneF scale = reinterpret_cast<LaneF>((n + 127) << 23);
-  return n > -126 ? p * scale : LaneF{};
-}
+inline LaneF load_lanes(const float* x) { return ddpd::cpu::load_lanes<kLanes>(x); }
+inline LaneF exp_nonpositive(LaneF y) { return ddpd::cpu::exp_nonpositive<kLanes>(y); }
+inline LaneF shift_lanes(LaneF v, float m, float t) { return ddpd::cpu::shift_lanes<kLanes>(v, m, t); }
 
 inline bool any_lane(LaneI mask) {
   int32_t any = 0;
@@ -221,16 +200,6 @@ inline bool any_above(const float* x, float floor) {
   const LaneF f = LaneF{} + floor;
   return any_lane((load_lanes(x) > f) | (load_lanes(x + kLanes) > f) | (load_lanes(x + 2 * kLanes) > f) |
                   (load_lanes(x + 3 * kLanes) > f));
-}
-
-// Lane-wise shift(v, m, t) (see shift above) for a scalar maximum m.
-inline LaneF shift_lanes(LaneF v, float m, float t) {
-  const LaneF zero = {}, neg_inf = zero + kNegInf;
-  // NaN at inf - inf is replaced just below. At t = 1 the division, exact there and the
-  // dearest operation of the loops that call this, is left out (loop-invariant: -O3 unswitches).
-  LaneF y = t == 1.0f ? v - m : (v - m) / t;
-  y = v == m ? zero : y;
-  return v == neg_inf ? neg_inf : y;
 }
 
 // Maximum over x[0, padded(n)).
@@ -260,21 +229,9 @@ inline TileStats tile_stats(const float* x, int64_t n, float t, bool want_second
   TileStats s;
   s.max = tile_max(x, n);
   if (s.max == kNegInf) return s;
-  const LaneF zero = {};
-  LaneF lane_sum = {}, lane_ent = {};
-  for (int64_t j = 0; j < padded(n); j += kLanes) {
-    const LaneF y = shift_lanes(load_lanes(x + j), s.max, t);
-    const LaneF e = exp_nonpositive(y);
-    lane_sum += e;
-    if (want_entropy) lane_ent += e > zero ? e * y : zero;  // 0 * -inf would be NaN
-  }
-  float sum = 0.0f, ent = 0.0f;
-  for (int64_t l = 0; l < kLanes; ++l) {
-    sum += lane_sum[l];
-    ent += lane_ent[l];
-  }
-  s.mass = std::log(sum);
-  s.ent = ent;
+  const TileSums sums = tile_exp_sums(x, padded_for_sums(n), s.max, t, want_entropy);
+  s.mass = std::log(sums.sum);
+  s.ent = sums.ent;
   if (want_second) {
     int64_t at_max = 0;
     float below = kNegInf;

@@ -1,6 +1,6 @@
-// vector_math.h's functions. One algorithm, written once on GCC vector types of W lanes
-// and compiled three times: W = 16 with AVX-512, W = 8 with AVX2, W = 4 for any x86-64 or
-// aarch64 CPU. The lanes never interact, so each lane computes the same bits at any W.
+// vector_math.h's functions. One algorithm, written once on vector types of W lanes
+// (lanes.h) and compiled three times: W = 16 with AVX-512, W = 8 with AVX2, W = 4 for any
+// x86-64 or aarch64 CPU. The lanes never interact, so each lane computes the same bits at any W.
 //
 // log x: x = 2^k m with m in [sqrt(1/2), sqrt(2)), log m = 2 atanh(f), f = (m - 1) / (m + 1),
 // |f| <= 0.172, by its series to f^15 (the next term is below 3e-14 of the sum).
@@ -9,7 +9,10 @@
 // float result is already 0 or inf.
 #include "vector_math.h"
 
+#include "lanes.h"
+
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
@@ -23,16 +26,6 @@
 namespace ddpd {
 namespace cpu {
 namespace {
-
-#define DDPD_INLINE __attribute__((always_inline)) inline
-
-template <int W>
-struct Lanes {
-  typedef float f32 __attribute__((vector_size(4 * W)));
-  typedef double f64 __attribute__((vector_size(8 * W)));
-  typedef int32_t i32 __attribute__((vector_size(4 * W)));
-  typedef int64_t i64 __attribute__((vector_size(8 * W)));
-};
 
 constexpr double kLn2 = 0.69314718055994530942;
 
@@ -139,37 +132,103 @@ DDPD_INLINE void apply(VectorFn fn, const float* x, int64_t n, float* out) {
   }
 }
 
+// tile_exp_sums at width W: kSumLanes lane sums whatever W, so that every path adds the
+// same values in the same order (W = 4 and 8 hold them in 4 and 2 vectors).
+template <int W>
+DDPD_INLINE TileSums exp_sums(const float* x, int64_t n, float m, float t, bool entropy) {
+  using f32 = typename Lanes<W>::f32;
+  constexpr int kVectors = kSumLanes / W;
+  const f32 zero = {};
+  f32 sum[kVectors], ent[kVectors];
+  for (int v = 0; v < kVectors; ++v) sum[v] = ent[v] = zero;
+  for (int64_t j = 0; j < n; j += kSumLanes) {
+    for (int v = 0; v < kVectors; ++v) {
+      const f32 y = shift_lanes<W>(load_lanes<W>(x + j + v * W), m, t);
+      const f32 e = exp_nonpositive<W>(y);
+      sum[v] += e;
+      if (entropy) ent[v] += e > zero ? e * y : zero;  // 0 * -inf would be NaN
+    }
+  }
+  TileSums s{0.0f, 0.0f};
+  for (int v = 0; v < kVectors; ++v) {
+    for (int l = 0; l < W; ++l) {
+      s.sum += sum[v][l];
+      s.ent += ent[v][l];
+    }
+  }
+  return s;
+}
+
 void apply_scalar(VectorFn fn, const float* x, int64_t n, float* out) { apply<4>(fn, x, n, out); }
+TileSums exp_sums_scalar(const float* x, int64_t n, float m, float t, bool entropy) {
+  return exp_sums<4>(x, n, m, t, entropy);
+}
 
 #if defined(__x86_64__) || defined(__i386__)
 __attribute__((target("avx2"))) void apply_avx2(VectorFn fn, const float* x, int64_t n, float* out) {
   apply<8>(fn, x, n, out);
 }
 
+__attribute__((target("avx2"))) TileSums exp_sums_avx2(const float* x, int64_t n, float m, float t, bool entropy) {
+  return exp_sums<8>(x, n, m, t, entropy);
+}
+
 __attribute__((target("avx512f"))) void apply_avx512(VectorFn fn, const float* x, int64_t n, float* out) {
   apply<16>(fn, x, n, out);
+}
+
+__attribute__((target("avx512f"))) TileSums exp_sums_avx512(const float* x, int64_t n, float m, float t,
+                                                            bool entropy) {
+  return exp_sums<16>(x, n, m, t, entropy);
 }
 #endif
 
 // ddpd::vector_math_cpu: fn ("log", "exp", "gumbel", "sigmoid", "log_sigmoid") of each
-// value of x (float32) by the path `isa`, for the tests that hold every path this CPU has to
-// each other and to float64 torch.
-at::Tensor vector_math_cpu(const at::Tensor& x, c10::string_view fn, c10::string_view isa) {
+// value of x (float32) by the path `isa`; or fn "tile_sums": tile_exp_sums of each row of x
+// [rows, n] (n a multiple of kSumLanes) at its maximum and temperature t, as [rows, 2] (sum,
+// entropy sum). For the tests that hold every path this CPU has to each other and to float64
+// torch.
+at::Tensor vector_math_cpu(const at::Tensor& x, c10::string_view fn, c10::string_view isa, double t) {
   TORCH_CHECK(x.scalar_type() == at::kFloat, "x must be float32");
+  const Isa path = require_isa(isa);
+  const at::Tensor in = x.contiguous();
+  if (fn == "tile_sums") {
+    TORCH_CHECK(in.dim() == 2 && in.size(1) % kSumLanes == 0, "tile_sums: x must be [rows, n], n a multiple of ",
+                kSumLanes);
+    at::Tensor out = at::empty({in.size(0), 2}, in.options());
+    for (int64_t r = 0; r < in.size(0); ++r) {
+      const float* row = in.data_ptr<float>() + r * in.size(1);
+      float m = -__builtin_inff();
+      for (int64_t j = 0; j < in.size(1); ++j) m = row[j] > m ? row[j] : m;
+      const TileSums s = tile_exp_sums(row, in.size(1), m, static_cast<float>(t), true, path);
+      out.data_ptr<float>()[2 * r] = s.sum;
+      out.data_ptr<float>()[2 * r + 1] = s.ent;
+    }
+    return out;
+  }
   VectorFn f;
   if (fn == "log") f = VectorFn::kLog;
   else if (fn == "exp") f = VectorFn::kExp;
   else if (fn == "gumbel") f = VectorFn::kGumbel;
   else if (fn == "sigmoid") f = VectorFn::kSigmoid;
   else if (fn == "log_sigmoid") f = VectorFn::kLogSigmoid;
-  else TORCH_CHECK_VALUE(false, "fn must be log, exp, gumbel, sigmoid or log_sigmoid, got ", fn);
-  const at::Tensor in = x.contiguous();
+  else TORCH_CHECK_VALUE(false, "fn must be log, exp, gumbel, sigmoid, log_sigmoid or tile_sums, got ", fn);
   at::Tensor out = at::empty_like(in);
-  vector_math(f, in.data_ptr<float>(), in.numel(), out.data_ptr<float>(), require_isa(isa));
+  vector_math(f, in.data_ptr<float>(), in.numel(), out.data_ptr<float>(), path);
   return out;
 }
 
 }  // namespace
+
+TileSums tile_exp_sums(const float* x, int64_t n, float m, float t, bool entropy, Isa isa) {
+  switch (isa) {
+#if defined(__x86_64__) || defined(__i386__)
+    case Isa::kAvx512: return exp_sums_avx512(x, n, m, t, entropy);
+    case Isa::kAvx2: return exp_sums_avx2(x, n, m, t, entropy);
+#endif
+    default: return exp_sums_scalar(x, n, m, t, entropy);
+  }
+}
 
 void vector_math(VectorFn fn, const float* x, int64_t n, float* out, Isa isa) {
   switch (isa) {
@@ -184,6 +243,6 @@ void vector_math(VectorFn fn, const float* x, int64_t n, float* out, Isa isa) {
 }  // namespace cpu
 }  // namespace ddpd
 
-TORCH_LIBRARY_FRAGMENT(ddpd, m) { m.def("vector_math_cpu(Tensor x, str fn, str isa) -> Tensor"); }
+TORCH_LIBRARY_FRAGMENT(ddpd, m) { m.def("vector_math_cpu(Tensor x, str fn, str isa, float t=1.0) -> Tensor"); }
 
 TORCH_LIBRARY_IMPL(ddpd, CPU, m) { m.impl("vector_math_cpu", &ddpd::cpu::vector_math_cpu); }

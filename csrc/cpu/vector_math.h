@@ -24,5 +24,18 @@ enum class VectorFn {
 // out[i] = fn(x[i]) for i in [0, n), by the path isa (out may be x).
 void vector_math(VectorFn fn, const float* x, int64_t n, float* out, Isa isa = best_isa());
 
+// The sums of a tile's statistics (sample_categorical.h tile_stats) over x[0, n), n a
+// multiple of kSumLanes (-inf padding adds nothing): sum_j exp(y_j) with y_j = (x_j - m) /
+// t (0 where x_j == m, -inf where x_j is -inf) and exp within 2 ulp in float, and where
+// entropy sum_j exp(y_j) y_j. Lane l of kSumLanes adds the values j = l mod kSumLanes in
+// order, then the lanes are added in order: the same float sums on every path.
+constexpr int64_t kSumLanes = 16;
+
+struct TileSums {
+  float sum, ent;
+};
+
+TileSums tile_exp_sums(const float* x, int64_t n, float m, float t, bool entropy, Isa isa = best_isa());
+
 }  // namespace cpu
 }  // namespace ddpd
