@@ -20,8 +20,13 @@ through /proc/self/clear_refs) during one call, over the resident size before it
 tracemalloc does not see torch's buffers; RSS does, provided the call cannot reuse
 pages already resident: before that one call glibc hands its free heap pages back
 to the system (malloc_trim) and is told to mmap every allocation above 64 KiB
-(mallopt); afterwards it keeps buffers below 32 MiB in its heap again (its
-default steady state), so timings are unaffected.
+(mallopt); afterwards it keeps buffers below 32 MiB in its heap again, and up to 64 MiB of
+free heap at its top (the steady state of its default, dynamic thresholds), so timings are
+unaffected. (With the mmap threshold set and the trim threshold left at its initial 128 KiB,
+a buffer freed at the heap's top went back to the system after every call, and each call
+paid the page faults of a fresh one: torch's 64 x 50257 inverse CDF took 8 or 24 ms
+depending on what ran before it in the process, results/cpu-amd-epyc-2vcpu-2026-11-28-tile-
+sums-unsteady-malloc.txt.)
 """
 from __future__ import annotations
 
@@ -35,7 +40,7 @@ import torch
 from torch_draws import TORCH  # the prefix of the variants that are plain torch code for the same job
 
 THREADS = int(os.environ.get("DDPD_BENCH_THREADS", "1"))
-_M_MMAP_THRESHOLD = -3  # mallopt parameter number in glibc's malloc.h
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt parameter numbers in glibc's malloc.h
 _results: dict[str, dict[str, tuple[Optional[float], Optional[int]]]] = {}
 _versus_stats: dict = {}  # (group, name) -> pytest-benchmark stats, for `versus`
 _ours: dict[str, str] = {}  # group -> the name of ddpd's variant, where it is not "fused"
@@ -85,8 +90,9 @@ def peak_rss_growth(fn: Callable[[], object]) -> Optional[int]:
         before = _status_bytes("VmRSS")
         fn()
         return _status_bytes("VmHWM") - before
-    finally:
+    finally:  # glibc's steady state after large buffers: its dynamic thresholds at their top
         _glibc().mallopt(_M_MMAP_THRESHOLD, 32 * 1024 * 1024)
+        _glibc().mallopt(_M_TRIM_THRESHOLD, 64 * 1024 * 1024)
 
 
 @pytest.fixture
