@@ -7,8 +7,10 @@ token for token; compile, graphs and vmap."""
 import math
 import os
 import random
+import warnings
 
 import numpy as np
+
 import pytest
 import torch
 from hypothesis import Phase, given, settings
@@ -474,6 +476,17 @@ def test_compiled_calls_with_annealed_tensor_controls_do_not_recompile():
     floats = torch.compile(lambda x, t: sample_categorical(x, t, seed=1)[0], fullgraph=True, backend="aot_eager")
     for t in (1.0, 0.5, 0.0):
         assert torch.equal(floats(logits, t), sample_categorical(logits, t, seed=1)[0])
+
+
+def test_traced_calls_with_a_float_temperature_warn_of_nothing(monkeypatch):
+    """The usual call's controls come from a cache in eager calls; traced, check_controls
+    makes them without it (Dynamo warns where it traces through an lru_cache)."""
+    monkeypatch.setattr(torch._dynamo.utils, "warn_once_cache", set())  # Dynamo warns once a process
+    compiled = torch.compile(lambda x: sample_categorical(x, 0.7, seed=1)[0], fullgraph=True, backend="eager")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert torch.equal(compiled(torch.zeros(2, 30)), sample_categorical(torch.zeros(2, 30), 0.7, seed=1)[0])
+    assert not [str(w.message) for w in seen if "lru_cache" in str(w.message)]
 
 
 def test_compiled_calls_without_a_seed_draw_from_the_global_generator():

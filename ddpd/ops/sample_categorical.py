@@ -212,7 +212,9 @@ def check_controls(temperature, top_k, top_p, min_p, lead: tuple, like: torch.Te
     """Validate the sampling controls (numbers, or tensors of the leading shape)."""
     if type(temperature) is float and 0.0 < temperature <= MAX_TEMPERATURE and top_k is None and top_p is None \
             and min_p is None:
-        return usual_controls(temperature)  # the usual call, checked in one line (host cost)
+        # the usual call, checked in one line (host cost); traced, without the cache (Dynamo
+        # warns that it traces through an lru_cache)
+        return Controls(temperature=temperature) if torch.compiler.is_compiling() else usual_controls(temperature)
     c = {}
     if isinstance(temperature, torch.Tensor):
         t = per_row_tensor("temperature", temperature, lead, like, FLOATS)
