@@ -83,3 +83,15 @@ def test_no_document_or_help_text_names_a_file_users_do_not_have():
     for name, text in texts.items():
         assert "shared/data" not in text and "../shared" not in text, name
     assert "books" in texts["ddpd-train --help"]
+
+
+def test_every_results_file_a_document_quotes_is_committed():
+    """Performance numbers are quoted with the results file that holds them: each file named
+    (in full, or by the suffix after its device name, as in `-2026-11-28-host.txt`) exists."""
+    committed = [p.name for p in (ROOT / "benchmarks" / "results").iterdir()]
+    for path in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]:
+        text = path.read_text()
+        for name in re.findall(r"(?:cpu|nvidia)-[A-Za-z0-9-]+\.txt", text):
+            assert name in committed, f"{path.name} quotes {name}, which benchmarks/results does not hold"
+        for suffix in re.findall(r"`(-[A-Za-z0-9-]+\.txt)`", text):
+            assert any(n.endswith(suffix) for n in committed), f"{path.name} quotes {suffix}, which no results file ends with"
