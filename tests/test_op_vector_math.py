@@ -119,3 +119,40 @@ def test_tile_sums_are_the_same_float_sums_on_every_path(t):
     want = torch.stack([e.sum(1), torch.where(e > 0, e * y, 0.0).sum(1)], 1)
     assert torch.allclose(scalar.double(), want, rtol=1e-5, atol=1e-6)
     assert scalar[1, 0] == 256 and scalar[2, 0] == 1
+
+
+@pytest.mark.parametrize("fn", ["gumbel_race", "race"])
+@pytest.mark.parametrize("t", [1.0, 0.7])
+def test_the_gumbel_race_picks_the_first_largest_key_on_every_path(fn, t):
+    """The draw inside a tile: the first column of the largest shift(x, m, t) + G (without G in
+    the greedy race), as a loop over the columns picks it, on every path and at run lengths
+    around the vector widths; every key -inf picks column 0."""
+    g = torch.Generator().manual_seed(2)
+    x = 3 * torch.randn(40, 256, generator=g)
+    u = torch.rand(40, 256, generator=g).clamp_min(2.0**-24)
+    x[0, :] = -INF  # nothing drawable
+    x[1, ::2] = -INF
+    x[2, :] = x[2, 0]  # every key equal in the greedy race: the first wins
+    x[3, 17] = x[3, 200] = INF  # +inf ties
+    u[4, :] = u[4, 0]  # equal noise: ties wherever the logits tie
+    x[4, :] = 1.0
+    x[5, :] = 1.0  # equal logits, distinct noise
+    for n in (1, 3, 7, 8, 9, 16, 17, 33, 255, 256):
+        rows = torch.stack([x[:, :n], u[:, :n]], 1).contiguous()
+        m = rows[:, 0].amax(1, keepdim=True)
+        key = (rows[:, 0] - m) / t
+        key = torch.where(rows[:, 0] == m, 0.0, key)
+        key = torch.where(rows[:, 0] == -INF, -INF, key)
+        if fn == "gumbel_race":
+            noisy = key + vector_math(rows[:, 1].contiguous(), "gumbel", "scalar").view_as(key)
+            key = torch.where(key > -INF, noisy, key)
+        top = key.amax(1, keepdim=True)
+        first = torch.where(key == top, torch.arange(n), n).amin(1)
+        first = torch.where(top.squeeze(1) == -INF, 0, first)
+        want = torch.stack([first.float(), top.squeeze(1)], 1)
+        for isa in ("scalar", "avx2", "avx512", "best"):
+            try:
+                got = cpu_ops().vector_math_cpu(rows, fn, isa, t)
+            except ValueError:
+                continue  # a path this CPU lacks
+            assert torch.equal(got, want), (isa, n, (got != want).nonzero()[:3])

@@ -61,11 +61,16 @@ void select_rows(const at::Tensor& logits, const SelectArgs& a, int64_t* positio
         largest = std::max(largest, p[d]);
         top = std::max(top, base[d]);
       }
-      for_each_gumbel(u, 0, length, [&](int64_t d, float g) { gumbel[d] = g; });
       sum_p[r] = static_cast<float>(total);
       stop[r] = largest < a.eps;
       int64_t* chosen = positions + r * a.k;
-      gumbel_top_k(base, gumbel, top, a.softmax ? a.tau : 1.0f, a.k, keys, order, taken, chosen);
+      const float tau = a.softmax ? a.tau : 1.0f;
+      if (a.k == 1) {  // the Gumbel-max: gumbel_top_k's keys and choice, in one vector pass
+        chosen[0] = gumbel_race_row(base.data(), length, top, tau, &u, 0).index;
+      } else {
+        for_each_gumbel(u, 0, length, [&](int64_t d, float g) { gumbel[d] = g; });
+        gumbel_top_k(base, gumbel, top, tau, a.k, keys, order, taken, chosen);
+      }
       if (mask.x) {
         std::fill(forced.begin(), forced.end(), 0);
         // A pick of weight 0 (logit -inf or NaN: chosen only when fewer than k positions

@@ -288,23 +288,7 @@ inline int64_t race(const TileStats* stats, int64_t tiles, int64_t vocab, float 
 // Gumbel-max inside the winning tile: argmax_j shift(x_j, m, t) + G_j over its n
 // logits x (m their maximum; greedy: without G_j), the first on ties.
 inline int64_t draw_in_tile(const float* x, int64_t start, int64_t n, float t, bool greedy, const RowUniforms& u) {
-  const float m = tile_max(x, n);
-  int64_t best = 0;
-  float best_key = kNegInf;
-  const auto enter = [&](int64_t j, float g) {  // g: the token's Gumbel variable (unread for a greedy row)
-    float k = shift(x[j], m, t);
-    if (!greedy && k > kNegInf) k += g;
-    if (j == 0 || k > best_key) {
-      best_key = k;
-      best = j;
-    }
-  };
-  if (greedy) {
-    for (int64_t j = 0; j < n; ++j) enter(j, 0.0f);
-  } else {
-    for_each_gumbel(u, start, n, [&](int64_t column, float g) { enter(column - start, g); });
-  }
-  return start + best;
+  return start + gumbel_race_row(x, n, tile_max(x, n), t, greedy ? nullptr : &u, start).index;
 }
 
 inline int64_t n_tiles(int64_t vocab) { return (vocab + kTile - 1) / kTile; }

@@ -47,6 +47,20 @@ inline void for_each_uniform(const RowUniforms& u, int64_t first, int64_t n, F&&
   }
 }
 
+// gumbel_race (vector_math.h) over x[0, n) with the Gumbel variables of the row's columns
+// [first, first + n), or without noise where u is null (a greedy race), kUniformRun columns
+// at a time: the first x index of the largest key, and the key.
+inline RaceWinner gumbel_race_row(const float* x, int64_t n, float m, float t, const RowUniforms* u, int64_t first) {
+  float run[kUniformRun];
+  RaceWinner best{0, -__builtin_inff()};
+  for (int64_t i = 0; i < n; i += kUniformRun) {
+    const int64_t len = std::min(kUniformRun, n - i);
+    const RaceWinner w = gumbel_race(x + i, u ? u->run(first + i, len, run) : nullptr, len, m, t);
+    if (i == 0 || w.key > best.key) best = {i + w.index, w.key};
+  }
+  return best;
+}
+
 template <typename F>
 inline void for_each_gumbel(const RowUniforms& u, int64_t first, int64_t n, F&& f) {
   for_each_uniform<true>(u, first, n, std::forward<F>(f));

@@ -159,7 +159,45 @@ DDPD_INLINE TileSums exp_sums(const float* x, int64_t n, float m, float t, bool 
   return s;
 }
 
+// gumbel_race at width W: each lane keeps the first best key of the columns it sees (j = l
+// mod W, in order), then the lanes' best keys meet, the lowest column winning a tie.
+template <int W>
+DDPD_INLINE RaceWinner race(const float* x, const float* u, int64_t n, float m, float t) {
+  using f32 = typename Lanes<W>::f32;
+  using i32 = typename Lanes<W>::i32;
+  const f32 neg_inf = f32{} - __builtin_inff();
+  i32 lane;
+  for (int l = 0; l < W; ++l) lane[l] = l;
+  f32 best = neg_inf;
+  i32 at = i32{};
+  for (int64_t j = 0; j < n; j += W) {
+    f32 xv, uv;
+    if (j + W <= n) {
+      xv = load_lanes<W>(x + j);
+      if (u) uv = load_lanes<W>(u + j);
+    } else {  // the tail: -inf keys, which never win, beyond n
+      for (int l = 0; l < W; ++l) {
+        xv[l] = j + l < n ? x[j + l] : -__builtin_inff();
+        uv[l] = j + l < n && u ? u[j + l] : 0.5f;
+      }
+    }
+    f32 key = shift_lanes<W>(xv, m, t);
+    if (u) key = key > neg_inf ? key + apply_lanes<W, VectorFn::kGumbel>(uv) : key;
+    const i32 better = key > best;
+    best = better ? key : best;
+    at = better ? lane + static_cast<int32_t>(j) : at;
+  }
+  RaceWinner w{0, -__builtin_inff()};
+  for (int l = 0; l < W; ++l) {
+    if (best[l] > w.key || (best[l] == w.key && best[l] > -__builtin_inff() && at[l] < w.index)) {
+      w = {at[l], best[l]};
+    }
+  }
+  return w;
+}
+
 void apply_scalar(VectorFn fn, const float* x, int64_t n, float* out) { apply<4>(fn, x, n, out); }
+RaceWinner race_scalar(const float* x, const float* u, int64_t n, float m, float t) { return race<4>(x, u, n, m, t); }
 TileSums exp_sums_scalar(const float* x, int64_t n, float m, float t, bool entropy) {
   return exp_sums<4>(x, n, m, t, entropy);
 }
@@ -171,6 +209,15 @@ __attribute__((target("avx2"))) void apply_avx2(VectorFn fn, const float* x, int
 
 __attribute__((target("avx2"))) TileSums exp_sums_avx2(const float* x, int64_t n, float m, float t, bool entropy) {
   return exp_sums<8>(x, n, m, t, entropy);
+}
+
+__attribute__((target("avx2"))) RaceWinner race_avx2(const float* x, const float* u, int64_t n, float m, float t) {
+  return race<8>(x, u, n, m, t);
+}
+
+__attribute__((target("avx512f"))) RaceWinner race_avx512(const float* x, const float* u, int64_t n, float m,
+                                                           float t) {
+  return race<16>(x, u, n, m, t);
 }
 
 __attribute__((target("avx512f"))) void apply_avx512(VectorFn fn, const float* x, int64_t n, float* out) {
@@ -186,8 +233,9 @@ __attribute__((target("avx512f"))) TileSums exp_sums_avx512(const float* x, int6
 // ddpd::vector_math_cpu: fn ("log", "exp", "gumbel", "sigmoid", "log_sigmoid") of each
 // value of x (float32) by the path `isa`; or fn "tile_sums": tile_exp_sums of each row of x
 // [rows, n] (n a multiple of kSumLanes) at its maximum and temperature t, as [rows, 2] (sum,
-// entropy sum). For the tests that hold every path this CPU has to each other and to float64
-// torch.
+// entropy sum); or fn "gumbel_race" ("race": without noise): gumbel_race of each row of x
+// [rows, 2, n] (logits, uniforms) at its maximum and t, as [rows, 2] (index, key). For the
+// tests that hold every path this CPU has to each other and to float64 torch.
 at::Tensor vector_math_cpu(const at::Tensor& x, c10::string_view fn, c10::string_view isa, double t) {
   TORCH_CHECK(x.scalar_type() == at::kFloat, "x must be float32");
   const Isa path = require_isa(isa);
@@ -206,13 +254,28 @@ at::Tensor vector_math_cpu(const at::Tensor& x, c10::string_view fn, c10::string
     }
     return out;
   }
+  if (fn == "gumbel_race" || fn == "race") {
+    TORCH_CHECK(in.dim() == 3 && in.size(1) == 2, fn, ": x must be [rows, 2, n] (logits, uniforms)");
+    at::Tensor out = at::empty({in.size(0), 2}, in.options());
+    const int64_t n = in.size(2);
+    for (int64_t r = 0; r < in.size(0); ++r) {
+      const float* row = in.data_ptr<float>() + r * 2 * n;
+      float m = -__builtin_inff();
+      for (int64_t j = 0; j < n; ++j) m = row[j] > m ? row[j] : m;
+      const RaceWinner w = gumbel_race(row, fn == "race" ? nullptr : row + n, n, m, static_cast<float>(t), path);
+      out.data_ptr<float>()[2 * r] = static_cast<float>(w.index);
+      out.data_ptr<float>()[2 * r + 1] = w.key;
+    }
+    return out;
+  }
   VectorFn f;
   if (fn == "log") f = VectorFn::kLog;
   else if (fn == "exp") f = VectorFn::kExp;
   else if (fn == "gumbel") f = VectorFn::kGumbel;
   else if (fn == "sigmoid") f = VectorFn::kSigmoid;
   else if (fn == "log_sigmoid") f = VectorFn::kLogSigmoid;
-  else TORCH_CHECK_VALUE(false, "fn must be log, exp, gumbel, sigmoid, log_sigmoid or tile_sums, got ", fn);
+  else TORCH_CHECK_VALUE(false, "fn must be log, exp, gumbel, sigmoid, log_sigmoid, tile_sums, gumbel_race or race, got ",
+                         fn);
   at::Tensor out = at::empty_like(in);
   vector_math(f, in.data_ptr<float>(), in.numel(), out.data_ptr<float>(), path);
   return out;
@@ -227,6 +290,16 @@ TileSums tile_exp_sums(const float* x, int64_t n, float m, float t, bool entropy
     case Isa::kAvx2: return exp_sums_avx2(x, n, m, t, entropy);
 #endif
     default: return exp_sums_scalar(x, n, m, t, entropy);
+  }
+}
+
+RaceWinner gumbel_race(const float* x, const float* u, int64_t n, float m, float t, Isa isa) {
+  switch (isa) {
+#if defined(__x86_64__) || defined(__i386__)
+    case Isa::kAvx512: return race_avx512(x, u, n, m, t);
+    case Isa::kAvx2: return race_avx2(x, u, n, m, t);
+#endif
+    default: return race_scalar(x, u, n, m, t);
   }
 }
 

@@ -38,5 +38,17 @@ struct TileSums {
 
 TileSums tile_exp_sums(const float* x, int64_t n, float m, float t, bool entropy, Isa isa = best_isa());
 
+// The Gumbel-max race over x[0, n) (n < 2^31), the draw inside a tile
+// (sample_categorical.h draw_in_tile): the first j with the largest key, key_j = (x_j - m) /
+// t as tile_exp_sums shifts it, plus G_j = -log(-log u_j) (kGumbel) where that is not -inf and
+// u is given (null: a greedy race, no noise); j = 0 with key -inf where every key is -inf.
+// The keys are float32 sums as a scalar loop adds them: every path picks the same j.
+struct RaceWinner {
+  int64_t index;
+  float key;
+};
+
+RaceWinner gumbel_race(const float* x, const float* u, int64_t n, float m, float t, Isa isa = best_isa());
+
 }  // namespace cpu
 }  // namespace ddpd
