@@ -126,9 +126,12 @@ inline int64_t draw_mask(const float* p, const RowUniforms& u, const std::vector
                          const int64_t* x, int64_t mask_id, int64_t length, int64_t* masked, bool* z) {
   int64_t count = 0;
   for_each_uniform(u, 0, length, [&](int64_t d, float ud) {
-    const bool noise = forced[d] || ud < p[d];
+    // without branches (z is a coin flip a position, which a branch mispredicts half the
+    // time): the select as bit masks, which the compiler keeps
+    const bool noise = (forced[d] != 0) | (ud < p[d]);
+    const int64_t all = -static_cast<int64_t>(noise);
     z[d] = noise;
-    masked[d] = noise ? mask_id : x[d];
+    masked[d] = (mask_id & all) | (x[d] & ~all);
     count += noise;
   });
   return count;
