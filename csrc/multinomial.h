@@ -127,6 +127,44 @@ DDPD_HD int64_t remove_drawn(const value_t* chunk, int64_t n, double* sums, uint
   return j;
 }
 
+// The k draws of a row of one chunk (n <= kChunk): draw_index and remove_drawn with the
+// row's whole state in registers (its chunk sum is its only prefix sum), and its validity as
+// the CPU kernel decides it for every row: finite non-negative weights, a positive sum and,
+// without replacement, at least k positive weights (an invalid row draws index 0). The CPU
+// kernel draws such rows with it, and on a GPU one thread draws a row with it: the draws are
+// one sequential chain, which a warp and shared memory only slow down. uniform(d): the
+// uniform of draw d. Returns whether the row is valid.
+template <typename scalar_t, typename Uniform>
+DDPD_HD bool draw_short_row(const scalar_t* row, int64_t n, int64_t k, bool replacement, const Uniform& uniform,
+                            int64_t* index) {
+  double sum = 0.0;
+  bool negative = false;
+  int64_t positive = 0;
+  for (int i = 0; i < static_cast<int>(n); ++i) {  // chunk_sum_from's additions, and the checks
+    const scalar_t x = row[i];
+    sum += static_cast<double>(x);
+    negative |= x < 0;
+    positive += x > 0;
+  }
+  bool ok = !negative && sum > 0 && sum <= 1.7976931348623157e308;  // also rejects NaN
+  if (ok && !replacement && k > 1) ok = positive >= k;
+  uint64_t removed = 0;
+  double prefix = sum;
+  for (int64_t d = 0; d < k; ++d) {
+    if (!ok) {
+      index[d] = 0;
+      continue;
+    }
+    const Draw drawn = draw_index(row, n, &prefix, 1, replacement ? nullptr : &removed, uniform(d));
+    index[d] = drawn.index;
+    if (!replacement && d + 1 < k) {
+      remove_drawn(row, n, &sum, &removed, drawn);
+      prefix = sum;  // prefix_from with one chunk
+    }
+  }
+  return ok;
+}
+
 // Uniform in (0, 1) with 48 random bits for draw number `draw` of a row, from the
 // Philox words of columns 2 draw and 2 draw + 1: u = (a 2^24 + b + 1/2) 2^-48 with
 // a, b their top 24 bits (exact in double). 24 bits alone would give no token of a
@@ -137,7 +175,9 @@ DDPD_HD double draw_uniform(uint64_t seed, uint64_t offset, uint64_t row, int64_
   return (static_cast<double>(a) * 16777216.0 + static_cast<double>(b) + 0.5) * 0x1p-48;
 }
 
-// Launch configuration of the CUDA kernels. Rows of at most kInlineChunks chunks are
+// Launch configuration of the CUDA kernels. Rows of one chunk are drawn by one thread
+// each (draw_short_row), rows / multiprocessors rows a block (up to kMaxShortRowsPerBlock),
+// so that every row's chain starts at once. Rows of at most kInlineChunks chunks are
 // drawn by one warp each, eight rows per block, the warp summing its row's chunks
 // itself: one launch. Longer rows first have their chunk sums computed by a grid of
 // (rows, splits) blocks, enough for kBlocksPerSM blocks per multiprocessor, then drawn
@@ -145,19 +185,21 @@ DDPD_HD double draw_uniform(uint64_t seed, uint64_t offset, uint64_t row, int64_
 // the prefix sums left by the one before), so the draw pass has one warp per row and
 // is kept short: its state sits in shared memory and every loop over the weights reads
 // them coalesced.
-constexpr int64_t kInlineChunks = 32;     // rows of up to 32 x 64 weights: one warp, one launch
-constexpr int64_t kRowsPerDrawBlock = 8;  // warps (rows) per block of the inline draw kernel
-constexpr int64_t kSumThreads = 256;      // threads per chunk-sum block, one chunk each at a time
+constexpr int64_t kInlineChunks = 32;           // rows of up to 32 x 64 weights: one warp, one launch
+constexpr int64_t kMaxShortRowsPerBlock = 256;  // rows of one chunk: one thread a row
+constexpr int64_t kRowsPerDrawBlock = 8;        // warps (rows) per block of the inline draw kernel
+constexpr int64_t kSumThreads = 256;            // threads per chunk-sum block, one chunk each at a time
 constexpr int64_t kBlocksPerSM = 4;
 constexpr int64_t kSharedStateBytes = 48 * 1024;  // default shared memory limit of a block
 
 struct MultinomialLaunch {
-  bool inline_sums;      // one launch, the draw warps sum the chunks themselves
+  bool inline_sums;      // one launch, the draw warps (threads, for short_rows) sum the chunks themselves
   int64_t splits;        // chunk-sum blocks per row (0 when inline_sums)
   int64_t sum_blocks;    // blocks of the chunk-sum grid: rows x splits
   int64_t draw_blocks;   // blocks of the draw grid
   int64_t draw_threads;  // threads per draw block (32 per row)
   bool shared_state;     // the per-row state (sums, prefix sums, removed masks) fits in shared memory
+  bool short_rows;       // rows of one chunk: draw_short_row, one thread a row, draw_threads rows a block
 };
 
 // Bytes of one row's draw state: chunk sums, prefix sums, the staged chunk, and the
@@ -169,6 +211,15 @@ inline int64_t multinomial_state_bytes(int64_t n, bool replacement) {
 inline MultinomialLaunch multinomial_launch(int64_t rows, int64_t n, bool replacement, int64_t multiprocessors) {
   const int64_t m = num_chunks(n);
   MultinomialLaunch c{};
+  if (m == 1) {  // as many blocks as multiprocessors, or more: every row's chain starts at once
+    c.inline_sums = true;
+    c.short_rows = true;
+    const int64_t per_block = rows / (multiprocessors > 0 ? multiprocessors : 1);
+    c.draw_threads = per_block < 1 ? 1 : (per_block > kMaxShortRowsPerBlock ? kMaxShortRowsPerBlock : per_block);
+    c.draw_blocks = (rows + c.draw_threads - 1) / c.draw_threads;
+    c.shared_state = false;
+    return c;
+  }
   c.inline_sums = m <= kInlineChunks;
   if (c.inline_sums) {
     c.splits = 0;

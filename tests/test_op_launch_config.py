@@ -68,13 +68,21 @@ def test_sample_from_hidden_grids_fill_the_device(rows, width, vocab, element_si
 
 
 @pytest.mark.parametrize("rows,n,replacement", [(64, GPT2, False), (64, GPT2, True), (512, GPT2, False),
-                                                (4096, 27, False), (64, LLAMA3, False), (1, GPT2, True)])
+                                                (4096, 27, False), (64, LLAMA3, False), (1, GPT2, True),
+                                                (64, 27, True), (2**24, 64, False), (7, 65, False)])
 def test_multinomial_grids_fill_the_device(rows, n, replacement):
     _ext.load()
-    inline, splits, sum_blocks, draw_blocks, draw_threads, shared = torch.ops.ddpd.multinomial_launch(
+    inline, splits, sum_blocks, draw_blocks, draw_threads, shared, short = torch.ops.ddpd.multinomial_launch(
         rows, n, replacement, SMS)
     chunks = -(-n // 64)
-    if inline:  # short rows: eight rows per block, one launch
+    assert bool(short) == (chunks == 1)
+    if short:  # rows of one chunk: a thread a row, one launch
+        assert inline and 1 <= draw_threads <= 256 and draw_blocks == -(-rows // draw_threads)
+        # a row's draws are one chain in one thread: fewer rows than multiprocessors cannot use
+        # them all, and then each row gets one to itself
+        assert draw_blocks >= min(rows, SMS)
+        streaming = max(draw_blocks, SMS) if rows < SMS else draw_blocks
+    elif inline:  # rows of up to 32 chunks: eight rows per block, one launch
         assert chunks <= 32 and draw_threads == 256 and draw_blocks == -(-rows // 8)
         streaming = draw_blocks
     else:

@@ -3,7 +3,8 @@
 // inverse CDF of
 // csrc/multinomial.h, with replacement or without (sequential draws, each drawn
 // weight set to zero: the successive-sampling law of torch.multinomial(replacement=False)).
-// One pass per row builds the chunk prefix sums, then the k draws; rows are spread
+// One pass per row builds the chunk prefix sums, then the k draws (a row of one chunk:
+// draw_short_row, the state in registers, as a CUDA thread draws it); rows are spread
 // over threads with at::parallel_for (OpenMP). Python wrapper: ddpd/ops/multinomial.py.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
@@ -84,6 +85,10 @@ void sample_rows(const scalar_t* w, int64_t rows, int64_t n, int64_t k, bool rep
     for (int64_t r = first; r < last; ++r) {
       const scalar_t* row = w + r * n;
       int64_t* idx = out + r * k;
+      if (m == 1) {
+        valid[r] = draw_short_row(row, n, k, replacement, [&](int64_t d) { return uniform(r, d); }, idx);
+        continue;
+      }
       const bool negative = build_prefix(row, n, sums.data(), prefix.data());
       const double total = prefix[m - 1];
       bool ok = !negative && total > 0 && total <= 1.7976931348623157e308;  // also rejects NaN
@@ -159,10 +164,10 @@ std::tuple<at::Tensor, at::Tensor> multinomial_kernel(const at::Tensor& weights,
 
 // The CUDA launch configuration for a device of `multiprocessors` SMs, computed by
 // the code the CUDA launcher runs (any build can report it):
-// [inline_sums, splits, sum_blocks, draw_blocks, draw_threads, shared_state].
+// [inline_sums, splits, sum_blocks, draw_blocks, draw_threads, shared_state, short_rows].
 std::vector<int64_t> multinomial_launch_config(int64_t rows, int64_t n, bool replacement, int64_t multiprocessors) {
   const MultinomialLaunch c = multinomial_launch(rows, n, replacement, multiprocessors);
-  return {c.inline_sums, c.splits, c.sum_blocks, c.draw_blocks, c.draw_threads, c.shared_state};
+  return {c.inline_sums, c.splits, c.sum_blocks, c.draw_blocks, c.draw_threads, c.shared_state, c.short_rows};
 }
 
 }  // namespace

@@ -20,7 +20,10 @@
 //   draw's walk made up to the removed weight (csrc/multinomial.h remove_drawn): the
 //   same additions, about half of them. For short rows (at most
 //   kInlineChunks chunks) the warp sums the chunks itself and the first kernel is
-//   not launched.
+//   not launched;
+// - short_rows_kernel, rows of one chunk (n <= kChunk: text8's alphabet, DNA, amino
+//   acids): one thread a row runs draw_short_row, the CPU kernel's code for such rows,
+//   its state in registers; a warp would have one lane walk the chain while the others wait.
 #include <cfloat>
 #include <cstdint>
 
@@ -228,6 +231,32 @@ __global__ void draw_kernel(const scalar_t* __restrict__ weights, int64_t rows, 
   }
 }
 
+// The uniform of draw d of row r: given, or from the row's Philox stream.
+struct RowUniform {
+  const double* uniforms;
+  int64_t k, r;
+  uint64_t seed, offset, row_id;
+  __device__ double operator()(int64_t d) const {
+    return uniforms != nullptr ? uniforms[r * k + d] : draw_uniform(seed, offset, row_id, d);
+  }
+};
+
+// One thread a row of one chunk, blockDim.x rows a block.
+template <typename scalar_t>
+__global__ void short_rows_kernel(const scalar_t* __restrict__ weights, int64_t rows, int64_t n, int64_t k,
+                                  bool replacement, const double* __restrict__ uniforms, uint64_t seed,
+                                  uint64_t offset, const int64_t* __restrict__ seed_ptr,
+                                  const int64_t* __restrict__ offset_ptr, const int64_t* __restrict__ row_ids,
+                                  int64_t* __restrict__ out, bool* __restrict__ valid) {
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (r >= rows) return;
+  // Tensor seeds and offsets are read here, at run time (a CUDA graph replays with their values then).
+  if (seed_ptr != nullptr) seed = static_cast<uint64_t>(*seed_ptr);
+  if (offset_ptr != nullptr) offset = static_cast<uint64_t>(*offset_ptr);
+  const RowUniform uniform{uniforms, k, r, seed, offset, row_ids != nullptr ? static_cast<uint64_t>(row_ids[r]) : 0};
+  valid[r] = draw_short_row(weights + r * n, n, k, replacement, uniform, out + r * k);
+}
+
 }  // namespace
 
 int64_t multinomial_scratch_doubles(int64_t rows, int64_t n, bool replacement, int64_t multiprocessors) {
@@ -249,6 +278,12 @@ cudaError_t launch_multinomial(const scalar_t* weights, int64_t rows, int64_t n,
   const MultinomialLaunch c = multinomial_launch(rows, n, replacement, multiprocessors);
   const int64_t m = num_chunks(n);
   const size_t state_bytes = static_cast<size_t>(multinomial_state_bytes(n, replacement));
+  if (c.short_rows) {
+    short_rows_kernel<scalar_t><<<static_cast<unsigned>(c.draw_blocks), static_cast<unsigned>(c.draw_threads), 0,
+                                  stream>>>(weights, rows, n, k, replacement, uniforms, seed, offset, seed_ptr,
+                                            offset_ptr, row_ids, out, valid);
+    return cudaGetLastError();
+  }
   if (c.inline_sums) {
     draw_kernel<scalar_t, true, true><<<static_cast<unsigned>(c.draw_blocks), static_cast<unsigned>(c.draw_threads),
                                         state_bytes * kRowsPerDrawBlock, stream>>>(
