@@ -91,21 +91,35 @@ __device__ __forceinline__ void stage_chunk(const scalar_t* row, int64_t begin, 
   __syncwarp();
 }
 
-// prefix[c] = P_c for c >= first given P_{first-1} in place (csrc/chunked_cdf.h's
-// prefix_from), lane 0 only, the sums read eight at a time so the shared-memory
-// latency is paid once per eight dependent additions.
+// prefix[c] = P_c for c >= first given P_{first-1} in place (csrc/multinomial.h's
+// prefix_from, the same additions in the same order), lane 0 only. The sums are read eight
+// at a time, each batch loaded while the batch before it is added: the loads cannot move
+// above the stores of the prefix sums before them (the compiler cannot tell the two arrays
+// apart), so loaded in turn, every batch paid the shared-memory latency on the chain.
 __device__ __forceinline__ void prefix_batched(const double* sums, double* prefix, int64_t first, int64_t m) {
   double acc = first > 0 ? prefix[first - 1] + sums[first] : sums[first];
   prefix[first] = acc;
   int64_t c = first + 1;
-  for (; c + 8 <= m; c += 8) {
-    double s[8];
+  double s[8];
+  if (c + 8 <= m) {
 #pragma unroll
     for (int i = 0; i < 8; ++i) s[i] = sums[c + i];
+  }
+  for (; c + 8 <= m; c += 8) {
+    double next[8];
+    const bool more = c + 16 <= m;
+    if (more) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) next[i] = sums[c + 8 + i];
+    }
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       acc += s[i];
       prefix[c + i] = acc;
+    }
+    if (more) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) s[i] = next[i];
     }
   }
   for (; c < m; ++c) {
