@@ -354,7 +354,9 @@ def test_cuda_matches_cpu_exactly(replacement):
     assert torch.equal(gpu.cpu(), cpu)
     u = torch.rand(64, dtype=torch.float64)
     assert torch.equal(categorical_from_weights(w.cuda(), u.cuda()).cpu(), categorical_from_weights(w, u))
-    bad = bad_rows()  # one draw of its random rows for both devices
+    short = w[:, 10:37].contiguous()  # rows of one chunk: a thread a row
+    assert torch.equal(categorical_from_weights(short.cuda(), u.cuda()).cpu(), categorical_from_weights(short, u))
+    bad = bad_rows()  # one draw of its random rows for both devices (rows of one chunk)
     index, valid = multinomial(bad.cuda(), 2, replacement, seed=1, return_valid=True)
     ref_index, ref_valid = multinomial(bad, 2, replacement, seed=1, return_valid=True)
     assert torch.equal(index.cpu(), ref_index) and torch.equal(valid.cpu(), ref_valid)
