@@ -94,4 +94,5 @@ def test_every_results_file_a_document_quotes_is_committed():
         for name in re.findall(r"(?:cpu|nvidia)-[A-Za-z0-9-]+\.txt", text):
             assert name in committed, f"{path.name} quotes {name}, which benchmarks/results does not hold"
         for suffix in re.findall(r"`(-[A-Za-z0-9-]+\.txt)`", text):
-            assert any(n.endswith(suffix) for n in committed), f"{path.name} quotes {suffix}, which no results file ends with"
+            assert any(n.endswith(suffix) for n in committed), \
+                f"{path.name} quotes {suffix}, which no results file ends with"
