@@ -130,24 +130,34 @@ DDPD_HD int64_t remove_drawn(const value_t* chunk, int64_t n, double* sums, uint
 // The k draws of a row of one chunk (n <= kChunk): draw_index and remove_drawn with the
 // row's whole state in registers (its chunk sum is its only prefix sum), and its validity as
 // the CPU kernel decides it for every row: finite non-negative weights, a positive sum and,
-// without replacement, at least k positive weights (an invalid row draws index 0). The CPU
-// kernel draws such rows with it, and on a GPU one thread draws a row with it: the draws are
-// one sequential chain, which a warp and shared memory only slow down. uniform(d): the
-// uniform of draw d. Returns whether the row is valid.
-template <typename scalar_t, typename Uniform>
-DDPD_HD bool draw_short_row(const scalar_t* row, int64_t n, int64_t k, bool replacement, const Uniform& uniform,
-                            int64_t* index) {
+// without replacement, at least k positive weights (an invalid row draws index 0). On a GPU
+// one thread draws a row with it: the draws are one sequential chain, which a warp and
+// shared memory only slow down. The CPU kernel draws such rows a few at a time in vector
+// lanes by the same additions (csrc/cpu/multinomial.cpp draw_lanes), and the rows left over
+// with it. uniform(d): the uniform of draw d. Returns whether the row is valid.
+// The sum of a row of one chunk (chunk_sum_from's additions) and, in *ok, whether the row
+// is valid (draw_short_row says when).
+template <typename scalar_t>
+DDPD_HD double short_row_sum(const scalar_t* row, int64_t n, int64_t k, bool replacement, bool* ok) {
   double sum = 0.0;
   bool negative = false;
   int64_t positive = 0;
-  for (int i = 0; i < static_cast<int>(n); ++i) {  // chunk_sum_from's additions, and the checks
+  for (int i = 0; i < static_cast<int>(n); ++i) {
     const scalar_t x = row[i];
     sum += static_cast<double>(x);
     negative |= x < 0;
     positive += x > 0;
   }
-  bool ok = !negative && sum > 0 && sum <= 1.7976931348623157e308;  // also rejects NaN
-  if (ok && !replacement && k > 1) ok = positive >= k;
+  *ok = !negative && sum > 0 && sum <= 1.7976931348623157e308;  // also rejects NaN
+  if (*ok && !replacement && k > 1) *ok = positive >= k;
+  return sum;
+}
+
+template <typename scalar_t, typename Uniform>
+DDPD_HD bool draw_short_row(const scalar_t* row, int64_t n, int64_t k, bool replacement, const Uniform& uniform,
+                            int64_t* index) {
+  bool ok;
+  double sum = short_row_sum(row, n, k, replacement, &ok);
   uint64_t removed = 0;
   double prefix = sum;
   for (int64_t d = 0; d < k; ++d) {
@@ -169,10 +179,14 @@ DDPD_HD bool draw_short_row(const scalar_t* row, int64_t n, int64_t k, bool repl
 // Philox words of columns 2 draw and 2 draw + 1: u = (a 2^24 + b + 1/2) 2^-48 with
 // a, b their top 24 bits (exact in double). 24 bits alone would give no token of a
 // large vocabulary a probability below 2^-24.
-DDPD_HD double draw_uniform(uint64_t seed, uint64_t offset, uint64_t row, int64_t draw) {
-  const uint32_t a = philox_word(seed, offset, row, static_cast<uint64_t>(2 * draw)) >> 8;
-  const uint32_t b = philox_word(seed, offset, row, static_cast<uint64_t>(2 * draw + 1)) >> 8;
+DDPD_HD double uniform_of_words(uint32_t word_a, uint32_t word_b) {
+  const uint32_t a = word_a >> 8, b = word_b >> 8;
   return (static_cast<double>(a) * 16777216.0 + static_cast<double>(b) + 0.5) * 0x1p-48;
+}
+
+DDPD_HD double draw_uniform(uint64_t seed, uint64_t offset, uint64_t row, int64_t draw) {
+  return uniform_of_words(philox_word(seed, offset, row, static_cast<uint64_t>(2 * draw)),
+                          philox_word(seed, offset, row, static_cast<uint64_t>(2 * draw + 1)));
 }
 
 // Launch configuration of the CUDA kernels. Rows of one chunk are drawn by one thread

@@ -103,6 +103,35 @@ def test_multinomial_matches_reference_with_noise(replacement):
     assert torch.equal(fast[:, 0], categorical_from_weights(w, noise[:, 0]))
 
 
+@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512", "best"])
+@pytest.mark.parametrize("replacement", [True, False])
+def test_every_lanes_path_draws_rows_of_one_chunk_as_the_reference(isa, replacement):
+    """Rows of at most 64 weights are drawn a few rows at a time in vector lanes, each draw's
+    walk and the sum rebuilt after its removal in one pass over every weight: each path this
+    CPU has finds the reference's indices, for row counts that leave some rows to the scalar
+    code, invalid rows among valid ones, zero weights, ties and the edges of [0, 1)."""
+    from ddpd.ops._dispatch import cpu_ops
+
+    for n, k in [(1, 1), (2, 2), (3, 1), (10, 2), (27, 16), (63, 5), (64, 64)]:
+        w = peaked_weights(37, n, n + k)
+        if not replacement:
+            w[:, :k] = 1
+        w[3, :] = w[3, 0]  # every weight equal
+        w[5, n // 2] = -1e-3  # invalid rows: a negative weight, a NaN
+        w[8, 0] = float("nan")
+        noise = torch.rand(37, k, generator=torch.Generator().manual_seed(n), dtype=torch.float64)
+        noise[0] = 0.0
+        noise[1] = 1.0 - 2**-53
+        try:
+            index, valid = cpu_ops().multinomial_lanes_cpu(w, k, replacement, noise, isa)
+        except ValueError as error:
+            assert f"no path '{isa}'" in str(error)
+            pytest.skip(f"this CPU has no {isa} path")
+        want, want_valid = multinomial_reference(w, k, replacement, noise=noise, return_valid=True)
+        assert torch.equal(valid, want_valid) and not valid[5] and not valid[8], (n, k)
+        assert torch.equal(index, want), (n, k, (index != want).nonzero()[:3])
+
+
 def test_philox_uniforms_feed_the_same_draws_as_explicit_noise():
     w = peaked_weights(20, 300, 4)
     ids = torch.arange(100, 120)

@@ -8,7 +8,7 @@ import torch
 from ddpd.ops._dispatch import cpu_ops
 from ddpd.ops.multinomial import draw_uniforms, multinomial, multinomial_reference
 from ddpd.ops.planner_select import planner_select, planner_select_reference
-from ddpd.ops.rng import as_int64, philox_uniform
+from ddpd.ops.rng import as_int64, philox_uniform, philox_words
 from ddpd.ops.sample_categorical import noise_width, sample_categorical, sample_categorical_reference
 from ddpd.ops.sample_from_hidden import sample_from_hidden
 
@@ -101,7 +101,8 @@ def test_split32_gives_the_int32_words_of_the_uint64_bits():
 def test_every_vector_path_of_the_cpu_kernels_computes_the_reference_uniforms(isa):
     """The C++ kernels compute a row's uniforms a run of columns at a time, 16 or 8 columns at
     once where the CPU has AVX-512 or AVX2 (csrc/cpu/uniforms.cpp): each path this CPU has
-    gives the reference's bits, for runs around the vector widths starting at any column,
+    gives the reference's bits (the uniforms, and the words multinomial's draws read), for runs
+    around the vector widths starting at any column,
     columns up to 2**32 - 1, 64-bit row ids, and seeds and offsets with both words set."""
     ops = cpu_ops()
     rows = torch.cat([LOW_ROWS, torch.tensor([2**32 + 3, -1])])
@@ -114,3 +115,5 @@ def test_every_vector_path_of_the_cpu_kernels_computes_the_reference_uniforms(is
                 assert f"no path '{isa}'" in str(error)
                 pytest.skip(f"this CPU has no {isa} path")
             assert torch.equal(got, philox_uniform(seed, offset, rows, torch.arange(first, first + n))), (first, n)
+            words = ops.philox_uniforms_cpu(as_int64(seed), as_int64(offset), rows, first, n, isa, True)
+            assert torch.equal(words, philox_words(seed, offset, rows, torch.arange(first, first + n))), (first, n)

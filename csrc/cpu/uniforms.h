@@ -16,6 +16,9 @@ namespace cpu {
 // out[i] = philox_uniform(seed, offset, row, first + i) for i in [0, n), bit for bit.
 void philox_uniforms(uint64_t seed, uint64_t offset, uint64_t row, uint64_t first, int64_t n, float* out);
 
+// out[i] = philox_word(seed, offset, row, first + i) for i in [0, n) (the draws of multinomial).
+void philox_words(uint64_t seed, uint64_t offset, uint64_t row, uint64_t first, int64_t n, uint32_t* out);
+
 // Where a row's uniforms come from: a row of explicit noise, or the row's stream.
 struct RowUniforms {
   const float* noise = nullptr;  // one row of explicit noise, or null
