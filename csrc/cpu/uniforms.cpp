@@ -1,10 +1,11 @@
 // philox_uniforms and philox_words (uniforms.h): the Philox4x32-10 of csrc/rng.h for a run
 // of columns of one row, 16 or 8 columns at once where the CPU has AVX-512 or AVX2 (isa.h),
-// else one at a time; the float32 uniforms of the columns, or (kWords) their first words. Only a lane's counter word c0 (its column) differs, so
-// the lanes start from one counter and one key. A lane's 32 x 32-bit product is the same
-// 64-bit product in a vector as in scalar code, and its uniform the same float32 operations
-// (an exact conversion, one addition, one exact multiplication): the same bits as
-// philox_uniform, column for column (tests/test_op_rng.py compares them).
+// else one at a time; the float32 uniforms of the columns, or (kWords) their first words.
+// Only a lane's counter word c0 (its column) differs, so the lanes start from one counter
+// and one key. A lane's 32 x 32-bit product is the same 64-bit product in a vector as in
+// scalar code, and its uniform the same float32 operations (an exact conversion, one
+// addition, one exact multiplication): the same bits as philox_word and philox_uniform,
+// column for column (tests/test_op_rng.py compares them).
 #include "uniforms.h"
 
 #include <ATen/core/Tensor.h>

@@ -22,8 +22,9 @@
 //   kInlineChunks chunks) the warp sums the chunks itself and the first kernel is
 //   not launched;
 // - short_rows_kernel, rows of one chunk (n <= kChunk: text8's alphabet, DNA, amino
-//   acids): one thread a row runs draw_short_row, the CPU kernel's code for such rows,
-//   its state in registers; a warp would have one lane walk the chain while the others wait.
+//   acids): one thread a row runs draw_short_row (csrc/multinomial.h, which the CPU kernel
+//   runs for the rows its vector lanes leave over), its state in registers; a warp would
+//   have one lane walk the chain while the others wait.
 #include <cfloat>
 #include <cstdint>
 
