@@ -561,6 +561,32 @@ def test_networks_that_return_nan_are_warned_about_once(ckpts, tmp_path, capsys,
                         "or check their weights"], err
 
 
+CLOSED_GROUP_WORKER = """
+import weakref
+import torch.distributed as dist
+from ddpd.training.distributed import Distributed
+group = Distributed("cpu")
+import torch.distributed.nn.functional  # as torch._dynamo does, which building a network loads
+world = weakref.ref(dist.group.WORLD)
+group.all_gather(group.rank)
+group.close()
+assert world() is None, "the process group outlived close()"
+"""
+
+
+def test_a_closed_group_leaves_no_gloo_thread_to_the_interpreter_exit(tmp_path):
+    """torch.distributed.nn.functional keeps group.WORLD as default arguments: first imported
+    after the group was made, it kept the group, and gloo's threads, alive past close(), until
+    the interpreter's finalization, where a worker taking the GIL aborted the process ("terminate
+    called without an active exception", 1 torchrun of the test above in ~30)."""
+    script = tmp_path / "worker.py"
+    script.write_text(CLOSED_GROUP_WORKER)
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
+                           str(script)], capture_output=True, text=True, timeout=HANG_GUARD_SECONDS,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr
+
+
 def test_models_that_do_not_belong_together_are_named(ckpts, tmp_path, capsys):
     model, config = _model("uniform-denoiser", 2)
     save_checkpoint(str(tmp_path / "cosine"), model, {**config, "schedule": "cosine"})
