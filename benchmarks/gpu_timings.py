@@ -338,7 +338,13 @@ def time_head_configs(bench: Bench, rows: int, width: int, vocab: int, dtype: to
     weight = randn(vocab, width, scale=2 / width**0.5, seed=2, dtype=dtype, device=bench.device)
     default, default_pdl = module.head_launch, module.PDL
     sms = torch.cuda.get_device_properties(bench.device).multi_processor_count if bench.cuda else 4
-    chosen = default(rows, width, vocab, weight.element_size(), sms)
+    default_recompute = module.RECOMPUTE
+
+    def blocks(recompute: bool) -> tuple:
+        """head_launch's (block rows, warps, stages) with or without recompute."""
+        launch = default(rows, width, vocab, weight.element_size(), sms, recompute=recompute)
+        return launch.block_n, launch.num_warps, launch.num_stages
+
     # four stages: more of W in flight (the H = 4096 head reads W at 1.8x one read; 144 KB of
     # shared memory at 32 rows, within sm_90's 227); pdl: programmatic dependent launch
     # (module.PDL, where the device has it) of head_launch's choice
@@ -350,11 +356,10 @@ def time_head_configs(bench: Bench, rows: int, width: int, vocab: int, dtype: to
     # one program, so each tile of W is read once where blocks of 16 rows read it four times
     # (through L2); compiled for sm_90 at N 64, H 768 with 8 warps: 139 registers, no spill
     # (results/cpu-sm90-binaries-2026-11-27-head-blocks.txt)
-    mine = (chosen.block_n, chosen.num_warps, chosen.num_stages)
-    configs = [(*mine, False, False), (16, 4, 3, False, False), (32, 8, 3, False, False), (*mine, True, False),
-               (*mine, False, True), (*mine, True, True), (16, 4, 3, False, True), (16, 8, 3, False, True),
+    plain, fast, mine = blocks(False), blocks(True), blocks(default_recompute)
+    configs = [(*plain, False, False), (16, 4, 3, False, False), (32, 8, 3, False, False), (*plain, True, False),
+               (*fast, False, True), (*fast, True, True), (16, 4, 3, False, True), (16, 8, 3, False, True),
                (32, 8, 3, False, True), (32, 4, 3, False, True), (64, 8, 3, False, True), (64, 8, 4, False, True)]
-    default_recompute = module.RECOMPUTE
     for block_n, warps, stages, pdl, recompute in dict.fromkeys(configs):
         def launch(*args_, block_n=block_n, warps=warps, stages=stages, pdl=False, recompute=False):
             chosen = default(*args_)

@@ -3,11 +3,10 @@ Compute to read its hardware counters (memory throughput against the device's pe
 occupancy, where the warps stall):
 
 - sample_categorical at 64 and 1024 rows of GPT-2's vocabulary, bf16: the draw runs
-  at 5-11x one read of the logits (benchmarks/results/nvidia-h200-2026-11-27-4.txt);
+  at 8.6x and 2.4x one read of the logits (benchmarks/results/nvidia-h200-2026-11-28.txt);
 - the same 64 rows with top_p = 0.9 at temperature 0.8: the threshold search;
-- sample_from_hidden at N 64, H 4096, V 128256, bf16: 1.8x one read of W; and the same
-  with ddpd.ops.sample_from_hidden.RECOMPUTE on (off by default), whose GEMM keeps half
-  the registers (benchmarks/results/cpu-sm90-binaries-2026-11-27-head.txt).
+- sample_from_hidden at N 64, H 4096, V 128256, bf16: 1.23x one read of W
+  (benchmarks/results/nvidia-h200-2026-11-28-2-recompute.txt).
 
     python benchmarks/kernel_profile.py --ncu
 
@@ -31,7 +30,6 @@ import torch
 
 from ddpd.ops.sample_categorical import sample_categorical
 from ddpd.ops.sample_from_hidden import sample_from_hidden
-from kernel_binaries import switched
 
 GPT2, LLAMA3 = 50257, 128256
 
@@ -54,8 +52,6 @@ def cases(device: str, small: bool) -> dict[str, Callable[[], object]]:
                                                                                        seed=1, offset=2),
         f"sample_from_hidden {rows64} x {width} -> {big_vocab}": lambda: sample_from_hidden(hidden, weight, None,
                                                                                           seed=1, offset=2),
-        f"sample_from_hidden RECOMPUTE {rows64} x {width} -> {big_vocab}": switched(
-            "sample_from_hidden", "RECOMPUTE", lambda: sample_from_hidden(hidden, weight, None, seed=1, offset=2)),
     }
 
 

@@ -150,9 +150,11 @@ PDL = False
 # the winning tile's logits again (one TILE x H tile of W a row) and draws there: the same
 # stream columns, so the same draws up to the rounding of the logits. Its epilogue then
 # computes the statistics with the tile statistics kernel's fewer instructions (exp2, plain
-# subtraction, no division at temperature 1). Off until a GPU run has timed it (the head
-# launch sweep of benchmarks/gpu_timings.py times both).
-RECOMPUTE = False
+# subtraction, no division at temperature 1), and its lighter epilogue affords wider row
+# blocks (head_launch). On: in the head launch sweep of an H200 run
+# (benchmarks/results/nvidia-h200-2026-11-28.txt) it took 64 x 768 -> 50257 from 87 to 51 us,
+# 64 x 4096 -> 128256 from 384 to 324 us and 64 x 256 -> 50257 float32 from 101 to 63 us.
+RECOMPUTE = True
 
 
 @functools.lru_cache(maxsize=256)  # a per-call cost otherwise; a sampler calls it with few shapes
@@ -182,11 +184,22 @@ def head_launch(rows: int, width: int, vocab: int, element_size: int, multiproce
     (nvidia-h200-2026-11-27-5.txt, -6-launch-sweeps.txt), at 48 bytes of stack (none now at
     temperature 1, whose epilogue has no divisions).
     pdl: launch with programmatic dependent launch (the launcher passes PDL on devices that
-    have it); recompute: RECOMPUTE's way of drawing inside the winning tile."""
+    have it); recompute: RECOMPUTE's way of drawing inside the winning tile, whose epilogue
+    keeps only tile statistics and so affords wider row blocks: 64 rows with 8 warps for wide
+    rows and float32 operands, else 32 with 4 warps at few rows (8 beyond), never wider than
+    the rows (at least 16, the dot's least N) nor so wide that fewer (row block, tile) pairs
+    than multiprocessors are left. Best of the H200 sweep of
+    nvidia-h200-2026-11-28.txt at 64 rows: 324 against 359 us (32 rows) at H = 4096, 51
+    against 64 us (16 rows) at H = 768, 63 against 77 us (32 rows) for float32 at H = 256."""
     tiles = n_tiles(vocab)
     few_rows = rows <= 64 or -(-rows // 32) * tiles < multiprocessors
     wide = element_size <= 2 and width >= WIDE_H
-    if not few_rows or wide:
+    if recompute:
+        block_n, num_warps = (64, 8) if wide or element_size > 2 else (32, 4 if few_rows else 8)
+        block_n = min(block_n, max(16, 1 << (rows - 1).bit_length()))  # no block wider than the rows
+        while block_n > 16 and -(-rows // block_n) * tiles < multiprocessors:  # nor so wide the device idles
+            block_n //= 2
+    elif not few_rows or wide:
         block_n, num_warps = 32, 8
     else:
         block_n, num_warps = 16, 4 if element_size <= 2 else 8
