@@ -15,6 +15,16 @@ from typing import List, Optional
 
 import torch
 import torch.distributed as dist
+# torch.distributed.nn.functional takes group.WORLD as a default argument of its ten functions,
+# read when it is first imported; torch imports it lazily (with torch._dynamo, which building a
+# network or --fused loads), so after Distributed made its group. Those defaults then keep the
+# group alive past destroy_process_group, and with it gloo's worker and transport threads, until
+# the interpreter's finalization frees it: a thread that takes the GIL then (a worker letting go
+# of the last collective's tensors) is ended by Python inside C++, and the process aborts
+# ("terminate called without an active exception") after its work was done, 1 run in ~30 of a
+# loaded CI. Imported here, before any group exists, the defaults are None, and close() joins
+# the threads while the interpreter is whole.
+import torch.distributed.nn.functional  # noqa: F401
 
 from ddpd.validation import check_device
 
@@ -110,17 +120,6 @@ class Distributed:
         if self.world_size > 1 and not dist.is_initialized():
             if self.device.type == "cuda":
                 torch.cuda.set_device(self.device)
-            # torch.distributed.nn.functional takes group.WORLD as a default argument of its ten
-            # functions, read when it is first imported; torch imports it lazily (with
-            # torch._dynamo, which building a network or --fused loads), so after this group
-            # exists. Those defaults then keep the group alive past destroy_process_group, and
-            # with it gloo's worker and transport threads, until the interpreter's finalization
-            # frees it: a thread that takes the GIL then (a worker letting go of the last
-            # collective's tensors) is ended by Python inside C++, and the process aborts
-            # ("terminate called without an active exception") after its work was done, 1 run
-            # in ~30 of a loaded CI. Imported first, the defaults are None, and close() joins
-            # the threads while the interpreter is whole.
-            import torch.distributed.nn.functional  # noqa: F401
             dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
             self.owns_group = True
 
