@@ -39,6 +39,9 @@
 # `--only PARTS` runs the build and then only the named parts (a comma list of tests,
 # timings, host, sampling, profile), for a rerun that fits what is left of a device lease; the
 # results file's second line records the command.
+# `--tree-hash` prints a hash of the sources (ddpd/, kernels/, csrc/, benchmarks/, tests/;
+# Python, C++, CUDA and shell files) and exits: a results file names its commit and this hash,
+# which tells which checkout ran where the copy's .git is not the checkout's.
 # `benchmarks/gpu_check.sh --dry-run` needs no GPU: it prints the commands of steps
 # 1-2 and runs steps 3-5 on CPU tensors of tiny shapes with a wall-clock timer and
 # no time limits (tests/test_gpu_check_script.py runs it in CI), writing to
@@ -49,8 +52,13 @@ PY=${PYTHON:-python3}
 BUDGET=${DDPD_GPU_BUDGET_S:-480}
 export PYTHONUNBUFFERED=1
 DRY_RUN=0
+# tree_hash: the first 12 hex digits of a hash of every source file's path and contents
+tree_hash() {
+    find ddpd kernels csrc benchmarks tests -type f \( -name '*.py' -o -name '*.cpp' -o -name '*.cu' -o -name '*.h' \
+        -o -name '*.sh' \) -not -path '*/__pycache__/*' | LC_ALL=C sort | xargs sha1sum | sha1sum | cut -c1-12
+}
 ONLY=tests,timings,host,sampling,profile
-USAGE="usage: $0 [--dry-run] [--only tests,timings,host,sampling,profile]"
+USAGE="usage: $0 [--dry-run] [--only tests,timings,host,sampling,profile] [--tree-hash]"
 ARGS="$*"
 while [ $# -gt 0 ]; do
     case $1 in
@@ -59,6 +67,9 @@ while [ $# -gt 0 ]; do
             sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'  # the comment above
             exit 0 ;;
         --dry-run) DRY_RUN=1 ;;
+        --tree-hash)
+            tree_hash
+            exit 0 ;;
         --only)
             ONLY=${2:-}
             if [[ ! $ONLY =~ ^(tests|timings|host|sampling|profile)(,(tests|timings|host|sampling|profile))*$ ]]; then
@@ -112,6 +123,7 @@ check() {
     [[ $rev != unknown ]] && ! git diff --quiet HEAD -- 2>/dev/null && rev="$rev, with files that differ from it"
     echo "# ddpd GPU check, $(date -u '+%Y-%m-%d %H:%M UTC'), commit $rev"
     echo "# command: benchmarks/gpu_check.sh $ARGS, budget ${BUDGET} s, $(nproc) cores, $($PY --version 2>&1)"
+    echo "# sources $(tree_hash) (benchmarks/gpu_check.sh --tree-hash in a checkout prints its own)"
     if ((!DRY_RUN)); then
         nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader 2>/dev/null |
             sed 's/^/# /'

@@ -2,6 +2,7 @@
 dry run (tiny shapes on the CPU, the same code paths and checks) runs here, so the
 script that a device run depends on cannot rot unnoticed."""
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -45,6 +46,28 @@ def test_gpu_check_answers_help_without_running():
                           text=True, timeout=60)
     assert done.returncode == 0 and done.stderr == ""
     assert done.stdout.startswith("usage: ") and "GPU check of ddpd" in done.stdout and "## build" not in done.stdout
+
+
+def test_gpu_check_names_the_sources_it_ran(tmp_path):
+    """The report names a hash of the sources, the one --tree-hash prints for the checkout (a
+    device's copy of .git can be older than the files it ran), and a changed file changes it."""
+    script = str(ROOT / "benchmarks" / "gpu_check.sh")
+    first = subprocess.run(["bash", script, "--tree-hash"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert first.returncode == 0 and first.stderr == "" and len(first.stdout.strip()) == 12, first
+    copy = tmp_path / "copy"
+    for part in ("ddpd", "kernels", "csrc", "benchmarks", "tests"):  # the hashed folders, without a .git
+        shutil.copytree(ROOT / part, copy / part, ignore=shutil.ignore_patterns("*.so", "__pycache__", "results"))
+    run = lambda: subprocess.run(["bash", str(copy / "benchmarks" / "gpu_check.sh"), "--tree-hash"],  # noqa: E731
+                                 capture_output=True, text=True, timeout=120).stdout
+    assert run() == first.stdout
+    (copy / "ddpd" / "ops" / "rng.py").write_text((copy / "ddpd" / "ops" / "rng.py").read_text() + "\n")
+    assert run() != first.stdout
+    env = dict(os.environ, PYTHON=sys.executable, TMPDIR=str(tmp_path))
+    dry = subprocess.run(["bash", script, "--dry-run", "--only", "host"], cwd=ROOT, env=env, capture_output=True,
+                         text=True)
+    assert dry.returncode == 0, (dry.stdout + dry.stderr)[-4000:]
+    report = (tmp_path / "ddpd-gpu-check-dry-run.txt").read_text()
+    assert f"# sources {first.stdout.strip()} " in report
 
 
 def test_gpu_check_only_runs_the_named_parts(tmp_path):
