@@ -153,14 +153,14 @@ CASES = {
         "sample_categorical", "PDL", sample_categorical_call(64, GPT2, torch.bfloat16, top_p=0.9)),
     "sample_from_hidden N=64 H=768 V=50257 pdl": lambda: switched("sample_from_hidden", "PDL",
                                                                   sample_from_hidden_call(64, 768, GPT2)),
-    # the head with the winning tile computed again by the finish pass (off by default)
-    "sample_from_hidden N=64 H=768 V=50257 recompute": lambda: switched("sample_from_hidden", "RECOMPUTE",
-                                                                        sample_from_hidden_call(64, 768, GPT2)),
-    "sample_from_hidden N=64 H=4096 V=128256 recompute": lambda: switched(
-        "sample_from_hidden", "RECOMPUTE", sample_from_hidden_call(64, 4096, LLAMA3)),
-    # and in one block of all 64 rows (8 warps), as the head's launch sweep tries it
-    "sample_from_hidden N=64 H=768 V=50257 recompute 64-row blocks": lambda: switched(
-        "sample_from_hidden", "RECOMPUTE", in_row_blocks(64, 8, sample_from_hidden_call(64, 768, GPT2))),
+    # the head drawing a candidate in every tile of the GEMM's epilogue (RECOMPUTE off; on by default)
+    "sample_from_hidden N=64 H=768 V=50257 candidates": lambda: switched(
+        "sample_from_hidden", "RECOMPUTE", sample_from_hidden_call(64, 768, GPT2), False),
+    "sample_from_hidden N=64 H=4096 V=128256 candidates": lambda: switched(
+        "sample_from_hidden", "RECOMPUTE", sample_from_hidden_call(64, 4096, LLAMA3), False),
+    # the recomputed draw in one block of all 64 rows (8 warps), as the head's launch sweep tries it
+    "sample_from_hidden N=64 H=768 V=50257 64-row blocks": lambda: in_row_blocks(
+        64, 8, sample_from_hidden_call(64, 768, GPT2)),
 }
 
 

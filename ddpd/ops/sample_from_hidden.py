@@ -160,37 +160,36 @@ RECOMPUTE = True
 @functools.lru_cache(maxsize=256)  # a per-call cost otherwise; a sampler calls it with few shapes
 def head_launch(rows: int, width: int, vocab: int, element_size: int, multiprocessors: int,
                 pdl: bool = False, recompute: bool = False) -> HeadLaunch:
-    """Rows in blocks of 16 with 4 warps up to 64 rows, else 32 with 8 warps unless that
-    leaves multiprocessors idle (the dot's N: the tile's 256 tokens are its M); the
-    vocabulary split so that there are about PROGRAMS_PER_SM programs per
-    multiprocessor; a W tile is read by every row block, which run side by side so
-    the repeats hit L2. H slices of 64 (16-bit) or 32 (float32) elements, three
-    pipeline stages (at most 108 KB of shared memory), four for rows of WIDE_H or more
-    16-bit elements (144 KB).
+    """Blocks of rows (the dot's N: the tile's 256 tokens are its M) and the vocabulary
+    split so that there are about PROGRAMS_PER_SM programs per multiprocessor; a W tile is
+    read by every row block, which run side by side so the repeats hit L2. H slices of 64
+    (16-bit) or 32 (float32) elements, three pipeline stages, four for rows of WIDE_H or
+    more 16-bit elements, which keep more of W in flight (160 KB of shared memory at 64
+    rows, within sm_90's 227).
 
-    Why 16 rows and 4 warps at few rows, where one read of W is the limit: compiled
-    for sm_90 (cuobjdump), that kernel takes 202 registers a thread and no spills,
-    so two programs fit on a multiprocessor and one's epilogue (the Gumbel race, a
-    Philox draw per logit) runs while the other's loads are in flight; with 32 rows
-    and 8 warps it takes all 255 registers, spills, and runs alone, stalling between
-    tiles (tests/test_op_kernel_resources.py holds the first; the second was read the
-    same way when this was chosen, and GPU timings compare both). Two exceptions,
-    measured on an H200 (benchmarks/results/nvidia-h200-2026-11-27*.txt): rows of
-    WIDE_H or more 16-bit elements, where a tile's long sweep over H hides the spilled
-    epilogue and half as many row blocks read each W tile (64 x 4096 -> 128256: 450
-    against 485 us; at H = 768 99 against 97), and float32 operands, whose three TF32
-    products a slice want 8 warps (64 x 256 -> 50257: 107 against 123 us). The wide rows'
-    fourth stage keeps more of W in flight: 423 and 426 against 459 us in two runs
-    (nvidia-h200-2026-11-27-5.txt, -6-launch-sweeps.txt), at 48 bytes of stack (none now at
-    temperature 1, whose epilogue has no divisions).
+    recompute (RECOMPUTE's way of drawing inside the winning tile, the default): the
+    epilogue keeps only tile statistics, which affords wider row blocks, so that fewer
+    blocks read each W tile: 64 rows with 8 warps for wide rows and float32 operands, else
+    32 with 4 warps at few rows (8 beyond); never wider than the rows (at least 16, the
+    dot's least N) nor so wide that fewer (row block, tile) pairs than multiprocessors are
+    left. Compiled for sm_90 at 64 rows (benchmarks/kernel_binaries.py): 158 registers and
+    two programs a multiprocessor at H = 768, 141 (255 at a temperature other than 1) and
+    one at H = 4096, no spills (tests/test_op_kernel_resources.py holds these). Best of the
+    H200 sweep of nvidia-h200-2026-11-28.txt at 64 rows: 324 against 359 us (32 rows) at
+    H = 4096, 51 against 64 us (16 rows) at H = 768, 63 against 77 us (32 rows) for float32
+    at H = 256.
+
+    Without recompute the epilogue draws a candidate in every tile (a Philox draw a logit):
+    rows in blocks of 16 with 4 warps up to 64 rows, else 32 with 8 warps unless that
+    leaves multiprocessors idle. At 16 rows that kernel takes 202 registers, so two
+    programs fit on a multiprocessor and one's epilogue runs while the other's loads are in
+    flight; with 32 rows and 8 warps it takes all 255, spills, and runs alone. Two
+    exceptions, measured on an H200 (nvidia-h200-2026-11-27*.txt): rows of WIDE_H or more
+    16-bit elements (32 rows, 8 warps: 450 against 485 us at 64 x 4096 -> 128256, four
+    stages 423 against 459), and float32 operands, whose three TF32 products a slice want 8
+    warps (107 against 123 us at 64 x 256 -> 50257).
     pdl: launch with programmatic dependent launch (the launcher passes PDL on devices that
-    have it); recompute: RECOMPUTE's way of drawing inside the winning tile, whose epilogue
-    keeps only tile statistics and so affords wider row blocks: 64 rows with 8 warps for wide
-    rows and float32 operands, else 32 with 4 warps at few rows (8 beyond), never wider than
-    the rows (at least 16, the dot's least N) nor so wide that fewer (row block, tile) pairs
-    than multiprocessors are left. Best of the H200 sweep of
-    nvidia-h200-2026-11-28.txt at 64 rows: 324 against 359 us (32 rows) at H = 4096, 51
-    against 64 us (16 rows) at H = 768, 63 against 77 us (32 rows) for float32 at H = 256."""
+    have it)."""
     tiles = n_tiles(vocab)
     few_rows = rows <= 64 or -(-rows // 32) * tiles < multiprocessors
     wide = element_size <= 2 and width >= WIDE_H
