@@ -115,6 +115,9 @@ def rotary_call(batch: int = 64, heads: int = 12, length: int = 256, head_dim: i
 LAUNCHES = {
     "sample_categorical": sample_categorical_call,
     "sample_categorical top_p": lambda: sample_categorical_call(top_p=0.9),
+    # Llama 3's vocabulary: on an H200 its eager calls took 28 us more than their graph replays,
+    # 64 x 50257's 8.5 (nvidia-h200-2026-11-28.txt); is it the launcher?
+    "sample_categorical 128256": lambda: sample_categorical_call(vocab=128256),
     "sample_from_hidden": sample_from_hidden_call,
     "planner_select": planner_call,
     "planner_select_mask": lambda: planner_call(with_mask=True),
