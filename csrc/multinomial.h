@@ -127,14 +127,6 @@ DDPD_HD int64_t remove_drawn(const value_t* chunk, int64_t n, double* sums, uint
   return j;
 }
 
-// The k draws of a row of one chunk (n <= kChunk): draw_index and remove_drawn with the
-// row's whole state in registers (its chunk sum is its only prefix sum), and its validity as
-// the CPU kernel decides it for every row: finite non-negative weights, a positive sum and,
-// without replacement, at least k positive weights (an invalid row draws index 0). On a GPU
-// one thread draws a row with it: the draws are one sequential chain, which a warp and
-// shared memory only slow down. The CPU kernel draws such rows a few at a time in vector
-// lanes by the same additions (csrc/cpu/multinomial.cpp draw_lanes), and the rows left over
-// with it. uniform(d): the uniform of draw d. Returns whether the row is valid.
 // The sum of a row of one chunk (chunk_sum_from's additions) and, in *ok, whether the row
 // is valid (draw_short_row says when).
 template <typename scalar_t>
@@ -153,6 +145,14 @@ DDPD_HD double short_row_sum(const scalar_t* row, int64_t n, int64_t k, bool rep
   return sum;
 }
 
+// The k draws of a row of one chunk (n <= kChunk): draw_index and remove_drawn with the
+// row's whole state in registers (its chunk sum is its only prefix sum), and its validity as
+// the CPU kernel decides it for every row: finite non-negative weights, a positive sum and,
+// without replacement, at least k positive weights (an invalid row draws index 0). On a GPU
+// one thread draws a row with it: the draws are one sequential chain, which a warp and
+// shared memory only slow down. The CPU kernel draws such rows a few at a time in vector
+// lanes by the same additions (csrc/cpu/multinomial.cpp draw_lanes), and the rows left over
+// with it. uniform(d): the uniform of draw d. Returns whether the row is valid.
 template <typename scalar_t, typename Uniform>
 DDPD_HD bool draw_short_row(const scalar_t* row, int64_t n, int64_t k, bool replacement, const Uniform& uniform,
                             int64_t* index) {
