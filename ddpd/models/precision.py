@@ -5,15 +5,17 @@
     logits = model(x, t)                             # float32 logits, bf16 network
 
 `prepare_for_sampling` moves a network to the device, puts it in eval mode without
-gradients and casts its weights to the dtype, except the parameters of its norms
-(ddpd's LayerNorm and RMSNorm stay float32); the rotary tables stay float32 by
-themselves. Inside the trunk, norm statistics (with the adaLN modulation), rotary
-embeddings and the time features are computed in float32 and attention runs a
-FlashAttention kernel on CUDA (its softmax accumulates in float32, see
-ddpd.models.attention); matmuls run in the dtype. `forward` returns float32 logits,
-so the sampler's own arithmetic (time estimates, Gumbel keys, planner probabilities)
-stays float32; `hidden` returns the dtype, which `ddpd.ops.sample_from_hidden` takes
-together with the cast head.
+gradients and casts its parameters to the dtype, except those of its norms (ddpd's
+LayerNorm and RMSNorm stay float32). Buffers keep their dtype (ddpd's rotary tables, a
+wrapped network's rotary `inv_freq`, position tables, noise schedules): positions
+computed from a bf16 `inv_freq` put cos off by 0.38 at position 255 and by 1.08 at 1000.
+Only running statistics (BatchNorm, InstanceNorm) follow their parameters. Inside the
+trunk, norm statistics (with the adaLN modulation), rotary embeddings and the time
+features are computed in float32 and attention runs a FlashAttention kernel on CUDA (its
+softmax accumulates in float32, see ddpd.models.attention); matmuls run in the dtype.
+`forward` returns float32 logits, so the sampler's own arithmetic (time estimates, Gumbel
+keys, planner probabilities) stays float32; `hidden` returns the dtype, which
+`ddpd.ops.sample_from_hidden` takes together with the cast head.
 
 `compile_for_sampling` then torch.compiles the network's `forward` and `hidden` (the
 trunk the fused samplers call): on a GPU, Inductor fuses the trunk's many small kernels
@@ -40,6 +42,8 @@ from ddpd.validation import check_choice
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DTYPE_CHOICES = ("auto",) + tuple(DTYPES)
 FLOAT32_MODULES = (LayerNorm, RMSNorm)  # modules whose parameters stay float32
+# modules whose buffers (running statistics) follow their parameters: F.batch_norm wants one dtype
+STATISTICS_MODULES = (nn.modules.batchnorm._NormBase,)
 
 
 def resolve_dtype(dtype: Union[str, torch.dtype], device: Union[str, torch.device, None] = None) -> torch.dtype:
@@ -59,9 +63,12 @@ def resolve_dtype(dtype: Union[str, torch.dtype], device: Union[str, torch.devic
 def prepare_for_sampling(model: nn.Module, dtype: Union[str, torch.dtype] = "auto",
                          device: Union[str, torch.device, None] = None) -> nn.Module:
     """Move `model` to `device` (default: where it is), set eval mode and
-    requires_grad=False, and cast its floating-point weights to `dtype` (a
+    requires_grad=False, and cast its floating-point parameters to `dtype` (a
     resolve_dtype choice; "auto" resolves for the target device), keeping norm
-    parameters in float32. Works in place on any nn.Module and returns it."""
+    parameters in float32 and buffers in their dtype (positions and schedules; running
+    statistics excepted, which follow their parameters). A network that mixes a float32
+    buffer into a cast matmul runs under torch.autocast, as the samplers and adapters call
+    it. Works in place on any nn.Module and returns it."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model: expected torch.nn.Module, got {type(model).__name__}")
     if device is not None:
@@ -74,9 +81,14 @@ def prepare_for_sampling(model: nn.Module, dtype: Union[str, torch.dtype] = "aut
     def cast(tensor: torch.Tensor) -> torch.Tensor:
         return tensor.to(dtype) if tensor.is_floating_point() else tensor
 
+    def cast_parameters(tensor: torch.Tensor) -> torch.Tensor:
+        return cast(tensor) if isinstance(tensor, nn.Parameter) else tensor
+
     for module in model.modules():
         if not isinstance(module, FLOAT32_MODULES):
-            module._apply(cast, recurse=False)  # this module's own parameters and buffers
+            # _apply visits this module's own parameters and buffers; buffers keep their dtype
+            # (rotary frequencies, position tables, schedules: bf16 positions are off by whole radians)
+            module._apply(cast if isinstance(module, STATISTICS_MODULES) else cast_parameters, recurse=False)
     return model
 
 
