@@ -1,24 +1,40 @@
 """A LLaDA-style sampler with low-confidence remasking, written against ddpd.ops, beside
 its plain-torch version.
 
-The sampler (LLaDA's `generate`, one block): the answer starts all-mask after the
-prompt; at each of `steps` steps the denoiser proposes a token at every masked position
-(the argmax at temperature 0, LLaDA's default, else a draw at that temperature) with its
-confidence, and the `k` masked positions of highest confidence are written
-(k = answer length / steps, the remainder spread over the first steps); the others stay
-masked for the next step.
+The sampler is the loop of LLaDA's `generate` (ML-GSAI/LLaDA, generate.py): the answer
+starts all-mask after the prompt and is cut into blocks of `block_length` positions,
+decoded left to right (semi-autoregressive; the default is one block, the whole answer),
+each in steps / (answer / block_length) steps. At each step the denoiser proposes a token
+at every masked position of the current block (the argmax at temperature 0, LLaDA's
+default, else a draw from softmax(logits / temperature)), each proposal gets a
+confidence, and the k most confident are written (k = block_length / steps per block, the
+remainder spread over the first steps); the others stay masked for the next step.
 
-- `llada_ddpd`: one call of ddpd.ops.sample_categorical per step draws every proposal
-  and returns its confidence (`confidence="prob"`: the proposal's probability, under the
-  softmax at temperature 1 when decoding greedily, as LLaDA computes it) from the same
-  pass: no second log-softmax over [B, L, V].
-- `llada_plain`: the same loop in plain torch, as LLaDA writes it: softmax over the full
-  logits, the argmax (or the draw of ddpd.ops.categorical_reference, the categorical law of
-  every ddpd path in plain torch, from the same counter-based uniforms), its probability
-  gathered from the softmax. It returns the same tokens.
-A difference from LLaDA worth knowing: at temperature > 0 LLaDA ranks the sampled tokens
-by their probability at temperature 1; ddpd's confidence is their probability under the
-law they were drawn from (tempered, truncated).
+- confidence, `remasking="low_confidence"` (LLaDA's default) with `rank_by="model"` (the
+  default): LLaDA's rule, the proposal's probability under the model's softmax(logits)
+  at temperature 1, whatever the temperature it was drawn at. `rank_by="draw"`: its
+  probability under the law it was drawn from, softmax(logits / temperature): the same
+  at temperature 0, another law of answers at any other (tests/test_examples.py measures
+  both against their exact laws). `remasking="random"`: a uniform per position.
+- `cfg_scale` > 0: LLaDA's unsupervised classifier-free guidance, the logits
+  u + (cfg_scale + 1) (c - u) of the network on x (c) and on x with every prompt
+  position masked (u).
+- `attention_mask` [B, prompt length] (1: a token, 0: padding) for left-padded prompts:
+  the network is called as net(x, attention_mask) with ones over the answer, so no
+  position attends to the padding; the padding is never rewritten.
+
+- `llada_ddpd`: one call of ddpd.ops.sample_categorical per step draws the proposals at
+  the masked positions of the block only, keyed by position (row b * L + d), and returns
+  the confidence of its own law from the same pass (`confidence="prob"`; at temperature
+  0 the softmax at temperature 1), so LLaDA's default run needs no softmax over
+  [B, L, V]. At a temperature > 0 LLaDA's confidence is not the law the token was drawn
+  from: it takes one log-sum-exp of the block's logits in torch.
+- `llada_plain`: the same loop in plain torch, as LLaDA's code runs it (softmax over the
+  full logits, its value at the proposal gathered) except for the draw itself, which is
+  ddpd.ops.categorical_reference (the categorical law of every ddpd path in plain torch)
+  from the same counter-based uniforms: LLaDA's Gumbel-max argmax(logits + T g) has the
+  same law, but from other uniforms. It returns the same tokens from the same noise
+  (unless two confidences lie within float32 rounding of each other).
 
     python examples/llada_sampler.py
 """
@@ -27,6 +43,7 @@ from __future__ import annotations
 import argparse
 import pathlib
 import sys
+from typing import Iterator, Optional
 
 import torch
 
@@ -35,53 +52,136 @@ from tiny_networks import TinyDenoiser  # noqa: E402
 
 from ddpd.ops import categorical_reference, noise_width, philox_uniform, sample_categorical  # noqa: E402
 
+REMASKING = ("low_confidence", "random")
+RANK_BY = ("model", "draw")
+
+
+def check_options(prompt: torch.Tensor, answer: int, steps: int, temperature: float, block_length: Optional[int],
+                  cfg_scale: float, remasking: str, rank_by: str, attention_mask: Optional[torch.Tensor]) -> int:
+    """Validate the arguments of both loops; returns the block length (default: the answer)."""
+    block_length = answer if block_length is None else block_length
+    for name, value in (("answer", answer), ("steps", steps), ("block_length", block_length)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    if answer % block_length:
+        raise ValueError(f"block_length must divide answer ({answer}), got {block_length}")
+    if steps % (answer // block_length):
+        raise ValueError(f"steps must be a multiple of the number of blocks ({answer // block_length}), got {steps}")
+    if not temperature >= 0 or not cfg_scale >= 0:
+        raise ValueError(f"temperature and cfg_scale must be >= 0, got {temperature!r} and {cfg_scale!r}")
+    if remasking not in REMASKING or rank_by not in RANK_BY:
+        raise ValueError(f"remasking must be one of {REMASKING} and rank_by one of {RANK_BY}, got {remasking!r} "
+                         f"and {rank_by!r}")
+    if attention_mask is not None and tuple(attention_mask.shape) != tuple(prompt.shape):
+        raise ValueError(f"attention_mask must have the prompt's shape {tuple(prompt.shape)}, got "
+                         f"{tuple(attention_mask.shape)}")
+    return block_length
+
 
 def transfer_counts(answer: int, steps: int) -> list[int]:
     """Positions written at each step: answer // steps, one more in the first answer % steps."""
     return [answer // steps + (i < answer % steps) for i in range(steps)]
 
 
-def write_most_confident(x: torch.Tensor, proposal: torch.Tensor, confidence: torch.Tensor, masked: torch.Tensor,
-                         k: int) -> torch.Tensor:
-    """x with the k masked positions of highest confidence per row set to their proposal."""
-    confidence = confidence.masked_fill(~masked, float("-inf"))
+def schedule(prompt_length: int, answer: int, steps: int, block_length: int) -> Iterator[tuple[int, int, slice]]:
+    """(step, positions to write, the block's columns) for each step, block after block."""
+    blocks = answer // block_length
+    for b in range(blocks):
+        start = prompt_length + b * block_length
+        for j, k in enumerate(transfer_counts(block_length, steps // blocks)):
+            yield b * (steps // blocks) + j, k, slice(start, start + block_length)
+
+
+def start(net: TinyDenoiser, prompt: torch.Tensor, answer: int, attention_mask: Optional[torch.Tensor]):
+    """The all-mask answer after the prompt, the attention mask over both (None: no padding)."""
+    x = torch.cat([prompt, torch.full((prompt.shape[0], answer), net.mask_id, device=prompt.device)], 1)
+    if attention_mask is not None:
+        attention_mask = torch.cat([attention_mask.bool(), attention_mask.new_ones(prompt.shape[0], answer).bool()], 1)
+    return x, attention_mask
+
+
+def denoiser_logits(net, x: torch.Tensor, prompt_length: int, cfg_scale: float,
+                    attention_mask: Optional[torch.Tensor]) -> torch.Tensor:
+    """The network's logits [B, L, V], guided as LLaDA guides them when cfg_scale > 0."""
+    def call(tokens, mask):
+        return net(tokens) if mask is None else net(tokens, mask)
+
+    if cfg_scale == 0:
+        return call(x, attention_mask)
+    unconditional = x.clone()
+    unconditional[:, :prompt_length] = net.mask_id  # padding too, as LLaDA masks every prompt position
+    both = call(torch.cat([x, unconditional]), None if attention_mask is None else attention_mask.repeat(2, 1))
+    conditional, unconditional = both.chunk(2)
+    return unconditional + (cfg_scale + 1) * (conditional - unconditional)
+
+
+def write_most_confident(x: torch.Tensor, proposal: torch.Tensor, confidence: torch.Tensor, k: int) -> torch.Tensor:
+    """x with the k positions of highest confidence per row (-inf: not a candidate) set to their proposal."""
     chosen = confidence.topk(k, dim=1).indices
     return x.scatter(1, chosen, proposal.gather(1, chosen))
 
 
+def block_candidates(x: torch.Tensor, mask_id: int, block: slice) -> torch.Tensor:
+    """Bool[B, L]: the masked positions of the current block, the only ones a step may write."""
+    in_block = torch.zeros(x.shape[1], dtype=torch.bool, device=x.device)
+    in_block[block] = True
+    return (x == mask_id) & in_block
+
+
 @torch.no_grad()
 def llada_ddpd(net: TinyDenoiser, prompt: torch.Tensor, answer: int, steps: int, temperature: float = 0.0,
-               seed: int = 0) -> torch.Tensor:
-    batch = prompt.shape[0]
-    x = torch.cat([prompt, torch.full((batch, answer), net.mask_id)], 1)
-    rows = torch.arange(batch * x.shape[1]).view(batch, -1)  # one stream per position
-    for i, k in enumerate(transfer_counts(answer, steps)):
-        masked = x == net.mask_id
-        proposal, _, confidence = sample_categorical(net(x), temperature, confidence="prob", seed=seed, offset=i,
-                                                     row_ids=rows)
-        x = write_most_confident(x, proposal, confidence, masked, k)
+               seed: int = 0, *, block_length: Optional[int] = None, cfg_scale: float = 0.0,
+               remasking: str = "low_confidence", rank_by: str = "model",
+               attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    block_length = check_options(prompt, answer, steps, temperature, block_length, cfg_scale, remasking, rank_by,
+                                 attention_mask)
+    x, attention_mask = start(net, prompt, answer, attention_mask)
+    rows = torch.arange(x.numel(), device=x.device).view(x.shape)  # one stream per position
+    # the op's confidence is that of the law it draws from: LLaDA's rule at temperature 0, or on request
+    own_confidence = remasking == "low_confidence" and (temperature == 0 or rank_by == "draw")
+    for i, k, block in schedule(prompt.shape[1], answer, steps, block_length):
+        candidates = block_candidates(x, net.mask_id, block)
+        logits = denoiser_logits(net, x, prompt.shape[1], cfg_scale, attention_mask)[candidates]  # [n, V]
+        drawn = sample_categorical(logits, temperature, confidence="prob" if own_confidence else None, seed=seed,
+                                   offset=2 * i, row_ids=rows[candidates])
+        if own_confidence:
+            score = drawn[2]
+        elif remasking == "random":
+            score = philox_uniform(seed, 2 * i + 1, rows[candidates], 1)[:, 0]
+        else:  # LLaDA's rule at temperature > 0: the drawn token's probability at temperature 1
+            logits = logits.float()
+            score = (logits.gather(1, drawn[0][:, None])[:, 0] - logits.logsumexp(1)).exp()
+        proposal = x.masked_scatter(candidates, drawn[0])
+        confidence = torch.full(x.shape, float("-inf"), device=x.device).masked_scatter(candidates, score)
+        x = write_most_confident(x, proposal, confidence, k)
     return x
 
 
 @torch.no_grad()
 def llada_plain(net: TinyDenoiser, prompt: torch.Tensor, answer: int, steps: int, temperature: float = 0.0,
-                seed: int = 0) -> torch.Tensor:
-    batch = prompt.shape[0]
-    x = torch.cat([prompt, torch.full((batch, answer), net.mask_id)], 1)
-    rows = torch.arange(batch * x.shape[1])
-    for i, k in enumerate(transfer_counts(answer, steps)):
-        masked = x == net.mask_id
-        logits = net(x)
+                seed: int = 0, *, block_length: Optional[int] = None, cfg_scale: float = 0.0,
+                remasking: str = "low_confidence", rank_by: str = "model",
+                attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    block_length = check_options(prompt, answer, steps, temperature, block_length, cfg_scale, remasking, rank_by,
+                                 attention_mask)
+    x, attention_mask = start(net, prompt, answer, attention_mask)
+    rows = torch.arange(x.numel(), device=x.device)
+    for i, k, block in schedule(prompt.shape[1], answer, steps, block_length):
+        logits = denoiser_logits(net, x, prompt.shape[1], cfg_scale, attention_mask)
         vocab = logits.shape[-1]
         if temperature == 0:
             proposal = logits.argmax(-1)
-            probs = torch.softmax(logits, -1)
         else:
-            noise = philox_uniform(seed, i, rows, noise_width(vocab))
-            proposal = categorical_reference(logits.reshape(-1, vocab), temperature, noise)[0].view(batch, -1)
-            probs = torch.softmax(logits / temperature, -1)
-        confidence = probs.gather(-1, proposal[..., None]).squeeze(-1)
-        x = write_most_confident(x, proposal, confidence, masked, k)
+            noise = philox_uniform(seed, 2 * i, rows, noise_width(vocab))
+            proposal = categorical_reference(logits.reshape(-1, vocab), temperature, noise)[0].view(x.shape)
+        if remasking == "random":
+            confidence = philox_uniform(seed, 2 * i + 1, rows, 1).view(x.shape)
+        else:
+            tempered = rank_by == "draw" and temperature > 0
+            probs = torch.softmax(logits / (temperature if tempered else 1.0), -1)
+            confidence = probs.gather(-1, proposal[..., None]).squeeze(-1)
+        confidence = confidence.masked_fill(~block_candidates(x, net.mask_id, block), float("-inf"))
+        x = write_most_confident(x, proposal, confidence, k)
     return x
 
 
@@ -91,10 +191,10 @@ def main() -> None:
     vocab, prompt_length, answer, steps = 50, 4, 12, 6
     net = TinyDenoiser(vocab, prompt_length + answer)
     prompt = torch.randint(0, vocab, (3, prompt_length), generator=torch.Generator().manual_seed(0))
-    for temperature in (0.0, 0.7):
-        fused = llada_ddpd(net, prompt, answer, steps, temperature, seed=2)
-        plain = llada_plain(net, prompt, answer, steps, temperature, seed=2)
-        print(f"temperature {temperature}: same tokens: {torch.equal(fused, plain)}")
+    for temperature, options in ((0.0, {}), (0.7, dict(block_length=4, cfg_scale=0.5))):
+        fused = llada_ddpd(net, prompt, answer, steps, temperature, seed=2, **options)
+        plain = llada_plain(net, prompt, answer, steps, temperature, seed=2, **options)
+        print(f"temperature {temperature} {options}: same tokens: {torch.equal(fused, plain)}")
         print(fused)
 
 

@@ -2,6 +2,8 @@
 vocabulary of V tokens plus a mask id V, with the `hidden(x)` / `head` split that lets
 ddpd.ops.sample_from_hidden apply the output head only at the rows being drawn. Its
 weights are random (a fixed seed): the examples show the sampling loops, not a model."""
+from typing import Optional
+
 import torch
 from torch import nn
 
@@ -21,10 +23,12 @@ class TinyDenoiser(nn.Module):
             with torch.no_grad():
                 self.head.weight.mul_(4.0)  # peaked enough that truncation and confidence matter
 
-    def hidden(self, x: torch.Tensor) -> torch.Tensor:
-        """Final hidden states [B, D, H] of tokens x [B, D] (mask id V allowed)."""
-        return self.body(self.embed(x) + self.position[: x.shape[1]])
+    def hidden(self, x: torch.Tensor, attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Final hidden states [B, D, H] of tokens x [B, D] (mask id V allowed); attention_mask
+        [B, D] (1 or True: a token, 0 or False: padding, never attended to), None: every token."""
+        padding = None if attention_mask is None else ~attention_mask.bool()
+        return self.body(self.embed(x) + self.position[: x.shape[1]], src_key_padding_mask=padding)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Logits [B, D, V] over the clean tokens (never the mask)."""
-        return self.head(self.hidden(x))
+        return self.head(self.hidden(x, attention_mask))

@@ -1,8 +1,10 @@
 """The examples (examples/): the MDLM-style and LLaDA-style samplers written against
 ddpd.ops return the tokens of their plain-torch versions from the same noise, greedy and
 sampled, with and without top-p (tied logits at its boundary included); they run as
-scripts. Every script of examples/ and benchmarks/ answers --help with its usage and
-runs nothing."""
+scripts. The LLaDA-style sampler draws the law of LLaDA's rule (or, on request, of ranking
+by the tempered probability), decodes blocks left to right, guides and reads padded
+prompts as LLaDA's loop does. Every script of examples/ and
+benchmarks/ answers --help with its usage and runs nothing."""
 import ast
 import importlib.util
 import subprocess
@@ -11,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from scipy import stats
 from hang_guard import HANG_GUARD_SECONDS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,14 +64,196 @@ def test_mdlm_sampler_keeps_tied_logits_at_the_top_p_boundary_as_ddpd_does(seed)
     assert torch.equal(mdlm.mdlm_ddpd(net, 3, 12, 6, seed=seed, **kw), mdlm.mdlm_plain(net, 3, 12, 6, seed=seed, **kw))
 
 
+LLADA_OPTIONS = [dict(), dict(rank_by="draw"), dict(remasking="random"), dict(block_length=5),
+                 dict(cfg_scale=0.5), dict(block_length=5, cfg_scale=1.0, remasking="random")]
+
+
+class Recording(torch.nn.Module):
+    """A network that keeps a copy of every input it is called on."""
+
+    def __init__(self, net):
+        super().__init__()
+        self.net, self.mask_id, self.inputs = net, net.mask_id, []
+
+    def forward(self, x, attention_mask=None):
+        self.inputs.append((x.clone(), attention_mask))
+        return self.net(x, attention_mask)
+
+
+def varied_denoiser(llada, vocab: int, length: int, seed: int):
+    """The example network with its head scaled down: its own is so peaked that greedy answers
+    repeat one token, and a wrong token or position written would go unseen."""
+    net = llada.TinyDenoiser(vocab, length, seed=seed)
+    with torch.no_grad():
+        net.head.weight.div_(4)
+    return Recording(net)
+
+
+def same_runs(llada, net, *args, **kw) -> bool:
+    """The fused and plain loops write the same tokens at the same steps (every network input
+    is the same) and return the same answers."""
+    net.inputs.clear()
+    fused = llada.llada_ddpd(net, *args, **kw)
+    fused_inputs = [x for x, _ in net.inputs]
+    net.inputs.clear()
+    plain = llada.llada_plain(net, *args, **kw)
+    return torch.equal(fused, plain) and all(map(torch.equal, fused_inputs, [x for x, _ in net.inputs]))
+
+
+@pytest.mark.parametrize("options", LLADA_OPTIONS, ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()) or "-")
 @pytest.mark.parametrize("temperature", [0.0, 0.5, 1.0])
-def test_llada_sampler_matches_its_plain_torch_version(temperature):
+def test_llada_sampler_matches_its_plain_torch_version(temperature, options):
     llada = load("llada_sampler")
-    net = llada.TinyDenoiser(40, 14, seed=3)
+    net = varied_denoiser(llada, 40, 14, seed=3)
     prompt = torch.randint(0, 40, (4, 4), generator=torch.Generator().manual_seed(1))
-    fused = llada.llada_ddpd(net, prompt, 10, 4, temperature, seed=7)
-    assert torch.equal(fused, llada.llada_plain(net, prompt, 10, 4, temperature, seed=7))
+    assert same_runs(llada, net, prompt, 10, 4, temperature, seed=7, **options)
+    fused = llada.llada_ddpd(net, prompt, 10, 4, temperature, seed=7, **options)
     assert torch.equal(fused[:, :4], prompt) and not (fused == net.mask_id).any()
+    assert len(fused[:, 4:].unique()) >= 3  # answers of several tokens
+
+
+class CoupledPair(torch.nn.Module):
+    """A network over [prompt, answer of 2] whose answer positions are coupled: position 0's
+    logits are flat (scale 0.5), position 1's peaked (scale 2), and each is shifted by a
+    row (scale 3) of the token written at the other, so the order of writing shapes the law."""
+
+    def __init__(self, vocab: int = 6, seed: int = 25):
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.mask_id = vocab
+        self.base = torch.randn(2, vocab, generator=g) * torch.tensor([[0.5], [2.0]])
+        self.coupling = torch.cat([3 * torch.randn(vocab, vocab, generator=g), torch.zeros(1, vocab)])
+
+    def forward(self, x, attention_mask=None):
+        logits = torch.zeros(*x.shape, self.base.shape[1])
+        logits[:, -2] = self.base[0] + self.coupling[x[:, -1]]
+        logits[:, -1] = self.base[1] + self.coupling[x[:, -2]]
+        return logits
+
+
+def llada_exact_law(net, prompt: torch.Tensor, temperature: float, rank_by: str) -> torch.Tensor:
+    """Float64[V, V]: the law of a two-position answer decoded in two steps, by enumeration:
+    step 1 draws a token at both positions from softmax(logits / T) and writes the one of
+    higher confidence (its probability at temperature 1, LLaDA's rule, or at T: "draw");
+    step 2 draws the other position given it."""
+    masked = torch.cat([prompt, torch.full((1, 2), net.mask_id)], 1)
+    start = prompt.shape[1]
+    logits = net(masked)[0, start:].double()
+    drawn = torch.softmax(logits / temperature, -1)
+    confidence = torch.softmax(logits / (temperature if rank_by == "draw" else 1.0), -1)
+    law = torch.zeros(logits.shape[1], logits.shape[1], dtype=torch.float64)
+    for first in (0, 1):
+        other = 1 - first
+        wins = (confidence[first][:, None] > confidence[other][None, :]).double()
+        p_first = drawn[first] * (wins * drawn[other]).sum(1)  # P(first is written, with token a)
+        for token, p in enumerate(p_first):
+            x = masked.clone()
+            x[0, start + first] = token
+            p_other = p * torch.softmax(net(x)[0, start + other].double() / temperature, -1)
+            if first == 0:
+                law[token] += p_other
+            else:
+                law[:, token] += p_other
+    return law
+
+
+@pytest.mark.parametrize("temperature", [0.7, 2.0])
+@torch.no_grad()
+def test_llada_sampler_draws_llada_law_or_on_request_the_tempered_confidence_law(temperature):
+    """LLaDA ranks a token drawn at temperature T by its probability at temperature 1: the
+    sampler's answers follow that exact law (chi-square over 1e5 answers, p > 1e-4), and with
+    rank_by="draw" the law of ranking by the tempered probability; the two laws differ (total
+    variation 0.084 at T 0.7, 0.066 at T 2)."""
+    llada = load("llada_sampler")
+    net = CoupledPair()
+    prompt = torch.tensor([[2]])
+    laws = {rank_by: llada_exact_law(net, prompt, temperature, rank_by) for rank_by in ("model", "draw")}
+    assert 0.5 * (laws["model"] - laws["draw"]).abs().sum() > 0.05  # the test can tell them apart
+    for rank_by, law in laws.items():
+        answers = llada.llada_ddpd(net, prompt.expand(100_000, 1), 2, 2, temperature, seed=11, rank_by=rank_by)
+        assert chi_square_p(answers[:, 1] * 6 + answers[:, 2], law.flatten()) > 1e-4, rank_by
+
+
+def chi_square_p(outcomes: torch.Tensor, probs: torch.Tensor) -> float:
+    """p-value of the outcome counts against probs (bins expecting fewer than 5 pooled)."""
+    observed = torch.bincount(outcomes, minlength=probs.numel()).double()
+    expected = probs / probs.sum() * outcomes.numel()
+    small = expected < 5
+    observed = torch.cat([observed[~small], observed[small].sum()[None]])
+    expected = torch.cat([expected[~small], expected[small].sum()[None]])
+    keep = expected > 0
+    return float(stats.chisquare(observed[keep].numpy(), expected[keep].numpy()).pvalue)
+
+
+@pytest.mark.parametrize("sampler", ["llada_ddpd", "llada_plain"])
+def test_llada_sampler_decodes_blocks_left_to_right(sampler):
+    """block_length 3 of a 9-token answer in 6 steps: 2 steps per block, each block full before
+    the next one starts, every later position masked meanwhile."""
+    llada = load("llada_sampler")
+    net = Recording(llada.TinyDenoiser(30, 13, seed=1))
+    prompt = torch.randint(0, 30, (5, 4), generator=torch.Generator().manual_seed(2))
+    out = getattr(llada, sampler)(net, prompt, 9, 6, 0.8, seed=3, block_length=3)
+    assert len(net.inputs) == 6 and not (out == net.mask_id).any()
+    for step, (x, _) in enumerate(net.inputs):
+        block = 4 + 3 * (step // 2)
+        assert torch.equal(x[:, :block], out[:, :block])  # earlier blocks are done
+        assert (x[:, block + 3:] == net.mask_id).all()  # later blocks untouched
+        assert ((x[:, block:block + 3] == net.mask_id).sum(1) == (3 if step % 2 == 0 else 1)).all()
+
+
+def test_llada_sampler_guidance_runs_the_network_on_the_prompt_masked_too():
+    """cfg_scale s: logits u + (s + 1) (c - u), u those of x with every prompt position masked."""
+    llada = load("llada_sampler")
+    net = Recording(llada.TinyDenoiser(30, 10, seed=1))
+    prompt = torch.randint(0, 30, (3, 4), generator=torch.Generator().manual_seed(2))
+    x = torch.cat([prompt, torch.full((3, 6), net.mask_id)], 1)
+    guided = llada.denoiser_logits(net, x, 4, 1.5, None)
+    (both, _), = net.inputs
+    assert torch.equal(both[:3], x) and (both[3:, :4] == net.mask_id).all() and torch.equal(both[3:, 4:], x[:, 4:])
+    unconditional = net.net(both[3:])
+    torch.testing.assert_close(guided, unconditional + 2.5 * (net.net(x) - unconditional))
+    # guidance changes the answers (the guided run is not the plain one)
+    kw = dict(temperature=1.0, seed=4)
+    guided_answers = llada.llada_ddpd(net, prompt, 6, 3, cfg_scale=1.5, **kw)
+    assert not torch.equal(guided_answers, llada.llada_ddpd(net, prompt, 6, 3, **kw))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_llada_sampler_never_attends_to_the_padding_of_a_left_padded_prompt(temperature):
+    """The answers do not depend on the padding's tokens under the attention mask (the
+    logits do without it), the padding is kept, and the fused and plain loops agree."""
+    llada = load("llada_sampler")
+    net = llada.TinyDenoiser(30, 14, seed=5)
+    g = torch.Generator().manual_seed(6)
+    prompt = torch.randint(0, 30, (4, 6), generator=g)
+    attention_mask = torch.ones(4, 6, dtype=torch.long)
+    attention_mask[0, :3] = attention_mask[2, :1] = 0  # rows 0 and 2 left-padded
+    other_padding = torch.where(attention_mask.bool(), prompt, torch.randint(0, 30, (4, 6), generator=g))
+    kw = dict(seed=8, attention_mask=attention_mask)
+    fused = llada.llada_ddpd(net, prompt, 8, 4, temperature, **kw)
+    assert torch.equal(fused, llada.llada_plain(net, prompt, 8, 4, temperature, **kw))
+    assert torch.equal(fused, torch.cat([prompt, fused[:, 6:]], 1))
+    repadded = llada.llada_ddpd(net, other_padding, 8, 4, temperature, **kw)
+    assert torch.equal(repadded[:, 6:], fused[:, 6:])
+    # the padding's tokens do reach the answer's logits without the mask
+    x, repadded_x = (torch.cat([p, torch.full((4, 8), net.mask_id)], 1) for p in (prompt, other_padding))
+    full_mask = torch.cat([attention_mask, torch.ones(4, 8, dtype=torch.long)], 1)
+    torch.testing.assert_close(net(x, full_mask)[:, 6:], net(repadded_x, full_mask)[:, 6:])
+    assert not torch.allclose(net(x)[[0, 2], 6:], net(repadded_x)[[0, 2], 6:])
+
+
+@pytest.mark.parametrize("steps, kw, match", [(4, dict(block_length=4), "block_length must divide answer"),
+                                              (3, dict(block_length=5), "steps must be a multiple"),
+                                              (4, dict(remasking="lowest"), "remasking must be one of"),
+                                              (4, dict(rank_by="tempered"), "rank_by one of"),
+                                              (4, dict(cfg_scale=-1.0), "temperature and cfg_scale must be >= 0"),
+                                              (4, dict(attention_mask=torch.ones(2, 3)), "attention_mask must have")])
+def test_llada_sampler_names_the_bad_argument(steps, kw, match):
+    llada = load("llada_sampler")
+    net = llada.TinyDenoiser(20, 14)
+    for sampler in (llada.llada_ddpd, llada.llada_plain):
+        with pytest.raises(ValueError, match=match):
+            sampler(net, torch.zeros(2, 4, dtype=torch.long), 10, steps, **kw)
 
 
 @pytest.mark.parametrize("name", ["mdlm_sampler", "llada_sampler"])
