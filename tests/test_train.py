@@ -1,4 +1,5 @@
 """The training loop: objectives wiring, loss decrease, exact resume, data parallel, CLI."""
+import datetime
 import errno
 import gc
 import json
@@ -505,6 +506,54 @@ def _peer_dies_worker(rank, store, settings, out):
     with open(os.path.join(out, "outcome.txt"), "w") as f:
         f.write(outcome)
     trainer.close(wait=False)
+
+
+def _stop_after_the_flag_worker(rank, store, settings, out):
+    """Process 1's signal lands as the stop flag's all-reduce of step 2 returns: the flag it
+    contributed was 0, its own request is set."""
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    # a bound on a collective's wait: processes out of step fail instead of hanging the test
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=120))
+    trainer = Trainer(TrainConfig.from_dict(settings))
+    if rank == 1:
+        reduce = trainer.dist.max
+
+        def signalled_as_it_returns(values):
+            agreed = reduce(values)
+            if trainer.step == 2:
+                trainer.request_stop("SIGTERM")  # what the signal handler does
+            return agreed
+
+        trainer.dist.max = signalled_as_it_returns
+    try:
+        trainer.train()
+        outcome = {"step": trainer.step, "saved": trainer._saved_step, "stopped": trainer.stop_reason is not None}
+    except RuntimeError as err:
+        outcome = {"error": f"{type(err).__name__}: {err}"}
+    with open(os.path.join(out, f"outcome{rank}.json"), "w") as f:
+        json.dump(outcome, f)
+    trainer.close(wait="error" not in outcome)
+
+
+def test_a_signal_as_the_stop_flag_is_agreed_stops_every_process_at_one_step(corpus, tmp_path):
+    """The trainer read its own stop request again after the all-reduce of the stop flag:
+    process 1 stopped and saved (all_gather, barrier) while process 0 went on with a step,
+    and the run hung with no checkpoint. The agreed value decides: both stop at step 3."""
+    settings = config(corpus, tmp_path / "out", steps=20, save_every=20, eval_every=20).to_dict()
+    context = mp.start_processes(_stop_after_the_flag_worker, args=(str(tmp_path / "store"), settings,
+                                                                    str(tmp_path)),
+                                 nprocs=2, join=False, start_method="spawn")
+    deadline = time.monotonic() + HANG_GUARD_SECONDS
+    while not context.join(timeout=10):
+        if time.monotonic() > deadline:
+            for process in context.processes:
+                process.kill()
+            pytest.fail("the two processes hung")
+    outcomes = [json.loads((tmp_path / f"outcome{rank}.json").read_text()) for rank in (0, 1)]
+    assert outcomes == [{"step": 3, "saved": 3, "stopped": True}] * 2, outcomes
+    assert load_train_state(tmp_path / "out")[1]["step"] == 3
 
 
 def test_a_peer_lost_in_the_gradient_all_reduce_is_named(corpus, tmp_path):

@@ -444,8 +444,9 @@ class Trainer:
             self._record(None)  # the untrained baseline
         bar = self._progress_bar(stop_at)
         losses = self._losses  # saved with the checkpoint: a resumed run averages what the whole run would
-        # _stopping first: every process calls its collective the same number of times
-        while not self._stopping() and self.step < stop_at:
+        # _stopping first: every process calls its collective the same number of times; what they
+        # agreed decides the final save too (a signal after the last check reaches one process only)
+        while not (stopped := self._stopping()) and self.step < stop_at:
             started = time.perf_counter()
             loss = self._optimizer_step()
             if loss is not None:  # a step without a term (nothing corrupted) has no loss, not 0
@@ -468,7 +469,7 @@ class Trainer:
             self._record(_mean(losses))  # the last steps of a run cut by the clock
             losses.clear()
             unsaved = True  # a checkpoint of this step saved before the record lacks it
-        if (self.stop_reason is not None or self.out_of_time) and unsaved:
+        if stopped and unsaved:
             self.save()  # a stopped run continues from where it stopped
         if self.out_of_time and self.step < config.steps:
             self.log(f"stopped by max_time ({config.max_time:g} s of training) at step {self.step} of {config.steps}")
@@ -487,11 +488,14 @@ class Trainer:
         agreed by every process (they may see a signal at different steps). Their clocks
         become the slowest one's: the learning rate under max_time, the records and the
         saves follow one clock, or the processes' weights and collectives part ways."""
-        if self.dist.world_size > 1:
-            stop, self.train_seconds = self.dist.max([float(self.stop_reason is not None), self.train_seconds])
-            if stop and self.stop_reason is None:
-                self.stop_reason = "a stop requested in another process"
-        return self.stop_reason is not None or self.out_of_time
+        if self.dist.world_size == 1:
+            return self.stop_reason is not None or self.out_of_time
+        stop, self.train_seconds = self.dist.max([float(self.stop_reason is not None), self.train_seconds])
+        if stop and self.stop_reason is None:
+            self.stop_reason = "a stop requested in another process"
+        # the agreed flag, not stop_reason again: a signal handled after this process contributed 0
+        # would stop it alone (it would save, in collectives the others never enter); it counts next step
+        return bool(stop) or self.out_of_time
 
     @property
     def out_of_time(self) -> bool:
