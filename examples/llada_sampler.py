@@ -36,6 +36,14 @@ remainder spread over the first steps); the others stay masked for the next step
   same law, but from other uniforms. It returns the same tokens from the same noise
   (unless two confidences lie within float32 rounding of each other).
 
+Precision: both loops rank float32 confidences (the plain softmax reads the logits as
+float32), so with a bf16 network they still return the same tokens (a softmax in bf16
+would tie distinct confidences and commit other positions). LLaDA's own code takes the
+softmax in the model's dtype: with a bf16 model its confidences are rounded to bf16 and
+topk picks among the tied in its own order, so a bf16 run of this sampler can commit
+other positions than LLaDA's code does: it ranks by the model's probabilities, not by
+their bf16 rounding.
+
     python examples/llada_sampler.py
 """
 from __future__ import annotations
@@ -178,7 +186,7 @@ def llada_plain(net: TinyDenoiser, prompt: torch.Tensor, answer: int, steps: int
             confidence = philox_uniform(seed, 2 * i + 1, rows, 1).view(x.shape)
         else:
             tempered = rank_by == "draw" and temperature > 0
-            probs = torch.softmax(logits / (temperature if tempered else 1.0), -1)
+            probs = torch.softmax(logits.float() / (temperature if tempered else 1.0), -1)
             confidence = probs.gather(-1, proposal[..., None]).squeeze(-1)
         confidence = confidence.masked_fill(~block_candidates(x, net.mask_id, block), float("-inf"))
         x = write_most_confident(x, proposal, confidence, k)

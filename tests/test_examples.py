@@ -3,8 +3,8 @@ ddpd.ops return the tokens of their plain-torch versions from the same noise, gr
 sampled, with and without top-p (tied logits at its boundary included); they run as
 scripts. The LLaDA-style sampler draws the law of LLaDA's rule (or, on request, of ranking
 by the tempered probability), decodes blocks left to right, guides and reads padded
-prompts as LLaDA's loop does. Every script of examples/ and
-benchmarks/ answers --help with its usage and runs nothing."""
+prompts as LLaDA's loop does, and keeps its plain twin's tokens with a bf16 network. Every
+script of examples/ and benchmarks/ answers --help with its usage and runs nothing."""
 import ast
 import importlib.util
 import subprocess
@@ -80,13 +80,13 @@ class Recording(torch.nn.Module):
         return self.net(x, attention_mask)
 
 
-def varied_denoiser(llada, vocab: int, length: int, seed: int):
+def varied_denoiser(llada, vocab: int, length: int, seed: int, dtype=torch.float32):
     """The example network with its head scaled down: its own is so peaked that greedy answers
     repeat one token, and a wrong token or position written would go unseen."""
     net = llada.TinyDenoiser(vocab, length, seed=seed)
     with torch.no_grad():
         net.head.weight.div_(4)
-    return Recording(net)
+    return Recording(net.to(dtype))
 
 
 def same_runs(llada, net, *args, **kw) -> bool:
@@ -110,6 +110,17 @@ def test_llada_sampler_matches_its_plain_torch_version(temperature, options):
     fused = llada.llada_ddpd(net, prompt, 10, 4, temperature, seed=7, **options)
     assert torch.equal(fused[:, :4], prompt) and not (fused == net.mask_id).any()
     assert len(fused[:, 4:].unique()) >= 3  # answers of several tokens
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_llada_sampler_matches_its_plain_torch_version_with_a_bf16_network(temperature):
+    """Both loops rank float32 confidences: a plain softmax in bf16 ties distinct confidences
+    and commits other positions."""
+    llada = load("llada_sampler")
+    for seed in range(4):
+        net = varied_denoiser(llada, 40, 14, seed=seed, dtype=torch.bfloat16)
+        prompt = torch.randint(0, 40, (16, 4), generator=torch.Generator().manual_seed(seed))
+        assert same_runs(llada, net, prompt, 10, 5, temperature, seed=seed), seed
 
 
 class CoupledPair(torch.nn.Module):
