@@ -11,7 +11,13 @@ output held a NaN: the run warns with a NaNOutputWarning).
 - ddpd_sample_uniform: the same with a single uniform-diffusion model split by
   prop:generative_rate_decomposition.
 - tau_leaping_mask (DFM), tau_leaping_uniform (DFM-Uni), tau_leaping_planned (P x D).
-- maskgit_sample: MaskGIT confidence-based unmasking.
+- maskgit_sample: MaskGIT confidence-based unmasking; mask_sample: the same loop with any
+  of the field's parallel-decoding policies (ddpd.sampling.policies).
+
+Parallel decoding: a commit policy (ddpd.sampling.policies) says how many drawn tokens a
+step keeps, on the device: ErrorBudget for DDPD (DDPDOptions.policy), MaskGIT,
+ConfidenceThreshold, ConfidenceFactor, EntropyBound and ReMDM for the mask loop. Every
+SampleResult counts network passes per row and the tokens committed (tokens_per_pass).
 
 Options are objects (ddpd.sampling.options: Temperature, DDPDOptions, Truncation,
 Execution) or their fields as keywords. A run is reference (plain torch) or fused (the ddpd.ops kernels, no
@@ -21,12 +27,22 @@ with fused=True; from the same noise source both return the same samples.
 """
 from ddpd.sampling.batch import NaNOutputWarning, SampleResult
 from ddpd.sampling.gillespie import ddpd_sample, ddpd_sample_uniform
-from ddpd.sampling.maskgit import maskgit_sample
+from ddpd.sampling.maskgit import mask_sample, maskgit_sample
 from ddpd.sampling.noise import NoiseSource, PhiloxNoise, TorchNoise
 from ddpd.sampling.options import DDPDOptions, Execution, Temperature, Truncation
+from ddpd.sampling.policies import (ConfidenceFactor, ConfidenceThreshold, EntropyBound, ErrorBudget, MaskGIT,
+                                    ReMDM, parse_policy)
 from ddpd.sampling.tau_leaping import tau_leaping_mask, tau_leaping_planned, tau_leaping_uniform
 
 __all__ = [
+    "ConfidenceFactor",
+    "ConfidenceThreshold",
+    "EntropyBound",
+    "ErrorBudget",
+    "MaskGIT",
+    "ReMDM",
+    "mask_sample",
+    "parse_policy",
     "DDPDOptions",
     "Execution",
     "NaNOutputWarning",

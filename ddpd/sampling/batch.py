@@ -47,6 +47,10 @@ class SampleResult:
     those calls. planner_rows_saved / denoiser_rows_saved: the row-evaluations that
     early stopping saved: at each call, the rows that had stopped and left the batch
     (not the rows a reference run leaves out of a pass because they draw nothing).
+    planner_passes / denoiser_passes: Long[B], the network passes each row took part in
+    (a pass counts for a row whose output the step used); commits: Long[B], the tokens a
+    denoiser draw wrote in each row (a position written again counts again); tokens_per_pass:
+    commits over all passes, the parallelism of a run (ddpd.sampling.policies).
     planner_nan_passes / denoiser_nan_passes: the passes whose output held a NaN in a row the
     step used (a denoiser's logits also +inf, an overflow; a denoiser run through its head:
     a NaN or infinite hidden state, which makes such logits); every draw reads NaN as -inf
@@ -68,6 +72,19 @@ class SampleResult:
     denoiser_rows_saved: int = 0
     planner_nan_passes: int = 0
     denoiser_nan_passes: int = 0
+    planner_passes: Optional[Tensor] = None
+    denoiser_passes: Optional[Tensor] = None
+    commits: Optional[Tensor] = None
+
+    @property
+    def passes(self) -> Tensor:
+        """Long[B]: network passes per row, planner and denoiser together."""
+        return self.planner_passes + self.denoiser_passes
+
+    @property
+    def tokens_per_pass(self) -> float:
+        """Tokens committed per network pass, over the whole batch."""
+        return float(self.commits.sum()) / max(1, int(self.passes.sum()))
 
 
 class NaNOutputWarning(RuntimeWarning):
@@ -98,6 +115,8 @@ class RunningBatch:
         # passes with a NaN output, planner then denoiser: device counters, updated in place
         # (a CUDA graph replays the update), read at the end
         self.nan_passes = torch.zeros(2, dtype=torch.long, device=x.device)
+        # per row id: planner passes, denoiser passes, commits (device counters, like nan_passes)
+        self.per_row = torch.zeros(x.shape[0], 3, dtype=torch.long, device=x.device)
 
     def __len__(self) -> int:
         return self.rows.numel()
@@ -130,6 +149,7 @@ class RunningBatch:
                 logits = model(x, *args)
         _check_output("planner", logits, tuple(x.shape))
         self._count_nan(0, torch.isnan(logits))
+        self._count_rows(0, None)
         self.planner_calls += 1
         self.planner_rows += x.shape[0]
         self.planner_rows_saved += self.batch_size - len(self)
@@ -154,7 +174,7 @@ class RunningBatch:
         bad = torch.zeros((), dtype=torch.bool, device=x.device)
         for output in outputs:
             bad = bad | torch.isnan(output) | (output == float("inf"))
-        self._count_denoiser_pass(x, bad, used)
+        self._count_denoiser_pass(x, bad, used, rows)
         logits = outputs[0] if len(outputs) == 1 else guided(outputs[1], outputs[0], self.condition.guidance_scale)
         return logits.float()
 
@@ -177,11 +197,13 @@ class RunningBatch:
             raise ValueError(f"denoiser.hidden must return hidden states of shape "
                              f"{[*x.shape, head.in_features]}, got {shape}")
         # NaN or inf in a hidden state: NaN or +inf logits (inf times weights of both signs)
-        self._count_denoiser_pass(x, ~torch.isfinite(h), used)
+        self._count_denoiser_pass(x, ~torch.isfinite(h), used, rows)
         return h
 
-    def _count_denoiser_pass(self, x: Tensor, bad: Tensor, used: Optional[Tensor]) -> None:
+    def _count_denoiser_pass(self, x: Tensor, bad: Tensor, used: Optional[Tensor],
+                             rows: Optional[Tensor] = None) -> None:
         self._count_nan(1, bad, used)
+        self._count_rows(1, used, rows)
         self.denoiser_calls += 1
         self.denoiser_rows += x.shape[0]
         self.denoiser_rows_saved += self.batch_size - len(self)
@@ -195,6 +217,24 @@ class RunningBatch:
             if rows is not None and rows.shape == bad.shape:
                 bad = bad & rows
         self.nan_passes.select(0, network).add_(bad.any())
+
+    def _count_rows(self, column: int, used: Optional[Tensor], rows: Optional[Tensor] = None) -> None:
+        """Add 1 to `column` of per_row for each running row (and `used`, when given); a pass on
+        some rows only (the reference run's `rows`) counts for those."""
+        if rows is not None and rows.shape != self.rows.shape:
+            self.per_row.select(1, column).index_add_(0, rows, torch.ones_like(rows))
+            return
+        add = torch.ones_like(self.rows)
+        for rows in (used, self.running()):
+            if rows is not None and rows.shape == add.shape:
+                add = add * rows
+        self.per_row.select(1, column).index_add_(0, self.rows, add)
+
+    def count_commits(self, n: Tensor) -> None:
+        """Add n (Long[B], the tokens each row's draws wrote this step) to the rows' commits."""
+        running = self.running()
+        n = n if running is None else n * running
+        self.per_row.select(1, 2).index_add_(0, self.rows, n.long())
 
     def _rows(self, rows: Optional[Tensor]) -> Tensor:
         return self.rows if rows is None else rows
@@ -229,9 +269,10 @@ class RunningBatch:
         with _sync_allowed():  # the run is over: its step count and NaN counts are read once
             steps = int(self.stop_step.max())
             nan_passes = self.nan_passes.tolist()
+        per_row = self.per_row[:self.batch_size]
         result = SampleResult(self.out, steps, self.stop_step, self.planner_calls, self.denoiser_calls,
                               self.planner_rows, self.denoiser_rows, self.planner_rows_saved,
-                              self.denoiser_rows_saved, *nan_passes)
+                              self.denoiser_rows_saved, *nan_passes, *per_row.unbind(1))
         message = nan_warning(result.planner_nan_passes, result.planner_calls, result.denoiser_nan_passes,
                               result.denoiser_calls)
         if message:
@@ -262,6 +303,7 @@ class FusedBatch(RunningBatch):
         # a padding slot past the rows: always stopped, its output row dropped at the end
         self.out = torch.cat([self.out, self.out[:1]])
         self.stop_step = torch.cat([self.stop_step, torch.zeros_like(self.stop_step[:1])])
+        self.per_row = torch.cat([self.per_row, torch.zeros_like(self.per_row[:1])])
 
     @property
     def finished(self) -> bool:

@@ -53,13 +53,16 @@ from ddpd.sampling.options import Execution, Truncation
 @dataclass
 class Plan:
     """The plan of a step: positions Long[B, k], sum_p Float[B], stop Bool[B]; for a mask
-    denoiser also the masked sequence Long[B, D] and the mask count Long[B]."""
+    denoiser also the masked sequence Long[B, D] and the mask count Long[B]; with `order` K
+    (a commit policy) the planner's first K picks Long[B, K] from the same uniforms, of which
+    positions are the first k."""
 
     positions: Tensor
     sum_p: Tensor
     stop: Tensor
     masked: Optional[Tensor] = None
     count: Optional[Tensor] = None
+    order: Optional[Tensor] = None
 
 
 class Draws:
@@ -76,7 +79,8 @@ class Draws:
         raise NotImplementedError
 
     def plan(self, step: int, logits: Tensor, rows: Tensor, k: int, selection: str, eps: float,
-             x: Optional[Tensor] = None, mask_id: Optional[int] = None) -> Plan:
+             x: Optional[Tensor] = None, mask_id: Optional[int] = None, order: int = 0) -> Plan:
+        """The step's plan (see Plan); order > k also returns the planner's first `order` picks."""
         raise NotImplementedError
 
     def rows_with(self, flags: Tensor) -> Optional[Tensor]:
@@ -87,26 +91,30 @@ class Draws:
         return None
 
     def categorical(self, step: int, rows: Tensor, logits: Tensor, per_row: int, temperature: float,
-                    exclude: Optional[Tensor] = None) -> Tensor:
+                    exclude: Optional[Tensor] = None, confidence: bool = False):
         """Long[N]: one draw per row of logits [N, V] (N = len(rows) * per_row, the draws of a row
-        consecutive) from the TOKEN stream, truncated as the run's Truncation says; temperature 0 is
-        the argmax; never exclude[n]."""
+        consecutive) from the TOKEN stream, truncated as the run's Truncation says; temperature (a number,
+        or Float[N] one per draw) 0 is the argmax; never exclude[n]. confidence: (tokens, Float[N] the
+        probability of each drawn token under the law it was drawn from, the ops' confidence="prob")."""
         raise NotImplementedError
 
     def tokens_at(self, batch: RunningBatch, denoiser: Callable, step: int, x_in: Tensor, t: Tensor,
                   positions: Tensor, rows: Tensor, vocab_size: int, temperature: float,
-                  used: Optional[Tensor] = None) -> Tensor:
+                  used: Optional[Tensor] = None, confidence: bool = False):
         """Long[B, k]: a token at each of positions (Long[B, k]) from denoiser(x_in, t) (rows: their row
-        ids; used: Bool[B], the rows whose tokens the step keeps, default all)."""
+        ids; used: Bool[B], the rows whose tokens the step keeps, default all); confidence: as in
+        categorical, both shaped [B, k]."""
         logits = batch.denoiser(denoiser, x_in, t, vocab_size, rows=rows, used=used)
-        return self.tokens_from(step, rows, logits, positions, temperature)
+        return self.tokens_from(step, rows, logits, positions, temperature, confidence)
 
-    def tokens_from(self, step: int, rows: Tensor, logits: Tensor, positions: Tensor, temperature: float) -> Tensor:
+    def tokens_from(self, step: int, rows: Tensor, logits: Tensor, positions: Tensor, temperature: float,
+                    confidence: bool = False):
         """Long[B, k]: a token at each of positions from the logits [B, D, V] at those positions."""
         n, k = positions.shape
         vocab = logits.shape[-1]
         picked = logits.gather(1, positions[..., None].expand(-1, -1, vocab)).reshape(n * k, vocab)
-        return self.categorical(step, rows, picked, k, temperature).view(n, k)
+        out = self.categorical(step, rows, picked, k, temperature, confidence=confidence)
+        return (out[0].view(n, k), out[1].view(n, k)) if confidence else out.view(n, k)
 
     def tokens_everywhere(self, step: int, rows: Tensor, logits: Tensor, temperature: float,
                           exclude: Optional[Tensor] = None) -> Tensor:
@@ -146,23 +154,26 @@ class ReferenceDraws(Draws):
     def batch(self, x0: Tensor, state: Optional[dict] = None, condition: Optional[Condition] = None) -> RunningBatch:
         return RunningBatch(x0, state, condition, self.dtype)
 
-    def plan(self, step, logits, rows, k, selection, eps, x=None, mask_id=None) -> Plan:
+    def plan(self, step, logits, rows, k, selection, eps, x=None, mask_id=None, order=0) -> Plan:
         length = logits.shape[1]
         u = self.noise.uniform(step, SELECT, rows, length)
         if mask_id is None:
-            return Plan(*planner_select_reference(logits, k, selection, eps=eps, noise=u))
+            plan = Plan(*planner_select_reference(logits, max(k, order), selection, eps=eps, noise=u))
+            return _ordered(plan, k, order)
         u_mask = self.noise.uniform(step, MASK, rows, length)
         positions, sum_p, stop, masked, _, count = planner_select_mask_reference(
             logits, x, mask_id, k, selection, eps=eps, noise=u, mask_noise=u_mask)
-        return Plan(positions, sum_p, stop, masked, count)
+        ranked = planner_select_reference(logits, order, selection, eps=eps, noise=u)[0] if order > k else None
+        return Plan(positions, sum_p, stop, masked, count, ranked)
 
     def rows_with(self, flags: Tensor) -> Optional[Tensor]:
         return flags.nonzero().flatten()
 
-    def categorical(self, step, rows, logits, per_row, temperature, exclude=None):
+    def categorical(self, step, rows, logits, per_row, temperature, exclude=None, confidence=False):
         u = self._token_noise(step, rows, per_row, logits.shape[1])
-        return sample_categorical_reference(logits, temperature, exclude_per_row=exclude, noise=u,
-                                            **self.controls)[0]
+        out = sample_categorical_reference(logits, temperature, exclude_per_row=exclude, noise=u,
+                                           confidence="prob" if confidence else None, **self.controls)
+        return (out[0], out[2]) if confidence else out[0]
 
 
 class FusedDraws(Draws):
@@ -176,21 +187,22 @@ class FusedDraws(Draws):
     def batch(self, x0: Tensor, state: Optional[dict] = None, condition: Optional[Condition] = None) -> RunningBatch:
         return FusedBatch(x0, state, condition, self.dtype, self.execution.sync_every, self.execution.compaction)
 
-    def plan(self, step, logits, rows, k, selection, eps, x=None, mask_id=None) -> Plan:
+    def plan(self, step, logits, rows, k, selection, eps, x=None, mask_id=None, order=0) -> Plan:
         length = logits.shape[1]
         if self.philox:
             stream = self.noise.counters(step, SELECT, rows)
         else:
             stream = dict(noise=self.noise.uniform(step, SELECT, rows, length))
         if mask_id is None:
-            return Plan(*planner_select(logits, k, selection, eps=eps, **stream))
+            return _ordered(Plan(*planner_select(logits, max(k, order), selection, eps=eps, **stream)), k, order)
+        ranked = planner_select(logits, order, selection, eps=eps, **stream)[0] if order > k else None
         if self.philox:
             stream["mask_offset"] = self.noise.counters(step, MASK, rows)["offset"]
         else:
             stream["mask_noise"] = self.noise.uniform(step, MASK, rows, length)
         positions, sum_p, stop, masked, _, count = planner_select_mask(logits, x, mask_id, k, selection, eps=eps,
                                                                        **stream)
-        return Plan(positions, sum_p, stop, masked, count)
+        return Plan(positions, sum_p, stop, masked, count, ranked)
 
     def rows_with(self, flags: Tensor) -> Optional[Tensor]:
         return None  # every row runs: which rows draw is not known on the host without a sync
@@ -198,14 +210,18 @@ class FusedDraws(Draws):
     def graphs(self, batch: RunningBatch, run) -> Optional[StepGraphs]:
         return step_graphs(batch, run, self.execution, self.philox)
 
-    def categorical(self, step, rows, logits, per_row, temperature, exclude=None):
+    def categorical(self, step, rows, logits, per_row, temperature, exclude=None, confidence=False):
+        wanted = dict(confidence="prob") if confidence else {}
         if per_row == 1 or not self.philox:
             stream = self._token_stream(step, rows, per_row, logits.shape[1])
-            return sample_categorical(logits, temperature, exclude_per_row=exclude, **self.controls, **stream)[0]
-        tokens = [sample_categorical(logits[first:last], temperature, **self.controls, noise=noise,
-                                     exclude_per_row=None if exclude is None else exclude[first:last])[0]
-                  for first, last, noise in self._token_chunks(step, rows, per_row, logits.shape[1])]
-        return torch.cat(tokens)
+            out = sample_categorical(logits, temperature, exclude_per_row=exclude, **self.controls, **wanted,
+                                     **stream)
+            return (out[0], out[2]) if confidence else out[0]
+        parts = [sample_categorical(logits[first:last], _part(temperature, first, last), **self.controls, **wanted,
+                                    noise=noise, exclude_per_row=_part(exclude, first, last))
+                 for first, last, noise in self._token_chunks(step, rows, per_row, logits.shape[1])]
+        tokens = torch.cat([part[0] for part in parts])
+        return (tokens, torch.cat([part[2] for part in parts])) if confidence else tokens
 
     def _token_chunks(self, step: int, rows: Tensor, per_row: int, vocab_size: int):
         """(first, last, noise) over the draws of `rows` (per_row each, consecutive): the
@@ -229,22 +245,38 @@ class FusedDraws(Draws):
                 yield first, first + len(rows_here) * (j1 - j0), u
 
     def tokens_at(self, batch, denoiser, step, x_in, t, positions, rows, vocab_size, temperature,
-                  used=None) -> Tensor:
+                  used=None, confidence=False):
         """With hidden(x, t) and an nn.Linear head, the head runs at the B * k chosen positions only."""
         if not has_head(denoiser):
-            return super().tokens_at(batch, denoiser, step, x_in, t, positions, rows, vocab_size, temperature, used)
+            return super().tokens_at(batch, denoiser, step, x_in, t, positions, rows, vocab_size, temperature, used,
+                                     confidence)
         n, k = positions.shape
         h = batch.hidden(denoiser, x_in, t, vocab_size, rows=rows, used=used)
         picked = h.gather(1, positions[..., None].expand(-1, -1, h.shape[-1])).reshape(n * k, -1)
         head = denoiser.head
-        tokens, _ = sample_from_hidden(picked, head.weight, head.bias, temperature, **self.controls,
-                                       **self._token_stream(step, rows, k, vocab_size))
-        return tokens.view(n, k)
+        out = sample_from_hidden(picked, head.weight, head.bias, temperature, **self.controls,
+                                 **(dict(confidence="prob") if confidence else {}),
+                                 **self._token_stream(step, rows, k, vocab_size))
+        return (out[0].view(n, k), out[2].view(n, k)) if confidence else out[0].view(n, k)
 
     def _token_stream(self, step: int, rows: Tensor, per_row: int, vocab_size: int) -> dict:
         if self.philox and per_row == 1:
             return self.noise.counters(step, TOKEN, rows)
         return dict(noise=self._token_noise(step, rows, per_row, vocab_size))
+
+
+def _part(value, first: int, last: int):
+    """Draws first .. last - 1 of a per-draw tensor; a number (or None) applies to every draw."""
+    return value[first:last] if isinstance(value, Tensor) else value
+
+
+def _ordered(plan: Plan, k: int, order: int) -> Plan:
+    """A plan whose selection drew max(k, order) positions: the first k are its positions, all
+    of them its order (when order > k)."""
+    if order <= k:
+        return plan
+    plan.order, plan.positions = plan.positions, plan.positions[:, :k]
+    return plan
 
 
 def make_draws(noise: NoiseSource, execution: Execution, dtype: torch.dtype = torch.float32,

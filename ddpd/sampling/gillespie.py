@@ -66,6 +66,7 @@ from ddpd.sampling.common import Run, expand, setup, start, subset, write
 from ddpd.sampling.draws import Draws
 from ddpd.sampling.noise import ACCEPT, CLOCK, NoiseSource, exponential
 from ddpd.sampling.options import DDPDOptions, Temperature
+from ddpd.sampling.policies import commit_risk
 from ddpd.validation import check_callable, check_choice
 
 DENOISER_TYPES = ("uniform", "mask")
@@ -92,7 +93,10 @@ def ddpd_sample(
     time_conditioned_planner, which needs clock='exact'); denoiser(x Long[B, D],
     t Float[B]) -> Float[B, D, vocab_size] logits; for denoiser_type='mask' its input holds
     mask_id (default vocab_size) at masked positions. steps: the step budget T.
-    temperature: of the denoiser logits (0 = argmax), or a Temperature(start, end) schedule.
+    temperature: of the denoiser logits (0 = argmax), or a Temperature(start, end) schedule, annealed
+    over what ends the run: the steps of the budget (stop='budget' on the planner clock), the
+    planner's time estimate (stop='eps': `end` once it passes alpha^{-1}(1 - eps)), the clock's
+    time (clock='exact': `end` at t_end); a run stopped early by its budget ends before `end`.
     Randomness: seed (Philox, per-row streams), noise (a NoiseSource) or generator=.
 
     options (keywords, or the objects): the fields of DDPDOptions — selection, stop, eps,
@@ -176,9 +180,10 @@ class _PlannerDenoiser:
         return batch.planner(self.planner, x, t) if self.time_conditioned else batch.planner(self.planner, x)
 
     def tokens(self, draws: Draws, batch: RunningBatch, step: int, x_in: Tensor, t: Tensor, positions: Tensor,
-               rows: Tensor, temperature: float, index: Optional[Tensor], used: Optional[Tensor] = None) -> Tensor:
+               rows: Tensor, temperature: float, index: Optional[Tensor], used: Optional[Tensor] = None,
+               confidence: bool = False):
         return draws.tokens_at(batch, self.denoiser, step, x_in, t, positions, rows, self.vocab_size, temperature,
-                               used)
+                               used, confidence)
 
 
 class _UniformModel:
@@ -218,7 +223,8 @@ class _UniformModel:
         return torch.logit(p.double(), eps=1e-10).float() if self.softmax else torch.log(p) - torch.log1p(-p)
 
     def tokens(self, draws: Draws, batch: RunningBatch, step: int, x_in: Tensor, t: Tensor, positions: Tensor,
-               rows: Tensor, temperature: float, index: Optional[Tensor], used: Optional[Tensor] = None) -> Tensor:
+               rows: Tensor, temperature: float, index: Optional[Tensor], used: Optional[Tensor] = None,
+               confidence: bool = False):
         if self.reuse:
             logits = self.logits if index is None else self.logits[index]
         else:
@@ -229,7 +235,7 @@ class _UniformModel:
         stays = torch.nn.functional.one_hot(x_in, self.vocab_size).bool()
         log_q = torch.where((log_q > float("-inf")).any(-1, keepdim=True), log_q,
                             torch.where(stays, 0.0, float("-inf")))
-        return draws.tokens_from(step, rows, log_q, positions, temperature)
+        return draws.tokens_from(step, rows, log_q, positions, temperature, confidence)
 
 
 # ---------------------------------------------------------------------------------------------- the loops
@@ -263,10 +269,14 @@ def _planner_clock(run: Run, draws: Draws, opts: DDPDOptions, networks, batch: R
     if networks.takes_time:
         batch.state["t_prev"] = torch.zeros(len(batch), device=batch.x.device)
 
+    policy = opts.policy
+    order = min(policy.max_k, run.length) if policy is not None else 0
+
     def one_step(step, k: int, temperature: float, check: bool) -> bool:
         logits = _plan(networks, batch, batch.state.get("t_prev"))
-        plan = draws.plan(step, logits, batch.rows, k, opts.selection, opts.eps, batch.x, mask_id)
-        positions, sum_p, masked, count = plan.positions, plan.sum_p, plan.masked, plan.count
+        plan = draws.plan(step, logits, batch.rows, k, opts.selection, opts.eps, batch.x, mask_id, order)
+        positions = plan.positions if plan.order is None else plan.order
+        sum_p, masked, count = plan.sum_p, plan.masked, plan.count
         if opts.stop == "eps":
             logits, positions, sum_p, masked, count = batch.finish(plan.stop, step, logits, positions, sum_p, masked,
                                                                    count, check=check)
@@ -276,8 +286,18 @@ def _planner_clock(run: Run, draws: Draws, opts: DDPDOptions, networks, batch: R
             x_in, t = masked, mask_time(count, run)
         else:
             x_in, t = batch.x, planner_time(sum_p, run, _noisy_positions(batch, run))
-        tokens = networks.tokens(draws, batch, step, x_in, t, positions, batch.rows, temperature, None)
-        batch.x.copy_(write(batch.x, positions, tokens, _changes(batch, logits, positions)))
+        if opts.stop == "eps":
+            temperature = _eps_stop_temperature(run, opts, temperature, sum_p, batch, positions.shape[1])
+        change = _changes(batch, logits, positions)
+        if policy is None:
+            tokens = networks.tokens(draws, batch, step, x_in, t, positions, batch.rows, temperature, None)
+        else:
+            tokens, confidence = networks.tokens(draws, batch, step, x_in, t, positions, batch.rows, temperature,
+                                                 None, confidence=True)
+            change = change & policy.commit(commit_risk(logits, positions, confidence),
+                                            _candidates(positions, masked, mask_id))
+        batch.x.copy_(write(batch.x, positions, tokens, change))
+        batch.count_commits(change.sum(1))
         if "t_prev" in batch.state:
             batch.state["t_prev"].copy_(t)
         return False
@@ -317,13 +337,15 @@ def _exact_clock(run: Run, draws: Draws, opts: DDPDOptions, networks, batch: Run
         if index is not None and index.numel() == 0:
             return False
         x_in, t_in = (plan.masked, mask_time(plan.count, run)) if mask_id is not None else (batch.x, t)
-        x_in, t_in, positions, rows = subset(index, x_in, t_in, plan.positions, batch.rows)
+        x_in, t_in, t, positions, rows = subset(index, x_in, t_in, t, plan.positions, batch.rows)
+        temperature = _over_time(run, t, opts.t_end, 1)  # the run ends at t_end, not at the budget's last step
         # the reference run passes the accepted rows only; the fused run passes all and keeps theirs
         used = accept if index is None else None
         tokens = networks.tokens(draws, batch, step, x_in, t_in, positions, rows, temperature, index, used)
         tokens = expand(index, tokens, batch.x.gather(1, plan.positions))
         change = _changes(batch, logits, plan.positions) & accept[:, None]
         batch.x.copy_(write(batch.x, plan.positions, tokens, change))
+        batch.count_commits(change.sum(1))
         return False
 
     _run_steps(run, draws, batch, opts, one_step, stops=True)
@@ -343,6 +365,32 @@ def _run_steps(run: Run, draws: Draws, batch: RunningBatch, opts: DDPDOptions, o
                 return
         else:
             graphs.run(k, lambda step, k=k, temperature=temperature: one_step(step, k, temperature, False), i)
+
+
+def _over_time(run: Run, t: Tensor, t_final: float, k: int) -> Union[float, Tensor]:
+    """The temperature of each draw (Float[B * k], a row's k draws consecutive) at the rows' times
+    t (Float[B]) of a run that ends at t_final; the number itself when it is fixed."""
+    temperature = run.temperature.over(t / t_final)
+    return temperature if isinstance(temperature, float) else temperature.repeat_interleave(k)
+
+
+def _eps_stop_temperature(run: Run, opts: DDPDOptions, temperature: float, sum_p: Tensor, batch: RunningBatch,
+                          k: int) -> Union[float, Tensor]:
+    """Under the eps stop a row ends when the planner says clean, mostly well before the budget's last
+    step: the temperature follows the planner's time estimate, `end` from alpha^{-1}(1 - eps) on, an
+    estimate every row has passed at the plan where it stops (p < eps everywhere puts it there)."""
+    if run.temperature.start == run.temperature.end:
+        return temperature
+    t_stop = float(run.schedule.inverse(torch.tensor(1.0 - opts.eps, dtype=torch.float64)))
+    return _over_time(run, planner_time(sum_p, run, _noisy_positions(batch, run)), t_stop, k)
+
+
+def _candidates(positions: Tensor, masked: Optional[Tensor], mask_id: Optional[int]) -> Tensor:
+    """Bool[B, K]: the planner's picks a commit policy may commit: every pick, or with a mask
+    denoiser those the denoiser saw masked (the first always is), whose tokens it predicted."""
+    if mask_id is None:
+        return torch.ones_like(positions, dtype=torch.bool)
+    return masked.gather(1, positions) == mask_id
 
 
 def _changes(batch: RunningBatch, logits: Tensor, positions: Tensor) -> Tensor:

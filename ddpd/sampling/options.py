@@ -1,7 +1,9 @@
 """Sampler options as validated, immutable objects, one per concern.
 
 - `Temperature`: the denoiser logit temperature, fixed or annealed linearly from `start`
-  (first step) to `end` (last step); shared by every sampler. 0 means argmax.
+  to `end` over the run: over its steps (first to last of the budget), or over its time
+  where the run's length is a time, not a step count (`Temperature.over`); shared by every
+  sampler. 0 means argmax.
 - `DDPDOptions`: how Algorithm 1 (alg:sampling) plans, stops and keeps time: `selection`
   (sigmoid = option A, softmax = option C), `stop` (eps = A, budget = B) and `eps`,
   `clock` (planner: the paper's time estimate; exact: the self-loop CTMC simulated
@@ -25,9 +27,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Optional, Tuple, Type
+from typing import Optional, Tuple, Type, Union
+
+import torch
+from torch import Tensor
 
 from ddpd.ops.sample_categorical import MAX_TEMPERATURE
+from ddpd.sampling.policies import ErrorBudget
 from ddpd.validation import check_bool, check_choice, check_float, check_int
 
 SELECTIONS = ("sigmoid", "softmax")
@@ -45,7 +51,8 @@ def check_temperature(name: str, value) -> float:
 
 @dataclass(frozen=True)
 class Temperature:
-    """Logit temperature `start` at the first step, linearly to `end` (default: start) at the last."""
+    """Logit temperature `start` at the first step, linearly to `end` (default: start) at the last
+    (`at`), or at time 0 to `end` at the run's final time (`over`, per row)."""
 
     start: float = 1.0
     end: Optional[float] = None
@@ -64,6 +71,15 @@ class Temperature:
         value = self.start + (self.end - self.start) * step / (steps - 1)
         return min(max(value, min(self.start, self.end)), max(self.start, self.end))  # never past either end
 
+    def over(self, fraction: Tensor) -> Union[float, Tensor]:
+        """The temperature of each row at `fraction` (Float[B], clamped to [0, 1]) of the run's time:
+        a number when fixed, so that a fixed temperature takes the ops' scalar path (and CUDA graphs)."""
+        if self.start == self.end:
+            return self.start
+        value = self.start + (self.end - self.start) * fraction.float().clamp(0.0, 1.0)
+        value = value.clamp(min(self.start, self.end), max(self.start, self.end))  # never past either end
+        return torch.where(fraction >= 1.0, self.end, value)  # exactly the end there, as `at` is at the last step
+
 
 @dataclass(frozen=True)
 class DDPDOptions:
@@ -77,6 +93,7 @@ class DDPDOptions:
     k: int = 1
     parallel_steps: int = 0
     time_conditioned_planner: bool = False
+    policy: Optional[ErrorBudget] = None
 
     def __post_init__(self) -> None:
         check_choice("selection", self.selection, SELECTIONS)
@@ -88,6 +105,13 @@ class DDPDOptions:
         check_int("k", self.k, 1)
         check_int("parallel_steps", self.parallel_steps, 0)
         check_bool("time_conditioned_planner", self.time_conditioned_planner)
+        if self.policy is not None:
+            if not isinstance(self.policy, ErrorBudget):
+                raise TypeError(f"policy must be an ErrorBudget (ddpd.sampling.policies) or None, "
+                                f"got {type(self.policy).__name__}")
+            if self.clock == "exact" or self.parallel_steps > 0:
+                raise ValueError("policy= needs clock='planner' and no fixed parallel stage (parallel_steps=0): "
+                                 "the exact clock simulates one jump at a time")
         if self.clock == "exact":
             if self.stop == "eps":
                 raise ValueError("stop='eps' is not available with clock='exact', which runs to t_end; "

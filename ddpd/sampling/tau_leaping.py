@@ -132,6 +132,7 @@ def tau_leaping_uniform(
             # New values exclude the current one: the rate is defined for j != x_t^d only.
             tokens = draws.tokens_everywhere(i, batch.rows, logits, run.temperature_at(i), exclude=batch.x)
             batch.x = torch.where(jump, tokens, batch.x)
+            batch.count_commits(jump.sum(-1))
     return batch.result(run.steps)
 
 
@@ -223,6 +224,7 @@ def _draw_where(run: Run, draws: Draws, batch: RunningBatch, denoiser: Callable,
     The reference run calls the denoiser on the rows with a draw only; the fused run does
     not know them without a host synchronisation and runs every row.
     """
+    batch.count_commits(where.sum(-1))
     index = draws.rows_with(where.any(-1))
     if index is not None and index.numel() == 0:
         return x

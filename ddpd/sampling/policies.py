@@ -1,0 +1,340 @@
+"""Commit policies: how many of a step's drawn tokens a sampler keeps (parallel decoding).
+
+A policy is handed to one loop, never a loop of its own, and decides on the device: its
+answer is a mask over a fixed shape, so a step stays one CUDA-graph replay whatever it
+commits. The cost unit is a network pass; docs/parallel.md has the measured frontier.
+
+- `ErrorBudget` (the DDPD loop, ddpd.sampling.gillespie): the planner's pick of the step
+  is always denoised, and up to `max_k - 1` more of the positions the planner orders
+  next are committed while their summed risk stays under `bound`.
+- The mask loop (ddpd.sampling.maskgit.mask_sample) takes one of `MaskGIT`,
+  `ConfidenceThreshold`, `ConfidenceFactor`, `EntropyBound` or `ReMDM`: which masked
+  positions take their drawn token this step, and (ReMDM) which committed ones are masked
+  again.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional, Union
+
+import torch
+from torch import Tensor
+
+from ddpd.validation import check_choice, check_float, check_int
+
+ORDERS = ("risk", "planner")
+REMDM_SCHEDULES = ("cap", "rescale", "loop")
+
+
+# ---------------------------------------------------------------------------------------------- DDPD
+
+
+@dataclass(frozen=True)
+class ErrorBudget:
+    """Commit several planner-chosen positions a step while their summed risk is at most `bound`.
+
+    Each step the planner orders `max_k` positions (Gumbel-top-k of its selection weights, so
+    the first is Algorithm 1's one-position pick) and the denoiser draws a token at each. The
+    risk of committing candidate j is r_j = 1 - p_j c_j: p_j = p(z^j = N | x_t) from the
+    planner, c_j the probability of the drawn token under the law it was drawn from; it is
+    the chance that the commit is not a noisy position receiving a likely value. The first
+    pick is always committed; of the others (with a mask denoiser only those the planner's
+    mask z of prop:draw_with_maskD masked), the lowest-risk ones (order='risk'), or the
+    next in the planner's order (order='planner', stopping at the first that does not fit),
+    are committed while sum r_j <= bound. A committed token the planner later calls noise is
+    drawn again, as in Algorithm 1.
+
+    bound 0 or max_k 1 commit one position a step: exactly Algorithm 1's draws.
+    """
+
+    bound: float = 1.0
+    max_k: int = 16
+    order: str = "risk"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "bound", check_float("bound", self.bound, 0.0, float("inf"), open_max=True))
+        check_int("max_k", self.max_k, 1)
+        check_choice("order", self.order, ORDERS)
+
+    def commit(self, risk: Tensor, eligible: Tensor) -> Tensor:
+        """Bool[B, K]: the candidates (in the planner's order) to commit, from risk Float[B, K]
+        and eligible Bool[B, K]; column 0 always."""
+        rest = risk[:, 1:].masked_fill(~eligible[:, 1:], float("inf"))
+        if self.order == "planner":
+            fits = (rest.masked_fill(~eligible[:, 1:], 0.0).cumsum(1) <= self.bound) & eligible[:, 1:]
+            extra = fits & (fits | ~eligible[:, 1:]).cumprod(1).bool()
+        else:
+            extra = _smallest_within(rest, self.bound)
+        return torch.cat([torch.ones_like(eligible[:, :1]), extra], 1)
+
+
+def _smallest_within(cost: Tensor, bound: float) -> Tensor:
+    """Bool like cost: the most entries of each row, cheapest first (ties to the lower
+    column), whose costs sum to at most bound; +inf never."""
+    order = cost.argsort(dim=1, stable=True)
+    taken = cost.gather(1, order).cumsum(1) <= bound
+    return torch.zeros_like(taken).scatter(1, order, taken)
+
+
+def commit_risk(planner_logits: Tensor, positions: Tensor, confidence: Tensor) -> Tensor:
+    """r_j = 1 - p_j c_j at positions (Long[B, K]): p = sigmoid of the planner logits (0 at a
+    frozen position, logit -inf), c the drawn tokens' probabilities."""
+    p = torch.sigmoid(planner_logits.gather(1, positions))
+    return 1.0 - p * confidence.clamp(0.0, 1.0)
+
+
+# ---------------------------------------------------------------------------------------------- mask loop
+
+
+@dataclass(frozen=True)
+class Step:
+    """What a mask-loop policy sees at step `index` of `steps`: masked Bool[B, D] (not frozen),
+    logprob Float[B, D], the model's (untempered) log-probability of each position's drawn
+    token, and entropy Float[B, D] of its law, m0 Long[B] the masks each row started with, and
+    the schedule's alpha at the step's start and end times (ReMDM)."""
+
+    index: int
+    steps: int
+    masked: Tensor
+    logprob: Tensor
+    m0: Tensor
+    entropy: Optional[Tensor] = None  # when the policy needs "entropy"
+    uniforms: Optional[Tensor] = None  # Float[B, D] of the step's EVENT stream ("uniforms")
+    gumbel: Optional[Tensor] = None  # Float[B, D] Gumbel variables of the CONFIDENCE stream ("gumbel")
+    alpha_t: float = 0.0
+    alpha_s: float = 1.0
+    looping: bool = False
+
+    @property
+    def last(self) -> bool:
+        return self.index == self.steps - 1
+
+    @property
+    def prob(self) -> Tensor:
+        return self.logprob.exp()
+
+
+class _Unmasking:
+    """A policy that only unmasks: moves(step) = (unmask(step), None)."""
+
+    needs = ()
+
+    def moves(self, step: Step) -> tuple:
+        return self.unmask(step), None
+
+
+@dataclass(frozen=True)
+class MaskGIT(_Unmasking):
+    """MaskGIT (Chang et al. 2022, sec. 3.2, eq. 3 and the cosine mask schedule): keep the
+    n_i = floor(m0 cos(pi/2 (i + 1) / T)) least confident masked positions masked, clamped to
+    [1, m - 1]; confidence log p(token) + choice_temperature (1 - (i + 1) / T) Gumbel."""
+
+    choice_temperature: float = 4.5
+    needs = ("gumbel",)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "choice_temperature", check_float("choice_temperature", self.choice_temperature,
+                                                                   0.0, float("inf"), open_max=True))
+
+    def unmask(self, step: Step) -> Tensor:
+        m = step.masked.sum(-1)
+        if step.last:
+            return step.masked
+        n = torch.floor(step.m0.double() * math.cos(0.5 * math.pi * (step.index + 1) / step.steps)).long()
+        n = torch.clamp(torch.minimum(m - 1, n), min=1)
+        tau = self.choice_temperature * (1.0 - (step.index + 1) / step.steps)
+        confidence = step.logprob + tau * step.gumbel
+        return step.masked & ~least_confident(confidence, step.masked, n)
+
+
+@dataclass(frozen=True)
+class ConfidenceThreshold(_Unmasking):
+    """Fast-dLLM's threshold rule (Wu et al. 2025, arXiv:2505.22618, sec. 3.3, Theorem 1): unmask
+    every masked position whose drawn token has probability > threshold, and at least the most
+    confident one. threshold 1 unmasks one position a step (MaskGIT's greedy order)."""
+
+    threshold: float = 0.9
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "threshold", check_float("threshold", self.threshold, 0.0, 1.0))
+
+    def unmask(self, step: Step) -> Tensor:
+        if step.last:
+            return step.masked
+        return step.masked & ((step.prob > self.threshold) | _most_confident(step))
+
+
+@dataclass(frozen=True)
+class ConfidenceFactor(_Unmasking):
+    """Fast-dLLM's factor rule (arXiv:2505.22618, sec. 3.3, after Theorem 1): with the masked
+    positions' probabilities sorted c_(1) >= c_(2) >= ..., unmask the n most confident for
+    the largest n with (n + 1)(1 - c_(n)) < factor; at least one."""
+
+    factor: float = 1.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "factor", check_float("factor", self.factor, 0.0, float("inf"), open_min=True,
+                                                       open_max=True))
+
+    def unmask(self, step: Step) -> Tensor:
+        if step.last:
+            return step.masked
+        c = step.prob.masked_fill(~step.masked, -1.0)
+        order = c.argsort(dim=1, descending=True, stable=True)
+        ranked = c.gather(1, order)
+        n = torch.arange(1, c.shape[1] + 1, device=c.device)
+        ok = ((n + 1) * (1.0 - ranked) < self.factor) & (ranked >= 0)
+        count = (ok.cumprod(1).sum(1)).clamp(min=1)  # the largest prefix where the rule holds
+        rank = torch.empty_like(order).scatter_(1, order, n.expand_as(order) - 1)
+        return step.masked & (rank < count[:, None])
+
+
+@dataclass(frozen=True)
+class EntropyBound(_Unmasking):
+    """EB-sampler (Ben-Hamu et al. 2025, arXiv:2505.24857, sec. 4, eq. 10): order the masked
+    positions by the entropy of their law, lowest first, and unmask the largest prefix U with
+    sum_{U} H - max_{U} H <= gamma (so at least one)."""
+
+    gamma: float = 0.1
+    needs = ("entropy",)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "gamma", check_float("gamma", self.gamma, 0.0, float("inf"), open_max=True))
+
+    def unmask(self, step: Step) -> Tensor:
+        if step.last:
+            return step.masked
+        h = step.entropy.masked_fill(~step.masked, float("inf"))
+        order = h.argsort(dim=1, stable=True)
+        ranked = h.gather(1, order)
+        # sorted ascending, the prefix's maximum is its last entry
+        taken = (ranked.cumsum(1) - ranked <= self.gamma) & (ranked < float("inf"))
+        taken = taken.cumprod(1).bool()
+        taken[:, 0] = ranked[:, 0] < float("inf")
+        return torch.zeros_like(taken).scatter(1, order, taken)
+
+
+@dataclass(frozen=True)
+class ReMDM:
+    """ReMDM (Wang et al. 2025, arXiv:2503.00307, sec. 3, eqs. 6-7 and sec. 4.1's schedules):
+    MDLM's ancestral step from alpha_t to alpha_s with remasking probability sigma: a committed
+    token is masked again with probability sigma, a mask takes its drawn token with
+    probability (alpha_s - (1 - sigma) alpha_t) / (1 - alpha_t).
+    sigma_max = min(1, (1 - alpha_s) / alpha_t); 'cap': sigma = min(eta, sigma_max),
+    'rescale': sigma = eta sigma_max; 'loop' (t_on, t_off in DDPD's time, 0 = noise): MDLM
+    (sigma 0) up to t_on, then alpha held at alpha(t_on) with sigma = eta until t_off, then
+    MDLM from alpha(t_on) to 1 (the mask loop maps the step grid, mask_sample)."""
+
+    schedule: str = "cap"
+    eta: float = 0.02
+    t_on: float = 0.45
+    t_off: float = 0.95
+    needs = ("uniforms",)
+
+    def __post_init__(self) -> None:
+        check_choice("schedule", self.schedule, REMDM_SCHEDULES)
+        object.__setattr__(self, "eta", check_float("eta", self.eta, 0.0, 1.0))
+        object.__setattr__(self, "t_on", check_float("t_on", self.t_on, 0.0, 1.0))
+        object.__setattr__(self, "t_off", check_float("t_off", self.t_off, 0.0, 1.0))
+        if self.schedule == "loop" and not self.t_on < self.t_off:
+            raise ValueError(f"ReMDM loop needs t_on < t_off, got t_on={self.t_on}, t_off={self.t_off}")
+
+    def alphas(self, index: int, steps: int, alpha) -> tuple:
+        """(alpha_t, alpha_s, looping) of step `index` on the uniform grid; alpha: the schedule."""
+        t, s = index / steps, (index + 1) / steps
+        if self.schedule != "loop":
+            return alpha(t), alpha(s), False
+        a_on = alpha(self.t_on)
+
+        def mapped(u: float) -> float:
+            if u <= self.t_on:
+                return alpha(u)
+            if u <= self.t_off:
+                return a_on
+            return a_on + (1.0 - a_on) * (u - self.t_off) / (1.0 - self.t_off)
+
+        return mapped(t), mapped(s), self.t_on < s <= self.t_off
+
+    def sigma(self, alpha_t: float, alpha_s: float, looping: bool) -> float:
+        if self.schedule == "loop":
+            return self.eta if looping else 0.0
+        sigma_max = min(1.0, (1.0 - alpha_s) / alpha_t) if alpha_t > 0 else 1.0
+        return min(self.eta, sigma_max) if self.schedule == "cap" else self.eta * sigma_max
+
+    def moves(self, step: Step) -> tuple:
+        """(unmask, remask) Bool[B, D] from the step's EVENT uniforms: one uniform a position
+        decides both, a mask unmasking and a committed token being masked again."""
+        sigma = self.sigma(step.alpha_t, step.alpha_s, step.looping)
+        if step.last:
+            return step.masked, torch.zeros_like(step.masked)
+        a_t, a_s = step.alpha_t, step.alpha_s
+        unmask_p = 1.0 if a_t >= 1.0 else max(0.0, min(1.0, (a_s - (1.0 - sigma) * a_t) / (1.0 - a_t)))
+        return step.masked & (step.uniforms < unmask_p), ~step.masked & (step.uniforms < sigma)
+
+
+MaskPolicy = Union[MaskGIT, ConfidenceThreshold, ConfidenceFactor, EntropyBound, ReMDM]
+
+
+def _most_confident(step: Step) -> Tensor:
+    """Bool[B, D]: the masked position of highest drawn-token probability (lowest on ties)."""
+    c = step.prob.masked_fill(~step.masked, -1.0)
+    return torch.zeros_like(step.masked).scatter(1, c.argmax(dim=1, keepdim=True), True)
+
+
+def least_confident(confidence: Tensor, masked: Tensor, n: Tensor) -> Tensor:
+    """Bool[B, D]: the n (Long[B]) masked positions of lowest confidence in each row.
+
+    Unmasked positions never count; ties go to the lower position (stable sort).
+    """
+    score = confidence.masked_fill(~masked, float("inf"))
+    order = score.argsort(dim=-1, stable=True)
+    rank = torch.empty_like(order).scatter_(-1, order, torch.arange(score.shape[-1], device=score.device)
+                                             .expand_as(order))
+    return rank < n[:, None]
+
+
+# ---------------------------------------------------------------------------------------------- by name
+
+POLICIES = {"error-budget": ErrorBudget, "maskgit": MaskGIT, "threshold": ConfidenceThreshold,
+            "factor": ConfidenceFactor, "entropy-bound": EntropyBound, "remdm": ReMDM}
+DDPD_POLICIES = ("error-budget",)
+
+
+def parse_policy(spec: str):
+    """The policy of a spec 'NAME' or 'NAME:FIELD=VALUE,...' (the CLI's --policy and ddpd-eval
+    frontier), e.g. 'error-budget:bound=0.5,max_k=8', 'threshold:threshold=0.9',
+    'remdm:schedule=loop,eta=0.02'. A bare value sets the first field: 'threshold:0.9'.
+
+    Raises:
+        ValueError: an unknown name or field, or a value the policy refuses.
+    """
+    name, _, rest = spec.partition(":")
+    if name not in POLICIES:
+        raise ValueError(f"policy must be one of {', '.join(POLICIES)} (optionally NAME:FIELD=VALUE,...), "
+                         f"got {spec!r}")
+    kind = POLICIES[name]
+    fields = list(kind.__dataclass_fields__)
+    kwargs = {}
+    for item in filter(None, rest.split(",")):
+        key, eq, value = item.partition("=")
+        key, value = (key.strip(), value.strip()) if eq else (fields[0], key.strip())
+        if key not in fields:
+            raise ValueError(f"policy {name} has no field {key!r}; its fields are {', '.join(fields)}")
+        kwargs[key] = _value(kind.__dataclass_fields__[key].type, value, key)
+    return kind(**kwargs)
+
+
+def _value(annotation, text: str, key: str):
+    kind = {"int": int, "float": float, "str": str}.get(str(annotation).split(".")[-1])
+    try:
+        return kind(text) if kind is not None else text
+    except ValueError:
+        raise ValueError(f"policy field {key} must be a {annotation}, got {text!r}") from None
+
+
+def policy_spec(policy) -> str:
+    """The spec parse_policy reads back into `policy`."""
+    name = next(key for key, kind in POLICIES.items() if isinstance(policy, kind))
+    return name + ":" + ",".join(f"{key}={value:g}" if isinstance(value, float) else f"{key}={value}"
+                                 for key, value in vars(policy).items())

@@ -1,0 +1,114 @@
+"""Exact laws of the commit policies (ddpd.sampling.policies) on a ToyProblem.
+
+Built from first principles like laws.py: the planner's ordered picks as Plackett-Luce
+draws, the mask z of prop:draw_with_maskD, independent tempered token draws, and the
+policy's rule applied to every outcome. None of it calls the samplers' code.
+"""
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+from oracles.laws import replace_index, selection_weights, tempered
+from oracles.toy import ToyProblem
+
+
+def ordered_picks(w: torch.Tensor, k: int):
+    """(order tuple, probability [B]) of every ordered draw of k positions without replacement,
+    P proportional to w (successive sampling: the law of Gumbel-top-k)."""
+    total = w.sum(-1)
+    for order in itertools.permutations(range(w.shape[-1]), k):
+        prob = torch.ones_like(total)
+        left = total.clone()
+        for d in order:
+            prob = prob * torch.where(left > 0, w[:, d] / left.clamp_min(1e-300), torch.zeros_like(left))
+            left = left - w[:, d]
+        yield order, prob
+
+
+def budget_commits(risk: torch.Tensor, eligible: torch.Tensor, bound: float, order: str) -> torch.Tensor:
+    """Bool[B, K]: ErrorBudget's rule, written plainly: the first pick, then the eligible others
+    by ascending risk (order 'risk') or in the planner's order until one does not fit
+    ('planner') while the summed risk stays <= bound."""
+    B, K = risk.shape
+    commit = torch.zeros(B, K, dtype=torch.bool)
+    commit[:, 0] = True
+    for b in range(B):
+        others = [j for j in range(1, K) if eligible[b, j]]
+        if order == "risk":
+            others.sort(key=lambda j: (float(risk[b, j]), j))
+        total = 0.0
+        for j in others:
+            total += float(risk[b, j])
+            if total > bound:
+                break
+            commit[b, j] = True
+    return commit
+
+
+def error_budget_kernel(toy: ToyProblem, p: torch.Tensor, alpha: torch.Tensor, selection: str, temperature: float,
+                        denoiser_type: str, bound: float, max_k: int, order: str) -> torch.Tensor:
+    """One ErrorBudget step from every state: K[x, y]."""
+    states = toy.states
+    k = min(max_k, toy.D)
+    w = selection_weights(p, selection)
+    kernel = torch.zeros(toy.N, toy.N, dtype=torch.float64)
+    values = torch.tensor(list(itertools.product(range(toy.S), repeat=k)), dtype=torch.long)  # [A, k]
+    rows = torch.arange(toy.N)
+    for picks, prob in ordered_picks(w, k):
+        for z, pz, q in _denoiser_views(toy, p, alpha, picks, temperature, denoiser_type):
+            eligible = torch.tensor([[j == 0 or z[picks[j]] for j in range(k)]] * toy.N)
+            for a in range(values.shape[0]):
+                tokens = values[a]
+                c = torch.stack([q[:, j, tokens[j]] for j in range(k)], 1)  # [N, k]
+                weight = prob * pz * c.prod(1)
+                if not bool((weight > 0).any()):
+                    continue
+                risk = 1.0 - p[:, list(picks)] * c
+                commit = budget_commits(risk, eligible, bound, order)
+                target = torch.empty(toy.N, dtype=torch.long)
+                for b in range(toy.N):
+                    kept = [j for j in range(k) if commit[b, j]]
+                    target[b] = replace_index(states[b:b + 1], [picks[j] for j in kept],
+                                              tokens[kept][None, :], toy.S)[0, 0]
+                kernel.index_put_((rows, target), weight, accumulate=True)
+    return kernel
+
+
+def _denoiser_views(toy: ToyProblem, p: torch.Tensor, alpha: torch.Tensor, picks, temperature: float,
+                    denoiser_type: str):
+    """(z, P(z) [B], q [B, k, S]) over what the denoiser can be shown: the sequence itself (uniform
+    denoiser, z all ones), or every mask z with the first pick masked and the others of
+    probability p (prop:draw_with_maskD)."""
+    if denoiser_type == "uniform":
+        q = tempered(toy.uniform_denoiser(toy.index(toy.states), alpha), temperature)[:, list(picks)]
+        yield (1,) * toy.D, torch.ones(toy.N, dtype=torch.float64), q
+        return
+    for z in itertools.product((0, 1), repeat=toy.D):
+        if not z[picks[0]]:
+            continue
+        pz = torch.ones(toy.N, dtype=torch.float64)
+        for e in range(toy.D):
+            if e != picks[0]:
+                pz = pz * (p[:, e] if z[e] else 1.0 - p[:, e])
+        masked = torch.where(torch.tensor(z, dtype=torch.bool), torch.full_like(toy.states, toy.S), toy.states)
+        q = tempered(toy.mask_denoiser(toy.mask_index(masked)), temperature)[:, list(picks)]
+        yield z, pz, q
+
+
+def error_budget_law(toy: ToyProblem, steps: int, bound: float, max_k: int, order: str = "risk",
+                     denoiser_type: str = "uniform", selection: str = "sigmoid", temperature: float = 1.0,
+                     stop: str = "budget", eps: float = 0.01) -> torch.Tensor:
+    """Law of ddpd_sample(clock='planner', policy=ErrorBudget(bound, max_k, order)) with the
+    time-free oracle planner, from uniform noise."""
+    p = toy.planner_free
+    alpha = toy.schedule.alpha(toy.schedule.inverse(1.0 - p.mean(-1)))
+    kernel = error_budget_kernel(toy, p, alpha, selection, temperature, denoiser_type, bound, max_k, order)
+    if stop == "eps":
+        stopped = (p < eps).all(-1)
+        kernel[stopped] = torch.eye(toy.N, dtype=torch.float64)[stopped]
+    pi = torch.full((toy.N,), 1.0 / toy.N, dtype=torch.float64)
+    for _ in range(steps):
+        pi = pi @ kernel
+    return pi

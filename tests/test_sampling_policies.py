@@ -1,0 +1,192 @@
+"""Commit policies (parallel decoding) against exact oracles and against Algorithm 1.
+
+(a) at its one-token limit (bound 0, or max_k 1) ErrorBudget draws Algorithm 1's tokens, the
+    same tokens from the same seed, fused and reference; a threshold of 1 commits one token a
+    step; (b) ErrorBudget's empirical law (B = 50k) against its exact law (oracles/policy_laws.py);
+    (c) a wrong planner is caught; (d) the mask loop's policies: fused and reference draw the same
+    tokens, and their total variation to p_data against their mean passes is tabled.
+"""
+import pytest
+import torch
+
+from oracles import laws, policy_laws
+from oracles.fixtures import noise, single_thread, tiny_networks, toy  # noqa: F401  (single_thread: autouse)
+from oracles.stats import TVTable, empirical, threshold, tv
+from ddpd.sampling import ddpd_sample, ddpd_sample_uniform, mask_sample
+from ddpd.sampling.policies import (ConfidenceFactor, ConfidenceThreshold, EntropyBound, ErrorBudget, MaskGIT, ReMDM,
+                                    parse_policy, policy_spec)
+
+B = 50_000
+TABLE = TVTable("Commit policies: TV to own exact law and to p_data (B = 50k)")
+NETWORKS = tiny_networks((27,))[27]
+D = 8
+
+
+@pytest.fixture(scope="module", autouse=True)
+def print_table():
+    yield
+    print("\n" + TABLE.render())
+
+
+# ----------------------------------------------------------------------------- (a) one-token limit
+
+LIMITS = [ErrorBudget(0.0, 8), ErrorBudget(0.0, 8, order="planner"), ErrorBudget(50.0, 1)]
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["reference", "fused"])
+@pytest.mark.parametrize("kind", ["mask", "uniform", "model"])
+@pytest.mark.parametrize("policy", LIMITS, ids=[policy_spec(p) for p in LIMITS])
+def test_error_budget_at_its_one_token_limit_draws_algorithm_1(policy, kind, fused):
+    def run(**options):
+        if kind == "model":
+            return ddpd_sample_uniform(NETWORKS["model"], 6, D, 27, steps=12, seed=3, fused=fused, **options)
+        return ddpd_sample(NETWORKS["planner"], NETWORKS[kind], 6, D, 27, steps=12, seed=3, denoiser_type=kind,
+                           fused=fused, **options)
+
+    today, limit = run(), run(policy=policy)
+    assert torch.equal(today.tokens, limit.tokens)
+    assert torch.equal(today.stop_step, limit.stop_step)
+    assert torch.equal(today.commits, limit.commits)
+    assert int(limit.commits.max()) <= int(limit.stop_step.max())  # one token a step at most
+
+
+@pytest.mark.parametrize("kind", ["mask", "uniform", "model"])
+def test_error_budget_commits_several_tokens_a_step_and_fused_draws_the_reference_tokens(kind):
+    def run(fused):
+        if kind == "model":
+            return ddpd_sample_uniform(NETWORKS["model"], 6, D, 27, steps=12, seed=3, fused=fused,
+                                       policy=ErrorBudget(3.0, 8))
+        return ddpd_sample(NETWORKS["planner"], NETWORKS[kind], 6, D, 27, steps=12, seed=3, denoiser_type=kind,
+                           fused=fused, policy=ErrorBudget(3.0, 8))
+
+    reference, fused = run(False), run(True)
+    assert torch.equal(reference.tokens, fused.tokens)
+    assert torch.equal(reference.commits, fused.commits)
+    assert torch.equal(reference.passes, fused.passes)
+    steps = reference.stop_step.clamp(min=1)
+    assert bool((reference.commits > steps).any()), "no step committed more than one token"
+
+
+def test_a_threshold_of_1_commits_one_token_a_step():
+    result = mask_sample(NETWORKS["mask"], 6, D, 27, steps=D, seed=1, policy=ConfidenceThreshold(1.0))
+    assert torch.equal(result.commits, torch.full((6,), D))
+    assert torch.equal(result.denoiser_passes, torch.full((6,), D))
+
+
+def test_a_threshold_of_0_commits_everything_in_one_pass():
+    result = mask_sample(NETWORKS["mask"], 6, D, 27, steps=D, seed=1, policy=ConfidenceThreshold(0.0))
+    assert torch.equal(result.denoiser_passes, torch.ones(6, dtype=torch.long))
+    assert result.tokens_per_pass == D
+
+
+# ----------------------------------------------------------------------------- (b) exact law
+
+BUDGET_CASES = [
+    # name, toy, steps, bound, max_k, order, denoiser
+    ("uniform denoiser, bound 1", "dir S3 D3", 3, 1.0, 3, "risk", "uniform"),
+    ("uniform denoiser, bound 0.6 planner order", "dir S3 D3", 3, 0.6, 3, "planner", "uniform"),
+    ("mask denoiser, bound 1", "dir S3 D3", 3, 1.0, 3, "risk", "mask"),
+    ("mask denoiser, bound 2, max_k 2", "sparse S2 D4", 3, 2.0, 2, "risk", "mask"),
+]
+
+
+@pytest.mark.parametrize("name,toy_name,steps,bound,max_k,order,denoiser", BUDGET_CASES,
+                         ids=[c[0] for c in BUDGET_CASES])
+def test_error_budget_matches_its_exact_law(name, toy_name, steps, bound, max_k, order, denoiser):
+    problem = toy(toy_name)
+    models = problem.models()
+    network = models.mask_denoiser if denoiser == "mask" else models.uniform_denoiser
+    result = ddpd_sample(models.planner, network, B, problem.D, problem.S, steps=steps, noise=noise(), stop="budget",
+                         denoiser_type=denoiser, policy=ErrorBudget(bound, max_k, order))
+    law = policy_laws.error_budget_law(problem, steps, bound, max_k, order, denoiser)
+    emp = empirical(problem.index(result.tokens), problem.N)
+    limit = threshold(law, B)
+    TABLE.add(f"ErrorBudget {name} [{toy_name}]", tv(emp, law), tv(emp, problem.p_data), limit, problem.N)
+    assert tv(emp, law) < limit
+    assert float(result.tokens_per_pass) > 0.5  # more than one token a step on average
+
+
+def test_error_budget_law_at_bound_0_is_algorithm_1s():
+    problem = toy("dir S3 D3")
+    one = laws.ddpd_planner_clock_law(problem, 4, stop="budget")
+    assert tv(policy_laws.error_budget_law(problem, 4, 0.0, 3), one) < 1e-12
+
+
+# ----------------------------------------------------------------------------- (c) a wrong planner
+
+
+def test_a_wrong_planner_is_caught():
+    problem = toy("dir S3 D3")
+    models = problem.models()
+
+    def inverted(x):  # says clean where the oracle says noise
+        return -models.planner(x)
+
+    result = ddpd_sample(inverted, models.uniform_denoiser, B, problem.D, problem.S, steps=3, noise=noise(),
+                         stop="budget", policy=ErrorBudget(1.0, 3))
+    law = policy_laws.error_budget_law(problem, 3, 1.0, 3)
+    emp = empirical(problem.index(result.tokens), problem.N)
+    TABLE.add("(c) ErrorBudget, planner logits negated [dir S3 D3]", tv(emp, law), tv(emp, problem.p_data),
+              threshold(law, B), problem.N)
+    assert tv(emp, law) > threshold(law, B)
+
+
+# ----------------------------------------------------------------------------- (d) the mask loop
+
+MASK_POLICIES = [MaskGIT(), ConfidenceThreshold(0.5), ConfidenceFactor(1.0), EntropyBound(0.5),
+                 ReMDM("cap", 0.1), ReMDM("rescale", 0.5), ReMDM("loop", 0.1, 0.3, 0.7)]
+
+
+@pytest.mark.parametrize("policy", MASK_POLICIES, ids=[policy_spec(p) for p in MASK_POLICIES])
+def test_mask_loop_policies_fused_draw_the_reference_tokens(policy):
+    reference, fused = (mask_sample(NETWORKS["mask"], 6, D, 27, steps=6, seed=2, policy=policy, fused=f)
+                        for f in (False, True))
+    assert torch.equal(reference.tokens, fused.tokens)
+    assert torch.equal(reference.denoiser_passes, fused.denoiser_passes)
+    assert not bool((reference.tokens == 27).any()), "a mask was left"
+
+
+def test_maskgit_policy_draws_maskgit_samples_law():
+    problem = toy("dir S3 D3")
+    result = mask_sample(problem.models().mask_denoiser, B, problem.D, problem.S, steps=3, noise=noise(),
+                         policy=MaskGIT(2.0))
+    law = laws.maskgit_law(problem, 3, 2.0)
+    emp = empirical(problem.index(result.tokens), problem.N)
+    TABLE.add("MaskGIT policy of mask_sample [dir S3 D3]", tv(emp, law), tv(emp, problem.p_data), threshold(law, B),
+              problem.N)
+    assert tv(emp, law) < threshold(law, B)
+
+
+def test_at_half_the_passes_error_budget_is_as_close_to_p_data_as_algorithm_1():
+    """TV to p_data against mean passes, oracle planner + mask denoiser (docs/parallel.md): at
+    half of Algorithm 1's passes ErrorBudget is no farther from p_data than Algorithm 1 at all of
+    them, up to the noise floor."""
+    problem = toy("dir S3 D3")
+    models = problem.models()
+    distance = {}
+    for name, policy, steps in [("one-at-a-time", None, 6), ("ErrorBudget(0.5)", ErrorBudget(0.5, 3), 3),
+                                ("ErrorBudget(1.5)", ErrorBudget(1.5, 3), 3), ("ErrorBudget(1.5)", ErrorBudget(1.5, 3), 2)]:
+        result = ddpd_sample(models.planner, models.mask_denoiser, B, problem.D, problem.S, steps=steps,
+                             noise=noise(), stop="budget", denoiser_type="mask", policy=policy)
+        assert result.passes.eq(2 * steps).all()
+        distance[name, 2 * steps] = tv(empirical(problem.index(result.tokens), problem.N), problem.p_data)
+        TABLE.add(f"mask denoiser {name}, {2 * steps} passes [dir S3 D3]", None, distance[name, 2 * steps], None,
+                  problem.N)
+    floor = threshold(problem.p_data, B)
+    assert distance["ErrorBudget(1.5)", 6] <= distance["one-at-a-time", 12] + floor
+
+
+def test_policy_specs_round_trip_and_bad_ones_are_named():
+    for policy in MASK_POLICIES + LIMITS:
+        assert parse_policy(policy_spec(policy)) == policy
+    with pytest.raises(ValueError, match="no field 'x'"):
+        parse_policy("threshold:x=1")
+    with pytest.raises(ValueError, match="policy must be one of"):
+        parse_policy("fastest")
+    with pytest.raises(ValueError, match="bound"):
+        ErrorBudget(-1.0)
+    with pytest.raises(TypeError, match="policy must be one of"):
+        mask_sample(NETWORKS["mask"], 2, D, 27, steps=4, seed=0, policy=ErrorBudget())
+    with pytest.raises(ValueError, match="clock='planner'"):
+        ddpd_sample(NETWORKS["planner"], NETWORKS["uniform"], 2, D, 27, steps=4, seed=0, clock="exact",
+                    policy=ErrorBudget())
