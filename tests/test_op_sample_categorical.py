@@ -2,6 +2,7 @@
 torch reference agree token for token; the seeded draws follow softmax(logits / T)."""
 
 import importlib
+import math
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ from ddpd.ops.rng import philox_uniform
 from ddpd.ops.sample_categorical import (
     categorical_launch,
     categorical_reference,
+    float64_rows,
     noise_width,
     prepare_categorical,
     sample_categorical,
@@ -37,7 +39,10 @@ def triton_draw(logits, temperature=1.0, exclude_ids=(), exclude_per_row=None, s
                                controls.get("top_k"), controls.get("top_p"), controls.get("min_p"),
                                controls.get("return_logprob", False), controls.get("confidence"), seed, offset, None,
                                row_ids, noise)
-    return call.finish(*sample_categorical_triton(logits.reshape(-1, logits.shape[-1]), *call.args()))
+    x = logits.reshape(-1, logits.shape[-1])
+    if x.dtype == torch.float64:  # as the public op hands float64 rows to every kernel
+        x = float64_rows(x, call.exclude_ids, call.exclude_per_row, call.allowed)
+    return call.finish(*sample_categorical_triton(x, *call.args()))
 
 
 def chi_square_p(tokens: torch.Tensor, probs: torch.Tensor) -> float:
@@ -179,6 +184,51 @@ def test_huge_logits_keep_their_noise(row, expected):
         assert chi_square_p(tokens, torch.tensor(expected)) > CHI2_MIN_P
     assert torch.equal(triton_draw(logits[:64], seed=3)[0], tokens[:64])
     assert torch.equal(sample_categorical_reference(logits[:64], seed=3)[0], tokens[:64])
+
+
+@pytest.mark.parametrize("row,temperature,expected", [
+    ([-1e39, -1e39 + 1e30, -2e39], 1.0, [0.0, 1.0, 0.0]),  # was an empty row (valid False, logprob -inf)
+    ([1e39, 5e38, 0.0], 1.0, [1.0, 0.0, 0.0]),  # token 1 half the time
+    ([3e39, 3e39 - 1e36, 3e39 - 2e36, -3e39], 1e36, None),  # differences of 1e36 at 1e36: softmax of [0, -1, -2]
+    ([float("inf"), 1e39, float("nan"), float("inf")], 1.0, [1.0, 0.0, 0.0, 1.0]),  # ties at +inf only
+])
+def test_float64_logits_beyond_float32_range_keep_their_differences(row, temperature, expected):
+    """float64 logits are taken relative to their row maximum in float64 before the float32
+    read: a cast first made them +-inf."""
+    n = 20_000
+    logits = torch.tensor([row], dtype=torch.float64).expand(n, len(row))
+    if expected is None:
+        expected = ((logits[0] - logits[0].max()) / temperature).softmax(0).tolist()
+    tokens, valid, logprob = sample_categorical(logits, temperature, seed=7, return_logprob=True)
+    assert bool(valid.all()) and bool(torch.isfinite(logprob).all())
+    probs = torch.tensor(expected)
+    if int((probs > 0).sum()) == 1:
+        assert bool((tokens == probs.argmax()).all()) and bool((logprob == 0).all())
+    else:
+        assert chi_square_p(tokens, probs) > CHI2_MIN_P
+    for path in (sample_categorical_reference, triton_draw):
+        assert torch.equal(path(logits[:64], temperature, seed=7)[0], tokens[:64])
+
+
+def test_float64_row_maximum_is_taken_over_the_drawable_tokens():
+    """An excluded, not allowed or NaN logit of 1e39 above the others must not push them to -inf."""
+    n, row = 20_000, [1e39, 1.0, 2.0, 1e39]
+    logits = torch.tensor([row], dtype=torch.float64).expand(n, 4)
+    allowed = torch.tensor([False, True, True, False]).expand(n, 4)
+    per_row = torch.full((n,), 3)
+    want = torch.tensor([0.0, 1.0, math.e, 0.0])
+    for kw in (dict(exclude_ids=[0, 3]), dict(allowed=allowed), dict(exclude_ids=[0], exclude_per_row=per_row)):
+        tokens, valid = sample_categorical(logits, seed=8, **kw)
+        assert bool(valid.all()) and chi_square_p(tokens, want) > CHI2_MIN_P
+        assert torch.equal(sample_categorical_reference(logits[:64], seed=8, **_first(kw, 64))[0], tokens[:64])
+        assert torch.equal(triton_draw(logits[:64], seed=8, **_first(kw, 64))[0], tokens[:64])
+    greedy = sample_categorical(logits, 0.0, exclude_ids=[0, 3], return_logprob=True)
+    assert bool((greedy[0] == 2).all()) and torch.allclose(greedy[2], torch.tensor(-math.log1p(math.exp(-1))))
+
+
+def _first(kw: dict, n: int) -> dict:
+    """The keyword arguments of a call restricted to its first n rows."""
+    return {k: v[:n] if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
 
 
 def test_huge_logits_over_many_tiles_are_uniform():

@@ -6,8 +6,9 @@ This is the denoising draw j ~ Cat(p_{1|t}(x_1^d = j | x_t, z_t^d = N)) of the D
 sampler (Algorithm `alg:sampling`, `prop:self-loop-jumps`), and the token draw of
 MDLM, LLaDA, Dream and MaskGIT samplers.
 
-The law. With l the logits of a row as float32 (float64 inputs are read as float32:
-values beyond its range become +-inf), NaN, excluded (exclude_ids, exclude_per_row)
+The law. With l the logits of a row as float32 (float64 inputs minus their row maximum
+over the drawable tokens, subtracted in float64 and then rounded: logits beyond float32's
+range keep their differences; float64_rows), NaN, excluded (exclude_ids, exclude_per_row)
 and not allowed (allowed[..., j] False) tokens read as -inf; M = max_j l_j; T the
 row's temperature (T = 1 for the statistics of a greedy row) and
 shift(a, b) = (a - b) / T for a <= b, exactly 0 where a == b and -inf where a = -inf
@@ -394,11 +395,33 @@ def prepare(op: str, input_name: str, inputs: torch.Tensor, vocab_size: int, tem
 # ------------------------------------------------------------------------- reference
 
 
+def float64_rows(x: torch.Tensor, exclude_ids: Optional[torch.Tensor], exclude_per_row: Optional[torch.Tensor],
+                 allowed: Optional[torch.Tensor]) -> torch.Tensor:
+    """float64 logits [N, V] as float32 relative to their row maximum M over the drawable
+    tokens, subtracted in float64: a cast first turns logits beyond float32's range (1e39)
+    into +-inf. The law, log-probability and confidences depend on l - M only. A row whose
+    M is +inf gets 0 at its +inf entries and -inf elsewhere (its law: uniform over them);
+    one with nothing drawable is only cast. Out-of-range ids exclude nothing here (the
+    kernels check or ignore them)."""
+    drawable = ~torch.isnan(x)
+    columns = torch.arange(x.shape[1], device=x.device)
+    if exclude_ids is not None:
+        drawable &= ~torch.isin(columns, exclude_ids)
+    if exclude_per_row is not None:
+        drawable &= columns != exclude_per_row[:, None]
+    if allowed is not None:
+        drawable &= allowed
+    top = x.masked_fill(~drawable, float("-inf")).amax(1, keepdim=True)
+    y = x - torch.where(top.isfinite(), top, 0.0)
+    infinite = torch.where(x == float("inf"), 0.0, float("-inf"))
+    return torch.where(top == float("inf"), infinite, y).float()
+
+
 def masked_logits(logits: torch.Tensor, exclude_ids: Optional[torch.Tensor], exclude_per_row: Optional[torch.Tensor],
                   allowed: Optional[torch.Tensor] = None) -> torch.Tensor:
     """float32 logits [N, V] with NaN, excluded and not allowed tokens set to -inf (no
-    temperature yet)."""
-    x = logits.float()
+    temperature yet); float64 logits relative to their maximum first (float64_rows)."""
+    x = float64_rows(logits, exclude_ids, exclude_per_row, allowed) if logits.dtype == torch.float64 else logits.float()
     x = x.masked_fill(torch.isnan(x), float("-inf"))
     if exclude_ids is not None:
         x = x.index_fill(1, exclude_ids, float("-inf"))
@@ -834,6 +857,8 @@ def sample_categorical(
     call = prepare_categorical(logits, temperature, exclude_ids, exclude_per_row, allowed, top_k, top_p, min_p,
                                return_logprob, confidence, seed, offset, generator, row_ids, noise)
     x = call.rows(logits)
+    if x.dtype == torch.float64:  # the kernels read float32
+        x = float64_rows(x, call.exclude_ids, call.exclude_per_row, call.allowed)
     if _dispatch.eager(x, *call.tensors()):
         return call.finish(*_sample_categorical_impl(x, *call.args(), eager=True))
     return call.finish(*_sample_categorical_op(x, *call.args()))
