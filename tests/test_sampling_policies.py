@@ -12,7 +12,7 @@ import torch
 from oracles import laws, policy_laws
 from oracles.fixtures import noise, single_thread, tiny_networks, toy  # noqa: F401  (single_thread: autouse)
 from oracles.stats import TVTable, empirical, threshold, tv
-from ddpd.sampling import ddpd_sample, ddpd_sample_uniform, mask_sample
+from ddpd.sampling import Execution, ddpd_sample, ddpd_sample_uniform, mask_sample
 from ddpd.sampling.policies import (ConfidenceFactor, ConfidenceThreshold, EntropyBound, ErrorBudget, MaskGIT, ReMDM,
                                     parse_policy, policy_spec)
 
@@ -65,6 +65,19 @@ def test_error_budget_commits_several_tokens_a_step_and_fused_draws_the_referenc
     assert torch.equal(reference.passes, fused.passes)
     steps = reference.stop_step.clamp(min=1)
     assert bool((reference.commits > steps).any()), "no step committed more than one token"
+
+
+@pytest.mark.parametrize("kind", ["mask", "uniform"])
+def test_error_budget_replays_from_step_graphs(kind):
+    """The commits are a mask over a fixed shape: the steps between stop checks replay from
+    graphs (emulated here) and draw the reference's tokens."""
+    def run(**options):
+        return ddpd_sample(NETWORKS["planner"], NETWORKS[kind], 6, D, 27, steps=12, seed=3, denoiser_type=kind,
+                           policy=ErrorBudget(3.0, 8), **options)
+
+    reference, replayed = run(), run(execution=Execution(fused=True, graphs="emulate", sync_every=4))
+    assert torch.equal(reference.tokens, replayed.tokens)
+    assert torch.equal(reference.commits, replayed.commits)
 
 
 def test_a_threshold_of_1_commits_one_token_a_step():

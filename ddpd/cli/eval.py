@@ -8,6 +8,7 @@
     ddpd-eval merge q1/sweep.csv q2/sweep.csv --out-dir q/   # a sweep run in parts (--samplers)
     ddpd-eval training runs/planner runs/mask runs/ar --out-dir docs/   # what the training runs cost and reached
     ddpd-eval compare q/sweep.csv --baselines dfm-eta0 dfm-eta15   # NLL differences at matched entropy
+    ddpd-eval frontier --judge ngram --data wiki.txt --out-dir f/   # quality against passes, parallel decoding
 
 Checkpoints are directories written by ddpd-train (their kind is read from config.json);
 --denoiser takes mask and/or uniform denoisers. --data is held-out text as ddpd-train
@@ -15,25 +16,31 @@ reads it: a file, books (shipped with ddpd), text8 or hf:NAME[:CONFIG]; use the 
 the models were trained on, whose --split test they never saw. Every result is
 reproducible from --seed. Every report is written atomically (a temporary file renamed
 over the old one), so an interruption or a full disk never leaves a half-written
-report; SIGINT, SIGTERM and SIGHUP stop with one line.
+report, and the files of one report (CSV, Markdown, plot) are published as one set; a
+second ddpd-eval writing the same reports is refused at its start (each is locked, as
+ddpd-sample locks its --out). SIGINT, SIGTERM and SIGHUP stop with one line.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import math
 import os
 import sys
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import TYPE_CHECKING, Dict, Iterator, List, Optional
 
-import torch
-from tqdm.auto import tqdm
-
-from ddpd.cli.common import (OneLineParser, UsageError, add_runtime_arguments, apply_threads, load_role,
-                             refuse_empty_paths, resolve_device, run_tool, shared_facts, warn_if_lengths_differ)
+from ddpd.cli.common import (DTYPE_CHOICES, OneLineParser, UsageError, add_runtime_arguments, apply_threads,
+                             check_checkpoints, check_first, check_threads, load_role, refuse_empty_paths,
+                             resolve_device, run_tool, shared_facts, warn_if_lengths_differ)
+from ddpd.cli import frontier
 from ddpd.cli.samplers import add_truncation_arguments, truncation_from
 from ddpd.streams import Stdout, standard_streams
+
+if TYPE_CHECKING:
+    import torch
 
 SAMPLER_HELP = ("ddpd-{A,AB,ABC}-{mask,uniform,uniform-model}, tau-planned-{mask,uniform}, dfm-eta<eta>, "
                 "dfm-uni, maskgit (default: every one the checkpoints allow)")
@@ -106,12 +113,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=1.0)
     _dtype(p)
     p.add_argument("--out-dir", required=True)
+    frontier.add_parser(sub)
     return parser
 
 
 def _dtype(p: argparse.ArgumentParser) -> None:
-    from ddpd.models import DTYPE_CHOICES
-
     p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
                    help="precision of the sampling networks (not the judge): auto (bfloat16 on CUDA, float32 on "
                         "the CPU), float32, bfloat16, float16")
@@ -208,7 +214,9 @@ def _heldout(args: argparse.Namespace, loaded: Loaded, num: Optional[int], flag:
 def run_elbo(args: argparse.Namespace) -> None:
     from ddpd.eval import evaluate_denoising, evaluate_elbo
     from ddpd.eval.likelihood import denoising_kinds, denoising_markdown, elbo_markdown, elbo_methods
-    from ddpd.eval.report import write_json, write_text
+    import torch
+
+    from ddpd.eval.report import one_set, write_json, write_text
     from ddpd.process import get_schedule
 
     markdown = None if args.out is None else markdown_twin(args.out)
@@ -244,8 +252,9 @@ def run_elbo(args: argparse.Namespace) -> None:
     report = "\n".join(parts)
     if args.out:  # written before the report is printed: a reader of stdout may go away
         settings = {k: v for k, v in vars(args).items() if k not in ("command", "progress", "stdout")}
-        write_json({"settings": settings, "elbo": elbo_rows, "denoising": denoising_rows}, args.out)
-        write_text(report, markdown)
+        with one_set():
+            write_json({"settings": settings, "elbo": elbo_rows, "denoising": denoising_rows}, args.out)
+            write_text(report, markdown)
     args.stdout.print(report)
 
 
@@ -289,9 +298,11 @@ def _prepare(loaded: Loaded, dtype: str) -> str:
 
 
 def run_quality(args: argparse.Namespace) -> None:
+    import torch
+
     from ddpd.eval import run_sweep, write_sweep
     from ddpd.eval.quality import sweep_markdown
-    from ddpd.eval.report import write_csv
+    from ddpd.eval.report import one_set, write_csv
 
     truncation = truncation_from(args)  # before any model is loaded
     loaded = load_models(args)
@@ -312,7 +323,8 @@ def run_quality(args: argparse.Namespace) -> None:
                          num_samples=args.num_samples, judge=loaded.models["judge"], vocab_size=loaded.vocab_size,
                          seed=args.seed, batch_size=args.batch_size, reference=reference, progress=args.progress,
                          on_row=lambda rows: write_csv(rows, partial))
-    paths = write_sweep(rows, args.out_dir)
+    with one_set():
+        paths = write_sweep(rows, args.out_dir)
     args.stdout.print(sweep_markdown(rows))
     _report_paths(args, paths)
 
@@ -327,9 +339,11 @@ def _report_paths(args: argparse.Namespace, paths: Dict[str, Optional[str]]) -> 
 def run_merge(args: argparse.Namespace) -> None:
     from ddpd.eval import merge_sweeps, read_sweep, write_sweep
     from ddpd.eval.quality import sweep_markdown
+    from ddpd.eval.report import one_set
 
     rows = merge_sweeps([read_sweep(path) for path in args.sweeps], args.sweeps)
-    paths = write_sweep(rows, args.out_dir)
+    with one_set():
+        paths = write_sweep(rows, args.out_dir)
     args.stdout.print(sweep_markdown(rows))
     _report_paths(args, paths)
 
@@ -359,7 +373,7 @@ def run_compare(args: argparse.Namespace) -> None:
 
 
 def run_training(args: argparse.Namespace) -> None:
-    from ddpd.eval.report import write_json, write_text
+    from ddpd.eval.report import one_set, write_json, write_text
     from ddpd.eval.training import training_markdown, training_rows
 
     rows = training_rows(args.runs)
@@ -367,8 +381,9 @@ def run_training(args: argparse.Namespace) -> None:
     paths = {"markdown": os.path.join(args.out_dir, "training.md"),
              "json": os.path.join(args.out_dir, "training.json")} if args.out_dir else {}
     if paths:
-        write_text(table, paths["markdown"])
-        write_json(rows, paths["json"])
+        with one_set():
+            write_text(table, paths["markdown"])
+            write_json(rows, paths["json"])
     args.stdout.print(table)
     if paths:
         _report_paths(args, paths)
@@ -378,8 +393,12 @@ def run_training(args: argparse.Namespace) -> None:
 
 
 def run_convergence(args: argparse.Namespace) -> None:
+    import torch
+    from tqdm.auto import tqdm
+
     from ddpd import sampling
     from ddpd.eval import PlannerRecorder, convergence_rows, stopped_fraction, write_convergence
+    from ddpd.eval.report import one_set
 
     loaded = load_models(args)
     m = loaded.models
@@ -404,7 +423,8 @@ def run_convergence(args: argparse.Namespace) -> None:
                                           stop="eps", eps=eps, noise=noise, **common)
             stops.append(result.stop_step.cpu())
     rows = convergence_rows(recorder.rows(), stopped_fraction(torch.cat(stops), args.steps), eps)
-    paths = write_convergence(rows, args.out_dir)
+    with one_set():
+        paths = write_convergence(rows, args.out_dir)
     last = rows[-1]
     # the last row is the planner's look at step steps - 1, before that step's move
     args.stdout.print(f"at step {last['step']} of {args.steps} (before its move): noise left "
@@ -413,7 +433,7 @@ def run_convergence(args: argparse.Namespace) -> None:
 
 
 COMMANDS = {"elbo": run_elbo, "quality": run_quality, "merge": run_merge, "compare": run_compare,
-            "training": run_training, "convergence": run_convergence}
+            "training": run_training, "convergence": run_convergence, "frontier": frontier.run}
 
 
 # The numeric flags of every command with the bounds the evaluation enforces, checked
@@ -424,6 +444,38 @@ INT_FLAGS = {"seed": (0, 2**64 - 1), "batch_size": (1, None), "num_sequences": (
 FLOAT_FLAGS = {"t_max": (0.0, 1.0, True, True), "alpha": (0.0, 1.0, True, True), "eps": (0.0, 1.0, True, True),
                "temperature": (0.0, None, False, False), "temperatures": (0.0, None, False, False),
                "eta": (0.0, math.inf, False, True)}
+
+
+# The reports each command writes into --out-dir, published as one set (report.one_set)
+# and locked for the whole run (locked_outputs); elbo and compare write --out (and its twin).
+REPORTS = {"quality": ("sweep.csv", "sweep.md", "sweep.png"), "merge": ("sweep.csv", "sweep.md", "sweep.png"),
+           "training": ("training.md", "training.json"), "convergence": ("convergence.csv", "convergence.png"),
+           "frontier": frontier.REPORTS}
+
+
+def report_files(args: argparse.Namespace) -> List[str]:
+    """The files this run of the command may write."""
+    if args.command == "elbo":
+        return [args.out, markdown_twin(args.out)] if args.out else []
+    if args.command == "compare":
+        return [args.out] if args.out else []
+    out_dir = getattr(args, "out_dir", None)
+    return [os.path.join(out_dir, name) for name in REPORTS[args.command]] if out_dir else []
+
+
+@contextmanager
+def locked_outputs(args: argparse.Namespace) -> Iterator[None]:
+    """Hold the OutputLock of every report the command writes (as ddpd-sample holds its
+    --out's), so that two evaluators on one --out-dir cannot mix their reports: the second
+    is refused at its start, in one line naming the holder. A set of reports that a killed
+    run left half renamed is finished first (ddpd.files.remove_stale_temps)."""
+    from ddpd.files import OutputLock, destination, remove_stale_temps
+
+    with ExitStack() as locks:
+        for path in dict.fromkeys(map(destination, report_files(args))):  # elbo's --out x.md is its own twin
+            locks.enter_context(OutputLock(path))
+            remove_stale_temps(path)
+        yield
 
 
 def markdown_twin(out: str) -> str:
@@ -444,17 +496,37 @@ def check_outputs(args: argparse.Namespace) -> None:
         check_output(args.out_dir, directory=True)
 
 
+def _values(args: argparse.Namespace, name: str) -> list:
+    value = getattr(args, name, None)
+    return [] if value is None else value if isinstance(value, list) else [value]
+
+
+def check_command_line(args: argparse.Namespace) -> None:
+    """What the command line alone decides, checked before torch is imported (check_first):
+    the inputs it names (checkpoint directories, --data, sweep files) and its outputs."""
+    from ddpd.training.sources import resolve_source
+
+    refuse_empty_paths(args, "out", "out_dir")
+    if hasattr(args, "threads"):
+        check_threads(args.threads)
+    for path in _values(args, "sweeps") + _values(args, "sweep"):  # merge, compare: a missing input is a usage error
+        if not os.path.isfile(path):
+            raise UsageError(f"no such sweep file: {path}")
+    check_checkpoints(*(path for name in ("planner", "denoiser", "uniform", "judge", "runs")
+                        for path in _values(args, name) if not (name == "judge" and path.startswith("ngram"))))
+    if getattr(args, "data", None) is not None:
+        try:
+            resolve_source(args.data)
+        except (FileNotFoundError, ValueError) as err:
+            raise UsageError(f"--data: {err}") from None
+    check_outputs(args)
+
+
 def check_args(args: argparse.Namespace) -> None:
     from ddpd.sampling.options import MAX_TEMPERATURE
     from ddpd.validation import check_float, check_int
 
-    def values(name):
-        value = getattr(args, name, None)
-        return [] if value is None else value if isinstance(value, list) else [value]
-
-    for path in values("sweeps") + values("sweep"):  # merge, compare: a missing input is a usage error
-        if not os.path.isfile(path):
-            raise UsageError(f"no such sweep file: {path}")
+    values = functools.partial(_values, args)
     try:
         for name, (low, high) in INT_FLAGS.items():
             for value in values(name):
@@ -472,13 +544,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     args.stdout = Stdout()  # what the commands print: reports go on when its reader is gone
 
+    status = check_first("ddpd-eval", lambda: check_command_line(args))
+    if status is not None:
+        return status
+
     def body() -> int:
-        refuse_empty_paths(args, "out", "out_dir")
         check_args(args)
-        check_outputs(args)
         if hasattr(args, "threads"):
             apply_threads(args.threads)
-        COMMANDS[args.command](args)
+        with locked_outputs(args):  # a second ddpd-eval writing the same reports is refused here
+            COMMANDS[args.command](args)
         args.stdout.check("the files are written")
         return 0
 

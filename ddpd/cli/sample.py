@@ -79,14 +79,16 @@ import os
 import sys
 import time
 import warnings
-from typing import List, Optional, Tuple
+from typing import TYPE_CHECKING, List, Optional, Tuple
 
-import torch
-
-from ddpd.cli.common import (OneLineParser, UsageError, add_runtime_arguments, apply_threads, check_finite, flag_error,
-                             load_role, max_length, refuse_empty_paths, run_tool, shared_facts, warn_if_lengths_differ)
+from ddpd.cli.common import (DTYPE_CHOICES, OneLineParser, UsageError, add_runtime_arguments, apply_threads,
+                             check_checkpoints, check_finite, check_first, check_threads, flag_error, load_role,
+                             max_length, refuse_empty_paths, run_tool, shared_facts, warn_if_lengths_differ)
 from ddpd.cli.samplers import FAMILIES, add_truncation_arguments, truncation_from
 from ddpd.streams import Stdout, standard_streams
+
+if TYPE_CHECKING:
+    import torch
 
 NUM_SAMPLES, NUM_SAMPLES_BUNDLED = 8, 4
 # With the bundled model, a step budget of twice the length: option A then stops on
@@ -96,11 +98,10 @@ GAP = "_"  # --infill: a position to generate
 SYNC_EVERY = 8  # --fused: steps between stop checks
 COUNTS = ("planner_calls", "denoiser_calls", "planner_rows", "denoiser_rows", "planner_rows_saved",
           "denoiser_rows_saved", "planner_nan_passes", "denoiser_nan_passes")
+PER_ROW = ("planner_passes", "denoiser_passes", "commits")  # summed over the samples
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ddpd.models import DTYPE_CHOICES
-
     p = OneLineParser(prog="ddpd-sample", description=__doc__.split("\n\n")[0])
     models = p.add_argument_group("models (default: the bundled text8 planner + mask denoiser, ddpd.pretrained)")
     models.add_argument("--checkpoint", help="a bundle (planner/ + denoiser/) or a single checkpoint directory")
@@ -119,7 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=1.0,
                    help="denoiser logit temperature (0: greedy, the most probable token; default %(default)s)")
     p.add_argument("--temperature-end", dest="temperature_end", type=float,
-                   help="anneal the temperature linearly to this value over the steps")
+                   help="anneal the temperature linearly to this value over the steps (over the run's time for "
+                        "the ddpd samplers that stop early: eps stop, exact clock)")
     add_truncation_arguments(p)
     p.add_argument("--out", help="write the samples to this JSONL file (streamed, published atomically)")
     add_runtime_arguments(p)
@@ -168,6 +170,11 @@ def build_parser() -> argparse.ArgumentParser:
                       help="positions denoised per step in the parallel stage (default %(default)s)")
     ddpd.add_argument("--parallel-steps", dest="parallel_steps", type=int, default=0,
                       help="steps that denoise --k positions before one-at-a-time refinement (default %(default)s)")
+    p.add_argument("--policy", metavar="SPEC",
+                   help="parallel decoding: how many drawn tokens a step keeps, NAME[:FIELD=VALUE,...]; "
+                        "--sampler ddpd: error-budget (bound=1,max_k=16,order=risk); --sampler maskgit: "
+                        "maskgit, threshold (Fast-dLLM), factor (Fast-dLLM), entropy-bound (EB-sampler), remdm "
+                        "(ddpd.sampling.policies, docs/parallel.md)")
     ddpd.add_argument("--clock", choices=("planner", "exact"), default="planner",
                       help="planner: time estimated from the planner (paper); exact: exact CTMC clock")
     ddpd.add_argument("--t-end", dest="t_end", type=float, default=1.0 - 1e-4, help="end time of --clock exact")
@@ -218,6 +225,8 @@ class Models:
     def prepare(self, dtype: torch.dtype, device: torch.device, backend: Optional[str] = None) -> None:
         """Cast the networks for sampling in `dtype` (ddpd.models.prepare_for_sampling) and,
         with a `backend`, torch.compile them (ddpd.models.compile_for_sampling)."""
+        import torch
+
         from ddpd.models import compile_for_sampling, prepare_for_sampling
 
         for network in (self.planner, self.denoiser):
@@ -232,10 +241,10 @@ class Models:
 
 
 def load_models(args, device: torch.device) -> Models:
+    """The models of --checkpoint, --planner/--denoiser or the default bundle (how they may be
+    combined: check_command_line)."""
     from ddpd.checkpoint import DENOISER_KINDS, load_bundle, load_model
 
-    if args.checkpoint and (args.planner or args.denoiser):
-        raise UsageError("give either --checkpoint or --planner/--denoiser, not both")
     if args.checkpoint:
         if os.path.isdir(os.path.join(args.checkpoint, "planner")) or \
                 os.path.isdir(os.path.join(args.checkpoint, "denoiser")):
@@ -248,8 +257,6 @@ def load_models(args, device: torch.device) -> Models:
         return Models(None, model, None, config, (None, args.checkpoint))
     if not args.planner and not args.denoiser:
         return _load_default_bundle(device)
-    if not args.denoiser:
-        raise UsageError("--planner needs a --denoiser")
     denoiser, denoiser_config = load_role("denoiser", args.denoiser, DENOISER_KINDS, device)
     planner, planner_config = load_role("planner", args.planner, ("planner",), device) if args.planner \
         else (None, None)
@@ -324,6 +331,8 @@ def read_prompts(args) -> Optional[Tuple[List[str], bool, List[str]]]:
 def encode_prompts(prompts, tokenizer, length: int) -> Tuple[torch.Tensor, torch.Tensor]:
     """(x_init Long[P, D], frozen Bool[P, D]) of the texts: each text's tokens from position 0,
     -1 (generated) at its gaps and after it."""
+    import torch
+
     texts, gaps, where = prompts
     if tokenizer is None:
         raise UsageError(f"{where[0].split(' ')[0]} needs a tokenizer, and the checkpoints record none")
@@ -336,14 +345,13 @@ def encode_prompts(prompts, tokenizer, length: int) -> Tuple[torch.Tensor, torch
 
 def conditions(args, models: Models, tokenizer, prompts) -> dict:
     """The Settings fields of the prompts (read_prompts) and labels given: x_init, frozen,
-    labels, guidance_scale, conditional_planner."""
+    labels, guidance_scale, conditional_planner (--guidance-scale: check_command_line)."""
+    import torch
+
     fields = {}
     if prompts is not None:
         fields["x_init"], fields["frozen"] = encode_prompts(prompts, tokenizer, args.length)
-    check_finite("--guidance-scale", args.guidance_scale, open_min=False)
     if args.labels is None:
-        if args.guidance_scale != 1.0:
-            raise UsageError("--guidance-scale needs --labels (the classes to guide towards)")
         return fields
     classes = models.num_classes("denoiser")
     if classes == 0:
@@ -392,13 +400,11 @@ def _make_sampler(args, models: Models, tokenizer, prompts):
         raise UsageError(f"--sampler {args.sampler} needs {needs(args.sampler)}; got {_describe(models)}")
     ddpd = DDPDOptions()
     if row.family == "ddpd":
-        fields = dict(stop=args.stop, selection=args.selection, eps=args.eps, k=args.k,
-                      parallel_steps=args.parallel_steps, clock=args.clock, t_end=args.t_end)
-        fields.update(parse_option(args.option) if args.option else {})
-        ddpd = DDPDOptions(**fields).check(args.length, args.steps)
+        ddpd = DDPDOptions(**ddpd_fields(args)).check(args.length, args.steps)
     settings = Settings(args.length, models.vocab_size, args.steps, temperature=args.temperature,
                         temperature_end=args.temperature_end, schedule=models.config.get("schedule", "linear"),
                         device=args.device_obj, ddpd=ddpd, eta=args.eta, choice_temperature=args.choice_temperature,
+                        policy=command_policy(args, "maskgit"),
                         execution=Execution(fused=args.fused, sync_every=args.sync_every, dtype=args.dtype_name),
                         truncation=truncation_from(args),
                         **conditions(args, models, tokenizer, prompts))
@@ -413,19 +419,47 @@ def _describe(models: Models) -> str:
     return " and ".join(parts)
 
 
-def check_args(args) -> None:
-    from ddpd.models.precision import compile_backends
+def ddpd_fields(args) -> dict:
+    """The DDPDOptions fields of the ddpd sampler's flags (--option overrides --stop and --selection)."""
+    fields = dict(stop=args.stop, selection=args.selection, eps=args.eps, k=args.k,
+                  parallel_steps=args.parallel_steps, clock=args.clock, t_end=args.t_end,
+                  policy=command_policy(args, "ddpd"))
+    fields.update(parse_option(args.option) if args.option else {})
+    return fields
 
-    if args.num_samples is not None and args.num_samples < 1:
-        raise UsageError(f"--num-samples must be >= 1, got {args.num_samples}")
-    if args.batch_size < 1:
-        raise UsageError(f"--batch-size must be >= 1, got {args.batch_size}")
-    if args.steps is not None and args.steps < 1:
-        raise UsageError(f"--steps must be >= 1, got {args.steps}")
+
+def command_policy(args, family: str):
+    """The --policy of `family`'s sampler (None when not given); a policy of another family is a
+    UsageError naming the sampler it belongs to."""
+    if not args.policy:
+        return None
+    from ddpd.sampling.policies import DDPD_POLICIES, parse_policy
+
+    try:
+        policy = parse_policy(args.policy)
+    except ValueError as err:
+        raise UsageError(f"--policy: {err}") from None
+    owner = "ddpd" if args.policy.partition(":")[0] in DDPD_POLICIES else "maskgit"
+    if owner != args.sampler:
+        raise UsageError(f"--policy {args.policy} is a policy of --sampler {owner}, not of --sampler {args.sampler}")
+    return policy if owner == family else None
+
+
+def check_command_line(args) -> None:
+    """What the command line alone decides, checked before torch is imported (check_first):
+    flag values, the checkpoint directories and --prompts/--infills files it names (read
+    here into args.texts)."""
+    check_threads(args.threads)
+    if args.checkpoint and (args.planner or args.denoiser):
+        raise UsageError("give either --checkpoint or --planner/--denoiser, not both")
+    if args.planner and not args.denoiser:
+        raise UsageError("--planner needs a --denoiser")
+    for flag in ("num_samples", "batch_size", "steps", "length"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            raise UsageError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
     if not 0 <= args.seed < 2**63:
         raise UsageError(f"--seed must be in [0, 2**63), got {args.seed}")
-    if args.compile is not None and args.compile not in compile_backends():
-        raise UsageError(f"--compile must be one of {', '.join(compile_backends())}, got {args.compile!r}")
     if args.sync_every is None:
         args.sync_every = SYNC_EVERY
     elif not args.fused:  # the reference run checks its stops every step
@@ -435,7 +469,31 @@ def check_args(args) -> None:
     refuse_empty_paths(args, "out")
     check_finite("--temperature", args.temperature, open_min=False)  # 0: greedy
     check_finite("--temperature-end", args.temperature_end, open_min=False)
+    check_finite("--guidance-scale", args.guidance_scale, open_min=False)
+    if args.labels is None and args.guidance_scale != 1.0:
+        raise UsageError("--guidance-scale needs --labels (the classes to guide towards)")
+    if args.option:
+        parse_option(args.option)
+    check_checkpoints(args.checkpoint or None, args.planner or None, args.denoiser or None)
+    args.texts = read_prompts(args)  # a missing or unreadable file fails before any work
+
+
+def check_args(args) -> None:
+    """The checks that need torch, before any model is loaded: --compile's backend, the
+    truncation and the ddpd sampler's settings (those against --length and --steps wait
+    for the models, which give their defaults)."""
+    from ddpd.models.precision import compile_backends
+    from ddpd.sampling import DDPDOptions
+
+    if args.compile is not None and args.compile not in compile_backends():
+        raise UsageError(f"--compile must be one of {', '.join(compile_backends())}, got {args.compile!r}")
     truncation_from(args)
+    command_policy(args, args.sampler)
+    if args.sampler == "ddpd":
+        try:
+            DDPDOptions(**ddpd_fields(args))
+        except (TypeError, ValueError) as err:
+            raise flag_error(err, [action.dest for action in build_parser()._actions]) from None
 
 
 def warn_if_too_few_steps(args, frozen: Optional[torch.Tensor]) -> None:
@@ -464,7 +522,7 @@ def run(args, stdout: Optional[Stdout] = None) -> int:
 
     stdout = stdout or Stdout()
     check_args(args)
-    prompts = read_prompts(args)  # a missing or unreadable file fails before any work
+    prompts = args.texts  # read by check_command_line
     threads = apply_threads(args.threads)
     group = Distributed(args.device, name="--device")  # one process, or the torchrun group
     args.device_obj = group.device
@@ -523,6 +581,11 @@ def _summary(args, done: int, calls: dict, elapsed: float, threads: int, process
         where = f"{processes} processes of {where}" if cpu else f"{processes} processes on {args.device_obj.type}"
     print(f"ddpd-sample: {done} samples of {args.length} tokens in {elapsed:.2f} s ({rate:.2f} samples/s, "
           f"{where}, {args.dtype_name}){', fused' if args.fused else ''}; forward passes: {passes}", file=sys.stderr)
+    per_sample = {key: calls[key] / max(done, 1) for key in PER_ROW}
+    total = per_sample["planner_passes"] + per_sample["denoiser_passes"]
+    print(f"ddpd-sample: network passes per sample {total:.1f} (planner {per_sample['planner_passes']:.1f}, "
+          f"denoiser {per_sample['denoiser_passes']:.1f}), {calls['commits'] / max(1, total * done):.2f} tokens "
+          f"committed per pass", file=sys.stderr)
     nan = nan_warning(calls["planner_nan_passes"], calls["planner_calls"], calls["denoiser_nan_passes"],
                       calls["denoiser_calls"])
     if nan:
@@ -576,7 +639,9 @@ def _batch(args, sample, records: Records, first: int, n: int) -> dict:
                     for row in range(n)) if args.out else ""
     printed = [] if args.quiet else [texts[row] if texts[row] is not None else " ".join(map(str, tokens[row]))
                                      for row in range(n)]
-    return {"n": n, "lines": lines, "printed": printed, "counts": {key: getattr(result, key) for key in COUNTS}}
+    counts = {key: getattr(result, key) for key in COUNTS}
+    counts.update({key: int(getattr(result, key).sum()) for key in PER_ROW})
+    return {"n": n, "lines": lines, "printed": printed, "counts": counts}
 
 
 def _sample_all(args, models: Models, sample, records: Records, out, stdout: Stdout, group):
@@ -585,10 +650,12 @@ def _sample_all(args, models: Models, sample, records: Records, out, stdout: Std
     stdout in order as soon as the round is done, keeping none. Returns (samples finished,
     call counts, seconds), `out` published (a signal meanwhile waits for it). Interrupted, or
     another process lost, the finished samples are published to `out` and the message says so."""
+    import torch
+
     from ddpd.cli.common import Interrupted, ignore_further_signals, signals_deferred
     from ddpd.training.distributed import PeerLost
 
-    calls = dict.fromkeys(COUNTS, 0)
+    calls = dict.fromkeys(COUNTS + PER_ROW, 0)
     batches = -(-args.num_samples // args.batch_size)  # batch b: rows [b * batch_size, ...), not listed
     done = 0
     start = time.perf_counter()
@@ -634,6 +701,7 @@ def _progress(args, models: Models, shown: bool = True):
     of the denoiser (one per step in every sampler but one); yields advance(to) for the end of a
     batch. tqdm shows it on a terminal only, or never with --no-progress (or `shown`
     False: a process other than the first of several)."""
+    import torch
     from tqdm.auto import tqdm
 
     batches = -(-args.num_samples // args.batch_size)
@@ -667,6 +735,9 @@ def _progress(args, models: Models, shown: bool = True):
 def main(argv: Optional[List[str]] = None) -> int:
     standard_streams()
     args = build_parser().parse_args(argv)
+    status = check_first("ddpd-sample", lambda: check_command_line(args))
+    if status is not None:
+        return status
     stdout = Stdout()
     return run_tool("ddpd-sample", lambda: run(args, stdout), value_error_status=2)
 

@@ -9,31 +9,50 @@
 | tau-leaping | tau-planned-uniform           | planner + uniform-denoiser      | tau_leaping_planned |
 | tau-leaping | dfm-eta{eta}                  | mask-denoiser (DFM)             | tau_leaping_mask    |
 | tau-leaping | dfm-uni                       | uniform (DFM-Uni)               | tau_leaping_uniform |
-| maskgit     | maskgit                       | mask-denoiser                   | maskgit_sample      |
+| maskgit     | maskgit                       | mask-denoiser                   | mask_sample         |
 
 ddpd-sample runs the row of its --sampler whose models are exactly the ones given;
 ddpd-eval runs every row the checkpoints allow, with DDPD's options A, A+B, A+B+C and
 DFM's eta values as named variants. Both call a row through `Sampler.call` with one
 `Settings` object, so each sampler is wired to ddpd.sampling once, and --fused means the
 same in both: every sampler on its fused path (ddpd.sampling.draws), same samples.
+
+No torch at import (ddpd.cli.common: the tools check their command line first): torch and
+ddpd.sampling are imported when a Settings is made or a sampler called.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
 
-import torch
-from torch import Tensor
-
-from ddpd import sampling
 from ddpd.cli.common import UsageError
-from ddpd.sampling import DDPDOptions, Execution, SampleResult, Truncation
+
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor
+
+    from ddpd.sampling import DDPDOptions, Execution, SampleResult, Truncation
 
 # DDPD's options of the appendix 'Implementation details' as ddpd-eval names them
 OPTIONS = {"A": dict(stop="eps", selection="sigmoid"), "AB": dict(stop="budget", selection="sigmoid"),
            "ABC": dict(stop="budget", selection="softmax")}
+
+
+def _sampling():
+    return importlib.import_module("ddpd.sampling")
+
+
+def _maskgit(choice_temperature: float):
+    """MaskGIT's policy (ddpd.sampling.policies), imported when a sampler is called."""
+    return importlib.import_module("ddpd.sampling.policies").MaskGIT(choice_temperature)
+
+
+def _default(name: str) -> Callable[[], object]:
+    """A field's default, ddpd.sampling's `name`(), made (and torch imported) when needed."""
+    return lambda: getattr(_sampling(), name)()
 
 
 @dataclass(frozen=True)
@@ -53,11 +72,12 @@ class Settings:
     temperature_end: Optional[float] = None
     schedule: str = "linear"
     device: Optional[torch.device] = None
-    execution: Execution = field(default_factory=Execution)
-    truncation: Truncation = field(default_factory=Truncation)
-    ddpd: DDPDOptions = field(default_factory=DDPDOptions)
+    execution: Execution = field(default_factory=_default("Execution"))
+    truncation: Truncation = field(default_factory=_default("Truncation"))
+    ddpd: DDPDOptions = field(default_factory=_default("DDPDOptions"))
     eta: float = 0.0
     choice_temperature: float = 4.5
+    policy: Optional[object] = None  # a mask-loop policy (ddpd.sampling.policies); None: MaskGIT's
     x_init: Optional[Tensor] = None
     frozen: Optional[Tensor] = None
     labels: Optional[Tensor] = None
@@ -66,6 +86,8 @@ class Settings:
 
     def rows(self, first: int, n: int, planner: bool) -> dict:
         """The per-row keywords (prompt, labels, guidance) of samples first .. first + n - 1."""
+        import torch
+
         kwargs = {}
         if self.x_init is not None:
             index = torch.arange(first, first + n) % self.x_init.shape[0]
@@ -100,7 +122,7 @@ class Sampler:
         """Samples first .. first + n - 1 from `models` (by kind: planner, mask-denoiser, ...)."""
         networks = (models["planner"], models[self.model]) if self.planner else (models[self.model],)
         s = settings
-        return getattr(sampling, self.function)(
+        return getattr(_sampling(), self.function)(
             *networks, n, s.length, s.vocab_size, steps=s.steps, temperature=s.temperature,
             temperature_end=s.temperature_end, schedule=s.schedule, device=s.device, noise=noise,
             execution=s.execution, truncation=s.truncation, **self.options(s), **s.rows(first, n, self.planner))
@@ -122,8 +144,8 @@ TABLE: Tuple[Sampler, ...] = (
             lambda s: {"denoiser_type": "uniform"}),
     Sampler("tau-leaping", "dfm-eta{eta}", False, "mask-denoiser", "tau_leaping_mask", lambda s: {"eta": s.eta}),
     Sampler("tau-leaping", "dfm-uni", False, "uniform", "tau_leaping_uniform", lambda s: {}),
-    Sampler("maskgit", "maskgit", False, "mask-denoiser", "maskgit_sample",
-            lambda s: {"choice_temperature": s.choice_temperature}),
+    Sampler("maskgit", "maskgit", False, "mask-denoiser", "mask_sample",
+            lambda s: {"policy": s.policy or _maskgit(s.choice_temperature)}),
 )
 FAMILIES = tuple(dict.fromkeys(row.family for row in TABLE))
 
@@ -191,7 +213,7 @@ def add_truncation_arguments(parser: argparse.ArgumentParser) -> None:
 def truncation_from(args: argparse.Namespace) -> Truncation:
     """The Truncation of the parsed flags; a bad value is a UsageError naming its flag."""
     try:
-        return Truncation(args.top_k, args.top_p, args.min_p)
+        return _sampling().Truncation(args.top_k, args.top_p, args.min_p)
     except (TypeError, ValueError) as err:
         message = str(err)
         for field_name, flag in TRUNCATION_FLAGS.items():

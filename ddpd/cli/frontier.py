@@ -1,0 +1,168 @@
+"""ddpd-eval frontier: judge NLL and entropy against network passes, sampler x policy x budget x temperature.
+
+    ddpd-eval frontier --judge ngram --data wiki.txt --out-dir docs/parallel
+    ddpd-eval frontier runs/bundle --judge runs/ar --policies error-budget:bound=2 threshold:0.9 \\
+        --budgets 16 32 64 128 --temperatures 0.9 1.0 --num-samples 64 --fused --out-dir f/
+
+CHECKPOINT: a sampling bundle (planner/ + mask denoiser/); default the bundled text8 pair.
+Every sampler of the bundle runs with its policies among --policies (error-budget for
+ddpd; maskgit, threshold, factor, entropy-bound, remdm for the mask loop) and its own
+default (ddpd one at a time, MaskGIT), at every --budgets pass budget (a ddpd step costs two passes, a mask-loop step one) and temperature; the
+target is ddpd one at a time at --target-steps. --judge: an autoregressive checkpoint, or
+ngram[:ORDER] (a character n-gram built from the train split of --data, ddpd.eval.ngram).
+Writes frontier.csv (after every configuration: an interrupted sweep resumes), frontier.md
+and frontier.png to --out-dir.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+from typing import List
+
+from ddpd.cli.common import UsageError
+
+DEFAULT_POLICIES = ["error-budget:bound=1,max_k=16", "error-budget:bound=4,max_k=16", "threshold:0.9",
+                    "entropy-bound:1.0", "factor:1.0", "remdm:schedule=cap,eta=0.02"]
+REPORTS = ("frontier.csv", "frontier.md", "frontier.png")
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("frontier", help="judge NLL and entropy against network passes: parallel decoding policies")
+    p.add_argument("checkpoint", nargs="?", help="a bundle directory (default: the bundled text8 models)")
+    p.add_argument("--judge", required=True, help="an ar checkpoint directory, or ngram[:ORDER] built from --data")
+    p.add_argument("--data", help="the corpus (its train split builds an ngram judge)")
+    p.add_argument("--samplers", nargs="+", default=["ddpd", "maskgit"], choices=("ddpd", "maskgit"))
+    p.add_argument("--policies", nargs="+", default=DEFAULT_POLICIES, metavar="SPEC",
+                   help="policy specs NAME[:FIELD=VALUE,...] (ddpd.sampling.policies)")
+    p.add_argument("--budgets", nargs="+", type=int, default=[32, 64, 128, 256],
+                   help="network-pass budgets per sample: a ddpd step is 2 passes (planner + denoiser), a mask-loop "
+                        "step 1 (default: 32 64 128 256)")
+    p.add_argument("--temperatures", nargs="+", type=float, default=[1.0])
+    p.add_argument("--target-steps", type=int, default=512, help="steps of the one-at-a-time target (default 512)")
+    p.add_argument("--eps", type=float, default=0.01, help="the ddpd stop criterion (option A)")
+    p.add_argument("--num-samples", type=int, default=16)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--fused", action="store_true", help="every sampler on its fused path (same samples)")
+    p.add_argument("--threads", type=int, help="CPU threads (default: torch's)")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--no-progress", dest="progress", action="store_false")
+    p.add_argument("--out-dir", required=True)
+
+
+def run(args: argparse.Namespace) -> None:
+    import torch
+
+    from ddpd.eval.frontier import passes_to_reach, plot_frontier, run_frontier, frontier_markdown
+    from ddpd.eval.report import MissingDependency, one_set, write_text
+
+    families = _policies(args)  # the arguments first: nothing is loaded for a bad one
+    order = _judge_order(args)
+    bundle = _bundle(args.checkpoint)
+    from ddpd.cli.common import load_role, resolve_device
+
+    device = resolve_device(args.device)
+    planner, _ = load_role("planner", os.path.join(bundle, "planner"), ("planner",), device)
+    denoiser, config = load_role("denoiser", os.path.join(bundle, "denoiser"), ("mask-denoiser",), device)
+    vocab, length = config["vocab_size"], config["model"]["max_seq_len"]
+    judge = _judge(args, order, config, device)
+    configs = _configs(args, families, planner, denoiser, vocab, length)
+    csv_path = os.path.join(args.out_dir, "frontier.csv")
+    with torch.no_grad():
+        rows = run_frontier(configs, judge=judge, vocab_size=vocab, num_samples=args.num_samples, seed=args.seed,
+                            batch_size=args.batch_size, csv_path=csv_path, progress=args.progress)
+    targets = [r for r in rows if r["sampler"] == "ddpd" and r["policy"] == "one-at-a-time"
+               and int(r["steps"]) == args.target_steps]
+    target = min(targets, key=lambda r: abs(float(r["temperature"]) - 1.0))
+    label = f"ddpd one at a time, {args.target_steps} steps, T={target['temperature']}"
+    reach = passes_to_reach([r for r in rows if r is not target], float(target["judge_nll"]),
+                            float(target["entropy"]))
+    with one_set():
+        write_text(frontier_markdown(rows, reach, label), os.path.join(args.out_dir, "frontier.md"))
+        try:
+            plot_frontier(rows, os.path.join(args.out_dir, "frontier.png"),
+                          {"judge_nll": float(target["judge_nll"]), "entropy": float(target["entropy"])})
+        except MissingDependency as err:
+            print(f"ddpd-eval: {err}; frontier.png skipped")
+    print(frontier_markdown(rows, reach, label))
+
+
+def _bundle(path):
+    if path:
+        if not os.path.isdir(os.path.join(path, "planner")) or not os.path.isdir(os.path.join(path, "denoiser")):
+            raise UsageError(f"{path}: not a bundle (a planner/ and a denoiser/ checkpoint)")
+        return path
+    from ddpd.pretrained import default_bundle
+
+    return default_bundle()
+
+
+def _judge_order(args):
+    """The n-gram order of --judge ngram[:ORDER] (6 by default), or None for a checkpoint."""
+    if not args.judge.startswith("ngram"):
+        return None
+    name, _, order = args.judge.partition(":")
+    if name != "ngram" or (order and not order.isdigit()):
+        raise UsageError(f"--judge must be a checkpoint directory or ngram[:ORDER], got {args.judge!r}")
+    if not args.data:
+        raise UsageError("--judge ngram needs --data (its train split builds the judge)")
+    return int(order or 6)
+
+
+def _judge(args, order, config: dict, device):
+    from ddpd.cli.common import load_role
+
+    if order is None:
+        return load_role("judge", args.judge, ("ar",), device)[0]
+    from ddpd.eval.ngram import NGramJudge
+    from ddpd.training.data import load_splits, tokenizer_from_config
+
+    splits = load_splits(args.data, tokenizer_from_config(config["tokenizer"]))
+    return NGramJudge(splits["train"], config["vocab_size"], order)
+
+
+def _policies(args) -> dict:
+    """{family: [policy, ...]}: each family's own default, then its --policies."""
+    from ddpd.sampling.policies import DDPD_POLICIES, MaskGIT, parse_policy
+
+    by_family = {"ddpd": [None], "maskgit": [MaskGIT()]}
+    for spec in args.policies:
+        try:
+            policy = parse_policy(spec)
+        except ValueError as err:
+            raise UsageError(f"--policies: {err}") from None
+        by_family["ddpd" if spec.partition(":")[0] in DDPD_POLICIES else "maskgit"].append(policy)
+    return by_family
+
+
+def _configs(args, by_family: dict, planner, denoiser, vocab: int, length: int) -> List:
+    from ddpd.eval.frontier import Config
+    from ddpd.sampling import DDPDOptions, Execution, ddpd_sample, mask_sample
+    from ddpd.sampling.policies import policy_spec
+
+    execution = Execution(fused=args.fused)
+
+    def runner(family, policy, steps, temperature):
+        def go(n, first):
+            from ddpd.sampling import PhiloxNoise
+
+            noise = PhiloxNoise(args.seed, first_row=first)
+            if family == "ddpd":
+                return ddpd_sample(planner, denoiser, n, length, vocab, steps=steps, temperature=temperature,
+                                   denoiser_type="mask", noise=noise, execution=execution,
+                                   ddpd=DDPDOptions(eps=args.eps, policy=policy))
+            return mask_sample(denoiser, n, length, vocab, steps=steps, temperature=temperature, policy=policy,
+                               noise=noise, execution=execution)
+        return go
+
+    configs = {}
+    for temperature in args.temperatures:
+        configs["ddpd", None, args.target_steps, temperature] = None
+    for family in args.samplers:
+        for policy in by_family[family]:
+            for budget in args.budgets:
+                for temperature in args.temperatures:
+                    steps = max(1, budget // 2) if family == "ddpd" else budget
+                    configs[family, policy, steps, temperature] = None
+    return [Config(family, "one-at-a-time" if policy is None else policy_spec(policy), steps, temperature,
+                   runner(family, policy, steps, temperature)) for family, policy, steps, temperature in configs]

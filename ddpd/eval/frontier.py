@@ -1,0 +1,178 @@
+"""The quality-versus-passes frontier of parallel decoding (docs/parallel.md).
+
+Each configuration (a sampler, a commit policy, a step budget, a temperature) draws
+samples, which the judge scores (NLL per token, nats) beside their unigram entropy (bits),
+against the network passes the samples cost (planner and denoiser, per sample). Rows go to
+a CSV after every configuration; a run finds the rows of its CSV already there and skips
+them, so an interrupted sweep resumes where it stopped. The plot draws judge NLL against
+mean passes, one line per sampler and policy family, and the table says how many passes
+each needs to reach a target quality at matched entropy.
+
+The samplers come in as callables (ddpd.cli.frontier wires ddpd.sampling in), so this layer
+does not depend on the sampling layer.
+"""
+from __future__ import annotations
+
+import csv
+import math
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import torch
+from tqdm.auto import tqdm
+
+from ddpd.eval.quality import quality_metrics
+from ddpd.eval.report import markdown_table, pyplot, save_figure, write_csv
+
+KEY = ("sampler", "policy", "steps", "temperature", "num_samples", "seed")
+COLUMNS = (("sampler", "Sampler", ""), ("policy", "Policy", ""), ("steps", "Steps", ""),
+           ("temperature", "T", ""), ("judge_nll", "Judge NLL", ".4f"), ("judge_nll_se", "± s.e.", ".4f"),
+           ("entropy", "Entropy (bits)", ".3f"), ("passes", "Passes / sample", ".1f"),
+           ("planner_passes", "Planner", ".1f"), ("denoiser_passes", "Denoiser", ".1f"),
+           ("tokens_per_pass", "Tokens / pass", ".2f"), ("num_samples", "Samples", ""))
+
+
+@dataclass(frozen=True)
+class Config:
+    """One point of the frontier: run(n, first_row) -> a SampleResult-like object (tokens,
+    planner_passes, denoiser_passes, commits) for samples first_row .. first_row + n - 1."""
+
+    sampler: str
+    policy: str
+    steps: int
+    temperature: float
+    run: Callable[[int, int], Any]
+
+    def key(self, num_samples: int, seed: int) -> tuple:
+        return (self.sampler, self.policy, str(self.steps), f"{self.temperature:g}", str(num_samples), str(seed))
+
+
+def _row_key(row: dict) -> tuple:
+    return tuple(str(row[k]) if k != "temperature" else f"{float(row[k]):g}" for k in KEY)
+
+
+def run_frontier(configs: Sequence[Config], *, judge, vocab_size: int, num_samples: int, seed: int,
+                 batch_size: int, csv_path: str, progress: bool = False) -> List[dict]:
+    """Every configuration's row, the ones already in csv_path taken from it (resumed).
+
+    Args:
+        configs: the points to measure.
+        judge: anything with log_likelihood(x Long[B, D]) -> Float[B] (nats per sequence).
+        vocab_size: for the unigram entropy.
+        num_samples, seed, batch_size: samples per point, their seed (recorded), rows per call.
+        csv_path: the CSV rewritten (atomically) after each configuration.
+        progress: show a progress bar.
+
+    Returns:
+        The rows (dicts with the COLUMNS fields), in the order of configs.
+    """
+    done = {_row_key(row): row for row in (read_frontier(csv_path) if os.path.exists(csv_path) else [])}
+    rows = []
+    bar = tqdm(configs, desc="frontier", unit="config", disable=None if progress else True)
+    for config in bar:
+        key = config.key(num_samples, seed)
+        if key in done:
+            rows.append(done[key])
+            continue
+        bar.set_postfix_str(f"{config.sampler} {config.policy} T={config.temperature:g} steps={config.steps}")
+        rows.append(_measure(config, judge, vocab_size, num_samples, seed, batch_size))
+        write_csv(rows + [row for k, row in done.items() if k not in {_row_key(r) for r in rows}], csv_path)
+    return rows
+
+
+def read_frontier(path: str) -> List[dict]:
+    """The rows of a frontier CSV (numbers as floats); ValueError naming the file for one that
+    lacks a column of the key or a measurement."""
+    with open(path, newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    needed = KEY + ("judge_nll", "entropy", "passes")
+    for line, row in enumerate(rows, start=2):
+        missing = [k for k in needed if not row.get(k)]
+        if missing:
+            raise ValueError(f"{path} line {line}: not a frontier row (no {', '.join(missing)})")
+        for k in ("judge_nll", "judge_nll_se", "entropy", "entropy_se", "passes", "planner_passes",
+                  "denoiser_passes", "tokens_per_pass", "temperature", "seconds"):
+            if row.get(k):
+                row[k] = float(row[k])
+    return rows
+
+
+def _measure(config: Config, judge, vocab_size: int, num_samples: int, seed: int, batch_size: int) -> dict:
+    start = time.perf_counter()
+    tokens, planner, denoiser, commits = [], 0, 0, 0
+    for first in range(0, num_samples, batch_size):
+        result = config.run(min(batch_size, num_samples - first), first)
+        tokens.append(result.tokens.cpu())
+        planner += int(result.planner_passes.sum())
+        denoiser += int(result.denoiser_passes.sum())
+        commits += int(result.commits.sum())
+    metrics = quality_metrics(torch.cat(tokens), judge, vocab_size)
+    passes = (planner + denoiser) / num_samples
+    return {"sampler": config.sampler, "policy": config.policy, "steps": config.steps,
+            "temperature": config.temperature, "judge_nll": metrics["judge_nll"],
+            "judge_nll_se": metrics["judge_nll_se"], "entropy": metrics["entropy"],
+            "entropy_se": metrics["entropy_se"], "passes": passes, "planner_passes": planner / num_samples,
+            "denoiser_passes": denoiser / num_samples, "tokens_per_pass": commits / max(1, planner + denoiser),
+            "num_samples": num_samples, "seed": seed, "seconds": time.perf_counter() - start}
+
+
+def family(row: dict) -> str:
+    """A line of the plot: the sampler and the policy's name (its parameters vary along the line)."""
+    return f"{row['sampler']} {str(row['policy']).split(':')[0]}"
+
+
+def passes_to_reach(rows: List[dict], target_nll: float, target_entropy: float, nll_slack: float = 0.02,
+                    entropy_tolerance: float = 0.01) -> List[dict]:
+    """Per family, the fewest mean passes of a configuration within nll_slack of target_nll
+    (or below it) at an entropy within entropy_tolerance (relative) of target_entropy; with none,
+    the best NLL it reached at matched entropy."""
+    out = []
+    for name in dict.fromkeys(family(row) for row in rows):
+        matched = [r for r in rows if family(r) == name
+                   and abs(float(r["entropy"]) - target_entropy) <= entropy_tolerance * target_entropy]
+        good = [r for r in matched if float(r["judge_nll"]) <= target_nll + nll_slack]
+        best = min(good, key=lambda r: float(r["passes"])) if good else \
+            min(matched, key=lambda r: float(r["judge_nll"]), default=None)
+        out.append({"family": name, "reached": bool(good),
+                    "passes": float(best["passes"]) if best else math.nan,
+                    "judge_nll": float(best["judge_nll"]) if best else math.nan,
+                    "entropy": float(best["entropy"]) if best else math.nan,
+                    "config": f"{best['policy']} steps={best['steps']} T={best['temperature']}" if best else "-"})
+    return out
+
+
+def frontier_markdown(rows: List[dict], reach: Optional[List[dict]] = None, target: str = "") -> str:
+    text = markdown_table(rows, COLUMNS)
+    if reach:
+        text += f"\n\nPasses to reach {target} (judge NLL within 0.02, entropy within 1%):\n\n"
+        text += markdown_table(reach, (("family", "Sampler / policy", ""), ("reached", "Reached", ""),
+                                       ("passes", "Passes / sample", ".1f"), ("judge_nll", "Judge NLL", ".4f"),
+                                       ("entropy", "Entropy", ".3f"), ("config", "Configuration", "")))
+    return text + "\n"
+
+
+def plot_frontier(rows: List[dict], path: str, target: Optional[Dict[str, float]] = None) -> None:
+    """Judge NLL against mean passes (log scale), a line per family and temperature, each point
+    labelled with its entropy; the target quality as a horizontal line."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(9, 6))
+    groups: Dict[tuple, List[dict]] = {}
+    for row in rows:
+        groups.setdefault((family(row), float(row["temperature"])), []).append(row)
+    for (name, temperature), points in groups.items():
+        points = sorted(points, key=lambda r: float(r["passes"]))
+        xs, ys = [float(r["passes"]) for r in points], [float(r["judge_nll"]) for r in points]
+        line, = ax.plot(xs, ys, marker="o", label=f"{name} T={temperature:g}")
+        for x, y, r in zip(xs, ys, points):
+            ax.annotate(f"{float(r['entropy']):.2f}", (x, y), fontsize=6, color=line.get_color(),
+                        textcoords="offset points", xytext=(3, 3))
+    if target:
+        ax.axhline(target["judge_nll"], color="grey", linestyle="--", linewidth=0.8,
+                   label=f"target {target['judge_nll']:.3f} (entropy {target['entropy']:.2f})")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("network passes per sample (planner + denoiser)")
+    ax.set_ylabel("judge NLL (nats per token); labels: unigram entropy (bits)")
+    ax.legend(fontsize=7)
+    save_figure(fig, path)

@@ -1,0 +1,107 @@
+"""The frontier sweep (ddpd.eval.frontier, ddpd-eval frontier) and the n-gram judge."""
+import csv
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from ddpd.cli.eval import main
+from ddpd.eval.frontier import Config, passes_to_reach, read_frontier, run_frontier
+from ddpd.eval.ngram import NGramJudge
+
+
+class Uniform:
+    """A judge that gives every token probability 1/V."""
+
+    def __init__(self, vocab):
+        self.vocab = vocab
+
+    def log_likelihood(self, x):
+        return torch.full((x.shape[0],), -x.shape[1] * math.log(self.vocab))
+
+
+def fake(calls, passes=4):
+    def run(n, first):
+        calls.append((n, first))
+        tokens = (torch.arange(first, first + n)[:, None] + torch.arange(6)) % 5
+        return SimpleNamespace(tokens=tokens, planner_passes=torch.full((n,), passes // 2),
+                               denoiser_passes=torch.full((n,), passes - passes // 2), commits=torch.full((n,), 6))
+    return run
+
+
+def test_run_frontier_measures_each_configuration_once_and_resumes(tmp_path):
+    path = str(tmp_path / "frontier.csv")
+    calls = []
+    configs = [Config("ddpd", "one-at-a-time", 3, 1.0, fake(calls, 6)), Config("maskgit", "maskgit", 3, 1.0, fake(calls))]
+    rows = run_frontier(configs, judge=Uniform(5), vocab_size=5, num_samples=5, seed=0, batch_size=2, csv_path=path)
+    assert calls == [(2, 0), (2, 2), (1, 4)] * 2
+    assert [r["passes"] for r in rows] == [6.0, 4.0]
+    assert rows[0]["tokens_per_pass"] == pytest.approx(1.0)
+    assert rows[0]["judge_nll"] == pytest.approx(math.log(5))
+    calls.clear()
+    more = configs + [Config("maskgit", "threshold:threshold=0.9", 3, 1.0, fake(calls))]
+    again = run_frontier(more, judge=Uniform(5), vocab_size=5, num_samples=5, seed=0, batch_size=2, csv_path=path)
+    assert calls == [(2, 0), (2, 2), (1, 4)]  # only the new configuration ran
+    assert len(again) == 3 and len(read_frontier(path)) == 3
+    with open(path, newline="") as f:
+        assert len(list(csv.DictReader(f))) == 3
+
+
+def test_passes_to_reach_takes_the_cheapest_configuration_at_matched_entropy():
+    rows = [dict(sampler="ddpd", policy="error-budget:bound=1", steps=8, temperature=1.0, judge_nll=2.0, entropy=4.0,
+                 passes=16.0),
+            dict(sampler="ddpd", policy="error-budget:bound=4", steps=4, temperature=1.0, judge_nll=2.01, entropy=4.02,
+                 passes=8.0),
+            dict(sampler="maskgit", policy="maskgit", steps=8, temperature=1.0, judge_nll=1.5, entropy=3.5, passes=8.0)]
+    reach = {r["family"]: r for r in passes_to_reach(rows, 2.0, 4.0)}
+    assert reach["ddpd error-budget"]["reached"] and reach["ddpd error-budget"]["passes"] == 8.0
+    assert not reach["maskgit maskgit"]["reached"]  # its entropy is 12% lower: not matched
+
+
+def test_ngram_judge_is_a_normalised_law():
+    torch.manual_seed(0)
+    text = torch.randint(0, 4, (3000,))
+    text[::7] = 3  # some structure
+    judge = NGramJudge(text, 4, order=3)
+    for prefix in ([0, 1], [3, 3], [2, 0]):
+        x = torch.tensor([prefix + [w] for w in range(4)])
+        total = torch.exp(judge.log_likelihood(x) - judge.log_likelihood(torch.tensor([prefix]))).sum()
+        assert float(total) == pytest.approx(1.0, abs=1e-9)
+    with pytest.raises(ValueError, match="order"):
+        NGramJudge(text, 4, order=0)
+    with pytest.raises(ValueError, match=r"ids in \[0, 4\)"):
+        judge.log_likelihood(torch.tensor([[0, 9]]))
+
+
+def test_ngram_judge_prefers_text_like_its_corpus():
+    torch.manual_seed(0)
+    text = torch.tensor([0, 1, 2, 3] * 500)
+    judge = NGramJudge(text, 4, order=3)
+    assert float(judge.log_likelihood(torch.tensor([[0, 1, 2, 3, 0, 1]]))) > \
+        float(judge.log_likelihood(torch.tensor([[3, 2, 1, 0, 3, 2]])))
+
+
+def test_ddpd_eval_frontier_writes_its_reports(tmp_path, capsys):
+    corpus = tmp_path / "text.txt"
+    corpus.write_text(("the cat sat on the mat and the dog ate the hat " * 400).strip())
+    out = tmp_path / "out"
+    argv = ["frontier", "--judge", "ngram:3", "--data", str(corpus), "--budgets", "2", "--target-steps", "1",
+            "--num-samples", "1", "--policies", "error-budget:bound=2,max_k=4", "threshold:0.9", "--fused",
+            "--no-progress", "--out-dir", str(out)]
+    assert main(argv) == 0
+    rows = read_frontier(str(out / "frontier.csv"))
+    assert {(r["sampler"], r["policy"].split(":")[0]) for r in rows} == {
+        ("ddpd", "one-at-a-time"), ("ddpd", "error-budget"), ("maskgit", "maskgit"), ("maskgit", "threshold")}
+    assert (out / "frontier.md").read_text().count("| ddpd |") == 2
+    assert main(argv) == 0  # resumed: nothing left to run
+    assert "Passes to reach" in capsys.readouterr().out
+
+
+def test_ddpd_eval_frontier_refuses_a_bad_judge_and_policy(tmp_path, capsys):
+    out = str(tmp_path / "out")
+    assert main(["frontier", "--judge", "ngram:x", "--data", "books", "--out-dir", out]) == 2
+    assert main(["frontier", "--judge", "ngram", "--out-dir", out]) == 2
+    assert main(["frontier", "--judge", "ngram", "--data", "books", "--policies", "fastest", "--out-dir", out]) == 2
+    err = capsys.readouterr().err
+    assert "ngram[:ORDER]" in err and "needs --data" in err and "policy must be one of" in err
