@@ -6,8 +6,10 @@ says the sequence is clean.
 """
 from ddpd import _interrupts
 
-_interrupts.install()  # before torch's import, the seconds a Ctrl-C most often lands in
-
-import torch  # noqa: E402, F401  (before ddpd._C: it links against torch's libraries, which this loads)
+# Installed before torch's import, the seconds a Ctrl-C most often lands in. torch is
+# imported before ddpd._C, which links against torch's libraries; not in a tool's process:
+# a tool checks its command line first, then imports torch (seconds on a busy machine).
+if _interrupts.install() is None:
+    import torch  # noqa: E402, F401
 
 __version__ = "0.1.0"

@@ -26,12 +26,13 @@ def tool_name(argv0: str, orig_argv: list) -> str | None:
     return None
 
 
-def install() -> None:
-    """In a tool's process, print an uncaught KeyboardInterrupt as one line."""
+def install() -> str | None:
+    """In a tool's process, print an uncaught KeyboardInterrupt as one line; returns the
+    tool's name (None in any other process)."""
     # sys.orig_argv: Python 3.10+; with 3.9 only the console scripts are recognised
     name = tool_name(sys.argv[0] if sys.argv else "", getattr(sys, "orig_argv", []))
     if name is None:
-        return
+        return None
     traceback = sys.excepthook
 
     def one_line(kind, value, tb):
@@ -41,3 +42,4 @@ def install() -> None:
             traceback(kind, value, tb)
 
     sys.excepthook = one_line
+    return name

@@ -77,6 +77,7 @@ def interrupted(name, *args, **kwargs):
     return imported(name, *args, **kwargs)
 builtins.__import__ = interrupted
 import ddpd
+import torch  # in a tool's process ddpd leaves it to the tool, after its command line is checked
 """
 
 

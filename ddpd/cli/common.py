@@ -15,6 +15,10 @@ device and thread policy, signals, error reporting, and loading checkpoints by r
   a machine other work is using: on a 2-core machine the default quickstart took
   104-195 s with one thread, quiet or busy, and 177-618 s with two, whose threads
   wait on each other when the cores are shared.
+- Checks first: what the command line alone decides (flag values, the files and
+  checkpoint directories it names, the outputs it will write) is checked by
+  `check_first` before torch is imported and any model loaded, which take seconds on a
+  busy machine. This module, ddpd.cli.samplers and the tools' parsers import no torch.
 """
 from __future__ import annotations
 
@@ -25,15 +29,21 @@ import signal
 import sys
 import warnings
 from contextlib import contextmanager
-from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
 
 
 class UsageError(Exception):
     """A problem with the command line or the models given: one line, exit status 2."""
+
+
+class InputError(Exception):
+    """An input the command line names cannot be used (a checkpoint directory that is not
+    there): one line, exit status 1, as when loading it fails."""
 
 
 class Interrupted(KeyboardInterrupt):
@@ -64,21 +74,32 @@ def add_runtime_arguments(parser: argparse.ArgumentParser, default=None) -> None
 
 
 MAX_THREADS = 1024  # torch.set_num_threads(100000) ends the process with a segmentation fault
+# ddpd.models.DTYPE_CHOICES, here without importing torch (a test holds the two equal)
+DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 
 
-def apply_threads(threads: Optional[int]) -> int:
-    """Set torch's intra-op threads (shared by the C++ ops) by the policy above; returns them."""
+def check_threads(threads: Optional[int]) -> None:
+    """UsageError unless --threads (if given) is in range, or else OMP_NUM_THREADS (if set)
+    is a positive int."""
     if threads is not None:
         if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= MAX_THREADS:
             raise UsageError(f"--threads must be in [1, {MAX_THREADS}], got {threads}")
-        torch.set_num_threads(threads)
-    elif not os.environ.get("OMP_NUM_THREADS"):
-        torch.set_num_threads(1)  # torch honours OMP_NUM_THREADS itself when it is set
-    else:  # a value OpenMP cannot use means every core to it, the opposite of the default
+    elif os.environ.get("OMP_NUM_THREADS"):  # a value OpenMP cannot use means every core to it
         first = os.environ["OMP_NUM_THREADS"].split(",")[0].strip()
         if not first.isdigit() or int(first) < 1:
             raise UsageError(f"OMP_NUM_THREADS must be a positive int (or unset, or --threads given), got "
                              f"{os.environ['OMP_NUM_THREADS']!r}")
+
+
+def apply_threads(threads: Optional[int]) -> int:
+    """Set torch's intra-op threads (shared by the C++ ops) by the policy above; returns them."""
+    import torch
+
+    check_threads(threads)
+    if threads is not None:
+        torch.set_num_threads(threads)
+    elif not os.environ.get("OMP_NUM_THREADS"):
+        torch.set_num_threads(1)  # torch honours OMP_NUM_THREADS itself when it is set
     return torch.get_num_threads()
 
 
@@ -89,6 +110,31 @@ def resolve_device(name: str) -> torch.device:
         return check_device("--device", name)
     except (TypeError, ValueError) as err:
         raise UsageError(str(err)) from None
+
+
+def check_checkpoints(*paths: Optional[str]) -> None:
+    """InputError, with the message loading would give, for a checkpoint directory given
+    (None: not given) that is not there or not a directory."""
+    for path in paths:
+        if path is None or os.path.isdir(path):
+            continue
+        what = "path is not a directory" if os.path.exists(path) else "directory not found"
+        raise InputError(f"checkpoint {what}: {path}")
+
+
+def check_first(prog: str, check: Callable[[], None]) -> Optional[int]:
+    """Run `check`, the checks of the command line alone, before torch is imported: None
+    if it passes, else the exit status after its one line (2: UsageError, 1: an input or
+    output that cannot be used)."""
+    try:
+        check()
+        return None
+    except UsageError as err:
+        status, message = 2, one_line(err)
+    except (InputError, OSError) as err:
+        status, message = 1, one_line(err)
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    return status
 
 
 def refuse_empty_paths(args: argparse.Namespace, *names: str) -> None:
@@ -190,6 +236,8 @@ def one_line(err: BaseException) -> str:
 
 
 def _out_of_memory(err: BaseException) -> bool:
+    import torch
+
     return isinstance(err, torch.OutOfMemoryError) or "can't allocate memory" in str(err)
 
 
@@ -218,7 +266,7 @@ def run_tool(prog: str, body: Callable[[], int], value_error_status: int = 1,
         return fail(one_line(err), 2)
     except PeerLost as err:
         return fail(f"{err}{err.detail}", 1)
-    except (CheckpointError, MissingExtra, OSError, FloatingPointError) as err:
+    except (CheckpointError, InputError, MissingExtra, OSError, FloatingPointError) as err:
         return fail(one_line(err), 1)
     except (ValueError, TypeError) as err:  # the argument checks of the layers below
         return fail(one_line(err), value_error_status)

@@ -32,10 +32,13 @@ import os
 import sys
 from typing import List, Optional
 
-from ddpd.cli.common import (OneLineParser, UsageError, add_runtime_arguments, apply_threads, flag_error,
-                             resolve_device, run_tool)
+from ddpd.cli.common import (OneLineParser, UsageError, add_runtime_arguments, apply_threads, check_checkpoints,
+                             check_first, check_threads, flag_error, resolve_device, run_tool)
 from ddpd.streams import Stdout, standard_streams
-from ddpd.training.trainer import KINDS, TOKENIZERS
+
+# ddpd.training.trainer's KINDS and TOKENIZERS, here without importing torch (a test holds them equal)
+KINDS = ("planner", "mask-denoiser", "uniform-denoiser", "uniform", "ar")
+TOKENIZERS = ("text8", "gpt2")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -97,7 +100,6 @@ LOCAL = ("resume", "progress", "threads", "allow_data_change")  # options of thi
 def _train_config(args: argparse.Namespace):
     from ddpd.checkpoint import read_config, training_settings
     from ddpd.files import remove_stale_temps
-    from ddpd.training.data import resolve_source
     from ddpd.training.trainer import TrainConfig
 
     given = {k: v for k, v in vars(args).items() if k not in LOCAL}
@@ -107,15 +109,26 @@ def _train_config(args: argparse.Namespace):
         for name in ("out", "device"):
             stored.pop(name, None)  # where it runs may change; how often it reports is kept unless given
         return TrainConfig.from_dict({**stored, **given})
-    if "data" not in given:
-        raise ValueError("--data is required (the training corpus: a file, books, text8 or hf:NAME)")
-    try:
-        resolve_source(given["data"])
-    except (FileNotFoundError, ValueError) as err:
-        raise UsageError(f"--data: {err}") from None
-    if "tiktoken" in given and not os.path.isfile(given["tiktoken"]):
-        raise UsageError(f"--tiktoken: no such file: {given['tiktoken']}")
     return TrainConfig.from_dict(given)
+
+
+def check_command_line(args: argparse.Namespace) -> None:
+    """What the command line alone decides, checked before torch is imported (check_first):
+    the corpus (--data, required unless --resume), --tiktoken, the checkpoint to resume."""
+    from ddpd.training.sources import resolve_source
+
+    check_threads(getattr(args, "threads", None))
+    if args.resume:
+        check_checkpoints(args.out)
+    elif "data" not in args:
+        raise UsageError("--data is required (the training corpus: a file, books, text8 or hf:NAME)")
+    if "data" in args:
+        try:
+            resolve_source(args.data)
+        except (FileNotFoundError, ValueError) as err:
+            raise UsageError(f"--data: {err}") from None
+    if "tiktoken" in args and not os.path.isfile(args.tiktoken):
+        raise UsageError(f"--tiktoken: no such file: {args.tiktoken}")
 
 
 def _checked_config(args: argparse.Namespace):
@@ -212,6 +225,9 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     standard_streams()
     args = build_parser().parse_args(argv)
+    status = check_first("ddpd-train", lambda: check_command_line(args))
+    if status is not None:
+        return status
     state: dict = {}
 
     def graceful(name: str) -> bool:

@@ -36,6 +36,7 @@ import torch
 from torch import Tensor
 
 from ddpd.assets import BOOKS, GPT2_RANKS
+from ddpd.training.sources import CORPUS_NAMES, HUB_TEXT8, resolve_source  # noqa: F401  (re-exported)
 from ddpd.validation import require_extra
 
 TEXT8_ALPHABET = " abcdefghijklmnopqrstuvwxyz"
@@ -44,13 +45,7 @@ GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+
 GPT2_EOT = "<|endoftext|>"
 SPLITS = ("train", "validation", "test")
 SPLIT_FRACTIONS = (0.9, 0.05, 0.05)
-# Corpora by name. text8 on the Hugging Face hub holds the standard 90 M / 5 M / 5 M
-# split of the 100 M characters as three one-row splits: joined in order they are
-# text8 itself, and SPLIT_FRACTIONS then give back the standard split.
-HUB_TEXT8 = "afmck/text8"
 LABELLED_SUFFIX = ".jsonl"  # a labelled corpus: {"text", "label"} per line
-CORPUS_NAMES = {"books": "the text8-format public-domain books shipped with ddpd (198 k characters)",
-                "text8": f"the full text8 (100 M characters), downloaded with `datasets` from {HUB_TEXT8}"}
 
 _NOT_TEXT8 = re.compile(r"[^ a-z]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -166,27 +161,6 @@ def tokenizer_from_config(config: dict):
                              f"{GPT2_SHA256} (the GPT-2 vocabulary ddpd reads)")
         return GPT2Tokenizer()
     raise ValueError(f"tokenizer config 'name' must be 'text8' or 'gpt2', got {name!r}")
-
-
-def resolve_source(source: str) -> str:
-    """The canonical form of a corpus source: `hf:NAME[:CONFIG]` as given, an existing
-    file as its absolute path, else a corpus name of CORPUS_NAMES as given. Raises
-    FileNotFoundError for anything else (naming the corpora that need no file), and
-    ValueError for an `hf:` without a name."""
-    if not isinstance(source, (str, os.PathLike)):
-        raise TypeError(f"data source must be a path, a corpus name or 'hf:NAME', got {type(source).__name__}")
-    source = os.fspath(source)
-    if source.startswith("hf:"):
-        if not source[3:].partition(":")[0]:
-            raise ValueError(f"data source 'hf:NAME[:CONFIG]' needs a dataset name, got {source!r}")
-        return source
-    if os.path.exists(source):
-        return os.path.abspath(source)
-    if source in CORPUS_NAMES:
-        return source
-    names = "; ".join(f"{name}: {what}" for name, what in CORPUS_NAMES.items())
-    raise FileNotFoundError(f"no such file: {source} (corpora that need no file: {names}; "
-                            "or hf:NAME[:CONFIG] for a Hugging Face dataset)")
 
 
 def load_text(source: str) -> str:

@@ -1,0 +1,112 @@
+"""The tools check their command line before the slow work: what the command line alone
+decides (flag values, the files and checkpoint directories it names) fails in one line
+before torch is imported, and what needs torch but no model fails before any model loads
+(importing torch and loading models take seconds to tens of seconds on a busy machine)."""
+import subprocess
+import sys
+
+import pytest
+
+from hang_guard import HANG_GUARD_SECONDS
+
+# The tool as its console script starts it (argv[0] names it), with torch made unimportable:
+# a check that runs after `import torch` ends in an ImportError instead of its one line.
+_WITHOUT_TORCH = """import sys
+sys.modules["torch"] = None
+sys.argv[0] = {tool!r}
+from ddpd.cli.{module} import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def _run_without_torch(tool, *argv):
+    module = tool.split("-")[1]
+    return subprocess.run([sys.executable, "-c", _WITHOUT_TORCH.format(tool=tool, module=module), *map(str, argv)],
+                          capture_output=True, text=True, timeout=HANG_GUARD_SECONDS)
+
+
+@pytest.fixture
+def files(tmp_path):
+    """A checkpoint-like directory, a plain file, a sweep and a prompts file that exist."""
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "file.txt").write_text("x")
+    return {"ckpt": tmp_path / "ckpt", "file": tmp_path / "file.txt", "missing": tmp_path / "missing"}
+
+
+CASES = [
+    ("ddpd-sample", ["--checkpoint", "{missing}"], 1, "checkpoint directory not found: {missing}"),
+    ("ddpd-sample", ["--planner", "{file}", "--denoiser", "{ckpt}"], 1, "checkpoint path is not a directory: {file}"),
+    ("ddpd-sample", ["--planner", "{ckpt}"], 2, "--planner needs a --denoiser"),
+    ("ddpd-sample", ["--checkpoint", "{ckpt}", "--denoiser", "{ckpt}"], 2, "give either --checkpoint or"),
+    ("ddpd-sample", ["--prompts", "{missing}"], 2, "--prompts {missing}: No such file or directory"),
+    ("ddpd-sample", ["--option", "D"], 2, "--option must combine the letters A, B, C"),
+    ("ddpd-sample", ["--guidance-scale", "2"], 2, "--guidance-scale needs --labels"),
+    ("ddpd-sample", ["--length", "0"], 2, "--length must be >= 1, got 0"),
+    ("ddpd-sample", ["--threads", "0"], 2, "--threads must be in [1, 1024], got 0"),
+    ("ddpd-sample", ["--out", ""], 2, "--out must be a path, got ''"),
+    ("ddpd-train", ["planner", "--out", "{ckpt}"], 2, "--data is required"),
+    ("ddpd-train", ["planner", "--data", "{missing}", "--out", "{ckpt}"], 2, "--data: no such file: {missing}"),
+    ("ddpd-train", ["planner", "--data", "books", "--tokenizer", "gpt2", "--tiktoken", "{missing}", "--out", "{ckpt}"],
+     2, "--tiktoken: no such file: {missing}"),
+    ("ddpd-train", ["planner", "--out", "{missing}", "--resume"], 1, "checkpoint directory not found: {missing}"),
+    ("ddpd-eval", ["elbo", "--planner", "{missing}", "--denoiser", "{ckpt}", "--data", "books"], 1,
+     "checkpoint directory not found: {missing}"),
+    ("ddpd-eval", ["elbo", "--uniform", "{ckpt}", "--data", "{missing}"], 2, "--data: no such file: {missing}"),
+    ("ddpd-eval", ["quality", "--uniform", "{ckpt}", "--judge", "{missing}", "--out-dir", "{ckpt}"], 1,
+     "checkpoint directory not found: {missing}"),
+    ("ddpd-eval", ["quality", "--uniform", "{ckpt}", "--judge", "{ckpt}", "--out-dir", "{file}/q"], 1,
+     "cannot write {file}/q: {file} is not a directory"),
+    ("ddpd-eval", ["merge", "{missing}", "--out-dir", "{ckpt}"], 2, "no such sweep file: {missing}"),
+    ("ddpd-eval", ["training", "{ckpt}", "{missing}"], 1, "checkpoint directory not found: {missing}"),
+]
+
+
+@pytest.mark.parametrize("tool, argv, status, message", CASES, ids=[" ".join([c[0], *c[1]]) for c in CASES])
+def test_the_command_line_is_checked_before_torch_is_imported(files, tool, argv, status, message):
+    proc = _run_without_torch(tool, *(a.format(**files) for a in argv))
+    assert proc.returncode == status and proc.stderr.startswith(f"{tool}: error: {message.format(**files)}"), \
+        proc.stderr
+    assert proc.stderr.count("\n") == 1 and proc.stdout == ""
+
+
+@pytest.mark.parametrize("tool, argv", [("ddpd-sample", ["--num-samples", "1"]),
+                                        ("ddpd-train", ["planner", "--data", "books", "--out", "{ckpt}"]),
+                                        ("ddpd-eval", ["elbo", "--uniform", "{ckpt}", "--data", "books"])])
+def test_a_command_line_that_passes_goes_on_to_import_torch(files, tool, argv):
+    """The other side of the test above: with torch unimportable a good command line fails
+    on the import, so the errors above were given before it."""
+    proc = _run_without_torch(tool, *(a.format(**files) for a in argv))
+    assert proc.returncode == 1 and "ModuleNotFoundError: import of torch halted" in proc.stderr, proc.stderr
+
+
+def test_the_tools_light_lists_are_the_packages():
+    """The parsers' choices, written out in ddpd.cli so that parsing imports no torch."""
+    from ddpd.cli import common, train
+    from ddpd.models import DTYPE_CHOICES
+    from ddpd.training import trainer
+
+    assert common.DTYPE_CHOICES == DTYPE_CHOICES
+    assert (train.KINDS, train.TOKENIZERS) == (trainer.KINDS, trainer.TOKENIZERS)
+
+
+@pytest.fixture
+def no_models(monkeypatch):
+    def loaded(*args, **kwargs):
+        raise AssertionError("the models were loaded before the command line was checked")
+
+    monkeypatch.setattr("ddpd.cli.sample.load_models", loaded)
+    monkeypatch.setattr("ddpd.cli.eval.load_models", loaded)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--k", "0"], "--k must be"),
+    (["--eps", "2"], "--eps must be"),
+    (["--clock", "exact", "--stop", "eps"], "stop='eps' is not available with clock='exact'"),
+    (["--top-p", "2"], "--top-p must be"),
+])
+def test_sample_refuses_the_sampler_settings_before_loading_models(no_models, capsys, argv, message):
+    from ddpd.cli.sample import main
+
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("ddpd-sample: error: ") and message in err and err.count("\n") == 1, err
