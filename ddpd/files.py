@@ -15,7 +15,8 @@ Every file ddpd writes (checkpoints, sample files, evaluation reports) goes thro
   this host.
 - `OutputLock`: an exclusive `fcntl` lock on `.NAME.lock` beside a destination, held
   for as long as a process writes it; a second writer is refused with one line that
-  names the holder.
+  names the holder. The lock file is never a symbolic link, a FIFO or a file with other
+  links (refused: the holder line would be written into whatever it leads to).
 
 A destination that is a symbolic link is written through: the link stays, and the file
 or directory it points to is replaced.
@@ -31,6 +32,7 @@ import hashlib
 import os
 import shutil
 import socket
+import stat
 import sys
 import tempfile
 import time
@@ -406,7 +408,9 @@ class OutputLock:
     """An exclusive lock on the output `path`, held from `acquire()` to `release()`
     (or the end of a `with` block, or the process): `fcntl.flock` on `.NAME.lock` beside
     `path`, which records the holder. A second `acquire()` of the same output, from any
-    process, raises OutputLockedError naming the holder."""
+    process, raises OutputLockedError naming the holder. What stands at the lock's path
+    must be a regular file with no other link, never followed if it is a symbolic link:
+    anything else is refused with an OutputError."""
 
     def __init__(self, path):
         self.path = destination(path)
@@ -416,19 +420,25 @@ class OutputLock:
         self._made: list = []  # the directories acquire() created, deepest first
 
     def acquire(self) -> "OutputLock":
-        import fcntl
-
         parent = os.path.dirname(self.path)
         missing = parent
         while not os.path.exists(missing):
             self._made.append(missing)
             missing = os.path.dirname(missing)
         make_parents(self.path, parent)
+        fd = self._lock_file()
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()} on {_HOST} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode())
+        self._fd = fd
+        return self
+
+    def _lock_file(self) -> int:
+        """A descriptor of the lock file, locked: the file still at lock_path (the previous
+        holder may delete it between our open and our lock)."""
+        import fcntl
+
         while True:
-            try:
-                fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-            except OSError as err:
-                raise OutputError(self.path, err) from None
+            fd = self._open()
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -436,19 +446,39 @@ class OutputLock:
                 os.close(fd)
                 raise OutputLockedError(f"{self.path} is being written by {holder} (lock {self.lock_path}); "
                                         "wait for it to finish or stop it") from None
-            # The previous holder may have deleted the file between our open and our lock:
-            # only a lock on the file that is still at lock_path counts.
+            except OSError as err:
+                os.close(fd)
+                raise OutputError(self.path, err) from None
             try:
-                same = os.stat(self.lock_path).st_ino == os.fstat(fd).st_ino
+                same = os.stat(self.lock_path, follow_symlinks=False).st_ino == os.fstat(fd).st_ino
             except FileNotFoundError:
                 same = False
             if same:
-                break
+                return fd
             os.close(fd)
-        os.ftruncate(fd, 0)
-        os.write(fd, f"pid {os.getpid()} on {_HOST} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode())
-        self._fd = fd
-        return self
+
+    def _open(self) -> int:
+        """Open (or create) the lock file, refusing what is not a plain file of its own: a
+        symbolic link (O_NOFOLLOW), a FIFO or device, a file with other hard links; the
+        holder line would otherwise be written into another file (a link planted in /tmp)."""
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+        try:
+            fd = os.open(self.lock_path, flags, 0o644)
+        except OSError as err:
+            if err.errno == errno.ELOOP or os.path.islink(self.lock_path):
+                self._refuse("is a symbolic link")
+            raise OutputError(self.path, err) from None
+        st = os.fstat(fd)
+        what = "is not a regular file" if not stat.S_ISREG(st.st_mode) else \
+            "has other links" if st.st_nlink > 1 else None
+        if what is not None:
+            os.close(fd)
+            self._refuse(what)
+        return fd
+
+    def _refuse(self, what: str) -> None:
+        raise OutputError(self.path, OSError(errno.EEXIST, f"its lock {self.lock_path} {what}; remove it if no "
+                                                           "ddpd process is writing there"))
 
     def release(self) -> None:
         if self._fd is None:

@@ -214,3 +214,33 @@ def test_a_file_in_the_way_of_the_parents_is_named(tmp_path):
         with pytest.raises(files.OutputError, match=f"{tmp_path / 'keep.jsonl'} is not a directory"):
             make(str(tmp_path / "keep.jsonl" / "sub" / "out"))
     assert (tmp_path / "keep.jsonl").read_text() == "x"
+
+
+# ---------------------------------------------------------------- what stands at the lock's path
+
+
+def _victim(tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("someone else's file\n")
+    return victim
+
+
+@pytest.mark.parametrize("plant, what", [
+    (lambda lock, victim: os.symlink(victim, lock), "is a symbolic link"),
+    (lambda lock, victim: os.link(victim, lock), "has other links"),
+    (lambda lock, victim: os.mkfifo(lock), "is not a regular file"),
+])
+def test_a_lock_path_that_is_not_a_plain_file_of_its_own_is_refused(tmp_path, plant, what):
+    """A symbolic link at `.NAME.lock` (planted in /tmp, say) had its target truncated and
+    overwritten with the holder line; a hard link the same; a FIFO gave a bare [Errno 22]."""
+    victim = _victim(tmp_path)
+    lock = tmp_path / ".run.lock"
+    plant(lock, victim)
+    for take in (lambda: files.OutputLock(tmp_path / "run").acquire(),
+                 lambda: files.StreamedFile(tmp_path / "run", one_writer=True)):  # ddpd-sample --out
+        with pytest.raises(files.OutputError) as info:
+            take()
+        assert str(info.value) == (f"cannot write {tmp_path / 'run'}: its lock {lock} {what}; "
+                                   "remove it if no ddpd process is writing there")
+    assert victim.read_text() == "someone else's file\n"
+    assert _entries(tmp_path) == [".run.lock", "victim.txt"]  # nothing of ours left behind
