@@ -410,7 +410,8 @@ class OutputLock:
     `path`, which records the holder. A second `acquire()` of the same output, from any
     process, raises OutputLockedError naming the holder. What stands at the lock's path
     must be a regular file with no other link, never followed if it is a symbolic link:
-    anything else is refused with an OutputError."""
+    anything else is refused with an OutputError, and so is a holder line that cannot be
+    written (a full disk), leaving nothing behind."""
 
     def __init__(self, path):
         self.path = destination(path)
@@ -426,9 +427,12 @@ class OutputLock:
             self._made.append(missing)
             missing = os.path.dirname(missing)
         make_parents(self.path, parent)
-        fd = self._lock_file()
-        os.ftruncate(fd, 0)
-        os.write(fd, f"pid {os.getpid()} on {_HOST} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode())
+        try:
+            fd = self._lock_file()
+            self._write_holder(fd)
+        except BaseException:
+            self._remove_made()
+            raise
         self._fd = fd
         return self
 
@@ -480,6 +484,21 @@ class OutputLock:
         raise OutputError(self.path, OSError(errno.EEXIST, f"its lock {self.lock_path} {what}; remove it if no "
                                                            "ddpd process is writing there"))
 
+    def _write_holder(self, fd: int) -> None:
+        """The holder line, for the message of a refused second writer. It fails on a full
+        disk: then the lock file goes (it is ours, and locked) and the error names the path."""
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"pid {os.getpid()} on {_HOST} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode())
+        except OSError as err:
+            try:
+                os.unlink(self.lock_path)
+            except OSError:
+                pass
+            os.close(fd)
+            raise OutputError(self.path, OSError(err.errno, f"{err.strerror or err} (writing its lock "
+                                                            f"{self.lock_path})")) from None
+
     def release(self) -> None:
         if self._fd is None:
             return
@@ -489,6 +508,9 @@ class OutputLock:
             pass
         os.close(self._fd)
         self._fd = None
+        self._remove_made()
+
+    def _remove_made(self) -> None:
         for directory in self._made:  # a run that wrote nothing leaves no empty directories behind
             try:
                 os.rmdir(directory)

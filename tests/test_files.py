@@ -244,3 +244,16 @@ def test_a_lock_path_that_is_not_a_plain_file_of_its_own_is_refused(tmp_path, pl
                                    "remove it if no ddpd process is writing there")
     assert victim.read_text() == "someone else's file\n"
     assert _entries(tmp_path) == [".run.lock", "victim.txt"]  # nothing of ours left behind
+
+
+@pytest.mark.parametrize("fails", ["ftruncate", "write"])
+def test_a_full_disk_while_writing_the_holder_line_is_one_line_and_leaves_nothing(tmp_path, monkeypatch, fails):
+    def full(*args):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(files.os, fails, full)
+    with pytest.raises(files.OutputError) as info:
+        files.OutputLock(tmp_path / "new" / "run").acquire()
+    assert str(info.value) == (f"cannot write {tmp_path / 'new' / 'run'}: No space left on device "
+                               f"(writing its lock {tmp_path / 'new' / '.run.lock'})")
+    assert _entries(tmp_path) == []  # neither the lock file nor the directory made for it
