@@ -19,7 +19,9 @@ Every file ddpd writes (checkpoints, sample files, evaluation reports) goes thro
   links (refused: the holder line would be written into whatever it leads to).
 
 A destination that is a symbolic link is written through: the link stays, and the file
-or directory it points to is replaced.
+or directory it points to is replaced. A replaced file or directory keeps the
+permissions of its previous version (a 0600 file stays 0600); a new one gets the
+ordinary ones, subject to the umask.
 
 Errors are `OutputError`s (an OSError) whose message names the user's path and the
 cause, not the temporary. Lowest layer: imports nothing from ddpd.
@@ -215,6 +217,19 @@ def _umask() -> int:
     return mask
 
 
+def _kept_mode(previous: str, default: int, directory: bool = False) -> int:
+    """The permissions of `previous` (what a new version replaces) where it exists and is
+    of the same kind, else `default`: replacing a private output must not widen it. Files
+    keep their rwx bits only (no set-id bits on new content); directories their setgid too."""
+    try:
+        st = os.lstat(previous)
+    except OSError:
+        return default
+    if directory:
+        return stat.S_IMODE(st.st_mode) if stat.S_ISDIR(st.st_mode) else default
+    return st.st_mode & 0o777 if stat.S_ISREG(st.st_mode) else default
+
+
 def fsync_directory(directory: str) -> None:
     if os.name != "posix":
         return
@@ -252,12 +267,10 @@ class StreamedFile:
             raise OutputError(self.path, err) from None
 
     def publish(self) -> None:
-        """Flush to disk and rename over `path` (ordinary permissions, subject to the umask)."""
+        """Flush to disk and rename over `path` (with the permissions of the file it
+        replaces; a new file gets the ordinary ones, subject to the umask)."""
         try:
-            self._file.flush()
-            os.fsync(self._file.fileno())
-            self._file.close()
-            os.chmod(self.temp, 0o666 & ~_umask())
+            self._complete()
             os.replace(self.temp, self.path)
             fsync_directory(os.path.dirname(self.path))
         except OSError as err:
@@ -265,6 +278,13 @@ class StreamedFile:
             raise OutputError(self.path, err) from None
         self.published = True
         self._release()
+
+    def _complete(self) -> None:
+        """The temporary on disk, closed, with the mode `path` will have."""
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        os.chmod(self.temp, _kept_mode(self.path, 0o666 & ~_umask()))
 
     def discard(self) -> None:
         try:
@@ -341,7 +361,7 @@ def atomic_directory(path) -> Iterator[str]:
         raise OutputError(path, err) from None
     try:
         yield tmp
-        _publish_permissions(tmp)
+        _publish_permissions(tmp, path)
         _sync_tree(tmp)
         _replace_directory(tmp, path)
     except OSError as err:
@@ -383,14 +403,18 @@ def _exchange(a: str, b: str) -> bool:
     return renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
 
 
-def _publish_permissions(directory: str) -> None:
-    """Ordinary permissions (subject to the umask) instead of the private ones that
-    temporary directories and files are created with."""
+def _publish_permissions(directory: str, previous: str) -> None:
+    """The permissions of the same entries in `previous` (the version being replaced),
+    ordinary ones (subject to the umask) for new entries, instead of the private ones
+    that temporary directories and files are created with. Symbolic links are left
+    alone: chmod would change what they point to."""
     umask = _umask()
     for root, dirs, files in os.walk(directory):
-        os.chmod(root, 0o777 & ~umask)
+        before = os.path.join(previous, os.path.relpath(root, directory))
+        os.chmod(root, _kept_mode(os.path.normpath(before), 0o777 & ~umask, directory=True))
         for name in files:
-            os.chmod(os.path.join(root, name), 0o666 & ~umask)
+            if not os.path.islink(os.path.join(root, name)):
+                os.chmod(os.path.join(root, name), _kept_mode(os.path.join(before, name), 0o666 & ~umask))
 
 
 def _sync_tree(directory: str) -> None:

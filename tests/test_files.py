@@ -257,3 +257,41 @@ def test_a_full_disk_while_writing_the_holder_line_is_one_line_and_leaves_nothin
     assert str(info.value) == (f"cannot write {tmp_path / 'new' / 'run'}: No space left on device "
                                f"(writing its lock {tmp_path / 'new' / '.run.lock'})")
     assert _entries(tmp_path) == []  # neither the lock file nor the directory made for it
+
+
+# ---------------------------------------------------------------- permissions of a replaced output
+
+
+def _mode(path):
+    return os.stat(path).st_mode & 0o7777
+
+
+def test_a_replaced_file_keeps_the_mode_of_its_previous_version(tmp_path):
+    target = tmp_path / "samples.jsonl"
+    files.write_text(target, "one\n")
+    os.chmod(target, 0o600)
+    files.write_text(target, "two\n")
+    assert _mode(target) == 0o600
+    os.chmod(target, 0o640)
+    with files.StreamedFile(target, one_writer=True) as out:
+        out.write("three\n")
+        out.publish()
+    assert _mode(target) == 0o640 and target.read_text() == "three\n"
+
+
+def test_a_replaced_directory_keeps_the_modes_of_its_previous_version(tmp_path):
+    umask = files._umask()
+    outside = tmp_path / "outside.txt"
+    outside.write_text("x")
+    os.chmod(outside, 0o644)
+    ck = tmp_path / "ck"
+    with files.atomic_directory(ck) as new:
+        open(os.path.join(new, "model"), "w").close()
+    os.chmod(ck, 0o700)
+    os.chmod(ck / "model", 0o600)
+    with files.atomic_directory(ck) as new:
+        open(os.path.join(new, "model"), "w").close()
+        open(os.path.join(new, "added"), "w").close()
+        os.symlink(outside, os.path.join(new, "link"))  # a kept entry: its target is not ours to change
+    assert (_mode(ck), _mode(ck / "model")) == (0o700, 0o600)
+    assert _mode(ck / "added") == 0o666 & ~umask and _mode(outside) == 0o644
