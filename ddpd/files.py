@@ -12,7 +12,8 @@ Every file ddpd writes (checkpoints, sample files, evaluation reports) goes thro
   stays bounded however much is written), published by one rename at the end.
 - `remove_stale_temps`: a writer killed with SIGKILL cannot delete its temporary; the
   next writer of the same destination removes those whose process no longer runs on
-  this host.
+  this host, and only while it holds the destination's lock: a writer in another PID
+  namespace looks dead, and its temporary must not be deleted under it.
 - `OutputLock`: an exclusive `fcntl` lock on `.NAME.lock` beside a destination, held
   for as long as a process writes it; a second writer is refused with one line that
   names the holder. The lock file is never a symbolic link, a FIFO or a file with other
@@ -55,6 +56,14 @@ class OutputError(OSError):
 
 class OutputLockedError(OSError):
     """Another process holds the lock of an output."""
+
+
+# (pid, destination) of every OutputLock this process holds: remove_stale_temps cleans
+# only under the lock, and a second lock of the same output by the same process would be
+# refused (flock locks an open file, not a process). The pid: a forked child holds none.
+_HELD: set = set()
+_CLEANING = ", removing stale temporaries"  # the holder line of remove_stale_temps' brief lock
+_CLEANING_WAIT = 5.0  # seconds a writer waits for such a holder before it is refused
 
 
 NAME_MAX = 255  # bytes in one file name (Linux, macOS)
@@ -173,10 +182,28 @@ def remove_stale_temps(path) -> list:
     left by processes of this host that no longer run; returns what was removed.
     Temporaries of live processes and of other hosts are kept. A `.NAME.old-*` while
     `path` is absent is the previous version that a writer killed between the two
-    renames of `_replace_directory`'s fallback had set aside: it is renamed back."""
+    renames of `_replace_directory`'s fallback had set aside: it is renamed back.
+    Only while holding `path`'s OutputLock (this process's, or taken for the cleaning): a
+    process that holds it may be a live writer whose pid looks dead from here (another
+    PID namespace), so nothing is removed while another process holds it."""
     path = destination(path)
+    if (os.getpid(), path) in _HELD:
+        return _remove_stale(path)
+    if not os.path.isdir(os.path.dirname(path)):
+        return []  # nothing to clean, and the lock would make the directories
+    try:
+        lock = OutputLock(path, _CLEANING).acquire()
+    except OSError:  # held by another writer, or the directory is not writable: nothing to do here
+        return []
+    try:
+        return _remove_stale(path)
+    finally:
+        lock.release()
+
+
+def _remove_stale(path: str) -> list:
     parent = os.path.dirname(path)
-    removed = []
+    removed: list = []
     try:
         entries = os.listdir(parent)
     except OSError:
@@ -437,8 +464,9 @@ class OutputLock:
     anything else is refused with an OutputError, and so is a holder line that cannot be
     written (a full disk), leaving nothing behind."""
 
-    def __init__(self, path):
+    def __init__(self, path, _purpose: str = ""):
         self.path = destination(path)
+        self._purpose = _purpose  # on the holder line
         parent, name = os.path.split(self.path)
         self.lock_path = os.path.join(parent, f".{_fitted(name, NAME_MAX - 6)}.lock")
         self._fd: Optional[int] = None
@@ -458,6 +486,7 @@ class OutputLock:
             self._remove_made()
             raise
         self._fd = fd
+        _HELD.add((os.getpid(), self.path))
         return self
 
     def _lock_file(self) -> int:
@@ -465,15 +494,21 @@ class OutputLock:
         holder may delete it between our open and our lock)."""
         import fcntl
 
+        patience = time.monotonic() + _CLEANING_WAIT
         while True:
             fd = self._open()
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                holder = os.read(fd, 200).decode("utf-8", "replace").strip() or "another process"
+                holder = os.read(fd, 200).decode("utf-8", "replace").strip()
                 os.close(fd)
-                raise OutputLockedError(f"{self.path} is being written by {holder} (lock {self.lock_path}); "
-                                        "wait for it to finish or stop it") from None
+                # a cleaner (or a holder yet to write its line) lets go within milliseconds:
+                # every rank of a torchrun cleans before process 0 takes the lock for the run
+                if (not holder or holder.endswith(_CLEANING)) and time.monotonic() < patience:
+                    time.sleep(0.01)
+                    continue
+                raise OutputLockedError(f"{self.path} is being written by {holder or 'another process'} "
+                                        f"(lock {self.lock_path}); wait for it to finish or stop it") from None
             except OSError as err:
                 os.close(fd)
                 raise OutputError(self.path, err) from None
@@ -513,7 +548,8 @@ class OutputLock:
         disk: then the lock file goes (it is ours, and locked) and the error names the path."""
         try:
             os.ftruncate(fd, 0)
-            os.write(fd, f"pid {os.getpid()} on {_HOST} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode())
+            line = f"pid {os.getpid()} on {_HOST} since {time.strftime('%Y-%m-%d %H:%M:%S')}{self._purpose}"
+            os.write(fd, f"{line}\n".encode())
         except OSError as err:
             try:
                 os.unlink(self.lock_path)
@@ -532,6 +568,7 @@ class OutputLock:
             pass
         os.close(self._fd)
         self._fd = None
+        _HELD.discard((os.getpid(), self.path))
         self._remove_made()
 
     def _remove_made(self) -> None:

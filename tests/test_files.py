@@ -295,3 +295,54 @@ def test_a_replaced_directory_keeps_the_modes_of_its_previous_version(tmp_path):
         os.symlink(outside, os.path.join(new, "link"))  # a kept entry: its target is not ours to change
     assert (_mode(ck), _mode(ck / "model")) == (0o700, 0o600)
     assert _mode(ck / "added") == 0o666 & ~umask and _mode(outside) == 0o644
+
+
+# ---------------------------------------------------------------- stale temporaries, under the lock
+
+
+@pytest.fixture
+def held_elsewhere(tmp_path):
+    """A process (not this one) holding the lock of tmp_path/'run'."""
+    script = ("import sys; from ddpd.files import OutputLock; "
+              f"lock = OutputLock({str(tmp_path / 'run')!r}).acquire(); print('held', flush=True); sys.stdin.read()")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "held\n"
+    yield tmp_path / "run"
+    proc.stdin.close()
+    proc.wait(timeout=60)
+
+
+def test_stale_temporaries_are_kept_while_another_process_holds_the_lock(held_elsewhere, tmp_path):
+    """From another PID namespace a running writer's pid looks dead: its temporary was
+    deleted under it by anyone who merely tried to write (or resume) the same output."""
+    in_flight = tmp_path / f".run.tmp-{files._HOST}-{_dead_pid()}-abcdefgh"
+    in_flight.mkdir()
+    assert files.remove_stale_temps(held_elsewhere) == []
+    assert in_flight.is_dir()
+
+
+def test_a_refused_resume_leaves_the_running_trainers_temporaries(held_elsewhere, tmp_path, capsys):
+    from ddpd.cli.train import main
+
+    in_flight = tmp_path / f".run.tmp-{files._HOST}-{_dead_pid()}-abcdefgh"
+    in_flight.mkdir()
+    (in_flight / "model.safetensors").write_bytes(b"being written")
+    assert main(["planner", "--out", str(held_elsewhere), "--resume", "--no-progress"]) != 0
+    assert (in_flight / "model.safetensors").read_bytes() == b"being written"
+
+
+def test_a_writer_waits_for_a_cleaner_rather_than_being_refused(tmp_path, monkeypatch):
+    """remove_stale_temps holds the lock for milliseconds (every rank of a torchrun cleans
+    before process 0 locks the output for the run): a writer that meets it waits."""
+    cleaner = files.OutputLock(tmp_path / "run", files._CLEANING).acquire()
+    monkeypatch.setattr(files.time, "sleep", lambda seconds: cleaner.release())  # it lets go while we wait
+    with files.OutputLock(tmp_path / "run") as lock:
+        assert open(lock.lock_path).read().startswith(f"pid {os.getpid()} on ")
+
+
+def test_stale_temporaries_are_removed_by_the_holder_of_the_lock(tmp_path):
+    stale = tmp_path / f".run.tmp-{files._HOST}-{_dead_pid()}-abcdefgh"
+    stale.write_text("partial")
+    with files.OutputLock(tmp_path / "run"):
+        assert files.remove_stale_temps(tmp_path / "run") == [str(stale)]
+    assert _entries(tmp_path) == []
