@@ -10,6 +10,10 @@ Every file ddpd writes (checkpoints, sample files, evaluation reports) goes thro
   deleted and the destination is left as it was.
 - `StreamedFile`: lines appended to such a temporary and flushed as they come (memory
   stays bounded however much is written), published by one rename at the end.
+- `FileSet`: several files replaced as one set (a report's CSV and Markdown): every
+  temporary is complete before the first rename, and the renames are recorded in a
+  journal (`.NAME.set-HOST-PID-XXXXXXXX`) that a writer killed between two of them
+  leaves behind; the next writer of any file of the set finishes the renames first.
 - `remove_stale_temps`: a writer killed with SIGKILL cannot delete its temporary; the
   next writer of the same destination removes those whose process no longer runs on
   this host, and only while it holds the destination's lock: a writer in another PID
@@ -32,6 +36,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import hashlib
+import json
 import os
 import shutil
 import socket
@@ -40,7 +45,7 @@ import sys
 import tempfile
 import time
 from contextlib import contextmanager
-from typing import IO, Iterator, Optional
+from typing import IO, Iterator, List, Optional
 
 _HOST = socket.gethostname().replace(os.sep, "_") or "localhost"
 
@@ -182,7 +187,8 @@ def remove_stale_temps(path) -> list:
     left by processes of this host that no longer run; returns what was removed.
     Temporaries of live processes and of other hosts are kept. A `.NAME.old-*` while
     `path` is absent is the previous version that a writer killed between the two
-    renames of `_replace_directory`'s fallback had set aside: it is renamed back.
+    renames of `_replace_directory`'s fallback had set aside: it is renamed back; a set
+    of files (FileSet) that `path` belongs to, left half renamed, is finished first.
     Only while holding `path`'s OutputLock (this process's, or taken for the cleaning): a
     process that holds it may be a live writer whose pid looks dead from here (another
     PID namespace), so nothing is removed while another process holds it."""
@@ -208,6 +214,7 @@ def _remove_stale(path: str) -> list:
         entries = os.listdir(parent)
     except OSError:
         return removed
+    _finish_sets(path, entries)
     heads = {kind: _temp_head(path, kind) for kind in ("tmp", "old")}
     for entry in entries:
         for kind, head in heads.items():
@@ -364,6 +371,138 @@ def write_bytes(path, data: bytes) -> None:
     """Replace `path` by `data` atomically (see atomic_file)."""
     with atomic_file(path, "wb") as f:
         f.write(data)
+
+
+# ---------------------------------------------------------------- sets of files
+
+
+class FileSet:
+    """Files replaced together, as one set (a report's CSV, Markdown and plot): each is
+    written to a temporary beside its destination (`open` returns its StreamedFile), and
+    `publish()` renames them over their destinations once every one is complete on disk.
+    The renames are first recorded in a journal (`.NAME.set-HOST-PID-XXXXXXXX` beside each
+    destination directory, NAME the first file's): a writer killed between two renames
+    leaves it, and the next writer of any file of the set finishes the renames
+    (remove_stale_temps) before it writes, so the set is never left half old, half new
+    for a writer to find. Without `publish()` (an error, the end of a `with` block), the
+    temporaries are deleted and the previous set stays."""
+
+    def __init__(self):
+        self._files: List[StreamedFile] = []
+
+    def open(self, path, binary: bool = False) -> StreamedFile:
+        """A temporary for `path` (a path opened twice: the later content counts)."""
+        out = StreamedFile(path, binary=binary)
+        for earlier in [f for f in self._files if f.path == out.path]:
+            earlier.discard()
+            self._files.remove(earlier)
+        self._files.append(out)
+        return out
+
+    def publish(self) -> None:
+        if not self._files:
+            return
+        if len(self._files) == 1:
+            self._files.pop().publish()
+            return
+        current = None
+        try:
+            for current in self._files:
+                current._complete()
+            journals = _write_journals([(f.temp, f.path) for f in self._files])
+        except OSError as err:
+            self.discard()
+            raise err if isinstance(err, OutputError) else OutputError(current.path, err) from None
+        for current in self._files:  # a failure here leaves the journal: the next writer finishes the set
+            try:
+                os.replace(current.temp, current.path)
+            except OSError as err:
+                self._files = []  # the journal and the temporaries stay, for the next writer
+                raise OutputError(current.path, err) from None
+            current.published = True
+        for directory in {os.path.dirname(f.path) for f in self._files}:
+            fsync_directory(directory)
+        for journal in journals:
+            _unlink_if_there(journal)
+        self._files = []
+
+    def discard(self) -> None:
+        for out in self._files:
+            if not out.published:
+                out.discard()
+        self._files = []
+
+    def __enter__(self) -> "FileSet":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.discard()
+
+
+def _write_journals(renames: List[tuple]) -> List[str]:
+    """A journal of `renames` ((temporary, destination) pairs) in each directory they go
+    to, flushed to disk before any rename: it lists every journal, so that finishing the
+    set from any of them removes them all."""
+    directories = list(dict.fromkeys(os.path.dirname(dest) for _, dest in renames))
+    first = renames[0][1]
+    journals = []
+    try:
+        for directory in directories:
+            fd, journal = tempfile.mkstemp(prefix=_temp_prefix(first, "set"), dir=directory)
+            os.close(fd)
+            journals.append(journal)
+        text = json.dumps({"ddpd-file-set": 1, "renames": renames, "journals": journals})
+        for journal in journals:
+            with open(journal, "w", encoding="utf-8") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            fsync_directory(os.path.dirname(journal))
+    except BaseException:
+        for journal in journals:
+            _unlink_if_there(journal)
+        raise
+    return journals
+
+
+def _finish_sets(path: str, entries: List[str]) -> None:
+    """Finish the renames of every set `path` belongs to whose writer died (its journal
+    beside `path`, among `entries`); a journal that is not complete JSON was cut short
+    before any rename, and is deleted."""
+    parent = os.path.dirname(path)
+    marker = f".set-{_HOST}-"
+    for entry in entries:
+        head, found, rest = entry.rpartition(marker)
+        pid = rest.split("-", 1)[0]
+        if not found or not head.startswith(".") or not pid.isdigit() or _pid_alive(int(pid)):
+            continue
+        journal = os.path.join(parent, entry)
+        try:
+            with open(journal, encoding="utf-8") as f:
+                record = json.load(f)
+            renames = [(str(temp), str(dest)) for temp, dest in record["renames"]]
+            journals = [str(j) for j in record["journals"]]
+        except (OSError, ValueError, KeyError, TypeError):
+            if entry.startswith(_temp_head(path, "set")):
+                _unlink_if_there(journal)
+            continue
+        if path not in (dest for _, dest in renames):
+            continue
+        try:
+            for temp, dest in renames:
+                if os.path.lexists(temp):  # the ones gone were renamed before the writer died
+                    os.replace(temp, dest)
+            for other in journals:
+                _unlink_if_there(other)
+        except OSError:  # cannot be finished now: the journal stays for a later writer
+            continue
+
+
+def _unlink_if_there(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 # ---------------------------------------------------------------- directories

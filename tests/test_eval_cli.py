@@ -536,3 +536,68 @@ def test_a_name_too_long_is_refused_before_any_work(setup, tmp_path, capsys, mon
     code, _, err = _run(capsys, "elbo", "--uniform", setup["uniform"], "--data", setup["data"], "--out", out)
     assert code == 1 and err.count("\n") == 1 and "a name of 256 bytes, over the 255 a file name may take" in err, err
     assert os.listdir(tmp_path) == []
+
+
+# ---------------------------------------------------------------- one writer per report, reports as one set
+
+
+def test_a_second_evaluator_of_the_same_reports_is_refused_at_its_start(setup, tmp_path, capsys):
+    """Two evaluators on one --out-dir both exited 0 with a mixed set of reports."""
+    from ddpd import files
+
+    out_dir = tmp_path / "report"
+    code, _, err = _run(capsys, "training", setup["planner"], "--out-dir", out_dir)
+    assert code == 0, err
+    assert sorted(os.listdir(out_dir)) == ["training.json", "training.md"]  # what locked_outputs locks
+    before = {name: (out_dir / name).read_bytes() for name in os.listdir(out_dir)}
+    with files.OutputLock(out_dir / "training.json"):  # another evaluator writing it (flock: per open file)
+        code, out, err = _run(capsys, "training", setup["ar"], "--out-dir", out_dir)
+    assert code == 1 and out == "" and err.count("\n") == 1, err
+    assert err.startswith(f"ddpd-eval: error: {out_dir / 'training.json'} is being written by pid {os.getpid()} ")
+    assert {name: (out_dir / name).read_bytes() for name in os.listdir(out_dir)} == before
+    for argv in (["merge", tmp_path / "part.csv", "--out-dir", tmp_path / "merged"],
+                 ["compare", tmp_path / "part.csv", "--baselines", "dfm-eta0", "--out", tmp_path / "c.md"]):
+        (tmp_path / "part.csv").write_text(_sweep_text(["ddpd-A-mask,2,1.0,3.2,3.1,", "dfm-eta0,2,1.0,3.3,3.0,"]))
+        code, _, err = _run(capsys, *argv)
+        assert code == 0, err
+    from ddpd.cli.eval import REPORTS
+
+    written = {name for name in os.listdir(tmp_path / "merged") if not name.startswith(".")}
+    assert written and written <= set(REPORTS["merge"])
+
+
+def test_a_report_set_left_half_renamed_is_finished_by_the_next_evaluator(setup, tmp_path, capsys, monkeypatch):
+    """A kill between the renames of training.md and training.json left halves of two runs;
+    now the next evaluator of that --out-dir finishes the set before anything else, even
+    one that then fails."""
+    import subprocess
+    import sys
+
+    out_dir = tmp_path / "report"
+    code, _, err = _run(capsys, "training", setup["planner"], "--out-dir", out_dir)
+    assert code == 0, err
+    killed = f"""
+import os, sys
+from ddpd.cli.eval import main
+real = os.replace
+def replace(a, b):
+    real(a, b)
+    if os.path.basename(b).startswith("training."):
+        os._exit(137)  # killed after the first report's rename: no cleanup runs
+os.replace = replace
+main(["training", {setup["ar"]!r}, "--out-dir", {str(out_dir)!r}])
+"""
+    assert subprocess.run([sys.executable, "-c", killed], capture_output=True).returncode == 137
+
+    def kinds():
+        return {json.loads((out_dir / "training.json").read_text())[0]["kind"],
+                (out_dir / "training.md").read_text().splitlines()[2].split("|")[1].strip()}
+
+    def failing(runs):
+        raise ValueError("a run that cannot be read")
+
+    monkeypatch.setattr("ddpd.eval.training.training_rows", failing)
+    code, _, err = _run(capsys, "training", setup["planner"], "--out-dir", out_dir)
+    assert code == 1 and "a run that cannot be read" in err, err
+    assert kinds() == {"ar"}  # the killed run's set, whole
+    assert sorted(os.listdir(out_dir)) == ["training.json", "training.md"]

@@ -346,3 +346,56 @@ def test_stale_temporaries_are_removed_by_the_holder_of_the_lock(tmp_path):
     with files.OutputLock(tmp_path / "run"):
         assert files.remove_stale_temps(tmp_path / "run") == [str(stale)]
     assert _entries(tmp_path) == []
+
+
+# ---------------------------------------------------------------- sets of files
+
+
+def _publish_set(tmp_path, version, kill_after=None):
+    """Publish report.csv and report.md of `version` in a process killed (SIGKILL's
+    equivalent: no cleanup) after `kill_after` renames."""
+    script = f"""
+import os
+from ddpd import files
+renames, real = [], os.replace
+def replace(a, b):
+    real(a, b)
+    renames.append(b)
+    if len(renames) == {kill_after!r}:
+        os._exit(137)
+files.os.replace = replace
+with files.FileSet() as reports:
+    for name in ("report.csv", "report.md"):
+        reports.open({str(tmp_path)!r} + "/" + name).write("{version}")
+    reports.publish()
+"""
+    return subprocess.run([sys.executable, "-c", script]).returncode
+
+
+def _report_set(tmp_path):
+    return [(tmp_path / name).read_text() for name in ("report.csv", "report.md")]
+
+
+def test_a_set_of_files_is_published_as_one(tmp_path):
+    assert _publish_set(tmp_path, "v1") == 0
+    assert _report_set(tmp_path) == ["v1", "v1"] and _entries(tmp_path) == ["report.csv", "report.md"]
+    assert _publish_set(tmp_path, "v2", kill_after=1) == 137
+    assert _report_set(tmp_path) == ["v2", "v1"]  # killed between the renames
+    with files.OutputLock(tmp_path / "report.md"):  # the next writer of either file finishes the set first
+        files.remove_stale_temps(tmp_path / "report.md")
+    assert _report_set(tmp_path) == ["v2", "v2"] and _entries(tmp_path) == ["report.csv", "report.md"]
+
+
+def test_a_set_that_fails_before_its_renames_leaves_the_previous_one(tmp_path, monkeypatch):
+    files.write_text(tmp_path / "a.csv", "old")
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    with pytest.raises(files.OutputError, match="No space left on device"):
+        with files.FileSet() as reports:
+            reports.open(tmp_path / "a.csv").write("new")
+            reports.open(tmp_path / "b.md").write("new")
+            monkeypatch.setattr(files.os, "fsync", full)
+            reports.publish()
+    assert _entries(tmp_path) == ["a.csv"] and (tmp_path / "a.csv").read_text() == "old"

@@ -3,7 +3,9 @@
 Rows are flat dicts; a column spec is (key, header, format) with a format such as
 '.4f' for numbers, or '' to print the value as it is. Every file is written atomically
 (ddpd.files: a temporary beside it, renamed over it when complete), so a full disk or
-an interruption leaves the previous report as it was, never a truncated one.
+an interruption leaves the previous report as it was, never a truncated one. The files
+written inside a `one_set()` block (a sweep's CSV, Markdown and plot) are published
+together at its end (ddpd.files.FileSet), so they never mix two runs.
 """
 from __future__ import annotations
 
@@ -11,7 +13,8 @@ import csv
 import io
 import json
 import os
-from typing import List, Sequence, Tuple
+from contextlib import contextmanager
+from typing import Iterator, List, Optional, Sequence, Tuple
 
 from torch import Tensor
 
@@ -67,16 +70,46 @@ def write_csv(rows: Sequence[dict], path: str) -> None:
     write_text(buffer.getvalue(), path)
 
 
+_SET: Optional[files.FileSet] = None  # the set being written, inside one_set()
+
+
+@contextmanager
+def one_set() -> Iterator[None]:
+    """Every report written inside the block (write_text, write_csv, write_json,
+    save_figure) goes to a temporary, and all are renamed into place together when the
+    block ends (ddpd.files.FileSet: a writer killed between the renames leaves a journal
+    that the next writer of these files finishes); if the block raises, none is. One
+    set at a time (a block inside another adds to the outer set)."""
+    global _SET
+    if _SET is not None:
+        yield
+        return
+    _SET = files.FileSet()
+    try:
+        yield
+        _SET.publish()
+    finally:
+        _SET.discard()
+        _SET = None
+
+
 def write_text(text: str, path: str) -> None:
     _parent(path)
-    files.write_text(path, text)
+    if _SET is not None:
+        _SET.open(path).write(text)
+    else:
+        files.write_text(path, text)
 
 
 def save_figure(fig, path: str, **kwargs) -> None:
     """fig.savefig to `path` atomically."""
     _parent(path)
-    with files.atomic_file(path, "wb") as f:
-        fig.savefig(f, format=os.path.splitext(path)[1][1:] or "png", **kwargs)
+    image = io.BytesIO()  # the whole image first: a savefig that fails writes nothing
+    fig.savefig(image, format=os.path.splitext(path)[1][1:] or "png", **kwargs)
+    if _SET is not None:
+        _SET.open(path, binary=True).write(image.getvalue())
+    else:
+        files.write_bytes(path, image.getvalue())
 
 
 def write_json(data, path: str) -> None:
