@@ -601,3 +601,39 @@ main(["training", {setup["ar"]!r}, "--out-dir", {str(out_dir)!r}])
     assert code == 1 and "a run that cannot be read" in err, err
     assert kinds() == {"ar"}  # the killed run's set, whole
     assert sorted(os.listdir(out_dir)) == ["training.json", "training.md"]
+
+
+# convergence samples with a planner and one denoiser, which it checks itself (argparse has no "both")
+NEEDED_BY_THE_COMMAND = {"convergence": {"--planner", "--denoiser"}}
+
+
+def _readme_synopses():
+    """{command: the flags its synopsis in the README shows outside brackets, as required}."""
+    from pathlib import Path
+    import re
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("### `ddpd-eval`")[1]
+    block = section.split("```\n")[1]  # the section's first block: its synopses
+    lines = re.sub(r"\n  ", " ", block).splitlines()  # a synopsis goes on in its indented lines
+    synopses = {}
+    for line in lines:
+        depth, shown = 0, []
+        for token in re.findall(r"\[|\]|[^\s\[\]]+", line):
+            depth += {"[": 1, "]": -1}.get(token, 0)
+            if depth == 0 and token.startswith("--"):
+                shown.append(token)
+        synopses[line.split()[1]] = shown
+    return synopses
+
+
+def test_the_readme_synopses_show_as_required_only_what_is_required():
+    """`ddpd-eval elbo` showed --uniform (and --planner, --denoiser) as required; none is."""
+    from ddpd.cli.eval import build_parser
+
+    commands = build_parser()._subparsers._group_actions[0].choices
+    synopses = _readme_synopses()
+    assert set(synopses) == set(commands)
+    for command, shown in synopses.items():
+        required = {a.option_strings[0] for a in commands[command]._actions if a.required and a.option_strings}
+        assert set(shown) == required | NEEDED_BY_THE_COMMAND.get(command, set()), command
