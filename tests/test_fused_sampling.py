@@ -64,6 +64,9 @@ TOY_DDPD = {
     "mask A": dict(denoiser_type="mask", eps=0.35),
     "mask B+C k=2 x2": dict(denoiser_type="mask", stop="budget", selection="softmax", k=2, parallel_steps=2),
     "mask A k=4 x12, T 0.5": dict(denoiser_type="mask", eps=0.35, k=4, parallel_steps=12, temperature=0.5),
+    # a temperature per row, from the planner's time estimate (k of them a row)
+    "uniform A k=2 x4, T 1.3->0.1": dict(eps=0.35, k=2, parallel_steps=4, temperature=1.3, temperature_end=0.1),
+    "mask A, T 1.2->0": dict(denoiser_type="mask", eps=0.35, temperature=1.2, temperature_end=0.0),
 }
 
 
@@ -99,6 +102,8 @@ TOY_EXACT = {
         M.uniform_model, 300, 4, 3, steps=12, stop="budget", selection="softmax", k=2, parallel_steps=2, **kw),
     "single uniform model, exact clock": lambda **kw: ddpd_sample_uniform(M.uniform_model, 300, 4, 3, steps=30,
                                                                           clock="exact", **kw),
+    "exact clock, uniform, T 1.2->0.1 over t": lambda **kw: ddpd_sample(
+        M.planner, M.uniform_denoiser, 300, 4, 3, steps=30, clock="exact", temperature=1.2, temperature_end=0.1, **kw),
 }
 
 
@@ -186,6 +191,8 @@ NET_CASES = [
                                            temperature=0.7, temperature_end=0.2)),
     ("uniform B k=2 x3, two tiles", 300, dict(stop="budget", k=2, parallel_steps=3)),
     ("mask A, two tiles", 300, dict(denoiser_type="mask", eps=0.2)),
+    ("uniform A k=2 x3, T 1.2->0.3, two tiles", 300, dict(eps=0.2, k=2, parallel_steps=3, temperature=1.2,
+                                                         temperature_end=0.3)),
 ]
 
 

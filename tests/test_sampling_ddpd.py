@@ -51,6 +51,9 @@ PLANNER_CLOCK_CASES = [
      dict(stop="budget", k=2, parallel_steps=2, temperature=1.2, temperature_end=0.6)),
     ("mask-denoiser B", "sparse S4 D3", 7, dict(stop="budget", denoiser_type="mask")),
     ("mask-denoiser A eps-stop", "dir S3 D3", 8, dict(stop="eps", denoiser_type="mask")),
+    # under the eps stop a schedule follows the planner's time estimate, not the steps
+    ("A k=2 x2 then 1, T 1.2->0.4 over the estimate", "dir S3 D3", 10,
+     dict(stop="eps", k=2, parallel_steps=2, temperature=1.2, temperature_end=0.4)),
     ("mask-denoiser k=3 x1 then 1", "sparse S2 D4", 5,
      dict(stop="budget", denoiser_type="mask", k=3, parallel_steps=1)),
 ]
@@ -76,6 +79,7 @@ UNIFORM_MODEL_CASES = [
     ("A sigmoid eps-stop", dict(stop="eps")),
     ("B+C softmax, k=2 x1, T 1.0->0.5", dict(stop="budget", selection="softmax", k=2, parallel_steps=1,
                                               temperature=1.0, temperature_end=0.5)),
+    ("A eps-stop, T 1.3->0.3 over the estimate", dict(stop="eps", temperature=1.3, temperature_end=0.3)),
 ]
 
 
@@ -152,6 +156,7 @@ EXACT_CLOCK_CASES = [
     ("time-free planner, uniform denoiser", "dir S3 D3", dict()),
     ("time-free planner, mask denoiser", "dir S3 D3", dict(denoiser_type="mask")),
     ("time-free planner, softmax, T 0.8", "dir S5 D2", dict(selection="softmax", temperature=0.8)),
+    ("time-free planner, T 1.2->0.3 over t", "dir S3 D3", dict(temperature=1.2, temperature_end=0.3)),
 ]
 
 

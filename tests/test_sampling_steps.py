@@ -104,6 +104,38 @@ def test_temperature_schedule():
         Temperature(1.0, -0.5)
 
 
+def test_temperature_over_a_runs_time():
+    t = Temperature(1.0, 0.2)
+    value = t.over(torch.tensor([0.0, 0.5, 1.0, 1.7, -0.1]))
+    assert torch.equal(value[[0, 2, 3, 4]], torch.tensor([1.0, 0.2, 0.2, 1.0])) and abs(float(value[1]) - 0.6) < 1e-6
+    assert Temperature(0.7).over(torch.tensor([0.3])) == 0.7  # fixed: a number (the ops' scalar path)
+
+
+def draw_temperatures(monkeypatch):
+    """The temperature of every token draw of the reference runs (a list of Float[N] per step)."""
+    seen = []
+    categorical = ReferenceDraws.categorical
+
+    def recorded(self, step, rows, logits, per_row, temperature, *args, **kwargs):
+        seen.append(torch.as_tensor(temperature, dtype=torch.float32).expand(logits.shape[0]).clone())
+        return categorical(self, step, rows, logits, per_row, temperature, *args, **kwargs)
+
+    monkeypatch.setattr(ReferenceDraws, "categorical", recorded)
+    return seen
+
+
+def test_an_annealed_temperature_on_the_exact_clock_reaches_its_end_at_t_end(monkeypatch):
+    """The exact clock ends at t_end, here after about 50 of a budget of 480 steps: annealed over the
+    steps, Temperature(1.0, 0.0) ended near 0.9 there. Over the clock's time the last draws are near 0
+    (within the last jump's share of the time). The eps stop follows the planner's time estimate,
+    held to its exact law in test_sampling_ddpd.py."""
+    seen = draw_temperatures(monkeypatch)
+    result = ddpd_sample(M.planner_t, M.uniform_denoiser, 200, 4, 3, steps=480, temperature=Temperature(1.0, 0.0),
+                         clock="exact", time_conditioned_planner=True, seed=3)
+    assert int(result.stop_step.max()) < 100
+    assert float(seen[0].mean()) > 0.6 and float(torch.cat(seen[-3:]).max()) < 0.1
+
+
 def test_options_are_validated_once_and_frozen():
     opts = DDPDOptions(selection="softmax", eps=0.05)
     assert opts.stop == "eps" and DDPDOptions(clock="exact").stop == "budget"

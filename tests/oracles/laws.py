@@ -22,8 +22,10 @@ from oracles.toy import LOGIT_CLAMP, ToyProblem
 # ----------------------------------------------------------------------------- pieces
 
 
-def tempered(q: torch.Tensor, temperature: float) -> torch.Tensor:
-    """softmax(log q / T) over the last axis."""
+def tempered(q: torch.Tensor, temperature) -> torch.Tensor:
+    """softmax(log q / T) over the last axis; T a number, or a tensor [B] of one per row of q."""
+    if torch.is_tensor(temperature):
+        temperature = temperature.view((-1,) + (1,) * (q.dim() - 1))
     w = q.clamp_min(0.0) ** (1.0 / temperature)
     return w / w.sum(-1, keepdim=True).clamp_min(1e-300)
 
@@ -143,14 +145,17 @@ def _single_position_kernel(toy: ToyProblem, states: torch.Tensor, select: torch
 def ddpd_planner_clock_law(toy: ToyProblem, steps: int, selection: str = "sigmoid", stop: str = "eps",
                            eps: float = 0.01, denoiser_type: str = "uniform", k: int = 1, parallel_steps: int = 0,
                            temperature: float = 1.0, temperature_end: float | None = None) -> torch.Tensor:
-    """Law of ddpd_sample(clock='planner') with the time-free oracle planner."""
+    """Law of ddpd_sample(clock='planner') with the time-free oracle planner; under the eps stop a
+    temperature schedule follows the time estimate (`_over_time`), under the budget the steps."""
     p = toy.planner_free
-    alpha = toy.schedule.alpha(toy.schedule.inverse(1.0 - p.mean(-1)))
+    t = toy.schedule.inverse(1.0 - p.mean(-1))
+    alpha = toy.schedule.alpha(t)
     stopped = (p < eps).all(-1) if stop == "eps" else torch.zeros(toy.N, dtype=torch.bool)
     pi = torch.full((toy.N,), 1.0 / toy.N, dtype=torch.float64)
     for i in range(steps):
-        K = ddpd_kernel(toy, p, alpha, selection, k if i < parallel_steps else 1,
-                        _temperature(i, steps, temperature, temperature_end), denoiser_type)
+        T = _over_time(t, _eps_stop_time(toy, eps), temperature, temperature_end) if stop == "eps" else \
+            _temperature(i, steps, temperature, temperature_end)
+        K = ddpd_kernel(toy, p, alpha, selection, k if i < parallel_steps else 1, T, denoiser_type)
         K[stopped] = torch.eye(toy.N, dtype=torch.float64)[stopped]
         pi = pi @ K
     return pi
@@ -176,8 +181,10 @@ def ddpd_uniform_model_law(toy: ToyProblem, steps: int, selection: str = "sigmoi
         if stop == "eps":
             stopped = stopped | (p < eps).all(-1)
         t_new = toy.schedule.inverse(1.0 - p.mean(-1))
-        K = ddpd_kernel(toy, p, toy.schedule.alpha(t_new), selection, k if i < parallel_steps else 1,
-                        _temperature(i, steps, temperature, temperature_end), "jump", state)
+        T = _over_time(t_new, _eps_stop_time(toy, eps), temperature, temperature_end) if stop == "eps" else \
+            _temperature(i, steps, temperature, temperature_end)
+        K = ddpd_kernel(toy, p, toy.schedule.alpha(t_new), selection, k if i < parallel_steps else 1, T, "jump",
+                        state)
         K[stopped] = 0.0
         K[stopped, idx[stopped]] = 1.0
         src, dst = K.nonzero(as_tuple=True)
@@ -197,8 +204,9 @@ def _merge(state, t, prob, stopped):
 
 def ddpd_exact_clock_law(toy: ToyProblem, t_end: float, time_conditioned_planner: bool = True,
                          selection: str = "sigmoid", denoiser_type: str = "uniform", temperature: float = 1.0,
-                         ds: float = 0.05) -> torch.Tensor:
-    """Law at t_end of the self-loop CTMC that ddpd_sample(clock='exact') simulates.
+                         temperature_end: float | None = None, ds: float = 0.05) -> torch.Tensor:
+    """Law at t_end of the self-loop CTMC that ddpd_sample(clock='exact') simulates (a temperature
+    schedule follows the clock's t, `_over_time`).
 
     In s = -log(1 - alpha_t) the generator is Q = diag(r) (J - I), with r(x) = sum_d p
     the event rate and J the one-step plan-and-denoise kernel at time t(s); the
@@ -212,11 +220,13 @@ def ddpd_exact_clock_law(toy: ToyProblem, t_end: float, time_conditioned_planner
     def generator(s: float) -> torch.Tensor:
         alpha = torch.tensor(-math.expm1(-s), dtype=torch.float64)
         p = toy.planner_t(idx, alpha.expand(toy.N)) if time_conditioned_planner else toy.planner_free
-        J = ddpd_kernel(toy, p, alpha.expand(toy.N), selection, 1, temperature, denoiser_type)
+        T = _over_time(toy.schedule.inverse(alpha), t_end, temperature, temperature_end)
+        J = ddpd_kernel(toy, p, alpha.expand(toy.N), selection, 1, T, denoiser_type)
         return p.sum(-1)[:, None] * (J - torch.eye(toy.N, dtype=torch.float64))
 
     pi = torch.full((toy.N,), 1.0 / toy.N, dtype=torch.float64)
-    if not time_conditioned_planner and denoiser_type == "mask":  # nothing depends on s: Q is constant
+    fixed = temperature_end is None or temperature_end == temperature
+    if not time_conditioned_planner and denoiser_type == "mask" and fixed:  # nothing depends on s: Q is constant
         return pi @ torch.linalg.matrix_exp(generator(0.0) * s_end)
     q1 = generator(0.0)
     for i in range(n):
@@ -376,3 +386,17 @@ def _temperature(i: int, steps: int, start: float, end: float | None) -> float:
     if end is None or steps <= 1:
         return start
     return start + (end - start) * i / (steps - 1)
+
+
+def _over_time(t: torch.Tensor, t_final: float, start: float, end: float | None):
+    """A temperature annealed over a run's time: start at t = 0, linearly to end at t_final and
+    after (one per entry of t), or the number itself when fixed."""
+    if end is None or end == start:
+        return start
+    t = torch.as_tensor(t, dtype=torch.float64)
+    return torch.where(t >= t_final, end, start + (end - start) * (t / t_final).clamp(0.0, 1.0))
+
+
+def _eps_stop_time(toy: ToyProblem, eps: float) -> float:
+    """alpha^{-1}(1 - eps): the time estimate past which every row that stops under the eps rule is."""
+    return float(toy.schedule.inverse(torch.tensor(1.0 - eps, dtype=torch.float64)))
