@@ -4,11 +4,19 @@ run (ddpd.cli.common.run_tool handles the rest). Only in the processes of the to
 (ddpd-sample, ddpd-train, ddpd-eval, or python -m ddpd.cli.<tool>): an uncaught
 KeyboardInterrupt there prints `<tool>: interrupted`, and Python still ends the process
 by SIGINT, as it does after a traceback. Other processes that import ddpd keep Python's
-traceback. Light: ddpd's __init__ installs it before importing torch."""
+traceback. Light: ddpd's __init__ installs it before importing torch.
+
+Also `signals_held`: code during which a signal handler must not raise (an import or a
+checkpoint load, where an exception thrown across C++ aborts the process) holds the
+signals and hands the first to the handler in place when it ends."""
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
+from contextlib import contextmanager
+from typing import Iterator
 
 TOOLS = {"ddpd-sample": "ddpd.cli.sample", "ddpd-train": "ddpd.cli.train", "ddpd-eval": "ddpd.cli.eval"}
 
@@ -43,3 +51,32 @@ def install() -> str | None:
 
     sys.excepthook = one_line
     return name
+
+
+HELD_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
+@contextmanager
+def signals_held() -> Iterator[None]:
+    """Within the block SIGINT, SIGTERM and SIGHUP wait; when it ends the first of them is
+    raised again, to the handler in place before (the tools' raises Interrupted there, a
+    safe point). For code a handler's exception must not cut: importing torch._dynamo and
+    triton runs C++ that calls back into Python, and an exception raised there ended a
+    ddpd-train --resume with SIGABRT, its lock and temporaries left behind. Signals are
+    handled in the main thread only: elsewhere nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list = []
+    previous = {}
+    for number in HELD_SIGNALS:
+        handler = signal.getsignal(number)
+        if handler is not signal.SIG_IGN and handler is not None:  # None: a handler not set from Python
+            previous[number] = signal.signal(number, lambda signum, frame: held.append(signum))
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+        if held:
+            signal.raise_signal(held[0])

@@ -19,11 +19,13 @@ replaces the checkpoint (a file that vanishes mid-read because the directory was
 swapped restarts the read). Each file's bytes are read once, checked against the
 sha256 in config.json and loaded from those same bytes (a file whose digest
 config.json does not record is refused). Before any hashing or
-allocation, the safetensors header is checked against config.json: the network is
-built on the meta device and every tensor's name and shape compared with the header,
+allocation, the safetensors header is checked against config.json: the network's
+skeleton is built on the meta device (no initialiser run, no rotary table computed:
+milliseconds, no import of torch._dynamo) and every tensor's name and shape compared with the header,
 and the file's size with the header's offsets. So a hostile config (a model of
 terabytes) or file (a sparse 200 GiB file, a flipped bit, a crafted header) is refused
-with one line in milliseconds, and weights that are not finite are refused too.
+with one line in milliseconds, and weights that are not finite are refused too. A
+signal during a load is raised when the load is done (ddpd._interrupts.signals_held).
 
 A sampling bundle is a directory with `planner/` and `denoiser/` checkpoints.
 """
@@ -41,6 +43,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors, save as save_safetensors
 
+from ddpd._interrupts import signals_held
 from ddpd.files import atomic_directory
 
 KINDS = ("planner", "mask-denoiser", "uniform-denoiser", "uniform", "ar")
@@ -333,8 +336,14 @@ class _Reader:
 
 def _consistent(path, read):
     """read(reader) on one descriptor of the directory `path`, restarted when a writer
-    replaced the directory while its files were being opened."""
-    path = os.fspath(path)
+    replaced the directory while its files were being opened. A signal meanwhile is raised
+    when it is done (a handler's exception raised inside the C++ of an import aborted the
+    process)."""
+    with signals_held():
+        return _read_consistently(os.fspath(path), read)
+
+
+def _read_consistently(path: str, read):
     for _ in range(_ATTEMPTS):
         try:
             fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
@@ -496,15 +505,14 @@ def _read_weights(reader: _Reader, config: dict, model_config) -> Dict[str, torc
 def _check_against_config(path: str, config: dict, model_config, header: dict) -> None:
     """The header must hold exactly the tensors of the network config.json describes,
     in floating types; checked on a network built on the meta device (no memory)."""
-    from ddpd.models import build_model
+    from ddpd.models.factory import build_skeleton
 
     where = f"checkpoint {path}: {WEIGHTS} does not match config.json"
     if model_config.n_layers > len(header):  # every layer holds at least one tensor: no need to build
         raise CheckpointError(f"{where}: config.json has {model_config.n_layers} layers, the file "
                               f"{len(header)} tensors")
     try:
-        with torch.device("meta"):
-            network = build_model(config["kind"], model_config)
+        network = build_skeleton(config["kind"], model_config)
     except (TypeError, ValueError, RuntimeError) as err:  # a config that does not fit its kind (a planner with
         # out_dim 5), or sizes whose tensors cannot exist even on the meta device (d_model 1e12)
         raise CheckpointError(f"checkpoint {path}: config.json does not describe a valid {config['kind']} model: "

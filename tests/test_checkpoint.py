@@ -518,3 +518,71 @@ def test_weights_of_a_type_weights_are_not_stored_in_name_the_types(tmp_path, mo
     with pytest.raises(CheckpointError, match="is stored as F64; weights are stored as F32, F16, BF16") as info:
         load_model(path)  # it said "F64, not a floating type"
     assert _one_line(info.value)
+
+
+def test_a_load_builds_no_initialised_network_to_check_the_weights(tmp_path):
+    """The network the header is checked against was built on the meta device with its
+    initialisers and rotary tables, whose arithmetic there imports torch._dynamo, triton and
+    sympy: seconds of every first load, and C++ into which a signal's exception was thrown
+    (ddpd-train --resume ended in SIGABRT)."""
+    path = _saved(tmp_path, "mask-denoiser")
+    script = ("import sys; from ddpd.checkpoint import load_model; load_model(sys.argv[1]); "
+              "print([m for m in ('torch._dynamo', 'triton', 'sympy') if m in sys.modules])")
+    result = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0 and result.stdout.strip() == "[]", result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_skeleton_of_a_network_has_its_tensors_without_values(kind):
+    from ddpd.models.factory import build_skeleton
+
+    model, config = tiny(kind)
+    skeleton = build_skeleton(kind, config_for(kind, 27, 16, d_model=32, n_layers=1, n_heads=2))
+    shapes = {name: (t.shape, t.dtype) for name, t in model.state_dict().items()}
+    assert {name: (t.shape, t.dtype) for name, t in skeleton.state_dict().items()} == shapes
+    assert [(b.shape, b.dtype) for b in skeleton.buffers()] == [(b.shape, b.dtype) for b in model.buffers()]
+    assert all(t.is_meta for t in skeleton.state_dict().values())
+
+
+def test_a_config_asking_for_huge_buffers_is_refused_before_they_exist(tmp_path, monkeypatch):
+    path = _saved(tmp_path)
+    _rewrite_config(path, lambda c: c["model"].update(max_seq_len=10**10))  # rotary tables of 640 GB
+    _no_hashing(monkeypatch)
+    with pytest.raises(CheckpointError, match="bytes of buffers \\(max_seq_len 10000000000\\)") as info:
+        load_model(path)
+    assert _one_line(info.value)
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_a_signal_during_a_load_is_raised_when_the_load_is_done(tmp_path, monkeypatch):
+    """A handler's exception raised wherever the load was cut it, in an import whose C++
+    calls back into Python too: it waits for the load's end."""
+    import signal
+
+    path = _saved(tmp_path)
+    events = []
+    read_weights = ckpt._read_weights
+
+    def signalled_while_reading(*args):
+        os.kill(os.getpid(), signal.SIGTERM)
+        events.append("signalled")
+        tensors = read_weights(*args)
+        events.append("read")
+        return tensors
+
+    def stop(signum, frame):
+        events.append("handled")
+        raise _Stop()
+
+    monkeypatch.setattr(ckpt, "_read_weights", signalled_while_reading)
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        with pytest.raises(_Stop):
+            load_model(path)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert events == ["signalled", "read", "handled"]
+    assert signal.getsignal(signal.SIGTERM) is previous

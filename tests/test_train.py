@@ -764,6 +764,55 @@ def test_signals_stop_training_with_a_final_checkpoint(corpus, tmp_path, sig):
     Trainer(TrainConfig.from_dict({**read_config(out)["training"], "out": str(out)}), resume=True).close()
 
 
+class _Stop(Exception):
+    pass
+
+
+def test_a_signal_while_the_network_is_built_waits_for_it(corpus, tmp_path, monkeypatch):
+    """AdamW's constructor imports torch._dynamo and triton, C++ that calls back into Python:
+    a signal handler's exception raised there aborted the process (SIGABRT, the lock left).
+    The signal waits until the network and its optimizer are built."""
+    events = []
+    adamw = torch.optim.AdamW
+
+    def signalled_while_building(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        events.append("signalled")
+        optimizer = adamw(*args, **kwargs)
+        events.append("built")
+        return optimizer
+
+    def stop(signum, frame):
+        events.append("handled")
+        raise _Stop()
+
+    monkeypatch.setattr(torch.optim, "AdamW", signalled_while_building)
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        with pytest.raises(_Stop):
+            Trainer(config(corpus, tmp_path / "p"))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert events == ["signalled", "built", "handled"]
+    assert os.listdir(tmp_path) == []  # the lock released
+
+
+def test_a_signal_while_a_resume_loads_its_checkpoint_is_one_line(corpus, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "p"
+    _checkpoint_at_step_2(corpus, out)
+    read_weights = ckpt._read_weights
+
+    def signalled_while_reading(*args):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return read_weights(*args)
+
+    monkeypatch.setattr(ckpt, "_read_weights", signalled_while_reading)
+    code, _, err = run_cli(capsys, "planner", "--out", out, "--resume", "--no-progress")
+    assert code == 128 + signal.SIGTERM
+    assert err == "ddpd-train: interrupted by SIGTERM; training had not started, nothing was written\n"
+    assert os.listdir(tmp_path) == ["p"]  # no lock, no temporary
+
+
 def test_a_second_writer_is_refused_while_a_run_holds_the_output(corpus, tmp_path):
     out = tmp_path / "p"
     first = _start_training(corpus, out, "--save-every", "5")

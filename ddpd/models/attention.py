@@ -269,11 +269,16 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, head_dim: int, max_seq_len: int, base: float = 10000.0):
         super().__init__()
-        inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
-        angles = torch.arange(max_seq_len, dtype=torch.float64)[:, None] * inv_freq[None, :]
+        if torch.empty(0).is_meta:  # a skeleton (build_skeleton): shapes only; the meta device's arithmetic
+            # imports torch._dynamo, triton and sympy, seconds of every checkpoint load
+            tables = [torch.empty(max_seq_len, (head_dim + 1) // 2) for _ in range(2)]
+        else:
+            inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+            angles = torch.arange(max_seq_len, dtype=torch.float64)[:, None] * inv_freq[None, :]
+            tables = [angles.cos().float(), angles.sin().float()]
         # not persistent: derived from the config, so never stored in checkpoints
-        self.register_buffer("cos", angles.cos().float(), persistent=False)
-        self.register_buffer("sin", angles.sin().float(), persistent=False)
+        self.register_buffer("cos", tables[0], persistent=False)
+        self.register_buffer("sin", tables[1], persistent=False)
 
     def _apply(self, fn, recurse=True):
         tables = (self.cos, self.sin)

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+import torch
 import torch.nn as nn
+from torch.overrides import TorchFunctionMode
 
 from ddpd.models.ar import ARModel
 from ddpd.models.config import TransformerConfig
@@ -39,6 +41,32 @@ def build_model(kind: str, config: TransformerConfig) -> nn.Module:
     """A freshly initialised network of the given kind; config must fit the kind."""
     _check_kind(kind)
     return MODEL_CLASSES[kind](config)
+
+
+# in-place random fills of a tensor, which torch.nn.init's functions end in
+_RANDOM_FILLS = frozenset({"normal_", "uniform_", "random_", "bernoulli_", "exponential_", "geometric_",
+                           "log_normal_", "cauchy_"})
+
+
+class _NoInitialisers(TorchFunctionMode):
+    """Skips torch.nn.init's functions and the random fills of tensors (values of a network
+    no one reads): on the meta device a random fill imports torch._dynamo and triton."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if getattr(func, "__module__", None) == "torch.nn.init" or getattr(func, "__name__", None) in _RANDOM_FILLS:
+            return args[0] if args else kwargs["tensor"]
+        return func(*args, **kwargs)
+
+
+def build_skeleton(kind: str, config: TransformerConfig) -> nn.Module:
+    """The network of `kind` on the meta device: the names, shapes and dtypes of its
+    parameters and buffers, without memory and without running an initialiser (the meta
+    device's random fills imported torch._dynamo and triton: seconds of every checkpoint
+    load, and C++ a signal must not interrupt)."""
+    _check_kind(kind)
+    with torch.device("meta"), _NoInitialisers():
+        return MODEL_CLASSES[kind](config)
 
 
 def config_for(kind: str, vocab_size: int, seq_len: int, time_conditioned: Optional[bool] = None,

@@ -44,6 +44,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 from torch import Tensor
 
+from ddpd._interrupts import signals_held
 from ddpd.checkpoint import (CheckpointError, ensure_replaceable, has_train_state, load_checkpoint, save_checkpoint,
                              training_settings)
 from ddpd.files import OutputLock, remove_stale_temps
@@ -321,7 +322,8 @@ class Trainer:
                                          stream_seed(config.seed, self.dist.rank, "data"))
         self.eval_set = evaluation_batches(splits["validation"], config.seq_len, config.batch_size,
                                            config.eval_batches)
-        self._build_model()
+        with signals_held():  # AdamW's constructor imports torch._dynamo and triton: C++ a signal must not cut
+            self._build_model()
         self.noise = torch.Generator(self.device).manual_seed(stream_seed(config.seed, self.dist.rank, "noise"))
         torch.manual_seed(stream_seed(config.seed, self.dist.rank, "dropout"))
         self.step = 0
