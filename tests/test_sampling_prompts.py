@@ -179,3 +179,44 @@ def test_mask_tau_leaping_with_an_unconditional_mask_denoiser_reaches_the_condit
     TABLE.add("tau mask eta 0, 512 steps, prompt x^0 = 0 [sparse S2 D4]", None, tv(emp, cond.sub.p_data),
               limit, cond.sub.N)
     assert tv(emp, cond.sub.p_data) < limit
+
+
+def test_uniform_noise_networks_trained_without_prompts_bias_a_prompt():
+    """Which networks make a prompt exact. The exact clock with a time-conditioned planner and a
+    uniform denoiser is exact, and with the networks of the prompted problem (oracles.toy.Conditioned)
+    a prompt is too: their law ends < 0.001 from p_data(x_free | x_frozen). The toy's own networks,
+    trained without prompts, take the frozen tokens for possibly noise: their posteriors at the free
+    positions average over prompts the data could have had. The sampler keeps the frozen positions
+    out of the plan and follows the law of that chain (both runs of it: planner and denoiser, and the
+    single uniform model), which ends TV 0.123 from p_data(x_free | x_frozen) on dir S3 D3 with
+    x^1 = 2, and 0.289 on the Markov chain S2 D4 with x^0 x^1 = 1 0 (the README quotes both)."""
+    cond = Conditioned(toy("dir S3 D3"), [1], [2])
+    prompted = laws.ddpd_exact_clock_law(cond.sub, T_END)
+    assert tv(prompted, cond.sub.p_data) < 1e-3
+    keep = (cond.toy.states[:, cond.frozen] == torch.tensor(cond.values)).all(-1)
+    biased = laws.ddpd_exact_clock_law(cond.toy, T_END, prompt=(cond.frozen, cond.values))[keep]
+    assert tv(biased, cond.sub.p_data) == pytest.approx(0.1226, abs=5e-4)
+    TABLE.add("law: exact clock, networks without prompts, prompt x^1 = 2 [dir S3 D3]", None,
+              tv(biased, cond.sub.p_data), None, cond.sub.N)
+    chain = Conditioned(toy("markov S2 D4"), [0, 1], [1, 0])
+    on_chain = laws.ddpd_exact_clock_law(chain.toy, T_END, prompt=(chain.frozen, chain.values))
+    on_chain = on_chain[(chain.toy.states[:, :2] == torch.tensor([1, 0])).all(-1)]
+    assert tv(on_chain, chain.sub.p_data) == pytest.approx(0.2888, abs=5e-4)
+    TABLE.add("law: exact clock, networks without prompts, prompt x^0 x^1 = 1 0 [markov S2 D4]", None,
+              tv(on_chain, chain.sub.p_data), None, chain.sub.N)
+
+    m = cond.toy.models()
+    x_init, frozen = cond.prompt(B)
+    runs = {
+        "planner + uniform denoiser": ddpd_sample(m.planner_t, m.uniform_denoiser, B, 3, 3, steps=220, clock="exact",
+                                                  time_conditioned_planner=True, t_end=T_END, x_init=x_init,
+                                                  frozen=frozen, noise=noise(9)),
+        "single uniform model": ddpd_sample_uniform(m.uniform_model, B, 3, 3, steps=220, clock="exact", t_end=T_END,
+                                                    x_init=x_init, frozen=frozen, noise=noise(10)),
+    }
+    limit = threshold(biased, B)
+    for name, result in runs.items():
+        emp = empirical(cond.sub_index(result.tokens), cond.sub.N)
+        TABLE.add(f"ddpd exact clock, {name} without prompts, prompt x^1 = 2 [dir S3 D3]", tv(emp, biased),
+                  tv(emp, cond.sub.p_data), limit, cond.sub.N)
+        assert tv(emp, biased) < limit < tv(emp, cond.sub.p_data), name

@@ -204,9 +204,15 @@ def _merge(state, t, prob, stopped):
 
 def ddpd_exact_clock_law(toy: ToyProblem, t_end: float, time_conditioned_planner: bool = True,
                          selection: str = "sigmoid", denoiser_type: str = "uniform", temperature: float = 1.0,
-                         temperature_end: float | None = None, ds: float = 0.05) -> torch.Tensor:
+                         temperature_end: float | None = None, ds: float = 0.05,
+                         prompt: tuple | None = None) -> torch.Tensor:
     """Law at t_end of the self-loop CTMC that ddpd_sample(clock='exact') simulates (a temperature
     schedule follows the clock's t, `_over_time`).
+
+    prompt (frozen positions, their values): the run starts from uniform noise at the other
+    positions, and the planner's p is 0 at the frozen ones, as the sampler sets it; the networks
+    are toy's own (unconditional) ones, so the law is that of a prompt given to networks trained
+    without prompts.
 
     In s = -log(1 - alpha_t) the generator is Q = diag(r) (J - I), with r(x) = sum_d p
     the event rate and J the one-step plan-and-denoise kernel at time t(s); the
@@ -220,11 +226,17 @@ def ddpd_exact_clock_law(toy: ToyProblem, t_end: float, time_conditioned_planner
     def generator(s: float) -> torch.Tensor:
         alpha = torch.tensor(-math.expm1(-s), dtype=torch.float64)
         p = toy.planner_t(idx, alpha.expand(toy.N)) if time_conditioned_planner else toy.planner_free
+        if prompt is not None:
+            p = p.clone()
+            p[:, list(prompt[0])] = 0.0
         T = _over_time(toy.schedule.inverse(alpha), t_end, temperature, temperature_end)
         J = ddpd_kernel(toy, p, alpha.expand(toy.N), selection, 1, T, denoiser_type)
         return p.sum(-1)[:, None] * (J - torch.eye(toy.N, dtype=torch.float64))
 
     pi = torch.full((toy.N,), 1.0 / toy.N, dtype=torch.float64)
+    if prompt is not None:
+        pi = (toy.states[:, list(prompt[0])] == torch.tensor(prompt[1])).all(-1).double()
+        pi = pi / pi.sum()
     fixed = temperature_end is None or temperature_end == temperature
     if not time_conditioned_planner and denoiser_type == "mask" and fixed:  # nothing depends on s: Q is constant
         return pi @ torch.linalg.matrix_exp(generator(0.0) * s_end)
