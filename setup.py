@@ -3,12 +3,18 @@
 ddpd._C is built here only when torch is importable at build time (use
 `pip install -e . --no-build-isolation` with torch already installed); otherwise
 ddpd.ops._ext compiles the same sources on first use. With a CUDA build of torch
-and a CUDA toolkit the CUDA kernels (csrc/cuda) are compiled in as well. The
-source list and the flags come from ddpd/ops/_ext.py, shared by both routes.
+and a CUDA toolkit the CUDA kernels (csrc/cuda) are compiled in as well, for the
+visible GPUs or those TORCH_CUDA_ARCH_LIST names (with neither, ddpd._C is built
+without them). The source list and the flags come from ddpd/ops/_ext.py, shared by
+both routes.
+
+pip shows a build's output only when the build fails or with -v. What a user must
+know (ddpd._C not built, or built without its CUDA kernels, and why) is a warning,
+which pip shows in one line.
 """
 import importlib.util
 import json
-import sys
+import warnings
 from pathlib import Path
 
 from setuptools import find_packages, setup
@@ -41,13 +47,33 @@ package_data = {"ddpd._csrc": CONFIG.PACKAGE_DATA,
 exclude_package_data = {"ddpd.pretrained": ["**/train_state.*"]}
 
 
+def _warn(line: str) -> None:
+    """A line that reaches the user. pip shows a build's output only when the build fails or
+    runs with -v, but it shows the build's warnings (pip 26.3 does, installing a local
+    checkout). At line 0 no source line follows it."""
+    warnings.warn_explicit(line, UserWarning, "setup.py", 0)
+
+
+def _without_torch():
+    """No torch to build against: build_py (it runs in every build of a wheel, never for the
+    metadata) says that the first use compiles ddpd._C."""
+    from setuptools.command.build_py import build_py
+
+    class BuildPyTellingWhy(build_py):
+        def run(self):
+            _warn("ddpd: ddpd._C is not built: torch is not importable at build time (`pip install "
+                  "--no-build-isolation` builds against the installed torch); its first use compiles it")
+            super().run()
+
+    return {"cmdclass": {"build_py": BuildPyTellingWhy}}
+
+
 def _extension_kwargs():
     try:
         import torch  # noqa: F401
         from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension
     except ImportError:
-        print("ddpd: torch is not importable at build time; ddpd._C will be compiled on first use")
-        return {}
+        return _without_torch()
     config = CONFIG
     with_cuda = config.can_build_cuda()
     extension = CUDAExtension if with_cuda else CppExtension
@@ -55,15 +81,17 @@ def _extension_kwargs():
     sources = [str(Path(p).relative_to(ROOT)) for p in config.sources(ROOT / CSRC, with_cuda)]
 
     class BuildExtensionWithInfo(BuildExtension):
-        """Records what ddpd._C was built against, for the staleness check in _ext.py."""
+        """Says whether it failed or left the CUDA kernels out; records what ddpd._C was built
+        against, for the staleness check in _ext.py."""
 
         def run(self):
+            if not with_cuda and config.has_cuda_toolkit():  # a CUDA torch and nvcc, no GPU to build for
+                _warn(f"ddpd: building ddpd._C without its CUDA kernels: {config.cuda_arch_problem()}")
             try:
                 super().run()  # builds in build_lib, then copies the module into the source tree if inplace
             except Exception as error:  # no compiler, a failed compile: the first-use route remains
-                cause = next((line for line in str(error).splitlines() if line.strip()), type(error).__name__)
-                print(f"ddpd: building ddpd._C failed ({cause}); ddpd.ops._ext will compile it on first use",
-                      file=sys.stderr)
+                why, needs = config.build_failure(error)
+                _warn(f"ddpd: building ddpd._C failed ({why}; {needs}); ddpd.ops._ext will compile it on first use")
                 return
             folders = {Path(self.get_ext_fullpath("ddpd._C")).parent}
             if self.inplace:

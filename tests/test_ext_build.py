@@ -231,15 +231,18 @@ def test_an_install_without_a_compiler_leaves_the_build_to_first_use(tmp_path):
     """setup.py with a compiler that fails: the install goes on without ddpd._C, saying that
     its first use will compile it (`pip install --no-build-isolation` used to end in a
     traceback from torch's build)."""
-    root = Path(__file__).resolve().parents[1]
-    copy = tmp_path / "src"
-    shutil.copytree(root, copy, ignore=shutil.ignore_patterns(".git", "build", "*.so", _ext.BUILD_INFO, "__pycache__",
-                                                              "*.egg-info", "tests", "benchmarks", "docs"))
+    copy = _copy_of_the_checkout(tmp_path)
     env = dict(os.environ, CC="/bin/false", CXX="/bin/false")
     proc = subprocess.run([sys.executable, "setup.py", "build_ext", "--inplace"], cwd=copy, env=env,
-                          capture_output=True, text=True, timeout=HANG_GUARD_SECONDS)
+                          capture_output=True, text=True, timeout=HANG_GUARD_SECONDS,
+                          start_new_session=True)  # as pip runs it: no terminal
     assert proc.returncode == 0, proc.stderr
-    assert "ddpd: building ddpd._C failed (" in proc.stderr and "compile it on first use" in proc.stderr
+    # a warning, which pip shows (in one line: no source line follows it)
+    lines = proc.stderr.splitlines()
+    (at,) = [i for i, line in enumerate(lines) if line.startswith("setup.py:0: UserWarning: ddpd: building ddpd._C")]
+    assert lines[at].startswith("setup.py:0: UserWarning: ddpd: building ddpd._C failed (")
+    assert "it needs a C++17 compiler" in lines[at] and lines[at].endswith("compile it on first use")
+    assert at + 1 == len(lines) or not lines[at + 1].startswith(" ")
     assert not list((copy / "ddpd").glob("_C*.so"))
 
 
@@ -292,3 +295,157 @@ def test_python_m_ddpd_ops_says_why_in_one_line(tmp_path):
                           timeout=HANG_GUARD_SECONDS)
     assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
     assert done.stderr.startswith("ddpd: the C++ extension is unavailable (DDPD_FORCE_JIT is set)")
+
+
+@pytest.fixture
+def cuda_torch_without_a_gpu(monkeypatch, tmp_path):
+    """What `pip install torch` gives on Linux, with nvcc, on a machine without a GPU: a CUDA
+    build of torch (mocked here where the build is a CPU one) that sees no device."""
+    from torch.utils import cpp_extension
+
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(cpp_extension, "CUDA_HOME", str(_fake_cuda_home(tmp_path)))
+    monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
+    with pytest.raises(IndexError):  # torch's own choice of architectures, as on such a machine
+        cpp_extension._get_cuda_arch_flags()
+
+
+def _fake_cuda_home(tmp_path):
+    home = tmp_path / "cuda"
+    (home / "bin").mkdir(parents=True)
+    nvcc = home / "bin" / "nvcc"
+    nvcc.write_text("#!/bin/sh\necho 'Cuda compilation tools, release 13.0, V13.0.88'\n")
+    nvcc.chmod(0o755)
+    return home
+
+
+def test_a_cuda_torch_without_a_gpu_builds_the_cpu_extension(cuda_torch_without_a_gpu, monkeypatch, tmp_path):
+    """torch takes the architectures to compile for from the visible GPUs; with none, its
+    build failed with an IndexError that the message blamed on the compiler and ninja."""
+    from torch.utils import cpp_extension
+
+    calls = []
+    monkeypatch.setattr(cpp_extension, "load", lambda **kwargs: calls.append(kwargs) or "module")
+    monkeypatch.setenv("DDPD_EXTENSIONS_DIR", str(tmp_path / "cache"))
+    assert _ext._compile("a test asked for it") == "module"
+    assert calls[0]["with_cuda"] is False
+    assert calls[0]["sources"] == _ext.sources(_ext.source_dir(), with_cuda=False)
+    assert _ext.has_cuda_toolkit() and not _ext.can_build_cuda()
+    assert "no GPU is visible and TORCH_CUDA_ARCH_LIST is not set" in _ext.cuda_arch_problem()
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "native")  # torch reads it as "the visible GPUs'"
+    assert not _ext.can_build_cuda()
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")  # named: built for them, no GPU needed
+    assert _ext.can_build_cuda() and _ext.cuda_arch_problem() is None
+
+
+def test_a_failed_choice_of_cuda_architectures_names_torch_cuda_arch_list(cuda_torch_without_a_gpu, monkeypatch,
+                                                                         tmp_path):
+    """torch fails to choose them before any compiler runs: the message names what it read."""
+    from torch.utils import cpp_extension
+
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "sm_90")  # torch wants "9.0"
+    monkeypatch.setattr(cpp_extension, "load", lambda **kwargs: cpp_extension._get_cuda_arch_flags())
+    monkeypatch.setenv("DDPD_EXTENSIONS_DIR", str(tmp_path / "cache"))
+    with pytest.raises(RuntimeError) as raised:
+        _ext._compile("a test asked for it")
+    message = one_line(raised.value)
+    assert "failed: torch could not choose the GPU architectures" in message
+    assert "TORCH_CUDA_ARCH_LIST='sm_90'" in message
+    assert "compiler" not in message and "set TORCH_CUDA_ARCH_LIST to the GPUs' compute capabilities" in message
+    monkeypatch.delenv("TORCH_CUDA_ARCH_LIST")
+    with pytest.raises(IndexError) as raised:  # none named, none visible
+        cpp_extension._get_cuda_arch_flags()
+    why, needs = _ext.build_failure(raised.value)
+    assert why.startswith("torch could not choose the GPU architectures to compile for (IndexError: ")
+    assert "TORCH_CUDA_ARCH_LIST unset, GPUs visible: 0" in why and "TORCH_CUDA_ARCH_LIST" in needs
+
+
+_FAKE_COMPILER = """#!{python}
+# Writes the object (and the dependency file ninja reads) that each command names, at once.
+import sys
+args = sys.argv[1:]
+named = lambda flag: args[args.index(flag) + 1] if flag in args else None
+if named("-MF"):
+    open(named("-MF"), "w").write(named("-o") + ": \\n")
+if named("-o"):
+    open(named("-o"), "w").write("")
+"""
+
+_AS_CUDA_TORCH_WITHOUT_A_GPU = """
+import runpy, sys, torch
+from torch.utils import cpp_extension
+torch.version.cuda = "13.0"
+torch.cuda.device_count = lambda: 0
+torch.cuda.is_available = lambda: False
+cpp_extension.CUDA_HOME = sys.argv[1]
+sys.argv = ["setup.py", "build_ext", "--inplace"]
+runpy.run_path("setup.py", run_name="__main__")
+"""
+
+
+def _copy_of_the_checkout(tmp_path):
+    copy = tmp_path / "src"
+    shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns(".git", "build", "*.so", _ext.BUILD_INFO, "__pycache__",
+                                                              "*.egg-info", "tests", "benchmarks", "docs"))
+    return copy
+
+
+def test_setup_with_a_cuda_torch_without_a_gpu_builds_the_cpu_extension_and_says_so(tmp_path):
+    """setup.py, as `pip install -e . --no-build-isolation` runs it with the torch that `pip
+    install torch` gives on Linux, on a machine without a GPU: the build failed (an IndexError
+    from torch's choice of architectures) and pip said nothing of it. Now it builds ddpd._C
+    without the CUDA kernels and says why in one warning line (a compiler that writes empty
+    objects stands in for the real one)."""
+    copy = _copy_of_the_checkout(tmp_path)
+    compiler = tmp_path / "fake-c++"
+    compiler.write_text(_FAKE_COMPILER.format(python=sys.executable))
+    compiler.chmod(0o755)
+    env = {**os.environ, "CC": str(compiler), "CXX": str(compiler)}
+    env.pop("TORCH_CUDA_ARCH_LIST", None)
+    done = subprocess.run([sys.executable, "-c", _AS_CUDA_TORCH_WITHOUT_A_GPU, str(_fake_cuda_home(tmp_path))],
+                          cwd=copy, env=env, capture_output=True, text=True, timeout=HANG_GUARD_SECONDS)
+    assert done.returncode == 0, done.stderr
+    (warning,) = [line for line in done.stderr.splitlines() if "UserWarning: ddpd:" in line]
+    assert warning.startswith("setup.py:0: UserWarning: ddpd: building ddpd._C without its CUDA kernels: no GPU is "
+                              "visible and TORCH_CUDA_ARCH_LIST is not set; set TORCH_CUDA_ARCH_LIST")
+    assert "failed" not in done.stderr
+    (built,) = (copy / "ddpd").glob("_C*.so")
+    assert json.loads((copy / "ddpd" / _ext.BUILD_INFO).read_text())["cuda"] is False
+
+
+def test_pip_shows_in_one_line_that_the_extension_was_not_built(tmp_path):
+    """`pip install` without -v showed nothing of a failed build of ddpd._C (setup.py's line
+    went to the output pip hides); a warning it shows."""
+    hooks = pytest.importorskip("pip._vendor.pyproject_hooks")
+    if not hasattr(hooks, "BuildBackendWarning"):
+        pytest.skip("this pip does not show a build's warnings")
+    copy = _copy_of_the_checkout(tmp_path)
+    env = dict(os.environ, CC="/bin/false", CXX="/bin/false", PIP_NO_INDEX="1")
+    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-w",
+                           str(tmp_path / "wheels"), str(copy)], env=env, capture_output=True, text=True,
+                          timeout=HANG_GUARD_SECONDS, start_new_session=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    shown = (done.stdout + done.stderr).splitlines()
+    (line,) = [line for line in shown if "ddpd._C" in line]
+    assert "BuildBackendWarning: ddpd: building ddpd._C failed (" in line and "compile it on first use" in line
+
+
+def test_a_build_without_torch_warns_once_that_first_use_compiles(tmp_path):
+    """A plain `pip install -e .` builds in an environment of its own, without torch: its
+    line went to the output pip hides, at each of pip's three calls of setup.py."""
+    without_torch = ("import runpy, sys\nsys.modules['torch'] = None\nsys.argv = ['setup.py', *sys.argv[1:]]\n"
+                     "runpy.run_path('setup.py', run_name='__main__')\n")
+    copy = _copy_of_the_checkout(tmp_path)
+
+    def run(*args):
+        done = subprocess.run([sys.executable, "-c", without_torch, *args], cwd=copy, capture_output=True, text=True,
+                              timeout=HANG_GUARD_SECONDS, start_new_session=True)
+        assert done.returncode == 0, done.stderr
+        return [line for line in done.stderr.splitlines() if "ddpd._C" in line]
+
+    assert run("-q", "egg_info", "--egg-base", str(tmp_path)) == []  # pip's metadata call: nothing to say yet
+    (line,) = run("-q", "build_py", "-d", str(tmp_path / "lib"))  # in every build of a wheel
+    assert line.startswith("setup.py:0: UserWarning: ddpd: ddpd._C is not built: torch is not importable at build "
+                           "time (`pip install --no-build-isolation` builds against the installed torch)")

@@ -1,7 +1,8 @@
 """Loading ddpd._C, the C++/CUDA extension that registers the torch.ops.ddpd operators.
 
 Two routes build the same sources (csrc/*.cpp, csrc/cpu/*.cpp, and with a CUDA
-build of torch plus a CUDA toolkit csrc/cuda/*.cu, csrc/cuda/*.cpp):
+build of torch plus a CUDA toolkit csrc/cuda/*.cu, csrc/cuda/*.cpp, compiled for the
+visible GPUs or those TORCH_CUDA_ARCH_LIST names):
 
 - setup.py compiles ddpd._C when torch is importable at build time
   (`pip install -e . --no-build-isolation`) and records the torch version it was
@@ -85,11 +86,33 @@ def cxx_flags(with_cuda: bool) -> list[str]:
 
 
 def can_build_cuda() -> bool:
+    """A CUDA build of torch, a CUDA toolkit (nvcc), and GPU architectures to compile for."""
+    return has_cuda_toolkit() and cuda_arch_problem() is None
+
+
+def has_cuda_toolkit() -> bool:
     """A CUDA build of torch and a CUDA toolkit (nvcc) are both present."""
     import torch
     from torch.utils.cpp_extension import CUDA_HOME
 
     return torch.version.cuda is not None and CUDA_HOME is not None
+
+
+def cuda_arch_problem() -> Optional[str]:
+    """Why torch cannot choose the GPU architectures to compile the CUDA kernels for, or None.
+    Unless TORCH_CUDA_ARCH_LIST names them it takes the visible GPUs', and with none visible
+    (the CUDA build `pip install torch` gives on Linux, on a machine without a GPU) it fails
+    with an IndexError before any compiler runs."""
+    if os.environ.get("TORCH_CUDA_ARCH_LIST", "").strip() not in ("", "native"):
+        return None
+    import torch
+
+    if torch.cuda.device_count() > 0:
+        return None
+    return f"no GPU is visible and TORCH_CUDA_ARCH_LIST is not set; {ARCH_LIST_HINT}"
+
+
+ARCH_LIST_HINT = "set TORCH_CUDA_ARCH_LIST to the GPUs' compute capabilities (e.g. '8.0;9.0') to build the CUDA kernels"
 
 
 def build_info(with_cuda: bool, root: Path) -> dict:
@@ -131,7 +154,7 @@ def prebuilt_problem() -> Optional[str]:
     built = prebuilt_path()
     if built is None:
         return ("ddpd._C was not built when ddpd was installed (no C++ compiler or no torch then; "
-                "`pip install -v` shows why)")
+                "the install's warning said which)")
     info_path = built.parent / BUILD_INFO
     if not info_path.is_file():
         return f"{info_path} is missing, so the torch version {built.name} was built for is unknown"
@@ -215,10 +238,10 @@ def _compile(reason: str) -> ModuleType:
         return _build(reason, root, build_dir, with_cuda)
 
 
-def _unavailable(reason: str, build_dir: Path, why: str) -> RuntimeError:
+def _unavailable(reason: str, build_dir: Path, why: str, needs: str = "it needs a C++17 compiler and ninja"
+                 ) -> RuntimeError:
     return RuntimeError(f"ddpd: the C++ extension is unavailable ({reason}) and compiling it in {build_dir} failed: "
-                        f"{why} (it needs a C++17 compiler and ninja; the samplers without --fused, fused=False, "
-                        "need no extension)")
+                        f"{why} ({needs}; the samplers without --fused, fused=False, need no extension)")
 
 
 def _build(reason: str, root: Path, build_dir: Path, with_cuda: bool) -> ModuleType:
@@ -247,14 +270,38 @@ def _build(reason: str, root: Path, build_dir: Path, with_cuda: bool) -> ModuleT
                 verbose=False,
             )
     except Exception as error:
-        raise _unavailable(reason, build_dir, _build_failure(error)) from error
+        raise _unavailable(reason, build_dir, *build_failure(error)) from error
     temporary = built_from.with_name(f".{BUILD_INFO}.tmp")  # whole or absent: a rename, not a write in place
     temporary.write_text(json.dumps(digests))
     os.replace(temporary, built_from)
     return module
 
 
-def _build_failure(error: Exception) -> str:
+def build_failure(error: BaseException) -> tuple[str, str]:
+    """(why a build of ddpd._C failed, what it needs), for one line. torch chooses the CUDA
+    architectures before any compiler runs; a failure there names TORCH_CUDA_ARCH_LIST, not
+    the compiler."""
+    if _raised_in(error, "_get_cuda_arch_flags"):
+        import torch
+
+        arch_list = os.environ.get("TORCH_CUDA_ARCH_LIST", "").strip()
+        given = f"TORCH_CUDA_ARCH_LIST={arch_list!r}" if arch_list else "TORCH_CUDA_ARCH_LIST unset"
+        return (f"torch could not choose the GPU architectures to compile for ({type(error).__name__}: {error}; "
+                f"{given}, GPUs visible: {torch.cuda.device_count()})", ARCH_LIST_HINT)
+    return _failure_line(error), "it needs a C++17 compiler and ninja"
+
+
+def _raised_in(error: BaseException, function: str) -> bool:
+    """Whether `function` is on the stack that raised `error`."""
+    frame = error.__traceback__
+    while frame is not None:
+        if frame.tb_frame.f_code.co_name == function:
+            return True
+        frame = frame.tb_next
+    return False
+
+
+def _failure_line(error: BaseException) -> str:
     """The line of a failed build that says why (a compiler's error, a missing compiler),
     else its first: the message of torch's build holds ninja's whole log, in which the
     first line is only the first command."""
