@@ -53,3 +53,69 @@ def test_the_adapter_example_imports_what_ddpd_has():
     assert ("ddpd.models.adapters", "SEDDAbsorbingDenoiser") in imported
     for module, name in imported:
         assert hasattr(importlib.import_module(module), name), (module, name)
+
+
+# Where the README's toy samples were made: its test compares them token for token there only
+# (training's float sums may round otherwise with other vector instructions or another torch).
+MADE_WITH = ("2.13.0+cpu", "AVX512")
+WIDTH, GAP = 32, 3  # a sample (--seq-len 32) and the spaces between the columns
+TOY_COMMANDS = [c for c in COMMANDS if "runs/toy" in c]
+
+
+def _toy_words():
+    (block,) = [b for b in PYTHON if "toy.jsonl" in b]
+    (words,) = [ast.literal_eval(line.split("=", 1)[1].strip()) for line in block.splitlines()
+                if line.startswith("words =")]
+    return [" ".join(w) for w in words]
+
+
+def _readme_samples():
+    """The README's toy samples: [--labels 0 1, --guidance-scale 3, no labels], 6 each."""
+    block = README.split("The samples these commands printed")[1].split("```\n")[1]
+    header, *rows = block.splitlines()
+    assert header.split("  ")[0] == "--labels 0 1" and len(rows) == 6
+    step = WIDTH + GAP
+    return [[row[c * step:c * step + WIDTH].ljust(WIDTH) for row in rows] for c in range(3)]
+
+
+def _check_traits(labelled, guided, unlabelled):
+    """What the README says of them: with labels 0, 1, 0, ... each sample keeps to its class
+    (no letter only the other class's words have); without labels the classes mix."""
+    colours, numbers = (set(words) for words in _toy_words())
+    only = [colours - numbers, numbers - colours]
+    for run in (labelled, guided, unlabelled):
+        assert len(run) == 6 and all(len(s) == WIDTH and set(s) <= set(" abcdefghijklmnopqrstuvwxyz") for s in run)
+    for run in (labelled, guided):
+        for i, sample in enumerate(run):
+            assert not set(sample) & only[1 - i % 2], (i, sample)
+    text = set("".join(unlabelled))
+    assert text & only[0] and text & only[1], unlabelled
+
+
+def test_the_readme_toy_samples_have_the_traits_it_names():
+    assert len(TOY_COMMANDS) == 5 and [c.split()[0] for c in TOY_COMMANDS] == ["ddpd-train"] * 2 + ["ddpd-sample"] * 3
+    _check_traits(*_readme_samples())
+
+
+@pytest.mark.slow
+def test_the_toy_commands_print_the_readme_samples(tmp_path, monkeypatch):
+    """The README's commands as written, in a fresh directory: their samples have the traits,
+    and are the README's where torch and the CPU are those they were made with."""
+    import subprocess
+    import sys
+
+    import torch
+
+    (block,) = [b for b in PYTHON if "toy.jsonl" in b]
+    monkeypatch.chdir(tmp_path)
+    exec(compile(block, "README.md", "exec"), {})
+    printed = []
+    for command in TOY_COMMANDS:
+        tool, *argv = shlex.split(command)
+        module = {"ddpd-train": "ddpd.cli.train", "ddpd-sample": "ddpd.cli.sample"}[tool]
+        done = subprocess.run([sys.executable, "-m", module, *argv], capture_output=True, text=True, check=True)
+        printed.append(done.stdout.splitlines())
+    samples = printed[2:]
+    _check_traits(*samples)
+    if (torch.__version__, torch.backends.cpu.get_cpu_capability()) == MADE_WITH:
+        assert samples == _readme_samples()
