@@ -14,15 +14,41 @@ which pip shows in one line.
 """
 import importlib.util
 import json
+import sys
 import warnings
 from pathlib import Path
 
-from setuptools import find_packages, setup
+import setuptools
+from setuptools import find_namespace_packages, find_packages, setup
 
 ROOT = Path(__file__).resolve().parent
 CSRC = "csrc"
+SETUPTOOLS = (77, 0)  # pyproject.toml's `license = "MIT"` (an SPDX string, PEP 639)
+
+
+def _check_setuptools(version: str) -> None:
+    """`--no-build-isolation` builds with the environment's setuptools, whatever its age
+    (Python 3.11's venv brings 65): one line, not setuptools' schema error."""
+    found = tuple(int(part) for part in version.split(".")[:2] if part.isdigit())
+    if found < SETUPTOOLS:
+        sys.exit(f"ddpd: building needs setuptools >= {'.'.join(map(str, SETUPTOOLS))}, this is setuptools {version}; "
+                 "`pip install --upgrade setuptools wheel` first")
+
+
+_check_setuptools(setuptools.__version__)
+# An editable install of a package whose folders are mapped (kernels/ -> ddpd.kernels) goes
+# through an import finder, and setuptools then warns, in nine lines at every install, that a
+# folder named like the package in the working directory may shadow it: here that folder is
+# the package.
+from setuptools.warnings import InformationOnly  # noqa: E402 (after the version check)
+
+warnings.filterwarnings("ignore", message="Editable installation", category=InformationOnly)
 
 packages = find_packages(include=["ddpd", "ddpd.*"]) + ["ddpd.kernels", "ddpd._csrc"]
+# Folders of data alone (the C++ sources, the pretrained bundle) are named as packages too:
+# setuptools warns, forty lines for each, about a folder it installs but was not told of.
+packages += [f"ddpd._csrc.{name}" for name in find_namespace_packages(str(ROOT / CSRC))]
+packages += [f"ddpd.pretrained.{name}" for name in find_namespace_packages(str(ROOT / "ddpd" / "pretrained"))]
 # The Triton kernels live in the top-level kernels/ folder but install as
 # ddpd.kernels, never as a generic top-level `kernels` module. The C++ sources ship
 # as ddpd/_csrc so that an install built without torch can compile them on first use.

@@ -4,6 +4,7 @@ itself (mocked here; a real compile in a fresh cache is the slow test at the end
 and the sources shipped with the package."""
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -417,7 +418,8 @@ def test_setup_with_a_cuda_torch_without_a_gpu_builds_the_cpu_extension_and_says
 
 def test_pip_shows_in_one_line_that_the_extension_was_not_built(tmp_path):
     """`pip install` without -v showed nothing of a failed build of ddpd._C (setup.py's line
-    went to the output pip hides); a warning it shows."""
+    went to the output pip hides); a warning it shows. Also none of setuptools' warnings about
+    ddpd's own configuration (196 lines of them at each install)."""
     hooks = pytest.importorskip("pip._vendor.pyproject_hooks")
     if not hasattr(hooks, "BuildBackendWarning"):
         pytest.skip("this pip does not show a build's warnings")
@@ -430,6 +432,33 @@ def test_pip_shows_in_one_line_that_the_extension_was_not_built(tmp_path):
     shown = (done.stdout + done.stderr).splitlines()
     (line,) = [line for line in shown if "ddpd._C" in line]
     assert "BuildBackendWarning: ddpd: building ddpd._C failed (" in line and "compile it on first use" in line
+    assert not [line for line in shown if "Setuptools" in line or "absent from the `packages`" in line], shown
+
+
+def test_an_editable_build_warns_of_nothing_in_ddpds_own_configuration(tmp_path):
+    """pip shows a local checkout's build warnings: setuptools gave 196 lines of them at each
+    `pip install -e .` (a license table it deprecates, data folders missing from `packages`,
+    the editable finder's note), which buried the one line about ddpd._C."""
+    copy = _copy_of_the_checkout(tmp_path)
+    build = "import sys\nfrom setuptools import build_meta\nbuild_meta.build_editable(sys.argv[1])\n"
+    done = subprocess.run([sys.executable, "-c", build, str(tmp_path / "wheel")], cwd=copy, capture_output=True,
+                          text=True, env=dict(os.environ, CC="/bin/false", CXX="/bin/false"),
+                          timeout=HANG_GUARD_SECONDS, start_new_session=True)
+    assert done.returncode == 0, done.stderr
+    warned = [line for line in done.stderr.splitlines() if re.match(r"\S+:\d+: \w+: ", line)]  # file:line: Kind: ...
+    assert len(warned) == 1 and "UserWarning: ddpd: building ddpd._C failed" in warned[0], warned
+
+
+def test_an_old_setuptools_is_named_in_one_line():
+    """`--no-build-isolation` builds with whatever setuptools the environment has; one older
+    than the SPDX license string of pyproject.toml failed with a schema error."""
+    script = ("import runpy, sys, setuptools\nsetuptools.__version__ = '65.5.0'\nsys.argv = ['setup.py', '--name']\n"
+              "runpy.run_path('setup.py', run_name='__main__')\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True,
+                          timeout=HANG_GUARD_SECONDS)
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr == ("ddpd: building needs setuptools >= 77.0, this is setuptools 65.5.0; "
+                           "`pip install --upgrade setuptools wheel` first\n")
 
 
 def test_a_build_without_torch_warns_once_that_first_use_compiles(tmp_path):
