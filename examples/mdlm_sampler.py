@@ -13,12 +13,15 @@ then the token is the same law.)
   others), with top_p inside the kernel. Every draw is keyed by (seed, offset, row id):
   position d of sequence b is row b * D + d, so a position's draws do not depend on which
   other positions are still masked, nor on the batch.
-- `mdlm_plain`: the same loop in plain torch: the full logits, top-p by sort + cumsum +
-  mask, the coin as u < p and the token by ddpd.ops.categorical_reference (the
+- `mdlm_plain`: the same loop in plain torch: the full logits in float32 (the head applied
+  to the hidden states in float32, as sample_from_hidden computes it), top-p by sort +
+  cumsum + mask, the coin as u < p and the token by ddpd.ops.categorical_reference (the
   categorical law of every ddpd path, written in plain torch), from the same
   counter-based uniforms (ddpd.ops.philox_uniform). It returns the same tokens, tied
   logits at the top-p boundary included (both keep every token tied with the last one
-  kept); a textbook torch.multinomial draw would have the same law, from other randomness.
+  kept), with a float32 network and with a bf16 or fp16 one (whose own head would round
+  the logits to its dtype: then the two loops agree in law only); a textbook
+  torch.multinomial draw would have the same law, from other randomness.
 
     python examples/mdlm_sampler.py
 """
@@ -29,6 +32,7 @@ import pathlib
 import sys
 
 import torch
+import torch.nn.functional as F
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from tiny_networks import TinyDenoiser  # noqa: E402
@@ -74,6 +78,13 @@ def top_p_mask(logits: torch.Tensor, top_p: float, temperature: float) -> torch.
     return logits.masked_fill(logits < smallest_kept, float("-inf"))
 
 
+def float32_logits(net: TinyDenoiser, x: torch.Tensor) -> torch.Tensor:
+    """The logits [B, D, V] in float32 whatever the network's dtype, as sample_from_hidden
+    computes them: with a bf16 network, net(x) rounded them to bf16 and 96 of 1280 rows
+    (40 seeds of main's two settings) differed from the fused loop's."""
+    return F.linear(net.hidden(x).float(), net.head.weight.float(), net.head.bias.float())
+
+
 @torch.no_grad()
 def mdlm_plain(net: TinyDenoiser, batch: int, length: int, steps: int, seed: int, temperature: float = 1.0,
                top_p: float | None = None) -> torch.Tensor:
@@ -86,7 +97,7 @@ def mdlm_plain(net: TinyDenoiser, batch: int, length: int, steps: int, seed: int
         reveal = masked & (u.clamp(max=BELOW_ONE) < reveal_probability(i, steps))
         if not reveal.any():
             continue
-        logits = net(x)[reveal]  # [n, V]
+        logits = float32_logits(net, x)[reveal]  # [n, V]
         if top_p is not None:
             logits = top_p_mask(logits, top_p, temperature)
         noise = philox_uniform(seed, 2 * i + 1, rows[reveal], noise_width(vocab))

@@ -27,7 +27,8 @@ Sample i draws its noise from Philox row i of --seed, so it does not depend on
 --batch-size or on the number of processes.
 
 --fused runs every sampler on its fused path (ddpd.sampling.draws): the same samples
-from the same seed, with the per-step work in the ddpd.ops kernels, the denoiser's
+from the same seed (in float32; in bfloat16 the same law: the fused output head's logits
+are not rounded to bfloat16), with the per-step work in the ddpd.ops kernels, the denoiser's
 output head applied at the denoised positions only, and rows that stop early leaving
 the batch at a stop check every --sync-every steps (the only host synchronisation).
 --dtype is the precision the networks run in (auto: bfloat16 on CUDA, float32 on the

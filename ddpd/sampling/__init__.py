@@ -23,7 +23,9 @@ Options are objects (ddpd.sampling.options: Temperature, DDPDOptions, Truncation
 Execution) or their fields as keywords. A run is reference (plain torch) or fused (the ddpd.ops kernels, no
 host synchronisation inside a step, finished rows leaving the batch at a stop check every
 sync_every steps) by the Draws strategy the loop is handed (ddpd.sampling.draws), chosen
-with fused=True; from the same noise source both return the same samples.
+with fused=True; from the same noise source both return the same samples (with float32
+networks: below float32 a denoiser with an output head gives the fused run float32 logits at
+the chosen positions where the reference rounds them to the dtype, and the two agree in law).
 """
 from ddpd.sampling.batch import NaNOutputWarning, SampleResult
 from ddpd.sampling.gillespie import ddpd_sample, ddpd_sample_uniform

@@ -20,7 +20,10 @@ strategy object it is handed:
 
 From a counter-based source (PhiloxNoise: seed= and generator= too) both draw the same
 positions and tokens (the ops and their references agree token for token), which the
-tests check for every sampler. A sequential source (TorchNoise) hands out its uniforms in
+tests check for every sampler; below float32, a denoiser with an output head gives the fused
+run float32 logits (sample_from_hidden) where the reference's forward rounds them to the
+dtype, and the two then agree in law, not token for token. A sequential source (TorchNoise)
+hands out its uniforms in
 the order they are asked for, and the fused run asks for rows the reference leaves out
 (rows finished since the last stop check, events of the exact clock it rejects,
 tau-leaping rows that make no jump): the two then agree only under a step budget on the

@@ -110,7 +110,9 @@ def ddpd_sample(
     (ddpd.sampling.common).
 
     fused=True runs the same loop with the per-step draws in the ddpd.ops kernels and no
-    host synchronisation inside a step: same draws from the same noise. A denoiser exposing
+    host synchronisation inside a step: same draws from the same noise (in float32; below it
+    the same law: a denoiser's head at the chosen positions gives float32 logits, where the
+    reference rounds them to the dtype). A denoiser exposing
     hidden(x, t) and an nn.Linear head (the ddpd.models networks, whose forward is
     head(hidden(x, t))) has its head applied at the chosen positions only. Finished rows are
     frozen at once and leave the batch at the stop check every sync_every steps (the only
