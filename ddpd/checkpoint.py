@@ -3,7 +3,8 @@
 A checkpoint is a directory holding
 - `model.safetensors`: the network's weights (never a pickle; loading cannot run code),
 - `config.json`: {"kind": one of KINDS, "model": TransformerConfig fields,
-  "tokenizer": {...}, "schedule": "linear", ..., "sha256": {file: digest}},
+  "tokenizer": {...}, "schedule": "linear", ..., "sha256": {file: digest},
+  "settings_sha256": digest of the other fields, which a resumed training run checks},
 - optionally `train_state.safetensors` + `train_state.json`: what a training run
   needs to resume exactly (optimizer moments, EMA weights, RNG and data-sampler
   states as tensors; step counters and settings as JSON).
@@ -51,6 +52,7 @@ PLANNER_KINDS = ("planner", "uniform")
 DENOISER_KINDS = ("mask-denoiser", "uniform-denoiser", "uniform")
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
+SETTINGS_DIGEST = "settings_sha256"  # config.json's digest of its own settings (resume_settings)
 STATE_TENSORS = "train_state.safetensors"
 STATE_META = "train_state.json"
 # Bounds on what a reader accepts before looking further (a config is a few KB, a
@@ -101,8 +103,20 @@ def _checkpoint_files(model: torch.nn.Module, config: dict, train_state: Optiona
         files[STATE_TENSORS] = _serialize(train_state[0])
         files[STATE_META] = meta.encode("utf-8")
     digests = {name: hashlib.sha256(data).hexdigest() for name, data in files.items()}
+    config = {**config, SETTINGS_DIGEST: settings_digest(config)}
     files[CONFIG] = json.dumps({**config, "sha256": digests}, indent=2).encode("utf-8")
     return files
+
+
+def settings_digest(config: dict) -> str:
+    """The sha256 of a config's settings: every field but the files' digests and this one,
+    as JSON reads them back (tuples as lists), with sorted keys and no spaces."""
+    fields = {key: value for key, value in config.items() if key not in ("sha256", SETTINGS_DIGEST)}
+    try:
+        canonical = json.dumps(json.loads(json.dumps(fields)), sort_keys=True, separators=(",", ":"))
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"checkpoint config must be JSON-serialisable: {err}") from None
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
 def _serialize(tensors: Dict[str, torch.Tensor]) -> bytes:
@@ -218,6 +232,20 @@ def read_config(path: str) -> dict:
     """The config.json of a checkpoint directory, validated."""
     _check_path(path)
     return _consistent(path, _config_from)
+
+
+def resume_settings(path, config: dict) -> dict:
+    """training_settings of a checkpoint a run resumes from, which takes its settings from
+    them: CheckpointError unless config.json's settings match the digest recorded with them
+    (a one-bit change of seq_len or lr, or a corpus fingerprint set to null, was resumed)."""
+    recorded = config.get(SETTINGS_DIGEST)
+    if recorded is None:
+        raise CheckpointError(f"checkpoint {path}: config.json records no {SETTINGS_DIGEST}, so the settings a "
+                              "resume takes from it cannot be verified (written by an older ddpd?)")
+    if recorded != settings_digest(config):
+        raise CheckpointError(f"checkpoint {path}: config.json's settings differ from their {SETTINGS_DIGEST} "
+                              "(edited or corrupt); a resume would not continue the same run")
+    return training_settings(path, config)
 
 
 def training_settings(path, config: dict) -> dict:
@@ -623,4 +651,4 @@ def _check_train_state(train_state: Optional[TrainState]) -> Optional[str]:
 
 __all__ = ["CONFIG", "Checkpoint", "CheckpointError", "KINDS", "STATE_META", "STATE_TENSORS", "WEIGHTS",
            "ensure_replaceable", "has_train_state", "load_bundle", "load_checkpoint", "load_model",
-           "load_train_state", "read_config", "save_bundle", "save_checkpoint"]
+           "load_train_state", "read_config", "resume_settings", "save_bundle", "save_checkpoint"]

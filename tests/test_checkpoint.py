@@ -586,3 +586,15 @@ def test_a_signal_during_a_load_is_raised_when_the_load_is_done(tmp_path, monkey
         signal.signal(signal.SIGTERM, previous)
     assert events == ["signalled", "read", "handled"]
     assert signal.getsignal(signal.SIGTERM) is previous
+
+
+def test_a_save_digests_the_settings_a_resume_takes(tmp_path):
+    """config.json had no digest of its own: a resume took edited settings for the run's."""
+    model, config = tiny("planner")
+    save_checkpoint(tmp_path / "c", model, {**config, "training": {"lr": 0.003}, "settings_sha256": "stale"})
+    stored = read_config(tmp_path / "c")
+    assert stored["settings_sha256"] == ckpt.settings_digest(stored) != "stale"
+    assert ckpt.resume_settings(tmp_path / "c", stored) == {"lr": 0.003}
+    stored["training"]["lr"] = 0.002
+    with pytest.raises(CheckpointError, match="config.json's settings differ from their settings_sha256"):
+        ckpt.resume_settings(tmp_path / "c", stored)

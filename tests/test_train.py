@@ -230,10 +230,75 @@ def test_resume_names_a_training_section_that_is_not_an_object(corpus, tmp_path,
     _checkpoint_at_step_2(corpus, out)
     config_path = out / "config.json"
     for edited in ([1, 2], 5, "x"):
-        config_path.write_text(json.dumps({**json.loads(config_path.read_text()), "training": edited}))
+        stored = {**json.loads(config_path.read_text()), "training": edited}
+        stored["settings_sha256"] = ckpt.settings_digest(stored)  # edited with care: the digest passes
+        config_path.write_text(json.dumps(stored))
         code, _, err = run_cli(capsys, "planner", "--out", out, "--resume", "--no-progress")
         assert code == 1 and err.count("\n") == 1, err  # raw "'int' object is not iterable" before
         assert f"checkpoint {out}: config.json's training is {edited!r}, not an object" in err, err
+
+
+def _flip_a_bit(value):
+    """`value` with one bit of its JSON text flipped (the last character's lowest)."""
+    text = json.dumps(value)
+    return json.loads(text[:-1] + chr(ord(text[-1]) ^ 1))
+
+
+@pytest.mark.parametrize("edit", [
+    lambda c: c["training"].update(seq_len=_flip_a_bit(c["training"]["seq_len"])),  # 32 -> 33
+    lambda c: c["training"].update(lr=_flip_a_bit(c["training"]["lr"])),  # 0.003 -> 0.002
+    lambda c: c["training"].update(steps=_flip_a_bit(c["training"]["steps"])),  # 20 -> 21
+    lambda c: c.update(corpus=None),  # skipped the corpus check
+    lambda c: c.update(schedule="cosine"),
+], ids=["seq_len", "lr", "steps", "corpus", "schedule"])
+def test_resume_refuses_a_config_whose_settings_were_changed(corpus, tmp_path, capsys, edit):
+    """--resume takes the run's settings from config.json, which no digest covered: a one-bit
+    change of seq_len, lr or steps was resumed as if it were the run's own."""
+    out = tmp_path / "p"
+    _checkpoint_at_step_2(corpus, out)
+    path = out / "config.json"
+    stored = json.loads(path.read_text())
+    edit(stored)
+    path.write_text(json.dumps(stored, indent=2))
+    code, _, err = run_cli(capsys, "planner", "--out", out, "--resume", "--no-progress")
+    assert code == 1 and err == (f"ddpd-train: error: checkpoint {out}: config.json's settings differ from their "
+                                 "settings_sha256 (edited or corrupt); a resume would not continue the same run\n")
+    settings = {**stored["training"], "out": str(out)}
+    with pytest.raises(CheckpointError, match="config.json's settings differ from their settings_sha256"):
+        Trainer(TrainConfig.from_dict(settings), resume=True)
+    assert load_train_state(out)[1]["step"] == 2  # nothing trained, nothing written
+
+
+def test_resume_names_the_digest_not_a_flag_when_an_edited_setting_is_invalid(corpus, tmp_path, capsys):
+    """The settings --resume takes are checked against their digest before they are used: an
+    edited seq_len of 0 was a usage error naming --seq-len, which the command did not give."""
+    out = tmp_path / "p"
+    _checkpoint_at_step_2(corpus, out)
+    stored = json.loads((out / "config.json").read_text())
+    stored["training"]["seq_len"] = 0
+    (out / "config.json").write_text(json.dumps(stored))
+    code, _, err = run_cli(capsys, "planner", "--out", out, "--resume", "--no-progress")
+    assert code == 1 and "config.json's settings differ from their settings_sha256" in err, err
+
+
+def test_resume_refuses_a_config_that_records_no_digest_of_its_settings(corpus, tmp_path):
+    out = tmp_path / "p"
+    _checkpoint_at_step_2(corpus, out)
+    stored = json.loads((out / "config.json").read_text())
+    del stored["settings_sha256"]
+    (out / "config.json").write_text(json.dumps(stored))
+    with pytest.raises(CheckpointError, match="records no settings_sha256, so the settings a resume takes"):
+        Trainer(config(corpus, out, steps=20, save_every=2), resume=True)
+
+
+def test_a_config_rewritten_with_the_same_settings_still_resumes(corpus, tmp_path):
+    """The digest is of the settings, not of config.json's text: its layout may change."""
+    out = tmp_path / "p"
+    _checkpoint_at_step_2(corpus, out)
+    stored = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps(dict(reversed(list(stored.items())))))
+    with Trainer(config(corpus, out, steps=20, save_every=2), resume=True) as trainer:
+        assert trainer.step == 2
 
 
 def test_weights_that_are_not_finite_are_never_saved(corpus, tmp_path):

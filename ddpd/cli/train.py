@@ -98,14 +98,14 @@ LOCAL = ("resume", "progress", "threads", "allow_data_change")  # options of thi
 
 
 def _train_config(args: argparse.Namespace):
-    from ddpd.checkpoint import read_config, training_settings
+    from ddpd.checkpoint import read_config, resume_settings
     from ddpd.files import remove_stale_temps
     from ddpd.training.trainer import TrainConfig
 
     given = {k: v for k, v in vars(args).items() if k not in LOCAL}
     if args.resume:
         remove_stale_temps(args.out)  # may restore the checkpoint a killed save had set aside
-        stored = dict(training_settings(args.out, read_config(args.out)))
+        stored = dict(resume_settings(args.out, read_config(args.out)))  # checked against their digest
         for name in ("out", "device"):
             stored.pop(name, None)  # where it runs may change; how often it reports is kept unless given
         return TrainConfig.from_dict({**stored, **given})

@@ -27,7 +27,8 @@ a pure function of the step. A run restarted from a checkpoint therefore compute
 bit-for-bit the same updates as one that never stopped, on the same hardware, thread
 count and number of processes. The checkpoint also records the corpus's fingerprint
 (characters and sha256): resuming on a changed corpus is refused, since its
-validation and test ranges would move into the training split.
+validation and test ranges would move into the training split. The settings a
+resume takes from config.json are checked against their digest (settings_sha256).
 """
 from __future__ import annotations
 
@@ -45,8 +46,8 @@ import torch
 from torch import Tensor
 
 from ddpd._interrupts import signals_held
-from ddpd.checkpoint import (CheckpointError, ensure_replaceable, has_train_state, load_checkpoint, save_checkpoint,
-                             training_settings)
+from ddpd.checkpoint import (CheckpointError, ensure_replaceable, has_train_state, load_checkpoint, resume_settings,
+                             save_checkpoint)
 from ddpd.files import OutputLock, remove_stale_temps
 from ddpd.models import build_model, config_for
 from ddpd.process import corrupt, get_schedule
@@ -366,7 +367,7 @@ class Trainer:
         if not has_train_state(out):
             raise CheckpointError(f"cannot resume: {out} holds no training checkpoint")
         stored = load_checkpoint(out, train_state=True)
-        settings = training_settings(out, stored.config)
+        settings = resume_settings(out, stored.config)  # the run's own, as digested when it was saved
         defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}  # of settings added later
         fixed = [name for name in RESUME_FIXED if name != "data" or "corpus" not in stored.config]
         changed = [(name, settings.get(name, defaults[name]), getattr(self.config, name))
