@@ -157,7 +157,8 @@ def test_max_time_stops_and_checkpoints(corpus, tmp_path, monkeypatch):
     ({"seed": 2**64}, r"seed must be in \[0, 9223372036854775807\]"), ({"ema": 1.0}, r"ema must be in \[0.0, 1.0\)"),
     ({"tiktoken": "x.tiktoken"}, "needs tokenizer 'gpt2'"), ({"schedule": "square"}, "schedule must be one of"),
     ({"batch_size": 2.5}, "batch_size must be an int"), ({"min_lr": 1.0}, "min_lr must be in"),
-    ({"max_time": 0.0}, "max_time must be > 0")])
+    ({"max_time": 0.0}, "max_time must be > 0"),
+    ({"batch_size": 10**9}, "batch_size 1000000000: a micro-batch of 1000000000 x 32 tokens needs at least 4,053 GiB")])
 def test_config_validation(corpus, tmp_path, changes, message):
     with pytest.raises((TypeError, ValueError), match=message):
         config(corpus, tmp_path, **changes)
@@ -1019,6 +1020,9 @@ def _rewrite_state(out, meta_change=None, drop=None):
     (lambda m: m["optimizer_param_groups"][0].update(betas="x"), None,  # failed at the first step, unnamed
      "does not fit this run: train_state.json's optimizer group 0 has \\{'betas': 'x'"),
     (lambda m: m["optimizer_param_groups"][1].update(eps=0.5), None, "optimizer group 1 has .*'eps': 0.5"),
+    (None, lambda t: t["optim.0.exp_avg_sq"].view(-1)[0].fill_(-1e-3),  # a NaN loss two steps later
+     "holds negative values in optim.0.exp_avg_sq \\(at least -0.001\\), which a second moment cannot hold"),
+    (None, lambda t: t["optim.1.step"].fill_(-1.0), "holds negative values in optim.1.step"),
 ])
 def test_damaged_training_state_is_refused_in_one_line(corpus, tmp_path, capsys, change, drop, message):
     out = tmp_path / "p"
@@ -1028,6 +1032,25 @@ def test_damaged_training_state_is_refused_in_one_line(corpus, tmp_path, capsys,
         Trainer(config(corpus, out, steps=20, save_every=2), resume=True)
     code, _, err = run_cli(capsys, "planner", "--out", out, "--resume", "--no-progress")
     assert code == 1 and err.count("\n") == 1 and "train_state" in err, err
+
+
+def test_a_damaged_training_state_is_refused_before_the_corpus_is_read(corpus, tmp_path, monkeypatch):
+    out = tmp_path / "p"
+    _checkpoint_at_step_2(corpus, out)
+    _rewrite_state(out, drop=lambda t: t["optim.0.exp_avg_sq"].neg_())
+    monkeypatch.setattr("ddpd.training.trainer.load_text", lambda *a: pytest.fail("the corpus was read"))
+    with pytest.raises(CheckpointError, match="negative values in optim.0.exp_avg_sq"):
+        Trainer(config(corpus, out, steps=20, save_every=2), resume=True)
+
+
+def test_a_batch_size_no_memory_holds_is_refused_before_any_work(corpus, tmp_path, capsys, monkeypatch):
+    """--batch-size 10000000 read the corpus, took the lock and reached the allocator after a
+    minute (or the kernel's OOM killer)."""
+    monkeypatch.setattr("ddpd.training.trainer.load_text", lambda *a: pytest.fail("the corpus was read"))
+    code, _, err = run_cli(capsys, "planner", "--data", corpus, "--out", tmp_path / "p", "--batch-size", 10**7)
+    assert code == 2 and err.startswith("ddpd-train: error: --batch-size 10000000: a micro-batch of 10000000 x 256 "
+                                        "tokens needs at least 6,123 GiB (d_model 256, 4 layers), more than the "), err
+    assert err.count("\n") == 1 and os.listdir(tmp_path) == []
 
 
 def test_a_resumed_run_keeps_its_evaluation_and_follows_its_corpus_by_content(tmp_path, capsys):

@@ -56,7 +56,7 @@ from ddpd.training.data import (LABELLED_SUFFIX, GPT2Tokenizer, RandomCrops, Rec
                                 resolve_source, split_tokens)
 from ddpd.training.distributed import Distributed, GradientMean, PeerLost, data_parallel
 from ddpd.training.losses import ar_loss, denoiser_loss, planner_loss, uniform_model_loss
-from ddpd.validation import check_int
+from ddpd.validation import check_device, check_int
 
 KINDS = ("planner", "mask-denoiser", "uniform-denoiser", "uniform", "ar")
 TOKENIZERS = ("text8", "gpt2")
@@ -157,6 +157,7 @@ class TrainConfig:
         # the corpus is read; the vocabulary is not known yet and does not constrain it
         config_for(self.kind, 1, self.seq_len, d_model=self.d_model, n_layers=self.n_layers, n_heads=self.n_heads,
                    dropout=self.dropout, num_classes=self.num_classes)
+        self._check_batch_fits()
         if self.label_dropout and not self.num_classes:
             raise ValueError(f"label_dropout needs num_classes > 0 (class labels to drop), got {self.label_dropout}")
         # absolute paths, so a resumed run recognises its settings from any directory
@@ -167,6 +168,19 @@ class TrainConfig:
         if self.tiktoken:
             self.tiktoken = os.path.abspath(self.tiktoken)
         self.out = os.path.abspath(self.out)
+
+    def _check_batch_fits(self) -> None:
+        """ValueError naming batch_size when one micro-batch cannot fit the device's memory:
+        refused at once (a batch size of 10^7 reached the allocator after a minute)."""
+        memory = _device_memory(self.device)
+        tokens = self.batch_size * self.seq_len
+        # a lower bound: the tokens, and the residual stream each block keeps for backward (at least bf16)
+        needed = tokens * (8 + 2 * self.d_model * (self.n_layers + 1))
+        if memory is not None and needed > memory:
+            raise ValueError(f"batch_size {self.batch_size}: a micro-batch of {self.batch_size} x {self.seq_len} "
+                             f"tokens needs at least {needed / 2**30:,.0f} GiB (d_model {self.d_model}, "
+                             f"{self.n_layers} layers), more than the {memory / 2**30:,.1f} GiB of the device; use "
+                             "a smaller batch_size (grad_accum keeps the step's size)")
 
     @property
     def final_lr(self) -> float:
@@ -182,6 +196,21 @@ class TrainConfig:
         if unknown:
             raise ValueError(f"unknown training settings {unknown}")
         return cls(**values)
+
+
+def _device_memory(device: str) -> Optional[int]:
+    """Bytes of memory of the device a run names (the machine's for the CPU); None when it
+    is unknown or the name is refused (by the run, later)."""
+    try:
+        resolved = check_device("device", device)
+    except (TypeError, ValueError):
+        return None
+    if resolved.type == "cuda":
+        return torch.cuda.get_device_properties(resolved if resolved.index is not None else 0).total_memory
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # no sysconf (Windows)
+        return None
 
 
 def _mean(values: List[float]) -> Optional[float]:
@@ -234,30 +263,46 @@ def check_train_record(path: str, meta: dict, steps: Optional[int] = None) -> No
         fail(f"'pending_losses' must be a list of numbers, got {str(pending)[:60]}")
 
 
-def check_train_state(path: str, tensors: Dict[str, Tensor], meta: dict, steps: int, world_size: int,
-                      expected: Dict[str, tuple]) -> None:
-    """CheckpointError (one line) unless a training state is one this run can resume:
-    its record (check_train_record), written by as many processes, and every tensor in
-    `expected` (name -> shape, or None for any shape) present."""
-    def fail(what: str):
-        raise CheckpointError(f"checkpoint {path}: train_state.json: {what}")
-
+def check_train_state(path: str, tensors: Dict[str, Tensor], meta: dict, steps: int, world_size: int) -> None:
+    """CheckpointError (one line) unless a training state is one this run can resume, as far
+    as the network does not decide (check_state_tensors does the rest): its record
+    (check_train_record), written by as many processes, and optimizer moments AdamW can
+    step from (check_moments). Checked before the corpus is read and the network built."""
     check_train_record(path, meta, steps)
     if meta.get("world_size") != world_size:
         raise ValueError(f"cannot resume {path} exactly: it was written by {meta.get('world_size')!r} "
                          f"process(es), this run has {world_size}")
     if not isinstance(meta.get("optimizer_param_groups"), list):
-        fail(f"'optimizer_param_groups' must be a list, got {meta.get('optimizer_param_groups')!r}")
+        raise CheckpointError(f"checkpoint {path}: train_state.json: 'optimizer_param_groups' must be a list, got "
+                              f"{meta.get('optimizer_param_groups')!r}")
+    check_moments(path, tensors)
+
+
+def check_moments(path: str, tensors: Dict[str, Tensor]) -> None:
+    """CheckpointError unless every optimizer tensor is finite, the second moments (exp_avg_sq)
+    and step counts >= 0: a NaN moment, or the square root of a negative one, makes NaN
+    weights within two steps (a crafted state was accepted and the loss turned NaN)."""
+    for name, value in tensors.items():
+        if not (name.startswith("optim.") and value.is_floating_point()):
+            continue
+        where = f"checkpoint {path}: train_state.safetensors holds"
+        if not bool(torch.isfinite(value).all()):
+            raise CheckpointError(f"{where} NaN or infinite values in {name}")
+        if name.endswith(("exp_avg_sq", ".step")) and bool((value < 0).any()):
+            raise CheckpointError(f"{where} negative values in {name} (at least {value.min().item():.3g}), which "
+                                  f"{'a second moment' if name.endswith('exp_avg_sq') else 'a step count'} "
+                                  "cannot hold")
+
+
+def check_state_tensors(path: str, tensors: Dict[str, Tensor], expected: Dict[str, Optional[tuple]]) -> None:
+    """CheckpointError unless every tensor in `expected` (name -> shape, or None for any
+    shape) is in the training state."""
     for name, shape in expected.items():
         if name not in tensors:
             raise CheckpointError(f"checkpoint {path}: train_state.safetensors lacks {name}")
         if shape is not None and tuple(tensors[name].shape) != shape:
             raise CheckpointError(f"checkpoint {path}: train_state.safetensors holds {name} of shape "
                                   f"{tuple(tensors[name].shape)}, expected {shape}")
-    for name, value in tensors.items():  # a NaN moment makes NaN weights at the next step
-        if name.startswith("optim.") and value.is_floating_point() and not bool(torch.isfinite(value).all()):
-            raise CheckpointError(f"checkpoint {path}: train_state.safetensors holds NaN or infinite values in "
-                                  f"{name}")
 
 
 def _settled(group: dict) -> dict:
@@ -374,6 +419,7 @@ class Trainer:
                    for name in fixed if settings.get(name, defaults[name]) != getattr(self.config, name)]
         if changed:
             raise ResumeConflict(out, changed)
+        check_train_state(out, *stored.train_state, self.config.steps, self.dist.world_size)
         return stored
 
     def _check_corpus(self, stored_config: dict) -> None:
@@ -726,7 +772,7 @@ class Trainer:
     def _restore(self, stored) -> None:
         out = self.config.out
         tensors, meta = stored.train_state
-        check_train_state(out, tensors, meta, self.config.steps, self.dist.world_size, self._expected_state(meta))
+        check_state_tensors(out, tensors, self._expected_state(meta))
         try:
             self.exported.load_state_dict(stored.model.state_dict())
             if self.ema is not None:
@@ -740,8 +786,7 @@ class Trainer:
             fresh = [_settled(group) for group in self.optimizer.param_groups]
             self.optimizer.load_state_dict({"state": optimizer_state,
                                             "param_groups": meta["optimizer_param_groups"]})
-            # config.json records the state's digests but has none itself, so an edited pair passes
-            # them: settings this run fixes must be its own
+            # whoever edits the state can recompute config.json's digests: settings this run fixes must be its own
             # (betas of "x" failed at the first step with "not enough values to unpack")
             for index, (group, own) in enumerate(zip(self.optimizer.param_groups, fresh)):
                 if _settled(group) != own:
