@@ -100,6 +100,8 @@ BUDGET_CASES = [
     ("uniform denoiser, bound 0.6 planner order", "dir S3 D3", 3, 0.6, 3, "planner", "uniform"),
     ("mask denoiser, bound 1", "dir S3 D3", 3, 1.0, 3, "risk", "mask"),
     ("mask denoiser, bound 2, max_k 2", "sparse S2 D4", 3, 2.0, 2, "risk", "mask"),
+    ("mask denoiser, bound 0.3 spread", "dir S3 D3", 3, 0.3, 3, "spread", "mask"),
+    ("uniform denoiser, bound 0 spread", "sparse S2 D4", 2, 0.0, 4, "spread", "uniform"),
 ]
 
 
@@ -109,9 +111,10 @@ def test_error_budget_matches_its_exact_law(name, toy_name, steps, bound, max_k,
     problem = toy(toy_name)
     models = problem.models()
     network = models.mask_denoiser if denoiser == "mask" else models.uniform_denoiser
+    spread, order = order == "spread", "risk" if order == "spread" else order
     result = ddpd_sample(models.planner, network, B, problem.D, problem.S, steps=steps, noise=noise(), stop="budget",
-                         denoiser_type=denoiser, policy=ErrorBudget(bound, max_k, order))
-    law = policy_laws.error_budget_law(problem, steps, bound, max_k, order, denoiser)
+                         denoiser_type=denoiser, policy=ErrorBudget(bound, max_k, order, spread))
+    law = policy_laws.error_budget_law(problem, steps, bound, max_k, order, denoiser, spread=spread)
     emp = empirical(problem.index(result.tokens), problem.N)
     limit = threshold(law, B)
     TABLE.add(f"ErrorBudget {name} [{toy_name}]", tv(emp, law), tv(emp, problem.p_data), limit, problem.N)

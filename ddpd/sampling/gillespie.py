@@ -296,8 +296,9 @@ def _planner_clock(run: Run, draws: Draws, opts: DDPDOptions, networks, batch: R
         else:
             tokens, confidence = networks.tokens(draws, batch, step, x_in, t, positions, batch.rows, temperature,
                                                  None, confidence=True)
+            minimum = torch.ceil(sum_p / (run.steps - step)).long() if policy.spread else None
             change = change & policy.commit(commit_risk(logits, positions, confidence),
-                                            _candidates(positions, masked, mask_id))
+                                            _candidates(positions, masked, mask_id), minimum)
         batch.x.copy_(write(batch.x, positions, tokens, change))
         batch.count_commits(change.sum(1))
         if "t_prev" in batch.state:

@@ -42,39 +42,40 @@ class ErrorBudget:
     pick is always committed; of the others (with a mask denoiser only those the planner's
     mask z of prop:draw_with_maskD masked), the lowest-risk ones (order='risk'), or the
     next in the planner's order (order='planner', stopping at the first that does not fit),
-    are committed while sum r_j <= bound. A committed token the planner later calls noise is
-    drawn again, as in Algorithm 1.
+    are committed while sum r_j <= bound. With `spread`, at least ceil(sum_d p_d / steps
+    left) are committed (as many as are eligible): the planner's expected noise is spent by
+    the end of the step budget, as MaskGIT's schedule spends its masks. A committed token the
+    planner later calls noise is drawn again, as in Algorithm 1.
 
-    bound 0 or max_k 1 commit one position a step: exactly Algorithm 1's draws.
+    bound 0 (spread off) or max_k 1 commit one position a step: exactly Algorithm 1's draws.
     """
 
     bound: float = 1.0
     max_k: int = 16
     order: str = "risk"
+    spread: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "bound", check_float("bound", self.bound, 0.0, float("inf"), open_max=True))
         check_int("max_k", self.max_k, 1)
         check_choice("order", self.order, ORDERS)
+        if not isinstance(self.spread, bool):
+            raise TypeError(f"spread must be a bool, got {type(self.spread).__name__}")
 
-    def commit(self, risk: Tensor, eligible: Tensor) -> Tensor:
-        """Bool[B, K]: the candidates (in the planner's order) to commit, from risk Float[B, K]
-        and eligible Bool[B, K]; column 0 always."""
-        rest = risk[:, 1:].masked_fill(~eligible[:, 1:], float("inf"))
-        if self.order == "planner":
-            fits = (rest.masked_fill(~eligible[:, 1:], 0.0).cumsum(1) <= self.bound) & eligible[:, 1:]
-            extra = fits & (fits | ~eligible[:, 1:]).cumprod(1).bool()
-        else:
-            extra = _smallest_within(rest, self.bound)
-        return torch.cat([torch.ones_like(eligible[:, :1]), extra], 1)
-
-
-def _smallest_within(cost: Tensor, bound: float) -> Tensor:
-    """Bool like cost: the most entries of each row, cheapest first (ties to the lower
-    column), whose costs sum to at most bound; +inf never."""
-    order = cost.argsort(dim=1, stable=True)
-    taken = cost.gather(1, order).cumsum(1) <= bound
-    return torch.zeros_like(taken).scatter(1, order, taken)
+    def commit(self, risk: Tensor, eligible: Tensor, minimum: Optional[Tensor] = None) -> Tensor:
+        """Bool[B, K]: the candidates (in the planner's order) to commit, from risk Float[B, K],
+        eligible Bool[B, K] and (with spread) minimum Long[B], the fewest to commit; column 0
+        always."""
+        rest, ok = risk[:, 1:], eligible[:, 1:]
+        key = rest if self.order == "risk" else torch.arange(rest.shape[1], device=rest.device).expand_as(rest)
+        order = key.float().masked_fill(~ok, float("inf")).argsort(dim=1, stable=True)  # eligible first
+        ranked = rest.gather(1, order).masked_fill(~ok.gather(1, order), float("inf"))
+        n = (ranked.cumsum(1) <= self.bound).sum(1)  # risks are >= 0: the sums only grow
+        if self.spread and minimum is not None:
+            n = torch.maximum(n, torch.minimum(minimum - 1, ok.sum(1)))
+        rank = torch.empty_like(order).scatter_(1, order, torch.arange(rest.shape[1], device=rest.device)
+                                                 .expand_as(order))
+        return torch.cat([torch.ones_like(eligible[:, :1]), rank < n[:, None]], 1)
 
 
 def commit_risk(planner_logits: Tensor, positions: Tensor, confidence: Tensor) -> Tensor:
@@ -326,11 +327,17 @@ def parse_policy(spec: str):
 
 
 def _value(annotation, text: str, key: str):
-    kind = {"int": int, "float": float, "str": str}.get(str(annotation).split(".")[-1])
+    kind = {"int": int, "float": float, "str": str, "bool": _bool}.get(str(annotation).split(".")[-1])
     try:
         return kind(text) if kind is not None else text
     except ValueError:
         raise ValueError(f"policy field {key} must be a {annotation}, got {text!r}") from None
+
+
+def _bool(text: str) -> bool:
+    if text.lower() not in ("true", "false", "1", "0"):
+        raise ValueError(text)
+    return text.lower() in ("true", "1")
 
 
 def policy_spec(policy) -> str:

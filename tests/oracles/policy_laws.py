@@ -27,10 +27,12 @@ def ordered_picks(w: torch.Tensor, k: int):
         yield order, prob
 
 
-def budget_commits(risk: torch.Tensor, eligible: torch.Tensor, bound: float, order: str) -> torch.Tensor:
+def budget_commits(risk: torch.Tensor, eligible: torch.Tensor, bound: float, order: str,
+                   minimum=None) -> torch.Tensor:
     """Bool[B, K]: ErrorBudget's rule, written plainly: the first pick, then the eligible others
     by ascending risk (order 'risk') or in the planner's order until one does not fit
-    ('planner') while the summed risk stays <= bound."""
+    ('planner') while the summed risk stays <= bound; with minimum (Long[B]), at least that many
+    in all where enough are eligible."""
     B, K = risk.shape
     commit = torch.zeros(B, K, dtype=torch.bool)
     commit[:, 0] = True
@@ -38,18 +40,19 @@ def budget_commits(risk: torch.Tensor, eligible: torch.Tensor, bound: float, ord
         others = [j for j in range(1, K) if eligible[b, j]]
         if order == "risk":
             others.sort(key=lambda j: (float(risk[b, j]), j))
-        total = 0.0
+        total, taken = 0.0, 1
         for j in others:
             total += float(risk[b, j])
-            if total > bound:
+            if total > bound and (minimum is None or taken >= int(minimum[b])):
                 break
             commit[b, j] = True
+            taken += 1
     return commit
 
 
 def error_budget_kernel(toy: ToyProblem, p: torch.Tensor, alpha: torch.Tensor, selection: str, temperature: float,
-                        denoiser_type: str, bound: float, max_k: int, order: str) -> torch.Tensor:
-    """One ErrorBudget step from every state: K[x, y]."""
+                        denoiser_type: str, bound: float, max_k: int, order: str, minimum=None) -> torch.Tensor:
+    """One ErrorBudget step from every state: K[x, y] (minimum: the spread's fewest commits per state)."""
     states = toy.states
     k = min(max_k, toy.D)
     w = selection_weights(p, selection)
@@ -66,7 +69,7 @@ def error_budget_kernel(toy: ToyProblem, p: torch.Tensor, alpha: torch.Tensor, s
                 if not bool((weight > 0).any()):
                     continue
                 risk = 1.0 - p[:, list(picks)] * c
-                commit = budget_commits(risk, eligible, bound, order)
+                commit = budget_commits(risk, eligible, bound, order, minimum)
                 target = torch.empty(toy.N, dtype=torch.long)
                 for b in range(toy.N):
                     kept = [j for j in range(k) if commit[b, j]]
@@ -99,16 +102,19 @@ def _denoiser_views(toy: ToyProblem, p: torch.Tensor, alpha: torch.Tensor, picks
 
 def error_budget_law(toy: ToyProblem, steps: int, bound: float, max_k: int, order: str = "risk",
                      denoiser_type: str = "uniform", selection: str = "sigmoid", temperature: float = 1.0,
-                     stop: str = "budget", eps: float = 0.01) -> torch.Tensor:
-    """Law of ddpd_sample(clock='planner', policy=ErrorBudget(bound, max_k, order)) with the
+                     stop: str = "budget", eps: float = 0.01, spread: bool = False) -> torch.Tensor:
+    """Law of ddpd_sample(clock='planner', policy=ErrorBudget(bound, max_k, order, spread)) with the
     time-free oracle planner, from uniform noise."""
     p = toy.planner_free
     alpha = toy.schedule.alpha(toy.schedule.inverse(1.0 - p.mean(-1)))
-    kernel = error_budget_kernel(toy, p, alpha, selection, temperature, denoiser_type, bound, max_k, order)
-    if stop == "eps":
-        stopped = (p < eps).all(-1)
-        kernel[stopped] = torch.eye(toy.N, dtype=torch.float64)[stopped]
     pi = torch.full((toy.N,), 1.0 / toy.N, dtype=torch.float64)
-    for _ in range(steps):
+    for i in range(steps):
+        minimum = torch.ceil(p.sum(-1) / (steps - i)).long() if spread else None
+        if i == 0 or spread:  # the kernel changes with the step only through the spread's minimum
+            kernel = error_budget_kernel(toy, p, alpha, selection, temperature, denoiser_type, bound, max_k, order,
+                                         minimum)
+            if stop == "eps":
+                stopped = (p < eps).all(-1)
+                kernel[stopped] = torch.eye(toy.N, dtype=torch.float64)[stopped]
         pi = pi @ kernel
     return pi
