@@ -829,7 +829,7 @@ def calls(monkeypatch):
     from ddpd import sampling
 
     seen = []
-    for name in ("ddpd_sample", "ddpd_sample_uniform", "maskgit_sample"):
+    for name in ("ddpd_sample", "ddpd_sample_uniform", "mask_sample"):
         real = getattr(sampling, name)
 
         def spy(*args, _real=real, **kwargs):
