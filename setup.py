@@ -10,11 +10,13 @@ both routes.
 
 pip shows a build's output only when the build fails or with -v. What a user must
 know (ddpd._C not built, or built without its CUDA kernels, and why) is a warning,
-which pip shows in one line.
+which pip shows in one line; the compile's progress goes to the terminal pip runs in.
 """
 import importlib.util
 import json
 import sys
+import threading
+import time
 import warnings
 from pathlib import Path
 
@@ -80,6 +82,76 @@ def _warn(line: str) -> None:
     warnings.warn_explicit(line, UserWarning, "setup.py", 0)
 
 
+class _Terminal:
+    """Progress lines onto the terminal pip runs in, if there is one: a warning would only
+    show once the build is over."""
+
+    def __init__(self):
+        self.lines = 0
+
+    def say(self, line: str) -> None:
+        if sys.stderr.isatty():  # run by hand
+            print(line, file=sys.stderr, flush=True)
+            return
+        try:
+            with open("/dev/tty", "w") as tty:
+                # pip's spinner ends its line ("... |"), then draws at the start of the line
+                # after ours: the first line starts a line, the next ones clear the spinner's.
+                tty.write(("\r\033[K" if self.lines else "\n") + line + "\n")
+            self.lines += 1
+        except OSError:  # no terminal (CI, a service): `pip -v` shows ninja's own progress
+            pass
+
+
+TERMINAL = _Terminal()
+
+
+class _Progress:
+    """Says how many sources of ddpd._C are compiled as each object lands in the build
+    folder: the compile takes minutes on a small machine, under pip's silent spinner."""
+
+    def __init__(self, folder: Path, total: int):
+        self.folder, self.total = folder, total
+        self.start = time.time()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join()
+
+    def _compiled(self) -> int:
+        # objects of this run only: ninja leaves those an earlier run made up to date alone
+        count = 0
+        for path in self.folder.rglob("*.o"):
+            try:
+                count += path.stat().st_mtime >= self.start - 1
+            except OSError:  # gone since the listing
+                pass
+        return count
+
+    def _watch(self):
+        said = 0
+        while True:
+            stopping = self.stop.wait(1.0)
+            compiled = self._compiled()
+            if compiled > said:
+                said = compiled
+                TERMINAL.say(f"ddpd: compiled {compiled} of {self.total} sources of ddpd._C "
+                             f"({_elapsed(self.start)})")
+            if stopping:
+                return
+
+
+def _elapsed(start: float) -> str:
+    seconds = round(time.time() - start)
+    return f"{seconds // 60} min {seconds % 60} s" if seconds >= 60 else f"{seconds} s"
+
+
 def _without_torch():
     """No torch to build against: build_py (it runs in every build of a wheel, never for the
     metadata) says that the first use compiles ddpd._C."""
@@ -107,14 +179,18 @@ def _extension_kwargs():
     sources = [str(Path(p).relative_to(ROOT)) for p in config.sources(ROOT / CSRC, with_cuda)]
 
     class BuildExtensionWithInfo(BuildExtension):
-        """Says whether it failed or left the CUDA kernels out; records what ddpd._C was built
-        against, for the staleness check in _ext.py."""
+        """Says what it builds, how far it is and whether it failed; records what ddpd._C was
+        built against, for the staleness check in _ext.py."""
 
         def run(self):
             if not with_cuda and config.has_cuda_toolkit():  # a CUDA torch and nvcc, no GPU to build for
                 _warn(f"ddpd: building ddpd._C without its CUDA kernels: {config.cuda_arch_problem()}")
+            kind = "C++ and CUDA" if with_cuda else "C++"
+            TERMINAL.say(f"ddpd: compiling ddpd._C from {len(sources)} {kind} sources (minutes on a small machine)")
+            start = time.time()
             try:
-                super().run()  # builds in build_lib, then copies the module into the source tree if inplace
+                with _Progress(Path(self.build_temp), len(sources)):
+                    super().run()  # builds in build_lib, then copies the module into the source tree if inplace
             except Exception as error:  # no compiler, a failed compile: the first-use route remains
                 why, needs = config.build_failure(error)
                 _warn(f"ddpd: building ddpd._C failed ({why}; {needs}); ddpd.ops._ext will compile it on first use")
@@ -124,6 +200,7 @@ def _extension_kwargs():
                 folders.add(ROOT / self.get_finalized_command("build_py").get_package_dir("ddpd"))
             for folder in folders:
                 (folder / config.BUILD_INFO).write_text(json.dumps(config.build_info(with_cuda, ROOT / CSRC)))
+            TERMINAL.say(f"ddpd: built ddpd._C in {_elapsed(start)}")
 
     return {
         "ext_modules": [

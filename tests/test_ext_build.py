@@ -236,7 +236,7 @@ def test_an_install_without_a_compiler_leaves_the_build_to_first_use(tmp_path):
     env = dict(os.environ, CC="/bin/false", CXX="/bin/false")
     proc = subprocess.run([sys.executable, "setup.py", "build_ext", "--inplace"], cwd=copy, env=env,
                           capture_output=True, text=True, timeout=HANG_GUARD_SECONDS,
-                          start_new_session=True)  # as pip runs it: no terminal
+                          start_new_session=True)  # no terminal: its progress lines stay off the one running pytest
     assert proc.returncode == 0, proc.stderr
     # a warning, which pip shows (in one line: no source line follows it)
     lines = proc.stderr.splitlines()
@@ -393,20 +393,45 @@ def _copy_of_the_checkout(tmp_path):
     return copy
 
 
+def _run_with_a_terminal(command, **kwargs):
+    """Run `command` with its output captured (as pip runs a build) and a terminal of its
+    own: what it writes there comes back as the second value."""
+    import pty
+    import select
+
+    terminal, child_side = pty.openpty()
+    name = os.ttyname(child_side)
+
+    def own_terminal():  # a session's leader takes the first terminal it opens for its own
+        os.setsid()
+        os.close(os.open(name, os.O_RDWR))
+
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, preexec_fn=own_terminal,
+                              timeout=HANG_GUARD_SECONDS, **kwargs)
+        shown = b""
+        while select.select([terminal], [], [], 0.5)[0]:
+            shown += os.read(terminal, 65536)
+    finally:
+        os.close(terminal)
+        os.close(child_side)
+    return done, shown.decode(errors="replace")
+
+
 def test_setup_with_a_cuda_torch_without_a_gpu_builds_the_cpu_extension_and_says_so(tmp_path):
     """setup.py, as `pip install -e . --no-build-isolation` runs it with the torch that `pip
     install torch` gives on Linux, on a machine without a GPU: the build failed (an IndexError
     from torch's choice of architectures) and pip said nothing of it. Now it builds ddpd._C
-    without the CUDA kernels and says why in one warning line (a compiler that writes empty
-    objects stands in for the real one)."""
+    without the CUDA kernels, says why in one warning line, and shows its progress on the
+    terminal (a compiler that writes empty objects stands in for the real one)."""
     copy = _copy_of_the_checkout(tmp_path)
     compiler = tmp_path / "fake-c++"
     compiler.write_text(_FAKE_COMPILER.format(python=sys.executable))
     compiler.chmod(0o755)
     env = {**os.environ, "CC": str(compiler), "CXX": str(compiler)}
     env.pop("TORCH_CUDA_ARCH_LIST", None)
-    done = subprocess.run([sys.executable, "-c", _AS_CUDA_TORCH_WITHOUT_A_GPU, str(_fake_cuda_home(tmp_path))],
-                          cwd=copy, env=env, capture_output=True, text=True, timeout=HANG_GUARD_SECONDS)
+    done, terminal = _run_with_a_terminal(
+        [sys.executable, "-c", _AS_CUDA_TORCH_WITHOUT_A_GPU, str(_fake_cuda_home(tmp_path))], cwd=copy, env=env)
     assert done.returncode == 0, done.stderr
     (warning,) = [line for line in done.stderr.splitlines() if "UserWarning: ddpd:" in line]
     assert warning.startswith("setup.py:0: UserWarning: ddpd: building ddpd._C without its CUDA kernels: no GPU is "
@@ -414,6 +439,10 @@ def test_setup_with_a_cuda_torch_without_a_gpu_builds_the_cpu_extension_and_says
     assert "failed" not in done.stderr
     (built,) = (copy / "ddpd").glob("_C*.so")
     assert json.loads((copy / "ddpd" / _ext.BUILD_INFO).read_text())["cuda"] is False
+    total = len(_ext.sources(copy / "csrc", with_cuda=False))
+    assert f"ddpd: compiling ddpd._C from {total} C++ sources" in terminal
+    assert f"ddpd: compiled {total} of {total} sources of ddpd._C (" in terminal
+    assert "ddpd: built ddpd._C in " in terminal
 
 
 def test_pip_shows_in_one_line_that_the_extension_was_not_built(tmp_path):
