@@ -507,3 +507,17 @@ def test_a_build_without_torch_warns_once_that_first_use_compiles(tmp_path):
     (line,) = run("-q", "build_py", "-d", str(tmp_path / "lib"))  # in every build of a wheel
     assert line.startswith("setup.py:0: UserWarning: ddpd: ddpd._C is not built: torch is not importable at build "
                            "time (`pip install --no-build-isolation` builds against the installed torch)")
+
+
+def test_loading_with_a_cuda_torch_without_a_gpu_leaves_torchs_build_tools_alone():
+    """Importing torch.utils.cpp_extension with a CUDA torch and no GPU logs "No CUDA runtime
+    is found" (torch's own line): the staleness check imported it at every load of ddpd._C,
+    so every `ddpd-sample --fused` on such a machine began with it."""
+    script = ("import sys, torch\n"
+              "torch.version.cuda = '13.0'\n"
+              "torch.cuda.device_count = lambda: 0\n"
+              "from ddpd.ops import _ext\n"
+              "assert not _ext.can_build_cuda()\n"
+              "print('torch.utils.cpp_extension' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=HANG_GUARD_SECONDS)
+    assert done.returncode == 0 and done.stdout == "False\n", done.stderr

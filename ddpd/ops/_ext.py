@@ -86,8 +86,10 @@ def cxx_flags(with_cuda: bool) -> list[str]:
 
 
 def can_build_cuda() -> bool:
-    """A CUDA build of torch, a CUDA toolkit (nvcc), and GPU architectures to compile for."""
-    return has_cuda_toolkit() and cuda_arch_problem() is None
+    """A CUDA build of torch, a CUDA toolkit (nvcc), and GPU architectures to compile for.
+    The architectures first: importing torch's build tools with a CUDA torch and no GPU
+    logs a line ("No CUDA runtime is found"), which every load of ddpd._C printed."""
+    return cuda_arch_problem() is None and has_cuda_toolkit()
 
 
 def has_cuda_toolkit() -> bool:
