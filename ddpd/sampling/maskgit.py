@@ -117,7 +117,8 @@ def mask_sample(
 def _step(run: Run, batch, policy, needs, i: int, masked: Tensor, logits: Tensor, tokens: Tensor) -> Step:
     """The policy's view of step i (see ddpd.sampling.policies.Step)."""
     log_p = logits.log_softmax(-1)
-    logprob = log_p.gather(-1, tokens[..., None]).squeeze(-1)
+    # NaN reads as -inf, as in every draw: a position of a NaN output is the least confident
+    logprob = log_p.gather(-1, tokens[..., None]).squeeze(-1).nan_to_num(nan=float("-inf"))
     extra = {}
     if "entropy" in needs:
         extra["entropy"] = -(log_p.exp() * log_p.masked_fill(log_p == float("-inf"), 0.0)).sum(-1)
