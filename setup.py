@@ -10,7 +10,8 @@ both routes.
 
 pip shows a build's output only when the build fails or with -v. What a user must
 know (ddpd._C not built, or built without its CUDA kernels, and why) is a warning,
-which pip shows in one line; the compile's progress goes to the terminal pip runs in.
+which pip shows in one line; the compile's progress, and its failure, go to the
+terminal pip runs in.
 """
 import importlib.util
 import json
@@ -93,6 +94,14 @@ class _Terminal:
         if sys.stderr.isatty():  # run by hand
             print(line, file=sys.stderr, flush=True)
             return
+        self._write(line)
+
+    def echo(self, warned: str) -> None:
+        """A line also given as a warning, which an older pip (23.2 here) shows only with -v."""
+        if not sys.stderr.isatty():  # by hand, the warning is on the terminal already
+            self._write(warned)
+
+    def _write(self, line: str) -> None:
         try:
             with open("/dev/tty", "w") as tty:
                 # pip's spinner ends its line ("... |"), then draws at the start of the line
@@ -193,7 +202,9 @@ def _extension_kwargs():
                     super().run()  # builds in build_lib, then copies the module into the source tree if inplace
             except Exception as error:  # no compiler, a failed compile: the first-use route remains
                 why, needs = config.build_failure(error)
-                _warn(f"ddpd: building ddpd._C failed ({why}; {needs}); ddpd.ops._ext will compile it on first use")
+                failed = f"ddpd: building ddpd._C failed ({why}; {needs}); ddpd.ops._ext will compile it on first use"
+                _warn(failed)
+                TERMINAL.echo(failed)  # the end of the progress lines
                 return
             folders = {Path(self.get_ext_fullpath("ddpd._C")).parent}
             if self.inplace:

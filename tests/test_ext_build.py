@@ -521,3 +521,15 @@ def test_loading_with_a_cuda_torch_without_a_gpu_leaves_torchs_build_tools_alone
               "print('torch.utils.cpp_extension' in sys.modules)\n")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=HANG_GUARD_SECONDS)
     assert done.returncode == 0 and done.stdout == "False\n", done.stderr
+
+
+def test_a_failed_build_ends_its_progress_lines_on_the_terminal(tmp_path):
+    """An older pip (23.2) shows a build's warnings only with -v: the terminal showed
+    "compiling ddpd._C" and then pip's "done", never that the build had failed."""
+    copy = _copy_of_the_checkout(tmp_path)
+    done, terminal = _run_with_a_terminal([sys.executable, "setup.py", "build_ext", "--inplace"], cwd=copy,
+                                          env=dict(os.environ, CC="/bin/false", CXX="/bin/false"))
+    assert done.returncode == 0, done.stderr
+    shown = [line.strip() for line in re.sub(r"\x1b\[K", "", terminal).splitlines() if line.strip()]
+    assert shown[0].startswith("ddpd: compiling ddpd._C from ")
+    assert shown[-1].startswith("ddpd: building ddpd._C failed (") and shown[-1].endswith("compile it on first use")
