@@ -122,6 +122,38 @@ def test_error_budget_matches_its_exact_law(name, toy_name, steps, bound, max_k,
     assert float(result.tokens_per_pass) > 0.5  # more than one token a step on average
 
 
+KNOWN_NOISE_CASES = [("mask denoiser, bound 0.5", "dir S3 D3", 3, 0.5, 3, "mask", False),
+                     ("uniform denoiser, bound 0 spread", "sparse S2 D4", 2, 0.0, 4, "uniform", True)]
+
+
+@pytest.mark.parametrize("name,toy_name,steps,bound,max_k,denoiser,spread", KNOWN_NOISE_CASES,
+                         ids=[c[0] for c in KNOWN_NOISE_CASES])
+def test_known_noise_matches_its_exact_law(name, toy_name, steps, bound, max_k, denoiser, spread):
+    problem = toy(toy_name)
+    models = problem.models()
+    network = models.mask_denoiser if denoiser == "mask" else models.uniform_denoiser
+    policy = ErrorBudget(bound, max_k, spread=spread, known_noise=True)
+    result = ddpd_sample(models.planner, network, B, problem.D, problem.S, steps=steps, noise=noise(), stop="budget",
+                         denoiser_type=denoiser, policy=policy)
+    law = policy_laws.known_noise_law(problem, steps, bound, max_k, denoiser, spread)
+    emp = empirical(problem.index(result.tokens), problem.N)
+    limit = threshold(law, B)
+    TABLE.add(f"ErrorBudget known_noise {name} [{toy_name}]", tv(emp, law), tv(emp, problem.p_data), limit, problem.N)
+    assert tv(emp, law) < limit
+
+
+def test_plan_every_runs_the_planner_every_m_steps_and_replays_from_graphs():
+    policy = ErrorBudget(1.0, 8, spread=True, known_noise=True, plan_every=3)
+
+    def run(**options):
+        return ddpd_sample(NETWORKS["planner"], NETWORKS["mask"], 6, D, 27, steps=10, seed=3, denoiser_type="mask",
+                           stop="budget", policy=policy, **options)
+
+    reference, replayed = run(), run(execution=Execution(fused=True, graphs="emulate", sync_every=4))
+    assert torch.equal(reference.tokens, replayed.tokens)
+    assert reference.planner_passes.eq(4).all() and reference.denoiser_passes.eq(10).all()  # steps 0, 3, 6, 9
+
+
 def test_error_budget_law_at_bound_0_is_algorithm_1s():
     problem = toy("dir S3 D3")
     one = laws.ddpd_planner_clock_law(problem, 4, stop="budget")

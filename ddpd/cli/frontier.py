@@ -7,7 +7,8 @@
 CHECKPOINT: a sampling bundle (planner/ + mask denoiser/); default the bundled text8 pair.
 Every sampler of the bundle runs with its policies among --policies (error-budget for
 ddpd; maskgit, threshold, factor, entropy-bound, remdm for the mask loop) and its own
-default (ddpd one at a time, MaskGIT), at every --budgets pass budget (a ddpd step costs two passes, a mask-loop step one) and temperature; the
+default (ddpd one at a time, MaskGIT), at every --budgets pass budget (a ddpd step costs a denoiser pass and, with the planner, a second; a
+mask-loop step one) and temperature; the
 target is ddpd one at a time at --target-steps. --judge: an autoregressive checkpoint, or
 ngram[:ORDER] (a character n-gram built from the train split of --data, ddpd.eval.ngram).
 Writes frontier.csv (after every configuration: an interrupted sweep resumes), frontier.md
@@ -135,6 +136,15 @@ def _policies(args) -> dict:
     return by_family
 
 
+def _steps(family: str, policy, budget: int) -> int:
+    """The steps that cost `budget` network passes: a mask-loop step is one pass, a ddpd step one
+    denoiser pass plus a planner pass every plan_every steps."""
+    if family != "ddpd":
+        return budget
+    every = 1 if policy is None else policy.plan_every
+    return max(1, round(budget / (1 + 1 / every)))
+
+
 def _configs(args, by_family: dict, planner, denoiser, vocab: int, length: int) -> List:
     from ddpd.eval.frontier import Config
     from ddpd.sampling import DDPDOptions, Execution, ddpd_sample, mask_sample
@@ -162,7 +172,7 @@ def _configs(args, by_family: dict, planner, denoiser, vocab: int, length: int) 
         for policy in by_family[family]:
             for budget in args.budgets:
                 for temperature in args.temperatures:
-                    steps = max(1, budget // 2) if family == "ddpd" else budget
+                    steps = _steps(family, policy, budget)
                     configs[family, policy, steps, temperature] = None
     return [Config(family, "one-at-a-time" if policy is None else policy_spec(policy), steps, temperature,
                    runner(family, policy, steps, temperature)) for family, policy, steps, temperature in configs]

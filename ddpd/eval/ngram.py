@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import List, Tuple
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -36,16 +35,20 @@ class NGramJudge:
             raise ValueError(f"discount must be in (0, 1), got {discount}")
         if vocab_size ** order >= 2**62:
             raise ValueError(f"vocab_size ** order must fit 62 bits, got {vocab_size} ** {order}")
+        import numpy as np  # imported where used: numpy is not needed to import ddpd
+
         ids = np.asarray(tokens.cpu(), dtype=np.int64)
         if ids.ndim != 1 or ids.size <= order or ids.min() < 0 or ids.max() >= vocab_size:
             raise ValueError(f"tokens must be more than {order} ids in [0, {vocab_size}), got shape {ids.shape}")
         self.discount = discount
         unigram = np.bincount(ids, minlength=vocab_size).astype(np.float64) + 1.0
         self.unigram = unigram / unigram.sum()
-        self.tables: List[Tuple[np.ndarray, ...]] = [self._table(ids, m) for m in range(2, order + 1)]
+        self.tables: List[Tuple] = [self._table(ids, m) for m in range(2, order + 1)]
 
-    def _table(self, ids: np.ndarray, m: int) -> tuple:
+    def _table(self, ids, m: int) -> tuple:
         """(m-gram keys, their counts, context keys, c(h .), N1+(h .)), keys sorted."""
+        import numpy as np
+
         keys = np.zeros(ids.size - m + 1, dtype=np.int64)
         for j in range(m):
             keys = keys * self.vocab_size + ids[j:ids.size - m + 1 + j]
@@ -56,6 +59,8 @@ class NGramJudge:
     def log_likelihood(self, x: Tensor) -> Tensor:
         """Float[B]: log p(x_b) in nats of each row of x (Long[B, D]), the first token by the
         unigram, each next by the longest context available."""
+        import numpy as np
+
         ids = np.asarray(x.cpu(), dtype=np.int64)
         if ids.ndim != 2 or ids.min() < 0 or ids.max() >= self.vocab_size:
             raise ValueError(f"x must be Long[B, D] of ids in [0, {self.vocab_size})")
@@ -76,7 +81,9 @@ class NGramJudge:
         return torch.from_numpy(np.log(p).sum(1))
 
 
-def _lookup(keys: np.ndarray, values: np.ndarray, query: np.ndarray) -> np.ndarray:
-    """values at query's positions in the sorted keys, 0 where a query is not among them."""
+def _lookup(keys, values, query):
+    """values at query's positions in the sorted keys (numpy arrays), 0 where a query is not among them."""
+    import numpy as np
+
     at = np.clip(np.searchsorted(keys, query), 0, keys.size - 1)
     return np.where(keys[at] == query, values[at], 0).astype(np.float64)

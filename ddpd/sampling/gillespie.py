@@ -273,9 +273,13 @@ def _planner_clock(run: Run, draws: Draws, opts: DDPDOptions, networks, batch: R
 
     policy = opts.policy
     order = min(policy.max_k, run.length) if policy is not None else 0
+    if policy is not None and policy.known_noise:
+        batch.state["touched"] = _given(run, batch)
+    if policy is not None and policy.plan_every > 1:
+        batch.state["plan"] = torch.zeros(batch.x.shape, device=batch.x.device)
 
-    def one_step(step, k: int, temperature: float, check: bool) -> bool:
-        logits = _plan(networks, batch, batch.state.get("t_prev"))
+    def one_step(step, k: int, temperature: float, check: bool, plan_now: bool = True) -> bool:
+        logits = _policy_plan(networks, batch, plan_now)
         plan = draws.plan(step, logits, batch.rows, k, opts.selection, opts.eps, batch.x, mask_id, order)
         positions = plan.positions if plan.order is None else plan.order
         sum_p, masked, count = plan.sum_p, plan.masked, plan.count
@@ -301,6 +305,8 @@ def _planner_clock(run: Run, draws: Draws, opts: DDPDOptions, networks, batch: R
                                             _candidates(positions, masked, mask_id), minimum)
         batch.x.copy_(write(batch.x, positions, tokens, change))
         batch.count_commits(change.sum(1))
+        if policy is not None:
+            _remember_commits(batch, positions, change)
         if "t_prev" in batch.state:
             batch.state["t_prev"].copy_(t)
         return False
@@ -326,7 +332,7 @@ def _exact_clock(run: Run, draws: Draws, opts: DDPDOptions, networks, batch: Run
     s_end = -math.log1p(-float(run.schedule.alpha(torch.tensor(opts.t_end, dtype=torch.float64))))
     batch.state["s"] = torch.zeros(len(batch), dtype=torch.float64, device=batch.x.device)
 
-    def one_step(step, k: int, temperature: float, check: bool) -> bool:
+    def one_step(step, k: int, temperature: float, check: bool, plan: bool = True) -> bool:
         clock = exponential(run.noise.uniform(step, CLOCK, batch.rows, 1)[:, 0]).double() / length
         batch.state["s"].add_(clock)
         batch.finish(batch.state["s"] >= s_end, step, check=check)
@@ -356,18 +362,21 @@ def _exact_clock(run: Run, draws: Draws, opts: DDPDOptions, networks, batch: Run
 
 def _run_steps(run: Run, draws: Draws, batch: RunningBatch, opts: DDPDOptions, one_step: Callable,
                stops: bool) -> None:
-    """Run one_step(step, k, temperature, check) for step = 0 .. steps - 1 until every row has
-    stopped: eagerly at the stop checks (and always in the reference run), from the fused
-    run's CUDA graphs in between (ddpd.sampling.graphs)."""
+    """Run one_step(step, k, temperature, check, plan) for step = 0 .. steps - 1 until every row
+    has stopped: eagerly at the stop checks (and always in the reference run), from the fused
+    run's CUDA graphs in between (ddpd.sampling.graphs, a graph per k and plan). plan: whether
+    the step runs the planner (ErrorBudget.plan_every)."""
     graphs = draws.graphs(batch, run)
+    every = 1 if opts.policy is None else opts.policy.plan_every
     for i in range(run.steps):
-        k, temperature = opts.positions_at(i), run.temperature_at(i)
+        k, temperature, plan = opts.positions_at(i), run.temperature_at(i), i % every == 0
         check = stops and batch.check_due(i)
         if graphs is None or check:
-            if one_step(i, k, temperature, check):
+            if one_step(i, k, temperature, check, plan):
                 return
         else:
-            graphs.run(k, lambda step, k=k, temperature=temperature: one_step(step, k, temperature, False), i)
+            graphs.run((k, plan), lambda step, k=k, temperature=temperature, plan=plan:
+                       one_step(step, k, temperature, False, plan), i)
 
 
 def _over_time(run: Run, t: Tensor, t_final: float, k: int) -> Union[float, Tensor]:
@@ -386,6 +395,39 @@ def _eps_stop_temperature(run: Run, opts: DDPDOptions, temperature: float, sum_p
         return temperature
     t_stop = float(run.schedule.inverse(torch.tensor(1.0 - opts.eps, dtype=torch.float64)))
     return _over_time(run, planner_time(sum_p, run, _noisy_positions(batch, run)), t_stop, k)
+
+
+def _policy_plan(networks, batch: RunningBatch, plan_now: bool) -> Tensor:
+    """The step's planner logits under a commit policy: the planner's (or, on a step without a
+    planner pass, the last plan with the positions committed since read as clean), +inf where
+    no draw has written yet (known_noise: noise for certain)."""
+    if plan_now:
+        logits = _plan(networks, batch, batch.state.get("t_prev"))
+        if "plan" in batch.state:
+            batch.state["plan"].copy_(logits)
+    else:
+        logits = batch.state["plan"].clone()
+    touched = batch.state.get("touched")
+    return logits if touched is None else logits.masked_fill(~touched, float("inf"))
+
+
+def _remember_commits(batch: RunningBatch, positions: Tensor, change: Tensor) -> None:
+    """What the policy's state keeps of a step's commits: the positions written are touched, and
+    clean in the plan that later steps without a planner pass read."""
+    committed = torch.zeros_like(batch.x, dtype=torch.bool).scatter(1, positions, change)
+    if "touched" in batch.state:
+        batch.state["touched"] |= committed
+    if "plan" in batch.state:
+        batch.state["plan"].masked_fill_(committed, float("-inf"))
+
+
+def _given(run: Run, batch: RunningBatch) -> Tensor:
+    """Bool[B, D]: the positions a run starts from data, not noise (a prompt's, frozen or not)."""
+    if run.x_init is None:
+        return torch.zeros_like(batch.x, dtype=torch.bool)
+    given = run.x_init.to(batch.x.device) >= 0
+    frozen = batch.state.get("frozen")
+    return given if frozen is None else given | frozen
 
 
 def _candidates(positions: Tensor, masked: Optional[Tensor], mask_id: Optional[int]) -> Tensor:

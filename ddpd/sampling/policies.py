@@ -47,20 +47,31 @@ class ErrorBudget:
     the end of the step budget, as MaskGIT's schedule spends its masks. A committed token the
     planner later calls noise is drawn again, as in Algorithm 1.
 
-    bound 0 (spread off) or max_k 1 commit one position a step: exactly Algorithm 1's draws.
+    known_noise: a position no draw of the run has written yet is noise for certain (the run
+    started it from noise): its planner probability is taken as 1, so it is always masked and
+    a candidate, and the planner's judgement counts where a token was committed.
+    plan_every m: the planner runs at steps 0, m, 2m, ...; a step in between reads the last
+    plan, with the positions committed since it as clean, and costs one network pass.
+
+    With bound 0 (spread, known_noise off, plan_every 1) or max_k 1 a step commits one
+    position: exactly Algorithm 1's draws.
     """
 
     bound: float = 1.0
     max_k: int = 16
     order: str = "risk"
     spread: bool = False
+    known_noise: bool = False
+    plan_every: int = 1
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "bound", check_float("bound", self.bound, 0.0, float("inf"), open_max=True))
         check_int("max_k", self.max_k, 1)
         check_choice("order", self.order, ORDERS)
-        if not isinstance(self.spread, bool):
-            raise TypeError(f"spread must be a bool, got {type(self.spread).__name__}")
+        for name in ("spread", "known_noise"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {type(getattr(self, name)).__name__}")
+        check_int("plan_every", self.plan_every, 1)
 
     def commit(self, risk: Tensor, eligible: Tensor, minimum: Optional[Tensor] = None) -> Tensor:
         """Bool[B, K]: the candidates (in the planner's order) to commit, from risk Float[B, K],

@@ -51,12 +51,20 @@ def budget_commits(risk: torch.Tensor, eligible: torch.Tensor, bound: float, ord
 
 
 def error_budget_kernel(toy: ToyProblem, p: torch.Tensor, alpha: torch.Tensor, selection: str, temperature: float,
-                        denoiser_type: str, bound: float, max_k: int, order: str, minimum=None) -> torch.Tensor:
-    """One ErrorBudget step from every state: K[x, y] (minimum: the spread's fewest commits per state)."""
+                        denoiser_type: str, bound: float, max_k: int, order: str, minimum=None,
+                        touched: int | None = None) -> torch.Tensor:
+    """One ErrorBudget step from every state: K[x, y] (minimum: the spread's fewest commits per
+    state). With `touched` (a bit mask of the positions written so far, known_noise): the
+    untouched positions' p is 1, and K[x, y * 2^D + touched'] holds where the step goes, touched'
+    adding the positions it commits."""
     states = toy.states
     k = min(max_k, toy.D)
+    if touched is not None:
+        known = torch.tensor([bool(touched >> (toy.D - 1 - d) & 1) for d in range(toy.D)])
+        p = torch.where(known, p, torch.ones_like(p))
     w = selection_weights(p, selection)
-    kernel = torch.zeros(toy.N, toy.N, dtype=torch.float64)
+    width = toy.N if touched is None else toy.N * 2**toy.D
+    kernel = torch.zeros(toy.N, width, dtype=torch.float64)
     values = torch.tensor(list(itertools.product(range(toy.S), repeat=k)), dtype=torch.long)  # [A, k]
     rows = torch.arange(toy.N)
     for picks, prob in ordered_picks(w, k):
@@ -75,6 +83,9 @@ def error_budget_kernel(toy: ToyProblem, p: torch.Tensor, alpha: torch.Tensor, s
                     kept = [j for j in range(k) if commit[b, j]]
                     target[b] = replace_index(states[b:b + 1], [picks[j] for j in kept],
                                               tokens[kept][None, :], toy.S)[0, 0]
+                    if touched is not None:
+                        bits = touched | sum(1 << (toy.D - 1 - picks[j]) for j in kept)
+                        target[b] = target[b] * 2**toy.D + bits
                 kernel.index_put_((rows, target), weight, accumulate=True)
     return kernel
 
@@ -118,3 +129,27 @@ def error_budget_law(toy: ToyProblem, steps: int, bound: float, max_k: int, orde
                 kernel[stopped] = torch.eye(toy.N, dtype=torch.float64)[stopped]
         pi = pi @ kernel
     return pi
+
+
+def known_noise_law(toy: ToyProblem, steps: int, bound: float, max_k: int, denoiser_type: str = "mask",
+                    spread: bool = False) -> torch.Tensor:
+    """Law of ddpd_sample(policy=ErrorBudget(bound, max_k, spread=spread, known_noise=True)): the
+    chain on (x, the positions written so far), from uniform noise with none written."""
+    p = toy.planner_free
+    masks = 2**toy.D
+    pi = torch.zeros(toy.N, masks, dtype=torch.float64)
+    pi[:, 0] = 1.0 / toy.N
+    for i in range(steps):
+        nxt = torch.zeros(toy.N * masks, dtype=torch.float64)
+        for touched in range(masks):
+            if not bool((pi[:, touched] > 0).any()):
+                continue
+            known = torch.tensor([bool(touched >> (toy.D - 1 - d) & 1) for d in range(toy.D)])
+            p_now = torch.where(known, p, torch.ones_like(p))
+            minimum = torch.ceil(p_now.sum(-1) / (steps - i)).long() if spread else None
+            alpha = toy.schedule.alpha(toy.schedule.inverse(1.0 - p_now.mean(-1)))  # the estimate counts them as noise
+            kernel = error_budget_kernel(toy, p, alpha, "sigmoid", 1.0, denoiser_type, bound, max_k, "risk",
+                                         minimum, touched)
+            nxt += pi[:, touched] @ kernel
+        pi = nxt.view(toy.N, masks)
+    return pi.sum(1)
