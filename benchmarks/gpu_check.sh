@@ -23,6 +23,12 @@
 #     graphs), the kernels of a fused step, and a GPT-2-size pair's fused step against
 #     its networks; last, the default run with torch.compile'd networks (batches 64
 #     and 512).
+#  6. parallel decoding (only when --only names it: an estimated 3 minutes, beyond the 8 of the
+#     other parts): benchmarks/gpu_parallel.py, samples/s and tokens/s at batches 1 and 64
+#     of the bundled model and of a GPT-2-size planner + mask denoiser (L = 1024): today's
+#     default DDPD run against DDPD's error-budget policy and the mask loop's MaskGIT and
+#     confidence threshold at 64 and 128 network passes, the configurations of
+#     `ddpd-eval frontier`.
 # The build and Triton compile checks (tests/test_ext_build.py,
 # tests/test_op_triton_compile.py) run in CI, not here.
 # Each part runs under `timeout` inside a total budget of DDPD_GPU_BUDGET_S seconds
@@ -37,7 +43,7 @@
 # would also put the CUDA tests in the interpreter; CI runs them.
 #
 # `--only PARTS` runs the build and then only the named parts (a comma list of tests,
-# timings, host, sampling, profile), for a rerun that fits what is left of a device lease; the
+# timings, host, sampling, profile, parallel), for a rerun that fits what is left of a device lease; the
 # results file's second line records the command.
 # `--tree-hash` prints a hash of the sources (ddpd/, kernels/, csrc/, benchmarks/, tests/;
 # Python, C++, CUDA and shell files) and exits: a results file names its commit and this hash,
@@ -58,7 +64,7 @@ tree_hash() {
         -o -name '*.sh' \) -not -path '*/__pycache__/*' | LC_ALL=C sort | xargs sha1sum | sha1sum | cut -c1-12
 }
 ONLY=tests,timings,host,sampling,profile
-USAGE="usage: $0 [--dry-run] [--only tests,timings,host,sampling,profile] [--tree-hash]"
+USAGE="usage: $0 [--dry-run] [--only tests,timings,host,sampling,profile,parallel] [--tree-hash]"
 ARGS="$*"
 while [ $# -gt 0 ]; do
     case $1 in
@@ -72,7 +78,8 @@ while [ $# -gt 0 ]; do
             exit 0 ;;
         --only)
             ONLY=${2:-}
-            if [[ ! $ONLY =~ ^(tests|timings|host|sampling|profile)(,(tests|timings|host|sampling|profile))*$ ]]; then
+            parts='(tests|timings|host|sampling|profile|parallel)'
+            if [[ ! $ONLY =~ ^$parts(,$parts)*$ ]]; then
                 echo "$USAGE" >&2
                 exit 2
             fi
@@ -153,6 +160,9 @@ check() {
     ((DRY_RUN)) && profiler=(--dry-run)
     wanted profile && { part "kernel profile" 90 $PY benchmarks/kernel_profile.py "${profiler[@]}" || failed=1; }
     wanted sampling && { part sampling 230 $PY benchmarks/gpu_sampling.py --compile ${mode[@]+"${mode[@]}"} ||
+        failed=1; }
+    # 240 s: an estimated 3 minutes on an H200 (not measured yet), the GPT-2-size mask loop at batch 64 the most
+    wanted parallel && { part "parallel decoding" 240 $PY benchmarks/gpu_parallel.py ${mode[@]+"${mode[@]}"} ||
         failed=1; }
     echo "# total $SECONDS s"
     return $failed

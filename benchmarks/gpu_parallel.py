@@ -1,0 +1,251 @@
+"""Parallel decoding on one GPU: tokens per second of DDPD's commit policy and of the mask
+loop's policies against today's default sampler (a part of benchmarks/gpu_check.sh, `--only
+parallel`).
+
+Models, as bfloat16 networks on the fused path (ddpd.models.prepare_for_sampling "auto"):
+(a) the bundled text8 planner + mask denoiser, 256 characters; (b) a GPT-2-size planner +
+mask denoiser with random weights (12 layers, d_model 768, V = 50257, L = 1024). Batches 1
+and 64. Configurations, those of `ddpd-eval frontier` (which measures their quality on the
+CPU, docs/parallel.md; this script measures speed only):
+- default: ddpd_sample(..., denoiser_type="mask", fused=True), option A (sigmoid selection,
+  eps stop, eps 0.01), 2 x L steps as ddpd-sample's default, CUDA graphs on ("auto");
+- ddpd + ErrorBudget(bound, max_k, spread=True) (ddpd.sampling.policies; --policy, a spec
+  as the frontier's --policies, default error-budget:bound=1,max_k=16,spread=true) at 64
+  and 128 network passes (32 and 64 steps of a planner and a denoiser pass, the frontier's
+  budget // 2), option A, CUDA graphs on;
+- MaskGIT and ConfidenceThreshold(0.9) (mask_sample, fused) at 64 and 128 passes (steps):
+  the mask loop runs its steps eagerly (it has no CUDA-graph path).
+Per configuration: samples/s, tokens/s (samples/s x L), mean network passes per sample
+(SampleResult.passes), tokens committed per pass (SampleResult.tokens_per_pass) and the
+ratio of its samples/s to the default's at the same model and batch. The issue's targets,
+at matched quality (read off the frontier): >= 4x the default's samples/s at batch 1, >= 3x
+at batch 64.
+
+Each run is timed whole, once, after a short warm-up run of the same configuration (Triton
+compiles, cuBLAS plans, graph pools), with gpu_sampling.Clock (CUDA events). The GPT-2-size
+default (2048 steps; random weights never let the eps stop end a row early) would take
+minutes at batch 64: it is timed at two shorter budgets and extrapolated to 2 x L steps
+(fixed cost + steps x cost of a step), marked so in the table. Every run's tokens are
+checked to be clean tokens (no mask left).
+
+    python benchmarks/gpu_parallel.py            # CUDA, an estimated 3 minutes on an H200
+    python benchmarks/gpu_parallel.py --policy error-budget:bound=4,max_k=64,spread=true
+    python benchmarks/gpu_parallel.py --dry-run  # tiny shapes on the CPU: checks the script only
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, List, Optional, Tuple
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_sampling import Clock  # noqa: E402
+
+from ddpd.checkpoint import load_bundle  # noqa: E402
+from ddpd.models import build_model, config_for, prepare_for_sampling  # noqa: E402
+from ddpd.pretrained import BUNDLE_DIR  # noqa: E402
+from ddpd.sampling import (ConfidenceThreshold, DDPDOptions, ErrorBudget, Execution, MaskGIT,  # noqa: E402
+                           SampleResult, ddpd_sample, mask_sample)
+from ddpd.sampling.policies import parse_policy, policy_spec  # noqa: E402
+
+POLICY = "error-budget:bound=1,max_k=16,spread=true"
+TARGETS = {1: "4x", 64: "3x"}  # batch -> policy / default samples/s at matched quality (the issue's)
+
+
+@dataclass
+class Pair:
+    """A planner + mask denoiser to time, and how its default run is timed: whole, or
+    (extrapolate) at two shorter step budgets."""
+
+    name: str
+    planner: torch.nn.Module
+    denoiser: torch.nn.Module
+    length: int
+    vocab: int
+    extrapolate: Optional[Tuple[int, int]] = None
+
+
+@dataclass
+class Row:
+    """One configuration's measurement."""
+
+    sampler: str
+    steps: int
+    samples_per_s: float
+    passes: float
+    tokens_per_pass: float
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """What a run measures: the real run's sizes, or the dry run's tiny ones (seconds on a CPU)."""
+
+    budgets: Tuple[int, ...] = (64, 128)  # network passes per sample of the parallel configurations
+    batches: Tuple[int, ...] = (1, 64)
+    warm_steps: int = 8  # the warm-up run's steps
+    graphs: str = "auto"
+    bundled_length: Optional[int] = None  # the bundled model's own 256 unless set
+
+
+DRY_RUN = Sizes(budgets=(4, 8), batches=(1, 2), warm_steps=1, graphs="emulate", bundled_length=16)
+
+
+def bundled(device: torch.device, sizes: Sizes) -> Pair:
+    planner, denoiser, configs = load_bundle(str(BUNDLE_DIR), device=str(device))
+    model = configs["denoiser"]["model"]
+    return Pair("bundled text8 planner + mask denoiser", prepare_for_sampling(planner, "auto", device),
+                prepare_for_sampling(denoiser, "auto", device), sizes.bundled_length or model["max_seq_len"],
+                model["out_dim"])
+
+
+def gpt2_pair(device: torch.device, dry_run: bool) -> Pair:
+    if dry_run:
+        vocab, length, fields, extrapolate = 300, 32, dict(d_model=32, n_layers=2, n_heads=2), (4, 8)
+    else:
+        vocab, length, fields, extrapolate = 50257, 1024, dict(d_model=768, n_layers=12, n_heads=12), (16, 80)
+    torch.manual_seed(0)
+    planner, denoiser = (prepare_for_sampling(build_model(kind, config_for(kind, vocab, length, **fields)), "auto",
+                                              device) for kind in ("planner", "mask-denoiser"))
+    name = (f"GPT-2-size planner + mask denoiser (random weights): {fields['n_layers']} layers, "
+            f"d {fields['d_model']}, V {vocab}")
+    return Pair(name, planner, denoiser, length, vocab, extrapolate)
+
+
+def samplers(pair: Pair, policy: ErrorBudget, budgets: Tuple[int, ...], graphs: str) -> List[Tuple[str, int, Callable]]:
+    """(name, steps, run(batch, steps) -> SampleResult) of every configuration, the default first.
+    A DDPD step is two network passes (planner + denoiser), a mask-loop step one."""
+    execution = Execution(fused=True, graphs=graphs)
+
+    def ddpd(options: DDPDOptions) -> Callable:
+        return lambda batch, steps: ddpd_sample(pair.planner, pair.denoiser, batch, pair.length, pair.vocab,
+                                                steps=steps, denoiser_type="mask", seed=0, device=pair_device(pair),
+                                                ddpd=options, execution=execution)
+
+    def masked(mask_policy) -> Callable:
+        return lambda batch, steps: mask_sample(pair.denoiser, batch, pair.length, pair.vocab, steps=steps,
+                                                policy=mask_policy, seed=0, device=pair_device(pair),
+                                                execution=execution)
+
+    runs = [("ddpd default (one at a time)", 2 * pair.length, ddpd(DDPDOptions()))]
+    for passes in budgets:
+        runs.append(("ddpd error-budget", passes // 2, ddpd(DDPDOptions(policy=policy))))
+    for name, mask_policy in (("maskgit", MaskGIT()), ("mask threshold:0.9", ConfidenceThreshold(0.9))):
+        runs += [(name, passes, masked(mask_policy)) for passes in budgets]
+    return runs
+
+
+def pair_device(pair: Pair) -> torch.device:
+    return next(pair.denoiser.parameters()).device
+
+
+def checked(result: SampleResult, pair: Pair) -> SampleResult:
+    """The result, once its tokens are all clean tokens (no mask id, nothing out of range)."""
+    tokens = result.tokens
+    if not bool(((tokens >= 0) & (tokens < pair.vocab)).all()):
+        raise AssertionError(f"{pair.name}: a sample holds a token outside [0, {pair.vocab})")
+    return result
+
+
+def measure(clock: Clock, pair: Pair, run: Callable, batch: int, steps: int, warm_steps: int
+            ) -> Tuple[float, SampleResult]:
+    """(seconds, result) of one whole run, after a warm-up run of at most warm_steps steps."""
+    run(batch, min(steps, warm_steps))
+    out: List[SampleResult] = []
+    seconds = clock(lambda: out.append(run(batch, steps)), repeats=1, warm=False)
+    return seconds, checked(out[-1], pair)
+
+
+def extrapolated(clock: Clock, pair: Pair, run: Callable, batch: int, steps: int, warm_steps: int) -> Row:
+    """The default run's row from runs of the two shorter budgets pair.extrapolate: a run of n
+    steps costs fixed + n x step, while no row stops early (checked: else the estimate is
+    flagged)."""
+    short, long = pair.extrapolate
+    (a, _), (b, result) = (measure(clock, pair, run, batch, n, warm_steps) for n in (short, long))
+    step = (b - a) / (long - short)
+    seconds = a + (steps - short) * step
+    per_step = float(result.passes.float().mean()) / long
+    ran_out = bool((result.stop_step == long).all())
+    note = f"extrapolated from runs of {short} and {long} steps"
+    if not ran_out or step <= 0:  # the estimate assumes every step of the budget runs and costs time
+        note += ", NOT VALID: " + ("rows stopped early" if not ran_out else "the longer run was not slower")
+    return Row("", steps, batch / seconds, per_step * steps, result.tokens_per_pass, note)
+
+
+def table(pair: Pair, clock: Clock, policy: ErrorBudget, sizes: Sizes) -> int:
+    """Print the pair's rows as they are measured (a run cut short keeps those done); the
+    number of configurations that failed."""
+    runs = samplers(pair, policy, sizes.budgets, sizes.graphs)
+    print(f"## {pair.name}, L = {pair.length}, {str(next(pair.denoiser.parameters()).dtype)[6:]} networks")
+    print("| batch | sampler | steps | passes / sample | tokens / pass | samples/s | tokens/s | x default | note |")
+    print("|---" * 9 + "|")
+    failed = 0
+    with torch.inference_mode():
+        for batch in sizes.batches:
+            default = float("nan")
+            for i, (name, steps, run) in enumerate(runs):
+                try:
+                    row = one_row(clock, pair, name, run, batch, steps, sizes.warm_steps, first=i == 0)
+                except Exception as error:  # report and go on: one failure must not hide the other numbers
+                    print(f"| {batch} | {name} | {steps} | - | - | - | - | - | FAILED: {type(error).__name__}: "
+                          f"{str(error)[:200]} |")
+                    failed += 1
+                    continue
+                default = row.samples_per_s if i == 0 else default
+                print(f"| {batch} | {row.sampler} | {row.steps} | {row.passes:.1f} | {row.tokens_per_pass:.2f} | "
+                      f"{row.samples_per_s:.2f} | {row.samples_per_s * pair.length:.0f} | "
+                      f"{row.samples_per_s / default:.2f}x | {row.note} |")
+    return failed
+
+
+def one_row(clock: Clock, pair: Pair, name: str, run: Callable, batch: int, steps: int, warm_steps: int,
+            first: bool) -> Row:
+    if first and pair.extrapolate is not None:
+        row = extrapolated(clock, pair, run, batch, steps, warm_steps)
+        row.sampler = name
+        return row
+    seconds, result = measure(clock, pair, run, batch, steps, warm_steps)
+    return Row(name, steps, batch / seconds, float(result.passes.float().mean()), result.tokens_per_pass)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dry-run", action="store_true", help="tiny shapes on the CPU (checks the script only)")
+    parser.add_argument("--policy", default=POLICY, help="DDPD's commit policy, an error-budget spec as "
+                        "ddpd-eval frontier --policies reads it (default %(default)s)")
+    args = parser.parse_args(argv)
+    try:
+        policy = parse_policy(args.policy)
+    except ValueError as err:
+        parser.error(f"--policy: {err}")
+    if not isinstance(policy, ErrorBudget):
+        parser.error(f"--policy must be an error-budget spec (the DDPD policy), got {args.policy!r}")
+    if not args.dry_run and not torch.cuda.is_available():
+        print("gpu_parallel: no CUDA device (use --dry-run to check the script)", file=sys.stderr)
+        return 1
+    device = torch.device("cpu" if args.dry_run else "cuda")
+    if args.dry_run:
+        torch.set_num_threads(1)  # tiny shapes: threads only wait on each other (10x slower on a busy CPU)
+    print(f"ddpd error-budget: {policy_spec(policy)}, bound {policy.bound:g} (its quality: "
+          f"ddpd-eval frontier --policies {policy_spec(policy)})")
+    print(f"targets at matched quality: policy / default samples/s >= "
+          f"{', '.join(f'{v} at batch {k}' for k, v in TARGETS.items())}")
+    clock = Clock(device)
+    failed = 0
+    sizes = DRY_RUN if args.dry_run else Sizes()
+    for build in (lambda: bundled(device, sizes), lambda: gpt2_pair(device, args.dry_run)):
+        try:
+            failed += table(build(), clock, policy, sizes)
+        except Exception as error:  # report and go on: one model's failure must not hide the other's numbers
+            print(f"gpu_parallel: FAILED: {type(error).__name__}: {error}")
+            failed += 1
+    print(f"gpu_parallel: {failed} failed")
+    return int(failed > 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+"""benchmarks/gpu_parallel.py (the parallel-decoding part of benchmarks/gpu_check.sh) runs only
+where a GPU is lent: its dry run (tiny shapes on the CPU, every code path: whole runs, the
+extrapolated default, the emulated CUDA-graph path) runs here through gpu_check.sh."""
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLERS = ("ddpd default (one at a time)", "ddpd error-budget", "maskgit", "mask threshold:0.9")
+BUDGETS = (4, 8)  # the dry run's network-pass budgets (gpu_parallel.DRY_RUN)
+
+
+def test_gpu_check_runs_the_parallel_decoding_dry_run(tmp_path):
+    env = dict(os.environ, PYTHON=sys.executable, TMPDIR=str(tmp_path))
+    run = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), "--dry-run", "--only", "parallel"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    report = (tmp_path / "ddpd-gpu-check-dry-run.txt").read_text()
+    assert run.returncode == 0, report[-4000:] + run.stderr[-2000:]
+    assert "## parallel decoding: passed" in report and "gpu_parallel: 0 failed" in report
+    assert "FAILED" not in report and "Traceback" not in report and "NOT VALID" not in report
+    for part in ("timings", "host cost", "sampling", "kernel profile"):  # --only parallel: nothing else
+        assert f"## {part}" not in report
+    assert re.search(r"ddpd error-budget: error-budget:bound=1,max_k=16,.*spread=True", report)
+    sections = report.split("## ")
+    for model, length in (("bundled text8", 16), ("GPT-2-size", 32)):
+        section = next(s for s in sections if s.startswith(model))
+        rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in section.splitlines()
+                if re.match(r"\| \d+ \|", line)]
+        assert len(rows) == 2 * 7, section  # batches 1 and 2: the default, 2 budgets x 3 parallel samplers
+        for batch, sampler, steps, passes, per_pass, rate, tokens, ratio, note in rows:
+            assert sampler in SAMPLERS and float(rate) > 0 and float(per_pass) > 0
+            assert abs(float(tokens) - float(rate) * length) <= 1  # tokens/s = samples/s x L
+            if sampler.startswith("ddpd default"):
+                assert ratio == "1.00x" and int(steps) == 2 * length
+                assert ("extrapolated" in note) == (model == "GPT-2-size")
+            else:
+                budget = int(steps) * (2 if sampler.startswith("ddpd") else 1)  # a ddpd step: two passes
+                assert budget in BUDGETS and 0 < float(passes) <= budget
+        extrapolated = [float(r[3]) for r in rows if r[1].startswith("ddpd default") and model == "GPT-2-size"]
+        assert all(p == 4 * length for p in extrapolated)  # random weights: every step of 2 x L, 2 passes each
+
+
+def test_gpu_parallel_takes_only_an_error_budget_policy():
+    """--policy is DDPD's policy, an error-budget spec: a mask-loop policy or a bad field is a usage error."""
+    script = str(ROOT / "benchmarks" / "gpu_parallel.py")
+    for spec, words in (("threshold:0.9", "must be an error-budget spec"), ("error-budget:bound=-1", "bound")):
+        run = subprocess.run([sys.executable, script, "--dry-run", "--policy", spec], capture_output=True, text=True,
+                             timeout=300)
+        assert run.returncode == 2 and "--policy" in run.stderr and words in run.stderr, run.stderr
