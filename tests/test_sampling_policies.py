@@ -122,20 +122,22 @@ def test_error_budget_matches_its_exact_law(name, toy_name, steps, bound, max_k,
     assert float(result.tokens_per_pass) > 0.5  # more than one token a step on average
 
 
-KNOWN_NOISE_CASES = [("mask denoiser, bound 0.5", "dir S3 D3", 3, 0.5, 3, "mask", False),
-                     ("uniform denoiser, bound 0 spread", "sparse S2 D4", 2, 0.0, 4, "uniform", True)]
+KNOWN_NOISE_CASES = [("mask denoiser, bound 0.5", "dir S3 D3", 3, 0.5, 3, "mask", False, 0.0),
+                     ("uniform denoiser, bound 0 spread", "sparse S2 D4", 2, 0.0, 4, "uniform", True, 0.0),
+                     ("mask denoiser, bound 0.8 spread, choice temperature 2", "dir S3 D3", 3, 0.8, 3, "mask", True,
+                      2.0)]
 
 
-@pytest.mark.parametrize("name,toy_name,steps,bound,max_k,denoiser,spread", KNOWN_NOISE_CASES,
+@pytest.mark.parametrize("name,toy_name,steps,bound,max_k,denoiser,spread,tau", KNOWN_NOISE_CASES,
                          ids=[c[0] for c in KNOWN_NOISE_CASES])
-def test_known_noise_matches_its_exact_law(name, toy_name, steps, bound, max_k, denoiser, spread):
+def test_known_noise_matches_its_exact_law(name, toy_name, steps, bound, max_k, denoiser, spread, tau):
     problem = toy(toy_name)
     models = problem.models()
     network = models.mask_denoiser if denoiser == "mask" else models.uniform_denoiser
-    policy = ErrorBudget(bound, max_k, spread=spread, known_noise=True)
+    policy = ErrorBudget(bound, max_k, spread=spread, known_noise=True, choice_temperature=tau)
     result = ddpd_sample(models.planner, network, B, problem.D, problem.S, steps=steps, noise=noise(), stop="budget",
                          denoiser_type=denoiser, policy=policy)
-    law = policy_laws.known_noise_law(problem, steps, bound, max_k, denoiser, spread)
+    law = policy_laws.known_noise_law(problem, steps, bound, max_k, denoiser, spread, tau)
     emp = empirical(problem.index(result.tokens), problem.N)
     limit = threshold(law, B)
     TABLE.add(f"ErrorBudget known_noise {name} [{toy_name}]", tv(emp, law), tv(emp, problem.p_data), limit, problem.N)

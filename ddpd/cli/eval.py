@@ -85,7 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_truncation_arguments(p)
     p.add_argument("--num-samples", type=int, default=64)
     p.add_argument("--fused", action="store_true",
-                   help="every sampler on its fused path (ddpd.sampling.draws): the same samples, faster")
+                   help="every sampler on its fused path (ddpd.sampling.draws): faster, the same samples with "
+                        "float32 networks (with bfloat16 ones, the same law)")
     _dtype(p)
     p.add_argument("--reference-sequences", type=int, default=256,
                    help="held-out sequences scored as the reference point (needs --data)")

@@ -9,10 +9,11 @@ Every sampler of the bundle runs with its policies among --policies (error-budge
 ddpd; maskgit, threshold, factor, entropy-bound, remdm for the mask loop) and its own
 default (ddpd one at a time, MaskGIT), at every --budgets pass budget (a ddpd step costs a denoiser pass and, with the planner, a second; a
 mask-loop step one) and temperature; the
-target is ddpd one at a time at --target-steps. --judge: an autoregressive checkpoint, or
+target is ddpd one at a time at --target-steps and --target-temperature. --judge: an autoregressive checkpoint, or
 ngram[:ORDER] (a character n-gram built from the train split of --data, ddpd.eval.ngram).
-Writes frontier.csv (after every configuration: an interrupted sweep resumes), frontier.md
-and frontier.png to --out-dir.
+Writes frontier.csv (after every configuration: an interrupted sweep resumes, and a run with
+other settings into the same --out-dir adds its rows), then frontier.md and frontier.png of
+every row of the CSV, to --out-dir.
 """
 from __future__ import annotations
 
@@ -40,11 +41,12 @@ def add_parser(sub) -> None:
                         "step 1 (default: 32 64 128 256)")
     p.add_argument("--temperatures", nargs="+", type=float, default=[1.0])
     p.add_argument("--target-steps", type=int, default=512, help="steps of the one-at-a-time target (default 512)")
+    p.add_argument("--target-temperature", type=float, default=1.0, help="its temperature (default 1.0)")
     p.add_argument("--eps", type=float, default=0.01, help="the ddpd stop criterion (option A)")
     p.add_argument("--num-samples", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--fused", action="store_true", help="every sampler on its fused path (same samples)")
+    p.add_argument("--fused", action="store_true", help="every sampler on its fused path (the same samples with float32 networks)")
     p.add_argument("--threads", type=int, help="CPU threads (default: torch's)")
     p.add_argument("--device", default="auto")
     p.add_argument("--no-progress", dest="progress", action="store_false")
@@ -54,7 +56,7 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> None:
     import torch
 
-    from ddpd.eval.frontier import passes_to_reach, plot_frontier, run_frontier, frontier_markdown
+    from ddpd.eval.frontier import frontier_markdown, passes_to_reach, plot_frontier, read_frontier, run_frontier
     from ddpd.eval.report import MissingDependency, one_set, write_text
 
     families = _policies(args)  # the arguments first: nothing is loaded for a bad one
@@ -72,9 +74,12 @@ def run(args: argparse.Namespace) -> None:
     with torch.no_grad():
         rows = run_frontier(configs, judge=judge, vocab_size=vocab, num_samples=args.num_samples, seed=args.seed,
                             batch_size=args.batch_size, csv_path=csv_path, progress=args.progress)
+    rows = read_frontier(csv_path)  # every row of the CSV: earlier runs into --out-dir add to the frontier
     targets = [r for r in rows if r["sampler"] == "ddpd" and r["policy"] == "one-at-a-time"
                and int(r["steps"]) == args.target_steps]
-    target = min(targets, key=lambda r: abs(float(r["temperature"]) - 1.0))
+    if not targets:
+        raise UsageError(f"{csv_path} holds no one-at-a-time ddpd row at --target-steps {args.target_steps}")
+    target = min(targets, key=lambda r: abs(float(r["temperature"]) - args.target_temperature))
     label = f"ddpd one at a time, {args.target_steps} steps, T={target['temperature']}"
     reach = passes_to_reach([r for r in rows if r is not target], float(target["judge_nll"]),
                             float(target["entropy"]))
@@ -165,9 +170,7 @@ def _configs(args, by_family: dict, planner, denoiser, vocab: int, length: int) 
                                noise=noise, execution=execution)
         return go
 
-    configs = {}
-    for temperature in args.temperatures:
-        configs["ddpd", None, args.target_steps, temperature] = None
+    configs = {("ddpd", None, args.target_steps, args.target_temperature): None}
     for family in args.samplers:
         for policy in by_family[family]:
             for budget in args.budgets:

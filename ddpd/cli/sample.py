@@ -138,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "--compile)")
     p.add_argument("--fused", action="store_true",
                    help="fused path of every sampler: ops kernels, head at the denoised positions only, early-stop "
-                        "compaction (same samples as without)")
+                        "compaction (the same samples as without with float32 networks; the same law below)")
     p.add_argument("--sync-every", dest="sync_every", type=int,
                    help=f"--fused: steps between stop checks, where finished rows leave the batch (default "
                         f"{SYNC_EVERY})")

@@ -15,7 +15,8 @@ ddpd-sample runs the row of its --sampler whose models are exactly the ones give
 ddpd-eval runs every row the checkpoints allow, with DDPD's options A, A+B, A+B+C and
 DFM's eta values as named variants. Both call a row through `Sampler.call` with one
 `Settings` object, so each sampler is wired to ddpd.sampling once, and --fused means the
-same in both: every sampler on its fused path (ddpd.sampling.draws), same samples.
+same in both: every sampler on its fused path (ddpd.sampling.draws), the same samples with
+float32 networks (the same law below float32).
 
 No torch at import (ddpd.cli.common: the tools check their command line first): torch and
 ddpd.sampling are imported when a Settings is made or a sampler called.

@@ -64,7 +64,7 @@ from ddpd.process import denoiser_log_prob_from_uniform, planner_prob_from_unifo
 from ddpd.sampling.batch import RunningBatch, SampleResult
 from ddpd.sampling.common import Run, expand, setup, start, subset, write
 from ddpd.sampling.draws import Draws
-from ddpd.sampling.noise import ACCEPT, CLOCK, NoiseSource, exponential
+from ddpd.sampling.noise import ACCEPT, CLOCK, CONFIDENCE, NoiseSource, exponential, gumbel
 from ddpd.sampling.options import DDPDOptions, Temperature
 from ddpd.sampling.policies import commit_risk
 from ddpd.validation import check_callable, check_choice
@@ -302,7 +302,8 @@ def _planner_clock(run: Run, draws: Draws, opts: DDPDOptions, networks, batch: R
                                                  None, confidence=True)
             minimum = torch.ceil(sum_p / (run.steps - step)).long() if policy.spread else None
             change = change & policy.commit(commit_risk(logits, positions, confidence),
-                                            _candidates(positions, masked, mask_id), minimum)
+                                            _candidates(positions, masked, mask_id), minimum,
+                                            _choice_noise(run, policy, step, batch.rows, positions.shape[1]))
         batch.x.copy_(write(batch.x, positions, tokens, change))
         batch.count_commits(change.sum(1))
         if policy is not None:
@@ -395,6 +396,13 @@ def _eps_stop_temperature(run: Run, opts: DDPDOptions, temperature: float, sum_p
         return temperature
     t_stop = float(run.schedule.inverse(torch.tensor(1.0 - opts.eps, dtype=torch.float64)))
     return _over_time(run, planner_time(sum_p, run, _noisy_positions(batch, run)), t_stop, k)
+
+
+def _choice_noise(run: Run, policy, step, rows: Tensor, k: int) -> Optional[Tensor]:
+    """tau_i g, Float[B, k]: the annealed Gumbel noise of ErrorBudget's ranking (CONFIDENCE stream), or None."""
+    if policy.choice_temperature == 0.0:
+        return None
+    return policy.choice_temperature * (1.0 - step / run.steps) * gumbel(run.noise.uniform(step, CONFIDENCE, rows, k))
 
 
 def _policy_plan(networks, batch: RunningBatch, plan_now: bool) -> Tensor:

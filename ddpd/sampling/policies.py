@@ -53,6 +53,11 @@ class ErrorBudget:
     plan_every m: the planner runs at steps 0, m, 2m, ...; a step in between reads the last
     plan, with the positions committed since it as clean, and costs one network pass.
 
+    choice_temperature tau (order 'risk'): the candidates are ranked by log(1 - r_j) + tau_i g_j,
+    g_j Gumbel, tau_i = tau (1 - i / T) at step i of T, MaskGIT's annealed randomness (eq. 3 of
+    Chang et al. 2022): a Plackett-Luce order by (1 - r)^(1 / tau_i), less greedy than the
+    lowest risk first, which keeps the samples' entropy.
+
     With bound 0 (spread, known_noise off, plan_every 1) or max_k 1 a step commits one
     position: exactly Algorithm 1's draws.
     """
@@ -63,6 +68,7 @@ class ErrorBudget:
     spread: bool = False
     known_noise: bool = False
     plan_every: int = 1
+    choice_temperature: float = 0.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "bound", check_float("bound", self.bound, 0.0, float("inf"), open_max=True))
@@ -72,13 +78,19 @@ class ErrorBudget:
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {type(getattr(self, name)).__name__}")
         check_int("plan_every", self.plan_every, 1)
+        object.__setattr__(self, "choice_temperature", check_float("choice_temperature", self.choice_temperature,
+                                                                   0.0, float("inf"), open_max=True))
 
-    def commit(self, risk: Tensor, eligible: Tensor, minimum: Optional[Tensor] = None) -> Tensor:
+    def commit(self, risk: Tensor, eligible: Tensor, minimum: Optional[Tensor] = None,
+               noise: Optional[Tensor] = None) -> Tensor:
         """Bool[B, K]: the candidates (in the planner's order) to commit, from risk Float[B, K],
-        eligible Bool[B, K] and (with spread) minimum Long[B], the fewest to commit; column 0
-        always."""
+        eligible Bool[B, K], (with spread) minimum Long[B], the fewest to commit, and (with a
+        choice temperature) noise Float[B, K], tau_i g of the ranking; column 0 always."""
         rest, ok = risk[:, 1:], eligible[:, 1:]
-        key = rest if self.order == "risk" else torch.arange(rest.shape[1], device=rest.device).expand_as(rest)
+        if self.order == "planner":
+            key = torch.arange(rest.shape[1], device=rest.device).expand_as(rest)
+        else:
+            key = rest if noise is None else -(torch.log1p(-rest) + noise[:, 1:])  # lowest risk first
         order = key.float().masked_fill(~ok, float("inf")).argsort(dim=1, stable=True)  # eligible first
         ranked = rest.gather(1, order).masked_fill(~ok.gather(1, order), float("inf"))
         n = (ranked.cumsum(1) <= self.bound).sum(1)  # risks are >= 0: the sums only grow

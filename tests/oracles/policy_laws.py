@@ -27,32 +27,52 @@ def ordered_picks(w: torch.Tensor, k: int):
         yield order, prob
 
 
-def budget_commits(risk: torch.Tensor, eligible: torch.Tensor, bound: float, order: str,
-                   minimum=None) -> torch.Tensor:
-    """Bool[B, K]: ErrorBudget's rule, written plainly: the first pick, then the eligible others
-    by ascending risk (order 'risk') or in the planner's order until one does not fit
-    ('planner') while the summed risk stays <= bound; with minimum (Long[B]), at least that many
-    in all where enough are eligible."""
+def budget_commits(risk: torch.Tensor, eligible: torch.Tensor, bound: float, order: str, minimum=None,
+                   tau: float = 0.0) -> list:
+    """Per row, [(kept columns, probability)]: ErrorBudget's rule, written plainly: the first pick,
+    then the eligible others in their order (ascending risk for 'risk'; with tau > 0 a
+    Plackett-Luce order by (1 - r)^(1 / tau); the planner's for 'planner') while the summed risk
+    stays <= bound (stopping at the first that does not fit); with minimum (Long[B]), at least
+    that many in all where enough are eligible."""
     B, K = risk.shape
-    commit = torch.zeros(B, K, dtype=torch.bool)
-    commit[:, 0] = True
+    out = []
     for b in range(B):
         others = [j for j in range(1, K) if eligible[b, j]]
-        if order == "risk":
+        if order == "risk" and tau == 0.0:
             others.sort(key=lambda j: (float(risk[b, j]), j))
-        total, taken = 0.0, 1
-        for j in others:
-            total += float(risk[b, j])
-            if total > bound and (minimum is None or taken >= int(minimum[b])):
-                break
-            commit[b, j] = True
-            taken += 1
-    return commit
+        orders = [(others, 1.0)] if tau == 0.0 or order != "risk" else \
+            list(_plackett_luce(others, [float(1.0 - risk[b, j]) ** (1.0 / tau) for j in others]))
+        row = []
+        for ranked, prob in orders:
+            kept, total = [0], 0.0
+            for j in ranked:
+                total += float(risk[b, j])
+                if total > bound and (minimum is None or len(kept) >= int(minimum[b])):
+                    break
+                kept.append(j)
+            row.append((kept, prob))
+        out.append(row)
+    return out
+
+
+def _plackett_luce(items: list, weights: list):
+    """(ordering, probability) of every ordering of items drawn without replacement in proportion
+    to weights (all zero: the given order)."""
+    if not items:
+        yield [], 1.0
+        return
+    total = sum(weights)
+    for i, item in enumerate(items):
+        first = weights[i] / total if total > 0 else float(i == 0)
+        if first == 0.0:
+            continue
+        for rest, prob in _plackett_luce(items[:i] + items[i + 1:], weights[:i] + weights[i + 1:]):
+            yield [item] + rest, first * prob
 
 
 def error_budget_kernel(toy: ToyProblem, p: torch.Tensor, alpha: torch.Tensor, selection: str, temperature: float,
                         denoiser_type: str, bound: float, max_k: int, order: str, minimum=None,
-                        touched: int | None = None) -> torch.Tensor:
+                        touched: int | None = None, tau: float = 0.0) -> torch.Tensor:
     """One ErrorBudget step from every state: K[x, y] (minimum: the spread's fewest commits per
     state). With `touched` (a bit mask of the positions written so far, known_noise): the
     untouched positions' p is 1, and K[x, y * 2^D + touched'] holds where the step goes, touched'
@@ -66,7 +86,6 @@ def error_budget_kernel(toy: ToyProblem, p: torch.Tensor, alpha: torch.Tensor, s
     width = toy.N if touched is None else toy.N * 2**toy.D
     kernel = torch.zeros(toy.N, width, dtype=torch.float64)
     values = torch.tensor(list(itertools.product(range(toy.S), repeat=k)), dtype=torch.long)  # [A, k]
-    rows = torch.arange(toy.N)
     for picks, prob in ordered_picks(w, k):
         for z, pz, q in _denoiser_views(toy, p, alpha, picks, temperature, denoiser_type):
             eligible = torch.tensor([[j == 0 or z[picks[j]] for j in range(k)]] * toy.N)
@@ -77,16 +96,13 @@ def error_budget_kernel(toy: ToyProblem, p: torch.Tensor, alpha: torch.Tensor, s
                 if not bool((weight > 0).any()):
                     continue
                 risk = 1.0 - p[:, list(picks)] * c
-                commit = budget_commits(risk, eligible, bound, order, minimum)
-                target = torch.empty(toy.N, dtype=torch.long)
-                for b in range(toy.N):
-                    kept = [j for j in range(k) if commit[b, j]]
-                    target[b] = replace_index(states[b:b + 1], [picks[j] for j in kept],
-                                              tokens[kept][None, :], toy.S)[0, 0]
-                    if touched is not None:
-                        bits = touched | sum(1 << (toy.D - 1 - picks[j]) for j in kept)
-                        target[b] = target[b] * 2**toy.D + bits
-                kernel.index_put_((rows, target), weight, accumulate=True)
+                for b, outcomes in enumerate(budget_commits(risk, eligible, bound, order, minimum, tau)):
+                    for kept, chance in outcomes:
+                        target = int(replace_index(states[b:b + 1], [picks[j] for j in kept],
+                                                   tokens[kept][None, :], toy.S)[0, 0])
+                        if touched is not None:
+                            target = target * 2**toy.D + (touched | sum(1 << (toy.D - 1 - picks[j]) for j in kept))
+                        kernel[b, target] += weight[b] * chance
     return kernel
 
 
@@ -132,7 +148,7 @@ def error_budget_law(toy: ToyProblem, steps: int, bound: float, max_k: int, orde
 
 
 def known_noise_law(toy: ToyProblem, steps: int, bound: float, max_k: int, denoiser_type: str = "mask",
-                    spread: bool = False) -> torch.Tensor:
+                    spread: bool = False, choice_temperature: float = 0.0) -> torch.Tensor:
     """Law of ddpd_sample(policy=ErrorBudget(bound, max_k, spread=spread, known_noise=True)): the
     chain on (x, the positions written so far), from uniform noise with none written."""
     p = toy.planner_free
@@ -149,7 +165,7 @@ def known_noise_law(toy: ToyProblem, steps: int, bound: float, max_k: int, denoi
             minimum = torch.ceil(p_now.sum(-1) / (steps - i)).long() if spread else None
             alpha = toy.schedule.alpha(toy.schedule.inverse(1.0 - p_now.mean(-1)))  # the estimate counts them as noise
             kernel = error_budget_kernel(toy, p, alpha, "sigmoid", 1.0, denoiser_type, bound, max_k, "risk",
-                                         minimum, touched)
+                                         minimum, touched, choice_temperature * (1.0 - i / steps))
             nxt += pi[:, touched] @ kernel
         pi = nxt.view(toy.N, masks)
     return pi.sum(1)
