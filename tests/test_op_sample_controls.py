@@ -638,3 +638,58 @@ def test_the_threshold_kernel_finds_min_p_without_reading_the_row(temperature):
     assert kept[3] == 1  # +inf alone
     for row in (0, 1):  # the boundary falls inside the crowd
         assert 0 < int((logits[row, :300] >= want[row]).sum()) < 300
+
+
+def threshold_rows(vocab: int, allowed: int, seed: int) -> torch.Tensor:
+    """Masked float32 rows of `vocab` logits, `allowed` of them finite or +inf, the rest -inf:
+    continuous logits, integer logits (ties everywhere, at every boundary too), a flat row,
+    rows holding +inf, in ascending order (every logit would enter a heap) and in
+    descending order."""
+    g = torch.Generator().manual_seed(seed)
+    rows = [2.5 * torch.randn(vocab, generator=g), torch.randint(-6, 6, (vocab,), generator=g).float(),
+            torch.full((vocab,), 3.0), torch.randn(vocab, generator=g), torch.arange(vocab) / 7.0,
+            -torch.arange(vocab) / 3.0]
+    rows[3][torch.randperm(vocab, generator=g)[:2]] = float("inf")
+    x = torch.stack(rows)
+    for row in x:
+        row[torch.randperm(vocab, generator=g)[allowed:]] = float("-inf")
+    return x
+
+
+@pytest.mark.parametrize("vocab,allowed", [(5, 1), (5, 5), (27, 2), (27, 27), (300, 63), (64, 64), (65, 65),
+                                           (300, 300), (4096, 4096), (5000, 4097), (9000, 9000)])
+def test_the_cpu_threshold_searches_agree_with_the_reference(vocab, allowed):
+    """White box: the C++ truncation threshold (truncation_threshold_cpu, the test op of the
+    search sample_categorical runs) is the reference's tau exactly, on rows of at most 64
+    allowed logits (sorted on the stack), of 65-4096 (top-k by selection, top-p by four
+    rounds of radix selection) and of more (a heap or three rounds of radix selection), at
+    every k from off to all, top-p from a sliver to all but an ulp, with min-p, ties and
+    +inf logits."""
+    from ddpd.ops._dispatch import cpu_ops
+    from ddpd.ops.sample_categorical import truncation_threshold
+
+    x = threshold_rows(vocab, allowed, seed=vocab + allowed)
+    n = x.shape[0]
+    ks = sorted({0, 1, 2, allowed // 3, allowed - 1, allowed, allowed + 1})
+    for k in ks:
+        for p, t, min_p in [(1.0, 1.0, 0.0), (0.9, 0.8, 0.0), (0.3, 1.0, 0.05), (1 - 2**-24, 1e-3, 0.0),
+                            (1e-6, 3.0, 0.0), (0.75, 0.7, 0.5)]:
+            controls = (torch.full((n,), t), torch.full((n,), k, dtype=torch.long), torch.full((n,), p),
+                        torch.full((n,), math.log(min_p) if min_p else -math.inf))
+            want = truncation_threshold(x, *controls)
+            got = cpu_ops().truncation_threshold_cpu(x, *controls)
+            assert torch.equal(got, want), (k, p, t, min_p, got, want)
+
+
+@pytest.mark.parametrize("rows,vocab", [(4096, 27), (2048, 5), (512, 300)])
+def test_short_and_middling_rows_draw_the_reference_tokens(rows, vocab):
+    """Many short rows (text8's and DNA's alphabets, where each row's threshold search is
+    the cost) and rows of a few hundred, with per-row top-k and top-p: the C++ draws are
+    the reference's token for token."""
+    g = torch.Generator().manual_seed(rows + vocab)
+    logits = 3 * torch.randn(rows, vocab, generator=g)
+    top_k = torch.randint(0, vocab + 1, (rows,), generator=g)
+    top_p = torch.rand(rows, generator=g).clamp(min=0.05)
+    for kw in (dict(top_k=top_k), dict(top_p=top_p), dict(top_k=top_k, top_p=top_p, min_p=0.02)):
+        kw.update(temperature=0.8, seed=5, offset=1, return_logprob=True)
+        assert_same(sample_categorical(logits, **kw), sample_categorical_reference(logits, **kw))

@@ -3,9 +3,11 @@
 // Gumbel-max of sample_categorical.h (relative to the tile and row maxima), with the
 // sampling controls: per-row temperature (greedy rows race without noise), exclusions
 // and an allowed mask, and the truncation threshold of top-k / top-p / min-p, found
-// without sorting (truncation_threshold). Without truncation one pass over the logits
-// keeps a few floats per tile, plus the winning tile again; with it the row is first
-// copied (masked, as float32) and its threshold found. No probabilities are written.
+// without sorting the vocabulary (truncation_threshold). Without truncation one pass over
+// the logits keeps a few floats per tile, plus the winning tile again; with it the row is
+// first copied (masked, as float32; its maximum, allowed count and tile maxima found on the
+// way) and its threshold found, and the draw skips the tiles below the threshold. No
+// probabilities are written.
 // The log-probability of the drawn token and its confidence come from the same tile
 // statistics. Rows run in parallel.
 #include <ATen/Parallel.h>
@@ -35,11 +37,18 @@ struct Outputs {
 };
 
 // One row, read from `row` (the logits, or their masked float32 copy when truncating).
+// tile_maxima (null, or the maximum of each tile of the copy): a tile below the row's
+// threshold is skipped, all -inf (past top-k's or top-p's threshold, most of a row).
 template <typename scalar_t>
 void draw_row(const scalar_t* row, int64_t vocab, const RowMask& mask, float t, bool greedy, const RowUniforms& u,
-              const CategoricalArgs& a, std::vector<TileStats>& stats, float* buf, int64_t r, const Outputs& out) {
+              const CategoricalArgs& a, std::vector<TileStats>& stats, float* buf, int64_t r, const Outputs& out,
+              const float* tile_maxima = nullptr) {
   const int64_t tiles = n_tiles(vocab);
   for (int64_t i = 0; i < tiles; ++i) {
+    if (tile_maxima && tile_maxima[i] < mask.tau) {
+      stats[i] = TileStats{};
+      continue;
+    }
     const int64_t start = i * kTile, n = std::min(kTile, vocab - start);
     load_tile(row + start, start, n, mask, buf);
     stats[i] = drawn_tile_stats(buf, n, t, tiles, a.in);
@@ -67,7 +76,7 @@ void sample_rows(const at::Tensor& logits, const CategoricalArgs& a, const Outpu
   at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
     std::array<float, kTile> buf;
     std::vector<TileStats> stats(n_tiles(vocab));
-    std::vector<float> copy(truncates ? vocab : 0);
+    std::vector<float> copy(truncates ? vocab : 0), tile_maxima(truncates ? n_tiles(vocab) : 0);
     ThresholdScratch scratch;
     for (int64_t r = begin; r < end; ++r) {
       const scalar_t* row = x + r * vocab;
@@ -79,13 +88,20 @@ void sample_rows(const at::Tensor& logits, const CategoricalArgs& a, const Outpu
         draw_row(row, vocab, mask, t, greedy, a.in.uniforms(r), a, stats, buf.data(), r, out);
         continue;
       }
+      RowExtent extent;  // found while copying: no pass over the copy for it
       for (int64_t start = 0; start < vocab; start += kTile) {
-        load_tile(row + start, start, std::min(kTile, vocab - start), mask, buf.data());
-        std::copy(buf.begin(), buf.begin() + std::min(kTile, vocab - start), copy.begin() + start);
+        const int64_t n = std::min(kTile, vocab - start);
+        load_tile(row + start, start, n, mask, buf.data());
+        const RowExtent tile = row_extent(buf.data(), n);
+        tile_maxima[start / kTile] = tile.max;
+        extent.max = tile.max > extent.max ? tile.max : extent.max;
+        extent.allowed += tile.allowed;
+        std::copy(buf.begin(), buf.begin() + n, copy.begin() + start);
       }
-      mask.tau = truncation_threshold(copy.data(), vocab, t, a.controls.k(r), a.controls.p(r),
+      mask.tau = truncation_threshold(copy.data(), vocab, extent, t, a.controls.k(r), a.controls.p(r),
                                       a.controls.min_p(r), scratch);
-      draw_row(copy.data(), vocab, mask, t, greedy, a.in.uniforms(r), a, stats, buf.data(), r, out);
+      draw_row(copy.data(), vocab, mask, t, greedy, a.in.uniforms(r), a, stats, buf.data(), r, out,
+               tile_maxima.data());
     }
   });
 }
@@ -116,6 +132,34 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sample_categorical_cp
   return {tokens, valid, lp, conf};
 }
 
+// The truncation threshold of each row of masked float32 logits x [N, V] (-inf where not
+// allowed) under per-row temperatures t (effective: greedy rows at 1), top_k, top_p and
+// log_min_p: a test op, which holds each search of truncation_threshold (short, middling
+// and long rows) to the reference's tau.
+at::Tensor truncation_threshold_cpu(const at::Tensor& x, const at::Tensor& t, const at::Tensor& top_k,
+                                    const at::Tensor& top_p, const at::Tensor& log_min_p) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kFloat,
+              "x must be a contiguous float32 [N, V] tensor");
+  const int64_t rows = x.size(0), vocab = x.size(1);
+  const auto check = [rows](const at::Tensor& c, at::ScalarType dtype, const char* name) {
+    TORCH_CHECK(c.dim() == 1 && c.size(0) == rows && c.is_contiguous() && c.scalar_type() == dtype, name,
+                " must be a contiguous [N] tensor of ", dtype);
+  };
+  check(t, at::kFloat, "t");
+  check(top_k, at::kLong, "top_k");
+  check(top_p, at::kFloat, "top_p");
+  check(log_min_p, at::kFloat, "log_min_p");
+  at::Tensor tau = at::empty({rows}, x.options());
+  ThresholdScratch scratch;
+  for (int64_t r = 0; r < rows; ++r) {
+    tau.data_ptr<float>()[r] =
+        truncation_threshold(x.data_ptr<float>() + r * vocab, vocab, t.data_ptr<float>()[r],
+                             top_k.data_ptr<int64_t>()[r], top_p.data_ptr<float>()[r],
+                             log_min_p.data_ptr<float>()[r], scratch);
+  }
+  return tau;
+}
+
 }  // namespace
 }  // namespace cpu
 }  // namespace ddpd
@@ -126,6 +170,10 @@ TORCH_LIBRARY_FRAGMENT(ddpd, m) {
       "Tensor? exclude_per_row, Tensor? allowed, int top_k, Tensor? top_k_t, float top_p, Tensor? top_p_t, "
       "float log_min_p, Tensor? log_min_p_t, Tensor? noise, int seed, int offset, Tensor? row_ids, "
       "Tensor? seed_tensor, Tensor? offset_tensor, bool logprob, int confidence) -> (Tensor, Tensor, Tensor, Tensor)");
+  m.def("truncation_threshold_cpu(Tensor x, Tensor t, Tensor top_k, Tensor top_p, Tensor log_min_p) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(ddpd, CPU, m) { m.impl("sample_categorical_cpu", &ddpd::cpu::sample_categorical_cpu); }
+TORCH_LIBRARY_IMPL(ddpd, CPU, m) {
+  m.impl("sample_categorical_cpu", &ddpd::cpu::sample_categorical_cpu);
+  m.impl("truncation_threshold_cpu", &ddpd::cpu::truncation_threshold_cpu);
+}

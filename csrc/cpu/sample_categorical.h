@@ -20,6 +20,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -361,32 +362,52 @@ inline float key_value(uint32_t key) {
   return x;
 }
 
+// select_key's digits: a key's bits (shift, mask) that one round histograms. Up to
+// kFewKeys keys four rounds of 256 buckets, else three of 2048, 2048 and 1024: a round
+// clears and scans its histogram whatever the number of keys, and at a few hundred keys
+// the wide rounds' 5120 buckets were most of the search.
+struct Digit {
+  int shift;
+  uint32_t mask;
+};
+constexpr Digit kFewKeyDigits[] = {{24, 0xFFu}, {16, 0xFFu}, {8, 0xFFu}, {0, 0xFFu}};
+constexpr Digit kManyKeyDigits[] = {{21, 0x7FFu}, {10, 0x7FFu}, {0, 0x3FFu}};
+constexpr size_t kFewKeys = 4096;
+
+// select_key's histograms, kept across the rows of a thread.
+struct Histograms {
+  std::vector<double> weight = std::vector<double>(2048);
+  std::vector<int64_t> present = std::vector<int64_t>(2048);
+};
+
 // The largest key k* with W(k*) = above + sum of the weights of the keys >= k* at
 // least `target`, given W(smallest key) >= target: radix selection over the keys in
-// three rounds of 11, 11 and 10 bits, each a histogram of the weights (in double)
-// over the candidates left by the round before. A target above every sum (p Z
-// rounded above the sums here) keeps everything: the smallest key.
-inline uint32_t select_key(std::vector<uint32_t>& keys, std::vector<float>& weights, double target, double above) {
-  constexpr int kShifts[3] = {21, 10, 0};
-  std::vector<double> histogram(2048);
-  std::vector<int64_t> present(2048);
-  for (const int shift : kShifts) {
-    const uint32_t mask = shift == 0 ? 0x3FFu : 0x7FFu;
-    std::fill(histogram.begin(), histogram.end(), 0.0);
-    std::fill(present.begin(), present.end(), 0);
+// rounds of the Digits above, each a histogram of the weights (in double) over the
+// candidates left by the round before, until one key is left. A target above every sum
+// (p Z rounded above the sums here) keeps everything: the smallest key.
+inline uint32_t select_key(std::vector<uint32_t>& keys, std::vector<float>& weights, double target, double above,
+                           Histograms& h) {
+  const bool few = keys.size() <= kFewKeys;
+  const Digit* digits = few ? kFewKeyDigits : kManyKeyDigits;
+  const int rounds = few ? 4 : 3;
+  for (int round = 0; round < rounds && keys.size() > 1; ++round) {
+    const int shift = digits[round].shift;
+    const uint32_t mask = digits[round].mask;
+    std::fill(h.weight.begin(), h.weight.begin() + mask + 1, 0.0);
+    std::fill(h.present.begin(), h.present.begin() + mask + 1, 0);
     for (size_t i = 0; i < keys.size(); ++i) {
-      histogram[(keys[i] >> shift) & mask] += weights[i];
-      ++present[(keys[i] >> shift) & mask];
+      h.weight[(keys[i] >> shift) & mask] += weights[i];
+      ++h.present[(keys[i] >> shift) & mask];
     }
     int64_t bucket = -1, lowest = -1;
     for (int64_t b = mask; b >= 0; --b) {
-      if (!present[b]) continue;
+      if (!h.present[b]) continue;
       lowest = b;
-      if (above + histogram[b] >= target) {
+      if (above + h.weight[b] >= target) {
         bucket = b;
         break;
       }
-      above += histogram[b];
+      above += h.weight[b];
     }
     if (bucket < 0) bucket = lowest;
     size_t kept = 0;
@@ -439,6 +460,132 @@ inline bool kth_largest(const float* x, int64_t vocab, int64_t k, std::vector<fl
   return true;
 }
 
+// Rows of at most kShortRow allowed logits (text8's 27 characters, DNA's 5 bases) find
+// top-k's and top-p's thresholds among their values sorted on the stack: select_key's
+// histograms cost about 2 us a row whatever its length (at 16384 x 27, top-k 5 took 31 ms
+// against 3.2 ms untruncated; now 5.8), and such a sort far less.
+constexpr int64_t kShortRow = 64;
+
+// a[0, n) (n <= kCap, a -inf padded to kCap) sorted, larger first, into v[0, n): each value
+// goes to the place its count of larger values names, all at once and without a branch
+// (an insertion sort's mispredicted branches cost more at these lengths), the counts kept
+// in kCap / kLanes registers. Tied values share a place: the places after it, left +inf,
+// take its value in the final pass.
+template <int64_t kCap>
+inline void rank_sort(const float* a, int64_t n, float* v) {
+  constexpr int64_t kVectors = kCap / kLanes;
+  LaneI above[kVectors] = {};
+  for (int64_t j = 0; j < n; ++j) {
+    const LaneF b = LaneF{} + a[j];
+    for (int64_t c = 0; c < kVectors; ++c) above[c] -= b > load_lanes(a + c * kLanes);  // a true lane is -1
+  }
+  std::fill(v, v + n, kPosInf);
+  for (int64_t c = 0; c < kVectors; ++c) {
+    for (int64_t l = 0; l < kLanes && c * kLanes + l < n; ++l) v[above[c][l]] = a[c * kLanes + l];
+  }
+  for (int64_t i = 1; i < n; ++i) v[i] = v[i] < v[i - 1] ? v[i] : v[i - 1];
+}
+
+// The allowed logits of x[0, vocab) (at most kShortRow), larger first, into v. Returns
+// their number.
+inline int64_t sorted_allowed(const float* x, int64_t vocab, float* v) {
+  std::array<float, kShortRow + 1> a;  // + 1: a value past the last allowed one is written, not counted
+  int64_t n = 0;
+  for (int64_t j = 0; j < vocab; ++j) {
+    a[n] = x[j];
+    n += x[j] > kNegInf;
+  }
+  std::fill(a.begin() + n, a.end(), kNegInf);
+  if (n <= 8) {
+    rank_sort<8>(a.data(), n, v);
+  } else if (n <= 32) {
+    rank_sort<32>(a.data(), n, v);
+  } else {
+    rank_sort<kShortRow>(a.data(), n, v);
+  }
+  return n;
+}
+
+// top-p's threshold over the kept values v[0, m) (sorted, larger first; v has room for
+// padded(m)) by the reference's arithmetic (ddpd/ops/sample_categorical.py
+// truncation_threshold): float32 weights cumulated in double in sorted order, and a run of
+// equal values kept when the cumulative sum at its first member, less that member's
+// weight, is below p Z.
+inline float short_row_top_p(float* v, int64_t m, float row_max, float t, float p) {
+  std::array<float, kShortRow> e;
+  for (int64_t i = m; i < padded(m); ++i) v[i] = kNegInf;
+  for (int64_t i = 0; i < padded(m); i += kLanes) {
+    const LaneF w = exp_nonpositive(shift_lanes(load_lanes(v + i), row_max, t));
+    std::memcpy(e.data() + i, &w, sizeof(w));
+  }
+  double z = 0.0;
+  for (int64_t i = 0; i < m; ++i) z += e[i];
+  const double target = static_cast<double>(p) * z;
+  double cumulative = 0.0, strictly_above = 0.0;
+  int64_t count = 0;
+  for (int64_t i = 0; i < m; ++i) {
+    cumulative += e[i];
+    if (i == 0 || v[i] != v[i - 1]) strictly_above = cumulative - e[i];
+    count += strictly_above < target;
+  }
+  return v[count > 0 ? count - 1 : 0];
+}
+
+// top-k's and top-p's threshold of a row of `allowed` <= kShortRow allowed logits.
+inline float short_row_cut(const float* x, int64_t vocab, int64_t allowed, float row_max, float t, int64_t k,
+                           float p) {
+  std::array<float, kShortRow> v;
+  sorted_allowed(x, vocab, v.data());
+  const float tau = k > 0 && k < allowed ? v[k - 1] : kNegInf;
+  if (!(p < 1.0f)) return tau;
+  int64_t m = allowed;
+  while (v[m - 1] < tau) --m;  // top-p weighs what top-k keeps
+  const float tau_p = short_row_top_p(v.data(), m, row_max, t, p);
+  return tau_p > tau ? tau_p : tau;
+}
+
+// Rows of at most kMidRow allowed logits find top-k's k-th largest in two steps: their
+// count in each of kBuckets equal ranges between the row's minimum and maximum (a
+// monotone map of the value, so the k-th largest lies in the bucket where the counts from
+// the top reach k), then std::nth_element among that bucket's values. On such rows a
+// heap's budget runs out (about k (1 + ln(n / k)) of n random logits enter it), and
+// select_key's rounds, like nth_element over the whole row, cost several times more.
+constexpr int64_t kMidRow = 4096;
+constexpr int kBuckets = 256;
+
+inline float kth_by_selection(const float* x, int64_t vocab, int64_t allowed, int64_t k, float row_max,
+                              std::vector<float>& values) {
+  values.resize(allowed + 1);  // + 1: a value past the last allowed one is written, not counted
+  int64_t n = 0;
+  float lo = kPosInf;
+  for (int64_t j = 0; j < vocab; ++j) {
+    values[n] = x[j];
+    n += x[j] > kNegInf;
+    lo = x[j] > kNegInf && x[j] < lo ? x[j] : lo;
+  }
+  const float scale = static_cast<float>(kBuckets) / (row_max - lo);
+  int64_t above = 0;  // how many values the buckets above the k-th largest's hold
+  if (scale > 0.0f && scale < kPosInf) {  // a finite spread that neither overflows nor vanishes
+    const auto bucket = [lo, scale](float v) {
+      const float b = (v - lo) * scale;  // in [0, kBuckets]
+      return b < static_cast<float>(kBuckets - 1) ? static_cast<int>(b) : kBuckets - 1;
+    };
+    std::array<int64_t, kBuckets> count{};
+    for (int64_t i = 0; i < n; ++i) ++count[bucket(values[i])];
+    int b = kBuckets - 1;
+    for (; above + count[b] < k; --b) above += count[b];
+    int64_t m = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      values[m] = values[i];
+      m += bucket(values[i]) == b;
+    }
+    n = m;  // the bucket's values, in values[0, m)
+  }
+  const auto kth = values.begin() + (k - above - 1);
+  std::nth_element(values.begin(), kth, values.begin() + n, std::greater<float>());
+  return *kth;
+}
+
 // The row's truncation threshold tau: top-k keeps the logits >= the k-th largest;
 // top-p, on what top-k keeps, the smallest upper set whose mass under softmax(l / T)
 // reaches p (a token is kept when the mass of the tokens strictly above it is below
@@ -449,34 +596,68 @@ struct ThresholdScratch {
   std::vector<uint32_t> keys;
   std::vector<float> weights;
   std::vector<float> kept;
+  Histograms histograms;
 };
 
-inline float truncation_threshold(const float* x, int64_t vocab, float t, int64_t k, float p, float log_min_p,
-                                  ThresholdScratch& s) {
-  float row_max = kNegInf;
+// The maximum of x[0, n) and how many of its values are allowed (above -inf).
+struct RowExtent {
+  float max = kNegInf;
   int64_t allowed = 0;
-  {  // kLanes at a time (a float maximum does not vectorise by itself without -ffast-math)
-    const LaneF neg_inf = LaneF{} + kNegInf;
-    LaneF lane_max = neg_inf;
-    LaneI lane_allowed = {};
-    int64_t j = 0;
-    for (; j + kLanes <= vocab; j += kLanes) {
-      const LaneF v = load_lanes(x + j);
-      lane_max = v > lane_max ? v : lane_max;
-      lane_allowed -= v > neg_inf;  // a true lane is -1
-    }
-    for (int64_t l = 0; l < kLanes; ++l) {
-      row_max = lane_max[l] > row_max ? lane_max[l] : row_max;
-      allowed += lane_allowed[l];
-    }
-    for (; j < vocab; ++j) {
-      row_max = x[j] > row_max ? x[j] : row_max;
-      allowed += x[j] > kNegInf;
-    }
+};
+
+inline RowExtent row_extent(const float* x, int64_t n) {
+  RowExtent e;
+  // kLanes at a time (a float maximum does not vectorise by itself without -ffast-math)
+  const LaneF neg_inf = LaneF{} + kNegInf;
+  LaneF lane_max = neg_inf;
+  LaneI lane_allowed = {};
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
+    const LaneF v = load_lanes(x + j);
+    lane_max = v > lane_max ? v : lane_max;
+    lane_allowed -= v > neg_inf;  // a true lane is -1
   }
+  for (int64_t l = 0; l < kLanes; ++l) {
+    e.max = lane_max[l] > e.max ? lane_max[l] : e.max;
+    e.allowed += lane_allowed[l];
+  }
+  for (; j < n; ++j) {
+    e.max = x[j] > e.max ? x[j] : e.max;
+    e.allowed += x[j] > kNegInf;
+  }
+  return e;
+}
+
+// min-p's threshold: the smallest allowed logit l with shift(l, M, T) >= log min_p, kLanes
+// at a time (the scalar shift's branches kept the loop from vectorising).
+inline float min_p_threshold(const float* x, int64_t vocab, float row_max, float t, float log_min_p) {
+  const LaneF neg_inf = LaneF{} + kNegInf, floor = LaneF{} + log_min_p;
+  LaneF lane_min = LaneF{} + kPosInf;
+  int64_t j = 0;
+  for (; j + kLanes <= vocab; j += kLanes) {
+    const LaneF v = load_lanes(x + j);
+    lane_min = (v > neg_inf) & (shift_lanes(v, row_max, t) >= floor) & (v < lane_min) ? v : lane_min;
+  }
+  float smallest = kPosInf;
+  for (int64_t l = 0; l < kLanes; ++l) smallest = lane_min[l] < smallest ? lane_min[l] : smallest;
+  for (; j < vocab; ++j) {
+    if (x[j] > kNegInf && shift(x[j], row_max, t) >= log_min_p && x[j] < smallest) smallest = x[j];
+  }
+  return smallest;
+}
+
+// The threshold of a row whose extent (row_extent) is known.
+inline float truncation_threshold(const float* x, int64_t vocab, RowExtent extent, float t, int64_t k, float p,
+                                  float log_min_p, ThresholdScratch& s) {
+  const float row_max = extent.max;
+  const int64_t allowed = extent.allowed;
   if (allowed == 0) return kNegInf;
   float tau = kNegInf;
-  if (k > 0 && k < allowed && !kth_largest(x, vocab, k, s.weights, &tau)) {
+  if (allowed <= kShortRow) {
+    if ((k > 0 && k < allowed) || p < 1.0f) tau = short_row_cut(x, vocab, allowed, row_max, t, k, p);
+  } else if (k > 0 && k < allowed && allowed <= kMidRow) {
+    tau = kth_by_selection(x, vocab, allowed, k, row_max, s.kept);
+  } else if (k > 0 && k < allowed && !kth_largest(x, vocab, k, s.weights, &tau)) {
     s.keys.clear();
     s.weights.clear();
     for (int64_t j = 0; j < vocab; ++j) {
@@ -485,9 +666,9 @@ inline float truncation_threshold(const float* x, int64_t vocab, float t, int64_
         s.weights.push_back(1.0f);
       }
     }
-    tau = key_value(select_key(s.keys, s.weights, static_cast<double>(k), 0.0));
+    tau = key_value(select_key(s.keys, s.weights, static_cast<double>(k), 0.0, s.histograms));
   }
-  if (p < 1.0f) {
+  if (p < 1.0f && allowed > kShortRow) {
     // The logits top-k kept (every allowed one without it), in row order: their
     // softmax weights, and Z summed in that order.
     s.kept.clear();
@@ -513,17 +694,19 @@ inline float truncation_threshold(const float* x, int64_t vocab, float t, int64_
     s.weights.resize(n);
     double z = 0.0;
     for (const float e : s.weights) z += e;
-    const float tau_p = key_value(select_key(s.keys, s.weights, static_cast<double>(p) * z, 0.0));
+    const float tau_p = key_value(select_key(s.keys, s.weights, static_cast<double>(p) * z, 0.0, s.histograms));
     tau = tau_p > tau ? tau_p : tau;
   }
   if (log_min_p > kNegInf) {
-    float smallest = kPosInf;
-    for (int64_t j = 0; j < vocab; ++j) {
-      if (x[j] > kNegInf && shift(x[j], row_max, t) >= log_min_p && x[j] < smallest) smallest = x[j];
-    }
+    const float smallest = min_p_threshold(x, vocab, row_max, t, log_min_p);
     tau = smallest > tau ? smallest : tau;
   }
   return tau;
+}
+
+inline float truncation_threshold(const float* x, int64_t vocab, float t, int64_t k, float p, float log_min_p,
+                                  ThresholdScratch& s) {
+  return truncation_threshold(x, vocab, row_extent(x, vocab), t, k, p, log_min_p, s);
 }
 
 }  // namespace cpu

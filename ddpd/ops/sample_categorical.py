@@ -30,9 +30,11 @@ float32's range rounds to 0 and leaves only the maxima), y_j = shift(l_j, M):
    min_p is relative to the maximum, so its place changes nothing). Each keeps an
    upper set of the row, so K = {l >= tau}; M is always kept.
 2. the token is drawn from softmax(y) over K; with temperature 0 (greedy) it is the
-   first argmax of l. No sort: the thresholds come from a radix search over the
-   order-preserving 32-bit keys of the logits (csrc/cpu/sample_categorical.h,
-   ddpd.kernels.sample_categorical).
+   first argmax of l. No sort of the vocabulary: the thresholds come from a radix
+   search over the order-preserving 32-bit keys of the logits (csrc/cpu/sample_categorical.h,
+   ddpd.kernels.sample_categorical); on the CPU a row of at most 64 allowed logits sorts
+   them on the stack, and top-k's k-th largest of up to 4096 comes from a histogram of
+   their values and a selection in its bucket.
 3. return_logprob: log p(token) = y_token - log sum_{j in K} exp(y_j) under this
    tempered, truncated law (at temperature 0: the law at T = 1, as LLaDA and Dream
    compute confidences when decoding greedily); confidence="prob" that probability,
