@@ -102,6 +102,7 @@ BUDGET_CASES = [
     ("mask denoiser, bound 2, max_k 2", "sparse S2 D4", 3, 2.0, 2, "risk", "mask"),
     ("mask denoiser, bound 0.3 spread", "dir S3 D3", 3, 0.3, 3, "spread", "mask"),
     ("uniform denoiser, bound 0 spread", "sparse S2 D4", 2, 0.0, 4, "spread", "uniform"),
+    ("mask denoiser, bound 0 cosine spread", "dir S3 D3", 3, 0.0, 3, "cosine", "mask"),
 ]
 
 
@@ -111,7 +112,8 @@ def test_error_budget_matches_its_exact_law(name, toy_name, steps, bound, max_k,
     problem = toy(toy_name)
     models = problem.models()
     network = models.mask_denoiser if denoiser == "mask" else models.uniform_denoiser
-    spread, order = order == "spread", "risk" if order == "spread" else order
+    spread = {"spread": "linear", "cosine": "cosine"}.get(order, "none")
+    order = "risk" if spread != "none" else order
     result = ddpd_sample(models.planner, network, B, problem.D, problem.S, steps=steps, noise=noise(), stop="budget",
                          denoiser_type=denoiser, policy=ErrorBudget(bound, max_k, order, spread))
     law = policy_laws.error_budget_law(problem, steps, bound, max_k, order, denoiser, spread=spread)
@@ -122,10 +124,10 @@ def test_error_budget_matches_its_exact_law(name, toy_name, steps, bound, max_k,
     assert float(result.tokens_per_pass) > 0.5  # more than one token a step on average
 
 
-KNOWN_NOISE_CASES = [("mask denoiser, bound 0.5", "dir S3 D3", 3, 0.5, 3, "mask", False, 0.0),
-                     ("uniform denoiser, bound 0 spread", "sparse S2 D4", 2, 0.0, 4, "uniform", True, 0.0),
-                     ("mask denoiser, bound 0.8 spread, choice temperature 2", "dir S3 D3", 3, 0.8, 3, "mask", True,
-                      2.0)]
+KNOWN_NOISE_CASES = [("mask denoiser, bound 0.5", "dir S3 D3", 3, 0.5, 3, "mask", "none", 0.0),
+                     ("uniform denoiser, bound 0 spread", "sparse S2 D4", 2, 0.0, 4, "uniform", "linear", 0.0),
+                     ("mask denoiser, bound 0.8 spread, choice temperature 2", "dir S3 D3", 3, 0.8, 3, "mask",
+                      "cosine", 2.0)]
 
 
 @pytest.mark.parametrize("name,toy_name,steps,bound,max_k,denoiser,spread,tau", KNOWN_NOISE_CASES,
@@ -145,7 +147,7 @@ def test_known_noise_matches_its_exact_law(name, toy_name, steps, bound, max_k, 
 
 
 def test_plan_every_runs_the_planner_every_m_steps_and_replays_from_graphs():
-    policy = ErrorBudget(1.0, 8, spread=True, known_noise=True, plan_every=3)
+    policy = ErrorBudget(1.0, 8, spread="cosine", known_noise=True, plan_every=3)
 
     def run(**options):
         return ddpd_sample(NETWORKS["planner"], NETWORKS["mask"], 6, D, 27, steps=10, seed=3, denoiser_type="mask",

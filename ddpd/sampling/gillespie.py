@@ -66,7 +66,7 @@ from ddpd.sampling.common import Run, expand, setup, start, subset, write
 from ddpd.sampling.draws import Draws
 from ddpd.sampling.noise import ACCEPT, CLOCK, CONFIDENCE, NoiseSource, exponential, gumbel
 from ddpd.sampling.options import DDPDOptions, Temperature
-from ddpd.sampling.policies import commit_risk
+from ddpd.sampling.policies import commit_risk, spread_minimum
 from ddpd.validation import check_callable, check_choice
 
 DENOISER_TYPES = ("uniform", "mask")
@@ -300,7 +300,8 @@ def _planner_clock(run: Run, draws: Draws, opts: DDPDOptions, networks, batch: R
         else:
             tokens, confidence = networks.tokens(draws, batch, step, x_in, t, positions, batch.rows, temperature,
                                                  None, confidence=True)
-            minimum = torch.ceil(sum_p / (run.steps - step)).long() if policy.spread else None
+            noisy = _noisy_positions(batch, run)
+            minimum = spread_minimum(policy.spread, sum_p, step, run.steps, run.length if noisy is None else noisy)
             change = change & policy.commit(commit_risk(logits, positions, confidence),
                                             _candidates(positions, masked, mask_id), minimum,
                                             _choice_noise(run, policy, step, batch.rows, positions.shape[1]))

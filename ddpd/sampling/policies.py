@@ -24,6 +24,7 @@ from torch import Tensor
 from ddpd.validation import check_choice, check_float, check_int
 
 ORDERS = ("risk", "planner")
+SPREADS = ("none", "linear", "cosine")
 REMDM_SCHEDULES = ("cap", "rescale", "loop")
 
 
@@ -42,9 +43,11 @@ class ErrorBudget:
     pick is always committed; of the others (with a mask denoiser only those the planner's
     mask z of prop:draw_with_maskD masked), the lowest-risk ones (order='risk'), or the
     next in the planner's order (order='planner', stopping at the first that does not fit),
-    are committed while sum r_j <= bound. With `spread`, at least ceil(sum_d p_d / steps
-    left) are committed (as many as are eligible): the planner's expected noise is spent by
-    the end of the step budget, as MaskGIT's schedule spends its masks. A committed token the
+    are committed while sum r_j <= bound. `spread` sets the fewest a step commits (as many
+    as are eligible), so that the planner's expected noise sum_d p_d is spent by the end of
+    the step budget T: 'linear' ceil(sum_d p_d / (T - i)) at step i; 'cosine' what brings it
+    down to floor(n0 cos(pi/2 (i + 1) / T)), n0 the positions a row starts noisy, MaskGIT's
+    schedule (few commits while the context is empty, more once it is not). A committed token the
     planner later calls noise is drawn again, as in Algorithm 1.
 
     known_noise: a position no draw of the run has written yet is noise for certain (the run
@@ -58,14 +61,14 @@ class ErrorBudget:
     Chang et al. 2022): a Plackett-Luce order by (1 - r)^(1 / tau_i), less greedy than the
     lowest risk first, which keeps the samples' entropy.
 
-    With bound 0 (spread, known_noise off, plan_every 1) or max_k 1 a step commits one
+    With bound 0 (no spread, known_noise off, plan_every 1) or max_k 1 a step commits one
     position: exactly Algorithm 1's draws.
     """
 
     bound: float = 1.0
     max_k: int = 16
     order: str = "risk"
-    spread: bool = False
+    spread: str = "none"
     known_noise: bool = False
     plan_every: int = 1
     choice_temperature: float = 0.0
@@ -74,9 +77,9 @@ class ErrorBudget:
         object.__setattr__(self, "bound", check_float("bound", self.bound, 0.0, float("inf"), open_max=True))
         check_int("max_k", self.max_k, 1)
         check_choice("order", self.order, ORDERS)
-        for name in ("spread", "known_noise"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"{name} must be a bool, got {type(getattr(self, name)).__name__}")
+        check_choice("spread", self.spread, SPREADS)
+        if not isinstance(self.known_noise, bool):
+            raise TypeError(f"known_noise must be a bool, got {type(self.known_noise).__name__}")
         check_int("plan_every", self.plan_every, 1)
         object.__setattr__(self, "choice_temperature", check_float("choice_temperature", self.choice_temperature,
                                                                    0.0, float("inf"), open_max=True))
@@ -94,11 +97,25 @@ class ErrorBudget:
         order = key.float().masked_fill(~ok, float("inf")).argsort(dim=1, stable=True)  # eligible first
         ranked = rest.gather(1, order).masked_fill(~ok.gather(1, order), float("inf"))
         n = (ranked.cumsum(1) <= self.bound).sum(1)  # risks are >= 0: the sums only grow
-        if self.spread and minimum is not None:
+        if minimum is not None:
             n = torch.maximum(n, torch.minimum(minimum - 1, ok.sum(1)))
         rank = torch.empty_like(order).scatter_(1, order, torch.arange(rest.shape[1], device=rest.device)
                                                  .expand_as(order))
         return torch.cat([torch.ones_like(eligible[:, :1]), rank < n[:, None]], 1)
+
+
+def spread_minimum(spread: str, sum_p: Tensor, step, steps: int, n0) -> Optional[Tensor]:
+    """Long[B]: the fewest commits of step `step` (an int, or a graph's step tensor) of `steps`
+    under ErrorBudget's `spread`, from the planner's expected noise sum_p Float[B] and n0, the
+    positions a row starts noisy (an int or Float[B]); None without a spread."""
+    if spread == "none":
+        return None
+    if spread == "linear":
+        return torch.ceil(sum_p / (steps - step)).long()
+    angle = (step + 1) / steps * (math.pi / 2)
+    left = torch.floor(torch.as_tensor(n0 * (torch.cos(angle) if isinstance(angle, Tensor) else math.cos(angle)),
+                                       device=sum_p.device))
+    return torch.ceil(sum_p - left).long().clamp(min=1)
 
 
 def commit_risk(planner_logits: Tensor, positions: Tensor, confidence: Tensor) -> Tensor:

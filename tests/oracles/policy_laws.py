@@ -7,6 +7,7 @@ policy's rule applied to every outcome. None of it calls the samplers' code.
 from __future__ import annotations
 
 import itertools
+import math
 
 import torch
 
@@ -127,17 +128,28 @@ def _denoiser_views(toy: ToyProblem, p: torch.Tensor, alpha: torch.Tensor, picks
         yield z, pz, q
 
 
+def _minimum(spread: str, sum_p: torch.Tensor, i: int, steps: int, n0: int):
+    """The spread's fewest commits at step i: the expected noise over the steps left (linear), or
+    down to floor(n0 cos(pi/2 (i + 1) / T)) (cosine, at least 1)."""
+    if spread == "none":
+        return None
+    if spread == "linear":
+        return torch.ceil(sum_p / (steps - i)).long()
+    left = math.floor(n0 * math.cos(math.pi / 2 * (i + 1) / steps))
+    return torch.ceil(sum_p - left).long().clamp(min=1)
+
+
 def error_budget_law(toy: ToyProblem, steps: int, bound: float, max_k: int, order: str = "risk",
                      denoiser_type: str = "uniform", selection: str = "sigmoid", temperature: float = 1.0,
-                     stop: str = "budget", eps: float = 0.01, spread: bool = False) -> torch.Tensor:
+                     stop: str = "budget", eps: float = 0.01, spread: str = "none") -> torch.Tensor:
     """Law of ddpd_sample(clock='planner', policy=ErrorBudget(bound, max_k, order, spread)) with the
     time-free oracle planner, from uniform noise."""
     p = toy.planner_free
     alpha = toy.schedule.alpha(toy.schedule.inverse(1.0 - p.mean(-1)))
     pi = torch.full((toy.N,), 1.0 / toy.N, dtype=torch.float64)
     for i in range(steps):
-        minimum = torch.ceil(p.sum(-1) / (steps - i)).long() if spread else None
-        if i == 0 or spread:  # the kernel changes with the step only through the spread's minimum
+        minimum = _minimum(spread, p.sum(-1), i, steps, toy.D)
+        if i == 0 or spread != "none":  # the kernel changes with the step only through the spread's minimum
             kernel = error_budget_kernel(toy, p, alpha, selection, temperature, denoiser_type, bound, max_k, order,
                                          minimum)
             if stop == "eps":
@@ -148,7 +160,7 @@ def error_budget_law(toy: ToyProblem, steps: int, bound: float, max_k: int, orde
 
 
 def known_noise_law(toy: ToyProblem, steps: int, bound: float, max_k: int, denoiser_type: str = "mask",
-                    spread: bool = False, choice_temperature: float = 0.0) -> torch.Tensor:
+                    spread: str = "none", choice_temperature: float = 0.0) -> torch.Tensor:
     """Law of ddpd_sample(policy=ErrorBudget(bound, max_k, spread=spread, known_noise=True)): the
     chain on (x, the positions written so far), from uniform noise with none written."""
     p = toy.planner_free
@@ -162,7 +174,7 @@ def known_noise_law(toy: ToyProblem, steps: int, bound: float, max_k: int, denoi
                 continue
             known = torch.tensor([bool(touched >> (toy.D - 1 - d) & 1) for d in range(toy.D)])
             p_now = torch.where(known, p, torch.ones_like(p))
-            minimum = torch.ceil(p_now.sum(-1) / (steps - i)).long() if spread else None
+            minimum = _minimum(spread, p_now.sum(-1), i, steps, toy.D)
             alpha = toy.schedule.alpha(toy.schedule.inverse(1.0 - p_now.mean(-1)))  # the estimate counts them as noise
             kernel = error_budget_kernel(toy, p, alpha, "sigmoid", 1.0, denoiser_type, bound, max_k, "risk",
                                          minimum, touched, choice_temperature * (1.0 - i / steps))
