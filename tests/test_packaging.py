@@ -205,3 +205,9 @@ def test_wheel_ships_the_data(tmp_path):
                    capture_output=True, timeout=HANG_GUARD_SECONDS, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
     shipped = sorted(p.name for p in (tmp_path / "lib" / "ddpd" / "assets").iterdir())
     assert shipped == ["NOTICE.md", "__init__.py", "books.txt", "gpt2.tiktoken"]
+
+
+def test_the_licence_file_is_the_declared_licence():
+    assert PROJECT["license"] == "MIT"
+    assert (ROOT / "LICENSE").read_text().splitlines()[0] == "MIT License"
+
