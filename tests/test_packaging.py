@@ -207,7 +207,22 @@ def test_wheel_ships_the_data(tmp_path):
     assert shipped == ["NOTICE.md", "__init__.py", "books.txt", "gpt2.tiktoken"]
 
 
+def _top_level_field(text: str, key: str) -> str:
+    """A top-level `key: value` line of a YAML file (no YAML parser in the test extra)."""
+    values = [line.split(":", 1)[1].strip().strip('"') for line in text.splitlines() if line.startswith(f"{key}:")]
+    assert len(values) == 1, f"{key}: {values}"
+    return values[0]
+
+
 def test_the_licence_file_is_the_declared_licence():
     assert PROJECT["license"] == "MIT"
     assert (ROOT / "LICENSE").read_text().splitlines()[0] == "MIT License"
 
+
+def test_the_citation_file_describes_this_release():
+    """CITATION.cff carries its own version and licence: they must follow pyproject.toml's."""
+    citation = (ROOT / "CITATION.cff").read_text(encoding="utf-8")
+    assert _top_level_field(citation, "cff-version") == "1.2.0"
+    assert _top_level_field(citation, "version") == PROJECT["version"]
+    assert _top_level_field(citation, "license") == PROJECT["license"]
+    assert "preferred-citation:" in citation.splitlines()
