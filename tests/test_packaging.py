@@ -1,6 +1,7 @@
 """What the package declares and ships: dependencies where they are needed, optional
 extras with one-line errors, the extension importable on its own, the shipped data."""
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -226,3 +227,13 @@ def test_the_citation_file_describes_this_release():
     assert _top_level_field(citation, "version") == PROJECT["version"]
     assert _top_level_field(citation, "license") == PROJECT["license"]
     assert "preferred-citation:" in citation.splitlines()
+
+
+def test_the_linter_is_pinned_once():
+    """The lint in .ci/run (the test extra's ruff) and the pre-commit hook run the same ruff:
+    a newer release adds checks, so an unpinned one fails an unchanged tree."""
+    pins = [r.split("==")[1] for r in PROJECT["optional-dependencies"]["test"] if r.startswith("ruff==")]
+    assert len(pins) == 1, PROJECT["optional-dependencies"]["test"]
+    hooks = (ROOT / ".pre-commit-config.yaml").read_text()
+    assert "repo: https://github.com/astral-sh/ruff-pre-commit" in hooks
+    assert re.findall(r"^\s*rev:\s*(\S+)$", hooks, re.MULTILINE) == [f"v{pins[0]}"]
