@@ -607,13 +607,13 @@ main(["training", {setup["ar"]!r}, "--out-dir", {str(out_dir)!r}])
 NEEDED_BY_THE_COMMAND = {"convergence": {"--planner", "--denoiser"}}
 
 
-def _readme_synopses():
-    """{command: the flags its synopsis in the README shows outside brackets, as required}."""
+def _documented_synopses():
+    """{command: the flags its synopsis in docs/cli.md shows outside brackets, as required}."""
     from pathlib import Path
     import re
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = readme.split("### `ddpd-eval`")[1]
+    reference = (Path(__file__).resolve().parents[1] / "docs" / "cli.md").read_text()
+    section = reference.split("## `ddpd-eval`")[1]
     block = section.split("```\n")[1]  # the section's first block: its synopses
     lines = re.sub(r"\n  ", " ", block).splitlines()  # a synopsis goes on in its indented lines
     synopses = {}
@@ -627,12 +627,12 @@ def _readme_synopses():
     return synopses
 
 
-def test_the_readme_synopses_show_as_required_only_what_is_required():
+def test_the_documented_synopses_show_as_required_only_what_is_required():
     """`ddpd-eval elbo` showed --uniform (and --planner, --denoiser) as required; none is."""
     from ddpd.cli.eval import build_parser
 
     commands = build_parser()._subparsers._group_actions[0].choices
-    synopses = _readme_synopses()
+    synopses = _documented_synopses()
     assert set(synopses) == set(commands)
     for command, shown in synopses.items():
         required = {a.option_strings[0] for a in commands[command]._actions if a.required and a.option_strings}
