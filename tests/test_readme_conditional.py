@@ -1,4 +1,4 @@
-"""The README's conditional generation and command-line sections as a reader uses them:
+"""docs/conditional.md, docs/cli.md and the README's quickstart as a reader uses them:
 the toy corpus block makes a labelled corpus ddpd-train reads, every ddpd-train /
 ddpd-sample command line of a bash block parses with the tools' own parsers, and the
 adapter example imports names ddpd has."""
@@ -15,9 +15,10 @@ from ddpd.cli.train import build_parser as train_parser
 from ddpd.training.data import Text8Tokenizer, load_labelled
 
 ROOT = Path(__file__).resolve().parents[1]
-README = (ROOT / "README.md").read_text()
-PYTHON = re.findall(r"```python\n(.*?)```", README, re.S)
-BASH = re.findall(r"```bash\n(.*?)```", README, re.S)
+CONDITIONAL = (ROOT / "docs" / "conditional.md").read_text()
+DOCS = [(ROOT / name).read_text() for name in ("README.md", "docs/cli.md", "docs/conditional.md")]
+PYTHON = re.findall(r"```python\n(.*?)```", CONDITIONAL, re.S)
+BASH = [block for doc in DOCS for block in re.findall(r"```bash\n(.*?)```", doc, re.S)]
 PARSERS = {"ddpd-train": train_parser, "ddpd-sample": sample_parser}
 COMMANDS = [line.split(" #")[0] for block in BASH for line in block.splitlines()
             if line.split(" ")[0] in PARSERS]
@@ -26,13 +27,13 @@ COMMANDS = [line.split(" #")[0] for block in BASH for line in block.splitlines()
 def test_the_toy_corpus_block_makes_a_labelled_corpus(tmp_path, monkeypatch):
     (block,) = [b for b in PYTHON if "toy.jsonl" in b]
     monkeypatch.chdir(tmp_path)
-    exec(compile(block, "README.md", "exec"), {})
+    exec(compile(block, "docs/conditional.md", "exec"), {})
     records = load_labelled(str(tmp_path / "toy.jsonl"), Text8Tokenizer())
     assert records.labels.tolist() == [0, 1] * 200
     assert int(records.lengths.min()) >= 32  # every record holds a --seq-len 32 window
 
 
-def test_the_readme_trains_and_samples_with_labels_and_prompts():
+def test_the_docs_train_and_sample_with_labels_and_prompts():
     text = " ".join(COMMANDS)
     for flag in ("--num-classes", "--label-dropout", "--labels", "--guidance-scale", "--prompt", "--infill"):
         assert flag in text, flag
@@ -55,7 +56,7 @@ def test_the_adapter_example_imports_what_ddpd_has():
         assert hasattr(importlib.import_module(module), name), (module, name)
 
 
-# Where the README's toy samples were made: its test compares them token for token there only
+# Where the documented toy samples were made: its test compares them token for token there only
 # (training's float sums may round otherwise with other vector instructions or another torch).
 MADE_WITH = ("2.13.0+cpu", "AVX512")
 WIDTH, GAP = 32, 3  # a sample (--seq-len 32) and the spaces between the columns
@@ -69,9 +70,9 @@ def _toy_words():
     return [" ".join(w) for w in words]
 
 
-def _readme_samples():
-    """The README's toy samples: [--labels 0 1, --guidance-scale 3, no labels], 6 each."""
-    block = README.split("The samples these commands printed")[1].split("```\n")[1]
+def _documented_samples():
+    """docs/conditional.md's toy samples: [--labels 0 1, --guidance-scale 3, no labels], 6 each."""
+    block = CONDITIONAL.split("The samples these commands printed")[1].split("```\n")[1]
     header, *rows = block.splitlines()
     assert header.split("  ")[0] == "--labels 0 1" and len(rows) == 6
     step = WIDTH + GAP
@@ -79,7 +80,7 @@ def _readme_samples():
 
 
 def _check_traits(labelled, guided, unlabelled):
-    """What the README says of them: with labels 0, 1, 0, ... each sample keeps to its class
+    """What docs/conditional.md says of them: with labels 0, 1, 0, ... each sample keeps to its class
     (no letter only the other class's words have); without labels the classes mix."""
     colours, numbers = (set(words) for words in _toy_words())
     only = [colours - numbers, numbers - colours]
@@ -92,15 +93,15 @@ def _check_traits(labelled, guided, unlabelled):
     assert text & only[0] and text & only[1], unlabelled
 
 
-def test_the_readme_toy_samples_have_the_traits_it_names():
+def test_the_documented_toy_samples_have_the_traits_the_doc_names():
     assert len(TOY_COMMANDS) == 5 and [c.split()[0] for c in TOY_COMMANDS] == ["ddpd-train"] * 2 + ["ddpd-sample"] * 3
-    _check_traits(*_readme_samples())
+    _check_traits(*_documented_samples())
 
 
 @pytest.mark.slow
-def test_the_toy_commands_print_the_readme_samples(tmp_path, monkeypatch):
-    """The README's commands as written, in a fresh directory: their samples have the traits,
-    and are the README's where torch and the CPU are those they were made with."""
+def test_the_toy_commands_print_the_documented_samples(tmp_path, monkeypatch):
+    """The documented commands as written, in a fresh directory: their samples have the traits,
+    and are the documented ones where torch and the CPU are those they were made with."""
     import subprocess
     import sys
 
@@ -108,7 +109,7 @@ def test_the_toy_commands_print_the_readme_samples(tmp_path, monkeypatch):
 
     (block,) = [b for b in PYTHON if "toy.jsonl" in b]
     monkeypatch.chdir(tmp_path)
-    exec(compile(block, "README.md", "exec"), {})
+    exec(compile(block, "docs/conditional.md", "exec"), {})
     printed = []
     for command in TOY_COMMANDS:
         tool, *argv = shlex.split(command)
@@ -118,4 +119,4 @@ def test_the_toy_commands_print_the_readme_samples(tmp_path, monkeypatch):
     samples = printed[2:]
     _check_traits(*samples)
     if (torch.__version__, torch.backends.cpu.get_cpu_capability()) == MADE_WITH:
-        assert samples == _readme_samples()
+        assert samples == _documented_samples()

@@ -189,7 +189,7 @@ def test_uniform_noise_networks_trained_without_prompts_bias_a_prompt():
     positions average over prompts the data could have had. The sampler keeps the frozen positions
     out of the plan and follows the law of that chain (both runs of it: planner and denoiser, and the
     single uniform model), which ends TV 0.123 from p_data(x_free | x_frozen) on dir S3 D3 with
-    x^1 = 2, and 0.289 on the Markov chain S2 D4 with x^0 x^1 = 1 0 (the README quotes both)."""
+    x^1 = 2, and 0.289 on the Markov chain S2 D4 with x^0 x^1 = 1 0 (docs/conditional.md quotes both)."""
     cond = Conditioned(toy("dir S3 D3"), [1], [2])
     prompted = laws.ddpd_exact_clock_law(cond.sub, T_END)
     assert tv(prompted, cond.sub.p_data) < 1e-3
