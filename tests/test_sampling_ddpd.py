@@ -221,7 +221,7 @@ def test_exact_clock_with_a_mask_denoiser_is_biased():
     assert tv(exact, problem.p_data) < 1e-3 < 0.01 < tv(biased, problem.p_data)
     TABLE.add("ddpd exact clock law, time-conditioned planner, mask denoiser [support5 S3 D3]", None,
               tv(biased, problem.p_data), None, problem.N)
-    markov = toy("markov S2 D2")  # the bias on a chain, too (the README quotes both)
+    markov = toy("markov S2 D2")  # the bias on a chain, too (docs/api.md quotes both)
     law = laws.ddpd_exact_clock_law(markov, T_END, denoiser_type="mask")
     assert tv(law, markov.p_data) > 0.005
     TABLE.add("ddpd exact clock law, time-conditioned planner, mask denoiser [markov S2 D2]", None,

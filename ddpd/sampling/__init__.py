@@ -1,6 +1,6 @@
 """Samplers of DDPD and its baselines, each written once.
 
-Models are callables (README, Python API): planner(x) -> Float[B, D] logits of "position
+Models are callables (docs/api.md): planner(x) -> Float[B, D] logits of "position
 is noise", denoiser(x, t) -> Float[B, D, V] logits. Every sampler takes one of
 seed / generator / noise (a NoiseSource, ddpd.sampling.noise) and returns a
 SampleResult (tokens, steps, per-row stop_step, forward-pass counts, the passes whose
