@@ -1,6 +1,6 @@
 """The README and docs/api.md as a newcomer follows them: their Python examples run as
 written, the install lines are true on any machine, and no documentation or help text
-sends a user to a file they do not have."""
+sends a user to a file (or a section) they do not have."""
 import re
 from pathlib import Path
 
@@ -101,3 +101,85 @@ def test_every_results_file_a_document_quotes_is_committed():
         for suffix in re.findall(r"`(-[A-Za-z0-9-]+\.txt)`", text):
             assert any(n.endswith(suffix) for n in committed), \
                 f"{path.name} quotes {suffix}, which no results file ends with"
+
+
+class _TinyNet(torch.nn.Module):
+    """A denoiser with a backbone and an output head, its logits different at every position."""
+
+    def __init__(self, vocab_size, length, width=8):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab_size + 1, width)  # + the mask id
+        self.position = torch.nn.Parameter(torch.randn(length, width))
+        self.head = torch.nn.Linear(width, vocab_size)
+
+    def hidden(self, x):
+        return self.embed(x) + self.position
+
+    def forward(self, x):
+        return self.head(self.hidden(x))
+
+
+@torch.no_grad()
+def test_the_llada_step_writes_the_greedy_tokens_of_the_k_most_confident_masked_positions():
+    V, k = 11, 2
+    torch.manual_seed(0)
+    net = _TinyNet(V, 6)
+    x = torch.full((3, 6), V)
+    x[:, :2] = torch.tensor([1, 2])  # a prompt
+    scope = {"net": net, "x": x.clone(), "temperature": 0.0, "seed": 0, "step": 0, "k": k, "mask_id": V,
+             "rows": torch.arange(x.numel()).view(x.shape)}
+    exec(compile(_block("confidence.topk"), "README.md", "exec"), scope)
+    filled = scope["x"] != x
+    assert torch.equal(scope["x"][~filled], x[~filled]) and (filled.sum(1) == k).all()
+    assert not (filled & (x != V)).any()
+    probs = net(x).softmax(-1)
+    assert torch.equal(scope["x"][filled], probs.argmax(-1)[filled])  # temperature 0: the argmax
+    confidence = probs.amax(-1).masked_fill(x != V, float("-inf"))
+    kth = confidence.topk(k, dim=1).values[:, -1:]
+    assert (confidence[filled].view(3, k) >= kth).all()
+
+
+@torch.no_grad()
+def test_the_mdlm_step_reveals_masked_positions_only_and_the_last_step_reveals_all():
+    V, T = 11, 4
+    torch.manual_seed(0)
+    net = _TinyNet(V, 6)
+    x = torch.full((3, 6), V)
+    x[:, 0] = 4  # a prompt
+    for i, revealed_all in ((0, False), (T - 1, True)):  # a quarter of the coins land, then all
+        scope = {"net": net, "x": x.clone(), "mask_id": V, "T": T, "i": i, "seed": 0, "temperature": 1.0,
+                 "rows": torch.arange(x.numel()).view(x.shape)}
+        exec(compile(_block("sample_from_hidden"), "README.md", "exec"), scope)
+        new = scope["x"]
+        assert (new[:, 0] == 4).all() and ((new == V) | (new < V)).all()
+        assert bool((new[:, 1:] != V).all()) == revealed_all
+    assert (new[:, 1:] < V).all()
+
+
+def _slug(heading):
+    """GitHub's anchor of a heading."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _links(path):
+    """The relative link targets of a Markdown file, outside its code blocks."""
+    text = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)
+    return [t for t in re.findall(r"\]\(([^)\s]+)\)", text) if not t.startswith(("http://", "https://"))]
+
+
+def test_every_link_of_the_readme_and_docs_leads_to_a_file_and_a_section_it_has():
+    for path in [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), ROOT / "docs" / "text8" / "README.md"]:
+        for target in _links(path):
+            name, _, anchor = target.partition("#")
+            dest = (path.parent / name).resolve() if name else path
+            assert dest.exists(), f"{path.relative_to(ROOT)} links {target}, which does not exist"
+            if anchor and dest.suffix == ".md":
+                text = re.sub(r"```.*?```", "", dest.read_text(), flags=re.S)
+                anchors = {_slug(h) for h in re.findall(r"^#+ (.+)$", text, re.M)}
+                assert anchor in anchors, f"{path.relative_to(ROOT)} links {target}, a section {name} lacks"
+
+
+def test_the_readme_maps_every_doc():
+    linked = {(ROOT / t.partition("#")[0]).resolve() for t in _links(ROOT / "README.md")}
+    for doc in [*(ROOT / "docs").glob("*.md"), ROOT / "docs" / "text8" / "README.md"]:
+        assert doc.resolve() in linked, f"README.md does not link {doc.relative_to(ROOT)}"
