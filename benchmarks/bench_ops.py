@@ -14,10 +14,11 @@ group, timed in the same run:
 Each runs on CPU, and on CUDA where a device is present (Triton kernels).
 Targets: sample_categorical 64 x 50257 fp32 at least 5x faster than softmax +
 torch.multinomial on CPU; with top-k / top-p / min-p (test_sample_categorical_controls)
-at least 3x faster than the usual torch code (Hugging Face's logits warpers: top-k by
-torch.topk, top-p by sort + cumsum + mask, min-p by a softmax threshold; then softmax +
-torch.multinomial). Against the fastest torch code no target is set: the summary says
-where ddpd is slower.
+at least 3x faster than the usual torch code at 64 x 50257 (Hugging Face's logits
+warpers: top-k by torch.topk, top-p by sort + cumsum + mask, min-p by a softmax
+threshold; then softmax + torch.multinomial), and at least as fast as it at every shape
+of CONTROL_SHAPES (short rows too, where a row's fixed cost counts). Against the fastest
+torch code no target is set: the summary says where ddpd is slower.
 """
 import functools
 import sys
@@ -123,18 +124,28 @@ def test_sample_from_hidden(compare, rows, width, vocab, variant, device):
     compare(f"sample_from_hidden {rows}x{width} -> {vocab}", variant, fns[variant], device)
 
 
-CONTROLS = {"top_k=50": dict(top_k=50), "top_p=0.9": dict(top_p=0.9), "min_p=0.05": dict(min_p=0.05),
-            "top_k=50 top_p=0.9": dict(top_k=50, top_p=0.9)}
+CONTROLS = ("top_k", "top_p", "min_p", "top_k top_p")
+# GPT-2's vocabulary, and the small ones that MaskGIT and tau-leaping draw at every one of
+# B x D positions (text8's 27 characters, DNA's 5 bases), where a row's fixed cost counts
+CONTROL_SHAPES = [(64, 50257), (2048, 300), (4096, 27), (16384, 27), (16384, 5)]
 
 
-@pytest.mark.parametrize("controls", list(CONTROLS))
+def control_kwargs(controls: str, vocab: int) -> dict:
+    """The keyword arguments of a truncation: top-k 50 (Hugging Face's default) where it
+    cuts, else a fifth of the vocabulary (at least 2); top-p 0.9; min-p 0.05."""
+    every = dict(top_k=50 if vocab > 100 else max(2, vocab // 5), top_p=0.9, min_p=0.05)
+    return {name: every[name] for name in controls.split()}
+
+
+@pytest.mark.parametrize("rows,vocab", CONTROL_SHAPES)
+@pytest.mark.parametrize("controls", CONTROLS)
 @pytest.mark.parametrize("variant", variants(torch_draws.TRUNCATED))
 @pytest.mark.parametrize("device", DEVICES)
-def test_sample_categorical_controls(compare, controls, variant, device):
-    rows, vocab = 64, 50257
+def test_sample_categorical_controls(compare, rows, vocab, controls, variant, device):
     logits = randn(rows, vocab, device=device)
     noise = uniforms(rows, noise_width(vocab), device=device)
-    kw = CONTROLS[controls]
+    kw = control_kwargs(controls, vocab)
+    controls = " ".join(f"{name}={value}" for name, value in kw.items())
     fns = {
         "reference": lambda: sample_categorical_reference(logits, 0.8, noise=noise, **kw),
         "fused": lambda: sample_categorical(logits, 0.8, seed=1, offset=2, **kw),
