@@ -16,9 +16,8 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from torch_draws import TORCH, gumbel_top_k, inverse_cdf  # noqa: E402
-
 from ddpd.ops.multinomial import multinomial, multinomial_reference  # noqa: E402
+from torch_draws import TORCH, gumbel_top_k, inverse_cdf  # noqa: E402
 
 ROWS, VOCAB = 64, 50257
 SHORT_ROWS, SHORT_VOCAB = 4096, 27

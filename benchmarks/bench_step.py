@@ -25,10 +25,9 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from torch_draws import EPS, TORCH, gathered_step  # noqa: E402
-
 from ddpd.ops.planner_select import planner_select_mask  # noqa: E402
 from ddpd.ops.sample_from_hidden import sample_from_hidden  # noqa: E402
+from torch_draws import EPS, TORCH, gathered_step  # noqa: E402
 
 SHAPES = [(64, 256, 28, 256), (8, 1024, 50257, 256)]  # (B, D, V, H)
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))]

@@ -37,6 +37,7 @@ from typing import Callable, Optional
 
 import pytest
 import torch
+
 from torch_draws import TORCH  # the prefix of the variants that are plain torch code for the same job
 
 THREADS = int(os.environ.get("DDPD_BENCH_THREADS", "1"))

@@ -35,7 +35,7 @@ import argparse
 import statistics
 import sys
 import time
-from typing import Callable, List
+from typing import Callable
 
 import torch
 
@@ -56,7 +56,7 @@ class Clock:
     def __call__(self, fn: Callable, repeats: int = 3, warm: bool = True) -> float:
         if warm:
             fn()
-        times: List[float] = []
+        times: list[float] = []
         for _ in range(repeats):
             if self.cuda:
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

@@ -58,10 +58,10 @@ import torch_draws  # noqa: E402
 from bench_ops import MASK_ID  # noqa: E402
 from bench_step import fused_step, reference_step, step_inputs  # noqa: E402
 from conftest import peak_cuda_growth, peak_rss_growth  # noqa: E402
-
 from ddpd.models.attention import RotaryEmbedding  # noqa: E402
 from ddpd.ops.compact import compact_fixed, compact_fixed_reference, scatter_back, scatter_back_reference  # noqa: E402
 from ddpd.ops.multinomial import multinomial, multinomial_reference  # noqa: E402
+from ddpd.ops.norm import norm, norm_reference  # noqa: E402
 from ddpd.ops.planner_mask import planner_mask, planner_mask_reference  # noqa: E402
 from ddpd.ops.planner_select import (  # noqa: E402
     planner_select,
@@ -69,9 +69,8 @@ from ddpd.ops.planner_select import (  # noqa: E402
     planner_select_mask_reference,
     planner_select_reference,
 )
-from ddpd.ops.sample_categorical import sample_categorical, sample_categorical_reference  # noqa: E402
-from ddpd.ops.norm import norm, norm_reference  # noqa: E402
 from ddpd.ops.rotary import rotary, rotary_reference  # noqa: E402
+from ddpd.ops.sample_categorical import sample_categorical, sample_categorical_reference  # noqa: E402
 from ddpd.ops.sample_from_hidden import sample_from_hidden, sample_from_hidden_reference  # noqa: E402
 
 BF16, FP32 = torch.bfloat16, torch.float32

@@ -32,8 +32,13 @@ import tempfile
 
 import torch
 
-from launch_cost import planner_call, planner_mask_call, record_launches, sample_categorical_call, \
-    sample_from_hidden_call
+from launch_cost import (
+    planner_call,
+    planner_mask_call,
+    record_launches,
+    sample_categorical_call,
+    sample_from_hidden_call,
+)
 
 REGISTERS_PER_SM, SHARED_PER_SM, SHARED_RESERVED, WARPS_PER_SM = 65536, 233472, 1024, 64  # sm_90
 GPT2, LLAMA3, H100_SMS = 50257, 128256, 132

@@ -15,8 +15,8 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 TOOLS = {"ddpd-sample": "ddpd.cli.sample", "ddpd-train": "ddpd.cli.train", "ddpd-eval": "ddpd.cli.eval"}
 

@@ -38,7 +38,7 @@ import os
 import shutil
 import stat
 import struct
-from typing import Dict, NamedTuple, Optional, Tuple
+from typing import NamedTuple, Optional
 
 import torch
 from safetensors import SafetensorError
@@ -65,7 +65,7 @@ WEIGHT_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloa
 STATE_DTYPES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
 _ATTEMPTS = 20  # reads restarted because a writer replaced the directory while it was opened
 
-TrainState = Tuple[Dict[str, torch.Tensor], dict]
+TrainState = tuple[dict[str, torch.Tensor], dict]
 
 
 class CheckpointError(ValueError):
@@ -95,7 +95,7 @@ def save_checkpoint(path: str, model: torch.nn.Module, config: dict,
         _keep_other_entries(path, tmp, CHECKPOINT_ENTRIES)
 
 
-def _checkpoint_files(model: torch.nn.Module, config: dict, train_state: Optional[TrainState]) -> Dict[str, bytes]:
+def _checkpoint_files(model: torch.nn.Module, config: dict, train_state: Optional[TrainState]) -> dict[str, bytes]:
     """The bytes of every file of a checkpoint, config.json (with the digests) last."""
     meta = _check_train_state(train_state)
     files = {WEIGHTS: _serialize(model.state_dict())}
@@ -119,12 +119,12 @@ def settings_digest(config: dict) -> str:
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
-def _serialize(tensors: Dict[str, torch.Tensor]) -> bytes:
+def _serialize(tensors: dict[str, torch.Tensor]) -> bytes:
     # clone: safetensors refuses tensors that share memory (tied or sliced weights)
     return save_safetensors({name: t.detach().cpu().clone().contiguous() for name, t in tensors.items()})
 
 
-def _write_files(directory: str, files: Dict[str, bytes]) -> None:
+def _write_files(directory: str, files: dict[str, bytes]) -> None:
     for name, data in files.items():
         _write_file(os.path.join(directory, name), data)
 
@@ -215,7 +215,7 @@ def _link_or_copy(src: str, dst: str) -> None:
 # ---------------------------------------------------------------- reading
 
 
-def load_model(path: str, device: str = "cpu") -> Tuple[torch.nn.Module, dict]:
+def load_model(path: str, device: str = "cpu") -> tuple[torch.nn.Module, dict]:
     """(model in eval mode on `device`, config dict) from a checkpoint directory."""
     checkpoint = load_checkpoint(path, device)
     return checkpoint.model, checkpoint.config
@@ -269,13 +269,13 @@ def load_train_state(path: str) -> TrainState:
     return _consistent(path, lambda reader: _state_from(reader, _config_from(reader)))
 
 
-def load_bundle(path: str, device: str = "cpu") -> Tuple[torch.nn.Module, torch.nn.Module, Dict[str, dict]]:
+def load_bundle(path: str, device: str = "cpu") -> tuple[torch.nn.Module, torch.nn.Module, dict[str, dict]]:
     """(planner, denoiser, {"planner": config, "denoiser": config}) from a bundle,
     both from the same version of the bundle."""
     if not isinstance(path, (str, os.PathLike)) or not os.path.isdir(path):
         raise CheckpointError(f"bundle directory not found: {path}")
 
-    def load(reader: "_Reader"):
+    def load(reader: _Reader):
         readers = {role: reader.sub(role) for role in ("planner", "denoiser")}  # both opened at once
         loaded = {role: _load_from(readers[role], device, False) for role in readers}
         try:
@@ -305,10 +305,10 @@ class _Reader:
     of a checkpoint is opened at once (a writer deletes a replaced directory soon
     after; an open file stays readable), so verifying and parsing may take their time."""
 
-    def __init__(self, path: str, fd: int, root: Optional["_Reader"] = None):
+    def __init__(self, path: str, fd: int, root: Optional[_Reader] = None):
         self.path, self.fd, self.root = os.fspath(path), fd, root or self
         self.owned = [fd]  # descriptors to close with the root
-        self.files: Dict[str, int] = {}
+        self.files: dict[str, int] = {}
         for name in (CONFIG, WEIGHTS, STATE_META, STATE_TENSORS):
             try:  # non-blocking: opening a FIFO put in a file's place would wait for a writer
                 file = os.open(name, os.O_RDONLY | os.O_NONBLOCK, dir_fd=fd)
@@ -351,7 +351,7 @@ class _Reader:
         finally:
             os.close(fd)
 
-    def sub(self, name: str) -> "_Reader":
+    def sub(self, name: str) -> _Reader:
         try:
             fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=self.fd)
         except (FileNotFoundError, NotADirectoryError):
@@ -469,7 +469,7 @@ def _model_config(path: str, config: dict):
         raise CheckpointError(f"checkpoint {path}: config.json does not describe a valid model: {err}") from None
 
 
-def _read_header(reader: _Reader, name: str, fd: int) -> Tuple[dict, int, int]:
+def _read_header(reader: _Reader, name: str, fd: int) -> tuple[dict, int, int]:
     """(header, bytes before the data, file size) of a safetensors file, checked for
     form: a bounded length, JSON, and offsets that tile the data exactly."""
     size = os.fstat(fd).st_size
@@ -510,7 +510,7 @@ def _read_header(reader: _Reader, name: str, fd: int) -> Tuple[dict, int, int]:
     return header, 8 + length, size
 
 
-def _read_weights(reader: _Reader, config: dict, model_config) -> Dict[str, torch.Tensor]:
+def _read_weights(reader: _Reader, config: dict, model_config) -> dict[str, torch.Tensor]:
     fd = reader.open(WEIGHTS)
     try:
         header, _, size = _read_header(reader, WEIGHTS, fd)
@@ -588,7 +588,7 @@ def _state_from(reader: _Reader, config: dict) -> TrainState:
 # ---------------------------------------------------------------- checks
 
 
-def _check_bundle_kind(role: str, config: dict, allowed: Tuple[str, ...]) -> None:
+def _check_bundle_kind(role: str, config: dict, allowed: tuple[str, ...]) -> None:
     _check_config(config, f"{role} config")
     if config["kind"] not in allowed:
         raise ValueError(f"{role} config: kind must be one of {allowed}, got {config['kind']!r}")

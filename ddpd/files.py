@@ -44,8 +44,9 @@ import stat
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import IO, Iterator, List, Optional
+from typing import IO, Optional
 
 _HOST = socket.gethostname().replace(os.sep, "_") or "localhost"
 
@@ -335,7 +336,7 @@ class StreamedFile:
         if self._lock is not None:
             self._lock.release()
 
-    def __enter__(self) -> "StreamedFile":
+    def __enter__(self) -> StreamedFile:
         return self
 
     def __exit__(self, kind, value, traceback) -> None:
@@ -388,7 +389,7 @@ class FileSet:
     temporaries are deleted and the previous set stays."""
 
     def __init__(self):
-        self._files: List[StreamedFile] = []
+        self._files: list[StreamedFile] = []
 
     def open(self, path, binary: bool = False) -> StreamedFile:
         """A temporary for `path` (a path opened twice: the later content counts)."""
@@ -432,14 +433,14 @@ class FileSet:
                 out.discard()
         self._files = []
 
-    def __enter__(self) -> "FileSet":
+    def __enter__(self) -> FileSet:
         return self
 
     def __exit__(self, *exc) -> None:
         self.discard()
 
 
-def _write_journals(renames: List[tuple]) -> List[str]:
+def _write_journals(renames: list[tuple]) -> list[str]:
     """A journal of `renames` ((temporary, destination) pairs) in each directory they go
     to, flushed to disk before any rename: it lists every journal, so that finishing the
     set from any of them removes them all."""
@@ -465,7 +466,7 @@ def _write_journals(renames: List[tuple]) -> List[str]:
     return journals
 
 
-def _finish_sets(path: str, entries: List[str]) -> None:
+def _finish_sets(path: str, entries: list[str]) -> None:
     """Finish the renames of every set `path` belongs to whose writer died (its journal
     beside `path`, among `entries`); a journal that is not complete JSON was cut short
     before any rename, and is deleted."""
@@ -611,7 +612,7 @@ class OutputLock:
         self._fd: Optional[int] = None
         self._made: list = []  # the directories acquire() created, deepest first
 
-    def acquire(self) -> "OutputLock":
+    def acquire(self) -> OutputLock:
         parent = os.path.dirname(self.path)
         missing = parent
         while not os.path.exists(missing):
@@ -724,7 +725,7 @@ class OutputLock:
         except Exception:  # at interpreter exit; the OS releases the lock with the process
             pass
 
-    def __enter__(self) -> "OutputLock":
+    def __enter__(self) -> OutputLock:
         return self.acquire()
 
     def __exit__(self, *exc) -> None:

@@ -13,7 +13,7 @@ noise (t = 0) to data (t = 1); z_t^d = N marks a corrupted position.
 from __future__ import annotations
 
 import math
-from typing import Callable, Optional, Tuple, Union
+from typing import Callable, Optional, Union
 
 import torch
 from torch import Tensor
@@ -116,7 +116,7 @@ def corrupt(
     vocab_size: int,
     mask_id: Optional[int] = None,
     generator: Optional[torch.Generator] = None,
-) -> Tuple[Tensor, Tensor]:
+) -> tuple[Tensor, Tensor]:
     """Draw (x_t, z_t) from the forward process p_{t|1} (eq. corruption_flow).
 
     Each position is kept (z = D) with probability alpha_t and corrupted (z = N)

@@ -6,7 +6,8 @@ Lowest layer: imports nothing from ddpd.
 from __future__ import annotations
 
 import numbers
-from typing import Callable, Optional, Sequence
+from collections.abc import Sequence
+from typing import Callable, Optional
 
 import torch
 

@@ -51,7 +51,8 @@ from __future__ import annotations
 import argparse
 import pathlib
 import sys
-from typing import Iterator, Optional
+from collections.abc import Iterator
+from typing import Optional
 
 import torch
 

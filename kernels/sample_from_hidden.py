@@ -36,9 +36,22 @@ import triton
 import triton.language as tl
 
 from ddpd.kernels.rng import COUNTER_WORDS, gumbel, load_counters, load_row_id, row_uniform
-from ddpd.kernels.sample_categorical import (TILE_ENT, TILE_MASS, TILE_MAX, TILE_SECOND, let_next_kernel_start, race,
-                                             row_maximum, row_summary, row_temperature, shift, store_outputs,
-                                             tile_draw, tile_statistics, wait_for_prior_kernel)
+from ddpd.kernels.sample_categorical import (
+    TILE_ENT,
+    TILE_MASS,
+    TILE_MAX,
+    TILE_SECOND,
+    let_next_kernel_start,
+    race,
+    row_maximum,
+    row_summary,
+    row_temperature,
+    shift,
+    store_outputs,
+    tile_draw,
+    tile_statistics,
+    wait_for_prior_kernel,
+)
 
 # A tile's record: sample_categorical's four statistics, then the tile's candidate token
 # (int32 bits) and its logit.

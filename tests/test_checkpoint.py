@@ -10,8 +10,15 @@ import torch
 from safetensors.torch import load_file
 
 import ddpd.checkpoint as ckpt
-from ddpd.checkpoint import (CheckpointError, load_bundle, load_model, load_train_state, read_config, save_bundle,
-                             save_checkpoint)
+from ddpd.checkpoint import (
+    CheckpointError,
+    load_bundle,
+    load_model,
+    load_train_state,
+    read_config,
+    save_bundle,
+    save_checkpoint,
+)
 from ddpd.models import build_model, config_for
 
 KINDS = ("planner", "mask-denoiser", "uniform-denoiser", "uniform", "ar")

@@ -11,8 +11,8 @@ from ddpd.checkpoint import save_bundle, save_checkpoint
 from ddpd.cli.sample import main
 from ddpd.cli.samplers import Settings
 from ddpd.models import build_model, config_for
-from oracles.fixtures import single_thread  # noqa: F401  (autouse)
 from hang_guard import HANG_GUARD_SECONDS, default_signals, torchrun_worker
+from oracles.fixtures import single_thread  # noqa: F401  (autouse)
 
 V, D = 27, 8  # text8 alphabet, short sequences
 TINY = dict(d_model=16, n_layers=1, n_heads=2)
@@ -601,8 +601,8 @@ def test_models_that_do_not_belong_together_are_named(ckpts, tmp_path, capsys):
 from ddpd.cli import samplers as table  # noqa: E402
 
 # every row of the table with the checkpoints it needs, and the DDPD rows on the exact clock too
-ROWS = [(row.name, ["--planner", "{planner}", "--denoiser", "{%s}" % row.model] if row.planner else
-         ["--checkpoint", "{%s}" % row.model], ["--sampler", row.family]) for row in table.TABLE]
+ROWS = [(row.name, ["--planner", "{planner}", "--denoiser", "{" + row.model + "}"] if row.planner else
+         ["--checkpoint", "{" + row.model + "}"], ["--sampler", row.family]) for row in table.TABLE]
 ROWS += [(name + " exact clock", models, argv + ["--clock", "exact"]) for name, models, argv in ROWS
          if argv[1] == "ddpd"]
 

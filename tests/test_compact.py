@@ -3,8 +3,7 @@ the round trip compact_fixed -> scatter_back, for random batch sizes, capacities
 active patterns (none, all, any), several dtypes and trailing shapes."""
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from ddpd.ops.compact import compact_fixed, compact_fixed_reference, scatter_back, scatter_back_reference
 from hang_guard import HANG_GUARD_SECONDS

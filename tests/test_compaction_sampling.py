@@ -11,10 +11,9 @@ stop steps and the check schedule; the counts of evaluations saved.
 import pytest
 import torch
 
+from ddpd.sampling import PhiloxNoise, batch as sampling_batch, ddpd_sample, tau_leaping_mask
 from oracles.fixtures import single_thread  # noqa: F401  (autouse)
 from oracles.toy import ToyProblem, dirichlet_p_data
-from ddpd.sampling import PhiloxNoise, ddpd_sample, tau_leaping_mask
-from ddpd.sampling import batch as sampling_batch
 
 TOY = ToyProblem(dirichlet_p_data(3, 5, seed=7), 3, 5)
 M = TOY.models()

@@ -1,16 +1,29 @@
 """Tokenizers, corpus loading, the 90/5/5 split and the batch samplers."""
 import json
-from fractions import Fraction
 import re
+from fractions import Fraction
 
 import pytest
 import torch
 from scipy.stats import chisquare
 
 from ddpd.assets import ASSETS, BOOKS, GPT2_RANKS
-from ddpd.training.data import (GPT2Tokenizer, RandomCrops, Records, Text8Tokenizer, chunk, encode_corpus,
-                                evaluation_batches, evenly_spaced, is_labelled, load_labelled, load_splits, load_text,
-                                split_tokens, tokenizer_from_config)
+from ddpd.training.data import (
+    GPT2Tokenizer,
+    RandomCrops,
+    Records,
+    Text8Tokenizer,
+    chunk,
+    encode_corpus,
+    evaluation_batches,
+    evenly_spaced,
+    is_labelled,
+    load_labelled,
+    load_splits,
+    load_text,
+    split_tokens,
+    tokenizer_from_config,
+)
 
 WIKI = str(BOOKS)  # the shipped text8-format corpus
 TIKTOKEN = str(GPT2_RANKS)

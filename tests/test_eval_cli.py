@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from ddpd.assets import BOOKS
-
 from ddpd.checkpoint import save_checkpoint
 from ddpd.cli.eval import main
 from ddpd.models import build_model, config_for
@@ -609,8 +608,8 @@ NEEDED_BY_THE_COMMAND = {"convergence": {"--planner", "--denoiser"}}
 
 def _documented_synopses():
     """{command: the flags its synopsis in docs/cli.md shows outside brackets, as required}."""
-    from pathlib import Path
     import re
+    from pathlib import Path
 
     reference = (Path(__file__).resolve().parents[1] / "docs" / "cli.md").read_text()
     section = reference.split("## `ddpd-eval`")[1]

@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from ddpd.assets import BOOKS
-
 from ddpd.eval.elbo import elbo_mask_diffusion, elbo_planned, elbo_uniform_model
 from tests.oracles.toy import ToyProblem, dirichlet_p_data, tempered
 

@@ -33,7 +33,8 @@ def fake(calls, passes=4):
 def test_run_frontier_measures_each_configuration_once_and_resumes(tmp_path):
     path = str(tmp_path / "frontier.csv")
     calls = []
-    configs = [Config("ddpd", "one-at-a-time", 3, 1.0, fake(calls, 6)), Config("maskgit", "maskgit", 3, 1.0, fake(calls))]
+    configs = [Config("ddpd", "one-at-a-time", 3, 1.0, fake(calls, 6)),
+               Config("maskgit", "maskgit", 3, 1.0, fake(calls))]
     rows = run_frontier(configs, judge=Uniform(5), vocab_size=5, num_samples=5, seed=0, batch_size=2, csv_path=path)
     assert calls == [(2, 0), (2, 2), (1, 4)] * 2
     assert [r["passes"] for r in rows] == [6.0, 4.0]

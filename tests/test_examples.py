@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from scipy import stats
+
 from hang_guard import HANG_GUARD_SECONDS
 
 ROOT = Path(__file__).resolve().parents[1]

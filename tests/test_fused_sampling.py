@@ -19,18 +19,26 @@ import json
 import pytest
 import torch
 
-from oracles import laws
-from oracles.fixtures import single_thread, tiny_network  # noqa: F401  (single_thread: autouse)
-from oracles.stats import empirical, threshold, tv
-from oracles.toy import ToyProblem, dirichlet_p_data, sparse_p_data
 from ddpd.checkpoint import save_bundle, save_checkpoint
 from ddpd.cli.sample import main
 from ddpd.models import config_for
 from ddpd.ops.sample_from_hidden import sample_from_hidden
-from ddpd.sampling import (PhiloxNoise, TorchNoise, ddpd_sample, ddpd_sample_uniform, maskgit_sample,
-                           tau_leaping_mask, tau_leaping_planned, tau_leaping_uniform)
-from ddpd.sampling import draws
+from ddpd.sampling import (
+    PhiloxNoise,
+    TorchNoise,
+    ddpd_sample,
+    ddpd_sample_uniform,
+    draws,
+    maskgit_sample,
+    tau_leaping_mask,
+    tau_leaping_planned,
+    tau_leaping_uniform,
+)
 from ddpd.sampling.batch import FusedBatch
+from oracles import laws
+from oracles.fixtures import single_thread, tiny_network  # noqa: F401  (single_thread: autouse)
+from oracles.stats import empirical, threshold, tv
+from oracles.toy import ToyProblem, dirichlet_p_data, sparse_p_data
 
 TOY = ToyProblem(dirichlet_p_data(3, 4, seed=0), 3, 4)
 M = TOY.models()

@@ -21,7 +21,7 @@ from ddpd.models import (
     resolve_backend,
     set_attention_backend,
 )
-from ddpd.models.attention import SelfAttention, RotaryEmbedding, attention, explicit_attention
+from ddpd.models.attention import RotaryEmbedding, SelfAttention, attention, explicit_attention
 
 V, D, B = 7, 12, 3
 SMALL = dict(d_model=32, n_layers=2, n_heads=4)

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from ddpd.ops import _ext
-from ddpd.ops.sample_categorical import TILE, categorical_launch, n_tiles
 from ddpd.ops.bernoulli import BLOCK as BERNOULLI_BLOCK, bernoulli_grid
 from ddpd.ops.norm import norm_launch
 from ddpd.ops.rotary import rotary_launch
+from ddpd.ops.sample_categorical import TILE, categorical_launch, n_tiles
 from ddpd.ops.sample_from_hidden import WIDE_H, head_launch, head_logits_grid
 
 SMS = 132  # H100 SXM; an H200 has the same count

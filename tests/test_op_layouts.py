@@ -6,8 +6,13 @@ import pytest
 import torch
 
 from ddpd.ops.planner_mask import planner_mask, planner_mask_reference
-from ddpd.ops.planner_select import planner_select, planner_select_mask, planner_select_mask_reference, \
-    planner_select_reference, planner_select_triton
+from ddpd.ops.planner_select import (
+    planner_select,
+    planner_select_mask,
+    planner_select_mask_reference,
+    planner_select_reference,
+    planner_select_triton,
+)
 from ddpd.ops.sample_categorical import noise_width, sample_categorical, sample_categorical_reference
 from ddpd.ops.sample_from_hidden import sample_from_hidden, sample_from_hidden_reference
 

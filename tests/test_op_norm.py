@@ -11,6 +11,7 @@ from ddpd.models.backbone import LayerNorm, RMSNorm
 from ddpd.ops import norm, norm_reference
 from ddpd.ops.norm import MAX_KERNEL_WIDTH, norm_launch, norm_triton
 
+
 def inputs(shape, dtype, seed=0, modulated=True, affine=True):
     """x with an offset and spread per row (the mean matters), float32 norm parameters as
     the networks keep them, shift and scale as adaLN's chunks of one projection (views)."""

@@ -3,8 +3,7 @@
 the chosen positions always masked (prop:draw_with_maskD)."""
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 from scipy import stats
 
 from ddpd.ops import rng
@@ -151,18 +150,18 @@ def test_fuzz_cpu_matches_reference(rows, length, data, seed, dtype):
 @pytest.mark.parametrize(
     "call, error, match",
     [
-        (lambda l, x, p: planner_mask(l, x.int(), p, MASK_ID, seed=1), TypeError, "x must have dtype"),
-        (lambda l, x, p: planner_mask(l, x[:, :3], p, MASK_ID, seed=1), ValueError, "x must have shape"),
-        (lambda l, x, p: planner_mask(l, x, p[:2], MASK_ID, seed=1), ValueError, "positions must have 4 rows"),
-        (lambda l, x, p: planner_mask(l, x, p + 5, MASK_ID, seed=1), ValueError, r"positions must be in \[0, 5\)"),
-        (lambda l, x, p: planner_mask(l, x, p, -1, seed=1), ValueError, "mask_id must be in"),
-        (lambda l, x, p: planner_mask_reference(l[:, :0], x[:, :0], None, MASK_ID, seed=1), ValueError,
+        (lambda lg, x, p: planner_mask(lg, x.int(), p, MASK_ID, seed=1), TypeError, "x must have dtype"),
+        (lambda lg, x, p: planner_mask(lg, x[:, :3], p, MASK_ID, seed=1), ValueError, "x must have shape"),
+        (lambda lg, x, p: planner_mask(lg, x, p[:2], MASK_ID, seed=1), ValueError, "positions must have 4 rows"),
+        (lambda lg, x, p: planner_mask(lg, x, p + 5, MASK_ID, seed=1), ValueError, r"positions must be in \[0, 5\)"),
+        (lambda lg, x, p: planner_mask(lg, x, p, -1, seed=1), ValueError, "mask_id must be in"),
+        (lambda lg, x, p: planner_mask_reference(lg[:, :0], x[:, :0], None, MASK_ID, seed=1), ValueError,
          r"D \(logits.shape\[1\]\) must be in \[1, "),
-        (lambda l, x, p: planner_select_mask(l, x, MASK_ID, noise=torch.rand(4, 5)), ValueError,
+        (lambda lg, x, p: planner_select_mask(lg, x, MASK_ID, noise=torch.rand(4, 5)), ValueError,
          "both noise and mask_noise"),
-        (lambda l, x, p: planner_select_mask(l, x, MASK_ID, noise=torch.rand(4, 5), mask_noise=torch.rand(4, 4)),
+        (lambda lg, x, p: planner_select_mask(lg, x, MASK_ID, noise=torch.rand(4, 5), mask_noise=torch.rand(4, 4)),
          ValueError, r"mask_noise must have shape \(4, 5\)"),
-        (lambda l, x, p: planner_select_mask(l, x, MASK_ID, k=9, seed=1), ValueError, r"k must be in \[1, 5\]"),
+        (lambda lg, x, p: planner_select_mask(lg, x, MASK_ID, k=9, seed=1), ValueError, r"k must be in \[1, 5\]"),
     ],
 )
 def test_bad_arguments_raise_clear_errors(call, error, match):
@@ -174,8 +173,8 @@ def test_bad_arguments_raise_clear_errors(call, error, match):
 def test_traces_with_fake_tensors_and_passes_opcheck():
     logits, x, positions = inputs(3, 20, 6, k=2)
 
-    def step(l, tokens):
-        positions, sum_p, stop, masked, z, count = planner_select_mask(l, tokens, MASK_ID, 2, seed=2, offset=8)
+    def step(logits, tokens):
+        positions, sum_p, stop, masked, z, count = planner_select_mask(logits, tokens, MASK_ID, 2, seed=2, offset=8)
         return positions, masked, count + stop.long()
 
     compiled = torch.compile(step, fullgraph=True, backend="aot_eager")

@@ -7,8 +7,7 @@ import random
 
 import pytest
 import torch
-from hypothesis import Phase, given, settings
-from hypothesis import strategies as st
+from hypothesis import Phase, given, settings, strategies as st
 from scipy import stats
 
 from ddpd.ops import rng
@@ -295,8 +294,8 @@ def test_bad_arguments_raise_clear_errors(kwargs, error, match):
 def test_traces_with_fake_tensors_and_passes_opcheck():
     logits = torch.randn(3, 40)
 
-    def plan(l):
-        positions, sum_p, stop = planner_select(l, 2, "softmax", 0.5, seed=4, offset=1)
+    def plan(logits):
+        positions, sum_p, stop = planner_select(logits, 2, "softmax", 0.5, seed=4, offset=1)
         return positions, sum_p / 40, stop
 
     compiled = torch.compile(plan, fullgraph=True, backend="aot_eager")

@@ -10,11 +10,9 @@ import random
 import warnings
 
 import numpy as np
-
 import pytest
 import torch
-from hypothesis import Phase, given, settings
-from hypothesis import strategies as st
+from hypothesis import Phase, given, settings, strategies as st
 from scipy import stats
 
 from ddpd.ops import _dispatch, multinomial, rng
@@ -26,8 +24,12 @@ from ddpd.ops.sample_categorical import (
     sample_categorical_reference,
     sample_categorical_triton,
 )
-from ddpd.ops.sample_from_hidden import prepare_hidden, sample_from_hidden, sample_from_hidden_reference, \
-    sample_from_hidden_triton
+from ddpd.ops.sample_from_hidden import (
+    prepare_hidden,
+    sample_from_hidden,
+    sample_from_hidden_reference,
+    sample_from_hidden_triton,
+)
 
 pytestmark = [pytest.mark.filterwarnings("ignore:divide by zero encountered:RuntimeWarning"),
               pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning"),
@@ -71,16 +73,16 @@ def assert_same(out, ref):
 def truncated_law(logits, temperature=1.0, top_k=None, top_p=None, min_p=None):
     """The law of one row, independently of ddpd: float64, by sorting (module docstring of
     ddpd.ops.sample_categorical, steps 1-2)."""
-    l = np.asarray(logits, dtype=np.float64)
-    y = (l - l.max()) / temperature
+    logits = np.asarray(logits, dtype=np.float64)
+    y = (logits - logits.max()) / temperature
     p = np.exp(y)
-    keep = np.isfinite(l) | (l == np.inf)
+    keep = np.isfinite(logits) | (logits == np.inf)
     if top_k:
-        keep &= l >= np.sort(l)[::-1][top_k - 1]
+        keep &= logits >= np.sort(logits)[::-1][top_k - 1]
     if top_p is not None and top_p < 1:
         q = np.where(keep, p, 0.0)
         q = q / q.sum()
-        above = np.array([q[l > v].sum() for v in l])  # mass strictly above each token
+        above = np.array([q[logits > v].sum() for v in logits])  # mass strictly above each token
         keep &= above < top_p
     if min_p:
         keep &= p >= min_p * p.max()

@@ -5,8 +5,7 @@ import os
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 from scipy import stats
 
 from ddpd.ops import _dispatch

@@ -18,8 +18,12 @@ from ddpd.ops.planner_select import (
     resolve_pair,
 )
 from ddpd.ops.rng import philox_uniform
-from ddpd.ops.sample_categorical import prepare_categorical, sample_categorical, sample_categorical_reference, \
-    sample_categorical_triton
+from ddpd.ops.sample_categorical import (
+    prepare_categorical,
+    sample_categorical,
+    sample_categorical_reference,
+    sample_categorical_triton,
+)
 from ddpd.ops.sample_from_hidden import sample_from_hidden, sample_from_hidden_reference, sample_from_hidden_triton
 
 pytestmark = [pytest.mark.filterwarnings("ignore:divide by zero encountered in log:RuntimeWarning"),
@@ -176,8 +180,8 @@ def test_compiled_calls_read_the_current_tensor_values():
     d = inputs()
     logits = d["logits"]
 
-    def step(l, seed, offset):
-        tokens, _ = sample_categorical(l, 0.9, seed=seed, offset=offset)
+    def step(logits, seed, offset):
+        tokens, _ = sample_categorical(logits, 0.9, seed=seed, offset=offset)
         positions = planner_select(d["planner"], 2, seed=seed, offset=offset + 1)[0]
         return tokens, positions
 

@@ -13,12 +13,14 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from ddpd.kernels import (
+    norm as norm_kernels,
+    rotary as rotary_kernels,
+    sample_categorical as categorical_kernels,
+    sample_from_hidden as hidden_kernels,
+)
 from ddpd.kernels.planner_mask import planner_mask_kernel
 from ddpd.kernels.planner_select import planner_select_kernel
-from ddpd.kernels import sample_categorical as categorical_kernels
-from ddpd.kernels import norm as norm_kernels
-from ddpd.kernels import rotary as rotary_kernels
-from ddpd.kernels import sample_from_hidden as hidden_kernels
 from ddpd.ops.sample_from_hidden import head_launch
 from hang_guard import run_compiled
 

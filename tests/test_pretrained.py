@@ -22,8 +22,8 @@ from ddpd.checkpoint import load_bundle, read_config, save_bundle, save_checkpoi
 from ddpd.cli.sample import BUNDLED_STEPS_PER_TOKEN, NUM_SAMPLES_BUNDLED, main
 from ddpd.models import build_model, config_for
 from ddpd.training.data import Text8Tokenizer, tokenizer_from_config
-from oracles.fixtures import single_thread  # noqa: F401  (autouse)
 from hang_guard import HANG_GUARD_SECONDS
+from oracles.fixtures import single_thread  # noqa: F401  (autouse)
 
 V, D = 27, 8
 TINY = dict(d_model=16, n_layers=1, n_heads=2)

@@ -12,13 +12,12 @@ import math
 import pytest
 import torch
 
+from ddpd.sampling import PhiloxNoise, maskgit_sample, tau_leaping_mask, tau_leaping_planned, tau_leaping_uniform
+from ddpd.sampling.noise import CONFIDENCE, TOKEN, gumbel
 from oracles import laws
 from oracles.fixtures import noise, single_thread, toy  # noqa: F401  (single_thread: autouse)
 from oracles.stats import TVTable, empirical, threshold, tv
 from oracles.toy import tempered, token_zeroed
-from ddpd.sampling import PhiloxNoise, maskgit_sample, tau_leaping_mask, tau_leaping_planned, \
-    tau_leaping_uniform
-from ddpd.sampling.noise import CONFIDENCE, TOKEN, gumbel
 
 B = 50_000
 TABLE = TVTable("Baseline samplers: TV to own exact law and to p_data (B = 50k)")

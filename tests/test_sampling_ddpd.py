@@ -9,12 +9,12 @@
 import pytest
 import torch
 
+from ddpd.process import CosineSchedule
+from ddpd.sampling import ddpd_sample, ddpd_sample_uniform
 from oracles import laws
 from oracles.fixtures import noise, single_thread, toy  # noqa: F401  (single_thread: autouse)
 from oracles.stats import TVTable, empirical, threshold, tv
 from oracles.toy import ToyProblem, dirichlet_p_data, tempered, token_zeroed
-from ddpd.process import CosineSchedule
-from ddpd.sampling import ddpd_sample, ddpd_sample_uniform
 
 B = 50_000
 T_END = 1.0 - 1e-4

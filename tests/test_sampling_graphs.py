@@ -11,10 +11,10 @@ must catch a step that bakes in a Python value. On a GPU the same runs replay re
 import pytest
 import torch
 
-from oracles.fixtures import single_thread, tiny_networks  # noqa: F401  (single_thread: autouse)
 from ddpd.sampling import PhiloxNoise, ddpd_sample, ddpd_sample_uniform
 from ddpd.sampling.batch import RunningBatch
 from ddpd.sampling.graphs import StepGraphs
+from oracles.fixtures import single_thread, tiny_networks  # noqa: F401  (single_thread: autouse)
 
 
 @pytest.fixture(scope="module")

@@ -13,14 +13,20 @@ import warnings
 import pytest
 import torch
 
+from ddpd.models import build_model, config_for
+from ddpd.sampling import (
+    NaNOutputWarning,
+    PhiloxNoise,
+    ddpd_sample,
+    maskgit_sample,
+    tau_leaping_mask,
+    tau_leaping_uniform,
+)
+from ddpd.sampling.batch import guided
 from oracles import laws
 from oracles.fixtures import noise, single_thread  # noqa: F401  (single_thread: autouse)
 from oracles.stats import TVTable, empirical, threshold, tv
 from oracles.toy import Guided, Labelled, ToyProblem, dirichlet_p_data
-from ddpd.models import build_model, config_for
-from ddpd.sampling import (NaNOutputWarning, PhiloxNoise, ddpd_sample, maskgit_sample, tau_leaping_mask,
-                           tau_leaping_uniform)
-from ddpd.sampling.batch import guided
 
 B = 50_000
 T_END = 1.0 - 1e-4

@@ -5,9 +5,16 @@ import warnings
 import pytest
 import torch
 
+from ddpd.sampling import (
+    NaNOutputWarning,
+    PhiloxNoise,
+    ddpd_sample,
+    ddpd_sample_uniform,
+    maskgit_sample,
+    tau_leaping_mask,
+    tau_leaping_planned,
+)
 from oracles.fixtures import single_thread, tiny_network  # noqa: F401  (single_thread: autouse)
-from ddpd.sampling import (NaNOutputWarning, PhiloxNoise, ddpd_sample, ddpd_sample_uniform, maskgit_sample,
-                           tau_leaping_mask, tau_leaping_planned)
 
 V, D, B = 27, 8, 6
 

@@ -3,11 +3,11 @@ process, and each other, so that the sampler tests built on them mean something.
 import pytest
 import torch
 
+from ddpd.process import corrupt, denoiser_prob_from_uniform, planner_prob_from_uniform
 from oracles import laws
 from oracles.fixtures import single_thread  # noqa: F401  (autouse)
 from oracles.stats import empirical, threshold, tv
 from oracles.toy import ToyProblem, dirichlet_p_data, sparse_p_data
-from ddpd.process import corrupt, denoiser_prob_from_uniform, planner_prob_from_uniform
 
 TOYS = [
     ToyProblem(dirichlet_p_data(3, 3, seed=1), 3, 3),

@@ -14,8 +14,14 @@ import torch
 
 from ddpd.checkpoint import load_bundle
 from ddpd.pretrained import BUNDLE_DIR
-from ddpd.sampling import (ddpd_sample, ddpd_sample_uniform, maskgit_sample, tau_leaping_mask, tau_leaping_planned,
-                           tau_leaping_uniform)
+from ddpd.sampling import (
+    ddpd_sample,
+    ddpd_sample_uniform,
+    maskgit_sample,
+    tau_leaping_mask,
+    tau_leaping_planned,
+    tau_leaping_uniform,
+)
 from oracles.fixtures import single_thread, tiny_networks  # noqa: F401  (single_thread: autouse)
 
 PINNED = json.loads((Path(__file__).parent / "data" / "pinned_samples.json").read_text())

@@ -11,12 +11,11 @@ sampling noise floor plus the rounding's effect (a stated tolerance).
 import pytest
 import torch
 
+from ddpd.models import build_model, config_for
+from ddpd.sampling import PhiloxNoise, ddpd_sample, draws as sampling_draws, maskgit_sample, tau_leaping_mask
 from oracles import laws
 from oracles.fixtures import noise, single_thread, toy  # noqa: F401  (single_thread: autouse)
 from oracles.stats import empirical, threshold, tv
-from ddpd.models import build_model, config_for
-from ddpd.sampling import PhiloxNoise, ddpd_sample, maskgit_sample, tau_leaping_mask
-from ddpd.sampling import draws as sampling_draws
 
 B = 50_000
 ROUNDING = 0.01  # TV the bfloat16 rounding of the toy logits may add

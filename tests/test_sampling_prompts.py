@@ -13,12 +13,19 @@
 import pytest
 import torch
 
+from ddpd.sampling import (
+    PhiloxNoise,
+    ddpd_sample,
+    ddpd_sample_uniform,
+    maskgit_sample,
+    tau_leaping_mask,
+    tau_leaping_planned,
+    tau_leaping_uniform,
+)
 from oracles import laws
 from oracles.fixtures import noise, single_thread, toy  # noqa: F401  (single_thread: autouse)
 from oracles.stats import TVTable, empirical, threshold, tv
 from oracles.toy import Conditioned
-from ddpd.sampling import (PhiloxNoise, ddpd_sample, ddpd_sample_uniform, maskgit_sample, tau_leaping_mask,
-                           tau_leaping_planned, tau_leaping_uniform)
 
 B = 50_000
 T_END = 1.0 - 1e-4

@@ -5,17 +5,27 @@ bookkeeping, argument checks.
 import pytest
 import torch
 
-from oracles.fixtures import single_thread  # noqa: F401  (autouse)
-from oracles.toy import ToyProblem, dirichlet_p_data
 from ddpd.ops.rng import philox_uniform
 from ddpd.process import CosineSchedule, LinearSchedule
-from ddpd.sampling import (PhiloxNoise, TorchNoise, ddpd_sample, ddpd_sample_uniform, maskgit_sample, tau_leaping_mask,
-                           tau_leaping_planned, tau_leaping_uniform)
-from ddpd.sampling import DDPDOptions, Execution, Temperature
+from ddpd.sampling import (
+    DDPDOptions,
+    Execution,
+    PhiloxNoise,
+    Temperature,
+    TorchNoise,
+    ddpd_sample,
+    ddpd_sample_uniform,
+    maskgit_sample,
+    tau_leaping_mask,
+    tau_leaping_planned,
+    tau_leaping_uniform,
+)
 from ddpd.sampling.common import Run, write
 from ddpd.sampling.draws import FusedDraws, ReferenceDraws
 from ddpd.sampling.gillespie import mask_time, planner_time
 from ddpd.sampling.noise import NUM_STREAMS, SELECT, exponential, gumbel, make_noise
+from oracles.fixtures import single_thread  # noqa: F401  (autouse)
+from oracles.toy import ToyProblem, dirichlet_p_data
 
 # ----------------------------------------------------------------------------- noise
 

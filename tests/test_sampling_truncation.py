@@ -11,9 +11,17 @@
 import pytest
 import torch
 
+from ddpd.sampling import (
+    PhiloxNoise,
+    Truncation,
+    ddpd_sample,
+    ddpd_sample_uniform,
+    maskgit_sample,
+    tau_leaping_mask,
+    tau_leaping_planned,
+    tau_leaping_uniform,
+)
 from oracles.fixtures import single_thread, tiny_network, toy  # noqa: F401  (single_thread: autouse)
-from ddpd.sampling import (PhiloxNoise, Truncation, ddpd_sample, ddpd_sample_uniform, maskgit_sample,
-                           tau_leaping_mask, tau_leaping_planned, tau_leaping_uniform)
 
 CUTS = {"top_k=2": dict(top_k=2), "top_p=0.5": dict(top_p=0.5), "min_p=0.3": dict(min_p=0.3),
         "top_k=3 top_p=0.8": dict(top_k=3, top_p=0.8)}

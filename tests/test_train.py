@@ -989,8 +989,9 @@ def _checkpoint_at_step_2(corpus, out, **changes):
 
 def _rewrite_state(out, meta_change=None, drop=None):
     """Change the training state as a careful attacker would: digests recomputed."""
-    from safetensors.torch import load_file as load, save_file as save
     import hashlib
+
+    from safetensors.torch import load_file as load, save_file as save
 
     config = json.loads((out / "config.json").read_text())
     if meta_change is not None:

@@ -28,8 +28,9 @@ import re
 import signal
 import sys
 import warnings
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, Optional
 
 if TYPE_CHECKING:
     import torch
@@ -176,7 +177,7 @@ def signals_as_interrupts(graceful: Optional[Callable[[str], bool]] = None) -> I
     (the tool stops at its next safe point); a second signal always raises. A signal ignored
     when the tool started stays ignored (`nohup` ignores SIGHUP, a shell's `&` SIGINT: the
     run must outlive the terminal)."""
-    received: List[str] = []
+    received: list[str] = []
 
     def handler(signum, frame):
         name = signal.Signals(signum).name
@@ -194,7 +195,7 @@ def signals_deferred() -> Iterator[None]:
     """Within the block SIGINT, SIGTERM and SIGHUP are held, and the first raised as
     Interrupted when it ends: a step that must not be cut in two (publishing finished
     outputs) completes, and the tool still stops, with its handlers back in place."""
-    held: List[int] = []
+    held: list[int] = []
     with _handled_by(lambda signum, frame: held.append(signum)):
         yield
     if held:
@@ -338,15 +339,15 @@ def training_length(name: str, config: dict) -> int:
     return length
 
 
-def shared_facts(entries: Sequence[Tuple[str, dict]]) -> Dict[str, object]:
+def shared_facts(entries: Sequence[tuple[str, dict]]) -> dict[str, object]:
     """What a set of checkpoints (name, config) used together must share: the vocabulary,
     the tokenizer and (diffusion models; not the AR judge) the schedule; UsageError
     naming the two that differ. Returns {"vocab_size", "tokenizer", "schedule",
     "seq_len", "seq_lens"} (seq_len: the shortest training length of the diffusion models,
     seq_lens: each one's by name)."""
-    facts: Dict[str, object] = {}
-    owners: Dict[str, str] = {}
-    lengths: Dict[str, int] = {}
+    facts: dict[str, object] = {}
+    owners: dict[str, str] = {}
+    lengths: dict[str, int] = {}
     for name, config in entries:
         values = {"vocab_size": vocabulary(config), "tokenizer": config.get("tokenizer")}
         if config["kind"] != "ar":
@@ -363,7 +364,7 @@ def shared_facts(entries: Sequence[Tuple[str, dict]]) -> Dict[str, object]:
     return facts
 
 
-def warn_if_lengths_differ(prog: str, lengths: Dict[str, int], hint: str = "") -> None:
+def warn_if_lengths_differ(prog: str, lengths: dict[str, int], hint: str = "") -> None:
     """Models used together run at the shortest length among them: say so when they
     differ, as the longer ones never see the length they were made for."""
     if len(set(lengths.values())) > 1:

@@ -28,14 +28,28 @@ import functools
 import math
 import os
 import sys
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Dict, Iterator, List, Optional
+from typing import TYPE_CHECKING, Optional
 
-from ddpd.cli.common import (DTYPE_CHOICES, OneLineParser, UsageError, add_runtime_arguments, apply_threads,
-                             check_checkpoints, check_first, check_threads, load_role, refuse_empty_paths,
-                             resolve_device, run_tool, shared_facts, warn_if_lengths_differ)
 from ddpd.cli import frontier
+from ddpd.cli.common import (
+    DTYPE_CHOICES,
+    OneLineParser,
+    UsageError,
+    add_runtime_arguments,
+    apply_threads,
+    check_checkpoints,
+    check_first,
+    check_threads,
+    load_role,
+    refuse_empty_paths,
+    resolve_device,
+    run_tool,
+    shared_facts,
+    warn_if_lengths_differ,
+)
 from ddpd.cli.samplers import add_truncation_arguments, truncation_from
 from ddpd.streams import Stdout, standard_streams
 
@@ -132,8 +146,8 @@ class Loaded:
     """Models by role and what they must share: vocab_size, tokenizer, schedule, seq_len."""
 
     device: torch.device
-    models: Dict[str, torch.nn.Module] = field(default_factory=dict)
-    shared: Dict[str, object] = field(default_factory=dict)
+    models: dict[str, torch.nn.Module] = field(default_factory=dict)
+    shared: dict[str, object] = field(default_factory=dict)
 
     @property
     def vocab_size(self) -> int:
@@ -213,10 +227,10 @@ def _heldout(args: argparse.Namespace, loaded: Loaded, num: Optional[int], flag:
 
 
 def run_elbo(args: argparse.Namespace) -> None:
-    from ddpd.eval import evaluate_denoising, evaluate_elbo
-    from ddpd.eval.likelihood import denoising_kinds, denoising_markdown, elbo_markdown, elbo_methods
     import torch
 
+    from ddpd.eval import evaluate_denoising, evaluate_elbo
+    from ddpd.eval.likelihood import denoising_kinds, denoising_markdown, elbo_markdown, elbo_methods
     from ddpd.eval.report import one_set, write_json, write_text
     from ddpd.process import get_schedule
 
@@ -262,8 +276,8 @@ def run_elbo(args: argparse.Namespace) -> None:
 # ---------------------------------------------------------------- samplers
 
 
-def sampler_specs(loaded: Loaded, etas: List[float], eps: float, fused: bool = False,
-                  dtype: str = "auto", truncation=None) -> Dict[str, object]:
+def sampler_specs(loaded: Loaded, etas: list[float], eps: float, fused: bool = False,
+                  dtype: str = "auto", truncation=None) -> dict[str, object]:
     """Every sampler the loaded checkpoints allow, by name (the table of ddpd.cli.samplers,
     which ddpd-sample runs too); fused: each on its fused path (same draws, faster);
     dtype: the precision the networks run in; truncation: the cuts of every token draw
@@ -330,7 +344,7 @@ def run_quality(args: argparse.Namespace) -> None:
     _report_paths(args, paths)
 
 
-def _report_paths(args: argparse.Namespace, paths: Dict[str, Optional[str]]) -> None:
+def _report_paths(args: argparse.Namespace, paths: dict[str, Optional[str]]) -> None:
     written = [p for k, p in paths.items() if p and k != "plot_skipped"]
     args.stdout.print("wrote " + ", ".join(written))
     if paths.get("plot_skipped"):
@@ -454,7 +468,7 @@ REPORTS = {"quality": ("sweep.csv", "sweep.md", "sweep.png"), "merge": ("sweep.c
            "frontier": frontier.REPORTS}
 
 
-def report_files(args: argparse.Namespace) -> List[str]:
+def report_files(args: argparse.Namespace) -> list[str]:
     """The files this run of the command may write."""
     if args.command == "elbo":
         return [args.out, markdown_twin(args.out)] if args.out else []
@@ -540,7 +554,7 @@ def check_args(args: argparse.Namespace) -> None:
         raise UsageError(str(err)) from None
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: Optional[list[str]] = None) -> int:
     standard_streams()
     args = build_parser().parse_args(argv)
     args.stdout = Stdout()  # what the commands print: reports go on when its reader is gone

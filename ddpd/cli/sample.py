@@ -80,11 +80,26 @@ import os
 import sys
 import time
 import warnings
-from typing import TYPE_CHECKING, List, Optional, Tuple
+from typing import TYPE_CHECKING, Optional
 
-from ddpd.cli.common import (DTYPE_CHOICES, OneLineParser, UsageError, add_runtime_arguments, apply_threads,
-                             check_checkpoints, check_finite, check_first, check_threads, flag_error, load_role,
-                             max_length, refuse_empty_paths, run_tool, shared_facts, warn_if_lengths_differ)
+from ddpd.cli.common import (
+    DTYPE_CHOICES,
+    OneLineParser,
+    UsageError,
+    add_runtime_arguments,
+    apply_threads,
+    check_checkpoints,
+    check_finite,
+    check_first,
+    check_threads,
+    flag_error,
+    load_role,
+    max_length,
+    refuse_empty_paths,
+    run_tool,
+    shared_facts,
+    warn_if_lengths_differ,
+)
 from ddpd.cli.samplers import FAMILIES, add_truncation_arguments, truncation_from
 from ddpd.streams import Stdout, standard_streams
 
@@ -282,11 +297,11 @@ def _load_default_bundle(device: torch.device) -> Models:
 # ---------------------------------------------------------------- prompts and labels
 
 
-def _encode(tokenizer, text: str, gaps: bool, length: int, where: str) -> List[int]:
+def _encode(tokenizer, text: str, gaps: bool, length: int, where: str) -> list[int]:
     """Token ids of `text`, -1 for each GAP when `gaps`; UsageError naming `where` for text
     the tokenizer cannot encode or longer than `length`."""
     pieces = text.split(GAP) if gaps else [text]
-    ids: List[int] = []
+    ids: list[int] = []
     try:
         if gaps:  # first the whole text, each gap as a space, so that an error's positions and counts are the text's
             tokenizer.encode(text.replace(GAP, " "))
@@ -300,7 +315,7 @@ def _encode(tokenizer, text: str, gaps: bool, length: int, where: str) -> List[i
     return ids
 
 
-def read_prompts(args) -> Optional[Tuple[List[str], bool, List[str]]]:
+def read_prompts(args) -> Optional[tuple[list[str], bool, list[str]]]:
     """(texts, gaps, where) of --prompt/--infill/--prompts/--infills, or None. `where`
     names each text in errors (the option, or FILE line N)."""
     for option, gaps in (("prompt", False), ("infill", True)):
@@ -329,7 +344,7 @@ def read_prompts(args) -> Optional[Tuple[List[str], bool, List[str]]]:
     return None
 
 
-def encode_prompts(prompts, tokenizer, length: int) -> Tuple[torch.Tensor, torch.Tensor]:
+def encode_prompts(prompts, tokenizer, length: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(x_init Long[P, D], frozen Bool[P, D]) of the texts: each text's tokens from position 0,
     -1 (generated) at its gaps and after it."""
     import torch
@@ -613,10 +628,10 @@ class Records:
         self.prompts = prompts[0] if prompts is not None else None
         self.labels = labels.tolist() if labels is not None else None
 
-    def text(self, tokens: List[int]) -> Optional[str]:
+    def text(self, tokens: list[int]) -> Optional[str]:
         return self.tokenizer.decode(tokens) if self.tokenizer else None
 
-    def line(self, i: int, text: Optional[str], tokens: List[int], steps: int, stop_step: int) -> str:
+    def line(self, i: int, text: Optional[str], tokens: list[int], steps: int, stop_step: int) -> str:
         record = {"index": i, "text": text, "tokens": tokens, "steps": steps, "stop_step": stop_step}
         if self.prompts is not None:
             record["prompt"] = self.prompts[i % len(self.prompts)]
@@ -733,7 +748,7 @@ def _progress(args, models: Models, shown: bool = True):
         bar.close()
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: Optional[list[str]] = None) -> int:
     standard_streams()
     args = build_parser().parse_args(argv)
     status = check_first("ddpd-sample", lambda: check_command_line(args))

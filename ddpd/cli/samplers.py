@@ -27,7 +27,7 @@ import argparse
 import dataclasses
 import importlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, Optional
 
 from ddpd.cli.common import UsageError
 
@@ -119,7 +119,7 @@ class Sampler:
         model = "uniform model" if self.model == "uniform" else self.model
         return f"a planner with a {model}" if self.planner else f"one {model}"
 
-    def call(self, models: Dict[str, Callable], settings: Settings, n: int, noise, first: int) -> SampleResult:
+    def call(self, models: dict[str, Callable], settings: Settings, n: int, noise, first: int) -> SampleResult:
         """Samples first .. first + n - 1 from `models` (by kind: planner, mask-denoiser, ...)."""
         networks = (models["planner"], models[self.model]) if self.planner else (models[self.model],)
         s = settings
@@ -135,7 +135,7 @@ def _ddpd(denoiser_type: Optional[str]) -> Callable[[Settings], dict]:
     return options
 
 
-TABLE: Tuple[Sampler, ...] = (
+TABLE: tuple[Sampler, ...] = (
     Sampler("ddpd", "ddpd-{option}-mask", True, "mask-denoiser", "ddpd_sample", _ddpd("mask")),
     Sampler("ddpd", "ddpd-{option}-uniform", True, "uniform-denoiser", "ddpd_sample", _ddpd("uniform")),
     Sampler("ddpd", "ddpd-{option}-uniform-model", False, "uniform", "ddpd_sample_uniform", _ddpd(None)),
@@ -178,9 +178,9 @@ class Variant:
         return self.sampler.call(models, dataclasses.replace(settings, **changed), n, noise, first)
 
 
-def variants(kinds, etas: List[float]) -> Dict[str, Variant]:
+def variants(kinds, etas: list[float]) -> dict[str, Variant]:
     """Every named sampler the models of `kinds` (planner, mask-denoiser, ...) allow, in table order."""
-    named: Dict[str, Variant] = {}
+    named: dict[str, Variant] = {}
     for row in TABLE:
         if row.model not in kinds or (row.planner and "planner" not in kinds):
             continue

@@ -30,10 +30,20 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import List, Optional
+from typing import Optional
 
-from ddpd.cli.common import (OneLineParser, UsageError, add_runtime_arguments, apply_threads, check_checkpoints,
-                             check_first, check_threads, flag_error, resolve_device, run_tool)
+from ddpd.cli.common import (
+    OneLineParser,
+    UsageError,
+    add_runtime_arguments,
+    apply_threads,
+    check_checkpoints,
+    check_first,
+    check_threads,
+    flag_error,
+    resolve_device,
+    run_tool,
+)
 from ddpd.streams import Stdout, standard_streams
 
 # ddpd.training.trainer's KINDS and TOKENIZERS, here without importing torch (a test holds them equal)
@@ -220,7 +230,7 @@ def run(args: argparse.Namespace, state: dict) -> int:
     return 0
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: Optional[list[str]] = None) -> int:
     import signal
 
     standard_streams()

@@ -14,8 +14,16 @@ from ddpd.eval.denoising import DenoisingStats, denoising_stats
 from ddpd.eval.elbo import ElboTerms, elbo_mask_diffusion, elbo_planned, elbo_uniform_model
 from ddpd.eval.heldout import heldout_sequences, pick_chunks
 from ddpd.eval.likelihood import ModelSet, elbo_methods, evaluate_denoising, evaluate_elbo
-from ddpd.eval.quality import (SamplerSpec, judge_nll, merge_sweeps, quality_metrics, read_sweep, run_sweep,
-                               unigram_entropy, write_sweep)
+from ddpd.eval.quality import (
+    SamplerSpec,
+    judge_nll,
+    merge_sweeps,
+    quality_metrics,
+    read_sweep,
+    run_sweep,
+    unigram_entropy,
+    write_sweep,
+)
 from ddpd.eval.report import MissingDependency
 
 __all__ = [

@@ -18,7 +18,8 @@ that the batch keeps its size and raises otherwise.
 from __future__ import annotations
 
 import os
-from typing import Callable, Dict, List, Optional, Sequence
+from collections.abc import Sequence
+from typing import Callable, Optional
 
 import torch
 from torch import Tensor
@@ -41,8 +42,8 @@ class PlannerRecorder:
         self.eps = tuple(float(e) for e in eps)
         if not self.eps or any(not 0.0 < e < 1.0 for e in self.eps):
             raise ValueError(f"eps must be thresholds in (0, 1), got {tuple(eps)}")
-        self.sums: List[Tensor] = []  # per step: [noise left, z changes, met eps_1, ...] summed over samples
-        self.counts: List[int] = []
+        self.sums: list[Tensor] = []  # per step: [noise left, z changes, met eps_1, ...] summed over samples
+        self.counts: list[int] = []
         self._batch: Optional[int] = None
 
     def start_run(self, batch_size: int) -> None:
@@ -74,7 +75,7 @@ class PlannerRecorder:
         self._previous = noisy
         self._step += 1
 
-    def rows(self) -> List[dict]:
+    def rows(self) -> list[dict]:
         """One dict per step: step, noise_left, z_changed and met_eps_<eps> (means over samples)."""
         names = ["noise_left", "z_changed"] + [f"met_eps_{e:g}" for e in self.eps]
         return [{"step": i, **{n: float(v) / count for n, v in zip(names, total)}}
@@ -92,7 +93,7 @@ def stopped_fraction(stop_step: Tensor, steps: int) -> Tensor:
     return counts.float() / stop_step.numel()
 
 
-def convergence_rows(recorded: List[dict], stopped: Optional[Tensor] = None, eps: float = 0.01) -> List[dict]:
+def convergence_rows(recorded: list[dict], stopped: Optional[Tensor] = None, eps: float = 0.01) -> list[dict]:
     """The recorder's rows with 'stopped_eps_<eps>' (`stopped_fraction` of a run that
     stopped at eps) added per step."""
     rows = [dict(r) for r in recorded]
@@ -102,7 +103,7 @@ def convergence_rows(recorded: List[dict], stopped: Optional[Tensor] = None, eps
     return rows
 
 
-def plot_convergence(rows: List[dict], path: str) -> None:
+def plot_convergence(rows: list[dict], path: str) -> None:
     """Four panels as in the paper: noise left, z changes, samples meeting each eps
     criterion (and stopped under option A). Raises MissingDependency without matplotlib."""
     plt = pyplot()
@@ -128,9 +129,9 @@ def plot_convergence(rows: List[dict], path: str) -> None:
     plt.close(fig)
 
 
-def write_convergence(rows: List[dict], out_dir: str) -> Dict[str, Optional[str]]:
+def write_convergence(rows: list[dict], out_dir: str) -> dict[str, Optional[str]]:
     """convergence.csv and convergence.png (None, with 'plot_skipped', without matplotlib)."""
-    paths: Dict[str, Optional[str]] = {"csv": os.path.join(out_dir, "convergence.csv"),
+    paths: dict[str, Optional[str]] = {"csv": os.path.join(out_dir, "convergence.csv"),
                                        "plot": os.path.join(out_dir, "convergence.png")}
     write_csv(rows, paths["csv"])
     try:

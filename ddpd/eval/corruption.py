@@ -19,7 +19,7 @@ the clean value itself) or the mask id (mask noise).
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Optional
 
 import torch
 from torch import Tensor
@@ -74,7 +74,7 @@ def _noisy_values(x1: Tensor, z: Tensor, u_value: Tensor, noise: str, vocab_size
 
 
 def marginal_corruption(x1: Tensor, alpha: Tensor, u_noise: Tensor, u_value: Tensor, noise: str,
-                        vocab_size: int, mask_id: Optional[int] = None) -> Tuple[Tensor, Tensor]:
+                        vocab_size: int, mask_id: Optional[int] = None) -> tuple[Tensor, Tensor]:
     """(x_t, z_t) ~ p_{t|1}: z^d = N iff u_noise^d >= alpha (the convention of ddpd.process.corrupt).
 
     x1: Long[B, D]; alpha: Float[B]; u_noise, u_value: Float[B, D] uniforms."""
@@ -84,7 +84,7 @@ def marginal_corruption(x1: Tensor, alpha: Tensor, u_noise: Tensor, u_value: Ten
 
 def forced_corruption(x1: Tensor, alpha: Tensor, u_position: Tensor, u_noise: Tensor, u_value: Tensor,
                       noise: str, vocab_size: int,
-                      mask_id: Optional[int] = None) -> Tuple[Tensor, Tensor, Tensor]:
+                      mask_id: Optional[int] = None) -> tuple[Tensor, Tensor, Tensor]:
     """(x_t, z_t, k): the marginal corruption with position d* = floor(u_position * D)
     forced to be noise; k = Long[B] number of noisy positions (>= 1).
 

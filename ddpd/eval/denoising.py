@@ -25,8 +25,17 @@ import torch
 from torch import Tensor
 
 from ddpd.eval import corruption as C
-from ddpd.eval.checks import (at, check_callable, check_choice, check_int, check_open_unit, check_row_ids,
-                              check_tokens, log_probs, planner_logits)
+from ddpd.eval.checks import (
+    at,
+    check_callable,
+    check_choice,
+    check_int,
+    check_open_unit,
+    check_row_ids,
+    check_tokens,
+    log_probs,
+    planner_logits,
+)
 from ddpd.eval.planned_mask import planned_mask_log_probs
 from ddpd.process import Schedule, denoiser_log_prob_from_uniform, get_schedule
 

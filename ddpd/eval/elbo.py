@@ -71,15 +71,24 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional, Union
+from typing import Callable, Optional, Union
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from ddpd.eval import corruption as C
-from ddpd.eval.checks import (at, check_callable, check_choice, check_int, check_open_unit, check_row_ids,
-                              check_tokens, log_probs, planner_logits)
+from ddpd.eval.checks import (
+    at,
+    check_callable,
+    check_choice,
+    check_int,
+    check_open_unit,
+    check_row_ids,
+    check_tokens,
+    log_probs,
+    planner_logits,
+)
 from ddpd.eval.planned_mask import planned_mask_log_probs
 from ddpd.process import Schedule, get_schedule
 
@@ -110,7 +119,7 @@ class ElboTerms:
     def elbo(self) -> Tensor:
         return self.rate_matching + self.transitioning
 
-    def bits(self) -> Dict[str, Tensor]:
+    def bits(self) -> dict[str, Tensor]:
         """Every term as a cost in bits per token, -term / (D ln 2), Float[B] each."""
         scale = -1.0 / (self.length * math.log(2.0))
         return {name: getattr(self, name) * scale for name in TERMS}
@@ -283,7 +292,7 @@ def elbo_planned(
     return terms
 
 
-def _planned_final(planner: Callable, q: "_PlannedDenoiser", est: _Estimator, m: int, clock) -> Tensor:
+def _planned_final(planner: Callable, q: _PlannedDenoiser, est: _Estimator, m: int, clock) -> Tensor:
     """log p_final(x_1 | x) summed over positions, x ~ p_{t_max|1} (a lower bound for
     the planner's mask, see the module docstring)."""
     x, z = est.final_state(m, "uniform")

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
-from typing import Callable, Dict, List, Optional, Union
+from typing import Callable, Optional, Union
 
 import torch
 from torch import Tensor
@@ -49,7 +49,7 @@ class ModelSet:
     mask_id: Optional[int] = None
 
 
-def elbo_methods(models: ModelSet) -> Dict[str, tuple]:
+def elbo_methods(models: ModelSet) -> dict[str, tuple]:
     """{name: (is_bound, estimator(x1, **kwargs) -> ElboTerms)} for the available models;
     is_bound: the row bounds a generative model's log-likelihood (not the true-mask diagnostic)."""
     V, methods = models.vocab_size, {}
@@ -81,7 +81,7 @@ def _batches(sequences: Tensor, batch_size: int):
 @torch.no_grad()
 def evaluate_elbo(models: ModelSet, sequences: Tensor, *, mc_samples: int = 1, t_max: float = DEFAULT_T_MAX,
                   schedule: Union[str, Schedule] = "linear", seed: int = 0, batch_size: int = 32,
-                  methods: Optional[List[str]] = None, progress: bool = False) -> List[dict]:
+                  methods: Optional[list[str]] = None, progress: bool = False) -> list[dict]:
     """One row per method: every ELBO term (ddpd.eval.elbo.TERMS) as mean bits per token
     over the sequences, with its standard error (key + '_se'), across sequences."""
     available = elbo_methods(models)
@@ -94,7 +94,7 @@ def evaluate_elbo(models: ModelSet, sequences: Tensor, *, mc_samples: int = 1, t
     rows = []
     for name in names:
         bound, estimate = available[name]
-        bits: Dict[str, list] = {term: [] for term in TERMS}
+        bits: dict[str, list] = {term: [] for term in TERMS}
         for x1, ids in batches:
             terms = estimate(x1, mc_samples=mc_samples, t_max=t_max, schedule=schedule, seed=seed, row_ids=ids)
             for term, value in terms.bits().items():
@@ -110,7 +110,7 @@ def evaluate_elbo(models: ModelSet, sequences: Tensor, *, mc_samples: int = 1, t
     return rows
 
 
-def denoising_kinds(models: ModelSet) -> Dict[str, tuple]:
+def denoising_kinds(models: ModelSet) -> dict[str, tuple]:
     """{kind: (denoiser, planner or None)} for the available models."""
     kinds = {}
     if models.uniform_model is not None:
@@ -127,7 +127,7 @@ def denoising_kinds(models: ModelSet) -> Dict[str, tuple]:
 @torch.no_grad()
 def evaluate_denoising(models: ModelSet, sequences: Tensor, *, alpha: float = DEFAULT_ALPHA,
                        schedule: Union[str, Schedule] = "linear", seed: int = 0, batch_size: int = 32,
-                       progress: bool = False) -> List[dict]:
+                       progress: bool = False) -> list[dict]:
     """One row per denoiser: bits per noisy token (mean over sequences of their mean,
     with its standard error) and accuracy (over all noisy positions) at level alpha."""
     kinds = denoising_kinds(models)
@@ -157,9 +157,9 @@ def evaluate_denoising(models: ModelSet, sequences: Tensor, *, alpha: float = DE
     return rows
 
 
-def elbo_markdown(rows: List[dict]) -> str:
+def elbo_markdown(rows: list[dict]) -> str:
     return markdown_table(rows, ELBO_COLUMNS)
 
 
-def denoising_markdown(rows: List[dict]) -> str:
+def denoising_markdown(rows: list[dict]) -> str:
     return markdown_table(rows, DENOISING_COLUMNS)

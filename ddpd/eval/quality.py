@@ -23,8 +23,9 @@ import csv
 import math
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Optional
 
 import torch
 from torch import Tensor
@@ -67,7 +68,7 @@ def unigram_entropy(x: Tensor, vocab_size: int) -> Tensor:
     return -torch.where(p > 0, p * torch.log2(p), torch.zeros_like(p)).sum(-1)
 
 
-def quality_metrics(tokens: Tensor, judge, vocab_size: int, batch_size: int = 64) -> Dict[str, float]:
+def quality_metrics(tokens: Tensor, judge, vocab_size: int, batch_size: int = 64) -> dict[str, float]:
     """Mean and standard error of the judge NLL and of the unigram entropy of `tokens`."""
     nll, nll_se = mean_and_se(judge_nll(judge, tokens, batch_size))
     entropy, entropy_se = mean_and_se(unigram_entropy(tokens, vocab_size))
@@ -116,7 +117,7 @@ def _sample(spec: SamplerSpec, num_samples: int, steps: int, temperature: float,
 def run_sweep(samplers: Sequence[SamplerSpec], *, steps: Sequence[int], temperatures: Sequence[float],
               num_samples: int, judge, vocab_size: int, seed: int = 0, batch_size: int = 64,
               reference: Optional[Tensor] = None, progress: bool = False,
-              on_row: Optional[Callable[[List[dict]], None]] = None) -> List[dict]:
+              on_row: Optional[Callable[[list[dict]], None]] = None) -> list[dict]:
     """One row per (sampler, steps, temperature) with its quality metrics, the number of
     steps the samples took and the forward passes (planner + denoiser sequences
     evaluated) per sample; plus a row for the `reference` sequences (held-out text).
@@ -153,11 +154,11 @@ def run_sweep(samplers: Sequence[SamplerSpec], *, steps: Sequence[int], temperat
     return rows
 
 
-def sweep_markdown(rows: List[dict]) -> str:
+def sweep_markdown(rows: list[dict]) -> str:
     return markdown_table(rows, SWEEP_COLUMNS)
 
 
-def plot_quality(rows: List[dict], path: str) -> None:
+def plot_quality(rows: list[dict], path: str) -> None:
     """Judge NLL versus unigram entropy, one panel per step budget (the comparison at a
     matched budget): in each, one line per sampler through its temperatures (labelled),
     the reference as a star, like the paper's text8 figure. Raises MissingDependency
@@ -209,10 +210,10 @@ def _marker(sampler: str) -> str:
     return "."
 
 
-def write_sweep(rows: List[dict], out_dir: str) -> Dict[str, Optional[str]]:
+def write_sweep(rows: list[dict], out_dir: str) -> dict[str, Optional[str]]:
     """Write sweep.csv, sweep.md and sweep.png under out_dir; returns their paths
     ('plot' is None when matplotlib is missing, with the reason under 'plot_skipped')."""
-    paths: Dict[str, Optional[str]] = {"csv": os.path.join(out_dir, "sweep.csv"),
+    paths: dict[str, Optional[str]] = {"csv": os.path.join(out_dir, "sweep.csv"),
                                        "markdown": os.path.join(out_dir, "sweep.md")}
     write_csv(rows, paths["csv"])
     write_text(sweep_markdown(rows), paths["markdown"])
@@ -242,7 +243,7 @@ _MEASURED = ("judge_nll", "entropy")
 _NUMBERS = {key for key, _, _ in SWEEP_COLUMNS} - {"sampler"}  # columns of one's own may hold text
 
 
-def read_sweep(path: str) -> List[dict]:
+def read_sweep(path: str) -> list[dict]:
     """The rows of a sweep.csv written by write_sweep, checked: ValueError naming the file
     (and line) for text that is not UTF-8 or not CSV, a missing column, a row whose cells
     do not match the header, a sampler's steps that are not an int >= 1, a temperature or
@@ -266,7 +267,7 @@ def read_sweep(path: str) -> List[dict]:
         raise ValueError(f"{path}: not a sweep CSV (no {', '.join(missing)} column; write one with ddpd-eval quality)")
     if not rows:
         raise ValueError(f"{path}: holds no row")
-    seen: Dict[tuple, int] = {}
+    seen: dict[tuple, int] = {}
     for row, line in zip(rows, lines):
         key = _check_sweep_row(row, f"{path} line {line}", len(header))
         if key in seen:
@@ -302,7 +303,7 @@ def _check_sweep_row(row: dict, where: str, columns: int) -> tuple:
     return row["sampler"], row["steps"], row["temperature"]
 
 
-def merge_sweeps(parts: Sequence[List[dict]], names: Optional[Sequence[str]] = None) -> List[dict]:
+def merge_sweeps(parts: Sequence[list[dict]], names: Optional[Sequence[str]] = None) -> list[dict]:
     """One sweep from several: the first reference row, then every configuration row in
     the order given. Raises ValueError when a configuration appears in two parts (named
     by `names`, default their positions)."""
@@ -328,7 +329,7 @@ COMPARE_COLUMNS = (("steps", "Steps", ""), ("sampler", "Sampler", ""), ("baselin
                    ("matched", "matched points", ""))
 
 
-def _nll_between(points: List[dict], entropy: float) -> Optional[float]:
+def _nll_between(points: list[dict], entropy: float) -> Optional[float]:
     """The NLL of the piecewise-linear curve through `points` (sorted by entropy) at
     `entropy`, or None outside the points' entropy range (no extrapolation)."""
     for a, b in zip(points, points[1:]):
@@ -339,7 +340,7 @@ def _nll_between(points: List[dict], entropy: float) -> Optional[float]:
     return exact[0] if exact else None
 
 
-def matched_entropy(rows: List[dict], sampler: str, baseline: str, steps: int) -> Optional[dict]:
+def matched_entropy(rows: list[dict], sampler: str, baseline: str, steps: int) -> Optional[dict]:
     """Judge NLL of `sampler` against `baseline` at one step budget, at matched unigram
     entropy. Each temperature sweep is a curve NLL(entropy). A baseline point counts as
     'better' for the sampler when the sampler's curve passes below it at the same
@@ -376,5 +377,5 @@ def matched_entropy(rows: List[dict], sampler: str, baseline: str, steps: int) -
             "matched": len(differences)}
 
 
-def compare_markdown(rows: List[dict]) -> str:
+def compare_markdown(rows: list[dict]) -> str:
     return markdown_table(rows, COMPARE_COLUMNS)

@@ -13,15 +13,16 @@ import csv
 import io
 import json
 import os
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Iterator, List, Optional, Sequence, Tuple
+from typing import Optional
 
 from torch import Tensor
 
 from ddpd import files
 from ddpd.validation import MissingExtra
 
-Column = Tuple[str, str, str]
+Column = tuple[str, str, str]
 PLOT_HINT = "matplotlib is not installed; install it with: pip install 'ddpd[eval]'"
 
 
@@ -60,7 +61,7 @@ def markdown_table(rows: Sequence[dict], columns: Sequence[Column]) -> str:
 
 def write_csv(rows: Sequence[dict], path: str) -> None:
     """All rows with the union of their keys as columns, in first-seen order."""
-    keys: List[str] = []
+    keys: list[str] = []
     for row in rows:
         keys.extend(k for k in row if k not in keys)
     buffer = io.StringIO(newline="")
@@ -120,7 +121,7 @@ def _parent(path: str) -> None:
     files.make_parents(path, os.path.dirname(os.path.abspath(path)))
 
 
-def mean_and_se(values: Tensor) -> Tuple[float, float]:
+def mean_and_se(values: Tensor) -> tuple[float, float]:
     """Mean and standard error of the mean of a 1-D tensor (se 0 for fewer than two values)."""
     values = values.double().flatten()
     if values.numel() < 2:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import List, Sequence
+from collections.abc import Sequence
 
 from ddpd.checkpoint import STATE_META, CheckpointError, load_train_state, read_config
 from ddpd.eval.report import markdown_table
@@ -77,7 +77,7 @@ def training_row(path: str) -> dict:
             "history": history}
 
 
-def training_rows(paths: Sequence[str]) -> List[dict]:
+def training_rows(paths: Sequence[str]) -> list[dict]:
     return [training_row(path) for path in paths]
 
 

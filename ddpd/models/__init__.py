@@ -1,6 +1,6 @@
 """ddpd networks: planner, denoisers, single uniform model and AR judge on one transformer trunk;
 attention kernel dispatch; bf16/fp16 sampling precision; adapters for denoisers trained elsewhere."""
-from ddpd.models.adapters import MDLMSubsDenoiser, MaskDenoiserAdapter, SEDDAbsorbingDenoiser
+from ddpd.models.adapters import MaskDenoiserAdapter, MDLMSubsDenoiser, SEDDAbsorbingDenoiser
 from ddpd.models.ar import ARModel
 from ddpd.models.attention import (
     ATTENTION_BACKENDS,

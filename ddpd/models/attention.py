@@ -36,7 +36,9 @@ import collections
 import contextlib
 import importlib
 import math
-from typing import Callable, Counter, Iterator, Optional, Tuple
+from collections import Counter
+from collections.abc import Iterator
+from typing import Callable, Optional
 
 import torch
 import torch.nn as nn
@@ -100,7 +102,7 @@ def flash_available() -> bool:
     return any(load_flash_kernel(name) is not None for name in FLASH_KERNELS)
 
 
-def flash_preference(capability: Tuple[int, int]) -> Tuple[str, ...]:
+def flash_preference(capability: tuple[int, int]) -> tuple[str, ...]:
     """flash-attn generations in order of preference for a GPU of this compute capability."""
     major = capability[0]
     if major >= 10:
@@ -110,7 +112,7 @@ def flash_preference(capability: Tuple[int, int]) -> Tuple[str, ...]:
     return ("fa2",) if major == 8 else ()
 
 
-def flash_kernel_for(capability: Tuple[int, int], dropout_p: float = 0.0) -> Optional[str]:
+def flash_kernel_for(capability: tuple[int, int], dropout_p: float = 0.0) -> Optional[str]:
     """The installed flash-attn generation "auto" runs on this GPU (None: none fits)."""
     for name in flash_preference(capability):
         if dropout_p > 0.0 and name in _NO_DROPOUT:
@@ -128,13 +130,13 @@ def warm_dispatch(device: torch.device) -> None:
         _device_capability(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def _device_capability(index: Optional[int]) -> Tuple[int, int]:
+def _device_capability(index: Optional[int]) -> tuple[int, int]:
     if index not in _capabilities:
         _capabilities[index] = torch.cuda.get_device_capability(index)
     return _capabilities[index]
 
 
-def _flash_capability(q: torch.Tensor) -> Optional[Tuple[int, int]]:
+def _flash_capability(q: torch.Tensor) -> Optional[tuple[int, int]]:
     """Compute capability of q's GPU when a FlashAttention kernel can take q (CUDA
     fp16/bf16, head_dim <= 256 and a multiple of 8, sm80 or later), else None."""
     head_dim = q.shape[-1]

@@ -88,7 +88,7 @@ class TransformerConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "TransformerConfig":
+    def from_dict(cls, d: dict) -> TransformerConfig:
         if not isinstance(d, dict):
             raise TypeError(f"TransformerConfig.from_dict: expected dict, got {type(d).__name__}")
         known = {f.name for f in dataclasses.fields(cls)}

@@ -32,7 +32,8 @@ a valid call pays for those checks once, in C++.
 """
 from __future__ import annotations
 
-from typing import Sequence, Union
+from collections.abc import Sequence
+from typing import Union
 
 import torch
 

@@ -33,7 +33,8 @@ int64 tensors of one element on the op's device that the kernels read when they 
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence, Union
+from collections.abc import Sequence
+from typing import Optional, Union
 
 import torch
 

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import List
 
 import torch
 
@@ -85,7 +84,7 @@ def load_default(device: str = "cpu"):
             tokenizer_from_config(configs["denoiser"]["tokenizer"]))
 
 
-def missing_files(path: os.PathLike) -> List[str]:
+def missing_files(path: os.PathLike) -> list[str]:
     """The files of a bundle (role/file) absent under `path`."""
     return [f"{role}/{name}" for role in ROLES for name in FILES if not (Path(path) / role / name).is_file()]
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import List, Optional
+from typing import Optional
 
 from ddpd.pretrained import BUNDLE_DIR, ENV_VAR, WEIGHT_DTYPES, bundle_bytes, install_bundle, is_packaged
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: Optional[list[str]] = None) -> int:
     from ddpd.streams import Stdout, standard_streams
 
     standard_streams()

@@ -29,8 +29,9 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Optional, Union
 
 import torch
 from torch import Tensor
@@ -251,7 +252,7 @@ def encode_corpus(text: str, tokenizer, where: Optional[str] = None) -> Tensor:
         raise ValueError(f"{where}: {str(err).split(': ', 1)[-1]}") from None  # without the tokenizer's name
 
 
-def split_tokens(tokens: Tensor, fractions: Sequence[float] = SPLIT_FRACTIONS) -> Dict[str, Tensor]:
+def split_tokens(tokens: Tensor, fractions: Sequence[float] = SPLIT_FRACTIONS) -> dict[str, Tensor]:
     """Split a Long[N] stream by position into {'train', 'validation', 'test'}:
     the first fractions[0] of the tokens, the next fractions[1], the rest."""
     if not isinstance(tokens, Tensor) or tokens.dim() != 1:
@@ -270,7 +271,7 @@ def _check_fractions(fractions: Sequence[float]) -> None:
         raise ValueError(f"fractions must be three positive numbers summing to 1, got {tuple(fractions)}")
 
 
-def load_splits(source: str, tokenizer, fractions: Sequence[float] = SPLIT_FRACTIONS) -> Dict[str, Tensor]:
+def load_splits(source: str, tokenizer, fractions: Sequence[float] = SPLIT_FRACTIONS) -> dict[str, Tensor]:
     """Load, tokenize and split a plain-text corpus (see `load_text`, `split_tokens`)."""
     if is_labelled(source):
         raise ValueError(f"data {source} is a labelled corpus ({LABELLED_SUFFIX}); this reads plain text")
@@ -297,7 +298,7 @@ class Records:
     labels: Optional[Tensor] = None
 
     @classmethod
-    def stream(cls, tokens: Tensor) -> "Records":
+    def stream(cls, tokens: Tensor) -> Records:
         """A plain token stream as one record."""
         return cls(tokens, torch.zeros(1, dtype=torch.long), torch.tensor([tokens.numel()]))
 
@@ -305,7 +306,7 @@ class Records:
         """Long[R]: the windows of seq_len tokens within each record."""
         return (self.lengths - seq_len + 1).clamp(min=0)
 
-    def select(self, index: Tensor) -> "Records":
+    def select(self, index: Tensor) -> Records:
         """The records `index` (Long), in that order, as a stream of their own."""
         pieces = [self.tokens[s:s + n] for s, n in zip(self.starts[index].tolist(), self.lengths[index].tolist())]
         lengths = self.lengths[index]
@@ -313,12 +314,12 @@ class Records:
         tokens = torch.cat(pieces) if pieces else self.tokens[:0]
         return Records(tokens, starts, lengths, None if self.labels is None else self.labels[index])
 
-    def split(self, fractions: Sequence[float] = SPLIT_FRACTIONS) -> Dict[str, "Records"]:
+    def split(self, fractions: Sequence[float] = SPLIT_FRACTIONS) -> dict[str, Records]:
         """{'train', 'validation', 'test'}: the records of each class split by position
         (within the class, in corpus order) by `fractions`."""
         _check_fractions(fractions)
         labels = self.labels if self.labels is not None else torch.zeros_like(self.lengths)
-        parts: Dict[str, List[Tensor]] = {name: [] for name in SPLITS}
+        parts: dict[str, list[Tensor]] = {name: [] for name in SPLITS}
         for label in torch.unique(labels).tolist():
             index = torch.nonzero(labels == label).flatten()
             n = index.numel()
@@ -409,10 +410,10 @@ class RandomCrops:
         self.batches = 0
         self._window = torch.arange(seq_len)
 
-    def __iter__(self) -> "RandomCrops":
+    def __iter__(self) -> RandomCrops:
         return self
 
-    def __next__(self) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+    def __next__(self) -> Union[Tensor, tuple[Tensor, Tensor]]:
         # window w of the corpus: record r with windows[r - 1] <= w < windows[r], offset w - windows[r - 1]
         window = torch.randint(0, int(self.windows[-1]), (self.batch_size,), generator=self.generator)
         record = torch.searchsorted(self.windows, window, right=True)
@@ -422,10 +423,10 @@ class RandomCrops:
         x = self.records.tokens[starts[:, None] + self._window]
         return x if self.records.labels is None else (x, self.records.labels[record])
 
-    def state_dict(self) -> Dict[str, object]:
+    def state_dict(self) -> dict[str, object]:
         return {"generator": self.generator.get_state(), "batches": self.batches}
 
-    def load_state_dict(self, state: Dict[str, object]) -> None:
+    def load_state_dict(self, state: dict[str, object]) -> None:
         self.generator.set_state(state["generator"])
         self.batches = int(state["batches"])
 
@@ -443,7 +444,7 @@ def evenly_spaced(n: int, k: int) -> Tensor:
     return q + up.long()
 
 def evaluation_batches(tokens: Union[Tensor, Records], seq_len: int, batch_size: int,
-                       max_batches: int) -> Tuple:
+                       max_batches: int) -> tuple:
     """Up to `max_batches` Long[<=batch_size, seq_len] batches of chunks picked evenly
     across `tokens`, the same on every call (a fixed evaluation set). Given Records, the
     chunks are those of each record, and with labels each batch is (chunks, labels)."""

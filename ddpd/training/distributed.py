@@ -11,10 +11,11 @@ from __future__ import annotations
 import inspect
 import os
 from contextlib import contextmanager
-from typing import List, Optional
+from typing import Optional
 
 import torch
 import torch.distributed as dist
+
 # torch.distributed.nn.functional takes group.WORLD as a default argument of its ten functions,
 # read when it is first imported; torch imports it lazily (with torch._dynamo, which building a
 # network or --fused loads), so after Distributed made its group. Those defaults then keep the
@@ -136,13 +137,13 @@ class Distributed:
             dist.all_gather_object(gathered, value)
         return gathered
 
-    def sum(self, values: List[float]) -> List[float]:
+    def sum(self, values: list[float]) -> list[float]:
         return self._reduce(values, dist.ReduceOp.SUM)
 
-    def max(self, values: List[float]) -> List[float]:
+    def max(self, values: list[float]) -> list[float]:
         return self._reduce(values, dist.ReduceOp.MAX)
 
-    def _reduce(self, values: List[float], op) -> List[float]:
+    def _reduce(self, values: list[float], op) -> list[float]:
         if self.world_size == 1:
             return values
         total = torch.tensor(values, dtype=torch.float64, device=self.device)

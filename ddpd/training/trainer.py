@@ -40,20 +40,38 @@ import os
 import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Optional
 
 import torch
 from torch import Tensor
 
 from ddpd._interrupts import signals_held
-from ddpd.checkpoint import (CheckpointError, ensure_replaceable, has_train_state, load_checkpoint, resume_settings,
-                             save_checkpoint)
+from ddpd.checkpoint import (
+    CheckpointError,
+    ensure_replaceable,
+    has_train_state,
+    load_checkpoint,
+    resume_settings,
+    save_checkpoint,
+)
 from ddpd.files import OutputLock, remove_stale_temps
 from ddpd.models import build_model, config_for
 from ddpd.process import corrupt, get_schedule
-from ddpd.training.data import (LABELLED_SUFFIX, GPT2Tokenizer, RandomCrops, Records, Text8Tokenizer,
-                                encode_corpus, evaluation_batches, fingerprint, is_labelled, load_labelled, load_text,
-                                resolve_source, split_tokens)
+from ddpd.training.data import (
+    LABELLED_SUFFIX,
+    GPT2Tokenizer,
+    RandomCrops,
+    Records,
+    Text8Tokenizer,
+    encode_corpus,
+    evaluation_batches,
+    fingerprint,
+    is_labelled,
+    load_labelled,
+    load_text,
+    resolve_source,
+    split_tokens,
+)
 from ddpd.training.distributed import Distributed, GradientMean, PeerLost, data_parallel
 from ddpd.training.losses import ar_loss, denoiser_loss, planner_loss, uniform_model_loss
 from ddpd.validation import check_device, check_int
@@ -76,7 +94,7 @@ class ResumeConflict(ValueError):
     """A resumed run given settings other than its own: `changed` holds (setting, the
     run's value, the value given)."""
 
-    def __init__(self, out: str, changed: List[Tuple[str, object, object]]):
+    def __init__(self, out: str, changed: list[tuple[str, object, object]]):
         self.out, self.changed = out, changed
         super().__init__(f"cannot resume {out} with changed settings: "
                          + ", ".join(f"{name} ({old!r} -> {new!r})" for name, old, new in changed))
@@ -190,7 +208,7 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, values: dict) -> "TrainConfig":
+    def from_dict(cls, values: dict) -> TrainConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
@@ -213,7 +231,7 @@ def _device_memory(device: str) -> Optional[int]:
         return None
 
 
-def _mean(values: List[float]) -> Optional[float]:
+def _mean(values: list[float]) -> Optional[float]:
     return sum(values) / len(values) if values else None
 
 
@@ -263,7 +281,7 @@ def check_train_record(path: str, meta: dict, steps: Optional[int] = None) -> No
         fail(f"'pending_losses' must be a list of numbers, got {str(pending)[:60]}")
 
 
-def check_train_state(path: str, tensors: Dict[str, Tensor], meta: dict, steps: int, world_size: int) -> None:
+def check_train_state(path: str, tensors: dict[str, Tensor], meta: dict, steps: int, world_size: int) -> None:
     """CheckpointError (one line) unless a training state is one this run can resume, as far
     as the network does not decide (check_state_tensors does the rest): its record
     (check_train_record), written by as many processes, and optimizer moments AdamW can
@@ -278,7 +296,7 @@ def check_train_state(path: str, tensors: Dict[str, Tensor], meta: dict, steps: 
     check_moments(path, tensors)
 
 
-def check_moments(path: str, tensors: Dict[str, Tensor]) -> None:
+def check_moments(path: str, tensors: dict[str, Tensor]) -> None:
     """CheckpointError unless every optimizer tensor is finite, the second moments (exp_avg_sq)
     and step counts >= 0: a NaN moment, or the square root of a negative one, makes NaN
     weights within two steps (a crafted state was accepted and the loss turned NaN)."""
@@ -294,7 +312,7 @@ def check_moments(path: str, tensors: Dict[str, Tensor]) -> None:
                                   "cannot hold")
 
 
-def check_state_tensors(path: str, tensors: Dict[str, Tensor], expected: Dict[str, Optional[tuple]]) -> None:
+def check_state_tensors(path: str, tensors: dict[str, Tensor], expected: dict[str, Optional[tuple]]) -> None:
     """CheckpointError unless every tensor in `expected` (name -> shape, or None for any
     shape) is in the training state."""
     for name, shape in expected.items():
@@ -373,9 +391,9 @@ class Trainer:
         self.noise = torch.Generator(self.device).manual_seed(stream_seed(config.seed, self.dist.rank, "noise"))
         torch.manual_seed(stream_seed(config.seed, self.dist.rank, "dropout"))
         self.step = 0
-        self.history: List[dict] = []
+        self.history: list[dict] = []
         self.train_seconds, self.train_tokens = 0.0, 0
-        self._losses: List[float] = []  # the step losses since the last history record
+        self._losses: list[float] = []  # the step losses since the last history record
         if stored is not None:
             self._restore(stored)
 
@@ -436,7 +454,7 @@ class Trainer:
             "moves validation and test text into training; pass allow_data_change (--allow-data-change) to "
             "resume anyway")
 
-    def _splits(self, text: str) -> Dict[str, Records]:
+    def _splits(self, text: str) -> dict[str, Records]:
         """The train, validation and test Records of the corpus: a plain one split by position,
         a labelled one by records within each class (their labels kept when the model is
         class-conditional)."""
@@ -454,7 +472,7 @@ class Trainer:
                 part.labels = None  # an unconditional model trained on the records' texts
         return splits
 
-    def _check_splits(self, splits: Dict[str, Records]) -> None:
+    def _check_splits(self, splits: dict[str, Records]) -> None:
         seq_len = self.config.seq_len
         for name in ("train", "validation"):
             if not int(splits[name].windows(seq_len).sum()):
@@ -465,7 +483,7 @@ class Trainer:
                                  f"fewer than seq_len={seq_len}; use a longer corpus or a shorter seq_len")
         self._warn_of_untrained_classes(splits)
 
-    def _warn_of_untrained_classes(self, splits: Dict[str, Records]) -> None:
+    def _warn_of_untrained_classes(self, splits: dict[str, Records]) -> None:
         """A class whose records all went to validation and test (a class of a few records:
         the split is 90/5/5 by position within each class), or whose training records are
         all shorter than seq_len, is never trained on: say so."""
@@ -481,7 +499,7 @@ class Trainer:
 
     # ---- the loop ----------------------------------------------------------------
 
-    def train(self, stop_at: Optional[int] = None) -> List[dict]:
+    def train(self, stop_at: Optional[int] = None) -> list[dict]:
         """Run optimizer steps until `stop_at` (default config.steps); returns the
         history of {step, train_loss, val_loss} records."""
         config = self.config
@@ -602,13 +620,13 @@ class Trainer:
                 torch._foreach_lerp_(list(self.ema.parameters()), list(self.model.parameters()), 1.0 - config.ema)
         return loss if terms > 0 else None
 
-    def _to_device(self, batch) -> Tuple[Tensor, Optional[Tensor]]:
+    def _to_device(self, batch) -> tuple[Tensor, Optional[Tensor]]:
         """(x1, labels or None) of a batch of RandomCrops / evaluation_batches, on the device."""
         x1, labels = batch if isinstance(batch, tuple) else (batch, None)
         return x1.to(self.device, non_blocking=True), None if labels is None else labels.to(self.device)
 
     def objective(self, network, x1: Tensor, generator: torch.Generator, labels: Optional[Tensor] = None,
-                  label_dropout: float = 0.0) -> Tuple[Tensor, Tensor]:
+                  label_dropout: float = 0.0) -> tuple[Tensor, Tensor]:
         """The training loss of config.kind on clean chunks x1: Long[B, L] of classes `labels`
         (Long[B], class-conditional models), each replaced by the null label with
         probability label_dropout (drawn from `generator` after the corruption), as (the
@@ -730,7 +748,7 @@ class Trainer:
             self._diverged(f"the weights are not finite after step {self.step}")
         per_rank = self.dist.all_gather(self._rank_state())
         if self.dist.is_main:
-            tensors: Dict[str, Tensor] = {}
+            tensors: dict[str, Tensor] = {}
             for rank, state in enumerate(per_rank):
                 tensors.update({f"rank{rank}.{name}": value for name, value in state.items()})
             optimizer = self.optimizer.state_dict()
@@ -745,7 +763,7 @@ class Trainer:
         self._saved_step = self.step
         self.dist.barrier()
 
-    def _rank_state(self) -> Dict[str, Tensor]:
+    def _rank_state(self) -> dict[str, Tensor]:
         state = {"rng.torch": torch.get_rng_state(), "rng.noise": self.noise.get_state(),
                  "data.generator": self.train_batches.generator.get_state(),
                  "data.batches": torch.tensor(self.train_batches.batches)}
@@ -753,9 +771,9 @@ class Trainer:
             state["rng.cuda"] = torch.cuda.get_rng_state(self.device)
         return state
 
-    def _expected_state(self, meta: dict) -> Dict[str, Optional[tuple]]:
+    def _expected_state(self, meta: dict) -> dict[str, Optional[tuple]]:
         """The tensors a training state of this run must hold (name -> shape or None)."""
-        expected: Dict[str, Optional[tuple]] = {}
+        expected: dict[str, Optional[tuple]] = {}
         for rank in range(self.dist.world_size):
             names = ["rng.torch", "rng.noise", "data.generator", "data.batches"]
             names += ["rng.cuda"] if self.device.type == "cuda" else []
@@ -778,7 +796,7 @@ class Trainer:
             if self.ema is not None:
                 prefix = "model."
                 self.model.load_state_dict({k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)})
-            optimizer_state: Dict[int, Dict[str, Tensor]] = {}
+            optimizer_state: dict[int, dict[str, Tensor]] = {}
             for name, value in tensors.items():
                 if name.startswith("optim."):
                     _, index, key = name.split(".", 2)
@@ -809,7 +827,7 @@ class Trainer:
         self.train_seconds, self.train_tokens = meta.get("train_seconds", 0.0), meta.get("train_tokens", 0)
         self._losses = list(meta.get("pending_losses", []))
 
-    def __enter__(self) -> "Trainer":
+    def __enter__(self) -> Trainer:
         return self
 
     def __exit__(self, *exc) -> None:
