@@ -168,7 +168,8 @@ def _links(path):
 
 
 def test_every_link_of_the_readme_and_docs_leads_to_a_file_and_a_section_it_has():
-    for path in [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), ROOT / "docs" / "text8" / "README.md"]:
+    for path in [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *(ROOT / "docs").glob("*.md"),
+                 ROOT / "docs" / "text8" / "README.md"]:
         for target in _links(path):
             name, _, anchor = target.partition("#")
             dest = (path.parent / name).resolve() if name else path
