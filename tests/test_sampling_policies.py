@@ -124,22 +124,24 @@ def test_error_budget_matches_its_exact_law(name, toy_name, steps, bound, max_k,
     assert float(result.tokens_per_pass) > 0.5  # more than one token a step on average
 
 
-KNOWN_NOISE_CASES = [("mask denoiser, bound 0.5", "dir S3 D3", 3, 0.5, 3, "mask", "none", 0.0),
-                     ("uniform denoiser, bound 0 spread", "sparse S2 D4", 2, 0.0, 4, "uniform", "linear", 0.0),
+KNOWN_NOISE_CASES = [("mask denoiser, bound 0.5", "dir S3 D3", 3, 0.5, 3, "mask", "none", 0.0, None),
+                     ("uniform denoiser, bound 0 spread", "sparse S2 D4", 2, 0.0, 4, "uniform", "linear", 0.0, None),
                      ("mask denoiser, bound 0.8 spread, choice temperature 2", "dir S3 D3", 3, 0.8, 3, "mask",
-                      "cosine", 2.0)]
+                      "cosine", 2.0, None),
+                     ("mask denoiser, cosine spread, revise above 0.5", "dir S3 D3", 4, 0.5, 3, "mask", "cosine", 2.0,
+                      0.5)]
 
 
-@pytest.mark.parametrize("name,toy_name,steps,bound,max_k,denoiser,spread,tau", KNOWN_NOISE_CASES,
+@pytest.mark.parametrize("name,toy_name,steps,bound,max_k,denoiser,spread,tau,revise", KNOWN_NOISE_CASES,
                          ids=[c[0] for c in KNOWN_NOISE_CASES])
-def test_known_noise_matches_its_exact_law(name, toy_name, steps, bound, max_k, denoiser, spread, tau):
+def test_known_noise_matches_its_exact_law(name, toy_name, steps, bound, max_k, denoiser, spread, tau, revise):
     problem = toy(toy_name)
     models = problem.models()
     network = models.mask_denoiser if denoiser == "mask" else models.uniform_denoiser
-    policy = ErrorBudget(bound, max_k, spread=spread, known_noise=True, choice_temperature=tau)
+    policy = ErrorBudget(bound, max_k, spread=spread, known_noise=True, choice_temperature=tau, revise_above=revise)
     result = ddpd_sample(models.planner, network, B, problem.D, problem.S, steps=steps, noise=noise(), stop="budget",
                          denoiser_type=denoiser, policy=policy)
-    law = policy_laws.known_noise_law(problem, steps, bound, max_k, denoiser, spread, tau)
+    law = policy_laws.known_noise_law(problem, steps, bound, max_k, denoiser, spread, tau, revise)
     emp = empirical(problem.index(result.tokens), problem.N)
     limit = threshold(law, B)
     TABLE.add(f"ErrorBudget known_noise {name} [{toy_name}]", tv(emp, law), tv(emp, problem.p_data), limit, problem.N)

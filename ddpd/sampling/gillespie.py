@@ -279,7 +279,7 @@ def _planner_clock(run: Run, draws: Draws, opts: DDPDOptions, networks, batch: R
         batch.state["plan"] = torch.zeros(batch.x.shape, device=batch.x.device)
 
     def one_step(step, k: int, temperature: float, check: bool, plan_now: bool = True) -> bool:
-        logits = _policy_plan(networks, batch, plan_now)
+        logits = _policy_plan(networks, batch, plan_now, policy.revise_above if policy is not None else None)
         plan = draws.plan(step, logits, batch.rows, k, opts.selection, opts.eps, batch.x, mask_id, order)
         positions = plan.positions if plan.order is None else plan.order
         sum_p, masked, count = plan.sum_p, plan.masked, plan.count
@@ -406,10 +406,11 @@ def _choice_noise(run: Run, policy, step, rows: Tensor, k: int) -> Optional[Tens
     return policy.choice_temperature * (1.0 - step / run.steps) * gumbel(run.noise.uniform(step, CONFIDENCE, rows, k))
 
 
-def _policy_plan(networks, batch: RunningBatch, plan_now: bool) -> Tensor:
+def _policy_plan(networks, batch: RunningBatch, plan_now: bool, revise_above: Optional[float]) -> Tensor:
     """The step's planner logits under a commit policy: the planner's (or, on a step without a
     planner pass, the last plan with the positions committed since read as clean), +inf where
-    no draw has written yet (known_noise: noise for certain)."""
+    no draw has written yet (known_noise: noise for certain); with revise_above, +inf or -inf
+    where one has."""
     if plan_now:
         logits = _plan(networks, batch, batch.state.get("t_prev"))
         if "plan" in batch.state:
@@ -417,7 +418,11 @@ def _policy_plan(networks, batch: RunningBatch, plan_now: bool) -> Tensor:
     else:
         logits = batch.state["plan"].clone()
     touched = batch.state.get("touched")
-    return logits if touched is None else logits.masked_fill(~touched, float("inf"))
+    if touched is None:
+        return logits
+    if revise_above is not None:  # a written position is redrawn for certain, or kept in the context
+        logits = torch.where(logits > math.log(revise_above / (1.0 - revise_above)), float("inf"), float("-inf"))
+    return logits.masked_fill(~touched, float("inf"))
 
 
 def _remember_commits(batch: RunningBatch, positions: Tensor, change: Tensor) -> None:

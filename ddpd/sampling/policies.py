@@ -52,9 +52,15 @@ class ErrorBudget:
 
     known_noise: a position no draw of the run has written yet is noise for certain (the run
     started it from noise): its planner probability is taken as 1, so it is always masked and
-    a candidate, and the planner's judgement counts where a token was committed.
+    a candidate, and the planner's judgement counts where a token was committed. The planner's
+    first pick, uniform among such positions, then loses its place: every candidate is ranked.
     plan_every m: the planner runs at steps 0, m, 2m, ...; a step in between reads the last
     plan, with the positions committed since it as clean, and costs one network pass.
+    revise_above q (with known_noise): a written position is masked and redrawn only where the
+    planner's probability of noise exceeds q, and then for certain; elsewhere it stays in the
+    denoiser's context. Without it (None) the mask of prop:draw_with_maskD draws every written
+    position as noise with the planner's probability, which with a hesitant planner hides much
+    of the committed text from the denoiser.
 
     choice_temperature tau (order 'risk'): the candidates are ranked by log(1 - r_j) + tau_i g_j,
     g_j Gumbel, tau_i = tau (1 - i / T) at step i of T, MaskGIT's annealed randomness (eq. 3 of
@@ -72,6 +78,7 @@ class ErrorBudget:
     known_noise: bool = False
     plan_every: int = 1
     choice_temperature: float = 0.0
+    revise_above: Optional[float] = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "bound", check_float("bound", self.bound, 0.0, float("inf"), open_max=True))
@@ -83,25 +90,34 @@ class ErrorBudget:
         check_int("plan_every", self.plan_every, 1)
         object.__setattr__(self, "choice_temperature", check_float("choice_temperature", self.choice_temperature,
                                                                    0.0, float("inf"), open_max=True))
+        if self.revise_above is not None:
+            object.__setattr__(self, "revise_above", check_float("revise_above", self.revise_above, 0.0, 1.0,
+                                                                 open_min=True, open_max=True))
+            if not self.known_noise:
+                raise ValueError("revise_above needs known_noise=True (it judges the written positions only)")
 
     def commit(self, risk: Tensor, eligible: Tensor, minimum: Optional[Tensor] = None,
                noise: Optional[Tensor] = None) -> Tensor:
         """Bool[B, K]: the candidates (in the planner's order) to commit, from risk Float[B, K],
         eligible Bool[B, K], (with spread) minimum Long[B], the fewest to commit, and (with a
-        choice temperature) noise Float[B, K], tau_i g of the ranking; column 0 always."""
-        rest, ok = risk[:, 1:], eligible[:, 1:]
+        choice temperature) noise Float[B, K], tau_i g of the ranking. Column 0, Algorithm 1's
+        pick, always; with known_noise it is ranked with the others (at least one is committed)."""
+        pin = 0 if self.known_noise else 1
+        rest, ok = risk[:, pin:], eligible[:, pin:]
         if self.order == "planner":
             key = torch.arange(rest.shape[1], device=rest.device).expand_as(rest)
         else:
-            key = rest if noise is None else -(torch.log1p(-rest) + noise[:, 1:])  # lowest risk first
+            key = rest if noise is None else -(torch.log1p(-rest) + noise[:, pin:])  # lowest risk first
         order = key.float().masked_fill(~ok, float("inf")).argsort(dim=1, stable=True)  # eligible first
         ranked = rest.gather(1, order).masked_fill(~ok.gather(1, order), float("inf"))
         n = (ranked.cumsum(1) <= self.bound).sum(1)  # risks are >= 0: the sums only grow
         if minimum is not None:
-            n = torch.maximum(n, torch.minimum(minimum - 1, ok.sum(1)))
+            n = torch.maximum(n, torch.minimum(minimum - pin, ok.sum(1)))
+        n = n.clamp(min=1 - pin)
         rank = torch.empty_like(order).scatter_(1, order, torch.arange(rest.shape[1], device=rest.device)
                                                  .expand_as(order))
-        return torch.cat([torch.ones_like(eligible[:, :1]), rank < n[:, None]], 1)
+        chosen = rank < n[:, None]
+        return torch.cat([torch.ones_like(eligible[:, :1]), chosen], 1) if pin else chosen
 
 
 def spread_minimum(spread: str, sum_p: Tensor, step, steps: int, n0) -> Optional[Tensor]:
@@ -367,7 +383,8 @@ def parse_policy(spec: str):
 
 
 def _value(annotation, text: str, key: str):
-    kind = {"int": int, "float": float, "str": str, "bool": _bool}.get(str(annotation).split(".")[-1])
+    name = str(annotation).split(".")[-1].replace("Optional[", "").rstrip("]")
+    kind = {"int": int, "float": float, "str": str, "bool": _bool}.get(name)
     try:
         return kind(text) if kind is not None else text
     except ValueError:
@@ -384,4 +401,4 @@ def policy_spec(policy) -> str:
     """The spec parse_policy reads back into `policy`."""
     name = next(key for key, kind in POLICIES.items() if isinstance(policy, kind))
     return name + ":" + ",".join(f"{key}={value:g}" if isinstance(value, float) else f"{key}={value}"
-                                 for key, value in vars(policy).items())
+                                 for key, value in vars(policy).items() if value is not None)

@@ -22,33 +22,36 @@ def ordered_picks(w: torch.Tensor, k: int):
     for order in itertools.permutations(range(w.shape[-1]), k):
         prob = torch.ones_like(total)
         left = total.clone()
-        for d in order:
-            prob = prob * torch.where(left > 0, w[:, d] / left.clamp_min(1e-300), torch.zeros_like(left))
+        for r, d in enumerate(order):
+            # once no weight is left the rest follow in position order (Gumbel keys all -inf tie)
+            lowest = float(d == min(set(range(w.shape[-1])) - set(order[:r])))
+            prob = prob * torch.where(left > 0, w[:, d] / left.clamp_min(1e-300), torch.full_like(left, lowest))
             left = left - w[:, d]
         yield order, prob
 
 
 def budget_commits(risk: torch.Tensor, eligible: torch.Tensor, bound: float, order: str, minimum=None,
-                   tau: float = 0.0) -> list:
+                   tau: float = 0.0, pin: bool = True) -> list:
     """Per row, [(kept columns, probability)]: ErrorBudget's rule, written plainly: the first pick,
     then the eligible others in their order (ascending risk for 'risk'; with tau > 0 a
     Plackett-Luce order by (1 - r)^(1 / tau); the planner's for 'planner') while the summed risk
     stays <= bound (stopping at the first that does not fit); with minimum (Long[B]), at least
-    that many in all where enough are eligible."""
+    that many in all where enough are eligible. pin False (known_noise): the first pick is ranked
+    with the others, and at least one is committed."""
     B, K = risk.shape
     out = []
     for b in range(B):
-        others = [j for j in range(1, K) if eligible[b, j]]
+        others = [j for j in range(1 if pin else 0, K) if eligible[b, j]]
         if order == "risk" and tau == 0.0:
             others.sort(key=lambda j: (float(risk[b, j]), j))
         orders = [(others, 1.0)] if tau == 0.0 or order != "risk" else \
             list(_plackett_luce(others, [float(1.0 - risk[b, j]) ** (1.0 / tau) for j in others]))
         row = []
         for ranked, prob in orders:
-            kept, total = [0], 0.0
+            kept, total = [0] if pin else [], 0.0
             for j in ranked:
                 total += float(risk[b, j])
-                if total > bound and (minimum is None or len(kept) >= int(minimum[b])):
+                if total > bound and kept and (minimum is None or len(kept) >= int(minimum[b])):
                     break
                 kept.append(j)
             row.append((kept, prob))
@@ -97,13 +100,18 @@ def error_budget_kernel(toy: ToyProblem, p: torch.Tensor, alpha: torch.Tensor, s
                 if not bool((weight > 0).any()):
                     continue
                 risk = 1.0 - p[:, list(picks)] * c
-                for b, outcomes in enumerate(budget_commits(risk, eligible, bound, order, minimum, tau)):
+                outcomes_per_row = budget_commits(risk, eligible, bound, order, minimum, tau, pin=touched is None)
+                for b, outcomes in enumerate(outcomes_per_row):
                     for kept, chance in outcomes:
                         target = int(replace_index(states[b:b + 1], [picks[j] for j in kept],
                                                    tokens[kept][None, :], toy.S)[0, 0])
                         if touched is not None:
                             target = target * 2**toy.D + (touched | sum(1 << (toy.D - 1 - picks[j]) for j in kept))
                         kernel[b, target] += weight[b] * chance
+    # a state where no position has weight (every written position judged clean) draws nothing
+    for b in (w.sum(-1) == 0).nonzero().flatten().tolist():
+        kernel[b] = 0.0
+        kernel[b, b if touched is None else b * 2**toy.D + touched] = 1.0
     return kernel
 
 
@@ -160,7 +168,7 @@ def error_budget_law(toy: ToyProblem, steps: int, bound: float, max_k: int, orde
 
 
 def known_noise_law(toy: ToyProblem, steps: int, bound: float, max_k: int, denoiser_type: str = "mask",
-                    spread: str = "none", choice_temperature: float = 0.0) -> torch.Tensor:
+                    spread: str = "none", choice_temperature: float = 0.0, revise_above=None) -> torch.Tensor:
     """Law of ddpd_sample(policy=ErrorBudget(bound, max_k, spread=spread, known_noise=True)): the
     chain on (x, the positions written so far), from uniform noise with none written."""
     p = toy.planner_free
@@ -173,10 +181,11 @@ def known_noise_law(toy: ToyProblem, steps: int, bound: float, max_k: int, denoi
             if not bool((pi[:, touched] > 0).any()):
                 continue
             known = torch.tensor([bool(touched >> (toy.D - 1 - d) & 1) for d in range(toy.D)])
-            p_now = torch.where(known, p, torch.ones_like(p))
+            judged = p if revise_above is None else (p > revise_above).double()  # redrawn for certain, or kept
+            p_now = torch.where(known, judged, torch.ones_like(p))
             minimum = _minimum(spread, p_now.sum(-1), i, steps, toy.D)
             alpha = toy.schedule.alpha(toy.schedule.inverse(1.0 - p_now.mean(-1)))  # the estimate counts them as noise
-            kernel = error_budget_kernel(toy, p, alpha, "sigmoid", 1.0, denoiser_type, bound, max_k, "risk",
+            kernel = error_budget_kernel(toy, judged, alpha, "sigmoid", 1.0, denoiser_type, bound, max_k, "risk",
                                          minimum, touched, choice_temperature * (1.0 - i / steps))
             nxt += pi[:, touched] @ kernel
         pi = nxt.view(toy.N, masks)
