@@ -30,8 +30,6 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch_draws  # noqa: E402
-from torch_draws import TORCH  # noqa: E402
-
 from ddpd.ops.planner_select import (  # noqa: E402
     planner_select,
     planner_select_mask,
@@ -40,6 +38,7 @@ from ddpd.ops.planner_select import (  # noqa: E402
 )
 from ddpd.ops.sample_categorical import noise_width, sample_categorical, sample_categorical_reference  # noqa: E402
 from ddpd.ops.sample_from_hidden import sample_from_hidden, sample_from_hidden_reference  # noqa: E402
+from torch_draws import TORCH  # noqa: E402
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))]
 MASK_ID = 50257
@@ -51,12 +50,12 @@ def variants(candidates) -> list[str]:
     return [TORCH + name for name in candidates] + OURS
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def randn(*shape, scale=3.0, device="cpu"):
     return scale * torch.randn(*shape, generator=torch.Generator().manual_seed(sum(shape))).to(device)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def uniforms(rows, cols, device="cpu"):
     """Uniforms in (0, 1) for the references (any uniforms do for timing)."""
     u = torch.rand(rows, cols, generator=torch.Generator().manual_seed(rows)).clamp_(min=2.0**-25)

@@ -38,19 +38,26 @@ import argparse
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, Optional
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_sampling import Clock  # noqa: E402
-
 from ddpd.checkpoint import load_bundle  # noqa: E402
 from ddpd.models import build_model, config_for, prepare_for_sampling  # noqa: E402
 from ddpd.pretrained import BUNDLE_DIR  # noqa: E402
-from ddpd.sampling import (ConfidenceThreshold, DDPDOptions, ErrorBudget, Execution, MaskGIT,  # noqa: E402
-                           SampleResult, ddpd_sample, mask_sample)
+from ddpd.sampling import (  # noqa: E402
+    ConfidenceThreshold,
+    DDPDOptions,
+    ErrorBudget,
+    Execution,
+    MaskGIT,
+    SampleResult,
+    ddpd_sample,
+    mask_sample,
+)
 from ddpd.sampling.policies import parse_policy, policy_spec  # noqa: E402
+from gpu_sampling import Clock  # noqa: E402
 
 POLICY = "error-budget:bound=1,max_k=16,spread=true"
 TARGETS = {1: "4x", 64: "3x"}  # batch -> policy / default samples/s at matched quality (the issue's)
@@ -66,7 +73,7 @@ class Pair:
     denoiser: torch.nn.Module
     length: int
     vocab: int
-    extrapolate: Optional[Tuple[int, int]] = None
+    extrapolate: Optional[tuple[int, int]] = None
 
 
 @dataclass
@@ -85,8 +92,8 @@ class Row:
 class Sizes:
     """What a run measures: the real run's sizes, or the dry run's tiny ones (seconds on a CPU)."""
 
-    budgets: Tuple[int, ...] = (64, 128)  # network passes per sample of the parallel configurations
-    batches: Tuple[int, ...] = (1, 64)
+    budgets: tuple[int, ...] = (64, 128)  # network passes per sample of the parallel configurations
+    batches: tuple[int, ...] = (1, 64)
     warm_steps: int = 8  # the warm-up run's steps
     graphs: str = "auto"
     bundled_length: Optional[int] = None  # the bundled model's own 256 unless set
@@ -116,7 +123,7 @@ def gpt2_pair(device: torch.device, dry_run: bool) -> Pair:
     return Pair(name, planner, denoiser, length, vocab, extrapolate)
 
 
-def samplers(pair: Pair, policy: ErrorBudget, budgets: Tuple[int, ...], graphs: str) -> List[Tuple[str, int, Callable]]:
+def samplers(pair: Pair, policy: ErrorBudget, budgets: tuple[int, ...], graphs: str) -> list[tuple[str, int, Callable]]:
     """(name, steps, run(batch, steps) -> SampleResult) of every configuration, the default first.
     A DDPD step is two network passes (planner + denoiser), a mask-loop step one."""
     execution = Execution(fused=True, graphs=graphs)
@@ -152,10 +159,10 @@ def checked(result: SampleResult, pair: Pair) -> SampleResult:
 
 
 def measure(clock: Clock, pair: Pair, run: Callable, batch: int, steps: int, warm_steps: int
-            ) -> Tuple[float, SampleResult]:
+            ) -> tuple[float, SampleResult]:
     """(seconds, result) of one whole run, after a warm-up run of at most warm_steps steps."""
     run(batch, min(steps, warm_steps))
-    out: List[SampleResult] = []
+    out: list[SampleResult] = []
     seconds = clock(lambda: out.append(run(batch, steps)), repeats=1, warm=False)
     return seconds, checked(out[-1], pair)
 

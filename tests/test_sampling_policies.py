@@ -9,12 +9,20 @@
 import pytest
 import torch
 
+from ddpd.sampling import Execution, ddpd_sample, ddpd_sample_uniform, mask_sample
+from ddpd.sampling.policies import (
+    ConfidenceFactor,
+    ConfidenceThreshold,
+    EntropyBound,
+    ErrorBudget,
+    MaskGIT,
+    ReMDM,
+    parse_policy,
+    policy_spec,
+)
 from oracles import laws, policy_laws
 from oracles.fixtures import noise, single_thread, tiny_networks, toy  # noqa: F401  (single_thread: autouse)
 from oracles.stats import TVTable, empirical, threshold, tv
-from ddpd.sampling import Execution, ddpd_sample, ddpd_sample_uniform, mask_sample
-from ddpd.sampling.policies import (ConfidenceFactor, ConfidenceThreshold, EntropyBound, ErrorBudget, MaskGIT, ReMDM,
-                                    parse_policy, policy_spec)
 
 B = 50_000
 TABLE = TVTable("Commit policies: TV to own exact law and to p_data (B = 50k)")
@@ -218,8 +226,9 @@ def test_at_half_the_passes_error_budget_is_as_close_to_p_data_as_algorithm_1():
     problem = toy("dir S3 D3")
     models = problem.models()
     distance = {}
-    for name, policy, steps in [("one-at-a-time", None, 6), ("ErrorBudget(0.5)", ErrorBudget(0.5, 3), 3),
-                                ("ErrorBudget(1.5)", ErrorBudget(1.5, 3), 3), ("ErrorBudget(1.5)", ErrorBudget(1.5, 3), 2)]:
+    cases = [("one-at-a-time", None, 6), ("ErrorBudget(0.5)", ErrorBudget(0.5, 3), 3),
+             ("ErrorBudget(1.5)", ErrorBudget(1.5, 3), 3), ("ErrorBudget(1.5)", ErrorBudget(1.5, 3), 2)]
+    for name, policy, steps in cases:
         result = ddpd_sample(models.planner, models.mask_denoiser, B, problem.D, problem.S, steps=steps,
                              noise=noise(), stop="budget", denoiser_type="mask", policy=policy)
         assert result.passes.eq(2 * steps).all()

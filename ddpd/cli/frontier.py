@@ -7,9 +7,10 @@
 CHECKPOINT: a sampling bundle (planner/ + mask denoiser/); default the bundled text8 pair.
 Every sampler of the bundle runs with its policies among --policies (error-budget for
 ddpd; maskgit, threshold, factor, entropy-bound, remdm for the mask loop) and its own
-default (ddpd one at a time, MaskGIT), at every --budgets pass budget (a ddpd step costs a denoiser pass and, with the planner, a second; a
-mask-loop step one) and temperature; the
-target is ddpd one at a time at --target-steps and --target-temperature. --judge: an autoregressive checkpoint, or
+default (ddpd one at a time, MaskGIT), at every --budgets pass budget (a ddpd step costs a
+denoiser pass and, when it plans, a planner pass; a mask-loop step one) and temperature;
+the target is ddpd one at a time at --target-steps and --target-temperature. --judge: an
+autoregressive checkpoint, or
 ngram[:ORDER] (a character n-gram built from the train split of --data, ddpd.eval.ngram).
 Writes frontier.csv (after every configuration: an interrupted sweep resumes, and a run with
 other settings into the same --out-dir adds its rows), then frontier.md and frontier.png of
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import List
 
 from ddpd.cli.common import UsageError
 
@@ -46,7 +46,8 @@ def add_parser(sub) -> None:
     p.add_argument("--num-samples", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--fused", action="store_true", help="every sampler on its fused path (the same samples with float32 networks)")
+    p.add_argument("--fused", action="store_true",
+                   help="every sampler on its fused path (the same samples with float32 networks)")
     p.add_argument("--threads", type=int, help="CPU threads (default: torch's)")
     p.add_argument("--device", default="auto")
     p.add_argument("--no-progress", dest="progress", action="store_false")
@@ -150,7 +151,7 @@ def _steps(family: str, policy, budget: int) -> int:
     return max(1, round(budget / (1 + 1 / every)))
 
 
-def _configs(args, by_family: dict, planner, denoiser, vocab: int, length: int) -> List:
+def _configs(args, by_family: dict, planner, denoiser, vocab: int, length: int) -> list:
     from ddpd.eval.frontier import Config
     from ddpd.sampling import DDPDOptions, Execution, ddpd_sample, mask_sample
     from ddpd.sampling.policies import policy_spec

@@ -17,8 +17,9 @@ import csv
 import math
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Optional
 
 import torch
 from tqdm.auto import tqdm
@@ -54,7 +55,7 @@ def _row_key(row: dict) -> tuple:
 
 
 def run_frontier(configs: Sequence[Config], *, judge, vocab_size: int, num_samples: int, seed: int,
-                 batch_size: int, csv_path: str, progress: bool = False) -> List[dict]:
+                 batch_size: int, csv_path: str, progress: bool = False) -> list[dict]:
     """Every configuration's row, the ones already in csv_path taken from it (resumed).
 
     Args:
@@ -82,7 +83,7 @@ def run_frontier(configs: Sequence[Config], *, judge, vocab_size: int, num_sampl
     return rows
 
 
-def read_frontier(path: str) -> List[dict]:
+def read_frontier(path: str) -> list[dict]:
     """The rows of a frontier CSV (numbers as floats); ValueError naming the file for one that
     lacks a column of the key or a measurement."""
     with open(path, newline="", encoding="utf-8") as f:
@@ -123,8 +124,8 @@ def family(row: dict) -> str:
     return f"{row['sampler']} {str(row['policy']).split(':')[0]}"
 
 
-def passes_to_reach(rows: List[dict], target_nll: float, target_entropy: float, nll_slack: float = 0.02,
-                    entropy_tolerance: float = 0.01) -> List[dict]:
+def passes_to_reach(rows: list[dict], target_nll: float, target_entropy: float, nll_slack: float = 0.02,
+                    entropy_tolerance: float = 0.01) -> list[dict]:
     """Per family, the fewest mean passes of a configuration within nll_slack of target_nll
     (or below it) at an entropy within entropy_tolerance (relative) of target_entropy; with none,
     the best NLL it reached at matched entropy."""
@@ -143,7 +144,7 @@ def passes_to_reach(rows: List[dict], target_nll: float, target_entropy: float, 
     return out
 
 
-def frontier_markdown(rows: List[dict], reach: Optional[List[dict]] = None, target: str = "") -> str:
+def frontier_markdown(rows: list[dict], reach: Optional[list[dict]] = None, target: str = "") -> str:
     text = markdown_table(rows, COLUMNS)
     if reach:
         text += f"\n\nPasses to reach {target} (judge NLL within 0.02, entropy within 1%):\n\n"
@@ -153,12 +154,12 @@ def frontier_markdown(rows: List[dict], reach: Optional[List[dict]] = None, targ
     return text + "\n"
 
 
-def plot_frontier(rows: List[dict], path: str, target: Optional[Dict[str, float]] = None) -> None:
+def plot_frontier(rows: list[dict], path: str, target: Optional[dict[str, float]] = None) -> None:
     """Judge NLL against mean passes (log scale), a line per family and temperature, each point
     labelled with its entropy; the target quality as a horizontal line."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(9, 6))
-    groups: Dict[tuple, List[dict]] = {}
+    groups: dict[tuple, list[dict]] = {}
     for row in rows:
         groups.setdefault((family(row), float(row["temperature"])), []).append(row)
     for (name, temperature), points in groups.items():

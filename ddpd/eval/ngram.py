@@ -7,8 +7,6 @@ a corpus on the CPU, and knows nothing of the diffusion models it judges.
 """
 from __future__ import annotations
 
-from typing import List, Tuple
-
 import torch
 from torch import Tensor
 
@@ -43,7 +41,7 @@ class NGramJudge:
         self.discount = discount
         unigram = np.bincount(ids, minlength=vocab_size).astype(np.float64) + 1.0
         self.unigram = unigram / unigram.sum()
-        self.tables: List[Tuple] = [self._table(ids, m) for m in range(2, order + 1)]
+        self.tables: list[tuple] = [self._table(ids, m) for m in range(2, order + 1)]
 
     def _table(self, ids, m: int) -> tuple:
         """(m-gram keys, their counts, context keys, c(h .), N1+(h .)), keys sorted."""

@@ -32,8 +32,15 @@ from ddpd.sampling.gillespie import ddpd_sample, ddpd_sample_uniform
 from ddpd.sampling.maskgit import mask_sample, maskgit_sample
 from ddpd.sampling.noise import NoiseSource, PhiloxNoise, TorchNoise
 from ddpd.sampling.options import DDPDOptions, Execution, Temperature, Truncation
-from ddpd.sampling.policies import (ConfidenceFactor, ConfidenceThreshold, EntropyBound, ErrorBudget, MaskGIT,
-                                    ReMDM, parse_policy)
+from ddpd.sampling.policies import (
+                                    ConfidenceFactor,
+                                    ConfidenceThreshold,
+                                    EntropyBound,
+                                    ErrorBudget,
+                                    MaskGIT,
+                                    ReMDM,
+                                    parse_policy,
+)
 from ddpd.sampling.tau_leaping import tau_leaping_mask, tau_leaping_planned, tau_leaping_uniform
 
 __all__ = [

@@ -27,7 +27,7 @@ import contextlib
 import sys
 import warnings
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional
+from typing import Callable, Optional
 
 import torch
 from torch import Tensor
@@ -99,12 +99,12 @@ class RunningBatch:
     ([B, ...]) that follow the rows.
     """
 
-    def __init__(self, x: Tensor, state: Optional[Dict[str, Tensor]] = None,
-                 condition: Optional["Condition"] = None, dtype: torch.dtype = torch.float32):
+    def __init__(self, x: Tensor, state: Optional[dict[str, Tensor]] = None,
+                 condition: Optional[Condition] = None, dtype: torch.dtype = torch.float32):
         self.out = x.clone()
         self.rows = torch.arange(x.shape[0], device=x.device)
         self.x = x
-        self.state: Dict[str, Tensor] = dict(state or {})
+        self.state: dict[str, Tensor] = dict(state or {})
         self.condition = condition
         self.dtype = dtype
         self.stop_step = torch.full((x.shape[0],), -1, dtype=torch.long, device=x.device)
@@ -290,8 +290,8 @@ class FusedBatch(RunningBatch):
     `generation` counts the times the batch was packed into new tensors.
     """
 
-    def __init__(self, x: Tensor, state: Optional[Dict[str, Tensor]] = None,
-                 condition: Optional["Condition"] = None, dtype: torch.dtype = torch.float32, sync_every: int = 1,
+    def __init__(self, x: Tensor, state: Optional[dict[str, Tensor]] = None,
+                 condition: Optional[Condition] = None, dtype: torch.dtype = torch.float32, sync_every: int = 1,
                  compaction: bool = True, buckets: bool = False):
         super().__init__(x, state, condition, dtype)
         self.sync_every = sync_every

@@ -21,7 +21,7 @@ planner too (ddpd.sampling.batch.Condition).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Optional
 
 import torch
 from torch import Tensor
@@ -59,7 +59,7 @@ class Run:
 
 
 def setup(sampler: str, batch_size, length, vocab_size, steps, temperature, seed, noise, device, options: dict,
-          *kinds, masks: bool = False, planner: bool = False) -> Tuple[Run, Draws, tuple]:
+          *kinds, masks: bool = False, planner: bool = False) -> tuple[Run, Draws, tuple]:
     """Check a sampler call; returns (run, its Draws strategy, one option object per kind).
 
     options: the call's remaining keywords: `temperature_end`, `schedule`, `generator`,

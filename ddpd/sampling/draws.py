@@ -44,8 +44,15 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
-from ddpd.ops import (planner_select, planner_select_mask, planner_select_mask_reference, planner_select_reference,
-                      sample_categorical, sample_categorical_reference, sample_from_hidden)
+from ddpd.ops import (
+    planner_select,
+    planner_select_mask,
+    planner_select_mask_reference,
+    planner_select_reference,
+    sample_categorical,
+    sample_categorical_reference,
+    sample_from_hidden,
+)
 from ddpd.ops.sample_categorical import TILE, noise_width
 from ddpd.sampling.batch import Condition, FusedBatch, RunningBatch, has_head
 from ddpd.sampling.graphs import StepGraphs, step_graphs

@@ -26,7 +26,8 @@ anything but its tensors would replay stale values (what the tests check, on the
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, Hashable, Optional, Tuple
+from collections.abc import Hashable
+from typing import Callable, Optional
 
 import torch
 
@@ -40,7 +41,7 @@ class StepGraphs:
     def __init__(self, batch, device: torch.device, emulate: bool):
         self.batch, self.emulate = batch, emulate
         self.step = torch.zeros((), dtype=torch.int64, device=device)
-        self.graphs: Dict[Tuple[int, Hashable], "_Captured"] = {}
+        self.graphs: dict[tuple[int, Hashable], _Captured] = {}
         self.warm: set = set()
         self.captures = self.replays = 0
 
@@ -61,7 +62,7 @@ class StepGraphs:
         captured.replay(self.batch)
         self.replays += 1
 
-    def _capture(self, step_fn: Callable) -> "_Captured":
+    def _capture(self, step_fn: Callable) -> _Captured:
         if self.emulate:  # the function of the capture, with whatever it closed over then
             return _Captured(lambda: step_fn(self.step), None)
         before = _counts(self.batch)
@@ -79,7 +80,7 @@ class _Captured:
     """A captured step: replay() runs it; `counts` are the forward passes one replay adds
     (None when replaying calls the step function itself, which counts them)."""
 
-    def __init__(self, replay: Callable, counts: Optional[Dict[str, int]]):
+    def __init__(self, replay: Callable, counts: Optional[dict[str, int]]):
         self._replay, self.counts = replay, counts
 
     def replay(self, batch) -> None:
@@ -88,11 +89,11 @@ class _Captured:
             _add(batch, self.counts)
 
 
-def _counts(batch) -> Dict[str, int]:
+def _counts(batch) -> dict[str, int]:
     return {name: getattr(batch, name) for name in COUNTS}
 
 
-def _add(batch, delta: Dict[str, int]) -> None:
+def _add(batch, delta: dict[str, int]) -> None:
     for name, value in delta.items():
         setattr(batch, name, getattr(batch, name) + value)
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Optional, Tuple, Type, Union
+from typing import Optional, Union
 
 import torch
 from torch import Tensor
@@ -123,7 +123,7 @@ class DDPDOptions:
             raise ValueError("time_conditioned_planner=True needs clock='exact': the planner clock estimates "
                              "the time from a time-free planner")
 
-    def check(self, length: int, steps: int) -> "DDPDOptions":
+    def check(self, length: int, steps: int) -> DDPDOptions:
         """The checks that need the sequence length and the step budget; returns self."""
         check_int("k", self.k, 1, length)
         check_int("parallel_steps", self.parallel_steps, 0, steps)
@@ -187,11 +187,11 @@ class Execution:
         check_choice("graphs", self.graphs, GRAPHS)
 
 
-def _field_names(kind: Type) -> Tuple[str, ...]:
+def _field_names(kind: type) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(kind))
 
 
-def resolve(sampler: str, options: dict, *kinds: Type) -> Tuple:
+def resolve(sampler: str, options: dict, *kinds: type) -> tuple:
     """One validated object per kind in `kinds`, from the keyword arguments of a sampler call.
 
     Each kind is given either as an object under its keyword (`ddpd=DDPDOptions(...)`,

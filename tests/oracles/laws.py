@@ -18,7 +18,6 @@ import torch
 
 from oracles.toy import LOGIT_CLAMP, ToyProblem
 
-
 # ----------------------------------------------------------------------------- pieces
 
 

@@ -174,7 +174,7 @@ class ToyProblem:
         return self.mask_table[masked_idx]
 
     # ---------------------------------------------------------------- models (float32 logits)
-    def models(self) -> "ToyModels":
+    def models(self) -> ToyModels:
         return ToyModels(self)
 
 
