@@ -1,4 +1,4 @@
-"""docs/text8/gpu_train.sh, the one device call that trains the text8 networks on a GPU: it runs
+"""docs/text8/gpu_train.sh, the one GPU run that trains the text8 networks on a GPU: it runs
 only where a GPU is lent, so its settings and its plan are checked here (quick), and its
 whole dry run (SMOKE=1: every stage on the CPU with tiny networks) with -m slow."""
 import os
@@ -63,7 +63,7 @@ def test_plan_resumes_a_network_with_a_checkpoint(tmp_path):
     ({"ELBO_SEQUENCES": "-1"}, "ELBO_SEQUENCES must be a positive whole number, got '-1'"),
     ({"NETWORKS": "planner judge"}, "NETWORKS: unknown network 'judge'"),
     ({"NETWORKS": " "}, "NETWORKS names no network"),
-    ({"DATA_DIR": "/nonexistent"}, "no /nonexistent/books.txt (copy ../shared/data/text8-mini/books.txt there"),
+    ({"DATA_DIR": "/nonexistent"}, "no /nonexistent/books.txt (copy text8-mini's books.txt there"),
 ])
 def test_a_wrong_setting_stops_before_anything_runs(tmp_path, env, message):
     done = _run(tmp_path, **env)
@@ -80,7 +80,7 @@ def test_unknown_argument_is_refused(tmp_path):
 @pytest.mark.slow
 def test_smoke_run_trains_exports_evaluates_packs_and_resumes(tmp_path):
     """Every stage on the CPU (about 2-4 minutes on 2 cores), then a second run that continues
-    the checkpoints with --resume; what a device call returns is packed under $OUT."""
+    the checkpoints with --resume; what a GPU run returns is packed under $OUT."""
     out = tmp_path / "out"
     out.mkdir()
     env = dict(SMOKE="1", TRAIN_SECONDS="3", OUT=str(out))

@@ -34,17 +34,17 @@
 #     ($RESULTS) and $OUT/float16.tar.part-* (the float16 copies in parts of 15 MiB).
 #
 # Settings, from the environment:
-#   BUDGET_S       seconds the whole script may take (default 510: a device call of 570 s)
+#   BUDGET_S       seconds the whole script may take (default 510: a GPU run of 570 s)
 #   TRAIN_SECONDS  ddpd-train --max-time of every network (default: the budget less the build,
 #                  the corpus and RESERVE_S)
 #   RESERVE_S      seconds kept from training for the start of training, its evaluations and
 #                  stages 4-6 (default 170)
 #   DATA_DIR       the folder holding books.txt and wiki.txt (default data/ in the checkout,
-#                  git-ignored; fill it from ../shared/data/text8-mini)
+#                  git-ignored; copy text8-mini's books.txt and wiki.txt there)
 #   NETWORKS       the networks to train (default "planner mask-denoiser uniform"; also
 #                  uniform-denoiser and ar, the judge of ddpd-eval quality)
 #   RUNS           checkpoints and training logs (default runs/text8-gpu, git-ignored)
-#   RESULTS        what a session commits: logs, tables, samples (default
+#   RESULTS        what to commit: logs, tables, samples (default
 #                  docs/text8/logs/train-<device>-<UTC date>, -2, -3, ... if it exists)
 #   ELBO_SEQUENCES test sequences of each ELBO (default 256, as in docs/text8/elbo.md)
 #   DEVICE         auto (default), cpu or cuda
@@ -109,7 +109,7 @@ while [ $# -gt 0 ]; do
     shift
 done
 
-# Settings are checked before anything runs: a device call must not find out late.
+# Settings are checked before anything runs: a GPU run must not find out late.
 [[ $BUDGET_S =~ ^[0-9]+$ ]] || die "BUDGET_S must be a whole number of seconds, got '$BUDGET_S'"
 [[ $RESERVE_S =~ ^[0-9]+$ ]] || die "RESERVE_S must be a whole number of seconds, got '$RESERVE_S'"
 [[ $ELBO_SEQUENCES =~ ^[1-9][0-9]*$ ]] || die "ELBO_SEQUENCES must be a positive whole number, got '$ELBO_SEQUENCES'"
@@ -122,7 +122,7 @@ for name in "${KINDS[@]}"; do
     [ -n "${NETWORK[$name]:-}" ] || die "NETWORKS: unknown network '$name' (expected some of ${!NETWORK[*]})"
 done
 for file in books.txt wiki.txt; do
-    [ -f "$DATA_DIR/$file" ] || die "no $DATA_DIR/$file (copy ../shared/data/text8-mini/$file there, or set DATA_DIR)"
+    [ -f "$DATA_DIR/$file" ] || die "no $DATA_DIR/$file (copy text8-mini's $file there, or set DATA_DIR)"
 done
 CORPUS=$RUNS/corpus.txt
 WIKI=$DATA_DIR/wiki.txt
@@ -345,7 +345,7 @@ main() {
     return $rc
 }
 
-# pack: what comes back from a device call, under $OUT
+# pack: what a GPU run hands back, under $OUT
 pack() {
     [ -n "${OUT:-}" ] && [ -d "$OUT" ] || return 0
     cp "$RESULTS/gpu_train.log" "$OUT/"
