@@ -9,10 +9,10 @@ and 64. Configurations, those of `ddpd-eval frontier` (which measures their qual
 CPU, docs/parallel.md; this script measures speed only):
 - default: ddpd_sample(..., denoiser_type="mask", fused=True), option A (sigmoid selection,
   eps stop, eps 0.01), 2 x L steps as ddpd-sample's default, CUDA graphs on ("auto");
-- ddpd + ErrorBudget(bound, max_k, spread=True) (ddpd.sampling.policies; --policy, a spec
-  as the frontier's --policies, default error-budget:bound=1,max_k=16,spread=true) at 64
-  and 128 network passes (32 and 64 steps of a planner and a denoiser pass, the frontier's
-  budget // 2), option A, CUDA graphs on;
+- ddpd + ErrorBudget (ddpd.sampling.policies; --policy, a spec as the frontier's --policies,
+  default POLICY, the frontier's DDPD policy) at 64 and 128 network passes (the steps that
+  cost them: a denoiser pass a step and a planner pass every plan_every steps, as the
+  frontier counts them), option A, CUDA graphs on;
 - MaskGIT and ConfidenceThreshold(0.9) (mask_sample, fused) at 64 and 128 passes (steps):
   the mask loop runs its steps eagerly (it has no CUDA-graph path).
 Per configuration: samples/s, tokens/s (samples/s x L), mean network passes per sample
@@ -29,7 +29,7 @@ minutes at batch 64: it is timed at two shorter budgets and extrapolated to 2 x 
 checked to be clean tokens (no mask left).
 
     python benchmarks/gpu_parallel.py            # CUDA, an estimated 3 minutes on an H200
-    python benchmarks/gpu_parallel.py --policy error-budget:bound=4,max_k=64,spread=true
+    python benchmarks/gpu_parallel.py --policy error-budget:bound=4,max_k=64,spread=linear
     python benchmarks/gpu_parallel.py --dry-run  # tiny shapes on the CPU: checks the script only
 """
 from __future__ import annotations
@@ -59,7 +59,8 @@ from ddpd.sampling import (  # noqa: E402
 from ddpd.sampling.policies import parse_policy, policy_spec  # noqa: E402
 from gpu_sampling import Clock  # noqa: E402
 
-POLICY = "error-budget:bound=1,max_k=16,spread=true"
+POLICY = ("error-budget:bound=1,max_k=256,spread=cosine,known_noise=true,"
+          "plan_every=4,choice_temperature=4.5,revise_above=0.5")
 TARGETS = {1: "4x", 64: "3x"}  # batch -> policy / default samples/s at matched quality (the issue's)
 
 
@@ -140,7 +141,8 @@ def samplers(pair: Pair, policy: ErrorBudget, budgets: tuple[int, ...], graphs: 
 
     runs = [("ddpd default (one at a time)", 2 * pair.length, ddpd(DDPDOptions()))]
     for passes in budgets:
-        runs.append(("ddpd error-budget", passes // 2, ddpd(DDPDOptions(policy=policy))))
+        steps = max(1, round(passes / (1 + 1 / policy.plan_every)))  # a denoiser pass a step, a planner pass per plan
+        runs.append(("ddpd error-budget", steps, ddpd(DDPDOptions(policy=policy))))
     for name, mask_policy in (("maskgit", MaskGIT()), ("mask threshold:0.9", ConfidenceThreshold(0.9))):
         runs += [(name, passes, masked(mask_policy)) for passes in budgets]
     return runs
