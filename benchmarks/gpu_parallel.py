@@ -1,6 +1,7 @@
-"""Parallel decoding on one GPU: tokens per second of DDPD's commit policy and of the mask
-loop's policies against today's default sampler (a part of benchmarks/gpu_check.sh, `--only
-parallel`).
+"""Parallel decoding on one GPU: tokens per second of the commit policies.
+
+DDPD's commit policy and the mask loop's policies against today's default sampler (a part of
+benchmarks/gpu_check.sh, `--only parallel`).
 
 Models, as bfloat16 networks on the fused path (ddpd.models.prepare_for_sampling "auto"):
 (a) the bundled text8 planner + mask denoiser, 256 characters; (b) a GPT-2-size planner +

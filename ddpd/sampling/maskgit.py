@@ -55,8 +55,8 @@ def maskgit_sample(
     (MaskGIT's default 4.5; 0 ranks by confidence alone, ties broken by position).
     options: as mask_sample's.
     """
-    return mask_sample(denoiser, batch_size, length, vocab_size, steps=steps, temperature=temperature,
-                       policy=MaskGIT(choice_temperature), seed=seed, noise=noise, device=device, **options)
+    return _mask_loop("maskgit_sample", denoiser, batch_size, length, vocab_size, steps, MaskGIT(choice_temperature),
+                      temperature, seed, noise, device, options)
 
 
 def mask_sample(
@@ -86,12 +86,19 @@ def mask_sample(
     the confidence stays the model's), fused, sync_every, compaction, dtype
     (ddpd.sampling.options).
     """
-    check_callable("denoiser", denoiser)
     if type(policy).__name__ not in MASK_POLICIES:
         raise TypeError(f"policy must be one of {', '.join(MASK_POLICIES)} (ddpd.sampling.policies), "
                         f"got {type(policy).__name__}")
-    run, draws, _ = setup("mask_sample", batch_size, length, vocab_size, steps, temperature, seed, noise, device,
-                          options, masks=True)
+    return _mask_loop("mask_sample", denoiser, batch_size, length, vocab_size, steps, policy, temperature, seed,
+                      noise, device, options)
+
+
+def _mask_loop(sampler: str, denoiser: Callable, batch_size, length, vocab_size, steps, policy, temperature, seed,
+               noise, device, options: dict) -> SampleResult:
+    """The loop of mask_sample, checked and named as `sampler`."""
+    check_callable("denoiser", denoiser)
+    run, draws, _ = setup(sampler, batch_size, length, vocab_size, steps, temperature, seed, noise, device, options,
+                          masks=True)
     batch = start(run, draws, masks=True)
     batch.state["m0"] = (batch.x == run.mask_id).sum(-1)  # the masks to fill: D less a prompt's positions
     needs = getattr(policy, "needs", ())
