@@ -50,13 +50,16 @@ def test_run_frontier_measures_each_configuration_once_and_resumes(tmp_path):
 
 
 def test_passes_to_reach_takes_the_cheapest_configuration_at_matched_entropy():
-    rows = [dict(sampler="ddpd", policy="error-budget:bound=1", steps=8, temperature=1.0, judge_nll=2.0, entropy=4.0,
-                 passes=16.0),
-            dict(sampler="ddpd", policy="error-budget:bound=4", steps=4, temperature=1.0, judge_nll=2.01, entropy=4.02,
-                 passes=8.0),
-            dict(sampler="maskgit", policy="maskgit", steps=8, temperature=1.0, judge_nll=1.5, entropy=3.5, passes=8.0)]
+    def row(policy, nll, entropy, passes):
+        return dict(sampler="ddpd", policy=policy, steps=8, temperature=1.0, judge_nll=nll, entropy=entropy,
+                    passes=passes)
+
+    rows = [row("error-budget:bound=4", 1.9, 4.0, 16.0), row("error-budget:bound=4", 2.01, 4.02, 8.0),
+            row("error-budget:bound=4", 2.5, 4.0, 4.0), row("error-budget:bound=1", 2.3, 4.0, 8.0),
+            dict(row("maskgit", 1.5, 3.5, 8.0), sampler="maskgit")]
     reach = {r["family"]: r for r in passes_to_reach(rows, 2.0, 4.0)}
-    assert reach["ddpd error-budget"]["reached"] and reach["ddpd error-budget"]["passes"] == 8.0
+    assert reach["ddpd error-budget:bound=4"]["reached"] and reach["ddpd error-budget:bound=4"]["passes"] == 8.0
+    assert not reach["ddpd error-budget:bound=1"]["reached"] and reach["ddpd error-budget:bound=1"]["judge_nll"] == 2.3
     assert not reach["maskgit maskgit"]["reached"]  # its entropy is 12% lower: not matched
 
 

@@ -120,8 +120,16 @@ def _measure(config: Config, judge, vocab_size: int, num_samples: int, seed: int
 
 
 def family(row: dict) -> str:
-    """A line of the plot: the sampler and the policy's name (its parameters vary along the line)."""
-    return f"{row['sampler']} {str(row['policy']).split(':')[0]}"
+    """A line of the plot: the sampler and its policy (the budget varies along the line)."""
+    return f"{row['sampler']} {row['policy']}"
+
+
+def _label(name: str) -> str:
+    """A legend's short name of a family: the policy's fields that are not their defaults."""
+    for default in (",max_k=16", ",order=risk", ",spread=none", ",known_noise=False", ",plan_every=1,",
+                    ",choice_temperature=0", ",t_on=0.45,t_off=0.95"):
+        name = name.replace(default, "," if default.endswith(",") else "")
+    return name.replace("choice_temperature", "tau").replace("known_noise=True", "known_noise")
 
 
 def passes_to_reach(rows: list[dict], target_nll: float, target_entropy: float, nll_slack: float = 0.02,
@@ -158,14 +166,14 @@ def plot_frontier(rows: list[dict], path: str, target: Optional[dict[str, float]
     """Judge NLL against mean passes (log scale), a line per family and temperature, each point
     labelled with its entropy; the target quality as a horizontal line."""
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(9, 6))
+    fig, ax = plt.subplots(figsize=(11, 7))
     groups: dict[tuple, list[dict]] = {}
     for row in rows:
         groups.setdefault((family(row), float(row["temperature"])), []).append(row)
     for (name, temperature), points in groups.items():
         points = sorted(points, key=lambda r: float(r["passes"]))
         xs, ys = [float(r["passes"]) for r in points], [float(r["judge_nll"]) for r in points]
-        line, = ax.plot(xs, ys, marker="o", label=f"{name} T={temperature:g}")
+        line, = ax.plot(xs, ys, marker="o", label=f"{_label(name)} T={temperature:g}")
         for x, y, r in zip(xs, ys, points):
             ax.annotate(f"{float(r['entropy']):.2f}", (x, y), fontsize=6, color=line.get_color(),
                         textcoords="offset points", xytext=(3, 3))
@@ -175,5 +183,5 @@ def plot_frontier(rows: list[dict], path: str, target: Optional[dict[str, float]
     ax.set_xscale("log", base=2)
     ax.set_xlabel("network passes per sample (planner + denoiser)")
     ax.set_ylabel("judge NLL (nats per token); labels: unigram entropy (bits)")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=6)
     save_figure(fig, path)
