@@ -163,17 +163,21 @@ def frontier_markdown(rows: list[dict], reach: Optional[list[dict]] = None, targ
 
 
 def plot_frontier(rows: list[dict], path: str, target: Optional[dict[str, float]] = None) -> None:
-    """Judge NLL against mean passes (log scale), a line per family and temperature, each point
-    labelled with its entropy; the target quality as a horizontal line."""
+    """Judge NLL against mean passes (log scale), a line per family (a colour) and temperature (a
+    line style), each point labelled with its entropy; the target quality as a horizontal line."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(11, 7))
     groups: dict[tuple, list[dict]] = {}
     for row in rows:
         groups.setdefault((family(row), float(row["temperature"])), []).append(row)
+    colours = {name: f"C{i % 10}" for i, name in enumerate(dict.fromkeys(name for name, _ in groups))}
+    styles = {t: style for t, style in zip(sorted({t for _, t in groups}, key=lambda t: abs(t - 1.0)),
+                                           ("-", "--", ":", "-."))}
     for (name, temperature), points in groups.items():
         points = sorted(points, key=lambda r: float(r["passes"]))
         xs, ys = [float(r["passes"]) for r in points], [float(r["judge_nll"]) for r in points]
-        line, = ax.plot(xs, ys, marker="o", label=f"{_label(name)} T={temperature:g}")
+        line, = ax.plot(xs, ys, marker="o", color=colours[name], linestyle=styles.get(temperature, "-"),
+                        label=f"{_label(name)} T={temperature:g}")
         for x, y, r in zip(xs, ys, points):
             ax.annotate(f"{float(r['entropy']):.2f}", (x, y), fontsize=6, color=line.get_color(),
                         textcoords="offset points", xytext=(3, 3))
