@@ -18,7 +18,7 @@ CPU, docs/parallel.md; this script measures speed only):
   the mask loop runs its steps eagerly (it has no CUDA-graph path).
 Per configuration: samples/s, tokens/s (samples/s x L), mean network passes per sample
 (SampleResult.passes), tokens committed per pass (SampleResult.tokens_per_pass) and the
-ratio of its samples/s to the default's at the same model and batch. The issue's targets,
+ratio of its samples/s to the default's at the same model and batch. The targets,
 at matched quality (read off the frontier): >= 4x the default's samples/s at batch 1, >= 3x
 at batch 64.
 
@@ -62,7 +62,7 @@ from gpu_sampling import Clock  # noqa: E402
 
 POLICY = ("error-budget:bound=1,max_k=256,spread=cosine,known_noise=true,"
           "plan_every=4,choice_temperature=4.5,revise_above=0.5")
-TARGETS = {1: "4x", 64: "3x"}  # batch -> policy / default samples/s at matched quality (the issue's)
+TARGETS = {1: "4x", 64: "3x"}  # batch -> policy / default samples/s at matched quality
 
 
 @dataclass
