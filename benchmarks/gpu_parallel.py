@@ -57,7 +57,7 @@ from ddpd.sampling import (  # noqa: E402
     ddpd_sample,
     mask_sample,
 )
-from ddpd.sampling.policies import parse_policy, policy_spec  # noqa: E402
+from ddpd.sampling.policies import ddpd_steps, parse_policy, policy_spec  # noqa: E402
 from gpu_sampling import Clock  # noqa: E402
 
 POLICY = ("error-budget:bound=1,max_k=256,spread=cosine,known_noise=true,"
@@ -142,8 +142,7 @@ def samplers(pair: Pair, policy: ErrorBudget, budgets: tuple[int, ...], graphs: 
 
     runs = [("ddpd default (one at a time)", 2 * pair.length, ddpd(DDPDOptions()))]
     for passes in budgets:
-        steps = max(1, round(passes / (1 + 1 / policy.plan_every)))  # a denoiser pass a step, a planner pass per plan
-        runs.append(("ddpd error-budget", steps, ddpd(DDPDOptions(policy=policy))))
+        runs.append(("ddpd error-budget", ddpd_steps(passes, policy), ddpd(DDPDOptions(policy=policy))))
     for name, mask_policy in (("maskgit", MaskGIT()), ("mask threshold:0.9", ConfidenceThreshold(0.9))):
         runs += [(name, passes, masked(mask_policy)) for passes in budgets]
     return runs

@@ -143,12 +143,10 @@ def _policies(args) -> dict:
 
 
 def _steps(family: str, policy, budget: int) -> int:
-    """The steps that cost `budget` network passes: a mask-loop step is one pass, a ddpd step one
-    denoiser pass plus a planner pass every plan_every steps."""
-    if family != "ddpd":
-        return budget
-    every = 1 if policy is None else policy.plan_every
-    return max(1, round(budget / (1 + 1 / every)))
+    """The steps that cost `budget` network passes: a mask-loop step is one pass."""
+    from ddpd.sampling.policies import ddpd_steps
+
+    return ddpd_steps(budget, policy) if family == "ddpd" else budget
 
 
 def _configs(args, by_family: dict, planner, denoiser, vocab: int, length: int) -> list:

@@ -79,7 +79,8 @@ def run_frontier(configs: Sequence[Config], *, judge, vocab_size: int, num_sampl
             continue
         bar.set_postfix_str(f"{config.sampler} {config.policy} T={config.temperature:g} steps={config.steps}")
         rows.append(_measure(config, judge, vocab_size, num_samples, seed, batch_size))
-        write_csv(rows + [row for k, row in done.items() if k not in {_row_key(r) for r in rows}], csv_path)
+        here = {_row_key(r) for r in rows}
+        write_csv(rows + [row for k, row in done.items() if k not in here], csv_path)
     return rows
 
 

@@ -120,6 +120,13 @@ class ErrorBudget:
         return torch.cat([torch.ones_like(eligible[:, :1]), chosen], 1) if pin else chosen
 
 
+def ddpd_steps(passes: int, policy: Optional[ErrorBudget] = None) -> int:
+    """The DDPD steps that cost `passes` network passes: a denoiser pass a step and a planner
+    pass on each step that plans (every step, or every plan_every-th under a policy)."""
+    every = 1 if policy is None else policy.plan_every
+    return max(1, round(passes / (1 + 1 / every)))
+
+
 def spread_minimum(spread: str, sum_p: Tensor, step, steps: int, n0) -> Optional[Tensor]:
     """Long[B]: the fewest commits of step `step` (an int, or a graph's step tensor) of `steps`
     under ErrorBudget's `spread`, from the planner's expected noise sum_p Float[B] and n0, the
