@@ -335,48 +335,28 @@ def time_head_configs(bench: Bench, rows: int, width: int, vocab: int, dtype: to
 
     hidden = randn(rows, width, seed=1, dtype=dtype, device=bench.device)
     weight = randn(vocab, width, scale=2 / width**0.5, seed=2, dtype=dtype, device=bench.device)
-    default, default_pdl = module.head_launch, module.PDL
+    default = module.head_launch
     sms = torch.cuda.get_device_properties(bench.device).multi_processor_count if bench.cuda else 4
-    default_recompute = module.RECOMPUTE
-
-    def blocks(recompute: bool) -> tuple:
-        """head_launch's (block rows, warps, stages) with or without recompute."""
-        launch = default(rows, width, vocab, weight.element_size(), sms, recompute=recompute)
-        return launch.block_n, launch.num_warps, launch.num_stages
-
-    # four stages: more of W in flight (the H = 4096 head reads W at 1.8x one read; 144 KB of
-    # shared memory at 32 rows, within sm_90's 227); pdl: programmatic dependent launch
-    # (module.PDL, where the device has it) of head_launch's choice
-    # recompute: the finish pass computes the winning tile again (module.RECOMPUTE), which frees
-    # the epilogue of its Philox draws and most of its registers, so that shared memory, not
-    # registers, limits the programs a multiprocessor: fewer stages may then fit two
-    # (the configurations the runs of 2026-11-27 found slowest are no longer timed: 16 rows with
-    # 2 stages or 8 warps, 32 rows with 2 stages); 64 rows a block with recompute: every row in
-    # one program, so each tile of W is read once where blocks of 16 rows read it four times
-    # (through L2); compiled for sm_90 at N 64, H 768 with 8 warps: 139 registers, no spill
-    # (results/cpu-sm90-binaries-2026-11-27-head-blocks.txt)
-    plain, fast, mine = blocks(False), blocks(True), blocks(default_recompute)
-    configs = [(*plain, False, False), (16, 4, 3, False, False), (32, 8, 3, False, False), (*plain, True, False),
-               (*fast, False, True), (*fast, True, True), (16, 4, 3, False, True), (16, 8, 3, False, True),
-               (32, 8, 3, False, True), (32, 4, 3, False, True), (64, 8, 3, False, True), (64, 8, 4, False, True)]
-    for block_n, warps, stages, pdl, recompute in dict.fromkeys(configs):
-        def launch(*args_, block_n=block_n, warps=warps, stages=stages, pdl=False, recompute=False):
+    chosen = default(rows, width, vocab, weight.element_size(), sms)
+    mine = chosen.block_n, chosen.num_warps, chosen.num_stages
+    # four stages keep more of W in flight; 64 rows a block read each tile of W once
+    configs = [mine, (16, 4, 3), (16, 8, 3), (32, 8, 3), (32, 4, 3), (64, 8, 3), (64, 8, 4)]
+    for block_n, warps, stages in dict.fromkeys(configs):
+        def launch(*args_, block_n=block_n, warps=warps, stages=stages):
             chosen = default(*args_)
             grid = (-(-rows // block_n), chosen.tiles_grid[1])
             return module.HeadLaunch(block_n, chosen.block_h, chosen.tiles_per_split, grid, chosen.finish_grid,
-                                     warps, stages, pdl, recompute)
+                                     warps, stages)
 
-        module.head_launch, module.PDL, module.RECOMPUTE = launch, pdl, recompute
+        module.head_launch = launch
         try:
             fn = lambda: sample_from_hidden(hidden, weight, None, seed=1, offset=2)  # noqa: E731
             ms = bench.graph_ms(fn) or bench.median_ms(fn)
         finally:
-            module.head_launch, module.PDL, module.RECOMPUTE = default, default_pdl, default_recompute
-        mark = ""
-        if bench.cuda and (*mine, default_pdl, default_recompute) == (block_n, warps, stages, pdl, recompute):
-            mark = " (head_launch's)"
-        print(f"  head config N={rows} H={width} V={vocab} block_n={block_n} warps={warps} stages={stages} "
-              f"pdl={int(pdl)} recompute={int(recompute)}: {ms * 1e3:8.1f} us{mark}")
+            module.head_launch = default
+        mark = " (head_launch's)" if bench.cuda and mine == (block_n, warps, stages) else ""
+        print(f"  head config N={rows} H={width} V={vocab} block_n={block_n} warps={warps} stages={stages}: "
+              f"{ms * 1e3:8.1f} us{mark}")
 
 
 def time_categorical_configs(bench: Bench, rows: int, vocab: int, dtype: torch.dtype) -> None:
@@ -389,35 +369,26 @@ def time_categorical_configs(bench: Bench, rows: int, vocab: int, dtype: torch.d
     # one warp a program: a tile of 256 is then 8 values a lane, reduced within the warp; with
     # four, rows that do not start 16-byte aligned (V = 50257 in bf16) spread each tile over
     # the four warps, and every tile's two reductions pass through shared memory and barriers
-    # pdl: programmatic dependent launch (module.PDL; only where the device has it), which may
-    # overlap the finish kernel's launch with the tile statistics' end; windows: the statistics
-    # read through 16-byte aligned windows (module.STATS_WINDOWS), or each value at its column;
     # finish: the warps of a finish program (one a row). 32 or 16 programs a multiprocessor and 4
     # tiles a load: at 64 rows 3 or 6 tiles a program (4224 or 2112 programs, about one wave),
     # a chunk's tiles past the program's end masked off without leaving the vector loads
-    default_pdl, default_windows = module.PDL, module.STATS_WINDOWS
-    for per_sm, chunk, warps, pdl, windows, finish in [
-            (8, 4, 4, False, True, 4), (32, 2, 1, False, True, 4), (64, 2, 1, False, True, 4),
-            (64, 2, 1, False, False, 4), (64, 2, 1, False, True, 2), (64, 2, 1, False, True, 8),
-            (64, 1, 1, False, True, 4), (128, 2, 1, False, True, 4), (128, 2, 1, False, False, 4),
-            (128, 1, 1, False, True, 4), (32, 4, 1, False, True, 4), (16, 4, 1, False, True, 4),
-            (32, 2, 2, False, True, 4), (64, 2, 1, True, True, 4), (128, 2, 1, True, True, 4)]:
-        module.categorical_launch = lambda r, v, sms, per_sm=per_sm, chunk=chunk, warps=warps, finish=finish, \
-            pdl=False: default(r, v, sms, per_sm, chunk, warps, pdl=pdl, finish_warps=finish)
-        module.PDL, module.STATS_WINDOWS = pdl, windows
+    for per_sm, chunk, warps, finish in [
+            (8, 4, 4, 4), (32, 2, 1, 4), (64, 2, 1, 4), (64, 2, 1, 2), (64, 2, 1, 8), (64, 1, 1, 4), (128, 2, 1, 4),
+            (128, 1, 1, 4), (32, 4, 1, 4), (16, 4, 1, 4), (32, 2, 2, 4)]:
+        module.categorical_launch = lambda r, v, sms, per_sm=per_sm, chunk=chunk, warps=warps, finish=finish: \
+            default(r, v, sms, per_sm, chunk, warps, finish_warps=finish)
         try:
             fn = lambda: sample_categorical(logits, seed=1, offset=2)  # noqa: E731
             ms = bench.graph_ms(fn) or bench.median_ms(fn)
         finally:
-            module.categorical_launch, module.PDL, module.STATS_WINDOWS = default, default_pdl, default_windows
+            module.categorical_launch = default
         mark = ""
         if bench.cuda:
             sms = torch.cuda.get_device_properties(bench.device).multi_processor_count
-            if default(rows, vocab, sms) == default(rows, vocab, sms, per_sm, chunk, warps, finish_warps=finish) and \
-                    (pdl, windows) == (default_pdl, default_windows):
+            if default(rows, vocab, sms) == default(rows, vocab, sms, per_sm, chunk, warps, finish_warps=finish):
                 mark = " (categorical_launch's)"
         print(f"  categorical config ({rows}, {vocab}) {str(dtype)[6:]} programs/SM={per_sm} tiles/load={chunk} "
-              f"warps={warps} pdl={int(pdl)} windows={int(windows)} finish warps={finish}: {ms * 1e3:8.1f} us{mark}")
+              f"warps={warps} finish warps={finish}: {ms * 1e3:8.1f} us{mark}")
 
 
 def time_planner_ops(bench: Bench, rows: int, length: int) -> None:

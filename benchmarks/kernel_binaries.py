@@ -55,7 +55,7 @@ def compile_launch(kernel, args: dict, kwargs: dict):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    options = {name: kwargs.pop(name) for name in ("num_warps", "num_stages", "launch_pdl") if name in kwargs}
+    options = {name: kwargs.pop(name) for name in ("num_warps", "num_stages") if name in kwargs}
     signature, constexprs, attrs = {}, dict(kwargs), {}
     for i, name in enumerate(kernel.arg_names):
         value = kwargs.get(name, args.get(name))
@@ -153,26 +153,14 @@ CASES = {
     "planner_select 64x1024": lambda: planner_call(64, 1024),
     "planner_select_mask 64x1024": lambda: planner_call(64, 1024, with_mask=True),
     "planner_mask 64x1024": lambda: planner_mask_call(64, 1024),
-    # as launched with programmatic dependent launch (the ops' PDL switch, off by default)
-    "sample_categorical 64x50257 bf16 top-p pdl": lambda: switched(
-        "sample_categorical", "PDL", sample_categorical_call(64, GPT2, torch.bfloat16, top_p=0.9)),
-    "sample_from_hidden N=64 H=768 V=50257 pdl": lambda: switched("sample_from_hidden", "PDL",
-                                                                  sample_from_hidden_call(64, 768, GPT2)),
-    # the head drawing a candidate in every tile of the GEMM's epilogue (RECOMPUTE off; on by default)
-    "sample_from_hidden N=64 H=768 V=50257 candidates": lambda: switched(
-        "sample_from_hidden", "RECOMPUTE", sample_from_hidden_call(64, 768, GPT2), False),
-    "sample_from_hidden N=64 H=4096 V=128256 candidates": lambda: switched(
-        "sample_from_hidden", "RECOMPUTE", sample_from_hidden_call(64, 4096, LLAMA3), False),
-    # the recomputed draw in one block of all 64 rows (8 warps), as the head's launch sweep tries it
+    # the head in one block of all 64 rows (8 warps), as the head's launch sweep tries it
     "sample_from_hidden N=64 H=768 V=50257 64-row blocks": lambda: in_row_blocks(
         64, 8, sample_from_hidden_call(64, 768, GPT2)),
 }
 
 
 def switched(op: str, switch: str, call, value=True):
-    """call, run with ddpd.ops.<op>.<switch> set to value (default: the switch on): PDL
-    (answer_as_h100 then answers that the device has programmatic dependent launch),
-    RECOMPUTE, a launch function."""
+    """call, run with ddpd.ops.<op>.<switch> set to value (a launch function)."""
     module = sys.modules[f"ddpd.ops.{op}"]  # the package exports a function of that name
 
     def run():
@@ -202,17 +190,15 @@ def in_row_blocks(block_n: int, warps: int, call):
 def answer_as_h100() -> None:
     """Make the launchers ask of the device what CUDA tensors on an H100 would: grids sized
     for 132 multiprocessors (categorical_launch and head_launch are the launches that read
-    the count), programmatic dependent launch where the op's PDL asks for it, and 16-bit
+    the count), and 16-bit
     operands on the tensor cores (CPU tensors otherwise mean the interpreter, which has no
     bf16 arithmetic)."""
     import ddpd.ops  # noqa: F401  (loads the op modules; the package exports functions of their names)
 
     categorical, hidden = sys.modules["ddpd.ops.sample_categorical"], sys.modules["ddpd.ops.sample_from_hidden"]
     categorical_launch, head_launch = categorical.categorical_launch, hidden.head_launch
-    categorical.categorical_launch = lambda rows, vocab, sms, *rest, pdl=False: categorical_launch(
-        rows, vocab, H100_SMS, *rest, pdl=categorical.PDL)
-    hidden.head_launch = lambda rows, width, vocab, size, sms, pdl=False, recompute=False: head_launch(
-        rows, width, vocab, size, H100_SMS, pdl=hidden.PDL, recompute=recompute)
+    categorical.categorical_launch = lambda rows, vocab, sms, *rest: categorical_launch(rows, vocab, H100_SMS, *rest)
+    hidden.head_launch = lambda rows, width, vocab, size, sms: head_launch(rows, width, vocab, size, H100_SMS)
     hidden.dot_in_float32 = lambda hidden, weight: weight.dtype == torch.float32 or hidden.dtype != weight.dtype
 
 

@@ -36,7 +36,6 @@ the C++ kernel. A row's temperature T < 0 marks a greedy row, whose statistics u
 """
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ddpd.kernels.rng import COUNTER_WORDS, gumbel, load_counters, load_row_id, row_uniform
 
@@ -47,25 +46,6 @@ N_CUTS = tl.constexpr(16)  # top-p's candidate cuts (top_p_cut)
 TILE_MAX, TILE_MASS, TILE_SECOND, TILE_ENT = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2), tl.constexpr(3)
 RECORD = tl.constexpr(4)
 LOG2E = tl.constexpr(1.4426950408889634)  # exp(y) = exp2(y log2(e)), as tl.exp computes it
-
-
-@triton.jit
-def wait_for_prior_kernel(PDL: tl.constexpr):
-    """PDL (programmatic dependent launch, sm_90): the kernel may start while the kernel before
-    it in the stream still runs, so that its launch and start overlap that kernel's end. It
-    waits here, before its first access to global memory (a read of what that kernel writes,
-    or a write to memory an earlier kernel may still read), until that kernel has completed
-    and its writes are visible."""
-    if PDL:
-        gdc_wait()
-
-
-@triton.jit
-def let_next_kernel_start(PDL: tl.constexpr):
-    """PDL: the next kernel, launched with PDL, may start once every program got here (it
-    waits for this kernel's completion before touching memory)."""
-    if PDL:
-        gdc_launch_dependents()
 
 
 @triton.jit
@@ -188,7 +168,7 @@ def tile_stats_kernel(
     exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr, tau_ptr,
     stats_ptr,
     TILE: tl.constexpr, TILES_PER_CHUNK: tl.constexpr, ALIGN: tl.constexpr, SECOND: tl.constexpr,
-    ENTROPY: tl.constexpr, UNIT: tl.constexpr = False, PDL: tl.constexpr = False,
+    ENTROPY: tl.constexpr, UNIT: tl.constexpr = False,
 ):
     """Reads each tile through aligned windows. A row of V = 50257 bfloat16 logits starts at
     any even byte, and loads at its columns take one value each (a load, a 64-bit address and
@@ -197,7 +177,6 @@ def tile_stats_kernel(
     its first skew values, the end of tile w - 1, are replaced by those of window w + 1 (whose
     first ALIGN values one more vector load reads): the tile's own values, rotated by skew.
     ALIGN = 1: every skew is 0, and each value is read at its column."""
-    wait_for_prior_kernel(PDL)
     row = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
     _, t = row_temperature(temperature, temperature_ptr, row)
@@ -245,7 +224,6 @@ def tile_stats_kernel(
             tl.store(record + TILE_SECOND, second, mask=live)
         if ENTROPY:
             tl.store(record + TILE_ENT, ent, mask=live)
-    let_next_kernel_start(PDL)
 
 
 @triton.jit
@@ -376,9 +354,8 @@ def finish_kernel(
     noise_ptr, row_ids_ptr, seed_lo, seed_hi, offset_lo, offset_hi, seed_ptr, offset_ptr,
     stats_ptr, tokens_ptr, valid_ptr, logprob_ptr, confidence_ptr,
     TILE: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_T: tl.constexpr, SINGLE_TILE: tl.constexpr,
-    LOGPROB: tl.constexpr, CONFIDENCE: tl.constexpr, PDL: tl.constexpr = False,
+    LOGPROB: tl.constexpr, CONFIDENCE: tl.constexpr,
 ):
-    wait_for_prior_kernel(PDL)
     row = tl.program_id(0).to(tl.int64)
     seed_lo, seed_hi, offset_lo, offset_hi = load_counters(seed_lo, seed_hi, offset_lo, offset_hi, seed_ptr,
                                                            offset_ptr)
@@ -413,7 +390,6 @@ def finish_kernel(
                                                      CONFIDENCE == 3, BLOCK_T, RECORD)
         store_outputs(row, valid, token_logit, row_max, t, log_z, second, neg_entropy, logprob_ptr, confidence_ptr,
                       LOGPROB, CONFIDENCE)
-    let_next_kernel_start(PDL)
 
 
 # ------------------------------------------------------------- truncation thresholds
@@ -584,9 +560,8 @@ def thresholds_kernel(
     logits_ptr, V, temperature, temperature_ptr, exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr,
     top_k, top_k_ptr, top_p, top_p_ptr, log_min_p, log_min_p_ptr, tau_ptr, scratch_ptr, n_groups, capacity,
     TOP_K: tl.constexpr, TOP_P: tl.constexpr, MIN_P: tl.constexpr, BLOCK: tl.constexpr, SCAN_BLOCK: tl.constexpr,
-    GROUP: tl.constexpr, PDL: tl.constexpr = False,
+    GROUP: tl.constexpr,
 ):
-    wait_for_prior_kernel(PDL)
     row = tl.program_id(0).to(tl.int64)
     _, t = row_temperature(temperature, temperature_ptr, row)
     neg_inf = float("-inf")
@@ -658,4 +633,3 @@ def thresholds_kernel(
     if MIN_P:  # the three thresholds' largest (top-p's is over what top-k keeps, not min-p)
         tau = tl.maximum(tau, min_p_tau)
     tl.store(tau_ptr + row, tau)
-    let_next_kernel_start(PDL)

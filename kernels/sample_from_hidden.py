@@ -11,21 +11,17 @@ as its epilogue; the [N, V] logits never exist.
   for IEEE float32 products on the CUDA cores). The tile
   dimension is the dot's M (256, what the tensor cores want) and the rows its N,
   so a few rows still make a full-width product. Epilogue, per row: the tile
-  maximum m_t, s_t = log sum_j exp y_j (y_j = shift(x_j, m_t)), the tile's candidate
-  token c_t = argmax_j y_j + G_j (column j's Gumbel variable; greedy rows: argmax_j
-  y_j) with its logit, and on request the second largest value and a_t. The race
-  inside a tile does not depend on which tile wins, so every tile's winner is kept
-  and the weight is read once. With a single tile (V <= TILE) it writes the outputs
-  itself: one launch. RECOMPUTE: the epilogue keeps only the statistics (no Philox
-  draw a logit, half the registers), as the C++ path does;
+  maximum m_t, s_t = log sum_j exp y_j (y_j = shift(x_j, m_t)) and on request the
+  second largest value and a_t, computed as the tile statistics kernel of
+  ddpd.kernels.sample_categorical computes them (no Philox draw a logit, as the C++ path).
+  With a single tile (V <= TILE) it draws the token argmax_j y_j + G_j (column j's
+  Gumbel variable; greedy rows: argmax_j y_j) and writes the outputs itself: one launch;
 - finish_kernel, one program per row: the tile race of
   ddpd.kernels.sample_categorical over the stored statistics (G_t from column V + t),
-  the winning tile's candidate is the token; its log-probability and confidence
-  from the same statistics. RECOMPUTE: it computes the winning tile's logits again
-  (one TILE x H tile of W against the row) and draws the token there from the same
-  stream columns, and the log-probability and confidence take that tile's statistics
-  from those logits (a last-bit difference between the two products, divided by a
-  small temperature, would otherwise move them far).
+  then the winning tile's logits computed again (one TILE x H tile of W against the
+  row) and the token drawn there from the same stream columns; the log-probability and
+  confidence take that tile's statistics from those logits (a last-bit difference
+  between the two products, divided by a small temperature, would otherwise move them far).
 - head_logits_kernel, grid (row blocks, tiles): the float32 logits themselves, for
   the calls with a truncation threshold (top-k / top-p / min-p needs a whole row).
 The logits are those of the torch reference up to the order of the float32
@@ -37,11 +33,11 @@ import triton.language as tl
 
 from ddpd.kernels.rng import COUNTER_WORDS, gumbel, load_counters, load_row_id, row_uniform
 from ddpd.kernels.sample_categorical import (
+    RECORD,
     TILE_ENT,
     TILE_MASS,
     TILE_MAX,
     TILE_SECOND,
-    let_next_kernel_start,
     race,
     row_maximum,
     row_summary,
@@ -50,13 +46,7 @@ from ddpd.kernels.sample_categorical import (
     store_outputs,
     tile_draw,
     tile_statistics,
-    wait_for_prior_kernel,
 )
-
-# A tile's record: sample_categorical's four statistics, then the tile's candidate token
-# (int32 bits) and its logit.
-TILE_CANDIDATE, TILE_CANDIDATE_LOGIT = tl.constexpr(4), tl.constexpr(5)
-RECORD = tl.constexpr(6)
 
 
 @triton.jit
@@ -99,11 +89,9 @@ def head_tiles_kernel(
     noise_ptr, row_ids_ptr, seed_lo, seed_hi, offset_lo, offset_hi, seed_ptr, offset_ptr,
     stats_ptr, tokens_ptr, valid_ptr, logprob_ptr, confidence_ptr,
     TILE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, DOT_F32: tl.constexpr,
-    SINGLE_TILE: tl.constexpr, LOGPROB: tl.constexpr, CONFIDENCE: tl.constexpr, PDL: tl.constexpr = False,
-    RECOMPUTE: tl.constexpr = False, UNIT: tl.constexpr = False,
+    SINGLE_TILE: tl.constexpr, LOGPROB: tl.constexpr, CONFIDENCE: tl.constexpr, UNIT: tl.constexpr = False,
 ):
     """UNIT: every row's temperature is 1 (no division in the epilogue)."""
-    wait_for_prior_kernel(PDL)
     seed_lo, seed_hi, offset_lo, offset_hi = load_counters(seed_lo, seed_hi, offset_lo, offset_hi, seed_ptr,
                                                            offset_ptr)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -126,54 +114,45 @@ def head_tiles_kernel(
         cols = tile * TILE + j
         x = head_logits(h_ptr, w_ptr, b_ptr, rows, cols, N, V, H, BLOCK_H, DOT_F32)
         x = masked_head_logits(x, cols, safe_rows, V, exclude_ptr, n_exclude, exclude_row, allowed_ptr)
-        # statistics per row: tile_statistics works along axis 1, so on x^T [BLOCK_N, TILE]; an
-        # epilogue of statistics alone (RECOMPUTE) takes the tile statistics kernel's fewer
-        # instructions a logit (STREAM, and no division at temperature 1), which the epilogue that
-        # draws a candidate has no registers for
-        if RECOMPUTE and not SINGLE_TILE:
-            m, s, second, ent = tile_statistics(tl.trans(x), t[:, None], CONFIDENCE == 2, CONFIDENCE == 3,
-                                                UNIT=UNIT, STREAM=True)
-        else:
+        # statistics per row: tile_statistics works along axis 1, so on x^T [BLOCK_N, TILE]
+        if SINGLE_TILE:  # the tile wins whenever anything is drawable: no finish pass
             m, s, second, ent = tile_statistics(tl.trans(x), t[:, None], CONFIDENCE == 2, CONFIDENCE == 3,
                                                 UNIT=UNIT)
-        if SINGLE_TILE or not RECOMPUTE:  # the tile's candidate token: a Philox draw a logit
-            y = shift(x, m[None, :], t[None, :], UNIT)
+            y = shift(x, m[None, :], t[None, :], UNIT)  # the token: a Philox draw a logit
             u_tok = row_uniform(noise_ptr, V + n_tiles, safe_rows[None, :], tl.where(cols < V, cols, 0)[:, None],
                                 row_id[None, :], seed_lo, seed_hi, offset_lo, offset_hi, noise_ptr is not None)
             keys = tl.where(greedy[None, :], y, y + gumbel(u_tok))
             keys = tl.where(cols[:, None] < V, keys, float("-inf"))
             best = tl.max(keys, axis=0)
-            candidate = tl.min(tl.where(keys == best[None, :], cols[:, None], V), axis=0)
-            if LOGPROB or CONFIDENCE != 0:  # the candidate's own logit, for its probability
-                candidate_logit = tl.max(tl.where(cols[:, None] == candidate[None, :], x, float("-inf")), axis=0)
+            token = tl.min(tl.where(keys == best[None, :], cols[:, None], V), axis=0)
+            if LOGPROB or CONFIDENCE != 0:  # the token's own logit, for its probability
+                token_logit = tl.max(tl.where(cols[:, None] == token[None, :], x, float("-inf")), axis=0)
             else:
-                candidate_logit = m
-        if SINGLE_TILE:  # the tile wins whenever anything is drawable: no finish pass
+                token_logit = m
             valid = m > float("-inf")
-            tl.store(tokens_ptr + safe_rows, tl.where(valid, candidate, 0).to(tl.int64), mask=live_row)
+            tl.store(tokens_ptr + safe_rows, tl.where(valid, token, 0).to(tl.int64), mask=live_row)
             tl.store(valid_ptr + safe_rows, valid, mask=live_row)
-            store_outputs(safe_rows, valid, candidate_logit, m, t, s, second, ent * tl.exp(-s) - s, logprob_ptr,
+            store_outputs(safe_rows, valid, token_logit, m, t, s, second, ent * tl.exp(-s) - s, logprob_ptr,
                           confidence_ptr, LOGPROB, CONFIDENCE, live_row)
         else:
+            # statistics alone, with the tile statistics kernel's fewer instructions a logit
+            # (STREAM, and no division at temperature 1); finish_kernel draws the token
+            m, s, second, ent = tile_statistics(tl.trans(x), t[:, None], CONFIDENCE == 2, CONFIDENCE == 3,
+                                                UNIT=UNIT, STREAM=True)
             record = stats_ptr + (safe_rows * n_tiles + tile) * RECORD
             tl.store(record + TILE_MAX, m, mask=live_row)
             tl.store(record + TILE_MASS, s, mask=live_row)
-            if not RECOMPUTE:
-                tl.store(record + TILE_CANDIDATE, candidate.to(tl.float32, bitcast=True), mask=live_row)
-                if LOGPROB or CONFIDENCE == 1:
-                    tl.store(record + TILE_CANDIDATE_LOGIT, candidate_logit, mask=live_row)
             if CONFIDENCE == 2:
                 tl.store(record + TILE_SECOND, second, mask=live_row)
             if CONFIDENCE == 3:
                 tl.store(record + TILE_ENT, ent, mask=live_row)
-    let_next_kernel_start(PDL)
 
 
 @triton.jit
 def winning_tile_draw(h_ptr, w_ptr, b_ptr, row, tile, V, H, n_tiles, t, greedy, exclude_ptr, n_exclude,
                       exclude_row_ptr, allowed_ptr, noise_ptr, row_id, seed_lo, seed_hi, offset_lo, offset_hi,
                       TILE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, DOT_F32: tl.constexpr):
-    """RECOMPUTE: the token drawn inside the row's winning tile from that tile's logits,
+    """The token drawn inside the row's winning tile from that tile's logits,
     computed again (one tile of W, TILE x H, against the row's hidden state), and those
     logits. The GEMM's product of BLOCK_N rows with only this row loaded (a dot wants at
     least 16): the logits of the same tl.dot as the tile statistics'."""
@@ -197,11 +176,9 @@ def finish_kernel(
     h_ptr, w_ptr, b_ptr, H, exclude_ptr, n_exclude, exclude_row_ptr, allowed_ptr,
     n_tiles, V, temperature, temperature_ptr, noise_ptr, row_ids_ptr, seed_lo, seed_hi, offset_lo, offset_hi,
     seed_ptr, offset_ptr, stats_ptr, tokens_ptr, valid_ptr, logprob_ptr, confidence_ptr,
-    BLOCK_T: tl.constexpr, LOGPROB: tl.constexpr, CONFIDENCE: tl.constexpr, PDL: tl.constexpr = False,
-    RECOMPUTE: tl.constexpr = False, TILE: tl.constexpr = 256, BLOCK_N: tl.constexpr = 16,
-    BLOCK_H: tl.constexpr = 64, DOT_F32: tl.constexpr = False,
+    BLOCK_T: tl.constexpr, LOGPROB: tl.constexpr, CONFIDENCE: tl.constexpr, TILE: tl.constexpr = 256,
+    BLOCK_N: tl.constexpr = 16, BLOCK_H: tl.constexpr = 64, DOT_F32: tl.constexpr = False,
 ):
-    wait_for_prior_kernel(PDL)
     row = tl.program_id(0).to(tl.int64)
     seed_lo, seed_hi, offset_lo, offset_hi = load_counters(seed_lo, seed_hi, offset_lo, offset_hi, seed_ptr,
                                                            offset_ptr)
@@ -211,40 +188,31 @@ def finish_kernel(
                          offset_hi, BLOCK_T, RECORD)
     valid = row_max > float("-inf")
     winner = stats_ptr + (row * n_tiles + tile) * RECORD
-    if RECOMPUTE:
-        token, x = winning_tile_draw(h_ptr, w_ptr, b_ptr, row, tile, V, H, n_tiles, t, greedy, exclude_ptr,
-                                     n_exclude, exclude_row_ptr, allowed_ptr, noise_ptr, row_id, seed_lo, seed_hi,
-                                     offset_lo, offset_hi, TILE, BLOCK_N, BLOCK_H, DOT_F32)
-    else:
-        token = tl.load(winner + TILE_CANDIDATE).to(tl.int32, bitcast=True)
+    token, x = winning_tile_draw(h_ptr, w_ptr, b_ptr, row, tile, V, H, n_tiles, t, greedy, exclude_ptr, n_exclude,
+                                 exclude_row_ptr, allowed_ptr, noise_ptr, row_id, seed_lo, seed_hi, offset_lo,
+                                 offset_hi, TILE, BLOCK_N, BLOCK_H, DOT_F32)
     # An invalid row draws token 0.
     tl.store(tokens_ptr + row, tl.where(valid, token, 0).to(tl.int64))
     tl.store(valid_ptr + row, valid)
     if LOGPROB or CONFIDENCE != 0:
-        if RECOMPUTE:
-            # The winning tile's statistics from the recomputed logits, as the C++ path: the two
-            # products may round a logit differently in the last bit, which divided by a small
-            # temperature would put the log-probability far from the truth, even above 0.
-            cols = tile * TILE + tl.arange(0, TILE)
-            token_logit = tl.max(tl.where(cols == token, x, float("-inf")), axis=0)
-            m, s, second, ent = tile_statistics(x[None, :], t, CONFIDENCE == 2, CONFIDENCE == 3)
-            tl.store(winner + TILE_MAX, tl.max(m, axis=0))
-            tl.store(winner + TILE_MASS, tl.max(s, axis=0))
-            if CONFIDENCE == 2:
-                tl.store(winner + TILE_SECOND, tl.max(second, axis=0))
-            if CONFIDENCE == 3:
-                tl.store(winner + TILE_ENT, tl.max(ent, axis=0))
-            tl.debug_barrier()  # the record written, for every thread's reads below
-            row_max = row_maximum(row, n_tiles, stats_ptr, BLOCK_T, RECORD)
-        elif LOGPROB or CONFIDENCE == 1:
-            token_logit = tl.load(winner + TILE_CANDIDATE_LOGIT)
-        else:
-            token_logit = row_max
+        # The winning tile's statistics from the recomputed logits, as the C++ path: the two
+        # products may round a logit differently in the last bit, which divided by a small
+        # temperature would put the log-probability far from the truth, even above 0.
+        cols = tile * TILE + tl.arange(0, TILE)
+        token_logit = tl.max(tl.where(cols == token, x, float("-inf")), axis=0)
+        m, s, second, ent = tile_statistics(x[None, :], t, CONFIDENCE == 2, CONFIDENCE == 3)
+        tl.store(winner + TILE_MAX, tl.max(m, axis=0))
+        tl.store(winner + TILE_MASS, tl.max(s, axis=0))
+        if CONFIDENCE == 2:
+            tl.store(winner + TILE_SECOND, tl.max(second, axis=0))
+        if CONFIDENCE == 3:
+            tl.store(winner + TILE_ENT, tl.max(ent, axis=0))
+        tl.debug_barrier()  # the record written, for every thread's reads below
+        row_max = row_maximum(row, n_tiles, stats_ptr, BLOCK_T, RECORD)
         log_z, second, neg_entropy = row_summary(row, n_tiles, row_max, t, stats_ptr, CONFIDENCE == 2,
                                                  CONFIDENCE == 3, BLOCK_T, RECORD)
         store_outputs(row, valid, token_logit, row_max, t, log_z, second, neg_entropy, logprob_ptr, confidence_ptr,
                       LOGPROB, CONFIDENCE)
-    let_next_kernel_start(PDL)
 
 
 @triton.jit

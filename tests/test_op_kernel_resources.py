@@ -6,9 +6,7 @@ GEMM runs on the tensor cores (wgmma) with its loads pipelined (asynchronous cop
 into shared memory), and at 64 rows or fewer of H below 2048 two of its programs fit on
 a multiprocessor, so one's epilogue runs while the other's loads are in flight
 (ddpd.ops.sample_from_hidden.head_launch says why it matters); rows of H >= 2048 run one
-program a multiprocessor (blocks of 64 rows, four pipeline stages). Launched
-with programmatic dependent launch (the ops' PDL), a kernel waits for the kernel before it
-ahead of its first global memory access, and lets the next start only after its last store.
+program a multiprocessor (blocks of 64 rows, four pipeline stages).
 
 No GPU is needed: each launcher runs on CPU tensors with Triton's launch replaced by
 a recorder, so the kernels, constexprs, warps and stages compiled are exactly those
@@ -62,36 +60,16 @@ def head_gemm(kernel) -> bool:
     return kernel.fn.__name__ == "head_tiles_kernel"
 
 
-GLOBAL_ACCESS = ("ld.global", "st.global", "atom.global", "cp.async")  # PTX opcodes that touch global memory
-
-
-def check_dependent_launch(label: str, compiled) -> None:
-    """A kernel compiled for programmatic dependent launch: griddepcontrol.wait before every
-    global memory access, griddepcontrol.launch_dependents after every store."""
-    ptx = compiled.asm["ptx"]
-    wait, release = ptx.find("griddepcontrol.wait"), ptx.rfind("griddepcontrol.launch_dependents")
-    assert compiled.metadata.launch_pdl and wait >= 0 and release >= 0, f"{label}: not a dependent launch"
-    first = min((i for i in (ptx.find(op) for op in GLOBAL_ACCESS) if i >= 0), default=len(ptx))
-    last = max(ptx.rfind(op) for op in ("st.global", "atom.global"))
-    assert wait < first, f"{label}: global memory accessed before griddepcontrol.wait"
-    assert last < release, f"{label}: a store after griddepcontrol.launch_dependents"
-
-
-def check_case(name: str, call, few_rows: bool = False, pdl: bool = False) -> None:
+def check_case(name: str, call, few_rows: bool = False) -> None:
     """Every kernel `call` launches: no register spills (no stack); the
     tile statistics read with 16-byte vector loads; the head GEMM on wgmma with
-    its loads pipelined, and two programs per multiprocessor where `few_rows`; where `pdl`,
-    compiled for programmatic dependent launch (check_dependent_launch), and not otherwise."""
+    its loads pipelined, and two programs per multiprocessor where `few_rows`."""
     for kernel, _, args, kwargs in record_launches(call):
         compiled = compile_launch(kernel, args, dict(kwargs))
         r = resources(compiled)
         label = f"{name}: {kernel.fn.__name__} {r}"
         print(label)
         assert r["stack"] == 0, f"{label}: spills registers"
-        if pdl:
-            check_dependent_launch(label, compiled)
-        else:
-            assert "griddepcontrol" not in compiled.asm["ptx"], f"{label}: dependent launch instructions"
         if kernel.fn.__name__ == "tile_stats_kernel":  # rows at any offset, read through aligned windows
             assert "ld.global.v4" in compiled.asm["ptx"], f"{label}: no 16-byte vector loads"
         if head_gemm(kernel):
@@ -111,4 +89,4 @@ if __name__ == "__main__":
         # head's launch sweep times
         wide_head = case.startswith("sample_from_hidden") and "H=4096" in case
         check_case(case, make(), few_rows=case.startswith("sample_from_hidden") and not wide_head
-                   and "64-row blocks" not in case, pdl=case.endswith(" pdl"))
+                   and "64-row blocks" not in case)

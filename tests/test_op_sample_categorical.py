@@ -319,7 +319,7 @@ def test_tiles_read_through_aligned_windows_keep_every_column(monkeypatch, whole
     if whole_rows:
         launch = categorical_launch
         monkeypatch.setattr(sample_categorical_module, "categorical_launch",
-                            lambda rows, vocab, sms, pdl=False: launch(rows, vocab, sms, programs_per_sm=1, pdl=pdl))
+                            lambda rows, vocab, sms: launch(rows, vocab, sms, programs_per_sm=1))
     rows = 9
     g = torch.Generator().manual_seed(vocab)
     logits = torch.full((rows, vocab), float("-inf"))

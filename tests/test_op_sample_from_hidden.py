@@ -52,22 +52,10 @@ def assert_same(out, ref):
     assert torch.equal(out[0], ref[0]) and torch.equal(out[1], ref[1])
 
 
-@pytest.fixture(params=[False, True], ids=["candidates", "recompute"])
-def recompute(request, monkeypatch):
-    """Both ways of the Triton kernels to draw inside the winning tile
-    (ddpd.ops.sample_from_hidden.RECOMPUTE): a candidate drawn by the GEMM's epilogue in
-    every tile, or the winning tile's logits computed again by the finish pass."""
-    import sys
-
-    monkeypatch.setattr(sys.modules["ddpd.ops.sample_from_hidden"], "RECOMPUTE", request.param)
-    return request.param
-
-
 @pytest.mark.parametrize("rows,width,vocab,multiprocessors", [(1, 8, 1, 1), (3, 16, 2, 1), (5, 24, 111, 4),
                                                               (17, 40, 700, 1), (2, 33, 600, 4), (33, 8, 520, 2)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_paths_agree_on_explicit_noise_and_seed(monkeypatch, rows, width, vocab, multiprocessors, dtype,
-                                                recompute):
+def test_paths_agree_on_explicit_noise_and_seed(monkeypatch, rows, width, vocab, multiprocessors, dtype):
     """Row blocks of 16 and 32 (a partial last one), one or several tiles per program, a
     single tile (no finish pass), V not a multiple of the tile."""
     monkeypatch.setattr(_dispatch, "multiprocessors", lambda device: multiprocessors)
@@ -81,7 +69,7 @@ def test_paths_agree_on_explicit_noise_and_seed(monkeypatch, rows, width, vocab,
         assert_same(triton_draw(hidden, weight, bias, 0.7, excl, per_row, **kw), ref)
 
 
-def test_gpt2_vocabulary_single_row(recompute):
+def test_gpt2_vocabulary_single_row():
     hidden, weight, _ = head(2, 8, 50257, 0)
     ref = sample_from_hidden_reference(hidden, weight, seed=5, offset=1)
     assert_same(sample_from_hidden(hidden, weight, seed=5, offset=1), ref)
@@ -111,7 +99,7 @@ def test_seeded_draws_follow_softmax():
     assert stats.chisquare(obs.numpy(), exp.numpy() * obs.sum().item() / exp.sum().item()).pvalue > CHI2_MIN_P
 
 
-def test_nothing_drawable_and_non_finite_head(recompute):
+def test_nothing_drawable_and_non_finite_head():
     hidden, weight, bias = head(4, 8, 300, 3)
     bias[:] = float("-inf")
     bias[10] = 0.0
@@ -124,7 +112,7 @@ def test_nothing_drawable_and_non_finite_head(recompute):
         assert tokens.tolist() == [0, 0, 10, 0]
 
 
-def test_exact_at_any_scale_and_uniform_among_plus_inf(recompute):
+def test_exact_at_any_scale_and_uniform_among_plus_inf():
     """Huge logits keep their noise, +inf logits tie uniformly, a temperature below
     float32's range draws the maxima: on the C++ path (chi-square, p > CHI2_MIN_P) and in
     the Triton kernels (the same tokens as the reference)."""
@@ -150,7 +138,7 @@ def test_exact_at_any_scale_and_uniform_among_plus_inf(recompute):
 
 
 @pytest.mark.parametrize("temperature", [1e-6, 1e-30])
-def test_log_probability_and_confidence_at_tiny_temperatures(temperature, recompute):
+def test_log_probability_and_confidence_at_tiny_temperatures(temperature):
     """At a temperature near 0 the drawn token is its row's maximum: log-probability 0,
     probability 1, on every path. The C++ path computes the winning tile's logits a second
     time, in a matmul of another shape that may round them differently in the last bit;
@@ -170,7 +158,7 @@ def test_log_probability_and_confidence_at_tiny_temperatures(temperature, recomp
 
 
 @pytest.mark.parametrize("confidence", ["prob", "margin", "entropy"])
-def test_statistics_of_the_kernels_match_the_reference(confidence, recompute):
+def test_statistics_of_the_kernels_match_the_reference(confidence):
     """Log-probability and confidence of the Triton kernels against the reference, with
     exclusions, allowed masks and per-row temperatures (a greedy row among them), over
     several tiles."""

@@ -51,12 +51,6 @@ def optional(present: bool, kind: str):
     return kind if present else None
 
 
-def dependent(target, present) -> dict:
-    """PDL, the programmatic dependent launch of the multi-kernel ops: on with every optional
-    input on sm_90 (griddepcontrol is an sm_90 instruction; the launchers ask for it only there)."""
-    return dict(PDL=present and target.arch >= 90)
-
-
 def sample_categorical_case(target, present):
     """Every optional input and output present (bf16 logits, per-row controls, a threshold,
     the margin confidence and the log-probability), or none (float32, scalars); the
@@ -69,7 +63,7 @@ def sample_categorical_case(target, present):
                  stats_ptr="*fp32")
     assert "cubin" in compile_kernel(categorical_kernels.tile_stats_kernel, stats,
                                      dict(TILE=256, TILES_PER_CHUNK=4, ALIGN=8 if present else 4, SECOND=present,
-                                          ENTROPY=not present, UNIT=not present, **dependent(target, present)),
+                                          ENTROPY=not present, UNIT=not present),
                                      target)
     finish = dict(logits, n_tiles="i32", **temp, **masks, tau_ptr=optional(present, "*fp32"),
                   noise_ptr=optional(present, "*fp32"), row_ids_ptr=optional(present, "*i64"), **counters(present),
@@ -77,13 +71,13 @@ def sample_categorical_case(target, present):
                   confidence_ptr="*fp32")
     assert "cubin" in compile_kernel(categorical_kernels.finish_kernel, finish,
                                      dict(TILE=256, BLOCK_J=256, BLOCK_T=256, SINGLE_TILE=not present, LOGPROB=present,
-                                          CONFIDENCE=2 if present else 3, **dependent(target, present)), target)
+                                          CONFIDENCE=2 if present else 3), target)
     thresholds = dict(logits, **temp, **masks, top_k="i64", top_k_ptr=optional(present, "*i64"), top_p="fp32",
                       top_p_ptr=optional(present, "*fp32"), log_min_p="fp32", log_min_p_ptr=optional(present, "*fp32"),
                       tau_ptr="*fp32", scratch_ptr="*fp32", n_groups="i32", capacity="i32")
     assert "cubin" in compile_kernel(categorical_kernels.thresholds_kernel, thresholds,
                                      dict(TOP_K=True, TOP_P=True, MIN_P=present, BLOCK=1024, SCAN_BLOCK=4096,
-                                          GROUP=64, **dependent(target, present)), target, num_warps=8)
+                                          GROUP=64), target, num_warps=8)
 
 
 def planner_select_case(target, present):
@@ -111,8 +105,7 @@ def planner_mask_case(target, present):
 def sample_from_hidden_case(target, present):
     """bf16 operands on the tensor cores with a bias and every optional input and output,
     or float32 operands as three TF32 products with none; the block shapes and options of
-    head_launch at N = 64, H = 768, V = 50257; the logits kernel of the truncating calls.
-    With every optional input, the kernels as RECOMPUTE launches them."""
+    head_launch at N = 64, H = 768, V = 50257; the logits kernel of the truncating calls."""
     launch = head_launch(64, 768, 50257, 2 if present else 4, 132)
     matrices = dict(h_ptr="*bf16" if present else "*fp32", w_ptr="*bf16" if present else "*fp32",
                     b_ptr=optional(present, "*bf16"))
@@ -123,10 +116,10 @@ def sample_from_hidden_case(target, present):
                  temperature_ptr=optional(present, "*fp32"), exclude_ptr="*i64", n_exclude="i32",
                  exclude_row_ptr=optional(present, "*i64"), allowed_ptr=optional(present, "*i1"), **stream, **stats,
                  **outputs)
-    flags = dict(LOGPROB=present, CONFIDENCE=2 if present else 3, **dependent(target, present))
+    flags = dict(LOGPROB=present, CONFIDENCE=2 if present else 3)
     asm = compile_kernel(hidden_kernels.head_tiles_kernel, types,
                          dict(TILE=256, BLOCK_N=launch.block_n, BLOCK_H=launch.block_h, DOT_F32=not present,
-                              SINGLE_TILE=False, RECOMPUTE=present, UNIT=present, **flags), target,
+                              SINGLE_TILE=False, UNIT=present, **flags), target,
                          num_warps=launch.num_warps, num_stages=launch.num_stages)
     assert "cubin" in asm
     assert "mma" in asm["ptx"]  # the tensor cores: bf16 operands, or float32 as three TF32 products
@@ -136,9 +129,8 @@ def sample_from_hidden_case(target, present):
                  allowed_ptr=optional(present, "*i1"))
     finish = dict(matrices, H="i32", **masks, n_tiles="i32", V="i32", temperature="fp32",
                   temperature_ptr=optional(present, "*fp32"), **stream, **stats, **outputs)
-    # with every optional input, the finish pass that computes the winning tile again (RECOMPUTE)
     assert "cubin" in compile_kernel(hidden_kernels.finish_kernel, finish,
-                                     dict(BLOCK_T=256, RECOMPUTE=present, TILE=256, BLOCK_N=16,
+                                     dict(BLOCK_T=256, TILE=256, BLOCK_N=16,
                                           BLOCK_H=launch.block_h, DOT_F32=not present, **flags), target)
     logits = dict(matrices, N="i32", V="i32", H="i32", out_ptr="*fp32")
     assert "cubin" in compile_kernel(hidden_kernels.head_logits_kernel, logits,

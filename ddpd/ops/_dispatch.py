@@ -171,13 +171,6 @@ def multiprocessors(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-@functools.lru_cache(maxsize=8)
-def has_pdl(device: torch.device) -> bool:
-    """Whether kernels on `device` can be launched with programmatic dependent launch: a CUDA
-    device of compute capability 9.0 or later (griddepcontrol is an sm_90 instruction)."""
-    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
-
-
 def eager(*tensors: Optional[torch.Tensor]) -> bool:
     """Whether a call can go straight to its kernel instead of through the registered
     custom op: nothing traces it (torch.compile, make_fx, fake or functional tensors,

@@ -630,19 +630,6 @@ STATS_PROGRAMS_PER_SM, STATS_TILES_PER_LOAD, STATS_WARPS = 64, 2, 1
 # (results/cpu-sm90-binaries-2026-11-27-windows.txt): fewer warps make each warp's loop longer
 # with fewer barriers, more the reverse. The launch sweep of benchmarks/gpu_timings.py times 2, 4, 8.
 FINISH_WARPS = 4
-# Programmatic dependent launch (PDL, sm_90 and later): a call's kernels launched so that
-# each may start while the one before it in the stream ends, and waits before it touches
-# memory (ddpd.kernels.sample_categorical.wait_for_prior_kernel). Off until a GPU run has
-# timed it: `python benchmarks/gpu_timings.py --only 'launch configurations'` times both.
-PDL = False
-# The tile statistics read each row through windows aligned to 16 bytes (vector loads
-# wherever the row starts: ddpd.kernels.sample_categorical.tile_stats_kernel); False: each
-# value at its column, as before (one load a value where rows are not aligned). Compiled
-# for sm_90 (benchmarks/results/cpu-sm90-binaries-2026-11-27-windows.txt), a whole bf16 tile
-# is 8 values a lane in one 16-byte load (and one for the next window's first 8) where it was 8
-# loads, at 70 registers against 64 (28 programs a multiprocessor against 32; 93 at a
-# temperature other than 1). NOT yet timed on a GPU: gpu_timings.py's launch sweep times both.
-STATS_WINDOWS = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -659,27 +646,25 @@ class CategoricalLaunch:
     stats_grid: Optional[tuple]
     finish_grid: tuple
     stats_warps: int = STATS_WARPS
-    pdl: bool = False  # programmatic dependent launch (PDL above)
     finish_warps: int = FINISH_WARPS
 
 
 @functools.lru_cache(maxsize=256)  # a per-call cost otherwise; a sampler calls it with few shapes
 def categorical_launch(rows: int, vocab: int, multiprocessors: int, programs_per_sm: int = STATS_PROGRAMS_PER_SM,
                        tiles_per_load: int = STATS_TILES_PER_LOAD, warps: int = STATS_WARPS,
-                       pdl: bool = False, finish_warps: int = FINISH_WARPS) -> CategoricalLaunch:
+                       finish_warps: int = FINISH_WARPS) -> CategoricalLaunch:
     """Split each row's tiles over enough programs for programs_per_sm per multiprocessor
     (a single row of GPT-2's vocabulary: one tile per program), whole rows when the rows
     alone fill the device; each program (warps warps) reads up to tiles_per_load tiles at a time.
-    pdl: launch the kernels with programmatic dependent launch (the launcher passes PDL on
-    devices that have it); finish_warps: the warps of a finish program."""
+    finish_warps: the warps of a finish program."""
     tiles = n_tiles(vocab)
     if tiles == 1:
-        return CategoricalLaunch(1, 1, 1, None, (rows,), pdl=pdl, finish_warps=finish_warps)
+        return CategoricalLaunch(1, 1, 1, None, (rows,), finish_warps=finish_warps)
     splits = max(1, min(tiles, -(-programs_per_sm * multiprocessors // max(rows, 1))))
     per_split = -(-tiles // splits)
     splits = -(-tiles // per_split)
     chunk = min(tiles_per_load, 1 << (per_split - 1).bit_length())
-    return CategoricalLaunch(splits, per_split, chunk, (rows, splits), (rows,), warps, pdl, finish_warps)
+    return CategoricalLaunch(splits, per_split, chunk, (rows, splits), (rows,), warps, finish_warps)
 
 
 def empty_outputs(rows: int, device: torch.device, logprob: bool, confidence: int, eager: bool = False) -> tuple:
@@ -725,8 +710,7 @@ def sample_categorical_triton(logits, temperature, temperature_t, exclude_ids, e
     outputs = empty_outputs(rows, device, logprob, confidence, eager)
     if rows == 0:
         return outputs
-    launch = categorical_launch(rows, vocab, _dispatch.multiprocessors(device), pdl=PDL and _dispatch.has_pdl(device))
-    pdl = launch.pdl
+    launch = categorical_launch(rows, vocab, _dispatch.multiprocessors(device))
     tiles = n_tiles(vocab)
     ids = exclude_ids if exclude_ids is not None else _dispatch.device_ids((), device)
     masks = (ids, 0 if exclude_ids is None else exclude_ids.numel(), exclude_per_row, allowed)
@@ -743,18 +727,17 @@ def sample_categorical_triton(logits, temperature, temperature_t, exclude_ids, e
         _dispatch.launch(kernels.thresholds_kernel, (rows,), logits, vocab, *temp, *masks, top_k, top_k_t, top_p,
                          top_p_t, log_min_p, log_min_p_t, tau, scratch, n_groups, capacity,
                          TOP_K=flags[0], TOP_P=flags[1], MIN_P=flags[2], BLOCK=THRESHOLD_BLOCK,
-                         SCAN_BLOCK=THRESHOLD_SCAN_BLOCK, GROUP=group, PDL=pdl, num_warps=THRESHOLD_WARPS,
-                         launch_pdl=pdl)
+                         SCAN_BLOCK=THRESHOLD_SCAN_BLOCK, GROUP=group, num_warps=THRESHOLD_WARPS)
     stats = None
     if launch.stats_grid:
         stats = torch.empty(rows, tiles, kernels.RECORD.value, dtype=torch.float32, device=device)
-        align = 16 // logits.element_size() if STATS_WINDOWS else 1  # logits a window's alignment
+        align = 16 // logits.element_size()  # logits a window's alignment
         _dispatch.launch(
             kernels.tile_stats_kernel, launch.stats_grid,
             logits, vocab, tiles, launch.tiles_per_split, *temp, *masks, tau, stats,
             TILE=TILE, TILES_PER_CHUNK=launch.tiles_per_chunk, ALIGN=align, SECOND=confidence == 2,
-            ENTROPY=confidence == 3, UNIT=temperature_t is None and temperature == 1.0, PDL=pdl,
-            num_warps=launch.stats_warps, launch_pdl=pdl,
+            ENTROPY=confidence == 3, UNIT=temperature_t is None and temperature == 1.0,
+            num_warps=launch.stats_warps,
         )
     _dispatch.launch(
         kernels.finish_kernel, launch.finish_grid,
@@ -762,7 +745,7 @@ def sample_categorical_triton(logits, temperature, temperature_t, exclude_ids, e
         offset_t, stats, *outputs,
         TILE=TILE, BLOCK_J=TILE if tiles > 1 else 1 << (vocab - 1).bit_length(),
         BLOCK_T=min(1024, 1 << (tiles - 1).bit_length()), SINGLE_TILE=tiles == 1, LOGPROB=logprob,
-        CONFIDENCE=confidence, PDL=pdl, num_warps=launch.finish_warps, launch_pdl=pdl,
+        CONFIDENCE=confidence, num_warps=launch.finish_warps,
     )
     return outputs
 

@@ -128,8 +128,6 @@ class HeadLaunch:
     finish_grid: Optional[tuple]
     num_warps: int
     num_stages: int = 3
-    pdl: bool = False  # programmatic dependent launch (PDL above)
-    recompute: bool = False  # the finish pass draws from the winning tile computed again (RECOMPUTE above)
 
 
 def head_logits_grid(launch: HeadLaunch, vocab: int) -> tuple:
@@ -139,27 +137,10 @@ def head_logits_grid(launch: HeadLaunch, vocab: int) -> tuple:
 
 
 WIDE_H = 2048  # rows this wide take head_launch's large row blocks even when they are few
-# Programmatic dependent launch of the two kernels, as ddpd.ops.sample_categorical.PDL
-# (the GEMM may start as the kernel before it ends, the finish pass as the GEMM ends).
-# Off until a GPU run has timed it.
-PDL = False
-# Where the token inside the winning tile is drawn. False: the GEMM's epilogue draws a
-# candidate in every tile (a Philox draw a logit: N x V of them, and the registers that
-# keep the wide head at one program a multiprocessor) and the finish pass reads the
-# winner's. True: the epilogue keeps only the tile statistics, and the finish pass computes
-# the winning tile's logits again (one TILE x H tile of W a row) and draws there: the same
-# stream columns, so the same draws up to the rounding of the logits. Its epilogue then
-# computes the statistics with the tile statistics kernel's fewer instructions (exp2, plain
-# subtraction, no division at temperature 1), and its lighter epilogue affords wider row
-# blocks (head_launch). On: in the head launch sweep of an H200 run
-# (benchmarks/results/nvidia-h200-2026-11-28.txt) it took 64 x 768 -> 50257 from 87 to 51 us,
-# 64 x 4096 -> 128256 from 384 to 324 us and 64 x 256 -> 50257 float32 from 101 to 63 us.
-RECOMPUTE = True
 
 
 @functools.lru_cache(maxsize=256)  # a per-call cost otherwise; a sampler calls it with few shapes
-def head_launch(rows: int, width: int, vocab: int, element_size: int, multiprocessors: int,
-                pdl: bool = False, recompute: bool = False) -> HeadLaunch:
+def head_launch(rows: int, width: int, vocab: int, element_size: int, multiprocessors: int) -> HeadLaunch:
     """Blocks of rows (the dot's N: the tile's 256 tokens are its M) and the vocabulary
     split so that there are about PROGRAMS_PER_SM programs per multiprocessor; a W tile is
     read by every row block, which run side by side so the repeats hit L2. H slices of 64
@@ -167,48 +148,26 @@ def head_launch(rows: int, width: int, vocab: int, element_size: int, multiproce
     more 16-bit elements, which keep more of W in flight (160 KB of shared memory at 64
     rows, within sm_90's 227).
 
-    recompute (RECOMPUTE's way of drawing inside the winning tile, the default): the
-    epilogue keeps only tile statistics, which affords wider row blocks, so that fewer
-    blocks read each W tile: 64 rows with 8 warps for wide rows and float32 operands, else
-    32 with 4 warps at few rows (8 beyond); never wider than the rows (at least 16, the
-    dot's least N) nor so wide that fewer (row block, tile) pairs than multiprocessors are
-    left. Compiled for sm_90 at 64 rows (benchmarks/kernel_binaries.py): 158 registers and
-    two programs a multiprocessor at H = 768, 141 (255 at a temperature other than 1) and
-    one at H = 4096, no spills (tests/test_op_kernel_resources.py holds these). Best of the
-    H200 sweep of nvidia-h200-2026-11-28.txt at 64 rows: 324 against 359 us (32 rows) at
-    H = 4096, 51 against 64 us (16 rows) at H = 768, 63 against 77 us (32 rows) for float32
-    at H = 256.
-
-    Without recompute the epilogue draws a candidate in every tile (a Philox draw a logit):
-    rows in blocks of 16 with 4 warps up to 64 rows, else 32 with 8 warps unless that
-    leaves multiprocessors idle. At 16 rows that kernel takes 202 registers, so two
-    programs fit on a multiprocessor and one's epilogue runs while the other's loads are in
-    flight; with 32 rows and 8 warps it takes all 255, spills, and runs alone. Two
-    exceptions, measured on an H200 (nvidia-h200-2026-11-27*.txt): rows of WIDE_H or more
-    16-bit elements (32 rows, 8 warps: 450 against 485 us at 64 x 4096 -> 128256, four
-    stages 423 against 459), and float32 operands, whose three TF32 products a slice want 8
-    warps (107 against 123 us at 64 x 256 -> 50257).
-    pdl: launch with programmatic dependent launch (the launcher passes PDL on devices that
-    have it)."""
+    The epilogue keeps only tile statistics (the finish pass draws inside the winning
+    tile), which affords wide row blocks, so that fewer blocks read each W tile: 64 rows
+    with 8 warps for wide rows and float32 operands, else 32 with 4 warps at few rows (8
+    beyond); never wider than the rows (at least 16, the dot's least N) nor so wide that
+    fewer (row block, tile) pairs than multiprocessors are left. docs/kernels.md gives the
+    registers and the measurements behind these choices."""
     tiles = n_tiles(vocab)
     few_rows = rows <= 64 or -(-rows // 32) * tiles < multiprocessors
     wide = element_size <= 2 and width >= WIDE_H
-    if recompute:
-        block_n, num_warps = (64, 8) if wide or element_size > 2 else (32, 4 if few_rows else 8)
-        block_n = min(block_n, max(16, 1 << (rows - 1).bit_length()))  # no block wider than the rows
-        while block_n > 16 and -(-rows // block_n) * tiles < multiprocessors:  # nor so wide the device idles
-            block_n //= 2
-    elif not few_rows or wide:
-        block_n, num_warps = 32, 8
-    else:
-        block_n, num_warps = 16, 4 if element_size <= 2 else 8
+    block_n, num_warps = (64, 8) if wide or element_size > 2 else (32, 4 if few_rows else 8)
+    block_n = min(block_n, max(16, 1 << (rows - 1).bit_length()))  # no block wider than the rows
+    while block_n > 16 and -(-rows // block_n) * tiles < multiprocessors:  # nor so wide the device idles
+        block_n //= 2
     row_blocks = -(-rows // block_n)
     splits = max(1, min(tiles, -(-_dispatch.PROGRAMS_PER_SM * multiprocessors // row_blocks)))
     per_split = -(-tiles // splits)
     splits = -(-tiles // per_split)
     block_h = min(64 if element_size <= 2 else 32, max(16, 1 << (width - 1).bit_length()))
     return HeadLaunch(block_n, block_h, per_split, (row_blocks, splits), (rows,) if tiles > 1 else None, num_warps,
-                      4 if wide else 3, pdl, recompute)
+                      4 if wide else 3)
 
 
 def dot_in_float32(hidden: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -229,9 +188,8 @@ def sample_from_hidden_triton(hidden, weight, bias, temperature, temperature_t, 
     outputs = empty_outputs(rows, device, logprob, confidence, eager)
     if rows == 0:
         return outputs
-    launch = head_launch(rows, width, vocab, weight.element_size(), _dispatch.multiprocessors(device),
-                         pdl=PDL and _dispatch.has_pdl(device), recompute=RECOMPUTE)
-    pdl, dot_f32 = launch.pdl, dot_in_float32(hidden, weight)
+    launch = head_launch(rows, width, vocab, weight.element_size(), _dispatch.multiprocessors(device))
+    dot_f32 = dot_in_float32(hidden, weight)
     bias = None if bias is None else bias.contiguous()
     tiles = n_tiles(vocab)
     # The per-tile statistics, one record per tile (ddpd.kernels.sample_from_hidden.RECORD)
@@ -245,16 +203,15 @@ def sample_from_hidden_triton(hidden, weight, bias, temperature, temperature_t, 
         hidden, weight, bias, rows, vocab, width, tiles, launch.tiles_per_split,
         temperature, temperature_t, *masks, *stream, stats, *outputs,
         TILE=TILE, BLOCK_N=launch.block_n, BLOCK_H=launch.block_h, DOT_F32=dot_f32,
-        SINGLE_TILE=launch.finish_grid is None, LOGPROB=logprob, CONFIDENCE=confidence, PDL=pdl,
-        RECOMPUTE=launch.recompute, num_warps=launch.num_warps, num_stages=launch.num_stages, launch_pdl=pdl,
+        SINGLE_TILE=launch.finish_grid is None, LOGPROB=logprob, CONFIDENCE=confidence,
+        num_warps=launch.num_warps, num_stages=launch.num_stages,
         UNIT=temperature_t is None and temperature == 1.0,
     )
     if launch.finish_grid:
         _dispatch.launch(kernels.finish_kernel, launch.finish_grid, hidden, weight, bias, width, *masks, tiles, vocab,
                          temperature, temperature_t, *stream, stats, *outputs,
                          BLOCK_T=min(1024, 1 << (tiles - 1).bit_length()), LOGPROB=logprob, CONFIDENCE=confidence,
-                         PDL=pdl, RECOMPUTE=launch.recompute, TILE=TILE, BLOCK_N=16, BLOCK_H=launch.block_h,
-                         DOT_F32=dot_f32, launch_pdl=pdl)
+                         TILE=TILE, BLOCK_N=16, BLOCK_H=launch.block_h, DOT_F32=dot_f32)
     return outputs
 
 
