@@ -1,35 +1,15 @@
 """Checkpoints: safetensors weights + a JSON config, written atomically, read verified.
 
-A checkpoint is a directory holding
-- `model.safetensors`: the network's weights (never a pickle; loading cannot run code),
-- `config.json`: {"kind": one of KINDS, "model": TransformerConfig fields,
-  "tokenizer": {...}, "schedule": "linear", ..., "sha256": {file: digest},
-  "settings_sha256": digest of the other fields, which a resumed training run checks},
-- optionally `train_state.safetensors` + `train_state.json`: what a training run
-  needs to resume exactly (optimizer moments, EMA weights, RNG and data-sampler
-  states as tensors; step counters and settings as JSON).
+A checkpoint is a directory holding `model.safetensors` (never a pickle), `config.json`
+(kind, model config, tokenizer, schedule, the sha256 of every file) and optionally the
+training state (`train_state.safetensors` + `train_state.json`). A sampling bundle is a
+directory with `planner/` and `denoiser/` checkpoints.
 
-Writing: every save builds the directory under a temporary name next to the
-destination and swaps it in with one rename (ddpd.files.atomic_directory), so a crash
-mid-write leaves the previous checkpoint untouched; temporaries of crashed writers are
-removed by the next save.
-
-Reading: every file of one load is read through one descriptor of the directory, so
-config, weights and training state all come from the same save even while a trainer
-replaces the checkpoint (a file that vanishes mid-read because the directory was
-swapped restarts the read). Each file's bytes are read once, checked against the
-sha256 in config.json and loaded from those same bytes (a file whose digest
-config.json does not record is refused). Before any hashing or
-allocation, the safetensors header is checked against config.json: the network's
-skeleton is built on the meta device (no initialiser run, no rotary table computed:
-milliseconds, no import of torch._dynamo) and every tensor's name and shape compared with the header,
-and the file's size with the header's offsets. So a hostile config (a model of
-terabytes) or file (a sparse 200 GiB file, a flipped bit, a crafted header) is refused
-with one line in milliseconds, and weights that are not finite are refused too. A
-signal during a load is raised when the load is done (ddpd._interrupts.signals_held).
-
-A sampling bundle is a directory with `planner/` and `denoiser/` checkpoints.
-"""
+Every save builds the directory under a temporary name and swaps it in with one rename
+(ddpd.files.atomic_directory). Every load reads all files through one descriptor of the
+directory, checks the safetensors header against config.json before hashing or
+allocating, and loads the bytes it checked against their sha256: hostile or damaged
+files are refused in one line. docs/reliability.md ("Checkpoints") has the details."""
 from __future__ import annotations
 
 import hashlib

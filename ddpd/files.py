@@ -2,35 +2,15 @@
 
 Every file ddpd writes (checkpoints, sample files, evaluation reports) goes through here:
 
-- `atomic_file` / `write_text` / `atomic_directory`: the new version is built under a
-  temporary name beside its destination (`.NAME.tmp-HOST-PID-XXXXXXXX`, NAME cut short
-  with a digest of it where the whole would not fit in a file name), flushed to
-  disk and renamed over the destination, so a reader sees the old version or the new
-  one, never a mixture; on any failure (a full disk, an interruption) the temporary is
-  deleted and the destination is left as it was.
-- `StreamedFile`: lines appended to such a temporary and flushed as they come (memory
-  stays bounded however much is written), published by one rename at the end.
-- `FileSet`: several files replaced as one set (a report's CSV and Markdown): every
-  temporary is complete before the first rename, and the renames are recorded in a
-  journal (`.NAME.set-HOST-PID-XXXXXXXX`) that a writer killed between two of them
-  leaves behind; the next writer of any file of the set finishes the renames first.
-- `remove_stale_temps`: a writer killed with SIGKILL cannot delete its temporary; the
-  next writer of the same destination removes those whose process no longer runs on
-  this host, and only while it holds the destination's lock: a writer in another PID
-  namespace looks dead, and its temporary must not be deleted under it.
-- `OutputLock`: an exclusive `fcntl` lock on `.NAME.lock` beside a destination, held
-  for as long as a process writes it; a second writer is refused with one line that
-  names the holder. The lock file is never a symbolic link, a FIFO or a file with other
-  links (refused: the holder line would be written into whatever it leads to).
+- `atomic_file` / `write_text` / `write_bytes` / `atomic_directory`: built under a
+  temporary name beside the destination, flushed and renamed over it;
+- `StreamedFile`: lines appended to such a temporary, published by one rename at the end;
+- `FileSet`: several files replaced as one set, with a journal a killed writer leaves;
+- `remove_stale_temps`: temporaries of dead writers, removed by the lock's holder;
+- `OutputLock`: an exclusive `fcntl` lock on `.NAME.lock` beside a destination.
 
-A destination that is a symbolic link is written through: the link stays, and the file
-or directory it points to is replaced. A replaced file or directory keeps the
-permissions of its previous version (a 0600 file stays 0600); a new one gets the
-ordinary ones, subject to the umask.
-
-Errors are `OutputError`s (an OSError) whose message names the user's path and the
-cause, not the temporary. Lowest layer: imports nothing from ddpd.
-"""
+Errors are `OutputError`s (an OSError) naming the user's path and the cause. Lowest
+layer: imports nothing from ddpd. docs/reliability.md ("Durable output") has the details."""
 from __future__ import annotations
 
 import ctypes

@@ -1,51 +1,17 @@
 """A LLaDA-style sampler with low-confidence remasking, written against ddpd.ops, beside
 its plain-torch version.
 
-The sampler is the loop of LLaDA's `generate` (ML-GSAI/LLaDA, generate.py): the answer
-starts all-mask after the prompt and is cut into blocks of `block_length` positions,
-decoded left to right (semi-autoregressive; the default is one block, the whole answer),
-each in steps / (answer / block_length) steps. At each step the denoiser proposes a token
-at every masked position of the current block (the argmax at temperature 0, LLaDA's
-default, else a draw from softmax(logits / temperature)), each proposal gets a
-confidence, and the k most confident are written (k = block_length / steps per block, the
-remainder spread over the first steps); the others stay masked for the next step.
+The loop of LLaDA's `generate` (ML-GSAI/LLaDA, generate.py): the answer starts all-mask
+after the prompt, is decoded block by block, and at each step the k most confident of the
+denoiser's proposals at the masked positions are written.
 
-- confidence, `remasking="low_confidence"` (LLaDA's default) with `rank_by="model"` (the
-  default): LLaDA's rule, the proposal's probability under the model's softmax(logits)
-  at temperature 1, whatever the temperature it was drawn at. `rank_by="draw"`: its
-  probability under the law it was drawn from, softmax(logits / temperature): the same
-  at temperature 0, another law of answers at any other (tests/test_examples.py measures
-  both against their exact laws). `remasking="random"`: a uniform per position.
-- `cfg_scale` > 0: LLaDA's unsupervised classifier-free guidance, the logits
-  u + (cfg_scale + 1) (c - u) of the network on x (c) and on x with every prompt
-  position masked (u).
-- `attention_mask` [B, prompt length] (1: a token, 0: padding) for left-padded prompts:
-  the network is called as net(x, attention_mask) with ones over the answer, so no
-  position attends to the padding; the padding is never rewritten.
+- `llada_ddpd`: one ddpd.ops.sample_categorical call a step draws the proposals at the
+  block's masked positions and returns their confidence from the same pass;
+- `llada_plain`: the same loop in plain torch, drawing with ddpd.ops.categorical_reference
+  from the same counter-based uniforms: the same tokens from the same noise.
 
-- `llada_ddpd`: one call of ddpd.ops.sample_categorical per step draws the proposals at
-  the masked positions of the block only, keyed by position (row b * L + d), and returns
-  the confidence of its own law from the same pass (`confidence="prob"`; at temperature
-  0 the softmax at temperature 1), so LLaDA's default run needs no softmax over
-  [B, L, V]. At a temperature > 0 LLaDA's confidence is not the law the token was drawn
-  from: it takes one log-sum-exp of the block's logits in torch.
-- `llada_plain`: the same loop in plain torch, as LLaDA's code runs it (softmax over the
-  full logits, its value at the proposal gathered) except for the draw itself, which is
-  ddpd.ops.categorical_reference (the categorical law of every ddpd path in plain torch)
-  from the same counter-based uniforms: LLaDA's Gumbel-max argmax(logits + T g) has the
-  same law, but from other uniforms. It returns the same tokens from the same noise
-  (unless two confidences lie within float32 rounding of each other).
-
-Precision: both loops rank float32 confidences (the plain softmax reads the logits as
-float32), so with a bf16 network they still return the same tokens (a softmax in bf16
-would tie distinct confidences and commit other positions). LLaDA's own code takes the
-softmax in the model's dtype: with a bf16 model its confidences are rounded to bf16 and
-topk picks among the tied in its own order, so a bf16 run of this sampler can commit
-other positions than LLaDA's code does: it ranks by the model's probabilities, not by
-their bf16 rounding.
-
-    python examples/llada_sampler.py
-"""
+docs/examples.md has the options (remasking, rank_by, cfg_scale, attention_mask) and the
+precision notes.  Run: python examples/llada_sampler.py"""
 from __future__ import annotations
 
 import argparse

@@ -1,30 +1,16 @@
 """An MDLM-style masked-diffusion sampler written against ddpd.ops, beside its plain-torch
 version.
 
-The sampler (MDLM's ancestral update, linear schedule): start from all-mask; at step i of
-`steps`, time goes from t = 1 - i / steps to s = 1 - (i + 1) / steps; every masked position
-is revealed with probability (t - s) / t, and a revealed position takes a token drawn from
-the denoiser's softmax(logits / temperature), truncated by top_p. (MDLM draws the
-two choices jointly from one categorical over the V tokens and "stay masked"; the coin
-then the token is the same law.)
+MDLM's ancestral update with the linear schedule: from all-mask, at each step every
+masked position is revealed with probability (t - s) / t and takes a token drawn from
+softmax(logits / temperature), truncated by top_p.
 
 - `mdlm_ddpd`: the coin is ddpd.ops.bernoulli, the token ddpd.ops.sample_from_hidden on
-  the hidden states of the masked positions only (the output head never runs on the
-  others), with top_p inside the kernel. Every draw is keyed by (seed, offset, row id):
-  position d of sequence b is row b * D + d, so a position's draws do not depend on which
-  other positions are still masked, nor on the batch.
-- `mdlm_plain`: the same loop in plain torch: the full logits in float32 (the head applied
-  to the hidden states in float32, as sample_from_hidden computes it), top-p by sort +
-  cumsum + mask, the coin as u < p and the token by ddpd.ops.categorical_reference (the
-  categorical law of every ddpd path, written in plain torch), from the same
-  counter-based uniforms (ddpd.ops.philox_uniform). It returns the same tokens, tied
-  logits at the top-p boundary included (both keep every token tied with the last one
-  kept), with a float32 network and with a bf16 or fp16 one (whose own head would round
-  the logits to its dtype: then the two loops agree in law only); a textbook
-  torch.multinomial draw would have the same law, from other randomness.
+  the hidden states of the masked positions only; draws are keyed by position;
+- `mdlm_plain`: the same loop in plain torch (full float32 logits, sort-based top-p,
+  ddpd.ops.categorical_reference) from the same uniforms: the same tokens.
 
-    python examples/mdlm_sampler.py
-"""
+docs/examples.md has the details.  Run: python examples/mdlm_sampler.py"""
 from __future__ import annotations
 
 import argparse

@@ -1,39 +1,16 @@
-"""Triton kernels of ddpd.ops.sample_categorical: the two-level exact Gumbel-max,
-with each row's vocabulary split over several programs, the sampling controls and
-the statistics behind the log-probability and confidence outputs.
+"""Triton kernels of ddpd.ops.sample_categorical: the two-level exact Gumbel-max, with
+each row's vocabulary split over several programs, the sampling controls and the
+statistics behind the log-probability and confidence outputs.
 
-With l the logits (NaN, excluded, not allowed and truncated tokens at -inf), m_t the
-maximum of tile t (TILE tokens), M = max_t m_t and shift(a, b) = (a - b) / T (0 where
-a == b, -inf where a is -inf):
-- thresholds_kernel, one program per row, only when top-k / top-p / min-p is asked:
-  the row's truncation threshold tau (ddpd.ops.sample_categorical says which tokens
-  each keeps), found without sorting by a radix search over the order-preserving
-  32-bit keys of the logits: each pass buckets the keys still in play into 16 ranges
-  and keeps the one that holds the threshold, narrowed to the keys present in it.
-  Each pass reads every value it searches, so top-k first bounds its threshold: the
-  k-th largest of the row's group maxima (groups of 64 logits or more) is at most the
-  k-th largest logit, and the logits at or above it, a few times k for most rows,
-  are copied to a scratch row; top-k's search, and top-p's after it, read those (the
-  whole row when there are more than the scratch holds, or fewer than k groups).
-  Top-p without such candidates first finds the tightest of the cuts shift(x, M) >= -1,
-  -2, ..., -16 whose upper set holds p Z (with a margin for rounding), in one pass with
-  Z, and searches the logits above it, copied out likewise (the whole row when no cut
-  holds p Z or more logits than the scratch holds are above it). Min-p reads no logit:
-  shift(v, M) is non-decreasing in v, and a bisection over the float32 keys finds the
-  smallest v with shift(v, M) >= log(min_p);
-- tile_stats_kernel, grid (rows, splits): each program takes a run of tiles and
-  writes, per tile, m_t and s_t = log sum_j exp(y_j), y_j = shift(l_j, m_t), and on
-  request the second largest value and a_t = sum_j exp(y_j) y_j;
-- finish_kernel, one program per row: M, the winning tile argmax_t shift(m_t, M)
-  + s_t + G_t (G_t the Gumbel variable of column V + t; greedy rows without s_t + G_t;
-  first on ties), the token argmax_j y_j + G_j inside it (column j), and from the tile
-  statistics the log-probability and confidence. With a single tile (V <= TILE) it
-  does everything itself, one launch.
-Only the winning tile's TILE logits are read twice; no probabilities are stored.
-float32 arithmetic only (inputs cast on load; sums of the threshold search in
-float64); the temperature division is IEEE (div_rn), as in the torch reference and
-the C++ kernel. A row's temperature T < 0 marks a greedy row, whose statistics use T = 1.
-"""
+- thresholds_kernel, one program a row, only for top-k / top-p / min-p: the row's
+  truncation threshold, by a radix search over the order-preserving keys of the logits;
+- tile_stats_kernel, grid (rows, splits): per tile of TILE logits, its maximum m_t and
+  s_t = log sum_j exp(shift(l_j, m_t)), and on request the second largest value and a_t;
+- finish_kernel, one program a row: the winning tile argmax_t shift(m_t, M) + s_t + G_t,
+  the token argmax_j y_j + G_j inside it, and the log-probability and confidence.
+
+float32 arithmetic only; a row's temperature T < 0 marks a greedy row. docs/kernels.md
+("sample_categorical") has the method: the threshold search, the aligned windows."""
 import triton
 import triton.language as tl
 

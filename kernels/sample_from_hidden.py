@@ -2,32 +2,14 @@
 tensor cores with the two-level exact Gumbel-max of ddpd.kernels.sample_categorical
 as its epilogue; the [N, V] logits never exist.
 
-- head_tiles_kernel, grid (row blocks, vocabulary splits): for each of its tiles,
-  the logits x[j, n] of TILE tokens j for BLOCK_N rows n, as weight[tile, H] @
-  hidden[rows, H]^T (+ bias) by tl.dot over BLOCK_H slices of H (bf16 / fp16
-  operands with float32 accumulation; float32 operands as three TF32 products,
-  tf32x3, on the tensor cores too: each operand split in a TF32 high part and a TF32
-  remainder, so a product keeps about 22 of float32's 24 bits, against a few TFLOP/s
-  for IEEE float32 products on the CUDA cores). The tile
-  dimension is the dot's M (256, what the tensor cores want) and the rows its N,
-  so a few rows still make a full-width product. Epilogue, per row: the tile
-  maximum m_t, s_t = log sum_j exp y_j (y_j = shift(x_j, m_t)) and on request the
-  second largest value and a_t, computed as the tile statistics kernel of
-  ddpd.kernels.sample_categorical computes them (no Philox draw a logit, as the C++ path).
-  With a single tile (V <= TILE) it draws the token argmax_j y_j + G_j (column j's
-  Gumbel variable; greedy rows: argmax_j y_j) and writes the outputs itself: one launch;
-- finish_kernel, one program per row: the tile race of
-  ddpd.kernels.sample_categorical over the stored statistics (G_t from column V + t),
-  then the winning tile's logits computed again (one TILE x H tile of W against the
-  row) and the token drawn there from the same stream columns; the log-probability and
-  confidence take that tile's statistics from those logits (a last-bit difference
-  between the two products, divided by a small temperature, would otherwise move them far).
-- head_logits_kernel, grid (row blocks, tiles): the float32 logits themselves, for
-  the calls with a truncation threshold (top-k / top-p / min-p needs a whole row).
-The logits are those of the torch reference up to the order of the float32
-additions (and, for float32 operands, the TF32 split's last bits); everything after them
-is ddpd.kernels.sample_categorical's arithmetic.
-"""
+- head_tiles_kernel, grid (row blocks, vocabulary splits): each tile's logits by tl.dot
+  (float32 operands as three TF32 products), and in the epilogue the tile statistics of
+  sample_categorical; with a single tile it draws the token itself (one launch);
+- finish_kernel, one program a row: the tile race, then the winning tile's logits
+  computed again and the token drawn there from the same stream columns;
+- head_logits_kernel: the float32 logits themselves, for the truncating calls.
+
+docs/kernels.md ("sample_from_hidden") has the method and the launch choices."""
 import triton
 import triton.language as tl
 

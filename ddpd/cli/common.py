@@ -1,25 +1,16 @@
 """What ddpd-sample, ddpd-train and ddpd-eval share: the one-line argument parser, the
 device and thread policy, signals, error reporting, and loading checkpoints by role.
 
-- Errors: every expected failure ends in one line on stderr, `PROG: error: ...`, that
-  names the user's path or argument and the cause; exit status 2 for a bad command
-  line (argparse, UsageError), 1 for a failure while working.
-- Signals: SIGINT, SIGTERM and SIGHUP all interrupt like Ctrl-C. A tool cleans up
-  (temporary files are removed; ddpd-sample publishes the samples it finished;
-  ddpd-train stops after the current step and saves a checkpoint), and the process
-  prints one line `PROG: interrupted by SIGNAL...` and exits with 128 + the signal
-  number.
-- Threads (`--threads N`): torch's intra-op thread count, which the C++ kernels of
-  ddpd._C share (they run in at::parallel_for, torch's own pool). Default: the value
-  of OMP_NUM_THREADS when it is set, else 1. One thread keeps the CPU path steady on
-  a machine other work is using: on a 2-core machine the default quickstart took
-  104-195 s with one thread, quiet or busy, and 177-618 s with two, whose threads
-  wait on each other when the cores are shared.
-- Checks first: what the command line alone decides (flag values, the files and
-  checkpoint directories it names, the outputs it will write) is checked by
-  `check_first` before torch is imported and any model loaded, which take seconds on a
-  busy machine. This module, ddpd.cli.samplers and the tools' parsers import no torch.
-"""
+- Errors: one line on stderr, `PROG: error: ...`, naming the path or argument and the
+  cause; exit status 2 for a bad command line, 1 for a failure while working.
+- Signals: SIGINT, SIGTERM and SIGHUP interrupt like Ctrl-C; the tool cleans up, prints
+  one line and exits with 128 + the signal number.
+- Threads (`--threads N`): torch's intra-op threads, which ddpd._C shares; default
+  $OMP_NUM_THREADS, else 1 (steady on a shared machine).
+- Checks first: `check_first` checks what the command line alone decides before torch is
+  imported; this module, ddpd.cli.samplers and the tools' parsers import no torch.
+
+docs/cli.md ("Threads, signals, errors") and docs/reliability.md have the details."""
 from __future__ import annotations
 
 import argparse

@@ -1,25 +1,17 @@
-"""ddpd-eval: likelihood bounds, sample quality and convergence of ddpd models.
+r"""ddpd-eval: likelihood bounds, sample quality and convergence of ddpd models.
 
-    ddpd-eval elbo --planner runs/planner --denoiser runs/mask runs/unid --uniform runs/uniform \\
-        --data books --num-sequences 256 --mc-samples 4 --out elbo.json
-    ddpd-eval quality --planner runs/planner --denoiser runs/mask --judge runs/ar \\
+    ddpd-eval elbo --planner runs/planner --denoiser runs/mask --data books --out elbo.json
+    ddpd-eval quality --planner runs/planner --denoiser runs/mask --judge runs/ar \
         --data books --steps 64 128 256 512 --temperatures 0.8 0.9 1.0 --out-dir q/
     ddpd-eval convergence --planner runs/planner --denoiser runs/mask --steps 512 --out-dir conv/
     ddpd-eval merge q1/sweep.csv q2/sweep.csv --out-dir q/   # a sweep run in parts (--samplers)
-    ddpd-eval training runs/planner runs/mask runs/ar --out-dir docs/   # what the training runs cost and reached
+    ddpd-eval training runs/planner runs/mask runs/ar --out-dir docs/   # what the training runs cost
     ddpd-eval compare q/sweep.csv --baselines dfm-eta0 dfm-eta15   # NLL differences at matched entropy
-    ddpd-eval frontier --judge ngram --data wiki.txt --out-dir f/   # quality against passes, parallel decoding
+    ddpd-eval frontier --judge ngram --data wiki.txt --out-dir f/   # quality against passes
 
-Checkpoints are directories written by ddpd-train (their kind is read from config.json);
---denoiser takes mask and/or uniform denoisers. --data is held-out text as ddpd-train
-reads it: a file, books (shipped with ddpd), text8 or hf:NAME[:CONFIG]; use the corpus
-the models were trained on, whose --split test they never saw. Every result is
-reproducible from --seed. Every report is written atomically (a temporary file renamed
-over the old one), so an interruption or a full disk never leaves a half-written
-report, and the files of one report (CSV, Markdown, plot) are published as one set; a
-second ddpd-eval writing the same reports is refused at its start (each is locked, as
-ddpd-sample locks its --out). SIGINT, SIGTERM and SIGHUP stop with one line.
-"""
+Every result is reproducible from --seed; every report is written atomically and locked
+against a second writer. docs/cli.md ("ddpd-eval") describes each subcommand and its
+flags, docs/evaluation.md the estimators."""
 from __future__ import annotations
 
 import argparse

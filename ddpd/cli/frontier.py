@@ -1,21 +1,14 @@
-"""ddpd-eval frontier: judge NLL and entropy against network passes, sampler x policy x budget x temperature.
+r"""ddpd-eval frontier: judge NLL and entropy against network passes, sampler x policy x budget x temperature.
 
     ddpd-eval frontier --judge ngram --data wiki.txt --out-dir docs/parallel
-    ddpd-eval frontier runs/bundle --judge runs/ar --policies error-budget:bound=2 threshold:0.9 \\
+    ddpd-eval frontier runs/bundle --judge runs/ar --policies error-budget:bound=2 threshold:0.9 \
         --budgets 16 32 64 128 --temperatures 0.9 1.0 --num-samples 64 --fused --out-dir f/
 
-CHECKPOINT: a sampling bundle (planner/ + mask denoiser/); default the bundled text8 pair.
-Every sampler of the bundle runs with its policies among --policies (error-budget for
-ddpd; maskgit, threshold, factor, entropy-bound, remdm for the mask loop) and its own
-default (ddpd one at a time, MaskGIT), at every --budgets pass budget (a ddpd step costs a
-denoiser pass and, when it plans, a planner pass; a mask-loop step one) and temperature;
-the target is ddpd one at a time at --target-steps and --target-temperature. --judge: an
-autoregressive checkpoint, or
-ngram[:ORDER] (a character n-gram built from the train split of --data, ddpd.eval.ngram).
-Writes frontier.csv (after every configuration: an interrupted sweep resumes, and a run with
-other settings into the same --out-dir adds its rows), then frontier.md and frontier.png of
-every row of the CSV, to --out-dir.
-"""
+Every sampler of the bundle runs with its policies among --policies and its own default,
+at every pass budget and temperature, against the target (ddpd one at a time at
+--target-steps). Writes frontier.csv after every configuration (an interrupted sweep
+resumes), then frontier.md and frontier.png. docs/cli.md ("ddpd-eval frontier") has the
+details, docs/parallel.md the results."""
 from __future__ import annotations
 
 import argparse

@@ -4,71 +4,15 @@
     ddpd-sample --prompt "the history of " --fused
     ddpd-sample --infill "the ______ of the city" --fused
     ddpd-sample --checkpoint runs/bundle --steps 256 --num-samples 16 --out samples.jsonl
-    ddpd-sample --planner runs/planner --denoiser runs/mask-denoiser --option A+B+C --steps 512
-    ddpd-sample --checkpoint runs/mask-denoiser --sampler tau-leaping --eta 15 --steps 1024
     ddpd-sample --checkpoint runs/mask-denoiser --sampler maskgit --steps 16 --top-p 0.9
     ddpd-sample --checkpoint runs/toy --labels 0 1 --guidance-scale 2
     torchrun --standalone --nproc_per_node 2 -m ddpd.cli.sample --num-samples 64 --out s.jsonl
 
---checkpoint is a sampling bundle (planner/ and denoiser/ checkpoints) or a single
-checkpoint written by ddpd-train. With none of --checkpoint/--planner/--denoiser the
-default bundle of ddpd.pretrained is used (the text8 planner + mask denoiser shipped
-with the package, see docs/pretrained.md, or the bundle in $DDPD_PRETRAINED_DIR),
-with 256 characters, --steps 512 and --num-samples 4 unless given. Which sampler a set
-of models supports (one table for ddpd-sample and ddpd-eval, ddpd.cli.samplers):
-  ddpd:        planner + uniform-denoiser or mask-denoiser; or one uniform model
-  tau-leaping: one mask-denoiser (DFM, --eta); one uniform model (DFM-Uni);
-               planner + uniform-denoiser or mask-denoiser (P x D)
-  maskgit:     one mask-denoiser
-Samples are printed decoded and, with --out, written as JSON lines
-{"index", "text", "tokens", "steps", "stop_step"} ("steps": the step budget,
-"stop_step": the steps the sample took; with "prompt" and "label" when given).
-Sample i draws its noise from Philox row i of --seed, so it does not depend on
---batch-size or on the number of processes.
-
---fused runs every sampler on its fused path (ddpd.sampling.draws): the same samples
-from the same seed (in float32; in bfloat16 the same law: the fused output head's logits
-are not rounded to bfloat16), with the per-step work in the ddpd.ops kernels, the denoiser's
-output head applied at the denoised positions only, and rows that stop early leaving
-the batch at a stop check every --sync-every steps (the only host synchronisation).
---dtype is the precision the networks run in (auto: bfloat16 on CUDA, float32 on the
-CPU; ddpd.models.prepare_for_sampling); the sampler's own arithmetic stays float32.
---compile torch.compiles the networks (ddpd.models.compile_for_sampling; Inductor unless
-a backend is named): slower to start, each new batch size compiling once more, faster
-per step on a GPU; the compilation counts in the samples/s of the summary line.
---temperature 0 draws the most probable token (greedy); --top-k, --top-p and --min-p
-truncate every token draw of every sampler (ddpd.sampling.Truncation).
-The summary line on stderr gives samples/s (sampling only: loading the models and the
-C++ extension is not counted), the precision, forward passes, and row-evaluations: how
-many sequences went through each model in all (a forward pass over a batch of B rows
-counts B), and how many early stopping saved (rows that had stopped and left the
-batch: the reference run removes a row the step it stops, the fused run at its stop
-checks).
-
-Prompts: --prompt TEXT fixes the first positions to TEXT; --infill TEXT fixes the
-positions of TEXT except those marked `_`, one token each (one character with the text8
-tokenizer); positions after TEXT are generated in both. --prompts FILE and --infills
-FILE give one such text per line, sample i taking line i modulo the number of lines
-(default --num-samples: the number of lines). Fixed positions are never noised, chosen
-or masked by any sampler (ddpd.sampling: x_init, frozen). Class labels: --labels C
-[C ...] (sample i takes the label i modulo their number) for a class-conditional
-denoiser (ddpd-train --num-classes), with classifier-free guidance --guidance-scale W
-(1: the conditional model, 0: the unconditional one); a class-conditional planner gets
-the labels too.
-
-Several processes: `torchrun --nproc_per_node N -m ddpd.cli.sample ...` (gloo on the
-CPU, nccl on CUDA, one GPU per process) deals the batches of --batch-size samples out
-to the processes in turn; process 0 gathers them and prints and writes them in order,
-so the output is the one a single process writes for the same seed.
-
---out streams: every finished batch is appended to a temporary file beside FILE and
-flushed, and the file is renamed to FILE at the end, so FILE is never half written and
-memory stays bounded for any --num-samples. Interrupted (Ctrl-C, SIGTERM, SIGHUP),
-the samples finished so far are published to FILE and the one-line message says how
-many; a reader of stdout that went away (`| head`) does not stop the file. A second
-ddpd-sample writing the same FILE meanwhile is refused (one writer: ddpd.files). --threads
-sets the CPU threads (default $OMP_NUM_THREADS if set, else 1: see ddpd.cli.common).
-"""
+Without a model argument it samples from the bundled text8 pair (ddpd.pretrained). Sample
+i draws from Philox row i of --seed, whatever --batch-size or the number of processes;
+--out is streamed to a temporary file and renamed, never half written. docs/cli.md
+("ddpd-sample") describes every flag, the samplers each set of models supports
+(ddpd.cli.samplers), prompts, class labels and several processes."""
 from __future__ import annotations
 
 import argparse

@@ -11,16 +11,8 @@
 | tau-leaping | dfm-uni                       | uniform (DFM-Uni)               | tau_leaping_uniform |
 | maskgit     | maskgit                       | mask-denoiser                   | mask_sample         |
 
-ddpd-sample runs the row of its --sampler whose models are exactly the ones given;
-ddpd-eval runs every row the checkpoints allow, with DDPD's options A, A+B, A+B+C and
-DFM's eta values as named variants. Both call a row through `Sampler.call` with one
-`Settings` object, so each sampler is wired to ddpd.sampling once, and --fused means the
-same in both: every sampler on its fused path (ddpd.sampling.draws), the same samples with
-float32 networks (the same law below float32).
-
-No torch at import (ddpd.cli.common: the tools check their command line first): torch and
-ddpd.sampling are imported when a Settings is made or a sampler called.
-"""
+Both tools call a row through `Sampler.call` with one `Settings` object, so each sampler
+is wired to ddpd.sampling once; torch is imported only when a Settings is made."""
 from __future__ import annotations
 
 import argparse

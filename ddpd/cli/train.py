@@ -6,25 +6,11 @@
     ddpd-train planner --out runs/planner --resume     # continue a stopped run
     ddpd-train mask-denoiser --data toy.jsonl --num-classes 2 --label-dropout 0.1 --out runs/toy/denoiser
 
---data is a text file (text8 format for --tokenizer text8), `books` (a 198 k-character
-text8-format corpus shipped with ddpd), `text8` (the full 100 M characters, downloaded
-with `datasets`: pip install "ddpd[hf]") or hf:NAME[:CONFIG] (a Hugging Face dataset's
-"text" column). A .jsonl file is a labelled corpus, one {"text": str, "label": int}
-object per line (each line one record of its class; split 90/5/5 by position within
-each class): --num-classes N trains a class-conditional network on it (labels in
-[0, N); N is the null label), with --label-dropout P replacing a label by the null
-label with probability P so that the same network is also the unconditional model of
-classifier-free guidance (ddpd-sample --labels --guidance-scale). Without
---num-classes the labels are ignored. --out is the checkpoint directory (model.safetensors + config.json +
-training state), loadable with ddpd.checkpoint.load_model. With --resume, settings not
-given are taken from the checkpoint (--save-every and --eval-every included); those
-given must match it (a resumed run is the same run) except --save-every, --eval-every,
---device and --threads, and the corpus must hold the same text (it may have moved).
-
-One run writes an --out at a time (a second is refused, naming the first). SIGINT,
-SIGTERM and SIGHUP stop the run after the current step with a checkpoint there; a
-second signal stops at once, keeping the last checkpoint.
-"""
+--data is a text file, `books` (shipped), `text8`, hf:NAME[:CONFIG] or a labelled .jsonl;
+--out is the checkpoint directory (ddpd.checkpoint.load_model loads it). --resume takes
+the settings not given from the checkpoint. One run writes an --out at a time; a signal
+stops after the current step with a checkpoint. docs/cli.md ("ddpd-train") and
+docs/training.md have the details."""
 from __future__ import annotations
 
 import argparse

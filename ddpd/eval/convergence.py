@@ -1,20 +1,13 @@
 """Convergence of DDPD sampling along the steps (the paper's figure 'Convergence of
 sampling', appendix sec:convergence_experiment).
 
-Per step, from the planner's output p(z^d = N | x) on the sequences being sampled:
-- noise left: sum_d p(z^d = N | x) / D, averaged over the samples;
-- z changes: the fraction of positions whose predicted state (noise iff p > 1/2)
-  differs from the previous step's;
-- meeting the stop criterion: the fraction of samples with p(z^d = N | x) < eps at
-  every position, for each eps (the paper shows 0.05 and 0.01).
-And from a run with the stop criterion on (option A), the fraction of samples that
-have stopped by each step (SampleResult.stop_step).
+Per step, from the planner's p(z^d = N | x): the noise left, the fraction of predicted
+states that changed, and the fraction of samples meeting the stop criterion for each
+eps; from a run with the stop criterion on, the fraction stopped by each step.
+`PlannerRecorder` wraps the planner to record them (it needs a batch that keeps its
+size: stop='budget').
 
-The samplers expose no per-step hook, so `PlannerRecorder` wraps the planner: it
-relies on the planner being called once per step on every sample, which holds for
-ddpd_sample with stop='budget' (option B; no sample leaves the batch). It checks
-that the batch keeps its size and raises otherwise.
-"""
+docs/evaluation.md ("Convergence along the steps") has the details."""
 from __future__ import annotations
 
 import os

@@ -1,22 +1,12 @@
 """Seeded draws of the forward process for evaluation, and the forced-noise corruption.
 
-Every uniform of an evaluation is a pure function of (seed, Monte-Carlo sample m,
-stream, sequence id, column) (counter-based Philox, ddpd.ops.rng), so a sequence's
-estimate does not depend on the batch it was evaluated in.
+Every uniform is a pure function of (seed, Monte-Carlo sample, stream, sequence id,
+column), so an estimate does not depend on the batch. `marginal_corruption` draws the
+forward marginal at level alpha (eq. corruption_flow); `forced_corruption` also forces
+one uniformly drawn position to be noise, which bounds the ELBO's integrand
+(ddpd.eval.elbo).
 
-Two ways to corrupt clean tokens x_1 at level alpha (eq. corruption_flow):
-
-- `marginal_corruption`: z^d = N independently with probability 1 - alpha, the
-  forward marginal p_{t|1}(x_t, z_t | x_1).
-- `forced_corruption`: one position d* drawn uniformly is always noise, the others
-  as in the marginal. Its law relative to the marginal is
-  P_forced(z) / P_marginal(z) = k / (D (1 - alpha)) for k = |{d: z^d = N}| >= 1,
-  which turns the rate-weighted integral of the ELBO, int dalpha / (1 - alpha) E[.],
-  into int dalpha E_forced[D / k * .] whose integrand is bounded (ddpd.eval.elbo).
-
-Noisy positions hold a uniform draw over the vocabulary (uniform noise; it may be
-the clean value itself) or the mask id (mask noise).
-"""
+docs/evaluation.md ("Seeded corruption") has the law and why."""
 from __future__ import annotations
 
 from typing import Optional

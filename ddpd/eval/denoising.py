@@ -1,21 +1,12 @@
 """Denoising performance at a fixed corruption level (the paper's table 'Denoising
 performance in bits-per-character', accuracy at alpha = 0.85).
 
-Clean tokens x_1 are corrupted at level alpha: z^d = N with probability 1 - alpha
-(the same z for every denoiser, so the comparison is paired). At the noisy
-positions we score the denoiser's p(x_1^d | x_t, z^d = N):
+Clean tokens are corrupted once at level alpha (the same z for every denoiser, so the
+comparison is paired), and each denoiser ('uniform', 'uniform-denoiser',
+'mask-denoiser', 'mask-denoiser-planner') is scored at the noisy positions: summed
+cross-entropy in nats, the number of noisy positions and how many its argmax gets right.
 
-- 'uniform': a single uniform model p(x_1^d | x_t), turned into a denoiser by
-  eq. denoising_prob (ddpd.process.denoiser_log_prob_from_uniform), on uniform noise;
-- 'uniform-denoiser': the noise-conditioned uniform denoiser on uniform noise;
-- 'mask-denoiser': the mask denoiser with the true noisy positions masked;
-- 'mask-denoiser-planner': the mask denoiser with the mask drawn from the planner
-  (prop:draw_with_maskD: z~^d = N at the scored position, z~^e ~ Bernoulli(p_z^e)
-  elsewhere; one draw).
-
-Reported per sequence: the summed cross-entropy in nats, the number of noisy
-positions and how many of them the denoiser's most likely value gets right.
-"""
+docs/evaluation.md ("Denoising at a fixed level") describes each denoiser."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,72 +1,13 @@
 r"""Per-sequence evidence lower bounds (ELBO) of DDPD and its baselines, Monte-Carlo.
 
-Appendix 'Evaluating the ELBO' with eq. elbo_jensen_inequality_ours and
-eq. randon-niko-ours. For clean tokens x_1 in [0, S)^D the bound is
+Appendix 'Evaluating the ELBO' (eq. elbo_jensen_inequality_ours, eq. randon-niko-ours):
+log p_theta(x_1) >= prior + rate matching + transitioning, estimated with one position
+forced to be noise (ddpd.eval.corruption) so the integrand stays bounded, truncated at
+t_max with a final factorised emission, and for a mask denoiser with a planner one draw
+of the planned mask inside the logarithm (still a bound, by Jensen).
 
-    log p_theta(x_1) >= E_Q[ log dP_theta / dQ^{|x_1} ]
-                      = prior + rate matching + transitioning,
-
-Q^{|x_1} the forward (corruption) process run from noise at t = 0 to x_1 at t = 1:
-each position d keeps noise until its time T_d (P(T_d <= t) = alpha_t) and then
-jumps to x_1^d; z^d = N until then. The prior term is 0 (alpha_0 = 0: both
-processes start from the same noise). Write rate(t) = alpha_dot/(1 - alpha) and
-change variables to alpha (dalpha = alpha_dot dt), so only the models' time input
-depends on the schedule.
-
-Rate matching, int dt [R_t(W|x_1) - R^theta_t(W)] = int dalpha/(1-alpha) E[h],
-h = sum_d (n_d - pi_d) with
-- single uniform model p^theta(x_1 | x_t): n_d = [x_t^d != x_1^d] and
-  pi_d = 1 - p^theta(x_1^d = x_t^d | x_t) (total jump rate / rate(t));
-- planner (+ any denoiser): n_d = [z^d = N], pi_d = p^theta(z^d = N | x_t)
-  (jumps of the latent z, self-loops included, as in the appendix).
-Transitioning, sum over jumps of log R^theta / R = (Dynkin's formula)
-int dalpha/(1-alpha) E[sum_d [jump at d possible] f_d], with
-- uniform model: f_d = [x_t^d != x_1^d] log p^theta(x_1^d | x_t), which splits
-  exactly (prop:generative_rate_decomposition) into log p(z^d = N | x_t)
-  (eq. corruption_prob) + log p(x_1^d | x_t, z^d = N) (eq. denoising_prob);
-- planner + denoiser: f_d = [z^d = N] (log p^theta(z^d = N | x_t)
-  + log p^theta(x_1^d | x_t, z^d = N));
-- mask diffusion: n = pi (rate matching 0) and f_d = [x_t^d = mask] log p^theta(x_1^d | x_t).
-
-Estimator. Drawing x_t from the marginal weights the integrand by 1/(1 - alpha),
-whose variance diverges at t = 1. Instead (ddpd.eval.corruption) one position d* is
-forced to be noise: with k >= 1 noisy positions P_forced / P_marginal =
-k / (D (1 - alpha)), so for the k >= 1 part
-
-    int_0^a dalpha/(1-alpha) E_marg[h 1(k >= 1)] = a E_{alpha ~ U(0, a)} E_forced[(D / k) h],
-
-a bounded integrand (the same for the transitioning term). The all-clean part
-(k = 0, x_t = x_1, probability alpha^D) only enters rate matching:
-int_0^a alpha^D/(1-alpha) (-sum_d pi_d(x_1)) dalpha; for a time-free planner the
-integral is the constant -log(1 - a) - sum_{j=1}^{D} a^j / j; for time-conditioned
-models it is estimated in s = -log(1 - alpha), uniform on (0, -log(1 - a)), where
-it reads E_s[alpha^D (-sum_d pi_d)] times the length of the interval. alpha and s
-are stratified over the Monte-Carlo samples of a sequence.
-
-Truncation. rate(t) is infinite at t = 1 and a time-free planner does not vanish on
-clean text, so R^theta integrated up to 1 diverges (logarithmically). The bound is
-therefore that of a generative model which runs the CTMC up to t_max and then emits
-x_1 from W_{t_max} in one factorised step with the same networks:
-- uniform model: prod_d p^theta(x_1^d | x, t_max);
-- planner + denoiser: prod_d [(1 - p_z^d) [x^d = x_1^d] + p_z^d p^theta(x_1^d | x, z^d = N)];
-- mask diffusion: the mask denoiser at the positions still masked.
-a = alpha(t_max) above, and the final term E_{x ~ p_{t_max|1}}[log p_final(x_1 | x)]
-is reported with the transitioning term. As t_max -> 1 this is the paper's bound.
-
-Mask denoiser with a planner (prop:draw_with_maskD): the denoiser of the generative
-model is p(x_1^d | x_t, z^d = N) = E_{z~}[p_mask(x_1^d | x_t masked at z~)] with z~^d
-= N and z~^e ~ Bernoulli(p_z^e) for e != d. One draw of z~ inside the logarithm gives
-E log <= log E (Jensen), so the estimate stays a lower bound. One draw of z~ serves
-every position d with z~^d = N; a needed position the draw left unmasked gets its own
-forward pass with d masked as well. In the final emission a clean-valued position
-with z~^d = D contributes log(1 - p_z^d) <= its log-probability (again a bound). The
-mask denoiser's time is t = alpha^{-1}(1 - #masked / D), as in the sampler.
-mask='true' instead masks the true noisy positions z_t: a diagnostic of the
-denoiser (the paper's 'given correct mask'), not a bound of a generative model.
-
-All terms are returned in nats per sequence (Monte-Carlo means); `ElboTerms.bits`
-converts to bits per token (bits per character for text8), as positive costs.
-"""
+All terms are in nats per sequence; `ElboTerms.bits` gives bits per token. The
+derivation of each term and estimator is in docs/evaluation.md ("The ELBO")."""
 from __future__ import annotations
 
 import math

@@ -2,21 +2,12 @@
 and sweeps over samplers, step budgets and temperatures (the paper's text8 figures of
 NLL versus entropy).
 
-- `judge_nll`: -log p_judge(x) / D per sample, nats per token (per character on
-  text8), from an autoregressive judge (ddpd.models.ARModel.log_likelihood).
-- `unigram_entropy`: entropy in bits of the token frequencies within each sample;
-  low entropy flags repetitive samples, which a likelihood judge rewards.
-- `run_sweep`: every sampler x steps x temperature, the metrics averaged over
-  samples (with standard errors), plus held-out text as the reference point.
-  Samplers are given as `SamplerSpec`s (the caller wires ddpd.sampling in), so this
-  layer does not depend on the sampling layer.
-- `write_sweep`: CSV, Markdown table and the NLL-versus-entropy plot (matplotlib,
-  `pip install 'ddpd[eval]'`; without it the plot is skipped with a message).
-- `read_sweep`, `merge_sweeps`: sweep CSVs back into rows, and the parts of a sweep
-  run as several processes (each with its own --samplers) into one.
-- `matched_entropy`: the judge NLL of one sampler minus another's at the same entropy
-  and step budget (the comparison the paper's NLL-versus-entropy figure makes by eye).
-"""
+`judge_nll` and `unigram_entropy` score samples; `run_sweep` runs every sampler x steps
+x temperature (samplers given as `SamplerSpec`s, so this layer does not import
+ddpd.sampling); `write_sweep`, `read_sweep` and `merge_sweeps` write and read its CSV,
+table and plot; `matched_entropy` compares two samplers at the same entropy.
+
+docs/evaluation.md ("Sample quality") has the details."""
 from __future__ import annotations
 
 import csv

@@ -1,66 +1,16 @@
 """Mask-diffusion denoisers trained elsewhere, wrapped as ddpd mask denoisers.
 
-ddpd's samplers call a mask denoiser as
+ddpd's samplers call a mask denoiser as `denoiser(x: Long[B, D], t: Float[B]) ->
+Float[B, D, V]`, the logits of p(x_1^d | x_t), with the mask id V at masked positions.
+SEDD and MDLM put the mask at id V of a vocabulary of V + 1 and condition their network
+on sigma = -log(alpha_t); the adapters turn their outputs into that callable:
 
-    denoiser(x: Long[B, D], t: Float[B]) -> Float[B, D, V] logits of p(x_1^d | x_t)
+- `SEDDAbsorbingDenoiser`: log-scores log s_j, and p(x_1^d = j | x_t) = expm1(sigma) s_j;
+- `MDLMSubsDenoiser`: the SUBS logits, log_softmax over the V clean ids.
 
-with clean ids in [0, V), the mask id V at masked positions, and t the ddpd time
-(alpha_t = schedule.alpha(t) is the probability that a position is unmasked; the
-samplers derive t from the fraction of unmasked positions). The adapters here turn
-two published parameterisations into that callable; both codebases put the mask at
-the last id V of a vocabulary of V + 1 and condition their network on the total
-noise sigma with P(masked) = 1 - exp(-sigma), so sigma = -log(alpha_t).
-
-SEDD absorbing score model (Lou et al. 2024; `SEDDAbsorbingDenoiser`)
-    The network returns log-scores log s(x_t)_{x_t^d -> j} [B, D, V + 1], where the
-    score is the ratio p_t(x_t with x_t^d replaced by j) / p_t(x_t) (paper, appendix
-    'S_t Parameterization in SEDD'). At a masked position x_t^d = M and a clean j:
-    each position is independently unmasked with probability alpha and then equals
-    its clean value, so
-        p_t(x_t^{d <- j}) = alpha * p(x_1^d = j, x_t^{\\d})
-        p_t(x_t)          = (1 - alpha) * p(x_t^{\\d})
-    and s_j = alpha / (1 - alpha) * p(x_1^d = j | x_t^{\\d}). Masking d is independent
-    of x_1, so p(x_1^d = j | x_t^{\\d}) = p(x_1^d = j | x_t), and
-        p(x_1^d = j | x_t) = (1 - alpha) / alpha * s_j = expm1(sigma) * s_j.
-    (In rates: R^diff = R_t s = alpha_dot / (1 - alpha) * p(x_1^d = j | x_t), the
-    mask-diffusion rate eq. reverse_rate; the paper's 'Connection to reverse rate'.)
-    The adapter returns log s_j + log expm1(sigma) for j < V, which for an exact score
-    are exactly log p(x_1^d = j | x_t) (they sum to one); a learned score is
-    renormalised by whatever softmax the sampler applies.
-
-MDLM SUBS parameterisation (Sahoo et al. 2024; `MDLMSubsDenoiser`)
-    The network returns logits [B, D, V + 1]; SUBS gives the mask logit -inf
-    ("zero masking probabilities") and normalises, so at masked positions
-    log_softmax over the V clean logits is log p_theta(x_1^d | x_t). The released
-    MDLM models were trained with time_conditioning=False (their DiT is fed
-    sigma = 0); pass time_conditioning=True for a model trained with it.
-
-Both adapters return carry-over logits at unmasked positions (SUBS "carry-over
-unmasking"): the clean value is known there, p(x_1^d | x_t) is one-hot (logit 0 at
-x_t^d, -1e6 elsewhere, finite so that p log p stays 0). Samplers read masked positions
-only. alpha is clamped to [min_alpha, max_alpha] before sigma is formed: the log-linear
-noise of both codebases never masks more than 1 - 1e-3 of a sequence, and sigma = 0
-(nothing masked) would make expm1(sigma) = 0.
-
-Real checkpoints (not downloadable here, so the tests use locally built networks with
-the same interfaces whose outputs are constructed from exact denoisers):
-
-    # SEDD: github.com/louaaron/Score-Entropy-Discrete-Diffusion on PYTHONPATH
-    from model import SEDD
-    net = SEDD.from_pretrained("louaaron/sedd-small").to("cuda").eval()
-    denoiser = SEDDAbsorbingDenoiser(net, vocab_size=50257)       # GPT-2 ids, mask 50257
-
-    # MDLM: the Hugging Face port of github.com/kuleshov-group/mdlm
-    from transformers import AutoModelForMaskedLM
-    net = AutoModelForMaskedLM.from_pretrained("kuleshov-group/mdlm-owt", trust_remote_code=True)
-    denoiser = MDLMSubsDenoiser(net.to("cuda").eval(), vocab_size=50257)
-
-and pass `denoiser` wherever ddpd takes a mask denoiser (denoiser_type="mask").
-Either network can be run in bf16 with `ddpd.models.prepare_for_sampling(denoiser, ...)`;
-the adapter's arithmetic is float32, and it calls a network cast below float32 under
-autocast to that precision (SEDD computes its time features in float32 before a cast
-nn.Linear; autocast mixes them, as a sampler's run in that precision does anyway).
-"""
+Unmasked positions get carry-over logits (one-hot at x_t^d). The derivation, the clamp
+of alpha and how to load the released checkpoints are in docs/models.md ("Denoisers
+trained elsewhere")."""
 from __future__ import annotations
 
 import contextlib

@@ -1,35 +1,14 @@
 """Multi-head self-attention with rotary position embeddings, and its kernel dispatch.
 
-softmax(Q K^T / sqrt(d_head)) V per head, bidirectional (planner and denoisers see
-the whole noisy sequence x_t) or causal (autoregressive judge). Positions enter only
-through rotary embeddings of Q and K, so a score depends on the relative offset.
+softmax(Q K^T / sqrt(d_head)) V per head, bidirectional (planner and denoisers see the
+whole noisy sequence x_t) or causal (autoregressive judge). Positions enter only through
+rotary embeddings of Q and K, so a score depends on the relative offset.
 
-Backends (the name `resolve_backend` returns and `record_attention` counts):
-
-  "fa2"         flash-attn 2: `flash_attn.flash_attn_func` (Ampere and later)
-  "fa3"         flash-attn 3: `flash_attn_interface.flash_attn_func` (the Hopper build;
-                also found as `flash_attn_3.flash_attn_interface`), no dropout
-  "fa4"         flash-attn 4: `flash_attn.cute.flash_attn_func` (Hopper, Blackwell), no dropout
-  "sdpa-flash"  torch's scaled_dot_product_attention restricted to its FlashAttention
-                backend (`torch.nn.attention.sdpa_kernel`)
-  "sdpa"        torch's scaled_dot_product_attention, backend chosen by torch
-  "math"        `explicit_attention`, the float32 reference the others are tested against
-
-"auto" (the default): CUDA fp16/bf16 tensors with a head dimension FlashAttention
-takes (<= 256, a multiple of 8) on an sm80+ GPU run a FlashAttention kernel: the
-installed flash-attn kernel preferred for the GPU (sm90: fa3, fa2, fa4; sm100 and
-later: fa4, fa2; sm80: fa2; fa3/fa4 only without dropout), else torch's own flash
-backend ("sdpa-flash"). Everything else (float32, CPU) runs "sdpa" as before. The
-models reach fp16/bf16 either with cast weights (`ddpd.models.prepare_for_sampling`)
-or under `torch.autocast` (training), so sampling and training share this path.
-
-`set_attention_backend` / `attention_backend` force one: "flash" (the preferred
-installed flash-attn kernel), "fa2", "fa3", "fa4", "sdpa-flash", "sdpa" or "math";
-"auto" restores the rule. flash-attn is imported on first use, not with ddpd;
-the installed generations and the GPU's compute capability are then cached in plain
-dicts, which torch.compile reads as constants: run one eager call before compiling
-(or capturing a CUDA graph) so that the dispatch adds no graph break.
-"""
+The backend ("fa2", "fa3", "fa4", "sdpa-flash", "sdpa", "math") is chosen per call by
+`resolve_backend` ("auto": a FlashAttention kernel for CUDA fp16/bf16 on sm80+, else
+torch's sdpa) or forced with `set_attention_backend` / `attention_backend`;
+`record_attention` counts which ran. The table of backends, the preference by GPU and
+the torch.compile note are in docs/models.md ("Attention")."""
 from __future__ import annotations
 
 import collections

@@ -3,26 +3,12 @@
 tokens -> embedding -> n_layers x [x + attn(norm(x)), x + mlp(norm(x))] -> final norm,
 giving hidden states [B, D, H] that a network's output head turns into logits.
 
-Conditioning (adaLN): with `time_conditioned`, t in [0, 1] (the corruption level
-alpha_t's argument) enters through a sinusoidal embedding and an MLP; with
-`num_classes = C > 0`, a class label y in [0, C] enters through an embedding table
-of C + 1 rows, row C being the null label ("no class", for classifier-free
-guidance: train with labels dropped to C, sample with conditional and null logits).
-The conditioning vector c = silu(time_mlp(t) + label_embed(y)) (either term absent
-when its input is) gives a per-block shift, scale and gate of each sub-layer, plus a
-shift and scale of the final norm. All of these start at zero, so a fresh
-conditioned block is the identity (adaLN-Zero) and learns how much to use t and y.
-The planner is built without time input: it must read the corruption from x_t alone
-(paper, appendix 'Implementation details'); it can still be class-conditional.
+Conditioning is adaLN-Zero: the time t (when `time_conditioned`) and a class label y
+(when `num_classes > 0`; label C is the null label) give each sub-layer a shift, scale
+and gate that start at zero. The planner is built without time input (paper, appendix
+'Implementation details'). Call `hidden(x, t, labels=y)`; labels=None is the null label.
 
-Calls: `hidden(x, t, labels=y)` with labels Long[B] (or an int for every row); None
-means the null label for every row, so `hidden(x, t)` on a class-conditional trunk is
-its unconditional prediction and every existing call keeps working.
-
-Precision: the trunk runs in the dtype of its weights (float32, or bf16/fp16 after
-`ddpd.models.prepare_for_sampling`) or under torch.autocast; norm statistics, rotary
-embeddings and the time features are computed in float32 whatever that dtype is.
-"""
+docs/models.md ("The trunk", "Class labels", "Precision") has the details."""
 from __future__ import annotations
 
 import math

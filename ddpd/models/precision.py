@@ -4,29 +4,11 @@
     model = prepare_for_sampling(model, dtype, device)
     logits = model(x, t)                             # float32 logits, bf16 network
 
-`prepare_for_sampling` moves a network to the device, puts it in eval mode without
-gradients and casts its parameters to the dtype, except those of its norms (ddpd's
-LayerNorm and RMSNorm stay float32). Buffers keep their dtype (ddpd's rotary tables, a
-wrapped network's rotary `inv_freq`, position tables, noise schedules): positions
-computed from a bf16 `inv_freq` put cos off by 0.38 at position 255 and by 1.08 at 1000.
-Only running statistics (BatchNorm, InstanceNorm) follow their parameters. Inside the
-trunk, norm statistics (with the adaLN modulation), rotary embeddings and the time
-features are computed in float32 and attention runs a FlashAttention kernel on CUDA (its
-softmax accumulates in float32, see ddpd.models.attention); matmuls run in the dtype.
-`forward` returns float32 logits, so the sampler's own arithmetic (time estimates, Gumbel
-keys, planner probabilities) stays float32; `hidden` returns the dtype, which
-`ddpd.ops.sample_from_hidden` takes together with the cast head.
-
-`compile_for_sampling` then torch.compiles the network's `forward` and `hidden` (the
-trunk the fused samplers call): on a GPU, Inductor fuses the trunk's many small kernels
-(norms, activations, residuals), which CUDA graphs alone only launch faster. Each new
-batch size compiles once more (the fused samplers' batch shrinks at the stop checks;
-after the second size the batch dimension is compiled as dynamic), and that time counts
-in the first steps that meet it.
-
-Training keeps float32 weights and uses torch.autocast instead (ddpd.training):
-the same modules, the same attention dispatch.
-"""
+`prepare_for_sampling` casts parameters except the norms'; buffers keep their dtype, and
+norm statistics, rotary embeddings and time features stay float32, as do the logits
+`forward` returns. `compile_for_sampling` then torch.compiles `forward` and `hidden`.
+Training uses torch.autocast instead (ddpd.training). What stays float32 and why, and
+the cost of compiling: docs/models.md ("Precision")."""
 from __future__ import annotations
 
 import inspect

@@ -1,39 +1,15 @@
 """The default sampling bundle shipped with ddpd: a text8 planner + mask denoiser.
 
-`ddpd-sample` with no model argument samples from this bundle. It lives in the
-package as
-
-    ddpd/pretrained/text8/planner/{model.safetensors, config.json}
-    ddpd/pretrained/text8/denoiser/{model.safetensors, config.json}
-
-a sampling bundle like any other (see ddpd.checkpoint): a planner (no time input,
-p(z^d = N | x_t) of the paper's planner) and a mask denoiser
-(p(x_1^d | x_t, x_t^d = M)), trained on character-level text8-format text with
-sequences of 256 characters and the linear schedule, stored as float16 (16.3 MB).
-default_bundle() raises BundleNotFoundError when the files are missing (a source
-tree without them). How it was trained and how it scores: docs/pretrained.md and
-docs/text8/.
+`ddpd-sample` with no model argument samples from this bundle, stored in the package as
+ddpd/pretrained/text8/{planner,denoiser}/ (float16 weights + config.json):
 
     from ddpd.pretrained import load_default
     planner, denoiser, tokenizer = load_default()      # for sampling: no gradients
 
-Setting the environment variable DDPD_PRETRAINED_DIR to a bundle directory (one
-holding planner/ and denoiser/ checkpoints) makes that bundle the default instead.
-Your own checkpoints are always usable directly: `ddpd-sample --checkpoint BUNDLE`
-or `ddpd-sample --planner DIR --denoiser DIR`.
-
-A bundle is written from two training checkpoints with
-
-    python -m ddpd.pretrained runs/planner runs/mask-denoiser --dest runs/bundle
-
-which keeps the weights and configs only (no optimizer or EMA state), optionally
-stores the weights as float16 (--dtype float16: half the size; they load back into
-float32 parameters), and checks what the default must be: a planner and a mask
-denoiser, the text8 tokenizer, the same sequence length, at most MAX_BUNDLE_BYTES on
-disk. --dest is required: the bundle shipped in the package is never replaced
-unless named explicitly (`--dest` of its own directory), and then its previous
-version is kept beside it as text8.previous.
-"""
+DDPD_PRETRAINED_DIR names another bundle directory as the default. `default_bundle()`
+raises BundleNotFoundError when the files are missing. `python -m ddpd.pretrained
+PLANNER DENOISER --dest DIR` writes a bundle from two training checkpoints.
+docs/pretrained.md has how it was trained, how it scores and what a bundle must hold."""
 from __future__ import annotations
 
 import os

@@ -1,28 +1,14 @@
 """Corpora and tokenizers for training ddpd models.
 
-- `Text8Tokenizer`: the 27-symbol text8 alphabet (space, a-z), the vocabulary of the
-  paper's text8 experiments (S = 27; a mask denoiser adds the mask id 27 as input).
-- `GPT2Tokenizer`: GPT-2 BPE (S = 50257) built from the .tiktoken ranks file shipped
-  with the package (ddpd.assets) or another copy, checked against its known sha256,
-  never fetched from the network. Needs the `tiktoken` package (`ddpd[gpt2]`).
-- `load_text` / `encode_corpus` / `split_tokens`: a corpus is one token stream split
-  by position into train / validation / test (90 / 5 / 5), so no evaluated text is
-  ever trained on. A corpus is a local text file, `books` (shipped with the package),
-  `text8` (the full 100 M-character text8, through `datasets`) or `hf:NAME[:CONFIG]`
-  (any Hugging Face dataset with a "text" column). `fingerprint` identifies its text,
-  so a resumed run can tell that its corpus changed.
-- Labelled corpora (class-conditional training): a `.jsonl` file, one JSON object
-  `{"text": str, "label": int}` per line, each line one record (an example of its
-  class, e.g. a document or an image's tokens). `load_labelled` encodes it as
-  `Records`: one token stream with each record's start, length and label. Its split
-  is by position within each class (the first 90% of each class's records train, the
-  next 5% validation, the rest test), so every class is in every split that has room.
-- `RandomCrops`: training batches of `seq_len` tokens cut at uniformly random
-  offsets (within one record of a labelled corpus, uniformly over all such windows,
-  with the record's labels), drawn from a `torch.Generator` whose state is saved with
-  a checkpoint so a resumed run sees exactly the batches it would have seen.
+- `Text8Tokenizer` (27 symbols) and `GPT2Tokenizer` (BPE from a shipped, checksummed
+  ranks file, never fetched);
+- `load_text` / `encode_corpus` / `split_tokens`: one token stream split by position
+  into train / validation / test (90 / 5 / 5); `fingerprint` identifies its text;
+- `load_labelled`: a `.jsonl` of {"text", "label"} records, split within each class;
+- `RandomCrops`: seeded training batches whose generator state a checkpoint saves;
 - `chunk`: non-overlapping fixed-length chunks, for evaluation.
-"""
+
+docs/training.md ("Corpora and tokenizers") has the details."""
 from __future__ import annotations
 
 import hashlib

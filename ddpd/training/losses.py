@@ -1,22 +1,12 @@
 """Training objectives of thm:training_objective and of the baselines.
 
-The theorem splits the uniform-diffusion ELBO into a planner term and a denoiser term,
-each weighted by the noise removal rate alpha_dot_t / (1 - alpha_t):
+The theorem splits the uniform-diffusion ELBO into a planner term (binary cross-entropy
+of p_theta(z_t^d | x_t)) and a denoiser term (cross-entropy of p_theta(x_1^d | x_t,
+z_t^d = N) at the noisy positions), each weighted by alpha_dot_t / (1 - alpha_t). The
+default drops that prefactor, as the paper's implementation does; passing `rate` gives
+the weighted form in nats per sequence. Losses are computed in float32.
 
-    L_planner  = E[ rate(t) * sum_d -log p_theta(z_t^d | x_t) ]
-    L_denoiser = E[ rate(t) * sum_d [z_t^d = N] * -log p_theta(x_1^d | x_t, z_t^d = N) ]
-
-As in the paper's implementation (appendix 'Implementation details') the default drops
-the prefactor, since each corrupted token is an independent training signal: the
-planner loss is the binary cross-entropy averaged over all positions, the denoiser
-loss the cross-entropy averaged over the corrupted positions of the batch. Passing
-`rate` (Float[B], alpha_dot / (1 - alpha) at each sequence's t) gives instead the
-theorem's weighted form, in nats per sequence averaged over the batch.
-
-The mask denoiser (MaskD) and the noise-conditioned uniform denoiser (UniD) use the
-same `denoiser_loss`: only their inputs differ (x_t with masks at z_t = N versus x_t
-with uniform noise there). Losses are computed in float32 whatever the logits' dtype.
-"""
+docs/training.md ("Objectives") has the details."""
 from __future__ import annotations
 
 from typing import Optional

@@ -1,35 +1,14 @@
 """The training loop for every ddpd network (thm:training_objective).
 
-One step draws clean chunks x_1, a time t ~ U(0, 1) per sequence, and (x_t, z_t) from
-the forward process p_{t|1} with the linear schedule alpha_t = t, then minimises
+One step draws clean chunks x_1, t ~ U(0, 1) per sequence and (x_t, z_t) from the
+forward process, then minimises the network's objective (ddpd.training.losses): the
+planner's BCE, a denoiser's CE at z_t = N, the single uniform model's or the AR judge's
+CE. AdamW with warmup and cosine decay, accumulation, clipping, optional EMA, bf16
+autocast on CUDA, data parallel over torchrun processes.
 
-- planner:          BCE of p_theta(z_t^d = N | x_t) on uniform-noise x_t, all positions;
-- mask-denoiser:    CE of p_theta(x_1^d | x_t, t) on mask-noise x_t, at z_t = N;
-- uniform-denoiser: CE of p_theta(x_1^d | x_t, z_t^d = N, t) on uniform-noise x_t, at z_t = N;
-- uniform:          CE of p_theta(x_1^d | x_t, t) on uniform-noise x_t, all positions (DFM-Uni);
-- ar:               next-token CE of a causal model (the baseline / judge),
-
-without the rate prefactor alpha_dot/(1-alpha), as in the paper's implementation
-(see ddpd.training.losses). AdamW with linear warmup and cosine decay, gradient
-accumulation and clipping, optional EMA, bf16 autocast on CUDA, data parallel over
-torchrun processes (gloo on CPU, nccl on CUDA).
-
-One writer: a Trainer holds an exclusive lock on config.out (ddpd.files.OutputLock)
-from construction to close(), so a second run, or a --resume beside a running run,
-is refused with a line that names the holder. A stop requested with request_stop()
-(ddpd-train does so on SIGINT, SIGTERM and SIGHUP) ends the loop after the current
-step and saves a checkpoint there.
-
-Exact resume: a checkpoint stores the model, AdamW moments, EMA weights, every RNG
-the loop draws from (the global torch RNG used by dropout, the corruption generator,
-the data sampler's generator, per process) and the step count. The learning rate is
-a pure function of the step. A run restarted from a checkpoint therefore computes
-bit-for-bit the same updates as one that never stopped, on the same hardware, thread
-count and number of processes. The checkpoint also records the corpus's fingerprint
-(characters and sha256): resuming on a changed corpus is refused, since its
-validation and test ranges would move into the training split. The settings a
-resume takes from config.json are checked against their digest (settings_sha256).
-"""
+A Trainer holds an exclusive lock on its output directory; `request_stop` ends the loop
+with a checkpoint; a resumed run computes bit for bit the updates of one that never
+stopped. docs/training.md ("The loop") has the details."""
 from __future__ import annotations
 
 import copy

@@ -1,30 +1,12 @@
 """Enumerable toy distributions and their exact DDPD models.
 
-A ToyProblem holds p_data over all S^D sequences and computes, by summing over
-every clean sequence, the exact quantities of the uniform-noise forward process
-(eq. corruption_flow; z^d = N: the position was redrawn uniformly, possibly onto
-its clean value):
-
-- p_t(x_1^d = j | x_t)                    the single uniform model
-- p_t(z^d = N | x_t)                       the time-conditioned planner
-- E_t[p_t(z^d = N, x_t)] / E_t[p_t(x_t)]   the time-free planner, t ~ U(0, 1): the
-                                           minimiser of the planner's BCE when the
-                                           network has no time input
-- p_t(x_1^d = j | x_t, z^d = N)            the uniform denoiser
-- p(x_1^d = j | x~)                        the mask denoiser (p_data conditioned on
-                                           the unmasked positions of x~)
-
-Every joint probability above is a sum over x_1 of p_data(x_1) times a product of
-per-position factors that only depend on whether x_t^e = x_1^e: a^m b^(D-m) with m
-the number of agreements, a = alpha + (1 - alpha)/S and b = (1 - alpha)/S (a
-position with z^e = N contributes b whatever its value). So each is a polynomial
-of degree D in beta = 1 - alpha, stored by its coefficients (in beta, so that the
-small-beta end near t = 1 is evaluated without cancellation). The time average of
-the time-free planner is Gauss-Legendre quadrature in t, exact for the linear
-schedule with D + 1 nodes (the integrand is a polynomial of degree D in t).
-
-The models are callables with the package's interfaces, returning float32 logits.
-"""
+A ToyProblem holds p_data over all S^D sequences and computes, by summing over every
+clean sequence, the exact quantities of the uniform-noise forward process (eq.
+corruption_flow): the single uniform model, the time-conditioned and time-free planners,
+the uniform denoiser and the mask denoiser. Each joint probability is a polynomial of
+degree D in beta = 1 - alpha, stored by its coefficients; the time-free planner's time
+average is exact Gauss-Legendre quadrature. The models are callables with the
+package's interfaces, returning float32 logits. docs/oracles.md has the derivation."""
 from __future__ import annotations
 
 import itertools
