@@ -65,7 +65,20 @@ def save_checkpoint(path: str, model: torch.nn.Module, config: dict,
                     train_state: Optional[TrainState] = None) -> None:
     """Write `model` and `config` (and a resumable `train_state` = (tensors, meta))
     as the checkpoint directory `path`, replacing any checkpoint already there (other
-    files a user keeps in that directory stay)."""
+    files a user keeps in that directory stay).
+
+    Args:
+        path: the checkpoint directory.
+        model: the network whose state_dict is saved.
+        config: the JSON config ("kind", "model", "tokenizer", ...), checked against `model`.
+        train_state: (tensors, meta) for an exact resume, or None.
+
+    Raises:
+        CheckpointError: `path` holds something a save must not replace, or the config does
+            not fit the model.
+        ValueError: the config is not JSON-serialisable.
+        ddpd.files.OutputError: the directory cannot be written (a full disk, permissions).
+    """
     _check_config(config, "save_checkpoint: config")
     _check_model(model, config, "save_checkpoint")
     files = _checkpoint_files(model, config, train_state)
@@ -90,7 +103,17 @@ def _checkpoint_files(model: torch.nn.Module, config: dict, train_state: Optiona
 
 def settings_digest(config: dict) -> str:
     """The sha256 of a config's settings: every field but the files' digests and this one,
-    as JSON reads them back (tuples as lists), with sorted keys and no spaces."""
+    as JSON reads them back (tuples as lists), with sorted keys and no spaces.
+
+    Args:
+        config: a checkpoint config.
+
+    Returns:
+        The hex sha256.
+
+    Raises:
+        ValueError: the config is not JSON-serialisable.
+    """
     fields = {key: value for key, value in config.items() if key not in ("sha256", SETTINGS_DIGEST)}
     try:
         canonical = json.dumps(json.loads(json.dumps(fields)), sort_keys=True, separators=(",", ":"))
@@ -117,7 +140,20 @@ def _write_file(file: str, data: bytes) -> None:
 def save_bundle(path: str, planner: torch.nn.Module, planner_config: dict,
                 denoiser: torch.nn.Module, denoiser_config: dict) -> None:
     """Write a sampling bundle: `path/planner` and `path/denoiser` checkpoints,
-    swapped in together (other entries a user keeps in `path` stay)."""
+    swapped in together (other entries a user keeps in `path` stay).
+
+    Args:
+        path: the bundle directory.
+        planner: the planner network.
+        planner_config: its checkpoint config.
+        denoiser: the denoiser network.
+        denoiser_config: its checkpoint config.
+
+    Raises:
+        CheckpointError: `path` holds something a save must not replace, or a config does
+            not fit its model.
+        ddpd.files.OutputError: the directory cannot be written.
+    """
     _check_bundle_kind("planner", planner_config, PLANNER_KINDS)
     _check_bundle_kind("denoiser", denoiser_config, DENOISER_KINDS)
     _check_model(planner, planner_config, "save_bundle: planner")
@@ -137,7 +173,16 @@ def ensure_replaceable(path: str, kind: str = "checkpoint") -> None:
     ("checkpoint" or "bundle") that a save may replace: a mistyped destination must never
     delete unrelated files, nor a bundle a training checkpoint (or the other way round).
     The path is checked as the save will write it (relative to the working directory; an
-    empty path is refused, not read as the working directory)."""
+    empty path is refused, not read as the working directory).
+
+    Args:
+        path: the destination of a save.
+        kind: "checkpoint" or "bundle".
+
+    Raises:
+        TypeError: `path` is not a str or os.PathLike.
+        CheckpointError: `path` may not be replaced.
+    """
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"checkpoint path must be a str or os.PathLike, got {type(path).__name__}")
     if not os.fspath(path):
@@ -196,20 +241,56 @@ def _link_or_copy(src: str, dst: str) -> None:
 
 
 def load_model(path: str, device: str = "cpu") -> tuple[torch.nn.Module, dict]:
-    """(model in eval mode on `device`, config dict) from a checkpoint directory."""
+    """(model in eval mode on `device`, config dict) from a checkpoint directory.
+
+    Args:
+        path: the checkpoint directory.
+        device: where to put the model.
+
+    Returns:
+        (model, config).
+
+    Raises:
+        CheckpointError: the checkpoint is missing, damaged or does not verify.
+
+    Example:
+        >>> denoiser, config = load_model("runs/mask-denoiser")
+    """
     checkpoint = load_checkpoint(path, device)
     return checkpoint.model, checkpoint.config
 
 
 def load_checkpoint(path: str, device: str = "cpu", train_state: bool = False) -> Checkpoint:
     """The model (eval mode, on `device`), config and, with train_state=True, the
-    training state (tensors, meta), all from the same save, each file verified."""
+    training state (tensors, meta), all from the same save, each file verified.
+
+    Args:
+        path: the checkpoint directory.
+        device: where to put the model.
+        train_state: also load the training state.
+
+    Returns:
+        A Checkpoint (model, config, train_state or None).
+
+    Raises:
+        CheckpointError: the checkpoint is missing, damaged or does not verify.
+    """
     _check_path(path)
     return _consistent(path, lambda reader: _load_from(reader, device, train_state))
 
 
 def read_config(path: str) -> dict:
-    """The config.json of a checkpoint directory, validated."""
+    """The config.json of a checkpoint directory, validated.
+
+    Args:
+        path: the checkpoint directory.
+
+    Returns:
+        The config dict.
+
+    Raises:
+        CheckpointError: config.json is missing, damaged or invalid.
+    """
     _check_path(path)
     return _consistent(path, _config_from)
 
@@ -217,7 +298,18 @@ def read_config(path: str) -> dict:
 def resume_settings(path, config: dict) -> dict:
     """training_settings of a checkpoint a run resumes from, which takes its settings from
     them: CheckpointError unless config.json's settings match the digest recorded with them
-    (a one-bit change of seq_len or lr, or a corpus fingerprint set to null, was resumed)."""
+    (a one-bit change of seq_len or lr, or a corpus fingerprint set to null, was resumed).
+
+    Args:
+        path: the checkpoint directory (for messages).
+        config: its config dict.
+
+    Returns:
+        The training settings.
+
+    Raises:
+        CheckpointError: no settings digest, or settings that differ from it.
+    """
     recorded = config.get(SETTINGS_DIGEST)
     if recorded is None:
         raise CheckpointError(f"checkpoint {path}: config.json records no {SETTINGS_DIGEST}, so the settings a "
@@ -230,7 +322,18 @@ def resume_settings(path, config: dict) -> dict:
 
 def training_settings(path, config: dict) -> dict:
     """config.json's "training" section, ddpd-train's settings ({} where it is absent or null).
-    config.json carries no digest: a section that is not an object is a CheckpointError."""
+    config.json carries no digest: a section that is not an object is a CheckpointError.
+
+    Args:
+        path: the checkpoint directory (for messages).
+        config: its config dict.
+
+    Returns:
+        The training settings, {} where absent.
+
+    Raises:
+        CheckpointError: the section is not a JSON object.
+    """
     training = config.get("training")
     if training is None:
         return {}
@@ -240,18 +343,48 @@ def training_settings(path, config: dict) -> dict:
 
 
 def has_train_state(path: str) -> bool:
+    """Whether the checkpoint directory holds a training state to resume from.
+
+    Args:
+        path: the checkpoint directory.
+
+    Returns:
+        True when both training-state files are there.
+    """
     return os.path.isfile(os.path.join(path, STATE_META))
 
 
 def load_train_state(path: str) -> TrainState:
-    """(tensors, meta) saved with `save_checkpoint(..., train_state=...)`."""
+    """(tensors, meta) saved with `save_checkpoint(..., train_state=...)`.
+
+    Args:
+        path: the checkpoint directory.
+
+    Returns:
+        (tensors, meta).
+
+    Raises:
+        CheckpointError: the state is missing, damaged or does not verify.
+    """
     _check_path(path)
     return _consistent(path, lambda reader: _state_from(reader, _config_from(reader)))
 
 
 def load_bundle(path: str, device: str = "cpu") -> tuple[torch.nn.Module, torch.nn.Module, dict[str, dict]]:
     """(planner, denoiser, {"planner": config, "denoiser": config}) from a bundle,
-    both from the same version of the bundle."""
+    both from the same version of the bundle.
+
+    Args:
+        path: the bundle directory.
+        device: where to put the models.
+
+    Returns:
+        (planner, denoiser, configs).
+
+    Raises:
+        CheckpointError: the bundle or one of its checkpoints is missing, damaged or does
+            not verify.
+    """
     if not isinstance(path, (str, os.PathLike)) or not os.path.isdir(path):
         raise CheckpointError(f"bundle directory not found: {path}")
 

@@ -27,17 +27,47 @@ class Schedule:
     name = "schedule"
 
     def alpha(self, t: Tensor) -> Tensor:
+        """The probability alpha_t that a position is clean at time t.
+
+        Args:
+            t: times in [0, 1], a tensor or a number.
+
+        Returns:
+            alpha_t, a tensor of the shape of `t`.
+        """
         raise NotImplementedError
 
     def alpha_dot(self, t: Tensor) -> Tensor:
+        """The time derivative of alpha_t.
+
+        Args:
+            t: times in [0, 1], a tensor or a number.
+
+        Returns:
+            d alpha / dt, a tensor of the shape of `t`.
+        """
         raise NotImplementedError
 
     def inverse(self, a: Tensor) -> Tensor:
-        """The t with alpha_t = a (the planner's time estimate uses it)."""
+        """The t with alpha_t = a (the planner's time estimate uses it).
+
+        Args:
+            a: values of alpha in [0, 1].
+
+        Returns:
+            The times t, a tensor of the shape of `a`.
+        """
         raise NotImplementedError
 
     def rate(self, t: Tensor) -> Tensor:
-        """Noise-removal rate alpha_dot / (1 - alpha): infinite at t = 1."""
+        """Noise-removal rate alpha_dot / (1 - alpha): infinite at t = 1.
+
+        Args:
+            t: times in [0, 1].
+
+        Returns:
+            The rate, a tensor of the shape of `t`.
+        """
         return self.alpha_dot(t) / (1.0 - self.alpha(t))
 
     def __repr__(self) -> str:
@@ -50,13 +80,37 @@ class LinearSchedule(Schedule):
     name = "linear"
 
     def alpha(self, t: Tensor) -> Tensor:
+        """alpha_t = t.
+
+        Args:
+            t: times in [0, 1], a tensor or a number.
+
+        Returns:
+            alpha_t, a tensor of the shape of `t`.
+        """
         return torch.as_tensor(t) * 1.0
 
     def alpha_dot(self, t: Tensor) -> Tensor:
+        """d alpha / dt = 1.
+
+        Args:
+            t: times in [0, 1], a tensor or a number.
+
+        Returns:
+            d alpha / dt, a tensor of the shape of `t`.
+        """
         t = torch.as_tensor(t)
         return torch.ones_like(t if t.is_floating_point() else t.float())
 
     def inverse(self, a: Tensor) -> Tensor:
+        """t = a.
+
+        Args:
+            a: values of alpha in [0, 1].
+
+        Returns:
+            The times t, a tensor of the shape of `a`.
+        """
         return torch.as_tensor(a) * 1.0
 
 
@@ -66,12 +120,36 @@ class CosineSchedule(Schedule):
     name = "cosine"
 
     def alpha(self, t: Tensor) -> Tensor:
+        """alpha_t = 1 - cos(pi t / 2).
+
+        Args:
+            t: times in [0, 1], a tensor or a number.
+
+        Returns:
+            alpha_t, a tensor of the shape of `t`.
+        """
         return 1.0 - torch.cos(0.5 * math.pi * torch.as_tensor(t))
 
     def alpha_dot(self, t: Tensor) -> Tensor:
+        """d alpha / dt = (pi / 2) sin(pi t / 2).
+
+        Args:
+            t: times in [0, 1], a tensor or a number.
+
+        Returns:
+            d alpha / dt, a tensor of the shape of `t`.
+        """
         return 0.5 * math.pi * torch.sin(0.5 * math.pi * torch.as_tensor(t))
 
     def inverse(self, a: Tensor) -> Tensor:
+        """t = (2 / pi) acos(1 - a).
+
+        Args:
+            a: values of alpha in [0, 1].
+
+        Returns:
+            The times t, a tensor of the shape of `a`.
+        """
         return torch.acos(1.0 - torch.as_tensor(a).clamp(0.0, 1.0)) * (2.0 / math.pi)
 
 
@@ -87,12 +165,36 @@ class CustomSchedule(Schedule):
         self._alpha, self._alpha_dot, self._inverse = alpha, alpha_dot, inverse
 
     def alpha(self, t: Tensor) -> Tensor:
+        """alpha_t from the user's `alpha` callable.
+
+        Args:
+            t: times in [0, 1], a tensor or a number.
+
+        Returns:
+            alpha_t, a tensor of the shape of `t`.
+        """
         return self._alpha(torch.as_tensor(t))
 
     def alpha_dot(self, t: Tensor) -> Tensor:
+        """d alpha / dt from the user's `alpha_dot` callable.
+
+        Args:
+            t: times in [0, 1], a tensor or a number.
+
+        Returns:
+            d alpha / dt, a tensor of the shape of `t`.
+        """
         return self._alpha_dot(torch.as_tensor(t))
 
     def inverse(self, a: Tensor) -> Tensor:
+        """t from the user's `inverse` callable.
+
+        Args:
+            a: values of alpha in [0, 1].
+
+        Returns:
+            The times t, a tensor of the shape of `a`.
+        """
         return self._inverse(torch.as_tensor(a))
 
 
@@ -100,7 +202,17 @@ _SCHEDULES = {"linear": LinearSchedule, "cosine": CosineSchedule}
 
 
 def get_schedule(schedule: Union[str, Schedule]) -> Schedule:
-    """A schedule by name ('linear', 'cosine') or the Schedule itself."""
+    """A schedule by name ('linear', 'cosine') or the Schedule itself.
+
+    Args:
+        schedule: "linear", "cosine" or a Schedule.
+
+    Returns:
+        The Schedule.
+
+    Raises:
+        ValueError: an unknown name.
+    """
     if isinstance(schedule, Schedule):
         return schedule
     if isinstance(schedule, str) and schedule in _SCHEDULES:
@@ -124,8 +236,20 @@ def corrupt(
     (uniform noise: it may land on the clean value, and z stays N) or the mask
     token (mask noise, mask_id defaults to vocab_size).
 
-    x1: Long[B, D] clean tokens in [0, vocab_size); t: Float[B] (or a scalar).
-    Returns x_t Long[B, D] and z_t Bool[B, D], True where the position is noise.
+    Args:
+        x1: Long[B, D] clean tokens in [0, vocab_size).
+        t: Float[B] times in [0, 1] (or a scalar for every row).
+        schedule: "linear", "cosine" or a Schedule.
+        noise: "uniform" or "mask".
+        vocab_size: V.
+        mask_id: the mask token of mask noise; None: vocab_size.
+        generator: the torch.Generator to draw from; None: torch's global one.
+
+    Returns:
+        (x_t, z_t): x_t Long[B, D], z_t Bool[B, D], True where the position is noise.
+
+    Raises:
+        ValueError: an unknown noise or schedule, x1 not Long[B, D], or vocab_size < 1.
     """
     if noise not in NOISE_KINDS:
         raise ValueError(f"noise must be one of {NOISE_KINDS}, got {noise!r}")
@@ -161,6 +285,16 @@ def uniform_token(u: Tensor, vocab_size: int) -> Tensor:
     rounds again, and some tokens came out 0.35% (V = 50257) to 7% (V = 10**6) more likely
     than others beyond what the uniforms' own grid gives. On the Philox grid each token's
     probability is within 2**-23 of 1/V.
+
+    Args:
+        u: uniforms in [0, 1].
+        vocab_size: V, at most MAX_UNIFORM_VOCAB.
+
+    Returns:
+        Long tokens of the shape of `u`.
+
+    Raises:
+        ValueError: vocab_size above MAX_UNIFORM_VOCAB.
     """
     if vocab_size > MAX_UNIFORM_VOCAB:
         raise ValueError(f"vocab_size must be <= {MAX_UNIFORM_VOCAB} for tokens drawn uniformly (x_0, uniform "
@@ -182,7 +316,13 @@ def _kept_weight(alpha: Tensor, vocab_size: int) -> Tensor:
 def planner_prob_from_uniform(p_x1: Tensor, x_t: Tensor, alpha) -> Tensor:
     """p(z_t^d = N | x_t) from a uniform model's p(x_1^d | x_t) (eq. corruption_prob).
 
-    p_x1: Float[B, D, S] probabilities; x_t: Long[B, D]; alpha: alpha_t, scalar or [B].
+    Args:
+        p_x1: Float[B, D, S] probabilities p(x_1^d | x_t) of a uniform model.
+        x_t: Long[B, D] noisy tokens.
+        alpha: alpha_t, a scalar or [B].
+
+    Returns:
+        Float[B, D], p(z_t^d = N | x_t).
     """
     p_same = p_x1.gather(-1, x_t[..., None]).squeeze(-1)
     return 1.0 - p_same * _kept_weight(_alpha_like(alpha, p_same), p_x1.shape[-1])
@@ -190,7 +330,16 @@ def planner_prob_from_uniform(p_x1: Tensor, x_t: Tensor, alpha) -> Tensor:
 
 def denoiser_prob_from_uniform(p_x1: Tensor, x_t: Tensor, alpha) -> Tensor:
     """p(x_1^d = j | x_t, z_t^d = N) for every j (eq. denoising_prob): the exp of
-    `denoiser_log_prob_from_uniform` of log p_x1."""
+    `denoiser_log_prob_from_uniform` of log p_x1.
+
+    Args:
+        p_x1: Float[B, D, S] probabilities p(x_1^d | x_t) of a uniform model.
+        x_t: Long[B, D] noisy tokens.
+        alpha: alpha_t, a scalar or [B].
+
+    Returns:
+        Float[B, D, S] probabilities.
+    """
     return denoiser_log_prob_from_uniform(torch.log(p_x1), x_t, alpha).exp()
 
 
@@ -205,7 +354,14 @@ def denoiser_log_prob_from_uniform(log_p_x1: Tensor, x_t: Tensor, alpha) -> Tens
     and p(z = N) = (1 - p(x_1^d = x_t^d)) + p(x_1^d = x_t^d)(1 - kept) with its first term
     summed over the other tokens: 1 - p(x_1^d = x_t^d) rounds to 0 once the other tokens
     hold less than 2**-24 (a model 25 nats sure of x_t^d), where the jump law is still defined.
-    log_p_x1 must be normalised (a log_softmax).
+
+    Args:
+        log_p_x1: Float[B, D, S] log-probabilities log p(x_1^d | x_t), normalised.
+        x_t: Long[B, D] noisy tokens.
+        alpha: alpha_t, a scalar or [B].
+
+    Returns:
+        Float[B, D, S] log-probabilities.
     """
     here = x_t[..., None]
     log_same = log_p_x1.gather(-1, here).squeeze(-1)

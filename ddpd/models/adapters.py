@@ -52,12 +52,30 @@ class MaskDenoiserAdapter(nn.Module):
         return self.vocab_size
 
     def sigma(self, t: torch.Tensor) -> torch.Tensor:
-        """Total noise sigma = -log(alpha_t), Float[B], alpha clamped to [min_alpha, max_alpha]."""
+        """Total noise sigma = -log(alpha_t), Float[B], alpha clamped to [min_alpha, max_alpha].
+
+        Args:
+            t: Float[B] ddpd times in [0, 1].
+
+        Returns:
+            Float[B] total noise sigma.
+        """
         alpha = self.schedule.alpha(t.double()).clamp(self.min_alpha, self.max_alpha)
         return (-torch.log(alpha)).float()
 
     def network_output(self, x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
-        """network(x, sigma) as float32 [B, D, V + 1] (a tensor, a `.logits` output or a tuple's first item)."""
+        """network(x, sigma) as float32 [B, D, V + 1] (a tensor, a `.logits` output or a tuple's first item).
+
+        Args:
+            x: Long[B, D] token ids, the mask id V at masked positions.
+            sigma: Float[B] total noise.
+
+        Returns:
+            Float[B, D, V + 1] float32 output of the wrapped network.
+
+        Raises:
+            ValueError: the network's output has another shape, or is not floating-point.
+        """
         with _autocast_like(self.network, x.device):
             out = self.network(x, sigma)
         if hasattr(out, "logits"):  # a Hugging Face ModelOutput
@@ -74,6 +92,15 @@ class MaskDenoiserAdapter(nn.Module):
         return out.float()
 
     def forward(self, x: torch.Tensor, t: Union[torch.Tensor, float]) -> torch.Tensor:
+        """ddpd's mask denoiser: logits of p(x_1^d | x_t), one-hot at unmasked positions.
+
+        Args:
+            x: Long[B, D] token ids, the mask id V at masked positions.
+            t: Float[B] ddpd times (or a number for every row).
+
+        Returns:
+            Float[B, D, V] float32 logits.
+        """
         check_tokens(x, self.vocab_size + 1)
         t = check_time(t, x.shape[0], x.device)
         masked_logits = self.masked_logits(x, t)
@@ -83,7 +110,15 @@ class MaskDenoiserAdapter(nn.Module):
         return torch.where(masked, masked_logits, carry)
 
     def masked_logits(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        """Logits of p(x_1^d | x_t) [B, D, V], read at masked positions only."""
+        """Logits of p(x_1^d | x_t) [B, D, V], read at masked positions only.
+
+        Args:
+            x: Long[B, D] token ids, the mask id V at masked positions.
+            t: Float[B] ddpd times.
+
+        Returns:
+            Float[B, D, V] float32 logits.
+        """
         raise NotImplementedError
 
 
@@ -103,6 +138,15 @@ class SEDDAbsorbingDenoiser(MaskDenoiserAdapter):
     network(x, sigma) -> log-scores [B, D, V + 1]; logits = log s_j + log expm1(sigma)."""
 
     def masked_logits(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """log s_j + log expm1(sigma): log p(x_1^d = j | x_t) for an exact score.
+
+        Args:
+            x: Long[B, D] token ids, the mask id V at masked positions.
+            t: Float[B] ddpd times.
+
+        Returns:
+            Float[B, D, V] float32 logits.
+        """
         sigma = self.sigma(t)
         log_score = self.network_output(x, sigma)[..., :self.vocab_size]
         # log(e^sigma - 1) = sigma + log(1 - e^-sigma): no overflow for large sigma
@@ -121,6 +165,15 @@ class MDLMSubsDenoiser(MaskDenoiserAdapter):
         self.time_conditioning = check_bool("time_conditioning", time_conditioning)
 
     def masked_logits(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """The SUBS logits without the mask column, log-softmax normalised.
+
+        Args:
+            x: Long[B, D] token ids, the mask id V at masked positions.
+            t: Float[B] ddpd times (fed to the network only with time_conditioning).
+
+        Returns:
+            Float[B, D, V] float32 logits.
+        """
         sigma = self.sigma(t)
         if not self.time_conditioning:
             sigma = torch.zeros_like(sigma)

@@ -31,17 +31,44 @@ class ARModel(HeadModel):
         return self.config.out_dim
 
     def forward(self, x: torch.Tensor, *, labels: Labels = None) -> torch.Tensor:
+        """Next-token logits of the causal model.
+
+        Args:
+            x: Long[B, D + 1] token ids, starting with BOS (with_bos adds it).
+            labels: Long[B] class ids, an int, or None (the null label).
+
+        Returns:
+            Float[B, D + 1, V] float32 logits; position i predicts token i + 1.
+        """
         return self.head(self.backbone.hidden(x, labels=labels)).float()
 
     def with_bos(self, x: torch.Tensor) -> torch.Tensor:
-        """[BOS, x_0, ..., x_{D-1}]: Long[B, D + 1]."""
+        """[BOS, x_0, ..., x_{D-1}]: Long[B, D + 1].
+
+        Args:
+            x: Long[B, D] clean token ids.
+
+        Returns:
+            Long[B, D + 1], BOS first.
+
+        Raises:
+            ValueError: `x` is not of shape [B, D].
+        """
         if not isinstance(x, torch.Tensor) or x.dim() != 2:
             raise ValueError(f"x: expected a tensor of shape [B, D], got {getattr(x, 'shape', type(x).__name__)}")
         bos = torch.full((x.shape[0], 1), self.bos_id, dtype=x.dtype, device=x.device)
         return torch.cat((bos, x), dim=1)
 
     def log_likelihood(self, x: torch.Tensor, *, labels: Labels = None) -> torch.Tensor:
-        """log p(x) in nats per sequence, Float[B], for clean sequences x: Long[B, D] in [0, V)."""
+        """log p(x) in nats per sequence, Float[B], for clean sequences x: Long[B, D] in [0, V).
+
+        Args:
+            x: Long[B, D] clean token ids in [0, V).
+            labels: Long[B] class ids, an int, or None (the null label).
+
+        Returns:
+            Float[B], log p(x) in nats per sequence.
+        """
         check_tokens(x, self.bos_id, self.config.max_seq_len)
         logits = self.forward(self.with_bos(x)[:, :-1], labels=labels)
         log_probs = F.log_softmax(logits.float(), dim=-1)

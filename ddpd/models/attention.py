@@ -56,7 +56,14 @@ _capabilities: dict = {}  # CUDA device index -> compute capability
 def load_flash_kernel(name: str) -> Optional[Callable]:
     """The flash_attn_func of flash-attn generation `name` ("fa2", "fa3", "fa4"), or
     None when it is not installed (or its import fails). Cached: call
-    `clear_flash_cache()` after installing one in a running process."""
+    `clear_flash_cache()` after installing one in a running process.
+
+    Args:
+        name: "fa2", "fa3" or "fa4".
+
+    Returns:
+        The generation's flash_attn_func, or None.
+    """
     if name not in _flash_functions:
         _flash_functions[name] = _import_flash(name)
     return _flash_functions[name]
@@ -77,12 +84,23 @@ def _import_flash(name: str) -> Optional[Callable]:
 
 
 def flash_available() -> bool:
-    """True when any flash-attn generation (fa2, fa3, fa4) is importable."""
+    """True when any flash-attn generation (fa2, fa3, fa4) is importable.
+
+    Returns:
+        Whether fa2, fa3 or fa4 can be imported.
+    """
     return any(load_flash_kernel(name) is not None for name in FLASH_KERNELS)
 
 
 def flash_preference(capability: tuple[int, int]) -> tuple[str, ...]:
-    """flash-attn generations in order of preference for a GPU of this compute capability."""
+    """flash-attn generations in order of preference for a GPU of this compute capability.
+
+    Args:
+        capability: the GPU's (major, minor) compute capability.
+
+    Returns:
+        Generation names, the preferred first (empty before sm80).
+    """
     major = capability[0]
     if major >= 10:
         return ("fa4", "fa2")  # FA3 is a Hopper-only build
@@ -92,7 +110,15 @@ def flash_preference(capability: tuple[int, int]) -> tuple[str, ...]:
 
 
 def flash_kernel_for(capability: tuple[int, int], dropout_p: float = 0.0) -> Optional[str]:
-    """The installed flash-attn generation "auto" runs on this GPU (None: none fits)."""
+    """The installed flash-attn generation "auto" runs on this GPU (None: none fits).
+
+    Args:
+        capability: the GPU's (major, minor) compute capability.
+        dropout_p: the attention dropout (fa3 and fa4 take none).
+
+    Returns:
+        The generation name, or None.
+    """
     for name in flash_preference(capability):
         if dropout_p > 0.0 and name in _NO_DROPOUT:
             continue
@@ -103,7 +129,11 @@ def flash_kernel_for(capability: tuple[int, int], dropout_p: float = 0.0) -> Opt
 
 def warm_dispatch(device: torch.device) -> None:
     """Fill the caches the dispatch reads for `device` (which flash-attn generations are
-    installed, the GPU's compute capability), as one eager call would: before torch.compile."""
+    installed, the GPU's compute capability), as one eager call would: before torch.compile.
+
+    Args:
+        device: the device the model will run on.
+    """
     flash_available()
     if device.type == "cuda":
         _device_capability(device.index if device.index is not None else torch.cuda.current_device())
@@ -128,7 +158,15 @@ def _flash_capability(q: torch.Tensor) -> Optional[tuple[int, int]]:
 # ---------------------------------------------------------------------------- settings
 
 def set_attention_backend(name: str) -> None:
-    """Force an attention backend for every later call ("auto" restores the default rule)."""
+    """Force an attention backend for every later call ("auto" restores the default rule).
+
+    Args:
+        name: one of ATTENTION_BACKENDS: "auto", "flash", "fa2", "fa3", "fa4",
+            "sdpa-flash", "sdpa" or "math".
+
+    Raises:
+        ValueError: an unknown name, or a flash-attn generation that is not installed.
+    """
     global _forced_backend
     if name not in ATTENTION_BACKENDS:
         raise ValueError(f"set_attention_backend: name expected one of {ATTENTION_BACKENDS}, got {name!r}")
@@ -141,13 +179,27 @@ def set_attention_backend(name: str) -> None:
 
 
 def get_attention_backend() -> str:
-    """The forced setting ("auto" unless set_attention_backend changed it)."""
+    """The forced setting ("auto" unless set_attention_backend changed it).
+
+    Returns:
+        The forced backend name, or "auto".
+    """
     return _forced_backend
 
 
 @contextlib.contextmanager
 def attention_backend(name: str) -> Iterator[None]:
-    """Context manager form of set_attention_backend; restores the previous setting."""
+    """Context manager form of set_attention_backend; restores the previous setting.
+
+    Args:
+        name: as for set_attention_backend.
+
+    Yields:
+        None; the backend is forced inside the block.
+
+    Raises:
+        ValueError: as set_attention_backend.
+    """
     previous = _forced_backend
     set_attention_backend(name)
     try:
@@ -160,7 +212,11 @@ def attention_backend(name: str) -> Iterator[None]:
 def record_attention() -> Iterator[Counter]:
     """Count the backend of every attention call made inside the block:
     `with record_attention() as calls: model(x, t)` gives e.g. Counter({"fa2": 4}).
-    Counts eager calls only (a replayed CUDA graph runs no Python)."""
+    Counts eager calls only (a replayed CUDA graph runs no Python).
+
+    Yields:
+        A Counter of backend name -> calls, filled as the block runs.
+    """
     calls: Counter = collections.Counter()
     _recorders.append(calls)
     try:
@@ -171,7 +227,18 @@ def record_attention() -> Iterator[Counter]:
 
 def resolve_backend(q: torch.Tensor, dropout_p: float = 0.0) -> str:
     """The backend attention(q, ..., dropout_p) runs: one of FLASH_KERNELS, "sdpa-flash",
-    "sdpa" or "math". Raises ValueError when a forced backend cannot take q."""
+    "sdpa" or "math". Raises ValueError when a forced backend cannot take q.
+
+    Args:
+        q: the queries, [B, H, L, d].
+        dropout_p: the attention dropout.
+
+    Returns:
+        The backend name.
+
+    Raises:
+        ValueError: a forced backend cannot take `q` or the dropout.
+    """
     forced = _forced_backend
     if forced in ("sdpa", "math"):
         return forced
@@ -199,7 +266,15 @@ def resolve_backend(q: torch.Tensor, dropout_p: float = 0.0) -> str:
 # ---------------------------------------------------------------------------- kernels
 
 def explicit_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
-    """Reference: softmax(q k^T / sqrt(d)) v on [B, H, L, d] tensors, computed in float32."""
+    """Reference: softmax(q k^T / sqrt(d)) v on [B, H, L, d] tensors, computed in float32.
+
+    Args:
+        q, k, v: [B, H, L, d] queries, keys and values.
+        causal: whether position i attends only to positions <= i.
+
+    Returns:
+        [B, H, L, d] in the dtype of `q`.
+    """
     scores = q.float() @ k.float().transpose(-2, -1) / math.sqrt(q.shape[-1])
     if causal:
         length = q.shape[-2]
@@ -224,7 +299,19 @@ def _flash_attention(kernel: str, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
               dropout_p: float = 0.0) -> torch.Tensor:
-    """Scaled dot-product attention on [B, H, L, d] tensors with the resolved backend."""
+    """Scaled dot-product attention on [B, H, L, d] tensors with the resolved backend.
+
+    Args:
+        q, k, v: [B, H, L, d] queries, keys and values.
+        causal: whether position i attends only to positions <= i.
+        dropout_p: the attention dropout (training only).
+
+    Returns:
+        [B, H, L, d] in the dtype of `q`.
+
+    Raises:
+        ValueError: a forced backend cannot take the tensors or the dropout.
+    """
     backend = resolve_backend(q, dropout_p)
     for calls in _recorders:
         calls[backend] += 1
@@ -271,7 +358,14 @@ class RotaryEmbedding(nn.Module):
         """x: [B, H, L, d] -> x rotated by its position along L (computed in float32).
 
         On CUDA without a gradient (sampling) one Triton kernel does it, with the same
-        values bit for bit; elsewhere the plain torch rotation (ddpd.ops.rotary.rotate)."""
+        values bit for bit; elsewhere the plain torch rotation (ddpd.ops.rotary.rotate).
+
+        Args:
+            x: [B, H, L, d] queries or keys.
+
+        Returns:
+            [B, H, L, d] in the dtype of `x`.
+        """
         return rotate(x, self.cos, self.sin)
 
 
@@ -289,6 +383,14 @@ class SelfAttention(nn.Module):
         self.resid_dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Multi-head self-attention of x with rotary positions.
+
+        Args:
+            x: [B, L, d_model] hidden states.
+
+        Returns:
+            [B, L, d_model].
+        """
         batch, length, width = x.shape
         q, k, v = self.qkv(x).view(batch, length, 3, self.n_heads, width // self.n_heads).permute(2, 0, 3, 1, 4)
         q, k = self.rotary(q), self.rotary(k)

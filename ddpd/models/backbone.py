@@ -51,11 +51,29 @@ class RMSNorm(nn.Module):
 
 
 def make_norm(kind: str, dim: int) -> nn.Module:
+    """The trunk's norm layer of `kind`.
+
+    Args:
+        kind: "rmsnorm", or anything else for LayerNorm (TransformerConfig.norm is checked).
+        dim: the feature width.
+
+    Returns:
+        An RMSNorm or LayerNorm module.
+    """
     return RMSNorm(dim) if kind == "rmsnorm" else LayerNorm(dim)
 
 
 def timestep_embedding(t: torch.Tensor, dim: int = TIME_FREQ_DIM, max_period: float = 10000.0) -> torch.Tensor:
-    """Sinusoidal features [B, dim] of TIME_SCALE * t for t: Float[B]."""
+    """Sinusoidal features [B, dim] of TIME_SCALE * t for t: Float[B].
+
+    Args:
+        t: Float[B] times.
+        dim: the number of features (even).
+        max_period: the longest sinusoid period.
+
+    Returns:
+        Float[B, dim] float32 features.
+    """
     half = dim // 2
     freqs = torch.exp(-math.log(max_period) * torch.arange(half, dtype=torch.float32, device=t.device) / half)
     args = TIME_SCALE * t.float()[:, None] * freqs[None, :]
@@ -118,7 +136,17 @@ def check_tokens(x: torch.Tensor, vocab_size: int, max_seq_len: Optional[int] = 
     """Validate x: Long[B, D] with D >= 1 (and <= max_seq_len when given) and ids in [0, vocab_size).
 
     The id range is checked on CPU only (on CUDA it would cost a host sync per call), and
-    not inside torch.compile (a graph break per call)."""
+    not inside torch.compile (a graph break per call).
+
+    Args:
+        x: the token ids, expected Long[B, D].
+        vocab_size: ids must lie in [0, vocab_size).
+        max_seq_len: the longest D allowed; None for no limit.
+
+    Raises:
+        TypeError: `x` is not an int64 tensor.
+        ValueError: `x` has another shape, length or an id out of range.
+    """
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x: expected a torch.Tensor of token ids, got {type(x).__name__}")
     if x.dtype != torch.long:
@@ -136,7 +164,20 @@ def check_tokens(x: torch.Tensor, vocab_size: int, max_seq_len: Optional[int] = 
 def check_time(t: Union[torch.Tensor, float], batch: int, device: torch.device) -> torch.Tensor:
     """Validate t (Float[B], a 0-d tensor or a number, in [0, 1]) and return it as Float[B]
     on device. The range is checked for numbers and CPU tensors only (on CUDA it would cost
-    a host sync per call), and not inside torch.compile."""
+    a host sync per call), and not inside torch.compile.
+
+    Args:
+        t: Float[B] times in [0, 1], or a number for every row.
+        batch: B.
+        device: where the network runs.
+
+    Returns:
+        Float[B] times.
+
+    Raises:
+        TypeError: `t` is neither a float tensor nor a number.
+        ValueError: `t` has another shape or a time outside [0, 1].
+    """
     if isinstance(t, (int, float)) and not isinstance(t, bool):
         _check_time_range(float(t), float(t))
         return torch.full((batch,), float(t), device=device)
@@ -161,7 +202,21 @@ def check_labels(labels: Optional[Union[torch.Tensor, int]], batch: int, num_cla
     """Validate class labels and return them as Long[B] on device (None for a model
     without classes). labels: Long[B] or an int in [0, num_classes], num_classes being
     the null label; None means the null label for every row. The range is checked on
-    CPU only (on CUDA it would cost a host sync per call)."""
+    CPU only (on CUDA it would cost a host sync per call).
+
+    Args:
+        labels: Long[B] class ids in [0, num_classes], an int for every row, or None.
+        batch: B.
+        num_classes: the network's classes (0: not class-conditional).
+        device: where the network runs.
+
+    Returns:
+        Long[B] labels, or None.
+
+    Raises:
+        TypeError: `labels` is neither an int64 tensor, an int nor None.
+        ValueError: labels given to a network without classes, or of another shape or range.
+    """
     if num_classes == 0:
         if labels is not None:
             raise ValueError("labels: this model is not class-conditional (num_classes=0), expected None, "
@@ -189,7 +244,12 @@ def check_labels(labels: Optional[Union[torch.Tensor, int]], batch: int, num_cla
 
 
 def init_linear(module: nn.Module, std: float = INIT_STD) -> None:
-    """GPT-2 initialisation: N(0, std) weights, zero biases."""
+    """GPT-2 initialisation: N(0, std) weights, zero biases.
+
+    Args:
+        module: any module; only nn.Linear and nn.Embedding are changed.
+        std: the weights' standard deviation.
+    """
     if isinstance(module, (nn.Linear, nn.Embedding)):
         nn.init.normal_(module.weight, mean=0.0, std=std)
     if isinstance(module, nn.Linear) and module.bias is not None:
@@ -230,7 +290,19 @@ class Backbone(nn.Module):
 
     def condition(self, x: torch.Tensor, t: Optional[Union[torch.Tensor, float]],
                   labels: Optional[Union[torch.Tensor, int]]) -> Optional[torch.Tensor]:
-        """The adaLN conditioning vector c [B, d_model] (None for an unconditioned trunk)."""
+        """The adaLN conditioning vector c [B, d_model] (None for an unconditioned trunk).
+
+        Args:
+            x: Long[B, D] token ids (for the batch size and device).
+            t: Float[B] times, a number, or None.
+            labels: Long[B] class ids, an int, or None.
+
+        Returns:
+            Float[B, d_model], or None.
+
+        Raises:
+            ValueError: a time-conditioned trunk got no `t`, or `t` / `labels` are invalid.
+        """
         batch = x.shape[0]
         labels = check_labels(labels, batch, self.config.num_classes, x.device)
         terms = []
@@ -251,7 +323,19 @@ class Backbone(nn.Module):
         t is required when the config is time-conditioned and ignored otherwise (so a
         sampler can pass t to any denoiser). labels: Long[B] class ids in
         [0, num_classes] or None (the null label) for a class-conditional config; must
-        be None otherwise."""
+        be None otherwise.
+
+        Args:
+            x: Long[B, D] token ids in [0, config.vocab_size).
+            t: Float[B] times in [0, 1] or a number.
+            labels: Long[B] class ids, an int, or None.
+
+        Returns:
+            [B, D, d_model] hidden states.
+
+        Raises:
+            TypeError, ValueError: `x`, `t` or `labels` of the wrong type, shape or range.
+        """
         check_tokens(x, self.config.vocab_size, self.config.max_seq_len)
         c = self.condition(x, t, labels)
         h = self.dropout(self.embed(x))

@@ -26,7 +26,17 @@ Labels = Optional[Union[torch.Tensor, int]]
 
 
 def require_config(config: Any, kind: str, **expected: Any) -> None:
-    """Raise if `config` is not a TransformerConfig whose fields equal `expected`."""
+    """Raise if `config` is not a TransformerConfig whose fields equal `expected`.
+
+    Args:
+        config: the configuration to check.
+        kind: the network's kind, for the message.
+        **expected: field name -> the value the kind needs.
+
+    Raises:
+        TypeError: `config` is not a TransformerConfig.
+        ValueError: a field differs from its expected value.
+    """
     if not isinstance(config, TransformerConfig):
         raise TypeError(f"config: expected TransformerConfig, got {type(config).__name__}")
     for field, value in expected.items():
@@ -54,9 +64,38 @@ class HeadModel(nn.Module):
 
     def hidden(self, x: torch.Tensor, t: Optional[Union[torch.Tensor, float]] = None, *,
                labels: Labels = None) -> torch.Tensor:
-        """Hidden states after the final norm, [B, D, d_model]; t ignored if not time-conditioned."""
+        """Hidden states after the final norm, [B, D, d_model]; t ignored if not time-conditioned.
+
+        Args:
+            x: Long[B, D] token ids in [0, config.vocab_size).
+            t: Float[B] times in [0, 1] (or a number for every row); required when the model is
+                time-conditioned.
+            labels: Long[B] class ids in [0, num_classes] (or an int for every row); None: the
+                null label.
+
+        Returns:
+            The hidden states, [B, D, d_model], in the dtype of the weights.
+
+        Raises:
+            TypeError, ValueError: `x`, `t` or `labels` of the wrong type, shape or range.
+        """
         return self.backbone.hidden(x, t, labels=labels)
 
     def forward(self, x: torch.Tensor, t: Optional[Union[torch.Tensor, float]] = None, *,
                 labels: Labels = None) -> torch.Tensor:
+        """The network's float32 logits: the output head applied to `hidden`.
+
+        Args:
+            x: Long[B, D] token ids in [0, config.vocab_size).
+            t: Float[B] times in [0, 1] (or a number for every row); required when the model is
+                time-conditioned.
+            labels: Long[B] class ids in [0, num_classes] (or an int for every row); None: the
+                null label.
+
+        Returns:
+            Float[B, D, out_dim] float32 logits (for a denoiser, over the V clean values).
+
+        Raises:
+            TypeError, ValueError: `x`, `t` or `labels` of the wrong type, shape or range.
+        """
         return self.head(self.hidden(x, t, labels=labels)).float()

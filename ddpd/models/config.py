@@ -85,10 +85,27 @@ class TransformerConfig:
         return self.time_conditioned or self.num_classes > 0
 
     def to_dict(self) -> dict:
+        """The fields as a plain dict (what a checkpoint's config.json stores).
+
+        Returns:
+            field name -> value.
+        """
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> TransformerConfig:
+        """The TransformerConfig of a dict written by to_dict.
+
+        Args:
+            d: field name -> value; fields with defaults may be absent.
+
+        Returns:
+            The validated TransformerConfig.
+
+        Raises:
+            TypeError: `d` is not a dict, or a field of the wrong type.
+            ValueError: unknown or missing fields, or a field out of range.
+        """
         if not isinstance(d, dict):
             raise TypeError(f"TransformerConfig.from_dict: expected dict, got {type(d).__name__}")
         known = {f.name for f in dataclasses.fields(cls)}

@@ -38,7 +38,23 @@ def _check_kind(kind: Any) -> None:
 
 
 def build_model(kind: str, config: TransformerConfig) -> nn.Module:
-    """A freshly initialised network of the given kind; config must fit the kind."""
+    """A freshly initialised network of the given kind; config must fit the kind.
+
+    Args:
+        kind: one of MODEL_KINDS ("planner", "mask-denoiser", "uniform-denoiser",
+            "uniform", "ar").
+        config: the network's TransformerConfig (config_for builds one that fits the kind).
+
+    Returns:
+        The network, an nn.Module with freshly initialised float32 weights.
+
+    Raises:
+        ValueError: `kind` is unknown, or `config` does not fit it.
+        TypeError: `config` is not a TransformerConfig.
+
+    Example:
+        >>> planner = build_model("planner", config_for("planner", vocab_size=27, seq_len=256))
+    """
     _check_kind(kind)
     return MODEL_CLASSES[kind](config)
 
@@ -63,7 +79,18 @@ def build_skeleton(kind: str, config: TransformerConfig) -> nn.Module:
     """The network of `kind` on the meta device: the names, shapes and dtypes of its
     parameters and buffers, without memory and without running an initialiser (the meta
     device's random fills imported torch._dynamo and triton: seconds of every checkpoint
-    load, and C++ a signal must not interrupt)."""
+    load, and C++ a signal must not interrupt).
+
+    Args:
+        kind: one of MODEL_KINDS.
+        config: the network's TransformerConfig.
+
+    Returns:
+        The network on the meta device.
+
+    Raises:
+        ValueError: `kind` is unknown, or `config` does not fit it.
+    """
     _check_kind(kind)
     with torch.device("meta"), _NoInitialisers():
         return MODEL_CLASSES[kind](config)
@@ -73,7 +100,26 @@ def config_for(kind: str, vocab_size: int, seq_len: int, time_conditioned: Optio
                **fields: Any) -> TransformerConfig:
     """The TransformerConfig a `kind` network needs for V = vocab_size clean symbols and
     sequences of seq_len tokens; other TransformerConfig fields (d_model, n_layers, ...)
-    pass through. The AR model gets max_seq_len = seq_len + 1 to fit its BOS token."""
+    pass through. The AR model gets max_seq_len = seq_len + 1 to fit its BOS token.
+
+    Args:
+        kind: one of MODEL_KINDS.
+        vocab_size: V, the number of clean symbols (a mask or BOS id is added where the
+            kind needs one).
+        seq_len: D, the sequence length.
+        time_conditioned: whether the trunk takes the time t; None for the kind's default
+            (False for "planner" and "ar", which cannot take it).
+        **fields: other TransformerConfig fields (d_model, n_layers, n_heads, ...).
+
+    Returns:
+        The TransformerConfig.
+
+    Raises:
+        ValueError: an unknown kind, a non-positive size, time_conditioned=True for a
+            planner or AR model, or a field derived from the others (vocab_size, out_dim,
+            causal, max_seq_len) given in `fields`.
+        TypeError: a size that is not an int.
+    """
     _check_kind(kind)
     extra, out_dim, causal, timed = _LAYOUT[kind]
     if time_conditioned is None:
@@ -90,7 +136,18 @@ def config_for(kind: str, vocab_size: int, seq_len: int, time_conditioned: Optio
 
 
 def count_parameters(model: nn.Module, trainable_only: bool = False) -> int:
-    """Number of parameters (each shared tensor counted once)."""
+    """Number of parameters (each shared tensor counted once).
+
+    Args:
+        model: the network.
+        trainable_only: count only parameters with requires_grad.
+
+    Returns:
+        The number of parameters.
+
+    Raises:
+        TypeError: `model` is not an nn.Module.
+    """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model: expected torch.nn.Module, got {type(model).__name__}")
     return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)

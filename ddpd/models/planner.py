@@ -30,8 +30,29 @@ class Planner(HeadModel):
 
     def hidden(self, x: torch.Tensor, t: Optional[Union[torch.Tensor, float]] = None, *,
                labels: Labels = None) -> torch.Tensor:
-        """Hidden states [B, D, d_model]; t is accepted for a uniform signature and ignored."""
+        """Hidden states [B, D, d_model]; t is accepted for a uniform signature and ignored.
+
+        Args:
+            x: Long[B, D] token ids.
+            t: ignored (the planner has no time input).
+            labels: Long[B] class ids, an int, or None (the null label).
+
+        Returns:
+            The hidden states, [B, D, d_model].
+        """
         return self.backbone.hidden(x, labels=labels)
 
     def forward(self, x: torch.Tensor, *, labels: Labels = None) -> torch.Tensor:
+        """Logits of p(z^d = N | x): "position d is noise", per position.
+
+        Args:
+            x: Long[B, D] token ids in [0, V).
+            labels: Long[B] class ids, an int, or None (the null label).
+
+        Returns:
+            Float[B, D] float32 logits.
+
+        Raises:
+            TypeError, ValueError: `x` or `labels` of the wrong type, shape or range.
+        """
         return self.head(self.backbone.hidden(x, labels=labels)).squeeze(-1).float()

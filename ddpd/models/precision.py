@@ -30,7 +30,18 @@ STATISTICS_MODULES = (nn.modules.batchnorm._NormBase,)
 
 def resolve_dtype(dtype: Union[str, torch.dtype], device: Union[str, torch.device, None] = None) -> torch.dtype:
     """The torch dtype for a --dtype choice: "auto" is bfloat16 on CUDA and float32
-    elsewhere; "float32", "bfloat16", "float16" (or those torch dtypes) as named."""
+    elsewhere; "float32", "bfloat16", "float16" (or those torch dtypes) as named.
+
+    Args:
+        dtype: "auto", "float32", "bfloat16", "float16" or one of those torch dtypes.
+        device: the device the network will run on ("auto" depends on it); None: CPU.
+
+    Returns:
+        The torch dtype.
+
+    Raises:
+        ValueError: `dtype` is not one of the choices.
+    """
     if isinstance(dtype, torch.dtype):
         if dtype not in DTYPES.values():
             raise ValueError(f"dtype must be one of {tuple(DTYPES.values())}, got {dtype}")
@@ -50,7 +61,24 @@ def prepare_for_sampling(model: nn.Module, dtype: Union[str, torch.dtype] = "aut
     parameters in float32 and buffers in their dtype (positions and schedules; running
     statistics excepted, which follow their parameters). A network that mixes a float32
     buffer into a cast matmul runs under torch.autocast, as the samplers and adapters call
-    it. Works in place on any nn.Module and returns it."""
+    it. Works in place on any nn.Module and returns it.
+
+    Args:
+        model: any nn.Module (a ddpd network or an adapter).
+        dtype: a resolve_dtype choice.
+        device: where to move the model; None leaves it where it is.
+
+    Returns:
+        `model` itself, prepared.
+
+    Raises:
+        TypeError: `model` is not an nn.Module.
+        ValueError: `dtype` is not a resolve_dtype choice.
+
+    Example:
+        >>> denoiser = prepare_for_sampling(denoiser, "bfloat16", "cuda")
+        >>> logits = denoiser(x, t)  # float32 logits from a bf16 network
+    """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model: expected torch.nn.Module, got {type(model).__name__}")
     if device is not None:
@@ -82,7 +110,11 @@ BACKENDS = ("inductor", "aot_eager", "eager")
 
 
 def compile_backends() -> tuple:
-    """The backends of BACKENDS this torch offers (compile_for_sampling's choices)."""
+    """The backends of BACKENDS this torch offers (compile_for_sampling's choices).
+
+    Returns:
+        The names of the torch.compile backends compile_for_sampling accepts here.
+    """
     offered = torch.compiler.list_backends(exclude_tags=())
     return tuple(name for name in BACKENDS if name in offered)
 
@@ -114,7 +146,19 @@ def compile_for_sampling(model: nn.Module, backend: Optional[str] = "inductor") 
     gets CompiledMethod attributes; its parameters and state_dict are unchanged, and
     compiling again replaces the backend. Call it once the model is on its device: the
     attention dispatch's caches are filled for that device first (ddpd.models.attention).
-    Pass the time t as a tensor: a Python number is compiled as a constant, once per value."""
+    Pass the time t as a tensor: a Python number is compiled as a constant, once per value.
+
+    Args:
+        model: the network (an nn.Module with `forward` and perhaps `hidden`).
+        backend: a name of compile_backends(), or None for no compilation.
+
+    Returns:
+        `model` itself, with compiled methods.
+
+    Raises:
+        TypeError: `model` is not an nn.Module.
+        ValueError: `backend` is not one of compile_backends().
+    """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model: expected torch.nn.Module, got {type(model).__name__}")
     if backend is None:

@@ -55,10 +55,33 @@ class Text8Tokenizer:
     vocab_size = len(TEXT8_ALPHABET)
 
     def encode(self, text: str) -> list:
+        """The ids of `text`: space 0, a-z 1-26.
+
+        Args:
+            text: text8 characters only.
+
+        Returns:
+            A list of ints.
+
+        Raises:
+            TypeError: `text` is not a str.
+            ValueError: a character outside the alphabet (named with its position).
+        """
         return list(self._ids(text))
 
     def encode_tensor(self, text: str) -> Tensor:
-        """encode() as a Long tensor, without a Python list (text8 has 100 M characters)."""
+        """encode() as a Long tensor, without a Python list (text8 has 100 M characters).
+
+        Args:
+            text: text8 characters only.
+
+        Returns:
+            Long[len(text)].
+
+        Raises:
+            TypeError: `text` is not a str.
+            ValueError: a character outside the alphabet.
+        """
         ids = self._ids(text)
         if not ids:  # frombuffer refuses an empty buffer
             return torch.empty(0, dtype=torch.long)
@@ -77,9 +100,25 @@ class Text8Tokenizer:
         return text.encode("ascii").translate(_TEXT8_TABLE)
 
     def decode(self, ids: Iterable[int]) -> str:
+        """The text of token ids.
+
+        Args:
+            ids: ints in [0, 27).
+
+        Returns:
+            The text.
+
+        Raises:
+            TypeError, ValueError: an id that is not an int in range.
+        """
         return "".join(TEXT8_ALPHABET[i] for i in _check_ids(ids, self.vocab_size, "Text8Tokenizer"))
 
     def to_config(self) -> dict:
+        """What a checkpoint records of the tokenizer (tokenizer_from_config reads it).
+
+        Returns:
+            {"name": "text8"}.
+        """
         return {"name": "text8"}
 
     def __repr__(self) -> str:
@@ -113,6 +152,18 @@ class GPT2Tokenizer:
         self.vocab_size = self._encoding.n_vocab
 
     def encode(self, text: str) -> list:
+        """The GPT-2 BPE ids of `text`.
+
+        Args:
+            text: Unicode text.
+
+        Returns:
+            A list of ints.
+
+        Raises:
+            TypeError: `text` is not a str.
+            ValueError: `text` holds a lone surrogate.
+        """
         if not isinstance(text, str):
             raise TypeError(f"GPT2Tokenizer.encode: text must be str, got {type(text).__name__}")
         bad = _SURROGATE.search(text)
@@ -122,10 +173,26 @@ class GPT2Tokenizer:
         return self._encoding.encode_ordinary(text)
 
     def decode(self, ids: Iterable[int]) -> str:
+        """The text of token ids.
+
+        Args:
+            ids: ints in [0, 50257).
+
+        Returns:
+            The text.
+
+        Raises:
+            TypeError, ValueError: an id that is not an int in range.
+        """
         return self._encoding.decode(_check_ids(ids, self.vocab_size, "GPT2Tokenizer"), errors="replace")
 
     def to_config(self) -> dict:
         # No path: every valid ranks file is byte for byte the shipped one (the sha256).
+        """What a checkpoint records of the tokenizer (tokenizer_from_config reads it).
+
+        Returns:
+            {"name": "gpt2", "sha256": the ranks file's digest}.
+        """
         return {"name": "gpt2", "sha256": GPT2_SHA256}
 
     def __repr__(self) -> str:
@@ -133,7 +200,18 @@ class GPT2Tokenizer:
 
 
 def tokenizer_from_config(config: dict):
-    """The tokenizer described by `to_config()` output (as stored in checkpoints)."""
+    """The tokenizer described by `to_config()` output (as stored in checkpoints).
+
+    Args:
+        config: a to_config() dict.
+
+    Returns:
+        A Text8Tokenizer or GPT2Tokenizer.
+
+    Raises:
+        TypeError: `config` is not a dict.
+        ValueError: an unknown name, or a GPT-2 ranks file of another digest.
+    """
     if not isinstance(config, dict):
         raise TypeError(f"tokenizer config must be a dict, got {type(config).__name__}")
     name = config.get("name")
@@ -155,7 +233,19 @@ def load_text(source: str) -> str:
     one final line break is dropped), `books` (the shipped file), `text8`, or
     `hf:NAME[:CONFIG]`, the "text" column of a Hugging Face dataset's train split joined
     by line breaks (through `datasets`, the `ddpd[hf]` extra; needs a network or a local
-    datasets cache). Local files need no `datasets` and write no cache."""
+    datasets cache). Local files need no `datasets` and write no cache.
+
+    Args:
+        source: a file path, "books", "text8" or `hf:NAME[:CONFIG]`.
+
+    Returns:
+        The text.
+
+    Raises:
+        FileNotFoundError: no such file or corpus.
+        IsADirectoryError: `source` is a directory.
+        ValueError: a file that is empty or not UTF-8, or a dataset that cannot be loaded.
+    """
     source = resolve_source(source)
     if source.startswith("hf:"):
         return _load_hub_text(source[3:])
@@ -181,7 +271,14 @@ def _read_text_file(path: str) -> str:
 
 
 def fingerprint(text: str) -> dict:
-    """What identifies a corpus: its length in characters and the sha256 of its UTF-8 text."""
+    """What identifies a corpus: its length in characters and the sha256 of its UTF-8 text.
+
+    Args:
+        text: the corpus.
+
+    Returns:
+        {"chars": int, "sha256": hex str}.
+    """
     return {"chars": len(text), "sha256": hashlib.sha256(text.encode("utf-8")).hexdigest()}
 
 
@@ -227,7 +324,19 @@ def _load_dataset_quietly(*args, **kwargs):
 
 def encode_corpus(text: str, tokenizer, where: Optional[str] = None) -> Tensor:
     """The whole text as one Long[N] token stream; text the tokenizer refuses is a
-    ValueError that starts with `where` ("data FILE"), when given."""
+    ValueError that starts with `where` ("data FILE"), when given.
+
+    Args:
+        text: the corpus.
+        tokenizer: a Text8Tokenizer or GPT2Tokenizer.
+        where: the prefix of an error message, or None.
+
+    Returns:
+        Long[N] token ids.
+
+    Raises:
+        ValueError: text the tokenizer cannot encode.
+    """
     try:
         if hasattr(tokenizer, "encode_tensor"):
             return tokenizer.encode_tensor(text)
@@ -240,7 +349,18 @@ def encode_corpus(text: str, tokenizer, where: Optional[str] = None) -> Tensor:
 
 def split_tokens(tokens: Tensor, fractions: Sequence[float] = SPLIT_FRACTIONS) -> dict[str, Tensor]:
     """Split a Long[N] stream by position into {'train', 'validation', 'test'}:
-    the first fractions[0] of the tokens, the next fractions[1], the rest."""
+    the first fractions[0] of the tokens, the next fractions[1], the rest.
+
+    Args:
+        tokens: Long[N] token stream.
+        fractions: three positive fractions summing to 1.
+
+    Returns:
+        {"train", "validation", "test"} -> Long tensors.
+
+    Raises:
+        ValueError: `tokens` is not 1-D, or bad fractions.
+    """
     if not isinstance(tokens, Tensor) or tokens.dim() != 1:
         raise ValueError(f"tokens must be a 1-D tensor, got {type(tokens).__name__} "
                          f"{tuple(getattr(tokens, 'shape', ()))}")
@@ -258,7 +378,20 @@ def _check_fractions(fractions: Sequence[float]) -> None:
 
 
 def load_splits(source: str, tokenizer, fractions: Sequence[float] = SPLIT_FRACTIONS) -> dict[str, Tensor]:
-    """Load, tokenize and split a plain-text corpus (see `load_text`, `split_tokens`)."""
+    """Load, tokenize and split a plain-text corpus (see `load_text`, `split_tokens`).
+
+    Args:
+        source: a plain-text corpus (see load_text).
+        tokenizer: a Text8Tokenizer or GPT2Tokenizer.
+        fractions: three positive fractions summing to 1.
+
+    Returns:
+        {"train", "validation", "test"} -> Long tensors.
+
+    Raises:
+        ValueError: a labelled corpus, or as load_text and encode_corpus.
+        FileNotFoundError: as load_text.
+    """
     if is_labelled(source):
         raise ValueError(f"data {source} is a labelled corpus ({LABELLED_SUFFIX}); this reads plain text")
     return split_tokens(encode_corpus(load_text(source), tokenizer, f"data {source}"), fractions)
@@ -268,7 +401,14 @@ def load_splits(source: str, tokenizer, fractions: Sequence[float] = SPLIT_FRACT
 
 
 def is_labelled(source: str) -> bool:
-    """Whether the corpus at `source` is a labelled one (a .jsonl file)."""
+    """Whether the corpus at `source` is a labelled one (a .jsonl file).
+
+    Args:
+        source: a corpus source.
+
+    Returns:
+        True for a .jsonl source.
+    """
     return os.fspath(source).endswith(LABELLED_SUFFIX)
 
 
@@ -285,15 +425,36 @@ class Records:
 
     @classmethod
     def stream(cls, tokens: Tensor) -> Records:
-        """A plain token stream as one record."""
+        """A plain token stream as one record.
+
+        Args:
+            tokens: Long[N] token stream.
+
+        Returns:
+            Records holding one unlabelled record.
+        """
         return cls(tokens, torch.zeros(1, dtype=torch.long), torch.tensor([tokens.numel()]))
 
     def windows(self, seq_len: int) -> Tensor:
-        """Long[R]: the windows of seq_len tokens within each record."""
+        """Long[R]: the windows of seq_len tokens within each record.
+
+        Args:
+            seq_len: the window length.
+
+        Returns:
+            Long[R], the start of every window that lies within one record.
+        """
         return (self.lengths - seq_len + 1).clamp(min=0)
 
     def select(self, index: Tensor) -> Records:
-        """The records `index` (Long), in that order, as a stream of their own."""
+        """The records `index` (Long), in that order, as a stream of their own.
+
+        Args:
+            index: Long record indices.
+
+        Returns:
+            The selected Records.
+        """
         pieces = [self.tokens[s:s + n] for s, n in zip(self.starts[index].tolist(), self.lengths[index].tolist())]
         lengths = self.lengths[index]
         starts = torch.cumsum(lengths, 0) - lengths
@@ -302,7 +463,14 @@ class Records:
 
     def split(self, fractions: Sequence[float] = SPLIT_FRACTIONS) -> dict[str, Records]:
         """{'train', 'validation', 'test'}: the records of each class split by position
-        (within the class, in corpus order) by `fractions`."""
+        (within the class, in corpus order) by `fractions`.
+
+        Args:
+            fractions: three positive fractions summing to 1.
+
+        Returns:
+            {"train", "validation", "test"} -> Records.
+        """
         _check_fractions(fractions)
         labels = self.labels if self.labels is not None else torch.zeros_like(self.lengths)
         parts: dict[str, list[Tensor]] = {name: [] for name in SPLITS}
@@ -325,7 +493,19 @@ def _without_repeated_keys(pairs) -> dict:
 
 def load_labelled(source: str, tokenizer, text: Optional[str] = None) -> Records:
     """The labelled corpus at `source` (a .jsonl file; `text`: its content, if already read)
-    as Records. ValueError naming the line for anything but {"text": str, "label": int >= 0}."""
+    as Records. ValueError naming the line for anything but {"text": str, "label": int >= 0}.
+
+    Args:
+        source: the .jsonl file.
+        tokenizer: a Text8Tokenizer or GPT2Tokenizer.
+        text: the file's content if already read, else None.
+
+    Returns:
+        The Records.
+
+    Raises:
+        ValueError: a line that is not such an object, or text the tokenizer cannot encode.
+    """
     text = load_text(source) if text is None else text
     pieces, labels = [], []
     for number, line in enumerate(text.split("\n"), 1):
@@ -355,7 +535,15 @@ def load_labelled(source: str, tokenizer, text: Optional[str] = None) -> Records
 
 
 def chunk(tokens: Tensor, seq_len: int) -> Tensor:
-    """Non-overlapping Long[N // seq_len, seq_len] chunks; the remainder is dropped."""
+    """Non-overlapping Long[N // seq_len, seq_len] chunks; the remainder is dropped.
+
+    Args:
+        tokens: Long[N] token stream.
+        seq_len: the chunk length.
+
+    Returns:
+        Long[N // seq_len, seq_len].
+    """
     _check_positive("seq_len", seq_len)
     n = tokens.numel() // seq_len
     return tokens[: n * seq_len].reshape(n, seq_len)
@@ -410,9 +598,19 @@ class RandomCrops:
         return x if self.records.labels is None else (x, self.records.labels[record])
 
     def state_dict(self) -> dict[str, object]:
+        """The generator state a checkpoint saves, so that a resumed run draws the same batches.
+
+        Returns:
+            {"generator": its state, "batches": batches drawn so far}.
+        """
         return {"generator": self.generator.get_state(), "batches": self.batches}
 
     def load_state_dict(self, state: dict[str, object]) -> None:
+        """Restore a state_dict() of this sampler.
+
+        Args:
+            state: a state_dict() output.
+        """
         self.generator.set_state(state["generator"])
         self.batches = int(state["batches"])
 
@@ -421,7 +619,15 @@ class RandomCrops:
 def evenly_spaced(n: int, k: int) -> Tensor:
     """Long[k]: k of the indices 0..n-1 (k <= n) evenly spaced from first to last,
     round(i (n - 1) / (k - 1)) with ties to even, in integers: a float32 linspace rounds
-    past n - 1 (an index out of range) and repeats indices beyond 2**24."""
+    past n - 1 (an index out of range) and repeats indices beyond 2**24.
+
+    Args:
+        n: the number of indices to pick from.
+        k: how many to pick, at most n.
+
+    Returns:
+        Long[k].
+    """
     if k == 1:
         return torch.zeros(1, dtype=torch.long)
     num = torch.arange(k, dtype=torch.long) * (n - 1)
@@ -433,7 +639,17 @@ def evaluation_batches(tokens: Union[Tensor, Records], seq_len: int, batch_size:
                        max_batches: int) -> tuple:
     """Up to `max_batches` Long[<=batch_size, seq_len] batches of chunks picked evenly
     across `tokens`, the same on every call (a fixed evaluation set). Given Records, the
-    chunks are those of each record, and with labels each batch is (chunks, labels)."""
+    chunks are those of each record, and with labels each batch is (chunks, labels).
+
+    Args:
+        tokens: Long[N] token stream or Records.
+        seq_len: the chunk length.
+        batch_size: the most chunks a batch.
+        max_batches: the most batches.
+
+    Returns:
+        A tuple of batches: Long tensors, or (chunks, labels) pairs for labelled Records.
+    """
     _check_positive("max_batches", max_batches)
     _check_positive("batch_size", batch_size)
     records = tokens if isinstance(tokens, Records) else Records.stream(tokens)

@@ -55,7 +55,14 @@ def data_parallel(model: torch.nn.Module) -> torch.nn.parallel.DistributedDataPa
     """`model` wrapped by DistributedDataParallel, without the broadcast of its buffers at
     each forward: ddpd's only buffers are the rotary tables, computed alike on every
     process (a broadcast of seq_len x head_dim floats per layer per micro-step, for
-    nothing). torch 2.13 renamed the flag."""
+    nothing). torch 2.13 renamed the flag.
+
+    Args:
+        model: the network, on this process's device.
+
+    Returns:
+        The DistributedDataParallel wrapper.
+    """
     ddp = torch.nn.parallel.DistributedDataParallel
     flag = "forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(ddp).parameters \
         else "broadcast_buffers"
@@ -73,6 +80,11 @@ class GradientMean:
         self.failed = False
 
     def attach(self, network: torch.nn.parallel.DistributedDataParallel) -> None:
+        """Register the gradient averaging as `network`'s communication hook.
+
+        Args:
+            network: the DistributedDataParallel wrapper.
+        """
         network.register_comm_hook(self, GradientMean._reduce)
 
     @staticmethod
@@ -129,7 +141,14 @@ class Distributed:
         return self.rank == 0
 
     def all_gather(self, value):
-        """[value of rank 0, value of rank 1, ...] on every rank (any picklable value)."""
+        """[value of rank 0, value of rank 1, ...] on every rank (any picklable value).
+
+        Args:
+            value: any picklable value.
+
+        Returns:
+            A list with every rank's value, in rank order.
+        """
         if self.world_size == 1:
             return [value]
         gathered = [None] * self.world_size
@@ -138,9 +157,25 @@ class Distributed:
         return gathered
 
     def sum(self, values: list[float]) -> list[float]:
+        """The element-wise sum of `values` over every process.
+
+        Args:
+            values: this process's floats (the same length on every process).
+
+        Returns:
+            The sums.
+        """
         return self._reduce(values, dist.ReduceOp.SUM)
 
     def max(self, values: list[float]) -> list[float]:
+        """The element-wise maximum of `values` over every process.
+
+        Args:
+            values: this process's floats (the same length on every process).
+
+        Returns:
+            The maxima.
+        """
         return self._reduce(values, dist.ReduceOp.MAX)
 
     def _reduce(self, values: list[float], op) -> list[float]:
@@ -158,7 +193,11 @@ class Distributed:
 
     def close(self, wait: bool = True) -> None:
         """Leave the group. wait=False skips the final barrier: after a failure the other
-        processes may never reach it (torchrun stops them)."""
+        processes may never reach it (torchrun stops them).
+
+        Args:
+            wait: wait for the other processes at a final barrier.
+        """
         if self.owns_group:
             if wait:
                 dist.barrier()  # no process tears the group down while another still uses it

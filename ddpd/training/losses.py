@@ -76,7 +76,20 @@ def planner_loss(logits: torch.Tensor, z_t: torch.Tensor, rate: Optional[torch.T
     """Binary cross-entropy of planner logits [B, D] against z_t [B, D] (bool, True = noise).
 
     Default: mean over all B * D positions. With rate: E_b[rate_b * sum_d BCE_bd].
-    reduction="sum": the mean's numerator (module docstring)."""
+    reduction="sum": the mean's numerator (module docstring).
+
+    Args:
+        logits: Float[B, D] planner logits.
+        z_t: Bool[B, D], True where the position is noise.
+        rate: Float[B] alpha_dot / (1 - alpha) at each sequence's t, or None.
+        reduction: "mean" or "sum".
+
+    Returns:
+        A scalar float32 loss.
+
+    Raises:
+        TypeError, ValueError: inputs of the wrong type, dtype or shape, or an unknown reduction.
+    """
     _check_tensor("logits", logits, 2, floating=True)
     _check_tensor("z_t", z_t, 2, dtype=torch.bool)
     _check_same_shape("z_t", z_t, logits.shape)
@@ -92,7 +105,22 @@ def denoiser_loss(logits: torch.Tensor, x1: torch.Tensor, z_t: torch.Tensor,
 
     Default: mean over the corrupted positions of the whole batch (0, with a zero
     gradient, when none is corrupted). With rate: E_b[rate_b * sum_{d: z=N} CE_bd].
-    reduction="sum": the mean's numerator (module docstring)."""
+    reduction="sum": the mean's numerator (module docstring).
+
+    Args:
+        logits: Float[B, D, V] denoiser logits.
+        x1: Long[B, D] clean tokens in [0, V).
+        z_t: Bool[B, D], True where the position is noise.
+        rate: Float[B] alpha_dot / (1 - alpha) at each sequence's t, or None.
+        reduction: "mean" or "sum".
+
+    Returns:
+        A scalar float32 loss.
+
+    Raises:
+        TypeError, ValueError: inputs of the wrong type, dtype, shape or range, or an unknown
+            reduction.
+    """
     _check_tensor("logits", logits, 3, floating=True)
     _check_targets("x1", x1, logits.shape[:2], logits.shape[-1])
     _check_tensor("z_t", z_t, 2, dtype=torch.bool)
@@ -107,7 +135,20 @@ def denoiser_loss(logits: torch.Tensor, x1: torch.Tensor, z_t: torch.Tensor,
 def uniform_model_loss(logits: torch.Tensor, x1: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
     """Cross-entropy of p_theta(x_1 | x_t) logits [B, D, V] against x1 [B, D], mean over
     all positions (DFM-Uni: the model is not told which positions are noise); sum with
-    reduction="sum"."""
+    reduction="sum".
+
+    Args:
+        logits: Float[B, D, V] logits of p_theta(x_1 | x_t).
+        x1: Long[B, D] clean tokens in [0, V).
+        reduction: "mean" or "sum".
+
+    Returns:
+        A scalar float32 loss.
+
+    Raises:
+        TypeError, ValueError: inputs of the wrong type, dtype, shape or range, or an unknown
+            reduction.
+    """
     _check_tensor("logits", logits, 3, floating=True)
     _check_targets("x1", x1, logits.shape[:2], logits.shape[-1])
     return _reduced(_token_cross_entropy(logits, x1), x1.numel(), None, reduction)
@@ -116,7 +157,19 @@ def uniform_model_loss(logits: torch.Tensor, x1: torch.Tensor, reduction: str = 
 def ar_loss(logits: torch.Tensor, x: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
     """Next-token cross-entropy: logits [B, D, V] at position d against x[:, d + 1],
     mean over the B * (D - 1) predicted tokens (sum with reduction="sum"). x may start
-    with a BOS id >= V, since position 0 is never a target."""
+    with a BOS id >= V, since position 0 is never a target.
+
+    Args:
+        logits: Float[B, D, V] next-token logits.
+        x: Long[B, D] tokens (D >= 2).
+        reduction: "mean" or "sum".
+
+    Returns:
+        A scalar float32 loss.
+
+    Raises:
+        TypeError, ValueError: inputs of the wrong type, dtype or shape, or fewer than 2 tokens.
+    """
     _check_tensor("logits", logits, 3, floating=True)
     _check_tensor("x", x, 2, dtype=torch.long)
     _check_same_shape("x", x, logits.shape[:2])

@@ -20,7 +20,18 @@ def resolve_source(source: str) -> str:
     """The canonical form of a corpus source: `hf:NAME[:CONFIG]` as given, an existing
     file as its absolute path, else a corpus name of CORPUS_NAMES as given. Raises
     FileNotFoundError for anything else (naming the corpora that need no file), and
-    ValueError for an `hf:` without a name."""
+    ValueError for an `hf:` without a name.
+
+    Args:
+        source: a file path, a corpus name or `hf:NAME[:CONFIG]`.
+
+    Returns:
+        The canonical source string.
+
+    Raises:
+        FileNotFoundError: neither a file nor a known corpus.
+        ValueError: an `hf:` source without a name.
+    """
     if not isinstance(source, (str, os.PathLike)):
         raise TypeError(f"data source must be a path, a corpus name or 'hf:NAME', got {type(source).__name__}")
     source = os.fspath(source)

@@ -184,10 +184,27 @@ class TrainConfig:
         return self.lr / 10 if self.min_lr is None else self.min_lr
 
     def to_dict(self) -> dict:
+        """The settings as a plain dict (what a checkpoint records).
+
+        Returns:
+            setting name -> value.
+        """
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, values: dict) -> TrainConfig:
+        """The TrainConfig of a dict written by to_dict.
+
+        Args:
+            values: setting name -> value.
+
+        Returns:
+            The validated TrainConfig.
+
+        Raises:
+            ValueError: unknown settings, or a setting out of range.
+            TypeError: a setting of the wrong type.
+        """
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
@@ -217,7 +234,16 @@ def _mean(values: list[float]) -> Optional[float]:
 def learning_rate(step: int, config: TrainConfig, seconds: float = 0.0) -> float:
     """The learning rate of optimizer step `step` (0 to steps - 1): linear warmup over the
     first `warmup` steps up to lr, then cosine decay down to final_lr at the last step,
-    or at config.max_time training seconds (`seconds` so far) if that comes first."""
+    or at config.max_time training seconds (`seconds` so far) if that comes first.
+
+    Args:
+        step: the optimizer step, from 0.
+        config: the run's settings (lr, final_lr, warmup, steps, max_time).
+        seconds: training seconds so far (with config.max_time).
+
+    Returns:
+        The learning rate.
+    """
     if step < config.warmup:
         return config.lr * (step + 1) / config.warmup
     peak = max(config.warmup - 1, 0)  # the step at lr: the last of the warmup, or the first
@@ -228,6 +254,14 @@ def learning_rate(step: int, config: TrainConfig, seconds: float = 0.0) -> float
 
 
 def make_tokenizer(config: TrainConfig):
+    """The tokenizer a run's settings name (text8, or GPT-2 from config.tiktoken).
+
+    Args:
+        config: the run's settings.
+
+    Returns:
+        A Text8Tokenizer or GPT2Tokenizer.
+    """
     return GPT2Tokenizer(config.tiktoken) if config.tokenizer == "gpt2" else Text8Tokenizer()
 
 
@@ -235,7 +269,16 @@ def check_train_record(path: str, meta: dict, steps: Optional[int] = None) -> No
     """CheckpointError (one line) unless a training state's meta records a run as
     ddpd-train writes it: the step (at most `steps`, when given), the history of
     {step, train_loss, val_loss} records, the clock, the token count and the pending
-    losses (ddpd-eval training reads the same record)."""
+    losses (ddpd-eval training reads the same record).
+
+    Args:
+        path: the checkpoint (for messages).
+        meta: the training state's meta.
+        steps: the most steps the record may hold, or None.
+
+    Raises:
+        CheckpointError: the record is malformed.
+    """
     def fail(what: str):
         raise CheckpointError(f"checkpoint {path}: train_state.json: {what}")
 
@@ -264,7 +307,18 @@ def check_train_state(path: str, tensors: dict[str, Tensor], meta: dict, steps: 
     """CheckpointError (one line) unless a training state is one this run can resume, as far
     as the network does not decide (check_state_tensors does the rest): its record
     (check_train_record), written by as many processes, and optimizer moments AdamW can
-    step from (check_moments). Checked before the corpus is read and the network built."""
+    step from (check_moments). Checked before the corpus is read and the network built.
+
+    Args:
+        path: the checkpoint (for messages).
+        tensors: the training state's tensors.
+        meta: the training state's meta.
+        steps: the run's step count.
+        world_size: the number of processes of this run.
+
+    Raises:
+        CheckpointError: the state cannot be resumed.
+    """
     check_train_record(path, meta, steps)
     if meta.get("world_size") != world_size:
         raise ValueError(f"cannot resume {path} exactly: it was written by {meta.get('world_size')!r} "
@@ -278,7 +332,15 @@ def check_train_state(path: str, tensors: dict[str, Tensor], meta: dict, steps: 
 def check_moments(path: str, tensors: dict[str, Tensor]) -> None:
     """CheckpointError unless every optimizer tensor is finite, the second moments (exp_avg_sq)
     and step counts >= 0: a NaN moment, or the square root of a negative one, makes NaN
-    weights within two steps (a crafted state was accepted and the loss turned NaN)."""
+    weights within two steps (a crafted state was accepted and the loss turned NaN).
+
+    Args:
+        path: the checkpoint (for messages).
+        tensors: the training state's tensors.
+
+    Raises:
+        CheckpointError: a moment or step count is not finite or negative.
+    """
     for name, value in tensors.items():
         if not (name.startswith("optim.") and value.is_floating_point()):
             continue
@@ -293,7 +355,16 @@ def check_moments(path: str, tensors: dict[str, Tensor]) -> None:
 
 def check_state_tensors(path: str, tensors: dict[str, Tensor], expected: dict[str, Optional[tuple]]) -> None:
     """CheckpointError unless every tensor in `expected` (name -> shape, or None for any
-    shape) is in the training state."""
+    shape) is in the training state.
+
+    Args:
+        path: the checkpoint (for messages).
+        tensors: the training state's tensors.
+        expected: name -> shape (None: any shape).
+
+    Raises:
+        CheckpointError: a tensor is missing or of another shape.
+    """
     for name, shape in expected.items():
         if name not in tensors:
             raise CheckpointError(f"checkpoint {path}: train_state.safetensors lacks {name}")
@@ -310,7 +381,16 @@ def _settled(group: dict) -> dict:
 
 
 def stream_seed(seed: int, rank: int, stream: str) -> int:
-    """An independent 63-bit seed for one random stream of one process."""
+    """An independent 63-bit seed for one random stream of one process.
+
+    Args:
+        seed: the run's seed.
+        rank: the process's rank.
+        stream: the stream's name.
+
+    Returns:
+        A seed in [0, 2**63).
+    """
     digest = hashlib.sha256(f"ddpd/{seed}/{rank}/{stream}".encode()).digest()
     return int.from_bytes(digest[:8], "little") >> 1
 
@@ -319,7 +399,26 @@ class Trainer:
     """Train one network as configured; `train()` runs to `config.steps` (or `stop_at`),
     evaluating every `eval_every` and checkpointing to `config.out` every `save_every`
     steps and at the end. `resume=True` continues the checkpoint in `config.out`.
-    The output stays locked until `close()` (or the end of a `with` block)."""
+    The output stays locked until `close()` (or the end of a `with` block).
+
+    Args:
+        config: the run's settings.
+        resume: continue the checkpoint in config.out (exactly, when the hardware, threads
+            and processes match).
+        progress: draw a progress bar on a terminal.
+        log: a callback for log lines; None prints them.
+        allow_data_change: resume even though the corpus's text changed.
+
+    Raises:
+        ddpd.files.OutputLockedError: another process writes config.out.
+        CheckpointError: config.out holds something that may not be replaced, or a
+            checkpoint that cannot be resumed.
+        ValueError: settings that do not fit the corpus or the device.
+
+    Example:
+        >>> with Trainer(TrainConfig(kind="planner", data="books", out="runs/planner", steps=100)) as trainer:
+        ...     history = trainer.train()
+    """
 
     def __init__(self, config: TrainConfig, resume: bool = False, progress: bool = False,
                  log: Optional[Callable[[str], None]] = None, allow_data_change: bool = False):
@@ -480,7 +579,14 @@ class Trainer:
 
     def train(self, stop_at: Optional[int] = None) -> list[dict]:
         """Run optimizer steps until `stop_at` (default config.steps); returns the
-        history of {step, train_loss, val_loss} records."""
+        history of {step, train_loss, val_loss} records.
+
+        Args:
+            stop_at: the step to stop at; None: config.steps.
+
+        Returns:
+            The history, a list of {step, train_loss, val_loss} dicts.
+        """
         config = self.config
         if stop_at is not None:
             check_int("stop_at", stop_at, 0)
@@ -525,7 +631,11 @@ class Trainer:
 
     def request_stop(self, reason: str) -> None:
         """Ask train() to return after the current step, with a checkpoint there (safe
-        to call from a signal handler)."""
+        to call from a signal handler).
+
+        Args:
+            reason: why, for the log line (e.g. "SIGTERM").
+        """
         if self.stop_reason is None:
             self.stop_reason = reason
 
@@ -545,12 +655,21 @@ class Trainer:
 
     @property
     def out_of_time(self) -> bool:
+        """Whether config.max_time training seconds have passed.
+
+        Returns:
+            True once the run is out of time (never without max_time).
+        """
         return self.config.max_time is not None and self.train_seconds >= self.config.max_time
 
     @property
     def tokens_per_second(self) -> float:
         """Training throughput of this run so far (all processes; evaluation and
-        checkpointing excluded)."""
+        checkpointing excluded).
+
+        Returns:
+            Tokens a second.
+        """
         return self.train_tokens / self.train_seconds if self.train_seconds > 0 else 0.0
 
     @contextmanager
@@ -610,7 +729,18 @@ class Trainer:
         (Long[B], class-conditional models), each replaced by the null label with
         probability label_dropout (drawn from `generator` after the corruption), as (the
         sum of its terms, their count): the loss is their ratio, over a whole step or a
-        whole evaluation, not a mean of per-batch means."""
+        whole evaluation, not a mean of per-batch means.
+
+        Args:
+            network: the network being trained (or its DDP wrapper).
+            x1: Long[B, L] clean chunks.
+            generator: the corruption's torch.Generator.
+            labels: Long[B] class ids, or None.
+            label_dropout: the probability of replacing a label by the null label.
+
+        Returns:
+            (loss sum, term count), two scalar tensors.
+        """
         kind = self.config.kind
         if kind == "ar":
             x = self.model.with_bos(x1)
@@ -646,14 +776,22 @@ class Trainer:
 
     @property
     def exported(self) -> torch.nn.Module:
-        """The weights a checkpoint exports for sampling: the EMA when enabled."""
+        """The weights a checkpoint exports for sampling: the EMA when enabled.
+
+        Returns:
+            The network (or its EMA copy).
+        """
         return self.ema if self.ema is not None else self.model
 
     @torch.no_grad()
     def evaluate(self) -> float:
         """Mean loss of the exported weights over the fixed validation batches, with
         fixed corruption noise, so successive values are comparable. Leaves every
-        training random stream untouched."""
+        training random stream untouched.
+
+        Returns:
+            The validation loss.
+        """
         model = self.exported
         was_training = model.training
         model.eval()
@@ -688,7 +826,11 @@ class Trainer:
 
     def log(self, message: str) -> None:
         """`message` to the log callback given (which clears a progress bar it draws over:
-        the tools' Stdout), else above the progress bar."""
+        the tools' Stdout), else above the progress bar.
+
+        Args:
+            message: one line.
+        """
         if not self.dist.is_main:
             return
         if self._log is not None:
@@ -710,6 +852,11 @@ class Trainer:
     # ---- checkpoints ---------------------------------------------------------------
 
     def checkpoint_config(self) -> dict:
+        """The config.json of this run's checkpoints: model, tokenizer, schedule and settings.
+
+        Returns:
+            The config dict.
+        """
         config = {"kind": self.config.kind, "model": self.model_config.to_dict(),
                   "tokenizer": self.tokenizer.to_config(), "schedule": self.config.schedule,
                   "vocab_size": self.vocab_size, "step": self.step, "ema": self.config.ema or None,
@@ -816,7 +963,11 @@ class Trainer:
         """Release the process group and the output lock. The DDP wrapper goes first: its
         reducer holds the process group, which must not outlive this call (destroyed at
         interpreter exit instead, gloo's threads abort the process). wait=False (after a
-        failure) skips the final barrier the other processes may never reach."""
+        failure) skips the final barrier the other processes may never reach.
+
+        Args:
+            wait: wait for the other processes at a final barrier.
+        """
         if hasattr(self, "model"):
             self.network = self.model
         try:
