@@ -81,13 +81,28 @@ def _temp_prefix(path: str, kind: str = "tmp") -> str:
 def destination(path) -> str:
     """The absolute path a write of `path` replaces. Symbolic links are followed: a link
     to a file or a checkpoint directory stays a link, and what it points to is
-    replaced (replacing the link itself would cut it from its target)."""
+    replaced (replacing the link itself would cut it from its target).
+
+    Args:
+        path: the path a user named.
+
+    Returns:
+        The absolute path to replace.
+    """
     return os.path.realpath(os.fspath(path))
 
 
 def make_parents(path, parent: str) -> None:
     """os.makedirs(parent), an OutputError of `path` if it fails; where a file stands in the
-    way the message names it (makedirs says 'File exists', of the directory it wanted)."""
+    way the message names it (makedirs says 'File exists', of the directory it wanted).
+
+    Args:
+        path: the output the directories are made for (named in errors).
+        parent: the directory to make.
+
+    Raises:
+        OutputError: the directory cannot be made.
+    """
     try:
         os.makedirs(parent, exist_ok=True)
     except (FileExistsError, NotADirectoryError):
@@ -107,7 +122,15 @@ def _nearest_existing(path: str) -> str:
 def check_output(path, directory: bool = False) -> None:
     """An OutputError at once, before any work, where `path` (a file, or a directory of
     outputs) cannot be written: the nearest existing directory on its way must be one, and
-    writable; a file path must not name a directory or a special file. Nothing is made."""
+    writable; a file path must not name a directory or a special file. Nothing is made.
+
+    Args:
+        path: the output path.
+        directory: whether `path` is a directory of outputs.
+
+    Raises:
+        OutputError: `path` cannot be written.
+    """
     if not directory:
         path = _refuse_non_files(path)
     existing = _nearest_existing(os.path.abspath(os.fspath(path)) if directory else os.path.dirname(path))
@@ -172,7 +195,14 @@ def remove_stale_temps(path) -> list:
     of files (FileSet) that `path` belongs to, left half renamed, is finished first.
     Only while holding `path`'s OutputLock (this process's, or taken for the cleaning): a
     process that holds it may be a live writer whose pid looks dead from here (another
-    PID namespace), so nothing is removed while another process holds it."""
+    PID namespace), so nothing is removed while another process holds it.
+
+    Args:
+        path: the destination whose temporaries are cleaned.
+
+    Returns:
+        The paths removed.
+    """
     path = destination(path)
     if (os.getpid(), path) in _HELD:
         return _remove_stale(path)
@@ -246,6 +276,11 @@ def _kept_mode(previous: str, default: int, directory: bool = False) -> int:
 
 
 def fsync_directory(directory: str) -> None:
+    """Flush a directory's entries to disk (a rename inside it then survives a crash).
+
+    Args:
+        directory: the directory.
+    """
     if os.name != "posix":
         return
     fd = os.open(directory, os.O_RDONLY)
@@ -275,6 +310,14 @@ class StreamedFile:
         self.published = False
 
     def write(self, text) -> None:
+        """Append `text` to the temporary and flush it.
+
+        Args:
+            text: str, or bytes for a binary file.
+
+        Raises:
+            OutputError: the write failed (a full disk).
+        """
         try:
             self._file.write(text)
             self._file.flush()
@@ -302,6 +345,8 @@ class StreamedFile:
         os.chmod(self.temp, _kept_mode(self.path, 0o666 & ~_umask()))
 
     def discard(self) -> None:
+        """Delete the temporary; `path` is left as it was.
+        """
         try:
             self._file.close()
         except OSError:
@@ -327,7 +372,18 @@ class StreamedFile:
 @contextmanager
 def atomic_file(path, mode: str = "w") -> Iterator[IO]:
     """A file object to write `path` with: the content replaces `path` in one rename
-    when the block ends, or is deleted if the block raises."""
+    when the block ends, or is deleted if the block raises.
+
+    Args:
+        path: the file to replace.
+        mode: "w" or "wb".
+
+    Yields:
+        The open temporary file.
+
+    Raises:
+        OutputError: `path` cannot be written.
+    """
     out = StreamedFile(path, binary="b" in mode)
     try:
         yield out._file
@@ -343,13 +399,29 @@ def atomic_file(path, mode: str = "w") -> Iterator[IO]:
 
 
 def write_text(path, text: str) -> None:
-    """Replace `path` by `text` atomically (see atomic_file)."""
+    """Replace `path` by `text` atomically (see atomic_file).
+
+    Args:
+        path: the file to replace.
+        text: its new content.
+
+    Raises:
+        OutputError: `path` cannot be written.
+    """
     with atomic_file(path) as f:
         f.write(text)
 
 
 def write_bytes(path, data: bytes) -> None:
-    """Replace `path` by `data` atomically (see atomic_file)."""
+    """Replace `path` by `data` atomically (see atomic_file).
+
+    Args:
+        path: the file to replace.
+        data: its new content.
+
+    Raises:
+        OutputError: `path` cannot be written.
+    """
     with atomic_file(path, "wb") as f:
         f.write(data)
 
@@ -372,7 +444,15 @@ class FileSet:
         self._files: list[StreamedFile] = []
 
     def open(self, path, binary: bool = False) -> StreamedFile:
-        """A temporary for `path` (a path opened twice: the later content counts)."""
+        """A temporary for `path` (a path opened twice: the later content counts).
+
+        Args:
+            path: a file of the set.
+            binary: open for bytes.
+
+        Returns:
+            The StreamedFile to write.
+        """
         out = StreamedFile(path, binary=binary)
         for earlier in [f for f in self._files if f.path == out.path]:
             earlier.discard()
@@ -381,6 +461,11 @@ class FileSet:
         return out
 
     def publish(self) -> None:
+        """Rename every temporary over its file, journalled so that a killed writer's set is finished by the next.
+
+        Raises:
+            OutputError: a rename failed.
+        """
         if not self._files:
             return
         if len(self._files) == 1:
@@ -408,6 +493,8 @@ class FileSet:
         self._files = []
 
     def discard(self) -> None:
+        """Delete every temporary; the files are left as they were.
+        """
         for out in self._files:
             if not out.published:
                 out.discard()
@@ -493,7 +580,17 @@ def _unlink_if_there(path: str) -> None:
 def atomic_directory(path) -> Iterator[str]:
     """Yield a fresh temporary directory beside `path`; on success make it `path`
     (replacing an existing directory in one step where Linux allows), on any failure
-    delete it. Stale temporaries of dead writers of `path` are removed first."""
+    delete it. Stale temporaries of dead writers of `path` are removed first.
+
+    Args:
+        path: the directory to replace.
+
+    Yields:
+        The temporary directory's path, to fill.
+
+    Raises:
+        OutputError: `path` cannot be written.
+    """
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"output path must be a str or os.PathLike, got {type(path).__name__}")
     if not os.fspath(path):  # abspath would make it the working directory, which the swap would replace
@@ -593,6 +690,15 @@ class OutputLock:
         self._made: list = []  # the directories acquire() created, deepest first
 
     def acquire(self) -> OutputLock:
+        """Take the lock, or refuse at once.
+
+        Returns:
+            The lock itself.
+
+        Raises:
+            OutputLockedError: another process holds it (named in the message).
+            OutputError: the lock file cannot be made, or is a link or special file.
+        """
         parent = os.path.dirname(self.path)
         missing = parent
         while not os.path.exists(missing):
@@ -680,6 +786,8 @@ class OutputLock:
                                                             f"{self.lock_path})")) from None
 
     def release(self) -> None:
+        """Release the lock (the lock file stays).
+        """
         if self._fd is None:
             return
         try:

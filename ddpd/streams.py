@@ -28,6 +28,11 @@ class Stdout:
         self.error: Optional[OSError] = None
 
     def print(self, text: str) -> None:
+        """Print a line on stdout; a reader that went away is remembered, not raised.
+
+        Args:
+            text: the line.
+        """
         from tqdm import tqdm
 
         if self.closed:
@@ -47,7 +52,14 @@ class Stdout:
 
     def check(self, kept: str = "") -> None:
         """OSError (one line, exit status 1) if printing failed other than by a reader
-        that went away; `kept` says where the results are all the same."""
+        that went away; `kept` says where the results are all the same.
+
+        Args:
+            kept: where the results are, for the message.
+
+        Raises:
+            OSError: printing failed.
+        """
         if self.error is not None:
             reason = self.error.strerror or str(self.error)
             raise OSError(f"cannot write stdout: {reason}{'; ' + kept if kept else ''}")

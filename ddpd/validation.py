@@ -13,6 +13,21 @@ import torch
 
 
 def check_int(name: str, value, minimum: int, maximum: Optional[int] = None) -> int:
+    """Check an int argument.
+
+    Args:
+        name: the argument's name, for the message.
+        value: the value given.
+        minimum: the least value allowed.
+        maximum: the largest value allowed, or None.
+
+    Returns:
+        `value`.
+
+    Raises:
+        TypeError: not an int (a bool is refused).
+        ValueError: out of range.
+    """
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
     if value < minimum or (maximum is not None and value > maximum):
@@ -23,6 +38,23 @@ def check_int(name: str, value, minimum: int, maximum: Optional[int] = None) -> 
 
 def check_float(name: str, value, minimum: float, maximum: float = float("inf"),
                 open_min: bool = False, open_max: bool = False) -> float:
+    """Check a real-number argument.
+
+    Args:
+        name: the argument's name, for the message.
+        value: the value given (an int or float).
+        minimum: the lower bound.
+        maximum: the upper bound.
+        open_min: exclude the lower bound.
+        open_max: exclude the upper bound.
+
+    Returns:
+        `value` as a float.
+
+    Raises:
+        TypeError: not a number.
+        ValueError: out of range, or NaN.
+    """
     if isinstance(value, bool) or not isinstance(value, numbers.Real):  # numpy's numbers too
         raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
     interval = f"{'(' if open_min else '['}{minimum}, {maximum}{')' if open_max else ']'}"
@@ -38,18 +70,55 @@ def check_float(name: str, value, minimum: float, maximum: float = float("inf"),
 
 
 def check_bool(name: str, value) -> bool:
+    """Check a bool argument.
+
+    Args:
+        name: the argument's name, for the message.
+        value: the value given.
+
+    Returns:
+        `value`.
+
+    Raises:
+        TypeError: not a bool.
+    """
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
     return value
 
 
 def check_choice(name: str, value, choices: Sequence[str]) -> str:
+    """Check an argument that takes one of a few strings.
+
+    Args:
+        name: the argument's name, for the message.
+        value: the value given.
+        choices: the allowed values.
+
+    Returns:
+        `value`.
+
+    Raises:
+        ValueError: not one of `choices`.
+    """
     if value not in choices:
         raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r}")
     return value
 
 
 def check_callable(name: str, value) -> Callable:
+    """Check a callable argument.
+
+    Args:
+        name: the argument's name, for the message.
+        value: the value given.
+
+    Returns:
+        `value`.
+
+    Raises:
+        TypeError: not callable.
+    """
     if not callable(value):
         raise TypeError(f"{name} must be callable, got {type(value).__name__}")
     return value
@@ -57,7 +126,21 @@ def check_callable(name: str, value) -> Callable:
 
 def check_tensor(name: str, value, dtypes: Sequence[torch.dtype], dim: Optional[int] = None) -> torch.Tensor:
     """TypeError/ValueError unless `value` is a dense tensor of one of `dtypes` with `dim`
-    dims (any number when dim is None) on a cpu or cuda device."""
+    dims (any number when dim is None) on a cpu or cuda device.
+
+    Args:
+        name: the argument's name, for the message.
+        value: the value given.
+        dtypes: the allowed dtypes.
+        dim: the number of dimensions, or None for any.
+
+    Returns:
+        `value`.
+
+    Raises:
+        TypeError: not a dense tensor of an allowed dtype.
+        ValueError: another number of dimensions, or another device type.
+    """
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
     if value.dtype not in dtypes:
@@ -73,11 +156,32 @@ def check_tensor(name: str, value, dtypes: Sequence[torch.dtype], dim: Optional[
 
 
 def check_shape(name: str, value: torch.Tensor, shape: tuple) -> None:
+    """Check a tensor argument's shape.
+
+    Args:
+        name: the argument's name, for the message.
+        value: the tensor.
+        shape: the expected shape.
+
+    Raises:
+        ValueError: another shape.
+    """
     if tuple(value.shape) != tuple(shape):
         raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(value.shape)}")
 
 
 def check_same_device(name: str, value: torch.Tensor, like: torch.Tensor, like_name: str) -> None:
+    """Check that two tensor arguments are on the same device.
+
+    Args:
+        name: the argument's name, for the message.
+        value: the tensor.
+        like: the tensor it must sit beside.
+        like_name: that tensor's name, for the message.
+
+    Raises:
+        ValueError: another device.
+    """
     if value.device != like.device:
         raise ValueError(f"{name} must be on the device of {like_name} ({like.device}), got {value.device}")
 
@@ -87,7 +191,19 @@ class MissingExtra(ImportError):
 
 
 def require_extra(module: str, extra: str, purpose: str):
-    """The module `module`, or MissingExtra naming `pip install "ddpd[extra]"`."""
+    """The module `module`, or MissingExtra naming `pip install "ddpd[extra]"`.
+
+    Args:
+        module: the module to import.
+        extra: the ddpd extra that installs it.
+        purpose: what needs it, for the message.
+
+    Returns:
+        The imported module.
+
+    Raises:
+        MissingExtra: the module is not installed.
+    """
     import importlib
 
     try:
@@ -100,7 +216,20 @@ def require_extra(module: str, extra: str, purpose: str):
 def check_device(name: str, value, local_rank: Optional[int] = None):
     """torch.device for `value`: "auto" (CUDA if available, else CPU), "cpu", "cuda"
     or "cuda:N", or a torch.device of those; `local_rank` picks the GPU of a torchrun
-    process."""
+    process.
+
+    Args:
+        name: the argument's name, for the message.
+        value: "auto", "cpu", "cuda", "cuda:N" or a torch.device.
+        local_rank: the torchrun process's GPU, or None.
+
+    Returns:
+        The torch.device.
+
+    Raises:
+        TypeError: neither a str nor a torch.device.
+        ValueError: an unknown device, or CUDA asked for where there is none.
+    """
     expected = "auto, cpu, cuda or cuda:N"
     if isinstance(value, torch.device):  # checked like its name: a meta device, or CUDA absent, is refused
         value = str(value)

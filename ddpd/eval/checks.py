@@ -16,7 +16,18 @@ from ddpd.validation import check_callable, check_choice, check_int  # noqa: F40
 
 
 def check_open_unit(name: str, value) -> float:
-    """A number in the open interval (0, 1)."""
+    """A number in the open interval (0, 1).
+
+    Args:
+        name: the argument's name, for the message.
+        value: the value given.
+
+    Returns:
+        `value` as a float.
+
+    Raises:
+        TypeError, ValueError: not a number in (0, 1).
+    """
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
     if not 0.0 < value < 1.0:
@@ -25,7 +36,19 @@ def check_open_unit(name: str, value) -> float:
 
 
 def check_tokens(name: str, x, vocab_size: int) -> Tensor:
-    """x: Long[B, D] with ids in [0, vocab_size) (the range is checked on CPU only)."""
+    """x: Long[B, D] with ids in [0, vocab_size) (the range is checked on CPU only).
+
+    Args:
+        name: the argument's name, for the message.
+        x: the tokens given.
+        vocab_size: V.
+
+    Returns:
+        `x`.
+
+    Raises:
+        TypeError, ValueError: not such a tensor.
+    """
     if not isinstance(x, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor of token ids, got {type(x).__name__}")
     if x.dtype != torch.long:
@@ -40,7 +63,19 @@ def check_tokens(name: str, x, vocab_size: int) -> Tensor:
 
 
 def check_row_ids(row_ids: Optional[Tensor], batch: int, device: torch.device) -> Tensor:
-    """Sequence ids Long[B] (default 0..B-1): each sequence's random stream is keyed by its id."""
+    """Sequence ids Long[B] (default 0..B-1): each sequence's random stream is keyed by its id.
+
+    Args:
+        row_ids: Long[B] ids, or None.
+        batch: B.
+        device: where the ids are used.
+
+    Returns:
+        Long[B] ids on `device`.
+
+    Raises:
+        ValueError: not a Long tensor of shape [B] with ids >= 0.
+    """
     if row_ids is None:
         return torch.arange(batch, device=device)
     if not isinstance(row_ids, Tensor) or row_ids.dtype != torch.long or tuple(row_ids.shape) != (batch,):
@@ -61,17 +96,49 @@ def _check_output(name: str, out, shape: tuple) -> Tensor:
 
 
 def log_probs(model: Callable, x: Tensor, t: Optional[Tensor], vocab_size: int, name: str) -> Tensor:
-    """log softmax of model(x, t) (or model(x) when t is None): Float[B, D, vocab_size]."""
+    """log softmax of model(x, t) (or model(x) when t is None): Float[B, D, vocab_size].
+
+    Args:
+        model: the network.
+        x: Long[B, D] tokens.
+        t: Float[B] times, or None.
+        vocab_size: V, the logits' last dimension.
+        name: the model's name, for the message.
+
+    Returns:
+        Float[B, D, V] float32 log-probabilities.
+
+    Raises:
+        TypeError: the model returned no tensor.
+        ValueError: logits of another shape or dtype.
+    """
     out = model(x) if t is None else model(x, t)
     return F.log_softmax(_check_output(name, out, (*x.shape, vocab_size)), dim=-1)
 
 
 def planner_logits(planner: Callable, x: Tensor, t: Optional[Tensor]) -> Tensor:
-    """planner(x) (or planner(x, t) for a time-conditioned planner): Float[B, D]."""
+    """planner(x) (or planner(x, t) for a time-conditioned planner): Float[B, D].
+
+    Args:
+        planner: the planner.
+        x: Long[B, D] tokens.
+        t: Float[B] times, or None for a time-free planner.
+
+    Returns:
+        Float[B, D] float32 logits.
+    """
     out = planner(x) if t is None else planner(x, t)
     return _check_output("planner", out, tuple(x.shape))
 
 
 def at(values: Tensor, index: Tensor) -> Tensor:
-    """values[b, d, index[b, d]]: Float[B, D, V], Long[B, D] -> Float[B, D]."""
+    """values[b, d, index[b, d]]: Float[B, D, V], Long[B, D] -> Float[B, D].
+
+    Args:
+        values: Float[B, D, V].
+        index: Long[B, D].
+
+    Returns:
+        Float[B, D].
+    """
     return values.gather(-1, index[..., None]).squeeze(-1)

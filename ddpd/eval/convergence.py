@@ -40,6 +40,11 @@ class PlannerRecorder:
         self._batch: Optional[int] = None
 
     def start_run(self, batch_size: int) -> None:
+        """Begin recording a sampler run of `batch_size` samples (the records of the last run are dropped).
+
+        Args:
+            batch_size: the samples of the run.
+        """
         self._batch = check_int("batch_size", batch_size, 1)
         self._step = 0
         self._previous: Optional[Tensor] = None
@@ -69,7 +74,11 @@ class PlannerRecorder:
         self._step += 1
 
     def rows(self) -> list[dict]:
-        """One dict per step: step, noise_left, z_changed and met_eps_<eps> (means over samples)."""
+        """One dict per step: step, noise_left, z_changed and met_eps_<eps> (means over samples).
+
+        Returns:
+            The rows, one a step.
+        """
         names = ["noise_left", "z_changed"] + [f"met_eps_{e:g}" for e in self.eps]
         return [{"step": i, **{n: float(v) / count for n, v in zip(names, total)}}
                 for i, (total, count) in enumerate(zip(self.sums, self.counts))]
@@ -77,7 +86,15 @@ class PlannerRecorder:
 
 def stopped_fraction(stop_step: Tensor, steps: int) -> Tensor:
     """Float[steps]: the fraction of samples stopped (by the eps criterion) at or before
-    each step; a sample that used the whole budget has stop_step == steps."""
+    each step; a sample that used the whole budget has stop_step == steps.
+
+    Args:
+        stop_step: Long[N], each sample's stop step.
+        steps: the step budget.
+
+    Returns:
+        Float[steps].
+    """
     check_int("steps", steps, 1)
     if not isinstance(stop_step, Tensor) or stop_step.dim() != 1:
         raise ValueError(f"stop_step must be a 1-D tensor, got {getattr(stop_step, 'shape', type(stop_step).__name__)}")
@@ -88,7 +105,16 @@ def stopped_fraction(stop_step: Tensor, steps: int) -> Tensor:
 
 def convergence_rows(recorded: list[dict], stopped: Optional[Tensor] = None, eps: float = 0.01) -> list[dict]:
     """The recorder's rows with 'stopped_eps_<eps>' (`stopped_fraction` of a run that
-    stopped at eps) added per step."""
+    stopped at eps) added per step.
+
+    Args:
+        recorded: PlannerRecorder.rows().
+        stopped: stopped_fraction of an option-A run, or None.
+        eps: the eps of that run.
+
+    Returns:
+        The rows.
+    """
     rows = [dict(r) for r in recorded]
     if stopped is not None:
         for i, row in enumerate(rows):
@@ -98,7 +124,15 @@ def convergence_rows(recorded: list[dict], stopped: Optional[Tensor] = None, eps
 
 def plot_convergence(rows: list[dict], path: str) -> None:
     """Four panels as in the paper: noise left, z changes, samples meeting each eps
-    criterion (and stopped under option A). Raises MissingDependency without matplotlib."""
+    criterion (and stopped under option A). Raises MissingDependency without matplotlib.
+
+    Args:
+        rows: convergence_rows.
+        path: the image file to write.
+
+    Raises:
+        MissingDependency: matplotlib is not installed.
+    """
     plt = pyplot()
     steps = [r["step"] for r in rows]
     met = [k for k in rows[0] if k.startswith("met_eps_")] if rows else []
@@ -123,7 +157,15 @@ def plot_convergence(rows: list[dict], path: str) -> None:
 
 
 def write_convergence(rows: list[dict], out_dir: str) -> dict[str, Optional[str]]:
-    """convergence.csv and convergence.png (None, with 'plot_skipped', without matplotlib)."""
+    """convergence.csv and convergence.png (None, with 'plot_skipped', without matplotlib).
+
+    Args:
+        rows: convergence_rows.
+        out_dir: the directory to write.
+
+    Returns:
+        {"csv", "plot"} -> path ("plot" None, with "plot_skipped", without matplotlib).
+    """
     paths: dict[str, Optional[str]] = {"csv": os.path.join(out_dir, "convergence.csv"),
                                        "plot": os.path.join(out_dir, "convergence.png")}
     write_csv(rows, paths["csv"])

@@ -40,13 +40,33 @@ class EvalNoise:
         self.seed = seed
 
     def uniform(self, sample: int, stream: int, rows: Tensor, cols: int) -> Tensor:
-        """Float32[len(rows), cols]."""
+        """Float32[len(rows), cols].
+
+        Args:
+            sample: the Monte-Carlo sample.
+            stream: the stream (what the uniforms are for).
+            rows: Long[R] sequence ids.
+            cols: uniforms a row.
+
+        Returns:
+            Float32[len(rows), cols].
+        """
         offset = (sample * NUM_STREAMS + stream) % 2**64
         return philox_uniform(self.seed, offset, rows, cols, device=rows.device)
 
     def stratified(self, sample: int, samples: int, stream: int, rows: Tensor) -> Tensor:
         """Float32[len(rows)] in the stratum ((sample + u) / samples): over `samples`
-        draws each row covers (0, 1) evenly, a variance reduction for integrals over it."""
+        draws each row covers (0, 1) evenly, a variance reduction for integrals over it.
+
+        Args:
+            sample: the Monte-Carlo sample, in [0, samples).
+            samples: the number of Monte-Carlo samples.
+            stream: the stream.
+            rows: Long[R] sequence ids.
+
+        Returns:
+            Float32[len(rows)].
+        """
         u = self.uniform(sample, stream, rows, 1)[:, 0]
         return (sample + u) / samples
 
@@ -67,7 +87,18 @@ def marginal_corruption(x1: Tensor, alpha: Tensor, u_noise: Tensor, u_value: Ten
                         vocab_size: int, mask_id: Optional[int] = None) -> tuple[Tensor, Tensor]:
     """(x_t, z_t) ~ p_{t|1}: z^d = N iff u_noise^d >= alpha (the convention of ddpd.process.corrupt).
 
-    x1: Long[B, D]; alpha: Float[B]; u_noise, u_value: Float[B, D] uniforms."""
+    Args:
+        x1: Long[B, D] clean tokens.
+        alpha: Float[B] corruption levels.
+        u_noise: Float[B, D] uniforms deciding z.
+        u_value: Float[B, D] uniforms of the noise values.
+        noise: "uniform" or "mask".
+        vocab_size: V.
+        mask_id: the mask id of mask noise; None: V.
+
+    Returns:
+        (x_t Long[B, D], z_t Bool[B, D]).
+    """
     z = u_noise >= alpha[:, None]
     return _noisy_values(x1, z, u_value, noise, vocab_size, mask_id), z
 
@@ -78,7 +109,19 @@ def forced_corruption(x1: Tensor, alpha: Tensor, u_position: Tensor, u_noise: Te
     """(x_t, z_t, k): the marginal corruption with position d* = floor(u_position * D)
     forced to be noise; k = Long[B] number of noisy positions (>= 1).
 
-    u_position: Float[B]; the rest as in `marginal_corruption`."""
+    Args:
+        x1: Long[B, D] clean tokens.
+        alpha: Float[B] corruption levels.
+        u_position: Float[B] uniforms of the forced position.
+        u_noise: Float[B, D] uniforms deciding z.
+        u_value: Float[B, D] uniforms of the noise values.
+        noise: "uniform" or "mask".
+        vocab_size: V.
+        mask_id: the mask id of mask noise; None: V.
+
+    Returns:
+        (x_t Long[B, D], z_t Bool[B, D], k Long[B]).
+    """
     length = x1.shape[1]
     forced = (u_position * length).long().clamp_(max=length - 1)
     z = (u_noise >= alpha[:, None]).scatter(1, forced[:, None], True)

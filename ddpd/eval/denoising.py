@@ -63,6 +63,25 @@ def denoising_stats(
     'uniform'); planner(x) -> Float[B, D] logits, needed for 'mask-denoiser-planner'.
     The denoiser's time input is t = alpha^{-1}(alpha) (for the planner's mask:
     alpha^{-1}(1 - #masked / D), as in the sampler).
+
+    Args:
+        kind: one of KINDS.
+        denoiser: the denoiser (the uniform model for "uniform").
+        x1: Long[B, D] clean tokens in [0, vocab_size).
+        vocab_size: V.
+        alpha: the corruption level.
+        planner: the planner, for "mask-denoiser-planner".
+        mask_id: the mask denoiser's mask id; None: V.
+        schedule: "linear", "cosine" or a Schedule.
+        seed: the seed of every uniform.
+        row_ids: Long[B] random-stream ids; None: 0..B-1.
+
+    Returns:
+        DenoisingStats: per sequence, the summed cross-entropy in nats, the noisy
+        positions and the correct argmaxes.
+
+    Raises:
+        ValueError, TypeError: an unknown kind, a missing planner, invalid tokens or alpha.
     """
     check_choice("kind", kind, KINDS)
     check_callable("denoiser", denoiser)

@@ -54,14 +54,28 @@ class ElboTerms:
 
     @property
     def transitioning(self) -> Tensor:
+        """The transitioning term with the final emission, nats per sequence.
+
+        Returns:
+            Float[B].
+        """
         return self.planning + self.denoising + self.final
 
     @property
     def elbo(self) -> Tensor:
+        """The bound: rate matching + transitioning, nats per sequence.
+
+        Returns:
+            Float[B].
+        """
         return self.rate_matching + self.transitioning
 
     def bits(self) -> dict[str, Tensor]:
-        """Every term as a cost in bits per token, -term / (D ln 2), Float[B] each."""
+        """Every term as a cost in bits per token, -term / (D ln 2), Float[B] each.
+
+        Returns:
+            term name -> Float[B] bits per token.
+        """
         scale = -1.0 / (self.length * math.log(2.0))
         return {name: getattr(self, name) * scale for name in TERMS}
 
@@ -149,10 +163,25 @@ def elbo_uniform_model(
 ) -> ElboTerms:
     """ELBO of a single uniform-diffusion model(x, t) -> Float[B, D, V] logits of p(x_1^d | x_t).
 
-    x1: Long[B, D] clean tokens. planning / denoising: the split of its transitioning
-    term by prop:generative_rate_decomposition. mc_samples: Monte-Carlo samples per
-    sequence (three forward passes each). row_ids: each sequence's random-stream id
-    (default 0..B-1). See the module docstring for the estimator.
+    The terms planning / denoising split its transitioning term by
+    prop:generative_rate_decomposition. Each Monte-Carlo sample takes three forward
+    passes. docs/evaluation.md ("The ELBO") gives the estimator.
+
+    Args:
+        model: the uniform model, model(x, t) -> Float[B, D, V] logits.
+        x1: Long[B, D] clean tokens in [0, vocab_size).
+        vocab_size: V.
+        mc_samples: Monte-Carlo samples a sequence.
+        t_max: where the CTMC stops and the final emission starts.
+        schedule: "linear", "cosine" or a Schedule.
+        seed: the seed of every uniform.
+        row_ids: Long[B] random-stream ids; None: 0..B-1.
+
+    Returns:
+        The ElboTerms, each Float[B] in nats.
+
+    Raises:
+        ValueError, TypeError: invalid tokens, sizes, t_max or row ids.
     """
     check_callable("model", model)
     est = _Estimator(x1, vocab_size, mc_samples, t_max, schedule, seed, row_ids)
@@ -204,6 +233,27 @@ def elbo_planned(
     prop:draw_with_maskD with the planner's mask (mask='planner', a bound) or the
     true noise positions (mask='true', a diagnostic). Other arguments as in
     `elbo_uniform_model`.
+
+    Args:
+        planner: planner(x) (or planner(x, t)) -> Float[B, D] logits of z^d = N.
+        denoiser: denoiser(x, t) -> Float[B, D, V] logits.
+        x1: Long[B, D] clean tokens in [0, vocab_size).
+        vocab_size: V.
+        denoiser_type: "uniform" or "mask".
+        mask: "planner" (a bound) or "true" (a diagnostic), for a mask denoiser.
+        time_conditioned_planner: whether the planner takes t.
+        mask_id: the mask denoiser's mask id; None: V.
+        mc_samples: Monte-Carlo samples a sequence.
+        t_max: where the CTMC stops and the final emission starts.
+        schedule: "linear", "cosine" or a Schedule.
+        seed: the seed of every uniform.
+        row_ids: Long[B] random-stream ids; None: 0..B-1.
+
+    Returns:
+        The ElboTerms, each Float[B] in nats.
+
+    Raises:
+        ValueError, TypeError: invalid tokens, choices, sizes, t_max or row ids.
     """
     check_callable("planner", planner)
     check_callable("denoiser", denoiser)
@@ -290,6 +340,23 @@ def elbo_mask_diffusion(
     """Mask-diffusion ELBO of a mask denoiser(x, t) -> Float[B, D, V] logits alone (the
     reference point): rate matching is 0, transitioning is the denoising term. Other
     arguments as in `elbo_uniform_model`; mask_id defaults to V.
+
+    Args:
+        denoiser: the mask denoiser, denoiser(x, t) -> Float[B, D, V] logits.
+        x1: Long[B, D] clean tokens in [0, vocab_size).
+        vocab_size: V.
+        mask_id: the mask id; None: V.
+        mc_samples: Monte-Carlo samples a sequence.
+        t_max: where the CTMC stops and the final emission starts.
+        schedule: "linear", "cosine" or a Schedule.
+        seed: the seed of every uniform.
+        row_ids: Long[B] random-stream ids; None: 0..B-1.
+
+    Returns:
+        The ElboTerms, each Float[B] in nats.
+
+    Raises:
+        ValueError, TypeError: invalid tokens, sizes, t_max or row ids.
     """
     check_callable("denoiser", denoiser)
     est = _Estimator(x1, vocab_size, mc_samples, t_max, schedule, seed, row_ids)

@@ -47,6 +47,15 @@ class Config:
     run: Callable[[int, int], Any]
 
     def key(self, num_samples: int, seed: int) -> tuple:
+        """What identifies the configuration's row in a frontier CSV.
+
+        Args:
+            num_samples: samples a point.
+            seed: their seed.
+
+        Returns:
+            The key tuple.
+        """
         return (self.sampler, self.policy, str(self.steps), f"{self.temperature:g}", str(num_samples), str(seed))
 
 
@@ -86,7 +95,17 @@ def run_frontier(configs: Sequence[Config], *, judge, vocab_size: int, num_sampl
 
 def read_frontier(path: str) -> list[dict]:
     """The rows of a frontier CSV (numbers as floats); ValueError naming the file for one that
-    lacks a column of the key or a measurement."""
+    lacks a column of the key or a measurement.
+
+    Args:
+        path: a frontier CSV.
+
+    Returns:
+        The rows.
+
+    Raises:
+        ValueError: the file lacks a column or is not such a CSV.
+    """
     with open(path, newline="", encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
     needed = KEY + ("judge_nll", "entropy", "passes")
@@ -121,7 +140,14 @@ def _measure(config: Config, judge, vocab_size: int, num_samples: int, seed: int
 
 
 def family(row: dict) -> str:
-    """A line of the plot: the sampler and its policy (the budget varies along the line)."""
+    """A line of the plot: the sampler and its policy (the budget varies along the line).
+
+    Args:
+        row: a frontier row.
+
+    Returns:
+        "sampler policy".
+    """
     return f"{row['sampler']} {row['policy']}"
 
 
@@ -137,7 +163,18 @@ def passes_to_reach(rows: list[dict], target_nll: float, target_entropy: float, 
                     entropy_tolerance: float = 0.01) -> list[dict]:
     """Per family, the fewest mean passes of a configuration within nll_slack of target_nll
     (or below it) at an entropy within entropy_tolerance (relative) of target_entropy; with none,
-    the best NLL it reached at matched entropy."""
+    the best NLL it reached at matched entropy.
+
+    Args:
+        rows: frontier rows.
+        target_nll: the target's judge NLL.
+        target_entropy: the target's entropy.
+        nll_slack: how far above target_nll counts as reaching it.
+        entropy_tolerance: the relative entropy tolerance.
+
+    Returns:
+        One dict a family.
+    """
     out = []
     for name in dict.fromkeys(family(row) for row in rows):
         matched = [r for r in rows if family(r) == name
@@ -154,6 +191,16 @@ def passes_to_reach(rows: list[dict], target_nll: float, target_entropy: float, 
 
 
 def frontier_markdown(rows: list[dict], reach: Optional[list[dict]] = None, target: str = "") -> str:
+    """The frontier rows, and the passes each family needs to reach the target, as Markdown.
+
+    Args:
+        rows: frontier rows.
+        reach: passes_to_reach's dicts, or None.
+        target: a line describing the target.
+
+    Returns:
+        The Markdown text.
+    """
     text = markdown_table(rows, COLUMNS)
     if reach:
         text += f"\n\nPasses to reach {target} (judge NLL within 0.02, entropy within 1%):\n\n"
@@ -165,7 +212,16 @@ def frontier_markdown(rows: list[dict], reach: Optional[list[dict]] = None, targ
 
 def plot_frontier(rows: list[dict], path: str, target: Optional[dict[str, float]] = None) -> None:
     """Judge NLL against mean passes (log scale), a line per family (a colour) and temperature (a
-    line style), each point labelled with its entropy; the target quality as a horizontal line."""
+    line style), each point labelled with its entropy; the target quality as a horizontal line.
+
+    Args:
+        rows: frontier rows.
+        path: the image file to write.
+        target: {"judge_nll", ...} of the target, or None.
+
+    Raises:
+        MissingDependency: matplotlib is not installed.
+    """
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(11, 7))
     groups: dict[tuple, list[dict]] = {}

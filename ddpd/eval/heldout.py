@@ -17,7 +17,21 @@ from ddpd.training.data import SPLITS, chunk, evenly_spaced, load_splits
 def heldout_sequences(source: str, tokenizer, seq_len: int, split: str = "test",
                       num_sequences: Optional[int] = None) -> Tensor:
     """Long[N, seq_len] chunks of `split` of the corpus at `source` (a text file or
-    hf:NAME), N = num_sequences (default: every chunk)."""
+    hf:NAME), N = num_sequences (default: every chunk).
+
+    Args:
+        source: a corpus source (see ddpd.training.load_text).
+        tokenizer: the models' tokenizer.
+        seq_len: the chunk length.
+        split: "train", "validation" or "test".
+        num_sequences: how many chunks; None: every chunk.
+
+    Returns:
+        Long[N, seq_len].
+
+    Raises:
+        ValueError: an unknown split, too few tokens, or as ddpd.training.load_splits.
+    """
     check_choice("split", split, SPLITS)
     check_int("seq_len", seq_len, 1)
     tokens = load_splits(source, tokenizer)[split]
@@ -25,7 +39,20 @@ def heldout_sequences(source: str, tokenizer, seq_len: int, split: str = "test",
 
 
 def pick_chunks(tokens: Tensor, seq_len: int, num_sequences: Optional[int] = None, what: str = "tokens") -> Tensor:
-    """Up to num_sequences non-overlapping chunks of a Long[N] stream, evenly spaced."""
+    """Up to num_sequences non-overlapping chunks of a Long[N] stream, evenly spaced.
+
+    Args:
+        tokens: Long[N] token stream.
+        seq_len: the chunk length.
+        num_sequences: how many chunks; None: every chunk.
+        what: what the stream is, for the message.
+
+    Returns:
+        Long[n, seq_len].
+
+    Raises:
+        ValueError: fewer tokens than one chunk, or than num_sequences chunks.
+    """
     chunks = chunk(tokens, seq_len)
     if chunks.shape[0] == 0:
         raise ValueError(f"seq_len: {what} has {tokens.numel()} tokens, fewer than one sequence of {seq_len}")

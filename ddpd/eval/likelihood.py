@@ -51,7 +51,14 @@ class ModelSet:
 
 def elbo_methods(models: ModelSet) -> dict[str, tuple]:
     """{name: (is_bound, estimator(x1, **kwargs) -> ElboTerms)} for the available models;
-    is_bound: the row bounds a generative model's log-likelihood (not the true-mask diagnostic)."""
+    is_bound: the row bounds a generative model's log-likelihood (not the true-mask diagnostic).
+
+    Args:
+        models: the loaded models.
+
+    Returns:
+        method name -> (is_bound, estimator).
+    """
     V, methods = models.vocab_size, {}
     if models.uniform_model is not None:
         methods["uniform"] = (True, partial(elbo_uniform_model, models.uniform_model, vocab_size=V))
@@ -83,7 +90,25 @@ def evaluate_elbo(models: ModelSet, sequences: Tensor, *, mc_samples: int = 1, t
                   schedule: Union[str, Schedule] = "linear", seed: int = 0, batch_size: int = 32,
                   methods: Optional[list[str]] = None, progress: bool = False) -> list[dict]:
     """One row per method: every ELBO term (ddpd.eval.elbo.TERMS) as mean bits per token
-    over the sequences, with its standard error (key + '_se'), across sequences."""
+    over the sequences, with its standard error (key + '_se'), across sequences.
+
+    Args:
+        models: the loaded models.
+        sequences: Long[N, D] held-out sequences.
+        mc_samples: Monte-Carlo samples a sequence.
+        t_max: where the CTMC stops.
+        schedule: "linear", "cosine" or a Schedule.
+        seed: the seed of every uniform.
+        batch_size: sequences an estimator call.
+        methods: the methods to run; None: every one available.
+        progress: draw a progress bar on a terminal.
+
+    Returns:
+        The rows.
+
+    Raises:
+        ValueError: an unknown or unavailable method.
+    """
     available = elbo_methods(models)
     names = list(available) if methods is None else methods
     unknown = [n for n in names if n not in available]
@@ -111,7 +136,14 @@ def evaluate_elbo(models: ModelSet, sequences: Tensor, *, mc_samples: int = 1, t
 
 
 def denoising_kinds(models: ModelSet) -> dict[str, tuple]:
-    """{kind: (denoiser, planner or None)} for the available models."""
+    """{kind: (denoiser, planner or None)} for the available models.
+
+    Args:
+        models: the loaded models.
+
+    Returns:
+        kind -> (denoiser, planner or None).
+    """
     kinds = {}
     if models.uniform_model is not None:
         kinds["uniform"] = (models.uniform_model, None)
@@ -129,7 +161,20 @@ def evaluate_denoising(models: ModelSet, sequences: Tensor, *, alpha: float = DE
                        schedule: Union[str, Schedule] = "linear", seed: int = 0, batch_size: int = 32,
                        progress: bool = False) -> list[dict]:
     """One row per denoiser: bits per noisy token (mean over sequences of their mean,
-    with its standard error) and accuracy (over all noisy positions) at level alpha."""
+    with its standard error) and accuracy (over all noisy positions) at level alpha.
+
+    Args:
+        models: the loaded models.
+        sequences: Long[N, D] held-out sequences.
+        alpha: the corruption level.
+        schedule: "linear", "cosine" or a Schedule.
+        seed: the seed of every uniform.
+        batch_size: sequences a call.
+        progress: draw a progress bar on a terminal.
+
+    Returns:
+        The rows.
+    """
     kinds = denoising_kinds(models)
     if not kinds:
         raise ValueError("denoising: no denoiser or uniform model given")
@@ -158,8 +203,24 @@ def evaluate_denoising(models: ModelSet, sequences: Tensor, *, alpha: float = DE
 
 
 def elbo_markdown(rows: list[dict]) -> str:
+    """evaluate_elbo's rows as a Markdown table.
+
+    Args:
+        rows: evaluate_elbo's rows.
+
+    Returns:
+        The table.
+    """
     return markdown_table(rows, ELBO_COLUMNS)
 
 
 def denoising_markdown(rows: list[dict]) -> str:
+    """evaluate_denoising's rows as a Markdown table.
+
+    Args:
+        rows: evaluate_denoising's rows.
+
+    Returns:
+        The table.
+    """
     return markdown_table(rows, DENOISING_COLUMNS)

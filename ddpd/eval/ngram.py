@@ -56,7 +56,14 @@ class NGramJudge:
 
     def log_likelihood(self, x: Tensor) -> Tensor:
         """Float[B]: log p(x_b) in nats of each row of x (Long[B, D]), the first token by the
-        unigram, each next by the longest context available."""
+        unigram, each next by the longest context available.
+
+        Args:
+            x: Long[B, D] tokens.
+
+        Returns:
+            Float[B] nats per sequence.
+        """
         import numpy as np
 
         ids = np.asarray(x.cpu(), dtype=np.int64)

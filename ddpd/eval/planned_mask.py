@@ -23,7 +23,20 @@ def planned_mask_log_probs(denoiser: Callable, x: Tensor, z_planned: Tensor, ext
     """Float[B, D, V] log p_mask(. | x masked at z_planned), and at the positions `extra`
     (Bool[B, D], where z_planned is False) log p_mask(. | x masked at z_planned and d).
 
-    The extra rows run in chunks of the batch size B."""
+    The extra rows run in chunks of the batch size B.
+
+    Args:
+        denoiser: the mask denoiser.
+        x: Long[B, D] tokens.
+        z_planned: Bool[B, D], the planned mask.
+        extra: Bool[B, D], positions to score with their own mask.
+        mask_id: the mask id.
+        schedule: the schedule (the denoiser's time from the masked fraction).
+        vocab_size: V.
+
+    Returns:
+        Float[B, D, V] log-probabilities.
+    """
     log_q = _masked_log_probs(denoiser, x, z_planned, mask_id, schedule, vocab_size)
     b, d = (extra & ~z_planned).nonzero(as_tuple=True)
     for start in range(0, b.numel(), x.shape[0]):

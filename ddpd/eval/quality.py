@@ -35,7 +35,16 @@ SWEEP_COLUMNS = (("sampler", "Sampler", ""), ("steps", "Steps", ""), ("temperatu
 @torch.no_grad()
 def judge_nll(judge, x: Tensor, batch_size: int = 64) -> Tensor:
     """Float[N]: -log p_judge(x_n) / D in nats per token. judge: an ARModel (anything
-    with log_likelihood(x Long[B, D]) -> Float[B] nats per sequence)."""
+    with log_likelihood(x Long[B, D]) -> Float[B] nats per sequence).
+
+    Args:
+        judge: the judge.
+        x: Long[N, D] samples.
+        batch_size: sequences a judge call.
+
+    Returns:
+        Float[N] nats per token.
+    """
     if not callable(getattr(judge, "log_likelihood", None)):
         raise TypeError(f"judge must have a log_likelihood(x) method (an ARModel), got {type(judge).__name__}")
     check_int("batch_size", batch_size, 1)
@@ -51,7 +60,15 @@ def judge_nll(judge, x: Tensor, batch_size: int = 64) -> Tensor:
 
 
 def unigram_entropy(x: Tensor, vocab_size: int) -> Tensor:
-    """Float[N]: entropy in bits of the empirical token distribution of each row of x."""
+    """Float[N]: entropy in bits of the empirical token distribution of each row of x.
+
+    Args:
+        x: Long[N, D] samples.
+        vocab_size: V.
+
+    Returns:
+        Float[N] bits.
+    """
     check_tokens("x", x, check_int("vocab_size", vocab_size, 1))
     ones = torch.ones_like(x, dtype=torch.float)
     counts = torch.zeros(x.shape[0], vocab_size, device=x.device).scatter_add_(1, x, ones)
@@ -60,7 +77,18 @@ def unigram_entropy(x: Tensor, vocab_size: int) -> Tensor:
 
 
 def quality_metrics(tokens: Tensor, judge, vocab_size: int, batch_size: int = 64) -> dict[str, float]:
-    """Mean and standard error of the judge NLL and of the unigram entropy of `tokens`."""
+    """Mean and standard error of the judge NLL and of the unigram entropy of `tokens`.
+
+    Args:
+        tokens: Long[N, D] samples.
+        judge: the judge (see judge_nll).
+        vocab_size: V.
+        batch_size: sequences a judge call.
+
+    Returns:
+        {"judge_nll", "judge_nll_se", "judge_ppl", "entropy", "entropy_se", "num_samples",
+        "length"} -> number.
+    """
     nll, nll_se = mean_and_se(judge_nll(judge, tokens, batch_size))
     entropy, entropy_se = mean_and_se(unigram_entropy(tokens, vocab_size))
     return {"judge_nll": nll, "judge_nll_se": nll_se, "judge_ppl": math.exp(nll), "entropy": entropy,
@@ -113,7 +141,24 @@ def run_sweep(samplers: Sequence[SamplerSpec], *, steps: Sequence[int], temperat
     steps the samples took and the forward passes (planner + denoiser sequences
     evaluated) per sample; plus a row for the `reference` sequences (held-out text).
     Every configuration uses the same seed (the same initial noise). on_row(rows so
-    far) is called after each row, so a caller can save the sweep as it goes."""
+    far) is called after each row, so a caller can save the sweep as it goes.
+
+    Args:
+        samplers: the samplers to run.
+        steps: the step budgets.
+        temperatures: the temperatures.
+        num_samples: samples a configuration.
+        judge: the judge (see judge_nll).
+        vocab_size: V.
+        seed: the seed of every configuration.
+        batch_size: samples a sampler call.
+        reference: Long[N, D] held-out sequences, or None.
+        progress: draw a progress bar on a terminal.
+        on_row: called with the rows so far after each row.
+
+    Returns:
+        The rows, dicts of SWEEP_COLUMNS.
+    """
     if not samplers:
         raise ValueError("samplers: expected at least one SamplerSpec, got none")
     for spec in samplers:
@@ -146,6 +191,14 @@ def run_sweep(samplers: Sequence[SamplerSpec], *, steps: Sequence[int], temperat
 
 
 def sweep_markdown(rows: list[dict]) -> str:
+    """The sweep as a Markdown table.
+
+    Args:
+        rows: rows of run_sweep or read_sweep.
+
+    Returns:
+        The table.
+    """
     return markdown_table(rows, SWEEP_COLUMNS)
 
 
@@ -153,7 +206,15 @@ def plot_quality(rows: list[dict], path: str) -> None:
     """Judge NLL versus unigram entropy, one panel per step budget (the comparison at a
     matched budget): in each, one line per sampler through its temperatures (labelled),
     the reference as a star, like the paper's text8 figure. Raises MissingDependency
-    without matplotlib."""
+    without matplotlib.
+
+    Args:
+        rows: rows of run_sweep or read_sweep.
+        path: the image file to write.
+
+    Raises:
+        MissingDependency: matplotlib is not installed.
+    """
     plt = pyplot()
     reference = [r for r in rows if r["sampler"] == REFERENCE]
     runs = [r for r in rows if r["sampler"] != REFERENCE]
@@ -203,7 +264,19 @@ def _marker(sampler: str) -> str:
 
 def write_sweep(rows: list[dict], out_dir: str) -> dict[str, Optional[str]]:
     """Write sweep.csv, sweep.md and sweep.png under out_dir; returns their paths
-    ('plot' is None when matplotlib is missing, with the reason under 'plot_skipped')."""
+    ('plot' is None when matplotlib is missing, with the reason under 'plot_skipped').
+
+    Args:
+        rows: rows of run_sweep or read_sweep.
+        out_dir: the directory to write.
+
+    Returns:
+        {"csv", "markdown", "plot"} -> path ("plot" None, with "plot_skipped", without
+        matplotlib).
+
+    Raises:
+        OutputError: the files cannot be written.
+    """
     paths: dict[str, Optional[str]] = {"csv": os.path.join(out_dir, "sweep.csv"),
                                        "markdown": os.path.join(out_dir, "sweep.md")}
     write_csv(rows, paths["csv"])
@@ -240,7 +313,17 @@ def read_sweep(path: str) -> list[dict]:
     do not match the header, a sampler's steps that are not an int >= 1, a temperature or
     a measurement that is not a finite number (the other columns of SWEEP_COLUMNS: numbers
     or empty; columns of one's own are kept as they are), a
-    configuration (sampler, steps, temperature) that appears twice, or no row at all."""
+    configuration (sampler, steps, temperature) that appears twice, or no row at all.
+
+    Args:
+        path: a sweep.csv.
+
+    Returns:
+        The rows.
+
+    Raises:
+        ValueError: the file is not such a sweep.
+    """
     rows, lines = [], []
     try:
         with open(path, newline="", encoding="utf-8-sig") as f:  # -sig: a spreadsheet's byte-order mark
@@ -297,7 +380,18 @@ def _check_sweep_row(row: dict, where: str, columns: int) -> tuple:
 def merge_sweeps(parts: Sequence[list[dict]], names: Optional[Sequence[str]] = None) -> list[dict]:
     """One sweep from several: the first reference row, then every configuration row in
     the order given. Raises ValueError when a configuration appears in two parts (named
-    by `names`, default their positions)."""
+    by `names`, default their positions).
+
+    Args:
+        parts: the sweeps' rows.
+        names: each part's name for messages; None: their positions.
+
+    Returns:
+        The merged rows.
+
+    Raises:
+        ValueError: a configuration in two parts.
+    """
     names = list(names) if names is not None else [f"sweep {i + 1}" for i in range(len(parts))]
     reference, rows, seen = [], [], {}
     for name, part in zip(names, parts):
@@ -340,7 +434,18 @@ def matched_entropy(rows: list[dict], sampler: str, baseline: str, steps: int) -
     'worse' in the mirror cases; else 'undecided'. The verdict is 'lower' or 'higher'
     when every decided point agrees, 'mixed' otherwise, 'not comparable' with none
     decided; nll_difference is the mean difference over the interpolated points. None
-    when either sampler has no row at this budget."""
+    when either sampler has no row at this budget.
+
+    Args:
+        rows: rows of a sweep.
+        sampler: the sampler's name.
+        baseline: the baseline's name.
+        steps: the step budget.
+
+    Returns:
+        {"steps", "sampler", "baseline", "verdict", the point counts, "nll_difference"},
+        or None.
+    """
     def points(name):
         return sorted((r for r in rows if r["sampler"] == name and r["steps"] == steps), key=lambda r: r["entropy"])
 
@@ -369,4 +474,12 @@ def matched_entropy(rows: list[dict], sampler: str, baseline: str, steps: int) -
 
 
 def compare_markdown(rows: list[dict]) -> str:
+    """matched_entropy results as a Markdown table.
+
+    Args:
+        rows: matched_entropy dicts.
+
+    Returns:
+        The table.
+    """
     return markdown_table(rows, COMPARE_COLUMNS)

@@ -31,7 +31,14 @@ class MissingDependency(MissingExtra):
 
 
 def pyplot():
-    """matplotlib.pyplot on the non-interactive Agg backend, or MissingDependency."""
+    """matplotlib.pyplot on the non-interactive Agg backend, or MissingDependency.
+
+    Returns:
+        The matplotlib.pyplot module.
+
+    Raises:
+        MissingDependency: matplotlib is not installed.
+    """
     try:
         import matplotlib
 
@@ -51,7 +58,15 @@ def _cell(value, fmt: str) -> str:
 
 
 def markdown_table(rows: Sequence[dict], columns: Sequence[Column]) -> str:
-    """A GitHub Markdown table of `rows` with the given columns."""
+    """A GitHub Markdown table of `rows` with the given columns.
+
+    Args:
+        rows: the rows.
+        columns: the columns (key, header, format).
+
+    Returns:
+        The table.
+    """
     lines = ["| " + " | ".join(header for _, header, _ in columns) + " |",
              "|" + "|".join("---" if i == 0 else "---:" for i in range(len(columns))) + "|"]
     for row in rows:
@@ -60,7 +75,15 @@ def markdown_table(rows: Sequence[dict], columns: Sequence[Column]) -> str:
 
 
 def write_csv(rows: Sequence[dict], path: str) -> None:
-    """All rows with the union of their keys as columns, in first-seen order."""
+    """All rows with the union of their keys as columns, in first-seen order.
+
+    Args:
+        rows: the rows.
+        path: the CSV file to write (atomically).
+
+    Raises:
+        OutputError: the file cannot be written.
+    """
     keys: list[str] = []
     for row in rows:
         keys.extend(k for k in row if k not in keys)
@@ -80,7 +103,11 @@ def one_set() -> Iterator[None]:
     save_figure) goes to a temporary, and all are renamed into place together when the
     block ends (ddpd.files.FileSet: a writer killed between the renames leaves a journal
     that the next writer of these files finishes); if the block raises, none is. One
-    set at a time (a block inside another adds to the outer set)."""
+    set at a time (a block inside another adds to the outer set).
+
+    Yields:
+        None; reports written inside the block join the set.
+    """
     global _SET
     if _SET is not None:
         yield
@@ -95,6 +122,15 @@ def one_set() -> Iterator[None]:
 
 
 def write_text(text: str, path: str) -> None:
+    """Write a report's text to `path` atomically (in the current set, inside one_set).
+
+    Args:
+        text: the content.
+        path: the file.
+
+    Raises:
+        OutputError: the file cannot be written.
+    """
     _parent(path)
     if _SET is not None:
         _SET.open(path).write(text)
@@ -103,7 +139,16 @@ def write_text(text: str, path: str) -> None:
 
 
 def save_figure(fig, path: str, **kwargs) -> None:
-    """fig.savefig to `path` atomically."""
+    """fig.savefig to `path` atomically.
+
+    Args:
+        fig: a matplotlib figure.
+        path: the image file.
+        **kwargs: passed to fig.savefig.
+
+    Raises:
+        OutputError: the file cannot be written.
+    """
     _parent(path)
     image = io.BytesIO()  # the whole image first: a savefig that fails writes nothing
     fig.savefig(image, format=os.path.splitext(path)[1][1:] or "png", **kwargs)
@@ -114,6 +159,15 @@ def save_figure(fig, path: str, **kwargs) -> None:
 
 
 def write_json(data, path: str) -> None:
+    """Write `data` as indented JSON to `path` atomically (in the current set, inside one_set).
+
+    Args:
+        data: a JSON-serialisable value.
+        path: the file.
+
+    Raises:
+        OutputError: the file cannot be written.
+    """
     write_text(json.dumps(data, indent=2, allow_nan=True) + "\n", path)
 
 
@@ -122,7 +176,14 @@ def _parent(path: str) -> None:
 
 
 def mean_and_se(values: Tensor) -> tuple[float, float]:
-    """Mean and standard error of the mean of a 1-D tensor (se 0 for fewer than two values)."""
+    """Mean and standard error of the mean of a 1-D tensor (se 0 for fewer than two values).
+
+    Args:
+        values: a 1-D tensor.
+
+    Returns:
+        (mean, standard error).
+    """
     values = values.double().flatten()
     if values.numel() < 2:
         return float(values.mean()), 0.0

@@ -53,7 +53,17 @@ def _record(path: str) -> dict:
 
 
 def training_row(path: str) -> dict:
-    """The row of one checkpoint directory written by ddpd-train (or kept from one)."""
+    """The row of one checkpoint directory written by ddpd-train (or kept from one).
+
+    Args:
+        path: the checkpoint directory.
+
+    Returns:
+        The row: kind, size, steps, seconds, tokens/s and the losses.
+
+    Raises:
+        CheckpointError: not a checkpoint with a training record.
+    """
     config = read_config(path)
     meta = _record(path)
     if not isinstance(config.get("training", {}), dict):
@@ -78,8 +88,24 @@ def training_row(path: str) -> dict:
 
 
 def training_rows(paths: Sequence[str]) -> list[dict]:
+    """The training_row of every checkpoint directory.
+
+    Args:
+        paths: the checkpoint directories.
+
+    Returns:
+        The rows, in the order of `paths`.
+    """
     return [training_row(path) for path in paths]
 
 
 def training_markdown(rows: Sequence[dict]) -> str:
+    """training_rows as a Markdown table.
+
+    Args:
+        rows: training_rows.
+
+    Returns:
+        The table.
+    """
     return markdown_table(rows, TRAINING_COLUMNS)

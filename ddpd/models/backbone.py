@@ -34,6 +34,16 @@ class LayerNorm(nn.LayerNorm):
 
     def forward(self, x: torch.Tensor, shift: Optional[torch.Tensor] = None,
                 scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The normalised x, modulated by shift and scale when given.
+
+        Args:
+            x: [..., dim] inputs.
+            shift: the adaLN shift, broadcast against x, or None.
+            scale: the adaLN scale, broadcast against x, or None.
+
+        Returns:
+            A tensor like `x`.
+        """
         return normalize(x, self.weight, self.bias, self.eps, False, shift, scale)
 
 
@@ -47,6 +57,16 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, shift: Optional[torch.Tensor] = None,
                 scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The normalised x, modulated by shift and scale when given.
+
+        Args:
+            x: [..., dim] inputs.
+            shift: the adaLN shift, broadcast against x, or None.
+            scale: the adaLN scale, broadcast against x, or None.
+
+        Returns:
+            A tensor like `x`.
+        """
         return normalize(x, self.weight, None, self.eps, True, shift, scale)
 
 
@@ -88,6 +108,14 @@ class TimeEmbedding(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(TIME_FREQ_DIM, d_model), nn.SiLU(), nn.Linear(d_model, d_model))
 
     def forward(self, t: torch.Tensor) -> torch.Tensor:
+        """The time embedding of t.
+
+        Args:
+            t: Float[B] times.
+
+        Returns:
+            [B, d_model] in the dtype of the weights.
+        """
         features = timestep_embedding(t)
         return self.mlp(features.to(self.mlp[0].weight.dtype))
 
@@ -100,6 +128,14 @@ class MLP(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The block's feed-forward branch, GELU between two projections.
+
+        Args:
+            x: [B, D, d_model].
+
+        Returns:
+            [B, D, d_model].
+        """
         return self.dropout(self.proj(F.gelu(self.fc(x))))
 
 
@@ -124,6 +160,15 @@ class Block(nn.Module):
         self.modulation = nn.Linear(config.d_model, 6 * config.d_model) if config.conditioned else None
 
     def forward(self, x: torch.Tensor, c: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """x + attention + MLP, each sub-layer gated and modulated by c when the block is conditioned.
+
+        Args:
+            x: [B, D, d_model] residual stream.
+            c: [B, d_model] conditioning vector, or None.
+
+        Returns:
+            [B, D, d_model].
+        """
         if self.modulation is None:
             x = x + self.attn(self.norm1(x))
             return x + self.mlp(self.norm2(x))

@@ -37,7 +37,14 @@ class BundleNotFoundError(FileNotFoundError):
 def default_bundle() -> str:
     """Path of the default sampling bundle: $DDPD_PRETRAINED_DIR if set, else the
     packaged ddpd/pretrained/text8. Raises BundleNotFoundError (one line, naming the
-    missing files and how to pass your own checkpoints) when it is incomplete."""
+    missing files and how to pass your own checkpoints) when it is incomplete.
+
+    Returns:
+        The bundle directory.
+
+    Raises:
+        BundleNotFoundError: a file of the bundle is missing.
+    """
     override = os.environ.get(ENV_VAR)
     path = Path(override) if override else BUNDLE_DIR
     missing = missing_files(path)
@@ -51,7 +58,21 @@ def default_bundle() -> str:
 
 def load_default(device: str = "cpu"):
     """(planner, denoiser, tokenizer) of the default bundle, ready to sample: eval mode,
-    no gradients. Sample with denoiser_type="mask" (the denoiser is a mask denoiser)."""
+    no gradients. Sample with denoiser_type="mask" (the denoiser is a mask denoiser).
+
+    Args:
+        device: where to put the networks.
+
+    Returns:
+        (planner, denoiser, tokenizer).
+
+    Raises:
+        BundleNotFoundError: a file of the bundle is missing.
+        CheckpointError: a checkpoint of the bundle is damaged.
+
+    Example:
+        >>> planner, denoiser, tokenizer = load_default()
+    """
     from ddpd.checkpoint import load_bundle
     from ddpd.training.data import tokenizer_from_config
 
@@ -61,19 +82,40 @@ def load_default(device: str = "cpu"):
 
 
 def missing_files(path: os.PathLike) -> list[str]:
-    """The files of a bundle (role/file) absent under `path`."""
+    """The files of a bundle (role/file) absent under `path`.
+
+    Args:
+        path: a bundle directory.
+
+    Returns:
+        "role/file" names, empty when the bundle is complete.
+    """
     return [f"{role}/{name}" for role in ROLES for name in FILES if not (Path(path) / role / name).is_file()]
 
 
 def bundle_bytes(path: os.PathLike) -> int:
-    """Total size in bytes of every file under `path`."""
+    """Total size in bytes of every file under `path`.
+
+    Args:
+        path: a directory.
+
+    Returns:
+        The total size in bytes.
+    """
     return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
 
 
 def check_bundle_configs(configs: dict) -> None:
     """ValueError unless {"planner": config, "denoiser": config} describe what the
     default must be: a planner and a mask denoiser over the text8 alphabet, the same
-    tokenizer, schedule and sequence length."""
+    tokenizer, schedule and sequence length.
+
+    Args:
+        configs: {"planner": config, "denoiser": config}.
+
+    Raises:
+        ValueError: the configs are not those of a default bundle.
+    """
     for role, kind in KINDS.items():
         if configs[role]["kind"] != kind:
             raise ValueError(f"default bundle: the {role} must be a {kind!r} model, got {configs[role]['kind']!r}")
@@ -114,7 +156,23 @@ def install_bundle(planner: str, denoiser: str, dest: str, dtype: str = "float32
     `dest`. Raises ValueError, leaving `dest` untouched, if the checkpoints are not what
     the default must be or the bundle would take over MAX_BUNDLE_BYTES. When `dest` is
     the bundle shipped in the package, its previous version is kept beside it
-    (text8.previous, replacing an older one)."""
+    (text8.previous, replacing an older one).
+
+    Args:
+        planner: the planner's checkpoint directory.
+        denoiser: the mask denoiser's checkpoint directory.
+        dest: the bundle directory to write.
+        dtype: how to store the weights, one of WEIGHT_DTYPES.
+
+    Returns:
+        `dest`.
+
+    Raises:
+        ValueError: an unknown dtype, checkpoints that do not make a default bundle, or a
+            bundle over MAX_BUNDLE_BYTES.
+        TypeError: `dest` is not a path.
+        CheckpointError: a checkpoint is missing or damaged.
+    """
     import shutil
     import tempfile
 
@@ -148,5 +206,12 @@ def install_bundle(planner: str, denoiser: str, dest: str, dtype: str = "float32
 
 
 def is_packaged(path: os.PathLike) -> bool:
-    """Whether `path` is the bundle directory shipped in the package."""
+    """Whether `path` is the bundle directory shipped in the package.
+
+    Args:
+        path: a directory.
+
+    Returns:
+        True for the package's ddpd/pretrained/text8.
+    """
     return Path(path).resolve() == BUNDLE_DIR

@@ -16,6 +16,14 @@ from ddpd.pretrained import BUNDLE_DIR, ENV_VAR, WEIGHT_DTYPES, bundle_bytes, in
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    """`python -m ddpd.pretrained PLANNER DENOISER --dest DIR`: write a default bundle.
+
+    Args:
+        argv: the command line without the program name; None: sys.argv[1:].
+
+    Returns:
+        The exit status: 0; 2 for a bad command line, 1 for a failure (a one-line error).
+    """
     from ddpd.streams import Stdout, standard_streams
 
     standard_streams()
