@@ -12,7 +12,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 # The tests run small ops, for which intra-op threads cost far more than they
-# give (up to 25x slower on a loaded 2-core machine); one thread also keeps
+# give (many times slower on a loaded machine); one thread also keeps
 # floating-point reductions identical from run to run.
 torch.set_num_threads(1)
 
