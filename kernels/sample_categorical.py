@@ -152,8 +152,7 @@ def tile_stats_kernel(
     a predicate a value). Window w of a row starts `skew` columns before tile w, at a multiple
     of ALIGN logits (16 bytes) from the tensor's start, and is read with 16-byte vector loads;
     its first skew values, the end of tile w - 1, are replaced by those of window w + 1 (whose
-    first ALIGN values one more vector load reads): the tile's own values, rotated by skew.
-    ALIGN = 1: every skew is 0, and each value is read at its column."""
+    first ALIGN values one more vector load reads): the tile's own values, rotated by skew."""
     row = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
     _, t = row_temperature(temperature, temperature_ptr, row)
