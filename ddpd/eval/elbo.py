@@ -285,7 +285,7 @@ def elbo_planned(
 
 def _planned_final(planner: Callable, q: _PlannedDenoiser, est: _Estimator, m: int, clock) -> Tensor:
     """log p_final(x_1 | x) summed over positions, x ~ p_{t_max|1} (a lower bound for
-    the planner's mask, see the module docstring)."""
+    the planner's mask: docs/evaluation.md, "The ELBO")."""
     x, z = est.final_state(m, "uniform")
     t = est.full(est.t_max)
     logits = planner_logits(planner, x, clock(t))

@@ -133,7 +133,7 @@ def _autocast_like(network, device: torch.device):
 
 
 class SEDDAbsorbingDenoiser(MaskDenoiserAdapter):
-    """A SEDD absorbing-state score network as a ddpd mask denoiser (module docstring).
+    """A SEDD absorbing-state score network as a ddpd mask denoiser (docs/models.md).
 
     network(x, sigma) -> log-scores [B, D, V + 1]; logits = log s_j + log expm1(sigma)."""
 
@@ -155,7 +155,7 @@ class SEDDAbsorbingDenoiser(MaskDenoiserAdapter):
 
 
 class MDLMSubsDenoiser(MaskDenoiserAdapter):
-    """An MDLM network (SUBS parameterisation) as a ddpd mask denoiser (module docstring).
+    """An MDLM network (SUBS parameterisation) as a ddpd mask denoiser (docs/models.md).
 
     network(x, sigma) -> logits [B, D, V + 1]; logits = log_softmax of the V clean ones."""
 

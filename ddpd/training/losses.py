@@ -76,7 +76,7 @@ def planner_loss(logits: torch.Tensor, z_t: torch.Tensor, rate: Optional[torch.T
     """Binary cross-entropy of planner logits [B, D] against z_t [B, D] (bool, True = noise).
 
     Default: mean over all B * D positions. With rate: E_b[rate_b * sum_d BCE_bd].
-    reduction="sum": the mean's numerator (module docstring).
+    reduction="sum": the mean's numerator (docs/training.md, "Objectives").
 
     Args:
         logits: Float[B, D] planner logits.
@@ -105,7 +105,7 @@ def denoiser_loss(logits: torch.Tensor, x1: torch.Tensor, z_t: torch.Tensor,
 
     Default: mean over the corrupted positions of the whole batch (0, with a zero
     gradient, when none is corrupted). With rate: E_b[rate_b * sum_{d: z=N} CE_bd].
-    reduction="sum": the mean's numerator (module docstring).
+    reduction="sum": the mean's numerator (docs/training.md, "Objectives").
 
     Args:
         logits: Float[B, D, V] denoiser logits.
