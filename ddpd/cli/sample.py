@@ -50,7 +50,7 @@ positions of TEXT except those marked `_`, one token each (one character with th
 tokenizer); positions after TEXT are generated in both. --prompts FILE and --infills
 FILE give one such text per line, sample i taking line i modulo the number of lines
 (default --num-samples: the number of lines). Fixed positions are never noised, chosen
-or masked by any sampler (ddpd.sampling: x_init, frozen). Class labels: --labels C
+or masked by any sampler (ddpd.sampling.Prompt). Class labels: --labels C
 [C ...] (sample i takes the label i modulo their number) for a class-conditional
 denoiser (ddpd-train --num-classes), with classifier-free guidance --guidance-scale W
 (1: the conditional model, 0: the unconditional one); a class-conditional planner gets
