@@ -13,7 +13,7 @@ CPU thread). Models: tiny randomly initialised ddpd.models transformers.
   frozen in the batch): same samples (checked), and compaction must run at most
   60% of the uncompacted run's model row-evaluations (checked; counts, not times).
   Both are timed over EARLY_ROUNDS rounds after a warm-up (the ratio is of medians).
-- fused vs reference: ddpd_sample(fused=True) against the reference sampler, same
+- fused vs reference: ddpd_sample(execution=Execution(fused=True)) against the reference sampler, same
   seed, same samples (checked), with a mask denoiser on text8's 27 symbols and with
   a uniform denoiser on GPT-2's 50257 tokens (where the reference applies the head
   at every position of every row, and the fused path at one position per row).
@@ -25,6 +25,7 @@ import torch
 
 from ddpd.models import build_model, config_for
 from ddpd.sampling import ddpd_sample
+from ddpd.sampling.options import DDPDOptions, Execution
 
 EARLY = dict(vocab=27, length=32, batch=128, steps=96, easy_span=6, d_model=64, n_layers=2, n_heads=4)
 EARLY_ROUNDS = 3  # the early-stop ratio is of medians over this many timed rounds (after one warm-up)
@@ -65,8 +66,8 @@ def early_models():
 def early_run(models, compaction):
     planner, denoiser = models
     with torch.inference_mode():
-        result = ddpd_sample(planner, denoiser, EARLY["batch"], EARLY["length"], EARLY["vocab"],
-                             steps=EARLY["steps"], seed=0, fused=True, sync_every=8, compaction=compaction)
+        result = ddpd_sample(planner, denoiser, EARLY["batch"], EARLY["length"], EARLY["vocab"], steps=EARLY["steps"],
+                             seed=0, execution=Execution(fused=True, sync_every=8, compaction=compaction))
     _runs[("early", compaction)] = result
     return result
 
@@ -97,9 +98,9 @@ def test_early_stop_compacted(compare, early_models, capsys):
 
 END_TO_END = {
     "text8 mask denoiser": dict(vocab=27, length=32, batch=32, steps=32, kind="mask-denoiser",
-                                options=dict(denoiser_type="mask", stop="budget")),
+                                options=dict(denoiser_type="mask", ddpd=DDPDOptions(stop="budget"))),
     "gpt2 uniform denoiser": dict(vocab=50257, length=16, batch=8, steps=12, kind="uniform-denoiser",
-                                  options=dict(stop="budget")),
+                                  options=dict(ddpd=DDPDOptions(stop="budget"))),
 }
 
 
@@ -120,7 +121,7 @@ def end_to_end(models, name, fused):
     planner, denoiser = models[name]
     with torch.inference_mode():
         result = ddpd_sample(planner, denoiser, case["batch"], case["length"], case["vocab"], steps=case["steps"],
-                             seed=1, fused=fused, **case["options"])
+                             seed=1, execution=Execution(fused=fused), **case["options"])
     _runs[(name, fused)] = result
     return result
 

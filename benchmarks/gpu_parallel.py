@@ -8,8 +8,8 @@ Models, as bfloat16 networks on the fused path (ddpd.models.prepare_for_sampling
 mask denoiser with random weights (12 layers, d_model 768, V = 50257, L = 1024). Batches 1
 and 64. Configurations, those of `ddpd-eval frontier` (which measures their quality on the
 CPU, docs/parallel.md; this script measures speed only):
-- default: ddpd_sample(..., denoiser_type="mask", fused=True), option A (sigmoid selection,
-  eps stop, eps 0.01), 2 x L steps as ddpd-sample's default, CUDA graphs on ("auto");
+- default: ddpd_sample(..., denoiser_type="mask", execution=Execution(fused=True)), option A
+  (sigmoid selection, eps stop, eps 0.01), 2 x L steps as ddpd-sample's default, CUDA graphs on ("auto");
 - ddpd + ErrorBudget (ddpd.sampling.policies; --policy, a spec as the frontier's --policies,
   default POLICY, the frontier's DDPD policy) at 64 and 128 network passes (the steps that
   cost them: a denoiser pass a step and a planner pass every plan_every steps, as the

@@ -43,6 +43,7 @@ from ddpd.checkpoint import load_bundle
 from ddpd.models import build_model, compile_for_sampling, config_for, prepare_for_sampling
 from ddpd.pretrained import BUNDLE_DIR
 from ddpd.sampling import ddpd_sample
+from ddpd.sampling.options import DDPDOptions, Execution
 
 TARGETS = {64: "4x", 512: "3x"}  # batch -> default run / fused fp32 samples/s; no target at other batches
 
@@ -92,17 +93,17 @@ def bundled(args, device: torch.device, clock: Clock) -> None:
     steps = 512 if not args.dry_run else 8
     batches = (64, 512) if not args.dry_run else (4,)
     low = [prepare_for_sampling(m, "auto", device) for m in load_bundle(str(BUNDLE_DIR), device=str(device))[:2]]
-    variants = {  # name: (planner, denoiser, sampler options); "fused fp32" is the fused path before bf16/graphs
-        "reference fp32": (planner, denoiser, dict(dtype="float32")),
-        "fused fp32": (planner, denoiser, dict(dtype="float32", fused=True, graphs="off")),
-        "fused bf16": (*low, dict(fused=True, graphs="off")),
-        "fused bf16 + graphs (default)": (*low, dict(fused=True)),
+    variants = {  # name: (planner, denoiser, Execution); "fused fp32" is the fused path before bf16/graphs
+        "reference fp32": (planner, denoiser, Execution(dtype="float32")),
+        "fused fp32": (planner, denoiser, Execution(dtype="float32", fused=True, graphs="off")),
+        "fused bf16": (*low, Execution(fused=True, graphs="off")),
+        "fused bf16 + graphs (default)": (*low, Execution(fused=True)),
     }
 
     def run(batch, name, n_steps=steps):
-        p, d, options = variants[name]
+        p, d, execution = variants[name]
         return lambda: ddpd_sample(p, d, batch, length, vocab, steps=n_steps, denoiser_type="mask", seed=0,
-                                   device=device, **options)
+                                   device=device, execution=execution)
 
     print(f"## bundled text8 planner + mask denoiser, option A, {steps} steps, D = {length}")
     with torch.inference_mode():
@@ -168,8 +169,8 @@ def compiled_run(args, device: torch.device, clock: Clock, batch: int) -> None:
     planner, denoiser = [compile_for_sampling(prepare_for_sampling(m, "auto", device), backend) for m in bundle[:2]]
 
     def run(n_steps):
-        return lambda: ddpd_sample(planner, denoiser, batch, length, vocab, steps=n_steps, denoiser_type="mask",
-                                   seed=0, device=device, fused=True)
+        return lambda: ddpd_sample(planner, denoiser, batch, length, vocab, steps=n_steps, denoiser_type="mask", seed=0,
+                                   device=device, execution=Execution(fused=True))
 
     with torch.inference_mode():
         begin = time.perf_counter()
@@ -195,8 +196,9 @@ def gpt2_pair(args, device: torch.device, clock: Clock) -> None:
     t = torch.rand(batch, device=device)
 
     def run(fused: bool, steps: int):
-        return lambda: ddpd_sample(planner, denoiser, batch, length, vocab, steps=steps, stop="budget", seed=0,
-                                   device=device, fused=fused)
+        return lambda: ddpd_sample(planner, denoiser, batch, length, vocab, steps=steps,
+                                   ddpd=DDPDOptions(stop="budget"), seed=0, device=device,
+                                   execution=Execution(fused=fused))
 
     def step_and_fixed(fused: bool) -> tuple:
         """(seconds a step, seconds a run costs besides its steps)."""

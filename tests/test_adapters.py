@@ -19,6 +19,7 @@ from ddpd.models import MDLMSubsDenoiser, SEDDAbsorbingDenoiser, prepare_for_sam
 from ddpd.models.adapters import CARRY_OVER_LOGIT, MAX_ALPHA, MIN_ALPHA
 from ddpd.process import CosineSchedule
 from ddpd.sampling import ddpd_sample, tau_leaping_mask
+from ddpd.sampling.options import Execution
 from oracles.toy import ToyProblem, dirichlet_p_data, sparse_p_data
 
 S, D = 3, 4
@@ -194,7 +195,8 @@ def test_a_cast_network_that_mixes_in_float32_features_runs_outside_a_sampler(to
     x, t = masked_inputs(16)
     masked = x == S
     torch.testing.assert_close(adapter(x, t).softmax(-1)[masked].double(), exact(toy, x)[masked], rtol=0, atol=2e-2)
-    result = tau_leaping_mask(adapter, 8, D, S, steps=4, seed=0, dtype=dtype)  # float32: no autocast of the run
+    result = tau_leaping_mask(adapter, 8, D, S, steps=4, seed=0,
+                              execution=Execution(dtype=dtype))  # float32: no autocast of the run
     assert torch.all(result.tokens < S)
 
 

@@ -845,21 +845,21 @@ def test_labels_and_guidance_reach_the_sampler(classes, ckpts, tmp_path, capsys,
                            "--labels", "1", "0", "1", "--guidance-scale", "2.5", "--num-samples", "5",
                            "--batch-size", "2", "--steps", "6", "--out", str(out), "--quiet")
     assert code == 0, err
-    assert [c["labels"].tolist() for c in calls] == [[1, 0], [1, 1], [0]]  # sample i: label i mod 3
-    assert all(c["guidance_scale"] == 2.5 and c["conditional_planner"] for c in calls)
+    assert [c["guidance"].labels.tolist() for c in calls] == [[1, 0], [1, 1], [0]]  # sample i: label i mod 3
+    assert all(c["guidance"].scale == 2.5 and c["guidance"].conditional_planner for c in calls)
     assert [r["label"] for r in read_jsonl(out)] == [1, 0, 1, 1, 0]
     calls.clear()
     # an unconditional planner with a class-conditional denoiser: the labels go to the denoiser only
     code, _, err = run_cli(capsys, "--planner", ckpts["planner"], "--denoiser", classes["mask-denoiser"],
                            "--labels", "0", "--num-samples", "2", "--steps", "6", "--quiet")
     assert code == 0, err
-    assert calls[0]["labels"].tolist() == [0, 0] and calls[0]["guidance_scale"] == 1.0
-    assert "conditional_planner" not in calls[0]
+    assert calls[0]["guidance"].labels.tolist() == [0, 0] and calls[0]["guidance"].scale == 1.0
+    assert not calls[0]["guidance"].conditional_planner
     calls.clear()
     code, _, err = run_cli(capsys, "--checkpoint", classes["mask-denoiser"], "--sampler", "maskgit", "--steps", "3",
                            "--num-samples", "2", "--quiet")  # no --labels: the null label, no guidance
     assert code == 0, err
-    assert "labels" not in calls[0] and "guidance_scale" not in calls[0]
+    assert "guidance" not in calls[0]
 
 
 @pytest.mark.parametrize("model,argv", [("mask-denoiser", ["--sampler", "maskgit"]),

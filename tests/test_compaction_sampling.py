@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from ddpd.sampling import PhiloxNoise, batch as sampling_batch, ddpd_sample, tau_leaping_mask
+from ddpd.sampling.options import DDPDOptions, Execution
 from oracles.fixtures import single_thread  # noqa: F401  (autouse)
 from oracles.toy import ToyProblem, dirichlet_p_data
 
@@ -21,12 +22,13 @@ STEPS = 16
 EPS = 0.3
 
 RUNS = {
-    "ddpd uniform": lambda batch, **kw: ddpd_sample(M.planner, M.uniform_denoiser, batch, 5, 3, steps=STEPS, eps=EPS,
-                                                    **kw),
+    "ddpd uniform": lambda batch, **kw: ddpd_sample(M.planner, M.uniform_denoiser, batch, 5, 3, steps=STEPS,
+                                                    ddpd=DDPDOptions(eps=EPS), **kw),
     "ddpd mask k=2 x3": lambda batch, **kw: ddpd_sample(M.planner, M.mask_denoiser, batch, 5, 3, steps=STEPS,
-                                                        eps=EPS, denoiser_type="mask", k=2, parallel_steps=3, **kw),
-    "ddpd softmax": lambda batch, **kw: ddpd_sample(M.planner, M.uniform_denoiser, batch, 5, 3, steps=STEPS, eps=EPS,
-                                                    selection="softmax", **kw),
+                                                        ddpd=DDPDOptions(eps=EPS, k=2, parallel_steps=3),
+                                                        denoiser_type="mask", **kw),
+    "ddpd softmax": lambda batch, **kw: ddpd_sample(M.planner, M.uniform_denoiser, batch, 5, 3, steps=STEPS,
+                                                    ddpd=DDPDOptions(selection="softmax", eps=EPS), **kw),
     "tau mask eta 0": lambda batch, **kw: tau_leaping_mask(M.mask_denoiser, batch, 5, 3, steps=STEPS, **kw),
 }
 
@@ -36,8 +38,8 @@ RUNS = {
 def test_compacted_run_equals_uncompacted_and_reference(name, sync_every):
     run = RUNS[name]
     reference = run(400, seed=21)
-    compacted = run(400, seed=21, fused=True, sync_every=sync_every)
-    uncompacted = run(400, seed=21, fused=True, sync_every=sync_every, compaction=False)
+    compacted = run(400, seed=21, execution=Execution(fused=True, sync_every=sync_every))
+    uncompacted = run(400, seed=21, execution=Execution(fused=True, sync_every=sync_every, compaction=False))
     stops = reference.stop_step
     assert (stops < STEPS).float().mean() > 0.2 and (stops == STEPS).any()  # rows stop at many different steps
     for result in (compacted, uncompacted):
@@ -61,7 +63,7 @@ def test_compacted_run_equals_uncompacted_and_reference(name, sync_every):
 def test_row_evaluations_follow_the_stop_steps_and_the_check_schedule(sync_every):
     """A row that stops at step j stays until the first check c >= j (steps c with (c + 1) % sync_every == 0):
     the planner sees it at steps 0..c, the denoiser at 0..c-1 (it leaves before the denoiser's pass)."""
-    result = RUNS["ddpd uniform"](300, seed=3, fused=True, sync_every=sync_every)
+    result = RUNS["ddpd uniform"](300, seed=3, execution=Execution(fused=True, sync_every=sync_every))
     planner = denoiser = 0
     for j in result.stop_step.tolist():
         c = j + (-(j + 1)) % sync_every  # the first check at or after j
@@ -83,7 +85,8 @@ def test_later_passes_see_only_the_running_rows():
         seen["denoiser"].append(x.shape[0])
         return M.uniform_denoiser(x, t)
 
-    result = ddpd_sample(planner, denoiser, 300, 5, 3, steps=STEPS, eps=EPS, seed=8, fused=True, sync_every=1)
+    result = ddpd_sample(planner, denoiser, 300, 5, 3, steps=STEPS, ddpd=DDPDOptions(eps=EPS), seed=8,
+                         execution=Execution(fused=True, sync_every=1))
     stops = result.stop_step
     assert seen["planner"] == [int((stops >= i).sum()) for i in range(result.planner_calls)]
     assert seen["denoiser"] == [int((stops > i).sum()) for i in range(result.denoiser_calls)]
@@ -93,8 +96,9 @@ def test_later_passes_see_only_the_running_rows():
 def test_samples_come_back_in_the_original_order():
     """Row i keeps Philox row i (plus first_row) through every compaction: a slice of a
     batch run on its own, offset by first_row, gives the same rows."""
-    whole = RUNS["ddpd mask k=2 x3"](60, noise=PhiloxNoise(5), fused=True, sync_every=2)
-    part = RUNS["ddpd mask k=2 x3"](25, noise=PhiloxNoise(5, first_row=30), fused=True, sync_every=3)
+    whole = RUNS["ddpd mask k=2 x3"](60, noise=PhiloxNoise(5), execution=Execution(fused=True, sync_every=2))
+    part = RUNS["ddpd mask k=2 x3"](25, noise=PhiloxNoise(5, first_row=30),
+                                    execution=Execution(fused=True, sync_every=3))
     assert torch.equal(whole.tokens[30:55], part.tokens)
     assert torch.equal(whole.stop_step[30:55], part.stop_step)
     assert not torch.equal(whole.tokens[:25], part.tokens)
@@ -110,19 +114,20 @@ def test_compaction_goes_through_the_ops(monkeypatch):
             return _original(*args)
 
         monkeypatch.setattr(sampling_batch, name, counted)
-    RUNS["ddpd uniform"](200, seed=1, fused=True, sync_every=2)
+    RUNS["ddpd uniform"](200, seed=1, execution=Execution(fused=True, sync_every=2))
     assert calls["compact_fixed"] > 0 and calls["scatter_back"] == calls["compact_fixed"] + 1
     calls.update(compact_fixed=0, scatter_back=0)
-    RUNS["ddpd uniform"](200, seed=1, fused=True, sync_every=2, compaction=False)
+    RUNS["ddpd uniform"](200, seed=1, execution=Execution(fused=True, sync_every=2, compaction=False))
     assert calls == {"compact_fixed": 0, "scatter_back": 1}  # only the final write-back
 
 
 def test_the_loop_ends_at_the_check_after_the_last_row_stops():
     clean = lambda x: torch.full(x.shape, -20.0)  # noqa: E731
     never = lambda x, t: pytest.fail("the denoiser must not run on rows that stopped at step 0")  # noqa: E731
-    result = ddpd_sample(clean, never, 6, 5, 3, steps=10, seed=0, fused=True, sync_every=1)
+    result = ddpd_sample(clean, never, 6, 5, 3, steps=10, seed=0, execution=Execution(fused=True, sync_every=1))
     assert result.steps == 0 and (result.stop_step == 0).all() and result.planner_calls == 1
-    late = ddpd_sample(clean, M.uniform_denoiser, 6, 5, 3, steps=10, seed=0, fused=True, sync_every=4)
+    late = ddpd_sample(clean, M.uniform_denoiser, 6, 5, 3, steps=10, seed=0,
+                       execution=Execution(fused=True, sync_every=4))
     # Stopped at step 0, frozen until the check at step 3: same tokens, stop_step and steps as before.
     assert late.planner_calls == 4 and late.denoiser_calls == 3 and late.steps == 0
     assert torch.equal(late.tokens, result.tokens) and (late.stop_step == 0).all()
@@ -140,7 +145,7 @@ def test_rows_left_out_of_a_pass_are_not_saved_by_early_stopping(fused):
     """The reference run leaves out of a denoiser pass the rows that draw nothing (no jump in
     a tau-leaping step); they had not stopped, so early stopping saved nothing: the count
     used to be every row-evaluation not run."""
-    result = tau_leaping_mask(M.mask_denoiser, 300, 5, 3, steps=40, eta=5.0, seed=2, fused=fused)
+    result = tau_leaping_mask(M.mask_denoiser, 300, 5, 3, steps=40, eta=5.0, seed=2, execution=Execution(fused=fused))
     assert (result.stop_step == 40).all()
     assert result.planner_rows_saved == result.denoiser_rows_saved == 0
     if not fused:

@@ -11,6 +11,7 @@ from ddpd.eval import quality, report
 from ddpd.eval.convergence import PlannerRecorder, convergence_rows, stopped_fraction, write_convergence
 from ddpd.eval.quality import SamplerSpec, judge_nll, run_sweep, unigram_entropy, write_sweep
 from ddpd.models import build_model, config_for
+from ddpd.sampling.options import DDPDOptions
 from ddpd.training.data import Text8Tokenizer
 
 V = 27
@@ -169,7 +170,8 @@ def test_recorder_on_the_ddpd_sampler_counts_one_call_per_step():
     sampling = pytest.importorskip("ddpd.sampling")
     recorder = PlannerRecorder(lambda x: torch.zeros(x.shape))
     recorder.start_run(3)
-    sampling.ddpd_sample(recorder, lambda x, t: torch.zeros(*x.shape, V), 3, 8, V, steps=5, stop="budget", seed=0)
+    sampling.ddpd_sample(recorder, lambda x, t: torch.zeros(*x.shape, V), 3, 8, V, steps=5,
+                         ddpd=DDPDOptions(stop="budget"), seed=0)
     assert len(recorder.rows()) == 5 and recorder.counts == [3] * 5
 
 

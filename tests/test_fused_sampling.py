@@ -35,6 +35,7 @@ from ddpd.sampling import (
     tau_leaping_uniform,
 )
 from ddpd.sampling.batch import FusedBatch
+from ddpd.sampling.options import DDPDOptions, Execution, Temperature
 from oracles import laws
 from oracles.fixtures import single_thread, tiny_network  # noqa: F401  (single_thread: autouse)
 from oracles.stats import empirical, threshold, tv
@@ -66,15 +67,19 @@ def assert_same_samples(reference, fused, same_rows=True):
 # ----------------------------------------------------------------------------- (a) oracle toys
 
 TOY_DDPD = {
-    "uniform A": dict(eps=0.35),
-    "uniform A+C": dict(eps=0.35, selection="softmax"),
-    "uniform B k=3 x3, T 1.3->0": dict(stop="budget", k=3, parallel_steps=3, temperature=1.3, temperature_end=0.0),
-    "mask A": dict(denoiser_type="mask", eps=0.35),
-    "mask B+C k=2 x2": dict(denoiser_type="mask", stop="budget", selection="softmax", k=2, parallel_steps=2),
-    "mask A k=4 x12, T 0.5": dict(denoiser_type="mask", eps=0.35, k=4, parallel_steps=12, temperature=0.5),
+    "uniform A": dict(ddpd=DDPDOptions(eps=0.35)),
+    "uniform A+C": dict(ddpd=DDPDOptions(selection="softmax", eps=0.35)),
+    "uniform B k=3 x3, T 1.3->0": dict(ddpd=DDPDOptions(stop="budget", k=3, parallel_steps=3),
+                                       temperature=Temperature(1.3, 0.0)),
+    "mask A": dict(denoiser_type="mask", ddpd=DDPDOptions(eps=0.35)),
+    "mask B+C k=2 x2": dict(denoiser_type="mask",
+                            ddpd=DDPDOptions(selection="softmax", stop="budget", k=2, parallel_steps=2)),
+    "mask A k=4 x12, T 0.5": dict(denoiser_type="mask", ddpd=DDPDOptions(eps=0.35, k=4, parallel_steps=12),
+                                  temperature=0.5),
     # a temperature per row, from the planner's time estimate (k of them a row)
-    "uniform A k=2 x4, T 1.3->0.1": dict(eps=0.35, k=2, parallel_steps=4, temperature=1.3, temperature_end=0.1),
-    "mask A, T 1.2->0": dict(denoiser_type="mask", eps=0.35, temperature=1.2, temperature_end=0.0),
+    "uniform A k=2 x4, T 1.3->0.1": dict(ddpd=DDPDOptions(eps=0.35, k=2, parallel_steps=4),
+                                         temperature=Temperature(1.3, 0.1)),
+    "mask A, T 1.2->0": dict(denoiser_type="mask", ddpd=DDPDOptions(eps=0.35), temperature=Temperature(1.2, 0.0)),
 }
 
 
@@ -89,29 +94,35 @@ def test_ddpd_fused_equals_reference_on_oracle_toy(name, source):
     options = TOY_DDPD[name]
     make = (lambda: PhiloxNoise(11)) if source == "philox" else (lambda: RowNoise(11))
     reference = toy_ddpd(300, options, noise=make())
-    if options.get("stop", "eps") == "eps":
+    if options["ddpd"].stop == "eps":
         assert (reference.stop_step < 12).any() and (reference.stop_step == 12).any()
-    assert_same_samples(reference, toy_ddpd(300, options, noise=make(), fused=True, sync_every=1))
+    assert_same_samples(reference, toy_ddpd(300, options, noise=make(), execution=Execution(fused=True, sync_every=1)))
     # Stop checks every 5 steps: the same samples, finished rows evaluated a few more times.
-    assert_same_samples(reference, toy_ddpd(300, options, noise=make(), fused=True, sync_every=5), same_rows=False)
+    assert_same_samples(reference, toy_ddpd(300, options, noise=make(), execution=Execution(fused=True, sync_every=5)),
+                        same_rows=False)
 
 
 TOY_EXACT = {
     "exact clock, uniform": lambda **kw: ddpd_sample(M.planner, M.uniform_denoiser, 300, 4, 3, steps=30,
-                                                     clock="exact", **kw),
+                                                     ddpd=DDPDOptions(clock="exact"), **kw),
     "exact clock, mask, softmax": lambda **kw: ddpd_sample(M.planner, M.mask_denoiser, 300, 4, 3, steps=30,
-                                                           clock="exact", denoiser_type="mask", selection="softmax",
-                                                           **kw),
-    "exact clock, time-conditioned planner, T 0.8": lambda **kw: ddpd_sample(
-        M.planner_t, M.uniform_denoiser, 300, 4, 3, steps=30, clock="exact", time_conditioned_planner=True,
-        temperature=0.8, **kw),
-    "single uniform model A": lambda **kw: ddpd_sample_uniform(M.uniform_model, 300, 4, 3, steps=12, eps=0.35, **kw),
-    "single uniform model B+C k=2 x2": lambda **kw: ddpd_sample_uniform(
-        M.uniform_model, 300, 4, 3, steps=12, stop="budget", selection="softmax", k=2, parallel_steps=2, **kw),
+                                                           ddpd=DDPDOptions(selection="softmax", clock="exact"),
+                                                           denoiser_type="mask", **kw),
+    "exact clock, time-conditioned planner, T 0.8": lambda **kw: ddpd_sample(M.planner_t, M.uniform_denoiser, 300, 4, 3,
+                                                                             steps=30, ddpd=DDPDOptions(clock="exact"),
+                                                                             time_conditioned_planner=True,
+                                                                             temperature=0.8, **kw),
+    "single uniform model A": lambda **kw: ddpd_sample_uniform(M.uniform_model, 300, 4, 3, steps=12,
+                                                               ddpd=DDPDOptions(eps=0.35), **kw),
+    "single uniform model B+C k=2 x2": lambda **kw: ddpd_sample_uniform(M.uniform_model, 300, 4, 3, steps=12,
+                                                                        ddpd=DDPDOptions(selection="softmax",
+                                                                                         stop="budget", k=2,
+                                                                                         parallel_steps=2), **kw),
     "single uniform model, exact clock": lambda **kw: ddpd_sample_uniform(M.uniform_model, 300, 4, 3, steps=30,
-                                                                          clock="exact", **kw),
-    "exact clock, uniform, T 1.2->0.1 over t": lambda **kw: ddpd_sample(
-        M.planner, M.uniform_denoiser, 300, 4, 3, steps=30, clock="exact", temperature=1.2, temperature_end=0.1, **kw),
+                                                                          ddpd=DDPDOptions(clock="exact"), **kw),
+    "exact clock, uniform, T 1.2->0.1 over t": lambda **kw: ddpd_sample(M.planner, M.uniform_denoiser, 300, 4, 3,
+                                                                        steps=30, ddpd=DDPDOptions(clock="exact"),
+                                                                        temperature=Temperature(1.2, 0.1), **kw),
 }
 
 
@@ -124,7 +135,7 @@ def test_exact_clock_and_single_model_fused_equal_reference(name, source):
     make = (lambda: PhiloxNoise(13)) if source == "philox" else (lambda: RowNoise(13))
     reference = TOY_EXACT[name](noise=make())
     for sync_every in (1, 4):
-        fused = TOY_EXACT[name](noise=make(), fused=True, sync_every=sync_every)
+        fused = TOY_EXACT[name](noise=make(), execution=Execution(fused=True, sync_every=sync_every))
         assert_same_samples(reference, fused, same_rows=False)
     if "exact" in name:  # rows reach t_end at different candidates
         assert (reference.stop_step < 30).any()
@@ -135,14 +146,15 @@ def test_ddpd_fused_reads_torch_noise_in_the_reference_order(name):
     """TorchNoise hands out blocks in call order: equal samples mean equal requests."""
     options = TOY_DDPD[name]
     reference = toy_ddpd(200, options, noise=TorchNoise(torch.Generator().manual_seed(4)))
-    fused = toy_ddpd(200, options, noise=TorchNoise(torch.Generator().manual_seed(4)), fused=True)
+    fused = toy_ddpd(200, options, noise=TorchNoise(torch.Generator().manual_seed(4)),
+                     execution=Execution(fused=True))
     assert_same_samples(reference, fused)
 
 
 BASELINES = {
     "tau mask eta 0": lambda **kw: tau_leaping_mask(M.mask_denoiser, 300, 4, 3, steps=20, **kw),
     "tau mask eta 2, T 1->0.5": lambda **kw: tau_leaping_mask(M.mask_denoiser, 300, 4, 3, steps=10, eta=2.0,
-                                                              temperature=1.0, temperature_end=0.5, **kw),
+                                                              temperature=Temperature(1.0, 0.5), **kw),
     "tau uniform": lambda **kw: tau_leaping_uniform(M.uniform_model, 300, 4, 3, steps=10, **kw),
     "tau uniform T 0": lambda **kw: tau_leaping_uniform(M.uniform_model, 300, 4, 3, steps=6, temperature=0.0, **kw),
     "tau planned uniform": lambda **kw: tau_leaping_planned(M.planner, M.uniform_denoiser, 300, 4, 3, steps=10,
@@ -157,7 +169,7 @@ BASELINES = {
 @pytest.mark.parametrize("name", BASELINES)
 def test_baseline_fused_equals_reference_on_oracle_toy(name):
     reference = BASELINES[name](noise=PhiloxNoise(3))
-    fused = BASELINES[name](noise=PhiloxNoise(3), fused=True)
+    fused = BASELINES[name](noise=PhiloxNoise(3), execution=Execution(fused=True))
     # The fused baselines run the denoiser on every row of the batch, drawn or not.
     assert_same_samples(reference, fused, same_rows=False)
     assert fused.denoiser_rows >= reference.denoiser_rows
@@ -172,7 +184,8 @@ def test_baseline_draws_in_chunks_are_the_same_draws(name, chunk, monkeypatch):
     chunks of at most TOKEN_CHUNK (3 tokens a draw here: 2, 4 or 10 draws a chunk; all at
     once, a GPT-2-size batch needed ~100 GB)."""
     monkeypatch.setattr(draws, "TOKEN_CHUNK", chunk)
-    assert_same_samples(BASELINES[name](noise=PhiloxNoise(3)), BASELINES[name](noise=PhiloxNoise(3), fused=True),
+    assert_same_samples(BASELINES[name](noise=PhiloxNoise(3)), BASELINES[name](noise=PhiloxNoise(3),
+                                                                               execution=Execution(fused=True)),
                         same_rows=False)
 
 
@@ -193,14 +206,15 @@ def nets():
 
 
 NET_CASES = [
-    ("uniform A", 27, dict(eps=0.2)),
-    ("mask A+C", 27, dict(denoiser_type="mask", eps=0.2, selection="softmax")),
-    ("mask B k=3 x2, T 0.7->0.2", 27, dict(denoiser_type="mask", stop="budget", k=3, parallel_steps=2,
-                                           temperature=0.7, temperature_end=0.2)),
-    ("uniform B k=2 x3, two tiles", 300, dict(stop="budget", k=2, parallel_steps=3)),
-    ("mask A, two tiles", 300, dict(denoiser_type="mask", eps=0.2)),
-    ("uniform A k=2 x3, T 1.2->0.3, two tiles", 300, dict(eps=0.2, k=2, parallel_steps=3, temperature=1.2,
-                                                         temperature_end=0.3)),
+    ("uniform A", 27, dict(ddpd=DDPDOptions(eps=0.2))),
+    ("mask A+C", 27, dict(denoiser_type="mask", ddpd=DDPDOptions(selection="softmax", eps=0.2))),
+    ("mask B k=3 x2, T 0.7->0.2", 27, dict(denoiser_type="mask",
+                                           ddpd=DDPDOptions(stop="budget", k=3, parallel_steps=2),
+                                           temperature=Temperature(0.7, 0.2))),
+    ("uniform B k=2 x3, two tiles", 300, dict(ddpd=DDPDOptions(stop="budget", k=2, parallel_steps=3))),
+    ("mask A, two tiles", 300, dict(denoiser_type="mask", ddpd=DDPDOptions(eps=0.2))),
+    ("uniform A k=2 x3, T 1.2->0.3, two tiles", 300, dict(ddpd=DDPDOptions(eps=0.2, k=2, parallel_steps=3),
+                                                          temperature=Temperature(1.2, 0.3))),
 ]
 
 
@@ -219,13 +233,13 @@ def test_ddpd_fused_equals_reference_on_tiny_transformers(nets, monkeypatch, nam
     monkeypatch.setattr(draws, "sample_from_hidden", recorded)
     with torch.inference_mode():
         reference = ddpd_sample(models["planner"], denoiser, 64, 8, vocab, steps=16, seed=9, **options)
-        fused = ddpd_sample(models["planner"], fused_denoiser, 64, 8, vocab, steps=16, seed=9, fused=True,
-                            sync_every=1, **options)
-    if options.get("stop", "eps") == "eps":
+        fused = ddpd_sample(models["planner"], fused_denoiser, 64, 8, vocab, steps=16, seed=9,
+                            execution=Execution(fused=True, sync_every=1), **options)
+    if options["ddpd"].stop == "eps":
         assert (reference.stop_step < 16).any() and (reference.stop_step == 16).any()
     assert_same_samples(reference, fused)
     if head == "hidden+head":  # the head ran at the k chosen positions of each running row, nowhere else
-        k, parallel = options.get("k", 1), options.get("parallel_steps", 0)
+        k, parallel = options["ddpd"].k, options["ddpd"].parallel_steps
         running = [int((reference.stop_step > i).sum()) for i in range(fused.denoiser_calls)]
         assert head_rows == [n * (k if i < parallel else 1) for i, n in enumerate(running)]
     else:
@@ -236,11 +250,13 @@ def test_ddpd_fused_equals_reference_on_tiny_transformers(nets, monkeypatch, nam
 
 B = 50_000
 LAW_CASES = [
-    ("uniform A", "dir S3 D3", 10, dict(stop="eps", eps=0.3)),
+    ("uniform A", "dir S3 D3", 10, dict(ddpd=DDPDOptions(stop="eps", eps=0.3))),
     ("uniform B+C k=2 x2, T 1.2->0.6", "dir S3 D3", 6,
-     dict(stop="budget", selection="softmax", k=2, parallel_steps=2, temperature=1.2, temperature_end=0.6)),
-    ("mask A", "dir S3 D3", 8, dict(stop="eps", eps=0.3, denoiser_type="mask")),
-    ("mask B k=3 x1", "sparse S2 D4", 5, dict(stop="budget", denoiser_type="mask", k=3, parallel_steps=1)),
+     dict(ddpd=DDPDOptions(selection="softmax", stop="budget", k=2, parallel_steps=2),
+          temperature=Temperature(1.2, 0.6))),
+    ("mask A", "dir S3 D3", 8, dict(ddpd=DDPDOptions(stop="eps", eps=0.3), denoiser_type="mask")),
+    ("mask B k=3 x1", "sparse S2 D4", 5, dict(ddpd=DDPDOptions(stop="budget", k=3, parallel_steps=1),
+                                              denoiser_type="mask")),
 ]
 LAW_TOYS = {"dir S3 D3": lambda: ToyProblem(dirichlet_p_data(3, 3, seed=1), 3, 3),
             "sparse S2 D4": lambda: ToyProblem(sparse_p_data(2, 4, support=5, seed=2), 2, 4)}
@@ -251,8 +267,8 @@ def test_ddpd_fused_matches_its_exact_law(name, toy_name, steps, options):
     problem = LAW_TOYS[toy_name]()
     models = problem.models()
     denoiser = models.mask_denoiser if options.get("denoiser_type") == "mask" else models.uniform_denoiser
-    result = ddpd_sample(models.planner, denoiser, B, problem.D, problem.S, steps=steps, seed=2024, fused=True,
-                         **options)
+    result = ddpd_sample(models.planner, denoiser, B, problem.D, problem.S, steps=steps, seed=2024,
+                         execution=Execution(fused=True), **options)
     law = laws.ddpd_planner_clock_law(problem, steps, **options)
     distance, limit = tv(empirical(problem.index(result.tokens), problem.N), law), threshold(law, B)
     assert distance < limit, f"{name}: TV to its exact law {distance:.4f} >= {limit:.4f}"
@@ -263,14 +279,16 @@ def test_a_wrong_fused_draw_is_caught():
     problem = LAW_TOYS["dir S3 D3"]()
     models = problem.models()
     hot = lambda x, t: models.uniform_denoiser(x, t) * 0.5  # noqa: E731
-    result = ddpd_sample(models.planner, hot, B, 3, 3, steps=6, stop="budget", seed=1, fused=True)
-    law = laws.ddpd_planner_clock_law(problem, 6, stop="budget")
+    result = ddpd_sample(models.planner, hot, B, 3, 3, steps=6, ddpd=DDPDOptions(stop="budget"), seed=1,
+                         execution=Execution(fused=True))
+    law = laws.ddpd_planner_clock_law(problem, 6, ddpd=DDPDOptions(stop="budget"))
     assert tv(empirical(problem.index(result.tokens), problem.N), law) > threshold(law, B)
 
 
 def test_fused_tau_leaping_matches_its_exact_law():
     problem = LAW_TOYS["dir S3 D3"]()
-    result = tau_leaping_mask(problem.models().mask_denoiser, B, 3, 3, steps=10, eta=1.0, seed=5, fused=True)
+    result = tau_leaping_mask(problem.models().mask_denoiser, B, 3, 3, steps=10, eta=1.0, seed=5,
+                              execution=Execution(fused=True))
     law = laws.tau_leaping_mask_law(problem, 10, eta=1.0)
     assert tv(empirical(problem.index(result.tokens), problem.N), law) < threshold(law, B)
 
@@ -288,28 +306,31 @@ def test_stop_check_syncs_once_every_sync_every_steps(monkeypatch, sync_every):
 
     monkeypatch.setattr(FusedBatch, "_check", counted)
     never_stops = lambda x: torch.full(x.shape, 3.0)  # noqa: E731
-    result = ddpd_sample(never_stops, M.uniform_denoiser, 5, 4, 3, steps=21, seed=0, fused=True,
-                         sync_every=sync_every)
+    result = ddpd_sample(never_stops, M.uniform_denoiser, 5, 4, 3, steps=21, seed=0,
+                         execution=Execution(fused=True, sync_every=sync_every))
     assert len(checks) == 21 // sync_every and result.planner_calls == 21
     checks.clear()
-    ddpd_sample(never_stops, M.uniform_denoiser, 5, 4, 3, steps=21, seed=0, fused=True, stop="budget",
-                sync_every=sync_every)
+    ddpd_sample(never_stops, M.uniform_denoiser, 5, 4, 3, steps=21, seed=0,
+                execution=Execution(fused=True, sync_every=sync_every), ddpd=DDPDOptions(stop="budget"))
     assert checks == []  # option B never looks at the stop flags
 
 
-def _ddpd(**kw):
-    return ddpd_sample(M.planner, M.uniform_denoiser, 2, 4, 3, **{"steps": 3, "seed": 0, "fused": True, **kw})
+def _ddpd(**execution):
+    return ddpd_sample(M.planner, M.uniform_denoiser, 2, 4, 3, steps=3, seed=0,
+                       execution=Execution(**{"fused": True, **execution}))
 
 
 @pytest.mark.parametrize("call,error,match", [
-    (lambda: _ddpd(eps=1.0), ValueError, "eps"),
+    (lambda: ddpd_sample(M.planner, M.uniform_denoiser, 2, 4, 3, steps=3, ddpd=DDPDOptions(eps=1.0)), ValueError,
+     "eps"),
     (lambda: _ddpd(sync_every=0), ValueError, "sync_every"),
     (lambda: _ddpd(sync_every=2.0), TypeError, "sync_every"),
     (lambda: _ddpd(fused="yes"), TypeError, "fused"),
     (lambda: _ddpd(compaction=1), TypeError, "compaction"),
-    (lambda: tau_leaping_mask(M.mask_denoiser, 2, 4, 3, steps=3, fused=True, sync_every=-1), ValueError,
+    (lambda: tau_leaping_mask(M.mask_denoiser, 2, 4, 3, steps=3,
+                              execution=Execution(fused=True, sync_every=-1)), ValueError,
      "sync_every"),
-    (lambda: maskgit_sample(M.mask_denoiser, 2, 4, 3, steps=3, fused=None), TypeError, "fused"),
+    (lambda: maskgit_sample(M.mask_denoiser, 2, 4, 3, steps=3, execution=Execution(fused=None)), TypeError, "fused"),
 ])
 def test_bad_fused_arguments(call, error, match):
     with pytest.raises(error, match=match):
@@ -318,7 +339,8 @@ def test_bad_fused_arguments(call, error, match):
 
 def test_hidden_head_of_the_wrong_width_is_reported(nets):
     with pytest.raises(ValueError, match="head"):
-        ddpd_sample(nets[27]["planner"], nets[300]["uniform"], 2, 8, 27, steps=2, seed=0, fused=True)
+        ddpd_sample(nets[27]["planner"], nets[300]["uniform"], 2, 8, 27, steps=2, seed=0,
+                    execution=Execution(fused=True))
 
 
 @pytest.fixture(scope="module")

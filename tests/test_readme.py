@@ -25,7 +25,7 @@ def _block(marker, doc="README.md"):
 
 
 def test_sampler_example_runs_with_either_denoiser_type():
-    example = _block("from ddpd.sampling import ddpd_sample\n\nV, D", "docs/api.md")
+    example = _block("from ddpd.sampling import DDPDOptions, ddpd_sample\n\nV, D", "docs/api.md")
     assert 'denoiser_type="uniform",   # or "mask" (mask id = V)' in example
     for variant in (example, example.replace('denoiser_type="uniform"', 'denoiser_type="mask"')):
         scope = {}

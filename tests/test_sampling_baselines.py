@@ -14,6 +14,7 @@ import torch
 
 from ddpd.sampling import PhiloxNoise, maskgit_sample, tau_leaping_mask, tau_leaping_planned, tau_leaping_uniform
 from ddpd.sampling.noise import CONFIDENCE, TOKEN, gumbel
+from ddpd.sampling.options import Execution, Temperature
 from oracles import laws
 from oracles.fixtures import noise, single_thread, toy  # noqa: F401  (single_thread: autouse)
 from oracles.stats import TVTable, empirical, threshold, tv
@@ -41,7 +42,7 @@ def compare(name, problem, result, law=None, against_data=False):
 MASK_CASES = [
     ("eta 0, 512 steps", "dir S3 D3", 512, dict()),
     ("eta 0, 10 steps", "dir S5 D2", 10, dict()),
-    ("eta 2, 20 steps, T 1.0->0.5", "sparse S2 D4", 20, dict(eta=2.0, temperature=1.0, temperature_end=0.5)),
+    ("eta 2, 20 steps, T 1.0->0.5", "sparse S2 D4", 20, dict(eta=2.0, temperature=Temperature(1.0, 0.5))),
 ]
 
 
@@ -89,7 +90,7 @@ def test_tau_leaping_mask_wrong_denoiser_fails(name, wrong):
 
 UNIFORM_CASES = [
     ("20 steps", "dir S3 D3", 20, dict()),
-    ("16 steps, T 0.8->0.5", "sparse S2 D4", 16, dict(temperature=0.8, temperature_end=0.5)),
+    ("16 steps, T 0.8->0.5", "sparse S2 D4", 16, dict(temperature=Temperature(0.8, 0.5))),
 ]
 
 
@@ -149,7 +150,7 @@ def test_tau_leaping_planned_time_conditioned_many_steps_reaches_p_data():
 MASKGIT_CASES = [
     ("3 steps, choice T 1.0", "dir S3 D3", 3, dict(choice_temperature=1.0)),
     ("4 steps, choice T 2.0, T 1.0->0.5", "sparse S2 D4", 4,
-     dict(choice_temperature=2.0, temperature=1.0, temperature_end=0.5)),
+     dict(choice_temperature=2.0, temperature=Temperature(1.0, 0.5))),
     ("2 steps, choice T 4.5", "dir S5 D2", 2, dict(choice_temperature=4.5)),
 ]
 
@@ -220,5 +221,5 @@ def test_maskgit_fused_equals_reference_when_ranking_by_confidence_alone():
 
     for seed in range(4):
         kw = dict(steps=4, choice_temperature=0.0, noise=PhiloxNoise(seed))
-        assert torch.equal(maskgit_sample(denoiser, 4, length, vocab, fused=True, **kw).tokens,
+        assert torch.equal(maskgit_sample(denoiser, 4, length, vocab, execution=Execution(fused=True), **kw).tokens,
                            maskgit_sample(denoiser, 4, length, vocab, **kw).tokens)

@@ -6,11 +6,14 @@
     wrong denoiser is caught. Threshold: the 99th percentile of TV(law, 50k draws of
     the law) over 300 repeats, plus 0.005 (oracles/stats.py).
 """
+import dataclasses
+
 import pytest
 import torch
 
 from ddpd.process import CosineSchedule
 from ddpd.sampling import ddpd_sample, ddpd_sample_uniform
+from ddpd.sampling.options import DDPDOptions, Execution, Prompt, Temperature
 from oracles import laws
 from oracles.fixtures import noise, single_thread, toy  # noqa: F401  (single_thread: autouse)
 from oracles.stats import TVTable, empirical, threshold, tv
@@ -42,20 +45,20 @@ def median_stop_eps(problem):
 
 PLANNER_CLOCK_CASES = [
     # name, toy, steps, options
-    ("A sigmoid eps-stop", "dir S3 D3", 10, dict(stop="eps")),
-    ("B sigmoid budget", "sparse S2 D4", 12, dict(stop="budget")),
-    ("B+C softmax budget", "dir S5 D2", 8, dict(stop="budget", selection="softmax")),
-    ("A+C softmax eps-stop", "dir S3 D3", 9, dict(stop="eps", selection="softmax")),
-    ("B temperature 0.7", "dir S5 D2", 6, dict(stop="budget", temperature=0.7)),
+    ("A sigmoid eps-stop", "dir S3 D3", 10, dict(ddpd=DDPDOptions(stop="eps"))),
+    ("B sigmoid budget", "sparse S2 D4", 12, dict(ddpd=DDPDOptions(stop="budget"))),
+    ("B+C softmax budget", "dir S5 D2", 8, dict(ddpd=DDPDOptions(selection="softmax", stop="budget"))),
+    ("A+C softmax eps-stop", "dir S3 D3", 9, dict(ddpd=DDPDOptions(selection="softmax", stop="eps"))),
+    ("B temperature 0.7", "dir S5 D2", 6, dict(ddpd=DDPDOptions(stop="budget"), temperature=0.7)),
     ("B k=2 x2 then 1, T 1.2->0.6", "dir S3 D3", 6,
-     dict(stop="budget", k=2, parallel_steps=2, temperature=1.2, temperature_end=0.6)),
-    ("mask-denoiser B", "sparse S4 D3", 7, dict(stop="budget", denoiser_type="mask")),
-    ("mask-denoiser A eps-stop", "dir S3 D3", 8, dict(stop="eps", denoiser_type="mask")),
+     dict(ddpd=DDPDOptions(stop="budget", k=2, parallel_steps=2), temperature=Temperature(1.2, 0.6))),
+    ("mask-denoiser B", "sparse S4 D3", 7, dict(ddpd=DDPDOptions(stop="budget"), denoiser_type="mask")),
+    ("mask-denoiser A eps-stop", "dir S3 D3", 8, dict(ddpd=DDPDOptions(stop="eps"), denoiser_type="mask")),
     # under the eps stop a schedule follows the planner's time estimate, not the steps
     ("A k=2 x2 then 1, T 1.2->0.4 over the estimate", "dir S3 D3", 10,
-     dict(stop="eps", k=2, parallel_steps=2, temperature=1.2, temperature_end=0.4)),
+     dict(ddpd=DDPDOptions(stop="eps", k=2, parallel_steps=2), temperature=Temperature(1.2, 0.4))),
     ("mask-denoiser k=3 x1 then 1", "sparse S2 D4", 5,
-     dict(stop="budget", denoiser_type="mask", k=3, parallel_steps=1)),
+     dict(ddpd=DDPDOptions(stop="budget", k=3, parallel_steps=1), denoiser_type="mask")),
 ]
 
 
@@ -66,20 +69,22 @@ def test_planner_clock_matches_its_law(name, toy_name, steps, options):
     options = dict(options)
     denoiser_type = options.get("denoiser_type", "uniform")
     denoiser = models.mask_denoiser if denoiser_type == "mask" else models.uniform_denoiser
-    if options["stop"] == "eps":
-        options["eps"] = median_stop_eps(problem)
+    if options["ddpd"].stop == "eps":
+        options["ddpd"] = dataclasses.replace(options["ddpd"], eps=median_stop_eps(problem))
     result = ddpd_sample(models.planner, denoiser, B, problem.D, problem.S, steps=steps, noise=noise(), **options)
     law = laws.ddpd_planner_clock_law(problem, steps, **options)
     check_law(f"ddpd {name} [{toy_name}]", problem, result, law)
-    if options["stop"] == "eps":
+    if options["ddpd"].stop == "eps":
         assert (result.stop_step < steps).any() and (result.stop_step == steps).any()
 
 
 UNIFORM_MODEL_CASES = [
-    ("A sigmoid eps-stop", dict(stop="eps")),
-    ("B+C softmax, k=2 x1, T 1.0->0.5", dict(stop="budget", selection="softmax", k=2, parallel_steps=1,
-                                              temperature=1.0, temperature_end=0.5)),
-    ("A eps-stop, T 1.3->0.3 over the estimate", dict(stop="eps", temperature=1.3, temperature_end=0.3)),
+    ("A sigmoid eps-stop", dict(ddpd=DDPDOptions(stop="eps"))),
+    ("B+C softmax, k=2 x1, T 1.0->0.5",
+     dict(ddpd=DDPDOptions(selection="softmax", stop="budget", k=2, parallel_steps=1),
+          temperature=Temperature(1.0, 0.5))),
+    ("A eps-stop, T 1.3->0.3 over the estimate",
+     dict(ddpd=DDPDOptions(stop="eps"), temperature=Temperature(1.3, 0.3))),
 ]
 
 
@@ -87,8 +92,8 @@ UNIFORM_MODEL_CASES = [
 def test_single_uniform_model_matches_its_law(name, options):
     problem = toy("dir S3 D2")
     options = dict(options)
-    if options["stop"] == "eps":
-        options["eps"] = 0.3
+    if options["ddpd"].stop == "eps":
+        options["ddpd"] = dataclasses.replace(options["ddpd"], eps=0.3)
     steps = 5
     result = ddpd_sample_uniform(problem.models().uniform_model, B, problem.D, problem.S, steps=steps, noise=noise(),
                                  **options)
@@ -130,7 +135,8 @@ def test_single_uniform_model_keeps_a_token_it_is_sure_of(fused):
         return torch.where(t.view(-1, 1, 1) > 0, sure, torch.zeros_like(sure))
 
     x_init = torch.randint(1, S, (64, D), generator=torch.Generator().manual_seed(0))
-    result = ddpd_sample_uniform(model, 64, D, S, steps=1, seed=1, x_init=x_init, fused=fused)
+    result = ddpd_sample_uniform(model, 64, D, S, steps=1, seed=1, prompt=Prompt(x_init),
+                                 execution=Execution(fused=fused))
     assert torch.equal(result.tokens, x_init)
 
 
@@ -146,17 +152,20 @@ def test_single_uniform_model_jumps_where_it_is_nearly_sure(fused):
         return torch.where(t.view(-1, 1, 1) > 0, sure, torch.zeros_like(sure))
 
     x_init = torch.randint(0, S, (64, D), generator=torch.Generator().manual_seed(0))
-    result = ddpd_sample_uniform(model, 64, D, S, steps=1, seed=1, x_init=x_init, stop="budget", fused=fused)
+    result = ddpd_sample_uniform(model, 64, D, S, steps=1, seed=1, prompt=Prompt(x_init),
+                                 ddpd=DDPDOptions(stop="budget"), execution=Execution(fused=fused))
     assert ((result.tokens != x_init).sum(1) == 1).all()
 
 
 # ----------------------------------------------------------------------------- (a) exact clock
 
+EXACT = DDPDOptions(clock="exact", t_end=T_END)
 EXACT_CLOCK_CASES = [
     ("time-free planner, uniform denoiser", "dir S3 D3", dict()),
     ("time-free planner, mask denoiser", "dir S3 D3", dict(denoiser_type="mask")),
-    ("time-free planner, softmax, T 0.8", "dir S5 D2", dict(selection="softmax", temperature=0.8)),
-    ("time-free planner, T 1.2->0.3 over t", "dir S3 D3", dict(temperature=1.2, temperature_end=0.3)),
+    ("time-free planner, softmax, T 0.8", "dir S5 D2",
+     dict(ddpd=dataclasses.replace(EXACT, selection="softmax"), temperature=0.8)),
+    ("time-free planner, T 1.2->0.3 over t", "dir S3 D3", dict(temperature=Temperature(1.2, 0.3))),
 ]
 
 
@@ -167,8 +176,8 @@ def test_exact_clock_matches_its_law(name, toy_name, options):
     models = problem.models()
     denoiser = models.mask_denoiser if options.get("denoiser_type") == "mask" else models.uniform_denoiser
     steps = 40 * problem.D + 100  # candidates ~ Poisson(D s_end = 9.2 D): the budget never binds
-    result = ddpd_sample(models.planner, denoiser, B, problem.D, problem.S, steps=steps, clock="exact",
-                         t_end=T_END, noise=noise(), **options)
+    options = {"ddpd": EXACT, **options}
+    result = ddpd_sample(models.planner, denoiser, B, problem.D, problem.S, steps=steps, noise=noise(), **options)
     assert result.steps < steps
     law = laws.ddpd_exact_clock_law(problem, T_END, time_conditioned_planner=False, **options)
     check_law(f"ddpd exact clock, {name} [{toy_name}]", problem, result, law)
@@ -183,7 +192,7 @@ def test_exact_clock_with_time_conditioned_planner_reaches_p_data(toy_name):
     models = problem.models()
     steps = 40 * problem.D + 100
     result = ddpd_sample(models.planner_t, models.uniform_denoiser, B, problem.D, problem.S, steps=steps,
-                         clock="exact", time_conditioned_planner=True, t_end=T_END, noise=noise(1))
+                         ddpd=DDPDOptions(clock="exact", t_end=T_END), time_conditioned_planner=True, noise=noise(1))
     emp = empirical(problem.index(result.tokens), problem.N)
     limit = threshold(problem.p_data, B)
     TABLE.add(f"ddpd exact clock, time-conditioned planner [{toy_name}]", None, tv(emp, problem.p_data), limit,
@@ -194,8 +203,8 @@ def test_exact_clock_with_time_conditioned_planner_reaches_p_data(toy_name):
 def test_single_uniform_model_exact_clock_reaches_p_data():
     problem = toy("sparse S4 D3")
     steps = 40 * problem.D + 100
-    result = ddpd_sample_uniform(problem.models().uniform_model, B, problem.D, problem.S, steps=steps, clock="exact",
-                                 t_end=T_END, noise=noise(2))
+    result = ddpd_sample_uniform(problem.models().uniform_model, B, problem.D, problem.S, steps=steps,
+                                 ddpd=DDPDOptions(clock="exact", t_end=T_END), noise=noise(2))
     emp = empirical(problem.index(result.tokens), problem.N)
     limit = threshold(problem.p_data, B)
     TABLE.add("ddpd single uniform model, exact clock [sparse S4 D3]", None, tv(emp, problem.p_data), limit, problem.N)
@@ -226,8 +235,9 @@ def test_exact_clock_with_a_mask_denoiser_is_biased():
     assert tv(law, markov.p_data) > 0.005
     TABLE.add("ddpd exact clock law, time-conditioned planner, mask denoiser [markov S2 D2]", None,
               tv(law, markov.p_data), None, markov.N)
-    result = ddpd_sample(models.planner_t, models.mask_denoiser, B, problem.D, problem.S, steps=220, clock="exact",
-                         time_conditioned_planner=True, denoiser_type="mask", t_end=T_END, noise=noise(4))
+    result = ddpd_sample(models.planner_t, models.mask_denoiser, B, problem.D, problem.S, steps=220,
+                         ddpd=DDPDOptions(clock="exact", t_end=T_END), time_conditioned_planner=True,
+                         denoiser_type="mask", noise=noise(4))
     check_law("ddpd exact clock, time-conditioned planner, mask denoiser [support5 S3 D3]", problem, result, biased)
 
 
@@ -235,7 +245,7 @@ def test_paper_sampler_bias_does_not_shrink_with_D():
     """The paper's sampler (time-free planner, time estimated from the planner) with exact
     networks, on a two-state Markov chain: the TV of its exact law to p_data does not fall as
     D grows, and at D = 8 a longer budget moves it further away."""
-    far = {D: [tv(laws.ddpd_planner_clock_law(toy(f"markov S2 D{D}"), T, stop="budget"),
+    far = {D: [tv(laws.ddpd_planner_clock_law(toy(f"markov S2 D{D}"), T, ddpd=DDPDOptions(stop="budget")),
                   toy(f"markov S2 D{D}").p_data) for T in (2 * D, 4 * D)] for D in (2, 4, 6, 8)}
     for D, (short, long) in far.items():
         TABLE.add(f"ddpd B exact law, {2 * D} steps [markov S2 D{D}]", None, short, None, 2**D)
@@ -243,16 +253,18 @@ def test_paper_sampler_bias_does_not_shrink_with_D():
     assert far[8][1] > far[2][1] > 0.15 and far[8][1] > far[8][0], far
     problem = toy("markov S2 D6")  # the sampler follows that law
     models = problem.models()
-    result = ddpd_sample(models.planner, models.uniform_denoiser, B, 6, 2, steps=24, stop="budget", noise=noise(5))
-    check_law("ddpd B, 24 steps [markov S2 D6]", problem, result, laws.ddpd_planner_clock_law(problem, 24,
-                                                                                                stop="budget"))
+    result = ddpd_sample(models.planner, models.uniform_denoiser, B, 6, 2, steps=24, ddpd=DDPDOptions(stop="budget"),
+                         noise=noise(5))
+    check_law("ddpd B, 24 steps [markov S2 D6]", problem, result,
+              laws.ddpd_planner_clock_law(problem, 24, ddpd=DDPDOptions(stop="budget")))
 
 
 def test_paper_sampler_is_not_exact_at_tiny_D():
     """With perfect models the time-free planner + estimated time is biased when D is tiny, and
     a longer budget does not remove the bias: its exact law stays far from p_data."""
     problem = toy("dir S3 D3")
-    far = [tv(laws.ddpd_planner_clock_law(problem, T, stop="budget"), problem.p_data) for T in (3, 12, 24)]
+    far = [tv(laws.ddpd_planner_clock_law(problem, T, ddpd=DDPDOptions(stop="budget")), problem.p_data)
+           for T in (3, 12, 24)]
     assert min(far) > 0.05, far
     assert float(problem.planner_free.max(-1).values.min()) > 0.05  # eps = 0.05 would never stop a row
 
@@ -272,7 +284,7 @@ def test_wrong_denoiser_fails_consistency(name, wrong):
     models = problem.models()
     steps = 40 * problem.D + 100
     result = ddpd_sample(models.planner_t, wrong(models.uniform_denoiser), B, problem.D, problem.S, steps=steps,
-                         clock="exact", time_conditioned_planner=True, t_end=T_END, noise=noise(1))
+                         ddpd=DDPDOptions(clock="exact", t_end=T_END), time_conditioned_planner=True, noise=noise(1))
     emp = empirical(problem.index(result.tokens), problem.N)
     limit = threshold(problem.p_data, B)
     TABLE.add(f"(c) exact clock, denoiser {name} [dir S3 D3]", None, tv(emp, problem.p_data), limit, problem.N)
@@ -284,8 +296,8 @@ def test_wrong_denoiser_fails_its_law():
     problem = toy("sparse S2 D4")
     models = problem.models()
     result = ddpd_sample(models.planner, tempered(models.uniform_denoiser, 0.8), B, problem.D, problem.S, steps=12,
-                         stop="budget", noise=noise())
-    law = laws.ddpd_planner_clock_law(problem, 12, stop="budget")
+                         ddpd=DDPDOptions(stop="budget"), noise=noise())
+    law = laws.ddpd_planner_clock_law(problem, 12, ddpd=DDPDOptions(stop="budget"))
     emp = empirical(problem.index(result.tokens), problem.N)
     limit = threshold(law, B)
     TABLE.add("(c) B sigmoid, denoiser tempered^0.8 vs right law [sparse S2 D4]", tv(emp, law),
@@ -301,13 +313,14 @@ def test_cosine_schedule_exact_clock_and_planner_clock():
     go through the schedule's alpha and inverse (time-free planner by 64-node quadrature)."""
     problem = ToyProblem(dirichlet_p_data(3, 3, seed=6), 3, 3, CosineSchedule(), quadrature_nodes=64)
     models = problem.models()
-    exact = ddpd_sample(models.planner_t, models.uniform_denoiser, B, 3, 3, steps=220, clock="exact",
-                        time_conditioned_planner=True, t_end=T_END, schedule="cosine", noise=noise(3))
+    exact = ddpd_sample(models.planner_t, models.uniform_denoiser, B, 3, 3, steps=220,
+                        ddpd=DDPDOptions(clock="exact", t_end=T_END), time_conditioned_planner=True, schedule="cosine",
+                        noise=noise(3))
     emp = empirical(problem.index(exact.tokens), problem.N)
     limit = threshold(problem.p_data, B)
     TABLE.add("ddpd exact clock, cosine schedule [dir S3 D3 seed 6]", None, tv(emp, problem.p_data), limit, problem.N)
     assert tv(emp, problem.p_data) < limit
-    result = ddpd_sample(models.planner, models.uniform_denoiser, B, 3, 3, steps=8, stop="budget", schedule="cosine",
-                         noise=noise())
+    result = ddpd_sample(models.planner, models.uniform_denoiser, B, 3, 3, steps=8, ddpd=DDPDOptions(stop="budget"),
+                         schedule="cosine", noise=noise())
     check_law("ddpd B, cosine schedule [dir S3 D3 seed 6]", problem, result,
-              laws.ddpd_planner_clock_law(problem, 8, stop="budget"))
+              laws.ddpd_planner_clock_law(problem, 8, ddpd=DDPDOptions(stop="budget")))

@@ -6,6 +6,7 @@ import torch
 from ddpd.models import build_model, config_for, prepare_for_sampling
 from ddpd.sampling import NaNOutputWarning, ddpd_sample, ddpd_sample_uniform
 from ddpd.sampling.graphs import StepGraphs
+from ddpd.sampling.options import DDPDOptions, Execution, Truncation
 
 pytestmark = pytest.mark.gpu
 
@@ -26,11 +27,11 @@ def nets():
 RUNS = {
     "planner clock, mask, A": lambda n, **kw: ddpd_sample(n["planner"], n["mask"], 64, 64, 300, steps=96,
                                                           denoiser_type="mask", **kw),
-    "planner clock, uniform, B, k=4 x8": lambda n, **kw: ddpd_sample(n["planner"], n["uniform"], 64, 64, 300,
-                                                                     steps=48, stop="budget", k=4, parallel_steps=8,
-                                                                     **kw),
+    "planner clock, uniform, B, k=4 x8": lambda n, **kw: ddpd_sample(
+        n["planner"], n["uniform"], 64, 64, 300, steps=48, ddpd=DDPDOptions(stop="budget", k=4, parallel_steps=8),
+        **kw),
     "exact clock, uniform": lambda n, **kw: ddpd_sample(n["planner"], n["uniform"], 64, 64, 300, steps=400,
-                                                        clock="exact", **kw),
+                                                        ddpd=DDPDOptions(clock="exact"), **kw),
     "single uniform model": lambda n, **kw: ddpd_sample_uniform(n["model"], 64, 64, 300, steps=96, **kw),
 }
 
@@ -47,23 +48,25 @@ def test_graph_replays_draw_what_eager_steps_draw(nets, name, dtype, monkeypatch
 
     monkeypatch.setattr(StepGraphs, "__init__", init)
     with torch.inference_mode():
-        eager = RUNS[name](nets[dtype], seed=3, device="cuda", fused=True, graphs="off", dtype=dtype)
-        replayed = RUNS[name](nets[dtype], seed=3, device="cuda", fused=True, dtype=dtype)
+        eager = RUNS[name](nets[dtype], seed=3, device="cuda",
+                           execution=Execution(fused=True, graphs="off", dtype=dtype))
+        replayed = RUNS[name](nets[dtype], seed=3, device="cuda", execution=Execution(fused=True, dtype=dtype))
     assert made and made[-1].replays > 0 and not made[-1].emulate
     assert torch.equal(eager.tokens, replayed.tokens) and torch.equal(eager.stop_step, replayed.stop_step)
     assert (eager.planner_calls, eager.denoiser_calls) == (replayed.planner_calls, replayed.denoiser_calls)
 
 
-CUT = dict(top_k=40, top_p=0.9, min_p=0.01)
+CUT = dict(truncation=Truncation(top_k=40, top_p=0.9, min_p=0.01))
 
 
 @pytest.mark.parametrize("name", ["planner clock, mask, A", "exact clock, uniform"])
 def test_truncated_graph_replays_draw_what_eager_steps_draw(nets, name):
     """top-k / top-p / min-p inside the captured steps (the head's truncated draw)."""
     with torch.inference_mode():
-        eager = RUNS[name](nets["bfloat16"], seed=4, device="cuda", fused=True, graphs="off", **CUT)
-        replayed = RUNS[name](nets["bfloat16"], seed=4, device="cuda", fused=True, **CUT)
-        untruncated = RUNS[name](nets["bfloat16"], seed=4, device="cuda", fused=True)
+        eager = RUNS[name](nets["bfloat16"], seed=4, device="cuda", execution=Execution(fused=True, graphs="off"),
+                           **CUT)
+        replayed = RUNS[name](nets["bfloat16"], seed=4, device="cuda", execution=Execution(fused=True), **CUT)
+        untruncated = RUNS[name](nets["bfloat16"], seed=4, device="cuda", execution=Execution(fused=True))
     assert torch.equal(eager.tokens, replayed.tokens) and torch.equal(eager.stop_step, replayed.stop_step)
     assert not torch.equal(eager.tokens, untruncated.tokens)
 
@@ -75,12 +78,14 @@ def test_no_host_synchronisation_inside_a_step(nets, graphs, cut):
     names = ("planner clock, mask, A", "exact clock, uniform")
     with torch.inference_mode():
         for name in names:  # a first run fills the ops' caches (a host-to-device copy each)
-            RUNS[name](n, seed=5, device="cuda", fused=True, graphs=graphs, dtype="bfloat16", **cut)
+            RUNS[name](n, seed=5, device="cuda", execution=Execution(fused=True, graphs=graphs, dtype="bfloat16"),
+                       **cut)
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")  # the stop checks and the final count allow theirs
         try:
             for name in names:
-                RUNS[name](n, seed=6, device="cuda", fused=True, graphs=graphs, dtype="bfloat16", **cut)
+                RUNS[name](n, seed=6, device="cuda", execution=Execution(fused=True, graphs=graphs, dtype="bfloat16"),
+                           **cut)
         finally:
             torch.cuda.set_sync_debug_mode(0)
 
@@ -96,7 +101,7 @@ def test_graph_replays_count_the_passes_that_return_nan():
     with torch.inference_mode(), pytest.warns(NaNOutputWarning):
         for graphs in ("off", "auto"):
             runs[graphs] = ddpd_sample(planner, denoiser, 64, 64, 300, steps=96, denoiser_type="mask", seed=2,
-                                       device="cuda", fused=True, graphs=graphs)
+                                       device="cuda", execution=Execution(fused=True, graphs=graphs))
     eager, replayed = runs["off"], runs["auto"]
     assert torch.equal(eager.tokens, replayed.tokens)
     assert eager.denoiser_nan_passes == replayed.denoiser_nan_passes == replayed.denoiser_calls == 96

@@ -14,6 +14,7 @@ import torch
 from ddpd.sampling import PhiloxNoise, ddpd_sample, ddpd_sample_uniform
 from ddpd.sampling.batch import RunningBatch
 from ddpd.sampling.graphs import StepGraphs
+from ddpd.sampling.options import DDPDOptions, Execution, Guidance, Prompt, Temperature, Truncation
 from oracles.fixtures import single_thread, tiny_networks  # noqa: F401  (single_thread: autouse)
 
 
@@ -24,15 +25,17 @@ def nets():
 
 CASES = {
     "planner clock, uniform, A": lambda n, v, **kw: ddpd_sample(n["planner"], n["uniform"], 48, 8, v, steps=24,
-                                                                eps=0.2, **kw),
-    "planner clock, mask, A+C": lambda n, v, **kw: ddpd_sample(n["planner"], n["mask"], 48, 8, v, steps=24, eps=0.2,
-                                                               denoiser_type="mask", selection="softmax", **kw),
-    "planner clock, mask, B, k=3 x4": lambda n, v, **kw: ddpd_sample(n["planner"], n["mask"], 48, 8, v, steps=16,
-                                                                     stop="budget", denoiser_type="mask", k=3,
-                                                                     parallel_steps=4, **kw),
-    "exact clock, mask": lambda n, v, **kw: ddpd_sample(n["planner"], n["mask"], 48, 8, v, steps=40, clock="exact",
-                                                        denoiser_type="mask", **kw),
-    "single uniform model, A": lambda n, v, **kw: ddpd_sample_uniform(n["model"], 48, 8, v, steps=24, eps=0.2, **kw),
+                                                                ddpd=DDPDOptions(eps=0.2), **kw),
+    "planner clock, mask, A+C": lambda n, v, **kw: ddpd_sample(n["planner"], n["mask"], 48, 8, v, steps=24,
+                                                               ddpd=DDPDOptions(selection="softmax", eps=0.2),
+                                                               denoiser_type="mask", **kw),
+    "planner clock, mask, B, k=3 x4": lambda n, v, **kw: ddpd_sample(
+        n["planner"], n["mask"], 48, 8, v, steps=16, ddpd=DDPDOptions(stop="budget", k=3, parallel_steps=4),
+        denoiser_type="mask", **kw),
+    "exact clock, mask": lambda n, v, **kw: ddpd_sample(n["planner"], n["mask"], 48, 8, v, steps=40,
+                                                        ddpd=DDPDOptions(clock="exact"), denoiser_type="mask", **kw),
+    "single uniform model, A": lambda n, v, **kw: ddpd_sample_uniform(n["model"], 48, 8, v, steps=24,
+                                                                      ddpd=DDPDOptions(eps=0.2), **kw),
 }
 
 
@@ -49,7 +52,8 @@ def test_replayed_steps_draw_what_eager_steps_draw(nets, name, vocab, monkeypatc
     monkeypatch.setattr(StepGraphs, "__init__", recorded)
     with torch.inference_mode():
         for mode in ("off", "emulate"):
-            runs[mode] = CASES[name](nets[vocab], vocab, noise=PhiloxNoise(4), fused=True, sync_every=6, graphs=mode)
+            runs[mode] = CASES[name](nets[vocab], vocab, noise=PhiloxNoise(4),
+                                     execution=Execution(fused=True, sync_every=6, graphs=mode))
     eager, replayed = runs["off"], runs["emulate"]
     assert torch.equal(eager.tokens, replayed.tokens) and torch.equal(eager.stop_step, replayed.stop_step)
     assert (eager.planner_calls, eager.denoiser_calls) == (replayed.planner_calls, replayed.denoiser_calls)
@@ -75,8 +79,8 @@ def test_with_graphs_the_batch_keeps_power_of_two_sizes(nets):
     sizes = []
     planner = nets[27]["planner"]
     recorded = lambda x: (sizes.append(x.shape[0]), planner(x))[1]  # noqa: E731
-    result = ddpd_sample(recorded, nets[27]["uniform"], 48, 8, 27, steps=24, eps=0.2, seed=4, fused=True,
-                         sync_every=2, graphs="emulate")
+    result = ddpd_sample(recorded, nets[27]["uniform"], 48, 8, 27, steps=24, ddpd=DDPDOptions(eps=0.2), seed=4,
+                         execution=Execution(fused=True, sync_every=2, graphs="emulate"))
     assert (result.stop_step < 24).sum() > 24  # more than half the rows stopped: the batch shrank
     assert sizes == sorted(sizes, reverse=True) and min(sizes) < 32
     assert all(n == 48 or n & (n - 1) == 0 for n in sizes)  # the first size, then powers of two
@@ -85,8 +89,11 @@ def test_with_graphs_the_batch_keeps_power_of_two_sizes(nets):
 def test_graphs_stay_off_where_a_run_cannot_replay(nets):
     from ddpd.sampling.common import setup, start
 
-    for kwargs in (dict(fused=False), dict(fused=True, graphs="off"), dict(fused=True)):  # CPU: auto captures nothing
-        run, draws, _ = setup("ddpd_sample", 4, 8, 27, 3, 1.0, 0, None, None, dict(kwargs))
+    # CPU: auto captures nothing
+    for execution in (Execution(fused=False), Execution(fused=True, graphs="off"), Execution(fused=True)):
+        run, draws = setup("ddpd_sample", 4, 8, 27, steps=3, temperature=1.0, schedule="linear", seed=0, generator=None,
+                           noise=None, device=None, prompt=None, guidance=None, truncation=Truncation(),
+                           execution=execution)
         assert draws.graphs(start(run, draws), run) is None
 
 
@@ -105,18 +112,21 @@ def test_labelled_rows_keep_their_labels_when_the_batch_is_packed_into_a_bucket(
 
     x_init = torch.full((8, 4), -1)
     x_init[:, 0] = torch.tensor([0, 0, 0, 0, 0, 1, 2, 2])  # five rows stop at step 0: 3 left, a bucket of 4
-    kw = dict(steps=6, eps=0.1, labels=torch.arange(8), x_init=x_init, frozen=x_init >= 0, noise=PhiloxNoise(0))
+    kw = dict(steps=6, ddpd=DDPDOptions(eps=0.1), guidance=Guidance(torch.arange(8)),
+              prompt=Prompt(x_init, x_init >= 0), noise=PhiloxNoise(0))
     ref = ddpd_sample(planner, denoiser, 8, 4, 3, **kw)
     for graphs in ("off", "emulate"):
-        out = ddpd_sample(planner, denoiser, 8, 4, 3, fused=True, sync_every=1, graphs=graphs, **kw)
+        out = ddpd_sample(planner, denoiser, 8, 4, 3, execution=Execution(fused=True, sync_every=1, graphs=graphs),
+                          **kw)
         assert torch.equal(out.tokens, ref.tokens) and torch.equal(out.stop_step, ref.stop_step)
 
 
 def test_emulated_graphs_stay_off_under_a_temperature_schedule(nets):
     """A replay draws at the temperature it was captured with: "emulate", like "auto", runs
     the steps of an annealed run eagerly (it once replayed the first step's temperature)."""
-    kw = dict(steps=12, stop="budget", temperature=0.05, temperature_end=5.0, noise=PhiloxNoise(3))
+    kw = dict(steps=12, ddpd=DDPDOptions(stop="budget"), temperature=Temperature(0.05, 5.0), noise=PhiloxNoise(3))
     n = nets[27]
     ref = ddpd_sample(n["planner"], n["mask"], 4, 8, 27, denoiser_type="mask", **kw)
-    out = ddpd_sample(n["planner"], n["mask"], 4, 8, 27, denoiser_type="mask", fused=True, graphs="emulate", **kw)
+    out = ddpd_sample(n["planner"], n["mask"], 4, 8, 27, denoiser_type="mask",
+                      execution=Execution(fused=True, graphs="emulate"), **kw)
     assert torch.equal(out.tokens, ref.tokens)

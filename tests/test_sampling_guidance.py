@@ -23,6 +23,7 @@ from ddpd.sampling import (
     tau_leaping_uniform,
 )
 from ddpd.sampling.batch import guided
+from ddpd.sampling.options import DDPDOptions, Execution, Guidance
 from oracles import laws
 from oracles.fixtures import noise, single_thread  # noqa: F401  (single_thread: autouse)
 from oracles.stats import TVTable, empirical, threshold, tv
@@ -52,9 +53,9 @@ def by_class(labelled, result, labels, c):
 def test_guidance_one_reaches_each_class_law(labelled):
     labels = (torch.arange(B) % 2).long()
     m = labelled.models
-    result = ddpd_sample(m.planner_t, m.uniform_denoiser, B, 3, 3, steps=220, clock="exact",
-                         time_conditioned_planner=True, t_end=T_END, labels=labels, conditional_planner=True,
-                         noise=noise(1))
+    result = ddpd_sample(m.planner_t, m.uniform_denoiser, B, 3, 3, steps=220,
+                         ddpd=DDPDOptions(clock="exact", t_end=T_END), time_conditioned_planner=True,
+                         guidance=Guidance(labels, conditional_planner=True), noise=noise(1))
     for c, problem in enumerate(labelled.problems):
         emp, n = by_class(labelled, result, labels, c)
         limit = threshold(problem.p_data, n)
@@ -65,10 +66,10 @@ def test_guidance_one_reaches_each_class_law(labelled):
 def test_guidance_zero_is_the_unconditional_model(labelled):
     labels = torch.zeros(300, dtype=torch.long)
     m = labelled.models
-    guided = ddpd_sample(m.planner, m.uniform_denoiser, 300, 3, 3, steps=8, stop="budget", labels=labels,
-                         guidance_scale=0.0, seed=4)
+    guided = ddpd_sample(m.planner, m.uniform_denoiser, 300, 3, 3, steps=8, ddpd=DDPDOptions(stop="budget"),
+                         guidance=Guidance(labels, scale=0.0), seed=4)
     unconditional = ddpd_sample(m.planner, lambda x, t: m.uniform_denoiser(x, t), 300, 3, 3, steps=8,
-                                stop="budget", seed=4)
+                                ddpd=DDPDOptions(stop="budget"), seed=4)
     assert torch.equal(guided.tokens, unconditional.tokens)
 
 
@@ -89,14 +90,15 @@ def test_guidance_keeps_the_tokens_a_network_forbids(fused):
     def sample(**kw):
         with warnings.catch_warnings():
             warnings.simplefilter("error", NaNOutputWarning)
-            return tau_leaping_mask(denoiser, 6, 4, 5, steps=4, temperature=0.0, seed=0, fused=fused, **kw).tokens
+            return tau_leaping_mask(denoiser, 6, 4, 5, steps=4, temperature=0.0, seed=0,
+                                    execution=Execution(fused=fused), **kw).tokens
 
     zeros, ones = torch.zeros(6, dtype=torch.long), torch.ones(6, dtype=torch.long)
     assert bool((sample() == 0).all())
-    assert torch.equal(sample(labels=zeros, guidance_scale=0.0), sample())
-    assert torch.equal(sample(labels=zeros, guidance_scale=1e-46), sample())  # 0 in float32
-    assert bool((sample(labels=zeros, guidance_scale=0.5) == 1).all())  # -inf for any scale in (0, 1]
-    assert bool((sample(labels=ones, guidance_scale=2.0) == 0).all())
+    assert torch.equal(sample(guidance=Guidance(zeros, scale=0.0)), sample())
+    assert torch.equal(sample(guidance=Guidance(zeros, scale=1e-46)), sample())  # 0 in float32
+    assert bool((sample(guidance=Guidance(zeros, scale=0.5)) == 1).all())  # -inf for any scale in (0, 1]
+    assert bool((sample(guidance=Guidance(ones, scale=2.0)) == 0).all())
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["reference", "fused"])
@@ -112,8 +114,8 @@ def test_a_token_only_the_conditional_network_allows_is_certain_beyond_scale_1(f
 
     with warnings.catch_warnings():
         warnings.simplefilter("error", NaNOutputWarning)
-        result = tau_leaping_mask(denoiser, 6, 4, 5, steps=4, seed=0, fused=fused,
-                                  labels=torch.zeros(6, dtype=torch.long), guidance_scale=2.0)
+        result = tau_leaping_mask(denoiser, 6, 4, 5, steps=4, seed=0, execution=Execution(fused=fused),
+                                  guidance=Guidance(torch.zeros(6, dtype=torch.long), scale=2.0))
     assert bool((result.tokens == 4).all()) and result.denoiser_nan_passes == 0
 
 
@@ -125,25 +127,26 @@ def test_guided_logits_at_forbidden_tokens():
     assert guided(u, c, 0.5).tolist() == [-inf, -inf, -inf, -inf]
     assert guided(u, c, 1.0).tolist() == [-inf, 2.0, -inf, inf]
     assert guided(u, c, 3.0).tolist() == [-inf, inf, -inf, inf]
-    with pytest.raises(ValueError, match="guidance_scale must be in"):
-        tau_leaping_mask(lambda x, t, labels=None: torch.zeros(*x.shape, 3), 2, 2, 3, steps=2, seed=0,
-                         labels=torch.zeros(2, dtype=torch.long), guidance_scale=1e300)
+    with pytest.raises(ValueError, match="scale must be in"):
+        Guidance(torch.zeros(2, dtype=torch.long), scale=1e300)
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["reference", "fused"])
 def test_guided_sampler_follows_the_guided_law(labelled, fused):
     labels = torch.zeros(B, dtype=torch.long)
     m = labelled.models
-    result = ddpd_sample(m.planner, m.uniform_denoiser, B, 3, 3, steps=8, stop="budget", labels=labels,
-                         guidance_scale=2.0, conditional_planner=True, fused=fused, seed=7)
+    result = ddpd_sample(m.planner, m.uniform_denoiser, B, 3, 3, steps=8, ddpd=DDPDOptions(stop="budget"),
+                         guidance=Guidance(labels, scale=2.0, conditional_planner=True),
+                         execution=Execution(fused=fused), seed=7)
     guided = Guided(labelled.problems[0], labelled.mixture, 2.0)
-    law = laws.ddpd_planner_clock_law(guided, 8, stop="budget")
+    law = laws.ddpd_planner_clock_law(guided, 8, ddpd=DDPDOptions(stop="budget"))
     emp = empirical(guided.index(result.tokens), guided.N)
     limit = threshold(law, B)
     TABLE.add(f"planner clock B, guidance 2, class 0{' (fused)' if fused else ''} [dir S3 D3]", tv(emp, law),
               tv(emp, guided.p_data), limit, guided.N)
     assert tv(emp, law) < limit
-    wrong = laws.ddpd_planner_clock_law(Guided(labelled.problems[0], labelled.mixture, 1.0), 8, stop="budget")
+    wrong = laws.ddpd_planner_clock_law(Guided(labelled.problems[0], labelled.mixture, 1.0), 8,
+                                        ddpd=DDPDOptions(stop="budget"))
     assert tv(emp, wrong) > limit  # the guidance changed the law
 
 
@@ -175,25 +178,31 @@ def test_fused_guided_hidden_states_draw_the_reference_guided_logits(vocab):
     runs = {}
     with torch.inference_mode():
         for fused in (False, True):
-            runs[fused] = ddpd_sample(planner, net, 64, 8, vocab, steps=12, denoiser_type="mask", labels=labels,
-                                      guidance_scale=2.5, noise=PhiloxNoise(5), fused=fused, sync_every=1)
-            runs[("maskgit", fused)] = maskgit_sample(net, 64, 8, vocab, steps=4, labels=labels, guidance_scale=1.5,
-                                                      seed=2, fused=fused)
+            runs[fused] = ddpd_sample(planner, net, 64, 8, vocab, steps=12, denoiser_type="mask",
+                                      guidance=Guidance(labels, scale=2.5), noise=PhiloxNoise(5),
+                                      execution=Execution(fused=fused, sync_every=1))
+            runs[("maskgit", fused)] = maskgit_sample(net, 64, 8, vocab, steps=4, guidance=Guidance(labels, scale=1.5),
+                                                      seed=2, execution=Execution(fused=fused))
     assert torch.equal(runs[False].tokens, runs[True].tokens)
     assert torch.equal(runs[("maskgit", False)].tokens, runs[("maskgit", True)].tokens)
-    unguided = maskgit_sample(net, 64, 8, vocab, steps=4, labels=labels, seed=2)
+    unguided = maskgit_sample(net, 64, 8, vocab, steps=4, guidance=Guidance(labels), seed=2)
     assert not torch.equal(unguided.tokens, runs[("maskgit", False)].tokens)
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    (dict(guidance_scale=2.0), "need labels"),
-    (dict(labels=torch.zeros(3, dtype=torch.long)), r"shape \[2\]"),
-    (dict(labels=torch.tensor([0, -1])), ">= 0"),
-    (dict(labels=torch.zeros(2, dtype=torch.long), guidance_scale=-1.0), "guidance_scale"),
+@pytest.mark.parametrize("labels,scale,match", [
+    (torch.zeros(2, 2, dtype=torch.long), 1.0, r"labels must be a Long tensor of shape \[B\]"),
+    (torch.tensor([0, -1]), 1.0, ">= 0"),
+    (torch.zeros(2, dtype=torch.long), -1.0, "scale"),
 ])
-def test_bad_conditions_are_refused(labelled, kwargs, match):
+def test_bad_guidance_is_refused(labels, scale, match):
     with pytest.raises(ValueError, match=match):
-        tau_leaping_uniform(labelled.models.uniform_denoiser, 2, 3, 3, steps=2, seed=0, **kwargs)
+        Guidance(labels, scale=scale)
+
+
+def test_labels_of_another_batch_size_are_refused(labelled):
+    with pytest.raises(ValueError, match=r"shape \[2\]"):
+        tau_leaping_uniform(labelled.models.uniform_denoiser, 2, 3, 3, steps=2, seed=0,
+                            guidance=Guidance(torch.zeros(3, dtype=torch.long)))
 
 
 def test_a_network_with_a_null_label_is_guided_in_one_batched_pass():

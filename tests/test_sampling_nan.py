@@ -14,6 +14,7 @@ from ddpd.sampling import (
     tau_leaping_mask,
     tau_leaping_planned,
 )
+from ddpd.sampling.options import DDPDOptions, Execution, Guidance
 from oracles.fixtures import single_thread, tiny_network  # noqa: F401  (single_thread: autouse)
 
 V, D, B = 27, 8, 6
@@ -47,11 +48,12 @@ def _runs():
     """name -> (run(planner, denoiser, **kw), denoiser kind)."""
     return {
         "ddpd mask": (lambda p, d, **kw: ddpd_sample(p, d, B, D, V, steps=12, denoiser_type="mask", **kw), "mask"),
-        "ddpd uniform A+B": (lambda p, d, **kw: ddpd_sample(p, d, B, D, V, steps=12, stop="budget", **kw),
-                             "uniform"),
-        "ddpd exact clock": (lambda p, d, **kw: ddpd_sample(p, d, B, D, V, steps=30, clock="exact",
+        "ddpd uniform A+B": (lambda p, d, **kw: ddpd_sample(p, d, B, D, V, steps=12, ddpd=DDPDOptions(stop="budget"),
+                                                            **kw), "uniform"),
+        "ddpd exact clock": (lambda p, d, **kw: ddpd_sample(p, d, B, D, V, steps=30, ddpd=DDPDOptions(clock="exact"),
                                                             denoiser_type="mask", **kw), "mask"),
-        "uniform model, exact clock": (lambda p, d, **kw: ddpd_sample_uniform(d, B, D, V, steps=30, clock="exact",
+        "uniform model, exact clock": (lambda p, d, **kw: ddpd_sample_uniform(d, B, D, V, steps=30,
+                                                                              ddpd=DDPDOptions(clock="exact"),
                                                                               **kw), "model"),
         "tau-leaping P x D": (lambda p, d, **kw: tau_leaping_planned(p, d, B, D, V, steps=6, denoiser_type="mask",
                                                                      **kw), "mask"),
@@ -61,17 +63,18 @@ def _runs():
 
 
 KINDS = {"mask": "mask-denoiser", "uniform": "uniform-denoiser", "model": "uniform"}
-EXECUTIONS = {"fused": dict(fused=True), "graphs": dict(fused=True, graphs="emulate"),
-              "no compaction": dict(fused=True, compaction=False), "sync every 4": dict(fused=True, sync_every=4)}
+EXECUTIONS = {"fused": Execution(fused=True), "graphs": Execution(fused=True, graphs="emulate"),
+              "no compaction": Execution(fused=True, compaction=False),
+              "sync every 4": Execution(fused=True, sync_every=4)}
 
 
-def _sample(name, **execution):
+def _sample(name, execution=Execution()):
     run, kind = _runs()[name]
     planner = Poisoned(tiny_network("planner", V, 0, 40.0), at=1)
     denoiser = Poisoned(tiny_network(KINDS[kind], V, 1, 20.0), at=0)
     with warnings.catch_warnings(record=True) as caught, torch.inference_mode():
         warnings.simplefilter("always")
-        result = run(planner, denoiser, noise=PhiloxNoise(3), **execution)
+        result = run(planner, denoiser, noise=PhiloxNoise(3), execution=execution)
     return result, planner, denoiser, [w for w in caught if issubclass(w.category, NaNOutputWarning)]
 
 
@@ -87,7 +90,7 @@ def test_the_passes_with_nan_are_counted_and_warned_about_once(name):
     assert f"the denoiser returned NaN or +inf in {denoiser.nan_calls} of {reference.denoiser_calls} passes" in message
     assert ("the planner returned NaN" in message) == (planner.nan_calls > 0)
     for execution in EXECUTIONS.values():
-        fused, _, _, warned = _sample(name, **execution)
+        fused, _, _, warned = _sample(name, execution)
         assert torch.equal(fused.tokens, reference.tokens), execution
         assert (fused.planner_nan_passes, fused.denoiser_nan_passes) == \
             (reference.planner_nan_passes, reference.denoiser_nan_passes), execution
@@ -109,7 +112,8 @@ def test_an_infinite_hidden_state_counts_as_nan():
     denoiser.forward = lambda x, t: denoiser.head(infinite(x, t))
     for fused in (False, True):
         with pytest.warns(NaNOutputWarning), torch.inference_mode():
-            result = ddpd_sample(planner, denoiser, B, D, V, steps=8, denoiser_type="mask", seed=0, fused=fused)
+            result = ddpd_sample(planner, denoiser, B, D, V, steps=8, denoiser_type="mask", seed=0,
+                                 execution=Execution(fused=fused))
         assert result.denoiser_nan_passes == result.denoiser_calls == 8
 
 
@@ -118,7 +122,8 @@ def test_a_run_without_nan_says_nothing(fused):
     planner, denoiser = tiny_network("planner", V, 0, 40.0), tiny_network("mask-denoiser", V, 1, 20.0)
     with warnings.catch_warnings(), torch.inference_mode():
         warnings.simplefilter("error")
-        result = ddpd_sample(planner, denoiser, B, D, V, steps=12, denoiser_type="mask", seed=1, fused=fused)
+        result = ddpd_sample(planner, denoiser, B, D, V, steps=12, denoiser_type="mask", seed=1,
+                             execution=Execution(fused=fused))
     assert result.planner_nan_passes == result.denoiser_nan_passes == 0
 
 
@@ -130,8 +135,8 @@ def test_guidance_that_makes_nan_is_counted():
         return logits
 
     with pytest.warns(NaNOutputWarning, match=r"the denoiser returned NaN or \+inf in 6 of 6 passes"):
-        result = maskgit_sample(denoiser, B, D, V, steps=6, seed=0, labels=torch.zeros(B, dtype=torch.long),
-                                guidance_scale=2.0)
+        result = maskgit_sample(denoiser, B, D, V, steps=6, seed=0,
+                                guidance=Guidance(torch.zeros(B, dtype=torch.long), scale=2.0))
     assert result.denoiser_nan_passes == 6
 
 
@@ -156,7 +161,8 @@ def test_one_infinite_hidden_feature_counts_on_both_paths():
     for fused in (False, True):
         with warnings.catch_warnings(), torch.inference_mode():
             warnings.simplefilter("ignore", NaNOutputWarning)
-            result = ddpd_sample(planner, OneInfinite(), B, D, V, steps=8, stop="budget", seed=0, fused=fused)
+            result = ddpd_sample(planner, OneInfinite(), B, D, V, steps=8, ddpd=DDPDOptions(stop="budget"), seed=0,
+                                 execution=Execution(fused=fused))
         counts.append(result.denoiser_nan_passes)
     assert counts[0] == counts[1] > 0
 

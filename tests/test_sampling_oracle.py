@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from ddpd.process import corrupt, denoiser_prob_from_uniform, planner_prob_from_uniform
+from ddpd.sampling.options import DDPDOptions
 from oracles import laws
 from oracles.fixtures import single_thread  # noqa: F401  (autouse)
 from oracles.stats import empirical, threshold, tv
@@ -77,9 +78,9 @@ def test_single_position_kernel_equals_the_general_construction():
 
 def test_laws_are_distributions():
     toy = TOYS[1]
-    for law in (laws.ddpd_planner_clock_law(toy, 5, stop="budget", k=2, parallel_steps=2),
+    for law in (laws.ddpd_planner_clock_law(toy, 5, ddpd=DDPDOptions(stop="budget", k=2, parallel_steps=2)),
                 laws.ddpd_planner_clock_law(toy, 4, denoiser_type="mask"),
-                laws.ddpd_uniform_model_law(toy, 3, eps=0.2),
+                laws.ddpd_uniform_model_law(toy, 3, ddpd=DDPDOptions(eps=0.2)),
                 laws.tau_leaping_mask_law(toy, 7, eta=1.0),
                 laws.tau_leaping_uniform_law(toy, 5),
                 laws.tau_leaping_planned_law(toy, 5, denoiser_type="mask"),

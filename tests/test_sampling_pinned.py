@@ -22,6 +22,7 @@ from ddpd.sampling import (
     tau_leaping_planned,
     tau_leaping_uniform,
 )
+from ddpd.sampling.options import DDPDOptions, Execution, Temperature
 from oracles.fixtures import single_thread, tiny_networks  # noqa: F401  (single_thread: autouse)
 
 PINNED = json.loads((Path(__file__).parent / "data" / "pinned_samples.json").read_text())
@@ -34,27 +35,29 @@ def nets():
 
 def cases(v):
     """name -> (sampler, models, keyword arguments) for the nets of vocabulary v."""
+    planner, mask, uniform, model = ("planner", "mask"), ("mask",), ("planner", "uniform"), ("model",)
     return {
-        f"ddpd uniform A V{v}": (ddpd_sample, ("planner", "uniform"), dict(steps=16, seed=9, eps=0.2)),
-        f"ddpd mask A+C V{v}": (ddpd_sample, ("planner", "mask"),
-                                dict(steps=16, seed=9, eps=0.2, denoiser_type="mask", selection="softmax")),
-        f"ddpd mask B k3x2 T.7-.2 V{v}": (ddpd_sample, ("planner", "mask"),
-                                          dict(steps=16, seed=3, denoiser_type="mask", stop="budget", k=3,
-                                               parallel_steps=2, temperature=0.7, temperature_end=0.2)),
-        f"ddpd uniform B k2x3 V{v}": (ddpd_sample, ("planner", "uniform"),
-                                      dict(steps=16, seed=4, stop="budget", k=2, parallel_steps=3)),
-        f"ddpd exact uniform V{v}": (ddpd_sample, ("planner", "uniform"), dict(steps=40, seed=5, clock="exact")),
-        f"ddpd exact mask V{v}": (ddpd_sample, ("planner", "mask"),
-                                  dict(steps=40, seed=6, clock="exact", denoiser_type="mask")),
-        f"ddpd uniform model A V{v}": (ddpd_sample_uniform, ("model",), dict(steps=16, seed=7, eps=0.2)),
-        f"ddpd uniform model exact V{v}": (ddpd_sample_uniform, ("model",), dict(steps=40, seed=8, clock="exact")),
-        f"tau mask eta0 V{v}": (tau_leaping_mask, ("mask",), dict(steps=10, seed=10)),
-        f"tau mask eta2 V{v}": (tau_leaping_mask, ("mask",), dict(steps=10, seed=11, eta=2.0, temperature=0.9)),
-        f"tau uniform V{v}": (tau_leaping_uniform, ("model",), dict(steps=10, seed=12)),
-        f"tau planned uniform V{v}": (tau_leaping_planned, ("planner", "uniform"), dict(steps=10, seed=13)),
-        f"tau planned mask V{v}": (tau_leaping_planned, ("planner", "mask"),
-                                   dict(steps=10, seed=14, denoiser_type="mask")),
-        f"maskgit V{v}": (maskgit_sample, ("mask",), dict(steps=4, seed=15, temperature=0.8)),
+        f"ddpd uniform A V{v}": (ddpd_sample, uniform, dict(steps=16, seed=9, ddpd=DDPDOptions(eps=0.2))),
+        f"ddpd mask A+C V{v}": (ddpd_sample, planner, dict(steps=16, seed=9, denoiser_type="mask",
+                                                           ddpd=DDPDOptions(selection="softmax", eps=0.2))),
+        f"ddpd mask B k3x2 T.7-.2 V{v}": (ddpd_sample, planner,
+                                          dict(steps=16, seed=3, denoiser_type="mask",
+                                               ddpd=DDPDOptions(stop="budget", k=3, parallel_steps=2),
+                                               temperature=Temperature(0.7, 0.2))),
+        f"ddpd uniform B k2x3 V{v}": (ddpd_sample, uniform,
+                                      dict(steps=16, seed=4, ddpd=DDPDOptions(stop="budget", k=2, parallel_steps=3))),
+        f"ddpd exact uniform V{v}": (ddpd_sample, uniform, dict(steps=40, seed=5, ddpd=DDPDOptions(clock="exact"))),
+        f"ddpd exact mask V{v}": (ddpd_sample, planner,
+                                  dict(steps=40, seed=6, denoiser_type="mask", ddpd=DDPDOptions(clock="exact"))),
+        f"ddpd uniform model A V{v}": (ddpd_sample_uniform, model, dict(steps=16, seed=7, ddpd=DDPDOptions(eps=0.2))),
+        f"ddpd uniform model exact V{v}": (ddpd_sample_uniform, model,
+                                           dict(steps=40, seed=8, ddpd=DDPDOptions(clock="exact"))),
+        f"tau mask eta0 V{v}": (tau_leaping_mask, mask, dict(steps=10, seed=10)),
+        f"tau mask eta2 V{v}": (tau_leaping_mask, mask, dict(steps=10, seed=11, eta=2.0, temperature=0.9)),
+        f"tau uniform V{v}": (tau_leaping_uniform, model, dict(steps=10, seed=12)),
+        f"tau planned uniform V{v}": (tau_leaping_planned, uniform, dict(steps=10, seed=13)),
+        f"tau planned mask V{v}": (tau_leaping_planned, planner, dict(steps=10, seed=14, denoiser_type="mask")),
+        f"maskgit V{v}": (maskgit_sample, mask, dict(steps=4, seed=15, temperature=0.8)),
     }
 
 
@@ -73,7 +76,7 @@ def assert_pinned(name, result):
 def test_samples_are_pinned(nets, name, fused):
     vocab, (sampler, roles, kwargs) = CASES[name]
     with torch.inference_mode():
-        result = sampler(*(nets[vocab][r] for r in roles), 6, 8, vocab, **kwargs, fused=fused)
+        result = sampler(*(nets[vocab][r] for r in roles), 6, 8, vocab, **kwargs, execution=Execution(fused=fused))
     assert_pinned(name, result)
 
 
@@ -81,6 +84,6 @@ def test_samples_are_pinned(nets, name, fused):
 def test_bundled_model_samples_are_pinned(fused):
     planner, denoiser, _ = load_bundle(str(BUNDLE_DIR))
     with torch.inference_mode():
-        result = ddpd_sample(planner, denoiser, 2, 256, 27, steps=24, seed=0, denoiser_type="mask", stop="budget",
-                             fused=fused)
+        result = ddpd_sample(planner, denoiser, 2, 256, 27, steps=24, seed=0, denoiser_type="mask",
+                             ddpd=DDPDOptions(stop="budget"), execution=Execution(fused=fused))
     assert_pinned("bundled text8 mask B 24 steps", result)

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from ddpd.sampling import Execution, ddpd_sample, ddpd_sample_uniform, mask_sample
+from ddpd.sampling.options import DDPDOptions
 from ddpd.sampling.policies import (
     ConfidenceFactor,
     ConfidenceThreshold,
@@ -47,11 +48,12 @@ LIMITS = [ErrorBudget(0.0, 8), ErrorBudget(0.0, 8, order="planner"), ErrorBudget
 def test_error_budget_at_its_one_token_limit_draws_algorithm_1(policy, kind, fused):
     def run(**options):
         if kind == "model":
-            return ddpd_sample_uniform(NETWORKS["model"], 6, D, 27, steps=12, seed=3, fused=fused, **options)
+            return ddpd_sample_uniform(NETWORKS["model"], 6, D, 27, steps=12, seed=3, execution=Execution(fused=fused),
+                                       **options)
         return ddpd_sample(NETWORKS["planner"], NETWORKS[kind], 6, D, 27, steps=12, seed=3, denoiser_type=kind,
-                           fused=fused, **options)
+                           execution=Execution(fused=fused), **options)
 
-    today, limit = run(), run(policy=policy)
+    today, limit = run(), run(ddpd=DDPDOptions(policy=policy))
     assert torch.equal(today.tokens, limit.tokens)
     assert torch.equal(today.stop_step, limit.stop_step)
     assert torch.equal(today.commits, limit.commits)
@@ -62,10 +64,10 @@ def test_error_budget_at_its_one_token_limit_draws_algorithm_1(policy, kind, fus
 def test_error_budget_commits_several_tokens_a_step_and_fused_draws_the_reference_tokens(kind):
     def run(fused):
         if kind == "model":
-            return ddpd_sample_uniform(NETWORKS["model"], 6, D, 27, steps=12, seed=3, fused=fused,
-                                       policy=ErrorBudget(3.0, 8))
+            return ddpd_sample_uniform(NETWORKS["model"], 6, D, 27, steps=12, seed=3, execution=Execution(fused=fused),
+                                       ddpd=DDPDOptions(policy=ErrorBudget(3.0, 8)))
         return ddpd_sample(NETWORKS["planner"], NETWORKS[kind], 6, D, 27, steps=12, seed=3, denoiser_type=kind,
-                           fused=fused, policy=ErrorBudget(3.0, 8))
+                           execution=Execution(fused=fused), ddpd=DDPDOptions(policy=ErrorBudget(3.0, 8)))
 
     reference, fused = run(False), run(True)
     assert torch.equal(reference.tokens, fused.tokens)
@@ -81,7 +83,7 @@ def test_error_budget_replays_from_step_graphs(kind):
     graphs (emulated here) and draw the reference's tokens."""
     def run(**options):
         return ddpd_sample(NETWORKS["planner"], NETWORKS[kind], 6, D, 27, steps=12, seed=3, denoiser_type=kind,
-                           policy=ErrorBudget(3.0, 8), **options)
+                           ddpd=DDPDOptions(policy=ErrorBudget(3.0, 8)), **options)
 
     reference, replayed = run(), run(execution=Execution(fused=True, graphs="emulate", sync_every=4))
     assert torch.equal(reference.tokens, replayed.tokens)
@@ -122,8 +124,9 @@ def test_error_budget_matches_its_exact_law(name, toy_name, steps, bound, max_k,
     network = models.mask_denoiser if denoiser == "mask" else models.uniform_denoiser
     spread = {"spread": "linear", "cosine": "cosine"}.get(order, "none")
     order = "risk" if spread != "none" else order
-    result = ddpd_sample(models.planner, network, B, problem.D, problem.S, steps=steps, noise=noise(), stop="budget",
-                         denoiser_type=denoiser, policy=ErrorBudget(bound, max_k, order, spread))
+    result = ddpd_sample(models.planner, network, B, problem.D, problem.S, steps=steps, noise=noise(),
+                         ddpd=DDPDOptions(stop="budget", policy=ErrorBudget(bound, max_k, order, spread)),
+                         denoiser_type=denoiser)
     law = policy_laws.error_budget_law(problem, steps, bound, max_k, order, denoiser, spread=spread)
     emp = empirical(problem.index(result.tokens), problem.N)
     limit = threshold(law, B)
@@ -147,8 +150,8 @@ def test_known_noise_matches_its_exact_law(name, toy_name, steps, bound, max_k, 
     models = problem.models()
     network = models.mask_denoiser if denoiser == "mask" else models.uniform_denoiser
     policy = ErrorBudget(bound, max_k, spread=spread, known_noise=True, choice_temperature=tau, revise_above=revise)
-    result = ddpd_sample(models.planner, network, B, problem.D, problem.S, steps=steps, noise=noise(), stop="budget",
-                         denoiser_type=denoiser, policy=policy)
+    result = ddpd_sample(models.planner, network, B, problem.D, problem.S, steps=steps, noise=noise(),
+                         ddpd=DDPDOptions(stop="budget", policy=policy), denoiser_type=denoiser)
     law = policy_laws.known_noise_law(problem, steps, bound, max_k, denoiser, spread, tau, revise)
     emp = empirical(problem.index(result.tokens), problem.N)
     limit = threshold(law, B)
@@ -161,7 +164,7 @@ def test_plan_every_runs_the_planner_every_m_steps_and_replays_from_graphs():
 
     def run(**options):
         return ddpd_sample(NETWORKS["planner"], NETWORKS["mask"], 6, D, 27, steps=10, seed=3, denoiser_type="mask",
-                           stop="budget", policy=policy, **options)
+                           ddpd=DDPDOptions(stop="budget", policy=policy), **options)
 
     reference, replayed = run(), run(execution=Execution(fused=True, graphs="emulate", sync_every=4))
     assert torch.equal(reference.tokens, replayed.tokens)
@@ -170,7 +173,7 @@ def test_plan_every_runs_the_planner_every_m_steps_and_replays_from_graphs():
 
 def test_error_budget_law_at_bound_0_is_algorithm_1s():
     problem = toy("dir S3 D3")
-    one = laws.ddpd_planner_clock_law(problem, 4, stop="budget")
+    one = laws.ddpd_planner_clock_law(problem, 4, ddpd=DDPDOptions(stop="budget"))
     assert tv(policy_laws.error_budget_law(problem, 4, 0.0, 3), one) < 1e-12
 
 
@@ -185,7 +188,7 @@ def test_a_wrong_planner_is_caught():
         return -models.planner(x)
 
     result = ddpd_sample(inverted, models.uniform_denoiser, B, problem.D, problem.S, steps=3, noise=noise(),
-                         stop="budget", policy=ErrorBudget(1.0, 3))
+                         ddpd=DDPDOptions(stop="budget", policy=ErrorBudget(1.0, 3)))
     law = policy_laws.error_budget_law(problem, 3, 1.0, 3)
     emp = empirical(problem.index(result.tokens), problem.N)
     TABLE.add("(c) ErrorBudget, planner logits negated [dir S3 D3]", tv(emp, law), tv(emp, problem.p_data),
@@ -201,7 +204,8 @@ MASK_POLICIES = [MaskGIT(), ConfidenceThreshold(0.5), ConfidenceFactor(1.0), Ent
 
 @pytest.mark.parametrize("policy", MASK_POLICIES, ids=[policy_spec(p) for p in MASK_POLICIES])
 def test_mask_loop_policies_fused_draw_the_reference_tokens(policy):
-    reference, fused = (mask_sample(NETWORKS["mask"], 6, D, 27, steps=6, seed=2, policy=policy, fused=f)
+    reference, fused = (mask_sample(NETWORKS["mask"], 6, D, 27, steps=6, seed=2, policy=policy,
+                                    execution=Execution(fused=f))
                         for f in (False, True))
     assert torch.equal(reference.tokens, fused.tokens)
     assert torch.equal(reference.denoiser_passes, fused.denoiser_passes)
@@ -229,8 +233,8 @@ def test_at_half_the_passes_error_budget_is_as_close_to_p_data_as_algorithm_1():
     cases = [("one-at-a-time", None, 6), ("ErrorBudget(0.5)", ErrorBudget(0.5, 3), 3),
              ("ErrorBudget(1.5)", ErrorBudget(1.5, 3), 3), ("ErrorBudget(1.5)", ErrorBudget(1.5, 3), 2)]
     for name, policy, steps in cases:
-        result = ddpd_sample(models.planner, models.mask_denoiser, B, problem.D, problem.S, steps=steps,
-                             noise=noise(), stop="budget", denoiser_type="mask", policy=policy)
+        result = ddpd_sample(models.planner, models.mask_denoiser, B, problem.D, problem.S, steps=steps, noise=noise(),
+                             ddpd=DDPDOptions(stop="budget", policy=policy), denoiser_type="mask")
         assert result.passes.eq(2 * steps).all()
         distance[name, 2 * steps] = tv(empirical(problem.index(result.tokens), problem.N), problem.p_data)
         TABLE.add(f"mask denoiser {name}, {2 * steps} passes [dir S3 D3]", None, distance[name, 2 * steps], None,
@@ -251,5 +255,5 @@ def test_policy_specs_round_trip_and_bad_ones_are_named():
     with pytest.raises(TypeError, match="policy must be one of"):
         mask_sample(NETWORKS["mask"], 2, D, 27, steps=4, seed=0, policy=ErrorBudget())
     with pytest.raises(ValueError, match="clock='planner'"):
-        ddpd_sample(NETWORKS["planner"], NETWORKS["uniform"], 2, D, 27, steps=4, seed=0, clock="exact",
-                    policy=ErrorBudget())
+        ddpd_sample(NETWORKS["planner"], NETWORKS["uniform"], 2, D, 27, steps=4, seed=0,
+                    ddpd=DDPDOptions(clock="exact", policy=ErrorBudget()))

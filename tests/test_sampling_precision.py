@@ -13,6 +13,7 @@ import torch
 
 from ddpd.models import build_model, config_for
 from ddpd.sampling import PhiloxNoise, ddpd_sample, draws as sampling_draws, maskgit_sample, tau_leaping_mask
+from ddpd.sampling.options import DDPDOptions, Execution
 from oracles import laws
 from oracles.fixtures import noise, single_thread, toy  # noqa: F401  (single_thread: autouse)
 from oracles.stats import empirical, threshold, tv
@@ -45,7 +46,8 @@ def test_networks_run_in_the_precision_asked_for_and_the_sampler_in_float32(monk
     original = sampling_draws.planner_select_reference
     monkeypatch.setattr(sampling_draws, "planner_select_reference",
                         lambda logits, *a, **k: seen_by_ops.append(logits.dtype) or original(logits, *a, **k))
-    ddpd_sample(planner, denoiser, 8, 3, 3, steps=3, stop="budget", dtype=dtype, seed=0)
+    ddpd_sample(planner, denoiser, 8, 3, 3, steps=3, ddpd=DDPDOptions(stop="budget"), execution=Execution(dtype=dtype),
+                seed=0)
     assert set(planner.seen) == set(denoiser.seen) == {expected}
     assert set(seen_by_ops) == {torch.float32}
 
@@ -62,7 +64,7 @@ def test_bfloat16_fused_run_draws_what_the_reference_draws(vocab):
                                                        n_heads=2)).eval()
     with torch.inference_mode():
         runs = [ddpd_sample(planner, lambda x, t: denoiser(x, t), 32, 8, vocab, steps=12, denoiser_type="mask",
-                            dtype="bfloat16", noise=PhiloxNoise(3), fused=fused, sync_every=1)
+                            execution=Execution(fused=fused, sync_every=1, dtype="bfloat16"), noise=PhiloxNoise(3))
                 for fused in (False, True)]
     assert torch.equal(runs[0].tokens, runs[1].tokens)
     assert torch.equal(runs[0].stop_step, runs[1].stop_step)
@@ -70,16 +72,16 @@ def test_bfloat16_fused_run_draws_what_the_reference_draws(vocab):
 
 CASES = {
     "ddpd uniform A": lambda m, **kw: ddpd_sample(InPrecision(m.planner), InPrecision(m.uniform_denoiser), B, 3, 3,
-                                                  steps=10, eps=0.3, **kw),
+                                                  steps=10, ddpd=DDPDOptions(eps=0.3), **kw),
     "ddpd mask B": lambda m, **kw: ddpd_sample(InPrecision(m.planner), InPrecision(m.mask_denoiser), B, 3, 3, steps=8,
-                                               stop="budget", denoiser_type="mask", **kw),
+                                               ddpd=DDPDOptions(stop="budget"), denoiser_type="mask", **kw),
     "tau mask eta 1": lambda m, **kw: tau_leaping_mask(InPrecision(m.mask_denoiser), B, 3, 3, steps=8, eta=1.0, **kw),
     "maskgit": lambda m, **kw: maskgit_sample(InPrecision(m.mask_denoiser), B, 3, 3, steps=3, choice_temperature=1.0,
                                               **kw),
 }
 LAWS = {
-    "ddpd uniform A": lambda p: laws.ddpd_planner_clock_law(p, 10, stop="eps", eps=0.3),
-    "ddpd mask B": lambda p: laws.ddpd_planner_clock_law(p, 8, stop="budget", denoiser_type="mask"),
+    "ddpd uniform A": lambda p: laws.ddpd_planner_clock_law(p, 10, ddpd=DDPDOptions(stop="eps", eps=0.3)),
+    "ddpd mask B": lambda p: laws.ddpd_planner_clock_law(p, 8, ddpd=DDPDOptions(stop="budget"), denoiser_type="mask"),
     "tau mask eta 1": lambda p: laws.tau_leaping_mask_law(p, 8, eta=1.0),
     "maskgit": lambda p: laws.maskgit_law(p, 3, choice_temperature=1.0),
 }
@@ -88,7 +90,7 @@ LAWS = {
 @pytest.mark.parametrize("name", CASES)
 def test_bfloat16_networks_keep_the_exact_law_within_rounding(name):
     problem = toy("dir S3 D3")
-    result = CASES[name](problem.models(), dtype="bfloat16", fused=True, seed=5)
+    result = CASES[name](problem.models(), execution=Execution(fused=True, dtype="bfloat16"), seed=5)
     law = LAWS[name](problem)
     distance = tv(empirical(problem.index(result.tokens), problem.N), law)
     assert distance < threshold(law, B) + ROUNDING, f"{name}: TV {distance:.4f}"
@@ -104,6 +106,6 @@ def test_float64_networks_run_fused_as_they_run_the_reference(denoiser_type, clo
 
     planner = tiny_network("planner", 300, 0, 40.0).double()
     denoiser = tiny_network(f"{denoiser_type}-denoiser", 300, 1, 20.0).double()
-    runs = [ddpd_sample(planner, denoiser, 6, 8, 300, steps=12, seed=3, denoiser_type=denoiser_type, clock=clock,
-                        fused=fused) for fused in (False, True)]
+    runs = [ddpd_sample(planner, denoiser, 6, 8, 300, steps=12, seed=3, denoiser_type=denoiser_type,
+                        ddpd=DDPDOptions(clock=clock), execution=Execution(fused=fused)) for fused in (False, True)]
     assert torch.equal(runs[0].tokens, runs[1].tokens) and torch.equal(runs[0].stop_step, runs[1].stop_step)

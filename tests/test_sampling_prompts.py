@@ -22,6 +22,7 @@ from ddpd.sampling import (
     tau_leaping_planned,
     tau_leaping_uniform,
 )
+from ddpd.sampling.options import DDPDOptions, Execution, Prompt
 from oracles import laws
 from oracles.fixtures import noise, single_thread, toy  # noqa: F401  (single_thread: autouse)
 from oracles.stats import TVTable, empirical, threshold, tv
@@ -48,15 +49,18 @@ def run_all(cond, n, **kw):
     """Every sampler with the prompt of `cond` on its n rows: name -> SampleResult."""
     m = cond.models
     x_init, frozen = cond.prompt(n)
-    common = dict(x_init=x_init, frozen=frozen, **kw)
+    common = dict(prompt=Prompt(x_init, frozen), **kw)
     return {
-        "ddpd uniform A": ddpd_sample(m.planner, m.uniform_denoiser, n, 3, 3, steps=8, eps=0.3, **common),
-        "ddpd mask B+C k=2 x1": ddpd_sample(m.planner, m.mask_denoiser, n, 3, 3, steps=5, stop="budget",
-                                            denoiser_type="mask", selection="softmax", k=2, parallel_steps=1,
-                                            **common),
-        "ddpd exact clock": ddpd_sample(m.planner_t, m.uniform_denoiser, n, 3, 3, steps=220, clock="exact",
-                                        time_conditioned_planner=True, t_end=T_END, **common),
-        "ddpd uniform model A": ddpd_sample_uniform(m.uniform_model, n, 3, 3, steps=8, eps=0.3, **common),
+        "ddpd uniform A": ddpd_sample(m.planner, m.uniform_denoiser, n, 3, 3, steps=8, ddpd=DDPDOptions(eps=0.3),
+                                      **common),
+        "ddpd mask B+C k=2 x1": ddpd_sample(m.planner, m.mask_denoiser, n, 3, 3, steps=5,
+                                            ddpd=DDPDOptions(selection="softmax", stop="budget", k=2, parallel_steps=1),
+                                            denoiser_type="mask", **common),
+        "ddpd exact clock": ddpd_sample(m.planner_t, m.uniform_denoiser, n, 3, 3, steps=220,
+                                        ddpd=DDPDOptions(clock="exact", t_end=T_END), time_conditioned_planner=True,
+                                        **common),
+        "ddpd uniform model A": ddpd_sample_uniform(m.uniform_model, n, 3, 3, steps=8, ddpd=DDPDOptions(eps=0.3),
+                                                    **common),
         "tau mask eta 1": tau_leaping_mask(m.mask_denoiser, n, 3, 3, steps=8, eta=1.0, **common),
         "tau uniform": tau_leaping_uniform(m.uniform_model, n, 3, 3, steps=8, **common),
         "tau planned mask": tau_leaping_planned(m.planner, m.mask_denoiser, n, 3, 3, steps=8, denoiser_type="mask",
@@ -70,14 +74,14 @@ def run_all(cond, n, **kw):
 
 @pytest.mark.parametrize("fused", [False, True], ids=["reference", "fused"])
 def test_frozen_positions_keep_their_values_in_every_sampler(cond, fused):
-    for name, result in run_all(cond, 200, seed=3, fused=fused).items():
+    for name, result in run_all(cond, 200, seed=3, execution=Execution(fused=fused)).items():
         assert (result.tokens[:, 1] == 2).all(), name
         assert ((result.tokens >= 0) & (result.tokens < 3)).all(), name
 
 
 def test_fused_run_draws_what_the_reference_draws_with_a_prompt(cond):
     reference = run_all(cond, 300, noise=PhiloxNoise(8))
-    fused = run_all(cond, 300, noise=PhiloxNoise(8), fused=True, sync_every=3)
+    fused = run_all(cond, 300, noise=PhiloxNoise(8), execution=Execution(fused=True, sync_every=3))
     for name in reference:
         assert torch.equal(reference[name].tokens, fused[name].tokens), name
         assert torch.equal(reference[name].stop_step, fused[name].stop_step), name
@@ -89,11 +93,12 @@ def test_rows_carry_their_own_prompts_and_minus_one_starts_from_noise():
     frozen = torch.tensor([[True, False, False, True], [False] * 4, [True, True, False, False]])
     for sampler in (lambda **kw: ddpd_sample(m.planner, m.uniform_denoiser, 3, 4, 2, steps=12, **kw),
                     lambda **kw: tau_leaping_mask(m.mask_denoiser, 3, 4, 2, steps=6, **kw)):
-        result = sampler(x_init=x_init, frozen=frozen, seed=1)
+        result = sampler(prompt=Prompt(x_init, frozen), seed=1)
         assert torch.equal(result.tokens[frozen], x_init[frozen])
     # x_init without frozen: a starting point the sampler may change
     start = torch.zeros(3, 4, dtype=torch.long)
-    first = ddpd_sample(m.planner, m.uniform_denoiser, 3, 4, 2, steps=1, stop="budget", x_init=start, seed=0)
+    first = ddpd_sample(m.planner, m.uniform_denoiser, 3, 4, 2, steps=1, ddpd=DDPDOptions(stop="budget"),
+                        prompt=Prompt(start), seed=0)
     assert int((first.tokens != start).sum()) <= 3  # one position per row redrawn, from the given start
 
 
@@ -111,8 +116,9 @@ def test_the_mask_denoiser_always_sees_the_prompt(fused, clock):
     x_init = torch.tensor([[0, 1, 2, 3, -1, -1], [0, 1, 2, 3, 0, 1], [-1, 2, -1, 2, -1, 2]])
     frozen = x_init >= 0
     k = dict(k=6, parallel_steps=1) if clock == "planner" else {}
-    result = ddpd_sample(lambda x: torch.zeros(x.shape), denoiser, 3, 6, 4, steps=4, stop="budget", clock=clock,
-                         denoiser_type="mask", x_init=x_init, frozen=frozen, seed=0, fused=fused, **k)
+    result = ddpd_sample(lambda x: torch.zeros(x.shape), denoiser, 3, 6, 4, steps=4,
+                         ddpd=DDPDOptions(stop="budget", clock=clock, **k), denoiser_type="mask",
+                         prompt=Prompt(x_init, frozen), seed=0, execution=Execution(fused=fused))
     assert torch.equal(result.tokens[frozen], x_init[frozen]) and seen
     for x in seen:  # every denoiser input, fused (all rows) or reference (the rows it denoises)
         if x.shape[0] == 3:
@@ -125,24 +131,32 @@ def test_a_fully_frozen_row_stops_at_once_and_keeps_its_values():
     m = toy("sparse S2 D4").models()
     x_init = torch.tensor([[1, 0, 1, 1], [-1, 0, -1, -1]])
     frozen = x_init >= 0
-    result = ddpd_sample(m.planner, m.uniform_denoiser, 2, 4, 2, steps=10, eps=0.1, x_init=x_init, frozen=frozen,
-                         seed=0)
+    result = ddpd_sample(m.planner, m.uniform_denoiser, 2, 4, 2, steps=10, ddpd=DDPDOptions(eps=0.1),
+                         prompt=Prompt(x_init, frozen), seed=0)
     assert result.stop_step[0] == 0 and torch.equal(result.tokens[0], x_init[0])
 
 
-@pytest.mark.parametrize("kwargs,error,match", [
-    (dict(frozen=torch.zeros(2, 3, dtype=torch.bool)), ValueError, "frozen needs x_init"),
-    (dict(x_init=torch.zeros(2, 4, dtype=torch.long)), ValueError, "x_init must be a Long tensor of shape"),
-    (dict(x_init=torch.full((2, 3), 3)), ValueError, r"x_init values must be in \[-1, 3\)"),
-    (dict(x_init=torch.full((2, 3), -1), frozen=torch.ones(2, 3, dtype=torch.bool)), ValueError,
-     "every frozen position"),
-    (dict(x_init=torch.zeros(2, 3, dtype=torch.long), frozen=torch.ones(2, 3)), ValueError,
-     "frozen must be a Bool tensor"),
+@pytest.mark.parametrize("make,match", [
+    (lambda: Prompt(None, torch.zeros(2, 3, dtype=torch.bool)), "x_init must be a Long tensor of shape"),
+    (lambda: Prompt(torch.zeros(2, 3)), "x_init must be a Long tensor of shape"),
+    (lambda: Prompt(torch.full((2, 3), -1), torch.ones(2, 3, dtype=torch.bool)), "every frozen position"),
+    (lambda: Prompt(torch.zeros(2, 3, dtype=torch.long), torch.ones(2, 3)), "frozen must be a Bool tensor"),
+    (lambda: Prompt(torch.zeros(2, 3, dtype=torch.long), torch.ones(2, 4, dtype=torch.bool)),
+     r"frozen must be a Bool tensor of shape \[2, 3\]"),
 ])
-def test_bad_prompts_are_refused(kwargs, error, match):
+def test_bad_prompts_are_refused(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()
+
+
+@pytest.mark.parametrize("x_init,match", [
+    (torch.zeros(2, 4, dtype=torch.long), r"x_init must be a Long tensor of shape \[2, 3\]"),
+    (torch.full((2, 3), 3), r"x_init values must be in \[-1, 3\)"),
+])
+def test_prompts_that_do_not_fit_the_run_are_refused(x_init, match):
     m = toy("dir S3 D3").models()
-    with pytest.raises(error, match=match):
-        ddpd_sample(m.planner, m.uniform_denoiser, 2, 3, 3, steps=2, seed=0, **kwargs)
+    with pytest.raises(ValueError, match=match):
+        ddpd_sample(m.planner, m.uniform_denoiser, 2, 3, 3, steps=2, seed=0, prompt=Prompt(x_init))
 
 
 # ----------------------------------------------------------------------------- (b) laws
@@ -151,11 +165,11 @@ def test_bad_prompts_are_refused(kwargs, error, match):
 def conditional_laws(cond):
     sub = cond.sub
     return {
-        "ddpd uniform A": laws.ddpd_planner_clock_law(sub, 8, stop="eps", eps=0.3),
-        "ddpd mask B+C k=2 x1": laws.ddpd_planner_clock_law(sub, 5, stop="budget", denoiser_type="mask",
-                                                            selection="softmax", k=2, parallel_steps=1),
+        "ddpd uniform A": laws.ddpd_planner_clock_law(sub, 8, ddpd=DDPDOptions(stop="eps", eps=0.3)),
+        "ddpd mask B+C k=2 x1": laws.ddpd_planner_clock_law(
+            sub, 5, ddpd=DDPDOptions(selection="softmax", stop="budget", k=2, parallel_steps=1), denoiser_type="mask"),
         "ddpd exact clock": sub.p_data,  # exact: the conditional law of the data
-        "ddpd uniform model A": laws.ddpd_uniform_model_law(sub, 8, stop="eps", eps=0.3),
+        "ddpd uniform model A": laws.ddpd_uniform_model_law(sub, 8, ddpd=DDPDOptions(stop="eps", eps=0.3)),
         "tau mask eta 1": laws.tau_leaping_mask_law(sub, 8, eta=1.0),
         "tau uniform": laws.tau_leaping_uniform_law(sub, 8),
         "tau planned mask": laws.tau_leaping_planned_law(sub, 8, denoiser_type="mask"),
@@ -165,7 +179,10 @@ def conditional_laws(cond):
 
 @pytest.mark.parametrize("fused", [False, True], ids=["reference", "fused"])
 def test_each_sampler_follows_its_exact_conditional_law(cond, fused):
-    results = run_all(cond, B, noise=noise(6), fused=fused) if not fused else run_all(cond, B, seed=6, fused=True)
+    if fused:
+        results = run_all(cond, B, seed=6, execution=Execution(fused=True))
+    else:
+        results = run_all(cond, B, noise=noise(6))
     for name, law in conditional_laws(cond).items():
         emp = empirical(cond.sub_index(results[name].tokens), cond.sub.N)
         limit = threshold(law, B)
@@ -179,8 +196,8 @@ def test_mask_tau_leaping_with_an_unconditional_mask_denoiser_reaches_the_condit
     p_data(x^d | unmasked positions) already conditions on the prompt."""
     cond = Conditioned(toy("sparse S2 D4"), [0], [0])
     x_init, frozen = cond.prompt(B)
-    result = tau_leaping_mask(toy("sparse S2 D4").models().mask_denoiser, B, 4, 2, steps=512, x_init=x_init,
-                              frozen=frozen, noise=noise(7))
+    result = tau_leaping_mask(toy("sparse S2 D4").models().mask_denoiser, B, 4, 2, steps=512,
+                              prompt=Prompt(x_init, frozen), noise=noise(7))
     emp = empirical(cond.sub_index(result.tokens), cond.sub.N)
     limit = threshold(cond.sub.p_data, B)
     TABLE.add("tau mask eta 0, 512 steps, prompt x^0 = 0 [sparse S2 D4]", None, tv(emp, cond.sub.p_data),
@@ -215,11 +232,13 @@ def test_uniform_noise_networks_trained_without_prompts_bias_a_prompt():
     m = cond.toy.models()
     x_init, frozen = cond.prompt(B)
     runs = {
-        "planner + uniform denoiser": ddpd_sample(m.planner_t, m.uniform_denoiser, B, 3, 3, steps=220, clock="exact",
-                                                  time_conditioned_planner=True, t_end=T_END, x_init=x_init,
-                                                  frozen=frozen, noise=noise(9)),
-        "single uniform model": ddpd_sample_uniform(m.uniform_model, B, 3, 3, steps=220, clock="exact", t_end=T_END,
-                                                    x_init=x_init, frozen=frozen, noise=noise(10)),
+        "planner + uniform denoiser": ddpd_sample(m.planner_t, m.uniform_denoiser, B, 3, 3, steps=220,
+                                                  ddpd=DDPDOptions(clock="exact", t_end=T_END),
+                                                  time_conditioned_planner=True, prompt=Prompt(x_init, frozen),
+                                                  noise=noise(9)),
+        "single uniform model": ddpd_sample_uniform(m.uniform_model, B, 3, 3, steps=220,
+                                                    ddpd=DDPDOptions(clock="exact", t_end=T_END),
+                                                    prompt=Prompt(x_init, frozen), noise=noise(10)),
     }
     limit = threshold(biased, B)
     for name, result in runs.items():

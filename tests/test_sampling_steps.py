@@ -24,6 +24,7 @@ from ddpd.sampling.common import Run, write
 from ddpd.sampling.draws import FusedDraws, ReferenceDraws
 from ddpd.sampling.gillespie import mask_time, planner_time
 from ddpd.sampling.noise import NUM_STREAMS, SELECT, exponential, gumbel, make_noise
+from ddpd.sampling.options import Guidance
 from oracles.fixtures import single_thread  # noqa: F401  (autouse)
 from oracles.toy import ToyProblem, dirichlet_p_data
 
@@ -54,7 +55,8 @@ def test_row_ids_are_64_bit_end_to_end():
     assert not torch.equal(low, high)
     assert not torch.equal(PhiloxNoise(0, first_row=2**32 - 1).uniform(0, SELECT, torch.arange(2), 8)[1],
                            PhiloxNoise(0).uniform(0, SELECT, torch.arange(1), 8)[0])
-    runs = [ddpd_sample(M.planner, M.uniform_denoiser, 30, 4, 3, steps=4, stop="budget", fused=fused,
+    runs = [ddpd_sample(M.planner, M.uniform_denoiser, 30, 4, 3, steps=4, ddpd=DDPDOptions(stop="budget"),
+                        execution=Execution(fused=fused),
                         noise=PhiloxNoise(1, first_row=first)) for first in (0, 2**40) for fused in (False, True)]
     assert torch.equal(runs[0].tokens, runs[1].tokens) and torch.equal(runs[2].tokens, runs[3].tokens)
     assert not torch.equal(runs[0].tokens, runs[2].tokens)
@@ -141,7 +143,7 @@ def test_an_annealed_temperature_on_the_exact_clock_reaches_its_end_at_t_end(mon
     held to its exact law in test_sampling_ddpd.py."""
     seen = draw_temperatures(monkeypatch)
     result = ddpd_sample(M.planner_t, M.uniform_denoiser, 200, 4, 3, steps=480, temperature=Temperature(1.0, 0.0),
-                         clock="exact", time_conditioned_planner=True, seed=3)
+                         ddpd=DDPDOptions(clock="exact"), time_conditioned_planner=True, seed=3)
     assert int(result.stop_step.max()) < 100
     assert float(seen[0].mean()) > 0.6 and float(torch.cat(seen[-3:]).max()) < 0.1
 
@@ -159,25 +161,23 @@ def test_options_are_validated_once_and_frozen():
         Execution(sync_every=0)
 
 
-def test_options_as_objects_or_keywords_draw_the_same():
-    by_keyword = ddpd_sample(M.planner, M.mask_denoiser, 50, 4, 3, steps=8, seed=2, denoiser_type="mask",
-                             selection="softmax", stop="budget", temperature=1.2, temperature_end=0.5, fused=True)
-    by_object = ddpd_sample(M.planner, M.mask_denoiser, 50, 4, 3, steps=8, seed=2, denoiser_type="mask",
-                            ddpd=DDPDOptions(selection="softmax", stop="budget"),
-                            temperature=Temperature(1.2, 0.5), execution=Execution(fused=True))
-    assert torch.equal(by_keyword.tokens, by_object.tokens)
-
-
 @pytest.mark.parametrize("call,match", [
     (lambda: ddpd_sample(M.planner, M.uniform_denoiser, 2, 4, 3, steps=3, selction="softmax"), "selction"),
-    (lambda: ddpd_sample(M.planner, M.uniform_denoiser, 2, 4, 3, steps=3, ddpd=DDPDOptions(), eps=0.1),
-     "not both"),
-    (lambda: ddpd_sample(M.planner, M.uniform_denoiser, 2, 4, 3, steps=3, ddpd={"eps": 0.1}), "DDPDOptions"),
+    (lambda: ddpd_sample(M.planner, M.uniform_denoiser, 2, 4, 3, steps=3, eps=0.1), "eps"),
+    (lambda: ddpd_sample(M.planner, M.uniform_denoiser, 2, 4, 3, steps=3, ddpd={"eps": 0.1}),
+     "ddpd must be a DDPDOptions"),
+    (lambda: tau_leaping_mask(M.mask_denoiser, 2, 4, 3, steps=3, execution={"fused": True}),
+     "execution must be an Execution"),
+    (lambda: maskgit_sample(M.mask_denoiser, 2, 4, 3, steps=3, truncation=0.9), "truncation must be a Truncation"),
+    (lambda: ddpd_sample_uniform(M.uniform_model, 2, 4, 3, steps=3, prompt=torch.zeros(2, 4, dtype=torch.long)),
+     "prompt must be a Prompt"),
+    (lambda: tau_leaping_uniform(M.uniform_model, 2, 4, 3, steps=3, guidance=torch.zeros(2, dtype=torch.long)),
+     "guidance must be a Guidance"),
     (lambda: tau_leaping_uniform(M.uniform_model, 2, 4, 3, steps=3, mask_id=3), "mask_id"),
-    (lambda: ddpd_sample(M.planner, M.uniform_denoiser, 2, 4, 3, steps=3, temperature=Temperature(1.0),
-                         temperature_end=0.5), "not both"),
+    (lambda: ddpd_sample(M.planner, M.uniform_denoiser, 2, 4, 3, steps=3, temperature_end=0.5), "temperature_end"),
+    (lambda: ddpd_sample(M.planner, M.uniform_denoiser, 2, 4, 3, steps=3, fused=True), "fused"),
 ])
-def test_unknown_or_doubled_options_are_type_errors(call, match):
+def test_unknown_options_and_wrong_objects_are_type_errors(call, match):
     with pytest.raises(TypeError, match=match):
         call()
 
@@ -228,14 +228,17 @@ def test_reference_and_fused_draws_agree_on_random_logits(vocab, per_row):
 TOY = ToyProblem(dirichlet_p_data(3, 4, seed=0), 3, 4)
 M = TOY.models()
 SAMPLERS = {
-    "ddpd A": lambda B, **kw: ddpd_sample(M.planner, M.uniform_denoiser, B, 4, 3, steps=12, eps=0.35, **kw),
-    "ddpd mask k=2": lambda B, **kw: ddpd_sample(M.planner, M.mask_denoiser, B, 4, 3, steps=8, stop="budget",
-                                                 denoiser_type="mask", k=2, parallel_steps=2, **kw),
-    "ddpd exact": lambda B, **kw: ddpd_sample(M.planner_t, M.uniform_denoiser, B, 4, 3, steps=100, clock="exact",
-                                              time_conditioned_planner=True, **kw),
-    "ddpd single model": lambda B, **kw: ddpd_sample_uniform(M.uniform_model, B, 4, 3, steps=8, eps=0.4, **kw),
+    "ddpd A": lambda B, **kw: ddpd_sample(M.planner, M.uniform_denoiser, B, 4, 3, steps=12, ddpd=DDPDOptions(eps=0.35),
+                                          **kw),
+    "ddpd mask k=2": lambda B, **kw: ddpd_sample(M.planner, M.mask_denoiser, B, 4, 3, steps=8,
+                                                 ddpd=DDPDOptions(stop="budget", k=2, parallel_steps=2),
+                                                 denoiser_type="mask", **kw),
+    "ddpd exact": lambda B, **kw: ddpd_sample(M.planner_t, M.uniform_denoiser, B, 4, 3, steps=100,
+                                              ddpd=DDPDOptions(clock="exact"), time_conditioned_planner=True, **kw),
+    "ddpd single model": lambda B, **kw: ddpd_sample_uniform(M.uniform_model, B, 4, 3, steps=8,
+                                                             ddpd=DDPDOptions(eps=0.4), **kw),
     "ddpd single model exact": lambda B, **kw: ddpd_sample_uniform(M.uniform_model, B, 4, 3, steps=100,
-                                                                   clock="exact", **kw),
+                                                                   ddpd=DDPDOptions(clock="exact"), **kw),
     "tau mask": lambda B, **kw: tau_leaping_mask(M.mask_denoiser, B, 4, 3, steps=10, eta=0.5, **kw),
     "tau mask eta 0": lambda B, **kw: tau_leaping_mask(M.mask_denoiser, B, 4, 3, steps=40, **kw),
     "tau uniform": lambda B, **kw: tau_leaping_uniform(M.uniform_model, B, 4, 3, steps=10, **kw),
@@ -270,7 +273,7 @@ def test_eps_stop_bookkeeping():
     result = ddpd_sample(clean, never, 6, 4, 3, steps=10, seed=0)
     assert result.steps == 0 and (result.stop_step == 0).all()
     assert result.planner_calls == 1 and result.planner_rows == 6 and result.denoiser_calls == 0
-    x0 = ddpd_sample(M.planner, M.uniform_denoiser, 6, 4, 3, steps=1, seed=0, stop="budget")
+    x0 = ddpd_sample(M.planner, M.uniform_denoiser, 6, 4, 3, steps=1, seed=0, ddpd=DDPDOptions(stop="budget"))
     assert x0.planner_calls == 1 and x0.denoiser_calls == 1 and (x0.stop_step == 1).all()
 
 
@@ -297,21 +300,26 @@ def _ddpd(**kw):
     return ddpd_sample(M.planner, M.uniform_denoiser, 2, 4, 3, **{"steps": 3, **kw})
 
 
+def _opts(**fields):
+    return _ddpd(ddpd=DDPDOptions(**fields))
+
+
 BAD_ARGUMENTS = [
     (lambda: _ddpd(steps=0), ValueError, "steps"),
     (lambda: _ddpd(steps=2.5), TypeError, "steps"),
-    (lambda: _ddpd(selection="max"), ValueError, "selection"),
-    (lambda: _ddpd(stop="never"), ValueError, "stop"),
-    (lambda: _ddpd(eps=0.0), ValueError, "eps"),
-    (lambda: _ddpd(clock="wall"), ValueError, "clock"),
-    (lambda: _ddpd(clock="exact", stop="eps"), ValueError, "stop"),
+    (lambda: _opts(selection="max"), ValueError, "selection"),
+    (lambda: _opts(stop="never"), ValueError, "stop"),
+    (lambda: _opts(eps=0.0), ValueError, "eps"),
+    (lambda: _opts(clock="wall"), ValueError, "clock"),
+    (lambda: _opts(clock="exact", stop="eps"), ValueError, "stop"),
     (lambda: _ddpd(time_conditioned_planner=True), ValueError, "time_conditioned_planner"),
-    (lambda: _ddpd(k=5), ValueError, "k"),
-    (lambda: _ddpd(k=2, parallel_steps=4), ValueError, "parallel_steps"),
-    (lambda: _ddpd(clock="exact", k=2, parallel_steps=1), ValueError, "k > 1"),
+    (lambda: _ddpd(time_conditioned_planner=1), TypeError, "time_conditioned_planner"),
+    (lambda: _opts(k=5), ValueError, "k"),
+    (lambda: _opts(k=2, parallel_steps=4), ValueError, "parallel_steps"),
+    (lambda: _opts(clock="exact", k=2, parallel_steps=1), ValueError, "k > 1"),
     (lambda: _ddpd(temperature=-1.0), ValueError, "temperature"),
-    (lambda: _ddpd(temperature_end="hot"), TypeError, "temperature_end"),
-    (lambda: _ddpd(t_end=1.0), ValueError, "t_end"),
+    (lambda: _ddpd(temperature=Temperature(1.0, "hot")), TypeError, "temperature_end"),
+    (lambda: _opts(t_end=1.0), ValueError, "t_end"),
     (lambda: _ddpd(denoiser_type="gaussian"), ValueError, "denoiser_type"),
     (lambda: _ddpd(mask_id=1), ValueError, "mask_id"),
     (lambda: _ddpd(schedule="quadratic"), ValueError, "schedule"),
@@ -352,17 +360,18 @@ def test_a_bad_device_is_refused_with_a_clear_error():
 
 def test_conditional_planner_is_refused_where_no_planner_runs():
     labels = torch.zeros(2, dtype=torch.long)
-    with pytest.raises(TypeError, match="maskgit_sample: conditional_planner does not apply"):
-        maskgit_sample(M.mask_denoiser, 2, 4, 3, steps=2, seed=0, labels=labels, conditional_planner=True)
-    with pytest.raises(TypeError, match="tau_leaping_mask: conditional_planner does not apply"):
-        tau_leaping_mask(M.mask_denoiser, 2, 4, 3, steps=2, seed=0, labels=labels, conditional_planner=True)
+    with pytest.raises(TypeError, match="maskgit_sample: Guidance.conditional_planner does not apply"):
+        maskgit_sample(M.mask_denoiser, 2, 4, 3, steps=2, seed=0, guidance=Guidance(labels, conditional_planner=True))
+    with pytest.raises(TypeError, match="tau_leaping_mask: Guidance.conditional_planner does not apply"):
+        tau_leaping_mask(M.mask_denoiser, 2, 4, 3, steps=2, seed=0, guidance=Guidance(labels, conditional_planner=True))
 
 
 @pytest.mark.parametrize("fused", [False, True])
 def test_a_philox_offset_given_as_a_tensor_draws_what_the_int_draws(fused):
     """check_seed allows an int64 tensor of one element (the bits of the uint64) for the
     offset as for the seed; the samplers failed on it with an OverflowError."""
-    runs = [ddpd_sample(M.planner, M.uniform_denoiser, 3, 4, 3, steps=6, fused=fused, noise=PhiloxNoise(7, offset))
+    runs = [ddpd_sample(M.planner, M.uniform_denoiser, 3, 4, 3, steps=6, execution=Execution(fused=fused),
+                        noise=PhiloxNoise(7, offset))
             for offset in (5, torch.tensor(5), 2**64 - 3, torch.tensor(-3))]
     assert torch.equal(runs[0].tokens, runs[1].tokens) and torch.equal(runs[2].tokens, runs[3].tokens)
     assert not torch.equal(runs[0].tokens, runs[2].tokens)

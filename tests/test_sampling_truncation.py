@@ -21,15 +21,17 @@ from ddpd.sampling import (
     tau_leaping_planned,
     tau_leaping_uniform,
 )
+from ddpd.sampling.options import DDPDOptions, Execution
 from oracles.fixtures import single_thread, tiny_network, toy  # noqa: F401  (single_thread: autouse)
 
-CUTS = {"top_k=2": dict(top_k=2), "top_p=0.5": dict(top_p=0.5), "min_p=0.3": dict(min_p=0.3),
-        "top_k=3 top_p=0.8": dict(top_k=3, top_p=0.8)}
+CUTS = {"top_k=2": Truncation(top_k=2), "top_p=0.5": Truncation(top_p=0.5), "min_p=0.3": Truncation(min_p=0.3),
+        "top_k=3 top_p=0.8": Truncation(top_k=3, top_p=0.8)}
 
 
-def truncated(p: torch.Tensor, top_k=None, top_p=None, min_p=None) -> torch.Tensor:
+def truncated(p: torch.Tensor, cut: Truncation) -> torch.Tensor:
     """p [..., S] truncated by sorting (the definition, ddpd.ops.sample_categorical: top_p
     over what top_k keeps, renormalised) and renormalised."""
+    top_k, top_p, min_p = cut.top_k, cut.top_p, cut.min_p
     order = p.argsort(-1, descending=True)
     sorted_p = p.gather(-1, order)
     keep = torch.ones_like(sorted_p, dtype=torch.bool)
@@ -49,8 +51,9 @@ def truncated(p: torch.Tensor, top_k=None, top_p=None, min_p=None) -> torch.Tens
 def test_one_step_draws_follow_the_truncated_marginals(cut, fused):
     models, S, D, n = toy("sparse S4 D3").models(), 4, 3, 40_000
     masked = torch.full((1, D), S)
-    law = truncated(models.mask_denoiser(masked, torch.zeros(1)).softmax(-1)[0].double(), **CUTS[cut])
-    out = tau_leaping_mask(models.mask_denoiser, n, D, S, steps=1, seed=3, fused=fused, **CUTS[cut]).tokens
+    law = truncated(models.mask_denoiser(masked, torch.zeros(1)).softmax(-1)[0].double(), CUTS[cut])
+    out = tau_leaping_mask(models.mask_denoiser, n, D, S, steps=1, seed=3, execution=Execution(fused=fused),
+                           truncation=CUTS[cut]).tokens
     assert (out < S).all()
     counts = torch.stack([torch.bincount(out[:, d], minlength=S) for d in range(D)]).double()
     assert ((law == 0) <= (counts == 0)).all(), "a cut token was drawn"
@@ -74,7 +77,7 @@ def run_sampler(name, nets, **kw):
         "ddpd mask": lambda: ddpd_sample(nets["planner"], nets["mask"], b, d, v, steps=12, denoiser_type="mask",
                                          **common),
         "ddpd exact clock": lambda: ddpd_sample(nets["planner"], nets["uniform"], b, d, v, steps=12,
-                                                clock="exact", **common),
+                                                ddpd=DDPDOptions(clock="exact"), **common),
         "ddpd uniform model": lambda: ddpd_sample_uniform(nets["model"], b, d, v, steps=12, **common),
         "tau mask": lambda: tau_leaping_mask(nets["mask"], b, d, v, steps=6, eta=0.5, **common),
         "tau uniform": lambda: tau_leaping_uniform(nets["model"], b, d, v, steps=6, **common),
@@ -91,31 +94,36 @@ SAMPLERS = ["ddpd uniform", "ddpd mask", "ddpd exact clock", "ddpd uniform model
 @pytest.mark.parametrize("cut", list(CUTS))
 @pytest.mark.parametrize("name", SAMPLERS)
 def test_fused_runs_draw_what_reference_runs_draw(nets, name, cut):
-    reference = run_sampler(name, nets, **CUTS[cut])
-    assert torch.equal(run_sampler(name, nets, fused=True, **CUTS[cut]), reference)
+    reference = run_sampler(name, nets, truncation=CUTS[cut])
+    assert torch.equal(run_sampler(name, nets, execution=Execution(fused=True), truncation=CUTS[cut]), reference)
 
 
 @pytest.mark.parametrize("name", ["ddpd uniform", "ddpd mask", "ddpd exact clock"])
 def test_graph_replayed_steps_draw_what_eager_steps_draw(nets, name):
     """The fused DDPD steps replayed from graphs (the CPU emulation of CUDA graphs) under a cut."""
-    cut = dict(top_k=3, top_p=0.8)
-    assert torch.equal(run_sampler(name, nets, fused=True, graphs="emulate", **cut), run_sampler(name, nets, **cut))
+    cut = Truncation(top_k=3, top_p=0.8)
+    assert torch.equal(run_sampler(name, nets, execution=Execution(fused=True, graphs="emulate"), truncation=cut),
+                       run_sampler(name, nets, truncation=cut))
 
 
 @pytest.mark.parametrize("name", SAMPLERS)
 def test_top_k_1_is_the_greedy_run_and_a_cut_changes_the_samples(nets, name):
     greedy = run_sampler(name, nets, temperature=0.0)
-    assert torch.equal(run_sampler(name, nets, top_k=1), greedy)
-    assert torch.equal(run_sampler(name, nets, fused=True, truncation=Truncation(top_k=1)), greedy)
-    assert not torch.equal(run_sampler(name, nets, top_p=0.3), run_sampler(name, nets))
+    assert torch.equal(run_sampler(name, nets, truncation=Truncation(top_k=1)), greedy)
+    assert torch.equal(run_sampler(name, nets, execution=Execution(fused=True), truncation=Truncation(top_k=1)), greedy)
+    assert not torch.equal(run_sampler(name, nets, truncation=Truncation(top_p=0.3)), run_sampler(name, nets))
 
 
-@pytest.mark.parametrize("kw,error,match", [
+@pytest.mark.parametrize("cut,error,match", [
     (dict(top_k=0), ValueError, "top_k"), (dict(top_p=0.0), ValueError, "top_p"),
     (dict(top_p=1.5), ValueError, "top_p"), (dict(min_p=-0.1), ValueError, "min_p"),
     (dict(top_k=2.5), TypeError, "top_k"),
-    (dict(top_k=2, truncation=Truncation(top_k=3)), TypeError, "not both"),
 ])
-def test_bad_truncations_are_refused(nets, kw, error, match):
+def test_bad_truncations_are_refused(cut, error, match):
     with pytest.raises(error, match=match):
-        tau_leaping_mask(nets["mask"], 2, 4, 300, steps=2, noise=PhiloxNoise(0), **kw)
+        Truncation(**cut)
+
+
+def test_a_truncation_given_as_a_dict_is_refused(nets):
+    with pytest.raises(TypeError, match="truncation must be a Truncation"):
+        tau_leaping_mask(nets["mask"], 2, 4, 300, steps=2, noise=PhiloxNoise(0), truncation=dict(top_k=2))

@@ -416,7 +416,8 @@ def run_convergence(args: argparse.Namespace) -> None:
     recorder = PlannerRecorder(m["planner"], args.eps)
     eps = min(args.eps)  # the option-A run stops at the strictest criterion tracked
     common = dict(denoiser_type="mask" if kinds[0] == "mask-denoiser" else "uniform", steps=args.steps,
-                  temperature=args.temperature, schedule=loaded.schedule, device=loaded.device, dtype=dtype)
+                  temperature=args.temperature, schedule=loaded.schedule, device=loaded.device,
+                  execution=sampling.Execution(dtype=dtype))
     stops = []
     starts = range(0, args.num_samples, args.batch_size)
     with torch.no_grad():
@@ -424,10 +425,10 @@ def run_convergence(args: argparse.Namespace) -> None:
             n = min(args.batch_size, args.num_samples - first)
             noise = sampling.PhiloxNoise(args.seed, first_row=first)
             recorder.start_run(n)  # option B: every sample runs (and is recorded) every step
-            sampling.ddpd_sample(recorder, m[kinds[0]], n, loaded.seq_len, loaded.vocab_size, stop="budget",
-                                 noise=noise, **common)
+            sampling.ddpd_sample(recorder, m[kinds[0]], n, loaded.seq_len, loaded.vocab_size,
+                                 ddpd=sampling.DDPDOptions(stop="budget"), noise=noise, **common)
             result = sampling.ddpd_sample(m["planner"], m[kinds[0]], n, loaded.seq_len, loaded.vocab_size,
-                                          stop="eps", eps=eps, noise=noise, **common)
+                                          ddpd=sampling.DDPDOptions(stop="eps", eps=eps), noise=noise, **common)
             stops.append(result.stop_step.cpu())
     rows = convergence_rows(recorder.rows(), stopped_fraction(torch.cat(stops), args.steps), eps)
     with one_set():

@@ -78,18 +78,17 @@ class Settings:
     conditional_planner: bool = False
 
     def rows(self, first: int, n: int, planner: bool) -> dict:
-        """The per-row keywords (prompt, labels, guidance) of samples first .. first + n - 1."""
+        """The per-row keywords (prompt=, guidance=) of samples first .. first + n - 1."""
         import torch
 
-        kwargs = {}
+        sampling, kwargs = _sampling(), {}
         if self.x_init is not None:
             index = torch.arange(first, first + n) % self.x_init.shape[0]
-            kwargs.update(x_init=self.x_init[index], frozen=self.frozen[index])
+            kwargs["prompt"] = sampling.Prompt(self.x_init[index], self.frozen[index])
         if self.labels is not None:
-            kwargs.update(labels=self.labels[torch.arange(first, first + n) % self.labels.shape[0]],
-                          guidance_scale=self.guidance_scale)
-            if planner and self.conditional_planner:
-                kwargs["conditional_planner"] = True
+            labels = self.labels[torch.arange(first, first + n) % self.labels.shape[0]]
+            kwargs["guidance"] = sampling.Guidance(labels, self.guidance_scale,
+                                                   conditional_planner=planner and self.conditional_planner)
         return kwargs
 
 
@@ -115,10 +114,12 @@ class Sampler:
         """Samples first .. first + n - 1 from `models` (by kind: planner, mask-denoiser, ...)."""
         networks = (models["planner"], models[self.model]) if self.planner else (models[self.model],)
         s = settings
-        return getattr(_sampling(), self.function)(
-            *networks, n, s.length, s.vocab_size, steps=s.steps, temperature=s.temperature,
-            temperature_end=s.temperature_end, schedule=s.schedule, device=s.device, noise=noise,
-            execution=s.execution, truncation=s.truncation, **self.options(s), **s.rows(first, n, self.planner))
+        sampling = _sampling()
+        return getattr(sampling, self.function)(
+            *networks, n, s.length, s.vocab_size, steps=s.steps,
+            temperature=sampling.Temperature(s.temperature, s.temperature_end), schedule=s.schedule,
+            device=s.device, noise=noise, execution=s.execution, truncation=s.truncation, **self.options(s),
+            **s.rows(first, n, self.planner))
 
 
 def _ddpd(denoiser_type: Optional[str]) -> Callable[[Settings], dict]:

@@ -1,37 +1,22 @@
-"""Samplers of DDPD and its baselines, each written once.
+"""Samplers of DDPD and its baselines, each written once (docs/sampling.md).
 
-Models are callables (docs/api.md): planner(x) -> Float[B, D] logits of "position
-is noise", denoiser(x, t) -> Float[B, D, V] logits. Every sampler takes one of
-seed / generator / noise (a NoiseSource, ddpd.sampling.noise) and returns a
-SampleResult (tokens, steps, per-row stop_step, forward-pass counts, the passes whose
-output held a NaN: the run warns with a NaNOutputWarning).
+Models are callables: planner(x) -> Float[B, D] logits of "position is noise",
+denoiser(x, t) -> Float[B, D, V] logits. Every sampler returns a SampleResult.
 
-- ddpd_sample: the DDPD Gillespie sampler (Algorithm 1) with a planner and a uniform or
-  mask denoiser, on the planner clock or the exact clock.
-- ddpd_sample_uniform: the same with a single uniform-diffusion model split by
-  prop:generative_rate_decomposition.
+- ddpd_sample, ddpd_sample_uniform: the DDPD Gillespie sampler (Algorithm 1).
 - tau_leaping_mask (DFM), tau_leaping_uniform (DFM-Uni), tau_leaping_planned (P x D).
-- maskgit_sample: MaskGIT confidence-based unmasking; mask_sample: the same loop with any
-  of the field's parallel-decoding policies (ddpd.sampling.policies).
+- maskgit_sample, mask_sample: the mask loop with MaskGIT's or another commit policy.
 
-Parallel decoding: a commit policy (ddpd.sampling.policies) says how many drawn tokens a
-step keeps, on the device: ErrorBudget for DDPD (DDPDOptions.policy), MaskGIT,
-ConfidenceThreshold, ConfidenceFactor, EntropyBound and ReMDM for the mask loop. Every
-SampleResult counts network passes per row and the tokens committed (tokens_per_pass).
-
-Options are objects (ddpd.sampling.options: Temperature, DDPDOptions, Truncation,
-Execution) or their fields as keywords. A run is reference (plain torch) or fused (the ddpd.ops kernels, no
-host synchronisation inside a step, finished rows leaving the batch at a stop check every
-sync_every steps) by the Draws strategy the loop is handed (ddpd.sampling.draws), chosen
-with fused=True; from the same noise source both return the same samples (with float32
-networks: below float32 a denoiser with an output head gives the fused run float32 logits at
-the chosen positions where the reference rounds them to the dtype, and the two agree in law).
+Every sampler takes the same keyword-only options: steps, temperature (a float or a
+Temperature), truncation=Truncation(...), execution=Execution(...) (fused kernels, stop
+checks, precision), prompt=Prompt(x_init, frozen), guidance=Guidance(labels, scale), schedule,
+seed / generator / noise, device; the DDPD samplers also ddpd=DDPDOptions(...).
 """
 from ddpd.sampling.batch import NaNOutputWarning, SampleResult
 from ddpd.sampling.gillespie import ddpd_sample, ddpd_sample_uniform
 from ddpd.sampling.maskgit import mask_sample, maskgit_sample
 from ddpd.sampling.noise import NoiseSource, PhiloxNoise, TorchNoise
-from ddpd.sampling.options import DDPDOptions, Execution, Temperature, Truncation
+from ddpd.sampling.options import DDPDOptions, Execution, Guidance, Prompt, Temperature, Truncation
 from ddpd.sampling.policies import (
                                     ConfidenceFactor,
                                     ConfidenceThreshold,
@@ -54,10 +39,12 @@ __all__ = [
     "parse_policy",
     "DDPDOptions",
     "Execution",
+    "Guidance",
     "NaNOutputWarning",
     "SampleResult",
     "NoiseSource",
     "PhiloxNoise",
+    "Prompt",
     "Temperature",
     "TorchNoise",
     "Truncation",

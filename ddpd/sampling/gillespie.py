@@ -2,55 +2,13 @@
 
 Each step the planner scores every position, one position d' (or k of them) is drawn in
 proportion to p(z^{d'} = N | x_t) (prop:self-loop-jumps), and the denoiser redraws it
-from p(x_1^{d'} | x_t, z^{d'} = N). The options (ddpd.sampling.options.DDPDOptions) are
-named as in the appendix 'Implementation details' (the listings' names differ):
+from p(x_1^{d'} | x_t, z^{d'} = N). `ddpd_sample_uniform` runs the same loops with a single
+uniform-diffusion model split into planner and denoiser by prop:generative_rate_decomposition.
 
-- stop='eps' (A): a row stops once p(z^d = N | x_t) < eps at every position;
-  stop='budget' (B): every row runs the whole step budget.
-- selection='sigmoid': weights sigmoid(planner logit) (A); 'softmax' (C): softmax of the
-  planner logits over positions, a greedier plan.
-- denoiser_type='uniform': a denoiser of p(x_1^d | x_t, z^d = N); 'mask': a mask-diffusion
-  denoiser used through prop:draw_with_maskD: z drawn from the planner's marginals, the
-  chosen positions always masked, the masked sequence given to the mask denoiser at
-  t = alpha^{-1}(1 - #masked / D).
-- clock='planner' (the paper's): the denoiser's time is the planner's estimate
-  t = alpha^{-1}(1 - sum_d p_d / D) (section 'Adaptive Time Correction').
-  clock='exact': the self-loop CTMC of prop:self-loop-jumps simulated exactly from t = 0
-  to t_end, see `_exact_clock`.
-- k positions per step (drawn without replacement) during the first `parallel_steps`
-  steps, then one at a time (refinement).
-
-The loops below are the whole algorithm; a run is reference or fused by the Draws
-strategy it is handed (ddpd.sampling.draws): the same loop, the same draws from the same
-noise source, plain torch or the ddpd.ops kernels.
-
-Prompts and infilling (`x_init`, `frozen`, ddpd.sampling.common): a frozen position is data,
-not noise, at every t. The forward process conditioned on the frozen values corrupts only
-the free positions, each independently with probability 1 - alpha_t, so
-p(z^d = N | x_t) = 0 at a frozen position whatever the planner network says: its logit is
-replaced by -inf, which keeps the position out of the selection (weight 0), out of the
-stop rule (p < eps holds there) and out of the mask of prop:draw_with_maskD (never
-masked), and leaves the exact clock's rate sum_d p to the free positions. The time
-estimate counts the positions that can be noise: with F frozen positions,
-E[sum_{d free} p(z^d = N | x_t)] = (D - F)(1 - alpha_t), so
-t = alpha^{-1}(1 - sum_{d free} p_d / (D - F)). A mask denoiser is given
-t = alpha^{-1}(1 - #masked / D), the masking level of the sequence it sees.
-
-`ddpd_sample_uniform` runs the same loops with a single uniform-diffusion model
-p(x_1^d | x_t) split into planner and denoiser by prop:generative_rate_decomposition: on
-the exact clock by eqs. corruption_prob and denoising_prob, on the planner clock into the
-probability of a change and the jump law, as in the appendix's first listing (see
-`_UniformModel`).
-
-What the samplers reach, measured against exact laws on enumerable toys
-(tests/test_sampling_ddpd.py, docs/oracle_tv.txt): with a time-conditioned planner
-p_t(z^d = N | x_t) and a uniform denoiser (or a single uniform model), the exact clock is
-an exact sampler of p_data. With a mask denoiser it is not: the mask of
-prop:draw_with_maskD draws the z^d independently, an approximation of
-p(z | x_t, z^{d'} = N), and that bias remains however many steps run. The planner clock
-with a time-free planner (the paper's sampler) is biased too: its time estimate and
-its planner average over t; on a two-state Markov chain its joint TV to p_data grows with
-D rather than shrinking.
+The loops below are the whole algorithm; a run is reference or fused by the Draws strategy
+it is handed (ddpd.sampling.draws). The options (plan, stop, clock), how a prompt's frozen
+positions enter the planner and the time estimate, and what the samplers reach on toys with
+exact laws are in docs/sampling.md.
 """
 from __future__ import annotations
 
@@ -60,14 +18,14 @@ from typing import Callable, Optional, Union
 import torch
 from torch import Tensor
 
-from ddpd.process import denoiser_log_prob_from_uniform, planner_prob_from_uniform
+from ddpd.process import Schedule, denoiser_log_prob_from_uniform, planner_prob_from_uniform
 from ddpd.sampling.batch import RunningBatch, SampleResult
 from ddpd.sampling.common import Run, expand, setup, start, subset, write
 from ddpd.sampling.draws import Draws
 from ddpd.sampling.noise import ACCEPT, CLOCK, CONFIDENCE, NoiseSource, exponential, gumbel
-from ddpd.sampling.options import DDPDOptions, Temperature
+from ddpd.sampling.options import DDPDOptions, Execution, Guidance, Prompt, Temperature, Truncation, check_option
 from ddpd.sampling.policies import commit_risk, spread_minimum
-from ddpd.validation import check_callable, check_choice
+from ddpd.validation import check_bool, check_callable, check_choice
 
 DENOISER_TYPES = ("uniform", "mask")
 
@@ -81,52 +39,94 @@ def ddpd_sample(
     *,
     steps: int,
     denoiser_type: str = "uniform",
+    time_conditioned_planner: bool = False,
+    ddpd: DDPDOptions = DDPDOptions(),
     temperature: Union[float, Temperature] = 1.0,
+    truncation: Truncation = Truncation(),
+    execution: Execution = Execution(),
+    prompt: Optional[Prompt] = None,
+    guidance: Optional[Guidance] = None,
+    schedule: Union[str, Schedule] = "linear",
+    mask_id: Optional[int] = None,
     seed: Optional[int] = None,
+    generator: Optional[torch.Generator] = None,
     noise: Optional[NoiseSource] = None,
     device: Union[str, torch.device, None] = None,
-    **options,
 ) -> SampleResult:
-    """Sample `batch_size` sequences of `length` tokens with a planner and a denoiser.
+    """Sample `batch_size` sequences of `length` tokens with a planner and a denoiser (Algorithm 1).
 
-    planner(x Long[B, D]) -> Float[B, D] logits of "position is noise" (planner(x, t) when
-    time_conditioned_planner, which needs clock='exact'); denoiser(x Long[B, D],
-    t Float[B]) -> Float[B, D, vocab_size] logits; for denoiser_type='mask' its input holds
-    mask_id (default vocab_size) at masked positions. steps: the step budget T.
-    temperature: of the denoiser logits (0 = argmax), or a Temperature(start, end) schedule, annealed
-    over what ends the run: the steps of the budget (stop='budget' on the planner clock), the
-    planner's time estimate (stop='eps': `end` once it passes alpha^{-1}(1 - eps)), the clock's
-    time (clock='exact': `end` at t_end); a run stopped early by its budget ends before `end`.
-    Randomness: seed (Philox, per-row streams), noise (a NoiseSource) or generator=.
+    Example:
+        >>> result = ddpd_sample(planner, denoiser, 16, 64, 27, steps=256, seed=0,
+        ...                      ddpd=DDPDOptions(stop="eps", eps=0.01), execution=Execution(fused=True))
+        >>> result.tokens.shape
+        torch.Size([16, 64])
 
-    options (keywords, or the objects): the fields of DDPDOptions — selection, stop, eps,
-    clock, t_end, k, parallel_steps, time_conditioned_planner (or ddpd=DDPDOptions(...));
-    of Execution — fused, sync_every, compaction, dtype (or execution=Execution(...));
-    of Truncation — top_k, top_p, min_p, cuts of every token draw's law (or
-    truncation=Truncation(...)); temperature_end, schedule, mask_id, generator; x_init (Long[B, D], -1 where the run
-    starts from noise) and frozen (Bool[B, D], positions that keep their x_init value):
-    prompts and infilling, see the module docstring; labels (Long[B]), guidance_scale and
-    conditional_planner: class conditioning and classifier-free guidance of the denoiser
-    (ddpd.sampling.common).
+    Args:
+        planner: planner(x Long[B, D]) -> Float[B, D] logits of "position is noise"
+            (planner(x, t) when time_conditioned_planner).
+        denoiser: denoiser(x Long[B, D], t Float[B]) -> Float[B, D, vocab_size] logits of the
+            clean values; with denoiser_type="mask" its input holds mask_id at masked positions.
+            One exposing hidden(x, t) and an nn.Linear head has the head applied at the chosen
+            positions only in the fused run.
+        batch_size: B, the number of sequences.
+        length: D, the sequence length.
+        vocab_size: V, the number of clean token values.
+        steps: The step budget T.
+        denoiser_type: "uniform" (a denoiser of p(x_1^d | x_t, z^d = N)) or "mask" (a mask
+            denoiser used through prop:draw_with_maskD).
+        time_conditioned_planner: Whether the planner takes the time, planner(x, t); needs
+            DDPDOptions(clock="exact").
+        ddpd: How Algorithm 1 plans, stops and keeps time (DDPDOptions): selection ("sigmoid" =
+            option A, "softmax" = C), stop ("eps" = A, "budget" = B), eps (the stop threshold),
+            clock ("planner": the time estimated from the planner; "exact": the self-loop CTMC
+            simulated exactly up to t_end), t_end, k positions per step during the first
+            parallel_steps steps, policy (an ErrorBudget commit policy, or None).
+        temperature: The denoiser's logit temperature (0 = argmax), or a Temperature with fields
+            start and end, annealed linearly over what ends the run: the budget's steps,
+            the planner's time estimate under the eps stop, the clock's time on the exact clock.
+        truncation: Cuts of every token draw's law (Truncation): top_k (the most probable
+            tokens), top_p (nucleus), min_p (a fraction of the top probability); default: none.
+        execution: How the run is carried out (Execution): fused (the ddpd.ops kernels, no host
+            synchronisation inside a step, same draws from the same noise), sync_every (steps
+            between stop checks), compaction (finished rows leave the batch there), dtype (the
+            networks' precision, "auto" = bfloat16 on CUDA), graphs (CUDA-graph replay).
+        prompt: Prompt(x_init, frozen) for prompts and infilling: x_init Long[B, D] (-1 where the
+            run starts from noise), frozen Bool[B, D] the positions that keep their value
+            throughout; None: no prompt.
+        guidance: Guidance(labels, scale, conditional_planner): class labels Long[B] for the
+            denoiser, the classifier-free guidance scale, and conditional_planner
+            (whether the planner gets the labels too); None: unconditional.
+        schedule: The noise schedule alpha_t: "linear", "cosine" or a ddpd.process.Schedule.
+        mask_id: The mask token id (>= vocab_size; default vocab_size).
+        seed: Seed of the Philox noise (per-row streams). At most one of seed, generator, noise;
+            none: a seed drawn from torch's default generator.
+        generator: A torch.Generator the Philox seed and offset are drawn from.
+        noise: A NoiseSource (PhiloxNoise, TorchNoise) used as given.
+        device: Where the run's tensors live (default: the CPU).
 
-    fused=True runs the same loop with the per-step draws in the ddpd.ops kernels and no
-    host synchronisation inside a step: same draws from the same noise (in float32; below it
-    the same law: a denoiser's head at the chosen positions gives float32 logits, where the
-    reference rounds them to the dtype). A denoiser exposing
-    hidden(x, t) and an nn.Linear head (the ddpd.models networks, whose forward is
-    head(hidden(x, t))) has its head applied at the chosen positions only. Finished rows are
-    frozen at once and leave the batch at the stop check every sync_every steps (the only
-    host synchronisation); compaction=False keeps them to the end (same samples, more
-    row-evaluations). The reference run removes a row the step it stops.
-    Returns a SampleResult; stop_step is the number of steps each row took.
+    Returns:
+        A SampleResult (ddpd.sampling.batch): tokens Long[B, D], steps, per-row stop_step, the
+        planner and denoiser passes per row, tokens_per_pass and the passes whose output held NaN.
+
+    Raises:
+        TypeError: An argument of the wrong type, an options object named by its keyword
+            (e.g. execution=dict(...)).
+        ValueError: An argument out of range, or options that contradict each other.
     """
     check_callable("planner", planner)
     check_callable("denoiser", denoiser)
     check_choice("denoiser_type", denoiser_type, DENOISER_TYPES)
-    run, draws, (opts,) = setup("ddpd_sample", batch_size, length, vocab_size, steps, temperature, seed, noise,
-                                device, options, DDPDOptions, masks=True, planner=True)
-    networks = _PlannerDenoiser(planner, denoiser, vocab_size, opts.time_conditioned_planner)
-    return _algorithm1(run, draws, opts.check(length, steps), networks, denoiser_type == "mask")
+    check_bool("time_conditioned_planner", time_conditioned_planner)
+    ddpd = check_option("ddpd_sample", "ddpd", ddpd, DDPDOptions)
+    if time_conditioned_planner and ddpd.clock != "exact":
+        raise ValueError("time_conditioned_planner=True needs DDPDOptions(clock='exact'): the planner clock "
+                         "estimates the time from a time-free planner")
+    run, draws = setup("ddpd_sample", batch_size, length, vocab_size, mask_id=mask_id, masks=True, planner=True,
+                       steps=steps, temperature=temperature, schedule=schedule, seed=seed,
+                       generator=generator, noise=noise, device=device, prompt=prompt, guidance=guidance,
+                       truncation=truncation, execution=execution)
+    networks = _PlannerDenoiser(planner, denoiser, vocab_size, time_conditioned_planner)
+    return _algorithm1(run, draws, ddpd.check(length, steps), networks, denoiser_type == "mask")
 
 
 def ddpd_sample_uniform(
@@ -136,34 +136,75 @@ def ddpd_sample_uniform(
     vocab_size: int,
     *,
     steps: int,
+    ddpd: DDPDOptions = DDPDOptions(),
     temperature: Union[float, Temperature] = 1.0,
+    truncation: Truncation = Truncation(),
+    execution: Execution = Execution(),
+    prompt: Optional[Prompt] = None,
+    guidance: Optional[Guidance] = None,
+    schedule: Union[str, Schedule] = "linear",
     seed: Optional[int] = None,
+    generator: Optional[torch.Generator] = None,
     noise: Optional[NoiseSource] = None,
     device: Union[str, torch.device, None] = None,
-    **options,
 ) -> SampleResult:
-    """DDPD with one uniform-diffusion model(x, t) -> Float[B, D, V] logits of p(x_1^d | x_t).
+    """DDPD with one uniform-diffusion model of p(x_1^d | x_t), split into planner and denoiser.
 
-    With clock='planner' (the appendix's first listing) each step calls the model twice:
-    at the previous step's time estimate (0 at the first step) to plan, with the planner
-    the probability that a position changes, 1 - p(x_1^d = x_t^d | x_t), and at the new
-    estimate t = alpha^{-1}(1 - sum_d of it / D) to denoise, with the denoiser the jump law
-    p(x_1^d = j | x_t) / (1 - p(x_1^d = x_t^d | x_t)) over j != x_t^d. With clock='exact'
-    one call at the clock's time serves both, split by eqs. corruption_prob and
-    denoising_prob: p(z^d = N | x_t) = 1 - p(x_1^d = x_t^d | x_t) alpha / (alpha + (1 - alpha) / S)
-    and p(x_1^d = j | x_t, z^d = N), self-loop j = x_t^d included. Every call is counted
-    in denoiser_calls.
-    Other arguments as in ddpd_sample (denoiser_type, mask_id and time_conditioned_planner
-    do not apply).
+    On the planner clock (the appendix's first listing) each step calls the model twice: at the
+    previous step's time estimate to plan (the probability that a position changes) and at the
+    new estimate to denoise (the jump law over j != x_t^d). On the exact clock one call at the
+    clock's time serves both, split by eqs. corruption_prob and denoising_prob. Every call is
+    counted in denoiser_calls.
+
+    Args:
+        model: model(x Long[B, D], t Float[B]) -> Float[B, D, vocab_size] logits of p(x_1^d | x_t).
+        batch_size: B, the number of sequences.
+        length: D, the sequence length.
+        vocab_size: V, the number of token values.
+        steps: The step budget T.
+        ddpd: How Algorithm 1 plans, stops and keeps time (DDPDOptions): selection ("sigmoid" =
+            option A, "softmax" = C), stop ("eps" = A, "budget" = B), eps (the stop threshold),
+            clock ("planner": the time estimated from the planner; "exact": the self-loop CTMC
+            simulated exactly up to t_end), t_end, k positions per step during the first
+            parallel_steps steps, policy (an ErrorBudget commit policy, or None).
+        temperature: The denoiser's logit temperature (0 = argmax), or a Temperature with fields
+            start and end, annealed linearly as in ddpd_sample.
+        truncation: Cuts of every token draw's law (Truncation): top_k (the most probable
+            tokens), top_p (nucleus), min_p (a fraction of the top probability); default: none.
+        execution: How the run is carried out (Execution): fused (the ddpd.ops kernels, no host
+            synchronisation inside a step, same draws from the same noise), sync_every (steps
+            between stop checks), compaction (finished rows leave the batch there), dtype (the
+            networks' precision, "auto" = bfloat16 on CUDA), graphs (CUDA-graph replay).
+        prompt: Prompt(x_init, frozen) for prompts and infilling: x_init Long[B, D] (-1 where the
+            run starts from noise), frozen Bool[B, D] the positions that keep their value
+            throughout; None: no prompt.
+        guidance: Guidance(labels, scale, conditional_planner): class labels Long[B] for the
+            denoiser, the classifier-free guidance scale, and conditional_planner
+            (whether the planner gets the labels too); None: unconditional.
+        schedule: The noise schedule alpha_t: "linear", "cosine" or a ddpd.process.Schedule.
+        seed: Seed of the Philox noise (per-row streams). At most one of seed, generator, noise;
+            none: a seed drawn from torch's default generator.
+        generator: A torch.Generator the Philox seed and offset are drawn from.
+        noise: A NoiseSource (PhiloxNoise, TorchNoise) used as given.
+        device: Where the run's tensors live (default: the CPU).
+
+    Returns:
+        A SampleResult (ddpd.sampling.batch): tokens Long[B, D], steps, per-row stop_step, the
+        planner and denoiser passes per row, tokens_per_pass and the passes whose output held NaN.
+
+    Raises:
+        TypeError: An argument of the wrong type, an options object named by its keyword
+            (e.g. execution=dict(...)).
+        ValueError: An argument out of range, or options that contradict each other.
     """
     check_callable("model", model)
-    run, draws, (opts,) = setup("ddpd_sample_uniform", batch_size, length, vocab_size, steps, temperature, seed,
-                                noise, device, options, DDPDOptions)
-    if opts.time_conditioned_planner:
-        raise ValueError("ddpd_sample_uniform: time_conditioned_planner does not apply (the model's planner "
-                         "always takes the time)")
-    networks = _UniformModel(model, run, opts.selection, reuse=opts.clock == "exact")
-    return _algorithm1(run, draws, opts.check(length, steps), networks, masked=False)
+    ddpd = check_option("ddpd_sample_uniform", "ddpd", ddpd, DDPDOptions)
+    run, draws = setup("ddpd_sample_uniform", batch_size, length, vocab_size,
+                       steps=steps, temperature=temperature, schedule=schedule, seed=seed,
+                       generator=generator, noise=noise, device=device, prompt=prompt, guidance=guidance,
+                       truncation=truncation, execution=execution)
+    networks = _UniformModel(model, run, ddpd.selection, reuse=ddpd.clock == "exact")
+    return _algorithm1(run, draws, ddpd.check(length, steps), networks, masked=False)
 
 
 # ---------------------------------------------------------------------------------------------- networks

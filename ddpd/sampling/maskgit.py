@@ -2,16 +2,9 @@
 masked position and a policy (ddpd.sampling.policies) says which of them to keep, and for
 ReMDM which committed tokens to mask again.
 
-`maskgit_sample` is this loop with MaskGIT's policy (Chang et al. 2022): confidence-based
-parallel unmasking on the cosine schedule; `mask_sample` takes any of the field's policies
-(MaskGIT, Fast-dLLM's threshold and factor rules, EB-sampler's entropy bound, ReMDM). The
-confidence a policy reads is the untempered model log-probability of the drawn token (as
-MaskGIT, Fast-dLLM and LLaDA's low-confidence remasking define it) and the entropy of the
-model's law, computed by the same torch code on both paths from the logits.
-
-fused=True hands the loop the fused Draws strategy (ddpd.sampling.draws): the tokens are
-drawn with ddpd.ops.sample_categorical (same tokens from the same noise). A row with no mask
-left stops (its stop_step is the passes it took) and leaves the batch at the next stop check.
+`maskgit_sample` is this loop with MaskGIT's policy (Chang et al. 2022); `mask_sample` takes
+any of the field's policies. The confidence a policy reads is the untempered model
+log-probability of the drawn token; docs/sampling.md#the-mask-loop has the details.
 """
 from __future__ import annotations
 
@@ -20,11 +13,13 @@ from typing import Callable, Optional, Union
 import torch
 from torch import Tensor
 
+from ddpd.process import Schedule
 from ddpd.sampling.batch import SampleResult
 from ddpd.sampling.common import Run, setup, start
+from ddpd.sampling.draws import Draws
 from ddpd.sampling.gillespie import mask_time
 from ddpd.sampling.noise import CONFIDENCE, EVENT, NoiseSource, gumbel
-from ddpd.sampling.options import Temperature
+from ddpd.sampling.options import Execution, Guidance, Prompt, Temperature, Truncation
 from ddpd.sampling.policies import MaskGIT, MaskPolicy, ReMDM, Step
 from ddpd.validation import check_callable
 
@@ -38,25 +33,68 @@ def maskgit_sample(
     vocab_size: int,
     *,
     steps: int,
-    temperature: Union[float, Temperature] = 1.0,
     choice_temperature: float = 4.5,
+    temperature: Union[float, Temperature] = 1.0,
+    truncation: Truncation = Truncation(),
+    execution: Execution = Execution(),
+    prompt: Optional[Prompt] = None,
+    guidance: Optional[Guidance] = None,
+    schedule: Union[str, Schedule] = "linear",
+    mask_id: Optional[int] = None,
     seed: Optional[int] = None,
+    generator: Optional[torch.Generator] = None,
     noise: Optional[NoiseSource] = None,
     device: Union[str, torch.device, None] = None,
-    **options,
 ) -> SampleResult:
-    """MaskGIT sampling with a mask denoiser(x, t) -> Float[B, D, V] logits: `mask_sample`
-    with policy=MaskGIT(choice_temperature).
+    """MaskGIT sampling with a mask denoiser: `mask_sample` with policy=MaskGIT(choice_temperature).
 
-    The denoiser sees mask_id (default vocab_size) at masked positions and
-    t = alpha^{-1}(1 - #masked / D). temperature (annealed linearly to temperature_end
-    when given) tempers the token draws; confidences use the untempered model
-    probabilities. choice_temperature scales the Gumbel noise on the confidences
-    (MaskGIT's default 4.5; 0 ranks by confidence alone, ties broken by position).
-    options: as mask_sample's.
+    Args:
+        denoiser: denoiser(x Long[B, D] with mask_id at masked positions, t Float[B]) ->
+            Float[B, D, vocab_size] logits, called at t = alpha^{-1}(1 - #masked / D).
+        batch_size: B, the number of sequences.
+        length: D, the sequence length.
+        vocab_size: V, the number of clean token values.
+        steps: The pass budget; the last step fills every mask left.
+        choice_temperature: The scale of the Gumbel noise on the confidences (MaskGIT's default
+            4.5; 0 ranks by confidence alone, ties broken by position).
+        temperature: The denoiser's logit temperature (0 = argmax), or a Temperature with fields
+            start and end, annealed linearly over the steps; the confidences use the untempered
+            model probabilities.
+        truncation: Cuts of every token draw's law (Truncation), the confidence staying the model's:
+            top_k (the most probable tokens), top_p (nucleus), min_p (a fraction of the top
+            probability); default: none.
+        execution: How the run is carried out (Execution): fused (the ddpd.ops kernels, no host
+            synchronisation inside a step, same draws from the same noise), sync_every (steps
+            between stop checks), compaction (finished rows leave the batch there), dtype (the
+            networks' precision, "auto" = bfloat16 on CUDA), graphs (CUDA-graph replay).
+        prompt: Prompt(x_init, frozen) for prompts and infilling: x_init Long[B, D] (-1 where the
+            run starts from the mask), frozen Bool[B, D] the positions that keep their value
+            throughout, start unmasked and are never masked again;
+            MaskGIT's cosine schedule counts the masks a row starts with instead of D; None: no prompt.
+        guidance: Guidance(labels, scale, conditional_planner): class labels Long[B] for the
+            denoiser, the classifier-free guidance scale, and conditional_planner
+            (not accepted here: this sampler runs no planner network); None: unconditional.
+        schedule: The noise schedule alpha_t: "linear", "cosine" or a ddpd.process.Schedule.
+        mask_id: The mask token id (>= vocab_size; default vocab_size).
+        seed: Seed of the Philox noise (per-row streams). At most one of seed, generator, noise;
+            none: a seed drawn from torch's default generator.
+        generator: A torch.Generator the Philox seed and offset are drawn from.
+        noise: A NoiseSource (PhiloxNoise, TorchNoise) used as given.
+        device: Where the run's tensors live (default: the CPU).
+
+    Returns:
+        A SampleResult (ddpd.sampling.batch): tokens Long[B, D], steps, per-row stop_step, the
+        planner and denoiser passes per row, tokens_per_pass and the passes whose output held NaN.
+
+    Raises:
+        TypeError: An argument of the wrong type, an options object named by its keyword
+            (e.g. execution=dict(...)).
+        ValueError: An argument out of range, or options that contradict each other.
     """
-    return _mask_loop("maskgit_sample", denoiser, batch_size, length, vocab_size, steps, MaskGIT(choice_temperature),
-                      temperature, seed, noise, device, options)
+    return _checked_loop("maskgit_sample", denoiser, batch_size, length, vocab_size, MaskGIT(choice_temperature),
+                         dict(steps=steps, temperature=temperature, truncation=truncation, execution=execution,
+                              prompt=prompt, guidance=guidance, schedule=schedule, mask_id=mask_id, seed=seed,
+                              generator=generator, noise=noise, device=device))
 
 
 def mask_sample(
@@ -68,37 +106,85 @@ def mask_sample(
     steps: int,
     policy: MaskPolicy = MaskGIT(),
     temperature: Union[float, Temperature] = 1.0,
+    truncation: Truncation = Truncation(),
+    execution: Execution = Execution(),
+    prompt: Optional[Prompt] = None,
+    guidance: Optional[Guidance] = None,
+    schedule: Union[str, Schedule] = "linear",
+    mask_id: Optional[int] = None,
     seed: Optional[int] = None,
+    generator: Optional[torch.Generator] = None,
     noise: Optional[NoiseSource] = None,
     device: Union[str, torch.device, None] = None,
-    **options,
 ) -> SampleResult:
-    """Parallel decoding with a mask denoiser(x, t) -> Float[B, D, V] logits, `policy` choosing
-    what each pass commits (ddpd.sampling.policies: MaskGIT, ConfidenceThreshold,
-    ConfidenceFactor, EntropyBound, ReMDM).
+    """Parallel decoding with a mask denoiser, `policy` choosing what each pass commits.
 
-    steps: the pass budget; the last step fills every mask left. A row stops once it has no
-    mask (ReMDM: at the budget), so adaptive policies use fewer passes: SampleResult's
-    denoiser_passes per row. options: temperature_end, schedule, mask_id, generator, labels,
-    guidance_scale (class conditioning, ddpd.sampling.common), x_init and frozen (a prompt:
-    its positions start unmasked, are never masked again, and MaskGIT's cosine schedule counts
-    the m0 masks a row starts with instead of D), top_k, top_p, min_p (cuts of the token draws;
-    the confidence stays the model's), fused, sync_every, compaction, dtype
-    (ddpd.sampling.options).
+    A row stops once it has no mask (ReMDM: at the budget), so adaptive policies use fewer
+    passes: SampleResult's denoiser_passes per row.
+
+    Args:
+        denoiser: denoiser(x Long[B, D] with mask_id at masked positions, t Float[B]) ->
+            Float[B, D, vocab_size] logits, called at t = alpha^{-1}(1 - #masked / D).
+        batch_size: B, the number of sequences.
+        length: D, the sequence length.
+        vocab_size: V, the number of clean token values.
+        steps: The pass budget; the last step fills every mask left.
+        policy: One of MaskGIT, ConfidenceThreshold, ConfidenceFactor, EntropyBound, ReMDM
+            (ddpd.sampling.policies, docs/parallel.md).
+        temperature: The denoiser's logit temperature (0 = argmax), or a Temperature with fields
+            start and end, annealed linearly over the steps; the confidences use the untempered
+            model probabilities.
+        truncation: Cuts of every token draw's law (Truncation), the confidence staying the model's:
+            top_k (the most probable tokens), top_p (nucleus), min_p (a fraction of the top
+            probability); default: none.
+        execution: How the run is carried out (Execution): fused (the ddpd.ops kernels, no host
+            synchronisation inside a step, same draws from the same noise), sync_every (steps
+            between stop checks), compaction (finished rows leave the batch there), dtype (the
+            networks' precision, "auto" = bfloat16 on CUDA), graphs (CUDA-graph replay).
+        prompt: Prompt(x_init, frozen) for prompts and infilling: x_init Long[B, D] (-1 where the
+            run starts from the mask), frozen Bool[B, D] the positions that keep their value
+            throughout, start unmasked and are never masked again;
+            MaskGIT's cosine schedule counts the masks a row starts with instead of D; None: no prompt.
+        guidance: Guidance(labels, scale, conditional_planner): class labels Long[B] for the
+            denoiser, the classifier-free guidance scale, and conditional_planner
+            (not accepted here: this sampler runs no planner network); None: unconditional.
+        schedule: The noise schedule alpha_t: "linear", "cosine" or a ddpd.process.Schedule.
+        mask_id: The mask token id (>= vocab_size; default vocab_size).
+        seed: Seed of the Philox noise (per-row streams). At most one of seed, generator, noise;
+            none: a seed drawn from torch's default generator.
+        generator: A torch.Generator the Philox seed and offset are drawn from.
+        noise: A NoiseSource (PhiloxNoise, TorchNoise) used as given.
+        device: Where the run's tensors live (default: the CPU).
+
+    Returns:
+        A SampleResult (ddpd.sampling.batch): tokens Long[B, D], steps, per-row stop_step, the
+        planner and denoiser passes per row, tokens_per_pass and the passes whose output held NaN.
+
+    Raises:
+        TypeError: An argument of the wrong type, an options object named by its keyword
+            (e.g. execution=dict(...)).
+        ValueError: An argument out of range, or options that contradict each other.
     """
     if type(policy).__name__ not in MASK_POLICIES:
         raise TypeError(f"policy must be one of {', '.join(MASK_POLICIES)} (ddpd.sampling.policies), "
                         f"got {type(policy).__name__}")
-    return _mask_loop("mask_sample", denoiser, batch_size, length, vocab_size, steps, policy, temperature, seed,
-                      noise, device, options)
+    return _checked_loop("mask_sample", denoiser, batch_size, length, vocab_size, policy,
+                         dict(steps=steps, temperature=temperature, truncation=truncation, execution=execution,
+                              prompt=prompt, guidance=guidance, schedule=schedule, mask_id=mask_id, seed=seed,
+                              generator=generator, noise=noise, device=device))
 
 
-def _mask_loop(sampler: str, denoiser: Callable, batch_size, length, vocab_size, steps, policy, temperature, seed,
-               noise, device, options: dict) -> SampleResult:
-    """The loop of mask_sample, checked and named as `sampler`."""
+def _checked_loop(sampler: str, denoiser: Callable, batch_size, length, vocab_size, policy,
+                  keywords: dict) -> SampleResult:
+    """The mask loop of a sampler call, checked and named as `sampler`."""
     check_callable("denoiser", denoiser)
-    run, draws, _ = setup(sampler, batch_size, length, vocab_size, steps, temperature, seed, noise, device, options,
-                          masks=True)
+    run, draws = setup(sampler, batch_size, length, vocab_size, masks=True, **keywords)
+    return _mask_loop(run, draws, denoiser, policy)
+
+
+def _mask_loop(run: Run, draws: Draws, denoiser: Callable, policy) -> SampleResult:
+    """The loop of mask_sample on a checked run."""
+    steps, vocab_size = run.steps, run.vocab_size
     batch = start(run, draws, masks=True)
     batch.state["m0"] = (batch.x == run.mask_id).sum(-1)  # the masks to fill: D less a prompt's positions
     needs = getattr(policy, "needs", ())

@@ -1,27 +1,14 @@
 """Sampler options as validated, immutable objects, one per concern.
 
-- `Temperature`: the denoiser logit temperature, fixed or annealed linearly from `start`
-  to `end` over the run: over its steps (first to last of the budget), or over its time
-  where the run's length is a time, not a step count (`Temperature.over`); shared by every
-  sampler. 0 means argmax.
-- `DDPDOptions`: how Algorithm 1 (alg:sampling) plans, stops and keeps time: `selection`
-  (sigmoid = option A, softmax = option C), `stop` (eps = A, budget = B) and `eps`,
-  `clock` (planner: the paper's time estimate; exact: the self-loop CTMC simulated
-  exactly, ending at `t_end`), `k` positions per step during the first `parallel_steps`,
-  and whether the planner takes the time (`time_conditioned_planner`, exact clock only).
-- `Truncation`: top-k / top-p / min-p truncation of every token draw's law (the tempered
-  denoiser distribution renormalised over the kept tokens), applied inside the ops in both
-  runs; shared by every sampler. Nothing set: the untruncated law.
-- `Execution`: how a run is carried out, not what it draws: `fused` (the ddpd.ops kernels,
-  no host synchronisation inside a step), `sync_every` (steps between the stop checks where
-  finished rows leave the batch), `compaction` (whether they leave it at all) and `dtype`,
-  the precision the networks run in ("auto": bfloat16 on CUDA, float32 on the CPU).
+`Temperature` (the logit temperature, fixed or annealed), `DDPDOptions` (how Algorithm 1
+plans, stops and keeps time), `Truncation` (top-k / top-p / min-p cuts of every token draw),
+`Execution` (reference or fused run, stop checks, precision, CUDA graphs), `Prompt`
+(prompts and infilling) and `Guidance` (class labels and classifier-free guidance).
 
-Each object checks its own fields when built; `DDPDOptions.check` adds the checks that need
-the run's length and step budget. The public samplers take these objects, or their fields
-as keyword arguments (`ddpd_sample(..., selection="softmax", eps=0.05, fused=True)`), and
-resolve them once with `resolve`; everything below the public boundary receives validated
-objects and checks nothing again.
+Each object checks its own fields when built; `DDPDOptions.check` and `Prompt.check` add the
+checks that need the run's shape. The samplers take these objects under one keyword each
+(`ddpd=`, `truncation=`, `execution=`, `prompt=`, `guidance=`, `temperature=`); what
+each field means is in docs/sampling.md.
 """
 from __future__ import annotations
 
@@ -32,7 +19,7 @@ from typing import Optional, Union
 import torch
 from torch import Tensor
 
-from ddpd.ops.sample_categorical import MAX_TEMPERATURE
+from ddpd.ops.sample_categorical import MAX_TEMPERATURE, float32
 from ddpd.sampling.policies import ErrorBudget
 from ddpd.validation import check_bool, check_choice, check_float, check_int
 
@@ -51,8 +38,15 @@ def check_temperature(name: str, value) -> float:
 
 @dataclass(frozen=True)
 class Temperature:
-    """Logit temperature `start` at the first step, linearly to `end` (default: start) at the last
-    (`at`), or at time 0 to `end` at the run's final time (`over`, per row)."""
+    """The denoiser's logit temperature, fixed or annealed linearly.
+
+    `start` at the first step, linearly to `end` at the last (`at`), or from time 0 to `end` at the
+    run's final time (`over`, per row); docs/sampling.md#temperature says which a sampler uses.
+
+    Attributes:
+        start: The temperature at the start, in [0, MAX_TEMPERATURE]; 0 means argmax.
+        end: The temperature at the end; None: `start` (a fixed temperature).
+    """
 
     start: float = 1.0
     end: Optional[float] = None
@@ -83,7 +77,20 @@ class Temperature:
 
 @dataclass(frozen=True)
 class DDPDOptions:
-    """Plan, stop and clock of the DDPD sampler (appendix 'Implementation details': A, +B, +C)."""
+    """Plan, stop and clock of the DDPD sampler (appendix 'Implementation details': A, +B, +C).
+
+    Attributes:
+        selection: "sigmoid" (option A: weights sigmoid(planner logit)) or "softmax" (option C).
+        stop: "eps" (A: a row stops once p(z^d = N | x_t) < eps everywhere) or "budget" (B: the
+            whole step budget); None: eps on the planner clock, budget on the exact clock.
+        eps: The threshold of the eps stop, in (0, 1).
+        clock: "planner" (the time estimated from the planner, the paper's) or "exact" (the
+            self-loop CTMC simulated exactly up to t_end).
+        t_end: The exact clock's final time, in (0, 1).
+        k: Positions denoised per step during the first parallel_steps steps.
+        parallel_steps: Steps of the parallel stage; then one position per step.
+        policy: An ErrorBudget commit policy (ddpd.sampling.policies), or None (commit every draw).
+    """
 
     selection: str = "sigmoid"
     stop: Optional[str] = None  # eps with the planner clock, budget with the exact clock
@@ -92,7 +99,6 @@ class DDPDOptions:
     t_end: float = 1.0 - 1e-4
     k: int = 1
     parallel_steps: int = 0
-    time_conditioned_planner: bool = False
     policy: Optional[ErrorBudget] = None
 
     def __post_init__(self) -> None:
@@ -104,7 +110,6 @@ class DDPDOptions:
         object.__setattr__(self, "t_end", check_float("t_end", self.t_end, 0.0, 1.0, open_min=True, open_max=True))
         check_int("k", self.k, 1)
         check_int("parallel_steps", self.parallel_steps, 0)
-        check_bool("time_conditioned_planner", self.time_conditioned_planner)
         if self.policy is not None:
             if not isinstance(self.policy, ErrorBudget):
                 raise TypeError(f"policy must be an ErrorBudget (ddpd.sampling.policies) or None, "
@@ -119,12 +124,20 @@ class DDPDOptions:
             if self.k > 1 and self.parallel_steps > 0:
                 raise ValueError("k > 1 (parallel steps) is not available with clock='exact', "
                                  "which simulates one jump at a time")
-        elif self.time_conditioned_planner:
-            raise ValueError("time_conditioned_planner=True needs clock='exact': the planner clock estimates "
-                             "the time from a time-free planner")
 
     def check(self, length: int, steps: int) -> DDPDOptions:
-        """The checks that need the sequence length and the step budget; returns self."""
+        """Checks the fields that depend on the run's shape.
+
+        Args:
+            length: The sequence length D (k may not exceed it).
+            steps: The step budget (parallel_steps may not exceed it).
+
+        Returns:
+            self.
+
+        Raises:
+            ValueError: k or parallel_steps out of range.
+        """
         check_int("k", self.k, 1, length)
         check_int("parallel_steps", self.parallel_steps, 0, steps)
         return self
@@ -136,10 +149,15 @@ class DDPDOptions:
 
 @dataclass(frozen=True)
 class Truncation:
-    """Which tokens a denoiser draw may take: the `top_k` most probable, the smallest set of
-    most probable tokens whose probability reaches `top_p`, those with at least `min_p`
-    times the top probability (each None: no such cut; several: all apply). The draw is from
-    the tempered law renormalised over what is kept (ddpd.ops.sample_categorical)."""
+    """Which tokens a denoiser draw may take; the draw is from the tempered law renormalised over
+    what is kept (ddpd.ops.sample_categorical). Each cut None: no such cut; several: all apply.
+
+    Attributes:
+        top_k: Keep the top_k most probable tokens.
+        top_p: Keep the smallest set of most probable tokens whose probability reaches top_p
+            (over what top_k keeps).
+        min_p: Keep the tokens with at least min_p times the top probability.
+    """
 
     top_k: Optional[int] = None
     top_p: Optional[float] = None
@@ -160,17 +178,17 @@ class Truncation:
 
 @dataclass(frozen=True)
 class Execution:
-    """Reference or fused run; for the fused run, the stop-check interval and compaction; the
-    precision of the networks.
+    """How a run is carried out, not what it draws (docs/sampling.md#execution).
 
-    dtype: "auto" (bfloat16 on CUDA, float32 on the CPU), "float32", "bfloat16" or "float16".
-    Below float32 the networks run under torch.autocast in that precision (a network whose
-    weights are already cast, ddpd.models.prepare_for_sampling, runs as it is); the sampler's
-    own arithmetic (planner probabilities, time estimates, Gumbel keys) stays float32.
-    graphs: "auto" replays the fused DDPD steps between stop checks from CUDA graphs where the
-    run allows it (CUDA, a PhiloxNoise source, a fixed temperature), "off" never does,
-    "emulate" runs the capture and replay logic without CUDA where a run allows it (a
-    PhiloxNoise source, a fixed temperature; ddpd.sampling.graphs).
+    Attributes:
+        fused: Run the per-step draws in the ddpd.ops kernels with no host synchronisation inside
+            a step (same draws from the same noise in float32); False: the plain-torch reference.
+        sync_every: Steps between the fused run's stop checks, where finished rows leave the batch.
+        compaction: Whether finished rows leave the batch at all (same samples either way).
+        dtype: The networks' precision: "auto" (bfloat16 on CUDA, float32 on the CPU), "float32",
+            "bfloat16" or "float16" (torch.autocast; the sampler's own arithmetic stays float32).
+        graphs: "auto" replays the fused DDPD steps from CUDA graphs where the run allows it,
+            "off" never does, "emulate" runs the capture and replay logic without CUDA.
     """
 
     fused: bool = False
@@ -187,36 +205,123 @@ class Execution:
         check_choice("graphs", self.graphs, GRAPHS)
 
 
-def _field_names(kind: type) -> tuple[str, ...]:
-    return tuple(f.name for f in dataclasses.fields(kind))
+@dataclass(frozen=True, eq=False)  # tensors: compared by identity
+class Prompt:
+    """Prompts and infilling: the values a run starts from, and the positions that keep them.
 
+    A frozen position is data, not noise, at every t: it is never noised, selected or masked
+    (docs/sampling.md#prompts-and-infilling says how each sampler treats it).
 
-def resolve(sampler: str, options: dict, *kinds: type) -> tuple:
-    """One validated object per kind in `kinds`, from the keyword arguments of a sampler call.
+    Attributes:
+        x_init: Long[B, D] starting values, -1 where the run starts from its own noise (uniform
+            noise, or the mask for the mask-diffusion samplers).
+        frozen: Bool[B, D] positions that keep their x_init value throughout, or None.
 
-    Each kind is given either as an object under its keyword (`ddpd=DDPDOptions(...)`,
-    `execution=Execution(...)`) or field by field (`selection=...`, `fused=...`), not both.
-    Unknown keywords raise a TypeError that lists the ones `sampler` accepts.
+    Raises:
+        ValueError: x_init is not a 2-d Long tensor, frozen not a Bool tensor of its shape, or a
+            frozen position without a value (-1).
     """
-    options = dict(options)
-    resolved = []
-    for kind in kinds:
-        key, fields = KEYWORDS[kind], _field_names(kind)
-        given = {name: options.pop(name) for name in fields if name in options}
-        whole = options.pop(key, None)
-        if whole is not None:
-            if not isinstance(whole, kind):
-                raise TypeError(f"{sampler}: {key} must be a {kind.__name__}, got {type(whole).__name__}")
-            if given:
-                raise TypeError(f"{sampler}: pass {key}= or its fields {sorted(given)}, not both")
-            resolved.append(whole)
-        else:
-            resolved.append(kind(**given))
-    if options:
-        accepted = sorted(name for kind in kinds for name in (KEYWORDS[kind],) + _field_names(kind))
-        raise TypeError(f"{sampler}() got unexpected keyword argument(s) {sorted(options)}; "
-                        f"its options are {accepted}")
-    return tuple(resolved)
+
+    x_init: Tensor
+    frozen: Optional[Tensor] = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.x_init, Tensor) or self.x_init.dtype != torch.long or self.x_init.dim() != 2:
+            raise ValueError(f"x_init must be a Long tensor of shape [B, D], got {_described(self.x_init)}")
+        if self.frozen is None:
+            return
+        shape = tuple(self.x_init.shape)
+        if not isinstance(self.frozen, Tensor) or self.frozen.dtype != torch.bool or tuple(self.frozen.shape) != shape:
+            raise ValueError(f"frozen must be a Bool tensor of shape {list(shape)}, got {_described(self.frozen)}")
+        if bool((self.frozen.to(self.x_init.device) & (self.x_init < 0)).any()):
+            raise ValueError("x_init must give a value (not -1) at every frozen position")
+
+    def check(self, batch_size: int, length: int, vocab_size: int, device=None) -> Prompt:
+        """Checks the prompt against the run's shape and vocabulary.
+
+        Args:
+            batch_size: B, the rows of the run.
+            length: D, the sequence length.
+            vocab_size: V; x_init's values must lie in [-1, V).
+            device: Where the run's tensors live (None: where x_init is).
+
+        Returns:
+            The prompt on `device`.
+
+        Raises:
+            ValueError: x_init's shape is not [batch_size, length], or a value lies outside [-1, V).
+        """
+        shape = (batch_size, length)
+        if tuple(self.x_init.shape) != shape:
+            raise ValueError(f"x_init must be a Long tensor of shape {list(shape)}, got {_described(self.x_init)}")
+        x_init = self.x_init.to(device) if device is not None else self.x_init
+        low, high = int(x_init.min()), int(x_init.max())  # once, before the loop
+        if low < -1 or high >= vocab_size:
+            raise ValueError(f"x_init values must be in [-1, {vocab_size}) (-1: start from noise), got range "
+                             f"[{low}, {high}]")
+        frozen = None if self.frozen is None else self.frozen.to(x_init.device)
+        return Prompt(x_init, frozen)
 
 
-KEYWORDS = {DDPDOptions: "ddpd", Execution: "execution", Truncation: "truncation"}
+@dataclass(frozen=True, eq=False)  # tensors: compared by identity
+class Guidance:
+    """Class labels and classifier-free guidance of the denoiser (docs/conditional.md).
+
+    The denoiser is called as denoiser(x, t, labels=...) and, with scale w != 1, also with
+    labels=None (unconditional): guidance u + w (c - u) on its logits, or on its hidden states
+    in the fused run (exact through the linear head).
+
+    Attributes:
+        labels: Long[B] class ids (>= 0), one per row.
+        scale: The guidance scale w >= 0: 1 the conditional model, 0 the unconditional one.
+        conditional_planner: Whether the planner is called with the labels too (samplers that
+            run a planner network only).
+
+    Raises:
+        ValueError: labels not a 1-d Long tensor of ids >= 0, or scale out of range.
+        TypeError: conditional_planner not a bool.
+    """
+
+    labels: Tensor
+    scale: float = 1.0
+    conditional_planner: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.labels, Tensor) or self.labels.dtype != torch.long or self.labels.dim() != 1:
+            raise ValueError(f"labels must be a Long tensor of shape [B], got {_described(self.labels)}")
+        if self.labels.numel() and int(self.labels.min()) < 0:  # once, before the loop
+            raise ValueError(f"labels must be >= 0 (class ids; the null label is passed as None), "
+                             f"got {int(self.labels.min())}")
+        # it multiplies float32 logits: a scale beyond float32's range would make every guided logit infinite
+        scale = check_float("scale", self.scale, 0.0, torch.finfo(torch.float32).max)
+        object.__setattr__(self, "scale", 0.0 if float32(scale) == 0.0 else scale)  # 0 * -inf would be NaN
+        check_bool("conditional_planner", self.conditional_planner)
+
+
+def check_option(sampler: str, name: str, value, kind: type, optional: bool = False):
+    """`value` if it is a `kind` (or None where optional), else a TypeError naming the keyword.
+
+    Args:
+        sampler: The sampler's name, for the message.
+        name: The keyword the value was passed under.
+        value: The value passed.
+        kind: The options class expected.
+        optional: Whether None is accepted.
+
+    Returns:
+        value.
+
+    Raises:
+        TypeError: value is not a `kind`.
+    """
+    if (value is None and optional) or isinstance(value, kind):
+        return value
+    article = "an" if kind.__name__[0] in "AEIOU" else "a"
+    expected = f"{article} {kind.__name__}" + (" or None" if optional else "")
+    raise TypeError(f"{sampler}: {name} must be {expected} (ddpd.sampling.options), got {type(value).__name__}")
+
+
+def _described(value) -> str:
+    if isinstance(value, Tensor):
+        return f"{value.dtype} of shape {tuple(value.shape)}"
+    return type(value).__name__

@@ -4,7 +4,7 @@ A policy is handed to one loop, never a loop of its own, and decides on the devi
 answer is a mask over a fixed shape, so a step stays one CUDA-graph replay whatever it
 commits. The cost unit is a network pass; docs/parallel.md has the measured frontier.
 
-- `ErrorBudget` (the DDPD loop, ddpd.sampling.gillespie): the planner's pick of the step
+- `ErrorBudget` (the DDPD loop, DDPDOptions(policy=...)): the planner's pick of the step
   is always denoised, and up to `max_k - 1` more of the positions the planner orders
   next are committed while their summed risk stays under `bound`.
 - The mask loop (ddpd.sampling.maskgit.mask_sample) takes one of `MaskGIT`,

@@ -1,31 +1,13 @@
 """Tau-leaping baselines: the reverse CTMC on a uniform time grid t_i = i / T.
 
 Every position jumps independently within a step with probability rate * dt
-(eq. reverse_transition_prob), all jumps applied at the end of the step.
-
-- `tau_leaping_mask` (DFM, Campbell et al. 2024): mask diffusion, eq.
-  trans_prob_decomp_mask, with stochasticity eta: a masked position unmasks at rate
-  (alpha_dot + eta alpha) / (1 - alpha) to a draw of the denoiser, an unmasked one
-  is remasked at rate eta (the detailed-balance term; alpha = t gives DFM's
-  (1 + eta t) / (1 - t)).
-- `tau_leaping_uniform` (DFM-Uni): a single uniform model, rate
-  alpha_dot / (1 - alpha) p(x_1^d = j | x_t) for every j != x_t^d
-  (eq. rate_decomposition_uniform_D).
-- `tau_leaping_planned` (P x UniD, P x MaskD): rate
-  alpha_dot / (1 - alpha) * p(z^d = N | x_t) * p(x_1^d = j | x_t, z^d = N)
-  (eq. jump_rate_parameterization); with a mask denoiser the jumping positions
-  are denoised through prop:draw_with_maskD (all of them masked, the others masked
-  with the planner's probability).
-
-The last step removes whatever noise is left: its probabilities are clamped to 1
-where the rate is infinite at t = 1, no position is remasked in it, and every mask
-still present is filled.
-
-Each chain is written once; fused=True hands it the fused Draws strategy
-(ddpd.sampling.draws): the token draws are done by ddpd.ops.sample_categorical and no
-host synchronisation happens in a step, so the denoiser runs on every row in the batch
-(the reference skips rows without a jump). Mask tau-leaping's finished rows (eta = 0)
-leave the batch at a stop check every sync_every steps (compaction=False: never).
+(eq. reverse_transition_prob), all jumps applied at the end of the step:
+`tau_leaping_mask` (DFM, mask diffusion with remasking stochasticity eta, eq.
+trans_prob_decomp_mask), `tau_leaping_uniform` (DFM-Uni, eq. rate_decomposition_uniform_D)
+and `tau_leaping_planned` (P x UniD, P x MaskD, eq. jump_rate_parameterization). The last
+step removes whatever noise is left. Each chain is written once; Execution(fused=True)
+hands it the fused Draws strategy (ddpd.sampling.draws). The rates, the last step and what
+the fused run does differently are in docs/sampling.md#tau-leaping.
 """
 from __future__ import annotations
 
@@ -34,12 +16,13 @@ from typing import Callable, Optional, Union
 import torch
 from torch import Tensor
 
+from ddpd.process import Schedule
 from ddpd.sampling.batch import RunningBatch, SampleResult
 from ddpd.sampling.common import Run, expand, setup, start, subset
 from ddpd.sampling.draws import Draws
 from ddpd.sampling.gillespie import DENOISER_TYPES, mask_time
 from ddpd.sampling.noise import EVENT, MASK, NoiseSource
-from ddpd.sampling.options import Temperature
+from ddpd.sampling.options import Execution, Guidance, Prompt, Temperature, Truncation
 from ddpd.validation import check_bool, check_callable, check_choice, check_float
 
 
@@ -52,29 +35,69 @@ def tau_leaping_mask(
     steps: int,
     eta: float = 0.0,
     temperature: Union[float, Temperature] = 1.0,
+    truncation: Truncation = Truncation(),
+    execution: Execution = Execution(),
+    prompt: Optional[Prompt] = None,
+    guidance: Optional[Guidance] = None,
+    schedule: Union[str, Schedule] = "linear",
+    mask_id: Optional[int] = None,
     seed: Optional[int] = None,
+    generator: Optional[torch.Generator] = None,
     noise: Optional[NoiseSource] = None,
     device: Union[str, torch.device, None] = None,
-    **options,
 ) -> SampleResult:
-    """Mask-diffusion tau-leaping from the all-mask sequence, with remasking stochasticity eta.
+    """Mask-diffusion tau-leaping (DFM) from the all-mask sequence, with remasking stochasticity eta.
 
-    denoiser(x Long[B, D] with mask_id (default vocab_size) at masked positions,
-    t Float[B]) -> Float[B, D, vocab_size] logits of p(x_1^d | x_t), called at the
-    grid time and only for rows with at least one unmasking in the step (reference run).
-    Per step and position: a mask unmasks with probability dt (alpha_dot + eta alpha)/(1 - alpha)
-    (clamped to 1), a token is remasked with probability eta dt. With eta = 0 a row
-    stops once it has no mask left. Randomness: seed, noise or generator=.
-    options: temperature_end, schedule, mask_id, generator, labels, guidance_scale (class
-    conditioning, ddpd.sampling.common), x_init and frozen (a prompt:
-    frozen positions start unmasked at their values and are never remasked), top_k, top_p,
-    min_p (ddpd.sampling.options.Truncation), and fused, sync_every, compaction, dtype (or
-    execution=Execution(...)): see the module docstring.
+    Per step and position a mask unmasks with probability dt (alpha_dot + eta alpha) / (1 - alpha)
+    (clamped to 1) to a draw of the denoiser, and a token is remasked with probability eta dt.
+    With eta = 0 a row stops once it has no mask left.
+
+    Args:
+        denoiser: denoiser(x Long[B, D] with mask_id at masked positions, t Float[B]) ->
+            Float[B, D, vocab_size] logits of p(x_1^d | x_t), called at the grid time (the
+            reference run: only for rows with an unmasking in the step).
+        batch_size: B, the number of sequences.
+        length: D, the sequence length.
+        vocab_size: V, the number of clean token values.
+        steps: The number of grid steps T.
+        eta: The remasking stochasticity, >= 0.
+        temperature: The denoiser's logit temperature (0 = argmax), or a Temperature with fields
+            start and end, annealed linearly over the steps.
+        truncation: Cuts of every token draw's law (Truncation): top_k (the most probable
+            tokens), top_p (nucleus), min_p (a fraction of the top probability); default: none.
+        execution: How the run is carried out (Execution): fused (the ddpd.ops kernels, no host
+            synchronisation inside a step, same draws from the same noise), sync_every (steps
+            between stop checks), compaction (finished rows leave the batch there), dtype (the
+            networks' precision, "auto" = bfloat16 on CUDA), graphs (CUDA-graph replay).
+        prompt: Prompt(x_init, frozen) for prompts and infilling: x_init Long[B, D] (-1 where the
+            run starts from the mask), frozen Bool[B, D] the positions that keep their value
+            throughout, start unmasked and are never remasked; None: no prompt.
+        guidance: Guidance(labels, scale, conditional_planner): class labels Long[B] for the
+            denoiser, the classifier-free guidance scale, and conditional_planner
+            (not accepted here: this sampler runs no planner network); None: unconditional.
+        schedule: The noise schedule alpha_t: "linear", "cosine" or a ddpd.process.Schedule.
+        mask_id: The mask token id (>= vocab_size; default vocab_size).
+        seed: Seed of the Philox noise (per-row streams). At most one of seed, generator, noise;
+            none: a seed drawn from torch's default generator.
+        generator: A torch.Generator the Philox seed and offset are drawn from.
+        noise: A NoiseSource (PhiloxNoise, TorchNoise) used as given.
+        device: Where the run's tensors live (default: the CPU).
+
+    Returns:
+        A SampleResult (ddpd.sampling.batch): tokens Long[B, D], steps, per-row stop_step, the
+        planner and denoiser passes per row, tokens_per_pass and the passes whose output held NaN.
+
+    Raises:
+        TypeError: An argument of the wrong type, an options object named by its keyword
+            (e.g. execution=dict(...)).
+        ValueError: An argument out of range, or options that contradict each other.
     """
     check_callable("denoiser", denoiser)
     eta = check_float("eta", eta, 0.0, float("inf"), open_max=True)
-    run, draws, _ = setup("tau_leaping_mask", batch_size, length, vocab_size, steps, temperature, seed, noise,
-                          device, options, masks=True)
+    run, draws = setup("tau_leaping_mask", batch_size, length, vocab_size, mask_id=mask_id, masks=True,
+                       steps=steps, temperature=temperature, schedule=schedule, seed=seed,
+                       generator=generator, noise=noise, device=device, prompt=prompt, guidance=guidance,
+                       truncation=truncation, execution=execution)
     grid = _Grid(run)
     batch = start(run, draws, masks=True)
     with torch.no_grad():
@@ -103,24 +126,64 @@ def tau_leaping_uniform(
     *,
     steps: int,
     temperature: Union[float, Temperature] = 1.0,
+    truncation: Truncation = Truncation(),
+    execution: Execution = Execution(),
+    prompt: Optional[Prompt] = None,
+    guidance: Optional[Guidance] = None,
+    schedule: Union[str, Schedule] = "linear",
     seed: Optional[int] = None,
+    generator: Optional[torch.Generator] = None,
     noise: Optional[NoiseSource] = None,
     device: Union[str, torch.device, None] = None,
-    **options,
 ) -> SampleResult:
     """Uniform-diffusion tau-leaping (DFM-Uni) from uniform noise with one model.
 
-    model(x, t) -> Float[B, D, V] logits of p(x_1^d | x_t). Per step and position:
-    jump with probability dt alpha_dot/(1 - alpha) (1 - p(x_1^d = x_t^d | x_t))
-    (clamped to 1) to j != x_t^d drawn from p(x_1^d = j | x_t) at the logit
-    temperature. Calls are counted in denoiser_calls. options: temperature_end,
-    schedule, generator, labels, guidance_scale, x_init and frozen (frozen positions never
-    jump), top_k, top_p, min_p (of the jump's draw, after the current token is excluded),
-    fused, dtype (see the module docstring and ddpd.sampling.options).
+    Per step and position: a jump with probability dt alpha_dot / (1 - alpha) times
+    (1 - p(x_1^d = x_t^d | x_t)) (clamped to 1) to j != x_t^d drawn from p(x_1^d = j | x_t) at
+    the logit temperature. Calls are counted in denoiser_calls.
+
+    Args:
+        model: model(x Long[B, D], t Float[B]) -> Float[B, D, vocab_size] logits of p(x_1^d | x_t).
+        batch_size: B, the number of sequences.
+        length: D, the sequence length.
+        vocab_size: V, the number of clean token values.
+        steps: The number of grid steps T.
+        temperature: The denoiser's logit temperature (0 = argmax), or a Temperature with fields
+            start and end, annealed linearly over the steps.
+        truncation: Cuts of every token draw's law (Truncation), of the jump's draw after the
+            current token is excluded: top_k (the most probable tokens), top_p (nucleus), min_p (a
+            fraction of the top probability); default: none.
+        execution: How the run is carried out (Execution): fused (the ddpd.ops kernels, no host
+            synchronisation inside a step, same draws from the same noise), sync_every (steps
+            between stop checks), compaction (finished rows leave the batch there), dtype (the
+            networks' precision, "auto" = bfloat16 on CUDA), graphs (CUDA-graph replay).
+        prompt: Prompt(x_init, frozen) for prompts and infilling: x_init Long[B, D] (-1 where the
+            run starts from noise), frozen Bool[B, D] the positions that keep their value
+            throughout and never jump; None: no prompt.
+        guidance: Guidance(labels, scale, conditional_planner): class labels Long[B] for the
+            denoiser, the classifier-free guidance scale, and conditional_planner
+            (not accepted here: this sampler runs no planner network); None: unconditional.
+        schedule: The noise schedule alpha_t: "linear", "cosine" or a ddpd.process.Schedule.
+        seed: Seed of the Philox noise (per-row streams). At most one of seed, generator, noise;
+            none: a seed drawn from torch's default generator.
+        generator: A torch.Generator the Philox seed and offset are drawn from.
+        noise: A NoiseSource (PhiloxNoise, TorchNoise) used as given.
+        device: Where the run's tensors live (default: the CPU).
+
+    Returns:
+        A SampleResult (ddpd.sampling.batch): tokens Long[B, D], steps, per-row stop_step, the
+        planner and denoiser passes per row, tokens_per_pass and the passes whose output held NaN.
+
+    Raises:
+        TypeError: An argument of the wrong type, an options object named by its keyword
+            (e.g. execution=dict(...)).
+        ValueError: An argument out of range, or options that contradict each other.
     """
     check_callable("model", model)
-    run, draws, _ = setup("tau_leaping_uniform", batch_size, length, vocab_size, steps, temperature, seed, noise,
-                          device, options)
+    run, draws = setup("tau_leaping_uniform", batch_size, length, vocab_size,
+                       steps=steps, temperature=temperature, schedule=schedule, seed=seed,
+                       generator=generator, noise=noise, device=device, prompt=prompt, guidance=guidance,
+                       truncation=truncation, execution=execution)
     grid = _Grid(run)
     batch = start(run, draws)
     with torch.no_grad():
@@ -145,31 +208,76 @@ def tau_leaping_planned(
     *,
     steps: int,
     denoiser_type: str = "uniform",
+    time_conditioned_planner: bool = False,
     temperature: Union[float, Temperature] = 1.0,
+    truncation: Truncation = Truncation(),
+    execution: Execution = Execution(),
+    prompt: Optional[Prompt] = None,
+    guidance: Optional[Guidance] = None,
+    schedule: Union[str, Schedule] = "linear",
+    mask_id: Optional[int] = None,
     seed: Optional[int] = None,
+    generator: Optional[torch.Generator] = None,
     noise: Optional[NoiseSource] = None,
     device: Union[str, torch.device, None] = None,
-    **options,
 ) -> SampleResult:
     """Planner x denoiser tau-leaping (P x UniD, P x MaskD) from uniform noise.
 
-    planner(x) (or planner(x, t) with time_conditioned_planner=True) -> Float[B, D] logits;
-    denoiser(x, t) -> Float[B, D, V] logits, of p(x_1^d | x_t, z^d = N) for
-    denoiser_type='uniform' (called at the grid time) or of a mask denoiser for 'mask'
-    (called on the masked sequence at t = alpha^{-1}(1 - #masked / D)). Per step a
-    position jumps with probability dt alpha_dot/(1 - alpha) p(z^d = N | x_t) to a
-    draw of the denoiser (which may return the current value). options:
-    time_conditioned_planner, temperature_end, schedule, mask_id, generator, labels,
-    guidance_scale, conditional_planner, x_init and frozen (a frozen position has
-    p(z = N) = 0: it never jumps and is never masked), top_k, top_p, min_p, fused, dtype (see
-    the module docstring and ddpd.sampling.options).
+    Per step a position jumps with probability dt alpha_dot / (1 - alpha) p(z^d = N | x_t) to a
+    draw of the denoiser (which may return the current value).
+
+    Args:
+        planner: planner(x Long[B, D]) -> Float[B, D] logits of "position is noise"
+            (planner(x, t) when time_conditioned_planner).
+        denoiser: denoiser(x Long[B, D], t Float[B]) -> Float[B, D, vocab_size] logits: of
+            p(x_1^d | x_t, z^d = N) at the grid time for denoiser_type="uniform", of a mask
+            denoiser on the masked sequence at t = alpha^{-1}(1 - #masked / D) for "mask".
+        batch_size: B, the number of sequences.
+        length: D, the sequence length.
+        vocab_size: V, the number of clean token values.
+        steps: The number of grid steps T.
+        denoiser_type: "uniform" or "mask" (the jumping positions denoised through
+            prop:draw_with_maskD: all of them masked, the others with the planner's probability).
+        time_conditioned_planner: Whether the planner takes the grid time, planner(x, t).
+        temperature: The denoiser's logit temperature (0 = argmax), or a Temperature with fields
+            start and end, annealed linearly over the steps.
+        truncation: Cuts of every token draw's law (Truncation): top_k (the most probable
+            tokens), top_p (nucleus), min_p (a fraction of the top probability); default: none.
+        execution: How the run is carried out (Execution): fused (the ddpd.ops kernels, no host
+            synchronisation inside a step, same draws from the same noise), sync_every (steps
+            between stop checks), compaction (finished rows leave the batch there), dtype (the
+            networks' precision, "auto" = bfloat16 on CUDA), graphs (CUDA-graph replay).
+        prompt: Prompt(x_init, frozen) for prompts and infilling: x_init Long[B, D] (-1 where the
+            run starts from noise), frozen Bool[B, D] the positions that keep their value
+            throughout (p(z = N) = 0 there: they never jump and are never masked); None: no prompt.
+        guidance: Guidance(labels, scale, conditional_planner): class labels Long[B] for the
+            denoiser, the classifier-free guidance scale, and conditional_planner
+            (whether the planner gets the labels too); None: unconditional.
+        schedule: The noise schedule alpha_t: "linear", "cosine" or a ddpd.process.Schedule.
+        mask_id: The mask token id (>= vocab_size; default vocab_size).
+        seed: Seed of the Philox noise (per-row streams). At most one of seed, generator, noise;
+            none: a seed drawn from torch's default generator.
+        generator: A torch.Generator the Philox seed and offset are drawn from.
+        noise: A NoiseSource (PhiloxNoise, TorchNoise) used as given.
+        device: Where the run's tensors live (default: the CPU).
+
+    Returns:
+        A SampleResult (ddpd.sampling.batch): tokens Long[B, D], steps, per-row stop_step, the
+        planner and denoiser passes per row, tokens_per_pass and the passes whose output held NaN.
+
+    Raises:
+        TypeError: An argument of the wrong type, an options object named by its keyword
+            (e.g. execution=dict(...)).
+        ValueError: An argument out of range, or options that contradict each other.
     """
     check_callable("planner", planner)
     check_callable("denoiser", denoiser)
     check_choice("denoiser_type", denoiser_type, DENOISER_TYPES)
-    time_conditioned = check_bool("time_conditioned_planner", options.pop("time_conditioned_planner", False))
-    run, draws, _ = setup("tau_leaping_planned", batch_size, length, vocab_size, steps, temperature, seed, noise,
-                          device, options, masks=True, planner=True)
+    time_conditioned = check_bool("time_conditioned_planner", time_conditioned_planner)
+    run, draws = setup("tau_leaping_planned", batch_size, length, vocab_size, mask_id=mask_id, masks=True,
+                       planner=True, steps=steps, temperature=temperature, schedule=schedule,
+                       seed=seed, generator=generator, noise=noise, device=device, prompt=prompt, guidance=guidance,
+                       truncation=truncation, execution=execution)
     grid = _Grid(run)
     batch = start(run, draws)
     with torch.no_grad():

@@ -16,6 +16,7 @@ import math
 
 import torch
 
+from ddpd.sampling.options import DDPDOptions, Temperature
 from oracles.toy import LOGIT_CLAMP, ToyProblem
 
 # ----------------------------------------------------------------------------- pieces
@@ -141,11 +142,12 @@ def _single_position_kernel(toy: ToyProblem, states: torch.Tensor, select: torch
     return K.index_put_((rows.reshape(-1), targets.reshape(-1)), (select[..., None] * q).reshape(-1), accumulate=True)
 
 
-def ddpd_planner_clock_law(toy: ToyProblem, steps: int, selection: str = "sigmoid", stop: str = "eps",
-                           eps: float = 0.01, denoiser_type: str = "uniform", k: int = 1, parallel_steps: int = 0,
-                           temperature: float = 1.0, temperature_end: float | None = None) -> torch.Tensor:
+def ddpd_planner_clock_law(toy: ToyProblem, steps: int, ddpd: DDPDOptions = DDPDOptions(),
+                           denoiser_type: str = "uniform", temperature: float | Temperature = 1.0) -> torch.Tensor:
     """Law of ddpd_sample(clock='planner') with the time-free oracle planner; under the eps stop a
     temperature schedule follows the time estimate (`_over_time`), under the budget the steps."""
+    selection, stop, eps, k, parallel_steps = ddpd.selection, ddpd.stop, ddpd.eps, ddpd.k, ddpd.parallel_steps
+    temperature, temperature_end = _start_end(temperature)
     p = toy.planner_free
     t = toy.schedule.inverse(1.0 - p.mean(-1))
     alpha = toy.schedule.alpha(t)
@@ -160,9 +162,8 @@ def ddpd_planner_clock_law(toy: ToyProblem, steps: int, selection: str = "sigmoi
     return pi
 
 
-def ddpd_uniform_model_law(toy: ToyProblem, steps: int, selection: str = "sigmoid", stop: str = "eps",
-                           eps: float = 0.01, k: int = 1, parallel_steps: int = 0, temperature: float = 1.0,
-                           temperature_end: float | None = None) -> torch.Tensor:
+def ddpd_uniform_model_law(toy: ToyProblem, steps: int, ddpd: DDPDOptions = DDPDOptions(),
+                           temperature: float | Temperature = 1.0) -> torch.Tensor:
     """Law of ddpd_sample_uniform(clock='planner') with the exact uniform model.
 
     The plan of step i is the probability of a change at the time estimated at step i - 1
@@ -170,6 +171,8 @@ def ddpd_uniform_model_law(toy: ToyProblem, steps: int, selection: str = "sigmoi
     the jump law its draw. The chain's state is (x, t_prev, stopped): the law is a
     weighted list of such triples, merged where equal.
     """
+    selection, stop, eps, k, parallel_steps = ddpd.selection, ddpd.stop, ddpd.eps, ddpd.k, ddpd.parallel_steps
+    temperature, temperature_end = _start_end(temperature)
     state = toy.states.clone()
     t_prev = torch.zeros(toy.N, dtype=torch.float64)
     prob = torch.full((toy.N,), 1.0 / toy.N, dtype=torch.float64)
@@ -202,8 +205,8 @@ def _merge(state, t, prob, stopped):
 
 
 def ddpd_exact_clock_law(toy: ToyProblem, t_end: float, time_conditioned_planner: bool = True,
-                         selection: str = "sigmoid", denoiser_type: str = "uniform", temperature: float = 1.0,
-                         temperature_end: float | None = None, ds: float = 0.05,
+                         ddpd: DDPDOptions | None = None, denoiser_type: str = "uniform",
+                         temperature: float | Temperature = 1.0, ds: float = 0.05,
                          prompt: tuple | None = None) -> torch.Tensor:
     """Law at t_end of the self-loop CTMC that ddpd_sample(clock='exact') simulates (a temperature
     schedule follows the clock's t, `_over_time`).
@@ -215,8 +218,12 @@ def ddpd_exact_clock_law(toy: ToyProblem, t_end: float, time_conditioned_planner
 
     In s = -log(1 - alpha_t) the generator is Q = diag(r) (J - I), with r(x) = sum_d p
     the event rate and J the one-step plan-and-denoise kernel at time t(s); the
-    master equation dpi/ds = pi Q is integrated with classical Runge-Kutta (step ds).
+    master equation dpi/ds = pi Q is integrated with classical Runge-Kutta (step ds). ddpd: the
+    sampler's options (clock='exact', the same t_end), for its selection.
     """
+    assert ddpd is None or (ddpd.clock == "exact" and ddpd.t_end == t_end)
+    selection = "sigmoid" if ddpd is None else ddpd.selection
+    temperature, temperature_end = _start_end(temperature)
     s_end = -math.log1p(-float(toy.schedule.alpha(torch.tensor(t_end, dtype=torch.float64))))
     n = max(1, math.ceil(s_end / ds))
     h = s_end / n
@@ -270,9 +277,10 @@ def _jump_probability(toy: ToyProblem, i: int, steps: int, eta: float = 0.0) -> 
     return min(1.0, float((toy.schedule.alpha_dot(t) + eta * a) / (1.0 - a)) / steps)
 
 
-def tau_leaping_mask_law(toy: ToyProblem, steps: int, eta: float = 0.0, temperature: float = 1.0,
-                         temperature_end: float | None = None) -> torch.Tensor:
+def tau_leaping_mask_law(toy: ToyProblem, steps: int, eta: float = 0.0,
+                         temperature: float | Temperature = 1.0) -> torch.Tensor:
     """Law of tau_leaping_mask over clean states (masked states carry no mass at the end)."""
+    temperature, temperature_end = _start_end(temperature)
     S, M = toy.S, toy.mask_states
     masked = M == S
     q = toy.mask_table  # [Nm, D, S]
@@ -293,9 +301,9 @@ def tau_leaping_mask_law(toy: ToyProblem, steps: int, eta: float = 0.0, temperat
     return pi[clean]
 
 
-def tau_leaping_uniform_law(toy: ToyProblem, steps: int, temperature: float = 1.0,
-                            temperature_end: float | None = None) -> torch.Tensor:
+def tau_leaping_uniform_law(toy: ToyProblem, steps: int, temperature: float | Temperature = 1.0) -> torch.Tensor:
     """Law of tau_leaping_uniform with the exact uniform model."""
+    temperature, temperature_end = _start_end(temperature)
     idx = torch.arange(toy.N)
     own = torch.nn.functional.one_hot(toy.states, toy.S).double()
     pi = torch.full((toy.N,), 1.0 / toy.N, dtype=torch.float64)
@@ -310,9 +318,10 @@ def tau_leaping_uniform_law(toy: ToyProblem, steps: int, temperature: float = 1.
 
 
 def tau_leaping_planned_law(toy: ToyProblem, steps: int, denoiser_type: str = "uniform",
-                            time_conditioned_planner: bool = False, temperature: float = 1.0,
-                            temperature_end: float | None = None) -> torch.Tensor:
+                            time_conditioned_planner: bool = False,
+                            temperature: float | Temperature = 1.0) -> torch.Tensor:
     """Law of tau_leaping_planned with the oracle planner and uniform or mask denoiser."""
+    temperature, temperature_end = _start_end(temperature)
     idx = torch.arange(toy.N)
     own = torch.nn.functional.one_hot(toy.states, toy.S).double()
     pi = torch.full((toy.N,), 1.0 / toy.N, dtype=torch.float64)
@@ -342,14 +351,15 @@ def tau_leaping_planned_law(toy: ToyProblem, steps: int, denoiser_type: str = "u
 # ----------------------------------------------------------------------------- MaskGIT
 
 
-def maskgit_law(toy: ToyProblem, steps: int, choice_temperature: float, temperature: float = 1.0,
-                temperature_end: float | None = None) -> torch.Tensor:
+def maskgit_law(toy: ToyProblem, steps: int, choice_temperature: float,
+                temperature: float | Temperature = 1.0) -> torch.Tensor:
     """Law of maskgit_sample (choice_temperature > 0).
 
     The least-confident ranking under Gumbel noise of scale tau is a Plackett-Luce
     draw: the unmasked set is the first m - n picks without replacement with weights
     exp(confidence / tau) = p(token)^(1 / tau) over the masked positions.
     """
+    temperature, temperature_end = _start_end(temperature)
     S, D, M = toy.S, toy.D, toy.mask_states
     pi = (M == S).all(-1).double()
     for i in range(steps):
@@ -391,6 +401,13 @@ def _first_picks(conf: torch.Tensor, n_picks: int, tau: float) -> dict:
     log_w = torch.log(conf.clamp_min(1e-300)) / tau
     w = torch.exp(log_w - log_w.max(-1, keepdim=True).values)
     return set_probabilities(w, n_picks)
+
+
+def _start_end(temperature: float | Temperature) -> tuple:
+    """(start, end) of a sampler's temperature argument; end None when fixed."""
+    if isinstance(temperature, Temperature):
+        return temperature.start, temperature.end
+    return temperature, None
 
 
 def _temperature(i: int, steps: int, start: float, end: float | None) -> float:
