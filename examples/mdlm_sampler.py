@@ -15,7 +15,7 @@ then the token is the same law.)
   other positions are still masked, nor on the batch.
 - `mdlm_plain`: the same loop in plain torch: the full logits in float32 (the head applied
   to the hidden states in float32, as sample_from_hidden computes it), top-p by sort +
-  cumsum + mask, the coin as u < p and the token by ddpd.ops.categorical_reference (the
+  cumsum + mask, the coin as u < p and the token by ddpd.ops.reference.categorical (the
   categorical law of every ddpd path, written in plain torch), from the same
   counter-based uniforms (ddpd.ops.philox_uniform). It returns the same tokens, tied
   logits at the top-p boundary included (both keep every token tied with the last one
@@ -37,7 +37,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from tiny_networks import TinyDenoiser  # noqa: E402
 
-from ddpd.ops import bernoulli, categorical_reference, noise_width, philox_uniform, sample_from_hidden  # noqa: E402
+from ddpd.ops import DrawControls, bernoulli, noise_width, philox_uniform, reference, sample_from_hidden  # noqa: E402
 from ddpd.ops.rng import BELOW_ONE  # noqa: E402
 
 
@@ -59,9 +59,10 @@ def mdlm_ddpd(net: TinyDenoiser, batch: int, length: int, steps: int, seed: int,
         if not reveal.any():
             continue
         hidden = net.hidden(x)[reveal]  # [n, H]: the head runs on these rows only
-        tokens, _ = sample_from_hidden(hidden, net.head.weight, net.head.bias, temperature, top_p=top_p, seed=seed,
-                                       offset=2 * i + 1, row_ids=rows[reveal])
-        x[reveal] = tokens
+        controls = DrawControls(temperature=temperature, top_p=top_p)
+        drawn = sample_from_hidden(hidden, net.head.weight, net.head.bias, controls=controls, seed=seed,
+                                   offset=2 * i + 1, row_ids=rows[reveal])
+        x[reveal] = drawn.tokens
     return x
 
 
@@ -101,7 +102,7 @@ def mdlm_plain(net: TinyDenoiser, batch: int, length: int, steps: int, seed: int
         if top_p is not None:
             logits = top_p_mask(logits, top_p, temperature)
         noise = philox_uniform(seed, 2 * i + 1, rows[reveal], noise_width(vocab))
-        x[reveal] = categorical_reference(logits, temperature, noise)[0]
+        x[reveal] = reference.categorical(logits, temperature, noise).tokens
     return x
 
 
