@@ -27,7 +27,17 @@ def check_p(p) -> torch.Tensor:
 
 def bernoulli_reference(p: torch.Tensor, *, seed=None, offset=0, generator: Optional[torch.Generator] = None,
                         row_ids: Optional[torch.Tensor] = None, noise: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Plain torch version of bernoulli (same arguments, same coins)."""
+    """Plain torch version of bernoulli, written for clarity: the same results from the same uniforms.
+
+    Args:
+        The arguments of ddpd.ops.bernoulli.
+
+    Returns:
+        What ddpd.ops.bernoulli returns (Bool tensor of the coins).
+
+    Raises:
+        What ddpd.ops.bernoulli raises.
+    """
     p2, noise, counters, row_ids = _prepare(p, seed, offset, generator, row_ids, noise)
     rng.check_noise_values(noise)
     if noise is None:

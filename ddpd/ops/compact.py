@@ -61,7 +61,17 @@ def _check_capacity(capacity) -> int:
 
 def compact_fixed_reference(active, capacity: int,
                             *tensors: torch.Tensor) -> Compacted:
-    """Plain torch version of compact_fixed (same arguments, same results)."""
+    """Plain torch version of compact_fixed, written for clarity: the same results from the same uniforms.
+
+    Args:
+        The arguments of ddpd.ops.compact_fixed.
+
+    Returns:
+        What ddpd.ops.compact_fixed returns (Compacted).
+
+    Raises:
+        What ddpd.ops.compact_fixed raises.
+    """
     active = _check_active(active)
     capacity = _check_capacity(capacity)
     _check_rows(active, tensors)
@@ -183,7 +193,17 @@ def _check_scatter(index, packed, out) -> list[tuple[torch.Tensor, torch.Tensor]
 
 
 def scatter_back_reference(index, packed, out):
-    """Plain torch version of scatter_back (same arguments, same results)."""
+    """Plain torch version of scatter_back, written for clarity: the same results from the same uniforms.
+
+    Args:
+        The arguments of ddpd.ops.scatter_back.
+
+    Returns:
+        What ddpd.ops.scatter_back returns (out).
+
+    Raises:
+        What ddpd.ops.scatter_back raises.
+    """
     for p, o in _check_scatter(index, packed, out):
         taken = index >= 0
         o[index[taken]] = p[taken]

@@ -138,7 +138,7 @@ def inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 
 
 def draw_uniforms(seed, offset, row_ids: torch.Tensor, k: int) -> torch.Tensor:
-    """Float64[B, k]: the 48-bit uniform of each draw from the Philox stream (module docstring).
+    """Float64[B, k]: the 48-bit uniform of each draw from the Philox stream (docs/ops/multinomial.md).
     seed, offset: ints (uint64 or int64 bit patterns) or int64 0-d tensors holding the bits.
 
     Built from the Philox words themselves: a float32 uniform of ddpd.ops.rng rounds
@@ -153,7 +153,17 @@ def draw_uniforms(seed, offset, row_ids: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def categorical_from_weights_reference(weights, uniforms, *, check_valid: bool = True) -> Draw:
-    """Plain torch version of categorical_from_weights (same arguments, same results)."""
+    """Plain torch version of categorical_from_weights, written for clarity: the same results from the same uniforms.
+
+    Args:
+        The arguments of ddpd.ops.categorical_from_weights.
+
+    Returns:
+        What ddpd.ops.categorical_from_weights returns (Draw).
+
+    Raises:
+        What ddpd.ops.categorical_from_weights raises.
+    """
     weights = check_weights(weights)
     uniforms = check_uniforms("uniforms", uniforms, (weights.shape[0],), weights)
     valid = row_validity(weights, 1)
@@ -174,7 +184,17 @@ def multinomial_reference(
     noise: Optional[torch.Tensor] = None,
     check_valid: bool = True,
 ) -> Draw:
-    """Plain torch version of multinomial (same arguments, same results)."""
+    """Plain torch version of multinomial, written for clarity: the same results from the same uniforms.
+
+    Args:
+        The arguments of ddpd.ops.multinomial.
+
+    Returns:
+        What ddpd.ops.multinomial returns (Draw).
+
+    Raises:
+        What ddpd.ops.multinomial raises.
+    """
     weights = check_weights(weights)
     k = _check_k(k, replacement, weights.shape[1])
     u, counters, row_ids = _resolve_stream(weights, k, seed, offset, generator, row_ids, noise)
@@ -322,7 +342,17 @@ def logit_weights(logits, temperature: float) -> torch.Tensor:
 
 def multinomial_from_logits_reference(logits, k: int, temperature: float = 1.0, replacement: bool = False,
                                       **stream) -> Draw:
-    """Plain torch version of multinomial_from_logits (same arguments, same results)."""
+    """Plain torch version of multinomial_from_logits, written for clarity: the same results from the same uniforms.
+
+    Args:
+        The arguments of ddpd.ops.multinomial_from_logits.
+
+    Returns:
+        What ddpd.ops.multinomial_from_logits returns (Draw).
+
+    Raises:
+        What ddpd.ops.multinomial_from_logits raises.
+    """
     return multinomial_reference(logit_weights(logits, temperature), k, replacement, **stream)
 
 

@@ -23,8 +23,17 @@ BLOCK_ELEMENTS = 4096  # values a program normalises: BLOCK_ROWS rows of BLOCK_W
 def norm_reference(x: torch.Tensor, weight: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None,
                    eps: float = 1e-5, *, rms: bool = False, shift: Optional[torch.Tensor] = None,
                    scale: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Plain torch norm (the module docstring's law). For float32 x it is the arithmetic
-    of nn.LayerNorm (or the usual RMSNorm) followed by x * (1 + scale) + shift."""
+    """Plain torch version of norm (the law of docs/ops/norm.md).
+
+    For float32 x it is the arithmetic of nn.LayerNorm (or the usual RMSNorm) followed by
+    x * (1 + scale) + shift.
+
+    Args:
+        The arguments of ddpd.ops.norm (not checked here).
+
+    Returns:
+        The normalised tensor, of x's dtype; differentiable.
+    """
     x32 = x.float()
     if rms:
         mean_square = x32.pow(2).mean(-1, keepdim=True)

@@ -49,7 +49,17 @@ def planner_mask_reference(
     row_ids: Optional[torch.Tensor] = None,
     noise: Optional[torch.Tensor] = None,
 ) -> Mask:
-    """Plain torch version of planner_mask (same arguments, same outputs)."""
+    """Plain torch version of planner_mask, written for clarity: the same results from the same uniforms.
+
+    Args:
+        The arguments of ddpd.ops.planner_mask.
+
+    Returns:
+        What ddpd.ops.planner_mask returns (Mask).
+
+    Raises:
+        What ddpd.ops.planner_mask raises.
+    """
     check_tensor("logits", logits, _dispatch.FLOAT_DTYPES, 2)
     _dispatch.check_width("D (logits.shape[1])", logits.shape[1])
     check_mask_args(logits, x, mask_id)

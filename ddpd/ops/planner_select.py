@@ -187,7 +187,17 @@ def planner_select_reference(
     row_ids: Optional[torch.Tensor] = None,
     noise: Optional[torch.Tensor] = None,
 ) -> Selection:
-    """Plain torch version of planner_select (same arguments, same outputs)."""
+    """Plain torch version of planner_select, written for clarity: the same results from the same uniforms.
+
+    Args:
+        The arguments of ddpd.ops.planner_select.
+
+    Returns:
+        What ddpd.ops.planner_select returns (Selection).
+
+    Raises:
+        What ddpd.ops.planner_select raises.
+    """
     softmax, tau, eps = check_select_args(logits, k, mode, tau, eps)
     rows, length = logits.shape
     counters = rng.resolve_stream(noise, (rows, length), logits, seed, offset, generator, row_ids)
@@ -217,7 +227,17 @@ def planner_select_mask_reference(
     mask_noise: Optional[torch.Tensor] = None,
     mask_offset=None,
 ) -> Plan:
-    """Plain torch version of planner_select_mask (same arguments, same outputs)."""
+    """Plain torch version of planner_select_mask, written for clarity: the same results from the same uniforms.
+
+    Args:
+        The arguments of ddpd.ops.planner_select_mask.
+
+    Returns:
+        What ddpd.ops.planner_select_mask returns (Plan).
+
+    Raises:
+        What ddpd.ops.planner_select_mask raises.
+    """
     softmax, tau, eps = check_select_args(logits, k, mode, tau, eps)
     check_mask_args(logits, x, mask_id)
     counters, (mask_offset, mask_offset_t) = resolve_pair(noise, mask_noise, logits, seed, offset, mask_offset,

@@ -54,7 +54,7 @@ def philox4x32(c0, c1, c2, c3, k0, k1):
 
 def row_key(seed, rows: torch.Tensor) -> tuple:
     """Philox key words (k0, k1) of each row id (int64 tensor holding uint64 bits):
-    the seed's words below 2**32, the derived key of the module docstring above.
+    the seed's words below 2**32, the derived key of docs/ops/rng.md.
     seed: an int, or an int64 0-d tensor holding its bits."""
     seed_lo, seed_hi = seed & _MASK32, (seed >> 32) & _MASK32
     row_hi = (rows >> 32) & _MASK32

@@ -16,7 +16,14 @@ BLOCK_ELEMENTS = 4096  # channel pairs per program: BLOCK_L positions x BLOCK_HA
 
 
 def rotary_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Plain torch rotation (the module docstring's law)."""
+    """Plain torch version of rotary (the law of docs/ops/rotary.md), the kernel's values bit for bit.
+
+    Args:
+        The arguments of ddpd.ops.rotary (not checked here).
+
+    Returns:
+        The rotated tensor, of x's dtype; differentiable.
+    """
     length = x.shape[-2]
     x1, x2 = x.float().chunk(2, dim=-1)
     cos, sin = cos[:length], sin[:length]

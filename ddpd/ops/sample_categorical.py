@@ -409,7 +409,7 @@ def shifted(a: torch.Tensor, b: torch.Tensor, temperature) -> torch.Tensor:
 
 def truncation_threshold(x: torch.Tensor, t: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
                          log_min_p: torch.Tensor) -> torch.Tensor:
-    """tau [N] of the module docstring's truncation (-inf where nothing is cut), from the
+    """tau [N] of the truncation of docs/ops/sample_categorical.md (-inf where nothing is cut), from the
     masked logits x [N, V], the effective temperatures t [N] and the per-row controls;
     by sorting, for clarity (the kernels search without sorting)."""
     rows, vocab = x.shape
@@ -443,7 +443,7 @@ def truncation_threshold(x: torch.Tensor, t: torch.Tensor, top_k: torch.Tensor, 
 
 def draw(x: torch.Tensor, controls: Controls, noise: torch.Tensor, logprob: bool = False,
          confidence: int = 0) -> tuple:
-    """The law of the module docstring on masked float32 logits x [N, V]: (tokens, valid,
+    """The law of docs/ops/sample_categorical.md on masked float32 logits x [N, V]: (tokens, valid,
     logprob | None, confidence | None). noise [N, noise_width(V)] (or [N, V] when V <=
     TILE: a single tile needs no tile uniform; unused by greedy rows)."""
     rows, vocab = x.shape
@@ -482,7 +482,7 @@ def draw(x: torch.Tensor, controls: Controls, noise: torch.Tensor, logprob: bool
 
 def statistics(x, t, row_max, token, valid, logprob: bool, confidence: int) -> tuple:
     """(logprob | None, confidence | None) of the drawn tokens under the truncated,
-    tempered law, in float64 then float32 (module docstring, step 3)."""
+    tempered law, in float64 then float32 (docs/ops/sample_categorical.md, step 3)."""
     y = shifted(x, row_max, t[:, None]).double()  # relative to M, -inf outside K
     log_z = torch.logsumexp(y, dim=1)
     lp = y.gather(1, token[:, None]).squeeze(1) - log_z
@@ -503,16 +503,29 @@ def statistics(x, t, row_max, token, valid, logprob: bool, confidence: int) -> t
 
 
 def categorical_reference(logits: torch.Tensor, temperature, noise: Optional[torch.Tensor], *, top_k=None, top_p=None,
-                          min_p=None, return_logprob: bool = False, confidence: Optional[str] = None) -> tuple:
-    """The categorical draw of every ddpd path, in plain torch: one token per row of
-    the law of the module docstring (steps 1-3) by the two-level Gumbel-max.
+                          min_p=None, return_logprob: bool = False, confidence: Optional[str] = None) -> Draw:
+    """The categorical draw of every ddpd path, in plain torch (ddpd.ops.reference.categorical).
 
-    logits [N, V] (any float dtype; NaN reads as -inf; excluded tokens already -inf);
-    temperature in [0, MAX_TEMPERATURE] (0: greedy), top_k, top_p, min_p: numbers or per-row tensors [N];
-    noise [N, noise_width(V)] uniforms (column j for token j, column V + t for tile t),
-    or [N, V] when V <= TILE (a single tile needs no tile uniform); None for greedy.
-    Returns (tokens Long[N], valid Bool[N][, logprob][, confidence]): token 0 and valid
-    False where every logit is -inf or NaN.
+    One token per row of the law of docs/ops/sample_categorical.md (steps 1-3) by the
+    two-level Gumbel-max; every path (C++, Triton, the samplers' reference) is tested against it.
+
+    Args:
+        logits: [N, V] any float dtype; NaN reads as -inf; excluded tokens already -inf.
+        temperature: in [0, MAX_TEMPERATURE] (0: greedy), a number or a per-row tensor [N].
+        noise: [N, noise_width(V)] uniforms (column j for token j, column V + t for tile t),
+            or [N, V] when V <= TILE (a single tile needs no tile uniform); None when every
+            row is greedy.
+        top_k, top_p, min_p: numbers or per-row tensors [N] (None: off).
+        return_logprob: also return the drawn token's log-probability.
+        confidence: None, or "prob", "margin" or "entropy".
+
+    Returns:
+        Draw(tokens Long[N], valid Bool[N], logprob or None, confidence or None): token 0 and
+        valid False where every logit is -inf or NaN.
+
+    Raises:
+        TypeError: an argument of the wrong type.
+        ValueError: a shape or value out of range, or no noise for a row that is not greedy.
     """
     check_tensor("logits", logits, FLOATS, 2)
     controls = check_controls(temperature, top_k, top_p, min_p, tuple(logits.shape[:1]), logits)
@@ -549,8 +562,18 @@ def sample_categorical_reference(
     generator: Optional[torch.Generator] = None,
     row_ids: Optional[torch.Tensor] = None,
     noise: Optional[torch.Tensor] = None,
-) -> tuple:
-    """Plain torch version of sample_categorical (same arguments, same tokens)."""
+) -> Draw:
+    """Plain torch version of sample_categorical, written for clarity: the same results from the same uniforms.
+
+    Args:
+        The arguments of ddpd.ops.sample_categorical.
+
+    Returns:
+        What ddpd.ops.sample_categorical returns (Draw).
+
+    Raises:
+        What ddpd.ops.sample_categorical raises.
+    """
     call = prepare_categorical(logits, temperature, exclude_ids, exclude_per_row, allowed, top_k, top_p,
                                min_p, return_logprob, confidence, seed, offset, generator, row_ids, noise, controls)
     vocab = logits.shape[-1]
@@ -784,7 +807,7 @@ def sample_categorical(
     generator: Optional[torch.Generator] = None,
     row_ids: Optional[torch.Tensor] = None,
     noise: Optional[torch.Tensor] = None,
-) -> tuple:
+) -> Draw:
     """Draw one token per row of `logits` [..., V] (docs/ops/sample_categorical.md).
 
     P(token j) = softmax(logits / temperature)_j over the tokens the controls keep, drawn by an

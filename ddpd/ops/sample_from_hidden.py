@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from ddpd.ops import _dispatch, rng
 from ddpd.ops.controls import DrawControls
+from ddpd.ops.results import Draw
 from ddpd.ops.sample_categorical import (
     TILE,
     Call,
@@ -82,8 +83,18 @@ def sample_from_hidden_reference(
     generator: Optional[torch.Generator] = None,
     row_ids: Optional[torch.Tensor] = None,
     noise: Optional[torch.Tensor] = None,
-) -> tuple:
-    """Plain torch version: the full float32 logits, then sample_categorical's law."""
+) -> Draw:
+    """Plain torch version of sample_from_hidden: the full float32 logits, then sample_categorical's law.
+
+    Args:
+        The arguments of ddpd.ops.sample_from_hidden.
+
+    Returns:
+        What ddpd.ops.sample_from_hidden returns (Draw).
+
+    Raises:
+        What ddpd.ops.sample_from_hidden raises.
+    """
     call = prepare_hidden(hidden, weight, bias, temperature, exclude_ids, exclude_per_row, allowed, top_k,
                           top_p, min_p, return_logprob, confidence, seed, offset, generator, row_ids, noise, controls)
     vocab = weight.shape[0]
@@ -354,7 +365,7 @@ def sample_from_hidden(
     generator: Optional[torch.Generator] = None,
     row_ids: Optional[torch.Tensor] = None,
     noise: Optional[torch.Tensor] = None,
-) -> tuple:
+) -> Draw:
     """Draw one token per row of hidden [..., H] through the head weight [V, H] (+ bias [V]).
 
     The same draw, controls and results as sample_categorical(hidden @ weight.T + bias, ...),
