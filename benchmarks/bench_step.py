@@ -65,7 +65,7 @@ def reference_step(planner_logits, x, hidden, weight, bias, mask_id):
 def fused_step(planner_logits, x, hidden, weight, bias, mask_id, offset=0):
     positions, _, stop, masked, _, _ = planner_select_mask(planner_logits, x, mask_id, 1, seed=1, offset=offset)
     chosen = hidden.gather(1, positions[:, :, None].expand(-1, -1, hidden.shape[2])).squeeze(1)
-    tokens, _ = sample_from_hidden(chosen, weight, bias, seed=1, offset=offset + 2)
+    tokens, _, _, _ = sample_from_hidden(chosen, weight, bias, seed=1, offset=offset + 2)
     return x.scatter(1, positions, tokens[:, None]), masked, stop
 
 

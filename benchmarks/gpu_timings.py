@@ -233,6 +233,8 @@ class Bench:
 
 
 def flatten(outputs) -> list[torch.Tensor]:
+    if outputs is None:  # a result's field not asked for
+        return []
     if isinstance(outputs, torch.Tensor):
         return [outputs]
     return [t for item in outputs for t in flatten(item)]
@@ -439,11 +441,11 @@ def time_multinomial(bench: Bench, rows: int, categories: int, k: int, replaceme
     weights = torch.softmax(torch.randn(rows, categories, generator=g) * 3, -1).to(bench.device)
     ids = torch.arange(rows, device=bench.device)
     name = f"multinomial ({rows}, {categories}) k={k}{'' if replacement else ' without replacement'}"
-    bench.check(name, multinomial(weights, k, replacement, seed=1, row_ids=ids, return_valid=True),
-                multinomial_reference(weights, k, replacement, seed=1, row_ids=ids, return_valid=True))
+    bench.check(name, multinomial(weights, k, replacement, seed=1, row_ids=ids, check_valid=False),
+                multinomial_reference(weights, k, replacement, seed=1, row_ids=ids, check_valid=False))
     same_law = ("inverse CDF", lambda: torch_draws.inverse_cdf(weights, k)) if replacement else \
         ("Gumbel-top-k", lambda: torch_draws.gumbel_top_k(weights, k))
-    bench.versus(name, lambda: multinomial(weights, k, replacement, seed=1, row_ids=ids, return_valid=True),
+    bench.versus(name, lambda: multinomial(weights, k, replacement, seed=1, row_ids=ids, check_valid=False),
                  {"torch.multinomial": lambda: torch.multinomial(weights, k, replacement=replacement),
                   same_law[0]: same_law[1]}, weights.numel() * 4, "the weights")
     print("  target: at least 1.0x torch.multinomial")

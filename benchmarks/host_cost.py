@@ -109,7 +109,7 @@ def cases(device: torch.device) -> dict:
                                                         None, None, None)),
         "bernoulli": (lambda: bernoulli(probs, seed=1, offset=2),
                       lambda: (ops.bernoulli_cpu if cpu else ops.bernoulli)(probs, None, 1, 2, None, None, None)),
-        "multinomial": (lambda: multinomial(weights, 1, True, seed=1, row_ids=rows, return_valid=True),
+        "multinomial": (lambda: multinomial(weights, 1, True, seed=1, row_ids=rows, check_valid=False),
                         lambda: ops.multinomial_kernel(weights, 1, True, None, 1, 0, rows, None, None)),
         "compact_fixed": (lambda: compact_fixed(active, 4, x), lambda: ops.compact_fixed_kernel(active, 4, [x])),
         "scatter_back": (lambda: scatter_back(index, packed, (out,)),

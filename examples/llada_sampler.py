@@ -7,7 +7,7 @@ denoiser's proposals at the masked positions are written.
 
 - `llada_ddpd`: one ddpd.ops.sample_categorical call a step draws the proposals at the
   block's masked positions and returns their confidence from the same pass;
-- `llada_plain`: the same loop in plain torch, drawing with ddpd.ops.categorical_reference
+- `llada_plain`: the same loop in plain torch, drawing with ddpd.ops.reference.categorical
   from the same counter-based uniforms: the same tokens from the same noise.
 
 docs/examples.md has the options (remasking, rank_by, cfg_scale, attention_mask) and the
@@ -25,7 +25,7 @@ import torch
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from tiny_networks import TinyDenoiser  # noqa: E402
 
-from ddpd.ops import categorical_reference, noise_width, philox_uniform, sample_categorical  # noqa: E402
+from ddpd.ops import DrawControls, noise_width, philox_uniform, reference, sample_categorical  # noqa: E402
 
 REMASKING = ("low_confidence", "random")
 RANK_BY = ("model", "draw")
@@ -117,16 +117,17 @@ def llada_ddpd(net: TinyDenoiser, prompt: torch.Tensor, answer: int, steps: int,
     for i, k, block in schedule(prompt.shape[1], answer, steps, block_length):
         candidates = block_candidates(x, net.mask_id, block)
         logits = denoiser_logits(net, x, prompt.shape[1], cfg_scale, attention_mask)[candidates]  # [n, V]
-        drawn = sample_categorical(logits, temperature, confidence="prob" if own_confidence else None, seed=seed,
-                                   offset=2 * i, row_ids=rows[candidates])
+        drawn = sample_categorical(logits, controls=DrawControls(temperature=temperature),
+                                   confidence="prob" if own_confidence else None, seed=seed, offset=2 * i,
+                                   row_ids=rows[candidates])
         if own_confidence:
-            score = drawn[2]
+            score = drawn.confidence
         elif remasking == "random":
             score = philox_uniform(seed, 2 * i + 1, rows[candidates], 1)[:, 0]
         else:  # LLaDA's rule at temperature > 0: the drawn token's probability at temperature 1
             logits = logits.float()
-            score = (logits.gather(1, drawn[0][:, None])[:, 0] - logits.logsumexp(1)).exp()
-        proposal = x.masked_scatter(candidates, drawn[0])
+            score = (logits.gather(1, drawn.tokens[:, None])[:, 0] - logits.logsumexp(1)).exp()
+        proposal = x.masked_scatter(candidates, drawn.tokens)
         confidence = torch.full(x.shape, float("-inf"), device=x.device).masked_scatter(candidates, score)
         x = write_most_confident(x, proposal, confidence, k)
     return x
@@ -148,7 +149,7 @@ def llada_plain(net: TinyDenoiser, prompt: torch.Tensor, answer: int, steps: int
             proposal = logits.argmax(-1)
         else:
             noise = philox_uniform(seed, 2 * i, rows, noise_width(vocab))
-            proposal = categorical_reference(logits.reshape(-1, vocab), temperature, noise)[0].view(x.shape)
+            proposal = reference.categorical(logits.reshape(-1, vocab), temperature, noise).tokens.view(x.shape)
         if remasking == "random":
             confidence = philox_uniform(seed, 2 * i + 1, rows, 1).view(x.shape)
         else:

@@ -8,7 +8,7 @@ softmax(logits / temperature), truncated by top_p.
 - `mdlm_ddpd`: the coin is ddpd.ops.bernoulli, the token ddpd.ops.sample_from_hidden on
   the hidden states of the masked positions only; draws are keyed by position;
 - `mdlm_plain`: the same loop in plain torch (full float32 logits, sort-based top-p,
-  ddpd.ops.categorical_reference) from the same uniforms: the same tokens.
+  ddpd.ops.reference.categorical) from the same uniforms: the same tokens.
 
 docs/examples.md has the details.  Run: python examples/mdlm_sampler.py"""
 from __future__ import annotations
@@ -23,7 +23,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from tiny_networks import TinyDenoiser  # noqa: E402
 
-from ddpd.ops import bernoulli, categorical_reference, noise_width, philox_uniform, sample_from_hidden  # noqa: E402
+from ddpd.ops import DrawControls, bernoulli, noise_width, philox_uniform, reference, sample_from_hidden  # noqa: E402
 from ddpd.ops.rng import BELOW_ONE  # noqa: E402
 
 
@@ -45,9 +45,10 @@ def mdlm_ddpd(net: TinyDenoiser, batch: int, length: int, steps: int, seed: int,
         if not reveal.any():
             continue
         hidden = net.hidden(x)[reveal]  # [n, H]: the head runs on these rows only
-        tokens, _ = sample_from_hidden(hidden, net.head.weight, net.head.bias, temperature, top_p=top_p, seed=seed,
-                                       offset=2 * i + 1, row_ids=rows[reveal])
-        x[reveal] = tokens
+        controls = DrawControls(temperature=temperature, top_p=top_p)
+        drawn = sample_from_hidden(hidden, net.head.weight, net.head.bias, controls=controls, seed=seed,
+                                   offset=2 * i + 1, row_ids=rows[reveal])
+        x[reveal] = drawn.tokens
     return x
 
 
@@ -87,7 +88,7 @@ def mdlm_plain(net: TinyDenoiser, batch: int, length: int, steps: int, seed: int
         if top_p is not None:
             logits = top_p_mask(logits, top_p, temperature)
         noise = philox_uniform(seed, 2 * i + 1, rows[reveal], noise_width(vocab))
-        x[reveal] = categorical_reference(logits, temperature, noise)[0]
+        x[reveal] = reference.categorical(logits, temperature, noise).tokens
     return x
 
 

@@ -57,7 +57,7 @@ def test_ties_go_to_the_next_index_and_zero_weights_are_never_drawn():
     w = torch.tensor([[0.0, 1.0, 1.0, 0.0, 2.0]] * 4)
     u = torch.tensor([0.0, 0.25, 0.5, 0.75 - 2**-40], dtype=torch.float64)
     for fn in (categorical_from_weights, categorical_from_weights_reference):
-        assert fn(w, u).tolist() == [1, 2, 4, 4]
+        assert fn(w, u).tokens.tolist() == [1, 2, 4, 4]
 
 
 @pytest.mark.parametrize("n", [1, 5, 63, 64, 65, 257, 1000, 50257])
@@ -66,14 +66,15 @@ def test_categorical_matches_reference_exactly(n, dtype):
     rows = 64 if n < 50257 else 8
     w = peaked_weights(rows, n, n, dtype)
     u = torch.rand(rows, generator=torch.Generator().manual_seed(n), dtype=torch.float64)
-    assert torch.equal(categorical_from_weights(w, u), categorical_from_weights_reference(w, u))
+    assert torch.equal(categorical_from_weights(w, u).tokens, categorical_from_weights_reference(w, u).tokens)
 
 
 def test_categorical_accepts_float32_uniforms_and_noncontiguous_weights():
     w = peaked_weights(40, 300, 1).t().contiguous().t()[:, ::2]  # strided
     u = torch.rand(40, generator=torch.Generator().manual_seed(1))
     assert not w.is_contiguous()
-    assert torch.equal(categorical_from_weights(w, u), categorical_from_weights_reference(w.contiguous(), u))
+    want = categorical_from_weights_reference(w.contiguous(), u).tokens
+    assert torch.equal(categorical_from_weights(w, u).tokens, want)
 
 
 # ----------------------------------------------------------------------------- exactness
@@ -87,8 +88,8 @@ def test_multinomial_matches_reference_with_seed(n, k, replacement):
     if not replacement:
         w[:, :k] = 1  # at least k positive weights per row
     for seed, offset in [(0, 0), (2**64 - 1, 2**63 + 12345)]:
-        fast = multinomial(w, k, replacement, seed=seed, offset=offset)
-        assert torch.equal(fast, multinomial_reference(w, k, replacement, seed=seed, offset=offset))
+        fast = multinomial(w, k, replacement, seed=seed, offset=offset).tokens
+        assert torch.equal(fast, multinomial_reference(w, k, replacement, seed=seed, offset=offset).tokens)
 
 
 @pytest.mark.parametrize("replacement", [True, False])
@@ -98,9 +99,9 @@ def test_multinomial_matches_reference_with_noise(replacement):
     noise = torch.rand(50, 10, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
     noise[0] = 0.0  # the edges of [0, 1)
     noise[1] = 1.0 - 2**-53
-    fast = multinomial(w, 10, replacement, noise=noise)
-    assert torch.equal(fast, multinomial_reference(w, 10, replacement, noise=noise))
-    assert torch.equal(fast[:, 0], categorical_from_weights(w, noise[:, 0]))
+    fast = multinomial(w, 10, replacement, noise=noise).tokens
+    assert torch.equal(fast, multinomial_reference(w, 10, replacement, noise=noise).tokens)
+    assert torch.equal(fast[:, 0], categorical_from_weights(w, noise[:, 0]).tokens)
 
 
 @pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512", "best"])
@@ -127,7 +128,7 @@ def test_every_lanes_path_draws_rows_of_one_chunk_as_the_reference(isa, replacem
         except ValueError as error:
             assert f"no path '{isa}'" in str(error)
             pytest.skip(f"this CPU has no {isa} path")
-        want, want_valid = multinomial_reference(w, k, replacement, noise=noise, return_valid=True)
+        want, want_valid, _, _ = multinomial_reference(w, k, replacement, noise=noise, check_valid=False)
         assert torch.equal(valid, want_valid) and not valid[5] and not valid[8], (n, k)
         assert torch.equal(index, want), (n, k, (index != want).nonzero()[:3])
 
@@ -137,30 +138,31 @@ def test_philox_uniforms_feed_the_same_draws_as_explicit_noise():
     ids = torch.arange(100, 120)
     u = draw_uniforms(99, 5, ids, 6)
     assert u.dtype == torch.float64 and bool((u > 0).all() and (u < 1).all())
-    assert torch.equal(multinomial(w, 6, True, seed=99, offset=5, row_ids=ids), multinomial(w, 6, True, noise=u))
+    seeded = multinomial(w, 6, True, seed=99, offset=5, row_ids=ids).tokens
+    assert torch.equal(seeded, multinomial(w, 6, True, noise=u).tokens)
 
 
 def test_a_row_keeps_its_draws_whatever_the_batch():
     w = peaked_weights(30, 400, 5)
-    full = multinomial(w, 4, False, seed=11, offset=3)
+    full = multinomial(w, 4, False, seed=11, offset=3).tokens
     for r in (0, 17, 29):
-        alone = multinomial(w[r : r + 1], 4, False, seed=11, offset=3, row_ids=torch.tensor([r]))
+        alone = multinomial(w[r : r + 1], 4, False, seed=11, offset=3, row_ids=torch.tensor([r])).tokens
         assert torch.equal(alone[0], full[r])
     keep = torch.tensor([2, 9, 25])
-    assert torch.equal(multinomial(w[keep], 4, False, seed=11, offset=3, row_ids=keep), full[keep])
+    assert torch.equal(multinomial(w[keep], 4, False, seed=11, offset=3, row_ids=keep).tokens, full[keep])
 
 
 def test_seed_generator_and_offsets():
     w = peaked_weights(16, 100, 6)
-    assert torch.equal(multinomial(w, 3, seed=5), multinomial(w, 3, seed=5))
-    assert not torch.equal(multinomial(w, 3, seed=5), multinomial(w, 3, seed=5, offset=1))
-    a = multinomial(w, 3, generator=torch.Generator().manual_seed(8))
-    b = multinomial(w, 3, generator=torch.Generator().manual_seed(8))
+    assert torch.equal(multinomial(w, 3, seed=5).tokens, multinomial(w, 3, seed=5).tokens)
+    assert not torch.equal(multinomial(w, 3, seed=5).tokens, multinomial(w, 3, seed=5, offset=1).tokens)
+    a = multinomial(w, 3, generator=torch.Generator().manual_seed(8)).tokens
+    b = multinomial(w, 3, generator=torch.Generator().manual_seed(8)).tokens
     assert torch.equal(a, b)
     torch.manual_seed(1)
-    c = multinomial(w, 3)
+    c = multinomial(w, 3).tokens
     torch.manual_seed(1)
-    assert torch.equal(c, multinomial(w, 3))
+    assert torch.equal(c, multinomial(w, 3).tokens)
 
 
 def test_without_replacement_never_repeats_and_skips_zero_weights():
@@ -169,13 +171,13 @@ def test_without_replacement_never_repeats_and_skips_zero_weights():
     w[w < 0.3] = 0
     w[:, :20] += 0.01  # >= 20 positive weights per row
     for k in (2, 20):
-        index = multinomial(w, k, False, seed=k)
+        index = multinomial(w, k, False, seed=k).tokens
         assert all(len(set(row)) == k for row in index.tolist())
         assert bool((w.gather(1, index) > 0).all())
     # k = number of positive weights: every positive index exactly once
     w2 = torch.zeros(50, 200)
     w2[:, 50:80] = torch.rand(50, 30, generator=g) + 1e-3
-    index = multinomial(w2, 30, False, seed=1)
+    index = multinomial(w2, 30, False, seed=1).tokens
     assert torch.equal(index.sort(1).values, torch.arange(50, 80).expand(50, 30))
 
 
@@ -190,7 +192,7 @@ def chi_square_p(counts: torch.Tensor, probs: torch.Tensor) -> float:
 
 def test_with_replacement_frequencies_match_the_weights():
     w = torch.tensor([0.5, 3.0, 0.0, 1.0, 2.5, 0.25, 4.0, 0.75])
-    draws = multinomial(w.expand(10_000, -1), 12, True, seed=2024)  # 1.2e5 draws
+    draws = multinomial(w.expand(10_000, -1), 12, True, seed=2024).tokens  # 1.2e5 draws
     counts = torch.bincount(draws.flatten(), minlength=8)
     assert counts[2] == 0
     keep = w > 0
@@ -204,7 +206,7 @@ def test_small_probabilities_are_drawn_at_their_rate():
     w = torch.full((n,), 1e-9)
     w[0], w[1] = 1.0, 1e-3
     probs = w.double() / w.double().sum()
-    draws = multinomial(w.expand(100_000, -1), 1, True, seed=77).flatten()
+    draws = multinomial(w.expand(100_000, -1), 1, True, seed=77).tokens.flatten()
     counts = torch.stack([(draws == 0).sum(), (draws == 1).sum(), (draws >= 2).sum()])
     expected = torch.stack([probs[0], probs[1], probs[2:].sum()])
     assert chi_square_p(counts, expected) > P_MIN
@@ -212,7 +214,7 @@ def test_small_probabilities_are_drawn_at_their_rate():
 
 def test_ordered_pairs_follow_the_sequential_sampling_law():
     w = torch.tensor([1.0, 2.0, 3.0, 4.0])
-    draws = multinomial(w.expand(200_000, -1), 2, False, seed=31)
+    draws = multinomial(w.expand(200_000, -1), 2, False, seed=31).tokens
     pair = draws[:, 0] * 4 + draws[:, 1]
     counts = torch.bincount(pair, minlength=16)
     total = w.sum()
@@ -227,7 +229,7 @@ def test_ordered_pairs_follow_the_sequential_sampling_law():
 
 def test_multinomial_from_logits_frequencies_match_softmax():
     logits = torch.tensor([0.0, 1.0, -2.0, 2.0, float("-inf"), 0.5])
-    draws = multinomial_from_logits(logits.expand(25_000, -1), 4, temperature=0.7, replacement=True, seed=3)
+    draws = multinomial_from_logits(logits.expand(25_000, -1), 4, temperature=0.7, replacement=True, seed=3).tokens
     counts = torch.bincount(draws.flatten(), minlength=6)
     assert counts[4] == 0
     probs = torch.softmax(logits / 0.7, -1)
@@ -240,7 +242,8 @@ def test_multinomial_from_logits_matches_reference():
     for dtype in (torch.float32, torch.float64, torch.bfloat16):
         x = logits.to(dtype)
         assert torch.equal(
-            multinomial_from_logits(x, 5, 1.3, seed=6), multinomial_from_logits_reference(x, 5, 1.3, seed=6)
+            multinomial_from_logits(x, 5, 1.3, seed=6).tokens,
+            multinomial_from_logits_reference(x, 5, 1.3, seed=6).tokens,
         )
 
 
@@ -262,10 +265,10 @@ def bad_rows() -> torch.Tensor:
 @pytest.mark.parametrize("fn", [multinomial, multinomial_reference])
 def test_invalid_rows_are_flagged_with_index_zero(fn):
     w = bad_rows()
-    index, valid = fn(w, 3, True, seed=1, return_valid=True)
+    index, valid, _, _ = fn(w, 3, True, seed=1, check_valid=False)
     assert valid.tolist() == [True, False, False, False, False, False, True]
     assert bool((index[~valid] == 0).all()) and bool(((index >= 0) & (index < 10)).all())
-    index, valid = fn(w, 3, False, seed=1, return_valid=True)
+    index, valid, _, _ = fn(w, 3, False, seed=1, check_valid=False)
     assert valid.tolist() == [True, False, False, False, False, False, False]
     assert bool((index[~valid] == 0).all())
     with pytest.raises(ValueError, match=r"rows \[1, 2, 3, 4, 5\]"):
@@ -276,7 +279,7 @@ def test_categorical_invalid_rows():
     w = bad_rows()
     u = torch.full((7,), 0.5, dtype=torch.float64)
     for fn in (categorical_from_weights, categorical_from_weights_reference):
-        index, valid = fn(w, u, return_valid=True)
+        index, valid, _, _ = fn(w, u, check_valid=False)
         assert valid.tolist() == [True, False, False, False, False, False, True]
         assert bool((index[~valid] == 0).all())
         with pytest.raises(ValueError, match="not valid distributions"):
@@ -287,12 +290,12 @@ def test_float64_total_overflow_is_invalid():
     w = torch.full((2, 3), 1e308, dtype=torch.float64)
     w[1] = 1.0
     for fn in (multinomial, multinomial_reference):
-        assert fn(w, 1, seed=0, return_valid=True)[1].tolist() == [False, True]
+        assert fn(w, 1, seed=0, check_valid=False).valid.tolist() == [False, True]
 
 
 def test_empty_batch():
     for fn in (multinomial, multinomial_reference):
-        assert fn(torch.zeros(0, 5), 2, seed=0).shape == (0, 2)
+        assert fn(torch.zeros(0, 5), 2, seed=0).tokens.shape == (0, 2)
 
 
 def test_subnormal_totals_draw_positive_weights_without_repeats():
@@ -301,11 +304,11 @@ def test_subnormal_totals_draw_positive_weights_without_repeats():
     without replacement) and the kernel its last index (a zero weight, or a repeat)."""
     w = torch.tensor([[5e-324, 5e-324, 0.0]], dtype=torch.float64)
     for fn in (categorical_from_weights, categorical_from_weights_reference):
-        assert fn(w, torch.tensor([0.9], dtype=torch.float64), return_valid=True)[0].tolist() == [1]
+        assert fn(w, torch.tensor([0.9], dtype=torch.float64), check_valid=False).tokens.tolist() == [1]
     w = torch.full((1, 3), 5e-324, dtype=torch.float64)
     noise = torch.tensor([[0.99, 0.9, 0.5]], dtype=torch.float64)
     for fn in (multinomial, multinomial_reference):
-        assert sorted(fn(w, 3, False, noise=noise)[0].tolist()) == [0, 1, 2]
+        assert sorted(fn(w, 3, False, noise=noise).tokens[0].tolist()) == [0, 1, 2]
 
 
 # ----------------------------------------------------------------------------- arguments
@@ -348,25 +351,25 @@ def test_multinomial_argument_errors(kwargs, error, match):
 def test_categorical_argument_errors():
     w = torch.ones(3, 4)
     with pytest.raises(ValueError, match=r"uniforms must have shape \(3,\)"):
-        categorical_from_weights(w, torch.rand(4))
+        categorical_from_weights(w, torch.rand(4)).tokens
     with pytest.raises(ValueError, match=r"uniforms must lie in \[0, 1\)"):
-        categorical_from_weights(w, -torch.rand(3))
+        categorical_from_weights(w, -torch.rand(3)).tokens
     with pytest.raises(TypeError, match="uniforms must be a torch.Tensor"):
-        categorical_from_weights(w, [0.1, 0.2, 0.3])
+        categorical_from_weights(w, [0.1, 0.2, 0.3]).tokens
 
 
 @pytest.mark.parametrize("temperature,error",
                          [(0.0, ValueError), (-1.0, ValueError), (math.inf, ValueError), ("1", TypeError)])
 def test_multinomial_from_logits_temperature_errors(temperature, error):
     with pytest.raises(error, match="temperature"):
-        multinomial_from_logits(torch.zeros(2, 3), 1, temperature, seed=0)
+        multinomial_from_logits(torch.zeros(2, 3), 1, temperature, seed=0).tokens
 
 
 def test_multinomial_from_logits_invalid_rows():
     logits = torch.zeros(3, 4)
     logits[1] = float("-inf")
     logits[2, 1] = float("nan")
-    _, valid = multinomial_from_logits(logits, 1, seed=0, return_valid=True)
+    _, valid, _, _ = multinomial_from_logits(logits, 1, seed=0, check_valid=False)
     assert valid.tolist() == [True, False, False]
 
 
@@ -378,16 +381,17 @@ def test_multinomial_from_logits_invalid_rows():
 def test_cuda_matches_cpu_exactly(replacement):
     w = peaked_weights(64, 50257, 12)
     w[:, :16] = 1
-    cpu = multinomial(w, 16, replacement, seed=3, offset=9)
-    gpu = multinomial(w.cuda(), 16, replacement, seed=3, offset=9)
+    cpu = multinomial(w, 16, replacement, seed=3, offset=9).tokens
+    gpu = multinomial(w.cuda(), 16, replacement, seed=3, offset=9).tokens
     assert torch.equal(gpu.cpu(), cpu)
     u = torch.rand(64, dtype=torch.float64)
-    assert torch.equal(categorical_from_weights(w.cuda(), u.cuda()).cpu(), categorical_from_weights(w, u))
+    assert torch.equal(categorical_from_weights(w.cuda(), u.cuda()).tokens.cpu(), categorical_from_weights(w, u).tokens)
     short = w[:, 10:37].contiguous()  # rows of one chunk: a thread a row
-    assert torch.equal(categorical_from_weights(short.cuda(), u.cuda()).cpu(), categorical_from_weights(short, u))
+    assert torch.equal(categorical_from_weights(short.cuda(), u.cuda()).tokens.cpu(),
+                       categorical_from_weights(short, u).tokens)
     bad = bad_rows()  # one draw of its random rows for both devices (rows of one chunk)
-    index, valid = multinomial(bad.cuda(), 2, replacement, seed=1, return_valid=True)
-    ref_index, ref_valid = multinomial(bad, 2, replacement, seed=1, return_valid=True)
+    index, valid, _, _ = multinomial(bad.cuda(), 2, replacement, seed=1, check_valid=False)
+    ref_index, ref_valid, _, _ = multinomial(bad, 2, replacement, seed=1, check_valid=False)
     assert torch.equal(index.cpu(), ref_index) and torch.equal(valid.cpu(), ref_valid)
 
 
@@ -400,11 +404,11 @@ def test_cuda_matches_cpu_at_every_launch(rows, n, k, replacement):
     w = peaked_weights(rows, n, rows + n + k)
     w[:, :k] = 1  # at least k positive weights per row
     for seed, offset in [(3, 9), (2**64 - 1, 2**63 + 5)]:
-        cpu = multinomial(w, k, replacement, seed=seed, offset=offset)
-        assert torch.equal(multinomial(w.cuda(), k, replacement, seed=seed, offset=offset).cpu(), cpu)
+        cpu = multinomial(w, k, replacement, seed=seed, offset=offset).tokens
+        assert torch.equal(multinomial(w.cuda(), k, replacement, seed=seed, offset=offset).tokens.cpu(), cpu)
     noise = torch.rand(rows, k, generator=torch.Generator().manual_seed(k), dtype=torch.float64)
-    cpu = multinomial(w, k, replacement, noise=noise)
-    assert torch.equal(multinomial(w.cuda(), k, replacement, noise=noise.cuda()).cpu(), cpu)
+    cpu = multinomial(w, k, replacement, noise=noise).tokens
+    assert torch.equal(multinomial(w.cuda(), k, replacement, noise=noise.cuda()).tokens.cpu(), cpu)
 
 
 @pytest.mark.gpu
@@ -414,7 +418,7 @@ def test_cuda_multinomial_does_not_synchronise():
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        multinomial(w, 4, False, seed=1, row_ids=ids, return_valid=True)
+        multinomial(w, 4, False, seed=1, row_ids=ids, check_valid=False)
     finally:
         torch.cuda.set_sync_debug_mode("default")
 
@@ -431,9 +435,9 @@ def test_opcheck_and_compile():
     torch.library.opcheck(op, (weights, 3, False, None, 0, 0, rows, torch.tensor(3), torch.tensor(9)))
 
     def draw(w, offset):
-        index, valid = multinomial(w, 4, seed=3, offset=offset, return_valid=True)
+        index, valid, _, _ = multinomial(w, 4, seed=3, offset=offset, check_valid=False)
         picked = categorical_from_weights(w, torch.full((w.shape[0],), 0.5, dtype=torch.float64),
-                                          return_valid=True)[0]
+                                          check_valid=False)[0]
         return index, valid, picked
 
     compiled = torch.compile(draw, fullgraph=True, backend="aot_eager")
@@ -442,6 +446,6 @@ def test_opcheck_and_compile():
         for a, b in zip(compiled(weights, offset), draw(weights, offset)):
             assert torch.equal(a, b)
         offset += 1
-    raising = torch.compile(lambda w: multinomial(w, 2, seed=1), fullgraph=True, backend="aot_eager")
-    with pytest.raises(Exception, match="return_valid=True"):
+    raising = torch.compile(lambda w: multinomial(w, 2, seed=1).tokens, fullgraph=True, backend="aot_eager")
+    with pytest.raises(Exception, match="check_valid=False"):
         raising(weights)

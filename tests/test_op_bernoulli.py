@@ -6,8 +6,9 @@ import pytest
 import torch
 from scipy import stats
 
-from ddpd.ops import bernoulli, bernoulli_reference, philox_uniform
+from ddpd.ops import bernoulli, philox_uniform
 from ddpd.ops.bernoulli import _prepare, bernoulli_triton
+from ddpd.ops.reference import bernoulli as bernoulli_reference
 
 
 def triton_coins(p, **kw):

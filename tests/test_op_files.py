@@ -10,13 +10,14 @@ from hang_guard import HANG_GUARD_SECONDS
 ROOT = Path(__file__).resolve().parents[1]
 OPS = ROOT / "ddpd" / "ops"
 SHARED = {"rng"}  # the counter-based streams: every op's, in every tree
+API = {"controls", "reference", "results"}  # the ops' argument and result types, the references by law
 # the C++ kernels' vector paths (docs/architecture.md): every CPU kernel's uniforms, Gumbel
 # variables and transcendental functions, and which instruction sets the CPU has
 CPU_SHARED = {"isa", "uniforms", "vector_math"}
 
 
 def op_names() -> set:
-    return {p.stem for p in OPS.glob("*.py") if not p.stem.startswith("_")} - SHARED
+    return {p.stem for p in OPS.glob("*.py") if not p.stem.startswith("_")} - SHARED - API
 
 
 def test_every_kernel_file_is_named_after_its_op():

@@ -8,8 +8,9 @@ import torch
 import torch.nn.functional as F
 
 from ddpd.models.backbone import LayerNorm, RMSNorm
-from ddpd.ops import norm, norm_reference
+from ddpd.ops import norm
 from ddpd.ops.norm import MAX_KERNEL_WIDTH, norm_launch, norm_triton
+from ddpd.ops.reference import norm as norm_reference
 
 
 def inputs(shape, dtype, seed=0, modulated=True, affine=True):

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from ddpd.models.attention import RotaryEmbedding, SelfAttention
-from ddpd.ops import rotary, rotary_reference
+from ddpd.ops import rotary
+from ddpd.ops.reference import rotary as rotary_reference
 from ddpd.ops.rotary import rotary_launch, rotary_triton
 
 

@@ -116,7 +116,7 @@ def test_every_path_agrees_with_controls_and_outputs(vocab, controls, outputs):
     assert_same(sample_categorical(logits, **kw), ref)
     assert_same(triton_categorical(logits, **kw), ref)
     assert ref[1].tolist() == [True] * 4 + [False] and ref[0][4] == 0
-    for extra in ref[2:]:
+    for extra in (e for e in ref[2:] if e is not None):
         assert extra[4] == float("-inf")
 
 
@@ -127,7 +127,7 @@ def test_truncated_draws_follow_the_exact_truncated_law(controls):
     the law computed by sorting; a token outside the support fails outright."""
     n, vocab = 100_000, 300
     logits = 1.5 * torch.randn(vocab, generator=torch.Generator().manual_seed(11))
-    tokens, valid = sample_categorical(logits.expand(n, vocab), seed=4, row_ids=torch.arange(n), **controls)
+    tokens, valid, _, _ = sample_categorical(logits.expand(n, vocab), seed=4, row_ids=torch.arange(n), **controls)
     assert bool(valid.all())
     law = truncated_law(logits, controls.get("temperature", 1.0), controls.get("top_k"), controls.get("top_p"),
                         controls.get("min_p"))
@@ -158,7 +158,7 @@ def test_per_row_controls_draw_what_each_row_draws_alone():
 
 def test_greedy_is_the_first_argmax_and_its_statistics_use_temperature_one():
     logits = torch.tensor([[1.0, 3.0, 3.0, 2.0], [float("nan"), -1.0, 5.0, 5.0], [0.0, 0.0, 0.0, 0.0]])
-    for tokens, valid, lp in (sample_categorical(logits, 0.0, seed=1, return_logprob=True),
+    for tokens, valid, lp, _ in (sample_categorical(logits, 0.0, seed=1, return_logprob=True),
                               triton_categorical(logits, 0.0, seed=1, return_logprob=True),
                               sample_categorical_reference(logits, 0.0, seed=1, return_logprob=True)):
         assert tokens.tolist() == [1, 2, 0] and bool(valid.all())
@@ -168,7 +168,7 @@ def test_greedy_is_the_first_argmax_and_its_statistics_use_temperature_one():
     wide[5, 2900] = wide[5, 10] = wide[5].max() + 1  # the first of two maxima, in different tiles
     expected = wide.argmax(1)
     assert expected[5] == 10
-    for tokens, _ in (sample_categorical(wide, 0.0, [3], seed=5), triton_categorical(wide, 0.0, seed=5,
+    for tokens, _, *_ in (sample_categorical(wide, 0.0, [3], seed=5), triton_categorical(wide, 0.0, seed=5,
                                                                                      exclude_ids=[3])):
         masked = wide.clone()
         masked[:, 3] = -math.inf
@@ -190,7 +190,7 @@ def test_top_k_keeps_ties_and_top_p_keeps_tied_groups_together():
     assert set(tokens.tolist()) == {0, 1, 2}
     # +inf logits share the mass; a finite logit beside them has none
     inf = torch.tensor([float("inf"), 1.0, float("inf")]).expand(n, 3)
-    tokens, _, lp = sample_categorical(inf, top_p=0.6, seed=3, return_logprob=True)
+    tokens, _, lp, _ = sample_categorical(inf, top_p=0.6, seed=3, return_logprob=True)
     assert set(tokens.tolist()) == {0, 2} and torch.allclose(lp, torch.full((n,), math.log(0.5)))
 
 
@@ -229,13 +229,14 @@ def test_exclusions_in_every_form_and_the_allowed_mask():
     allowed = torch.ones(50, 600, dtype=torch.bool)
     allowed[:, [5, 300, 599]] = False
     assert_same(sample_categorical(logits, 0.9, allowed=allowed, seed=1), expected)
-    assert_same(triton_categorical(logits[:4], 0.9, allowed=allowed[:4], seed=1), tuple(t[:4] for t in expected))
+    assert_same(triton_categorical(logits[:4], 0.9, allowed=allowed[:4], seed=1),
+                tuple(None if t is None else t[:4] for t in expected))
     # only some tokens allowed per row; a row with none is invalid
     allowed = torch.rand(50, 600, generator=g) < 0.02
     allowed[0] = False
-    tokens, valid = sample_categorical(logits, allowed=allowed, seed=2)
+    tokens, valid, _, _ = sample_categorical(logits, allowed=allowed, seed=2)
     assert not valid[0] and bool(valid[1:].all()) and bool(allowed[torch.arange(1, 50), tokens[1:]].all())
-    assert_same(sample_categorical_reference(logits, allowed=allowed, seed=2), (tokens, valid))
+    assert_same(sample_categorical_reference(logits, allowed=allowed, seed=2), (tokens, valid, None, None))
 
 
 def test_leading_dimensions_and_float64_logits():
@@ -244,14 +245,15 @@ def test_leading_dimensions_and_float64_logits():
     flat = sample_categorical(logits.reshape(6, 400).float(), top_p=0.9, seed=7, return_logprob=True)
     out = sample_categorical(logits, top_p=0.9, seed=7, return_logprob=True)
     assert out[0].shape == (2, 3) and out[2].shape == (2, 3)
-    assert_same(tuple(t.reshape(6) for t in out), flat)
+    assert_same(tuple(None if t is None else t.reshape(6) for t in out), flat)
     assert_same(sample_categorical_reference(logits, top_p=0.9, seed=7, return_logprob=True), out)
     assert_same(triton_categorical(logits, top_p=0.9, seed=7, return_logprob=True), out)
     one = sample_categorical(logits[0, 0], seed=7)  # a single row [V]: 0-d outputs
     assert one[0].shape == () and one[0] == flat[0][0]
     temperature = torch.rand(2, 3, generator=g) + 0.5
     expected = sample_categorical(logits.reshape(6, 400), temperature.reshape(6), seed=7)
-    assert_same(sample_categorical(logits, temperature, seed=7), tuple(t.reshape(2, 3) for t in expected))
+    assert_same(sample_categorical(logits, temperature, seed=7),
+                tuple(None if t is None else t.reshape(2, 3) for t in expected))
 
 
 @pytest.mark.parametrize("outputs", OUTPUTS)
@@ -414,10 +416,10 @@ def test_calls_under_a_default_device_keep_their_checks():
     the ops took for tracing: per-row controls went unchecked and multinomial refused every
     call as if under torch.compile."""
     weights = torch.rand(3, 10)
-    expected = multinomial(weights, 2, seed=1)
+    expected = multinomial(weights, 2, seed=1).tokens
     torch.set_default_device("cpu")
     try:
-        assert torch.equal(multinomial(weights, 2, seed=1), expected)
+        assert torch.equal(multinomial(weights, 2, seed=1).tokens, expected)
         with pytest.raises(ValueError, match=r"top_p values must be in \(0, 1\]"):
             sample_categorical(torch.randn(3, 10), top_p=torch.tensor([0.5, 0.5, 7.0]), seed=1)
     finally:

@@ -73,7 +73,7 @@ def test_gpt2_vocabulary_single_row():
     hidden, weight, _ = head(2, 8, 50257, 0)
     ref = sample_from_hidden_reference(hidden, weight, seed=5, offset=1)
     assert_same(sample_from_hidden(hidden, weight, seed=5, offset=1), ref)
-    assert_same(triton_draw(hidden[:1], weight, seed=5, offset=1), (ref[0][:1], ref[1][:1]))
+    assert_same(triton_draw(hidden[:1], weight, seed=5, offset=1), (ref[0][:1], ref[1][:1], None, None))
 
 
 def test_equals_sample_categorical_on_the_logits():
@@ -86,7 +86,7 @@ def test_equals_sample_categorical_on_the_logits():
 def test_seeded_draws_follow_softmax():
     n, vocab = 100_000, 600
     hidden, weight, bias = head(1, 16, vocab, 2)
-    tokens, valid = sample_from_hidden(hidden.expand(n, -1), weight, bias, 0.8, [3], seed=31)
+    tokens, valid, _, _ = sample_from_hidden(hidden.expand(n, -1), weight, bias, 0.8, [3], seed=31)
     logits = (hidden @ weight.T + bias)[0] / 0.8
     logits[3] = float("-inf")
     probs = torch.softmax(logits.double(), 0)
@@ -105,7 +105,7 @@ def test_nothing_drawable_and_non_finite_head():
     bias[10] = 0.0
     per_row = torch.tensor([10, 0, 0, 10])
     hidden[1, 0] = float("nan")  # every logit of row 1 is NaN
-    for tokens, valid in (sample_from_hidden(hidden, weight, bias, 1.0, None, per_row, seed=1),
+    for tokens, valid, *_ in (sample_from_hidden(hidden, weight, bias, 1.0, None, per_row, seed=1),
                           sample_from_hidden_reference(hidden, weight, bias, 1.0, None, per_row, seed=1),
                           triton_draw(hidden, weight, bias, 1.0, (), per_row, seed=1)):
         assert valid.tolist() == [False, False, True, False]
@@ -122,7 +122,7 @@ def test_exact_at_any_scale_and_uniform_among_plus_inf():
     for value, hot, temperature in cases:
         bias = torch.full((vocab,), -1.0)
         bias[hot] = value
-        tokens, valid = sample_from_hidden(hidden, weight, bias, temperature, seed=2)
+        tokens, valid, _, _ = sample_from_hidden(hidden, weight, bias, temperature, seed=2)
         probs = torch.zeros(vocab)
         probs[hot] = 1.0
         observed = torch.bincount(tokens, minlength=vocab)
@@ -256,7 +256,7 @@ def test_traces_with_fake_tensors_and_passes_opcheck():
         return sample_from_hidden(torch.tanh(h), weight, bias, 0.9, [2], seed=3, offset=1)
 
     compiled = torch.compile(denoise, fullgraph=True, backend="aot_eager")
-    for a, b in zip(compiled(hidden), denoise(hidden)):
+    for a, b in zip(compiled(hidden)[:2], denoise(hidden)[:2]):
         assert torch.equal(a, b)
     op = torch.ops.ddpd.sample_from_hidden.default
     torch.library.opcheck(op, (hidden, weight, bias, 0.9, None, torch.tensor([2]), None, None, None, 3, 1, None, None,
@@ -280,7 +280,7 @@ def test_fused_step_compiles_with_inductor():
     def step(logits, tokens, states):
         positions, _, stop, masked, _, _ = planner_select_mask(logits, tokens, 300, 1, seed=1, offset=4)
         chosen = states.gather(1, positions[:, :, None].expand(-1, -1, states.shape[2])).squeeze(1)
-        drawn, _ = sample_from_hidden(chosen, weight, bias, seed=1, offset=6)
+        drawn, _, _, _ = sample_from_hidden(chosen, weight, bias, seed=1, offset=6)
         return tokens.scatter(1, positions, drawn[:, None]), masked, stop
 
     compiled = torch.compile(step, fullgraph=True)

@@ -15,14 +15,14 @@ def test_ops_accept_inputs_that_require_grad():
     ops.planner_mask(logits, x, positions, mask_id=V, seed=1)
     ops.planner_select_mask(logits, x, mask_id=V, k=1, seed=1)
     token_logits = torch.randn(B, V, requires_grad=True)
-    tokens, valid = ops.sample_categorical(token_logits, seed=2)
+    tokens, valid, _, _ = ops.sample_categorical(token_logits, seed=2)
     assert valid.all() and not tokens.requires_grad
     head = torch.nn.Linear(H, V)
     hidden = torch.randn(B, H, requires_grad=True)
-    tokens_h, _ = ops.sample_from_hidden(hidden, head.weight, head.bias, seed=2)
-    expected, _ = ops.sample_categorical(head(hidden), seed=2)
+    tokens_h, _, _, _ = ops.sample_from_hidden(hidden, head.weight, head.bias, seed=2)
+    expected, _, _, _ = ops.sample_categorical(head(hidden), seed=2)
     assert torch.equal(tokens_h, expected)
-    ops.multinomial(torch.rand(B, V, requires_grad=True), 2, seed=3)
+    ops.multinomial(torch.rand(B, V, requires_grad=True), 2, seed=3).tokens
 
 
 def test_no_output_of_a_draw_requires_grad():
@@ -76,8 +76,8 @@ def test_compaction_is_seen_by_autograd():
 
 def test_scatter_back_reads_packed_rows_that_share_memory_with_out():
     x = torch.arange(8.0).reshape(4, 2)
-    expected = ops.scatter_back_reference(torch.tensor([1, 0, 3, 2]), x.clone(), x.clone())
+    expected = ops.reference.scatter_back(torch.tensor([1, 0, 3, 2]), x.clone(), x.clone())
     assert torch.equal(ops.scatter_back(torch.tensor([1, 0, 3, 2]), x, x), expected)
     y = torch.arange(8.0).reshape(4, 2)
-    expected = ops.scatter_back_reference(torch.tensor([2, 3]), y[:2].clone(), y.clone())
+    expected = ops.reference.scatter_back(torch.tensor([2, 3]), y[:2].clone(), y.clone())
     assert torch.equal(ops.scatter_back(torch.tensor([2, 3]), y[:2], y), expected)

@@ -61,7 +61,7 @@ def test_python_quickstart_runs_on_one_thread(tiny_default, capsys):
 def test_fused_ops_example_runs():
     scope = {}
     exec(compile(_block("planner_select_mask", "docs/api.md"), "docs/api.md", "exec"), scope)
-    assert scope["tokens"].shape == (4,)
+    assert scope["draw"].tokens.shape == (4,) and scope["plan"].masked.shape == (4, 128)
 
 
 def test_install_lines_take_a_cpu_torch_from_anywhere():

@@ -1,84 +1,77 @@
-"""Public sampling ops: each a torch.library custom op with a plain torch reference
-beside it (`<name>_reference`, same semantics, same tokens from the same noise).
+"""The fused ops under the samplers: token draws, the planner's selection and mask, row
+compaction, and the networks' rotary embedding and norm. Each is a torch.library custom op
+with a plain torch reference of the same name in ddpd.ops.reference.
 
-One op, one name in each tree: ddpd/ops/<op>.py (checks, reference, launchers, fake
-kernel, the public function), kernels/<op>.py (its Triton kernels, installed as
-ddpd.kernels.<op>), csrc/cpu/<op>.cpp and csrc/cuda/<op>.cu (its C++ and CUDA
-kernels in ddpd._C); docs/architecture.md draws the map.
-
-CUDA tensors run Triton kernels (ddpd.kernels) or CUDA kernels of ddpd._C; CPU
-tensors run the C++ kernels of ddpd._C. Randomness is counter-based (ddpd.ops.rng):
-every op takes seed/offset/generator/row_ids, or explicit `noise=` uniforms.
-`load_extension()` loads ddpd._C ahead of the first op call (compiling it on first use
-where the install did not build it; see ddpd.ops._ext). Beside the sampling ops,
-`rotary` (the rotary position embedding) and `norm` (LayerNorm or RMSNorm with the
-adaLN modulation) are the networks' own kernels, no randomness.
+CUDA tensors run Triton kernels (ddpd.kernels) or CUDA kernels of ddpd._C; CPU tensors run the
+C++ kernels of ddpd._C. Randomness is counter-based (Philox per row): every random op takes
+seed/offset/generator/row_ids, or explicit `noise=` uniforms. Ops return the NamedTuples of
+ddpd.ops.results; token draws take their controls as a DrawControls.
+docs/architecture.md maps the files; docs/ops/<op>.md states each op's law and method.
 """
-from ddpd.ops import _ext
-from ddpd.ops.bernoulli import bernoulli, bernoulli_reference
-from ddpd.ops.compact import compact_fixed, compact_fixed_reference, scatter_back, scatter_back_reference
-from ddpd.ops.multinomial import (
-    categorical_from_weights,
-    categorical_from_weights_reference,
-    multinomial,
-    multinomial_from_logits,
-    multinomial_from_logits_reference,
-    multinomial_reference,
-)
-from ddpd.ops.norm import norm, norm_reference
-from ddpd.ops.planner_mask import planner_mask, planner_mask_reference
-from ddpd.ops.planner_select import (
-    planner_select,
-    planner_select_mask,
-    planner_select_mask_reference,
-    planner_select_reference,
-)
+import warnings
+
+from ddpd.ops import _ext, reference
+from ddpd.ops.bernoulli import bernoulli
+from ddpd.ops.compact import compact_fixed, scatter_back
+from ddpd.ops.controls import DrawControls
+from ddpd.ops.multinomial import categorical_from_weights, multinomial, multinomial_from_logits
+from ddpd.ops.norm import norm
+from ddpd.ops.planner_mask import planner_mask
+from ddpd.ops.planner_select import planner_select, planner_select_mask
+from ddpd.ops.results import Compacted, Draw, Mask, Plan, Selection
 from ddpd.ops.rng import philox_uniform
-from ddpd.ops.rotary import rotary, rotary_reference
-from ddpd.ops.sample_categorical import (
-    categorical_reference,
-    noise_width,
-    sample_categorical,
-    sample_categorical_reference,
-)
-from ddpd.ops.sample_from_hidden import sample_from_hidden, sample_from_hidden_reference
+from ddpd.ops.rotary import rotary
+from ddpd.ops.sample_categorical import noise_width, sample_categorical
+from ddpd.ops.sample_from_hidden import sample_from_hidden
 
 
 def load_extension():
-    """Load ddpd._C (torch.ops.ddpd.*), compiling it first where the install did not build it;
-    the ops load it themselves at their first call, this does it ahead of time."""
+    """Load ddpd._C (torch.ops.ddpd.*) ahead of the first op call.
+
+    The ops load it themselves at their first call; this compiles it first where the
+    install did not build it.
+
+    Returns:
+        The loaded extension module.
+
+    Raises:
+        RuntimeError: the extension could not be loaded or built (its first line says why).
+    """
     return _ext.load()
 
 
+def __getattr__(name: str):
+    """The former `<op>_reference` names, kept one release: ddpd.ops.reference.<op> now."""
+    if name.endswith("_reference"):
+        law = name.removesuffix("_reference")
+        if law in reference.__all__:
+            warnings.warn(f"ddpd.ops.{name} is deprecated; use ddpd.ops.reference.{law}", DeprecationWarning,
+                          stacklevel=2)
+            return getattr(reference, law)
+    raise AttributeError(f"module 'ddpd.ops' has no attribute {name!r}")
+
+
 __all__ = [
-    "load_extension",
+    "Compacted",
+    "Draw",
+    "DrawControls",
+    "Mask",
+    "Plan",
+    "Selection",
     "bernoulli",
-    "bernoulli_reference",
     "categorical_from_weights",
-    "categorical_from_weights_reference",
     "compact_fixed",
-    "compact_fixed_reference",
-    "scatter_back",
-    "scatter_back_reference",
+    "load_extension",
     "multinomial",
-    "multinomial_reference",
     "multinomial_from_logits",
-    "multinomial_from_logits_reference",
-    "categorical_reference",
     "noise_width",
     "norm",
-    "norm_reference",
     "philox_uniform",
     "planner_mask",
-    "planner_mask_reference",
     "planner_select",
-    "planner_select_reference",
     "planner_select_mask",
-    "planner_select_mask_reference",
     "rotary",
-    "rotary_reference",
     "sample_categorical",
-    "sample_categorical_reference",
     "sample_from_hidden",
-    "sample_from_hidden_reference",
+    "scatter_back",
 ]

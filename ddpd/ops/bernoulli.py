@@ -1,19 +1,8 @@
-"""bernoulli: one coin per element, z = u < p, from the counter-based streams every ddpd
-op draws from, so a user's own coins (an unmask decision of a remasking sampler, a
-stochastic mask) are keyed by (seed, offset, row id, column) like the ops' draws: a row
-keeps its coins whatever the batch, and a CUDA graph captured with tensor counters draws
-fresh ones on each replay.
-
-Law: z[r, d] = min(u, BELOW_ONE) < p[r, d] with u the uniform of column d of row r's
-stream (ddpd.ops.rng.philox_uniform) or of explicit noise; u lies on the grid
-((w >> 8) + 1/2) 2**-24, so P(z = 1) is p rounded to that grid (p <= 0: never; p >= 1:
-always). The comparison runs in float64 for float64 p and in float32 otherwise (16-bit
-p is exact there). This is the Bernoulli draw of planner_mask (z^d = u^d < p^d), up to
-the clamp: planner_mask's u of exactly 1.0 (probability 2**-25) leaves a p of 1.0
-unmasked, bernoulli's does not.
-
-CPU tensors run the C++ kernel of ddpd._C (csrc/cpu/bernoulli.cpp), CUDA tensors the
-Triton kernel ddpd.kernels.bernoulli.
+"""One coin per element, z = u < p, from the counter-based streams every ddpd op draws from:
+a user's own coins (a remasking sampler's unmask decisions) are keyed by (seed, offset, row id,
+column) like the ops' draws, so a row keeps its coins whatever the batch.
+CPU tensors run csrc/cpu/bernoulli.cpp, CUDA tensors ddpd.kernels.bernoulli.
+The law and its grid of probabilities: docs/ops/bernoulli.md.
 """
 from __future__ import annotations
 
@@ -38,7 +27,17 @@ def check_p(p) -> torch.Tensor:
 
 def bernoulli_reference(p: torch.Tensor, *, seed=None, offset=0, generator: Optional[torch.Generator] = None,
                         row_ids: Optional[torch.Tensor] = None, noise: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Plain torch version of bernoulli (same arguments, same coins)."""
+    """Plain torch version of bernoulli, written for clarity: the same results from the same uniforms.
+
+    Args:
+        The arguments of ddpd.ops.bernoulli.
+
+    Returns:
+        What ddpd.ops.bernoulli returns (Bool tensor of the coins).
+
+    Raises:
+        What ddpd.ops.bernoulli raises.
+    """
     p2, noise, counters, row_ids = _prepare(p, seed, offset, generator, row_ids, noise)
     rng.check_noise_values(noise)
     if noise is None:
@@ -108,13 +107,26 @@ def _prepare(p, seed, offset, generator, row_ids, noise):
 
 def bernoulli(p: torch.Tensor, *, seed=None, offset=0, generator: Optional[torch.Generator] = None,
               row_ids: Optional[torch.Tensor] = None, noise: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Bool[..., D]: z = u < p for probabilities p [..., D] (module docstring for the law).
+    """Coins z = u < p for probabilities p [..., D] (docs/ops/bernoulli.md).
 
-    Randomness as the other ops: `seed`/`offset` (ints in [0, 2**64) or int64 tensors of
-    one element on p's device), or both drawn from `generator`; `row_ids` Long[...] names
-    each row's stream (default 0..N-1 over the flattened rows); or explicit uniforms
-    `noise` Float[..., D] in (0, 1]. Column d of row r reads the uniform that
-    philox_uniform(seed, offset, row_ids, D)[r, d] returns.
+    Column d of row r reads the uniform philox_uniform(seed, offset, row_ids, D)[r, d].
+
+    Args:
+        p: float tensor [..., D] of probabilities (<= 0: never, >= 1: always).
+        seed: int in [0, 2**64) or an int64 tensor of one element on the input's device (read by
+            the kernels: advancing it in place gives fresh draws on each replay of a CUDA graph);
+            None draws seed and offset from `generator`.
+        offset: like seed; give calls that share a seed different offsets.
+        generator: the torch.Generator seed and offset are drawn from (default: torch's global one).
+        row_ids: Long ids naming each row's stream (default 0..N-1 over the flattened rows).
+        noise: explicit uniforms in (0, 1] instead of a stream Float[..., D].
+
+    Returns:
+        Bool[..., D] the coins.
+
+    Raises:
+        TypeError: an argument of the wrong type.
+        ValueError: a shape or device mismatch, or a seed out of range.
     """
     p2, noise, (seed, offset, seed_t, offset_t), row_ids = _prepare(p, seed, offset, generator, row_ids, noise)
     p2 = p2.detach()

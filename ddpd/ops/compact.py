@@ -1,34 +1,11 @@
 """compact_fixed / scatter_back: finished rows leave the batch, results go back.
 
-The adaptive Gillespie sampler (Algorithm `alg:sampling`) stops a sequence as soon
-as the planner says every position is clean, so rows finish at different steps.
-Packing the still-active rows to the front lets each step run the planner and the
-denoiser on those rows only; scatter_back writes the packed rows back to their
-places in the full batch.
-
-- compact_fixed(active, capacity, *tensors) -> (packed, index, count): packed[i] =
-  t[index[i]] for each tensor t (any dtype, any trailing shape), in outputs of
-  `capacity` rows, so nothing waits for the device. The first min(count, capacity)
-  rows are the first active rows, in increasing order; the rest of index is -1 and
-  the rest of packed is zero. count (a 0-d int64 tensor on the device) is the number
-  of active rows, which may exceed capacity.
-- scatter_back(index, packed, out): out[index[i]] = packed[i] for every i with
-  index[i] >= 0 (so the -1 padding of compact_fixed is skipped); in place, returns
-  out. Index entries must be < out.shape[0] (checked on CPU; on CUDA, where the check
-  would wait for the device, a row with a larger entry is skipped) and distinct (not
-  checked: where an entry repeats, one of its rows is written, on CUDA any one).
-  packed and out may also be equal-length sequences of tensors, and packed may share
-  memory with out (it is copied first).
-
-Where autograd must see a call (a tensor that requires grad, with grad enabled), both
-take their plain torch reference: it differentiates, and refuses an in-place write
-that would corrupt a saved tensor. Other calls tell autograd of scatter_back's write
-(the version counter), so a later backward through `out` still fails loudly.
-
-The kernels of compact_fixed check the rows of their tensors (dense,
-as many rows as active, on its device) themselves; only when a kernel refuses its
-arguments do the Python checks run, to raise an error that names the argument, so
-a valid call pays for those checks once, in C++.
+The adaptive Gillespie sampler (Algorithm `alg:sampling`) stops a row as soon as the planner
+says it is clean; packing the running rows to the front (into a fixed capacity, so nothing
+waits for the device) lets each step run the networks on those rows only, and scatter_back
+writes packed rows back to their places. Calls that autograd must see take the references.
+CPU and CUDA tensors run the kernels of ddpd._C.
+The contract of both ops: docs/ops/compact.md.
 """
 from __future__ import annotations
 
@@ -38,8 +15,7 @@ from typing import Union
 import torch
 
 from ddpd.ops import _dispatch, _ext
-
-Tensors = tuple[torch.Tensor, ...]
+from ddpd.ops.results import Compacted
 
 
 def _check_active(active) -> torch.Tensor:
@@ -84,8 +60,18 @@ def _check_capacity(capacity) -> int:
 
 
 def compact_fixed_reference(active, capacity: int,
-                            *tensors: torch.Tensor) -> tuple[Tensors, torch.Tensor, torch.Tensor]:
-    """Plain torch version of compact_fixed (same arguments, same results)."""
+                            *tensors: torch.Tensor) -> Compacted:
+    """Plain torch version of compact_fixed, written for clarity: the same results from the same uniforms.
+
+    Args:
+        The arguments of ddpd.ops.compact_fixed.
+
+    Returns:
+        What ddpd.ops.compact_fixed returns (Compacted).
+
+    Raises:
+        What ddpd.ops.compact_fixed raises.
+    """
     active = _check_active(active)
     capacity = _check_capacity(capacity)
     _check_rows(active, tensors)
@@ -102,7 +88,7 @@ def compact_fixed_reference(active, capacity: int,
         taken = index >= 0
         rows[taken] = t[index[taken]]
         packed.append(rows)
-    return tuple(packed), index, count
+    return Compacted(tuple(packed), index, count)
 
 
 def _compact_fixed_impl(active, capacity: int, tensors) -> tuple[list, torch.Tensor, torch.Tensor]:
@@ -135,8 +121,23 @@ def _for_autograd(*tensors: torch.Tensor) -> bool:
     return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
 
 
-def compact_fixed(active, capacity: int, *tensors: torch.Tensor) -> tuple[Tensors, torch.Tensor, torch.Tensor]:
-    """(packed tensors of `capacity` rows, index Long[capacity] padded with -1, count Long[])."""
+def compact_fixed(active, capacity: int, *tensors: torch.Tensor) -> Compacted:
+    """Pack the active rows of each tensor into `capacity` rows, without waiting for the device.
+
+    Args:
+        active: Bool[B] the rows to keep.
+        capacity: rows of the outputs, >= 0.
+        *tensors: tensors of B rows (any dtype, any trailing shape) on active's device.
+
+    Returns:
+        Compacted(tensors: tuple of [capacity, ...] packed rows, the first active rows in
+        order, zeros past count; index Long[capacity] their source rows, -1 past count;
+        count Long[] the number of active rows, which may exceed capacity).
+
+    Raises:
+        TypeError: an argument of the wrong type.
+        ValueError: a tensor of another number of rows or device.
+    """
     _dispatch.refuse_transforms("compact_fixed", active, *tensors)
     capacity = _check_capacity(capacity)
     if _for_autograd(*tensors):
@@ -144,13 +145,13 @@ def compact_fixed(active, capacity: int, *tensors: torch.Tensor) -> tuple[Tensor
     if not _dispatch.eager(_check_active(active), *tensors):
         _check_rows(active, tensors)
         packed, index, count = _compact_fixed_op(active, capacity, list(tensors))
-        return tuple(packed), index, count
+        return Compacted(tuple(packed), index, count)
     try:  # the kernel checks the rows itself: a valid call pays for those checks once
         packed, index, count = _compact_fixed_impl(active, capacity, tensors)
     except (RuntimeError, TypeError):
         _check_rows(active, tensors)
         raise
-    return tuple(packed), index, count
+    return Compacted(tuple(packed), index, count)
 
 
 def _pairs(packed, out) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -192,7 +193,17 @@ def _check_scatter(index, packed, out) -> list[tuple[torch.Tensor, torch.Tensor]
 
 
 def scatter_back_reference(index, packed, out):
-    """Plain torch version of scatter_back (same arguments, same results)."""
+    """Plain torch version of scatter_back, written for clarity: the same results from the same uniforms.
+
+    Args:
+        The arguments of ddpd.ops.scatter_back.
+
+    Returns:
+        What ddpd.ops.scatter_back returns (out).
+
+    Raises:
+        What ddpd.ops.scatter_back raises.
+    """
     for p, o in _check_scatter(index, packed, out):
         taken = index >= 0
         o[index[taken]] = p[taken]
@@ -219,7 +230,22 @@ def _(index, packed, out):
 
 def scatter_back(index, packed: Union[torch.Tensor, Sequence[torch.Tensor]],
                  out: Union[torch.Tensor, Sequence[torch.Tensor]]):
-    """out[index[i]] = packed[i] where index[i] >= 0, in place; returns out."""
+    """Write packed rows back in place: out[index[i]] = packed[i] wherever index[i] >= 0.
+
+    Args:
+        index: Long[C] as compact_fixed returns it (-1: skipped); entries < out.shape[0]
+            (checked on CPU) and distinct.
+        packed: a tensor [C, ...] or a sequence of them.
+        out: a tensor [B, ...] or a sequence of them, matching packed; packed may share
+            memory with out.
+
+    Returns:
+        out.
+
+    Raises:
+        TypeError: packed and out not both tensors or both sequences, or a wrong dtype.
+        ValueError: a shape or device mismatch, or an index out of range (CPU).
+    """
     _dispatch.refuse_transforms("scatter_back", index, *(packed if isinstance(packed, (list, tuple)) else [packed]))
     pairs = _check_scatter(index, packed, out)
     eager = _dispatch.eager(index, *(t for pair in pairs for t in pair))

@@ -1,65 +1,25 @@
-"""multinomial: k indices per row from non-negative weights, with or without replacement,
-and categorical_from_weights, its single draw with a given uniform.
-
-The batched draw of `torch.multinomial` in the sampling listings of the paper
-(appendix 'Implementation details': the position d to denoise, d ~ p(z^d = N | x_t)
-normalised over d (Gillespie option B), the new token x_1^d ~ p(x_1^d | x_t, z^d = N)),
-with counter-based randomness so a row's draws depend only on (seed, offset, row id),
-never on the batch it sits in. The weights need not sum to one.
-
-The law of one draw, defined exactly so that the C++/CUDA kernels (csrc/multinomial.h)
-and the torch reference below return the same index for the same uniform:
-- weights are taken in float64 and cut into chunks of CHUNK = 64 consecutive
-  entries; the running sum inside a chunk adds one weight at a time;
-- P_j = P_{j-1} + (sum of chunk j), in chunk order; the cumulative weight of entry
-  i of chunk j is c_i = P_{j-1} + (running sum of chunk j up to i); total = P_last;
-- index = the smallest i with c_i > u * total, for the draw's uniform u in [0, 1)
-  (u * total taken as the largest float64 below total where it rounds up to total,
-  which a subnormal total allows).
-Entries of zero weight are never drawn, and P(index = i) = w_i / total up to the
-resolution of u. The chunking lets the kernel run one addition chain per chunk in
-parallel instead of one chain per row.
-
-k draws:
-- with replacement, draw j uses the row's weights as given;
-- without replacement, draws are sequential and each drawn weight is set to zero
-  before the next draw: P(i_1, ..., i_k) = prod_j w_{i_j} / (total - w_{i_1} - ...
-  - w_{i_{j-1}}), the successive-sampling law of torch.multinomial(replacement=False)
-  (and of Gumbel-top-k). An index is never repeated, zero weights are never drawn.
-A row thus costs one pass over its weights plus about k * (CHUNK + N / CHUNK)
-additions, and k uniforms instead of one random number per weight.
-
-Uniforms: explicit `noise` [B, k] in [0, 1) (draw j uses noise[:, j]), or the
-Philox stream of ddpd.ops.rng: draw j of row r takes the top 24 bits a, b of the
-Philox words of columns 2j and 2j + 1 and uses the 48-bit uniform
-u = (a 2^24 + b + 1/2) 2^-48, fine enough for the smallest probabilities of a
-50k-token vocabulary. Columns 0 .. 2k - 1 of the stream are read: give calls that
-share a seed different offsets.
-
-A row is valid when its weights are finite and non-negative with at least one
-positive weight (with replacement) or at least k (without), and their total, summed in
-float64, is finite (float64 weights summing past 1.8e308 make an invalid row; float32
-and 16-bit weights cannot). Invalid rows return
-index 0 everywhere; `return_valid=True` returns the flags, otherwise an invalid row
-raises ValueError (on CUDA that check waits for the device).
-CPU and CUDA tensors run the kernels of ddpd._C (csrc/cpu/multinomial.cpp,
-csrc/cuda/multinomial.cu).
+"""k indices per row from non-negative weights, with or without replacement (multinomial,
+multinomial_from_logits), and categorical_from_weights, its single draw with a given uniform:
+the batched `torch.multinomial` of the paper's sampling listings, with counter-based
+randomness so a row's draws depend only on (seed, offset, row id).
+The law is an inverse CDF over chunks of CHUNK weights summed in float64, defined exactly so
+that the C++/CUDA kernels (csrc/multinomial.h) and the reference return the same index.
+CPU and CUDA tensors run the kernels of ddpd._C.
+The law, the uniforms and the validity of a row: docs/ops/multinomial.md.
 """
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
 from ddpd.ops import _dispatch, _ext, rng
+from ddpd.ops.results import Draw
 from ddpd.ops.rng import philox_words
 
 CHUNK = 64  # equals kChunk in csrc/multinomial.h
 WEIGHT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
-
-Result = Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]
-
 
 # ----------------------------------------------------------------------------- checks
 
@@ -97,20 +57,20 @@ def check_uniforms(name: str, uniforms, shape: tuple, like: torch.Tensor) -> tor
     return uniforms.double()
 
 
-def finish(index: torch.Tensor, valid: torch.Tensor, return_valid: bool, need: str) -> Result:
-    """(index, valid) when asked for, else index after raising on invalid rows."""
-    if return_valid:
-        return index, valid
+def finish(index: torch.Tensor, valid: torch.Tensor, check_valid: bool, need: str) -> Draw:
+    """The Draw of (index, valid), after raising on invalid rows when check_valid."""
+    if not check_valid:
+        return Draw(index, valid)
     if not _dispatch.eager(valid):
-        raise ValueError("return_valid=False raises on invalid rows, which needs their flags on the host; under "
-                         "torch.compile (or other tracing) pass return_valid=True")
+        raise ValueError("check_valid=True raises on invalid rows, which needs their flags on the host; under "
+                         "torch.compile (or other tracing) pass check_valid=False")
     if not bool(valid.all()):
         bad = (~valid).nonzero().flatten()[:8].tolist()
         raise ValueError(
             f"weights: rows {bad} (first 8 shown) are not valid distributions; each row needs finite, "
-            f"non-negative weights with {need}. Pass return_valid=True to get the flags instead."
+            f"non-negative weights with {need}. Pass check_valid=False to get the flags instead."
         )
-    return index
+    return Draw(index, valid)
 
 
 def _check_k(k, replacement, n: int) -> int:
@@ -178,7 +138,7 @@ def inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 
 
 def draw_uniforms(seed, offset, row_ids: torch.Tensor, k: int) -> torch.Tensor:
-    """Float64[B, k]: the 48-bit uniform of each draw from the Philox stream (module docstring).
+    """Float64[B, k]: the 48-bit uniform of each draw from the Philox stream (docs/ops/multinomial.md).
     seed, offset: ints (uint64 or int64 bit patterns) or int64 0-d tensors holding the bits.
 
     Built from the Philox words themselves: a float32 uniform of ddpd.ops.rng rounds
@@ -192,14 +152,24 @@ def draw_uniforms(seed, offset, row_ids: torch.Tensor, k: int) -> torch.Tensor:
     return (top[:, 0::2] * 2.0**24 + top[:, 1::2] + 0.5) * 2.0**-48
 
 
-def categorical_from_weights_reference(weights, uniforms, *, return_valid: bool = False) -> Result:
-    """Plain torch version of categorical_from_weights (same arguments, same results)."""
+def categorical_from_weights_reference(weights, uniforms, *, check_valid: bool = True) -> Draw:
+    """Plain torch version of categorical_from_weights, written for clarity: the same results from the same uniforms.
+
+    Args:
+        The arguments of ddpd.ops.categorical_from_weights.
+
+    Returns:
+        What ddpd.ops.categorical_from_weights returns (Draw).
+
+    Raises:
+        What ddpd.ops.categorical_from_weights raises.
+    """
     weights = check_weights(weights)
     uniforms = check_uniforms("uniforms", uniforms, (weights.shape[0],), weights)
     valid = row_validity(weights, 1)
     safe = torch.where(valid[:, None], weights.double(), 1.0)
     index = torch.where(valid, inverse_cdf(safe, uniforms), 0)
-    return finish(index, valid, return_valid, "a positive total")
+    return finish(index, valid, check_valid, "a positive total")
 
 
 def multinomial_reference(
@@ -212,9 +182,19 @@ def multinomial_reference(
     generator: Optional[torch.Generator] = None,
     row_ids: Optional[torch.Tensor] = None,
     noise: Optional[torch.Tensor] = None,
-    return_valid: bool = False,
-) -> Result:
-    """Plain torch version of multinomial (same arguments, same results)."""
+    check_valid: bool = True,
+) -> Draw:
+    """Plain torch version of multinomial, written for clarity: the same results from the same uniforms.
+
+    Args:
+        The arguments of ddpd.ops.multinomial.
+
+    Returns:
+        What ddpd.ops.multinomial returns (Draw).
+
+    Raises:
+        What ddpd.ops.multinomial raises.
+    """
     weights = check_weights(weights)
     k = _check_k(k, replacement, weights.shape[1])
     u, counters, row_ids = _resolve_stream(weights, k, seed, offset, generator, row_ids, noise)
@@ -230,7 +210,7 @@ def multinomial_reference(
         if not replacement:
             w = w.scatter(1, index[:, None], 0.0)
     index = torch.where(valid[:, None], torch.stack(draws, 1), 0)
-    return finish(index, valid, return_valid, _need(k, replacement))
+    return finish(index, valid, check_valid, _need(k, replacement))
 
 
 # ------------------------------------------------------------------------- fused ops
@@ -243,7 +223,7 @@ def _multinomial_impl(weights, k, replacement, uniforms, seed, offset, row_ids, 
     if ops is None:
         if uniforms is None:
             uniforms = draw_uniforms(rng.counter_value(seed, seed_t), rng.counter_value(offset, offset_t), row_ids, k)
-        return multinomial_reference(weights, k, replacement, noise=uniforms, return_valid=True)
+        return multinomial_reference(weights, k, replacement, noise=uniforms, check_valid=False)[:2]
     return ops.multinomial_kernel(weights, k, replacement, uniforms, seed, offset, row_ids, seed_t, offset_t)
 
 
@@ -276,19 +256,29 @@ def _run(weights, k, replacement, uniforms, counters, row_ids):
                                                              seed_t, offset_t)
 
 
-def categorical_from_weights(weights, uniforms, *, return_valid: bool = False) -> Result:
-    """Long[B] index per row of weights Float[B, N], drawn with the row's uniform in [0, 1).
+def categorical_from_weights(weights, uniforms, *, check_valid: bool = True) -> Draw:
+    """Draw one index per row of weights Float[B, N] with the row's given uniform.
 
-    index[b] is the smallest i whose two-level cumulative weight exceeds
-    uniforms[b] * total[b] (module docstring): multinomial's first draw with the given
-    uniforms. With return_valid=True returns (index, valid Bool[B]); otherwise an
-    invalid row raises ValueError.
+    index[b] is the smallest i whose two-level cumulative weight exceeds uniforms[b] * total[b]:
+    multinomial's first draw with these uniforms.
+
+    Args:
+        weights: float32/float64/float16/bfloat16 [B, N], non-negative.
+        uniforms: float32/float64 [B] in [0, 1).
+        check_valid: raise on an invalid row (pass False under torch.compile).
+
+    Returns:
+        Draw(tokens Long[B], valid Bool[B], None, None).
+
+    Raises:
+        TypeError: an argument of the wrong type.
+        ValueError: a bad shape or value, or (check_valid) an invalid row.
     """
     _dispatch.refuse_transforms("categorical_from_weights", weights, uniforms)
     weights = check_weights(weights)
     uniforms = check_uniforms("uniforms", uniforms, (weights.shape[0],), weights)
     index, valid = _run(weights, 1, True, uniforms[:, None].contiguous(), (0, 0, None, None), None)
-    return finish(index[:, 0], valid, return_valid, "a positive total")
+    return finish(index[:, 0], valid, check_valid, "a positive total")
 
 
 def multinomial(
@@ -301,24 +291,37 @@ def multinomial(
     generator: Optional[torch.Generator] = None,
     row_ids: Optional[torch.Tensor] = None,
     noise: Optional[torch.Tensor] = None,
-    return_valid: bool = False,
-) -> Result:
-    """Long[B, k] indices into each row of weights Float[B, N] (module docstring for the law).
+    check_valid: bool = True,
+) -> Draw:
+    """Draw k indices into each row of weights Float[B, N] (docs/ops/multinomial.md).
 
-    Randomness: `noise` [B, k], or (seed, offset) with `row_ids` (default 0..B-1), or
-    a (seed, offset) pair drawn from `generator` (default: torch's global generator).
-    seed and offset may be int64 tensors of one element on the device of weights (read
-    by the kernel, so a captured CUDA graph replays with their current values).
-    With return_valid=True returns (index, valid Bool[B]); otherwise an invalid row
-    raises ValueError (which needs the flags on the host: under torch.compile pass
-    return_valid=True).
+    Args:
+        weights: float32/float64/float16/bfloat16 [B, N], non-negative, need not sum to one.
+        k: draws per row, >= 1 (<= N without replacement).
+        replacement: draw with replacement, or successively without.
+        seed: int in [0, 2**64) or an int64 tensor of one element on the input's device (read by
+            the kernels: advancing it in place gives fresh draws on each replay of a CUDA graph);
+            None draws seed and offset from `generator`.
+        offset: like seed; give calls that share a seed different offsets.
+        generator: the torch.Generator seed and offset are drawn from (default: torch's global one).
+        row_ids: Long ids naming each row's stream (default 0..N-1 over the flattened rows).
+        noise: explicit uniforms in (0, 1] instead of a stream [B, k] in [0, 1).
+        check_valid: raise on an invalid row (needs the flags on the host: pass False under
+            torch.compile and read `valid`).
+
+    Returns:
+        Draw(tokens Long[B, k] the indices (0 in invalid rows), valid Bool[B], None, None).
+
+    Raises:
+        TypeError: an argument of the wrong type.
+        ValueError: a bad shape or value, or (check_valid) an invalid row.
     """
     _dispatch.refuse_transforms("multinomial", weights, noise, row_ids)
     weights = check_weights(weights)
     k = _check_k(k, replacement, weights.shape[1])
     u, counters, row_ids = _resolve_stream(weights, k, seed, offset, generator, row_ids, noise)
     index, valid = _run(weights, k, replacement, u, counters, row_ids)
-    return finish(index, valid, return_valid, _need(k, replacement))
+    return finish(index, valid, check_valid, _need(k, replacement))
 
 
 def logit_weights(logits, temperature: float) -> torch.Tensor:
@@ -338,16 +341,40 @@ def logit_weights(logits, temperature: float) -> torch.Tensor:
 
 
 def multinomial_from_logits_reference(logits, k: int, temperature: float = 1.0, replacement: bool = False,
-                                      **stream) -> Result:
-    """Plain torch version of multinomial_from_logits (same arguments, same results)."""
+                                      **stream) -> Draw:
+    """Plain torch version of multinomial_from_logits, written for clarity: the same results from the same uniforms.
+
+    Args:
+        The arguments of ddpd.ops.multinomial_from_logits.
+
+    Returns:
+        What ddpd.ops.multinomial_from_logits returns (Draw).
+
+    Raises:
+        What ddpd.ops.multinomial_from_logits raises.
+    """
     return multinomial_reference(logit_weights(logits, temperature), k, replacement, **stream)
 
 
 def multinomial_from_logits(logits, k: int, temperature: float = 1.0, replacement: bool = False,
-                            **stream) -> Result:
-    """multinomial of softmax(logits / temperature); `stream` takes multinomial's keyword arguments.
+                            **stream) -> Draw:
+    """multinomial of softmax(logits / temperature).
 
-    The softmax is torch's (the same call as in the reference, so both agree token for
-    token); rows whose logits are all -inf, or contain NaN or +inf, are invalid.
+    The softmax is torch's (the reference calls the same), so both agree token for token; rows
+    whose logits are all -inf, or hold NaN or +inf, are invalid.
+
+    Args:
+        logits: floating [B, N].
+        k, replacement: as multinomial.
+        temperature: a finite float > 0.
+        **stream: multinomial's keyword arguments (seed, offset, generator, row_ids, noise,
+            check_valid).
+
+    Returns:
+        Draw(tokens Long[B, k], valid Bool[B], None, None).
+
+    Raises:
+        TypeError: an argument of the wrong type.
+        ValueError: a bad shape or value, or (check_valid) an invalid row.
     """
     return multinomial(logit_weights(logits, temperature), k, replacement, **stream)

@@ -1,23 +1,9 @@
-"""norm: LayerNorm or RMSNorm of the last dimension, with the optional adaLN modulation
-of a conditioned trunk, in one pass (the norms of ddpd.models.backbone), for networks
-sampling on a GPU.
-
-Law (norm_reference): x [B, ..., H]; in float32,
-    layer norm:  n = (x - mean(x)) / sqrt(var(x) + eps)       (biased variance)
-    RMS norm:    n = x / sqrt(mean(x^2) + eps)
-    affine:      n = n * weight + bias                        (each when given, [H])
-    adaLN:       n = n * (1 + scale[b]) + shift[b]            (when given, [B, H] or [B, 1, H]:
-                                                               sequence b's row, for all its positions)
-rounded once to x's dtype. In torch, for a bf16 trunk, that is five kernels each
-reading and writing the whole tensor (the float32 copy, the norm, the cast back, the
-product and the sum of the modulation, both rounded to bf16); the Triton kernel reads
-x once and writes the output once.
-
-CUDA tensors run the Triton kernel ddpd.kernels.norm (where Triton imports, for H up
-to MAX_KERNEL_WIDTH), everything else the reference; so does any call whose output
-needs a gradient (the kernel has no backward). The kernel sums in another order than
-torch's norm kernels: its values agree with the reference's to float32 rounding before
-the one rounding to x's dtype, not bit for bit.
+"""LayerNorm or RMSNorm of the last dimension with the optional adaLN modulation of a
+conditioned trunk, in one pass (the norms of ddpd.models.backbone), for networks sampling on
+a GPU: the float32 norm, the affine and n * (1 + scale) + shift, rounded once to x's dtype.
+CUDA tensors run ddpd.kernels.norm (H up to MAX_KERNEL_WIDTH); everything else, and calls that
+need a gradient, the reference.
+The law and the kernel's precision: docs/ops/norm.md.
 """
 from __future__ import annotations
 
@@ -37,8 +23,17 @@ BLOCK_ELEMENTS = 4096  # values a program normalises: BLOCK_ROWS rows of BLOCK_W
 def norm_reference(x: torch.Tensor, weight: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None,
                    eps: float = 1e-5, *, rms: bool = False, shift: Optional[torch.Tensor] = None,
                    scale: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Plain torch norm (the module docstring's law). For float32 x it is the arithmetic
-    of nn.LayerNorm (or the usual RMSNorm) followed by x * (1 + scale) + shift."""
+    """Plain torch version of norm (the law of docs/ops/norm.md).
+
+    For float32 x it is the arithmetic of nn.LayerNorm (or the usual RMSNorm) followed by
+    x * (1 + scale) + shift.
+
+    Args:
+        The arguments of ddpd.ops.norm (not checked here).
+
+    Returns:
+        The normalised tensor, of x's dtype; differentiable.
+    """
     x32 = x.float()
     if rms:
         mean_square = x32.pow(2).mean(-1, keepdim=True)
@@ -164,12 +159,28 @@ def _(x, weight, bias, shift, scale, eps, rms):
 def norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None,
          eps: float = 1e-5, *, rms: bool = False, shift: Optional[torch.Tensor] = None,
          scale: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """x [B, ..., H] (float32/bfloat16/float16) normalised over its last dimension: layer norm
-    (or RMS norm with rms=True), then weight and bias [H] when given, then the adaLN
-    modulation n * (1 + scale) + shift when shift and scale ([B, H] or [B, 1, H], one row
-    per sequence) are given; statistics and arithmetic in float32, one rounding to x's dtype.
-    Returns a new tensor of x's shape and dtype; differentiable (through the reference) when
-    a gradient is needed."""
+    """Normalise x over its last dimension, with the optional affine and adaLN modulation.
+
+    Layer norm (or RMS norm), then weight and bias, then n * (1 + scale) + shift; statistics
+    and arithmetic in float32, one rounding to x's dtype (docs/ops/norm.md).
+
+    Args:
+        x: float32/bfloat16/float16 [B, ..., H].
+        weight: [H] or None.
+        bias: [H] or None.
+        eps: added to the variance (mean square), > 0.
+        rms: RMS norm instead of layer norm.
+        shift: [B, H] or [B, 1, H] (one row per sequence), with scale, or None.
+        scale: like shift.
+
+    Returns:
+        A new tensor of x's shape and dtype; differentiable (through the reference) when a
+        gradient is needed.
+
+    Raises:
+        TypeError: a tensor of the wrong dtype.
+        ValueError: a shape, device or eps out of range, or shift without scale.
+    """
     check_norm(x, weight, bias, eps, rms, shift, scale)
     if _dispatch.needs_grad(x, weight, bias, shift, scale):
         return norm_reference(x, weight, bias, eps, rms=rms, shift=shift, scale=scale)

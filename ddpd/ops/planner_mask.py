@@ -1,21 +1,8 @@
-"""The mask of prop:draw_with_maskD, alone (planner_select_mask draws it together with
-the plan step, ddpd.ops.planner_select).
-
-To denoise position d' with a mask-diffusion denoiser, prop:draw_with_maskD draws
-z ~ p(z | x_t, z^{d'} = N), approximated by prod_{d != d'} p(z^d | x_t): each
-z^d ~ Bernoulli(p^d), p^d = sigmoid(planner logit), and z^{d'} = 1 for the
-positions being denoised. The mask denoiser then sees x_t with mask_id wherever
-z = 1 (the paper's listing writes torch.where(mask, samples, mask_token_id),
-which masks the other positions; this follows the proposition).
-
-planner_mask(logits, x, positions, mask_id) -> (masked Long[B, D], z Bool[B, D],
-count Long[B]); z^d = u^d < p^d with uniform d at column d (NaN logits: p = 0).
-
-CPU tensors run the C++ kernel (csrc/cpu/planner_mask.cpp), CUDA tensors the Triton
-kernel ddpd.kernels.planner_mask. On CUDA, positions outside [0, D) are not checked
-(that would need a device sync) and force nothing; the C++ kernel rejects them. Eager
-calls go straight to the kernels; traced calls (torch.compile, make_fx, fake tensors)
-go through the registered custom op.
+"""The mask of prop:draw_with_maskD alone (planner_select_mask draws it with the plan step):
+z^d ~ Bernoulli(sigmoid(l^d)) for every position, forced to 1 at the positions being denoised,
+and x with mask_id wherever z = 1, for a mask-diffusion denoiser.
+CPU tensors run csrc/cpu/planner_mask.cpp, CUDA tensors ddpd.kernels.planner_mask.
+The law and why it follows the proposition rather than the paper's listing: docs/ops/planner_mask.md.
 """
 from __future__ import annotations
 
@@ -25,6 +12,7 @@ import torch
 
 from ddpd.ops import _dispatch, rng
 from ddpd.ops.planner_select import check_mask_args, check_triton_width, draw_mask, planner_logits, planner_prob
+from ddpd.ops.results import Mask
 from ddpd.validation import check_same_device, check_tensor
 
 # ----------------------------------------------------------------------------- checks
@@ -60,8 +48,18 @@ def planner_mask_reference(
     generator: Optional[torch.Generator] = None,
     row_ids: Optional[torch.Tensor] = None,
     noise: Optional[torch.Tensor] = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Plain torch version of planner_mask (same arguments, same outputs)."""
+) -> Mask:
+    """Plain torch version of planner_mask, written for clarity: the same results from the same uniforms.
+
+    Args:
+        The arguments of ddpd.ops.planner_mask.
+
+    Returns:
+        What ddpd.ops.planner_mask returns (Mask).
+
+    Raises:
+        What ddpd.ops.planner_mask raises.
+    """
     check_tensor("logits", logits, _dispatch.FLOAT_DTYPES, 2)
     _dispatch.check_width("D (logits.shape[1])", logits.shape[1])
     check_mask_args(logits, x, mask_id)
@@ -73,7 +71,7 @@ def planner_mask_reference(
     rng.check_noise_values(noise)
     if noise is None:
         noise = rng.stream_noise(counters, row_ids, rows, length, logits.device)
-    return draw_mask(planner_prob(planner_logits(logits)), noise, positions, x, mask_id)
+    return Mask(*draw_mask(planner_prob(planner_logits(logits)), noise, positions, x, mask_id))
 
 
 # ------------------------------------------------------------------------- fused op
@@ -144,12 +142,28 @@ def planner_mask(
     generator: Optional[torch.Generator] = None,
     row_ids: Optional[torch.Tensor] = None,
     noise: Optional[torch.Tensor] = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Draw z ~ Bernoulli(sigmoid(logits)) [B, D], forced to 1 at `positions`
-    (Long[B, k], or None), and mask x (Long[B, D]) with mask_id where z = 1.
+) -> Mask:
+    """Draw z ~ Bernoulli(sigmoid(logits)) forced to 1 at `positions`, and mask x where z = 1.
 
-    Randomness as planner_select (explicit `noise` Float[B, D]).
-    Returns (masked Long[B, D], z Bool[B, D], count Long[B] = z.sum(1)).
+    Args:
+        logits: float32/bfloat16/float16 [B, D] planner logits (NaN: probability 0).
+        x: Long[B, D] the current sequences.
+        positions: Long[B, k] positions forced into the mask, or None.
+        mask_id: the token written where z = 1.
+        seed: int in [0, 2**64) or an int64 tensor of one element on the input's device (read by
+            the kernels: advancing it in place gives fresh draws on each replay of a CUDA graph);
+            None draws seed and offset from `generator`.
+        offset: like seed; give calls that share a seed different offsets.
+        generator: the torch.Generator seed and offset are drawn from (default: torch's global one).
+        row_ids: Long ids naming each row's stream (default 0..N-1 over the flattened rows).
+        noise: explicit uniforms in (0, 1] instead of a stream Float[B, D].
+
+    Returns:
+        Mask(masked Long[B, D], z Bool[B, D], count Long[B] = z.sum(1)).
+
+    Raises:
+        TypeError: an argument of the wrong type.
+        ValueError: a shape, device or value out of range (positions on CPU).
     """
     _dispatch.refuse_transforms("planner_mask", logits, x, positions, noise, row_ids)
     check_tensor("logits", logits, _dispatch.FLOAT_DTYPES, 2)
@@ -162,4 +176,4 @@ def planner_mask(
     noise, row_ids = _dispatch.contiguous(noise, row_ids)
     eager = _dispatch.eager(logits, x, positions, noise, row_ids, seed_t, offset_t)
     call = _planner_mask_impl if eager else _planner_mask_op
-    return call(logits.detach(), x, positions, mask_id, noise, seed, offset, row_ids, seed_t, offset_t)
+    return Mask(*call(logits.detach(), x, positions, mask_id, noise, seed, offset, row_ids, seed_t, offset_t))

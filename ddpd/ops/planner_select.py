@@ -1,36 +1,13 @@
-"""Plan step of the DDPD sampler: which positions to denoise, in one pass over the
-planner logits, and (planner_select_mask) the mask of prop:draw_with_maskD from the
-same pass.
-
-From planner logits l [B, D] ("position d is noise"), per row:
-- positions Long[B, k]: k positions drawn without replacement with probability
-  proportional to p(z^d = N | x_t) = sigmoid(l^d) (prop:self-loop-jumps; options
-  A/B of the paper's listings), or to softmax(l / tau) over positions (option C);
-  by Gumbel-top-k on the log-weights (log sigmoid(l) = -softplus(-l), or l / tau),
-  taken relative to the row's largest, and for a later choice relative to the largest
-  still free where that lies more than REBASE_GAP below (gumbel_rounds): exact at any
-  logit scale, for every choice, uniform among +inf logits; the first choice being the
-  draw d' ~ Cat(p) of Algorithm `alg:sampling`;
-- sum_p Float[B] = sum_d sigmoid(l^d), for the planner's time estimate
-  t = alpha^{-1}(1 - sum_p / D) (section 'Adaptive Time Correction'); every path
-  sums in float64 and rounds once, so the paths differ only by the rounding of the
-  sigmoid's exp on each (within 1e-6 relative, SUM_P_RTOL);
-- stop Bool[B] = every sigmoid(l^d) < eps, the stopping rule of Algorithm 1 (exact:
-  eps is taken as the smallest float32 at or above it).
-planner_select_mask also draws z^d ~ Bernoulli(sigmoid(l^d)) forced to 1 at the chosen
-positions, as ddpd.ops.planner_mask does (its module says why), with its own uniforms;
-a position chosen with weight 0 (logit -inf or NaN, e.g. a prompt's fixed position when
-fewer than k positions have weight) is not denoised, so it is not forced.
-
-Uniforms: column d drives position d, of explicit `noise` Float[B, D] or of the
-Philox stream of (seed, offset, row id); the mask's column d reads `mask_noise` or the
-stream at mask_offset (default offset + 1: a caller that uses offset + 1 for another
-draw passes mask_offset). NaN logits count as -inf (probability 0, never in sum_p,
-chosen only when fewer than k positions have weight, lowest position first), in the
-kernels and in the references alike; +inf logits have probability 1 (sigmoid) or share
-the whole softmax mass uniformly.
-CPU tensors run the C++ kernel (csrc/cpu/planner_select.cpp), CUDA tensors the
-Triton kernel ddpd.kernels.planner_select (one program per row).
+"""The plan step of the DDPD sampler in one pass over the planner logits l [B, D]: k positions
+to denoise, drawn without replacement with probability proportional to sigmoid(l^d)
+(prop:self-loop-jumps) or softmax(l / tau) (Gumbel-top-k, exact at any logit scale); sum_p, the
+sum of sigmoid(l^d) for the planner's time estimate; and stop, every sigmoid(l^d) < eps
+(Algorithm `alg:sampling`). planner_select_mask also draws the mask of prop:draw_with_maskD from
+the same pass (as ddpd.ops.planner_mask does).
+Uniforms: column d drives position d (explicit `noise` or the Philox stream); the mask reads
+`mask_noise` or the stream at mask_offset (default offset + 1).
+CPU tensors run csrc/cpu/planner_select.cpp, CUDA tensors ddpd.kernels.planner_select.
+The law, NaN and +inf logits, and the method: docs/ops/planner_select.md.
 """
 from __future__ import annotations
 
@@ -40,6 +17,7 @@ from typing import Optional
 import torch
 
 from ddpd.ops import _dispatch, rng
+from ddpd.ops.results import Plan, Selection
 from ddpd.ops.sample_categorical import MAX_TEMPERATURE, float32, shifted
 from ddpd.validation import check_float, check_int, check_same_device, check_shape, check_tensor
 
@@ -208,8 +186,18 @@ def planner_select_reference(
     generator: Optional[torch.Generator] = None,
     row_ids: Optional[torch.Tensor] = None,
     noise: Optional[torch.Tensor] = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Plain torch version of planner_select (same arguments, same outputs)."""
+) -> Selection:
+    """Plain torch version of planner_select, written for clarity: the same results from the same uniforms.
+
+    Args:
+        The arguments of ddpd.ops.planner_select.
+
+    Returns:
+        What ddpd.ops.planner_select returns (Selection).
+
+    Raises:
+        What ddpd.ops.planner_select raises.
+    """
     softmax, tau, eps = check_select_args(logits, k, mode, tau, eps)
     rows, length = logits.shape
     counters = rng.resolve_stream(noise, (rows, length), logits, seed, offset, generator, row_ids)
@@ -219,7 +207,7 @@ def planner_select_reference(
     l = planner_logits(logits)
     p = planner_prob(l)
     positions = gumbel_top_k(selection_bases(l, softmax), tau if softmax else 1.0, noise, k)
-    return positions, sum_p(p), (p < eps).all(dim=1)
+    return Selection(positions, sum_p(p), (p < eps).all(dim=1))
 
 
 def planner_select_mask_reference(
@@ -238,8 +226,18 @@ def planner_select_mask_reference(
     noise: Optional[torch.Tensor] = None,
     mask_noise: Optional[torch.Tensor] = None,
     mask_offset=None,
-):
-    """Plain torch version of planner_select_mask (same arguments, same outputs)."""
+) -> Plan:
+    """Plain torch version of planner_select_mask, written for clarity: the same results from the same uniforms.
+
+    Args:
+        The arguments of ddpd.ops.planner_select_mask.
+
+    Returns:
+        What ddpd.ops.planner_select_mask returns (Plan).
+
+    Raises:
+        What ddpd.ops.planner_select_mask raises.
+    """
     softmax, tau, eps = check_select_args(logits, k, mode, tau, eps)
     check_mask_args(logits, x, mask_id)
     counters, (mask_offset, mask_offset_t) = resolve_pair(noise, mask_noise, logits, seed, offset, mask_offset,
@@ -256,7 +254,7 @@ def planner_select_mask_reference(
     p = planner_prob(l)
     positions = gumbel_top_k(selection_bases(l, softmax), tau if softmax else 1.0, noise, k)
     weighted = l.gather(1, positions) > float("-inf")  # a pick of weight 0 is not denoised: not forced
-    return (positions, sum_p(p), (p < eps).all(dim=1)) + draw_mask(p, mask_noise, positions, x, mask_id, weighted)
+    return Plan(positions, sum_p(p), (p < eps).all(dim=1), *draw_mask(p, mask_noise, positions, x, mask_id, weighted))
 
 
 # ------------------------------------------------------------------------ fused ops
@@ -383,17 +381,30 @@ def planner_select(
     generator: Optional[torch.Generator] = None,
     row_ids: Optional[torch.Tensor] = None,
     noise: Optional[torch.Tensor] = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Choose k positions per row of planner logits [B, D] to denoise.
+) -> Selection:
+    """Choose k positions per row of planner logits [B, D] to denoise (docs/ops/planner_select.md).
 
-    mode 'sigmoid': P proportional to sigmoid(logits) (options A/B); 'softmax':
-    softmax(logits / tau) over positions (option C), tau in (0, 1e36]. eps in (0, 1): stop threshold.
-    Randomness: `seed`/`offset` (ints in [0, 2**64), or int64 tensors of one element on
-    the device of logits, read by the kernel: advancing such a tensor in place gives
-    fresh draws on each replay of a captured CUDA graph), or both drawn from
-    `generator`; `row_ids` Long[B] names each row's stream; or explicit uniforms
-    `noise` Float[B, D].
-    Returns (positions Long[B, k] in draw order, sum_p Float[B], stop Bool[B]).
+    Args:
+        logits: float32/bfloat16/float16 [B, D], logits of "position d is noise".
+        k: positions per row, 1 <= k <= D.
+        mode: 'sigmoid' (P proportional to sigmoid(logits), options A/B) or 'softmax'
+            (softmax(logits / tau) over positions, option C).
+        tau: the softmax temperature, in (0, 1e36].
+        eps: the stop threshold, in (0, 1).
+        seed: int in [0, 2**64) or an int64 tensor of one element on the input's device (read by
+            the kernels: advancing it in place gives fresh draws on each replay of a CUDA graph);
+            None draws seed and offset from `generator`.
+        offset: like seed; give calls that share a seed different offsets.
+        generator: the torch.Generator seed and offset are drawn from (default: torch's global one).
+        row_ids: Long ids naming each row's stream (default 0..N-1 over the flattened rows).
+        noise: explicit uniforms in (0, 1] instead of a stream Float[B, D].
+
+    Returns:
+        Selection(positions Long[B, k] in draw order, sum_p Float[B], stop Bool[B]).
+
+    Raises:
+        TypeError: an argument of the wrong type.
+        ValueError: a shape, device or value out of range.
     """
     _dispatch.refuse_transforms("planner_select", logits, noise, row_ids)
     softmax, tau, eps = check_select_args(logits, k, mode, tau, eps)
@@ -402,7 +413,7 @@ def planner_select(
     noise, row_ids = _dispatch.contiguous(noise, row_ids)
     # Draws and the stop statistics carry no gradient (see sample_from_hidden).
     call = _planner_select_impl if _dispatch.eager(logits, noise, row_ids, seed_t, offset_t) else _planner_select_op
-    return call(logits.detach(), k, softmax, tau, eps, noise, seed, offset, row_ids, seed_t, offset_t)
+    return Selection(*call(logits.detach(), k, softmax, tau, eps, noise, seed, offset, row_ids, seed_t, offset_t))
 
 
 def planner_select_mask(
@@ -421,15 +432,31 @@ def planner_select_mask(
     noise: Optional[torch.Tensor] = None,
     mask_noise: Optional[torch.Tensor] = None,
     mask_offset=None,
-):
-    """planner_select then planner_mask at the chosen positions, in one pass.
+) -> Plan:
+    """planner_select, then the mask of prop:draw_with_maskD at the chosen positions, in one pass.
 
-    Seeded: the selection reads (seed, offset), the mask (seed, mask_offset);
-    mask_offset defaults to offset + 1 (mod 2**64). Each may be an int or an int64
-    tensor of one element (see planner_select).
-    Explicit: `noise` and `mask_noise`, both Float[B, D].
-    Returns (positions Long[B, k], sum_p Float[B], stop Bool[B],
-    masked Long[B, D], z Bool[B, D], count Long[B]).
+    Args:
+        logits: float32/bfloat16/float16 [B, D] planner logits.
+        x: Long[B, D] the current sequences.
+        mask_id: the token written where z = 1.
+        k, mode, tau, eps: as planner_select.
+        seed: int in [0, 2**64) or an int64 tensor of one element on the input's device (read by
+            the kernels: advancing it in place gives fresh draws on each replay of a CUDA graph);
+            None draws seed and offset from `generator`.
+        offset: like seed; give calls that share a seed different offsets.
+        generator: the torch.Generator seed and offset are drawn from (default: torch's global one).
+        row_ids: Long ids naming each row's stream (default 0..N-1 over the flattened rows).
+        noise: explicit uniforms in (0, 1] instead of a stream Float[B, D] for the selection.
+        mask_noise: explicit uniforms Float[B, D] for the mask (with `noise`).
+        mask_offset: the mask's stream offset (default offset + 1 mod 2**64; int or int64 tensor).
+
+    Returns:
+        Plan(positions Long[B, k], sum_p Float[B], stop Bool[B], masked Long[B, D],
+        z Bool[B, D], count Long[B]).
+
+    Raises:
+        TypeError: an argument of the wrong type.
+        ValueError: a shape, device or value out of range.
     """
     _dispatch.refuse_transforms("planner_select_mask", logits, x, noise, mask_noise, row_ids)
     softmax, tau, eps = check_select_args(logits, k, mode, tau, eps)
@@ -439,5 +466,5 @@ def planner_select_mask(
     noise, mask_noise, row_ids = _dispatch.contiguous(noise, mask_noise, row_ids)
     eager = _dispatch.eager(logits, x, noise, mask_noise, row_ids, seed_t, offset_t, mask_offset_t)
     call = _planner_select_mask_impl if eager else _planner_select_mask_op
-    return call(logits.detach(), x, mask_id, k, softmax, tau, eps, noise, mask_noise, seed, offset, mask_offset,
-                row_ids, seed_t, offset_t, mask_offset_t)
+    return Plan(*call(logits.detach(), x, mask_id, k, softmax, tau, eps, noise, mask_noise, seed, offset, mask_offset,
+                      row_ids, seed_t, offset_t, mask_offset_t))

@@ -1,34 +1,12 @@
-"""Counter-based random numbers shared by every ddpd op: the torch reference of the
-Philox stream, the Gumbel transform every path applies to it, and the randomness
-arguments of the sampling ops.
+"""Counter-based random numbers shared by every ddpd op: the torch reference of the Philox
+stream, the Gumbel transform every path applies to it, and the randomness arguments of the ops.
 
-Each uniform is a pure function of (seed, offset, row, column): Philox4x32-10
-with key (seed_lo, seed_hi) and counter (column, row_lo, offset_lo, offset_hi), the
-first 32-bit output word w mapped to u = ((w >> 8) + 0.5) * 2**-24 in float32.
-Row ids are 64-bit: a row whose high word row_hi = row >> 32 is not zero draws with
-the key (k0, k1) = the first two output words of Philox4x32-10 with key (seed_lo,
-seed_hi) and counter (row_hi, 2**32 - 1, 2**32 - 1, 2**32 - 1), so rows r and
-r + 2**32 draw independently while every row below 2**32 keeps the stream it always
-had. (The counter of that extra evaluation is the one of column row_hi, row
-2**32 - 1, offset 2**64 - 1; a caller that reads that last offset sees a key word's
-top bits, nothing worse.)
-Float32 rounds the half-step above 0.5, and the top value (probability 2**-25)
-rounds to exactly 1.0, so u lies in (0, 1]: every consumer that takes a logarithm
-of 1 - u (Gumbel, exponential) clamps u to the largest float below one first. Because the row enters the
-counter as an id rather than a position in the batch, a row keeps its stream
-whatever the batch composition (compaction, sharding, different batch sizes).
-
-The C++ (csrc/rng.h) and Triton (kernels/rng.py) paths reproduce these bits
-exactly, so a kernel and this reference can be compared token for token.
-
-Randomness arguments (resolve_stream): every sampling op takes either explicit
-uniforms (`noise`) or a counter-based stream: (seed, offset) from the caller or drawn
-from a torch.Generator, and per-row ids (default 0..N-1) so a row keeps its stream
-whatever the batch. Column c of explicit noise and column c of the Philox stream play
-the same role, so `noise = philox_uniform(seed, offset, row_ids, width)` reproduces the
-seeded call exactly. Draws that must be independent need distinct offsets (a sampler
-uses one offset per kind of draw and step). seed and offset are ints in [0, 2**64), or
-int64 tensors of one element on the op's device that the kernels read when they run.
+Each uniform is a pure function of (seed, offset, row id, column) (Philox4x32-10, in (0, 1]),
+so a row keeps its stream whatever the batch; the C++ (csrc/rng.h) and Triton
+(kernels/rng.py) paths reproduce these bits exactly. Every op takes explicit uniforms
+(`noise`) or (seed, offset) (ints or int64 tensors read by the kernels) with per-row ids, or a
+torch.Generator; `noise = philox_uniform(seed, offset, row_ids, width)` reproduces a seeded call.
+The stream, 64-bit row ids and the arguments: docs/ops/rng.md.
 """
 from __future__ import annotations
 
@@ -76,7 +54,7 @@ def philox4x32(c0, c1, c2, c3, k0, k1):
 
 def row_key(seed, rows: torch.Tensor) -> tuple:
     """Philox key words (k0, k1) of each row id (int64 tensor holding uint64 bits):
-    the seed's words below 2**32, the derived key of the module docstring above.
+    the seed's words below 2**32, the derived key of docs/ops/rng.md.
     seed: an int, or an int64 0-d tensor holding its bits."""
     seed_lo, seed_hi = seed & _MASK32, (seed >> 32) & _MASK32
     row_hi = (rows >> 32) & _MASK32
@@ -121,12 +99,20 @@ def philox_uniform(
     cols: Union[torch.Tensor, int],
     device: Optional[torch.device] = None,
 ) -> torch.Tensor:
-    """Uniforms in (0, 1], float32 [len(rows), n_cols], from (seed, offset, row id, column).
+    """Uniforms in (0, 1] from (seed, offset, row id, column) (docs/ops/rng.md).
 
-    seed, offset: ints in [0, 2**64), or int64 tensors of one element holding their bits
-    (read on the device, so a CUDA graph replays with whatever value they hold).
-    rows: row ids (Long[N], 64-bit: negative values stand for ids >= 2**63); cols: number
-    of columns M (columns 0..M-1) or Long[M].
+    Args:
+        seed: int in [0, 2**64) or an int64 tensor of one element holding its bits.
+        offset: like seed.
+        rows: row ids, Long[N] (64-bit: negative values stand for ids >= 2**63).
+        cols: the number of columns M (columns 0..M-1) or Long[M].
+        device: the device of the result when rows is not a tensor.
+
+    Returns:
+        Float32[N, M].
+
+    Raises:
+        ValueError: a seed or offset out of range, or rows / cols not 1-D.
     """
     check_seed(seed, offset)
     rows = torch.as_tensor(rows, dtype=torch.int64, device=device)
@@ -142,8 +128,8 @@ def philox_uniform(
 
 def seed_from_generator(generator: Optional[torch.Generator]) -> tuple[int, int]:
     """Draw a (seed, offset) pair from a torch.Generator (or the global one)."""
-    seed, offset = torch.randint(0, 2**62, (2,), generator=generator, dtype=torch.int64).tolist()  # one call,
-    # where indexing twice cost an unseeded op call 2.5 us more (benchmarks/host_cost.py)
+    # one call and one tolist: indexing the tensor twice costs an unseeded op call more host time
+    seed, offset = torch.randint(0, 2**62, (2,), generator=generator, dtype=torch.int64).tolist()
     return seed, offset
 
 

@@ -1,19 +1,9 @@
-"""rotary: the rotary position embedding of q or k in one pass (the rotation of
-ddpd.models.attention.RotaryEmbedding), for networks sampling on a GPU.
-
-Law (rotary_reference): x [B, H, L, d] with d even, cos and sin float32 tables
-[L', d/2] with L' >= L; with x1, x2 the two halves of x's channels in float32,
-    out = cat(x1 * cos - x2 * sin, x2 * cos + x1 * sin)   (cos, sin: rows 0..L-1)
-rounded to x's dtype. In torch that is about ten elementwise kernels (a float32 copy,
-four products, a difference, a sum, a concatenation, the cast back), each reading and
-writing the whole tensor, twice per attention layer; the Triton kernel reads x once
-and writes the output once, computing the same roundings in the same order (no fused
-multiply-adds), so it returns the reference's values bit for bit.
-
-CUDA tensors run the Triton kernel ddpd.kernels.rotary (where Triton imports), CPU
-tensors the reference; so does any call whose output needs a gradient (the kernel has
-no backward). The output is a new contiguous tensor; x may be any view whose last
-dimension is contiguous (q or k sliced out of a qkv projection).
+"""The rotary position embedding of q or k in one pass (the rotation of
+ddpd.models.attention.RotaryEmbedding), for networks sampling on a GPU:
+out = cat(x1 cos - x2 sin, x2 cos + x1 sin) in float32, rounded to x's dtype.
+CUDA tensors run ddpd.kernels.rotary, bit for bit the reference; CPU tensors and calls that
+need a gradient run the reference.
+The law and the kernel: docs/ops/rotary.md.
 """
 from __future__ import annotations
 
@@ -26,7 +16,14 @@ BLOCK_ELEMENTS = 4096  # channel pairs per program: BLOCK_L positions x BLOCK_HA
 
 
 def rotary_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Plain torch rotation (the module docstring's law)."""
+    """Plain torch version of rotary (the law of docs/ops/rotary.md), the kernel's values bit for bit.
+
+    Args:
+        The arguments of ddpd.ops.rotary (not checked here).
+
+    Returns:
+        The rotated tensor, of x's dtype; differentiable.
+    """
     length = x.shape[-2]
     x1, x2 = x.float().chunk(2, dim=-1)
     cos, sin = cos[:length], sin[:length]
@@ -101,9 +98,21 @@ def _(x, cos, sin):
 
 
 def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [B, H, L, d] (float32/bfloat16/float16, d even) rotated by position: the module
-    docstring's law, with cos and sin float32 [L' >= L, d/2]. Returns a new contiguous
-    tensor of x's dtype; differentiable (through the reference) when a gradient is needed."""
+    """Rotate x by position: the rotary position embedding (docs/ops/rotary.md).
+
+    Args:
+        x: float32/bfloat16/float16 [B, H, L, d], d even, last dimension contiguous.
+        cos: float32 [L' >= L, d/2].
+        sin: float32 [L' >= L, d/2].
+
+    Returns:
+        A new contiguous tensor of x's shape and dtype; differentiable (through the
+        reference) when a gradient is needed.
+
+    Raises:
+        TypeError: a tensor of the wrong dtype.
+        ValueError: a shape or device mismatch.
+    """
     check_rotary(x, cos, sin)
     if _dispatch.needs_grad(x, cos, sin):
         return rotary_reference(x, cos, sin)

@@ -1,85 +1,16 @@
-"""One token per row from logits [..., V], without writing a softmax, with the
-sampling controls of practitioners' samplers and the drawn token's log-probability
-or confidence from the same pass.
+"""One token per row from logits [..., V] without writing a softmax: the denoising draw
+j ~ Cat(p_{1|t}(x_1^d = j | x_t, z_t^d = N)) of Algorithm `alg:sampling` (prop:self-loop-jumps)
+and the token draw of MDLM, LLaDA, Dream and MaskGIT samplers, with their controls
+(temperature, top_k, top_p, min_p, excluded and allowed tokens: DrawControls) and the drawn
+token's log-probability or confidence from the same pass.
 
-This is the denoising draw j ~ Cat(p_{1|t}(x_1^d = j | x_t, z_t^d = N)) of the DDPD
-sampler (Algorithm `alg:sampling`, `prop:self-loop-jumps`), and the token draw of
-MDLM, LLaDA, Dream and MaskGIT samplers.
-
-The law. With l the logits of a row as float32 (float64 inputs minus their row maximum
-over the drawable tokens, subtracted in float64 and then rounded: logits beyond float32's
-range keep their differences; float64_rows), NaN, excluded (exclude_ids, exclude_per_row)
-and not allowed (allowed[..., j] False) tokens read as -inf; M = max_j l_j; T the
-row's temperature (T = 1 for the statistics of a greedy row) and
-shift(a, b) = (a - b) / T for a <= b, exactly 0 where a == b and -inf where a = -inf
-(exact for every T in [0, MAX_TEMPERATURE = 1e36]: see shifted; a temperature below
-float32's range rounds to 0 and leaves only the maxima), y_j = shift(l_j, M):
-1. truncation keeps K = the tokens with l_j >= tau, tau the largest of
-   - top_k (k >= 1): the k-th largest logit, counted with multiplicity (ties at the
-     boundary are all kept); off for k = 0 or k >= the number of allowed tokens;
-   - top_p (p in (0, 1]): over what top_k keeps, with e_j = exp(y_j) and Z their
-     sum, a token is kept when the mass of the tokens strictly above it is below
-     p Z: the smallest upper set whose mass reaches p (ties kept together); off at
-     p = 1. e_j is a float32 exp summed in float64 (the Triton kernel sums blocks of
-     values in float32 first); a token whose
-     cumulative mass lies within a few float32 ulps of p Z may fall on either side on
-     different paths (exp and the order of the sums differ in C++, Triton and torch);
-   - min_p (in [0, 1]): the tokens with y_j >= log(min_p) (p_j >= min_p p_max);
-     off at 0;
-   in that order (top_p renormalised after top_k, as Hugging Face and vLLM do;
-   min_p is relative to the maximum, so its place changes nothing). Each keeps an
-   upper set of the row, so K = {l >= tau}; M is always kept.
-2. the token is drawn from softmax(y) over K; with temperature 0 (greedy) it is the
-   first argmax of l. No sort of the vocabulary: the thresholds come from a radix
-   search over the order-preserving 32-bit keys of the logits (csrc/cpu/sample_categorical.h,
-   ddpd.kernels.sample_categorical); on the CPU a row of at most 64 allowed logits sorts
-   them on the stack, and top-k's k-th largest of up to 4096 comes from a histogram of
-   their values and a selection in its bucket.
-3. return_logprob: log p(token) = y_token - log sum_{j in K} exp(y_j) under this
-   tempered, truncated law (at temperature 0: the law at T = 1, as LLaDA and Dream
-   compute confidences when decoding greedily); confidence="prob" that probability,
-   "margin" p(top 1) - p(top 2) (0 when the top value is tied), "entropy"
-   sum_j p_j log p_j (minus the entropy: larger is more confident). Rows with nothing
-   drawable: log-probability and confidence -inf.
-
-Method: two-level exact Gumbel-max, every comparison made relative to a maximum so
-that no scale of logits or temperature loses the noise. The vocabulary is cut into
-tiles of TILE = 256 tokens. With m_t the maximum of tile t (over K):
-  y_j^t = shift(l_j, m_t)                  tempered logit relative to its tile maximum
-  s_t = log sum_{j in t} exp(y_j^t)        in [0, log TILE]
-  tile  = argmax_t  shift(m_t, M) + (s_t + G_t)     (G_t from column V + t)
-  token = argmax_{j in tile}  y_j^t + G_j           (G_j from column j)
-shift(m_t, M) + s_t = log sum_{j in t} exp((l_j - M) / T), so P(j) = P(tile of j)
-P(j | tile) = softmax(l / T)_j exactly, whatever the scale: logits [1e30, 1e30] draw
-each token half the time, [5, 5, 1] at T = 1e-6 the first two half the time each.
-Ties at +inf: every +inf logit has y = 0 and every other -inf, so the draw is uniform
-among the +inf entries. A greedy row races without s_t + G_t and G_j: the first tile
-holding M, then its first maximum. The log-probability and confidences come from the
-same tile statistics (log Z = log sum_t exp(shift(m_t, M) + s_t), the two largest
-values, sum_j e_j y_j per tile). The logits are read once plus one tile again (more
-passes for a truncation threshold); a row needs n_tiles + TILE uniforms instead of V;
-no [N, V] probability tensor is ever written.
-`categorical_reference` is this law in plain torch, for any V, from explicit noise:
-every path (C++, Triton, the samplers' reference code) is tested against it.
-
-Uniforms: column j < V drives token j, column V + t drives tile t, either of
-explicit `noise` Float[..., V + n_tiles] (uniforms in (0, 1], checked on CPU) or of
-the Philox stream of (seed, offset, row id) (ddpd.ops.rng.philox_uniform).
-
-Controls and outputs per row: temperature, top_k, top_p and min_p are numbers or
-tensors of the leading shape (one value per row; 0-d tensors apply to every row),
-read by the kernels (a temperature tensor annealed in place needs no recompilation
-under torch.compile); their values are checked on CPU tensors in eager calls (on
-CUDA that would sync: there a negative or NaN temperature draws greedily). Rows with
-no drawable token return token 0 and valid = False; NaN logits are never drawn.
-Tokens are always in [0, V). exclude_ids and exclude_per_row values are range-checked
-on CPU only, inside the C++ kernel; on CUDA a value outside [0, V) excludes nothing.
-Eager calls go straight to the kernels; under tracing (torch.compile, make_fx,
-fake tensors) the call goes through the registered custom op ddpd::sample_categorical.
-torch.func transforms (vmap) are refused: give the batch as leading dimensions.
-CPU tensors run the C++ kernel of ddpd._C (csrc/cpu/sample_categorical.cpp),
-CUDA tensors the Triton kernels ddpd.kernels.sample_categorical (each row's tiles
-split over several programs, then one small program per row: categorical_launch).
+Method: an exact two-level Gumbel-max over tiles of TILE tokens, each comparison relative to a
+maximum so that no scale of logits or temperature loses the noise; truncation thresholds by a
+radix search, no sort. `categorical_reference` is the law in plain torch from explicit noise.
+Uniforms: column j drives token j, column V + t tile t (noise_width(V) a row).
+CPU tensors run csrc/cpu/sample_categorical.cpp, CUDA tensors ddpd.kernels.sample_categorical;
+traced calls go through the custom op ddpd::sample_categorical.
+The law, the truncation rules and the method: docs/ops/sample_categorical.md.
 """
 from __future__ import annotations
 
@@ -93,6 +24,8 @@ from typing import Optional
 import torch
 
 from ddpd.ops import _dispatch, rng
+from ddpd.ops.controls import DrawControls, unpack
+from ddpd.ops.results import Draw
 from ddpd.validation import check_float, check_same_device, check_tensor
 
 TILE = 256
@@ -127,7 +60,17 @@ def n_tiles(vocab_size: int) -> int:
 
 
 def noise_width(vocab_size: int) -> int:
-    """Uniforms per row that explicit `noise` must hold: V token + n_tiles tile uniforms."""
+    """Uniforms per row that explicit `noise` of a draw over vocab_size tokens must hold.
+
+    Args:
+        vocab_size: V, an int >= 1.
+
+    Returns:
+        V token uniforms plus one a tile of TILE tokens.
+
+    Raises:
+        ValueError: vocab_size is not an int >= 1.
+    """
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
         raise ValueError(f"vocab_size must be an int >= 1, got {vocab_size!r}")
     return vocab_size + n_tiles(vocab_size)
@@ -206,8 +149,8 @@ INTS = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
 @functools.lru_cache(maxsize=64)
 def usual_controls(temperature: float) -> Controls:
-    """The controls of a call with only a temperature, made once a value: building the
-    frozen dataclass costs a call a microsecond (a lookup a tenth of that)."""
+    """The controls of a call with only a temperature, made once a value: a cache lookup
+    costs a call less host time than building the frozen dataclass."""
     return Controls(temperature=temperature)
 
 
@@ -354,12 +297,13 @@ class Call:
         return (self.exclude_ids, self.exclude_per_row, self.allowed, self.noise, self.row_ids, self.counters[2],
                 self.counters[3], c.temperature_t, c.top_k_t, c.top_p_t, c.log_min_p_t)
 
-    def finish(self, tokens, valid, logprob, confidence) -> tuple:
-        """(tokens, valid[, logprob][, confidence]) in the leading shape."""
-        out = (tokens, valid) + ((logprob,) if self.logprob else ()) + ((confidence,) if self.confidence else ())
-        if len(self.lead) == 1:  # rows as given: nothing to reshape (a few microseconds a call)
-            return out
-        return tuple(t.reshape(self.lead) for t in out)
+    def finish(self, tokens, valid, logprob, confidence) -> Draw:
+        """The Draw in the leading shape, None in the outputs not asked for."""
+        logprob = logprob if self.logprob else None
+        confidence = confidence if self.confidence else None
+        if len(self.lead) == 1:  # rows as given: nothing to reshape
+            return Draw(tokens, valid, logprob, confidence)
+        return Draw(*(None if t is None else t.reshape(self.lead) for t in (tokens, valid, logprob, confidence)))
 
     def rows(self, inputs: torch.Tensor) -> torch.Tensor:
         """inputs [..., X] as [N, X], without gradient (a draw has none)."""
@@ -367,11 +311,25 @@ class Call:
         return x if x.dim() == 2 else x.reshape(math.prod(self.lead), x.shape[-1])  # not -1: H may be 0
 
 
+def flat_controls(controls: Optional[DrawControls], temperature, exclude_ids, exclude_per_row, allowed, top_k, top_p,
+                  min_p) -> tuple:
+    """(temperature, exclude_ids, exclude_per_row, allowed, top_k, top_p, min_p) of a call that
+    gives them as `controls` or as flat keywords (not both: TypeError)."""
+    if controls is None:
+        return temperature, exclude_ids, exclude_per_row, allowed, top_k, top_p, min_p
+    temperature, top_k, top_p, min_p, exclude_ids, exclude_per_row, allowed = unpack(
+        controls, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, exclude_ids=exclude_ids,
+        exclude_per_row=exclude_per_row, allowed=allowed)
+    return temperature, exclude_ids, exclude_per_row, allowed, top_k, top_p, min_p
+
+
 def prepare(op: str, input_name: str, inputs: torch.Tensor, vocab_size: int, temperature, exclude_ids,
             exclude_per_row, allowed, top_k, top_p, min_p, return_logprob, confidence, seed, offset, generator,
-            row_ids, noise) -> Call:
+            row_ids, noise, controls=None) -> Call:
     """Validate the arguments shared by sample_categorical and sample_from_hidden;
     inputs [..., X] gives the leading shape (its rows)."""
+    temperature, exclude_ids, exclude_per_row, allowed, top_k, top_p, min_p = flat_controls(
+        controls, temperature, exclude_ids, exclude_per_row, allowed, top_k, top_p, min_p)
     _dispatch.refuse_transforms(op, inputs, noise, row_ids, allowed, exclude_per_row, temperature, top_k, top_p,
                                 min_p)
     _dispatch.check_width(f"V ({input_name})", vocab_size)
@@ -451,7 +409,7 @@ def shifted(a: torch.Tensor, b: torch.Tensor, temperature) -> torch.Tensor:
 
 def truncation_threshold(x: torch.Tensor, t: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
                          log_min_p: torch.Tensor) -> torch.Tensor:
-    """tau [N] of the module docstring's truncation (-inf where nothing is cut), from the
+    """tau [N] of the truncation of docs/ops/sample_categorical.md (-inf where nothing is cut), from the
     masked logits x [N, V], the effective temperatures t [N] and the per-row controls;
     by sorting, for clarity (the kernels search without sorting)."""
     rows, vocab = x.shape
@@ -485,7 +443,7 @@ def truncation_threshold(x: torch.Tensor, t: torch.Tensor, top_k: torch.Tensor, 
 
 def draw(x: torch.Tensor, controls: Controls, noise: torch.Tensor, logprob: bool = False,
          confidence: int = 0) -> tuple:
-    """The law of the module docstring on masked float32 logits x [N, V]: (tokens, valid,
+    """The law of docs/ops/sample_categorical.md on masked float32 logits x [N, V]: (tokens, valid,
     logprob | None, confidence | None). noise [N, noise_width(V)] (or [N, V] when V <=
     TILE: a single tile needs no tile uniform; unused by greedy rows)."""
     rows, vocab = x.shape
@@ -524,7 +482,7 @@ def draw(x: torch.Tensor, controls: Controls, noise: torch.Tensor, logprob: bool
 
 def statistics(x, t, row_max, token, valid, logprob: bool, confidence: int) -> tuple:
     """(logprob | None, confidence | None) of the drawn tokens under the truncated,
-    tempered law, in float64 then float32 (module docstring, step 3)."""
+    tempered law, in float64 then float32 (docs/ops/sample_categorical.md, step 3)."""
     y = shifted(x, row_max, t[:, None]).double()  # relative to M, -inf outside K
     log_z = torch.logsumexp(y, dim=1)
     lp = y.gather(1, token[:, None]).squeeze(1) - log_z
@@ -545,16 +503,29 @@ def statistics(x, t, row_max, token, valid, logprob: bool, confidence: int) -> t
 
 
 def categorical_reference(logits: torch.Tensor, temperature, noise: Optional[torch.Tensor], *, top_k=None, top_p=None,
-                          min_p=None, return_logprob: bool = False, confidence: Optional[str] = None) -> tuple:
-    """The categorical draw of every ddpd path, in plain torch: one token per row of
-    the law of the module docstring (steps 1-3) by the two-level Gumbel-max.
+                          min_p=None, return_logprob: bool = False, confidence: Optional[str] = None) -> Draw:
+    """The categorical draw of every ddpd path, in plain torch (ddpd.ops.reference.categorical).
 
-    logits [N, V] (any float dtype; NaN reads as -inf; excluded tokens already -inf);
-    temperature in [0, MAX_TEMPERATURE] (0: greedy), top_k, top_p, min_p: numbers or per-row tensors [N];
-    noise [N, noise_width(V)] uniforms (column j for token j, column V + t for tile t),
-    or [N, V] when V <= TILE (a single tile needs no tile uniform); None for greedy.
-    Returns (tokens Long[N], valid Bool[N][, logprob][, confidence]): token 0 and valid
-    False where every logit is -inf or NaN.
+    One token per row of the law of docs/ops/sample_categorical.md (steps 1-3) by the
+    two-level Gumbel-max; every path (C++, Triton, the samplers' reference) is tested against it.
+
+    Args:
+        logits: [N, V] any float dtype; NaN reads as -inf; excluded tokens already -inf.
+        temperature: in [0, MAX_TEMPERATURE] (0: greedy), a number or a per-row tensor [N].
+        noise: [N, noise_width(V)] uniforms (column j for token j, column V + t for tile t),
+            or [N, V] when V <= TILE (a single tile needs no tile uniform); None when every
+            row is greedy.
+        top_k, top_p, min_p: numbers or per-row tensors [N] (None: off).
+        return_logprob: also return the drawn token's log-probability.
+        confidence: None, or "prob", "margin" or "entropy".
+
+    Returns:
+        Draw(tokens Long[N], valid Bool[N], logprob or None, confidence or None): token 0 and
+        valid False where every logit is -inf or NaN.
+
+    Raises:
+        TypeError: an argument of the wrong type.
+        ValueError: a shape or value out of range, or no noise for a row that is not greedy.
     """
     check_tensor("logits", logits, FLOATS, 2)
     controls = check_controls(temperature, top_k, top_p, min_p, tuple(logits.shape[:1]), logits)
@@ -570,8 +541,7 @@ def categorical_reference(logits: torch.Tensor, temperature, noise: Optional[tor
         if not bool((controls.per_row(logits.shape[0], logits.device)[0] < 0).all()):
             raise ValueError("noise is needed unless every row is drawn greedily (temperature 0)")
         noise = logits.new_full((logits.shape[0], noise_width(logits.shape[1])), 0.5, dtype=torch.float32)
-    tokens, valid, lp, conf = draw(masked_logits(logits, None, None), controls, noise, logprob, code)
-    return tuple(o for o in (tokens, valid, lp, conf) if o is not None)
+    return Draw(*draw(masked_logits(logits, None, None), controls, noise, logprob, code))
 
 
 def sample_categorical_reference(
@@ -584,6 +554,7 @@ def sample_categorical_reference(
     top_p=None,
     min_p=None,
     allowed: Optional[torch.Tensor] = None,
+    controls: Optional[DrawControls] = None,
     return_logprob: bool = False,
     confidence: Optional[str] = None,
     seed=None,
@@ -591,10 +562,20 @@ def sample_categorical_reference(
     generator: Optional[torch.Generator] = None,
     row_ids: Optional[torch.Tensor] = None,
     noise: Optional[torch.Tensor] = None,
-) -> tuple:
-    """Plain torch version of sample_categorical (same arguments, same tokens)."""
-    call = prepare_categorical(logits, temperature, exclude_ids, exclude_per_row, allowed, top_k, top_p, min_p,
-                               return_logprob, confidence, seed, offset, generator, row_ids, noise)
+) -> Draw:
+    """Plain torch version of sample_categorical, written for clarity: the same results from the same uniforms.
+
+    Args:
+        The arguments of ddpd.ops.sample_categorical.
+
+    Returns:
+        What ddpd.ops.sample_categorical returns (Draw).
+
+    Raises:
+        What ddpd.ops.sample_categorical raises.
+    """
+    call = prepare_categorical(logits, temperature, exclude_ids, exclude_per_row, allowed, top_k, top_p,
+                               min_p, return_logprob, confidence, seed, offset, generator, row_ids, noise, controls)
     vocab = logits.shape[-1]
     x = logits.reshape(-1, vocab)
     check_id_values("exclude_ids", call.exclude_ids, vocab)
@@ -610,25 +591,13 @@ def sample_categorical_reference(
 # ------------------------------------------------------------------------ fused op
 
 
-# The tile statistics' launch: programs of one warp, each reading 2 tiles at a time, 64 of
-# them per multiprocessor (more than fit at once: the grid runs in waves). In one warp a
-# tile of 256 is 8 values a lane and its maximum and mass are reduced within the warp;
-# with 4 warps, rows that do not start 16-byte aligned (V = 50257 in bf16) spread each
-# tile over the warps, and each tile's two reductions went through shared memory and
-# barriers (the 1024-row draw was compute-bound, kernel_profile: 74% of the SM's issue
-# against 19% of DRAM). Graph replay on an H200 (results/nvidia-h200-2026-11-27-6-launch-
-# sweeps.txt), this launch against the former (8 programs a multiprocessor of 4 warps, 4
-# tiles at a time): 1024 x 50257 bf16 76 against 127 us, 1024 x 50304 66 against 78,
-# 64 x 50257 13.8 against 17.1, 64 x 128256 19.3 against 21.8: the fastest tried at 64
-# rows; at 1024 rows 128 programs a multiprocessor were faster (72.5 and 63.4 us) but cost
-# 64 rows 17.0.
+# The tile statistics' launch: programs of one warp, each reading 2 tiles at a time, 64 of them
+# per multiprocessor (more than fit at once: the grid runs in waves); one warp reduces a tile
+# without shared memory or barriers. Measured against other launches in docs/performance.md.
 STATS_PROGRAMS_PER_SM, STATS_TILES_PER_LOAD, STATS_WARPS = 64, 2, 1
-# The finish pass: one program a row, of 4 warps (Triton's default, what every GPU run so far
-# timed). At 64 rows it is latency-bound (ncu: 5.0 us at 64 x 50257 bf16, the tile statistics
-# of that launch 10.5; nvidia-h200-2026-11-27-5-profile.txt); compiled for sm_90, its race over
-# a row's 197 tiles is a loop of 324 instructions a warp with 4 barriers
-# (results/cpu-sm90-binaries-2026-11-27-windows.txt): fewer warps make each warp's loop longer
-# with fewer barriers, more the reverse. The launch sweep of benchmarks/gpu_timings.py times 2, 4, 8.
+# The finish pass: one program a row, of 4 warps (Triton's default); latency-bound at few rows:
+# fewer warps make each warp's loop over the tiles longer with fewer barriers, more the reverse
+# (docs/performance.md; the launch sweep of benchmarks/gpu_timings.py times 2, 4, 8).
 FINISH_WARPS = 4
 
 
@@ -670,8 +639,8 @@ def categorical_launch(rows: int, vocab: int, multiprocessors: int, programs_per
 def empty_outputs(rows: int, device: torch.device, logprob: bool, confidence: int, eager: bool = False) -> tuple:
     """(tokens, valid, logprob, confidence) for the kernels to write. An output not asked for
     is empty; in an eager call (eager=True: Call.finish drops it, and no kernel writes it) it
-    is one empty tensor that such calls share, as an allocation costs a call a microsecond or
-    more. The registered op returns outputs of its own: they may not alias."""
+    is one empty tensor that such calls share, as an allocation costs a call host time. The
+    registered op returns outputs of its own: they may not alias."""
     def extra(asked: bool) -> torch.Tensor:
         if not asked and eager:
             return _dispatch.unused_output(device)
@@ -794,13 +763,13 @@ def _(logits, *args):
 
 
 def prepare_categorical(logits, temperature, exclude_ids, exclude_per_row, allowed, top_k, top_p, min_p,
-                        return_logprob, confidence, seed, offset, generator, row_ids, noise) -> Call:
+                        return_logprob, confidence, seed, offset, generator, row_ids, noise, controls=None) -> Call:
     check_tensor("logits", logits, LOGIT_DTYPES)
     if logits.dim() == 0:
         raise ValueError("logits must have shape [..., V], got a 0-d tensor")
-    return prepare("sample_categorical", "logits.shape[-1]", logits, logits.shape[-1], temperature, exclude_ids,
-                   exclude_per_row, allowed, top_k, top_p, min_p, return_logprob, confidence, seed, offset,
-                   generator, row_ids, noise)
+    return prepare("sample_categorical", "logits.shape[-1]", logits, logits.shape[-1], temperature,
+                   exclude_ids, exclude_per_row, allowed, top_k, top_p, min_p, return_logprob, confidence, seed, offset,
+                   generator, row_ids, noise, controls)
 
 
 def sample_categorical(
@@ -813,6 +782,7 @@ def sample_categorical(
     top_p=None,
     min_p=None,
     allowed: Optional[torch.Tensor] = None,
+    controls: Optional[DrawControls] = None,
     return_logprob: bool = False,
     confidence: Optional[str] = None,
     seed=None,
@@ -820,27 +790,48 @@ def sample_categorical(
     generator: Optional[torch.Generator] = None,
     row_ids: Optional[torch.Tensor] = None,
     noise: Optional[torch.Tensor] = None,
-) -> tuple:
-    """Draw one token per row of `logits` [..., V] (float32/bfloat16/float16/float64).
+) -> Draw:
+    """Draw one token per row of `logits` [..., V] (docs/ops/sample_categorical.md).
 
-    The law is the module docstring's: P(token j) = softmax(logits / temperature)_j over
-    the tokens kept by exclude_ids (ints or an integer tensor: tokens no row may draw),
-    exclude_per_row (Long[...], one more per row), allowed (Bool[..., V]) and the
-    truncations top_k, top_p, min_p (numbers or tensors of the leading shape; None or
-    0 / 1 / 0: off). temperature: a number in [0, 1e36] or a tensor of the leading shape;
-    0 draws the argmax (greedy).
-    Randomness: `seed`/`offset` (ints in [0, 2**64), or int64 tensors of one element on
-    the device of logits, read by the kernels: advancing such a tensor in place gives
-    fresh draws on each replay of a captured CUDA graph), or both drawn from
-    `generator`; `row_ids` Long[...] names each row's stream (default 0..N-1 over the
-    flattened rows); or explicit uniforms `noise` Float[..., noise_width(V)].
-    Returns (tokens Long[...] in [0, V), valid Bool[...]); valid is False where no
-    token was drawable, and the token there is 0. return_logprob=True appends the
-    drawn token's log-probability (float32) under the tempered, truncated law;
-    confidence="prob" / "margin" / "entropy" appends that confidence (float32).
+    P(token j) = softmax(logits / temperature)_j over the tokens the controls keep, drawn by an
+    exact two-level Gumbel-max without a softmax.
+
+    Args:
+        logits: float32/bfloat16/float16/float64 [..., V]; NaN is never drawn.
+        controls: the draw controls as one DrawControls (temperature, top_k, top_p, min_p,
+            exclude_ids, exclude_per_row, allowed); or give them as the flat keywords below,
+            not both.
+        temperature: a number in [0, 1e36] or a tensor of the leading shape; 0 draws the argmax.
+        exclude_ids: tokens no row may draw (ints or an integer tensor).
+        exclude_per_row: Long[...] one more excluded token per row.
+        top_k, top_p, min_p: truncations, numbers or tensors of the leading shape (None: off).
+        allowed: Bool[..., V] the tokens each row may draw.
+        return_logprob: also return the drawn token's log-probability under the tempered,
+            truncated law.
+        confidence: None, or "prob", "margin" or "entropy": also return that confidence.
+        seed: int in [0, 2**64) or an int64 tensor of one element on the input's device (read by
+            the kernels: advancing it in place gives fresh draws on each replay of a CUDA graph);
+            None draws seed and offset from `generator`.
+        offset: like seed; give calls that share a seed different offsets.
+        generator: the torch.Generator seed and offset are drawn from (default: torch's global one).
+        row_ids: Long ids naming each row's stream (default 0..N-1 over the flattened rows).
+        noise: explicit uniforms in (0, 1] instead of a stream Float[..., noise_width(V)].
+
+    Returns:
+        Draw(tokens Long[...] in [0, V), valid Bool[...] (False where no token was drawable,
+        the token there 0), logprob Float[...] or None, confidence Float[...] or None).
+
+    Raises:
+        TypeError: an argument of the wrong type, or controls beside a flat control.
+        ValueError: a shape, device or value out of range (values of tensors are checked on
+            CPU tensors in eager calls only).
+
+    Example:
+        >>> draw = sample_categorical(logits, controls=DrawControls(temperature=0.8, top_p=0.9), seed=0)
+        >>> draw.tokens
     """
-    call = prepare_categorical(logits, temperature, exclude_ids, exclude_per_row, allowed, top_k, top_p, min_p,
-                               return_logprob, confidence, seed, offset, generator, row_ids, noise)
+    call = prepare_categorical(logits, temperature, exclude_ids, exclude_per_row, allowed, top_k, top_p,
+                               min_p, return_logprob, confidence, seed, offset, generator, row_ids, noise, controls)
     x = call.rows(logits)
     if x.dtype == torch.float64:  # the kernels read float32
         x = float64_rows(x, call.exclude_ids, call.exclude_per_row, call.allowed)

@@ -1,25 +1,14 @@
 """The denoiser's output head fused with the categorical draw: one token per row of
 softmax((hidden @ weight^T + bias) / temperature), without the [N, V] logits.
 
-In a DDPD step only the positions chosen by the planner are denoised
-(Algorithm `alg:sampling`, j^{d'} ~ Cat(p_{1|t}(x_1^{d'} | x_t, z^{d'} = N))), so
-the head is needed at N = B * k rows, not B * D. This op takes the final hidden
-states of those rows and the head's weight, and draws exactly what
-ddpd.ops.sample_categorical draws from the logits, noise for noise, with the same
-controls and outputs: the same two-level Gumbel-max over tiles of TILE = 256 tokens,
-the same uniforms (column j for token j, column V + t for tile t). The logits are
-computed a chunk of tiles at a time (CPU: a BLAS matmul into an N x 4096 buffer;
-CUDA: a GEMM on the tensor cores per row block and vocabulary split, head_launch:
-bf16 / fp16 operands with float32 accumulation, float32 operands as three TF32
-products, about 22 of float32's 24 bits a product) and reduced on the fly to a few
-numbers per tile; the CPU computes the winning tile's
-logits again, the CUDA kernels keep every tile's candidate token instead (the weight
-is read once). A truncation threshold (top_k, top_p, min_p) needs a whole row: those
-calls compute the float32 logits [N, V] (head_logits) and draw them with
+A DDPD step denoises only the positions the planner chose (Algorithm `alg:sampling`), so the
+head is needed at B * k rows, not B * D. The op draws exactly what sample_categorical draws
+from the logits, noise for noise, with the same controls and results; the logits are computed
+a chunk of tiles at a time and reduced on the fly. A truncation (top_k, top_p, min_p) needs a
+whole row: those calls compute the float32 logits (head_logits) and draw them with
 sample_categorical's kernels.
-
-CPU tensors run the C++ kernel of ddpd._C (csrc/cpu/sample_from_hidden.cpp),
-CUDA tensors the Triton kernels ddpd.kernels.sample_from_hidden.
+CPU tensors run csrc/cpu/sample_from_hidden.cpp, CUDA tensors ddpd.kernels.sample_from_hidden.
+The method and its precision: docs/ops/sample_from_hidden.md.
 """
 from __future__ import annotations
 
@@ -31,6 +20,8 @@ import torch
 import torch.nn.functional as F
 
 from ddpd.ops import _dispatch, rng
+from ddpd.ops.controls import DrawControls
+from ddpd.ops.results import Draw
 from ddpd.ops.sample_categorical import (
     TILE,
     Call,
@@ -50,8 +41,8 @@ HEAD_CHUNK = 4096  # vocabulary rows of the weight cast to float32 at a time (CP
 HEAD_DTYPES = _dispatch.FLOAT_DTYPES  # of hidden, weight and bias
 
 
-def prepare_hidden(hidden, weight, bias, temperature, exclude_ids, exclude_per_row, allowed, top_k, top_p, min_p,
-                   return_logprob, confidence, seed, offset, generator, row_ids, noise) -> Call:
+def prepare_hidden(hidden, weight, bias, temperature, exclude_ids, exclude_per_row, allowed, top_k, top_p,
+                   min_p, return_logprob, confidence, seed, offset, generator, row_ids, noise, controls=None) -> Call:
     check_tensor("hidden", hidden, HEAD_DTYPES)
     if hidden.dim() == 0:
         raise ValueError("hidden must have shape [..., H], got a 0-d tensor")
@@ -64,8 +55,9 @@ def prepare_hidden(hidden, weight, bias, temperature, exclude_ids, exclude_per_r
         check_tensor("bias", bias, HEAD_DTYPES, 1)
         check_shape("bias", bias, (vocab,))
         check_same_device("bias", bias, hidden, "hidden")
-    return prepare("sample_from_hidden", "weight.shape[0]", hidden, vocab, temperature, exclude_ids, exclude_per_row,
-                   allowed, top_k, top_p, min_p, return_logprob, confidence, seed, offset, generator, row_ids, noise)
+    return prepare("sample_from_hidden", "weight.shape[0]", hidden, vocab, temperature, exclude_ids,
+                   exclude_per_row, allowed, top_k, top_p, min_p, return_logprob, confidence, seed, offset, generator,
+                   row_ids, noise, controls)
 
 
 # ------------------------------------------------------------------------- reference
@@ -83,6 +75,7 @@ def sample_from_hidden_reference(
     top_p=None,
     min_p=None,
     allowed: Optional[torch.Tensor] = None,
+    controls: Optional[DrawControls] = None,
     return_logprob: bool = False,
     confidence: Optional[str] = None,
     seed=None,
@@ -90,10 +83,20 @@ def sample_from_hidden_reference(
     generator: Optional[torch.Generator] = None,
     row_ids: Optional[torch.Tensor] = None,
     noise: Optional[torch.Tensor] = None,
-) -> tuple:
-    """Plain torch version: the full float32 logits, then sample_categorical's law."""
-    call = prepare_hidden(hidden, weight, bias, temperature, exclude_ids, exclude_per_row, allowed, top_k, top_p, min_p,
-                          return_logprob, confidence, seed, offset, generator, row_ids, noise)
+) -> Draw:
+    """Plain torch version of sample_from_hidden: the full float32 logits, then sample_categorical's law.
+
+    Args:
+        The arguments of ddpd.ops.sample_from_hidden.
+
+    Returns:
+        What ddpd.ops.sample_from_hidden returns (Draw).
+
+    Raises:
+        What ddpd.ops.sample_from_hidden raises.
+    """
+    call = prepare_hidden(hidden, weight, bias, temperature, exclude_ids, exclude_per_row, allowed, top_k,
+                          top_p, min_p, return_logprob, confidence, seed, offset, generator, row_ids, noise, controls)
     vocab = weight.shape[0]
     h = call.rows(hidden)
     check_id_values("exclude_ids", call.exclude_ids, vocab)
@@ -311,6 +314,7 @@ def sample_from_hidden(
     top_p=None,
     min_p=None,
     allowed: Optional[torch.Tensor] = None,
+    controls: Optional[DrawControls] = None,
     return_logprob: bool = False,
     confidence: Optional[str] = None,
     seed=None,
@@ -318,16 +322,45 @@ def sample_from_hidden(
     generator: Optional[torch.Generator] = None,
     row_ids: Optional[torch.Tensor] = None,
     noise: Optional[torch.Tensor] = None,
-) -> tuple:
+) -> Draw:
     """Draw one token per row of hidden [..., H] through the head weight [V, H] (+ bias [V]).
 
-    Same draw, arguments and outputs as sample_categorical(hidden @ weight.T + bias,
-    ...) (explicit `noise` Float[..., noise_width(V)]), without the [N, V] logits
-    unless a truncation (top_k, top_p, min_p) asks for them.
-    Returns (tokens Long[...] in [0, V), valid Bool[...][, logprob][, confidence]).
+    The same draw, controls and results as sample_categorical(hidden @ weight.T + bias, ...),
+    noise for noise, without the [N, V] logits unless a truncation asks for them
+    (docs/ops/sample_from_hidden.md).
+
+    Args:
+        hidden: float32/bfloat16/float16 [..., H], the final hidden states of the rows to draw.
+        weight: [V, H] the output head's weight.
+        bias: [V] or None.
+        controls: the draw controls as one DrawControls (temperature, top_k, top_p, min_p,
+            exclude_ids, exclude_per_row, allowed); or give them as the flat keywords below,
+            not both.
+        temperature: a number in [0, 1e36] or a tensor of the leading shape; 0 draws the argmax.
+        exclude_ids: tokens no row may draw (ints or an integer tensor).
+        exclude_per_row: Long[...] one more excluded token per row.
+        top_k, top_p, min_p: truncations, numbers or tensors of the leading shape (None: off).
+        allowed: Bool[..., V] the tokens each row may draw.
+        return_logprob: also return the drawn token's log-probability under the tempered,
+            truncated law.
+        confidence: None, or "prob", "margin" or "entropy": also return that confidence.
+        seed: int in [0, 2**64) or an int64 tensor of one element on the input's device (read by
+            the kernels: advancing it in place gives fresh draws on each replay of a CUDA graph);
+            None draws seed and offset from `generator`.
+        offset: like seed; give calls that share a seed different offsets.
+        generator: the torch.Generator seed and offset are drawn from (default: torch's global one).
+        row_ids: Long ids naming each row's stream (default 0..N-1 over the flattened rows).
+        noise: explicit uniforms in (0, 1] instead of a stream Float[..., noise_width(V)].
+
+    Returns:
+        Draw(tokens, valid, logprob or None, confidence or None), each of the leading shape.
+
+    Raises:
+        TypeError: an argument of the wrong type, or controls beside a flat control.
+        ValueError: a shape, device or value out of range.
     """
-    call = prepare_hidden(hidden, weight, bias, temperature, exclude_ids, exclude_per_row, allowed, top_k, top_p, min_p,
-                          return_logprob, confidence, seed, offset, generator, row_ids, noise)
+    call = prepare_hidden(hidden, weight, bias, temperature, exclude_ids, exclude_per_row, allowed, top_k,
+                          top_p, min_p, return_logprob, confidence, seed, offset, generator, row_ids, noise, controls)
     # A draw has no gradient; detaching lets callers pass a live nn.Linear's
     # parameters (requires_grad) outside torch.no_grad().
     h = call.rows(hidden)

@@ -5,8 +5,8 @@ Every sampler is written once (ddpd.sampling.gillespie, tau_leaping, maskgit) ag
 strategy object it is handed:
 
 - `ReferenceDraws`: plain torch. Uniforms come from the noise source as tensors and go to
-  the torch references of the ddpd.ops sampling ops (`planner_select_reference`,
-  `planner_select_mask_reference`, `sample_categorical_reference`); the denoiser's full
+  the torch references of the ddpd.ops sampling ops (`reference.planner_select`,
+  `reference.planner_select_mask`, `reference.sample_categorical`); the denoiser's full
   logits [B, D, V] are computed; a row leaves the batch the step it stops (RunningBatch);
   rows with nothing to draw are left out of a denoiser pass (a host synchronisation).
 - `FusedDraws`: the ddpd.ops kernels. With a PhiloxNoise source the kernels generate the
@@ -44,15 +44,7 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
-from ddpd.ops import (
-    planner_select,
-    planner_select_mask,
-    planner_select_mask_reference,
-    planner_select_reference,
-    sample_categorical,
-    sample_categorical_reference,
-    sample_from_hidden,
-)
+from ddpd.ops import planner_select, planner_select_mask, reference, sample_categorical, sample_from_hidden
 from ddpd.ops.sample_categorical import TILE, noise_width
 from ddpd.sampling.batch import Condition, FusedBatch, RunningBatch, has_head
 from ddpd.sampling.graphs import StepGraphs, step_graphs
@@ -168,12 +160,12 @@ class ReferenceDraws(Draws):
         length = logits.shape[1]
         u = self.noise.uniform(step, SELECT, rows, length)
         if mask_id is None:
-            plan = Plan(*planner_select_reference(logits, max(k, order), selection, eps=eps, noise=u))
+            plan = Plan(*reference.planner_select(logits, max(k, order), selection, eps=eps, noise=u))
             return _ordered(plan, k, order)
         u_mask = self.noise.uniform(step, MASK, rows, length)
-        positions, sum_p, stop, masked, _, count = planner_select_mask_reference(
+        positions, sum_p, stop, masked, _, count = reference.planner_select_mask(
             logits, x, mask_id, k, selection, eps=eps, noise=u, mask_noise=u_mask)
-        ranked = planner_select_reference(logits, order, selection, eps=eps, noise=u)[0] if order > k else None
+        ranked = reference.planner_select(logits, order, selection, eps=eps, noise=u)[0] if order > k else None
         return Plan(positions, sum_p, stop, masked, count, ranked)
 
     def rows_with(self, flags: Tensor) -> Optional[Tensor]:
@@ -181,9 +173,9 @@ class ReferenceDraws(Draws):
 
     def categorical(self, step, rows, logits, per_row, temperature, exclude=None, confidence=False):
         u = self._token_noise(step, rows, per_row, logits.shape[1])
-        out = sample_categorical_reference(logits, temperature, exclude_per_row=exclude, noise=u,
+        out = reference.sample_categorical(logits, temperature, exclude_per_row=exclude, noise=u,
                                            confidence="prob" if confidence else None, **self.controls)
-        return (out[0], out[2]) if confidence else out[0]
+        return (out.tokens, out.confidence) if confidence else out.tokens
 
 
 class FusedDraws(Draws):
@@ -226,12 +218,12 @@ class FusedDraws(Draws):
             stream = self._token_stream(step, rows, per_row, logits.shape[1])
             out = sample_categorical(logits, temperature, exclude_per_row=exclude, **self.controls, **wanted,
                                      **stream)
-            return (out[0], out[2]) if confidence else out[0]
+            return (out.tokens, out.confidence) if confidence else out.tokens
         parts = [sample_categorical(logits[first:last], _part(temperature, first, last), **self.controls, **wanted,
                                     noise=noise, exclude_per_row=_part(exclude, first, last))
                  for first, last, noise in self._token_chunks(step, rows, per_row, logits.shape[1])]
-        tokens = torch.cat([part[0] for part in parts])
-        return (tokens, torch.cat([part[2] for part in parts])) if confidence else tokens
+        tokens = torch.cat([part.tokens for part in parts])
+        return (tokens, torch.cat([part.confidence for part in parts])) if confidence else tokens
 
     def _token_chunks(self, step: int, rows: Tensor, per_row: int, vocab_size: int):
         """(first, last, noise) over the draws of `rows` (per_row each, consecutive): the
@@ -267,7 +259,7 @@ class FusedDraws(Draws):
         out = sample_from_hidden(picked, head.weight, head.bias, temperature, **self.controls,
                                  **(dict(confidence="prob") if confidence else {}),
                                  **self._token_stream(step, rows, k, vocab_size))
-        return (out[0].view(n, k), out[2].view(n, k)) if confidence else out[0].view(n, k)
+        return (out.tokens.view(n, k), out.confidence.view(n, k)) if confidence else out.tokens.view(n, k)
 
     def _token_stream(self, step: int, rows: Tensor, per_row: int, vocab_size: int) -> dict:
         if self.philox and per_row == 1:

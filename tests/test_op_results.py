@@ -1,0 +1,80 @@
+"""The ops' API: fixed-arity results whatever the flags, the draw controls as one object
+(the same draws as the flat keywords), the references by law in ddpd.ops.reference, and the
+former `<op>_reference` names kept one release with a DeprecationWarning."""
+import pytest
+import torch
+
+from ddpd import ops
+from ddpd.ops import DrawControls, reference
+
+FLAGS = [dict(), dict(return_logprob=True), dict(confidence="margin"), dict(return_logprob=True, confidence="prob")]
+
+
+@pytest.mark.parametrize("flags", FLAGS)
+def test_draws_return_four_fields_whatever_the_flags(flags):
+    logits = torch.randn(2, 3, 300, generator=torch.Generator().manual_seed(0))
+    hidden, weight = torch.randn(2, 3, 8), torch.randn(300, 8)
+    for out in (ops.sample_categorical(logits, seed=1, **flags), reference.sample_categorical(logits, seed=1, **flags),
+                ops.sample_from_hidden(hidden, weight, seed=1, **flags),
+                reference.sample_from_hidden(hidden, weight, seed=1, **flags)):
+        assert isinstance(out, ops.Draw) and len(out) == 4
+        assert out.tokens.shape == out.valid.shape == (2, 3)
+        assert (out.logprob is not None) == flags.get("return_logprob", False)
+        assert (out.confidence is not None) == ("confidence" in flags)
+
+
+def test_controls_draw_what_the_flat_keywords_draw():
+    g = torch.Generator().manual_seed(1)
+    logits, hidden, weight = torch.randn(6, 400, generator=g), torch.randn(6, 8, generator=g), torch.randn(400, 8)
+    allowed = torch.rand(6, 400, generator=g) < 0.9
+    flat = dict(temperature=0.7, top_k=50, top_p=0.9, min_p=0.01, exclude_ids=[3, 7],
+                exclude_per_row=torch.arange(6), allowed=allowed)
+    controls = DrawControls(**flat)
+    for op in (ops.sample_categorical, reference.sample_categorical):
+        want = op(logits, seed=4, return_logprob=True, **flat)
+        got = op(logits, controls=controls, seed=4, return_logprob=True)
+        assert torch.equal(got.tokens, want.tokens) and torch.equal(got.logprob, want.logprob)
+    for op in (ops.sample_from_hidden, reference.sample_from_hidden):
+        want = op(hidden, weight, None, seed=4, **flat)
+        assert torch.equal(op(hidden, weight, None, controls=controls, seed=4).tokens, want.tokens)
+
+
+def test_controls_beside_flat_keywords_or_of_another_type_are_refused():
+    logits = torch.randn(2, 10)
+    with pytest.raises(TypeError, match="not both; got controls and top_k"):
+        ops.sample_categorical(logits, controls=DrawControls(temperature=0.5), top_k=3, seed=0)
+    with pytest.raises(TypeError, match="not both; got controls and temperature"):
+        reference.sample_categorical(logits, 0.5, controls=DrawControls(), seed=0)
+    with pytest.raises(TypeError, match="controls must be a DrawControls or None, got dict"):
+        ops.sample_from_hidden(torch.randn(2, 4), torch.randn(10, 4), controls={"top_k": 3}, seed=0)
+
+
+def test_planner_and_compaction_results_have_names():
+    logits, x = torch.randn(3, 12), torch.zeros(3, 12, dtype=torch.long)
+    selection = ops.planner_select(logits, 2, seed=1)
+    plan = ops.planner_select_mask(logits, x, 9, 2, seed=1)
+    mask = ops.planner_mask(logits, x, selection.positions, 9, seed=1)
+    assert isinstance(selection, ops.Selection) and isinstance(plan, ops.Plan) and isinstance(mask, ops.Mask)
+    assert torch.equal(plan.positions, selection.positions) and torch.equal(plan.count, plan.z.sum(1))
+    compacted = ops.compact_fixed(torch.tensor([True, False, True]), 2, x)
+    assert isinstance(compacted, ops.Compacted) and int(compacted.count) == 2
+    assert compacted.index.tolist() == [0, 2]
+
+
+def test_multinomial_returns_its_flags_and_checks_them_on_request():
+    weights = torch.tensor([[0.0, 0.0], [1.0, 2.0]])
+    out = ops.multinomial(weights, 1, seed=0, check_valid=False)
+    assert isinstance(out, ops.Draw) and out.valid.tolist() == [False, True] and out.logprob is None
+    with pytest.raises(ValueError, match=r"rows \[0\]"):
+        ops.multinomial(weights, 1, seed=0)
+
+
+def test_references_live_by_law_and_the_former_names_warn():
+    assert not [name for name in ops.__all__ if name.endswith("_reference")]
+    for law in reference.__all__:
+        if law == "philox_uniform":
+            continue
+        with pytest.warns(DeprecationWarning, match=f"ddpd.ops.reference.{law}"):
+            assert getattr(ops, f"{law}_reference") is getattr(reference, law)
+    with pytest.raises(AttributeError, match="no attribute 'bogus_reference'"):
+        ops.bogus_reference  # noqa: B018
