@@ -32,7 +32,6 @@ whole runs (stops included).
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from typing import Callable
@@ -43,34 +42,20 @@ from ddpd.checkpoint import load_bundle
 from ddpd.models import build_model, compile_for_sampling, config_for, prepare_for_sampling
 from ddpd.pretrained import BUNDLE_DIR
 from ddpd.sampling import ddpd_sample
+from ddpd.testing.timing import median_seconds
 
 TARGETS = {64: "4x", 512: "3x"}  # batch -> default run / fused fp32 samples/s; no target at other batches
 
 
 class Clock:
-    """Median wall time of a callable: CUDA events on a GPU, perf_counter on the CPU."""
+    """Median wall time of a callable on one device (ddpd.testing.timing.median_seconds: CUDA
+    events on a GPU, perf_counter on the CPU)."""
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
 
     def __call__(self, fn: Callable, repeats: int = 3, warm: bool = True) -> float:
-        if warm:
-            fn()
-        times: list[float] = []
-        for _ in range(repeats):
-            if self.cuda:
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                torch.cuda.synchronize()
-                start.record()
-                fn()
-                end.record()
-                torch.cuda.synchronize()
-                times.append(start.elapsed_time(end) / 1e3)
-            else:
-                begin = time.perf_counter()
-                fn()
-                times.append(time.perf_counter() - begin)
-        return statistics.median(times)
+        return median_seconds(fn, self.cuda, repeats, warmup=int(warm))
 
 
 def peak_memory(fn: Callable, device: torch.device) -> float:
