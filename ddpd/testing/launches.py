@@ -162,9 +162,12 @@ def stub_triton(on_compile: Callable[[str], None] = lambda name: None,
                 on_run: Callable = lambda *args: None) -> None:
     """Point Triton's launches at the stubs; the ops' launchers then run on CPU tensors
     as on a GPU. (Their grids are those of a CPU device, which changes the values of a few
-    integer arguments, not the work of launching.) on_compile(kernel name) is called for
-    every variant Triton would compile, on_run(*args) with the arguments of every launch
-    of a compiled kernel."""
+    integer arguments, not the work of launching.) For the rest of the process.
+
+    Args:
+        on_compile: called with a kernel's name for every variant Triton would compile.
+        on_run: called with the arguments of every launch of a compiled kernel.
+    """
     import importlib
 
     from triton.runtime import driver
@@ -185,8 +188,14 @@ def stub_triton(on_compile: Callable[[str], None] = lambda name: None,
 
 
 def record_launches(call: Callable[[], object]) -> list:
-    """(kernel, grid, arguments by name, constexprs and options) of every Triton launch
-    `call` makes; nothing is launched."""
+    """The Triton launches a call makes; nothing is launched.
+
+    Args:
+        call: a launcher call (a `*_call` builder's result).
+
+    Returns:
+        A list of (kernel, grid, arguments by name, constexprs and options), one a launch.
+    """
     from triton.runtime.jit import JITFunction
 
     launches = []
@@ -205,8 +214,9 @@ def record_launches(call: Callable[[], object]) -> list:
 
 @contextlib.contextmanager
 def tritons_launch():
-    """Every kernel launched by Triton's JITFunction.run within: it is put behind a wrapper,
-    to which ddpd's launch defers every launch (one Python call more a kernel)."""
+    """A context in which every kernel is launched by Triton's JITFunction.run: it is put
+    behind a wrapper, to which ddpd's launch defers every launch (one Python call more a
+    kernel)."""
     from triton.runtime.jit import JITFunction
 
     tritons = JITFunction.run

@@ -49,7 +49,14 @@ def _status_bytes(field: str) -> int:
 
 
 def peak_cuda_growth(fn: Callable[[], object]) -> int:
-    """Bytes by which CUDA's peak allocated memory grows during one call of fn."""
+    """Bytes by which CUDA's peak allocated memory grows during one call of fn.
+
+    Args:
+        fn: the call, on the current CUDA device.
+
+    Returns:
+        The growth of torch.cuda.max_memory_allocated over the memory allocated before it.
+    """
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
@@ -58,8 +65,15 @@ def peak_cuda_growth(fn: Callable[[], object]) -> int:
 
 
 def peak_rss_growth(fn: Callable[[], object]) -> Optional[int]:
-    """Bytes by which the peak resident set size grows during one call of fn, or
-    None where it cannot be measured (no Linux /proc, no glibc)."""
+    """Bytes by which the peak resident set size grows during one call of fn.
+
+    Args:
+        fn: the call.
+
+    Returns:
+        The growth of VmHWM over VmRSS before the call, or None where it cannot be measured
+        (no Linux /proc, no glibc).
+    """
     if not os.path.exists("/proc/self/clear_refs") or not _release_to_system(64 * 1024):
         return None
     try:

@@ -36,7 +36,15 @@ VECTOR_LOAD = re.compile(r"\bLDG(\.\w+)*\.128\b")
 
 
 def compile_launch(kernel, args: dict, kwargs: dict):
-    """Compile one recorded launch for sm_90 as Triton's runtime would specialise it."""
+    """Compile one recorded launch for sm_90 as Triton's runtime would specialise it.
+
+    Args:
+        kernel, args, kwargs: a launch as ddpd.testing.launches.record_launches gives it
+            (the kernel, its arguments by name, its constexprs and options).
+
+    Returns:
+        Triton's compiled kernel (its cubin in .asm["cubin"], its metadata in .metadata).
+    """
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -76,8 +84,15 @@ def cuobjdump(compiled, flag: str) -> str:
 
 
 def resources(compiled) -> dict:
-    """Registers a thread, stack (spill) bytes a thread, shared memory a program, and how
-    many programs fit on one sm_90 multiprocessor."""
+    """What a compiled kernel costs an sm_90 multiprocessor.
+
+    Args:
+        compiled: a compile_launch result.
+
+    Returns:
+        {registers: a thread, stack: spill bytes a thread, shared: bytes a program, warps: a
+        program, per_sm: programs that fit on one multiprocessor}.
+    """
     usage = cuobjdump(compiled, "--dump-resource-usage")
     registers = int(re.search(r"REG:(\d+)", usage).group(1))
     stack = int(re.search(r"STACK:(\d+)", usage).group(1))
@@ -100,8 +115,15 @@ def opcode(text: str) -> str:
 
 
 def loops(sass: str) -> list[dict]:
-    """Each backward branch's loop: its first and last address, its instructions, and the
-    COUNTED opcodes in it, and its vector loads; innermost (shortest) first."""
+    """The loops of a SASS listing, one a backward branch, innermost (shortest) first.
+
+    Args:
+        sass: cuobjdump -sass output.
+
+    Returns:
+        A dict a loop: first and last address, instructions (its length), a count of each
+        COUNTED opcode, and vector (its 16-byte loads).
+    """
     code = instructions(sass)
     found = []
     for address, text in code:
