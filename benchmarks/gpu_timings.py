@@ -454,12 +454,9 @@ def time_planner_ops(bench: Bench, rows: int, length: int) -> None:
     bench.check(name, planner_mask(logits, x, positions, MASK_ID, seed=1, offset=3),
                 planner_mask_reference(logits, x, positions, MASK_ID, seed=1, offset=3))
 
-    def torch_mask(coin):
-        z = torch_draws.COIN[coin](torch.sigmoid(logits)).scatter_(1, positions, True)
-        return torch.where(z, MASK_ID, x), z, z.sum(-1)
-
     bench.compare(name, lambda: planner_mask(logits, x, positions, MASK_ID, seed=1, offset=3),
-                  {coin: functools.partial(torch_mask, coin) for coin in torch_draws.COIN},
+                  {coin: functools.partial(torch_draws.planner_mask, logits, x, positions, MASK_ID, coin)
+                   for coin in torch_draws.COIN},
                   mask_bytes + positions.numel() * 8)
 
 

@@ -244,8 +244,27 @@ def planner_select_mask(logits: torch.Tensor, x: torch.Tensor, mask_id: int, sel
     """
     p = torch.sigmoid(logits)
     positions = SELECT[select](logits, p)[:, None]
-    z = COIN[coin](p).scatter_(1, positions, True)
-    return positions, p.sum(-1), (p < EPS).all(-1), torch.where(z, mask_id, x), z, z.sum(-1)
+    return (positions, p.sum(-1), (p < EPS).all(-1), *planner_mask(logits, x, positions, mask_id, coin, p))
+
+
+def planner_mask(logits: torch.Tensor, x: torch.Tensor, positions: torch.Tensor, mask_id: int, coin: str,
+                 p: Optional[torch.Tensor] = None) -> tuple:
+    """The mask of prop:draw_with_maskD for given positions, as ddpd.ops.planner_mask: z_d ~
+    Bernoulli(p_d), p = sigmoid(logits), each row's chosen positions always masked.
+
+    Args:
+        logits: [N, D] planner logits.
+        x: Long[N, D] tokens.
+        positions: Long[N, k] the chosen positions.
+        mask_id: the mask token.
+        coin: a name of COIN (the coins' draw).
+        p: sigmoid(logits), where the caller has it.
+
+    Returns:
+        (masked x, z Bool[N, D], count Long[N] of z).
+    """
+    z = COIN[coin](torch.sigmoid(logits) if p is None else p).scatter_(1, positions, True)
+    return torch.where(z, mask_id, x), z, z.sum(-1)
 
 
 PLANNER_MASK = {  # name -> (select, coin)
