@@ -87,7 +87,7 @@ def compare(benchmark, request):
         if peak is not None:
             benchmark.extra_info["peak_memory_growth_mib"] = round(peak / 2**20, 2)
         median = stats.stats.median if stats is not None else None
-        _results.setdefault(case, {})[variant] = (median, peak, Path(request.node.fspath).name)
+        _results.setdefault(case, {})[variant] = (median, peak, request.node.path.name)
 
     return run
 

@@ -35,7 +35,7 @@
 # (default 480) and prints its elapsed time; a part that fails or runs out is
 # reported and the next part still runs (except after a failed build). The exit
 # status is 1 if any part failed. Everything goes to benchmarks/results/<device>.txt, the
-# device's latest log (an earlier run's is in git), and the timings' comparisons also go,
+# device's latest log (an earlier run's is in git), and the timings' and whole runs' comparisons go,
 # as rows, into benchmarks/results/<device>.jsonl (benchmarks/rows.py: a run replaces the
 # rows of the cases it timed; benchmarks/report.py makes docs/performance.md's tables of
 # them). Python: $PYTHON, default python3.
@@ -148,11 +148,11 @@ check() {
     # shellcheck disable=SC2086  # one word per test file
     wanted tests && { part "gpu tests" 160 $PY -m pytest $gpu_tests -m "gpu and not slow" -q -rs -p no:cacheprovider \
         ${workers[@]+"${workers[@]}"} --durations=15 --continue-on-collection-errors || failed=1; }
-    local mode=() host=(--cuda) timings=()
-    ((DRY_RUN)) && mode=(--dry-run) && host=() && timings=(--rows "${results%.txt}.jsonl")
+    local mode=() host=(--cuda) rows_to=()
+    ((DRY_RUN)) && mode=(--dry-run) && host=() && rows_to=(--rows "${results%.txt}.jsonl")
     # 240 s: the launch sweeps at the end of the timings take most of it
     wanted timings && { part timings 240 $PY benchmarks/gpu_timings.py ${mode[@]+"${mode[@]}"} \
-        ${timings[@]+"${timings[@]}"} || failed=1; }
+        ${rows_to[@]+"${rows_to[@]}"} || failed=1; }
     wanted host && { part "host cost" 45 $PY benchmarks/host_cost.py ${host[@]+"${host[@]}"} \
         --profile sample_categorical || failed=1; }
     # The kernel profile before the whole runs: a run whose budget runs out loses the longest
@@ -160,8 +160,8 @@ check() {
     local profiler=(--ncu)
     ((DRY_RUN)) && profiler=(--dry-run)
     wanted profile && { part "kernel profile" 90 $PY benchmarks/kernel_profile.py "${profiler[@]}" || failed=1; }
-    wanted sampling && { part sampling 230 $PY benchmarks/gpu_sampling.py --compile ${mode[@]+"${mode[@]}"} ||
-        failed=1; }
+    wanted sampling && { part sampling 230 $PY benchmarks/gpu_sampling.py --compile ${mode[@]+"${mode[@]}"} \
+        ${rows_to[@]+"${rows_to[@]}"} || failed=1; }
     # 240 s: an estimate, not measured yet (the GPT-2-size mask loop at batch 64 takes the most)
     wanted parallel && { part "parallel decoding" 240 $PY benchmarks/gpu_parallel.py ${mode[@]+"${mode[@]}"} ||
         failed=1; }

@@ -1,15 +1,18 @@
 """Write docs/performance.md's tables from the rows of benchmarks/results/<device>.jsonl.
 
-A table lives between two comments in the Markdown, which name the device's rows file:
+A table lives between two comments in the Markdown, which name the device's rows file and,
+optionally, one op:
 
     <!-- rows: nvidia-h200 -->
     ...the generated table...
     <!-- end rows: nvidia-h200 -->
 
-Everything outside such blocks is prose and is left as it is. A table has one line per
-case (op, shape, dtype, params): ddpd's median, the fastest plain-torch code's ("torch: ..."
-baselines) and ddpd's speed-up over it, for each mode the rows hold (eager; graph: CUDA-graph
-replay), and the commit that measured it.
+Everything outside such blocks is prose and is left as it is. A device's table has one line
+per case (op, shape, dtype, params) that has plain-torch baselines ("torch: ..."): ddpd's
+median, the fastest plain-torch code's and ddpd's speed-up over it, for each mode the rows
+hold (eager; graph: CUDA-graph replay), and the commit that measured it. An op's table
+(`<!-- rows: nvidia-h200 ddpd_sample -->`) has one line per case and baseline, whatever the
+baseline (for whole sampling runs: the other runs).
 
     python benchmarks/report.py            # rewrite the tables
     python benchmarks/report.py --check    # exit 1 if a table is not what the rows give
@@ -25,14 +28,17 @@ from typing import Optional
 import rows as result_rows
 
 DOC = result_rows.ROOT / "docs" / "performance.md"
-BLOCK = re.compile(r"(<!-- rows: (?P<name>[a-z0-9-]+) -->\n)(?P<body>.*?)(<!-- end rows: (?P=name) -->)", re.S)
+BLOCK = re.compile(r"(<!-- rows: (?P<name>[a-z0-9-]+)(?: (?P<op>\w+))? -->\n)(?P<body>.*?)"
+                   r"(<!-- end rows: (?P=name)(?: (?P=op))? -->)", re.S)
 TORCH = "torch: "
 
 
 def seconds(value: Optional[float]) -> str:
     if value is None:
         return "-"
-    return f"{value * 1e6:.1f} us" if value < 1e-3 else f"{value * 1e3:.3g} ms"
+    if value < 1e-3:
+        return f"{value * 1e6:.1f} us"
+    return f"{value * 1e3:.3g} ms" if value < 1 else f"{value:.3g} s"
 
 
 def fastest(candidates: list[dict]) -> Optional[dict]:
@@ -65,6 +71,16 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def op_table(rows: list[dict]) -> str:
+    """The Markdown table of one op's rows: a line per case and baseline."""
+    lines = ["| shape | dtype | params | mode | ddpd | baseline | its time | speed-up | commit |", "|---" * 9 + "|"]
+    for r in rows:
+        lines.append(f"| {' x '.join(map(str, r['shape']))} | {r['dtype']} | {r['params'] or '-'} | {r['mode']} | "
+                     f"{seconds(r['median'])} | {r['baseline']} | {seconds(r['baseline_median'])} | "
+                     f"{r['ratio']:.2f}x | {r['commit']} |")
+    return "\n".join(lines) + "\n"
+
+
 def render(text: str, results: Path = result_rows.RESULTS) -> str:
     """text with every rows block regenerated from results/<name>.jsonl.
 
@@ -75,7 +91,9 @@ def render(text: str, results: Path = result_rows.RESULTS) -> str:
         path = results / f"{match.group('name')}.jsonl"
         if not path.exists():
             raise FileNotFoundError(f"a table names {path}, which does not exist")
-        return match.group(1) + table(result_rows.read(path)) + match.group(4)
+        rows, op = result_rows.read(path), match.group("op")
+        made = op_table([r for r in rows if r["op"] == op]) if op else table(rows)
+        return match.group(1) + made + match.group(5)
 
     return BLOCK.sub(block, text)
 
@@ -88,7 +106,7 @@ def main(argv=None) -> int:
                         help="the folder of the <device>.jsonl files (default %(default)s)")
     args = parser.parse_args(argv)
     text = args.doc.read_text()
-    blocks = [m.group("name") for m in BLOCK.finditer(text)]
+    blocks = [" ".join(filter(None, m.group("name", "op"))) for m in BLOCK.finditer(text)]
     try:
         new = render(text, args.results)
     except FileNotFoundError as error:

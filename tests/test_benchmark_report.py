@@ -50,3 +50,17 @@ def test_a_table_of_missing_rows_is_an_error(tmp_path):
     doc.write_text("<!-- rows: nowhere -->\n<!-- end rows: nowhere -->\n")
     done = report("--doc", str(doc), "--results", str(tmp_path))
     assert done.returncode == 2 and "nowhere.jsonl" in done.stderr
+
+
+def test_an_op_table_lists_every_baseline(tmp_path):
+    rows = [dict(row("fused fp32", 8.0, 1.0, "run"), op="ddpd_sample", shape=[64, 256, 28]),
+            dict(row("reference fp32", 12.5, 1.0, "run"), op="ddpd_sample", shape=[64, 256, 28]),
+            row("torch: fast", 6e-5)]
+    (tmp_path / "gpu-x.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    doc = tmp_path / "performance.md"
+    doc.write_text("<!-- rows: gpu-x ddpd_sample -->\n<!-- end rows: gpu-x ddpd_sample -->\n")
+    done = report("--doc", str(doc), "--results", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in doc.read_text().splitlines() if line.startswith("| 64 x 256 x 28 ")]
+    assert [line.split(" | ")[4:8] for line in lines] == [["1 s", "fused fp32", "8 s", "8.00x"],
+                                                         ["1 s", "reference fp32", "12.5 s", "12.50x"]], lines

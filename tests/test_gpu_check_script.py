@@ -24,12 +24,14 @@ def test_gpu_check_dry_run_runs_every_part(tmp_path):
     for part in ("build", "extension", "gpu tests"):  # printed, not run, without a GPU
         assert f"## {part} (limit" in report
     assert "gpu_timings: 0 failed case(s)" in report
-    # the timings' comparisons as rows (benchmarks/rows.py), each op against its torch candidates
+    # the comparisons as rows (benchmarks/rows.py): each op against its torch candidates, and
+    # the default sampling run against the other whole runs
     rows = [json.loads(line) for line in (tmp_path / "ddpd-gpu-check-dry-run.jsonl").read_text().splitlines()]
-    ops = {"sample_categorical", "sample_from_hidden", "multinomial", "planner_select", "step"}
+    ops = {"sample_categorical", "sample_from_hidden", "multinomial", "planner_select", "step", "ddpd_sample"}
     assert ops <= {row["op"] for row in rows}, rows
     for row in rows:
-        assert row["baseline"].startswith("torch: ") and row["median"] > 0 and row["baseline_median"] > 0, row
+        assert row["median"] > 0 and row["baseline_median"] > 0, row
+        assert row["baseline"].startswith("torch: ") or row["op"] == "ddpd_sample", row
         assert abs(row["ratio"] - row["baseline_median"] / row["median"]) < 1e-5 * row["ratio"], row
     assert "check: the fused fp32 run draws the reference run's samples" in report
     assert "FAILED" not in report and "Traceback" not in report
