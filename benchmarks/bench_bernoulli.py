@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from ddpd.ops.bernoulli import bernoulli, bernoulli_reference
-from ddpd.testing import baselines as torch_draws
+from ddpd.testing import baselines
 from ddpd.testing.baselines import TORCH
 from inputs import DEVICES, randn, uniforms, variants
 
 
 @pytest.mark.parametrize("rows,width", [(64, 256), (64, 1024)])
-@pytest.mark.parametrize("variant", variants(torch_draws.COIN))
+@pytest.mark.parametrize("variant", variants(baselines.COIN))
 @pytest.mark.parametrize("device", DEVICES)
 def test_bernoulli(compare, rows, width, variant, device):
     p = torch.sigmoid(randn(rows, width, device=device))
@@ -23,6 +23,6 @@ def test_bernoulli(compare, rows, width, variant, device):
     fns = {
         "reference": lambda: bernoulli_reference(p, noise=noise),
         "fused": lambda: bernoulli(p, seed=1, offset=2),
-        **{TORCH + coin: (lambda draw=draw: draw(p)) for coin, draw in torch_draws.COIN.items()},
+        **{TORCH + coin: (lambda draw=draw: draw(p)) for coin, draw in baselines.COIN.items()},
     }
     compare("bernoulli", (rows, width), variant, fns[variant], device=device)

@@ -12,13 +12,13 @@ import pytest
 import torch
 
 from ddpd.ops.planner_mask import planner_mask, planner_mask_reference
-from ddpd.testing import baselines as torch_draws
+from ddpd.testing import baselines
 from ddpd.testing.baselines import TORCH
 from inputs import DEVICES, MASK_ID, randn, uniforms, variants
 
 
 @pytest.mark.parametrize("rows,length", [(64, 256), (8, 1024)])
-@pytest.mark.parametrize("variant", variants(torch_draws.COIN))
+@pytest.mark.parametrize("variant", variants(baselines.COIN))
 @pytest.mark.parametrize("device", DEVICES)
 def test_planner_mask(compare, rows, length, variant, device):
     logits = randn(rows, length, device=device)
@@ -29,7 +29,7 @@ def test_planner_mask(compare, rows, length, variant, device):
     fns = {
         "reference": lambda: planner_mask_reference(logits, x, positions, MASK_ID, noise=noise),
         "fused": lambda: planner_mask(logits, x, positions, MASK_ID, seed=1, offset=2),
-        **{TORCH + coin: functools.partial(torch_draws.planner_mask, logits, x, positions, MASK_ID, coin)
-           for coin in torch_draws.COIN},
+        **{TORCH + coin: functools.partial(baselines.planner_mask, logits, x, positions, MASK_ID, coin)
+           for coin in baselines.COIN},
     }
     compare("planner_mask", (rows, length), variant, fns[variant], device=device)

@@ -17,13 +17,13 @@ from ddpd.ops.planner_select import (
     planner_select_mask_reference,
     planner_select_reference,
 )
-from ddpd.testing import baselines as torch_draws
+from ddpd.testing import baselines
 from ddpd.testing.baselines import TORCH
 from inputs import DEVICES, MASK_ID, randn, uniforms, variants
 
 
 @pytest.mark.parametrize("rows,length", [(64, 256), (8, 1024)])
-@pytest.mark.parametrize("variant", variants(torch_draws.SELECT))
+@pytest.mark.parametrize("variant", variants(baselines.SELECT))
 @pytest.mark.parametrize("device", DEVICES)
 def test_planner_select(compare, rows, length, variant, device):
     logits = randn(rows, length, device=device)
@@ -31,13 +31,13 @@ def test_planner_select(compare, rows, length, variant, device):
     fns = {
         "reference": lambda: planner_select_reference(logits, noise=noise),
         "fused": lambda: planner_select(logits, seed=1, offset=2),
-        **{TORCH + name: functools.partial(torch_draws.planner_select, logits, name) for name in torch_draws.SELECT},
+        **{TORCH + name: functools.partial(baselines.planner_select, logits, name) for name in baselines.SELECT},
     }
     compare("planner_select", (rows, length), variant, fns[variant], device=device)
 
 
 @pytest.mark.parametrize("rows,length", [(64, 256), (8, 1024)])
-@pytest.mark.parametrize("variant", variants(torch_draws.PLANNER_MASK))
+@pytest.mark.parametrize("variant", variants(baselines.PLANNER_MASK))
 @pytest.mark.parametrize("device", DEVICES)
 def test_planner_select_mask(compare, rows, length, variant, device):
     logits = randn(rows, length, device=device)
@@ -46,7 +46,7 @@ def test_planner_select_mask(compare, rows, length, variant, device):
     fns = {
         "reference": lambda: planner_select_mask_reference(logits, x, MASK_ID, noise=noise, mask_noise=mask_noise),
         "fused": lambda: planner_select_mask(logits, x, MASK_ID, seed=1, offset=2),
-        **{TORCH + name: functools.partial(torch_draws.planner_select_mask, logits, x, MASK_ID, *draws)
-           for name, draws in torch_draws.PLANNER_MASK.items()},
+        **{TORCH + name: functools.partial(baselines.planner_select_mask, logits, x, MASK_ID, *draws)
+           for name, draws in baselines.PLANNER_MASK.items()},
     }
     compare("planner_select_mask", (rows, length), variant, fns[variant], device=device)

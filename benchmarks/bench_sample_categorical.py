@@ -20,13 +20,13 @@ import functools
 import pytest
 
 from ddpd.ops.sample_categorical import noise_width, sample_categorical, sample_categorical_reference
-from ddpd.testing import baselines as torch_draws
+from ddpd.testing import baselines
 from ddpd.testing.baselines import TORCH
 from inputs import DEVICES, randn, uniforms, variants
 
 
 @pytest.mark.parametrize("rows,vocab", [(64, 28), (4096, 27), (64, 50257)])
-@pytest.mark.parametrize("variant", variants(torch_draws.CATEGORICAL))
+@pytest.mark.parametrize("variant", variants(baselines.CATEGORICAL))
 @pytest.mark.parametrize("device", DEVICES)
 def test_sample_categorical(compare, rows, vocab, variant, device):
     logits = randn(rows, vocab, device=device)
@@ -34,7 +34,7 @@ def test_sample_categorical(compare, rows, vocab, variant, device):
     fns = {
         "reference": lambda: sample_categorical_reference(logits, noise=noise),
         "fused": lambda: sample_categorical(logits, seed=1, offset=2),
-        **{TORCH + name: functools.partial(draw, logits) for name, draw in torch_draws.CATEGORICAL.items()},
+        **{TORCH + name: functools.partial(draw, logits) for name, draw in baselines.CATEGORICAL.items()},
     }
     compare("sample_categorical", (rows, vocab), variant, fns[variant], device=device)
 
@@ -54,7 +54,7 @@ def control_kwargs(controls: str, vocab: int) -> dict:
 
 @pytest.mark.parametrize("rows,vocab", CONTROL_SHAPES)
 @pytest.mark.parametrize("controls", CONTROLS)
-@pytest.mark.parametrize("variant", variants(torch_draws.TRUNCATED))
+@pytest.mark.parametrize("variant", variants(baselines.TRUNCATED))
 @pytest.mark.parametrize("device", DEVICES)
 def test_sample_categorical_controls(compare, rows, vocab, controls, variant, device):
     logits = randn(rows, vocab, device=device)
@@ -64,6 +64,6 @@ def test_sample_categorical_controls(compare, rows, vocab, controls, variant, de
     fns = {
         "reference": lambda: sample_categorical_reference(logits, 0.8, noise=noise, **kw),
         "fused": lambda: sample_categorical(logits, 0.8, seed=1, offset=2, **kw),
-        **{TORCH + name: functools.partial(draw, logits, 0.8, **kw) for name, draw in torch_draws.TRUNCATED.items()},
+        **{TORCH + name: functools.partial(draw, logits, 0.8, **kw) for name, draw in baselines.TRUNCATED.items()},
     }
     compare("sample_categorical", (rows, vocab), variant, fns[variant], params=f"T=0.8 {controls}", device=device)

@@ -11,13 +11,13 @@ import torch.nn.functional as F
 
 from ddpd.ops.sample_categorical import noise_width
 from ddpd.ops.sample_from_hidden import sample_from_hidden, sample_from_hidden_reference
-from ddpd.testing import baselines as torch_draws
+from ddpd.testing import baselines
 from ddpd.testing.baselines import TORCH
 from inputs import DEVICES, randn, uniforms, variants
 
 
 @pytest.mark.parametrize("rows,width,vocab", [(64, 256, 28), (8, 256, 50257)])
-@pytest.mark.parametrize("variant", variants(f"matmul + {name}" for name in torch_draws.CATEGORICAL))
+@pytest.mark.parametrize("variant", variants(f"matmul + {name}" for name in baselines.CATEGORICAL))
 @pytest.mark.parametrize("device", DEVICES)
 def test_sample_from_hidden(compare, rows, width, vocab, variant, device):
     hidden = randn(rows, width, scale=1.0, device=device)
@@ -28,6 +28,6 @@ def test_sample_from_hidden(compare, rows, width, vocab, variant, device):
         "reference": lambda: sample_from_hidden_reference(hidden, weight, bias, noise=noise),
         "fused": lambda: sample_from_hidden(hidden, weight, bias, seed=1, offset=2),
         **{f"{TORCH}matmul + {name}": lambda draw=draw: draw(F.linear(hidden, weight, bias))
-           for name, draw in torch_draws.CATEGORICAL.items()},
+           for name, draw in baselines.CATEGORICAL.items()},
     }
     compare("sample_from_hidden", (rows, width, vocab), variant, fns[variant], device=device)
