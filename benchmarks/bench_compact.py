@@ -1,19 +1,21 @@
-"""compact_fixed / scatter_back on CPU against the nonzero + index_select
-(and index_copy_) chains they replace, for the state of a sampler batch of B = 256
-sequences of D = 1024 tokens: tokens Long[B, D], planner logits Float[B, D], time
-Float[B]. Run with `pytest benchmarks/bench_compact.py --benchmark-only`; each ddpd
-benchmark prints its speed-up over the torch chain timed in the same run, with
-DDPD_BENCH_THREADS torch threads (default 1) on both sides.
-Target: compact_fixed faster than nonzero + index_select, at 1 and at 2 threads. Both
-sides copy the same bytes; on CPU that copy is bound by memory bandwidth, so the
-margin comes from the fixed cost per call and from how evenly the threads share
-the bytes."""
+"""compact_fixed / scatter_back on CPU against the nonzero + index_select (and index_copy_)
+chains they replace, for the state of a sampler batch of B = 256 sequences of D = 1024
+tokens: tokens Long[B, D], planner logits Float[B, D], time Float[B].
+
+Run: `pytest benchmarks/bench_compact.py --benchmark-only`; both sides run with
+DDPD_BENCH_THREADS torch threads (default 1), in the same run (benchmarks/conftest.py).
+Target: compact_fixed faster than nonzero + index_select, at 1 and at 2 threads. Both sides
+copy the same bytes; on CPU that copy is bound by memory bandwidth, so the margin comes from
+the fixed cost per call and from how evenly the threads share the bytes.
+"""
 import pytest
 import torch
 
 from ddpd.ops.compact import compact_fixed, scatter_back
+from ddpd.testing.baselines import TORCH
 
 B, D = 256, 1024
+PARAMS = "tokens int64, logits float32, time float32"
 
 
 @pytest.fixture(scope="module")
@@ -36,26 +38,19 @@ def torch_scatter_back(index, packed, outs):
         o.index_copy_(0, index, p)
 
 
-def test_torch_compact(versus, state):
+@pytest.mark.parametrize("variant", [TORCH + "nonzero + index_select", "fused"])
+def test_compact_fixed(compare, state, variant):
     active, tensors = state
-    versus("compact", "torch: nonzero + index_select", torch_compact, active, *tensors)
+    fns = {TORCH + "nonzero + index_select": lambda: torch_compact(active, *tensors),
+           "fused": lambda: compact_fixed(active, B, *tensors)}
+    compare("compact_fixed", (B, D), variant, fns[variant], dtype="mixed", params=PARAMS)
 
 
-def test_ddpd_compact_fixed(versus, state):
-    active, tensors = state
-    versus("compact", "ddpd fixed capacity", compact_fixed, active, B, *tensors,
-           baselines=("torch: nonzero + index_select",))
-
-
-def test_torch_scatter_back(versus, state):
-    active, tensors = state
-    packed, index = torch_compact(active, *tensors)
-    outs = [t.clone() for t in tensors]
-    versus("scatter_back", "torch: index_copy_", torch_scatter_back, index, packed, outs)
-
-
-def test_ddpd_scatter_back(versus, state):
+@pytest.mark.parametrize("variant", [TORCH + "index_copy_", "fused"])
+def test_scatter_back(compare, state, variant):
     active, tensors = state
     packed, index, _ = compact_fixed(active, int(active.sum()), *tensors)
     outs = [t.clone() for t in tensors]
-    versus("scatter_back", "ddpd", scatter_back, index, packed, outs, baselines=("torch: index_copy_",))
+    fns = {TORCH + "index_copy_": lambda: torch_scatter_back(index, packed, outs),
+           "fused": lambda: scatter_back(index, packed, outs)}
+    compare("scatter_back", (B, D), variant, fns[variant], dtype="mixed", params=PARAMS)

@@ -28,6 +28,7 @@ from ddpd.sampling import ddpd_sample
 from ddpd.sampling.options import DDPDOptions, Execution
 
 EARLY = dict(vocab=27, length=32, batch=128, steps=96, easy_span=6, d_model=64, n_layers=2, n_heads=4)
+EARLY_SHAPE = (EARLY["batch"], EARLY["length"], EARLY["vocab"])  # the rows' case: batch x length x vocabulary
 EARLY_ROUNDS = 3  # the early-stop ratio is of medians over this many timed rounds (after one warm-up)
 _runs: dict = {}
 
@@ -73,13 +74,13 @@ def early_run(models, compaction):
 
 
 def test_early_stop_uncompacted(compare, early_models):
-    compare("ddpd sampler, half the rows stop early", "uncompacted", lambda: early_run(early_models, False),
-            rounds=EARLY_ROUNDS)
+    compare("ddpd_sample", EARLY_SHAPE, "uncompacted", lambda: early_run(early_models, False),
+            params="half the rows stop early", rounds=EARLY_ROUNDS)
 
 
 def test_early_stop_compacted(compare, early_models, capsys):
-    compare("ddpd sampler, half the rows stop early", "fused", lambda: early_run(early_models, True),
-            rounds=EARLY_ROUNDS)
+    compare("ddpd_sample", EARLY_SHAPE, "fused", lambda: early_run(early_models, True),
+            params="half the rows stop early", rounds=EARLY_ROUNDS)
     compacted = _runs[("early", True)]
     uncompacted = _runs.get(("early", False)) or early_run(early_models, False)
     assert torch.equal(compacted.tokens, uncompacted.tokens)
@@ -102,6 +103,11 @@ END_TO_END = {
     "gpt2 uniform denoiser": dict(vocab=50257, length=16, batch=8, steps=12, kind="uniform-denoiser",
                                   options=dict(ddpd=DDPDOptions(stop="budget"))),
 }
+
+
+def shape(name: str) -> tuple:
+    """(batch, length, vocabulary) of an end-to-end case."""
+    return tuple(END_TO_END[name][field] for field in ("batch", "length", "vocab"))
 
 
 @pytest.fixture(scope="module")
@@ -128,13 +134,13 @@ def end_to_end(models, name, fused):
 
 @pytest.mark.parametrize("name", END_TO_END)
 def test_end_to_end_reference(compare, end_to_end_models, name):
-    compare(f"ddpd sampler end to end, {name}", "reference", lambda: end_to_end(end_to_end_models, name, False),
-            rounds=1)
+    compare("ddpd_sample", shape(name), "reference", lambda: end_to_end(end_to_end_models, name, False),
+            params=name, rounds=1)
 
 
 @pytest.mark.parametrize("name", END_TO_END)
 def test_end_to_end_fused(compare, end_to_end_models, name):
-    compare(f"ddpd sampler end to end, {name}", "fused", lambda: end_to_end(end_to_end_models, name, True),
-            rounds=1)
+    compare("ddpd_sample", shape(name), "fused", lambda: end_to_end(end_to_end_models, name, True),
+            params=name, rounds=1)
     reference = _runs.get((name, False)) or end_to_end(end_to_end_models, name, False)
     assert torch.equal(_runs[(name, True)].tokens, reference.tokens)

@@ -7,7 +7,7 @@ bodies' outputs: planner logits [B, D] and the denoiser's final hidden states
 - torch: paper listing: the paper's listing (appendix 'Implementation details', DDPD
   with a separate planner and a mask denoiser; the mask as prop:draw_with_maskD states
   it): head on all B x D positions, softmax over [B, D, V], torch.multinomial;
-- torch: gathered: the best plain torch step (benchmarks/torch_draws.py gathered_step):
+- torch: gathered: the best plain torch step (ddpd.testing.baselines.gathered_step):
   inverse-CDF planner draw and rand < p mask, the chosen positions' hidden rows
   gathered first, then linear + inverse-CDF draw;
 - fused: planner_select_mask -> hidden at the chosen positions ->
@@ -17,20 +17,16 @@ Target (CPU): fused at least 20x faster than the paper listing at (B, D, V, H) =
 (8, 1024, 50257, 256); the listing there builds 1.6 GB of logits and as much of
 probabilities, so it is timed over 3 rounds only.
 """
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ddpd.ops.planner_select import planner_select_mask  # noqa: E402
-from ddpd.ops.sample_from_hidden import sample_from_hidden  # noqa: E402
-from torch_draws import EPS, TORCH, gathered_step  # noqa: E402
+from ddpd.ops.planner_select import planner_select_mask
+from ddpd.ops.sample_from_hidden import sample_from_hidden
+from ddpd.testing.baselines import EPS, TORCH, gathered_step
+from inputs import DEVICES
 
 SHAPES = [(64, 256, 28, 256), (8, 1024, 50257, 256)]  # (B, D, V, H)
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))]
 
 
 def step_inputs(batch, length, vocab, width, device):
@@ -79,5 +75,5 @@ def test_sampler_step(compare, shape, variant, device):
     inputs = step_inputs(*shape, device)
     fn = STEPS[variant]
     big = shape[2] > 1000 and fn is reference_step and device == "cpu"
-    compare("step B={} D={} V={} H={}".format(*shape), variant, lambda: fn(**inputs), device,
+    compare("step", shape, variant, lambda: fn(**inputs), params="B x D x V x H, mask denoiser", device=device,
             rounds=3 if big else None)

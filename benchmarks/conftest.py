@@ -1,108 +1,65 @@
-"""Shared helpers of the ddpd benchmarks (`pytest benchmarks/ --benchmark-only`).
+"""The harness of the ddpd benchmarks (`pytest benchmarks/ --benchmark-only`).
 
-`compare(group, variant, fn, device)` times fn with pytest-benchmark under `group`
-(on CUDA each call ends with a synchronize), measures the peak memory of one call,
-and records both; `versus(group, name, fn, ..., baselines=...)` times ddpd's op against
-baselines timed earlier in the group and prints the ratios. At the end of the session
-a table gives, per group, every variant's median time (and peak memory, for compare)
-and the speed-up of ddpd's op ('fused', or the name given to versus with baselines)
-over each other variant, then names the fastest torch code of the group (the variants
-named "torch: ...") and ddpd's ratio against it; all timed in the same run on the
-same machine.
+`compare(op, shape, variant, fn, dtype=..., params=..., device=..., rounds=...)` times fn
+with pytest-benchmark (on CUDA each call ends with a synchronize), measures the peak memory
+of one call (ddpd.testing.memory) and records both under the case (op, shape, dtype,
+params). The variants of a case: "fused" (ddpd's op or sampler), "reference" (its torch
+reference), "torch: ..." (plain torch code for the same job, ddpd.testing.baselines) and
+any other name. At the end of the session a table gives, per case, every variant's median
+(and peak memory) and fused's speed-up over each, then names the fastest torch code and
+fused's ratio against it; all timed in the same run on the same machine. The same
+comparisons are written as rows (benchmarks/rows.py) into --rows, by default
+benchmarks/results/<device>.jsonl, from which benchmarks/report.py makes the tables of
+docs/performance.md. Nothing is written under --benchmark-disable (nothing is timed).
 
-Threads: every variant runs with DDPD_BENCH_THREADS torch threads (default 1):
-on a machine shared with other work, OpenMP regions of several threads wait on
-descheduled threads and the timings stop meaning anything.
-
-Peak memory on CUDA: torch.cuda.max_memory_allocated growth during one call.
-Peak memory on CPU: growth of the process's peak resident set size (Linux VmHWM, reset
-through /proc/self/clear_refs) during one call, over the resident size before it.
-tracemalloc does not see torch's buffers; RSS does, provided the call cannot reuse
-pages already resident: before that one call glibc hands its free heap pages back
-to the system (malloc_trim) and is told to mmap every allocation above 64 KiB
-(mallopt); afterwards it keeps buffers below 32 MiB in its heap again, and up to 64 MiB of
-free heap at its top (the steady state of its default, dynamic thresholds), so timings are
-unaffected. (With the mmap threshold set and the trim threshold left at its initial 128 KiB,
-a buffer freed at the heap's top went back to the system after every call, and each call
-paid the page faults of a fresh one: torch's 64 x 50257 inverse CDF took 8 or 24 ms
-depending on what ran before it in the process, results/cpu-amd-epyc-2vcpu-2026-11-28-tile-
-sums-unsteady-malloc.txt.)
+Threads: every variant runs with DDPD_BENCH_THREADS torch threads (default 1): on a
+machine shared with other work, OpenMP regions of several threads wait on descheduled
+threads and the timings stop meaning anything.
 """
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import os
+from collections.abc import Iterable
+from pathlib import Path
 from typing import Callable, Optional
 
 import pytest
 import torch
 
-from torch_draws import TORCH  # the prefix of the variants that are plain torch code for the same job
+import rows as result_rows
+from ddpd.testing.baselines import TORCH  # the prefix of the variants that are plain torch code for the same job
+from ddpd.testing.memory import peak_cuda_growth, peak_rss_growth
 
 THREADS = int(os.environ.get("DDPD_BENCH_THREADS", "1"))
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt parameter numbers in glibc's malloc.h
-_results: dict[str, dict[str, tuple[Optional[float], Optional[int]]]] = {}
-_versus_stats: dict = {}  # (group, name) -> pytest-benchmark stats, for `versus`
-_ours: dict[str, str] = {}  # group -> the name of ddpd's variant, where it is not "fused"
+OURS = "fused"  # the variant that is ddpd's op (or sampler)
+# case (op, shape, dtype, params, device) -> variant -> (median seconds or None, peak bytes or None, source)
+_results: dict[tuple, dict[str, tuple[Optional[float], Optional[int], str]]] = {}
 
 
-def _glibc():
-    name = ctypes.util.find_library("c")
-    libc = ctypes.CDLL(name) if name else None
-    return libc if libc is not None and hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
+def pytest_addoption(parser):
+    parser.addoption("--rows", default=None, metavar="PATH",
+                     help="where the run's rows go (benchmarks/rows.py; default "
+                          "benchmarks/results/<device>.jsonl, '' for nowhere)")
 
 
-def _release_to_system(mmap_threshold: int) -> bool:
-    """mmap allocations above mmap_threshold, and hand every free heap page back to
-    the system, so that memory a call touches shows in its RSS; False without glibc."""
-    libc = _glibc()
-    if libc is None:
-        return False
-    libc.mallopt(_M_MMAP_THRESHOLD, mmap_threshold)
-    libc.malloc_trim(0)
-    return True
+def shape_text(shape: Iterable[int]) -> str:
+    return "x".join(map(str, shape))
 
 
-def _status_bytes(field: str) -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"{field} missing from /proc/self/status")
-
-
-def peak_cuda_growth(fn: Callable[[], object]) -> int:
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    before = torch.cuda.memory_allocated()
-    fn()
-    return torch.cuda.max_memory_allocated() - before
-
-
-def peak_rss_growth(fn: Callable[[], object]) -> Optional[int]:
-    """Bytes by which the peak resident set size grows during one call of fn, or
-    None where it cannot be measured (no Linux /proc, no glibc)."""
-    if not os.path.exists("/proc/self/clear_refs") or not _release_to_system(64 * 1024):
-        return None
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # peak RSS := current RSS
-        before = _status_bytes("VmRSS")
-        fn()
-        return _status_bytes("VmHWM") - before
-    finally:  # glibc's steady state after large buffers: its dynamic thresholds at their top
-        _glibc().mallopt(_M_MMAP_THRESHOLD, 32 * 1024 * 1024)
-        _glibc().mallopt(_M_TRIM_THRESHOLD, 64 * 1024 * 1024)
+def case_title(case: tuple) -> str:
+    op, shape, dtype, params, device = case
+    return " ".join(part for part in (op, shape_text(shape), dtype, params, "cuda" if device == "cuda" else "")
+                    if part)
 
 
 @pytest.fixture
-def compare(benchmark):
-    """compare(group, variant, fn, device="cpu", rounds=None): time fn (rounds: a
-    fixed number of rounds for slow work), measure its peak memory, record both."""
+def compare(benchmark, request):
+    """compare(op, shape, variant, fn, dtype="float32", params="", device="cpu", rounds=None):
+    time fn under the case (rounds: a fixed number of rounds, for slow work), measure its
+    peak memory, record both."""
 
-    def run(group: str, variant: str, fn: Callable[[], object], device: str = "cpu",
-            rounds: Optional[int] = None) -> None:
+    def run(op: str, shape: Iterable[int], variant: str, fn: Callable[[], object], dtype: str = "float32",
+            params: str = "", device: str = "cpu", rounds: Optional[int] = None) -> None:
         if device == "cuda":
             work = fn
 
@@ -110,8 +67,8 @@ def compare(benchmark):
                 work()
                 torch.cuda.synchronize()
 
-            group = f"{group} cuda"
-        benchmark.group = group
+        case = (op, tuple(shape), dtype, params, device)
+        benchmark.group = case_title(case)
         benchmark.extra_info["variant"] = variant
         benchmark.extra_info["threads"] = THREADS
         threads = torch.get_num_threads()
@@ -121,52 +78,16 @@ def compare(benchmark):
                 benchmark(fn)
             else:
                 benchmark.pedantic(fn, rounds=rounds, iterations=1, warmup_rounds=1)
-            peak = peak_cuda_growth(fn) if device == "cuda" else peak_rss_growth(fn)
+            stats = getattr(benchmark, "stats", None)  # None under --benchmark-disable: nothing timed
+            peak = None
+            if stats is not None:
+                peak = peak_cuda_growth(fn) if device == "cuda" else peak_rss_growth(fn)
         finally:
             torch.set_num_threads(threads)
         if peak is not None:
             benchmark.extra_info["peak_memory_growth_mib"] = round(peak / 2**20, 2)
-        stats = getattr(benchmark, "stats", None)
         median = stats.stats.median if stats is not None else None
-        _results.setdefault(group, {})[variant] = (median, peak)
-
-    return run
-
-
-@pytest.fixture
-def versus(benchmark, capsys):
-    """versus(group, name, fn, *args, baselines=(), **kwargs): time fn(*args, **kwargs)
-    under `group` as `name`, then print its speed-up over each of `baselines` (names
-    timed earlier in the same group, same run): the ratio of medians, and of
-    minimums, which a machine shared with other jobs disturbs least. Like compare,
-    it runs fn with DDPD_BENCH_THREADS torch threads. Under --benchmark-disable fn
-    runs once and nothing is recorded."""
-
-    def run(group: str, name: str, fn: Callable, *args, baselines: tuple = (), **kwargs) -> None:
-        benchmark.group = group
-        benchmark.extra_info["threads"] = THREADS
-        threads = torch.get_num_threads()
-        torch.set_num_threads(THREADS)
-        try:
-            benchmark(fn, *args, **kwargs)
-        finally:
-            torch.set_num_threads(threads)
-        stats = getattr(benchmark, "stats", None)  # None under --benchmark-disable: nothing timed
-        if stats is None:
-            return
-        _versus_stats[(group, name)] = ours = stats.stats
-        _results.setdefault(group, {})[name] = (ours.median, None)
-        if baselines:
-            _ours[group] = name
-        for baseline in baselines:
-            theirs = _versus_stats.get((group, baseline))
-            if theirs is None:
-                continue
-            with capsys.disabled():
-                print(f"\n[{group}] {name} vs {baseline}: {theirs.median / ours.median:.2f}x (median "
-                      f"{ours.median * 1e3:.3f} vs {theirs.median * 1e3:.3f} ms), "
-                      f"{theirs.min / ours.min:.2f}x (min {ours.min * 1e3:.3f} vs {theirs.min * 1e3:.3f} ms), "
-                      f"{THREADS} torch threads")
+        _results.setdefault(case, {})[variant] = (median, peak, request.node.path.name)
 
     return run
 
@@ -181,24 +102,49 @@ def _ratio(theirs: Optional[float], ours: Optional[float]) -> str:
     return f"{theirs / ours:.2f}x faster" if theirs >= ours else f"{ours / theirs:.2f}x SLOWER"
 
 
-def pytest_terminal_summary(terminalreporter):
+def rows() -> list[dict]:
+    """The session's comparisons as rows: fused against every other variant of its case."""
+    stamp, names, out = None, {}, []
+    for case, variants in _results.items():
+        op, shape, dtype, params, device = case
+        ours = variants.get(OURS, (None, None, ""))
+        if not ours[0]:
+            continue
+        stamp = stamp or result_rows.make_stamp()
+        name = names.setdefault(device, result_rows.device_name(device))
+        for variant, (median, _, _) in variants.items():
+            if variant != OURS and median:
+                out.append(result_rows.row(op, shape, dtype, ours[0], variant, median, params=params, device=name,
+                                           source=f"benchmarks/{ours[2]}", stamp=stamp))
+    return out
+
+
+def pytest_terminal_summary(terminalreporter, config):
     if not _results:
         return
     write = terminalreporter.write_line
     terminalreporter.section(f"ddpd against plain torch ({THREADS} torch threads, same run)")
-    for group, variants in _results.items():
-        name = _ours.get(group, "fused")
-        ours = variants.get(name, (None, None))[0]
+    for case, variants in _results.items():
+        ours = variants.get(OURS, (None, None, ""))[0]
         width = max(10, *map(len, variants))
-        write(group)
-        for variant, (median, peak) in variants.items():
+        write(case_title(case))
+        for variant, (median, peak, _) in variants.items():
             line = f"  {variant:{width}s} median {'n/a' if median is None else f'{median * 1e3:10.3f} ms'}"
             line += "" if peak is None else f"  peak memory +{_mib(peak)}"
-            if variant != name and median and ours:
-                line += f"  {name} is {_ratio(median, ours)}"
+            if variant != OURS and median and ours:
+                line += f"  {OURS} is {_ratio(median, ours)}"
             write(line)
-        timed = {v: m for v, (m, _) in variants.items() if v.startswith(TORCH) and m}
+        timed = {v: m for v, (m, _, _) in variants.items() if v.startswith(TORCH) and m}
         if timed and ours:
             fastest = min(timed, key=timed.get)
             write(f"  => fastest torch code: {fastest[len(TORCH):]} ({timed[fastest] * 1e3:.3f} ms); "
-                  f"{name} is {_ratio(timed[fastest], ours)} than it")
+                  f"{OURS} is {_ratio(timed[fastest], ours)} than it")
+    found = rows()
+    target = config.getoption("--rows")
+    if found and target != "":
+        by_device: dict[Path, list[dict]] = {}
+        for r in found:
+            path = Path(target) if target else result_rows.RESULTS / f"{result_rows.slug(r['device'])}.jsonl"
+            by_device.setdefault(path, []).append(r)
+        for path, device_rows in by_device.items():
+            write(f"{result_rows.merge(path, device_rows)} rows written to {path}")

@@ -34,10 +34,11 @@
 # Each part runs under `timeout` inside a total budget of DDPD_GPU_BUDGET_S seconds
 # (default 480) and prints its elapsed time; a part that fails or runs out is
 # reported and the next part still runs (except after a failed build). The exit
-# status is 1 if any part failed. Everything goes to
-# benchmarks/results/<device>-<UTC date>.txt, or, when a run of the same day wrote
-# that, to <device>-<UTC date>-2.txt, -3.txt, ...: a results file is never
-# overwritten. Python: $PYTHON, default python3.
+# status is 1 if any part failed. Everything goes to benchmarks/results/<device>.txt, the
+# device's latest log (an earlier run's is in git), and the timings' and whole runs' comparisons go,
+# as rows, into benchmarks/results/<device>.jsonl (benchmarks/rows.py: a run replaces the
+# rows of the cases it timed; benchmarks/report.py makes docs/performance.md's tables of
+# them). Python: $PYTHON, default python3.
 # Tests that run the Triton kernels on CPU tensors (the interpreter) are not run
 # here: they need TRITON_INTERPRET=1 set before the kernels are imported, which
 # would also put the CUDA tests in the interpreter; CI runs them.
@@ -51,7 +52,7 @@
 # `benchmarks/gpu_check.sh --dry-run` needs no GPU: it prints the commands of steps
 # 1-2 and runs steps 3-5 on CPU tensors of tiny shapes with a wall-clock timer and
 # no time limits (tests/test_gpu_check_script.py runs it in CI), writing to
-# ${TMPDIR:-/tmp}/ddpd-gpu-check-dry-run.txt instead of a results file.
+# ${TMPDIR:-/tmp}/ddpd-gpu-check-dry-run.txt and .jsonl instead of the results files.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -142,26 +143,26 @@ check() {
     gpu_tests=$(grep -l "pytest.mark.gpu" tests/test_*.py | tr '\n' ' ')
     # Four pytest processes (pytest-xdist, where installed) share the GPU, so that the tests'
     # CPU work (Triton compiling each kernel variant, the samplers' Python) runs on four
-    # cores: on an H200 one process ran out of 100 s with 15 of the 58 tests to go.
+    # cores: one process does not finish within the part's limit.
     $PY -c "import xdist" 2>/dev/null && workers=(-n 4)
     # shellcheck disable=SC2086  # one word per test file
     wanted tests && { part "gpu tests" 160 $PY -m pytest $gpu_tests -m "gpu and not slow" -q -rs -p no:cacheprovider \
         ${workers[@]+"${workers[@]}"} --durations=15 --continue-on-collection-errors || failed=1; }
-    local mode=() host=(--cuda)
-    ((DRY_RUN)) && mode=(--dry-run) && host=()
-    # 240 s: the launch sweeps at the end of the timings grew (154 s of 200 in an H200 run before)
-    wanted timings && { part timings 240 $PY benchmarks/gpu_timings.py ${mode[@]+"${mode[@]}"} || failed=1; }
+    local mode=() host=(--cuda) rows_to=()
+    ((DRY_RUN)) && mode=(--dry-run) && host=() && rows_to=(--rows "${results%.txt}.jsonl")
+    # 240 s: the launch sweeps at the end of the timings take most of it
+    wanted timings && { part timings 240 $PY benchmarks/gpu_timings.py ${mode[@]+"${mode[@]}"} \
+        ${rows_to[@]+"${rows_to[@]}"} || failed=1; }
     wanted host && { part "host cost" 45 $PY benchmarks/host_cost.py ${host[@]+"${host[@]}"} \
         --profile sample_categorical || failed=1; }
     # The kernel profile before the whole runs: a run whose budget runs out loses the longest
-    # part, not the short one (an H200 run's sampling once took the 152 s left and the profile
-    # got none).
+    # part, not the short one.
     local profiler=(--ncu)
     ((DRY_RUN)) && profiler=(--dry-run)
     wanted profile && { part "kernel profile" 90 $PY benchmarks/kernel_profile.py "${profiler[@]}" || failed=1; }
-    wanted sampling && { part sampling 230 $PY benchmarks/gpu_sampling.py --compile ${mode[@]+"${mode[@]}"} ||
-        failed=1; }
-    # 240 s: an estimated 3 minutes on an H200 (not measured yet), the GPT-2-size mask loop at batch 64 the most
+    wanted sampling && { part sampling 230 $PY benchmarks/gpu_sampling.py --compile ${mode[@]+"${mode[@]}"} \
+        ${rows_to[@]+"${rows_to[@]}"} || failed=1; }
+    # 240 s: an estimate, not measured yet (the GPT-2-size mask loop at batch 64 takes the most)
     wanted parallel && { part "parallel decoding" 240 $PY benchmarks/gpu_parallel.py ${mode[@]+"${mode[@]}"} ||
         failed=1; }
     echo "# total $SECONDS s"
@@ -177,13 +178,7 @@ else
     fi
     device=$($PY -c "import re, torch; print(re.sub(r'[^a-z0-9]+', '-', torch.cuda.get_device_name().lower()).strip('-'))")
     mkdir -p benchmarks/results
-    base="benchmarks/results/${device}-$(date -u +%Y-%m-%d)"
-    results="$base.txt"
-    n=2
-    while [ -e "$results" ]; do  # tee truncates: never write over an earlier run's results
-        results="$base-$n.txt"
-        n=$((n + 1))
-    done
+    results="benchmarks/results/${device}.txt"  # the latest run's; git keeps the ones before
     # Only this GPU's architecture: a quarter of the compile time of the default list.
     TORCH_CUDA_ARCH_LIST=$($PY -c "import torch; print('%d.%d' % torch.cuda.get_device_capability())")
     export TORCH_CUDA_ARCH_LIST

@@ -38,16 +38,14 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable, Optional
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ddpd.checkpoint import load_bundle  # noqa: E402
-from ddpd.models import build_model, config_for, prepare_for_sampling  # noqa: E402
-from ddpd.pretrained import BUNDLE_DIR  # noqa: E402
-from ddpd.sampling import (  # noqa: E402
+from ddpd.checkpoint import load_bundle
+from ddpd.models import build_model, config_for, prepare_for_sampling
+from ddpd.pretrained import BUNDLE_DIR
+from ddpd.sampling import (
     ConfidenceThreshold,
     DDPDOptions,
     ErrorBudget,
@@ -57,8 +55,8 @@ from ddpd.sampling import (  # noqa: E402
     ddpd_sample,
     mask_sample,
 )
-from ddpd.sampling.policies import ddpd_steps, parse_policy, policy_spec  # noqa: E402
-from gpu_sampling import Clock  # noqa: E402
+from ddpd.sampling.policies import ddpd_steps, parse_policy, policy_spec
+from gpu_sampling import Clock
 
 POLICY = ("error-budget:bound=1,max_k=256,spread=cosine,known_noise=true,"
           "plan_every=4,choice_temperature=4.5,revise_above=0.5")

@@ -21,6 +21,9 @@
    networks torch.compile'd (ddpd.models.compile_for_sampling, as `ddpd-sample --compile`),
    and what the compilation costs.
 
+The whole runs of part 1 are also written as rows (benchmarks/rows.py: the default run against
+each other run, seconds a run) into --rows (on a GPU, by default benchmarks/results/<device>.jsonl).
+
 Checked before anything is timed: the fused and reference runs return the same samples
 from the same seed (float32, 64 steps). Whole runs are timed once each after a short
 warm-up run (8 steps); other times are CUDA-event medians after a warm-up; samples/s from
@@ -32,46 +35,35 @@ whole runs (stops included).
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
+from pathlib import Path
 from typing import Callable
 
 import torch
 
+import rows as result_rows
 from ddpd.checkpoint import load_bundle
 from ddpd.models import build_model, compile_for_sampling, config_for, prepare_for_sampling
 from ddpd.pretrained import BUNDLE_DIR
 from ddpd.sampling import ddpd_sample
 from ddpd.sampling.options import DDPDOptions, Execution
+from ddpd.testing.timing import median_seconds
 
 TARGETS = {64: "4x", 512: "3x"}  # batch -> default run / fused fp32 samples/s; no target at other batches
+DEFAULT = "fused bf16 + graphs (default)"
+ROWS: list[dict] = []  # the whole runs' comparisons (benchmarks/rows.py), written by main
 
 
 class Clock:
-    """Median wall time of a callable: CUDA events on a GPU, perf_counter on the CPU."""
+    """Median wall time of a callable on one device (ddpd.testing.timing.median_seconds: CUDA
+    events on a GPU, perf_counter on the CPU)."""
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
 
     def __call__(self, fn: Callable, repeats: int = 3, warm: bool = True) -> float:
-        if warm:
-            fn()
-        times: list[float] = []
-        for _ in range(repeats):
-            if self.cuda:
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                torch.cuda.synchronize()
-                start.record()
-                fn()
-                end.record()
-                torch.cuda.synchronize()
-                times.append(start.elapsed_time(end) / 1e3)
-            else:
-                begin = time.perf_counter()
-                fn()
-                times.append(time.perf_counter() - begin)
-        return statistics.median(times)
+        return median_seconds(fn, self.cuda, repeats, warmup=int(warm))
 
 
 def peak_memory(fn: Callable, device: torch.device) -> float:
@@ -118,8 +110,10 @@ def bundled(args, device: torch.device, clock: Clock) -> None:
                 run(batch, name, 8)()  # warm-up: compiles, caches, graph pools
             rate = {name: batch / clock(run(batch, name), repeats=1, warm=False) for name in names}
             cells = " | ".join(f"{rate[n]:.1f}/s" if n in rate else "-" for n in variants)
-            gain = rate["fused bf16 + graphs (default)"] / rate["fused fp32"]
+            gain = rate[DEFAULT] / rate["fused fp32"]
             print(f"| {batch} | {cells} | {gain:.2f}x | {TARGETS.get(batch, '-')} |")
+            record_runs(device, (batch, length, vocab), f"bundled text8 planner + mask denoiser, {steps} steps",
+                        {name: batch / rate[name] for name in names})
     x = torch.randint(0, vocab, (batches[0], length), device=device)
     t = torch.rand(batches[0], device=device)
     with torch.inference_mode():
@@ -127,6 +121,16 @@ def bundled(args, device: torch.device, clock: Clock) -> None:
             seconds = clock(lambda: (p(x), d(x, t)), repeats=10)
             print(f"one planner + denoiser pass, batch {batches[0]}, {name}: {seconds * 1e3:.2f} ms")
         kernels(run(batches[0], "fused bf16", 32), 32, device, batches[0], str(next(low[1].parameters()).dtype)[6:])
+
+
+def record_runs(device: torch.device, shape: tuple, params: str, seconds: dict) -> None:
+    """Rows of the default run against each other whole run ({variant: seconds a run})."""
+    stamp, name = result_rows.make_stamp(), result_rows.device_name(str(device))
+    for variant, theirs in seconds.items():
+        if variant != DEFAULT:
+            ROWS.append(result_rows.row("ddpd_sample", shape, "bfloat16", seconds[DEFAULT], variant, theirs,
+                                        params=params, mode="run", device=name, source="benchmarks/gpu_sampling.py",
+                                        stamp=stamp))
 
 
 def kernels(fn: Callable, steps: int, device: torch.device, batch: int, dtype: str, top: int = 12) -> None:
@@ -227,6 +231,9 @@ def main(argv=None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="tiny shapes on the CPU (checks the script only)")
     parser.add_argument("--compile", action="store_true",
                         help="also time torch.compile'd networks (batches 64 and 512)")
+    parser.add_argument("--rows", metavar="PATH", default=None,
+                        help="write the whole runs' comparisons as rows (benchmarks/rows.py) into PATH; default on "
+                             "a GPU benchmarks/results/<device>.jsonl, in a dry run nowhere")
     args = parser.parse_args(argv)
     if not args.dry_run and not torch.cuda.is_available():
         print("gpu_sampling: no CUDA device (use --dry-run to check the script)", file=sys.stderr)
@@ -240,6 +247,9 @@ def main(argv=None) -> int:
         except Exception as error:  # report and go on: one part's failure must not hide the other's numbers
             print(f"gpu_sampling: {part.__name__} FAILED: {type(error).__name__}: {error}")
             failed = 1
+    target = args.rows if args.rows is not None else ("" if args.dry_run else str(result_rows.rows_path("cuda")))
+    if target:
+        print(f"gpu_sampling: {result_rows.merge(Path(target), ROWS)} rows written to {target}")
     return failed
 
 

@@ -9,7 +9,7 @@ Per op and shape, on the device:
   median of a normal call ("eager", what a user sees: host cost included) and of a
   CUDA-graph replay of the same call ("graph", kernel time only), with
   triton.testing.do_bench (warm-up, L2 flushed before each call, CUDA events), for
-  ddpd and for each torch candidate for the same job (benchmarks/torch_draws.py:
+  ddpd and for each torch candidate for the same job (ddpd.testing.baselines:
   softmax + torch.multinomial, Gumbel-argmax, inverse CDF; the same after a cuBLAS
   matmul; torch.multinomial, inverse CDF, Gumbel-top-k; truncation by masking all V
   logits or among the kept tokens only), the speed-ups against the fastest of them,
@@ -32,6 +32,9 @@ Per op and shape, on the device:
     python benchmarks/gpu_timings.py --dry-run  # checks this script without a GPU
     python benchmarks/gpu_timings.py --only 'launch configurations'  # those sections only
 
+Every comparison with the torch candidates is also written as rows (benchmarks/rows.py),
+eager and graph apart, into --rows (on a GPU, by default benchmarks/results/<device>.jsonl).
+
 --dry-run runs the same code on CPU tensors of tiny shapes with a wall-clock
 timer (median of 3 calls after one warm-up; no graphs) and peak RSS growth: the
 numbers mean nothing. Exit status 1 when a check disagrees or a case raises; the
@@ -43,7 +46,6 @@ import argparse
 import contextlib
 import functools
 import platform
-import statistics
 import sys
 import time
 import traceback
@@ -53,25 +55,26 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import torch_draws  # noqa: E402
-from bench_ops import MASK_ID  # noqa: E402
-from bench_step import fused_step, reference_step, step_inputs  # noqa: E402
-from conftest import peak_cuda_growth, peak_rss_growth  # noqa: E402
-from ddpd.models.attention import RotaryEmbedding  # noqa: E402
-from ddpd.ops.compact import compact_fixed, compact_fixed_reference, scatter_back, scatter_back_reference  # noqa: E402
-from ddpd.ops.multinomial import multinomial, multinomial_reference  # noqa: E402
-from ddpd.ops.norm import norm, norm_reference  # noqa: E402
-from ddpd.ops.planner_mask import planner_mask, planner_mask_reference  # noqa: E402
-from ddpd.ops.planner_select import (  # noqa: E402
+import rows as result_rows
+from bench_step import fused_step, reference_step, step_inputs
+from ddpd.models.attention import RotaryEmbedding
+from ddpd.ops.compact import compact_fixed, compact_fixed_reference, scatter_back, scatter_back_reference
+from ddpd.ops.multinomial import multinomial, multinomial_reference
+from ddpd.ops.norm import norm, norm_reference
+from ddpd.ops.planner_mask import planner_mask, planner_mask_reference
+from ddpd.ops.planner_select import (
     planner_select,
     planner_select_mask,
     planner_select_mask_reference,
     planner_select_reference,
 )
-from ddpd.ops.rotary import rotary, rotary_reference  # noqa: E402
-from ddpd.ops.sample_categorical import sample_categorical, sample_categorical_reference  # noqa: E402
-from ddpd.ops.sample_from_hidden import sample_from_hidden, sample_from_hidden_reference  # noqa: E402
+from ddpd.ops.rotary import rotary, rotary_reference
+from ddpd.ops.sample_categorical import sample_categorical, sample_categorical_reference
+from ddpd.ops.sample_from_hidden import sample_from_hidden, sample_from_hidden_reference
+from ddpd.testing import baselines as torch_draws
+from ddpd.testing.memory import peak_cuda_growth, peak_rss_growth
+from ddpd.testing.timing import kernel_seconds
+from inputs import MASK_ID
 
 BF16, FP32 = torch.bfloat16, torch.float32
 GPT2, LLAMA3 = 50257, 128256
@@ -85,9 +88,8 @@ SHAPES = {
         categorical=[(1, GPT2, FP32), (64, GPT2, FP32), (64, GPT2, BF16), (256, GPT2, BF16), (1024, GPT2, BF16),
                      (4096, 27, FP32), (64, LLAMA3, BF16)],
         hidden=[(64, 768, GPT2, BF16), (256, 768, GPT2, BF16), (64, 4096, LLAMA3, BF16), (64, 256, GPT2, FP32)],
-        # head launch configurations timed at 64 x 4096 x Llama-3, the one-read-of-W target's hardest (on an
-        # H200, 2026-11-27, head_launch's choice was the fastest at H = 768, at 64 and 256 rows), and with
-        # float32 operands, since multiplied as three TF32 products (tf32x3)
+        # head launch configurations timed at 64 x 4096 x Llama-3, the one-read-of-W target's hardest, at
+        # H = 768, and with float32 operands, since multiplied as three TF32 products (tf32x3)
         hidden_configs=[(64, 4096, LLAMA3, BF16), (64, 768, GPT2, BF16), (64, 256, GPT2, FP32)],
         # 50304: GPT-2's vocabulary padded to a multiple of 64 (nanoGPT), rows 16-byte aligned
         categorical_configs=[(64, GPT2, BF16), (1024, GPT2, BF16), (1024, 50304, BF16), (64, LLAMA3, BF16)],
@@ -128,19 +130,27 @@ class Bench:
         self.cuda = device.type == "cuda"
         self.failures = 0
         self.copy_gbs = float("nan")
+        self.timed: Optional[dict] = None  # the case the next compare or versus times (at())
+        self.rows: list[dict] = []
+        self.stamp = result_rows.make_stamp()
+        self.device_name = result_rows.device_name(str(device))
 
     def median_ms(self, fn: Callable[[], object], rep_ms: int = 100) -> float:
-        if self.cuda:
-            from triton.testing import do_bench
+        return kernel_seconds(fn, self.cuda, rep_ms) * 1e3
 
-            return do_bench(fn, warmup=25, rep=rep_ms, return_mode="median")
-        fn()
-        times = []
-        for _ in range(3):
-            start = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - start)
-        return statistics.median(times) * 1e3
+    def at(self, op: str, shape: tuple, dtype, params: str = "") -> None:
+        """Name the case the next compare or versus times, for its rows."""
+        self.timed = dict(op=op, shape=shape, dtype=str(dtype).replace("torch.", ""), params=params)
+
+    def record(self, ours_ms: Optional[float], theirs: dict, mode: str) -> None:
+        """A row per torch candidate ({label: ms}) against ours, under the case named by at()."""
+        if self.timed is None or ours_ms is None:
+            return
+        for label, ms in theirs.items():
+            if ms is not None:
+                self.rows.append(result_rows.row(**self.timed, median=ours_ms / 1e3, baseline=f"torch: {label}",
+                                                 baseline_median=ms / 1e3, mode=mode, device=self.device_name,
+                                                 source="benchmarks/gpu_timings.py", stamp=self.stamp))
 
     def peak_bytes(self, fn: Callable[[], object]) -> Optional[int]:
         return peak_cuda_growth(fn) if self.cuda else peak_rss_growth(fn)
@@ -176,6 +186,7 @@ class Bench:
         for label, ms in times.items():
             if label != best:
                 print(f"  also torch {label}: {ms * 1e3:10.1f} us (speed-up {ms / a:.2f}x)")
+        self.record(a, times, "eager")
         return a, times
 
     def graph_ms(self, fn: Callable[[], object]) -> Optional[float]:
@@ -218,6 +229,8 @@ class Bench:
         for label, (a, b) in rows.items():
             if label != best_label:
                 print(f"  also torch {label}: {us(a)} / {us(b)} us")
+        self.record(eager, {label: a for label, (a, _) in rows.items()}, "eager")
+        self.record(graph, {label: b for label, (_, b) in rows.items()}, "graph")
 
     @contextlib.contextmanager
     def case(self, title: str):
@@ -279,6 +292,7 @@ def copy_bandwidth(bench: Bench, floats: int) -> None:
 def time_sample_categorical(bench: Bench, rows: int, vocab: int, dtype: torch.dtype) -> None:
     logits = randn(rows, vocab, scale=3.0, seed=vocab, dtype=dtype, device=bench.device)
     name = f"sample_categorical ({rows}, {vocab}) {str(dtype)[6:]}"
+    bench.at("sample_categorical", (rows, vocab), dtype)
     bench.check(name, sample_categorical(logits, seed=1, offset=2), sample_categorical_reference(logits, seed=1,
                                                                                                  offset=2))
     bench.versus(name, lambda: sample_categorical(logits, seed=1, offset=2),
@@ -296,10 +310,11 @@ def time_sample_categorical_controls(bench: Bench, rows: int, vocab: int, dtype:
     """A truncated draw with its log-probability: ddpd's kernels (threshold search, tile
     statistics, finish) against the usual torch code (torch.topk / sort + cumsum + mask /
     softmax threshold over all V logits, then softmax + torch.multinomial) and the draw
-    among the kept tokens only (benchmarks/torch_draws.py TRUNCATED)."""
+    among the kept tokens only (ddpd.testing.baselines.TRUNCATED)."""
     kw = TRUNCATIONS[controls]
     logits = randn(rows, vocab, scale=3.0, seed=vocab + 1, dtype=dtype, device=bench.device)
     name = f"sample_categorical {controls} ({rows}, {vocab}) {str(dtype)[6:]}"
+    bench.at("sample_categorical", (rows, vocab), dtype, f"T=0.8 {controls}")
     bench.check(name, sample_categorical(logits, 0.8, seed=1, offset=2, return_logprob=True, **kw),
                 sample_categorical_reference(logits, 0.8, seed=1, offset=2, return_logprob=True, **kw))
     bench.versus(name, lambda: sample_categorical(logits, 0.8, seed=1, offset=2, **kw),
@@ -320,6 +335,7 @@ def time_sample_from_hidden(bench: Bench, rows: int, width: int, vocab: int, dty
     weight = randn(vocab, width, scale=2 / width**0.5, seed=2, dtype=dtype, device=bench.device)
     bias = randn(vocab, scale=0.1, seed=3, dtype=dtype, device=bench.device)
     name = f"sample_from_hidden N={rows} H={width} V={vocab} {str(dtype)[6:]}"
+    bench.at("sample_from_hidden", (rows, width, vocab), dtype)
     bench.check(name, sample_from_hidden(hidden, weight, bias, seed=1, offset=2),
                 sample_from_hidden_reference(hidden, weight, bias, seed=1, offset=2))
     bench.versus(name, lambda: sample_from_hidden(hidden, weight, bias, seed=1, offset=2),
@@ -397,12 +413,14 @@ def time_planner_ops(bench: Bench, rows: int, length: int) -> None:
     logits = randn(rows, length, scale=3.0, seed=length, device=bench.device)
     x = torch.randint(0, MASK_ID, (rows, length), generator=torch.Generator().manual_seed(4)).to(bench.device)
     name = f"planner_select {rows}x{length}"
+    bench.at("planner_select", (rows, length), FP32)
     bench.check(name, planner_select(logits, seed=1, offset=2), planner_select_reference(logits, seed=1, offset=2))
     bench.compare(name, lambda: planner_select(logits, seed=1, offset=2),
                   {label: functools.partial(torch_draws.planner_select, logits, label) for label in torch_draws.SELECT},
                   logits.numel() * 4 + rows * (8 + 4 + 1))
     mask_bytes = logits.numel() * (4 + 8 + 8 + 1) + rows * 8  # logits, x in, masked and z out, count
     name = f"planner_select_mask {rows}x{length}"
+    bench.at("planner_select_mask", (rows, length), FP32)
     bench.check(name, planner_select_mask(logits, x, MASK_ID, seed=1, offset=2),
                 planner_select_mask_reference(logits, x, MASK_ID, seed=1, offset=2))
     bench.compare(name, lambda: planner_select_mask(logits, x, MASK_ID, seed=1, offset=2),
@@ -410,15 +428,13 @@ def time_planner_ops(bench: Bench, rows: int, length: int) -> None:
                    for label, draws in torch_draws.PLANNER_MASK.items()}, mask_bytes + rows * (8 + 4 + 1))
     positions = planner_select(logits, seed=5)[0]
     name = f"planner_mask {rows}x{length}"
+    bench.at("planner_mask", (rows, length), FP32)
     bench.check(name, planner_mask(logits, x, positions, MASK_ID, seed=1, offset=3),
                 planner_mask_reference(logits, x, positions, MASK_ID, seed=1, offset=3))
 
-    def torch_mask(coin):
-        z = torch_draws.COIN[coin](torch.sigmoid(logits)).scatter_(1, positions, True)
-        return torch.where(z, MASK_ID, x), z, z.sum(-1)
-
     bench.compare(name, lambda: planner_mask(logits, x, positions, MASK_ID, seed=1, offset=3),
-                  {coin: functools.partial(torch_mask, coin) for coin in torch_draws.COIN},
+                  {coin: functools.partial(torch_draws.planner_mask, logits, x, positions, MASK_ID, coin)
+                   for coin in torch_draws.COIN},
                   mask_bytes + positions.numel() * 8)
 
 
@@ -429,6 +445,7 @@ def time_step(bench: Bench, batch: int, length: int, vocab: int, width: int) -> 
     moved = (batch * length * (4 + 8 + 8 + 1) + batch * width * 4 + (vocab * width + vocab) * 4
              + 2 * batch * length * 8)
     name = f"step B={batch} D={length} V={vocab} H={width}"
+    bench.at("step", (batch, length, vocab, width), FP32, "B x D x V x H, mask denoiser")
     ms, torch_ms = bench.compare(name, lambda: fused_step(**inputs),
                                  {"paper listing": lambda: reference_step(**inputs),
                                   "gathered": lambda: torch_draws.gathered_step(**inputs)}, moved, rep_ms=200)
@@ -441,6 +458,7 @@ def time_multinomial(bench: Bench, rows: int, categories: int, k: int, replaceme
     weights = torch.softmax(torch.randn(rows, categories, generator=g) * 3, -1).to(bench.device)
     ids = torch.arange(rows, device=bench.device)
     name = f"multinomial ({rows}, {categories}) k={k}{'' if replacement else ' without replacement'}"
+    bench.at("multinomial", (rows, categories), FP32, f"k={k}{'' if replacement else ' without replacement'}")
     bench.check(name, multinomial(weights, k, replacement, seed=1, row_ids=ids, check_valid=False),
                 multinomial_reference(weights, k, replacement, seed=1, row_ids=ids, check_valid=False))
     same_law = ("inverse CDF", lambda: torch_draws.inverse_cdf(weights, k)) if replacement else \
@@ -464,6 +482,7 @@ def time_compaction(bench: Bench, batch: int, length: int) -> None:
         return tokens.index_select(0, index), logits.index_select(0, index)
 
     name = f"compact_fixed {batch}x{length} x2"
+    bench.at("compact_fixed", (batch, length), "mixed", "tokens int64, logits float32")
     bench.check(name, compact_fixed(active, batch, tokens, logits), compact_fixed_reference(active, batch, tokens,
                                                                                           logits))
     bench.compare(name, lambda: compact_fixed(active, batch, tokens, logits), {"nonzero + index_select": chain},
@@ -471,6 +490,7 @@ def time_compaction(bench: Bench, batch: int, length: int) -> None:
     (packed_tokens, packed_logits), index, _ = compact_fixed(active, n_active, tokens, logits)
     zeros = (torch.zeros_like(tokens), torch.zeros_like(logits))
     name = f"scatter_back {batch}x{length} x2"
+    bench.at("scatter_back", (batch, length), "mixed", "tokens int64, logits float32")
     bench.check(name, scatter_back(index, (packed_tokens, packed_logits), tuple(t.clone() for t in zeros)),
                 scatter_back_reference(index, (packed_tokens, packed_logits), tuple(t.clone() for t in zeros)))
     out_tokens, out_logits = tokens.clone(), logits.clone()
@@ -485,6 +505,7 @@ def time_rotary(bench: Bench, batch: int, heads: int, length: int, head_dim: int
     q = qkv.permute(2, 0, 3, 1, 4)[0]  # as SelfAttention slices it
     table = RotaryEmbedding(head_dim, length).to(bench.device)
     name = f"rotary B={batch} heads={heads} L={length} d={head_dim} {str(dtype)[6:]}"
+    bench.at("rotary", (batch, heads, length, head_dim), dtype, "B x heads x L x d")
     ours, want = rotary(q, table.cos, table.sin), rotary_reference(q, table.cos, table.sin)
     if not bench.cuda:
         print(f"  check {name}: none (on the CPU rotary runs the reference)")
@@ -506,6 +527,7 @@ def time_norm(bench: Bench, batch: int, length: int, width: int, modulated: bool
     if modulated:  # chunks of one adaLN projection, as a conditioned block has them
         shift, scale = (torch.randn(batch, 1, 2 * width, generator=g) * 0.1).to(dtype).to(bench.device).chunk(2, -1)
     name = f"norm B={batch} L={length} H={width}{' adaLN' if modulated else ''} {str(dtype)[6:]}"
+    bench.at("norm", (batch, length, width), dtype, "adaLN" if modulated else "")
     ours = norm(x, weight, bias, shift=shift, scale=scale)
     want = norm_reference(x, weight, bias, shift=shift, scale=scale)
     off = ((ours.float() - want.float()).abs() > torch.finfo(dtype).eps * want.float().abs().clamp_min(1)).sum()
@@ -549,6 +571,9 @@ def main() -> int:
     parser.add_argument("--only", metavar="WORDS", default="",
                         help="a comma list: run only the sections whose title contains one of them "
                              "(e.g. 'launch configurations')")
+    parser.add_argument("--rows", metavar="PATH", default=None,
+                        help="write the comparisons as rows (benchmarks/rows.py) into PATH; default on a GPU "
+                             "benchmarks/results/<device>.jsonl, in a dry run nowhere")
     args = parser.parse_args()
     dry_run, only = args.dry_run, [word for word in args.only.split(",") if word]
     if not dry_run and not torch.cuda.is_available():
@@ -580,6 +605,9 @@ def main() -> int:
             for shape in cases:
                 with bench.case(f"{title} {shape}"):
                     fn(bench, *shape)
+    target = args.rows if args.rows is not None else ("" if dry_run else str(result_rows.rows_path("cuda")))
+    if target:
+        print(f"gpu_timings: {result_rows.merge(Path(target), bench.rows)} rows written to {target}")
     print(f"gpu_timings: {bench.failures} failed case(s)")
     return 1 if bench.failures else 0
 

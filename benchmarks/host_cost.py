@@ -27,7 +27,6 @@ import argparse
 import cProfile
 import pstats
 import sys
-import time
 from typing import Callable
 
 import torch
@@ -39,6 +38,7 @@ from ddpd.ops.planner_mask import planner_mask
 from ddpd.ops.planner_select import planner_select, planner_select_mask
 from ddpd.ops.sample_categorical import sample_categorical
 from ddpd.ops.sample_from_hidden import sample_from_hidden
+from ddpd.testing.timing import best_per_call
 
 CALLS, REPEATS = 300, 9
 TARGET_US = 20.0
@@ -47,19 +47,8 @@ TARGET_US = 20.0
 def per_call_us(public: Callable[[], object], raw: Callable[[], object],
                 sync: Callable[[], None]) -> tuple[float, float]:
     """Microseconds per call of both, timed in alternation so both see the same load."""
-    for fn in (public, raw):
-        for _ in range(20):
-            fn()
-    sync()
-    best = [float("inf"), float("inf")]
-    for _ in range(REPEATS):
-        for i, fn in enumerate((public, raw)):
-            start = time.perf_counter()
-            for _ in range(CALLS):
-                fn()
-            sync()
-            best[i] = min(best[i], (time.perf_counter() - start) / CALLS * 1e6)
-    return best[0], best[1]
+    a, b = best_per_call(public, raw, calls=CALLS, repeats=REPEATS, sync=sync)
+    return a * 1e6, b * 1e6
 
 
 def cases(device: torch.device) -> dict:
@@ -115,8 +104,8 @@ def cases(device: torch.device) -> dict:
         "scatter_back": (lambda: scatter_back(index, packed, (out,)),
                          lambda: ops.scatter_back_kernel(index, packed[0], out)),
     }
-    if not cpu:  # the benchmarks' shape too, whose vocabulary is split over programs (two kernels;
-        # their 18 us on an H200 are below a call's host time, so a call still costs that time)
+    if not cpu:  # the benchmarks' shape too, whose vocabulary is split over programs (two kernels,
+        # whose device time is below a call's host time, so a call still costs that time)
         wide = torch.randn(64, 50257, generator=g).to(device)
         table["sample_categorical 64x50257"] = (
             lambda: sample_categorical(wide, 0.9, [0], seed=1, offset=2),

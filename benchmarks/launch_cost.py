@@ -3,9 +3,9 @@
 On a GPU an eager call costs its wrapper's checks (benchmarks/host_cost.py), then the
 op's launcher (ddpd.ops.<op>.<op>_triton: allocations, grids) and the launch of each
 kernel before the driver's cuLaunchKernel. This times the launcher and its launches on CPU
-tensors, with Triton's driver replaced by a stub that reports an sm_90 device and each
-compiled kernel by one whose launch does nothing: everything but the driver's own calls.
-Shapes of the GPU benchmarks (64 rows of GPT-2's vocabulary, H = 768).
+tensors, with Triton's driver and compiled kernels stubbed (ddpd.testing.launches):
+everything but the driver's own calls. Shapes of the GPU benchmarks (64 rows of GPT-2's
+vocabulary, H = 768).
 
 Per op: the call as it runs (each kernel started from ddpd's cache of compiled kernels,
 ddpd.ops._dispatch.launch), the same call through Triton's launch (JITFunction.run behind a
@@ -14,217 +14,32 @@ Triton's launch of each kernel alone.
 
     python benchmarks/launch_cost.py
 
-The builders of the launcher calls (sample_categorical_call, ...) are also those of
-tests/test_op_kernel_resources.py, which compiles their launches. Uses Triton's runtime
-internals (driver.set_active, JITFunction.device_caches): another Triton version may
-need this script changed, never the library. It refuses to run under TRITON_INTERPRET.
+It refuses to run under TRITON_INTERPRET.
 """
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import sys
-import time
 from typing import Callable
 
 import torch
 
-GPT2 = 50257
+from ddpd.testing.launches import LAUNCHES, record_launches, stub_triton, tritons_launch
+from ddpd.testing.timing import best_per_call
+
 CALLS, REPEATS = 2000, 7
 
 
-def sample_categorical_call(rows: int = 64, vocab: int = GPT2, dtype: torch.dtype = torch.bfloat16, seed: int = 1,
-                            offset: int = 2, temperature: float = 1.0, **controls) -> Callable[[], object]:
-    from ddpd.ops.sample_categorical import prepare_categorical, sample_categorical_triton
-
-    logits = torch.empty(rows, vocab, dtype=dtype)
-    call = prepare_categorical(logits, temperature, None, None, None, controls.get("top_k"), controls.get("top_p"),
-                               controls.get("min_p"), False, None, seed, offset, None, None, None)
-    return lambda: sample_categorical_triton(logits, *call.args(), eager=True)  # as an eager public call
-
-
-def sample_from_hidden_call(rows: int = 64, width: int = 768, vocab: int = GPT2, seed: int = 1,
-                            offset: int = 2, temperature: float = 1.0) -> Callable[[], object]:
-    from ddpd.ops.sample_from_hidden import prepare_hidden, sample_from_hidden_triton
-
-    hidden, weight = torch.empty(rows, width, dtype=torch.bfloat16), torch.empty(vocab, width, dtype=torch.bfloat16)
-    call = prepare_hidden(hidden, weight, None, temperature, None, None, None, None, None, None, False, None, seed,
-                          offset, None, None, None)
-    c, (seed, offset, seed_t, offset_t) = call.controls, call.counters
-    return lambda: sample_from_hidden_triton(hidden, weight, None, c.temperature, c.temperature_t, call.exclude_ids,
-                                             call.exclude_per_row, call.allowed, call.noise, seed, offset,
-                                             call.row_ids, seed_t, offset_t, call.logprob, call.confidence,
-                                             eager=True)  # as an eager public call
-
-
-def planner_call(rows: int = 64, length: int = 1024, with_mask: bool = False, seed: int = 1,
-                 offset: int = 2) -> Callable[[], object]:
-    """planner_select (with_mask: planner_select_mask, one launch for both)."""
-    from ddpd.ops import rng
-    from ddpd.ops.planner_select import planner_select_triton, resolve_pair
-
-    logits = torch.empty(rows, length)
-    if not with_mask:
-        counters = rng.resolve_stream(None, (rows, length), logits, seed, offset, None, None)
-        return lambda: planner_select_triton(logits, 1, False, 1.0, 0.01, None, counters, None)
-    x = torch.zeros(rows, length, dtype=torch.long)
-    counters, mask_counter = resolve_pair(None, None, logits, seed, offset, None, None, None)
-    return lambda: planner_select_triton(logits, 1, False, 1.0, 0.01, None, counters, None,
-                                         mask=(x, 27, None, mask_counter))
-
-
-def planner_mask_call(rows: int = 64, length: int = 1024, seed: int = 1, offset: int = 2) -> Callable[[], object]:
-    from ddpd.ops import rng
-    from ddpd.ops.planner_mask import planner_mask_triton
-
-    logits, x = torch.empty(rows, length), torch.zeros(rows, length, dtype=torch.long)
-    counters = rng.resolve_stream(None, (rows, length), logits, seed, offset, None, None)
-    positions = torch.zeros(rows, 1, dtype=torch.long)
-    return lambda: planner_mask_triton(logits, x, positions, 27, None, counters, None)
-
-
-def bernoulli_call(rows: int = 64, width: int = 1024, seed: int = 1, offset: int = 2) -> Callable[[], object]:
-    from ddpd.ops import rng
-    from ddpd.ops.bernoulli import bernoulli_triton
-
-    p = torch.empty(rows, width)
-    seed, offset, seed_t, offset_t = rng.resolve_stream(None, (rows, width), p, seed, offset, None, None)
-    return lambda: bernoulli_triton(p, None, seed, offset, None, seed_t, offset_t)
-
-
-def norm_call(rows: int = 16 * 256, width: int = 768) -> Callable[[], object]:
-    """The networks' LayerNorm over a batch of 16 sequences of 256 tokens. (At 64 sequences
-    the CPU allocation of the 50 MB output alone costs 8 us a call: the C library maps memory
-    that large anew each time, which CUDA's caching allocator does not.)"""
-    from ddpd.ops.norm import norm_triton
-
-    x, weight, bias = torch.empty(rows, width), torch.ones(width), torch.zeros(width)
-    return lambda: norm_triton(x, weight, bias)
-
-
-def rotary_call(batch: int = 64, heads: int = 12, length: int = 256, head_dim: int = 64) -> Callable[[], object]:
-    """Rotary embedding of one attention input of the networks (bf16)."""
-    from ddpd.ops.rotary import rotary_triton
-
-    x = torch.empty(batch, heads, length, head_dim, dtype=torch.bfloat16)
-    cos, sin = torch.empty(length, head_dim // 2), torch.empty(length, head_dim // 2)
-    return lambda: rotary_triton(x, cos, sin)
-
-
-LAUNCHES = {
-    "sample_categorical": sample_categorical_call,
-    "sample_categorical top_p": lambda: sample_categorical_call(top_p=0.9),
-    # Llama 3's vocabulary: on an H200 its eager calls took 28 us more than their graph replays,
-    # 64 x 50257's 8.5 (nvidia-h200-2026-11-28.txt); is it the launcher?
-    "sample_categorical 128256": lambda: sample_categorical_call(vocab=128256),
-    "sample_from_hidden": sample_from_hidden_call,
-    "planner_select": planner_call,
-    "planner_select_mask": lambda: planner_call(with_mask=True),
-    "planner_mask": planner_mask_call,
-    "bernoulli": bernoulli_call,
-    "norm": norm_call,
-    "rotary": rotary_call,
-}
-
-
-class _StubDriver:
-    """What JITFunction.run asks of the driver: a device, a stream, an sm_90 target."""
-
-    def get_current_device(self):
-        return 0
-
-    def get_current_stream(self, device):
-        return 0
-
-    def get_current_target(self):
-        from triton.backends.compiler import GPUTarget
-
-        return GPUTarget("cuda", 90, 32)
-
-
-class _StubKernel:
-    """A compiled kernel whose launch does nothing: what Triton's CompiledKernel does on the
-    host (its __getitem__ launch, which ddpd.ops._dispatch.launch uses) up to the driver's call.
-    on_run(*args) sees every launch's arguments, from Triton's launch and from __getitem__'s."""
-    function, packed_metadata = 0, ()
-
-    def __init__(self, on_run: Callable = lambda *args: None):
-        self.run = on_run
-
-    def launch_metadata(self, grid, stream, *args):
-        return None
-
-    def __getitem__(self, grid):
-        from triton import knobs
-        from triton.runtime import driver
-
-        def runner(*args, stream=None):
-            if stream is None:
-                stream = driver.active.get_current_stream(driver.active.get_current_device())
-            self.run(grid[0], grid[1], grid[2], stream, self.function, self.packed_metadata,
-                     self.launch_metadata(grid, stream, *args), knobs.runtime.launch_enter_hook,
-                     knobs.runtime.launch_exit_hook, *args)
-
-        return runner
-
-
-def stub_triton(on_compile: Callable[[str], None] = lambda name: None,
-                on_run: Callable = lambda *args: None) -> None:
-    """Point Triton's launches at the stubs; the ops' launchers then run on CPU tensors
-    as on a GPU. (Their grids are those of a CPU device, which changes the values of a few
-    integer arguments, not the work of launching.) on_compile(kernel name) is called for
-    every variant Triton would compile, on_run(*args) with the arguments of every launch
-    of a compiled kernel."""
-    import importlib
-
-    from triton.runtime import driver
-    from triton.runtime.jit import JITFunction
-
-    driver.set_active(_StubDriver())
-    for op in ("sample_categorical", "sample_from_hidden", "planner_select", "planner_mask", "bernoulli", "norm",
-               "rotary"):
-        for kernel in vars(importlib.import_module(f"ddpd.kernels.{op}")).values():
-            if isinstance(kernel, JITFunction):
-                kernel.device_caches[0]  # the binder, made once per device; it sets kernel.compile
-
-                def compile_stub(*args, _name=kernel.fn.__name__, **kwargs):
-                    on_compile(_name)
-                    return _StubKernel(on_run)
-
-                kernel.compile = compile_stub
-
-
-def record_launches(call: Callable[[], object]) -> list:
-    """(kernel, grid, arguments by name, constexprs and options) of every Triton launch
-    `call` makes; nothing is launched."""
-    from triton.runtime.jit import JITFunction
-
-    launches = []
-
-    def record(self, *args, grid, warmup, **kwargs):
-        launches.append((self, grid, dict(zip(self.arg_names, args)), kwargs))
-
-    original = JITFunction.run
-    JITFunction.run = record
-    try:
-        call()
-    finally:
-        JITFunction.run = original
-    return launches
-
-
 def per_call_us(fn: Callable[[], object]) -> float:
-    """Best of REPEATS timings of CALLS calls (on a shared machine other work only adds)."""
-    for _ in range(50):
-        fn()
-    best = float("inf")
-    for _ in range(REPEATS):
-        start = time.perf_counter()
-        for _ in range(CALLS):
-            fn()
-        best = min(best, (time.perf_counter() - start) / CALLS * 1e6)
-    return best
+    """Best of REPEATS timings of CALLS calls, microseconds a call."""
+    return best_per_call(fn, calls=CALLS, repeats=REPEATS, warmup=50)[0] * 1e6
+
+
+def through_tritons_launch(call: Callable[[], object]) -> float:
+    """per_call_us(call) with every kernel launched by Triton's JITFunction.run."""
+    with tritons_launch():
+        return per_call_us(call)
 
 
 def main() -> int:
@@ -247,30 +62,6 @@ def main() -> int:
                    for kernel, grid, args, kwargs in record_launches(call)]
         print(f"{name:26s} {per_call_us(call):6.1f} us {through_tritons_launch(call):8.1f} us   {', '.join(kernels)}")
     return 0
-
-
-@contextlib.contextmanager
-def tritons_launch():
-    """Every kernel launched by Triton's JITFunction.run within: it is put behind a wrapper,
-    to which ddpd's launch defers every launch (one Python call more a kernel)."""
-    from triton.runtime.jit import JITFunction
-
-    tritons = JITFunction.run
-
-    def run(self, *args, **kwargs):
-        return tritons(self, *args, **kwargs)
-
-    JITFunction.run = run
-    try:
-        yield
-    finally:
-        JITFunction.run = tritons
-
-
-def through_tritons_launch(call: Callable[[], object]) -> float:
-    """per_call_us(call) with every kernel launched by Triton's JITFunction.run."""
-    with tritons_launch():
-        return per_call_us(call)
 
 
 if __name__ == "__main__":

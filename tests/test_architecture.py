@@ -20,6 +20,7 @@ LAYERS = {
     "ddpd.eval": 6, "ddpd.pretrained": 6,
     "ddpd.sampling": 7,
     "ddpd.cli": 8,
+    "ddpd.testing": 9,  # what the tests and benchmarks share: nothing in the package imports it
 }
 
 

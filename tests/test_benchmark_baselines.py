@@ -1,19 +1,16 @@
-"""The plain-torch draws the benchmarks time ddpd against (benchmarks/torch_draws.py) draw
+"""The plain-torch draws the benchmarks time ddpd against (ddpd.testing.baselines) draw
 the laws they stand for: a baseline that is fast because it draws something else would
 make every ratio a lie. Each draw is repeated on many identical rows of a small
 vocabulary and its frequencies are tested (chi-square) against exact probabilities
 computed here from the definitions; seeded, so a run is deterministic."""
 import itertools
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 from scipy.stats import chisquare
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import torch_draws  # noqa: E402
+from ddpd.testing import baselines as torch_draws
 
 DRAWS = 40_000
 LOGITS = torch.tensor([1.3, -0.4, 0.9, 2.1, -1.7, 0.2, 1.8])  # distinct: no ties at a boundary

@@ -1,6 +1,7 @@
 """The GPU check (benchmarks/gpu_check.sh) runs only where a GPU is lent, rarely: its
 dry run (tiny shapes on the CPU, the same code paths and checks) runs here, so the
 script that a device run depends on cannot rot unnoticed."""
+import json
 import os
 import shutil
 import subprocess
@@ -23,6 +24,15 @@ def test_gpu_check_dry_run_runs_every_part(tmp_path):
     for part in ("build", "extension", "gpu tests"):  # printed, not run, without a GPU
         assert f"## {part} (limit" in report
     assert "gpu_timings: 0 failed case(s)" in report
+    # the comparisons as rows (benchmarks/rows.py): each op against its torch candidates, and
+    # the default sampling run against the other whole runs
+    rows = [json.loads(line) for line in (tmp_path / "ddpd-gpu-check-dry-run.jsonl").read_text().splitlines()]
+    ops = {"sample_categorical", "sample_from_hidden", "multinomial", "planner_select", "step", "ddpd_sample"}
+    assert ops <= {row["op"] for row in rows}, rows
+    for row in rows:
+        assert row["median"] > 0 and row["baseline_median"] > 0, row
+        assert row["baseline"].startswith("torch: ") or row["op"] == "ddpd_sample", row
+        assert abs(row["ratio"] - row["baseline_median"] / row["median"]) < 1e-5 * row["ratio"], row
     assert "check: the fused fp32 run draws the reference run's samples" in report
     assert "FAILED" not in report and "Traceback" not in report
     assert "## torch.compile of both networks" in report
@@ -56,7 +66,8 @@ def test_gpu_check_names_the_sources_it_ran(tmp_path):
     assert first.returncode == 0 and first.stderr == "" and len(first.stdout.strip()) == 12, first
     copy = tmp_path / "copy"
     for part in ("ddpd", "kernels", "csrc", "benchmarks", "tests"):  # the hashed folders, without a .git
-        shutil.copytree(ROOT / part, copy / part, ignore=shutil.ignore_patterns("*.so", "__pycache__", "results"))
+        shutil.copytree(ROOT / part, copy / part, symlinks=True,  # ddpd/kernels: a link where it is one
+                        ignore=shutil.ignore_patterns("*.so", "__pycache__", "results"))
     run = lambda: subprocess.run(["bash", str(copy / "benchmarks" / "gpu_check.sh"), "--tree-hash"],  # noqa: E731
                                  capture_output=True, text=True, timeout=120).stdout
     assert run() == first.stdout

@@ -8,17 +8,13 @@ unpredictable steps of a first sampling run. The words now arrive as int32 argum
 (ddpd.kernels.rng.COUNTER_WORDS, ddpd.ops.rng.split32).
 
 Counted without a GPU: in a child process (no TRITON_INTERPRET), Triton's driver is
-stubbed (benchmarks/launch_cost.py) and each kernel's compile is counted as every
+stubbed (ddpd.testing.launches) and each kernel's compile is counted as every
 launcher runs at one shape under many seeds and offsets.
 """
-import sys
 from collections import Counter
-from pathlib import Path
 
+from ddpd.testing import launches as launch_cost
 from hang_guard import run_compiled
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import launch_cost  # noqa: E402
 
 SEEDS = (0, 1, 2, 16, 2**31 + 3, 2**32, 2**40 + 1, 2**63 + 16)
 OFFSETS = (0, 1, 2, 16, 33, 2**31, 2**32 + 16, 2**62 + 1)

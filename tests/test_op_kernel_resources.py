@@ -12,20 +12,18 @@ No GPU is needed: each launcher runs on CPU tensors with Triton's launch replace
 a recorder, so the kernels, constexprs, warps and stages compiled are exactly those
 the launcher passes (the grids sized for a 132-multiprocessor device), specialised as
 Triton's runtime specialises a launch (16-byte aligned tensors, integers that are
-multiples of 16 or equal to 1); the launcher calls are benchmarks/launch_cost.py's, the
-cases, the compilation and the reading of the binaries benchmarks/kernel_binaries.py's (the
+multiples of 16 or equal to 1); the launcher calls are ddpd.testing.launches', the
+cases, the compilation and the reading of the binaries ddpd.testing.sm90's (the
 last test runs that script). Like tests/test_op_triton_compile.py, the compilation runs in a child
 process without TRITON_INTERPRET: `python tests/test_op_kernel_resources.py`.
 """
-import sys
 from pathlib import Path
 
+from ddpd.testing.launches import record_launches  # the launches a call makes
+from ddpd.testing.sm90 import CASES, answer_as_h100, compile_launch, resources  # sm_90 binaries
 from hang_guard import run_compiled
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
-sys.path.insert(0, str(BENCHMARKS))
-from kernel_binaries import CASES, answer_as_h100, compile_launch, resources  # noqa: E402  sm_90 binaries
-from launch_cost import record_launches  # noqa: E402  the launches a call makes
 
 
 def test_kernels_fit_an_h100():

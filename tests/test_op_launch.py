@@ -3,20 +3,17 @@ kernel what Triton's own launch passes, and the cache never hands a launch a ker
 Triton would have specialised differently.
 
 Without a GPU: in a child process (no TRITON_INTERPRET), Triton's driver and compiled
-kernels are stubbed (benchmarks/launch_cost.py); the stub records every launch's arguments
+kernels are stubbed (ddpd.testing.launches); the stub records every launch's arguments
 as the driver would receive them, from Triton's launch and from the cached kernel's.
 """
 import itertools
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
+from ddpd.testing import launches as launch_cost
 from hang_guard import run_compiled
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import launch_cost  # noqa: E402
 
 
 def test_cached_launches_pass_what_tritons_launch_passes():

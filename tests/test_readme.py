@@ -2,6 +2,7 @@
 written, the install lines are true on any machine, and no documentation or help text
 sends a user to a file (or a section) they do not have."""
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -90,14 +91,24 @@ def test_no_document_or_help_text_names_a_file_users_do_not_have():
     assert "books" in texts["ddpd-train --help"]
 
 
+# a results file's name, after the commit that holds it where newer results replaced it
+QUOTED_RESULTS = r"(?:\b([0-9a-f]{7,40}):benchmarks/results/)?((?:cpu|nvidia)-[A-Za-z0-9-]+\.txt)"
+
+
 def test_every_results_file_a_document_quotes_is_committed():
     """Performance numbers are quoted with the results file that holds them: each file named
-    (in full, or by the suffix after its device name, as in `-2026-11-28-host.txt`) exists."""
+    (in full, or by the suffix after its device name, as in `-2026-11-28-host.txt`) exists, or,
+    quoted as `COMMIT:benchmarks/results/NAME` (a file newer results replaced), exists in that commit."""
     committed = [p.name for p in (ROOT / "benchmarks" / "results").iterdir()]
+    in_git = subprocess.run(["git", "rev-parse", "--git-dir"], cwd=ROOT, capture_output=True).returncode == 0
     for path in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]:
         text = path.read_text()
-        for name in re.findall(r"(?:cpu|nvidia)-[A-Za-z0-9-]+\.txt", text):
-            assert name in committed, f"{path.name} quotes {name}, which benchmarks/results does not hold"
+        for commit, name in re.findall(QUOTED_RESULTS, text):
+            if not commit:
+                assert name in committed, f"{path.name} quotes {name}, which benchmarks/results does not hold"
+            elif in_git:
+                found = subprocess.run(["git", "cat-file", "-e", f"{commit}:benchmarks/results/{name}"], cwd=ROOT)
+                assert found.returncode == 0, f"{path.name} quotes {commit}:benchmarks/results/{name}, not in git"
         for suffix in re.findall(r"`(-[A-Za-z0-9-]+\.txt)`", text):
             assert any(n.endswith(suffix) for n in committed), \
                 f"{path.name} quotes {suffix}, which no results file ends with"

@@ -1,8 +1,8 @@
 """Plain-torch draws that ddpd's ops are timed against: the usual torch code (softmax +
 torch.multinomial, torch.bernoulli, truncation by masking all V logits) and the fastest
-torch code for the same law, written once for bench_ops.py, bench_multinomial.py,
-bench_step.py and gpu_timings.py. tests/test_benchmark_baselines.py checks that each
-draws the law it stands for, so a baseline cannot be fast by drawing something else.
+torch code for the same law, written once for the benchmarks (benchmarks/bench_*.py,
+benchmarks/gpu_timings.py). tests/test_benchmark_baselines.py checks that each draws the
+law it stands for, so a baseline cannot be fast by drawing something else.
 
 The fast draws avoid torch.multinomial, whose CPU path draws an exponential variate per
 category (slow), and never mask or sort more than they must:
@@ -29,19 +29,41 @@ TORCH = "torch: "  # the benchmarks name a torch variant by this prefix and the 
 
 
 def gumbel_like(x: torch.Tensor) -> torch.Tensor:
-    """Standard Gumbel noise shaped like x, float32: -log(-log U) (torch's exponential_
-    is several times slower on CPU)."""
+    """Standard Gumbel noise shaped like x, -log(-log U) (torch's exponential_ is slower on CPU).
+
+    Args:
+        x: any tensor; its shape and device are used.
+
+    Returns:
+        Float32 noise of x's shape, on x's device.
+    """
     return torch.rand(x.shape, device=x.device).log_().neg_().log_().neg_()
 
 
 def gumbel_argmax(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """One token per row [N] drawn from softmax(logits / T)."""
+    """One token per row drawn from softmax(logits / T) by Gumbel-argmax.
+
+    Args:
+        logits: [N, V] logits.
+        temperature: T > 0.
+
+    Returns:
+        Long[N] tokens.
+    """
     return (logits.float() / temperature + gumbel_like(logits)).argmax(-1)
 
 
 def inverse_cdf(weights: torch.Tensor, k: int = 1) -> torch.Tensor:
-    """k draws with replacement [N, k] from unnormalised weights [N, V] >= 0: uniforms
-    scaled to each row's total, located in the cumulative sum."""
+    """k draws with replacement from unnormalised weights: uniforms scaled to each row's
+    total, located in the cumulative sum.
+
+    Args:
+        weights: [N, V] weights >= 0, a positive total a row.
+        k: draws a row.
+
+    Returns:
+        Long[N, k] categories.
+    """
     cumulative = weights.float().cumsum(-1)
     u = torch.rand(weights.shape[0], k, device=weights.device) * cumulative[:, -1:]
     # u can round up to the total: clamp to the last category (cumulative rounding only)
@@ -49,24 +71,57 @@ def inverse_cdf(weights: torch.Tensor, k: int = 1) -> torch.Tensor:
 
 
 def softmax_weights(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """exp(y - max y), y = logits / T: softmax's weights without the division."""
+    """Softmax's weights without the division: exp(y - max y), y = logits / T.
+
+    Args:
+        logits: [N, V] logits.
+        temperature: T > 0.
+
+    Returns:
+        Float32 [N, V] weights in (0, 1], 1 at each row's maximum.
+    """
     y = logits.float() / temperature
     return (y - y.amax(-1, keepdim=True)).exp_()
 
 
 def softmax_inverse_cdf(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """One token per row [N] from softmax(logits / T) by the inverse CDF."""
+    """One token per row from softmax(logits / T) by the inverse CDF.
+
+    Args:
+        logits: [N, V] logits.
+        temperature: T > 0.
+
+    Returns:
+        Long[N] tokens.
+    """
     return inverse_cdf(softmax_weights(logits, temperature)).squeeze(-1)
 
 
 def softmax_multinomial(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """The usual code: softmax + torch.multinomial, one token per row [N]."""
+    """One token per row from softmax(logits / T), as the usual code draws it: softmax +
+    torch.multinomial.
+
+    Args:
+        logits: [N, V] logits.
+        temperature: T > 0.
+
+    Returns:
+        Long[N] tokens.
+    """
     return torch.multinomial(torch.softmax(logits.float() / temperature, -1), 1).squeeze(-1)
 
 
 def gumbel_top_k(weights: torch.Tensor, k: int) -> torch.Tensor:
-    """k draws without replacement [N, k] from weights [N, V] (at least k positive a row),
-    in the order sequential draws would make them."""
+    """k draws without replacement by the Gumbel-top-k trick, in the order sequential draws
+    would make them.
+
+    Args:
+        weights: [N, V] weights >= 0, at least k positive a row.
+        k: draws a row.
+
+    Returns:
+        Long[N, k] distinct categories a row.
+    """
     return (weights.float().log() + gumbel_like(weights)).topk(k, dim=-1).indices
 
 
@@ -79,9 +134,20 @@ CATEGORICAL = {  # name -> draw(logits, temperature) of one token per row
 
 def masked_truncation_multinomial(logits: torch.Tensor, temperature: float = 1.0, top_k: Optional[int] = None,
                                   top_p: Optional[float] = None, min_p: Optional[float] = None) -> torch.Tensor:
-    """The usual code of a truncated draw (Hugging Face's warpers, in their order): every
-    V logit divided by T, masked by top-k (torch.topk), top-p (sort + cumsum + mask,
-    scattered back) and min-p (softmax threshold), then softmax + torch.multinomial."""
+    """A truncated draw as the usual code makes it (Hugging Face's warpers, in their order):
+    every V logit divided by T, masked by top-k (torch.topk), top-p (sort + cumsum + mask,
+    scattered back) and min-p (softmax threshold), then softmax + torch.multinomial.
+
+    Args:
+        logits: [N, V] logits.
+        temperature: T > 0.
+        top_k: keep the k largest logits (None or 0: no cut).
+        top_p: keep the smallest prefix by probability whose mass reaches top_p (None: no cut).
+        min_p: keep the tokens of probability >= min_p x the largest (None: no cut).
+
+    Returns:
+        Long[N] tokens.
+    """
     logits = logits.float() / temperature
     if top_k:
         kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
@@ -103,7 +169,14 @@ def kept_token_draw(logits: torch.Tensor, temperature: float = 1.0, top_k: Optio
     keeps torch.topk's k candidates (sorted), top-p sorts them (or the row) and keeps the
     prefix whose mass strictly above is < p, min-p keeps y >= max y + log(min_p). In
     sorted order each cut keeps a prefix, so one cumulative sum serves the cuts and the
-    draw; min-p alone needs no order, only a threshold."""
+    draw; min-p alone needs no order, only a threshold.
+
+    Args:
+        logits, temperature, top_k, top_p, min_p: as masked_truncation_multinomial's.
+
+    Returns:
+        Long[N] tokens.
+    """
     y = logits.float() / temperature
     if not top_k and top_p is None:
         if min_p is not None:
@@ -142,18 +215,56 @@ COIN: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {  # p -> bool z
 
 
 def planner_select(logits: torch.Tensor, select: str) -> tuple:
-    """(positions [N, 1], sum p [N], stop [N]) as planner_select returns them."""
+    """The planner's draw of one position a row, p = sigmoid(logits), as ddpd.ops.planner_select.
+
+    Args:
+        logits: [N, D] planner logits.
+        select: a name of SELECT, the torch code that draws the position.
+
+    Returns:
+        (positions Long[N, 1], sum p Float[N], stop Bool[N]: every p below EPS).
+    """
     p = torch.sigmoid(logits)
     return SELECT[select](logits, p)[:, None], p.sum(-1), (p < EPS).all(-1)
 
 
 def planner_select_mask(logits: torch.Tensor, x: torch.Tensor, mask_id: int, select: str, coin: str) -> tuple:
-    """planner_select's outputs, then the mask of prop:draw_with_maskD (z_d ~ Bernoulli(p_d),
-    the chosen position always masked): (positions, sum p, stop, masked x, z, count)."""
+    """planner_select's draw, then the mask of prop:draw_with_maskD (z_d ~ Bernoulli(p_d), the
+    chosen position always masked), as ddpd.ops.planner_select_mask.
+
+    Args:
+        logits: [N, D] planner logits.
+        x: Long[N, D] tokens.
+        mask_id: the mask token.
+        select: a name of SELECT (the position's draw).
+        coin: a name of COIN (the mask coins' draw).
+
+    Returns:
+        (positions, sum p, stop, masked x, z Bool[N, D], count Long[N] of z).
+    """
     p = torch.sigmoid(logits)
     positions = SELECT[select](logits, p)[:, None]
-    z = COIN[coin](p).scatter_(1, positions, True)
-    return positions, p.sum(-1), (p < EPS).all(-1), torch.where(z, mask_id, x), z, z.sum(-1)
+    return (positions, p.sum(-1), (p < EPS).all(-1), *planner_mask(logits, x, positions, mask_id, coin, p))
+
+
+def planner_mask(logits: torch.Tensor, x: torch.Tensor, positions: torch.Tensor, mask_id: int, coin: str,
+                 p: Optional[torch.Tensor] = None) -> tuple:
+    """The mask of prop:draw_with_maskD for given positions, as ddpd.ops.planner_mask: z_d ~
+    Bernoulli(p_d), p = sigmoid(logits), each row's chosen positions always masked.
+
+    Args:
+        logits: [N, D] planner logits.
+        x: Long[N, D] tokens.
+        positions: Long[N, k] the chosen positions.
+        mask_id: the mask token.
+        coin: a name of COIN (the coins' draw).
+        p: sigmoid(logits), where the caller has it.
+
+    Returns:
+        (masked x, z Bool[N, D], count Long[N] of z).
+    """
+    z = COIN[coin](torch.sigmoid(logits) if p is None else p).scatter_(1, positions, True)
+    return torch.where(z, mask_id, x), z, z.sum(-1)
 
 
 PLANNER_MASK = {  # name -> (select, coin)
@@ -167,7 +278,19 @@ def gathered_step(planner_logits: torch.Tensor, x: torch.Tensor, hidden: torch.T
                   bias: Optional[torch.Tensor], mask_id: int, draw: Callable = softmax_inverse_cdf) -> tuple:
     """One DDPD step with a mask denoiser in plain torch, the head applied only at the
     chosen positions: planner draw and mask, the chosen rows of the hidden states,
-    linear + draw, scatter. Returns (x with the new tokens, masked x, stop)."""
+    linear + draw, scatter.
+
+    Args:
+        planner_logits: [B, D] planner logits.
+        x: Long[B, D] tokens.
+        hidden: [B, D, H] the denoiser's final hidden states.
+        weight, bias: the output head, [V, H] and [V] (or None).
+        mask_id: the mask token.
+        draw: the draw of one token a row from [B, V] logits.
+
+    Returns:
+        (x with the new tokens, masked x, stop).
+    """
     positions, _, stop, masked, _, _ = planner_select_mask(planner_logits, x, mask_id, "inverse CDF", "rand < p")
     chosen = hidden.gather(1, positions[:, :, None].expand(-1, -1, hidden.shape[2])).squeeze(1)
     tokens = draw(F.linear(chosen, weight, bias))

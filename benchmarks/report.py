@@ -1,0 +1,127 @@
+"""Write docs/performance.md's tables from the rows of benchmarks/results/<device>.jsonl.
+
+A table lives between two comments in the Markdown, which name the device's rows file and,
+optionally, one op:
+
+    <!-- rows: nvidia-h200 -->
+    ...the generated table...
+    <!-- end rows: nvidia-h200 -->
+
+Everything outside such blocks is prose and is left as it is. A device's table has one line
+per case (op, shape, dtype, params) that has plain-torch baselines ("torch: ..."): ddpd's
+median, the fastest plain-torch code's and ddpd's speed-up over it, for each mode the rows
+hold (eager; graph: CUDA-graph replay), and the commit that measured it. An op's table
+(`<!-- rows: nvidia-h200 ddpd_sample -->`) has one line per case and baseline, whatever the
+baseline (for whole sampling runs: the other runs).
+
+    python benchmarks/report.py            # rewrite the tables
+    python benchmarks/report.py --check    # exit 1 if a table is not what the rows give
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+from typing import Optional
+
+import rows as result_rows
+
+DOC = result_rows.ROOT / "docs" / "performance.md"
+BLOCK = re.compile(r"(<!-- rows: (?P<name>[a-z0-9-]+)(?: (?P<op>\w+))? -->\n)(?P<body>.*?)"
+                   r"(<!-- end rows: (?P=name)(?: (?P=op))? -->)", re.S)
+TORCH = "torch: "
+
+
+def seconds(value: Optional[float]) -> str:
+    if value is None:
+        return "-"
+    if value < 1e-3:
+        return f"{value * 1e6:.1f} us"
+    return f"{value * 1e3:.3g} ms" if value < 1 else f"{value:.3g} s"
+
+
+def fastest(candidates: list[dict]) -> Optional[dict]:
+    """The row of the fastest plain-torch baseline among a case's rows of one mode."""
+    torch_rows = [r for r in candidates if r["baseline"].startswith(TORCH)]
+    return min(torch_rows, key=lambda r: r["baseline_median"]) if torch_rows else None
+
+
+def table(rows: list[dict]) -> str:
+    """The Markdown table of one device's rows (see the module docstring)."""
+    modes = [mode for mode in ("eager", "graph") if any(r["mode"] == mode for r in rows)]
+    cases: dict[tuple, dict[str, list[dict]]] = {}
+    for r in rows:
+        case = (r["op"], tuple(r["shape"]), r["dtype"], r["params"])
+        cases.setdefault(case, {}).setdefault(r["mode"], []).append(r)
+    several = len(modes) > 1
+    label = " / ".join(modes)
+    head = (f"| op | shape | dtype | params | ddpd{f' ({label})' if several else ''} | fastest torch code | "
+            f"its time{f' ({label})' if several else ''} | speed-up{f' ({label})' if several else ''} | commit |")
+    lines = [head, "|---" * 9 + "|"]
+    for (op, shape, dtype, params), by_mode in cases.items():
+        best = {mode: fastest(by_mode.get(mode, [])) for mode in modes}
+        if best[modes[0]] is None:
+            continue
+        ours = " / ".join(seconds(best[m]["median"]) if best[m] else "-" for m in modes)
+        theirs = " / ".join(seconds(best[m]["baseline_median"]) if best[m] else "-" for m in modes)
+        ratio = " / ".join(f"{best[m]['ratio']:.2f}x" if best[m] else "-" for m in modes)
+        lines.append(f"| `{op}` | {' x '.join(map(str, shape))} | {dtype} | {params or '-'} | {ours} | "
+                     f"{best[modes[0]]['baseline'][len(TORCH):]} | {theirs} | {ratio} | {best[modes[0]]['commit']} |")
+    return "\n".join(lines) + "\n"
+
+
+def op_table(rows: list[dict]) -> str:
+    """The Markdown table of one op's rows: a line per case and baseline."""
+    lines = ["| shape | dtype | params | mode | ddpd | baseline | its time | speed-up | commit |", "|---" * 9 + "|"]
+    for r in rows:
+        lines.append(f"| {' x '.join(map(str, r['shape']))} | {r['dtype']} | {r['params'] or '-'} | {r['mode']} | "
+                     f"{seconds(r['median'])} | {r['baseline']} | {seconds(r['baseline_median'])} | "
+                     f"{r['ratio']:.2f}x | {r['commit']} |")
+    return "\n".join(lines) + "\n"
+
+
+def render(text: str, results: Path = result_rows.RESULTS) -> str:
+    """text with every rows block regenerated from results/<name>.jsonl.
+
+    Raises:
+        FileNotFoundError: a block names a device whose rows file does not exist.
+    """
+    def block(match: re.Match) -> str:
+        path = results / f"{match.group('name')}.jsonl"
+        if not path.exists():
+            raise FileNotFoundError(f"a table names {path}, which does not exist")
+        rows, op = result_rows.read(path), match.group("op")
+        made = op_table([r for r in rows if r["op"] == op]) if op else table(rows)
+        return match.group(1) + made + match.group(5)
+
+    return BLOCK.sub(block, text)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--check", action="store_true", help="exit 1 if a table differs from what its rows give")
+    parser.add_argument("--doc", type=Path, default=DOC, help="the Markdown file (default %(default)s)")
+    parser.add_argument("--results", type=Path, default=result_rows.RESULTS,
+                        help="the folder of the <device>.jsonl files (default %(default)s)")
+    args = parser.parse_args(argv)
+    text = args.doc.read_text()
+    blocks = [" ".join(filter(None, m.group("name", "op"))) for m in BLOCK.finditer(text)]
+    try:
+        new = render(text, args.results)
+    except FileNotFoundError as error:
+        print(f"report: {error}", file=sys.stderr)
+        return 2
+    if args.check:
+        if new != text:
+            print(f"report: the tables of {args.doc} are not those of the rows; run python benchmarks/report.py",
+                  file=sys.stderr)
+            return 1
+        return 0
+    args.doc.write_text(new)
+    print(f"report: {len(blocks)} table(s) of {args.doc} written ({', '.join(blocks) or 'none'})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""benchmarks/report.py: docs/performance.md's tables are made from the rows of
+benchmarks/results/<device>.jsonl, and only the blocks between the rows comments change."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+REPORT = str(ROOT / "benchmarks" / "report.py")
+
+
+def report(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, REPORT, *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def test_performance_tables_are_those_of_the_committed_rows():
+    done = report("--check")
+    assert done.returncode == 0, done.stderr
+
+
+def row(baseline: str, baseline_median: float, median: float = 2e-5, mode: str = "eager") -> dict:
+    return dict(op="sample_categorical", shape=[64, 50257], dtype="bfloat16", params="", device="GPU X", mode=mode,
+                commit="abc1234", sources=None, median=median, baseline=baseline, baseline_median=baseline_median,
+                ratio=baseline_median / median, date="2026-11-29", source="benchmarks/gpu_timings.py")
+
+
+def test_a_table_names_the_fastest_torch_code_of_each_mode(tmp_path):
+    rows = [row("torch: slow", 9e-5), row("torch: fast", 6e-5), row("reference", 1e-5),
+            row("torch: slow", 8e-5, 1e-5, "graph"), row("torch: fast", 3e-5, 1e-5, "graph")]
+    (tmp_path / "gpu-x.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    prose = "# Title\n\nProse before.\n\n<!-- rows: gpu-x -->\nstale\n<!-- end rows: gpu-x -->\n\nProse after.\n"
+    doc = tmp_path / "performance.md"
+    doc.write_text(prose)
+    assert report("--doc", str(doc), "--results", str(tmp_path), "--check").returncode == 1
+    done = report("--doc", str(doc), "--results", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    text = doc.read_text()
+    assert text.startswith("# Title\n\nProse before.\n\n<!-- rows: gpu-x -->\n") and text.endswith(
+        "<!-- end rows: gpu-x -->\n\nProse after.\n")
+    line, = [line for line in text.splitlines() if line.startswith("| `sample_categorical`")]
+    cells = [cell.strip() for cell in line.strip("|").split("|")]
+    # the reference is no torch code; eager's fastest is 'fast' (3.00x), graph's too (3.00x)
+    assert cells[1:] == ["64 x 50257", "bfloat16", "-", "20.0 us / 10.0 us", "fast", "60.0 us / 30.0 us",
+                         "3.00x / 3.00x", "abc1234"], cells
+    assert report("--doc", str(doc), "--results", str(tmp_path), "--check").returncode == 0
+
+
+def test_a_table_of_missing_rows_is_an_error(tmp_path):
+    doc = tmp_path / "performance.md"
+    doc.write_text("<!-- rows: nowhere -->\n<!-- end rows: nowhere -->\n")
+    done = report("--doc", str(doc), "--results", str(tmp_path))
+    assert done.returncode == 2 and "nowhere.jsonl" in done.stderr
+
+
+def test_an_op_table_lists_every_baseline(tmp_path):
+    rows = [dict(row("fused fp32", 8.0, 1.0, "run"), op="ddpd_sample", shape=[64, 256, 28]),
+            dict(row("reference fp32", 12.5, 1.0, "run"), op="ddpd_sample", shape=[64, 256, 28]),
+            row("torch: fast", 6e-5)]
+    (tmp_path / "gpu-x.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    doc = tmp_path / "performance.md"
+    doc.write_text("<!-- rows: gpu-x ddpd_sample -->\n<!-- end rows: gpu-x ddpd_sample -->\n")
+    done = report("--doc", str(doc), "--results", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in doc.read_text().splitlines() if line.startswith("| 64 x 256 x 28 ")]
+    assert [line.split(" | ")[4:8] for line in lines] == [["1 s", "fused fp32", "8 s", "8.00x"],
+                                                         ["1 s", "reference fp32", "12.5 s", "12.50x"]], lines
