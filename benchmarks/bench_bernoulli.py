@@ -8,7 +8,8 @@ and fused (the ddpd op, seeded). Each runs on CPU, and on CUDA where a device is
 import pytest
 import torch
 
-from ddpd.ops.bernoulli import bernoulli, bernoulli_reference
+from ddpd.ops import reference
+from ddpd.ops.bernoulli import bernoulli
 from ddpd.testing import baselines
 from ddpd.testing.baselines import TORCH
 from inputs import DEVICES, randn, uniforms, variants
@@ -21,7 +22,7 @@ def test_bernoulli(compare, rows, width, variant, device):
     p = torch.sigmoid(randn(rows, width, device=device))
     noise = uniforms(rows, width, device=device)
     fns = {
-        "reference": lambda: bernoulli_reference(p, noise=noise),
+        "reference": lambda: reference.bernoulli(p, noise=noise),
         "fused": lambda: bernoulli(p, seed=1, offset=2),
         **{TORCH + coin: (lambda draw=draw: draw(p)) for coin, draw in baselines.COIN.items()},
     }

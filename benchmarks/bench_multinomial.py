@@ -12,7 +12,8 @@ than torch.multinomial(replacement=False).
 import pytest
 import torch
 
-from ddpd.ops.multinomial import multinomial, multinomial_reference
+from ddpd.ops import reference
+from ddpd.ops.multinomial import multinomial
 from ddpd.testing.baselines import TORCH, gumbel_top_k, inverse_cdf
 
 ROWS, VOCAB = 64, 50257
@@ -39,7 +40,7 @@ def short_rows():
 K1 = {
     MULTINOMIAL: lambda w: torch.multinomial(w, 1),
     INVERSE_CDF: lambda w: inverse_cdf(w, 1),
-    "reference": lambda w: multinomial_reference(w, 1, True, seed=1),
+    "reference": lambda w: reference.multinomial(w, 1, True, seed=1),
     "fused": lambda w: multinomial(w, 1, True, seed=1),
 }
 WITHOUT_REPLACEMENT = {

@@ -11,7 +11,8 @@ import functools
 import pytest
 import torch
 
-from ddpd.ops.planner_mask import planner_mask, planner_mask_reference
+from ddpd.ops import reference
+from ddpd.ops.planner_mask import planner_mask
 from ddpd.testing import baselines
 from ddpd.testing.baselines import TORCH
 from inputs import DEVICES, MASK_ID, randn, uniforms, variants
@@ -27,7 +28,7 @@ def test_planner_mask(compare, rows, length, variant, device):
     positions = torch.randint(0, length, (rows, 1), generator=g).to(device)
     noise = uniforms(rows, length, device=device)
     fns = {
-        "reference": lambda: planner_mask_reference(logits, x, positions, MASK_ID, noise=noise),
+        "reference": lambda: reference.planner_mask(logits, x, positions, MASK_ID, noise=noise),
         "fused": lambda: planner_mask(logits, x, positions, MASK_ID, seed=1, offset=2),
         **{TORCH + coin: functools.partial(baselines.planner_mask, logits, x, positions, MASK_ID, coin)
            for coin in baselines.COIN},

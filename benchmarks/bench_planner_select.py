@@ -11,12 +11,8 @@ import functools
 import pytest
 import torch
 
-from ddpd.ops.planner_select import (
-    planner_select,
-    planner_select_mask,
-    planner_select_mask_reference,
-    planner_select_reference,
-)
+from ddpd.ops import reference
+from ddpd.ops.planner_select import planner_select, planner_select_mask
 from ddpd.testing import baselines
 from ddpd.testing.baselines import TORCH
 from inputs import DEVICES, MASK_ID, randn, uniforms, variants
@@ -29,7 +25,7 @@ def test_planner_select(compare, rows, length, variant, device):
     logits = randn(rows, length, device=device)
     noise = uniforms(rows, length, device=device)
     fns = {
-        "reference": lambda: planner_select_reference(logits, noise=noise),
+        "reference": lambda: reference.planner_select(logits, noise=noise),
         "fused": lambda: planner_select(logits, seed=1, offset=2),
         **{TORCH + name: functools.partial(baselines.planner_select, logits, name) for name in baselines.SELECT},
     }
@@ -44,7 +40,7 @@ def test_planner_select_mask(compare, rows, length, variant, device):
     x = torch.randint(0, MASK_ID, (rows, length), generator=torch.Generator().manual_seed(0)).to(device)
     noise, mask_noise = uniforms(rows, length, device=device), uniforms(rows + 1, length, device=device)[1:]
     fns = {
-        "reference": lambda: planner_select_mask_reference(logits, x, MASK_ID, noise=noise, mask_noise=mask_noise),
+        "reference": lambda: reference.planner_select_mask(logits, x, MASK_ID, noise=noise, mask_noise=mask_noise),
         "fused": lambda: planner_select_mask(logits, x, MASK_ID, seed=1, offset=2),
         **{TORCH + name: functools.partial(baselines.planner_select_mask, logits, x, MASK_ID, *draws)
            for name, draws in baselines.PLANNER_MASK.items()},

@@ -19,7 +19,8 @@ import functools
 
 import pytest
 
-from ddpd.ops.sample_categorical import noise_width, sample_categorical, sample_categorical_reference
+from ddpd.ops import reference
+from ddpd.ops.sample_categorical import noise_width, sample_categorical
 from ddpd.testing import baselines
 from ddpd.testing.baselines import TORCH
 from inputs import DEVICES, randn, uniforms, variants
@@ -32,7 +33,7 @@ def test_sample_categorical(compare, rows, vocab, variant, device):
     logits = randn(rows, vocab, device=device)
     noise = uniforms(rows, noise_width(vocab), device=device)
     fns = {
-        "reference": lambda: sample_categorical_reference(logits, noise=noise),
+        "reference": lambda: reference.sample_categorical(logits, noise=noise),
         "fused": lambda: sample_categorical(logits, seed=1, offset=2),
         **{TORCH + name: functools.partial(draw, logits) for name, draw in baselines.CATEGORICAL.items()},
     }
@@ -62,7 +63,7 @@ def test_sample_categorical_controls(compare, rows, vocab, controls, variant, de
     kw = control_kwargs(controls, vocab)
     controls = " ".join(f"{name}={value}" for name, value in kw.items())
     fns = {
-        "reference": lambda: sample_categorical_reference(logits, 0.8, noise=noise, **kw),
+        "reference": lambda: reference.sample_categorical(logits, 0.8, noise=noise, **kw),
         "fused": lambda: sample_categorical(logits, 0.8, seed=1, offset=2, **kw),
         **{TORCH + name: functools.partial(draw, logits, 0.8, **kw) for name, draw in baselines.TRUNCATED.items()},
     }

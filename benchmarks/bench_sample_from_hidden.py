@@ -9,8 +9,9 @@ CPU, and on CUDA where a device is present.
 import pytest
 import torch.nn.functional as F
 
+from ddpd.ops import reference
 from ddpd.ops.sample_categorical import noise_width
-from ddpd.ops.sample_from_hidden import sample_from_hidden, sample_from_hidden_reference
+from ddpd.ops.sample_from_hidden import sample_from_hidden
 from ddpd.testing import baselines
 from ddpd.testing.baselines import TORCH
 from inputs import DEVICES, randn, uniforms, variants
@@ -25,7 +26,7 @@ def test_sample_from_hidden(compare, rows, width, vocab, variant, device):
     bias = randn(vocab, scale=0.1, device=device)
     noise = uniforms(rows, noise_width(vocab), device=device)
     fns = {
-        "reference": lambda: sample_from_hidden_reference(hidden, weight, bias, noise=noise),
+        "reference": lambda: reference.sample_from_hidden(hidden, weight, bias, noise=noise),
         "fused": lambda: sample_from_hidden(hidden, weight, bias, seed=1, offset=2),
         **{f"{TORCH}matmul + {name}": lambda draw=draw: draw(F.linear(hidden, weight, bias))
            for name, draw in baselines.CATEGORICAL.items()},

@@ -58,19 +58,15 @@ import torch.nn.functional as F
 import rows as result_rows
 from bench_step import fused_step, reference_step, step_inputs
 from ddpd.models.attention import RotaryEmbedding
-from ddpd.ops.compact import compact_fixed, compact_fixed_reference, scatter_back, scatter_back_reference
-from ddpd.ops.multinomial import multinomial, multinomial_reference
-from ddpd.ops.norm import norm, norm_reference
-from ddpd.ops.planner_mask import planner_mask, planner_mask_reference
-from ddpd.ops.planner_select import (
-    planner_select,
-    planner_select_mask,
-    planner_select_mask_reference,
-    planner_select_reference,
-)
-from ddpd.ops.rotary import rotary, rotary_reference
-from ddpd.ops.sample_categorical import sample_categorical, sample_categorical_reference
-from ddpd.ops.sample_from_hidden import sample_from_hidden, sample_from_hidden_reference
+from ddpd.ops import reference
+from ddpd.ops.compact import compact_fixed, scatter_back
+from ddpd.ops.multinomial import multinomial
+from ddpd.ops.norm import norm
+from ddpd.ops.planner_mask import planner_mask
+from ddpd.ops.planner_select import planner_select, planner_select_mask
+from ddpd.ops.rotary import rotary
+from ddpd.ops.sample_categorical import sample_categorical
+from ddpd.ops.sample_from_hidden import sample_from_hidden
 from ddpd.testing import baselines as torch_draws
 from ddpd.testing.memory import peak_cuda_growth, peak_rss_growth
 from ddpd.testing.timing import kernel_seconds
@@ -293,7 +289,7 @@ def time_sample_categorical(bench: Bench, rows: int, vocab: int, dtype: torch.dt
     logits = randn(rows, vocab, scale=3.0, seed=vocab, dtype=dtype, device=bench.device)
     name = f"sample_categorical ({rows}, {vocab}) {str(dtype)[6:]}"
     bench.at("sample_categorical", (rows, vocab), dtype)
-    bench.check(name, sample_categorical(logits, seed=1, offset=2), sample_categorical_reference(logits, seed=1,
+    bench.check(name, sample_categorical(logits, seed=1, offset=2), reference.sample_categorical(logits, seed=1,
                                                                                                  offset=2))
     bench.versus(name, lambda: sample_categorical(logits, seed=1, offset=2),
                  {label: functools.partial(draw, logits) for label, draw in torch_draws.CATEGORICAL.items()},
@@ -316,7 +312,7 @@ def time_sample_categorical_controls(bench: Bench, rows: int, vocab: int, dtype:
     name = f"sample_categorical {controls} ({rows}, {vocab}) {str(dtype)[6:]}"
     bench.at("sample_categorical", (rows, vocab), dtype, f"T=0.8 {controls}")
     bench.check(name, sample_categorical(logits, 0.8, seed=1, offset=2, return_logprob=True, **kw),
-                sample_categorical_reference(logits, 0.8, seed=1, offset=2, return_logprob=True, **kw))
+                reference.sample_categorical(logits, 0.8, seed=1, offset=2, return_logprob=True, **kw))
     bench.versus(name, lambda: sample_categorical(logits, 0.8, seed=1, offset=2, **kw),
                  {label: functools.partial(draw, logits, 0.8, **kw) for label, draw in torch_draws.TRUNCATED.items()},
                  logits.numel() * logits.element_size(), "the logits")
@@ -337,7 +333,7 @@ def time_sample_from_hidden(bench: Bench, rows: int, width: int, vocab: int, dty
     name = f"sample_from_hidden N={rows} H={width} V={vocab} {str(dtype)[6:]}"
     bench.at("sample_from_hidden", (rows, width, vocab), dtype)
     bench.check(name, sample_from_hidden(hidden, weight, bias, seed=1, offset=2),
-                sample_from_hidden_reference(hidden, weight, bias, seed=1, offset=2))
+                reference.sample_from_hidden(hidden, weight, bias, seed=1, offset=2))
     bench.versus(name, lambda: sample_from_hidden(hidden, weight, bias, seed=1, offset=2),
                  {f"matmul + {label}": lambda draw=draw: draw(F.linear(hidden, weight, bias))
                   for label, draw in torch_draws.CATEGORICAL.items()},
@@ -414,7 +410,7 @@ def time_planner_ops(bench: Bench, rows: int, length: int) -> None:
     x = torch.randint(0, MASK_ID, (rows, length), generator=torch.Generator().manual_seed(4)).to(bench.device)
     name = f"planner_select {rows}x{length}"
     bench.at("planner_select", (rows, length), FP32)
-    bench.check(name, planner_select(logits, seed=1, offset=2), planner_select_reference(logits, seed=1, offset=2))
+    bench.check(name, planner_select(logits, seed=1, offset=2), reference.planner_select(logits, seed=1, offset=2))
     bench.compare(name, lambda: planner_select(logits, seed=1, offset=2),
                   {label: functools.partial(torch_draws.planner_select, logits, label) for label in torch_draws.SELECT},
                   logits.numel() * 4 + rows * (8 + 4 + 1))
@@ -422,7 +418,7 @@ def time_planner_ops(bench: Bench, rows: int, length: int) -> None:
     name = f"planner_select_mask {rows}x{length}"
     bench.at("planner_select_mask", (rows, length), FP32)
     bench.check(name, planner_select_mask(logits, x, MASK_ID, seed=1, offset=2),
-                planner_select_mask_reference(logits, x, MASK_ID, seed=1, offset=2))
+                reference.planner_select_mask(logits, x, MASK_ID, seed=1, offset=2))
     bench.compare(name, lambda: planner_select_mask(logits, x, MASK_ID, seed=1, offset=2),
                   {label: functools.partial(torch_draws.planner_select_mask, logits, x, MASK_ID, *draws)
                    for label, draws in torch_draws.PLANNER_MASK.items()}, mask_bytes + rows * (8 + 4 + 1))
@@ -430,7 +426,7 @@ def time_planner_ops(bench: Bench, rows: int, length: int) -> None:
     name = f"planner_mask {rows}x{length}"
     bench.at("planner_mask", (rows, length), FP32)
     bench.check(name, planner_mask(logits, x, positions, MASK_ID, seed=1, offset=3),
-                planner_mask_reference(logits, x, positions, MASK_ID, seed=1, offset=3))
+                reference.planner_mask(logits, x, positions, MASK_ID, seed=1, offset=3))
 
     bench.compare(name, lambda: planner_mask(logits, x, positions, MASK_ID, seed=1, offset=3),
                   {coin: functools.partial(torch_draws.planner_mask, logits, x, positions, MASK_ID, coin)
@@ -460,7 +456,7 @@ def time_multinomial(bench: Bench, rows: int, categories: int, k: int, replaceme
     name = f"multinomial ({rows}, {categories}) k={k}{'' if replacement else ' without replacement'}"
     bench.at("multinomial", (rows, categories), FP32, f"k={k}{'' if replacement else ' without replacement'}")
     bench.check(name, multinomial(weights, k, replacement, seed=1, row_ids=ids, check_valid=False),
-                multinomial_reference(weights, k, replacement, seed=1, row_ids=ids, check_valid=False))
+                reference.multinomial(weights, k, replacement, seed=1, row_ids=ids, check_valid=False))
     same_law = ("inverse CDF", lambda: torch_draws.inverse_cdf(weights, k)) if replacement else \
         ("Gumbel-top-k", lambda: torch_draws.gumbel_top_k(weights, k))
     bench.versus(name, lambda: multinomial(weights, k, replacement, seed=1, row_ids=ids, check_valid=False),
@@ -483,7 +479,7 @@ def time_compaction(bench: Bench, batch: int, length: int) -> None:
 
     name = f"compact_fixed {batch}x{length} x2"
     bench.at("compact_fixed", (batch, length), "mixed", "tokens int64, logits float32")
-    bench.check(name, compact_fixed(active, batch, tokens, logits), compact_fixed_reference(active, batch, tokens,
+    bench.check(name, compact_fixed(active, batch, tokens, logits), reference.compact_fixed(active, batch, tokens,
                                                                                           logits))
     bench.compare(name, lambda: compact_fixed(active, batch, tokens, logits), {"nonzero + index_select": chain},
                   2 * batch * length * 12)
@@ -492,7 +488,7 @@ def time_compaction(bench: Bench, batch: int, length: int) -> None:
     name = f"scatter_back {batch}x{length} x2"
     bench.at("scatter_back", (batch, length), "mixed", "tokens int64, logits float32")
     bench.check(name, scatter_back(index, (packed_tokens, packed_logits), tuple(t.clone() for t in zeros)),
-                scatter_back_reference(index, (packed_tokens, packed_logits), tuple(t.clone() for t in zeros)))
+                reference.scatter_back(index, (packed_tokens, packed_logits), tuple(t.clone() for t in zeros)))
     out_tokens, out_logits = tokens.clone(), logits.clone()
     bench.compare(name, lambda: scatter_back(index, (packed_tokens, packed_logits), (out_tokens, out_logits)),
                   {"index_copy_": lambda: (out_tokens.index_copy_(0, index, packed_tokens),
@@ -506,7 +502,7 @@ def time_rotary(bench: Bench, batch: int, heads: int, length: int, head_dim: int
     table = RotaryEmbedding(head_dim, length).to(bench.device)
     name = f"rotary B={batch} heads={heads} L={length} d={head_dim} {str(dtype)[6:]}"
     bench.at("rotary", (batch, heads, length, head_dim), dtype, "B x heads x L x d")
-    ours, want = rotary(q, table.cos, table.sin), rotary_reference(q, table.cos, table.sin)
+    ours, want = rotary(q, table.cos, table.sin), reference.rotary(q, table.cos, table.sin)
     if not bench.cuda:
         print(f"  check {name}: none (on the CPU rotary runs the reference)")
     elif not torch.equal(ours, want):
@@ -516,7 +512,7 @@ def time_rotary(bench: Bench, batch: int, heads: int, length: int, head_dim: int
         print(f"  check {name}: the reference's values bit for bit")
     moved = 2 * q.numel() * q.element_size() + 2 * length * head_dim // 2 * 4
     bench.compare(name, lambda: rotary(q, table.cos, table.sin),
-                  {"torch elementwise": lambda: rotary_reference(q, table.cos, table.sin)}, moved)
+                  {"torch elementwise": lambda: reference.rotary(q, table.cos, table.sin)}, moved)
 
 
 def time_norm(bench: Bench, batch: int, length: int, width: int, modulated: bool, dtype: torch.dtype) -> None:
@@ -529,7 +525,7 @@ def time_norm(bench: Bench, batch: int, length: int, width: int, modulated: bool
     name = f"norm B={batch} L={length} H={width}{' adaLN' if modulated else ''} {str(dtype)[6:]}"
     bench.at("norm", (batch, length, width), dtype, "adaLN" if modulated else "")
     ours = norm(x, weight, bias, shift=shift, scale=scale)
-    want = norm_reference(x, weight, bias, shift=shift, scale=scale)
+    want = reference.norm(x, weight, bias, shift=shift, scale=scale)
     off = ((ours.float() - want.float()).abs() > torch.finfo(dtype).eps * want.float().abs().clamp_min(1)).sum()
     if not bench.cuda:
         print(f"  check {name}: none (on the CPU norm runs the reference)")
