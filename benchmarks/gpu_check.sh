@@ -4,7 +4,7 @@
 #  1. build: installs ddpd editable (pip --no-deps --no-build-isolation --no-index:
 #     nothing is downloaded), which maps kernels/ to ddpd.kernels and compiles
 #     ddpd._C with its CUDA kernels, for this GPU's architecture only;
-#  2. tests: every test marked gpu (tests/test_op_gpu.py: the compiled Triton kernels
+#  2. tests: every test marked gpu (tests/ops/test_op_gpu.py: the compiled Triton kernels
 #     draw for draw against the CPU path, CUDA graph capture, torch.compile; the CUDA
 #     ops of ddpd._C; the models and the sampler on CUDA);
 #  3. timings: benchmarks/gpu_timings.py, each op checked against its torch
@@ -29,8 +29,8 @@
 #     default DDPD run against DDPD's error-budget policy and the mask loop's MaskGIT and
 #     confidence threshold at 64 and 128 network passes, the configurations of
 #     `ddpd-eval frontier`.
-# The build and Triton compile checks (tests/test_ext_build.py,
-# tests/test_op_triton_compile.py) run in CI, not here.
+# The build and Triton compile checks (tests/meta/test_ext_build.py,
+# tests/ops/test_op_triton_compile.py) run in CI, not here.
 # Each part runs under `timeout` inside a total budget of DDPD_GPU_BUDGET_S seconds
 # (default 480) and prints its elapsed time; a part that fails or runs out is
 # reported and the next part still runs (except after a failed build). The exit
@@ -51,7 +51,7 @@
 # which tells which checkout ran where the copy's .git is not the checkout's.
 # `benchmarks/gpu_check.sh --dry-run` needs no GPU: it prints the commands of steps
 # 1-2 and runs steps 3-5 on CPU tensors of tiny shapes with a wall-clock timer and
-# no time limits (tests/test_gpu_check_script.py runs it in CI), writing to
+# no time limits (tests/tools/test_gpu_check_script.py runs it in CI), writing to
 # ${TMPDIR:-/tmp}/ddpd-gpu-check-dry-run.txt and .jsonl instead of the results files.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -140,7 +140,7 @@ check() {
     part build 150 $PY -m pip install -q --no-deps --no-build-isolation --no-index -e . &&
         part extension 40 $PY -m ddpd.ops || { echo "gpu_check: the build failed"; return 1; }
     local gpu_tests workers=()
-    gpu_tests=$(grep -l "pytest.mark.gpu" tests/test_*.py | tr '\n' ' ')
+    gpu_tests=$(grep -l "pytest.mark.gpu" tests/*/test_*.py | tr '\n' ' ')
     # Four pytest processes (pytest-xdist, where installed) share the GPU, so that the tests'
     # CPU work (Triton compiling each kernel variant, the samplers' Python) runs on four
     # cores: one process does not finish within the part's limit.

@@ -41,7 +41,7 @@ THRESHOLD_BLOCK = 1024  # logits per step of the Triton threshold search
 THRESHOLD_SCAN_BLOCK = 4096  # logits per step of its plain passes (maximum, masses, compaction)
 # 8 warps, 4 logits a thread: with its 32-bit keys the 16-bucket search then keeps every
 # value in registers on sm_90 under Triton 3.6 and 3.9 (with 4 warps it spills; with 16,
-# Triton 3.9 caps it at 64 registers and spills; tests/test_op_kernel_resources.py)
+# Triton 3.9 caps it at 64 registers and spills; tests/ops/test_op_kernel_resources.py)
 THRESHOLD_WARPS = 8
 # top-k's bound: the row's logits in groups (at least GROUP_MIN, at most MAX_GROUPS groups);
 # the k-th largest group maximum is at most the k-th largest logit, and the logits at or

@@ -1,7 +1,7 @@
 """Plain-torch draws that ddpd's ops are timed against: the usual torch code (softmax +
 torch.multinomial, torch.bernoulli, truncation by masking all V logits) and the fastest
 torch code for the same law, written once for the benchmarks (benchmarks/bench_*.py,
-benchmarks/gpu_timings.py). tests/test_benchmark_baselines.py checks that each draws the
+benchmarks/gpu_timings.py). tests/tools/test_benchmark_baselines.py checks that each draws the
 law it stands for, so a baseline cannot be fast by drawing something else.
 
 The fast draws avoid torch.multinomial, whose CPU path draws an exponential variate per

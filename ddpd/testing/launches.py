@@ -8,7 +8,7 @@ as on a GPU; `record_launches` records the kernels, grids and arguments a call l
 
 Used by benchmarks/launch_cost.py (the Python side of a CUDA call), by
 ddpd.testing.sm90 (the sm_90 binaries) and by the tests of the launch cache
-(tests/test_op_launch.py, tests/test_op_compile_variants.py). Uses Triton's runtime
+(tests/ops/test_op_launch.py, tests/ops/test_op_compile_variants.py). Uses Triton's runtime
 internals (driver.set_active, JITFunction.device_caches): another Triton version may need
 this module changed, never the ops. Run it without TRITON_INTERPRET (the interpreter
 would run every kernel for real).

@@ -10,7 +10,7 @@ resources() reads a kernel's registers, stack and shared memory (cuobjdump); loo
 each loop of the SASS with its barriers, shared-memory accesses, shuffles, global loads and
 special-function operations. A loop's length counts every branch inside it, taken or not.
 
-CASES are the launches at the benchmark shapes: tests/test_op_kernel_resources.py checks
+CASES are the launches at the benchmark shapes: tests/ops/test_op_kernel_resources.py checks
 each, benchmarks/kernel_binaries.py prints them. Run without TRITON_INTERPRET (the
 interpreter compiles nothing).
 """
@@ -139,7 +139,7 @@ def loops(sass: str) -> list[dict]:
     return sorted(found, key=lambda loop: loop["instructions"])
 
 
-# The launches compiled, at the benchmark shapes (tests/test_op_kernel_resources.py checks each)
+# The launches compiled, at the benchmark shapes (tests/ops/test_op_kernel_resources.py checks each)
 CASES = {
     "sample_categorical 64x50257 bf16": lambda: sample_categorical_call(64, GPT2, torch.bfloat16),
     "sample_categorical 1x50257 fp32": lambda: sample_categorical_call(1, GPT2, torch.float32),

@@ -5,7 +5,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
 REPORT = str(ROOT / "benchmarks" / "report.py")
 
 
@@ -13,6 +15,7 @@ def report(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, REPORT, *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.integration
 def test_performance_tables_are_those_of_the_committed_rows():
     done = report("--check")
     assert done.returncode == 0, done.stderr
@@ -24,6 +27,7 @@ def row(baseline: str, baseline_median: float, median: float = 2e-5, mode: str =
                 ratio=baseline_median / median, date="2026-11-29", source="benchmarks/gpu_timings.py")
 
 
+@pytest.mark.integration
 def test_a_table_names_the_fastest_torch_code_of_each_mode(tmp_path):
     rows = [row("torch: slow", 9e-5), row("torch: fast", 6e-5), row("reference", 1e-5),
             row("torch: slow", 8e-5, 1e-5, "graph"), row("torch: fast", 3e-5, 1e-5, "graph")]
@@ -45,6 +49,7 @@ def test_a_table_names_the_fastest_torch_code_of_each_mode(tmp_path):
     assert report("--doc", str(doc), "--results", str(tmp_path), "--check").returncode == 0
 
 
+@pytest.mark.integration
 def test_a_table_of_missing_rows_is_an_error(tmp_path):
     doc = tmp_path / "performance.md"
     doc.write_text("<!-- rows: nowhere -->\n<!-- end rows: nowhere -->\n")
@@ -52,6 +57,7 @@ def test_a_table_of_missing_rows_is_an_error(tmp_path):
     assert done.returncode == 2 and "nowhere.jsonl" in done.stderr
 
 
+@pytest.mark.integration
 def test_an_op_table_lists_every_baseline(tmp_path):
     rows = [dict(row("fused fp32", 8.0, 1.0, "run"), op="ddpd_sample", shape=[64, 256, 28]),
             dict(row("reference fp32", 12.5, 1.0, "run"), op="ddpd_sample", shape=[64, 256, 28]),

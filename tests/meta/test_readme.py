@@ -13,7 +13,7 @@ from ddpd.checkpoint import save_bundle
 from ddpd.models import build_model, config_for
 from oracles.fixtures import single_thread  # noqa: F401  (autouse)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
 API = (ROOT / "docs" / "api.md").read_text()
 BLOCKS = {"README.md": re.findall(r"```python\n(.*?)```", README, re.S),
@@ -95,6 +95,7 @@ def test_no_document_or_help_text_names_a_file_users_do_not_have():
 QUOTED_RESULTS = r"(?:\b([0-9a-f]{7,40}):benchmarks/results/)?((?:cpu|nvidia)-[A-Za-z0-9-]+\.txt)"
 
 
+@pytest.mark.integration
 def test_every_results_file_a_document_quotes_is_committed():
     """Performance numbers are quoted with the results file that holds them: each file named
     (in full, or by the suffix after its device name, as in `-2026-11-28-host.txt`) exists, or,

@@ -28,7 +28,7 @@ from oracles.fixtures import single_thread  # noqa: F401  (autouse)
 V, D = 27, 8
 TINY = dict(d_model=16, n_layers=1, n_heads=2)
 ALPHABET = set(" abcdefghijklmnopqrstuvwxyz")
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _model(kind, seed, tokenizer=None):
@@ -94,6 +94,7 @@ def test_user_checkpoints_keep_the_old_defaults(tiny_bundle, tmp_path, monkeypat
     assert len(records) == 8 and all(r["steps"] == D for r in records)
 
 
+@pytest.mark.integration
 def test_console_script_with_no_model_argument(as_default):
     script = shutil.which("ddpd-sample")
     command = [script] if script else [sys.executable, "-m", "ddpd.cli.sample"]
@@ -137,6 +138,7 @@ def _english_words():
     return set(BOOKS.read_text(encoding="ascii").split())
 
 
+@pytest.mark.integration
 def test_packaged_bundle_samples_words_out_of_the_box(monkeypatch):
     """`ddpd-sample --fused` in a fresh process, with no model argument and the default
     thread policy: 256 text8 characters per sample, many of them in English words (those
@@ -275,6 +277,7 @@ def test_install_command(tmp_path, capsys):
                                        "config.json 'training' must be an object of ddpd-train settings, got 5\n")
 
 
+@pytest.mark.integration
 def test_install_command_with_a_reader_that_went_away(tmp_path):
     """`python -m ddpd.pretrained ... | true`: a BrokenPipeError traceback after the bundle
     was written (exit 1); `>/dev/full` the same with ENOSPC."""
@@ -343,6 +346,7 @@ def _shipped(names):
 EXPECTED = sorted(f"text8/{role}/{name}" for role in pretrained.ROLES for name in pretrained.FILES)
 
 
+@pytest.mark.integration
 def test_package_data_includes_the_bundle(tmp_path):
     src = _scratch_source(tmp_path)
     subprocess.run([sys.executable, "setup.py", "-q", "build_py", "-d", str(tmp_path / "lib")], cwd=src, check=True,
@@ -351,6 +355,7 @@ def test_package_data_includes_the_bundle(tmp_path):
     assert _shipped(names) == EXPECTED
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_wheel_includes_the_bundle(tmp_path):
     src = _scratch_source(tmp_path)

@@ -208,6 +208,7 @@ def test_opcheck_and_compile():
         assert torch.equal(got, want)
 
 
+@pytest.mark.integration
 def test_the_ops_exist_in_a_fresh_process_after_importing_ddpd_ops():
     """The custom ops are defined in Python at import: no eager call needs to load the
     extension first for torch.ops.ddpd.compact_fixed to exist (or to trace it)."""

@@ -89,6 +89,7 @@ def _dead_pid():
     return int(proc.stdout)
 
 
+@pytest.mark.integration
 def test_stale_temporaries_of_dead_processes_are_removed(tmp_path):
     host, dead = files._HOST, _dead_pid()
     stale = [f".ck.tmp-{host}-{dead}-abc123", f".ck.old-{host}-{dead}-x_y"]
@@ -103,6 +104,7 @@ def test_stale_temporaries_of_dead_processes_are_removed(tmp_path):
     assert _entries(tmp_path) == sorted(kept)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("length", [200, 250, 255])
 def test_names_that_nearly_fill_a_file_name_can_be_written(tmp_path, length):
     """The temporaries and the lock beside a destination add to its name: they are cut
@@ -146,6 +148,7 @@ def test_a_symbolic_link_is_written_through_and_kept(tmp_path):
             files.OutputLock(tmp_path / "runs" / "ck").acquire()
 
 
+@pytest.mark.integration
 def test_a_writer_killed_inside_the_two_rename_fallback_loses_nothing(tmp_path):
     """Without renameat2's exchange a directory is replaced by two renames; a writer
     killed between them leaves no `ck`, only its previous version set aside, which the
@@ -184,6 +187,7 @@ def test_a_lock_removes_the_directories_it_made_if_they_stay_empty(tmp_path):
     assert _entries(tmp_path / "a" / "new") == ["run"]
 
 
+@pytest.mark.integration
 def test_output_lock_refuses_a_second_writer_and_names_the_holder(tmp_path):
     first = files.OutputLock(tmp_path / "run").acquire()
     with pytest.raises(files.OutputLockedError, match=f"being written by pid {os.getpid()} on "):
@@ -312,6 +316,7 @@ def held_elsewhere(tmp_path):
     proc.wait(timeout=60)
 
 
+@pytest.mark.integration
 def test_stale_temporaries_are_kept_while_another_process_holds_the_lock(held_elsewhere, tmp_path):
     """From another PID namespace a running writer's pid looks dead: its temporary was
     deleted under it by anyone who merely tried to write (or resume) the same output."""
@@ -321,6 +326,7 @@ def test_stale_temporaries_are_kept_while_another_process_holds_the_lock(held_el
     assert in_flight.is_dir()
 
 
+@pytest.mark.integration
 def test_a_refused_resume_leaves_the_running_trainers_temporaries(held_elsewhere, tmp_path, capsys):
     from ddpd.cli.train import main
 
@@ -331,6 +337,7 @@ def test_a_refused_resume_leaves_the_running_trainers_temporaries(held_elsewhere
     assert (in_flight / "model.safetensors").read_bytes() == b"being written"
 
 
+@pytest.mark.integration
 def test_a_writer_waits_for_a_cleaner_rather_than_being_refused(tmp_path, monkeypatch):
     """remove_stale_temps holds the lock for milliseconds (every rank of a torchrun cleans
     before process 0 locks the output for the run): a writer that meets it waits."""
@@ -340,6 +347,7 @@ def test_a_writer_waits_for_a_cleaner_rather_than_being_refused(tmp_path, monkey
         assert open(lock.lock_path).read().startswith(f"pid {os.getpid()} on ")
 
 
+@pytest.mark.integration
 def test_stale_temporaries_are_removed_by_the_holder_of_the_lock(tmp_path):
     stale = tmp_path / f".run.tmp-{files._HOST}-{_dead_pid()}-abcdefgh"
     stale.write_text("partial")
@@ -376,6 +384,7 @@ def _report_set(tmp_path):
     return [(tmp_path / name).read_text() for name in ("report.csv", "report.md")]
 
 
+@pytest.mark.integration
 def test_a_set_of_files_is_published_as_one(tmp_path):
     assert _publish_set(tmp_path, "v1") == 0
     assert _report_set(tmp_path) == ["v1", "v1"] and _entries(tmp_path) == ["report.csv", "report.md"]

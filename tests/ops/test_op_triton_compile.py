@@ -4,11 +4,12 @@ sm_90 cubin through Triton's own ptxas), with and without its optional inputs.
 The interpreter tests check what the kernels compute; this checks what only the
 compiler sees (types of the Philox words, constexpr branches on None inputs, dot
 shapes, shared memory), on machines without a GPU. The signatures are those the
-launchers in ddpd.ops pass (tests/test_op_kernel_resources.py compiles the launches
+launchers in ddpd.ops pass (tests/ops/test_op_kernel_resources.py compiles the launches
 themselves, specialised as on a GPU, and reads their registers). The test process
 imports the kernels for the interpreter (TRITON_INTERPRET=1), so the compilation runs
-in a child process without it: `python tests/test_op_triton_compile.py`."""
+in a child process without it: `python tests/ops/test_op_triton_compile.py`."""
 
+import pytest
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -166,6 +167,7 @@ CASES = [sample_categorical_case, planner_select_case, planner_mask_case, sample
          norm_case]
 
 
+@pytest.mark.integration
 def test_kernels_compile_for_gpus():
     result = run_compiled(__file__)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]

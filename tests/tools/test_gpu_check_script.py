@@ -8,9 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.integration
 def test_gpu_check_dry_run_runs_every_part(tmp_path):
     env = dict(os.environ, PYTHON=sys.executable, TMPDIR=str(tmp_path))
     run = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), "--dry-run"], cwd=ROOT, env=env,
@@ -40,6 +43,7 @@ def test_gpu_check_dry_run_runs_every_part(tmp_path):
     assert report.index("## kernel profile (limit") < report.index("## sampling (limit")
 
 
+@pytest.mark.integration
 def test_gpu_timings_only_runs_the_sections_it_names():
     """gpu_timings.py --only 'launch configurations': the two launch sweeps, no other section."""
     run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_timings.py"), "--dry-run", "--only",
@@ -50,6 +54,7 @@ def test_gpu_timings_only_runs_the_sections_it_names():
     assert "categorical config" in run.stdout and "warps=1" in run.stdout
 
 
+@pytest.mark.integration
 def test_gpu_check_answers_help_without_running():
     """--help prints the usage and the script's comment (what it runs, its budget), and runs nothing."""
     done = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), "--help"], capture_output=True,
@@ -58,6 +63,7 @@ def test_gpu_check_answers_help_without_running():
     assert done.stdout.startswith("usage: ") and "GPU check of ddpd" in done.stdout and "## build" not in done.stdout
 
 
+@pytest.mark.integration
 def test_gpu_check_names_the_sources_it_ran(tmp_path):
     """The report names a hash of the sources, the one --tree-hash prints for the checkout (a
     device's copy of .git can be older than the files it ran), and a changed file changes it."""
@@ -81,6 +87,7 @@ def test_gpu_check_names_the_sources_it_ran(tmp_path):
     assert f"# sources {first.stdout.strip()} " in report
 
 
+@pytest.mark.integration
 def test_gpu_check_only_runs_the_named_parts(tmp_path):
     """--only host: the build (printed in a dry run) and the host cost part, nothing else;
     a part it does not know is a usage error."""
@@ -103,14 +110,17 @@ def test_no_gpu_test_is_taken_for_an_interpreter_test():
     """On a GPU the conftest skips tests that run Triton kernels on CPU tensors, which it
     recognises by name (`*_triton`, `*_kernel`): a GPU test calling such a name would be
     skipped there unseen (one calling load_flash_kernel was, until NOT_TRITON)."""
-    import importlib
+    import importlib.util
 
     import conftest
 
-    files = sorted(path.stem for path in (ROOT / "tests").glob("test_*.py") if "pytest.mark.gpu" in path.read_text())
+    files = sorted(path for path in (ROOT / "tests").glob("*/test_*.py") if "pytest.mark.gpu" in path.read_text())
     taken = []
-    for name in files:
-        module = importlib.import_module(name)
+    for path in files:
+        name = path.stem
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
         module_gpu = "gpu" in str(getattr(module, "pytestmark", ""))
         for attribute, fn in vars(module).items():
             if attribute.startswith("test_") and (module_gpu or "gpu" in str(getattr(fn, "pytestmark", ""))):

@@ -19,7 +19,7 @@ from ddpd.cli.common import one_line
 from ddpd.ops import _ext
 from hang_guard import HANG_GUARD_SECONDS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_load_registers_the_ops():
@@ -228,6 +228,7 @@ def test_compile_failure_is_explained(monkeypatch, tmp_path):
     assert "without --fused" in one_line(raised.value)
 
 
+@pytest.mark.integration
 def test_an_install_without_a_compiler_leaves_the_build_to_first_use(tmp_path):
     """setup.py with a compiler that fails: the install goes on without ddpd._C, saying that
     its first use will compile it (`pip install --no-build-isolation` used to end in a
@@ -247,6 +248,7 @@ def test_an_install_without_a_compiler_leaves_the_build_to_first_use(tmp_path):
     assert not list((copy / "ddpd").glob("_C*.so"))
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_compile_on_first_use_in_a_fresh_cache(tmp_path):
     """The real compile route, in a subprocess: one process cannot hold both builds."""
@@ -270,6 +272,7 @@ def test_compile_on_first_use_in_a_fresh_cache(tmp_path):
     assert "compiling the C++ extension because DDPD_FORCE_JIT is set" in result.stderr
 
 
+@pytest.mark.integration
 def test_python_m_ddpd_ops_names_the_module_without_a_warning():
     """`python -m ddpd.ops._ext`, which the README gave, ran a second copy of a module that
     ddpd.ops imports (a runpy RuntimeWarning)."""
@@ -289,6 +292,7 @@ def test_one_cache_directory_per_checkout_and_environment(monkeypatch, tmp_path)
     assert _ext._cache_dir(False, ROOT / "csrc") != here
 
 
+@pytest.mark.integration
 def test_python_m_ddpd_ops_says_why_in_one_line(tmp_path):
     (tmp_path / "a-file").write_text("")
     env = {**os.environ, "DDPD_FORCE_JIT": "1", "DDPD_EXTENSIONS_DIR": str(tmp_path / "a-file")}
@@ -418,6 +422,7 @@ def _run_with_a_terminal(command, **kwargs):
     return done, shown.decode(errors="replace")
 
 
+@pytest.mark.integration
 def test_setup_with_a_cuda_torch_without_a_gpu_builds_the_cpu_extension_and_says_so(tmp_path):
     """setup.py, as `pip install -e . --no-build-isolation` runs it with the torch that `pip
     install torch` gives on Linux, on a machine without a GPU: the build failed (an IndexError
@@ -445,6 +450,7 @@ def test_setup_with_a_cuda_torch_without_a_gpu_builds_the_cpu_extension_and_says
     assert "ddpd: built ddpd._C in " in terminal
 
 
+@pytest.mark.integration
 def test_pip_shows_in_one_line_that_the_extension_was_not_built(tmp_path):
     """`pip install` without -v showed nothing of a failed build of ddpd._C (setup.py's line
     went to the output pip hides); a warning it shows. Also none of setuptools' warnings about
@@ -464,6 +470,7 @@ def test_pip_shows_in_one_line_that_the_extension_was_not_built(tmp_path):
     assert not [line for line in shown if "Setuptools" in line or "absent from the `packages`" in line], shown
 
 
+@pytest.mark.integration
 def test_an_editable_build_warns_of_nothing_in_ddpds_own_configuration(tmp_path):
     """pip shows a local checkout's build warnings: setuptools gave 196 lines of them at each
     `pip install -e .` (a license table it deprecates, data folders missing from `packages`,
@@ -478,6 +485,7 @@ def test_an_editable_build_warns_of_nothing_in_ddpds_own_configuration(tmp_path)
     assert len(warned) == 1 and "UserWarning: ddpd: building ddpd._C failed" in warned[0], warned
 
 
+@pytest.mark.integration
 def test_an_old_setuptools_is_named_in_one_line():
     """`--no-build-isolation` builds with whatever setuptools the environment has; one older
     than the SPDX license string of pyproject.toml failed with a schema error."""
@@ -490,6 +498,7 @@ def test_an_old_setuptools_is_named_in_one_line():
                            "`pip install --upgrade setuptools wheel` first\n")
 
 
+@pytest.mark.integration
 def test_a_build_without_torch_warns_once_that_first_use_compiles(tmp_path):
     """A plain `pip install -e .` builds in an environment of its own, without torch: its
     line went to the output pip hides, at each of pip's three calls of setup.py."""
@@ -509,6 +518,7 @@ def test_a_build_without_torch_warns_once_that_first_use_compiles(tmp_path):
                            "time (`pip install --no-build-isolation` builds against the installed torch)")
 
 
+@pytest.mark.integration
 def test_loading_with_a_cuda_torch_without_a_gpu_leaves_torchs_build_tools_alone():
     """Importing torch.utils.cpp_extension with a CUDA torch and no GPU logs "No CUDA runtime
     is found" (torch's own line): the staleness check imported it at every load of ddpd._C,
@@ -523,6 +533,7 @@ def test_loading_with_a_cuda_torch_without_a_gpu_leaves_torchs_build_tools_alone
     assert done.returncode == 0 and done.stdout == "False\n", done.stderr
 
 
+@pytest.mark.integration
 def test_a_failed_build_ends_its_progress_lines_on_the_terminal(tmp_path):
     """An older pip (23.2) shows a build's warnings only with -v: the terminal showed
     "compiling ddpd._C" and then pip's "done", never that the build had failed."""

@@ -7,11 +7,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
 SAMPLERS = ("ddpd default (one at a time)", "ddpd error-budget", "maskgit", "mask threshold:0.9")
 BUDGETS = (4, 8)  # the dry run's network-pass budgets (gpu_parallel.DRY_RUN)
 
 
+@pytest.mark.integration
 def test_gpu_check_runs_the_parallel_decoding_dry_run(tmp_path):
     env = dict(os.environ, PYTHON=sys.executable, TMPDIR=str(tmp_path))
     run = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), "--dry-run", "--only", "parallel"],
@@ -41,6 +44,7 @@ def test_gpu_check_runs_the_parallel_decoding_dry_run(tmp_path):
         assert all(p == 4 * length for p in extrapolated)  # random weights: every step of 2 x L, 2 passes each
 
 
+@pytest.mark.integration
 def test_gpu_parallel_takes_only_an_error_budget_policy():
     """--policy is DDPD's policy, an error-budget spec: a mask-loop policy or a bad field is a usage error."""
     script = str(ROOT / "benchmarks" / "gpu_parallel.py")

@@ -14,7 +14,7 @@ from ddpd.cli.sample import build_parser as sample_parser
 from ddpd.cli.train import build_parser as train_parser
 from ddpd.training.data import Text8Tokenizer, load_labelled
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONDITIONAL = (ROOT / "docs" / "conditional.md").read_text()
 DOCS = [(ROOT / name).read_text() for name in ("README.md", "docs/cli.md", "docs/conditional.md")]
 PYTHON = re.findall(r"```python\n(.*?)```", CONDITIONAL, re.S)
@@ -98,6 +98,7 @@ def test_the_documented_toy_samples_have_the_traits_the_doc_names():
     _check_traits(*_documented_samples())
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_the_toy_commands_print_the_documented_samples(tmp_path, monkeypatch):
     """The documented commands as written, in a fresh directory: their samples have the traits,

@@ -14,24 +14,28 @@ the launcher passes (the grids sized for a 132-multiprocessor device), specialis
 Triton's runtime specialises a launch (16-byte aligned tensors, integers that are
 multiples of 16 or equal to 1); the launcher calls are ddpd.testing.launches', the
 cases, the compilation and the reading of the binaries ddpd.testing.sm90's (the
-last test runs that script). Like tests/test_op_triton_compile.py, the compilation runs in a child
-process without TRITON_INTERPRET: `python tests/test_op_kernel_resources.py`.
+last test runs that script). Like tests/ops/test_op_triton_compile.py, the compilation runs in a child
+process without TRITON_INTERPRET: `python tests/ops/test_op_kernel_resources.py`.
 """
 from pathlib import Path
+
+import pytest
 
 from ddpd.testing.launches import record_launches  # the launches a call makes
 from ddpd.testing.sm90 import CASES, answer_as_h100, compile_launch, resources  # sm_90 binaries
 from hang_guard import run_compiled
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
+@pytest.mark.integration
 def test_kernels_fit_an_h100():
     result = run_compiled(__file__)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     assert result.stdout.count("ok ") == len(CASES), result.stdout
 
 
+@pytest.mark.integration
 def test_kernel_binaries_reads_the_loops_of_the_launches():
     """benchmarks/kernel_binaries.py on the 1024-row draw: each kernel's resources and the
     counts of its loops, which show the tile statistics (one warp a program) reducing each

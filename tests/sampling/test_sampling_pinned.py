@@ -25,7 +25,7 @@ from ddpd.sampling import (
 from ddpd.sampling.options import DDPDOptions, Execution, Temperature
 from oracles.fixtures import single_thread, tiny_networks  # noqa: F401  (single_thread: autouse)
 
-PINNED = json.loads((Path(__file__).parent / "data" / "pinned_samples.json").read_text())
+PINNED = json.loads((Path(__file__).parents[1] / "data" / "pinned_samples.json").read_text())
 
 
 @pytest.fixture(scope="module")

@@ -16,18 +16,21 @@ from ddpd.testing import launches as launch_cost
 from hang_guard import run_compiled
 
 
+@pytest.mark.integration
 def test_cached_launches_pass_what_tritons_launch_passes():
     result = run_compiled(__file__, "same-arguments")
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     assert result.stdout.count("ok ") == len(launch_cost.LAUNCHES), result.stdout
 
 
+@pytest.mark.integration
 def test_equal_launch_keys_mean_equal_triton_specialisations():
     result = run_compiled(__file__, "fineness")
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     assert result.stdout.count("ok ") == len(launch_cost.LAUNCHES), result.stdout
 
 
+@pytest.mark.integration
 def test_misplaced_arguments_are_refused():
     result = run_compiled(__file__, "misplaced")
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]

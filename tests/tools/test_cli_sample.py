@@ -157,6 +157,7 @@ def test_truncated_weights_fail_cleanly(ckpts, tmp_path, capsys):
     assert code == 1 and len(stderr.strip().splitlines()) == 1 and "Traceback" not in stderr
 
 
+@pytest.mark.integration
 def test_argparse_errors_are_one_line():
     proc = subprocess.run([sys.executable, "-m", "ddpd.cli.sample", "--sampler", "gibbs"], capture_output=True,
                           text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -256,6 +257,7 @@ def _sample_process(ckpts, out, *extra, stdout=subprocess.PIPE):
                             preexec_fn=default_signals)
 
 
+@pytest.mark.integration
 def test_a_closed_stdout_does_not_stop_the_file(ckpts, tmp_path):
     """`ddpd-sample --out s.jsonl | head -1`: the reader goes away after one line."""
     out = tmp_path / "s.jsonl"
@@ -269,6 +271,7 @@ def test_a_closed_stdout_does_not_stop_the_file(ckpts, tmp_path):
     assert [r["index"] for r in read_jsonl(out)] == list(range(60))
 
 
+@pytest.mark.integration
 def test_a_full_stdout_keeps_the_file_and_says_so(ckpts, tmp_path):
     """`>/dev/full`: the failure unwound through the run and discarded every finished sample."""
     out = tmp_path / "s.jsonl"
@@ -281,6 +284,7 @@ def test_a_full_stdout_keeps_the_file_and_says_so(ckpts, tmp_path):
     assert [r["index"] for r in read_jsonl(out)] == list(range(20))
 
 
+@pytest.mark.integration
 def test_a_failing_stderr_loses_no_sample(ckpts, tmp_path):
     """`2>/dev/full` (or `2>&1 | true`) with a warning to print (too few steps): the
     warning's failure unwound through the run and discarded every sample."""
@@ -303,6 +307,7 @@ def test_the_tolerant_stderr_copies():
     assert wrapped.getvalue() == "x"
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("closed", [1, 2])
 def test_a_closed_stream_at_the_start_is_no_failure(ckpts, tmp_path, closed):
     """`2>&-` (or `1>&-`): sys.stderr was None, the progress bar failed on it, exit 1 and no
@@ -318,6 +323,7 @@ def test_a_closed_stream_at_the_start_is_no_failure(ckpts, tmp_path, closed):
         assert [len(line) for line in done.stdout.splitlines()] == [D] * 10  # only the samples
 
 
+@pytest.mark.integration
 def test_the_summary_counts_the_samples_drawn_when_the_reader_went_away(ckpts):
     """`ddpd-sample | head -1` without --out stops after the batch it could not print: the
     summary used to report every --num-samples, at a rate 30 times the real one. (The reader
@@ -337,6 +343,7 @@ def test_the_summary_counts_the_samples_drawn_when_the_reader_went_away(ckpts):
     assert "denoiser 4 (8 row-evaluations" in summary[0], done.stderr
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
 def test_signals_keep_the_finished_samples(ckpts, tmp_path, sig):
     out = tmp_path / "s.jsonl"
@@ -535,6 +542,7 @@ def test_non_finite_weights_are_refused(tmp_path, capsys):
     assert code == 1 and err.count("\n") == 1 and "NaN or infinite weights in head.bias" in err
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("processes", [1, 2])
 def test_networks_that_return_nan_are_warned_about_once(ckpts, tmp_path, capsys, processes):
     """Finite weights that overflow float32 (embeddings of 3e37) give NaN logits: the samples
@@ -574,6 +582,7 @@ assert world() is None, "the process group outlived close()"
 """
 
 
+@pytest.mark.integration
 def test_a_closed_group_leaves_no_gloo_thread_to_the_interpreter_exit(tmp_path):
     """torch.distributed.nn.functional keeps group.WORLD as default arguments: first imported
     after the group was made, it kept the group, and gloo's threads, alive past close(), until
@@ -699,6 +708,7 @@ def test_compiled_networks_draw_the_samples_of_eager_ones(ckpts, tmp_path, capsy
 # ---------------------------------------------------------------- several processes
 
 
+@pytest.mark.integration
 def test_two_processes_write_what_one_process_writes(ckpts, tmp_path, capsys):
     """torchrun with two gloo processes: batches dealt out in turn, gathered by process 0,
     which prints and writes them in order: the file is byte for byte the one-process file."""
@@ -900,6 +910,7 @@ def test_labels_that_cannot_be_used_are_named_in_one_line(classes, ckpts, capsys
     assert code == 2 and err.count("\n") == 1 and message.format(**paths) in err, err
 
 
+@pytest.mark.integration
 def test_a_process_killed_mid_run_keeps_the_finished_samples(ckpts, tmp_path):
     """kill -9 of process 1: process 0's next gather fails. It used to end in a gloo traceback
     with the finished samples thrown away; now it publishes them and says why in one line
@@ -925,6 +936,7 @@ def test_a_process_killed_mid_run_keeps_the_finished_samples(ckpts, tmp_path):
     assert [r["index"] for r in read_jsonl(out)] == list(range(written)) and written >= 4
 
 
+@pytest.mark.integration
 def test_a_signal_while_the_samples_are_published_keeps_them(ckpts, tmp_path, capsys, monkeypatch):
     """Every sample is finished when the file is published: a Ctrl-C during its final fsync and
     rename used to discard all of them (exit 130, no file). The signal now waits for the
@@ -949,6 +961,7 @@ def test_a_signal_while_the_samples_are_published_keeps_them(ckpts, tmp_path, ca
     assert [r["index"] for r in read_jsonl(out)] == list(range(4))
 
 
+@pytest.mark.integration
 def test_a_signal_ignored_at_the_start_stays_ignored(ckpts, tmp_path):
     """`nohup ddpd-sample ...` ignores SIGHUP: the run outlives the terminal (the tool used to
     install its own handler and stop with exit 129)."""

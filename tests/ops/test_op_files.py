@@ -5,9 +5,11 @@ each other one way only, and no private name of ddpd.ops imported from outside i
 import ast
 from pathlib import Path
 
+import pytest
+
 from hang_guard import HANG_GUARD_SECONDS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 OPS = ROOT / "ddpd" / "ops"
 SHARED = {"rng"}  # the counter-based streams: every op's, in every tree
 API = {"controls", "reference", "results"}  # the ops' argument and result types, the references by law
@@ -83,6 +85,7 @@ def test_nothing_outside_ops_imports_a_private_name_of_it():
     assert not offenders, offenders
 
 
+@pytest.mark.integration
 def test_kernels_install_as_ddpd_kernels_only(tmp_path):
     """The Triton kernels import as ddpd.kernels.<op>; no top-level `kernels` module of
     ours exists outside the source tree (a fresh process away from the checkout)."""

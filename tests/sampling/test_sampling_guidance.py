@@ -6,7 +6,7 @@ class-conditional exact networks reach p(x | c) for every class in one batch; sc
 unconditional model; scale 2 follows the exact law of the guided chain (oracles.toy.Guided).
 On tiny transformers the fused run, which guides the hidden states before the linear head,
 draws what the reference run draws from the guided logits. B = 50k rows per law check;
-threshold as in tests/test_sampling_ddpd.py.
+threshold as in tests/sampling/test_sampling_ddpd.py.
 """
 import warnings
 

@@ -17,7 +17,7 @@ from scipy import stats
 
 from hang_guard import HANG_GUARD_SECONDS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 SCRIPTS = sorted(path for folder in ("examples", "benchmarks") for path in (ROOT / folder).glob("*.py")
                  if 'if __name__ == "__main__":' in path.read_text())
@@ -280,6 +280,7 @@ def test_llada_sampler_names_the_bad_argument(steps, kw, match):
             sampler(net, torch.zeros(2, 4, dtype=torch.long), 10, steps, **kw)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("name", ["mdlm_sampler", "llada_sampler"])
 def test_examples_run_as_scripts(name):
     result = subprocess.run([sys.executable, str(EXAMPLES / f"{name}.py")], capture_output=True, text=True,
@@ -288,6 +289,7 @@ def test_examples_run_as_scripts(name):
     assert "False" not in result.stdout and result.stdout.count("True") == 2
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda path: f"{path.parent.name}/{path.name}")
 def test_scripts_answer_help_without_running(script):
     result = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True,

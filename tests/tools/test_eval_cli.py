@@ -391,6 +391,7 @@ def _handles_sigterm(pid):
     return bool(caught >> (signal.SIGTERM - 1) & 1)
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads /proc to see the handler installed")
 def test_sigterm_stops_an_evaluation_in_one_line(setup, tmp_path):
     import signal
@@ -503,6 +504,7 @@ def test_outputs_are_checked_before_any_model_is_loaded(setup, capsys, tmp_path,
     assert (tmp_path / "keep.jsonl").read_text() == "x" and not (tmp_path / "r.json").exists()
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("command", ["training", "elbo"])
 def test_a_reader_that_went_away_loses_no_report(setup, tmp_path, command):
     """`ddpd-eval ... | true`: the report was printed before it was written, and the broken
@@ -565,6 +567,7 @@ def test_a_second_evaluator_of_the_same_reports_is_refused_at_its_start(setup, t
     assert written and written <= set(REPORTS["merge"])
 
 
+@pytest.mark.integration
 def test_a_report_set_left_half_renamed_is_finished_by_the_next_evaluator(setup, tmp_path, capsys, monkeypatch):
     """A kill between the renames of training.md and training.json left halves of two runs;
     now the next evaluator of that --out-dir finishes the set before anything else, even
@@ -611,7 +614,7 @@ def _documented_synopses():
     import re
     from pathlib import Path
 
-    reference = (Path(__file__).resolve().parents[1] / "docs" / "cli.md").read_text()
+    reference = (Path(__file__).resolve().parents[2] / "docs" / "cli.md").read_text()
     section = reference.split("## `ddpd-eval`")[1]
     block = section.split("```\n")[1]  # the section's first block: its synopses
     lines = re.sub(r"\n  ", " ", block).splitlines()  # a synopsis goes on in its indented lines

@@ -381,6 +381,7 @@ def test_killed_run_resumes_bitwise(corpus, tmp_path, full_run):
     assert not torch.equal(lost.model.backbone.embed.weight, full.model.backbone.embed.weight)
 
 
+@pytest.mark.integration
 def test_resume_in_a_fresh_process(corpus, tmp_path, full_run):
     """Steps 1-3 here, steps 4-8 by `ddpd-train --resume` in a new process."""
     Trainer(config(corpus, tmp_path / "part", **RESUME)).train(stop_at=3)
@@ -711,6 +712,7 @@ def test_cli_usage_errors_exit_2(capsys, argv):
     assert err.startswith("ddpd-train: error: ") and err.count("\n") == 1
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("environ, message", [
     ({"RANK": "1"}, "RANK must be an int in [0, 0] (below WORLD_SIZE, which is 1 when unset), got '1'"),
     ({"RANK": "2", "WORLD_SIZE": "2"}, "RANK must be an int in [0, 1]"),
@@ -726,6 +728,7 @@ def test_torchrun_variables_that_cannot_be_are_named(corpus, tmp_path, capsys, m
     assert not (tmp_path / "p").exists()
 
 
+@pytest.mark.integration
 def test_cli_process_has_no_traceback(tmp_path):
     result = subprocess.run([sys.executable, "-m", "ddpd.cli.train", "planner", "--data", str(tmp_path / "none"),
                              "--out", str(tmp_path / "o")], capture_output=True, text=True, env=ONE_THREAD_ENV)
@@ -733,6 +736,7 @@ def test_cli_process_has_no_traceback(tmp_path):
     assert result.stderr.startswith("ddpd-train: error: --data: no such file") and "Traceback" not in result.stderr
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("stdout", ["gone", "full"])
 def test_a_log_reader_that_went_away_does_not_stop_the_training(corpus, tmp_path, stdout):
     """`ddpd-train ... | head -3` stopped at the next log line with 'Broken pipe' and no
@@ -812,6 +816,7 @@ def _start_training(corpus, out, *extra):
                             preexec_fn=default_signals)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
 def test_signals_stop_training_with_a_final_checkpoint(corpus, tmp_path, sig):
     out = tmp_path / "p"
@@ -834,6 +839,7 @@ class _Stop(Exception):
     pass
 
 
+@pytest.mark.integration
 def test_a_signal_while_the_network_is_built_waits_for_it(corpus, tmp_path, monkeypatch):
     """AdamW's constructor imports torch._dynamo and triton, C++ that calls back into Python:
     a signal handler's exception raised there aborted the process (SIGABRT, the lock left).
@@ -863,6 +869,7 @@ def test_a_signal_while_the_network_is_built_waits_for_it(corpus, tmp_path, monk
     assert os.listdir(tmp_path) == []  # the lock released
 
 
+@pytest.mark.integration
 def test_a_signal_while_a_resume_loads_its_checkpoint_is_one_line(corpus, tmp_path, capsys, monkeypatch):
     out = tmp_path / "p"
     _checkpoint_at_step_2(corpus, out)
@@ -879,6 +886,7 @@ def test_a_signal_while_a_resume_loads_its_checkpoint_is_one_line(corpus, tmp_pa
     assert os.listdir(tmp_path) == ["p"]  # no lock, no temporary
 
 
+@pytest.mark.integration
 def test_a_second_writer_is_refused_while_a_run_holds_the_output(corpus, tmp_path):
     out = tmp_path / "p"
     first = _start_training(corpus, out, "--save-every", "5")
@@ -898,6 +906,7 @@ def test_a_second_writer_is_refused_while_a_run_holds_the_output(corpus, tmp_pat
     assert first.returncode == 128 + signal.SIGTERM
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("signals", [1, 2])
 def test_signals_while_closing_after_a_lost_peer_keep_the_one_line(corpus, tmp_path, capsys, monkeypatch, signals):
     """torchrun sends SIGTERM to process 0 after a peer died, possibly while the trainer closes
@@ -936,6 +945,7 @@ def _torchrun_training(corpus, out, *extra, **popen):
                             preexec_fn=default_signals, **popen)
 
 
+@pytest.mark.integration
 def test_a_refusal_on_process_0_ends_a_torchrun_in_one_line(corpus, tmp_path):
     """Only process 0 takes the lock and checks the output: its refusal used to close with a
     barrier the other process, inside a collective of the setup, never reached (a hang)."""
@@ -948,6 +958,7 @@ def test_a_refusal_on_process_0_ends_a_torchrun_in_one_line(corpus, tmp_path):
     assert len(errors) == 1 and "already holds a checkpoint" in errors[0], err
 
 
+@pytest.mark.integration
 def test_an_interrupted_torchrun_says_how_to_resume_it(corpus, tmp_path):
     """The resume hint of a run of two processes is a torchrun of two (one process is refused)."""
     out = tmp_path / "p"
@@ -961,6 +972,7 @@ def test_an_interrupted_torchrun_says_how_to_resume_it(corpus, tmp_path):
                              "--resume"), err
 
 
+@pytest.mark.integration
 def test_a_torchrun_with_a_killed_process_ends_in_one_line(corpus, tmp_path):
     """kill -9 of process 1 mid-training: process 0 used to end in a gloo traceback raised by
     DDP's backward; it says what happened and how to continue, in one line (or, when torchrun's
@@ -1120,6 +1132,7 @@ def test_resume_keeps_the_runs_reporting_settings(corpus, tmp_path):
     assert given.save_every == 7
 
 
+@pytest.mark.integration
 def test_resume_removes_stale_temporaries_of_killed_saves(corpus, tmp_path):
     out = tmp_path / "p"
     _checkpoint_at_step_2(corpus, out)

@@ -6,7 +6,7 @@ function, is an edge between two layers; an edge must go from a higher layer to 
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "ddpd"
+PACKAGE = Path(__file__).resolve().parents[2] / "ddpd"
 
 # rank of each part of the package: a part may import parts of lower rank only
 LAYERS = {

@@ -61,6 +61,7 @@ CASES = [
 ]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("tool, argv, status, message", CASES, ids=[" ".join([c[0], *c[1]]) for c in CASES])
 def test_the_command_line_is_checked_before_torch_is_imported(files, tool, argv, status, message):
     proc = _run_without_torch(tool, *(a.format(**files) for a in argv))
@@ -69,6 +70,7 @@ def test_the_command_line_is_checked_before_torch_is_imported(files, tool, argv,
     assert proc.stderr.count("\n") == 1 and proc.stdout == ""
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("tool, argv", [("ddpd-sample", ["--num-samples", "1"]),
                                         ("ddpd-train", ["planner", "--data", "books", "--out", "{ckpt}"]),
                                         ("ddpd-eval", ["elbo", "--uniform", "{ckpt}", "--data", "books"])])

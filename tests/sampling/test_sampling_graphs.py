@@ -6,7 +6,7 @@ every later step with the step tensor, so anything a step took from Python inste
 tensors would be replayed stale. Those runs must draw exactly what eager fused runs draw, with
 the same stop steps and forward-pass counts, for every clock and denoiser; and the emulation
 must catch a step that bakes in a Python value. On a GPU the same runs replay real CUDA graphs
-(tests/test_op_gpu.py-style tests marked gpu).
+(tests/ops/test_op_gpu.py-style tests marked gpu).
 """
 import pytest
 import torch

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "docs" / "text8" / "gpu_train.sh"
 BOOKS = ROOT / "ddpd" / "assets" / "books.txt"
 
@@ -32,6 +32,7 @@ def _run(tmp_path: Path, *args: str, timeout: float = 60, **env: str) -> subproc
                           timeout=timeout)
 
 
+@pytest.mark.integration
 def test_plan_trains_the_three_networks_within_the_budget(tmp_path):
     done = _run(tmp_path, "--plan", BUDGET_S="400", RESERVE_S="100")
     assert done.returncode == 0 and done.stderr == "", done.stderr
@@ -45,6 +46,7 @@ def test_plan_trains_the_three_networks_within_the_budget(tmp_path):
     assert not (tmp_path / "runs").exists() and not (tmp_path / "results").exists()  # ran nothing
 
 
+@pytest.mark.integration
 def test_plan_resumes_a_network_with_a_checkpoint(tmp_path):
     (tmp_path / "runs" / "planner").mkdir(parents=True)
     (tmp_path / "runs" / "planner" / "train_state.json").write_text("{}")
@@ -57,6 +59,7 @@ def test_plan_resumes_a_network_with_a_checkpoint(tmp_path):
     assert "--max-time" in ar and "--resume" not in ar
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("env, message", [
     ({"BUDGET_S": "9 min"}, "BUDGET_S must be a whole number of seconds, got '9 min'"),
     ({"TRAIN_SECONDS": "0"}, "TRAIN_SECONDS must be a positive whole number of seconds, got '0'"),
@@ -72,11 +75,13 @@ def test_a_wrong_setting_stops_before_anything_runs(tmp_path, env, message):
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.integration
 def test_unknown_argument_is_refused(tmp_path):
     done = _run(tmp_path, "--dry")
     assert done.returncode == 2 and "unknown argument --dry" in done.stderr
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_smoke_run_trains_exports_evaluates_packs_and_resumes(tmp_path):
     """Every stage on the CPU (about 2-4 minutes on 2 cores), then a second run that continues

@@ -13,6 +13,8 @@ launcher runs at one shape under many seeds and offsets.
 """
 from collections import Counter
 
+import pytest
+
 from ddpd.testing import launches as launch_cost
 from hang_guard import run_compiled
 
@@ -28,6 +30,7 @@ BUILDERS = {
 }
 
 
+@pytest.mark.integration
 def test_seeds_and_offsets_compile_each_kernel_once():
     result = run_compiled(__file__)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]

@@ -16,7 +16,7 @@ from hang_guard import HANG_GUARD_SECONDS
 
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 
 
@@ -34,6 +34,7 @@ def test_runtime_dependencies_are_what_the_code_needs():
     assert {"numpy", "scipy", "tiktoken", "triton"} <= _names(extras["test"])
 
 
+@pytest.mark.integration
 def test_a_checkpoint_saves_with_the_runtime_dependencies_alone():
     """Saving imports numpy inside safetensors: with numpy blocked the save fails, which is
     why numpy is a runtime dependency (an install without the test extra lost every run)."""
@@ -58,6 +59,7 @@ def test_nothing_imports_an_undeclared_or_optional_package_at_module_level():
                                       "scipy"), f"{path}: {line}"
 
 
+@pytest.mark.integration
 def test_import_ddpd_C_works_in_a_fresh_process():
     """ddpd._C links against torch's libraries: importing it first must work."""
     built = list((ROOT / "ddpd").glob("_C*.so"))
@@ -82,6 +84,7 @@ import torch  # in a tool's process ddpd leaves it to the tool, after its comman
 """
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("argv0, tool", [("/venv/bin/ddpd-sample", "ddpd-sample"), ("ddpd-train", "ddpd-train"),
                                          ("-c", None)])
 def test_a_ctrl_c_while_torch_imports_ends_a_tool_in_one_line(argv0, tool):
@@ -98,6 +101,7 @@ def test_a_ctrl_c_while_torch_imports_ends_a_tool_in_one_line(argv0, tool):
         assert proc.stderr.startswith("Traceback") and proc.stderr.rstrip().endswith("KeyboardInterrupt")
 
 
+@pytest.mark.integration
 def test_the_tools_are_known_by_their_scripts_and_their_modules():
     """python -m ddpd.cli.<tool> (how torchrun starts its workers) counts as the tool too."""
     from ddpd._interrupts import tool_name
@@ -200,6 +204,7 @@ def test_corpus_names_and_files(tmp_path, monkeypatch):
         data.resolve_source("nothing.txt")
 
 
+@pytest.mark.integration
 def test_wheel_ships_the_data(tmp_path):
     """build_py puts the books corpus, the ranks file and the notice into the package."""
     subprocess.run([sys.executable, "setup.py", "-q", "build_py", "-d", str(tmp_path / "lib")], cwd=ROOT, check=True,

@@ -96,6 +96,7 @@ def test_failed_write_keeps_previous_checkpoint(tmp_path, monkeypatch, failure):
     assert sorted(os.listdir(tmp_path)) == ["c"]
 
 
+@pytest.mark.integration
 def test_killed_writer_keeps_previous_checkpoint(tmp_path):
     """A process killed (no cleanup at all) mid-write leaves only a stray temporary,
     which the next save removes."""
@@ -473,6 +474,7 @@ _WRITER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.integration
 def test_reads_during_saves_are_consistent(tmp_path):
     """A process saves a checkpoint in a loop (weights all equal to the save's number,
     train state step = the same number) while this one loads it: every load succeeds
@@ -527,6 +529,7 @@ def test_weights_of_a_type_weights_are_not_stored_in_name_the_types(tmp_path, mo
     assert _one_line(info.value)
 
 
+@pytest.mark.integration
 def test_a_load_builds_no_initialised_network_to_check_the_weights(tmp_path):
     """The network the header is checked against was built on the meta device with its
     initialisers and rotary tables, whose arithmetic there imports torch._dynamo, triton and
@@ -564,6 +567,7 @@ class _Stop(Exception):
     pass
 
 
+@pytest.mark.integration
 def test_a_signal_during_a_load_is_raised_when_the_load_is_done(tmp_path, monkeypatch):
     """A handler's exception raised wherever the load was cut it, in an import whose C++
     calls back into Python too: it waits for the load's end."""
