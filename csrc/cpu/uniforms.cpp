@@ -5,7 +5,7 @@
 // and one key. A lane's 32 x 32-bit product is the same 64-bit product in a vector as in
 // scalar code, and its uniform the same float32 operations (an exact conversion, one
 // addition, one exact multiplication): the same bits as philox_word and philox_uniform,
-// column for column (tests/test_op_rng.py compares them).
+// column for column (tests/ops/test_op_rng.py compares them).
 #include "uniforms.h"
 
 #include <ATen/core/Tensor.h>

@@ -3,7 +3,7 @@
 // value a call). Each value is computed in double and rounded once to float: within a few
 // 1e-13 of the exact value before the rounding, so the float is the correctly rounded one
 // but for exact values that close to a rounding boundary (of a million inputs of each
-// function, tests/test_op_vector_math.py, none differs from float64 torch's value rounded).
+// function, tests/ops/test_op_vector_math.py, none differs from float64 torch's value rounded).
 // Every path (isa.h) gives the same bits.
 #pragma once
 
