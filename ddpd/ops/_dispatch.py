@@ -72,8 +72,8 @@ def launch(kernel, grid: tuple, *args, **meta) -> None:
     its constexprs and launch options (num_warps, ...), minus most of Triton's per-launch cost.
 
     Triton's launch binds the arguments, specialises each one, builds a cache key from them
-    and re-checks the globals the kernel read: 8-11 us a kernel on a CPU core
-    (benchmarks/launch_cost.py), more than the kernel takes at small shapes. Here the first
+    and re-checks the globals the kernel read, which costs more than the kernel takes at
+    small shapes (docs/performance.md, History). Here the first
     launch of each kernel, device, meta and argument classes goes through Triton and keeps
     the compiled kernel it returns; later ones launch that kernel directly. The classes
     (ddpd._C.launch_key, csrc/launch_key.cpp) are at least as fine as Triton's
@@ -128,8 +128,15 @@ _triton_run = None  # Triton's JITFunction.run, once seen
 
 
 def _tritons_run(run) -> bool:
-    """Whether run is Triton's own launch, not a replacement (a tool recording the launches,
-    benchmarks/launch_cost.py): a replacement sees every launch, so none goes around it."""
+    """Whether run is Triton's own launch, not a replacement (a tool recording the launches):
+    a replacement sees every launch, so none goes around it.
+
+    Args:
+        run: the `run` attribute of a kernel's class.
+
+    Returns:
+        True when `run` is triton.runtime.jit's JITFunction.run.
+    """
     global _triton_run
     if run is _triton_run:
         return True
@@ -175,8 +182,8 @@ def eager(*tensors: Optional[torch.Tensor]) -> bool:
     """Whether a call can go straight to its kernel instead of through the registered
     custom op: nothing traces it (torch.compile, make_fx, fake or functional tensors,
     jit tracing, torch-function modes) and its tensors are plain tensors. The custom-op
-    dispatch costs tens of microseconds a call; tracing needs it (the fake kernel, the
-    schema), eager calls do not. A few hundred nanoseconds."""
+    dispatch costs more than most kernels at small shapes (docs/performance.md, History);
+    tracing needs it (the fake kernel, the schema), eager calls do not."""
     if (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack()
             or (torch._C._is_torch_function_mode_enabled() and not _only_device_modes()) or torch._C._is_tracing()):
         return False

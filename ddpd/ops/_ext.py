@@ -1,22 +1,13 @@
 """Loading ddpd._C, the C++/CUDA extension that registers the torch.ops.ddpd operators.
 
-Two routes build the same sources (csrc/*.cpp, csrc/cpu/*.cpp, and with a CUDA
-build of torch plus a CUDA toolkit csrc/cuda/*.cu, csrc/cuda/*.cpp, compiled for the
-visible GPUs or those TORCH_CUDA_ARCH_LIST names):
+setup.py builds ddpd._C when torch is importable at build time and records what it was built
+from in ddpd/_C.build.json; otherwise, or when that module is stale, `load()` compiles the same
+sources on first use into a cache directory ($DDPD_EXTENSIONS_DIR), printing one line that says
+why (DDPD_FORCE_JIT=1 forces it). Only one of the two may be loaded in a process.
 
-- setup.py compiles ddpd._C when torch is importable at build time
-  (`pip install -e . --no-build-isolation`) and records the torch version it was
-  built against and the digests of the sources it was built from in ddpd/_C.build.json;
-- otherwise, or when that module is stale (a source changed since, it was built
-  for another torch, or it fails to import), `load()` compiles the sources on first
-  use with torch.utils.cpp_extension.load into a cache directory
-  ($DDPD_EXTENSIONS_DIR, default ~/.cache/ddpd/extensions/<python-torch-device-sources>, one
-  per checkout or install),
-  printing one line that says why. DDPD_FORCE_JIT=1 takes that route regardless.
-
-Only one of the two may be loaded in a process: both register the ddpd namespace.
-This file imports nothing from ddpd, and torch only inside functions, because
-setup.py loads it by path for the source list and the compiler flags.
+This file imports nothing from ddpd, and torch only inside functions, because setup.py loads it
+by path for the source list and the compiler flags. The two routes are described in
+docs/kernels.md, section "Loading the extension".
 """
 from __future__ import annotations
 

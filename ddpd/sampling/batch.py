@@ -1,25 +1,12 @@
 """The running batch of a sampler: the rows still being sampled and the forward-pass bookkeeping.
 
-Rows are kept by row id, so a row keeps its noise stream (ddpd.sampling.noise) whatever
-else is in the batch. Two ways to let finished rows go:
+Rows are kept by row id, so a row keeps its noise stream (ddpd.sampling.noise) whatever else is
+in the batch. `RunningBatch` (the reference run) removes a row the step it stops; `FusedBatch`
+(the fused run) records stops on the device and lets finished rows go at every `sync_every`-th
+stop check, in one host synchronisation. Both carry per-row state, count forward passes and
+row-evaluations, and check the networks' outputs for shape and NaN.
 
-- `RunningBatch` (the reference run) removes a row the step it stops; that reads the stop
-  flags on the host every step.
-- `FusedBatch` (the fused run) only records a stop on the device, keeps the row frozen in
-  the batch, and looks at the flags at every `sync_every`-th stop check: one host
-  synchronisation, after which the finished rows are written back to their places in the
-  output (ddpd.ops.scatter_back) and the running ones packed to the front
-  (ddpd.ops.compact_fixed), so that later passes of both networks run on the running rows
-  only. With compaction=False they stay to the end (the same samples, more row-evaluations).
-
-Both carry per-row state across steps (`state`: e.g. the frozen positions of a prompt, the
-exact clock's time), which leaves and is packed with the rows, count the forward passes
-(calls) and the sequences evaluated (row-evaluations), and check what the networks return:
-the shape on the host, NaN on the device (counted without a synchronisation, read once at
-the end of the run, which warns: a network that overflows its precision, e.g. float16, would
-otherwise give samples that look like any others). Only the rows whose output a step uses
-count: not the finished rows a fused batch keeps, nor, with `used`, rows that draw nothing,
-so that both runs count the same passes for the same samples.
+docs/sampling.md, section "Internals: the running batch", says how and why.
 """
 from __future__ import annotations
 

@@ -1,40 +1,15 @@
 """The random draws of a sampler step, made two ways: the reference run and the fused run.
 
 Every sampler is written once (ddpd.sampling.gillespie, tau_leaping, maskgit) against the
-`Draws` interface below; what differs between a reference and a fused run is the
-strategy object it is handed:
+`Draws` interface below; a run is handed `ReferenceDraws` (plain torch, the ops' references,
+full denoiser logits) or `FusedDraws` (the ddpd.ops kernels, no host synchronisation inside a
+step). From a counter-based source (PhiloxNoise) both draw the same positions and tokens.
 
-- `ReferenceDraws`: plain torch. Uniforms come from the noise source as tensors and go to
-  the torch references of the ddpd.ops sampling ops (`reference.planner_select`,
-  `reference.planner_select_mask`, `reference.sample_categorical`); the denoiser's full
-  logits [B, D, V] are computed; a row leaves the batch the step it stops (RunningBatch);
-  rows with nothing to draw are left out of a denoiser pass (a host synchronisation).
-- `FusedDraws`: the ddpd.ops kernels. With a PhiloxNoise source the kernels generate the
-  uniforms themselves from (seed, offset of the step and stream, row id), the counters
-  PhiloxNoise.uniform uses; with another source (or k > 1 token draws per row, whose
-  k * W uniforms sit in one row of the stream) the uniforms are drawn from the source in
-  the reference's order and shapes and passed as explicit `noise`. A denoiser exposing
-  hidden(x, t) and an nn.Linear head has the head applied at the chosen positions only
-  (`sample_from_hidden`). No host synchronisation inside a step: stops are recorded on the
-  device and finished rows leave at stop checks (FusedBatch), every row runs every pass.
+Methods (B rows in the batch, `rows` their row ids): plan (positions, sum_d p(z^d = N | x_t),
+the stop flag; with `mask_id` the masked sequence), tokens_at, tokens_everywhere, rows_with.
 
-From a counter-based source (PhiloxNoise: seed= and generator= too) both draw the same
-positions and tokens (the ops and their references agree token for token), which the
-tests check for every sampler; below float32, a denoiser with an output head gives the fused
-run float32 logits (sample_from_hidden) where the reference's forward rounds them to the
-dtype, and the two then agree in law, not token for token. A sequential source (TorchNoise)
-hands out its uniforms in
-the order they are asked for, and the fused run asks for rows the reference leaves out
-(rows finished since the last stop check, events of the exact clock it rejects,
-tau-leaping rows that make no jump): the two then agree only under a step budget on the
-planner clock, and otherwise draw different samples of the same law.
-
-Methods (B rows in the batch, `rows` their row ids):
-- plan: positions (k per row, prop:self-loop-jumps), sum_d p(z^d = N | x_t), the stop flag;
-  with `mask_id` also the masked sequence of prop:draw_with_maskD and its mask count.
-- tokens_at: a token at each chosen position from the denoiser's p(x_1^d | x_in, t).
-- tokens_everywhere: a token at every position from logits [B, D, V] (the baselines).
-- rows_with: which rows a pass must include when only some rows draw (None: all of them).
+docs/sampling.md, section "Internals: reference and fused draws", says when the two runs agree
+token for token and when only in law.
 """
 from __future__ import annotations
 

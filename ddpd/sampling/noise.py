@@ -1,28 +1,15 @@
 """Where every random number of a sampler comes from.
 
-A sampler never calls torch.rand itself: each step asks its noise source for a
-block of uniforms, named by (step, stream, row ids, number of columns). The fused run
-of a sampler driven by the same source therefore makes the same choices as the
-reference run, position for position and token for token. Each kind of draw of a step
-has its own stream (INIT, SELECT, MASK, ...) and so its own Philox offset
-(`stream_offset`), so two draws of a run never share uniforms.
+A sampler never calls torch.rand itself: each step asks its noise source for a block of
+uniforms, named by (step, stream, row ids, number of columns), so the fused run of a sampler
+makes the same choices as the reference run from the same source. Each kind of draw of a step
+has its own stream and Philox offset (`stream_offset`). Uniforms are in (0, 1].
 
-Uniforms lie on the grid ((w >> 8) + 0.5) * 2**-24 of 24-bit integers w; float32 rounds
-the top value up to exactly 1.0, so they are in (0, 1] and every transform that takes
-the logarithm of 1 - u or of -log u (Gumbel, exponential) clamps u below one first.
+- `PhiloxNoise(seed, offset)`: counter-based, batch-invariant; the default.
+- `TorchNoise(generator)`: sequential torch.Generator draws on the same grid; not batch-invariant.
 
-- `PhiloxNoise(seed, offset)`: the counter-based default. A uniform is a pure
-  function of (seed, offset + step * NUM_STREAMS + stream, row id, column)
-  (ddpd.ops.rng.philox_uniform), so a row keeps its draws whatever the batch
-  composition: finished rows leaving the batch change nothing for the others.
-- `TorchNoise(generator)`: sequential torch.Generator draws on the same grid. Not
-  batch-invariant, but two orders of magnitude faster on CPU; the statistical tests use it.
-  A fused run reads other uniforms from it than the reference run does, except under a
-  step budget on the planner clock (ddpd.sampling.draws says why).
-
-The transforms to Gumbel variables (the ops' own, from ddpd.ops) and exponential
-variables are exported here too, so that every consumer, reference or fused,
-applies the same formula to the same uniform.
+The Gumbel and exponential transforms are exported here too, so every consumer applies the same
+formula. docs/sampling.md, section "Internals: noise", gives the grid and the guarantees.
 """
 from __future__ import annotations
 
