@@ -32,7 +32,13 @@ class StepGraphs:
 
     def run(self, key: Hashable, step_fn: Callable, i: int) -> None:
         """Step i by step_fn(step): eagerly the first time for (generation, key), then from the
-        captured graph."""
+        captured graph.
+
+        Args:
+            key: what tells apart the kinds of step of a run (a graph is kept per generation and key).
+            step_fn: the step, a function of the step index (an int, or the step tensor when captured).
+            i: the step index.
+        """
         slot = (self.batch.generation, key)
         if slot not in self.warm:  # warm-up: lazy initialisation (compiles, caches) happens eagerly
             self.warm.add(slot)
@@ -86,7 +92,17 @@ def _add(batch, delta: dict[str, int]) -> None:
 def step_graphs(batch, run, execution, philox: bool) -> Optional[StepGraphs]:
     """The StepGraphs of a fused run, or None where its steps run eagerly (see the modes).
     With graphs the batch keeps power-of-two sizes (FusedBatch.buckets), so that a graph
-    captured on it lasts across the stop checks that do not halve it."""
+    captured on it lasts across the stop checks that do not halve it.
+
+    Args:
+        batch: the run's FusedBatch.
+        run: the run's checked settings (ddpd.sampling.common.Run).
+        execution: the run's Execution.
+        philox: whether the noise source is a PhiloxNoise.
+
+    Returns:
+        The StepGraphs, or None.
+    """
     if not execution.fused or execution.graphs == "off":
         return None
     # A replay draws at the temperature it was captured with, from offsets it computes on the device.
