@@ -39,7 +39,7 @@ USER_FACING = [
     "ddpd/pretrained/*.py",
     "ddpd/ops/[!_]*.py",
     "ddpd/sampling/[!_]*.py",
-    "ddpd/cli/common.py",
+    "ddpd/cli/*.py",
     "ddpd/checkpoint.py",
     "ddpd/files.py",
     "ddpd/process.py",
