@@ -37,7 +37,7 @@ USER_FACING = [
     "ddpd/training/*.py",
     "ddpd/eval/*.py",
     "ddpd/pretrained/*.py",
-    "ddpd/ops/[!_]*.py",
+    "ddpd/ops/*.py",
     "ddpd/sampling/[!_]*.py",
     "ddpd/cli/*.py",
     "ddpd/checkpoint.py",
