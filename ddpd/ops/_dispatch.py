@@ -1,6 +1,7 @@
 """How a call of a ddpd op reaches its kernel: straight to it when nothing traces the
 call, through the registered custom op otherwise; the C++ kernels of ddpd._C for CPU
-tensors; launch grids sized from the device; the limits every op shares.
+tensors; launch grids sized from the device; the limits every op shares. What a launch
+through Triton's binder costs: docs/performance.md, History.
 """
 from __future__ import annotations
 
