@@ -38,7 +38,7 @@ USER_FACING = [
     "ddpd/eval/*.py",
     "ddpd/pretrained/*.py",
     "ddpd/ops/*.py",
-    "ddpd/sampling/[!_]*.py",
+    "ddpd/sampling/*.py",
     "ddpd/cli/*.py",
     "ddpd/checkpoint.py",
     "ddpd/files.py",
