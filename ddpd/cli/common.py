@@ -52,11 +52,22 @@ class OneLineParser(argparse.ArgumentParser):
     """Argument errors as a single line on stderr (exit status 2), no usage dump."""
 
     def error(self, message: str) -> None:
+        """Exit with status 2 after one line on stderr, `PROG: error: MESSAGE`.
+
+        Args:
+            message: what argparse found wrong.
+        """
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def add_runtime_arguments(parser: argparse.ArgumentParser, default=None) -> None:
-    """--device and --threads (default=argparse.SUPPRESS leaves them out when not given)."""
+    """Add --device and --threads to a parser.
+
+    Args:
+        parser: the tool's parser (or subparser).
+        default: the flags' default; argparse.SUPPRESS leaves them out of the namespace when
+            not given. None: --device defaults to "auto", --threads to None.
+    """
     kwargs = {} if default is None else {"default": default}
     parser.add_argument("--device", help="auto (default: CUDA if available), cpu, cuda or cuda:N",
                         **({"default": "auto"} if default is None else kwargs))
@@ -71,8 +82,14 @@ DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 
 
 def check_threads(threads: Optional[int]) -> None:
-    """UsageError unless --threads (if given) is in range, or else OMP_NUM_THREADS (if set)
-    is a positive int."""
+    """Check --threads (if given) is in range, or else OMP_NUM_THREADS (if set) is a positive int.
+
+    Args:
+        threads: the --threads value, or None.
+
+    Raises:
+        UsageError: either is out of range.
+    """
     if threads is not None:
         if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= MAX_THREADS:
             raise UsageError(f"--threads must be in [1, {MAX_THREADS}], got {threads}")
@@ -84,7 +101,17 @@ def check_threads(threads: Optional[int]) -> None:
 
 
 def apply_threads(threads: Optional[int]) -> int:
-    """Set torch's intra-op threads (shared by the C++ ops) by the policy above; returns them."""
+    """Set torch's intra-op threads (shared by the C++ ops) by the policy of this module.
+
+    Args:
+        threads: the --threads value, or None ($OMP_NUM_THREADS if set, else 1).
+
+    Returns:
+        The threads torch now uses.
+
+    Raises:
+        UsageError: as check_threads.
+    """
     import torch
 
     check_threads(threads)
@@ -96,6 +123,17 @@ def apply_threads(threads: Optional[int]) -> int:
 
 
 def resolve_device(name: str) -> torch.device:
+    """The torch.device of --device.
+
+    Args:
+        name: "auto", "cpu", "cuda" or "cuda:N".
+
+    Returns:
+        The torch.device.
+
+    Raises:
+        UsageError: a device name check_device refuses.
+    """
     from ddpd.validation import check_device
 
     try:
@@ -105,8 +143,15 @@ def resolve_device(name: str) -> torch.device:
 
 
 def check_checkpoints(*paths: Optional[str]) -> None:
-    """InputError, with the message loading would give, for a checkpoint directory given
-    (None: not given) that is not there or not a directory."""
+    """Raise InputError, with the message loading would give, for a checkpoint directory
+    given that is not there or not a directory.
+
+    Args:
+        *paths: checkpoint directories, or None where not given.
+
+    Raises:
+        InputError: a path that is not an existing directory.
+    """
     for path in paths:
         if path is None or os.path.isdir(path):
             continue
@@ -115,9 +160,16 @@ def check_checkpoints(*paths: Optional[str]) -> None:
 
 
 def check_first(prog: str, check: Callable[[], None]) -> Optional[int]:
-    """Run `check`, the checks of the command line alone, before torch is imported: None
-    if it passes, else the exit status after its one line (2: UsageError, 1: an input or
-    output that cannot be used)."""
+    """Run `check`, the checks of the command line alone, before torch is imported.
+
+    Args:
+        prog: the tool's name, for the message.
+        check: the checks, a function of no arguments.
+
+    Returns:
+        None if it passes, else the exit status after its one line on stderr (2: UsageError,
+        1: an input or output that cannot be used).
+    """
     try:
         check()
         return None
@@ -130,8 +182,16 @@ def check_first(prog: str, check: Callable[[], None]) -> Optional[int]:
 
 
 def refuse_empty_paths(args: argparse.Namespace, *names: str) -> None:
-    """UsageError for an output path given as '' (--out, --out-dir): an empty --out read as
-    "no output" wrote nothing and exited 0, an empty --out-dir wrote into the working directory."""
+    """Refuse an output path given as '' (--out, --out-dir): an empty --out read as "no output"
+    wrote nothing and exited 0, an empty --out-dir wrote into the working directory.
+
+    Args:
+        args: the parsed command line.
+        *names: the dests of the path flags to check.
+
+    Raises:
+        UsageError: one of them is ''.
+    """
     for name in names:
         if getattr(args, name, None) == "":
             raise UsageError(f"--{name.replace('_', '-')} must be a path, got ''")
@@ -139,8 +199,15 @@ def refuse_empty_paths(args: argparse.Namespace, *names: str) -> None:
 
 def flag_error(err: BaseException, flags: Sequence[str]) -> UsageError:
     """A setting refused by a layer below ("lr must be ...", "TransformerConfig.d_model:
-    expected ...") as a UsageError naming its flag (--lr, --d-model) when `flags` (the
-    parser's dests) has it."""
+    expected ...") as a UsageError naming its flag (--lr, --d-model) when `flags` has it.
+
+    Args:
+        err: the error the layer raised.
+        flags: the parser's dests.
+
+    Returns:
+        The UsageError (to raise).
+    """
     text = one_line(err)
     head = re.match(r"(?:TransformerConfig\.)?([a-z][a-z_]*)\b", text)
     if head and head.group(1) in flags:
@@ -149,7 +216,17 @@ def flag_error(err: BaseException, flags: Sequence[str]) -> UsageError:
 
 
 def check_finite(name: str, value: Optional[float], minimum: float = 0.0, open_min: bool = True) -> None:
-    """UsageError unless `value` (if given) is a finite number above (or at) `minimum`."""
+    """Check that `value` (if given) is a finite number above (or at) `minimum`.
+
+    Args:
+        name: the flag's name, for the message.
+        value: the value, or None.
+        minimum: the bound.
+        open_min: whether the bound itself is refused.
+
+    Raises:
+        UsageError: NaN, infinite or out of range.
+    """
     if value is None:
         return
     if value != value or value in (float("inf"), float("-inf")) or value < minimum or \
@@ -167,7 +244,17 @@ def signals_as_interrupts(graceful: Optional[Callable[[str], bool]] = None) -> I
     With `graceful`, the first signal calls graceful(name) instead when it returns True
     (the tool stops at its next safe point); a second signal always raises. A signal ignored
     when the tool started stays ignored (`nohup` ignores SIGHUP, a shell's `&` SIGINT: the
-    run must outlive the terminal)."""
+    run must outlive the terminal).
+
+    Args:
+        graceful: a function of the signal's name, or None.
+
+    Yields:
+        None, with the handlers in place.
+
+    Raises:
+        Interrupted: a signal arrived.
+    """
     received: list[str] = []
 
     def handler(signum, frame):
@@ -185,7 +272,14 @@ def signals_as_interrupts(graceful: Optional[Callable[[str], bool]] = None) -> I
 def signals_deferred() -> Iterator[None]:
     """Within the block SIGINT, SIGTERM and SIGHUP are held, and the first raised as
     Interrupted when it ends: a step that must not be cut in two (publishing finished
-    outputs) completes, and the tool still stops, with its handlers back in place."""
+    outputs) completes, and the tool still stops, with its handlers back in place.
+
+    Yields:
+        None, with the signals held.
+
+    Raises:
+        Interrupted: a signal arrived within the block.
+    """
     held: list[int] = []
     with _handled_by(lambda signum, frame: held.append(signum)):
         yield
@@ -223,6 +317,14 @@ def ignore_further_signals() -> None:
 
 
 def one_line(err: BaseException) -> str:
+    """The first line of an error's message, or its class name when it has none.
+
+    Args:
+        err: the error.
+
+    Returns:
+        One line of text.
+    """
     text = str(err).strip()
     return text.splitlines()[0] if text else type(err).__name__
 
@@ -236,7 +338,21 @@ def _out_of_memory(err: BaseException) -> bool:
 def run_tool(prog: str, body: Callable[[], int], value_error_status: int = 1,
              graceful: Optional[Callable[[str], bool]] = None) -> int:
     """Run a tool's body with signals handled, turning every expected failure into one
-    line on stderr and an exit status."""
+    line on stderr and an exit status.
+
+    Args:
+        prog: the tool's name, for the messages.
+        body: the tool's work, a function of no arguments returning the exit status.
+        value_error_status: the status of a ValueError or TypeError from a layer below.
+        graceful: as for signals_as_interrupts.
+
+    Returns:
+        The exit status: body's, 2 for a UsageError, 1 for an unusable input, an out-of-memory
+        error or a failed extension build, 128 + the signal number when interrupted.
+
+    Raises:
+        RuntimeError: any other RuntimeError of the body (a bug, with its traceback).
+    """
     from ddpd.checkpoint import CheckpointError
     from ddpd.training.distributed import PeerLost
     from ddpd.validation import MissingExtra
@@ -295,14 +411,34 @@ def _warnings_as_lines(prog: str):
 
 
 def vocabulary(config: dict) -> int:
-    """The clean symbols a network reads (planner) or predicts (every other kind)."""
+    """The clean symbols a network reads (planner) or predicts (every other kind).
+
+    Args:
+        config: the checkpoint's config.json.
+
+    Returns:
+        The vocabulary size.
+    """
     model = config["model"]
     return int(model["vocab_size"] if config["kind"] == "planner" else model["out_dim"])
 
 
 def load_role(role: str, path: str, kinds: Sequence[str], device: torch.device):
-    """(model, config) of the checkpoint `path` given for `role`; UsageError unless its
-    kind is one of `kinds`."""
+    """The model and config of the checkpoint `path` given for `role`.
+
+    Args:
+        role: the flag that named it (planner, denoiser, ...), for the message.
+        path: the checkpoint directory.
+        kinds: the model kinds the role accepts.
+        device: the device to load it on.
+
+    Returns:
+        (model, config).
+
+    Raises:
+        UsageError: its kind is not one of `kinds`.
+        CheckpointError: the checkpoint cannot be loaded.
+    """
     from ddpd.checkpoint import load_model
 
     model, config = load_model(path, str(device))
@@ -313,7 +449,14 @@ def load_role(role: str, path: str, kinds: Sequence[str], device: torch.device):
 
 def max_length(config: dict) -> int:
     """The longest sequence a network takes: its max_seq_len, or the default of one built from a
-    config.json that does not give it (as load_model builds it)."""
+    config.json that does not give it (as load_model builds it).
+
+    Args:
+        config: the checkpoint's config.json.
+
+    Returns:
+        The length.
+    """
     from ddpd.models.config import TransformerConfig
 
     return int(config["model"].get("max_seq_len", TransformerConfig.max_seq_len))
@@ -321,7 +464,18 @@ def max_length(config: dict) -> int:
 
 def training_length(name: str, config: dict) -> int:
     """The length a diffusion network was trained on: training.seq_len, else its max_seq_len
-    (config.json, which no digest covers, is checked: an edited one is a one-line error)."""
+    (config.json, which no digest covers, is checked: an edited one is a one-line error).
+
+    Args:
+        name: the checkpoint's name, for the message.
+        config: its config.json.
+
+    Returns:
+        The length, a positive int.
+
+    Raises:
+        CheckpointError: a training.seq_len that is not a positive int.
+    """
     from ddpd.checkpoint import CheckpointError, training_settings
 
     length = training_settings(name, config).get("seq_len", max_length(config))
@@ -331,11 +485,20 @@ def training_length(name: str, config: dict) -> int:
 
 
 def shared_facts(entries: Sequence[tuple[str, dict]]) -> dict[str, object]:
-    """What a set of checkpoints (name, config) used together must share: the vocabulary,
-    the tokenizer and (diffusion models; not the AR judge) the schedule; UsageError
-    naming the two that differ. Returns {"vocab_size", "tokenizer", "schedule",
-    "seq_len", "seq_lens"} (seq_len: the shortest training length of the diffusion models,
-    seq_lens: each one's by name)."""
+    """What a set of checkpoints used together must share: the vocabulary, the tokenizer and
+    (diffusion models; not the AR judge) the schedule.
+
+    Args:
+        entries: (name, config) of each checkpoint.
+
+    Returns:
+        {"vocab_size", "tokenizer", "schedule", "seq_len", "seq_lens"} (seq_len: the shortest
+        training length of the diffusion models, seq_lens: each one's by name).
+
+    Raises:
+        UsageError: naming the two that differ.
+        CheckpointError: as training_length.
+    """
     facts: dict[str, object] = {}
     owners: dict[str, str] = {}
     lengths: dict[str, int] = {}
@@ -356,8 +519,14 @@ def shared_facts(entries: Sequence[tuple[str, dict]]) -> dict[str, object]:
 
 
 def warn_if_lengths_differ(prog: str, lengths: dict[str, int], hint: str = "") -> None:
-    """Models used together run at the shortest length among them: say so when they
-    differ, as the longer ones never see the length they were made for."""
+    """Models used together run at the shortest length among them: say so on stderr when they
+    differ, as the longer ones never see the length they were made for.
+
+    Args:
+        prog: the tool's name, for the message.
+        lengths: each model's length by name.
+        hint: text appended to the warning.
+    """
     if len(set(lengths.values())) > 1:
         (short, length), *_, (long, longer) = sorted(lengths.items(), key=lambda item: item[1])
         print(f"{prog}: warning: {long} takes sequences of {longer} tokens, {short} of {length}: "

@@ -69,6 +69,11 @@ def _common(p: argparse.ArgumentParser, *, data_required: bool) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The command line of ddpd-eval and its subcommands.
+
+    Returns:
+        The OneLineParser.
+    """
     parser = OneLineParser(prog="ddpd-eval", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
 
@@ -164,7 +169,18 @@ ROLES = {"planner": ("planner",), "uniform": ("uniform",), "judge": ("ar",),
 
 def load_models(args: argparse.Namespace) -> Loaded:
     """Load every checkpoint given, check kinds and that they agree on the vocabulary,
-    tokenizer and schedule."""
+    tokenizer and schedule.
+
+    Args:
+        args: the parsed command line.
+
+    Returns:
+        The Loaded models, their device and shared facts.
+
+    Raises:
+        UsageError: a kind given twice, no model to evaluate, or checkpoints that differ.
+        CheckpointError: a checkpoint that cannot be loaded.
+    """
     loaded = Loaded(device=resolve_device(args.device))
     given = [("planner", args.planner), ("uniform", args.uniform), ("judge", getattr(args, "judge", None))]
     given += [("denoiser", d) for d in args.denoiser]
@@ -219,6 +235,16 @@ def _heldout(args: argparse.Namespace, loaded: Loaded, num: Optional[int], flag:
 
 
 def run_elbo(args: argparse.Namespace) -> None:
+    """Run `ddpd-eval elbo`: ELBO terms and denoising rows on held-out text, printed and
+    written to --out (JSON) and its Markdown twin.
+
+    Args:
+        args: the parsed command line.
+
+    Raises:
+        UsageError: an --out that is its own twin, checkpoints that give no row, a --t-max
+            out of range, or an unusable --data.
+    """
     import torch
 
     from ddpd.eval import evaluate_denoising, evaluate_elbo
@@ -271,10 +297,21 @@ def run_elbo(args: argparse.Namespace) -> None:
 def sampler_specs(loaded: Loaded, etas: list[float], eps: float, fused: bool = False,
                   dtype: str = "auto", truncation=None) -> dict[str, object]:
     """Every sampler the loaded checkpoints allow, by name (the table of ddpd.cli.samplers,
-    which ddpd-sample runs too); fused: each on its fused path (same draws, faster);
-    dtype: the precision the networks run in; truncation: the cuts of every token draw
-    (ddpd.sampling.Truncation), named in each sampler's name in the sweep (' top-p=0.9'),
-    so that sweeps with and without them merge and compare as different samplers."""
+    which ddpd-sample runs too). Truncation cuts are named in each sampler's name in the
+    sweep (' top-p=0.9'), so that sweeps with and without them merge and compare as
+    different samplers.
+
+    Args:
+        loaded: the Loaded models.
+        etas: the eta values of the dfm-eta{eta} samplers.
+        eps: the ddpd samplers' stop threshold.
+        fused: each on its fused path (the same draws).
+        dtype: the precision the networks run in.
+        truncation: the cuts of every token draw (ddpd.sampling.Truncation), or None.
+
+    Returns:
+        The SamplerSpecs by name.
+    """
     from ddpd.cli.samplers import Settings, truncation_label, variants
     from ddpd.eval import SamplerSpec
     from ddpd.sampling import DDPDOptions, Execution, PhiloxNoise, Truncation
@@ -305,6 +342,15 @@ def _prepare(loaded: Loaded, dtype: str) -> str:
 
 
 def run_quality(args: argparse.Namespace) -> None:
+    """Run `ddpd-eval quality`: sample every sampler at every budget and temperature, judge the
+    samples, write the sweep's reports in --out-dir.
+
+    Args:
+        args: the parsed command line.
+
+    Raises:
+        UsageError: no --judge, a judge too short for the samples, or unknown --samplers.
+    """
     import torch
 
     from ddpd.eval import run_sweep, write_sweep
@@ -344,6 +390,11 @@ def _report_paths(args: argparse.Namespace, paths: dict[str, Optional[str]]) -> 
 
 
 def run_merge(args: argparse.Namespace) -> None:
+    """Run `ddpd-eval merge`: merge sweep files into one sweep's reports in --out-dir.
+
+    Args:
+        args: the parsed command line.
+    """
     from ddpd.eval import merge_sweeps, read_sweep, write_sweep
     from ddpd.eval.quality import sweep_markdown
     from ddpd.eval.report import one_set
@@ -356,6 +407,15 @@ def run_merge(args: argparse.Namespace) -> None:
 
 
 def run_compare(args: argparse.Namespace) -> None:
+    """Run `ddpd-eval compare`: samplers against baselines at matched entropy, printed and
+    written to --out.
+
+    Args:
+        args: the parsed command line.
+
+    Raises:
+        UsageError: samplers or baselines empty or not in the sweep.
+    """
     from ddpd.eval import read_sweep
     from ddpd.eval.quality import REFERENCE, compare_markdown, matched_entropy
     from ddpd.eval.report import write_text
@@ -380,6 +440,11 @@ def run_compare(args: argparse.Namespace) -> None:
 
 
 def run_training(args: argparse.Namespace) -> None:
+    """Run `ddpd-eval training`: the training runs' table, printed and written to --out-dir.
+
+    Args:
+        args: the parsed command line.
+    """
     from ddpd.eval.report import one_set, write_json, write_text
     from ddpd.eval.training import training_markdown, training_rows
 
@@ -400,6 +465,15 @@ def run_training(args: argparse.Namespace) -> None:
 
 
 def run_convergence(args: argparse.Namespace) -> None:
+    """Run `ddpd-eval convergence`: the planner's noise estimate and the stopped fraction
+    over the steps, written to --out-dir.
+
+    Args:
+        args: the parsed command line.
+
+    Raises:
+        UsageError: no --planner, or not exactly one --denoiser.
+    """
     import torch
     from tqdm.auto import tqdm
 
@@ -462,7 +536,14 @@ REPORTS = {"quality": ("sweep.csv", "sweep.md", "sweep.png"), "merge": ("sweep.c
 
 
 def report_files(args: argparse.Namespace) -> list[str]:
-    """The files this run of the command may write."""
+    """The files this run of the command may write.
+
+    Args:
+        args: the parsed command line.
+
+    Returns:
+        Their paths.
+    """
     if args.command == "elbo":
         return [args.out, markdown_twin(args.out)] if args.out else []
     if args.command == "compare":
@@ -476,7 +557,14 @@ def locked_outputs(args: argparse.Namespace) -> Iterator[None]:
     """Hold the OutputLock of every report the command writes (as ddpd-sample holds its
     --out's), so that two evaluators on one --out-dir cannot mix their reports: the second
     is refused at its start, in one line naming the holder. A set of reports that a killed
-    run left half renamed is finished first (ddpd.files.remove_stale_temps)."""
+    run left half renamed is finished first (ddpd.files.remove_stale_temps).
+
+    Args:
+        args: the parsed command line.
+
+    Yields:
+        None, with the locks held.
+    """
     from ddpd.files import OutputLock, destination, remove_stale_temps
 
     with ExitStack() as locks:
@@ -487,13 +575,27 @@ def locked_outputs(args: argparse.Namespace) -> Iterator[None]:
 
 
 def markdown_twin(out: str) -> str:
-    """Where elbo writes the Markdown of its JSON results `out`: beside it, as .md."""
+    """Where elbo writes the Markdown of its JSON results `out`: beside it, as .md.
+
+    Args:
+        out: the --out path.
+
+    Returns:
+        The .md path.
+    """
     return os.path.splitext(out)[0] + ".md"
 
 
 def check_outputs(args: argparse.Namespace) -> None:
     """--out and --out-dir are checked before any model is loaded: a directory given as --out,
-    a file in the way of --out-dir, an unwritable place fail at once, not after the work."""
+    a file in the way of --out-dir, an unwritable place fail at once, not after the work.
+
+    Args:
+        args: the parsed command line.
+
+    Raises:
+        OutputError: an output that cannot be written (ddpd.files.check_output).
+    """
     from ddpd.files import check_output
 
     if getattr(args, "out", None):
@@ -511,7 +613,17 @@ def _values(args: argparse.Namespace, name: str) -> list:
 
 def check_command_line(args: argparse.Namespace) -> None:
     """What the command line alone decides, checked before torch is imported (check_first):
-    the inputs it names (checkpoint directories, --data, sweep files) and its outputs."""
+    the inputs it names (checkpoint directories, --data, sweep files) and its outputs.
+
+    Args:
+        args: the parsed command line.
+
+    Raises:
+        UsageError: an empty output path, a bad --threads, a missing sweep file or an
+            unusable --data.
+        InputError: a checkpoint directory that is not there.
+        OutputError: an output that cannot be written.
+    """
     from ddpd.training.sources import resolve_source
 
     refuse_empty_paths(args, "out", "out_dir")
@@ -531,6 +643,15 @@ def check_command_line(args: argparse.Namespace) -> None:
 
 
 def check_args(args: argparse.Namespace) -> None:
+    """The numeric flags of every command against the bounds the evaluation enforces
+    (INT_FLAGS, FLOAT_FLAGS), before any model is loaded.
+
+    Args:
+        args: the parsed command line.
+
+    Raises:
+        UsageError: a value out of range, naming its flag.
+    """
     from ddpd.sampling.options import MAX_TEMPERATURE
     from ddpd.validation import check_float, check_int
 
@@ -548,6 +669,14 @@ def check_args(args: argparse.Namespace) -> None:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    """The ddpd-eval entry point.
+
+    Args:
+        argv: the arguments, or None for sys.argv[1:].
+
+    Returns:
+        The exit status.
+    """
     standard_streams()
     args = build_parser().parse_args(argv)
     args.stdout = Stdout()  # what the commands print: reports go on when its reader is gone

@@ -22,6 +22,11 @@ REPORTS = ("frontier.csv", "frontier.md", "frontier.png")
 
 
 def add_parser(sub) -> None:
+    """Add the `frontier` subcommand and its flags to ddpd-eval.
+
+    Args:
+        sub: the subparsers of ddpd-eval's parser.
+    """
     p = sub.add_parser("frontier", help="judge NLL and entropy against network passes: parallel decoding policies")
     p.add_argument("checkpoint", nargs="?", help="a bundle directory (default: the bundled text8 models)")
     p.add_argument("--judge", required=True, help="an ar checkpoint directory, or ngram[:ORDER] built from --data")
@@ -48,6 +53,15 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
+    """Run `ddpd-eval frontier`: sample every policy at every budget, judge the samples and
+    write the reports (REPORTS) in --out-dir.
+
+    Args:
+        args: the parsed command line.
+
+    Raises:
+        UsageError: a bad flag value, or models that do not fit.
+    """
     import torch
 
     from ddpd.eval.frontier import frontier_markdown, passes_to_reach, plot_frontier, read_frontier, run_frontier

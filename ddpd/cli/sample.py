@@ -62,6 +62,11 @@ PER_ROW = ("planner_passes", "denoiser_passes", "commits")  # summed over the sa
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The command line of ddpd-sample.
+
+    Returns:
+        The OneLineParser.
+    """
     p = OneLineParser(prog="ddpd-sample", description=__doc__.split("\n\n")[0])
     models = p.add_argument_group("models (default: the bundled text8 planner + mask denoiser, ddpd.pretrained)")
     models.add_argument("--checkpoint", help="a bundle (planner/ + denoiser/) or a single checkpoint directory")
@@ -147,7 +152,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_option(option: str) -> dict:
-    """--option letters -> DDPDOptions fields (A: eps stop + sigmoid selection)."""
+    """--option letters -> DDPDOptions fields (A: eps stop + sigmoid selection).
+
+    Args:
+        option: letters of A, B, C, e.g. "A+B+C".
+
+    Returns:
+        A dict of the stop and selection fields.
+
+    Raises:
+        UsageError: letters other than A, B, C, or none.
+    """
     letters = set(option.upper().replace("+", ""))
     if not letters or not letters <= set("ABC"):
         raise UsageError(f"--option must combine the letters A, B, C (e.g. A+B+C), got {option!r}")
@@ -175,16 +190,34 @@ class Models:
         return self.planner_config is not None and self.planner_config["kind"] == "planner"
 
     def num_classes(self, role: str) -> int:
+        """The classes a class-conditional network of `role` takes.
+
+        Args:
+            role: "planner" or "denoiser".
+
+        Returns:
+            Its num_classes, 0 for an unconditional network or none given.
+        """
         config = self.planner_config if role == "planner" else self.denoiser_config
         return int(config["model"].get("num_classes", 0)) if config else 0
 
     def by_kind(self) -> dict:
-        """The networks as the sampler table names them: planner, mask-denoiser, ..."""
+        """The networks as the sampler table names them: planner, mask-denoiser, ...
+
+        Returns:
+            A dict of the networks by kind (the planner None without one).
+        """
         return {"planner": self.planner if self.has_planner else None, self.kind: self.denoiser}
 
     def prepare(self, dtype: torch.dtype, device: torch.device, backend: Optional[str] = None) -> None:
         """Cast the networks for sampling in `dtype` (ddpd.models.prepare_for_sampling) and,
-        with a `backend`, torch.compile them (ddpd.models.compile_for_sampling)."""
+        with a `backend`, torch.compile them (ddpd.models.compile_for_sampling).
+
+        Args:
+            dtype: the dtype to sample in.
+            device: the device to sample on.
+            backend: a torch.compile backend, or None.
+        """
         import torch
 
         from ddpd.models import compile_for_sampling, prepare_for_sampling
@@ -194,6 +227,11 @@ class Models:
                 compile_for_sampling(prepare_for_sampling(network, dtype, device), backend)
 
     def tokenizer(self):
+        """The tokenizer the checkpoints record.
+
+        Returns:
+            The tokenizer, or None when they record none.
+        """
         from ddpd.training.data import tokenizer_from_config
 
         config = self.config.get("tokenizer")
@@ -202,7 +240,19 @@ class Models:
 
 def load_models(args, device: torch.device) -> Models:
     """The models of --checkpoint, --planner/--denoiser or the default bundle (how they may be
-    combined: check_command_line)."""
+    combined: check_command_line).
+
+    Args:
+        args: the parsed command line.
+        device: the device to load them on.
+
+    Returns:
+        The Models.
+
+    Raises:
+        UsageError: a planner alone, models of the wrong kind, or no default bundle.
+        CheckpointError: a checkpoint that cannot be loaded.
+    """
     from ddpd.checkpoint import DENOISER_KINDS, load_bundle, load_model
 
     if args.checkpoint:
@@ -260,8 +310,18 @@ def _encode(tokenizer, text: str, gaps: bool, length: int, where: str) -> list[i
 
 
 def read_prompts(args) -> Optional[tuple[list[str], bool, list[str]]]:
-    """(texts, gaps, where) of --prompt/--infill/--prompts/--infills, or None. `where`
-    names each text in errors (the option, or FILE line N)."""
+    """The texts of --prompt/--infill/--prompts/--infills.
+
+    Args:
+        args: the parsed command line.
+
+    Returns:
+        (texts, gaps, where), or None without prompts: gaps says whether GAP marks the
+        positions to generate, `where` names each text in errors (the option, or FILE line N).
+
+    Raises:
+        UsageError: a prompts file that cannot be read, is not UTF-8 or holds no line.
+    """
     for option, gaps in (("prompt", False), ("infill", True)):
         text = getattr(args, option)
         if text is not None:
@@ -289,8 +349,20 @@ def read_prompts(args) -> Optional[tuple[list[str], bool, list[str]]]:
 
 
 def encode_prompts(prompts, tokenizer, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x_init Long[P, D], frozen Bool[P, D]) of the texts: each text's tokens from position 0,
-    -1 (generated) at its gaps and after it."""
+    """The prompts as a sampler's Prompt fields: each text's tokens from position 0, -1
+    (generated) at its gaps and after it.
+
+    Args:
+        prompts: (texts, gaps, where) as read_prompts returns them.
+        tokenizer: the checkpoints' tokenizer, or None.
+        length: D.
+
+    Returns:
+        (x_init Long[P, D], frozen Bool[P, D]).
+
+    Raises:
+        UsageError: no tokenizer, text it cannot encode, or a text longer than D.
+    """
     import torch
 
     texts, gaps, where = prompts
@@ -305,7 +377,21 @@ def encode_prompts(prompts, tokenizer, length: int) -> tuple[torch.Tensor, torch
 
 def conditions(args, models: Models, tokenizer, prompts) -> dict:
     """The Settings fields of the prompts (read_prompts) and labels given: x_init, frozen,
-    labels, guidance_scale, conditional_planner (--guidance-scale: check_command_line)."""
+    labels, guidance_scale, conditional_planner (--guidance-scale: check_command_line).
+
+    Args:
+        args: the parsed command line.
+        models: the loaded Models.
+        tokenizer: the checkpoints' tokenizer, or None.
+        prompts: as read_prompts returns them, or None.
+
+    Returns:
+        A dict of the fields given.
+
+    Raises:
+        UsageError: labels for an unconditional denoiser, out of range, or networks whose
+            classes differ; prompts that cannot be encoded.
+    """
     import torch
 
     fields = {}
@@ -332,10 +418,23 @@ def conditions(args, models: Models, tokenizer, prompts) -> dict:
 
 
 def make_sampler(args, models: Models, tokenizer=None, prompts=None):
-    """(sample, settings): sample(batch_size, first) -> SampleResult draws samples first ..
-    first + batch_size - 1 with the chosen sampler (ddpd.cli.samplers), each from Philox row
-    `first + row` of --seed; settings: what it runs with (ddpd.cli.samplers.Settings). A
-    setting the sampling layer refuses (`k must be ...`) is a usage error naming its flag."""
+    """The sampler of the command line, with the chosen sampler (ddpd.cli.samplers).
+
+    Args:
+        args: the parsed command line.
+        models: the loaded Models.
+        tokenizer: the checkpoints' tokenizer, or None.
+        prompts: as read_prompts returns them, or None.
+
+    Returns:
+        (sample, settings): sample(n, first) -> SampleResult draws samples first ..
+        first + n - 1, each from Philox row `first + row` of --seed; settings: what it runs
+        with (ddpd.cli.samplers.Settings).
+
+    Raises:
+        UsageError: a sampler the models do not fit, or a setting the sampling layer refuses
+            (`k must be ...`), naming its flag.
+    """
     flags = [action.dest for action in build_parser()._actions]
     try:
         sample, settings = _make_sampler(args, models, tokenizer, prompts)
@@ -380,7 +479,17 @@ def _describe(models: Models) -> str:
 
 
 def ddpd_fields(args) -> dict:
-    """The DDPDOptions fields of the ddpd sampler's flags (--option overrides --stop and --selection)."""
+    """The DDPDOptions fields of the ddpd sampler's flags (--option overrides --stop and --selection).
+
+    Args:
+        args: the parsed command line.
+
+    Returns:
+        A dict of DDPDOptions' keywords.
+
+    Raises:
+        UsageError: a bad --option or --policy.
+    """
     fields = dict(stop=args.stop, selection=args.selection, eps=args.eps, k=args.k,
                   parallel_steps=args.parallel_steps, clock=args.clock, t_end=args.t_end,
                   policy=command_policy(args, "ddpd"))
@@ -389,8 +498,18 @@ def ddpd_fields(args) -> dict:
 
 
 def command_policy(args, family: str):
-    """The --policy of `family`'s sampler (None when not given); a policy of another family is a
-    UsageError naming the sampler it belongs to."""
+    """The --policy of `family`'s sampler.
+
+    Args:
+        args: the parsed command line.
+        family: "ddpd" or "maskgit".
+
+    Returns:
+        The policy, or None when not given or of the other family.
+
+    Raises:
+        UsageError: a spec parse_policy refuses, or a policy of another sampler than --sampler.
+    """
     if not args.policy:
         return None
     from ddpd.sampling.policies import DDPD_POLICIES, parse_policy
@@ -408,7 +527,15 @@ def command_policy(args, family: str):
 def check_command_line(args) -> None:
     """What the command line alone decides, checked before torch is imported (check_first):
     flag values, the checkpoint directories and --prompts/--infills files it names (read
-    here into args.texts)."""
+    here into args.texts).
+
+    Args:
+        args: the parsed command line; sync_every and texts are set.
+
+    Raises:
+        UsageError: a flag value out of range or flags that do not go together.
+        InputError: a checkpoint directory that is not there.
+    """
     check_threads(args.threads)
     if args.checkpoint and (args.planner or args.denoiser):
         raise UsageError("give either --checkpoint or --planner/--denoiser, not both")
@@ -441,7 +568,14 @@ def check_command_line(args) -> None:
 def check_args(args) -> None:
     """The checks that need torch, before any model is loaded: --compile's backend, the
     truncation and the ddpd sampler's settings (those against --length and --steps wait
-    for the models, which give their defaults)."""
+    for the models, which give their defaults).
+
+    Args:
+        args: the parsed command line.
+
+    Raises:
+        UsageError: a value refused, naming its flag.
+    """
     from ddpd.models.precision import compile_backends
     from ddpd.sampling import DDPDOptions
 
@@ -459,7 +593,12 @@ def check_args(args) -> None:
 def warn_if_too_few_steps(args, frozen: Optional[torch.Tensor]) -> None:
     """The Gillespie sampler denoises one position per step after its parallel stage (the
     exact clock at most one per step, a candidate event): a budget that cannot reach every
-    position a prompt leaves free leaves samples mostly noise."""
+    position a prompt leaves free leaves samples mostly noise. Says so on stderr.
+
+    Args:
+        args: the parsed command line.
+        frozen: Bool[P, D] the prompts' frozen positions, or None.
+    """
     if args.sampler != "ddpd":
         return
     free = args.length - (int(frozen.sum(1).min()) if frozen is not None else 0)
@@ -476,6 +615,20 @@ def warn_if_too_few_steps(args, frozen: Optional[torch.Tensor]) -> None:
 
 
 def run(args, stdout: Optional[Stdout] = None) -> int:
+    """Sample as the command line says: load the models, draw every batch, write --out and
+    stdout, print the summary.
+
+    Args:
+        args: the parsed command line, checked by check_command_line.
+        stdout: where the samples are printed (a Stdout), or None for a new one.
+
+    Returns:
+        The exit status, 0.
+
+    Raises:
+        UsageError: a setting the models or the sampling layer refuse.
+        Interrupted: a signal arrived (the finished samples are published first).
+    """
     from ddpd.files import StreamedFile
     from ddpd.models import resolve_dtype
     from ddpd.training.distributed import Distributed
@@ -573,9 +726,29 @@ class Records:
         self.labels = labels.tolist() if labels is not None else None
 
     def text(self, tokens: list[int]) -> Optional[str]:
+        """A sample's decoded text.
+
+        Args:
+            tokens: its token ids.
+
+        Returns:
+            The text, or None without a tokenizer.
+        """
         return self.tokenizer.decode(tokens) if self.tokenizer else None
 
     def line(self, i: int, text: Optional[str], tokens: list[int], steps: int, stop_step: int) -> str:
+        """A sample's JSON line for --out.
+
+        Args:
+            i: the sample's index.
+            text: its decoded text, or None.
+            tokens: its token ids.
+            steps: the step budget it was drawn with.
+            stop_step: the step it stopped at.
+
+        Returns:
+            The line, with its newline.
+        """
         record = {"index": i, "text": text, "tokens": tokens, "steps": steps, "stop_step": stop_step}
         if self.prompts is not None:
             record["prompt"] = self.prompts[i % len(self.prompts)]
@@ -693,6 +866,14 @@ def _progress(args, models: Models, shown: bool = True):
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    """The ddpd-sample entry point.
+
+    Args:
+        argv: the arguments, or None for sys.argv[1:].
+
+    Returns:
+        The exit status.
+    """
     standard_streams()
     args = build_parser().parse_args(argv)
     status = check_first("ddpd-sample", lambda: check_command_line(args))

@@ -78,7 +78,17 @@ class Settings:
     conditional_planner: bool = False
 
     def rows(self, first: int, n: int, planner: bool) -> dict:
-        """The per-row keywords (prompt=, guidance=) of samples first .. first + n - 1."""
+        """The per-row keywords (prompt=, guidance=) of samples first .. first + n - 1; prompts and
+        labels repeat cyclically over the samples.
+
+        Args:
+            first: the first sample.
+            n: the number of samples.
+            planner: whether the sampler runs a planner (Guidance.conditional_planner applies).
+
+        Returns:
+            A dict of the keywords, empty without prompts or labels.
+        """
         import torch
 
         sampling, kwargs = _sampling(), {}
@@ -111,7 +121,18 @@ class Sampler:
         return f"a planner with a {model}" if self.planner else f"one {model}"
 
     def call(self, models: dict[str, Callable], settings: Settings, n: int, noise, first: int) -> SampleResult:
-        """Samples first .. first + n - 1 from `models` (by kind: planner, mask-denoiser, ...)."""
+        """Samples first .. first + n - 1 from `models`.
+
+        Args:
+            models: the networks by kind (planner, mask-denoiser, ...).
+            settings: the run's Settings.
+            n: the number of samples.
+            noise: the noise source (ddpd.sampling.noise).
+            first: the first sample's index.
+
+        Returns:
+            The sampler's SampleResult.
+        """
         networks = (models["planner"], models[self.model]) if self.planner else (models[self.model],)
         s = settings
         sampling = _sampling()
@@ -145,12 +166,28 @@ FAMILIES = tuple(dict.fromkeys(row.family for row in TABLE))
 
 
 def find(family: str, planner: bool, model: Optional[str]) -> Optional[Sampler]:
-    """The row of `family` that uses exactly a planner (or none) and one model of kind `model`."""
+    """The row of `family` that uses exactly a planner (or none) and one model of kind `model`.
+
+    Args:
+        family: ddpd-sample's --sampler.
+        planner: whether a planner is given.
+        model: the kind of the other model, or None.
+
+    Returns:
+        The Sampler, or None when no row fits.
+    """
     return next((row for row in TABLE if (row.family, row.planner, row.model) == (family, planner, model)), None)
 
 
 def needs(family: str) -> str:
-    """What `family` needs, in words: 'a planner with a mask-denoiser, ... or one uniform model'."""
+    """What `family` needs, in words: 'a planner with a mask-denoiser, ... or one uniform model'.
+
+    Args:
+        family: ddpd-sample's --sampler.
+
+    Returns:
+        The text.
+    """
     options = [row.needs for row in TABLE if row.family == family]
     options = list(dict.fromkeys(options))
     return options[0] if len(options) == 1 else ", ".join(options[:-1]) + " or " + options[-1]
@@ -165,6 +202,18 @@ class Variant:
     change: dict
 
     def call(self, models, settings: Settings, n: int, noise, first: int) -> SampleResult:
+        """Samples first .. first + n - 1 with the variant's settings applied.
+
+        Args:
+            models: the networks by kind (planner, mask-denoiser, ...).
+            settings: the run's Settings, before the variant's change.
+            n: the number of samples.
+            noise: the noise source (ddpd.sampling.noise).
+            first: the first sample's index.
+
+        Returns:
+            The sampler's SampleResult.
+        """
         changed = dict(self.change)
         if "ddpd" in changed:
             changed["ddpd"] = dataclasses.replace(settings.ddpd, **changed["ddpd"])
@@ -172,7 +221,15 @@ class Variant:
 
 
 def variants(kinds, etas: list[float]) -> dict[str, Variant]:
-    """Every named sampler the models of `kinds` (planner, mask-denoiser, ...) allow, in table order."""
+    """Every named sampler the models of `kinds` allow, in table order.
+
+    Args:
+        kinds: the kinds of the models given (planner, mask-denoiser, ...).
+        etas: the eta values of the dfm-eta{eta} variants.
+
+    Returns:
+        The Variants by name.
+    """
     named: dict[str, Variant] = {}
     for row in TABLE:
         if row.model not in kinds or (row.planner and "planner" not in kinds):
@@ -194,7 +251,11 @@ TRUNCATION_FLAGS = {"top_k": "--top-k", "top_p": "--top-p", "min_p": "--min-p"}
 
 
 def add_truncation_arguments(parser: argparse.ArgumentParser) -> None:
-    """--top-k, --top-p, --min-p: ddpd.sampling.Truncation of every token draw."""
+    """Add --top-k, --top-p, --min-p: ddpd.sampling.Truncation of every token draw.
+
+    Args:
+        parser: the tool's parser.
+    """
     parser.add_argument("--top-k", dest="top_k", type=int, metavar="K",
                         help="draw each token among the K most probable only")
     parser.add_argument("--top-p", dest="top_p", type=float, metavar="P",
@@ -205,7 +266,17 @@ def add_truncation_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def truncation_from(args: argparse.Namespace) -> Truncation:
-    """The Truncation of the parsed flags; a bad value is a UsageError naming its flag."""
+    """The Truncation of the parsed flags.
+
+    Args:
+        args: the parsed command line.
+
+    Returns:
+        The Truncation.
+
+    Raises:
+        UsageError: a bad value, naming its flag.
+    """
     try:
         return _sampling().Truncation(args.top_k, args.top_p, args.min_p)
     except (TypeError, ValueError) as err:
@@ -216,5 +287,12 @@ def truncation_from(args: argparse.Namespace) -> Truncation:
 
 
 def truncation_label(truncation: Truncation) -> str:
-    """' top-p=0.9'-style suffix naming the cuts in ddpd-eval's sampler names ('' for none)."""
+    """' top-p=0.9'-style suffix naming the cuts in ddpd-eval's sampler names.
+
+    Args:
+        truncation: the Truncation.
+
+    Returns:
+        The suffix ('' for none).
+    """
     return "".join(f" {TRUNCATION_FLAGS[name][2:]}={value:g}" for name, value in truncation.controls().items())

@@ -38,6 +38,11 @@ TOKENIZERS = ("text8", "gpt2")
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The command line of ddpd-train (flags not given are left out of the namespace).
+
+    Returns:
+        The OneLineParser.
+    """
     parser = OneLineParser(prog="ddpd-train", description=__doc__.split("\n\n")[0],
                            argument_default=argparse.SUPPRESS)
     parser.add_argument("kind", choices=KINDS, help="which network to train")
@@ -110,7 +115,15 @@ def _train_config(args: argparse.Namespace):
 
 def check_command_line(args: argparse.Namespace) -> None:
     """What the command line alone decides, checked before torch is imported (check_first):
-    the corpus (--data, required unless --resume), --tiktoken, the checkpoint to resume."""
+    the corpus (--data, required unless --resume), --tiktoken, the checkpoint to resume.
+
+    Args:
+        args: the parsed command line.
+
+    Raises:
+        UsageError: a missing or unusable --data or --tiktoken, or a bad --threads.
+        InputError: a --resume checkpoint directory that is not there.
+    """
     from ddpd.training.sources import resolve_source
 
     check_threads(getattr(args, "threads", None))
@@ -169,6 +182,21 @@ def _kept(trainer, config) -> str:
 
 
 def run(args: argparse.Namespace, state: dict) -> int:
+    """Train (or resume) the network the command line asks for.
+
+    Args:
+        args: the parsed command line.
+        state: shared with the signal handler of main: the trainer while it runs, and the
+            number of the signal that stopped it.
+
+    Returns:
+        The exit status: 0, or 128 + the signal number when a signal stopped the run at a
+        checkpoint.
+
+    Raises:
+        UsageError: a setting the configuration refuses, or a --resume with changed settings.
+        Interrupted: a signal stopped the run before its checkpoint.
+    """
     from ddpd.cli.common import Interrupted
     from ddpd.models import count_parameters
     from ddpd.training.distributed import PeerLost
@@ -217,6 +245,14 @@ def run(args: argparse.Namespace, state: dict) -> int:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    """The ddpd-train entry point.
+
+    Args:
+        argv: the arguments, or None for sys.argv[1:].
+
+    Returns:
+        The exit status.
+    """
     import signal
 
     standard_streams()

@@ -1,6 +1,7 @@
 """How a call of a ddpd op reaches its kernel: straight to it when nothing traces the
 call, through the registered custom op otherwise; the C++ kernels of ddpd._C for CPU
-tensors; launch grids sized from the device; the limits every op shares.
+tensors; launch grids sized from the device; the limits every op shares. What a launch
+through Triton's binder costs: docs/performance.md, History.
 """
 from __future__ import annotations
 
@@ -20,6 +21,15 @@ INTERPRETER_MULTIPROCESSORS = 4  # CPU tensors (the interpreter): a few splits, 
 
 
 def check_width(name: str, size: int) -> None:
+    """Check a row width (D or V) against the bound every op shares.
+
+    Args:
+        name: what the width is, for the message.
+        size: the width.
+
+    Raises:
+        ValueError: size outside [1, MAX_WIDTH).
+    """
     if not 1 <= size < MAX_WIDTH:
         raise ValueError(f"{name} must be in [1, {MAX_WIDTH}), got {size}")
 
@@ -29,14 +39,29 @@ def contiguous(*tensors: Optional[torch.Tensor]) -> tuple:
     row * width, so strided noise, row ids or exclusions would be misread. Detached
     too: a draw has no gradient, and an output computed from a tensor that requires
     one (noise, a temperature) would otherwise require one through a kernel without
-    a backward."""
+    a backward.
+
+    Args:
+        *tensors: tensors or None.
+
+    Returns:
+        A tuple of the detached, contiguous tensors (None where None).
+    """
     return tuple(None if t is None else t.detach().contiguous() for t in tensors)
 
 
 def device_ids(ids: tuple, device: torch.device) -> torch.Tensor:
     """Long tensor of `ids` (one unused 0 if empty) on device; cached, so repeated
     calls (and CUDA graph captures after a warm-up call) copy nothing. (Traced by
-    torch.compile, the ids become a constant of the graph instead.)"""
+    torch.compile, the ids become a constant of the graph instead.)
+
+    Args:
+        ids: a tuple of ints.
+        device: the device of the tensor.
+
+    Returns:
+        Long[max(len(ids), 1)].
+    """
     if torch.compiler.is_compiling():
         return torch.tensor(ids if ids else [0], dtype=torch.int64, device=device)
     return _cached_ids(ids, device)
@@ -50,15 +75,29 @@ def _cached_ids(ids: tuple, device: torch.device) -> torch.Tensor:
 @functools.lru_cache(maxsize=8)
 def unused_output(device: torch.device) -> torch.Tensor:
     """An empty float32 tensor on device, which eager calls pass their kernels for the outputs
-    they do not ask for (the kernels never write it) and then drop."""
+    they do not ask for (the kernels never write it) and then drop.
+
+    Args:
+        device: the device of the tensor.
+
+    Returns:
+        The shared empty tensor of that device.
+    """
     return torch.empty(0, dtype=torch.float32, device=device)
 
 
 @functools.cache
 def kernels(op: str):
     """The Triton kernel module of `op` (ddpd.kernels.<op>), imported on first use: importing
-    Triton is not free, and CPU-only calls never need it. Cached: an import statement costs
-    a launcher microseconds a call."""
+    Triton is not free, and CPU-only calls never need it. Cached: an import statement is a
+    per-call cost.
+
+    Args:
+        op: the op's name.
+
+    Returns:
+        The module.
+    """
     return importlib.import_module(f"ddpd.kernels.{op}")
 
 
@@ -72,16 +111,26 @@ def launch(kernel, grid: tuple, *args, **meta) -> None:
     its constexprs and launch options (num_warps, ...), minus most of Triton's per-launch cost.
 
     Triton's launch binds the arguments, specialises each one, builds a cache key from them
-    and re-checks the globals the kernel read: 8-11 us a kernel on a CPU core
-    (benchmarks/launch_cost.py), more than the kernel takes at small shapes. Here the first
-    launch of each kernel, device, meta and argument classes goes through Triton and keeps
-    the compiled kernel it returns; later ones launch that kernel directly. The classes
-    (ddpd._C.launch_key, csrc/launch_key.cpp) are at least as fine as Triton's
-    specialisation, so equal classes mean the same compiled kernel. Triton's own launch runs
-    every launch under TRITON_INTERPRET (nothing is compiled), when JITFunction.run is
-    replaced (a tool recording launches) and when ddpd._C cannot be loaded (the first launch
-    loads it, compiling it where it was not built, as the first CPU call of an op does)."""
-    # by id: a JITFunction hashes its source key, a microsecond; the entry holds the kernel,
+    and re-checks the globals the kernel read, which costs more than the kernel takes at
+    small shapes (docs/performance.md, History). Here the first launch of each kernel,
+    device, meta and argument classes goes through Triton and keeps the compiled kernel it
+    returns; later ones launch that kernel directly. The classes (ddpd._C.launch_key,
+    csrc/launch_key.cpp) are at least as fine as Triton's specialisation, so equal classes
+    mean the same compiled kernel. Triton's own launch runs every launch under
+    TRITON_INTERPRET (nothing is compiled), when JITFunction.run is replaced (a tool
+    recording launches) and when ddpd._C cannot be loaded (the first launch loads it,
+    compiling it where it was not built, as the first CPU call of an op does).
+
+    Args:
+        kernel: a triton.jit kernel.
+        grid: the launch grid.
+        *args: the kernel's runtime arguments, in order.
+        **meta: its constexprs and launch options, by name.
+
+    Raises:
+        TypeError: a runtime argument passed by name, or a constexpr by position.
+    """
+    # by id: a JITFunction hashes its source key, a per-launch cost; the entry holds the kernel,
     # so no other object can take over its id
     owner, cached = _compiled.get(id(kernel), (None, None))
     if owner is not kernel:  # first sight of this kernel: compiled or interpreted?
@@ -118,7 +167,7 @@ _ONES = ((1, 1, 1), (1, 1), (1,), ())  # a grid's missing dimensions
 
 @functools.cache
 def _triton_driver():
-    """triton.runtime.driver, imported once (an import statement costs a launch a microsecond)."""
+    """triton.runtime.driver, imported once (an import statement is a per-launch cost)."""
     from triton.runtime import driver
 
     return driver
@@ -128,8 +177,15 @@ _triton_run = None  # Triton's JITFunction.run, once seen
 
 
 def _tritons_run(run) -> bool:
-    """Whether run is Triton's own launch, not a replacement (a tool recording the launches,
-    benchmarks/launch_cost.py): a replacement sees every launch, so none goes around it."""
+    """Whether run is Triton's own launch, not a replacement (a tool recording the launches):
+    a replacement sees every launch, so none goes around it.
+
+    Args:
+        run: the `run` attribute of a kernel's class.
+
+    Returns:
+        True when `run` is triton.runtime.jit's JITFunction.run.
+    """
     global _triton_run
     if run is _triton_run:
         return True
@@ -155,7 +211,11 @@ def _constexpr_values(kernel, args: tuple, meta: dict) -> tuple:
 @functools.cache
 def triton_available() -> bool:
     """Whether Triton imports: torch's CUDA wheels for Linux ship it, other installs may not
-    (the networks then keep their torch code where they would call a ddpd kernel)."""
+    (the networks then keep their torch code where they would call a ddpd kernel).
+
+    Returns:
+        True when `import triton` succeeds.
+    """
     try:
         importlib.import_module("triton")
     except Exception:  # ImportError, or a broken install failing in its own way
@@ -165,7 +225,14 @@ def triton_available() -> bool:
 
 @functools.lru_cache(maxsize=8)
 def multiprocessors(device: torch.device) -> int:
-    """Streaming multiprocessors of a CUDA device (what the launch grids are sized for)."""
+    """Streaming multiprocessors of a CUDA device (what the launch grids are sized for).
+
+    Args:
+        device: the device.
+
+    Returns:
+        Its multiprocessors; INTERPRETER_MULTIPROCESSORS for a CPU device (the interpreter).
+    """
     if device.type != "cuda":
         return INTERPRETER_MULTIPROCESSORS
     return torch.cuda.get_device_properties(device).multi_processor_count
@@ -175,12 +242,19 @@ def eager(*tensors: Optional[torch.Tensor]) -> bool:
     """Whether a call can go straight to its kernel instead of through the registered
     custom op: nothing traces it (torch.compile, make_fx, fake or functional tensors,
     jit tracing, torch-function modes) and its tensors are plain tensors. The custom-op
-    dispatch costs tens of microseconds a call; tracing needs it (the fake kernel, the
-    schema), eager calls do not. A few hundred nanoseconds."""
+    dispatch costs more than most kernels at small shapes (docs/performance.md, History);
+    tracing needs it (the fake kernel, the schema), eager calls do not.
+
+    Args:
+        *tensors: the call's tensors, or None.
+
+    Returns:
+        True for an eager call.
+    """
     if (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack()
             or (torch._C._is_torch_function_mode_enabled() and not _only_device_modes()) or torch._C._is_tracing()):
         return False
-    for t in tensors:  # a plain loop: a generator costs a microsecond here
+    for t in tensors:  # a plain loop: a generator is a per-call cost here
         if t is not None and type(t) is not torch.Tensor:
             return False
     return True
@@ -195,7 +269,11 @@ def _only_device_modes() -> bool:
 
 
 def cpu_ops():
-    """torch.ops.ddpd with the CPU kernels of ddpd._C loaded."""
+    """torch.ops.ddpd with the CPU kernels of ddpd._C loaded.
+
+    Returns:
+        The torch.ops.ddpd namespace.
+    """
     return _ext.ops()
 
 
@@ -204,7 +282,14 @@ _cpu_kernels: dict = {}
 
 def cpu_kernel(name: str):
     """The C++ kernel torch.ops.ddpd.<name>.default, looked up once: the per-call path
-    of the sampling ops (a lookup through the op namespace costs microseconds)."""
+    of the sampling ops (a lookup through the op namespace is a per-call cost).
+
+    Args:
+        name: the operator's name, e.g. "bernoulli_cpu".
+
+    Returns:
+        The OpOverload.
+    """
     kernel = _cpu_kernels.get(name)
     if kernel is None:
         kernel = _cpu_kernels[name] = getattr(cpu_ops(), name).default
@@ -213,7 +298,14 @@ def cpu_kernel(name: str):
 
 def needs_grad(*tensors: Optional[torch.Tensor]) -> bool:
     """Whether an output computed from these tensors needs a gradient: the networks' own
-    kernels (rotary, norm) have no backward, their torch references do."""
+    kernels (rotary, norm) have no backward, their torch references do.
+
+    Args:
+        *tensors: tensors, or None.
+
+    Returns:
+        True when grad is enabled and one of them requires a gradient.
+    """
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
@@ -221,8 +313,14 @@ def transformed(*values) -> bool:
     """Whether a torch.func transform (vmap, grad, ...) wraps one of the values that are
     tensors: a kernel cannot read such a tensor's storage, its torch reference can. Every
     call of an op pays for this check: outside every transform (no functorch interpreter on
-    the stack, one C call) it answers without the loop over the arguments, a microsecond.
-    (A plain loop: a generator costs another.)"""
+    the stack, one C call) it answers without the loop over the arguments.
+
+    Args:
+        *values: the call's arguments, tensors or not.
+
+    Returns:
+        True when a functorch wrapper is among them.
+    """
     if torch._C._functorch.peek_interpreter_stack() is None:
         return False
     for t in values:
@@ -232,10 +330,18 @@ def transformed(*values) -> bool:
 
 
 def refuse_transforms(op: str, *tensors) -> None:
-    """ValueError when a torch.func transform (vmap, grad, ...) wraps an input: under vmap
+    """Refuse a call whose input a torch.func transform (vmap, grad, ...) wraps: under vmap
     every slice would be row 0 of its own batch and draw from the same row streams (a
     batch of identical draws), so the ops refuse rather than return that. One C call per
-    tensor. (torch.compile traces no functorch wrappers: nothing to check there.)"""
+    tensor. (torch.compile traces no functorch wrappers: nothing to check there.)
+
+    Args:
+        op: the op's name, for the message.
+        *tensors: the call's tensors (other values are ignored).
+
+    Raises:
+        ValueError: a transform wraps an input.
+    """
     if torch.compiler.is_compiling():
         return
     if transformed(*tensors):

@@ -1,22 +1,13 @@
 """Loading ddpd._C, the C++/CUDA extension that registers the torch.ops.ddpd operators.
 
-Two routes build the same sources (csrc/*.cpp, csrc/cpu/*.cpp, and with a CUDA
-build of torch plus a CUDA toolkit csrc/cuda/*.cu, csrc/cuda/*.cpp, compiled for the
-visible GPUs or those TORCH_CUDA_ARCH_LIST names):
+setup.py builds ddpd._C when torch is importable at build time and records what it was built
+from in ddpd/_C.build.json; otherwise, or when that module is stale, `load()` compiles the same
+sources on first use into a cache directory ($DDPD_EXTENSIONS_DIR), printing one line that says
+why (DDPD_FORCE_JIT=1 forces it). Only one of the two may be loaded in a process.
 
-- setup.py compiles ddpd._C when torch is importable at build time
-  (`pip install -e . --no-build-isolation`) and records the torch version it was
-  built against and the digests of the sources it was built from in ddpd/_C.build.json;
-- otherwise, or when that module is stale (a source changed since, it was built
-  for another torch, or it fails to import), `load()` compiles the sources on first
-  use with torch.utils.cpp_extension.load into a cache directory
-  ($DDPD_EXTENSIONS_DIR, default ~/.cache/ddpd/extensions/<python-torch-device-sources>, one
-  per checkout or install),
-  printing one line that says why. DDPD_FORCE_JIT=1 takes that route regardless.
-
-Only one of the two may be loaded in a process: both register the ddpd namespace.
-This file imports nothing from ddpd, and torch only inside functions, because
-setup.py loads it by path for the source list and the compiler flags.
+This file imports nothing from ddpd, and torch only inside functions, because setup.py loads it
+by path for the source list and the compiler flags. The two routes are described in
+docs/kernels.md, section "Loading the extension".
 """
 from __future__ import annotations
 
@@ -54,7 +45,14 @@ _module: Optional[ModuleType] = None
 
 
 def source_dir() -> Path:
-    """csrc/ of a source checkout (editable install), else the copy shipped as ddpd/_csrc."""
+    """csrc/ of a source checkout (editable install), else the copy shipped as ddpd/_csrc.
+
+    Returns:
+        The directory.
+
+    Raises:
+        RuntimeError: neither holds the sources.
+    """
     package = Path(__file__).resolve().parents[1]
     for candidate in (package.parent / "csrc", package / "_csrc"):
         if (candidate / "module.cpp").is_file():
@@ -64,7 +62,18 @@ def source_dir() -> Path:
 
 
 def sources(root: Path, with_cuda: bool) -> list[str]:
-    """Every source of ddpd._C under root, sorted; the CUDA ones only with_cuda."""
+    """Every source of ddpd._C under root, sorted; the CUDA ones only with_cuda.
+
+    Args:
+        root: the sources' directory (source_dir).
+        with_cuda: include csrc/cuda.
+
+    Returns:
+        The paths, as strings.
+
+    Raises:
+        RuntimeError: two sources share a file name (torch's JIT build names objects after it).
+    """
     patterns = ["*.cpp", "cpu/*.cpp"] + (["cuda/*.cu", "cuda/*.cpp"] if with_cuda else [])
     found = sorted(str(p) for pattern in patterns for p in root.glob(pattern))
     _check_object_names(found)
@@ -82,18 +91,34 @@ def _check_object_names(paths: list[str]) -> None:
 
 
 def cxx_flags(with_cuda: bool) -> list[str]:
+    """The C++ compiler flags of a build.
+
+    Args:
+        with_cuda: whether the build has the CUDA kernels (DDPD_WITH_CUDA).
+
+    Returns:
+        The flags.
+    """
     return CXX_FLAGS + [f"-DDDPD_WITH_CUDA={int(with_cuda)}"]
 
 
 def can_build_cuda() -> bool:
     """A CUDA build of torch, a CUDA toolkit (nvcc), and GPU architectures to compile for.
     The architectures first: importing torch's build tools with a CUDA torch and no GPU
-    logs a line ("No CUDA runtime is found"), which every load of ddpd._C printed."""
+    logs a line ("No CUDA runtime is found"), which every load of ddpd._C printed.
+
+    Returns:
+        True when the CUDA kernels can be built.
+    """
     return cuda_arch_problem() is None and has_cuda_toolkit()
 
 
 def has_cuda_toolkit() -> bool:
-    """A CUDA build of torch and a CUDA toolkit (nvcc) are both present."""
+    """A CUDA build of torch and a CUDA toolkit (nvcc) are both present.
+
+    Returns:
+        True when both are.
+    """
     import torch
     from torch.utils.cpp_extension import CUDA_HOME
 
@@ -104,7 +129,11 @@ def cuda_arch_problem() -> Optional[str]:
     """Why torch cannot choose the GPU architectures to compile the CUDA kernels for, or None.
     Unless TORCH_CUDA_ARCH_LIST names them it takes the visible GPUs', and with none visible
     (the CUDA build `pip install torch` gives on Linux, on a machine without a GPU) it fails
-    with an IndexError before any compiler runs."""
+    with an IndexError before any compiler runs.
+
+    Returns:
+        The reason, or None.
+    """
     if os.environ.get("TORCH_CUDA_ARCH_LIST", "").strip() not in ("", "native"):
         return None
     import torch
@@ -118,7 +147,15 @@ ARCH_LIST_HINT = "set TORCH_CUDA_ARCH_LIST to the GPUs' compute capabilities (e.
 
 
 def build_info(with_cuda: bool, root: Path) -> dict:
-    """What ddpd._C is built against and from (root: its sources), for prebuilt_problem."""
+    """What ddpd._C is built against and from, for prebuilt_problem.
+
+    Args:
+        with_cuda: whether the build has the CUDA kernels.
+        root: its sources' directory.
+
+    Returns:
+        {"torch", "python", "cuda", "sources"}: the versions, with_cuda and the source digests.
+    """
     import torch
 
     return {"torch": torch.__version__, "python": sys.version.split()[0], "cuda": with_cuda,
@@ -128,7 +165,15 @@ def build_info(with_cuda: bool, root: Path) -> dict:
 def source_digests(root: Path, with_cuda: bool) -> dict:
     """{path under root: sha256} of every source a build with(out) CUDA compiles or includes.
     By content, not time: an installed wheel's files all carry the time of the install, in
-    whatever order pip wrote them."""
+    whatever order pip wrote them.
+
+    Args:
+        root: the sources' directory.
+        with_cuda: include csrc/cuda.
+
+    Returns:
+        The digests by relative path.
+    """
     return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(root.rglob("*"))
             if p.suffix in _SOURCE_SUFFIXES and (with_cuda or p.parent.name != "cuda")}
@@ -144,13 +189,21 @@ def _changed_source(root: Path, with_cuda: bool, built_from: dict) -> Optional[s
 
 
 def prebuilt_path() -> Optional[Path]:
-    """The file of the ddpd._C built by setup.py, if any (found without loading it)."""
+    """The file of the ddpd._C built by setup.py, if any (found without loading it).
+
+    Returns:
+        Its path, or None.
+    """
     spec = importlib.util.find_spec("ddpd._C")
     return Path(spec.origin) if spec is not None and spec.origin is not None else None
 
 
 def prebuilt_problem() -> Optional[str]:
-    """Why the ddpd._C built by setup.py cannot be used, or None if it can."""
+    """Why the ddpd._C built by setup.py cannot be used, or None if it can.
+
+    Returns:
+        The reason, or None.
+    """
     if os.environ.get("DDPD_FORCE_JIT", "") not in ("", "0"):
         return "DDPD_FORCE_JIT is set"
     built = prebuilt_path()
@@ -280,9 +333,16 @@ def _build(reason: str, root: Path, build_dir: Path, with_cuda: bool) -> ModuleT
 
 
 def build_failure(error: BaseException) -> tuple[str, str]:
-    """(why a build of ddpd._C failed, what it needs), for one line. torch chooses the CUDA
+    """Why a build of ddpd._C failed and what it needs, for one line. torch chooses the CUDA
     architectures before any compiler runs; a failure there names TORCH_CUDA_ARCH_LIST, not
-    the compiler."""
+    the compiler.
+
+    Args:
+        error: the build's exception.
+
+    Returns:
+        (why, what it needs).
+    """
     if _raised_in(error, "_get_cuda_arch_flags"):
         import torch
 
@@ -316,7 +376,14 @@ def _failure_line(error: BaseException) -> str:
 
 def load() -> ModuleType:
     """The extension module; once it is loaded, torch.ops.ddpd.* are registered.
-    The lock guards the first load only: once loaded, no call takes it."""
+    The lock guards the first load only: once loaded, no call takes it.
+
+    Returns:
+        The ddpd._C module, prebuilt or compiled on first use.
+
+    Raises:
+        RuntimeError: it can be neither imported nor compiled (a one-line "ddpd: ..." message).
+    """
     global _module
     if _module is not None:
         return _module
@@ -335,7 +402,11 @@ def load() -> ModuleType:
 
 def ops():
     """torch.ops.ddpd with the kernels of ddpd._C registered: the per-call path of every
-    op, lock-free once the extension is loaded."""
+    op, lock-free once the extension is loaded.
+
+    Returns:
+        The torch.ops.ddpd namespace.
+    """
     import torch
 
     if _module is None:
@@ -344,7 +415,11 @@ def ops():
 
 
 def has_cuda() -> bool:
-    """Whether the loaded extension carries the CUDA kernels."""
+    """Whether the loaded extension carries the CUDA kernels.
+
+    Returns:
+        True when it was built with them.
+    """
     return bool(load().with_cuda)
 
 
@@ -353,7 +428,14 @@ _warned_devices: set = set()
 
 def ops_for(device):
     """torch.ops.ddpd when ddpd._C has kernels for `device`, else None: the caller then
-    runs its torch reference, which gives the same results (warned once per device)."""
+    runs its torch reference, which gives the same results (warned once per device).
+
+    Args:
+        device: the inputs' torch.device.
+
+    Returns:
+        The torch.ops.ddpd namespace, or None.
+    """
 
     if device.type == "cpu" or (device.type == "cuda" and has_cuda()):
         return ops()

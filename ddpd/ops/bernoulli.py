@@ -19,6 +19,18 @@ BLOCK = 1024  # columns per Triton program
 
 
 def check_p(p) -> torch.Tensor:
+    """Validate the probabilities of bernoulli.
+
+    Args:
+        p: the op's `p`.
+
+    Returns:
+        `p`, unchanged.
+
+    Raises:
+        TypeError: p is not a tensor of one of P_DTYPES.
+        ValueError: p is 0-d, or not a dense tensor on a cpu or cuda device.
+    """
     check_tensor("p", p, P_DTYPES)
     if p.dim() == 0:
         raise ValueError("p must have shape [..., D] (rows of probabilities), got a 0-d tensor")
@@ -49,12 +61,33 @@ def bernoulli_reference(p: torch.Tensor, *, seed=None, offset=0, generator: Opti
 
 def bernoulli_grid(rows: int, width: int) -> tuple:
     """One program per BLOCK columns of a row, on one grid axis (2**31 - 1 programs; a second
-    axis is capped at 65535)."""
+    axis is capped at 65535).
+
+    Args:
+        rows: rows of the flattened input.
+        width: columns a row (D).
+
+    Returns:
+        The 1-d launch grid, a tuple.
+    """
     return (rows * -(-width // BLOCK),)
 
 
 def bernoulli_triton(p, noise, seed, offset, row_ids, seed_t, offset_t):
-    """Launch the Triton kernel (CUDA tensors; CPU tensors under TRITON_INTERPRET=1)."""
+    """Launch the Triton kernel (CUDA tensors; CPU tensors under TRITON_INTERPRET=1).
+
+    Args:
+        p: Float[N, D] probabilities, validated.
+        noise: Float[N, D] explicit uniforms, or None to draw from the stream.
+        seed: the stream's seed, an int64 bit pattern (read when seed_t is None).
+        offset: the stream's offset, likewise (read when offset_t is None).
+        row_ids: Long[N] stream ids of the rows, or None for 0..N-1.
+        seed_t: an int64 tensor holding the seed, or None.
+        offset_t: an int64 tensor holding the offset, or None.
+
+    Returns:
+        Bool[N, D] the coins.
+    """
     bernoulli_kernel = _dispatch.kernels("bernoulli").bernoulli_kernel
 
     p = p.contiguous()

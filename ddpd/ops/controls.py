@@ -44,8 +44,15 @@ FIELDS = tuple(f.name for f in dataclasses.fields(DrawControls))
 
 
 def unpack(controls: DrawControls, **flat: Any) -> tuple:
-    """The fields of `controls` in FIELDS order, for an op that also takes them as flat keywords
-    (`flat`: those keywords' values, which must then be left at their defaults).
+    """The fields of `controls` in FIELDS order, for an op that also takes them as flat keywords.
+
+    Args:
+        controls: the DrawControls of the call.
+        **flat: the op's flat control keywords and their values, which must be left at their
+            defaults when `controls` is given.
+
+    Returns:
+        A tuple of the fields of `controls`, in FIELDS order.
 
     Raises:
         TypeError: controls is not a DrawControls, or is given beside a flat control.

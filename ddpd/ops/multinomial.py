@@ -24,7 +24,18 @@ WEIGHT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 # ----------------------------------------------------------------------------- checks
 
 def check_weights(weights) -> torch.Tensor:
-    """Validate Float[B, N] weights; half precision is widened to float32 (exactly)."""
+    """Validate Float[B, N] weights; half precision is widened to float32 (exactly).
+
+    Args:
+        weights: the op's `weights`.
+
+    Returns:
+        The weights, float32 or float64.
+
+    Raises:
+        TypeError: not a tensor, or not of a float dtype of WEIGHT_DTYPES.
+        ValueError: not [B, N] with N >= 1, or not on a cpu or cuda device.
+    """
     if not isinstance(weights, torch.Tensor):
         raise TypeError(f"weights must be a torch.Tensor, got {type(weights).__name__}")
     if weights.dtype not in WEIGHT_DTYPES:
@@ -37,10 +48,23 @@ def check_weights(weights) -> torch.Tensor:
 
 
 def check_uniforms(name: str, uniforms, shape: tuple, like: torch.Tensor) -> torch.Tensor:
-    """Validate uniforms in [0, 1) of the given shape on like's device; returns them as float64.
+    """Validate uniforms in [0, 1) of the given shape on like's device.
 
     The range is checked on CPU in eager calls only, where it costs no device
     synchronisation; elsewhere a uniform outside [0, 1) still gives an index in range.
+
+    Args:
+        name: the argument's name, for the message.
+        uniforms: the value given.
+        shape: the shape they must have.
+        like: a tensor on the device they must be on.
+
+    Returns:
+        The uniforms as float64.
+
+    Raises:
+        TypeError: not a float32 or float64 tensor.
+        ValueError: a shape or device mismatch, or a CPU value outside [0, 1).
     """
     if not isinstance(uniforms, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(uniforms).__name__}")
@@ -58,7 +82,20 @@ def check_uniforms(name: str, uniforms, shape: tuple, like: torch.Tensor) -> tor
 
 
 def finish(index: torch.Tensor, valid: torch.Tensor, check_valid: bool, need: str) -> Draw:
-    """The Draw of (index, valid), after raising on invalid rows when check_valid."""
+    """The Draw of (index, valid), after raising on invalid rows when check_valid.
+
+    Args:
+        index: Long[B, k] the draws.
+        valid: Bool[B] which rows are valid distributions.
+        check_valid: raise on invalid rows rather than return their flags.
+        need: what a valid row needs, for the message.
+
+    Returns:
+        Draw(index, valid).
+
+    Raises:
+        ValueError: check_valid and a row is invalid, or check_valid while tracing.
+    """
     if not check_valid:
         return Draw(index, valid)
     if not _dispatch.eager(valid):
@@ -107,7 +144,14 @@ def _need(k: int, replacement: bool) -> str:
 
 
 def cumulative_weights(weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(c Float64[B, N], total Float64[B]): the two-level cumulative sums of the law above."""
+    """The two-level cumulative sums of the law above (chunks of CHUNK, then their prefix).
+
+    Args:
+        weights: Float[B, N] weights.
+
+    Returns:
+        (c Float64[B, N], total Float64[B]).
+    """
     rows, n = weights.shape
     chunks = -(-n // CHUNK)
     padded = F.pad(weights.double(), (0, chunks * CHUNK - n))  # zeros add nothing
@@ -119,7 +163,16 @@ def cumulative_weights(weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
 
 
 def row_validity(weights: torch.Tensor, min_positive: int) -> torch.Tensor:
-    """Bool[B]: finite non-negative weights, finite total, at least min_positive positive."""
+    """Which rows are distributions: finite non-negative weights, finite total, at least
+    min_positive positive.
+
+    Args:
+        weights: Float[B, N] weights.
+        min_positive: weights a row needs above zero.
+
+    Returns:
+        Bool[B].
+    """
     _, total = cumulative_weights(weights)
     return (
         (weights >= 0).all(-1)
@@ -130,19 +183,35 @@ def row_validity(weights: torch.Tensor, min_positive: int) -> torch.Tensor:
 
 
 def inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """Long[B]: smallest i with c_i > u * total, for rows with positive finite total. The
-    threshold is kept below total: with a subnormal total, u * total can round up to it."""
+    """Smallest i with c_i > u * total, for rows with positive finite total. The
+    threshold is kept below total: with a subnormal total, u * total can round up to it.
+
+    Args:
+        weights: Float[B, N] weights.
+        u: Float[B] uniforms in [0, 1).
+
+    Returns:
+        Long[B] the indices.
+    """
     c, total = cumulative_weights(weights)
     threshold = torch.minimum(u.double() * total, torch.nextafter(total, torch.zeros_like(total)))
     return (c <= threshold[:, None]).sum(-1)
 
 
 def draw_uniforms(seed, offset, row_ids: torch.Tensor, k: int) -> torch.Tensor:
-    """Float64[B, k]: the 48-bit uniform of each draw from the Philox stream (docs/ops/multinomial.md).
-    seed, offset: ints (uint64 or int64 bit patterns) or int64 0-d tensors holding the bits.
+    """The 48-bit uniform of each draw from the Philox stream (docs/ops/multinomial.md).
 
     Built from the Philox words themselves: a float32 uniform of ddpd.ops.rng rounds
     (w >> 8) + 1/2 to 24 bits, which would lose the lowest bit of a.
+
+    Args:
+        seed: an int (uint64 or int64 bit pattern) or an int64 0-d tensor holding the bits.
+        offset: like seed.
+        row_ids: Long[B] stream ids of the rows.
+        k: draws a row.
+
+    Returns:
+        Float64[B, k].
     """
     cols = torch.arange(2 * k, dtype=torch.int64, device=row_ids.device)
     seed, offset = (v.reshape(()).to(row_ids.device) if isinstance(v, torch.Tensor) else v & (2**64 - 1)
@@ -325,7 +394,19 @@ def multinomial(
 
 
 def logit_weights(logits, temperature: float) -> torch.Tensor:
-    """softmax(logits / temperature) over the last dim, in float32 (float64 stays float64)."""
+    """softmax(logits / temperature) over the last dim, in float32 (float64 stays float64).
+
+    Args:
+        logits: float [B, N].
+        temperature: a finite float > 0.
+
+    Returns:
+        Float32[B, N] (float64 for float64 logits) the weights.
+
+    Raises:
+        TypeError: logits not a float tensor, or temperature not a float.
+        ValueError: logits not 2-d, or temperature not finite and > 0.
+    """
     if not isinstance(logits, torch.Tensor):
         raise TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
     if logits.dtype not in (torch.float32, torch.float64, torch.float16, torch.bfloat16):

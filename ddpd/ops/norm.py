@@ -53,6 +53,21 @@ def norm_reference(x: torch.Tensor, weight: Optional[torch.Tensor] = None, bias:
 
 
 def check_norm(x, weight, bias, eps, rms, shift, scale) -> None:
+    """Validate the arguments of norm.
+
+    Args:
+        x: the op's `x`.
+        weight: the op's `weight`.
+        bias: the op's `bias`.
+        eps: the op's `eps`.
+        rms: the op's `rms`.
+        shift: the op's `shift`.
+        scale: the op's `scale`.
+
+    Raises:
+        TypeError: a tensor of the wrong dtype, or shift and scale of different dtypes.
+        ValueError: a shape, device or eps out of range, or shift without scale.
+    """
     check_tensor("x", x, _dispatch.FLOAT_DTYPES)
     if x.dim() < 1:
         raise ValueError("x must have at least one dimension (the channels normalised)")
@@ -84,9 +99,17 @@ def check_norm(x, weight, bias, eps, rms, shift, scale) -> None:
 
 
 def norm_launch(rows: int, width: int) -> tuple[tuple, int, int, int]:
-    """(grid, BLOCK_ROWS, BLOCK_W, num_warps): a whole row in each program, as many rows as
-    make about BLOCK_ELEMENTS values, on one grid axis; more warps for wider blocks, so a
-    thread holds at most 16 (BLOCK_ELEMENTS' worth) to 32 values."""
+    """The launch of the norm kernel: a whole row in each program, as many rows as make about
+    BLOCK_ELEMENTS values, on one grid axis; more warps for wider blocks, so a thread holds
+    at most 16 (BLOCK_ELEMENTS' worth) to 32 values.
+
+    Args:
+        rows: rows of x flattened to [rows, H].
+        width: H, the channels a row.
+
+    Returns:
+        (grid, BLOCK_ROWS, BLOCK_W, num_warps).
+    """
     block_w = 1 << (width - 1).bit_length()
     block_rows = max(1, min(BLOCK_ELEMENTS // block_w, 1 << max(rows - 1, 0).bit_length()))
     num_warps = max(4, min(16, block_rows * block_w // 512))
@@ -102,7 +125,20 @@ def _rows(param: torch.Tensor) -> torch.Tensor:
 def norm_triton(x: torch.Tensor, weight: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None,
                 eps: float = 1e-5, *, rms: bool = False, shift: Optional[torch.Tensor] = None,
                 scale: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Launch the Triton kernel (CUDA tensors; CPU tensors under TRITON_INTERPRET=1)."""
+    """Launch the Triton kernel (CUDA tensors; CPU tensors under TRITON_INTERPRET=1).
+
+    Args:
+        x: float [B, ..., H], validated.
+        weight: [H] or None.
+        bias: [H] or None.
+        eps: added to the variance (mean square).
+        rms: RMS norm instead of layer norm.
+        shift: [B, H] or [B, 1, H], with scale, or None.
+        scale: like shift.
+
+    Returns:
+        A new contiguous tensor of x's shape and dtype.
+    """
     width = x.shape[-1]
     x2d = x.reshape(-1, width)
     if x2d.stride(-1) != 1:
@@ -139,7 +175,20 @@ def normalize(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[to
     """norm without its argument checks, for callers whose shapes are right by construction
     (the networks' LayerNorm and RMSNorm): the kernel where norm would run it, the reference
     where a gradient is needed and inside torch.compile (which fuses the torch code itself,
-    where the custom op would be opaque to it)."""
+    where the custom op would be opaque to it).
+
+    Args:
+        x: float [B, ..., H].
+        weight: [H] or None.
+        bias: [H] or None.
+        eps: added to the variance (mean square).
+        rms: RMS norm instead of layer norm.
+        shift: [B, H] or [B, 1, H], with scale, or None.
+        scale: like shift.
+
+    Returns:
+        What norm returns for the same arguments.
+    """
     if torch.compiler.is_compiling() or _dispatch.needs_grad(x, weight, bias, shift, scale):
         return norm_reference(x, weight, bias, eps, rms=rms, shift=shift, scale=scale)
     return _norm_impl(x, weight, bias, shift, scale, eps, rms)

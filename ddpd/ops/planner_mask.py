@@ -19,6 +19,16 @@ from ddpd.validation import check_same_device, check_tensor
 
 
 def check_positions(positions, logits) -> None:
+    """Validate the shape, dtype and device of planner_mask's `positions`.
+
+    Args:
+        positions: the op's `positions`.
+        logits: the op's `logits`, whose rows and device positions must match.
+
+    Raises:
+        TypeError: positions is not an int64 tensor.
+        ValueError: positions is not 2-d, has another number of rows, or sits on another device.
+    """
     check_tensor("positions", positions, (torch.int64,), 2)
     if positions.shape[0] != logits.shape[0]:
         raise ValueError(f"positions must have {logits.shape[0]} rows, got shape {tuple(positions.shape)}")
@@ -26,7 +36,15 @@ def check_positions(positions, logits) -> None:
 
 
 def check_position_values(positions: Optional[torch.Tensor], length: int) -> None:
-    """Range check of positions; CPU only, where it costs no device sync."""
+    """Range check of positions; CPU only, where it costs no device sync.
+
+    Args:
+        positions: Long[B, k] positions, or None.
+        length: D, the positions a row has.
+
+    Raises:
+        ValueError: a CPU position outside [0, length).
+    """
     if positions is None or not positions.is_cpu or positions.numel() == 0:
         return
     low, high = int(positions.min()), int(positions.max())
@@ -78,7 +96,23 @@ def planner_mask_reference(
 
 
 def planner_mask_triton(logits, x, positions, mask_id, noise, counters, row_ids):
-    """Launch the Triton kernel (CUDA tensors; CPU tensors under TRITON_INTERPRET=1)."""
+    """Launch the Triton kernel (CUDA tensors; CPU tensors under TRITON_INTERPRET=1).
+
+    Args:
+        logits: float [B, D] planner logits, validated.
+        x: Long[B, D] the current sequences.
+        positions: Long[B, k] positions forced into the mask, or None.
+        mask_id: the token written where z = 1.
+        noise: Float[B, D] explicit uniforms, or None to draw from the stream.
+        counters: (seed, offset, seed_tensor, offset_tensor) as rng.resolve_stream returns them.
+        row_ids: Long[B] stream ids of the rows, or None for 0..B-1.
+
+    Returns:
+        (masked Long[B, D], z Bool[B, D], count Long[B]), the fields of Mask.
+
+    Raises:
+        ValueError: D too wide for the Triton kernel.
+    """
     planner_mask_kernel = _dispatch.kernels("planner_mask").planner_mask_kernel
 
     check_triton_width(logits.shape[1])

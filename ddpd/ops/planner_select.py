@@ -33,7 +33,23 @@ REBASE_GAP = 64.0
 
 
 def check_select_args(logits, k, mode, tau, eps) -> tuple[bool, float, float]:
-    """Validate the selection arguments; return (softmax, tau, eps)."""
+    """Validate the selection arguments of planner_select and planner_select_mask.
+
+    Args:
+        logits: the op's `logits`.
+        k: the op's `k`.
+        mode: the op's `mode`.
+        tau: the op's `tau`.
+        eps: the op's `eps`.
+
+    Returns:
+        (softmax, tau, eps): whether mode is "softmax", tau as a float, and eps raised to the
+        smallest float32 at least eps (float32_at_least).
+
+    Raises:
+        TypeError: an argument of the wrong type.
+        ValueError: a shape or value out of range, or an unknown mode.
+    """
     check_tensor("logits", logits, _dispatch.FLOAT_DTYPES, 2)
     _dispatch.check_width("D (logits.shape[1])", logits.shape[1])
     check_int("k", k, 1, logits.shape[1])
@@ -48,7 +64,14 @@ def float32_at_least(value: float) -> float:
     """The smallest float32 >= value (value > 0): every path compares float32
     probabilities with eps in float32, and p < eps holds for a float32 p exactly when
     p < float32_at_least(eps) (rounding to nearest would make eps = 1e-50 zero, so that
-    a probability 0 would not count as below it)."""
+    a probability 0 would not count as below it).
+
+    Args:
+        value: a positive float.
+
+    Returns:
+        The float32 value, as a Python float.
+    """
     nearest = float32(value)
     if nearest >= value:
         return nearest
@@ -56,6 +79,17 @@ def float32_at_least(value: float) -> float:
 
 
 def check_mask_args(logits, x, mask_id) -> None:
+    """Validate the mask arguments of planner_mask and planner_select_mask.
+
+    Args:
+        logits: the op's `logits` [B, D].
+        x: the op's `x`, Long[B, D] on logits' device.
+        mask_id: the op's `mask_id`, in [0, 2**62].
+
+    Raises:
+        TypeError: x is not an int64 tensor, or mask_id not an int.
+        ValueError: a shape or device mismatch, or mask_id out of range.
+    """
     check_tensor("x", x, (torch.int64,), 2)
     check_shape("x", x, tuple(logits.shape))
     check_same_device("x", x, logits, "logits")
@@ -63,14 +97,34 @@ def check_mask_args(logits, x, mask_id) -> None:
 
 
 def check_triton_width(length: int) -> None:
+    """Refuse rows wider than the Triton kernels hold in one block.
+
+    Args:
+        length: D, the positions a row has.
+
+    Raises:
+        ValueError: length > MAX_TRITON_WIDTH.
+    """
     if length > MAX_TRITON_WIDTH:
         raise ValueError(f"D must be <= {MAX_TRITON_WIDTH} on CUDA (one block per row), got {length}")
 
 
 def resolve_mask_offset(mask_offset, counters: tuple, like: torch.Tensor) -> tuple:
-    """(int64 bits, tensor or None) of the mask's offset: as given, or by default the
-    selection's offset + 1 mod 2**64 (for a tensor offset, a tensor computed on its device:
-    int64 addition wraps, as uint64 addition does)."""
+    """The offset of the mask's stream: as given, or by default the selection's offset + 1
+    mod 2**64 (for a tensor offset, a tensor computed on its device: int64 addition wraps,
+    as uint64 addition does).
+
+    Args:
+        mask_offset: the op's `mask_offset`, or None.
+        counters: (seed, offset, seed_tensor, offset_tensor) of the selection's stream.
+        like: a tensor on the device a tensor offset must be on.
+
+    Returns:
+        (int64 bits, tensor or None) of the mask's offset.
+
+    Raises:
+        TypeError, ValueError: a mask_offset as rng.check_counter refuses it.
+    """
     if mask_offset is not None:
         return rng.check_counter("mask_offset", mask_offset, like)
     _, offset, _, offset_t = counters
@@ -80,8 +134,27 @@ def resolve_mask_offset(mask_offset, counters: tuple, like: torch.Tensor) -> tup
 
 
 def resolve_pair(noise, mask_noise, logits, seed, offset, mask_offset, generator, row_ids) -> tuple:
-    """resolve_stream for the two draws of planner_select_mask (both noises or neither):
-    the selection's counters and the mask's offset (int64 bits, tensor or None)."""
+    """resolve_stream for the two draws of planner_select_mask (both noises or neither).
+
+    Args:
+        noise: explicit uniforms of the selection, or None.
+        mask_noise: explicit uniforms of the mask, or None.
+        logits: the op's `logits`.
+        seed: the op's `seed`.
+        offset: the op's `offset`.
+        mask_offset: the op's `mask_offset`.
+        generator: the op's `generator`.
+        row_ids: the op's `row_ids`.
+
+    Returns:
+        (counters, (mask_offset, mask_offset_tensor)): the selection's counters as
+        rng.resolve_stream returns them and the mask's offset (int64 bits, tensor or None).
+
+    Raises:
+        ValueError: only one of noise and mask_noise, mask_noise beside mask_offset, or a
+            shape or device mismatch.
+        TypeError: a noise or counter of the wrong type.
+    """
     if (noise is None) != (mask_noise is None):
         raise ValueError("pass both noise and mask_noise (explicit uniforms) or neither")
     shape = tuple(logits.shape)
@@ -99,24 +172,53 @@ def resolve_pair(noise, mask_noise, logits, seed, offset, mask_offset, generator
 
 
 def planner_logits(logits: torch.Tensor) -> torch.Tensor:
-    """float32 planner logits, NaN read as -inf."""
+    """float32 planner logits, NaN read as -inf.
+
+    Args:
+        logits: float [B, D] planner logits.
+
+    Returns:
+        Float32[B, D].
+    """
     l = logits.float()
     return l.masked_fill(torch.isnan(l), float("-inf"))
 
 
 def planner_prob(l: torch.Tensor) -> torch.Tensor:
-    """p(z^d = N | x_t) = sigmoid(l), written as the kernels compute it."""
+    """p(z^d = N | x_t) = sigmoid(l), written as the kernels compute it.
+
+    Args:
+        l: Float32[B, D] planner logits (planner_logits).
+
+    Returns:
+        Float32[B, D] the probabilities.
+    """
     return 1.0 / (1.0 + torch.exp(-l))
 
 
 def sum_p(p: torch.Tensor) -> torch.Tensor:
-    """sum_d p^d per row, summed in float64 and rounded once to float32 (as the kernels)."""
+    """sum_d p^d per row, summed in float64 and rounded once to float32 (as the kernels).
+
+    Args:
+        p: Float32[B, D] probabilities.
+
+    Returns:
+        Float32[B].
+    """
     return p.double().sum(dim=1).float()
 
 
 def selection_bases(l: torch.Tensor, softmax: bool) -> torch.Tensor:
     """The log-weight of each position before its shift: log sigmoid(l) = min(l, 0) -
-    log(1 + exp(-|l|)) (option A, finite where sigmoid(l) underflows), or l (option C)."""
+    log(1 + exp(-|l|)) (option A, finite where sigmoid(l) underflows), or l (option C).
+
+    Args:
+        l: Float32[B, D] planner logits.
+        softmax: option C (softmax(l / tau)) rather than option A (sigmoid).
+
+    Returns:
+        Float32[B, D] the log-weights.
+    """
     if softmax:
         return l
     return torch.clamp(l, max=0.0) - torch.log(1.0 + torch.exp(-l.abs()))
@@ -128,7 +230,17 @@ def gumbel_top_k(base: torch.Tensor, tau: float, noise: torch.Tensor, k: int) ->
     largest base: huge logits keep their noise (log sigmoid(-1e8) is -1e8, whose float32
     spacing of 8 would absorb the Gumbel variables) and +inf logits tie at 0 and are drawn
     uniformly among themselves. Where fewer than k positions lie within REBASE_GAP of the
-    largest and a position of weight > 0 lies beyond it, see gumbel_rounds."""
+    largest and a position of weight > 0 lies beyond it, see gumbel_rounds.
+
+    Args:
+        base: Float32[B, D] log-weights (selection_bases).
+        tau: the temperature of the weights.
+        noise: Float32[B, D] uniforms, column d for position d.
+        k: positions a row.
+
+    Returns:
+        Long[B, k] the positions, in the order drawn.
+    """
     gumbel = rng.gumbel(noise)
     top = base.amax(dim=1, keepdim=True)
     log_weights = shifted(base, top, tau)
@@ -148,7 +260,18 @@ def gumbel_rounds(base: torch.Tensor, top: torch.Tensor, tau: float, gumbel: tor
     arithmetic, but the free positions' keys keep their noise in float32 (keys relative to a
     top 1e8 above them, or +inf, would all round to one value and go in position order).
     Where every chosen position lies within REBASE_GAP of the top no round rebases and the
-    choices are those of the sort in gumbel_top_k, which the kernels rely on."""
+    choices are those of the sort in gumbel_top_k, which the kernels rely on.
+
+    Args:
+        base: Float32[R, D] log-weights of the rows concerned.
+        top: Float32[R, 1] each row's largest base.
+        tau: the temperature of the weights.
+        gumbel: Float32[R, D] the rows' Gumbel variables.
+        k: positions a row.
+
+    Returns:
+        Long[R, k] the positions, in the order drawn.
+    """
     neg_inf = float("-inf")
     taken = torch.zeros_like(base, dtype=torch.bool)
     columns = torch.arange(base.shape[1], device=base.device)
@@ -166,8 +289,19 @@ def gumbel_rounds(base: torch.Tensor, top: torch.Tensor, tau: float, gumbel: tor
 
 
 def draw_mask(p, noise, positions, x, mask_id, forced=None):
-    """z = (u < p) with the positions forced to 1 (those where `forced`, Bool like
-    positions, holds, when given); returns (masked, z, count)."""
+    """z = (u < p) with the positions forced to 1 (those where `forced` holds, when given).
+
+    Args:
+        p: Float32[B, D] probabilities.
+        noise: Float32[B, D] uniforms.
+        positions: Long[B, k] positions to force, or None.
+        x: Long[B, D] the current sequences.
+        mask_id: the token written where z = 1.
+        forced: Bool like positions, which of them to force, or None for all.
+
+    Returns:
+        (masked Long[B, D], z Bool[B, D], count Long[B]).
+    """
     z = noise < p
     if positions is not None:
         z = z.scatter(1, positions, True if forced is None else z.gather(1, positions) | forced)
@@ -263,9 +397,23 @@ def planner_select_mask_reference(
 def planner_select_triton(logits, k, softmax, tau, eps, noise, counters, row_ids, mask=None):
     """Launch the Triton kernel (CUDA tensors; CPU tensors under TRITON_INTERPRET=1).
 
-    counters: (seed, offset, seed_tensor, offset_tensor) of rng.resolve_stream.
-    mask: None, or (x, mask_id, mask_noise, (mask_offset, mask_offset_tensor)) to draw
-    the mask of planner_select_mask too. Returns 3 outputs, or 6 with the mask.
+    Args:
+        logits: float [B, D] planner logits, validated.
+        k: positions a row.
+        softmax: option C (softmax(l / tau)) rather than sigmoid weights.
+        tau: the softmax temperature.
+        eps: the stop threshold, as check_select_args returns it.
+        noise: Float[B, D] explicit uniforms, or None to draw from the stream.
+        counters: (seed, offset, seed_tensor, offset_tensor) of rng.resolve_stream.
+        row_ids: Long[B] stream ids of the rows, or None for 0..B-1.
+        mask: None, or (x, mask_id, mask_noise, (mask_offset, mask_offset_tensor)) to draw
+            the mask of planner_select_mask too.
+
+    Returns:
+        (positions, sum_p, stop), and (masked, z, count) after them with the mask.
+
+    Raises:
+        ValueError: D too wide for the Triton kernel.
     """
     planner_select_kernel = _dispatch.kernels("planner_select").planner_select_kernel
 

@@ -3,7 +3,8 @@ types as the op of that name in ddpd.ops, and the same tokens from the same unif
 Written for clarity, not speed: tests hold the kernels to them, benchmarks time against them.
 
 `categorical` is the categorical law itself on [N, V] logits from explicit uniforms, the one
-every token draw of the package (op, reference, sampler) is tested against.
+every token draw of the package (op, reference, sampler) is tested against. Each law:
+docs/ops/<op>.md.
 """
 from ddpd.ops.bernoulli import bernoulli_reference as bernoulli
 from ddpd.ops.compact import compact_fixed_reference as compact_fixed, scatter_back_reference as scatter_back

@@ -1,5 +1,6 @@
 """The ops' results: one NamedTuple per kind of op, of fixed arity whatever the flags of a
-call (a field not asked for is None). Unpack by name (`draw.tokens`) or by position."""
+call (a field not asked for is None). Unpack by name (`draw.tokens`) or by position.
+Which op returns which: docs/ops/README.md."""
 from __future__ import annotations
 
 from typing import NamedTuple, Optional

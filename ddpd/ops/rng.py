@@ -41,8 +41,19 @@ def _mulhilo(a: int, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def philox4x32(c0, c1, c2, c3, k0, k1):
-    """Philox4x32-10 on int64 tensors holding uint32 values (broadcasting); the key
-    words k0, k1 are ints or such tensors."""
+    """Philox4x32-10 on int64 tensors holding uint32 values (broadcasting).
+
+    Args:
+        c0: the first counter word.
+        c1: the second counter word.
+        c2: the third counter word.
+        c3: the fourth counter word.
+        k0: the first key word, an int or such a tensor.
+        k1: the second key word, likewise.
+
+    Returns:
+        (c0, c1, c2, c3) the four output words.
+    """
     for _ in range(_ROUNDS):
         hi_b, lo_b = _mulhilo(_ROUND_B, c2)
         hi_a, lo_a = _mulhilo(_ROUND_A, c0)
@@ -53,9 +64,16 @@ def philox4x32(c0, c1, c2, c3, k0, k1):
 
 
 def row_key(seed, rows: torch.Tensor) -> tuple:
-    """Philox key words (k0, k1) of each row id (int64 tensor holding uint64 bits):
-    the seed's words below 2**32, the derived key of docs/ops/rng.md.
-    seed: an int, or an int64 0-d tensor holding its bits."""
+    """Philox key words (k0, k1) of each row id: the seed's words below 2**32, the derived key
+    of docs/ops/rng.md.
+
+    Args:
+        seed: an int, or an int64 0-d tensor holding its bits.
+        rows: int64 tensor of row ids (holding uint64 bits).
+
+    Returns:
+        (k0, k1), ints or int64 tensors shaped like rows.
+    """
     seed_lo, seed_hi = seed & _MASK32, (seed >> 32) & _MASK32
     row_hi = (rows >> 32) & _MASK32
     # One extra evaluation per row (not per column). Skipped where no row needs it,
@@ -69,7 +87,16 @@ def row_key(seed, rows: torch.Tensor) -> tuple:
 
 def philox_words(seed, offset, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
     """First Philox output word (uint32 in int64) for row ids rows [N] x columns cols [M].
-    seed, offset: ints, or int64 0-d tensors on the rows' device holding their bits."""
+
+    Args:
+        seed: an int, or an int64 0-d tensor on the rows' device holding its bits.
+        offset: like seed.
+        rows: Long[N] row ids.
+        cols: Long[M] columns.
+
+    Returns:
+        Int64[N, M] the words.
+    """
     rows = rows[:, None]
     k0, k1 = row_key(seed, rows)
     c0 = (cols & _MASK32)[None, :]
@@ -82,7 +109,16 @@ def philox_words(seed, offset, rows: torch.Tensor, cols: torch.Tensor) -> torch.
 
 
 def check_seed(seed, offset) -> None:
-    """seed and offset: ints in [0, 2**64), or int64 tensors of one element (their bits)."""
+    """Validate a seed and an offset: ints in [0, 2**64), or int64 tensors of one element
+    (their bits).
+
+    Args:
+        seed: the seed given.
+        offset: the offset given.
+
+    Raises:
+        ValueError: either is out of range, of another type, or a tensor of another dtype or size.
+    """
     for name, value in (("seed", seed), ("offset", offset)):
         if isinstance(value, torch.Tensor):
             if value.dtype != torch.int64 or value.numel() != 1:
@@ -127,7 +163,14 @@ def philox_uniform(
 
 
 def seed_from_generator(generator: Optional[torch.Generator]) -> tuple[int, int]:
-    """Draw a (seed, offset) pair from a torch.Generator (or the global one)."""
+    """Draw a (seed, offset) pair from a torch.Generator (or the global one).
+
+    Args:
+        generator: the generator, or None for torch's global one.
+
+    Returns:
+        (seed, offset), ints in [0, 2**62).
+    """
     # one call and one tolist: indexing the tensor twice costs an unseeded op call more host time
     seed, offset = torch.randint(0, 2**62, (2,), generator=generator, dtype=torch.int64).tolist()
     return seed, offset
@@ -135,7 +178,14 @@ def seed_from_generator(generator: Optional[torch.Generator]) -> tuple[int, int]
 
 def gumbel(u: torch.Tensor) -> torch.Tensor:
     """-log(-log u). float32 rounds the top Philox uniform to 1.0, which would give
-    +inf: every path clamps u to the largest float32 below 1 first."""
+    +inf: every path clamps u to the largest float32 below 1 first.
+
+    Args:
+        u: uniforms in (0, 1].
+
+    Returns:
+        The Gumbel variables, shaped like u.
+    """
     return -torch.log(-torch.log(u.clamp(max=BELOW_ONE)))
 
 
@@ -144,11 +194,27 @@ def gumbel(u: torch.Tensor) -> torch.Tensor:
 
 def resolve_stream(noise: Optional[torch.Tensor], noise_shape: tuple, like: torch.Tensor, seed, offset,
                    generator: Optional[torch.Generator], row_ids: Optional[torch.Tensor]) -> tuple:
-    """Validate the randomness arguments of a sampling op; return its counters
-    (seed, offset, seed_tensor, offset_tensor) as resolve_seed does.
+    """Validate the randomness arguments of a sampling op.
 
     With `noise` (float32 uniforms in (0, 1] of shape noise_shape) seed, offset,
     generator and row_ids must be left unset. Without it, see resolve_seed.
+
+    Args:
+        noise: the op's explicit uniforms, or None.
+        noise_shape: the shape noise must have; its first dimension is the rows.
+        like: the op's input, whose device noise, row_ids and tensor counters must share.
+        seed: the op's `seed`.
+        offset: the op's `offset`.
+        generator: the op's `generator`.
+        row_ids: the op's `row_ids`, or None.
+
+    Returns:
+        The counters (seed, offset, seed_tensor, offset_tensor) as resolve_seed returns
+        them; (0, 0, None, None) with noise.
+
+    Raises:
+        TypeError: an argument of the wrong type.
+        ValueError: noise beside a stream argument, or a shape, device or value out of range.
     """
     if noise is not None:
         check_noise_alone(seed, offset, generator, row_ids)
@@ -160,7 +226,19 @@ def resolve_stream(noise: Optional[torch.Tensor], noise_shape: tuple, like: torc
 
 
 def flat_row_ids(row_ids: Optional[torch.Tensor], lead: tuple) -> Optional[torch.Tensor]:
-    """row_ids (int64, one id per row of the leading shape `lead`) checked and flattened."""
+    """row_ids (int64, one id per row of the leading shape `lead`) checked and flattened.
+
+    Args:
+        row_ids: the op's `row_ids`, or None.
+        lead: the leading shape of the op's input.
+
+    Returns:
+        Long[prod(lead)], or None when row_ids is None.
+
+    Raises:
+        TypeError: row_ids is not an int64 tensor.
+        ValueError: row_ids does not have the shape `lead`.
+    """
     if row_ids is None:
         return None
     check_tensor("row_ids", row_ids, (torch.int64,))
@@ -172,8 +250,16 @@ def flat_row_ids(row_ids: Optional[torch.Tensor], lead: tuple) -> Optional[torch
 def check_noise_values(noise: Optional[torch.Tensor], name: str = "noise") -> None:
     """Explicit noise must hold float32 uniforms in (0, 1]: 0 would give a Gumbel variable of
     -inf, NaN no order at all, and uniforms of another dtype are other draws than the ops
-    make (bfloat16 ones changed 16% of the tokens). The references check the values on CPU,
-    as the C++ kernels do."""
+    make. The references check the values on CPU, as the C++ kernels do.
+
+    Args:
+        noise: the explicit uniforms, or None.
+        name: the argument's name, for the message.
+
+    Raises:
+        TypeError: noise is not float32.
+        ValueError: a CPU value outside (0, 1].
+    """
     if noise is not None and noise.dtype != torch.float32:
         raise TypeError(f"{name} must have dtype torch.float32, got {noise.dtype}")
     if noise is None or not noise.is_cpu or noise.numel() == 0:
@@ -186,20 +272,50 @@ def check_noise_values(noise: Optional[torch.Tensor], name: str = "noise") -> No
 
 
 def check_noise_alone(seed, offset, generator, row_ids) -> None:
-    """Explicit noise replaces the stream: no seed, offset, generator or row_ids with it."""
+    """Explicit noise replaces the stream: no seed, offset, generator or row_ids with it.
+
+    Args:
+        seed: the op's `seed`.
+        offset: the op's `offset`.
+        generator: the op's `generator`.
+        row_ids: the op's `row_ids`.
+
+    Raises:
+        ValueError: any of them is set.
+    """
     if seed is not None or generator is not None or row_ids is not None or not is_zero(offset):
         raise ValueError("pass either noise or seed/offset/generator/row_ids, not both")
 
 
 def is_zero(offset) -> bool:
-    """Whether `offset` is the default 0 (a tensor never is: its value is on the device)."""
+    """Whether `offset` is the default 0 (a tensor never is: its value is on the device).
+
+    Args:
+        offset: an offset as given to an op.
+
+    Returns:
+        True for a non-tensor equal to 0.
+    """
     return not isinstance(offset, torch.Tensor) and offset == 0
 
 
 def check_counter(name: str, value, like: torch.Tensor) -> tuple:
     """A seed or offset: an int in [0, 2**64), or an int64 tensor of one element on like's
     device whose value (read by the kernels, never on the host) holds the uint64 bits.
-    Returns (int64 bit pattern, None) or (0, the tensor as 0-d)."""
+
+    Args:
+        name: the argument's name, for the message.
+        value: the value given.
+        like: the op's input, whose device a tensor must share.
+
+    Returns:
+        (int64 bit pattern, None) or (0, the tensor as 0-d); a SymInt traced by torch.compile
+        is passed through as (value, None).
+
+    Raises:
+        TypeError: a tensor of another dtype or size.
+        ValueError: an int out of range, another type, or a tensor on another device.
+    """
     if isinstance(value, torch.Tensor):
         if value.dtype != torch.int64 or value.numel() != 1:
             raise TypeError(f"{name} must be an int or an int64 tensor of one element, got {value.dtype} of shape "
@@ -215,12 +331,26 @@ def check_counter(name: str, value, like: torch.Tensor) -> tuple:
 
 def resolve_seed(seed, offset, generator: Optional[torch.Generator], row_ids: Optional[torch.Tensor], rows: int,
                  like: torch.Tensor) -> tuple:
-    """Validate a counter-based stream; return its counters (seed, offset, seed_tensor,
-    offset_tensor): each of seed and offset either an int64 bit pattern with tensor None,
-    or 0 with an int64 0-d tensor on like's device that the kernels read.
+    """Validate a counter-based stream and return its counters. A missing seed is drawn
+    together with the offset from `generator` (or torch's default generator).
 
-    row_ids: Long[rows] on like's device, or None. A missing seed is drawn together
-    with the offset from `generator` (or torch's default generator).
+    Args:
+        seed: an int, an int64 tensor of one element, or None.
+        offset: likewise; must be 0 when seed is None.
+        generator: the torch.Generator to draw a missing seed from, or None.
+        row_ids: Long[rows] on like's device, or None.
+        rows: rows of the op's input.
+        like: the op's input.
+
+    Returns:
+        (seed, offset, seed_tensor, offset_tensor): each of seed and offset either an int64
+        bit pattern with tensor None, or 0 with an int64 0-d tensor on like's device that
+        the kernels read.
+
+    Raises:
+        TypeError: an argument of the wrong type.
+        ValueError: an offset without a seed, a seed beside a generator, or a shape, device
+            or value out of range.
     """
     if row_ids is not None:
         check_tensor("row_ids", row_ids, (torch.int64,), 1)
@@ -244,7 +374,18 @@ def traced_seed(generator: Optional[torch.Generator], like: torch.Tensor) -> tup
     """The counters of a call without seed under torch.compile: a (seed, offset) pair
     drawn from torch's global generator as tensors on like's device (an int would need
     the value on the host; the kernels read the tensors). torch.compile cannot trace a
-    torch.Generator argument."""
+    torch.Generator argument.
+
+    Args:
+        generator: must be None.
+        like: the op's input.
+
+    Returns:
+        (0, 0, seed_tensor, offset_tensor).
+
+    Raises:
+        TypeError: a generator is given.
+    """
     if generator is not None:
         raise TypeError("generator= cannot be traced by torch.compile: pass seed= (an int, or an int64 tensor "
                         "advanced between calls) inside compiled code")
@@ -253,7 +394,14 @@ def traced_seed(generator: Optional[torch.Generator], like: torch.Tensor) -> tup
 
 
 def as_int64(value: int) -> int:
-    """The uint64 `value` as the int64 with the same bits (torch op schemas carry int64)."""
+    """The uint64 `value` as the int64 with the same bits (torch op schemas carry int64).
+
+    Args:
+        value: an int in [0, 2**64).
+
+    Returns:
+        The int in [-2**63, 2**63).
+    """
     return value - 2**64 if value >= 2**63 else value
 
 
@@ -261,7 +409,14 @@ def split32(value: int) -> tuple[int, int]:
     """(low, high) 32-bit words of the uint64 whose bits the int64 `value` holds, each as
     the int32 of its bits: every seed and offset then reaches a Triton kernel as two int32
     arguments (a word at or above 2**31 as a Python int would make it an int64 argument, and
-    another compiled variant); the kernels read the words as uint32."""
+    another compiled variant); the kernels read the words as uint32.
+
+    Args:
+        value: an int64 bit pattern.
+
+    Returns:
+        (low, high), ints in [-2**31, 2**31).
+    """
     # (w ^ 2**31) - 2**31: the uint32 w as the int32 of its bits, without a generator (a
     # per-call cost: every seeded launch splits two counters)
     return ((value & 0xFFFFFFFF) ^ 0x80000000) - 0x80000000, (((value >> 32) & 0xFFFFFFFF) ^ 0x80000000) - 0x80000000
@@ -269,14 +424,32 @@ def split32(value: int) -> tuple[int, int]:
 
 def counter_value(value: int, tensor: Optional[torch.Tensor]):
     """The uint64 value of a counter from resolve_seed: the int, or the tensor itself (int64
-    bits; the torch Philox reads it on its device)."""
+    bits; the torch Philox reads it on its device).
+
+    Args:
+        value: the counter's int64 bit pattern.
+        tensor: the counter's tensor, or None.
+
+    Returns:
+        The tensor when given, else value as a uint64 int.
+    """
     return tensor if tensor is not None else value & (2**64 - 1)
 
 
 def stream_noise(counters: tuple, row_ids: Optional[torch.Tensor], rows: int, width: int,
                  device: torch.device) -> torch.Tensor:
-    """The uniforms a seeded call reads, as explicit noise Float[rows, width]
-    (counters as returned by resolve_stream)."""
+    """The uniforms a seeded call reads, as explicit noise.
+
+    Args:
+        counters: (seed, offset, seed_tensor, offset_tensor) as resolve_stream returns them.
+        row_ids: Long[rows] stream ids, or None for 0..rows-1.
+        rows: rows of the call.
+        width: uniforms a row.
+        device: the device of the result when row_ids is None.
+
+    Returns:
+        Float32[rows, width].
+    """
     seed, offset, seed_t, offset_t = counters
     ids = row_ids if row_ids is not None else torch.arange(rows, device=device)
     return philox_uniform(counter_value(seed, seed_t), counter_value(offset, offset_t), ids, width)

@@ -31,6 +31,17 @@ def rotary_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> t
 
 
 def check_rotary(x, cos, sin) -> None:
+    """Validate the arguments of rotary.
+
+    Args:
+        x: the op's `x`.
+        cos: the op's `cos`.
+        sin: the op's `sin`.
+
+    Raises:
+        TypeError: a tensor of the wrong dtype.
+        ValueError: a shape or device mismatch, or an odd head dimension.
+    """
     check_tensor("x", x, _dispatch.FLOAT_DTYPES, 4)
     head_dim, length = x.shape[-1], x.shape[-2]
     if head_dim % 2:
@@ -44,16 +55,35 @@ def check_rotary(x, cos, sin) -> None:
 
 
 def rotary_launch(batch: int, heads: int, length: int, half: int) -> tuple[tuple, int, int]:
-    """(grid, BLOCK_L, BLOCK_HALF): every channel pair of a position in one program, as
+    """The launch of the rotary kernel: every channel pair of a position in one program, as
     many positions as make about BLOCK_ELEMENTS pairs, a program per (sequence, head) and
-    block of positions, all on the first grid axis (up to 2**31 - 1 programs)."""
+    block of positions, all on the first grid axis (up to 2**31 - 1 programs).
+
+    Args:
+        batch: B, sequences.
+        heads: H, heads a sequence.
+        length: L, positions a head.
+        half: d/2, channel pairs a position.
+
+    Returns:
+        (grid, BLOCK_L, BLOCK_HALF).
+    """
     block_half = 1 << max(half - 1, 0).bit_length()
     block_l = max(1, min(BLOCK_ELEMENTS // block_half, 1 << max(length - 1, 0).bit_length()))
     return (batch * heads * -(-length // block_l),), block_l, block_half
 
 
 def rotary_triton(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Launch the Triton kernel (CUDA tensors; CPU tensors under TRITON_INTERPRET=1)."""
+    """Launch the Triton kernel (CUDA tensors; CPU tensors under TRITON_INTERPRET=1).
+
+    Args:
+        x: float [B, H, L, d], validated.
+        cos: float32 [L' >= L, d/2].
+        sin: float32 [L' >= L, d/2].
+
+    Returns:
+        A new contiguous tensor of x's shape and dtype.
+    """
     rotary_kernel = _dispatch.kernels("rotary").rotary_kernel
     if x.stride(-1) != 1:
         x = x.contiguous()
@@ -81,7 +111,16 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     """rotary without its argument checks, for callers whose shapes are right by
     construction (the networks' RotaryEmbedding): the kernel where rotary would run it,
     the reference where a gradient is needed and inside torch.compile (which fuses the
-    torch code itself, where the custom op would be opaque to it)."""
+    torch code itself, where the custom op would be opaque to it).
+
+    Args:
+        x: float [B, H, L, d].
+        cos: float32 [L' >= L, d/2].
+        sin: float32 [L' >= L, d/2].
+
+    Returns:
+        What rotary returns for the same arguments.
+    """
     if torch.compiler.is_compiling() or _dispatch.needs_grad(x, cos, sin):
         return rotary_reference(x, cos, sin)
     return _rotary_impl(x, cos, sin)

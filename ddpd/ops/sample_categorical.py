@@ -56,6 +56,14 @@ TOP_P_CANDIDATES = 8192
 
 
 def n_tiles(vocab_size: int) -> int:
+    """The number of TILE-token tiles a row of vocab_size tokens spans.
+
+    Args:
+        vocab_size: V.
+
+    Returns:
+        ceil(V / TILE).
+    """
     return -(-vocab_size // TILE)
 
 
@@ -100,12 +108,24 @@ class Controls:
                 or self.top_k > 0 or self.top_p < 1.0 or self.log_min_p > -math.inf)
 
     def args(self) -> tuple:
-        """The controls in the order of the ops' schemas."""
+        """The controls in the order of the ops' schemas.
+
+        Returns:
+            (temperature, temperature_t, top_k, top_k_t, top_p, top_p_t, log_min_p, log_min_p_t).
+        """
         return (self.temperature, self.temperature_t, self.top_k, self.top_k_t, self.top_p, self.top_p_t,
                 self.log_min_p, self.log_min_p_t)
 
     def per_row(self, rows: int, device: torch.device) -> tuple:
-        """(temperature, top_k, top_p, log_min_p), each a tensor [rows]."""
+        """Every control as a tensor, one value a row.
+
+        Args:
+            rows: N, the rows of the call.
+            device: the device of the tensors made from scalars.
+
+        Returns:
+            (temperature Float32[N], top_k Long[N], top_p Float32[N], log_min_p Float32[N]).
+        """
         def full(scalar, tensor, dtype):
             return tensor if tensor is not None else torch.full((rows,), scalar, dtype=dtype, device=device)
 
@@ -114,18 +134,46 @@ class Controls:
 
 
 def float32(value: float) -> float:
-    """value rounded to float32 (every path then compares the same number)."""
+    """value rounded to float32 (every path then compares the same number).
+
+    Args:
+        value: a float.
+
+    Returns:
+        The float32 value, as a Python float.
+    """
     return struct.unpack("f", struct.pack("f", value))[0]
 
 
 def symbolic(value) -> bool:
-    """A number traced by torch.compile: passed through, its value is not known here."""
+    """A number traced by torch.compile: passed through, its value is not known here.
+
+    Args:
+        value: a control as given.
+
+    Returns:
+        True for a SymInt or SymFloat.
+    """
     return isinstance(value, (torch.SymInt, torch.SymFloat))
 
 
 def per_row_tensor(name: str, value: torch.Tensor, lead: tuple, like: torch.Tensor, dtypes) -> torch.Tensor:
-    """A per-row control given as a tensor: of the leading shape, or 0-d (every row);
-    returned flat [N] (contiguous: the kernels read element r for row r)."""
+    """A per-row control given as a tensor: of the leading shape, or 0-d (every row).
+
+    Args:
+        name: the argument's name, for the message.
+        value: the tensor given.
+        lead: the leading shape of the input (its rows).
+        like: the input, whose device value must share.
+        dtypes: the allowed dtypes.
+
+    Returns:
+        The values flat [N], contiguous (the kernels read element r for row r).
+
+    Raises:
+        TypeError: a tensor of another dtype.
+        ValueError: another shape or device.
+    """
     check_tensor(name, value, dtypes)
     if value.dim() != 0 and tuple(value.shape) != tuple(lead):
         raise ValueError(f"{name} must be a number, a 0-d tensor or a tensor of the leading shape {tuple(lead)} "
@@ -137,7 +185,17 @@ def per_row_tensor(name: str, value: torch.Tensor, lead: tuple, like: torch.Tens
 
 def check_values(name: str, value: torch.Tensor, ok: torch.Tensor, expected: str) -> None:
     """Range check of a per-row control: on CPU tensors in eager calls only (elsewhere it
-    would wait for the device or guard on data)."""
+    would wait for the device or guard on data).
+
+    Args:
+        name: the argument's name, for the message.
+        value: the control's values [N].
+        ok: Bool[N], which values are in range.
+        expected: the range, for the message.
+
+    Raises:
+        ValueError: a CPU value out of range in an eager call.
+    """
     if value.is_cpu and value.numel() and _dispatch.eager(value) and not bool(ok.all()):
         bad = value[~ok][0].item()
         raise ValueError(f"{name} values must be {expected}, got {bad}")
@@ -150,12 +208,35 @@ INTS = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 @functools.lru_cache(maxsize=64)
 def usual_controls(temperature: float) -> Controls:
     """The controls of a call with only a temperature, made once a value: a cache lookup
-    costs a call less host time than building the frozen dataclass."""
+    costs a call less host time than building the frozen dataclass.
+
+    Args:
+        temperature: a float in (0, MAX_TEMPERATURE].
+
+    Returns:
+        Controls(temperature=temperature).
+    """
     return Controls(temperature=temperature)
 
 
 def check_controls(temperature, top_k, top_p, min_p, lead: tuple, like: torch.Tensor) -> Controls:
-    """Validate the sampling controls (numbers, or tensors of the leading shape)."""
+    """Validate the sampling controls (numbers, or tensors of the leading shape).
+
+    Args:
+        temperature: the op's `temperature`.
+        top_k: the op's `top_k`, or None.
+        top_p: the op's `top_p`, or None.
+        min_p: the op's `min_p`, or None.
+        lead: the leading shape of the input (its rows).
+        like: the input, whose device tensor controls must share.
+
+    Returns:
+        The Controls the kernels read.
+
+    Raises:
+        TypeError: a control of the wrong type.
+        ValueError: a control out of range, or a tensor of another shape or device.
+    """
     if type(temperature) is float and 0.0 < temperature <= MAX_TEMPERATURE and top_k is None and top_p is None \
             and min_p is None:
         # the usual call, checked in one line (host cost); traced, without the cache (Dynamo
@@ -205,9 +286,21 @@ def check_controls(temperature, top_k, top_p, min_p, lead: tuple, like: torch.Te
 
 
 def check_token_ids(exclude_ids, like: torch.Tensor, vocab_size: int) -> Optional[torch.Tensor]:
-    """exclude_ids as an int64 tensor on like's device, or None when empty: a sequence of
-    ints (numpy integers too) is range-checked here and cached on the device; a tensor is
-    checked by the kernels (CPU)."""
+    """exclude_ids as an int64 tensor on like's device: a sequence of ints (numpy integers too)
+    is range-checked here and cached on the device; a tensor is checked by the kernels (CPU).
+
+    Args:
+        exclude_ids: the op's `exclude_ids`: None, a sequence of ints or an integer tensor [m].
+        like: the input, whose device the ids go to.
+        vocab_size: V.
+
+    Returns:
+        Long[m] on like's device, or None when there are none.
+
+    Raises:
+        TypeError: not a sequence of ints or an integer tensor.
+        ValueError: an int outside [0, V), or a tensor not 1-d or on another device.
+    """
     if exclude_ids is None:
         return None
     if isinstance(exclude_ids, torch.Tensor):
@@ -229,7 +322,23 @@ def check_token_ids(exclude_ids, like: torch.Tensor, vocab_size: int) -> Optiona
 
 
 def check_masks(exclude_ids, exclude_per_row, allowed, lead: tuple, like: torch.Tensor, vocab_size: int) -> tuple:
-    """(exclude_ids [m] | None, exclude_per_row [N] | None, allowed [N, V] | None)."""
+    """Validate the token masks of a call.
+
+    Args:
+        exclude_ids: the op's `exclude_ids`.
+        exclude_per_row: the op's `exclude_per_row`: Long of the leading shape, or None.
+        allowed: the op's `allowed`: Bool of the leading shape + [V], or None.
+        lead: the leading shape of the input (its rows).
+        like: the input, whose device the masks must share.
+        vocab_size: V.
+
+    Returns:
+        (exclude_ids Long[m] | None, exclude_per_row Long[N] | None, allowed Bool[N, V] | None).
+
+    Raises:
+        TypeError: a mask of the wrong type or dtype.
+        ValueError: a mask of another shape or device, or an id out of range.
+    """
     ids = check_token_ids(exclude_ids, like, vocab_size)
     rows = math.prod(lead)
     if exclude_per_row is not None:
@@ -250,6 +359,19 @@ def check_masks(exclude_ids, exclude_per_row, allowed, lead: tuple, like: torch.
 
 
 def check_confidence(return_logprob, confidence) -> tuple[bool, int]:
+    """Validate return_logprob and confidence.
+
+    Args:
+        return_logprob: the op's `return_logprob`.
+        confidence: the op's `confidence`: None, "prob", "margin" or "entropy".
+
+    Returns:
+        (return_logprob, the confidence's code: 0 for None, else 1, 2, 3 in CONFIDENCES order).
+
+    Raises:
+        TypeError: return_logprob is not a bool.
+        ValueError: an unknown confidence.
+    """
     if not isinstance(return_logprob, bool):
         raise TypeError(f"return_logprob must be a bool, got {type(return_logprob).__name__}")
     if confidence is None:
@@ -260,7 +382,16 @@ def check_confidence(return_logprob, confidence) -> tuple[bool, int]:
 
 
 def check_id_values(name: str, ids: Optional[torch.Tensor], vocab_size: int) -> None:
-    """The range check the C++ kernels make, for the references (CPU tensors only)."""
+    """The range check the C++ kernels make, for the references (CPU tensors only).
+
+    Args:
+        name: the argument's name, for the message.
+        ids: Long token ids, or None.
+        vocab_size: V.
+
+    Raises:
+        ValueError: a CPU id outside [0, V).
+    """
     if ids is None or not ids.is_cpu or ids.numel() == 0:
         return
     bad = (ids < 0) | (ids >= vocab_size)
@@ -285,7 +416,11 @@ class Call:
     confidence: int
 
     def args(self) -> tuple:
-        """Everything after the logits in the schema of ddpd::sample_categorical."""
+        """Everything after the logits in the schema of ddpd::sample_categorical.
+
+        Returns:
+            A tuple of the schema's arguments, in order.
+        """
         seed, offset, seed_t, offset_t = self.counters
         c = self.controls
         return (c.temperature, c.temperature_t, self.exclude_ids, self.exclude_per_row, self.allowed, c.top_k,
@@ -293,12 +428,28 @@ class Call:
                 seed_t, offset_t, self.logprob, self.confidence)
 
     def tensors(self) -> tuple:
+        """The call's optional tensors, for the checks that look at every tensor of a call
+        (_dispatch.eager).
+
+        Returns:
+            A tuple of tensors or None.
+        """
         c = self.controls
         return (self.exclude_ids, self.exclude_per_row, self.allowed, self.noise, self.row_ids, self.counters[2],
                 self.counters[3], c.temperature_t, c.top_k_t, c.top_p_t, c.log_min_p_t)
 
     def finish(self, tokens, valid, logprob, confidence) -> Draw:
-        """The Draw in the leading shape, None in the outputs not asked for."""
+        """The Draw in the leading shape, None in the outputs not asked for.
+
+        Args:
+            tokens: Long[N] the tokens.
+            valid: Bool[N] which rows could draw.
+            logprob: Float32[N] or an unused output.
+            confidence: Float32[N] or an unused output.
+
+        Returns:
+            Draw(tokens, valid, logprob, confidence), each of the leading shape.
+        """
         logprob = logprob if self.logprob else None
         confidence = confidence if self.confidence else None
         if len(self.lead) == 1:  # rows as given: nothing to reshape
@@ -306,15 +457,38 @@ class Call:
         return Draw(*(None if t is None else t.reshape(self.lead) for t in (tokens, valid, logprob, confidence)))
 
     def rows(self, inputs: torch.Tensor) -> torch.Tensor:
-        """inputs [..., X] as [N, X], without gradient (a draw has none)."""
+        """inputs [..., X] as [N, X], without gradient (a draw has none).
+
+        Args:
+            inputs: the op's logits or hidden states.
+
+        Returns:
+            The [N, X] view or copy.
+        """
         x = inputs.detach() if inputs.requires_grad else inputs
         return x if x.dim() == 2 else x.reshape(math.prod(self.lead), x.shape[-1])  # not -1: H may be 0
 
 
 def flat_controls(controls: Optional[DrawControls], temperature, exclude_ids, exclude_per_row, allowed, top_k, top_p,
                   min_p) -> tuple:
-    """(temperature, exclude_ids, exclude_per_row, allowed, top_k, top_p, min_p) of a call that
-    gives them as `controls` or as flat keywords (not both: TypeError)."""
+    """The controls of a call that gives them as `controls` or as flat keywords (not both).
+
+    Args:
+        controls: a DrawControls, or None.
+        temperature: the flat `temperature`.
+        exclude_ids: the flat `exclude_ids`.
+        exclude_per_row: the flat `exclude_per_row`.
+        allowed: the flat `allowed`.
+        top_k: the flat `top_k`.
+        top_p: the flat `top_p`.
+        min_p: the flat `min_p`.
+
+    Returns:
+        (temperature, exclude_ids, exclude_per_row, allowed, top_k, top_p, min_p).
+
+    Raises:
+        TypeError: controls is not a DrawControls, or is given beside a flat control.
+    """
     if controls is None:
         return temperature, exclude_ids, exclude_per_row, allowed, top_k, top_p, min_p
     temperature, top_k, top_p, min_p, exclude_ids, exclude_per_row, allowed = unpack(
@@ -327,7 +501,36 @@ def prepare(op: str, input_name: str, inputs: torch.Tensor, vocab_size: int, tem
             exclude_per_row, allowed, top_k, top_p, min_p, return_logprob, confidence, seed, offset, generator,
             row_ids, noise, controls=None) -> Call:
     """Validate the arguments shared by sample_categorical and sample_from_hidden;
-    inputs [..., X] gives the leading shape (its rows)."""
+    inputs [..., X] gives the leading shape (its rows).
+
+    Args:
+        op: the op's name, for the messages.
+        input_name: what V is read from, for the messages.
+        inputs: the op's logits or hidden states.
+        vocab_size: V.
+        temperature: the op's `temperature`.
+        exclude_ids: the op's `exclude_ids`.
+        exclude_per_row: the op's `exclude_per_row`.
+        allowed: the op's `allowed`.
+        top_k: the op's `top_k`.
+        top_p: the op's `top_p`.
+        min_p: the op's `min_p`.
+        return_logprob: the op's `return_logprob`.
+        confidence: the op's `confidence`.
+        seed: the op's `seed`.
+        offset: the op's `offset`.
+        generator: the op's `generator`.
+        row_ids: the op's `row_ids`.
+        noise: the op's `noise`.
+        controls: the op's `controls`, or None.
+
+    Returns:
+        The validated Call.
+
+    Raises:
+        TypeError: an argument of the wrong type.
+        ValueError: a shape, device or value out of range, or a transform wrapping an input.
+    """
     temperature, exclude_ids, exclude_per_row, allowed, top_k, top_p, min_p = flat_controls(
         controls, temperature, exclude_ids, exclude_per_row, allowed, top_k, top_p, min_p)
     _dispatch.refuse_transforms(op, inputs, noise, row_ids, allowed, exclude_per_row, temperature, top_k, top_p,
@@ -362,7 +565,17 @@ def float64_rows(x: torch.Tensor, exclude_ids: Optional[torch.Tensor], exclude_p
     into +-inf. The law, log-probability and confidences depend on l - M only. A row whose
     M is +inf gets 0 at its +inf entries and -inf elsewhere (its law: uniform over them);
     one with nothing drawable is only cast. Out-of-range ids exclude nothing here (the
-    kernels check or ignore them)."""
+    kernels check or ignore them).
+
+    Args:
+        x: Float64[N, V] logits.
+        exclude_ids: Long[m] excluded tokens, or None.
+        exclude_per_row: Long[N] a token excluded per row, or None.
+        allowed: Bool[N, V] the drawable tokens, or None.
+
+    Returns:
+        Float32[N, V].
+    """
     drawable = ~torch.isnan(x)
     columns = torch.arange(x.shape[1], device=x.device)
     if exclude_ids is not None:
@@ -380,7 +593,17 @@ def float64_rows(x: torch.Tensor, exclude_ids: Optional[torch.Tensor], exclude_p
 def masked_logits(logits: torch.Tensor, exclude_ids: Optional[torch.Tensor], exclude_per_row: Optional[torch.Tensor],
                   allowed: Optional[torch.Tensor] = None) -> torch.Tensor:
     """float32 logits [N, V] with NaN, excluded and not allowed tokens set to -inf (no
-    temperature yet); float64 logits relative to their maximum first (float64_rows)."""
+    temperature yet); float64 logits relative to their maximum first (float64_rows).
+
+    Args:
+        logits: float [N, V].
+        exclude_ids: Long[m] excluded tokens, or None.
+        exclude_per_row: Long[N] a token excluded per row, or None.
+        allowed: Bool[N, V] the drawable tokens, or None.
+
+    Returns:
+        Float32[N, V].
+    """
     x = float64_rows(logits, exclude_ids, exclude_per_row, allowed) if logits.dtype == torch.float64 else logits.float()
     x = x.masked_fill(torch.isnan(x), float("-inf"))
     if exclude_ids is not None:
@@ -399,7 +622,16 @@ def shifted(a: torch.Tensor, b: torch.Tensor, temperature) -> torch.Tensor:
     a - b itself overflows to -inf only for a spread beyond float32's range, whose
     weight exp((a - b) / T) is 0 in float32 anyway for T <= MAX_TEMPERATURE. A
     temperature below the float32 range (0 after rounding) leaves only the maxima
-    finite. temperature: a number or a float32 tensor broadcasting against a."""
+    finite.
+
+    Args:
+        a: Float32 values.
+        b: Float32 maxima, broadcasting against a.
+        temperature: a number or a float32 tensor broadcasting against a.
+
+    Returns:
+        Float32, of the broadcast shape.
+    """
     t = temperature if isinstance(temperature, torch.Tensor) else \
         torch.tensor(temperature, dtype=torch.float32, device=a.device)  # a tensor divisor: CUDA would
     # otherwise multiply by a scalar's reciprocal, which rounds differently from the kernels' division
@@ -409,9 +641,19 @@ def shifted(a: torch.Tensor, b: torch.Tensor, temperature) -> torch.Tensor:
 
 def truncation_threshold(x: torch.Tensor, t: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
                          log_min_p: torch.Tensor) -> torch.Tensor:
-    """tau [N] of the truncation of docs/ops/sample_categorical.md (-inf where nothing is cut), from the
-    masked logits x [N, V], the effective temperatures t [N] and the per-row controls;
-    by sorting, for clarity (the kernels search without sorting)."""
+    """tau [N] of the truncation of docs/ops/sample_categorical.md (-inf where nothing is
+    cut); by sorting, for clarity (the kernels search without sorting).
+
+    Args:
+        x: Float32[N, V] masked logits.
+        t: Float32[N] the effective temperatures (1 for greedy rows).
+        top_k: Long[N] (0: off).
+        top_p: Float32[N] (1: off).
+        log_min_p: Float32[N] (-inf: off).
+
+    Returns:
+        Float32[N] the thresholds.
+    """
     rows, vocab = x.shape
     allowed = x > float("-inf")
     n_allowed = allowed.sum(1)
@@ -443,9 +685,19 @@ def truncation_threshold(x: torch.Tensor, t: torch.Tensor, top_k: torch.Tensor, 
 
 def draw(x: torch.Tensor, controls: Controls, noise: torch.Tensor, logprob: bool = False,
          confidence: int = 0) -> tuple:
-    """The law of docs/ops/sample_categorical.md on masked float32 logits x [N, V]: (tokens, valid,
-    logprob | None, confidence | None). noise [N, noise_width(V)] (or [N, V] when V <=
-    TILE: a single tile needs no tile uniform; unused by greedy rows)."""
+    """The law of docs/ops/sample_categorical.md on masked float32 logits.
+
+    Args:
+        x: Float32[N, V] masked logits.
+        controls: the call's Controls.
+        noise: Float32[N, noise_width(V)] (or [N, V] when V <= TILE: a single tile needs no
+            tile uniform; unused by greedy rows).
+        logprob: also compute the drawn token's log-probability.
+        confidence: the confidence's code (0: none; 1, 2, 3 in CONFIDENCES order).
+
+    Returns:
+        (tokens Long[N], valid Bool[N], logprob Float32[N] | None, confidence Float32[N] | None).
+    """
     rows, vocab = x.shape
     given, top_k, top_p, log_min_p = controls.per_row(rows, x.device)
     greedy = given < 0
@@ -481,8 +733,21 @@ def draw(x: torch.Tensor, controls: Controls, noise: torch.Tensor, logprob: bool
 
 
 def statistics(x, t, row_max, token, valid, logprob: bool, confidence: int) -> tuple:
-    """(logprob | None, confidence | None) of the drawn tokens under the truncated,
-    tempered law, in float64 then float32 (docs/ops/sample_categorical.md, step 3)."""
+    """The log-probability and confidence of the drawn tokens under the truncated,
+    tempered law, in float64 then float32 (docs/ops/sample_categorical.md, step 3).
+
+    Args:
+        x: Float32[N, V] masked, truncated logits.
+        t: Float32[N] the effective temperatures.
+        row_max: Float32[N, 1] each row's maximum of x.
+        token: Long[N] the drawn tokens.
+        valid: Bool[N] which rows could draw.
+        logprob: compute the log-probability.
+        confidence: the confidence's code (0: none; 1, 2, 3 in CONFIDENCES order).
+
+    Returns:
+        (logprob Float32[N] | None, confidence Float32[N] | None); -inf in invalid rows.
+    """
     y = shifted(x, row_max, t[:, None]).double()  # relative to M, -inf outside K
     log_z = torch.logsumexp(y, dim=1)
     lp = y.gather(1, token[:, None]).squeeze(1) - log_z
@@ -624,8 +889,20 @@ def categorical_launch(rows: int, vocab: int, multiprocessors: int, programs_per
                        finish_warps: int = FINISH_WARPS) -> CategoricalLaunch:
     """Split each row's tiles over enough programs for programs_per_sm per multiprocessor
     (a single row of GPT-2's vocabulary: one tile per program), whole rows when the rows
-    alone fill the device; each program (warps warps) reads up to tiles_per_load tiles at a time.
-    finish_warps: the warps of a finish program."""
+    alone fill the device.
+
+    Args:
+        rows: N.
+        vocab: V.
+        multiprocessors: the device's multiprocessors.
+        programs_per_sm: tile-statistics programs to aim at per multiprocessor.
+        tiles_per_load: the most tiles a program reads at a time.
+        warps: the warps of a tile-statistics program.
+        finish_warps: the warps of a finish program.
+
+    Returns:
+        The CategoricalLaunch.
+    """
     tiles = n_tiles(vocab)
     if tiles == 1:
         return CategoricalLaunch(1, 1, 1, None, (rows,), finish_warps=finish_warps)
@@ -638,9 +915,20 @@ def categorical_launch(rows: int, vocab: int, multiprocessors: int, programs_per
 
 def empty_outputs(rows: int, device: torch.device, logprob: bool, confidence: int, eager: bool = False) -> tuple:
     """(tokens, valid, logprob, confidence) for the kernels to write. An output not asked for
-    is empty; in an eager call (eager=True: Call.finish drops it, and no kernel writes it) it
-    is one empty tensor that such calls share, as an allocation costs a call host time. The
-    registered op returns outputs of its own: they may not alias."""
+    is empty; in an eager call (Call.finish drops it, and no kernel writes it) it is one
+    empty tensor that such calls share, as an allocation costs a call host time. The
+    registered op returns outputs of its own: they may not alias.
+
+    Args:
+        rows: N.
+        device: the device of the outputs.
+        logprob: whether the log-probability is asked for.
+        confidence: the confidence's code (0: none).
+        eager: a call that does not go through the registered op.
+
+    Returns:
+        (Long[N], Bool[N], Float32[N] or empty, Float32[N] or empty).
+    """
     def extra(asked: bool) -> torch.Tensor:
         if not asked and eager:
             return _dispatch.unused_output(device)
@@ -651,10 +939,17 @@ def empty_outputs(rows: int, device: torch.device, logprob: bool, confidence: in
 
 
 def threshold_launch(vocab: int) -> tuple[int, int, int]:
-    """(GROUP, n_groups, capacity) of the threshold kernel's top-k bound for rows of vocab
-    logits: groups of GROUP logits (a power of two from GROUP_MIN, up to a scan block), at most
-    MAX_GROUPS of them, and room for capacity candidates a row. n_groups = 0 (no bound, every
-    search pass reads the row) beyond MAX_GROUPS scan blocks."""
+    """The threshold kernel's top-k bound for rows of vocab logits: groups of GROUP logits (a
+    power of two from GROUP_MIN, up to a scan block), at most MAX_GROUPS of them, and room for
+    capacity candidates a row. n_groups = 0 (no bound, every search pass reads the row)
+    beyond MAX_GROUPS scan blocks.
+
+    Args:
+        vocab: V.
+
+    Returns:
+        (GROUP, n_groups, capacity).
+    """
     group = max(GROUP_MIN, 1 << (-(-vocab // MAX_GROUPS) - 1).bit_length())
     if group > THRESHOLD_SCAN_BLOCK:
         return THRESHOLD_SCAN_BLOCK, 0, 0
@@ -662,7 +957,19 @@ def threshold_launch(vocab: int) -> tuple[int, int, int]:
 
 
 def truncation_flags(top_k, top_k_t, top_p, top_p_t, log_min_p, log_min_p_t) -> tuple[bool, bool, bool]:
-    """Which thresholds a call computes (per-row tensors: all their rows)."""
+    """Which thresholds a call computes (per-row tensors: all their rows).
+
+    Args:
+        top_k: the scalar top_k (0: off).
+        top_k_t: the per-row top_k, or None.
+        top_p: the scalar top_p (1: off).
+        top_p_t: the per-row top_p, or None.
+        log_min_p: the scalar log min_p (-inf: off).
+        log_min_p_t: the per-row log min_p, or None.
+
+    Returns:
+        (top_k, top_p, min_p) flags.
+    """
     return (top_k_t is not None or top_k > 0, top_p_t is not None or top_p < 1.0,
             log_min_p_t is not None or log_min_p > -math.inf)
 
@@ -670,8 +977,34 @@ def truncation_flags(top_k, top_k_t, top_p, top_p_t, log_min_p, log_min_p_t) -> 
 def sample_categorical_triton(logits, temperature, temperature_t, exclude_ids, exclude_per_row, allowed, top_k,
                               top_k_t, top_p, top_p_t, log_min_p, log_min_p_t, noise, seed, offset, row_ids, seed_t,
                               offset_t, logprob, confidence, eager=False):
-    """Launch the Triton kernels (CUDA tensors; CPU tensors under TRITON_INTERPRET=1);
-    the arguments of ddpd::sample_categorical (eager: see empty_outputs)."""
+    """Launch the Triton kernels (CUDA tensors; CPU tensors under TRITON_INTERPRET=1).
+
+    Args:
+        logits: float [N, V], validated.
+        temperature: the scalar temperature (GREEDY for greedy), read when temperature_t is None.
+        temperature_t: Float32[N] per-row temperatures, or None.
+        exclude_ids: Long[m] excluded tokens, or None.
+        exclude_per_row: Long[N] a token excluded per row, or None.
+        allowed: Bool[N, V] the drawable tokens, or None.
+        top_k: the scalar top_k (0: off).
+        top_k_t: Long[N] per-row top_k, or None.
+        top_p: the scalar top_p (1: off).
+        top_p_t: Float32[N] per-row top_p, or None.
+        log_min_p: the scalar log min_p (-inf: off).
+        log_min_p_t: Float32[N] per-row log min_p, or None.
+        noise: Float32[N, noise_width(V)] explicit uniforms, or None to draw from the stream.
+        seed: the stream's seed, an int64 bit pattern (read when seed_t is None).
+        offset: the stream's offset, likewise.
+        row_ids: Long[N] stream ids of the rows, or None for 0..N-1.
+        seed_t: an int64 tensor holding the seed, or None.
+        offset_t: an int64 tensor holding the offset, or None.
+        logprob: whether the log-probability is asked for.
+        confidence: the confidence's code (0: none).
+        eager: a call that does not go through the registered op (see empty_outputs).
+
+    Returns:
+        (tokens, valid, logprob, confidence) as empty_outputs makes them, written.
+    """
     kernels = _dispatch.kernels("sample_categorical")
     logits = logits.contiguous()
     rows, vocab = logits.shape
@@ -764,6 +1097,33 @@ def _(logits, *args):
 
 def prepare_categorical(logits, temperature, exclude_ids, exclude_per_row, allowed, top_k, top_p, min_p,
                         return_logprob, confidence, seed, offset, generator, row_ids, noise, controls=None) -> Call:
+    """Validate the arguments of sample_categorical (prepare, after the logits' own checks).
+
+    Args:
+        logits: the op's `logits`.
+        temperature: the op's `temperature`.
+        exclude_ids: the op's `exclude_ids`.
+        exclude_per_row: the op's `exclude_per_row`.
+        allowed: the op's `allowed`.
+        top_k: the op's `top_k`.
+        top_p: the op's `top_p`.
+        min_p: the op's `min_p`.
+        return_logprob: the op's `return_logprob`.
+        confidence: the op's `confidence`.
+        seed: the op's `seed`.
+        offset: the op's `offset`.
+        generator: the op's `generator`.
+        row_ids: the op's `row_ids`.
+        noise: the op's `noise`.
+        controls: the op's `controls`, or None.
+
+    Returns:
+        The validated Call.
+
+    Raises:
+        TypeError: an argument of the wrong type.
+        ValueError: 0-d logits, or a shape, device or value out of range.
+    """
     check_tensor("logits", logits, LOGIT_DTYPES)
     if logits.dim() == 0:
         raise ValueError("logits must have shape [..., V], got a 0-d tensor")

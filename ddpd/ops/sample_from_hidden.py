@@ -43,6 +43,35 @@ HEAD_DTYPES = _dispatch.FLOAT_DTYPES  # of hidden, weight and bias
 
 def prepare_hidden(hidden, weight, bias, temperature, exclude_ids, exclude_per_row, allowed, top_k, top_p,
                    min_p, return_logprob, confidence, seed, offset, generator, row_ids, noise, controls=None) -> Call:
+    """Validate the arguments of sample_from_hidden (the head's own checks, then prepare).
+
+    Args:
+        hidden: the op's `hidden`.
+        weight: the op's `weight`.
+        bias: the op's `bias`.
+        temperature: the op's `temperature`.
+        exclude_ids: the op's `exclude_ids`.
+        exclude_per_row: the op's `exclude_per_row`.
+        allowed: the op's `allowed`.
+        top_k: the op's `top_k`.
+        top_p: the op's `top_p`.
+        min_p: the op's `min_p`.
+        return_logprob: the op's `return_logprob`.
+        confidence: the op's `confidence`.
+        seed: the op's `seed`.
+        offset: the op's `offset`.
+        generator: the op's `generator`.
+        row_ids: the op's `row_ids`.
+        noise: the op's `noise`.
+        controls: the op's `controls`, or None.
+
+    Returns:
+        The validated Call.
+
+    Raises:
+        TypeError: an argument of the wrong type.
+        ValueError: 0-d hidden, or a shape, device or value out of range.
+    """
     check_tensor("hidden", hidden, HEAD_DTYPES)
     if hidden.dim() == 0:
         raise ValueError("hidden must have shape [..., H], got a 0-d tensor")
@@ -135,7 +164,15 @@ class HeadLaunch:
 
 def head_logits_grid(launch: HeadLaunch, vocab: int) -> tuple:
     """The logits GEMM's grid: every (row block, tile) pair on one axis (2**31 - 1 programs; a
-    second axis is capped at 65535)."""
+    second axis is capped at 65535).
+
+    Args:
+        launch: the call's HeadLaunch.
+        vocab: V.
+
+    Returns:
+        The 1-d launch grid, a tuple.
+    """
     return (launch.tiles_grid[0] * n_tiles(vocab),)
 
 
@@ -156,7 +193,18 @@ def head_launch(rows: int, width: int, vocab: int, element_size: int, multiproce
     with 8 warps for wide rows and float32 operands, else 32 with 4 warps at few rows (8
     beyond); never wider than the rows (at least 16, the dot's least N) nor so wide that
     fewer (row block, tile) pairs than multiprocessors are left. docs/kernels.md gives the
-    registers and the measurements behind these choices."""
+    registers, docs/performance.md the measurements behind these choices.
+
+    Args:
+        rows: N.
+        width: H.
+        vocab: V.
+        element_size: bytes an element of the weight.
+        multiprocessors: the device's multiprocessors.
+
+    Returns:
+        The HeadLaunch.
+    """
     tiles = n_tiles(vocab)
     few_rows = rows <= 64 or -(-rows // 32) * tiles < multiprocessors
     wide = element_size <= 2 and width >= WIDE_H
@@ -175,14 +223,44 @@ def head_launch(rows: int, width: int, vocab: int, element_size: int, multiproce
 
 def dot_in_float32(hidden: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether the head's tl.dot runs on float32 operands: float32 inputs, mixed inputs,
-    or the interpreter (no bf16 arithmetic there)."""
+    or the interpreter (no bf16 arithmetic there).
+
+    Args:
+        hidden: Float[N, H].
+        weight: Float[V, H].
+
+    Returns:
+        True for float32 operands.
+    """
     return not hidden.is_cuda or weight.dtype == torch.float32 or hidden.dtype != weight.dtype
 
 
 def sample_from_hidden_triton(hidden, weight, bias, temperature, temperature_t, exclude_ids, exclude_per_row, allowed,
                               noise, seed, offset, row_ids, seed_t, offset_t, logprob, confidence, eager=False):
-    """Launch the Triton kernels (CUDA tensors; CPU tensors under TRITON_INTERPRET=1);
-    the arguments of ddpd::sample_from_hidden (eager: see empty_outputs)."""
+    """Launch the Triton kernels (CUDA tensors; CPU tensors under TRITON_INTERPRET=1).
+
+    Args:
+        hidden: float [N, H], validated.
+        weight: float [V, H].
+        bias: float [V], or None.
+        temperature: the scalar temperature (GREEDY for greedy), read when temperature_t is None.
+        temperature_t: Float32[N] per-row temperatures, or None.
+        exclude_ids: Long[m] excluded tokens, or None.
+        exclude_per_row: Long[N] a token excluded per row, or None.
+        allowed: Bool[N, V] the drawable tokens, or None.
+        noise: Float32[N, noise_width(V)] explicit uniforms, or None to draw from the stream.
+        seed: the stream's seed, an int64 bit pattern (read when seed_t is None).
+        offset: the stream's offset, likewise.
+        row_ids: Long[N] stream ids of the rows, or None for 0..N-1.
+        seed_t: an int64 tensor holding the seed, or None.
+        offset_t: an int64 tensor holding the offset, or None.
+        logprob: whether the log-probability is asked for.
+        confidence: the confidence's code (0: none).
+        eager: a call that does not go through the registered op (see empty_outputs).
+
+    Returns:
+        (tokens, valid, logprob, confidence) as empty_outputs makes them, written.
+    """
     kernels = _dispatch.kernels("sample_from_hidden")
     hidden, weight = hidden.contiguous(), weight.contiguous()
     rows, width = hidden.shape
@@ -258,7 +336,16 @@ def _(hidden, weight, *args):
 
 def head_logits_triton(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
     """float32 logits [N, V] = hidden @ weight^T + bias by head_logits_kernel (CUDA tensors; CPU
-    tensors under TRITON_INTERPRET=1)."""
+    tensors under TRITON_INTERPRET=1).
+
+    Args:
+        hidden: float [N, H].
+        weight: float [V, H].
+        bias: float [V], or None.
+
+    Returns:
+        Float32[N, V].
+    """
     head_logits_kernel = _dispatch.kernels("sample_from_hidden").head_logits_kernel
 
     hidden, weight = hidden.contiguous(), weight.contiguous()

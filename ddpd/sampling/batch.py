@@ -1,25 +1,12 @@
 """The running batch of a sampler: the rows still being sampled and the forward-pass bookkeeping.
 
-Rows are kept by row id, so a row keeps its noise stream (ddpd.sampling.noise) whatever
-else is in the batch. Two ways to let finished rows go:
+Rows are kept by row id, so a row keeps its noise stream (ddpd.sampling.noise) whatever else is
+in the batch. `RunningBatch` (the reference run) removes a row the step it stops; `FusedBatch`
+(the fused run) records stops on the device and lets finished rows go at every `sync_every`-th
+stop check, in one host synchronisation. Both carry per-row state, count forward passes and
+row-evaluations, and check the networks' outputs for shape and NaN.
 
-- `RunningBatch` (the reference run) removes a row the step it stops; that reads the stop
-  flags on the host every step.
-- `FusedBatch` (the fused run) only records a stop on the device, keeps the row frozen in
-  the batch, and looks at the flags at every `sync_every`-th stop check: one host
-  synchronisation, after which the finished rows are written back to their places in the
-  output (ddpd.ops.scatter_back) and the running ones packed to the front
-  (ddpd.ops.compact_fixed), so that later passes of both networks run on the running rows
-  only. With compaction=False they stay to the end (the same samples, more row-evaluations).
-
-Both carry per-row state across steps (`state`: e.g. the frozen positions of a prompt, the
-exact clock's time), which leaves and is packed with the rows, count the forward passes
-(calls) and the sequences evaluated (row-evaluations), and check what the networks return:
-the shape on the host, NaN on the device (counted without a synchronisation, read once at
-the end of the run, which warns: a network that overflows its precision, e.g. float16, would
-otherwise give samples that look like any others). Only the rows whose output a step uses
-count: not the finished rows a fused batch keeps, nor, with `used`, rows that draw nothing,
-so that both runs count the same passes for the same samples.
+docs/sampling.md, section "Internals: the running batch", says how and why.
 """
 from __future__ import annotations
 
@@ -130,7 +117,14 @@ class RunningBatch:
 
     def check_due(self, step: int) -> bool:
         """Whether the stop flags recorded at loop step `step` are looked at on the host: every
-        step for the reference run."""
+        step for the reference run.
+
+        Args:
+            step: the loop step.
+
+        Returns:
+            True.
+        """
         return True
 
     def running(self) -> Optional[Tensor]:
@@ -140,8 +134,22 @@ class RunningBatch:
     # ---- the networks, counted and checked
 
     def planner(self, model: Callable, x: Tensor, *args, rows: Optional[Tensor] = None) -> Tensor:
-        """Planner logits Float[B, D] for x (time passed when given), shape-checked; with a
-        class-conditional planner, called with the labels of `rows` (default: the batch)."""
+        """Planner logits for x (time passed when given), shape-checked and counted; with a
+        class-conditional planner, called with the labels of `rows` (default: the batch).
+
+        Args:
+            model: the planner network.
+            x: Long[B, D] the sequences.
+            *args: the further arguments of the planner (the time, when it takes one).
+            rows: Long[B] the row ids of x, or None for the batch's.
+
+        Returns:
+            Float32[B, D] the planner logits.
+
+        Raises:
+            TypeError: the planner returns no tensor.
+            ValueError: the planner returns another shape, or no floating logits.
+        """
         with self._precision():
             if self.condition is not None and self.condition.conditional_planner:
                 logits = model(x, *args, labels=self.condition.labels_of(self._rows(rows)))
@@ -157,9 +165,25 @@ class RunningBatch:
 
     def denoiser(self, model: Callable, x: Tensor, t: Tensor, vocab_size: int, name: str = "denoiser",
                  rows: Optional[Tensor] = None, used: Optional[Tensor] = None) -> Tensor:
-        """Denoiser logits Float[B, D, V] for (x, t), shape-checked (name: for errors); with
-        labels, the guided logits of `rows` (default: the batch), see Condition. used: Bool[B],
-        the rows whose logits the step uses (default: every running row)."""
+        """Denoiser logits for (x, t), shape-checked and counted; with labels, the guided logits
+        of `rows` (default: the batch), see Condition.
+
+        Args:
+            model: the denoiser network.
+            x: Long[B, D] the sequences.
+            t: Float[B] the times.
+            vocab_size: V.
+            name: the network's name, for errors.
+            rows: Long[B] the row ids of x, or None for the batch's.
+            used: Bool[B], the rows whose logits the step uses, or None for every running row.
+
+        Returns:
+            Float32[B, D, V] the logits.
+
+        Raises:
+            TypeError: the network returns no tensor.
+            ValueError: the network returns another shape, or no floating logits.
+        """
         with self._precision():
             if self.condition is None:
                 outputs = (model(x, t), None)
@@ -180,9 +204,23 @@ class RunningBatch:
 
     def hidden(self, model, x: Tensor, t: Tensor, vocab_size: int, rows: Optional[Tensor] = None,
                used: Optional[Tensor] = None) -> Tensor:
-        """model.hidden(x, t) Float[B, D, H], counted as a denoiser pass; its head must give
-        vocab_size logits. With labels, the guided hidden states (exact through a linear head).
-        used: as for denoiser."""
+        """model.hidden(x, t), counted as a denoiser pass; its head must give vocab_size logits.
+        With labels, the guided hidden states (exact through a linear head).
+
+        Args:
+            model: a denoiser with hidden(x, t) and an nn.Linear `head`.
+            x: Long[B, D] the sequences.
+            t: Float[B] the times.
+            vocab_size: V.
+            rows: Long[B] the row ids of x, or None for the batch's.
+            used: as for denoiser.
+
+        Returns:
+            Float[B, D, H] the hidden states.
+
+        Raises:
+            ValueError: a head without vocab_size outputs, or hidden states of another shape.
+        """
         head = model.head
         if head.out_features != vocab_size:
             raise ValueError(f"denoiser.head must have {vocab_size} outputs, got {head.out_features}")
@@ -231,7 +269,11 @@ class RunningBatch:
         self.per_row.select(1, column).index_add_(0, self.rows, add)
 
     def count_commits(self, n: Tensor) -> None:
-        """Add n (Long[B], the tokens each row's draws wrote this step) to the rows' commits."""
+        """Add the tokens each row's draws wrote this step to the rows' commits.
+
+        Args:
+            n: Long[B], per row.
+        """
         running = self.running()
         n = n if running is None else n * running
         self.per_row.select(1, 2).index_add_(0, self.rows, n.long())
@@ -248,8 +290,17 @@ class RunningBatch:
     # ---- rows leaving
 
     def finish(self, done: Tensor, step, *carried: Optional[Tensor], check: bool = True) -> tuple:
-        """Retire the rows where done (Bool[len]) at `step`; returns `carried` (per-row tensors
-        of this step, or None) restricted to the rows kept. (check: see FusedBatch.)"""
+        """Retire the rows where done at `step`.
+
+        Args:
+            done: Bool[len] the rows that stop.
+            step: the step they stop at.
+            *carried: per-row tensors of this step, or None.
+            check: unused here (see FusedBatch.finish).
+
+        Returns:
+            `carried` restricted to the rows kept.
+        """
         if not bool(done.any()):
             return carried
         ids = self.rows[done]
@@ -261,7 +312,15 @@ class RunningBatch:
         return tuple(None if c is None else c[keep] for c in carried)
 
     def result(self, steps: int) -> SampleResult:
-        """Rows still running stop at `steps`; `steps` of the result is the last stop step."""
+        """The run's SampleResult: rows still running stop at `steps`; `steps` of the result is the
+        last stop step. Warns (NaNOutputWarning) when a network returned NaN.
+
+        Args:
+            steps: the step budget.
+
+        Returns:
+            The SampleResult.
+        """
         self.finish(torch.ones(len(self), dtype=torch.bool, device=self.x.device), steps)
         return self._result()
 
@@ -310,18 +369,36 @@ class FusedBatch(RunningBatch):
         return self.running_rows == 0
 
     def running(self) -> Tensor:
-        """Bool[len]: the rows in the batch that have not stopped (no host sync)."""
+        """The rows in the batch that have not stopped (no host sync).
+
+        Returns:
+            Bool[len].
+        """
         return self.stop_step[self.rows] < 0
 
     def check_due(self, step: int) -> bool:
-        """Every sync_every-th loop step is a stop check."""
+        """Every sync_every-th loop step is a stop check.
+
+        Args:
+            step: the loop step.
+
+        Returns:
+            Whether `step` is a stop check.
+        """
         return (step + 1) % self.sync_every == 0
 
     def finish(self, done: Tensor, step, *carried: Optional[Tensor], check: bool = True) -> tuple:
-        """Record that the rows where done (Bool[len]) stopped at `step` (an int, or the step
-        tensor of a CUDA graph; unless they already had). At a stop check (`check`, see
-        check_due) the finished rows leave the batch and each of `carried` is packed like the
-        batch. Returns `carried`, packed or not.
+        """Record that the rows where done stopped at `step` (unless they already had). At a stop
+        check the finished rows leave the batch and each of `carried` is packed like the batch.
+
+        Args:
+            done: Bool[len] the rows that stop.
+            step: an int, or the step tensor of a CUDA graph.
+            *carried: per-row tensors of this step, or None.
+            check: whether this is a stop check (see check_due).
+
+        Returns:
+            `carried`, packed or not.
         """
         rows_stop = self.stop_step[self.rows]
         self.stop_step[self.rows] = torch.where(done & (rows_stop < 0), step, rows_stop)
@@ -353,6 +430,15 @@ class FusedBatch(RunningBatch):
         return torch.where(skip, -1, self.rows)
 
     def result(self, steps: int) -> SampleResult:
+        """The run's SampleResult: rows still running stop at `steps`, every row is written back
+        to its place in the output.
+
+        Args:
+            steps: the step budget.
+
+        Returns:
+            The SampleResult.
+        """
         rows_stop = self.stop_step[self.rows]
         self.stop_step[self.rows] = torch.where(rows_stop < 0, steps, rows_stop)
         scatter_back(self._out_index(), self.x, self.out)
@@ -370,7 +456,17 @@ def _caller_level() -> int:
 
 
 def nan_warning(planner_nan: int, planner_calls: int, denoiser_nan: int, denoiser_calls: int) -> str:
-    """What a run's NaN counts (SampleResult's) say, or '' when there were none."""
+    """What a run's NaN counts (SampleResult's) say, or '' when there were none.
+
+    Args:
+        planner_nan: planner passes with a NaN output.
+        planner_calls: planner passes.
+        denoiser_nan: denoiser passes with a NaN or +inf output.
+        denoiser_calls: denoiser passes.
+
+    Returns:
+        The warning's message, or ''.
+    """
     parts = [f"the {network} returned NaN{' or +inf' if network == 'denoiser' else ''} in {bad} of {calls} passes"
              for network, bad, calls in (("planner", planner_nan, planner_calls),
                                          ("denoiser", denoiser_nan, denoiser_calls)) if bad]
@@ -404,18 +500,45 @@ class Condition:
 
     def labels_of(self, rows: Tensor) -> Tensor:
         """The labels of row ids. A bucket's padding rows (FusedBatch: id B, one past the
-        last) take row B - 1's: their outputs are discarded."""
+        last) take row B - 1's: their outputs are discarded.
+
+        Args:
+            rows: Long row ids.
+
+        Returns:
+            Long labels, shaped like rows.
+        """
         return self.labels[rows.clamp(max=self.labels.shape[0] - 1)]
 
     def guide(self, network: Callable, x: Tensor, t: Tensor, rows: Tensor) -> Tensor:
-        """network(x, t, labels) at the labels of rows, guided by guidance_scale."""
+        """network(x, t, labels) at the labels of rows, guided by guidance_scale.
+
+        Args:
+            network: a function of (x, t, labels).
+            x: Long[B, D] the sequences.
+            t: Float[B] the times.
+            rows: Long[B] the row ids.
+
+        Returns:
+            The guided output.
+        """
         conditional, unconditional = self.outputs(network, x, t, rows)
         return conditional if unconditional is None else guided(unconditional, conditional, self.guidance_scale)
 
     def outputs(self, network: Callable, x: Tensor, t: Tensor, rows: Tensor):
-        """(conditional, unconditional) outputs of network at the labels of rows; None for
-        the unconditional one at guidance_scale 1. A network that names its null label
-        (`null_label`, the ddpd.models networks) runs both passes as one batch of 2B rows."""
+        """The conditional and unconditional outputs of network at the labels of rows. A network
+        that names its null label (`null_label`, the ddpd.models networks) runs both passes as
+        one batch of 2B rows.
+
+        Args:
+            network: a function of (x, t, labels).
+            x: Long[B, D] the sequences.
+            t: Float[B] the times.
+            rows: Long[B] the row ids.
+
+        Returns:
+            (conditional, unconditional); unconditional is None at guidance_scale 1.
+        """
         labels = self.labels_of(rows)
         if self.guidance_scale == 1.0:
             return network(x, t, labels), None
@@ -429,7 +552,16 @@ class Condition:
 def guided(unconditional: Tensor, conditional: Tensor, scale: float) -> Tensor:
     """u + w (c - u) = (1 - w) u + w c, classifier-free guidance, with its limits where a
     network forbids a token (logit -inf), where the formula alone gives NaN: u exactly at
-    w = 0; -inf where both are; where only u is, -inf for w < 1 and +inf for w > 1."""
+    w = 0; -inf where both are; where only u is, -inf for w < 1 and +inf for w > 1.
+
+    Args:
+        unconditional: u, the unconditional output.
+        conditional: c, the conditional output.
+        scale: w.
+
+    Returns:
+        The guided output.
+    """
     if scale == 0.0 or scale == 1.0:
         return unconditional if scale == 0.0 else conditional
     mixed = unconditional + scale * (conditional - unconditional)
@@ -477,7 +609,14 @@ def _check_output(name: str, out, shape: tuple) -> None:
 def has_head(model: Callable) -> bool:
     """True for a network exposing hidden(x, t) and an nn.Linear output head (ddpd.models) in a
     dtype the fused head (ddpd.ops.sample_from_hidden) takes: a float64 network runs whole,
-    its logits drawn as the reference draws them."""
+    its logits drawn as the reference draws them.
+
+    Args:
+        model: the denoiser.
+
+    Returns:
+        Whether the fused head applies.
+    """
     head = getattr(model, "head", None)
     return (callable(getattr(model, "hidden", None)) and isinstance(head, torch.nn.Linear)
             and head.weight.dtype in HEAD_DTYPES)

@@ -42,16 +42,49 @@ class Run:
     truncation: Truncation = Truncation()
 
     def temperature_at(self, step: int) -> float:
+        """The temperature of a step (Temperature.at over the run's steps).
+
+        Args:
+            step: the step index.
+
+        Returns:
+            The temperature, a float.
+        """
         return self.temperature.at(step, self.steps)
 
 
 def setup(sampler: str, batch_size, length, vocab_size, *, steps, temperature, schedule, seed, generator, noise,
           device, prompt, guidance, truncation, execution, mask_id=None, masks: bool = False,
           planner: bool = False) -> tuple[Run, Draws]:
-    """Check a sampler call (the keywords of the public samplers); returns (run, its Draws strategy).
+    """Check a sampler call (the keywords of the public samplers).
 
-    masks: the sampler uses a mask id (mask_id, default vocab_size); planner: it runs a planner
-    network (Guidance.conditional_planner applies).
+    Args:
+        sampler: the sampler's name, for the messages.
+        batch_size: B, an int >= 1.
+        length: D, an int >= 1.
+        vocab_size: V, an int >= 2.
+        steps: the step budget, an int in [1, 2**61].
+        temperature: a Temperature, or what Temperature(...) takes.
+        schedule: a Schedule or its name (ddpd.process.get_schedule).
+        seed: the sampler's `seed`.
+        generator: the sampler's `generator`.
+        noise: the sampler's `noise` source.
+        device: the device of the run, or None.
+        prompt: a Prompt, or None.
+        guidance: a Guidance, or None.
+        truncation: a Truncation.
+        execution: an Execution.
+        mask_id: the mask token (masks only; default vocab_size).
+        masks: the sampler uses a mask id.
+        planner: the sampler runs a planner network (Guidance.conditional_planner applies).
+
+    Returns:
+        (run, its Draws strategy).
+
+    Raises:
+        TypeError: an argument or option of the wrong type, or a conditional planner for a
+            sampler without a planner.
+        ValueError: a value out of range, or a prompt or labels that do not fit the batch.
     """
     check_int("batch_size", batch_size, 1)
     check_int("length", length, 1)
@@ -95,7 +128,17 @@ def _condition(sampler: str, guidance: Optional[Guidance], batch_size: int, devi
 def start(run: Run, draws: Draws, masks: bool = False, **state: Tensor):
     """The running batch at the start of a run: x_0 ~ uniform over the vocabulary
     (p_noise^unif, from the INIT stream), or the all-mask sequence (masks=True), with the
-    values x_init gives; the frozen positions (if any) in its state as "frozen"."""
+    values x_init gives; the frozen positions (if any) in its state as "frozen".
+
+    Args:
+        run: the checked settings of the run.
+        draws: the run's Draws strategy, which makes the batch.
+        masks: start from the all-mask sequence.
+        **state: per-row state tensors to carry with the rows.
+
+    Returns:
+        The running batch (RunningBatch or FusedBatch).
+    """
     if masks:
         x0 = torch.full((run.batch_size, run.length), run.mask_id, dtype=torch.long, device=run.device)
     else:
@@ -109,23 +152,58 @@ def start(run: Run, draws: Draws, masks: bool = False, **state: Tensor):
 
 
 def free(batch, x: Tensor) -> Tensor:
-    """Bool[B, D]: the positions a sampler may change (not frozen by a prompt)."""
+    """The positions a sampler may change (not frozen by a prompt).
+
+    Args:
+        batch: the running batch.
+        x: Long[B, D] its sequences.
+
+    Returns:
+        Bool[B, D].
+    """
     frozen = batch.state.get("frozen")
     return torch.ones_like(x, dtype=torch.bool) if frozen is None else ~frozen
 
 
 def write(x: Tensor, positions: Tensor, tokens: Tensor, change: Tensor) -> Tensor:
-    """x with tokens (Long[B, k]) at positions (Long[B, k]) where change (Bool[B, k]), else unchanged."""
+    """x with tokens at positions where change, else unchanged.
+
+    Args:
+        x: Long[B, D] the sequences.
+        positions: Long[B, k] the positions.
+        tokens: Long[B, k] the tokens.
+        change: Bool[B, k] which writes to make.
+
+    Returns:
+        Long[B, D], a new tensor.
+    """
     return x.scatter(1, positions, torch.where(change, tokens, x.gather(1, positions)))
 
 
 def subset(index: Optional[Tensor], *tensors: Tensor) -> tuple:
-    """The rows `index` of each tensor (all rows when index is None)."""
+    """The rows `index` of each tensor (all rows when index is None).
+
+    Args:
+        index: the rows, or None.
+        *tensors: the tensors.
+
+    Returns:
+        A tuple of the tensors' rows.
+    """
     return tensors if index is None else tuple(t[index] for t in tensors)
 
 
 def expand(index: Optional[Tensor], part: Tensor, full: Tensor) -> Tensor:
-    """`full` with its rows `index` replaced by `part` (`part` itself when index is None)."""
+    """`full` with its rows `index` replaced by `part` (`part` itself when index is None).
+
+    Args:
+        index: the rows, or None.
+        part: the rows' new values.
+        full: the tensor of all rows.
+
+    Returns:
+        A new tensor (or `part`).
+    """
     if index is None:
         return part
     full = full.clone()

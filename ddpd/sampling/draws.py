@@ -1,40 +1,15 @@
 """The random draws of a sampler step, made two ways: the reference run and the fused run.
 
 Every sampler is written once (ddpd.sampling.gillespie, tau_leaping, maskgit) against the
-`Draws` interface below; what differs between a reference and a fused run is the
-strategy object it is handed:
+`Draws` interface below; a run is handed `ReferenceDraws` (plain torch, the ops' references,
+full denoiser logits) or `FusedDraws` (the ddpd.ops kernels, no host synchronisation inside a
+step). From a counter-based source (PhiloxNoise) both draw the same positions and tokens.
 
-- `ReferenceDraws`: plain torch. Uniforms come from the noise source as tensors and go to
-  the torch references of the ddpd.ops sampling ops (`reference.planner_select`,
-  `reference.planner_select_mask`, `reference.sample_categorical`); the denoiser's full
-  logits [B, D, V] are computed; a row leaves the batch the step it stops (RunningBatch);
-  rows with nothing to draw are left out of a denoiser pass (a host synchronisation).
-- `FusedDraws`: the ddpd.ops kernels. With a PhiloxNoise source the kernels generate the
-  uniforms themselves from (seed, offset of the step and stream, row id), the counters
-  PhiloxNoise.uniform uses; with another source (or k > 1 token draws per row, whose
-  k * W uniforms sit in one row of the stream) the uniforms are drawn from the source in
-  the reference's order and shapes and passed as explicit `noise`. A denoiser exposing
-  hidden(x, t) and an nn.Linear head has the head applied at the chosen positions only
-  (`sample_from_hidden`). No host synchronisation inside a step: stops are recorded on the
-  device and finished rows leave at stop checks (FusedBatch), every row runs every pass.
+Methods (B rows in the batch, `rows` their row ids): plan (positions, sum_d p(z^d = N | x_t),
+the stop flag; with `mask_id` the masked sequence), tokens_at, tokens_everywhere, rows_with.
 
-From a counter-based source (PhiloxNoise: seed= and generator= too) both draw the same
-positions and tokens (the ops and their references agree token for token), which the
-tests check for every sampler; below float32, a denoiser with an output head gives the fused
-run float32 logits (sample_from_hidden) where the reference's forward rounds them to the
-dtype, and the two then agree in law, not token for token. A sequential source (TorchNoise)
-hands out its uniforms in
-the order they are asked for, and the fused run asks for rows the reference leaves out
-(rows finished since the last stop check, events of the exact clock it rejects,
-tau-leaping rows that make no jump): the two then agree only under a step budget on the
-planner clock, and otherwise draw different samples of the same law.
-
-Methods (B rows in the batch, `rows` their row ids):
-- plan: positions (k per row, prop:self-loop-jumps), sum_d p(z^d = N | x_t), the stop flag;
-  with `mask_id` also the masked sequence of prop:draw_with_maskD and its mask count.
-- tokens_at: a token at each chosen position from the denoiser's p(x_1^d | x_in, t).
-- tokens_everywhere: a token at every position from logits [B, D, V] (the baselines).
-- rows_with: which rows a pass must include when only some rows draw (None: all of them).
+docs/sampling.md, section "Internals: reference and fused draws", says when the two runs agree
+token for token and when only in law.
 """
 from __future__ import annotations
 
@@ -76,42 +51,119 @@ class Draws:
         self.controls = truncation.controls()  # top_k / top_p / min_p of every token draw
 
     def batch(self, x0: Tensor, state: Optional[dict] = None, condition: Optional[Condition] = None) -> RunningBatch:
-        """The running batch of a run starting at x0, with per-row `state` and class `condition`
-        (see ddpd.sampling.batch), its networks run in `dtype`."""
+        """The running batch of a run starting at x0, its networks run in `dtype`.
+
+        Args:
+            x0: Long[B, D] the first state.
+            state: per-row state tensors to carry with the rows (see ddpd.sampling.batch), or None.
+            condition: the class Condition of a guided run, or None.
+
+        Returns:
+            A RunningBatch (FusedBatch for a fused run).
+        """
         raise NotImplementedError
 
     def plan(self, step: int, logits: Tensor, rows: Tensor, k: int, selection: str, eps: float,
              x: Optional[Tensor] = None, mask_id: Optional[int] = None, order: int = 0) -> Plan:
-        """The step's plan (see Plan); order > k also returns the planner's first `order` picks."""
+        """The step's plan (see Plan).
+
+        Args:
+            step: the step index.
+            logits: Float[B, D] planner logits.
+            rows: Long[B] the rows' ids.
+            k: positions to choose a row.
+            selection: "sigmoid" or "softmax" (DDPDOptions.selection).
+            eps: the stop threshold.
+            x: Long[B, D] the sequences, to mask (with mask_id).
+            mask_id: the mask token, or None for no mask.
+            order: order > k also returns the planner's first `order` picks.
+
+        Returns:
+            The Plan.
+        """
         raise NotImplementedError
 
     def rows_with(self, flags: Tensor) -> Optional[Tensor]:
+        """Which rows a pass must include when only some rows draw.
+
+        Args:
+            flags: Bool[B], the rows that draw.
+
+        Returns:
+            Long row indices, or None for all rows.
+        """
         raise NotImplementedError
 
     def graphs(self, batch: RunningBatch, run) -> Optional[StepGraphs]:
-        """The CUDA graphs that replay the steps between stop checks, or None (eager steps)."""
+        """The CUDA graphs that replay the steps between stop checks, or None (eager steps).
+
+        Args:
+            batch: the running batch.
+            run: the run's checked settings.
+
+        Returns:
+            The StepGraphs, or None.
+        """
         return None
 
     def categorical(self, step: int, rows: Tensor, logits: Tensor, per_row: int, temperature: float,
                     exclude: Optional[Tensor] = None, confidence: bool = False):
-        """Long[N]: one draw per row of logits [N, V] (N = len(rows) * per_row, the draws of a row
-        consecutive) from the TOKEN stream, truncated as the run's Truncation says; temperature (a number,
-        or Float[N] one per draw) 0 is the argmax; never exclude[n]. confidence: (tokens, Float[N] the
-        probability of each drawn token under the law it was drawn from, the ops' confidence="prob")."""
+        """One draw per row of logits from the TOKEN stream, truncated as the run's Truncation says.
+
+        Args:
+            step: the step index.
+            rows: Long row ids.
+            logits: Float[N, V], N = len(rows) * per_row, the draws of a row consecutive.
+            per_row: draws a row.
+            temperature: a number, or Float[N] one per draw; 0 is the argmax.
+            exclude: Long[N], a token never drawn in each draw, or None.
+            confidence: also return the probability of each drawn token under the law it was drawn
+                from (the ops' confidence="prob").
+
+        Returns:
+            Long[N] the tokens, or (tokens, Float[N] confidences) with confidence.
+        """
         raise NotImplementedError
 
     def tokens_at(self, batch: RunningBatch, denoiser: Callable, step: int, x_in: Tensor, t: Tensor,
                   positions: Tensor, rows: Tensor, vocab_size: int, temperature: float,
                   used: Optional[Tensor] = None, confidence: bool = False):
-        """Long[B, k]: a token at each of positions (Long[B, k]) from denoiser(x_in, t) (rows: their row
-        ids; used: Bool[B], the rows whose tokens the step keeps, default all); confidence: as in
-        categorical, both shaped [B, k]."""
+        """A token at each of positions from denoiser(x_in, t).
+
+        Args:
+            batch: the running batch, which runs and counts the pass.
+            denoiser: the denoiser network.
+            step: the step index.
+            x_in: Long[B, D] the denoiser's input.
+            t: Float[B] the times.
+            positions: Long[B, k] the positions to draw.
+            rows: Long[B] the rows' ids.
+            vocab_size: V.
+            temperature: a number, or Float[B * k] one per draw.
+            used: Bool[B], the rows whose tokens the step keeps, or None for all.
+            confidence: as in categorical.
+
+        Returns:
+            Long[B, k] the tokens, or (tokens, confidences) both [B, k] with confidence.
+        """
         logits = batch.denoiser(denoiser, x_in, t, vocab_size, rows=rows, used=used)
         return self.tokens_from(step, rows, logits, positions, temperature, confidence)
 
     def tokens_from(self, step: int, rows: Tensor, logits: Tensor, positions: Tensor, temperature: float,
                     confidence: bool = False):
-        """Long[B, k]: a token at each of positions from the logits [B, D, V] at those positions."""
+        """A token at each of positions from the logits at those positions.
+
+        Args:
+            step: the step index.
+            rows: Long[B] the rows' ids.
+            logits: Float[B, D, V].
+            positions: Long[B, k] the positions to draw.
+            temperature: a number, or Float[B * k] one per draw.
+            confidence: as in categorical.
+
+        Returns:
+            Long[B, k] the tokens, or (tokens, confidences) both [B, k] with confidence.
+        """
         n, k = positions.shape
         vocab = logits.shape[-1]
         picked = logits.gather(1, positions[..., None].expand(-1, -1, vocab)).reshape(n * k, vocab)
@@ -120,7 +172,18 @@ class Draws:
 
     def tokens_everywhere(self, step: int, rows: Tensor, logits: Tensor, temperature: float,
                           exclude: Optional[Tensor] = None) -> Tensor:
-        """Long[B, D]: a token at every position of logits [B, D, V], never exclude (Long[B, D])."""
+        """A token at every position of the logits (the baselines).
+
+        Args:
+            step: the step index.
+            rows: Long[B] the rows' ids.
+            logits: Float[B, D, V].
+            temperature: a number, or Float[B * D] one per draw.
+            exclude: Long[B, D], a token never drawn at each position, or None.
+
+        Returns:
+            Long[B, D].
+        """
         n, length, vocab = logits.shape
         flat_exclude = None if exclude is None else exclude.reshape(-1)
         return self.categorical(step, rows, logits.reshape(n * length, vocab), length, temperature,
@@ -146,7 +209,14 @@ TOKEN_CHUNK = 2**22
 
 def token_noise_width(vocab_size: int) -> int:
     """Uniforms one categorical draw over vocab_size tokens reads from its row of the TOKEN stream:
-    V for a single tile (no tile race), V + n_tiles above (the layout of ddpd.ops.sample_categorical)."""
+    V for a single tile (no tile race), V + n_tiles above (the layout of ddpd.ops.sample_categorical).
+
+    Args:
+        vocab_size: V.
+
+    Returns:
+        The number of uniforms.
+    """
     return vocab_size if vocab_size <= TILE else noise_width(vocab_size)
 
 
@@ -154,9 +224,25 @@ class ReferenceDraws(Draws):
     """Plain torch: explicit uniforms into the ops' torch references; full denoiser logits."""
 
     def batch(self, x0: Tensor, state: Optional[dict] = None, condition: Optional[Condition] = None) -> RunningBatch:
+        """A RunningBatch (rows leave the step they stop).
+
+        Args:
+            As Draws.batch.
+
+        Returns:
+            The RunningBatch.
+        """
         return RunningBatch(x0, state, condition, self.dtype)
 
     def plan(self, step, logits, rows, k, selection, eps, x=None, mask_id=None, order=0) -> Plan:
+        """The plan from the torch references, with uniforms from the SELECT and MASK streams.
+
+        Args:
+            As Draws.plan.
+
+        Returns:
+            The Plan.
+        """
         length = logits.shape[1]
         u = self.noise.uniform(step, SELECT, rows, length)
         if mask_id is None:
@@ -169,9 +255,25 @@ class ReferenceDraws(Draws):
         return Plan(positions, sum_p, stop, masked, count, ranked)
 
     def rows_with(self, flags: Tensor) -> Optional[Tensor]:
+        """The rows that draw (a host synchronisation).
+
+        Args:
+            flags: Bool[B], the rows that draw.
+
+        Returns:
+            Long row indices.
+        """
         return flags.nonzero().flatten()
 
     def categorical(self, step, rows, logits, per_row, temperature, exclude=None, confidence=False):
+        """The draws by the torch reference of sample_categorical, from explicit TOKEN uniforms.
+
+        Args:
+            As Draws.categorical.
+
+        Returns:
+            As Draws.categorical.
+        """
         u = self._token_noise(step, rows, per_row, logits.shape[1])
         out = reference.sample_categorical(logits, temperature, exclude_per_row=exclude, noise=u,
                                            confidence="prob" if confidence else None, **self.controls)
@@ -187,9 +289,26 @@ class FusedDraws(Draws):
         self.philox = isinstance(noise, PhiloxNoise)
 
     def batch(self, x0: Tensor, state: Optional[dict] = None, condition: Optional[Condition] = None) -> RunningBatch:
+        """A FusedBatch (stops recorded on the device, finished rows leave at stop checks).
+
+        Args:
+            As Draws.batch.
+
+        Returns:
+            The FusedBatch.
+        """
         return FusedBatch(x0, state, condition, self.dtype, self.execution.sync_every, self.execution.compaction)
 
     def plan(self, step, logits, rows, k, selection, eps, x=None, mask_id=None, order=0) -> Plan:
+        """The plan from the ops' kernels: the uniforms generated in the kernels from a PhiloxNoise
+        source, else drawn from the source and passed as explicit noise.
+
+        Args:
+            As Draws.plan.
+
+        Returns:
+            The Plan.
+        """
         length = logits.shape[1]
         if self.philox:
             stream = self.noise.counters(step, SELECT, rows)
@@ -207,12 +326,34 @@ class FusedDraws(Draws):
         return Plan(positions, sum_p, stop, masked, count, ranked)
 
     def rows_with(self, flags: Tensor) -> Optional[Tensor]:
+        """None: every row runs, as which rows draw is not known on the host without a sync.
+
+        Args:
+            flags: Bool[B], the rows that draw (unused).
+        """
         return None  # every row runs: which rows draw is not known on the host without a sync
 
     def graphs(self, batch: RunningBatch, run) -> Optional[StepGraphs]:
+        """The CUDA graphs of the run (step_graphs), or None where its steps run eagerly.
+
+        Args:
+            As Draws.graphs.
+
+        Returns:
+            As Draws.graphs.
+        """
         return step_graphs(batch, run, self.execution, self.philox)
 
     def categorical(self, step, rows, logits, per_row, temperature, exclude=None, confidence=False):
+        """The draws by ddpd.ops.sample_categorical; several draws a row read their uniforms in
+        chunks of at most TOKEN_CHUNK.
+
+        Args:
+            As Draws.categorical.
+
+        Returns:
+            As Draws.categorical.
+        """
         wanted = dict(confidence="prob") if confidence else {}
         if per_row == 1 or not self.philox:
             stream = self._token_stream(step, rows, per_row, logits.shape[1])
@@ -248,7 +389,15 @@ class FusedDraws(Draws):
 
     def tokens_at(self, batch, denoiser, step, x_in, t, positions, rows, vocab_size, temperature,
                   used=None, confidence=False):
-        """With hidden(x, t) and an nn.Linear head, the head runs at the B * k chosen positions only."""
+        """With hidden(x, t) and an nn.Linear head, the head runs at the B * k chosen positions only
+        (sample_from_hidden); otherwise as Draws.tokens_at.
+
+        Args:
+            As Draws.tokens_at.
+
+        Returns:
+            As Draws.tokens_at.
+        """
         if not has_head(denoiser):
             return super().tokens_at(batch, denoiser, step, x_in, t, positions, rows, vocab_size, temperature, used,
                                      confidence)
@@ -283,6 +432,15 @@ def _ordered(plan: Plan, k: int, order: int) -> Plan:
 
 def make_draws(noise: NoiseSource, execution: Execution, dtype: torch.dtype = torch.float32,
                truncation: Truncation = Truncation()) -> Draws:
-    """The strategy of a run: fused or reference as `execution` says, networks in `dtype`,
-    token draws truncated as `truncation` says."""
+    """The strategy of a run: fused or reference as `execution` says.
+
+    Args:
+        noise: the run's noise source.
+        execution: the run's Execution.
+        dtype: the dtype the networks run in.
+        truncation: the run's Truncation of every token draw.
+
+    Returns:
+        A FusedDraws or a ReferenceDraws.
+    """
     return (FusedDraws if execution.fused else ReferenceDraws)(noise, execution, dtype, truncation)

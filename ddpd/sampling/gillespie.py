@@ -505,7 +505,14 @@ def _changes(batch: RunningBatch, logits: Tensor, positions: Tensor) -> Tensor:
 def planner_time(sum_p: Tensor, run: Run, noisy=None) -> Tensor:
     """t = alpha^{-1}(1 - sum_d p(z^d = N | x_t) / D): the planner's estimate of the time.
 
-    With a prompt, D counts the positions that can be noise (`noisy`, per row)."""
+    Args:
+        sum_p: Float[B] sum_d p(z^d = N | x_t).
+        run: the run's checked settings (its schedule and length).
+        noisy: with a prompt, the positions that can be noise, per row (Float[B]); None: D.
+
+    Returns:
+        Float[B] the times.
+    """
     noisy = run.length if noisy is None else noisy
     return run.schedule.inverse((1.0 - sum_p / noisy).clamp(0.0, 1.0))
 
@@ -517,5 +524,13 @@ def _noisy_positions(batch: RunningBatch, run: Run):
 
 
 def mask_time(count: Tensor, run: Run) -> Tensor:
-    """t = alpha^{-1}(1 - #masked / D): the time of a masked sequence with `count` masks."""
+    """t = alpha^{-1}(1 - #masked / D): the time of a masked sequence with `count` masks.
+
+    Args:
+        count: Long[B] masked positions per row.
+        run: the run's checked settings (its schedule and length).
+
+    Returns:
+        Float[B] the times.
+    """
     return run.schedule.inverse(1.0 - count.float() / run.length)

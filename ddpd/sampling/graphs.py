@@ -1,28 +1,13 @@
 """CUDA graphs for the fused DDPD steps between stop checks.
 
-On a GPU a step of small kernels is launch-bound: the planner pass, the plan, the denoiser
-trunk, the draw and the write are hundreds of launches from Python. Between two stop checks a
-fused step does the same work on tensors of the same shapes, so it is captured once into a
-CUDA graph and replayed; a stop check (a host synchronisation) runs eagerly. The batch keeps
-power-of-two sizes (finished rows stay frozen in it until the running ones fit half of it),
-so most stop checks leave its tensors, and the graphs captured on them, as they are; when it
-is packed into a smaller bucket a new generation of graphs is captured.
+Between two stop checks a fused step does the same work on tensors of the same shapes, so it is
+captured once into a CUDA graph and replayed; a stop check runs eagerly. What a replay must not
+bake in (the step counter, hence every Philox offset) is read from device tensors, and the step
+writes its results in place.
 
-What a replay must not bake in is kept in device tensors the step reads: the step counter
-`step` (a 0-d int64 tensor, set before every replay), from which every Philox offset of the
-step is computed inside the graph (ddpd.sampling.noise.stream_offset; the ops read offsets
-from device tensors), so every replay draws fresh noise and the same draws as the eager step
-of that index. The step writes its results in place (the batch's tokens, stop steps and
-per-row state), so the next replay reads them. Forward-pass counts, which Python increments
-while the step is captured, are added again at every replay.
-
-Modes (Execution.graphs): "auto" captures on CUDA when the run allows it (a fused run, a
-PhiloxNoise source, a fixed temperature) and runs eagerly otherwise; "off" never captures;
-"emulate" runs the same capture/replay logic without CUDA where a run allows it (as "auto",
-on any device; eagerly otherwise): the first call of a generation and
-key runs the step eagerly (the warm-up, as on a GPU), the second builds the step function once
-and every later step calls that same function with the step tensor, so a step that depended on
-anything but its tensors would replay stale values (what the tests check, on the CPU).
+Modes (Execution.graphs): "auto" captures on CUDA when the run allows it, "off" never captures,
+"emulate" runs the same capture/replay logic without CUDA (what the tests check on the CPU).
+docs/sampling.md, section "Internals: CUDA graphs", says how.
 """
 from __future__ import annotations
 
@@ -47,7 +32,13 @@ class StepGraphs:
 
     def run(self, key: Hashable, step_fn: Callable, i: int) -> None:
         """Step i by step_fn(step): eagerly the first time for (generation, key), then from the
-        captured graph."""
+        captured graph.
+
+        Args:
+            key: what tells apart the kinds of step of a run (a graph is kept per generation and key).
+            step_fn: the step, a function of the step index (an int, or the step tensor when captured).
+            i: the step index.
+        """
         slot = (self.batch.generation, key)
         if slot not in self.warm:  # warm-up: lazy initialisation (compiles, caches) happens eagerly
             self.warm.add(slot)
@@ -101,7 +92,17 @@ def _add(batch, delta: dict[str, int]) -> None:
 def step_graphs(batch, run, execution, philox: bool) -> Optional[StepGraphs]:
     """The StepGraphs of a fused run, or None where its steps run eagerly (see the modes).
     With graphs the batch keeps power-of-two sizes (FusedBatch.buckets), so that a graph
-    captured on it lasts across the stop checks that do not halve it."""
+    captured on it lasts across the stop checks that do not halve it.
+
+    Args:
+        batch: the run's FusedBatch.
+        run: the run's checked settings (ddpd.sampling.common.Run).
+        execution: the run's Execution.
+        philox: whether the noise source is a PhiloxNoise.
+
+    Returns:
+        The StepGraphs, or None.
+    """
     if not execution.fused or execution.graphs == "off":
         return None
     # A replay draws at the temperature it was captured with, from offsets it computes on the device.

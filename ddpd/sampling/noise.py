@@ -1,28 +1,15 @@
 """Where every random number of a sampler comes from.
 
-A sampler never calls torch.rand itself: each step asks its noise source for a
-block of uniforms, named by (step, stream, row ids, number of columns). The fused run
-of a sampler driven by the same source therefore makes the same choices as the
-reference run, position for position and token for token. Each kind of draw of a step
-has its own stream (INIT, SELECT, MASK, ...) and so its own Philox offset
-(`stream_offset`), so two draws of a run never share uniforms.
+A sampler never calls torch.rand itself: each step asks its noise source for a block of
+uniforms, named by (step, stream, row ids, number of columns), so the fused run of a sampler
+makes the same choices as the reference run from the same source. Each kind of draw of a step
+has its own stream and Philox offset (`stream_offset`). Uniforms are in (0, 1].
 
-Uniforms lie on the grid ((w >> 8) + 0.5) * 2**-24 of 24-bit integers w; float32 rounds
-the top value up to exactly 1.0, so they are in (0, 1] and every transform that takes
-the logarithm of 1 - u or of -log u (Gumbel, exponential) clamps u below one first.
+- `PhiloxNoise(seed, offset)`: counter-based, batch-invariant; the default.
+- `TorchNoise(generator)`: sequential torch.Generator draws on the same grid; not batch-invariant.
 
-- `PhiloxNoise(seed, offset)`: the counter-based default. A uniform is a pure
-  function of (seed, offset + step * NUM_STREAMS + stream, row id, column)
-  (ddpd.ops.rng.philox_uniform), so a row keeps its draws whatever the batch
-  composition: finished rows leaving the batch change nothing for the others.
-- `TorchNoise(generator)`: sequential torch.Generator draws on the same grid. Not
-  batch-invariant, but two orders of magnitude faster on CPU; the statistical tests use it.
-  A fused run reads other uniforms from it than the reference run does, except under a
-  step budget on the planner clock (ddpd.sampling.draws says why).
-
-The transforms to Gumbel variables (the ops' own, from ddpd.ops) and exponential
-variables are exported here too, so that every consumer, reference or fused,
-applies the same formula to the same uniform.
+The Gumbel and exponential transforms are exported here too, so every consumer applies the same
+formula. docs/sampling.md, section "Internals: noise", gives the grid and the guarantees.
 """
 from __future__ import annotations
 
@@ -53,7 +40,17 @@ class NoiseSource(Protocol):
     """Anything that hands out uniforms in (0, 1] (see the module docstring)."""
 
     def uniform(self, step: int, stream: int, rows: Tensor, cols: int) -> Tensor:
-        """Float32[len(rows), cols] uniforms for `rows` (Long row ids) at (step, stream)."""
+        """Uniforms for `rows` at (step, stream).
+
+        Args:
+            step: the step index.
+            stream: the draw's stream (INIT, SELECT, MASK, ...).
+            rows: Long row ids.
+            cols: uniforms a row.
+
+        Returns:
+            Float32[len(rows), cols] in (0, 1].
+        """
         ...
 
 
@@ -61,10 +58,15 @@ def stream_offset(base, step, stream: int):
     """The Philox offset of the draws of `stream` at `step` of a run whose base offset is `base`:
     base + step * NUM_STREAMS + stream (mod 2**64), distinct for every (step, stream).
 
-    base: an int, or an int64 tensor of one element (the bits of the uint64). step: an int,
-    or an int64 tensor on a device (the step counter a CUDA graph advances). Ints give an
-    int; a tensor among them gives the same value as an int64 tensor (int64 arithmetic wraps
-    like uint64)."""
+    Args:
+        base: an int, or an int64 tensor of one element (the bits of the uint64).
+        step: an int, or an int64 tensor on a device (the step counter a CUDA graph advances).
+        stream: the draw's stream.
+
+    Returns:
+        An int when base and step are ints; otherwise the same value as an int64 tensor (int64
+        arithmetic wraps like uint64).
+    """
     if isinstance(base, Tensor):
         return base.reshape(()) + (step * NUM_STREAMS + stream)
     if isinstance(step, Tensor):
@@ -90,18 +92,48 @@ class PhiloxNoise:
         self.first_row = first_row
 
     def uniform(self, step: int, stream: int, rows: Tensor, cols: int) -> Tensor:
+        """Uniforms for `rows` at (step, stream): columns 0 .. cols - 1 of the Philox stream.
+
+        Args:
+            step: the step index.
+            stream: the draw's stream.
+            rows: Long row ids (first_row is added).
+            cols: uniforms a row.
+
+        Returns:
+            Float32[len(rows), cols] in (0, 1].
+        """
         return self.columns(step, stream, rows, 0, cols)
 
     def columns(self, step: int, stream: int, rows: Tensor, first: int, count: int) -> Tensor:
-        """Float32[len(rows), count]: columns first .. first + count - 1 of uniform(step, stream, rows, .)."""
+        """Columns first .. first + count - 1 of uniform(step, stream, rows, .).
+
+        Args:
+            step: the step index.
+            stream: the draw's stream.
+            rows: Long row ids (first_row is added).
+            first: the first column.
+            count: the number of columns.
+
+        Returns:
+            Float32[len(rows), count].
+        """
         cols = torch.arange(first, first + count, dtype=torch.int64, device=rows.device)
         return philox_uniform(self.seed, stream_offset(self.offset, step, stream), rows + self.first_row, cols,
                               device=rows.device)
 
     def counters(self, step, stream: int, rows: Tensor) -> dict:
         """The arguments that make a ddpd.ops sampling op generate, in its kernel, the uniforms
-        uniform(step, stream, rows, .) returns: seed, offset and row ids. step: an int, or
-        an int64 tensor on the rows' device (then the offset is a tensor too)."""
+        uniform(step, stream, rows, .) returns.
+
+        Args:
+            step: an int, or an int64 tensor on the rows' device (then the offset is a tensor too).
+            stream: the draw's stream.
+            rows: Long row ids (first_row is added).
+
+        Returns:
+            A dict of seed, offset and row_ids, the ops' keywords.
+        """
         return dict(seed=self.seed, offset=stream_offset(self.offset, step, stream), row_ids=rows + self.first_row)
 
     def __repr__(self) -> str:
@@ -117,6 +149,17 @@ class TorchNoise:
         self.generator = generator
 
     def uniform(self, step: int, stream: int, rows: Tensor, cols: int) -> Tensor:
+        """Uniforms on the Philox grid, drawn in call order from the generator.
+
+        Args:
+            step: the step index (unused: the draws follow the call order).
+            stream: the draw's stream (unused likewise).
+            rows: Long row ids; their number and device shape the result.
+            cols: uniforms a row.
+
+        Returns:
+            Float32[len(rows), cols] in (0, 1] on the rows' device.
+        """
         device = self.generator.device if self.generator is not None else rows.device
         bits = torch.randint(0, 2**24, (rows.numel(), cols), generator=self.generator, device=device)
         return ((bits.to(torch.float32) + 0.5) * _GRID).to(rows.device)
@@ -128,6 +171,18 @@ def make_noise(seed: Optional[int] = None, generator: Optional[torch.Generator] 
 
     seed -> PhiloxNoise(seed); generator -> PhiloxNoise with (seed, offset) drawn from
     it; noise -> used as given; none -> PhiloxNoise drawn from torch's default generator.
+
+    Args:
+        seed: the sampler's `seed`, or None.
+        generator: the sampler's `generator`, or None.
+        noise: the sampler's `noise` source, or None.
+
+    Returns:
+        The NoiseSource.
+
+    Raises:
+        ValueError: more than one of them is given, or a seed out of range.
+        TypeError: a noise without a uniform method, or a generator that is not a torch.Generator.
     """
     given = [name for name, v in (("seed", seed), ("generator", generator), ("noise", noise)) if v is not None]
     if len(given) > 1:
@@ -145,5 +200,12 @@ def make_noise(seed: Optional[int] = None, generator: Optional[torch.Generator] 
 
 def exponential(u: Tensor) -> Tensor:
     """Standard exponential variables -log u from uniforms in (0, 1]; u is clamped
-    below 1 as in gumbel, so the top grid value (1.0 in float32) gives a finite value."""
+    below 1 as in gumbel, so the top grid value (1.0 in float32) gives a finite value.
+
+    Args:
+        u: uniforms in (0, 1].
+
+    Returns:
+        The exponential variables, shaped like u.
+    """
     return -torch.log(u.clamp(max=BELOW_ONE))

@@ -32,7 +32,19 @@ GRAPHS = ("auto", "off", "emulate")
 
 def check_temperature(name: str, value) -> float:
     """A logit temperature: a number in [0, MAX_TEMPERATURE] (0 = argmax), the range in
-    which the ops' float32 draws are exact."""
+    which the ops' float32 draws are exact.
+
+    Args:
+        name: the argument's name, for the message.
+        value: the value given.
+
+    Returns:
+        The temperature, a float.
+
+    Raises:
+        TypeError: not a number.
+        ValueError: out of range.
+    """
     return check_float(name, value, 0.0, MAX_TEMPERATURE)
 
 
@@ -57,7 +69,15 @@ class Temperature:
         object.__setattr__(self, "end", end)
 
     def at(self, step: int, steps: int) -> float:
-        """The temperature at `step` of `steps`."""
+        """The temperature at `step` of `steps`: start at the first step, linearly to end at the last.
+
+        Args:
+            step: the step index.
+            steps: the run's step budget.
+
+        Returns:
+            The temperature, a float.
+        """
         if steps <= 1:
             return self.start
         if step >= steps - 1:  # exactly the end: rounding gave 1.7 to 0 in 42 steps -2.2e-16 there
@@ -66,8 +86,15 @@ class Temperature:
         return min(max(value, min(self.start, self.end)), max(self.start, self.end))  # never past either end
 
     def over(self, fraction: Tensor) -> Union[float, Tensor]:
-        """The temperature of each row at `fraction` (Float[B], clamped to [0, 1]) of the run's time:
-        a number when fixed, so that a fixed temperature takes the ops' scalar path (and CUDA graphs)."""
+        """The temperature of each row at `fraction` of the run's time: a number when fixed, so
+        that a fixed temperature takes the ops' scalar path (and CUDA graphs).
+
+        Args:
+            fraction: Float[B], clamped to [0, 1].
+
+        Returns:
+            A float when the temperature is fixed, else Float32[B].
+        """
         if self.start == self.end:
             return self.start
         value = self.start + (self.end - self.start) * fraction.float().clamp(0.0, 1.0)
@@ -143,7 +170,14 @@ class DDPDOptions:
         return self
 
     def positions_at(self, step: int) -> int:
-        """Positions denoised at `step`: k in the parallel stage, then one."""
+        """Positions denoised at `step`: k in the parallel stage, then one.
+
+        Args:
+            step: the step index.
+
+        Returns:
+            The number of positions.
+        """
         return self.k if step < self.parallel_steps else 1
 
 
@@ -172,7 +206,11 @@ class Truncation:
             object.__setattr__(self, "min_p", check_float("min_p", self.min_p, 0.0, 1.0))
 
     def controls(self) -> dict:
-        """The keywords of the ops' draws (sample_categorical, sample_from_hidden): the cuts set."""
+        """The keywords of the ops' draws (sample_categorical, sample_from_hidden): the cuts set.
+
+        Returns:
+            A dict of top_k, top_p and min_p, those that are not None.
+        """
         return {name: value for name, value in dataclasses.asdict(self).items() if value is not None}
 
 

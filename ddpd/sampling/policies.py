@@ -98,10 +98,18 @@ class ErrorBudget:
 
     def commit(self, risk: Tensor, eligible: Tensor, minimum: Optional[Tensor] = None,
                noise: Optional[Tensor] = None) -> Tensor:
-        """Bool[B, K]: the candidates (in the planner's order) to commit, from risk Float[B, K],
-        eligible Bool[B, K], (with spread) minimum Long[B], the fewest to commit, and (with a
-        choice temperature) noise Float[B, K], tau_i g of the ranking. Column 0, Algorithm 1's
-        pick, always; with known_noise it is ranked with the others (at least one is committed)."""
+        """The candidates (in the planner's order) to commit. Column 0, Algorithm 1's pick, always;
+        with known_noise it is ranked with the others (at least one is committed).
+
+        Args:
+            risk: Float[B, K] the candidates' risks (commit_risk).
+            eligible: Bool[B, K] which candidates may be committed.
+            minimum: Long[B] the fewest to commit (with a spread), or None.
+            noise: Float[B, K] tau_i g of the ranking (with a choice temperature), or None.
+
+        Returns:
+            Bool[B, K] the candidates committed.
+        """
         pin = 0 if self.known_noise else 1
         rest, ok = risk[:, pin:], eligible[:, pin:]
         if self.order == "planner":
@@ -122,15 +130,32 @@ class ErrorBudget:
 
 def ddpd_steps(passes: int, policy: Optional[ErrorBudget] = None) -> int:
     """The DDPD steps that cost `passes` network passes: a denoiser pass a step and a planner
-    pass on each step that plans (every step, or every plan_every-th under a policy)."""
+    pass on each step that plans (every step, or every plan_every-th under a policy).
+
+    Args:
+        passes: the budget of network passes.
+        policy: the ErrorBudget, or None.
+
+    Returns:
+        The number of steps, at least 1.
+    """
     every = 1 if policy is None else policy.plan_every
     return max(1, round(passes / (1 + 1 / every)))
 
 
 def spread_minimum(spread: str, sum_p: Tensor, step, steps: int, n0) -> Optional[Tensor]:
-    """Long[B]: the fewest commits of step `step` (an int, or a graph's step tensor) of `steps`
-    under ErrorBudget's `spread`, from the planner's expected noise sum_p Float[B] and n0, the
-    positions a row starts noisy (an int or Float[B]); None without a spread."""
+    """The fewest commits of a step under ErrorBudget's `spread`.
+
+    Args:
+        spread: "none", "linear" or "cosine".
+        sum_p: Float[B] the planner's expected noise.
+        step: the step index, an int or a graph's step tensor.
+        steps: the step budget.
+        n0: the positions a row starts noisy, an int or Float[B].
+
+    Returns:
+        Long[B], or None without a spread.
+    """
     if spread == "none":
         return None
     if spread == "linear":
@@ -142,8 +167,17 @@ def spread_minimum(spread: str, sum_p: Tensor, step, steps: int, n0) -> Optional
 
 
 def commit_risk(planner_logits: Tensor, positions: Tensor, confidence: Tensor) -> Tensor:
-    """r_j = 1 - p_j c_j at positions (Long[B, K]): p = sigmoid of the planner logits (0 at a
-    frozen position, logit -inf), c the drawn tokens' probabilities."""
+    """r_j = 1 - p_j c_j at the candidates' positions: p = sigmoid of the planner logits (0 at a
+    frozen position, logit -inf), c the drawn tokens' probabilities.
+
+    Args:
+        planner_logits: Float[B, D].
+        positions: Long[B, K] the candidates' positions.
+        confidence: Float[B, K] the drawn tokens' probabilities.
+
+    Returns:
+        Float[B, K] the risks.
+    """
     p = torch.sigmoid(planner_logits.gather(1, positions))
     return 1.0 - p * confidence.clamp(0.0, 1.0)
 
@@ -202,6 +236,14 @@ class MaskGIT(_Unmasking):
                                                                    0.0, float("inf"), open_max=True))
 
     def unmask(self, step: Step) -> Tensor:
+        """The masked positions to unmask at this step (every one at the last step).
+
+        Args:
+            step: what the policy sees at the step.
+
+        Returns:
+            Bool[B, D].
+        """
         m = step.masked.sum(-1)
         if step.last:
             return step.masked
@@ -224,6 +266,14 @@ class ConfidenceThreshold(_Unmasking):
         object.__setattr__(self, "threshold", check_float("threshold", self.threshold, 0.0, 1.0))
 
     def unmask(self, step: Step) -> Tensor:
+        """The masked positions to unmask at this step (every one at the last step).
+
+        Args:
+            step: what the policy sees at the step.
+
+        Returns:
+            Bool[B, D].
+        """
         if step.last:
             return step.masked
         return step.masked & ((step.prob > self.threshold) | _most_confident(step))
@@ -242,6 +292,14 @@ class ConfidenceFactor(_Unmasking):
                                                        open_max=True))
 
     def unmask(self, step: Step) -> Tensor:
+        """The masked positions to unmask at this step (every one at the last step).
+
+        Args:
+            step: what the policy sees at the step.
+
+        Returns:
+            Bool[B, D].
+        """
         if step.last:
             return step.masked
         c = step.prob.masked_fill(~step.masked, -1.0)
@@ -267,6 +325,14 @@ class EntropyBound(_Unmasking):
         object.__setattr__(self, "gamma", check_float("gamma", self.gamma, 0.0, float("inf"), open_max=True))
 
     def unmask(self, step: Step) -> Tensor:
+        """The masked positions to unmask at this step (every one at the last step).
+
+        Args:
+            step: what the policy sees at the step.
+
+        Returns:
+            Bool[B, D].
+        """
         if step.last:
             return step.masked
         h = step.entropy.masked_fill(~step.masked, float("inf"))
@@ -305,7 +371,16 @@ class ReMDM:
             raise ValueError(f"ReMDM loop needs t_on < t_off, got t_on={self.t_on}, t_off={self.t_off}")
 
     def alphas(self, index: int, steps: int, alpha) -> tuple:
-        """(alpha_t, alpha_s, looping) of step `index` on the uniform grid; alpha: the schedule."""
+        """The schedule's alpha at the start and end of step `index` on the uniform grid.
+
+        Args:
+            index: the step index.
+            steps: the step budget.
+            alpha: the schedule, a function of the time.
+
+        Returns:
+            (alpha_t, alpha_s, looping): looping holds in the loop phase of the 'loop' schedule.
+        """
         t, s = index / steps, (index + 1) / steps
         if self.schedule != "loop":
             return alpha(t), alpha(s), False
@@ -321,14 +396,31 @@ class ReMDM:
         return mapped(t), mapped(s), self.t_on < s <= self.t_off
 
     def sigma(self, alpha_t: float, alpha_s: float, looping: bool) -> float:
+        """The remasking probability of a step.
+
+        Args:
+            alpha_t: alpha at the step's start.
+            alpha_s: alpha at its end.
+            looping: whether the step is in the loop phase.
+
+        Returns:
+            sigma, a float in [0, 1].
+        """
         if self.schedule == "loop":
             return self.eta if looping else 0.0
         sigma_max = min(1.0, (1.0 - alpha_s) / alpha_t) if alpha_t > 0 else 1.0
         return min(self.eta, sigma_max) if self.schedule == "cap" else self.eta * sigma_max
 
     def moves(self, step: Step) -> tuple:
-        """(unmask, remask) Bool[B, D] from the step's EVENT uniforms: one uniform a position
-        decides both, a mask unmasking and a committed token being masked again."""
+        """The step's moves from its EVENT uniforms: one uniform a position decides both, a mask
+        unmasking and a committed token being masked again.
+
+        Args:
+            step: what the policy sees at the step.
+
+        Returns:
+            (unmask, remask), each Bool[B, D].
+        """
         sigma = self.sigma(step.alpha_t, step.alpha_s, step.looping)
         if step.last:
             return step.masked, torch.zeros_like(step.masked)
@@ -347,9 +439,17 @@ def _most_confident(step: Step) -> Tensor:
 
 
 def least_confident(confidence: Tensor, masked: Tensor, n: Tensor) -> Tensor:
-    """Bool[B, D]: the n (Long[B]) masked positions of lowest confidence in each row.
+    """The n masked positions of lowest confidence in each row.
 
     Unmasked positions never count; ties go to the lower position (stable sort).
+
+    Args:
+        confidence: Float[B, D].
+        masked: Bool[B, D].
+        n: Long[B] positions a row.
+
+    Returns:
+        Bool[B, D].
     """
     score = confidence.masked_fill(~masked, float("inf"))
     order = score.argsort(dim=-1, stable=True)
@@ -370,8 +470,15 @@ def parse_policy(spec: str):
     frontier), e.g. 'error-budget:bound=0.5,max_k=8', 'threshold:threshold=0.9',
     'remdm:schedule=loop,eta=0.02'. A bare value sets the first field: 'threshold:0.9'.
 
+    Args:
+        spec: the spec.
+
+    Returns:
+        The policy (one of POLICIES' classes).
+
     Raises:
         ValueError: an unknown name or field, or a value the policy refuses.
+        TypeError: a value of the wrong type for the policy.
     """
     name, _, rest = spec.partition(":")
     if name not in POLICIES:
@@ -405,7 +512,14 @@ def _bool(text: str) -> bool:
 
 
 def policy_spec(policy) -> str:
-    """The spec parse_policy reads back into `policy`."""
+    """The spec parse_policy reads back into `policy`.
+
+    Args:
+        policy: one of POLICIES' classes.
+
+    Returns:
+        The spec 'NAME:FIELD=VALUE,...'.
+    """
     name = next(key for key, kind in POLICIES.items() if isinstance(policy, kind))
     return name + ":" + ",".join(f"{key}={value:g}" if isinstance(value, float) else f"{key}={value}"
                                  for key, value in vars(policy).items() if value is not None)
