@@ -236,7 +236,7 @@ def main(argv=None) -> int:
         return 1
     device = torch.device("cpu" if args.dry_run else "cuda")
     if args.dry_run:
-        torch.set_num_threads(1)  # tiny shapes: threads only wait on each other (10x slower on a busy CPU)
+        torch.set_num_threads(1)  # tiny shapes: threads only wait on each other
     print(f"ddpd error-budget: {policy_spec(policy)}, bound {policy.bound:g} (its quality: "
           f"ddpd-eval frontier --policies {policy_spec(policy)})")
     print(f"targets at matched quality: policy / default samples/s >= "

@@ -3,10 +3,9 @@ Compute to read its hardware counters (memory throughput against the device's pe
 occupancy, where the warps stall):
 
 - sample_categorical at 64 and 1024 rows of GPT-2's vocabulary, bf16: the draw runs
-  at 8.6x and 2.4x one read of the logits (benchmarks/results/nvidia-h200.txt);
+  at several times one read of the logits (docs/performance.md);
 - the same 64 rows with top_p = 0.9 at temperature 0.8: the threshold search;
-- sample_from_hidden at N 64, H 4096, V 128256, bf16: 1.23x one read of W
-  (a62e01f:benchmarks/results/nvidia-h200-2026-11-28-2-recompute.txt).
+- sample_from_hidden at N 64, H 4096, V 128256, bf16: above one read of W (docs/performance.md).
 
     python benchmarks/kernel_profile.py --ncu
 

@@ -4,8 +4,8 @@
 // (int32, int64, uint64 by range), equality to 1 (compiled in as a constant) and
 // divisibility by 16; floats, bools and None by type alone. These classes are at least as
 // fine (a pointer's low four bits, not only whether they are zero), so two launches with
-// equal keys take the same compiled kernel. In C because the same loop in Python costs
-// about 130 ns an argument, microseconds a launch.
+// equal keys take the same compiled kernel. In C because the same loop in Python costs a
+// launch far more (docs/performance.md).
 #include "launch_key.h"
 
 #include <torch/csrc/autograd/python_variable.h>

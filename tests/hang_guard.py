@@ -16,6 +16,9 @@ def run_compiled(script: str, *args: str) -> subprocess.CompletedProcess:
     a process holds one mode, so whatever compiles kernels for a GPU runs there. Output
     captured as text."""
     env = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
+    # the script imports the tests' shared modules (this one, oracles) from tests/, above its folder
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.dirname(os.path.abspath(__file__)),
+                                                      env.get("PYTHONPATH")]))
     return subprocess.run([sys.executable, script, *args], env=env, capture_output=True, text=True,
                           timeout=HANG_GUARD_SECONDS)
 

@@ -462,8 +462,8 @@ inline bool kth_largest(const float* x, int64_t vocab, int64_t k, std::vector<fl
 
 // Rows of at most kShortRow allowed logits (text8's 27 characters, DNA's 5 bases) find
 // top-k's and top-p's thresholds among their values sorted on the stack: select_key's
-// histograms cost about 2 us a row whatever its length (at 16384 x 27, top-k 5 took 31 ms
-// against 3.2 ms untruncated; now 5.8), and such a sort far less.
+// histograms cost the same a row whatever its length, and such a sort far less
+// (docs/performance.md).
 constexpr int64_t kShortRow = 64;
 
 // a[0, n) (n <= kCap, a -inf padded to kCap) sorted, larger first, into v[0, n): each value
