@@ -43,8 +43,8 @@ def test_networks_run_in_the_precision_asked_for_and_the_sampler_in_float32(monk
     m = toy("dir S3 D3").models()
     planner, denoiser = InPrecision(m.planner), InPrecision(m.uniform_denoiser)
     seen_by_ops = []
-    original = sampling_draws.planner_select_reference
-    monkeypatch.setattr(sampling_draws, "planner_select_reference",
+    original = sampling_draws.reference.planner_select
+    monkeypatch.setattr(sampling_draws.reference, "planner_select",
                         lambda logits, *a, **k: seen_by_ops.append(logits.dtype) or original(logits, *a, **k))
     ddpd_sample(planner, denoiser, 8, 3, 3, steps=3, ddpd=DDPDOptions(stop="budget"), execution=Execution(dtype=dtype),
                 seed=0)
