@@ -316,7 +316,7 @@ def _planner_clock(run: Run, draws: Draws, opts: DDPDOptions, networks, batch: R
     order = min(policy.max_k, run.length) if policy is not None else 0
     if policy is not None and policy.known_noise:
         batch.state["touched"] = _given(run, batch)
-    if policy is not None and policy.plan_every > 1:
+    if policy is not None and (policy.plan_every > 1 or _first_plan_unread(run, opts)):
         batch.state["plan"] = torch.zeros(batch.x.shape, device=batch.x.device)
 
     def one_step(step, k: int, temperature: float, check: bool, plan_now: bool = True) -> bool:
@@ -411,8 +411,10 @@ def _run_steps(run: Run, draws: Draws, batch: RunningBatch, opts: DDPDOptions, o
     the step runs the planner (ErrorBudget.plan_every)."""
     graphs = draws.graphs(batch, run)
     every = 1 if opts.policy is None else opts.policy.plan_every
+    unread = _first_plan_unread(run, opts)
     for i in range(run.steps):
-        k, temperature, plan = opts.positions_at(i), run.temperature_at(i), i % every == 0
+        k, temperature = opts.positions_at(i), run.temperature_at(i)
+        plan = i % every == 0 and not (i == 0 and unread)
         check = stops and batch.check_due(i)
         if graphs is None or check:
             if one_step(i, k, temperature, check, plan):
@@ -420,6 +422,12 @@ def _run_steps(run: Run, draws: Draws, batch: RunningBatch, opts: DDPDOptions, o
         else:
             graphs.run((k, plan), lambda step, k=k, temperature=temperature, plan=plan:
                        one_step(step, k, temperature, False, plan), i)
+
+
+def _first_plan_unread(run: Run, opts: DDPDOptions) -> bool:
+    """Whether the first step's planner pass can be skipped: under known_noise without a prompt
+    every position starts unwritten, noise for certain, so nothing of that plan would be read."""
+    return opts.policy is not None and opts.policy.known_noise and run.x_init is None
 
 
 def _over_time(run: Run, t: Tensor, t_final: float, k: int) -> Union[float, Tensor]:

@@ -55,7 +55,9 @@ class ErrorBudget:
     a candidate, and the planner's judgement counts where a token was committed. The planner's
     first pick, uniform among such positions, then loses its place: every candidate is ranked.
     plan_every m: the planner runs at steps 0, m, 2m, ...; a step in between reads the last
-    plan, with the positions committed since it as clean, and costs one network pass.
+    plan, with the positions committed since it as clean, and costs one network pass. With
+    known_noise and no prompt the pass at step 0 is skipped: every position is then unwritten,
+    noise for certain, and nothing of that plan would be read.
     revise_above q (with known_noise): a written position is masked and redrawn only where the
     planner's probability of noise exceeds q, and then for certain; elsewhere it stays in the
     denoiser's context. Without it (None) the mask of prop:draw_with_maskD draws every written
@@ -129,8 +131,9 @@ class ErrorBudget:
 
 
 def ddpd_steps(passes: int, policy: Optional[ErrorBudget] = None) -> int:
-    """The DDPD steps that cost `passes` network passes: a denoiser pass a step and a planner
-    pass on each step that plans (every step, or every plan_every-th under a policy).
+    """The most DDPD steps a run without a prompt can take within `passes` network passes: a
+    denoiser pass a step and a planner pass on each step that plans (every step, or steps 0, m,
+    2m, ... under a policy with plan_every m; not step 0 under known_noise).
 
     Args:
         passes: the budget of network passes.
@@ -140,7 +143,15 @@ def ddpd_steps(passes: int, policy: Optional[ErrorBudget] = None) -> int:
         The number of steps, at least 1.
     """
     every = 1 if policy is None else policy.plan_every
-    return max(1, round(passes / (1 + 1 / every)))
+    unread = policy is not None and policy.known_noise
+
+    def cost(steps: int) -> int:
+        return steps + -(-steps // every) - unread
+
+    steps = max(1, passes // 2)
+    while cost(steps + 1) <= passes:
+        steps += 1
+    return steps
 
 
 def spread_minimum(spread: str, sum_p: Tensor, step, steps: int, n0) -> Optional[Tensor]:

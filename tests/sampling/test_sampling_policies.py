@@ -9,7 +9,7 @@
 import pytest
 import torch
 
-from ddpd.sampling import Execution, ddpd_sample, ddpd_sample_uniform, mask_sample
+from ddpd.sampling import Execution, Prompt, ddpd_sample, ddpd_sample_uniform, mask_sample
 from ddpd.sampling.options import DDPDOptions
 from ddpd.sampling.policies import (
     ConfidenceFactor,
@@ -18,6 +18,7 @@ from ddpd.sampling.policies import (
     ErrorBudget,
     MaskGIT,
     ReMDM,
+    ddpd_steps,
     parse_policy,
     policy_spec,
 )
@@ -168,7 +169,46 @@ def test_plan_every_runs_the_planner_every_m_steps_and_replays_from_graphs():
 
     reference, replayed = run(), run(execution=Execution(fused=True, graphs="emulate", sync_every=4))
     assert torch.equal(reference.tokens, replayed.tokens)
-    assert reference.planner_passes.eq(4).all() and reference.denoiser_passes.eq(10).all()  # steps 0, 3, 6, 9
+    # steps 3, 6, 9: at step 0 every position is unwritten, noise for certain (known_noise)
+    assert reference.planner_passes.eq(3).all() and reference.denoiser_passes.eq(10).all()
+
+
+def test_known_noise_skips_the_first_plan_which_nothing_reads():
+    """Without a prompt every position starts unwritten, so under known_noise the first plan is
+    overridden everywhere: it is not run, and a planner that would mislead changes nothing."""
+    calls = []
+
+    def counted(planner):
+        return lambda x: calls.append(1) or planner(x)
+
+    def wrong(x):
+        return -NETWORKS["planner"](x)
+
+    policy = ErrorBudget(1.0, 8, spread="cosine", known_noise=True, plan_every=1000)
+
+    def run(planner, **options):
+        return ddpd_sample(counted(planner), NETWORKS["mask"], 6, D, 27, steps=6, seed=3, denoiser_type="mask",
+                           ddpd=DDPDOptions(stop="budget", policy=policy), **options)
+
+    right, misled = run(NETWORKS["planner"]), run(wrong, execution=Execution(fused=True))
+    assert not calls and right.planner_passes.eq(0).all()
+    assert torch.equal(right.tokens, misled.tokens)
+    x_init = torch.full((6, D), -1)
+    x_init[:, 0] = 5  # a prompt's value is data: the planner's first judgement of it is read
+    run(wrong, prompt=Prompt(x_init))
+    assert calls
+
+
+@pytest.mark.parametrize("policy", [None, ErrorBudget(1.0, 8, known_noise=True, plan_every=4),
+                                    ErrorBudget(1.0, 8, plan_every=3), ErrorBudget(1.0, 8, known_noise=True,
+                                                                                   plan_every=1000)])
+@pytest.mark.parametrize("passes", [6, 13, 32])
+def test_ddpd_steps_spends_the_pass_budget(policy, passes):
+    steps = ddpd_steps(passes, policy)
+    result = ddpd_sample(NETWORKS["planner"], NETWORKS["mask"], 2, D, 27, steps=steps, seed=1, denoiser_type="mask",
+                         ddpd=DDPDOptions(stop="budget", policy=policy))
+    spent = result.planner_passes + result.denoiser_passes
+    assert spent.le(passes).all() and spent.ge(passes - 1).all()  # one more step would pass the budget
 
 
 def test_error_budget_law_at_bound_0_is_algorithm_1s():
