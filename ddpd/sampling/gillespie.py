@@ -23,13 +23,23 @@ from ddpd.sampling.batch import RunningBatch, SampleResult
 from ddpd.sampling.common import Run, expand, setup, start, subset, write
 from ddpd.sampling.draws import Draws
 from ddpd.sampling.noise import ACCEPT, CLOCK, CONFIDENCE, NoiseSource, exponential, gumbel
-from ddpd.sampling.options import DDPDOptions, Execution, Guidance, Prompt, Temperature, Truncation, check_option
+from ddpd.sampling.options import (
+    DDPDOptions,
+    Execution,
+    Guidance,
+    Prompt,
+    Temperature,
+    Truncation,
+    check_option,
+    explains_moved_keywords,
+)
 from ddpd.sampling.policies import commit_risk, spread_minimum
 from ddpd.validation import check_bool, check_callable, check_choice
 
 DENOISER_TYPES = ("uniform", "mask")
 
 
+@explains_moved_keywords
 def ddpd_sample(
     planner: Callable,
     denoiser: Callable,
@@ -129,6 +139,7 @@ def ddpd_sample(
     return _algorithm1(run, draws, ddpd.check(length, steps), networks, denoiser_type == "mask")
 
 
+@explains_moved_keywords
 def ddpd_sample_uniform(
     model: Callable,
     batch_size: int,

@@ -19,13 +19,14 @@ from ddpd.sampling.common import Run, setup, start
 from ddpd.sampling.draws import Draws
 from ddpd.sampling.gillespie import mask_time
 from ddpd.sampling.noise import CONFIDENCE, EVENT, NoiseSource, gumbel
-from ddpd.sampling.options import Execution, Guidance, Prompt, Temperature, Truncation
+from ddpd.sampling.options import Execution, Guidance, Prompt, Temperature, Truncation, explains_moved_keywords
 from ddpd.sampling.policies import MaskGIT, MaskPolicy, ReMDM, Step
 from ddpd.validation import check_callable
 
 MASK_POLICIES = ("MaskGIT", "ConfidenceThreshold", "ConfidenceFactor", "EntropyBound", "ReMDM")
 
 
+@explains_moved_keywords
 def maskgit_sample(
     denoiser: Callable,
     batch_size: int,
@@ -97,6 +98,7 @@ def maskgit_sample(
                               generator=generator, noise=noise, device=device))
 
 
+@explains_moved_keywords
 def mask_sample(
     denoiser: Callable,
     batch_size: int,

@@ -13,8 +13,10 @@ each field means is in docs/sampling.md.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Callable, Optional, Union
 
 import torch
 from torch import Tensor
@@ -363,3 +365,44 @@ def _described(value) -> str:
     if isinstance(value, Tensor):
         return f"{value.dtype} of shape {tuple(value.shape)}"
     return type(value).__name__
+
+
+def _moved_keywords() -> dict[str, str]:
+    """Where each keyword the samplers once took flat now goes."""
+    moved = {name: f"ddpd=DDPDOptions({name}=...)" for name in _fields(DDPDOptions)}
+    moved.update({name: f"execution=Execution({name}=...)" for name in _fields(Execution)})
+    moved.update({name: f"truncation=Truncation({name}=...)" for name in _fields(Truncation)})
+    moved.update(x_init="prompt=Prompt(x_init, frozen)", frozen="prompt=Prompt(x_init, frozen)",
+                 labels="guidance=Guidance(labels, ...)", guidance_scale="guidance=Guidance(labels, scale=...)",
+                 conditional_planner="guidance=Guidance(labels, conditional_planner=...)",
+                 temperature_end="temperature=Temperature(start, end)")
+    return moved
+
+
+def _fields(kind: type) -> list[str]:
+    return [field.name for field in dataclasses.fields(kind)]
+
+
+def explains_moved_keywords(sampler: Callable) -> Callable:
+    """Decorate a public sampler so that a keyword it does not take raises a TypeError naming the
+    option object that holds it now (`fused=True` -> `execution=Execution(fused=...)`).
+
+    Args:
+        sampler: the sampler function.
+
+    Returns:
+        The same function, its signature and docstring kept (functools.wraps).
+    """
+    accepted = inspect.signature(sampler).parameters
+    moved = _moved_keywords()
+
+    @functools.wraps(sampler)
+    def checked(*args, **kwargs):
+        unknown = [name for name in kwargs if name not in accepted]
+        if unknown:
+            hints = [f"{name} (now {moved[name]})" if name in moved else name for name in unknown]
+            raise TypeError(f"{sampler.__name__}() got unexpected keyword argument(s): {', '.join(hints)}; "
+                            f"its keywords are {sorted(name for name in accepted)}")
+        return sampler(*args, **kwargs)
+
+    return checked

@@ -22,10 +22,11 @@ from ddpd.sampling.common import Run, expand, setup, start, subset
 from ddpd.sampling.draws import Draws
 from ddpd.sampling.gillespie import DENOISER_TYPES, mask_time
 from ddpd.sampling.noise import EVENT, MASK, NoiseSource
-from ddpd.sampling.options import Execution, Guidance, Prompt, Temperature, Truncation
+from ddpd.sampling.options import Execution, Guidance, Prompt, Temperature, Truncation, explains_moved_keywords
 from ddpd.validation import check_bool, check_callable, check_choice, check_float
 
 
+@explains_moved_keywords
 def tau_leaping_mask(
     denoiser: Callable,
     batch_size: int,
@@ -118,6 +119,7 @@ def tau_leaping_mask(
     return batch.result(run.steps)
 
 
+@explains_moved_keywords
 def tau_leaping_uniform(
     model: Callable,
     batch_size: int,
@@ -199,6 +201,7 @@ def tau_leaping_uniform(
     return batch.result(run.steps)
 
 
+@explains_moved_keywords
 def tau_leaping_planned(
     planner: Callable,
     denoiser: Callable,

@@ -82,3 +82,24 @@ def test_the_check_finds_a_missing_entry():
     entry = args_section(sampler)["execution"]
     assert [f.name for f in dataclasses.fields(Execution) if f.name not in entry] == ["sync_every", "compaction",
                                                                                       "graphs"]
+
+
+@pytest.mark.parametrize("sampler", SAMPLERS, ids=lambda s: s.__name__)
+@pytest.mark.parametrize("keyword,where", [("fused", "execution=Execution(fused=...)"),
+                                           ("top_p", "truncation=Truncation(top_p=...)"),
+                                           ("x_init", "prompt=Prompt(x_init, frozen)"),
+                                           ("guidance_scale", "guidance=Guidance(labels, scale=...)"),
+                                           ("temperature_end", "temperature=Temperature(start, end)")])
+def test_a_keyword_taken_flat_before_names_its_object(sampler, keyword, where):
+    """Before any network is called: the networks here are None."""
+    positional = [p.name for p in inspect.signature(sampler).parameters.values() if p.kind is p.POSITIONAL_OR_KEYWORD]
+    networks = (None,) * (len(positional) - 3)  # before batch_size, length, vocab_size
+    with pytest.raises(TypeError, match=re.escape(f"{keyword} (now {where})")):
+        sampler(*networks, 2, 4, 5, steps=2, **{keyword: 1})
+
+
+def test_an_unknown_keyword_is_named_with_the_keywords_a_sampler_takes():
+    with pytest.raises(TypeError, match=r"got unexpected keyword argument\(s\): bogus; its keywords are .*'execution'"):
+        sampling.ddpd_sample(None, None, 2, 4, 5, steps=2, bogus=1)
+    with pytest.raises(TypeError, match=r"selection \(now ddpd=DDPDOptions\(selection=\.\.\.\)\)"):
+        sampling.ddpd_sample(None, None, 2, 4, 5, steps=2, selection="softmax")
