@@ -56,13 +56,7 @@ def check_norm(x, weight, bias, eps, rms, shift, scale) -> None:
     """Validate the arguments of norm.
 
     Args:
-        x: the op's `x`.
-        weight: the op's `weight`.
-        bias: the op's `bias`.
-        eps: the op's `eps`.
-        rms: the op's `rms`.
-        shift: the op's `shift`.
-        scale: the op's `scale`.
+        x, weight, bias, eps, rms, shift, scale: the op's arguments of these names.
 
     Raises:
         TypeError: a tensor of the wrong dtype, or shift and scale of different dtypes.

@@ -36,11 +36,7 @@ def check_select_args(logits, k, mode, tau, eps) -> tuple[bool, float, float]:
     """Validate the selection arguments of planner_select and planner_select_mask.
 
     Args:
-        logits: the op's `logits`.
-        k: the op's `k`.
-        mode: the op's `mode`.
-        tau: the op's `tau`.
-        eps: the op's `eps`.
+        logits, k, mode, tau, eps: the op's arguments of these names.
 
     Returns:
         (softmax, tau, eps): whether mode is "softmax", tau as a float, and eps raised to the
@@ -139,12 +135,7 @@ def resolve_pair(noise, mask_noise, logits, seed, offset, mask_offset, generator
     Args:
         noise: explicit uniforms of the selection, or None.
         mask_noise: explicit uniforms of the mask, or None.
-        logits: the op's `logits`.
-        seed: the op's `seed`.
-        offset: the op's `offset`.
-        mask_offset: the op's `mask_offset`.
-        generator: the op's `generator`.
-        row_ids: the op's `row_ids`.
+        logits, seed, offset, mask_offset, generator, row_ids: the op's arguments of these names.
 
     Returns:
         (counters, (mask_offset, mask_offset_tensor)): the selection's counters as

@@ -203,10 +203,7 @@ def resolve_stream(noise: Optional[torch.Tensor], noise_shape: tuple, like: torc
         noise: the op's explicit uniforms, or None.
         noise_shape: the shape noise must have; its first dimension is the rows.
         like: the op's input, whose device noise, row_ids and tensor counters must share.
-        seed: the op's `seed`.
-        offset: the op's `offset`.
-        generator: the op's `generator`.
-        row_ids: the op's `row_ids`, or None.
+        seed, offset, generator, row_ids: the op's arguments of these names.
 
     Returns:
         The counters (seed, offset, seed_tensor, offset_tensor) as resolve_seed returns
@@ -275,10 +272,7 @@ def check_noise_alone(seed, offset, generator, row_ids) -> None:
     """Explicit noise replaces the stream: no seed, offset, generator or row_ids with it.
 
     Args:
-        seed: the op's `seed`.
-        offset: the op's `offset`.
-        generator: the op's `generator`.
-        row_ids: the op's `row_ids`.
+        seed, offset, generator, row_ids: the op's arguments of these names.
 
     Raises:
         ValueError: any of them is set.

@@ -34,9 +34,7 @@ def check_rotary(x, cos, sin) -> None:
     """Validate the arguments of rotary.
 
     Args:
-        x: the op's `x`.
-        cos: the op's `cos`.
-        sin: the op's `sin`.
+        x, cos, sin: the op's arguments of these names.
 
     Raises:
         TypeError: a tensor of the wrong dtype.

@@ -223,10 +223,7 @@ def check_controls(temperature, top_k, top_p, min_p, lead: tuple, like: torch.Te
     """Validate the sampling controls (numbers, or tensors of the leading shape).
 
     Args:
-        temperature: the op's `temperature`.
-        top_k: the op's `top_k`, or None.
-        top_p: the op's `top_p`, or None.
-        min_p: the op's `min_p`, or None.
+        temperature, top_k, top_p, min_p: the op's arguments of these names.
         lead: the leading shape of the input (its rows).
         like: the input, whose device tensor controls must share.
 
@@ -508,21 +505,8 @@ def prepare(op: str, input_name: str, inputs: torch.Tensor, vocab_size: int, tem
         input_name: what V is read from, for the messages.
         inputs: the op's logits or hidden states.
         vocab_size: V.
-        temperature: the op's `temperature`.
-        exclude_ids: the op's `exclude_ids`.
-        exclude_per_row: the op's `exclude_per_row`.
-        allowed: the op's `allowed`.
-        top_k: the op's `top_k`.
-        top_p: the op's `top_p`.
-        min_p: the op's `min_p`.
-        return_logprob: the op's `return_logprob`.
-        confidence: the op's `confidence`.
-        seed: the op's `seed`.
-        offset: the op's `offset`.
-        generator: the op's `generator`.
-        row_ids: the op's `row_ids`.
-        noise: the op's `noise`.
-        controls: the op's `controls`, or None.
+        temperature, exclude_ids, exclude_per_row, allowed, top_k, top_p, min_p, return_logprob, confidence, seed,
+            offset, generator, row_ids, noise, controls: the op's arguments of these names.
 
     Returns:
         The validated Call.
@@ -1100,22 +1084,8 @@ def prepare_categorical(logits, temperature, exclude_ids, exclude_per_row, allow
     """Validate the arguments of sample_categorical (prepare, after the logits' own checks).
 
     Args:
-        logits: the op's `logits`.
-        temperature: the op's `temperature`.
-        exclude_ids: the op's `exclude_ids`.
-        exclude_per_row: the op's `exclude_per_row`.
-        allowed: the op's `allowed`.
-        top_k: the op's `top_k`.
-        top_p: the op's `top_p`.
-        min_p: the op's `min_p`.
-        return_logprob: the op's `return_logprob`.
-        confidence: the op's `confidence`.
-        seed: the op's `seed`.
-        offset: the op's `offset`.
-        generator: the op's `generator`.
-        row_ids: the op's `row_ids`.
-        noise: the op's `noise`.
-        controls: the op's `controls`, or None.
+        logits, temperature, exclude_ids, exclude_per_row, allowed, top_k, top_p, min_p, return_logprob, confidence,
+            seed, offset, generator, row_ids, noise, controls: the op's arguments of these names.
 
     Returns:
         The validated Call.

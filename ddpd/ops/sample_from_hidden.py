@@ -46,24 +46,8 @@ def prepare_hidden(hidden, weight, bias, temperature, exclude_ids, exclude_per_r
     """Validate the arguments of sample_from_hidden (the head's own checks, then prepare).
 
     Args:
-        hidden: the op's `hidden`.
-        weight: the op's `weight`.
-        bias: the op's `bias`.
-        temperature: the op's `temperature`.
-        exclude_ids: the op's `exclude_ids`.
-        exclude_per_row: the op's `exclude_per_row`.
-        allowed: the op's `allowed`.
-        top_k: the op's `top_k`.
-        top_p: the op's `top_p`.
-        min_p: the op's `min_p`.
-        return_logprob: the op's `return_logprob`.
-        confidence: the op's `confidence`.
-        seed: the op's `seed`.
-        offset: the op's `offset`.
-        generator: the op's `generator`.
-        row_ids: the op's `row_ids`.
-        noise: the op's `noise`.
-        controls: the op's `controls`, or None.
+        hidden, weight, bias, temperature, exclude_ids, exclude_per_row, allowed, top_k, top_p, min_p, return_logprob,
+            confidence, seed, offset, generator, row_ids, noise, controls: the op's arguments of these names.
 
     Returns:
         The validated Call.

@@ -367,20 +367,20 @@ def _described(value) -> str:
     return type(value).__name__
 
 
-def _moved_keywords() -> dict[str, str]:
-    """Where each keyword the samplers once took flat now goes."""
-    moved = {name: f"ddpd=DDPDOptions({name}=...)" for name in _fields(DDPDOptions)}
-    moved.update({name: f"execution=Execution({name}=...)" for name in _fields(Execution)})
-    moved.update({name: f"truncation=Truncation({name}=...)" for name in _fields(Truncation)})
-    moved.update(x_init="prompt=Prompt(x_init, frozen)", frozen="prompt=Prompt(x_init, frozen)",
-                 labels="guidance=Guidance(labels, ...)", guidance_scale="guidance=Guidance(labels, scale=...)",
-                 conditional_planner="guidance=Guidance(labels, conditional_planner=...)",
-                 temperature_end="temperature=Temperature(start, end)")
-    return moved
-
-
 def _fields(kind: type) -> list[str]:
     return [field.name for field in dataclasses.fields(kind)]
+
+
+# Where each keyword the samplers once took flat now goes.
+MOVED = {
+    **{name: f"ddpd=DDPDOptions({name}=...)" for name in _fields(DDPDOptions)},
+    **{name: f"execution=Execution({name}=...)" for name in _fields(Execution)},
+    **{name: f"truncation=Truncation({name}=...)" for name in _fields(Truncation)},
+    "x_init": "prompt=Prompt(x_init, frozen)", "frozen": "prompt=Prompt(x_init, frozen)",
+    "labels": "guidance=Guidance(labels, ...)", "guidance_scale": "guidance=Guidance(labels, scale=...)",
+    "conditional_planner": "guidance=Guidance(labels, conditional_planner=...)",
+    "temperature_end": "temperature=Temperature(start, end)",
+}
 
 
 def explains_moved_keywords(sampler: Callable) -> Callable:
@@ -394,13 +394,12 @@ def explains_moved_keywords(sampler: Callable) -> Callable:
         The same function, its signature and docstring kept (functools.wraps).
     """
     accepted = inspect.signature(sampler).parameters
-    moved = _moved_keywords()
 
     @functools.wraps(sampler)
     def checked(*args, **kwargs):
         unknown = [name for name in kwargs if name not in accepted]
         if unknown:
-            hints = [f"{name} (now {moved[name]})" if name in moved else name for name in unknown]
+            hints = [f"{name} (now {MOVED[name]})" if name in MOVED else name for name in unknown]
             raise TypeError(f"{sampler.__name__}() got unexpected keyword argument(s): {', '.join(hints)}; "
                             f"its keywords are {sorted(name for name in accepted)}")
         return sampler(*args, **kwargs)

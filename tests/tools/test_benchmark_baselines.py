@@ -10,7 +10,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from ddpd.testing import baselines as torch_draws
+from ddpd.testing import baselines
 
 DRAWS = 40_000
 LOGITS = torch.tensor([1.3, -0.4, 0.9, 2.1, -1.7, 0.2, 1.8])  # distinct: no ties at a boundary
@@ -58,11 +58,11 @@ def truncated_law(logits, temperature=1.0, top_k=None, top_p=None, min_p=None) -
     return probs / probs.sum()
 
 
-@pytest.mark.parametrize("name", list(torch_draws.CATEGORICAL))
+@pytest.mark.parametrize("name", list(baselines.CATEGORICAL))
 @pytest.mark.parametrize("temperature", [1.0, 0.6])
 def test_categorical_draws(name, temperature):
     torch.manual_seed(1)
-    tokens = torch_draws.CATEGORICAL[name](rows(LOGITS), temperature)
+    tokens = baselines.CATEGORICAL[name](rows(LOGITS), temperature)
     assert tokens.shape == (DRAWS,)
     assert_law(tokens, torch.softmax(LOGITS.double() / temperature, -1))
 
@@ -71,12 +71,12 @@ CONTROLS = [dict(top_k=3), dict(top_k=1), dict(top_p=0.7), dict(top_p=0.2), dict
             dict(top_p=0.9, min_p=0.4), dict(top_k=5, top_p=0.8, min_p=0.2), dict(top_k=7), dict(top_p=1.0), dict()]
 
 
-@pytest.mark.parametrize("name", list(torch_draws.TRUNCATED))
+@pytest.mark.parametrize("name", list(baselines.TRUNCATED))
 @pytest.mark.parametrize("controls", CONTROLS, ids=lambda c: " ".join(f"{k}={v}" for k, v in c.items()) or "none")
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_truncated_draws(name, controls, temperature):
     torch.manual_seed(2)
-    tokens = torch_draws.TRUNCATED[name](rows(LOGITS), temperature, **controls)
+    tokens = baselines.TRUNCATED[name](rows(LOGITS), temperature, **controls)
     assert tokens.shape == (DRAWS,)
     assert_law(tokens, truncated_law(LOGITS, temperature, **controls))
 
@@ -84,7 +84,7 @@ def test_truncated_draws(name, controls, temperature):
 def test_the_law_test_catches_a_wrong_truncation():
     """The test has the power to see a wrong cut: top-p 0.7 drawn with top-p 0.8's law fails."""
     torch.manual_seed(2)
-    tokens = torch_draws.kept_token_draw(rows(LOGITS), top_p=0.7)
+    tokens = baselines.kept_token_draw(rows(LOGITS), top_p=0.7)
     with pytest.raises(AssertionError):
         assert_law(tokens, truncated_law(LOGITS, top_p=0.9))
 
@@ -95,7 +95,7 @@ WEIGHTS = torch.tensor([0.05, 0.3, 0.0, 0.15, 0.2, 0.1, 0.2])  # one zero weight
 def test_inverse_cdf_with_replacement_draws_independent_categories():
     torch.manual_seed(3)
     k = 3
-    draws = torch_draws.inverse_cdf(rows(3.0 * WEIGHTS), k)  # unnormalised weights
+    draws = baselines.inverse_cdf(rows(3.0 * WEIGHTS), k)  # unnormalised weights
     assert draws.shape == (DRAWS, k)
     p = (WEIGHTS.double() / WEIGHTS.double().sum()).tolist()
     joint = torch.tensor([p[a] * p[b] * p[c] for a, b, c in itertools.product(range(7), repeat=3)])
@@ -105,7 +105,7 @@ def test_inverse_cdf_with_replacement_draws_independent_categories():
 def test_gumbel_top_k_draws_sequential_sampling_without_replacement():
     torch.manual_seed(4)
     k = 3
-    draws = torch_draws.gumbel_top_k(rows(3.0 * WEIGHTS), k)
+    draws = baselines.gumbel_top_k(rows(3.0 * WEIGHTS), k)
     assert draws.shape == (DRAWS, k)
     w = WEIGHTS.double().tolist()
     total = sum(w)
@@ -118,24 +118,24 @@ def test_gumbel_top_k_draws_sequential_sampling_without_replacement():
 PLANNER_LOGITS = torch.tensor([2.0, -1.0, 0.5, -3.0, 1.0, 0.0, -0.5])
 
 
-@pytest.mark.parametrize("select", list(torch_draws.SELECT))
+@pytest.mark.parametrize("select", list(baselines.SELECT))
 def test_planner_selection_draws_p_over_its_sum(select):
     torch.manual_seed(5)
-    positions, total, stop = torch_draws.planner_select(rows(PLANNER_LOGITS), select)
+    positions, total, stop = baselines.planner_select(rows(PLANNER_LOGITS), select)
     p = torch.sigmoid(PLANNER_LOGITS.double())
     assert positions.shape == (DRAWS, 1) and not stop.any()
     assert torch.allclose(total[0].double(), p.sum())
     assert_law(positions[:, 0], p / p.sum())
 
 
-@pytest.mark.parametrize("name", list(torch_draws.PLANNER_MASK))
+@pytest.mark.parametrize("name", list(baselines.PLANNER_MASK))
 def test_planner_mask_coins(name):
     """Each coin z_d is Bernoulli(p_d), independent of the others, and the chosen position is
     always masked: the joint law of (position, z_1, z_2) is tested, and every marginal."""
     torch.manual_seed(6)
     x = torch.arange(7)
-    select, coin = torch_draws.PLANNER_MASK[name]
-    positions, _, _, masked, z, count = torch_draws.planner_select_mask(rows(PLANNER_LOGITS), rows(x), 99, select,
+    select, coin = baselines.PLANNER_MASK[name]
+    positions, _, _, masked, z, count = baselines.planner_select_mask(rows(PLANNER_LOGITS), rows(x), 99, select,
                                                                         coin)
     assert torch.equal(z.gather(1, positions), torch.ones_like(positions, dtype=torch.bool))
     assert torch.equal(masked, torch.where(z, 99, rows(x))) and torch.equal(count, z.sum(-1))
@@ -150,12 +150,12 @@ def test_planner_mask_coins(name):
     joint = torch.tensor([choose[d] * coin(d, 1, z1) * coin(d, 3, z3)
                           for d in range(7) for z1, z3 in itertools.product((0, 1), repeat=2)])
     assert_law(positions[:, 0] * 4 + z[:, 1].long() * 2 + z[:, 3].long(), joint)
-    for coin_fn in torch_draws.COIN.values():
+    for coin_fn in baselines.COIN.values():
         freq = coin_fn(rows(p.float())).double().mean(0)
         assert ((freq - p).abs() < 6 * (p * (1 - p) / DRAWS).sqrt() + 1e-9).all()
 
 
-@pytest.mark.parametrize("draw", [torch_draws.softmax_inverse_cdf, torch_draws.gumbel_argmax])
+@pytest.mark.parametrize("draw", [baselines.softmax_inverse_cdf, baselines.gumbel_argmax])
 def test_gathered_step_draws_the_position_then_its_token(draw):
     """The plain-torch step draws position d with p_d / sum p and its token from the head's
     softmax at d's hidden state; every other position keeps its token."""
@@ -166,7 +166,7 @@ def test_gathered_step_draws_the_position_then_its_token(draw):
     hidden, weight, bias = torch.randn(length, width, generator=g), torch.randn(vocab, width, generator=g), \
         torch.randn(vocab, generator=g)
     x = torch.full((length,), 7)
-    out, masked, stop = torch_draws.gathered_step(rows(planner), rows(x), rows(hidden), weight, bias, 9, draw)
+    out, masked, stop = baselines.gathered_step(rows(planner), rows(x), rows(hidden), weight, bias, 9, draw)
     changed = out != 7
     assert (changed.sum(1) == 1).all() and not stop.any()
     positions = changed.long().argmax(1)
