@@ -463,7 +463,8 @@ def _choice_noise(run: Run, policy, step, rows: Tensor, k: int) -> Optional[Tens
     """tau_i g, Float[B, k]: the annealed Gumbel noise of ErrorBudget's ranking (CONFIDENCE stream), or None."""
     if policy.choice_temperature == 0.0:
         return None
-    return policy.choice_temperature * (1.0 - step / run.steps) * gumbel(run.noise.uniform(step, CONFIDENCE, rows, k))
+    tau = policy.choice_temperature * (1.0 - (step + 1) / run.steps)  # MaskGIT's annealing
+    return tau * gumbel(run.noise.uniform(step, CONFIDENCE, rows, k))
 
 
 def _policy_plan(networks, batch: RunningBatch, plan_now: bool, revise_above: Optional[float]) -> Tensor:

@@ -65,7 +65,7 @@ class ErrorBudget:
     of the committed text from the denoiser.
 
     choice_temperature tau (order 'risk'): the candidates are ranked by log(1 - r_j) + tau_i g_j,
-    g_j Gumbel, tau_i = tau (1 - i / T) at step i of T, MaskGIT's annealed randomness (eq. 3 of
+    g_j Gumbel, tau_i = tau (1 - (i + 1) / T) at step i of T, MaskGIT's annealed randomness (eq. 3 of
     Chang et al. 2022): a Plackett-Luce order by (1 - r)^(1 / tau_i), less greedy than the
     lowest risk first, which keeps the samples' entropy.
 

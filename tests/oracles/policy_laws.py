@@ -186,7 +186,7 @@ def known_noise_law(toy: ToyProblem, steps: int, bound: float, max_k: int, denoi
             minimum = _minimum(spread, p_now.sum(-1), i, steps, toy.D)
             alpha = toy.schedule.alpha(toy.schedule.inverse(1.0 - p_now.mean(-1)))  # the estimate counts them as noise
             kernel = error_budget_kernel(toy, judged, alpha, "sigmoid", 1.0, denoiser_type, bound, max_k, "risk",
-                                         minimum, touched, choice_temperature * (1.0 - i / steps))
+                                         minimum, touched, choice_temperature * (1.0 - (i + 1) / steps))
             nxt += pi[:, touched] @ kernel
         pi = nxt.view(toy.N, masks)
     return pi.sum(1)
