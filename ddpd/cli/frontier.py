@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> None:
     """
     import torch
 
-    from ddpd.eval.frontier import frontier_markdown, passes_to_reach, plot_frontier, read_frontier, run_frontier
+    from ddpd.eval import frontier as fr
     from ddpd.eval.report import MissingDependency, one_set, write_text
 
     families = _policies(args)  # the arguments first: nothing is loaded for a bad one
@@ -80,25 +80,26 @@ def run(args: argparse.Namespace) -> None:
     configs = _configs(args, families, planner, denoiser, vocab, length)
     csv_path = os.path.join(args.out_dir, "frontier.csv")
     with torch.no_grad():
-        rows = run_frontier(configs, judge=judge, vocab_size=vocab, num_samples=args.num_samples, seed=args.seed,
+        rows = fr.run_frontier(configs, judge=judge, vocab_size=vocab, num_samples=args.num_samples, seed=args.seed,
                             batch_size=args.batch_size, csv_path=csv_path, progress=args.progress)
-    rows = read_frontier(csv_path)  # every row of the CSV: earlier runs into --out-dir add to the frontier
+    rows = fr.read_frontier(csv_path)  # every row of the CSV: earlier runs into --out-dir add to the frontier
     targets = [r for r in rows if r["sampler"] == "ddpd" and r["policy"] == "one-at-a-time"
                and int(r["steps"]) == args.target_steps]
     if not targets:
         raise UsageError(f"{csv_path} holds no one-at-a-time ddpd row at --target-steps {args.target_steps}")
     target = min(targets, key=lambda r: abs(float(r["temperature"]) - args.target_temperature))
     label = f"ddpd one at a time, {args.target_steps} steps, T={target['temperature']}"
-    reach = passes_to_reach([r for r in rows if r is not target], float(target["judge_nll"]),
+    reach = fr.passes_to_reach([r for r in rows if r is not target], float(target["judge_nll"]),
                             float(target["entropy"]))
+    text = fr.frontier_markdown(rows, reach, label, fr.against_baselines(rows))
     with one_set():
-        write_text(frontier_markdown(rows, reach, label), os.path.join(args.out_dir, "frontier.md"))
+        write_text(text, os.path.join(args.out_dir, "frontier.md"))
         try:
-            plot_frontier(rows, os.path.join(args.out_dir, "frontier.png"),
+            fr.plot_frontier(rows, os.path.join(args.out_dir, "frontier.png"),
                           {"judge_nll": float(target["judge_nll"]), "entropy": float(target["entropy"])})
         except MissingDependency as err:
             print(f"ddpd-eval: {err}; frontier.png skipped")
-    print(frontier_markdown(rows, reach, label))
+    print(text)
 
 
 def _bundle(path):
@@ -176,12 +177,13 @@ def _configs(args, by_family: dict, planner, denoiser, vocab: int, length: int) 
                                noise=noise, execution=execution)
         return go
 
-    configs = {("ddpd", None, args.target_steps, args.target_temperature): None}
+    configs = {("ddpd", None, args.target_steps, args.target_temperature): 2 * args.target_steps}
     for family in args.samplers:
         for policy in by_family[family]:
             for budget in args.budgets:
                 for temperature in args.temperatures:
                     steps = _steps(family, policy, budget)
-                    configs[family, policy, steps, temperature] = None
+                    configs.setdefault((family, policy, steps, temperature), budget)
     return [Config(family, "one-at-a-time" if policy is None else policy_spec(policy), steps, temperature,
-                   runner(family, policy, steps, temperature)) for family, policy, steps, temperature in configs]
+                   runner(family, policy, steps, temperature), budget)
+            for (family, policy, steps, temperature), budget in configs.items()]

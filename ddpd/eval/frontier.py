@@ -24,7 +24,7 @@ from typing import Any, Callable, Optional
 import torch
 from tqdm.auto import tqdm
 
-from ddpd.eval.quality import quality_metrics
+from ddpd.eval.quality import COMPARE_COLUMNS, matched_entropy, quality_metrics
 from ddpd.eval.report import markdown_table, pyplot, save_figure, write_csv
 
 KEY = ("sampler", "policy", "steps", "temperature", "num_samples", "seed")
@@ -38,13 +38,15 @@ COLUMNS = (("sampler", "Sampler", ""), ("policy", "Policy", ""), ("steps", "Step
 @dataclass(frozen=True)
 class Config:
     """One point of the frontier: run(n, first_row) -> a SampleResult-like object (tokens,
-    planner_passes, denoiser_passes, commits) for samples first_row .. first_row + n - 1."""
+    planner_passes, denoiser_passes, commits) for samples first_row .. first_row + n - 1,
+    at `steps` steps, what a budget of `budget` network passes buys."""
 
     sampler: str
     policy: str
     steps: int
     temperature: float
     run: Callable[[int, int], Any]
+    budget: Optional[int] = None
 
     def key(self, num_samples: int, seed: int) -> tuple:
         """What identifies the configuration's row in a frontier CSV.
@@ -117,7 +119,23 @@ def read_frontier(path: str) -> list[dict]:
                   "denoiser_passes", "tokens_per_pass", "temperature", "seconds"):
             if row.get(k):
                 row[k] = float(row[k])
+        row["budget"] = budget(row)
     return rows
+
+
+def budget(row: dict) -> int:
+    """The network-pass budget a row was run at: its `budget`, or in a row written without one
+    its steps (mask loop: a pass a step) or its mean passes (ddpd, which spends its budget).
+
+    Args:
+        row: a frontier row.
+
+    Returns:
+        The budget.
+    """
+    if row.get("budget") not in (None, ""):
+        return int(row["budget"])
+    return int(row["steps"]) if row["sampler"] != "ddpd" else round(float(row["passes"]))
 
 
 def _measure(config: Config, judge, vocab_size: int, num_samples: int, seed: int, batch_size: int) -> dict:
@@ -131,7 +149,8 @@ def _measure(config: Config, judge, vocab_size: int, num_samples: int, seed: int
         commits += int(result.commits.sum())
     metrics = quality_metrics(torch.cat(tokens), judge, vocab_size)
     passes = (planner + denoiser) / num_samples
-    return {"sampler": config.sampler, "policy": config.policy, "steps": config.steps,
+    planned = "" if config.budget is None else config.budget
+    return {"sampler": config.sampler, "policy": config.policy, "steps": config.steps, "budget": planned,
             "temperature": config.temperature, "judge_nll": metrics["judge_nll"],
             "judge_nll_se": metrics["judge_nll_se"], "entropy": metrics["entropy"],
             "entropy_se": metrics["entropy_se"], "passes": passes, "planner_passes": planner / num_samples,
@@ -190,13 +209,37 @@ def passes_to_reach(rows: list[dict], target_nll: float, target_entropy: float, 
     return out
 
 
-def frontier_markdown(rows: list[dict], reach: Optional[list[dict]] = None, target: str = "") -> str:
-    """The frontier rows, and the passes each family needs to reach the target, as Markdown.
+def against_baselines(rows: list[dict]) -> list[dict]:
+    """Every ddpd commit policy against every mask-loop policy at each pass budget, at matched
+    entropy: each temperature sweep is a curve NLL(entropy), compared by
+    ddpd.eval.quality.matched_entropy (interpolated, never extrapolated).
+
+    Args:
+        rows: frontier rows (the one-at-a-time rows are left out).
+
+    Returns:
+        matched_entropy's dicts ("steps" is the pass budget), budget by budget.
+    """
+    curves = [dict(r, sampler=family(r), steps=budget(r), judge_nll=float(r["judge_nll"]),
+                   entropy=float(r["entropy"])) for r in rows if r["policy"] != "one-at-a-time"]
+    ours = list(dict.fromkeys(c["sampler"] for c in curves if c["sampler"].startswith("ddpd ")))
+    theirs = list(dict.fromkeys(c["sampler"] for c in curves if not c["sampler"].startswith("ddpd ")))
+    out = []
+    for steps in sorted({c["steps"] for c in curves}):
+        out += [c for o in ours for t in theirs if (c := matched_entropy(curves, o, t, steps)) is not None]
+    return [dict(c, sampler=_label(c["sampler"]), baseline=_label(c["baseline"])) for c in out]
+
+
+def frontier_markdown(rows: list[dict], reach: Optional[list[dict]] = None, target: str = "",
+                      compared: Optional[list[dict]] = None) -> str:
+    """The frontier rows, the passes each family needs to reach the target, and the ddpd
+    policies against the baselines at matched entropy, as Markdown.
 
     Args:
         rows: frontier rows.
         reach: passes_to_reach's dicts, or None.
         target: a line describing the target.
+        compared: against_baselines's dicts, or None.
 
     Returns:
         The Markdown text.
@@ -207,6 +250,10 @@ def frontier_markdown(rows: list[dict], reach: Optional[list[dict]] = None, targ
         text += markdown_table(reach, (("family", "Sampler / policy", ""), ("reached", "Reached", ""),
                                        ("passes", "Passes / sample", ".1f"), ("judge_nll", "Judge NLL", ".4f"),
                                        ("entropy", "Entropy", ".3f"), ("config", "Configuration", "")))
+    if compared:
+        text += ("\n\nEach ddpd policy against each baseline at the same pass budget and entropy (a point is "
+                 "better when the policy's NLL-entropy curve across temperatures passes below it):\n\n")
+        text += markdown_table(compared, (("steps", "Passes", ""),) + COMPARE_COLUMNS[1:])
     return text + "\n"
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from ddpd.cli.eval import main
-from ddpd.eval.frontier import Config, passes_to_reach, read_frontier, run_frontier
+from ddpd.eval.frontier import Config, against_baselines, budget, passes_to_reach, read_frontier, run_frontier
 from ddpd.eval.ngram import NGramJudge
 
 
@@ -63,6 +63,26 @@ def test_passes_to_reach_takes_the_cheapest_configuration_at_matched_entropy():
     assert not reach["maskgit maskgit"]["reached"]  # its entropy is 12% lower: not matched
 
 
+def test_against_baselines_compares_each_ddpd_policy_at_its_budget_and_matched_entropy():
+    def row(sampler, policy, steps, temperature, nll, entropy, passes):
+        return dict(sampler=sampler, policy=policy, steps=steps, temperature=temperature, judge_nll=nll,
+                    entropy=entropy, passes=passes)
+
+    rows = [row("ddpd", "one-at-a-time", 16, 1.0, 5.0, 4.0, 32.0),
+            row("ddpd", "error-budget:bound=0", 32, 0.9, 2.0, 3.80, 32.0),  # budget 32: curve 2.0 -> 2.4
+            row("ddpd", "error-budget:bound=0", 32, 1.1, 2.4, 4.00, 32.0),
+            row("maskgit", "maskgit", 32, 1.0, 2.3, 3.90, 32.0),  # the curve gives 2.2 here: better
+            row("maskgit", "maskgit", 64, 1.0, 1.0, 3.90, 64.0),  # no ddpd row at 64
+            row("maskgit", "threshold:0.9", 32, 1.0, 2.1, 3.95, 20.0)]  # adaptive: fewer passes, budget 32
+    assert [budget(r) for r in rows] == [32, 32, 32, 32, 64, 32]
+    assert budget(dict(rows[3], budget="128")) == 128  # a stored budget wins
+    compared = against_baselines(rows)
+    assert [(c["steps"], c["baseline"], c["verdict"]) for c in compared] == \
+        [(32, "maskgit maskgit", "lower"), (32, "maskgit threshold:0.9", "higher")]
+    assert compared[0]["nll_difference"] == pytest.approx(-0.1)
+    assert compared[1]["nll_difference"] == pytest.approx(0.2)
+
+
 def test_ngram_judge_is_a_normalised_law():
     torch.manual_seed(0)
     text = torch.randint(0, 4, (3000,))
@@ -98,6 +118,8 @@ def test_ddpd_eval_frontier_writes_its_reports(tmp_path, capsys):
     assert {(r["sampler"], r["policy"].split(":")[0]) for r in rows} == {
         ("ddpd", "one-at-a-time"), ("ddpd", "error-budget"), ("maskgit", "maskgit"), ("maskgit", "threshold")}
     assert (out / "frontier.md").read_text().count("| ddpd |") == 2
+    assert {r["budget"] for r in rows} == {2}  # the target's 1 step is a 2-pass budget too
+    assert "| 2 | ddpd error-budget:bound=2,max_k=4 | maskgit maskgit:tau=4.5 |" in (out / "frontier.md").read_text()
     assert main(argv) == 0  # resumed: nothing left to run
     assert "Passes to reach" in capsys.readouterr().out
 
