@@ -19,7 +19,7 @@ from ddpd.process import Schedule, get_schedule, uniform_token
 from ddpd.sampling.batch import Condition
 from ddpd.sampling.draws import Draws, make_draws
 from ddpd.sampling.noise import INIT, NoiseSource, make_noise
-from ddpd.sampling.options import Execution, Guidance, Prompt, Temperature, Truncation, check_option
+from ddpd.sampling.options import Execution, Guidance, Prompt, Temperature, Truncation, check_option, described
 from ddpd.validation import check_device, check_int
 
 
@@ -119,8 +119,7 @@ def _condition(sampler: str, guidance: Optional[Guidance], batch_size: int, devi
         raise TypeError(f"{sampler}: Guidance.conditional_planner does not apply (this sampler runs no planner "
                         f"network)")
     if tuple(guidance.labels.shape) != (batch_size,):
-        raise ValueError(f"labels must be a Long tensor of shape [{batch_size}], got "
-                         f"{guidance.labels.dtype} of shape {tuple(guidance.labels.shape)}")
+        raise ValueError(f"labels must be a Long tensor of shape [{batch_size}], got {described(guidance.labels)}")
     labels = guidance.labels.to(device) if device is not None else guidance.labels
     return Condition(labels, guidance.scale, guidance.conditional_planner)
 

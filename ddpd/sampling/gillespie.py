@@ -33,7 +33,7 @@ from ddpd.sampling.options import (
     check_option,
     explains_moved_keywords,
 )
-from ddpd.sampling.policies import commit_risk, spread_minimum
+from ddpd.sampling.policies import annealed, commit_risk, spread_minimum
 from ddpd.validation import check_bool, check_callable, check_choice
 
 DENOISER_TYPES = ("uniform", "mask")
@@ -327,7 +327,7 @@ def _planner_clock(run: Run, draws: Draws, opts: DDPDOptions, networks, batch: R
     order = min(policy.max_k, run.length) if policy is not None else 0
     if policy is not None and policy.known_noise:
         batch.state["touched"] = _given(run, batch)
-    if policy is not None and (policy.plan_every > 1 or _first_plan_unread(run, opts)):
+    if policy is not None and policy.plan_every > 1:
         batch.state["plan"] = torch.zeros(batch.x.shape, device=batch.x.device)
 
     def one_step(step, k: int, temperature: float, check: bool, plan_now: bool = True) -> bool:
@@ -438,7 +438,7 @@ def _run_steps(run: Run, draws: Draws, batch: RunningBatch, opts: DDPDOptions, o
 def _first_plan_unread(run: Run, opts: DDPDOptions) -> bool:
     """Whether the first step's planner pass can be skipped: under known_noise without a prompt
     every position starts unwritten, noise for certain, so nothing of that plan would be read."""
-    return opts.policy is not None and opts.policy.known_noise and run.x_init is None
+    return opts.policy is not None and opts.policy.skips_first_plan(prompted=run.x_init is not None)
 
 
 def _over_time(run: Run, t: Tensor, t_final: float, k: int) -> Union[float, Tensor]:
@@ -463,8 +463,7 @@ def _choice_noise(run: Run, policy, step, rows: Tensor, k: int) -> Optional[Tens
     """tau_i g, Float[B, k]: the annealed Gumbel noise of ErrorBudget's ranking (CONFIDENCE stream), or None."""
     if policy.choice_temperature == 0.0:
         return None
-    tau = policy.choice_temperature * (1.0 - (step + 1) / run.steps)  # MaskGIT's annealing
-    return tau * gumbel(run.noise.uniform(step, CONFIDENCE, rows, k))
+    return annealed(policy.choice_temperature, step, run.steps) * gumbel(run.noise.uniform(step, CONFIDENCE, rows, k))
 
 
 def _policy_plan(networks, batch: RunningBatch, plan_now: bool, revise_above: Optional[float]) -> Tensor:
@@ -476,8 +475,10 @@ def _policy_plan(networks, batch: RunningBatch, plan_now: bool, revise_above: Op
         logits = _plan(networks, batch, batch.state.get("t_prev"))
         if "plan" in batch.state:
             batch.state["plan"].copy_(logits)
-    else:
+    elif "plan" in batch.state:
         logits = batch.state["plan"].clone()
+    else:  # step 0 without its planner pass (skips_first_plan): every position is untouched, +inf below
+        logits = torch.zeros(batch.x.shape, device=batch.x.device)
     touched = batch.state.get("touched")
     if touched is None:
         return logits

@@ -267,12 +267,12 @@ class Prompt:
 
     def __post_init__(self) -> None:
         if not isinstance(self.x_init, Tensor) or self.x_init.dtype != torch.long or self.x_init.dim() != 2:
-            raise ValueError(f"x_init must be a Long tensor of shape [B, D], got {_described(self.x_init)}")
+            raise ValueError(f"x_init must be a Long tensor of shape [B, D], got {described(self.x_init)}")
         if self.frozen is None:
             return
         shape = tuple(self.x_init.shape)
         if not isinstance(self.frozen, Tensor) or self.frozen.dtype != torch.bool or tuple(self.frozen.shape) != shape:
-            raise ValueError(f"frozen must be a Bool tensor of shape {list(shape)}, got {_described(self.frozen)}")
+            raise ValueError(f"frozen must be a Bool tensor of shape {list(shape)}, got {described(self.frozen)}")
         if bool((self.frozen.to(self.x_init.device) & (self.x_init < 0)).any()):
             raise ValueError("x_init must give a value (not -1) at every frozen position")
 
@@ -293,13 +293,15 @@ class Prompt:
         """
         shape = (batch_size, length)
         if tuple(self.x_init.shape) != shape:
-            raise ValueError(f"x_init must be a Long tensor of shape {list(shape)}, got {_described(self.x_init)}")
+            raise ValueError(f"x_init must be a Long tensor of shape {list(shape)}, got {described(self.x_init)}")
         x_init = self.x_init.to(device) if device is not None else self.x_init
         low, high = int(x_init.min()), int(x_init.max())  # once, before the loop
         if low < -1 or high >= vocab_size:
             raise ValueError(f"x_init values must be in [-1, {vocab_size}) (-1: start from noise), got range "
                              f"[{low}, {high}]")
         frozen = None if self.frozen is None else self.frozen.to(x_init.device)
+        if x_init is self.x_init and frozen is self.frozen:  # already checked when built
+            return self
         return Prompt(x_init, frozen)
 
 
@@ -328,7 +330,7 @@ class Guidance:
 
     def __post_init__(self) -> None:
         if not isinstance(self.labels, Tensor) or self.labels.dtype != torch.long or self.labels.dim() != 1:
-            raise ValueError(f"labels must be a Long tensor of shape [B], got {_described(self.labels)}")
+            raise ValueError(f"labels must be a Long tensor of shape [B], got {described(self.labels)}")
         if self.labels.numel() and int(self.labels.min()) < 0:  # once, before the loop
             raise ValueError(f"labels must be >= 0 (class ids; the null label is passed as None), "
                              f"got {int(self.labels.min())}")
@@ -361,7 +363,15 @@ def check_option(sampler: str, name: str, value, kind: type, optional: bool = Fa
     raise TypeError(f"{sampler}: {name} must be {expected} (ddpd.sampling.options), got {type(value).__name__}")
 
 
-def _described(value) -> str:
+def described(value) -> str:
+    """How an error message names a value it refuses: a tensor's dtype and shape, else its type.
+
+    Args:
+        value: the value.
+
+    Returns:
+        The description.
+    """
     if isinstance(value, Tensor):
         return f"{value.dtype} of shape {tuple(value.shape)}"
     return type(value).__name__

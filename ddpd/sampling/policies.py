@@ -98,6 +98,18 @@ class ErrorBudget:
             if not self.known_noise:
                 raise ValueError("revise_above needs known_noise=True (it judges the written positions only)")
 
+    def skips_first_plan(self, prompted: bool) -> bool:
+        """Whether a run skips the planner pass of step 0: under known_noise without a prompt every
+        position starts unwritten, noise for certain, so nothing of that plan would be read.
+
+        Args:
+            prompted: whether the run starts from a prompt.
+
+        Returns:
+            True to skip it.
+        """
+        return self.known_noise and not prompted
+
     def commit(self, risk: Tensor, eligible: Tensor, minimum: Optional[Tensor] = None,
                noise: Optional[Tensor] = None) -> Tensor:
         """The candidates (in the planner's order) to commit. Column 0, Algorithm 1's pick, always;
@@ -143,15 +155,24 @@ def ddpd_steps(passes: int, policy: Optional[ErrorBudget] = None) -> int:
         The number of steps, at least 1.
     """
     every = 1 if policy is None else policy.plan_every
-    unread = policy is not None and policy.known_noise
+    unread = policy is not None and policy.skips_first_plan(prompted=False)
+    # s steps cost s + ceil(s / m) - unread passes, = ceil(s (m + 1) / m) - unread
+    return max(1, (passes + unread) * every // (every + 1))
 
-    def cost(steps: int) -> int:
-        return steps + -(-steps // every) - unread
 
-    steps = max(1, passes // 2)
-    while cost(steps + 1) <= passes:
-        steps += 1
-    return steps
+def annealed(choice_temperature: float, step, steps: int):
+    """MaskGIT's annealed choice temperature at step `step` of `steps` (Chang et al. 2022, eq. 3):
+    tau (1 - (i + 1) / T), 0 at the last step.
+
+    Args:
+        choice_temperature: tau.
+        step: the step index i, an int or a graph's step tensor.
+        steps: T.
+
+    Returns:
+        The temperature, a float or a tensor as `step` is.
+    """
+    return choice_temperature * (1.0 - (step + 1) / steps)
 
 
 def spread_minimum(spread: str, sum_p: Tensor, step, steps: int, n0) -> Optional[Tensor]:
@@ -260,7 +281,7 @@ class MaskGIT(_Unmasking):
             return step.masked
         n = torch.floor(step.m0.double() * math.cos(0.5 * math.pi * (step.index + 1) / step.steps)).long()
         n = torch.clamp(torch.minimum(m - 1, n), min=1)
-        tau = self.choice_temperature * (1.0 - (step.index + 1) / step.steps)
+        tau = annealed(self.choice_temperature, step.index, step.steps)
         confidence = step.logprob + tau * step.gumbel
         return step.masked & ~least_confident(confidence, step.masked, n)
 
