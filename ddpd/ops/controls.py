@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any, Optional, Union
+from typing import Optional, Union
 
 import torch
 
@@ -38,35 +38,3 @@ class DrawControls:
     exclude_ids: Optional[Union[Sequence[int], torch.Tensor]] = None
     exclude_per_row: Optional[torch.Tensor] = None
     allowed: Optional[torch.Tensor] = None
-
-
-FIELDS = tuple(f.name for f in dataclasses.fields(DrawControls))
-
-
-def unpack(controls: DrawControls, **flat: Any) -> tuple:
-    """The fields of `controls` in FIELDS order, for an op that also takes them as flat keywords.
-
-    Args:
-        controls: the DrawControls of the call.
-        **flat: the op's flat control keywords and their values, which must be left at their
-            defaults when `controls` is given.
-
-    Returns:
-        A tuple of the fields of `controls`, in FIELDS order.
-
-    Raises:
-        TypeError: controls is not a DrawControls, or is given beside a flat control.
-    """
-    if not isinstance(controls, DrawControls):
-        raise TypeError(f"controls must be a DrawControls or None, got {type(controls).__name__}")
-    given = sorted(k for k, v in flat.items() if not _is_default(k, v))
-    if given:
-        raise TypeError(f"pass the draw controls either as controls=DrawControls(...) or as keywords, not both; "
-                        f"got controls and {', '.join(given)}")
-    return tuple(getattr(controls, name) for name in FIELDS)
-
-
-def _is_default(name: str, value: Any) -> bool:
-    if name == "temperature":
-        return type(value) is float and value == 1.0
-    return value is None

@@ -24,7 +24,7 @@ from typing import Optional
 import torch
 
 from ddpd.ops import _dispatch, rng
-from ddpd.ops.controls import DrawControls, unpack
+from ddpd.ops.controls import DrawControls
 from ddpd.ops.results import Draw
 from ddpd.validation import check_float, check_same_device, check_tensor
 
@@ -106,15 +106,6 @@ class Controls:
     def truncates(self) -> bool:
         return (self.top_k_t is not None or self.top_p_t is not None or self.log_min_p_t is not None
                 or self.top_k > 0 or self.top_p < 1.0 or self.log_min_p > -math.inf)
-
-    def args(self) -> tuple:
-        """The controls in the order of the ops' schemas.
-
-        Returns:
-            (temperature, temperature_t, top_k, top_k_t, top_p, top_p_t, log_min_p, log_min_p_t).
-        """
-        return (self.temperature, self.temperature_t, self.top_k, self.top_k_t, self.top_p, self.top_p_t,
-                self.log_min_p, self.log_min_p_t)
 
     def per_row(self, rows: int, device: torch.device) -> tuple:
         """Every control as a tensor, one value a row.
@@ -488,10 +479,17 @@ def flat_controls(controls: Optional[DrawControls], temperature, exclude_ids, ex
     """
     if controls is None:
         return temperature, exclude_ids, exclude_per_row, allowed, top_k, top_p, min_p
-    temperature, top_k, top_p, min_p, exclude_ids, exclude_per_row, allowed = unpack(
-        controls, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, exclude_ids=exclude_ids,
-        exclude_per_row=exclude_per_row, allowed=allowed)
-    return temperature, exclude_ids, exclude_per_row, allowed, top_k, top_p, min_p
+    if not isinstance(controls, DrawControls):
+        raise TypeError(f"controls must be a DrawControls or None, got {type(controls).__name__}")
+    flat = {"temperature": None if type(temperature) is float and temperature == 1.0 else temperature,
+            "top_k": top_k, "top_p": top_p, "min_p": min_p, "exclude_ids": exclude_ids,
+            "exclude_per_row": exclude_per_row, "allowed": allowed}  # None: left at its default
+    given = sorted(name for name, value in flat.items() if value is not None)
+    if given:
+        raise TypeError(f"pass the draw controls either as controls=DrawControls(...) or as keywords, not both; "
+                        f"got controls and {', '.join(given)}")
+    c = controls
+    return c.temperature, c.exclude_ids, c.exclude_per_row, c.allowed, c.top_k, c.top_p, c.min_p
 
 
 def prepare(op: str, input_name: str, inputs: torch.Tensor, vocab_size: int, temperature, exclude_ids,
