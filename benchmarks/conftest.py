@@ -144,7 +144,7 @@ def pytest_terminal_summary(terminalreporter, config):
     if found and target != "":
         by_device: dict[Path, list[dict]] = {}
         for r in found:
-            path = Path(target) if target else result_rows.RESULTS / f"{result_rows.slug(r['device'])}.jsonl"
+            path = Path(target) if target else result_rows.rows_file(r["device"])
             by_device.setdefault(path, []).append(r)
         for path, device_rows in by_device.items():
             write(f"{result_rows.merge(path, device_rows)} rows written to {path}")

@@ -48,6 +48,7 @@ from ddpd.models import build_model, compile_for_sampling, config_for, prepare_f
 from ddpd.pretrained import BUNDLE_DIR
 from ddpd.sampling import ddpd_sample
 from ddpd.sampling.options import DDPDOptions, Execution
+from ddpd.testing.memory import peak_cuda_growth
 from ddpd.testing.timing import median_seconds
 
 TARGETS = {64: "4x", 512: "3x"}  # batch -> default run / fused fp32 samples/s; no target at other batches
@@ -71,12 +72,7 @@ def peak_memory(fn: Callable, device: torch.device) -> float:
     if device.type != "cuda":
         fn()
         return 0.0
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats(device)
-    base = torch.cuda.memory_allocated(device)
-    fn()
-    torch.cuda.synchronize()
-    return (torch.cuda.max_memory_allocated(device) - base) / 2**20
+    return peak_cuda_growth(fn) / 2**20
 
 
 def bundled(args, device: torch.device, clock: Clock) -> None:
@@ -98,6 +94,7 @@ def bundled(args, device: torch.device, clock: Clock) -> None:
                                    device=device, execution=execution)
 
     print(f"## bundled text8 planner + mask denoiser, option A, {steps} steps, D = {length}")
+    stamp, device_name = result_rows.make_stamp(), result_rows.device_name(str(device))
     with torch.inference_mode():
         check = [run(batches[0], name, min(steps, 64))() for name in ("reference fp32", "fused fp32")]
         assert torch.equal(check[0].tokens, check[1].tokens), "fused and reference runs differ"
@@ -108,12 +105,13 @@ def bundled(args, device: torch.device, clock: Clock) -> None:
             names = [n for n in variants if batch <= 64 or n != "reference fp32"]  # measured before at 512
             for name in names:
                 run(batch, name, 8)()  # warm-up: compiles, caches, graph pools
-            rate = {name: batch / clock(run(batch, name), repeats=1, warm=False) for name in names}
+            timed = {name: clock(run(batch, name), repeats=1, warm=False) for name in names}
+            rate = {name: batch / timed[name] for name in names}
             cells = " | ".join(f"{rate[n]:.1f}/s" if n in rate else "-" for n in variants)
             gain = rate[DEFAULT] / rate["fused fp32"]
             print(f"| {batch} | {cells} | {gain:.2f}x | {TARGETS.get(batch, '-')} |")
-            record_runs(device, (batch, length, vocab), f"bundled text8 planner + mask denoiser, {steps} steps",
-                        {name: batch / rate[name] for name in names})
+            record_runs(stamp, device_name, (batch, length, vocab),
+                        f"bundled text8 planner + mask denoiser, {steps} steps", timed)
     x = torch.randint(0, vocab, (batches[0], length), device=device)
     t = torch.rand(batches[0], device=device)
     with torch.inference_mode():
@@ -123,9 +121,9 @@ def bundled(args, device: torch.device, clock: Clock) -> None:
         kernels(run(batches[0], "fused bf16", 32), 32, device, batches[0], str(next(low[1].parameters()).dtype)[6:])
 
 
-def record_runs(device: torch.device, shape: tuple, params: str, seconds: dict) -> None:
-    """Rows of the default run against each other whole run ({variant: seconds a run})."""
-    stamp, name = result_rows.make_stamp(), result_rows.device_name(str(device))
+def record_runs(stamp: dict, name: str, shape: tuple, params: str, seconds: dict) -> None:
+    """Rows of the default run against each other whole run ({variant: seconds a run}), on the
+    device `name`, with the run's stamp (result_rows.make_stamp)."""
     for variant, theirs in seconds.items():
         if variant != DEFAULT:
             ROWS.append(result_rows.row("ddpd_sample", shape, "bfloat16", seconds[DEFAULT], variant, theirs,

@@ -144,7 +144,7 @@ class Bench:
             return
         for label, ms in theirs.items():
             if ms is not None:
-                self.rows.append(result_rows.row(**self.timed, median=ours_ms / 1e3, baseline=f"torch: {label}",
+                self.rows.append(result_rows.row(**self.timed, median=ours_ms / 1e3, baseline=torch_draws.TORCH + label,
                                                  baseline_median=ms / 1e3, mode=mode, device=self.device_name,
                                                  source="benchmarks/gpu_timings.py", stamp=self.stamp))
 

@@ -29,7 +29,6 @@ import re
 import subprocess
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -62,7 +61,12 @@ def slug(name: str) -> str:
 
 def rows_path(device: str = "cpu") -> Path:
     """benchmarks/results/<device>.jsonl of a device ('cpu', 'cuda', 'cuda:1')."""
-    return RESULTS / f"{slug(device_name(device))}.jsonl"
+    return rows_file(device_name(device))
+
+
+def rows_file(name: str) -> Path:
+    """benchmarks/results/<device>.jsonl of a device's name (device_name)."""
+    return RESULTS / f"{slug(name)}.jsonl"
 
 
 def source_hash(root: Path = ROOT) -> str:
@@ -89,11 +93,11 @@ def commit(root: Path = ROOT) -> str:
 
 
 def row(op: str, shape: Iterable[int], dtype: str, median: float, baseline: str, baseline_median: float, *,
-        params: str = "", mode: str = "eager", device: str, source: str, stamp: Optional[dict] = None) -> dict:
+        params: str = "", mode: str = "eager", device: str, source: str, stamp: dict) -> dict:
     """One row (the module docstring says what each field holds). stamp: commit, sources and
-    date, computed once a run (`stamp()`)."""
+    date, computed once a run (make_stamp())."""
     return dict(op=op, shape=list(shape), dtype=dtype, params=params, device=device, mode=mode,
-                **(stamp or make_stamp()), median=_digits(median), baseline=baseline,
+                **stamp, median=_digits(median), baseline=baseline,
                 baseline_median=_digits(baseline_median), ratio=_digits(baseline_median / median), source=source)
 
 

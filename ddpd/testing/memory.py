@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import os
 from typing import Callable, Optional
 
@@ -23,6 +24,7 @@ import torch
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt parameter numbers in glibc's malloc.h
 
 
+@functools.cache
 def _glibc():
     name = ctypes.util.find_library("c")
     libc = ctypes.CDLL(name) if name else None

@@ -24,10 +24,16 @@ import tempfile
 
 import torch
 
-from ddpd.testing.launches import planner_call, planner_mask_call, sample_categorical_call, sample_from_hidden_call
+from ddpd.testing.launches import (
+    GPT2,
+    planner_call,
+    planner_mask_call,
+    sample_categorical_call,
+    sample_from_hidden_call,
+)
 
 REGISTERS_PER_SM, SHARED_PER_SM, SHARED_RESERVED, WARPS_PER_SM = 65536, 233472, 1024, 64  # sm_90
-GPT2, LLAMA3, H100_SMS = 50257, 128256, 132
+LLAMA3, H100_SMS = 128256, 132
 TRITON_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.int64: "i64",
                  torch.int32: "i32", torch.bool: "i1"}
 COUNTED = ("BAR", "LDS", "STS", "SHFL", "LDG", "MUFU")  # opcodes counted in each loop
