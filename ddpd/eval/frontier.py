@@ -5,8 +5,9 @@ samples, which the judge scores (NLL per token, nats) beside their unigram entro
 against the network passes the samples cost (planner and denoiser, per sample). Rows go to
 a CSV after every configuration; a run finds the rows of its CSV already there and skips
 them, so an interrupted sweep resumes where it stopped. The plot draws judge NLL against
-mean passes, one line per sampler and policy family, and the table says how many passes
-each needs to reach a target quality at matched entropy.
+mean passes, one line per sampler and policy family; the tables say how many passes each
+needs to reach a target quality at matched entropy, and how each ddpd policy compares with
+each baseline at the same budget and entropy.
 
 The samplers come in as callables (ddpd.cli.frontier wires ddpd.sampling in), so this layer
 does not depend on the sampling layer.
@@ -119,7 +120,6 @@ def read_frontier(path: str) -> list[dict]:
                   "denoiser_passes", "tokens_per_pass", "temperature", "seconds"):
             if row.get(k):
                 row[k] = float(row[k])
-        row["budget"] = budget(row)
     return rows
 
 
