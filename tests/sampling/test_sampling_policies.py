@@ -211,6 +211,20 @@ def test_ddpd_steps_spends_the_pass_budget(policy, passes):
     assert spent.le(passes).all() and spent.ge(passes - 1).all()  # one more step would pass the budget
 
 
+@pytest.mark.parametrize("plan_every", [1, 2, 3, 7, 1000])
+@pytest.mark.parametrize("known_noise", [False, True])
+def test_ddpd_steps_is_the_most_steps_a_budget_buys(plan_every, known_noise):
+    policy = ErrorBudget(0.0, 4, known_noise=known_noise, plan_every=plan_every)
+
+    def cost(steps):  # a denoiser pass a step, a planner pass at steps 0, m, 2m, ... (not 0 when unread)
+        return steps + len(range(0, steps, plan_every)) - known_noise
+
+    for passes in range(2, 400):
+        steps = ddpd_steps(passes, policy)
+        assert cost(steps) <= passes < cost(steps + 1), (passes, steps)
+    assert [ddpd_steps(p) for p in range(2, 40)] == [p // 2 for p in range(2, 40)]
+
+
 def test_error_budget_law_at_bound_0_is_algorithm_1s():
     problem = toy("dir S3 D3")
     one = laws.ddpd_planner_clock_law(problem, 4, ddpd=DDPDOptions(stop="budget"))
