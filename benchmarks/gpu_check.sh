@@ -60,9 +60,9 @@ BUDGET=${DDPD_GPU_BUDGET_S:-480}
 export PYTHONUNBUFFERED=1
 DRY_RUN=0
 # tree_hash: the first 12 hex digits of a hash of every source file's path and contents
+# (benchmarks/rows.py's source_hash, which the results rows name too)
 tree_hash() {
-    find ddpd kernels csrc benchmarks tests -type f \( -name '*.py' -o -name '*.cpp' -o -name '*.cu' -o -name '*.h' \
-        -o -name '*.sh' \) -not -path '*/__pycache__/*' | LC_ALL=C sort | xargs sha1sum | sha1sum | cut -c1-12
+    $PY benchmarks/rows.py --tree-hash
 }
 ONLY=tests,timings,host,sampling,profile
 USAGE="usage: $0 [--dry-run] [--only tests,timings,host,sampling,profile,parallel] [--tree-hash]"

@@ -118,6 +118,11 @@ STEP_TARGET = 10.0  # fused step: at least this many times faster than the paper
 STEP_TARGET_SHAPE = (64, 1024, GPT2, 256)  # (B, D, V, H) where that target applies
 
 
+def timed_case(op: str, shape: tuple, dtype, params: str = "") -> dict:
+    """The fields that name one timed case in the results rows (its op, shape, dtype and parameters)."""
+    return dict(op=op, shape=shape, dtype=str(dtype).replace("torch.", ""), params=params)
+
+
 class Bench:
     """Timer, memory probe and the running tally of failed cases for one device."""
 
@@ -126,7 +131,6 @@ class Bench:
         self.cuda = device.type == "cuda"
         self.failures = 0
         self.copy_gbs = float("nan")
-        self.timed: Optional[dict] = None  # the case the next compare or versus times (at())
         self.rows: list[dict] = []
         self.stamp = result_rows.make_stamp()
         self.device_name = result_rows.device_name(str(device))
@@ -134,17 +138,13 @@ class Bench:
     def median_ms(self, fn: Callable[[], object], rep_ms: int = 100) -> float:
         return kernel_seconds(fn, self.cuda, rep_ms) * 1e3
 
-    def at(self, op: str, shape: tuple, dtype, params: str = "") -> None:
-        """Name the case the next compare or versus times, for its rows."""
-        self.timed = dict(op=op, shape=shape, dtype=str(dtype).replace("torch.", ""), params=params)
-
-    def record(self, ours_ms: Optional[float], theirs: dict, mode: str) -> None:
-        """A row per torch candidate ({label: ms}) against ours, under the case named by at()."""
-        if self.timed is None or ours_ms is None:
+    def record(self, timed: dict, ours_ms: Optional[float], theirs: dict, mode: str) -> None:
+        """A row per torch candidate ({label: ms}) against ours, under the case timed (timed_case)."""
+        if ours_ms is None:
             return
         for label, ms in theirs.items():
             if ms is not None:
-                self.rows.append(result_rows.row(**self.timed, median=ours_ms / 1e3, baseline=torch_draws.TORCH + label,
+                self.rows.append(result_rows.row(**timed, median=ours_ms / 1e3, baseline=torch_draws.TORCH + label,
                                                  baseline_median=ms / 1e3, mode=mode, device=self.device_name,
                                                  source="benchmarks/gpu_timings.py", stamp=self.stamp))
 
@@ -166,7 +166,7 @@ class Bench:
         else:
             print(f"  check {name}: same outputs as the reference")
 
-    def compare(self, name: str, ours: Callable, theirs: dict, moved: int,
+    def compare(self, timed: dict, name: str, ours: Callable, theirs: dict, moved: int,
                 rep_ms: int = 100) -> tuple[float, dict]:
         """Time and measure ours (ddpd) and each torch candidate of theirs ({label: fn});
         print a line against the fastest, and one per other candidate; return our
@@ -182,7 +182,7 @@ class Bench:
         for label, ms in times.items():
             if label != best:
                 print(f"  also torch {label}: {ms * 1e3:10.1f} us (speed-up {ms / a:.2f}x)")
-        self.record(a, times, "eager")
+        self.record(timed, a, times, "eager")
         return a, times
 
     def graph_ms(self, fn: Callable[[], object]) -> Optional[float]:
@@ -206,7 +206,7 @@ class Bench:
             return None
         return self.median_ms(graph.replay)
 
-    def versus(self, name: str, ours: Callable, theirs: dict, read_bytes: int, read_what: str) -> None:
+    def versus(self, timed: dict, name: str, ours: Callable, theirs: dict, read_bytes: int, read_what: str) -> None:
         """One table row: our eager and graph-replay medians, each torch candidate's,
         the ratios against the best torch code, one read of the input at the copy
         bandwidth, and our host cost (eager - graph)."""
@@ -225,8 +225,8 @@ class Bench:
         for label, (a, b) in rows.items():
             if label != best_label:
                 print(f"  also torch {label}: {us(a)} / {us(b)} us")
-        self.record(eager, {label: a for label, (a, _) in rows.items()}, "eager")
-        self.record(graph, {label: b for label, (_, b) in rows.items()}, "graph")
+        self.record(timed, eager, {label: a for label, (a, _) in rows.items()}, "eager")
+        self.record(timed, graph, {label: b for label, (_, b) in rows.items()}, "graph")
 
     @contextlib.contextmanager
     def case(self, title: str):
@@ -288,10 +288,10 @@ def copy_bandwidth(bench: Bench, floats: int) -> None:
 def time_sample_categorical(bench: Bench, rows: int, vocab: int, dtype: torch.dtype) -> None:
     logits = randn(rows, vocab, scale=3.0, seed=vocab, dtype=dtype, device=bench.device)
     name = f"sample_categorical ({rows}, {vocab}) {str(dtype)[6:]}"
-    bench.at("sample_categorical", (rows, vocab), dtype)
+    timed = timed_case("sample_categorical", (rows, vocab), dtype)
     bench.check(name, sample_categorical(logits, seed=1, offset=2), reference.sample_categorical(logits, seed=1,
                                                                                                  offset=2))
-    bench.versus(name, lambda: sample_categorical(logits, seed=1, offset=2),
+    bench.versus(timed, name, lambda: sample_categorical(logits, seed=1, offset=2),
                  {label: functools.partial(draw, logits) for label, draw in torch_draws.CATEGORICAL.items()},
                  logits.numel() * logits.element_size(), "the logits")
     print(f"  targets: eager >= 1.5x the best torch code; graph < 10 us at <= 64 rows (V = {GPT2}), "
@@ -310,10 +310,10 @@ def time_sample_categorical_controls(bench: Bench, rows: int, vocab: int, dtype:
     kw = TRUNCATIONS[controls]
     logits = randn(rows, vocab, scale=3.0, seed=vocab + 1, dtype=dtype, device=bench.device)
     name = f"sample_categorical {controls} ({rows}, {vocab}) {str(dtype)[6:]}"
-    bench.at("sample_categorical", (rows, vocab), dtype, f"T=0.8 {controls}")
+    timed = timed_case("sample_categorical", (rows, vocab), dtype, f"T=0.8 {controls}")
     bench.check(name, sample_categorical(logits, 0.8, seed=1, offset=2, return_logprob=True, **kw),
                 reference.sample_categorical(logits, 0.8, seed=1, offset=2, return_logprob=True, **kw))
-    bench.versus(name, lambda: sample_categorical(logits, 0.8, seed=1, offset=2, **kw),
+    bench.versus(timed, name, lambda: sample_categorical(logits, 0.8, seed=1, offset=2, **kw),
                  {label: functools.partial(draw, logits, 0.8, **kw) for label, draw in torch_draws.TRUNCATED.items()},
                  logits.numel() * logits.element_size(), "the logits")
     # The threshold search is one program a row looping over the row once a pass: its share
@@ -331,10 +331,10 @@ def time_sample_from_hidden(bench: Bench, rows: int, width: int, vocab: int, dty
     weight = randn(vocab, width, scale=2 / width**0.5, seed=2, dtype=dtype, device=bench.device)
     bias = randn(vocab, scale=0.1, seed=3, dtype=dtype, device=bench.device)
     name = f"sample_from_hidden N={rows} H={width} V={vocab} {str(dtype)[6:]}"
-    bench.at("sample_from_hidden", (rows, width, vocab), dtype)
+    timed = timed_case("sample_from_hidden", (rows, width, vocab), dtype)
     bench.check(name, sample_from_hidden(hidden, weight, bias, seed=1, offset=2),
                 reference.sample_from_hidden(hidden, weight, bias, seed=1, offset=2))
-    bench.versus(name, lambda: sample_from_hidden(hidden, weight, bias, seed=1, offset=2),
+    bench.versus(timed, name, lambda: sample_from_hidden(hidden, weight, bias, seed=1, offset=2),
                  {f"matmul + {label}": lambda draw=draw: draw(F.linear(hidden, weight, bias))
                   for label, draw in torch_draws.CATEGORICAL.items()},
                  weight.numel() * weight.element_size(), "W")
@@ -409,26 +409,26 @@ def time_planner_ops(bench: Bench, rows: int, length: int) -> None:
     logits = randn(rows, length, scale=3.0, seed=length, device=bench.device)
     x = torch.randint(0, MASK_ID, (rows, length), generator=torch.Generator().manual_seed(4)).to(bench.device)
     name = f"planner_select {rows}x{length}"
-    bench.at("planner_select", (rows, length), FP32)
+    timed = timed_case("planner_select", (rows, length), FP32)
     bench.check(name, planner_select(logits, seed=1, offset=2), reference.planner_select(logits, seed=1, offset=2))
-    bench.compare(name, lambda: planner_select(logits, seed=1, offset=2),
+    bench.compare(timed, name, lambda: planner_select(logits, seed=1, offset=2),
                   {label: functools.partial(torch_draws.planner_select, logits, label) for label in torch_draws.SELECT},
                   logits.numel() * 4 + rows * (8 + 4 + 1))
     mask_bytes = logits.numel() * (4 + 8 + 8 + 1) + rows * 8  # logits, x in, masked and z out, count
     name = f"planner_select_mask {rows}x{length}"
-    bench.at("planner_select_mask", (rows, length), FP32)
+    timed = timed_case("planner_select_mask", (rows, length), FP32)
     bench.check(name, planner_select_mask(logits, x, MASK_ID, seed=1, offset=2),
                 reference.planner_select_mask(logits, x, MASK_ID, seed=1, offset=2))
-    bench.compare(name, lambda: planner_select_mask(logits, x, MASK_ID, seed=1, offset=2),
+    bench.compare(timed, name, lambda: planner_select_mask(logits, x, MASK_ID, seed=1, offset=2),
                   {label: functools.partial(torch_draws.planner_select_mask, logits, x, MASK_ID, *draws)
                    for label, draws in torch_draws.PLANNER_MASK.items()}, mask_bytes + rows * (8 + 4 + 1))
     positions = planner_select(logits, seed=5)[0]
     name = f"planner_mask {rows}x{length}"
-    bench.at("planner_mask", (rows, length), FP32)
+    timed = timed_case("planner_mask", (rows, length), FP32)
     bench.check(name, planner_mask(logits, x, positions, MASK_ID, seed=1, offset=3),
                 reference.planner_mask(logits, x, positions, MASK_ID, seed=1, offset=3))
 
-    bench.compare(name, lambda: planner_mask(logits, x, positions, MASK_ID, seed=1, offset=3),
+    bench.compare(timed, name, lambda: planner_mask(logits, x, positions, MASK_ID, seed=1, offset=3),
                   {coin: functools.partial(torch_draws.planner_mask, logits, x, positions, MASK_ID, coin)
                    for coin in torch_draws.COIN},
                   mask_bytes + positions.numel() * 8)
@@ -441,8 +441,8 @@ def time_step(bench: Bench, batch: int, length: int, vocab: int, width: int) -> 
     moved = (batch * length * (4 + 8 + 8 + 1) + batch * width * 4 + (vocab * width + vocab) * 4
              + 2 * batch * length * 8)
     name = f"step B={batch} D={length} V={vocab} H={width}"
-    bench.at("step", (batch, length, vocab, width), FP32, "B x D x V x H, mask denoiser")
-    ms, torch_ms = bench.compare(name, lambda: fused_step(**inputs),
+    timed = timed_case("step", (batch, length, vocab, width), FP32, "B x D x V x H, mask denoiser")
+    ms, torch_ms = bench.compare(timed, name, lambda: fused_step(**inputs),
                                  {"paper listing": lambda: reference_step(**inputs),
                                   "gathered": lambda: torch_draws.gathered_step(**inputs)}, moved, rep_ms=200)
     target = f" (target >= {STEP_TARGET:g}x on H100)" if (batch, length, vocab, width) == STEP_TARGET_SHAPE else ""
@@ -454,12 +454,12 @@ def time_multinomial(bench: Bench, rows: int, categories: int, k: int, replaceme
     weights = torch.softmax(torch.randn(rows, categories, generator=g) * 3, -1).to(bench.device)
     ids = torch.arange(rows, device=bench.device)
     name = f"multinomial ({rows}, {categories}) k={k}{'' if replacement else ' without replacement'}"
-    bench.at("multinomial", (rows, categories), FP32, f"k={k}{'' if replacement else ' without replacement'}")
+    timed = timed_case("multinomial", (rows, categories), FP32, f"k={k}{'' if replacement else ' without replacement'}")
     bench.check(name, multinomial(weights, k, replacement, seed=1, row_ids=ids, check_valid=False),
                 reference.multinomial(weights, k, replacement, seed=1, row_ids=ids, check_valid=False))
     same_law = ("inverse CDF", lambda: torch_draws.inverse_cdf(weights, k)) if replacement else \
         ("Gumbel-top-k", lambda: torch_draws.gumbel_top_k(weights, k))
-    bench.versus(name, lambda: multinomial(weights, k, replacement, seed=1, row_ids=ids, check_valid=False),
+    bench.versus(timed, name, lambda: multinomial(weights, k, replacement, seed=1, row_ids=ids, check_valid=False),
                  {"torch.multinomial": lambda: torch.multinomial(weights, k, replacement=replacement),
                   same_law[0]: same_law[1]}, weights.numel() * 4, "the weights")
     print("  target: at least 1.0x torch.multinomial")
@@ -478,19 +478,19 @@ def time_compaction(bench: Bench, batch: int, length: int) -> None:
         return tokens.index_select(0, index), logits.index_select(0, index)
 
     name = f"compact_fixed {batch}x{length} x2"
-    bench.at("compact_fixed", (batch, length), "mixed", "tokens int64, logits float32")
+    timed = timed_case("compact_fixed", (batch, length), "mixed", "tokens int64, logits float32")
     bench.check(name, compact_fixed(active, batch, tokens, logits), reference.compact_fixed(active, batch, tokens,
                                                                                           logits))
-    bench.compare(name, lambda: compact_fixed(active, batch, tokens, logits), {"nonzero + index_select": chain},
+    bench.compare(timed, name, lambda: compact_fixed(active, batch, tokens, logits), {"nonzero + index_select": chain},
                   2 * batch * length * 12)
     (packed_tokens, packed_logits), index, _ = compact_fixed(active, n_active, tokens, logits)
     zeros = (torch.zeros_like(tokens), torch.zeros_like(logits))
     name = f"scatter_back {batch}x{length} x2"
-    bench.at("scatter_back", (batch, length), "mixed", "tokens int64, logits float32")
+    timed = timed_case("scatter_back", (batch, length), "mixed", "tokens int64, logits float32")
     bench.check(name, scatter_back(index, (packed_tokens, packed_logits), tuple(t.clone() for t in zeros)),
                 reference.scatter_back(index, (packed_tokens, packed_logits), tuple(t.clone() for t in zeros)))
     out_tokens, out_logits = tokens.clone(), logits.clone()
-    bench.compare(name, lambda: scatter_back(index, (packed_tokens, packed_logits), (out_tokens, out_logits)),
+    bench.compare(timed, name, lambda: scatter_back(index, (packed_tokens, packed_logits), (out_tokens, out_logits)),
                   {"index_copy_": lambda: (out_tokens.index_copy_(0, index, packed_tokens),
                                            out_logits.index_copy_(0, index, packed_logits))}, moved)
 
@@ -501,7 +501,7 @@ def time_rotary(bench: Bench, batch: int, heads: int, length: int, head_dim: int
     q = qkv.permute(2, 0, 3, 1, 4)[0]  # as SelfAttention slices it
     table = RotaryEmbedding(head_dim, length).to(bench.device)
     name = f"rotary B={batch} heads={heads} L={length} d={head_dim} {str(dtype)[6:]}"
-    bench.at("rotary", (batch, heads, length, head_dim), dtype, "B x heads x L x d")
+    timed = timed_case("rotary", (batch, heads, length, head_dim), dtype, "B x heads x L x d")
     ours, want = rotary(q, table.cos, table.sin), reference.rotary(q, table.cos, table.sin)
     if not bench.cuda:
         print(f"  check {name}: none (on the CPU rotary runs the reference)")
@@ -511,7 +511,7 @@ def time_rotary(bench: Bench, batch: int, heads: int, length: int, head_dim: int
     else:
         print(f"  check {name}: the reference's values bit for bit")
     moved = 2 * q.numel() * q.element_size() + 2 * length * head_dim // 2 * 4
-    bench.compare(name, lambda: rotary(q, table.cos, table.sin),
+    bench.compare(timed, name, lambda: rotary(q, table.cos, table.sin),
                   {"torch elementwise": lambda: reference.rotary(q, table.cos, table.sin)}, moved)
 
 
@@ -523,7 +523,7 @@ def time_norm(bench: Bench, batch: int, length: int, width: int, modulated: bool
     if modulated:  # chunks of one adaLN projection, as a conditioned block has them
         shift, scale = (torch.randn(batch, 1, 2 * width, generator=g) * 0.1).to(dtype).to(bench.device).chunk(2, -1)
     name = f"norm B={batch} L={length} H={width}{' adaLN' if modulated else ''} {str(dtype)[6:]}"
-    bench.at("norm", (batch, length, width), dtype, "adaLN" if modulated else "")
+    timed = timed_case("norm", (batch, length, width), dtype, "adaLN" if modulated else "")
     ours = norm(x, weight, bias, shift=shift, scale=scale)
     want = reference.norm(x, weight, bias, shift=shift, scale=scale)
     off = ((ours.float() - want.float()).abs() > torch.finfo(dtype).eps * want.float().abs().clamp_min(1)).sum()
@@ -545,7 +545,7 @@ def time_norm(bench: Bench, batch: int, length: int, width: int, modulated: bool
         normed = F.layer_norm(x, (width,), weight_x, bias_x)
         return normed if shift is None else torch.addcmul(shift, normed, 1 + scale)
 
-    bench.compare(name, lambda: norm(x, weight, bias, shift=shift, scale=scale),
+    bench.compare(timed, name, lambda: norm(x, weight, bias, shift=shift, scale=scale),
                   {"as the networks had it": as_networks_had_it, "layer_norm + addcmul": shortest},
                   2 * x.numel() * x.element_size())
 

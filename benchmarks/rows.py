@@ -35,7 +35,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 FIELDS = ("op", "shape", "dtype", "params", "device", "mode", "commit", "sources", "median", "baseline",
           "baseline_median", "ratio", "date", "source")
 KEY = ("op", "shape", "dtype", "params", "mode", "baseline")  # rows of one device with equal keys replace each other
-HASHED = ("ddpd", "kernels", "csrc", "benchmarks", "tests")  # as benchmarks/gpu_check.sh's tree_hash
+HASHED = ("ddpd", "kernels", "csrc", "benchmarks", "tests")
 HASHED_SUFFIXES = (".py", ".cpp", ".cu", ".h", ".sh")
 
 
@@ -70,8 +70,8 @@ def rows_file(name: str) -> Path:
 
 
 def source_hash(root: Path = ROOT) -> str:
-    """The first 12 hex digits of the hash benchmarks/gpu_check.sh --tree-hash prints: sha1 over
-    `sha1sum`'s lines for every source file of HASHED, in byte order of their paths."""
+    """The first 12 hex digits of a sha1 over `sha1sum`-style lines for every source file of
+    HASHED, in byte order of their paths (what benchmarks/gpu_check.sh --tree-hash prints)."""
     paths = sorted(str(path.relative_to(root)) for part in HASHED if (root / part).is_dir()
                    for path in (root / part).rglob("*")
                    if path.is_file() and path.suffix in HASHED_SUFFIXES and "__pycache__" not in path.parts)
@@ -135,3 +135,11 @@ def merge(path: Path, new: list[dict]) -> int:
     temporary.write_text("".join(json.dumps({f: r.get(f) for f in FIELDS}) + "\n" for r in kept + new))
     temporary.replace(path)
     return len(new)
+
+
+if __name__ == "__main__":  # benchmarks/gpu_check.sh --tree-hash
+    import sys
+
+    if sys.argv[1:] != ["--tree-hash"]:
+        sys.exit("usage: python benchmarks/rows.py --tree-hash")
+    print(source_hash())

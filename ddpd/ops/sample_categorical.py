@@ -104,8 +104,8 @@ class Controls:
 
     @property
     def truncates(self) -> bool:
-        return (self.top_k_t is not None or self.top_p_t is not None or self.log_min_p_t is not None
-                or self.top_k > 0 or self.top_p < 1.0 or self.log_min_p > -math.inf)
+        return any(truncation_flags(self.top_k, self.top_k_t, self.top_p, self.top_p_t, self.log_min_p,
+                                    self.log_min_p_t))
 
     def per_row(self, rows: int, device: torch.device) -> tuple:
         """Every control as a tensor, one value a row.

@@ -224,7 +224,11 @@ def planner_select(logits: torch.Tensor, select: str) -> tuple:
     Returns:
         (positions Long[N, 1], sum p Float[N], stop Bool[N]: every p below EPS).
     """
-    p = torch.sigmoid(logits)
+    return _selected(logits, torch.sigmoid(logits), select)
+
+
+def _selected(logits: torch.Tensor, p: torch.Tensor, select: str) -> tuple:
+    # p passed in: planner_select_mask's torch code computes the sigmoid once, as ddpd's op does
     return SELECT[select](logits, p)[:, None], p.sum(-1), (p < EPS).all(-1)
 
 
@@ -243,8 +247,8 @@ def planner_select_mask(logits: torch.Tensor, x: torch.Tensor, mask_id: int, sel
         (positions, sum p, stop, masked x, z Bool[N, D], count Long[N] of z).
     """
     p = torch.sigmoid(logits)
-    positions = SELECT[select](logits, p)[:, None]
-    return (positions, p.sum(-1), (p < EPS).all(-1), *planner_mask(logits, x, positions, mask_id, coin, p))
+    selected = _selected(logits, p, select)
+    return (*selected, *planner_mask(logits, x, selected[0], mask_id, coin, p))
 
 
 def planner_mask(logits: torch.Tensor, x: torch.Tensor, positions: torch.Tensor, mask_id: int, coin: str,
