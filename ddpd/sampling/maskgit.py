@@ -190,8 +190,13 @@ def _mask_loop(run: Run, draws: Draws, denoiser: Callable, policy) -> SampleResu
     batch = start(run, draws, masks=True)
     batch.state["m0"] = (batch.x == run.mask_id).sum(-1)  # the masks to fill: D less a prompt's positions
     needs = getattr(policy, "needs", ())
+    stops = not getattr(policy, "remasks", False)  # a filled row that may be masked again runs to the budget
+    if stops:  # a row the prompt fills whole costs no pass
+        batch.finish(batch.state["m0"] == 0, 0)
     with torch.no_grad():
         for i in range(steps):
+            if batch.finished:
+                break
             masked = batch.x == run.mask_id
             logits = batch.denoiser(denoiser, batch.x, mask_time(masked.sum(-1), run), vocab_size)
             tokens = draws.tokens_everywhere(i, batch.rows, logits, run.temperature_at(i))
@@ -202,10 +207,8 @@ def _mask_loop(run: Run, draws: Draws, denoiser: Callable, policy) -> SampleResu
             x = torch.where(unmask, tokens, batch.x)
             batch.x = x if remask is None else x.masked_fill(remask, run.mask_id)
             batch.count_commits(unmask.sum(-1))
-            if i < steps - 1:
+            if stops and i < steps - 1:
                 batch.finish(~(batch.x == run.mask_id).any(-1), i + 1, check=batch.check_due(i))
-                if batch.finished:
-                    break
     return batch.result(steps)
 
 

@@ -70,7 +70,8 @@ class ErrorBudget:
     lowest risk first, which keeps the samples' entropy.
 
     With bound 0 (no spread, known_noise off, plan_every 1) or max_k 1 a step commits one
-    position: exactly Algorithm 1's draws.
+    position: exactly Algorithm 1's draws. Bound 0 commits nothing past the first pick and the
+    spread's minimum, even where float32 rounds a risk to 0 (a planner and denoiser both certain).
     """
 
     bound: float = 1.0
@@ -97,6 +98,8 @@ class ErrorBudget:
                                                                  open_min=True, open_max=True))
             if not self.known_noise:
                 raise ValueError("revise_above needs known_noise=True (it judges the written positions only)")
+        if self.choice_temperature > 0 and self.order != "risk":
+            raise ValueError(f"choice_temperature ranks by risk: it needs order='risk', got order={self.order!r}")
 
     def skips_first_plan(self, prompted: bool) -> bool:
         """Whether a run skips the planner pass of step 0: under known_noise without a prompt every
@@ -133,6 +136,8 @@ class ErrorBudget:
         order = key.float().masked_fill(~ok, float("inf")).argsort(dim=1, stable=True)  # eligible first
         ranked = rest.gather(1, order).masked_fill(~ok.gather(1, order), float("inf"))
         n = (ranked.cumsum(1) <= self.bound).sum(1)  # risks are >= 0: the sums only grow
+        if self.bound == 0:  # a risk float32 rounds to 0 does not buy a commit
+            n = torch.zeros_like(n)
         if minimum is not None:
             n = torch.maximum(n, torch.minimum(minimum - pin, ok.sum(1)))
         n = n.clamp(min=1 - pin)
@@ -385,22 +390,33 @@ class ReMDM:
     probability (alpha_s - (1 - sigma) alpha_t) / (1 - alpha_t).
     sigma_max = min(1, (1 - alpha_s) / alpha_t); 'cap': sigma = min(eta, sigma_max),
     'rescale': sigma = eta sigma_max; 'loop' (t_on, t_off in DDPD's time, 0 = noise): MDLM
-    (sigma 0) up to t_on, then alpha held at alpha(t_on) with sigma = eta until t_off, then
-    MDLM from alpha(t_on) to 1 (the mask loop maps the step grid, mask_sample)."""
+    (sigma 0) from alpha 0 to alpha_on = alpha(t_on) up to t_on (the run's schedule scaled by
+    alpha_on), then alpha held at alpha_on with sigma = eta until t_off, then MDLM from
+    alpha_on to 1 (the mask loop maps the step grid, mask_sample). A row runs to the budget
+    while eta > 0: a filled row may be masked again."""
 
     schedule: str = "cap"
     eta: float = 0.02
     t_on: float = 0.45
     t_off: float = 0.95
+    alpha_on: float = 0.9
     needs = ("uniforms",)
+
+    @property
+    def remasks(self) -> bool:
+        """Whether a committed token may be masked again (eta > 0)."""
+        return self.eta > 0
 
     def __post_init__(self) -> None:
         check_choice("schedule", self.schedule, REMDM_SCHEDULES)
         object.__setattr__(self, "eta", check_float("eta", self.eta, 0.0, 1.0))
         object.__setattr__(self, "t_on", check_float("t_on", self.t_on, 0.0, 1.0))
         object.__setattr__(self, "t_off", check_float("t_off", self.t_off, 0.0, 1.0))
-        if self.schedule == "loop" and not self.t_on < self.t_off:
-            raise ValueError(f"ReMDM loop needs t_on < t_off, got t_on={self.t_on}, t_off={self.t_off}")
+        object.__setattr__(self, "alpha_on", check_float("alpha_on", self.alpha_on, 0.0, 1.0))
+        if self.schedule == "loop" and not 0.0 < self.t_on < self.t_off < 1.0:
+            raise ValueError(f"ReMDM loop needs 0 < t_on < t_off < 1, got t_on={self.t_on}, t_off={self.t_off}")
+        if self.schedule == "loop" and not 0.0 < self.alpha_on < 1.0:
+            raise ValueError(f"ReMDM loop needs 0 < alpha_on < 1, got alpha_on={self.alpha_on}")
 
     def alphas(self, index: int, steps: int, alpha) -> tuple:
         """The schedule's alpha at the start and end of step `index` on the uniform grid.
@@ -411,21 +427,22 @@ class ReMDM:
             alpha: the schedule, a function of the time.
 
         Returns:
-            (alpha_t, alpha_s, looping): looping holds in the loop phase of the 'loop' schedule.
+            (alpha_t, alpha_s, looping): looping holds for a step wholly inside the loop phase
+            [t_on, t_off] of the 'loop' schedule.
         """
         t, s = index / steps, (index + 1) / steps
         if self.schedule != "loop":
             return alpha(t), alpha(s), False
-        a_on = alpha(self.t_on)
+        a_on = self.alpha_on
 
         def mapped(u: float) -> float:
             if u <= self.t_on:
-                return alpha(u)
+                return a_on * alpha(u / self.t_on)
             if u <= self.t_off:
                 return a_on
             return a_on + (1.0 - a_on) * (u - self.t_off) / (1.0 - self.t_off)
 
-        return mapped(t), mapped(s), self.t_on < s <= self.t_off
+        return mapped(t), mapped(s), self.t_on <= t and s <= self.t_off
 
     def sigma(self, alpha_t: float, alpha_s: float, looping: bool) -> float:
         """The remasking probability of a step.
@@ -524,11 +541,15 @@ def parse_policy(spec: str):
         key, value = (key.strip(), value.strip()) if eq else (fields[0], key.strip())
         if key not in fields:
             raise ValueError(f"policy {name} has no field {key!r}; its fields are {', '.join(fields)}")
+        if key in kwargs:
+            raise ValueError(f"policy {name} sets {key} twice in {spec!r}")
         kwargs[key] = _value(kind.__dataclass_fields__[key].type, value, key)
     return kind(**kwargs)
 
 
 def _value(annotation, text: str, key: str):
+    if str(annotation).startswith("Optional[") and text.lower() == "none":
+        return None
     name = str(annotation).split(".")[-1].replace("Optional[", "").rstrip("]")
     kind = {"int": int, "float": float, "str": str, "bool": _bool}.get(name)
     try:
@@ -553,5 +574,10 @@ def policy_spec(policy) -> str:
         The spec 'NAME:FIELD=VALUE,...'.
     """
     name = next(key for key, kind in POLICIES.items() if isinstance(policy, kind))
-    return name + ":" + ",".join(f"{key}={value:g}" if isinstance(value, float) else f"{key}={value}"
-                                 for key, value in vars(policy).items() if value is not None)
+    return name + ":" + ",".join(f"{key}={_text(value)}" for key, value in vars(policy).items() if value is not None)
+
+
+def _text(value) -> str:
+    if isinstance(value, float) and float(f"{value:g}") == value:  # short where that reads back exactly
+        return f"{value:g}"
+    return repr(value) if isinstance(value, float) else str(value)

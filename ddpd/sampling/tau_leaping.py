@@ -101,8 +101,12 @@ def tau_leaping_mask(
                        truncation=truncation, execution=execution)
     grid = _Grid(run)
     batch = start(run, draws, masks=True)
+    if eta == 0.0:  # a row the prompt fills whole costs no pass
+        batch.finish(~(batch.x == run.mask_id).any(-1), 0)
     with torch.no_grad():
         for i in range(run.steps):
+            if batch.finished:
+                break
             last = i == run.steps - 1
             unmask_p = grid.jump_probability(i, eta)
             remask_p = 0.0 if last else min(1.0, eta * grid.dt)
@@ -114,8 +118,6 @@ def tau_leaping_mask(
             batch.x = _draw_where(run, draws, batch, denoiser, i, x, batch.x, unmask, grid.t(i, len(batch)))
             if eta == 0.0 and not last:
                 batch.finish(~(batch.x == run.mask_id).any(-1), i + 1, check=batch.check_due(i))
-                if batch.finished:
-                    break
     return batch.result(run.steps)
 
 

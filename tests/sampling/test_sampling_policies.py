@@ -61,6 +61,26 @@ def test_error_budget_at_its_one_token_limit_draws_algorithm_1(policy, kind, fus
     assert int(limit.commits.max()) <= int(limit.stop_step.max())  # one token a step at most
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["reference", "fused"])
+def test_bound_0_commits_one_token_where_float32_rounds_the_risk_to_0(fused):
+    """A planner certain of noise (sigmoid(30) is 1 in float32) and a denoiser certain of its
+    token (probability 1) make every risk 1 - p c exactly 0: bound 0 still commits one a step."""
+    def planner(x):
+        return torch.where(x == 0, -30.0, 30.0)
+
+    def denoiser(x, t):
+        return torch.full((*x.shape, 5), -50.0).index_fill_(-1, torch.tensor([0]), 50.0)
+
+    def run(policy):
+        return ddpd_sample(planner, denoiser, 4, D, 5, steps=3, seed=0, execution=Execution(fused=fused),
+                           ddpd=DDPDOptions(stop="budget", policy=policy))
+
+    limit = run(ErrorBudget(0.0, 8))
+    assert limit.commits.tolist() == [3] * 4
+    assert torch.equal(limit.tokens, run(None).tokens)
+    assert int(run(ErrorBudget(1e-6, 8)).commits.min()) > 3  # any bound above 0 takes the free commits
+
+
 @pytest.mark.parametrize("kind", ["mask", "uniform", "model"])
 def test_error_budget_commits_several_tokens_a_step_and_fused_draws_the_reference_tokens(kind):
     def run(fused):
@@ -266,6 +286,42 @@ def test_mask_loop_policies_fused_draw_the_reference_tokens(policy):
     assert not bool((reference.tokens == 27).any()), "a mask was left"
 
 
+@pytest.mark.parametrize("policy", [ReMDM("cap", 0.5), ReMDM("rescale", 1.0), ReMDM("loop", 0.5, 0.3, 0.9)],
+                         ids=["cap", "rescale", "loop"])
+def test_remdm_runs_to_the_budget_and_fused_leaves_no_mask(policy):
+    """ReMDM may mask a filled row again, so no row stops before the budget; with rows filled
+    early and stop checks every 8 steps the fused run draws the reference's tokens."""
+    reference, fused = (mask_sample(NETWORKS["mask"], 16, D, 27, steps=40, seed=1, policy=policy,
+                                    execution=Execution(fused=f, sync_every=8))
+                        for f in (False, True))
+    assert reference.stop_step.eq(40).all() and reference.denoiser_passes.eq(40).all()
+    assert torch.equal(reference.tokens, fused.tokens) and torch.equal(reference.commits, fused.commits)
+    assert not bool((fused.tokens == 27).any())
+
+
+def test_remdm_loop_holds_alpha_on_between_t_on_and_t_off():
+    """ReMDM-loop's alphas (Wang et al. 2025, sec. 4.1): the run's schedule scaled to reach
+    alpha_on at t_on, alpha_on held (sigma = eta) until t_off, then linear to 1."""
+    policy, linear = ReMDM("loop", 0.1, 0.25, 0.75, alpha_on=0.8), (lambda u: u)
+    steps = [policy.alphas(i, 8, linear) for i in range(8)]
+    assert [round(a, 6) for a, _, _ in steps] == [0.0, 0.4, 0.8, 0.8, 0.8, 0.8, 0.8, 0.9]
+    assert [looping for _, _, looping in steps] == [False, False, True, True, True, True, False, False]
+    assert [policy.sigma(*step) for step in steps] == [0.0, 0.0, 0.1, 0.1, 0.1, 0.1, 0.0, 0.0]
+    assert steps[-1][1] == 1.0
+
+
+@pytest.mark.parametrize("policy", [MaskGIT(), ConfidenceThreshold(0.5), ReMDM("cap", 0.0)],
+                         ids=["maskgit", "threshold", "remdm-eta-0"])
+@pytest.mark.parametrize("fused", [False, True], ids=["reference", "fused"])
+def test_a_row_the_prompt_fills_costs_no_pass(policy, fused):
+    given = torch.full((3, D), -1)
+    given[0], given[1, :4] = 5, 7
+    result = mask_sample(NETWORKS["mask"], 3, D, 27, steps=6, seed=1, policy=policy,
+                         prompt=Prompt(given, given >= 0), execution=Execution(fused=fused))
+    assert result.stop_step[0] == 0 and result.denoiser_passes[0] == 0 and result.commits[0] == 0
+    assert bool(result.denoiser_passes[1:].gt(0).all()) and torch.equal(result.tokens[0], given[0])
+
+
 def test_maskgit_policy_draws_maskgit_samples_law():
     problem = toy("dir S3 D3")
     result = mask_sample(problem.models().mask_denoiser, B, problem.D, problem.S, steps=3, noise=noise(),
@@ -306,6 +362,15 @@ def test_policy_specs_round_trip_and_bad_ones_are_named():
         parse_policy("fastest")
     with pytest.raises(ValueError, match="bound"):
         ErrorBudget(-1.0)
+    with pytest.raises(ValueError, match="sets threshold twice"):
+        parse_policy("threshold:0.9,0.8")
+    with pytest.raises(ValueError, match="needs order='risk'"):
+        parse_policy("error-budget:order=planner,choice_temperature=1")
+    with pytest.raises(ValueError, match="t_on < t_off"):
+        ReMDM("loop", t_on=0.0)
+    precise = ErrorBudget(0.1234567, known_noise=True, revise_above=0.75)
+    assert parse_policy(policy_spec(precise)) == precise  # no digit lost to a short format
+    assert parse_policy("error-budget:known_noise=true,revise_above=none").revise_above is None
     with pytest.raises(TypeError, match="policy must be one of"):
         mask_sample(NETWORKS["mask"], 2, D, 27, steps=4, seed=0, policy=ErrorBudget())
     with pytest.raises(ValueError, match="clock='planner'"):
