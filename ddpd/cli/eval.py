@@ -521,10 +521,12 @@ COMMANDS = {"elbo": run_elbo, "quality": run_quality, "merge": run_merge, "compa
 # The numeric flags of every command with the bounds the evaluation enforces, checked
 # before any model is loaded, so that a bad value is a usage error naming its flag.
 INT_FLAGS = {"seed": (0, 2**64 - 1), "batch_size": (1, None), "num_sequences": (1, None), "mc_samples": (1, None),
-             "num_samples": (1, None), "reference_sequences": (1, None), "steps": (1, None)}
+             "num_samples": (1, None), "reference_sequences": (1, None), "steps": (1, None), "budgets": (1, None),
+             "target_steps": (1, None)}
 # name: (low, high, open below, open above); temperatures up to MAX_TEMPERATURE
 FLOAT_FLAGS = {"t_max": (0.0, 1.0, True, True), "alpha": (0.0, 1.0, True, True), "eps": (0.0, 1.0, True, True),
                "temperature": (0.0, None, False, False), "temperatures": (0.0, None, False, False),
+               "target_temperature": (0.0, None, False, False),
                "eta": (0.0, math.inf, False, True)}
 
 

@@ -12,13 +12,16 @@ details, docs/parallel.md the results."""
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import os
 
-from ddpd.cli.common import UsageError
+from ddpd.cli.common import UsageError, add_runtime_arguments
 
 DEFAULT_POLICIES = ["error-budget:bound=1,max_k=16", "error-budget:bound=4,max_k=16", "threshold:0.9",
                     "entropy-bound:1.0", "factor:1.0", "remdm:schedule=cap,eta=0.02"]
-REPORTS = ("frontier.csv", "frontier.md", "frontier.png")
+SETTINGS = "frontier.json"  # what every row of --out-dir was measured with beside its key
+REPORTS = ("frontier.csv", "frontier.md", "frontier.png", SETTINGS)
 
 
 def add_parser(sub) -> None:
@@ -35,8 +38,9 @@ def add_parser(sub) -> None:
     p.add_argument("--policies", nargs="+", default=DEFAULT_POLICIES, metavar="SPEC",
                    help="policy specs NAME[:FIELD=VALUE,...] (ddpd.sampling.policies)")
     p.add_argument("--budgets", nargs="+", type=int, default=[32, 64, 128, 256],
-                   help="network-pass budgets per sample: a ddpd step is 2 passes (planner + denoiser), a mask-loop "
-                        "step 1 (default: 32 64 128 256)")
+                   help="network-pass budgets per sample: a ddpd step is a denoiser pass, plus a planner pass on "
+                        "the steps that plan (every step by default; see plan_every); a mask-loop step is one "
+                        "pass (default: 32 64 128 256)")
     p.add_argument("--temperatures", nargs="+", type=float, default=[1.0])
     p.add_argument("--target-steps", type=int, default=512, help="steps of the one-at-a-time target (default 512)")
     p.add_argument("--target-temperature", type=float, default=1.0, help="its temperature (default 1.0)")
@@ -46,8 +50,7 @@ def add_parser(sub) -> None:
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--fused", action="store_true",
                    help="every sampler on its fused path (the same samples with float32 networks)")
-    p.add_argument("--threads", type=int, help="CPU threads (default: torch's)")
-    p.add_argument("--device", default="auto")
+    add_runtime_arguments(p)
     p.add_argument("--no-progress", dest="progress", action="store_false")
     p.add_argument("--out-dir", required=True)
 
@@ -70,15 +73,17 @@ def run(args: argparse.Namespace) -> None:
     families = _policies(args)  # the arguments first: nothing is loaded for a bad one
     order = _judge_order(args)
     bundle = _bundle(args.checkpoint)
+    settings = _settings(args, bundle, order)
     from ddpd.cli.common import load_role, resolve_device
 
     device = resolve_device(args.device)
     planner, _ = load_role("planner", os.path.join(bundle, "planner"), ("planner",), device)
     denoiser, config = load_role("denoiser", os.path.join(bundle, "denoiser"), ("mask-denoiser",), device)
     vocab, length = config["vocab_size"], config["model"]["max_seq_len"]
-    judge = _judge(args, order, config, device)
+    judge = _judge(args, order, config, device, length)
     configs = _configs(args, families, planner, denoiser, vocab, length)
     csv_path = os.path.join(args.out_dir, "frontier.csv")
+    write_text(json.dumps(settings, indent=1) + "\n", os.path.join(args.out_dir, SETTINGS))
     with torch.no_grad():
         rows = fr.run_frontier(configs, judge=judge, vocab_size=vocab, num_samples=args.num_samples, seed=args.seed,
                             batch_size=args.batch_size, csv_path=csv_path, progress=args.progress)
@@ -107,28 +112,78 @@ def _bundle(path):
         if not os.path.isdir(os.path.join(path, "planner")) or not os.path.isdir(os.path.join(path, "denoiser")):
             raise UsageError(f"{path}: not a bundle (a planner/ and a denoiser/ checkpoint)")
         return path
-    from ddpd.pretrained import default_bundle
+    from ddpd.pretrained import BundleNotFoundError, default_bundle
 
-    return default_bundle()
+    try:
+        return default_bundle(own="a BUNDLE argument")
+    except BundleNotFoundError as err:
+        raise UsageError(str(err)) from None
+
+
+def _settings(args, bundle: str, order) -> dict:
+    """What the rows depend on beside their key: the networks, the judge and eps (the files by
+    content). UsageError when --out-dir already holds rows measured with other settings: they
+    would be taken for this run's and not measured again.
+
+    Args:
+        args: the parsed command line.
+        bundle: the bundle directory.
+        order: the n-gram judge's order, or None for a checkpoint judge.
+
+    Returns:
+        {name: value}, what SETTINGS records.
+    """
+    settings = {"networks": _digest(os.path.join(bundle, "planner"), os.path.join(bundle, "denoiser")),
+                "judge": "ar" if order is None else f"ngram:{order}",
+                "judge_source": _digest(args.judge if order is None else args.data), "eps": args.eps}
+    path = os.path.join(args.out_dir, SETTINGS)
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            before = json.load(f)
+        changed = [name for name, value in settings.items() if before.get(name) != value]
+        if changed:
+            raise UsageError(f"--out-dir {args.out_dir} holds a frontier measured with other {', '.join(changed)} "
+                             f"({path}); use another --out-dir")
+    return settings
+
+
+def _digest(*paths: str) -> str:
+    """sha256 (16 hex digits) of the files under paths, by relative name and content."""
+    digest = hashlib.sha256()
+    for root in paths:
+        files = [root] if os.path.isfile(root) else sorted(
+            os.path.join(d, name) for d, _, names in os.walk(root) for name in names)
+        for file in files:
+            digest.update(os.path.relpath(file, root).encode() + b"\0")
+            with open(file, "rb") as f:
+                digest.update(hashlib.sha256(f.read()).digest())
+    return digest.hexdigest()[:16]
 
 
 def _judge_order(args):
     """The n-gram order of --judge ngram[:ORDER] (6 by default), or None for a checkpoint."""
+    from ddpd.eval.ngram import MAX_ORDER as MAX_NGRAM_ORDER
+
     if not args.judge.startswith("ngram"):
         return None
     name, _, order = args.judge.partition(":")
-    if name != "ngram" or (order and not order.isdigit()):
-        raise UsageError(f"--judge must be a checkpoint directory or ngram[:ORDER], got {args.judge!r}")
+    if name != "ngram" or (order and not (order.isdigit() and 1 <= int(order) <= MAX_NGRAM_ORDER)):
+        raise UsageError(f"--judge must be a checkpoint directory or ngram[:ORDER] with ORDER in "
+                         f"[1, {MAX_NGRAM_ORDER}], got {args.judge!r}")
     if not args.data:
         raise UsageError("--judge ngram needs --data (its train split builds the judge)")
     return int(order or 6)
 
 
-def _judge(args, order, config: dict, device):
+def _judge(args, order, config: dict, device, length: int):
     from ddpd.cli.common import load_role
 
     if order is None:
-        return load_role("judge", args.judge, ("ar",), device)[0]
+        judge, judge_config = load_role("judge", args.judge, ("ar",), device)
+        if judge_config["model"]["max_seq_len"] - 1 < length:
+            raise UsageError(f"--judge: scores sequences of up to {judge_config['model']['max_seq_len'] - 1} tokens, "
+                             f"the samples have {length}")
+        return judge
     from ddpd.eval.ngram import NGramJudge
     from ddpd.training.data import load_splits, tokenizer_from_config
 

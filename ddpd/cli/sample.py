@@ -455,6 +455,8 @@ def _make_sampler(args, models: Models, tokenizer, prompts):
     from ddpd.sampling import DDPDOptions, Execution, PhiloxNoise
 
     row = find(args.sampler, models.has_planner, models.kind)
+    if row is None and models.has_planner and not args.planner:  # a bundle's planner, not asked for by name
+        row = find(args.sampler, False, models.kind)
     if row is None:
         raise UsageError(f"--sampler {args.sampler} needs {needs(args.sampler)}; got {_describe(models)}")
     ddpd = DDPDOptions()
@@ -565,6 +567,23 @@ def check_command_line(args) -> None:
     args.texts = read_prompts(args)  # a missing or unreadable file fails before any work
 
 
+def _check_clock(args, policy) -> None:
+    """The ddpd flags that the exact clock or a commit policy refuse, named as flags."""
+    if args.sampler != "ddpd":
+        return
+    if policy is not None:
+        if args.clock == "exact":
+            raise UsageError("--policy needs --clock planner: the exact clock simulates one jump at a time")
+        if args.parallel_steps > 0:
+            raise UsageError("--policy needs --parallel-steps 0: the policy decides how many positions a step denoises")
+    if args.clock == "exact" and args.stop == "eps":
+        raise UsageError("--stop eps is not available with --clock exact, which runs to its end time; "
+                         "use --stop budget or --clock planner")
+    if args.clock == "exact" and args.k > 1 and args.parallel_steps > 0:
+        raise UsageError("--k > 1 with --parallel-steps is not available with --clock exact, which simulates one "
+                         "jump at a time")
+
+
 def check_args(args) -> None:
     """The checks that need torch, before any model is loaded: --compile's backend, the
     truncation and the ddpd sampler's settings (those against --length and --steps wait
@@ -582,7 +601,7 @@ def check_args(args) -> None:
     if args.compile is not None and args.compile not in compile_backends():
         raise UsageError(f"--compile must be one of {', '.join(compile_backends())}, got {args.compile!r}")
     truncation_from(args)
-    command_policy(args, args.sampler)
+    _check_clock(args, command_policy(args, args.sampler))
     if args.sampler == "ddpd":
         try:
             DDPDOptions(**ddpd_fields(args))
@@ -593,13 +612,14 @@ def check_args(args) -> None:
 def warn_if_too_few_steps(args, frozen: Optional[torch.Tensor]) -> None:
     """The Gillespie sampler denoises one position per step after its parallel stage (the
     exact clock at most one per step, a candidate event): a budget that cannot reach every
-    position a prompt leaves free leaves samples mostly noise. Says so on stderr.
+    position a prompt leaves free leaves samples mostly noise. Says so on stderr (not under a
+    commit policy, --policy).
 
     Args:
         args: the parsed command line.
         frozen: Bool[P, D] the prompts' frozen positions, or None.
     """
-    if args.sampler != "ddpd":
+    if args.sampler != "ddpd" or args.policy:  # a commit policy commits as many a step as it judges
         return
     free = args.length - (int(frozen.sum(1).min()) if frozen is not None else 0)
     if args.clock == "exact":

@@ -173,7 +173,7 @@ def family(row: dict) -> str:
 def _label(name: str) -> str:
     """A legend's short name of a family: the policy's fields that are not their defaults."""
     for default in (",max_k=16", ",order=risk", ",spread=none", ",known_noise=False", ",plan_every=1,",
-                    ",choice_temperature=0", ",t_on=0.45,t_off=0.95"):
+                    ",choice_temperature=0", ",t_on=0.45,t_off=0.95,alpha_on=0.9"):
         name = name.replace(default, "," if default.endswith(",") else "")
     return name.replace("choice_temperature", "tau").replace("known_noise=True", "known_noise")
 

@@ -12,6 +12,8 @@ from torch import Tensor
 
 from ddpd.eval.checks import check_int
 
+MAX_ORDER = 12  # the longest n-gram a judge counts
+
 
 class NGramJudge:
     """An order-`order` n-gram model of token ids in [0, vocab_size).
@@ -28,7 +30,7 @@ class NGramJudge:
 
     def __init__(self, tokens: Tensor, vocab_size: int, order: int = 6, discount: float = 0.75):
         self.vocab_size = check_int("vocab_size", vocab_size, 2)
-        self.order = check_int("order", order, 1, 12)
+        self.order = check_int("order", order, 1, MAX_ORDER)
         if not 0.0 < discount < 1.0:
             raise ValueError(f"discount must be in (0, 1), got {discount}")
         if vocab_size ** order >= 2**62:

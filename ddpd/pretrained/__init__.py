@@ -34,10 +34,13 @@ class BundleNotFoundError(FileNotFoundError):
     """No default bundle: neither DDPD_PRETRAINED_DIR nor the packaged one holds both checkpoints."""
 
 
-def default_bundle() -> str:
+def default_bundle(own: str = "--checkpoint BUNDLE (or --planner DIR --denoiser DIR)") -> str:
     """Path of the default sampling bundle: $DDPD_PRETRAINED_DIR if set, else the
     packaged ddpd/pretrained/text8. Raises BundleNotFoundError (one line, naming the
     missing files and how to pass your own checkpoints) when it is incomplete.
+
+    Args:
+        own: how the calling tool takes a bundle of one's own, for the error.
 
     Returns:
         The bundle directory.
@@ -52,7 +55,7 @@ def default_bundle() -> str:
         where = f"{ENV_VAR}={override}" if override else "the ddpd package"
         raise BundleNotFoundError(
             f"no default model in {where}: {path} lacks {', '.join(missing)}; pass your own checkpoints with "
-            f"--checkpoint BUNDLE (or --planner DIR --denoiser DIR), or set {ENV_VAR} to a bundle directory")
+            f"{own}, or set {ENV_VAR} to a bundle directory")
     return str(path)
 
 

@@ -143,9 +143,11 @@ class DDPDOptions:
             if not isinstance(self.policy, ErrorBudget):
                 raise TypeError(f"policy must be an ErrorBudget (ddpd.sampling.policies) or None, "
                                 f"got {type(self.policy).__name__}")
-            if self.clock == "exact" or self.parallel_steps > 0:
-                raise ValueError("policy= needs clock='planner' and no fixed parallel stage (parallel_steps=0): "
-                                 "the exact clock simulates one jump at a time")
+            if self.clock == "exact":
+                raise ValueError("policy= needs clock='planner': the exact clock simulates one jump at a time")
+            if self.parallel_steps > 0:
+                raise ValueError("policy= needs parallel_steps=0: the policy decides how many positions a step "
+                                 "denoises")
         if self.clock == "exact":
             if self.stop == "eps":
                 raise ValueError("stop='eps' is not available with clock='exact', which runs to t_end; "

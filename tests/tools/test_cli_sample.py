@@ -115,8 +115,10 @@ def test_single_model_samplers(ckpts, tmp_path, capsys, kind, argv):
     (["--eps", "2"], "eps"),
     (["--length", "99"], "--length"),
     (["--device", "tpu"], "--device"),
-    (["--sampler", "maskgit"], "maskgit needs one mask-denoiser"),
-    (["--clock", "exact", "--stop", "eps"], "stop"),
+    (["--sampler", "maskgit", "--policy", "error-budget"], "is a policy of --sampler ddpd, not of --sampler maskgit"),
+    (["--clock", "exact", "--stop", "eps"], "--stop eps is not available with --clock exact"),
+    (["--policy", "error-budget", "--clock", "exact"], "--policy needs --clock planner"),
+    (["--policy", "error-budget", "--k", "2", "--parallel-steps", "2"], "--policy needs --parallel-steps 0"),
     (["--sync-every", "4"], "--sync-every is a setting of the fused run: give --fused too"),
     (["--k", "99"], "--k must be in [1, 8], got 99"),  # the sampling layer's refusals name the flag
     (["--clock", "exact", "--t-end", "2"], "--t-end must be in (0.0, 1.0), got 2.0"),
@@ -415,6 +417,9 @@ def test_a_full_disk_keeps_the_previous_output(ckpts, tmp_path, capsys, monkeypa
 def test_too_few_steps_are_warned_about(ckpts, capsys):
     code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--steps", "3", "--num-samples", "1")
     assert code == 0 and "warning: --steps 3 can denoise at most 3 of the 8 positions" in err
+    code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--steps", "3", "--num-samples", "1",
+                           "--policy", "error-budget:bound=8,max_k=8")  # commits several a step
+    assert code == 0 and "warning" not in err
     code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--steps", "3", "--k", "3",
                            "--parallel-steps", "3", "--num-samples", "1")
     assert code == 0 and "warning" not in err
@@ -630,6 +635,17 @@ def test_every_sampler_runs_fused_and_draws_what_the_reference_draws(ckpts, tmp_
         records.append(read_jsonl(out))
     assert [r["tokens"] for r in records[0]] == [r["tokens"] for r in records[1]]
     assert [r["stop_step"] for r in records[0]] == [r["stop_step"] for r in records[1]]
+
+
+def test_a_bundle_gives_its_denoiser_to_a_sampler_without_planner(ckpts, capsys):
+    """--sampler maskgit with a bundle runs on its denoiser; a planner named by --planner is not
+    dropped silently."""
+    code, stdout, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--sampler", "maskgit", "--steps", "4",
+                                "--num-samples", "2", "--policy", "threshold:0.9")
+    assert code == 0 and len(stdout.splitlines()) == 2, err
+    code, _, err = run_cli(capsys, "--planner", ckpts["planner"], "--denoiser", ckpts["mask-denoiser"], "--sampler",
+                           "maskgit")
+    assert code == 2 and "--sampler maskgit needs one mask-denoiser" in err
 
 
 def test_the_table_names_what_each_sampler_needs(ckpts, capsys):

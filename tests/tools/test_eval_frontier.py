@@ -122,6 +122,11 @@ def test_ddpd_eval_frontier_writes_its_reports(tmp_path, capsys):
     assert "| 2 | ddpd error-budget:bound=2,max_k=4 | maskgit maskgit:tau=4.5 |" in (out / "frontier.md").read_text()
     assert main(argv) == 0  # resumed: nothing left to run
     assert "Passes to reach" in capsys.readouterr().out
+    other_judge = [("ngram:2" if a == "ngram:3" else a) for a in argv]
+    assert main(other_judge) == 2 and main(argv + ["--eps", "0.5"]) == 2  # its rows would be taken for theirs
+    err = capsys.readouterr().err
+    assert "measured with other judge (" in err and "measured with other eps (" in err
+    assert len(read_frontier(str(out / "frontier.csv"))) == len(rows)
 
 
 def test_ddpd_eval_frontier_refuses_a_bad_judge_and_policy(tmp_path, capsys):
@@ -131,3 +136,7 @@ def test_ddpd_eval_frontier_refuses_a_bad_judge_and_policy(tmp_path, capsys):
     assert main(["frontier", "--judge", "ngram", "--data", "books", "--policies", "fastest", "--out-dir", out]) == 2
     err = capsys.readouterr().err
     assert "ngram[:ORDER]" in err and "needs --data" in err and "policy must be one of" in err
+    assert main(["frontier", "--judge", "ngram:0", "--data", "books", "--out-dir", out]) == 2
+    assert "ORDER in [1, 12]" in capsys.readouterr().err
+    assert main(["frontier", "--judge", "ngram", "--data", "books", "--budgets", "8", "0", "--out-dir", out]) == 2
+    assert "--budgets must be" in capsys.readouterr().err
