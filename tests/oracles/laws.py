@@ -269,6 +269,17 @@ def _product_kernel(per_position: torch.Tensor) -> torch.Tensor:
     return K
 
 
+def fill_remask_kernel(toy: ToyProblem, q: torch.Tensor, fill: float, remask: float) -> torch.Tensor:
+    """K over mask states of one step in which, independently per position, a mask takes a
+    token drawn from q [Nm, D, S] with probability fill and a token is masked again with
+    probability remask."""
+    S, M = toy.S, toy.mask_states
+    from_mask = torch.cat([fill * q, torch.full_like(q[..., :1], 1.0 - fill)], -1)
+    from_token = torch.nn.functional.one_hot(M.clamp(max=S - 1), S + 1).double() * (1.0 - remask)
+    from_token[..., S] = remask
+    return _product_kernel(torch.where((M == S)[..., None], from_mask, from_token))
+
+
 def _jump_probability(toy: ToyProblem, i: int, steps: int, eta: float = 0.0) -> float:
     if i == steps - 1:
         return 1.0
@@ -289,13 +300,7 @@ def tau_leaping_mask_law(toy: ToyProblem, steps: int, eta: float = 0.0,
         last = i == steps - 1
         pu = _jump_probability(toy, i, steps, eta)
         pr = 0.0 if last else min(1.0, eta / steps)
-        qi = tempered(q, _temperature(i, steps, temperature, temperature_end))
-        # a mask: unmasked to j with probability pu q(j), kept masked with 1 - pu
-        from_mask = torch.cat([pu * qi, torch.full_like(qi[..., :1], 1.0 - pu)], -1)
-        # a token: kept with probability 1 - pr, remasked with pr
-        from_token = torch.nn.functional.one_hot(M.clamp(max=S - 1), S + 1).double() * (1.0 - pr)
-        from_token[..., S] = pr
-        pi = pi @ _product_kernel(torch.where(masked[..., None], from_mask, from_token))
+        pi = pi @ fill_remask_kernel(toy, tempered(q, _temperature(i, steps, temperature, temperature_end)), pu, pr)
     clean = ~masked.any(-1)
     assert float(pi[~clean].sum()) < 1e-12
     return pi[clean]

@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from oracles.laws import replace_index, selection_weights, tempered
+from oracles.laws import fill_remask_kernel, replace_index, selection_weights, tempered
 from oracles.toy import ToyProblem
 
 
@@ -190,3 +190,100 @@ def known_noise_law(toy: ToyProblem, steps: int, bound: float, max_k: int, denoi
             nxt += pi[:, touched] @ kernel
         pi = nxt.view(toy.N, masks)
     return pi.sum(1)
+
+
+# ----------------------------------------------------------------------------- the mask loop's baselines
+
+
+def threshold_rule(threshold: float):
+    """Fast-dLLM's threshold: every position whose drawn token has probability > threshold,
+    else the most confident (the first on ties)."""
+    def rule(conf: list, entropy: list) -> set:
+        above = {j for j, c in enumerate(conf) if c > threshold}
+        return above or {max(range(len(conf)), key=lambda j: (conf[j], -j))}
+    return rule
+
+
+def factor_rule(factor: float):
+    """Fast-dLLM's factor rule: the n most confident for the largest n with
+    (n + 1)(1 - c_(n)) < factor, at least one."""
+    def rule(conf: list, entropy: list) -> set:
+        ranked = sorted(range(len(conf)), key=lambda j: (-conf[j], j))
+        n = max([n for n in range(1, len(conf) + 1) if (n + 1) * (1.0 - conf[ranked[n - 1]]) < factor], default=1)
+        return set(ranked[:n])
+    return rule
+
+
+def entropy_bound_rule(gamma: float):
+    """EB-sampler: lowest entropy first, the largest prefix U with sum_U H - max_U H <= gamma."""
+    def rule(conf: list, entropy: list) -> set:
+        ranked = sorted(range(len(entropy)), key=lambda j: (entropy[j], j))
+        n = max(n for n in range(1, len(ranked) + 1)
+                if sum(entropy[j] for j in ranked[:n]) - max(entropy[j] for j in ranked[:n]) <= gamma)
+        return set(ranked[:n])
+    return rule
+
+
+def confidence_rule_law(toy: ToyProblem, steps: int, rule, temperature: float = 1.0) -> torch.Tensor:
+    """Law of mask_sample under a deterministic confidence rule (threshold_rule, factor_rule,
+    entropy_bound_rule): each step draws a token at every mask from the tempered mask denoiser,
+    and rule(confidences, entropies) of the untempered law names the masks to fill; the last
+    step fills them all."""
+    S, D, M = toy.S, toy.D, toy.mask_states
+    pi = (M == S).all(-1).double()
+    for i in range(steps):
+        K = torch.zeros(M.shape[0], M.shape[0], dtype=torch.float64)
+        for row in range(M.shape[0]):
+            masked = [d for d in range(D) if M[row, d] == S]
+            if not masked:
+                K[row, row] = 1.0
+                continue
+            q = toy.mask_table[row, masked]  # [m, S]
+            qt = tempered(q, temperature)
+            entropy = [float(-(q[r] * torch.log(q[r].clamp_min(1e-300))).sum()) for r in range(len(masked))]
+            for tokens in itertools.product(range(S), repeat=len(masked)):
+                conf = [float(q[r, tok]) for r, tok in enumerate(tokens)]
+                chosen = range(len(masked)) if i == steps - 1 else rule(conf, entropy)
+                target = M[row].clone()
+                for r in chosen:
+                    target[masked[r]] = tokens[r]
+                K[row, toy.mask_index(target[None])[0]] += math.prod(float(qt[r, tok]) for r, tok in enumerate(tokens))
+        pi = pi @ K
+    clean = ~(M == S).any(-1)
+    assert float(pi[~clean].sum()) < 1e-12
+    return pi[clean]
+
+
+def remdm_law(toy: ToyProblem, steps: int, schedule: str, eta: float, t_on: float = 0.45, t_off: float = 0.95,
+              alpha_on: float = 0.9, temperature: float = 1.0) -> torch.Tensor:
+    """Law of mask_sample under ReMDM (Wang et al. 2025, eqs. 6-7): per position and step, a
+    mask takes its drawn token with probability (a_s - (1 - sigma) a_t) / (1 - a_t), a token
+    is masked again with probability sigma; the last step fills every mask and masks none.
+    alpha is the toy's schedule on the step grid ('loop': scaled to reach alpha_on at t_on,
+    held there until t_off with sigma = eta, then linear to 1)."""
+    def alpha(u: float) -> float:
+        if schedule != "loop":
+            return float(toy.schedule.alpha(torch.tensor(u, dtype=torch.float64)))
+        if u <= t_on:
+            return alpha_on * float(toy.schedule.alpha(torch.tensor(u / t_on, dtype=torch.float64)))
+        return alpha_on if u <= t_off else alpha_on + (1.0 - alpha_on) * (u - t_off) / (1.0 - t_off)
+
+    masked = toy.mask_states == toy.S
+    pi = masked.all(-1).double()
+    q = tempered(toy.mask_table, temperature)
+    for i in range(steps):
+        t, s = i / steps, (i + 1) / steps
+        a_t, a_s = alpha(t), alpha(s)
+        if schedule == "loop":
+            sigma = eta if t_on <= t and s <= t_off else 0.0
+        else:
+            most = min(1.0, (1.0 - a_s) / a_t) if a_t > 0 else 1.0
+            sigma = min(eta, most) if schedule == "cap" else eta * most
+        if i == steps - 1:
+            fill, sigma = 1.0, 0.0
+        else:
+            fill = 1.0 if a_t >= 1.0 else min(1.0, max(0.0, (a_s - (1.0 - sigma) * a_t) / (1.0 - a_t)))
+        pi = pi @ fill_remask_kernel(toy, q, fill, sigma)
+    clean = ~masked.any(-1)
+    assert float(pi[~clean].sum()) < 1e-12
+    return pi[clean]

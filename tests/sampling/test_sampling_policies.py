@@ -333,6 +333,47 @@ def test_maskgit_policy_draws_maskgit_samples_law():
     assert tv(emp, law) < threshold(law, B)
 
 
+BASELINE_LAWS = [
+    (ConfidenceThreshold(0.5), lambda toy, steps: policy_laws.confidence_rule_law(
+        toy, steps, policy_laws.threshold_rule(0.5))),
+    (ConfidenceFactor(1.5), lambda toy, steps: policy_laws.confidence_rule_law(
+        toy, steps, policy_laws.factor_rule(1.5))),
+    (EntropyBound(0.5), lambda toy, steps: policy_laws.confidence_rule_law(
+        toy, steps, policy_laws.entropy_bound_rule(0.5))),
+    (ReMDM("cap", 0.3), lambda toy, steps: policy_laws.remdm_law(toy, steps, "cap", 0.3)),
+    (ReMDM("rescale", 0.6), lambda toy, steps: policy_laws.remdm_law(toy, steps, "rescale", 0.6)),
+    (ReMDM("loop", 0.3, 0.25, 0.75, 0.6), lambda toy, steps: policy_laws.remdm_law(toy, steps, "loop", 0.3, 0.25,
+                                                                                    0.75, 0.6)),
+]
+
+
+@pytest.mark.parametrize("policy,law", BASELINE_LAWS, ids=[policy_spec(p) for p, _ in BASELINE_LAWS])
+def test_mask_loop_baselines_draw_their_exact_laws(policy, law):
+    """Fast-dLLM's threshold and factor rules, EB-sampler and ReMDM's three schedules against
+    their laws built from the papers' rules (oracles/policy_laws.py), B = 50k."""
+    problem = toy("dir S3 D3")
+    steps = 8 if isinstance(policy, ReMDM) else 3  # the loop needs steps wholly inside [t_on, t_off]
+    result = mask_sample(problem.models().mask_denoiser, B, problem.D, problem.S, steps=steps, noise=noise(),
+                         policy=policy)
+    exact = law(problem, steps)
+    emp = empirical(problem.index(result.tokens), problem.N)
+    TABLE.add(f"{policy_spec(policy)} [dir S3 D3]", tv(emp, exact), tv(emp, problem.p_data), threshold(exact, B),
+              problem.N)
+    assert tv(emp, exact) < threshold(exact, B)
+
+
+def test_a_wrong_rule_is_told_from_the_threshold_law():
+    """The law of another threshold is far from the sampler's: the check can fail."""
+    problem = toy("dir S3 D3")
+    result = mask_sample(problem.models().mask_denoiser, B, problem.D, problem.S, steps=3, noise=noise(),
+                         policy=ConfidenceThreshold(0.5))
+    wrong = policy_laws.confidence_rule_law(problem, 3, policy_laws.threshold_rule(0.99))
+    emp = empirical(problem.index(result.tokens), problem.N)
+    TABLE.add("threshold 0.5 against threshold 0.99's law [dir S3 D3]", tv(emp, wrong), tv(emp, problem.p_data),
+              threshold(wrong, B), problem.N)
+    assert tv(emp, wrong) > threshold(wrong, B)
+
+
 def test_at_half_the_passes_error_budget_is_as_close_to_p_data_as_algorithm_1():
     """TV to p_data against mean passes, oracle planner + mask denoiser (docs/parallel.md): at
     half of Algorithm 1's passes ErrorBudget is no farther from p_data than Algorithm 1 at all of
