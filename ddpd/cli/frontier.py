@@ -4,8 +4,8 @@ r"""ddpd-eval frontier: judge NLL and entropy against network passes, sampler x 
     ddpd-eval frontier runs/bundle --judge runs/ar --policies error-budget:bound=2 threshold:0.9 \
         --budgets 16 32 64 128 --temperatures 0.9 1.0 --num-samples 64 --fused --out-dir f/
 
-Every sampler of the bundle runs with its policies among --policies and its own default,
-at every pass budget and temperature, against the target (ddpd one at a time at
+Every sampler of the bundle runs with its policies among --policies and its own default
+(unless --no-defaults), at every pass budget and temperature, against the target (ddpd one at a time at
 --target-steps). Writes frontier.csv after every configuration (an interrupted sweep
 resumes), then frontier.md and frontier.png. docs/cli.md ("ddpd-eval frontier") has the
 details, docs/parallel.md the results."""
@@ -37,6 +37,9 @@ def add_parser(sub) -> None:
     p.add_argument("--samplers", nargs="+", default=["ddpd", "maskgit"], choices=("ddpd", "maskgit"))
     p.add_argument("--policies", nargs="+", default=DEFAULT_POLICIES, metavar="SPEC",
                    help="policy specs NAME[:FIELD=VALUE,...] (ddpd.sampling.policies)")
+    p.add_argument("--no-defaults", dest="defaults", action="store_false",
+                   help="run only --policies, not each sampler's own default (ddpd one at a time, MaskGIT) at "
+                        "every budget; the target still runs")
     p.add_argument("--budgets", nargs="+", type=int, default=[32, 64, 128, 256],
                    help="network-pass budgets per sample: a ddpd step is a denoiser pass, plus a planner pass on "
                         "the steps that plan (every step by default; see plan_every); a mask-loop step is one "
@@ -192,10 +195,10 @@ def _judge(args, order, config: dict, device, length: int):
 
 
 def _policies(args) -> dict:
-    """{family: [policy, ...]}: each family's own default, then its --policies."""
+    """{family: [policy, ...]}: each family's own default (unless --no-defaults), then its --policies."""
     from ddpd.sampling.policies import DDPD_POLICIES, MaskGIT, parse_policy
 
-    by_family = {"ddpd": [None], "maskgit": [MaskGIT()]}
+    by_family = {"ddpd": [None], "maskgit": [MaskGIT()]} if args.defaults else {"ddpd": [], "maskgit": []}
     for spec in args.policies:
         try:
             policy = parse_policy(spec)

@@ -129,6 +129,18 @@ def test_ddpd_eval_frontier_writes_its_reports(tmp_path, capsys):
     assert len(read_frontier(str(out / "frontier.csv"))) == len(rows)
 
 
+def test_ddpd_eval_frontier_without_defaults_runs_the_target_and_the_policies(tmp_path, capsys):
+    corpus = tmp_path / "text.txt"
+    corpus.write_text(("the cat sat on the mat and the dog ate the hat " * 400).strip())
+    out = tmp_path / "out"
+    assert main(["frontier", "--judge", "ngram:3", "--data", str(corpus), "--budgets", "4", "--target-steps", "1",
+                 "--num-samples", "1", "--policies", "threshold:0.9", "--no-defaults", "--no-progress",
+                 "--out-dir", str(out)]) == 0
+    rows = read_frontier(str(out / "frontier.csv"))
+    assert sorted((r["sampler"], r["policy"], r["steps"]) for r in rows) == [
+        ("ddpd", "one-at-a-time", "1"), ("maskgit", "threshold:threshold=0.9", "4")]
+
+
 def test_ddpd_eval_frontier_refuses_a_bad_judge_and_policy(tmp_path, capsys):
     out = str(tmp_path / "out")
     assert main(["frontier", "--judge", "ngram:x", "--data", "books", "--out-dir", out]) == 2
