@@ -339,6 +339,9 @@ def read_sweep(path: str) -> list[dict]:
     missing = [c for c in ("sampler", "steps", "temperature", *_MEASURED) if c not in header]
     if missing:
         raise ValueError(f"{path}: not a sweep CSV (no {', '.join(missing)} column; write one with ddpd-eval quality)")
+    if {"policy", "passes"} <= set(header):  # a frontier's rows share sampler, steps and temperature across policies
+        raise ValueError(f"{path}: a frontier CSV (ddpd-eval frontier), not a sweep CSV; its frontier.md compares "
+                         "its policies")
     if not rows:
         raise ValueError(f"{path}: holds no row")
     seen: dict[tuple, int] = {}

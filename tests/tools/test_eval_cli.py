@@ -213,6 +213,14 @@ def test_a_sweep_that_would_be_merged_or_compared_wrongly_is_refused(tmp_path, c
     assert not (tmp_path / "out").exists()
 
 
+def test_a_frontier_csv_is_named_as_such(tmp_path, capsys):
+    path = tmp_path / "frontier.csv"
+    path.write_text("sampler,policy,steps,temperature,judge_nll,entropy,passes\n"
+                    "maskgit,maskgit,4,1.0,3.2,3.1,4\nmaskgit,threshold:0.9,4,1.0,3.5,3.0,3\n")
+    code, _, err = _run(capsys, "compare", path)
+    assert code == 1 and "a frontier CSV (ddpd-eval frontier), not a sweep CSV" in err, err
+
+
 def test_a_sweep_of_a_spreadsheet_reads_back(tmp_path):
     """A byte-order mark, CRLF line ends, 8.0 for 8 and a column of one's own are fine."""
     from ddpd.eval import read_sweep
