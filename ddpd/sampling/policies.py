@@ -390,9 +390,10 @@ class ReMDM:
     probability (alpha_s - (1 - sigma) alpha_t) / (1 - alpha_t).
     sigma_max = min(1, (1 - alpha_s) / alpha_t); 'cap': sigma = min(eta, sigma_max),
     'rescale': sigma = eta sigma_max; 'loop' (t_on, t_off in DDPD's time, 0 = noise): MDLM
-    (sigma 0) from alpha 0 to alpha_on = alpha(t_on) up to t_on (the run's schedule scaled by
-    alpha_on), then alpha held at alpha_on with sigma = eta until t_off, then MDLM from
-    alpha_on to 1 (the mask loop maps the step grid, mask_sample). A row runs to the budget
+    (sigma 0) from alpha 0 up to alpha_on at t_on (the run's schedule scaled by alpha_on),
+    then alpha held at alpha_on with sigma = eta (at most (1 - alpha_on) / alpha_on, which
+    keeps it there) until t_off, then MDLM from alpha_on to 1 (the mask loop maps the step
+    grid, mask_sample). A row runs to the budget
     while eta > 0: a filled row may be masked again."""
 
     schedule: str = "cap"
@@ -417,6 +418,10 @@ class ReMDM:
             raise ValueError(f"ReMDM loop needs 0 < t_on < t_off < 1, got t_on={self.t_on}, t_off={self.t_off}")
         if self.schedule == "loop" and not 0.0 < self.alpha_on < 1.0:
             raise ValueError(f"ReMDM loop needs 0 < alpha_on < 1, got alpha_on={self.alpha_on}")
+        most = (1.0 - self.alpha_on) / self.alpha_on
+        if self.schedule == "loop" and self.eta > most:
+            raise ValueError(f"ReMDM loop needs eta <= (1 - alpha_on) / alpha_on = {most:.4g} to hold alpha at "
+                             f"alpha_on, got eta={self.eta}")
 
     def alphas(self, index: int, steps: int, alpha) -> tuple:
         """The schedule's alpha at the start and end of step `index` on the uniform grid.

@@ -286,7 +286,7 @@ def test_mask_loop_policies_fused_draw_the_reference_tokens(policy):
     assert not bool((reference.tokens == 27).any()), "a mask was left"
 
 
-@pytest.mark.parametrize("policy", [ReMDM("cap", 0.5), ReMDM("rescale", 1.0), ReMDM("loop", 0.5, 0.3, 0.9)],
+@pytest.mark.parametrize("policy", [ReMDM("cap", 0.5), ReMDM("rescale", 1.0), ReMDM("loop", 0.5, 0.3, 0.9, 0.6)],
                          ids=["cap", "rescale", "loop"])
 def test_remdm_runs_to_the_budget_and_fused_leaves_no_mask(policy):
     """ReMDM may mask a filled row again, so no row stops before the budget; with rows filled
@@ -310,8 +310,8 @@ def test_remdm_loop_holds_alpha_on_between_t_on_and_t_off():
     assert steps[-1][1] == 1.0
 
 
-@pytest.mark.parametrize("policy", [MaskGIT(), ConfidenceThreshold(0.5), ReMDM("cap", 0.0)],
-                         ids=["maskgit", "threshold", "remdm-eta-0"])
+@pytest.mark.parametrize("policy", [MaskGIT(), ConfidenceThreshold(0.5), ReMDM("cap", 0.0), ReMDM("cap", 0.3)],
+                         ids=["maskgit", "threshold", "remdm-eta-0", "remdm-frozen"])
 @pytest.mark.parametrize("fused", [False, True], ids=["reference", "fused"])
 def test_a_row_the_prompt_fills_costs_no_pass(policy, fused):
     given = torch.full((3, D), -1)
@@ -334,12 +334,12 @@ def test_maskgit_policy_draws_maskgit_samples_law():
 
 
 BASELINE_LAWS = [
-    (ConfidenceThreshold(0.5), lambda toy, steps: policy_laws.confidence_rule_law(
-        toy, steps, policy_laws.threshold_rule(0.5))),
-    (ConfidenceFactor(1.5), lambda toy, steps: policy_laws.confidence_rule_law(
-        toy, steps, policy_laws.factor_rule(1.5))),
-    (EntropyBound(0.5), lambda toy, steps: policy_laws.confidence_rule_law(
-        toy, steps, policy_laws.entropy_bound_rule(0.5))),
+    (ConfidenceThreshold(0.3), lambda toy, steps: policy_laws.confidence_rule_law(
+        toy, steps, policy_laws.threshold_rule(0.3))),
+    (ConfidenceFactor(2.0), lambda toy, steps: policy_laws.confidence_rule_law(
+        toy, steps, policy_laws.factor_rule(2.0))),
+    (EntropyBound(0.8), lambda toy, steps: policy_laws.confidence_rule_law(
+        toy, steps, policy_laws.entropy_bound_rule(0.8))),
     (ReMDM("cap", 0.3), lambda toy, steps: policy_laws.remdm_law(toy, steps, "cap", 0.3)),
     (ReMDM("rescale", 0.6), lambda toy, steps: policy_laws.remdm_law(toy, steps, "rescale", 0.6)),
     (ReMDM("loop", 0.3, 0.25, 0.75, 0.6), lambda toy, steps: policy_laws.remdm_law(toy, steps, "loop", 0.3, 0.25,
@@ -350,7 +350,9 @@ BASELINE_LAWS = [
 @pytest.mark.parametrize("policy,law", BASELINE_LAWS, ids=[policy_spec(p) for p, _ in BASELINE_LAWS])
 def test_mask_loop_baselines_draw_their_exact_laws(policy, law):
     """Fast-dLLM's threshold and factor rules, EB-sampler and ReMDM's three schedules against
-    their laws built from the papers' rules (oracles/policy_laws.py), B = 50k."""
+    their laws built from the papers' rules (oracles/policy_laws.py), B = 50k. The parameters
+    make laws far (TV 0.11-0.65) from committing one position a step and from committing all
+    at once, and the factor's from the threshold's, so a rule that degenerates is caught."""
     problem = toy("dir S3 D3")
     steps = 8 if isinstance(policy, ReMDM) else 3  # the loop needs steps wholly inside [t_on, t_off]
     result = mask_sample(problem.models().mask_denoiser, B, problem.D, problem.S, steps=steps, noise=noise(),
@@ -366,10 +368,10 @@ def test_a_wrong_rule_is_told_from_the_threshold_law():
     """The law of another threshold is far from the sampler's: the check can fail."""
     problem = toy("dir S3 D3")
     result = mask_sample(problem.models().mask_denoiser, B, problem.D, problem.S, steps=3, noise=noise(),
-                         policy=ConfidenceThreshold(0.5))
-    wrong = policy_laws.confidence_rule_law(problem, 3, policy_laws.threshold_rule(0.99))
+                         policy=ConfidenceThreshold(0.3))
+    wrong = policy_laws.confidence_rule_law(problem, 3, policy_laws.threshold_rule(0.5))
     emp = empirical(problem.index(result.tokens), problem.N)
-    TABLE.add("threshold 0.5 against threshold 0.99's law [dir S3 D3]", tv(emp, wrong), tv(emp, problem.p_data),
+    TABLE.add("threshold 0.3 against threshold 0.5's law [dir S3 D3]", tv(emp, wrong), tv(emp, problem.p_data),
               threshold(wrong, B), problem.N)
     assert tv(emp, wrong) > threshold(wrong, B)
 
@@ -409,6 +411,8 @@ def test_policy_specs_round_trip_and_bad_ones_are_named():
         parse_policy("error-budget:order=planner,choice_temperature=1")
     with pytest.raises(ValueError, match="t_on < t_off"):
         ReMDM("loop", t_on=0.0)
+    with pytest.raises(ValueError, match=r"eta <= \(1 - alpha_on\) / alpha_on = 0.1111"):
+        ReMDM("loop", eta=0.2)
     precise = ErrorBudget(0.1234567, known_noise=True, revise_above=0.75)
     assert parse_policy(policy_spec(precise)) == precise  # no digit lost to a short format
     assert parse_policy("error-budget:known_noise=true,revise_above=none").revise_above is None
