@@ -208,7 +208,11 @@ def flag_error(err: BaseException, flags: Sequence[str]) -> UsageError:
     Returns:
         The UsageError (to raise).
     """
-    text = one_line(err)
+    def as_flag(match: re.Match) -> str:  # "clock='exact'" -> "--clock exact"
+        name, value = match.group(1), match.group(2).strip("'")
+        return f"--{name.replace('_', '-')} {value}" if name in flags else match.group(0)
+
+    text = re.sub(r"(?<![\w.-])([a-z][a-z_]*)=('[^']*'|[\w.]+)", as_flag, one_line(err))
     head = re.match(r"(?:TransformerConfig\.)?([a-z][a-z_]*)\b", text)
     if head and head.group(1) in flags:
         text = f"--{head.group(1).replace('_', '-')}{text[head.end():]}"

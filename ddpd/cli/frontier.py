@@ -76,10 +76,10 @@ def run(args: argparse.Namespace) -> None:
     families = _policies(args)  # the arguments first: nothing is loaded for a bad one
     order = _judge_order(args)
     bundle = _bundle(args.checkpoint)
-    settings = _settings(args, bundle, order)
     from ddpd.cli.common import load_role, resolve_device
 
     device = resolve_device(args.device)
+    settings = _settings(args, bundle, order, device.type)
     planner, _ = load_role("planner", os.path.join(bundle, "planner"), ("planner",), device)
     denoiser, config = load_role("denoiser", os.path.join(bundle, "denoiser"), ("mask-denoiser",), device)
     vocab, length = config["vocab_size"], config["model"]["max_seq_len"]
@@ -123,22 +123,28 @@ def _bundle(path):
         raise UsageError(str(err)) from None
 
 
-def _settings(args, bundle: str, order) -> dict:
-    """What the rows depend on beside their key: the networks, the judge and eps (the files by
-    content). UsageError when --out-dir already holds rows measured with other settings: they
-    would be taken for this run's and not measured again.
+def _settings(args, bundle: str, order, device: str) -> dict:
+    """What the rows depend on beside their key: the networks, the judge (files by content, a
+    corpus that needs no file by name), eps and the kind of device (its precision). UsageError
+    when --out-dir already holds rows measured with other settings: they would be taken for
+    this run's and not measured again. A directory without SETTINGS is taken as this run's.
 
     Args:
         args: the parsed command line.
         bundle: the bundle directory.
         order: the n-gram judge's order, or None for a checkpoint judge.
+        device: the device type ("cpu", "cuda").
 
     Returns:
         {name: value}, what SETTINGS records.
     """
+    from ddpd.training.sources import resolve_source
+
+    data = None if order is None else resolve_source(args.data)
+    source = _digest(args.judge) if order is None else _digest(data) if os.path.exists(data) else data
     settings = {"networks": _digest(os.path.join(bundle, "planner"), os.path.join(bundle, "denoiser")),
-                "judge": "ar" if order is None else f"ngram:{order}",
-                "judge_source": _digest(args.judge if order is None else args.data), "eps": args.eps}
+                "judge": "ar" if order is None else f"ngram:{order}", "judge_source": source, "eps": args.eps,
+                "device": device}
     path = os.path.join(args.out_dir, SETTINGS)
     if os.path.exists(path):
         with open(path, encoding="utf-8") as f:
@@ -158,8 +164,11 @@ def _digest(*paths: str) -> str:
             os.path.join(d, name) for d, _, names in os.walk(root) for name in names)
         for file in files:
             digest.update(os.path.relpath(file, root).encode() + b"\0")
+            content = hashlib.sha256()
             with open(file, "rb") as f:
-                digest.update(hashlib.sha256(f.read()).digest())
+                for chunk in iter(lambda: f.read(1 << 20), b""):  # a checkpoint need not fit in memory
+                    content.update(chunk)
+            digest.update(content.digest())
     return digest.hexdigest()[:16]
 
 
@@ -182,9 +191,11 @@ def _judge(args, order, config: dict, device, length: int):
     from ddpd.cli.common import load_role
 
     if order is None:
+        from ddpd.cli.common import max_length
+
         judge, judge_config = load_role("judge", args.judge, ("ar",), device)
-        if judge_config["model"]["max_seq_len"] - 1 < length:
-            raise UsageError(f"--judge: scores sequences of up to {judge_config['model']['max_seq_len'] - 1} tokens, "
+        if max_length(judge_config) - 1 < length:
+            raise UsageError(f"--judge: scores sequences of up to {max_length(judge_config) - 1} tokens, "
                              f"the samples have {length}")
         return judge
     from ddpd.eval.ngram import NGramJudge

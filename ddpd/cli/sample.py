@@ -567,23 +567,6 @@ def check_command_line(args) -> None:
     args.texts = read_prompts(args)  # a missing or unreadable file fails before any work
 
 
-def _check_clock(args, policy) -> None:
-    """The ddpd flags that the exact clock or a commit policy refuse, named as flags."""
-    if args.sampler != "ddpd":
-        return
-    if policy is not None:
-        if args.clock == "exact":
-            raise UsageError("--policy needs --clock planner: the exact clock simulates one jump at a time")
-        if args.parallel_steps > 0:
-            raise UsageError("--policy needs --parallel-steps 0: the policy decides how many positions a step denoises")
-    if args.clock == "exact" and args.stop == "eps":
-        raise UsageError("--stop eps is not available with --clock exact, which runs to its end time; "
-                         "use --stop budget or --clock planner")
-    if args.clock == "exact" and args.k > 1 and args.parallel_steps > 0:
-        raise UsageError("--k > 1 with --parallel-steps is not available with --clock exact, which simulates one "
-                         "jump at a time")
-
-
 def check_args(args) -> None:
     """The checks that need torch, before any model is loaded: --compile's backend, the
     truncation and the ddpd sampler's settings (those against --length and --steps wait
@@ -601,7 +584,7 @@ def check_args(args) -> None:
     if args.compile is not None and args.compile not in compile_backends():
         raise UsageError(f"--compile must be one of {', '.join(compile_backends())}, got {args.compile!r}")
     truncation_from(args)
-    _check_clock(args, command_policy(args, args.sampler))
+    command_policy(args, args.sampler)
     if args.sampler == "ddpd":
         try:
             DDPDOptions(**ddpd_fields(args))

@@ -144,9 +144,9 @@ class DDPDOptions:
                 raise TypeError(f"policy must be an ErrorBudget (ddpd.sampling.policies) or None, "
                                 f"got {type(self.policy).__name__}")
             if self.clock == "exact":
-                raise ValueError("policy= needs clock='planner': the exact clock simulates one jump at a time")
+                raise ValueError("policy needs clock='planner': the exact clock simulates one jump at a time")
             if self.parallel_steps > 0:
-                raise ValueError("policy= needs parallel_steps=0: the policy decides how many positions a step "
+                raise ValueError("policy needs parallel_steps=0: the policy decides how many positions a step "
                                  "denoises")
         if self.clock == "exact":
             if self.stop == "eps":

@@ -126,6 +126,8 @@ def test_ddpd_eval_frontier_writes_its_reports(tmp_path, capsys):
     assert main(other_judge) == 2 and main(argv + ["--eps", "0.5"]) == 2  # its rows would be taken for theirs
     err = capsys.readouterr().err
     assert "measured with other judge (" in err and "measured with other eps (" in err
+    other_data = [("books" if a == str(corpus) else a) for a in argv]  # a corpus by name, not a file
+    assert main(other_data) == 2 and "measured with other judge_source (" in capsys.readouterr().err
     assert len(read_frontier(str(out / "frontier.csv"))) == len(rows)
 
 

@@ -685,7 +685,7 @@ def test_cli_trains_and_resumes(corpus, tmp_path, capsys):
     (["planner", "--data", "hf:", "--out", "{tmp}/o"], "--data: data source 'hf:NAME[:CONFIG]' needs a dataset", 2),
     (["planner", "--data", "{corpus}", "--out", "{tmp}/o", "--resume"], "checkpoint directory not found", 1),
     (["planner", "--data", "{corpus}", "--out", "{tmp}/o", "--d-model", "30", "--n-heads", "4"],
-     "--d-model: expected a multiple of n_heads=4, got 30", 2),
+     "--d-model: expected a multiple of --n-heads 4, got 30", 2),
     (["planner", "--data", "{corpus}", "--out", "{tmp}/o", "--lr", "nan"],
      "--lr must be in (0, 3.40282e+37], got nan", 2),
     (["planner", "--data", "{corpus}", "--out", "{tmp}/o", "--label-dropout", "0.1"], "--label-dropout needs", 2),
