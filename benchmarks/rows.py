@@ -138,8 +138,10 @@ def merge(path: Path, new: list[dict]) -> int:
 
 
 if __name__ == "__main__":  # benchmarks/gpu_check.sh --tree-hash
-    import sys
+    import argparse
 
-    if sys.argv[1:] != ["--tree-hash"]:
-        sys.exit("usage: python benchmarks/rows.py --tree-hash")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tree-hash", action="store_true", required=True,
+                        help="print the hash of the sources that the results rows name")
+    parser.parse_args()
     print(source_hash())

@@ -8,9 +8,12 @@ and convergence of sampling.
 - likelihood: both over held-out sequences, as the paper's tables.
 - quality: judge NLL and unigram entropy of samples; sweeps over samplers.
 - convergence: noise left and stopped samples along the steps of DDPD sampling.
+- detection: the planner as a detector of wrong tokens, of uniform noise and of a parallel
+  decoder's draws, beside the denoiser's confidence.
 """
 from ddpd.eval.convergence import PlannerRecorder, convergence_rows, stopped_fraction, write_convergence
 from ddpd.eval.denoising import DenoisingStats, denoising_stats
+from ddpd.eval.detection import Detection, auc, error_detection
 from ddpd.eval.elbo import ElboTerms, elbo_mask_diffusion, elbo_planned, elbo_uniform_model
 from ddpd.eval.heldout import heldout_sequences, pick_chunks
 from ddpd.eval.likelihood import ModelSet, elbo_methods, evaluate_denoising, evaluate_elbo
@@ -27,9 +30,9 @@ from ddpd.eval.quality import (
 from ddpd.eval.report import MissingDependency
 
 __all__ = [
-    "DenoisingStats", "ElboTerms", "MissingDependency", "ModelSet", "PlannerRecorder", "SamplerSpec",
-    "convergence_rows", "denoising_stats", "elbo_mask_diffusion", "elbo_methods", "elbo_planned",
-    "elbo_uniform_model", "evaluate_denoising", "evaluate_elbo", "heldout_sequences", "judge_nll", "pick_chunks",
-    "merge_sweeps", "quality_metrics", "read_sweep", "run_sweep", "stopped_fraction", "unigram_entropy",
-    "write_convergence", "write_sweep",
+    "DenoisingStats", "Detection", "ElboTerms", "MissingDependency", "ModelSet", "PlannerRecorder", "SamplerSpec",
+    "auc", "convergence_rows", "denoising_stats", "elbo_mask_diffusion", "elbo_methods", "elbo_planned",
+    "elbo_uniform_model", "error_detection", "evaluate_denoising", "evaluate_elbo", "heldout_sequences", "judge_nll",
+    "pick_chunks", "merge_sweeps", "quality_metrics", "read_sweep", "run_sweep", "stopped_fraction",
+    "unigram_entropy", "write_convergence", "write_sweep",
 ]

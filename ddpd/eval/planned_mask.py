@@ -37,20 +37,33 @@ def planned_mask_log_probs(denoiser: Callable, x: Tensor, z_planned: Tensor, ext
     Returns:
         Float[B, D, V] log-probabilities.
     """
-    log_q = _masked_log_probs(denoiser, x, z_planned, mask_id, schedule, vocab_size)
+    log_q = masked_log_probs(denoiser, x, z_planned, mask_id, schedule, vocab_size)
     b, d = (extra & ~z_planned).nonzero(as_tuple=True)
     for start in range(0, b.numel(), x.shape[0]):
         bb, dd = b[start:start + x.shape[0]], d[start:start + x.shape[0]]
         rows = torch.arange(bb.numel(), device=x.device)
         mask = z_planned[bb].clone()
         mask[rows, dd] = True
-        more = _masked_log_probs(denoiser, x[bb], mask, mask_id, schedule, vocab_size)
+        more = masked_log_probs(denoiser, x[bb], mask, mask_id, schedule, vocab_size)
         log_q = log_q.index_put((bb, dd), more[rows, dd])
     return log_q
 
 
-def _masked_log_probs(denoiser: Callable, x: Tensor, mask: Tensor, mask_id: int, schedule: Schedule,
-                      vocab_size: int) -> Tensor:
+def masked_log_probs(denoiser: Callable, x: Tensor, mask: Tensor, mask_id: int, schedule: Schedule,
+                     vocab_size: int) -> Tensor:
+    """Float[B, D, V] log p_mask(. | x masked at `mask`), at the time of its masked share.
+
+    Args:
+        denoiser: the mask denoiser.
+        x: Long[B, D] tokens.
+        mask: Bool[B, D] the positions masked.
+        mask_id: the mask id.
+        schedule: the schedule (the denoiser's time from the masked share).
+        vocab_size: V.
+
+    Returns:
+        Float[B, D, V] log-probabilities.
+    """
     masked = torch.where(mask, torch.full_like(x, mask_id), x)
     t = schedule.inverse(1.0 - mask.float().mean(-1)).float()
     return log_probs(denoiser, masked, t, vocab_size, "denoiser")

@@ -19,7 +19,7 @@ from hang_guard import HANG_GUARD_SECONDS
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
-SCRIPTS = sorted(path for folder in ("examples", "benchmarks") for path in (ROOT / folder).glob("*.py")
+SCRIPTS = sorted(path for folder in ("examples", "benchmarks", "docs/parallel") for path in (ROOT / folder).glob("*.py")
                  if 'if __name__ == "__main__":' in path.read_text())
 
 

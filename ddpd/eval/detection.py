@@ -1,0 +1,108 @@
+"""How well a planner tells wrong tokens from right ones, on its own corruption and on a
+parallel decoder's.
+
+The planner is trained on uniform noise (a position replaced by a uniformly drawn token).
+A parallel decoder's mistakes are of another kind: every masked position drawn at once
+from the mask denoiser, each plausible on its own. `error_detection` corrupts held-out
+text both ways at one fraction and scores the planner's noise logits as a detector of the
+wrong positions (area under the ROC curve), beside the detector a confidence policy
+already has: the denoiser's own probability of the token it drew. docs/parallel.md
+reports it for the bundled networks.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+from torch import Tensor
+
+from ddpd.eval.checks import check_open_unit, check_tokens, planner_logits
+from ddpd.eval.planned_mask import masked_log_probs
+from ddpd.process import Schedule
+
+
+@dataclass(frozen=True)
+class Detection:
+    """The areas under the ROC curve (0.5: chance, 1: perfect) at one corruption fraction.
+
+    uniform: the planner on uniform noise, every position scored.
+    drawn: the positions drawn in parallel; parallel_wrong: the share of them that differ
+        from the text.
+    parallel: the planner on the parallel draws, among the drawn positions.
+    confidence: the denoiser's probability of its draw, low first, among the drawn positions.
+    confident_wrong: the wrong draws among the more confident half of the draws, those a
+        confidence policy commits first; confident_planner, confident_confidence: both
+        detectors there.
+    """
+
+    fraction: float
+    uniform: float
+    drawn: int
+    parallel_wrong: float
+    parallel: float
+    confidence: float
+    confident_wrong: int
+    confident_planner: float
+    confident_confidence: float
+
+
+def auc(score: Tensor, positive: Tensor) -> float:
+    """Area under the ROC curve of `score` as a detector of `positive`: the chance that a
+    positive entry scores above a negative one, ties counting half (Mann-Whitney U).
+
+    Args:
+        score: Float[...] scores, higher for positive.
+        positive: Bool[...] the labels, same shape.
+
+    Returns:
+        The area in [0, 1]; NaN without a positive or a negative entry.
+    """
+    score, positive = score.flatten().double(), positive.flatten()
+    n_pos, n_neg = int(positive.sum()), int((~positive).sum())
+    if n_pos == 0 or n_neg == 0:
+        return float("nan")
+    _, inverse, counts = torch.unique(score, return_inverse=True, return_counts=True)
+    counts = counts.double()
+    rank = (counts.cumsum(0) - (counts - 1.0) / 2.0)[inverse]  # average rank of tied scores, from 1
+    return float((rank[positive].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
+
+
+def error_detection(planner: Callable, denoiser: Callable, x1: Tensor, fraction: float, mask_id: int,
+                    schedule: Schedule, vocab_size: int, generator: Optional[torch.Generator] = None) -> Detection:
+    """Corrupt x1 at `fraction` of its positions (chosen at random) with uniform noise, and
+    apart with one parallel draw of the mask denoiser at those positions, and score the
+    planner and the denoiser's confidence as detectors of the positions left wrong.
+
+    Args:
+        planner: planner(x) -> Float[B, D] logits of z^d = N (time-free).
+        denoiser: the mask denoiser, denoiser(x, t) -> Float[B, D, >= V].
+        x1: Long[B, D] clean text.
+        fraction: the share of positions corrupted, in (0, 1).
+        mask_id: the mask token.
+        schedule: the denoiser's schedule (its time from the masked share).
+        vocab_size: V.
+        generator: the randomness (positions, noise, draws).
+
+    Returns:
+        The Detection.
+    """
+    fraction = check_open_unit("fraction", fraction)
+    x1 = check_tokens("x1", x1, vocab_size)
+    rand = torch.rand(x1.shape, generator=generator, device=x1.device)
+    chosen = rand < fraction
+    noise = torch.randint(0, vocab_size, x1.shape, generator=generator, device=x1.device)
+    uniform = torch.where(chosen, noise, x1)
+    uniform_auc = auc(planner_logits(planner, uniform, None), uniform != x1)
+
+    log_q = masked_log_probs(denoiser, x1, chosen, mask_id, schedule, vocab_size)
+    u = torch.rand(log_q.shape, generator=generator, device=x1.device, dtype=log_q.dtype)
+    drawn = (log_q - torch.log(-torch.log(u.clamp_min(1e-20)))).argmax(-1)  # Gumbel-max: one draw of each law
+    parallel = torch.where(chosen, drawn, x1)
+    wrong = (parallel != x1)[chosen]
+    planned = planner_logits(planner, parallel, None)[chosen]
+    doubt = -log_q.gather(-1, drawn[..., None]).squeeze(-1)[chosen]
+    confident = doubt <= doubt.median()
+    return Detection(fraction, uniform_auc, wrong.numel(), float(wrong.double().mean()), auc(planned, wrong),
+                     auc(doubt, wrong), int(wrong[confident].sum()), auc(planned[confident], wrong[confident]),
+                     auc(doubt[confident], wrong[confident]))
