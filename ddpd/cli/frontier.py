@@ -188,11 +188,9 @@ def _judge_order(args):
 
 
 def _judge(args, order, config: dict, device, length: int):
-    from ddpd.cli.common import load_role
+    from ddpd.cli.common import load_role, max_length
 
     if order is None:
-        from ddpd.cli.common import max_length
-
         judge, judge_config = load_role("judge", args.judge, ("ar",), device)
         if max_length(judge_config) - 1 < length:
             raise UsageError(f"--judge: scores sequences of up to {max_length(judge_config) - 1} tokens, "

@@ -19,6 +19,7 @@ from torch import Tensor
 
 from ddpd.eval.checks import check_open_unit, check_tokens, planner_logits
 from ddpd.eval.planned_mask import masked_log_probs
+from ddpd.ops.rng import gumbel
 from ddpd.process import Schedule
 
 
@@ -96,8 +97,8 @@ def error_detection(planner: Callable, denoiser: Callable, x1: Tensor, fraction:
     uniform_auc = auc(planner_logits(planner, uniform, None), uniform != x1)
 
     log_q = masked_log_probs(denoiser, x1, chosen, mask_id, schedule, vocab_size)
-    u = torch.rand(log_q.shape, generator=generator, device=x1.device, dtype=log_q.dtype)
-    drawn = (log_q - torch.log(-torch.log(u.clamp_min(1e-20)))).argmax(-1)  # Gumbel-max: one draw of each law
+    u = 1.0 - torch.rand(log_q.shape, generator=generator, device=x1.device, dtype=log_q.dtype)  # in (0, 1]
+    drawn = (log_q + gumbel(u)).argmax(-1)  # Gumbel-max: one draw of each position's law
     parallel = torch.where(chosen, drawn, x1)
     wrong = (parallel != x1)[chosen]
     planned = planner_logits(planner, parallel, None)[chosen]

@@ -191,10 +191,10 @@ def _mask_loop(run: Run, draws: Draws, denoiser: Callable, policy) -> SampleResu
     batch.state["m0"] = (batch.x == run.mask_id).sum(-1)  # the masks to fill: D less a prompt's positions
     needs = getattr(policy, "needs", ())
     stops = not getattr(policy, "remasks", False)  # a filled row that may be masked again runs to the budget
-    frozen = batch.state.get("frozen")
-    idle = batch.state["m0"] == 0 if stops else None if frozen is None else frozen.all(-1)
-    if idle is not None:  # a row the prompt fills whole (under remasking: freezes whole) costs no pass
-        batch.finish(idle, 0)
+    if stops:  # a row the prompt fills whole costs no pass
+        batch.finish(batch.state["m0"] == 0, 0)
+    elif "frozen" in batch.state:  # under remasking, a row it freezes whole
+        batch.finish(batch.state["frozen"].all(-1), 0)
     with torch.no_grad():
         for i in range(steps):
             if batch.finished:

@@ -135,9 +135,8 @@ class ErrorBudget:
             key = rest if noise is None else -(torch.log1p(-rest) + noise[:, pin:])  # lowest risk first
         order = key.float().masked_fill(~ok, float("inf")).argsort(dim=1, stable=True)  # eligible first
         ranked = rest.gather(1, order).masked_fill(~ok.gather(1, order), float("inf"))
-        n = (ranked.cumsum(1) <= self.bound).sum(1)  # risks are >= 0: the sums only grow
-        if self.bound == 0:  # a risk float32 rounds to 0 does not buy a commit
-            n = torch.zeros_like(n)
+        # risks are >= 0, so the sums only grow; at bound 0 a risk float32 rounds to 0 buys no commit
+        n = (ranked.cumsum(1) <= self.bound).sum(1) if self.bound > 0 else torch.zeros_like(order[:, 0])
         if minimum is not None:
             n = torch.maximum(n, torch.minimum(minimum - pin, ok.sum(1)))
         n = n.clamp(min=1 - pin)
