@@ -32,9 +32,11 @@ class Detection:
         from the text.
     parallel: the planner on the parallel draws, among the drawn positions.
     confidence: the denoiser's probability of its draw, low first, among the drawn positions.
+    combined: both read as log-odds of a wrong draw and summed, the planner's logit plus
+        log((1 - c) / c) for the draw's probability c: what a policy using both would rank by.
     confident_wrong: the wrong draws among the more confident half of the draws, those a
-        confidence policy commits first; confident_planner, confident_confidence: both
-        detectors there.
+        confidence policy commits first; confident_planner, confident_confidence,
+        confident_combined: the three detectors there.
     """
 
     fraction: float
@@ -43,9 +45,11 @@ class Detection:
     parallel_wrong: float
     parallel: float
     confidence: float
+    combined: float
     confident_wrong: int
     confident_planner: float
     confident_confidence: float
+    confident_combined: float
 
 
 def auc(score: Tensor, positive: Tensor) -> float:
@@ -102,8 +106,11 @@ def error_detection(planner: Callable, denoiser: Callable, x1: Tensor, fraction:
     parallel = torch.where(chosen, drawn, x1)
     wrong = (parallel != x1)[chosen]
     planned = planner_logits(planner, parallel, None)[chosen]
-    doubt = -log_q.gather(-1, drawn[..., None]).squeeze(-1)[chosen]
+    log_c = log_q.gather(-1, drawn[..., None]).squeeze(-1)[chosen]
+    doubt = torch.log(-torch.expm1(log_c).clamp(max=-1e-7)) - log_c  # log((1 - c) / c), decreasing in c
+    combined = planned + doubt
     confident = doubt <= doubt.median()
     return Detection(fraction, uniform_auc, wrong.numel(), float(wrong.double().mean()), auc(planned, wrong),
-                     auc(doubt, wrong), int(wrong[confident].sum()), auc(planned[confident], wrong[confident]),
-                     auc(doubt[confident], wrong[confident]))
+                     auc(doubt, wrong), auc(combined, wrong), int(wrong[confident].sum()),
+                     auc(planned[confident], wrong[confident]), auc(doubt[confident], wrong[confident]),
+                     auc(combined[confident], wrong[confident]))

@@ -43,14 +43,28 @@ def test_a_planner_that_knows_the_text_detects_every_wrong_token_and_a_negated_o
         return torch.zeros(*x.shape, V)
 
     seen = error_detection(knowing, denoiser, x1, 0.5, V, LinearSchedule(), V, torch.Generator().manual_seed(2))
-    assert seen.uniform == 1.0 and seen.parallel == 1.0
+    assert seen.uniform == 1.0 and seen.parallel == 1.0 and seen.combined == 1.0
     assert 0.6 < seen.parallel_wrong < 1.0 and abs(seen.drawn - 0.5 * x1.numel()) < 30
     assert seen.confidence == 0.5  # the denoiser is as sure of every draw
     blind = error_detection(lambda x: -knowing(x), denoiser, x1, 0.5, V, LinearSchedule(), V,
                             torch.Generator().manual_seed(2))
-    assert blind.uniform == 0.0 and blind.parallel == 0.0
+    assert blind.uniform == 0.0 and blind.parallel == 0.0 and blind.combined == 0.0
     with pytest.raises(ValueError, match="fraction must be in"):
         error_detection(knowing, denoiser, x1, 1.0, V, LinearSchedule(), V)
+
+
+def test_an_uninformed_planner_leaves_the_combined_detector_to_the_confidence():
+    g = torch.Generator().manual_seed(3)
+    x1 = torch.randint(0, V, (16, D), generator=g)
+    bias = torch.randn(16, D, V, generator=g)
+
+    def denoiser(x, t):  # leans to the text, unevenly: its confidence is a detector
+        return bias + 2.0 * torch.nn.functional.one_hot(x1, V)
+
+    found = error_detection(lambda x: torch.zeros(x.shape), denoiser, x1, 0.5, V, LinearSchedule(), V,
+                            torch.Generator().manual_seed(4))
+    assert found.parallel == 0.5 and 0.6 < found.confidence < 1.0
+    assert found.combined == found.confidence and found.confident_combined == found.confident_confidence
 
 
 def test_the_script_writes_a_row_a_fraction(tmp_path, monkeypatch, capsys):
