@@ -99,15 +99,26 @@ def run(args: argparse.Namespace) -> None:
     label = f"ddpd one at a time, {args.target_steps} steps, T={target['temperature']}"
     reach = fr.passes_to_reach([r for r in rows if r is not target], float(target["judge_nll"]),
                             float(target["entropy"]))
-    text = fr.frontier_markdown(rows, reach, label, fr.against_baselines(rows))
+    text = fr.frontier_markdown(rows, reach, label, fr.against_baselines(rows, _short))
     with one_set():
         write_text(text, os.path.join(args.out_dir, "frontier.md"))
         try:
             fr.plot_frontier(rows, os.path.join(args.out_dir, "frontier.png"),
-                          {"judge_nll": float(target["judge_nll"]), "entropy": float(target["entropy"])})
+                          {"judge_nll": float(target["judge_nll"]), "entropy": float(target["entropy"])}, _short)
         except MissingDependency as err:
             print(f"ddpd-eval: {err}; frontier.png skipped")
     print(text)
+
+
+def _short(family: str) -> str:
+    """A family's name in the tables and the legend: its policy's fields at their defaults left out."""
+    from ddpd.sampling.policies import parse_policy, policy_spec
+
+    sampler, _, spec = family.partition(" ")
+    try:
+        return f"{sampler} {policy_spec(parse_policy(spec), defaults=False)}"
+    except (ValueError, TypeError):  # one-at-a-time, or a spec of another version of the policies
+        return family
 
 
 def _bundle(path):

@@ -170,14 +170,6 @@ def family(row: dict) -> str:
     return f"{row['sampler']} {row['policy']}"
 
 
-def _label(name: str) -> str:
-    """A legend's short name of a family: the policy's fields that are not their defaults."""
-    for default in (",max_k=16", ",order=risk", ",spread=none", ",known_noise=False", ",plan_every=1,",
-                    ",choice_temperature=0", ",t_on=0.45,t_off=0.95,alpha_on=0.9"):
-        name = name.replace(default, "," if default.endswith(",") else "")
-    return name.replace("choice_temperature", "tau").replace("known_noise=True", "known_noise")
-
-
 def passes_to_reach(rows: list[dict], target_nll: float, target_entropy: float, nll_slack: float = 0.02,
                     entropy_tolerance: float = 0.01) -> list[dict]:
     """Per family, the fewest mean passes of a configuration within nll_slack of target_nll
@@ -209,13 +201,14 @@ def passes_to_reach(rows: list[dict], target_nll: float, target_entropy: float, 
     return out
 
 
-def against_baselines(rows: list[dict]) -> list[dict]:
+def against_baselines(rows: list[dict], label: Callable[[str], str] = str) -> list[dict]:
     """Every ddpd commit policy against every mask-loop policy at each pass budget, at matched
     entropy: each temperature sweep is a curve NLL(entropy), compared by
     ddpd.eval.quality.matched_entropy (interpolated, never extrapolated).
 
     Args:
         rows: frontier rows (the one-at-a-time rows are left out).
+        label: a family's name (family()) -> the name the table shows.
 
     Returns:
         matched_entropy's dicts ("steps" is the pass budget), budget by budget.
@@ -227,7 +220,7 @@ def against_baselines(rows: list[dict]) -> list[dict]:
     out = []
     for steps in sorted({c["steps"] for c in curves}):
         out += [c for o in ours for t in theirs if (c := matched_entropy(curves, o, t, steps)) is not None]
-    return [dict(c, sampler=_label(c["sampler"]), baseline=_label(c["baseline"])) for c in out]
+    return [dict(c, sampler=label(c["sampler"]), baseline=label(c["baseline"])) for c in out]
 
 
 def frontier_markdown(rows: list[dict], reach: Optional[list[dict]] = None, target: str = "",
@@ -257,7 +250,8 @@ def frontier_markdown(rows: list[dict], reach: Optional[list[dict]] = None, targ
     return text + "\n"
 
 
-def plot_frontier(rows: list[dict], path: str, target: Optional[dict[str, float]] = None) -> None:
+def plot_frontier(rows: list[dict], path: str, target: Optional[dict[str, float]] = None,
+                  label: Callable[[str], str] = str) -> None:
     """Judge NLL against mean passes (log scale), a line per family (a colour) and temperature (a
     line style), each point labelled with its entropy; the target quality as a horizontal line.
 
@@ -265,23 +259,26 @@ def plot_frontier(rows: list[dict], path: str, target: Optional[dict[str, float]
         rows: frontier rows.
         path: the image file to write.
         target: {"judge_nll", ...} of the target, or None.
+        label: a family's name (family()) -> the name the legend shows.
 
     Raises:
         MissingDependency: matplotlib is not installed.
     """
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(11, 7))
+    fig, ax = plt.subplots(figsize=(9, 6))
     groups: dict[tuple, list[dict]] = {}
     for row in rows:
         groups.setdefault((family(row), float(row["temperature"])), []).append(row)
-    colours = {name: f"C{i % 10}" for i, name in enumerate(dict.fromkeys(name for name, _ in groups))}
+    names = list(dict.fromkeys(name for name, _ in groups))
+    palette = plt.get_cmap("tab10" if len(names) <= 10 else "tab20").colors  # a colour a family
+    colours = {name: palette[i % len(palette)] for i, name in enumerate(names)}
     styles = {t: style for t, style in zip(sorted({t for _, t in groups}, key=lambda t: abs(t - 1.0)),
                                            ("-", "--", ":", "-."))}
     for (name, temperature), points in groups.items():
         points = sorted(points, key=lambda r: float(r["passes"]))
         xs, ys = [float(r["passes"]) for r in points], [float(r["judge_nll"]) for r in points]
         line, = ax.plot(xs, ys, marker="o", color=colours[name], linestyle=styles.get(temperature, "-"),
-                        label=f"{_label(name)} T={temperature:g}")
+                        label=f"{label(name)} T={temperature:g}")
         for x, y, r in zip(xs, ys, points):
             ax.annotate(f"{float(r['entropy']):.2f}", (x, y), fontsize=6, color=line.get_color(),
                         textcoords="offset points", xytext=(3, 3))
@@ -291,5 +288,5 @@ def plot_frontier(rows: list[dict], path: str, target: Optional[dict[str, float]
     ax.set_xscale("log", base=2)
     ax.set_xlabel("network passes per sample (planner + denoiser)")
     ax.set_ylabel("judge NLL (nats per token); labels: unigram entropy (bits)")
-    ax.legend(fontsize=6)
-    save_figure(fig, path)
+    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the axes, off the lines
+    save_figure(fig, path, bbox_inches="tight")

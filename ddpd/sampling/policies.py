@@ -568,17 +568,21 @@ def _bool(text: str) -> bool:
     return text.lower() in ("true", "1")
 
 
-def policy_spec(policy) -> str:
+def policy_spec(policy, defaults: bool = True) -> str:
     """The spec parse_policy reads back into `policy`.
 
     Args:
         policy: one of POLICIES' classes.
+        defaults: False leaves out the fields after the first that are at their defaults
+            (a short name for a legend).
 
     Returns:
         The spec 'NAME:FIELD=VALUE,...'.
     """
     name = next(key for key, kind in POLICIES.items() if isinstance(policy, kind))
-    return name + ":" + ",".join(f"{key}={_text(value)}" for key, value in vars(policy).items() if value is not None)
+    fields = [(key, value) for i, (key, value) in enumerate(vars(policy).items()) if value is not None
+              and (defaults or i == 0 or value != type(policy).__dataclass_fields__[key].default)]
+    return name + ":" + ",".join(f"{key}={_text(value)}" for key, value in fields)
 
 
 def _text(value) -> str:

@@ -415,6 +415,9 @@ def test_policy_specs_round_trip_and_bad_ones_are_named():
         ReMDM("loop", eta=0.2)
     precise = ErrorBudget(0.1234567, known_noise=True, revise_above=0.75)
     assert parse_policy(policy_spec(precise)) == precise  # no digit lost to a short format
+    short = policy_spec(precise, defaults=False)
+    assert short == "error-budget:bound=0.1234567,known_noise=True,revise_above=0.75"
+    assert parse_policy(short) == precise and policy_spec(MaskGIT(), defaults=False) == "maskgit:choice_temperature=4.5"
     assert parse_policy("error-budget:known_noise=true,revise_above=none").revise_above is None
     with pytest.raises(TypeError, match="policy must be one of"):
         mask_sample(NETWORKS["mask"], 2, D, 27, steps=4, seed=0, policy=ErrorBudget())
