@@ -21,6 +21,7 @@ import importlib
 import json
 import math
 import os
+import re
 import sys
 import time
 import warnings
@@ -439,7 +440,7 @@ def make_sampler(args, models: Models, tokenizer=None, prompts=None):
     try:
         sample, settings = _make_sampler(args, models, tokenizer, prompts)
     except (TypeError, ValueError) as err:
-        raise flag_error(err, flags) from None
+        raise option_error(err, args, flags) from None
 
     def checked(n: int, first: int):
         try:
@@ -497,6 +498,23 @@ def ddpd_fields(args) -> dict:
                   policy=command_policy(args, "ddpd"))
     fields.update(parse_option(args.option) if args.option else {})
     return fields
+
+
+def option_error(err: BaseException, args, flags) -> UsageError:
+    """flag_error, saying where --option set the --stop or --selection an error names.
+
+    Args:
+        err: the error the sampling layer raised.
+        args: the parsed command line.
+        flags: the parser's dests.
+
+    Returns:
+        The UsageError (to raise).
+    """
+    error = flag_error(err, flags)
+    if args.option and re.search(r"--(stop|selection) ", str(error)):
+        return UsageError(f"{error} (--option {args.option} sets --stop and --selection)")
+    return error
 
 
 def command_policy(args, family: str):
@@ -589,7 +607,7 @@ def check_args(args) -> None:
         try:
             DDPDOptions(**ddpd_fields(args))
         except (TypeError, ValueError) as err:
-            raise flag_error(err, [action.dest for action in build_parser()._actions]) from None
+            raise option_error(err, args, [action.dest for action in build_parser()._actions]) from None
 
 
 def warn_if_too_few_steps(args, frozen: Optional[torch.Tensor]) -> None:

@@ -104,6 +104,7 @@ def no_models(monkeypatch):
     (["--k", "0"], "--k must be"),
     (["--eps", "2"], "--eps must be"),
     (["--clock", "exact", "--stop", "eps"], "--stop eps is not available with --clock exact"),
+    (["--clock", "exact", "--option", "A"], "--clock planner (--option A sets --stop and --selection)"),
     (["--top-p", "2"], "--top-p must be"),
 ])
 def test_sample_refuses_the_sampler_settings_before_loading_models(no_models, capsys, argv, message):
