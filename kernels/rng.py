@@ -105,3 +105,20 @@ def gumbel(u):
     """Standard Gumbel noise -log(-log u). float32 rounds the top uniform to 1.0,
     which would give +inf: clamp to the largest float32 below 1, as the references do."""
     return -tl.log(-tl.log(tl.minimum(u, 0.99999994)))
+
+
+@triton.jit(do_not_specialize=COUNTER_WORDS)
+def philox_uniform_kernel(rows_ptr, cols_ptr, n_cols, seed_lo, seed_hi, offset_lo, offset_hi, seed_ptr, offset_ptr,
+                          out_ptr, BLOCK: tl.constexpr):
+    """out[r, j] = the uniform of (seed, offset, rows[r], cols[j]): ddpd.ops.rng.philox_uniform
+    on CUDA. One program per BLOCK columns of a row, on one grid
+    axis, column blocks fastest."""
+    blocks = tl.cdiv(n_cols, BLOCK)
+    row = tl.program_id(0).to(tl.int64) // blocks
+    seed_lo, seed_hi, offset_lo, offset_hi = load_counters(seed_lo, seed_hi, offset_lo, offset_hi, seed_ptr,
+                                                           offset_ptr)
+    index = (tl.program_id(0).to(tl.int64) % blocks) * BLOCK + tl.arange(0, BLOCK)
+    live = index < n_cols
+    cols = tl.load(cols_ptr + index, mask=live, other=0)
+    u = philox_uniform(seed_lo, seed_hi, offset_lo, offset_hi, tl.load(rows_ptr + row), cols)
+    tl.store(out_ptr + row * n_cols + index, u, mask=live)

@@ -16,9 +16,11 @@ from typing import Optional, Union
 
 import torch
 
+from ddpd.ops import _dispatch
 from ddpd.validation import check_same_device, check_shape, check_tensor
 
 BELOW_ONE = 1.0 - 2.0**-24  # largest float32 under 1
+PHILOX_BLOCK = 1024  # columns per program of philox_uniform's Triton kernel
 _MASK32 = 0xFFFFFFFF
 _ROUND_A = 0xD2511F53
 _ROUND_B = 0xCD9E8D57
@@ -135,7 +137,10 @@ def philox_uniform(
     cols: Union[torch.Tensor, int],
     device: Optional[torch.device] = None,
 ) -> torch.Tensor:
-    """Uniforms in (0, 1] from (seed, offset, row id, column) (docs/ops/rng.md).
+    """Uniforms in (0, 1] from (seed, offset, row id, column) (docs/ops/rng.md). CUDA tensors
+    run ddpd.kernels.rng (a torch Philox costs some 600 kernel launches and ~130 bytes a
+    uniform at its peak), others the torch reference philox_uniform_reference, bit for bit
+    the same.
 
     Args:
         seed: int in [0, 2**64) or an int64 tensor of one element holding its bits.
@@ -158,8 +163,47 @@ def philox_uniform(
     if rows.dim() != 1 or cols.dim() != 1:
         raise ValueError(f"rows and cols must be 1-D, got shapes {tuple(rows.shape)} and {tuple(cols.shape)}")
     seed, offset = (v.reshape(()).to(rows.device) if isinstance(v, torch.Tensor) else v for v in (seed, offset))
+    if rows.is_cuda and _dispatch.eager(rows, cols):  # traced calls take the torch Philox, which compiles
+        return philox_uniform_triton(seed, offset, rows, cols)
+    return philox_uniform_reference(seed, offset, rows, cols)
+
+
+def philox_uniform_reference(seed, offset, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """Plain torch version of philox_uniform, written for clarity.
+
+    Args:
+        seed: an int in [0, 2**64), or an int64 0-d tensor on rows' device holding its bits.
+        offset: like seed.
+        rows: Long[N] row ids.
+        cols: Long[M] columns, on rows' device.
+
+    Returns:
+        Float32[N, M].
+    """
     w = philox_words(seed, offset, rows, cols)
     return ((w >> 8).to(torch.float32) + 0.5) * (2.0**-24)
+
+
+def philox_uniform_triton(seed, offset, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """Launch ddpd.kernels.rng.philox_uniform_kernel (CUDA tensors; CPU tensors under
+    TRITON_INTERPRET=1).
+
+    Args:
+        As philox_uniform_reference.
+
+    Returns:
+        As philox_uniform_reference.
+    """
+    kernel = _dispatch.kernels("rng").philox_uniform_kernel
+    rows, cols = rows.contiguous(), cols.contiguous()
+    out = torch.empty(rows.numel(), cols.numel(), dtype=torch.float32, device=rows.device)
+    if out.numel():
+        _dispatch.check_width("the columns of philox_uniform", cols.numel())
+        seed_t, offset_t = (v if isinstance(v, torch.Tensor) else None for v in (seed, offset))
+        seed, offset = (0 if isinstance(v, torch.Tensor) else v for v in (seed, offset))
+        _dispatch.launch(kernel, (rows.numel() * -(-cols.numel() // PHILOX_BLOCK),), rows, cols, cols.numel(),
+                         *split32(seed), *split32(offset), seed_t, offset_t, out, BLOCK=PHILOX_BLOCK)
+    return out
 
 
 def seed_from_generator(generator: Optional[torch.Generator]) -> tuple[int, int]:

@@ -203,8 +203,10 @@ class Draws:
         return u
 
 
-# Uniforms of the TOKEN stream made at once when several draws a row read them (FusedDraws)
+# Uniforms of the TOKEN stream made at once when several draws a row read them (FusedDraws):
+# torch's Philox (CPU) peaks at ~130 bytes a uniform, the CUDA kernel's at 4
 TOKEN_CHUNK = 2**22
+TOKEN_CHUNK_CUDA = 2**26
 
 
 def token_noise_width(vocab_size: int) -> int:
@@ -368,12 +370,12 @@ class FusedDraws(Draws):
 
     def _token_chunks(self, step: int, rows: Tensor, per_row: int, vocab_size: int):
         """(first, last, noise) over the draws of `rows` (per_row each, consecutive): the
-        uniforms of draws first .. last - 1, at most TOKEN_CHUNK of them. A kernel cannot
-        start a draw at column j * W of its row's stream, so several draws a row (every
-        position of MaskGIT and tau-leaping) take theirs from torch's Philox, which needs
-        ~130 bytes a uniform at its peak: all at once, a GPT-2-size batch needed ~100 GB."""
+        uniforms of draws first .. last - 1, at most TOKEN_CHUNK (TOKEN_CHUNK_CUDA) of them. A
+        sampling kernel cannot start a draw at column j * W of its row's stream, so several
+        draws a row (every position of MaskGIT and tau-leaping) read explicit uniforms: all
+        at once, a GPT-2-size batch needed ~100 GB."""
         width = token_noise_width(vocab_size)
-        draws = max(1, TOKEN_CHUNK // width)  # per chunk
+        draws = max(1, (TOKEN_CHUNK_CUDA if rows.is_cuda else TOKEN_CHUNK) // width)  # per chunk
         pad = width < noise_width(vocab_size)
         whole_rows = max(1, draws // per_row)
         for r in range(0, len(rows), whole_rows):

@@ -7,6 +7,7 @@ import torch
 from ddpd.ops.multinomial import multinomial
 from ddpd.ops.planner_mask import planner_mask
 from ddpd.ops.planner_select import planner_select, planner_select_mask
+from ddpd.ops.rng import philox_uniform
 from ddpd.ops.sample_categorical import sample_categorical
 from ddpd.ops.sample_from_hidden import sample_from_hidden
 
@@ -25,6 +26,21 @@ def agree(a, b, atol=1e-4):
             torch.testing.assert_close(x.cpu(), y.cpu(), rtol=1e-4, atol=atol)
         else:
             assert torch.equal(x.cpu(), y.cpu())
+
+
+def test_philox_uniform_cuda_is_the_cpu_stream_bit_for_bit():
+    rows, cols = torch.tensor([0, 3, 2**40 + 1, -5]), torch.arange(50454) + 2**31
+    cpu = philox_uniform(2**64 - 3, 11, rows, cols)
+    assert torch.equal(philox_uniform(2**64 - 3, 11, rows.cuda(), cols.cuda()).cpu(), cpu)
+    seed, offset = torch.tensor(-3, device="cuda"), torch.tensor(11, device="cuda")  # counters as tensors
+    rows, cols = rows.cuda(), cols.cuda()
+    assert torch.equal(philox_uniform(seed, offset, rows, cols).cpu(), cpu)  # also compiles it before the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = philox_uniform(seed, offset, rows, cols)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured.cpu(), cpu)
 
 
 @pytest.mark.parametrize("rows,vocab", [(1, 1), (7, 111), (64, 28), (64, 50257)])

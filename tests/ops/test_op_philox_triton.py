@@ -1,12 +1,12 @@
-"""The Triton Philox helper (ddpd.kernels.rng) is bit-identical to the torch
-reference ddpd.ops.rng.philox_uniform, run in the Triton interpreter."""
+"""The Triton Philox helper (ddpd.kernels.rng) and philox_uniform's kernel are bit-identical
+to the torch reference ddpd.ops.rng.philox_uniform_reference, run in the Triton interpreter."""
 import pytest
 import torch
 import triton
 import triton.language as tl
 
 from ddpd.kernels.rng import gumbel, philox_uniform
-from ddpd.ops.rng import philox_uniform as philox_uniform_reference
+from ddpd.ops.rng import philox_uniform_reference, philox_uniform_triton
 
 
 @triton.jit
@@ -35,6 +35,24 @@ def test_bit_identical_to_torch_reference(seed, offset):
                                    offset & 0xFFFFFFFF, offset >> 32, BLOCK=16)
     assert torch.equal(out, philox_uniform_reference(seed, offset, rows, cols))
     assert bool(((out > 0) & (out <= 1)).all())
+
+
+def _bits(value: int) -> torch.Tensor:
+    return torch.tensor(value - 2**64 if value >= 2**63 else value)  # the uint64 as int64 bits
+
+
+@pytest.mark.parametrize("seed,offset", [(0, 0), (2**64 - 1, 2**64 - 1), (0x123456789ABCDEF0, 0x0FEDCBA987654321)])
+def test_philox_uniform_kernel_is_bit_identical_to_torch(seed, offset):
+    rows = torch.tensor([0, 1, 2**31, 2**32 - 1, 2**40 + 3, -1, -2**63])  # negative: ids >= 2**63
+    cols = torch.tensor([0, 255, 50256, 2**31 + 5, 2**32 - 1, 2**33 + 7])  # columns wrap at 2**32
+    expected = philox_uniform_reference(seed, offset, rows, cols)
+    assert torch.equal(philox_uniform_triton(seed, offset, rows, cols), expected)
+    assert torch.equal(philox_uniform_triton(_bits(seed), _bits(offset), rows, cols), expected)  # counters read
+    wide = torch.arange(2500) + 7  # three blocks of a row, the last one partial
+    assert torch.equal(philox_uniform_triton(seed, offset, rows, wide), philox_uniform_reference(seed, offset, rows,
+                                                                                                   wide))
+    assert philox_uniform_triton(seed, offset, rows[:0], wide).shape == (0, 2500)
+    assert philox_uniform_triton(seed, offset, rows, wide[:0]).shape == (len(rows), 0)
 
 
 def test_gumbel_is_finite_at_the_top_uniform():
