@@ -35,7 +35,9 @@
 # (default 480) and prints its elapsed time; a part that fails or runs out is
 # reported and the next part still runs (except after a failed build). The exit
 # status is 1 if any part failed. Everything goes to benchmarks/results/<device>.txt, the
-# device's latest log (an earlier run's is in git), and the timings' and whole runs' comparisons go,
+# device's latest log (an earlier run's is in git; a run with --only writes
+# <device>-<parts>.txt instead, and where $OUT is a folder, as on a lent device machine, the log
+# and the rows file are copied there), and the timings' and whole runs' comparisons go,
 # as rows, into benchmarks/results/<device>.jsonl (benchmarks/rows.py: a run replaces the
 # rows of the cases it timed; benchmarks/report.py makes docs/performance.md's tables of
 # them). Python: $PYTHON, default python3.
@@ -178,7 +180,9 @@ else
     fi
     device=$($PY -c "import re, torch; print(re.sub(r'[^a-z0-9]+', '-', torch.cuda.get_device_name().lower()).strip('-'))")
     mkdir -p benchmarks/results
-    results="benchmarks/results/${device}.txt"  # the latest run's; git keeps the ones before
+    results="benchmarks/results/${device}.txt"  # the latest whole run's; git keeps the ones before
+    # a run of some parts keeps its own log: it must not replace the whole run's
+    [[ $ONLY != tests,timings,host,sampling,profile ]] && results="benchmarks/results/${device}-${ONLY//,/-}.txt"
     # Only this GPU's architecture: a quarter of the compile time of the default list.
     TORCH_CUDA_ARCH_LIST=$($PY -c "import torch; print('%d.%d' % torch.cuda.get_device_capability())")
     export TORCH_CUDA_ARCH_LIST
@@ -187,4 +191,9 @@ fi
 check "$@" 2>&1 | tee "$results"
 status=${PIPESTATUS[0]}
 echo "gpu_check: results in $results"
+# on the device machine: hand the log and the rows back
+if ((!DRY_RUN)) && [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then
+    cp "$results" "$OUT/" && cp "benchmarks/results/${device}.jsonl" "$OUT/" 2>/dev/null
+    echo "gpu_check: copied to $OUT"
+fi
 exit "$status"

@@ -23,7 +23,9 @@ at matched quality (read off the frontier): >= 4x the default's samples/s at bat
 at batch 64.
 
 Each run is timed whole, once, after a short warm-up run of the same configuration (Triton
-compiles, cuBLAS plans, graph pools), with gpu_sampling.Clock (CUDA events). The GPT-2-size
+compiles, cuBLAS plans, graph pools), with gpu_sampling.Clock (CUDA events). A timed run
+includes its CUDA-graph captures, as a user's call does (each ddpd_sample call captures its
+own): a short run pays them over fewer steps than the default's. The GPT-2-size
 default (2048 steps; random weights never let the eps stop end a row early) would take
 minutes at batch 64: it is timed at two shorter budgets and extrapolated to 2 x L steps
 (fixed cost + steps x cost of a step), marked so in the table. Every run's tokens are
