@@ -159,6 +159,25 @@ def check_checkpoints(*paths: Optional[str]) -> None:
         raise InputError(f"checkpoint {what}: {path}")
 
 
+def check_data(source: str) -> None:
+    """A --data that names no corpus: neither a readable file nor a corpus that needs none.
+
+    Args:
+        source: the flag's value.
+
+    Raises:
+        UsageError: a missing file, a directory, an `hf:` without a name.
+    """
+    from ddpd.training.sources import resolve_source
+
+    try:
+        path = resolve_source(source)
+    except (FileNotFoundError, ValueError) as err:
+        raise UsageError(f"--data: {err}") from None
+    if os.path.isdir(path):
+        raise UsageError(f"--data: {source} is a directory, not a text file")
+
+
 def check_first(prog: str, check: Callable[[], None]) -> Optional[int]:
     """Run `check`, the checks of the command line alone, before torch is imported.
 

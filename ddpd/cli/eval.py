@@ -7,7 +7,7 @@ r"""ddpd-eval: likelihood bounds, sample quality and convergence of ddpd models.
     ddpd-eval merge q1/sweep.csv q2/sweep.csv --out-dir q/   # a sweep run in parts (--samplers)
     ddpd-eval training runs/planner runs/mask runs/ar --out-dir docs/   # what the training runs cost
     ddpd-eval compare q/sweep.csv --baselines dfm-eta0 dfm-eta15   # NLL differences at matched entropy
-    ddpd-eval frontier --judge ngram --data wiki.txt --out-dir f/   # quality against passes
+    ddpd-eval frontier --judge ngram --data data/wiki.txt --out-dir f/   # quality against passes
 
 Every result is reproducible from --seed; every report is written atomically and locked
 against a second writer. docs/cli.md ("ddpd-eval") describes each subcommand and its
@@ -33,6 +33,7 @@ from ddpd.cli.common import (
     add_runtime_arguments,
     apply_threads,
     check_checkpoints,
+    check_data,
     check_first,
     check_threads,
     load_role,
@@ -61,8 +62,8 @@ def _common(p: argparse.ArgumentParser, *, data_required: bool) -> None:
                    help="held-out text: a file (text8 format for text8 models), books, text8 or hf:NAME")
     p.add_argument("--split", default="test", choices=("train", "validation", "test"),
                    help="which 90/5/5 split of --data to use (default test)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--seed", type=int, default=0, help="(default 0)")
+    p.add_argument("--batch-size", type=int, default=32, help="(default 32)")
     add_runtime_arguments(p)
     p.add_argument("--no-progress", dest="progress", action="store_false",
                    help="no progress bars (shown on a terminal only)")
@@ -80,27 +81,28 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("elbo", help="ELBO terms and denoising performance on held-out text (bits per token)")
     _common(p, data_required=True)
     p.add_argument("--num-sequences", type=int, help="held-out sequences (default: all chunks of the split)")
-    p.add_argument("--mc-samples", type=int, default=1, help="Monte-Carlo samples per sequence")
+    p.add_argument("--mc-samples", type=int, default=1, help="Monte-Carlo samples per sequence (default 1)")
     p.add_argument("--t-max", type=float, default=0.999, help="truncation time of the bound (default 0.999)")
-    p.add_argument("--alpha", type=float, default=0.85, help="corruption level of the denoising table")
+    p.add_argument("--alpha", type=float, default=0.85, help="corruption level of the denoising table (default 0.85)")
     p.add_argument("--out", help="write the results as JSON here, and the printed Markdown beside it (.md)")
 
     p = sub.add_parser("quality", help="judge NLL and unigram entropy of samples: sampler x steps x temperature")
     _common(p, data_required=False)
     p.add_argument("--judge", required=True, help="autoregressive judge checkpoint (kind ar)")
     p.add_argument("--samplers", nargs="+", help=SAMPLER_HELP)
-    p.add_argument("--steps", nargs="+", type=int, default=[64, 128, 256, 512])
-    p.add_argument("--temperatures", nargs="+", type=float, default=[0.8, 0.9, 1.0])
-    p.add_argument("--eta", nargs="+", type=float, default=[0.0, 15.0], help="DFM tau-leaping stochasticities")
-    p.add_argument("--eps", type=float, default=0.01, help="stop criterion of DDPD option A")
+    p.add_argument("--steps", nargs="+", type=int, default=[64, 128, 256, 512], help="(default: 64 128 256 512)")
+    p.add_argument("--temperatures", nargs="+", type=float, default=[0.8, 0.9, 1.0], help="(default: 0.8 0.9 1.0)")
+    p.add_argument("--eta", nargs="+", type=float, default=[0.0, 15.0],
+                   help="DFM tau-leaping stochasticities (default: 0 15)")
+    p.add_argument("--eps", type=float, default=0.01, help="stop criterion of DDPD option A (default 0.01)")
     add_truncation_arguments(p)
-    p.add_argument("--num-samples", type=int, default=64)
+    p.add_argument("--num-samples", type=int, default=64, help="samples a configuration (default 64)")
     p.add_argument("--fused", action="store_true",
                    help="every sampler on its fused path (ddpd.sampling.draws): faster, the same samples with "
                         "float32 networks (with bfloat16 ones, the same law)")
     _dtype(p)
     p.add_argument("--reference-sequences", type=int, default=256,
-                   help="held-out sequences scored as the reference point (needs --data)")
+                   help="held-out sequences scored as the reference point (needs --data; default 256)")
     p.add_argument("--out-dir", required=True)
 
     p = sub.add_parser("merge", help="merge the sweep.csv files of a quality sweep run in parts")
@@ -119,10 +121,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("convergence", help="noise left and stopped samples along the DDPD steps")
     _common(p, data_required=False)
-    p.add_argument("--steps", type=int, default=512)
-    p.add_argument("--num-samples", type=int, default=64)
-    p.add_argument("--eps", nargs="+", type=float, default=[0.05, 0.01], help="stop criteria to track")
-    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--steps", type=int, default=512, help="(default 512)")
+    p.add_argument("--num-samples", type=int, default=64, help="(default 64)")
+    p.add_argument("--eps", nargs="+", type=float, default=[0.05, 0.01],
+                   help="stop criteria to track (default: 0.05 0.01)")
+    p.add_argument("--temperature", type=float, default=1.0, help="(default 1.0)")
     _dtype(p)
     p.add_argument("--out-dir", required=True)
     frontier.add_parser(sub)
@@ -626,21 +629,16 @@ def check_command_line(args: argparse.Namespace) -> None:
         InputError: a checkpoint directory that is not there.
         OutputError: an output that cannot be written.
     """
-    from ddpd.training.sources import resolve_source
-
     refuse_empty_paths(args, "out", "out_dir")
     if hasattr(args, "threads"):
         check_threads(args.threads)
     for path in _values(args, "sweeps") + _values(args, "sweep"):  # merge, compare: a missing input is a usage error
         if not os.path.isfile(path):
             raise UsageError(f"no such sweep file: {path}")
-    check_checkpoints(*(path for name in ("planner", "denoiser", "uniform", "judge", "runs")
+    check_checkpoints(*(path for name in ("checkpoint", "planner", "denoiser", "uniform", "judge", "runs")
                         for path in _values(args, name) if not (name == "judge" and path.startswith("ngram"))))
     if getattr(args, "data", None) is not None:
-        try:
-            resolve_source(args.data)
-        except (FileNotFoundError, ValueError) as err:
-            raise UsageError(f"--data: {err}") from None
+        check_data(args.data)
     check_outputs(args)
 
 

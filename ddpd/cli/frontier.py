@@ -1,13 +1,17 @@
 r"""ddpd-eval frontier: judge NLL and entropy against network passes, sampler x policy x budget x temperature.
 
-    ddpd-eval frontier --judge ngram --data wiki.txt --out-dir docs/parallel
+    ddpd-eval frontier --judge ngram --data data/wiki.txt --out-dir docs/parallel
     ddpd-eval frontier runs/bundle --judge runs/ar --policies error-budget:bound=2 threshold:0.9 \
         --budgets 16 32 64 128 --temperatures 0.9 1.0 --num-samples 64 --fused --out-dir f/
 
 Every sampler of the bundle runs with its policies among --policies and its own default
 (unless --no-defaults), at every pass budget and temperature, against the target (ddpd one at a time at
---target-steps). Writes frontier.csv after every configuration (an interrupted sweep
-resumes), then frontier.md and frontier.png. docs/cli.md ("ddpd-eval frontier") has the
+--target-steps). Writes frontier.csv after every configuration: a run into the same --out-dir
+skips the configurations already there (an interrupted sweep resumes) and adds the others.
+frontier.json records the networks, the judge, --eps and the device the rows were measured
+with; a run with others is refused. Then frontier.md (the rows, the passes each sampler
+needs to reach the target, each ddpd policy against each baseline at matched entropy) and
+frontier.png (judge NLL against passes). docs/cli.md ("ddpd-eval frontier") has the
 details, docs/parallel.md the results."""
 from __future__ import annotations
 
@@ -30,13 +34,16 @@ def add_parser(sub) -> None:
     Args:
         sub: the subparsers of ddpd-eval's parser.
     """
-    p = sub.add_parser("frontier", help="judge NLL and entropy against network passes: parallel decoding policies")
+    p = sub.add_parser("frontier", help="judge NLL and entropy against network passes: parallel decoding policies",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint", nargs="?", help="a bundle directory (default: the bundled text8 models)")
     p.add_argument("--judge", required=True, help="an ar checkpoint directory, or ngram[:ORDER] built from --data")
     p.add_argument("--data", help="the corpus (its train split builds an ngram judge)")
-    p.add_argument("--samplers", nargs="+", default=["ddpd", "maskgit"], choices=("ddpd", "maskgit"))
+    p.add_argument("--samplers", nargs="+", default=["ddpd", "maskgit"], choices=("ddpd", "maskgit"),
+                   help="the samplers that run (default: ddpd maskgit)")
     p.add_argument("--policies", nargs="+", default=DEFAULT_POLICIES, metavar="SPEC",
-                   help="policy specs NAME[:FIELD=VALUE,...] (ddpd.sampling.policies)")
+                   help="policy specs NAME[:FIELD=VALUE,...] (ddpd.sampling.policies), each of a sampler in "
+                        f"--samplers (default: {' '.join(DEFAULT_POLICIES)})")
     p.add_argument("--no-defaults", dest="defaults", action="store_false",
                    help="run only --policies, not each sampler's own default (ddpd one at a time, MaskGIT) at "
                         "every budget; the target still runs")
@@ -44,18 +51,18 @@ def add_parser(sub) -> None:
                    help="network-pass budgets per sample: a ddpd step is a denoiser pass, plus a planner pass on "
                         "the steps that plan (every step by default; see plan_every); a mask-loop step is one "
                         "pass (default: 32 64 128 256)")
-    p.add_argument("--temperatures", nargs="+", type=float, default=[1.0])
+    p.add_argument("--temperatures", nargs="+", type=float, default=[1.0], help="(default: 1.0)")
     p.add_argument("--target-steps", type=int, default=512, help="steps of the one-at-a-time target (default 512)")
     p.add_argument("--target-temperature", type=float, default=1.0, help="its temperature (default 1.0)")
-    p.add_argument("--eps", type=float, default=0.01, help="the ddpd stop criterion (option A)")
-    p.add_argument("--num-samples", type=int, default=16)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--eps", type=float, default=0.01, help="the ddpd stop criterion (option A; default 0.01)")
+    p.add_argument("--num-samples", type=int, default=16, help="samples a configuration (default 16)")
+    p.add_argument("--seed", type=int, default=0, help="(default 0)")
+    p.add_argument("--batch-size", type=int, default=16, help="(default 16)")
     p.add_argument("--fused", action="store_true",
                    help="every sampler on its fused path (the same samples with float32 networks)")
     add_runtime_arguments(p)
     p.add_argument("--no-progress", dest="progress", action="store_false")
-    p.add_argument("--out-dir", required=True)
+    p.add_argument("--out-dir", required=True, help="where the reports go: " + ", ".join(REPORTS))
 
 
 def run(args: argparse.Namespace) -> None:
@@ -224,7 +231,11 @@ def _policies(args) -> dict:
             policy = parse_policy(spec)
         except ValueError as err:
             raise UsageError(f"--policies: {err}") from None
-        by_family["ddpd" if spec.partition(":")[0] in DDPD_POLICIES else "maskgit"].append(policy)
+        family = "ddpd" if spec.partition(":")[0] in DDPD_POLICIES else "maskgit"
+        if family in args.samplers:
+            by_family[family].append(policy)
+        elif args.policies is not DEFAULT_POLICIES:  # the defaults of a sampler left out are left out
+            raise UsageError(f"--policies {spec} is a policy of the {family} sampler, which --samplers leaves out")
     return by_family
 
 

@@ -577,6 +577,10 @@ def check_command_line(args) -> None:
     check_finite("--temperature", args.temperature, open_min=False)  # 0: greedy
     check_finite("--temperature-end", args.temperature_end, open_min=False)
     check_finite("--guidance-scale", args.guidance_scale, open_min=False)
+    check_finite("--eta", args.eta, open_min=False)  # checked whether or not the sampler reads them
+    check_finite("--choice-temperature", args.choice_temperature, open_min=False)
+    if args.policy is not None and not args.policy.strip():
+        raise UsageError("--policy must be NAME[:FIELD=VALUE,...], got an empty string")
     if args.labels is None and args.guidance_scale != 1.0:
         raise UsageError("--guidance-scale needs --labels (the classes to guide towards)")
     if args.option:

@@ -24,6 +24,7 @@ from ddpd.cli.common import (
     add_runtime_arguments,
     apply_threads,
     check_checkpoints,
+    check_data,
     check_first,
     check_threads,
     flag_error,
@@ -124,18 +125,15 @@ def check_command_line(args: argparse.Namespace) -> None:
         UsageError: a missing or unusable --data or --tiktoken, or a bad --threads.
         InputError: a --resume checkpoint directory that is not there.
     """
-    from ddpd.training.sources import resolve_source
-
     check_threads(getattr(args, "threads", None))
+    if args.allow_data_change and not args.resume:
+        raise UsageError("--allow-data-change is a setting of --resume (a fresh run has no corpus to change)")
     if args.resume:
         check_checkpoints(args.out)
     elif "data" not in args:
         raise UsageError("--data is required (the training corpus: a file, books, text8 or hf:NAME)")
     if "data" in args:
-        try:
-            resolve_source(args.data)
-        except (FileNotFoundError, ValueError) as err:
-            raise UsageError(f"--data: {err}") from None
+        check_data(args.data)
     if "tiktoken" in args and not os.path.isfile(args.tiktoken):
         raise UsageError(f"--tiktoken: no such file: {args.tiktoken}")
 

@@ -2,7 +2,7 @@
 does not pay"): ddpd.eval.detection.error_detection on held-out text at several
 corruption fractions, written as a CSV and printed as a table.
 
-    python docs/parallel/planner_errors.py --data wiki.txt --out docs/parallel/planner-errors.csv
+    python docs/parallel/planner_errors.py --data data/wiki.txt --out docs/parallel/planner-errors.csv
 """
 from __future__ import annotations
 

@@ -106,6 +106,9 @@ def no_models(monkeypatch):
     (["--clock", "exact", "--stop", "eps"], "--stop eps is not available with --clock exact"),
     (["--clock", "exact", "--option", "A"], "--clock planner (--option A sets --stop and --selection)"),
     (["--top-p", "2"], "--top-p must be"),
+    (["--eta", "-1"], "--eta must be a finite number >= 0"),  # refused though the ddpd sampler reads no eta
+    (["--sampler", "maskgit", "--policy", "threshold:0.9", "--choice-temperature", "-5"], "--choice-temperature must"),
+    (["--policy", ""], "--policy must be NAME[:FIELD=VALUE,...]"),
 ])
 def test_sample_refuses_the_sampler_settings_before_loading_models(no_models, capsys, argv, message):
     from ddpd.cli.sample import main

@@ -314,7 +314,7 @@ def test_convergence_command(setup, capsys):
     (["elbo", "--planner", "{root}/nowhere", "--denoiser", "{mask-denoiser}", "--data", "{data}"],
      "checkpoint directory not found", 1),
     (["elbo", "--uniform", "{uniform}", "--data", "{root}/missing.txt"], "--data: no such file", 2),
-    (["elbo", "--uniform", "{uniform}", "--data", "{root}"], "is a directory", 1),
+    (["elbo", "--uniform", "{uniform}", "--data", "{root}"], "is a directory, not a text file", 2),
     (["elbo", "--uniform", "{uniform}", "--data", "{data}", "--num-sequences", "100000"],
      "--num-sequences: the test split of", 2),
     (["quality", "--uniform", "{uniform}", "--judge", "{ar}", "--data", "{data}", "--samplers", "dfm-uni",

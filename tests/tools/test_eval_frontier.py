@@ -155,3 +155,23 @@ def test_ddpd_eval_frontier_refuses_a_bad_judge_and_policy(tmp_path, capsys):
     assert "ORDER in [1, 12]" in capsys.readouterr().err
     assert main(["frontier", "--judge", "ngram", "--data", "books", "--budgets", "8", "0", "--out-dir", out]) == 2
     assert "--budgets must be" in capsys.readouterr().err
+    assert main(["frontier", "--judge", "ngram", "--data", "books", "--samplers", "ddpd", "--policies",
+                 "threshold:0.9", "--out-dir", out]) == 2
+    assert "--policies threshold:0.9 is a policy of the maskgit sampler" in capsys.readouterr().err
+
+
+def test_cli_md_lists_the_default_policies():
+    from pathlib import Path
+
+    from ddpd.cli.frontier import DEFAULT_POLICIES
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "cli.md").read_text().replace("\n", " ")
+    assert all(f"`{spec}`" in text for spec in DEFAULT_POLICIES)
+
+
+def test_ddpd_eval_frontier_checks_its_inputs_before_any_work(tmp_path, capsys):
+    out = str(tmp_path / "out")
+    assert main(["frontier", "--judge", "ngram", "--data", str(tmp_path), "--out-dir", out]) == 2
+    assert f"--data: {tmp_path} is a directory, not a text file" in capsys.readouterr().err
+    assert main(["frontier", str(tmp_path / "none"), "--judge", "ngram", "--data", "books", "--out-dir", out]) == 1
+    assert "checkpoint directory not found" in capsys.readouterr().err

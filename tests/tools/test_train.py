@@ -1118,6 +1118,8 @@ def test_resume_refuses_a_changed_corpus(tmp_path, capsys):
     code, out_text, err = run_cli(capsys, "planner", "--out", out, "--resume", "--no-progress",
                                   "--allow-data-change")
     assert code == 0 and "step 2 of 20" in out_text, err
+    code, _, err = run_cli(capsys, "planner", "--data", data, "--out", tmp_path / "q", "--allow-data-change")
+    assert code == 2 and "--allow-data-change is a setting of --resume" in err and not (tmp_path / "q").exists(), err
 
 
 def test_resume_keeps_the_runs_reporting_settings(corpus, tmp_path):
