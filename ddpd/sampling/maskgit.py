@@ -121,7 +121,7 @@ def mask_sample(
 ) -> SampleResult:
     """Parallel decoding with a mask denoiser, `policy` choosing what each pass commits.
 
-    A row stops once it has no mask (ReMDM: at the budget), so adaptive policies use fewer
+    A row stops once it has no mask (ReMDM with eta > 0: at the budget), so adaptive policies use fewer
     passes: SampleResult's denoiser_passes per row.
 
     Args:

@@ -69,8 +69,8 @@ class ErrorBudget:
     Chang et al. 2022): a Plackett-Luce order by (1 - r)^(1 / tau_i), less greedy than the
     lowest risk first, which keeps the samples' entropy.
 
-    With bound 0 (no spread, known_noise off, plan_every 1) or max_k 1 a step commits one
-    position: exactly Algorithm 1's draws. Bound 0 commits nothing past the first pick and the
+    With bound 0 (no spread) or max_k 1 a step commits one position; with known_noise off
+    and plan_every 1 too, exactly Algorithm 1's draws. Bound 0 commits nothing past the first pick and the
     spread's minimum, even where float32 rounds a risk to 0 (a planner and denoiser both certain).
     """
 
@@ -133,7 +133,10 @@ class ErrorBudget:
             key = torch.arange(rest.shape[1], device=rest.device).expand_as(rest)
         else:
             key = rest if noise is None else -(torch.log1p(-rest) + noise[:, pin:])  # lowest risk first
-        order = key.float().masked_fill(~ok, float("inf")).argsort(dim=1, stable=True)  # eligible first
+        # a risk of 1 keys +inf: kept finite, it cannot tie with (and follow) an ineligible candidate
+        big = torch.finfo(torch.float32).max
+        key = key.float().nan_to_num(nan=big, posinf=big, neginf=-big)
+        order = key.masked_fill(~ok, float("inf")).argsort(dim=1, stable=True)  # eligible first
         ranked = rest.gather(1, order).masked_fill(~ok.gather(1, order), float("inf"))
         # risks are >= 0, so the sums only grow; at bound 0 a risk float32 rounds to 0 buys no commit
         n = (ranked.cumsum(1) <= self.bound).sum(1) if self.bound > 0 else torch.zeros_like(order[:, 0])
@@ -174,8 +177,10 @@ def annealed(choice_temperature: float, step, steps: int):
         steps: T.
 
     Returns:
-        The temperature, a float or a tensor as `step` is.
+        The temperature, a float or a float32 tensor as `step` is.
     """
+    if isinstance(step, Tensor):  # in float64, then rounded as a float is where it scales float32 noise
+        return (choice_temperature * (1.0 - (step + 1).double() / steps)).float()
     return choice_temperature * (1.0 - (step + 1) / steps)
 
 
@@ -196,9 +201,11 @@ def spread_minimum(spread: str, sum_p: Tensor, step, steps: int, n0) -> Optional
         return None
     if spread == "linear":
         return torch.ceil(sum_p / (steps - step)).long()
-    angle = (step + 1) / steps * (math.pi / 2)
-    left = torch.floor(torch.as_tensor(n0 * (torch.cos(angle) if isinstance(angle, Tensor) else math.cos(angle)),
-                                       device=sum_p.device))
+    # the same float64 torch ops for an int step and a graph's step tensor: n0 cos lands on an
+    # integer at some steps (cos(pi/3) n0), where float32, or math.cos against torch.cos, floors apart
+    i = torch.as_tensor(step, device=sum_p.device) + 1
+    cos = torch.cos(i.double() / steps * (math.pi / 2))
+    left = torch.floor(torch.as_tensor(n0, device=sum_p.device).double() * cos)
     return torch.ceil(sum_p - left).long().clamp(min=1)
 
 
@@ -392,8 +399,9 @@ class ReMDM:
     (sigma 0) from alpha 0 up to alpha_on at t_on (the run's schedule scaled by alpha_on),
     then alpha held at alpha_on with sigma = eta (at most (1 - alpha_on) / alpha_on, which
     keeps it there) until t_off, then MDLM from alpha_on to 1 (the mask loop maps the step
-    grid, mask_sample). A row runs to the budget
-    while eta > 0: a filled row may be masked again."""
+    grid, mask_sample); cap and rescale refuse t_on, t_off and alpha_on off their defaults,
+    which they would ignore. A row runs to the budget while eta > 0: a filled row may be
+    masked again."""
 
     schedule: str = "cap"
     eta: float = 0.02
@@ -415,12 +423,22 @@ class ReMDM:
         object.__setattr__(self, "alpha_on", check_float("alpha_on", self.alpha_on, 0.0, 1.0))
         if self.schedule == "loop" and not 0.0 < self.t_on < self.t_off < 1.0:
             raise ValueError(f"ReMDM loop needs 0 < t_on < t_off < 1, got t_on={self.t_on}, t_off={self.t_off}")
-        if self.schedule == "loop" and not 0.0 < self.alpha_on < 1.0:
+        if self.schedule != "loop":
+            self._refuse_loop_fields()
+            return
+        if not 0.0 < self.alpha_on < 1.0:
             raise ValueError(f"ReMDM loop needs 0 < alpha_on < 1, got alpha_on={self.alpha_on}")
         most = (1.0 - self.alpha_on) / self.alpha_on
-        if self.schedule == "loop" and self.eta > most:
+        if self.eta > most:
             raise ValueError(f"ReMDM loop needs eta <= (1 - alpha_on) / alpha_on = {most:.4g} to hold alpha at "
                              f"alpha_on, got eta={self.eta}")
+
+    def _refuse_loop_fields(self) -> None:
+        """t_on, t_off and alpha_on set the loop schedule: cap and rescale would ignore them."""
+        fields = type(self).__dataclass_fields__
+        changed = [name for name in ("t_on", "t_off", "alpha_on") if getattr(self, name) != fields[name].default]
+        if changed:
+            raise ValueError(f"ReMDM {self.schedule} has no {', '.join(changed)}: they set schedule='loop'")
 
     def alphas(self, index: int, steps: int, alpha) -> tuple:
         """The schedule's alpha at the start and end of step `index` on the uniform grid.

@@ -18,9 +18,11 @@ from ddpd.sampling.policies import (
     ErrorBudget,
     MaskGIT,
     ReMDM,
+    annealed,
     ddpd_steps,
     parse_policy,
     policy_spec,
+    spread_minimum,
 )
 from oracles import laws, policy_laws
 from oracles.fixtures import noise, single_thread, tiny_networks, toy  # noqa: F401  (single_thread: autouse)
@@ -396,6 +398,31 @@ def test_at_half_the_passes_error_budget_is_as_close_to_p_data_as_algorithm_1():
     assert distance["ErrorBudget(1.5)", 6] <= distance["one-at-a-time", 12] + floor
 
 
+def test_a_graphs_step_tensor_gives_the_eager_steps_spread_and_annealing():
+    """A CUDA graph replays a step with its index as a tensor: the cosine spread and the annealed
+    choice temperature must come out as for the int index (n0 cos(pi/3) lands on an integer)."""
+    sum_p, g = torch.tensor([200.0, 3.0]), torch.linspace(-2.0, 5.0, 1001)
+    for steps in (3, 6, 26, 103):
+        for step in range(steps):
+            for n0 in (256, 6, torch.tensor([256.0, 6.0])):
+                assert torch.equal(spread_minimum("cosine", sum_p, step, steps, n0),
+                                   spread_minimum("cosine", sum_p, torch.tensor(step), steps, n0))
+            assert torch.equal(annealed(4.5, step, steps) * g, annealed(4.5, torch.tensor(step), steps) * g)
+    assert spread_minimum("cosine", sum_p, 1, 3, 256).tolist() == [72, 1]  # floor(256 cos(pi/3)) = 128
+
+
+def test_a_certain_risk_under_a_choice_temperature_stays_ahead_of_ineligible_candidates():
+    """A risk of exactly 1 (p c below float32's resolution) keys +inf under a choice
+    temperature; it must still rank before the ineligible candidates, which are never committed."""
+    risk = 1 - torch.tensor([[0.9, 0.5, 1e-3]]) * torch.tensor([[0.9, 0.9, 1e-5]])
+    assert risk[0, 2] == 1.0
+    eligible = torch.tensor([[True, False, True]])
+    tempered = ErrorBudget(0.5, 3, choice_temperature=1.0).commit(risk, eligible, torch.tensor([2]),
+                                                                  torch.zeros(1, 3))
+    assert tempered.tolist() == [[True, False, True]]
+    assert ErrorBudget(0.5, 3).commit(risk, eligible, torch.tensor([2])).tolist() == [[True, False, True]]
+
+
 def test_policy_specs_round_trip_and_bad_ones_are_named():
     for policy in MASK_POLICIES + LIMITS:
         assert parse_policy(policy_spec(policy)) == policy
@@ -413,6 +440,12 @@ def test_policy_specs_round_trip_and_bad_ones_are_named():
         ReMDM("loop", t_on=0.0)
     with pytest.raises(ValueError, match=r"eta <= \(1 - alpha_on\) / alpha_on = 0.1111"):
         ReMDM("loop", eta=0.2)
+    with pytest.raises(ValueError, match="0 < alpha_on < 1"):
+        ReMDM("loop", alpha_on=0.0)
+    with pytest.raises(ValueError, match="ReMDM cap has no alpha_on: they set schedule='loop'"):
+        ReMDM("cap", alpha_on=0.0)  # ignored by cap: refused, not divided by
+    with pytest.raises(ValueError, match="ReMDM rescale has no t_on, t_off"):
+        parse_policy("remdm:schedule=rescale,t_on=0.9,t_off=0.1")
     precise = ErrorBudget(0.1234567, known_noise=True, revise_above=0.75)
     assert parse_policy(policy_spec(precise)) == precise  # no digit lost to a short format
     short = policy_spec(precise, defaults=False)
