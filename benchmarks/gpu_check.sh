@@ -66,7 +66,8 @@ DRY_RUN=0
 tree_hash() {
     $PY benchmarks/rows.py --tree-hash
 }
-ONLY=tests,timings,host,sampling,profile
+DEFAULT_PARTS=tests,timings,host,sampling,profile
+ONLY=$DEFAULT_PARTS
 USAGE="usage: $0 [--dry-run] [--only tests,timings,host,sampling,profile,parallel] [--tree-hash]"
 ARGS="$*"
 while [ $# -gt 0 ]; do
@@ -182,7 +183,7 @@ else
     mkdir -p benchmarks/results
     results="benchmarks/results/${device}.txt"  # the latest whole run's; git keeps the ones before
     # a run of some parts keeps its own log: it must not replace the whole run's
-    [[ $ONLY != tests,timings,host,sampling,profile ]] && results="benchmarks/results/${device}-${ONLY//,/-}.txt"
+    [[ $ONLY != "$DEFAULT_PARTS" ]] && results="benchmarks/results/${device}-${ONLY//,/-}.txt"
     # Only this GPU's architecture: a quarter of the compile time of the default list.
     TORCH_CUDA_ARCH_LIST=$($PY -c "import torch; print('%d.%d' % torch.cuda.get_device_capability())")
     export TORCH_CUDA_ARCH_LIST
@@ -193,7 +194,7 @@ status=${PIPESTATUS[0]}
 echo "gpu_check: results in $results"
 # on the device machine: hand the log and the rows back
 if ((!DRY_RUN)) && [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then
-    cp "$results" "$OUT/" && cp "benchmarks/results/${device}.jsonl" "$OUT/" 2>/dev/null
-    echo "gpu_check: copied to $OUT"
+    cp "$results" "$OUT/" && echo "gpu_check: $results copied to $OUT"
+    cp "benchmarks/results/${device}.jsonl" "$OUT/" 2>/dev/null && echo "gpu_check: its rows copied to $OUT"
 fi
 exit "$status"

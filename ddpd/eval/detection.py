@@ -107,7 +107,7 @@ def error_detection(planner: Callable, denoiser: Callable, x1: Tensor, fraction:
     wrong = (parallel != x1)[chosen]
     planned = planner_logits(planner, parallel, None)[chosen]
     log_c = log_q.gather(-1, drawn[..., None]).squeeze(-1)[chosen]
-    doubt = torch.log(-torch.expm1(log_c).clamp(max=-1e-7)) - log_c  # log((1 - c) / c), decreasing in c
+    doubt = torch.log(-torch.expm1(log_c).clamp(max=-torch.finfo(log_c.dtype).tiny)) - log_c  # log((1 - c) / c)
     combined = planned + doubt
     confident = doubt <= doubt.median()
     return Detection(fraction, uniform_auc, wrong.numel(), float(wrong.double().mean()), auc(planned, wrong),

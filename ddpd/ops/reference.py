@@ -19,7 +19,7 @@ from ddpd.ops.planner_select import (
     planner_select_mask_reference as planner_select_mask,
     planner_select_reference as planner_select,
 )
-from ddpd.ops.rng import philox_uniform
+from ddpd.ops.rng import philox_uniform_reference as philox_uniform
 from ddpd.ops.rotary import rotary_reference as rotary
 from ddpd.ops.sample_categorical import (
     categorical_reference as categorical,

@@ -155,6 +155,36 @@ def philox_uniform(
     Raises:
         ValueError: a seed or offset out of range, or rows / cols not 1-D.
     """
+    seed, offset, rows, cols = _philox_arguments(seed, offset, rows, cols, device)
+    if philox_kernel_runs(rows, cols, seed, offset):
+        return philox_uniform_triton(seed, offset, rows, cols)
+    return _uniforms(seed, offset, rows, cols)
+
+
+def philox_uniform_reference(seed, offset, rows: Union[torch.Tensor, Sequence[int]], cols: Union[torch.Tensor, int],
+                             device: Optional[torch.device] = None) -> torch.Tensor:
+    """Plain torch version of philox_uniform, written for clarity, on every device.
+
+    Args:
+        As philox_uniform.
+
+    Returns:
+        As philox_uniform.
+
+    Raises:
+        As philox_uniform.
+    """
+    return _uniforms(*_philox_arguments(seed, offset, rows, cols, device))
+
+
+def _uniforms(seed, offset, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """The torch Philox's uniforms of checked arguments (_philox_arguments)."""
+    return ((philox_words(seed, offset, rows, cols) >> 8).to(torch.float32) + 0.5) * (2.0**-24)
+
+
+def _philox_arguments(seed, offset, rows, cols, device) -> tuple:
+    """philox_uniform's arguments checked: (seed, offset) as ints or 0-d tensors on the rows'
+    device, rows Long[N], cols Long[M]."""
     check_seed(seed, offset)
     rows = torch.as_tensor(rows, dtype=torch.int64, device=device)
     if isinstance(cols, int):
@@ -163,13 +193,27 @@ def philox_uniform(
     if rows.dim() != 1 or cols.dim() != 1:
         raise ValueError(f"rows and cols must be 1-D, got shapes {tuple(rows.shape)} and {tuple(cols.shape)}")
     seed, offset = (v.reshape(()).to(rows.device) if isinstance(v, torch.Tensor) else v for v in (seed, offset))
-    if rows.is_cuda and _dispatch.eager(rows, cols):  # traced calls take the torch Philox, which compiles
-        return philox_uniform_triton(seed, offset, rows, cols)
-    return philox_uniform_reference(seed, offset, rows, cols)
+    return seed, offset, rows, cols
 
 
-def philox_uniform_reference(seed, offset, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-    """Plain torch version of philox_uniform, written for clarity.
+def philox_kernel_runs(rows: torch.Tensor, *others) -> bool:
+    """Whether philox_uniform runs its Triton kernel for these arguments: CUDA tensors, Triton
+    installed, nothing traced (torch.compile fuses the torch Philox) or wrapped by a transform.
+
+    Args:
+        rows: the row ids.
+        *others: the call's other arguments.
+
+    Returns:
+        True for the kernel.
+    """
+    return (rows.is_cuda and _dispatch.triton_available() and _dispatch.eager(rows)
+            and not _dispatch.transformed(rows, *others))
+
+
+def philox_uniform_triton(seed, offset, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """Launch ddpd.kernels.rng.philox_uniform_kernel (CUDA tensors; CPU tensors under
+    TRITON_INTERPRET=1).
 
     Args:
         seed: an int in [0, 2**64), or an int64 0-d tensor on rows' device holding its bits.
@@ -180,25 +224,10 @@ def philox_uniform_reference(seed, offset, rows: torch.Tensor, cols: torch.Tenso
     Returns:
         Float32[N, M].
     """
-    w = philox_words(seed, offset, rows, cols)
-    return ((w >> 8).to(torch.float32) + 0.5) * (2.0**-24)
-
-
-def philox_uniform_triton(seed, offset, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-    """Launch ddpd.kernels.rng.philox_uniform_kernel (CUDA tensors; CPU tensors under
-    TRITON_INTERPRET=1).
-
-    Args:
-        As philox_uniform_reference.
-
-    Returns:
-        As philox_uniform_reference.
-    """
     kernel = _dispatch.kernels("rng").philox_uniform_kernel
     rows, cols = rows.contiguous(), cols.contiguous()
     out = torch.empty(rows.numel(), cols.numel(), dtype=torch.float32, device=rows.device)
     if out.numel():
-        _dispatch.check_width("the columns of philox_uniform", cols.numel())
         seed_t, offset_t = (v if isinstance(v, torch.Tensor) else None for v in (seed, offset))
         seed, offset = (0 if isinstance(v, torch.Tensor) else v for v in (seed, offset))
         _dispatch.launch(kernel, (rows.numel() * -(-cols.numel() // PHILOX_BLOCK),), rows, cols, cols.numel(),
@@ -490,4 +519,5 @@ def stream_noise(counters: tuple, row_ids: Optional[torch.Tensor], rows: int, wi
     """
     seed, offset, seed_t, offset_t = counters
     ids = row_ids if row_ids is not None else torch.arange(rows, device=device)
-    return philox_uniform(counter_value(seed, seed_t), counter_value(offset, offset_t), ids, width)
+    # the torch Philox on every device: the references draw apart from the kernels they check
+    return philox_uniform_reference(counter_value(seed, seed_t), counter_value(offset, offset_t), ids, width)

@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from ddpd.ops import planner_select, planner_select_mask, reference, sample_categorical, sample_from_hidden
+from ddpd.ops.rng import philox_kernel_runs
 from ddpd.ops.sample_categorical import TILE, noise_width
 from ddpd.sampling.batch import Condition, FusedBatch, RunningBatch, has_head
 from ddpd.sampling.graphs import StepGraphs, step_graphs
@@ -204,7 +205,8 @@ class Draws:
 
 
 # Uniforms of the TOKEN stream made at once when several draws a row read them (FusedDraws):
-# torch's Philox (CPU) peaks at ~130 bytes a uniform, the CUDA kernel's at 4
+# torch's Philox peaks at ~130 bytes a uniform, philox_uniform's CUDA kernel at ~12 (the
+# uniform, its column, the padded copy)
 TOKEN_CHUNK = 2**22
 TOKEN_CHUNK_CUDA = 2**26
 
@@ -348,7 +350,7 @@ class FusedDraws(Draws):
 
     def categorical(self, step, rows, logits, per_row, temperature, exclude=None, confidence=False):
         """The draws by ddpd.ops.sample_categorical; several draws a row read their uniforms in
-        chunks of at most TOKEN_CHUNK.
+        chunks (_token_chunks).
 
         Args:
             As Draws.categorical.
@@ -375,7 +377,7 @@ class FusedDraws(Draws):
         draws a row (every position of MaskGIT and tau-leaping) read explicit uniforms: all
         at once, a GPT-2-size batch needed ~100 GB."""
         width = token_noise_width(vocab_size)
-        draws = max(1, (TOKEN_CHUNK_CUDA if rows.is_cuda else TOKEN_CHUNK) // width)  # per chunk
+        draws = max(1, (TOKEN_CHUNK_CUDA if philox_kernel_runs(rows) else TOKEN_CHUNK) // width)  # per chunk
         pad = width < noise_width(vocab_size)
         whole_rows = max(1, draws // per_row)
         for r in range(0, len(rows), whole_rows):

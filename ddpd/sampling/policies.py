@@ -201,11 +201,11 @@ def spread_minimum(spread: str, sum_p: Tensor, step, steps: int, n0) -> Optional
         return None
     if spread == "linear":
         return torch.ceil(sum_p / (steps - step)).long()
-    # the same float64 torch ops for an int step and a graph's step tensor: n0 cos lands on an
-    # integer at some steps (cos(pi/3) n0), where float32, or math.cos against torch.cos, floors apart
+    # the same ops for an int step and a graph's step tensor (float32 cos floored apart at
+    # n0 cos(pi/3) = an integer): the product in float64, rounded to float32 as it always was
     i = torch.as_tensor(step, device=sum_p.device) + 1
     cos = torch.cos(i.double() / steps * (math.pi / 2))
-    left = torch.floor(torch.as_tensor(n0, device=sum_p.device).double() * cos)
+    left = torch.floor((torch.as_tensor(n0, device=sum_p.device).double() * cos).float())
     return torch.ceil(sum_p - left).long().clamp(min=1)
 
 
