@@ -23,6 +23,8 @@ Per op and shape, on the device:
   the adaLN modulation, at the same shapes, against the torch code it replaces and
   against the shortest torch code (layer_norm in the dtype, then one addcmul); values
   within one unit of the dtype's last place are checked;
+- philox_uniform, the token noise of the mask loop's draws (GPT-2's vocabulary), its Triton
+  kernel against the torch Philox it replaced on CUDA, checked bit for bit;
 - the other ops and the fused sampler step: ddpd against the fastest of the torch
   candidates (the usual code it replaces and faster code for the same law; for the
   step, the paper's listing and the step that applies the head only at the chosen
@@ -64,6 +66,7 @@ from ddpd.ops.multinomial import multinomial
 from ddpd.ops.norm import norm
 from ddpd.ops.planner_mask import planner_mask
 from ddpd.ops.planner_select import planner_select, planner_select_mask
+from ddpd.ops.rng import philox_uniform
 from ddpd.ops.rotary import rotary
 from ddpd.ops.sample_categorical import sample_categorical
 from ddpd.ops.sample_from_hidden import sample_from_hidden
@@ -97,6 +100,7 @@ SHAPES = {
         compact=[(256, 1024), (4096, 1024)],  # batch, length
         rotary=[(64, 4, 256, 64, BF16), (512, 4, 256, 64, BF16), (16, 12, 1024, 64, BF16)],  # B, heads, L, d
         norm=[(64, 256, 256, True, BF16), (512, 256, 256, True, BF16), (16, 1024, 768, False, BF16)],  # B, L, H
+        philox=[(64, 50454), (1330, 50454)],  # rows, columns: a mask-loop chunk of GPT-2 draws
         copy_floats=2**26,
     ),
     "dry": dict(
@@ -111,6 +115,7 @@ SHAPES = {
         compact=[(16, 64)],
         rotary=[(2, 2, 16, 8, BF16)],
         norm=[(2, 16, 32, True, BF16)],
+        philox=[(3, 100)],
         copy_floats=2**20,
     ),
 }
@@ -515,6 +520,23 @@ def time_rotary(bench: Bench, batch: int, heads: int, length: int, head_dim: int
                   {"torch elementwise": lambda: reference.rotary(q, table.cos, table.sin)}, moved)
 
 
+def time_philox_uniform(bench: Bench, rows: int, cols: int) -> None:
+    ids = torch.arange(rows, device=bench.device) + 2**33  # 64-bit ids: the derived row keys too
+    columns = torch.arange(cols, device=bench.device) + 7
+    name = f"philox_uniform N={rows} M={cols}"
+    timed = timed_case("philox_uniform", (rows, cols), FP32, "N x M")
+    ours, want = philox_uniform(11, 5, ids, columns), reference.philox_uniform(11, 5, ids, columns)
+    if not bench.cuda:
+        print(f"  check {name}: none (on the CPU philox_uniform runs the reference)")
+    elif not torch.equal(ours, want):
+        bench.failures += 1
+        print(f"  check {name}: MISMATCH: not the reference's bits")
+    else:
+        print(f"  check {name}: the reference's bits")
+    bench.compare(timed, name, lambda: philox_uniform(11, 5, ids, columns),
+                  {"torch Philox": lambda: reference.philox_uniform(11, 5, ids, columns)}, rows * cols * 4)
+
+
 def time_norm(bench: Bench, batch: int, length: int, width: int, modulated: bool, dtype: torch.dtype) -> None:
     g = torch.Generator().manual_seed(width)
     x = torch.randn(batch, length, width, generator=g).to(dtype).to(bench.device)
@@ -591,6 +613,7 @@ def main() -> int:
         ("compact_fixed, scatter_back", time_compaction, shapes["compact"]),
         ("rotary", time_rotary, shapes["rotary"]),
         ("norm", time_norm, shapes["norm"]),
+        ("philox_uniform", time_philox_uniform, shapes["philox"]),
         ("sample_from_hidden launch configurations", time_head_configs, shapes["hidden_configs"]),
         ("sample_categorical launch configurations", time_categorical_configs, shapes["categorical_configs"]),
     ]
