@@ -171,6 +171,17 @@ class Bench:
         else:
             print(f"  check {name}: same outputs as the reference")
 
+    def check_bits(self, name: str, op: str, got: torch.Tensor, want: torch.Tensor) -> None:
+        """Print whether an op that runs its reference on the CPU gave the reference's values bit
+        for bit on the device; count a mismatch."""
+        if not self.cuda:
+            print(f"  check {name}: none (on the CPU {op} runs the reference)")
+        elif not torch.equal(got, want):
+            self.failures += 1
+            print(f"  check {name}: MISMATCH: not the reference's values bit for bit")
+        else:
+            print(f"  check {name}: the reference's values bit for bit")
+
     def compare(self, timed: dict, name: str, ours: Callable, theirs: dict, moved: int,
                 rep_ms: int = 100) -> tuple[float, dict]:
         """Time and measure ours (ddpd) and each torch candidate of theirs ({label: fn});
@@ -507,14 +518,7 @@ def time_rotary(bench: Bench, batch: int, heads: int, length: int, head_dim: int
     table = RotaryEmbedding(head_dim, length).to(bench.device)
     name = f"rotary B={batch} heads={heads} L={length} d={head_dim} {str(dtype)[6:]}"
     timed = timed_case("rotary", (batch, heads, length, head_dim), dtype, "B x heads x L x d")
-    ours, want = rotary(q, table.cos, table.sin), reference.rotary(q, table.cos, table.sin)
-    if not bench.cuda:
-        print(f"  check {name}: none (on the CPU rotary runs the reference)")
-    elif not torch.equal(ours, want):
-        bench.failures += 1
-        print(f"  check {name}: MISMATCH: not the reference's values bit for bit")
-    else:
-        print(f"  check {name}: the reference's values bit for bit")
+    bench.check_bits(name, "rotary", rotary(q, table.cos, table.sin), reference.rotary(q, table.cos, table.sin))
     moved = 2 * q.numel() * q.element_size() + 2 * length * head_dim // 2 * 4
     bench.compare(timed, name, lambda: rotary(q, table.cos, table.sin),
                   {"torch elementwise": lambda: reference.rotary(q, table.cos, table.sin)}, moved)
@@ -525,14 +529,8 @@ def time_philox_uniform(bench: Bench, rows: int, cols: int) -> None:
     columns = torch.arange(cols, device=bench.device) + 7
     name = f"philox_uniform N={rows} M={cols}"
     timed = timed_case("philox_uniform", (rows, cols), FP32, "N x M")
-    ours, want = philox_uniform(11, 5, ids, columns), reference.philox_uniform(11, 5, ids, columns)
-    if not bench.cuda:
-        print(f"  check {name}: none (on the CPU philox_uniform runs the reference)")
-    elif not torch.equal(ours, want):
-        bench.failures += 1
-        print(f"  check {name}: MISMATCH: not the reference's bits")
-    else:
-        print(f"  check {name}: the reference's bits")
+    bench.check_bits(name, "philox_uniform", philox_uniform(11, 5, ids, columns),
+                     reference.philox_uniform(11, 5, ids, columns))
     bench.compare(timed, name, lambda: philox_uniform(11, 5, ids, columns),
                   {"torch Philox": lambda: reference.philox_uniform(11, 5, ids, columns)}, rows * cols * 4)
 
