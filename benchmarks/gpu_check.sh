@@ -66,6 +66,8 @@ DRY_RUN=0
 tree_hash() {
     $PY benchmarks/rows.py --tree-hash
 }
+# shellcheck source=benchmarks/carried_setuptools.sh
+. benchmarks/carried_setuptools.sh
 DEFAULT_PARTS=tests,timings,host,sampling,profile
 ONLY=$DEFAULT_PARTS
 USAGE="usage: $0 [--dry-run] [--only tests,timings,host,sampling,profile,parallel] [--tree-hash]"
@@ -140,6 +142,7 @@ check() {
             sed 's/^/# /'
     fi
     # pip -q prints the compiler's output only when the build fails.
+    ((DRY_RUN)) || use_carried_setuptools "$PY"
     part build 150 $PY -m pip install -q --no-deps --no-build-isolation --no-index -e . &&
         part extension 40 $PY -m ddpd.ops || { echo "gpu_check: the build failed"; return 1; }
     local gpu_tests workers=()

@@ -30,8 +30,11 @@
 #     (256 sequences, 4 Monte-Carlo samples, seed 0: the bundled pair's float16 copies there
 #     give 4.322 bits per character with the planner's mask); from a bundle of the new pair,
 #     `ddpd-sample --fused` (what it prints by default);
-#  6. pack (where $OUT is set, as on the device machine): $OUT/gpu_train.log, $OUT/results.tar
-#     ($RESULTS) and $OUT/float16.tar.part-* (the float16 copies in parts of 15 MiB).
+#  6. pack (where $OUT is set, as on the device machine): $OUT/gpu_train.log (written as the
+#     run goes), $OUT/float16.tar.part-* (the float16 copies in parts of 15 MiB, right after
+#     stage 4) and $OUT/results.tar ($RESULTS).
+# The device call carries data (and .whl with a setuptools wheel where the image's is older
+# than 77: benchmarks/carried_setuptools.sh).
 #
 # Settings, from the environment:
 #   BUDGET_S       seconds the whole script may take (default 510: a GPU run of 570 s)
@@ -65,6 +68,8 @@ NETWORKS=${NETWORKS:-planner mask-denoiser uniform}
 ELBO_SEQUENCES=${ELBO_SEQUENCES:-256}
 DEVICE=${DEVICE:-auto}
 TRAIN_ARGS=${TRAIN_ARGS:-}
+# shellcheck source=benchmarks/carried_setuptools.sh
+. benchmarks/carried_setuptools.sh
 PLAN=0
 INCOMPLETE=()  # networks whose training the deadline stopped
 
@@ -186,6 +191,7 @@ build() {
         echo "ddpd is installed: $(cd / && $PY -c 'import ddpd, os; print(os.path.dirname(ddpd.__file__))')"
         return 0
     fi
+    use_carried_setuptools "$PY"
     if $PY -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
         # this GPU's architecture only: a quarter of the compile time of the default list
         TORCH_CUDA_ARCH_LIST=$($PY -c "import torch; print('%d.%d' % torch.cuda.get_device_capability())")
@@ -333,23 +339,25 @@ main() {
     done
     stage "training table" 60 limited $PY -m ddpd.cli.eval training "${KINDS[@]/#/$RUNS/}" --out-dir "$RESULTS" || rc=1
     stage export 60 export_float16 || return 1
+    pack_float16  # handed back now: a call cut short keeps the weights
     stage eval $((BUDGET_S - SECONDS - 15)) evaluate || rc=1
     cp "$RUNS"/train-*.log "$RESULTS"/
     du -b "$RUNS"/float16/*/model.safetensors
     echo "# total $SECONDS s"
     if ((${#INCOMPLETE[@]})); then  # evaluated as they are; a rerun continues them (exit status 3)
-        echo "gpu_train: ${INCOMPLETE[*]} stopped before --max-time; the same command again continues them with" \
-            "--resume (their checkpoints in $RUNS)"
+        echo "gpu_train: ${INCOMPLETE[*]} stopped before --max-time; the same command again on this machine" \
+            "continues them with --resume (their checkpoints in $RUNS, which a fresh device machine lacks)"
         ((rc)) || rc=3
     fi
     return $rc
 }
 
-# pack: what a GPU run hands back, under $OUT
-pack() {
-    [ -n "${OUT:-}" ] && [ -d "$OUT" ] || return 0
-    cp "$RESULTS/gpu_train.log" "$OUT/"
-    tar -cf "$OUT/results.tar" -C "$(dirname "$RESULTS")" "$(basename "$RESULTS")"
+# handed_back: whether $OUT is a folder, as on the device machine (what is under it comes back)
+handed_back() { [ -n "${OUT:-}" ] && [ -d "$OUT" ]; }
+
+# pack_float16: the float16 copies under $OUT, in parts of 15 MiB
+pack_float16() {
+    handed_back || return 0
     local bytes
     bytes=$(du -cb "$RUNS"/float16/*/model.safetensors 2>/dev/null | tail -n 1 | cut -f1)
     if ((${bytes:-0} > 0 && bytes < 60 * 1024 * 1024)); then
@@ -357,6 +365,12 @@ pack() {
     else
         echo "gpu_train: float16 copies not packed (${bytes:-0} bytes; a call returns 64 MiB at most)"
     fi
+}
+
+# pack: the rest of what a GPU run hands back, under $OUT (the log is written there as it goes)
+pack() {
+    handed_back || return 0
+    tar -cf "$OUT/results.tar" -C "$(dirname "$RESULTS")" "$(basename "$RESULTS")"
     ls -l "$OUT"
 }
 
@@ -379,7 +393,9 @@ if ((PLAN)); then
 fi
 [ "$SMOKE" = 1 ] && [ -z "${KEEP_SMOKE:-}" ] && [[ $RUNS == "$SMOKE_DIR"/* ]] && rm -rf "$SMOKE_DIR"
 mkdir -p "$RESULTS" "$RUNS"
-main 2>&1 | tee "$RESULTS/gpu_train.log"
+logs=("$RESULTS/gpu_train.log")
+handed_back && logs+=("$OUT/gpu_train.log")  # as it goes: a call cut short still returns it
+main 2>&1 | tee "${logs[@]}"
 status=${PIPESTATUS[0]}
 pack
 echo "gpu_train: results in $RESULTS (exit $status)"

@@ -128,3 +128,21 @@ def test_no_gpu_test_is_taken_for_an_interpreter_test():
                 if conftest._launches_triton_on_cpu(item):
                     taken.append(f"{name}::{attribute}")
     assert files and not taken, taken
+
+
+def test_an_old_setuptools_takes_the_carried_wheel_or_says_the_build_will_fail(tmp_path):
+    """benchmarks/carried_setuptools.sh, which both device scripts source before they build."""
+    def use(python: str, wheel: bool) -> subprocess.CompletedProcess:
+        (tmp_path / ".whl").mkdir(exist_ok=True)
+        if wheel:
+            (tmp_path / ".whl" / "setuptools-99.0.0-py3-none-any.whl").write_bytes(b"not a wheel")
+        script = f". {ROOT / 'benchmarks' / 'carried_setuptools.sh'}; use_carried_setuptools {python}"
+        return subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True)
+
+    assert use(sys.executable, wheel=False).returncode == 0  # this setuptools builds: nothing to do
+    old = tmp_path / "old-python"  # a Python whose setuptools is older than 77
+    old.write_text("#!/bin/sh\nexit 1\n")
+    old.chmod(0o755)
+    refused = use(str(old), wheel=False)
+    assert refused.returncode == 1 and "no .whl/setuptools-*.whl carried" in refused.stdout
+    assert use(str(old), wheel=True).returncode == 1  # the wheel cannot be installed with it: said, not hidden
