@@ -111,8 +111,7 @@ def gumbel(u):
 def philox_uniform_kernel(rows_ptr, cols_ptr, n_cols, seed_lo, seed_hi, offset_lo, offset_hi, seed_ptr, offset_ptr,
                           out_ptr, BLOCK: tl.constexpr):
     """out[r, j] = the uniform of (seed, offset, rows[r], cols[j]): ddpd.ops.rng.philox_uniform
-    on CUDA. One program per BLOCK columns of a row, on one grid
-    axis, column blocks fastest."""
+    on CUDA. One program per BLOCK columns of a row, on one grid axis, column blocks fastest."""
     blocks = tl.cdiv(n_cols, BLOCK)
     row = tl.program_id(0).to(tl.int64) // blocks
     seed_lo, seed_hi, offset_lo, offset_hi = load_counters(seed_lo, seed_hi, offset_lo, offset_hi, seed_ptr,

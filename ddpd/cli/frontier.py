@@ -122,9 +122,11 @@ def _short(family: str) -> str:
     from ddpd.sampling.policies import parse_policy, policy_spec
 
     sampler, _, spec = family.partition(" ")
+    if spec == "one-at-a-time":
+        return family
     try:
         return f"{sampler} {policy_spec(parse_policy(spec), defaults=False)}"
-    except (ValueError, TypeError):  # one-at-a-time, or a spec of another version of the policies
+    except (ValueError, TypeError):  # a spec of another version of the policies
         return family
 
 

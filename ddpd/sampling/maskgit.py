@@ -121,8 +121,8 @@ def mask_sample(
 ) -> SampleResult:
     """Parallel decoding with a mask denoiser, `policy` choosing what each pass commits.
 
-    A row stops once it has no mask (ReMDM with eta > 0: at the budget), so adaptive policies use fewer
-    passes: SampleResult's denoiser_passes per row.
+    A row stops once it has no mask (ReMDM with eta > 0: at the budget), so adaptive
+    policies use fewer passes: SampleResult's denoiser_passes per row.
 
     Args:
         denoiser: denoiser(x Long[B, D] with mask_id at masked positions, t Float[B]) ->

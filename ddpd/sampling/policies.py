@@ -70,8 +70,9 @@ class ErrorBudget:
     lowest risk first, which keeps the samples' entropy.
 
     With bound 0 (no spread) or max_k 1 a step commits one position; with known_noise off
-    and plan_every 1 too, exactly Algorithm 1's draws. Bound 0 commits nothing past the first pick and the
-    spread's minimum, even where float32 rounds a risk to 0 (a planner and denoiser both certain).
+    and plan_every 1 too, exactly Algorithm 1's draws. Bound 0 commits nothing past the first
+    pick and the spread's minimum, even where float32 rounds a risk to 0 (a planner and
+    denoiser both certain).
     """
 
     bound: float = 1.0
