@@ -6,6 +6,8 @@
     (c) a wrong planner is caught; (d) the mask loop's policies: fused and reference draw the same
     tokens, and their total variation to p_data against their mean passes is tabled.
 """
+import math
+
 import pytest
 import torch
 
@@ -409,6 +411,17 @@ def test_a_graphs_step_tensor_gives_the_eager_steps_spread_and_annealing():
                                    spread_minimum("cosine", sum_p, torch.tensor(step), steps, n0))
             assert torch.equal(annealed(4.5, step, steps) * g, annealed(4.5, torch.tensor(step), steps) * g)
     assert spread_minimum("cosine", sum_p, 1, 3, 256).tolist() == [72, 1]  # floor(256 cos(pi/3)) = 128
+
+
+def test_an_eager_step_without_a_prompt_keeps_the_cosine_spread_it_had():
+    """The spread was floor(float32(n0 math.cos(angle))) on an eager step; runs without a prompt
+    (an int n0) must draw as they did, so the committed frontier stands."""
+    sum_p = torch.tensor([300.0])
+    for n0 in (256, 1024, 100):
+        for steps in range(1, 121):
+            for step in range(steps):
+                before = math.floor(float(torch.tensor(n0 * math.cos((step + 1) / steps * (math.pi / 2)))))
+                assert int(spread_minimum("cosine", sum_p, step, steps, n0)) == max(1, math.ceil(300.0 - before))
 
 
 def test_a_certain_risk_under_a_choice_temperature_stays_ahead_of_ineligible_candidates():
