@@ -73,6 +73,29 @@ def auc(score: Tensor, positive: Tensor) -> float:
     return float((rank[positive].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
 
 
+def parallel_draws(denoiser: Callable, x: Tensor, chosen: Tensor, mask_id: int, schedule: Schedule,
+                   vocab_size: int, generator: Optional[torch.Generator] = None) -> tuple[Tensor, Tensor]:
+    """One draw of the mask denoiser at every position of `chosen` at once, all of them masked:
+    a parallel decoder's step from x.
+
+    Args:
+        denoiser: the mask denoiser, denoiser(x, t) -> Float[B, D, >= V].
+        x: Long[B, D] tokens.
+        chosen: Bool[B, D] the positions masked and drawn.
+        mask_id: the mask token.
+        schedule: the denoiser's schedule (its time from the masked share).
+        vocab_size: V.
+        generator: the draws' randomness.
+
+    Returns:
+        (Long[B, D] a token drawn at every position, read where `chosen`; Float[B, D, V] the
+        laws they were drawn from, as log-probabilities).
+    """
+    log_q = masked_log_probs(denoiser, x, chosen, mask_id, schedule, vocab_size)
+    u = 1.0 - torch.rand(log_q.shape, generator=generator, device=x.device, dtype=log_q.dtype)  # in (0, 1]
+    return (log_q + gumbel(u)).argmax(-1), log_q  # Gumbel-max: one draw of each position's law
+
+
 def error_detection(planner: Callable, denoiser: Callable, x1: Tensor, fraction: float, mask_id: int,
                     schedule: Schedule, vocab_size: int, generator: Optional[torch.Generator] = None) -> Detection:
     """Corrupt x1 at `fraction` of its positions (chosen at random) with uniform noise, and
@@ -100,9 +123,7 @@ def error_detection(planner: Callable, denoiser: Callable, x1: Tensor, fraction:
     uniform = torch.where(chosen, noise, x1)
     uniform_auc = auc(planner_logits(planner, uniform, None), uniform != x1)
 
-    log_q = masked_log_probs(denoiser, x1, chosen, mask_id, schedule, vocab_size)
-    u = 1.0 - torch.rand(log_q.shape, generator=generator, device=x1.device, dtype=log_q.dtype)  # in (0, 1]
-    drawn = (log_q + gumbel(u)).argmax(-1)  # Gumbel-max: one draw of each position's law
+    drawn, log_q = parallel_draws(denoiser, x1, chosen, mask_id, schedule, vocab_size, generator)
     parallel = torch.where(chosen, drawn, x1)
     wrong = (parallel != x1)[chosen]
     planned = planner_logits(planner, parallel, None)[chosen]

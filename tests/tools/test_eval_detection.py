@@ -1,4 +1,5 @@
-"""The planner as a detector of wrong tokens (ddpd.eval.detection, docs/parallel/planner_errors.py)."""
+"""The planner as a detector of wrong tokens (ddpd.eval.detection, docs/parallel/planner_errors.py and
+planner_on_draws.py)."""
 import csv
 import itertools
 import math
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddpd.eval.detection import auc, error_detection
+from ddpd.eval.detection import auc, error_detection, parallel_draws
 from ddpd.process import LinearSchedule
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -79,3 +80,66 @@ def test_the_script_writes_a_row_a_fraction(tmp_path, monkeypatch, capsys):
     assert [row["fraction"] for row in rows] == ["0.2", "0.6"]
     assert all(0.0 <= float(row["uniform"]) <= 1.0 for row in rows)
     assert "| fraction | uniform |" in capsys.readouterr().out
+
+
+def test_parallel_draws_mask_the_chosen_positions_and_draw_each_from_its_law():
+    g = torch.Generator().manual_seed(5)
+    x = torch.randint(0, V, (64, D), generator=g)
+    chosen = torch.rand(64, D, generator=g) < 0.5
+    seen = {}
+
+    def denoiser(x_in, t):  # certain of x + 1 at the first half of the positions, a fair coin of 0 and 1 after
+        seen["x"], seen["t"] = x_in, t
+        sure = torch.nn.functional.one_hot((x + 1) % V, V).float() * 50.0
+        coin = torch.tensor([0.0, 0.0] + [-50.0] * (V - 2)).expand(*x.shape, V)
+        return torch.where(torch.arange(D)[:, None] < D // 2, sure, coin)
+
+    tokens, log_q = parallel_draws(denoiser, x, chosen, V, LinearSchedule(), V, torch.Generator().manual_seed(6))
+    assert torch.equal(seen["x"], torch.where(chosen, V, x))  # every chosen position masked, the rest kept
+    assert torch.allclose(seen["t"], 1.0 - chosen.float().mean(-1))  # the linear schedule's time of that share
+    assert torch.equal(tokens[:, : D // 2], (x[:, : D // 2] + 1) % V)
+    coins = tokens[:, D // 2:]
+    assert coins.max() <= 1 and 0.4 < coins.float().mean() < 0.6
+    assert torch.allclose(log_q.exp().sum(-1), torch.ones(64, D))
+
+
+def on_draws_script():
+    return runpy.run_path(str(ROOT / "docs" / "parallel" / "planner_on_draws.py"))
+
+
+def test_the_draws_corruption_labels_noise_and_the_wrong_draws_only():
+    corruption = on_draws_script()["draws_corruption"]
+    g = torch.Generator().manual_seed(7)
+    x1 = torch.randint(0, V, (256, D), generator=g)
+
+    def denoiser(x, t):  # right at even positions, wrong at odd ones
+        right = torch.nn.functional.one_hot(x1, V).float() * 50.0
+        return torch.where(torch.arange(D)[:, None] % 2 == 0, right, right.roll(1, -1))
+
+    config = {"schedule": "linear", "vocab_size": V, "mask_id": V}
+    x, wrong = corruption(denoiser, x1, config, torch.Generator().manual_seed(8))
+    changed = x != x1
+    odd = (torch.arange(D) % 2 == 1).expand_as(x1)
+    assert torch.all(wrong[changed])  # a token off the text is labelled, uniform noise or a wrong draw
+    drawn_wrong = changed & ~wrong
+    assert not drawn_wrong.any()
+    # labelled but unchanged: uniform noise that landed on the text; draws there would be right
+    assert (wrong & ~changed).float().mean() < 0.25
+    # uniform noise changes about 40% of the positions; the wrong draws about 19% more of the odd ones
+    assert changed[odd].float().mean() - changed[~odd].float().mean() > 0.1
+
+
+def test_the_fine_tuning_script_scores_the_planner_before_and_after(tmp_path, monkeypatch, capsys):
+    corpus = tmp_path / "text.txt"
+    corpus.write_text(" ".join(["the quick brown fox jumps over the lazy dog"] * 1200))
+    out = tmp_path / "draws.csv"
+    monkeypatch.setattr(sys, "argv", ["planner_on_draws.py", "--data", str(corpus), "--steps", "2", "--batch-size",
+                                      "2", "--sequences", "2", "--fractions", "0.5", "--threads", "1", "--out",
+                                      str(out), "--bundle-out", str(tmp_path / "bundle")])
+    runpy.run_path(str(ROOT / "docs" / "parallel" / "planner_on_draws.py"), run_name="__main__")
+    with open(out, newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [(row["steps"], row["fraction"]) for row in rows] == [("0", "0.5"), ("2", "0.5")]
+    assert rows[0]["confidence"] == rows[1]["confidence"]  # the same corruption and draws both times
+    assert (tmp_path / "bundle" / "planner" / "model.safetensors").is_file()
+    assert "| steps | fraction |" in capsys.readouterr().out
