@@ -13,7 +13,7 @@ and convergence of sampling.
 """
 from ddpd.eval.convergence import PlannerRecorder, convergence_rows, stopped_fraction, write_convergence
 from ddpd.eval.denoising import DenoisingStats, denoising_stats
-from ddpd.eval.detection import Detection, auc, error_detection, parallel_draws
+from ddpd.eval.detection import Detection, auc, detection_rows, detection_table, error_detection, parallel_draws
 from ddpd.eval.elbo import ElboTerms, elbo_mask_diffusion, elbo_planned, elbo_uniform_model
 from ddpd.eval.heldout import heldout_sequences, pick_chunks
 from ddpd.eval.likelihood import ModelSet, elbo_methods, evaluate_denoising, evaluate_elbo
@@ -31,8 +31,8 @@ from ddpd.eval.report import MissingDependency
 
 __all__ = [
     "DenoisingStats", "Detection", "ElboTerms", "MissingDependency", "ModelSet", "PlannerRecorder", "SamplerSpec",
-    "auc", "convergence_rows", "denoising_stats", "elbo_mask_diffusion", "elbo_methods", "elbo_planned",
-    "elbo_uniform_model", "error_detection", "evaluate_denoising", "evaluate_elbo", "heldout_sequences", "judge_nll",
-    "parallel_draws", "pick_chunks", "merge_sweeps", "quality_metrics", "read_sweep", "run_sweep", "stopped_fraction",
-    "unigram_entropy", "write_convergence", "write_sweep",
+    "auc", "convergence_rows", "detection_rows", "detection_table", "denoising_stats", "elbo_mask_diffusion",
+    "elbo_methods", "elbo_planned", "elbo_uniform_model", "error_detection", "evaluate_denoising", "evaluate_elbo",
+    "heldout_sequences", "judge_nll", "parallel_draws", "pick_chunks", "merge_sweeps", "quality_metrics",
+    "read_sweep", "run_sweep", "stopped_fraction", "unigram_entropy", "write_convergence", "write_sweep",
 ]

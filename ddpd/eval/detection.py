@@ -11,7 +11,8 @@ reports it for the bundled networks.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from typing import Callable, Optional
 
 import torch
@@ -19,6 +20,7 @@ from torch import Tensor
 
 from ddpd.eval.checks import check_open_unit, check_tokens, planner_logits
 from ddpd.eval.planned_mask import masked_log_probs
+from ddpd.eval.report import markdown_table
 from ddpd.ops.rng import gumbel
 from ddpd.process import Schedule
 
@@ -135,3 +137,36 @@ def error_detection(planner: Callable, denoiser: Callable, x1: Tensor, fraction:
                      auc(doubt, wrong), auc(combined, wrong), int(wrong[confident].sum()),
                      auc(planned[confident], wrong[confident]), auc(doubt[confident], wrong[confident]),
                      auc(combined[confident], wrong[confident]))
+
+
+def detection_rows(planner: Callable, denoiser: Callable, x1: Tensor, fractions: Sequence[float], mask_id: int,
+                   schedule: Schedule, vocab_size: int, seed: int) -> list[dict]:
+    """error_detection at each fraction in turn, without gradients, from one generator seeded by
+    `seed`: the same seed gives the same corruption and draws to any planner.
+
+    Args:
+        planner, denoiser, x1, mask_id, schedule, vocab_size: as error_detection.
+        fractions: the shares of positions corrupted.
+        seed: the generator's seed.
+
+    Returns:
+        A row a fraction, Detection's fields by name.
+    """
+    generator = torch.Generator(device=x1.device).manual_seed(seed)
+    with torch.no_grad():
+        return [asdict(error_detection(planner, denoiser, x1, fraction, mask_id, schedule, vocab_size,
+                                                   generator)) for fraction in fractions]
+
+
+def detection_table(rows: Sequence[dict]) -> str:
+    """A markdown table of detection rows (and any columns added to them): counts as integers,
+    areas and shares to three digits.
+
+    Args:
+        rows: dicts of equal keys, as detection_rows gives.
+
+    Returns:
+        The table.
+    """
+    return markdown_table(rows, [(name, name, "d" if isinstance(value, int) else ".3f")
+                                 for name, value in rows[0].items()])

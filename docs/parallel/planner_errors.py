@@ -7,14 +7,13 @@ corruption fractions, written as a CSV and printed as a table.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 
 import torch
 
 from ddpd.checkpoint import load_bundle
-from ddpd.eval.detection import error_detection
+from ddpd.eval.detection import detection_rows, detection_table
 from ddpd.eval.heldout import heldout_sequences
-from ddpd.eval.report import markdown_table, write_csv
+from ddpd.eval.report import write_csv
 from ddpd.pretrained import default_bundle
 from ddpd.process import get_schedule
 from ddpd.training.data import tokenizer_from_config
@@ -34,15 +33,10 @@ def main(argv=None) -> None:
     config = configs["denoiser"]
     x1 = heldout_sequences(args.data, tokenizer_from_config(config["tokenizer"]), config["model"]["max_seq_len"],
                            num_sequences=args.sequences)
-    generator = torch.Generator().manual_seed(args.seed)
-    with torch.no_grad():
-        rows = [dataclasses.asdict(error_detection(planner.eval(), denoiser.eval(), x1, fraction, config["mask_id"],
-                                                   get_schedule(config["schedule"]), config["vocab_size"], generator))
-                for fraction in args.fractions]
+    rows = detection_rows(planner.eval(), denoiser.eval(), x1, args.fractions, config["mask_id"],
+                          get_schedule(config["schedule"]), config["vocab_size"], args.seed)
     write_csv(rows, args.out)
-    columns = [(name, name, "d" if isinstance(value, int) else ".3f") for name, value in rows[0].items()]
-    print(markdown_table(rows, columns))
-
+    print(detection_table(rows))
 
 if __name__ == "__main__":
     main()

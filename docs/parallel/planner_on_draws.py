@@ -15,14 +15,13 @@ policy, unwritten positions noise and written ones the denoiser's draws.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 
 import torch
 
 from ddpd.checkpoint import load_bundle, save_bundle
-from ddpd.eval.detection import error_detection, parallel_draws
+from ddpd.eval.detection import detection_rows, detection_table, parallel_draws
 from ddpd.eval.heldout import pick_chunks
-from ddpd.eval.report import markdown_table, write_csv
+from ddpd.eval.report import write_csv
 from ddpd.pretrained import default_bundle
 from ddpd.process import corrupt, get_schedule
 from ddpd.training.data import RandomCrops, load_splits, tokenizer_from_config
@@ -44,15 +43,13 @@ def draws_corruption(denoiser, x1, config, generator):
     return x, noise | (drawn & (tokens != x1))
 
 
-def detection_rows(planner, denoiser, test, config, fractions, seed, steps):
-    generator = torch.Generator().manual_seed(seed)  # the same corruption before and after
+def scored(planner, denoiser, test, config, args, steps):
+    """The planner's detection rows after `steps` steps; the same corruption at every call (args.seed)."""
     planner.eval()
-    with torch.no_grad():
-        rows = [{"steps": steps, **dataclasses.asdict(
-            error_detection(planner, denoiser, test, fraction, config["mask_id"], get_schedule(config["schedule"]),
-                            config["vocab_size"], generator))} for fraction in fractions]
+    rows = detection_rows(planner, denoiser, test, args.fractions, config["mask_id"], get_schedule(config["schedule"]),
+                          config["vocab_size"], args.seed)
     planner.train()
-    return rows
+    return [{"steps": steps, **row} for row in rows]
 
 
 def main(argv=None) -> None:
@@ -76,7 +73,7 @@ def main(argv=None) -> None:
     splits = load_splits(args.data, tokenizer_from_config(config["tokenizer"]))
     seq_len = config["model"]["max_seq_len"]
     test = pick_chunks(splits["test"], seq_len, args.sequences)
-    rows = detection_rows(planner, denoiser, test, config, args.fractions, args.seed, 0)
+    rows = scored(planner, denoiser, test, config, args, 0)
     crops = RandomCrops(splits["train"], seq_len, args.batch_size, seed=args.seed)
     generator = torch.Generator().manual_seed(args.seed + 1)
     optimizer = torch.optim.AdamW(planner.parameters(), lr=args.lr, weight_decay=0.0)
@@ -91,14 +88,13 @@ def main(argv=None) -> None:
         losses.append(loss.item())
         if step % 100 == 0:
             print(f"step {step}: loss {sum(losses[-100:]) / 100:.4f}", flush=True)
-    rows += detection_rows(planner, denoiser, test, config, args.fractions, args.seed, args.steps)
+    rows += scored(planner, denoiser, test, config, args, args.steps)
     write_csv(rows, args.out)
     if args.bundle_out:
         planner_config = {key: value for key, value in configs["planner"].items() if key != "sha256"}
         denoiser_config = {key: value for key, value in config.items() if key != "sha256"}
         save_bundle(args.bundle_out, planner.to(stored), planner_config, denoiser.to(stored), denoiser_config)
-    columns = [(name, name, "d" if isinstance(value, int) else ".3f") for name, value in rows[0].items()]
-    print(markdown_table(rows, columns))
+    print(detection_table(rows))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """The planner as a detector of wrong tokens (ddpd.eval.detection, docs/parallel/planner_errors.py and
 planner_on_draws.py)."""
 import csv
+import dataclasses
 import itertools
 import math
 import runpy
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddpd.eval.detection import auc, error_detection, parallel_draws
+from ddpd.eval.detection import auc, detection_rows, detection_table, error_detection, parallel_draws
 from ddpd.process import LinearSchedule
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,6 +69,28 @@ def test_an_uninformed_planner_leaves_the_combined_detector_to_the_confidence():
     assert found.combined == found.confidence and found.confident_combined == found.confident_confidence
 
 
+def test_detection_rows_score_each_fraction_from_one_seeded_generator():
+    g = torch.Generator().manual_seed(9)
+    x1 = torch.randint(0, V, (16, D), generator=g)
+    bias = torch.randn(16, D, V, generator=g)
+
+    def denoiser(x, t):
+        return bias + 2.0 * torch.nn.functional.one_hot(x1, V)
+
+    def planner(x):
+        return (x != x1).float() + bias[..., 0]
+
+    rows = detection_rows(planner, denoiser, x1, [0.2, 0.6], V, LinearSchedule(), V, seed=10)
+    generator = torch.Generator().manual_seed(10)
+    want = [dataclasses.asdict(error_detection(planner, denoiser, x1, fraction, V, LinearSchedule(), V, generator))
+            for fraction in (0.2, 0.6)]
+    assert rows == want
+    assert rows == detection_rows(planner, denoiser, x1, [0.2, 0.6], V, LinearSchedule(), V, seed=10)
+    table = detection_table(rows).splitlines()
+    assert table[0].startswith("| fraction | uniform | drawn |") and len(table) == 4
+    assert f"| {rows[1]['drawn']} |" in table[3] and f"| {rows[1]['parallel']:.3f} |" in table[3]
+
+
 def test_the_script_writes_a_row_a_fraction(tmp_path, monkeypatch, capsys):
     corpus = tmp_path / "text.txt"
     corpus.write_text(" ".join(["the quick brown fox jumps over the lazy dog"] * 1200))
@@ -103,12 +126,8 @@ def test_parallel_draws_mask_the_chosen_positions_and_draw_each_from_its_law():
     assert torch.allclose(log_q.exp().sum(-1), torch.ones(64, D))
 
 
-def on_draws_script():
-    return runpy.run_path(str(ROOT / "docs" / "parallel" / "planner_on_draws.py"))
-
-
 def test_the_draws_corruption_labels_noise_and_the_wrong_draws_only():
-    corruption = on_draws_script()["draws_corruption"]
+    corruption = runpy.run_path(str(ROOT / "docs" / "parallel" / "planner_on_draws.py"))["draws_corruption"]
     g = torch.Generator().manual_seed(7)
     x1 = torch.randint(0, V, (256, D), generator=g)
 
