@@ -20,7 +20,7 @@ from ddpd.sampling.draws import Draws
 from ddpd.sampling.gillespie import mask_time
 from ddpd.sampling.noise import CONFIDENCE, EVENT, NoiseSource, gumbel
 from ddpd.sampling.options import Execution, Guidance, Prompt, Temperature, Truncation, explains_moved_keywords
-from ddpd.sampling.policies import MaskGIT, MaskPolicy, ReMDM, Step
+from ddpd.sampling.policies import MaskGIT, MaskPolicy, Step
 from ddpd.validation import check_callable
 
 MASK_POLICIES = ("MaskGIT", "ConfidenceThreshold", "ConfidenceFactor", "EntropyBound", "ReMDM")
@@ -185,37 +185,54 @@ def _checked_loop(sampler: str, denoiser: Callable, batch_size, length, vocab_si
 
 
 def _mask_loop(run: Run, draws: Draws, denoiser: Callable, policy) -> SampleResult:
-    """The loop of mask_sample on a checked run."""
-    steps, vocab_size = run.steps, run.vocab_size
+    """The loop of mask_sample on a checked run. The fused run replays the steps between stop
+    checks from CUDA graphs (ddpd.sampling.graphs); the stop checks and the last step, which
+    fills every mask, run eagerly."""
+    steps = run.steps
     batch = start(run, draws, masks=True)
     batch.state["m0"] = (batch.x == run.mask_id).sum(-1)  # the masks to fill: D less a prompt's positions
-    needs = getattr(policy, "needs", ())
     stops = not getattr(policy, "remasks", False)  # a filled row that may be masked again runs to the budget
     if stops:  # a row the prompt fills whole costs no pass
         batch.finish(batch.state["m0"] == 0, 0)
     elif "frozen" in batch.state:  # under remasking, a row it freezes whole
         batch.finish(batch.state["frozen"].all(-1), 0)
+    table = policy.step_table(steps, lambda u: _alpha(run, u))
+    if table is not None and batch.x.device.type == "cuda":  # a replayed step reads its row there
+        table = table.pin_memory().to(batch.x.device, non_blocking=True)  # no host synchronisation
+
+    def one_step(i, temperature, last: bool, check: bool) -> None:
+        """Step i (an int, or a CUDA graph's step tensor), written in place."""
+        masked = batch.x == run.mask_id
+        logits = batch.denoiser(denoiser, batch.x, mask_time(masked.sum(-1), run), run.vocab_size)
+        tokens = draws.tokens_everywhere(i, batch.rows, logits, temperature)
+        step = _step(run, batch, policy, i, last, masked, logits, tokens, None if table is None else table[i])
+        unmask, remask = policy.moves(step)
+        if remask is not None and "frozen" in batch.state:
+            remask = remask & ~batch.state["frozen"]
+        x = torch.where(unmask, tokens, batch.x)
+        batch.x.copy_(x if remask is None else x.masked_fill(remask, run.mask_id))
+        batch.count_commits(unmask.sum(-1))
+        if stops and not last:
+            batch.finish(~(batch.x == run.mask_id).any(-1), i + 1, check=check)
+
+    graphs = draws.graphs(batch, run)
     with torch.no_grad():
         for i in range(steps):
             if batch.finished:
                 break
-            masked = batch.x == run.mask_id
-            logits = batch.denoiser(denoiser, batch.x, mask_time(masked.sum(-1), run), vocab_size)
-            tokens = draws.tokens_everywhere(i, batch.rows, logits, run.temperature_at(i))
-            step = _step(run, batch, policy, needs, i, masked, logits, tokens)
-            unmask, remask = policy.moves(step)
-            if remask is not None and "frozen" in batch.state:
-                remask = remask & ~batch.state["frozen"]
-            x = torch.where(unmask, tokens, batch.x)
-            batch.x = x if remask is None else x.masked_fill(remask, run.mask_id)
-            batch.count_commits(unmask.sum(-1))
-            if stops and i < steps - 1:
-                batch.finish(~(batch.x == run.mask_id).any(-1), i + 1, check=batch.check_due(i))
+            last, temperature = i == steps - 1, run.temperature_at(i)
+            check = stops and not last and batch.check_due(i)
+            if graphs is None or check or last:
+                one_step(i, temperature, last, check)
+            else:
+                graphs.run("step", lambda step, temperature=temperature: one_step(step, temperature, False, False), i)
     return batch.result(steps)
 
 
-def _step(run: Run, batch, policy, needs, i: int, masked: Tensor, logits: Tensor, tokens: Tensor) -> Step:
-    """The policy's view of step i (see ddpd.sampling.policies.Step)."""
+def _step(run: Run, batch, policy, i, last: bool, masked: Tensor, logits: Tensor, tokens: Tensor,
+          row: Optional[Tensor]) -> Step:
+    """The policy's view of step i (see ddpd.sampling.policies.Step); row: its step_table row."""
+    needs = getattr(policy, "needs", ())
     log_p = logits.log_softmax(-1)
     # NaN reads as -inf, as in every draw: a position of a NaN output is the least confident
     logprob = log_p.gather(-1, tokens[..., None]).squeeze(-1).nan_to_num(nan=float("-inf"))
@@ -226,9 +243,7 @@ def _step(run: Run, batch, policy, needs, i: int, masked: Tensor, logits: Tensor
         extra["gumbel"] = gumbel(run.noise.uniform(i, CONFIDENCE, batch.rows, run.length))
     if "uniforms" in needs:
         extra["uniforms"] = run.noise.uniform(i, EVENT, batch.rows, run.length)
-    if isinstance(policy, ReMDM):
-        extra["alpha_t"], extra["alpha_s"], extra["looping"] = policy.alphas(i, run.steps, lambda u: _alpha(run, u))
-    return Step(i, run.steps, masked, logprob, batch.state["m0"], **extra)
+    return Step(i, run.steps, masked, logprob, batch.state["m0"], last, table=row, **extra)
 
 
 def _alpha(run: Run, t: float) -> float:

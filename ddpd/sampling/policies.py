@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Callable, Optional, Union
 
 import torch
 from torch import Tensor
@@ -231,26 +231,22 @@ def commit_risk(planner_logits: Tensor, positions: Tensor, confidence: Tensor) -
 
 @dataclass(frozen=True)
 class Step:
-    """What a mask-loop policy sees at step `index` of `steps`: masked Bool[B, D] (not frozen),
-    logprob Float[B, D], the model's (untempered) log-probability of each position's drawn
-    token, and entropy Float[B, D] of its law, m0 Long[B] the masks each row started with, and
-    the schedule's alpha at the step's start and end times (ReMDM)."""
+    """What a mask-loop policy sees at step `index` of `steps` (an int, or a CUDA graph's step
+    tensor): masked Bool[B, D] (not frozen), logprob Float[B, D], the model's (untempered)
+    log-probability of each position's drawn token, and entropy Float[B, D] of its law, m0
+    Long[B] the masks each row started with, whether it is the budget's last step, and the
+    policy's row of its step_table (a replayed step reads it from the device, not from Python)."""
 
-    index: int
+    index: Union[int, Tensor]
     steps: int
     masked: Tensor
     logprob: Tensor
     m0: Tensor
+    last: bool = False
     entropy: Optional[Tensor] = None  # when the policy needs "entropy"
     uniforms: Optional[Tensor] = None  # Float[B, D] of the step's EVENT stream ("uniforms")
     gumbel: Optional[Tensor] = None  # Float[B, D] Gumbel variables of the CONFIDENCE stream ("gumbel")
-    alpha_t: float = 0.0
-    alpha_s: float = 1.0
-    looping: bool = False
-
-    @property
-    def last(self) -> bool:
-        return self.index == self.steps - 1
+    table: Optional[Tensor] = None  # Float64[n], the policy's step_table row of this step
 
     @property
     def prob(self) -> Tensor:
@@ -261,6 +257,19 @@ class _Unmasking:
     """A policy that only unmasks: moves(step) = (unmask(step), None)."""
 
     needs = ()
+
+    def step_table(self, steps: int, alpha: Callable) -> Optional[Tensor]:
+        """What each step takes from its index beyond the noise, one row a step, built on the host
+        before the run (a CUDA graph's replay reads the row of its step on the device).
+
+        Args:
+            steps: the step budget T.
+            alpha: the noise schedule, a function of the time.
+
+        Returns:
+            None: these policies read nothing more.
+        """
+        return None
 
     def moves(self, step: Step) -> tuple:
         return self.unmask(step), None
@@ -279,6 +288,18 @@ class MaskGIT(_Unmasking):
         object.__setattr__(self, "choice_temperature", check_float("choice_temperature", self.choice_temperature,
                                                                    0.0, float("inf"), open_max=True))
 
+    def step_table(self, steps: int, alpha: Callable) -> Tensor:
+        """The cosine schedule's share of the masks left after each step.
+
+        Args:
+            steps: the step budget T.
+            alpha: the noise schedule (unused: MaskGIT's schedule is its own).
+
+        Returns:
+            Float64[T, 1]: cos(pi/2 (i + 1) / T) at row i.
+        """
+        return torch.tensor([[math.cos(0.5 * math.pi * (i + 1) / steps)] for i in range(steps)], dtype=torch.float64)
+
     def unmask(self, step: Step) -> Tensor:
         """The masked positions to unmask at this step (every one at the last step).
 
@@ -291,7 +312,7 @@ class MaskGIT(_Unmasking):
         m = step.masked.sum(-1)
         if step.last:
             return step.masked
-        n = torch.floor(step.m0.double() * math.cos(0.5 * math.pi * (step.index + 1) / step.steps)).long()
+        n = torch.floor(step.m0.double() * step.table[0]).long()
         n = torch.clamp(torch.minimum(m - 1, n), min=1)
         tau = annealed(self.choice_temperature, step.index, step.steps)
         confidence = step.logprob + tau * step.gumbel
@@ -483,6 +504,25 @@ class ReMDM:
         sigma_max = min(1.0, (1.0 - alpha_s) / alpha_t) if alpha_t > 0 else 1.0
         return min(self.eta, sigma_max) if self.schedule == "cap" else self.eta * sigma_max
 
+    def step_table(self, steps: int, alpha: Callable) -> Tensor:
+        """Each step's remasking probability sigma and the probability that a mask takes its
+        drawn token, (alpha_s - (1 - sigma) alpha_t) / (1 - alpha_t).
+
+        Args:
+            steps: the step budget T.
+            alpha: the schedule, a function of the time.
+
+        Returns:
+            Float64[T, 2]: (sigma, unmask probability) at row i.
+        """
+        rows = []
+        for index in range(steps):
+            a_t, a_s, looping = self.alphas(index, steps, alpha)
+            sigma = self.sigma(a_t, a_s, looping)
+            unmask_p = 1.0 if a_t >= 1.0 else max(0.0, min(1.0, (a_s - (1.0 - sigma) * a_t) / (1.0 - a_t)))
+            rows.append((sigma, unmask_p))
+        return torch.tensor(rows, dtype=torch.float64)
+
     def moves(self, step: Step) -> tuple:
         """The step's moves from its EVENT uniforms: one uniform a position decides both, a mask
         unmasking and a committed token being masked again.
@@ -493,11 +533,9 @@ class ReMDM:
         Returns:
             (unmask, remask), each Bool[B, D].
         """
-        sigma = self.sigma(step.alpha_t, step.alpha_s, step.looping)
         if step.last:
             return step.masked, torch.zeros_like(step.masked)
-        a_t, a_s = step.alpha_t, step.alpha_s
-        unmask_p = 1.0 if a_t >= 1.0 else max(0.0, min(1.0, (a_s - (1.0 - sigma) * a_t) / (1.0 - a_t)))
+        sigma, unmask_p = step.table.unbind()
         return step.masked & (step.uniforms < unmask_p), ~step.masked & (step.uniforms < sigma)
 
 

@@ -1,4 +1,4 @@
-"""CUDA graphs of the fused DDPD steps (ddpd.sampling.graphs), checked on the CPU.
+"""CUDA graphs of the fused DDPD and mask-loop steps (ddpd.sampling.graphs), checked on the CPU.
 
 graphs="emulate" runs the capture and replay logic without CUDA: per batch generation and
 key, one eager warm-up step, then one step function built at "capture" and called again for
@@ -11,10 +11,11 @@ must catch a step that bakes in a Python value. On a GPU the same runs replay re
 import pytest
 import torch
 
-from ddpd.sampling import PhiloxNoise, ddpd_sample, ddpd_sample_uniform
+from ddpd.sampling import PhiloxNoise, ddpd_sample, ddpd_sample_uniform, mask_sample
 from ddpd.sampling.batch import RunningBatch
 from ddpd.sampling.graphs import StepGraphs
 from ddpd.sampling.options import DDPDOptions, Execution, Guidance, Prompt, Temperature, Truncation
+from ddpd.sampling.policies import ConfidenceFactor, ConfidenceThreshold, EntropyBound, MaskGIT, ReMDM
 from oracles.fixtures import single_thread, tiny_networks  # noqa: F401  (single_thread: autouse)
 
 
@@ -37,6 +38,14 @@ CASES = {
     "single uniform model, A": lambda n, v, **kw: ddpd_sample_uniform(n["model"], 48, 8, v, steps=24,
                                                                       ddpd=DDPDOptions(eps=0.2), **kw),
 }
+# the mask loop: each policy's step reads the step index (the noise, MaskGIT's schedule and
+# annealing, ReMDM's rates) from the step tensor when replayed
+MASK_POLICIES = {"MaskGIT": MaskGIT(), "threshold": ConfidenceThreshold(0.3), "factor": ConfidenceFactor(2.0),
+                 "entropy bound": EntropyBound(1.0), "ReMDM loop": ReMDM("loop", eta=0.1),
+                 "ReMDM rescale": ReMDM("rescale", eta=0.5)}
+for _name, _policy in MASK_POLICIES.items():
+    CASES[f"mask loop, {_name}"] = lambda n, v, policy=_policy, **kw: mask_sample(n["mask"], 48, 8, v, steps=12,
+                                                                                 policy=policy, **kw)
 
 
 @pytest.mark.parametrize("vocab", [27, 300])
@@ -61,6 +70,24 @@ def test_replayed_steps_draw_what_eager_steps_draw(nets, name, vocab, monkeypatc
     assert replayed.planner_rows >= eager.planner_rows and replayed.denoiser_rows >= eager.denoiser_rows
     assert len(graphs) == 1 and graphs[0].replays > graphs[0].captures > 0  # most steps were replays
     assert graphs[0].batch.generation <= 6  # 48 rows: at most 48 -> 32 -> 16 -> 8 -> 4 -> 2 -> 1
+
+
+def test_a_prompted_mask_loop_replays_what_its_eager_steps_draw(nets):
+    """Frozen and given-but-unfrozen prompt positions, rows the prompt fills whole, remasking."""
+    x_init = torch.full((16, 8), -1)
+    x_init[:, :3] = 1
+    x_init[:4] = 2  # four rows given whole
+    frozen = x_init >= 0
+    frozen[::2, :2] = False
+    for policy in (MaskGIT(), ReMDM("cap", eta=0.2)):
+        runs = {graphs: mask_sample(nets[27]["mask"], 16, 8, 27, steps=10, policy=policy, noise=PhiloxNoise(1),
+                                    prompt=Prompt(x_init, frozen),
+                                    execution=Execution(fused=True, sync_every=3, graphs=graphs))
+                for graphs in ("off", "emulate")}
+        assert torch.equal(runs["off"].tokens, runs["emulate"].tokens)
+        assert torch.equal(runs["off"].stop_step, runs["emulate"].stop_step)
+        assert torch.equal(runs["off"].denoiser_passes, runs["emulate"].denoiser_passes)
+        assert torch.equal(runs["off"].commits, runs["emulate"].commits)
 
 
 def test_the_emulation_catches_a_step_that_bakes_in_a_python_value():

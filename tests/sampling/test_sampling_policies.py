@@ -312,6 +312,11 @@ def test_remdm_loop_holds_alpha_on_between_t_on_and_t_off():
     assert [looping for _, _, looping in steps] == [False, False, True, True, True, True, False, False]
     assert [policy.sigma(*step) for step in steps] == [0.0, 0.0, 0.1, 0.1, 0.1, 0.1, 0.0, 0.0]
     assert steps[-1][1] == 1.0
+    # the rows a step reads (sigma, unmask probability): inside the loop a mask is filled with
+    # probability sigma alpha_on / (1 - alpha_on), which holds alpha; before it, MDLM's step
+    table = policy.step_table(8, linear)
+    assert table[:, 0].tolist() == [0.0, 0.0, 0.1, 0.1, 0.1, 0.1, 0.0, 0.0]
+    assert torch.allclose(table[:, 1], torch.tensor([0.4, 2 / 3, 0.4, 0.4, 0.4, 0.4, 0.5, 1.0], dtype=torch.float64))
 
 
 @pytest.mark.parametrize("policy", [MaskGIT(), ConfidenceThreshold(0.5), ReMDM("cap", 0.0), ReMDM("cap", 0.3)],
