@@ -327,6 +327,9 @@ def _planner_clock(run: Run, draws: Draws, opts: DDPDOptions, networks, batch: R
     order = min(policy.max_k, run.length) if policy is not None else 0
     if policy is not None and policy.known_noise:
         batch.state["touched"] = _given(run, batch)
+    if policy is not None and policy.spread == "cosine" and run.x_init is not None:
+        # the cosine spreads the noise a row starts with: a prompt's positions, frozen or not, are data
+        batch.state["n0"] = (~_given(run, batch)).sum(-1).clamp(min=1).float()
     if policy is not None and policy.plan_every > 1:
         batch.state["plan"] = torch.zeros(batch.x.shape, device=batch.x.device)
 
@@ -352,8 +355,7 @@ def _planner_clock(run: Run, draws: Draws, opts: DDPDOptions, networks, batch: R
         else:
             tokens, confidence = networks.tokens(draws, batch, step, x_in, t, positions, batch.rows, temperature,
                                                  None, confidence=True)
-            noisy = _noisy_positions(batch, run)
-            minimum = spread_minimum(policy.spread, sum_p, step, run.steps, run.length if noisy is None else noisy)
+            minimum = spread_minimum(policy.spread, sum_p, step, run.steps, batch.state.get("n0", run.length))
             change = change & policy.commit(commit_risk(logits, positions, confidence),
                                             _candidates(positions, masked, mask_id), minimum,
                                             _choice_noise(run, policy, step, batch.rows, positions.shape[1]))

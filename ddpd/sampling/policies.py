@@ -46,9 +46,10 @@ class ErrorBudget:
     are committed while sum r_j <= bound. `spread` sets the fewest a step commits (as many
     as are eligible), so that the planner's expected noise sum_d p_d is spent by the end of
     the step budget T: 'linear' ceil(sum_d p_d / (T - i)) at step i; 'cosine' what brings it
-    down to floor(n0 cos(pi/2 (i + 1) / T)), n0 the positions a row starts noisy, MaskGIT's
-    schedule (few commits while the context is empty, more once it is not). A committed token the
-    planner later calls noise is drawn again, as in Algorithm 1.
+    down to floor(n0 cos(pi/2 (i + 1) / T)), n0 the positions a row starts noisy (not a
+    prompt's, frozen or not), MaskGIT's schedule (few commits while the context is empty, more
+    once it is not). A committed token the planner later calls noise is drawn again, as in
+    Algorithm 1.
 
     known_noise: a position no draw of the run has written yet is noise for certain (the run
     started it from noise): its planner probability is taken as 1, so it is always masked and

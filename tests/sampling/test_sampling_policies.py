@@ -223,6 +223,30 @@ def test_known_noise_skips_the_first_plan_which_nothing_reads():
     assert calls
 
 
+@pytest.mark.parametrize("fused", [False, True])
+def test_the_cosine_spread_spreads_the_noise_a_prompted_row_starts_with(fused):
+    """A prompt's positions are data, frozen or not: the cosine spreads the 8 positions of 16 a
+    row starts unwritten over the 4 steps, 8 -> 7 -> 5 -> 3 masks (floor(8 cos(pi/2 i / 4))),
+    where counting the 8 given ones as noise put off the commits to the last step (8, 7, 6, 5)."""
+    length, masks = 16, []
+
+    def clean(x):  # every written position is clean: none is masked again
+        return torch.full(x.shape, -30.0)
+
+    def denoiser(x, t):
+        masks.append((x == 27).sum(-1).tolist())
+        return torch.zeros(*x.shape, 27)
+
+    x_init = torch.full((2, length), -1)
+    x_init[:, ::2] = 3
+    frozen = torch.zeros_like(x_init, dtype=torch.bool)
+    frozen[1, ::4] = True  # one row freezes half its prompt, the other none of it
+    policy = ErrorBudget(0.0, length, spread="cosine", known_noise=True, revise_above=0.5)
+    ddpd_sample(clean, denoiser, 2, length, 27, steps=4, seed=0, denoiser_type="mask", prompt=Prompt(x_init, frozen),
+                ddpd=DDPDOptions(stop="budget", policy=policy), execution=Execution(fused=fused))
+    assert masks == [[8, 8], [7, 7], [5, 5], [3, 3]]
+
+
 @pytest.mark.parametrize("policy", [None, ErrorBudget(1.0, 8, known_noise=True, plan_every=4),
                                     ErrorBudget(1.0, 8, plan_every=3), ErrorBudget(1.0, 8, known_noise=True,
                                                                                    plan_every=1000)])
