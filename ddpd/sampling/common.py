@@ -4,12 +4,13 @@
 temperature, schedule, mask id, randomness and the option objects (ddpd.sampling.options),
 and returns a `Run`; nothing below it checks again. `start` gives the first state of a run
 (noise, with a prompt's given values); `write` puts drawn tokens in place; `subset` /
-`expand` restrict a pass to some rows and put its results back.
+`expand` restrict a pass to some rows and put its results back; `run_steps` runs the steps
+of the mask and tau-leaping loops, from CUDA graphs between stop checks in a fused run.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from torch import Tensor
@@ -208,3 +209,44 @@ def expand(index: Optional[Tensor], part: Tensor, full: Tensor) -> Tensor:
     full = full.clone()
     full[index] = part
     return full
+
+
+def run_steps(run: Run, draws: Draws, batch, one_step: Callable, stops: bool) -> None:
+    """one_step(i, temperature, last, check) for i = 0 .. T - 1 until every row has stopped:
+    eagerly at the stop checks, at the last step and in the reference run, from the fused
+    run's CUDA graphs in between (ddpd.sampling.graphs). A step writes its results in place,
+    and reads what depends on i from tensors (i is the graph's step tensor when replayed).
+
+    Args:
+        run: the run's checked settings.
+        draws: the run's Draws.
+        batch: the running batch.
+        one_step: the step; check says whether it is a stop check (only when `stops`).
+        stops: whether rows stop before the budget (stop checks are due).
+    """
+    graphs = draws.graphs(batch, run)
+    for i in range(run.steps):
+        if batch.finished:
+            return
+        last, temperature = i == run.steps - 1, run.temperature_at(i)
+        check = stops and not last and batch.check_due(i)
+        if graphs is None or check or last:
+            one_step(i, temperature, last, check)
+        else:
+            graphs.run("step", lambda step, temperature=temperature: one_step(step, temperature, False, False), i)
+
+
+def on_device(table: Tensor, device: torch.device) -> Tensor:
+    """A per-step table built on the host, where a step reads its row: on CUDA copied from
+    pinned memory without a host synchronisation.
+
+    Args:
+        table: the table, on the CPU.
+        device: the run's device.
+
+    Returns:
+        The table on `device`.
+    """
+    if device.type == "cuda":
+        return table.pin_memory().to(device, non_blocking=True)
+    return table.to(device)

@@ -1,4 +1,4 @@
-"""CUDA graphs for the fused DDPD and mask-loop steps between stop checks.
+"""CUDA graphs for the fused sampler steps between stop checks.
 
 Between two stop checks a fused step does the same work on tensors of the same shapes, so it is
 captured once into a CUDA graph and replayed; a stop check runs eagerly. What a replay must not

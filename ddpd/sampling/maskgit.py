@@ -15,7 +15,7 @@ from torch import Tensor
 
 from ddpd.process import Schedule
 from ddpd.sampling.batch import SampleResult
-from ddpd.sampling.common import Run, setup, start
+from ddpd.sampling.common import Run, on_device, run_steps, setup, start
 from ddpd.sampling.draws import Draws
 from ddpd.sampling.gillespie import mask_time
 from ddpd.sampling.noise import CONFIDENCE, EVENT, NoiseSource, gumbel
@@ -197,8 +197,7 @@ def _mask_loop(run: Run, draws: Draws, denoiser: Callable, policy) -> SampleResu
     elif "frozen" in batch.state:  # under remasking, a row it freezes whole
         batch.finish(batch.state["frozen"].all(-1), 0)
     table = policy.step_table(steps, lambda u: _alpha(run, u))
-    if table is not None and batch.x.device.type == "cuda":  # a replayed step reads its row there
-        table = table.pin_memory().to(batch.x.device, non_blocking=True)  # no host synchronisation
+    table = None if table is None else on_device(table, batch.x.device)
 
     def one_step(i, temperature, last: bool, check: bool) -> None:
         """Step i (an int, or a CUDA graph's step tensor), written in place."""
@@ -215,17 +214,8 @@ def _mask_loop(run: Run, draws: Draws, denoiser: Callable, policy) -> SampleResu
         if stops and not last:
             batch.finish(~(batch.x == run.mask_id).any(-1), i + 1, check=check)
 
-    graphs = draws.graphs(batch, run)
     with torch.no_grad():
-        for i in range(steps):
-            if batch.finished:
-                break
-            last, temperature = i == steps - 1, run.temperature_at(i)
-            check = stops and not last and batch.check_due(i)
-            if graphs is None or check or last:
-                one_step(i, temperature, last, check)
-            else:
-                graphs.run("step", lambda step, temperature=temperature: one_step(step, temperature, False, False), i)
+        run_steps(run, draws, batch, one_step, stops)
     return batch.result(steps)
 
 

@@ -229,8 +229,8 @@ class Execution:
         compaction: Whether finished rows leave the batch at all (same samples either way).
         dtype: The networks' precision: "auto" (bfloat16 on CUDA, float32 on the CPU), "float32",
             "bfloat16" or "float16" (torch.autocast; the sampler's own arithmetic stays float32).
-        graphs: "auto" replays the fused DDPD and mask-loop steps from CUDA graphs where the run allows it,
-            "off" never does, "emulate" runs the capture and replay logic without CUDA.
+        graphs: "auto" replays the fused steps between stop checks from CUDA graphs where the run
+            allows it, "off" never does, "emulate" runs the capture and replay logic without CUDA.
     """
 
     fused: bool = False

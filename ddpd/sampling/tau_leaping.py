@@ -18,7 +18,7 @@ from torch import Tensor
 
 from ddpd.process import Schedule
 from ddpd.sampling.batch import RunningBatch, SampleResult
-from ddpd.sampling.common import Run, expand, setup, start, subset
+from ddpd.sampling.common import Run, expand, on_device, run_steps, setup, start, subset
 from ddpd.sampling.draws import Draws
 from ddpd.sampling.gillespie import DENOISER_TYPES, mask_time
 from ddpd.sampling.noise import EVENT, MASK, NoiseSource
@@ -99,25 +99,25 @@ def tau_leaping_mask(
                        steps=steps, temperature=temperature, schedule=schedule, seed=seed,
                        generator=generator, noise=noise, device=device, prompt=prompt, guidance=guidance,
                        truncation=truncation, execution=execution)
-    grid = _Grid(run)
     batch = start(run, draws, masks=True)
+    grid = _Grid(run, batch.x.device, eta)
     if eta == 0.0:  # a row the prompt fills whole costs no pass
         batch.finish(~(batch.x == run.mask_id).any(-1), 0)
+
+    def one_step(i, temperature, last: bool, check: bool) -> None:
+        remask_p = 0.0 if last else min(1.0, eta * grid.dt)
+        masked = batch.x == run.mask_id  # never a frozen position: those hold their given values
+        u = run.noise.uniform(i, EVENT, batch.rows, length)
+        unmask = masked & (u < grid.jumps[i])
+        remask = _free(batch, ~masked & (u < remask_p))
+        x = torch.where(remask, torch.full_like(batch.x, run.mask_id), batch.x)
+        batch.x.copy_(_draw_where(run, draws, batch, denoiser, i, x, batch.x, unmask, grid.t(i, len(batch)),
+                                  temperature))
+        if eta == 0.0 and not last:
+            batch.finish(~(batch.x == run.mask_id).any(-1), i + 1, check=check)
+
     with torch.no_grad():
-        for i in range(run.steps):
-            if batch.finished:
-                break
-            last = i == run.steps - 1
-            unmask_p = grid.jump_probability(i, eta)
-            remask_p = 0.0 if last else min(1.0, eta * grid.dt)
-            masked = batch.x == run.mask_id  # never a frozen position: those hold their given values
-            u = run.noise.uniform(i, EVENT, batch.rows, length)
-            unmask = masked & (u < unmask_p)
-            remask = _free(batch, ~masked & (u < remask_p))
-            x = torch.where(remask, torch.full_like(batch.x, run.mask_id), batch.x)
-            batch.x = _draw_where(run, draws, batch, denoiser, i, x, batch.x, unmask, grid.t(i, len(batch)))
-            if eta == 0.0 and not last:
-                batch.finish(~(batch.x == run.mask_id).any(-1), i + 1, check=batch.check_due(i))
+        run_steps(run, draws, batch, one_step, stops=eta == 0.0)
     return batch.result(run.steps)
 
 
@@ -188,18 +188,21 @@ def tau_leaping_uniform(
                        steps=steps, temperature=temperature, schedule=schedule, seed=seed,
                        generator=generator, noise=noise, device=device, prompt=prompt, guidance=guidance,
                        truncation=truncation, execution=execution)
-    grid = _Grid(run)
     batch = start(run, draws)
+    grid = _Grid(run, batch.x.device)
+
+    def one_step(i, temperature, last: bool, check: bool) -> None:
+        logits = batch.denoiser(model, batch.x, grid.t(i, len(batch)), vocab_size, "model")
+        p_stay = logits.log_softmax(-1).gather(-1, batch.x[..., None]).squeeze(-1).exp()
+        jump = run.noise.uniform(i, EVENT, batch.rows, length) < (grid.jumps[i] * (1.0 - p_stay))
+        jump = _free(batch, jump)
+        # New values exclude the current one: the rate is defined for j != x_t^d only.
+        tokens = draws.tokens_everywhere(i, batch.rows, logits, temperature, exclude=batch.x)
+        batch.x.copy_(torch.where(jump, tokens, batch.x))
+        batch.count_commits(jump.sum(-1))
+
     with torch.no_grad():
-        for i in range(run.steps):
-            logits = batch.denoiser(model, batch.x, grid.t(i, len(batch)), vocab_size, "model")
-            p_stay = logits.log_softmax(-1).gather(-1, batch.x[..., None]).squeeze(-1).exp()
-            jump = run.noise.uniform(i, EVENT, batch.rows, length) < (grid.jump_probability(i) * (1.0 - p_stay))
-            jump = _free(batch, jump)
-            # New values exclude the current one: the rate is defined for j != x_t^d only.
-            tokens = draws.tokens_everywhere(i, batch.rows, logits, run.temperature_at(i), exclude=batch.x)
-            batch.x = torch.where(jump, tokens, batch.x)
-            batch.count_commits(jump.sum(-1))
+        run_steps(run, draws, batch, one_step, stops=False)
     return batch.result(run.steps)
 
 
@@ -283,32 +286,41 @@ def tau_leaping_planned(
                        planner=True, steps=steps, temperature=temperature, schedule=schedule,
                        seed=seed, generator=generator, noise=noise, device=device, prompt=prompt, guidance=guidance,
                        truncation=truncation, execution=execution)
-    grid = _Grid(run)
     batch = start(run, draws)
+    grid = _Grid(run, batch.x.device)
+
+    def one_step(i, temperature, last: bool, check: bool) -> None:
+        t = grid.t(i, len(batch))
+        logits = batch.planner(planner, batch.x, t) if time_conditioned else batch.planner(planner, batch.x)
+        p = _free(batch, torch.sigmoid(logits))  # a frozen position is never noise
+        jump = run.noise.uniform(i, EVENT, batch.rows, length) < grid.jumps[i] * p
+        x_in, t_in = batch.x, t
+        if denoiser_type == "mask":
+            z = (run.noise.uniform(i, MASK, batch.rows, length) < p) | jump
+            x_in = torch.where(z, torch.full_like(batch.x, run.mask_id), batch.x)
+            t_in = mask_time(z.sum(-1), run)
+        batch.x.copy_(_draw_where(run, draws, batch, denoiser, i, batch.x, x_in, jump, t_in, temperature))
+
     with torch.no_grad():
-        for i in range(run.steps):
-            t = grid.t(i, len(batch))
-            logits = batch.planner(planner, batch.x, t) if time_conditioned else batch.planner(planner, batch.x)
-            p = _free(batch, torch.sigmoid(logits))  # a frozen position is never noise
-            jump = run.noise.uniform(i, EVENT, batch.rows, length) < grid.jump_probability(i) * p
-            x_in, t_in = batch.x, t
-            if denoiser_type == "mask":
-                z = (run.noise.uniform(i, MASK, batch.rows, length) < p) | jump
-                x_in = torch.where(z, torch.full_like(batch.x, run.mask_id), batch.x)
-                t_in = mask_time(z.sum(-1), run)
-            batch.x = _draw_where(run, draws, batch, denoiser, i, batch.x, x_in, jump, t_in)
+        run_steps(run, draws, batch, one_step, stops=False)
     return batch.result(run.steps)
 
 
 class _Grid:
-    """The uniform time grid t_i = i / T and the noise-removal rate on it."""
+    """The uniform time grid t_i = i / T and the noise-removal rate on it, as tables on the
+    run's device (times float32, jumps float64: jump_probability(i, eta)) that a step reads
+    with its index, a CUDA graph's step tensor when replayed."""
 
-    def __init__(self, run: Run):
+    def __init__(self, run: Run, device: torch.device, eta: float = 0.0):
         self.run = run
         self.dt = 1.0 / run.steps
+        steps = range(run.steps)
+        self.times = on_device(torch.tensor([i * self.dt for i in steps], dtype=torch.float32), device)
+        self.jumps = on_device(torch.tensor([self.jump_probability(i, eta) for i in steps], dtype=torch.float64),
+                               device)
 
-    def t(self, step: int, n: int) -> Tensor:
-        return torch.full((n,), step * self.dt, dtype=torch.float32, device=self.run.device)
+    def t(self, step, n: int) -> Tensor:
+        return self.times[step].repeat(n)
 
     def jump_probability(self, step: int, eta: float = 0.0) -> float:
         """dt (alpha_dot + eta alpha) / (1 - alpha) at the start of the step, clamped to 1.
@@ -330,9 +342,9 @@ def _free(batch: RunningBatch, values: Tensor) -> Tensor:
     return values if frozen is None else values.masked_fill(frozen, 0)
 
 
-def _draw_where(run: Run, draws: Draws, batch: RunningBatch, denoiser: Callable, step: int, x: Tensor,
-                x_in: Tensor, where: Tensor, t: Tensor) -> Tensor:
-    """x with the positions `where` (Bool[B, D]) drawn from denoiser(x_in, t).
+def _draw_where(run: Run, draws: Draws, batch: RunningBatch, denoiser: Callable, step, x: Tensor,
+                x_in: Tensor, where: Tensor, t: Tensor, temperature) -> Tensor:
+    """x with the positions `where` (Bool[B, D]) drawn from denoiser(x_in, t) at `temperature`.
 
     The reference run calls the denoiser on the rows with a draw only; the fused run does
     not know them without a host synchronisation and runs every row.
@@ -344,5 +356,5 @@ def _draw_where(run: Run, draws: Draws, batch: RunningBatch, denoiser: Callable,
     x_in, t, rows = subset(index, x_in, t, batch.rows)
     used = where.any(-1) if index is None else None  # the rows with a draw, as the reference run passes
     logits = batch.denoiser(denoiser, x_in, t, run.vocab_size, rows=rows, used=used)
-    tokens = draws.tokens_everywhere(step, rows, logits, run.temperature_at(step))
+    tokens = draws.tokens_everywhere(step, rows, logits, temperature)
     return torch.where(where, expand(index, tokens, x), x)

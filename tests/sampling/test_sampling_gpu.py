@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from ddpd.models import build_model, config_for, prepare_for_sampling
-from ddpd.sampling import NaNOutputWarning, ddpd_sample, ddpd_sample_uniform, mask_sample
+from ddpd.sampling import NaNOutputWarning, ddpd_sample, ddpd_sample_uniform, mask_sample, tau_leaping_planned
 from ddpd.sampling.graphs import StepGraphs
 from ddpd.sampling.options import DDPDOptions, Execution, Truncation
 from ddpd.sampling.policies import MaskGIT, ReMDM
@@ -37,6 +37,8 @@ RUNS = {
     "mask loop, MaskGIT": lambda n, **kw: mask_sample(n["mask"], 64, 64, 300, steps=32, policy=MaskGIT(), **kw),
     "mask loop, ReMDM loop": lambda n, **kw: mask_sample(n["mask"], 64, 64, 300, steps=32,
                                                          policy=ReMDM("loop", eta=0.1), **kw),
+    "tau-leaping planned, mask": lambda n, **kw: tau_leaping_planned(n["planner"], n["mask"], 64, 64, 300, steps=32,
+                                                                     denoiser_type="mask", **kw),
 }
 
 
@@ -79,7 +81,7 @@ def test_truncated_graph_replays_draw_what_eager_steps_draw(nets, name):
 @pytest.mark.parametrize("graphs", ["off", "auto"])
 def test_no_host_synchronisation_inside_a_step(nets, graphs, cut):
     n = nets["bfloat16"]
-    names = ("planner clock, mask, A", "exact clock, uniform", "mask loop, MaskGIT")
+    names = ("planner clock, mask, A", "exact clock, uniform", "mask loop, MaskGIT", "tau-leaping planned, mask")
     with torch.inference_mode():
         for name in names:  # a first run fills the ops' caches (a host-to-device copy each)
             RUNS[name](n, seed=5, device="cuda", execution=Execution(fused=True, graphs=graphs, dtype="bfloat16"),

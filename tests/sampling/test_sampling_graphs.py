@@ -1,4 +1,4 @@
-"""CUDA graphs of the fused DDPD and mask-loop steps (ddpd.sampling.graphs), checked on the CPU.
+"""CUDA graphs of the fused sampler steps (ddpd.sampling.graphs), checked on the CPU.
 
 graphs="emulate" runs the capture and replay logic without CUDA: per batch generation and
 key, one eager warm-up step, then one step function built at "capture" and called again for
@@ -11,7 +11,15 @@ must catch a step that bakes in a Python value. On a GPU the same runs replay re
 import pytest
 import torch
 
-from ddpd.sampling import PhiloxNoise, ddpd_sample, ddpd_sample_uniform, mask_sample
+from ddpd.sampling import (
+    PhiloxNoise,
+    ddpd_sample,
+    ddpd_sample_uniform,
+    mask_sample,
+    tau_leaping_mask,
+    tau_leaping_planned,
+    tau_leaping_uniform,
+)
 from ddpd.sampling.batch import RunningBatch
 from ddpd.sampling.graphs import StepGraphs
 from ddpd.sampling.options import DDPDOptions, Execution, Guidance, Prompt, Temperature, Truncation
@@ -46,6 +54,14 @@ MASK_POLICIES = {"MaskGIT": MaskGIT(), "threshold": ConfidenceThreshold(0.3), "f
 for _name, _policy in MASK_POLICIES.items():
     CASES[f"mask loop, {_name}"] = lambda n, v, policy=_policy, **kw: mask_sample(n["mask"], 48, 8, v, steps=12,
                                                                                  policy=policy, **kw)
+# tau-leaping: the grid's time and jump probability of the step, read from its tables
+CASES.update({
+    "tau-leaping mask": lambda n, v, **kw: tau_leaping_mask(n["mask"], 48, 8, v, steps=12, **kw),
+    "tau-leaping mask, eta 0.5": lambda n, v, **kw: tau_leaping_mask(n["mask"], 48, 8, v, steps=12, eta=0.5, **kw),
+    "tau-leaping uniform": lambda n, v, **kw: tau_leaping_uniform(n["model"], 48, 8, v, steps=12, **kw),
+    "tau-leaping planned, mask": lambda n, v, **kw: tau_leaping_planned(n["planner"], n["mask"], 48, 8, v, steps=12,
+                                                                       denoiser_type="mask", **kw),
+})
 
 
 @pytest.mark.parametrize("vocab", [27, 300])
@@ -72,22 +88,30 @@ def test_replayed_steps_draw_what_eager_steps_draw(nets, name, vocab, monkeypatc
     assert graphs[0].batch.generation <= 6  # 48 rows: at most 48 -> 32 -> 16 -> 8 -> 4 -> 2 -> 1
 
 
-def test_a_prompted_mask_loop_replays_what_its_eager_steps_draw(nets):
+PROMPTED = {
+    "MaskGIT": lambda n, **kw: mask_sample(n["mask"], 16, 8, 27, steps=10, policy=MaskGIT(), **kw),
+    "ReMDM cap": lambda n, **kw: mask_sample(n["mask"], 16, 8, 27, steps=10, policy=ReMDM("cap", eta=0.2), **kw),
+    "tau-leaping mask": lambda n, **kw: tau_leaping_mask(n["mask"], 16, 8, 27, steps=10, **kw),
+    "tau-leaping mask, eta 0.5": lambda n, **kw: tau_leaping_mask(n["mask"], 16, 8, 27, steps=10, eta=0.5, **kw),
+    "tau-leaping planned": lambda n, **kw: tau_leaping_planned(n["planner"], n["uniform"], 16, 8, 27, steps=10, **kw),
+}
+
+
+@pytest.mark.parametrize("name", PROMPTED)
+def test_prompted_runs_replay_what_their_eager_steps_draw(nets, name):
     """Frozen and given-but-unfrozen prompt positions, rows the prompt fills whole, remasking."""
     x_init = torch.full((16, 8), -1)
     x_init[:, :3] = 1
     x_init[:4] = 2  # four rows given whole
     frozen = x_init >= 0
     frozen[::2, :2] = False
-    for policy in (MaskGIT(), ReMDM("cap", eta=0.2)):
-        runs = {graphs: mask_sample(nets[27]["mask"], 16, 8, 27, steps=10, policy=policy, noise=PhiloxNoise(1),
-                                    prompt=Prompt(x_init, frozen),
-                                    execution=Execution(fused=True, sync_every=3, graphs=graphs))
-                for graphs in ("off", "emulate")}
-        assert torch.equal(runs["off"].tokens, runs["emulate"].tokens)
-        assert torch.equal(runs["off"].stop_step, runs["emulate"].stop_step)
-        assert torch.equal(runs["off"].denoiser_passes, runs["emulate"].denoiser_passes)
-        assert torch.equal(runs["off"].commits, runs["emulate"].commits)
+    runs = {graphs: PROMPTED[name](nets[27], noise=PhiloxNoise(1), prompt=Prompt(x_init, frozen),
+                                   execution=Execution(fused=True, sync_every=3, graphs=graphs))
+            for graphs in ("off", "emulate")}
+    assert torch.equal(runs["off"].tokens, runs["emulate"].tokens)
+    assert torch.equal(runs["off"].stop_step, runs["emulate"].stop_step)
+    assert torch.equal(runs["off"].denoiser_passes, runs["emulate"].denoiser_passes)
+    assert torch.equal(runs["off"].commits, runs["emulate"].commits)
 
 
 def test_the_emulation_catches_a_step_that_bakes_in_a_python_value():
