@@ -10,12 +10,15 @@ and 64. Configurations, those of `ddpd-eval frontier` (which measures their qual
 CPU, docs/parallel.md; this script measures speed only):
 - default: ddpd_sample(..., denoiser_type="mask", execution=Execution(fused=True)), option A
   (sigmoid selection, eps stop, eps 0.01), 2 x L steps as ddpd-sample's default, CUDA graphs on ("auto");
-- ddpd + ErrorBudget (ddpd.sampling.policies; --policy, a spec as the frontier's --policies,
-  default POLICY, the frontier's DDPD policy) at 64 and 128 network passes (the steps that
-  cost them: a denoiser pass a step and a planner pass every plan_every steps, as the
+- ddpd + ErrorBudget (ddpd.sampling.policies; --policy, repeatable, a spec as the frontier's
+  --policies; default POLICIES, the frontier's DDPD policies: "ddpd policy 1" without planner
+  passes, which reached the quality of the default's 512 steps at 64 passes, and "ddpd policy
+  2", which revises with the planner every 4 steps) at 64 and 128 network passes (the steps
+  that cost them: a denoiser pass a step and a planner pass every plan_every steps, as the
   frontier counts them), option A, CUDA graphs on;
 - MaskGIT and ConfidenceThreshold(0.9) (mask_sample, fused) at 64 and 128 passes (steps),
-  CUDA graphs on.
+  CUDA graphs on, and MaskGIT at 64 passes with its steps eager ("maskgit, eager"), as the
+  field's samplers run.
 Per configuration: samples/s, tokens/s (samples/s x L), mean network passes per sample
 (SampleResult.passes), tokens committed per pass (SampleResult.tokens_per_pass) and the
 ratio of its samples/s to the default's at the same model and batch. The targets,
@@ -31,7 +34,7 @@ minutes at batch 64: it is timed at two shorter budgets and extrapolated to 2 x 
 (fixed cost + steps x cost of a step), marked so in the table. Every run's tokens are
 checked to be clean tokens (no mask left).
 
-    python benchmarks/gpu_parallel.py            # CUDA, an estimated 3 minutes on an H200
+    python benchmarks/gpu_parallel.py            # CUDA, an estimated 4 minutes on an H200
     python benchmarks/gpu_parallel.py --policy error-budget:bound=4,max_k=64,spread=linear
     python benchmarks/gpu_parallel.py --dry-run  # tiny shapes on the CPU: checks the script only
 """
@@ -60,8 +63,9 @@ from ddpd.sampling import (
 from ddpd.sampling.policies import ddpd_steps, parse_policy, policy_spec
 from gpu_sampling import Clock
 
-POLICY = ("error-budget:bound=1,max_k=256,spread=cosine,known_noise=true,"
-          "plan_every=4,choice_temperature=4.5,revise_above=0.5")
+POLICIES = ("error-budget:bound=0,max_k=256,spread=cosine,known_noise=true,plan_every=1000,choice_temperature=4.5",
+            "error-budget:bound=1,max_k=256,spread=cosine,known_noise=true,"
+            "plan_every=4,choice_temperature=4.5,revise_above=0.5")
 TARGETS = {1: "4x", 64: "3x"}  # batch -> policy / default samples/s at matched quality
 
 
@@ -125,7 +129,8 @@ def gpt2_pair(device: torch.device, dry_run: bool) -> Pair:
     return Pair(name, planner, denoiser, length, vocab, extrapolate)
 
 
-def samplers(pair: Pair, policy: ErrorBudget, budgets: tuple[int, ...], graphs: str) -> list[tuple[str, int, Callable]]:
+def samplers(pair: Pair, policies: list[ErrorBudget], budgets: tuple[int, ...], graphs: str
+             ) -> list[tuple[str, int, Callable]]:
     """(name, steps, run(batch, steps) -> SampleResult) of every configuration, the default first.
     A DDPD step is two network passes (planner + denoiser), a mask-loop step one."""
     execution = Execution(fused=True, graphs=graphs)
@@ -135,16 +140,18 @@ def samplers(pair: Pair, policy: ErrorBudget, budgets: tuple[int, ...], graphs: 
                                                 steps=steps, denoiser_type="mask", seed=0, device=pair_device(pair),
                                                 ddpd=options, execution=execution)
 
-    def masked(mask_policy) -> Callable:
+    def masked(mask_policy, graphs: str = graphs) -> Callable:
         return lambda batch, steps: mask_sample(pair.denoiser, batch, pair.length, pair.vocab, steps=steps,
                                                 policy=mask_policy, seed=0, device=pair_device(pair),
-                                                execution=execution)
+                                                execution=Execution(fused=True, graphs=graphs))
 
     runs = [("ddpd default (one at a time)", 2 * pair.length, ddpd(DDPDOptions()))]
-    for passes in budgets:
-        runs.append(("ddpd error-budget", ddpd_steps(passes, policy), ddpd(DDPDOptions(policy=policy))))
-    for name, mask_policy in (("maskgit", MaskGIT()), ("mask threshold:0.9", ConfidenceThreshold(0.9))):
-        runs += [(name, passes, masked(mask_policy)) for passes in budgets]
+    for number, policy in enumerate(policies, 1):
+        runs += [(f"ddpd policy {number}", ddpd_steps(passes, policy), ddpd(DDPDOptions(policy=policy)))
+                 for passes in budgets]
+    for name, run in (("maskgit", masked(MaskGIT())), ("mask threshold:0.9", masked(ConfidenceThreshold(0.9)))):
+        runs += [(name, passes, run) for passes in budgets]
+    runs.append(("maskgit, eager", budgets[0], masked(MaskGIT(), "off")))  # what graphs bring it, at one budget
     return runs
 
 
@@ -185,10 +192,10 @@ def extrapolated(clock: Clock, pair: Pair, run: Callable, batch: int, steps: int
     return Row("", steps, batch / seconds, per_step * steps, result.tokens_per_pass, note)
 
 
-def table(pair: Pair, clock: Clock, policy: ErrorBudget, sizes: Sizes) -> int:
+def table(pair: Pair, clock: Clock, policies: list[ErrorBudget], sizes: Sizes) -> int:
     """Print the pair's rows as they are measured (a run cut short keeps those done); the
     number of configurations that failed."""
-    runs = samplers(pair, policy, sizes.budgets, sizes.graphs)
+    runs = samplers(pair, policies, sizes.budgets, sizes.graphs)
     print(f"## {pair.name}, L = {pair.length}, {str(next(pair.denoiser.parameters()).dtype)[6:]} networks")
     print("| batch | sampler | steps | passes / sample | tokens / pass | samples/s | tokens/s | x default | note |")
     print("|---" * 9 + "|")
@@ -224,23 +231,28 @@ def one_row(clock: Clock, pair: Pair, name: str, run: Callable, batch: int, step
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dry-run", action="store_true", help="tiny shapes on the CPU (checks the script only)")
-    parser.add_argument("--policy", default=POLICY, help="DDPD's commit policy, an error-budget spec as "
-                        "ddpd-eval frontier --policies reads it (default %(default)s)")
+    parser.add_argument("--policy", action="append", help="a DDPD commit policy, an error-budget spec as "
+                        "ddpd-eval frontier --policies reads it; repeatable (default: "
+                        + " and ".join(POLICIES) + ")")
     args = parser.parse_args(argv)
-    try:
-        policy = parse_policy(args.policy)
-    except ValueError as err:
-        parser.error(f"--policy: {err}")
-    if not isinstance(policy, ErrorBudget):
-        parser.error(f"--policy must be an error-budget spec (the DDPD policy), got {args.policy!r}")
+    policies = []
+    for spec in args.policy or POLICIES:
+        try:
+            policy = parse_policy(spec)
+        except ValueError as err:
+            parser.error(f"--policy: {err}")
+        if not isinstance(policy, ErrorBudget):
+            parser.error(f"--policy must be an error-budget spec (the DDPD policy), got {spec!r}")
+        policies.append(policy)
     if not args.dry_run and not torch.cuda.is_available():
         print("gpu_parallel: no CUDA device (use --dry-run to check the script)", file=sys.stderr)
         return 1
     device = torch.device("cpu" if args.dry_run else "cuda")
     if args.dry_run:
         torch.set_num_threads(1)  # tiny shapes: threads only wait on each other
-    print(f"ddpd error-budget: {policy_spec(policy)}, bound {policy.bound:g} (its quality: "
-          f"ddpd-eval frontier --policies {policy_spec(policy)})")
+    for number, policy in enumerate(policies, 1):
+        print(f"ddpd policy {number}: {policy_spec(policy)} (its quality: ddpd-eval frontier --policies "
+              f"{policy_spec(policy)})")
     print(f"targets at matched quality: policy / default samples/s >= "
           f"{', '.join(f'{v} at batch {k}' for k, v in TARGETS.items())}")
     clock = Clock(device)
@@ -248,7 +260,7 @@ def main(argv=None) -> int:
     sizes = DRY_RUN if args.dry_run else Sizes()
     for build in (lambda: bundled(device, sizes), lambda: gpt2_pair(device, args.dry_run)):
         try:
-            failed += table(build(), clock, policy, sizes)
+            failed += table(build(), clock, policies, sizes)
         except Exception as error:  # report and go on: one model's failure must not hide the other's numbers
             print(f"gpu_parallel: FAILED: {type(error).__name__}: {error}")
             failed += 1

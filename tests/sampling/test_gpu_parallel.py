@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SAMPLERS = ("ddpd default (one at a time)", "ddpd error-budget", "maskgit", "mask threshold:0.9")
+SAMPLERS = ("ddpd default (one at a time)", "ddpd policy 1", "ddpd policy 2", "maskgit", "maskgit, eager",
+            "mask threshold:0.9")
 BUDGETS = (4, 8)  # the dry run's network-pass budgets (gpu_parallel.DRY_RUN)
 
 
@@ -25,13 +26,15 @@ def test_gpu_check_runs_the_parallel_decoding_dry_run(tmp_path):
     assert "FAILED" not in report and "Traceback" not in report and "NOT VALID" not in report
     for part in ("timings", "host cost", "sampling", "kernel profile"):  # --only parallel: nothing else
         assert f"## {part}" not in report
-    assert re.search(r"ddpd error-budget: error-budget:bound=1,max_k=256,.*spread=cosine,known_noise=True", report)
+    assert re.search(r"ddpd policy 1: error-budget:bound=0,max_k=256,.*plan_every=1000", report)
+    assert re.search(r"ddpd policy 2: error-budget:bound=1,max_k=256,.*plan_every=4", report)
     sections = report.split("## ")
     for model, length in (("bundled text8", 16), ("GPT-2-size", 32)):
         section = next(s for s in sections if s.startswith(model))
         rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in section.splitlines()
                 if re.match(r"\| \d+ \|", line)]
-        assert len(rows) == 2 * 7, section  # batches 1 and 2: the default, 2 budgets x 3 parallel samplers
+        assert len(rows) == 2 * 10, section  # batches 1, 2: the default, 2 budgets x 4 parallel samplers, eager maskgit
+        assert {row[1] for row in rows} == set(SAMPLERS)
         for batch, sampler, steps, passes, per_pass, rate, tokens, ratio, note in rows:
             assert sampler in SAMPLERS and float(rate) > 0 and float(per_pass) > 0
             assert abs(float(tokens) - float(rate) * length) <= 1  # tokens/s = samples/s x L
