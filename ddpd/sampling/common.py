@@ -236,6 +236,21 @@ def run_steps(run: Run, draws: Draws, batch, one_step: Callable, stops: bool) ->
             graphs.run("step", lambda step, temperature=temperature: one_step(step, temperature, False, False), i)
 
 
+def row(table: Tensor, i) -> Tensor:
+    """Row i of a per-step table. A replayed step's i is the graph's 0-d step tensor, which
+    plain indexing would read back to the host (illegal while a CUDA graph captures): it is
+    selected on the device instead.
+
+    Args:
+        table: the table, one row a step.
+        i: the step index, an int or a 0-d int64 tensor on the table's device.
+
+    Returns:
+        The row (a 0-d tensor for a table of one column per step).
+    """
+    return table[i] if isinstance(i, int) else table.index_select(0, i.view(1))[0]
+
+
 def on_device(table: Tensor, device: torch.device) -> Tensor:
     """A per-step table built on the host, where a step reads its row: on CUDA copied from
     pinned memory without a host synchronisation.

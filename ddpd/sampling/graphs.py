@@ -6,7 +6,9 @@ bake in (the step counter, hence every Philox offset) is read from device tensor
 writes its results in place.
 
 Modes (Execution.graphs): "auto" captures on CUDA when the run allows it, "off" never captures,
-"emulate" runs the same capture/replay logic without CUDA (what the tests check on the CPU).
+"emulate" runs the same capture/replay logic without CUDA (what the tests check on the CPU),
+and refuses a replayed step that reads the step tensor back to the host, which a capture
+cannot do.
 docs/sampling.md, section "Internals: CUDA graphs", says how.
 """
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Hashable
 from typing import Callable, Optional
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 COUNTS = ("planner_calls", "denoiser_calls", "planner_rows", "denoiser_rows", "planner_rows_saved",
           "denoiser_rows_saved")
@@ -55,7 +58,7 @@ class StepGraphs:
 
     def _capture(self, step_fn: Callable) -> _Captured:
         if self.emulate:  # the function of the capture, with whatever it closed over then
-            return _Captured(lambda: step_fn(self.step), None)
+            return _Captured(lambda: _no_step_reads(step_fn, self.step), None)
         before = _counts(self.batch)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
@@ -78,6 +81,31 @@ class _Captured:
         self._replay()
         if self.counts is not None:
             _add(batch, self.counts)
+
+
+# the ops that read a tensor's value to the host (item under inference mode, _local_scalar_dense else)
+_HOST_READS = (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default,
+               torch.ops.aten.is_nonzero.default)
+
+
+class _StepReadError(TorchDispatchMode):
+    """Raises where an op reads the step tensor (or a view of it) back to the host."""
+
+    def __init__(self, step: torch.Tensor):
+        super().__init__()
+        self.step = step
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in _HOST_READS and args[0].data_ptr() == self.step.data_ptr():
+            raise RuntimeError("a replayed step read its step tensor back to the host (an index, int() or "
+                               "bool() of it): a CUDA graph cannot capture that; compute with the tensor")
+        return func(*args, **(kwargs or {}))
+
+
+def _no_step_reads(step_fn: Callable, step: torch.Tensor) -> None:
+    """step_fn(step), refusing reads of the step tensor: on a GPU they would stop the capture."""
+    with _StepReadError(step):
+        step_fn(step)
 
 
 def _counts(batch) -> dict[str, int]:

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from ddpd.process import Schedule
 from ddpd.sampling.batch import SampleResult
-from ddpd.sampling.common import Run, on_device, run_steps, setup, start
+from ddpd.sampling.common import Run, on_device, row, run_steps, setup, start
 from ddpd.sampling.draws import Draws
 from ddpd.sampling.gillespie import mask_time
 from ddpd.sampling.noise import CONFIDENCE, EVENT, NoiseSource, gumbel
@@ -204,7 +204,7 @@ def _mask_loop(run: Run, draws: Draws, denoiser: Callable, policy) -> SampleResu
         masked = batch.x == run.mask_id
         logits = batch.denoiser(denoiser, batch.x, mask_time(masked.sum(-1), run), run.vocab_size)
         tokens = draws.tokens_everywhere(i, batch.rows, logits, temperature)
-        step = _step(run, batch, policy, i, last, masked, logits, tokens, None if table is None else table[i])
+        step = _step(run, batch, policy, i, last, masked, logits, tokens, None if table is None else row(table, i))
         unmask, remask = policy.moves(step)
         if remask is not None and "frozen" in batch.state:
             remask = remask & ~batch.state["frozen"]
@@ -220,8 +220,8 @@ def _mask_loop(run: Run, draws: Draws, denoiser: Callable, policy) -> SampleResu
 
 
 def _step(run: Run, batch, policy, i, last: bool, masked: Tensor, logits: Tensor, tokens: Tensor,
-          row: Optional[Tensor]) -> Step:
-    """The policy's view of step i (see ddpd.sampling.policies.Step); row: its step_table row."""
+          table_row: Optional[Tensor]) -> Step:
+    """The policy's view of step i (see ddpd.sampling.policies.Step) with its step_table row."""
     needs = getattr(policy, "needs", ())
     log_p = logits.log_softmax(-1)
     # NaN reads as -inf, as in every draw: a position of a NaN output is the least confident
@@ -233,7 +233,7 @@ def _step(run: Run, batch, policy, i, last: bool, masked: Tensor, logits: Tensor
         extra["gumbel"] = gumbel(run.noise.uniform(i, CONFIDENCE, batch.rows, run.length))
     if "uniforms" in needs:
         extra["uniforms"] = run.noise.uniform(i, EVENT, batch.rows, run.length)
-    return Step(i, run.steps, masked, logprob, batch.state["m0"], last, table=row, **extra)
+    return Step(i, run.steps, masked, logprob, batch.state["m0"], last, table=table_row, **extra)
 
 
 def _alpha(run: Run, t: float) -> float:

@@ -21,6 +21,7 @@ from ddpd.sampling import (
     tau_leaping_uniform,
 )
 from ddpd.sampling.batch import RunningBatch
+from ddpd.sampling.common import row
 from ddpd.sampling.graphs import StepGraphs
 from ddpd.sampling.options import DDPDOptions, Execution, Guidance, Prompt, Temperature, Truncation
 from ddpd.sampling.policies import ConfidenceFactor, ConfidenceThreshold, EntropyBound, MaskGIT, ReMDM
@@ -98,8 +99,16 @@ PROMPTED = {
 
 
 @pytest.mark.parametrize("name", PROMPTED)
-def test_prompted_runs_replay_what_their_eager_steps_draw(nets, name):
+def test_prompted_runs_replay_what_their_eager_steps_draw(nets, name, monkeypatch):
     """Frozen and given-but-unfrozen prompt positions, rows the prompt fills whole, remasking."""
+    graphs = []
+    original = StepGraphs.__init__
+
+    def recorded(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        graphs.append(self)
+
+    monkeypatch.setattr(StepGraphs, "__init__", recorded)
     x_init = torch.full((16, 8), -1)
     x_init[:, :3] = 1
     x_init[:4] = 2  # four rows given whole
@@ -112,6 +121,7 @@ def test_prompted_runs_replay_what_their_eager_steps_draw(nets, name):
     assert torch.equal(runs["off"].stop_step, runs["emulate"].stop_step)
     assert torch.equal(runs["off"].denoiser_passes, runs["emulate"].denoiser_passes)
     assert torch.equal(runs["off"].commits, runs["emulate"].commits)
+    assert len(graphs) == 1 and graphs[0].replays > graphs[0].captures > 0
 
 
 def test_the_emulation_catches_a_step_that_bakes_in_a_python_value():
@@ -124,6 +134,21 @@ def test_the_emulation_catches_a_step_that_bakes_in_a_python_value():
     for i in range(5):  # a step that adds the Python i it was built with: replays repeat i = 1
         graphs.run("baked", lambda step, i=i: batch.x.add_(i), i)
     assert batch.x[0, 0] == 0 + 1 + 1 + 1 + 1 != sum(range(5))
+
+
+def test_the_emulation_catches_a_step_that_reads_its_step_tensor():
+    """Indexing with the step tensor, int() or bool() of it read it back to the host: a CUDA
+    graph cannot capture that, so the emulation refuses it (an eager step may: its i is an int)."""
+    batch = RunningBatch(torch.zeros(2, 3, dtype=torch.long))
+    table = torch.arange(10) * 10
+    for read in (lambda step: table[step], lambda step: int(step), lambda step: bool(step)):
+        graphs = StepGraphs(batch, torch.device("cpu"), emulate=True)
+        graphs.run("read", lambda step: batch.x.add_(read(step)), 0)  # the warm-up step: eager, i an int
+        with pytest.raises(RuntimeError, match="read its step tensor back to the host"):
+            graphs.run("read", lambda step: batch.x.add_(read(step)), 1)
+    for i in range(3):  # selected on the device instead (ddpd.sampling.common.row): replays read the right rows
+        graphs.run("select", lambda step: batch.x.copy_(row(table, step).expand(2, 3)), i)
+        assert batch.x[0, 0] == 10 * i
 
 
 def test_with_graphs_the_batch_keeps_power_of_two_sizes(nets):
