@@ -20,7 +20,7 @@ from torch import Tensor
 
 from ddpd.process import Schedule, denoiser_log_prob_from_uniform, planner_prob_from_uniform
 from ddpd.sampling.batch import RunningBatch, SampleResult
-from ddpd.sampling.common import Run, expand, setup, start, subset, write
+from ddpd.sampling.common import Run, expand, on_device, row, setup, start, subset, write
 from ddpd.sampling.draws import Draws
 from ddpd.sampling.noise import ACCEPT, CLOCK, CONFIDENCE, NoiseSource, exponential, gumbel
 from ddpd.sampling.options import (
@@ -33,7 +33,7 @@ from ddpd.sampling.options import (
     check_option,
     explains_moved_keywords,
 )
-from ddpd.sampling.policies import annealed, commit_risk, spread_minimum
+from ddpd.sampling.policies import annealed, commit_risk, cosine_table, spread_minimum
 from ddpd.validation import check_bool, check_callable, check_choice
 
 DENOISER_TYPES = ("uniform", "mask")
@@ -327,9 +327,11 @@ def _planner_clock(run: Run, draws: Draws, opts: DDPDOptions, networks, batch: R
     order = min(policy.max_k, run.length) if policy is not None else 0
     if policy is not None and policy.known_noise:
         batch.state["touched"] = _given(run, batch)
-    if policy is not None and policy.spread == "cosine" and run.x_init is not None:
-        # the cosine spreads the noise a row starts with: a prompt's positions, frozen or not, are data
-        batch.state["n0"] = (~_given(run, batch)).sum(-1).clamp(min=1).float()
+    cos = None
+    if policy is not None and policy.spread == "cosine":
+        cos = on_device(cosine_table(run.steps), batch.x.device)
+        if run.x_init is not None:  # it spreads the noise a row starts with: a prompt's positions are data
+            batch.state["n0"] = (~_given(run, batch)).sum(-1).clamp(min=1).float()
     if policy is not None and policy.plan_every > 1:
         batch.state["plan"] = torch.zeros(batch.x.shape, device=batch.x.device)
 
@@ -355,7 +357,8 @@ def _planner_clock(run: Run, draws: Draws, opts: DDPDOptions, networks, batch: R
         else:
             tokens, confidence = networks.tokens(draws, batch, step, x_in, t, positions, batch.rows, temperature,
                                                  None, confidence=True)
-            minimum = spread_minimum(policy.spread, sum_p, step, run.steps, batch.state.get("n0", run.length))
+            minimum = spread_minimum(policy.spread, sum_p, step, run.steps, batch.state.get("n0", run.length),
+                                     None if cos is None else row(cos, step))
             change = change & policy.commit(commit_risk(logits, positions, confidence),
                                             _candidates(positions, masked, mask_id), minimum,
                                             _choice_noise(run, policy, step, batch.rows, positions.shape[1]))

@@ -89,7 +89,8 @@ _HOST_READS = (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.d
 
 
 class _StepReadError(TorchDispatchMode):
-    """Raises where an op reads the step tensor (or a view of it) back to the host."""
+    """Raises where an op reads the step tensor (or a view of it) back to the host, or makes a
+    tensor of Python numbers (torch.tensor, torch.as_tensor): on a GPU a copy to the device."""
 
     def __init__(self, step: torch.Tensor):
         super().__init__()
@@ -99,6 +100,9 @@ class _StepReadError(TorchDispatchMode):
         if func in _HOST_READS and args[0].data_ptr() == self.step.data_ptr():
             raise RuntimeError("a replayed step read its step tensor back to the host (an index, int() or "
                                "bool() of it): a CUDA graph cannot capture that; compute with the tensor")
+        if func is torch.ops.aten.lift_fresh.default:
+            raise RuntimeError("a replayed step made a tensor of Python numbers (torch.tensor, torch.as_tensor), "
+                               "a copy to the device that a CUDA graph cannot capture; make it before the run")
         return func(*args, **(kwargs or {}))
 
 

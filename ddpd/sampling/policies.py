@@ -186,7 +186,22 @@ def annealed(choice_temperature: float, step, steps: int):
     return choice_temperature * (1.0 - (step + 1) / steps)
 
 
-def spread_minimum(spread: str, sum_p: Tensor, step, steps: int, n0) -> Optional[Tensor]:
+def cosine_table(steps: int) -> Tensor:
+    """The cosine spread's cos(pi/2 (i + 1) / T) for each step i of T, on the CPU. A run moves it
+    to its device once and a step reads its row there (ddpd.sampling.common.row): a step that
+    made a tensor of a number would copy it to the device, which a CUDA graph cannot capture.
+
+    Args:
+        steps: the step budget T.
+
+    Returns:
+        Float64[T], each entry the 0-d op it always was (eager runs keep their draws).
+    """
+    return torch.stack([torch.cos(torch.tensor(i + 1).double() / steps * (math.pi / 2)) for i in range(steps)])
+
+
+def spread_minimum(spread: str, sum_p: Tensor, step, steps: int, n0, cos: Optional[Tensor] = None
+                   ) -> Optional[Tensor]:
     """The fewest commits of a step under ErrorBudget's `spread`.
 
     Args:
@@ -195,6 +210,8 @@ def spread_minimum(spread: str, sum_p: Tensor, step, steps: int, n0) -> Optional
         step: the step index, an int or a graph's step tensor.
         steps: the step budget.
         n0: the positions a row starts noisy, an int or Float[B].
+        cos: with spread "cosine", the step's entry of cosine_table(steps), a 0-d tensor on
+            sum_p's device.
 
     Returns:
         Long[B], or None without a spread.
@@ -203,11 +220,9 @@ def spread_minimum(spread: str, sum_p: Tensor, step, steps: int, n0) -> Optional
         return None
     if spread == "linear":
         return torch.ceil(sum_p / (steps - step)).long()
-    # the same ops for an int step and a graph's step tensor (float32 cos floored apart at
-    # n0 cos(pi/3) = an integer): the product in float64, rounded to float32 as it always was
-    i = torch.as_tensor(step, device=sum_p.device) + 1
-    cos = torch.cos(i.double() / steps * (math.pi / 2))
-    left = torch.floor((torch.as_tensor(n0, device=sum_p.device).double() * cos).float())
+    # the product in float64 (float32 cos floored apart at n0 cos(pi/3) = an integer), rounded
+    # to float32 as it always was
+    left = torch.floor((n0 * cos if isinstance(n0, int) else n0.double() * cos).float())
     return torch.ceil(sum_p - left).long().clamp(min=1)
 
 

@@ -24,7 +24,7 @@ from ddpd.sampling.batch import RunningBatch
 from ddpd.sampling.common import row
 from ddpd.sampling.graphs import StepGraphs
 from ddpd.sampling.options import DDPDOptions, Execution, Guidance, Prompt, Temperature, Truncation
-from ddpd.sampling.policies import ConfidenceFactor, ConfidenceThreshold, EntropyBound, MaskGIT, ReMDM
+from ddpd.sampling.policies import ConfidenceFactor, ConfidenceThreshold, EntropyBound, ErrorBudget, MaskGIT, ReMDM
 from oracles.fixtures import single_thread, tiny_networks  # noqa: F401  (single_thread: autouse)
 
 
@@ -46,6 +46,10 @@ CASES = {
                                                         ddpd=DDPDOptions(clock="exact"), denoiser_type="mask", **kw),
     "single uniform model, A": lambda n, v, **kw: ddpd_sample_uniform(n["model"], 48, 8, v, steps=24,
                                                                       ddpd=DDPDOptions(eps=0.2), **kw),
+    "planner clock, mask, error budget": lambda n, v, **kw: ddpd_sample(
+        n["planner"], n["mask"], 48, 8, v, steps=12, denoiser_type="mask", ddpd=DDPDOptions(
+            stop="budget", policy=ErrorBudget(1.0, 8, spread="cosine", known_noise=True, plan_every=3,
+                                              choice_temperature=4.5, revise_above=0.5)), **kw),
 }
 # the mask loop: each policy's step reads the step index (the noise, MaskGIT's schedule and
 # annealing, ReMDM's rates) from the step tensor when replayed
@@ -149,6 +153,15 @@ def test_the_emulation_catches_a_step_that_reads_its_step_tensor():
     for i in range(3):  # selected on the device instead (ddpd.sampling.common.row): replays read the right rows
         graphs.run("select", lambda step: batch.x.copy_(row(table, step).expand(2, 3)), i)
         assert batch.x[0, 0] == 10 * i
+
+
+def test_the_emulation_catches_a_step_that_makes_a_tensor_of_numbers():
+    """torch.as_tensor(3, device=...) in a step copies to the device: refused when replayed."""
+    batch = RunningBatch(torch.zeros(2, 3, dtype=torch.long))
+    graphs = StepGraphs(batch, torch.device("cpu"), emulate=True)
+    graphs.run("make", lambda step: batch.x.add_(torch.as_tensor(3, device=batch.x.device)), 0)
+    with pytest.raises(RuntimeError, match="made a tensor of Python numbers"):
+        graphs.run("make", lambda step: batch.x.add_(torch.as_tensor(3, device=batch.x.device)), 1)
 
 
 def test_with_graphs_the_batch_keeps_power_of_two_sizes(nets):

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from ddpd.sampling import Execution, Prompt, ddpd_sample, ddpd_sample_uniform, mask_sample
+from ddpd.sampling.common import row
 from ddpd.sampling.options import DDPDOptions
 from ddpd.sampling.policies import (
     ConfidenceFactor,
@@ -21,6 +22,7 @@ from ddpd.sampling.policies import (
     MaskGIT,
     ReMDM,
     annealed,
+    cosine_table,
     ddpd_steps,
     parse_policy,
     policy_spec,
@@ -434,23 +436,29 @@ def test_a_graphs_step_tensor_gives_the_eager_steps_spread_and_annealing():
     choice temperature must come out as for the int index (n0 cos(pi/3) lands on an integer)."""
     sum_p, g = torch.tensor([200.0, 3.0]), torch.linspace(-2.0, 5.0, 1001)
     for steps in (3, 6, 26, 103):
+        cos = cosine_table(steps)
         for step in range(steps):
+            replayed = torch.tensor(step)
             for n0 in (256, 6, torch.tensor([256.0, 6.0])):
-                assert torch.equal(spread_minimum("cosine", sum_p, step, steps, n0),
-                                   spread_minimum("cosine", sum_p, torch.tensor(step), steps, n0))
-            assert torch.equal(annealed(4.5, step, steps) * g, annealed(4.5, torch.tensor(step), steps) * g)
-    assert spread_minimum("cosine", sum_p, 1, 3, 256).tolist() == [72, 1]  # floor(256 cos(pi/3)) = 128
+                assert torch.equal(spread_minimum("cosine", sum_p, step, steps, n0, row(cos, step)),
+                                   spread_minimum("cosine", sum_p, replayed, steps, n0, row(cos, replayed)))
+            assert torch.equal(annealed(4.5, step, steps) * g, annealed(4.5, replayed, steps) * g)
+    cos = cosine_table(3)[1]
+    assert spread_minimum("cosine", sum_p, 1, 3, 256, cos).tolist() == [72, 1]  # floor(256 cos(pi/3)) = 128
 
 
 def test_an_eager_step_without_a_prompt_keeps_the_cosine_spread_it_had():
     """The spread was floor(float32(n0 math.cos(angle))) on an eager step; runs without a prompt
     (an int n0) must draw as they did, so the committed frontier stands."""
     sum_p = torch.tensor([300.0])
-    for n0 in (256, 1024, 100):
-        for steps in range(1, 121):
-            for step in range(steps):
+    for steps in range(1, 121):
+        cos = cosine_table(steps)
+        for step in range(steps):  # the table holds what each step computed before it existed
+            assert torch.equal(cos[step], torch.cos((torch.tensor(step) + 1).double() / steps * (math.pi / 2)))
+            for n0 in (256, 1024, 100):
                 before = math.floor(float(torch.tensor(n0 * math.cos((step + 1) / steps * (math.pi / 2)))))
-                assert int(spread_minimum("cosine", sum_p, step, steps, n0)) == max(1, math.ceil(300.0 - before))
+                minimum = spread_minimum("cosine", sum_p, step, steps, n0, cos[step])
+                assert int(minimum) == max(1, math.ceil(300.0 - before))
 
 
 def test_a_certain_risk_under_a_choice_temperature_stays_ahead_of_ineligible_candidates():
