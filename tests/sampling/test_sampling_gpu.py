@@ -7,7 +7,7 @@ from ddpd.models import build_model, config_for, prepare_for_sampling
 from ddpd.sampling import NaNOutputWarning, ddpd_sample, ddpd_sample_uniform, mask_sample, tau_leaping_planned
 from ddpd.sampling.graphs import StepGraphs
 from ddpd.sampling.options import DDPDOptions, Execution, Truncation
-from ddpd.sampling.policies import MaskGIT, ReMDM
+from ddpd.sampling.policies import ErrorBudget, MaskGIT, ReMDM
 
 pytestmark = pytest.mark.gpu
 
@@ -34,6 +34,10 @@ RUNS = {
     "exact clock, uniform": lambda n, **kw: ddpd_sample(n["planner"], n["uniform"], 64, 64, 300, steps=400,
                                                         ddpd=DDPDOptions(clock="exact"), **kw),
     "single uniform model": lambda n, **kw: ddpd_sample_uniform(n["model"], 64, 64, 300, steps=96, **kw),
+    "planner clock, mask, error budget": lambda n, **kw: ddpd_sample(
+        n["planner"], n["mask"], 64, 64, 300, steps=24, denoiser_type="mask", ddpd=DDPDOptions(
+            stop="budget", policy=ErrorBudget(1.0, 64, spread="cosine", known_noise=True, plan_every=4,
+                                              choice_temperature=4.5, revise_above=0.5)), **kw),
     "mask loop, MaskGIT": lambda n, **kw: mask_sample(n["mask"], 64, 64, 300, steps=32, policy=MaskGIT(), **kw),
     "mask loop, ReMDM loop": lambda n, **kw: mask_sample(n["mask"], 64, 64, 300, steps=32,
                                                          policy=ReMDM("loop", eta=0.1), **kw),
@@ -81,7 +85,8 @@ def test_truncated_graph_replays_draw_what_eager_steps_draw(nets, name):
 @pytest.mark.parametrize("graphs", ["off", "auto"])
 def test_no_host_synchronisation_inside_a_step(nets, graphs, cut):
     n = nets["bfloat16"]
-    names = ("planner clock, mask, A", "exact clock, uniform", "mask loop, MaskGIT", "tau-leaping planned, mask")
+    names = ("planner clock, mask, A", "exact clock, uniform", "planner clock, mask, error budget",
+             "mask loop, MaskGIT", "tau-leaping planned, mask")
     with torch.inference_mode():
         for name in names:  # a first run fills the ops' caches (a host-to-device copy each)
             RUNS[name](n, seed=5, device="cuda", execution=Execution(fused=True, graphs=graphs, dtype="bfloat16"),
