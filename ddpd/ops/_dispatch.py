@@ -11,6 +11,7 @@ from typing import Optional
 
 import torch
 from torch.utils._device import DeviceContext
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
 from ddpd.ops import _ext
 
@@ -251,13 +252,28 @@ def eager(*tensors: Optional[torch.Tensor]) -> bool:
     Returns:
         True for an eager call.
     """
-    if (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack()
+    if (torch.compiler.is_compiling() or (torch._C._len_torch_dispatch_stack() and not _only_watchers())
             or (torch._C._is_torch_function_mode_enabled() and not _only_device_modes()) or torch._C._is_tracing()):
         return False
     for t in tensors:  # a plain loop: a generator is a per-call cost here
         if t is not None and type(t) is not torch.Tensor:
             return False
     return True
+
+
+class Watcher(TorchDispatchMode):
+    """A dispatch mode that only looks at the ops that run (ddpd.sampling.graphs' replay guard):
+    it traces nothing, so a call under it goes straight to its kernel as without it, and
+    torch.compile'd code keeps running compiled."""
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        return True
+
+
+def _only_watchers() -> bool:
+    """Whether every dispatch mode on the stack is a Watcher."""
+    return all(isinstance(mode, Watcher) for mode in _get_current_dispatch_mode_stack())
 
 
 def _only_device_modes() -> bool:

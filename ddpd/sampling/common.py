@@ -262,6 +262,8 @@ def on_device(table: Tensor, device: torch.device) -> Tensor:
     Returns:
         The table on `device`.
     """
-    if device.type == "cuda":
+    if table.device == device:
+        return table
+    if device.type == "cuda" and table.device.type == "cpu":
         return table.pin_memory().to(device, non_blocking=True)
     return table.to(device)

@@ -17,7 +17,8 @@ from collections.abc import Hashable
 from typing import Callable, Optional
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+
+from ddpd.ops._dispatch import Watcher
 
 COUNTS = ("planner_calls", "denoiser_calls", "planner_rows", "denoiser_rows", "planner_rows_saved",
           "denoiser_rows_saved")
@@ -88,9 +89,11 @@ _HOST_READS = (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.d
                torch.ops.aten.is_nonzero.default)
 
 
-class _StepReadError(TorchDispatchMode):
-    """Raises where an op reads the step tensor (or a view of it) back to the host, or makes a
-    tensor of Python numbers (torch.tensor, torch.as_tensor): on a GPU a copy to the device."""
+class _StepReadError(Watcher):
+    """Raises where an op reads the step tensor itself (or a view of it) back to the host, or
+    makes any tensor of Python numbers (torch.tensor, torch.as_tensor; on a GPU, on the device,
+    a copy). Not seen: reads of tensors computed from the step (a CPU run reads its tensors in
+    checks a CUDA run skips, so a taint would flag those) and tolist() / numpy()."""
 
     def __init__(self, step: torch.Tensor):
         super().__init__()

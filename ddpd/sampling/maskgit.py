@@ -237,4 +237,4 @@ def _step(run: Run, batch, policy, i, last: bool, masked: Tensor, logits: Tensor
 
 
 def _alpha(run: Run, t: float) -> float:
-    return float(run.schedule.alpha(torch.tensor(t, dtype=torch.float64)))
+    return float(run.schedule.alpha(torch.tensor(t, dtype=torch.float64, device="cpu")))

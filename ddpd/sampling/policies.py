@@ -181,8 +181,10 @@ def annealed(choice_temperature: float, step, steps: int):
     Returns:
         The temperature, a float or a float32 tensor as `step` is.
     """
-    if isinstance(step, Tensor):  # in float64, then rounded as a float is where it scales float32 noise
-        return (choice_temperature * (1.0 - (step + 1).double() / steps)).float()
+    if isinstance(step, Tensor):  # in float64 as Python computes it, then rounded as a float scales float32 noise;
+        # a device divisor: CUDA divides by a Python number as a multiplication by its reciprocal
+        fraction = (step + 1).double() / torch.full((), steps, dtype=torch.float64, device=step.device)
+        return (choice_temperature * (1.0 - fraction)).float()
     return choice_temperature * (1.0 - (step + 1) / steps)
 
 
@@ -197,7 +199,8 @@ def cosine_table(steps: int) -> Tensor:
     Returns:
         Float64[T], each entry the 0-d op it always was (eager runs keep their draws).
     """
-    return torch.stack([torch.cos(torch.tensor(i + 1).double() / steps * (math.pi / 2)) for i in range(steps)])
+    return torch.stack([torch.cos(torch.tensor(i + 1, device="cpu").double() / steps * (math.pi / 2))
+                        for i in range(steps)])
 
 
 def spread_minimum(spread: str, sum_p: Tensor, step, steps: int, n0, cos: Optional[Tensor] = None
@@ -218,8 +221,9 @@ def spread_minimum(spread: str, sum_p: Tensor, step, steps: int, n0, cos: Option
     """
     if spread == "none":
         return None
-    if spread == "linear":
-        return torch.ceil(sum_p / (steps - step)).long()
+    if spread == "linear":  # a device divisor both ways: CUDA multiplies by a Python number's reciprocal
+        left = steps - step if isinstance(step, Tensor) else torch.full((), steps - step, device=sum_p.device)
+        return torch.ceil(sum_p / left).long()
     # the product in float64 (float32 cos floored apart at n0 cos(pi/3) = an integer), rounded
     # to float32 as it always was
     left = torch.floor((n0 * cos if isinstance(n0, int) else n0.double() * cos).float())
@@ -314,7 +318,8 @@ class MaskGIT(_Unmasking):
         Returns:
             Float64[T, 1]: cos(pi/2 (i + 1) / T) at row i.
         """
-        return torch.tensor([[math.cos(0.5 * math.pi * (i + 1) / steps)] for i in range(steps)], dtype=torch.float64)
+        return torch.tensor([[math.cos(0.5 * math.pi * (i + 1) / steps)] for i in range(steps)], dtype=torch.float64,
+                            device="cpu")
 
     def unmask(self, step: Step) -> Tensor:
         """The masked positions to unmask at this step (every one at the last step).
@@ -537,7 +542,7 @@ class ReMDM:
             sigma = self.sigma(a_t, a_s, looping)
             unmask_p = 1.0 if a_t >= 1.0 else max(0.0, min(1.0, (a_s - (1.0 - sigma) * a_t) / (1.0 - a_t)))
             rows.append((sigma, unmask_p))
-        return torch.tensor(rows, dtype=torch.float64)
+        return torch.tensor(rows, dtype=torch.float64, device="cpu")
 
     def moves(self, step: Step) -> tuple:
         """The step's moves from its EVENT uniforms: one uniform a position decides both, a mask

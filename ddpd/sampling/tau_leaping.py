@@ -315,9 +315,9 @@ class _Grid:
         self.run = run
         self.dt = 1.0 / run.steps
         steps = range(run.steps)
-        self.times = on_device(torch.tensor([i * self.dt for i in steps], dtype=torch.float32), device)
-        self.jumps = on_device(torch.tensor([self.jump_probability(i, eta) for i in steps], dtype=torch.float64),
-                               device)
+        self.times = on_device(torch.tensor([i * self.dt for i in steps], dtype=torch.float32, device="cpu"), device)
+        self.jumps = on_device(torch.tensor([self.jump_probability(i, eta) for i in steps], dtype=torch.float64,
+                                            device="cpu"), device)
 
     def t(self, step, n: int) -> Tensor:
         return row(self.times, step).repeat(n)
@@ -331,7 +331,7 @@ class _Grid:
         if step == self.run.steps - 1:
             return 1.0
         schedule = self.run.schedule
-        t = torch.tensor(step * self.dt, dtype=torch.float64)
+        t = torch.tensor(step * self.dt, dtype=torch.float64, device="cpu")
         a = schedule.alpha(t)
         return min(1.0, self.dt * float((schedule.alpha_dot(t) + eta * a) / (1.0 - a)))
 

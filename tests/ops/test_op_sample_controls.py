@@ -426,6 +426,32 @@ def test_calls_under_a_default_device_keep_their_checks():
         torch.set_default_device(None)
 
 
+def test_calls_under_a_watching_dispatch_mode_stay_eager():
+    """A dispatch mode that only watches (ddpd.ops._dispatch.Watcher: the CUDA-graph emulation's
+    guard) traces nothing: calls under it take the direct path and keep their checks; under
+    any other dispatch mode they go through the custom op."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from ddpd.ops import _dispatch
+
+    class Passing(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    class Watching(_dispatch.Watcher, Passing):
+        pass
+
+    assert _dispatch.eager()
+    with Watching():
+        assert _dispatch.eager()
+        with pytest.raises(ValueError, match=r"top_p values must be in \(0, 1\]"):
+            sample_categorical(torch.randn(3, 10), top_p=torch.tensor([0.5, 0.5, 7.0]), seed=1)
+    with Passing():
+        assert not _dispatch.eager()
+        with Watching():
+            assert not _dispatch.eager()
+
+
 def test_vmap_is_refused_with_a_clear_error():
     """Under vmap every slice would be row 0 of its own batch: six identical draws. The
     batch goes in as leading dimensions instead, with distinct rows."""
