@@ -11,6 +11,7 @@ docs/architecture.md maps the files; docs/ops/<op>.md states each op's law and m
 import warnings
 
 from ddpd.ops import _ext, reference
+from ddpd.ops._dispatch import Watcher
 from ddpd.ops.bernoulli import bernoulli
 from ddpd.ops.compact import compact_fixed, scatter_back
 from ddpd.ops.controls import DrawControls
@@ -58,6 +59,7 @@ __all__ = [
     "Mask",
     "Plan",
     "Selection",
+    "Watcher",
     "bernoulli",
     "categorical_from_weights",
     "compact_fixed",

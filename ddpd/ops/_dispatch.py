@@ -268,6 +268,11 @@ class Watcher(TorchDispatchMode):
 
     @classmethod
     def ignore_compile_internals(cls) -> bool:
+        """Whether Dynamo leaves compiled code compiled under the mode (torch's hook).
+
+        Returns:
+            True: the mode watches the compiled artifact's ops, not its tracing.
+        """
         return True
 
 

@@ -18,7 +18,7 @@ from typing import Callable, Optional
 
 import torch
 
-from ddpd.ops._dispatch import Watcher
+from ddpd.ops import Watcher
 
 COUNTS = ("planner_calls", "denoiser_calls", "planner_rows", "denoiser_rows", "planner_rows_saved",
           "denoiser_rows_saved")

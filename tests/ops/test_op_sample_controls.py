@@ -427,18 +427,18 @@ def test_calls_under_a_default_device_keep_their_checks():
 
 
 def test_calls_under_a_watching_dispatch_mode_stay_eager():
-    """A dispatch mode that only watches (ddpd.ops._dispatch.Watcher: the CUDA-graph emulation's
+    """A dispatch mode that only watches (ddpd.ops.Watcher: the CUDA-graph emulation's
     guard) traces nothing: calls under it take the direct path and keep their checks; under
     any other dispatch mode they go through the custom op."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from ddpd.ops import _dispatch
+    from ddpd.ops import Watcher, _dispatch
 
     class Passing(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             return func(*args, **(kwargs or {}))
 
-    class Watching(_dispatch.Watcher, Passing):
+    class Watching(Watcher, Passing):
         pass
 
     assert _dispatch.eager()
