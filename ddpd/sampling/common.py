@@ -211,11 +211,13 @@ def expand(index: Optional[Tensor], part: Tensor, full: Tensor) -> Tensor:
     return full
 
 
-def run_steps(run: Run, draws: Draws, batch, one_step: Callable, stops: bool) -> None:
-    """one_step(i, temperature, last, check) for i = 0 .. T - 1 until every row has stopped:
-    eagerly at the stop checks, at the last step and in the reference run, from the fused
-    run's CUDA graphs in between (ddpd.sampling.graphs). A step writes its results in place,
-    and reads what depends on i from tensors (i is the graph's step tensor when replayed).
+def run_steps(run: Run, draws: Draws, batch, one_step: Callable, stops: bool,
+              kind: Callable[[int], tuple] = lambda i: ()) -> None:
+    """one_step(i, temperature, last, check, *kind(i)) for i = 0 .. T - 1 until every row has
+    stopped: eagerly at the stop checks, at the last step and in the reference run, from the
+    fused run's CUDA graphs in between (ddpd.sampling.graphs, a graph per kind). A step writes
+    its results in place, and reads what depends on i from tensors (i is the graph's step
+    tensor when replayed).
 
     Args:
         run: the run's checked settings.
@@ -223,17 +225,20 @@ def run_steps(run: Run, draws: Draws, batch, one_step: Callable, stops: bool) ->
         batch: the running batch.
         one_step: the step; check says whether it is a stop check (only when `stops`).
         stops: whether rows stop before the budget (stop checks are due).
+        kind: what else step i needs that tells steps apart (a tuple of Python values; the DDPD
+            loop's positions and planner pass), the key of its graph.
     """
     graphs = draws.graphs(batch, run)
     for i in range(run.steps):
         if batch.finished:
             return
-        last, temperature = i == run.steps - 1, run.temperature_at(i)
-        check = stops and not last and batch.check_due(i)
+        last, temperature, extra = i == run.steps - 1, run.temperature_at(i), kind(i)
+        check = stops and batch.check_due(i)
         if graphs is None or check or last:
-            one_step(i, temperature, last, check)
+            one_step(i, temperature, last, check, *extra)
         else:
-            graphs.run("step", lambda step, temperature=temperature: one_step(step, temperature, False, False), i)
+            graphs.run(extra, lambda step, temperature=temperature, extra=extra:
+                       one_step(step, temperature, False, False, *extra), i)
 
 
 def row(table: Tensor, i) -> Tensor:

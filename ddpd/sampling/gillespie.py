@@ -20,7 +20,7 @@ from torch import Tensor
 
 from ddpd.process import Schedule, denoiser_log_prob_from_uniform, planner_prob_from_uniform
 from ddpd.sampling.batch import RunningBatch, SampleResult
-from ddpd.sampling.common import Run, expand, on_device, row, setup, start, subset, write
+from ddpd.sampling.common import Run, expand, on_device, row, run_steps, setup, start, subset, write
 from ddpd.sampling.draws import Draws
 from ddpd.sampling.noise import ACCEPT, CLOCK, CONFIDENCE, NoiseSource, exponential, gumbel
 from ddpd.sampling.options import (
@@ -335,7 +335,7 @@ def _planner_clock(run: Run, draws: Draws, opts: DDPDOptions, networks, batch: R
     if policy is not None and policy.plan_every > 1:
         batch.state["plan"] = torch.zeros(batch.x.shape, device=batch.x.device)
 
-    def one_step(step, k: int, temperature: float, check: bool, plan_now: bool = True) -> bool:
+    def one_step(step, temperature: float, last: bool, check: bool, k: int, plan_now: bool) -> None:
         logits = _policy_plan(networks, batch, plan_now, policy.revise_above if policy is not None else None)
         plan = draws.plan(step, logits, batch.rows, k, opts.selection, opts.eps, batch.x, mask_id, order)
         positions = plan.positions if plan.order is None else plan.order
@@ -344,7 +344,7 @@ def _planner_clock(run: Run, draws: Draws, opts: DDPDOptions, networks, batch: R
             logits, positions, sum_p, masked, count = batch.finish(plan.stop, step, logits, positions, sum_p, masked,
                                                                    count, check=check)
             if batch.finished:
-                return True
+                return
         if mask_id is not None:
             x_in, t = masked, mask_time(count, run)
         else:
@@ -368,9 +368,8 @@ def _planner_clock(run: Run, draws: Draws, opts: DDPDOptions, networks, batch: R
             _remember_commits(batch, positions, change)
         if "t_prev" in batch.state:
             batch.state["t_prev"].copy_(t)
-        return False
 
-    _run_steps(run, draws, batch, opts, one_step, stops=opts.stop == "eps")
+    run_steps(run, draws, batch, one_step, stops=opts.stop == "eps", kind=_step_kind(run, opts))
 
 
 def _exact_clock(run: Run, draws: Draws, opts: DDPDOptions, networks, batch: RunningBatch,
@@ -391,19 +390,19 @@ def _exact_clock(run: Run, draws: Draws, opts: DDPDOptions, networks, batch: Run
     s_end = -math.log1p(-float(run.schedule.alpha(torch.tensor(opts.t_end, dtype=torch.float64))))
     batch.state["s"] = torch.zeros(len(batch), dtype=torch.float64, device=batch.x.device)
 
-    def one_step(step, k: int, temperature: float, check: bool, plan: bool = True) -> bool:
+    def one_step(step, temperature: float, last: bool, check: bool, k: int, plan_now: bool) -> None:
         clock = exponential(run.noise.uniform(step, CLOCK, batch.rows, 1)[:, 0]).double() / length
         batch.state["s"].add_(clock)
         batch.finish(batch.state["s"] >= s_end, step, check=check)
         if batch.finished:
-            return True
+            return
         t = run.schedule.inverse(-torch.expm1(-batch.state["s"])).float()
         logits = _plan(networks, batch, t)
         plan = draws.plan(step, logits, batch.rows, 1, opts.selection, opts.eps, batch.x, mask_id)
         accept = run.noise.uniform(step, ACCEPT, batch.rows, 1)[:, 0] * length < plan.sum_p
         index = draws.rows_with(accept)
         if index is not None and index.numel() == 0:
-            return False
+            return
         x_in, t_in = (plan.masked, mask_time(plan.count, run)) if mask_id is not None else (batch.x, t)
         x_in, t_in, t, positions, rows = subset(index, x_in, t_in, t, plan.positions, batch.rows)
         temperature = _over_time(run, t, opts.t_end, 1)  # the run ends at t_end, not at the budget's last step
@@ -414,30 +413,16 @@ def _exact_clock(run: Run, draws: Draws, opts: DDPDOptions, networks, batch: Run
         change = _changes(batch, logits, plan.positions) & accept[:, None]
         batch.x.copy_(write(batch.x, plan.positions, tokens, change))
         batch.count_commits(change.sum(1))
-        return False
 
-    _run_steps(run, draws, batch, opts, one_step, stops=True)
+    run_steps(run, draws, batch, one_step, stops=True, kind=_step_kind(run, opts))
 
 
-def _run_steps(run: Run, draws: Draws, batch: RunningBatch, opts: DDPDOptions, one_step: Callable,
-               stops: bool) -> None:
-    """Run one_step(step, k, temperature, check, plan) for step = 0 .. steps - 1 until every row
-    has stopped: eagerly at the stop checks (and always in the reference run), from the fused
-    run's CUDA graphs in between (ddpd.sampling.graphs, a graph per k and plan). plan: whether
-    the step runs the planner (ErrorBudget.plan_every)."""
-    graphs = draws.graphs(batch, run)
+def _step_kind(run: Run, opts: DDPDOptions) -> Callable:
+    """What tells DDPD's steps apart (common.run_steps' kind, the key of a step's graph): step i
+    -> (k, positions it denoises, and whether it runs the planner: ErrorBudget.plan_every)."""
     every = 1 if opts.policy is None else opts.policy.plan_every
     unread = _first_plan_unread(run, opts)
-    for i in range(run.steps):
-        k, temperature = opts.positions_at(i), run.temperature_at(i)
-        plan = i % every == 0 and not (i == 0 and unread)
-        check = stops and batch.check_due(i)
-        if graphs is None or check:
-            if one_step(i, k, temperature, check, plan):
-                return
-        else:
-            graphs.run((k, plan), lambda step, k=k, temperature=temperature, plan=plan:
-                       one_step(step, k, temperature, False, plan), i)
+    return lambda i: (opts.positions_at(i), i % every == 0 and not (i == 0 and unread))
 
 
 def _first_plan_unread(run: Run, opts: DDPDOptions) -> bool:

@@ -7,8 +7,8 @@ writes its results in place.
 
 Modes (Execution.graphs): "auto" captures on CUDA when the run allows it, "off" never captures,
 "emulate" runs the same capture/replay logic without CUDA (what the tests check on the CPU),
-and refuses a replayed step that reads the step tensor back to the host, which a capture
-cannot do.
+and refuses a replayed step that reads the step tensor back to the host or makes a tensor of
+Python numbers, which a capture cannot do.
 docs/sampling.md, section "Internals: CUDA graphs", says how.
 """
 from __future__ import annotations
