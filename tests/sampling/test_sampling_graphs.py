@@ -33,6 +33,20 @@ def nets():
     return tiny_networks()
 
 
+@pytest.fixture
+def made_graphs(monkeypatch):
+    """The StepGraphs the runs of a test make, in order."""
+    graphs = []
+    original = StepGraphs.__init__
+
+    def recorded(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        graphs.append(self)
+
+    monkeypatch.setattr(StepGraphs, "__init__", recorded)
+    return graphs
+
+
 CASES = {
     "planner clock, uniform, A": lambda n, v, **kw: ddpd_sample(n["planner"], n["uniform"], 48, 8, v, steps=24,
                                                                 ddpd=DDPDOptions(eps=0.2), **kw),
@@ -71,15 +85,8 @@ CASES.update({
 
 @pytest.mark.parametrize("vocab", [27, 300])
 @pytest.mark.parametrize("name", CASES)
-def test_replayed_steps_draw_what_eager_steps_draw(nets, name, vocab, monkeypatch):
-    runs, graphs = {}, []
-    original = StepGraphs.__init__
-
-    def recorded(self, *args, **kwargs):
-        original(self, *args, **kwargs)
-        graphs.append(self)
-
-    monkeypatch.setattr(StepGraphs, "__init__", recorded)
+def test_replayed_steps_draw_what_eager_steps_draw(nets, name, vocab, made_graphs):
+    runs, graphs = {}, made_graphs
     with torch.inference_mode():
         for mode in ("off", "emulate"):
             runs[mode] = CASES[name](nets[vocab], vocab, noise=PhiloxNoise(4),
@@ -103,16 +110,9 @@ PROMPTED = {
 
 
 @pytest.mark.parametrize("name", PROMPTED)
-def test_prompted_runs_replay_what_their_eager_steps_draw(nets, name, monkeypatch):
+def test_prompted_runs_replay_what_their_eager_steps_draw(nets, name, made_graphs):
     """Frozen and given-but-unfrozen prompt positions, rows the prompt fills whole, remasking."""
-    graphs = []
-    original = StepGraphs.__init__
-
-    def recorded(self, *args, **kwargs):
-        original(self, *args, **kwargs)
-        graphs.append(self)
-
-    monkeypatch.setattr(StepGraphs, "__init__", recorded)
+    graphs = made_graphs
     x_init = torch.full((16, 8), -1)
     x_init[:, :3] = 1
     x_init[:4] = 2  # four rows given whole
