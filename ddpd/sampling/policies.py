@@ -189,18 +189,34 @@ def annealed(choice_temperature: float, step, steps: int):
 
 
 def cosine_table(steps: int) -> Tensor:
-    """The cosine spread's cos(pi/2 (i + 1) / T) for each step i of T, on the CPU. A run moves it
-    to its device once and a step reads its row there (ddpd.sampling.common.row): a step that
-    made a tensor of a number would copy it to the device, which a CUDA graph cannot capture.
+    """The cosine schedule's cos(pi/2 (i + 1) / T) for each step i of T, on the CPU: MaskGIT's
+    and ErrorBudget's spread. A run moves it to its device once and a step reads its row there
+    (ddpd.sampling.common.row): a step that made a tensor of a number would copy it to the
+    device, which a CUDA graph cannot capture.
 
     Args:
         steps: the step budget T.
 
     Returns:
-        Float64[T], each entry the 0-d op it always was (eager runs keep their draws).
+        Float64[T], each entry a 0-d op (a vectorised cos may round another way).
     """
     return torch.stack([torch.cos(torch.tensor(i + 1, device="cpu").double() / steps * (math.pi / 2))
                         for i in range(steps)])
+
+
+def cosine_left(n0, cos: Tensor) -> Tensor:
+    """floor(n0 cos(pi/2 (i + 1) / T)): the positions the cosine schedule leaves noisy after step
+    i, of n0 at the start (Chang et al. 2022, sec. 3.2), in float64 (float32 would floor apart
+    where n0 cos lands on an integer, e.g. cos(pi/3)).
+
+    Args:
+        n0: the positions a row starts noisy, an int or a tensor [B].
+        cos: the step's entry of cosine_table(T), a 0-d tensor.
+
+    Returns:
+        Float64 (0-d for an int n0, else [B]), integer-valued.
+    """
+    return torch.floor((n0 if isinstance(n0, int) else n0.double()) * cos)
 
 
 def spread_minimum(spread: str, sum_p: Tensor, step, steps: int, n0, cos: Optional[Tensor] = None
@@ -224,10 +240,7 @@ def spread_minimum(spread: str, sum_p: Tensor, step, steps: int, n0, cos: Option
     if spread == "linear":  # a device divisor both ways: CUDA multiplies by a Python number's reciprocal
         left = steps - step if isinstance(step, Tensor) else torch.full((), steps - step, device=sum_p.device)
         return torch.ceil(sum_p / left).long()
-    # the product in float64 (float32 cos floored apart at n0 cos(pi/3) = an integer), rounded
-    # to float32 as it always was
-    left = torch.floor((n0 * cos if isinstance(n0, int) else n0.double() * cos).float())
-    return torch.ceil(sum_p - left).long().clamp(min=1)
+    return torch.ceil(sum_p - cosine_left(n0, cos).float()).long().clamp(min=1)
 
 
 def commit_risk(planner_logits: Tensor, positions: Tensor, confidence: Tensor) -> Tensor:
@@ -316,10 +329,9 @@ class MaskGIT(_Unmasking):
             alpha: the noise schedule (unused: MaskGIT's schedule is its own).
 
         Returns:
-            Float64[T, 1]: cos(pi/2 (i + 1) / T) at row i.
+            Float64[T, 1]: cosine_table(T) as a column.
         """
-        return torch.tensor([[math.cos(0.5 * math.pi * (i + 1) / steps)] for i in range(steps)], dtype=torch.float64,
-                            device="cpu")
+        return cosine_table(steps)[:, None]
 
     def unmask(self, step: Step) -> Tensor:
         """The masked positions to unmask at this step (every one at the last step).
@@ -333,7 +345,7 @@ class MaskGIT(_Unmasking):
         m = step.masked.sum(-1)
         if step.last:
             return step.masked
-        n = torch.floor(step.m0.double() * step.table[0]).long()
+        n = cosine_left(step.m0, step.table[0]).long()
         n = torch.clamp(torch.minimum(m - 1, n), min=1)
         tau = annealed(self.choice_temperature, step.index, step.steps)
         confidence = step.logprob + tau * step.gumbel

@@ -22,6 +22,7 @@ from ddpd.sampling.policies import (
     MaskGIT,
     ReMDM,
     annealed,
+    cosine_left,
     cosine_table,
     ddpd_steps,
     parse_policy,
@@ -447,18 +448,23 @@ def test_a_graphs_step_tensor_gives_the_eager_steps_spread_and_annealing():
     assert spread_minimum("cosine", sum_p, 1, 3, 256, cos).tolist() == [72, 1]  # floor(256 cos(pi/3)) = 128
 
 
-def test_an_eager_step_without_a_prompt_keeps_the_cosine_spread_it_had():
-    """The spread was floor(float32(n0 math.cos(angle))) on an eager step; runs without a prompt
-    (an int n0) must draw as they did, so the committed frontier stands."""
-    sum_p = torch.tensor([300.0])
-    for steps in range(1, 121):
+def test_maskgit_and_the_cosine_spread_keep_the_committed_frontiers_draws():
+    """MaskGIT and ErrorBudget's cosine spread share one schedule (cosine_left); each computed it
+    its own way before (MaskGIT from math.cos, the spread rounded to float32 before its floor).
+    At the budgets of the committed frontier (docs/parallel) both must leave what they left."""
+    frontier_steps = (32, 64, 128, 256, 26, 52, 103, 205, 31, 61, 121, 241, 16, 4)
+    for steps in frontier_steps:
         cos = cosine_table(steps)
-        for step in range(steps):  # the table holds what each step computed before it existed
-            assert torch.equal(cos[step], torch.cos((torch.tensor(step) + 1).double() / steps * (math.pi / 2)))
-            for n0 in (256, 1024, 100):
-                before = math.floor(float(torch.tensor(n0 * math.cos((step + 1) / steps * (math.pi / 2)))))
-                minimum = spread_minimum("cosine", sum_p, step, steps, n0, cos[step])
-                assert int(minimum) == max(1, math.ceil(300.0 - before))
+        for step in range(steps - 1):  # the last step fills every position left
+            angle = (step + 1) / steps * (math.pi / 2)
+            for n0 in (256, 6):
+                maskgit = math.floor(n0 * math.cos(0.5 * math.pi * (step + 1) / steps))
+                spread = math.floor(float(torch.tensor(n0 * math.cos(angle))))  # float32
+                assert cosine_left(n0, cos[step]) == maskgit == spread, (steps, step, n0)
+                assert MaskGIT().step_table(steps, None)[step, 0] == cos[step]
+    # where they floored apart, the one schedule floors as exact arithmetic does
+    assert cosine_left(2, cosine_table(39)[25]) == 1  # 2 cos(pi/3); math.cos's angle gave 0
+    assert cosine_left(torch.tensor([256]), cosine_table(60)[36]) == 144  # 144.999997; float32 gave 145
 
 
 def test_a_certain_risk_under_a_choice_temperature_stays_ahead_of_ineligible_candidates():
