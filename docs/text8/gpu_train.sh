@@ -17,18 +17,24 @@
 #     where ddpd is not installed, then a check of the attention kernel that training runs
 #     (bf16 autocast, flash attention: both automatic in ddpd-train on a CUDA GPU);
 #  2. corpus: $DATA_DIR/books.txt, a space, $DATA_DIR/wiki.txt -> $RUNS/corpus.txt, split
-#     90/5/5 by position by every tool: validation and test are the end of wiki.txt, so the
-#     test split holds the test split of wiki.txt alone, which the bundled networks (trained
-#     on wiki.txt's first 90%) never saw either;
+#     90/5/5 by position by every tool: validation and test are the end of wiki.txt, which the
+#     new networks never train on. The bundled networks trained on wiki.txt's first 90%, half
+#     of the corpus's test split: they are compared on wiki.txt's own test split only;
+#     then a training check: every network, tiny, 2 steps on this device with an evaluation
+#     and a save, and an ELBO of the tiny pair (about 20 s), so that a GPU-only failure stops
+#     the call before the training stage spends it;
 #  3. train: $NETWORKS at once (ddpd-train --max-time TRAIN_SECONDS each, what the budget
 #     leaves), stopped by SIGTERM at the stage's deadline if they run late (ddpd-train then
 #     saves a checkpoint); a network whose $RUNS/NAME holds a checkpoint is continued with
-#     --resume (its settings, --max-time included, come from the checkpoint);
+#     --resume (its settings, --max-time included, come from the checkpoint): on the same
+#     machine only, as the checkpoints (about 260 MB) are not handed back; a network that left
+#     no checkpoint is reported and the others go on;
 #  4. export: float16 copies of the weights in $RUNS/float16, the precision the package ships;
-#  5. eval: the training table (steps, tokens/s, losses); the ELBO of the new networks on the
-#     corpus's test split and on wiki.txt's, the latter with the settings of docs/text8/elbo.md
-#     (256 sequences, 4 Monte-Carlo samples, seed 0: the bundled pair's float16 copies there
-#     give 4.322 bits per character with the planner's mask); from a bundle of the new pair,
+#  5. eval: the training table (steps, tokens/s of the networks training at once, losses); the
+#     ELBO of the new networks on wiki.txt's test split with the settings of docs/text8/elbo.md
+#     (256 sequences, 4 Monte-Carlo samples, seed 0), of the bundled pair there with the same
+#     code (elbo.md measured 4.322 bits per character with the planner's mask), and of the new
+#     networks on the corpus's test split; from a bundle of the new pair,
 #     `ddpd-sample --fused` (what it prints by default);
 #  6. pack (where $OUT is set, as on the device machine): $OUT/gpu_train.log (written as the
 #     run goes), $OUT/float16.tar.part-* (the float16 copies in parts of 15 MiB, right after
@@ -50,7 +56,7 @@
 #   RESULTS        what to commit: logs, tables, samples (default
 #                  docs/text8/logs/train-<device>-<UTC date>, -2, -3, ... if it exists)
 #   ELBO_SEQUENCES test sequences of each ELBO (default 256, as in docs/text8/elbo.md)
-#   DEVICE         auto (default), cpu or cuda
+#   DEVICE         cuda (default; the run stops at once without a CUDA device), cpu or auto
 #   PYTHON         the interpreter (default python3)
 #   SMOKE=1        tiny networks (d_model 32, one layer), 20 s of training, small evaluations,
 #                  on the CPU, RUNS and RESULTS in ${TMPDIR:-/tmp}/ddpd-gpu-train-smoke
@@ -66,7 +72,7 @@ RESERVE_S=${RESERVE_S:-170}
 DATA_DIR=${DATA_DIR:-$ROOT/data}
 NETWORKS=${NETWORKS:-planner mask-denoiser uniform}
 ELBO_SEQUENCES=${ELBO_SEQUENCES:-256}
-DEVICE=${DEVICE:-auto}
+DEVICE=${DEVICE:-cuda}
 TRAIN_ARGS=${TRAIN_ARGS:-}
 # shellcheck source=benchmarks/carried_setuptools.sh
 . benchmarks/carried_setuptools.sh
@@ -129,9 +135,23 @@ done
 for file in books.txt wiki.txt; do
     [ -f "$DATA_DIR/$file" ] || die "no $DATA_DIR/$file (copy text8-mini's $file there, or set DATA_DIR)"
 done
+case $DEVICE in cuda | cpu | auto) ;; *) die "DEVICE must be cuda, cpu or auto, got '$DEVICE'" ;; esac
+if ((!PLAN)) && [ "$DEVICE" = cuda ] && ! $PY -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"
+then
+    die "no CUDA device (DEVICE=cpu trains these networks on the CPU)"
+fi
 CORPUS=$RUNS/corpus.txt
 WIKI=$DATA_DIR/wiki.txt
+BUNDLED=$ROOT/ddpd/pretrained/text8  # the bundled pair, scored beside the new networks
 has() { [[ " ${KINDS[*]} " == *" $1 "* ]]; }
+
+# resuming_all: whether every network continues a checkpoint
+resuming_all() {
+    local name
+    for name in "${KINDS[@]}"; do
+        [ -f "$RUNS/$name/train_state.json" ] || return 1
+    done
+}
 
 # train_seconds ELAPSED: --max-time of new runs, what the budget leaves after ELAPSED seconds
 train_seconds() {
@@ -197,7 +217,10 @@ build() {
         TORCH_CUDA_ARCH_LIST=$($PY -c "import torch; print('%d.%d' % torch.cuda.get_device_capability())")
         export TORCH_CUDA_ARCH_LIST MAX_JOBS=${MAX_JOBS:-$(nproc)}
     fi
-    limited $PY -m pip install -q --no-deps --no-build-isolation --no-index -e .
+    limited $PY -m pip install -q --no-deps --no-build-isolation --no-index -e . || return
+    # setup.py leaves a failed compile to the first use: have it here, not inside training
+    (cd / && limited $PY -m ddpd.ops) || return
+    [ "$DEVICE" = cpu ] || (cd / && $PY -c "from ddpd.ops import _ext; assert _ext.has_cuda(), 'no CUDA kernels'")
 }
 
 # What a training step of the first network runs: its device, dtype and attention kernel.
@@ -222,6 +245,32 @@ name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 print(f"attention check: {kind} on {name}, torch {torch.__version__}, activations {out.dtype}, "
       f"attention kernels {dict(calls)}")
 PY
+}
+
+# Every network, tiny, 2 steps on $DEVICE (bf16, the validation pass, a save), then an ELBO of
+# the tiny pair: the paths only a GPU runs fail here, in seconds, not in the training stage.
+training_check() {
+    local dir=$RUNS/check name pids=() failed=0 pid
+    rm -rf "$dir" && mkdir -p "$dir"
+    for name in "${KINDS[@]}"; do
+        # shellcheck disable=SC2046  # the command is one argument per word
+        limited $PY -m ddpd.cli.train $(echo "${NETWORK[$name]}" | cut -d' ' -f1) --d-model 32 --n-layers 1 \
+            --n-heads 2 --batch-size 8 --data "$CORPUS" --steps 2 --warmup 1 --eval-every 1 --eval-batches 1 \
+            --save-every 2 --seed 0 --out "$dir/$name" --device "$DEVICE" --no-progress >"$dir/$name.log" 2>&1 &
+        pids+=($!)
+    done
+    for pid in "${pids[@]}"; do
+        wait "$pid" || failed=1
+    done
+    if ((failed)); then
+        tail -n 20 "$dir"/*.log
+        return 1
+    fi
+    has planner && has mask-denoiser || return 0
+    limited $PY -m ddpd.cli.eval elbo --planner "$dir/planner" --denoiser "$dir/mask-denoiser" --data "$WIKI" \
+        --split test --num-sequences 4 --mc-samples 1 --batch-size 4 --seed 0 --device "$DEVICE" --no-progress \
+        --out "$dir/elbo.json" >"$dir/elbo.log" 2>&1 || { tail -n 20 "$dir/elbo.log"; return 1; }
+    echo "training check: ${KINDS[*]} trained 2 steps, evaluated and saved on $DEVICE; the tiny pair's ELBO ran"
 }
 
 corpus() {
@@ -286,12 +335,14 @@ evaluate() {
     ((${#denoisers[@]})) && new+=(--denoiser "${denoisers[@]}")
     has uniform && new+=(--uniform "$r/uniform")
     local runs=()
-    if ((${#new[@]})); then
-        elbo elbo-corpus "$CORPUS" "${new[@]}" &
-        pids+=($!)
+    if ((${#new[@]})); then  # wiki.txt's first: the table that compares with the bundled pair
         elbo elbo-wiki "$WIKI" "${new[@]}" &
         pids+=($!)
-        runs+=(elbo-corpus elbo-wiki)
+        elbo elbo-wiki-bundled "$WIKI" --planner "$BUNDLED/planner" --denoiser "$BUNDLED/denoiser" &
+        pids+=($!)
+        elbo elbo-corpus "$CORPUS" "${new[@]}" &
+        pids+=($!)
+        runs+=(elbo-wiki elbo-wiki-bundled elbo-corpus)
     fi
     if has planner && has mask-denoiser; then  # the new pair as a bundle, and what it prints by default
         limited $PY -m ddpd.pretrained "$r/planner" "$r/mask-denoiser" --dest "$RUNS/bundle" --dtype float16 &&
@@ -312,7 +363,11 @@ evaluate() {
 plan() {
     local seconds
     seconds=$(train_seconds "$1")
-    echo "# ddpd text8 GPU training, $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD 2>/dev/null)"
+    local rev
+    rev=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+    # a copy of a working tree can carry an older .git: say when the files are not that commit's
+    [[ $rev != unknown ]] && ! git diff --quiet HEAD -- 2>/dev/null && rev="$rev, with files that differ from it"
+    echo "# ddpd text8 GPU training, $(date -u '+%Y-%m-%d %H:%M UTC'), commit $rev"
     echo "# budget $BUDGET_S s, reserve $RESERVE_S s, networks ${KINDS[*]}; training $seconds s a network (new"
     echo "# runs; this plan assumes $1 s before training, the run counts the time it took)"
     echo "# corpus $DATA_DIR/books.txt + $WIKI -> $CORPUS; runs $RUNS; results $RESULTS"
@@ -323,25 +378,37 @@ plan() {
 }
 
 main() {
-    local rc=0 seconds deadline
+    local rc=0 seconds deadline name kept=()
     plan 60
     stage build 150 build || { echo "gpu_train: the build failed"; return 1; }
     stage "attention check" 60 attention_check || rc=1
     stage corpus 30 corpus || return 1
+    stage "training check" 60 training_check || { echo "gpu_train: the training check failed"; return 1; }
     seconds=$(train_seconds "$SECONDS")
-    ((seconds > 0)) || { echo "gpu_train: no time left to train (TRAIN_SECONDS=$seconds)"; return 1; }
     # the runs' start, evaluations and checkpoints are outside --max-time: 2/3 of the reserve
     deadline=$((seconds + RESERVE_S * 2 / 3))
-    echo "training: --max-time $seconds s for new runs, stopped at $deadline s from now at the latest"
+    if ! resuming_all; then  # a resumed run's --max-time is its checkpoint's; the deadline still holds
+        ((seconds > 0)) || { echo "gpu_train: no time left to train (TRAIN_SECONDS=$seconds)"; return 1; }
+        echo "training: --max-time $seconds s for new runs, stopped at $deadline s from now at the latest"
+    else
+        ((deadline > 30)) || { echo "gpu_train: no time left to continue the runs ($deadline s)"; return 1; }
+        echo "training: continuing ${KINDS[*]}, stopped at $deadline s from now at the latest"
+    fi
     stage train $((deadline + 40)) train "$seconds" "$deadline" || rc=1
-    for name in "${KINDS[@]}"; do
-        [ -f "$RUNS/$name/config.json" ] || { echo "gpu_train: no checkpoint of $name: nothing to evaluate"; return 1; }
+    cp "$RUNS"/train-*.log "$RESULTS"/
+    for name in "${KINDS[@]}"; do  # a network that left no checkpoint must not cost the others theirs
+        if [ -f "$RUNS/$name/config.json" ]; then kept+=("$name"); else echo "gpu_train: no checkpoint of $name"; fi
     done
+    ((${#kept[@]})) || { echo "gpu_train: no network left a checkpoint: nothing to evaluate"; return 1; }
+    ((${#kept[@]} == ${#KINDS[@]})) || rc=1
+    KINDS=("${kept[@]}")
     stage "training table" 60 limited $PY -m ddpd.cli.eval training "${KINDS[@]/#/$RUNS/}" --out-dir "$RESULTS" || rc=1
+    [ -f "$RESULTS/training.md" ] && printf '\n%s\n' "The ${#KINDS[@]} networks trained at once on one $DEVICE \
+device: tokens/s is each one's while sharing it. A run the deadline stopped (exit status 3) shows its last \
+--eval-every validation, not a final one." >>"$RESULTS/training.md"
     stage export 60 export_float16 || return 1
     pack_float16  # handed back now: a call cut short keeps the weights
     stage eval $((BUDGET_S - SECONDS - 15)) evaluate || rc=1
-    cp "$RUNS"/train-*.log "$RESULTS"/
     du -b "$RUNS"/float16/*/model.safetensors
     echo "# total $SECONDS s"
     if ((${#INCOMPLETE[@]})); then  # evaluated as they are; a rerun continues them (exit status 3)

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "docs" / "text8" / "gpu_train.sh"
@@ -40,7 +41,7 @@ def test_plan_trains_the_three_networks_within_the_budget(tmp_path):
     assert list(lines) == ["train planner", "train mask-denoiser", "train uniform"]
     for line in lines.values():  # the budget less the 60 s the plan allows the build, less the reserve
         assert "--max-time 240 " in line and f"--data {tmp_path}/runs/corpus.txt " in line
-        assert "--resume" not in line and "--device auto" in line
+        assert "--resume" not in line and "--device cuda" in line  # a GPU run: no CPU fallback
     assert "--d-model 256 --n-layers 6" in lines["train planner"]
     assert "--d-model 256 --n-layers 8" in lines["train uniform"]
     assert not (tmp_path / "runs").exists() and not (tmp_path / "results").exists()  # ran nothing
@@ -67,6 +68,9 @@ def test_plan_resumes_a_network_with_a_checkpoint(tmp_path):
     ({"NETWORKS": "planner judge"}, "NETWORKS: unknown network 'judge'"),
     ({"NETWORKS": " "}, "NETWORKS names no network"),
     ({"DATA_DIR": "/nonexistent"}, "no /nonexistent/books.txt (copy text8-mini's books.txt there"),
+    ({"DEVICE": "gpu"}, "DEVICE must be cuda, cpu or auto, got 'gpu'"),
+    pytest.param({}, "no CUDA device (DEVICE=cpu trains these networks on the CPU)",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is here")),
 ])
 def test_a_wrong_setting_stops_before_anything_runs(tmp_path, env, message):
     done = _run(tmp_path, **env)
@@ -94,7 +98,7 @@ def test_smoke_run_trains_exports_evaluates_packs_and_resumes(tmp_path):
     assert done.returncode == 0, log[-4000:]
     assert "FAILED" not in log and "Traceback" not in log and "SKIPPED" not in log
     results = tmp_path / "results"
-    for name in ("training.md", "elbo-corpus.md", "elbo-wiki.md", "samples.jsonl",
+    for name in ("training.md", "elbo-corpus.md", "elbo-wiki.md", "elbo-wiki-bundled.md", "samples.jsonl",
                  "train-planner.log", "train-uniform.log", "gpu_train.log"):
         assert (results / name).is_file(), name
     assert "| uniform | " in (results / "elbo-corpus.md").read_text()
