@@ -11,6 +11,33 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+
+def _interpreter_reads_scalars_under_numpy_2_4() -> None:
+    """Triton's interpreter before 3.7 reads a runtime integer (a loop's bound) as int() of a
+    one-element array, which numpy 2.4 refuses: every kernel test on CPU tensors failed with
+    torch <= 2.11's triton (triton-lang/triton#9171). Upstream's fix, for those versions."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return
+    try:
+        import numpy
+        import triton
+        from packaging.version import Version
+        from triton.runtime import interpreter
+    except ImportError:
+        return
+    if Version(triton.__version__).release >= (3, 7) or Version(numpy.__version__).release < (2, 4):
+        return
+    patch = interpreter._patch_lang_tensor
+
+    def patched(tensor, scope):
+        patch(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    interpreter._patch_lang_tensor = patched
+
+
+_interpreter_reads_scalars_under_numpy_2_4()
+
 # The tests run small ops, for which intra-op threads cost far more than they
 # give (many times slower on a loaded machine); one thread also keeps
 # floating-point reductions identical from run to run.

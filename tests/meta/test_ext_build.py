@@ -20,6 +20,8 @@ from ddpd.ops import _ext
 from hang_guard import HANG_GUARD_SECONDS
 
 ROOT = Path(__file__).resolve().parents[2]
+# a CUDA build of torch and nvcc without a GPU add this warning (its own test below) to any build
+NO_GPU = "building ddpd._C without its CUDA kernels"
 
 
 def test_load_registers_the_ops():
@@ -241,7 +243,8 @@ def test_an_install_without_a_compiler_leaves_the_build_to_first_use(tmp_path):
     assert proc.returncode == 0, proc.stderr
     # a warning, which pip shows (in one line: no source line follows it)
     lines = proc.stderr.splitlines()
-    (at,) = [i for i, line in enumerate(lines) if line.startswith("setup.py:0: UserWarning: ddpd: building ddpd._C")]
+    (at,) = [i for i, line in enumerate(lines)
+             if line.startswith("setup.py:0: UserWarning: ddpd: building ddpd._C") and NO_GPU not in line]
     assert lines[at].startswith("setup.py:0: UserWarning: ddpd: building ddpd._C failed (")
     assert "it needs a C++17 compiler" in lines[at] and lines[at].endswith("compile it on first use")
     assert at + 1 == len(lines) or not lines[at + 1].startswith(" ")
@@ -465,7 +468,7 @@ def test_pip_shows_in_one_line_that_the_extension_was_not_built(tmp_path):
                           timeout=HANG_GUARD_SECONDS, start_new_session=True)
     assert done.returncode == 0, done.stdout + done.stderr
     shown = (done.stdout + done.stderr).splitlines()
-    (line,) = [line for line in shown if "ddpd._C" in line]
+    (line,) = [line for line in shown if "ddpd._C" in line and NO_GPU not in line]
     assert "BuildBackendWarning: ddpd: building ddpd._C failed (" in line and "compile it on first use" in line
     assert not [line for line in shown if "Setuptools" in line or "absent from the `packages`" in line], shown
 
@@ -481,7 +484,8 @@ def test_an_editable_build_warns_of_nothing_in_ddpds_own_configuration(tmp_path)
                           text=True, env=dict(os.environ, CC="/bin/false", CXX="/bin/false"),
                           timeout=HANG_GUARD_SECONDS, start_new_session=True)
     assert done.returncode == 0, done.stderr
-    warned = [line for line in done.stderr.splitlines() if re.match(r"\S+:\d+: \w+: ", line)]  # file:line: Kind: ...
+    warned = [line for line in done.stderr.splitlines()
+              if re.match(r"\S+:\d+: \w+: ", line) and NO_GPU not in line]  # file:line: Kind: ...
     assert len(warned) == 1 and "UserWarning: ddpd: building ddpd._C failed" in warned[0], warned
 
 

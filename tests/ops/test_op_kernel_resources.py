@@ -17,9 +17,11 @@ cases, the compilation and the reading of the binaries ddpd.testing.sm90's (the
 last test runs that script). Like tests/ops/test_op_triton_compile.py, the compilation runs in a child
 process without TRITON_INTERPRET: `python tests/ops/test_op_kernel_resources.py`.
 """
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
+from packaging.version import Version
 
 from ddpd.testing.launches import record_launches  # the launches a call makes
 from ddpd.testing.sm90 import CASES, answer_as_h100, compile_launch, resources  # sm_90 binaries
@@ -52,7 +54,11 @@ def test_kernel_binaries_reads_the_loops_of_the_launches():
     assert set(kernels) == {"tile_stats_kernel", "finish_kernel"}, result.stdout
     stats = kernels["tile_stats_kernel"]
     assert "'warps': 1" in stats[0] and len(stats) > 1
-    assert all(" BAR 0 " in loop for loop in stats[1:]) and any(" SHFL 0 " not in loop for loop in stats[1:])
+    assert any(" SHFL 0 " not in loop for loop in stats[1:])
+    if Version(version("triton")).release >= (3, 9):
+        # Triton 3.6 (torch 2.11's, the H200 runs of benchmarks/results) moves the loaded tile
+        # through shared memory in the loop, a barrier each chunk; 3.9 does not
+        assert all(" BAR 0 " in loop for loop in stats[1:]), result.stdout
 
 
 # --------------------------------------------------------------------- the child process
