@@ -4,9 +4,11 @@ Triton kernels run in the interpreter on machines without a GPU; the variable mu
 be set before any kernel module is imported, hence here, at collection time.
 """
 import os
+from importlib.metadata import PackageNotFoundError, version
 
 import pytest
 import torch
+from packaging.version import Version
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -18,15 +20,13 @@ def _interpreter_reads_scalars_under_numpy_2_4() -> None:
     torch <= 2.11's triton (triton-lang/triton#9171). Upstream's fix, for those versions."""
     if os.environ.get("TRITON_INTERPRET") != "1":
         return
-    try:
-        import numpy
-        import triton
-        from packaging.version import Version
-        from triton.runtime import interpreter
-    except ImportError:
+    try:  # the versions from the metadata: triton is imported only where it needs the fix
+        if Version(version("triton")).release >= (3, 7) or Version(version("numpy")).release < (2, 4):
+            return
+    except PackageNotFoundError:
         return
-    if Version(triton.__version__).release >= (3, 7) or Version(numpy.__version__).release < (2, 4):
-        return
+    from triton.runtime import interpreter
+
     patch = interpreter._patch_lang_tensor
 
     def patched(tensor, scope):

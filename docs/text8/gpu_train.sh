@@ -252,9 +252,8 @@ PY
 training_check() {
     local dir=$RUNS/check name pids=() failed=0 pid
     rm -rf "$dir" && mkdir -p "$dir"
-    for name in "${KINDS[@]}"; do
-        # shellcheck disable=SC2046  # the command is one argument per word
-        limited $PY -m ddpd.cli.train $(echo "${NETWORK[$name]}" | cut -d' ' -f1) --d-model 32 --n-layers 1 \
+    for name in "${KINDS[@]}"; do  # the kind, the first word of its arguments
+        limited $PY -m ddpd.cli.train "${NETWORK[$name]%% *}" --d-model 32 --n-layers 1 \
             --n-heads 2 --batch-size 8 --data "$CORPUS" --steps 2 --warmup 1 --eval-every 1 --eval-batches 1 \
             --save-every 2 --seed 0 --out "$dir/$name" --device "$DEVICE" --no-progress >"$dir/$name.log" 2>&1 &
         pids+=($!)

@@ -454,14 +454,14 @@ def test_maskgit_and_the_cosine_spread_keep_the_committed_frontiers_draws():
     At the budgets of the committed frontier (docs/parallel) both must leave what they left."""
     frontier_steps = (32, 64, 128, 256, 26, 52, 103, 205, 31, 61, 121, 241, 16, 4)
     for steps in frontier_steps:
-        cos = cosine_table(steps)
+        cos, maskgit_table = cosine_table(steps), MaskGIT().step_table(steps, None)
+        assert torch.equal(maskgit_table[:, 0], cos)
         for step in range(steps - 1):  # the last step fills every position left
             angle = (step + 1) / steps * (math.pi / 2)
             for n0 in (256, 6):
                 maskgit = math.floor(n0 * math.cos(0.5 * math.pi * (step + 1) / steps))
                 spread = math.floor(float(torch.tensor(n0 * math.cos(angle))))  # float32
                 assert cosine_left(n0, cos[step]) == maskgit == spread, (steps, step, n0)
-                assert MaskGIT().step_table(steps, None)[step, 0] == cos[step]
     # where they floored apart, the one schedule floors as exact arithmetic does
     assert cosine_left(2, cosine_table(39)[25]) == 1  # 2 cos(pi/3); math.cos's angle gave 0
     assert cosine_left(torch.tensor([256]), cosine_table(60)[36]) == 144  # 144.999997; float32 gave 145
