@@ -829,11 +829,12 @@ def _sample_all(args, models: Models, sample, records: Records, out, stdout: Std
                 for part in group.all_gather(own):
                     if part is None or not group.is_main:
                         continue
+                    with signals_deferred():  # a batch is both in `out` and counted, or neither
+                        if out is not None:
+                            out.write(part["lines"])
+                        done += part["n"]
                     for key in calls:
                         calls[key] += part["counts"][key]
-                    if out is not None:
-                        out.write(part["lines"])
-                    done += part["n"]
                     for line in part["printed"]:
                         stdout.print(line)
                 # a batch that stopped early ends its share of the bar

@@ -367,6 +367,25 @@ def test_signals_keep_the_finished_samples(ckpts, tmp_path, sig):
     assert os.listdir(tmp_path) == ["s.jsonl"]  # no temporary left
 
 
+def test_a_signal_after_a_batch_reached_the_file_counts_it(ckpts, tmp_path, capsys, monkeypatch):
+    """A signal just after a batch was written to --out and before it was counted: the tool
+    said no sample was finished and discarded the file's samples."""
+    out = tmp_path / "s.jsonl"
+    write = files.StreamedFile.write
+
+    def write_then_signal(self, text):
+        write(self, text)
+        assert callable(signal.getsignal(signal.SIGTERM)), "the tool's handler is not in place"
+        os.kill(os.getpid(), signal.SIGTERM)  # its handler runs before kill returns
+
+    monkeypatch.setattr(files.StreamedFile, "write", write_then_signal)
+    code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--steps", "8", "--batch-size", "5",
+                           "--num-samples", "10", "--out", str(out), "--no-progress")
+    assert code == 128 + signal.SIGTERM, err
+    assert err == f"ddpd-sample: interrupted by SIGTERM; wrote the 5 finished sample(s) to {out}\n"
+    assert [r["index"] for r in read_jsonl(out)] == list(range(5))
+
+
 def test_out_is_checked_before_any_work(ckpts, tmp_path, capsys, monkeypatch):
     def never(*args):
         raise AssertionError("models loaded before --out was checked")
