@@ -372,7 +372,7 @@ class ConfidenceThreshold(_Unmasking):
         Returns:
             Bool[B, D].
         """
-        if step.last:
+        if step.last or self.threshold == 0:  # 0: every mask, even where p rounds to 0
             return step.masked
         return step.masked & ((step.prob > self.threshold) | _most_confident(step))
 
@@ -433,11 +433,13 @@ class EntropyBound(_Unmasking):
         """
         if step.last:
             return step.masked
-        h = step.entropy.masked_fill(~step.masked, float("inf"))
+        # a NaN entropy (a NaN output) ranks last of the masked, taken only as the one a step needs
+        last = torch.finfo(step.entropy.dtype).max
+        h = step.entropy.nan_to_num(nan=last).masked_fill(~step.masked, float("inf"))
         order = h.argsort(dim=1, stable=True)
         ranked = h.gather(1, order)
         # sorted ascending, the prefix's maximum is its last entry
-        taken = (ranked.cumsum(1) - ranked <= self.gamma) & (ranked < float("inf"))
+        taken = (ranked.cumsum(1) - ranked <= self.gamma) & (ranked < last)
         taken = taken.cumprod(1).bool()
         taken[:, 0] = ranked[:, 0] < float("inf")
         return torch.zeros_like(taken).scatter(1, order, taken)
@@ -456,7 +458,8 @@ class ReMDM:
     keeps it there) until t_off, then MDLM from alpha_on to 1 (the mask loop maps the step
     grid, mask_sample); cap and rescale refuse t_on, t_off and alpha_on off their defaults,
     which they would ignore. A row runs to the budget while eta > 0: a filled row may be
-    masked again."""
+    masked again, and so may a prompt's positions that are not frozen (committed tokens from
+    step 0, where sigma_max is 1); freeze a prompt to keep it."""
 
     schedule: str = "cap"
     eta: float = 0.02

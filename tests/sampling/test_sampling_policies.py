@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from ddpd.sampling import Execution, Prompt, ddpd_sample, ddpd_sample_uniform, mask_sample
+from ddpd.sampling import Execution, NaNOutputWarning, Prompt, ddpd_sample, ddpd_sample_uniform, mask_sample
 from ddpd.sampling.common import row
 from ddpd.sampling.options import DDPDOptions
 from ddpd.sampling.policies import (
@@ -128,6 +128,30 @@ def test_a_threshold_of_0_commits_everything_in_one_pass():
     result = mask_sample(NETWORKS["mask"], 6, D, 27, steps=D, seed=1, policy=ConfidenceThreshold(0.0))
     assert torch.equal(result.denoiser_passes, torch.ones(6, dtype=torch.long))
     assert result.tokens_per_pass == D
+
+
+def test_a_threshold_of_0_commits_a_token_whose_probability_rounds_to_0():
+    """A drawn token 120 nats below the best (drawn at a high temperature) has probability 0
+    in float32, and p > 0 kept it masked: a threshold of 0 took two passes."""
+    def denoiser(x, t):
+        return torch.tensor([0.0, -120.0]).expand(*x.shape, 2)
+
+    result = mask_sample(denoiser, 6, D, 2, steps=D, seed=1, temperature=200.0, policy=ConfidenceThreshold(0.0))
+    assert (result.tokens == 1).any()  # drawn where the untempered probability is 0
+    assert torch.equal(result.denoiser_passes, torch.ones(6, dtype=torch.long))
+
+
+@pytest.mark.parametrize("policy", [ConfidenceThreshold(0.9), ConfidenceFactor(1.0), EntropyBound(0.1)],
+                         ids=lambda p: type(p).__name__)
+def test_a_nan_output_still_unmasks_one_position_a_step(policy):
+    """A NaN entropy sorted after the filled positions: the entropy bound unmasked nothing
+    before the last step, where the other rules unmask one position a step."""
+    def denoiser(x, t):
+        return torch.full((*x.shape, 5), float("nan"))
+
+    with pytest.warns(NaNOutputWarning):
+        result = mask_sample(denoiser, 2, 6, 5, steps=10, seed=0, policy=policy)
+    assert torch.equal(result.denoiser_passes, torch.full((2,), 6))
 
 
 # ----------------------------------------------------------------------------- (b) exact law
