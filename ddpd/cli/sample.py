@@ -45,7 +45,7 @@ from ddpd.cli.common import (
     shared_facts,
     warn_if_lengths_differ,
 )
-from ddpd.cli.samplers import FAMILIES, add_truncation_arguments, truncation_from
+from ddpd.cli.samplers import FAMILIES, MASKGIT_CHOICE_TEMPERATURE, add_truncation_arguments, truncation_from
 from ddpd.streams import Stdout, standard_streams
 
 if TYPE_CHECKING:
@@ -57,6 +57,9 @@ NUM_SAMPLES, NUM_SAMPLES_BUNDLED = 8, 4
 BUNDLED_STEPS_PER_TOKEN = 2
 GAP = "_"  # --infill: a position to generate
 SYNC_EVERY = 8  # --fused: steps between stop checks
+# The flags only one --sampler reads: given (off their defaults) with another, they are refused.
+SAMPLER_FLAGS = {**dict.fromkeys(("option", "stop", "selection", "eps", "k", "parallel_steps", "clock", "t_end"),
+                                 "ddpd"), "eta": "tau-leaping", "choice_temperature": "maskgit"}
 COUNTS = ("planner_calls", "denoiser_calls", "planner_rows", "denoiser_rows", "planner_rows_saved",
           "denoiser_rows_saved", "planner_nan_passes", "denoiser_nan_passes")
 PER_ROW = ("planner_passes", "denoiser_passes", "commits")  # summed over the samples
@@ -146,9 +149,12 @@ def build_parser() -> argparse.ArgumentParser:
     ddpd.add_argument("--t-end", dest="t_end", type=float, default=1.0 - 1e-4, help="end time of --clock exact")
     baselines = p.add_argument_group("baselines")
     baselines.add_argument("--eta", type=float, default=0.0,
-                           help="remasking stochasticity of mask tau-leaping (default %(default)s)")
-    baselines.add_argument("--choice-temperature", dest="choice_temperature", type=float, default=4.5,
-                           help="MaskGIT: scale of the Gumbel noise on the confidences (default %(default)s)")
+                           help="remasking stochasticity of mask tau-leaping, on one mask-denoiser (default "
+                                "%(default)s)")
+    baselines.add_argument("--choice-temperature", dest="choice_temperature", type=float,
+                           help="MaskGIT's default policy: scale of the Gumbel noise on the confidences (default "
+                                f"{MASKGIT_CHOICE_TEMPERATURE}); with --policy give the policy's own field, e.g. "
+                                "maskgit:choice_temperature=2")
     return p
 
 
@@ -460,6 +466,9 @@ def _make_sampler(args, models: Models, tokenizer, prompts):
         row = find(args.sampler, False, models.kind)
     if row is None:
         raise UsageError(f"--sampler {args.sampler} needs {needs(args.sampler)}; got {_describe(models)}")
+    if args.eta != 0 and row.function != "tau_leaping_mask":
+        raise UsageError(f"--eta is a setting of mask tau-leaping (one mask-denoiser); with {_describe(models)} "
+                         f"--sampler {args.sampler} runs {row.name}, which has none")
     ddpd = DDPDOptions()
     if row.family == "ddpd":
         ddpd = DDPDOptions(**ddpd_fields(args)).check(args.length, args.steps)
@@ -578,15 +587,39 @@ def check_command_line(args) -> None:
     check_finite("--temperature-end", args.temperature_end, open_min=False)
     check_finite("--guidance-scale", args.guidance_scale, open_min=False)
     check_finite("--eta", args.eta, open_min=False)  # checked whether or not the sampler reads them
-    check_finite("--choice-temperature", args.choice_temperature, open_min=False)
     if args.policy is not None and not args.policy.strip():
         raise UsageError("--policy must be NAME[:FIELD=VALUE,...], got an empty string")
+    if args.choice_temperature is not None:
+        check_finite("--choice-temperature", args.choice_temperature, open_min=False)
+        if args.policy:  # it would be ignored: the policy has its own field
+            raise UsageError(f"--choice-temperature sets the default maskgit policy's; with --policy {args.policy} "
+                             "give the policy's choice_temperature field instead")
+    refuse_flags_of_other_samplers(args)
+    if args.choice_temperature is None:
+        args.choice_temperature = MASKGIT_CHOICE_TEMPERATURE
     if args.labels is None and args.guidance_scale != 1.0:
         raise UsageError("--guidance-scale needs --labels (the classes to guide towards)")
     if args.option:
         parse_option(args.option)
     check_checkpoints(args.checkpoint or None, args.planner or None, args.denoiser or None)
     args.texts = read_prompts(args)  # a missing or unreadable file fails before any work
+
+
+def refuse_flags_of_other_samplers(args) -> None:
+    """A flag that only another --sampler reads (SAMPLER_FLAGS), given off its default, is an
+    error rather than ignored.
+
+    Args:
+        args: the parsed command line.
+
+    Raises:
+        UsageError: naming the flag and the sampler that reads it.
+    """
+    parser = build_parser()
+    for dest, owner in SAMPLER_FLAGS.items():
+        if owner != args.sampler and getattr(args, dest) != parser.get_default(dest):
+            raise UsageError(f"--{dest.replace('_', '-')} is a setting of --sampler {owner}, not of "
+                             f"--sampler {args.sampler}")
 
 
 def check_args(args) -> None:

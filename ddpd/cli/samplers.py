@@ -38,6 +38,9 @@ def _sampling():
     return importlib.import_module("ddpd.sampling")
 
 
+MASKGIT_CHOICE_TEMPERATURE = 4.5  # ddpd.sampling.policies.MaskGIT's default, without importing torch
+
+
 def _maskgit(choice_temperature: float):
     """MaskGIT's policy (ddpd.sampling.policies), imported when a sampler is called."""
     return importlib.import_module("ddpd.sampling.policies").MaskGIT(choice_temperature)
@@ -69,7 +72,7 @@ class Settings:
     truncation: Truncation = field(default_factory=_default("Truncation"))
     ddpd: DDPDOptions = field(default_factory=_default("DDPDOptions"))
     eta: float = 0.0
-    choice_temperature: float = 4.5
+    choice_temperature: float = MASKGIT_CHOICE_TEMPERATURE
     policy: Optional[object] = None  # a mask-loop policy (ddpd.sampling.policies); None: MaskGIT's
     x_init: Optional[Tensor] = None
     frozen: Optional[Tensor] = None

@@ -83,11 +83,13 @@ def test_a_command_line_that_passes_goes_on_to_import_torch(files, tool, argv):
 
 def test_the_tools_light_lists_are_the_packages():
     """The parsers' choices, written out in ddpd.cli so that parsing imports no torch."""
-    from ddpd.cli import common, train
+    from ddpd.cli import common, samplers, train
     from ddpd.models import DTYPE_CHOICES
+    from ddpd.sampling.policies import MaskGIT
     from ddpd.training import trainer
 
     assert common.DTYPE_CHOICES == DTYPE_CHOICES
+    assert samplers.MASKGIT_CHOICE_TEMPERATURE == MaskGIT().choice_temperature
     assert (train.KINDS, train.TOKENIZERS) == (trainer.KINDS, trainer.TOKENIZERS)
 
 
@@ -109,6 +111,16 @@ def no_models(monkeypatch):
     (["--eta", "-1"], "--eta must be a finite number >= 0"),  # refused though the ddpd sampler reads no eta
     (["--sampler", "maskgit", "--policy", "threshold:0.9", "--choice-temperature", "-5"], "--choice-temperature must"),
     (["--policy", ""], "--policy must be NAME[:FIELD=VALUE,...]"),
+    # the policy's own field decides; the flag was ignored
+    (["--sampler", "maskgit", "--policy", "maskgit", "--choice-temperature", "2"],
+     "with --policy maskgit give the policy's choice_temperature field"),
+    (["--policy", "error-budget:bound=1", "--choice-temperature", "2"], "--choice-temperature sets the default"),
+    # a flag only another sampler reads was ignored
+    (["--sampler", "maskgit", "--eta", "1"], "--eta is a setting of --sampler tau-leaping, not of --sampler maskgit"),
+    (["--sampler", "maskgit", "--option", "A+B"], "--option is a setting of --sampler ddpd"),
+    (["--sampler", "tau-leaping", "--clock", "exact"], "--clock is a setting of --sampler ddpd"),
+    (["--sampler", "maskgit", "--k", "4"], "--k is a setting of --sampler ddpd"),
+    (["--choice-temperature", "2"], "--choice-temperature is a setting of --sampler maskgit, not of --sampler ddpd"),
 ])
 def test_sample_refuses_the_sampler_settings_before_loading_models(no_models, capsys, argv, message):
     from ddpd.cli.sample import main

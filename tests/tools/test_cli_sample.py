@@ -635,7 +635,9 @@ from ddpd.cli import samplers as table  # noqa: E402
 
 # every row of the table with the checkpoints it needs, and the DDPD rows on the exact clock too
 ROWS = [(row.name, ["--planner", "{planner}", "--denoiser", "{" + row.model + "}"] if row.planner else
-         ["--checkpoint", "{" + row.model + "}"], ["--sampler", row.family]) for row in table.TABLE]
+         ["--checkpoint", "{" + row.model + "}"],
+         ["--sampler", row.family, *(["--eta", "1"] if row.function == "tau_leaping_mask" else [])])
+        for row in table.TABLE]
 ROWS += [(name + " exact clock", models, argv + ["--clock", "exact"]) for name, models, argv in ROWS
          if argv[1] == "ddpd"]
 
@@ -648,7 +650,7 @@ def test_every_sampler_runs_fused_and_draws_what_the_reference_draws(ckpts, tmp_
     for fused in ([], ["--fused", "--sync-every", "2"]):
         out = tmp_path / f"{len(fused)}.jsonl"
         code, _, err = run_cli(capsys, *models, *argv, "--steps", "10", "--num-samples", "5", "--batch-size", "3",
-                               "--seed", "11", "--eta", "1", "--out", str(out), "--quiet", *fused)
+                               "--seed", "11", "--out", str(out), "--quiet", *fused)
         assert code == 0, err
         assert (", fused;" in err) == bool(fused)
         records.append(read_jsonl(out))
@@ -665,6 +667,14 @@ def test_a_bundle_gives_its_denoiser_to_a_sampler_without_planner(ckpts, capsys)
     code, _, err = run_cli(capsys, "--planner", ckpts["planner"], "--denoiser", ckpts["mask-denoiser"], "--sampler",
                            "maskgit")
     assert code == 2 and "--sampler maskgit needs one mask-denoiser" in err
+
+
+def test_eta_is_refused_where_tau_leaping_runs_with_a_planner(ckpts, capsys):
+    """A bundle's tau-leaping is P x D, which has no eta: --eta was ignored."""
+    code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--sampler", "tau-leaping", "--eta", "2")
+    assert code == 2 and err.count("\n") == 1
+    assert "--eta is a setting of mask tau-leaping (one mask-denoiser); with planner 'planner' and denoiser " \
+           "'mask-denoiser' --sampler tau-leaping runs tau-planned-mask, which has none" in err, err
 
 
 def test_the_table_names_what_each_sampler_needs(ckpts, capsys):
