@@ -53,15 +53,18 @@ SAMPLER_HELP = ("ddpd-{A,AB,ABC}-{mask,uniform,uniform-model}, tau-planned-{mask
                 "dfm-uni, maskgit (default: every one the checkpoints allow)")
 
 
-def _common(p: argparse.ArgumentParser, *, data_required: bool) -> None:
+def _common(p: argparse.ArgumentParser, *, data_required: Optional[bool]) -> None:
+    """The flags of the commands that load networks; data_required None: the command reads
+    no text (and takes no single uniform model)."""
     p.add_argument("--planner", help="planner checkpoint directory")
     p.add_argument("--denoiser", nargs="+", default=[], metavar="DIR",
                    help="mask-denoiser and/or uniform-denoiser checkpoint directories")
-    p.add_argument("--uniform", help="single uniform-diffusion model checkpoint directory")
-    p.add_argument("--data", required=data_required,
-                   help="held-out text: a file (text8 format for text8 models), books, text8 or hf:NAME")
-    p.add_argument("--split", default="test", choices=("train", "validation", "test"),
-                   help="which 90/5/5 split of --data to use (default test)")
+    if data_required is not None:
+        p.add_argument("--uniform", help="single uniform-diffusion model checkpoint directory")
+        p.add_argument("--data", required=data_required,
+                       help="held-out text: a file (text8 format for text8 models), books, text8 or hf:NAME")
+        p.add_argument("--split", default="test", choices=("train", "validation", "test"),
+                       help="which 90/5/5 split of --data to use (default test)")
     p.add_argument("--seed", type=int, default=0, help="(default 0)")
     p.add_argument("--batch-size", type=int, default=32, help="(default 32)")
     add_runtime_arguments(p)
@@ -120,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out-dir", help="also write training.md and training.json (with the loss histories) here")
 
     p = sub.add_parser("convergence", help="noise left and stopped samples along the DDPD steps")
-    _common(p, data_required=False)
+    _common(p, data_required=None)
     p.add_argument("--steps", type=int, default=512, help="(default 512)")
     p.add_argument("--num-samples", type=int, default=64, help="(default 64)")
     p.add_argument("--eps", nargs="+", type=float, default=[0.05, 0.01],
@@ -185,7 +188,8 @@ def load_models(args: argparse.Namespace) -> Loaded:
         CheckpointError: a checkpoint that cannot be loaded.
     """
     loaded = Loaded(device=resolve_device(args.device))
-    given = [("planner", args.planner), ("uniform", args.uniform), ("judge", getattr(args, "judge", None))]
+    given = [("planner", args.planner), ("uniform", getattr(args, "uniform", None)),
+             ("judge", getattr(args, "judge", None))]
     given += [("denoiser", d) for d in args.denoiser]
     configs = []
     for role, path in given:

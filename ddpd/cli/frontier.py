@@ -61,7 +61,8 @@ def add_parser(sub) -> None:
     p.add_argument("--fused", action="store_true",
                    help="every sampler on its fused path (the same samples with float32 networks)")
     add_runtime_arguments(p)
-    p.add_argument("--no-progress", dest="progress", action="store_false")
+    p.add_argument("--no-progress", dest="progress", action="store_false",
+                   help="no progress bar (shown on a terminal only)")
     p.add_argument("--out-dir", required=True, help="where the reports go: " + ", ".join(REPORTS))
 
 

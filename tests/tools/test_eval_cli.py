@@ -326,7 +326,7 @@ def test_convergence_command(setup, capsys):
      "--samplers: ['maskgit'] not available", 2),
     (["quality", "--uniform", "{uniform}", "--judge", "{ar}", "--temperatures", "1", "nan", "--out-dir",
       "{root}/q2"], "--temperatures must be in [0.0, 1e+36], got nan", 2),
-    (["convergence", "--uniform", "{uniform}", "--out-dir", "{root}/c2"], "give --planner and exactly one", 2),
+    (["convergence", "--planner", "{planner}", "--out-dir", "{root}/c2"], "give --planner and exactly one", 2),
     (["convergence", "--planner", "{planner}", "--denoiser", "{mask-denoiser}", "--num-samples", "0", "--out-dir",
       "{root}/c2"], "--num-samples must be >= 1, got 0", 2),
 ])
@@ -344,16 +344,22 @@ def test_a_missing_sweep_is_a_usage_error(tmp_path, capsys, argv):
     assert code == 2 and err == f"ddpd-eval: error: no such sweep file: {tmp_path / 'missing.csv'}\n", err
 
 
-def test_argument_errors_exit_2_in_one_line(capsys):
+@pytest.mark.parametrize("argv, message", [
+    (["elbo", "--uniform", "x"], "required: --data"),
+    # convergence reads no text and samples with a planner and a denoiser: it took and ignored these
+    (["convergence", "--planner", "p", "--data", "x", "--out-dir", "c"], "unrecognized arguments: --data x"),
+    (["convergence", "--uniform", "u", "--out-dir", "c"], "unrecognized arguments: --uniform u"),
+])
+def test_argument_errors_exit_2_in_one_line(capsys, argv, message):
     with pytest.raises(SystemExit) as exit_info:
-        main(["elbo", "--uniform", "x"])
+        main(argv)
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
-    assert "required: --data" in err and err.count("\n") == 1
+    assert message in err and err.count("\n") == 1
 
 
 @pytest.mark.parametrize("argv", [["elbo", "--uniform", "{uniform}", "--data", "{data}", "--out", ""],
-                                  ["convergence", "--uniform", "{uniform}", "--out-dir", ""]])
+                                  ["convergence", "--planner", "{planner}", "--out-dir", ""]])
 def test_an_empty_output_path_is_a_usage_error(setup, capsys, argv):
     code, _, err = _run(capsys, *[a.format(**setup) for a in argv])
     assert code == 2 and err.count("\n") == 1 and "must be a path, got ''" in err, err
@@ -628,6 +634,7 @@ def _documented_synopses():
     lines = re.sub(r"\n  ", " ", block).splitlines()  # a synopsis goes on in its indented lines
     synopses = {}
     for line in lines:
+        assert set(re.findall(r"--[a-z-]+", line)) == _options(line.split()[1]), line  # every flag, and no other
         depth, shown = 0, []
         for token in re.findall(r"\[|\]|[^\s\[\]]+", line):
             depth += {"[": 1, "]": -1}.get(token, 0)
@@ -635,6 +642,13 @@ def _documented_synopses():
                 shown.append(token)
         synopses[line.split()[1]] = shown
     return synopses
+
+
+def _options(command):
+    from ddpd.cli.eval import build_parser
+
+    parser = build_parser()._subparsers._group_actions[0].choices[command]
+    return {o for a in parser._actions for o in a.option_strings if o.startswith("--") and o != "--help"}
 
 
 def test_the_documented_synopses_show_as_required_only_what_is_required():
