@@ -7,8 +7,9 @@ by SIGINT, as it does after a traceback. Other processes that import ddpd keep P
 traceback. Light: ddpd's __init__ installs it before importing torch.
 
 Also `signals_held`: code during which a signal handler must not raise (an import or a
-checkpoint load, where an exception thrown across C++ aborts the process) holds the
-signals and hands the first to the handler in place when it ends."""
+checkpoint load, where an exception thrown across C++ aborts the process; a save and the
+record of it, renames that publish several files) holds the signals and hands the first
+to the handler in place when it ends."""
 from __future__ import annotations
 
 import os
@@ -62,8 +63,9 @@ def signals_held() -> Iterator[None]:
     raised again, to the handler in place before (the tools' raises Interrupted there, a
     safe point). For code a handler's exception must not cut: importing torch._dynamo and
     triton runs C++ that calls back into Python, and an exception raised there ended a
-    ddpd-train --resume with SIGABRT, its lock and temporaries left behind. Signals are
-    handled in the main thread only: elsewhere nothing changes."""
+    ddpd-train --resume with SIGABRT, its lock and temporaries left behind; steps whose
+    halves must not be told apart (a file written and counted). Signals are handled in the
+    main thread only: elsewhere nothing changes."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return

@@ -28,6 +28,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import IO, Optional
 
+from ddpd._interrupts import signals_held
+
 _HOST = socket.gethostname().replace(os.sep, "_") or "localhost"
 
 
@@ -461,11 +463,16 @@ class FileSet:
         return out
 
     def publish(self) -> None:
-        """Rename every temporary over its file, journalled so that a killed writer's set is finished by the next.
+        """Rename every temporary over its file, journalled so that a killed writer's set is
+        finished by the next; a signal meanwhile is raised once the set is whole.
 
         Raises:
             OutputError: a rename failed.
         """
+        with signals_held():  # raised between two renames, it left the set half old, half new
+            self._publish()
+
+    def _publish(self) -> None:
         if not self._files:
             return
         if len(self._files) == 1:
@@ -607,7 +614,8 @@ def atomic_directory(path) -> Iterator[str]:
         yield tmp
         _publish_permissions(tmp, path)
         _sync_tree(tmp)
-        _replace_directory(tmp, path)
+        with signals_held():  # between two renames `path` is absent
+            _replace_directory(tmp, path)
     except OSError as err:
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(err, OutputError):

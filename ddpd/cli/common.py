@@ -292,25 +292,6 @@ def signals_as_interrupts(graceful: Optional[Callable[[str], bool]] = None) -> I
 
 
 @contextmanager
-def signals_deferred() -> Iterator[None]:
-    """Within the block SIGINT, SIGTERM and SIGHUP are held, and the first raised as
-    Interrupted when it ends: a step that must not be cut in two (publishing finished
-    outputs) completes, and the tool still stops, with its handlers back in place.
-
-    Yields:
-        None, with the signals held.
-
-    Raises:
-        Interrupted: a signal arrived within the block.
-    """
-    held: list[int] = []
-    with _handled_by(lambda signum, frame: held.append(signum)):
-        yield
-    if held:
-        raise Interrupted(held[0])
-
-
-@contextmanager
 def _handled_by(handler: Callable) -> Iterator[None]:
     """SIGNALS go to `handler` within the block, except those ignored (a signal ignored when
     the tool started stays ignored); the previous handlers are restored after it."""

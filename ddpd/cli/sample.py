@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Optional
 
 from ddpd.cli.common import (
     DTYPE_CHOICES,
+    Interrupted,
     OneLineParser,
     UsageError,
     add_runtime_arguments,
@@ -731,10 +732,14 @@ def run(args, stdout: Optional[Stdout] = None) -> int:
     finally:
         if out is not None and not out.published:
             out.discard()
-    group.close()
-    if group.is_main:
-        _summary(args, done, calls, elapsed, threads, group.world_size)
-        stdout.check(f"the {done} samples are in {args.out}" if args.out else "")
+    try:
+        group.close()
+        if group.is_main:
+            _summary(args, done, calls, elapsed, threads, group.world_size)
+            stdout.check(f"the {done} samples are in {args.out}" if args.out else "")
+    except Interrupted as stop:  # every sample is out already
+        stop.detail = f"; wrote the {done} finished sample(s) to {args.out}" if out is not None else ""
+        raise
     return 0
 
 
@@ -843,7 +848,8 @@ def _sample_all(args, models: Models, sample, records: Records, out, stdout: Std
     another process lost, the finished samples are published to `out` and the message says so."""
     import torch
 
-    from ddpd.cli.common import Interrupted, ignore_further_signals, signals_deferred
+    from ddpd._interrupts import signals_held
+    from ddpd.cli.common import ignore_further_signals
     from ddpd.training.distributed import PeerLost
 
     calls = dict.fromkeys(COUNTS + PER_ROW, 0)
@@ -862,7 +868,7 @@ def _sample_all(args, models: Models, sample, records: Records, out, stdout: Std
                 for part in group.all_gather(own):
                     if part is None or not group.is_main:
                         continue
-                    with signals_deferred():  # a batch is both in `out` and counted, or neither
+                    with signals_held():  # a batch is both in `out` and counted, or neither
                         if out is not None:
                             out.write(part["lines"])
                         done += part["n"]
@@ -873,7 +879,7 @@ def _sample_all(args, models: Models, sample, records: Records, out, stdout: Std
                 # a batch that stopped early ends its share of the bar
                 advance(min(first_batch + group.world_size, batches) * args.steps)
         if out is not None:
-            with signals_deferred():  # every sample is finished: a signal waits until they are published
+            with signals_held():  # every sample is finished: a signal waits until they are published
                 out.publish()
     except (Interrupted, PeerLost) as stop:  # a signal, or another process stopped
         ignore_further_signals()

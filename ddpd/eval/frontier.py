@@ -25,6 +25,7 @@ from typing import Any, Callable, Optional
 import torch
 from tqdm.auto import tqdm
 
+from ddpd._interrupts import signals_held
 from ddpd.eval.quality import COMPARE_COLUMNS, matched_entropy, quality_metrics
 from ddpd.eval.report import markdown_table, pyplot, save_figure, write_csv
 
@@ -90,9 +91,11 @@ def run_frontier(configs: Sequence[Config], *, judge, vocab_size: int, num_sampl
             rows.append(done[key])
             continue
         bar.set_postfix_str(f"{config.sampler} {config.policy} T={config.temperature:g} steps={config.steps}")
-        rows.append(_measure(config, judge, vocab_size, num_samples, seed, batch_size))
-        here = {_row_key(r) for r in rows}
-        write_csv(rows + [row for k, row in done.items() if k not in here], csv_path)
+        row = _measure(config, judge, vocab_size, num_samples, seed, batch_size)
+        with signals_held():  # a measured row is kept in the CSV before a signal stops the run
+            rows.append(row)
+            here = {_row_key(r) for r in rows}
+            write_csv(rows + [row for k, row in done.items() if k not in here], csv_path)
     return rows
 
 

@@ -636,7 +636,7 @@ class Trainer:
         Args:
             reason: why, for the log line (e.g. "SIGTERM").
         """
-        if self.stop_reason is None:
+        if self.stop_reason is None and self.step < self.config.steps:  # once complete, nothing to stop
             self.stop_reason = reason
 
     def _stopping(self) -> bool:
@@ -885,7 +885,9 @@ class Trainer:
             meta = {"step": self.step, "world_size": self.dist.world_size, "history": self.history,
                     "train_seconds": self.train_seconds, "train_tokens": self.train_tokens,
                     "pending_losses": list(self._losses), "optimizer_param_groups": optimizer["param_groups"]}
-            save_checkpoint(self.config.out, self.exported, self.checkpoint_config(), (tensors, meta))
+            with signals_held():  # saved and known to be, or neither: the stop message names it
+                save_checkpoint(self.config.out, self.exported, self.checkpoint_config(), (tensors, meta))
+                self._saved_step = self.step
         self._saved_step = self.step
         self.dist.barrier()
 

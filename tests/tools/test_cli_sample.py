@@ -386,6 +386,25 @@ def test_a_signal_after_a_batch_reached_the_file_counts_it(ckpts, tmp_path, caps
     assert [r["index"] for r in read_jsonl(out)] == list(range(5))
 
 
+def test_a_signal_after_every_sample_was_written_says_where_they_are(ckpts, tmp_path, capsys, monkeypatch):
+    """A signal during the summary, every sample published: the line said only "interrupted"."""
+    from ddpd.cli import sample
+
+    summary = sample._summary
+
+    def signalled_summary(*args):
+        os.kill(os.getpid(), signal.SIGTERM)
+        summary(*args)
+
+    monkeypatch.setattr(sample, "_summary", signalled_summary)
+    out = tmp_path / "s.jsonl"
+    code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--steps", "8", "--batch-size", "5",
+                           "--num-samples", "10", "--out", str(out), "--no-progress")
+    assert code == 128 + signal.SIGTERM
+    assert err == f"ddpd-sample: interrupted by SIGTERM; wrote the 10 finished sample(s) to {out}\n"
+    assert [r["index"] for r in read_jsonl(out)] == list(range(10))
+
+
 def test_out_is_checked_before_any_work(ckpts, tmp_path, capsys, monkeypatch):
     def never(*args):
         raise AssertionError("models loaded before --out was checked")

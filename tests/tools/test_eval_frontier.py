@@ -1,6 +1,8 @@
 """The frontier sweep (ddpd.eval.frontier, ddpd-eval frontier) and the n-gram judge."""
 import csv
 import math
+import os
+import signal
 from types import SimpleNamespace
 
 import pytest
@@ -47,6 +49,34 @@ def test_run_frontier_measures_each_configuration_once_and_resumes(tmp_path):
     assert len(again) == 3 and len(read_frontier(path)) == 3
     with open(path, newline="") as f:
         assert len(list(csv.DictReader(f))) == 3
+
+
+def test_a_signal_while_a_row_is_written_keeps_the_row(tmp_path, monkeypatch):
+    """A signal handler's exception as the CSV was being written dropped the row just measured."""
+    import ddpd.eval.frontier as frontier
+
+    class Stop(Exception):
+        pass
+
+    def stop(signum, frame):
+        raise Stop()
+
+    write_csv = frontier.write_csv
+
+    def write_then_signal(rows, path):
+        os.kill(os.getpid(), signal.SIGTERM)  # its handler runs before kill returns
+        write_csv(rows, path)
+
+    path, calls = str(tmp_path / "frontier.csv"), []
+    monkeypatch.setattr(frontier, "write_csv", write_then_signal)
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        with pytest.raises(Stop):
+            run_frontier([Config("maskgit", "maskgit", 3, 1.0, fake(calls))], judge=Uniform(5), vocab_size=5,
+                         num_samples=2, seed=0, batch_size=2, csv_path=path)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert [row["policy"] for row in read_frontier(path)] == ["maskgit"]
 
 
 def test_passes_to_reach_takes_the_cheapest_configuration_at_matched_entropy():

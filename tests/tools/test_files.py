@@ -1,8 +1,10 @@
 """ddpd.files: atomic replacement, streamed output, stale temporaries, the output lock."""
 import errno
 import os
+import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -393,6 +395,52 @@ def test_a_set_of_files_is_published_as_one(tmp_path):
     with files.OutputLock(tmp_path / "report.md"):  # the next writer of either file finishes the set first
         files.remove_stale_temps(tmp_path / "report.md")
     assert _report_set(tmp_path) == ["v2", "v2"] and _entries(tmp_path) == ["report.csv", "report.md"]
+
+
+class _Stop(Exception):
+    pass
+
+
+@pytest.fixture
+def signal_raises():
+    """SIGTERM raises _Stop, as a tool's handler raises Interrupted."""
+    def stop(signum, frame):
+        raise _Stop()
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    yield
+    signal.signal(signal.SIGTERM, previous)
+
+
+def _signalled_after(real):
+    def call(*args):
+        real(*args)
+        os.kill(os.getpid(), signal.SIGTERM)  # its handler runs before kill returns
+    return call
+
+
+def test_a_signal_between_the_renames_of_a_set_waits_for_the_set(tmp_path, monkeypatch, signal_raises):
+    """The handler's exception between two renames discarded the rest: half old, half new, for good."""
+    for name in ("report.csv", "report.md"):
+        files.write_text(tmp_path / name, "v1")
+    monkeypatch.setattr(files.os, "replace", _signalled_after(os.replace))
+    with pytest.raises(_Stop), files.FileSet() as reports:
+        for name in ("report.csv", "report.md"):
+            reports.open(tmp_path / name).write("v2")
+        reports.publish()
+    assert _report_set(tmp_path) == ["v2", "v2"] and _entries(tmp_path) == ["report.csv", "report.md"]
+
+
+def test_a_signal_between_the_two_renames_of_a_directory_waits_for_the_second(tmp_path, monkeypatch, signal_raises):
+    """Without renameat2's exchange: the handler's exception left `ck` absent, its previous
+    version set aside until the next writer."""
+    (tmp_path / "ck").mkdir()
+    (tmp_path / "ck" / "model").write_text("version 1")
+    monkeypatch.setattr(files, "_exchange", lambda a, b: False)
+    monkeypatch.setattr(files.os, "rename", _signalled_after(os.rename))
+    with pytest.raises(_Stop), files.atomic_directory(tmp_path / "ck") as new:
+        (Path(new) / "model").write_text("version 2")
+    assert _entries(tmp_path) == ["ck"] and (tmp_path / "ck" / "model").read_text() == "version 2"
 
 
 def test_a_set_that_fails_before_its_renames_leaves_the_previous_one(tmp_path, monkeypatch):

@@ -870,6 +870,53 @@ def test_a_signal_while_the_network_is_built_waits_for_it(corpus, tmp_path, monk
 
 
 @pytest.mark.integration
+def test_a_second_signal_as_the_final_save_returns_names_that_checkpoint(corpus, tmp_path, capsys, monkeypatch):
+    """The first signal stops the run at its step with a save; a second as that save returned
+    raised before the trainer knew of it, and the message said no checkpoint was written."""
+    import ddpd.training.trainer as trainer
+
+    save, optimizer_step, steps = trainer.save_checkpoint, Trainer._optimizer_step, []
+
+    def signalled_at_step_3(self):
+        steps.append(self.step)
+        if len(steps) == 3:
+            os.kill(os.getpid(), signal.SIGTERM)  # graceful: stop after this step, with a checkpoint
+        return optimizer_step(self)
+
+    def save_then_signal(*args, **kwargs):
+        save(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)  # the second: no more waiting
+
+    monkeypatch.setattr(Trainer, "_optimizer_step", signalled_at_step_3)
+    monkeypatch.setattr(trainer, "save_checkpoint", save_then_signal)
+    out = tmp_path / "p"
+    code, _, err = run_cli(capsys, "planner", "--data", corpus, "--out", out, "--steps", "100", "--save-every", "1000",
+                           "--no-progress", *TINY_CLI)
+    assert code == 128 + signal.SIGTERM
+    assert f"interrupted by SIGTERM; the checkpoint of step 3 in {out} is intact" in err, err
+    assert load_checkpoint(out, train_state=True).train_state[1]["step"] == 3
+
+
+@pytest.mark.integration
+def test_a_signal_after_the_last_step_leaves_the_run_complete(corpus, tmp_path, capsys, monkeypatch):
+    """A signal while a finished run closed was taken for a stop: the run was reported
+    interrupted at step 4 of 4, to be continued with --resume."""
+    close = Trainer.close
+
+    def signalled_while_closing(self, *args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return close(self, *args, **kwargs)
+
+    monkeypatch.setattr(Trainer, "close", signalled_while_closing)
+    out = tmp_path / "p"
+    code, stdout, err = run_cli(capsys, "planner", "--data", corpus, "--out", out, "--steps", "4", "--no-progress",
+                                *TINY_CLI)
+    assert code == 0 and err == "", err
+    assert "done: step 4" in stdout
+    assert load_checkpoint(out, train_state=True).train_state[1]["step"] == 4
+
+
+@pytest.mark.integration
 def test_a_signal_while_a_resume_loads_its_checkpoint_is_one_line(corpus, tmp_path, capsys, monkeypatch):
     out = tmp_path / "p"
     _checkpoint_at_step_2(corpus, out)
