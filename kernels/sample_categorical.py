@@ -191,8 +191,10 @@ def tile_stats_kernel(
             x = tl.where(x >= tau, x, float("-inf"))  # NaN too (mask_logits)
         if UNIT or t == 1.0:  # no division (UNIT: compiled without it; else a branch per program)
             m, s, second, ent = tile_statistics(x, t, SECOND, ENTROPY, UNIT=True, STREAM=True)
-        else:
+        elif t > 0.0:
             m, s, second, ent = tile_statistics(x, t, SECOND, ENTROPY, STREAM=True)
+        else:  # a temperature below float32's range, 0 here: STREAM's (x - m) / T is 0 / 0 at m
+            m, s, second, ent = tile_statistics(x, t, SECOND, ENTROPY)
         record = stats_ptr + (row * n_tiles + tiles) * RECORD
         tl.store(record + TILE_MAX, m, mask=live)
         tl.store(record + TILE_MASS, s, mask=live)

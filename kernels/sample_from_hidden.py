@@ -119,8 +119,11 @@ def head_tiles_kernel(
         else:
             # statistics alone, with the tile statistics kernel's fewer instructions a logit
             # (STREAM, and no division at temperature 1); finish_kernel draws the token
-            m, s, second, ent = tile_statistics(tl.trans(x), t[:, None], CONFIDENCE == 2, CONFIDENCE == 3,
-                                                UNIT=UNIT, STREAM=True)
+            if UNIT or tl.min(t, axis=0) > 0.0:
+                m, s, second, ent = tile_statistics(tl.trans(x), t[:, None], CONFIDENCE == 2, CONFIDENCE == 3,
+                                                    UNIT=UNIT, STREAM=True)
+            else:  # a temperature below float32's range, 0 here: STREAM's (x - m) / T is 0 / 0 at m
+                m, s, second, ent = tile_statistics(tl.trans(x), t[:, None], CONFIDENCE == 2, CONFIDENCE == 3)
             record = stats_ptr + (safe_rows * n_tiles + tile) * RECORD
             tl.store(record + TILE_MAX, m, mask=live_row)
             tl.store(record + TILE_MASS, s, mask=live_row)

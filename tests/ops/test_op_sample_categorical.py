@@ -257,6 +257,22 @@ def test_tiny_temperatures_keep_their_noise_and_their_maxima():
             assert tokens.tolist() == [1, 1, 1] and bool(valid.all())
 
 
+def test_a_temperature_below_float32_draws_the_maxima_across_tiles():
+    """T = 1e-300 is 0 in the kernels: with several tiles the statistics kernel's (x - m) / T
+    was 0 / 0 at each tile's maximum, every tile mass NaN, and the Triton path returned the
+    first tile's maximum with a NaN log-probability and confidence."""
+    logits = torch.zeros(3, 600)
+    logits[0, 599], logits[1, 300], logits[2, [10, 500]] = 5.0, 1.0, 2.0
+    draws = [draw(logits, 1e-300, seed=3, return_logprob=True, confidence="prob")
+             for draw in (sample_categorical_reference, sample_categorical, triton_draw)]
+    tokens, valid, logprob, confidence = draws[0]
+    assert tokens[:2].tolist() == [599, 300] and tokens[2] in (10, 500) and bool(valid.all())
+    assert torch.allclose(logprob, torch.tensor([0.0, 0.0, -math.log(2)]))
+    for got in draws[1:]:
+        assert torch.equal(got[0], tokens) and torch.equal(got[1], valid)
+        assert torch.allclose(got[2], logprob) and torch.allclose(got[3], confidence)
+
+
 def test_categorical_reference_is_the_law_of_every_path():
     """categorical_reference (raw logits, temperature, noise) draws what every path draws;
     with one tile it reads no tile uniform (noise of width V)."""

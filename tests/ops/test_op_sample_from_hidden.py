@@ -2,6 +2,8 @@
 the full logits, token for token, on the C++ CPU path, the Triton kernels
 (interpreter) and the torch reference; it never materialises the [N, V] logits."""
 
+import math
+
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
@@ -135,6 +137,15 @@ def test_exact_at_any_scale_and_uniform_among_plus_inf():
     for out in (sample_from_hidden(torch.zeros(2, 3), torch.zeros(4, 3), bias, 1e-300, seed=1),
                 triton_draw(torch.zeros(2, 3), torch.zeros(4, 3), bias, 1e-300, seed=1)):
         assert out[0].tolist() == [3, 3] and bool(out[1].all())
+    # several tiles: each tile's (x - m) / T was 0 / 0 at its maximum, a NaN log-probability
+    bias = torch.zeros(600)
+    bias[[10, 500]] = 2.0
+    for out in (sample_from_hidden(torch.zeros(2, 3), torch.zeros(600, 3), bias, 1e-300, seed=1,
+                                   return_logprob=True, confidence="prob"),
+                triton_draw(torch.zeros(2, 3), torch.zeros(600, 3), bias, 1e-300, seed=1, return_logprob=True,
+                            confidence="prob")):
+        assert set(out[0].tolist()) <= {10, 500} and bool(out[1].all())
+        assert torch.allclose(out[2], torch.full((2,), -math.log(2))) and torch.allclose(out[3], torch.full((2,), 0.5))
 
 
 @pytest.mark.parametrize("temperature", [1e-6, 1e-30])
