@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from ddpd.ops import _dispatch, _ext, rng
 from ddpd.ops.results import Draw
 from ddpd.ops.rng import philox_words
+from ddpd.ops.sample_categorical import MAX_TEMPERATURE
 
 CHUNK = 64  # equals kChunk in csrc/multinomial.h
 WEIGHT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
@@ -398,14 +399,14 @@ def logit_weights(logits, temperature: float) -> torch.Tensor:
 
     Args:
         logits: float [B, N].
-        temperature: a finite float > 0.
+        temperature: a float in (0, 1e36].
 
     Returns:
         Float32[B, N] (float64 for float64 logits) the weights.
 
     Raises:
         TypeError: logits not a float tensor, or temperature not a float.
-        ValueError: logits not 2-d, or temperature not finite and > 0.
+        ValueError: logits not 2-d, or temperature not in (0, 1e36].
     """
     if not isinstance(logits, torch.Tensor):
         raise TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
@@ -415,10 +416,13 @@ def logit_weights(logits, temperature: float) -> torch.Tensor:
         raise ValueError(f"logits must have shape [B, N], got {tuple(logits.shape)}")
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
         raise TypeError(f"temperature must be a float, got {type(temperature).__name__}")
-    if not (0.0 < temperature < float("inf")):
-        raise ValueError(f"temperature must be a finite float > 0, got {temperature!r}")
-    scaled = (logits if logits.dtype == torch.float64 else logits.float()) / float(temperature)
-    return torch.softmax(scaled, dim=-1)
+    if not (0.0 < temperature <= MAX_TEMPERATURE):
+        raise ValueError(f"temperature must be a float in (0, {MAX_TEMPERATURE:g}], got {temperature!r}")
+    x = logits if logits.dtype == torch.float64 else logits.float()
+    # the row maximum first: x / T overflowed at a small T and left a valid row invalid; the
+    # maxima at 0 where T rounds to 0 (a row with +inf, all -inf or NaN stays invalid: NaN)
+    d = x - x.amax(-1, keepdim=True)
+    return torch.softmax(torch.where(d == 0, 0.0, d / float(temperature)), dim=-1)
 
 
 def multinomial_from_logits_reference(logits, k: int, temperature: float = 1.0, replacement: bool = False,
@@ -447,7 +451,7 @@ def multinomial_from_logits(logits, k: int, temperature: float = 1.0, replacemen
     Args:
         logits: floating [B, N].
         k, replacement: as multinomial.
-        temperature: a finite float > 0.
+        temperature: a float in (0, 1e36].
         **stream: multinomial's keyword arguments (seed, offset, generator, row_ids, noise,
             check_valid).
 

@@ -359,10 +359,20 @@ def test_categorical_argument_errors():
 
 
 @pytest.mark.parametrize("temperature,error",
-                         [(0.0, ValueError), (-1.0, ValueError), (math.inf, ValueError), ("1", TypeError)])
+                         [(0.0, ValueError), (-1.0, ValueError), (math.inf, ValueError), (1e37, ValueError),
+                          ("1", TypeError)])
 def test_multinomial_from_logits_temperature_errors(temperature, error):
     with pytest.raises(error, match="temperature"):
         multinomial_from_logits(torch.zeros(2, 3), 1, temperature, seed=0).tokens
+
+
+def test_multinomial_from_logits_keeps_a_row_valid_at_extreme_temperatures():
+    """logits / T overflowed to inf at T = 1e-37 and the row was refused as invalid weights."""
+    logits = torch.tensor([[100.0, 300.0, float("-inf")]])
+    for temperature in (1e-37, 1e-300, 1e36):
+        for draw in (multinomial_from_logits, multinomial_from_logits_reference):
+            tokens, valid, _, _ = draw(logits, 1, temperature, seed=0)
+            assert bool(valid.all()) and (temperature > 1 or tokens.tolist() == [[1]])
 
 
 def test_multinomial_from_logits_invalid_rows():
