@@ -141,7 +141,7 @@ class ErrorBudget:
         order = key.masked_fill(~ok, float("inf")).argsort(dim=1, stable=True)  # eligible first
         ranked = rest.gather(1, order).masked_fill(~ok.gather(1, order), float("inf"))
         # risks are >= 0, so the sums only grow; at bound 0 a risk float32 rounds to 0 buys no commit
-        n = (ranked.cumsum(1) <= self.bound).sum(1) if self.bound > 0 else torch.zeros_like(order[:, 0])
+        n = (ranked.cumsum(1) <= self.bound).sum(1) if self.bound > 0 else order.new_zeros(order.shape[0])
         if minimum is not None:
             n = torch.maximum(n, torch.minimum(minimum - pin, ok.sum(1)))
         n = n.clamp(min=1 - pin)

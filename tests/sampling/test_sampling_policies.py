@@ -118,6 +118,18 @@ def test_error_budget_replays_from_step_graphs(kind):
     assert torch.equal(reference.commits, replayed.commits)
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["reference", "fused"])
+def test_bound_0_with_one_candidate_is_algorithm_1(fused):
+    """max_k 1 (or D = 1) leaves no candidate past the first pick: bound 0's zero count
+    indexed an empty column and raised IndexError."""
+    def run(policy, length=D):
+        return ddpd_sample(NETWORKS["planner"], NETWORKS["uniform"], 6, length, 27, steps=12, seed=3,
+                           ddpd=DDPDOptions(policy=policy), execution=Execution(fused=fused))
+
+    assert torch.equal(run(ErrorBudget(0.0, 1)).tokens, run(None).tokens)
+    assert torch.equal(run(ErrorBudget(0.0, 8), length=1).tokens, run(None, length=1).tokens)
+
+
 def test_a_threshold_of_1_commits_one_token_a_step():
     result = mask_sample(NETWORKS["mask"], 6, D, 27, steps=D, seed=1, policy=ConfidenceThreshold(1.0))
     assert torch.equal(result.commits, torch.full((6,), D))
