@@ -128,7 +128,9 @@ def _condition(sampler: str, guidance: Optional[Guidance], batch_size: int, devi
 def start(run: Run, draws: Draws, masks: bool = False, **state: Tensor):
     """The running batch at the start of a run: x_0 ~ uniform over the vocabulary
     (p_noise^unif, from the INIT stream), or the all-mask sequence (masks=True), with the
-    values x_init gives; the frozen positions (if any) in its state as "frozen".
+    values x_init gives; in its state the given positions (if any) as "given" and the frozen
+    ones as "frozen". A row the prompt freezes whole cannot change: it stops at step 0 and
+    costs no pass.
 
     Args:
         run: the checked settings of the run.
@@ -145,10 +147,14 @@ def start(run: Run, draws: Draws, masks: bool = False, **state: Tensor):
         u = run.noise.uniform(0, INIT, torch.arange(run.batch_size, device=run.device), run.length)
         x0 = uniform_token(u, run.vocab_size)
     if run.x_init is not None:
-        x0 = torch.where(run.x_init >= 0, run.x_init.to(x0.device), x0)
+        state["given"] = run.x_init.to(x0.device) >= 0
+        x0 = torch.where(state["given"], run.x_init.to(x0.device), x0)
     if run.frozen is not None:
         state["frozen"] = run.frozen.to(x0.device)
-    return draws.batch(x0, state, run.condition)
+    batch = draws.batch(x0, state, run.condition)
+    if run.frozen is not None:
+        batch.finish(batch.state["frozen"].all(-1), 0)
+    return batch
 
 
 def free(batch, x: Tensor) -> Tensor:

@@ -326,12 +326,12 @@ def _planner_clock(run: Run, draws: Draws, opts: DDPDOptions, networks, batch: R
     policy = opts.policy
     order = min(policy.max_k, run.length) if policy is not None else 0
     if policy is not None and policy.known_noise:
-        batch.state["touched"] = _given(run, batch)
+        batch.state["touched"] = _given(batch)
     cos = None
     if policy is not None and policy.spread == "cosine":
         cos = on_device(cosine_table(run.steps), batch.x.device)
         if run.x_init is not None:  # it spreads the noise a row starts with: a prompt's positions are data
-            batch.state["n0"] = (~_given(run, batch)).sum(-1).clamp(min=1).float()
+            batch.state["n0"] = (~_given(batch)).sum(-1).clamp(min=1).float()
     if policy is not None and policy.plan_every > 1:
         batch.state["plan"] = torch.zeros(batch.x.shape, device=batch.x.device)
 
@@ -487,11 +487,11 @@ def _remember_commits(batch: RunningBatch, positions: Tensor, change: Tensor) ->
         batch.state["plan"].masked_fill_(committed, float("-inf"))
 
 
-def _given(run: Run, batch: RunningBatch) -> Tensor:
+def _given(batch: RunningBatch) -> Tensor:
     """Bool[B, D]: the positions a run starts from data, not noise (a prompt's, frozen or not)."""
-    if run.x_init is None:
+    given = batch.state.get("given")
+    if given is None:
         return torch.zeros_like(batch.x, dtype=torch.bool)
-    given = run.x_init.to(batch.x.device) >= 0
     frozen = batch.state.get("frozen")
     return given if frozen is None else given | frozen
 

@@ -192,10 +192,8 @@ def _mask_loop(run: Run, draws: Draws, denoiser: Callable, policy) -> SampleResu
     batch = start(run, draws, masks=True)
     batch.state["m0"] = (batch.x == run.mask_id).sum(-1)  # the masks to fill: D less a prompt's positions
     stops = not getattr(policy, "remasks", False)  # a filled row that may be masked again runs to the budget
-    if stops:  # a row the prompt fills whole costs no pass
+    if stops:  # a row the prompt fills whole costs no pass (one it freezes whole stopped at the start)
         batch.finish(batch.state["m0"] == 0, 0)
-    elif "frozen" in batch.state:  # under remasking, a row it freezes whole
-        batch.finish(batch.state["frozen"].all(-1), 0)
     table = policy.step_table(steps, lambda u: _alpha(run, u))
     table = None if table is None else on_device(table, batch.x.device)
 

@@ -127,13 +127,36 @@ def test_the_mask_denoiser_always_sees_the_prompt(fused, clock):
             assert bool(((x != 4).sum(1) >= 3).all())
 
 
-def test_a_fully_frozen_row_stops_at_once_and_keeps_its_values():
+def _every_sampler(m, n, **kw):
+    """Every sampler on sparse S2 D4's oracle networks: name -> SampleResult."""
+    return {
+        "ddpd planner clock": ddpd_sample(m.planner, m.uniform_denoiser, n, 4, 2, steps=10, ddpd=DDPDOptions(eps=0.1),
+                                          **kw),
+        "ddpd exact clock": ddpd_sample(m.planner_t, m.uniform_denoiser, n, 4, 2, steps=40,
+                                        ddpd=DDPDOptions(clock="exact", t_end=T_END), time_conditioned_planner=True,
+                                        **kw),
+        "ddpd uniform model": ddpd_sample_uniform(m.uniform_model, n, 4, 2, steps=10, **kw),
+        "tau uniform": tau_leaping_uniform(m.uniform_model, n, 4, 2, steps=10, **kw),
+        "tau planned mask": tau_leaping_planned(m.planner, m.mask_denoiser, n, 4, 2, steps=10, denoiser_type="mask",
+                                                **kw),
+        "tau mask eta 1": tau_leaping_mask(m.mask_denoiser, n, 4, 2, steps=10, eta=1.0, **kw),
+        "maskgit": maskgit_sample(m.mask_denoiser, n, 4, 2, steps=4, **kw),
+    }
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["reference", "fused"])
+def test_a_fully_frozen_row_stops_at_once_and_costs_no_pass(fused):
+    """Such a row cannot change. It used to cost a planner pass (DDPD), or run the whole budget
+    (the exact clock, the uniform model's tau-leaping, P x D): passes spent on nothing."""
     m = toy("sparse S2 D4").models()
     x_init = torch.tensor([[1, 0, 1, 1], [-1, 0, -1, -1]])
-    frozen = x_init >= 0
-    result = ddpd_sample(m.planner, m.uniform_denoiser, 2, 4, 2, steps=10, ddpd=DDPDOptions(eps=0.1),
-                         prompt=Prompt(x_init, frozen), seed=0)
-    assert result.stop_step[0] == 0 and torch.equal(result.tokens[0], x_init[0])
+    results = _every_sampler(m, 2, prompt=Prompt(x_init, x_init >= 0), noise=PhiloxNoise(5),
+                             execution=Execution(fused=fused, sync_every=3))
+    alone = _every_sampler(m, 1, prompt=Prompt(x_init[1:], x_init[1:] >= 0), noise=PhiloxNoise(5, first_row=1))
+    for name, result in results.items():
+        assert result.stop_step[0] == 0 and torch.equal(result.tokens[0], x_init[0]), name
+        assert result.planner_passes[0] == result.denoiser_passes[0] == 0, name
+        assert torch.equal(result.tokens[1], alone[name].tokens[0]), name  # the other row draws as it did
 
 
 @pytest.mark.parametrize("make,match", [
