@@ -146,14 +146,17 @@ def philox_uniform(
         seed: int in [0, 2**64) or an int64 tensor of one element holding its bits.
         offset: like seed.
         rows: row ids, Long[N] (64-bit: negative values stand for ids >= 2**63).
-        cols: the number of columns M (columns 0..M-1) or Long[M].
+        cols: the number of columns M (columns 0..M-1) or Long[M] (32-bit: the counter's
+            column word; column c + 2**32 is column c).
         device: the device of the result when rows is not a tensor.
 
     Returns:
         Float32[N, M].
 
     Raises:
-        ValueError: a seed or offset out of range, or rows / cols not 1-D.
+        TypeError: rows or cols a tensor of floats or bools.
+        ValueError: a seed or offset out of range, a negative number of columns, or rows /
+            cols not 1-D.
     """
     seed, offset, rows, cols = _philox_arguments(seed, offset, rows, cols, device)
     if philox_kernel_runs(rows, cols, seed, offset):
@@ -186,8 +189,13 @@ def _philox_arguments(seed, offset, rows, cols, device) -> tuple:
     """philox_uniform's arguments checked: (seed, offset) as ints or 0-d tensors on the rows'
     device, rows Long[N], cols Long[M]."""
     check_seed(seed, offset)
+    for name, ids in (("rows", rows), ("cols", cols)):  # a float id was truncated to another row's
+        if isinstance(ids, torch.Tensor) and (ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool):
+            raise TypeError(f"{name} must be an integer tensor, got {ids.dtype}")
     rows = torch.as_tensor(rows, dtype=torch.int64, device=device)
     if isinstance(cols, int):
+        if cols < 0:
+            raise ValueError(f"cols must be >= 0 (the number of columns), got {cols}")
         cols = torch.arange(cols, dtype=torch.int64, device=rows.device)
     cols = torch.as_tensor(cols, dtype=torch.int64, device=rows.device)
     if rows.dim() != 1 or cols.dim() != 1:

@@ -81,6 +81,16 @@ def test_seeded_high_rows_read_the_reference_stream():
     assert torch.equal(sample_categorical(logits, seed=11, offset=2, row_ids=rows)[0], expected)
 
 
+def test_ids_that_are_not_integers_are_refused():
+    """A float id was truncated: rows [1.7] drew row 1's uniforms."""
+    with pytest.raises(TypeError, match="rows must be an integer tensor, got torch.float32"):
+        philox_uniform(1, 2, torch.tensor([1.7]), 2)
+    with pytest.raises(TypeError, match="cols must be an integer tensor, got torch.bool"):
+        philox_uniform(1, 2, torch.tensor([1]), torch.tensor([True]))
+    with pytest.raises(ValueError, match="cols must be >= 0"):
+        philox_uniform(1, 2, torch.tensor([1]), -1)
+
+
 def test_split32_gives_the_int32_words_of_the_uint64_bits():
     """A counter (an int64, or a uint64 as a Python int) reaches the kernels as its low and
     high 32-bit words, each the int32 with the word's bits."""
