@@ -375,7 +375,7 @@ def multinomial(
         offset: like seed; give calls that share a seed different offsets.
         generator: the torch.Generator seed and offset are drawn from (default: torch's global one).
         row_ids: Long ids naming each row's stream (default 0..N-1 over the flattened rows).
-        noise: explicit uniforms in (0, 1] instead of a stream [B, k] in [0, 1).
+        noise: explicit uniforms [B, k] in [0, 1) instead of a stream.
         check_valid: raise on an invalid row (needs the flags on the host: pass False under
             torch.compile and read `valid`).
 
