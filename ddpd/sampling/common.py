@@ -102,7 +102,7 @@ def setup(sampler: str, batch_size, length, vocab_size, *, steps, temperature, s
     check_option(sampler, "truncation", truncation, Truncation)
     check_option(sampler, "execution", execution, Execution)
     if check_option(sampler, "prompt", prompt, Prompt, optional=True) is not None:
-        prompt = prompt.check(batch_size, length, vocab_size, device)
+        prompt = prompt.check(batch_size, length, vocab_size, device)  # None: it gives nothing
     condition = _condition(sampler, check_option(sampler, "guidance", guidance, Guidance, optional=True),
                            batch_size, device, planner)
     dtype = resolve_dtype(execution.dtype, device)

@@ -278,7 +278,7 @@ class Prompt:
         if bool((self.frozen.to(self.x_init.device) & (self.x_init < 0)).any()):
             raise ValueError("x_init must give a value (not -1) at every frozen position")
 
-    def check(self, batch_size: int, length: int, vocab_size: int, device=None) -> Prompt:
+    def check(self, batch_size: int, length: int, vocab_size: int, device=None) -> Optional[Prompt]:
         """Checks the prompt against the run's shape and vocabulary.
 
         Args:
@@ -288,7 +288,8 @@ class Prompt:
             device: Where the run's tensors live (None: where x_init is).
 
         Returns:
-            The prompt on `device`.
+            The prompt on `device`, or None for one that gives no value (every x_init -1): the
+            run is then the unprompted one, which skips a plan that a prompt would need.
 
         Raises:
             ValueError: x_init's shape is not [batch_size, length], or a value lies outside [-1, V).
@@ -301,6 +302,8 @@ class Prompt:
         if low < -1 or high >= vocab_size:
             raise ValueError(f"x_init values must be in [-1, {vocab_size}) (-1: start from noise), got range "
                              f"[{low}, {high}]")
+        if high == -1:  # nothing given, nothing frozen (a frozen position holds a value)
+            return None
         frozen = None if self.frozen is None else self.frozen.to(x_init.device)
         if x_init is self.x_init and frozen is self.frozen:  # already checked when built
             return self

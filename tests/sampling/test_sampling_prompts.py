@@ -23,6 +23,7 @@ from ddpd.sampling import (
     tau_leaping_uniform,
 )
 from ddpd.sampling.options import DDPDOptions, Execution, Prompt
+from ddpd.sampling.policies import ErrorBudget
 from oracles import laws
 from oracles.fixtures import noise, single_thread, toy  # noqa: F401  (single_thread: autouse)
 from oracles.stats import TVTable, empirical, threshold, tv
@@ -100,6 +101,18 @@ def test_rows_carry_their_own_prompts_and_minus_one_starts_from_noise():
     first = ddpd_sample(m.planner, m.uniform_denoiser, 3, 4, 2, steps=1, ddpd=DDPDOptions(stop="budget"),
                         prompt=Prompt(start), seed=0)
     assert int((first.tokens != start).sum()) <= 3  # one position per row redrawn, from the given start
+
+
+def test_a_prompt_that_gives_nothing_is_the_unprompted_run():
+    """Every x_init -1: the same tokens, but ErrorBudget under known_noise paid the planner pass
+    of step 0 that a prompt needs and an unprompted run skips."""
+    m = toy("sparse S2 D4").models()
+    policy = ErrorBudget(0.0, 4, known_noise=True, plan_every=4)
+    runs = [ddpd_sample(m.planner, m.mask_denoiser, 3, 4, 2, steps=8, denoiser_type="mask", seed=2,
+                        ddpd=DDPDOptions(policy=policy), prompt=prompt)
+            for prompt in (None, Prompt(torch.full((3, 4), -1)))]
+    assert torch.equal(runs[0].tokens, runs[1].tokens)
+    assert torch.equal(runs[0].planner_passes, runs[1].planner_passes)
 
 
 @pytest.mark.parametrize("fused", [False, True])
