@@ -8,7 +8,7 @@ Every sampler of the bundle runs with its policies among --policies and its own 
 (unless --no-defaults), at every pass budget and temperature, against the target (ddpd one at a time at
 --target-steps). Writes frontier.csv after every configuration: a run into the same --out-dir
 skips the configurations already there (an interrupted sweep resumes) and adds the others.
-frontier.json records the networks, the judge, --eps and the device the rows were measured
+The reports draw the rows of this run's --seed and --num-samples. frontier.json records the networks, the judge, --eps and the device the rows were measured
 with; a run with others is refused. Then frontier.md (the rows, the passes each sampler
 needs to reach the target, each ddpd policy against each baseline at matched entropy) and
 frontier.png (judge NLL against passes). docs/cli.md ("ddpd-eval frontier") has the
@@ -98,7 +98,10 @@ def run(args: argparse.Namespace) -> None:
     with torch.no_grad():
         rows = fr.run_frontier(configs, judge=judge, vocab_size=vocab, num_samples=args.num_samples, seed=args.seed,
                             batch_size=args.batch_size, csv_path=csv_path, progress=args.progress)
-    rows = fr.read_frontier(csv_path)  # every row of the CSV: earlier runs into --out-dir add to the frontier
+    # the CSV's rows of this seed and sample count (earlier runs into --out-dir add to them): rows
+    # of another seed in the same curve would make it zigzag
+    rows = [r for r in fr.read_frontier(csv_path) if (r["seed"], r["num_samples"]) == (str(args.seed),
+                                                                                       str(args.num_samples))]
     targets = [r for r in rows if r["sampler"] == "ddpd" and r["policy"] == "one-at-a-time"
                and int(r["steps"]) == args.target_steps]
     if not targets:

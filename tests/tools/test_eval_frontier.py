@@ -160,6 +160,13 @@ def test_ddpd_eval_frontier_writes_its_reports(tmp_path, capsys):
     other_data = [("books" if a == str(corpus) else a) for a in argv]  # a corpus by name, not a file
     assert main(other_data) == 2 and "measured with other judge_source (" in capsys.readouterr().err
     assert len(read_frontier(str(out / "frontier.csv"))) == len(rows)
+    # another seed adds its rows to the CSV, and its reports hold only its own: pooled, two
+    # seeds made one zigzag curve a policy was compared along
+    capsys.readouterr()
+    seed_1 = argv + ["--seed", "1"]
+    assert main(seed_1) == 0
+    assert len(read_frontier(str(out / "frontier.csv"))) == 2 * len(rows)
+    assert (out / "frontier.md").read_text().count("| ddpd |") == 2
 
 
 def test_ddpd_eval_frontier_without_defaults_runs_the_target_and_the_policies(tmp_path, capsys):
