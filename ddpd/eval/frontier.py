@@ -95,7 +95,7 @@ def run_frontier(configs: Sequence[Config], *, judge, vocab_size: int, num_sampl
         with signals_held():  # a measured row is kept in the CSV before a signal stops the run
             rows.append(row)
             here = {_row_key(r) for r in rows}
-            write_csv(rows + [row for k, row in done.items() if k not in here], csv_path)
+            write_csv(rows + [earlier for k, earlier in done.items() if k not in here], csv_path)
     return rows
 
 

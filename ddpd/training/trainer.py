@@ -888,7 +888,7 @@ class Trainer:
             with signals_held():  # saved and known to be, or neither: the stop message names it
                 save_checkpoint(self.config.out, self.exported, self.checkpoint_config(), (tensors, meta))
                 self._saved_step = self.step
-        self._saved_step = self.step
+        self._saved_step = self.step  # the other processes
         self.dist.barrier()
 
     def _rank_state(self) -> dict[str, Tensor]:
