@@ -383,7 +383,8 @@ def _check_sweep_row(row: dict, where: str, columns: int) -> tuple:
 def merge_sweeps(parts: Sequence[list[dict]], names: Optional[Sequence[str]] = None) -> list[dict]:
     """One sweep from several: the first reference row, then every configuration row in
     the order given. Raises ValueError when a configuration appears in two parts (named
-    by `names`, default their positions).
+    by `names`, default their positions), or when two parts' reference rows differ beyond
+    float noise: their samples were judged by different judges, or against other held-out text.
 
     Args:
         parts: the sweeps' rows.
@@ -393,14 +394,19 @@ def merge_sweeps(parts: Sequence[list[dict]], names: Optional[Sequence[str]] = N
         The merged rows.
 
     Raises:
-        ValueError: a configuration in two parts.
+        ValueError: a configuration in two parts, or parts with different reference rows.
     """
     names = list(names) if names is not None else [f"sweep {i + 1}" for i in range(len(parts))]
     reference, rows, seen = [], [], {}
     for name, part in zip(names, parts):
         for row in part:
             if row["sampler"] == REFERENCE:
-                reference = reference or [row]
+                if not reference:
+                    reference, reference_part = [row], name
+                elif not all(math.isclose(float(row[k]), float(reference[0][k]), rel_tol=1e-5) for k in _MEASURED):
+                    raise ValueError(f"the reference rows of {reference_part} and {name} differ (judge NLL "
+                                     f"{reference[0]['judge_nll']} and {row['judge_nll']}): their samples were "
+                                     "judged by other judges or against other held-out text")
                 continue
             key = (row["sampler"], row["steps"], row["temperature"])
             if key in seen:

@@ -213,6 +213,20 @@ def test_a_sweep_that_would_be_merged_or_compared_wrongly_is_refused(tmp_path, c
     assert not (tmp_path / "out").exists()
 
 
+def test_parts_judged_against_other_references_are_not_merged(tmp_path, capsys):
+    """merge kept the first part's reference row and took the others' samples as judged alike."""
+    parts = []
+    for i, reference in enumerate(("1.2114125,4.03", "1.2114126,4.03", "1.4,4.1")):
+        parts.append(tmp_path / f"part{i}.csv")
+        parts[-1].write_text(_sweep_text([f"held-out text,,,{reference},", f"maskgit,{i + 2},1.0,3.2,3.1,"]))
+    code, _, err = _run(capsys, "merge", parts[0], parts[1], "--out-dir", tmp_path / "same")
+    assert code == 0, err  # float noise between devices
+    code, _, err = _run(capsys, "merge", parts[0], parts[2], "--out-dir", tmp_path / "other")
+    assert code == 1 and err.count("\n") == 1, err
+    assert f"the reference rows of {parts[0]} and {parts[2]} differ (judge NLL 1.2114125 and 1.4)" in err, err
+    assert not (tmp_path / "other").exists()
+
+
 def test_a_frontier_csv_is_named_as_such(tmp_path, capsys):
     path = tmp_path / "frontier.csv"
     path.write_text("sampler,policy,steps,temperature,judge_nll,entropy,passes\n"
