@@ -108,8 +108,7 @@ def _train_config(args: argparse.Namespace):
     if args.resume:
         remove_stale_temps(args.out)  # may restore the checkpoint a killed save had set aside
         stored = dict(resume_settings(args.out, read_config(args.out)))  # checked against their digest
-        for name in ("out", "device"):
-            stored.pop(name, None)  # where it runs may change; how often it reports is kept unless given
+        stored.pop("out", None)  # where it is may change; its device and how often it reports are kept unless given
         return TrainConfig.from_dict({**stored, **given})
     return TrainConfig.from_dict(given)
 
@@ -154,10 +153,13 @@ def _checked_config(args: argparse.Namespace):
 
 
 def _resume_command(trainer) -> str:
-    """The command that continues the run: as many processes (the checkpoint records them)."""
+    """The command that continues the run bit for bit: as many processes (the checkpoint records
+    them) and threads (torch's reductions split by them; the checkpoint does not record them)."""
+    import torch
+
     processes, config = trainer.dist.world_size, trainer.config
     command = f"torchrun --nproc_per_node {processes} -m ddpd.cli.train" if processes > 1 else "ddpd-train"
-    return f"{command} {config.kind} --out {config.out} --resume"
+    return f"{command} {config.kind} --out {config.out} --resume --threads {torch.get_num_threads()}"
 
 
 def _conflict_message(err) -> str:

@@ -1016,7 +1016,7 @@ def test_an_interrupted_torchrun_says_how_to_resume_it(corpus, tmp_path):
     hints = [line for line in err.splitlines() if "continue with:" in line]
     assert len(hints) == 1, err
     assert hints[0].endswith(f"continue with: torchrun --nproc_per_node 2 -m ddpd.cli.train planner --out {out} "
-                             "--resume"), err
+                             "--resume --threads 1"), err
 
 
 @pytest.mark.integration
@@ -1037,13 +1037,30 @@ def test_a_torchrun_with_a_killed_process_ends_in_one_line(corpus, tmp_path):
     assert len(lines) == 1, err
     assert "another process of the group failed or was killed" in lines[0] or "interrupted by SIGTERM" in lines[0], err
     assert lines[0].endswith(f"continue with: torchrun --nproc_per_node 2 -m ddpd.cli.train planner --out {out} "
-                             "--resume"), err
+                             "--resume --threads 1"), err
     assert load_train_state(out)[1]["step"] >= 5
 
 
 def _checkpoint_at_step_2(corpus, out, **changes):
     with Trainer(config(corpus, out, steps=20, save_every=2, **changes)) as trainer:
         trainer.train(stop_at=2)
+
+
+def test_a_resume_stays_on_its_device_and_refuses_another_kind(corpus, tmp_path, capsys):
+    """--resume ran on `auto` whatever the run's --device, and a run of one device kind failed
+    on another with a message about a missing or malformed generator state."""
+    out = tmp_path / "p"
+    _checkpoint_at_step_2(corpus, out, device="cpu")
+    code, _, err = run_cli(capsys, "planner", "--out", out, "--resume", "--no-progress")
+    assert code == 0, err
+    assert read_config(out)["training"]["device"] == "cpu"  # the run's, not auto
+    out = tmp_path / "q"
+    _checkpoint_at_step_2(corpus, out)
+    _rewrite_state(out, drop=lambda t: t.update({"rank0.rng.cuda": torch.zeros(16, dtype=torch.uint8)}))
+    code, _, err = run_cli(capsys, "planner", "--out", out, "--resume", "--no-progress")
+    assert code == 1 and err.count("\n") == 1, err
+    assert f"cannot resume {out} on cpu: the run trained on cuda, where its random generators' states resume " \
+           "(--device cuda)" in err, err
 
 
 def _rewrite_state(out, meta_change=None, drop=None):
