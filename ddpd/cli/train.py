@@ -238,7 +238,8 @@ def run(args: argparse.Namespace, state: dict) -> int:
                   file=sys.stderr)
         return 128 + state.get("signum", 2)
     last = trainer.history[-1] if trainer.history else {}
-    trainer.log(f"done: step {trainer.step}, val loss {last.get('val_loss', float('nan')):.4f}, "
+    val = "-" if last.get("val_loss") is None else f"{last['val_loss']:.4f}"
+    trainer.log(f"done: step {trainer.step}, val loss {val}, "
                 f"{trainer.tokens_per_second:,.0f} tokens/s, checkpoint {config.out}")
     stdout.check(f"the checkpoint of step {trainer.step} is in {config.out}")
     return 0

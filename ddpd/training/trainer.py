@@ -144,8 +144,8 @@ class TrainConfig:
                                        ("label_dropout", self.label_dropout, 0.0, 1.0)):
             if not low <= value < high:
                 raise ValueError(f"{name} must be in [{low}, {high}), got {value}")
-        if self.max_time is not None and not self.max_time > 0:
-            raise ValueError(f"max_time must be > 0 seconds, got {self.max_time}")
+        if self.max_time is not None and not 0 < self.max_time < math.inf:  # inf: not JSON in config.json
+            raise ValueError(f"max_time must be a finite number of seconds > 0, got {self.max_time}")
         for name in ("weight_decay", "grad_clip"):  # NaN passes a "< 0" test: it would switch clipping off
             if not 0 <= getattr(self, name) < math.inf:
                 raise ValueError(f"{name} must be finite and >= 0, got {getattr(self, name)}")
@@ -784,13 +784,14 @@ class Trainer:
         return self.ema if self.ema is not None else self.model
 
     @torch.no_grad()
-    def evaluate(self) -> float:
+    def evaluate(self) -> Optional[float]:
         """Mean loss of the exported weights over the fixed validation batches, with
         fixed corruption noise, so successive values are comparable. Leaves every
         training random stream untouched.
 
         Returns:
-            The validation loss.
+            The validation loss, or None when the batches hold no term (a denoiser's
+            validation noise corrupted no position): no loss, not 0.
         """
         model = self.exported
         was_training = model.training
@@ -805,7 +806,7 @@ class Trainer:
             loss_sum, count = loss_sum + total.item(), count + float(terms)
         model.train(was_training)
         loss_sum, count = self.dist.sum([loss_sum, count])
-        return loss_sum / max(count, 1.0)
+        return loss_sum / count if count > 0 else None
 
     def _diverged(self, what: str) -> None:
         """FloatingPointError: the run diverged; says what of it is kept."""
@@ -815,14 +816,13 @@ class Trainer:
 
     def _record(self, train_loss: Optional[float]) -> None:
         val_loss = self.evaluate()
-        if not math.isfinite(val_loss):  # finite weights, overflowing logits: no history a checkpoint can hold
+        if val_loss is not None and not math.isfinite(val_loss):  # finite weights, overflowing logits
             self._diverged(f"validation loss is {val_loss} at step {self.step}")
         entry = {"step": self.step, "train_loss": train_loss, "val_loss": val_loss,
                  "tokens_per_s": round(self.tokens_per_second)}
         self.history.append(entry)
-        train = "     -" if train_loss is None else f"{train_loss:.4f}"
-        self.log(f"step {entry['step']:>7d}  train loss {train}  val loss {entry['val_loss']:.4f}  "
-                 f"{entry['tokens_per_s']:,} tok/s")
+        train, val = ("     -" if loss is None else f"{loss:.4f}" for loss in (train_loss, val_loss))
+        self.log(f"step {entry['step']:>7d}  train loss {train}  val loss {val}  {entry['tokens_per_s']:,} tok/s")
 
     def log(self, message: str) -> None:
         """`message` to the log callback given (which clears a progress bar it draws over:
