@@ -61,12 +61,12 @@ BETAS = (0.9, 0.95)  # AdamW's
 SETTLED_BY_THE_RUN = ("betas", "eps", "weight_decay", "amsgrad")  # optimizer settings a resume must keep
 # AdamW's float32 step is lr / (1 - beta1) at the first step: a larger lr overflows it
 MAX_LR = float(torch.finfo(torch.float32).max) * (1.0 - BETAS[0])
-# settings that must not change when a run resumes, or it would not continue the same run
 # Settings a resumed run must keep (it is the same run). The corpus is compared by its
-# content (`corpus` fingerprint) where the checkpoint records one, by its path where not.
+# content (`corpus` fingerprint) where the checkpoint records one, by its path where not; a
+# --tiktoken file may move, since every one accepted is the same ranks (its sha256 is checked).
 RESUME_FIXED = ("kind", "data", "batch_size", "seq_len", "d_model", "n_layers", "n_heads", "dropout", "lr",
                 "min_lr", "warmup", "weight_decay", "grad_accum", "grad_clip", "ema", "seed", "tokenizer",
-                "tiktoken", "schedule", "steps", "max_time", "num_classes", "label_dropout", "eval_batches")
+                "schedule", "steps", "max_time", "num_classes", "label_dropout", "eval_batches")
 
 
 class ResumeConflict(ValueError):

@@ -432,6 +432,24 @@ def test_gpt2_corpus(tmp_path):
     assert saved["tokenizer"]["name"] == "gpt2" and saved["model"]["vocab_size"] == 50257
 
 
+def test_a_run_resumes_with_its_ranks_file_moved(tmp_path, capsys):
+    """--tiktoken was a setting a resume must keep, compared by path: a run whose ranks file
+    moved could not resume (the old path: not found; the new one: a changed setting)."""
+    import shutil
+
+    from ddpd.assets import GPT2_RANKS
+
+    (tmp_path / "mixed.txt").write_text(BOOKS.read_text()[:100_000].title(), encoding="utf-8")
+    ranks = shutil.copy(GPT2_RANKS, tmp_path / "r50k.tiktoken")
+    out = tmp_path / "out"
+    Trainer(TrainConfig(kind="planner", data=str(tmp_path / "mixed.txt"), out=str(out), tokenizer="gpt2",
+                        tiktoken=ranks, **{**TINY, "steps": 4, "save_every": 2})).train(stop_at=2)
+    moved = shutil.move(ranks, tmp_path / "moved.tiktoken")
+    code, _, err = run_cli(capsys, "planner", "--out", out, "--resume", "--tiktoken", moved, "--no-progress")
+    assert code == 0, err
+    assert read_config(out)["training"]["tiktoken"] == str(moved)
+
+
 def _ddp_worker(rank, store, settings, out):
     os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
