@@ -234,7 +234,8 @@ def _mean(values: list[float]) -> Optional[float]:
 def learning_rate(step: int, config: TrainConfig, seconds: float = 0.0) -> float:
     """The learning rate of optimizer step `step` (0 to steps - 1): linear warmup over the
     first `warmup` steps up to lr, then cosine decay down to final_lr at the last step,
-    or at config.max_time training seconds (`seconds` so far) if that comes first.
+    or at config.max_time training seconds (`seconds` so far) if that comes first. With
+    warmup >= steps the run is all warmup (the Trainer warns).
 
     Args:
         step: the optimizer step, from 0.
@@ -560,6 +561,9 @@ class Trainer:
                 raise ValueError(f"data {self.config.data}: its {name} split holds {what}, "
                                  f"fewer than seq_len={seq_len}; use a longer corpus or a shorter seq_len")
         self._warn_of_untrained_classes(splits)
+        if self.config.warmup >= self.config.steps:
+            self.log(f"warning: warmup {self.config.warmup} >= steps {self.config.steps}: the learning rate "
+                     f"rises through the whole run and never decays to min_lr (give --warmup below --steps)")
 
     def _warn_of_untrained_classes(self, splits: dict[str, Records]) -> None:
         """A class whose records all went to validation and test (a class of a few records:

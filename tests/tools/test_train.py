@@ -83,6 +83,16 @@ def test_warmup_0_starts_at_the_peak(corpus, tmp_path):
     assert learning_rate(0, config(corpus, tmp_path, steps=1, warmup=0, lr=1e-3)) == pytest.approx(1e-3)
 
 
+def test_a_run_that_is_all_warmup_is_warned_of(corpus, tmp_path):
+    """The default warmup (100) with --steps 50: the rate rose to half its peak and stopped
+    there, never decaying, without a word."""
+    for steps, warned in ((4, True), (5, False)):
+        lines = []
+        Trainer(config(corpus, tmp_path / str(steps), steps=steps, warmup=4), log=lines.append).close()
+        assert any("warning: warmup 4 >= steps 4: the learning rate rises through the whole run" in line
+                   for line in lines) == warned, lines
+
+
 def test_the_last_record_of_a_run_cut_by_the_clock_is_saved(corpus, tmp_path, monkeypatch):
     """Stopped by max_time at a save step between two records: the step was saved, then
     recorded, and the record never reached the checkpoint (ddpd-eval training read the
