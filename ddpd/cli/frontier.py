@@ -4,16 +4,14 @@ r"""ddpd-eval frontier: judge NLL and entropy against network passes, sampler x 
     ddpd-eval frontier runs/bundle --judge runs/ar --policies error-budget:bound=2 threshold:0.9 \
         --budgets 16 32 64 128 --temperatures 0.9 1.0 --num-samples 64 --fused --out-dir f/
 
-Every sampler of the bundle runs with its policies among --policies and its own default
-(unless --no-defaults), at every pass budget and temperature, against the target (ddpd one at a time at
---target-steps). Writes frontier.csv after every configuration: a run into the same --out-dir
-skips the configurations already there (an interrupted sweep resumes) and adds the others.
-The reports draw the rows of this run's --seed and --num-samples. frontier.json records
-the networks, the judge, --eps and the device the rows were measured with; a run with
-others is refused. Then frontier.md (the rows, the passes each sampler
-needs to reach the target, each ddpd policy against each baseline at matched entropy) and
-frontier.png (judge NLL against passes). docs/cli.md ("ddpd-eval frontier") has the
-details, docs/parallel.md the results."""
+Every sampler of the bundle runs with its policies among --policies and its own default (unless
+--no-defaults), at every pass budget and temperature, against the target (ddpd one at a time at
+--target-steps). Writes frontier.csv after every configuration: a run into the same --out-dir skips
+the configurations already there (an interrupted sweep resumes) and adds the others. frontier.json
+records the networks, the judge, --eps and the device the rows were measured with; a run with others
+is refused. Then, from the rows of this --seed and --num-samples, frontier.md (the rows, the passes
+each sampler needs to reach the target, each ddpd policy against each baseline at matched entropy)
+and frontier.png (judge NLL against passes). docs/cli.md ("ddpd-eval frontier"): the details."""
 from __future__ import annotations
 
 import argparse
