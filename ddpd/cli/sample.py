@@ -738,7 +738,7 @@ def run(args, stdout: Optional[Stdout] = None) -> int:
             _summary(args, done, calls, elapsed, threads, group.world_size)
             stdout.check(f"the {done} samples are in {args.out}" if args.out else "")
     except Interrupted as stop:  # every sample is out already
-        stop.detail = f"; wrote the {done} finished sample(s) to {args.out}" if out is not None else ""
+        stop.detail = _written(done, args.out) if out is not None else ""
         raise
     return 0
 
@@ -886,11 +886,16 @@ def _sample_all(args, models: Models, sample, records: Records, out, stdout: Std
         if out is not None and done:
             if not out.published:
                 out.publish()
-            stop.detail = f"; wrote the {done} finished sample(s) to {args.out}"
+            stop.detail = _written(done, args.out)
         elif out is not None:
             stop.detail = f"; no sample was finished, {args.out} not written"
         raise
     return done, calls, time.perf_counter() - start
+
+
+def _written(done: int, out: str) -> str:
+    """The detail of a stopped run's line: the finished samples published to --out."""
+    return f"; wrote the {done} finished sample(s) to {out}"
 
 
 @contextlib.contextmanager

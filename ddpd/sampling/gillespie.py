@@ -330,7 +330,7 @@ def _planner_clock(run: Run, draws: Draws, opts: DDPDOptions, networks, batch: R
     cos = None
     if policy is not None and policy.spread == "cosine":
         cos = on_device(cosine_table(run.steps), batch.x.device)
-        if run.x_init is not None:  # it spreads the noise a row starts with: a prompt's positions are data
+        if "given" in batch.state:  # it spreads the noise a row starts with: a prompt's positions are data
             batch.state["n0"] = (~_given(batch)).sum(-1).clamp(min=1).float()
     if policy is not None and policy.plan_every > 1:
         batch.state["plan"] = torch.zeros(batch.x.shape, device=batch.x.device)

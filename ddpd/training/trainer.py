@@ -877,23 +877,27 @@ class Trainer:
         if not all(bool(torch.isfinite(p).all()) for p in self.model.parameters()):
             self._diverged(f"the weights are not finite after step {self.step}")
         per_rank = self.dist.all_gather(self._rank_state())
-        if self.dist.is_main:
-            tensors: dict[str, Tensor] = {}
-            for rank, state in enumerate(per_rank):
-                tensors.update({f"rank{rank}.{name}": value for name, value in state.items()})
-            optimizer = self.optimizer.state_dict()
-            for index, state in optimizer["state"].items():
-                tensors.update({f"optim.{index}.{key}": value for key, value in state.items()})
-            if self.ema is not None:  # model.safetensors holds the EMA; the raw weights go here
-                tensors.update({f"model.{name}": p.detach().clone() for name, p in self.model.state_dict().items()})
-            meta = {"step": self.step, "world_size": self.dist.world_size, "history": self.history,
-                    "train_seconds": self.train_seconds, "train_tokens": self.train_tokens,
-                    "pending_losses": list(self._losses), "optimizer_param_groups": optimizer["param_groups"]}
-            with signals_held():  # saved and known to be, or neither: the stop message names it
-                save_checkpoint(self.config.out, self.exported, self.checkpoint_config(), (tensors, meta))
-                self._saved_step = self.step
-        self._saved_step = self.step  # the other processes
+        with signals_held():  # saved and known to be, or neither: the stop message names it
+            if self.dist.is_main:
+                save_checkpoint(self.config.out, self.exported, self.checkpoint_config(), self._train_state(per_rank))
+            self._saved_step = self.step
         self.dist.barrier()
+
+    def _train_state(self, per_rank: list[dict[str, Tensor]]) -> tuple[dict[str, Tensor], dict]:
+        """(tensors, meta) of a checkpoint's training state: every rank's RNG and data states, the
+        AdamW moments, the raw weights under EMA, and the loop's counters and history."""
+        tensors: dict[str, Tensor] = {}
+        for rank, state in enumerate(per_rank):
+            tensors.update({f"rank{rank}.{name}": value for name, value in state.items()})
+        optimizer = self.optimizer.state_dict()
+        for index, state in optimizer["state"].items():
+            tensors.update({f"optim.{index}.{key}": value for key, value in state.items()})
+        if self.ema is not None:  # model.safetensors holds the EMA; the raw weights go here
+            tensors.update({f"model.{name}": p.detach().clone() for name, p in self.model.state_dict().items()})
+        meta = {"step": self.step, "world_size": self.dist.world_size, "history": self.history,
+                "train_seconds": self.train_seconds, "train_tokens": self.train_tokens,
+                "pending_losses": list(self._losses), "optimizer_param_groups": optimizer["param_groups"]}
+        return tensors, meta
 
     def _rank_state(self) -> dict[str, Tensor]:
         state = {"rng.torch": torch.get_rng_state(), "rng.noise": self.noise.get_state(),
