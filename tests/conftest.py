@@ -4,6 +4,7 @@ Triton kernels run in the interpreter on machines without a GPU; the variable mu
 be set before any kernel module is imported, hence here, at collection time.
 """
 import os
+import signal
 from importlib.metadata import PackageNotFoundError, version
 
 import pytest
@@ -71,3 +72,19 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if _launches_triton_on_cpu(item):
                 item.add_marker(skip_cpu_triton)
+
+
+class SignalStop(Exception):
+    """What the signal_raises fixture's SIGTERM handler raises."""
+
+
+@pytest.fixture
+def signal_raises():
+    """SIGTERM raises SignalStop (yielded), as a tool's handler raises Interrupted: a test that
+    signals its own process from inside a step sees where the exception surfaces."""
+    def stop(signum, frame):
+        raise SignalStop()
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    yield SignalStop
+    signal.signal(signal.SIGTERM, previous)

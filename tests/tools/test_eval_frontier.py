@@ -51,15 +51,9 @@ def test_run_frontier_measures_each_configuration_once_and_resumes(tmp_path):
         assert len(list(csv.DictReader(f))) == 3
 
 
-def test_a_signal_while_a_row_is_written_keeps_the_row(tmp_path, monkeypatch):
+def test_a_signal_while_a_row_is_written_keeps_the_row(tmp_path, monkeypatch, signal_raises):
     """A signal handler's exception as the CSV was being written dropped the row just measured."""
     import ddpd.eval.frontier as frontier
-
-    class Stop(Exception):
-        pass
-
-    def stop(signum, frame):
-        raise Stop()
 
     write_csv = frontier.write_csv
 
@@ -69,13 +63,9 @@ def test_a_signal_while_a_row_is_written_keeps_the_row(tmp_path, monkeypatch):
 
     path, calls = str(tmp_path / "frontier.csv"), []
     monkeypatch.setattr(frontier, "write_csv", write_then_signal)
-    previous = signal.signal(signal.SIGTERM, stop)
-    try:
-        with pytest.raises(Stop):
-            run_frontier([Config("maskgit", "maskgit", 3, 1.0, fake(calls))], judge=Uniform(5), vocab_size=5,
-                         num_samples=2, seed=0, batch_size=2, csv_path=path)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    with pytest.raises(signal_raises):
+        run_frontier([Config("maskgit", "maskgit", 3, 1.0, fake(calls))], judge=Uniform(5), vocab_size=5,
+                     num_samples=2, seed=0, batch_size=2, csv_path=path)
     assert [row["policy"] for row in read_frontier(path)] == ["maskgit"]
 
 

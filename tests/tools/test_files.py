@@ -397,21 +397,6 @@ def test_a_set_of_files_is_published_as_one(tmp_path):
     assert _report_set(tmp_path) == ["v2", "v2"] and _entries(tmp_path) == ["report.csv", "report.md"]
 
 
-class _Stop(Exception):
-    pass
-
-
-@pytest.fixture
-def signal_raises():
-    """SIGTERM raises _Stop, as a tool's handler raises Interrupted."""
-    def stop(signum, frame):
-        raise _Stop()
-
-    previous = signal.signal(signal.SIGTERM, stop)
-    yield
-    signal.signal(signal.SIGTERM, previous)
-
-
 def _signalled_after(real):
     def call(*args):
         real(*args)
@@ -424,7 +409,7 @@ def test_a_signal_between_the_renames_of_a_set_waits_for_the_set(tmp_path, monke
     for name in ("report.csv", "report.md"):
         files.write_text(tmp_path / name, "v1")
     monkeypatch.setattr(files.os, "replace", _signalled_after(os.replace))
-    with pytest.raises(_Stop), files.FileSet() as reports:
+    with pytest.raises(signal_raises), files.FileSet() as reports:
         for name in ("report.csv", "report.md"):
             reports.open(tmp_path / name).write("v2")
         reports.publish()
@@ -438,7 +423,7 @@ def test_a_signal_between_the_two_renames_of_a_directory_waits_for_the_second(tm
     (tmp_path / "ck" / "model").write_text("version 1")
     monkeypatch.setattr(files, "_exchange", lambda a, b: False)
     monkeypatch.setattr(files.os, "rename", _signalled_after(os.rename))
-    with pytest.raises(_Stop), files.atomic_directory(tmp_path / "ck") as new:
+    with pytest.raises(signal_raises), files.atomic_directory(tmp_path / "ck") as new:
         (Path(new) / "model").write_text("version 2")
     assert _entries(tmp_path) == ["ck"] and (tmp_path / "ck" / "model").read_text() == "version 2"
 
