@@ -420,18 +420,35 @@ COMPARE_COLUMNS = (("steps", "Steps", ""), ("sampler", "Sampler", ""), ("baselin
                    ("verdict", "Judge NLL vs baseline", ""), ("better", "better", ""), ("worse", "worse", ""),
                    ("undecided", "undecided", ""),
                    ("nll_difference", "NLL difference at matched entropy (nats/token)", "+.3f"),
-                   ("matched", "matched points", ""))
+                   ("nll_difference_se", "± s.e.", ".3f"), ("matched", "matched points", ""))
 
 
-def _nll_between(points: list[dict], entropy: float) -> Optional[float]:
-    """The NLL of the piecewise-linear curve through `points` (sorted by entropy) at
-    `entropy`, or None outside the points' entropy range (no extrapolation)."""
-    for a, b in zip(points, points[1:]):
+def _interpolate(points: list[dict], entropy: float) -> Optional[tuple[float, dict, float]]:
+    """The piecewise-linear curve through `points` (sorted by entropy) at `entropy`: (NLL, its
+    derivatives {("judge_nll" | "entropy", index in points): d}, its slope in entropy), or None
+    outside the points' entropy range (no extrapolation)."""
+    for i, (a, b) in enumerate(zip(points, points[1:])):
         if a["entropy"] <= entropy <= b["entropy"] and b["entropy"] > a["entropy"]:
             w = (entropy - a["entropy"]) / (b["entropy"] - a["entropy"])
-            return a["judge_nll"] + w * (b["judge_nll"] - a["judge_nll"])
-    exact = [p["judge_nll"] for p in points if p["entropy"] == entropy]
-    return exact[0] if exact else None
+            slope = (b["judge_nll"] - a["judge_nll"]) / (b["entropy"] - a["entropy"])
+            return ((1 - w) * a["judge_nll"] + w * b["judge_nll"],
+                    {("judge_nll", i): 1 - w, ("judge_nll", i + 1): w,
+                     ("entropy", i): -slope * (1 - w), ("entropy", i + 1): -slope * w}, slope)
+    exact = [i for i, p in enumerate(points) if p["entropy"] == entropy]
+    return (points[exact[0]]["judge_nll"], {("judge_nll", exact[0]): 1.0}, 0.0) if exact else None
+
+
+def _difference_se(gradient: dict, rows: dict) -> Optional[float]:
+    """The delta method's standard error of a function of the rows' judge NLLs and entropies
+    with derivatives `gradient` {(row key, "judge_nll" | "entropy"): d}, each row's two taken
+    as independent; None when a row involved has no standard error."""
+    variance = 0.0
+    for (key, measure), d in gradient.items():
+        se = rows[key].get(f"{measure}_se")
+        if se in (None, ""):
+            return None
+        variance += (d * float(se)) ** 2
+    return math.sqrt(variance)
 
 
 def matched_entropy(rows: list[dict], sampler: str, baseline: str, steps: int) -> Optional[dict]:
@@ -442,8 +459,11 @@ def matched_entropy(rows: list[dict], sampler: str, baseline: str, steps: int) -
     sampler point has at least its entropy and at most its NLL (better on both axes);
     'worse' in the mirror cases; else 'undecided'. The verdict is 'lower' or 'higher'
     when every decided point agrees, 'mixed' otherwise, 'not comparable' with none
-    decided; nll_difference is the mean difference over the interpolated points. None
-    when either sampler has no row at this budget.
+    decided; nll_difference is the mean difference over the interpolated points, and
+    nll_difference_se its standard error by the delta method from the rows' judge_nll_se and
+    entropy_se (the entropy's through the curve's slope; None when a row lacks one): the
+    verdict counts points, so a difference within two standard errors is a tie whatever the
+    verdict says. None when either sampler has no row at this budget.
 
     Args:
         rows: rows of a sweep.
@@ -452,8 +472,8 @@ def matched_entropy(rows: list[dict], sampler: str, baseline: str, steps: int) -
         steps: the step budget.
 
     Returns:
-        {"steps", "sampler", "baseline", "verdict", the point counts, "nll_difference"},
-        or None.
+        {"steps", "sampler", "baseline", "verdict", the point counts, "nll_difference",
+        "nll_difference_se", "matched"}, or None.
     """
     def points(name):
         return sorted((r for r in rows if r["sampler"] == name and r["steps"] == steps), key=lambda r: r["entropy"])
@@ -461,11 +481,14 @@ def matched_entropy(rows: list[dict], sampler: str, baseline: str, steps: int) -
     ours, theirs = points(sampler), points(baseline)
     if not ours or not theirs:
         return None
-    counts, differences = {"better": 0, "worse": 0, "undecided": 0}, []
-    for b in theirs:
-        nll = _nll_between(ours, b["entropy"])
-        if nll is not None:
+    counts, differences, gradients = {"better": 0, "worse": 0, "undecided": 0}, [], []
+    for k, b in enumerate(theirs):
+        curve = _interpolate(ours, b["entropy"])
+        nll = None if curve is None else curve[0]
+        if curve is not None:
             differences.append(nll - b["judge_nll"])
+            gradients.append({**{(("ours", i), m): d for (m, i), d in curve[1].items()},
+                              (("theirs", k), "judge_nll"): -1.0, (("theirs", k), "entropy"): curve[2]})
             outcome = "better" if nll < b["judge_nll"] else "worse" if nll > b["judge_nll"] else "undecided"
         elif any(p["entropy"] >= b["entropy"] and p["judge_nll"] <= b["judge_nll"] for p in ours):
             outcome = "better"
@@ -479,7 +502,20 @@ def matched_entropy(rows: list[dict], sampler: str, baseline: str, steps: int) -
                "higher" if not counts["better"] else "mixed")
     return {"steps": steps, "sampler": sampler, "baseline": baseline, "verdict": verdict, **counts,
             "nll_difference": sum(differences) / len(differences) if differences else None,
-            "matched": len(differences)}
+            "nll_difference_se": _mean_se(gradients, ours, theirs), "matched": len(differences)}
+
+
+def _mean_se(gradients: list[dict], ours: list[dict], theirs: list[dict]) -> Optional[float]:
+    """The standard error of the mean of the matched differences whose derivatives are
+    `gradients` (the sampler's points shared by several differences count once)."""
+    if not gradients:
+        return None
+    mean: dict = {}
+    for gradient in gradients:
+        for key, d in gradient.items():
+            mean[key] = mean.get(key, 0.0) + d / len(gradients)
+    rows = {("ours", i): r for i, r in enumerate(ours)} | {("theirs", k): r for k, r in enumerate(theirs)}
+    return _difference_se(mean, rows)
 
 
 def compare_markdown(rows: list[dict]) -> str:

@@ -211,3 +211,27 @@ def test_matched_entropy_interpolates_and_never_extrapolates():
     assert matched_entropy(rows, "far", "ddpd", 512)["verdict"] == "lower"
     assert matched_entropy(rows, "ddpd", "far", 512)["verdict"] == "higher"
     assert matched_entropy(rows, "ddpd", "dfm", 256) is None
+
+
+def test_matched_difference_has_the_delta_method_standard_error():
+    from ddpd.eval.quality import matched_entropy
+
+    ours = _curve("ddpd", 512, [(3.90, 2.0), (4.00, 2.2), (4.10, 2.6)])
+    theirs = _curve("dfm", 512, [(3.95, 2.3), (4.05, 2.3), (4.30, 3.0)])
+    for row, se in zip(ours + theirs, (0.1, 0.1, 0.2, 0.05, 0.05, 0.3)):
+        row["judge_nll_se"], row["entropy_se"] = se, 0.0
+    # NLL only: the middle point serves both matched points (weights 1/2 + 1/2); 4.30 is not
+    # matched, so its s.e. does not count: sqrt(0.05^2 + 0.1^2 + 0.1^2 + 0.05^2 + 0.05^2) / 2
+    result = matched_entropy(ours + theirs, "ddpd", "dfm", 512)
+    assert result["nll_difference_se"] == pytest.approx(0.0275 ** 0.5 / 2)
+    # entropy only, 0.01 on every row: slopes 2 and 4 carry it. d/d e_0 = -2/2 * 1/2, d/d e_1 =
+    # (-2/2 - 4/2) / 2, d/d e_2 = -4/2 * 1/2, the baseline's own entropies 2/2 and 4/2
+    for row in ours + theirs:
+        row["judge_nll_se"], row["entropy_se"] = 0.0, 0.01
+    gradient = (-0.5, -1.5, -1.0, 1.0, 2.0)
+    result = matched_entropy(ours + theirs, "ddpd", "dfm", 512)
+    assert result["nll_difference_se"] == pytest.approx(0.01 * sum(d * d for d in gradient) ** 0.5)
+    del ours[0]["entropy_se"]
+    assert matched_entropy(ours + theirs, "ddpd", "dfm", 512)["nll_difference_se"] is None
+    assert matched_entropy(ours + theirs, "ddpd", "dfm", 512)["nll_difference"] == pytest.approx(-0.05)
+
