@@ -182,6 +182,8 @@ def _check_scatter(index, packed, out) -> list[tuple[torch.Tensor, torch.Tensor]
             raise ValueError(f"packed[{i}] must have the dtype of out[{i}] ({o.dtype}), got {p.dtype}")
         if p.device != index.device or o.device != index.device:
             raise ValueError(f"packed[{i}] and out[{i}] must be on {index.device} like index")
+        if any(stride == 0 and size > 1 for stride, size in zip(o.stride(), o.shape)):
+            raise ValueError(f"out[{i}] has elements that share memory (an expanded tensor): clone it first")
     # On CUDA this check would wait for the device, under tracing guard on data: there the
     # kernel skips an index past out when it runs.
     if index.is_cpu and index.numel() > 0 and _dispatch.eager(index):
@@ -244,7 +246,8 @@ def scatter_back(index, packed: Union[torch.Tensor, Sequence[torch.Tensor]],
 
     Raises:
         TypeError: packed and out not both tensors or both sequences, or a wrong dtype.
-        ValueError: a shape or device mismatch, or an index out of range (CPU).
+        ValueError: a shape or device mismatch, an out whose elements share memory, or an
+            index out of range (CPU).
     """
     _dispatch.refuse_transforms("scatter_back", index, *(packed if isinstance(packed, (list, tuple)) else [packed]))
     pairs = _check_scatter(index, packed, out)

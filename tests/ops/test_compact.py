@@ -79,6 +79,14 @@ def test_scatter_back_into_noncontiguous_out():
     assert torch.equal(out[active], x[active]) and not out[~active].any()
 
 
+@pytest.mark.parametrize("write", [scatter_back, scatter_back_reference])
+def test_scatter_back_refuses_an_out_whose_rows_share_memory(write):
+    out = torch.zeros(1, 3).expand(4, 3)  # one row seen four times: a write to one is a write to all
+    with pytest.raises(ValueError, match="share memory"):
+        write(torch.tensor([0, 2]), torch.ones(2, 3), out)
+    assert not out.any()
+
+
 def test_scatter_back_skips_negative_entries_anywhere():
     index = torch.tensor([-1, 0, 1, -2, -1, 3, 4, -1])
     packed = torch.arange(16).view(8, 2)
