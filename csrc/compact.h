@@ -9,6 +9,31 @@
 
 namespace ddpd {
 
+// Whether the elements of a and b may share bytes: their byte ranges [lowest address,
+// highest address + element size) intersect. Conservative, and it needs no shared
+// storage, so it also catches two storages over the same memory (from_numpy views).
+inline bool may_overlap(const at::Tensor& a, const at::Tensor& b) {
+  if (a.numel() == 0 || b.numel() == 0) return false;
+  auto span = [](const at::Tensor& t, uintptr_t& low, uintptr_t& high) {
+    int64_t last = 0;  // offset in elements of the highest element (strides are >= 0)
+    for (int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * t.stride(d);
+    low = reinterpret_cast<uintptr_t>(t.const_data_ptr());
+    high = low + static_cast<uintptr_t>((last + 1) * t.element_size());
+  };
+  uintptr_t a_low, a_high, b_low, b_high;
+  span(a, a_low, a_high);
+  span(b, b_low, b_high);
+  return a_low < b_high && b_low < a_high;
+}
+
+// packed as the scatter_back kernels read it: dense, and a copy of its own where it
+// shares bytes with `dense_out`, because the kernels write rows in parallel and must
+// not read a row already overwritten.
+inline at::Tensor scatter_source(const at::Tensor& packed, const at::Tensor& dense_out) {
+  at::Tensor src = packed.contiguous();
+  return may_overlap(src, dense_out) ? src.clone() : src;
+}
+
 // Bytes of one row (everything after the first dimension) of t.
 inline int64_t row_bytes(const at::Tensor& t) {
   int64_t elements = 1;

@@ -156,7 +156,7 @@ std::tuple<std::vector<at::Tensor>, at::Tensor, at::Tensor> compact_fixed(const 
 
 at::Tensor& scatter_back(const at::Tensor& index, const at::Tensor& packed, at::Tensor& out) {
   check_scatter_back_args(index, packed, out);
-  const at::Tensor idx = index.contiguous(), src = packed.contiguous();
+  const at::Tensor idx = index.contiguous();
   const int64_t* ip = idx.data_ptr<int64_t>();
   const std::vector<Run> runs = runs_of(ip, idx.size(0));
   for (const Run& run : runs) {
@@ -164,6 +164,7 @@ at::Tensor& scatter_back(const at::Tensor& index, const at::Tensor& packed, at::
                 run.batch + run.rows - 1, " is out of range for out with ", out.size(0), " rows");
   }
   at::Tensor dense = out.is_contiguous() ? out : out.contiguous();
+  const at::Tensor src = scatter_source(packed, dense);
   std::vector<Piece> pieces;
   pieces.reserve(runs.size());
   add_runs(pieces, runs, src.data_ptr(), dense.data_ptr(), row_bytes(src), true);

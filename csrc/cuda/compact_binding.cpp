@@ -60,8 +60,9 @@ at::Tensor& scatter_back(const at::Tensor& index, const at::Tensor& packed, at::
   check_scatter_back_args(index, packed, out);
   const c10::cuda::CUDAGuard guard(out.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  const at::Tensor idx = index.contiguous(), src = packed.contiguous();
+  const at::Tensor idx = index.contiguous();
   at::Tensor dense = out.is_contiguous() ? out : out.contiguous();
+  const at::Tensor src = scatter_source(packed, dense);
   check_launch(launch_scatter_rows(src.data_ptr(), row_bytes(src), idx.data_ptr<int64_t>(),
                                    src.size(0), dense.data_ptr(), dense.size(0), stream),
                "scatter_back");

@@ -257,9 +257,7 @@ def scatter_back(index, packed: Union[torch.Tensor, Sequence[torch.Tensor]],
             _scatter_back_op(index, p, o)
         elif _for_autograd(p, o) or (o.is_inference() and not torch.is_inference_mode_enabled()):
             scatter_back_reference(index, p, o)  # torch's own checks and errors
-        else:
-            if p.untyped_storage().data_ptr() == o.untyped_storage().data_ptr():
-                p = p.clone()  # the kernel copies row by row, in threads: it must not read what it writes
+        else:  # the kernels copy a packed that shares memory with out before writing
             _scatter_back_impl(index, p, o)
             torch.autograd.graph.increment_version(o)  # what an in-place torch op tells autograd
     return out

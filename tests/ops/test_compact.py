@@ -87,6 +87,32 @@ def test_scatter_back_refuses_an_out_whose_rows_share_memory(write):
     assert not out.any()
 
 
+def _aliased(how: str, order: str):
+    """(index, packed, out) with packed a view of out's memory from its row 8 on, and the
+    rows out should hold afterwards (the reference, on a copy of packed)."""
+    rows = 4096
+    out = torch.arange(rows * 64.0).view(rows, 64)
+    if how == "from_numpy":  # two storages over one numpy array: no shared storage object
+        memory = out.numpy()
+        out, packed = torch.from_numpy(memory), torch.from_numpy(memory[8:])
+    else:
+        packed = out[8:]
+    index = torch.arange(rows - 8) if order == "shifted" else torch.arange(rows - 9, -1, -1)
+    want = scatter_back_reference(index, packed.clone(), out.clone())
+    return index, packed, out, want
+
+
+@pytest.mark.parametrize("order", ["shifted", "reversed"])  # shifted goes wrong in threads, reversed in any
+@pytest.mark.parametrize("how", ["eager", "compiled", "from_numpy"])
+def test_scatter_back_reads_a_packed_that_shares_memory_with_out_before_writing(how, order):
+    index, packed, out, want = _aliased(how, order)
+    if how == "compiled":  # a traced call reaches the kernel through the custom op
+        torch.compile(lambda i, o: scatter_back(i, o[8:], o), backend="eager", fullgraph=True)(index, out)
+    else:
+        scatter_back(index, packed, out)
+    assert torch.equal(out, want)
+
+
 def test_scatter_back_skips_negative_entries_anywhere():
     index = torch.tensor([-1, 0, 1, -2, -1, 3, 4, -1])
     packed = torch.arange(16).view(8, 2)
@@ -180,6 +206,14 @@ def test_cuda_matches_cpu():
         out = torch.zeros_like(x).cuda()
         scatter_back(fast[1], fast[0][0], out)
         assert torch.equal(out.cpu(), scatter_back(ref[1], ref[0][0], torch.zeros_like(x)))
+
+
+@pytest.mark.gpu
+def test_cuda_scatter_back_reads_a_packed_that_shares_memory_with_out_before_writing():
+    index, _, out, want = _aliased("eager", "reversed")
+    out = out.cuda()
+    scatter_back(index.cuda(), out[8:], out)
+    assert torch.equal(out.cpu(), want)
 
 
 @pytest.mark.gpu
