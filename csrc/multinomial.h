@@ -51,12 +51,14 @@ DDPD_HD void prefix_from(const double* sums, double* prefix, int64_t first, int6
   }
 }
 
-// The draw's threshold u * total, kept below total: u < 1, but where total is subnormal
-// the product can round up to it, and no c_i would exceed it (the reference computes
-// the same: ddpd/ops/multinomial.py inverse_cdf).
+// The draw's threshold u * total, kept in [0, below total]: u < 1, but where total is
+// subnormal the product can round up to it, and no c_i would exceed it. Unchecked uniforms
+// (traced or CUDA calls) thus still draw a positive weight: below 0 as 0, NaN and >= 1 as
+// just below 1. The reference computes the same: ddpd/ops/multinomial.py inverse_cdf.
 DDPD_HD double draw_threshold(double u, double total) {
   const double t = u * total, below = nextafter(total, 0.0);
-  return t < below ? t : below;
+  const double high = t < below ? t : below;  // NaN fails the test: below
+  return high > 0.0 ? high : 0.0;
 }
 
 // A draw's element inside its chunk: offset `at` of the first element whose cumulative

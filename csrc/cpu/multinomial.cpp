@@ -133,9 +133,11 @@ DDPD_INLINE void draw_lanes(const double* x, int n, int64_t k, bool replacement,
   for (int64_t d = 0; d < k; ++d) {
     f64 u;
     for (int l = 0; l < W; ++l) u[l] = uniforms[l](d);
-    // draw_threshold: u * total kept below total (> 0 and finite: one step down is its bits - 1)
+    // draw_threshold: u * total kept in [0, below total] (total > 0 and finite: one step down
+    // is its bits - 1)
     const f64 product = u * total, below = reinterpret_cast<f64>(reinterpret_cast<i64>(total) - 1);
-    const f64 threshold = product < below ? product : below;
+    const f64 high = product < below ? product : below, zero = {};
+    const f64 threshold = high > zero ? high : zero;
     f64 q = {}, rebuilt = {};
     i64 found = {}, at = {};
     for (int i = 0; i < n; ++i) {

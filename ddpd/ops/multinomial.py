@@ -52,7 +52,8 @@ def check_uniforms(name: str, uniforms, shape: tuple, like: torch.Tensor) -> tor
     """Validate uniforms in [0, 1) of the given shape on like's device.
 
     The range is checked on CPU in eager calls only, where it costs no device
-    synchronisation; elsewhere a uniform outside [0, 1) still gives an index in range.
+    synchronisation; elsewhere a uniform outside [0, 1) still draws an entry of positive
+    weight (inverse_cdf says which).
 
     Args:
         name: the argument's name, for the message.
@@ -185,7 +186,9 @@ def row_validity(weights: torch.Tensor, min_positive: int) -> torch.Tensor:
 
 def inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """Smallest i with c_i > u * total, for rows with positive finite total. The
-    threshold is kept below total: with a subnormal total, u * total can round up to it.
+    threshold is kept in [0, below total]: with a subnormal total, u * total can round up
+    to it, and an unchecked u outside [0, 1) draws as the kernels draw it (below 0 as 0,
+    NaN and >= 1 as just below 1), never an entry of zero weight.
 
     Args:
         weights: Float[B, N] weights.
@@ -195,7 +198,9 @@ def inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         Long[B] the indices.
     """
     c, total = cumulative_weights(weights)
-    threshold = torch.minimum(u.double() * total, torch.nextafter(total, torch.zeros_like(total)))
+    t, below = u.double() * total, torch.nextafter(total, torch.zeros_like(total))
+    high = torch.where(t < below, t, below)  # NaN fails the test: below, as in csrc/multinomial.h
+    threshold = torch.where(high > 0, high, 0.0)
     return (c <= threshold[:, None]).sum(-1)
 
 

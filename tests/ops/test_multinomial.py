@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 from scipy import stats
+from torch.overrides import TorchFunctionMode
 
 from ddpd.ops.multinomial import (
     categorical_from_weights,
@@ -309,6 +310,43 @@ def test_subnormal_totals_draw_positive_weights_without_repeats():
     noise = torch.tensor([[0.99, 0.9, 0.5]], dtype=torch.float64)
     for fn in (multinomial, multinomial_reference):
         assert sorted(fn(w, 3, False, noise=noise).tokens[0].tolist()) == [0, 1, 2]
+
+
+class _Unchecked(TorchFunctionMode):
+    """Runs every call as it is, but makes ddpd's ops take their traced path, where uniforms
+    outside [0, 1) are not refused (as under torch.compile, or on CUDA)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("replacement", [True, False])
+@pytest.mark.parametrize("n", [5, 64, 300])  # one chunk (lanes and scalar) and several
+def test_uniforms_outside_the_unit_interval_draw_as_the_reference_and_never_a_zero_weight(n, replacement):
+    """NaN, negative and >= 1 uniforms (unchecked there) draw the same index on every path:
+    below 0 as 0, NaN and >= 1 as just below 1, so never an entry of zero weight."""
+    from ddpd.ops._dispatch import cpu_ops
+
+    rows, k = 17, 4
+    w = peaked_weights(rows, n, n)
+    w[:, 0] = 0.0  # zero weights at both ends and in between
+    w[:, -1] = 0.0
+    w[:, 1:5] = 1.0  # at least k positive weights
+    bad = [float("nan"), -0.5, -float("inf"), 1.0, 1.5, float("inf")]
+    noise = torch.rand(rows, k, generator=torch.Generator().manual_seed(n), dtype=torch.float64)
+    for r, u in enumerate(bad):
+        noise[r] = u
+        noise[len(bad) + r, r % k] = u
+    with _Unchecked():
+        fast = multinomial(w, k, replacement, noise=noise, check_valid=False).tokens
+        want = multinomial_reference(w, k, replacement, noise=noise, check_valid=False).tokens
+        single = categorical_from_weights(w, noise[:, 0], check_valid=False).tokens
+        single_want = categorical_from_weights_reference(w, noise[:, 0], check_valid=False).tokens
+    assert torch.equal(fast, want), (fast != want).nonzero()[:3]
+    assert torch.equal(single, single_want) and torch.equal(single, fast[:, 0])
+    assert bool((w.gather(1, fast) > 0).all())
+    if n <= 64:
+        assert torch.equal(cpu_ops().multinomial_lanes_cpu(w, k, replacement, noise, "best")[0], want)
 
 
 # ----------------------------------------------------------------------------- arguments
