@@ -5,7 +5,9 @@ Each uniform is a pure function of (seed, offset, row id, column) (Philox4x32-10
 so a row keeps its stream whatever the batch; the C++ (csrc/rng.h) and Triton
 (kernels/rng.py) paths reproduce these bits exactly. Every op takes explicit uniforms
 (`noise`) or (seed, offset) (ints or int64 tensors read by the kernels) with per-row ids, or a
-torch.Generator; `noise = philox_uniform(seed, offset, row_ids, width)` reproduces a seeded call.
+torch.Generator; `noise = philox_uniform(seed, offset, row_ids, width)` reproduces a seeded call,
+except multinomial's: its draws take 48-bit uniforms from pairs of columns, which
+ddpd.ops.multinomial.draw_uniforms returns.
 The stream, 64-bit row ids and the arguments: docs/ops/rng.md.
 """
 from __future__ import annotations

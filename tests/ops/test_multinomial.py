@@ -141,6 +141,7 @@ def test_philox_uniforms_feed_the_same_draws_as_explicit_noise():
     assert u.dtype == torch.float64 and bool((u > 0).all() and (u < 1).all())
     seeded = multinomial(w, 6, True, seed=99, offset=5, row_ids=ids).tokens
     assert torch.equal(seeded, multinomial(w, 6, True, noise=u).tokens)
+    assert torch.equal(seeded[:, 0], categorical_from_weights(w, u[:, 0]).tokens)
 
 
 def test_a_row_keeps_its_draws_whatever_the_batch():
