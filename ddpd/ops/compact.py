@@ -236,7 +236,8 @@ def scatter_back(index, packed: Union[torch.Tensor, Sequence[torch.Tensor]],
 
     Args:
         index: Long[C] as compact_fixed returns it (-1: skipped); entries < out.shape[0]
-            (checked on CPU) and distinct.
+            (checked on CPU) and distinct (not checked: a repeated entry leaves its row
+            unspecified).
         packed: a tensor [C, ...] or a sequence of them.
         out: a tensor [B, ...] or a sequence of them, matching packed; packed may share
             memory with out.
