@@ -246,9 +246,11 @@ def scatter_back(index, packed: Union[torch.Tensor, Sequence[torch.Tensor]],
         out.
 
     Raises:
-        TypeError: packed and out not both tensors or both sequences, or a wrong dtype.
-        ValueError: a shape or device mismatch, an out whose elements share memory, or an
-            index out of range (CPU).
+        TypeError: index not a tensor, or packed and out not both tensors or both
+            sequences of tensors.
+        ValueError: a wrong dtype (index not int64, packed not of out's dtype), a shape or
+            device mismatch, an out whose elements share memory, or an index out of range
+            (CPU).
     """
     _dispatch.refuse_transforms("scatter_back", index, *(packed if isinstance(packed, (list, tuple)) else [packed]))
     pairs = _check_scatter(index, packed, out)
