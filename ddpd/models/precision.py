@@ -4,7 +4,7 @@
     model = prepare_for_sampling(model, dtype, device)
     logits = model(x, t)                             # float32 logits, bf16 network
 
-`prepare_for_sampling` casts parameters except the norms'; buffers keep their dtype, and
+`prepare_for_sampling` casts parameters, the norms' to float32; buffers keep their dtype, and
 norm statistics, rotary embeddings and time features stay float32, as do the logits
 `forward` returns. `compile_for_sampling` then torch.compiles `forward` and `hidden`.
 Training uses torch.autocast instead (ddpd.training). What stays float32 and why, and
@@ -57,11 +57,12 @@ def prepare_for_sampling(model: nn.Module, dtype: Union[str, torch.dtype] = "aut
                          device: Union[str, torch.device, None] = None) -> nn.Module:
     """Move `model` to `device` (default: where it is), set eval mode and
     requires_grad=False, and cast its floating-point parameters to `dtype` (a
-    resolve_dtype choice; "auto" resolves for the target device), keeping norm
-    parameters in float32 and buffers in their dtype (positions and schedules; running
-    statistics excepted, which follow their parameters). A network that mixes a float32
-    buffer into a cast matmul runs under torch.autocast, as the samplers and adapters call
-    it. Works in place on any nn.Module and returns it.
+    resolve_dtype choice; "auto" resolves for the target device), norm parameters to
+    float32 (also those of a model already cast by `.half()`), keeping buffers in their
+    dtype (positions and schedules; running statistics excepted, which follow their
+    parameters). A network that mixes a float32 buffer into a cast matmul runs under
+    torch.autocast, as the samplers and adapters call it. Works in place on any
+    nn.Module and returns it.
 
     Args:
         model: any nn.Module (a ddpd network or an adapter).
@@ -94,10 +95,17 @@ def prepare_for_sampling(model: nn.Module, dtype: Union[str, torch.dtype] = "aut
     def cast_parameters(tensor: torch.Tensor) -> torch.Tensor:
         return cast(tensor) if isinstance(tensor, nn.Parameter) else tensor
 
+    def float32_parameters(tensor: torch.Tensor) -> torch.Tensor:
+        # a norm of a model already cast by .half() or .to(bf16) comes back to float32
+        floating = isinstance(tensor, nn.Parameter) and tensor.is_floating_point()
+        return tensor.to(torch.float32) if floating else tensor
+
     for module in model.modules():
-        if not isinstance(module, FLOAT32_MODULES):
-            # _apply visits this module's own parameters and buffers; buffers keep their dtype
-            # (rotary frequencies, position tables, schedules: bf16 positions are off by whole radians)
+        # _apply visits this module's own parameters and buffers; buffers keep their dtype
+        # (rotary frequencies, position tables, schedules: bf16 positions are off by whole radians)
+        if isinstance(module, FLOAT32_MODULES):
+            module._apply(float32_parameters, recurse=False)
+        else:
             module._apply(cast if isinstance(module, STATISTICS_MODULES) else cast_parameters, recurse=False)
     return model
 

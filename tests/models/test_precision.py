@@ -82,6 +82,16 @@ def test_prepare_casts_weights_but_keeps_norms_and_rotary_float32(norm):
             assert module.cos.dtype == module.sin.dtype == torch.float32
 
 
+@pytest.mark.parametrize("cast, dtype", [("half", "bfloat16"), ("bfloat16", "float32"), ("half", "float16")])
+def test_prepare_brings_norms_of_a_cast_model_back_to_float32(cast, dtype):
+    model = make("mask-denoiser")
+    model.half() if cast == "half" else model.to(torch.bfloat16)
+    prepare_for_sampling(model, dtype, "cpu")
+    norms = [p for m in model.modules() if isinstance(m, (LayerNorm, RMSNorm)) for p in m.parameters(recurse=False)]
+    assert norms and all(p.dtype == torch.float32 for p in norms)
+    assert model.backbone.embed.weight.dtype == resolve_dtype(dtype)
+
+
 def test_rotary_tables_stay_float32_under_a_plain_cast():
     model = make("uniform")
     fresh = copy.deepcopy(model.backbone.blocks[0].attn.rotary.cos)
