@@ -60,7 +60,9 @@ class ARModel(HeadModel):
         return torch.cat((bos, x), dim=1)
 
     def log_likelihood(self, x: torch.Tensor, *, labels: Labels = None) -> torch.Tensor:
-        """log p(x) in nats per sequence, Float[B], for clean sequences x: Long[B, D] in [0, V).
+        """log p(x) in nats per sequence, Float[B], for clean sequences x: Long[B, D] in [0, V)
+        with D <= max_seq_len - 1: the last position is never trained to predict (ar_loss
+        on with_bos(x) of length max_seq_len), so a longer x would be scored by it.
 
         Args:
             x: Long[B, D] clean token ids in [0, V).
@@ -68,8 +70,15 @@ class ARModel(HeadModel):
 
         Returns:
             Float[B], log p(x) in nats per sequence.
+
+        Raises:
+            TypeError: `x` is not an int64 tensor.
+            ValueError: `x` is not [B, D], has an id out of [0, V), or D > max_seq_len - 1.
         """
-        check_tokens(x, self.bos_id, self.config.max_seq_len)
+        check_tokens(x, self.bos_id)
+        if x.shape[1] > self.config.max_seq_len - 1:
+            raise ValueError(f"x: expected sequence length in [1, max_seq_len - 1 = {self.config.max_seq_len - 1}] "
+                             f"(one position holds BOS), got {x.shape[1]}")
         logits = self.forward(self.with_bos(x)[:, :-1], labels=labels)
         log_probs = F.log_softmax(logits.float(), dim=-1)
         return log_probs.gather(-1, x[:, :, None]).squeeze(-1).sum(-1)

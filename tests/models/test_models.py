@@ -358,6 +358,14 @@ def test_ar_log_likelihood_matches_prefix_by_prefix():
     torch.testing.assert_close(total, manual, rtol=1e-5, atol=1e-5)
 
 
+def test_ar_log_likelihood_refuses_lengths_it_was_not_trained_to_score():
+    model = make("ar")  # max_seq_len D + 1: trained on with_bos(x) for x of length D
+    with torch.no_grad():
+        assert model.log_likelihood(tokens()).shape == (B,)
+        with pytest.raises(ValueError, match=rf"x: expected sequence length in \[1, max_seq_len - 1 = {D}\]"):
+            model.log_likelihood(tokens(length=D + 1))
+
+
 def test_ar_likelihood_is_a_distribution():
     torch.manual_seed(0)
     model = ARModel(config_for("ar", 3, 3, **SMALL)).eval()
