@@ -237,7 +237,8 @@ def resolve_backend(q: torch.Tensor, dropout_p: float = 0.0) -> str:
         The backend name.
 
     Raises:
-        ValueError: a forced backend cannot take `q` or the dropout.
+        ValueError: a forced backend cannot take `q` or the dropout, or a forced flash-attn
+            generation does not run on q's GPU (fa3 is Hopper-only; fa4 needs sm90+).
     """
     forced = _forced_backend
     if forced in ("sdpa", "math"):
@@ -256,6 +257,9 @@ def resolve_backend(q: torch.Tensor, dropout_p: float = 0.0) -> str:
             raise ValueError(f"attention backend 'sdpa-flash' is forced but torch's CPU flash kernel runs without "
                              f"dropout, got dropout_p={dropout_p} (a model in train mode with dropout)")
         return forced
+    if forced in FLASH_KERNELS and forced not in flash_preference(capability):
+        raise ValueError(f"attention backend {forced!r} is forced but is not built for compute capability "
+                         f"{capability}; this GPU runs {flash_preference(capability)}")
     kernel = flash_kernel_for(capability, dropout_p) if forced == "flash" else forced
     if kernel is None or (dropout_p > 0.0 and kernel in _NO_DROPOUT):
         raise ValueError(f"attention backend {forced!r} is forced but no installed flash-attn kernel runs with "

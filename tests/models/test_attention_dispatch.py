@@ -6,6 +6,7 @@ the recorded backend, forced backends and their errors, torch's flash SDPA backe
 against the reference, and autocast training through the same path. On a GPU
 (marked gpu): the CUDA kernels that ran, read from the profiler.
 """
+import re
 import sys
 import types
 
@@ -245,6 +246,16 @@ def test_forced_kernels(fake_flash):
     with attention_backend("fa2"), pytest.raises(ValueError, match="CUDA fp16/bf16"):
         resolve_backend(q.float())  # float32: no flash kernel takes it
     assert attn.get_attention_backend() == "auto"
+
+
+@pytest.mark.parametrize("forced, capability", [("fa3", (8, 0)), ("fa4", (8, 6)), ("fa3", (10, 0))])
+def test_forcing_a_kernel_the_gpu_cannot_run_is_refused(fake_flash, forced, capability):
+    calls = fake_flash("fa2", "fa3", "fa4", capability=capability)
+    q, k, v = qkv(torch.bfloat16)
+    refused = f"{forced}.*compute capability {re.escape(str(capability))}"
+    with attention_backend(forced), pytest.raises(ValueError, match=refused):
+        attention(q, k, v, causal=False)
+    assert calls == []
 
 
 def test_forced_sdpa_flash_on_cpu_matches_reference():
