@@ -157,9 +157,9 @@ def install_bundle(planner: str, denoiser: str, dest: str, dtype: str = "float32
     """Write a default bundle at `dest` from a planner and a mask-denoiser checkpoint,
     weights (stored as `dtype`, one of WEIGHT_DTYPES) and configs only, and return
     `dest`. Raises ValueError, leaving `dest` untouched, if the checkpoints are not what
-    the default must be or the bundle would take over MAX_BUNDLE_BYTES. When `dest` is
-    the bundle shipped in the package, its previous version is kept beside it
-    (text8.previous, replacing an older one).
+    the default must be, a weight overflows `dtype` or the bundle would take over
+    MAX_BUNDLE_BYTES. When `dest` is the bundle shipped in the package, its previous
+    version is kept beside it (text8.previous, replacing an older one).
 
     Args:
         planner: the planner's checkpoint directory.
@@ -171,8 +171,8 @@ def install_bundle(planner: str, denoiser: str, dest: str, dtype: str = "float32
         `dest`.
 
     Raises:
-        ValueError: an unknown dtype, checkpoints that do not make a default bundle, or a
-            bundle over MAX_BUNDLE_BYTES.
+        ValueError: an unknown dtype, checkpoints that do not make a default bundle, weights
+            beyond the range of `dtype`, or a bundle over MAX_BUNDLE_BYTES.
         TypeError: `dest` is not a path.
         CheckpointError: a checkpoint is missing or damaged.
     """
@@ -191,6 +191,7 @@ def install_bundle(planner: str, denoiser: str, dest: str, dtype: str = "float32
     for role, path in (("planner", planner), ("denoiser", denoiser)):
         model, config = load_model(path)
         model.to(getattr(torch, dtype))
+        _check_finite(model, path, dtype)
         # The digests are recomputed on save; the training checkpoint's also name its optimizer state.
         models[role] = (model, _portable({k: v for k, v in config.items() if k != "sha256"}, path))
     check_bundle_configs({role: config for role, (_, config) in models.items()})
@@ -206,6 +207,15 @@ def install_bundle(planner: str, denoiser: str, dest: str, dtype: str = "float32
         shutil.copytree(dest, backup)
     save_bundle(dest, *models["planner"], *models["denoiser"])
     return dest
+
+
+def _check_finite(model: torch.nn.Module, path: str, dtype: str) -> None:
+    """ValueError naming the first tensor the cast to `dtype` overflowed (the checkpoint's own
+    weights are finite: load_model refuses others), before anything is written."""
+    for name, tensor in model.state_dict().items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise ValueError(f"install_bundle: {path}: {name} has weights beyond the range of {dtype}; "
+                             f"store the weights as float32 or bfloat16")
 
 
 def is_packaged(path: os.PathLike) -> bool:

@@ -257,6 +257,20 @@ def test_install_bundle_refuses_an_oversized_bundle(tmp_path, monkeypatch):
     assert {p: p.read_bytes() for p in dest.rglob("*") if p.is_file()} == before
 
 
+def test_install_bundle_refuses_weights_that_overflow_float16(tmp_path):
+    paths = _training_checkpoints(tmp_path)
+    model, config = _model("mask-denoiser", 1)
+    with torch.no_grad():
+        model.head.weight[0, 0] = 1e5  # finite in float32, inf in float16
+    save_checkpoint(paths["denoiser"], model, config)
+    dest = tmp_path / "text8"
+    pretrained.install_bundle(paths["planner"], paths["denoiser"], str(dest), "bfloat16")
+    before = {p: p.read_bytes() for p in dest.rglob("*") if p.is_file()}
+    with pytest.raises(ValueError, match=r"head\.weight has weights beyond the range of float16.*float32 or bfloat16"):
+        pretrained.install_bundle(paths["planner"], paths["denoiser"], str(dest), "float16")
+    assert {p: p.read_bytes() for p in dest.rglob("*") if p.is_file()} == before
+
+
 def test_install_command(tmp_path, capsys):
     from ddpd.pretrained.__main__ import main as install_main
 
