@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Union
 
 import torch
 
@@ -59,17 +60,21 @@ def default_bundle(own: str = "--checkpoint BUNDLE (or --planner DIR --denoiser 
     return str(path)
 
 
-def load_default(device: str = "cpu"):
+def load_default(device: Union[str, torch.device] = "cpu"):
     """(planner, denoiser, tokenizer) of the default bundle, ready to sample: eval mode,
-    no gradients. Sample with denoiser_type="mask" (the denoiser is a mask denoiser).
+    no gradients. Sample with denoiser_type="mask": the bundle, packaged or named by
+    DDPD_PRETRAINED_DIR, must pass check_bundle_configs (a mask denoiser among them).
 
     Args:
-        device: where to put the networks.
+        device: where to put the networks: "auto", "cpu", "cuda", "cuda:N" or a torch.device.
 
     Returns:
         (planner, denoiser, tokenizer).
 
     Raises:
+        TypeError: `device` is neither a str nor a torch.device.
+        ValueError: an unknown `device`, CUDA where there is none (before the bundle is
+            read), or a bundle that is not what the default must be (check_bundle_configs).
         BundleNotFoundError: a file of the bundle is missing.
         CheckpointError: a checkpoint of the bundle is damaged.
 
@@ -78,8 +83,15 @@ def load_default(device: str = "cpu"):
     """
     from ddpd.checkpoint import load_bundle
     from ddpd.training.data import tokenizer_from_config
+    from ddpd.validation import check_device
 
-    planner, denoiser, configs = load_bundle(default_bundle(), device=device)
+    device = check_device("device", device)
+    path = default_bundle()
+    planner, denoiser, configs = load_bundle(path, device=str(device))
+    try:
+        check_bundle_configs(configs)
+    except ValueError as err:
+        raise ValueError(f"load_default: {path}: {err}") from None
     return (planner.requires_grad_(False), denoiser.requires_grad_(False),
             tokenizer_from_config(configs["denoiser"]["tokenizer"]))
 

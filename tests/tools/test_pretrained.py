@@ -105,6 +105,38 @@ def test_console_script_with_no_model_argument(as_default):
     assert len(lines) == NUM_SAMPLES_BUNDLED and all(set(line) <= ALPHABET for line in lines)
 
 
+def test_load_default_checks_its_device_before_reading(tmp_path, monkeypatch):
+    monkeypatch.setenv(pretrained.ENV_VAR, str(tmp_path / "nowhere"))  # reading it would raise BundleNotFoundError
+    with pytest.raises(ValueError, match="device must be auto, cpu, cuda or cuda:N, got 'tpu'"):
+        pretrained.load_default("tpu")
+    with pytest.raises(TypeError, match="device must be"):
+        pretrained.load_default(0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="device cuda:0: CUDA is not available"):
+        pretrained.load_default(torch.device("cuda", 0))
+
+
+def test_load_default_returns_the_environment_bundle(as_default):
+    planner, denoiser, tokenizer = pretrained.load_default(torch.device("cpu"))
+    assert planner.kind == "planner" and denoiser.kind == "mask-denoiser" and tokenizer.vocab_size == V
+    assert not any(p.requires_grad for p in denoiser.parameters())
+
+
+@pytest.mark.parametrize("denoiser_kind, length, message", [
+    ("uniform-denoiser", D, "must be a 'mask-denoiser'"), ("mask-denoiser", 2 * D, "must share max_seq_len"),
+])
+def test_load_default_refuses_an_environment_bundle_unlike_the_default(tmp_path, monkeypatch, denoiser_kind,
+                                                                        length, message):
+    torch.manual_seed(0)
+    config = config_for(denoiser_kind, V, length, **TINY)
+    denoiser = (build_model(denoiser_kind, config), {"kind": denoiser_kind, "model": config.to_dict(),
+                                                     "tokenizer": {"name": "text8"}, "schedule": "linear"})
+    save_bundle(str(tmp_path / "bundle"), *_model("planner", 0), *denoiser)
+    monkeypatch.setenv(pretrained.ENV_VAR, str(tmp_path / "bundle"))
+    with pytest.raises(ValueError, match=f"load_default: .*bundle: default bundle: .*{message}"):
+        pretrained.load_default()
+
+
 def test_no_bundle_is_a_one_line_error(tmp_path, monkeypatch, capsys):
     monkeypatch.delenv(pretrained.ENV_VAR, raising=False)
     monkeypatch.setattr(pretrained, "BUNDLE_DIR", tmp_path / "text8")
