@@ -79,7 +79,8 @@ def build_skeleton(kind: str, config: TransformerConfig) -> nn.Module:
     """The network of `kind` on the meta device: the names, shapes and dtypes of its
     parameters and buffers, without memory and without running an initialiser (the meta
     device's random fills imported torch._dynamo and triton: seconds of every checkpoint
-    load, and C++ a signal must not interrupt).
+    load, and C++ a signal must not interrupt). `to_empty(device=...)` makes it a network
+    there to fill with load_state_dict: its rotary tables are computed, the rest is empty.
 
     Args:
         kind: one of MODEL_KINDS.

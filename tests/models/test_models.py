@@ -196,6 +196,20 @@ def test_rotary_scores_depend_on_relative_position_only():
     assert not torch.allclose(scores[0, 0], scores[0, 3])
 
 
+@pytest.mark.parametrize("kind", MODEL_KINDS)
+def test_skeleton_to_empty_then_load_computes_what_the_network_does(kind):
+    from ddpd.models.factory import build_skeleton
+
+    model = make(kind)
+    skeleton = build_skeleton(kind, model.config).to_empty(device="cpu")  # rotary tables recomputed, not copied
+    skeleton.load_state_dict(model.state_dict())
+    for built, filled in zip(model.buffers(), skeleton.buffers()):
+        assert torch.equal(built, filled)
+    x = tokens(high=model.config.vocab_size)
+    with torch.no_grad():
+        torch.testing.assert_close(call(skeleton.eval(), x), call(model, x), rtol=0, atol=0)
+
+
 def test_model_sees_positions():
     # without positions a bidirectional transformer is permutation-equivariant
     model = make("planner")
