@@ -33,7 +33,7 @@ _LAYOUT = {
 
 
 def _check_kind(kind: Any) -> None:
-    if kind not in MODEL_CLASSES:
+    if not isinstance(kind, str) or kind not in MODEL_CLASSES:  # a list is unhashable: no dict lookup
         raise ValueError(f"kind: expected one of {MODEL_KINDS}, got {kind!r}")
 
 

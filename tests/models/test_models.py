@@ -3,6 +3,7 @@ hidden states and head, validation, determinism. (Attention dispatch, precision,
 labels and adapters have their own test modules.)"""
 import itertools
 import math
+import re
 
 import pytest
 import torch
@@ -99,6 +100,17 @@ def test_config_for_derives_kind_layout():
         config_for("uniform", True, D)
     with pytest.raises(ValueError, match="seq_len must be >= 1, got 0"):
         config_for("uniform", V, 0)
+
+
+@pytest.mark.parametrize("kind", [["planner"], {"planner": 1}, None, 3])
+def test_a_kind_that_is_not_a_name_is_refused_in_one_line(kind):
+    from ddpd.models.factory import build_skeleton
+
+    expected = rf"kind: expected one of \({MODEL_KINDS[0]!r}.*got {re.escape(repr(kind))}"
+    for build in (lambda: config_for(kind, 27, 16), lambda: build_model(kind, config_for("planner", 27, 16)),
+                  lambda: build_skeleton(kind, config_for("planner", 27, 16))):
+        with pytest.raises(ValueError, match=expected):
+            build()
 
 
 def test_build_model_rejects_config_of_another_kind():
