@@ -22,7 +22,7 @@ from ddpd.process import Schedule, denoiser_log_prob_from_uniform, planner_prob_
 from ddpd.sampling.batch import RunningBatch, SampleResult
 from ddpd.sampling.common import Run, expand, on_device, row, run_steps, setup, start, subset, write
 from ddpd.sampling.draws import Draws
-from ddpd.sampling.noise import ACCEPT, CLOCK, CONFIDENCE, NoiseSource, exponential, gumbel
+from ddpd.sampling.noise import ACCEPT, BELOW_ONE, CLOCK, CONFIDENCE, NoiseSource, exponential, gumbel
 from ddpd.sampling.options import (
     DDPDOptions,
     Execution,
@@ -399,7 +399,7 @@ def _exact_clock(run: Run, draws: Draws, opts: DDPDOptions, networks, batch: Run
         t = run.schedule.inverse(-torch.expm1(-batch.state["s"])).float()
         logits = _plan(networks, batch, t)
         plan = draws.plan(step, logits, batch.rows, 1, opts.selection, opts.eps, batch.x, mask_id)
-        accept = run.noise.uniform(step, ACCEPT, batch.rows, 1)[:, 0] * length < plan.sum_p
+        accept = run.noise.uniform(step, ACCEPT, batch.rows, 1)[:, 0].clamp(max=BELOW_ONE) * length < plan.sum_p
         index = draws.rows_with(accept)
         if index is not None and index.numel() == 0:
             return

@@ -198,6 +198,21 @@ def make_noise(seed: Optional[int] = None, generator: Optional[torch.Generator] 
     return PhiloxNoise(*seed_from_generator(generator))
 
 
+def happens(u: Tensor, p) -> Tensor:
+    """Bernoulli(p) events from uniforms in (0, 1]: min(u, BELOW_ONE) < p, as ddpd.ops.bernoulli
+    draws them. A plain u < p would miss an event of probability 1 where u is the top grid value
+    (1.0 in float32, one uniform in 2**24): a last step's jump, which must clear every mask.
+
+    Args:
+        u: uniforms in (0, 1].
+        p: probabilities in [0, 1], a tensor broadcasting with u or a number.
+
+    Returns:
+        Bool, shaped like u (broadcast with p).
+    """
+    return u.clamp(max=BELOW_ONE) < p
+
+
 def exponential(u: Tensor) -> Tensor:
     """Standard exponential variables -log u from uniforms in (0, 1]; u is clamped
     below 1 as in gumbel, so the top grid value (1.0 in float32) gives a finite value.

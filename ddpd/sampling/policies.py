@@ -21,6 +21,7 @@ from typing import Callable, Optional, Union
 import torch
 from torch import Tensor
 
+from ddpd.sampling.noise import happens
 from ddpd.validation import check_choice, check_float, check_int
 
 ORDERS = ("risk", "planner")
@@ -572,7 +573,7 @@ class ReMDM:
         if step.last:
             return step.masked, torch.zeros_like(step.masked)
         sigma, unmask_p = step.table.unbind()
-        return step.masked & (step.uniforms < unmask_p), ~step.masked & (step.uniforms < sigma)
+        return step.masked & happens(step.uniforms, unmask_p), ~step.masked & happens(step.uniforms, sigma)
 
 
 MaskPolicy = Union[MaskGIT, ConfidenceThreshold, ConfidenceFactor, EntropyBound, ReMDM]

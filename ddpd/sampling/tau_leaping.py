@@ -21,7 +21,7 @@ from ddpd.sampling.batch import RunningBatch, SampleResult
 from ddpd.sampling.common import Run, expand, on_device, row, run_steps, setup, start, subset
 from ddpd.sampling.draws import Draws
 from ddpd.sampling.gillespie import DENOISER_TYPES, mask_time
-from ddpd.sampling.noise import EVENT, MASK, NoiseSource
+from ddpd.sampling.noise import EVENT, MASK, NoiseSource, happens
 from ddpd.sampling.options import Execution, Guidance, Prompt, Temperature, Truncation, explains_moved_keywords
 from ddpd.validation import check_bool, check_callable, check_choice, check_float
 
@@ -108,8 +108,8 @@ def tau_leaping_mask(
         remask_p = 0.0 if last else min(1.0, eta * grid.dt)
         masked = batch.x == run.mask_id  # never a frozen position: those hold their given values
         u = run.noise.uniform(i, EVENT, batch.rows, length)
-        unmask = masked & (u < row(grid.jumps, i))
-        remask = _free(batch, ~masked & (u < remask_p))
+        unmask = masked & happens(u, row(grid.jumps, i))
+        remask = _free(batch, ~masked & happens(u, remask_p))
         x = torch.where(remask, torch.full_like(batch.x, run.mask_id), batch.x)
         batch.x.copy_(_draw_where(run, draws, batch, denoiser, i, x, batch.x, unmask, grid.t(i, len(batch)),
                                   temperature))
@@ -194,7 +194,7 @@ def tau_leaping_uniform(
     def one_step(i, temperature, last: bool, check: bool) -> None:
         logits = batch.denoiser(model, batch.x, grid.t(i, len(batch)), vocab_size, "model")
         p_stay = logits.log_softmax(-1).gather(-1, batch.x[..., None]).squeeze(-1).exp()
-        jump = run.noise.uniform(i, EVENT, batch.rows, length) < (row(grid.jumps, i) * (1.0 - p_stay))
+        jump = happens(run.noise.uniform(i, EVENT, batch.rows, length), row(grid.jumps, i) * (1.0 - p_stay))
         jump = _free(batch, jump)
         # New values exclude the current one: the rate is defined for j != x_t^d only.
         tokens = draws.tokens_everywhere(i, batch.rows, logits, temperature, exclude=batch.x)
@@ -293,10 +293,10 @@ def tau_leaping_planned(
         t = grid.t(i, len(batch))
         logits = batch.planner(planner, batch.x, t) if time_conditioned else batch.planner(planner, batch.x)
         p = _free(batch, torch.sigmoid(logits))  # a frozen position is never noise
-        jump = run.noise.uniform(i, EVENT, batch.rows, length) < row(grid.jumps, i) * p
+        jump = happens(run.noise.uniform(i, EVENT, batch.rows, length), row(grid.jumps, i) * p)
         x_in, t_in = batch.x, t
         if denoiser_type == "mask":
-            z = (run.noise.uniform(i, MASK, batch.rows, length) < p) | jump
+            z = happens(run.noise.uniform(i, MASK, batch.rows, length), p) | jump
             x_in = torch.where(z, torch.full_like(batch.x, run.mask_id), batch.x)
             t_in = mask_time(z.sum(-1), run)
         batch.x.copy_(_draw_where(run, draws, batch, denoiser, i, batch.x, x_in, jump, t_in, temperature))

@@ -75,6 +75,22 @@ def test_tau_leaping_mask_with_eta_stops_only_at_the_end():
     assert result.denoiser_rows <= 64 * problem.D  # only rows with an unmasking call the denoiser
 
 
+@pytest.mark.parametrize("fused", [False, True])
+def test_tau_leaping_last_step_clears_a_mask_whose_uniform_is_one(fused):
+    from ddpd.sampling.noise import EVENT
+
+    # row 15765 of seed 0 draws the top grid value at step 0, column 475 of the EVENT stream:
+    # 1.0 in float32, which a plain u < 1 takes for no event
+    noise_source = PhiloxNoise(0, first_row=15765)
+    assert noise_source.uniform(0, EVENT, torch.tensor([0]), 476)[0, 475] == 1.0
+
+    def denoiser(x, t):
+        return torch.zeros(*x.shape, 2)
+
+    result = tau_leaping_mask(denoiser, 1, 476, 2, steps=1, noise=noise_source, execution=Execution(fused=fused))
+    assert int(result.tokens.max()) < 2, "a mask id (2) is left in the sample"
+
+
 @pytest.mark.parametrize("name,wrong", [("token 0 zeroed", lambda d: token_zeroed(d, 0)),
                                         ("tempered^0.8", lambda d: tempered(d, 0.8))])
 def test_tau_leaping_mask_wrong_denoiser_fails(name, wrong):
