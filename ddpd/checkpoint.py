@@ -172,6 +172,8 @@ def ensure_replaceable(path: str, kind: str = "checkpoint") -> None:
     """Raise CheckpointError unless `path` is absent, an empty directory or a ddpd `kind`
     ("checkpoint" or "bundle") that a save may replace: a mistyped destination must never
     delete unrelated files, nor a bundle a training checkpoint (or the other way round).
+    A checkpoint is a directory whose config.json parses as one a ddpd save wrote (a ddpd
+    kind and the sha256 of the files), not any directory holding a config.json.
     The path is checked as the save will write it (relative to the working directory; an
     empty path is refused, not read as the working directory).
 
@@ -192,18 +194,33 @@ def ensure_replaceable(path: str, kind: str = "checkpoint") -> None:
         return
     if not os.path.isdir(path):
         raise CheckpointError(f"checkpoint path exists and is not a directory: {path}")
-    entries = os.listdir(path)
-    if not entries:
+    if not os.listdir(path):
         return
-    found = "checkpoint" if CONFIG in entries else "bundle" if _is_bundle(path) else None
+    found = "checkpoint" if _is_checkpoint(path) else "bundle" if _is_bundle(path) else None
     if found is None:
-        raise CheckpointError(f"refusing to replace {path}: it is neither empty nor a ddpd checkpoint")
+        reason = (f"not a ddpd checkpoint (its {CONFIG} records no ddpd kind and sha256)"
+                  if os.path.lexists(os.path.join(path, CONFIG)) else "it is neither empty nor a ddpd checkpoint")
+        raise CheckpointError(f"refusing to replace {path}: {reason}")
     if found != kind:
         raise CheckpointError(f"refusing to replace {path}: it holds a ddpd {found}, not a {kind}")
 
 
+def _is_checkpoint(path: str) -> bool:
+    """Whether `path`'s config.json is one a ddpd save wrote (a kind of KINDS, the files'
+    sha256): other models' directories (a Hugging Face model's) hold a config.json too."""
+    file = os.path.join(path, CONFIG)
+    try:
+        if not os.path.isfile(file) or os.path.getsize(file) > MAX_CONFIG_BYTES:  # isfile: never open a FIFO
+            return False
+        with open(file, "rb") as f:
+            config = json.loads(f.read().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        return False
+    return isinstance(config, dict) and config.get("kind") in KINDS and isinstance(config.get("sha256"), dict)
+
+
 def _is_bundle(path: str) -> bool:
-    return all(os.path.isfile(os.path.join(path, role, CONFIG)) for role in ("planner", "denoiser"))
+    return all(_is_checkpoint(os.path.join(path, role)) for role in ("planner", "denoiser"))
 
 
 # What a save writes into a checkpoint or bundle directory; anything else there is a user's.

@@ -188,6 +188,36 @@ def test_refuses_to_replace_unrelated_directory(tmp_path):
         save_checkpoint(tmp_path / "file", model, config)
 
 
+def hf_model_folder(path):
+    """A directory of another library's model: a config.json that is not a ddpd checkpoint's."""
+    path.mkdir()
+    files = {"config.json": '{"model_type": "gpt2", "vocab_size": 50257}', "model.safetensors": "weights",
+             "tokenizer.json": "{}"}
+    for name, text in files.items():
+        (path / name).write_text(text)
+    return files
+
+
+def test_a_foreign_config_json_is_not_a_checkpoint_to_replace(tmp_path):
+    """Any directory holding a config.json was replaced as a checkpoint: a save over a
+    Hugging Face model folder overwrote its model.safetensors."""
+    files = hf_model_folder(tmp_path / "hf")
+    planner, planner_config = tiny("planner")
+    denoiser, denoiser_config = tiny("mask-denoiser", seed=2)
+    with pytest.raises(CheckpointError, match=f"refusing to replace {tmp_path / 'hf'}: not a ddpd checkpoint"):
+        save_checkpoint(tmp_path / "hf", planner, planner_config)
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    for role in ("planner", "denoiser"):
+        hf_model_folder(bundle / role)
+    with pytest.raises(CheckpointError, match=f"refusing to replace {bundle}: it is neither empty"):
+        save_bundle(bundle, planner, planner_config, denoiser, denoiser_config)
+    for folder in (tmp_path / "hf", bundle / "planner", bundle / "denoiser"):
+        assert {name: (folder / name).read_text() for name in files} == files
+    save_bundle(tmp_path / "b", planner, planner_config, denoiser, denoiser_config)
+    save_bundle(tmp_path / "b", planner, planner_config, denoiser, denoiser_config)  # a ddpd bundle is replaced
+
+
 def test_an_empty_path_is_refused_and_the_working_directory_kept(tmp_path, monkeypatch):
     """An empty path once passed the check (it does not exist) and was then written as the
     working directory: `python -m ddpd.pretrained P D --dest ''` replaced everything in it."""

@@ -710,6 +710,20 @@ def run_cli(capsys, *argv):
     return code, captured.out, captured.err
 
 
+def test_cli_refuses_an_out_of_another_library(corpus, tmp_path, capsys):
+    """A Hugging Face model folder (its own config.json) was taken for a checkpoint: "already
+    holds a checkpoint; pass --resume", and a save would have replaced it."""
+    out = tmp_path / "hf"
+    out.mkdir()
+    (out / "config.json").write_text('{"model_type": "gpt2"}')
+    (out / "model.safetensors").write_text("weights")
+    code, _, err = run_cli(capsys, "planner", "--data", corpus, "--out", out, "--steps", 1, "--batch-size", 2,
+                           "--seq-len", 8, "--d-model", 16, "--n-layers", 1, "--n-heads", 2, "--no-progress")
+    assert code == 1 and err == f"ddpd-train: error: refusing to replace {out}: not a ddpd checkpoint " \
+                                "(its config.json records no ddpd kind and sha256)\n"
+    assert (out / "model.safetensors").read_text() == "weights"
+
+
 def test_cli_trains_and_resumes(corpus, tmp_path, capsys):
     args = ["planner", "--data", corpus, "--out", tmp_path / "p", "--steps", 4, "--batch-size", 8, "--seq-len", 32,
             "--d-model", 32, "--n-layers", 1, "--n-heads", 2, "--eval-every", 2, "--eval-batches", 2,
