@@ -439,9 +439,18 @@ class _Reader:
         self.path, self.fd, self.root = os.fspath(path), fd, root or self
         self.owned = [fd]  # descriptors to close with the root
         self.files: dict[str, int] = {}
+        try:
+            self._open_files()
+        except BaseException:  # a root that is never made closes only `fd`: close what was opened here
+            for file in self.files.values():
+                os.close(file)
+                self.root.owned.remove(file)
+            raise
+
+    def _open_files(self) -> None:
         for name in (CONFIG, WEIGHTS, STATE_META, STATE_TENSORS):
             try:  # non-blocking: opening a FIFO put in a file's place would wait for a writer
-                file = os.open(name, os.O_RDONLY | os.O_NONBLOCK, dir_fd=fd)
+                file = os.open(name, os.O_RDONLY | os.O_NONBLOCK, dir_fd=self.fd)
             except FileNotFoundError:
                 continue
             except IsADirectoryError:

@@ -547,6 +547,21 @@ def test_a_fifo_in_place_of_a_file_is_refused_without_waiting(tmp_path):
     assert outcome == [f"checkpoint {path}: model.safetensors is not a regular file"]
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts descriptors in /proc/self/fd")
+@pytest.mark.parametrize("what", ["directory", "fifo"])
+def test_a_refused_open_closes_what_it_opened(tmp_path, what):
+    """A weights file refused while the files were being opened left config.json's
+    descriptor open: 100 loads leaked 100 descriptors."""
+    path = _saved(tmp_path)
+    os.remove(path / "model.safetensors")
+    os.mkdir(path / "model.safetensors") if what == "directory" else os.mkfifo(path / "model.safetensors")
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(10):
+        with pytest.raises(CheckpointError, match="model.safetensors is"):
+            load_model(path)
+    assert len(os.listdir("/proc/self/fd")) == before
+
+
 def test_weights_of_a_type_weights_are_not_stored_in_name_the_types(tmp_path, monkeypatch):
     from safetensors.torch import load_file, save_file
 
