@@ -25,7 +25,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors, save as save_safetensors
 
 from ddpd._interrupts import signals_held
-from ddpd.files import atomic_directory
+from ddpd.files import atomic_directory, refuse_working_directory
 
 KINDS = ("planner", "mask-denoiser", "uniform-denoiser", "uniform", "ar")
 PLANNER_KINDS = ("planner", "uniform")
@@ -184,11 +184,13 @@ def ensure_replaceable(path: str, kind: str = "checkpoint") -> None:
     Raises:
         TypeError: `path` is not a str or os.PathLike.
         CheckpointError: `path` may not be replaced.
+        ddpd.files.OutputError: `path` is the working directory or holds it.
     """
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"checkpoint path must be a str or os.PathLike, got {type(path).__name__}")
     if not os.fspath(path):
         raise CheckpointError("checkpoint path is empty")
+    refuse_working_directory(path)
     path = os.path.abspath(os.fspath(path))
     if not os.path.exists(path):
         return

@@ -3,7 +3,8 @@
 Every file ddpd writes (checkpoints, sample files, evaluation reports) goes through here:
 
 - `atomic_file` / `write_text` / `write_bytes` / `atomic_directory`: built under a
-  temporary name beside the destination, flushed and renamed over it;
+  temporary name beside the destination, flushed and renamed over it (never over the
+  working directory: `refuse_working_directory`);
 - `StreamedFile`: lines appended to such a temporary, published by one rename at the end;
 - `FileSet`: several files replaced as one set, with a journal a killed writer leaves;
 - `remove_stale_temps`: temporaries of dead writers, removed by the lock's holder;
@@ -596,12 +597,13 @@ def atomic_directory(path) -> Iterator[str]:
         The temporary directory's path, to fill.
 
     Raises:
-        OutputError: `path` cannot be written.
+        OutputError: `path` cannot be written, or is the working directory or holds it.
     """
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"output path must be a str or os.PathLike, got {type(path).__name__}")
     if not os.fspath(path):  # abspath would make it the working directory, which the swap would replace
         raise OutputError(path, ValueError("the path is empty"))
+    refuse_working_directory(path)
     path = destination(path)
     parent = os.path.dirname(path)
     make_parents(path, parent)
@@ -625,6 +627,27 @@ def atomic_directory(path) -> Iterator[str]:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     fsync_directory(parent)
+
+
+def refuse_working_directory(path) -> None:
+    """An OutputError where `path`, a directory to be replaced by a rename, is the working
+    directory or one that holds it (`--out .`): the process, and the shell that started
+    it, would be left in a deleted directory.
+
+    Args:
+        path: the directory to replace.
+
+    Raises:
+        OutputError: `path` is the working directory or one of its ancestors.
+    """
+    target = destination(path)
+    try:
+        here = os.path.realpath(os.getcwd())
+    except FileNotFoundError:  # the working directory is gone already: nothing to keep
+        return
+    if here == target or here.startswith(target.rstrip(os.sep) + os.sep):
+        raise OutputError(target, ValueError("it is the working directory or holds it, and the directory is "
+                                             "replaced whole (by a rename); name a directory below it"))
 
 
 def _replace_directory(new: str, path: str) -> None:

@@ -31,6 +31,7 @@ from ddpd.cli.common import (
     resolve_device,
     run_tool,
 )
+from ddpd.files import OutputError, refuse_working_directory
 from ddpd.streams import Stdout, standard_streams
 
 # ddpd.training.trainer's KINDS and TOKENIZERS, here without importing torch (a test holds them equal)
@@ -115,16 +116,21 @@ def _train_config(args: argparse.Namespace):
 
 def check_command_line(args: argparse.Namespace) -> None:
     """What the command line alone decides, checked before torch is imported (check_first):
-    the corpus (--data, required unless --resume), --tiktoken, the checkpoint to resume.
+    the corpus (--data, required unless --resume), --tiktoken, the checkpoint to resume, --out.
 
     Args:
         args: the parsed command line.
 
     Raises:
-        UsageError: a missing or unusable --data or --tiktoken, or a bad --threads.
+        UsageError: a missing or unusable --data or --tiktoken, a bad --threads, or an --out that
+            is the working directory or holds it.
         InputError: a --resume checkpoint directory that is not there.
     """
     check_threads(getattr(args, "threads", None))
+    try:  # before any training: every save replaces --out by a rename
+        refuse_working_directory(args.out)
+    except OutputError as err:
+        raise UsageError(f"--out: {err}") from None
     if args.allow_data_change and not args.resume:
         raise UsageError("--allow-data-change is a setting of --resume (a fresh run has no corpus to change)")
     if args.resume:

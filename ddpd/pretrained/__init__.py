@@ -187,6 +187,7 @@ def install_bundle(planner: str, denoiser: str, dest: str, dtype: str = "float32
             beyond the range of `dtype`, or a bundle over MAX_BUNDLE_BYTES.
         TypeError: `dest` is not a path.
         CheckpointError: a checkpoint is missing or damaged.
+        ddpd.files.OutputError: `dest` is the working directory or holds it.
     """
     import shutil
     import tempfile

@@ -33,7 +33,7 @@ from ddpd.checkpoint import (
     resume_settings,
     save_checkpoint,
 )
-from ddpd.files import OutputLock, remove_stale_temps
+from ddpd.files import OutputLock, refuse_working_directory, remove_stale_temps
 from ddpd.models import build_model, config_for
 from ddpd.process import corrupt, get_schedule
 from ddpd.training.data import (
@@ -412,6 +412,7 @@ class Trainer:
 
     Raises:
         ddpd.files.OutputLockedError: another process writes config.out.
+        ddpd.files.OutputError: config.out is the working directory or holds it.
         CheckpointError: config.out holds something that may not be replaced, or a
             checkpoint that cannot be resumed.
         ValueError: settings that do not fit the corpus or the device.
@@ -447,6 +448,7 @@ class Trainer:
     def _setup(self, resume: bool) -> None:
         config = self.config
         if self.dist.is_main:  # of saves killed before they finished; first, as it may restore the checkpoint
+            refuse_working_directory(config.out)  # every save replaces it by a rename: refused before any step
             remove_stale_temps(config.out)
         stored = self._load_resumable() if resume else None
         if not resume and self.dist.is_main:

@@ -218,6 +218,19 @@ def test_a_foreign_config_json_is_not_a_checkpoint_to_replace(tmp_path):
     save_bundle(tmp_path / "b", planner, planner_config, denoiser, denoiser_config)  # a ddpd bundle is replaced
 
 
+def test_a_checkpoint_the_process_stands_in_is_not_replaced(tmp_path, monkeypatch):
+    """A re-save of the checkpoint in the working directory (`--out .`) left the process in a
+    deleted directory."""
+    from ddpd.files import OutputError
+
+    model, config = tiny("planner")
+    save_checkpoint(tmp_path / "c", model, config)
+    monkeypatch.chdir(tmp_path / "c")
+    with pytest.raises(OutputError, match="is the working directory or holds it"):
+        save_checkpoint(".", model, config)
+    assert os.path.samefile(os.getcwd(), tmp_path / "c") and load_model(".")[1]["kind"] == "planner"
+
+
 def test_an_empty_path_is_refused_and_the_working_directory_kept(tmp_path, monkeypatch):
     """An empty path once passed the check (it does not exist) and was then written as the
     working directory: `python -m ddpd.pretrained P D --dest ''` replaced everything in it."""

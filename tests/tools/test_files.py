@@ -212,6 +212,25 @@ def test_an_empty_directory_path_is_refused_not_read_as_the_working_directory(tm
     assert sorted(os.listdir(tmp_path)) == ["precious.txt"]
 
 
+def test_the_working_directory_and_its_ancestors_are_never_replaced(tmp_path, monkeypatch):
+    """`--out .` swapped the working directory for a new one: the shell that ran the tool
+    was left in a deleted directory."""
+    here = tmp_path / "a" / "b"
+    here.mkdir(parents=True)
+    (here / "precious.txt").write_text("keep")
+    monkeypatch.chdir(here)
+    for path in (".", "..", str(tmp_path / "a"), "../b"):
+        with pytest.raises(files.OutputError, match="is the working directory or holds it"):
+            with files.atomic_directory(path):
+                pass
+    assert sorted(os.listdir(here)) == ["precious.txt"] and os.getcwd() == str(here)
+    with files.atomic_directory("below") as directory:  # a directory inside it is fine
+        Path(directory, "x").write_text("new")
+    with files.atomic_directory(tmp_path / "a" / "sibling"):
+        pass
+    assert sorted(os.listdir(here)) == ["below", "precious.txt"]
+
+
 def test_a_file_in_the_way_of_the_parents_is_named(tmp_path):
     """makedirs said 'File exists' (of the directory it wanted) where a file stands in the way."""
     (tmp_path / "keep.jsonl").write_text("x")

@@ -303,7 +303,7 @@ def test_install_bundle_refuses_weights_that_overflow_float16(tmp_path):
     assert {p: p.read_bytes() for p in dest.rglob("*") if p.is_file()} == before
 
 
-def test_install_command(tmp_path, capsys):
+def test_install_command(tmp_path, capsys, monkeypatch):
     from ddpd.pretrained.__main__ import main as install_main
 
     paths = _training_checkpoints(tmp_path)
@@ -313,6 +313,11 @@ def test_install_command(tmp_path, capsys):
     assert "must be a 'planner'" in capsys.readouterr().err
     assert install_main([paths["planner"], paths["denoiser"], "--dest", ""]) == 2
     assert capsys.readouterr().err == "python -m ddpd.pretrained: error: --dest must be a path, got ''\n"
+    monkeypatch.chdir(tmp_path / "b")  # a bundle the shell stands in is not replaced: it would be left in a deleted one
+    assert install_main([paths["planner"], paths["denoiser"], "--dest", "."]) == 1
+    assert capsys.readouterr().err == (f"python -m ddpd.pretrained: error: cannot write {tmp_path / 'b'}: it is the "
+                                       "working directory or holds it, and the directory is replaced whole (by a "
+                                       "rename); name a directory below it\n")
     edited = os.path.join(paths["planner"], "config.json")
     with open(edited) as f:
         config = json.load(f)

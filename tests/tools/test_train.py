@@ -724,6 +724,25 @@ def test_cli_refuses_an_out_of_another_library(corpus, tmp_path, capsys):
     assert (out / "model.safetensors").read_text() == "weights"
 
 
+def test_cli_refuses_the_working_directory_as_out_before_training(corpus, tmp_path, capsys, monkeypatch):
+    """`--out .` trained, then the checkpoint's swap replaced the working directory: the shell
+    was left in a deleted directory."""
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    for out, resume in ((".", []), ("..", ["--resume"])):
+        code, out_text, err = run_cli(capsys, "planner", "--data", corpus, "--out", out, "--steps", 1, *resume)
+        assert code == 2 and out_text == "" and err.count("\n") == 1, err
+        assert err.startswith("ddpd-train: error: --out: cannot write ") and "is the working directory" in err
+    assert os.listdir(here) == [] and os.path.samefile(os.getcwd(), here)
+    with Trainer(config(corpus, here / "p", steps=1, save_every=1)) as trainer:
+        trainer.train()
+    monkeypatch.chdir(here / "p")
+    with pytest.raises(files.OutputError, match="is the working directory or holds it"):  # the library's resume
+        Trainer(config(corpus, ".", steps=1, save_every=1), resume=True)
+    assert load_model(".")[1]["kind"] == "planner" and os.path.samefile(os.getcwd(), here / "p")
+
+
 def test_cli_trains_and_resumes(corpus, tmp_path, capsys):
     args = ["planner", "--data", corpus, "--out", tmp_path / "p", "--steps", 4, "--batch-size", 8, "--seq-len", 32,
             "--d-model", 32, "--n-layers", 1, "--n-heads", 2, "--eval-every", 2, "--eval-batches", 2,
