@@ -110,7 +110,7 @@ def _train_config(args: argparse.Namespace):
         remove_stale_temps(args.out)  # may restore the checkpoint a killed save had set aside
         stored = dict(resume_settings(args.out, read_config(args.out)))  # checked against their digest
         stored.pop("out", None)  # where it is may change; its device and how often it reports are kept unless given
-        return TrainConfig.from_dict({**stored, **given})
+        return TrainConfig.from_dict({**stored, **given}, data_recorded="data" not in given)
     return TrainConfig.from_dict(given)
 
 

@@ -228,7 +228,7 @@ def tokenizer_from_config(config: dict):
     raise ValueError(f"tokenizer config 'name' must be 'text8' or 'gpt2', got {name!r}")
 
 
-def load_text(source: str) -> str:
+def load_text(source: str, recorded: bool = False) -> str:
     """The text of a corpus (see resolve_source): a local UTF-8 text file (read whole;
     one final line break is dropped), `books` (the shipped file), `text8`, or
     `hf:NAME[:CONFIG]`, the "text" column of a Hugging Face dataset's train split joined
@@ -237,6 +237,7 @@ def load_text(source: str) -> str:
 
     Args:
         source: a file path, "books", "text8" or `hf:NAME[:CONFIG]`.
+        recorded: `source` is resolve_source's canonical form (as resolve_source's).
 
     Returns:
         The text.
@@ -246,7 +247,7 @@ def load_text(source: str) -> str:
         IsADirectoryError: `source` is a directory.
         ValueError: a file that is empty or not UTF-8, or a dataset that cannot be loaded.
     """
-    source = resolve_source(source)
+    source = resolve_source(source, recorded)
     if source.startswith("hf:"):
         return _load_hub_text(source[3:])
     if source == "text8":

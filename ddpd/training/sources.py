@@ -16,14 +16,18 @@ CORPUS_NAMES = {"books": "the text8-format public-domain books shipped with ddpd
                 "text8": f"the full text8 (100 M characters), downloaded with `datasets` from {HUB_TEXT8}"}
 
 
-def resolve_source(source: str) -> str:
+def resolve_source(source: str, recorded: bool = False) -> str:
     """The canonical form of a corpus source: `hf:NAME[:CONFIG]` as given, an existing
-    file as its absolute path, else a corpus name of CORPUS_NAMES as given. Raises
-    FileNotFoundError for anything else (naming the corpora that need no file), and
-    ValueError for an `hf:` without a name.
+    file as its absolute path (a file named `text8` in the working directory, as
+    `unzip text8.zip` makes, before the corpus of that name), else a corpus name of
+    CORPUS_NAMES as given. Raises FileNotFoundError for anything else (naming the corpora
+    that need no file), and ValueError for an `hf:` without a name.
 
     Args:
         source: a file path, a corpus name or `hf:NAME[:CONFIG]`.
+        recorded: `source` is a canonical form this function returned before (a
+            checkpoint's): a corpus name is then that corpus, whatever the working
+            directory holds (a file's form is absolute).
 
     Returns:
         The canonical source string.
@@ -38,6 +42,8 @@ def resolve_source(source: str) -> str:
     if source.startswith("hf:"):
         if not source[3:].partition(":")[0]:
             raise ValueError(f"data source 'hf:NAME[:CONFIG]' needs a dataset name, got {source!r}")
+        return source
+    if recorded and source in CORPUS_NAMES:
         return source
     if os.path.exists(source):
         return os.path.abspath(source)

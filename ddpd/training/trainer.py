@@ -18,7 +18,7 @@ import math
 import os
 import time
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass
 from typing import Callable, Optional
 
 import torch
@@ -119,8 +119,11 @@ class TrainConfig:
     # (classifier-free guidance needs the unconditional model too)
     num_classes: int = 0
     label_dropout: float = 0.0
+    # data is a checkpoint's record (resolve_source's canonical form, as a resume takes it),
+    # not a user's: a corpus name stays that corpus, not a file of that name in the cwd
+    data_recorded: InitVar[bool] = False
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, data_recorded: bool) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
         for name in ("data", "out"):
@@ -158,7 +161,7 @@ class TrainConfig:
         if self.label_dropout and not self.num_classes:
             raise ValueError(f"label_dropout needs num_classes > 0 (class labels to drop), got {self.label_dropout}")
         # absolute paths, so a resumed run recognises its settings from any directory
-        self.data = resolve_source(self.data)
+        self.data = resolve_source(self.data, recorded=data_recorded)
         if self.num_classes and not is_labelled(self.data):
             raise ValueError(f"num_classes needs a labelled corpus (a {LABELLED_SUFFIX} file of "
                              f"{{\"text\": str, \"label\": int}} lines), got data {self.data}")
@@ -192,11 +195,13 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, values: dict) -> TrainConfig:
+    def from_dict(cls, values: dict, data_recorded: bool = False) -> TrainConfig:
         """The TrainConfig of a dict written by to_dict.
 
         Args:
             values: setting name -> value.
+            data_recorded: values["data"] is a checkpoint's record of its corpus (a resume's):
+                a corpus name there is that corpus, even beside a file of that name.
 
         Returns:
             The validated TrainConfig.
@@ -209,7 +214,7 @@ class TrainConfig:
         unknown = sorted(set(values) - known)
         if unknown:
             raise ValueError(f"unknown training settings {unknown}")
-        return cls(**values)
+        return cls(**values, data_recorded=data_recorded)
 
 
 def _device_memory(device: str) -> Optional[int]:
@@ -456,7 +461,7 @@ class Trainer:
         self.tokenizer = make_tokenizer(config)
         self.vocab_size = self.tokenizer.vocab_size
         self.schedule = get_schedule(config.schedule)
-        text = load_text(config.data)
+        text = load_text(config.data, recorded=True)  # resolved by the config: a corpus name is that corpus
         self.corpus = fingerprint(text)
         if stored is not None:
             self._check_corpus(stored.config)

@@ -200,6 +200,9 @@ def test_corpus_names_and_files(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "text8").write_text("a local text eight")  # `unzip text8.zip` makes a file named text8
     assert data.resolve_source("text8") == str(tmp_path / "text8") and data.load_text("text8") == "a local text eight"
+    (tmp_path / "books").write_text("a local file named books")  # a checkpoint's record of a name is the corpus
+    assert data.resolve_source("books", recorded=True) == "books"
+    assert data.load_text("books", recorded=True) == BOOKS.read_text()
     with pytest.raises(FileNotFoundError, match="no such file: nothing.txt .*books.*text8.*hf:NAME"):
         data.resolve_source("nothing.txt")
 

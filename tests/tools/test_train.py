@@ -743,6 +743,22 @@ def test_cli_refuses_the_working_directory_as_out_before_training(corpus, tmp_pa
     assert load_model(".")[1]["kind"] == "planner" and os.path.samefile(os.getcwd(), here / "p")
 
 
+def test_a_resume_reads_the_shipped_corpus_it_recorded_beside_a_file_of_its_name(tmp_path, capsys, monkeypatch):
+    """A checkpoint records `"data": "books"`; a resume from a directory holding a file named
+    books read that file instead, and was refused as a changed corpus."""
+    monkeypatch.chdir(tmp_path)
+    tiny = ["--steps", 1, "--batch-size", 2, "--seq-len", 8, "--d-model", 16, "--n-layers", 1, "--n-heads", 2,
+            "--eval-batches", 1, "--no-progress"]
+    code, _, err = run_cli(capsys, "planner", "--data", "books", "--out", tmp_path / "p", *tiny)
+    assert code == 0, err
+    (tmp_path / "books").write_text("a local file named books " * 100)
+    code, out, err = run_cli(capsys, "planner", "--out", tmp_path / "p", "--resume", "--no-progress")
+    assert code == 0 and "step 1 of 1" in out, err
+    assert read_config(tmp_path / "p")["training"]["data"] == "books"
+    code, _, err = run_cli(capsys, "planner", "--data", "books", "--out", tmp_path / "q", *tiny)  # given: the file
+    assert code == 0 and read_config(tmp_path / "q")["training"]["data"] == str(tmp_path / "books"), err
+
+
 def test_cli_trains_and_resumes(corpus, tmp_path, capsys):
     args = ["planner", "--data", corpus, "--out", tmp_path / "p", "--steps", 4, "--batch-size", 8, "--seq-len", 32,
             "--d-model", 32, "--n-layers", 1, "--n-heads", 2, "--eval-every", 2, "--eval-batches", 2,
