@@ -83,14 +83,14 @@ def run(args: argparse.Namespace) -> None:
     families = _policies(args)  # the arguments first: nothing is loaded for a bad one
     order = _judge_order(args)
     bundle = _bundle(args.checkpoint)
-    from ddpd.cli.common import load_role, resolve_device
+    from ddpd.cli.common import resolve_device
 
     device = resolve_device(args.device)
     settings = _settings(args, bundle, order, device.type)
-    planner, _ = load_role("planner", os.path.join(bundle, "planner"), ("planner",), device)
-    denoiser, config = load_role("denoiser", os.path.join(bundle, "denoiser"), ("mask-denoiser",), device)
-    vocab, length = config["vocab_size"], config["model"]["max_seq_len"]
-    judge = _judge(args, order, config, device, length)
+    planner, denoiser, judge, shared = _networks(args, bundle, order, device)
+    vocab, length = shared["vocab_size"], shared["seq_len"]
+    if judge is None:
+        judge = _ngram_judge(args, order, shared)
     configs = _configs(args, families, planner, denoiser, vocab, length)
     csv_path = os.path.join(args.out_dir, "frontier.csv")
     write_text(json.dumps(settings, indent=1) + "\n", os.path.join(args.out_dir, SETTINGS))
@@ -210,20 +210,36 @@ def _judge_order(args):
     return int(order or 6)
 
 
-def _judge(args, order, config: dict, device, length: int):
-    from ddpd.cli.common import load_role, max_length
+def _networks(args, bundle: str, order, device):
+    """(planner, denoiser, the AR judge or None for an n-gram one, their shared facts): checked,
+    before any sampling, to share the vocabulary, tokenizer and length (as ddpd-sample and
+    ddpd-eval quality check theirs)."""
+    from ddpd.cli.common import load_role, max_length, shared_facts, warn_if_lengths_differ
 
+    roles = {"planner": ("planner",), "denoiser": ("mask-denoiser",)}
+    loaded = {role: load_role(role, os.path.join(bundle, role), kinds, device) for role, kinds in roles.items()}
+    entries = [(os.path.join(bundle, role), config) for role, (_, config) in loaded.items()]
+    judge = None
     if order is None:
         judge, judge_config = load_role("judge", args.judge, ("ar",), device)
-        if max_length(judge_config) - 1 < length:
-            raise UsageError(f"--judge: scores sequences of up to {max_length(judge_config) - 1} tokens, "
-                             f"the samples have {length}")
-        return judge
+        entries.append((f"--judge {args.judge}", judge_config))
+    shared = shared_facts(entries)
+    warn_if_lengths_differ("ddpd-eval", shared["seq_lens"])
+    if judge is not None and max_length(judge_config) - 1 < shared["seq_len"]:
+        raise UsageError(f"--judge: scores sequences of up to {max_length(judge_config) - 1} tokens, "
+                         f"the samples have {shared['seq_len']}")
+    return loaded["planner"][0], loaded["denoiser"][0], judge, shared
+
+
+def _ngram_judge(args, order: int, shared: dict):
     from ddpd.eval.ngram import NGramJudge
     from ddpd.training.data import load_splits, tokenizer_from_config
 
-    splits = load_splits(args.data, tokenizer_from_config(config["tokenizer"]))
-    return NGramJudge(splits["train"], config["vocab_size"], order)
+    if shared["tokenizer"] is None:
+        raise UsageError("the bundle's checkpoints do not record their tokenizer; cannot encode --data for "
+                         "--judge ngram")
+    splits = load_splits(args.data, tokenizer_from_config(shared["tokenizer"]))
+    return NGramJudge(splits["train"], shared["vocab_size"], order)
 
 
 def _policies(args) -> dict:

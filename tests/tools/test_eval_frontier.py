@@ -202,3 +202,54 @@ def test_ddpd_eval_frontier_checks_its_inputs_before_any_work(tmp_path, capsys):
     assert f"--data: {tmp_path} is a directory, not a text file" in capsys.readouterr().err
     assert main(["frontier", str(tmp_path / "none"), "--judge", "ngram", "--data", "books", "--out-dir", out]) == 1
     assert "checkpoint directory not found" in capsys.readouterr().err
+
+
+def _tiny(kind, vocab=27, tokenizer=("text8",), seq_len=8):
+    from ddpd.models import build_model, config_for
+
+    torch.manual_seed(0)
+    config = config_for(kind, vocab, seq_len, d_model=16, n_layers=1, n_heads=2)
+    recorded = {"tokenizer": {"name": tokenizer[0]}} if tokenizer else {}
+    return build_model(kind, config), {"kind": kind, "model": config.to_dict(), **recorded}
+
+
+FAST = ["--budgets", "2", "--target-steps", "1", "--num-samples", "1", "--policies", "threshold:0.9",
+        "--no-defaults", "--no-progress"]
+
+
+def test_ddpd_eval_frontier_runs_a_bundle_that_save_bundle_wrote(tmp_path, capsys):
+    """Only ddpd-train writes a top-level vocab_size: a save_bundle bundle ended in KeyError."""
+    from ddpd.checkpoint import save_bundle, save_checkpoint
+
+    save_bundle(tmp_path / "b", *_tiny("planner"), *_tiny("mask-denoiser"))
+    save_checkpoint(tmp_path / "ar", *_tiny("ar", seq_len=16))
+    for judge in (["--judge", "ngram:2", "--data", "books"], ["--judge", str(tmp_path / "ar")]):
+        out = tmp_path / judge[1].replace("/", "_").replace(":", "_")
+        assert main(["frontier", str(tmp_path / "b"), *judge, *FAST, "--out-dir", str(out)]) == 0, \
+            capsys.readouterr().err
+        assert len(read_frontier(str(out / "frontier.csv"))) == 2  # the target and the policy
+    save_bundle(tmp_path / "untold", *_tiny("planner", tokenizer=None), *_tiny("mask-denoiser", tokenizer=None))
+    assert main(["frontier", str(tmp_path / "untold"), "--judge", "ngram", "--data", "books", *FAST,
+                 "--out-dir", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err == ("ddpd-eval: error: the bundle's checkpoints do not record their tokenizer; "
+                                       "cannot encode --data for --judge ngram\n")
+
+
+def test_ddpd_eval_frontier_refuses_networks_that_do_not_agree_before_sampling(tmp_path, capsys, monkeypatch):
+    """A 50257-symbol planner with a 27-symbol denoiser ran to the end, and a GPT-2 judge
+    scored text8 ids as GPT-2 tokens."""
+    from ddpd.checkpoint import save_checkpoint
+    from ddpd.eval import frontier
+
+    monkeypatch.setattr(frontier, "run_frontier", lambda *a, **k: pytest.fail("sampled"))
+    bundle = tmp_path / "mixed"
+    save_checkpoint(bundle / "planner", *_tiny("planner", 50257, ("gpt2",)))  # a pair put together by hand
+    save_checkpoint(bundle / "denoiser", *_tiny("mask-denoiser"))
+    assert main(["frontier", str(bundle), "--judge", "ngram", "--data", "books", *FAST,
+                 "--out-dir", str(tmp_path / "o1")]) == 2
+    assert capsys.readouterr().err == (f"ddpd-eval: error: {bundle / 'denoiser'} has vocab_size 27, but "
+                                       f"{bundle / 'planner'} has 50257: they cannot be used together\n")
+    save_checkpoint(tmp_path / "gpt2", *_tiny("ar", 50257, ("gpt2",), seq_len=16))
+    assert main(["frontier", "--judge", str(tmp_path / "gpt2"), *FAST, "--out-dir", str(tmp_path / "o2")]) == 2
+    assert "--judge " + str(tmp_path / "gpt2") + " has vocab_size 50257, but" in capsys.readouterr().err
+    assert not (tmp_path / "o1").exists() and not (tmp_path / "o2").exists()
