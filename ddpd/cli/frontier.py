@@ -19,7 +19,7 @@ import hashlib
 import json
 import os
 
-from ddpd.cli.common import UsageError, add_runtime_arguments
+from ddpd.cli.common import UsageError, add_runtime_arguments, one_line
 
 DEFAULT_POLICIES = ["error-budget:bound=1,max_k=16", "error-budget:bound=4,max_k=16", "threshold:0.9",
                     "entropy-bound:1.0", "factor:1.0", "remdm:schedule=cap,eta=0.02"]
@@ -170,13 +170,25 @@ def _settings(args, bundle: str, order, device: str) -> dict:
                 "device": device}
     path = os.path.join(args.out_dir, SETTINGS)
     if os.path.exists(path):
-        with open(path, encoding="utf-8") as f:
-            before = json.load(f)
+        before = _recorded_settings(path)
         changed = [name for name, value in settings.items() if before.get(name) != value]
         if changed:
             raise UsageError(f"--out-dir {args.out_dir} holds a frontier measured with other {', '.join(changed)} "
                              f"({path}); use another --out-dir")
     return settings
+
+
+def _recorded_settings(path: str) -> dict:
+    """The JSON object of an existing SETTINGS file; a UsageError naming it when it is damaged."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            before = json.load(f)
+    except (UnicodeDecodeError, ValueError, RecursionError) as err:  # JSONDecodeError is a ValueError
+        raise UsageError(f"{path} is damaged (not JSON: {one_line(err)}); remove it, or use another "
+                         "--out-dir") from None
+    if not isinstance(before, dict):
+        raise UsageError(f"{path} is damaged (not a JSON object); remove it, or use another --out-dir")
+    return before
 
 
 def _digest(*paths: str) -> str:

@@ -253,3 +253,13 @@ def test_ddpd_eval_frontier_refuses_networks_that_do_not_agree_before_sampling(t
     assert main(["frontier", "--judge", str(tmp_path / "gpt2"), *FAST, "--out-dir", str(tmp_path / "o2")]) == 2
     assert "--judge " + str(tmp_path / "gpt2") + " has vocab_size 50257, but" in capsys.readouterr().err
     assert not (tmp_path / "o1").exists() and not (tmp_path / "o2").exists()
+
+
+@pytest.mark.parametrize("text", ['{"networks": ', "[1]", "\xff"])
+def test_ddpd_eval_frontier_names_a_damaged_settings_file(tmp_path, capsys, text):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "frontier.json").write_bytes(text.encode("latin-1"))
+    assert main(["frontier", "--judge", "ngram", "--data", "books", *FAST, "--out-dir", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"ddpd-eval: error: {out / 'frontier.json'} is damaged (not ") and err.count("\n") == 1
