@@ -152,12 +152,14 @@ def save_bundle(path: str, planner: torch.nn.Module, planner_config: dict,
     Raises:
         CheckpointError: `path` holds something a save must not replace, or a config does
             not fit its model.
+        ValueError: the planner and the denoiser differ in vocabulary or tokenizer.
         ddpd.files.OutputError: the directory cannot be written.
     """
     _check_bundle_kind("planner", planner_config, PLANNER_KINDS)
     _check_bundle_kind("denoiser", denoiser_config, DENOISER_KINDS)
     _check_model(planner, planner_config, "save_bundle: planner")
     _check_model(denoiser, denoiser_config, "save_bundle: denoiser")
+    _check_bundle_agrees(planner_config, denoiser_config)
     files = {"planner": _checkpoint_files(planner, planner_config, None),
              "denoiser": _checkpoint_files(denoiser, denoiser_config, None)}
     ensure_replaceable(path, "bundle")
@@ -733,6 +735,20 @@ def _check_bundle_kind(role: str, config: dict, allowed: tuple[str, ...]) -> Non
     _check_config(config, f"{role} config")
     if config["kind"] not in allowed:
         raise ValueError(f"{role} config: kind must be one of {allowed}, got {config['kind']!r}")
+
+
+def _check_bundle_agrees(planner_config: dict, denoiser_config: dict) -> None:
+    """A bundle's two networks sample together: the symbols the planner reads must be those
+    the denoiser predicts (as ddpd.cli.common.vocabulary counts them), in one tokenizer."""
+    def symbols(config: dict):
+        return config["model"].get("vocab_size" if config["kind"] == "planner" else "out_dim")
+
+    facts = {"vocabulary": (symbols(planner_config), symbols(denoiser_config)),
+             "tokenizer": (planner_config.get("tokenizer"), denoiser_config.get("tokenizer"))}
+    for name, (planner, denoiser) in facts.items():
+        if planner != denoiser:
+            raise ValueError(f"save_bundle: the planner's {name} is {planner!r}, the denoiser's {denoiser!r}: "
+                             "a bundle's networks must share it")
 
 
 def _check_model(model, config: dict, what: str) -> None:

@@ -231,6 +231,22 @@ def test_a_checkpoint_the_process_stands_in_is_not_replaced(tmp_path, monkeypatc
     assert os.path.samefile(os.getcwd(), tmp_path / "c") and load_model(".")[1]["kind"] == "planner"
 
 
+def test_save_bundle_refuses_networks_that_cannot_sample_together(tmp_path):
+    """A 50257-symbol planner and a 27-symbol denoiser were written as a bundle, which the tools
+    then loaded and ran (ddpd-eval frontier to the end)."""
+    planner, planner_config = tiny("planner")
+    denoiser, denoiser_config = tiny("mask-denoiser", seed=2)
+    torch.manual_seed(0)
+    wide = config_for("planner", 50257, 16, d_model=32, n_layers=1, n_heads=2)
+    with pytest.raises(ValueError, match="the planner's vocabulary is 50257, the denoiser's 27"):
+        save_bundle(tmp_path / "a", build_model("planner", wide), {**planner_config, "model": wide.to_dict()},
+                    denoiser, denoiser_config)
+    with pytest.raises(ValueError, match="the planner's tokenizer is \\{'name': 'gpt2'\\}, the denoiser's"):
+        save_bundle(tmp_path / "b", planner, {**planner_config, "tokenizer": {"name": "gpt2"}},
+                    denoiser, denoiser_config)
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
 def test_an_empty_path_is_refused_and_the_working_directory_kept(tmp_path, monkeypatch):
     """An empty path once passed the check (it does not exist) and was then written as the
     working directory: `python -m ddpd.pretrained P D --dest ''` replaced everything in it."""
