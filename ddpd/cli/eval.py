@@ -151,6 +151,7 @@ class Loaded:
     device: torch.device
     models: dict[str, torch.nn.Module] = field(default_factory=dict)
     shared: dict[str, object] = field(default_factory=dict)
+    corpora: dict[str, object] = field(default_factory=dict)  # the corpus fingerprint each checkpoint records
 
     @property
     def vocab_size(self) -> int:
@@ -201,6 +202,8 @@ def load_models(args: argparse.Namespace) -> Loaded:
             raise UsageError(f"--{role} {path}: a {config['kind']} checkpoint was already given")
         configs.append((f"--{role} {path}", config))
         loaded.models[key] = model
+        if config.get("corpus") is not None:
+            loaded.corpora[f"--{role} {path}"] = config["corpus"]
     if not [k for k in loaded.models if k != "judge"]:
         raise UsageError("no model to evaluate: give --planner with --denoiser, and/or --uniform")
     loaded.shared = shared_facts(configs)
@@ -220,7 +223,7 @@ def _heldout(args: argparse.Namespace, loaded: Loaded, num: Optional[int], flag:
     """The held-out sequences of --data; num: the value of `flag` (more than the split
     holds is a usage error naming it)."""
     from ddpd.eval import heldout_sequences
-    from ddpd.training.data import resolve_source, tokenizer_from_config
+    from ddpd.training.data import load_text, resolve_source, tokenizer_from_config
 
     try:
         resolve_source(args.data)
@@ -229,13 +232,28 @@ def _heldout(args: argparse.Namespace, loaded: Loaded, num: Optional[int], flag:
     if loaded.tokenizer is None:
         raise UsageError("the checkpoints do not record their tokenizer; cannot encode --data")
     tokenizer = tokenizer_from_config(loaded.tokenizer)
+    text = load_text(args.data)
+    _warn_if_trained_on_other_text(args, loaded, text)
     try:
-        sequences = heldout_sequences(args.data, tokenizer, loaded.seq_len, args.split, num)
+        sequences = heldout_sequences(args.data, tokenizer, loaded.seq_len, args.split, num, text=text)
     except ValueError as err:
         if str(err).startswith("num_sequences:"):
             raise UsageError(f"{flag}:{str(err)[len('num_sequences:'):]}".replace("num_sequences=", f"{flag} "))
         raise
     return sequences.to(loaded.device)
+
+
+def _warn_if_trained_on_other_text(args: argparse.Namespace, loaded: Loaded, text: str) -> None:
+    """A checkpoint trained on another corpus than --data (a prefix of it, say) may have seen
+    the split evaluated: say so on stderr (evaluating on other text is legitimate)."""
+    from ddpd.training.data import fingerprint
+
+    corpus = fingerprint(text)
+    others = [name for name, recorded in loaded.corpora.items() if recorded != corpus]
+    if others:
+        print(f"ddpd-eval: warning: {', '.join(others)} {'was' if len(others) == 1 else 'were'} trained on another "
+              f"corpus than --data {args.data} (the fingerprints differ): the {args.split} split is held out of "
+              "--data only, not of the text the networks were trained on", file=sys.stderr)
 
 
 # ---------------------------------------------------------------- elbo

@@ -15,7 +15,7 @@ from ddpd.training.data import SPLITS, chunk, evenly_spaced, load_splits
 
 
 def heldout_sequences(source: str, tokenizer, seq_len: int, split: str = "test",
-                      num_sequences: Optional[int] = None) -> Tensor:
+                      num_sequences: Optional[int] = None, text: Optional[str] = None) -> Tensor:
     """Long[N, seq_len] chunks of `split` of the corpus at `source` (a text file or
     hf:NAME), N = num_sequences (default: every chunk).
 
@@ -25,6 +25,7 @@ def heldout_sequences(source: str, tokenizer, seq_len: int, split: str = "test",
         seq_len: the chunk length.
         split: "train", "validation" or "test".
         num_sequences: how many chunks; None: every chunk.
+        text: the corpus's text if already read (load_text(source)), else None.
 
     Returns:
         Long[N, seq_len].
@@ -34,7 +35,7 @@ def heldout_sequences(source: str, tokenizer, seq_len: int, split: str = "test",
     """
     check_choice("split", split, SPLITS)
     check_int("seq_len", seq_len, 1)
-    tokens = load_splits(source, tokenizer)[split]
+    tokens = load_splits(source, tokenizer, text=text)[split]
     return pick_chunks(tokens, seq_len, num_sequences, what=f"the {split} split of {source}")
 
 

@@ -378,13 +378,15 @@ def _check_fractions(fractions: Sequence[float]) -> None:
         raise ValueError(f"fractions must be three positive numbers summing to 1, got {tuple(fractions)}")
 
 
-def load_splits(source: str, tokenizer, fractions: Sequence[float] = SPLIT_FRACTIONS) -> dict[str, Tensor]:
+def load_splits(source: str, tokenizer, fractions: Sequence[float] = SPLIT_FRACTIONS,
+                text: Optional[str] = None) -> dict[str, Tensor]:
     """Load, tokenize and split a plain-text corpus (see `load_text`, `split_tokens`).
 
     Args:
         source: a plain-text corpus (see load_text).
         tokenizer: a Text8Tokenizer or GPT2Tokenizer.
         fractions: three positive fractions summing to 1.
+        text: the corpus's text if already read (load_text(source)), else None.
 
     Returns:
         {"train", "validation", "test"} -> Long tensors.
@@ -395,7 +397,8 @@ def load_splits(source: str, tokenizer, fractions: Sequence[float] = SPLIT_FRACT
     """
     if is_labelled(source):
         raise ValueError(f"data {source} is a labelled corpus ({LABELLED_SUFFIX}); this reads plain text")
-    return split_tokens(encode_corpus(load_text(source), tokenizer, f"data {source}"), fractions)
+    text = load_text(source) if text is None else text
+    return split_tokens(encode_corpus(text, tokenizer, f"data {source}"), fractions)
 
 
 # ---------------------------------------------------------------- labelled corpora

@@ -103,6 +103,27 @@ def test_models_of_different_lengths_are_warned_about(setup, capsys, tmp_path):
     assert f"on 2 x {L} tokens" in out
 
 
+def test_data_other_than_the_recorded_corpus_is_warned_about(setup, capsys, tmp_path):
+    """Evaluated on a prefix of its training corpus, a denoiser's "test split" lay inside
+    the text it was trained on, and nothing said so."""
+    from ddpd.training.data import fingerprint
+
+    with open(WIKI, encoding="ascii") as f:
+        whole = f.read(40_000)
+    (tmp_path / "whole.txt").write_text(whole)
+    config = config_for("mask-denoiser", V, L, d_model=16, n_layers=1, n_heads=2)
+    save_checkpoint(tmp_path / "d", build_model("mask-denoiser", config),
+                    {"kind": "mask-denoiser", "model": config.to_dict(), "tokenizer": {"name": "text8"},
+                     "corpus": fingerprint(whole)})
+    args = ["elbo", "--denoiser", tmp_path / "d", "--num-sequences", 2, "--no-progress"]
+    code, _, err = _run(capsys, *args, "--data", tmp_path / "whole.txt")
+    assert code == 0 and err == "", err
+    code, _, err = _run(capsys, *args, "--data", setup["data"])  # its first 20 000 characters
+    assert code == 0 and err == (f"ddpd-eval: warning: --denoiser {tmp_path / 'd'} was trained on another corpus "
+                                 f"than --data {setup['data']} (the fingerprints differ): the test split is held out "
+                                 "of --data only, not of the text the networks were trained on\n")
+
+
 def test_quality_command(setup, capsys):
     p = setup
     out_dir = p["root"] / "quality"
