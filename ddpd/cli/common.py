@@ -501,12 +501,14 @@ def shared_facts(entries: Sequence[tuple[str, dict]]) -> dict[str, object]:
 
     Raises:
         UsageError: naming the two that differ.
-        CheckpointError: as training_length.
+        CheckpointError: as training_length, or a tokenizer or schedule that cannot be used,
+            naming its checkpoint.
     """
     facts: dict[str, object] = {}
     owners: dict[str, str] = {}
     lengths: dict[str, int] = {}
     for name, config in entries:
+        _check_recorded(name, config)
         values = {"vocab_size": vocabulary(config), "tokenizer": config.get("tokenizer")}
         if config["kind"] != "ar":
             values["schedule"] = config.get("schedule", "linear")
@@ -520,6 +522,22 @@ def shared_facts(entries: Sequence[tuple[str, dict]]) -> dict[str, object]:
     facts["seq_len"] = min(lengths.values()) if lengths else None
     facts["seq_lens"] = lengths
     return facts
+
+
+def _check_recorded(name: str, config: dict) -> None:
+    """A checkpoint's tokenizer and schedule, which config.json records with no digest over
+    them: an edited or damaged one is a CheckpointError naming the checkpoint."""
+    from ddpd.checkpoint import CheckpointError
+    from ddpd.process import get_schedule
+    from ddpd.training.data import check_tokenizer_config
+
+    try:
+        if config.get("tokenizer") is not None:
+            check_tokenizer_config(config["tokenizer"])
+        if config["kind"] != "ar":
+            get_schedule(config.get("schedule", "linear"))
+    except (TypeError, ValueError) as err:
+        raise CheckpointError(f"{name}: config.json cannot be used: {one_line(err)}") from None
 
 
 def warn_if_lengths_differ(prog: str, lengths: dict[str, int], hint: str = "") -> None:

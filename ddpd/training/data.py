@@ -212,11 +212,26 @@ def tokenizer_from_config(config: dict):
         TypeError: `config` is not a dict.
         ValueError: an unknown name, or a GPT-2 ranks file of another digest.
     """
+    return Text8Tokenizer() if check_tokenizer_config(config) == "text8" else GPT2Tokenizer()
+
+
+def check_tokenizer_config(config: dict) -> str:
+    """The name of the tokenizer a `to_config()` dict describes, checked as tokenizer_from_config
+    checks it, without building the tokenizer (GPT-2's reads its ranks file).
+
+    Args:
+        config: a to_config() dict.
+
+    Returns:
+        "text8" or "gpt2".
+
+    Raises:
+        TypeError: `config` is not a dict.
+        ValueError: an unknown name, or a GPT-2 ranks file of another digest.
+    """
     if not isinstance(config, dict):
         raise TypeError(f"tokenizer config must be a dict, got {type(config).__name__}")
     name = config.get("name")
-    if name == "text8":
-        return Text8Tokenizer()
     if name == "gpt2":
         # Every valid ranks file is byte for byte the shipped one, so a path recorded by an
         # older version is not needed; a recorded sha256 must be that file's.
@@ -224,8 +239,9 @@ def tokenizer_from_config(config: dict):
         if digest != GPT2_SHA256:
             raise ValueError(f"tokenizer config records a GPT-2 ranks file of sha256 {str(digest)[:64]}, not "
                              f"{GPT2_SHA256} (the GPT-2 vocabulary ddpd reads)")
-        return GPT2Tokenizer()
-    raise ValueError(f"tokenizer config 'name' must be 'text8' or 'gpt2', got {name!r}")
+    elif name != "text8":
+        raise ValueError(f"tokenizer config 'name' must be 'text8' or 'gpt2', got {name!r}")
+    return name
 
 
 def load_text(source: str, recorded: bool = False) -> str:

@@ -1047,6 +1047,8 @@ def test_a_signal_ignored_at_the_start_stays_ignored(ckpts, tmp_path):
     (lambda c: c.update(training="long"), "config.json's training is 'long', not an object"),
     (lambda c: c.update(training={"seq_len": "8"}), "config.json's training.seq_len is '8', not a positive int"),
     (lambda c: (c.update(training=None), c["model"].pop("max_seq_len")), None),  # the models' defaults
+    (lambda c: c.update(tokenizer="text8"), "config.json cannot be used: tokenizer config must be a dict, got str"),
+    (lambda c: c.update(schedule="bogus"), "config.json cannot be used: schedule must be one of"),
 ])
 def test_an_edited_config_is_one_line_or_its_defaults(ckpts, tmp_path, capsys, edit, message):
     """config.json has no digest: a hand-edited training section or a missing max_seq_len gave
@@ -1064,3 +1066,22 @@ def test_an_edited_config_is_one_line_or_its_defaults(ckpts, tmp_path, capsys, e
         assert code == 0, err
     else:
         assert code == 1 and err.count("\n") == 1 and message in err and str(denoiser) in err, err
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("tokenizer", "text8", "tokenizer config must be a dict, got str"),
+    ("tokenizer", {"name": "bpe"}, "tokenizer config 'name' must be 'text8' or 'gpt2', got 'bpe'"),
+    ("schedule", "bogus", "schedule must be one of ['cosine', 'linear'] or a Schedule, got 'bogus'"),
+])
+def test_a_damaged_tokenizer_or_schedule_names_its_checkpoint(ckpts, tmp_path, capsys, field, value, message):
+    """A single checkpoint's damaged tokenizer or schedule was a usage error (exit 2) that
+    named no checkpoint."""
+    import shutil
+
+    denoiser = tmp_path / "denoiser"
+    shutil.copytree(ckpts["mask-denoiser"], denoiser)
+    config = json.loads((denoiser / "config.json").read_text())
+    (denoiser / "config.json").write_text(json.dumps({**config, field: value}))
+    code, _, err = run_cli(capsys, "--checkpoint", str(denoiser), "--sampler", "tau-leaping", "--num-samples", "1",
+                           "--steps", "2", "--quiet")
+    assert code == 1 and err == f"ddpd-sample: error: {denoiser}: config.json cannot be used: {message}\n"
