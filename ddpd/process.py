@@ -5,7 +5,7 @@ noise (t = 0) to data (t = 1); z_t^d = N marks a corrupted position.
 
 - Schedules alpha_t with derivative and inverse (eq. corruption_flow).
 - `corrupt`: draw (x_t, z_t) ~ p_{t|1}(x_t, z_t | x_1) for uniform or mask noise.
-- `planner_prob_from_uniform`, `denoiser_prob_from_uniform` (and its log): the rate
+- `planner_prob_from_uniform`, `denoiser_prob_from_uniform` (and their logs): the rate
   decomposition of prop:generative_rate_decomposition (eqs. corruption_prob and
   denoising_prob), turning a single uniform model p(x_1^d | x_t) into a planner and
   a denoiser.
@@ -308,9 +308,11 @@ def _alpha_like(alpha, ref: Tensor) -> Tensor:
     return alpha[:, None] if alpha.dim() == 1 else alpha
 
 
-def _kept_weight(alpha: Tensor, vocab_size: int) -> Tensor:
-    """p(z = D | x_t, x_1 = x_t) = alpha / (alpha + (1 - alpha) / S)."""
-    return alpha / (alpha + (1.0 - alpha) / vocab_size)
+def _self_loop_weight(alpha: Tensor, vocab_size: int) -> Tensor:
+    """p(z = N | x_t, x_1 = x_t) = ((1 - alpha) / S) / (alpha + (1 - alpha) / S), as
+    (1 - alpha) / (1 + (S - 1) alpha): as 1 - alpha / (alpha + (1 - alpha) / S) it rounds to 0 in
+    float32 once (1 - alpha) / S is under half a step of alpha (S = 50257: alpha > 0.9985)."""
+    return (1.0 - alpha) / (1.0 + (vocab_size - 1) * alpha)
 
 
 def planner_prob_from_uniform(p_x1: Tensor, x_t: Tensor, alpha) -> Tensor:
@@ -325,7 +327,7 @@ def planner_prob_from_uniform(p_x1: Tensor, x_t: Tensor, alpha) -> Tensor:
         Float[B, D], p(z_t^d = N | x_t).
     """
     p_same = p_x1.gather(-1, x_t[..., None]).squeeze(-1)
-    return 1.0 - p_same * _kept_weight(_alpha_like(alpha, p_same), p_x1.shape[-1])
+    return (1.0 - p_same) + p_same * _self_loop_weight(_alpha_like(alpha, p_same), p_x1.shape[-1])
 
 
 def denoiser_prob_from_uniform(p_x1: Tensor, x_t: Tensor, alpha) -> Tensor:
@@ -351,7 +353,8 @@ def denoiser_log_prob_from_uniform(log_p_x1: Tensor, x_t: Tensor, alpha) -> Tens
     clean value; with it the row sums to one, which is the self-loop of
     prop:self-loop-jumps. Rows with p(z = N) = 0 are -inf throughout (no jump). In logs, so
     that a probability below float32's smallest (a logit gap over ~103 nats) stays finite,
-    and p(z = N) = (1 - p(x_1^d = x_t^d)) + p(x_1^d = x_t^d)(1 - kept) with its first term
+    and p(z = N) = (1 - p(x_1^d = x_t^d)) + p(x_1^d = x_t^d) w, w = ((1 - alpha) / S) / (alpha +
+    (1 - alpha) / S) the self-loop weight (kept from rounding to 0 near alpha = 1), with its first term
     summed over the other tokens: 1 - p(x_1^d = x_t^d) rounds to 0 once the other tokens
     hold less than 2**-24 (a model 25 nats sure of x_t^d), where the jump law is still defined.
 
@@ -363,12 +366,32 @@ def denoiser_log_prob_from_uniform(log_p_x1: Tensor, x_t: Tensor, alpha) -> Tens
     Returns:
         Float[B, D, S] log-probabilities.
     """
-    here = x_t[..., None]
-    log_same = log_p_x1.gather(-1, here).squeeze(-1)
-    kept = _kept_weight(_alpha_like(alpha, log_same), log_p_x1.shape[-1])
-    log_change = torch.logsumexp(log_p_x1.scatter(-1, here, float("-inf")), -1)  # log(1 - p(x_1 = x_t))
-    log_self_loop = log_same + torch.log1p(-kept)
-    log_noise = torch.logaddexp(log_change, log_self_loop)
-    log_joint = log_p_x1.scatter(-1, here, log_self_loop[..., None])
+    log_self_loop, log_noise = _log_noise(log_p_x1, x_t, alpha)
+    log_joint = log_p_x1.scatter(-1, x_t[..., None], log_self_loop[..., None])
     jumps = (log_noise > float("-inf"))[..., None]
     return torch.where(jumps, log_joint - torch.where(jumps, log_noise[..., None], 0.0), float("-inf"))
+
+
+def planner_log_prob_from_uniform(log_p_x1: Tensor, x_t: Tensor, alpha) -> Tensor:
+    """log p(z_t^d = N | x_t) from a uniform model's log p(x_1^d | x_t) (eq. corruption_prob), the
+    normaliser of `denoiser_log_prob_from_uniform`.
+
+    Args:
+        log_p_x1: Float[B, D, S] log-probabilities log p(x_1^d | x_t), normalised.
+        x_t: Long[B, D] noisy tokens.
+        alpha: alpha_t, a scalar or [B].
+
+    Returns:
+        Float[B, D], log p(z_t^d = N | x_t).
+    """
+    return _log_noise(log_p_x1, x_t, alpha)[1]
+
+
+def _log_noise(log_p_x1: Tensor, x_t: Tensor, alpha) -> tuple[Tensor, Tensor]:
+    """(log p(x_1^d = x_t^d, z_t^d = N | x_t), log p(z_t^d = N | x_t)): the self-loop, and it plus
+    the other tokens' probability (summed, not 1 - p(x_1^d = x_t^d), which rounds to 0)."""
+    here = x_t[..., None]
+    log_same = log_p_x1.gather(-1, here).squeeze(-1)
+    log_self_loop = log_same + torch.log(_self_loop_weight(_alpha_like(alpha, log_same), log_p_x1.shape[-1]))
+    log_change = torch.logsumexp(log_p_x1.scatter(-1, here, float("-inf")), -1)
+    return log_self_loop, torch.logaddexp(log_change, log_self_loop)

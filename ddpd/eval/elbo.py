@@ -31,7 +31,7 @@ from ddpd.eval.checks import (
     planner_logits,
 )
 from ddpd.eval.planned_mask import planned_mask_log_probs
-from ddpd.process import Schedule, get_schedule
+from ddpd.process import Schedule, get_schedule, planner_log_prob_from_uniform
 
 DEFAULT_T_MAX = 1.0 - 1e-3
 DENOISER_TYPES = ("uniform", "mask")
@@ -193,9 +193,7 @@ def elbo_uniform_model(
         log_same = at(log_p, c.x_t)
         jumps = c.x_t != x1
         rate_matching = c.weight * (jumps.float() + torch.expm1(log_same)).sum(-1)
-        # eq. corruption_prob: p(z = N | x_t) = 1 - p(x_1 = x_t | x_t) alpha / (alpha + (1 - alpha) / S)
-        kept = c.alpha / (c.alpha + (1.0 - c.alpha) / S)
-        log_noise = torch.log1p(-torch.exp(log_same) * kept[:, None])
+        log_noise = planner_log_prob_from_uniform(log_p, c.x_t, c.alpha)
         log_x1 = at(log_p, x1)
         planning = c.weight * _masked_sum(log_noise, jumps)
         denoising = c.weight * _masked_sum(log_x1 - log_noise, jumps)

@@ -10,8 +10,10 @@ from ddpd.process import (
     CustomSchedule,
     LinearSchedule,
     corrupt,
+    denoiser_log_prob_from_uniform,
     denoiser_prob_from_uniform,
     get_schedule,
+    planner_log_prob_from_uniform,
     planner_prob_from_uniform,
     uniform_token,
 )
@@ -77,10 +79,29 @@ def test_rate_decomposition_matches_enumeration(S, D, alpha):
     x_t, post_x1, post_z, post_x1_zn = _enumerate_posteriors(p_data, S, D, alpha)
     planner = planner_prob_from_uniform(post_x1, x_t, alpha)
     assert torch.allclose(planner, post_z, atol=1e-12)
+    assert torch.allclose(planner_log_prob_from_uniform(post_x1.log(), x_t, alpha).exp(), post_z, atol=1e-12)
     denoiser = denoiser_prob_from_uniform(post_x1, x_t, torch.full((x_t.shape[0],), alpha, dtype=F64))
     assert torch.allclose(denoiser, post_x1_zn, atol=1e-12)
     assert torch.allclose(denoiser.sum(-1), torch.ones_like(planner))
 
+
+
+@pytest.mark.parametrize("alpha", [0.99, 0.999, 0.9999])
+def test_rate_decomposition_keeps_the_self_loop_near_alpha_one_in_float32(alpha):
+    """S = 50257, a model sure of x_t^d (logits 0 there, -40 elsewhere): alpha / (alpha + (1 - alpha) / S)
+    rounds to 1 in float32 above alpha = 0.9985, which dropped the self-loop (probability 0, not
+    0.99999, at 0.999). Float32 against eq. corruption_prob in float64, 1e-4 relative."""
+    S, x_t = 50257, torch.tensor([[7]])
+    log_p = torch.full((1, 1, S), -40.0, dtype=F64).scatter(-1, x_t[..., None], 0.0).log_softmax(-1)
+    p_same = log_p[0, 0, 7].exp()
+    want_noise = 1 - p_same * alpha / (alpha + (1 - alpha) / S)
+    want_self_loop = (p_same - (1 - want_noise)) / want_noise
+    lp, a = log_p.float(), torch.tensor([alpha])
+    noise = planner_prob_from_uniform(lp.exp(), x_t, a)
+    log_noise = planner_log_prob_from_uniform(lp, x_t, a)
+    self_loop = denoiser_log_prob_from_uniform(lp, x_t, a)[0, 0, 7].exp()
+    for got, want in ((noise, want_noise), (log_noise.exp(), want_noise), (self_loop, want_self_loop)):
+        assert float(got) == pytest.approx(float(want), rel=1e-4)
 
 def test_self_loop_ctmc_preserves_inter_state_rates():
     """prop:self-loop-jumps: the rates rate * p(z^d = N | x_t) * p(x_1^d = j | x_t, z^d = N), self-loop
