@@ -1,10 +1,11 @@
 """Training objectives of thm:training_objective and of the baselines.
 
-The theorem splits the uniform-diffusion ELBO into a planner term (binary cross-entropy
-of p_theta(z_t^d | x_t)) and a denoiser term (cross-entropy of p_theta(x_1^d | x_t,
-z_t^d = N) at the noisy positions), each weighted by alpha_dot_t / (1 - alpha_t). The
-default drops that prefactor, as the paper's implementation does; passing `rate` gives
-the weighted form in nats per sequence. Losses are computed in float32.
+The theorem trains a planner (binary cross-entropy of p_theta(z_t^d | x_t)) and a
+denoiser (cross-entropy of p_theta(x_1^d | x_t, z_t^d = N) at the noisy positions), each
+weighted by alpha_dot_t / (1 - alpha_t). The default drops that prefactor, as the paper's
+implementation does. Passing `rate` gives the weighted forms: the denoiser's is the ELBO's
+denoising term in nats per sequence; the planner's is a surrogate of the ELBO's planner
+term with the same minimiser, not its value. Losses are computed in float32.
 
 docs/training.md ("Objectives") has the details."""
 from __future__ import annotations
@@ -59,7 +60,7 @@ REDUCTIONS = ("mean", "sum")
 
 def _reduced(per_position: torch.Tensor, count, rate: Optional[torch.Tensor], reduction: str) -> torch.Tensor:
     """mean: the sum of per_position's terms over `count` of them, or with rate
-    E_batch[ rate * sum_d per_position ] (the theorem's form, nats per sequence); sum: the
+    E_batch[ rate * sum_d per_position ] (the theorem's weighted form, per sequence); sum: the
     numerator alone, for a mean over several batches (a training step's micro-batches and
     processes), which a mean of their means is not where their counts differ."""
     if reduction not in REDUCTIONS:
@@ -75,7 +76,8 @@ def planner_loss(logits: torch.Tensor, z_t: torch.Tensor, rate: Optional[torch.T
                  reduction: str = "mean") -> torch.Tensor:
     """Binary cross-entropy of planner logits [B, D] against z_t [B, D] (bool, True = noise).
 
-    Default: mean over all B * D positions. With rate: E_b[rate_b * sum_d BCE_bd].
+    Default: mean over all B * D positions. With rate: E_b[rate_b * sum_d BCE_bd], the
+    theorem's surrogate of the ELBO's planner term: the same minimiser, not ELBO nats.
     reduction="sum": the mean's numerator (docs/training.md, "Objectives").
 
     Args:
