@@ -50,7 +50,20 @@ def gumbel_argmax(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tenso
     Returns:
         Long[N] tokens.
     """
-    return (logits.float() / temperature + gumbel_like(logits)).argmax(-1)
+    return (scaled(logits, temperature) + gumbel_like(logits)).argmax(-1)
+
+
+def scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """logits / T in float32, without the division at T = 1 (ddpd's ops skip it there too).
+
+    Args:
+        logits: [N, V] logits.
+        temperature: T > 0.
+
+    Returns:
+        Float32 [N, V] logits / T (logits itself when it is float32 and T = 1).
+    """
+    return logits.float() if temperature == 1 else logits.float() / temperature
 
 
 def inverse_cdf(weights: torch.Tensor, k: int = 1) -> torch.Tensor:
@@ -80,7 +93,7 @@ def softmax_weights(logits: torch.Tensor, temperature: float = 1.0) -> torch.Ten
     Returns:
         Float32 [N, V] weights in (0, 1], 1 at each row's maximum.
     """
-    y = logits.float() / temperature
+    y = scaled(logits, temperature)
     return (y - y.amax(-1, keepdim=True)).exp_()
 
 
@@ -108,7 +121,7 @@ def softmax_multinomial(logits: torch.Tensor, temperature: float = 1.0) -> torch
     Returns:
         Long[N] tokens.
     """
-    return torch.multinomial(torch.softmax(logits.float() / temperature, -1), 1).squeeze(-1)
+    return torch.multinomial(torch.softmax(scaled(logits, temperature), -1), 1).squeeze(-1)
 
 
 def gumbel_top_k(weights: torch.Tensor, k: int) -> torch.Tensor:
@@ -148,7 +161,7 @@ def masked_truncation_multinomial(logits: torch.Tensor, temperature: float = 1.0
     Returns:
         Long[N] tokens.
     """
-    logits = logits.float() / temperature
+    logits = scaled(logits, temperature)
     if top_k:
         kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -177,7 +190,7 @@ def kept_token_draw(logits: torch.Tensor, temperature: float = 1.0, top_k: Optio
     Returns:
         Long[N] tokens.
     """
-    y = logits.float() / temperature
+    y = scaled(logits, temperature)
     if not top_k and top_p is None:
         if min_p is not None:
             y = y.masked_fill(y < y.amax(-1, keepdim=True) + math.log(min_p), float("-inf"))

@@ -3,12 +3,14 @@ the laws they stand for: a baseline that is fast because it draws something else
 make every ratio a lie. Each draw is repeated on many identical rows of a small
 vocabulary and its frequencies are tested (chi-square) against exact probabilities
 computed here from the definitions; seeded, so a run is deterministic."""
+import functools
 import itertools
 import math
 
 import pytest
 import torch
 from scipy.stats import chisquare
+from torch.overrides import TorchFunctionMode
 
 from ddpd.testing import baselines
 
@@ -32,6 +34,24 @@ def assert_law(outcomes: torch.Tensor, probs: torch.Tensor) -> None:
     expected = probs[support].double() / probs[support].double().sum() * len(outcomes)
     p_value = chisquare(counts[support].numpy(), expected.numpy()).pvalue
     assert p_value > P_VALUE, (p_value, (counts / len(outcomes)).tolist(), probs.tolist())
+
+
+class Calls(TorchFunctionMode):
+    """Records the name of every torch function and tensor method called under it."""
+
+    def __init__(self):
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.names.append(getattr(func, "__name__", str(func)))
+        return func(*args, **(kwargs or {}))
+
+
+def calls(fn) -> list[str]:
+    with Calls() as recorded:
+        fn()
+    return recorded.names
 
 
 def truncated_law(logits, temperature=1.0, top_k=None, top_p=None, min_p=None) -> torch.Tensor:
@@ -65,6 +85,22 @@ def test_categorical_draws(name, temperature):
     tokens = baselines.CATEGORICAL[name](rows(LOGITS), temperature)
     assert tokens.shape == (DRAWS,)
     assert_law(tokens, torch.softmax(LOGITS.double() / temperature, -1))
+
+
+DRAWS_AT_T = {  # every draw that takes a temperature, with and without truncation
+    **baselines.CATEGORICAL,
+    **{f"{name}, top-p + min-p": functools.partial(draw, top_p=0.7, min_p=0.1)
+       for name, draw in baselines.TRUNCATED.items()},
+    **{f"{name}, top-k": functools.partial(draw, top_k=3) for name, draw in baselines.TRUNCATED.items()},
+}
+
+
+@pytest.mark.parametrize("name", list(DRAWS_AT_T))
+def test_draws_divide_by_the_temperature_only_when_it_is_not_one(name):
+    """ddpd skips the division at T = 1; a baseline that pays for it there is timed with a handicap."""
+    draw, divisions = DRAWS_AT_T[name], {"div", "div_", "__truediv__", "true_divide"}
+    assert not divisions & set(calls(lambda: draw(rows(LOGITS, 8), 1.0)))
+    assert divisions & set(calls(lambda: draw(rows(LOGITS, 8), 0.7)))
 
 
 CONTROLS = [dict(top_k=3), dict(top_k=1), dict(top_p=0.7), dict(top_p=0.2), dict(min_p=0.3), dict(top_k=4, top_p=0.6),
