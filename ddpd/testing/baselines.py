@@ -9,8 +9,9 @@ category (slow), and never mask or sort more than they must:
 - Gumbel-argmax: argmax(logits / T + G), G = -log(-log U);
 - inverse CDF: one uniform per draw scaled to the row's total, searchsorted in the
   cumulative sum of unnormalised weights (exp(y - max) for logits);
-- Gumbel-top-k without replacement: top k of log w + G, the law of k sequential draws
-  without replacement;
+- Gumbel-top-k without replacement, as an exponential race: the k smallest of E / w,
+  E = -log U standard exponential (the k largest of log U / w, one logarithm a weight
+  where log w + G takes three), the law of k sequential draws without replacement;
 - truncation by the kept tokens only: torch.topk then a draw among k; sort + cumsum, cut
   at top-p and draw in sorted order; min-p as the logit threshold max + T log(min_p).
 Ties at a truncation boundary: torch.topk and the sorted cut keep a subset of the tied
@@ -125,8 +126,9 @@ def softmax_multinomial(logits: torch.Tensor, temperature: float = 1.0) -> torch
 
 
 def gumbel_top_k(weights: torch.Tensor, k: int) -> torch.Tensor:
-    """k draws without replacement by the Gumbel-top-k trick, in the order sequential draws
-    would make them.
+    """k draws without replacement by the Gumbel-top-k trick written as an exponential race
+    (the k smallest of E / w, E = -log U; a zero weight's key is infinite, drawn only when
+    fewer than k weights are positive), in the order sequential draws would make them.
 
     Args:
         weights: [N, V] weights >= 0, at least k positive a row.
@@ -135,7 +137,9 @@ def gumbel_top_k(weights: torch.Tensor, k: int) -> torch.Tensor:
     Returns:
         Long[N, k] distinct categories a row.
     """
-    return (weights.float().log() + gumbel_like(weights)).topk(k, dim=-1).indices
+    # the k largest of log U / w: the race's keys negated, one logarithm a weight
+    race = torch.rand(weights.shape, device=weights.device).log_().div_(weights.float())
+    return race.topk(k, dim=-1).indices
 
 
 CATEGORICAL = {  # name -> draw(logits, temperature) of one token per row

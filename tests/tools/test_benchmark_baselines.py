@@ -151,6 +151,20 @@ def test_gumbel_top_k_draws_sequential_sampling_without_replacement():
     assert_law(draws[:, 0] * 49 + draws[:, 1] * 7 + draws[:, 2], joint)
 
 
+def test_gumbel_top_k_takes_one_logarithm_a_weight():
+    """The exponential race draws the same law with one logarithm a weight, where log w + G
+    takes three: the faster torch code for the job."""
+    names = calls(lambda: baselines.gumbel_top_k(rows(WEIGHTS, 8), 3))
+    assert sum(name in ("log", "log_") for name in names) == 1, names
+
+
+def test_gumbel_top_k_draws_a_zero_weight_only_when_needed():
+    torch.manual_seed(8)
+    draws = baselines.gumbel_top_k(rows(WEIGHTS, 2000), len(WEIGHTS))
+    assert (draws[:, :-1] != 2).all() and (draws[:, -1] == 2).all()  # index 2 has weight 0
+    assert (draws.sort(-1).values == torch.arange(len(WEIGHTS))).all()
+
+
 PLANNER_LOGITS = torch.tensor([2.0, -1.0, 0.5, -3.0, 1.0, 0.0, -0.5])
 
 
