@@ -28,7 +28,7 @@ Per op and shape, on the device:
 - the other ops and the fused sampler step: ddpd against the fastest of the torch
   candidates (the usual code it replaces and faster code for the same law; for the
   step, the paper's listing and the step that applies the head only at the chosen
-  positions), GB/s against the copy bandwidth, peak memory.
+  positions, with each token draw), GB/s against the copy bandwidth, peak memory.
 
     python benchmarks/gpu_timings.py            # CUDA
     python benchmarks/gpu_timings.py --dry-run  # checks this script without a GPU
@@ -58,7 +58,7 @@ import torch
 import torch.nn.functional as F
 
 import rows as result_rows
-from bench_step import fused_step, reference_step, step_inputs
+from bench_step import GATHERED, fused_step, reference_step, step_inputs
 from ddpd.models.attention import RotaryEmbedding
 from ddpd.ops import reference
 from ddpd.ops.compact import compact_fixed, scatter_back
@@ -458,9 +458,11 @@ def time_step(bench: Bench, batch: int, length: int, vocab: int, width: int) -> 
              + 2 * batch * length * 8)
     name = f"step B={batch} D={length} V={vocab} H={width}"
     timed = timed_case("step", (batch, length, vocab, width), FP32, "B x D x V x H, mask denoiser")
+    # the gathered step with each token draw: which is fastest depends on the device
     ms, torch_ms = bench.compare(timed, name, lambda: fused_step(**inputs),
                                  {"paper listing": lambda: reference_step(**inputs),
-                                  "gathered": lambda: torch_draws.gathered_step(**inputs)}, moved, rep_ms=200)
+                                  **{label: functools.partial(step, **inputs) for label, step in GATHERED.items()}},
+                                 moved, rep_ms=200)
     target = f" (target >= {STEP_TARGET:g}x on H100)" if (batch, length, vocab, width) == STEP_TARGET_SHAPE else ""
     print(f"  fused step {torch_ms['paper listing'] / ms:.1f}x faster than the paper-listing step{target}")
 

@@ -296,10 +296,11 @@ PLANNER_MASK = {  # name -> (select, coin)
 
 
 def gathered_step(planner_logits: torch.Tensor, x: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor,
-                  bias: Optional[torch.Tensor], mask_id: int, draw: Callable = softmax_inverse_cdf) -> tuple:
+                  bias: Optional[torch.Tensor], mask_id: int, draw: Callable) -> tuple:
     """One DDPD step with a mask denoiser in plain torch, the head applied only at the
     chosen positions: planner draw and mask, the chosen rows of the hidden states,
-    linear + draw, scatter.
+    linear + draw, scatter. The draw has no default: which of CATEGORICAL's is fastest
+    depends on the device, so the benchmarks time each.
 
     Args:
         planner_logits: [B, D] planner logits.
@@ -307,7 +308,7 @@ def gathered_step(planner_logits: torch.Tensor, x: torch.Tensor, hidden: torch.T
         hidden: [B, D, H] the denoiser's final hidden states.
         weight, bias: the output head, [V, H] and [V] (or None).
         mask_id: the mask token.
-        draw: the draw of one token a row from [B, V] logits.
+        draw: the draw of one token a row from [B, V] logits (a value of CATEGORICAL).
 
     Returns:
         (x with the new tokens, masked x, stop).
@@ -316,3 +317,4 @@ def gathered_step(planner_logits: torch.Tensor, x: torch.Tensor, hidden: torch.T
     chosen = hidden.gather(1, positions[:, :, None].expand(-1, -1, hidden.shape[2])).squeeze(1)
     tokens = draw(F.linear(chosen, weight, bias))
     return x.scatter(1, positions, tokens[:, None]), masked, stop
+

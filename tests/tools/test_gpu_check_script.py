@@ -55,6 +55,19 @@ def test_gpu_timings_only_runs_the_sections_it_names():
 
 
 @pytest.mark.integration
+def test_gpu_timings_time_the_step_against_each_gathered_draw(tmp_path):
+    """The gathered torch step is timed with each token draw of baselines.CATEGORICAL: which
+    is fastest depends on the device, and the ratio is against the fastest."""
+    rows_file = tmp_path / "rows.jsonl"
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_timings.py"), "--dry-run", "--only",
+                          "sampler step", "--rows", str(rows_file)], cwd=ROOT, capture_output=True, text=True)
+    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+    baselines = {row["baseline"] for row in map(json.loads, rows_file.read_text().splitlines())}
+    assert baselines == {"torch: paper listing", "torch: gathered, softmax + torch.multinomial",
+                         "torch: gathered, Gumbel-argmax", "torch: gathered, inverse CDF"}, baselines
+
+
+@pytest.mark.integration
 def test_gpu_check_answers_help_without_running():
     """--help prints the usage and the script's comment (what it runs, its budget), and runs nothing."""
     done = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), "--help"], capture_output=True,
