@@ -14,6 +14,9 @@ category (slow), and never mask or sort more than they must:
   where log w + G takes three), the law of k sequential draws without replacement;
 - truncation by the kept tokens only: torch.topk then a draw among k; sort + cumsum, cut
   at top-p and draw in sorted order; min-p as the logit threshold max + T log(min_p).
+Compaction (the rows a sampler keeps): nonzero + index_select, as usual code packs them
+(as many rows as are active, a host sync on CUDA), and the job of ddpd.ops.compact_fixed
+without a sync (a stable sort, index_select and torch.where).
 Ties at a truncation boundary: torch.topk and the sorted cut keep a subset of the tied
 tokens where ddpd keeps them all; with continuous logits (the benchmarks') no tie occurs.
 """
@@ -318,3 +321,45 @@ def gathered_step(planner_logits: torch.Tensor, x: torch.Tensor, hidden: torch.T
     tokens = draw(F.linear(chosen, weight, bias))
     return x.scatter(1, positions, tokens[:, None]), masked, stop
 
+
+def nonzero_compact(active: torch.Tensor, *tensors: torch.Tensor) -> tuple:
+    """The active rows of each tensor by nonzero + index_select, as the usual code packs them:
+    as many rows as are active, a count that a CUDA device must send to the host (a sync).
+
+    Args:
+        active: Bool[B] the rows to keep.
+        *tensors: tensors of B rows.
+
+    Returns:
+        (tuple of the [n, ...] active rows in order, Long[n] their source rows).
+    """
+    index = active.nonzero().squeeze(1)
+    return tuple(t.index_select(0, index) for t in tensors), index
+
+
+def sorted_compact(active: torch.Tensor, capacity: int, *tensors: torch.Tensor) -> tuple:
+    """ddpd.ops.compact_fixed's job in plain torch without a host sync: a stable sort of
+    ~active puts the active rows first, index_select takes the first capacity rows and
+    torch.where zeroes the slots past the count.
+
+    Args:
+        active: Bool[B] the rows to keep, B >= 1.
+        capacity: rows of the outputs, 1 <= capacity <= B.
+        *tensors: tensors of B rows on active's device.
+
+    Returns:
+        (tuple of [capacity, ...] packed rows, zeros past the count; index Long[capacity],
+        -1 past the count; count Long[]), as compact_fixed returns them.
+    """
+    count = active.sum()
+    source = torch.sort((~active).to(torch.uint8), stable=True).indices[:capacity]
+    taken = torch.arange(capacity, device=active.device) < count
+    packed = tuple(torch.where(taken.view(-1, *[1] * (t.dim() - 1)), t.index_select(0, source), 0)
+                   for t in tensors)
+    return packed, torch.where(taken, source, -1), count
+
+
+COMPACT = {  # name -> compact(active, capacity, *tensors)
+    "nonzero + index_select": lambda active, capacity, *tensors: nonzero_compact(active, *tensors),
+    "sort + index_select": sorted_compact,
+}

@@ -225,3 +225,21 @@ def test_gathered_step_draws_the_position_then_its_token(draw):
     token_law = torch.softmax(torch.nn.functional.linear(hidden.double(), weight.double(), bias.double()), -1)
     joint = (p / p.sum())[:, None] * token_law
     assert_law(positions * vocab + out.gather(1, positions[:, None]).squeeze(1), joint.flatten())
+
+
+@pytest.mark.parametrize("capacity", [3, 9, 16])
+def test_sorted_compact_does_compact_fixeds_job(capacity):
+    """The sync-free torch compaction returns what ddpd's reference does: the first active rows
+    in order, zeros and index -1 past the count, the count (which may exceed capacity)."""
+    from ddpd.ops.compact import compact_fixed_reference
+
+    g = torch.Generator().manual_seed(capacity)
+    active = torch.rand(16, generator=g) < 0.6
+    tensors = (torch.randint(0, 50, (16, 5), generator=g), torch.randn(16, generator=g),
+               torch.randn(16, 2, 3, generator=g))
+    packed, index, count = baselines.sorted_compact(active, capacity, *tensors)
+    want = compact_fixed_reference(active, capacity, *tensors)
+    assert torch.equal(index, want.index) and torch.equal(count, want.count)
+    assert all(torch.equal(got, expected) for got, expected in zip(packed, want.tensors))
+    rows, source = baselines.nonzero_compact(active, *tensors)
+    assert torch.equal(source, active.nonzero().squeeze(1)) and torch.equal(rows[0], tensors[0][active])

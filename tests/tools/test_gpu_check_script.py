@@ -68,6 +68,19 @@ def test_gpu_timings_time_the_step_against_each_gathered_draw(tmp_path):
 
 
 @pytest.mark.integration
+def test_gpu_timings_time_compact_fixed_against_a_sync_free_torch_compaction(tmp_path):
+    """nonzero + index_select sends its count to the host on CUDA and returns as many rows as are
+    active, another job; the sorted compaction does compact_fixed's, without a sync."""
+    rows_file = tmp_path / "rows.jsonl"
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_timings.py"), "--dry-run", "--only",
+                          "compact", "--rows", str(rows_file)], cwd=ROOT, capture_output=True, text=True)
+    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+    rows = [json.loads(line) for line in rows_file.read_text().splitlines()]
+    baselines = {row["baseline"] for row in rows if row["op"] == "compact_fixed"}
+    assert baselines == {"torch: nonzero + index_select", "torch: sort + index_select"}, baselines
+
+
+@pytest.mark.integration
 def test_gpu_check_answers_help_without_running():
     """--help prints the usage and the script's comment (what it runs, its budget), and runs nothing."""
     done = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), "--help"], capture_output=True,
