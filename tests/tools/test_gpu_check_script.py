@@ -80,6 +80,27 @@ def test_gpu_timings_time_compact_fixed_against_a_sync_free_torch_compaction(tmp
     assert baselines == {"torch: nonzero + index_select", "torch: sort + index_select"}, baselines
 
 
+VERSUS = """
+import gpu_timings, torch
+bench = gpu_timings.Bench(torch.device("cpu"))
+bench.copy_gbs = 1.0
+times = {"ours": (0.010, 0.005), "a": (0.020, 0.019), "b": (0.030, 0.010)}  # ms: eager, graph
+bench.median_ms = lambda fn, rep_ms=100: times[fn()][0]
+bench.graph_ms = lambda fn: times[fn()][1]
+bench.versus(gpu_timings.timed_case("op", (1,), torch.float32), "case", lambda: "ours",
+             {"a": lambda: "a", "b": lambda: "b"}, 1, "x")
+"""
+
+
+@pytest.mark.integration
+def test_gpu_timings_compare_each_mode_with_its_own_fastest_torch_code():
+    """Eager's fastest candidate (a) is not graph replay's (b): the graph ratio is against b."""
+    run = subprocess.run([sys.executable, "-c", VERSUS], cwd=ROOT / "benchmarks", capture_output=True, text=True)
+    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+    line, = [line for line in run.stdout.splitlines() if line.startswith("case")]
+    assert "best torch (a / b)" in line and " 2.00x eager  2.00x graph" in line, line
+
+
 @pytest.mark.integration
 def test_gpu_check_answers_help_without_running():
     """--help prints the usage and the script's comment (what it runs, its budget), and runs nothing."""
