@@ -1,6 +1,8 @@
 """compact_fixed / scatter_back on CPU against the nonzero + index_select (and index_copy_)
 chains they replace, for the state of a sampler batch of B = 256 sequences of D = 1024
-tokens: tokens Long[B, D], planner logits Float[B, D], time Float[B].
+tokens: tokens Long[B, D], planner logits Float[B, D], time Float[B]. compact_fixed is also
+timed against plain torch for its own job (ddpd.testing.baselines.COMPACT: a fixed number of
+rows, no host sync on CUDA: stable sort, index_select, torch.where).
 
 Run: `pytest benchmarks/bench_compact.py --benchmark-only`; both sides run with
 DDPD_BENCH_THREADS torch threads (default 1), in the same run (benchmarks/conftest.py).
@@ -12,7 +14,7 @@ import pytest
 import torch
 
 from ddpd.ops.compact import compact_fixed, scatter_back
-from ddpd.testing.baselines import TORCH
+from ddpd.testing.baselines import COMPACT, TORCH
 
 B, D = 256, 1024
 PARAMS = "tokens int64, logits float32, time float32"
@@ -28,20 +30,15 @@ def state():
     return active, (tokens, logits, time)
 
 
-def torch_compact(active, *tensors):
-    index = active.nonzero().squeeze(1)
-    return tuple(t.index_select(0, index) for t in tensors), index
-
-
 def torch_scatter_back(index, packed, outs):
     for p, o in zip(packed, outs):
         o.index_copy_(0, index, p)
 
 
-@pytest.mark.parametrize("variant", [TORCH + "nonzero + index_select", "fused"])
+@pytest.mark.parametrize("variant", [*(TORCH + name for name in COMPACT), "fused"])
 def test_compact_fixed(compare, state, variant):
     active, tensors = state
-    fns = {TORCH + "nonzero + index_select": lambda: torch_compact(active, *tensors),
+    fns = {**{TORCH + name: lambda fn=fn: fn(active, B, *tensors) for name, fn in COMPACT.items()},
            "fused": lambda: compact_fixed(active, B, *tensors)}
     compare("compact_fixed", (B, D), variant, fns[variant], dtype="mixed", params=PARAMS)
 

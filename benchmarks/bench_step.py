@@ -7,9 +7,10 @@ bodies' outputs: planner logits [B, D] and the denoiser's final hidden states
 - torch: paper listing: the paper's listing (appendix 'Implementation details', DDPD
   with a separate planner and a mask denoiser; the mask as prop:draw_with_maskD states
   it): head on all B x D positions, softmax over [B, D, V], torch.multinomial;
-- torch: gathered: the best plain torch step (ddpd.testing.baselines.gathered_step):
+- torch: gathered, DRAW: the best plain torch step (ddpd.testing.baselines.gathered_step):
   inverse-CDF planner draw and rand < p mask, the chosen positions' hidden rows
-  gathered first, then linear + inverse-CDF draw;
+  gathered first, then linear + DRAW, one variant per token draw of
+  ddpd.testing.baselines.CATEGORICAL (the fastest of them is the baseline, as with every op);
 - fused: planner_select_mask -> hidden at the chosen positions ->
   sample_from_hidden -> scatter; no [B, D, V] tensor is ever allocated.
 Runs on CPU, and on CUDA where a device is present.
@@ -17,13 +18,15 @@ Target (CPU): fused at least 20x faster than the paper listing at (B, D, V, H) =
 (8, 1024, 50257, 256); the listing there builds 1.6 GB of logits and as much of
 probabilities, so it is timed over 3 rounds only.
 """
+import functools
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from ddpd.ops.planner_select import planner_select_mask
 from ddpd.ops.sample_from_hidden import sample_from_hidden
-from ddpd.testing.baselines import EPS, TORCH, gathered_step
+from ddpd.testing.baselines import CATEGORICAL, EPS, TORCH, gathered_step
 from inputs import DEVICES
 
 SHAPES = [(64, 256, 28, 256), (8, 1024, 50257, 256)]  # (B, D, V, H)
@@ -65,7 +68,9 @@ def fused_step(planner_logits, x, hidden, weight, bias, mask_id, offset=0):
     return x.scatter(1, positions, tokens[:, None]), masked, stop
 
 
-STEPS = {TORCH + "paper listing": reference_step, TORCH + "gathered": gathered_step, "fused": fused_step}
+GATHERED = {f"gathered, {name}": functools.partial(gathered_step, draw=draw) for name, draw in CATEGORICAL.items()}
+STEPS = {TORCH + "paper listing": reference_step, **{TORCH + name: step for name, step in GATHERED.items()},
+         "fused": fused_step}
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}-D{}-V{}-H{}".format(*s))

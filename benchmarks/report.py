@@ -10,7 +10,8 @@ optionally, one op:
 Everything outside such blocks is prose and is left as it is. A device's table has one line
 per case (op, shape, dtype, params) that has plain-torch baselines ("torch: ..."): ddpd's
 median, the fastest plain-torch code's and ddpd's speed-up over it, for each mode the rows
-hold (eager; graph: CUDA-graph replay), and the commit that measured it. An op's table
+hold (eager; graph: CUDA-graph replay) against that mode's fastest (named "eager / graph"
+where they differ), and the commit that measured it. An op's table
 (`<!-- rows: nvidia-h200 ddpd_sample -->`) has one line per case and baseline, whatever the
 baseline (for whole sampling runs: the other runs).
 
@@ -66,8 +67,10 @@ def table(rows: list[dict]) -> str:
         ours = " / ".join(seconds(best[m]["median"]) if best[m] else "-" for m in modes)
         theirs = " / ".join(seconds(best[m]["baseline_median"]) if best[m] else "-" for m in modes)
         ratio = " / ".join(f"{best[m]['ratio']:.2f}x" if best[m] else "-" for m in modes)
+        # each mode's own fastest: named once when the modes agree
+        names = list(dict.fromkeys(best[m]["baseline"][len(TORCH):] for m in modes if best[m]))
         lines.append(f"| `{op}` | {' x '.join(map(str, shape))} | {dtype} | {params or '-'} | {ours} | "
-                     f"{best[modes[0]]['baseline'][len(TORCH):]} | {theirs} | {ratio} | {best[modes[0]]['commit']} |")
+                     f"{' / '.join(names)} | {theirs} | {ratio} | {best[modes[0]]['commit']} |")
     return "\n".join(lines) + "\n"
 
 

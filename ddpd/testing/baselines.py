@@ -9,10 +9,14 @@ category (slow), and never mask or sort more than they must:
 - Gumbel-argmax: argmax(logits / T + G), G = -log(-log U);
 - inverse CDF: one uniform per draw scaled to the row's total, searchsorted in the
   cumulative sum of unnormalised weights (exp(y - max) for logits);
-- Gumbel-top-k without replacement: top k of log w + G, the law of k sequential draws
-  without replacement;
+- Gumbel-top-k without replacement, as an exponential race: the k smallest of E / w,
+  E = -log U standard exponential (the k largest of log U / w, one logarithm a weight
+  where log w + G takes three), the law of k sequential draws without replacement;
 - truncation by the kept tokens only: torch.topk then a draw among k; sort + cumsum, cut
   at top-p and draw in sorted order; min-p as the logit threshold max + T log(min_p).
+Compaction (the rows a sampler keeps): nonzero + index_select, as usual code packs them
+(as many rows as are active, a host sync on CUDA), and the job of ddpd.ops.compact_fixed
+without a sync (a stable sort, index_select and torch.where).
 Ties at a truncation boundary: torch.topk and the sorted cut keep a subset of the tied
 tokens where ddpd keeps them all; with continuous logits (the benchmarks') no tie occurs.
 """
@@ -50,7 +54,20 @@ def gumbel_argmax(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tenso
     Returns:
         Long[N] tokens.
     """
-    return (logits.float() / temperature + gumbel_like(logits)).argmax(-1)
+    return (scaled(logits, temperature) + gumbel_like(logits)).argmax(-1)
+
+
+def scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """logits / T in float32, without the division at T = 1 (ddpd's ops skip it there too).
+
+    Args:
+        logits: [N, V] logits.
+        temperature: T > 0.
+
+    Returns:
+        Float32 [N, V] logits / T (logits itself when it is float32 and T = 1).
+    """
+    return logits.float() if temperature == 1 else logits.float() / temperature
 
 
 def inverse_cdf(weights: torch.Tensor, k: int = 1) -> torch.Tensor:
@@ -80,7 +97,7 @@ def softmax_weights(logits: torch.Tensor, temperature: float = 1.0) -> torch.Ten
     Returns:
         Float32 [N, V] weights in (0, 1], 1 at each row's maximum.
     """
-    y = logits.float() / temperature
+    y = scaled(logits, temperature)
     return (y - y.amax(-1, keepdim=True)).exp_()
 
 
@@ -108,12 +125,13 @@ def softmax_multinomial(logits: torch.Tensor, temperature: float = 1.0) -> torch
     Returns:
         Long[N] tokens.
     """
-    return torch.multinomial(torch.softmax(logits.float() / temperature, -1), 1).squeeze(-1)
+    return torch.multinomial(torch.softmax(scaled(logits, temperature), -1), 1).squeeze(-1)
 
 
 def gumbel_top_k(weights: torch.Tensor, k: int) -> torch.Tensor:
-    """k draws without replacement by the Gumbel-top-k trick, in the order sequential draws
-    would make them.
+    """k draws without replacement by the Gumbel-top-k trick written as an exponential race
+    (the k smallest of E / w, E = -log U; a zero weight's key is infinite, drawn only when
+    fewer than k weights are positive), in the order sequential draws would make them.
 
     Args:
         weights: [N, V] weights >= 0, at least k positive a row.
@@ -122,7 +140,9 @@ def gumbel_top_k(weights: torch.Tensor, k: int) -> torch.Tensor:
     Returns:
         Long[N, k] distinct categories a row.
     """
-    return (weights.float().log() + gumbel_like(weights)).topk(k, dim=-1).indices
+    # the k largest of log U / w: the race's keys negated, one logarithm a weight
+    race = torch.rand(weights.shape, device=weights.device).log_().div_(weights.float())
+    return race.topk(k, dim=-1).indices
 
 
 CATEGORICAL = {  # name -> draw(logits, temperature) of one token per row
@@ -148,7 +168,7 @@ def masked_truncation_multinomial(logits: torch.Tensor, temperature: float = 1.0
     Returns:
         Long[N] tokens.
     """
-    logits = logits.float() / temperature
+    logits = scaled(logits, temperature)
     if top_k:
         kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -177,7 +197,7 @@ def kept_token_draw(logits: torch.Tensor, temperature: float = 1.0, top_k: Optio
     Returns:
         Long[N] tokens.
     """
-    y = logits.float() / temperature
+    y = scaled(logits, temperature)
     if not top_k and top_p is None:
         if min_p is not None:
             y = y.masked_fill(y < y.amax(-1, keepdim=True) + math.log(min_p), float("-inf"))
@@ -279,10 +299,11 @@ PLANNER_MASK = {  # name -> (select, coin)
 
 
 def gathered_step(planner_logits: torch.Tensor, x: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor,
-                  bias: Optional[torch.Tensor], mask_id: int, draw: Callable = softmax_inverse_cdf) -> tuple:
+                  bias: Optional[torch.Tensor], mask_id: int, draw: Callable) -> tuple:
     """One DDPD step with a mask denoiser in plain torch, the head applied only at the
     chosen positions: planner draw and mask, the chosen rows of the hidden states,
-    linear + draw, scatter.
+    linear + draw, scatter. The draw has no default: which of CATEGORICAL's is fastest
+    depends on the device, so the benchmarks time each.
 
     Args:
         planner_logits: [B, D] planner logits.
@@ -290,7 +311,7 @@ def gathered_step(planner_logits: torch.Tensor, x: torch.Tensor, hidden: torch.T
         hidden: [B, D, H] the denoiser's final hidden states.
         weight, bias: the output head, [V, H] and [V] (or None).
         mask_id: the mask token.
-        draw: the draw of one token a row from [B, V] logits.
+        draw: the draw of one token a row from [B, V] logits (a value of CATEGORICAL).
 
     Returns:
         (x with the new tokens, masked x, stop).
@@ -299,3 +320,46 @@ def gathered_step(planner_logits: torch.Tensor, x: torch.Tensor, hidden: torch.T
     chosen = hidden.gather(1, positions[:, :, None].expand(-1, -1, hidden.shape[2])).squeeze(1)
     tokens = draw(F.linear(chosen, weight, bias))
     return x.scatter(1, positions, tokens[:, None]), masked, stop
+
+
+def nonzero_compact(active: torch.Tensor, *tensors: torch.Tensor) -> tuple:
+    """The active rows of each tensor by nonzero + index_select, as the usual code packs them:
+    as many rows as are active, a count that a CUDA device must send to the host (a sync).
+
+    Args:
+        active: Bool[B] the rows to keep.
+        *tensors: tensors of B rows.
+
+    Returns:
+        (tuple of the [n, ...] active rows in order, Long[n] their source rows).
+    """
+    index = active.nonzero().squeeze(1)
+    return tuple(t.index_select(0, index) for t in tensors), index
+
+
+def sorted_compact(active: torch.Tensor, capacity: int, *tensors: torch.Tensor) -> tuple:
+    """ddpd.ops.compact_fixed's job in plain torch without a host sync: a stable sort of
+    ~active puts the active rows first, index_select takes the first capacity rows and
+    torch.where zeroes the slots past the count.
+
+    Args:
+        active: Bool[B] the rows to keep, B >= 1.
+        capacity: rows of the outputs, 1 <= capacity <= B.
+        *tensors: tensors of B rows on active's device.
+
+    Returns:
+        (tuple of [capacity, ...] packed rows, zeros past the count; index Long[capacity],
+        -1 past the count; count Long[]), as compact_fixed returns them.
+    """
+    count = active.sum()
+    source = torch.sort((~active).to(torch.uint8), stable=True).indices[:capacity]
+    taken = torch.arange(capacity, device=active.device) < count
+    packed = tuple(torch.where(taken.view(-1, *[1] * (t.dim() - 1)), t.index_select(0, source), 0)
+                   for t in tensors)
+    return packed, torch.where(taken, source, -1), count
+
+
+COMPACT = {  # name -> compact(active, capacity, *tensors)
+    "nonzero + index_select": lambda active, capacity, *tensors: nonzero_compact(active, *tensors),
+    "sort + index_select": sorted_compact,
+}

@@ -3,12 +3,14 @@ the laws they stand for: a baseline that is fast because it draws something else
 make every ratio a lie. Each draw is repeated on many identical rows of a small
 vocabulary and its frequencies are tested (chi-square) against exact probabilities
 computed here from the definitions; seeded, so a run is deterministic."""
+import functools
 import itertools
 import math
 
 import pytest
 import torch
 from scipy.stats import chisquare
+from torch.overrides import TorchFunctionMode
 
 from ddpd.testing import baselines
 
@@ -32,6 +34,24 @@ def assert_law(outcomes: torch.Tensor, probs: torch.Tensor) -> None:
     expected = probs[support].double() / probs[support].double().sum() * len(outcomes)
     p_value = chisquare(counts[support].numpy(), expected.numpy()).pvalue
     assert p_value > P_VALUE, (p_value, (counts / len(outcomes)).tolist(), probs.tolist())
+
+
+class Calls(TorchFunctionMode):
+    """Records the name of every torch function and tensor method called under it."""
+
+    def __init__(self):
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.names.append(getattr(func, "__name__", str(func)))
+        return func(*args, **(kwargs or {}))
+
+
+def calls(fn) -> list[str]:
+    with Calls() as recorded:
+        fn()
+    return recorded.names
 
 
 def truncated_law(logits, temperature=1.0, top_k=None, top_p=None, min_p=None) -> torch.Tensor:
@@ -65,6 +85,22 @@ def test_categorical_draws(name, temperature):
     tokens = baselines.CATEGORICAL[name](rows(LOGITS), temperature)
     assert tokens.shape == (DRAWS,)
     assert_law(tokens, torch.softmax(LOGITS.double() / temperature, -1))
+
+
+DRAWS_AT_T = {  # every draw that takes a temperature, with and without truncation
+    **baselines.CATEGORICAL,
+    **{f"{name}, top-p + min-p": functools.partial(draw, top_p=0.7, min_p=0.1)
+       for name, draw in baselines.TRUNCATED.items()},
+    **{f"{name}, top-k": functools.partial(draw, top_k=3) for name, draw in baselines.TRUNCATED.items()},
+}
+
+
+@pytest.mark.parametrize("name", list(DRAWS_AT_T))
+def test_draws_divide_by_the_temperature_only_when_it_is_not_one(name):
+    """ddpd skips the division at T = 1; a baseline that pays for it there is timed with a handicap."""
+    draw, divisions = DRAWS_AT_T[name], {"div", "div_", "__truediv__", "true_divide"}
+    assert not divisions & set(calls(lambda: draw(rows(LOGITS, 8), 1.0)))
+    assert divisions & set(calls(lambda: draw(rows(LOGITS, 8), 0.7)))
 
 
 CONTROLS = [dict(top_k=3), dict(top_k=1), dict(top_p=0.7), dict(top_p=0.2), dict(min_p=0.3), dict(top_k=4, top_p=0.6),
@@ -113,6 +149,20 @@ def test_gumbel_top_k_draws_sequential_sampling_without_replacement():
     for a, b, c in itertools.permutations(range(7), 3):
         joint[a * 49 + b * 7 + c] = w[a] / total * w[b] / (total - w[a]) * w[c] / (total - w[a] - w[b])
     assert_law(draws[:, 0] * 49 + draws[:, 1] * 7 + draws[:, 2], joint)
+
+
+def test_gumbel_top_k_takes_one_logarithm_a_weight():
+    """The exponential race draws the same law with one logarithm a weight, where log w + G
+    takes three: the faster torch code for the job."""
+    names = calls(lambda: baselines.gumbel_top_k(rows(WEIGHTS, 8), 3))
+    assert sum(name in ("log", "log_") for name in names) == 1, names
+
+
+def test_gumbel_top_k_draws_a_zero_weight_only_when_needed():
+    torch.manual_seed(8)
+    draws = baselines.gumbel_top_k(rows(WEIGHTS, 2000), len(WEIGHTS))
+    assert (draws[:, :-1] != 2).all() and (draws[:, -1] == 2).all()  # index 2 has weight 0
+    assert (draws.sort(-1).values == torch.arange(len(WEIGHTS))).all()
 
 
 PLANNER_LOGITS = torch.tensor([2.0, -1.0, 0.5, -3.0, 1.0, 0.0, -0.5])
@@ -175,3 +225,21 @@ def test_gathered_step_draws_the_position_then_its_token(draw):
     token_law = torch.softmax(torch.nn.functional.linear(hidden.double(), weight.double(), bias.double()), -1)
     joint = (p / p.sum())[:, None] * token_law
     assert_law(positions * vocab + out.gather(1, positions[:, None]).squeeze(1), joint.flatten())
+
+
+@pytest.mark.parametrize("capacity", [3, 9, 16])
+def test_sorted_compact_does_compact_fixeds_job(capacity):
+    """The sync-free torch compaction returns what ddpd's reference does: the first active rows
+    in order, zeros and index -1 past the count, the count (which may exceed capacity)."""
+    from ddpd.ops.compact import compact_fixed_reference
+
+    g = torch.Generator().manual_seed(capacity)
+    active = torch.rand(16, generator=g) < 0.6
+    tensors = (torch.randint(0, 50, (16, 5), generator=g), torch.randn(16, generator=g),
+               torch.randn(16, 2, 3, generator=g))
+    packed, index, count = baselines.sorted_compact(active, capacity, *tensors)
+    want = compact_fixed_reference(active, capacity, *tensors)
+    assert torch.equal(index, want.index) and torch.equal(count, want.count)
+    assert all(torch.equal(got, expected) for got, expected in zip(packed, want.tensors))
+    rows, source = baselines.nonzero_compact(active, *tensors)
+    assert torch.equal(source, active.nonzero().squeeze(1)) and torch.equal(rows[0], tensors[0][active])

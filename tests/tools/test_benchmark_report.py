@@ -50,6 +50,21 @@ def test_a_table_names_the_fastest_torch_code_of_each_mode(tmp_path):
 
 
 @pytest.mark.integration
+def test_a_table_names_each_modes_own_fastest_torch_code(tmp_path):
+    """Where eager and graph replay have different fastest torch code, the table names both."""
+    rows = [row("torch: slow", 9e-5), row("torch: fast", 6e-5),
+            row("torch: slow", 2e-5, 1e-5, "graph"), row("torch: fast", 3e-5, 1e-5, "graph")]
+    (tmp_path / "gpu-x.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    doc = tmp_path / "performance.md"
+    doc.write_text("<!-- rows: gpu-x -->\n<!-- end rows: gpu-x -->\n")
+    done = report("--doc", str(doc), "--results", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    line, = [line for line in doc.read_text().splitlines() if line.startswith("| `sample_categorical`")]
+    cells = [cell.strip() for cell in line.strip("|").split("|")]
+    assert cells[5:8] == ["fast / slow", "60.0 us / 20.0 us", "3.00x / 2.00x"], cells
+
+
+@pytest.mark.integration
 def test_a_table_of_missing_rows_is_an_error(tmp_path):
     doc = tmp_path / "performance.md"
     doc.write_text("<!-- rows: nowhere -->\n<!-- end rows: nowhere -->\n")

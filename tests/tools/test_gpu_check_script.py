@@ -55,6 +55,53 @@ def test_gpu_timings_only_runs_the_sections_it_names():
 
 
 @pytest.mark.integration
+def test_gpu_timings_time_the_step_against_each_gathered_draw(tmp_path):
+    """The gathered torch step is timed with each token draw of baselines.CATEGORICAL: which
+    is fastest depends on the device, and the ratio is against the fastest."""
+    rows_file = tmp_path / "rows.jsonl"
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_timings.py"), "--dry-run", "--only",
+                          "sampler step", "--rows", str(rows_file)], cwd=ROOT, capture_output=True, text=True)
+    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+    baselines = {row["baseline"] for row in map(json.loads, rows_file.read_text().splitlines())}
+    assert baselines == {"torch: paper listing", "torch: gathered, softmax + torch.multinomial",
+                         "torch: gathered, Gumbel-argmax", "torch: gathered, inverse CDF"}, baselines
+
+
+@pytest.mark.integration
+def test_gpu_timings_time_compact_fixed_against_a_sync_free_torch_compaction(tmp_path):
+    """nonzero + index_select sends its count to the host on CUDA and returns as many rows as are
+    active, another job; the sorted compaction does compact_fixed's, without a sync."""
+    rows_file = tmp_path / "rows.jsonl"
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_timings.py"), "--dry-run", "--only",
+                          "compact", "--rows", str(rows_file)], cwd=ROOT, capture_output=True, text=True)
+    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+    rows = [json.loads(line) for line in rows_file.read_text().splitlines()]
+    baselines = {row["baseline"] for row in rows if row["op"] == "compact_fixed"}
+    assert baselines == {"torch: nonzero + index_select", "torch: sort + index_select"}, baselines
+
+
+VERSUS = """
+import gpu_timings, torch
+bench = gpu_timings.Bench(torch.device("cpu"))
+bench.copy_gbs = 1.0
+times = {"ours": (0.010, 0.005), "a": (0.020, 0.019), "b": (0.030, 0.010)}  # ms: eager, graph
+bench.median_ms = lambda fn, rep_ms=100: times[fn()][0]
+bench.graph_ms = lambda fn: times[fn()][1]
+bench.versus(gpu_timings.timed_case("op", (1,), torch.float32), "case", lambda: "ours",
+             {"a": lambda: "a", "b": lambda: "b"}, 1, "x")
+"""
+
+
+@pytest.mark.integration
+def test_gpu_timings_compare_each_mode_with_its_own_fastest_torch_code():
+    """Eager's fastest candidate (a) is not graph replay's (b): the graph ratio is against b."""
+    run = subprocess.run([sys.executable, "-c", VERSUS], cwd=ROOT / "benchmarks", capture_output=True, text=True)
+    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+    line, = [line for line in run.stdout.splitlines() if line.startswith("case")]
+    assert "best torch (a / b)" in line and " 2.00x eager  2.00x graph" in line, line
+
+
+@pytest.mark.integration
 def test_gpu_check_answers_help_without_running():
     """--help prints the usage and the script's comment (what it runs, its budget), and runs nothing."""
     done = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), "--help"], capture_output=True,
