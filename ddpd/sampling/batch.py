@@ -27,7 +27,8 @@ from ddpd.ops.sample_from_hidden import HEAD_DTYPES
 class SampleResult:
     """What a sampler returns.
 
-    tokens: Long[B, D] final sequences. steps: loop iterations the batch ran.
+    tokens: Long[B, D] final sequences. steps: the step the last row stopped at (a fused run may
+    loop on to its next stop check).
     stop_step: Long[B], the iteration at which each row stopped (its number of steps).
     planner_calls / denoiser_calls: forward passes (calls, whatever their batch size).
     planner_rows / denoiser_rows: sequences evaluated (row-evaluations), summed over
@@ -35,7 +36,8 @@ class SampleResult:
     early stopping saved: at each call, the rows that had stopped and left the batch
     (not the rows a reference run leaves out of a pass because they draw nothing).
     planner_passes / denoiser_passes: Long[B], the network passes each row took part in
-    (a pass counts for a row whose output the step used); commits: Long[B], the tokens a
+    (a pass counts for a row whose output the step used; a guided step, w != 1, evaluates the
+    denoiser twice a row, conditional and unconditional: two passes); commits: Long[B], the tokens a
     denoiser draw wrote in each row (a position written again counts again); tokens_per_pass:
     commits over all passes, the parallelism of a run (ddpd.sampling.policies).
     planner_nan_passes / denoiser_nan_passes: the passes whose output held a NaN in a row the
@@ -184,11 +186,12 @@ class RunningBatch:
             TypeError: the network returns no tensor.
             ValueError: the network returns another shape, or no floating logits.
         """
+        network = _Call(model, "__call__")
         with self._precision():
             if self.condition is None:
                 outputs = (model(x, t), None)
             else:
-                outputs = self.condition.outputs(_Call(model, "__call__"), x, t, self._rows(rows))
+                outputs = self.condition.outputs(network, x, t, self._rows(rows))
         outputs = [output for output in outputs if output is not None]
         for output in outputs:
             _check_output(name, output, (*x.shape, vocab_size))
@@ -198,7 +201,7 @@ class RunningBatch:
         bad = torch.zeros((), dtype=torch.bool, device=x.device)
         for output in outputs:
             bad = bad | torch.isnan(output) | (output == float("inf"))
-        self._count_denoiser_pass(x, bad, used, rows)
+        self._count_denoiser_pass(x, bad, used, rows, network)
         logits = outputs[0] if len(outputs) == 1 else guided(outputs[1], outputs[0], self.condition.guidance_scale)
         return logits.float()
 
@@ -224,26 +227,29 @@ class RunningBatch:
         head = model.head
         if head.out_features != vocab_size:
             raise ValueError(f"denoiser.head must have {vocab_size} outputs, got {head.out_features}")
+        network = _Call(model, "hidden")
         with self._precision():
             if self.condition is None:
                 h = model.hidden(x, t)
             else:
-                h = self.condition.guide(_Call(model, "hidden"), x, t, self._rows(rows))
+                h = self.condition.guide(network, x, t, self._rows(rows))
         if not isinstance(h, Tensor) or h.dim() != 3 or tuple(h.shape[:2]) != tuple(x.shape) \
                 or h.shape[2] != head.in_features:
             shape = list(h.shape) if isinstance(h, Tensor) else type(h).__name__
             raise ValueError(f"denoiser.hidden must return hidden states of shape "
                              f"{[*x.shape, head.in_features]}, got {shape}")
         # NaN or inf in a hidden state: NaN or +inf logits (inf times weights of both signs)
-        self._count_denoiser_pass(x, ~torch.isfinite(h), used, rows)
+        self._count_denoiser_pass(x, ~torch.isfinite(h), used, rows, network)
         return h
 
-    def _count_denoiser_pass(self, x: Tensor, bad: Tensor, used: Optional[Tensor],
-                             rows: Optional[Tensor] = None) -> None:
+    def _count_denoiser_pass(self, x: Tensor, bad: Tensor, used: Optional[Tensor], rows: Optional[Tensor],
+                             network: _Call) -> None:
+        # guidance evaluates each row twice, conditional and unconditional: two passes
+        evaluations = 1 if self.condition is None else self.condition.evaluations
         self._count_nan(1, bad, used)
-        self._count_rows(1, used, rows)
-        self.denoiser_calls += 1
-        self.denoiser_rows += x.shape[0]
+        self._count_rows(1, used, rows, evaluations)
+        self.denoiser_calls += 1 if self.condition is None else self.condition.calls(network)
+        self.denoiser_rows += evaluations * x.shape[0]
         self.denoiser_rows_saved += self.batch_size - len(self)
 
     def _count_nan(self, network: int, bad: Tensor, used: Optional[Tensor] = None) -> None:
@@ -256,13 +262,14 @@ class RunningBatch:
                 bad = bad & rows
         self.nan_passes.select(0, network).add_(bad.any())
 
-    def _count_rows(self, column: int, used: Optional[Tensor], rows: Optional[Tensor] = None) -> None:
-        """Add 1 to `column` of per_row for each running row (and `used`, when given); a pass on
-        some rows only (the reference run's `rows`) counts for those."""
+    def _count_rows(self, column: int, used: Optional[Tensor], rows: Optional[Tensor] = None,
+                    passes: int = 1) -> None:
+        """Add `passes` to `column` of per_row for each running row (and `used`, when given); a
+        pass on some rows only (the reference run's `rows`) counts for those."""
         if rows is not None and rows.shape != self.rows.shape:
-            self.per_row.select(1, column).index_add_(0, rows, torch.ones_like(rows))
+            self.per_row.select(1, column).index_add_(0, rows, torch.full_like(rows, passes))
             return
-        add = torch.ones_like(self.rows)
+        add = torch.full_like(self.rows, passes)
         for rows in (used, self.running()):
             if rows is not None and rows.shape == add.shape:
                 add = add * rows
@@ -497,6 +504,16 @@ class Condition:
     labels: Tensor
     guidance_scale: float = 1.0
     conditional_planner: bool = False
+
+    @property
+    def evaluations(self) -> int:
+        """The denoiser's evaluations of a row a step: 2 under guidance (w != 1), else 1."""
+        return 1 if self.guidance_scale == 1.0 else 2
+
+    def calls(self, network: _Call) -> int:
+        """The calls `outputs` makes of network: one batch of 2B rows where it names its null
+        label, else one call per evaluation."""
+        return 1 if isinstance(network.null_label, int) else self.evaluations
 
     def labels_of(self, rows: Tensor) -> Tensor:
         """The labels of row ids. A bucket's padding rows (FusedBatch: id B, one past the

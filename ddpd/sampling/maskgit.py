@@ -200,7 +200,9 @@ def _mask_loop(run: Run, draws: Draws, denoiser: Callable, policy) -> SampleResu
     def one_step(i, temperature, last: bool, check: bool) -> None:
         """Step i (an int, or a CUDA graph's step tensor), written in place."""
         masked = batch.x == run.mask_id
-        logits = batch.denoiser(denoiser, batch.x, mask_time(masked.sum(-1), run), run.vocab_size)
+        # a row with no mask left (under remasking) uses no logits this step: no pass
+        logits = batch.denoiser(denoiser, batch.x, mask_time(masked.sum(-1), run), run.vocab_size,
+                                used=masked.any(-1))
         tokens = draws.tokens_everywhere(i, batch.rows, logits, temperature)
         step = _step(run, batch, policy, i, last, masked, logits, tokens, None if table is None else row(table, i))
         unmask, remask = policy.moves(step)

@@ -224,3 +224,29 @@ def test_a_network_with_a_null_label_is_guided_in_one_batched_pass():
     assert torch.allclose(batched, separate, atol=1e-5)
     assert torch.allclose(separate, net(x, t, labels=None) + 2.5 * (net(x, t, labels=labels) - net(x, t, labels=None)),
                           atol=1e-5)
+
+
+@pytest.mark.parametrize("null_label", [True, False], ids=["null-label", "callable"])
+@pytest.mark.parametrize("fused", [False, True])
+def test_a_guided_step_counts_two_denoiser_passes_a_row(null_label, fused):
+    torch.manual_seed(0)
+    net = build_model("mask-denoiser", config_for("mask-denoiser", 27, 8, d_model=16, n_layers=1, n_heads=2,
+                                                  num_classes=3)).eval()
+    evaluated = []  # rows of each body call: forward runs hidden, the fused run calls it alone
+    body = net.hidden
+
+    def counted(x, t, labels=None):
+        evaluated.append(x.shape[0])
+        return body(x, t, labels=labels)
+
+    net.hidden = counted
+    denoiser = net if null_label else (lambda x, t, labels=None: net(x, t, labels=labels))
+    labels = torch.tensor([0, 1, 2, 1])
+    with torch.no_grad():
+        result = maskgit_sample(denoiser, 4, 8, 27, steps=4, seed=0, guidance=Guidance(labels, scale=2.0),
+                                execution=Execution(fused=fused, sync_every=1))
+    # the cosine schedule leaves 7, 5, 3, 0 of the 8 masks: every row runs the 4 steps
+    assert result.stop_step.tolist() == [4] * 4
+    assert result.denoiser_passes.tolist() == [8] * 4  # conditional and unconditional at each step
+    assert result.denoiser_rows == sum(evaluated) == 4 * 2 * 4
+    assert result.denoiser_calls == len(evaluated) == 4 * (1 if null_label else 2)

@@ -357,12 +357,22 @@ def test_mask_loop_policies_fused_draw_the_reference_tokens(policy):
                          ids=["cap", "rescale", "loop"])
 def test_remdm_runs_to_the_budget_and_fused_leaves_no_mask(policy):
     """ReMDM may mask a filled row again, so no row stops before the budget; with rows filled
-    early and stop checks every 8 steps the fused run draws the reference's tokens."""
-    reference, fused = (mask_sample(NETWORKS["mask"], 16, D, 27, steps=40, seed=1, policy=policy,
-                                    execution=Execution(fused=f, sync_every=8))
-                        for f in (False, True))
-    assert reference.stop_step.eq(40).all() and reference.denoiser_passes.eq(40).all()
+    early and stop checks every 8 steps the fused run draws the reference's tokens. A step
+    counts a pass only for a row with a mask to fill: a filled row uses no logits."""
+    with_masks = []
+
+    def network(x, t):
+        with_masks.append((x == 27).any(-1).long())
+        return NETWORKS["mask"](x, t)
+
+    reference = mask_sample(network, 16, D, 27, steps=40, seed=1, policy=policy)
+    fused = mask_sample(NETWORKS["mask"], 16, D, 27, steps=40, seed=1, policy=policy,
+                        execution=Execution(fused=True, sync_every=8))
+    assert reference.stop_step.eq(40).all() and len(with_masks) == 40
+    assert torch.equal(reference.denoiser_passes, torch.stack(with_masks).sum(0))
+    assert reference.denoiser_passes.lt(40).any(), "no row was filled early: the test checks nothing"
     assert torch.equal(reference.tokens, fused.tokens) and torch.equal(reference.commits, fused.commits)
+    assert torch.equal(reference.denoiser_passes, fused.denoiser_passes)
     assert not bool((fused.tokens == 27).any())
 
 
