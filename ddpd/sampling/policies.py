@@ -357,7 +357,9 @@ class MaskGIT(_Unmasking):
 class ConfidenceThreshold(_Unmasking):
     """Fast-dLLM's threshold rule (Wu et al. 2025, arXiv:2505.22618, sec. 3.3, Theorem 1): unmask
     every masked position whose drawn token has probability > threshold, and at least the most
-    confident one. threshold 1 unmasks one position a step (MaskGIT's greedy order)."""
+    confident one. threshold 1 unmasks one position a step (MaskGIT's greedy order). Fast-dLLM's
+    code keeps p >= threshold: the rules differ only at equality, where at threshold 1 its code
+    commits every token whose probability rounds to 1."""
 
     threshold: float = 0.9
 
