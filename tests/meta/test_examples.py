@@ -42,6 +42,27 @@ def test_mdlm_sampler_matches_its_plain_torch_version(kw, seed):
     assert torch.equal(mdlm.mdlm_ddpd(net, 1, 12, 6, seed=seed, **kw), fused[:1])
 
 
+def test_mdlm_sampler_reveals_each_position_at_a_uniform_step(monkeypatch):
+    """MDLM's linear schedule reveals a masked position with probability (t - s) / t = 1 / (T - i)
+    at step i, so its reveal step is uniform over the T steps: chi-square over 12k positions
+    (the step is the first at which its coin comes up, the coins recorded from the loop)."""
+    mdlm = load("mdlm_sampler")
+    coins = {}
+
+    def recorded(p, **kw):
+        drawn = bernoulli(p, **kw)
+        coins[kw["offset"] // 2] = drawn[..., 0]
+        return drawn
+
+    bernoulli = mdlm.bernoulli
+    monkeypatch.setattr(mdlm, "bernoulli", recorded)
+    steps, net = 6, mdlm.TinyDenoiser(20, 12, seed=0)
+    mdlm.mdlm_ddpd(net, 1000, 12, steps, seed=3)
+    first = torch.stack([coins[i] for i in range(steps)]).long().argmax(0)  # the first True
+    counts = torch.bincount(first.flatten(), minlength=steps)
+    assert stats.chisquare(counts.numpy()).pvalue > 1e-3, counts.tolist()
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_mdlm_sampler_matches_its_plain_torch_version_with_a_low_precision_network(dtype):
     """Both loops draw from float32 logits of the network's hidden states: the plain loop's
