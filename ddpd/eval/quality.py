@@ -438,6 +438,29 @@ def _interpolate(points: list[dict], entropy: float) -> Optional[tuple[float, di
     return (points[exact[0]]["judge_nll"], {("judge_nll", exact[0]): 1.0}, 0.0) if exact else None
 
 
+def difference_at(curve: list[dict], point: dict) -> Optional[tuple[float, Optional[float]]]:
+    """The NLL of the piecewise-linear curve through `curve`'s rows (a temperature sweep) at
+    `point`'s entropy minus `point`'s NLL, and its standard error (the delta method, as
+    matched_entropy's); None outside the curve's entropy range (no extrapolation).
+
+    Args:
+        curve: rows with "judge_nll" and "entropy" (and their "_se"), numbers.
+        point: a row likewise.
+
+    Returns:
+        (difference, standard error or None), or None.
+    """
+    ours = sorted(curve, key=lambda r: r["entropy"])
+    got = _interpolate(ours, point["entropy"])
+    if got is None:
+        return None
+    nll, derivatives, slope = got
+    gradient = {(("ours", i), m): d for (m, i), d in derivatives.items()}
+    gradient.update({(("point", 0), "judge_nll"): -1.0, (("point", 0), "entropy"): slope})
+    rows = {("ours", i): r for i, r in enumerate(ours)} | {("point", 0): point}
+    return nll - point["judge_nll"], _difference_se(gradient, rows)
+
+
 def _difference_se(gradient: dict, rows: dict) -> Optional[float]:
     """The delta method's standard error of a function of the rows' judge NLLs and entropies
     with derivatives `gradient` {(row key, "judge_nll" | "entropy"): d}, each row's two taken
@@ -445,7 +468,7 @@ def _difference_se(gradient: dict, rows: dict) -> Optional[float]:
     variance = 0.0
     for (key, measure), d in gradient.items():
         se = rows[key].get(f"{measure}_se")
-        if se in (None, ""):
+        if se in (None, "") or math.isnan(float(se)):  # NaN: a row of one sample
             return None
         variance += (d * float(se)) ** 2
     return math.sqrt(variance)

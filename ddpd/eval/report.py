@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -176,7 +177,8 @@ def _parent(path: str) -> None:
 
 
 def mean_and_se(values: Tensor) -> tuple[float, float]:
-    """Mean and standard error of the mean of a 1-D tensor (se 0 for fewer than two values).
+    """Mean and standard error of the mean of a 1-D tensor (se NaN for fewer than two values:
+    one sample says nothing of the spread, and a 0 would pass for certainty).
 
     Args:
         values: a 1-D tensor.
@@ -186,5 +188,5 @@ def mean_and_se(values: Tensor) -> tuple[float, float]:
     """
     values = values.double().flatten()
     if values.numel() < 2:
-        return float(values.mean()), 0.0
+        return float(values.mean()), math.nan
     return float(values.mean()), float(values.std() / values.numel() ** 0.5)

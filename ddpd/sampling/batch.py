@@ -512,7 +512,14 @@ class Condition:
 
     def calls(self, network: _Call) -> int:
         """The calls `outputs` makes of network: one batch of 2B rows where it names its null
-        label, else one call per evaluation."""
+        label, else one call per evaluation.
+
+        Args:
+            network: the network as Condition.outputs calls it.
+
+        Returns:
+            1 or 2.
+        """
         return 1 if isinstance(network.null_label, int) else self.evaluations
 
     def labels_of(self, rows: Tensor) -> Tensor:

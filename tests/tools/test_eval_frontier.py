@@ -83,6 +83,29 @@ def test_passes_to_reach_takes_the_cheapest_configuration_at_matched_entropy():
     assert not reach["maskgit maskgit"]["reached"]  # its entropy is 12% lower: not matched
 
 
+def test_passes_to_reach_reads_each_budget_at_the_targets_own_entropy():
+    def row(policy, steps, temperature, nll, entropy):
+        return dict(sampler="maskgit", policy=policy, steps=steps, temperature=temperature, judge_nll=nll,
+                    entropy=entropy, passes=float(steps), judge_nll_se=0.03, entropy_se=0.01)
+
+    target = dict(judge_nll=2.312, entropy=3.956, judge_nll_se=0.03, entropy_se=0.01)
+    # within the 1% window at T 0.9 (2.300 at 0.95% less entropy), yet 0.10 above the target at its entropy
+    steep = [row("a", 32, 0.9, 2.300, 3.918), row("a", 32, 1.1, 2.526, 3.994)]
+    # budget 64 passes below the target at its entropy, budget 128 too: the fewer passes win
+    low = [row("b", 64, 0.9, 2.20, 3.90), row("b", 64, 1.1, 2.40, 4.00),
+           row("b", 128, 0.9, 2.10, 3.90), row("b", 128, 1.1, 2.30, 4.00)]
+    short = [row("c", 32, 0.9, 2.0, 3.80), row("c", 32, 1.1, 2.1, 3.90)]  # its sweep ends below 3.956
+    reach = {r["family"]: r for r in passes_to_reach(steep + low + short, 2.312, 3.956, target=target)}
+    a, b, c = reach["maskgit a"], reach["maskgit b"], reach["maskgit c"]
+    assert a["reached"] and not a["matched_reached"]
+    assert a["matched_difference"] == pytest.approx(2.300 + 0.038 * 0.226 / 0.076 - 2.312)
+    assert a["matched_difference_se"] > 0.03  # the target's own 0.03 and the curve's at least
+    assert b["matched_reached"] and b["matched_passes"] == 64.0
+    assert b["matched_difference"] == pytest.approx(0.0, abs=1e-9)  # 2.20 + 0.56 * 0.2: the target
+    assert c["matched_reached"] is None and c["matched_difference"] is None  # never extrapolated
+    assert passes_to_reach(steep, 2.312, 3.956)[0]["matched_difference_se"] is None  # no target row: no s.e.
+
+
 def test_against_baselines_compares_each_ddpd_policy_at_its_budget_and_matched_entropy():
     def row(sampler, policy, steps, temperature, nll, entropy, passes):
         return dict(sampler=sampler, policy=policy, steps=steps, temperature=temperature, judge_nll=nll,

@@ -231,7 +231,17 @@ def test_matched_difference_has_the_delta_method_standard_error():
     gradient = (-0.5, -1.5, -1.0, 1.0, 2.0)
     result = matched_entropy(ours + theirs, "ddpd", "dfm", 512)
     assert result["nll_difference_se"] == pytest.approx(0.01 * sum(d * d for d in gradient) ** 0.5)
+    ours[0]["entropy_se"] = float("nan")  # a row of one sample: no spread known
+    assert matched_entropy(ours + theirs, "ddpd", "dfm", 512)["nll_difference_se"] is None
     del ours[0]["entropy_se"]
     assert matched_entropy(ours + theirs, "ddpd", "dfm", 512)["nll_difference_se"] is None
     assert matched_entropy(ours + theirs, "ddpd", "dfm", 512)["nll_difference"] == pytest.approx(-0.05)
 
+
+
+def test_one_sample_has_no_standard_error():
+    from ddpd.eval.report import mean_and_se
+
+    mean, se = mean_and_se(torch.tensor([2.5]))
+    assert mean == 2.5 and math.isnan(se)
+    assert mean_and_se(torch.tensor([1.0, 3.0])) == (2.0, 1.0)
