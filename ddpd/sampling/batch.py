@@ -198,10 +198,8 @@ class RunningBatch:
         # The networks' own outputs (guidance gives +inf by design where only the conditional
         # network allows a token); +inf too: an overflow (float16), where the fused run sees an
         # infinite hidden state.
-        bad = torch.zeros((), dtype=torch.bool, device=x.device)
-        for output in outputs:
-            bad = bad | torch.isnan(output) | (output == float("inf"))
-        self._count_denoiser_pass(x, bad, used, rows, network)
+        self._count_denoiser_pass(x, [torch.isnan(out) | (out == float("inf")) for out in outputs], used, rows,
+                                  network)
         logits = outputs[0] if len(outputs) == 1 else guided(outputs[1], outputs[0], self.condition.guidance_scale)
         return logits.float()
 
@@ -230,25 +228,30 @@ class RunningBatch:
         network = _Call(model, "hidden")
         with self._precision():
             if self.condition is None:
-                h = model.hidden(x, t)
+                outputs = [model.hidden(x, t)]
             else:
-                h = self.condition.guide(network, x, t, self._rows(rows))
+                outputs = [out for out in self.condition.outputs(network, x, t, self._rows(rows)) if out is not None]
+        h = outputs[0] if len(outputs) == 1 else guided(outputs[1], outputs[0], self.condition.guidance_scale)
         if not isinstance(h, Tensor) or h.dim() != 3 or tuple(h.shape[:2]) != tuple(x.shape) \
                 or h.shape[2] != head.in_features:
             shape = list(h.shape) if isinstance(h, Tensor) else type(h).__name__
             raise ValueError(f"denoiser.hidden must return hidden states of shape "
                              f"{[*x.shape, head.in_features]}, got {shape}")
         # NaN or inf in a hidden state: NaN or +inf logits (inf times weights of both signs)
-        self._count_denoiser_pass(x, ~torch.isfinite(h), used, rows, network)
+        self._count_denoiser_pass(x, [~torch.isfinite(out) for out in outputs], used, rows, network)
         return h
 
-    def _count_denoiser_pass(self, x: Tensor, bad: Tensor, used: Optional[Tensor], rows: Optional[Tensor],
+    def _count_denoiser_pass(self, x: Tensor, bad: list[Tensor], used: Optional[Tensor], rows: Optional[Tensor],
                              network: _Call) -> None:
+        """Count a step's denoiser evaluations; `bad` marks the non-finite outputs of each (one
+        call of 2B rows, a network with a null label, counts its two outputs as one call)."""
         # guidance evaluates each row twice, conditional and unconditional: two passes
         evaluations = 1 if self.condition is None else self.condition.evaluations
-        self._count_nan(1, bad, used)
+        calls = 1 if self.condition is None else self.condition.calls(network)
+        for bad_of_call in ([bad[0] | bad[1]] if calls < len(bad) else bad):
+            self._count_nan(1, bad_of_call, used)
         self._count_rows(1, used, rows, evaluations)
-        self.denoiser_calls += 1 if self.condition is None else self.condition.calls(network)
+        self.denoiser_calls += calls
         self.denoiser_rows += evaluations * x.shape[0]
         self.denoiser_rows_saved += self.batch_size - len(self)
 
