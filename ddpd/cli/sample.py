@@ -46,7 +46,13 @@ from ddpd.cli.common import (
     shared_facts,
     warn_if_lengths_differ,
 )
-from ddpd.cli.samplers import FAMILIES, MASKGIT_CHOICE_TEMPERATURE, add_truncation_arguments, truncation_from
+from ddpd.cli.samplers import (
+    FAMILIES,
+    FLOAT32_MAX,
+    MASKGIT_CHOICE_TEMPERATURE,
+    add_truncation_arguments,
+    truncation_from,
+)
 from ddpd.streams import Stdout, standard_streams
 
 if TYPE_CHECKING:
@@ -506,7 +512,7 @@ def ddpd_fields(args) -> dict:
     fields = dict(stop=args.stop, selection=args.selection, eps=args.eps, k=args.k,
                   parallel_steps=args.parallel_steps, clock=args.clock, t_end=args.t_end,
                   policy=command_policy(args, "ddpd"))
-    fields.update(parse_option(args.option) if args.option else {})
+    fields.update(parse_option(args.option) if args.option is not None else {})
     return fields
 
 
@@ -587,6 +593,11 @@ def check_command_line(args) -> None:
     check_finite("--temperature", args.temperature, open_min=False)  # 0: greedy
     check_finite("--temperature-end", args.temperature_end, open_min=False)
     check_finite("--guidance-scale", args.guidance_scale, open_min=False)
+    if args.guidance_scale > FLOAT32_MAX:  # the guided logits are float32
+        raise UsageError(f"--guidance-scale must be at most {FLOAT32_MAX:g}, got {args.guidance_scale:g}")
+    if args.sampler == "ddpd" and args.k > 1 and args.parallel_steps == 0:  # it would be ignored
+        raise UsageError(f"--k {args.k} acts in the parallel stage only: give --parallel-steps N too (not with "
+                         "--policy, which decides how many positions a step denoises)")
     check_finite("--eta", args.eta, open_min=False)  # checked whether or not the sampler reads them
     if args.policy is not None and not args.policy.strip():
         raise UsageError("--policy must be NAME[:FIELD=VALUE,...], got an empty string")
@@ -600,7 +611,7 @@ def check_command_line(args) -> None:
         args.choice_temperature = MASKGIT_CHOICE_TEMPERATURE
     if args.labels is None and args.guidance_scale != 1.0:
         raise UsageError("--guidance-scale needs --labels (the classes to guide towards)")
-    if args.option:
+    if args.option is not None:
         parse_option(args.option)
     check_checkpoints(args.checkpoint or None, args.planner or None, args.denoiser or None)
     args.texts = read_prompts(args)  # a missing or unreadable file fails before any work

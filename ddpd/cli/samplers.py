@@ -39,6 +39,7 @@ def _sampling():
 
 
 MASKGIT_CHOICE_TEMPERATURE = 4.5  # ddpd.sampling.policies.MaskGIT's default, without importing torch
+FLOAT32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max: Guidance's largest scale
 
 
 def _maskgit(choice_temperature: float):

@@ -629,14 +629,16 @@ def parse_policy(spec: str):
         ValueError: an unknown name or field, or a value the policy refuses.
         TypeError: a value of the wrong type for the policy.
     """
-    name, _, rest = spec.partition(":")
+    name, colon, rest = spec.partition(":")
     if name not in POLICIES:
         raise ValueError(f"policy must be one of {', '.join(POLICIES)} (optionally NAME:FIELD=VALUE,...), "
                          f"got {spec!r}")
     kind = POLICIES[name]
     fields = list(kind.__dataclass_fields__)
     kwargs = {}
-    for item in filter(None, rest.split(",")):
+    for item in rest.split(",") if colon else ():
+        if not item.strip():
+            raise ValueError(f"policy {name} has an empty field in {spec!r}")
         key, eq, value = item.partition("=")
         key, value = (key.strip(), value.strip()) if eq else (fields[0], key.strip())
         if key not in fields:

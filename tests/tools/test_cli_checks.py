@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from hang_guard import HANG_GUARD_SECONDS
 
@@ -90,6 +91,7 @@ def test_the_tools_light_lists_are_the_packages():
 
     assert common.DTYPE_CHOICES == DTYPE_CHOICES
     assert samplers.MASKGIT_CHOICE_TEMPERATURE == MaskGIT().choice_temperature
+    assert samplers.FLOAT32_MAX == torch.finfo(torch.float32).max
     assert (train.KINDS, train.TOKENIZERS) == (trainer.KINDS, trainer.TOKENIZERS)
 
 
@@ -111,6 +113,12 @@ def no_models(monkeypatch):
     (["--eta", "-1"], "--eta must be a finite number >= 0"),  # refused though the ddpd sampler reads no eta
     (["--sampler", "maskgit", "--policy", "threshold:0.9", "--choice-temperature", "-5"], "--choice-temperature must"),
     (["--policy", ""], "--policy must be NAME[:FIELD=VALUE,...]"),
+    (["--policy", "error-budget:,,"], "policy error-budget has an empty field"),
+    (["--option", ""], "--option must combine the letters A, B, C"),
+    # --k acts only in the parallel stage: alone, or under a policy, it was ignored
+    (["--k", "4"], "--k 4 acts in the parallel stage only: give --parallel-steps N too"),
+    (["--policy", "error-budget", "--k", "4"], "--k 4 acts in the parallel stage only"),
+    (["--labels", "0", "--guidance-scale", "1e39"], "--guidance-scale must be at most 3.40282e+38"),
     # the policy's own field decides; the flag was ignored
     (["--sampler", "maskgit", "--policy", "maskgit", "--choice-temperature", "2"],
      "with --policy maskgit give the policy's choice_temperature field"),

@@ -120,7 +120,8 @@ def test_single_model_samplers(ckpts, tmp_path, capsys, kind, argv):
     (["--policy", "error-budget", "--clock", "exact"], "--policy needs --clock planner"),
     (["--policy", "error-budget", "--k", "2", "--parallel-steps", "2"], "--policy needs --parallel-steps 0"),
     (["--sync-every", "4"], "--sync-every is a setting of the fused run: give --fused too"),
-    (["--k", "99"], "--k must be in [1, 8], got 99"),  # the sampling layer's refusals name the flag
+    # the sampling layer's refusals name the flag
+    (["--k", "99", "--parallel-steps", "1"], "--k must be in [1, 8], got 99"),
     (["--clock", "exact", "--t-end", "2"], "--t-end must be in (0.0, 1.0), got 2.0"),
     (["--fused", "--sync-every", "0"], "--sync-every must be >= 1, got 0"),
     (["--compile", "fast"], "--compile must be one of inductor, aot_eager, eager, got 'fast'"),
