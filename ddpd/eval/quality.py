@@ -451,14 +451,24 @@ def difference_at(curve: list[dict], point: dict) -> Optional[tuple[float, Optio
         (difference, standard error or None), or None.
     """
     ours = sorted(curve, key=lambda r: r["entropy"])
+    got = _point_difference(ours, point, ("point", 0))
+    if got is None:
+        return None
+    rows = {("ours", i): r for i, r in enumerate(ours)} | {("point", 0): point}
+    return got[0], _difference_se(got[1], rows)
+
+
+def _point_difference(ours: list[dict], point: dict, key: tuple) -> Optional[tuple[float, dict]]:
+    """(the curve through `ours` at `point`'s entropy minus `point`'s NLL, its derivatives
+    {(row key, "judge_nll" | "entropy"): d}, ours' rows keyed ("ours", i) and point's `key`),
+    or None outside the curve's entropy range."""
     got = _interpolate(ours, point["entropy"])
     if got is None:
         return None
     nll, derivatives, slope = got
     gradient = {(("ours", i), m): d for (m, i), d in derivatives.items()}
-    gradient.update({(("point", 0), "judge_nll"): -1.0, (("point", 0), "entropy"): slope})
-    rows = {("ours", i): r for i, r in enumerate(ours)} | {("point", 0): point}
-    return nll - point["judge_nll"], _difference_se(gradient, rows)
+    gradient.update({(key, "judge_nll"): -1.0, (key, "entropy"): slope})
+    return nll - point["judge_nll"], gradient
 
 
 def _difference_se(gradient: dict, rows: dict) -> Optional[float]:
@@ -506,13 +516,11 @@ def matched_entropy(rows: list[dict], sampler: str, baseline: str, steps: int) -
         return None
     counts, differences, gradients = {"better": 0, "worse": 0, "undecided": 0}, [], []
     for k, b in enumerate(theirs):
-        curve = _interpolate(ours, b["entropy"])
-        nll = None if curve is None else curve[0]
-        if curve is not None:
-            differences.append(nll - b["judge_nll"])
-            gradients.append({**{(("ours", i), m): d for (m, i), d in curve[1].items()},
-                              (("theirs", k), "judge_nll"): -1.0, (("theirs", k), "entropy"): curve[2]})
-            outcome = "better" if nll < b["judge_nll"] else "worse" if nll > b["judge_nll"] else "undecided"
+        got = _point_difference(ours, b, ("theirs", k))
+        if got is not None:
+            differences.append(got[0])
+            gradients.append(got[1])
+            outcome = "better" if got[0] < 0 else "worse" if got[0] > 0 else "undecided"
         elif any(p["entropy"] >= b["entropy"] and p["judge_nll"] <= b["judge_nll"] for p in ours):
             outcome = "better"
         elif any(p["entropy"] <= b["entropy"] and p["judge_nll"] >= b["judge_nll"] for p in ours):

@@ -187,12 +187,7 @@ class RunningBatch:
             ValueError: the network returns another shape, or no floating logits.
         """
         network = _Call(model, "__call__")
-        with self._precision():
-            if self.condition is None:
-                outputs = (model(x, t), None)
-            else:
-                outputs = self.condition.outputs(network, x, t, self._rows(rows))
-        outputs = [output for output in outputs if output is not None]
+        outputs = self._evaluate(network, x, t, rows)
         for output in outputs:
             _check_output(name, output, (*x.shape, vocab_size))
         # The networks' own outputs (guidance gives +inf by design where only the conditional
@@ -200,8 +195,7 @@ class RunningBatch:
         # infinite hidden state.
         self._count_denoiser_pass(x, [torch.isnan(out) | (out == float("inf")) for out in outputs], used, rows,
                                   network)
-        logits = outputs[0] if len(outputs) == 1 else guided(outputs[1], outputs[0], self.condition.guidance_scale)
-        return logits.float()
+        return self._guided(outputs).float()
 
     def hidden(self, model, x: Tensor, t: Tensor, vocab_size: int, rows: Optional[Tensor] = None,
                used: Optional[Tensor] = None) -> Tensor:
@@ -226,12 +220,8 @@ class RunningBatch:
         if head.out_features != vocab_size:
             raise ValueError(f"denoiser.head must have {vocab_size} outputs, got {head.out_features}")
         network = _Call(model, "hidden")
-        with self._precision():
-            if self.condition is None:
-                outputs = [model.hidden(x, t)]
-            else:
-                outputs = [out for out in self.condition.outputs(network, x, t, self._rows(rows)) if out is not None]
-        h = outputs[0] if len(outputs) == 1 else guided(outputs[1], outputs[0], self.condition.guidance_scale)
+        outputs = self._evaluate(network, x, t, rows)
+        h = self._guided(outputs)
         if not isinstance(h, Tensor) or h.dim() != 3 or tuple(h.shape[:2]) != tuple(x.shape) \
                 or h.shape[2] != head.in_features:
             shape = list(h.shape) if isinstance(h, Tensor) else type(h).__name__
@@ -240,6 +230,17 @@ class RunningBatch:
         # NaN or inf in a hidden state: NaN or +inf logits (inf times weights of both signs)
         self._count_denoiser_pass(x, [~torch.isfinite(out) for out in outputs], used, rows, network)
         return h
+
+    def _evaluate(self, network: _Call, x: Tensor, t: Tensor, rows: Optional[Tensor]) -> list[Tensor]:
+        """The network's outputs at (x, t): [output], or under guidance (w != 1) [conditional,
+        unconditional] at the labels of `rows` (Condition.outputs), which _guided combines."""
+        with self._precision():
+            if self.condition is None:
+                return [network.fn(x, t)]
+            return [out for out in self.condition.outputs(network, x, t, self._rows(rows)) if out is not None]
+
+    def _guided(self, outputs: list[Tensor]) -> Tensor:
+        return outputs[0] if len(outputs) == 1 else guided(outputs[1], outputs[0], self.condition.guidance_scale)
 
     def _count_denoiser_pass(self, x: Tensor, bad: list[Tensor], used: Optional[Tensor], rows: Optional[Tensor],
                              network: _Call) -> None:
@@ -537,21 +538,6 @@ class Condition:
         """
         return self.labels[rows.clamp(max=self.labels.shape[0] - 1)]
 
-    def guide(self, network: Callable, x: Tensor, t: Tensor, rows: Tensor) -> Tensor:
-        """network(x, t, labels) at the labels of rows, guided by guidance_scale.
-
-        Args:
-            network: a function of (x, t, labels).
-            x: Long[B, D] the sequences.
-            t: Float[B] the times.
-            rows: Long[B] the row ids.
-
-        Returns:
-            The guided output.
-        """
-        conditional, unconditional = self.outputs(network, x, t, rows)
-        return conditional if unconditional is None else guided(unconditional, conditional, self.guidance_scale)
-
     def outputs(self, network: Callable, x: Tensor, t: Tensor, rows: Tensor):
         """The conditional and unconditional outputs of network at the labels of rows. A network
         that names its null label (`null_label`, the ddpd.models networks) runs both passes as
@@ -600,7 +586,7 @@ def guided(unconditional: Tensor, conditional: Tensor, scale: float) -> Tensor:
 
 class _Call:
     """network.method(x, t, labels=...) as a function of (x, t, labels), exposing the
-    network's null label (if it has one) to Condition.guide."""
+    network's null label (if it has one) to Condition.outputs."""
 
     def __init__(self, network: Callable, method: str):
         self.fn = getattr(network, method) if method != "__call__" else network

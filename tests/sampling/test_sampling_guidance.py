@@ -214,11 +214,16 @@ def test_a_network_with_a_null_label_is_guided_in_one_batched_pass():
     x, t, labels = torch.randint(0, 28, (5, 8)), torch.rand(5), torch.tensor([0, 1, 2, 1, 0])
     condition = Condition(labels, 2.5)
     calls = []
+
+    def guide(network):
+        conditional, unconditional = condition.outputs(network, x, t, torch.arange(5))
+        return guided(unconditional, conditional, 2.5)
+
     with torch.no_grad():
-        batched = condition.guide(_Call(net, "__call__"), x, t, torch.arange(5))
+        batched = guide(_Call(net, "__call__"))
         net.register_forward_hook(lambda module, args, out: calls.append(args[0].shape[0]))
-        condition.guide(_Call(net, "__call__"), x, t, torch.arange(5))
-        separate = condition.guide(lambda x, t, labels: net(x, t, labels=labels), x, t, torch.arange(5))
+        guide(_Call(net, "__call__"))
+        separate = guide(lambda x, t, labels: net(x, t, labels=labels))
     assert calls[0] == 10  # one pass of 2B rows, then the callable's two passes of B
     assert calls[1:] == [5, 5]
     assert torch.allclose(batched, separate, atol=1e-5)
