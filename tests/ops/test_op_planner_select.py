@@ -344,13 +344,16 @@ def test_nan_and_plus_inf_logits_are_one_behaviour_on_every_path(mode, k):
 
 
 def test_sum_p_sums_in_float64_on_every_path():
-    """Every path sums p in float64 and rounds once: the C++ kernel equals the reference bit
-    for bit over these 200 random calls (it used to differ by up to 4.8e-7 in 158 of them),
-    the Triton kernel within SUM_P_RTOL. (The C library's expf and torch's exp can differ in
-    the last bit, so other logits, found by fuzzing, move the C++ sum by one float32 step,
-    also within SUM_P_RTOL: docs/architecture.md, "What token for token means".)"""
+    """Every path sums p in float64 and rounds once: over these 200 random calls the C++ kernel
+    is within one float32 step of the reference and equal to it bit for bit in all but a few
+    (it used to differ by up to 4.8e-7, about four steps, in 158 of them), the Triton kernel
+    within SUM_P_RTOL. The reference's float32 exp (torch's vector code) is not always the
+    correctly rounded value the kernel computes, and which bits it gets wrong depends on the
+    CPU: 0 of these calls were off by a step on the AMD EPYC of benchmarks/results, 4 on an
+    Intel Xeon, both AVX-512 (docs/performance.md)."""
     from ddpd.ops.planner_select import SUM_P_RTOL
 
+    off = []
     for i in range(200):
         g = torch.Generator().manual_seed(i)
         length = int(torch.randint(1, 2000, (1,), generator=g))
@@ -358,6 +361,9 @@ def test_sum_p_sums_in_float64_on_every_path():
         x = torch.randint(0, 5, (4, length), generator=g)
         got = planner_select_mask(logits, x, 5, seed=i)[1]
         want = planner_select_mask_reference(logits, x, 5, seed=i)[1]
-        assert torch.equal(got, want), i
+        step = torch.nextafter(want, torch.tensor(float("inf"))) - want
+        assert ((got - want).abs() <= step).all(), i
+        off += [] if torch.equal(got, want) else [i]
         if i < 20:
             torch.testing.assert_close(triton_select(logits, seed=i)[1], want, rtol=SUM_P_RTOL, atol=0)
+    assert len(off) <= 10, off
