@@ -18,6 +18,8 @@ from typing import Callable, Optional, Union
 import torch
 from torch import Tensor
 
+from ddpd.validation import check_int
+
 NOISE_KINDS = ("uniform", "mask")
 
 
@@ -236,30 +238,38 @@ def corrupt(
     (uniform noise: it may land on the clean value, and z stays N) or the mask
     token (mask noise, mask_id defaults to vocab_size).
 
+    The ranges of x1 and t are checked for CPU tensors and numbers only (on CUDA it would
+    cost a host sync per call), and not inside torch.compile.
+
     Args:
         x1: Long[B, D] clean tokens in [0, vocab_size).
-        t: Float[B] times in [0, 1] (or a scalar for every row).
+        t: Float[B] times in [0, 1], or a number or a 0-d tensor for every row.
         schedule: "linear", "cosine" or a Schedule.
         noise: "uniform" or "mask".
         vocab_size: V.
-        mask_id: the mask token of mask noise; None: vocab_size.
+        mask_id: the mask token of mask noise, >= vocab_size (below, a mask would read as a
+            token); None: vocab_size.
         generator: the torch.Generator to draw from; None: torch's global one.
 
     Returns:
         (x_t, z_t): x_t Long[B, D], z_t Bool[B, D], True where the position is noise.
 
     Raises:
-        ValueError: an unknown noise or schedule, x1 not Long[B, D], or vocab_size < 1.
+        TypeError: vocab_size or mask_id not an int.
+        ValueError: an unknown noise or schedule, x1 not Long[B, D] or an id out of range,
+            t of another shape or outside [0, 1], vocab_size < 1, or mask_id < vocab_size.
     """
     if noise not in NOISE_KINDS:
         raise ValueError(f"noise must be one of {NOISE_KINDS}, got {noise!r}")
     if x1.dim() != 2 or x1.dtype != torch.long:
         raise ValueError(f"x1 must be Long[B, D], got {x1.dtype} of shape {tuple(x1.shape)}")
-    if vocab_size < 1:
-        raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
-    if mask_id is None:
-        mask_id = vocab_size
-    t = torch.as_tensor(t, dtype=torch.float32, device=x1.device).expand(x1.shape[0])
+    check_int("vocab_size", vocab_size, 1)
+    mask_id = vocab_size if mask_id is None else check_int("mask_id", mask_id, vocab_size)
+    if _eager_on_cpu(x1):
+        low, high = int(x1.min()), int(x1.max())
+        if low < 0 or high >= vocab_size:
+            raise ValueError(f"x1 must hold ids in [0, {vocab_size}), got range [{low}, {high}]")
+    t = _check_times(t, x1.shape[0]).to(x1.device).expand(x1.shape[0])
     alpha = get_schedule(schedule).alpha(t)[:, None]
     u = torch.rand(x1.shape, generator=generator, device=x1.device)
     z_t = u >= alpha  # P(z = N) = 1 - alpha_t
@@ -269,6 +279,25 @@ def corrupt(
         draws = torch.randint(0, vocab_size, x1.shape, generator=generator, device=x1.device)
         x_t = torch.where(z_t, draws, x1)
     return x_t, z_t
+
+
+def _eager_on_cpu(x: Tensor) -> bool:
+    """Whether x's values can be checked here: a non-empty CPU tensor outside torch.compile."""
+    return x.is_cpu and x.numel() > 0 and not torch.compiler.is_compiling()
+
+
+def _check_times(t, batch: int) -> Tensor:
+    """t as Float32, a 0-d tensor or [batch] on t's device; ValueError for another shape, or
+    for a time outside [0, 1] (NaN included) where _eager_on_cpu."""
+    t = torch.as_tensor(t, dtype=torch.float32)
+    if t.dim() != 0 and tuple(t.shape) != (batch,):
+        raise ValueError(f"t must be a number, a 0-d tensor or of shape [{batch}] (one time per row of x1), "
+                         f"got shape {tuple(t.shape)}")
+    if _eager_on_cpu(t):
+        low, high = float(t.min()), float(t.max())  # NaN where any time is
+        if not 0.0 <= low <= high <= 1.0:
+            raise ValueError(f"t must be in [0, 1], got range [{low}, {high}]")
+    return t
 
 
 # The largest vocabulary a uniform token is drawn over from one float32 uniform: the Philox

@@ -150,6 +150,34 @@ def test_corrupt_validates():
         corrupt(x1.float(), torch.zeros(2), "linear", "mask", 4)
 
 
+@pytest.mark.parametrize("change, error, match", [
+    (dict(mask_id=2), ValueError, r"mask_id must be >= 5"),  # a mask would read as token 2
+    (dict(mask_id=-1), ValueError, r"mask_id must be >= 5"),
+    (dict(mask_id=5.0), TypeError, "mask_id must be an int"),
+    (dict(vocab_size=5.0), TypeError, "vocab_size must be an int"),
+    (dict(vocab_size=0), ValueError, "vocab_size must be >= 1"),
+    (dict(x1=torch.tensor([[0, 1, 5]])), ValueError, r"x1 must hold ids in \[0, 5\), got range \[0, 5\]"),
+    (dict(x1=torch.tensor([[-1, 1, 2]])), ValueError, r"x1 must hold ids in \[0, 5\)"),
+    (dict(t=torch.tensor([1.5])), ValueError, r"t must be in \[0, 1\], got range \[1.5, 1.5\]"),
+    (dict(t=torch.tensor([float("nan")])), ValueError, r"t must be in \[0, 1\]"),
+    (dict(t=-0.5), ValueError, r"t must be in \[0, 1\]"),
+    (dict(t=torch.zeros(1, 1)), ValueError, r"t must be a number, a 0-d tensor or of shape \[1\]"),
+    (dict(t=torch.zeros(2)), ValueError, r"t must be a number, a 0-d tensor or of shape \[1\]"),
+])
+def test_corrupt_names_the_bad_argument(change, error, match):
+    args = dict(x1=torch.tensor([[0, 1, 2]]), t=torch.zeros(1), vocab_size=5, mask_id=None)
+    args.update(change)
+    with pytest.raises(error, match=match):
+        corrupt(args["x1"], args["t"], "linear", "mask", args["vocab_size"], mask_id=args["mask_id"])
+
+
+def test_corrupt_takes_a_time_as_a_number_a_0d_tensor_or_one_per_row():
+    x1 = torch.tensor([[0, 1, 2], [2, 1, 0]])
+    for t in (1.0, 1, torch.tensor(1.0), torch.ones(2), torch.ones(2, dtype=torch.float64)):
+        x_t, z_t = corrupt(x1, t, "linear", "mask", 5, mask_id=5)
+        assert torch.equal(x_t, x1) and not z_t.any()
+
+
 def test_uniform_token_is_exact_on_the_uniforms_of_both_noise_sources():
     """floor(u V) with no rounding of its own, for every uniform PhiloxNoise ((m + 0.5) 2**-24 in
     float32) and TorchNoise (k 2**-24) can give: every token drawn, each within 2**-23 of 1/V.
