@@ -49,9 +49,15 @@ def _check_targets(name: str, x: torch.Tensor, shape: torch.Size, num_classes: i
                              f"got range [{low}, {high}]")
 
 
-def _token_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """-log softmax(logits)[target] per position: [B, D, V], [B, D] -> [B, D]."""
-    ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none")
+def _token_cross_entropy(logits: torch.Tensor, targets: torch.Tensor,
+                         read: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """-log softmax(logits)[target] per position: [B, D, V], [B, D] -> [B, D]. read: Bool[B, D],
+    the positions whose logits are read; the others' are zeroed first, so that a non-finite
+    logit there poisons neither the loss nor, through 0 * NaN in the backward, the gradient."""
+    logits = logits.float()
+    if read is not None:
+        logits = logits.masked_fill(~read[..., None], 0.0)
+    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none")
     return ce.view(targets.shape)
 
 
@@ -62,14 +68,15 @@ def _reduced(per_position: torch.Tensor, count, rate: Optional[torch.Tensor], re
     """mean: the sum of per_position's terms over `count` of them, or with rate
     E_batch[ rate * sum_d per_position ] (the theorem's weighted form, per sequence); sum: the
     numerator alone, for a mean over several batches (a training step's micro-batches and
-    processes), which a mean of their means is not where their counts differ."""
+    processes), which a mean of their means is not where their counts differ. An int count
+    of 0 (an empty batch) divides by 1: the mean is 0, not NaN, as for a tensor count >= 1."""
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
     if rate is not None:
         total, count = (rate.float() * per_position.sum(-1)).sum(), per_position.shape[0]
     else:
         total = per_position.sum()
-    return total if reduction == "sum" else total / count
+    return total if reduction == "sum" else total / (max(count, 1) if isinstance(count, int) else count)
 
 
 def planner_loss(logits: torch.Tensor, z_t: torch.Tensor, rate: Optional[torch.Tensor] = None,
@@ -106,7 +113,8 @@ def denoiser_loss(logits: torch.Tensor, x1: torch.Tensor, z_t: torch.Tensor,
     positions z_t [B, D] (bool, True = noise).
 
     Default: mean over the corrupted positions of the whole batch (0, with a zero
-    gradient, when none is corrupted). With rate: E_b[rate_b * sum_{d: z=N} CE_bd].
+    gradient, when none is corrupted). The logits at clean positions are not read: a
+    non-finite one there leaves the loss and its gradient finite. With rate: E_b[rate_b * sum_{d: z=N} CE_bd].
     reduction="sum": the mean's numerator (docs/training.md, "Objectives").
 
     Args:
@@ -128,8 +136,7 @@ def denoiser_loss(logits: torch.Tensor, x1: torch.Tensor, z_t: torch.Tensor,
     _check_tensor("z_t", z_t, 2, dtype=torch.bool)
     _check_same_shape("z_t", z_t, logits.shape[:2])
     _check_rate(rate, logits.shape[0])
-    # where, not multiply: a non-finite CE at a clean position must not leak into the loss
-    ce = torch.where(z_t, _token_cross_entropy(logits, x1), 0.0)
+    ce = torch.where(z_t, _token_cross_entropy(logits, x1, read=z_t), 0.0)
     # clamp: an all-clean batch gives 0 / 1 instead of 0 / 0, and no host sync
     return _reduced(ce, z_t.sum().clamp(min=1), rate, reduction)
 

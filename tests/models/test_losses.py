@@ -87,6 +87,33 @@ def test_denoiser_loss_without_corrupted_positions_is_zero_not_nan():
     close(denoiser_loss(logits, x1, clean, rate=torch.tensor([3.0])), 0.0)
 
 
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_denoiser_loss_ignores_non_finite_logits_at_clean_positions(bad):
+    logits = torch.randn(2, 4, 5, generator=torch.Generator().manual_seed(0))
+    x1 = torch.tensor([[0, 1, 2, 3], [4, 3, 2, 1]])
+    z_t = torch.tensor([[True, True, False, False], [False, True, False, True]])
+    finite = denoiser_loss(logits, x1, z_t)
+    poisoned = logits.clone()
+    poisoned[0, 2], poisoned[1, 0, 3] = bad, bad  # clean positions only
+    poisoned.requires_grad_()
+    for rate in (None, torch.tensor([1.0, 2.0])):
+        loss = denoiser_loss(poisoned, x1, z_t, rate=rate)
+        poisoned.grad = None
+        loss.backward()
+        assert torch.equal(poisoned.grad[~z_t], torch.zeros(4, 5))
+        assert bool(poisoned.grad.isfinite().all())
+    assert torch.equal(denoiser_loss(poisoned.detach(), x1, z_t), finite)
+
+
+def test_losses_of_an_empty_batch_are_zero_not_nan():
+    logits, x1 = torch.zeros(0, 3, 4), torch.zeros(0, 3, dtype=torch.long)
+    z_t = torch.zeros(0, 3, dtype=torch.bool)
+    for loss in (planner_loss(logits[..., 0], z_t), planner_loss(logits[..., 0], z_t, rate=torch.zeros(0)),
+                 denoiser_loss(logits, x1, z_t), denoiser_loss(logits, x1, z_t, rate=torch.zeros(0)),
+                 uniform_model_loss(logits, x1), ar_loss(logits, x1)):
+        close(loss, 0.0)
+
+
 def test_denoiser_loss_low_precision_logits_computed_in_float32():
     logits = torch.randn(2, 5, 4, generator=torch.Generator().manual_seed(0)).bfloat16()
     x1 = torch.tensor([[0, 1, 2, 3, 0], [3, 2, 1, 0, 3]])
