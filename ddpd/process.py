@@ -13,6 +13,7 @@ noise (t = 0) to data (t = 1); z_t^d = N marks a corrupted position.
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Callable, Optional, Union
 
 import torch
@@ -332,9 +333,17 @@ def uniform_token(u: Tensor, vocab_size: int) -> Tensor:
 
 
 def _alpha_like(alpha, ref: Tensor) -> Tensor:
-    """alpha as a tensor broadcastable against [B, D] (accepts a scalar or [B])."""
+    """alpha (a number, a 0-d tensor or [B]) as a tensor broadcastable against ref [B, D];
+    TypeError or ValueError naming alpha otherwise (a [B'] alpha would broadcast to B' rows)."""
+    if isinstance(alpha, bool) or not isinstance(alpha, (numbers.Real, Tensor)):
+        raise TypeError(f"alpha must be a number or a tensor, got {type(alpha).__name__}")
     alpha = torch.as_tensor(alpha, dtype=ref.dtype, device=ref.device)
-    return alpha[:, None] if alpha.dim() == 1 else alpha
+    if alpha.dim() == 0:
+        return alpha
+    if tuple(alpha.shape) != (ref.shape[0],):
+        raise ValueError(f"alpha must be a number, a 0-d tensor or of shape [{ref.shape[0]}] (one value per row "
+                         f"of x_t), got shape {tuple(alpha.shape)}")
+    return alpha[:, None]
 
 
 def _self_loop_weight(alpha: Tensor, vocab_size: int) -> Tensor:
@@ -350,10 +359,14 @@ def planner_prob_from_uniform(p_x1: Tensor, x_t: Tensor, alpha) -> Tensor:
     Args:
         p_x1: Float[B, D, S] probabilities p(x_1^d | x_t) of a uniform model.
         x_t: Long[B, D] noisy tokens.
-        alpha: alpha_t, a scalar or [B].
+        alpha: alpha_t, a number, a 0-d tensor or [B].
 
     Returns:
         Float[B, D], p(z_t^d = N | x_t).
+
+    Raises:
+        TypeError: alpha neither a number nor a tensor.
+        ValueError: alpha of another shape than a 0-d tensor or [B].
     """
     p_same = p_x1.gather(-1, x_t[..., None]).squeeze(-1)
     return (1.0 - p_same) + p_same * _self_loop_weight(_alpha_like(alpha, p_same), p_x1.shape[-1])
@@ -366,10 +379,14 @@ def denoiser_prob_from_uniform(p_x1: Tensor, x_t: Tensor, alpha) -> Tensor:
     Args:
         p_x1: Float[B, D, S] probabilities p(x_1^d | x_t) of a uniform model.
         x_t: Long[B, D] noisy tokens.
-        alpha: alpha_t, a scalar or [B].
+        alpha: alpha_t, a number, a 0-d tensor or [B].
 
     Returns:
         Float[B, D, S] probabilities.
+
+    Raises:
+        TypeError: alpha neither a number nor a tensor.
+        ValueError: alpha of another shape than a 0-d tensor or [B].
     """
     return denoiser_log_prob_from_uniform(torch.log(p_x1), x_t, alpha).exp()
 
@@ -390,10 +407,14 @@ def denoiser_log_prob_from_uniform(log_p_x1: Tensor, x_t: Tensor, alpha) -> Tens
     Args:
         log_p_x1: Float[B, D, S] log-probabilities log p(x_1^d | x_t), normalised.
         x_t: Long[B, D] noisy tokens.
-        alpha: alpha_t, a scalar or [B].
+        alpha: alpha_t, a number, a 0-d tensor or [B].
 
     Returns:
         Float[B, D, S] log-probabilities.
+
+    Raises:
+        TypeError: alpha neither a number nor a tensor.
+        ValueError: alpha of another shape than a 0-d tensor or [B].
     """
     log_self_loop, log_noise = _log_noise(log_p_x1, x_t, alpha)
     log_joint = log_p_x1.scatter(-1, x_t[..., None], log_self_loop[..., None])
@@ -408,10 +429,14 @@ def planner_log_prob_from_uniform(log_p_x1: Tensor, x_t: Tensor, alpha) -> Tenso
     Args:
         log_p_x1: Float[B, D, S] log-probabilities log p(x_1^d | x_t), normalised.
         x_t: Long[B, D] noisy tokens.
-        alpha: alpha_t, a scalar or [B].
+        alpha: alpha_t, a number, a 0-d tensor or [B].
 
     Returns:
         Float[B, D], log p(z_t^d = N | x_t).
+
+    Raises:
+        TypeError: alpha neither a number nor a tensor.
+        ValueError: alpha of another shape than a 0-d tensor or [B].
     """
     return _log_noise(log_p_x1, x_t, alpha)[1]
 

@@ -123,6 +123,33 @@ def test_self_loop_ctmc_preserves_inter_state_rates():
     assert torch.allclose(total, rates.sum((-1, -2)))
 
 
+RATE_FUNCTIONS = [planner_prob_from_uniform, denoiser_prob_from_uniform, planner_log_prob_from_uniform,
+                  denoiser_log_prob_from_uniform]
+
+
+@pytest.mark.parametrize("fn", RATE_FUNCTIONS, ids=lambda f: f.__name__)
+def test_rate_decomposition_takes_alpha_as_a_number_a_0d_tensor_or_one_per_row(fn):
+    p_x1 = torch.softmax(torch.randn(2, 3, 4, generator=torch.Generator().manual_seed(0)), -1)
+    x_t = torch.tensor([[0, 1, 2], [3, 2, 1]])
+    expected = fn(p_x1, x_t, torch.tensor([0.25, 0.25]))
+    for alpha in (0.25, torch.tensor(0.25), torch.tensor([0.25, 0.25], dtype=F64)):
+        torch.testing.assert_close(fn(p_x1, x_t, alpha), expected)
+
+
+@pytest.mark.parametrize("fn", RATE_FUNCTIONS, ids=lambda f: f.__name__)
+@pytest.mark.parametrize("alpha, batch, error, match", [
+    (torch.tensor([0.1, 0.2]), 1, ValueError, r"alpha must be a number, a 0-d tensor or of shape \[1\].* \(2,\)"),
+    (torch.tensor([0.1, 0.2, 0.3]), 2, ValueError, r"alpha must be .* of shape \[2\].*got shape \(3,\)"),
+    (torch.full((2, 1), 0.1), 2, ValueError, r"alpha must be .* of shape \[2\].*got shape \(2, 1\)"),
+    ("0.5", 2, TypeError, "alpha must be a number or a tensor, got str"),
+    (True, 2, TypeError, "alpha must be a number or a tensor, got bool"),
+])
+def test_rate_decomposition_names_a_mismatched_alpha(fn, alpha, batch, error, match):
+    p_x1 = torch.full((batch, 3, 4), 0.25)
+    with pytest.raises(error, match=match):
+        fn(p_x1, torch.zeros(batch, 3, dtype=torch.long), alpha)
+
+
 @pytest.mark.parametrize("noise", ["uniform", "mask"])
 def test_corrupt_marginals(noise):
     g = torch.Generator().manual_seed(0)
