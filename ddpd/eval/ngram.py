@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ddpd.eval.checks import check_int
+from ddpd.eval.checks import check_int, check_tokens
 
 MAX_ORDER = 12  # the longest n-gram a judge counts
 
@@ -25,6 +25,7 @@ class NGramJudge:
         discount: d in (0, 1).
 
     Raises:
+        TypeError: tokens not an int64 tensor.
         ValueError: a bad order, discount or token id.
     """
 
@@ -37,7 +38,11 @@ class NGramJudge:
             raise ValueError(f"vocab_size ** order must fit 62 bits, got {vocab_size} ** {order}")
         import numpy as np  # imported where used: numpy is not needed to import ddpd
 
-        ids = np.asarray(tokens.cpu(), dtype=np.int64)
+        if not isinstance(tokens, Tensor):
+            raise TypeError(f"tokens must be a torch.Tensor of token ids, got {type(tokens).__name__}")
+        if tokens.dtype != torch.long:  # float or bool ids would be truncated and counted
+            raise TypeError(f"tokens must have dtype torch.int64, got {tokens.dtype}")
+        ids = tokens.cpu().numpy()
         if ids.ndim != 1 or ids.size <= order or ids.min() < 0 or ids.max() >= vocab_size:
             raise ValueError(f"tokens must be more than {order} ids in [0, {vocab_size}), got shape {ids.shape}")
         self.discount = discount
@@ -65,12 +70,15 @@ class NGramJudge:
 
         Returns:
             Float[B] nats per sequence.
+
+        Raises:
+            TypeError: x not an int64 tensor.
+            ValueError: x not [B, D] with B, D >= 1, or an id outside [0, vocab_size).
         """
         import numpy as np
 
-        ids = np.asarray(x.cpu(), dtype=np.int64)
-        if ids.ndim != 2 or ids.min() < 0 or ids.max() >= self.vocab_size:
-            raise ValueError(f"x must be Long[B, D] of ids in [0, {self.vocab_size})")
+        # checked on the CPU, where check_tokens checks the ids' range too
+        ids = check_tokens("x", x.cpu() if isinstance(x, Tensor) else x, self.vocab_size).numpy()
         p = self.unigram[ids]
         for m, (grams, counts, contexts, totals, followers) in zip(range(2, self.order + 1), self.tables):
             if ids.shape[1] < m:

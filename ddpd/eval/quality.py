@@ -44,13 +44,15 @@ def judge_nll(judge, x: Tensor, batch_size: int = 64) -> Tensor:
 
     Returns:
         Float[N] nats per token.
+
+    Raises:
+        TypeError: a judge without log_likelihood, or x not an int64 tensor.
+        ValueError: x not [N, D] with N, D >= 1, or batch_size < 1.
     """
     if not callable(getattr(judge, "log_likelihood", None)):
         raise TypeError(f"judge must have a log_likelihood(x) method (an ARModel), got {type(judge).__name__}")
     check_int("batch_size", batch_size, 1)
-    if not isinstance(x, Tensor) or x.dim() != 2 or x.dtype != torch.long:
-        raise ValueError(f"x must be Long[N, D], got {getattr(x, 'dtype', type(x).__name__)} "
-                         f"{tuple(getattr(x, 'shape', ()))}")
+    check_tokens("x", x, None)  # the ids' range is the judge's to check
     # score where the judge lives (samples may have been gathered on the CPU)
     device = next((p.device for p in judge.parameters()), x.device) if isinstance(judge, torch.nn.Module) \
         else x.device
@@ -88,7 +90,12 @@ def quality_metrics(tokens: Tensor, judge, vocab_size: int, batch_size: int = 64
     Returns:
         {"judge_nll", "judge_nll_se", "judge_ppl", "entropy", "entropy_se", "num_samples",
         "length"} -> number.
+
+    Raises:
+        TypeError: tokens not an int64 tensor.
+        ValueError: tokens not [N, D] with N, D >= 1 or (on CPU) an id outside [0, V).
     """
+    check_tokens("tokens", tokens, check_int("vocab_size", vocab_size, 1))
     nll, nll_se = mean_and_se(judge_nll(judge, tokens, batch_size))
     entropy, entropy_se = mean_and_se(unigram_entropy(tokens, vocab_size))
     return {"judge_nll": nll, "judge_nll_se": nll_se, "judge_ppl": math.exp(nll), "entropy": entropy,

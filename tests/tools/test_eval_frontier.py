@@ -141,6 +141,30 @@ def test_ngram_judge_is_a_normalised_law():
         judge.log_likelihood(torch.tensor([[0, 9]]))
 
 
+@pytest.mark.parametrize("x, error, match", [
+    (torch.zeros(0, 3, dtype=torch.long), ValueError, r"x must have shape \[B, D\] with B, D >= 1, got \(0, 3\)"),
+    (torch.zeros(2, 0, dtype=torch.long), ValueError, r"x must have shape \[B, D\] with B, D >= 1, got \(2, 0\)"),
+    (torch.tensor([[0.5, 1.7]]), TypeError, "x must have dtype torch.int64, got torch.float32"),
+    (torch.tensor([[True, False]]), TypeError, "x must have dtype torch.int64, got torch.bool"),
+    (torch.tensor([[0, 1]], dtype=torch.int32), TypeError, "x must have dtype torch.int64, got torch.int32"),
+    ([[0, 1]], TypeError, "x must be a torch.Tensor"),
+])
+def test_ngram_judge_scores_only_token_ids(x, error, match):
+    judge = NGramJudge(torch.tensor([0, 1, 2, 3] * 10), 4, order=3)
+    with pytest.raises(error, match=match):
+        judge.log_likelihood(x)
+
+
+@pytest.mark.parametrize("tokens, error, match", [
+    (torch.tensor([0.0, 1.0, 2.0, 3.0] * 10), TypeError, "tokens must have dtype torch.int64, got torch.float32"),
+    (torch.tensor([True, False] * 10), TypeError, "tokens must have dtype torch.int64, got torch.bool"),
+    ([0, 1, 2, 3] * 10, TypeError, "tokens must be a torch.Tensor"),
+])
+def test_ngram_judge_counts_only_token_ids(tokens, error, match):
+    with pytest.raises(error, match=match):
+        NGramJudge(tokens, 4, order=3)
+
+
 def test_ngram_judge_prefers_text_like_its_corpus():
     torch.manual_seed(0)
     text = torch.tensor([0, 1, 2, 3] * 500)

@@ -39,6 +39,19 @@ def test_judge_nll_is_the_per_token_negative_log_likelihood(judge):
         judge_nll(lambda x: x, x)
 
 
+@pytest.mark.parametrize("x, error, match", [
+    (torch.zeros(0, 16, dtype=torch.long), ValueError, r"must have shape \[B, D\] with B, D >= 1, got \(0, 16\)"),
+    (torch.zeros(2, 0, dtype=torch.long), ValueError, r"must have shape \[B, D\] with B, D >= 1, got \(2, 0\)"),
+    (torch.zeros(2, 16), TypeError, "must have dtype torch.int64, got torch.float32"),
+    (torch.zeros(2, 16, dtype=torch.int32), TypeError, "must have dtype torch.int64, got torch.int32"),
+])
+def test_judge_nll_and_quality_metrics_refuse_empty_or_non_integer_samples(judge, x, error, match):
+    with pytest.raises(error, match="^x " + match):
+        judge_nll(judge, x)
+    with pytest.raises(error, match="^tokens " + match):
+        quality.quality_metrics(x, judge, V)
+
+
 def _fake_sampler(name, length=16):
     """Each sample's tokens depend only on (seed, its id, steps): like a per-row stream."""
 
