@@ -26,6 +26,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ddpd._interrupts import signals_held
+from ddpd.eval.checks import check_int
 from ddpd.eval.quality import COMPARE_COLUMNS, difference_at, matched_entropy, quality_metrics
 from ddpd.eval.report import markdown_table, pyplot, save_figure, write_csv
 
@@ -81,7 +82,12 @@ def run_frontier(configs: Sequence[Config], *, judge, vocab_size: int, num_sampl
 
     Returns:
         The rows (dicts with the COLUMNS fields), in the order of configs.
+
+    Raises:
+        TypeError, ValueError: num_samples or batch_size not an int >= 1.
     """
+    check_int("num_samples", num_samples, 1)
+    check_int("batch_size", batch_size, 1)
     done = {_row_key(row): row for row in (read_frontier(csv_path) if os.path.exists(csv_path) else [])}
     rows = []
     bar = tqdm(configs, desc="frontier", unit="config", disable=None if progress else True)

@@ -51,6 +51,22 @@ def test_run_frontier_measures_each_configuration_once_and_resumes(tmp_path):
         assert len(list(csv.DictReader(f))) == 3
 
 
+@pytest.mark.parametrize("change, error, match", [
+    (dict(num_samples=0), ValueError, "num_samples must be >= 1, got 0"),
+    (dict(num_samples=-3), ValueError, "num_samples must be >= 1, got -3"),
+    (dict(num_samples=2.0), TypeError, "num_samples must be an int"),
+    (dict(batch_size=0), ValueError, "batch_size must be >= 1, got 0"),
+    (dict(batch_size=None), TypeError, "batch_size must be an int"),
+])
+def test_run_frontier_names_a_bad_sample_count(tmp_path, change, error, match):
+    calls = []
+    args = dict(judge=Uniform(5), vocab_size=5, num_samples=2, seed=0, batch_size=2,
+                csv_path=str(tmp_path / "frontier.csv"))
+    with pytest.raises(error, match=match):
+        run_frontier([Config("maskgit", "maskgit", 3, 1.0, fake(calls))], **{**args, **change})
+    assert not calls and not os.path.exists(args["csv_path"])
+
+
 def test_a_signal_while_a_row_is_written_keeps_the_row(tmp_path, monkeypatch, signal_raises):
     """A signal handler's exception as the CSV was being written dropped the row just measured."""
     import ddpd.eval.frontier as frontier
