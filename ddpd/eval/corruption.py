@@ -36,8 +36,7 @@ class EvalNoise:
     """Uniforms in (0, 1) for evaluation, deterministic in (seed, sample, stream, row id, column)."""
 
     def __init__(self, seed: int):
-        check_seed(seed, 0)
-        self.seed = seed
+        self.seed, _ = check_seed(seed, 0)
 
     def uniform(self, sample: int, stream: int, rows: Tensor, cols: int) -> Tensor:
         """Float32[len(rows), cols].

@@ -13,6 +13,7 @@ The stream, 64-bit row ids and the arguments: docs/ops/rng.md.
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
 from typing import Optional, Union
 
@@ -112,24 +113,58 @@ def philox_words(seed, offset, rows: torch.Tensor, cols: torch.Tensor) -> torch.
     return w.expand(rows.shape[0], cols.numel())
 
 
-def check_seed(seed, offset) -> None:
-    """Validate a seed and an offset: ints in [0, 2**64), or int64 tensors of one element
-    (their bits).
+def check_uint64(name: str, value) -> int:
+    """A seed or offset given as a number: an int in [0, 2**64), or any integer with
+    __index__ such as numpy's (a bool is refused), as a Python int. Callers take tensors first
+    (a tensor of one int has __index__ too, but its value is read on the device).
+
+    Args:
+        name: the argument's name, for the message.
+        value: the value given.
+
+    Returns:
+        `value` as an int.
+
+    Raises:
+        TypeError: not an integer, or a bool.
+        ValueError: out of range.
+    """
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, got bool {value!r}")
+    try:
+        value = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}") from None
+    if not 0 <= value < 2**64:
+        raise ValueError(f"{name} must be an int in [0, 2**64), got {value}")
+    return value
+
+
+def check_seed(seed, offset) -> tuple:
+    """Validate a seed and an offset: integers in [0, 2**64) (check_uint64), or int64 tensors
+    of one element (their bits).
 
     Args:
         seed: the seed given.
         offset: the offset given.
 
+    Returns:
+        (seed, offset), a number as a Python int, a tensor as given.
+
     Raises:
-        ValueError: either is out of range, of another type, or a tensor of another dtype or size.
+        TypeError: either is not an integer, or a tensor of another dtype or size.
+        ValueError: either is out of range.
     """
+    checked = []
     for name, value in (("seed", seed), ("offset", offset)):
         if isinstance(value, torch.Tensor):
             if value.dtype != torch.int64 or value.numel() != 1:
-                raise ValueError(f"{name} must be an int in [0, 2**64) or an int64 tensor of one element, got "
-                                 f"{value.dtype} of shape {tuple(value.shape)}")
-        elif not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**64:
-            raise ValueError(f"{name} must be an int in [0, 2**64), got {value!r}")
+                raise TypeError(f"{name} must be an int in [0, 2**64) or an int64 tensor of one element, got "
+                                f"{value.dtype} of shape {tuple(value.shape)}")
+            checked.append(value)
+        else:
+            checked.append(check_uint64(name, value))
+    return tuple(checked)
 
 
 def philox_uniform(
@@ -190,7 +225,7 @@ def _uniforms(seed, offset, rows: torch.Tensor, cols: torch.Tensor) -> torch.Ten
 def _philox_arguments(seed, offset, rows, cols, device) -> tuple:
     """philox_uniform's arguments checked: (seed, offset) as ints or 0-d tensors on the rows'
     device, rows Long[N], cols Long[M]."""
-    check_seed(seed, offset)
+    seed, offset = check_seed(seed, offset)
     for name, ids in (("rows", rows), ("cols", cols)):  # a float id was truncated to another row's
         if isinstance(ids, torch.Tensor) and (ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool):
             raise TypeError(f"{name} must be an integer tensor, got {ids.dtype}")
@@ -377,8 +412,9 @@ def is_zero(offset) -> bool:
 
 
 def check_counter(name: str, value, like: torch.Tensor) -> tuple:
-    """A seed or offset: an int in [0, 2**64), or an int64 tensor of one element on like's
-    device whose value (read by the kernels, never on the host) holds the uint64 bits.
+    """A seed or offset: an integer in [0, 2**64) (check_uint64), or an int64 tensor of one
+    element on like's device whose value (read by the kernels, never on the host) holds the
+    uint64 bits.
 
     Args:
         name: the argument's name, for the message.
@@ -390,8 +426,8 @@ def check_counter(name: str, value, like: torch.Tensor) -> tuple:
         is passed through as (value, None).
 
     Raises:
-        TypeError: a tensor of another dtype or size.
-        ValueError: an int out of range, another type, or a tensor on another device.
+        TypeError: not an integer (check_uint64), or a tensor of another dtype or size.
+        ValueError: an int out of range, or a tensor on another device.
     """
     if isinstance(value, torch.Tensor):
         if value.dtype != torch.int64 or value.numel() != 1:
@@ -401,9 +437,7 @@ def check_counter(name: str, value, like: torch.Tensor) -> tuple:
         return 0, value.detach().reshape(())
     if isinstance(value, torch.SymInt):  # traced by torch.compile: an int whose value is not known here
         return value, None
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**64:
-        raise ValueError(f"{name} must be an int in [0, 2**64) or an int64 tensor, got {value!r}")
-    return as_int64(value), None
+    return as_int64(check_uint64(name, value)), None
 
 
 def resolve_seed(seed, offset, generator: Optional[torch.Generator], row_ids: Optional[torch.Tensor], rows: int,

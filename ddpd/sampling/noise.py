@@ -84,7 +84,7 @@ class PhiloxNoise:
     """
 
     def __init__(self, seed: int, offset: int = 0, first_row: int = 0):
-        check_seed(seed, offset)
+        seed, offset = check_seed(seed, offset)  # numpy's integers as ints: offsets add in Python ints
         if isinstance(first_row, bool) or not isinstance(first_row, int) or not 0 <= first_row < 2**62:
             raise ValueError(f"first_row must be an int in [0, 2**62), got {first_row!r}")
         self.seed = seed

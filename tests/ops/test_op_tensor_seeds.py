@@ -3,6 +3,7 @@ the host): every sampling op draws for a tensor what it draws for the int of the
 value, on the C++ path, in the Triton kernels (interpreter) and in the references, and a
 tensor advanced in place gives the draws of its new value (what a replayed CUDA graph
 needs). planner_select_mask's mask offset is explicit, offset + 1 by default."""
+import numpy as np
 import pytest
 import torch
 
@@ -90,6 +91,33 @@ def test_tensor_counters_draw_what_ints_draw(name, seed, offset):
     same(op(as_tensor(seed), as_tensor(offset)), expected)
     same(op(seed, as_tensor(offset)), expected)
     same(op(as_tensor(seed), offset), expected)
+
+
+@pytest.mark.parametrize("name", list(ops(inputs())) + ["philox_uniform"])
+def test_numpy_integer_counters_draw_what_ints_draw(name):
+    op = ops(inputs()).get(name, lambda s, o: philox_uniform(s, o, torch.tensor([0, 2**33 + 1]), 5))
+    for seed, offset in SEEDS:
+        expected = op(seed, offset)
+        same(op(np.uint64(seed), np.uint64(offset)), expected)
+        if seed < 2**63:
+            same(op(np.int64(seed), offset), expected)
+
+
+@pytest.mark.parametrize("name", ["sample_categorical", "sample_categorical_reference", "philox_uniform"])
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(seed=1.0), TypeError, "seed must be an int, got float 1.0"),
+    (dict(seed=np.float64(1.0)), TypeError, "seed must be an int, got float64"),
+    (dict(seed=True), TypeError, "seed must be an int, got bool True"),
+    (dict(seed="1"), TypeError, "seed must be an int, got str '1'"),
+    (dict(seed=1, offset=2.5), TypeError, "offset must be an int, got float 2.5"),
+    (dict(seed=np.int64(-1)), ValueError, r"seed must be an int in \[0, 2\*\*64\)"),
+    (dict(seed=2**64), ValueError, r"seed must be an int in \[0, 2\*\*64\)"),
+])
+def test_counters_that_are_not_ints_in_range_are_refused(name, kwargs, error, match):
+    kwargs = {"offset": 0, **kwargs}
+    op = ops(inputs()).get(name, lambda s, o: philox_uniform(s, o, torch.tensor([0, 1]), 5))
+    with pytest.raises(error, match=match):
+        op(kwargs["seed"], kwargs["offset"])
 
 
 @pytest.mark.parametrize("name", ["planner_select", "planner_select_mask", "sample_categorical", "sample_from_hidden",

@@ -2,6 +2,7 @@
 bookkeeping, argument checks.
 """
 
+import numpy as np
 import pytest
 import torch
 
@@ -87,6 +88,25 @@ def test_make_noise_arguments():
         make_noise(noise=object())
     with pytest.raises(ValueError, match="seed"):
         make_noise(seed=-1)
+
+
+def test_numpy_integer_seeds_draw_what_ints_draw():
+    """np.int64(3) was refused with a ValueError naming it; offsets add in Python ints, mod 2**64."""
+    rows = torch.arange(3)
+    for seed, offset in ((3, 0), (2**64 - 1, 2**64 - 5)):
+        noise = PhiloxNoise(np.uint64(seed), np.uint64(offset))
+        assert (type(noise.seed), type(noise.offset)) == (int, int)
+        assert torch.equal(noise.uniform(5, SELECT, rows, 4), PhiloxNoise(seed, offset).uniform(5, SELECT, rows, 4))
+    assert make_noise(seed=np.int64(3)).seed == 3
+    with pytest.raises(TypeError, match="seed must be an int, got float 3.0"):
+        make_noise(seed=3.0)
+
+
+def test_a_sampler_takes_a_numpy_integer_seed():
+    def run(seed):
+        return ddpd_sample(M.planner, M.uniform_denoiser, 30, 4, 3, steps=4, seed=seed).tokens
+
+    assert torch.equal(run(np.int64(3)), run(3))
 
 
 # ----------------------------------------------------------------------------- options, time, writes, draws

@@ -10,6 +10,7 @@ Monte-Carlo comparisons use Z = 4 standard errors (two-sided, per comparison).
 """
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -513,6 +514,17 @@ def test_uniform_model_elbo_is_finite_near_t_max_with_a_large_vocabulary():
     terms = elbo_uniform_model(model, x1, S, t_max=0.9999, seed=0, row_ids=torch.tensor([705, 706]))
     for term in ("rate_matching", "planning", "denoising", "final", "elbo"):
         assert bool(torch.isfinite(getattr(terms, term)).all()), term
+
+
+def test_elbo_takes_a_numpy_integer_seed():
+    def model(x, t):
+        return torch.arange(V, dtype=torch.float32).expand(*x.shape, V) * t[:, None, None]
+
+    x1 = torch.tensor([[0, 1, 2, 3], [4, 5, 6, 7]])
+    expected = elbo_uniform_model(model, x1, V, seed=2**64 - 1).elbo
+    assert torch.equal(elbo_uniform_model(model, x1, V, seed=np.uint64(2**64 - 1)).elbo, expected)
+    assert not torch.equal(elbo_uniform_model(model, x1, V, seed=np.int64(5)).elbo, expected)
+
 
 @pytest.mark.parametrize("change, error", [
     (dict(x1=torch.zeros(2, 4)), "x1 must have dtype torch.int64"),
