@@ -83,14 +83,16 @@ def check_uniforms(name: str, uniforms, shape: tuple, like: torch.Tensor) -> tor
     return uniforms.double()
 
 
-def finish(index: torch.Tensor, valid: torch.Tensor, check_valid: bool, need: str) -> Draw:
+def finish(index: torch.Tensor, valid: torch.Tensor, check_valid: bool, need: str, argument: str = "weights"
+           ) -> Draw:
     """The Draw of (index, valid), after raising on invalid rows when check_valid.
 
     Args:
         index: Long[B, k] the draws.
         valid: Bool[B] which rows are valid distributions.
         check_valid: raise on invalid rows rather than return their flags.
-        need: what a valid row needs, for the message.
+        need: what the invalid rows are, for the message (_need, _logits_need).
+        argument: the argument those rows belong to, for the message.
 
     Returns:
         Draw(index, valid).
@@ -106,8 +108,7 @@ def finish(index: torch.Tensor, valid: torch.Tensor, check_valid: bool, need: st
     if not bool(valid.all()):
         bad = (~valid).nonzero().flatten()[:8].tolist()
         raise ValueError(
-            f"weights: rows {bad} (first 8 shown) are not valid distributions; each row needs finite, "
-            f"non-negative weights with {need}. Pass check_valid=False to get the flags instead."
+            f"{argument}: rows {bad} (first 8 shown) {need}. Pass check_valid=False to get the flags instead."
         )
     return Draw(index, valid)
 
@@ -139,7 +140,26 @@ def _resolve_stream(weights, k, seed, offset, generator, row_ids, noise):
 
 
 def _need(k: int, replacement: bool) -> str:
-    return "a positive total" if replacement or k == 1 else f"at least k = {k} positive weights"
+    enough = "a positive total" if replacement or k == 1 else f"at least k = {k} positive weights"
+    return f"are not valid distributions; each row needs finite, non-negative weights with {enough}"
+
+
+# How far below its row's maximum a logit keeps a positive softmax weight (exp underflows
+# past the smallest subnormal), in units of the temperature.
+SOFTMAX_REACH = {torch.float32: 103, torch.float64: 745}
+
+
+def _logits_need(logits: torch.Tensor, k: int, replacement: bool) -> str:
+    bad = "hold NaN or +inf, or are all -inf"
+    if replacement or k == 1:
+        return bad
+    if logits.dtype == torch.float64:
+        reach = f"within about {SOFTMAX_REACH[torch.float64]} * temperature of the row's maximum"
+    else:
+        reach = (f"logits within about {SOFTMAX_REACH[torch.float32]} * temperature of the row's maximum; float64 "
+                 f"logits reach about {SOFTMAX_REACH[torch.float64]} * temperature")
+    dtype = "float64" if logits.dtype == torch.float64 else "float32"
+    return f"{bad}, or have fewer than k = {k} tokens with a positive {dtype} softmax weight ({reach})"
 
 
 # ------------------------------------------------------------------------- reference
@@ -244,7 +264,7 @@ def categorical_from_weights_reference(weights, uniforms, *, check_valid: bool =
     valid = row_validity(weights, 1)
     safe = torch.where(valid[:, None], weights.double(), 1.0)
     index = torch.where(valid, inverse_cdf(safe, uniforms), 0)
-    return finish(index, valid, check_valid, "a positive total")
+    return finish(index, valid, check_valid, _need(1, True))
 
 
 def multinomial_reference(
@@ -353,7 +373,7 @@ def categorical_from_weights(weights, uniforms, *, check_valid: bool = True) -> 
     weights = check_weights(weights)
     uniforms = check_uniforms("uniforms", uniforms, (weights.shape[0],), weights)
     index, valid = _run(weights, 1, True, uniforms[:, None].contiguous(), (0, 0, None, None), None)
-    return finish(index[:, 0], valid, check_valid, "a positive total")
+    return finish(index[:, 0], valid, check_valid, _need(1, True))
 
 
 def multinomial(
@@ -443,7 +463,14 @@ def multinomial_from_logits_reference(logits, k: int, temperature: float = 1.0, 
     Raises:
         What ddpd.ops.multinomial_from_logits raises.
     """
-    return multinomial_reference(logit_weights(logits, temperature), k, replacement, **stream)
+    return _from_logits(multinomial_reference, logits, k, temperature, replacement, stream)
+
+
+def _from_logits(draw, logits, k, temperature, replacement, stream) -> Draw:
+    """draw (multinomial or its reference) of logit_weights, its invalid rows named as logits."""
+    check_valid = stream.pop("check_valid", True)
+    out = draw(logit_weights(logits, temperature), k, replacement, check_valid=False, **stream)
+    return finish(out.tokens, out.valid, check_valid, _logits_need(logits, k, replacement), "logits")
 
 
 def multinomial_from_logits(logits, k: int, temperature: float = 1.0, replacement: bool = False,
@@ -451,7 +478,10 @@ def multinomial_from_logits(logits, k: int, temperature: float = 1.0, replacemen
     """multinomial of softmax(logits / temperature).
 
     The softmax is torch's (the reference calls the same), so both agree token for token; rows
-    whose logits are all -inf, or hold NaN or +inf, are invalid.
+    whose logits are all -inf, or hold NaN or +inf, are invalid. Without replacement a row
+    needs k tokens of positive weight: in float32 a logit more than about 103 * temperature
+    below its row's maximum has weight 0 (float64 logits: about 745 * temperature), so such a
+    row with fewer than k tokens within that reach is invalid too.
 
     Args:
         logits: floating [B, N].
@@ -465,6 +495,6 @@ def multinomial_from_logits(logits, k: int, temperature: float = 1.0, replacemen
 
     Raises:
         TypeError: an argument of the wrong type.
-        ValueError: a bad shape or value, or (check_valid) an invalid row.
+        ValueError: a bad shape or value, or (check_valid) an invalid row, named as logits.
     """
-    return multinomial(logit_weights(logits, temperature), k, replacement, **stream)
+    return _from_logits(multinomial, logits, k, temperature, replacement, stream)

@@ -422,6 +422,23 @@ def test_multinomial_from_logits_invalid_rows():
     assert valid.tolist() == [True, False, False]
 
 
+def test_multinomial_from_logits_without_replacement_names_the_float32_softmax_limit():
+    """softmax in float32 underflows below about -103 * T from the row's maximum: a row with
+    fewer than k tokens within that range cannot give k distinct draws. The error spoke of
+    weights the caller never passed; it now names the logits and the limit, for the op and
+    its reference alike. float64 logits reach further; the flags are unchanged."""
+    logits = torch.tensor([[0.0, 0.0, -200.0], [0.0, 1.0, 2.0]])
+    for draw in (multinomial_from_logits, multinomial_from_logits_reference):
+        with pytest.raises(ValueError, match=r"logits: rows \[0\] .* fewer than k = 3 tokens .* 103 \* temperature"):
+            draw(logits, 3, seed=0)
+        with pytest.raises(ValueError, match=r"logits: rows \[0, 1\] .* 103 \* temperature"):
+            draw(torch.tensor([[0.0, 1.0, 2.0]] * 2), 2, 1e-3, seed=0)
+        assert draw(logits, 3, seed=0, check_valid=False).valid.tolist() == [False, True]
+        assert draw(logits.double(), 3, seed=0).valid.tolist() == [True, True]
+    with pytest.raises(ValueError, match=r"logits: rows \[1\] .* NaN"):
+        multinomial_from_logits(torch.tensor([[0.0, 1.0], [float("nan"), 0.0]]), 1, seed=0)
+
+
 # ----------------------------------------------------------------------------- GPU
 
 
