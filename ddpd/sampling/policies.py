@@ -199,10 +199,11 @@ def cosine_table(steps: int) -> Tensor:
         steps: the step budget T.
 
     Returns:
-        Float64[T], each entry a 0-d op (a vectorised cos may round another way).
+        Float64[T]: the entries of a 0-d op a step, bit for bit (torch's CPU cos runs one vector
+        routine on a tensor of any length; the pinned draws floor n0 times them).
     """
-    return torch.stack([torch.cos(torch.tensor(i + 1, device="cpu").double() / steps * (math.pi / 2))
-                        for i in range(steps)])
+    angles = torch.arange(1, steps + 1, dtype=torch.float64, device="cpu") / steps * (math.pi / 2)
+    return torch.cos(angles)
 
 
 def cosine_left(n0, cos: Tensor) -> Tensor:

@@ -513,6 +513,32 @@ def test_maskgit_and_the_cosine_spread_keep_the_committed_frontiers_draws():
     assert cosine_left(torch.tensor([256]), cosine_table(60)[36]) == 144  # 144.999997; float32 gave 145
 
 
+def test_the_cosine_table_is_one_tensor_op_with_the_per_step_values():
+    """cosine_table made one 0-d tensor a step: seven seconds of setup at 10**5 steps for a
+    run that may stop at step 0. It is now built in a few tensor ops, bit for bit the entries
+    the per-step ops gave (every step of small budgets, spot checks of large ones)."""
+    class Count(torch.overrides.TorchFunctionMode):
+        calls = 0
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            Count.calls += 1
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        cosine_table(1000)
+    assert Count.calls <= 5
+
+    def entry(step, steps):  # the per-step op of the table before
+        return torch.cos(torch.tensor(step + 1, device="cpu").double() / steps * (math.pi / 2))
+
+    for steps in range(1, 41):
+        assert torch.equal(cosine_table(steps), torch.stack([entry(i, steps) for i in range(steps)]))
+    for steps in (3000, 65537, 10**5):
+        table = cosine_table(steps)
+        for step in (0, 1, steps // 3, steps // 2, steps - 2, steps - 1):
+            assert torch.equal(table[step], entry(step, steps)), (steps, step)
+
+
 def test_a_certain_risk_under_a_choice_temperature_stays_ahead_of_ineligible_candidates():
     """A risk of exactly 1 (p c below float32's resolution) keys +inf under a choice
     temperature; it must still rank before the ineligible candidates, which are never committed."""
