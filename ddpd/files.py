@@ -7,6 +7,7 @@ Every file ddpd writes (checkpoints, sample files, evaluation reports) goes thro
   working directory: `refuse_working_directory`);
 - `StreamedFile`: lines appended to such a temporary, published by one rename at the end;
 - `FileSet`: several files replaced as one set, with a journal a killed writer leaves;
+- `partial_path`: where a writer stopped before its end leaves what it finished;
 - `remove_stale_temps`: temporaries of dead writers, removed by the lock's holder;
 - `OutputLock`: an exclusive `fcntl` lock on `.NAME.lock` beside a destination.
 
@@ -427,6 +428,41 @@ def write_bytes(path, data: bytes) -> None:
     """
     with atomic_file(path, "wb") as f:
         f.write(data)
+
+
+# ---------------------------------------------------------------- partial results
+
+
+def partial_path(path) -> str:
+    """Where a writer stopped before its end leaves what it finished of `path`: beside it,
+    `.partial` before the suffix (samples.jsonl -> samples.partial.jsonl), so that a partial
+    result neither replaces a complete `path` nor passes for one.
+
+    Args:
+        path: the complete output's path.
+
+    Returns:
+        The partial result's path.
+    """
+    head, name = os.path.split(os.fspath(path))
+    stem, suffix = os.path.splitext(name)
+    room = NAME_MAX - len(os.fsencode(".partial" + suffix))
+    return os.path.join(head, f"{_fitted(stem, room)}.partial{suffix}")
+
+
+def remove_partial(path) -> None:
+    """Delete the partial result of `path` (partial_path), once `path` is complete.
+
+    Args:
+        path: the complete output's path.
+
+    Raises:
+        OutputError: it cannot be deleted.
+    """
+    try:
+        _unlink_if_there(partial_path(destination(path)))
+    except OSError as err:
+        raise OutputError(partial_path(path), err) from None
 
 
 # ---------------------------------------------------------------- sets of files

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Optional
 from ddpd.cli import frontier
 from ddpd.cli.common import (
     DTYPE_CHOICES,
+    Interrupted,
     OneLineParser,
     UsageError,
     add_runtime_arguments,
@@ -368,7 +369,8 @@ def _prepare(loaded: Loaded, dtype: str) -> str:
 
 def run_quality(args: argparse.Namespace) -> None:
     """Run `ddpd-eval quality`: sample every sampler at every budget and temperature, judge the
-    samples, write the sweep's reports in --out-dir.
+    samples, write the sweep's reports in --out-dir (the rows so far in sweep.partial.csv until
+    the reports are published together).
 
     Args:
         args: the parsed command line.
@@ -378,9 +380,11 @@ def run_quality(args: argparse.Namespace) -> None:
     """
     import torch
 
+    from ddpd._interrupts import signals_held
     from ddpd.eval import run_sweep, write_sweep
     from ddpd.eval.quality import sweep_markdown
     from ddpd.eval.report import one_set, write_csv
+    from ddpd.files import partial_path, remove_partial
 
     truncation = truncation_from(args)  # before any model is loaded
     loaded = load_models(args)
@@ -395,14 +399,29 @@ def run_quality(args: argparse.Namespace) -> None:
     if unknown:
         raise UsageError(f"--samplers: {unknown} not available with these checkpoints; available: {list(available)}")
     reference = _heldout(args, loaded, args.reference_sequences, "--reference-sequences") if args.data else None
-    partial = os.path.join(args.out_dir, "sweep.csv")  # rewritten after every configuration
-    with torch.no_grad():
-        rows = run_sweep([available[n] for n in names], steps=args.steps, temperatures=args.temperatures,
-                         num_samples=args.num_samples, judge=loaded.models["judge"], vocab_size=loaded.vocab_size,
-                         seed=args.seed, batch_size=args.batch_size, reference=reference, progress=args.progress,
-                         on_row=lambda rows: write_csv(rows, partial))
+    # the rows so far, rewritten after every configuration: never sweep.csv, which with sweep.md and
+    # sweep.png is the last complete sweep's until this one ends
+    csv_path = os.path.join(args.out_dir, "sweep.csv")
+    partial, finished = partial_path(csv_path), []
+
+    def keep(rows: list[dict]) -> None:
+        with signals_held():  # a finished row is in the file, and counted, before a signal stops the run
+            write_csv(rows, partial)
+            finished[:] = [len(rows)]
+
+    try:
+        with torch.no_grad():
+            rows = run_sweep([available[n] for n in names], steps=args.steps, temperatures=args.temperatures,
+                             num_samples=args.num_samples, judge=loaded.models["judge"],
+                             vocab_size=loaded.vocab_size, seed=args.seed, batch_size=args.batch_size,
+                             reference=reference, progress=args.progress, on_row=keep)
+    except Interrupted as stop:
+        stop.detail = f"; the {finished[0]} finished row(s) are in {partial}" if finished else \
+            "; no row was finished, nothing written"
+        raise
     with one_set():
         paths = write_sweep(rows, args.out_dir)
+    remove_partial(csv_path)
     args.stdout.print(sweep_markdown(rows))
     _report_paths(args, paths)
 
@@ -557,7 +576,9 @@ FLOAT_FLAGS = {"t_max": (0.0, 1.0, True, True), "alpha": (0.0, 1.0, True, True),
 
 # The reports each command writes into --out-dir, published as one set (report.one_set)
 # and locked for the whole run (locked_outputs); elbo and compare write --out (and its twin).
-REPORTS = {"quality": ("sweep.csv", "sweep.md", "sweep.png"), "merge": ("sweep.csv", "sweep.md", "sweep.png"),
+# quality's rows so far go to sweep.partial.csv (ddpd.files.partial_path) until the set is published.
+REPORTS = {"quality": ("sweep.csv", "sweep.md", "sweep.png", "sweep.partial.csv"),
+           "merge": ("sweep.csv", "sweep.md", "sweep.png"),
            "training": ("training.md", "training.json"), "convergence": ("convergence.csv", "convergence.png"),
            "frontier": frontier.REPORTS}
 

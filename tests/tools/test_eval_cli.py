@@ -178,6 +178,44 @@ def test_quality_sweep_with_truncated_draws(setup, capsys):
     assert code == 2 and err.count("\n") == 1 and "--top-k" in err
 
 
+def test_an_interrupted_sweep_leaves_the_previous_sweep_and_its_own_rows_apart(setup, capsys, monkeypatch):
+    """A rerun into the same --out-dir, interrupted, rewrote sweep.csv with its own rows only,
+    while sweep.md and sweep.png still showed the previous sweep."""
+    import signal
+
+    import ddpd.eval.quality as quality
+
+    p = setup
+    out_dir = p["root"] / "rerun"
+    common = ["quality", "--planner", p["planner"], "--denoiser", p["mask-denoiser"], "--judge", p["ar"],
+              "--samplers", "ddpd-A-mask", "dfm-eta0", "--temperatures", 1.0, "--num-samples", 2, "--no-progress",
+              "--out-dir", out_dir]
+    code, _, err = _run(capsys, *common, "--steps", 2)
+    assert code == 0, err
+    before = {name: (out_dir / name).read_bytes() for name in ("sweep.csv", "sweep.md")}
+    metrics, calls = quality.quality_metrics, []
+
+    def signalled_at_the_second(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return metrics(*args, **kwargs)
+
+    monkeypatch.setattr(quality, "quality_metrics", signalled_at_the_second)
+    code, _, err = _run(capsys, *common, "--steps", 3)
+    partial = out_dir / "sweep.partial.csv"
+    assert code == 128 + signal.SIGTERM
+    assert err == f"ddpd-eval: interrupted by SIGTERM; the 1 finished row(s) are in {partial}\n"
+    assert {name: (out_dir / name).read_bytes() for name in before} == before
+    with open(partial) as f:
+        assert [(r["sampler"], r["steps"]) for r in csv.DictReader(f)] == [("ddpd-A-mask", "3")]
+    monkeypatch.setattr(quality, "quality_metrics", metrics)
+    code, _, err = _run(capsys, *common, "--steps", 3)
+    assert code == 0, err
+    assert not partial.exists() and sorted(n for n in os.listdir(out_dir) if not n.startswith(".")) == [
+        "sweep.csv", "sweep.md", "sweep.png"]
+
+
 def test_sweep_run_in_parts_merges_into_the_whole_sweep(setup, capsys):
     p = setup
     common = ["quality", "--planner", p["planner"], "--denoiser", p["mask-denoiser"], "--judge", p["ar"],
