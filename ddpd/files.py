@@ -331,13 +331,27 @@ class StreamedFile:
     def publish(self) -> None:
         """Flush to disk and rename over `path` (with the permissions of the file it
         replaces; a new file gets the ordinary ones, subject to the umask)."""
+        self._publish_as(self.path)
+
+    def publish_partial(self) -> str:
+        """Publish what was written as a partial result, beside `path` (partial_path), never
+        over it: a writer stopped before its end must not replace a complete `path`.
+
+        Returns:
+            The partial result's path.
+        """
+        target = partial_path(self.path)
+        self._publish_as(target)
+        return target
+
+    def _publish_as(self, target: str) -> None:
         try:
             self._complete()
-            os.replace(self.temp, self.path)
-            fsync_directory(os.path.dirname(self.path))
+            os.replace(self.temp, target)
+            fsync_directory(os.path.dirname(target))
         except OSError as err:
             self.discard()
-            raise OutputError(self.path, err) from None
+            raise OutputError(target, err) from None
         self.published = True
         self._release()
 

@@ -856,7 +856,8 @@ def _sample_all(args, models: Models, sample, records: Records, out, stdout: Std
     b mod N), process 0 writing each round's batches to `out` (flushed) and their texts to
     stdout in order as soon as the round is done, keeping none. Returns (samples finished,
     call counts, seconds), `out` published (a signal meanwhile waits for it). Interrupted, or
-    another process lost, the finished samples are published to `out` and the message says so."""
+    another process lost, the finished samples are published beside `out` as a partial result
+    (ddpd.files.partial_path) and the message says so."""
     import torch
 
     from ddpd._interrupts import signals_held
@@ -895,9 +896,8 @@ def _sample_all(args, models: Models, sample, records: Records, out, stdout: Std
     except (Interrupted, PeerLost) as stop:  # a signal, or another process stopped
         ignore_further_signals()
         if out is not None and done:
-            if not out.published:
-                out.publish()
-            stop.detail = _written(done, args.out)
+            # beside --out, never over it: a partial file must not replace a complete one, or pass for one
+            stop.detail = _written(done, args.out if out.published else out.publish_partial())
         elif out is not None:
             stop.detail = f"; no sample was finished, {args.out} not written"
         raise
@@ -905,7 +905,8 @@ def _sample_all(args, models: Models, sample, records: Records, out, stdout: Std
 
 
 def _written(done: int, out: str) -> str:
-    """The detail of a stopped run's line: the finished samples published to --out."""
+    """The detail of a stopped run's line: the finished samples published to `out` (--out, or
+    its partial result)."""
     return f"; wrote the {done} finished sample(s) to {out}"
 
 

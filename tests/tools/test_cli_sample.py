@@ -360,12 +360,13 @@ def test_signals_keep_the_finished_samples(ckpts, tmp_path, sig):
     assert proc.returncode == 128 + sig, err
     assert len(err.strip().splitlines()) == 1, err
     name = signal.Signals(sig).name
-    assert f"ddpd-sample: interrupted by {name}; wrote the " in err and str(out) in err, err
+    partial = tmp_path / "s.partial.jsonl"  # never --out itself: a partial file must not pass for a complete one
+    assert f"ddpd-sample: interrupted by {name}; wrote the " in err and str(partial) in err, err
     kept = int(err.split("wrote the ")[1].split()[0])
-    records = read_jsonl(out)
+    records = read_jsonl(partial)
     assert len(records) == kept >= 5 and kept % 5 == 0
     assert [r["index"] for r in records] == list(range(kept))
-    assert os.listdir(tmp_path) == ["s.jsonl"]  # no temporary left
+    assert os.listdir(tmp_path) == ["s.partial.jsonl"]  # no temporary left
 
 
 def test_a_signal_after_a_batch_reached_the_file_counts_it(ckpts, tmp_path, capsys, monkeypatch):
@@ -383,8 +384,33 @@ def test_a_signal_after_a_batch_reached_the_file_counts_it(ckpts, tmp_path, caps
     code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--steps", "8", "--batch-size", "5",
                            "--num-samples", "10", "--out", str(out), "--no-progress")
     assert code == 128 + signal.SIGTERM, err
-    assert err == f"ddpd-sample: interrupted by SIGTERM; wrote the 5 finished sample(s) to {out}\n"
-    assert [r["index"] for r in read_jsonl(out)] == list(range(5))
+    partial = tmp_path / "s.partial.jsonl"
+    assert err == f"ddpd-sample: interrupted by SIGTERM; wrote the 5 finished sample(s) to {partial}\n"
+    assert [r["index"] for r in read_jsonl(partial)] == list(range(5)) and not out.exists()
+
+
+def test_an_interrupted_run_never_replaces_a_complete_out(ckpts, tmp_path, capsys, monkeypatch):
+    """An interrupt published the finished samples to --out, over a complete earlier file: a
+    partial file that looked complete. They go beside it, named partial."""
+    out = tmp_path / "s.jsonl"
+    common = ["--checkpoint", ckpts["bundle"], "--steps", "8", "--batch-size", "5", "--num-samples", "10",
+              "--out", str(out), "--no-progress", "--quiet"]
+    code, _, err = run_cli(capsys, *common)
+    assert code == 0, err
+    before = out.read_bytes()
+    write = files.StreamedFile.write
+
+    def write_then_signal(self, text):
+        write(self, text)
+        os.kill(os.getpid(), signal.SIGTERM)  # its handler runs before kill returns
+
+    monkeypatch.setattr(files.StreamedFile, "write", write_then_signal)
+    code, _, err = run_cli(capsys, *common, "--seed", "1")
+    partial = tmp_path / "s.partial.jsonl"
+    assert code == 128 + signal.SIGTERM, err
+    assert err == f"ddpd-sample: interrupted by SIGTERM; wrote the 5 finished sample(s) to {partial}\n"
+    assert out.read_bytes() == before and sorted(os.listdir(tmp_path)) == ["s.jsonl", "s.partial.jsonl"]
+    assert [r["index"] for r in read_jsonl(partial)] == list(range(5))
 
 
 def test_a_signal_after_every_sample_was_written_says_where_they_are(ckpts, tmp_path, capsys, monkeypatch):
@@ -998,7 +1024,9 @@ def test_a_process_killed_mid_run_keeps_the_finished_samples(ckpts, tmp_path):
     assert len(lines) == 1, err
     assert "another process of the group failed or was killed" in lines[0] or "interrupted by SIGTERM" in lines[0], err
     written = int(lines[0].split("wrote the ")[1].split()[0])
-    assert [r["index"] for r in read_jsonl(out)] == list(range(written)) and written >= 4
+    partial = tmp_path / "s.partial.jsonl"
+    assert lines[0].endswith(f" to {partial}"), err
+    assert [r["index"] for r in read_jsonl(partial)] == list(range(written)) and written >= 4
 
 
 @pytest.mark.integration

@@ -107,6 +107,25 @@ def test_stale_temporaries_of_dead_processes_are_removed(tmp_path):
 
 
 @pytest.mark.integration
+def test_a_partial_result_goes_beside_its_output_never_over_it(tmp_path):
+    """A writer stopped before its end publishes what it finished as NAME.partial.SUFFIX, the
+    complete file (if any) left as it was; the name fits however long the output's is."""
+    out = tmp_path / "s.jsonl"
+    out.write_text("complete\n")
+    stream = files.StreamedFile(out, one_writer=True)
+    stream.write("half\n")
+    assert stream.publish_partial() == str(tmp_path / "s.partial.jsonl")
+    assert out.read_text() == "complete\n" and (tmp_path / "s.partial.jsonl").read_text() == "half\n"
+    assert sorted(os.listdir(tmp_path)) == ["s.jsonl", "s.partial.jsonl"]  # no temporary, no lock
+    assert files.partial_path("runs/q/sweep.csv") == os.path.join("runs/q", "sweep.partial.csv")
+    assert files.partial_path("samples") == "samples.partial"
+    long = files.partial_path(tmp_path / ("x" * 250 + ".jsonl"))
+    assert len(os.path.basename(long).encode()) <= files.NAME_MAX and long.endswith(".partial.jsonl")
+    files.remove_partial(out)
+    files.remove_partial(out)  # none left: nothing to do
+    assert os.listdir(tmp_path) == ["s.jsonl"]
+
+
 @pytest.mark.parametrize("length", [200, 250, 255])
 def test_names_that_nearly_fill_a_file_name_can_be_written(tmp_path, length):
     """The temporaries and the lock beside a destination add to its name: they are cut
