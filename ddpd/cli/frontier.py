@@ -18,6 +18,7 @@ import argparse
 import hashlib
 import json
 import os
+import sys
 
 from ddpd.cli.common import UsageError, add_runtime_arguments, one_line
 
@@ -116,8 +117,8 @@ def run(args: argparse.Namespace) -> None:
             fr.plot_frontier(rows, os.path.join(args.out_dir, "frontier.png"),
                           {"judge_nll": float(target["judge_nll"]), "entropy": float(target["entropy"])}, _short)
         except MissingDependency as err:
-            print(f"ddpd-eval: {err}; frontier.png skipped")
-    print(text)
+            print(f"ddpd-eval: plot skipped: {err}", file=sys.stderr)
+    args.stdout.print(text)  # a reader that went away (| head) is no failure: the reports are written
 
 
 def _short(family: str) -> str:

@@ -222,6 +222,43 @@ def test_ddpd_eval_frontier_writes_its_reports(tmp_path, capsys):
     assert (out / "frontier.md").read_text().count("| ddpd |") == 2
 
 
+def test_ddpd_eval_frontier_prints_as_the_other_subcommands(tmp_path, capsys, monkeypatch):
+    """Without matplotlib the notice went to stdout, among the report (quality's goes to stderr)."""
+    from ddpd.eval import frontier
+    from ddpd.eval.report import PLOT_HINT, MissingDependency
+
+    def no_matplotlib(*args, **kwargs):
+        raise MissingDependency(PLOT_HINT)
+
+    monkeypatch.setattr(frontier, "plot_frontier", no_matplotlib)
+    out = tmp_path / "out"
+    assert main(["frontier", "--judge", "ngram:2", "--data", "books", *FAST, "--out-dir", str(out)]) == 0
+    printed, err = capsys.readouterr()
+    assert err == f"ddpd-eval: plot skipped: {PLOT_HINT}\n" and "skipped" not in printed
+    assert printed == (out / "frontier.md").read_text() + "\n"
+
+
+@pytest.mark.integration
+def test_ddpd_eval_frontier_keeps_going_for_a_reader_that_went_away(tmp_path):
+    """`ddpd-eval frontier ... | true` ended in "error: [Errno 32] Broken pipe", exit status 1."""
+    import subprocess
+    import sys
+
+    from hang_guard import HANG_GUARD_SECONDS
+
+    out = tmp_path / "out"
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first line
+    try:
+        done = subprocess.run([sys.executable, "-m", "ddpd.cli.eval", "frontier", "--judge", "ngram:2", "--data",
+                               "books", *FAST, "--out-dir", str(out)], stdout=write, stderr=subprocess.PIPE,
+                              text=True, timeout=HANG_GUARD_SECONDS, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    finally:
+        os.close(write)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert (out / "frontier.md").exists()
+
+
 def test_ddpd_eval_frontier_without_defaults_runs_the_target_and_the_policies(tmp_path, capsys):
     corpus = tmp_path / "text.txt"
     corpus.write_text(("the cat sat on the mat and the dog ate the hat " * 400).strip())
