@@ -216,6 +216,39 @@ def refuse_empty_paths(args: argparse.Namespace, *names: str) -> None:
             raise UsageError(f"--{name.replace('_', '-')} must be a path, got ''")
 
 
+def refuse_outputs_over_inputs(outputs: Sequence[tuple[str, str]], files: Sequence[tuple[str, str]] = (),
+                               checkpoints: Sequence[tuple[str, str]] = ()) -> None:
+    """Refuse an output that would replace what the run reads: an input file (`compare
+    q/sweep.csv --out q/sweep.csv` turned the sweep into Markdown), or a path inside a
+    checkpoint directory it loads (`--out b/planner/config.json`). Paths are compared as they
+    resolve: symbolic links followed, hard links by their file.
+
+    Args:
+        outputs: (the flag and value naming it, path) of every file the run writes.
+        files: (name, path) of every input file.
+        checkpoints: (name, path) of every checkpoint directory read.
+
+    Raises:
+        UsageError: naming the output and the input.
+    """
+    for label, out in outputs:
+        target = os.path.realpath(out)
+        for name, path in files:
+            if os.path.realpath(path) == target or _same_file(out, path):
+                raise UsageError(f"{label} would replace {name}, which this run reads; write it elsewhere")
+        for name, path in checkpoints:
+            root = os.path.realpath(path)
+            if os.path.commonpath([root, target]) == root:
+                raise UsageError(f"{label} is inside {name}, a checkpoint this run reads; write it elsewhere")
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one is not there (yet)
+        return False
+
+
 def flag_error(err: BaseException, flags: Sequence[str]) -> UsageError:
     """A setting refused by a layer below ("lr must be ...", "TransformerConfig.d_model:
     expected ...") as a UsageError naming its flag (--lr, --d-model) when `flags` has it.

@@ -39,6 +39,7 @@ from ddpd.cli.common import (
     check_threads,
     load_role,
     refuse_empty_paths,
+    refuse_outputs_over_inputs,
     resolve_device,
     run_tool,
     shared_facts,
@@ -667,8 +668,8 @@ def check_command_line(args: argparse.Namespace) -> None:
         args: the parsed command line.
 
     Raises:
-        UsageError: an empty output path, a bad --threads, a missing sweep file or an
-            unusable --data.
+        UsageError: an empty output path, a bad --threads, a missing sweep file, an
+            unusable --data, or an output that would replace an input.
         InputError: a checkpoint directory that is not there.
         OutputError: an output that cannot be written.
     """
@@ -683,6 +684,23 @@ def check_command_line(args: argparse.Namespace) -> None:
     if getattr(args, "data", None) is not None:
         check_data(args.data)
     check_outputs(args)
+    refuse_outputs_over_inputs(*_outputs_and_inputs(args))
+
+
+def _outputs_and_inputs(args: argparse.Namespace) -> tuple[list, list, list]:
+    """The arguments of refuse_outputs_over_inputs: the reports this run writes, the files and
+    the checkpoint directories it reads, each with the flag that names it."""
+    flag = "--out" if args.command in ("elbo", "compare") else "--out-dir"
+    outputs = [(f"{flag} {getattr(args, flag[2:].replace('-', '_'))}", path) for path in report_files(args)]
+    files = [(f"the sweep {path}", path) for path in _values(args, "sweeps") + _values(args, "sweep")]
+    data = getattr(args, "data", None)
+    if data is not None and os.path.isfile(data):  # a file of that name comes before the corpus of that name
+        files.append((f"--data {data}", data))
+    names = {"checkpoint": "the bundle", "runs": "the run"}
+    checkpoints = [(f"{names.get(name, '--' + name)} {path}", path)
+                   for name in ("checkpoint", "planner", "denoiser", "uniform", "judge", "runs")
+                   for path in _values(args, name) if not (name == "judge" and path.startswith("ngram"))]
+    return outputs, files, checkpoints
 
 
 def check_args(args: argparse.Namespace) -> None:

@@ -42,6 +42,7 @@ from ddpd.cli.common import (
     load_role,
     max_length,
     refuse_empty_paths,
+    refuse_outputs_over_inputs,
     run_tool,
     shared_facts,
     warn_if_lengths_differ,
@@ -569,7 +570,8 @@ def check_command_line(args) -> None:
         args: the parsed command line; sync_every and texts are set.
 
     Raises:
-        UsageError: a flag value out of range or flags that do not go together.
+        UsageError: a flag value out of range, flags that do not go together, or an --out
+            that would replace an input.
         InputError: a checkpoint directory that is not there.
     """
     check_threads(args.threads)
@@ -615,6 +617,13 @@ def check_command_line(args) -> None:
         parse_option(args.option)
     check_checkpoints(args.checkpoint or None, args.planner or None, args.denoiser or None)
     args.texts = read_prompts(args)  # a missing or unreadable file fails before any work
+    if args.out:
+        refuse_outputs_over_inputs([(f"--out {args.out}", args.out)],
+                                   files=[(f"--{name} {getattr(args, name)}", getattr(args, name))
+                                          for name in ("prompts", "infills") if getattr(args, name)],
+                                   checkpoints=[(f"--{name} {getattr(args, name)}", getattr(args, name))
+                                                for name in ("checkpoint", "planner", "denoiser")
+                                                if getattr(args, name)])
 
 
 def refuse_flags_of_other_samplers(args) -> None:

@@ -2,6 +2,7 @@
 decides (flag values, the files and checkpoint directories it names) fails in one line
 before torch is imported, and what needs torch but no model fails before any model loads
 (importing torch and loading models take seconds to tens of seconds on a busy machine)."""
+import os
 import subprocess
 import sys
 
@@ -31,7 +32,10 @@ def files(tmp_path):
     """A checkpoint-like directory, a plain file, a sweep and a prompts file that exist."""
     (tmp_path / "ckpt").mkdir()
     (tmp_path / "file.txt").write_text("x")
-    return {"ckpt": tmp_path / "ckpt", "file": tmp_path / "file.txt", "missing": tmp_path / "missing"}
+    (tmp_path / "q").mkdir()
+    (tmp_path / "q" / "sweep.csv").write_text("sampler\n")
+    return {"ckpt": tmp_path / "ckpt", "file": tmp_path / "file.txt", "missing": tmp_path / "missing",
+            "q": tmp_path / "q", "sweep": tmp_path / "q" / "sweep.csv"}
 
 
 CASES = [
@@ -59,6 +63,20 @@ CASES = [
      "cannot write {file}/q: {file} is not a directory"),
     ("ddpd-eval", ["merge", "{missing}", "--out-dir", "{ckpt}"], 2, "no such sweep file: {missing}"),
     ("ddpd-eval", ["training", "{ckpt}", "{missing}"], 1, "checkpoint directory not found: {missing}"),
+    # an output over an input: the sweep turned into Markdown, a checkpoint's config.json into samples
+    ("ddpd-eval", ["compare", "{sweep}", "--out", "{sweep}"], 2,
+     "--out {sweep} would replace the sweep {sweep}, which this run reads; write it elsewhere"),
+    ("ddpd-eval", ["merge", "{sweep}", "{file}", "--out-dir", "{q}"], 2,
+     "--out-dir {q} would replace the sweep {sweep}, which this run reads"),
+    ("ddpd-eval", ["elbo", "--uniform", "{ckpt}", "--data", "books", "--out", "{ckpt}/elbo.json"], 2,
+     "--out {ckpt}/elbo.json is inside --uniform {ckpt}, a checkpoint this run reads; write it elsewhere"),
+    ("ddpd-eval", ["quality", "--uniform", "{ckpt}", "--judge", "{ckpt}", "--out-dir", "{ckpt}"], 2,
+     "--out-dir {ckpt} is inside --uniform {ckpt}, a checkpoint this run reads"),
+    ("ddpd-eval", ["elbo", "--uniform", "{ckpt}", "--data", "{file}", "--out", "{file}"], 2,
+     "--out {file} would replace --data {file}"),
+    ("ddpd-sample", ["--checkpoint", "{ckpt}", "--out", "{ckpt}/planner/config.json"], 2,
+     "--out {ckpt}/planner/config.json is inside --checkpoint {ckpt}, a checkpoint this run reads"),
+    ("ddpd-sample", ["--prompts", "{file}", "--out", "{file}"], 2, "--out {file} would replace --prompts {file}"),
 ]
 
 
@@ -80,6 +98,26 @@ def test_a_command_line_that_passes_goes_on_to_import_torch(files, tool, argv):
     on the import, so the errors above were given before it."""
     proc = _run_without_torch(tool, *(a.format(**files) for a in argv))
     assert proc.returncode == 1 and "ModuleNotFoundError: import of torch halted" in proc.stderr, proc.stderr
+
+
+def test_an_output_is_compared_with_the_inputs_as_they_resolve(tmp_path, monkeypatch):
+    """Through a symbolic link, a hard link, `..` or a relative path, an output that is an input
+    (or inside a checkpoint read) is still refused; one beside them is not."""
+    from ddpd.cli.common import UsageError, refuse_outputs_over_inputs
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "b" / "planner").mkdir(parents=True)
+    (tmp_path / "sweep.csv").write_text("x")
+    os.link(tmp_path / "sweep.csv", tmp_path / "hard.csv")
+    os.symlink(tmp_path / "b", tmp_path / "link")
+    for out in ("hard.csv", "b/../sweep.csv", str(tmp_path / "sweep.csv")):
+        with pytest.raises(UsageError, match="would replace the sweep sweep.csv"):
+            refuse_outputs_over_inputs([(f"--out {out}", out)], files=[("the sweep sweep.csv", "sweep.csv")])
+    for out in ("link/planner/config.json", "b", "link"):
+        with pytest.raises(UsageError, match="is inside --checkpoint b, a checkpoint"):
+            refuse_outputs_over_inputs([(f"--out {out}", out)], checkpoints=[("--checkpoint b", "b")])
+    refuse_outputs_over_inputs([("--out", "other.csv"), ("--out", "b2/x")], files=[("the sweep", "sweep.csv")],
+                               checkpoints=[("--checkpoint b", "b")])
 
 
 def test_the_tools_light_lists_are_the_packages():
