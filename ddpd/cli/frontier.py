@@ -8,10 +8,10 @@ Every sampler of the bundle runs with its policies among --policies and its own 
 --no-defaults), at every pass budget and temperature, against the target (ddpd one at a time at
 --target-steps). Writes frontier.csv after every configuration: a run into the same --out-dir skips
 the configurations already there (an interrupted sweep resumes) and adds the others. frontier.json
-records the networks, the judge, --eps and the device the rows were measured with; a run with others
-is refused. Then, from the rows of this --seed and --num-samples, frontier.md (the rows, the passes
-each sampler needs to reach the target, each ddpd policy against each baseline at matched entropy)
-and frontier.png (judge NLL against passes). docs/cli.md ("ddpd-eval frontier"): the details."""
+records the networks, the judge, --eps, the device, --batch-size and --fused the rows were measured
+with; a run with others is refused. Then, from the rows of this --seed and --num-samples, frontier.md
+(the rows, the passes each sampler needs to reach the target, each ddpd policy against each baseline at
+matched entropy) and frontier.png (judge NLL against passes). docs/cli.md ("ddpd-eval frontier"): the details."""
 from __future__ import annotations
 
 import argparse
@@ -26,6 +26,9 @@ DEFAULT_POLICIES = ["error-budget:bound=1,max_k=16", "error-budget:bound=4,max_k
                     "entropy-bound:1.0", "factor:1.0", "remdm:schedule=cap,eta=0.02"]
 SETTINGS = "frontier.json"  # what every row of --out-dir was measured with beside its key
 REPORTS = ("frontier.csv", "frontier.md", "frontier.png", SETTINGS)
+# Settings SETTINGS records since a later version: a file written before lacks them, and its rows,
+# measured with unknown values, are taken as any run's (which then records its own).
+LATER = ("batch_size", "fused")
 
 
 def add_parser(sub) -> None:
@@ -149,9 +152,11 @@ def _bundle(path):
 
 def _settings(args, bundle: str, order, device: str) -> dict:
     """What the rows depend on beside their key: the networks, the judge (files by content, a
-    corpus that needs no file by name), eps and the kind of device (its precision). UsageError
+    corpus that needs no file by name), eps, the kind of device (its precision), the batch size
+    and the path (near-ties of the confidence policies round with both). UsageError
     when --out-dir already holds rows measured with other settings: they would be taken for
-    this run's and not measured again. A directory without SETTINGS is taken as this run's.
+    this run's and not measured again. A directory without SETTINGS is taken as this run's, a
+    SETTINGS without a setting recorded later (LATER) as of this run's value of it.
 
     Args:
         args: the parsed command line.
@@ -168,11 +173,12 @@ def _settings(args, bundle: str, order, device: str) -> dict:
     source = _digest(args.judge) if order is None else _digest(data) if os.path.exists(data) else data
     settings = {"networks": _digest(os.path.join(bundle, "planner"), os.path.join(bundle, "denoiser")),
                 "judge": "ar" if order is None else f"ngram:{order}", "judge_source": source, "eps": args.eps,
-                "device": device}
+                "device": device, "batch_size": args.batch_size, "fused": args.fused}
     path = os.path.join(args.out_dir, SETTINGS)
     if os.path.exists(path):
         before = _recorded_settings(path)
-        changed = [name for name, value in settings.items() if before.get(name) != value]
+        changed = [name for name, value in settings.items()
+                   if (name in before or name not in LATER) and before.get(name) != value]
         if changed:
             raise UsageError(f"--out-dir {args.out_dir} holds a frontier measured with other {', '.join(changed)} "
                              f"({path}); use another --out-dir")

@@ -363,3 +363,25 @@ def test_ddpd_eval_frontier_names_a_damaged_settings_file(tmp_path, capsys, text
     assert main(["frontier", "--judge", "ngram", "--data", "books", *FAST, "--out-dir", str(out)]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"ddpd-eval: error: {out / 'frontier.json'} is damaged (not ") and err.count("\n") == 1
+
+
+def test_ddpd_eval_frontier_refuses_rows_of_another_batch_size_or_path(tmp_path, capsys):
+    """Near-ties of the confidence policies round with the batch's shape and the path: a resume
+    with another --batch-size or --fused mixed rows measured differently."""
+    import json
+
+    from ddpd.checkpoint import save_bundle
+
+    save_bundle(tmp_path / "b", *_tiny("planner"), *_tiny("mask-denoiser"))
+    out = tmp_path / "out"
+    argv = ["frontier", str(tmp_path / "b"), "--judge", "ngram:2", "--data", "books", *FAST, "--out-dir", str(out)]
+    assert main(argv) == 0, capsys.readouterr().err
+    settings = json.loads((out / "frontier.json").read_text())
+    assert (settings["batch_size"], settings["fused"]) == (16, False)
+    assert main(argv + ["--batch-size", "2"]) == 2 and main(argv + ["--fused"]) == 2
+    err = capsys.readouterr().err
+    assert "measured with other batch_size (" in err and "measured with other fused (" in err
+    del settings["batch_size"], settings["fused"]  # as written before they were recorded
+    (out / "frontier.json").write_text(json.dumps(settings))
+    assert main(argv + ["--fused"]) == 0, capsys.readouterr().err  # unknown: taken as this run's, and recorded
+    assert json.loads((out / "frontier.json").read_text())["fused"] is True
