@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 from typing import Optional
 
@@ -160,12 +161,15 @@ def _checked_config(args: argparse.Namespace):
 
 def _resume_command(trainer) -> str:
     """The command that continues the run bit for bit: as many processes (the checkpoint records
-    them) and threads (torch's reductions split by them; the checkpoint does not record them)."""
+    them) and threads (torch's reductions split by them; the checkpoint does not record them),
+    quoted for the shell (an --out with a space)."""
     import torch
 
     processes, config = trainer.dist.world_size, trainer.config
-    command = f"torchrun --nproc_per_node {processes} -m ddpd.cli.train" if processes > 1 else "ddpd-train"
-    return f"{command} {config.kind} --out {config.out} --resume --threads {torch.get_num_threads()}"
+    command = ["torchrun", "--nproc_per_node", str(processes), "-m", "ddpd.cli.train"] if processes > 1 \
+        else ["ddpd-train"]
+    return shlex.join([*command, config.kind, "--out", config.out, "--resume", "--threads",
+                       str(torch.get_num_threads())])
 
 
 def _conflict_message(err) -> str:

@@ -1476,3 +1476,18 @@ def test_cli_trains_class_conditional_models_that_ddpd_sample_guides(labelled, t
     assert code == 0, capsys.readouterr().err
     with open(tmp_path / "s.jsonl") as f:
         assert [json.loads(line)["label"] for line in f] == [0, 1, 0]
+
+
+def test_the_resume_command_is_quoted_for_the_shell(tmp_path):
+    """An --out with a space gave a `continue with:` command that the shell split in two."""
+    import shlex
+    from types import SimpleNamespace
+
+    from ddpd.cli.train import _resume_command
+
+    out = str(tmp_path / "my runs" / "it's")
+    for processes in (1, 2):
+        trainer = SimpleNamespace(dist=SimpleNamespace(world_size=processes),
+                                  config=SimpleNamespace(kind="planner", out=out))
+        words = shlex.split(_resume_command(trainer))
+        assert words[words.index("--out") + 1] == out and words[-3:] == ["--resume", "--threads", "1"]
