@@ -196,8 +196,8 @@ def run(args: argparse.Namespace, state: dict) -> int:
 
     Args:
         args: the parsed command line.
-        state: shared with the signal handler of main: the trainer while it runs, and the
-            number of the signal that stopped it.
+        state: shared with the signal handler of main: the trainer while it runs, the
+            number of the signal that stopped it, and whether the run is complete.
 
     Returns:
         The exit status: 0, or 128 + the signal number when a signal stopped the run at a
@@ -230,6 +230,8 @@ def run(args: argparse.Namespace, state: dict) -> int:
                     f"{trainer.dist.world_size} process(es), step {trainer.step} of {config.steps}")
         trainer.train()
         finished = True
+        # saved at its last step (or its --max-time): a signal from here on leaves it complete
+        state["complete"] = trainer.stop_reason is None
     except (Interrupted, PeerLost) as stop:
         stop.detail = _kept(trainer, config)
         raise
@@ -274,7 +276,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     state: dict = {}
 
     def graceful(name: str) -> bool:
-        """The first signal during training: stop after this step, with a checkpoint."""
+        """The first signal during training: stop after this step, with a checkpoint; once the
+        run is complete (its final checkpoint saved), nothing to stop."""
+        if state.get("complete"):
+            return True
         trainer = state.get("trainer")
         if trainer is None:
             return False

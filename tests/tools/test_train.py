@@ -1016,6 +1016,24 @@ def test_a_signal_after_the_last_step_leaves_the_run_complete(corpus, tmp_path, 
 
 
 @pytest.mark.integration
+def test_a_signal_after_the_done_line_leaves_the_run_complete(corpus, tmp_path, capsys, monkeypatch):
+    """After the final checkpoint and the "done:" line, the trainer out of the way, a signal was
+    an interrupt: exit status 143 and "interrupted by SIGTERM" for a complete run."""
+    from ddpd.streams import Stdout
+
+    def signalled_after_done(self, kept=""):
+        os.kill(os.getpid(), signal.SIGTERM)  # its handler runs before kill returns
+
+    monkeypatch.setattr(Stdout, "check", signalled_after_done)
+    out = tmp_path / "p"
+    code, stdout, err = run_cli(capsys, "planner", "--data", corpus, "--out", out, "--steps", "2", "--no-progress",
+                                *TINY_CLI)
+    assert code == 0 and err == "", err
+    assert "done: step 2" in stdout
+    assert load_checkpoint(out, train_state=True).train_state[1]["step"] == 2
+
+
+@pytest.mark.integration
 def test_a_signal_while_a_resume_loads_its_checkpoint_is_one_line(corpus, tmp_path, capsys, monkeypatch):
     out = tmp_path / "p"
     _checkpoint_at_step_2(corpus, out)
