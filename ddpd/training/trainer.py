@@ -32,6 +32,7 @@ from ddpd.checkpoint import (
     load_checkpoint,
     resume_settings,
     save_checkpoint,
+    training_settings,
 )
 from ddpd.files import OutputLock, refuse_working_directory, remove_stale_temps
 from ddpd.models import build_model, config_for
@@ -534,11 +535,17 @@ class Trainer:
             return
         then = (f"{recorded.get('chars')} characters, sha256 {str(recorded.get('sha256'))[:12]}"
                 if isinstance(recorded, dict) else repr(recorded))
+        now = f"{self.corpus['chars']} characters, sha256 {self.corpus['sha256'][:12]}"
+        started_on = training_settings(self.config.out, stored_config).get("data")
+        if started_on is not None and started_on != self.config.data:  # given another, not the same one moved
+            raise CheckpointError(
+                f"cannot resume {self.config.out}: the corpus {self.config.data} is not the one the run started "
+                f"on, {started_on} ({then}; {self.config.data}: {now}); pass allow_data_change "
+                "(--allow-data-change) to resume on it anyway")
         raise CheckpointError(
             f"cannot resume {self.config.out}: the corpus {self.config.data} changed since the run started "
-            f"({then}; now {self.corpus['chars']} characters, sha256 {self.corpus['sha256'][:12]}), which "
-            "moves validation and test text into training; pass allow_data_change (--allow-data-change) to "
-            "resume anyway")
+            f"({then}; now {now}), which moves validation and test text into training; pass allow_data_change "
+            "(--allow-data-change) to resume anyway")
 
     def _splits(self, text: str) -> dict[str, Records]:
         """The train, validation and test Records of the corpus: a plain one split by position,

@@ -1303,6 +1303,19 @@ def test_resume_refuses_a_changed_corpus(tmp_path, capsys):
     assert code == 2 and "--allow-data-change is a setting of --resume" in err and not (tmp_path / "q").exists(), err
 
 
+def test_resume_on_another_corpus_says_it_is_another(tmp_path, capsys):
+    """--data books for a run trained on a file said "the corpus books changed since the run
+    started": it is another corpus."""
+    data = tmp_path / "corpus.txt"
+    data.write_text(BOOKS.read_text()[:60_000])
+    out = tmp_path / "p"
+    _checkpoint_at_step_2(str(data), out)
+    code, _, err = run_cli(capsys, "planner", "--data", "books", "--out", out, "--resume", "--no-progress")
+    assert code == 1 and err.count("\n") == 1, err
+    assert f"the corpus books is not the one the run started on, {data} (60000 characters" in err, err
+    assert "changed since" not in err and "--allow-data-change" in err
+
+
 def test_resume_keeps_the_runs_reporting_settings(corpus, tmp_path):
     from ddpd.cli.train import _train_config, build_parser
 
