@@ -204,13 +204,14 @@ def run(args: argparse.Namespace, state: dict) -> int:
         checkpoint.
 
     Raises:
-        UsageError: a setting the configuration refuses, or a --resume with changed settings.
+        UsageError: a setting the configuration refuses, a --resume with changed settings, or a
+            fresh run into an --out that holds a checkpoint.
         Interrupted: a signal stopped the run before its checkpoint.
     """
     from ddpd.cli.common import Interrupted
     from ddpd.models import count_parameters
     from ddpd.training.distributed import PeerLost
-    from ddpd.training.trainer import ResumeConflict, Trainer
+    from ddpd.training.trainer import OccupiedOutput, ResumeConflict, Trainer
 
     apply_threads(getattr(args, "threads", None))
     config = _checked_config(args)
@@ -223,6 +224,9 @@ def run(args: argparse.Namespace, state: dict) -> int:
         raise
     except ResumeConflict as err:
         raise UsageError(_conflict_message(err)) from None
+    except OccupiedOutput:  # a fresh run's command given for a run that exists: a command-line mistake
+        raise UsageError(f"--out {args.out} already holds a checkpoint; pass --resume to continue it or choose "
+                         "another --out") from None
     state["trainer"] = trainer
     finished = False
     try:

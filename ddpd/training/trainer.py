@@ -80,6 +80,15 @@ class ResumeConflict(ValueError):
                          + ", ".join(f"{name} ({old!r} -> {new!r})" for name, old, new in changed))
 
 
+class OccupiedOutput(ValueError):
+    """A fresh run's out directory already holds a checkpoint: `out` is that directory."""
+
+    def __init__(self, out: str):
+        self.out = out
+        super().__init__(f"out directory {out} already holds a checkpoint; pass resume (--resume) to continue it "
+                         "or choose another out directory")
+
+
 @dataclass
 class TrainConfig:
     """Settings of one training run. batch_size is per process and per micro-batch:
@@ -507,8 +516,7 @@ class Trainer:
     def _check_fresh_destination(self) -> None:
         ensure_replaceable(self.config.out)
         if os.path.isdir(self.config.out) and os.listdir(self.config.out):
-            raise ValueError(f"out directory {self.config.out} already holds a checkpoint; pass resume "
-                             "(--resume) to continue it or choose another out directory")
+            raise OccupiedOutput(self.config.out)
 
     def _load_resumable(self):
         """The checkpoint in config.out with its training state, verified and read from

@@ -768,8 +768,9 @@ def test_cli_trains_and_resumes(corpus, tmp_path, capsys):
     assert out.count("val loss") == 4 and "step 0 of 4" in out
     model, saved = load_model(tmp_path / "p")
     assert saved["training"]["steps"] == 4 and saved["training"]["data"] == os.path.abspath(corpus)
-    code, out, err = run_cli(capsys, *args)
-    assert code == 1 and "already holds a checkpoint" in err
+    code, out, err = run_cli(capsys, *args)  # a command-line mistake, as the other refusals of the command line
+    assert code == 2 and err == (f"ddpd-train: error: --out {tmp_path / 'p'} already holds a checkpoint; pass "
+                                 "--resume to continue it or choose another --out\n")
     code, out, err = run_cli(capsys, "planner", "--out", tmp_path / "p", "--resume", "--lr", "0.1")
     assert code == 2 and err.count("\n") == 1 and "changed settings: --lr (0.0003 -> 0.1); leave those flags" in err
     code, out, err = run_cli(capsys, "ar", "--out", tmp_path / "p", "--resume")
