@@ -251,7 +251,9 @@ def _same_file(a: str, b: str) -> bool:
 
 def flag_error(err: BaseException, flags: Sequence[str]) -> UsageError:
     """A setting refused by a layer below ("lr must be ...", "TransformerConfig.d_model:
-    expected ...") as a UsageError naming its flag (--lr, --d-model) when `flags` has it.
+    expected ...") as a UsageError naming its flag (--lr, --d-model) when `flags` has it; so
+    are the other settings the sentence names (`name=value`, or a name with an underscore:
+    "label_dropout needs num_classes > 0" -> "--label-dropout needs --num-classes > 0").
 
     Args:
         err: the error the layer raised.
@@ -264,7 +266,11 @@ def flag_error(err: BaseException, flags: Sequence[str]) -> UsageError:
         name, value = match.group(1), match.group(2).strip("'")
         return f"--{name.replace('_', '-')} {value}" if name in flags else match.group(0)
 
+    def as_name(match: re.Match) -> str:  # "num_classes" -> "--num-classes"; a plain word may be prose
+        return f"--{match.group(1).replace('_', '-')}" if match.group(1) in flags else match.group(0)
+
     text = re.sub(r"(?<![\w.-])([a-z][a-z_]*)=('[^']*'|[\w.]+)", as_flag, one_line(err))
+    text = re.sub(r"(?<![\w.-])([a-z]+(?:_[a-z]+)+)(?![\w-])", as_name, text)
     head = re.match(r"(?:TransformerConfig\.)?([a-z][a-z_]*)\b", text)
     if head and head.group(1) in flags:
         text = f"--{head.group(1).replace('_', '-')}{text[head.end():]}"

@@ -788,7 +788,8 @@ def test_cli_trains_and_resumes(corpus, tmp_path, capsys):
      "--d-model: expected a multiple of --n-heads 4, got 30", 2),
     (["planner", "--data", "{corpus}", "--out", "{tmp}/o", "--lr", "nan"],
      "--lr must be in (0, 3.40282e+37], got nan", 2),
-    (["planner", "--data", "{corpus}", "--out", "{tmp}/o", "--label-dropout", "0.1"], "--label-dropout needs", 2),
+    (["planner", "--data", "{corpus}", "--out", "{tmp}/o", "--label-dropout", "0.1"],
+     "--label-dropout needs --num-classes > 0 (class labels to drop), got 0.1", 2),  # flags, not settings
     (["planner", "--data", "{corpus}", "--out", "{tmp}/o", "--device", "tpu"], "--device must be", 2),
     (["planner", "--data", "{corpus}", "--out", "{tmp}/o", "--tokenizer", "gpt2", "--tiktoken", "/no/file"],
      "--tiktoken: no such file", 2),
@@ -1243,8 +1244,10 @@ def test_a_batch_size_no_memory_holds_is_refused_before_any_work(corpus, tmp_pat
     minute (or the kernel's OOM killer)."""
     monkeypatch.setattr("ddpd.training.trainer.load_text", lambda *a: pytest.fail("the corpus was read"))
     code, _, err = run_cli(capsys, "planner", "--data", corpus, "--out", tmp_path / "p", "--batch-size", 10**7)
-    assert code == 2 and err.startswith("ddpd-train: error: --batch-size 10000000: a micro-batch of 10000000 x 256 "
-                                        "tokens needs at least 6,123 GiB (d_model 256, 4 layers), more than the "), err
+    assert code == 2 and err.startswith("ddpd-train: error: --batch-size 10000000: a micro-batch of 10000000 x "
+                                        "256 tokens needs at least 6,123 GiB (--d-model 256, 4 layers), more than "
+                                        "the "), err
+    assert err.endswith("; use a smaller --batch-size (--grad-accum keeps the step's size)\n"), err
     assert err.count("\n") == 1 and os.listdir(tmp_path) == []
 
 
