@@ -15,7 +15,10 @@
 // outputs that compare the token's logit with the rest (log-probability, confidence)
 // take the winning tile's statistics from the same recomputed logits: a last-bit
 // difference divided by a small temperature would otherwise give a log-probability
-// far from the truth, even above 0.
+// far from the truth, even above 0. Where h . w overflows float32 the two products can
+// disagree more: one gives an infinity, the other NaN (its partial sums reach +inf and
+// -inf), read as -inf; a row whose recomputed tile holds no drawable logit is returned
+// invalid rather than with a token the race never saw.
 // A vocabulary of one tile (V <= 256) keeps the logits of its one chunk and draws from
 // them: nothing is computed again.
 // Memory: N x chunk floats per split and N x n_tiles tile statistics.
@@ -86,6 +89,7 @@ void stats_split(const HeadArgs& a, int64_t first_chunk, int64_t end_chunk, Tile
 
 struct Outputs {
   int64_t* tokens;
+  bool* valid;
   float* token_logit;  // the drawn token's logit, for the log-probability and confidence
   TileStats* stats;    // [N, n_tiles]: the winning tile's replaced when those outputs are asked for
 };
@@ -114,6 +118,7 @@ void draw_group(const HeadArgs& a, int64_t t, const std::vector<int64_t>& group,
     const float temp = effective_temperature(given);
     out.tokens[r] = draw_in_tile(tile.data(), start, n, temp, is_greedy(given), a.in.uniforms(r));
     out.token_logit[r] = tile[out.tokens[r] - start];
+    if (out.token_logit[r] == kNegInf) out.valid[r] = false;  // an overflow the recompute lost
     if (!single && (a.in.logprob || a.in.confidence)) {
       out.stats[r * tiles + t] = tile_stats(tile.data(), n, temp, a.in.confidence == 2, a.in.confidence == 3);
     }
@@ -168,7 +173,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sample_from_hidden_cp
   for (int64_t t = 0; t < tiles; ++t) {
     if (!groups[t].empty()) won.push_back(t);
   }
-  const Outputs out{tokens.data_ptr<int64_t>(), token_logit.data(), stats.data()};
+  const Outputs out{tokens.data_ptr<int64_t>(), valid.data_ptr<bool>(), token_logit.data(), stats.data()};
   at::parallel_for(0, static_cast<int64_t>(won.size()), 1, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) draw_group(a, won[i], groups[won[i]], out, tiles == 1 ? &single : nullptr);
   });
@@ -180,6 +185,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sample_from_hidden_cp
     const TileStats* row = stats.data() + r * tiles;
     float m = kNegInf;  // the row maximum again, the winning tile's recomputed
     for (int64_t i = 0; i < tiles; ++i) m = std::max(m, row[i].max);
+    if (!valid.data_ptr<bool>()[r]) m = kNegInf;  // nothing drawn: the outputs of an invalid row
     const RowStats rs = row_stats(row, tiles, m, t, confidence == 2, confidence == 3);
     if (logprob) lp.data_ptr<float>()[r] = m > kNegInf ? shift(token_logit[r], m, t) - rs.log_z : kNegInf;
     if (confidence) {

@@ -114,6 +114,22 @@ def test_nothing_drawable_and_non_finite_head():
         assert tokens.tolist() == [0, 0, 10, 0]
 
 
+def test_a_head_that_overflows_float32_never_draws_a_token_the_race_did_not_see():
+    """|h . w| > 3.4e38: the C++ path's recomputed winning tile can be NaN (its partial sums
+    reach +inf and -inf) where the race saw an infinity; such a row comes back invalid, with
+    -inf outputs, never valid with a token whose logit is NaN. Other rows draw the reference's."""
+    g = torch.Generator().manual_seed(0)
+    hidden, weight = torch.randn(5, 16, generator=g) * 1e20, torch.randn(300, 16, generator=g) * 1e20
+    bias = torch.randn(300, generator=g)
+    got = sample_from_hidden(hidden, weight, bias, seed=1, return_logprob=True)
+    want = sample_from_hidden_reference(hidden, weight, bias, seed=1, return_logprob=True)
+    lost = ~got.valid
+    assert lost.any()  # the case this test is about
+    assert (got.logprob[lost] == float("-inf")).all()
+    assert torch.equal(got.tokens[~lost], want.tokens[~lost])
+    assert torch.isfinite(got.logprob[~lost]).all()
+
+
 def test_exact_at_any_scale_and_uniform_among_plus_inf():
     """Huge logits keep their noise, +inf logits tie uniformly, a temperature below
     float32's range draws the maxima: on the C++ path (chi-square, p > CHI2_MIN_P) and in
