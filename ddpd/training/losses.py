@@ -49,15 +49,9 @@ def _check_targets(name: str, x: torch.Tensor, shape: torch.Size, num_classes: i
                              f"got range [{low}, {high}]")
 
 
-def _token_cross_entropy(logits: torch.Tensor, targets: torch.Tensor,
-                         read: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """-log softmax(logits)[target] per position: [B, D, V], [B, D] -> [B, D]. read: Bool[B, D],
-    the positions whose logits are read; the others' are zeroed first, so that a non-finite
-    logit there poisons neither the loss nor, through 0 * NaN in the backward, the gradient."""
-    logits = logits.float()
-    if read is not None:
-        logits = logits.masked_fill(~read[..., None], 0.0)
-    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none")
+def _token_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """-log softmax(logits)[target] per position: [B, D, V], [B, D] -> [B, D]."""
+    ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none")
     return ce.view(targets.shape)
 
 
@@ -113,8 +107,7 @@ def denoiser_loss(logits: torch.Tensor, x1: torch.Tensor, z_t: torch.Tensor,
     positions z_t [B, D] (bool, True = noise).
 
     Default: mean over the corrupted positions of the whole batch (0, with a zero
-    gradient, when none is corrupted). The logits at clean positions are not read: a
-    non-finite one there leaves the loss and its gradient finite. With rate: E_b[rate_b * sum_{d: z=N} CE_bd].
+    gradient, when none is corrupted). With rate: E_b[rate_b * sum_{d: z=N} CE_bd].
     reduction="sum": the mean's numerator (docs/training.md, "Objectives").
 
     Args:
@@ -136,7 +129,10 @@ def denoiser_loss(logits: torch.Tensor, x1: torch.Tensor, z_t: torch.Tensor,
     _check_tensor("z_t", z_t, 2, dtype=torch.bool)
     _check_same_shape("z_t", z_t, logits.shape[:2])
     _check_rate(rate, logits.shape[0])
-    ce = torch.where(z_t, _token_cross_entropy(logits, x1, read=z_t), 0.0)
+    # where, not multiply: a non-finite CE at a clean position stays out of the loss; its
+    # gradient is NaN still (0 * NaN; masking the logits first would copy all of them), and
+    # the trainer refuses to save non-finite weights
+    ce = torch.where(z_t, _token_cross_entropy(logits, x1), 0.0)
     # clamp: an all-clean batch gives 0 / 1 instead of 0 / 0, and no host sync
     return _reduced(ce, z_t.sum().clamp(min=1), rate, reduction)
 

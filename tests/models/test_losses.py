@@ -88,21 +88,14 @@ def test_denoiser_loss_without_corrupted_positions_is_zero_not_nan():
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
-def test_denoiser_loss_ignores_non_finite_logits_at_clean_positions(bad):
+def test_denoiser_loss_leaves_non_finite_logits_at_clean_positions_out_of_the_loss(bad):
     logits = torch.randn(2, 4, 5, generator=torch.Generator().manual_seed(0))
     x1 = torch.tensor([[0, 1, 2, 3], [4, 3, 2, 1]])
     z_t = torch.tensor([[True, True, False, False], [False, True, False, True]])
-    finite = denoiser_loss(logits, x1, z_t)
     poisoned = logits.clone()
     poisoned[0, 2], poisoned[1, 0, 3] = bad, bad  # clean positions only
-    poisoned.requires_grad_()
     for rate in (None, torch.tensor([1.0, 2.0])):
-        loss = denoiser_loss(poisoned, x1, z_t, rate=rate)
-        poisoned.grad = None
-        loss.backward()
-        assert torch.equal(poisoned.grad[~z_t], torch.zeros(4, 5))
-        assert bool(poisoned.grad.isfinite().all())
-    assert torch.equal(denoiser_loss(poisoned.detach(), x1, z_t), finite)
+        assert torch.equal(denoiser_loss(poisoned, x1, z_t, rate=rate), denoiser_loss(logits, x1, z_t, rate=rate))
 
 
 def test_losses_of_an_empty_batch_are_zero_not_nan():
