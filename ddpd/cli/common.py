@@ -220,8 +220,9 @@ def refuse_outputs_over_inputs(outputs: Sequence[tuple[str, str]], files: Sequen
                                checkpoints: Sequence[tuple[str, str]] = ()) -> None:
     """Refuse an output that would replace what the run reads: an input file (`compare
     q/sweep.csv --out q/sweep.csv` turned the sweep into Markdown), or a path inside a
-    checkpoint directory it loads (`--out b/planner/config.json`). Paths are compared as they
-    resolve: symbolic links followed, hard links by their file.
+    network's checkpoint directory it loads (`--out b/planner/config.json`); beside the networks
+    of a pair's directory (`--out b/samples.jsonl`) is fine. Paths are compared as they resolve:
+    symbolic links followed, hard links by their file.
 
     Args:
         outputs: (the flag and value naming it, path) of every file the run writes.
@@ -237,9 +238,19 @@ def refuse_outputs_over_inputs(outputs: Sequence[tuple[str, str]], files: Sequen
             if os.path.realpath(path) == target or _same_file(out, path):
                 raise UsageError(f"{label} would replace {name}, which this run reads; write it elsewhere")
         for name, path in checkpoints:
-            root = os.path.realpath(path)
-            if os.path.commonpath([root, target]) == root:
+            if any(os.path.commonpath([root, target]) == root for root in _network_dirs(path)):
                 raise UsageError(f"{label} is inside {name}, a checkpoint this run reads; write it elsewhere")
+
+
+def _network_dirs(path: str) -> list[str]:
+    """The directories of the networks a checkpoint path holds, resolved: the path itself where
+    it holds a config.json (one network), else its subdirectories that do (a pair's), else the
+    path (nothing to tell by: all of it counts)."""
+    root = os.path.realpath(path)
+    if os.path.isfile(os.path.join(root, "config.json")):
+        return [root]
+    subs = [entry.path for entry in os.scandir(root) if entry.is_dir()] if os.path.isdir(root) else []
+    return [sub for sub in subs if os.path.isfile(os.path.join(sub, "config.json"))] or [root]
 
 
 def _same_file(a: str, b: str) -> bool:

@@ -118,6 +118,12 @@ def test_an_output_is_compared_with_the_inputs_as_they_resolve(tmp_path, monkeyp
             refuse_outputs_over_inputs([(f"--out {out}", out)], checkpoints=[("--checkpoint b", "b")])
     refuse_outputs_over_inputs([("--out", "other.csv"), ("--out", "b2/x")], files=[("the sweep", "sweep.csv")],
                                checkpoints=[("--checkpoint b", "b")])
+    # once b holds a network, only the network's directory is the checkpoint's: beside it is fine
+    (tmp_path / "b" / "planner" / "config.json").write_text("{}")
+    refuse_outputs_over_inputs([("--out", "b/samples.jsonl"), ("--out", "link/report")],
+                               checkpoints=[("--checkpoint b", "b")])
+    with pytest.raises(UsageError, match="is inside --checkpoint b, a checkpoint"):
+        refuse_outputs_over_inputs([("--out", "link/planner/x")], checkpoints=[("--checkpoint b", "b")])
 
 
 def test_the_tools_light_lists_are_the_packages():
