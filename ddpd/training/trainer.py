@@ -242,8 +242,15 @@ def _device_memory(device: str) -> Optional[int]:
         return None
 
 
-def _mean(values: list[float]) -> Optional[float]:
-    return sum(values) / len(values) if values else None
+def _pooled(losses: list[float], terms: list[Optional[float]]) -> Optional[float]:
+    """The loss over every term of the steps (`losses`, each over `terms[i]` terms): the
+    ratio of their sums to their counts, as evaluate() pools its batches. A plain mean of
+    the steps where a count is None (restored from a checkpoint that kept no counts)."""
+    if not losses:
+        return None
+    if None in terms:
+        return sum(losses) / len(losses)
+    return sum(loss * count for loss, count in zip(losses, terms)) / sum(terms)
 
 
 def learning_rate(step: int, config: TrainConfig, seconds: float = 0.0) -> float:
@@ -285,7 +292,7 @@ def check_train_record(path: str, meta: dict, steps: Optional[int] = None) -> No
     """CheckpointError (one line) unless a training state's meta records a run as
     ddpd-train writes it: the step (at most `steps`, when given), the history of
     {step, train_loss, val_loss} records, the clock, the token count and the pending
-    losses (ddpd-eval training reads the same record).
+    losses with their term counts (ddpd-eval training reads the same record).
 
     Args:
         path: the checkpoint (for messages).
@@ -317,6 +324,11 @@ def check_train_record(path: str, meta: dict, steps: Optional[int] = None) -> No
     pending = meta.get("pending_losses", [])
     if not isinstance(pending, list) or not all(number(x) for x in pending):
         fail(f"'pending_losses' must be a list of numbers, got {str(pending)[:60]}")
+    terms = meta.get("pending_terms", [None] * len(pending))  # None: a count an earlier release did not keep
+    if not isinstance(terms, list) or len(terms) != len(pending) or not all(
+            n is None or (number(n) and 0 < n < math.inf) for n in terms):
+        fail(f"'pending_terms' must be a list of {len(pending)} counts > 0 (one per pending loss), "
+             f"got {str(terms)[:60]}")
 
 
 def check_train_state(path: str, tensors: dict[str, Tensor], meta: dict, steps: int, world_size: int) -> None:
@@ -490,6 +502,7 @@ class Trainer:
         self.history: list[dict] = []
         self.train_seconds, self.train_tokens = 0.0, 0
         self._losses: list[float] = []  # the step losses since the last history record
+        self._terms: list[Optional[float]] = []  # and their term counts, to pool them
         if stored is not None:
             self._restore(stored)
 
@@ -621,14 +634,16 @@ class Trainer:
         if self.step == 0 and not self.history:
             self._record(None)  # the untrained baseline
         bar = self._progress_bar(stop_at)
-        losses = self._losses  # saved with the checkpoint: a resumed run averages what the whole run would
+        # saved with the checkpoint: a resumed run pools what the whole run would
+        losses, terms = self._losses, self._terms
         # _stopping first: every process calls its collective the same number of times; what they
         # agreed decides the final save too (a signal after the last check reaches one process only)
         while not (stopped := self._stopping()) and self.step < stop_at:
             started = time.perf_counter()
-            loss = self._optimizer_step()
-            if loss is not None:  # a step without a term (nothing corrupted) has no loss, not 0
-                losses.append(loss)
+            result = self._optimizer_step()
+            if result is not None:  # a step without a term (nothing corrupted) has no loss, not 0
+                losses.append(result[0])
+                terms.append(result[1])
             self.step += 1
             self.train_seconds += time.perf_counter() - started
             self.train_tokens += tokens_per_step
@@ -636,16 +651,18 @@ class Trainer:
                 bar.set_postfix(loss=f"{losses[-1]:.4f}" if losses else "-", tok_s=f"{self.tokens_per_second:,.0f}")
                 bar.update(1)
             if self.step % config.eval_every == 0 or self.step == config.steps:
-                self._record(_mean(losses))
+                self._record(_pooled(losses, terms))
                 losses.clear()
+                terms.clear()
             if self.step % config.save_every == 0 or self.step == stop_at:
                 self.save()
         if bar is not None:
             bar.close()
         unsaved = self._saved_step != self.step
         if self.out_of_time and self.history[-1]["step"] != self.step:
-            self._record(_mean(losses))  # the last steps of a run cut by the clock
+            self._record(_pooled(losses, terms))  # the last steps of a run cut by the clock
             losses.clear()
+            terms.clear()
             unsaved = True  # a checkpoint of this step saved before the record lacks it
         if stopped and unsaved:
             self.save()  # a stopped run continues from where it stopped
@@ -708,8 +725,9 @@ class Trainer:
                 raise PeerLost(err) from err
             raise
 
-    def _optimizer_step(self) -> Optional[float]:
-        """One optimizer step; its loss over every micro-batch and process (None: no term)."""
+    def _optimizer_step(self) -> Optional[tuple[float, float]]:
+        """One optimizer step; (its loss over every micro-batch and process, the number of
+        terms it pooled), or None when it had no term."""
         config = self.config
         for group in self.optimizer.param_groups:
             group["lr"] = learning_rate(self.step, config, self.train_seconds)
@@ -742,7 +760,7 @@ class Trainer:
         if self.ema is not None:
             with torch.no_grad():
                 torch._foreach_lerp_(list(self.ema.parameters()), list(self.model.parameters()), 1.0 - config.ema)
-        return loss if terms > 0 else None
+        return (loss, terms) if terms > 0 else None
 
     def _to_device(self, batch) -> tuple[Tensor, Optional[Tensor]]:
         """(x1, labels or None) of a batch of RandomCrops / evaluation_batches, on the device."""
@@ -918,7 +936,8 @@ class Trainer:
             tensors.update({f"model.{name}": p.detach().clone() for name, p in self.model.state_dict().items()})
         meta = {"step": self.step, "world_size": self.dist.world_size, "history": self.history,
                 "train_seconds": self.train_seconds, "train_tokens": self.train_tokens,
-                "pending_losses": list(self._losses), "optimizer_param_groups": optimizer["param_groups"]}
+                "pending_losses": list(self._losses), "pending_terms": list(self._terms),
+                "optimizer_param_groups": optimizer["param_groups"]}
         return tensors, meta
 
     def _rank_state(self) -> dict[str, Tensor]:
@@ -988,6 +1007,7 @@ class Trainer:
         # the clock of max_time goes on where it stopped
         self.train_seconds, self.train_tokens = meta.get("train_seconds", 0.0), meta.get("train_tokens", 0)
         self._losses = list(meta.get("pending_losses", []))
+        self._terms = list(meta.get("pending_terms", [None] * len(self._losses)))
 
     def __enter__(self) -> Trainer:
         return self

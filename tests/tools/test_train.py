@@ -103,7 +103,7 @@ def test_the_last_record_of_a_run_cut_by_the_clock_is_saved(corpus, tmp_path, mo
     history = trainer.train()
     assert trainer.step == 5 and [h["step"] for h in history] == [0, 5]
     _, meta = load_train_state(tmp_path / "out")
-    assert meta["history"] == json.loads(json.dumps(history)) and meta["pending_losses"] == []
+    assert meta["history"] == json.loads(json.dumps(history)) and meta["pending_losses"] == meta["pending_terms"] == []
 
 
 def test_a_run_cut_by_the_clock_after_steps_without_a_term_records_its_last_step(corpus, tmp_path, monkeypatch):
@@ -137,12 +137,33 @@ def test_a_step_without_a_term_is_no_loss_of_0(corpus, tmp_path):
         if trainer.step % 2:
             return network(args[0], torch.zeros(args[0].shape[0])).sum() * 0.0, torch.tensor(0)
         loss_sum, count = objective(network, *args)
-        losses.append((loss_sum / count).item())
+        losses.append((loss_sum.item(), float(count)))
         return loss_sum, count
 
     trainer.objective = every_other_empty
     history = trainer.train()
-    assert len(losses) == 2 and history[-1]["train_loss"] == pytest.approx(sum(losses) / 2, rel=1e-6)
+    pooled = sum(total for total, _ in losses) / sum(count for _, count in losses)
+    assert len(losses) == 2 and history[-1]["train_loss"] == pytest.approx(pooled, rel=1e-6)
+
+
+def test_the_train_loss_pools_the_terms_of_its_steps(corpus, tmp_path):
+    """A denoiser's recorded training loss was the mean of its steps' ratios, while the
+    validation loss pools its batches: with small batches a step of few corrupted positions
+    weighed as much as one of many, and the training loss read below the validation loss."""
+    trainer = Trainer(config(corpus, tmp_path / "out", "mask-denoiser", batch_size=2, steps=6, eval_every=6))
+    objective, steps = trainer.objective, []
+
+    def recorded(network, *args):
+        loss_sum, count = objective(network, *args)
+        if network.training:
+            steps.append((loss_sum.item(), float(count)))
+        return loss_sum, count
+
+    trainer.objective = recorded
+    history = trainer.train()
+    pooled = sum(total for total, _ in steps) / sum(count for _, count in steps)
+    assert len({count for _, count in steps}) > 1 and sum(t / n for t, n in steps) / 6 != pytest.approx(pooled)
+    assert history[-1]["train_loss"] == pytest.approx(pooled, rel=1e-6)
 
 
 def test_max_time_stops_and_checkpoints(corpus, tmp_path, monkeypatch):
@@ -573,7 +594,8 @@ def test_a_step_weighs_every_corrupted_position_alike_however_it_is_split(corpus
     whole = denoiser_loss(model(torch.where(corrupted, 27, x1), torch.full((8,), 0.5)), x1, corrupted)
     whole.backward()
     reference.close()
-    assert steps[8][0] == pytest.approx(whole.item(), rel=1e-5) and steps[4][0] == pytest.approx(whole.item(), rel=1e-5)
+    for (loss, terms), _ in steps.values():
+        assert loss == pytest.approx(whole.item(), rel=1e-5) and terms == int(corrupted.sum())
     for expected, one, two in zip((p.grad for p in model.parameters()), steps[8][1], steps[4][1]):
         torch.testing.assert_close(one, expected, rtol=1e-4, atol=1e-6)
         torch.testing.assert_close(two, expected, rtol=1e-4, atol=1e-6)
@@ -1209,6 +1231,8 @@ def _rewrite_state(out, meta_change=None, drop=None):
     (lambda m: m.update(step="12"), None, "'step' must be an int"),
     (lambda m: m.update(history=None), None, "'history' must be a list"),
     (lambda m: m.update(train_seconds=-1), None, "'train_seconds' must be a finite number"),
+    (lambda m: m.update(pending_terms=[512.0]), None, "'pending_terms' must be a list of 2 counts > 0"),
+    (lambda m: m.update(pending_terms=[512.0, 0.0]), None, "'pending_terms' must be a list of 2 counts > 0"),
     (None, "rank0.rng.noise", "lacks rank0.rng.noise"),
     (None, "optim.0.exp_avg", "lacks optim.0.exp_avg"),
     (None, lambda t: t["optim.0.exp_avg"].view(-1)[0].fill_(float("nan")),  # NaN weights after the next step
@@ -1228,6 +1252,21 @@ def test_damaged_training_state_is_refused_in_one_line(corpus, tmp_path, capsys,
         Trainer(config(corpus, out, steps=20, save_every=2), resume=True)
     code, _, err = run_cli(capsys, "planner", "--out", out, "--resume", "--no-progress")
     assert code == 1 and err.count("\n") == 1 and "train_state" in err, err
+
+
+def test_a_checkpoint_without_term_counts_resumes_with_a_plain_mean_of_its_pending_losses(corpus, tmp_path):
+    """A checkpoint of an earlier release keeps its pending step losses but not their term
+    counts: the interval they belong to is a plain mean of its steps, the next ones pool."""
+    out = tmp_path / "p"
+    _checkpoint_at_step_2(corpus, out, eval_every=3)
+    _rewrite_state(out, lambda meta: meta.pop("pending_terms"))
+    with Trainer(config(corpus, out, steps=20, save_every=2, eval_every=3), resume=True) as trainer:
+        pending = list(trainer._losses)
+        trainer.train(stop_at=4)
+    _, meta = load_train_state(out)
+    assert meta["history"][-1]["step"] == 3 and len(pending) == 2 and meta["pending_terms"] == [512]
+    with Trainer(config(corpus, out, steps=20, save_every=2, eval_every=3), resume=True) as trainer:
+        assert trainer._terms == [512]
 
 
 def test_a_damaged_training_state_is_refused_before_the_corpus_is_read(corpus, tmp_path, monkeypatch):
