@@ -202,6 +202,7 @@ class CustomSchedule(Schedule):
 
 
 _SCHEDULES = {"linear": LinearSchedule, "cosine": CosineSchedule}
+SCHEDULES = tuple(_SCHEDULES)  # the names get_schedule takes
 
 
 def get_schedule(schedule: Union[str, Schedule]) -> Schedule:

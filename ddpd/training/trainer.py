@@ -36,7 +36,7 @@ from ddpd.checkpoint import (
 )
 from ddpd.files import OutputLock, refuse_working_directory, remove_stale_temps
 from ddpd.models import build_model, config_for
-from ddpd.process import corrupt, get_schedule
+from ddpd.process import SCHEDULES, corrupt, get_schedule
 from ddpd.training.data import (
     LABELLED_SUFFIX,
     GPT2Tokenizer,
@@ -54,7 +54,7 @@ from ddpd.training.data import (
 )
 from ddpd.training.distributed import Distributed, GradientMean, PeerLost, data_parallel
 from ddpd.training.losses import ar_loss, denoiser_loss, planner_loss, uniform_model_loss
-from ddpd.validation import check_device, check_int
+from ddpd.validation import check_choice, check_device, check_int
 
 KINDS = ("planner", "mask-denoiser", "uniform-denoiser", "uniform", "ar")
 TOKENIZERS = ("text8", "gpt2")
@@ -162,7 +162,9 @@ class TrainConfig:
         for name in ("weight_decay", "grad_clip"):  # NaN passes a "< 0" test: it would switch clipping off
             if not 0 <= getattr(self, name) < math.inf:
                 raise ValueError(f"{name} must be finite and >= 0, got {getattr(self, name)}")
-        get_schedule(self.schedule)
+        if not isinstance(self.schedule, str):  # config.json records it: a Schedule failed at the first save
+            raise TypeError(f"schedule must be a schedule's name {SCHEDULES}, got {type(self.schedule).__name__}")
+        check_choice("schedule", self.schedule, SCHEDULES)
         # the network's shape (d_model a multiple of n_heads, ...), refused now rather than after
         # the corpus is read; the vocabulary is not known yet and does not constrain it
         config_for(self.kind, 1, self.seq_len, d_model=self.d_model, n_layers=self.n_layers, n_heads=self.n_heads,

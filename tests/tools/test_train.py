@@ -196,6 +196,17 @@ def test_config_validation(corpus, tmp_path, changes, message):
         config(corpus, tmp_path, **changes)
 
 
+def test_a_schedule_object_is_refused_before_training(corpus, tmp_path):
+    """A Schedule object was accepted, trained the whole run, then failed at the first save
+    (config.json records the schedule's name), writing nothing."""
+    from ddpd.process import LinearSchedule
+
+    with pytest.raises(TypeError, match=r"schedule must be a schedule's name \('linear', 'cosine'\), got "
+                                        "LinearSchedule"):
+        config(corpus, tmp_path / "p", schedule=LinearSchedule())
+    assert not os.path.exists(tmp_path / "p")
+
+
 def test_a_validation_set_without_a_term_has_no_loss(corpus, tmp_path):
     """A denoiser's validation noise that corrupts no position (a tiny set: 1 seed in 17 at
     16 characters) gave a validation loss of 0, logged and recorded as such."""
