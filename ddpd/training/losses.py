@@ -32,17 +32,27 @@ def _check_same_shape(name: str, value: torch.Tensor, shape: torch.Size) -> None
         raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(value.shape)}")
 
 
+def _eager_on_cpu(x: torch.Tensor) -> bool:
+    """Whether x's values are checked: a non-empty CPU tensor outside torch.compile (on CUDA
+    a check would cost a host sync per call)."""
+    return x.is_cpu and x.numel() > 0 and not torch.compiler.is_compiling()
+
+
 def _check_rate(rate: Optional[torch.Tensor], batch: int) -> None:
     if rate is None:
         return
     _check_tensor("rate", rate, 1, floating=True)
     _check_same_shape("rate", rate, torch.Size([batch]))
+    if _eager_on_cpu(rate):
+        low = float(rate.min())  # NaN where any rate is
+        if not low >= 0:  # inf passes: the linear schedule's rate at t = 1
+            raise ValueError(f"rate: expected values >= 0 (alpha_dot / (1 - alpha)), got a minimum of {low}")
 
 
 def _check_targets(name: str, x: torch.Tensor, shape: torch.Size, num_classes: int) -> None:
     _check_tensor(name, x, 2, dtype=torch.long)
     _check_same_shape(name, x, shape)
-    if x.device.type == "cpu" and x.numel() > 0:
+    if _eager_on_cpu(x):
         low, high = int(x.min()), int(x.max())
         if low < 0 or high >= num_classes:
             raise ValueError(f"{name}: expected ids in [0, {num_classes}) (the logits' last dim), "
@@ -91,7 +101,8 @@ def planner_loss(logits: torch.Tensor, z_t: torch.Tensor, rate: Optional[torch.T
         A scalar float32 loss.
 
     Raises:
-        TypeError, ValueError: inputs of the wrong type, dtype or shape, or an unknown reduction.
+        TypeError, ValueError: inputs of the wrong type, dtype or shape (a negative or NaN rate,
+            checked on CPU), or an unknown reduction.
     """
     _check_tensor("logits", logits, 2, floating=True)
     _check_tensor("z_t", z_t, 2, dtype=torch.bool)
@@ -107,8 +118,9 @@ def denoiser_loss(logits: torch.Tensor, x1: torch.Tensor, z_t: torch.Tensor,
     positions z_t [B, D] (bool, True = noise).
 
     Default: mean over the corrupted positions of the whole batch (0, with a zero
-    gradient, when none is corrupted). With rate: E_b[rate_b * sum_{d: z=N} CE_bd].
-    reduction="sum": the mean's numerator (docs/training.md, "Objectives").
+    gradient, when none is corrupted). With rate: E_b[rate_b * sum_{d: z=N} CE_bd], where a
+    sequence without a corrupted position adds 0 whatever its rate (the linear schedule's
+    is inf at t = 1). reduction="sum": the mean's numerator (docs/training.md, "Objectives").
 
     Args:
         logits: Float[B, D, V] denoiser logits.
@@ -121,8 +133,8 @@ def denoiser_loss(logits: torch.Tensor, x1: torch.Tensor, z_t: torch.Tensor,
         A scalar float32 loss.
 
     Raises:
-        TypeError, ValueError: inputs of the wrong type, dtype, shape or range, or an unknown
-            reduction.
+        TypeError, ValueError: inputs of the wrong type, dtype, shape or range (a negative or
+            NaN rate, checked on CPU), or an unknown reduction.
     """
     _check_tensor("logits", logits, 3, floating=True)
     _check_targets("x1", x1, logits.shape[:2], logits.shape[-1])
@@ -133,6 +145,8 @@ def denoiser_loss(logits: torch.Tensor, x1: torch.Tensor, z_t: torch.Tensor,
     # gradient is NaN still (0 * NaN; masking the logits first would copy all of them), and
     # the trainer refuses to save non-finite weights
     ce = torch.where(z_t, _token_cross_entropy(logits, x1), 0.0)
+    if rate is not None:  # where, not rate * 0: an inf rate of an all-clean sequence would make NaN
+        rate = torch.where(z_t.any(-1), rate.float(), 0.0)
     # clamp: an all-clean batch gives 0 / 1 instead of 0 / 0, and no host sync
     return _reduced(ce, z_t.sum().clamp(min=1), rate, reduction)
 

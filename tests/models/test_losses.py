@@ -87,6 +87,31 @@ def test_denoiser_loss_without_corrupted_positions_is_zero_not_nan():
     close(denoiser_loss(logits, x1, clean, rate=torch.tensor([3.0])), 0.0)
 
 
+def test_a_sequence_without_corrupted_positions_adds_0_whatever_its_rate():
+    """LinearSchedule.rate is inf at t = 1, where nothing is corrupted: inf * 0 made the whole
+    batch's loss and gradient NaN; in the theorem such a sequence contributes 0."""
+    from ddpd.process import LinearSchedule
+
+    logits, x1, z_t = denoiser_case()
+    logits = torch.cat([logits.detach(), torch.zeros(1, 3, 3)]).requires_grad_()
+    x1, z_t = torch.cat([x1, x1]), torch.cat([z_t, torch.zeros_like(z_t)])
+    rate = LinearSchedule().rate(torch.tensor([0.5, 1.0]))
+    assert rate.tolist() == [2.0, math.inf]
+    loss = denoiser_loss(logits, x1, z_t, rate=rate)
+    close(loss, 2.0 * 3 * LN2 / 2)
+    loss.backward()
+    assert torch.isfinite(logits.grad).all() and not logits.grad[1].any()
+
+
+@pytest.mark.parametrize("bad", [-1.0, math.nan])
+def test_a_negative_or_nan_rate_is_refused(bad):
+    logits, x1, z_t = denoiser_case()
+    for loss in (lambda rate: denoiser_loss(logits, x1, z_t, rate=rate),
+                 lambda rate: planner_loss(logits[..., 0], z_t, rate=rate)):
+        with pytest.raises(ValueError, match=r"rate: expected values >= 0 \(alpha_dot / \(1 - alpha\)\), got"):
+            loss(torch.tensor([bad]))
+
+
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
 def test_denoiser_loss_leaves_non_finite_logits_at_clean_positions_out_of_the_loss(bad):
     logits = torch.randn(2, 4, 5, generator=torch.Generator().manual_seed(0))
