@@ -255,7 +255,7 @@ def run(args: argparse.Namespace, state: dict) -> int:
         return 128 + state.get("signum", 2)
     last = trainer.history[-1] if trainer.history else {}
     val = "-" if last.get("val_loss") is None else f"{last['val_loss']:.4f}"
-    trainer.log(f"done: step {trainer.step}, val loss {val}, "
+    trainer.log(f"done: step {trainer.step}, {trainer.val_loss_label} {val}, "
                 f"{trainer.tokens_per_second:,.0f} tokens/s, checkpoint {config.out}")
     stdout.check(f"the checkpoint of step {trainer.step} is in {config.out}")
     return 0

@@ -868,7 +868,18 @@ class Trainer:
                  "tokens_per_s": round(self.tokens_per_second)}
         self.history.append(entry)
         train, val = ("     -" if loss is None else f"{loss:.4f}" for loss in (train_loss, val_loss))
-        self.log(f"step {entry['step']:>7d}  train loss {train}  val loss {val}  {entry['tokens_per_s']:,} tok/s")
+        self.log(f"step {entry['step']:>7d}  train loss {train}  {self.val_loss_label} {val}  "
+                 f"{entry['tokens_per_s']:,} tok/s")
+
+    @property
+    def val_loss_label(self) -> str:
+        """The validation loss's name in the log: the exported weights' (the EMA's under EMA,
+        while the training loss is the raw weights').
+
+        Returns:
+            "val loss", or "val loss (EMA)".
+        """
+        return "val loss" if self.ema is None else "val loss (EMA)"
 
     def log(self, message: str) -> None:
         """`message` to the log callback given (which clears a progress bar it draws over:

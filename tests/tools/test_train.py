@@ -463,6 +463,17 @@ def test_ema_checkpoint_exports_ema_weights(corpus, tmp_path):
     assert not torch.equal(exported["head.weight"], raw["model.head.weight"])
 
 
+def test_the_log_names_the_ema_weights_validation_loss(corpus, tmp_path):
+    """With EMA the validation loss is the EMA weights' and the training loss the raw ones':
+    the log line read as if both were one network's."""
+    for ema, label in ((0.5, "val loss (EMA) "), (0.0, "val loss ")):
+        lines = []
+        with Trainer(config(corpus, tmp_path / str(ema), steps=2, eval_every=2, ema=ema), log=lines.append) as trainer:
+            trainer.train()
+        records = [line for line in lines if line.startswith("step")]
+        assert len(records) == 2 and all(f"  {label}" in line for line in records), records
+
+
 def test_gpt2_corpus(tmp_path):
     """--tokenizer gpt2 with no ranks file given uses the one shipped with the package."""
     (tmp_path / "mixed.txt").write_text(BOOKS.read_text()[:100_000].title(), encoding="utf-8")
