@@ -351,6 +351,9 @@ def _planner_clock(run: Run, draws: Draws, opts: DDPDOptions, networks, batch: R
             x_in, t = batch.x, planner_time(sum_p, run, _noisy_positions(batch, run))
         if opts.stop == "eps":
             temperature = _eps_stop_temperature(run, opts, temperature, sum_p, batch, positions.shape[1])
+        unwritten = None  # the spread spends the noise by the budget's end: the unwritten is noise for certain
+        if last and policy is not None and policy.known_noise and policy.spread != "none":
+            positions, unwritten = _unwritten_first(positions, ~batch.state["touched"])
         change = _changes(batch, logits, positions)
         if policy is None:
             tokens = networks.tokens(draws, batch, step, x_in, t, positions, batch.rows, temperature, None)
@@ -361,7 +364,8 @@ def _planner_clock(run: Run, draws: Draws, opts: DDPDOptions, networks, batch: R
                                      None if cos is None else row(cos, step))
             change = change & policy.commit(commit_risk(logits, positions, confidence),
                                             _candidates(positions, masked, mask_id), minimum,
-                                            _choice_noise(run, policy, step, batch.rows, positions.shape[1]))
+                                            _choice_noise(run, policy, step, batch.rows, positions.shape[1]),
+                                            unwritten)
         batch.x.copy_(write(batch.x, positions, tokens, change))
         batch.count_commits(change.sum(1))
         if policy is not None:
@@ -494,6 +498,28 @@ def _given(batch: RunningBatch) -> Tensor:
         return torch.zeros_like(batch.x, dtype=torch.bool)
     frozen = batch.state.get("frozen")
     return given if frozen is None else given | frozen
+
+
+def _unwritten_first(positions: Tensor, unwritten: Tensor) -> tuple[Tensor, Tensor]:
+    """The candidates of the budget's last step (known_noise with a spread): an unwritten position
+    the planner did not pick takes the place of the written pick it ranks last (the missing ones in
+    position order, while written picks last), so that none is left when at most max_k remain.
+
+    Args:
+        positions: Long[B, K] the planner's picks, in its order.
+        unwritten: Bool[B, D] the positions no draw has written.
+
+    Returns:
+        (Long[B, K] the candidates, Bool[B, K] which of them are unwritten).
+    """
+    k = positions.shape[1]
+    missing = unwritten & ~torch.zeros_like(unwritten).scatter(1, positions, True)
+    first_missing = (~missing).to(torch.uint8).argsort(dim=1, stable=True)[:, :k]  # missing ones first
+    written = ~unwritten.gather(1, positions)
+    from_last = written.flip(1).cumsum(1).flip(1) - 1  # a written pick's place counted from the last one
+    take = written & (from_last < missing.sum(1, keepdim=True))
+    positions = torch.where(take, first_missing.gather(1, from_last.clamp(min=0)), positions)
+    return positions, unwritten.gather(1, positions)
 
 
 def _candidates(positions: Tensor, masked: Optional[Tensor], mask_id: Optional[int]) -> Tensor:

@@ -56,6 +56,11 @@ class ErrorBudget:
     started it from noise): its planner probability is taken as 1, so it is always masked and
     a candidate, and the planner's judgement counts where a token was committed. The planner's
     first pick, uniform among such positions, then loses its place: every candidate is ranked.
+    With a spread too, the budget's last step commits every unwritten position: one the planner
+    did not pick takes the place of the written pick it ranks last, and the unwritten candidates
+    are ranked first and all committed. Where more than max_k are left, the max_k candidates
+    are all unwritten (the planner's picks, then the others in position order) and the rest
+    stay noise.
     plan_every m: the planner runs at steps 0, m, 2m, ...; a step in between reads the last
     plan, with the positions committed since it as clean, and costs one network pass. With
     known_noise and no prompt the pass at step 0 is skipped: every position is then unwritten,
@@ -117,7 +122,7 @@ class ErrorBudget:
         return self.known_noise and not prompted
 
     def commit(self, risk: Tensor, eligible: Tensor, minimum: Optional[Tensor] = None,
-               noise: Optional[Tensor] = None) -> Tensor:
+               noise: Optional[Tensor] = None, first: Optional[Tensor] = None) -> Tensor:
         """The candidates (in the planner's order) to commit. Column 0, Algorithm 1's pick, always;
         with known_noise it is ranked with the others (at least one is committed).
 
@@ -126,6 +131,8 @@ class ErrorBudget:
             eligible: Bool[B, K] which candidates may be committed.
             minimum: Long[B] the fewest to commit (with a spread), or None.
             noise: Float[B, K] tau_i g of the ranking (with a choice temperature), or None.
+            first: Bool[B, K] eligible candidates ranked ahead of the others and always committed
+                (the unwritten ones at the budget's last step, known_noise with a spread), or None.
 
         Returns:
             Bool[B, K] the candidates committed.
@@ -139,12 +146,17 @@ class ErrorBudget:
         # a risk of 1 keys +inf: kept finite, it cannot tie with (and follow) an ineligible candidate
         big = torch.finfo(torch.float32).max
         key = key.float().nan_to_num(nan=big, posinf=big, neginf=-big)
+        if first is not None:  # noise for certain: ahead of every key, and all committed below
+            first = first[:, pin:] & ok
+            key = key.masked_fill(first, float("-inf"))
         order = key.masked_fill(~ok, float("inf")).argsort(dim=1, stable=True)  # eligible first
         ranked = rest.gather(1, order).masked_fill(~ok.gather(1, order), float("inf"))
         # risks are >= 0, so the sums only grow; at bound 0 a risk float32 rounds to 0 buys no commit
         n = (ranked.cumsum(1) <= self.bound).sum(1) if self.bound > 0 else order.new_zeros(order.shape[0])
         if minimum is not None:
             n = torch.maximum(n, torch.minimum(minimum - pin, ok.sum(1)))
+        if first is not None:
+            n = torch.maximum(n, first.sum(1))
         n = n.clamp(min=1 - pin)
         rank = torch.empty_like(order).scatter_(1, order, torch.arange(rest.shape[1], device=rest.device)
                                                  .expand_as(order))

@@ -31,17 +31,18 @@ def ordered_picks(w: torch.Tensor, k: int):
 
 
 def budget_commits(risk: torch.Tensor, eligible: torch.Tensor, bound: float, order: str, minimum=None,
-                   tau: float = 0.0, pin: bool = True) -> list:
+                   tau: float = 0.0, pin: bool = True, first=()) -> list:
     """Per row, [(kept columns, probability)]: ErrorBudget's rule, written plainly: the first pick,
     then the eligible others in their order (ascending risk for 'risk'; with tau > 0 a
     Plackett-Luce order by (1 - r)^(1 / tau); the planner's for 'planner') while the summed risk
     stays <= bound (stopping at the first that does not fit); with minimum (Long[B]), at least
     that many in all where enough are eligible. pin False (known_noise): the first pick is ranked
-    with the others, and at least one is committed."""
+    with the others, and at least one is committed. `first` (columns, every row): ranked ahead
+    of the others, in column order, and all committed (the last step's unwritten candidates)."""
     B, K = risk.shape
     out = []
     for b in range(B):
-        others = [j for j in range(1 if pin else 0, K) if eligible[b, j]]
+        others = [j for j in range(1 if pin else 0, K) if eligible[b, j] and j not in first]
         if order == "risk" and tau == 0.0:
             others.sort(key=lambda j: (float(risk[b, j]), j))
         orders = [(others, 1.0)] if tau == 0.0 or order != "risk" else \
@@ -49,9 +50,9 @@ def budget_commits(risk: torch.Tensor, eligible: torch.Tensor, bound: float, ord
         row = []
         for ranked, prob in orders:
             kept, total = [0] if pin else [], 0.0
-            for j in ranked:
+            for j in [j for j in first if eligible[b, j]] + ranked:
                 total += float(risk[b, j])
-                if total > bound and kept and (minimum is None or len(kept) >= int(minimum[b])):
+                if total > bound and kept and (minimum is None or len(kept) >= int(minimum[b])) and j not in first:
                     break
                 kept.append(j)
             row.append((kept, prob))
@@ -76,11 +77,12 @@ def _plackett_luce(items: list, weights: list):
 
 def error_budget_kernel(toy: ToyProblem, p: torch.Tensor, alpha: torch.Tensor, selection: str, temperature: float,
                         denoiser_type: str, bound: float, max_k: int, order: str, minimum=None,
-                        touched: int | None = None, tau: float = 0.0) -> torch.Tensor:
+                        touched: int | None = None, tau: float = 0.0, last: bool = False) -> torch.Tensor:
     """One ErrorBudget step from every state: K[x, y] (minimum: the spread's fewest commits per
     state). With `touched` (a bit mask of the positions written so far, known_noise): the
     untouched positions' p is 1, and K[x, y * 2^D + touched'] holds where the step goes, touched'
-    adding the positions it commits."""
+    adding the positions it commits; `last` (the budget's last step under a spread): the untouched
+    positions take the candidates' places of the written picks ranked last and are committed."""
     states = toy.states
     k = min(max_k, toy.D)
     if touched is not None:
@@ -90,17 +92,19 @@ def error_budget_kernel(toy: ToyProblem, p: torch.Tensor, alpha: torch.Tensor, s
     width = toy.N if touched is None else toy.N * 2**toy.D
     kernel = torch.zeros(toy.N, width, dtype=torch.float64)
     values = torch.tensor(list(itertools.product(range(toy.S), repeat=k)), dtype=torch.long)  # [A, k]
-    for picks, prob in ordered_picks(w, k):
-        for z, pz, q in _denoiser_views(toy, p, alpha, picks, temperature, denoiser_type):
+    for planned, prob in ordered_picks(w, k):
+        picks, first = _candidates(planned, touched, toy.D) if last and touched is not None else (planned, ())
+        for z, pz, q in _denoiser_views(toy, p, alpha, planned, temperature, denoiser_type):
             eligible = torch.tensor([[j == 0 or z[picks[j]] for j in range(k)]] * toy.N)
             for a in range(values.shape[0]):
                 tokens = values[a]
-                c = torch.stack([q[:, j, tokens[j]] for j in range(k)], 1)  # [N, k]
+                c = torch.stack([q[:, picks[j], tokens[j]] for j in range(k)], 1)  # [N, k]
                 weight = prob * pz * c.prod(1)
                 if not bool((weight > 0).any()):
                     continue
                 risk = 1.0 - p[:, list(picks)] * c
-                outcomes_per_row = budget_commits(risk, eligible, bound, order, minimum, tau, pin=touched is None)
+                outcomes_per_row = budget_commits(risk, eligible, bound, order, minimum, tau, pin=touched is None,
+                                                  first=first)
                 for b, outcomes in enumerate(outcomes_per_row):
                     for kept, chance in outcomes:
                         target = int(replace_index(states[b:b + 1], [picks[j] for j in kept],
@@ -115,13 +119,24 @@ def error_budget_kernel(toy: ToyProblem, p: torch.Tensor, alpha: torch.Tensor, s
     return kernel
 
 
+def _candidates(planned: tuple, touched: int, length: int):
+    """(candidates, their unwritten columns) of the budget's last step: the positions not in
+    `touched` and not planned, in position order, in place of the written picks from the last."""
+    unwritten = [d for d in range(length) if not touched >> (length - 1 - d) & 1]
+    picks = list(planned)
+    written_from_last = [j for j in reversed(range(len(picks))) if picks[j] not in unwritten]
+    for j, d in zip(written_from_last, [d for d in unwritten if d not in planned]):
+        picks[j] = d
+    return tuple(picks), tuple(j for j in range(len(picks)) if picks[j] in unwritten)
+
+
 def _denoiser_views(toy: ToyProblem, p: torch.Tensor, alpha: torch.Tensor, picks, temperature: float,
                     denoiser_type: str):
-    """(z, P(z) [B], q [B, k, S]) over what the denoiser can be shown: the sequence itself (uniform
+    """(z, P(z) [B], q [B, D, S]) over what the denoiser can be shown: the sequence itself (uniform
     denoiser, z all ones), or every mask z with the first pick masked and the others of
     probability p (prop:draw_with_maskD)."""
     if denoiser_type == "uniform":
-        q = tempered(toy.uniform_denoiser(toy.index(toy.states), alpha), temperature)[:, list(picks)]
+        q = tempered(toy.uniform_denoiser(toy.index(toy.states), alpha), temperature)
         yield (1,) * toy.D, torch.ones(toy.N, dtype=torch.float64), q
         return
     for z in itertools.product((0, 1), repeat=toy.D):
@@ -132,7 +147,7 @@ def _denoiser_views(toy: ToyProblem, p: torch.Tensor, alpha: torch.Tensor, picks
             if e != picks[0]:
                 pz = pz * (p[:, e] if z[e] else 1.0 - p[:, e])
         masked = torch.where(torch.tensor(z, dtype=torch.bool), torch.full_like(toy.states, toy.S), toy.states)
-        q = tempered(toy.mask_denoiser(toy.mask_index(masked)), temperature)[:, list(picks)]
+        q = tempered(toy.mask_denoiser(toy.mask_index(masked)), temperature)
         yield z, pz, q
 
 
@@ -186,7 +201,8 @@ def known_noise_law(toy: ToyProblem, steps: int, bound: float, max_k: int, denoi
             minimum = _minimum(spread, p_now.sum(-1), i, steps, toy.D)
             alpha = toy.schedule.alpha(toy.schedule.inverse(1.0 - p_now.mean(-1)))  # the estimate counts them as noise
             kernel = error_budget_kernel(toy, judged, alpha, "sigmoid", 1.0, denoiser_type, bound, max_k, "risk",
-                                         minimum, touched, choice_temperature * (1.0 - (i + 1) / steps))
+                                         minimum, touched, choice_temperature * (1.0 - (i + 1) / steps),
+                                         last=i == steps - 1 and spread != "none")
             nxt += pi[:, touched] @ kernel
         pi = nxt.view(toy.N, masks)
     return pi.sum(1)

@@ -13,6 +13,7 @@ import torch
 
 from ddpd.sampling import Execution, NaNOutputWarning, Prompt, ddpd_sample, ddpd_sample_uniform, mask_sample
 from ddpd.sampling.common import row
+from ddpd.sampling.gillespie import _unwritten_first
 from ddpd.sampling.options import DDPDOptions
 from ddpd.sampling.policies import (
     ConfidenceFactor,
@@ -30,7 +31,7 @@ from ddpd.sampling.policies import (
     spread_minimum,
 )
 from oracles import laws, policy_laws
-from oracles.fixtures import noise, single_thread, tiny_networks, toy  # noqa: F401  (single_thread: autouse)
+from oracles.fixtures import noise, single_thread, tiny_network, tiny_networks, toy  # noqa: F401  (single_thread: autouse)
 from oracles.stats import TVTable, empirical, threshold, tv
 
 B = 50_000
@@ -204,7 +205,9 @@ KNOWN_NOISE_CASES = [("mask denoiser, bound 0.5", "dir S3 D3", 3, 0.5, 3, "mask"
                      ("mask denoiser, bound 0.8 spread, choice temperature 2", "dir S3 D3", 3, 0.8, 3, "mask",
                       "cosine", 2.0, None),
                      ("mask denoiser, cosine spread, revise above 0.5", "dir S3 D3", 4, 0.5, 3, "mask", "cosine", 2.0,
-                      0.5)]
+                      0.5),
+                     ("uniform denoiser, max_k 2 of 3, cosine spread", "dir S3 D3", 2, 0.0, 2, "uniform", "cosine",
+                      0.0, None)]
 
 
 @pytest.mark.parametrize("name,toy_name,steps,bound,max_k,denoiser,spread,tau,revise", KNOWN_NOISE_CASES,
@@ -284,6 +287,49 @@ def test_the_cosine_spread_spreads_the_noise_a_prompted_row_starts_with(fused):
     ddpd_sample(clean, denoiser, 2, length, 27, steps=4, seed=0, denoiser_type="mask", prompt=Prompt(x_init, frozen),
                 ddpd=DDPDOptions(stop="budget", policy=policy), execution=Execution(fused=fused))
     assert masks == [[8, 8], [7, 7], [5, 5], [3, 3]]
+
+
+SPREADS_TO_THE_END = [(ErrorBudget(0.0, 16, spread="cosine", known_noise=True), 4),
+                      (ErrorBudget(1.0, 16, spread="linear", known_noise=True), 4),
+                      (ErrorBudget(0.0, 6, spread="cosine", known_noise=True, plan_every=2), 6)]
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["reference", "fused"])
+@pytest.mark.parametrize("kind", ["mask", "uniform"])
+@pytest.mark.parametrize("policy,steps", SPREADS_TO_THE_END, ids=["cosine", "linear", "cosine max_k 6"])
+def test_the_spread_leaves_no_unwritten_position_after_the_budget(policy, steps, kind, fused):
+    """Under known_noise the budget's last step commits every position no draw has written (noise
+    for certain; here at most max_k are left), not a written one the planner doubts in its place.
+    The denoiser draws tokens 0-3 only, so a larger token is the run's initial noise."""
+    length = 16
+    net = tiny_network(f"{kind}-denoiser", 27, 2, 20.0, length=length)
+
+    def denoiser(x, t):
+        logits = net(x, t)
+        return torch.cat([logits[..., :4], torch.full_like(logits[..., 4:], -1e4)], -1)
+
+    result = ddpd_sample(tiny_network("planner", 27, 0, 1.0, length=length), denoiser, 64, length, 27, steps=steps,
+                         seed=0, denoiser_type=kind, ddpd=DDPDOptions(stop="budget", policy=policy),
+                         execution=Execution(fused=fused))
+    assert result.tokens.lt(4).all()
+
+
+def test_the_last_step_puts_the_unwritten_positions_in_place_of_the_last_written_picks():
+    unwritten = torch.tensor([[0, 1, 0, 1, 1, 0], [1, 1, 1, 1, 0, 0], [0, 0, 0, 0, 0, 1]], dtype=torch.bool)
+    picks = torch.tensor([[0, 3, 2], [5, 0, 4], [0, 1, 2]])
+    positions, first = _unwritten_first(picks, unwritten)
+    # row 0: 1 and 4 replace 2 and 0, the written picks ranked last; row 1: 1, 2 of 1, 2, 3 fit
+    assert positions.tolist() == [[4, 3, 1], [2, 0, 1], [0, 1, 5]]
+    assert first.tolist() == [[True] * 3, [True] * 3, [False, False, True]]
+
+
+def test_the_unwritten_candidates_are_committed_first():
+    """At bound 0 the lowest risk would be column 0; the unwritten column 2 is committed instead."""
+    risk, eligible, one = torch.tensor([[0.1, 0.2, 0.9]]), torch.ones(1, 3, dtype=torch.bool), torch.ones(1).long()
+    policy = ErrorBudget(0.0, 3, spread="cosine", known_noise=True)
+    assert policy.commit(risk, eligible, one).tolist() == [[True, False, False]]
+    first = torch.tensor([[False, False, True]])
+    assert policy.commit(risk, eligible, one, None, first).tolist() == [[False, False, True]]
 
 
 @pytest.mark.parametrize("policy", [None, ErrorBudget(1.0, 8, known_noise=True, plan_every=4),
