@@ -40,7 +40,11 @@ class ErrorBudget:
     the first is Algorithm 1's one-position pick) and the denoiser draws a token at each. The
     risk of committing candidate j is r_j = 1 - p_j c_j: p_j = p(z^j = N | x_t) from the
     planner, c_j the probability of the drawn token under the law it was drawn from; it is
-    the chance that the commit is not a noisy position receiving a likely value. The first
+    the chance that the commit is not a noisy position receiving a likely value. That law is
+    the tempered, truncated one (the mask loop's policies read the model's untempered
+    probability): at temperature exactly 0 c_j is the truncated law's at temperature 1
+    (ddpd.ops.sample_categorical's greedy statistics), while as the temperature falls to 0, or
+    with top_k 1, c_j tends to 1 and the bound can admit up to max_k commits at once. The first
     pick is always committed; of the others (with a mask denoiser only those the planner's
     mask z of prop:draw_with_maskD masked), the lowest-risk ones (order='risk'), or the
     next in the planner's order (order='planner', stopping at the first that does not fit),
