@@ -401,7 +401,8 @@ class ConfidenceThreshold(_Unmasking):
 class ConfidenceFactor(_Unmasking):
     """Fast-dLLM's factor rule (arXiv:2505.22618, sec. 3.3, after Theorem 1): with the masked
     positions' probabilities sorted c_(1) >= c_(2) >= ..., unmask the n most confident for
-    the largest n with (n + 1)(1 - c_(n)) < factor; at least one."""
+    the largest n with (n + 1)(1 - c_(n)) < factor; at least one. Fast-dLLM's code stops at the
+    first c_(n) < 1 - factor / (n + 1), so it also commits where the two sides are equal."""
 
     factor: float = 1.0
 
