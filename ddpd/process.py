@@ -19,7 +19,7 @@ from typing import Callable, Optional, Union
 import torch
 from torch import Tensor
 
-from ddpd.validation import check_int
+from ddpd.validation import check_int, values_checkable
 
 NOISE_KINDS = ("uniform", "mask")
 
@@ -267,7 +267,7 @@ def corrupt(
         raise ValueError(f"x1 must be Long[B, D], got {x1.dtype} of shape {tuple(x1.shape)}")
     check_int("vocab_size", vocab_size, 1)
     mask_id = vocab_size if mask_id is None else check_int("mask_id", mask_id, vocab_size)
-    if _eager_on_cpu(x1):
+    if values_checkable(x1):
         low, high = int(x1.min()), int(x1.max())
         if low < 0 or high >= vocab_size:
             raise ValueError(f"x1 must hold ids in [0, {vocab_size}), got range [{low}, {high}]")
@@ -283,19 +283,14 @@ def corrupt(
     return x_t, z_t
 
 
-def _eager_on_cpu(x: Tensor) -> bool:
-    """Whether x's values can be checked here: a non-empty CPU tensor outside torch.compile."""
-    return x.is_cpu and x.numel() > 0 and not torch.compiler.is_compiling()
-
-
 def _check_times(t, batch: int) -> Tensor:
     """t as Float32, a 0-d tensor or [batch] on t's device; ValueError for another shape, or
-    for a time outside [0, 1] (NaN included) where _eager_on_cpu."""
+    for a time outside [0, 1] (NaN included) where values_checkable."""
     t = torch.as_tensor(t, dtype=torch.float32)
     if t.dim() != 0 and tuple(t.shape) != (batch,):
         raise ValueError(f"t must be a number, a 0-d tensor or of shape [{batch}] (one time per row of x1), "
                          f"got shape {tuple(t.shape)}")
-    if _eager_on_cpu(t):
+    if values_checkable(t):
         low, high = float(t.min()), float(t.max())  # NaN where any time is
         if not 0.0 <= low <= high <= 1.0:
             raise ValueError(f"t must be in [0, 1], got range [{low}, {high}]")

@@ -249,3 +249,16 @@ def check_device(name: str, value, local_rank: Optional[int] = None):
         if local_rank is not None:
             device = torch.device("cuda", local_rank)
     return device
+
+
+def values_checkable(x: torch.Tensor) -> bool:
+    """Whether a check may read x's values: a non-empty CPU tensor outside torch.compile (on
+    CUDA reading them would cost a host sync per call).
+
+    Args:
+        x: the tensor.
+
+    Returns:
+        True where its values may be read.
+    """
+    return x.is_cpu and x.numel() > 0 and not torch.compiler.is_compiling()

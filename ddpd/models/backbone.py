@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from ddpd.models.attention import SelfAttention
 from ddpd.models.config import TransformerConfig
 from ddpd.ops.norm import normalize
+from ddpd.validation import values_checkable
 
 INIT_STD = 0.02
 TIME_FREQ_DIM = 256
@@ -200,7 +201,7 @@ def check_tokens(x: torch.Tensor, vocab_size: int, max_seq_len: Optional[int] = 
         raise ValueError(f"x: expected shape [B, D], got {tuple(x.shape)}")
     if x.shape[1] < 1 or (max_seq_len is not None and x.shape[1] > max_seq_len):
         raise ValueError(f"x: expected sequence length in [1, max_seq_len={max_seq_len}], got {x.shape[1]}")
-    if x.device.type == "cpu" and x.numel() > 0 and not torch.compiler.is_compiling():
+    if values_checkable(x):
         low, high = int(x.min()), int(x.max())
         if low < 0 or high >= vocab_size:
             raise ValueError(f"x: expected token ids in [0, {vocab_size}), got range [{low}, {high}]")

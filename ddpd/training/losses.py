@@ -15,6 +15,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from ddpd.validation import values_checkable
+
 
 def _check_tensor(name: str, value, dim: int, floating: Optional[bool] = None, dtype=None) -> None:
     if not isinstance(value, torch.Tensor):
@@ -32,18 +34,12 @@ def _check_same_shape(name: str, value: torch.Tensor, shape: torch.Size) -> None
         raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(value.shape)}")
 
 
-def _eager_on_cpu(x: torch.Tensor) -> bool:
-    """Whether x's values are checked: a non-empty CPU tensor outside torch.compile (on CUDA
-    a check would cost a host sync per call)."""
-    return x.is_cpu and x.numel() > 0 and not torch.compiler.is_compiling()
-
-
 def _check_rate(rate: Optional[torch.Tensor], batch: int) -> None:
     if rate is None:
         return
     _check_tensor("rate", rate, 1, floating=True)
     _check_same_shape("rate", rate, torch.Size([batch]))
-    if _eager_on_cpu(rate):
+    if values_checkable(rate):
         low = float(rate.min())  # NaN where any rate is
         if not low >= 0:  # inf passes: the linear schedule's rate at t = 1
             raise ValueError(f"rate: expected values >= 0 (alpha_dot / (1 - alpha)), got a minimum of {low}")
@@ -52,7 +48,7 @@ def _check_rate(rate: Optional[torch.Tensor], batch: int) -> None:
 def _check_targets(name: str, x: torch.Tensor, shape: torch.Size, num_classes: int) -> None:
     _check_tensor(name, x, 2, dtype=torch.long)
     _check_same_shape(name, x, shape)
-    if _eager_on_cpu(x):
+    if values_checkable(x):
         low, high = int(x.min()), int(x.max())
         if low < 0 or high >= num_classes:
             raise ValueError(f"{name}: expected ids in [0, {num_classes}) (the logits' last dim), "
