@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from oracles.laws import fill_remask_kernel, replace_index, selection_weights, tempered
+from oracles.laws import fill_remask_kernel, selection_weights, tempered
 from oracles.toy import ToyProblem
 
 
@@ -39,20 +39,21 @@ def budget_commits(risk: torch.Tensor, eligible: torch.Tensor, bound: float, ord
     that many in all where enough are eligible. pin False (known_noise): the first pick is ranked
     with the others, and at least one is committed. `first` (columns, every row): ranked ahead
     of the others, in column order, and all committed (the last step's unwritten candidates)."""
-    B, K = risk.shape
+    risk, eligible = risk.tolist(), eligible.tolist()  # Python floats: the same float64 values, fast
+    minimum = None if minimum is None else minimum.tolist()
     out = []
-    for b in range(B):
-        others = [j for j in range(1 if pin else 0, K) if eligible[b, j] and j not in first]
+    for b, (row_risk, row_eligible) in enumerate(zip(risk, eligible)):
+        others = [j for j in range(1 if pin else 0, len(row_risk)) if row_eligible[j] and j not in first]
         if order == "risk" and tau == 0.0:
-            others.sort(key=lambda j: (float(risk[b, j]), j))
+            others.sort(key=lambda j: (row_risk[j], j))
         orders = [(others, 1.0)] if tau == 0.0 or order != "risk" else \
-            list(_plackett_luce(others, [float(1.0 - risk[b, j]) ** (1.0 / tau) for j in others]))
+            list(_plackett_luce(others, [(1.0 - row_risk[j]) ** (1.0 / tau) for j in others]))
         row = []
         for ranked, prob in orders:
             kept, total = [0] if pin else [], 0.0
-            for j in [j for j in first if eligible[b, j]] + ranked:
-                total += float(risk[b, j])
-                if total > bound and kept and (minimum is None or len(kept) >= int(minimum[b])) and j not in first:
+            for j in [j for j in first if row_eligible[j]] + ranked:
+                total += row_risk[j]
+                if total > bound and kept and (minimum is None or len(kept) >= minimum[b]) and j not in first:
                     break
                 kept.append(j)
             row.append((kept, prob))
@@ -83,21 +84,22 @@ def error_budget_kernel(toy: ToyProblem, p: torch.Tensor, alpha: torch.Tensor, s
     untouched positions' p is 1, and K[x, y * 2^D + touched'] holds where the step goes, touched'
     adding the positions it commits; `last` (the budget's last step under a spread): the untouched
     positions take the candidates' places of the written picks ranked last and are committed."""
-    states = toy.states
+    states = toy.states.tolist()
+    powers = [toy.S ** (toy.D - 1 - d) for d in range(toy.D)]
+    index = [sum(v * w for v, w in zip(x, powers)) for x in states]
     k = min(max_k, toy.D)
     if touched is not None:
         known = torch.tensor([bool(touched >> (toy.D - 1 - d) & 1) for d in range(toy.D)])
         p = torch.where(known, p, torch.ones_like(p))
     w = selection_weights(p, selection)
     width = toy.N if touched is None else toy.N * 2**toy.D
-    kernel = torch.zeros(toy.N, width, dtype=torch.float64)
-    values = torch.tensor(list(itertools.product(range(toy.S), repeat=k)), dtype=torch.long)  # [A, k]
+    kernel = [0.0] * (toy.N * width)  # a flat list: element updates on a tensor cost microseconds each
+    values = list(itertools.product(range(toy.S), repeat=k))
     for planned, prob in ordered_picks(w, k):
         picks, first = _candidates(planned, touched, toy.D) if last and touched is not None else (planned, ())
         for z, pz, q in _denoiser_views(toy, p, alpha, planned, temperature, denoiser_type):
             eligible = torch.tensor([[j == 0 or z[picks[j]] for j in range(k)]] * toy.N)
-            for a in range(values.shape[0]):
-                tokens = values[a]
+            for tokens in values:
                 c = torch.stack([q[:, picks[j], tokens[j]] for j in range(k)], 1)  # [N, k]
                 weight = prob * pz * c.prod(1)
                 if not bool((weight > 0).any()):
@@ -105,13 +107,13 @@ def error_budget_kernel(toy: ToyProblem, p: torch.Tensor, alpha: torch.Tensor, s
                 risk = 1.0 - p[:, list(picks)] * c
                 outcomes_per_row = budget_commits(risk, eligible, bound, order, minimum, tau, pin=touched is None,
                                                   first=first)
-                for b, outcomes in enumerate(outcomes_per_row):
+                for b, (outcomes, weight_b) in enumerate(zip(outcomes_per_row, weight.tolist())):
                     for kept, chance in outcomes:
-                        target = int(replace_index(states[b:b + 1], [picks[j] for j in kept],
-                                                   tokens[kept][None, :], toy.S)[0, 0])
+                        target = index[b] + sum((tokens[j] - states[b][picks[j]]) * powers[picks[j]] for j in kept)
                         if touched is not None:
                             target = target * 2**toy.D + (touched | sum(1 << (toy.D - 1 - picks[j]) for j in kept))
-                        kernel[b, target] += weight[b] * chance
+                        kernel[b * width + target] += weight_b * chance
+    kernel = torch.tensor(kernel, dtype=torch.float64).view(toy.N, width)
     # a state where no position has weight (every written position judged clean) draws nothing
     for b in (w.sum(-1) == 0).nonzero().flatten().tolist():
         kernel[b] = 0.0
