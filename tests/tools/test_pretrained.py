@@ -175,17 +175,18 @@ def test_packaged_bundle_samples_words_out_of_the_box(monkeypatch):
     """`ddpd-sample --fused` in a fresh process, with no model argument and the default
     thread policy: 256 text8 characters per sample, many of them in English words (those
     of the shipped books): the four default samples have 27-41% of their letters in such
-    words (the first two 30% together), held-out Wikipedia text 54%, uniform letters 0%."""
+    words, one sample (`--num-samples 1`, half the time of two) 36%, held-out Wikipedia text
+    54%, uniform letters 0%."""
     env = {k: v for k, v in os.environ.items() if k not in (pretrained.ENV_VAR, "OMP_NUM_THREADS")}
     script = shutil.which("ddpd-sample")
     command = [script] if script else [sys.executable, "-m", "ddpd.cli.sample"]
-    proc = subprocess.run(command + ["--fused", "--num-samples", "2"], capture_output=True, text=True, env=env,
+    proc = subprocess.run(command + ["--fused", "--num-samples", "1"], capture_output=True, text=True, env=env,
                           timeout=HANG_GUARD_SECONDS)
     assert proc.returncode == 0, proc.stderr
     if not torch.cuda.is_available():
         assert "1 CPU thread" in proc.stderr  # the default thread policy
     lines = proc.stdout.splitlines()
-    assert len(lines) == 2 and all(len(line) == 256 and set(line) <= ALPHABET for line in lines)
+    assert len(lines) == 1 and all(len(line) == 256 and set(line) <= ALPHABET for line in lines)
     words = " ".join(lines).split()
     known = _english_words()
     share = sum(len(w) for w in words if w in known) / sum(len(w) for w in words)
