@@ -56,6 +56,9 @@ DEFAULT = "fused bf16 + graphs (default)"
 ROWS: list[dict] = []  # the whole runs' comparisons (benchmarks/rows.py), written by main
 
 
+# The bundled model's runs in a dry run (the CPU): enough to run every line, no more.
+DRY_STEPS, DRY_BATCH = 4, 2
+
 class Clock:
     """Median wall time of a callable on one device (ddpd.testing.timing.median_seconds: CUDA
     events on a GPU, perf_counter on the CPU)."""
@@ -78,8 +81,8 @@ def peak_memory(fn: Callable, device: torch.device) -> float:
 def bundled(args, device: torch.device, clock: Clock) -> None:
     planner, denoiser, configs = load_bundle(str(BUNDLE_DIR), device=str(device))
     length, vocab = configs["denoiser"]["model"]["max_seq_len"], configs["denoiser"]["model"]["out_dim"]
-    steps = 512 if not args.dry_run else 8
-    batches = (64, 512) if not args.dry_run else (4,)
+    steps = 512 if not args.dry_run else DRY_STEPS
+    batches = (64, 512) if not args.dry_run else (DRY_BATCH,)
     low = [prepare_for_sampling(m, "auto", device) for m in load_bundle(str(BUNDLE_DIR), device=str(device))[:2]]
     variants = {  # name: (planner, denoiser, Execution); "fused fp32" is the fused path before bf16/graphs
         "reference fp32": (planner, denoiser, Execution(dtype="float32")),
@@ -104,7 +107,7 @@ def bundled(args, device: torch.device, clock: Clock) -> None:
         for batch in batches:
             names = [n for n in variants if batch <= 64 or n != "reference fp32"]  # measured before at 512
             for name in names:
-                run(batch, name, 8)()  # warm-up: compiles, caches, graph pools
+                run(batch, name, min(steps, 8))()  # warm-up: compiles, caches, graph pools
             timed = {name: clock(run(batch, name), repeats=1, warm=False) for name in names}
             rate = {name: batch / timed[name] for name in names}
             cells = " | ".join(f"{rate[n]:.1f}/s" if n in rate else "-" for n in variants)
@@ -114,11 +117,13 @@ def bundled(args, device: torch.device, clock: Clock) -> None:
                         f"bundled text8 planner + mask denoiser, {steps} steps", timed)
     x = torch.randint(0, vocab, (batches[0], length), device=device)
     t = torch.rand(batches[0], device=device)
+    repeats, profiled = (10, 32) if not args.dry_run else (2, 2)  # a dry run checks the code, not the numbers
     with torch.inference_mode():
         for name, (p, d) in (("float32", (planner, denoiser)), ("bfloat16", low)):
-            seconds = clock(lambda: (p(x), d(x, t)), repeats=10)
+            seconds = clock(lambda: (p(x), d(x, t)), repeats=repeats)
             print(f"one planner + denoiser pass, batch {batches[0]}, {name}: {seconds * 1e3:.2f} ms")
-        kernels(run(batches[0], "fused bf16", 32), 32, device, batches[0], str(next(low[1].parameters()).dtype)[6:])
+        kernels(run(batches[0], "fused bf16", profiled), profiled, device, batches[0],
+                str(next(low[1].parameters()).dtype)[6:])
 
 
 def record_runs(stamp: dict, name: str, shape: tuple, params: str, seconds: dict) -> None:
@@ -157,12 +162,12 @@ def kernels(fn: Callable, steps: int, device: torch.device, batch: int, dtype: s
 def compiled(args, device: torch.device, clock: Clock) -> None:
     """The default fused run with both networks torch.compile'd: samples/s at batches 64 and
     512 beside the compile and warm-up time each costs."""
-    for batch in (64, 512) if not args.dry_run else (4,):
+    for batch in (64, 512) if not args.dry_run else (DRY_BATCH,):
         compiled_run(args, device, clock, batch)
 
 
 def compiled_run(args, device: torch.device, clock: Clock, batch: int) -> None:
-    steps = 512 if not args.dry_run else 8
+    steps = 512 if not args.dry_run else DRY_STEPS
     torch._dynamo.reset()  # a fresh compilation: the cache of an earlier batch would be reused as dynamic
     bundle = load_bundle(str(BUNDLE_DIR), device=str(device))
     length, vocab = bundle[2]["denoiser"]["model"]["max_seq_len"], bundle[2]["denoiser"]["model"]["out_dim"]
@@ -176,7 +181,7 @@ def compiled_run(args, device: torch.device, clock: Clock, batch: int) -> None:
 
     with torch.inference_mode():
         begin = time.perf_counter()
-        run(8)()
+        run(min(steps, 8))()
         warm = time.perf_counter() - begin
         seconds = clock(run(steps), repeats=1, warm=False)
     print(f"## torch.compile of both networks, default fused run, batch {batch}, {steps} steps: "
