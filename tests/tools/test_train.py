@@ -1053,12 +1053,7 @@ def test_a_signal_after_the_last_step_leaves_the_run_complete(corpus, tmp_path, 
         return close(self, *args, **kwargs)
 
     monkeypatch.setattr(Trainer, "close", signalled_while_closing)
-    out = tmp_path / "p"
-    code, stdout, err = run_cli(capsys, "planner", "--data", corpus, "--out", out, "--steps", "4", "--no-progress",
-                                *TINY_CLI)
-    assert code == 0 and err == "", err
-    assert "done: step 4" in stdout
-    assert load_checkpoint(out, train_state=True).train_state[1]["step"] == 4
+    _trains_to_the_end(corpus, tmp_path / "p", capsys, 4)
 
 
 @pytest.mark.integration
@@ -1071,12 +1066,16 @@ def test_a_signal_after_the_done_line_leaves_the_run_complete(corpus, tmp_path, 
         os.kill(os.getpid(), signal.SIGTERM)  # its handler runs before kill returns
 
     monkeypatch.setattr(Stdout, "check", signalled_after_done)
-    out = tmp_path / "p"
-    code, stdout, err = run_cli(capsys, "planner", "--data", corpus, "--out", out, "--steps", "2", "--no-progress",
-                                *TINY_CLI)
+    _trains_to_the_end(corpus, tmp_path / "p", capsys, 2)
+
+
+def _trains_to_the_end(corpus, out, capsys, steps: int) -> None:
+    """ddpd-train of `steps` steps exits 0, says it is done and leaves the last step's checkpoint."""
+    code, stdout, err = run_cli(capsys, "planner", "--data", corpus, "--out", out, "--steps", str(steps),
+                                "--no-progress", *TINY_CLI)
     assert code == 0 and err == "", err
-    assert "done: step 2" in stdout
-    assert load_checkpoint(out, train_state=True).train_state[1]["step"] == 2
+    assert f"done: step {steps}" in stdout
+    assert load_checkpoint(out, train_state=True).train_state[1]["step"] == steps
 
 
 @pytest.mark.integration
