@@ -100,6 +100,20 @@ class ToyProblem:
             out = out * beta + coeffs[..., k]
         return out
 
+    @classmethod
+    def _horner_at(cls, table: torch.Tensor, idx: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
+        """_horner(table[idx], beta) bit for bit (the same products and sums per element), without
+        gathering table[idx] whole: with one beta for every row, the N states' values gathered."""
+        flat = beta.reshape(-1)
+        if flat.numel() and bool((flat == flat[0]).all()):
+            return cls._horner(table, flat[0].expand(table.shape[0]))[idx]
+        shape = (-1,) + (1,) * (table.dim() - 2)
+        beta = beta.reshape(shape)
+        out = torch.zeros(tuple(idx.shape) + tuple(table.shape[1:-1]), dtype=table.dtype)
+        for k in range(table.shape[-1] - 1, -1, -1):
+            out = out * beta + table[..., k][idx]
+        return out
+
     def _beta(self, alpha) -> torch.Tensor:
         return (1.0 - torch.as_tensor(alpha, dtype=torch.float64)).clamp(BETA_MIN, 1.0)
 
@@ -116,12 +130,12 @@ class ToyProblem:
     def p_x1(self, idx: torch.Tensor, alpha) -> torch.Tensor:
         """p_t(x_1^d = j | x_t) [B, D, S] for state indices idx [B] at alpha [B]."""
         beta = self._beta(alpha).expand(idx.shape)
-        return self._horner(self.c_x1[idx], beta) / self._horner(self.c_xt[idx], beta)[:, None, None]
+        return self._horner_at(self.c_x1, idx, beta) / self._horner_at(self.c_xt, idx, beta)[:, None, None]
 
     def planner_t(self, idx: torch.Tensor, alpha) -> torch.Tensor:
         """p_t(z^d = N | x_t) [B, D]."""
         beta = self._beta(alpha).expand(idx.shape)
-        return self._horner(self.c_noise[idx], beta) / self._horner(self.c_xt[idx], beta)[:, None]
+        return self._horner_at(self.c_noise, idx, beta) / self._horner_at(self.c_xt, idx, beta)[:, None]
 
     def p_change(self, idx: torch.Tensor, alpha) -> torch.Tensor:
         """p_t(x_1^d != x_t^d | x_t) [B, D]: the planner of the appendix's first listing."""
@@ -139,7 +153,7 @@ class ToyProblem:
     def uniform_denoiser(self, idx: torch.Tensor, alpha) -> torch.Tensor:
         """p_t(x_1^d = j | x_t, z^d = N) [B, D, S]."""
         beta = self._beta(alpha).expand(idx.shape)
-        return self._horner(self.c_noise_x1[idx], beta) / self._horner(self.c_noise[idx], beta)[..., None]
+        return self._horner_at(self.c_noise_x1, idx, beta) / self._horner_at(self.c_noise, idx, beta)[..., None]
 
     def _mask_denoiser_table(self) -> torch.Tensor:
         """p(x_1^d = j | x~) for every masked sequence x~ (mask id S); uniform where the
