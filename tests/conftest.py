@@ -39,6 +39,50 @@ def _interpreter_reads_scalars_under_numpy_2_4() -> None:
 
 _interpreter_reads_scalars_under_numpy_2_4()
 
+
+def _interpreter_patches_each_device_function_once() -> None:
+    """Under TRITON_INTERPRET=1 every call of a @triton.jit helper from a kernel re-patches
+    triton.language (_patch_lang: inspect.getmembers of its modules), about half of what a
+    kernel test costs on CPU. Within one launch the patches the helper's first call made are
+    still in place (the launch restores them when it ends), so a later call of the same helper
+    re-patches nothing that is not patched already: here it skips that work. The launch's own
+    patching, and each helper's first call in each launch, run as before."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return
+    try:
+        from triton.runtime import interpreter
+    except ImportError:
+        return
+    patch_lang = getattr(interpreter, "_patch_lang", None)
+    grid_call = getattr(getattr(interpreter, "GridExecutor", None), "__call__", None)
+    device_call = getattr(getattr(interpreter, "InterpretedFunction", None), "__call__", None)
+    # Only the structure this was written for: launches and helper calls that call _patch_lang.
+    if patch_lang is None or getattr(patch_lang, "patches_once", False) or not all(
+            "_patch_lang" in getattr(getattr(f, "__code__", None), "co_names", ()) for f in (grid_call, device_call)):
+        return
+    launches = []  # per launch running (innermost last): the functions patched for already
+
+    def patch_once(fn):
+        if launches and fn in launches[-1]:
+            return interpreter._LangPatchScope() if hasattr(interpreter, "_LangPatchScope") else None
+        if launches:
+            launches[-1].add(fn)
+        return patch_lang(fn)
+
+    def launch(self, *args, **kwargs):
+        launches.append(set())
+        try:
+            return grid_call(self, *args, **kwargs)
+        finally:
+            launches.pop()
+
+    patch_once.patches_once = True
+    interpreter._patch_lang = patch_once
+    interpreter.GridExecutor.__call__ = launch
+
+
+_interpreter_patches_each_device_function_once()
+
 # The tests run small ops, for which intra-op threads cost far more than they
 # give (many times slower on a loaded machine); one thread also keeps
 # floating-point reductions identical from run to run.
