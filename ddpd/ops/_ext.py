@@ -400,6 +400,15 @@ def load() -> ModuleType:
         return _module
 
 
+def loaded() -> bool:
+    """Whether ddpd._C is loaded (by load(), or by any op that needed it).
+
+    Returns:
+        True once loaded.
+    """
+    return _module is not None
+
+
 def ops():
     """torch.ops.ddpd with the kernels of ddpd._C registered: the per-call path of every
     op, lock-free once the extension is loaded.

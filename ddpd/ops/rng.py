@@ -19,7 +19,7 @@ from typing import Optional, Union
 
 import torch
 
-from ddpd.ops import _dispatch
+from ddpd.ops import _dispatch, _ext
 from ddpd.validation import check_same_device, check_shape, check_tensor
 
 BELOW_ONE = 1.0 - 2.0**-24  # largest float32 under 1
@@ -198,7 +198,26 @@ def philox_uniform(
     seed, offset, rows, cols = _philox_arguments(seed, offset, rows, cols, device)
     if philox_kernel_runs(rows, cols, seed, offset):
         return philox_uniform_triton(seed, offset, rows, cols)
+    first = _cpu_column_run(rows, cols, seed, offset)
+    if first is not None:
+        counters = (int(v) if isinstance(v, torch.Tensor) else as_int64(v) for v in (seed, offset))
+        return _dispatch.cpu_kernel("philox_uniforms_cpu")(*counters, rows.contiguous(), first, cols.numel(), "best")
     return _uniforms(seed, offset, rows, cols)
+
+
+def _cpu_column_run(rows: torch.Tensor, cols: torch.Tensor, seed, offset) -> Optional[int]:
+    """The first column where philox_uniform can run ddpd._C's Philox (csrc/cpu/uniforms.cpp):
+    an eager call on CPU tensors, ddpd._C loaded (never built for this call), cols the run
+    first .. first + M - 1 within [0, 2**32). None elsewhere."""
+    if not (rows.is_cpu and cols.is_cpu and _ext.loaded() and _dispatch.eager(rows, cols)
+            and not _dispatch.transformed(rows, cols, seed, offset)):
+        return None
+    if not cols.numel():
+        return 0
+    first = int(cols[0])
+    if first < 0 or first + cols.numel() > 2**32 or not torch.equal(cols, torch.arange(first, first + cols.numel())):
+        return None
+    return first
 
 
 def philox_uniform_reference(seed, offset, rows: Union[torch.Tensor, Sequence[int]], cols: Union[torch.Tensor, int],

@@ -5,10 +5,11 @@ the high word entered the stream)."""
 import pytest
 import torch
 
+from ddpd.ops import rng
 from ddpd.ops._dispatch import cpu_ops
 from ddpd.ops.multinomial import draw_uniforms, multinomial, multinomial_reference
 from ddpd.ops.planner_select import planner_select, planner_select_reference
-from ddpd.ops.rng import as_int64, philox_uniform, philox_words
+from ddpd.ops.rng import as_int64, philox_uniform, philox_uniform_reference, philox_words
 from ddpd.ops.sample_categorical import noise_width, sample_categorical, sample_categorical_reference
 from ddpd.ops.sample_from_hidden import sample_from_hidden
 
@@ -124,6 +125,27 @@ def test_every_vector_path_of_the_cpu_kernels_computes_the_reference_uniforms(is
             except ValueError as error:
                 assert f"no path '{isa}'" in str(error)
                 pytest.skip(f"this CPU has no {isa} path")
-            assert torch.equal(got, philox_uniform(seed, offset, rows, torch.arange(first, first + n))), (first, n)
+            assert torch.equal(got, philox_uniform_reference(seed, offset, rows, torch.arange(first, first + n))), \
+                (first, n)
             words = ops.philox_uniforms_cpu(as_int64(seed), as_int64(offset), rows, first, n, isa, True)
             assert torch.equal(words, philox_words(seed, offset, rows, torch.arange(first, first + n))), (first, n)
+
+
+def test_philox_uniform_on_cpu_computes_runs_of_columns_in_the_extension(monkeypatch):
+    """Once ddpd._C is loaded, a CPU call whose columns are a run within [0, 2**32) computes
+    its uniforms in C++ (the vector paths above), the torch reference's bits; columns out of
+    order or past 2**32 (where column c + 2**32 is column c) go to the reference."""
+    cpu_ops()  # loads the extension
+    calls = []
+    reference = rng._uniforms
+    monkeypatch.setattr(rng, "_uniforms", lambda *args: calls.append(args) or reference(*args))
+    rows = torch.cat([LOW_ROWS, torch.tensor([2**32 + 3, -1, -2**63])])
+    columns = [(64, True), (0, True), (torch.arange(7, 40), True), (torch.arange(2**32 - 5, 2**32), True),
+               (torch.tensor([3, 1, 2]), False), (torch.arange(2**32 - 2, 2**32 + 3), False)]
+    for seed, offset in ((0, 0), (2**64 - 3, 2**40 + 9), (torch.tensor(-5), torch.tensor(2**40))):
+        for cols, in_extension in columns:
+            calls.clear()
+            got = philox_uniform(seed, offset, rows, cols)
+            assert (not calls) == in_extension, cols
+            assert torch.equal(got, philox_uniform_reference(seed, offset, rows, cols)), cols
+
