@@ -20,8 +20,8 @@ DOCS = [(ROOT / name).read_text() for name in ("README.md", "docs/cli.md", "docs
 PYTHON = re.findall(r"```python\n(.*?)```", CONDITIONAL, re.S)
 BASH = [block for doc in DOCS for block in re.findall(r"```bash\n(.*?)```", doc, re.S)]
 PARSERS = {"ddpd-train": train_parser, "ddpd-sample": sample_parser}
-COMMANDS = [line.split(" #")[0] for block in BASH for line in block.splitlines()
-            if line.split(" ")[0] in PARSERS]
+COMMANDS = [line.split(" #")[0] for block in BASH for line in re.sub(r"\\\n\s*", "", block).splitlines()
+            if line.split(" ")[0] in PARSERS]  # a line ending in a backslash goes on in the next
 
 
 def test_the_toy_corpus_block_makes_a_labelled_corpus(tmp_path, monkeypatch):
