@@ -195,27 +195,24 @@ def philox_uniform(
         ValueError: a seed or offset out of range, a negative number of columns, or rows /
             cols not 1-D.
     """
+    counted = isinstance(cols, int)  # columns 0 .. cols - 1: a run by construction
     seed, offset, rows, cols = _philox_arguments(seed, offset, rows, cols, device)
     if philox_kernel_runs(rows, cols, seed, offset):
         return philox_uniform_triton(seed, offset, rows, cols)
-    first = _cpu_column_run(rows, cols, seed, offset)
+    # ddpd._C only once loaded: this op never builds it
+    first = _column_run(cols, counted) if rows.is_cpu and _ext.loaded() and _direct(rows, cols, seed, offset) else None
     if first is not None:
         counters = (int(v) if isinstance(v, torch.Tensor) else as_int64(v) for v in (seed, offset))
         return _dispatch.cpu_kernel("philox_uniforms_cpu")(*counters, rows.contiguous(), first, cols.numel(), "best")
     return _uniforms(seed, offset, rows, cols)
 
 
-def _cpu_column_run(rows: torch.Tensor, cols: torch.Tensor, seed, offset) -> Optional[int]:
-    """The first column where philox_uniform can run ddpd._C's Philox (csrc/cpu/uniforms.cpp):
-    an eager call on CPU tensors, ddpd._C loaded (never built for this call), cols the run
-    first .. first + M - 1 within [0, 2**32). None elsewhere."""
-    if not (rows.is_cpu and cols.is_cpu and _ext.loaded() and _dispatch.eager(rows, cols)
-            and not _dispatch.transformed(rows, cols, seed, offset)):
-        return None
-    if not cols.numel():
-        return 0
-    first = int(cols[0])
-    if first < 0 or first + cols.numel() > 2**32 or not torch.equal(cols, torch.arange(first, first + cols.numel())):
+def _column_run(cols: torch.Tensor, counted: bool) -> Optional[int]:
+    """first where cols are the run first .. first + M - 1 within [0, 2**32), the columns
+    ddpd._C's Philox computes (csrc/cpu/uniforms.cpp); else None."""
+    n = cols.numel()
+    first = 0 if counted or not n else int(cols[0])
+    if first < 0 or first + n > 2**32 or not (counted or torch.equal(cols, torch.arange(first, first + n))):
         return None
     return first
 
@@ -271,8 +268,13 @@ def philox_kernel_runs(rows: torch.Tensor, *others) -> bool:
     Returns:
         True for the kernel.
     """
-    return (rows.is_cuda and _dispatch.triton_available() and _dispatch.eager(rows)
-            and not _dispatch.transformed(rows, *others))
+    return rows.is_cuda and _dispatch.triton_available() and _direct(rows, *others)
+
+
+def _direct(rows: torch.Tensor, *others) -> bool:
+    """Whether philox_uniform may call a kernel: nothing traces the call (torch.compile fuses the
+    torch Philox) and no transform wraps its arguments."""
+    return _dispatch.eager(rows) and not _dispatch.transformed(rows, *others)
 
 
 def philox_uniform_triton(seed, offset, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
