@@ -59,6 +59,7 @@ ROWS: list[dict] = []  # the whole runs' comparisons (benchmarks/rows.py), writt
 # The bundled model's runs in a dry run (the CPU): enough to run every line, no more.
 DRY_STEPS, DRY_BATCH = 4, 2
 
+
 class Clock:
     """Median wall time of a callable on one device (ddpd.testing.timing.median_seconds: CUDA
     events on a GPU, perf_counter on the CPU)."""
