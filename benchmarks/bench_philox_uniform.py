@@ -10,7 +10,7 @@ toy's many short rows (50,000 of 3).
 import pytest
 import torch
 
-from ddpd.ops import _ext
+from ddpd.ops import load_extension
 from ddpd.ops.rng import philox_uniform, philox_uniform_reference
 from ddpd.testing.baselines import TORCH
 from inputs import DEVICES
@@ -20,7 +20,7 @@ from inputs import DEVICES
 @pytest.mark.parametrize("variant", [TORCH + "torch.rand", "reference", "fused"])
 @pytest.mark.parametrize("device", DEVICES)
 def test_philox_uniform(compare, rows, cols, variant, device):
-    _ext.load()  # the CPU path runs ddpd._C once loaded
+    load_extension()  # the CPU path runs ddpd._C once loaded
     ids = torch.arange(rows, device=device)
     generator = torch.Generator(device).manual_seed(0)
     fns = {

@@ -176,8 +176,9 @@ def philox_uniform(
 ) -> torch.Tensor:
     """Uniforms in (0, 1] from (seed, offset, row id, column) (docs/ops/rng.md). CUDA tensors
     run ddpd.kernels.rng (a torch Philox costs some 600 kernel launches and ~130 bytes a
-    uniform at its peak), others the torch reference philox_uniform_reference, bit for bit
-    the same.
+    uniform at its peak); CPU tensors whose columns are a run within [0, 2**32) run ddpd._C's
+    vector Philox once the extension is loaded (ddpd.ops.load_extension, or any fused op);
+    others the torch reference philox_uniform_reference. Every path gives the same bits.
 
     Args:
         seed: int in [0, 2**64) or an int64 tensor of one element holding its bits.
