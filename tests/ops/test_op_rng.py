@@ -113,11 +113,14 @@ def test_every_vector_path_of_the_cpu_kernels_computes_the_reference_uniforms(is
     """The C++ kernels compute a row's uniforms a run of columns at a time, 16 or 8 columns at
     once where the CPU has AVX-512 or AVX2 (csrc/cpu/uniforms.cpp): each path this CPU has
     gives the reference's bits (the uniforms, and the words multinomial's draws read), for runs
-    around the vector widths starting at any column,
-    columns up to 2**32 - 1, 64-bit row ids, and seeds and offsets with both words set."""
+    around the vector widths starting at any column (runs shorter than a vector put 16 rows in
+    the lanes, a column at a time: 39 rows, 64-bit ids among them, fill two blocks of 16 and a
+    partial third), columns up to 2**32 - 1, 64-bit row ids, and seeds and offsets with both
+    words set."""
     ops = cpu_ops()
-    rows = torch.cat([LOW_ROWS, torch.tensor([2**32 + 3, -1])])
-    runs = [(0, 1), (0, 7), (3, 8), (5, 9), (17, 16), (0, 17), (100, 33), (2**31 - 5, 40), (2**32 - 20, 20)]
+    rows = torch.cat([LOW_ROWS, torch.tensor([2**32 + 3, -1]), torch.arange(100, 130), LOW_ROWS.flip(0) + 2**40])
+    runs = [(0, 1), (2, 3), (0, 7), (3, 8), (5, 9), (17, 16), (0, 17), (100, 33), (2**31 - 5, 40),
+            (2**32 - 20, 20), (2**32 - 3, 3)]
     for seed, offset in ((0, 0), (2**64 - 3, 2**40 + 9), (12345, 2**63 + 1)):
         for first, n in runs:
             try:
