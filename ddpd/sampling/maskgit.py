@@ -223,17 +223,31 @@ def _step(run: Run, batch, policy, i, last: bool, masked: Tensor, logits: Tensor
           table_row: Optional[Tensor]) -> Step:
     """The policy's view of step i (see ddpd.sampling.policies.Step) with its step_table row."""
     needs = getattr(policy, "needs", ())
-    log_p = logits.log_softmax(-1)
-    # NaN reads as -inf, as in every draw: a position of a NaN output is the least confident
-    logprob = log_p.gather(-1, tokens[..., None]).squeeze(-1).nan_to_num(nan=float("-inf"))
-    extra = {}
-    if "entropy" in needs:
-        extra["entropy"] = -(log_p.exp() * log_p.masked_fill(log_p == float("-inf"), 0.0)).sum(-1)
+    logprob, entropy = _model_law(logits, tokens, "entropy" in needs)
+    extra = {} if entropy is None else {"entropy": entropy}
     if "gumbel" in needs:
         extra["gumbel"] = gumbel(run.noise.uniform(i, CONFIDENCE, batch.rows, run.length))
     if "uniforms" in needs:
         extra["uniforms"] = run.noise.uniform(i, EVENT, batch.rows, run.length)
     return Step(i, run.steps, masked, logprob, batch.state["m0"], last, table=table_row, **extra)
+
+
+def _model_law(logits: Tensor, tokens: Tensor, entropy: bool) -> tuple:
+    """(logprob, entropy): the untempered model log-probability of each drawn token, Float[B, D],
+    and with `entropy` that of each position's law (else None). Logits holding +inf (guidance
+    beyond scale 1 where only the conditional network allows a token) are the uniform law over
+    those entries, as every draw reads them; log_softmax alone would give NaN."""
+    log_p = logits.log_softmax(-1)
+    infinite = logits == float("inf")
+    n_inf = infinite.sum(-1)
+    certain = torch.where(infinite.gather(-1, tokens[..., None]).squeeze(-1), -n_inf.float().log(), float("-inf"))
+    logprob = torch.where(n_inf > 0, certain, log_p.gather(-1, tokens[..., None]).squeeze(-1))
+    # NaN reads as -inf, as in every draw: a position of a NaN output is the least confident
+    logprob = logprob.nan_to_num(nan=float("-inf"))
+    if not entropy:
+        return logprob, None
+    h = -(log_p.exp() * log_p.masked_fill(log_p == float("-inf"), 0.0)).sum(-1)
+    return logprob, torch.where(n_inf > 0, n_inf.float().log(), h)
 
 
 def _alpha(run: Run, t: float) -> float:

@@ -18,12 +18,14 @@ from ddpd.sampling import (
     NaNOutputWarning,
     PhiloxNoise,
     ddpd_sample,
+    mask_sample,
     maskgit_sample,
     tau_leaping_mask,
     tau_leaping_uniform,
 )
 from ddpd.sampling.batch import guided
 from ddpd.sampling.options import DDPDOptions, Execution, Guidance
+from ddpd.sampling.policies import ConfidenceFactor, ConfidenceThreshold, EntropyBound, MaskGIT
 from oracles import laws
 from oracles.fixtures import noise, single_thread  # noqa: F401  (single_thread: autouse)
 from oracles.stats import TVTable, empirical, threshold, tv
@@ -117,6 +119,43 @@ def test_a_token_only_the_conditional_network_allows_is_certain_beyond_scale_1(f
         result = tau_leaping_mask(denoiser, 6, 4, 5, steps=4, seed=0, execution=Execution(fused=fused),
                                   guidance=Guidance(torch.zeros(6, dtype=torch.long), scale=2.0))
     assert bool((result.tokens == 4).all()) and result.denoiser_nan_passes == 0
+
+
+STEP_0_COMMITS = [  # (+inf entries at positions 0-2, policy, the positions step 0 commits)
+    (1, ConfidenceThreshold(0.9), [0, 1, 2]),  # p = 1 at 0-2, e^3 / (e^3 + 4) = 0.83 at 3-5
+    (1, MaskGIT(0.0), [2]),  # one commit: the most confident, the last of the tie at p = 1
+    (1, ConfidenceFactor(1.0), [0, 1, 2, 3, 4]),  # (n + 1)(1 - c_(n)) < 1: 0 for n <= 3, then 0.83, 1.00
+    (1, EntropyBound(0.1), [0, 1, 2, 3]),  # entropy 0 at 0-2, so the next one fits the bound too
+    (2, ConfidenceThreshold(0.6), [3, 4, 5]),  # p = 1/2 at 0-2
+]
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["reference", "fused"])
+@pytest.mark.parametrize("n_inf,policy,committed", STEP_0_COMMITS, ids=[f"{n} {type(p).__name__}"
+                                                                        for n, p, _ in STEP_0_COMMITS])
+def test_the_mask_loop_reads_a_row_with_inf_logits_as_uniform_over_them(n_inf, policy, committed, fused):
+    """Guidance beyond scale 1 gives +inf where only the conditional network allows a token: the
+    law is uniform over the +inf entries, as the draws read it (log_softmax gave NaN, read as
+    confidence 0, so a certain position was committed last)."""
+    inputs = []  # the conditional network's inputs, one a step
+
+    def denoiser(x, t, labels=None):
+        logits = torch.zeros(*x.shape, 5)
+        logits[..., 1] = 3.0
+        if labels is None:
+            logits[:, :3, 5 - n_inf:] = float("-inf")
+        else:
+            inputs.append(x.clone())
+        return logits
+
+    result = mask_sample(denoiser, 1, 6, 5, steps=4, policy=policy, seed=0, execution=Execution(fused=fused),
+                         guidance=Guidance(torch.zeros(1, dtype=torch.long), scale=2.0))
+    assert (inputs[1][0] != 5).nonzero().flatten().tolist() == committed
+    assert bool((result.tokens[0, :3] >= 5 - n_inf).all())  # drawn among the +inf entries
+    # a threshold every position passes commits them all at step 0, as with a finite certain logit
+    everything = mask_sample(denoiser, 1, 6, 5, steps=4, policy=ConfidenceThreshold(0.4), seed=0,
+                             execution=Execution(fused=fused), guidance=Guidance(torch.zeros(1, dtype=torch.long), 2.0))
+    assert everything.stop_step.tolist() == [1]
 
 
 def test_guided_logits_at_forbidden_tokens():
