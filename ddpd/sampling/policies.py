@@ -635,7 +635,8 @@ DDPD_POLICIES = ("error-budget",)
 def parse_policy(spec: str):
     """The policy of a spec 'NAME' or 'NAME:FIELD=VALUE,...' (the CLI's --policy and ddpd-eval
     frontier), e.g. 'error-budget:bound=0.5,max_k=8', 'threshold:threshold=0.9',
-    'remdm:schedule=loop,eta=0.02'. A bare value sets the first field: 'threshold:0.9'.
+    'remdm:schedule=loop,eta=0.02'. A bare first item sets the first field: 'threshold:0.9';
+    any other field, flags included, needs FIELD=VALUE: 'error-budget:max_k=8,known_noise=true'.
 
     Args:
         spec: the spec.
@@ -644,7 +645,7 @@ def parse_policy(spec: str):
         The policy (one of POLICIES' classes).
 
     Raises:
-        ValueError: an unknown name or field, or a value the policy refuses.
+        ValueError: an unknown name or field, a field without its value, or a value the policy refuses.
         TypeError: a value of the wrong type for the policy.
     """
     name, colon, rest = spec.partition(":")
@@ -654,17 +655,30 @@ def parse_policy(spec: str):
     kind = POLICIES[name]
     fields = list(kind.__dataclass_fields__)
     kwargs = {}
-    for item in rest.split(",") if colon else ():
+    for i, item in enumerate(rest.split(",") if colon else ()):
         if not item.strip():
             raise ValueError(f"policy {name} has an empty field in {spec!r}")
         key, eq, value = item.partition("=")
-        key, value = (key.strip(), value.strip()) if eq else (fields[0], key.strip())
+        key, value = (key.strip(), value.strip()) if eq else (fields[0], _bare(kind, name, i, key.strip()))
         if key not in fields:
             raise ValueError(f"policy {name} has no field {key!r}; its fields are {', '.join(fields)}")
         if key in kwargs:
             raise ValueError(f"policy {name} sets {key} twice in {spec!r}")
         kwargs[key] = _value(kind.__dataclass_fields__[key].type, value, key)
     return kind(**kwargs)
+
+
+def _bare(kind, name: str, i: int, value: str) -> str:
+    """A bare value (no FIELD=), which sets the first field only as the first item: a field's
+    name alone (a flag such as known_noise) or a later bare value would be read as that field."""
+    fields = kind.__dataclass_fields__
+    if value in fields:
+        example = "true" if str(fields[value].type) == "bool" else "VALUE"
+        raise ValueError(f"policy field {value} needs a value: {value}={example}")
+    if i > 0:
+        raise ValueError(f"policy {name} takes a bare value only as its first item ({next(iter(fields))}); "
+                         f"write {value!r} as FIELD=VALUE")
+    return value
 
 
 def _value(annotation, text: str, key: str):

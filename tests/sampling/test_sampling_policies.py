@@ -7,6 +7,7 @@
     tokens, and their total variation to p_data against their mean passes is tabled.
 """
 import math
+import re
 
 import pytest
 import torch
@@ -597,6 +598,22 @@ def test_a_certain_risk_under_a_choice_temperature_stays_ahead_of_ineligible_can
     assert ErrorBudget(0.5, 3).commit(risk, eligible, torch.tensor([2])).tolist() == [[True, False, True]]
 
 
+@pytest.mark.parametrize("spec,message", [
+    ("error-budget:known_noise", "policy field known_noise needs a value: known_noise=true"),
+    ("error-budget:max_k=8,known_noise", "policy field known_noise needs a value: known_noise=true"),
+    ("maskgit:choice_temperature", "policy field choice_temperature needs a value: choice_temperature=VALUE"),
+    ("error-budget:max_k=8,0.5", "policy error-budget takes a bare value only as its first item (bound); "
+                                 "write '0.5' as FIELD=VALUE"),
+    ("threshold:0.9,0.8", "policy threshold takes a bare value only as its first item (threshold); "
+                          "write '0.8' as FIELD=VALUE"),
+])
+def test_a_bare_field_name_or_a_later_bare_value_asks_for_field_equals_value(spec, message):
+    """A bare value set the first field, so a bare flag was read as the bound."""
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        parse_policy(spec)
+    assert parse_policy("error-budget:0.5,max_k=8") == ErrorBudget(0.5, 8)
+
+
 def test_policy_specs_round_trip_and_bad_ones_are_named():
     for policy in MASK_POLICIES + LIMITS:
         assert parse_policy(policy_spec(policy)) == policy
@@ -607,7 +624,7 @@ def test_policy_specs_round_trip_and_bad_ones_are_named():
     with pytest.raises(ValueError, match="bound"):
         ErrorBudget(-1.0)
     with pytest.raises(ValueError, match="sets threshold twice"):
-        parse_policy("threshold:0.9,0.8")
+        parse_policy("threshold:0.9,threshold=0.8")
     with pytest.raises(ValueError, match="needs order='risk'"):
         parse_policy("error-budget:order=planner,choice_temperature=1")
     with pytest.raises(ValueError, match="t_on < t_off"):
