@@ -116,7 +116,8 @@ class DDPDOptions:
         clock: "planner" (the time estimated from the planner, the paper's) or "exact" (the
             self-loop CTMC simulated exactly up to t_end).
         t_end: The exact clock's final time, in (0, 1).
-        k: Positions denoised per step during the first parallel_steps steps.
+        k: Positions denoised per step during the first parallel_steps steps (k > 1 needs
+            parallel_steps > 0, so no policy).
         parallel_steps: Steps of the parallel stage; then one position per step.
         policy: An ErrorBudget commit policy (ddpd.sampling.policies), or None (commit every draw).
     """
@@ -139,6 +140,9 @@ class DDPDOptions:
         object.__setattr__(self, "t_end", check_float("t_end", self.t_end, 0.0, 1.0, open_min=True, open_max=True))
         check_int("k", self.k, 1)
         check_int("parallel_steps", self.parallel_steps, 0)
+        if self.k > 1 and self.parallel_steps == 0:  # it would never be read
+            raise ValueError(f"k={self.k} acts in the parallel stage only: give parallel_steps > 0 too (not with a "
+                             "policy, which decides how many positions a step denoises)")
         if self.policy is not None:
             if not isinstance(self.policy, ErrorBudget):
                 raise TypeError(f"policy must be an ErrorBudget (ddpd.sampling.policies) or None, "

@@ -26,6 +26,7 @@ from ddpd.sampling.draws import FusedDraws, ReferenceDraws
 from ddpd.sampling.gillespie import mask_time, planner_time
 from ddpd.sampling.noise import NUM_STREAMS, SELECT, exponential, gumbel, make_noise
 from ddpd.sampling.options import Guidance
+from ddpd.sampling.policies import ErrorBudget
 from oracles.fixtures import single_thread  # noqa: F401  (autouse)
 from oracles.toy import ToyProblem, dirichlet_p_data
 
@@ -180,7 +181,7 @@ def test_options_are_validated_once_and_frozen():
     assert [opts.positions_at(i) for i in range(3)] == [1, 1, 1]
     assert [DDPDOptions(k=3, parallel_steps=2).positions_at(i) for i in range(3)] == [3, 3, 1]
     with pytest.raises(ValueError, match="k"):
-        DDPDOptions(k=5).check(length=4, steps=3)
+        DDPDOptions(k=5, parallel_steps=1).check(length=4, steps=3)
     with pytest.raises(ValueError, match="sync_every"):
         Execution(sync_every=0)
 
@@ -338,7 +339,10 @@ BAD_ARGUMENTS = [
     (lambda: _opts(clock="exact", stop="eps"), ValueError, "stop"),
     (lambda: _ddpd(time_conditioned_planner=True), ValueError, "time_conditioned_planner"),
     (lambda: _ddpd(time_conditioned_planner=1), TypeError, "time_conditioned_planner"),
-    (lambda: _opts(k=5), ValueError, "k"),
+    (lambda: _opts(k=5, parallel_steps=1), ValueError, "k"),
+    (lambda: _opts(k=4), ValueError, "k=4 acts in the parallel stage only: give parallel_steps > 0"),
+    (lambda: _opts(k=4, policy=ErrorBudget()), ValueError, "k=4 acts in the parallel stage only"),
+    (lambda: _opts(k=4, clock="exact"), ValueError, "k=4 acts in the parallel stage only"),
     (lambda: _opts(k=2, parallel_steps=4), ValueError, "parallel_steps"),
     (lambda: _opts(clock="exact", k=2, parallel_steps=1), ValueError, "k > 1"),
     (lambda: _ddpd(temperature=-1.0), ValueError, "temperature"),
