@@ -340,6 +340,8 @@ def _planner_clock(run: Run, draws: Draws, opts: DDPDOptions, networks, batch: R
         plan = draws.plan(step, logits, batch.rows, k, opts.selection, opts.eps, batch.x, mask_id, order)
         positions = plan.positions if plan.order is None else plan.order
         sum_p, masked, count = plan.sum_p, plan.masked, plan.count
+        # between planner passes (plan_every > 1) the stop reads the held plan, the commits since
+        # clean: a row can stop before the planner has seen its last tokens
         if opts.stop == "eps":
             logits, positions, sum_p, masked, count = batch.finish(plan.stop, step, logits, positions, sum_p, masked,
                                                                    count, check=check)

@@ -111,7 +111,9 @@ class DDPDOptions:
     Attributes:
         selection: "sigmoid" (option A: weights sigmoid(planner logit)) or "softmax" (option C).
         stop: "eps" (A: a row stops once p(z^d = N | x_t) < eps everywhere) or "budget" (B: the
-            whole step budget); None: eps on the planner clock, budget on the exact clock.
+            whole step budget); None: eps on the planner clock, budget on the exact clock. Under
+            a policy's plan_every > 1, eps reads the plan held between planner passes (positions
+            committed since counted clean), so a row can stop before the planner sees its last tokens.
         eps: The threshold of the eps stop, in (0, 1).
         clock: "planner" (the time estimated from the planner, the paper's) or "exact" (the
             self-loop CTMC simulated exactly up to t_end).

@@ -68,7 +68,9 @@ class ErrorBudget:
     plan_every m: the planner runs at steps 0, m, 2m, ...; a step in between reads the last
     plan, with the positions committed since it as clean, and costs one network pass. With
     known_noise and no prompt the pass at step 0 is skipped: every position is then unwritten,
-    noise for certain, and nothing of that plan would be read.
+    noise for certain, and nothing of that plan would be read. The eps stop reads that held
+    plan too, so a row can stop without the planner seeing its last tokens (with known_noise
+    and m beyond the budget: once every position is written).
     revise_above q (with known_noise): a written position is masked and redrawn only where the
     planner's probability of noise exceeds q, and then for certain; elsewhere it stays in the
     denoiser's context. Without it (None) the mask of prop:draw_with_maskD draws every written

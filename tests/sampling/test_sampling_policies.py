@@ -266,6 +266,22 @@ def test_known_noise_skips_the_first_plan_which_nothing_reads():
     assert calls
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["reference", "fused"])
+def test_between_planner_passes_the_eps_stop_reads_the_held_plan(fused):
+    """A planner that calls every position noise never lets a row stop when it runs each step;
+    with plan_every beyond the budget and known_noise the stop reads the held plan, in which a
+    written position is clean: the row stops once every position is written (documented)."""
+    def run(plan_every):
+        return ddpd_sample(lambda x: torch.full(x.shape, 10.0), lambda x, t: torch.zeros(*x.shape, 5), 2, 8, 5,
+                           steps=40, seed=0, denoiser_type="mask", execution=Execution(fused=fused),
+                           ddpd=DDPDOptions(stop="eps", policy=ErrorBudget(8.0, 4, known_noise=True,
+                                                                          plan_every=plan_every)))
+
+    assert run(1).stop_step.tolist() == [40, 40]
+    unseen = run(1000)
+    assert unseen.stop_step.tolist() == [2, 2] and unseen.planner_passes.eq(0).all()
+
+
 @pytest.mark.parametrize("fused", [False, True])
 def test_the_cosine_spread_spreads_the_noise_a_prompted_row_starts_with(fused):
     """A prompt's positions are data, frozen or not: the cosine spreads the 8 positions of 16 a
