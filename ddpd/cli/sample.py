@@ -670,19 +670,25 @@ def check_args(args) -> None:
 
 def warn_if_too_few_steps(args, frozen: Optional[torch.Tensor]) -> None:
     """The Gillespie sampler denoises one position per step after its parallel stage (the
-    exact clock at most one per step, a candidate event): a budget that cannot reach every
-    position a prompt leaves free leaves samples mostly noise. Says so on stderr (not under a
-    commit policy, --policy).
+    exact clock at most one per step, a candidate event; a --policy of max_k 1, or of bound 0
+    without a spread, one per step): a budget that cannot reach every position a prompt
+    leaves free leaves samples mostly noise. Says so on stderr (not under a --policy that can
+    commit several a step).
 
     Args:
         args: the parsed command line.
         frozen: Bool[P, D] the prompts' frozen positions, or None.
     """
-    if args.sampler != "ddpd" or args.policy:  # a commit policy commits as many a step as it judges
+    if args.sampler != "ddpd":
+        return
+    policy = command_policy(args, "ddpd")
+    if policy is not None and not policy.commits_one_a_step():  # it commits as many a step as it judges
         return
     free = args.length - (int(frozen.sum(1).min()) if frozen is not None else 0)
     if args.clock == "exact":
         reachable, how, advice = args.steps, "at most one per step", ""
+    elif policy is not None:
+        reachable, how, advice = args.steps, f"one per step under --policy {args.policy}", ""
     else:
         parallel = min(args.parallel_steps, args.steps)
         reachable = parallel * args.k + (args.steps - parallel)

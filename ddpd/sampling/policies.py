@@ -115,6 +115,14 @@ class ErrorBudget:
         if self.choice_temperature > 0 and self.order != "risk":
             raise ValueError(f"choice_temperature ranks by risk: it needs order='risk', got order={self.order!r}")
 
+    def commits_one_a_step(self) -> bool:
+        """Whether a step commits at most one position: max_k 1, or bound 0 without a spread.
+
+        Returns:
+            True where a step budget T denoises at most T positions.
+        """
+        return self.max_k == 1 or (self.bound == 0.0 and self.spread == "none")
+
     def skips_first_plan(self, prompted: bool) -> bool:
         """Whether a run skips the planner pass of step 0: under known_noise without a prompt every
         position starts unwritten, noise for certain, so nothing of that plan would be read.

@@ -498,6 +498,14 @@ def test_too_few_steps_are_warned_about(ckpts, capsys):
                          "per step)" in err, err
 
 
+@pytest.mark.parametrize("spec", ["error-budget:bound=8,max_k=1", "error-budget:bound=0,max_k=8"])
+def test_too_few_steps_are_warned_about_under_a_policy_of_one_commit_a_step(ckpts, capsys, spec):
+    code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--steps", "3", "--num-samples", "1",
+                           "--policy", spec)
+    assert code == 0 and "warning: --steps 3 can denoise at most 3 of the 8 positions to generate (one per " \
+                         f"step under --policy {spec})" in err, err
+
+
 def test_networks_of_different_lengths_are_warned_about(ckpts, tmp_path, capsys):
     torch.manual_seed(0)
     long = build_model("planner", config_for("planner", V, 2 * D, **TINY))
