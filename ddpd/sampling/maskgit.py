@@ -1,6 +1,6 @@
-"""The mask loop: from the all-mask sequence, each step one denoiser pass draws a token at every
-masked position and a policy (ddpd.sampling.policies) says which of them to keep, and for
-ReMDM which committed tokens to mask again.
+"""The mask loop: from the all-mask sequence, each step's denoiser pass (two with guidance)
+draws a token at every masked position and a policy (ddpd.sampling.policies) says which of
+them to keep, and for ReMDM which committed tokens to mask again.
 
 `maskgit_sample` is this loop with MaskGIT's policy (Chang et al. 2022); `mask_sample` takes
 any of the field's policies. The confidence a policy reads is the untempered model
@@ -55,7 +55,8 @@ def maskgit_sample(
         batch_size: B, the number of sequences.
         length: D, the sequence length.
         vocab_size: V, the number of clean token values.
-        steps: The pass budget; the last step fills every mask left.
+        steps: The step budget, a denoiser pass a step (two with guidance); the last step fills
+            every mask left.
         choice_temperature: The scale of the Gumbel noise on the confidences (MaskGIT's default
             4.5; 0 ranks by confidence alone, ties broken by position).
         temperature: The denoiser's logit temperature (0 = argmax), or a Temperature with fields
@@ -119,10 +120,11 @@ def mask_sample(
     noise: Optional[NoiseSource] = None,
     device: Union[str, torch.device, None] = None,
 ) -> SampleResult:
-    """Parallel decoding with a mask denoiser, `policy` choosing what each pass commits.
+    """Parallel decoding with a mask denoiser, `policy` choosing what each step commits.
 
     A row stops once it has no mask (ReMDM with eta > 0: at the budget), so adaptive
-    policies use fewer passes: SampleResult's denoiser_passes per row.
+    policies use fewer steps: SampleResult's stop_step per row, and its denoiser_passes (a
+    pass a step, two with guidance).
 
     Args:
         denoiser: denoiser(x Long[B, D] with mask_id at masked positions, t Float[B]) ->
@@ -130,7 +132,8 @@ def mask_sample(
         batch_size: B, the number of sequences.
         length: D, the sequence length.
         vocab_size: V, the number of clean token values.
-        steps: The pass budget; the last step fills every mask left.
+        steps: The step budget, a denoiser pass a step (two with guidance); the last step fills
+            every mask left.
         policy: One of MaskGIT, ConfidenceThreshold, ConfidenceFactor, EntropyBound, ReMDM
             (ddpd.sampling.policies, docs/parallel.md).
         temperature: The denoiser's logit temperature (0 = argmax), or a Temperature with fields
