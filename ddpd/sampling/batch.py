@@ -584,6 +584,26 @@ def guided(unconditional: Tensor, conditional: Tensor, scale: float) -> Tensor:
     return torch.where(forbidden, conditional.masked_fill(conditional > float("-inf"), float("inf")), mixed)
 
 
+def extended_softmax(logits: Tensor, log: bool = False) -> Tensor:
+    """softmax (or log_softmax) over the last dimension in the extended reals: a row holding
+    +inf (guidance beyond scale 1 where only the conditional network allows a token; a float16
+    overflow) is the uniform law over its +inf entries, as every draw reads it, where softmax
+    alone gives NaN. Rows of finite logits get softmax's own values, bit for bit.
+
+    Args:
+        logits: Float[..., V].
+        log: log-probabilities instead of probabilities.
+
+    Returns:
+        Float[..., V].
+    """
+    infinite = logits == float("inf")
+    count = infinite.sum(-1, keepdim=True).to(logits.dtype)
+    if log:
+        return torch.where(count > 0, torch.where(infinite, -count.log(), float("-inf")), logits.log_softmax(-1))
+    return torch.where(count > 0, infinite.to(logits.dtype) / count, logits.softmax(-1))
+
+
 class _Call:
     """network.method(x, t, labels=...) as a function of (x, t, labels), exposing the
     network's null label (if it has one) to Condition.outputs."""

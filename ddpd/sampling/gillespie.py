@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from ddpd.process import Schedule, denoiser_log_prob_from_uniform, planner_prob_from_uniform
-from ddpd.sampling.batch import RunningBatch, SampleResult
+from ddpd.sampling.batch import RunningBatch, SampleResult, extended_softmax
 from ddpd.sampling.common import Run, expand, on_device, row, run_steps, setup, start, subset, write
 from ddpd.sampling.draws import Draws
 from ddpd.sampling.noise import ACCEPT, BELOW_ONE, CLOCK, CONFIDENCE, NoiseSource, exponential, gumbel
@@ -272,7 +272,7 @@ class _UniformModel:
     def plan(self, batch: RunningBatch, x: Tensor, t: Tensor) -> Tensor:
         logits = self._logits(batch, x, t)
         self.logits = logits if self.reuse else None
-        p = planner_prob_from_uniform(logits.softmax(-1), x, self.alpha(t))
+        p = planner_prob_from_uniform(extended_softmax(logits), x, self.alpha(t))
         # Planner logits log p - log(1 - p); for softmax selection clamped so that p = 1 stays finite.
         return torch.logit(p.double(), eps=1e-10).float() if self.softmax else torch.log(p) - torch.log1p(-p)
 
@@ -283,7 +283,7 @@ class _UniformModel:
             logits = self.logits if index is None else self.logits[index]
         else:
             logits = self._logits(batch, x_in, t, rows, used)
-        log_q = denoiser_log_prob_from_uniform(logits.log_softmax(-1), x_in, self.alpha(t))
+        log_q = denoiser_log_prob_from_uniform(extended_softmax(logits, log=True), x_in, self.alpha(t))
         # No jump where the model is sure the token is clean (log q all -inf: planned at the
         # previous time, denoised at the new one): the position keeps its token.
         stays = torch.nn.functional.one_hot(x_in, self.vocab_size).bool()

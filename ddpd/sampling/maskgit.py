@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from ddpd.process import Schedule
-from ddpd.sampling.batch import SampleResult
+from ddpd.sampling.batch import SampleResult, extended_softmax
 from ddpd.sampling.common import Run, on_device, row, run_steps, setup, start
 from ddpd.sampling.draws import Draws
 from ddpd.sampling.gillespie import mask_time
@@ -237,20 +237,13 @@ def _step(run: Run, batch, policy, i, last: bool, masked: Tensor, logits: Tensor
 
 def _model_law(logits: Tensor, tokens: Tensor, entropy: bool) -> tuple:
     """(logprob, entropy): the untempered model log-probability of each drawn token, Float[B, D],
-    and with `entropy` that of each position's law (else None). Logits holding +inf (guidance
-    beyond scale 1 where only the conditional network allows a token) are the uniform law over
-    those entries, as every draw reads them; log_softmax alone would give NaN."""
-    log_p = logits.log_softmax(-1)
-    infinite = logits == float("inf")
-    n_inf = infinite.sum(-1)
-    certain = torch.where(infinite.gather(-1, tokens[..., None]).squeeze(-1), -n_inf.float().log(), float("-inf"))
-    logprob = torch.where(n_inf > 0, certain, log_p.gather(-1, tokens[..., None]).squeeze(-1))
+    and with `entropy` that of each position's law (else None)."""
+    log_p = extended_softmax(logits, log=True)
     # NaN reads as -inf, as in every draw: a position of a NaN output is the least confident
-    logprob = logprob.nan_to_num(nan=float("-inf"))
+    logprob = log_p.gather(-1, tokens[..., None]).squeeze(-1).nan_to_num(nan=float("-inf"))
     if not entropy:
         return logprob, None
-    h = -(log_p.exp() * log_p.masked_fill(log_p == float("-inf"), 0.0)).sum(-1)
-    return logprob, torch.where(n_inf > 0, n_inf.float().log(), h)
+    return logprob, -(log_p.exp() * log_p.masked_fill(log_p == float("-inf"), 0.0)).sum(-1)
 
 
 def _alpha(run: Run, t: float) -> float:

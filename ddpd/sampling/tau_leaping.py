@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from ddpd.process import Schedule
-from ddpd.sampling.batch import RunningBatch, SampleResult
+from ddpd.sampling.batch import RunningBatch, SampleResult, extended_softmax
 from ddpd.sampling.common import Run, expand, on_device, row, run_steps, setup, start, subset
 from ddpd.sampling.draws import Draws
 from ddpd.sampling.gillespie import DENOISER_TYPES, mask_time
@@ -193,7 +193,7 @@ def tau_leaping_uniform(
 
     def one_step(i, temperature, last: bool, check: bool) -> None:
         logits = batch.denoiser(model, batch.x, grid.t(i, len(batch)), vocab_size, "model")
-        p_stay = logits.log_softmax(-1).gather(-1, batch.x[..., None]).squeeze(-1).exp()
+        p_stay = extended_softmax(logits, log=True).gather(-1, batch.x[..., None]).squeeze(-1).exp()
         jump = happens(run.noise.uniform(i, EVENT, batch.rows, length), row(grid.jumps, i) * (1.0 - p_stay))
         jump = _free(batch, jump)
         # New values exclude the current one: the rate is defined for j != x_t^d only.

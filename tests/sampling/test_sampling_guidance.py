@@ -18,12 +18,13 @@ from ddpd.sampling import (
     NaNOutputWarning,
     PhiloxNoise,
     ddpd_sample,
+    ddpd_sample_uniform,
     mask_sample,
     maskgit_sample,
     tau_leaping_mask,
     tau_leaping_uniform,
 )
-from ddpd.sampling.batch import guided
+from ddpd.sampling.batch import extended_softmax, guided
 from ddpd.sampling.options import DDPDOptions, Execution, Guidance
 from ddpd.sampling.policies import ConfidenceFactor, ConfidenceThreshold, EntropyBound, MaskGIT
 from oracles import laws
@@ -119,6 +120,40 @@ def test_a_token_only_the_conditional_network_allows_is_certain_beyond_scale_1(f
         result = tau_leaping_mask(denoiser, 6, 4, 5, steps=4, seed=0, execution=Execution(fused=fused),
                                   guidance=Guidance(torch.zeros(6, dtype=torch.long), scale=2.0))
     assert bool((result.tokens == 4).all()) and result.denoiser_nan_passes == 0
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["reference", "fused"])
+@pytest.mark.parametrize("sampler", ["tau_leaping_uniform", "ddpd_sample_uniform"])
+def test_the_uniform_samplers_read_a_row_with_inf_logits_as_certain(sampler, fused):
+    """Beyond scale 1 a token only the conditional network allows has logit +inf: the uniform
+    tau-leaping rate and the single uniform model's planner and denoiser read the row as certain
+    of it (softmax alone gave NaN: the rate never jumped, and the positions kept their noise)."""
+
+    def model(x, t, labels=None):
+        logits = torch.zeros(*x.shape, 5)
+        logits[..., 1] = 3.0
+        if labels is None:
+            logits[:, :3, 4] = float("-inf")
+        return logits
+
+    run = tau_leaping_uniform if sampler == "tau_leaping_uniform" else ddpd_sample_uniform
+    result = run(model, 4, 6, 5, steps=30, seed=0, execution=Execution(fused=fused),
+                 guidance=Guidance(torch.zeros(4, dtype=torch.long), scale=2.0))
+    assert bool((result.tokens[:, :3] == 4).all()), result.tokens
+
+
+def test_extended_softmax_is_uniform_over_inf_entries_and_softmax_elsewhere():
+    logits = torch.randn(3, 4, 7, generator=torch.Generator().manual_seed(0))
+    logits[0, 1, [2, 5]] = float("inf")
+    logits[2, 3, 6] = float("inf")
+    logits[1, 0, 3] = float("-inf")
+    finite = torch.ones(3, 4, dtype=torch.bool)
+    finite[0, 1] = finite[2, 3] = False
+    for log, plain in ((False, logits.softmax(-1)), (True, logits.log_softmax(-1))):
+        got = extended_softmax(logits, log=log)
+        assert torch.equal(got[finite], plain[finite])  # bit for bit
+        p = got.exp() if log else got
+        assert p[0, 1].tolist() == [0, 0, 0.5, 0, 0, 0.5, 0] and p[2, 3].tolist() == [0] * 6 + [1]
 
 
 STEP_0_COMMITS = [  # (+inf entries at positions 0-2, policy, the positions step 0 commits)
