@@ -173,7 +173,9 @@ def save_bundle(path: str, planner: torch.nn.Module, planner_config: dict,
 def ensure_replaceable(path: str, kind: str = "checkpoint") -> None:
     """Raise CheckpointError unless `path` is absent, an empty directory or a ddpd `kind`
     ("checkpoint" or "bundle") that a save may replace: a mistyped destination must never
-    delete unrelated files, nor a bundle a training checkpoint (or the other way round).
+    delete unrelated files, nor a bundle a training checkpoint (or the other way round),
+    nor a bundle the training checkpoints in its planner/ and denoiser/ (ddpd-train's
+    --out R/planner and --out R/denoiser), whose training state a bundle does not keep.
     A checkpoint is a directory whose config.json parses as one a ddpd save wrote (a ddpd
     kind and the sha256 of the files), not any directory holding a config.json.
     The path is checked as the save will write it (relative to the working directory; an
@@ -207,6 +209,10 @@ def ensure_replaceable(path: str, kind: str = "checkpoint") -> None:
         raise CheckpointError(f"refusing to replace {path}: {reason}")
     if found != kind:
         raise CheckpointError(f"refusing to replace {path}: it holds a ddpd {found}, not a {kind}")
+    training = [role for role in _ROLES if found == "bundle" and has_train_state(os.path.join(path, role))]
+    if training:
+        raise CheckpointError(f"refusing to replace {path}: {os.path.join(path, training[0])} holds a training "
+                              "checkpoint, not a bundle's weights-only copy")
 
 
 def _is_checkpoint(path: str) -> bool:
@@ -223,8 +229,11 @@ def _is_checkpoint(path: str) -> bool:
     return isinstance(config, dict) and config.get("kind") in KINDS and isinstance(config.get("sha256"), dict)
 
 
+_ROLES = ("planner", "denoiser")  # a bundle's checkpoints, in the order errors name them
+
+
 def _is_bundle(path: str) -> bool:
-    return all(_is_checkpoint(os.path.join(path, role)) for role in ("planner", "denoiser"))
+    return all(_is_checkpoint(os.path.join(path, role)) for role in _ROLES)
 
 
 # What a save writes into a checkpoint or bundle directory; anything else there is a user's.

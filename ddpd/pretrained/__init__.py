@@ -186,7 +186,8 @@ def install_bundle(planner: str, denoiser: str, dest: str, dtype: str = "float32
         ValueError: an unknown dtype, checkpoints that do not make a default bundle, weights
             beyond the range of `dtype`, or a bundle over MAX_BUNDLE_BYTES.
         TypeError: `dest` is not a path.
-        CheckpointError: a checkpoint is missing or damaged.
+        CheckpointError: a checkpoint is missing or damaged, or `dest` holds something
+            other than a bundle (training checkpoints in its planner/ and denoiser/ included).
         ddpd.files.OutputError: `dest` is the working directory or holds it.
     """
     import shutil

@@ -311,6 +311,18 @@ def test_a_bundle_and_a_checkpoint_never_replace_each_other(tmp_path):
     assert os.path.exists(tmp_path / "c" / "train_state.json") and os.path.isdir(tmp_path / "b" / "planner")
 
 
+def test_a_bundle_never_replaces_training_checkpoints_side_by_side(tmp_path):
+    """R/planner and R/denoiser written by ddpd-train counted as a bundle at R: a save_bundle
+    there dropped their optimizer state."""
+    planner, planner_config = tiny("planner")
+    denoiser, denoiser_config = tiny("mask-denoiser", seed=2)
+    save_checkpoint(tmp_path / "planner", planner, planner_config)
+    save_checkpoint(tmp_path / "denoiser", denoiser, denoiser_config, ({"a": torch.ones(2)}, {"step": 1}))
+    with pytest.raises(CheckpointError, match=f"{tmp_path / 'denoiser'} holds a training checkpoint"):
+        save_bundle(tmp_path, planner, planner_config, denoiser, denoiser_config)
+    assert os.path.exists(tmp_path / "denoiser" / "train_state.json")
+
+
 def test_save_validates_before_writing(tmp_path):
     model, config = tiny("planner")
     other, _ = tiny("planner", d_model=64)

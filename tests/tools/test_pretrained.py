@@ -329,6 +329,20 @@ def test_install_command(tmp_path, capsys, monkeypatch):
                                        "config.json 'training' must be an object of ddpd-train settings, got 5\n")
 
 
+def test_install_command_refuses_a_dest_holding_training_checkpoints(tmp_path, capsys):
+    """The README's layout (--out runs/tiny/planner, --out runs/tiny/denoiser) counted as a
+    bundle: --dest runs/tiny replaced both with weights-only copies, losing the optimizer state."""
+    from ddpd.pretrained.__main__ import main as install_main
+
+    paths = _training_checkpoints(tmp_path)
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    assert install_main([paths["planner"], paths["denoiser"], "--dest", str(tmp_path)]) == 1
+    assert capsys.readouterr().err == (f"python -m ddpd.pretrained: error: refusing to replace {tmp_path}: "
+                                       f"{paths['planner']} holds a training checkpoint, not a bundle's "
+                                       "weights-only copy\n")
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+
+
 @pytest.mark.integration
 def test_install_command_with_a_reader_that_went_away(tmp_path):
     """`python -m ddpd.pretrained ... | true`: a BrokenPipeError traceback after the bundle
