@@ -1,4 +1,5 @@
-"""Argument checks shared by the public entry points of every layer.
+"""Argument checks shared by the public entry points of every layer, and where their
+warnings point (caller_level).
 
 Errors name the argument, what was expected and what was given.
 Lowest layer: imports nothing from ddpd.
@@ -6,6 +7,7 @@ Lowest layer: imports nothing from ddpd.
 from __future__ import annotations
 
 import numbers
+import sys
 from collections.abc import Sequence
 from typing import Callable, Optional
 
@@ -262,3 +264,16 @@ def values_checkable(x: torch.Tensor) -> bool:
         True where its values may be read.
     """
     return x.is_cpu and x.numel() > 0 and not torch.compiler.is_compiling()
+
+
+def caller_level() -> int:
+    """The stacklevel of warnings.warn, called by the caller of this function, that names the
+    first frame outside ddpd: the user's call, where Python's filters key the warning.
+
+    Returns:
+        The stacklevel.
+    """
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and frame.f_globals.get("__name__", "").split(".")[0] == "ddpd":
+        frame, level = frame.f_back, level + 1
+    return level

@@ -11,7 +11,6 @@ docs/sampling.md, section "Internals: the running batch", says how and why.
 from __future__ import annotations
 
 import contextlib
-import sys
 import warnings
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -21,6 +20,7 @@ from torch import Tensor
 
 from ddpd.ops.compact import compact_fixed, scatter_back
 from ddpd.ops.sample_from_hidden import HEAD_DTYPES
+from ddpd.validation import caller_level
 
 
 @dataclass
@@ -346,7 +346,7 @@ class RunningBatch:
         message = nan_warning(result.planner_nan_passes, result.planner_calls, result.denoiser_nan_passes,
                               result.denoiser_calls)
         if message:
-            warnings.warn(message, NaNOutputWarning, stacklevel=_caller_level())
+            warnings.warn(message, NaNOutputWarning, stacklevel=caller_level())
         return result
 
 
@@ -455,15 +455,6 @@ class FusedBatch(RunningBatch):
         scatter_back(self._out_index(), self.x, self.out)
         self.out, self.stop_step = self.out[:self.size], self.stop_step[:self.size]
         return self._result()
-
-
-def _caller_level() -> int:
-    """The stacklevel of warnings.warn, called by the caller of this function, that names the
-    first frame outside ddpd: the user's sampler call, where Python's filters key the warning."""
-    frame, level = sys._getframe(1), 1
-    while frame.f_back is not None and frame.f_globals.get("__name__", "").split(".")[0] == "ddpd":
-        frame, level = frame.f_back, level + 1
-    return level
 
 
 def nan_warning(planner_nan: int, planner_calls: int, denoiser_nan: int, denoiser_calls: int) -> str:

@@ -17,6 +17,7 @@ import hashlib
 import math
 import os
 import time
+import warnings
 from contextlib import contextmanager, nullcontext
 from dataclasses import InitVar, dataclass
 from typing import Callable, Optional
@@ -54,7 +55,7 @@ from ddpd.training.data import (
 )
 from ddpd.training.distributed import Distributed, GradientMean, PeerLost, data_parallel
 from ddpd.training.losses import ar_loss, denoiser_loss, planner_loss, uniform_model_loss
-from ddpd.validation import check_choice, check_device, check_int
+from ddpd.validation import caller_level, check_choice, check_device, check_int
 
 KINDS = ("planner", "mask-denoiser", "uniform-denoiser", "uniform", "ar")
 TOKENIZERS = ("text8", "gpt2")
@@ -436,7 +437,8 @@ class Trainer:
         resume: continue the checkpoint in config.out (exactly, when the hardware, threads
             and processes match).
         progress: draw a progress bar on a terminal.
-        log: a callback for log lines; None prints them.
+        log: a callback for log lines; None shows them above the progress bar, or
+            nowhere without one (warnings then come as Python UserWarnings).
         allow_data_change: resume even though the corpus's text changed.
 
     Raises:
@@ -599,8 +601,8 @@ class Trainer:
                                  f"fewer than seq_len={seq_len}; use a longer corpus or a shorter seq_len")
         self._warn_of_untrained_classes(splits)
         if self.config.warmup >= self.config.steps:
-            self.log(f"warning: warmup {self.config.warmup} >= steps {self.config.steps}: the learning rate "
-                     f"rises through the whole run and never decays to min_lr (give --warmup below --steps)")
+            self._warn(f"warmup {self.config.warmup} >= steps {self.config.steps}: the learning rate rises "
+                       f"through the whole run and never decays to min_lr (give --warmup below --steps)")
 
     def _warn_of_untrained_classes(self, splits: dict[str, Records]) -> None:
         """A class whose records all went to validation and test (a class of a few records:
@@ -612,9 +614,9 @@ class Trainer:
         trained = set(train.labels[train.windows(self.config.seq_len) > 0].tolist())
         every = set(torch.cat([part.labels for part in splits.values()]).tolist())
         for label in sorted(every - trained):
-            self.log(f"warning: class {label} of data {self.config.data} has no training record of seq_len="
-                     f"{self.config.seq_len} tokens or more (a class's records are split 90/5/5 in order): "
-                     "the network will not learn it")
+            self._warn(f"class {label} of data {self.config.data} has no training record of seq_len="
+                       f"{self.config.seq_len} tokens or more (a class's records are split 90/5/5 in order): "
+                       "the network will not learn it")
 
     # ---- the loop ----------------------------------------------------------------
 
@@ -896,6 +898,14 @@ class Trainer:
             from tqdm import tqdm
 
             tqdm.write(message)
+
+    def _warn(self, message: str) -> None:
+        """`message` as a "warning: " log line where log lines are shown, else as a Python
+        warning: a run with neither callback nor progress bar is silent, not its warnings."""
+        if self._log is not None or self.progress:
+            self.log(f"warning: {message}")
+        elif self.dist.is_main:
+            warnings.warn(message, UserWarning, stacklevel=caller_level())
 
     def _progress_bar(self, stop_at: int):
         if not (self.progress and self.dist.is_main):

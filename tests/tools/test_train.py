@@ -93,6 +93,14 @@ def test_a_run_that_is_all_warmup_is_warned_of(corpus, tmp_path):
                    for line in lines) == warned, lines
 
 
+def test_warnings_reach_a_user_of_the_silent_default(corpus, tmp_path, capsys):
+    """With log=None and no progress bar the Trainer prints no log lines, and its warnings
+    about the settings were lost with them: they come as Python warnings."""
+    with pytest.warns(UserWarning, match=r"^warmup 4 >= steps 4: the learning rate rises through the whole run"):
+        Trainer(config(corpus, tmp_path, steps=4, warmup=4)).close()
+    assert capsys.readouterr() == ("", "")
+
+
 def test_the_last_record_of_a_run_cut_by_the_clock_is_saved(corpus, tmp_path, monkeypatch):
     """Stopped by max_time at a save step between two records: the step was saved, then
     recorded, and the record never reached the checkpoint (ddpd-eval training read the
