@@ -60,7 +60,10 @@ from ddpd.validation import caller_level, check_choice, check_device, check_int
 KINDS = ("planner", "mask-denoiser", "uniform-denoiser", "uniform", "ar")
 TOKENIZERS = ("text8", "gpt2")
 BETAS = (0.9, 0.95)  # AdamW's
-SETTLED_BY_THE_RUN = ("betas", "eps", "weight_decay", "amsgrad")  # optimizer settings a resume must keep
+# AdamW settings a resume must keep: an edited state must not make a run ascend (maximize) or change
+# its kernels. Groups saved by an earlier torch lack the later keys; AdamW's load gives them its defaults.
+SETTLED_BY_THE_RUN = ("betas", "eps", "weight_decay", "amsgrad", "maximize", "foreach", "capturable",
+                      "differentiable", "fused")
 # AdamW's float32 step is lr / (1 - beta1) at the first step: a larger lr overflows it
 MAX_LR = float(torch.finfo(torch.float32).max) * (1.0 - BETAS[0])
 # Settings a resumed run must keep (it is the same run). The corpus is compared by its

@@ -1269,6 +1269,9 @@ def _rewrite_state(out, meta_change=None, drop=None):
     (lambda m: m["optimizer_param_groups"][0].update(betas="x"), None,  # failed at the first step, unnamed
      "does not fit this run: train_state.json's optimizer group 0 has \\{'betas': 'x'"),
     (lambda m: m["optimizer_param_groups"][1].update(eps=0.5), None, "optimizer group 1 has .*'eps': 0.5"),
+    (lambda m: m["optimizer_param_groups"][0].update(maximize=True), None,  # resumed, then ascended the loss
+     "optimizer group 0 has .*'maximize': True"),
+    (lambda m: m["optimizer_param_groups"][1].update(fused=True), None, "optimizer group 1 has .*'fused': True"),
     (None, lambda t: t["optim.0.exp_avg_sq"].view(-1)[0].fill_(-1e-3),  # a NaN loss two steps later
      "holds negative values in optim.0.exp_avg_sq \\(at least -0.001\\), which a second moment cannot hold"),
     (None, lambda t: t["optim.1.step"].fill_(-1.0), "holds negative values in optim.1.step"),
@@ -1281,6 +1284,17 @@ def test_damaged_training_state_is_refused_in_one_line(corpus, tmp_path, capsys,
         Trainer(config(corpus, out, steps=20, save_every=2), resume=True)
     code, _, err = run_cli(capsys, "planner", "--out", out, "--resume", "--no-progress")
     assert code == 1 and err.count("\n") == 1 and "train_state" in err, err
+
+
+def test_optimizer_groups_of_an_earlier_torch_resume(corpus, tmp_path):
+    """Groups saved without AdamW's later keys (maximize, foreach, ...) take AdamW's defaults,
+    the settings this run has: they resume."""
+    out = tmp_path / "p"
+    _checkpoint_at_step_2(corpus, out)
+    later = ("maximize", "foreach", "capturable", "differentiable", "fused", "decoupled_weight_decay")
+    _rewrite_state(out, lambda meta: [group.pop(key) for group in meta["optimizer_param_groups"] for key in later])
+    with Trainer(config(corpus, out, steps=20, save_every=2), resume=True) as trainer:
+        assert trainer.step == 2 and not trainer.optimizer.param_groups[0]["maximize"]
 
 
 def test_a_checkpoint_without_term_counts_resumes_with_a_plain_mean_of_its_pending_losses(corpus, tmp_path):
