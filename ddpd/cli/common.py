@@ -390,7 +390,8 @@ def _out_of_memory(err: BaseException) -> bool:
 
 
 def run_tool(prog: str, body: Callable[[], int], value_error_status: int = 1,
-             graceful: Optional[Callable[[str], bool]] = None) -> int:
+             graceful: Optional[Callable[[str], bool]] = None,
+             memory_hint: str = "lower --batch-size (or --num-samples), or use a smaller model") -> int:
     """Run a tool's body with signals handled, turning every expected failure into one
     line on stderr and an exit status.
 
@@ -399,6 +400,7 @@ def run_tool(prog: str, body: Callable[[], int], value_error_status: int = 1,
         body: the tool's work, a function of no arguments returning the exit status.
         value_error_status: the status of a ValueError or TypeError from a layer below.
         graceful: as for signals_as_interrupts.
+        memory_hint: what the line of an out-of-memory error advises.
 
     Returns:
         The exit status: body's, 2 for a UsageError, 1 for an unusable input, an out-of-memory
@@ -434,7 +436,7 @@ def run_tool(prog: str, body: Callable[[], int], value_error_status: int = 1,
         return fail(one_line(err), value_error_status)
     except RuntimeError as err:
         if _out_of_memory(err):
-            return fail(f"out of memory: {one_line(err)}; lower --batch-size (or --num-samples)", 1)
+            return fail(f"out of memory: {one_line(err)}; {memory_hint}", 1)
         if str(err).startswith("ddpd:"):  # the C++ extension could not be built or loaded
             return fail(one_line(err)[len("ddpd:"):].strip(), 1)
         raise

@@ -291,7 +291,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         trainer.request_stop(name)
         return True
 
-    return run_tool("ddpd-train", lambda: run(args, state), graceful=graceful)
+    return run_tool("ddpd-train", lambda: run(args, state), graceful=graceful,
+                    memory_hint="lower --batch-size (--grad-accum keeps the step's size), --d-model or --n-layers")
 
 
 if __name__ == "__main__":

@@ -171,8 +171,9 @@ class TrainConfig:
         check_choice("schedule", self.schedule, SCHEDULES)
         # the network's shape (d_model a multiple of n_heads, ...), refused now rather than after
         # the corpus is read; the vocabulary is not known yet and does not constrain it
-        config_for(self.kind, 1, self.seq_len, d_model=self.d_model, n_layers=self.n_layers, n_heads=self.n_heads,
-                   dropout=self.dropout, num_classes=self.num_classes)
+        network = config_for(self.kind, 1, self.seq_len, d_model=self.d_model, n_layers=self.n_layers,
+                             n_heads=self.n_heads, dropout=self.dropout, num_classes=self.num_classes)
+        self._check_model_fits(network.mlp_ratio)
         self._check_batch_fits()
         if self.label_dropout and not self.num_classes:
             raise ValueError(f"label_dropout needs num_classes > 0 (class labels to drop), got {self.label_dropout}")
@@ -184,6 +185,20 @@ class TrainConfig:
         if self.tiktoken:
             self.tiktoken = os.path.abspath(self.tiktoken)
         self.out = os.path.abspath(self.out)
+
+    def _check_model_fits(self, mlp_ratio: int) -> None:
+        """ValueError naming d_model and n_layers when the training state of the network cannot
+        fit the device's memory: counted from the settings, refused before any allocation."""
+        memory = _device_memory(self.device)
+        # a lower bound: each block's attention (4 d^2) and MLP (2 ratio d^2) weights
+        parameters = self.n_layers * (4 + 2 * mlp_ratio) * self.d_model ** 2
+        copies = ["weights", "gradients", "AdamW's two moments"] + (["EMA weights"] if self.ema > 0 else [])
+        needed = parameters * 4 * (len(copies) + 1)
+        if memory is not None and needed > memory:
+            raise ValueError(f"d_model {self.d_model} and n_layers {self.n_layers}: the model's {parameters:,} "
+                             f"parameters or more need at least {needed / 2**30:,.0f} GiB to train (float32 "
+                             f"{', '.join(copies)}), more than the {memory / 2**30:,.1f} GiB of the device; use a "
+                             "smaller d_model or n_layers")
 
     def _check_batch_fits(self) -> None:
         """ValueError naming batch_size when one micro-batch cannot fit the device's memory:

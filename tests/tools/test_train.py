@@ -1333,6 +1333,33 @@ def test_a_batch_size_no_memory_holds_is_refused_before_any_work(corpus, tmp_pat
     assert err.count("\n") == 1 and os.listdir(tmp_path) == []
 
 
+def test_a_model_no_memory_holds_is_refused_before_any_work(corpus, tmp_path, capsys, monkeypatch):
+    """--d-model 65536 --n-layers 64 reached the allocator, whose error asked for a smaller
+    --batch-size; its parameters are counted from the settings, nothing is allocated."""
+    monkeypatch.setattr("ddpd.training.trainer._device_memory", lambda device: 64 * 2**30)
+    monkeypatch.setattr("ddpd.training.trainer.load_text", lambda *a: pytest.fail("the corpus was read"))
+    with pytest.raises(ValueError, match=r"^d_model 65536 and n_layers 64: the model's 3,298,534,883,328 parameters "
+                                         r"or more need at least 49,152 GiB to train \(float32 weights, gradients"):
+        config(corpus, tmp_path / "p", d_model=65536, n_layers=64, batch_size=1)
+    code, _, err = run_cli(capsys, "planner", "--data", corpus, "--out", tmp_path / "p", "--d-model", 65536,
+                           "--n-layers", 64, "--batch-size", 1)
+    assert code == 2 and err.startswith("ddpd-train: error: --d-model 65536 and --n-layers 64: "), err
+    assert err.endswith(", more than the 64.0 GiB of the device; use a smaller --d-model or --n-layers\n"), err
+    assert err.count("\n") == 1 and os.listdir(tmp_path) == []
+
+
+def test_out_of_memory_names_the_model_size(corpus, tmp_path, capsys, monkeypatch):
+    """The allocator's error only asked for a smaller --batch-size (or --num-samples, which
+    ddpd-train has not), when the weights may be what does not fit."""
+    def allocate(*args):
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 51539607552 bytes.")
+
+    monkeypatch.setattr("ddpd.training.trainer.build_model", allocate)
+    code, _, err = run_cli(capsys, "planner", "--data", corpus, "--out", tmp_path / "p", "--steps", 2)
+    assert code == 1 and err.count("\n") == 1, err
+    assert err.endswith("bytes.; lower --batch-size (--grad-accum keeps the step's size), --d-model or --n-layers\n")
+
+
 def test_a_resumed_run_keeps_its_evaluation_and_follows_its_corpus_by_content(tmp_path, capsys):
     data = tmp_path / "corpus.txt"
     data.write_text(BOOKS.read_text()[:60_000])
