@@ -11,6 +11,7 @@
 docs/training.md ("Corpora and tokenizers") has the details."""
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
@@ -125,6 +126,34 @@ class Text8Tokenizer:
         return "Text8Tokenizer()"
 
 
+def read_gpt2_ranks(name: str, path: str) -> bytes:
+    """The bytes of a GPT-2 .tiktoken ranks file, checked against GPT2_SHA256.
+
+    Args:
+        name: what the error calls the file (an argument or setting).
+        path: the file.
+
+    Returns:
+        Its bytes.
+
+    Raises:
+        ValueError: the file holds other bytes, naming both digests.
+        OSError: the file cannot be read.
+    """
+    with open(path, "rb") as f:
+        data = f.read()
+    actual = hashlib.sha256(data).hexdigest()
+    if actual != GPT2_SHA256:
+        raise ValueError(f"{name} {path} is not the GPT-2 ranks file: its sha256 is {actual}, expected {GPT2_SHA256}")
+    return data
+
+
+def _ranks(data: bytes) -> dict[bytes, int]:
+    """token -> rank of a .tiktoken file's `base64 rank` lines, parsed as tiktoken's loader does,
+    without the file cache that keeps a copy of every path it reads in $TMPDIR/data-gym-cache."""
+    return {base64.b64decode(token): int(rank) for token, rank in (line.split() for line in data.splitlines() if line)}
+
+
 class GPT2Tokenizer:
     """GPT-2 BPE (r50k_base) from a .tiktoken ranks file: by default the one shipped
     with ddpd (ddpd.assets.GPT2_RANKS); '<|endoftext|>' in text is encoded as ordinary
@@ -132,8 +161,6 @@ class GPT2Tokenizer:
 
     def __init__(self, path: Optional[str] = None):
         tiktoken = require_extra("tiktoken", "gpt2", "the GPT-2 tokenizer")
-        from tiktoken.load import load_tiktoken_bpe
-
         if path is None:
             path = GPT2_RANKS
         if not isinstance(path, (str, os.PathLike)):
@@ -141,11 +168,7 @@ class GPT2Tokenizer:
         path = os.path.abspath(os.fspath(path))
         if not os.path.isfile(path):
             raise FileNotFoundError(f"GPT2Tokenizer: tiktoken ranks file not found: {path}")
-        try:
-            ranks = load_tiktoken_bpe(path, expected_hash=GPT2_SHA256)
-        except ValueError as err:
-            raise ValueError(f"GPT2Tokenizer: {path} is not the GPT-2 ranks file "
-                             f"(expected sha256 {GPT2_SHA256}): {err}") from None
+        ranks = _ranks(read_gpt2_ranks("GPT2Tokenizer: path", path))
         self.path = path
         self._encoding = tiktoken.Encoding(name="gpt2", pat_str=GPT2_PATTERN, mergeable_ranks=ranks,
                                            special_tokens={GPT2_EOT: len(ranks)})

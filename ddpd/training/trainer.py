@@ -50,6 +50,7 @@ from ddpd.training.data import (
     is_labelled,
     load_labelled,
     load_text,
+    read_gpt2_ranks,
     resolve_source,
     split_tokens,
 )
@@ -184,6 +185,8 @@ class TrainConfig:
                              f"{{\"text\": str, \"label\": int}} lines), got data {self.data}")
         if self.tiktoken:
             self.tiktoken = os.path.abspath(self.tiktoken)
+            if os.path.isfile(self.tiktoken):  # other ranks refused now, not after the lock and the corpus
+                read_gpt2_ranks("tiktoken", self.tiktoken)  # (a missing file stays the tokenizer's error)
         self.out = os.path.abspath(self.out)
 
     def _check_model_fits(self, mlp_ratio: int) -> None:

@@ -109,6 +109,23 @@ def test_gpt2_rejects_wrong_or_missing_file(tmp_path):
         GPT2Tokenizer(str(tmp_path / "missing.tiktoken"))
 
 
+def test_gpt2_ranks_are_checked_here_and_never_cached(tmp_path, monkeypatch):
+    """tiktoken's loader named a wrong file a "corrupted download" and kept a copy of every
+    path it read in its file cache ($TMPDIR/data-gym-cache)."""
+    import hashlib
+
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "cache"))
+    bad = tmp_path / "passwd"
+    bad.write_bytes(b"root:x:0:0:root:/root:/bin/bash\n")
+    actual = hashlib.sha256(bad.read_bytes()).hexdigest()
+    with pytest.raises(ValueError) as info:
+        GPT2Tokenizer(str(bad))
+    assert str(info.value) == (f"GPT2Tokenizer: path {bad} is not the GPT-2 ranks file: its sha256 is {actual}, "
+                               "expected 306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930")
+    assert GPT2Tokenizer(TIKTOKEN).encode("hello world") == [31373, 995]
+    assert not (tmp_path / "cache").exists()
+
+
 def test_tokenizer_config_round_trip(gpt2):
     assert isinstance(tokenizer_from_config(Text8Tokenizer().to_config()), Text8Tokenizer)
     again = tokenizer_from_config(gpt2.to_config())

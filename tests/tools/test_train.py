@@ -1360,6 +1360,22 @@ def test_out_of_memory_names_the_model_size(corpus, tmp_path, capsys, monkeypatc
     assert err.endswith("bytes.; lower --batch-size (--grad-accum keeps the step's size), --d-model or --n-layers\n")
 
 
+def test_a_tiktoken_file_of_other_ranks_is_refused_naming_both_digests(corpus, tmp_path, capsys, monkeypatch):
+    """--tiktoken /etc/passwd ended with tiktoken's "Hash mismatch for data downloaded from
+    /etc/passwd ... Please try again", after the lock was taken and the corpus read."""
+    import hashlib
+
+    bad = tmp_path / "passwd"
+    bad.write_bytes(b"root:x:0:0:root:/root:/bin/bash\n")
+    monkeypatch.setattr("ddpd.training.trainer.load_text", lambda *a: pytest.fail("the corpus was read"))
+    code, _, err = run_cli(capsys, "planner", "--data", corpus, "--out", tmp_path / "p", "--tokenizer", "gpt2",
+                           "--tiktoken", bad)
+    assert code == 2 and err == (f"ddpd-train: error: --tiktoken {bad} is not the GPT-2 ranks file: its sha256 is "
+                                 f"{hashlib.sha256(bad.read_bytes()).hexdigest()}, expected "
+                                 "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930\n")
+    assert not os.path.exists(tmp_path / "p")
+
+
 def test_a_resumed_run_keeps_its_evaluation_and_follows_its_corpus_by_content(tmp_path, capsys):
     data = tmp_path / "corpus.txt"
     data.write_text(BOOKS.read_text()[:60_000])
