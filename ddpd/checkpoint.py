@@ -373,13 +373,14 @@ def training_settings(path, config: dict) -> dict:
 
 
 def has_train_state(path: str) -> bool:
-    """Whether the checkpoint directory holds a training state to resume from.
+    """Whether the checkpoint directory was saved with a training state to resume from.
 
     Args:
         path: the checkpoint directory.
 
     Returns:
-        True when both training-state files are there.
+        True when its train_state.json is there; whether the state is whole (its tensors
+        file included) is load_train_state's check, which names what is missing.
     """
     return os.path.isfile(os.path.join(path, STATE_META))
 

@@ -867,8 +867,8 @@ class OutputLock:
                                                             f"{self.lock_path})")) from None
 
     def release(self) -> None:
-        """Release the lock (the lock file stays).
-        """
+        """Release the lock and delete its file (while still holding it, so that no second
+        writer locks a deleted file), and the directories acquire() made, where empty."""
         if self._fd is None:
             return
         try:

@@ -323,6 +323,19 @@ def test_a_bundle_never_replaces_training_checkpoints_side_by_side(tmp_path):
     assert os.path.exists(tmp_path / "denoiser" / "train_state.json")
 
 
+def test_a_checkpoint_with_half_its_training_state_has_one_and_fails_to_load_it(tmp_path):
+    """has_train_state looks for train_state.json: a checkpoint that lost its tensors file is
+    a training checkpoint whose state load_train_state refuses, naming the file."""
+    model, config = tiny("planner")
+    save_checkpoint(tmp_path / "c", model, config, ({"a": torch.ones(2)}, {"step": 1}))
+    os.remove(tmp_path / "c" / "train_state.safetensors")
+    assert ckpt.has_train_state(tmp_path / "c")
+    with pytest.raises(CheckpointError, match="train_state.safetensors"):
+        load_train_state(tmp_path / "c")
+    save_checkpoint(tmp_path / "w", model, config)
+    assert not ckpt.has_train_state(tmp_path / "w")
+
+
 def test_save_validates_before_writing(tmp_path):
     model, config = tiny("planner")
     other, _ = tiny("planner", d_model=64)
