@@ -261,6 +261,35 @@ def eager(*tensors: Optional[torch.Tensor]) -> bool:
     return True
 
 
+def readable(*tensors: Optional[torch.Tensor]) -> bool:
+    """Whether the host may read these tensors' values (a check, the valid flags): nothing
+    traces the call (torch.compile, jit tracing, make_fx, fake or functional tensors) and
+    no torch.func transform wraps them. Unlike eager(), other modes (a flop counter, a
+    logger) do not count: they see the reads as ops, and their tensors hold values.
+
+    Args:
+        *tensors: the tensors to read, or None.
+
+    Returns:
+        True when their values can be read.
+    """
+    if torch.compiler.is_compiling() or torch._C._is_tracing() or _tracing_mode():
+        return False
+    for t in tensors:
+        if t is not None and type(t) is not torch.Tensor:
+            return False
+    return not transformed(*tensors)
+
+
+_TRACING_MODES = tuple(getattr(torch._C._TorchDispatchModeKey, key) for key in ("FAKE", "PROXY", "FUNCTIONAL"))
+
+
+def _tracing_mode() -> bool:
+    """Whether a dispatch mode that traces (make_fx's proxy, fake or functional tensors) is on."""
+    return bool(torch._C._len_torch_dispatch_stack()) and any(
+            torch._C._get_dispatch_mode(key) is not None for key in _TRACING_MODES)
+
+
 class Watcher(TorchDispatchMode):
     """A dispatch mode that only looks at the ops that run (ddpd.sampling.graphs' replay guard):
     it traces nothing, so a call under it goes straight to its kernel as without it, and

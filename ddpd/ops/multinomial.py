@@ -51,7 +51,7 @@ def check_weights(weights) -> torch.Tensor:
 def check_uniforms(name: str, uniforms, shape: tuple, like: torch.Tensor) -> torch.Tensor:
     """Validate uniforms in [0, 1) of the given shape on like's device.
 
-    The range is checked on CPU in eager calls only, where it costs no device
+    The range is checked on CPU tensors outside tracing only, where it costs no device
     synchronisation; elsewhere a uniform outside [0, 1) still draws an entry of positive
     weight (inverse_cdf says which).
 
@@ -76,7 +76,7 @@ def check_uniforms(name: str, uniforms, shape: tuple, like: torch.Tensor) -> tor
         raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(uniforms.shape)}")
     if uniforms.device != like.device:
         raise ValueError(f"{name} must be on {like.device} like the weights, got {uniforms.device}")
-    if uniforms.is_cpu and uniforms.numel() > 0 and _dispatch.eager(uniforms):
+    if uniforms.is_cpu and uniforms.numel() > 0 and _dispatch.readable(uniforms):
         low, high = float(uniforms.min()), float(uniforms.max())
         if not (0.0 <= low and high < 1.0):
             raise ValueError(f"{name} must lie in [0, 1), got values in [{low}, {high}]")
@@ -102,7 +102,7 @@ def finish(index: torch.Tensor, valid: torch.Tensor, check_valid: bool, need: st
     """
     if not check_valid:
         return Draw(index, valid)
-    if not _dispatch.eager(valid):
+    if not _dispatch.readable(valid):
         raise ValueError("check_valid=True raises on invalid rows, which needs their flags on the host; under "
                          "torch.compile (or other tracing) pass check_valid=False")
     if not bool(valid.all()):

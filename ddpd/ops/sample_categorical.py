@@ -175,7 +175,7 @@ def per_row_tensor(name: str, value: torch.Tensor, lead: tuple, like: torch.Tens
 
 
 def check_values(name: str, value: torch.Tensor, ok: torch.Tensor, expected: str) -> None:
-    """Range check of a per-row control: on CPU tensors in eager calls only (elsewhere it
+    """Range check of a per-row control: on CPU tensors outside tracing only (elsewhere it
     would wait for the device or guard on data).
 
     Args:
@@ -185,9 +185,9 @@ def check_values(name: str, value: torch.Tensor, ok: torch.Tensor, expected: str
         expected: the range, for the message.
 
     Raises:
-        ValueError: a CPU value out of range in an eager call.
+        ValueError: a CPU value out of range outside tracing.
     """
-    if value.is_cpu and value.numel() and _dispatch.eager(value) and not bool(ok.all()):
+    if value.is_cpu and value.numel() and _dispatch.readable(value) and not bool(ok.all()):
         bad = value[~ok][0].item()
         raise ValueError(f"{name} values must be {expected}, got {bad}")
 
@@ -1152,7 +1152,7 @@ def sample_categorical(
     Raises:
         TypeError: an argument of the wrong type, or controls beside a flat control.
         ValueError: a shape, device or value out of range (values of tensors are checked on
-            CPU tensors in eager calls only).
+            CPU tensors outside tracing only).
 
     Example:
         >>> draw = sample_categorical(logits, controls=DrawControls(temperature=0.8, top_p=0.9), seed=0)

@@ -192,6 +192,15 @@ def test_argument_errors(call, error, match):
         call()
 
 
+def test_scatter_back_checks_its_index_under_a_mode_that_traces_nothing():
+    """A flop counter traces nothing: an index past out is still refused, not skipped."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False):
+        with pytest.raises(ValueError, match=r"index values must be < out.shape\[0\] = 3"):
+            scatter_back(torch.tensor([0, 3]), torch.ones(2), torch.ones(3))
+
+
 @pytest.mark.gpu
 def test_cuda_matches_cpu():
     g = torch.Generator().manual_seed(1)

@@ -6,7 +6,8 @@ import math
 import pytest
 import torch
 from scipy import stats
-from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import FlopCounterMode
 
 from ddpd.ops.multinomial import (
     categorical_from_weights,
@@ -288,6 +289,36 @@ def test_categorical_invalid_rows():
             fn(w, u)
 
 
+class _Logging(TorchDispatchMode):
+    """Runs every op as it is: a logger's dispatch mode, which traces nothing."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("mode", [lambda: FlopCounterMode(display=False), _Logging])
+def test_calls_under_a_mode_that_traces_nothing_read_their_flags_and_uniforms(mode):
+    """Under a flop counter or a logging mode the flags and uniforms are real: check_valid=True
+    draws as without the mode and raises on an invalid row (it once refused every call as
+    traced), and uniforms outside [0, 1) are refused."""
+    w, u = bad_rows(), torch.full((7,), 0.5, dtype=torch.float64)
+    good = w[[0, 6]]
+    expected = [fn(good, 2, True, seed=1).tokens for fn in (multinomial, multinomial_reference)]
+    with mode():
+        for fn, want in zip((multinomial, multinomial_reference), expected):
+            assert torch.equal(fn(good, 2, True, seed=1).tokens, want)
+            with pytest.raises(ValueError, match=r"rows \[1, 2, 3, 4, 5\]"):
+                fn(w, 3, True, seed=1)
+            with pytest.raises(ValueError, match=r"noise must lie in \[0, 1\)"):
+                fn(good, 2, True, noise=torch.full((2, 2), 1.5))
+        for fn in (categorical_from_weights, categorical_from_weights_reference):
+            assert fn(good, u[:2]).tokens.shape == (2,)
+            with pytest.raises(ValueError, match="not valid distributions"):
+                fn(w, u)
+        with pytest.raises(ValueError, match="hold NaN"):
+            multinomial_from_logits(torch.full((2, 3), float("nan")), 1, seed=0)
+
+
 def test_float64_total_overflow_is_invalid():
     w = torch.full((2, 3), 1e308, dtype=torch.float64)
     w[1] = 1.0
@@ -313,19 +344,13 @@ def test_subnormal_totals_draw_positive_weights_without_repeats():
         assert sorted(fn(w, 3, False, noise=noise).tokens[0].tolist()) == [0, 1, 2]
 
 
-class _Unchecked(TorchFunctionMode):
-    """Runs every call as it is, but makes ddpd's ops take their traced path, where uniforms
-    outside [0, 1) are not refused (as under torch.compile, or on CUDA)."""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        return func(*args, **(kwargs or {}))
-
-
 @pytest.mark.parametrize("replacement", [True, False])
 @pytest.mark.parametrize("n", [5, 64, 300])  # one chunk (lanes and scalar) and several
-def test_uniforms_outside_the_unit_interval_draw_as_the_reference_and_never_a_zero_weight(n, replacement):
-    """NaN, negative and >= 1 uniforms (unchecked there) draw the same index on every path:
-    below 0 as 0, NaN and >= 1 as just below 1, so never an entry of zero weight."""
+def test_uniforms_outside_the_unit_interval_draw_as_the_reference_and_never_a_zero_weight(n, replacement,
+                                                                                           monkeypatch):
+    """NaN, negative and >= 1 uniforms (unchecked under tracing, or on CUDA) draw the same index
+    on every path: below 0 as 0, NaN and >= 1 as just below 1, so never an entry of zero weight."""
+    from ddpd.ops import _dispatch
     from ddpd.ops._dispatch import cpu_ops
 
     rows, k = 17, 4
@@ -338,11 +363,11 @@ def test_uniforms_outside_the_unit_interval_draw_as_the_reference_and_never_a_ze
     for r, u in enumerate(bad):
         noise[r] = u
         noise[len(bad) + r, r % k] = u
-    with _Unchecked():
-        fast = multinomial(w, k, replacement, noise=noise, check_valid=False).tokens
-        want = multinomial_reference(w, k, replacement, noise=noise, check_valid=False).tokens
-        single = categorical_from_weights(w, noise[:, 0], check_valid=False).tokens
-        single_want = categorical_from_weights_reference(w, noise[:, 0], check_valid=False).tokens
+    monkeypatch.setattr(_dispatch, "readable", lambda *tensors: False)  # as under tracing: values unread
+    fast = multinomial(w, k, replacement, noise=noise, check_valid=False).tokens
+    want = multinomial_reference(w, k, replacement, noise=noise, check_valid=False).tokens
+    single = categorical_from_weights(w, noise[:, 0], check_valid=False).tokens
+    single_want = categorical_from_weights_reference(w, noise[:, 0], check_valid=False).tokens
     assert torch.equal(fast, want), (fast != want).nonzero()[:3]
     assert torch.equal(single, single_want) and torch.equal(single, fast[:, 0])
     assert bool((w.gather(1, fast) > 0).all())

@@ -452,6 +452,48 @@ def test_calls_under_a_watching_dispatch_mode_stay_eager():
             assert not _dispatch.eager()
 
 
+@pytest.mark.parametrize("mode", ["flops", "logging"])
+def test_calls_under_a_mode_that_traces_nothing_keep_their_checks(mode):
+    """A flop counter or a logging dispatch mode sends calls through the custom op, yet
+    traces nothing: the per-row controls are still checked (they were drawn from instead)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils.flop_counter import FlopCounterMode
+
+    class Logging(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    logits = torch.randn(2, 10, generator=torch.Generator().manual_seed(0))
+    expected = sample_categorical(logits, seed=1, top_p=torch.tensor([0.5, 1.0])).tokens
+    bad = [("min_p", torch.tensor([2.0, -1.0]), r"min_p values must be in \[0, 1\]"),
+           ("top_k", torch.tensor([-1, 2]), "top_k values must be >= 0"),
+           ("top_p", torch.tensor([5.0, 0.5]), r"top_p values must be in \(0, 1\]"),
+           ("temperature", torch.tensor([-1.0, 1.0]), "temperature values must be"),
+           ("temperature", torch.tensor([1.0, float("nan")]), "temperature values must be")]
+    with FlopCounterMode(display=False) if mode == "flops" else Logging():
+        assert not _dispatch.eager() and _dispatch.readable(logits)
+        assert torch.equal(sample_categorical(logits, seed=1, top_p=torch.tensor([0.5, 1.0])).tokens, expected)
+        for name, value, match in bad:
+            with pytest.raises(ValueError, match=match):
+                sample_categorical(logits, seed=1, **{name: value})
+
+
+def test_traced_calls_do_not_read_values():
+    """Fake tensors, make_fx and torch.func transforms have no values the host can read."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    x = torch.ones(3)
+    assert _dispatch.readable(x, None)
+    with FakeTensorMode() as fake:
+        assert not _dispatch.readable(fake.from_tensor(x))
+        assert not _dispatch.readable()
+    seen = []
+    make_fx(lambda t: seen.append(_dispatch.readable(t)) or t + 1)(x)
+    torch.vmap(lambda t: seen.append(_dispatch.readable(t)) or t)(x)
+    assert seen == [False, False]
+
+
 def test_vmap_is_refused_with_a_clear_error():
     """Under vmap every slice would be row 0 of its own batch: six identical draws. The
     batch goes in as leading dimensions instead, with distinct rows."""
