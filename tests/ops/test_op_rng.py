@@ -152,3 +152,18 @@ def test_philox_uniform_on_cpu_computes_runs_of_columns_in_the_extension(monkeyp
             assert (not calls) == in_extension, cols
             assert torch.equal(got, philox_uniform_reference(seed, offset, rows, cols)), cols
 
+
+
+def test_the_docs_give_the_probability_of_a_uniform_of_one(monkeypatch):
+    """Of the 2**24 grid values ((w >> 8) + 0.5) * 2**-24 only the top one rounds to 1.0 in
+    float32: probability 2**-24, which the docs once gave as 2**-25."""
+    from pathlib import Path
+
+    words = torch.arange(2**24, dtype=torch.int64) << 8
+    monkeypatch.setattr(rng, "philox_words", lambda seed, offset, rows, cols: words)
+    ones = (rng._uniforms(0, 0, None, None) == 1.0).nonzero().flatten().tolist()
+    assert ones == [2**24 - 1]
+    docs = Path(__file__).resolve().parents[2] / "docs" / "ops"
+    for page in ("rng.md", "bernoulli.md"):
+        text = " ".join((docs / page).read_text().split())
+        assert "(probability 2\\*\\*-24)" in text and "2\\*\\*-25" not in text, page
