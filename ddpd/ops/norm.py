@@ -67,7 +67,7 @@ def check_norm(x, weight, bias, eps, rms, shift, scale) -> None:
         raise ValueError("x must have at least one dimension (the channels normalised)")
     width = x.shape[-1]
     _dispatch.check_width("x's last dimension", width)
-    check_float("eps", eps, 0.0, open_max=True)
+    check_float("eps", eps, 0.0, open_min=True, open_max=True)
     check_bool("rms", rms)
     for name, param in (("weight", weight), ("bias", bias)):
         if param is not None:

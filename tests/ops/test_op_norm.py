@@ -159,6 +159,7 @@ def test_launch_covers_every_row(rows, width, expected):
     (dict(x=torch.zeros(2, 3), weight=torch.zeros(4)), ValueError, r"weight must have shape \[3\]"),
     (dict(x=torch.zeros(2, 3), bias=torch.zeros(3, 1)), ValueError, "bias must be 1-D"),
     (dict(x=torch.zeros(2, 3), eps=-1.0), ValueError, "eps must be in"),
+    (dict(x=torch.ones(2, 3), eps=0.0), ValueError, r"eps must be in \(0.0, inf\), got 0.0"),  # NaN rows
     (dict(x=torch.zeros(2, 3), eps=float("inf")), ValueError, "eps must be in"),
     (dict(x=torch.zeros(2, 3), rms=1), TypeError, "rms must be a bool"),
     (dict(x=torch.zeros(2, 4, 3), shift=torch.zeros(2, 3)), ValueError, "give both or neither"),
