@@ -183,20 +183,21 @@ def philox_uniform(
     Args:
         seed: int in [0, 2**64) or an int64 tensor of one element holding its bits.
         offset: like seed.
-        rows: row ids, Long[N] (64-bit: negative values stand for ids >= 2**63).
-        cols: the number of columns M (columns 0..M-1) or Long[M] (32-bit: the counter's
-            column word; column c + 2**32 is column c).
+        rows: row ids, Long[N] or ints (64-bit: an id >= 2**63 is an int below 2**64 or the
+            negative int64 of its bits).
+        cols: the number of columns M (an int, numpy's or a 0-d integer tensor; columns
+            0..M-1) or Long[M] (32-bit: the counter's column word; column c + 2**32 is column c).
         device: the device of the result when rows is not a tensor.
 
     Returns:
         Float32[N, M].
 
     Raises:
-        TypeError: rows or cols a tensor of floats or bools.
-        ValueError: a seed or offset out of range, a negative number of columns, or rows /
-            cols not 1-D.
+        TypeError: rows or cols a tensor of floats or bools, or cols a bool.
+        ValueError: a seed or offset out of range, a row id outside [-2**63, 2**64), a
+            negative number of columns, or rows / cols not 1-D.
     """
-    counted = isinstance(cols, int)  # columns 0 .. cols - 1: a run by construction
+    counted = _column_count(cols) is not None  # columns 0 .. cols - 1: a run by construction
     seed, offset, rows, cols = _philox_arguments(seed, offset, rows, cols, device)
     if philox_kernel_runs(rows, cols, seed, offset):
         return philox_uniform_triton(seed, offset, rows, cols)
@@ -246,16 +247,49 @@ def _philox_arguments(seed, offset, rows, cols, device) -> tuple:
     for name, ids in (("rows", rows), ("cols", cols)):  # a float id was truncated to another row's
         if isinstance(ids, torch.Tensor) and (ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool):
             raise TypeError(f"{name} must be an integer tensor, got {ids.dtype}")
-    rows = torch.as_tensor(rows, dtype=torch.int64, device=device)
-    if isinstance(cols, int):
-        if cols < 0:
-            raise ValueError(f"cols must be >= 0 (the number of columns), got {cols}")
-        cols = torch.arange(cols, dtype=torch.int64, device=rows.device)
+    rows = torch.as_tensor(rows, dtype=torch.int64, device=device) if isinstance(rows, torch.Tensor) else \
+        _row_ids(rows, device)
+    count = _column_count(cols)
+    if count is not None:
+        if count < 0:
+            raise ValueError(f"cols must be >= 0 (the number of columns), got {count}")
+        cols = torch.arange(count, dtype=torch.int64, device=rows.device)
     cols = torch.as_tensor(cols, dtype=torch.int64, device=rows.device)
     if rows.dim() != 1 or cols.dim() != 1:
         raise ValueError(f"rows and cols must be 1-D, got shapes {tuple(rows.shape)} and {tuple(cols.shape)}")
     seed, offset = (v.reshape(()).to(rows.device) if isinstance(v, torch.Tensor) else v for v in (seed, offset))
     return seed, offset, rows, cols
+
+
+def _row_ids(rows, device) -> torch.Tensor:
+    """Row ids given as ints, as Long[N]: an int in [2**63, 2**64) as the int64 of its bits."""
+    try:
+        return torch.as_tensor(rows, dtype=torch.int64, device=device)
+    except (OverflowError, ValueError, RuntimeError):  # an int beyond int64: torch cannot unpack it
+        pass
+    try:
+        ids = [operator.index(r) for r in rows]
+    except TypeError:
+        raise TypeError("rows must be an integer tensor or a sequence of ints") from None
+    for r in ids:
+        if not -2**63 <= r < 2**64:
+            raise ValueError(f"rows must hold ids in [-2**63, 2**64), got {r}")
+    return torch.as_tensor([as_int64(r) for r in ids], dtype=torch.int64, device=device)
+
+
+def _column_count(cols) -> Optional[int]:
+    """cols as a number of columns when it is an integer scalar (an int, numpy's, a 0-d
+    integer tensor); None for columns given one by one."""
+    if isinstance(cols, bool):
+        raise TypeError("cols must be a number of columns or a tensor of columns, got bool")
+    if isinstance(cols, int):
+        return cols
+    if isinstance(cols, torch.Tensor) and cols.dim() != 0:
+        return None
+    try:
+        return operator.index(cols)
+    except TypeError:  # a sequence of columns, or a 0-d tensor of floats (refused with the columns)
+        return None
 
 
 def philox_kernel_runs(rows: torch.Tensor, *others) -> bool:

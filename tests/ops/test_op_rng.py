@@ -2,6 +2,7 @@
 ddpd.kernels.rng): rows r and r + 2**32 draw independently in every path, and
 no row below 2**32 draws anything other than it always did (values pinned before
 the high word entered the stream)."""
+import numpy as np
 import pytest
 import torch
 
@@ -167,3 +168,30 @@ def test_the_docs_give_the_probability_of_a_uniform_of_one(monkeypatch):
     for page in ("rng.md", "bernoulli.md"):
         text = " ".join((docs / page).read_text().split())
         assert "(probability 2\\*\\*-24)" in text and "2\\*\\*-25" not in text, page
+
+
+@pytest.mark.parametrize("fn", [philox_uniform, philox_uniform_reference])
+def test_row_ids_given_as_ints_at_or_above_two_to_the_63_are_their_int64_bits(fn):
+    """rows [2**64 - 1] raised torch's "Overflow when unpacking long long": an int in
+    [2**63, 2**64) now names the row whose int64 bits it is, as a negative id does."""
+    want = fn(5, 1, torch.tensor([-1, -2**63, 3]), 4)
+    assert torch.equal(fn(5, 1, [2**64 - 1, 2**63, 3], 4), want)
+    assert torch.equal(fn(5, 1, (np.uint64(2**64 - 1), -2**63, np.int64(3)), 4), want)
+    for bad in (2**64, -2**63 - 1):
+        with pytest.raises(ValueError, match=r"rows must hold ids in \[-2\*\*63, 2\*\*64\), got"):
+            fn(5, 1, [0, bad], 4)
+
+
+@pytest.mark.parametrize("fn", [philox_uniform, philox_uniform_reference])
+def test_a_number_of_columns_may_be_any_integer_scalar(fn):
+    """cols as a numpy int or a 0-d integer tensor was refused as "not 1-D"; it counts the
+    columns as an int does. A bool is refused, a 1-D tensor stays a list of columns."""
+    rows = torch.tensor([0, 9])
+    want = fn(3, 0, rows, 3)
+    for cols in (np.int64(3), np.int32(3), np.array(3), torch.tensor(3), torch.tensor(3, dtype=torch.int32)):
+        assert torch.equal(fn(3, 0, rows, cols), want), repr(cols)
+    assert torch.equal(fn(3, 0, rows, torch.tensor([2])), want[:, 2:])
+    with pytest.raises(TypeError, match="cols must be"):
+        fn(3, 0, rows, True)
+    with pytest.raises(ValueError, match="cols must be >= 0"):
+        fn(3, 0, rows, np.int64(-1))
