@@ -62,7 +62,9 @@ class Plan(NamedTuple):
         sum_p: Float[B] the sum over positions of the planner's probability of noise.
         stop: Bool[B] True where every position's probability is below eps.
         masked: Long[B, D] x with mask_id where z is set.
-        z: Bool[B, D] the drawn noise indicators, set at the chosen positions.
+        z: Bool[B, D] the drawn noise indicators, set at the chosen positions except one
+            chosen with weight 0 (logit -inf or NaN, picked when fewer than k have weight),
+            which is not denoised.
         count: Long[B] z.sum(1).
     """
     positions: torch.Tensor

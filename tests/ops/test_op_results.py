@@ -78,3 +78,15 @@ def test_references_live_by_law_and_the_former_names_warn():
             assert getattr(ops, f"{law}_reference") is getattr(reference, law)
     with pytest.raises(AttributeError, match="no attribute 'bogus_reference'"):
         ops.bogus_reference  # noqa: B018
+
+
+def test_plan_z_leaves_a_pick_of_weight_zero_unset_as_its_docstring_says():
+    """A row with fewer than k positions of weight picks one of weight 0 (logit -inf or NaN):
+    it is not denoised, so z stays unset there; Plan.z said z was set at every chosen position."""
+    logits = torch.tensor([[0.0, -float("inf"), -float("inf")], [5.0, float("nan"), -float("inf")]])
+    x = torch.zeros(2, 3, dtype=torch.int64)
+    for op in (ops.planner_select_mask, reference.planner_select_mask):
+        plan = op(logits, x, 9, 2, seed=0)
+        picked = plan.z.gather(1, plan.positions)
+        assert picked[:, 0].all() and not picked[:, 1].any()
+    assert "weight 0" in " ".join(ops.Plan.__doc__.split())
