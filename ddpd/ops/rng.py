@@ -248,33 +248,38 @@ def _philox_arguments(seed, offset, rows, cols, device) -> tuple:
         if isinstance(ids, torch.Tensor) and (ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool):
             raise TypeError(f"{name} must be an integer tensor, got {ids.dtype}")
     rows = torch.as_tensor(rows, dtype=torch.int64, device=device) if isinstance(rows, torch.Tensor) else \
-        _row_ids(rows, device)
+        _ids("rows", rows, device)
     count = _column_count(cols)
     if count is not None:
         if count < 0:
             raise ValueError(f"cols must be >= 0 (the number of columns), got {count}")
         cols = torch.arange(count, dtype=torch.int64, device=rows.device)
-    cols = torch.as_tensor(cols, dtype=torch.int64, device=rows.device)
+    cols = cols.to(rows.device, torch.int64) if isinstance(cols, torch.Tensor) else _ids("cols", cols, rows.device)
     if rows.dim() != 1 or cols.dim() != 1:
         raise ValueError(f"rows and cols must be 1-D, got shapes {tuple(rows.shape)} and {tuple(cols.shape)}")
     seed, offset = (v.reshape(()).to(rows.device) if isinstance(v, torch.Tensor) else v for v in (seed, offset))
     return seed, offset, rows, cols
 
 
-def _row_ids(rows, device) -> torch.Tensor:
-    """Row ids given as ints, as Long[N]: an int in [2**63, 2**64) as the int64 of its bits."""
+def _ids(name: str, ids, device) -> torch.Tensor:
+    """Ids given as a sequence of ints, as Long[N]: an int in [2**63, 2**64) as the int64 of its
+    bits; a float id refused (torch would truncate it to another id)."""
     try:
-        return torch.as_tensor(rows, dtype=torch.int64, device=device)
+        given = torch.as_tensor(ids, device=device)
     except (OverflowError, ValueError, RuntimeError):  # an int beyond int64: torch cannot unpack it
-        pass
+        given = None
+    if given is not None and given.numel() == 0:
+        return given.to(torch.int64)
+    if given is not None and not (given.is_floating_point() or given.is_complex() or given.dtype == torch.bool):
+        return given.to(torch.int64)
     try:
-        ids = [operator.index(r) for r in rows]
+        values = [operator.index(r) for r in ids]
     except TypeError:
-        raise TypeError("rows must be an integer tensor or a sequence of ints") from None
-    for r in ids:
+        raise TypeError(f"{name} must be an integer tensor or a sequence of ints, got {ids!r}") from None
+    for r in values:
         if not -2**63 <= r < 2**64:
-            raise ValueError(f"rows must hold ids in [-2**63, 2**64), got {r}")
-    return torch.as_tensor([as_int64(r) for r in ids], dtype=torch.int64, device=device)
+            raise ValueError(f"{name} must hold ids in [-2**63, 2**64), got {r}")
+    return torch.as_tensor([as_int64(r) for r in values], dtype=torch.int64, device=device)
 
 
 def _column_count(cols) -> Optional[int]:

@@ -91,6 +91,11 @@ def test_ids_that_are_not_integers_are_refused():
         philox_uniform(1, 2, torch.tensor([1]), torch.tensor([True]))
     with pytest.raises(ValueError, match="cols must be >= 0"):
         philox_uniform(1, 2, torch.tensor([1]), -1)
+    for rows, cols in (([1.7], 2), ([1], [0, 1.5])):  # in sequences, as in tensors
+        name = "rows" if cols == 2 else "cols"
+        with pytest.raises(TypeError, match=f"{name} must be an integer tensor or a sequence of ints"):
+            philox_uniform(1, 2, rows, cols)
+    assert philox_uniform(1, 2, [], 3).shape == (0, 3) and philox_uniform(1, 2, [4], []).shape == (1, 0)
 
 
 def test_split32_gives_the_int32_words_of_the_uint64_bits():
