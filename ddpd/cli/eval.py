@@ -679,8 +679,7 @@ def check_command_line(args: argparse.Namespace) -> None:
     for path in _values(args, "sweeps") + _values(args, "sweep"):  # merge, compare: a missing input is a usage error
         if not os.path.isfile(path):
             raise UsageError(f"no such sweep file: {path}")
-    check_checkpoints(*(path for name in ("checkpoint", "planner", "denoiser", "uniform", "judge", "runs")
-                        for path in _values(args, name) if not (name == "judge" and path.startswith("ngram"))))
+    check_checkpoints(*(path for _, path in _checkpoints(args)))
     if getattr(args, "data", None) is not None:
         check_data(args.data)
     check_outputs(args)
@@ -696,11 +695,17 @@ def _outputs_and_inputs(args: argparse.Namespace) -> tuple[list, list, list]:
     data = getattr(args, "data", None)
     if data is not None and os.path.isfile(data):  # a file of that name comes before the corpus of that name
         files.append((f"--data {data}", data))
+    return outputs, files, _checkpoints(args)
+
+
+def _checkpoints(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """(the flag and value naming it, path) of every checkpoint directory the run reads: not
+    frontier's n-gram --judge (frontier.ngram_order), which names none."""
     names = {"checkpoint": "the bundle", "runs": "the run"}
-    checkpoints = [(f"{names.get(name, '--' + name)} {path}", path)
-                   for name in ("checkpoint", "planner", "denoiser", "uniform", "judge", "runs")
-                   for path in _values(args, name) if not (name == "judge" and path.startswith("ngram"))]
-    return outputs, files, checkpoints
+    return [(f"{names.get(name, '--' + name)} {path}", path)
+            for name in ("checkpoint", "planner", "denoiser", "uniform", "judge", "runs")
+            for path in _values(args, name)
+            if not (name == "judge" and args.command == "frontier" and frontier.ngram_order(path) is not None)]
 
 
 def check_args(args: argparse.Namespace) -> None:

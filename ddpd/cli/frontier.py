@@ -18,7 +18,9 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import sys
+from typing import Optional
 
 from ddpd.cli.common import UsageError, add_runtime_arguments, one_line
 
@@ -29,6 +31,7 @@ REPORTS = ("frontier.csv", "frontier.md", "frontier.png", SETTINGS)
 # Settings SETTINGS records since a later version: a file written before lacks them, and its rows,
 # measured with unknown values, are taken as any run's (which then records its own).
 LATER = ("batch_size", "fused")
+NGRAM_ORDER = 6  # the order of --judge ngram
 
 
 def add_parser(sub) -> None:
@@ -40,7 +43,9 @@ def add_parser(sub) -> None:
     p = sub.add_parser("frontier", help="judge NLL and entropy against network passes: parallel decoding policies",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint", nargs="?", help="a bundle directory (default: the bundled text8 models)")
-    p.add_argument("--judge", required=True, help="an ar checkpoint directory, or ngram[:ORDER] built from --data")
+    p.add_argument("--judge", required=True,
+                   help="an ar checkpoint directory, or ngram[:ORDER] built from --data (exactly: any other value "
+                        "is a directory, and ./ngram names one)")
     p.add_argument("--data", help="the corpus (its train split builds an ngram judge)")
     p.add_argument("--samplers", nargs="+", default=["ddpd", "maskgit"], choices=("ddpd", "maskgit"),
                    help="the samplers that run (default: ddpd maskgit)")
@@ -214,19 +219,40 @@ def _digest(*paths: str) -> str:
     return digest.hexdigest()[:16]
 
 
+def ngram_order(judge: str) -> Optional[int]:
+    """The order of an n-gram --judge, `ngram` (NGRAM_ORDER) or `ngram:ORDER`, or None for a
+    checkpoint directory: any other value, so that a directory named `ngram_ar` is one.
+
+    Args:
+        judge: the value of --judge.
+
+    Returns:
+        The order as given (its range is _judge_order's to check), or None.
+
+    Raises:
+        UsageError: `ngram:` and no digits after it (`ngram:`, `ngram:x`), and no such directory.
+    """
+    spec = re.fullmatch(r"ngram(?::([0-9]+))?", judge)
+    if spec:
+        return int(spec.group(1) or NGRAM_ORDER)
+    if re.fullmatch(r"ngram:[^/]*", judge) and not os.path.isdir(judge):  # a spec mistyped, not a path
+        raise UsageError(f"--judge must be a checkpoint directory or ngram[:ORDER], got {judge!r}")
+    return None
+
+
 def _judge_order(args):
-    """The n-gram order of --judge ngram[:ORDER] (6 by default), or None for a checkpoint."""
+    """The n-gram order of --judge ngram[:ORDER], or None for a checkpoint."""
     from ddpd.eval.ngram import MAX_ORDER as MAX_NGRAM_ORDER
 
-    if not args.judge.startswith("ngram"):
+    order = ngram_order(args.judge)
+    if order is None:
         return None
-    name, _, order = args.judge.partition(":")
-    if name != "ngram" or (order and not (order.isdigit() and 1 <= int(order) <= MAX_NGRAM_ORDER)):
+    if not 1 <= order <= MAX_NGRAM_ORDER:
         raise UsageError(f"--judge must be a checkpoint directory or ngram[:ORDER] with ORDER in "
                          f"[1, {MAX_NGRAM_ORDER}], got {args.judge!r}")
     if not args.data:
         raise UsageError("--judge ngram needs --data (its train split builds the judge)")
-    return int(order or 6)
+    return order
 
 
 def _networks(args, bundle: str, order, device):

@@ -388,3 +388,43 @@ def test_ddpd_eval_frontier_refuses_rows_of_another_batch_size_or_path(tmp_path,
     (out / "frontier.json").write_text(json.dumps(settings))
     assert main(argv + ["--fused"]) == 0, capsys.readouterr().err  # unknown: taken as this run's, and recorded
     assert json.loads((out / "frontier.json").read_text())["fused"] is True
+
+
+@pytest.mark.parametrize("judge, order", [("ngram", 6), ("ngram:3", 3), ("ngram:012", 12), ("ngram_ar", None),
+                                          ("ngrams", None), ("runs/ngram:3", None), ("ngram:3/ar", None)])
+def test_a_judge_is_an_ngram_spec_only_when_it_reads_ngram_or_ngram_order(judge, order):
+    """Any --judge that began with "ngram" was an n-gram spec, never a checkpoint directory."""
+    from ddpd.cli.frontier import ngram_order
+
+    if "/" in judge:  # a path that is no directory: an ar judge that check_checkpoints reports missing
+        assert ngram_order(judge) is None
+    else:
+        assert ngram_order(judge) == order
+
+
+@pytest.mark.parametrize("judge", ["ngram:", "ngram:x", "ngram:3x", "ngram:²"])
+def test_ngram_with_a_colon_and_no_order_is_refused(tmp_path, capsys, judge):
+    """`--judge ngram:` was taken as ngram:6."""
+    assert main(["frontier", "--judge", judge, "--data", "books", "--out-dir", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err == ("ddpd-eval: error: --judge must be a checkpoint directory or ngram[:ORDER], "
+                                       f"got {judge!r}\n")
+
+
+def test_a_judge_directory_named_like_ngram_is_a_checkpoint(tmp_path, capsys, monkeypatch):
+    """An ar judge in ngram_ar was refused by frontier, and quality wrote its reports into it."""
+    import json
+
+    from ddpd.checkpoint import save_bundle, save_checkpoint
+
+    monkeypatch.chdir(tmp_path)
+    save_bundle("b", *_tiny("planner"), *_tiny("mask-denoiser"))
+    save_checkpoint("ngram_ar", *_tiny("ar", seq_len=16))
+    assert main(["frontier", "b", "--judge", "ngram_ar", *FAST, "--out-dir", "o"]) == 0, capsys.readouterr().err
+    assert json.loads((tmp_path / "o" / "frontier.json").read_text())["judge"] == "ar"
+    capsys.readouterr()
+    quick = ["--steps", "2", "--num-samples", "1", "--no-progress"]
+    for argv in (["frontier", "b", *FAST], ["quality", "--planner", "b/planner", "--denoiser", "b/denoiser", *quick]):
+        assert main([*argv, "--judge", "ngram_ar", "--out-dir", "ngram_ar"]) == 2
+        assert capsys.readouterr().err == ("ddpd-eval: error: --out-dir ngram_ar is inside --judge ngram_ar, a "
+                                           "checkpoint this run reads; write it elsewhere\n")
+    assert sorted(os.listdir("ngram_ar")) == ["config.json", "model.safetensors"]
