@@ -58,7 +58,8 @@ def add_parser(sub) -> None:
     p.add_argument("--budgets", nargs="+", type=int, default=[32, 64, 128, 256],
                    help="network-pass budgets per sample: a ddpd step is a denoiser pass, plus a planner pass on "
                         "the steps that plan (every step by default; see plan_every); a mask-loop step is one "
-                        "pass (default: 32 64 128 256)")
+                        "pass. Budgets that buy a configuration the same steps give it one row, the first's "
+                        "(default: 32 64 128 256)")
     p.add_argument("--temperatures", nargs="+", type=float, default=[1.0], help="(default: 1.0)")
     p.add_argument("--target-steps", type=int, default=512, help="steps of the one-at-a-time target (default 512)")
     p.add_argument("--target-temperature", type=float, default=1.0, help="its temperature (default 1.0)")
@@ -90,6 +91,7 @@ def run(args: argparse.Namespace) -> None:
     from ddpd.eval.report import MissingDependency, one_set, write_text
 
     families = _policies(args)  # the arguments first: nothing is loaded for a bad one
+    plan = _plan(args, families)
     order = _judge_order(args)
     bundle = _bundle(args.checkpoint)
     from ddpd.cli.common import resolve_device
@@ -100,7 +102,7 @@ def run(args: argparse.Namespace) -> None:
     vocab, length = shared["vocab_size"], shared["seq_len"]
     if judge is None:
         judge = _ngram_judge(args, order, shared)
-    configs = _configs(args, families, planner, denoiser, vocab, length)
+    configs = _configs(args, plan, planner, denoiser, vocab, length)
     csv_path = os.path.join(args.out_dir, "frontier.csv")
     write_text(json.dumps(settings, indent=1) + "\n", os.path.join(args.out_dir, SETTINGS))
     with torch.no_grad():
@@ -312,7 +314,56 @@ def _steps(family: str, policy, budget: int) -> int:
     return ddpd_steps(budget, policy) if family == "ddpd" else budget
 
 
-def _configs(args, by_family: dict, planner, denoiser, vocab: int, length: int) -> list:
+def _name(family: str, policy) -> str:
+    """A sampler and policy as the reports name them."""
+    from ddpd.sampling.policies import policy_spec
+
+    return _short(f"{family} {'one-at-a-time' if policy is None else policy_spec(policy)}")
+
+
+def _plan(args, by_family: dict) -> dict:
+    """{(family, policy, steps, temperature): budget}, the target first: every budget of
+    --budgets, each turned into the steps it buys. A budget below one ddpd step's cost is a
+    UsageError (it bought a step all the same, labelled a budget it overspent); budgets that buy
+    a configuration the same steps give one row, the first's, which a warning says."""
+    from ddpd.sampling.policies import ddpd_passes
+
+    plan = {("ddpd", None, args.target_steps, args.target_temperature): [2 * args.target_steps]}
+    for family in args.samplers:
+        for policy in by_family[family]:
+            least = ddpd_passes(1, policy) if family == "ddpd" else 1
+            for budget in args.budgets:
+                if budget < least:
+                    raise UsageError(f"--budgets {budget} buys no step of {_name(family, policy)}: one costs "
+                                     f"{least} network passes")
+                for temperature in args.temperatures:
+                    budgets = plan.setdefault((family, policy, _steps(family, policy, budget), temperature), [])
+                    if budget not in budgets:
+                        budgets.append(budget)
+    _warn_collapsed(args, plan)
+    return {key: budgets[0] for key, budgets in plan.items()}
+
+
+def _warn_collapsed(args, plan: dict) -> None:
+    """One line on stderr for each configuration that two budgets give the same steps."""
+    said = set()
+    target = ("ddpd", None, args.target_steps, args.target_temperature)
+    for key, budgets in plan.items():
+        family, policy, steps, temperature = key
+        if len(budgets) < 2 or (family, policy, steps, tuple(budgets)) in said:
+            continue
+        said.add((family, policy, steps, tuple(budgets)))
+        if key == target:  # at the target's temperature alone
+            named = (f"--budgets {', '.join(map(str, budgets[1:]))} and the target (--target-steps "
+                     f"{args.target_steps}, {budgets[0]} passes)")
+            where = f" at T={temperature:g}"
+        else:
+            named, where = f"--budgets {', '.join(map(str, budgets[:-1]))} and {budgets[-1]}", ""
+        print(f"ddpd-eval: warning: {named} give {_name(family, policy)} the same {steps} steps{where}: the "
+              f"rows of budget {budgets[0]} stand for {'both' if len(budgets) == 2 else 'all'}", file=sys.stderr)
+
+
+def _configs(args, plan: dict, planner, denoiser, vocab: int, length: int) -> list:
     from ddpd.eval.frontier import Config
     from ddpd.sampling import DDPDOptions, Execution, ddpd_sample, mask_sample
     from ddpd.sampling.policies import policy_spec
@@ -332,13 +383,6 @@ def _configs(args, by_family: dict, planner, denoiser, vocab: int, length: int) 
                                noise=noise, execution=execution)
         return go
 
-    configs = {("ddpd", None, args.target_steps, args.target_temperature): 2 * args.target_steps}
-    for family in args.samplers:
-        for policy in by_family[family]:
-            for budget in args.budgets:
-                for temperature in args.temperatures:
-                    steps = _steps(family, policy, budget)
-                    configs.setdefault((family, policy, steps, temperature), budget)
     return [Config(family, "one-at-a-time" if policy is None else policy_spec(policy), steps, temperature,
                    runner(family, policy, steps, temperature), budget)
-            for (family, policy, steps, temperature), budget in configs.items()]
+            for (family, policy, steps, temperature), budget in plan.items()]

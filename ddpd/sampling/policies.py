@@ -188,12 +188,28 @@ def ddpd_steps(passes: int, policy: Optional[ErrorBudget] = None) -> int:
         policy: the ErrorBudget, or None.
 
     Returns:
-        The number of steps, at least 1.
+        The number of steps, at least 1 (a budget below ddpd_passes(1, policy) buys none).
     """
     every = 1 if policy is None else policy.plan_every
     unread = policy is not None and policy.skips_first_plan(prompted=False)
     # s steps cost s + ceil(s / m) - unread passes, = ceil(s (m + 1) / m) - unread
     return max(1, (passes + unread) * every // (every + 1))
+
+
+def ddpd_passes(steps: int, policy: Optional[ErrorBudget] = None) -> int:
+    """The network passes `steps` DDPD steps cost in a run without a prompt, as ddpd_steps counts
+    them: ddpd_steps(ddpd_passes(s, policy), policy) == s.
+
+    Args:
+        steps: the number of steps (>= 1).
+        policy: the ErrorBudget, or None.
+
+    Returns:
+        The passes.
+    """
+    every = 1 if policy is None else policy.plan_every
+    unread = policy is not None and policy.skips_first_plan(prompted=False)
+    return steps + -(-steps // every) - unread
 
 
 def annealed(choice_temperature: float, step, steps: int):

@@ -375,6 +375,20 @@ def test_ddpd_steps_is_the_most_steps_a_budget_buys(plan_every, known_noise):
     assert [ddpd_steps(p) for p in range(2, 40)] == [p // 2 for p in range(2, 40)]
 
 
+@pytest.mark.parametrize("plan_every", [1, 2, 3, 7, 1000])
+@pytest.mark.parametrize("known_noise", [False, True])
+def test_ddpd_passes_is_what_ddpd_steps_spends(plan_every, known_noise):
+    """A budget below one step's cost bought one step all the same: ddpd_passes says the cost."""
+    from ddpd.sampling.policies import ddpd_passes
+
+    policy = ErrorBudget(0.0, 4, known_noise=known_noise, plan_every=plan_every)
+    for steps in range(1, 200):
+        assert ddpd_passes(steps, policy) == steps + len(range(0, steps, plan_every)) - known_noise
+        assert ddpd_steps(ddpd_passes(steps, policy), policy) == steps
+    assert [ddpd_passes(s) for s in range(1, 40)] == [2 * s for s in range(1, 40)]
+    assert ddpd_passes(1) == 2 and ddpd_passes(1, ErrorBudget(known_noise=True)) == 1
+
+
 def test_error_budget_law_at_bound_0_is_algorithm_1s():
     problem = toy("dir S3 D3")
     one = laws.ddpd_planner_clock_law(problem, 4, ddpd=DDPDOptions(stop="budget"))

@@ -428,3 +428,42 @@ def test_a_judge_directory_named_like_ngram_is_a_checkpoint(tmp_path, capsys, mo
         assert capsys.readouterr().err == ("ddpd-eval: error: --out-dir ngram_ar is inside --judge ngram_ar, a "
                                            "checkpoint this run reads; write it elsewhere\n")
     assert sorted(os.listdir("ngram_ar")) == ["config.json", "model.safetensors"]
+
+
+@pytest.mark.parametrize("budget, policy, name", [("1", [], "ddpd one-at-a-time"),
+                                                  ("1", ["--policies", "error-budget:bound=2,plan_every=4",
+                                                         "--no-defaults"], "ddpd error-budget:bound=2,plan_every=4")])
+def test_ddpd_eval_frontier_refuses_a_budget_below_one_step(tmp_path, capsys, budget, policy, name):
+    """Budget 1 ran ddpd a step of 2 passes, labelled budget 1 beside MaskGIT's 1-pass row."""
+    from ddpd.checkpoint import save_bundle
+
+    save_bundle(tmp_path / "b", *_tiny("planner"), *_tiny("mask-denoiser"))
+    assert main(["frontier", str(tmp_path / "b"), "--judge", "ngram:2", "--data", "books", "--samplers", "ddpd",
+                 *policy, "--budgets", "8", budget, "--target-steps", "1", "--num-samples", "1", "--no-progress",
+                 "--out-dir", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err == (f"ddpd-eval: error: --budgets {budget} buys no step of {name}: "
+                                       "one costs 2 network passes\n")
+    assert not (tmp_path / "o").exists()
+
+
+def test_ddpd_eval_frontier_says_which_budgets_give_the_same_steps(tmp_path, capsys):
+    """--budgets 4 5 gave ddpd 2 steps at both and kept budget 4's rows only, without a word."""
+    from ddpd.checkpoint import save_bundle
+
+    save_bundle(tmp_path / "b", *_tiny("planner"), *_tiny("mask-denoiser"))
+    argv = ["frontier", str(tmp_path / "b"), "--judge", "ngram:2", "--data", "books", "--target-steps", "1",
+            "--num-samples", "1", "--policies", "error-budget:bound=2,max_k=4", "threshold:0.9", "--no-progress",
+            "--temperatures", "0.9", "1.0"]
+    assert main(argv + ["--budgets", "4", "5", "--out-dir", str(tmp_path / "o1")]) == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert warnings == ["ddpd-eval: warning: --budgets 4 and 5 give ddpd one-at-a-time the same 2 steps: the rows "
+                        "of budget 4 stand for both",
+                        "ddpd-eval: warning: --budgets 4 and 5 give ddpd error-budget:bound=2,max_k=4 the same 2 "
+                        "steps: the rows of budget 4 stand for both"]
+    rows = read_frontier(str(tmp_path / "o1" / "frontier.csv"))
+    assert sorted((r["sampler"], r["steps"], r["budget"]) for r in rows if r["policy"] != "one-at-a-time") == [
+        ("ddpd", "2", "4")] * 2 + [("maskgit", "4", "4")] * 4 + [("maskgit", "5", "5")] * 4
+    assert main(argv + ["--budgets", "3", "4", "--out-dir", str(tmp_path / "o2")]) == 0  # the target's 1 step
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert warnings == ["ddpd-eval: warning: --budgets 3 and the target (--target-steps 1, 2 passes) give ddpd "
+                        "one-at-a-time the same 1 steps at T=1: the rows of budget 2 stand for both"]
