@@ -479,7 +479,7 @@ def vocabulary(config: dict) -> int:
     return int(model["vocab_size"] if config["kind"] == "planner" else model["out_dim"])
 
 
-def load_role(role: str, path: str, kinds: Sequence[str], device: torch.device):
+def load_role(role: str, path: str, kinds: Sequence[str], device: torch.device, name: Optional[str] = None):
     """The model and config of the checkpoint `path` given for `role`.
 
     Args:
@@ -487,6 +487,8 @@ def load_role(role: str, path: str, kinds: Sequence[str], device: torch.device):
         path: the checkpoint directory.
         kinds: the model kinds the role accepts.
         device: the device to load it on.
+        name: how the message names it where no --ROLE flag gave it (a bundle's directory);
+            None for `--ROLE PATH`.
 
     Returns:
         (model, config).
@@ -499,7 +501,8 @@ def load_role(role: str, path: str, kinds: Sequence[str], device: torch.device):
 
     model, config = load_model(path, str(device))
     if config["kind"] not in kinds:
-        raise UsageError(f"--{role} {path} holds a {config['kind']!r} model, expected {' or '.join(kinds)}")
+        raise UsageError(f"{name or f'--{role} {path}'} holds a {config['kind']!r} model, expected "
+                         f"{' or '.join(kinds)}")
     return model, config
 
 

@@ -264,7 +264,8 @@ def _networks(args, bundle: str, order, device):
     from ddpd.cli.common import load_role, max_length, shared_facts, warn_if_lengths_differ
 
     roles = {"planner": ("planner",), "denoiser": ("mask-denoiser",)}
-    loaded = {role: load_role(role, os.path.join(bundle, role), kinds, device) for role, kinds in roles.items()}
+    loaded = {role: load_role(role, path, kinds, device, name=f"the bundle's {role}/ ({path})")
+              for role, kinds in roles.items() for path in [os.path.join(bundle, role)]}
     entries = [(os.path.join(bundle, role), config) for role, (_, config) in loaded.items()]
     judge = None
     if order is None:

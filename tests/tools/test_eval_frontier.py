@@ -467,3 +467,23 @@ def test_ddpd_eval_frontier_says_which_budgets_give_the_same_steps(tmp_path, cap
     warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
     assert warnings == ["ddpd-eval: warning: --budgets 3 and the target (--target-steps 1, 2 passes) give ddpd "
                         "one-at-a-time the same 1 steps at T=1: the rows of budget 2 stand for both"]
+
+
+def test_ddpd_eval_frontier_names_the_bundles_directory_of_the_wrong_kind(tmp_path, capsys, monkeypatch):
+    """The message named a --planner flag that ddpd-eval frontier does not have."""
+    from ddpd.checkpoint import save_checkpoint
+    from ddpd.eval import frontier
+
+    monkeypatch.setattr(frontier, "run_frontier", lambda *a, **k: pytest.fail("sampled"))
+    bundle = tmp_path / "swapped"
+    save_checkpoint(bundle / "planner", *_tiny("mask-denoiser"))
+    save_checkpoint(bundle / "denoiser", *_tiny("planner"))
+    assert main(["frontier", str(bundle), "--judge", "ngram", "--data", "books", *FAST,
+                 "--out-dir", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err == (f"ddpd-eval: error: the bundle's planner/ ({bundle / 'planner'}) holds a "
+                                       "'mask-denoiser' model, expected planner\n")
+    save_checkpoint(bundle / "planner", *_tiny("planner"))
+    assert main(["frontier", str(bundle), "--judge", "ngram", "--data", "books", *FAST,
+                 "--out-dir", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err == (f"ddpd-eval: error: the bundle's denoiser/ ({bundle / 'denoiser'}) holds a "
+                                       "'planner' model, expected mask-denoiser\n")
