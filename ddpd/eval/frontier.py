@@ -106,8 +106,8 @@ def run_frontier(configs: Sequence[Config], *, judge, vocab_size: int, num_sampl
 
 
 def read_frontier(path: str) -> list[dict]:
-    """The rows of a frontier CSV (numbers as floats); ValueError naming the file for one that
-    lacks a column of the key or a measurement.
+    """The rows of a frontier CSV (numbers as floats); ValueError naming the file and line for one
+    that lacks a column of the key or a measurement, or holds a measurement that is no number.
 
     Args:
         path: a frontier CSV.
@@ -116,7 +116,8 @@ def read_frontier(path: str) -> list[dict]:
         The rows.
 
     Raises:
-        ValueError: the file lacks a column or is not such a CSV.
+        ValueError: the file lacks a column, a cell of a measurement is no number, or it is not
+            such a CSV.
     """
     with open(path, newline="", encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
@@ -128,7 +129,10 @@ def read_frontier(path: str) -> list[dict]:
         for k in ("judge_nll", "judge_nll_se", "entropy", "entropy_se", "passes", "planner_passes",
                   "denoiser_passes", "tokens_per_pass", "temperature", "seconds"):
             if row.get(k):
-                row[k] = float(row[k])
+                try:
+                    row[k] = float(row[k])
+                except ValueError:
+                    raise ValueError(f"{path} line {line}, column {k}: {row[k]!r} is not a number") from None
     return rows
 
 

@@ -67,6 +67,22 @@ def test_run_frontier_names_a_bad_sample_count(tmp_path, change, error, match):
     assert not calls and not os.path.exists(args["csv_path"])
 
 
+@pytest.mark.parametrize("cell, value", [("judge_nll", "abc"), ("seconds", "1,5"), ("temperature", "T")])
+def test_read_frontier_names_the_file_line_and_column_of_a_cell_that_is_no_number(tmp_path, cell, value):
+    """A non-numeric cell raised "could not convert string to float: 'abc'", naming no file."""
+    path = tmp_path / "frontier.csv"
+    rows = {"sampler": "ddpd", "policy": "one-at-a-time", "steps": "3", "temperature": "1.0", "num_samples": "5",
+            "seed": "0", "judge_nll": "1.5", "entropy": "4.0", "passes": "6", "seconds": "0.5"}
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, list(rows))
+        writer.writeheader()
+        writer.writerows([rows, dict(rows, **{cell: value})])
+    with pytest.raises(ValueError) as err:
+        read_frontier(str(path))
+    assert str(err.value) == f"{path} line 3, column {cell}: {value!r} is not a number"
+
+
+
 def test_a_signal_while_a_row_is_written_keeps_the_row(tmp_path, monkeypatch, signal_raises):
     """A signal handler's exception as the CSV was being written dropped the row just measured."""
     import ddpd.eval.frontier as frontier
