@@ -286,8 +286,12 @@ def _ngram_judge(args, order: int, shared: dict):
     if shared["tokenizer"] is None:
         raise UsageError("the bundle's checkpoints do not record their tokenizer; cannot encode --data for "
                          "--judge ngram")
-    splits = load_splits(args.data, tokenizer_from_config(shared["tokenizer"]))
-    return NGramJudge(splits["train"], shared["vocab_size"], order)
+    train = load_splits(args.data, tokenizer_from_config(shared["tokenizer"]))["train"]
+    if train.numel() <= order:  # NGramJudge's own error would name neither the flag nor the file
+        raise UsageError(f"--data {args.data}: its train split holds {train.numel()} "
+                         f"token{'' if train.numel() == 1 else 's'}, too few for --judge ngram:{order} (it needs "
+                         f"more than {order})")
+    return NGramJudge(train, shared["vocab_size"], order)
 
 
 def _policies(args) -> dict:

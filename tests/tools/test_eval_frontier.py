@@ -503,3 +503,16 @@ def test_ddpd_eval_frontier_names_the_bundles_directory_of_the_wrong_kind(tmp_pa
                  "--out-dir", str(tmp_path / "o")]) == 2
     assert capsys.readouterr().err == (f"ddpd-eval: error: the bundle's denoiser/ ({bundle / 'denoiser'}) holds a "
                                        "'planner' model, expected mask-denoiser\n")
+
+
+def test_ddpd_eval_frontier_names_data_too_small_for_the_ngram_judge(tmp_path, capsys):
+    """Too short a --data ended in NGramJudge's "tokens must be more than 3 ids", exit status 1."""
+    from ddpd.checkpoint import save_bundle
+
+    save_bundle(tmp_path / "b", *_tiny("planner"), *_tiny("mask-denoiser"))
+    corpus = tmp_path / "short.txt"
+    corpus.write_text("ab")
+    assert main(["frontier", str(tmp_path / "b"), "--judge", "ngram:3", "--data", str(corpus), *FAST,
+                 "--out-dir", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err == (f"ddpd-eval: error: --data {corpus}: its train split holds 1 token, too "
+                                       "few for --judge ngram:3 (it needs more than 3)\n")
