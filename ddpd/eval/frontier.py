@@ -61,11 +61,14 @@ class Config:
         Returns:
             The key tuple.
         """
-        return (self.sampler, self.policy, str(self.steps), f"{self.temperature:g}", str(num_samples), str(seed))
+        return (self.sampler, self.policy, str(self.steps), repr(float(self.temperature)), str(num_samples),
+                str(seed))
 
 
 def _row_key(row: dict) -> tuple:
-    return tuple(str(row[k]) if k != "temperature" else f"{float(row[k]):g}" for k in KEY)
+    # the temperature as the float it reads, exactly (repr round-trips; :g kept 6 digits, so that
+    # 1.0000001 took the row of 1.0), whether the cell says 1, 1.0 or 1.00
+    return tuple(str(row[k]) if k != "temperature" else repr(float(row[k])) for k in KEY)
 
 
 def run_frontier(configs: Sequence[Config], *, judge, vocab_size: int, num_samples: int, seed: int,

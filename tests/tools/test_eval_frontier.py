@@ -83,6 +83,38 @@ def test_read_frontier_names_the_file_line_and_column_of_a_cell_that_is_no_numbe
 
 
 
+def test_run_frontier_keys_each_temperature_exactly(tmp_path):
+    """The key wrote a temperature with :g, six digits: 1.0000001 took the row of 1.0."""
+    path = str(tmp_path / "frontier.csv")
+    calls = []
+    near = [Config("maskgit", "maskgit", 3, t, fake(calls)) for t in (1.0, 1.0000001)]
+    run_frontier(near[:1], judge=Uniform(5), vocab_size=5, num_samples=1, seed=0, batch_size=1, csv_path=path)
+    rows = run_frontier(near, judge=Uniform(5), vocab_size=5, num_samples=1, seed=0, batch_size=1, csv_path=path)
+    assert calls == [(1, 0), (1, 0)] and [r["temperature"] for r in rows] == [1.0, 1.0000001]
+
+
+@pytest.mark.parametrize("name", ["frontier.csv", "planner-on-draws-frontier.csv", "matched-64-samples.csv",
+                                  "matched-128-samples.csv"])
+def test_the_committed_frontiers_resume_with_nothing_left_to_measure(tmp_path, name):
+    """Their rows stay keyed as the sweeps that wrote them key them (--temperatures 0.9 1.0 1.1)."""
+    import shutil
+    from pathlib import Path
+
+    path = tmp_path / name
+    shutil.copy(Path(__file__).resolve().parents[2] / "docs" / "parallel" / name, path)
+    rows = read_frontier(str(path))
+    by_value = {t: t for t in (0.9, 1.0, 1.1)}  # as argparse reads --temperatures
+    for (num_samples, seed) in {(r["num_samples"], r["seed"]) for r in rows}:
+        configs = [Config(r["sampler"], r["policy"], int(r["steps"]), by_value[r["temperature"]],
+                          lambda n, first: pytest.fail("measured again")) for r in rows
+                   if (r["num_samples"], r["seed"]) == (num_samples, seed)]
+        again = run_frontier(configs, judge=Uniform(27), vocab_size=27, num_samples=int(num_samples),
+                             seed=int(seed), batch_size=16, csv_path=str(path))
+        assert len(again) == len(configs)
+    assert path.read_bytes() == (Path(__file__).resolve().parents[2] / "docs" / "parallel" / name).read_bytes()
+
+
+
 def test_a_signal_while_a_row_is_written_keeps_the_row(tmp_path, monkeypatch, signal_raises):
     """A signal handler's exception as the CSV was being written dropped the row just measured."""
     import ddpd.eval.frontier as frontier
