@@ -36,11 +36,12 @@
 # reported and the next part still runs (except after a failed build). The exit
 # status is 1 if any part failed. Everything goes to benchmarks/results/<device>.txt, the
 # device's latest log (an earlier run's is in git; a run with --only writes
-# <device>-<parts>.txt instead, and where $OUT is a folder, as on a lent device machine, the log
-# and the rows file are copied there), and the timings' and whole runs' comparisons go,
-# as rows, into benchmarks/results/<device>.jsonl (benchmarks/rows.py: a run replaces the
-# rows of the cases it timed; benchmarks/report.py makes docs/performance.md's tables of
-# them). Python: $PYTHON, default python3.
+# <device>-<parts>.txt instead; where $OUT is a folder, as on a lent device machine, the log
+# is written there too as the run goes, so that a call cut short still returns it, and the
+# rows file is copied there at the end), and the timings' and whole runs' comparisons go, as
+# rows, into benchmarks/results/<device>.jsonl (benchmarks/rows.py: a run replaces the rows
+# of the cases it timed; benchmarks/report.py makes docs/performance.md's tables of them).
+# Python: $PYTHON, default python3.
 # Tests that run the Triton kernels on CPU tensors (the interpreter) are not run
 # here: they need TRITON_INTERPRET=1 set before the kernels are imported, which
 # would also put the CUDA tests in the interpreter; CI runs them.
@@ -193,12 +194,17 @@ else
     export TORCH_CUDA_ARCH_LIST
     export MAX_JOBS=${MAX_JOBS:-$(nproc)}
 fi
-check "$@" 2>&1 | tee "$results"
+logs=("$results")
+# handed back: on the device machine, what is under $OUT comes back
+handed_back=0
+((!DRY_RUN)) && [ -n "${OUT:-}" ] && [ -d "$OUT" ] && handed_back=1
+# the log under $OUT as it goes: a call cut short by its timeout or the lease's end still returns it
+((handed_back)) && logs+=("$OUT/$(basename "$results")")
+check "$@" 2>&1 | tee "${logs[@]}"
 status=${PIPESTATUS[0]}
 echo "gpu_check: results in $results"
-# on the device machine: hand the log and the rows back
-if ((!DRY_RUN)) && [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then
-    cp "$results" "$OUT/" && echo "gpu_check: $results copied to $OUT"
+if ((handed_back)); then
+    echo "gpu_check: the log written to $OUT as the run went"
     cp "benchmarks/results/${device}.jsonl" "$OUT/" 2>/dev/null && echo "gpu_check: its rows copied to $OUT"
 fi
 exit "$status"

@@ -192,13 +192,19 @@ def extrapolated(clock: Clock, pair: Pair, run: Callable, batch: int, steps: int
     return Row("", steps, batch / seconds, per_step * steps, result.tokens_per_pass, note)
 
 
+def say(line: str) -> None:
+    """Print a line and flush it: a run killed by its timeout keeps every line printed before,
+    also where Python buffers its output (a pipe, without PYTHONUNBUFFERED)."""
+    print(line, flush=True)
+
+
 def table(pair: Pair, clock: Clock, policies: list[ErrorBudget], sizes: Sizes) -> int:
     """Print the pair's rows as they are measured (a run cut short keeps those done); the
     number of configurations that failed."""
     runs = samplers(pair, policies, sizes.budgets, sizes.graphs)
-    print(f"## {pair.name}, L = {pair.length}, {str(next(pair.denoiser.parameters()).dtype)[6:]} networks")
-    print("| batch | sampler | steps | passes / sample | tokens / pass | samples/s | tokens/s | x default | note |")
-    print("|---" * 9 + "|")
+    say(f"## {pair.name}, L = {pair.length}, {str(next(pair.denoiser.parameters()).dtype)[6:]} networks")
+    say("| batch | sampler | steps | passes / sample | tokens / pass | samples/s | tokens/s | x default | note |")
+    say("|---" * 9 + "|")
     failed = 0
     with torch.inference_mode():
         for batch in sizes.batches:
@@ -207,14 +213,14 @@ def table(pair: Pair, clock: Clock, policies: list[ErrorBudget], sizes: Sizes) -
                 try:
                     row = one_row(clock, pair, name, run, batch, steps, sizes.warm_steps, first=i == 0)
                 except Exception as error:  # report and go on: one failure must not hide the other numbers
-                    print(f"| {batch} | {name} | {steps} | - | - | - | - | - | FAILED: {type(error).__name__}: "
-                          f"{str(error)[:200]} |")
+                    say(f"| {batch} | {name} | {steps} | - | - | - | - | - | FAILED: {type(error).__name__}: "
+                        f"{str(error)[:200]} |")
                     failed += 1
                     continue
                 default = row.samples_per_s if i == 0 else default
-                print(f"| {batch} | {row.sampler} | {row.steps} | {row.passes:.1f} | {row.tokens_per_pass:.2f} | "
-                      f"{row.samples_per_s:.2f} | {row.samples_per_s * pair.length:.0f} | "
-                      f"{row.samples_per_s / default:.2f}x | {row.note} |")
+                say(f"| {batch} | {row.sampler} | {row.steps} | {row.passes:.1f} | {row.tokens_per_pass:.2f} | "
+                    f"{row.samples_per_s:.2f} | {row.samples_per_s * pair.length:.0f} | "
+                    f"{row.samples_per_s / default:.2f}x | {row.note} |")
     return failed
 
 
@@ -251,10 +257,10 @@ def main(argv=None) -> int:
     if args.dry_run:
         torch.set_num_threads(1)  # tiny shapes: threads only wait on each other
     for number, policy in enumerate(policies, 1):
-        print(f"ddpd policy {number}: {policy_spec(policy)} (its quality: ddpd-eval frontier --policies "
-              f"{policy_spec(policy)})")
-    print(f"targets at matched quality: policy / default samples/s >= "
-          f"{', '.join(f'{v} at batch {k}' for k, v in TARGETS.items())}")
+        say(f"ddpd policy {number}: {policy_spec(policy)} (its quality: ddpd-eval frontier --policies "
+            f"{policy_spec(policy)})")
+    say(f"targets at matched quality: policy / default samples/s >= "
+        f"{', '.join(f'{v} at batch {k}' for k, v in TARGETS.items())}")
     clock = Clock(device)
     failed = 0
     sizes = DRY_RUN if args.dry_run else Sizes()
@@ -262,9 +268,9 @@ def main(argv=None) -> int:
         try:
             failed += table(build(), clock, policies, sizes)
         except Exception as error:  # report and go on: one model's failure must not hide the other's numbers
-            print(f"gpu_parallel: FAILED: {type(error).__name__}: {error}")
+            say(f"gpu_parallel: FAILED: {type(error).__name__}: {error}")
             failed += 1
-    print(f"gpu_parallel: {failed} failed")
+    say(f"gpu_parallel: {failed} failed")
     return int(failed > 0)
 
 

@@ -1,6 +1,7 @@
 """benchmarks/gpu_parallel.py (the parallel-decoding part of benchmarks/gpu_check.sh) runs only
 where a GPU is lent: its dry run (tiny shapes on the CPU, every code path: whole runs, the
 extrapolated default, the emulated CUDA-graph path) runs here through gpu_check.sh."""
+import io
 import os
 import re
 import subprocess
@@ -8,6 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+
+from ddpd.sampling import ErrorBudget
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLERS = ("ddpd default (one at a time)", "ddpd policy 1", "ddpd policy 2", "maskgit", "maskgit, eager",
@@ -55,3 +59,35 @@ def test_gpu_parallel_takes_only_an_error_budget_policy():
         run = subprocess.run([sys.executable, script, "--dry-run", "--policy", spec], capture_output=True, text=True,
                              timeout=300)
         assert run.returncode == 2 and "--policy" in run.stderr and words in run.stderr, run.stderr
+
+
+class PipedStdout(io.StringIO):
+    """stdout as a pipe to tee holds it: what is printed reaches the log only when flushed."""
+
+    def __init__(self):
+        super().__init__()
+        self.flushed = ""
+
+    def flush(self):
+        self.flushed = self.getvalue()
+
+
+def test_each_row_is_flushed_as_soon_as_it_is_measured(monkeypatch):
+    """A run killed by its timeout keeps every row measured before, even where Python buffers
+    its output (run without PYTHONUNBUFFERED)."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import gpu_parallel
+
+    stream, flushed_rows = PipedStdout(), []
+    monkeypatch.setattr(sys, "stdout", stream)
+
+    def one_row(clock, pair, name, run, batch, steps, warm_steps, first):  # measures nothing
+        flushed_rows.append(len(re.findall(r"^\| \d+ \|", stream.flushed, re.M)))
+        return gpu_parallel.Row(name, steps, 1.0, steps, 1.0)
+
+    monkeypatch.setattr(gpu_parallel, "one_row", one_row)
+    pair = gpu_parallel.Pair("toy", torch.nn.Linear(1, 1), torch.nn.Linear(1, 1), 4, 5)
+    gpu_parallel.table(pair, None, [ErrorBudget()], gpu_parallel.Sizes(budgets=(2,), batches=(1, 2)))
+    # 2 batches x (the default, the policy, MaskGIT, the threshold, eager MaskGIT)
+    assert flushed_rows == list(range(len(flushed_rows))) and len(flushed_rows) == 2 * 5
+    assert len(re.findall(r"^\| \d+ \|", stream.flushed, re.M)) == len(flushed_rows)

@@ -193,3 +193,60 @@ def test_an_old_setuptools_takes_the_carried_wheel_or_says_the_build_will_fail(t
     refused = use(str(old), wheel=False)
     assert refused.returncode == 1 and "no .whl/setuptools-*.whl carried" in refused.stdout
     assert use(str(old), wheel=True).returncode == 1  # the wheel cannot be installed with it: said, not hidden
+
+
+# A stand-in for python on a CUDA machine: it answers gpu_check.sh's questions about the device,
+# runs nothing of ddpd (the build, the tests and the benchmarks print a line each) and records
+# every call in calls.txt. FAKE_PYTEST_RC is the tests' exit status; FAKE_KILL=1 makes the
+# parallel benchmark, after its first row reached the log under $OUT (or 5 s without it), kill
+# every process of the run, as a call's timeout or the lease's end does.
+FAKE_PYTHON = r"""#!/usr/bin/env bash
+echo "$*" >>"$FAKE_DIR/calls.txt"
+case "$*" in
+    *cuda.is_available*) exit 0 ;;
+    *get_device_name*) echo fake-gpu ;;
+    *get_device_capability*) echo 9.0 ;;
+    --version) echo "Python 3.fake" ;;
+    *"rows.py --tree-hash"*) echo 0123456789ab ;;
+    *"import xdist"*) exit 1 ;;
+    "-m pytest"*) echo "fake gpu tests ran"; exit "${FAKE_PYTEST_RC:-0}" ;;
+    *gpu_parallel.py*)
+        echo "| 64 | ddpd default (one at a time) | 512 | fake row |"
+        if [ -n "${FAKE_KILL:-}" ]; then
+            for _ in $(seq 50); do grep -qs "fake row" "$OUT"/*.txt && break; sleep 0.1; done
+            # the run's process group (the session's, the test started one) and timeout's own
+            kill -KILL -- "-$(cut -d ' ' -f 6 /proc/$$/stat)" 0
+        fi ;;
+    *gpu_timings.py*) echo '{"op": "fake"}' >>benchmarks/results/fake-gpu.jsonl ;;
+esac
+exit 0
+"""
+
+
+def _fake_gpu_run(tmp_path: Path, *args: str, **env: str) -> tuple[subprocess.CompletedProcess, Path]:
+    """Run a copy of gpu_check.sh (its results in the copy) with FAKE_PYTHON as $PYTHON and $OUT
+    a folder; return the finished process and $OUT."""
+    copy, out = tmp_path / "copy", tmp_path / "out"
+    (copy / "benchmarks" / "results").mkdir(parents=True)
+    out.mkdir()
+    for name in ("gpu_check.sh", "carried_setuptools.sh"):
+        shutil.copy(ROOT / "benchmarks" / name, copy / "benchmarks" / name)
+    python = tmp_path / "python"
+    python.write_text(FAKE_PYTHON)
+    python.chmod(0o755)
+    full = dict(os.environ, PYTHON=str(python), OUT=str(out), FAKE_DIR=str(tmp_path), PATH=os.environ["PATH"])
+    full.update(env)
+    # a session of its own: FAKE_KILL kills the run's process group, not the test's
+    run = subprocess.run(["bash", str(copy / "benchmarks" / "gpu_check.sh"), *args], cwd=tmp_path, env=full,
+                         capture_output=True, text=True, timeout=120, start_new_session=True)
+    return run, out
+
+
+@pytest.mark.integration
+def test_a_killed_run_hands_back_the_log_it_wrote_under_out(tmp_path):
+    """The log goes to $OUT as the run goes: a call cut short by its timeout still returns
+    every row measured before."""
+    run, out = _fake_gpu_run(tmp_path, "--only", "parallel", FAKE_KILL="1")
+    assert run.returncode == -9, run.stdout[-2000:] + run.stderr[-2000:]  # killed, as the lease's end kills it
+    log = (out / "fake-gpu-parallel.txt").read_text()
+    assert "## parallel decoding (limit" in log and "fake row" in log
