@@ -38,10 +38,10 @@
 # device's latest log (an earlier run's is in git; a run with --only writes
 # <device>-<parts>.txt instead; where $OUT is a folder, as on a lent device machine, the log
 # is written there too as the run goes, so that a call cut short still returns it, and the
-# rows file is copied there at the end), and the timings' and whole runs' comparisons go, as
-# rows, into benchmarks/results/<device>.jsonl (benchmarks/rows.py: a run replaces the rows
-# of the cases it timed; benchmarks/report.py makes docs/performance.md's tables of them).
-# Python: $PYTHON, default python3.
+# rows file is copied there at the end if the run wrote rows), and the timings' and whole
+# runs' comparisons go, as rows, into benchmarks/results/<device>.jsonl (benchmarks/rows.py:
+# a run replaces the rows of the cases it timed; benchmarks/report.py makes
+# docs/performance.md's tables of them). Python: $PYTHON, default python3.
 # Tests that run the Triton kernels on CPU tensors (the interpreter) are not run
 # here: they need TRITON_INTERPRET=1 set before the kernels are imported, which
 # would also put the CUDA tests in the interpreter; CI runs them.
@@ -200,11 +200,19 @@ handed_back=0
 ((!DRY_RUN)) && [ -n "${OUT:-}" ] && [ -d "$OUT" ] && handed_back=1
 # the log under $OUT as it goes: a call cut short by its timeout or the lease's end still returns it
 ((handed_back)) && logs+=("$OUT/$(basename "$results")")
+# the rows file's time and size before the run: handed back only if this run wrote rows (the
+# parallel part writes none, and the file in the checkout is an earlier run's)
+rows=benchmarks/results/${device:-}.jsonl
+rows_before=$(stat -c '%y %s' "$rows" 2>/dev/null)
 check "$@" 2>&1 | tee "${logs[@]}"
 status=${PIPESTATUS[0]}
 echo "gpu_check: results in $results"
 if ((handed_back)); then
     echo "gpu_check: the log written to $OUT as the run went"
-    cp "benchmarks/results/${device}.jsonl" "$OUT/" 2>/dev/null && echo "gpu_check: its rows copied to $OUT"
+    if [ -f "$rows" ] && [ "$(stat -c '%y %s' "$rows")" != "$rows_before" ]; then
+        cp "$rows" "$OUT/" && echo "gpu_check: its rows copied to $OUT"
+    else
+        echo "gpu_check: this run wrote no rows ($rows unchanged): none copied to $OUT"
+    fi
 fi
 exit "$status"

@@ -227,7 +227,7 @@ def _fake_gpu_run(tmp_path: Path, *args: str, **env: str) -> tuple[subprocess.Co
     """Run a copy of gpu_check.sh (its results in the copy) with FAKE_PYTHON as $PYTHON and $OUT
     a folder; return the finished process and $OUT."""
     copy, out = tmp_path / "copy", tmp_path / "out"
-    (copy / "benchmarks" / "results").mkdir(parents=True)
+    (copy / "benchmarks" / "results").mkdir(parents=True, exist_ok=True)
     out.mkdir()
     for name in ("gpu_check.sh", "carried_setuptools.sh"):
         shutil.copy(ROOT / "benchmarks" / name, copy / "benchmarks" / name)
@@ -250,3 +250,19 @@ def test_a_killed_run_hands_back_the_log_it_wrote_under_out(tmp_path):
     assert run.returncode == -9, run.stdout[-2000:] + run.stderr[-2000:]  # killed, as the lease's end kills it
     log = (out / "fake-gpu-parallel.txt").read_text()
     assert "## parallel decoding (limit" in log and "fake row" in log
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("parts, written", [("parallel", False), ("timings", True)])
+def test_the_rows_file_is_handed_back_only_when_this_run_wrote_it(tmp_path, parts, written):
+    """The parallel part writes no rows: the committed rows file is not handed back as this run's."""
+    rows = tmp_path / "copy" / "benchmarks" / "results" / "fake-gpu.jsonl"
+    rows.parent.mkdir(parents=True)
+    rows.write_text('{"op": "an older run"}\n')
+    run, out = _fake_gpu_run(tmp_path, "--only", parts)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert (out / "fake-gpu.jsonl").exists() == written
+    if written:
+        assert "its rows copied to" in run.stdout and '"fake"' in (out / "fake-gpu.jsonl").read_text()
+    else:
+        assert "rows copied" not in run.stdout and "wrote no rows" in run.stdout, run.stdout
