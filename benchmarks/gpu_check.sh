@@ -24,7 +24,10 @@
 #     its networks; last, the default run with torch.compile'd networks (batches 64
 #     and 512).
 #  6. parallel decoding (only when --only names it: an estimated 4 minutes, beyond the 8 of the
-#     other parts): benchmarks/gpu_parallel.py, samples/s and tokens/s at batches 1 and 64
+#     other parts): first, within 45 s, the GPU tests of the code it times (the commit policies
+#     under CUDA graphs against the reference path, philox_uniform's kernel:
+#     tests/sampling/test_sampling_gpu.py, tests/ops/test_op_gpu.py, -k selected); then
+#     benchmarks/gpu_parallel.py, samples/s and tokens/s at batches 1 and 64
 #     of the bundled model and of a GPT-2-size planner + mask denoiser (L = 1024): today's
 #     default DDPD run against DDPD's two error-budget policies of the frontier and the mask
 #     loop's MaskGIT and confidence threshold at 64 and 128 network passes (MaskGIT at 64
@@ -107,7 +110,7 @@ part() {
     shift 2
     ((limit > left)) && limit=$left
     echo "## $name (limit ${limit} s)"
-    if ((DRY_RUN)) && [[ $name = build || $name = extension || $name = "gpu tests" ]]; then
+    if ((DRY_RUN)) && [[ $name = build || $name = extension || $name = "gpu tests"* ]]; then
         printf 'dry run, would run:'
         printf ' %q' "$@"
         echo
@@ -169,6 +172,12 @@ check() {
     wanted profile && { part "kernel profile" 90 $PY benchmarks/kernel_profile.py "${profiler[@]}" || failed=1; }
     wanted sampling && { part sampling 230 $PY benchmarks/gpu_sampling.py --compile ${mode[@]+"${mode[@]}"} \
         ${rows_to[@]+"${rows_to[@]}"} || failed=1; }
+    # The code the parallel part times (the commit policies in CUDA graphs; the Philox kernel,
+    # which the reference path runs) is tested on the GPU first: a failure is reported, the
+    # timings still run.
+    wanted parallel && { part "gpu tests of the timed code" 45 $PY -m pytest tests/sampling/test_sampling_gpu.py \
+        tests/ops/test_op_gpu.py -m gpu -k "philox or budget or maskgit or threshold" -q -rs -p no:cacheprovider \
+        --durations=5 || failed=1; }
     # 300 s: an estimate, not measured yet (the GPT-2-size mask loop at batch 64 takes the most;
     # the rows print as they are measured, so a part cut short keeps those done)
     wanted parallel && { part "parallel decoding" 300 $PY benchmarks/gpu_parallel.py ${mode[@]+"${mode[@]}"} ||

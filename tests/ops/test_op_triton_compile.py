@@ -16,12 +16,14 @@ from triton.compiler import ASTSource
 
 from ddpd.kernels import (
     norm as norm_kernels,
+    rng as rng_kernels,
     rotary as rotary_kernels,
     sample_categorical as categorical_kernels,
     sample_from_hidden as hidden_kernels,
 )
 from ddpd.kernels.planner_mask import planner_mask_kernel
 from ddpd.kernels.planner_select import planner_select_kernel
+from ddpd.ops.rng import PHILOX_BLOCK
 from ddpd.ops.sample_from_hidden import head_launch
 from hang_guard import run_compiled
 
@@ -163,8 +165,15 @@ def norm_case(target, present):
     assert "cubin" in compile_kernel(norm_kernels.norm_kernel, types, flags, target, num_warps=8)
 
 
+def philox_uniform_case(target, present):
+    """ddpd.ops.rng.philox_uniform on CUDA: the seed and offset as words, or as tensors (a call
+    captured in a CUDA graph reads them there)."""
+    types = dict(rows_ptr="*i64", cols_ptr="*i64", n_cols="i32", **counters(present), out_ptr="*fp32")
+    assert "cubin" in compile_kernel(rng_kernels.philox_uniform_kernel, types, dict(BLOCK=PHILOX_BLOCK), target)
+
+
 CASES = [sample_categorical_case, planner_select_case, planner_mask_case, sample_from_hidden_case, rotary_case,
-         norm_case]
+         norm_case, philox_uniform_case]
 
 
 @pytest.mark.integration

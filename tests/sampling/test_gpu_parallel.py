@@ -30,6 +30,8 @@ def test_gpu_check_runs_the_parallel_decoding_dry_run(tmp_path):
     assert "FAILED" not in report and "Traceback" not in report and "NOT VALID" not in report
     for part in ("timings", "host cost", "sampling", "kernel profile"):  # --only parallel: nothing else
         assert f"## {part}" not in report
+    # the GPU tests of the timed code, printed (not run) without a GPU, before the timings
+    assert report.index("## gpu tests of the timed code (limit") < report.index("## parallel decoding (limit")
     assert re.search(r"ddpd policy 1: error-budget:bound=0,max_k=256,.*plan_every=1000", report)
     assert re.search(r"ddpd policy 2: error-budget:bound=1,max_k=256,.*plan_every=4", report)
     sections = report.split("## ")

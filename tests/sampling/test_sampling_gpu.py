@@ -7,7 +7,7 @@ from ddpd.models import build_model, config_for, prepare_for_sampling
 from ddpd.sampling import NaNOutputWarning, ddpd_sample, ddpd_sample_uniform, mask_sample, tau_leaping_planned
 from ddpd.sampling.graphs import StepGraphs
 from ddpd.sampling.options import DDPDOptions, Execution, Truncation
-from ddpd.sampling.policies import ErrorBudget, MaskGIT, ReMDM
+from ddpd.sampling.policies import ConfidenceThreshold, ErrorBudget, MaskGIT, ReMDM, ddpd_steps
 
 pytestmark = pytest.mark.gpu
 
@@ -46,9 +46,9 @@ RUNS = {
 }
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("name", RUNS)
-def test_graph_replays_draw_what_eager_steps_draw(nets, name, dtype, monkeypatch):
+@pytest.fixture
+def made(monkeypatch):
+    """The StepGraphs the test's runs make, in order."""
     made = []
     original = StepGraphs.__init__
 
@@ -57,6 +57,12 @@ def test_graph_replays_draw_what_eager_steps_draw(nets, name, dtype, monkeypatch
         made.append(self)
 
     monkeypatch.setattr(StepGraphs, "__init__", init)
+    return made
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("name", RUNS)
+def test_graph_replays_draw_what_eager_steps_draw(nets, name, dtype, made):
     with torch.inference_mode():
         eager = RUNS[name](nets[dtype], seed=3, device="cuda",
                            execution=Execution(fused=True, graphs="off", dtype=dtype))
@@ -64,6 +70,38 @@ def test_graph_replays_draw_what_eager_steps_draw(nets, name, dtype, monkeypatch
     assert made and made[-1].replays > 0 and not made[-1].emulate
     assert torch.equal(eager.tokens, replayed.tokens) and torch.equal(eager.stop_step, replayed.stop_step)
     assert (eager.planner_calls, eager.denoiser_calls) == (replayed.planner_calls, replayed.denoiser_calls)
+
+
+def _ddpd_policy(policy: ErrorBudget):
+    return lambda n, **kw: ddpd_sample(n["planner"], n["mask"], 16, 64, 300, steps=ddpd_steps(16, policy),
+                                       denoiser_type="mask", ddpd=DDPDOptions(policy=policy), **kw)
+
+
+# The commit policies benchmarks/gpu_parallel.py times (its POLICIES, MaskGIT and the threshold
+# 0.9), as it runs them, at a budget of 16 network passes.
+POLICY_RUNS = {
+    "error budget without planner passes": _ddpd_policy(ErrorBudget(
+        0.0, 64, spread="cosine", known_noise=True, plan_every=1000, choice_temperature=4.5)),
+    "error budget revising every 4 steps": _ddpd_policy(ErrorBudget(
+        1.0, 64, spread="cosine", known_noise=True, plan_every=4, choice_temperature=4.5, revise_above=0.5)),
+    "mask loop, MaskGIT": lambda n, **kw: mask_sample(n["mask"], 16, 64, 300, steps=16, policy=MaskGIT(), **kw),
+    "mask loop, threshold 0.9": lambda n, **kw: mask_sample(n["mask"], 16, 64, 300, steps=16,
+                                                            policy=ConfidenceThreshold(0.9), **kw),
+}
+
+
+@pytest.mark.parametrize("name", POLICY_RUNS)
+def test_commit_policies_in_graph_replays_draw_the_reference_tokens(nets, name, made):
+    """Fused with CUDA graphs, as the benchmark runs them, the policies commit the tokens the
+    reference path (fused=False) commits on the same device."""
+    with torch.inference_mode():
+        reference = POLICY_RUNS[name](nets["float32"], seed=7, device="cuda", execution=Execution(dtype="float32"))
+        replayed = POLICY_RUNS[name](nets["float32"], seed=7, device="cuda",
+                                     execution=Execution(fused=True, dtype="float32"))
+    assert made and made[-1].replays > 0 and not made[-1].emulate
+    assert torch.equal(reference.tokens, replayed.tokens) and torch.equal(reference.commits, replayed.commits)
+    assert torch.equal(reference.passes, replayed.passes)
+    assert reference.tokens_per_pass > 1  # several tokens a pass: the policy chose them
 
 
 CUT = dict(truncation=Truncation(top_k=40, top_p=0.9, min_p=0.01))

@@ -266,3 +266,20 @@ def test_the_rows_file_is_handed_back_only_when_this_run_wrote_it(tmp_path, part
         assert "its rows copied to" in run.stdout and '"fake"' in (out / "fake-gpu.jsonl").read_text()
     else:
         assert "rows copied" not in run.stdout and "wrote no rows" in run.stdout, run.stdout
+
+
+@pytest.mark.integration
+def test_the_parallel_part_first_runs_the_gpu_tests_of_what_it_times(tmp_path):
+    """The commit policies under CUDA graphs and the Philox kernel are tested on the GPU before
+    they are timed; their failure is reported and the timings still run."""
+    run, out = _fake_gpu_run(tmp_path, "--only", "parallel", FAKE_PYTEST_RC="1")
+    log = (out / "fake-gpu-parallel.txt").read_text()
+    assert run.returncode == 1 and "## gpu tests of the timed code: FAILED (exit 1)" in log, log
+    assert "## parallel decoding: passed" in log and "fake row" in log
+    calls = (tmp_path / "calls.txt").read_text().splitlines()
+    tests = next(i for i, call in enumerate(calls) if call.startswith("-m pytest"))
+    assert tests < next(i for i, call in enumerate(calls) if "gpu_parallel.py" in call)
+    for words in ("tests/sampling/test_sampling_gpu.py", "tests/ops/test_op_gpu.py", "-m gpu", "philox", "budget",
+                  "maskgit", "threshold"):
+        assert words in calls[tests], calls[tests]
+    assert "## gpu tests of the timed code (limit 45 s)" in log
