@@ -51,7 +51,10 @@
 #
 # `--only PARTS` runs the build and then only the named parts (a comma list of tests,
 # timings, host, sampling, profile, parallel), for a rerun that fits what is left of a device lease; the
-# results file's second line records the command.
+# results file's second line records the command. `DDPD_GPU_BUDGET_S=240 benchmarks/gpu_check.sh
+# --only parallel` (the call's timeout_s 270) is the second call of the lease planned in
+# docs/text8/README.md, "One GPU lease for both device scripts", after docs/text8/gpu_train.sh;
+# within that budget the parts' limits shrink to what is left of it.
 # `--tree-hash` prints a hash of the sources (ddpd/, kernels/, csrc/, benchmarks/, tests/;
 # Python, C++, CUDA and shell files) and exits: a results file names its commit and this hash,
 # which tells which checkout ran where the copy's .git is not the checkout's.

@@ -5,8 +5,8 @@ benchmarks/gpu_check.sh, `--only parallel`).
 
 Models, as bfloat16 networks on the fused path (ddpd.models.prepare_for_sampling "auto"):
 (a) the bundled text8 planner + mask denoiser, 256 characters; (b) a GPT-2-size planner +
-mask denoiser with random weights (12 layers, d_model 768, V = 50257, L = 1024). Batches 1
-and 64. Configurations, those of `ddpd-eval frontier` (which measures their quality on the
+mask denoiser with random weights (12 layers, d_model 768, V = 50257, L = 1024). Batches 64
+and 1. Configurations, those of `ddpd-eval frontier` (which measures their quality on the
 CPU, docs/parallel.md; this script measures speed only):
 - default: ddpd_sample(..., denoiser_type="mask", execution=Execution(fused=True)), option A
   (sigmoid selection, eps stop, eps 0.01), 2 x L steps as ddpd-sample's default, CUDA graphs on ("auto");
@@ -23,7 +23,10 @@ Per configuration: samples/s, tokens/s (samples/s x L), mean network passes per 
 (SampleResult.passes), tokens committed per pass (SampleResult.tokens_per_pass) and the
 ratio of its samples/s to the default's at the same model and batch. The targets,
 at matched quality (read off the frontier): >= 4x the default's samples/s at batch 1, >= 3x
-at batch 64.
+at batch 64. The main comparison is measured first, so that a run cut short still answers it
+(docs/text8/README.md, "One GPU lease for both device scripts"): the bundled model's default,
+policy 1 and MaskGIT at 64 passes, at batch 64 then 1; then its other configurations; the
+GPT-2-size pair last. Each row is printed as soon as it is measured.
 
 Each run is timed whole, once, after a short warm-up run of the same configuration (Triton
 compiles, cuBLAS plans, graph pools), with gpu_sampling.Clock (CUDA events). A timed run
@@ -99,13 +102,14 @@ class Sizes:
     """What a run measures: the real run's sizes, or the dry run's tiny ones (seconds on a CPU)."""
 
     budgets: tuple[int, ...] = (64, 128)  # network passes per sample of the parallel configurations
-    batches: tuple[int, ...] = (1, 64)
+    batches: tuple[int, ...] = (64, 1)
     warm_steps: int = 8  # the warm-up run's steps
     graphs: str = "auto"
     bundled_length: Optional[int] = None  # the bundled model's own 256 unless set
 
 
-DRY_RUN = Sizes(budgets=(4, 8), batches=(1, 2), warm_steps=1, graphs="emulate", bundled_length=16)
+DRY_RUN = Sizes(budgets=(4, 8), batches=(2, 1), warm_steps=1, graphs="emulate", bundled_length=16)
+MAIN = 3  # samplers' first runs, measured first at every batch: the default, policy 1, MaskGIT
 
 
 def bundled(device: torch.device, sizes: Sizes) -> Pair:
@@ -131,8 +135,10 @@ def gpt2_pair(device: torch.device, dry_run: bool) -> Pair:
 
 def samplers(pair: Pair, policies: list[ErrorBudget], budgets: tuple[int, ...], graphs: str
              ) -> list[tuple[str, int, Callable]]:
-    """(name, steps, run(batch, steps) -> SampleResult) of every configuration, the default first.
-    A DDPD step is two network passes (planner + denoiser), a mask-loop step one."""
+    """(name, steps, run(batch, steps) -> SampleResult) of every configuration: first the MAIN
+    comparison, the default against the first policy and MaskGIT at the smallest budget (matched
+    passes), then the rest. A DDPD step is two network passes (planner + denoiser), a mask-loop
+    step one."""
     execution = Execution(fused=True, graphs=graphs)
 
     def ddpd(options: DDPDOptions) -> Callable:
@@ -152,7 +158,8 @@ def samplers(pair: Pair, policies: list[ErrorBudget], budgets: tuple[int, ...], 
     for name, run in (("maskgit", masked(MaskGIT())), ("mask threshold:0.9", masked(ConfidenceThreshold(0.9)))):
         runs += [(name, passes, run) for passes in budgets]
     runs.append(("maskgit, eager", budgets[0], masked(MaskGIT(), "off")))  # what graphs bring it, at one budget
-    return runs
+    main = (0, 1, 1 + len(policies) * len(budgets))  # the default, policy 1 and MaskGIT at budgets[0]
+    return [runs[i] for i in main] + [run for i, run in enumerate(runs) if i not in main]
 
 
 def pair_device(pair: Pair) -> torch.device:
@@ -206,21 +213,23 @@ def table(pair: Pair, clock: Clock, policies: list[ErrorBudget], sizes: Sizes) -
     say("| batch | sampler | steps | passes / sample | tokens / pass | samples/s | tokens/s | x default | note |")
     say("|---" * 9 + "|")
     failed = 0
+    default = {batch: float("nan") for batch in sizes.batches}
+    # the main comparison at every batch, then the rest: a run cut short answers the main question
+    order = [(batch, i) for part in (range(MAIN), range(MAIN, len(runs))) for batch in sizes.batches for i in part]
     with torch.inference_mode():
-        for batch in sizes.batches:
-            default = float("nan")
-            for i, (name, steps, run) in enumerate(runs):
-                try:
-                    row = one_row(clock, pair, name, run, batch, steps, sizes.warm_steps, first=i == 0)
-                except Exception as error:  # report and go on: one failure must not hide the other numbers
-                    say(f"| {batch} | {name} | {steps} | - | - | - | - | - | FAILED: {type(error).__name__}: "
-                        f"{str(error)[:200]} |")
-                    failed += 1
-                    continue
-                default = row.samples_per_s if i == 0 else default
-                say(f"| {batch} | {row.sampler} | {row.steps} | {row.passes:.1f} | {row.tokens_per_pass:.2f} | "
-                    f"{row.samples_per_s:.2f} | {row.samples_per_s * pair.length:.0f} | "
-                    f"{row.samples_per_s / default:.2f}x | {row.note} |")
+        for batch, i in order:
+            name, steps, run = runs[i]
+            try:
+                row = one_row(clock, pair, name, run, batch, steps, sizes.warm_steps, first=i == 0)
+            except Exception as error:  # report and go on: one failure must not hide the other numbers
+                say(f"| {batch} | {name} | {steps} | - | - | - | - | - | FAILED: {type(error).__name__}: "
+                    f"{str(error)[:200]} |")
+                failed += 1
+                continue
+            default[batch] = row.samples_per_s if i == 0 else default[batch]
+            say(f"| {batch} | {row.sampler} | {row.steps} | {row.passes:.1f} | {row.tokens_per_pass:.2f} | "
+                f"{row.samples_per_s:.2f} | {row.samples_per_s * pair.length:.0f} | "
+                f"{row.samples_per_s / default[batch]:.2f}x | {row.note} |")
     return failed
 
 

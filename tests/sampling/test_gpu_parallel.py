@@ -93,3 +93,26 @@ def test_each_row_is_flushed_as_soon_as_it_is_measured(monkeypatch):
     # 2 batches x (the default, the policy, MaskGIT, the threshold, eager MaskGIT)
     assert flushed_rows == list(range(len(flushed_rows))) and len(flushed_rows) == 2 * 5
     assert len(re.findall(r"^\| \d+ \|", stream.flushed, re.M)) == len(flushed_rows)
+
+
+def test_the_main_comparison_is_measured_first(monkeypatch):
+    """A run cut short answers the main question first: at batch 64, then 1, the default against
+    the first policy and MaskGIT at the smallest budget (matched passes); the rest after."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import gpu_parallel
+
+    measured = []
+
+    def one_row(clock, pair, name, run, batch, steps, warm_steps, first):  # measures nothing
+        measured.append((batch, name, steps))
+        return gpu_parallel.Row(name, steps, 1.0, steps, 1.0)
+
+    monkeypatch.setattr(gpu_parallel, "one_row", one_row)
+    monkeypatch.setattr(sys, "stdout", io.StringIO())
+    pair = gpu_parallel.Pair("toy", torch.nn.Linear(1, 1), torch.nn.Linear(1, 1), 4, 5)
+    policies = [ErrorBudget(0.0, 8, plan_every=1000), ErrorBudget(1.0, 8, plan_every=4)]
+    gpu_parallel.table(pair, None, policies, gpu_parallel.Sizes(budgets=(4, 8)))
+    main = [(batch, name) for batch in (64, 1) for name in ("ddpd default (one at a time)", "ddpd policy 1", "maskgit")]
+    assert [(batch, name) for batch, name, _ in measured[:6]] == main
+    assert [steps for _, name, steps in measured[:6] if name == "maskgit"] == [4, 4]
+    assert len(measured) == 2 * 10 and len(set(measured)) == 2 * 10  # then every other configuration, once

@@ -3,6 +3,7 @@ dry run (tiny shapes on the CPU, the same code paths and checks) runs here, so t
 script that a device run depends on cannot rot unnoticed."""
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -283,3 +284,24 @@ def test_the_parallel_part_first_runs_the_gpu_tests_of_what_it_times(tmp_path):
                   "maskgit", "threshold"):
         assert words in calls[tests], calls[tests]
     assert "## gpu tests of the timed code (limit 45 s)" in log
+
+
+@pytest.mark.integration
+def test_both_device_scripts_follow_one_lease_plan(tmp_path):
+    """docs/text8/README.md's lease plan runs the two device scripts in one lease; both headers
+    point to it, and the parallel part's limits shrink to fit its budget there."""
+    readme = (ROOT / "docs" / "text8" / "README.md").read_text()
+    plan = " ".join(readme.split("\n### One GPU lease for both device scripts\n")[1].split())
+    for words in ("`BUDGET_S=480 bash docs/text8/gpu_train.sh`, with a `timeout_s` of 540",
+                  "`DDPD_GPU_BUDGET_S=240 bash benchmarks/gpu_check.sh --only parallel`, with a `timeout_s` of 270"):
+        assert words in plan, words
+    assert "allow it" not in readme
+    for script in ("docs/text8/gpu_train.sh", "benchmarks/gpu_check.sh"):
+        header = (ROOT / script).read_text().split("\nset -uo pipefail")[0]
+        prose = " ".join(re.sub(r"\n#\s*", " ", header).split())  # the comment's lines as one
+        assert 'docs/text8/README.md, "One GPU lease for both device scripts"' in prose, script
+    run, out = _fake_gpu_run(tmp_path, "--only", "parallel", DDPD_GPU_BUDGET_S="240")
+    log = (out / "fake-gpu-parallel.txt").read_text()
+    limits = dict(re.findall(r"^## (.+) \(limit (\d+) s\)$", log, re.M))
+    assert list(limits) == ["build", "extension", "gpu tests of the timed code", "parallel decoding"], log
+    assert 200 < int(limits["parallel decoding"]) <= 240 and "budget 240 s" in log

@@ -106,3 +106,13 @@ def test_smoke_run_trains_exports_evaluates_packs_and_resumes(tmp_path):
     again = _run(tmp_path, timeout=900, **env)
     assert again.returncode == 0, (again.stdout + again.stderr)[-4000:]
     assert "train planner: " in again.stdout and " planner --resume " in again.stdout
+
+
+@pytest.mark.integration
+def test_the_default_budget_is_the_lease_plans(tmp_path):
+    """Run as the lease plan runs it (docs/text8/README.md), the script keeps within its budget of
+    480 s and trains what that budget leaves."""
+    done = _run(tmp_path, "--plan")
+    assert done.returncode == 0, done.stderr
+    assert "# budget 480 s, reserve 170 s" in done.stdout
+    assert all("--max-time 250 " in line for line in done.stdout.splitlines() if line.startswith("train "))
