@@ -340,14 +340,31 @@ def resume_settings(path, config: dict) -> dict:
     Raises:
         CheckpointError: no settings digest, or settings that differ from it.
     """
-    recorded = config.get(SETTINGS_DIGEST)
-    if recorded is None:
+    if config.get(SETTINGS_DIGEST) is None:
         raise CheckpointError(f"checkpoint {path}: config.json records no {SETTINGS_DIGEST}, so the settings a "
                               "resume takes from it cannot be verified (written by an older ddpd?)")
-    if recorded != settings_digest(config):
-        raise CheckpointError(f"checkpoint {path}: config.json's settings differ from their {SETTINGS_DIGEST} "
-                              "(edited or corrupt); a resume would not continue the same run")
+    _check_settings_digest(path, config, "; a resume would not continue the same run")
     return training_settings(path, config)
+
+
+def _check_settings_digest(path, config: dict, consequence: str = "") -> None:
+    if config[SETTINGS_DIGEST] != settings_digest(config):
+        raise CheckpointError(f"checkpoint {path}: config.json's settings differ from their {SETTINGS_DIGEST} "
+                              f"(edited or corrupt){consequence}")
+
+
+def _check_settings(path, config: dict, model_config) -> None:
+    """CheckpointError unless config.json's settings are those saved: an edited n_heads fits
+    the same weights and computes another attention. A config without a digest (older
+    saves, the shipped bundle) must still have the shape its training section records."""
+    if config.get(SETTINGS_DIGEST) is not None:
+        _check_settings_digest(path, config)
+        return
+    trained = training_settings(path, config)
+    for name in ("d_model", "n_layers", "n_heads"):
+        if name in trained and trained[name] != getattr(model_config, name):
+            raise CheckpointError(f"checkpoint {path}: config.json's model has {name} {getattr(model_config, name)}, "
+                                  f"its training section {trained[name]} (edited or corrupt)")
 
 
 def training_settings(path, config: dict) -> dict:
@@ -607,6 +624,7 @@ def _load_from(reader: _Reader, device, want_state: bool) -> Checkpoint:
     config = _config_from(reader)
     model_config = _model_config(reader.path, config)
     tensors = _read_weights(reader, config, model_config)
+    _check_settings(reader.path, config, model_config)  # after the weights, whose checks name what differs
     model = build_model(config["kind"], model_config)
     model.load_state_dict(tensors, strict=True)  # names and shapes were checked against the header
     state = _state_from(reader, config) if want_state else None

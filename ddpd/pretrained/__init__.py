@@ -152,7 +152,7 @@ def check_bundle_configs(configs: dict) -> None:
 def _portable(config: dict, path: str) -> dict:
     """The config without the paths of the machine that trained it: the corpus by file
     name (a shipped bundle names its training data, not a directory), no output path."""
-    if not isinstance(config.get("training") or {}, dict):  # config.json has no digest: it may have been edited
+    if not isinstance(config.get("training") or {}, dict):  # an older config.json has no digest: it may be edited
         raise ValueError(f"install_bundle: {path}: config.json 'training' must be an object of ddpd-train "
                          f"settings, got {config['training']!r:.40}")
     training = dict(config.get("training") or {})

@@ -708,3 +708,46 @@ def test_a_save_digests_the_settings_a_resume_takes(tmp_path):
     stored["training"]["lr"] = 0.002
     with pytest.raises(CheckpointError, match="config.json's settings differ from their settings_sha256"):
         ckpt.resume_settings(tmp_path / "c", stored)
+
+
+def _edit_config(path, edit):
+    config = json.loads((path / "config.json").read_text())
+    edit(config)
+    (path / "config.json").write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize("edit", [lambda c: c["model"].update(n_heads=1),
+                                  lambda c: c["training"].update(lr=0.002)], ids=["n_heads", "lr"])
+def test_a_load_refuses_settings_that_differ_from_their_digest(tmp_path, edit):
+    """Only the weights were checked against config.json: n_heads 1 for 2 fits the same
+    weights and loaded, computing another attention."""
+    model, config = tiny("planner")
+    save_checkpoint(tmp_path / "c", model, {**config, "training": {"n_heads": 2, "lr": 0.003}})
+    _edit_config(tmp_path / "c", edit)
+    with pytest.raises(CheckpointError, match=f"checkpoint {tmp_path / 'c'}: config.json's settings differ from "
+                                              r"their settings_sha256 \(edited or corrupt\)$"):
+        load_model(tmp_path / "c")
+
+
+def test_a_bundle_refuses_an_edited_n_heads(tmp_path):
+    save_bundle(tmp_path / "b", *tiny("planner"), *tiny("mask-denoiser", seed=1))
+    _edit_config(tmp_path / "b" / "denoiser", lambda c: c["model"].update(n_heads=1))
+    with pytest.raises(CheckpointError, match="denoiser: config.json's settings differ from their settings_sha256"):
+        load_bundle(tmp_path / "b")
+
+
+@pytest.mark.parametrize("field", ["d_model", "n_layers", "n_heads"])
+def test_a_config_without_a_digest_must_describe_the_network_it_trained(tmp_path, field):
+    """Older saves (the shipped bundle's) record no settings digest: their training section
+    still names the network's shape, which an edited model section must keep."""
+    model, config = tiny("planner")
+    trained = {"d_model": 32, "n_layers": 1, "n_heads": 2, "lr": 0.003}
+    save_checkpoint(tmp_path / "c", model, {**config, "training": trained})
+    _edit_config(tmp_path / "c", lambda c: c.pop("settings_sha256"))
+    load_model(tmp_path / "c")  # the same shape: loads
+    _edit_config(tmp_path / "c", lambda c: c["training"].update({field: 4}))
+    with pytest.raises(CheckpointError, match=f"checkpoint {tmp_path / 'c'}: config.json's model has {field} "
+                                              f"{trained[field]}, its training section {4} \\(edited or corrupt\\)$"):
+        load_model(tmp_path / "c")
+    _edit_config(tmp_path / "c", lambda c: c.pop("training"))
+    load_model(tmp_path / "c")  # nothing to compare with

@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from ddpd.checkpoint import save_bundle, save_checkpoint
+from ddpd.checkpoint import save_bundle, save_checkpoint, settings_digest
 from ddpd.cli.sample import main
 from ddpd.cli.samplers import Settings
 from ddpd.models import build_model, config_for
@@ -1088,14 +1088,15 @@ def test_a_signal_ignored_at_the_start_stays_ignored(ckpts, tmp_path):
     (lambda c: c.update(schedule="bogus"), "config.json cannot be used: schedule must be one of"),
 ])
 def test_an_edited_config_is_one_line_or_its_defaults(ckpts, tmp_path, capsys, edit, message):
-    """config.json has no digest: a hand-edited training section or a missing max_seq_len gave
-    a raw AttributeError / KeyError."""
+    """A hand-edited training section or a missing max_seq_len (its digest recomputed, or a
+    config of a ddpd that wrote none) gave a raw AttributeError / KeyError."""
     import shutil
 
     denoiser = tmp_path / "denoiser"
     shutil.copytree(ckpts["mask-denoiser"], denoiser)
     config = json.loads((denoiser / "config.json").read_text())
     edit(config)
+    config["settings_sha256"] = settings_digest(config)  # edited with care: the digest passes
     (denoiser / "config.json").write_text(json.dumps(config))
     code, _, err = run_cli(capsys, "--planner", ckpts["planner"], "--denoiser", str(denoiser), "--num-samples", "1",
                            "--steps", "2", "--quiet")
@@ -1117,8 +1118,8 @@ def test_a_damaged_tokenizer_or_schedule_names_its_checkpoint(ckpts, tmp_path, c
 
     denoiser = tmp_path / "denoiser"
     shutil.copytree(ckpts["mask-denoiser"], denoiser)
-    config = json.loads((denoiser / "config.json").read_text())
-    (denoiser / "config.json").write_text(json.dumps({**config, field: value}))
+    config = {**json.loads((denoiser / "config.json").read_text()), field: value}
+    (denoiser / "config.json").write_text(json.dumps({**config, "settings_sha256": settings_digest(config)}))
     code, _, err = run_cli(capsys, "--checkpoint", str(denoiser), "--sampler", "tau-leaping", "--num-samples", "1",
                            "--steps", "2", "--quiet")
     assert code == 1 and err == f"ddpd-sample: error: {denoiser}: config.json cannot be used: {message}\n"

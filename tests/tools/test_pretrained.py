@@ -18,7 +18,7 @@ import torch
 
 import ddpd.pretrained as pretrained
 from ddpd.assets import BOOKS
-from ddpd.checkpoint import load_bundle, read_config, save_bundle, save_checkpoint
+from ddpd.checkpoint import load_bundle, read_config, save_bundle, save_checkpoint, settings_digest
 from ddpd.cli.sample import BUNDLED_STEPS_PER_TOKEN, NUM_SAMPLES_BUNDLED, main
 from ddpd.models import build_model, config_for
 from ddpd.training.data import Text8Tokenizer, tokenizer_from_config
@@ -251,6 +251,7 @@ def test_install_bundle_drops_the_paths_of_the_training_machine(tmp_path):
     for role in ("planner", "denoiser"):
         config = read_config(paths[role])
         config["training"] = {"data": "/home/someone/corpora/wiki.txt", "out": "/scratch/run", "lr": 1e-3}
+        config["settings_sha256"] = settings_digest(config)  # as ddpd-train saves it on that machine
         Path(paths[role], "config.json").write_text(json.dumps(config))
     dest = pretrained.install_bundle(paths["planner"], paths["denoiser"], str(tmp_path / "text8"))
     assert read_config(os.path.join(dest, "planner"))["training"] == {"data": "wiki.txt", "lr": 1e-3}
@@ -323,7 +324,8 @@ def test_install_command(tmp_path, capsys, monkeypatch):
     with open(edited) as f:
         config = json.load(f)
     with open(edited, "w") as f:
-        json.dump({**config, "training": 5}, f)  # config.json carries no digest: an edit loads
+        config["training"] = 5
+        json.dump({**config, "settings_sha256": settings_digest(config)}, f)  # edited with care: the digest passes
     assert install_main([paths["planner"], paths["denoiser"], "--dest", str(tmp_path / "d")]) == 1
     assert capsys.readouterr().err == (f"python -m ddpd.pretrained: error: install_bundle: {paths['planner']}: "
                                        "config.json 'training' must be an object of ddpd-train settings, got 5\n")
@@ -430,3 +432,17 @@ def test_wheel_includes_the_bundle(tmp_path):
     (wheel,) = (tmp_path / "whl").glob("ddpd-*.whl")
     with zipfile.ZipFile(wheel) as archive:
         assert _shipped(archive.namelist()) == EXPECTED
+
+
+def test_a_copy_of_the_shipped_bundle_with_an_edited_n_heads_is_refused(tmp_path, capsys):
+    """The shipped configs record no settings digest: n_heads 8 for 4 fits the same weights
+    and sampled garbage with exit status 0."""
+    copy = tmp_path / "text8"
+    shutil.copytree(pretrained.default_bundle(), copy)
+    config = json.loads((copy / "planner" / "config.json").read_text())
+    config["model"]["n_heads"] = 8
+    (copy / "planner" / "config.json").write_text(json.dumps(config))
+    code, out, err = run_cli(capsys, "--checkpoint", str(copy), "--length", "8", "--steps", "8", "--num-samples", "1")
+    assert code == 1 and out == "" and err.count("\n") == 1, err
+    assert (f"checkpoint {copy / 'planner'}: config.json's model has n_heads 8, its training section 4 "
+            "(edited or corrupt)") in err, err

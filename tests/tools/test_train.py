@@ -350,6 +350,19 @@ def test_resume_names_the_digest_not_a_flag_when_an_edited_setting_is_invalid(co
     assert code == 1 and "config.json's settings differ from their settings_sha256" in err, err
 
 
+def test_a_load_refuses_an_edited_n_heads_that_fits_the_weights(corpus, tmp_path, capsys):
+    """Only the weights were checked against config.json: n_heads 1 for 2 fits the same
+    weights, loaded for ddpd-sample and computed another attention."""
+    out = tmp_path / "p"
+    _checkpoint_at_step_2(corpus, out)
+    stored = json.loads((out / "config.json").read_text())
+    stored["model"]["n_heads"] = 1
+    (out / "config.json").write_text(json.dumps(stored))
+    with pytest.raises(CheckpointError, match=f"checkpoint {out}: config.json's settings differ from their "
+                                              r"settings_sha256 \(edited or corrupt\)"):
+        load_model(out)
+
+
 def test_resume_refuses_a_config_that_records_no_digest_of_its_settings(corpus, tmp_path):
     out = tmp_path / "p"
     _checkpoint_at_step_2(corpus, out)
