@@ -609,6 +609,8 @@ def check_command_line(args) -> None:
             raise UsageError(f"--choice-temperature sets the default maskgit policy's; with --policy {args.policy} "
                              "give the policy's choice_temperature field instead")
     refuse_flags_of_other_samplers(args)
+    if args.sampler == "ddpd":
+        refuse_ignored_ddpd_flags(args)
     if args.choice_temperature is None:
         args.choice_temperature = MASKGIT_CHOICE_TEMPERATURE
     if args.labels is None and args.guidance_scale != 1.0:
@@ -641,6 +643,29 @@ def refuse_flags_of_other_samplers(args) -> None:
         if owner != args.sampler and getattr(args, dest) != parser.get_default(dest):
             raise UsageError(f"--{dest.replace('_', '-')} is a setting of --sampler {owner}, not of "
                              f"--sampler {args.sampler}")
+
+
+def refuse_ignored_ddpd_flags(args) -> None:
+    """--t-end and --eps, given off their defaults where the ddpd sampler would not read
+    them (--t-end off the exact clock, --eps without the eps stop), are errors rather
+    than ignored.
+
+    Args:
+        args: the parsed command line of --sampler ddpd.
+
+    Raises:
+        UsageError: naming the flag and what would make it act.
+    """
+    parser = build_parser()
+    if args.clock != "exact" and args.t_end != parser.get_default("t_end"):
+        raise UsageError(f"--t-end {args.t_end} acts on the exact clock only: give --clock exact too")
+    stop = parse_option(args.option)["stop"] if args.option is not None else args.stop  # as ddpd_fields
+    if args.eps == parser.get_default("eps") or stop == "eps" or (stop is None and args.clock == "planner"):
+        return
+    source, fix = ((f"--option {args.option} runs the whole budget", "give --option without B")
+                   if args.option is not None else ("--stop budget runs the whole budget", "give --stop eps")
+                   if args.stop else ("--clock exact runs to --t-end", "give --clock planner"))
+    raise UsageError(f"--eps {args.eps} acts with the eps stop (option A) only, and {source}: {fix}")
 
 
 def check_args(args) -> None:

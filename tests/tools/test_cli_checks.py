@@ -162,6 +162,13 @@ def no_models(monkeypatch):
     # --k acts only in the parallel stage: alone, or under a policy, it was ignored
     (["--k", "4"], "--k 4 acts in the parallel stage only: give --parallel-steps N too"),
     (["--policy", "error-budget", "--k", "4"], "--k 4 acts in the parallel stage only"),
+    # --t-end acts on the exact clock only, --eps with the eps stop only: both were ignored
+    (["--t-end", "0.5"], "--t-end 0.5 acts on the exact clock only: give --clock exact too"),
+    (["--option", "B", "--eps", "0.5"], "--eps 0.5 acts with the eps stop (option A) only, and --option B runs the "
+                                        "whole budget: give --option without B"),
+    (["--option", "A+B+C", "--stop", "eps", "--eps", "0.5"], "and --option A+B+C runs the whole budget"),
+    (["--stop", "budget", "--eps", "0.5"], "and --stop budget runs the whole budget: give --stop eps"),
+    (["--clock", "exact", "--eps", "0.5"], "and --clock exact runs to --t-end: give --clock planner"),
     (["--labels", "0", "--guidance-scale", "1e39"], "--guidance-scale must be at most 3.40282e+38"),
     # the policy's own field decides; the flag was ignored
     (["--sampler", "maskgit", "--policy", "maskgit", "--choice-temperature", "2"],
