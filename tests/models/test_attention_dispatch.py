@@ -269,6 +269,15 @@ def test_forced_sdpa_flash_on_cpu_matches_reference():
         attention(q, k, v, causal=True, dropout_p=0.1)
 
 
+def test_models_md_states_that_the_cpu_sdpa_flash_takes_float32():
+    """docs/models.md said a forced flash backend refuses float32 wherever it runs."""
+    from pathlib import Path
+
+    text = " ".join((Path(__file__).resolve().parents[2] / "docs" / "models.md").read_text().split())
+    assert "On CUDA, a forced backend that cannot take the tensors (a flash kernel for float32" in text
+    assert "On the CPU a forced `sdpa-flash` takes float32" in text
+
+
 # ---- on a GPU: which CUDA kernels ran -----------------------------------------------------
 
 def cuda_kernels(fn):
