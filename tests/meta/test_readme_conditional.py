@@ -46,6 +46,19 @@ def test_every_command_line_parses(command):
     assert args is not None
 
 
+def test_the_sample_outputs_show_both_summary_lines():
+    """ddpd-sample prints its passes per sample on a second line, which the output blocks left out."""
+    blocks = re.findall(r"^```(\w*)\n(.*?)^```", CONDITIONAL, re.S | re.M)
+    outputs = [block for info, block in blocks if not info and "ddpd-sample: " in block]
+    assert outputs
+    for block in outputs:
+        lines = block.splitlines()
+        first = next(i for i, line in enumerate(lines) if line.startswith("ddpd-sample: "))
+        second = lines[first + 1] if first + 1 < len(lines) else ""
+        assert re.fullmatch(r"ddpd-sample: network passes per sample [\d.]+ \(planner [\d.]+, denoiser [\d.]+\), "
+                            r"[\d.]+ tokens committed per pass", second), block
+
+
 def test_the_adapter_example_imports_what_ddpd_has():
     (block,) = [b for b in PYTHON if "SEDDAbsorbingDenoiser" in b]
     imported = [(node.module, alias.name) for node in ast.walk(ast.parse(block))
