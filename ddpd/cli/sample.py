@@ -659,7 +659,7 @@ def refuse_ignored_ddpd_flags(args) -> None:
     parser = build_parser()
     if args.clock != "exact" and args.t_end != parser.get_default("t_end"):
         raise UsageError(f"--t-end {args.t_end} acts on the exact clock only: give --clock exact too")
-    stop = parse_option(args.option)["stop"] if args.option is not None else args.stop  # as ddpd_fields
+    stop = ddpd_fields(args)["stop"]  # --option over --stop, as the sampler reads them
     if args.eps == parser.get_default("eps") or stop == "eps" or (stop is None and args.clock == "planner"):
         return
     source, fix = ((f"--option {args.option} runs the whole budget", "give --option without B")
