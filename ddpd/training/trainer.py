@@ -195,8 +195,10 @@ class TrainConfig:
         memory = _device_memory(self.device)
         # a lower bound: each block's attention (4 d^2) and MLP (2 ratio d^2) weights
         parameters = self.n_layers * (4 + 2 * mlp_ratio) * self.d_model ** 2
-        copies = ["weights", "gradients", "AdamW's two moments"] + (["EMA weights"] if self.ema > 0 else [])
-        needed = parameters * 4 * (len(copies) + 1)
+        copies = {"weights": 1, "gradients": 1, "AdamW's two moments": 2}  # float32 tensors of the parameters' size
+        if self.ema > 0:
+            copies["EMA weights"] = 1
+        needed = parameters * 4 * sum(copies.values())
         if memory is not None and needed > memory:
             raise ValueError(f"d_model {self.d_model} and n_layers {self.n_layers}: the model's {parameters:,} "
                              f"parameters or more need at least {needed / 2**30:,.0f} GiB to train (float32 "
