@@ -1,5 +1,5 @@
-"""Argument checks shared by the public entry points of every layer, and where their
-warnings point (caller_level).
+"""Argument checks shared by the public entry points of every layer, whether a check may
+read a tensor's values (readable: not while traced), and where warnings point (caller_level).
 
 Errors name the argument, what was expected and what was given.
 Lowest layer: imports nothing from ddpd.
@@ -254,8 +254,8 @@ def check_device(name: str, value, local_rank: Optional[int] = None):
 
 
 def values_checkable(x: torch.Tensor) -> bool:
-    """Whether a check may read x's values: a non-empty CPU tensor outside torch.compile (on
-    CUDA reading them would cost a host sync per call).
+    """Whether a check may read x's values: a non-empty CPU tensor the host can read (see
+    readable; on CUDA reading them would cost a host sync per call).
 
     Args:
         x: the tensor.
@@ -263,7 +263,56 @@ def values_checkable(x: torch.Tensor) -> bool:
     Returns:
         True where its values may be read.
     """
-    return x.is_cpu and x.numel() > 0 and not torch.compiler.is_compiling()
+    return x.is_cpu and x.numel() > 0 and readable(x)
+
+
+def readable(*tensors: Optional[torch.Tensor]) -> bool:
+    """Whether the host may read these tensors' values (a check, the valid flags): nothing
+    traces the call (torch.compile, jit tracing, make_fx, fake or functional tensors) and
+    no torch.func transform wraps them. Unlike eager(), other modes (a flop counter, a
+    logger) do not count: they see the reads as ops, and their tensors hold values.
+
+    Args:
+        *tensors: the tensors to read, or None.
+
+    Returns:
+        True when their values can be read.
+    """
+    if torch.compiler.is_compiling() or torch._C._is_tracing() or _tracing_mode():
+        return False
+    for t in tensors:
+        if t is not None and type(t) is not torch.Tensor:
+            return False
+    return not transformed(*tensors)
+
+
+_TRACING_MODES = tuple(getattr(torch._C._TorchDispatchModeKey, key) for key in ("FAKE", "PROXY", "FUNCTIONAL"))
+
+
+def _tracing_mode() -> bool:
+    """Whether a dispatch mode that traces (make_fx's proxy, fake or functional tensors) is on."""
+    return bool(torch._C._len_torch_dispatch_stack()) and any(
+            torch._C._get_dispatch_mode(key) is not None for key in _TRACING_MODES)
+
+
+def transformed(*values) -> bool:
+    """Whether a torch.func transform (vmap, grad, ...) wraps one of the values that are
+    tensors: a kernel cannot read such a tensor's storage, its torch reference can. Every
+    call of an op pays for this check: outside every transform (no functorch interpreter on
+    the stack, one C call) it answers without the loop over the arguments.
+
+    Args:
+        *values: the call's arguments, tensors or not.
+
+    Returns:
+        True when a functorch wrapper is among them.
+    """
+    if torch._C._functorch.peek_interpreter_stack() is None:
+        return False
+    for t in values:
+        if isinstance(t, torch.Tensor) and torch._C._functorch.is_functorch_wrapped_tensor(t):
+            return True
+    return False
 
 
 def caller_level() -> int:

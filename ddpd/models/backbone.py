@@ -210,7 +210,7 @@ def check_tokens(x: torch.Tensor, vocab_size: int, max_seq_len: Optional[int] = 
 def check_time(t: Union[torch.Tensor, float], batch: int, device: torch.device) -> torch.Tensor:
     """Validate t (Float[B], a 0-d tensor or a number, in [0, 1]) and return it as Float[B]
     on device. The range is checked for numbers and CPU tensors only (on CUDA it would cost
-    a host sync per call), and not inside torch.compile.
+    a host sync per call), and not while traced (ddpd.validation.readable).
 
     Args:
         t: Float[B] times in [0, 1], or a number for every row.
@@ -233,7 +233,7 @@ def check_time(t: Union[torch.Tensor, float], batch: int, device: torch.device) 
         raise TypeError(f"t: expected a floating-point tensor, got {t.dtype}")
     if t.dim() != 0 and t.shape != (batch,):
         raise ValueError(f"t: expected shape [{batch}] (one time per sequence), got {tuple(t.shape)}")
-    if t.device.type == "cpu" and t.numel() > 0 and not torch.compiler.is_compiling():
+    if values_checkable(t):
         _check_time_range(float(t.min()), float(t.max()))  # min and max are NaN where any t is
     return t.expand(batch).to(device) if t.dim() == 0 else t.to(device)
 
@@ -281,7 +281,7 @@ def check_labels(labels: Optional[Union[torch.Tensor, int]], batch: int, num_cla
         raise TypeError(f"labels: expected dtype torch.int64, got {labels.dtype}")
     if labels.shape != (batch,):
         raise ValueError(f"labels: expected shape [{batch}] (one label per sequence), got {tuple(labels.shape)}")
-    if labels.device.type == "cpu" and labels.numel() > 0 and not torch.compiler.is_compiling():
+    if values_checkable(labels):
         low, high = int(labels.min()), int(labels.max())
         if low < 0 or high > num_classes:
             raise ValueError(f"labels: expected class ids in [0, {num_classes}] ({num_classes} = null), "

@@ -14,6 +14,7 @@ from torch.utils._device import DeviceContext
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
 from ddpd.ops import _ext
+from ddpd.validation import transformed
 
 MAX_WIDTH = 2**30  # bound on D and V: columns of a row stay below 2**31
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -261,35 +262,6 @@ def eager(*tensors: Optional[torch.Tensor]) -> bool:
     return True
 
 
-def readable(*tensors: Optional[torch.Tensor]) -> bool:
-    """Whether the host may read these tensors' values (a check, the valid flags): nothing
-    traces the call (torch.compile, jit tracing, make_fx, fake or functional tensors) and
-    no torch.func transform wraps them. Unlike eager(), other modes (a flop counter, a
-    logger) do not count: they see the reads as ops, and their tensors hold values.
-
-    Args:
-        *tensors: the tensors to read, or None.
-
-    Returns:
-        True when their values can be read.
-    """
-    if torch.compiler.is_compiling() or torch._C._is_tracing() or _tracing_mode():
-        return False
-    for t in tensors:
-        if t is not None and type(t) is not torch.Tensor:
-            return False
-    return not transformed(*tensors)
-
-
-_TRACING_MODES = tuple(getattr(torch._C._TorchDispatchModeKey, key) for key in ("FAKE", "PROXY", "FUNCTIONAL"))
-
-
-def _tracing_mode() -> bool:
-    """Whether a dispatch mode that traces (make_fx's proxy, fake or functional tensors) is on."""
-    return bool(torch._C._len_torch_dispatch_stack()) and any(
-            torch._C._get_dispatch_mode(key) is not None for key in _TRACING_MODES)
-
-
 class Watcher(TorchDispatchMode):
     """A dispatch mode that only looks at the ops that run (ddpd.sampling.graphs' replay guard):
     it traces nothing, so a call under it goes straight to its kernel as without it, and
@@ -357,26 +329,6 @@ def needs_grad(*tensors: Optional[torch.Tensor]) -> bool:
         True when grad is enabled and one of them requires a gradient.
     """
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
-
-
-def transformed(*values) -> bool:
-    """Whether a torch.func transform (vmap, grad, ...) wraps one of the values that are
-    tensors: a kernel cannot read such a tensor's storage, its torch reference can. Every
-    call of an op pays for this check: outside every transform (no functorch interpreter on
-    the stack, one C call) it answers without the loop over the arguments.
-
-    Args:
-        *values: the call's arguments, tensors or not.
-
-    Returns:
-        True when a functorch wrapper is among them.
-    """
-    if torch._C._functorch.peek_interpreter_stack() is None:
-        return False
-    for t in values:
-        if isinstance(t, torch.Tensor) and torch._C._functorch.is_functorch_wrapped_tensor(t):
-            return True
-    return False
 
 
 def refuse_transforms(op: str, *tensors) -> None:

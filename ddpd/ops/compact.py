@@ -16,6 +16,7 @@ import torch
 
 from ddpd.ops import _dispatch, _ext
 from ddpd.ops.results import Compacted
+from ddpd.validation import values_checkable
 
 
 def _check_active(active) -> torch.Tensor:
@@ -186,7 +187,7 @@ def _check_scatter(index, packed, out) -> list[tuple[torch.Tensor, torch.Tensor]
             raise ValueError(f"out[{i}] has elements that share memory (an expanded tensor): clone it first")
     # On CUDA this check would wait for the device, under tracing guard on data: there the
     # kernel skips an index past out when it runs.
-    if index.is_cpu and index.numel() > 0 and _dispatch.readable(index):
+    if values_checkable(index):
         high = int(index.max())
         rows = min(o.shape[0] for _, o in pairs) if pairs else high + 1
         if high >= rows:

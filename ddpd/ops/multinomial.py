@@ -18,6 +18,7 @@ from ddpd.ops import _dispatch, _ext, rng
 from ddpd.ops.results import Draw
 from ddpd.ops.rng import philox_words
 from ddpd.ops.sample_categorical import MAX_TEMPERATURE
+from ddpd.validation import readable, values_checkable
 
 CHUNK = 64  # equals kChunk in csrc/multinomial.h
 WEIGHT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
@@ -76,7 +77,7 @@ def check_uniforms(name: str, uniforms, shape: tuple, like: torch.Tensor) -> tor
         raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(uniforms.shape)}")
     if uniforms.device != like.device:
         raise ValueError(f"{name} must be on {like.device} like the weights, got {uniforms.device}")
-    if uniforms.is_cpu and uniforms.numel() > 0 and _dispatch.readable(uniforms):
+    if values_checkable(uniforms):
         low, high = float(uniforms.min()), float(uniforms.max())
         if not (0.0 <= low and high < 1.0):
             raise ValueError(f"{name} must lie in [0, 1), got values in [{low}, {high}]")
@@ -102,7 +103,7 @@ def finish(index: torch.Tensor, valid: torch.Tensor, check_valid: bool, need: st
     """
     if not check_valid:
         return Draw(index, valid)
-    if not _dispatch.readable(valid):
+    if not readable(valid):
         raise ValueError("check_valid=True raises on invalid rows, which needs their flags on the host; under "
                          "torch.compile (or other tracing) pass check_valid=False")
     if not bool(valid.all()):

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from ddpd.ops import _dispatch
-from ddpd.validation import check_bool, check_float, check_same_device, check_tensor
+from ddpd.validation import check_bool, check_float, check_same_device, check_tensor, transformed
 
 MAX_KERNEL_WIDTH = 16384  # channels a program holds in registers; wider rows run the reference
 BLOCK_ELEMENTS = 4096  # values a program normalises: BLOCK_ROWS rows of BLOCK_W channels
@@ -158,7 +158,7 @@ def _norm_impl(x, weight, bias, shift, scale, eps, rms):
     """The kernel on CUDA where Triton imports (it is no dependency of ddpd), else the reference
     (under vmap too); a contiguous tensor either way, as the fake kernel says."""
     if (x.is_cuda and x.shape[-1] <= MAX_KERNEL_WIDTH and _dispatch.triton_available()
-            and not _dispatch.transformed(x, weight, bias, shift, scale)):
+            and not transformed(x, weight, bias, shift, scale)):
         return norm_triton(x, weight, bias, eps, rms=rms, shift=shift, scale=scale)
     return norm_reference(x, weight, bias, eps, rms=rms, shift=shift, scale=scale).contiguous()
 

@@ -20,7 +20,7 @@ from typing import Optional, Union
 import torch
 
 from ddpd.ops import _dispatch, _ext
-from ddpd.validation import check_same_device, check_shape, check_tensor
+from ddpd.validation import check_same_device, check_shape, check_tensor, transformed
 
 BELOW_ONE = 1.0 - 2.0**-24  # largest float32 under 1
 PHILOX_BLOCK = 1024  # columns per program of philox_uniform's Triton kernel
@@ -314,7 +314,7 @@ def philox_kernel_runs(rows: torch.Tensor, *others) -> bool:
 def _direct(rows: torch.Tensor, *others) -> bool:
     """Whether philox_uniform may call a kernel: nothing traces the call (torch.compile fuses the
     torch Philox) and no transform wraps its arguments."""
-    return _dispatch.eager(rows) and not _dispatch.transformed(rows, *others)
+    return _dispatch.eager(rows) and not transformed(rows, *others)
 
 
 def philox_uniform_triton(seed, offset, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from ddpd.ops import _dispatch
-from ddpd.validation import check_same_device, check_tensor
+from ddpd.validation import check_same_device, check_tensor, transformed
 
 BLOCK_ELEMENTS = 4096  # channel pairs per program: BLOCK_L positions x BLOCK_HALF pairs
 
@@ -100,7 +100,7 @@ def rotary_triton(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torc
 def _rotary_impl(x, cos, sin):
     """The kernel on CUDA where Triton imports (it is no dependency of ddpd), else the reference
     (under vmap too)."""
-    if x.is_cuda and _dispatch.triton_available() and not _dispatch.transformed(x, cos, sin):
+    if x.is_cuda and _dispatch.triton_available() and not transformed(x, cos, sin):
         return rotary_triton(x, cos, sin)
     return rotary_reference(x, cos, sin)
 

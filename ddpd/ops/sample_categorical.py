@@ -26,7 +26,7 @@ import torch
 from ddpd.ops import _dispatch, rng
 from ddpd.ops.controls import DrawControls
 from ddpd.ops.results import Draw
-from ddpd.validation import check_float, check_same_device, check_tensor
+from ddpd.validation import check_float, check_same_device, check_tensor, values_checkable
 
 TILE = 256
 CONFIDENCES = ("prob", "margin", "entropy")  # codes 1, 2, 3 in the kernels
@@ -187,7 +187,7 @@ def check_values(name: str, value: torch.Tensor, ok: torch.Tensor, expected: str
     Raises:
         ValueError: a CPU value out of range outside tracing.
     """
-    if value.is_cpu and value.numel() and _dispatch.readable(value) and not bool(ok.all()):
+    if values_checkable(value) and not bool(ok.all()):
         bad = value[~ok][0].item()
         raise ValueError(f"{name} values must be {expected}, got {bad}")
 

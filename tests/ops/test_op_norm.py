@@ -204,12 +204,12 @@ def test_outputs_are_contiguous_as_the_fake_kernel_says():
 def test_vmap_runs_the_reference():
     """A kernel cannot read vmap's batched tensors: the op runs its reference under torch.func
     transforms (on CUDA too), slice by slice the same values."""
-    from ddpd.ops import _dispatch
+    from ddpd.validation import transformed
 
     x, weight, bias, _, _ = inputs((3, 2, 4, 8), torch.float32)
     seen = []
-    torch.func.vmap(lambda t: seen.append(_dispatch.transformed(t)) or t)(x)
-    assert seen == [True] and not _dispatch.transformed(x, None)
+    torch.func.vmap(lambda t: seen.append(transformed(t)) or t)(x)
+    assert seen == [True] and not transformed(x, None)
     batched = torch.func.vmap(lambda t: norm(t, weight, bias))(x)
     assert torch.equal(batched, torch.stack([norm_reference(t, weight, bias) for t in x]))
 

@@ -30,6 +30,7 @@ from ddpd.ops.sample_from_hidden import (
     sample_from_hidden_reference,
     sample_from_hidden_triton,
 )
+from ddpd.validation import readable
 
 pytestmark = [pytest.mark.filterwarnings("ignore:divide by zero encountered:RuntimeWarning"),
               pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning"),
@@ -471,7 +472,7 @@ def test_calls_under_a_mode_that_traces_nothing_keep_their_checks(mode):
            ("temperature", torch.tensor([-1.0, 1.0]), "temperature values must be"),
            ("temperature", torch.tensor([1.0, float("nan")]), "temperature values must be")]
     with FlopCounterMode(display=False) if mode == "flops" else Logging():
-        assert not _dispatch.eager() and _dispatch.readable(logits)
+        assert not _dispatch.eager() and readable(logits)
         assert torch.equal(sample_categorical(logits, seed=1, top_p=torch.tensor([0.5, 1.0])).tokens, expected)
         for name, value, match in bad:
             with pytest.raises(ValueError, match=match):
@@ -484,13 +485,13 @@ def test_traced_calls_do_not_read_values():
     from torch.fx.experimental.proxy_tensor import make_fx
 
     x = torch.ones(3)
-    assert _dispatch.readable(x, None)
+    assert readable(x, None)
     with FakeTensorMode() as fake:
-        assert not _dispatch.readable(fake.from_tensor(x))
-        assert not _dispatch.readable()
+        assert not readable(fake.from_tensor(x))
+        assert not readable()
     seen = []
-    make_fx(lambda t: seen.append(_dispatch.readable(t)) or t + 1)(x)
-    torch.vmap(lambda t: seen.append(_dispatch.readable(t)) or t)(x)
+    make_fx(lambda t: seen.append(readable(t)) or t + 1)(x)
+    torch.vmap(lambda t: seen.append(readable(t)) or t)(x)
     assert seen == [False, False]
 
 

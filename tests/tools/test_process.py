@@ -219,3 +219,23 @@ def test_uniform_token_is_exact_on_the_uniforms_of_both_noise_sources():
             assert p.numel() == vocab and float((p - 1 / vocab).abs().max()) <= 2.0**-23
     with pytest.raises(ValueError, match="vocab_size must be <= 8388608"):  # some tokens could never come
         uniform_token(m[:4].float() * 2.0**-24, 2**23 + 1)
+
+
+def test_checks_of_values_leave_traced_tensors_unread():
+    """make_fx traces corruption, the losses and the backbone's checks without reading values
+    (a fake tensor has none to read)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from ddpd.models.backbone import check_labels, check_time, check_tokens
+    from ddpd.training.losses import denoiser_loss
+
+    def step(x1, t, labels):
+        x_t, z_t = corrupt(x1, t, "linear", "mask", vocab_size=5)
+        check_tokens(x_t, 6)
+        check_labels(labels, 2, 3, x1.device)
+        logits = torch.zeros(*x1.shape, 5) + check_time(t, 2, x1.device)[:, None, None]
+        return denoiser_loss(logits, x1, z_t)
+
+    traced = make_fx(step, tracing_mode="fake")(torch.randint(0, 5, (2, 4)), torch.rand(2), torch.tensor([0, 3]))
+    targets = [str(node.target) for node in traced.graph.nodes if node.op == "call_function"]
+    assert targets and not any("_local_scalar_dense" in target for target in targets)
