@@ -573,6 +573,9 @@ FLOAT_FLAGS = {"t_max": (0.0, 1.0, True, True), "alpha": (0.0, 1.0, True, True),
                "temperature": (0.0, None, False, False), "temperatures": (0.0, None, False, False),
                "target_temperature": (0.0, None, False, False),
                "eta": (0.0, math.inf, False, True)}
+# The lists of a sweep, each value one configuration: a value given twice would sample it twice
+# and write rows that the sweep's readers refuse as repeated.
+SWEEP_LISTS = ("samplers", "baselines", "policies", "steps", "budgets", "temperatures", "eta", "eps")
 
 
 # The reports each command writes into --out-dir, published as one set (report.one_set)
@@ -710,13 +713,14 @@ def _checkpoints(args: argparse.Namespace) -> list[tuple[str, str]]:
 
 def check_args(args: argparse.Namespace) -> None:
     """The numeric flags of every command against the bounds the evaluation enforces
-    (INT_FLAGS, FLOAT_FLAGS), before any model is loaded.
+    (INT_FLAGS, FLOAT_FLAGS), and the sweep's lists against repeats (SWEEP_LISTS), before any
+    model is loaded.
 
     Args:
         args: the parsed command line.
 
     Raises:
-        UsageError: a value out of range, naming its flag.
+        UsageError: a value out of range or repeated, naming its flag.
     """
     from ddpd.sampling.options import MAX_TEMPERATURE
     from ddpd.validation import check_float, check_int
@@ -732,6 +736,11 @@ def check_args(args: argparse.Namespace) -> None:
                             open_min=open_low, open_max=open_high)
     except (TypeError, ValueError) as err:
         raise UsageError(str(err)) from None
+    for name in SWEEP_LISTS:
+        given = _values(args, name)
+        repeated = sorted({str(v) for v in given if given.count(v) > 1})
+        if repeated:
+            raise UsageError(f"--{name}: {', '.join(repeated)} given more than once (each value is one configuration)")
 
 
 def main(argv: Optional[list[str]] = None) -> int:
