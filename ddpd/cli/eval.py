@@ -47,6 +47,7 @@ from ddpd.cli.common import (
 )
 from ddpd.cli.samplers import add_truncation_arguments, truncation_from
 from ddpd.streams import Stdout, standard_streams
+from ddpd.training.sources import LABELLED_SUFFIX, is_labelled
 
 if TYPE_CHECKING:
     import torch
@@ -269,7 +270,8 @@ def run_elbo(args: argparse.Namespace) -> None:
         args: the parsed command line.
 
     Raises:
-        UsageError: an --out that is its own twin, checkpoints that give no row, a --t-max
+        UsageError: an --out that is its own twin, checkpoints that give no row, a planner
+            without a denoiser, a --t-max
             out of range, or an unusable --data.
     """
     import torch
@@ -290,6 +292,8 @@ def run_elbo(args: argparse.Namespace) -> None:
     if not methods and not denoising_kinds(models):
         raise UsageError("these checkpoints give neither an ELBO nor a denoising row: give --planner with "
                          "--denoiser, --denoiser alone (mask or uniform), or --uniform")
+    if models.planner is not None and models.mask_denoiser is None and models.uniform_denoiser is None:
+        raise UsageError("--planner: its rows need a --denoiser (mask or uniform); --uniform's rows do not read it")
     alpha_max = float(get_schedule(loaded.schedule).alpha(torch.tensor(args.t_max, dtype=torch.float64)))
     if methods and not 0.0 < alpha_max < 1.0:  # the denoising rows do not read it
         raise UsageError(f"--t-max {args.t_max}: alpha(t_max) under the checkpoints' {loaded.schedule} schedule "
@@ -672,7 +676,7 @@ def check_command_line(args: argparse.Namespace) -> None:
 
     Raises:
         UsageError: an empty output path, a bad --threads, a missing sweep file, an
-            unusable --data, or an output that would replace an input.
+            unusable or labelled --data, or an output that would replace an input.
         InputError: a checkpoint directory that is not there.
         OutputError: an output that cannot be written.
     """
@@ -685,6 +689,9 @@ def check_command_line(args: argparse.Namespace) -> None:
     check_checkpoints(*(path for _, path in _checkpoints(args)))
     if getattr(args, "data", None) is not None:
         check_data(args.data)
+        if is_labelled(args.data):
+            raise UsageError(f"--data: {args.data} is a labelled corpus ({LABELLED_SUFFIX}); "
+                             "ddpd-eval reads plain text")
     check_outputs(args)
     refuse_outputs_over_inputs(*_outputs_and_inputs(args))
 

@@ -24,7 +24,13 @@ import torch
 from torch import Tensor
 
 from ddpd.assets import BOOKS, GPT2_RANKS
-from ddpd.training.sources import CORPUS_NAMES, HUB_TEXT8, resolve_source  # noqa: F401  (re-exported)
+from ddpd.training.sources import (  # noqa: F401  (re-exported)
+    CORPUS_NAMES,
+    HUB_TEXT8,
+    LABELLED_SUFFIX,
+    is_labelled,
+    resolve_source,
+)
 from ddpd.validation import require_extra
 
 TEXT8_ALPHABET = " abcdefghijklmnopqrstuvwxyz"
@@ -33,7 +39,6 @@ GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+
 GPT2_EOT = "<|endoftext|>"
 SPLITS = ("train", "validation", "test")
 SPLIT_FRACTIONS = (0.9, 0.05, 0.05)
-LABELLED_SUFFIX = ".jsonl"  # a labelled corpus: {"text", "label"} per line
 
 _NOT_TEXT8 = re.compile(r"[^ a-z]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -441,18 +446,6 @@ def load_splits(source: str, tokenizer, fractions: Sequence[float] = SPLIT_FRACT
 
 
 # ---------------------------------------------------------------- labelled corpora
-
-
-def is_labelled(source: str) -> bool:
-    """Whether the corpus at `source` is a labelled one (a .jsonl file).
-
-    Args:
-        source: a corpus source.
-
-    Returns:
-        True for a .jsonl source.
-    """
-    return os.fspath(source).endswith(LABELLED_SUFFIX)
 
 
 @dataclass

@@ -14,6 +14,7 @@ import os
 HUB_TEXT8 = "afmck/text8"
 CORPUS_NAMES = {"books": "the text8-format public-domain books shipped with ddpd (198 k characters)",
                 "text8": f"the full text8 (100 M characters), downloaded with `datasets` from {HUB_TEXT8}"}
+LABELLED_SUFFIX = ".jsonl"  # a labelled corpus: {"text", "label"} per line
 
 
 def resolve_source(source: str, recorded: bool = False) -> str:
@@ -52,3 +53,15 @@ def resolve_source(source: str, recorded: bool = False) -> str:
     names = "; ".join(f"{name}: {what}" for name, what in CORPUS_NAMES.items())
     raise FileNotFoundError(f"no such file: {source} (corpora that need no file: {names}; "
                             "or hf:NAME[:CONFIG] for a Hugging Face dataset)")
+
+
+def is_labelled(source: str) -> bool:
+    """Whether the corpus at `source` is a labelled one (a .jsonl file).
+
+    Args:
+        source: a corpus source.
+
+    Returns:
+        True for a .jsonl source.
+    """
+    return os.fspath(source).endswith(LABELLED_SUFFIX)

@@ -407,6 +407,8 @@ def test_convergence_command(setup, capsys):
       "1.0", "--out-dir", "{root}/q2"], "--steps: 2 given more than once", 2),
     (["frontier", "{planner}", "--judge", "ngram", "--data", "{data}", "--budgets", "8", "8", "--out-dir",
       "{root}/f2"], "--budgets: 8 given more than once", 2),
+    (["elbo", "--planner", "{planner}", "--uniform", "{uniform}", "--data", "{data}"],
+     "--planner: its rows need a --denoiser", 2),
     (["convergence", "--planner", "{planner}", "--out-dir", "{root}/c2"], "give --planner and exactly one", 2),
     (["convergence", "--planner", "{planner}", "--denoiser", "{mask-denoiser}", "--num-samples", "0", "--out-dir",
       "{root}/c2"], "--num-samples must be >= 1, got 0", 2),
