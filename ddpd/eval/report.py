@@ -161,6 +161,8 @@ def save_figure(fig, path: str, **kwargs) -> None:
 
 def write_json(data, path: str) -> None:
     """Write `data` as indented JSON to `path` atomically (in the current set, inside one_set).
+    A NaN or infinite float (the standard error of one sample) is written as null: JSON has
+    no NaN, and strict readers refuse Python's.
 
     Args:
         data: a JSON-serialisable value.
@@ -169,7 +171,18 @@ def write_json(data, path: str) -> None:
     Raises:
         OutputError: the file cannot be written.
     """
-    write_text(json.dumps(data, indent=2, allow_nan=True) + "\n", path)
+    write_text(json.dumps(_finite_or_null(data), indent=2, allow_nan=False) + "\n", path)
+
+
+def _finite_or_null(data):
+    """data with every non-finite float replaced by None, through dicts, lists and tuples."""
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, dict):
+        return {key: _finite_or_null(value) for key, value in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [_finite_or_null(value) for value in data]
+    return data
 
 
 def _parent(path: str) -> None:

@@ -258,3 +258,16 @@ def test_one_sample_has_no_standard_error():
     mean, se = mean_and_se(torch.tensor([2.5]))
     assert mean == 2.5 and math.isnan(se)
     assert mean_and_se(torch.tensor([1.0, 3.0])) == (2.0, 1.0)
+
+
+def test_json_reports_write_an_undefined_value_as_null(tmp_path):
+    """An undefined standard error is null in the JSON written, which strict readers accept."""
+    import json
+
+    from ddpd.eval.report import write_json
+
+    path = str(tmp_path / "e.json")
+    write_json({"elbo": [{"elbo": 2.5, "elbo_se": math.nan, "bound": (math.inf, 1.0)}]}, path)
+    with open(path) as f:
+        loaded = json.load(f, parse_constant=lambda name: pytest.fail(f"{name} in the JSON"))
+    assert loaded == {"elbo": [{"elbo": 2.5, "elbo_se": None, "bound": [None, 1.0]}]}
