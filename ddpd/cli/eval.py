@@ -242,6 +242,8 @@ def _heldout(args: argparse.Namespace, loaded: Loaded, num: Optional[int], flag:
     except ValueError as err:
         if str(err).startswith("num_sequences:"):
             raise UsageError(f"{flag}:{str(err)[len('num_sequences:'):]}".replace("num_sequences=", f"{flag} "))
+        if str(err).startswith("seq_len:"):  # the length is the checkpoints', not a flag
+            raise UsageError(f"--data:{str(err)[len('seq_len:'):]} (the checkpoints' length)") from None
         raise
     return sequences.to(loaded.device)
 

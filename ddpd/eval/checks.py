@@ -15,26 +15,6 @@ from torch import Tensor
 from ddpd.validation import check_callable, check_choice, check_int  # noqa: F401
 
 
-def check_open_unit(name: str, value) -> float:
-    """A number in the open interval (0, 1).
-
-    Args:
-        name: the argument's name, for the message.
-        value: the value given.
-
-    Returns:
-        `value` as a float.
-
-    Raises:
-        TypeError, ValueError: not a number in (0, 1).
-    """
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
-    if not 0.0 < value < 1.0:
-        raise ValueError(f"{name} must be in (0, 1), got {value}")
-    return float(value)
-
-
 def check_tokens(name: str, x, vocab_size: Optional[int]) -> Tensor:
     """x: Long[B, D] with ids in [0, vocab_size) (the range is checked on CPU only).
 

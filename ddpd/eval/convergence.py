@@ -40,7 +40,7 @@ class PlannerRecorder:
         self._batch: Optional[int] = None
 
     def start_run(self, batch_size: int) -> None:
-        """Begin recording a sampler run of `batch_size` samples (the records of the last run are dropped).
+        """Begin recording a sampler run of `batch_size` samples (its records add to the runs' before).
 
         Args:
             batch_size: the samples of the run.

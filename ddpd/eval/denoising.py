@@ -21,7 +21,6 @@ from ddpd.eval.checks import (
     check_callable,
     check_choice,
     check_int,
-    check_open_unit,
     check_row_ids,
     check_tokens,
     log_probs,
@@ -29,6 +28,7 @@ from ddpd.eval.checks import (
 )
 from ddpd.eval.planned_mask import planned_mask_log_probs
 from ddpd.process import Schedule, denoiser_log_prob_from_uniform, get_schedule
+from ddpd.validation import check_float
 
 KINDS = ("uniform", "uniform-denoiser", "mask-denoiser", "mask-denoiser-planner")
 DEFAULT_ALPHA = 0.85
@@ -87,7 +87,7 @@ def denoising_stats(
     check_callable("denoiser", denoiser)
     vocab_size = check_int("vocab_size", vocab_size, 2)
     check_tokens("x1", x1, vocab_size)
-    alpha = check_open_unit("alpha", alpha)
+    alpha = check_float("alpha", alpha, 0.0, 1.0, open_min=True, open_max=True)
     if kind == "mask-denoiser-planner":
         check_callable("planner", planner)
     mask_id = vocab_size if mask_id is None else check_int("mask_id", mask_id, vocab_size)

@@ -18,11 +18,12 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
-from ddpd.eval.checks import check_open_unit, check_tokens, planner_logits
+from ddpd.eval.checks import check_tokens, planner_logits
 from ddpd.eval.planned_mask import masked_log_probs
 from ddpd.eval.report import markdown_table
 from ddpd.ops.rng import gumbel
 from ddpd.process import Schedule
+from ddpd.validation import check_float
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,7 @@ def parallel_draws(denoiser: Callable, x: Tensor, chosen: Tensor, mask_id: int, 
     a parallel decoder's step from x.
 
     Args:
-        denoiser: the mask denoiser, denoiser(x, t) -> Float[B, D, >= V].
+        denoiser: the mask denoiser, denoiser(x, t) -> Float[B, D, V].
         x: Long[B, D] tokens.
         chosen: Bool[B, D] the positions masked and drawn.
         mask_id: the mask token.
@@ -106,7 +107,7 @@ def error_detection(planner: Callable, denoiser: Callable, x1: Tensor, fraction:
 
     Args:
         planner: planner(x) -> Float[B, D] logits of z^d = N (time-free).
-        denoiser: the mask denoiser, denoiser(x, t) -> Float[B, D, >= V].
+        denoiser: the mask denoiser, denoiser(x, t) -> Float[B, D, V].
         x1: Long[B, D] clean text.
         fraction: the share of positions corrupted, in (0, 1).
         mask_id: the mask token.
@@ -117,7 +118,7 @@ def error_detection(planner: Callable, denoiser: Callable, x1: Tensor, fraction:
     Returns:
         The Detection.
     """
-    fraction = check_open_unit("fraction", fraction)
+    fraction = check_float("fraction", fraction, 0.0, 1.0, open_min=True, open_max=True)
     x1 = check_tokens("x1", x1, vocab_size)
     rand = torch.rand(x1.shape, generator=generator, device=x1.device)
     chosen = rand < fraction

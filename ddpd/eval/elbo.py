@@ -24,7 +24,6 @@ from ddpd.eval.checks import (
     check_callable,
     check_choice,
     check_int,
-    check_open_unit,
     check_row_ids,
     check_tokens,
     log_probs,
@@ -32,6 +31,7 @@ from ddpd.eval.checks import (
 )
 from ddpd.eval.planned_mask import planned_mask_log_probs
 from ddpd.process import Schedule, get_schedule, planner_log_prob_from_uniform
+from ddpd.validation import check_float
 
 DEFAULT_T_MAX = 1.0 - 1e-3
 DENOISER_TYPES = ("uniform", "mask")
@@ -97,7 +97,7 @@ class _Estimator:
         self.vocab_size = check_int("vocab_size", vocab_size, 2)
         self.x1 = check_tokens("x1", x1, vocab_size)
         self.samples = check_int("mc_samples", mc_samples, 1)
-        self.t_max = check_open_unit("t_max", t_max)
+        self.t_max = check_float("t_max", t_max, 0.0, 1.0, open_min=True, open_max=True)
         self.schedule = get_schedule(schedule)
         self.noise = C.EvalNoise(seed)
         self.rows = check_row_ids(row_ids, x1.shape[0], x1.device)

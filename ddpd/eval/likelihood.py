@@ -80,6 +80,8 @@ def _batches(sequences: Tensor, batch_size: int):
     check_int("batch_size", batch_size, 1)
     if not isinstance(sequences, Tensor) or sequences.dim() != 2:
         raise ValueError(f"sequences must be Long[N, D], got {getattr(sequences, 'shape', type(sequences).__name__)}")
+    if sequences.shape[0] == 0:
+        raise ValueError("sequences must hold at least one row, got 0")
     for start in range(0, sequences.shape[0], batch_size):
         rows = torch.arange(start, min(start + batch_size, sequences.shape[0]), device=sequences.device)
         yield sequences[rows], rows
@@ -107,7 +109,7 @@ def evaluate_elbo(models: ModelSet, sequences: Tensor, *, mc_samples: int = 1, t
         The rows.
 
     Raises:
-        ValueError: an unknown or unavailable method.
+        ValueError: an unknown or unavailable method, or no sequences.
     """
     available = elbo_methods(models)
     names = list(available) if methods is None else methods
@@ -174,6 +176,9 @@ def evaluate_denoising(models: ModelSet, sequences: Tensor, *, alpha: float = DE
 
     Returns:
         The rows.
+
+    Raises:
+        ValueError: no sequences.
     """
     kinds = denoising_kinds(models)
     if not kinds:

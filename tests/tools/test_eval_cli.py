@@ -448,6 +448,14 @@ def test_an_empty_output_path_is_a_usage_error(setup, capsys, argv):
     assert code == 2 and err.count("\n") == 1 and "must be a path, got ''" in err, err
 
 
+def test_a_corpus_shorter_than_the_checkpoints_length_names_data(setup, capsys, tmp_path):
+    short = tmp_path / "short.txt"
+    short.write_text("abc def")
+    code, _, err = _run(capsys, "elbo", "--uniform", setup["uniform"], "--data", str(short), "--no-progress")
+    assert code == 2 and err.startswith("ddpd-eval: error: --data: the test split of") and \
+        err.endswith(f"fewer than one sequence of {L} (the checkpoints' length)\n"), err
+
+
 def test_a_checkpoint_of_the_wrong_kind_is_a_usage_error(setup, capsys):
     code, _, err = _run(capsys, "elbo", "--planner", setup["mask-denoiser"], "--data", setup["data"])
     assert code == 2 and err.count("\n") == 1

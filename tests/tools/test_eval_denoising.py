@@ -106,7 +106,7 @@ def test_denoising_stats_are_batch_invariant_and_seeded(toy):
 
 @pytest.mark.parametrize("kwargs, error", [
     (dict(kind="mask"), "kind must be one of"),
-    (dict(alpha=1.0), "alpha must be in \\(0, 1\\)"),
+    (dict(alpha=1.0), "alpha must be in \\(0.0, 1.0\\)"),
     (dict(kind="mask-denoiser-planner", planner=None), "planner must be callable"),
     (dict(x1=torch.zeros(2, 3)), "x1 must have dtype torch.int64"),
     (dict(x1=torch.full((2, 3), 5)), "x1 must hold ids in \\[0, 3\\)"),

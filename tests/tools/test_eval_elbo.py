@@ -530,7 +530,7 @@ def test_elbo_takes_a_numpy_integer_seed():
     (dict(x1=torch.zeros(2, 4)), "x1 must have dtype torch.int64"),
     (dict(x1=torch.full((2, 4), V)), "x1 must hold ids in \\[0, 27\\)"),
     (dict(mc_samples=0), "mc_samples must be >= 1"),
-    (dict(t_max=1.0), "t_max must be in \\(0, 1\\)"),
+    (dict(t_max=1.0), "t_max must be in \\(0.0, 1.0\\)"),
     (dict(seed=-1), "seed must be an int"),
     (dict(row_ids=torch.arange(3)), "row_ids must be a Long tensor of shape \\(2,\\)"),
     (dict(denoiser_type="masked"), "denoiser_type must be one of"),
@@ -544,6 +544,21 @@ def test_elbo_validates_inputs(tiny, change, error):
     planner, denoiser, x1, vocab = (args.pop(k) for k in ("planner", "denoiser", "x1", "vocab_size"))
     with pytest.raises((ValueError, TypeError), match=error):
         elbo_planned(planner, denoiser, x1, vocab, **args)
+
+
+def test_elbo_takes_a_numpy_float_time_and_refuses_no_sequences():
+    from ddpd.eval import ModelSet, evaluate_denoising, evaluate_elbo
+
+    def model(x, t):
+        return torch.arange(V, dtype=torch.float32).expand(*x.shape, V) * t[:, None, None]
+
+    x1 = torch.tensor([[0, 1, 2, 3]])
+    assert torch.equal(elbo_uniform_model(model, x1, V, t_max=np.float32(0.5)).elbo,
+                       elbo_uniform_model(model, x1, V, t_max=float(np.float32(0.5))).elbo)
+    models = ModelSet(vocab_size=V, uniform_model=model)
+    for evaluate in (evaluate_elbo, evaluate_denoising):
+        with pytest.raises(ValueError, match="sequences must hold at least one row, got 0"):
+            evaluate(models, torch.zeros(0, 4, dtype=torch.long))
 
 
 def test_elbo_rejects_a_model_with_the_wrong_output_shape():
