@@ -75,7 +75,7 @@ def setup(sampler: str, batch_size, length, vocab_size, *, steps, temperature, s
         guidance: a Guidance, or None.
         truncation: a Truncation.
         execution: an Execution.
-        mask_id: the mask token (masks only; default vocab_size).
+        mask_id: the mask token (masks only: a ValueError otherwise; default vocab_size).
         masks: the sampler uses a mask id.
         planner: the sampler runs a planner network (Guidance.conditional_planner applies).
 
@@ -96,6 +96,9 @@ def setup(sampler: str, batch_size, length, vocab_size, *, steps, temperature, s
     schedule = get_schedule(schedule)
     if masks:
         mask_id = vocab_size if mask_id is None else check_int("mask_id", mask_id, vocab_size)
+    elif mask_id is not None:  # read nowhere: refused rather than ignored
+        raise ValueError(f"mask_id is read with a mask denoiser only ({sampler} reads no mask token here), "
+                         f"got {mask_id}")
     noise = make_noise(seed, generator, noise)
     if device is not None:
         device = check_device("device", device)

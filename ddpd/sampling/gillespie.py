@@ -107,7 +107,7 @@ def ddpd_sample(
             denoiser, the classifier-free guidance scale, and conditional_planner
             (whether the planner gets the labels too); None: unconditional.
         schedule: The noise schedule alpha_t: "linear", "cosine" or a ddpd.process.Schedule.
-        mask_id: The mask token id (>= vocab_size; default vocab_size).
+        mask_id: The mask token id (>= vocab_size; default vocab_size), with a mask denoiser only.
         seed: Seed of the Philox noise (per-row streams). At most one of seed, generator, noise;
             none: a seed drawn from torch's default generator.
         generator: A torch.Generator the Philox seed and offset are drawn from.
@@ -131,7 +131,8 @@ def ddpd_sample(
     if time_conditioned_planner and ddpd.clock != "exact":
         raise ValueError("time_conditioned_planner=True needs DDPDOptions(clock='exact'): the planner clock "
                          "estimates the time from a time-free planner")
-    run, draws = setup("ddpd_sample", batch_size, length, vocab_size, mask_id=mask_id, masks=True, planner=True,
+    run, draws = setup("ddpd_sample", batch_size, length, vocab_size, mask_id=mask_id,
+                       masks=denoiser_type == "mask", planner=True,
                        steps=steps, temperature=temperature, schedule=schedule, seed=seed,
                        generator=generator, noise=noise, device=device, prompt=prompt, guidance=guidance,
                        truncation=truncation, execution=execution)

@@ -262,7 +262,7 @@ def tau_leaping_planned(
             denoiser, the classifier-free guidance scale, and conditional_planner
             (whether the planner gets the labels too); None: unconditional.
         schedule: The noise schedule alpha_t: "linear", "cosine" or a ddpd.process.Schedule.
-        mask_id: The mask token id (>= vocab_size; default vocab_size).
+        mask_id: The mask token id (>= vocab_size; default vocab_size), with a mask denoiser only.
         seed: Seed of the Philox noise (per-row streams). At most one of seed, generator, noise;
             none: a seed drawn from torch's default generator.
         generator: A torch.Generator the Philox seed and offset are drawn from.
@@ -282,7 +282,8 @@ def tau_leaping_planned(
     check_callable("denoiser", denoiser)
     check_choice("denoiser_type", denoiser_type, DENOISER_TYPES)
     time_conditioned = check_bool("time_conditioned_planner", time_conditioned_planner)
-    run, draws = setup("tau_leaping_planned", batch_size, length, vocab_size, mask_id=mask_id, masks=True,
+    run, draws = setup("tau_leaping_planned", batch_size, length, vocab_size, mask_id=mask_id,
+                       masks=denoiser_type == "mask",
                        planner=True, steps=steps, temperature=temperature, schedule=schedule,
                        seed=seed, generator=generator, noise=noise, device=device, prompt=prompt, guidance=guidance,
                        truncation=truncation, execution=execution)

@@ -207,6 +207,13 @@ def test_unknown_options_and_wrong_objects_are_type_errors(call, match):
         call()
 
 
+@pytest.mark.parametrize("sampler", [ddpd_sample, tau_leaping_planned])
+def test_a_mask_id_without_a_mask_denoiser_is_refused(sampler):
+    with pytest.raises(ValueError, match="mask_id is read with a mask denoiser only"):
+        sampler(M.planner, M.uniform_denoiser, 2, 4, 3, steps=3, mask_id=7)
+    sampler(M.planner, M.mask_denoiser, 2, 4, 3, steps=3, mask_id=3, denoiser_type="mask", seed=0)
+
+
 def test_time_estimates():
     run = Run(1, 4, 3, 1, Temperature(), LinearSchedule(), None, PhiloxNoise(0), None)
     assert torch.allclose(planner_time(torch.tensor([0.8]), run), torch.tensor([0.8]))
