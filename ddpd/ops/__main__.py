@@ -2,10 +2,14 @@
 or the one compiled on first use) and whether it holds the CUDA kernels. (Run as
 `python -m ddpd.ops._ext` it would be a second copy of the module that ddpd.ops
 imports, which runpy warns of.)"""
+import argparse
 import sys
 
 from ddpd.ops import _ext
 
+argparse.ArgumentParser(prog="python -m ddpd.ops", description=(
+    "Load ddpd's C++/CUDA extension (compiling it on first use if the install did not build it) "
+    "and print which module was loaded and whether it holds the CUDA kernels.")).parse_args()
 try:
     module = _ext.load()
 except RuntimeError as error:  # the build's one-line reason, as the tools give it

@@ -285,6 +285,15 @@ def test_python_m_ddpd_ops_names_the_module_without_a_warning():
     assert done.stdout.startswith("ddpd: extension ddpd") and "CUDA kernels: " in done.stdout
 
 
+@pytest.mark.integration
+def test_python_m_ddpd_ops_answers_help_without_loading(tmp_path):
+    (tmp_path / "a-file").write_text("")
+    env = {**os.environ, "DDPD_FORCE_JIT": "1", "DDPD_EXTENSIONS_DIR": str(tmp_path / "a-file")}  # a load fails
+    done = subprocess.run([sys.executable, "-m", "ddpd.ops", "--help"], capture_output=True, text=True, env=env,
+                          timeout=HANG_GUARD_SECONDS)
+    assert done.returncode == 0 and done.stdout.startswith("usage: python -m ddpd.ops"), done.stdout + done.stderr
+
+
 def test_one_cache_directory_per_checkout_and_environment(monkeypatch, tmp_path):
     """Two environments of one checkout shared a directory, and ninja (whose build file
     names torch's paths) silently rebuilt the extension at every switch."""
