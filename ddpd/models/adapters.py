@@ -125,9 +125,10 @@ class MaskDenoiserAdapter(nn.Module):
 def _autocast_like(network, device: torch.device):
     """Autocast to the precision of a network cast below float32 (prepare_for_sampling), where
     none is on already; nothing for a float32 network or a plain callable."""
+    # the first cast parameter: a network's first may be a norm's, which stays float32
     parameters = network.parameters() if isinstance(network, nn.Module) else ()
-    dtype = next((p.dtype for p in parameters if p.is_floating_point()), None)
-    if dtype not in (torch.bfloat16, torch.float16) or torch.is_autocast_enabled(device.type):
+    dtype = next((p.dtype for p in parameters if p.dtype in (torch.bfloat16, torch.float16)), None)
+    if dtype is None or torch.is_autocast_enabled(device.type):
         return contextlib.nullcontext()
     return torch.autocast(device.type, dtype=dtype)
 

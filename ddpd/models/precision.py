@@ -23,9 +23,9 @@ from ddpd.validation import check_choice
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DTYPE_CHOICES = ("auto",) + tuple(DTYPES)
-FLOAT32_MODULES = (LayerNorm, RMSNorm)  # modules whose parameters stay float32
-# modules whose buffers (running statistics) follow their parameters: F.batch_norm wants one dtype
-STATISTICS_MODULES = (nn.modules.batchnorm._NormBase,)
+# norms whose parameters and running statistics stay float32: ddpd's, and torch's (the
+# BatchNorm and InstanceNorm family is _NormBase), which take bf16/fp16 inputs with them
+FLOAT32_MODULES = (LayerNorm, RMSNorm, nn.LayerNorm, nn.GroupNorm, nn.RMSNorm, nn.modules.batchnorm._NormBase)
 
 
 def resolve_dtype(dtype: Union[str, torch.dtype], device: Union[str, torch.device, None] = None) -> torch.dtype:
@@ -57,10 +57,11 @@ def prepare_for_sampling(model: nn.Module, dtype: Union[str, torch.dtype] = "aut
                          device: Union[str, torch.device, None] = None) -> nn.Module:
     """Move `model` to `device` (default: where it is), set eval mode and
     requires_grad=False, and cast its floating-point parameters to `dtype` (a
-    resolve_dtype choice; "auto" resolves for the target device), norm parameters to
-    float32 (also those of a model already cast by `.half()`), keeping buffers in their
-    dtype (positions and schedules; running statistics excepted, which follow their
-    parameters). A network that mixes a float32 buffer into a cast matmul runs under
+    resolve_dtype choice; "auto" resolves for the target device), keeping buffers in their
+    dtype (positions and schedules). The norms, ddpd's and torch's (LayerNorm, GroupNorm,
+    RMSNorm, BatchNorm, InstanceNorm), keep their parameters and running statistics in
+    float32 (also those of a model already cast by `.half()`). A network that mixes a
+    float32 buffer into a cast matmul, or a cast input into a torch norm, runs under
     torch.autocast, as the samplers and adapters call it. Works in place on any
     nn.Module and returns it.
 
@@ -89,24 +90,18 @@ def prepare_for_sampling(model: nn.Module, dtype: Union[str, torch.dtype] = "aut
     dtype = resolve_dtype(dtype, device)
     model.eval().requires_grad_(False)
 
-    def cast(tensor: torch.Tensor) -> torch.Tensor:
-        return tensor.to(dtype) if tensor.is_floating_point() else tensor
-
     def cast_parameters(tensor: torch.Tensor) -> torch.Tensor:
-        return cast(tensor) if isinstance(tensor, nn.Parameter) else tensor
-
-    def float32_parameters(tensor: torch.Tensor) -> torch.Tensor:
-        # a norm of a model already cast by .half() or .to(bf16) comes back to float32
         floating = isinstance(tensor, nn.Parameter) and tensor.is_floating_point()
-        return tensor.to(torch.float32) if floating else tensor
+        return tensor.to(dtype) if floating else tensor
+
+    def float32(tensor: torch.Tensor) -> torch.Tensor:
+        # a norm of a model already cast by .half() or .to(bf16) comes back to float32
+        return tensor.to(torch.float32) if tensor.is_floating_point() else tensor
 
     for module in model.modules():
         # _apply visits this module's own parameters and buffers; buffers keep their dtype
         # (rotary frequencies, position tables, schedules: bf16 positions are off by whole radians)
-        if isinstance(module, FLOAT32_MODULES):
-            module._apply(float32_parameters, recurse=False)
-        else:
-            module._apply(cast if isinstance(module, STATISTICS_MODULES) else cast_parameters, recurse=False)
+        module._apply(float32 if isinstance(module, FLOAT32_MODULES) else cast_parameters, recurse=False)
     return model
 
 

@@ -145,16 +145,48 @@ def test_prepare_keeps_position_buffers_float32(wrapped):
     assert inner.inv_freq.dtype == torch.float32 and inner.head.weight.dtype == torch.bfloat16
 
 
-def test_prepare_casts_running_statistics_with_their_parameters():
-    # F.batch_norm takes its running statistics in the dtype of its weight
-    net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4)).eval()
-    x = torch.randn(3, 4)
+class TorchNorms(torch.nn.Module):
+    """A network with torch's own norms, one registered before any cast layer (so that its
+    first parameter stays float32), called as net(x, sigma) like the adapters' networks."""
+
+    def __init__(self, vocab, width=8):
+        super().__init__()
+        torch.manual_seed(0)
+        self.first = torch.nn.LayerNorm(width)
+        self.embed = torch.nn.Embedding(vocab + 1, width)
+        self.register_buffer("offset", torch.arange(width).float())  # a float32 buffer mixed in
+        self.norms = torch.nn.ModuleList([torch.nn.GroupNorm(2, width), torch.nn.RMSNorm(width),
+                                          torch.nn.BatchNorm1d(width), torch.nn.InstanceNorm1d(width, affine=True)])
+        self.head = torch.nn.Linear(width, vocab + 1)
+
+    def forward(self, x, sigma):
+        h = self.first(self.embed(x) + self.offset)  # [B, D, W]
+        group, rms, batch, instance = self.norms
+        h = group(h.transpose(1, 2)).transpose(1, 2)
+        h = batch(instance(rms(h).transpose(1, 2))).transpose(1, 2)
+        return self.head(h)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_prepare_keeps_torch_norms_and_their_statistics_float32(dtype):
+    """torch's norm layers stay float32 (parameters and running statistics) like ddpd's, and a
+    wrapped network with them, its first parameter a norm's, runs cast in an adapter."""
+    vocab = 6
+    full = SEDDAbsorbingDenoiser(TorchNorms(vocab), vocab).eval()
+    with torch.no_grad():  # statistics other than the defaults, so that rounding them shows
+        for norm in full.network.norms[2:]:
+            norm.running_mean = torch.randn(norm.num_features) / 3 if norm.running_mean is not None else None
+    half = prepare_for_sampling(copy.deepcopy(full), dtype, "cpu")
+    net = half.network
+    for norm in (net.first, *net.norms):
+        floats = [p for p in (*norm.parameters(), *norm.buffers()) if p.is_floating_point()]
+        assert floats and all(p.dtype == torch.float32 for p in floats)
+    assert net.head.weight.dtype == net.embed.weight.dtype == getattr(torch, dtype)
+    x, t = torch.tensor([[6, 1, 6, 2], [0, 6, 6, 5]]), torch.tensor([0.3, 0.8])
     with torch.no_grad():
-        want = net(x)
-        prepare_for_sampling(net, "bfloat16", "cpu")
-        got = net(x.bfloat16())
-    assert net[1].running_mean.dtype == net[1].weight.dtype == torch.bfloat16
-    torch.testing.assert_close(got.float(), want, rtol=5e-2, atol=5e-2)
+        want, got = full(x, t), half(x, t)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=5e-2, atol=5e-2)
 
 
 @pytest.mark.parametrize("kind", MODEL_KINDS)
