@@ -342,26 +342,28 @@ class RotaryEmbedding(nn.Module):
     def __init__(self, head_dim: int, max_seq_len: int, base: float = 10000.0):
         super().__init__()
         self.head_dim, self.base = head_dim, base
-        if torch.empty(0).is_meta:  # a skeleton (build_skeleton): shapes only; the meta device's arithmetic
+        device = torch.empty(0).device  # the default device: that of `with torch.device(...)`, if any
+        if device.type == "meta":  # a skeleton (build_skeleton): shapes only; the meta device's arithmetic
             # imports torch._dynamo, triton and sympy, seconds of every checkpoint load
             tables = [torch.empty(max_seq_len, (head_dim + 1) // 2) for _ in range(2)]
         else:
-            tables = self._tables(max_seq_len)
+            tables = self._tables(max_seq_len, device)
         # not persistent: derived from the config, so never stored in checkpoints
         self.register_buffer("cos", tables[0], persistent=False)
         self.register_buffer("sin", tables[1], persistent=False)
 
-    def _tables(self, max_seq_len: int) -> list[torch.Tensor]:
-        """float32 [max_seq_len, ceil(head_dim / 2)] cos and sin tables, computed on the CPU in float64."""
+    def _tables(self, max_seq_len: int, device: torch.device) -> list[torch.Tensor]:
+        """float32 [max_seq_len, ceil(head_dim / 2)] cos and sin tables on `device`, computed on
+        the CPU in float64 (the same values whatever the device)."""
         inv_freq = self.base ** (-torch.arange(0, self.head_dim, 2, dtype=torch.float64, device="cpu") / self.head_dim)
         angles = torch.arange(max_seq_len, dtype=torch.float64, device="cpu")[:, None] * inv_freq[None, :]
-        return [angles.cos().float(), angles.sin().float()]
+        return [angles.cos().float().to(device), angles.sin().float().to(device)]
 
     def _apply(self, fn, recurse=True):
         tables = (self.cos, self.sin)
         super()._apply(fn, recurse)
         if tables[0].is_meta and not self.cos.is_meta:  # to_empty() of a skeleton: no values to copy
-            tables = self._tables(tables[0].shape[0])
+            tables = self._tables(tables[0].shape[0], self.cos.device)
         self.cos, self.sin = (table.to(self.cos.device) for table in tables)
         return self
 

@@ -208,6 +208,18 @@ def test_rotary_scores_depend_on_relative_position_only():
     assert not torch.allclose(scores[0, 0], scores[0, 3])
 
 
+def test_rotary_tables_follow_the_default_device():
+    """Built under `with torch.device(...)` the tables are computed on the CPU in float64 and
+    land on that device, with the network's parameters. A fake CUDA device (shapes, dtypes and
+    devices without memory) stands in for a GPU: the CPU has no other device that computes."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(), torch.device("cuda"):
+        rotary = RotaryEmbedding(head_dim=8, max_seq_len=10)
+    assert rotary.cos.device.type == rotary.sin.device.type == "cuda"
+    assert rotary.cos.dtype == torch.float32 and rotary.cos.shape == (10, 4)
+
+
 @pytest.mark.parametrize("kind", MODEL_KINDS)
 def test_skeleton_to_empty_then_load_computes_what_the_network_does(kind):
     from ddpd.models.factory import build_skeleton
