@@ -5,9 +5,10 @@ lets a sampler that denoises one position per step (Algorithm 1) apply the [H, V
 head at the chosen positions only (`ddpd.ops.sample_from_hidden` takes the hidden
 states of those positions and `head.weight`, `head.bias`) instead of at all D.
 
-Dtypes: `hidden` returns the dtype the trunk ran in (that of the weights, or bf16
-under autocast); `forward` always returns float32 logits, so a sampler's own
-arithmetic stays float32 whatever precision the network runs in.
+Dtypes: `hidden` returns the dtype of the weights, under autocast too (the residual
+stream starts at the embedding, which autocast leaves in the weights' dtype, and its
+adds promote the blocks' autocast outputs to it); `forward` always returns float32 logits,
+so a sampler's own arithmetic stays float32 whatever precision the network runs in.
 
 Class labels: every network takes `labels=` as a keyword (Long[B] in [0, C], C =
 `null_label`; None = the null label), accepted only when `config.num_classes` = C > 0.

@@ -219,6 +219,8 @@ def test_autocast_and_cast_weights_agree():
     x, t = inputs(model)
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         autocast = model(x, t)
+        # the residual stream starts at the float32 embedding: hidden keeps the weights' dtype
+        assert model.hidden(x, t).dtype == torch.float32
     cast = prepare_for_sampling(copy.deepcopy(model), "bfloat16")
     with torch.no_grad():
         torch.testing.assert_close(cast(x, t), autocast, rtol=2e-2, atol=2e-2)
