@@ -57,8 +57,9 @@ def top_p_mask(logits: torch.Tensor, top_p: float, temperature: float) -> torch.
     mass above is < top_p (Hugging Face's sampler's cut), then every token tied with the
     last one kept. Hugging Face's code keeps only the tied tokens that the sort happens to
     put first; ddpd keeps the smallest upper set of logits whose mass reaches top_p, ties
-    together, which is this: everything at or above the smallest logit kept."""
-    probs = torch.softmax(logits / temperature, -1)
+    together, which is this: everything at or above the smallest logit kept. At temperature 0
+    (greedy) ddpd cuts the law at temperature 1, and so does this."""
+    probs = torch.softmax(logits / (temperature if temperature > 0 else 1.0), -1)
     sorted_probs, order = probs.sort(-1, descending=True)
     kept = (sorted_probs.cumsum(-1) - sorted_probs < top_p).sum(-1, keepdim=True)  # >= 1: a prefix
     smallest_kept = logits.gather(-1, order.gather(-1, kept - 1))

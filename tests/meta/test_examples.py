@@ -30,7 +30,8 @@ def load(name: str):
     return module
 
 
-@pytest.mark.parametrize("kw", [dict(temperature=1.0), dict(temperature=0.7, top_p=0.8), dict(temperature=1.3)])
+@pytest.mark.parametrize("kw", [dict(temperature=1.0), dict(temperature=0.7, top_p=0.8), dict(temperature=1.3),
+                                dict(temperature=0.0, top_p=0.8)])  # greedy: top_p of the law at T = 1
 @pytest.mark.parametrize("seed", [0, 5])
 def test_mdlm_sampler_matches_its_plain_torch_version(kw, seed):
     mdlm = load("mdlm_sampler")
@@ -40,6 +41,21 @@ def test_mdlm_sampler_matches_its_plain_torch_version(kw, seed):
     assert not (fused == net.mask_id).any()  # the last step reveals every position
     # the draws of a sequence do not depend on the batch it is sampled in
     assert torch.equal(mdlm.mdlm_ddpd(net, 1, 12, 6, seed=seed, **kw), fused[:1])
+
+
+def test_mdlm_sampler_cuts_a_greedy_draw_as_ddpd_does():
+    """At temperature 0 ddpd's top_p keeps the nucleus of the law at T = 1: its log-probability
+    of the greedy token is that token's log-softmax over the plain cut's kept logits."""
+    from ddpd.ops import sample_categorical
+
+    mdlm = load("mdlm_sampler")
+    logits = torch.randn(64, 40, generator=torch.Generator().manual_seed(0)) * 2
+    cut = mdlm.top_p_mask(logits, 0.8, 0.0)
+    drawn = sample_categorical(logits, 0.0, top_p=0.8, return_logprob=True, seed=0)
+    assert torch.equal(drawn.tokens, cut.argmax(-1))
+    want = cut.log_softmax(-1).gather(-1, drawn.tokens[:, None]).squeeze(-1)
+    torch.testing.assert_close(drawn.logprob, want, rtol=0, atol=1e-5)
+    assert (cut > float("-inf")).sum(-1).lt(40).any()  # the cut does cut
 
 
 def test_mdlm_sampler_reveals_each_position_at_a_uniform_step(monkeypatch):
