@@ -342,7 +342,8 @@ def philox_uniform_triton(seed, offset, rows: torch.Tensor, cols: torch.Tensor) 
 
 
 def seed_from_generator(generator: Optional[torch.Generator]) -> tuple[int, int]:
-    """Draw a (seed, offset) pair from a torch.Generator (or the global one).
+    """Draw a (seed, offset) pair from a torch.Generator (or the global one), on the
+    generator's device (torch refuses a CUDA generator's draw on the CPU).
 
     Args:
         generator: the generator, or None for torch's global one.
@@ -350,8 +351,9 @@ def seed_from_generator(generator: Optional[torch.Generator]) -> tuple[int, int]
     Returns:
         (seed, offset), ints in [0, 2**62).
     """
+    device = generator.device if generator is not None else None
     # one call and one tolist: indexing the tensor twice costs an unseeded op call more host time
-    seed, offset = torch.randint(0, 2**62, (2,), generator=generator, dtype=torch.int64).tolist()
+    seed, offset = torch.randint(0, 2**62, (2,), generator=generator, dtype=torch.int64, device=device).tolist()
     return seed, offset
 
 

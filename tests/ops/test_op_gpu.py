@@ -44,6 +44,26 @@ def test_philox_uniform_cuda_is_the_cpu_stream_bit_for_bit():
     assert torch.equal(captured.cpu(), philox_uniform(5, 11, rows.cpu(), cols.cpu()))
 
 
+
+def test_a_cuda_generator_seeds_the_ops_and_the_samplers():
+    """A CUDA generator raised torch's "Expected a 'cpu' device type for generator": the
+    (seed, offset) pair is drawn on the generator's device, the same tokens for the same state."""
+    from ddpd.ops.rng import seed_from_generator
+    from ddpd.sampling.noise import make_noise
+
+    generator = torch.Generator("cuda").manual_seed(3)
+    logits = torch.randn(4, 50, device="cuda")
+    state = generator.get_state()
+    first = sample_categorical(logits, generator=generator)[0]
+    generator.set_state(state)
+    assert torch.equal(sample_categorical(logits, generator=generator)[0], first)
+    generator.set_state(state)
+    seed, offset = seed_from_generator(generator)
+    assert torch.equal(sample_categorical(logits, seed=seed, offset=offset)[0], first)
+    generator.set_state(state)
+    noise = make_noise(generator=generator)
+    assert (noise.seed, noise.offset) == (seed, offset)
+
 @pytest.mark.parametrize("rows,vocab", [(1, 1), (7, 111), (64, 28), (64, 50257)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_sample_categorical_cuda_matches_cpu(rows, vocab, dtype):

@@ -200,3 +200,17 @@ def test_a_number_of_columns_may_be_any_integer_scalar(fn):
         fn(3, 0, rows, True)
     with pytest.raises(ValueError, match="cols must be >= 0"):
         fn(3, 0, rows, np.int64(-1))
+
+
+def test_a_generator_draws_the_seed_on_its_own_device(monkeypatch):
+    """seed_from_generator drew on the default device: a CUDA generator raised torch's
+    "Expected a 'cpu' device type for generator". It draws on the generator's device now;
+    a CPU generator draws the (seed, offset) it always did."""
+    assert rng.seed_from_generator(torch.Generator().manual_seed(7)) == (1407639518939636932, 551904368352831990)
+    devices = []
+    randint = torch.randint
+    monkeypatch.setattr(torch, "randint", lambda *a, **k: devices.append(k.get("device")) or randint(*a, **k))
+    generator = torch.Generator()
+    rng.seed_from_generator(generator)
+    sample_categorical(torch.zeros(2, 5), generator=generator)
+    assert devices == [generator.device] * 2
