@@ -20,7 +20,7 @@ from typing import Optional, Union
 import torch
 
 from ddpd.ops import _dispatch, _ext
-from ddpd.validation import check_same_device, check_shape, check_tensor, transformed
+from ddpd.validation import check_same_device, check_shape, check_tensor, transformed, values_checkable
 
 BELOW_ONE = 1.0 - 2.0**-24  # largest float32 under 1
 PHILOX_BLOCK = 1024  # columns per program of philox_uniform's Triton kernel
@@ -81,9 +81,9 @@ def row_key(seed, rows: torch.Tensor) -> tuple:
     """
     seed_lo, seed_hi = seed & _MASK32, (seed >> 32) & _MASK32
     row_hi = (rows >> 32) & _MASK32
-    # One extra evaluation per row (not per column). Skipped where no row needs it,
-    # when that costs no host sync (CPU tensors): most callers have small row ids.
-    if rows.is_cpu and not bool(row_hi.any()):
+    # One extra evaluation per row (not per column). Skipped where no row needs it, when
+    # that costs no host sync and no trace guards on it (values_checkable): most ids are small.
+    if values_checkable(rows) and not bool(row_hi.any()):
         return seed_lo, seed_hi
     ones = torch.full_like(row_hi, _MASK32)
     d0, d1, _, _ = philox4x32(row_hi, ones, ones, ones, seed_lo, seed_hi)

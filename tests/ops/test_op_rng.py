@@ -214,3 +214,18 @@ def test_a_generator_draws_the_seed_on_its_own_device(monkeypatch):
     rng.seed_from_generator(generator)
     sample_categorical(torch.zeros(2, 5), generator=generator)
     assert devices == [generator.device] * 2
+
+
+@pytest.mark.parametrize("fn", [philox_uniform, philox_uniform_reference])
+def test_philox_uniform_traces_on_cpu(fn):
+    """The key of CPU rows skipped the 64-bit id evaluation after reading whether any row
+    needed it: make_fx and torch.compile(fullgraph=True) failed on that data-dependent guard.
+    A traced call takes the evaluation and draws the eager values."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    rows = torch.tensor([0, 3, 2**40 + 1, -5])
+    for ids in (rows, rows[:2]):  # with and without ids at or above 2**32
+        assert torch.equal(make_fx(lambda r: fn(1, 2, r, 5), tracing_mode="fake")(ids)(ids), fn(1, 2, ids, 5))
+    small = rows[:2]  # the ids whose eager key skips the evaluation
+    compiled = torch.compile(lambda r: fn(1, 2, r, 5), fullgraph=True, backend="eager")
+    assert torch.equal(compiled(small), fn(1, 2, small, 5))
