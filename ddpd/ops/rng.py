@@ -266,8 +266,8 @@ def _ids(name: str, ids, device) -> torch.Tensor:
     bits; a float id refused (torch would truncate it to another id)."""
     try:
         given = torch.as_tensor(ids, device=device)
-    except (OverflowError, ValueError, RuntimeError):  # an int beyond int64: torch cannot unpack it
-        given = None
+    except (OverflowError, ValueError, RuntimeError, TypeError):  # an int beyond int64, or numpy's
+        given = None  # uint64 in a list: torch cannot unpack it; operator.index can
     if given is not None and given.numel() == 0:
         return given.to(torch.int64)
     if given is not None and not (given.is_floating_point() or given.is_complex() or given.dtype == torch.bool):

@@ -229,3 +229,14 @@ def test_philox_uniform_traces_on_cpu(fn):
     small = rows[:2]  # the ids whose eager key skips the evaluation
     compiled = torch.compile(lambda r: fn(1, 2, r, 5), fullgraph=True, backend="eager")
     assert torch.equal(compiled(small), fn(1, 2, small, 5))
+
+
+@pytest.mark.parametrize("fn", [philox_uniform, philox_uniform_reference])
+def test_ids_given_as_lists_of_numpy_unsigned_ints_are_their_values(fn):
+    """torch.as_tensor([np.uint64(5)]) raises TypeError, which _ids did not catch: such rows or
+    columns failed with "an integer is required". They draw as the same ints do."""
+    assert torch.equal(fn(1, 2, [np.uint64(5)], 2), fn(1, 2, [5], 2))
+    assert torch.equal(fn(1, 2, [np.uint64(2**63), np.uint64(7)], 2), fn(1, 2, [2**63, 7], 2))
+    assert torch.equal(fn(1, 2, [4], [np.uint64(3), np.uint64(0)]), fn(1, 2, [4], [3, 0]))
+    with pytest.raises(TypeError, match="rows must be an integer tensor or a sequence of ints"):
+        fn(1, 2, [np.uint64(5), "a"], 2)
