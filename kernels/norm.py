@@ -15,7 +15,8 @@ from ddpd.kernels.rotary import from_input, to_output
 @triton.jit
 def inverse_deviation(variance, eps):
     """1 / sqrt(variance + eps); NaN where the squares overflowed float32 (values spread beyond
-    about 1e19), as in the reference, not the 0 that would return the bias silently."""
+    about 1e19), as the reference gives, not the 0 that would return the bias silently (the
+    exceptions: docs/ops/norm.md)."""
     return tl.where(variance == float("inf"), float("nan"), tl.rsqrt(variance + eps))
 
 

@@ -11,10 +11,17 @@ import math
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 
 from ddpd.ops import _dispatch
-from ddpd.validation import check_bool, check_float, check_same_device, check_tensor, transformed
+from ddpd.validation import (
+    check_bool,
+    check_float,
+    check_same_device,
+    check_tensor,
+    readable,
+    transformed,
+    values_checkable,
+)
 
 MAX_KERNEL_WIDTH = 16384  # channels a program holds in registers; wider rows run the reference
 BLOCK_ELEMENTS = 4096  # values a program normalises: BLOCK_ROWS rows of BLOCK_W channels
@@ -26,7 +33,8 @@ def norm_reference(x: torch.Tensor, weight: Optional[torch.Tensor] = None, bias:
     """Plain torch version of norm (the law of docs/ops/norm.md).
 
     For float32 x it is the arithmetic of nn.LayerNorm (or the usual RMSNorm) followed by
-    x * (1 + scale) + shift.
+    x * (1 + scale) + shift, but for a row whose variance overflows float32: NaN rather than
+    the bias (except on CUDA outside a trace: docs/ops/norm.md).
 
     Args:
         The arguments of ddpd.ops.norm (not checked here).
@@ -37,19 +45,31 @@ def norm_reference(x: torch.Tensor, weight: Optional[torch.Tensor] = None, bias:
     x32 = x.float()
     if rms:
         mean_square = x32.pow(2).mean(-1, keepdim=True)
-        # squares past float32's range: NaN, as layer_norm gives, not x * 0 (the bias, silently)
+        # squares past float32's range: NaN, as the kernel gives, not x * 0 (the bias, silently)
         normed = x32 * torch.rsqrt(mean_square + eps).masked_fill(mean_square == math.inf, math.nan)
         if weight is not None:
             normed = normed * weight.float()
         if bias is not None:
             normed = normed + bias.float()
-    else:
-        normed = F.layer_norm(x32, (x.shape[-1],), None if weight is None else weight.float(),
-                              None if bias is None else bias.float(), eps)
+    else:  # F.layer_norm's arithmetic, with its inverse deviations
+        normed, _, inverse = torch.native_layer_norm(x32, (x.shape[-1],), None if weight is None else weight.float(),
+                                                     None if bias is None else bias.float(), eps)
+        normed = _nan_where_overflowed(normed, inverse)
     if scale is not None:
         per_sequence = (x.shape[0],) + (1,) * (x.dim() - 2) + (x.shape[-1],)
         normed = normed * (1 + scale.float().reshape(per_sequence)) + shift.float().reshape(per_sequence)
     return normed.to(x.dtype)
+
+
+def _nan_where_overflowed(normed: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
+    """NaN rows where the variance overflowed float32 (inverse deviation 0), as the kernel
+    gives, not the bias that layer_norm gives silently. The CPU fills only when a row needs
+    it; CUDA outside a trace keeps layer_norm's rows, as a fill there costs a pass a call."""
+    if values_checkable(inverse) and bool(inverse.all()):
+        return normed
+    if inverse.is_cuda and readable(inverse):
+        return normed
+    return normed.masked_fill(inverse == 0, math.nan)  # traced, fused into the norm; or a CPU row to fill
 
 
 def check_norm(x, weight, bias, eps, rms, shift, scale) -> None:

@@ -106,6 +106,24 @@ def test_rows_whose_squares_overflow_are_nan_as_in_the_reference():
         assert torch.allclose(got[1], want[1])
 
 
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # the interpreter's numpy, on purpose
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+def test_a_layer_norm_whose_variance_overflows_is_nan_on_every_path():
+    """torch's layer_norm gives a row whose variance overflows float32 a zero inverse
+    deviation, hence the bias silently, where the kernel gives NaN: the reference gives NaN
+    too, traced or not. A row of huge values that barely spread (its float32 sum overflows)
+    is NaN in torch's statistics but normalises in the kernel's pivoted ones (docs/ops/norm.md)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    x = torch.tensor([[1e38, -1e38, 0.0, 0.0], [1e20, -1e20, 0.0, 0.0], [1.0, 2.0, 3.0, 4.0]])
+    bias = torch.ones(4)
+    got, want = norm_triton(x, None, bias, 1e-5), norm_reference(x, None, bias, 1e-5)
+    traced = make_fx(lambda t: norm_reference(t, None, bias, 1e-5))(x)(x)
+    for out in (got, want, traced):
+        assert out[:2].isnan().all() and torch.allclose(out[2], F.layer_norm(x[2], (4,), None, bias))
+    huge = torch.full((1, 4), 3e38)
+    assert torch.equal(norm_triton(huge, None, bias, 1e-5), bias[None]) and norm_reference(huge).isnan().all()
+
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the interpreter's numpy
 def test_special_rows():
     """A constant row normalises to the bias (no NaN from its zero variance); inf or NaN in
