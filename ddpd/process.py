@@ -241,7 +241,7 @@ def corrupt(
     token (mask noise, mask_id defaults to vocab_size).
 
     The ranges of x1 and t are checked for CPU tensors and numbers only (on CUDA it would
-    cost a host sync per call), and not inside torch.compile.
+    cost a host sync per call), and not while traced (torch.compile, make_fx, vmap).
 
     Args:
         x1: Long[B, D] clean tokens in [0, vocab_size).

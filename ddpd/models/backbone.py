@@ -182,7 +182,7 @@ def check_tokens(x: torch.Tensor, vocab_size: int, max_seq_len: Optional[int] = 
     """Validate x: Long[B, D] with D >= 1 (and <= max_seq_len when given) and ids in [0, vocab_size).
 
     The id range is checked on CPU only (on CUDA it would cost a host sync per call), and
-    not inside torch.compile (a graph break per call).
+    not while traced (torch.compile: a graph break per call; make_fx, vmap: no values).
 
     Args:
         x: the token ids, expected Long[B, D].
