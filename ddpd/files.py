@@ -743,10 +743,15 @@ def _publish_permissions(directory: str, previous: str) -> None:
 
 
 def _sync_tree(directory: str) -> None:
+    """Flush the regular files below `directory`, then each directory's entries. Symbolic
+    links and special files a user keeps there are not opened (a dead link fails, a FIFO
+    waits for a writer): their directory's flush records them."""
     for root, _, files in os.walk(directory):
         for name in files:
-            with open(os.path.join(root, name), "rb") as f:
-                os.fsync(f.fileno())
+            file = os.path.join(root, name)
+            if stat.S_ISREG(os.lstat(file).st_mode):
+                with open(file, "rb") as f:
+                    os.fsync(f.fileno())
         fsync_directory(root)
 
 

@@ -1,6 +1,7 @@
 """Checkpoints: round trip, atomic replacement, corrupt and foreign directories, bundles."""
 import json
 import os
+import stat
 import subprocess
 import sys
 import textwrap
@@ -281,6 +282,32 @@ def test_a_save_keeps_the_users_files_beside_the_checkpoint(tmp_path):
     save_bundle(tmp_path / "b", second, config, denoiser, denoiser_config)
     assert (tmp_path / "b" / "samples.jsonl").read_text() == "{}\n"
     assert sorted(os.listdir(tmp_path)) == ["b", "c"]
+
+
+@pytest.mark.parametrize("kept", ["dead link", "fifo"])
+def test_a_dead_link_or_a_fifo_kept_beside_the_checkpoint_lets_every_save_through(tmp_path, kept):
+    """A save flushed every entry of its new directory by opening it: a dead symbolic link a
+    user kept there failed every later save, a FIFO made it wait forever."""
+    import threading
+
+    model, config = tiny("planner")
+    save_checkpoint(tmp_path / "c", model, config)
+    entry = tmp_path / "c" / "latest.log"
+    os.symlink("gone.log", entry) if kept == "dead link" else os.mkfifo(entry)
+    outcome = []
+
+    def saves():
+        for _ in range(2):
+            save_checkpoint(tmp_path / "c", model, config)
+        outcome.append("saved")
+
+    worker = threading.Thread(target=saves, daemon=True)
+    worker.start()
+    worker.join(timeout=30)  # a guard against the hang, not a measure of speed
+    assert outcome == ["saved"]
+    mode = os.lstat(entry).st_mode
+    assert os.readlink(entry) == "gone.log" if kept == "dead link" else stat.S_ISFIFO(mode)
+    load_model(tmp_path / "c")
 
 
 def test_a_checkpoint_saved_through_a_symbolic_link_replaces_its_target(tmp_path):
