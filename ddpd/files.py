@@ -190,7 +190,7 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def remove_stale_temps(path) -> list:
+def remove_stale_temps(path, refuse_held: bool = False) -> list:
     """Delete the temporaries of `path` (files or directories `.NAME.tmp-*`, `.NAME.old-*`)
     left by processes of this host that no longer run; returns what was removed.
     Temporaries of live processes and of other hosts are kept. A `.NAME.old-*` while
@@ -203,9 +203,14 @@ def remove_stale_temps(path) -> list:
 
     Args:
         path: the destination whose temporaries are cleaned.
+        refuse_held: raise where another process holds the lock, rather than leave its
+            temporaries (a resume finds nothing to resume beside a run yet to save).
 
     Returns:
         The paths removed.
+
+    Raises:
+        OutputLockedError: with refuse_held, another process holds the lock (named).
     """
     path = destination(path)
     if (os.getpid(), path) in _HELD:
@@ -214,7 +219,11 @@ def remove_stale_temps(path) -> list:
         return []  # nothing to clean, and the lock would make the directories
     try:
         lock = OutputLock(path, _CLEANING).acquire()
-    except OSError:  # held by another writer, or the directory is not writable: nothing to do here
+    except OutputLockedError:
+        if refuse_held:
+            raise
+        return []
+    except OSError:  # the directory is not writable: nothing to do here
         return []
     try:
         return _remove_stale(path)

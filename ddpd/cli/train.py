@@ -32,7 +32,7 @@ from ddpd.cli.common import (
     resolve_device,
     run_tool,
 )
-from ddpd.files import OutputError, refuse_working_directory
+from ddpd.files import OutputError, refuse_working_directory, remove_stale_temps
 from ddpd.streams import Stdout, standard_streams
 
 # ddpd.training.trainer's KINDS and TOKENIZERS, here without importing torch (a test holds them equal)
@@ -103,12 +103,10 @@ LOCAL = ("resume", "progress", "threads", "allow_data_change")  # options of thi
 
 def _train_config(args: argparse.Namespace):
     from ddpd.checkpoint import read_config, resume_settings
-    from ddpd.files import remove_stale_temps
     from ddpd.training.trainer import TrainConfig
 
     given = {k: v for k, v in vars(args).items() if k not in LOCAL}
-    if args.resume:
-        remove_stale_temps(args.out)  # may restore the checkpoint a killed save had set aside
+    if args.resume:  # a checkpoint a killed save had set aside is back (check_command_line)
         stored = dict(resume_settings(args.out, read_config(args.out)))  # checked against their digest
         stored.pop("out", None)  # where it is may change; its device and how often it reports are kept unless given
         return TrainConfig.from_dict({**stored, **given}, data_recorded="data" not in given)
@@ -126,6 +124,7 @@ def check_command_line(args: argparse.Namespace) -> None:
         UsageError: a missing or unusable --data or --tiktoken, a bad --threads, or an --out that
             is the working directory or holds it.
         InputError: a --resume checkpoint directory that is not there.
+        ddpd.files.OutputLockedError: no checkpoint to --resume, and another run writes --out.
     """
     check_threads(getattr(args, "threads", None))
     try:  # before any training: every save replaces --out by a rename
@@ -135,6 +134,9 @@ def check_command_line(args: argparse.Namespace) -> None:
     if args.allow_data_change and not args.resume:
         raise UsageError("--allow-data-change is a setting of --resume (a fresh run has no corpus to change)")
     if args.resume:
+        # under --out's lock: a save killed between the two renames of its fallback set the
+        # checkpoint aside (restored here); with none there, a run yet to save is named
+        remove_stale_temps(args.out, refuse_held=not os.path.isdir(args.out))
         check_checkpoints(args.out)
     elif "data" not in args:
         raise UsageError("--data is required (the training corpus: a file, books, text8 or hf:NAME)")

@@ -1486,6 +1486,40 @@ def test_resume_removes_stale_temporaries_of_killed_saves(corpus, tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["p"]
 
 
+def _dead_pid():
+    return subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+
+
+@pytest.mark.integration
+def test_resume_restores_the_checkpoint_a_save_killed_between_its_renames_set_aside(corpus, tmp_path, capsys):
+    """Without renameat2's exchange a save moves the checkpoint aside, then the new one in: a
+    save killed between the two left only `.p.old-*`, and --resume said "checkpoint directory
+    not found" (only a fresh run restored it, to be told to pass --resume)."""
+    out = tmp_path / "p"
+    _checkpoint_at_step_2(corpus, out)
+    os.rename(out, tmp_path / f".p.old-{files._HOST}-{_dead_pid()}-abcdefgh")
+    code, text, err = run_cli(capsys, "planner", "--out", out, "--resume", "--no-progress")
+    assert code == 0 and "step 2 of 20" in text, err
+    assert sorted(os.listdir(tmp_path)) == ["p"] and load_train_state(out)[1]["step"] == 20
+
+
+@pytest.mark.integration
+def test_resume_beside_a_run_yet_to_save_names_it(tmp_path, capsys):
+    """A --resume beside a running trainer that had not saved yet said "checkpoint directory
+    not found" instead of naming the run that writes --out."""
+    out = tmp_path / "p"
+    script = f"from ddpd.files import OutputLock; lock = OutputLock({str(out)!r}).acquire(); print(flush=True); input()"
+    holder = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "\n"
+        code, _, err = run_cli(capsys, "planner", "--out", out, "--resume", "--no-progress")
+    finally:
+        holder.communicate("\n", timeout=HANG_GUARD_SECONDS)
+    assert code == 1 and err.count("\n") == 1, err
+    assert err.startswith(f"ddpd-train: error: {out} is being written by pid {holder.pid} on "), err
+
+
 def test_a_full_disk_while_saving_is_one_line_and_keeps_the_checkpoint(corpus, tmp_path, capsys, monkeypatch):
     out = tmp_path / "p"
     _checkpoint_at_step_2(corpus, out)
