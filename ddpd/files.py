@@ -337,10 +337,19 @@ class StreamedFile:
         except OSError as err:
             raise OutputError(self.path, err) from None
 
-    def publish(self) -> None:
+    def publish(self, drop_partial: bool = False) -> None:
         """Flush to disk and rename over `path` (with the permissions of the file it
-        replaces; a new file gets the ordinary ones, subject to the umask)."""
-        self._publish_as(self.path)
+        replaces; a new file gets the ordinary ones, subject to the umask).
+
+        Args:
+            drop_partial: then delete the partial result an earlier writer stopped before its
+                end left beside `path` (partial_path), stale once `path` is complete; still
+                under `path`'s lock, so never a partial result of a writer that follows.
+
+        Raises:
+            OutputError: the rename (or the deletion) failed.
+        """
+        self._publish_as(self.path, drop_partial)
 
     def publish_partial(self) -> str:
         """Publish what was written as a partial result, beside `path` (partial_path), never
@@ -353,7 +362,7 @@ class StreamedFile:
         self._publish_as(target)
         return target
 
-    def _publish_as(self, target: str) -> None:
+    def _publish_as(self, target: str, drop_partial: bool = False) -> None:
         try:
             self._complete()
             os.replace(self.temp, target)
@@ -362,7 +371,13 @@ class StreamedFile:
             self.discard()
             raise OutputError(target, err) from None
         self.published = True
-        self._release()
+        try:
+            if drop_partial:
+                _unlink_if_there(partial_path(self.path))
+        except OSError as err:
+            raise OutputError(partial_path(self.path), err) from None
+        finally:
+            self._release()
 
     def _complete(self) -> None:
         """The temporary on disk, closed, with the mode `path` will have."""

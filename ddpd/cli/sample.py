@@ -932,7 +932,7 @@ def _sample_all(args, models: Models, sample, records: Records, out, stdout: Std
                 advance(min(first_batch + group.world_size, batches) * args.steps)
         if out is not None:
             with signals_held():  # every sample is finished: a signal waits until they are published
-                out.publish()
+                out.publish(drop_partial=True)  # an earlier run's partial result is stale now
     except (Interrupted, PeerLost) as stop:  # a signal, or another process stopped
         ignore_further_signals()
         if out is not None and done:

@@ -413,6 +413,23 @@ def test_an_interrupted_run_never_replaces_a_complete_out(ckpts, tmp_path, capsy
     assert [r["index"] for r in read_jsonl(partial)] == list(range(5))
 
 
+def test_a_finished_run_removes_the_partial_file_of_an_earlier_stopped_one(ckpts, tmp_path, capsys, monkeypatch):
+    """A complete --out was published beside the partial file of a run stopped earlier, which
+    then stayed, stale (ddpd-eval removes its own). A stopped run that finished nothing keeps it."""
+    out, partial = tmp_path / "s.jsonl", tmp_path / "s.partial.jsonl"
+    partial.write_text('{"index": 0}\n')
+    common = ["--checkpoint", ckpts["bundle"], "--steps", "4", "--batch-size", "2", "--num-samples", "2",
+              "--out", str(out), "--no-progress", "--quiet"]
+    with monkeypatch.context() as patch:
+        patch.setattr("ddpd.cli.sample._batch", lambda *args: os.kill(os.getpid(), signal.SIGTERM))
+        code, _, err = run_cli(capsys, *common)
+    assert code == 128 + signal.SIGTERM and f"no sample was finished, {out} not written" in err, err
+    assert sorted(os.listdir(tmp_path)) == ["s.partial.jsonl"]
+    code, _, err = run_cli(capsys, *common)
+    assert code == 0, err
+    assert sorted(os.listdir(tmp_path)) == ["s.jsonl"] and len(read_jsonl(out)) == 2
+
+
 def test_a_signal_after_every_sample_was_written_says_where_they_are(ckpts, tmp_path, capsys, monkeypatch):
     """A signal during the summary, every sample published: the line said only "interrupted"."""
     from ddpd.cli import sample
@@ -1045,9 +1062,9 @@ def test_a_signal_while_the_samples_are_published_keeps_them(ckpts, tmp_path, ca
     out = tmp_path / "s.jsonl"
     publish = files.StreamedFile.publish
 
-    def interrupted(self):
+    def interrupted(self, **kwargs):
         os.kill(os.getpid(), signal.SIGINT)  # handled at once, in this (the main) thread
-        publish(self)
+        publish(self, **kwargs)
 
     monkeypatch.setattr(files.StreamedFile, "publish", interrupted)
     outer = signal.signal(signal.SIGINT, signal.default_int_handler)  # not ignored, whoever runs the tests

@@ -126,6 +126,29 @@ def test_a_partial_result_goes_beside_its_output_never_over_it(tmp_path):
     assert os.listdir(tmp_path) == ["s.jsonl"]
 
 
+def test_a_complete_output_can_drop_the_partial_result_of_an_earlier_writer(tmp_path, monkeypatch):
+    """drop_partial deletes NAME.partial.SUFFIX while the lock is still held (so never one a
+    later writer published); without it the partial result stays."""
+    out, partial = tmp_path / "s.jsonl", tmp_path / "s.partial.jsonl"
+    partial.write_text("half\n")
+    with files.StreamedFile(out, one_writer=True) as stream:
+        stream.publish()
+    assert partial.exists()
+    deleted = []
+    real = files._unlink_if_there
+
+    def unlink(path):
+        deleted.append((path, os.path.exists(tmp_path / ".s.jsonl.lock")))
+        real(path)
+
+    monkeypatch.setattr(files, "_unlink_if_there", unlink)
+    with files.StreamedFile(out, one_writer=True) as stream:
+        stream.write("whole\n")
+        stream.publish(drop_partial=True)
+    assert deleted == [(str(partial), True)] and sorted(os.listdir(tmp_path)) == ["s.jsonl"]
+    assert out.read_text() == "whole\n"
+
+
 @pytest.mark.parametrize("length", [200, 250, 255])
 def test_names_that_nearly_fill_a_file_name_can_be_written(tmp_path, length):
     """The temporaries and the lock beside a destination add to its name: they are cut
