@@ -164,6 +164,12 @@ def _refuse_non_files(path) -> str:
         raise TypeError(f"output path must be a str or os.PathLike, got {type(path).__name__}")
     if os.fspath(path).endswith(("/", os.sep)):  # realpath would drop the slash and write a file
         raise OutputError(path, IsADirectoryError(errno.EISDIR, "the path ends with '/', which names a directory"))
+    try:  # the name given, links followed: realpath turns /proc's (/dev/stdout to a pipe) into no path
+        mode = os.stat(path).st_mode
+    except OSError:
+        mode = None
+    if mode is not None and not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+        raise OutputError(path, OSError(errno.EINVAL, "it is not a regular file"))
     path = destination(path)
     if os.path.isdir(path):
         raise OutputError(path, IsADirectoryError(errno.EISDIR, "it is a directory"))

@@ -86,6 +86,22 @@ def test_unwritable_destinations_fail_at_once(tmp_path, make, message):
     assert _entries(tmp_path) == before
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="names a pipe through /proc/self/fd")
+def test_a_link_to_a_pipe_is_refused_by_the_name_given(tmp_path):
+    """`--out /dev/stdout` into a pipe: realpath made the link a path that does not exist
+    (/proc/PID/fd/pipe:[N]), refused as "No such file or directory" under that name."""
+    read_end, write_end = os.pipe()
+    try:
+        path = f"/proc/self/fd/{write_end}"
+        for check in (files.check_output, files.StreamedFile):
+            with pytest.raises(files.OutputError) as refused:
+                check(path)
+            assert str(refused.value) == f"cannot write {path}: it is not a regular file"
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+
+
 def _dead_pid():
     proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     return int(proc.stdout)
