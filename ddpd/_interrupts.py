@@ -35,11 +35,16 @@ def tool_name(argv0: str, orig_argv: list) -> str | None:
     return None
 
 
+def this_tool() -> str | None:
+    """The tool this process runs (tool_name of its command line), or None."""
+    # sys.orig_argv: Python 3.10+; with 3.9 only the console scripts are recognised
+    return tool_name(sys.argv[0] if sys.argv else "", getattr(sys, "orig_argv", []))
+
+
 def install() -> str | None:
     """In a tool's process, print an uncaught KeyboardInterrupt as one line; returns the
     tool's name (None in any other process)."""
-    # sys.orig_argv: Python 3.10+; with 3.9 only the console scripts are recognised
-    name = tool_name(sys.argv[0] if sys.argv else "", getattr(sys, "orig_argv", []))
+    name = this_tool()
     if name is None:
         return None
     traceback = sys.excepthook

@@ -23,6 +23,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Callable, Optional
 
+from ddpd._interrupts import this_tool
+
 if TYPE_CHECKING:
     import torch
 
@@ -317,7 +319,8 @@ def signals_as_interrupts(graceful: Optional[Callable[[str], bool]] = None) -> I
     With `graceful`, the first signal calls graceful(name) instead when it returns True
     (the tool stops at its next safe point); a second signal always raises. A signal ignored
     when the tool started stays ignored (`nohup` ignores SIGHUP, a shell's `&` SIGINT: the
-    run must outlive the terminal).
+    run must outlive the terminal). After the block, in a tool's own process (which then
+    exits), the signals are ignored rather than handed back to Python's handlers.
 
     Args:
         graceful: a function of the signal's name, or None.
@@ -344,7 +347,9 @@ def signals_as_interrupts(graceful: Optional[Callable[[str], bool]] = None) -> I
 @contextmanager
 def _handled_by(handler: Callable) -> Iterator[None]:
     """SIGNALS go to `handler` within the block, except those ignored (a signal ignored when
-    the tool started stays ignored); the previous handlers are restored after it."""
+    the tool started stays ignored); the previous handlers are restored after it, except in
+    a tool's own process, which is ending: there they stay ignored, as Python's would raise
+    KeyboardInterrupt in its exit handlers (a second Ctrl-C just after the first)."""
     previous = {}
     try:
         for s in SIGNALS:
@@ -352,17 +357,18 @@ def _handled_by(handler: Callable) -> Iterator[None]:
                 previous[s] = signal.signal(s, handler)
     except ValueError:  # not the main thread: leave the signals alone
         pass
+    ending = this_tool() is not None
     try:
         yield
     finally:
         for s, old in previous.items():
-            signal.signal(s, old)
+            signal.signal(s, signal.SIG_IGN if ending else old)
 
 
 def ignore_further_signals() -> None:
     """The tool is stopping and publishes what it kept: a further signal (torchrun's SIGTERM
     after another process died, a second Ctrl-C) would interrupt that. Restored on leaving
-    signals_as_interrupts."""
+    signals_as_interrupts (outside a tool's process: see _handled_by)."""
     try:
         for s in SIGNALS:
             signal.signal(s, signal.SIG_IGN)

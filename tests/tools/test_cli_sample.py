@@ -369,6 +369,36 @@ def test_signals_keep_the_finished_samples(ckpts, tmp_path, sig):
     assert os.listdir(tmp_path) == ["s.partial.jsonl"]  # no temporary left
 
 
+# ddpd-sample's process, signalled during its third batch and again as Python exits
+_SIGNALLED_TWICE = """import atexit, os, signal, sys
+sys.argv[0] = "ddpd-sample"
+from ddpd.cli import sample
+batch, batches = sample._batch, []
+def signalled(*args):
+    batches.append(batch(*args))
+    if len(batches) == 3:
+        os.kill(os.getpid(), signal.SIGINT)
+    return batches[-1]
+sample._batch = signalled
+atexit.register(lambda: (os.kill(os.getpid(), signal.SIGINT), sum(range(100))))  # the Python after it sees it
+sys.exit(sample.main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.integration
+def test_a_second_signal_as_the_tool_exits_is_no_traceback(ckpts, tmp_path):
+    """Two Ctrl-C a few milliseconds apart: the second reached Python's own handler again,
+    the interpreter's exit raised KeyboardInterrupt (a traceback, or exit status -2)."""
+    out = tmp_path / "s.jsonl"
+    proc = subprocess.run([sys.executable, "-c", _SIGNALLED_TWICE, "--checkpoint", ckpts["bundle"], "--steps", "8",
+                           "--batch-size", "2", "--num-samples", "100", "--no-progress", "--quiet", "--out", str(out)],
+                          capture_output=True, text=True, env=ENV, preexec_fn=default_signals,
+                          timeout=HANG_GUARD_SECONDS)
+    partial = tmp_path / "s.partial.jsonl"
+    assert proc.stderr == f"ddpd-sample: interrupted by SIGINT; wrote the 4 finished sample(s) to {partial}\n"
+    assert proc.returncode == 128 + signal.SIGINT
+
+
 def test_a_signal_after_a_batch_reached_the_file_counts_it(ckpts, tmp_path, capsys, monkeypatch):
     """A signal just after a batch was written to --out and before it was counted: the tool
     said no sample was finished and discarded the file's samples."""
