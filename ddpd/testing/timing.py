@@ -4,7 +4,10 @@
   on a GPU, time.perf_counter on the CPU; warm-up calls first. For work of milliseconds
   or more (a sampling run, a step).
 - `kernel_seconds`: the median time of a short GPU call by triton.testing.do_bench
-  (warm-up, L2 flushed before each call, CUDA events); on the CPU, `median_seconds`.
+  (warm-up, L2 flushed before each call, CUDA events); on the CPU, `median_seconds`. The
+  host's work overlaps the flush there and goes unseen: for kernel time (a graph replay).
+- `eager_seconds`: a normal call, host cost included: calls back to back between two
+  synchronisations, by the host's clock.
 - `best_per_call`: host cost, the best of several timings of many calls, of one or more
   calls timed in alternation (on a shared machine other work only adds time, so the
   minimum is the steadiest estimate of the cost itself).
@@ -71,6 +74,31 @@ def kernel_seconds(fn: Callable[[], object], cuda: bool, rep_ms: int = 100) -> f
     from triton.testing import do_bench
 
     return do_bench(fn, warmup=25, rep=rep_ms, return_mode="median") / 1e3
+
+
+def eager_seconds(fn: Callable[[], object], cuda: bool, rep_ms: int = 100, repeats: int = 5) -> float:
+    """Seconds per call of fn called back to back, as a loop of eager calls runs: the larger of
+    its host cost and its device time (the device synchronised before the clock starts and
+    before it stops; the L2 cache is not flushed between calls).
+
+    Args:
+        fn: the call to time.
+        cuda: whether fn runs on a CUDA device.
+        rep_ms: the time budget of the timed calls, milliseconds; sets the calls per timing.
+        repeats: timings; the best is kept (`best_per_call`).
+
+    Returns:
+        Seconds per call.
+
+    Raises:
+        ValueError: rep_ms or repeats below 1.
+    """
+    if rep_ms < 1 or repeats < 1:
+        raise ValueError(f"rep_ms and repeats must be >= 1, got rep_ms={rep_ms}, repeats={repeats}")
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    once = best_per_call(fn, calls=1, repeats=1, warmup=3, sync=sync)[0]
+    calls = max(1, min(1000, int(rep_ms / 1e3 / repeats / max(once, 1e-9))))
+    return best_per_call(fn, calls=calls, repeats=repeats, warmup=0, sync=sync)[0]
 
 
 def best_per_call(*fns: Callable[[], object], calls: int, repeats: int, warmup: int = 20,
