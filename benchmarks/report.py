@@ -7,8 +7,9 @@ optionally, one op:
     ...the generated table...
     <!-- end rows: nvidia-h200 -->
 
-Everything outside such blocks is prose and is left as it is. A device's table has one line
-per case (op, shape, dtype, params) that has plain-torch baselines ("torch: ..."): ddpd's
+Everything outside such blocks is prose and is left as it is. A rows file makes a table a
+device (headed by its name where there are several), a line per case (op, shape, dtype,
+params) and benchmark that timed it with plain-torch baselines ("torch: ..."): ddpd's
 median, the fastest plain-torch code's and ddpd's speed-up over it, for each mode the rows
 hold (eager; graph: CUDA-graph replay) against that mode's fastest (named "eager / graph"
 where they differ), and the commit that measured it. An op's table
@@ -49,18 +50,31 @@ def fastest(candidates: list[dict]) -> Optional[dict]:
 
 
 def table(rows: list[dict]) -> str:
+    """The Markdown tables of a rows file: one a device, headed by its name where there are several."""
+    devices = list(dict.fromkeys(r["device"] for r in rows))
+    return "\n".join((f"{device}:\n\n" if len(devices) > 1 else "") + device_table([r for r in rows
+                                                                                   if r["device"] == device])
+                     for device in devices)
+
+
+def timed_by(source: str) -> str:
+    """The benchmark that timed a row, by its file's name."""
+    return source.rsplit("/", 1)[-1]
+
+
+def device_table(rows: list[dict]) -> str:
     """The Markdown table of one device's rows (see the module docstring)."""
     modes = [mode for mode in ("eager", "graph") if any(r["mode"] == mode for r in rows)]
     cases: dict[tuple, dict[str, list[dict]]] = {}
     for r in rows:
-        case = (r["op"], tuple(r["shape"]), r["dtype"], r["params"])
+        case = (r["op"], tuple(r["shape"]), r["dtype"], r["params"], timed_by(r["source"]))
         cases.setdefault(case, {}).setdefault(r["mode"], []).append(r)
     several = len(modes) > 1
     label = " / ".join(modes)
-    head = (f"| op | shape | dtype | params | ddpd{f' ({label})' if several else ''} | fastest torch code | "
+    head = (f"| op | shape | dtype | params | timed by | ddpd{f' ({label})' if several else ''} | fastest torch code | "
             f"its time{f' ({label})' if several else ''} | speed-up{f' ({label})' if several else ''} | commit |")
-    lines = [head, "|---" * 9 + "|"]
-    for (op, shape, dtype, params), by_mode in cases.items():
+    lines = [head, "|---" * 10 + "|"]
+    for (op, shape, dtype, params, source), by_mode in cases.items():
         best = {mode: fastest(by_mode.get(mode, [])) for mode in modes}
         if best[modes[0]] is None:
             continue
@@ -69,7 +83,7 @@ def table(rows: list[dict]) -> str:
         ratio = " / ".join(f"{best[m]['ratio']:.2f}x" if best[m] else "-" for m in modes)
         # each mode's own fastest: named once when the modes agree
         names = list(dict.fromkeys(best[m]["baseline"][len(TORCH):] for m in modes if best[m]))
-        lines.append(f"| `{op}` | {' x '.join(map(str, shape))} | {dtype} | {params or '-'} | {ours} | "
+        lines.append(f"| `{op}` | {' x '.join(map(str, shape))} | {dtype} | {params or '-'} | {source} | {ours} | "
                      f"{' / '.join(names)} | {theirs} | {ratio} | {best[modes[0]]['commit']} |")
     return "\n".join(lines) + "\n"
 

@@ -14,8 +14,9 @@ A row compares ddpd's op (or sampler) with one baseline timed in the same run:
     ratio                      baseline_median / median: ddpd's speed-up (below 1: slower)
     date, source               UTC date of the run, and the benchmark that timed it
 
-`merge` writes a run's rows into a device's file, replacing the rows of the same cases and
-keeping the others, so a run of a few benchmarks updates only what it measured.
+`merge` writes a run's rows into a device's file, replacing the rows of the same cases (on the
+same device, by the same benchmark and so the same timer) and keeping the others, so a run of
+a few benchmarks updates only what it measured.
 benchmarks/report.py makes docs/performance.md's tables from these files.
 """
 from __future__ import annotations
@@ -34,7 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 FIELDS = ("op", "shape", "dtype", "params", "device", "mode", "commit", "sources", "median", "baseline",
           "baseline_median", "ratio", "date", "source")
-KEY = ("op", "shape", "dtype", "params", "mode", "baseline")  # rows of one device with equal keys replace each other
+# rows with equal keys replace each other: the device, and the benchmark (its timer), are part of a row's case
+KEY = ("op", "shape", "dtype", "params", "device", "mode", "source", "baseline")
 HASHED = ("ddpd", "kernels", "csrc", "benchmarks", "tests")
 HASHED_SUFFIXES = (".py", ".cpp", ".cu", ".h", ".sh")
 

@@ -44,8 +44,8 @@ def test_a_table_names_the_fastest_torch_code_of_each_mode(tmp_path):
     line, = [line for line in text.splitlines() if line.startswith("| `sample_categorical`")]
     cells = [cell.strip() for cell in line.strip("|").split("|")]
     # the reference is no torch code; eager's fastest is 'fast' (3.00x), graph's too (3.00x)
-    assert cells[1:] == ["64 x 50257", "bfloat16", "-", "20.0 us / 10.0 us", "fast", "60.0 us / 30.0 us",
-                         "3.00x / 3.00x", "abc1234"], cells
+    assert cells[1:] == ["64 x 50257", "bfloat16", "-", "gpu_timings.py", "20.0 us / 10.0 us", "fast",
+                         "60.0 us / 30.0 us", "3.00x / 3.00x", "abc1234"], cells
     assert report("--doc", str(doc), "--results", str(tmp_path), "--check").returncode == 0
 
 
@@ -61,7 +61,7 @@ def test_a_table_names_each_modes_own_fastest_torch_code(tmp_path):
     assert done.returncode == 0, done.stderr
     line, = [line for line in doc.read_text().splitlines() if line.startswith("| `sample_categorical`")]
     cells = [cell.strip() for cell in line.strip("|").split("|")]
-    assert cells[5:8] == ["fast / slow", "60.0 us / 20.0 us", "3.00x / 2.00x"], cells
+    assert cells[6:9] == ["fast / slow", "60.0 us / 20.0 us", "3.00x / 2.00x"], cells
 
 
 @pytest.mark.integration
@@ -85,3 +85,23 @@ def test_an_op_table_lists_every_baseline(tmp_path):
     lines = [line for line in doc.read_text().splitlines() if line.startswith("| 64 x 256 x 28 ")]
     assert [line.split(" | ")[4:8] for line in lines] == [["1 s", "fused fp32", "8 s", "8.00x"],
                                                          ["1 s", "reference fp32", "12.5 s", "12.50x"]], lines
+
+
+@pytest.mark.integration
+def test_a_table_keeps_devices_and_benchmarks_apart(tmp_path):
+    """Rows of two devices in one file make a table each; rows of two benchmarks (two timers)
+    of one case make a line each, never one line of the fastest across them."""
+    rows = [row("torch: fast", 6e-5), row("torch: fast", 3e-5, 1e-5, "graph"),
+            dict(row("torch: fast", 5e-5, 4e-5), source="benchmarks/bench_sample_categorical.py"),
+            dict(row("torch: fast", 1e-6, 1e-3), device="CPU Y 2vCPU", source="benchmarks/bench_sample_categorical.py")]
+    (tmp_path / "gpu-x.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    doc = tmp_path / "performance.md"
+    doc.write_text("<!-- rows: gpu-x -->\n<!-- end rows: gpu-x -->\n")
+    done = report("--doc", str(doc), "--results", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    gpu_part, cpu_part = doc.read_text().split("CPU Y 2vCPU", 1)
+    assert "GPU X" in gpu_part
+    gpu_lines, cpu_lines = ([line for line in part.splitlines() if line.startswith("| `sample_categorical`")]
+                            for part in (gpu_part, cpu_part))
+    assert len(gpu_lines) == 2 and len(cpu_lines) == 1, (gpu_lines, cpu_lines)
+    assert sorted("gpu_timings" in line for line in gpu_lines) == [False, True], gpu_lines
