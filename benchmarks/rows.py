@@ -35,8 +35,9 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 FIELDS = ("op", "shape", "dtype", "params", "device", "mode", "commit", "sources", "median", "baseline",
           "baseline_median", "ratio", "date", "source")
-# rows with equal keys replace each other: the device, and the benchmark (its timer), are part of a row's case
-KEY = ("op", "shape", "dtype", "params", "device", "mode", "source", "baseline")
+# what a row measured: a run that measures a case replaces every earlier row of it, whatever their
+# baselines; the device, and the benchmark (its timer), are part of the case
+CASE = ("op", "shape", "dtype", "params", "device", "mode", "source")
 HASHED = ("ddpd", "kernels", "csrc", "benchmarks", "tests")
 HASHED_SUFFIXES = (".py", ".cpp", ".cu", ".h", ".sh")
 
@@ -121,17 +122,19 @@ def read(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def key(r: dict) -> tuple:
-    return tuple(json.dumps(r.get(field)) for field in KEY)
+def case(r: dict) -> tuple:
+    """The case a row measured (CASE's fields)."""
+    return tuple(json.dumps(r.get(field)) for field in CASE)
 
 
 def merge(path: Path, new: list[dict]) -> int:
-    """Write new rows into path, replacing the rows of the same key; the number of rows written.
-    The file is replaced whole (written to a temporary name, then renamed)."""
+    """Write new rows into path, replacing every row of the cases they measured (a baseline
+    renamed or dropped since leaves no stale row); the number of rows written. The file is
+    replaced whole (written to a temporary name, then renamed)."""
     if not new:
         return 0
-    fresh = {key(r) for r in new}
-    kept = [r for r in read(path) if key(r) not in fresh]
+    fresh = {case(r) for r in new}
+    kept = [r for r in read(path) if case(r) not in fresh]
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(path.name + ".tmp")
     temporary.write_text("".join(json.dumps({f: r.get(f) for f in FIELDS}) + "\n" for r in kept + new))

@@ -36,3 +36,12 @@ def test_rows_of_another_benchmark_are_kept(tmp_path):
     timings = row()
     got = merged(tmp_path, [timings], [row(source="benchmarks/bench_sample_categorical.py", median=3e-5)])
     assert timings in got and len(got) == 2
+
+
+def test_a_measured_case_drops_its_earlier_rows(tmp_path):
+    """A baseline renamed or removed since the last run leaves no stale row behind; the rows of
+    cases the run did not measure stay."""
+    stale, other = row("torch: renamed since"), row("torch: fast", shape=[1, 50257])
+    fresh = row("torch: fast", median=1e-5, commit="def5678")
+    got = merged(tmp_path, [stale, other], [fresh])
+    assert stale not in got and other in got and fresh in got and len(got) == 2
