@@ -9,7 +9,8 @@ mask denoiser with random weights (12 layers, d_model 768, V = 50257, L = 1024).
 and 1. Configurations, those of `ddpd-eval frontier` (which measures their quality on the
 CPU, docs/parallel.md; this script measures speed only):
 - default: ddpd_sample(..., denoiser_type="mask", execution=Execution(fused=True)), option A
-  (sigmoid selection, eps stop, eps 0.01), 2 x L steps as ddpd-sample's default, CUDA graphs on ("auto");
+  (sigmoid selection, eps stop, eps 0.01), ddpd-sample's default steps (ddpd.cli.sample.default_steps:
+  2 x L for the bundled model, L for the GPT-2-size pair), CUDA graphs on ("auto");
 - ddpd + ErrorBudget (ddpd.sampling.policies; --policy, repeatable, a spec as the frontier's
   --policies; default POLICIES, the frontier's DDPD policies: "ddpd policy 1" without planner
   passes, which reached the quality of the default's 512 steps at 64 passes, and "ddpd policy
@@ -32,8 +33,8 @@ Each run is timed whole, once, after a short warm-up run of the same configurati
 compiles, cuBLAS plans, graph pools), with gpu_sampling.Clock (CUDA events). A timed run
 includes its CUDA-graph captures, as a user's call does (each ddpd_sample call captures its
 own): a short run pays them over fewer steps than the default's. The GPT-2-size
-default (2048 steps; random weights never let the eps stop end a row early) would take
-minutes at batch 64: it is timed at two shorter budgets and extrapolated to 2 x L steps
+default (1024 steps; random weights never let the eps stop end a row early) would take
+minutes at batch 64: it is timed at two shorter budgets and extrapolated to L steps
 (fixed cost + steps x cost of a step), marked so in the table. Every run's tokens are
 checked to be clean tokens (no mask left).
 
@@ -51,6 +52,7 @@ from typing import Callable, Optional
 import torch
 
 from ddpd.checkpoint import load_bundle
+from ddpd.cli.sample import default_steps
 from ddpd.models import build_model, config_for, prepare_for_sampling
 from ddpd.pretrained import BUNDLE_DIR
 from ddpd.sampling import (
@@ -74,7 +76,8 @@ TARGETS = {1: "4x", 64: "3x"}  # batch -> policy / default samples/s at matched 
 
 @dataclass
 class Pair:
-    """A planner + mask denoiser to time, and how its default run is timed: whole, or
+    """A planner + mask denoiser to time, whether it is the bundled pair (which sets the
+    default run's steps, as in ddpd-sample), and how its default run is timed: whole, or
     (extrapolate) at two shorter step budgets."""
 
     name: str
@@ -83,6 +86,7 @@ class Pair:
     length: int
     vocab: int
     extrapolate: Optional[tuple[int, int]] = None
+    bundled: bool = False
 
 
 @dataclass
@@ -117,7 +121,7 @@ def bundled(device: torch.device, sizes: Sizes) -> Pair:
     model = configs["denoiser"]["model"]
     return Pair("bundled text8 planner + mask denoiser", prepare_for_sampling(planner, "auto", device),
                 prepare_for_sampling(denoiser, "auto", device), sizes.bundled_length or model["max_seq_len"],
-                model["out_dim"])
+                model["out_dim"], bundled=True)
 
 
 def gpt2_pair(device: torch.device, dry_run: bool) -> Pair:
@@ -151,7 +155,7 @@ def samplers(pair: Pair, policies: list[ErrorBudget], budgets: tuple[int, ...], 
                                                 policy=mask_policy, seed=0, device=pair_device(pair),
                                                 execution=Execution(fused=True, graphs=graphs))
 
-    runs = [("ddpd default (one at a time)", 2 * pair.length, ddpd(DDPDOptions()))]
+    runs = [("ddpd default (one at a time)", default_steps(pair.length, pair.bundled), ddpd(DDPDOptions()))]
     for number, policy in enumerate(policies, 1):
         runs += [(f"ddpd policy {number}", ddpd_steps(passes, policy), ddpd(DDPDOptions(policy=policy)))
                  for passes in budgets]

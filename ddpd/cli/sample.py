@@ -64,6 +64,21 @@ NUM_SAMPLES, NUM_SAMPLES_BUNDLED = 8, 4
 # the planner (every p(z = N) < eps) rather than on the budget.
 BUNDLED_STEPS_PER_TOKEN = 2
 GAP = "_"  # --infill: a position to generate
+
+
+def default_steps(length: int, bundled: bool) -> int:
+    """ddpd-sample's step budget when --steps is not given.
+
+    Args:
+        length: the sequence length.
+        bundled: whether the models are the bundled default pair.
+
+    Returns:
+        2 x length with the bundled pair (BUNDLED_STEPS_PER_TOKEN), length otherwise.
+    """
+    return length * (BUNDLED_STEPS_PER_TOKEN if bundled else 1)
+
+
 SYNC_EVERY = 8  # --fused: steps between stop checks
 # The flags only one --sampler reads: given (off their defaults) with another, they are refused.
 SAMPLER_FLAGS = {**dict.fromkeys(("option", "stop", "selection", "eps", "k", "parallel_steps", "clock", "t_end"),
@@ -764,7 +779,7 @@ def run(args, stdout: Optional[Stdout] = None) -> int:
             raise UsageError(f"--length must be in [1, {models.max_length}] (the models' max_seq_len), "
                              f"got {args.length}")
         if args.steps is None:
-            args.steps = args.length * (BUNDLED_STEPS_PER_TOKEN if models.bundled else 1)
+            args.steps = default_steps(args.length, models.bundled)
         tokenizer = models.tokenizer()
         if tokenizer is not None and tokenizer.vocab_size != models.vocab_size:
             raise UsageError(f"the tokenizer has {tokenizer.vocab_size} symbols but the models {models.vocab_size}")

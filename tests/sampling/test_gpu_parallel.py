@@ -45,12 +45,13 @@ def test_gpu_check_runs_the_parallel_decoding_dry_run(tmp_path):
             assert sampler in SAMPLERS and float(rate) > 0 and float(per_pass) > 0
             assert abs(float(tokens) - float(rate) * length) <= 1  # tokens/s = samples/s x L
             if sampler.startswith("ddpd default"):
-                assert ratio == "1.00x" and int(steps) == 2 * length
+                # ddpd-sample's default: 2 x L steps with the bundled model, L with other models
+                assert ratio == "1.00x" and int(steps) == (2 if model == "bundled text8" else 1) * length
                 assert ("extrapolated" in note) == (model == "GPT-2-size")
             else:
                 assert 0 < float(passes) <= max(BUDGETS) + 1  # measured: a planner pass may end a budget
         extrapolated = [float(r[3]) for r in rows if r[1].startswith("ddpd default") and model == "GPT-2-size"]
-        assert all(p == 4 * length for p in extrapolated)  # random weights: every step of 2 x L, 2 passes each
+        assert all(p == 2 * length for p in extrapolated)  # random weights: every step of L, 2 passes each
 
 
 @pytest.mark.integration
@@ -116,3 +117,15 @@ def test_the_main_comparison_is_measured_first(monkeypatch):
     assert [(batch, name) for batch, name, _ in measured[:6]] == main
     assert [steps for _, name, steps in measured[:6] if name == "maskgit"] == [4, 4]
     assert len(measured) == 2 * 10 and len(set(measured)) == 2 * 10  # then every other configuration, once
+
+
+@pytest.mark.parametrize("bundled", [True, False])
+def test_the_default_run_takes_ddpd_samples_default_steps(monkeypatch, bundled):
+    """2 x L steps with the bundled model, L with any other pair, as ddpd-sample chooses."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import gpu_parallel
+    from ddpd.cli.sample import default_steps
+
+    pair = gpu_parallel.Pair("toy", torch.nn.Linear(1, 1), torch.nn.Linear(1, 1), 4, 5, bundled=bundled)
+    (name, steps, _), *_ = gpu_parallel.samplers(pair, [ErrorBudget()], (2,), "off")
+    assert name.startswith("ddpd default") and steps == default_steps(4, bundled) == (8 if bundled else 4)
