@@ -10,11 +10,11 @@ optionally, one op:
 Everything outside such blocks is prose and is left as it is. A rows file makes a table a
 device (headed by its name where there are several), a line per case (op, shape, dtype,
 params) and benchmark that timed it with plain-torch baselines ("torch: ..."): ddpd's
-median, the fastest plain-torch code's and ddpd's speed-up over it, for each mode the rows
-hold (eager; graph: CUDA-graph replay) against that mode's fastest (named "eager / graph"
-where they differ), and the commit that measured it. An op's table
-(`<!-- rows: nvidia-h200 ddpd_sample -->`) has one line per case and baseline, whatever the
-baseline (for whole sampling runs: the other runs).
+median, the fastest plain-torch code's and ddpd's speed-up over it (a CPU's table: the
+speed-up only), for each mode the rows hold (eager; graph: CUDA-graph replay) against that
+mode's fastest (named "eager / graph" where they differ), and the commit that measured it.
+An op's table (`<!-- rows: nvidia-h200 ddpd_sample -->`) has one line per case and
+baseline, whatever the baseline (for whole sampling runs: the other runs).
 
     python benchmarks/report.py            # rewrite the tables
     python benchmarks/report.py --check    # exit 1 if a table is not what the rows give
@@ -62,6 +62,19 @@ def timed_by(source: str) -> str:
     return source.rsplit("/", 1)[-1]
 
 
+def absolute(rows: list[dict]) -> bool:
+    """Whether a table gives times: a GPU's rows, named by the device; a CPU's times depend on
+    its load and neighbours, so its table gives the speed-ups only."""
+    return not any(r["device"].startswith("CPU") for r in rows)
+
+
+def markdown(head: list[str], lines: list[list[str]], times: list[int]) -> str:
+    """A Markdown table of head and lines, less the columns at the indices times (if given)."""
+    keep = [i for i in range(len(head)) if i not in times]
+    made = ["| " + " | ".join(cells[i] for i in keep) + " |" for cells in [head, *lines]]
+    return "\n".join([made[0], "|---" * len(keep) + "|", *made[1:]]) + "\n"
+
+
 def device_table(rows: list[dict]) -> str:
     """The Markdown table of one device's rows (see the module docstring)."""
     modes = [mode for mode in ("eager", "graph") if any(r["mode"] == mode for r in rows)]
@@ -69,11 +82,10 @@ def device_table(rows: list[dict]) -> str:
     for r in rows:
         case = (r["op"], tuple(r["shape"]), r["dtype"], r["params"], timed_by(r["source"]))
         cases.setdefault(case, {}).setdefault(r["mode"], []).append(r)
-    several = len(modes) > 1
-    label = " / ".join(modes)
-    head = (f"| op | shape | dtype | params | timed by | ddpd{f' ({label})' if several else ''} | fastest torch code | "
-            f"its time{f' ({label})' if several else ''} | speed-up{f' ({label})' if several else ''} | commit |")
-    lines = [head, "|---" * 10 + "|"]
+    label = f" ({' / '.join(modes)})" if len(modes) > 1 else ""
+    head = ["op", "shape", "dtype", "params", "timed by", f"ddpd{label}", "fastest torch code", f"its time{label}",
+            f"speed-up{label}", "commit"]
+    lines = []
     for (op, shape, dtype, params, source), by_mode in cases.items():
         best = {mode: fastest(by_mode.get(mode, [])) for mode in modes}
         if best[modes[0]] is None:
@@ -83,19 +95,17 @@ def device_table(rows: list[dict]) -> str:
         ratio = " / ".join(f"{best[m]['ratio']:.2f}x" if best[m] else "-" for m in modes)
         # each mode's own fastest: named once when the modes agree
         names = list(dict.fromkeys(best[m]["baseline"][len(TORCH):] for m in modes if best[m]))
-        lines.append(f"| `{op}` | {' x '.join(map(str, shape))} | {dtype} | {params or '-'} | {source} | {ours} | "
-                     f"{' / '.join(names)} | {theirs} | {ratio} | {best[modes[0]]['commit']} |")
-    return "\n".join(lines) + "\n"
+        lines.append([f"`{op}`", " x ".join(map(str, shape)), dtype, params or "-", source, ours, " / ".join(names),
+                      theirs, ratio, best[modes[0]]["commit"]])
+    return markdown(head, lines, [] if absolute(rows) else [5, 7])
 
 
 def op_table(rows: list[dict]) -> str:
     """The Markdown table of one op's rows: a line per case and baseline."""
-    lines = ["| shape | dtype | params | mode | ddpd | baseline | its time | speed-up | commit |", "|---" * 9 + "|"]
-    for r in rows:
-        lines.append(f"| {' x '.join(map(str, r['shape']))} | {r['dtype']} | {r['params'] or '-'} | {r['mode']} | "
-                     f"{seconds(r['median'])} | {r['baseline']} | {seconds(r['baseline_median'])} | "
-                     f"{r['ratio']:.2f}x | {r['commit']} |")
-    return "\n".join(lines) + "\n"
+    head = ["shape", "dtype", "params", "mode", "ddpd", "baseline", "its time", "speed-up", "commit"]
+    lines = [[" x ".join(map(str, r["shape"])), r["dtype"], r["params"] or "-", r["mode"], seconds(r["median"]),
+              r["baseline"], seconds(r["baseline_median"]), f"{r['ratio']:.2f}x", r["commit"]] for r in rows]
+    return markdown(head, lines, [] if absolute(rows) else [4, 6])
 
 
 def render(text: str, results: Path = result_rows.RESULTS) -> str:

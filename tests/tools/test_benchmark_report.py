@@ -105,3 +105,19 @@ def test_a_table_keeps_devices_and_benchmarks_apart(tmp_path):
                             for part in (gpu_part, cpu_part))
     assert len(gpu_lines) == 2 and len(cpu_lines) == 1, (gpu_lines, cpu_lines)
     assert sorted("gpu_timings" in line for line in gpu_lines) == [False, True], gpu_lines
+
+
+@pytest.mark.integration
+def test_a_cpu_table_gives_ratios_only(tmp_path):
+    """Absolute times come from GPU runs naming the device; a CPU's table gives the speed-ups."""
+    rows = [dict(row("torch: fast", 6e-3, 2e-3), device="CPU Y 2vCPU", source="benchmarks/bench_multinomial.py"),
+            dict(row("fused fp32", 8.0, 1.0, "run"), op="ddpd_sample", device="CPU Y 2vCPU")]
+    (tmp_path / "cpu-y.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    doc = tmp_path / "performance.md"
+    doc.write_text("<!-- rows: cpu-y -->\n<!-- end rows: cpu-y -->\n<!-- rows: cpu-y ddpd_sample -->\n"
+                   "<!-- end rows: cpu-y ddpd_sample -->\n")
+    done = report("--doc", str(doc), "--results", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    text = doc.read_text()
+    assert "3.00x" in text and "8.00x" in text, text
+    assert not any(unit in text for unit in (" ms", " us", " s |")), text
