@@ -337,8 +337,9 @@ TRUNCATIONS = {"top_p": dict(top_p=0.9), "top_k": dict(top_k=50), "min_p": dict(
 
 
 def time_sample_categorical_controls(bench: Bench, rows: int, vocab: int, dtype: torch.dtype, controls: str) -> None:
-    """A truncated draw with its log-probability: ddpd's kernels (threshold search, tile
-    statistics, finish) against the usual torch code (torch.topk / sort + cumsum + mask /
+    """A truncated draw of the token alone (its log-probability is checked against the
+    reference's, not timed): ddpd's kernels (threshold search, tile statistics, finish)
+    against the usual torch code (torch.topk / sort + cumsum + mask /
     softmax threshold over all V logits, then softmax + torch.multinomial) and the draw
     among the kept tokens only (ddpd.testing.baselines.TRUNCATED)."""
     kw = TRUNCATIONS[controls]
