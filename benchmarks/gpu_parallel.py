@@ -36,7 +36,8 @@ own): a short run pays them over fewer steps than the default's. The GPT-2-size
 default (1024 steps; random weights never let the eps stop end a row early) would take
 minutes at batch 64: it is timed at two shorter budgets and extrapolated to L steps
 (fixed cost + steps x cost of a step), marked so in the table. Every run's tokens are
-checked to be clean tokens (no mask left).
+checked to lie in [0, V): for the mask loop's runs, no mask left (the mask id is V or
+more); DDPD runs start from uniform noise, never the mask id, so for them only the range.
 
     python benchmarks/gpu_parallel.py            # CUDA, an estimated 4 minutes on an H200
     python benchmarks/gpu_parallel.py --policy error-budget:bound=4,max_k=64,spread=linear
@@ -171,7 +172,8 @@ def pair_device(pair: Pair) -> torch.device:
 
 
 def checked(result: SampleResult, pair: Pair) -> SampleResult:
-    """The result, once its tokens are all clean tokens (no mask id, nothing out of range)."""
+    """The result, once its tokens all lie in [0, vocab): for a mask-loop run no mask id is
+    left (it is vocab or more); a DDPD run starts from uniform noise, so only the range."""
     tokens = result.tokens
     if not bool(((tokens >= 0) & (tokens < pair.vocab)).all()):
         raise AssertionError(f"{pair.name}: a sample holds a token outside [0, {pair.vocab})")
