@@ -1,15 +1,15 @@
 """The harness of the ddpd benchmarks (`pytest benchmarks/ --benchmark-only`).
 
-`compare(op, shape, variant, fn, dtype=..., params=..., device=..., rounds=...)` times fn
-with pytest-benchmark (on CUDA each call ends with a synchronize), measures the peak memory
-of one call (ddpd.testing.memory) and records both under the case (op, shape, dtype,
-params). The variants of a case: "fused" (ddpd's op or sampler), "reference" (its torch
-reference), "torch: ..." (plain torch code for the same job, ddpd.testing.baselines) and
-any other name. At the end of the session a table gives, per case, every variant's median
-(and peak memory) and fused's speed-up over each, then names the fastest torch code and
-fused's ratio against it; all timed in the same run on the same machine. The same
-comparisons are written as rows (benchmarks/rows.py) into --rows, by default
-benchmarks/results/<device>.jsonl, from which benchmarks/report.py makes the tables of
+`compare(op, shape, variant, fn, dtype=..., params=..., device=..., rounds=...)` times fn with
+pytest-benchmark (on CUDA each call ends with a synchronize), measures the peak memory of one
+call (ddpd.testing.memory) and records both under the case (op, shape, dtype, params). The
+variants of a case: "fused" (ddpd's op or sampler), "reference" (its torch reference), "torch:
+..." (plain torch code for the same job, ddpd.testing.baselines), "related: ..." (torch code
+for a related but different job, shown apart) and any other name. At the end of the session a
+table gives, per case, every variant's median (and peak memory) and fused's speed-up over each,
+then names the fastest torch code and fused's ratio against it; all timed in the same run on
+the same machine. The same comparisons are written as rows (benchmarks/rows.py) into --rows, by
+default benchmarks/results/<device>.jsonl, from which benchmarks/report.py makes the tables of
 docs/performance.md. Nothing is written under --benchmark-disable (nothing is timed).
 
 Threads: every variant runs with DDPD_BENCH_THREADS torch threads (default 1): on a
@@ -27,7 +27,7 @@ import pytest
 import torch
 
 import rows as result_rows
-from ddpd.testing.baselines import TORCH  # the prefix of the variants that are plain torch code for the same job
+from ddpd.testing.baselines import RELATED, TORCH  # variants' prefixes: torch code for the same job, another
 from ddpd.testing.memory import peak_cuda_growth, peak_rss_growth
 
 THREADS = int(os.environ.get("DDPD_BENCH_THREADS", "1"))
@@ -139,6 +139,10 @@ def pytest_terminal_summary(terminalreporter, config):
             fastest = min(timed, key=timed.get)
             write(f"  => fastest torch code: {fastest[len(TORCH):]} ({timed[fastest] * 1e3:.3f} ms); "
                   f"{OURS} is {_ratio(timed[fastest], ours)} than it")
+        for variant, (median, _, _) in variants.items():
+            if variant.startswith(RELATED) and median and ours:
+                write(f"  => related code, another job: {variant[len(RELATED):]}; {OURS} is {_ratio(median, ours)} "
+                      "than it")
     found = rows()
     target = config.getoption("--rows")
     if found and target != "":

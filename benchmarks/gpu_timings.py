@@ -150,13 +150,15 @@ class Bench:
         """A normal call's time, host cost included (eager_seconds; a few ms of calls in a dry run)."""
         return eager_seconds(fn, self.cuda, rep_ms if self.cuda else 5) * 1e3
 
-    def record(self, timed: dict, ours_ms: Optional[float], theirs: dict, mode: str) -> None:
-        """A row per torch candidate ({label: ms}) against ours, under the case timed (timed_case)."""
+    def record(self, timed: dict, ours_ms: Optional[float], theirs: dict, mode: str,
+               kind: str = torch_draws.TORCH) -> None:
+        """A row per torch candidate ({label: ms}) against ours, under the case timed (timed_case);
+        kind: the baseline's prefix (TORCH, or RELATED for code of another job)."""
         if ours_ms is None:
             return
         for label, ms in theirs.items():
             if ms is not None:
-                self.rows.append(result_rows.row(**timed, median=ours_ms / 1e3, baseline=torch_draws.TORCH + label,
+                self.rows.append(result_rows.row(**timed, median=ours_ms / 1e3, baseline=kind + label,
                                                  baseline_median=ms / 1e3, mode=mode, device=self.device_name,
                                                  source="benchmarks/gpu_timings.py", stamp=self.stamp))
 
@@ -190,10 +192,11 @@ class Bench:
             print(f"  check {name}: the reference's values bit for bit")
 
     def compare(self, timed: dict, name: str, ours: Callable, theirs: dict, moved: int,
-                rep_ms: int = 100) -> tuple[float, dict]:
+                rep_ms: int = 100, related: Optional[dict] = None) -> tuple[float, dict]:
         """Time and measure ours (ddpd) and each torch candidate of theirs ({label: fn});
-        print a line against the fastest, and one per other candidate; return our
-        median and each candidate's (ms)."""
+        print a line against the fastest, one per other candidate and one per related
+        code of another job ({label: fn}: never the fastest); return our time and each
+        candidate's (ms)."""
         a, peak_a = self.eager_ms(ours, rep_ms), self.peak_bytes(ours)
         times = {label: self.eager_ms(fn, rep_ms) for label, fn in theirs.items()}
         best = min(times, key=times.get)
@@ -205,7 +208,11 @@ class Bench:
         for label, ms in times.items():
             if label != best:
                 print(f"  also torch {label}: {ms * 1e3:10.1f} us (speed-up {ms / a:.2f}x)")
+        others = {label: self.eager_ms(fn, rep_ms) for label, fn in (related or {}).items()}
+        for label, ms in others.items():
+            print(f"  related, another job: {label}: {ms * 1e3:10.1f} us (ratio {ms / a:.2f}x)")
         self.record(timed, a, times, "eager")
+        self.record(timed, a, others, "eager", torch_draws.RELATED)
         return a, times
 
     def graph_ms(self, fn: Callable[[], object]) -> Optional[float]:
@@ -514,10 +521,13 @@ def time_compaction(bench: Bench, batch: int, length: int) -> None:
     timed = timed_case("compact_fixed", (batch, length), "mixed", "tokens int64, logits float32")
     bench.check(name, compact_fixed(active, batch, tokens, logits), reference.compact_fixed(active, batch, tokens,
                                                                                           logits))
-    # nonzero + index_select sends its count to the host (a sync); the sort does compact_fixed's job without
+    # nonzero + index_select sends its count to the host (a sync) and packs only the active rows, no
+    # count: less than compact_fixed's job, so related code; the sort does the job without a sync
     bench.compare(timed, name, lambda: compact_fixed(active, batch, tokens, logits),
                   {label: functools.partial(fn, active, batch, tokens, logits)
-                   for label, fn in torch_draws.COMPACT.items()}, 2 * batch * length * 12)
+                   for label, fn in torch_draws.COMPACT.items()}, 2 * batch * length * 12,
+                  related={label: functools.partial(fn, active, batch, tokens, logits)
+                           for label, fn in torch_draws.COMPACT_RELATED.items()})
     (packed_tokens, packed_logits), index, _ = compact_fixed(active, n_active, tokens, logits)
     zeros = (torch.zeros_like(tokens), torch.zeros_like(logits))
     name = f"scatter_back {batch}x{length} x2"

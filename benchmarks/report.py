@@ -14,7 +14,8 @@ median, the fastest plain-torch code's and ddpd's speed-up over it (a CPU's tabl
 speed-up only), for each mode the rows hold (eager; graph: CUDA-graph replay) against that
 mode's fastest (named "eager / graph" where they differ), and the commit that measured it.
 An op's table (`<!-- rows: nvidia-h200 ddpd_sample -->`) has one line per case and
-baseline, whatever the baseline (for whole sampling runs: the other runs).
+baseline, whatever the baseline (for whole sampling runs: the other runs). Rows against
+"related: ..." code (another job) follow a device's table in a table of their own.
 
     python benchmarks/report.py            # rewrite the tables
     python benchmarks/report.py --check    # exit 1 if a table is not what the rows give
@@ -33,6 +34,7 @@ DOC = result_rows.ROOT / "docs" / "performance.md"
 BLOCK = re.compile(r"(<!-- rows: (?P<name>[a-z0-9-]+)(?: (?P<op>\w+))? -->\n)(?P<body>.*?)"
                    r"(<!-- end rows: (?P=name)(?: (?P=op))? -->)", re.S)
 TORCH = "torch: "
+RELATED = "related: "  # torch code for another job (ddpd.testing.baselines.RELATED): shown apart
 
 
 def seconds(value: Optional[float]) -> str:
@@ -97,7 +99,22 @@ def device_table(rows: list[dict]) -> str:
         names = list(dict.fromkeys(best[m]["baseline"][len(TORCH):] for m in modes if best[m]))
         lines.append([f"`{op}`", " x ".join(map(str, shape)), dtype, params or "-", source, ours, " / ".join(names),
                       theirs, ratio, best[modes[0]]["commit"]])
-    return markdown(head, lines, [] if absolute(rows) else [5, 7])
+    return markdown(head, lines, [] if absolute(rows) else [5, 7]) + related_table(rows)
+
+
+def related_table(rows: list[dict]) -> str:
+    """The rows against related torch code of another job, a line each, after a heading; ""
+    if there are none."""
+    related = [r for r in rows if r["baseline"].startswith(RELATED)]
+    if not related:
+        return ""
+    head = ["op", "shape", "dtype", "params", "timed by", "mode", "ddpd", "related torch code", "its time", "ratio",
+            "commit"]
+    lines = [[f"`{r['op']}`", " x ".join(map(str, r["shape"])), r["dtype"], r["params"] or "-",
+              timed_by(r["source"]), r["mode"], seconds(r["median"]), r["baseline"][len(RELATED):],
+              seconds(r["baseline_median"]), f"{r['ratio']:.2f}x", r["commit"]] for r in related]
+    return ("\nAgainst related torch code for another job (less work or other outputs: not the fastest "
+            "torch code for ddpd's job):\n\n" + markdown(head, lines, [] if absolute(rows) else [6, 8]))
 
 
 def op_table(rows: list[dict]) -> str:

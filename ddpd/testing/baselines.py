@@ -30,6 +30,9 @@ import torch.nn.functional as F
 
 EPS = 0.01  # planner: a row stops when every p < EPS
 TORCH = "torch: "  # the benchmarks name a torch variant by this prefix and the candidate's name
+# Torch code for a related but different job (less work, other outputs): shown apart, never the
+# fastest torch code for ddpd's job
+RELATED = "related: "
 
 
 def gumbel_like(x: torch.Tensor) -> torch.Tensor:
@@ -359,7 +362,10 @@ def sorted_compact(active: torch.Tensor, capacity: int, *tensors: torch.Tensor) 
     return packed, torch.where(taken, source, -1), count
 
 
-COMPACT = {  # name -> compact(active, capacity, *tensors)
-    "nonzero + index_select": lambda active, capacity, *tensors: nonzero_compact(active, *tensors),
+COMPACT = {  # name -> compact(active, capacity, *tensors): compact_fixed's job
     "sort + index_select": sorted_compact,
+}
+# the usual code compact_fixed replaces: only the active rows, no count, a host sync on CUDA
+COMPACT_RELATED = {
+    "nonzero + index_select": lambda active, capacity, *tensors: nonzero_compact(active, *tensors),
 }

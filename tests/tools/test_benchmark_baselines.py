@@ -243,3 +243,10 @@ def test_sorted_compact_does_compact_fixeds_job(capacity):
     assert all(torch.equal(got, expected) for got, expected in zip(packed, want.tensors))
     rows, source = baselines.nonzero_compact(active, *tensors)
     assert torch.equal(source, active.nonzero().squeeze(1)) and torch.equal(rows[0], tensors[0][active])
+
+
+def test_code_of_another_job_is_kept_apart():
+    """nonzero + index_select returns as many rows as are active and no count (and syncs on
+    CUDA): less work than compact_fixed's, so it is related code, never a torch candidate."""
+    assert "nonzero + index_select" not in baselines.COMPACT
+    assert "nonzero + index_select" in baselines.COMPACT_RELATED and baselines.RELATED != baselines.TORCH

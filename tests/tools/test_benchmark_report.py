@@ -121,3 +121,21 @@ def test_a_cpu_table_gives_ratios_only(tmp_path):
     text = doc.read_text()
     assert "3.00x" in text and "8.00x" in text, text
     assert not any(unit in text for unit in (" ms", " us", " s |")), text
+
+
+@pytest.mark.integration
+def test_related_code_of_another_job_is_never_the_fastest_torch_code(tmp_path):
+    """A "related: ..." baseline (less work or another job, e.g. nonzero + index_select for
+    compact_fixed) is shown apart, never as the fastest torch code for ddpd's job."""
+    rows = [dict(row("torch: sort + index_select", 9e-5), op="compact_fixed"),
+            dict(row("related: nonzero + index_select", 1e-5), op="compact_fixed")]
+    (tmp_path / "gpu-x.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    doc = tmp_path / "performance.md"
+    doc.write_text("<!-- rows: gpu-x -->\n<!-- end rows: gpu-x -->\n")
+    done = report("--doc", str(doc), "--results", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    main, related = doc.read_text().split("related torch code", 1)
+    line, = [line for line in main.splitlines() if line.startswith("| `compact_fixed`")]
+    assert "sort + index_select" in line and "nonzero" not in line, line
+    line, = [line for line in related.splitlines() if line.startswith("| `compact_fixed`")]
+    assert "nonzero + index_select" in line and "0.50x" in line, line
