@@ -23,7 +23,7 @@ from ddpd.eval.planned_mask import masked_log_probs
 from ddpd.eval.report import markdown_table
 from ddpd.ops.rng import gumbel
 from ddpd.process import Schedule
-from ddpd.validation import check_float
+from ddpd.validation import check_float, check_shape, check_tensor
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,16 @@ def auc(score: Tensor, positive: Tensor) -> float:
 
     Returns:
         The area in [0, 1]; NaN without a positive or a negative entry.
+
+    Raises:
+        TypeError: score not a floating tensor, or positive not a bool tensor.
+        ValueError: positive of another shape than score, or a NaN score.
     """
+    check_tensor("score", score, (torch.float16, torch.bfloat16, torch.float32, torch.float64))
+    check_tensor("positive", positive, (torch.bool,))
+    check_shape("positive", positive, score.shape)
+    if bool(score.isnan().any()):  # a NaN would rank above every score and pass for a detection
+        raise ValueError("score must not hold NaN")
     score, positive = score.flatten().double(), positive.flatten()
     n_pos, n_neg = int(positive.sum()), int((~positive).sum())
     if n_pos == 0 or n_neg == 0:

@@ -162,3 +162,14 @@ def test_the_fine_tuning_script_scores_the_planner_before_and_after(tmp_path, mo
     assert rows[0]["confidence"] == rows[1]["confidence"]  # the same corruption and draws both times
     assert (tmp_path / "bundle" / "planner" / "model.safetensors").is_file()
     assert "| steps | fraction |" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("score, positive, error, match", [
+    (torch.tensor([0.3, 0.1, 0.2]), torch.tensor([1, 0, 0]), TypeError, "positive must have dtype"),
+    (torch.tensor([0.3, 0.1, 0.2]), torch.tensor([True, False]), ValueError, "positive must have shape"),
+    (torch.tensor([0.3, float("nan"), 0.2]), torch.tensor([True, False, False]), ValueError, "score must not hold NaN"),
+])
+def test_auc_refuses_labels_that_are_not_bool_or_not_the_scores_shape_and_nan_scores(score, positive, error, match):
+    """Integer labels were read as indices (an area of -0.67), and a NaN score ranked highest."""
+    with pytest.raises(error, match=match):
+        auc(score, positive)
