@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ddpd.validation import check_callable, check_choice, check_int  # noqa: F401
+from ddpd.validation import check_callable, check_choice, check_float, check_int  # noqa: F401
 
 
 def check_tokens(name: str, x, vocab_size: Optional[int]) -> Tensor:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ddpd.eval.checks import check_int, check_tokens
+from ddpd.eval.checks import check_float, check_int, check_tokens
 
 MAX_ORDER = 12  # the longest n-gram a judge counts
 
@@ -25,15 +25,14 @@ class NGramJudge:
         discount: d in (0, 1).
 
     Raises:
-        TypeError: tokens not an int64 tensor.
+        TypeError: tokens not an int64 tensor, or discount not a number.
         ValueError: a bad order, discount or token id.
     """
 
     def __init__(self, tokens: Tensor, vocab_size: int, order: int = 6, discount: float = 0.75):
         self.vocab_size = check_int("vocab_size", vocab_size, 2)
         self.order = check_int("order", order, 1, MAX_ORDER)
-        if not 0.0 < discount < 1.0:
-            raise ValueError(f"discount must be in (0, 1), got {discount}")
+        self.discount = check_float("discount", discount, 0.0, 1.0, open_min=True, open_max=True)
         if vocab_size ** order >= 2**62:
             raise ValueError(f"vocab_size ** order must fit 62 bits, got {vocab_size} ** {order}")
         import numpy as np  # imported where used: numpy is not needed to import ddpd
@@ -45,7 +44,6 @@ class NGramJudge:
         ids = tokens.cpu().numpy()
         if ids.ndim != 1 or ids.size <= order or ids.min() < 0 or ids.max() >= vocab_size:
             raise ValueError(f"tokens must be more than {order} ids in [0, {vocab_size}), got shape {ids.shape}")
-        self.discount = discount
         unigram = np.bincount(ids, minlength=vocab_size).astype(np.float64) + 1.0
         self.unigram = unigram / unigram.sum()
         self.tables: list[tuple] = [self._table(ids, m) for m in range(2, order + 1)]

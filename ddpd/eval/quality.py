@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from ddpd.eval.checks import check_callable, check_int, check_tokens
+from ddpd.eval.checks import check_callable, check_float, check_int, check_tokens
 from ddpd.eval.report import MissingDependency, markdown_table, mean_and_se, pyplot, save_figure, write_csv, write_text
 
 REFERENCE = "held-out text"
@@ -173,9 +173,9 @@ def run_sweep(samplers: Sequence[SamplerSpec], *, steps: Sequence[int], temperat
             raise TypeError(f"samplers must be SamplerSpec, got {type(spec).__name__}")
         check_callable(f"sampler {spec.name!r} run", spec.run)
     steps = [check_int("steps", s, 1) for s in steps]
-    temperatures = [float(t) for t in temperatures]
-    if not steps or not temperatures or any(t < 0 for t in temperatures):
-        raise ValueError(f"steps and temperatures must be non-empty, temperatures >= 0, got {steps}, {temperatures}")
+    temperatures = [check_float("temperatures", t, 0.0) for t in temperatures]  # NaN refused too
+    if not steps or not temperatures:
+        raise ValueError(f"steps and temperatures must be non-empty, got {steps}, {temperatures}")
     check_int("num_samples", num_samples, 1)
     check_int("batch_size", batch_size, 1)
     rows = []

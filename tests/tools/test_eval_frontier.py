@@ -201,6 +201,10 @@ def test_ngram_judge_is_a_normalised_law():
         assert float(total) == pytest.approx(1.0, abs=1e-9)
     with pytest.raises(ValueError, match="order"):
         NGramJudge(text, 4, order=0)
+    with pytest.raises(ValueError, match=r"discount must be in \(0.0, 1.0\), got nan"):
+        NGramJudge(text, 4, discount=float("nan"))
+    with pytest.raises(TypeError, match="discount must be a number, got str"):
+        NGramJudge(text, 4, discount="0.5")
     with pytest.raises(ValueError, match=r"ids in \[0, 4\)"):
         judge.log_likelihood(torch.tensor([[0, 9]]))
 

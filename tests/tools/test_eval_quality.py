@@ -134,6 +134,8 @@ def test_missing_matplotlib_skips_the_plot_with_a_clear_message(judge, tmp_path,
     (dict(steps=[0]), "steps must be >= 1"),
     (dict(temperatures=[]), "must be non-empty"),
     (dict(num_samples=0), "num_samples must be >= 1"),
+    (dict(temperatures=[float("nan")]), "temperatures must be in \\[0.0, inf\\], got nan"),
+    (dict(temperatures=[-0.5]), "temperatures must be in"),
 ])
 def test_sweep_validates_inputs(judge, kwargs, error):
     args = dict(samplers=[_fake_sampler("a")], steps=[2], temperatures=[1.0], num_samples=2, judge=judge,
