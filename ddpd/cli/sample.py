@@ -405,7 +405,7 @@ def encode_prompts(prompts, tokenizer, length: int) -> tuple[torch.Tensor, torch
     return x_init, x_init >= 0
 
 
-def conditions(args, models: Models, tokenizer, prompts) -> dict:
+def conditions(args, models: Models, tokenizer, prompts, planner: bool = True) -> dict:
     """The Settings fields of the prompts (read_prompts) and labels given: x_init, frozen,
     labels, guidance_scale, conditional_planner (--guidance-scale: check_command_line).
 
@@ -414,13 +414,14 @@ def conditions(args, models: Models, tokenizer, prompts) -> dict:
         models: the loaded Models.
         tokenizer: the checkpoints' tokenizer, or None.
         prompts: as read_prompts returns them, or None.
+        planner: whether the sampler runs the planner (a bundle's may go unused: its classes then do not matter).
 
     Returns:
         A dict of the fields given.
 
     Raises:
-        UsageError: labels for an unconditional denoiser, out of range, or networks whose
-            classes differ; prompts that cannot be encoded.
+        UsageError: labels for an unconditional denoiser, out of range, or a planner the sampler
+            runs whose classes differ from the denoiser's; prompts that cannot be encoded.
     """
     import torch
 
@@ -435,7 +436,7 @@ def conditions(args, models: Models, tokenizer, prompts) -> dict:
     bad = [label for label in args.labels if not 0 <= label < classes]
     if bad:
         raise UsageError(f"--labels must be classes in [0, {classes}) of {models.names[1]}, got {bad[0]}")
-    planner_classes = models.num_classes("planner") if models.has_planner else 0
+    planner_classes = models.num_classes("planner") if planner and models.has_planner else 0
     if planner_classes and planner_classes != classes:
         raise UsageError(f"{models.names[0]} has {planner_classes} classes, but {models.names[1]} has {classes}: "
                          "they cannot be used together")
@@ -501,7 +502,7 @@ def _make_sampler(args, models: Models, tokenizer, prompts):
                         policy=command_policy(args, "maskgit"),
                         execution=Execution(fused=args.fused, sync_every=args.sync_every, dtype=args.dtype_name),
                         truncation=truncation_from(args),
-                        **conditions(args, models, tokenizer, prompts))
+                        **conditions(args, models, tokenizer, prompts, row.planner))
     networks = models.by_kind()
     return (lambda n, first: row.call(networks, settings, n, PhiloxNoise(args.seed, first_row=first), first),
             settings)

@@ -1056,6 +1056,18 @@ def test_labels_that_cannot_be_used_are_named_in_one_line(classes, ckpts, capsys
     assert code == 2 and err.count("\n") == 1 and message.format(**paths) in err, err
 
 
+def test_a_bundle_planner_the_sampler_does_not_run_may_have_other_classes(classes, tmp_path, capsys, calls):
+    """--sampler maskgit runs a bundle's denoiser alone: the planner's classes do not matter."""
+    from ddpd.checkpoint import load_model
+
+    bundle = str(tmp_path / "bundle")
+    save_bundle(bundle, *load_model(classes["planner3"]), *load_model(classes["mask-denoiser"]))
+    code, _, err = run_cli(capsys, "--checkpoint", bundle, "--sampler", "maskgit", "--labels", "1",
+                           "--steps", "3", "--num-samples", "2", "--quiet")
+    assert code == 0, err
+    assert calls[0]["guidance"].labels.tolist() == [1, 1]
+
+
 @pytest.mark.integration
 def test_a_process_killed_mid_run_keeps_the_finished_samples(ckpts, tmp_path):
     """kill -9 of process 1: process 0's next gather fails. It used to end in a gloo traceback
