@@ -196,3 +196,21 @@ def test_the_readme_maps_every_doc():
     linked = {(ROOT / t.partition("#")[0]).resolve() for t in _links(ROOT / "README.md")}
     for doc in [*(ROOT / "docs").glob("*.md"), ROOT / "docs" / "text8" / "README.md"]:
         assert doc.resolve() in linked, f"README.md does not link {doc.relative_to(ROOT)}"
+
+
+def _paragraph(text, marker):
+    (paragraph,) = [p for p in text.split("\n\n") if marker in p]
+    return paragraph
+
+
+def test_the_docs_name_the_ops_that_run_torch_code_on_the_cpu():
+    """The README and docs/api.md give every op a C++ kernel for CPU tensors: the ops that have
+    none (the networks' rotary and norm) must be named there as the exceptions."""
+    modules = [p.stem for p in (ROOT / "ddpd" / "ops").glob("*.py") if "torch.library.custom_op(" in p.read_text()]
+    without = [m for m in modules if not (ROOT / "csrc" / "cpu" / f"{m}.cpp").exists()]
+    assert without  # rotary and norm today
+    for name, text in (("README.md", README), ("docs/api.md", API)):
+        paragraph = _paragraph(text, "C++ kernel")
+        for module in without:
+            assert f"`{module}`" in paragraph, f"{name} gives {module} a C++ kernel it does not have"
+
