@@ -214,3 +214,13 @@ def test_the_docs_name_the_ops_that_run_torch_code_on_the_cpu():
         for module in without:
             assert f"`{module}`" in paragraph, f"{name} gives {module} a C++ kernel it does not have"
 
+
+def test_every_name_ddpd_ops_and_ddpd_sampling_export_is_documented():
+    import ddpd.ops
+    import ddpd.sampling
+
+    sampling_docs = API + (ROOT / "docs" / "sampling.md").read_text() + (ROOT / "docs" / "parallel.md").read_text()
+    for module, docs in ((ddpd.ops, API), (ddpd.sampling, sampling_docs)):
+        for name in module.__all__:
+            named = re.search(rf"`(?:[\w.]+\.)?{name}\b", docs)
+            assert named, f"{module.__name__}.{name} is exported but not documented"
