@@ -15,6 +15,8 @@ from ddpd.ops.planner_select import check_mask_args, check_triton_width, draw_ma
 from ddpd.ops.results import Mask
 from ddpd.validation import check_same_device, check_tensor
 
+MAX_BLOCK_NUMEL = 2**20  # the most values a Triton block holds (TRITON_MAX_TENSOR_NUMEL)
+
 # ----------------------------------------------------------------------------- checks
 
 
@@ -95,6 +97,20 @@ def planner_mask_reference(
 # ------------------------------------------------------------------------- fused op
 
 
+def positions_block(k: int, block_d: int) -> int:
+    """The positions the Triton kernel compares with a row at a time: all k (to a power of two)
+    where the [block_d, BLOCK_K] comparison fits in MAX_BLOCK_NUMEL values, else as many as fit.
+
+    Args:
+        k: positions a row.
+        block_d: the kernel's block of a row (D to a power of two, at most MAX_TRITON_WIDTH).
+
+    Returns:
+        BLOCK_K, a power of two >= 1.
+    """
+    return max(1, min(1 << (k - 1).bit_length(), MAX_BLOCK_NUMEL // block_d))
+
+
 def planner_mask_triton(logits, x, positions, mask_id, noise, counters, row_ids):
     """Launch the Triton kernel (CUDA tensors; CPU tensors under TRITON_INTERPRET=1).
 
@@ -124,10 +140,11 @@ def planner_mask_triton(logits, x, positions, mask_id, noise, counters, row_ids)
     count = torch.empty(rows, dtype=torch.int64, device=x.device)
     if rows > 0:
         seed, offset, seed_t, offset_t = counters
+        block_d = 1 << (length - 1).bit_length()
         _dispatch.launch(
             planner_mask_kernel, (rows,), logits, x, positions.contiguous() if k > 0 else x, length, k, mask_id,
             noise, row_ids, *rng.split32(seed), *rng.split32(offset), seed_t, offset_t, masked, z, count,
-            BLOCK_D=1 << (length - 1).bit_length(), BLOCK_K=max(1, 1 << (k - 1).bit_length()),
+            BLOCK_D=block_d, BLOCK_K=positions_block(k, block_d),
         )
     return masked, z, count
 

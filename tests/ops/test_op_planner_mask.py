@@ -69,6 +69,14 @@ def test_planner_mask_paths_agree(length, k, dtype):
     assert_all_equal(triton_mask(logits, x, None, noise=noise), no_positions)
 
 
+def test_triton_mask_takes_more_positions_than_one_block_compares():
+    """D x k beyond Triton's largest block (2**20 values): the positions in chunks, not one
+    [D, k] comparison that fails to compile."""
+    logits, x, positions = inputs(1, 2048, 3, k=1024)
+    ref = planner_mask_reference(logits, x, positions, MASK_ID, seed=5)
+    assert_all_equal(triton_mask(logits, x, positions, seed=5), ref)
+
+
 @pytest.mark.parametrize("length,k", [(1, 1), (7, 3), (257, 2)])
 @pytest.mark.parametrize("mode", ["sigmoid", "softmax"])
 def test_planner_select_mask_paths_agree(length, k, mode):
