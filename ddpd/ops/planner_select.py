@@ -281,6 +281,8 @@ def gumbel_rounds(base: torch.Tensor, top: torch.Tensor, tau: float, gumbel: tor
 
 def draw_mask(p, noise, positions, x, mask_id, forced=None):
     """z = (u < p) with the positions forced to 1 (those where `forced` holds, when given).
+    A position outside [0, D) forces nothing, as in the kernels that read unchecked
+    positions (CUDA tensors); an index would wrap -1 to the last position, or fail.
 
     Args:
         p: Float32[B, D] probabilities.
@@ -295,7 +297,11 @@ def draw_mask(p, noise, positions, x, mask_id, forced=None):
     """
     z = noise < p
     if positions is not None:
-        z = z.scatter(1, positions, True if forced is None else z.gather(1, positions) | forced)
+        length = z.shape[1]
+        force = (positions >= 0) & (positions < length) & (True if forced is None else forced)
+        # the positions not forced land in a column past the row, dropped
+        hits = z.new_zeros(z.shape[0], length + 1).scatter(1, torch.where(force, positions, length), True)
+        z = z | hits[:, :length]
     return torch.where(z, torch.full_like(x, mask_id), x), z, z.sum(dim=1)
 
 

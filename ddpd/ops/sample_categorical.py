@@ -540,6 +540,32 @@ def prepare(op: str, input_name: str, inputs: torch.Tensor, vocab_size: int, tem
 # ------------------------------------------------------------------------- reference
 
 
+def drawable(x: torch.Tensor, exclude_ids: Optional[torch.Tensor], exclude_per_row: Optional[torch.Tensor],
+             allowed: Optional[torch.Tensor]) -> torch.Tensor:
+    """Which tokens of logits [N, V] may be drawn: not NaN, not excluded, allowed. By column
+    comparison, so that an id outside [0, V) excludes nothing, as in the kernels that read
+    unchecked ids (CUDA tensors); an index would wrap -1 to the last token, or fail.
+
+    Args:
+        x: Float[N, V] logits.
+        exclude_ids: Long[m] excluded tokens, or None.
+        exclude_per_row: Long[N] a token excluded per row, or None.
+        allowed: Bool[N, V] the drawable tokens, or None.
+
+    Returns:
+        Bool[N, V].
+    """
+    ok = ~torch.isnan(x)
+    columns = torch.arange(x.shape[1], device=x.device)
+    if exclude_ids is not None:
+        ok &= ~torch.isin(columns, exclude_ids)
+    if exclude_per_row is not None:
+        ok &= columns != exclude_per_row[:, None]
+    if allowed is not None:
+        ok &= allowed
+    return ok
+
+
 def float64_rows(x: torch.Tensor, exclude_ids: Optional[torch.Tensor], exclude_per_row: Optional[torch.Tensor],
                  allowed: Optional[torch.Tensor]) -> torch.Tensor:
     """float64 logits [N, V] as float32 relative to their row maximum M over the drawable
@@ -558,15 +584,7 @@ def float64_rows(x: torch.Tensor, exclude_ids: Optional[torch.Tensor], exclude_p
     Returns:
         Float32[N, V].
     """
-    drawable = ~torch.isnan(x)
-    columns = torch.arange(x.shape[1], device=x.device)
-    if exclude_ids is not None:
-        drawable &= ~torch.isin(columns, exclude_ids)
-    if exclude_per_row is not None:
-        drawable &= columns != exclude_per_row[:, None]
-    if allowed is not None:
-        drawable &= allowed
-    top = x.masked_fill(~drawable, float("-inf")).amax(1, keepdim=True)
+    top = x.masked_fill(~drawable(x, exclude_ids, exclude_per_row, allowed), float("-inf")).amax(1, keepdim=True)
     y = x - torch.where(top.isfinite(), top, 0.0)
     infinite = torch.where(x == float("inf"), 0.0, float("-inf"))
     return torch.where(top == float("inf"), infinite, y).float()
@@ -575,7 +593,8 @@ def float64_rows(x: torch.Tensor, exclude_ids: Optional[torch.Tensor], exclude_p
 def masked_logits(logits: torch.Tensor, exclude_ids: Optional[torch.Tensor], exclude_per_row: Optional[torch.Tensor],
                   allowed: Optional[torch.Tensor] = None) -> torch.Tensor:
     """float32 logits [N, V] with NaN, excluded and not allowed tokens set to -inf (no
-    temperature yet); float64 logits relative to their maximum first (float64_rows).
+    temperature yet; ids outside [0, V) exclude nothing: drawable); float64 logits relative
+    to their maximum first (float64_rows).
 
     Args:
         logits: float [N, V].
@@ -587,14 +606,7 @@ def masked_logits(logits: torch.Tensor, exclude_ids: Optional[torch.Tensor], exc
         Float32[N, V].
     """
     x = float64_rows(logits, exclude_ids, exclude_per_row, allowed) if logits.dtype == torch.float64 else logits.float()
-    x = x.masked_fill(torch.isnan(x), float("-inf"))
-    if exclude_ids is not None:
-        x = x.index_fill(1, exclude_ids, float("-inf"))
-    if exclude_per_row is not None:
-        x = x.scatter(1, exclude_per_row[:, None], float("-inf"))
-    if allowed is not None:
-        x = x.masked_fill(~allowed, float("-inf"))
-    return x
+    return x.masked_fill(~drawable(x, exclude_ids, exclude_per_row, allowed), float("-inf"))
 
 
 def shifted(a: torch.Tensor, b: torch.Tensor, temperature) -> torch.Tensor:

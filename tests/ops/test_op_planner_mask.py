@@ -9,6 +9,7 @@ from scipy import stats
 from ddpd.ops import rng
 from ddpd.ops.planner_mask import planner_mask, planner_mask_reference, planner_mask_triton
 from ddpd.ops.planner_select import (
+    draw_mask,
     planner_select,
     planner_select_mask,
     planner_select_mask_reference,
@@ -67,6 +68,16 @@ def test_planner_mask_paths_agree(length, k, dtype):
     no_positions = planner_mask_reference(logits, x, None, MASK_ID, noise=noise)
     assert_all_equal(planner_mask(logits, x, None, MASK_ID, noise=noise), no_positions)
     assert_all_equal(triton_mask(logits, x, None, noise=noise), no_positions)
+
+
+def test_reference_positions_outside_the_row_force_nothing():
+    """What the kernels do with positions that reach them unchecked (CUDA tensors): a position
+    outside [0, D) forces nothing; -1 is not the last position, and D is no index error."""
+    p = torch.zeros(2, 4)
+    x = torch.arange(8).reshape(2, 4)
+    masked, z, count = draw_mask(p, torch.full((2, 4), 0.5), torch.tensor([[-1, 1], [4, 9]]), x, MASK_ID)
+    assert torch.equal(z, torch.tensor([[False, True, False, False], [False] * 4]))
+    assert torch.equal(masked, torch.tensor([[0, MASK_ID, 2, 3], [4, 5, 6, 7]])) and count.tolist() == [1, 0]
 
 
 def test_triton_mask_takes_more_positions_than_one_block_compares():

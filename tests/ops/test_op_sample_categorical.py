@@ -15,6 +15,7 @@ from ddpd.ops.sample_categorical import (
     categorical_launch,
     categorical_reference,
     float64_rows,
+    masked_logits,
     noise_width,
     prepare_categorical,
     sample_categorical,
@@ -132,6 +133,16 @@ def test_a_top_uniform_never_draws_an_excluded_token():
                           sample_categorical_reference(logits, 1.0, [9], noise=noise),
                           triton_draw(logits, 1.0, [9], noise=noise)):
         assert bool(valid.all()) and not ((tokens == 4) | (tokens == 9)).any()
+
+
+def test_reference_masking_ignores_ids_outside_the_vocabulary():
+    """What the kernels do with ids that reach them unchecked (CUDA tensors): an id outside
+    [0, V) excludes nothing; -1 is not the last token, and V is no index error."""
+    x = torch.randn(2, 5, generator=torch.Generator().manual_seed(0))
+    expected = x.clone()
+    expected[:, 2] = float("-inf")
+    expected[1, 1] = float("-inf")
+    assert torch.equal(masked_logits(x, torch.tensor([-1, 5, 2]), torch.tensor([7, 1])), expected)
 
 
 def test_rows_with_nothing_drawable_are_flagged_and_in_range():
