@@ -250,12 +250,20 @@ def _cache_dir(with_cuda: bool, root: Path) -> Path:
     rebuilt each other's extension at every switch."""
     import torch
 
-    cache = os.environ.get("DDPD_EXTENSIONS_DIR") or Path.home() / ".cache" / "ddpd" / "extensions"
+    cache = os.environ.get("DDPD_EXTENSIONS_DIR") or _user_cache() / "ddpd" / "extensions"
     paths = f"{root.resolve()}\n{Path(torch.__file__).resolve().parent}\n{sys.prefix}"
     where = hashlib.sha256(paths.encode()).hexdigest()[:8]
     tag = (f"py{sys.version_info[0]}{sys.version_info[1]}-torch{torch.__version__}-{'cuda' if with_cuda else 'cpu'}"
            f"-{where}")
     return Path(cache) / re.sub(r"[^A-Za-z0-9_.-]", "_", tag)
+
+
+def _user_cache() -> Path:
+    """$XDG_CACHE_HOME, else ~/.cache, as torch's own extension cache: where HOME cannot be
+    written (a container, a cluster), XDG_CACHE_HOME is how a user moves every cache at once.
+    The XDG specification ignores an empty or relative value."""
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    return Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache"
 
 
 class _ScriptsOnPath:

@@ -304,6 +304,20 @@ def test_one_cache_directory_per_checkout_and_environment(monkeypatch, tmp_path)
     assert _ext._cache_dir(False, ROOT / "csrc") != here
 
 
+def test_the_cache_follows_xdg_cache_home(monkeypatch, tmp_path):
+    """Where HOME cannot be written (a container, a cluster), XDG_CACHE_HOME names the cache,
+    as it does for torch's own extensions; unset, empty or relative it is ignored."""
+    monkeypatch.delenv("DDPD_EXTENSIONS_DIR", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert _ext._cache_dir(False, ROOT / "csrc").parent == tmp_path / "xdg" / "ddpd" / "extensions"
+    for ignored in ("", "relative/cache"):
+        monkeypatch.setenv("XDG_CACHE_HOME", ignored)
+        assert _ext._cache_dir(False, ROOT / "csrc").parent == tmp_path / "home" / ".cache" / "ddpd" / "extensions"
+    monkeypatch.setenv("DDPD_EXTENSIONS_DIR", str(tmp_path / "own"))
+    assert _ext._cache_dir(False, ROOT / "csrc").parent == tmp_path / "own"
+
+
 @pytest.mark.integration
 def test_python_m_ddpd_ops_says_why_in_one_line(tmp_path):
     (tmp_path / "a-file").write_text("")
