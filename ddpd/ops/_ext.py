@@ -294,8 +294,9 @@ def _compile(reason: str) -> ModuleType:
         # One process at a time (torchrun starts several): a stale build directory is emptied.
         lock = open(build_dir.parent / f".{build_dir.name}.lock", "w")
     except OSError as error:
-        raise _unavailable(reason, build_dir, f"{error.strerror or error}: {getattr(error, 'filename', '')} "
-                                              "(DDPD_EXTENSIONS_DIR sets the directory)") from error
+        raise _unavailable(reason, build_dir, f"{error.strerror or error}: {getattr(error, 'filename', '')}",
+                           "it needs a directory it can write: DDPD_EXTENSIONS_DIR or XDG_CACHE_HOME names one"
+                           ) from error
     with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         return _build(reason, root, build_dir, with_cuda)

@@ -203,7 +203,7 @@ def test_compile_route_calls_torch_load(monkeypatch, tmp_path, capsys):
     (other_dir / _ext.BUILD_INFO).write_text("")  # a record cut short (a full disk, a kill): built again
     assert _ext._compile("a test asked for it") == "module" and "compiling" in capsys.readouterr().err
     monkeypatch.setenv("DDPD_EXTENSIONS_DIR", str(other / "more.cpp"))  # a file where the cache should be
-    with pytest.raises(RuntimeError, match=r"compiling it in .* failed: .*more.cpp \(DDPD_EXTENSIONS_DIR sets"):
+    with pytest.raises(RuntimeError, match=r"compiling it in .* failed: .*more.cpp \(it needs a directory it can"):
         _ext._compile("a test asked for it")
 
 
@@ -316,6 +316,18 @@ def test_the_cache_follows_xdg_cache_home(monkeypatch, tmp_path):
         assert _ext._cache_dir(False, ROOT / "csrc").parent == tmp_path / "home" / ".cache" / "ddpd" / "extensions"
     monkeypatch.setenv("DDPD_EXTENSIONS_DIR", str(tmp_path / "own"))
     assert _ext._cache_dir(False, ROOT / "csrc").parent == tmp_path / "own"
+
+
+def test_a_cache_that_cannot_be_written_is_not_blamed_on_the_compiler(monkeypatch, tmp_path):
+    """The line named a C++17 compiler and ninja, which were there: the directory was the problem."""
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("DDPD_EXTENSIONS_DIR", str(tmp_path / "a-file"))
+    with pytest.raises(RuntimeError) as raised:
+        _ext._compile("a test asked for it")
+    message = str(raised.value)
+    assert "compiler" not in message and "ninja" not in message
+    assert message.endswith("(it needs a directory it can write: DDPD_EXTENSIONS_DIR or XDG_CACHE_HOME names one; "
+                            "the samplers without --fused, fused=False, need no extension)")
 
 
 @pytest.mark.integration
