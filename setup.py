@@ -69,8 +69,8 @@ CONFIG = _load_ext_config()  # ddpd/ops/_ext.py, without importing ddpd or torch
 # The default sampling bundle (ddpd.pretrained): weights and configs only, never a
 # training state that a copied checkpoint directory might still hold, nor the backup
 # (text8.previous) that replacing it keeps. The shipped data (ddpd.assets): the books
-# corpus, the GPT-2 ranks and their licences.
-package_data = {"ddpd._csrc": CONFIG.PACKAGE_DATA,
+# corpus, the GPT-2 ranks and their licences. py.typed: type checkers read ddpd's annotations (PEP 561).
+package_data = {"ddpd": ["py.typed"], "ddpd._csrc": CONFIG.PACKAGE_DATA,
                 "ddpd.pretrained": ["text8/*/*.safetensors", "text8/*/*.json"],
                 "ddpd.assets": ["books.txt", "gpt2.tiktoken", "NOTICE.md"]}
 exclude_package_data = {"ddpd.pretrained": ["**/train_state.*"]}

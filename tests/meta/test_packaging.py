@@ -209,11 +209,13 @@ def test_corpus_names_and_files(tmp_path, monkeypatch):
 
 @pytest.mark.integration
 def test_wheel_ships_the_data(tmp_path):
-    """build_py puts the books corpus, the ranks file and the notice into the package."""
+    """build_py puts the books corpus, the ranks file and the notice into the package, and
+    py.typed: without it (PEP 561) type checkers ignore the annotations of an installed ddpd."""
     subprocess.run([sys.executable, "setup.py", "-q", "build_py", "-d", str(tmp_path / "lib")], cwd=ROOT, check=True,
                    capture_output=True, timeout=HANG_GUARD_SECONDS, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
     shipped = sorted(p.name for p in (tmp_path / "lib" / "ddpd" / "assets").iterdir())
     assert shipped == ["NOTICE.md", "__init__.py", "books.txt", "gpt2.tiktoken"]
+    assert (tmp_path / "lib" / "ddpd" / "py.typed").is_file()
 
 
 def _top_level_field(text: str, key: str) -> str:
