@@ -36,6 +36,33 @@ def check_width(name: str, size: int) -> None:
         raise ValueError(f"{name} must be in [1, {MAX_WIDTH}), got {size}")
 
 
+MAX_GRID_X = 2**31 - 1  # CUDA's largest grid x dimension
+
+
+def flat_grid(name: str, rows: int, width: int, block: int) -> tuple:
+    """The 1-d grid of a kernel that runs one program per `block` columns of each row, on
+    the x axis (the only one past 65535 programs).
+
+    Args:
+        name: the input's name, for the message.
+        rows: rows of the input.
+        width: columns a row.
+        block: columns a program.
+
+    Returns:
+        (programs,).
+
+    Raises:
+        ValueError: more programs than CUDA's x axis takes (about 2**41 elements at
+            1024 columns a program): split the call.
+    """
+    programs = rows * -(-width // block)
+    if programs > MAX_GRID_X:
+        raise ValueError(f"{name} of {rows} rows x {width} columns needs {programs} programs of {block} columns, "
+                         f"above CUDA's {MAX_GRID_X} on one grid axis: split it into smaller calls")
+    return (programs,)
+
+
 def contiguous(*tensors: Optional[torch.Tensor]) -> tuple:
     """Each tensor made contiguous (None stays None): the kernels index rows as
     row * width, so strided noise, row ids or exclusions would be misread. Detached

@@ -69,8 +69,11 @@ def bernoulli_grid(rows: int, width: int) -> tuple:
 
     Returns:
         The 1-d launch grid, a tuple.
+
+    Raises:
+        ValueError: more programs than that axis takes.
     """
-    return (rows * -(-width // BLOCK),)
+    return _dispatch.flat_grid("p", rows, width, BLOCK)
 
 
 def bernoulli_triton(p, noise, seed, offset, row_ids, seed_t, offset_t):

@@ -329,14 +329,18 @@ def philox_uniform_triton(seed, offset, rows: torch.Tensor, cols: torch.Tensor) 
 
     Returns:
         Float32[N, M].
+
+    Raises:
+        ValueError: more blocks of PHILOX_BLOCK columns than one CUDA grid axis takes.
     """
     kernel = _dispatch.kernels("rng").philox_uniform_kernel
     rows, cols = rows.contiguous(), cols.contiguous()
+    grid = _dispatch.flat_grid("the uniforms", rows.numel(), cols.numel(), PHILOX_BLOCK)  # before allocating
     out = torch.empty(rows.numel(), cols.numel(), dtype=torch.float32, device=rows.device)
     if out.numel():
         seed_t, offset_t = (v if isinstance(v, torch.Tensor) else None for v in (seed, offset))
         seed, offset = (0 if isinstance(v, torch.Tensor) else v for v in (seed, offset))
-        _dispatch.launch(kernel, (rows.numel() * -(-cols.numel() // PHILOX_BLOCK),), rows, cols, cols.numel(),
+        _dispatch.launch(kernel, grid, rows, cols, cols.numel(),
                          *split32(seed), *split32(offset), seed_t, offset_t, out, BLOCK=PHILOX_BLOCK)
     return out
 

@@ -11,9 +11,10 @@ programs of a few hundred elements, nothing to split."""
 import pytest
 import torch
 
-from ddpd.ops import _ext
+from ddpd.ops import _dispatch, _ext
 from ddpd.ops.bernoulli import BLOCK as BERNOULLI_BLOCK, bernoulli_grid
 from ddpd.ops.norm import norm_launch
+from ddpd.ops.rng import PHILOX_BLOCK
 from ddpd.ops.rotary import rotary_launch
 from ddpd.ops.sample_categorical import TILE, categorical_launch, n_tiles
 from ddpd.ops.sample_from_hidden import WIDE_H, head_launch, head_logits_grid
@@ -113,6 +114,16 @@ def test_every_grid_launches_at_the_largest_shapes_the_ops_accept(rows, vocab):
         assert head.finish_grid is None or within_cuda_limits(head.finish_grid)
     assert within_cuda_limits(bernoulli_grid(rows, vocab))
     assert bernoulli_grid(rows, vocab)[0] * BERNOULLI_BLOCK >= rows * vocab  # every column covered
+
+
+def test_a_flat_grid_past_cudas_x_axis_is_refused_before_launching():
+    """bernoulli and philox_uniform run a program per 1024 columns of a row on the x axis:
+    past 2**31 - 1 programs (p of [2**31, 1], 8 GiB in float32) the launch would fail."""
+    assert bernoulli_grid(2**31 - 1, 1) == (2**31 - 1,)
+    with pytest.raises(ValueError, match=r"p of 2147483648 rows x 1 columns needs 2147483648 programs"):
+        bernoulli_grid(2**31, 1)
+    with pytest.raises(ValueError, match="split it into smaller calls"):
+        _dispatch.flat_grid("the uniforms", 2**21, 2**20 + 1, PHILOX_BLOCK)
 
 
 @pytest.mark.parametrize("batch,heads,length,head_dim", [(64, 4, 256, 64), (512, 4, 256, 64), (16, 12, 1024, 64)])
