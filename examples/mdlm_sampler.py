@@ -25,6 +25,16 @@ from tiny_networks import TinyDenoiser  # noqa: E402
 
 from ddpd.ops import DrawControls, bernoulli, noise_width, philox_uniform, reference, sample_from_hidden  # noqa: E402
 from ddpd.ops.rng import BELOW_ONE  # noqa: E402
+from ddpd.validation import check_float, check_int  # noqa: E402
+
+
+def check_options(batch: int, length: int, steps: int, top_p: float | None) -> None:
+    """Validate the arguments of both loops: with no step nothing is revealed, and the plain
+    top-p would cut at a top_p the fused op refuses."""
+    for name, value in (("batch", batch), ("length", length), ("steps", steps)):
+        check_int(name, value, 1)
+    if top_p is not None:
+        check_float("top_p", top_p, 0.0, 1.0, open_min=True)
 
 
 def reveal_probability(i: int, steps: int) -> float:
@@ -36,6 +46,7 @@ def reveal_probability(i: int, steps: int) -> float:
 @torch.no_grad()
 def mdlm_ddpd(net: TinyDenoiser, batch: int, length: int, steps: int, seed: int, temperature: float = 1.0,
               top_p: float | None = None) -> torch.Tensor:
+    check_options(batch, length, steps, top_p)
     x = torch.full((batch, length), net.mask_id)
     rows = torch.arange(batch * length).view(batch, length)  # one stream per position
     for i in range(steps):
@@ -76,6 +87,7 @@ def float32_logits(net: TinyDenoiser, x: torch.Tensor) -> torch.Tensor:
 @torch.no_grad()
 def mdlm_plain(net: TinyDenoiser, batch: int, length: int, steps: int, seed: int, temperature: float = 1.0,
                top_p: float | None = None) -> torch.Tensor:
+    check_options(batch, length, steps, top_p)
     x = torch.full((batch, length), net.mask_id)
     rows = torch.arange(batch * length).view(batch, length)
     vocab = net.head.out_features

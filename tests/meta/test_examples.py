@@ -114,6 +114,22 @@ def test_mdlm_sampler_keeps_tied_logits_at_the_top_p_boundary_as_ddpd_does(seed)
     assert torch.equal(mdlm.mdlm_ddpd(net, 3, 12, 6, seed=seed, **kw), mdlm.mdlm_plain(net, 3, 12, 6, seed=seed, **kw))
 
 
+@pytest.mark.parametrize("kw, error, match", [(dict(steps=0), ValueError, "steps must be >= 1"),
+                                              (dict(steps=2.0), TypeError, "steps must be an int"),
+                                              (dict(batch=0), ValueError, "batch must be >= 1"),
+                                              (dict(length=-1), ValueError, "length must be >= 1"),
+                                              (dict(top_p=0.0), ValueError, "top_p must be in"),
+                                              (dict(top_p=1.5), ValueError, "top_p must be in")])
+def test_mdlm_sampler_names_the_bad_argument(kw, error, match):
+    """Both loops refuse what the fused one cannot draw: no steps would return all-mask."""
+    mdlm = load("mdlm_sampler")
+    net = mdlm.TinyDenoiser(20, 6)
+    args = dict(batch=2, length=6, steps=3, seed=0) | kw
+    for sampler in (mdlm.mdlm_ddpd, mdlm.mdlm_plain):
+        with pytest.raises(error, match=match):
+            sampler(net, **args)
+
+
 LLADA_OPTIONS = [dict(), dict(rank_by="draw"), dict(remasking="random"), dict(block_length=5),
                  dict(cfg_scale=0.5), dict(block_length=5, cfg_scale=1.0, remasking="random")]
 
