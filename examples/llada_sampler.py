@@ -26,6 +26,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from tiny_networks import TinyDenoiser  # noqa: E402
 
 from ddpd.ops import DrawControls, noise_width, philox_uniform, reference, sample_categorical  # noqa: E402
+from ddpd.validation import check_choice, check_float, check_int, check_shape, check_tensor  # noqa: E402
 
 REMASKING = ("low_confidence", "random")
 RANK_BY = ("model", "draw")
@@ -34,22 +35,20 @@ RANK_BY = ("model", "draw")
 def check_options(prompt: torch.Tensor, answer: int, steps: int, temperature: float, block_length: Optional[int],
                   cfg_scale: float, remasking: str, rank_by: str, attention_mask: Optional[torch.Tensor]) -> int:
     """Validate the arguments of both loops; returns the block length (default: the answer)."""
+    check_tensor("prompt", prompt, (torch.int64, torch.int32), dim=2)  # [B, prompt length] token ids
     block_length = answer if block_length is None else block_length
     for name, value in (("answer", answer), ("steps", steps), ("block_length", block_length)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        check_int(name, value, 1)
     if answer % block_length:
         raise ValueError(f"block_length must divide answer ({answer}), got {block_length}")
     if steps % (answer // block_length):
         raise ValueError(f"steps must be a multiple of the number of blocks ({answer // block_length}), got {steps}")
-    if not temperature >= 0 or not cfg_scale >= 0:
-        raise ValueError(f"temperature and cfg_scale must be >= 0, got {temperature!r} and {cfg_scale!r}")
-    if remasking not in REMASKING or rank_by not in RANK_BY:
-        raise ValueError(f"remasking must be one of {REMASKING} and rank_by one of {RANK_BY}, got {remasking!r} "
-                         f"and {rank_by!r}")
-    if attention_mask is not None and tuple(attention_mask.shape) != tuple(prompt.shape):
-        raise ValueError(f"attention_mask must have the prompt's shape {tuple(prompt.shape)}, got "
-                         f"{tuple(attention_mask.shape)}")
+    check_float("temperature", temperature, 0.0)
+    check_float("cfg_scale", cfg_scale, 0.0)
+    check_choice("remasking", remasking, REMASKING)
+    check_choice("rank_by", rank_by, RANK_BY)
+    if attention_mask is not None:
+        check_shape("attention_mask", attention_mask, tuple(prompt.shape))
     return block_length
 
 

@@ -319,18 +319,27 @@ def test_llada_sampler_never_attends_to_the_padding_of_a_left_padded_prompt(temp
     assert not torch.allclose(net(x)[[0, 2], 6:], net(repadded_x)[[0, 2], 6:])
 
 
-@pytest.mark.parametrize("steps, kw, match", [(4, dict(block_length=4), "block_length must divide answer"),
-                                              (3, dict(block_length=5), "steps must be a multiple"),
-                                              (4, dict(remasking="lowest"), "remasking must be one of"),
-                                              (4, dict(rank_by="tempered"), "rank_by one of"),
-                                              (4, dict(cfg_scale=-1.0), "temperature and cfg_scale must be >= 0"),
-                                              (4, dict(attention_mask=torch.ones(2, 3)), "attention_mask must have")])
-def test_llada_sampler_names_the_bad_argument(steps, kw, match):
+@pytest.mark.parametrize("kw, error, match", [
+    (dict(block_length=4), ValueError, "block_length must divide answer"),
+    (dict(steps=3, block_length=5), ValueError, "steps must be a multiple"),
+    (dict(remasking="lowest"), ValueError, "remasking must be one of"),
+    (dict(rank_by="tempered"), ValueError, "rank_by must be one of"),
+    (dict(cfg_scale=-1.0), ValueError, "cfg_scale must be in"),
+    (dict(temperature=-0.5), ValueError, "temperature must be in"),
+    (dict(temperature=None), TypeError, "temperature must be a number"),
+    (dict(answer=10.0), TypeError, "answer must be an int"),
+    (dict(steps=0), ValueError, "steps must be >= 1"),
+    (dict(block_length=True), TypeError, "block_length must be an int"),
+    (dict(prompt=torch.zeros(4, dtype=torch.long)), ValueError, "prompt must be 2-D"),
+    (dict(prompt=torch.zeros(2, 4)), TypeError, "prompt must have dtype"),
+    (dict(attention_mask=torch.ones(2, 3)), ValueError, "attention_mask must have shape")])
+def test_llada_sampler_names_the_bad_argument(kw, error, match):
     llada = load("llada_sampler")
     net = llada.TinyDenoiser(20, 14)
+    args = dict(prompt=torch.zeros(2, 4, dtype=torch.long), answer=10, steps=4) | kw
     for sampler in (llada.llada_ddpd, llada.llada_plain):
-        with pytest.raises(ValueError, match=match):
-            sampler(net, torch.zeros(2, 4, dtype=torch.long), 10, steps, **kw)
+        with pytest.raises(error, match=match):
+            sampler(net, **args)
 
 
 @pytest.mark.integration
