@@ -19,7 +19,7 @@ from typing import Callable, Optional, Union
 import torch
 from torch import Tensor
 
-from ddpd.validation import check_int, values_checkable
+from ddpd.validation import check_int, check_tensor, values_checkable
 
 NOISE_KINDS = ("uniform", "mask")
 
@@ -257,14 +257,14 @@ def corrupt(
         (x_t, z_t): x_t Long[B, D], z_t Bool[B, D], True where the position is noise.
 
     Raises:
-        TypeError: vocab_size or mask_id not an int.
-        ValueError: an unknown noise or schedule, x1 not Long[B, D] or an id out of range,
+        TypeError: x1 not a Long tensor, t neither a number nor a tensor, or vocab_size or
+            mask_id not an int.
+        ValueError: an unknown noise or schedule, x1 not [B, D] or an id out of range,
             t of another shape or outside [0, 1], vocab_size < 1, or mask_id < vocab_size.
     """
     if noise not in NOISE_KINDS:
         raise ValueError(f"noise must be one of {NOISE_KINDS}, got {noise!r}")
-    if x1.dim() != 2 or x1.dtype != torch.long:
-        raise ValueError(f"x1 must be Long[B, D], got {x1.dtype} of shape {tuple(x1.shape)}")
+    check_tensor("x1", x1, (torch.long,), 2)
     check_int("vocab_size", vocab_size, 1)
     mask_id = vocab_size if mask_id is None else check_int("mask_id", mask_id, vocab_size)
     if values_checkable(x1):
@@ -285,7 +285,10 @@ def corrupt(
 
 def _check_times(t, batch: int) -> Tensor:
     """t as Float32, a 0-d tensor or [batch] on t's device; ValueError for another shape, or
-    for a time outside [0, 1] (NaN included) where values_checkable."""
+    for a time outside [0, 1] (NaN included) where values_checkable; TypeError for neither a
+    number nor a tensor (as_tensor's own message does not name t)."""
+    if isinstance(t, bool) or not isinstance(t, (numbers.Real, Tensor)):
+        raise TypeError(f"t must be a number or a tensor, got {type(t).__name__}")
     t = torch.as_tensor(t, dtype=torch.float32)
     if t.dim() != 0 and tuple(t.shape) != (batch,):
         raise ValueError(f"t must be a number, a 0-d tensor or of shape [{batch}] (one time per row of x1), "

@@ -173,7 +173,7 @@ def test_corrupt_validates():
     x1 = torch.zeros(2, 3, dtype=torch.long)
     with pytest.raises(ValueError, match="noise"):
         corrupt(x1, torch.zeros(2), "linear", "gaussian", 4)
-    with pytest.raises(ValueError, match="x1"):
+    with pytest.raises(TypeError, match="x1"):
         corrupt(x1.float(), torch.zeros(2), "linear", "mask", 4)
 
 
@@ -239,3 +239,15 @@ def test_checks_of_values_leave_traced_tensors_unread():
     traced = make_fx(step, tracing_mode="fake")(torch.randint(0, 5, (2, 4)), torch.rand(2), torch.tensor([0, 3]))
     targets = [str(node.target) for node in traced.graph.nodes if node.op == "call_function"]
     assert targets and not any("_local_scalar_dense" in target for target in targets)
+
+
+@pytest.mark.parametrize("x1, t, error, match", [
+    ([[0, 1, 2]], 0.5, TypeError, "x1 must be a torch.Tensor, got list"),
+    (torch.tensor([[0, 1, 2]], dtype=torch.int32), 0.5, TypeError, r"x1 must have dtype in \(torch.int64\)"),
+    (torch.tensor([0, 1, 2]), 0.5, ValueError, r"x1 must be 2-D, got shape \(3,\)"),
+    (torch.tensor([[0, 1, 2]]), None, TypeError, "t must be a number or a tensor, got NoneType"),
+    (torch.tensor([[0, 1, 2]]), "0.5", TypeError, "t must be a number or a tensor, got str"),
+])
+def test_corrupt_names_an_argument_of_the_wrong_type(x1, t, error, match):
+    with pytest.raises(error, match=match):
+        corrupt(x1, t, "linear", "uniform", 5)
