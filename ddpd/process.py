@@ -157,7 +157,17 @@ class CosineSchedule(Schedule):
 
 
 class CustomSchedule(Schedule):
-    """A user-supplied schedule from three callables on tensors."""
+    """A user-supplied schedule from three callables on tensors.
+
+    Args:
+        alpha: t -> alpha_t, with alpha_0 = 0 and alpha_1 = 1.
+        alpha_dot: t -> d alpha / dt.
+        inverse: alpha -> t, with inverse(0) = 0 and inverse(1) = 1.
+
+    Raises:
+        TypeError: an argument that is not callable.
+        ValueError: alpha or inverse off its endpoints by more than 1e-6.
+    """
 
     name = "custom"
 
@@ -165,6 +175,10 @@ class CustomSchedule(Schedule):
         for arg, fn in (("alpha", alpha), ("alpha_dot", alpha_dot), ("inverse", inverse)):
             if not callable(fn):
                 raise TypeError(f"{arg} must be callable, got {type(fn).__name__}")
+        ends = torch.tensor([0.0, 1.0], dtype=torch.float64)
+        # corrupt and the samplers take t = 0 as all noise and t = 1 as all data
+        _check_endpoints("alpha", "t", alpha(ends))
+        _check_endpoints("inverse", "alpha", inverse(ends))
         self._alpha, self._alpha_dot, self._inverse = alpha, alpha_dot, inverse
 
     def alpha(self, t: Tensor) -> Tensor:
@@ -199,6 +213,13 @@ class CustomSchedule(Schedule):
             The times t, a tensor of the shape of `a`.
         """
         return self._inverse(torch.as_tensor(a))
+
+
+def _check_endpoints(name: str, of: str, values) -> None:
+    """ValueError naming `name` unless its values at `of` = 0 and 1 are 0 and 1 (within 1e-6)."""
+    low, high = (float(v) for v in torch.as_tensor(values, dtype=torch.float64).flatten()[:2])
+    if not (abs(low) <= 1e-6 and abs(high - 1.0) <= 1e-6):  # NaN fails too
+        raise ValueError(f"{name} must map {of} = 0 to 0 and {of} = 1 to 1, got {low} and {high}")
 
 
 _SCHEDULES = {"linear": LinearSchedule, "cosine": CosineSchedule}

@@ -47,6 +47,18 @@ def test_get_schedule_rejects_unknown():
         CustomSchedule(1.0, lambda t: t, lambda a: a)
 
 
+@pytest.mark.parametrize("alpha, inverse, match", [
+    (lambda t: 0.5 * t, lambda a: 2 * a, r"alpha must map t = 0 to 0 and t = 1 to 1, got 0.0 and 0.5"),
+    (lambda t: 0.1 + 0.9 * t, lambda a: (a - 0.1) / 0.9, r"alpha must map .* got 0.1 and 1.0"),
+    (lambda t: t, lambda a: 0.5 * a, r"inverse must map alpha = 0 to 0 and alpha = 1 to 1, got 0.0 and 0.5"),
+])
+def test_custom_schedule_refuses_a_schedule_off_its_endpoints(alpha, inverse, match):
+    """alpha_0 = 0 and alpha_1 = 1 (the schedule's definition): with alpha_1 = 0.5, corrupt at t = 1
+    left half the tokens noise and the samplers stopped at t = 1 on a state still half noise."""
+    with pytest.raises(ValueError, match=match):
+        CustomSchedule(alpha, lambda t: torch.ones_like(t), inverse)
+
+
 def _enumerate_posteriors(p_data, S, D, alpha):
     """Exact p(x1^d=j|x_t), p(z^d=N|x_t), p(x1^d=j|x_t,z^d=N) by summing the joint."""
     states = list(itertools.product(range(S), repeat=D))
