@@ -236,11 +236,15 @@ def get_schedule(schedule: Union[str, Schedule]) -> Schedule:
         The Schedule.
 
     Raises:
+        TypeError: neither a string nor a Schedule (the class rather than an instance included).
         ValueError: an unknown name.
     """
     if isinstance(schedule, Schedule):
         return schedule
-    if isinstance(schedule, str) and schedule in _SCHEDULES:
+    if not isinstance(schedule, str):
+        got = f"the class {schedule.__name__}" if isinstance(schedule, type) else type(schedule).__name__
+        raise TypeError(f"schedule must be a schedule's name or a Schedule, got {got}")
+    if schedule in _SCHEDULES:
         return _SCHEDULES[schedule]()
     raise ValueError(f"schedule must be one of {sorted(_SCHEDULES)} or a Schedule, got {schedule!r}")
 

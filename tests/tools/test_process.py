@@ -59,6 +59,15 @@ def test_custom_schedule_refuses_a_schedule_off_its_endpoints(alpha, inverse, ma
         CustomSchedule(alpha, lambda t: torch.ones_like(t), inverse)
 
 
+@pytest.mark.parametrize("schedule, got", [
+    (None, "NoneType"), (LinearSchedule, "the class LinearSchedule"), (1, "int"),
+])
+def test_get_schedule_names_a_schedule_of_the_wrong_type(schedule, got):
+    """The class rather than an instance, or no schedule: a TypeError, as for every wrong type."""
+    with pytest.raises(TypeError, match=f"schedule must be a schedule's name or a Schedule, got {got}"):
+        get_schedule(schedule)
+
+
 def _enumerate_posteriors(p_data, S, D, alpha):
     """Exact p(x1^d=j|x_t), p(z^d=N|x_t), p(x1^d=j|x_t,z^d=N) by summing the joint."""
     states = list(itertools.product(range(S), repeat=D))
