@@ -358,10 +358,16 @@ def uniform_token(u: Tensor, vocab_size: int) -> Tensor:
 
 def _alpha_like(alpha, ref: Tensor) -> Tensor:
     """alpha (a number, a 0-d tensor or [B]) as a tensor broadcastable against ref [B, D];
-    TypeError or ValueError naming alpha otherwise (a [B'] alpha would broadcast to B' rows)."""
+    TypeError or ValueError naming alpha otherwise (a [B'] alpha would broadcast to B' rows), or
+    for a value outside [0, 1] where values_checkable (the self-loop weight turns negative)."""
     if isinstance(alpha, bool) or not isinstance(alpha, (numbers.Real, Tensor)):
         raise TypeError(f"alpha must be a number or a tensor, got {type(alpha).__name__}")
-    alpha = torch.as_tensor(alpha, dtype=ref.dtype, device=ref.device)
+    alpha = alpha if isinstance(alpha, Tensor) else torch.as_tensor(alpha, dtype=torch.float64)
+    if values_checkable(alpha):  # before the move to ref's device: a number costs no host sync
+        low, high = float(alpha.min()), float(alpha.max())  # NaN where any alpha is
+        if not 0.0 <= low <= high <= 1.0:
+            raise ValueError(f"alpha must be in [0, 1], got range [{low}, {high}]")
+    alpha = alpha.to(dtype=ref.dtype, device=ref.device)
     if alpha.dim() == 0:
         return alpha
     if tuple(alpha.shape) != (ref.shape[0],):
@@ -390,7 +396,8 @@ def planner_prob_from_uniform(p_x1: Tensor, x_t: Tensor, alpha) -> Tensor:
 
     Raises:
         TypeError: alpha neither a number nor a tensor.
-        ValueError: alpha of another shape than a 0-d tensor or [B].
+        ValueError: alpha of another shape than a 0-d tensor or [B], or outside [0, 1] (checked on
+            CPU tensors and numbers).
     """
     p_same = p_x1.gather(-1, x_t[..., None]).squeeze(-1)
     return (1.0 - p_same) + p_same * _self_loop_weight(_alpha_like(alpha, p_same), p_x1.shape[-1])
@@ -410,7 +417,8 @@ def denoiser_prob_from_uniform(p_x1: Tensor, x_t: Tensor, alpha) -> Tensor:
 
     Raises:
         TypeError: alpha neither a number nor a tensor.
-        ValueError: alpha of another shape than a 0-d tensor or [B].
+        ValueError: alpha of another shape than a 0-d tensor or [B], or outside [0, 1] (checked on
+            CPU tensors and numbers).
     """
     return denoiser_log_prob_from_uniform(torch.log(p_x1), x_t, alpha).exp()
 
@@ -438,7 +446,8 @@ def denoiser_log_prob_from_uniform(log_p_x1: Tensor, x_t: Tensor, alpha) -> Tens
 
     Raises:
         TypeError: alpha neither a number nor a tensor.
-        ValueError: alpha of another shape than a 0-d tensor or [B].
+        ValueError: alpha of another shape than a 0-d tensor or [B], or outside [0, 1] (checked on
+            CPU tensors and numbers).
     """
     log_self_loop, log_noise = _log_noise(log_p_x1, x_t, alpha)
     log_joint = log_p_x1.scatter(-1, x_t[..., None], log_self_loop[..., None])
@@ -460,7 +469,8 @@ def planner_log_prob_from_uniform(log_p_x1: Tensor, x_t: Tensor, alpha) -> Tenso
 
     Raises:
         TypeError: alpha neither a number nor a tensor.
-        ValueError: alpha of another shape than a 0-d tensor or [B].
+        ValueError: alpha of another shape than a 0-d tensor or [B], or outside [0, 1] (checked on
+            CPU tensors and numbers).
     """
     return _log_noise(log_p_x1, x_t, alpha)[1]
 

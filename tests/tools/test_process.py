@@ -171,6 +171,19 @@ def test_rate_decomposition_names_a_mismatched_alpha(fn, alpha, batch, error, ma
         fn(p_x1, torch.zeros(batch, 3, dtype=torch.long), alpha)
 
 
+@pytest.mark.parametrize("fn", RATE_FUNCTIONS, ids=lambda f: f.__name__)
+@pytest.mark.parametrize("alpha, match", [
+    (1.5, r"\[1.5, 1.5\]"), (-0.5, r"\[-0.5, -0.5\]"), (torch.tensor([0.5, float("nan")]), r"\[nan, nan\]"),
+    (torch.tensor([0.2, 1.25], dtype=F64), r"\[0.2, 1.25\]"),
+])
+def test_rate_decomposition_refuses_an_alpha_outside_0_1(fn, alpha, match):
+    """alpha = 1.5 made the self-loop weight negative: p(z = N | x_t) = -0.0909 for a model sure of
+    x_t^d (S = 4), which the samplers drew from as a probability."""
+    p_x1 = torch.full((2, 3, 4), 0.25)
+    with pytest.raises(ValueError, match=r"alpha must be in \[0, 1\], got range " + match):
+        fn(p_x1, torch.zeros(2, 3, dtype=torch.long), alpha)
+
+
 @pytest.mark.parametrize("noise", ["uniform", "mask"])
 def test_corrupt_marginals(noise):
     g = torch.Generator().manual_seed(0)
