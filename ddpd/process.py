@@ -292,10 +292,7 @@ def corrupt(
     check_tensor("x1", x1, (torch.long,), 2)
     check_int("vocab_size", vocab_size, 1)
     mask_id = vocab_size if mask_id is None else check_int("mask_id", mask_id, vocab_size)
-    if values_checkable(x1):
-        low, high = int(x1.min()), int(x1.max())
-        if low < 0 or high >= vocab_size:
-            raise ValueError(f"x1 must hold ids in [0, {vocab_size}), got range [{low}, {high}]")
+    _check_ids("x1", x1, vocab_size)
     t = _check_times(t, x1.shape[0]).to(x1.device).expand(x1.shape[0])
     alpha = get_schedule(schedule).alpha(t)[:, None]
     u = torch.rand(x1.shape, generator=generator, device=x1.device)
@@ -306,6 +303,14 @@ def corrupt(
         draws = torch.randint(0, vocab_size, x1.shape, generator=generator, device=x1.device)
         x_t = torch.where(z_t, draws, x1)
     return x_t, z_t
+
+
+def _check_ids(name: str, x: Tensor, vocab_size: int) -> None:
+    """ValueError naming x unless its ids lie in [0, vocab_size), where values_checkable."""
+    if values_checkable(x):
+        low, high = int(x.min()), int(x.max())
+        if low < 0 or high >= vocab_size:
+            raise ValueError(f"{name} must hold ids in [0, {vocab_size}), got range [{low}, {high}]")
 
 
 def _check_times(t, batch: int) -> Tensor:
@@ -376,6 +381,13 @@ def _alpha_like(alpha, ref: Tensor) -> Tensor:
     return alpha[:, None]
 
 
+def _check_tokens(x_t: Tensor, vocab_size: int) -> None:
+    """x_t a Long tensor of ids in [0, S), its values checked where values_checkable: gather's own
+    error names no argument (a masked x_t holds the id S)."""
+    check_tensor("x_t", x_t, (torch.long,))
+    _check_ids("x_t", x_t, vocab_size)
+
+
 def _self_loop_weight(alpha: Tensor, vocab_size: int) -> Tensor:
     """p(z = N | x_t, x_1 = x_t) = ((1 - alpha) / S) / (alpha + (1 - alpha) / S), as
     (1 - alpha) / (1 + (S - 1) alpha): as 1 - alpha / (alpha + (1 - alpha) / S) it rounds to 0 in
@@ -395,10 +407,11 @@ def planner_prob_from_uniform(p_x1: Tensor, x_t: Tensor, alpha) -> Tensor:
         Float[B, D], p(z_t^d = N | x_t).
 
     Raises:
-        TypeError: alpha neither a number nor a tensor.
-        ValueError: alpha of another shape than a 0-d tensor or [B], or outside [0, 1] (checked on
-            CPU tensors and numbers).
+        TypeError: x_t not a Long tensor, or alpha neither a number nor a tensor.
+        ValueError: an id of x_t outside [0, S), or alpha of another shape than a 0-d tensor or [B]
+            or outside [0, 1] (values checked on CPU tensors and numbers).
     """
+    _check_tokens(x_t, p_x1.shape[-1])
     p_same = p_x1.gather(-1, x_t[..., None]).squeeze(-1)
     return (1.0 - p_same) + p_same * _self_loop_weight(_alpha_like(alpha, p_same), p_x1.shape[-1])
 
@@ -416,9 +429,9 @@ def denoiser_prob_from_uniform(p_x1: Tensor, x_t: Tensor, alpha) -> Tensor:
         Float[B, D, S] probabilities.
 
     Raises:
-        TypeError: alpha neither a number nor a tensor.
-        ValueError: alpha of another shape than a 0-d tensor or [B], or outside [0, 1] (checked on
-            CPU tensors and numbers).
+        TypeError: x_t not a Long tensor, or alpha neither a number nor a tensor.
+        ValueError: an id of x_t outside [0, S), or alpha of another shape than a 0-d tensor or [B]
+            or outside [0, 1] (values checked on CPU tensors and numbers).
     """
     return denoiser_log_prob_from_uniform(torch.log(p_x1), x_t, alpha).exp()
 
@@ -445,9 +458,9 @@ def denoiser_log_prob_from_uniform(log_p_x1: Tensor, x_t: Tensor, alpha) -> Tens
         Float[B, D, S] log-probabilities.
 
     Raises:
-        TypeError: alpha neither a number nor a tensor.
-        ValueError: alpha of another shape than a 0-d tensor or [B], or outside [0, 1] (checked on
-            CPU tensors and numbers).
+        TypeError: x_t not a Long tensor, or alpha neither a number nor a tensor.
+        ValueError: an id of x_t outside [0, S), or alpha of another shape than a 0-d tensor or [B]
+            or outside [0, 1] (values checked on CPU tensors and numbers).
     """
     log_self_loop, log_noise = _log_noise(log_p_x1, x_t, alpha)
     log_joint = log_p_x1.scatter(-1, x_t[..., None], log_self_loop[..., None])
@@ -468,9 +481,9 @@ def planner_log_prob_from_uniform(log_p_x1: Tensor, x_t: Tensor, alpha) -> Tenso
         Float[B, D], log p(z_t^d = N | x_t).
 
     Raises:
-        TypeError: alpha neither a number nor a tensor.
-        ValueError: alpha of another shape than a 0-d tensor or [B], or outside [0, 1] (checked on
-            CPU tensors and numbers).
+        TypeError: x_t not a Long tensor, or alpha neither a number nor a tensor.
+        ValueError: an id of x_t outside [0, S), or alpha of another shape than a 0-d tensor or [B]
+            or outside [0, 1] (values checked on CPU tensors and numbers).
     """
     return _log_noise(log_p_x1, x_t, alpha)[1]
 
@@ -478,6 +491,7 @@ def planner_log_prob_from_uniform(log_p_x1: Tensor, x_t: Tensor, alpha) -> Tenso
 def _log_noise(log_p_x1: Tensor, x_t: Tensor, alpha) -> tuple[Tensor, Tensor]:
     """(log p(x_1^d = x_t^d, z_t^d = N | x_t), log p(z_t^d = N | x_t)): the self-loop, and it plus
     the other tokens' probability (summed, not 1 - p(x_1^d = x_t^d), which rounds to 0)."""
+    _check_tokens(x_t, log_p_x1.shape[-1])
     here = x_t[..., None]
     log_same = log_p_x1.gather(-1, here).squeeze(-1)
     log_self_loop = log_same + torch.log(_self_loop_weight(_alpha_like(alpha, log_same), log_p_x1.shape[-1]))

@@ -172,6 +172,19 @@ def test_rate_decomposition_names_a_mismatched_alpha(fn, alpha, batch, error, ma
 
 
 @pytest.mark.parametrize("fn", RATE_FUNCTIONS, ids=lambda f: f.__name__)
+@pytest.mark.parametrize("x_t, error, match", [
+    (torch.tensor([[0, 1, 4]]), ValueError, r"x_t must hold ids in \[0, 4\), got range \[0, 4\]"),  # a mask id
+    (torch.tensor([[0, -1, 2]]), ValueError, r"x_t must hold ids in \[0, 4\), got range \[-1, 2\]"),
+    (torch.tensor([[0, 1, 2]], dtype=torch.int32), TypeError, r"x_t must have dtype in \(torch.int64\)"),
+])
+def test_rate_decomposition_names_an_x_t_that_is_no_token(fn, x_t, error, match):
+    """A masked x_t (mask id S) met gather's 'index 4 is out of bounds for dimension 2 with size 4',
+    naming no argument."""
+    with pytest.raises(error, match=match):
+        fn(torch.full((1, 3, 4), 0.25), x_t, 0.5)
+
+
+@pytest.mark.parametrize("fn", RATE_FUNCTIONS, ids=lambda f: f.__name__)
 @pytest.mark.parametrize("alpha, match", [
     (1.5, r"\[1.5, 1.5\]"), (-0.5, r"\[-0.5, -0.5\]"), (torch.tensor([0.5, float("nan")]), r"\[nan, nan\]"),
     (torch.tensor([0.2, 1.25], dtype=F64), r"\[0.2, 1.25\]"),
