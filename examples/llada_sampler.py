@@ -49,6 +49,9 @@ def check_options(prompt: torch.Tensor, answer: int, steps: int, temperature: fl
     check_choice("rank_by", rank_by, RANK_BY)
     if attention_mask is not None:
         check_shape("attention_mask", attention_mask, tuple(prompt.shape))
+        # an additive mask (0: a token, -inf: padding) read as 0/1 would swap tokens and padding
+        if not ((attention_mask == 0) | (attention_mask == 1)).all():
+            raise ValueError("attention_mask must hold only 0 and 1 (or False and True), 0 marking padding")
     return block_length
 
 

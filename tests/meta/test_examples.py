@@ -319,6 +319,19 @@ def test_llada_sampler_never_attends_to_the_padding_of_a_left_padded_prompt(temp
     assert not torch.allclose(net(x)[[0, 2], 6:], net(repadded_x)[[0, 2], 6:])
 
 
+def test_llada_sampler_refuses_an_attention_mask_of_other_values_than_0_and_1():
+    """An additive mask (0: a token, -inf: padding) read as 0/1 would swap tokens and padding."""
+    llada = load("llada_sampler")
+    net = llada.TinyDenoiser(20, 14)
+    additive = torch.zeros(2, 4)
+    additive[0, :2] = float("-inf")
+    for sampler in (llada.llada_ddpd, llada.llada_plain):
+        with pytest.raises(ValueError, match="attention_mask must hold only 0 and 1"):
+            sampler(net, torch.zeros(2, 4, dtype=torch.long), 10, 5, attention_mask=additive)
+        assert not (sampler(net, torch.zeros(2, 4, dtype=torch.long), 10, 5, attention_mask=additive == 0)
+                    == net.mask_id).any()  # a bool mask is fine
+
+
 @pytest.mark.parametrize("kw, error, match", [
     (dict(block_length=4), ValueError, "block_length must divide answer"),
     (dict(steps=3, block_length=5), ValueError, "steps must be a multiple"),
