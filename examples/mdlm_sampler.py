@@ -47,11 +47,12 @@ def reveal_probability(i: int, steps: int) -> float:
 def mdlm_ddpd(net: TinyDenoiser, batch: int, length: int, steps: int, seed: int, temperature: float = 1.0,
               top_p: float | None = None) -> torch.Tensor:
     check_options(batch, length, steps, top_p)
-    x = torch.full((batch, length), net.mask_id)
-    rows = torch.arange(batch * length).view(batch, length)  # one stream per position
+    device = net.head.weight.device  # the loop's tensors live beside the network
+    x = torch.full((batch, length), net.mask_id, device=device)
+    rows = torch.arange(batch * length, device=device).view(batch, length)  # one stream per position
     for i in range(steps):
         masked = x == net.mask_id
-        p = torch.full((batch, length, 1), reveal_probability(i, steps))  # one coin per position (row)
+        p = torch.full((batch, length, 1), reveal_probability(i, steps), device=device)  # a coin per position
         reveal = masked & bernoulli(p, seed=seed, offset=2 * i, row_ids=rows)[..., 0]
         if not reveal.any():
             continue
@@ -88,8 +89,9 @@ def float32_logits(net: TinyDenoiser, x: torch.Tensor) -> torch.Tensor:
 def mdlm_plain(net: TinyDenoiser, batch: int, length: int, steps: int, seed: int, temperature: float = 1.0,
                top_p: float | None = None) -> torch.Tensor:
     check_options(batch, length, steps, top_p)
-    x = torch.full((batch, length), net.mask_id)
-    rows = torch.arange(batch * length).view(batch, length)
+    device = net.head.weight.device
+    x = torch.full((batch, length), net.mask_id, device=device)
+    rows = torch.arange(batch * length, device=device).view(batch, length)
     vocab = net.head.out_features
     for i in range(steps):
         masked = x == net.mask_id

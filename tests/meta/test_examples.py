@@ -114,6 +114,30 @@ def test_mdlm_sampler_keeps_tied_logits_at_the_top_p_boundary_as_ddpd_does(seed)
     assert torch.equal(mdlm.mdlm_ddpd(net, 3, 12, 6, seed=seed, **kw), mdlm.mdlm_plain(net, 3, 12, 6, seed=seed, **kw))
 
 
+def test_mdlm_sampler_builds_its_tensors_on_the_network_device(monkeypatch):
+    """Copied next to a CUDA network, a loop building x, rows or p on the CPU fails at its first
+    op: every tensor either loop creates names the network's device (recorded, CPU here)."""
+    mdlm = load("mdlm_sampler")
+    devices = []
+
+    class RecordingTorch:
+        def __getattr__(self, name):
+            made = getattr(torch, name)
+            if name not in ("full", "arange", "zeros", "ones", "empty", "rand", "tensor"):
+                return made
+
+            def record(*args, **kw):
+                devices.append(kw.get("device"))
+                return made(*args, **kw)
+            return record
+
+    monkeypatch.setattr(mdlm, "torch", RecordingTorch())
+    net = mdlm.TinyDenoiser(20, 6)
+    for sampler in (mdlm.mdlm_ddpd, mdlm.mdlm_plain):
+        sampler(net, 2, 6, 3, seed=0)
+    assert devices and all(device == net.head.weight.device for device in devices), devices
+
+
 @pytest.mark.parametrize("kw, error, match", [(dict(steps=0), ValueError, "steps must be >= 1"),
                                               (dict(steps=2.0), TypeError, "steps must be an int"),
                                               (dict(batch=0), ValueError, "batch must be >= 1"),
