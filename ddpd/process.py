@@ -63,7 +63,8 @@ class Schedule:
         raise NotImplementedError
 
     def rate(self, t: Tensor) -> Tensor:
-        """Noise-removal rate alpha_dot / (1 - alpha): infinite at t = 1.
+        """Noise-removal rate alpha_dot / (1 - alpha): it diverges at t = 1: inf, or for the
+        cosine schedule in float64 a huge finite value (cos(pi / 2) rounds to 6e-17, not 0).
 
         Args:
             t: times in [0, 1].
