@@ -27,11 +27,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     from ddpd.streams import Stdout, standard_streams
 
     standard_streams()
-    parser = argparse.ArgumentParser(prog="python -m ddpd.pretrained", description=__doc__.split("\n\n")[0])
+    # --dest is checked below, to name what it is for; the usage line shows it as required
+    parser = argparse.ArgumentParser(prog="python -m ddpd.pretrained", description=__doc__.split("\n\n")[0],
+                                     usage="%(prog)s [-h] planner denoiser --dest DIR "
+                                           f"[--dtype {{{','.join(WEIGHT_DTYPES)}}}]")
     parser.add_argument("planner", help="planner checkpoint directory")
     parser.add_argument("denoiser", help="mask-denoiser checkpoint directory")
-    parser.add_argument("--dest", help=f"bundle directory to write (required; {BUNDLE_DIR} replaces the shipped "
-                                       "default, keeping its previous version)")
+    parser.add_argument("--dest", metavar="DIR", help=f"bundle directory to write (required; {BUNDLE_DIR} "
+                                                      "replaces the shipped default, keeping its previous version)")
     parser.add_argument("--dtype", choices=WEIGHT_DTYPES, default="float32",
                         help="storage type of the weights (float16 halves the size; loaded as float32)")
     args = parser.parse_args(argv)

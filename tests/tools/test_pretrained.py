@@ -331,6 +331,18 @@ def test_install_command(tmp_path, capsys, monkeypatch):
                                        "config.json 'training' must be an object of ddpd-train settings, got 5\n")
 
 
+def test_install_command_usage_shows_dest_as_required(capsys):
+    """--dest has no default: the usage line must not bracket it as optional."""
+    from ddpd.pretrained.__main__ import main as install_main
+
+    with pytest.raises(SystemExit):
+        install_main(["--help"])
+    usage = capsys.readouterr().out.split("\n\n")[0]
+    assert " --dest DIR " in usage and "[--dest" not in usage
+    assert install_main(["a", "b"]) == 2
+    assert "--dest is required" in capsys.readouterr().err
+
+
 def test_install_command_refuses_a_dest_holding_training_checkpoints(tmp_path, capsys):
     """The README's layout (--out runs/tiny/planner, --out runs/tiny/denoiser) counted as a
     bundle: --dest runs/tiny replaced both with weights-only copies, losing the optimizer state."""
