@@ -711,10 +711,9 @@ def check_args(args) -> None:
 
 def warn_if_too_few_steps(args, frozen: Optional[torch.Tensor]) -> None:
     """The Gillespie sampler denoises one position per step after its parallel stage (the
-    exact clock at most one per step, a candidate event; a --policy of max_k 1, or of bound 0
-    without a spread, one per step): a budget that cannot reach every position a prompt
-    leaves free leaves samples mostly noise. Says so on stderr (not under a --policy that can
-    commit several a step).
+    exact clock at most one per step, a candidate event; a --policy at most max_k per step,
+    one under bound 0 without a spread): a budget that cannot reach every position a prompt
+    leaves free leaves samples mostly noise. Says so on stderr.
 
     Args:
         args: the parsed command line.
@@ -723,20 +722,22 @@ def warn_if_too_few_steps(args, frozen: Optional[torch.Tensor]) -> None:
     if args.sampler != "ddpd":
         return
     policy = command_policy(args, "ddpd")
-    if policy is not None and not policy.commits_one_a_step():  # it commits as many a step as it judges
-        return
     free = args.length - (int(frozen.sum(1).min()) if frozen is not None else 0)
+    needed = free
     if args.clock == "exact":
         reachable, how, advice = args.steps, "at most one per step", ""
-    elif policy is not None:
-        reachable, how, advice = args.steps, f"one per step under --policy {args.policy}", ""
+    elif policy is not None:  # a step commits at most its max_k candidates
+        per_step = 1 if policy.commits_one_a_step() else policy.max_k
+        how = f"{'one' if per_step == 1 else f'at most {per_step}'} per step under --policy {args.policy}"
+        reachable, needed = args.steps * per_step, -(-free // per_step)
+        advice = "" if per_step == 1 else ", or a larger max_k"
     else:
         parallel = min(args.parallel_steps, args.steps)
         reachable = parallel * args.k + (args.steps - parallel)
         how, advice = "one per step after --parallel-steps", ", or --k and --parallel-steps"
     if reachable < free:
         print(f"ddpd-sample: warning: --steps {args.steps} can denoise at most {reachable} of the {free} "
-              f"positions to generate ({how}): the samples will be partly noise; give --steps >= {free}{advice}",
+              f"positions to generate ({how}): the samples will be partly noise; give --steps >= {needed}{advice}",
               file=sys.stderr)
 
 

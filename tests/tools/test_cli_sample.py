@@ -553,6 +553,15 @@ def test_too_few_steps_are_warned_about_under_a_policy_of_one_commit_a_step(ckpt
                          f"step under --policy {spec})" in err, err
 
 
+def test_too_few_steps_are_warned_about_under_a_policy_of_max_k_commits_a_step(ckpts, capsys):
+    """A step commits at most max_k positions: 3 steps of max_k 2 reach 6 of the 8."""
+    code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--steps", "3", "--num-samples", "1",
+                           "--policy", "error-budget:bound=8,max_k=2")
+    assert code == 0 and "warning: --steps 3 can denoise at most 6 of the 8 positions to generate (at most 2 " \
+                         "per step under --policy error-budget:bound=8,max_k=2): the samples will be partly " \
+                         "noise; give --steps >= 4, or a larger max_k" in err, err
+
+
 def test_networks_of_different_lengths_are_warned_about(ckpts, tmp_path, capsys):
     torch.manual_seed(0)
     long = build_model("planner", config_for("planner", V, 2 * D, **TINY))
