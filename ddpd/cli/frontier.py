@@ -162,8 +162,9 @@ def _settings(args, bundle: str, order, device: str) -> dict:
     corpus that needs no file by name), eps, the kind of device (its precision), the batch size
     and the path (near-ties of the confidence policies round with both). UsageError
     when --out-dir already holds rows measured with other settings: they would be taken for
-    this run's and not measured again. A directory without SETTINGS is taken as this run's, a
-    SETTINGS without a setting recorded later (LATER) as of this run's value of it.
+    this run's and not measured again. A directory without SETTINGS or without frontier.csv
+    (a run stopped before its first row) is taken as this run's, a SETTINGS without a setting
+    recorded later (LATER) as of this run's value of it.
 
     Args:
         args: the parsed command line.
@@ -182,7 +183,7 @@ def _settings(args, bundle: str, order, device: str) -> dict:
                 "judge": "ar" if order is None else f"ngram:{order}", "judge_source": source, "eps": args.eps,
                 "device": device, "batch_size": args.batch_size, "fused": args.fused}
     path = os.path.join(args.out_dir, SETTINGS)
-    if os.path.exists(path):
+    if os.path.exists(path) and os.path.exists(os.path.join(args.out_dir, "frontier.csv")):
         before = _recorded_settings(path)
         changed = [name for name, value in settings.items()
                    if (name in before or name not in LATER) and before.get(name) != value]

@@ -415,6 +415,7 @@ def test_ddpd_eval_frontier_names_a_damaged_settings_file(tmp_path, capsys, text
     out = tmp_path / "out"
     out.mkdir()
     (out / "frontier.json").write_bytes(text.encode("latin-1"))
+    (out / "frontier.csv").write_text("")  # rows it would say the settings of
     assert main(["frontier", "--judge", "ngram", "--data", "books", *FAST, "--out-dir", str(out)]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"ddpd-eval: error: {out / 'frontier.json'} is damaged (not ") and err.count("\n") == 1
@@ -552,3 +553,20 @@ def test_ddpd_eval_frontier_names_data_too_small_for_the_ngram_judge(tmp_path, c
                  "--out-dir", str(tmp_path / "o")]) == 2
     assert capsys.readouterr().err == (f"ddpd-eval: error: --data {corpus}: its train split holds 1 token, too "
                                        "few for --judge ngram:3 (it needs more than 3)\n")
+
+
+def test_ddpd_eval_frontier_takes_other_settings_where_no_row_was_measured(tmp_path, capsys):
+    """A run stopped before its first row left frontier.json alone, and a rerun with another
+    --eps was refused: --out-dir held "a frontier measured with other eps" and no row."""
+    import json
+
+    from ddpd.checkpoint import save_bundle
+
+    save_bundle(tmp_path / "b", *_tiny("planner"), *_tiny("mask-denoiser"))
+    out = tmp_path / "out"
+    argv = ["frontier", str(tmp_path / "b"), "--judge", "ngram:2", "--data", "books", *FAST, "--out-dir", str(out)]
+    assert main(argv) == 0, capsys.readouterr().err
+    (out / "frontier.csv").unlink()
+    assert main(argv + ["--eps", "0.5"]) == 0, capsys.readouterr().err
+    assert json.loads((out / "frontier.json").read_text())["eps"] == 0.5
+    assert main(argv) == 2 and "measured with other eps (" in capsys.readouterr().err  # now it holds rows
