@@ -92,19 +92,21 @@ def run_frontier(configs: Sequence[Config], *, judge, vocab_size: int, num_sampl
     check_int("num_samples", num_samples, 1)
     check_int("batch_size", batch_size, 1)
     done = {_row_key(row): row for row in (read_frontier(csv_path) if os.path.exists(csv_path) else [])}
-    rows = []
-    bar = tqdm(configs, desc="frontier", unit="config", disable=None if progress else True)
-    for config in bar:
-        key = config.key(num_samples, seed)
-        if key in done:
-            rows.append(done[key])
-            continue
-        bar.set_postfix_str(f"{config.sampler} {config.policy} T={config.temperature:g} steps={config.steps}")
-        row = _measure(config, judge, vocab_size, num_samples, seed, batch_size)
-        with signals_held():  # a measured row is kept in the CSV before a signal stops the run
-            rows.append(row)
-            here = {_row_key(r) for r in rows}
-            write_csv(rows + [earlier for k, earlier in done.items() if k not in here], csv_path)
+    rows, keys = [], [config.key(num_samples, seed) for config in configs]
+    # the rows resumed start the bar: counted as configurations measured, they made its rate and time left
+    with tqdm(total=len(configs), initial=sum(key in done for key in keys), desc="frontier", unit="config",
+              disable=None if progress else True) as bar:
+        for config, key in zip(configs, keys):
+            if key in done:
+                rows.append(done[key])
+                continue
+            bar.set_postfix_str(f"{config.sampler} {config.policy} T={config.temperature:g} steps={config.steps}")
+            row = _measure(config, judge, vocab_size, num_samples, seed, batch_size)
+            with signals_held():  # a measured row is kept in the CSV before a signal stops the run
+                rows.append(row)
+                here = {_row_key(r) for r in rows}
+                write_csv(rows + [earlier for k, earlier in done.items() if k not in here], csv_path)
+            bar.update()
     return rows
 
 

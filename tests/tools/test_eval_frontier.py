@@ -133,6 +133,26 @@ def test_a_signal_while_a_row_is_written_keeps_the_row(tmp_path, monkeypatch, si
     assert [row["policy"] for row in read_frontier(path)] == ["maskgit"]
 
 
+def test_a_resumed_frontiers_bar_starts_at_the_rows_already_measured(tmp_path, monkeypatch):
+    """The rows taken from the CSV went through the bar as configurations finished in no
+    time, and its rate and time left counted them: a resumed sweep said it was nearly done."""
+    import io
+    import sys
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    path, calls = str(tmp_path / "frontier.csv"), []
+    configs = [Config("maskgit", "maskgit", s, 1.0, fake(calls)) for s in (3, 4, 5)]
+    run_frontier(configs[:2], judge=Uniform(5), vocab_size=5, num_samples=1, seed=0, batch_size=1, csv_path=path)
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    run_frontier(configs, judge=Uniform(5), vocab_size=5, num_samples=1, seed=0, batch_size=1, csv_path=path,
+                 progress=True)
+    frames = sys.stderr.getvalue().replace("\r", "\n").split("\n")
+    assert "| 2/3 [" in next(f for f in frames if f) and "| 3/3 [" in frames[-2], frames
+
+
 def test_passes_to_reach_takes_the_cheapest_configuration_at_matched_entropy():
     def row(policy, nll, entropy, passes):
         return dict(sampler="ddpd", policy=policy, steps=8, temperature=1.0, judge_nll=nll, entropy=entropy,
