@@ -119,7 +119,7 @@ def run(args: argparse.Namespace) -> None:
     target = min(targets, key=lambda r: abs(float(r["temperature"]) - args.target_temperature))
     label = f"ddpd one at a time, {args.target_steps} steps, T={target['temperature']}"
     reach = fr.passes_to_reach([r for r in rows if r is not target], float(target["judge_nll"]),
-                               float(target["entropy"]), target=target)
+                               float(target["entropy"]), target=target, label=_short)
     text = fr.frontier_markdown(rows, reach, label, fr.against_baselines(rows, _short))
     with one_set():
         write_text(text, os.path.join(args.out_dir, "frontier.md"))

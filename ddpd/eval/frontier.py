@@ -189,7 +189,8 @@ def family(row: dict) -> str:
 
 
 def passes_to_reach(rows: list[dict], target_nll: float, target_entropy: float, nll_slack: float = 0.02,
-                    entropy_tolerance: float = 0.01, target: Optional[dict] = None) -> list[dict]:
+                    entropy_tolerance: float = 0.01, target: Optional[dict] = None,
+                    label: Callable[[str], str] = str) -> list[dict]:
     """Per family, the fewest mean passes of a configuration within nll_slack of target_nll
     (or below it) at an entropy within entropy_tolerance (relative) of target_entropy; with none,
     the best NLL it reached at matched entropy. Beside it, read at the target's own entropy (the
@@ -205,6 +206,7 @@ def passes_to_reach(rows: list[dict], target_nll: float, target_entropy: float, 
         nll_slack: how far above target_nll counts as reaching it.
         entropy_tolerance: the relative entropy tolerance.
         target: the target's row, for its standard errors, or None.
+        label: a family's name (family()) -> the name the table shows.
 
     Returns:
         One dict a family.
@@ -217,7 +219,7 @@ def passes_to_reach(rows: list[dict], target_nll: float, target_entropy: float, 
         good = [r for r in matched if float(r["judge_nll"]) <= target_nll + nll_slack]
         best = min(good, key=lambda r: float(r["passes"])) if good else \
             min(matched, key=lambda r: float(r["judge_nll"]), default=None)
-        out.append({"family": name, "reached": bool(good),
+        out.append({"family": label(name), "reached": bool(good),
                     "passes": float(best["passes"]) if best else math.nan,
                     "judge_nll": float(best["judge_nll"]) if best else math.nan,
                     "entropy": float(best["entropy"]) if best else math.nan,

@@ -165,6 +165,8 @@ def test_passes_to_reach_takes_the_cheapest_configuration_at_matched_entropy():
     assert reach["ddpd error-budget:bound=4"]["reached"] and reach["ddpd error-budget:bound=4"]["passes"] == 8.0
     assert not reach["ddpd error-budget:bound=1"]["reached"] and reach["ddpd error-budget:bound=1"]["judge_nll"] == 2.3
     assert not reach["maskgit maskgit"]["reached"]  # its entropy is 12% lower: not matched
+    assert [r["family"] for r in passes_to_reach(rows, 2.0, 4.0, label=str.upper)] == [
+        "DDPD ERROR-BUDGET:BOUND=4", "DDPD ERROR-BUDGET:BOUND=1", "MASKGIT MASKGIT"]
 
 
 def test_passes_to_reach_reads_each_budget_at_the_targets_own_entropy():
@@ -276,6 +278,8 @@ def test_ddpd_eval_frontier_writes_its_reports(tmp_path, capsys):
     assert {r["budget"] for r in rows} == {"2"}  # the target's 1 step is a 2-pass budget too
     report = (out / "frontier.md").read_text()  # policies named by their fields off their defaults
     assert "| 2 | ddpd error-budget:bound=2,max_k=4 | maskgit maskgit:choice_temperature=4.5 |" in report
+    reach = report.split("Passes to reach")[1].split("Each ddpd policy")[0]
+    assert "| ddpd error-budget:bound=2,max_k=4 | " in reach  # and the reach table the same
     assert main(argv) == 0  # resumed: nothing left to run
     assert "Passes to reach" in capsys.readouterr().out
     other_judge = [("ngram:2" if a == "ngram:3" else a) for a in argv]
