@@ -33,8 +33,9 @@ class SampleResult:
     planner_calls / denoiser_calls: forward passes (calls, whatever their batch size).
     planner_rows / denoiser_rows: sequences evaluated (row-evaluations), summed over
     those calls. planner_rows_saved / denoiser_rows_saved: the row-evaluations that
-    early stopping saved: at each call, the rows that had stopped and left the batch
-    (not the rows a reference run leaves out of a pass because they draw nothing).
+    early stopping saved: at each pass, the rows that had stopped and left the batch (twice
+    under guidance, as denoiser_rows counts; not the rows a reference run leaves out of a pass
+    because they draw nothing).
     planner_passes / denoiser_passes: Long[B], the network passes each row took part in
     (a pass counts for a row whose output the step used; a guided step, w != 1, evaluates the
     denoiser twice a row, conditional and unconditional: two passes); commits: Long[B], the tokens a
@@ -254,7 +255,7 @@ class RunningBatch:
         self._count_rows(1, used, rows, evaluations)
         self.denoiser_calls += calls
         self.denoiser_rows += evaluations * x.shape[0]
-        self.denoiser_rows_saved += self.batch_size - len(self)
+        self.denoiser_rows_saved += evaluations * (self.batch_size - len(self))
 
     def _count_nan(self, network: int, bad: Tensor, used: Optional[Tensor] = None) -> None:
         """Count a pass of `network` (0 planner, 1 denoiser) whose `bad` (Bool[B, ...]) holds a

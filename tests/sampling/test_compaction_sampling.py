@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from ddpd.sampling import PhiloxNoise, batch as sampling_batch, ddpd_sample, tau_leaping_mask
-from ddpd.sampling.options import DDPDOptions, Execution
+from ddpd.sampling.options import DDPDOptions, Execution, Guidance
 from oracles.fixtures import single_thread  # noqa: F401  (autouse)
 from oracles.toy import ToyProblem, dirichlet_p_data
 
@@ -150,3 +150,30 @@ def test_rows_left_out_of_a_pass_are_not_saved_by_early_stopping(fused):
     assert result.planner_rows_saved == result.denoiser_rows_saved == 0
     if not fused:
         assert result.denoiser_rows < 300 * result.denoiser_calls
+
+
+class _Labelled:
+    """The toy's denoiser taking labels (which it ignores), with or without a null label."""
+
+    def __init__(self, null_label):
+        self.null_label = null_label
+
+    def __call__(self, x, t, labels=None):
+        return M.uniform_denoiser(x, t)
+
+
+@pytest.mark.parametrize("null_label", [3, None], ids=["null-label", "callable"])
+@pytest.mark.parametrize("fused", [False, True])
+def test_a_guided_run_saves_two_row_evaluations_a_row_that_left(null_label, fused):
+    """A guided step evaluates the denoiser twice a row: a row that left the batch saves both
+    (the count used to save one), so that run and saved add up to the uncompacted run's."""
+    def run(execution):
+        return ddpd_sample(M.planner, _Labelled(null_label), 100, 5, 3, steps=STEPS, ddpd=DDPDOptions(eps=EPS),
+                           guidance=Guidance(torch.zeros(100, dtype=torch.long), scale=2.0), seed=4,
+                           execution=execution)
+
+    uncompacted = run(Execution(fused=True, compaction=False))
+    result = run(Execution(fused=fused, sync_every=1))
+    assert result.denoiser_rows_saved > 0
+    assert result.denoiser_rows + result.denoiser_rows_saved == uncompacted.denoiser_rows == 2 * 100 * STEPS
+    assert result.planner_rows + result.planner_rows_saved == uncompacted.planner_rows
