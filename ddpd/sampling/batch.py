@@ -37,9 +37,9 @@ class SampleResult:
     under guidance, as denoiser_rows counts; not the rows a reference run leaves out of a pass
     because they draw nothing).
     planner_passes / denoiser_passes: Long[B], the network passes each row took part in
-    (a pass counts for a row whose output the step used; a guided step, w != 1, evaluates the
-    denoiser twice a row, conditional and unconditional: two passes); commits: Long[B], the tokens a
-    denoiser draw wrote in each row (a position written again counts again); tokens_per_pass:
+    (a pass counts for a row whose output the step used; a guided step, w not 0 or 1,
+    evaluates the denoiser twice a row, conditional and unconditional: two passes); commits:
+    Long[B], the tokens a denoiser draw wrote in each row (a position written again counts again); tokens_per_pass:
     commits over all passes, the parallelism of a run (ddpd.sampling.policies).
     planner_nan_passes / denoiser_nan_passes: the passes whose output held a NaN in a row the
     step used (a denoiser's logits also +inf, an overflow; a denoiser run through its head:
@@ -233,7 +233,7 @@ class RunningBatch:
         return h
 
     def _evaluate(self, network: _Call, x: Tensor, t: Tensor, rows: Optional[Tensor]) -> list[Tensor]:
-        """The network's outputs at (x, t): [output], or under guidance (w != 1) [conditional,
+        """The network's outputs at (x, t): [output], or under guidance (w not 0 or 1) [conditional,
         unconditional] at the labels of `rows` (Condition.outputs), which _guided combines."""
         with self._precision():
             if self.condition is None:
@@ -491,10 +491,11 @@ class Condition:
 
     labels: Long[B], the label of each row id. The denoiser is called as model(x, t,
     labels=...) and, for guidance_scale w != 1, also with labels=None (the null label,
-    unconditional); its output is the guided u + w (c - u), applied to the logits (w = 1:
-    the conditional model, w = 0: the unconditional one). For hidden states the same
-    combination is exact: a linear head maps u + w (c - u) of hidden states to the same
-    combination of logits. The planner gets the labels when conditional_planner is set.
+    unconditional; at w = 0 with labels=None alone); its output is the guided u + w (c - u),
+    applied to the logits (w = 1: the conditional model, w = 0: the unconditional one, each
+    one evaluation a row). For hidden states the same combination is exact: a linear head
+    maps u + w (c - u) of hidden states to the same combination of logits. The planner gets
+    the labels when conditional_planner is set.
     """
 
     labels: Tensor
@@ -503,8 +504,8 @@ class Condition:
 
     @property
     def evaluations(self) -> int:
-        """The denoiser's evaluations of a row a step: 2 under guidance (w != 1), else 1."""
-        return 1 if self.guidance_scale == 1.0 else 2
+        """The denoiser's evaluations of a row a step: 2 under guidance (w not 0 or 1), else 1."""
+        return 1 if self.guidance_scale in (0.0, 1.0) else 2
 
     def calls(self, network: _Call) -> int:
         """The calls `outputs` makes of network: one batch of 2B rows where it names its null
@@ -542,8 +543,11 @@ class Condition:
             rows: Long[B] the row ids.
 
         Returns:
-            (conditional, unconditional); unconditional is None at guidance_scale 1.
+            (conditional, unconditional); unconditional is None at guidance_scale 1, and
+            conditional at 0 (unused there: neither is evaluated).
         """
+        if self.guidance_scale == 0.0:
+            return None, network(x, t, None)
         labels = self.labels_of(rows)
         if self.guidance_scale == 1.0:
             return network(x, t, labels), None

@@ -321,8 +321,8 @@ class Guidance:
     """Class labels and classifier-free guidance of the denoiser (docs/conditional.md).
 
     The denoiser is called as denoiser(x, t, labels=...) and, with scale w != 1, also with
-    labels=None (unconditional): guidance u + w (c - u) on its logits, or on its hidden states
-    in the fused run (exact through the linear head).
+    labels=None (unconditional; at w = 0 with labels=None alone): guidance u + w (c - u) on
+    its logits, or on its hidden states in the fused run (exact through the linear head).
 
     Attributes:
         labels: Long[B] class ids (>= 0), one per row.

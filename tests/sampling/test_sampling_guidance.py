@@ -329,3 +329,28 @@ def test_a_guided_step_counts_two_denoiser_passes_a_row(null_label, fused):
     assert result.denoiser_passes.tolist() == [8] * 4  # conditional and unconditional at each step
     assert result.denoiser_rows == sum(evaluated) == 4 * 2 * 4
     assert result.denoiser_calls == len(evaluated) == 4 * (1 if null_label else 2)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_guidance_zero_evaluates_the_unconditional_network_alone(fused):
+    """At w = 0 the guided output is u exactly: the conditional pass was run, counted as a second
+    pass a row and its NaN warned of, though no token read it."""
+    base = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0])
+    called_with = []
+
+    def denoiser(x, t, labels=None):
+        called_with.append(labels)
+        logits = base.expand(*x.shape, 5).clone()
+        return logits if labels is None else torch.full_like(logits, float("nan"))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", NaNOutputWarning)
+        result = maskgit_sample(denoiser, 3, 8, 5, steps=4, seed=0, execution=Execution(fused=fused),
+                                guidance=Guidance(torch.zeros(3, dtype=torch.long), scale=0.0))
+    unguided = maskgit_sample(lambda x, t: base.expand(*x.shape, 5).clone(), 3, 8, 5, steps=4, seed=0,
+                              execution=Execution(fused=fused))
+    assert torch.equal(result.tokens, unguided.tokens)
+    assert called_with and all(labels is None for labels in called_with)
+    assert result.denoiser_nan_passes == 0
+    assert result.denoiser_passes.tolist() == unguided.denoiser_passes.tolist() == [4] * 3
+    assert result.denoiser_rows == unguided.denoiser_rows
