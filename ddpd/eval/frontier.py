@@ -5,7 +5,7 @@ samples, which the judge scores (NLL per token, nats) beside their unigram entro
 against the network passes the samples cost (planner and denoiser, per sample). Rows go to
 a CSV after every configuration; a run finds the rows of its CSV already there and skips
 them, so an interrupted sweep resumes where it stopped. The plot draws judge NLL against
-mean passes, one line per sampler and policy family; the tables say how many passes each
+mean passes, one line per policy family and temperature; the tables say how many passes each
 needs to reach a target quality at matched entropy, and how each ddpd policy compares with
 each baseline at the same budget and entropy.
 

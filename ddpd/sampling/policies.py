@@ -543,7 +543,7 @@ class ReMDM:
         fields = type(self).__dataclass_fields__
         changed = [name for name in ("t_on", "t_off", "alpha_on") if getattr(self, name) != fields[name].default]
         if changed:
-            raise ValueError(f"ReMDM {self.schedule} has no {', '.join(changed)}: they set schedule='loop'")
+            raise ValueError(f"ReMDM {self.schedule} has no {', '.join(changed)}: fields of schedule='loop'")
 
     def alphas(self, index: int, steps: int, alpha) -> tuple:
         """The schedule's alpha at the start and end of step `index` on the uniform grid.
@@ -715,7 +715,8 @@ def _value(annotation, text: str, key: str):
     try:
         return kind(text) if kind is not None else text
     except ValueError:
-        raise ValueError(f"policy field {key} must be a {annotation}, got {text!r}") from None
+        article = "an" if name[:1] in "aeiou" else "a"
+        raise ValueError(f"policy field {key} must be {article} {name}, got {text!r}") from None
 
 
 def _bool(text: str) -> bool:

@@ -663,7 +663,7 @@ def test_policy_specs_round_trip_and_bad_ones_are_named():
         ReMDM("loop", eta=0.2)
     with pytest.raises(ValueError, match="0 < alpha_on < 1"):
         ReMDM("loop", alpha_on=0.0)
-    with pytest.raises(ValueError, match="ReMDM cap has no alpha_on: they set schedule='loop'"):
+    with pytest.raises(ValueError, match="ReMDM cap has no alpha_on: fields of schedule='loop'"):
         ReMDM("cap", alpha_on=0.0)  # ignored by cap: refused, not divided by
     with pytest.raises(ValueError, match="ReMDM rescale has no t_on, t_off"):
         parse_policy("remdm:schedule=rescale,t_on=0.9,t_off=0.1")
