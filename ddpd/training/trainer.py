@@ -56,7 +56,7 @@ from ddpd.training.data import (
 )
 from ddpd.training.distributed import Distributed, GradientMean, PeerLost, data_parallel
 from ddpd.training.losses import ar_loss, denoiser_loss, planner_loss, uniform_model_loss
-from ddpd.validation import caller_level, check_choice, check_device, check_int
+from ddpd.validation import caller_level, check_choice, check_device, check_float, check_int
 
 KINDS = ("planner", "mask-denoiser", "uniform-denoiser", "uniform", "ar")
 TOKENIZERS = ("text8", "gpt2")
@@ -154,6 +154,7 @@ class TrainConfig:
         check_int("warmup", self.warmup, 0)
         check_int("seed", self.seed, 0, 2**63 - 1)
         check_int("num_classes", self.num_classes, 0)
+        self._check_numbers()
         if not 0 < self.lr <= MAX_LR:
             raise ValueError(f"lr must be in (0, {MAX_LR:.6g}], got {self.lr}")
         if self.min_lr is not None and not 0 <= self.min_lr <= self.lr:
@@ -188,6 +189,17 @@ class TrainConfig:
             if os.path.isfile(self.tiktoken):  # other ranks refused now, not after the lock and the corpus
                 read_gpt2_ranks("tiktoken", self.tiktoken)  # (a missing file stays the tokenizer's error)
         self.out = os.path.abspath(self.out)
+
+    def _check_numbers(self) -> None:
+        """TypeError naming a real-valued setting that is not a number; the others become
+        Python floats. A str (YAML reads 3e-4 as one) met the range checks as a bare TypeError,
+        a bool passed as 0 or 1, and a numpy number failed the first save (no JSON)."""
+        for name in ("lr", "min_lr", "dropout", "weight_decay", "grad_clip", "ema", "max_time", "label_dropout"):
+            value = getattr(self, name)
+            if value is None and name in ("min_lr", "max_time"):  # lr / 10, no limit
+                continue
+            if type(value) is not float:  # a float's range (NaN included) is checked by the caller
+                setattr(self, name, check_float(name, value, -math.inf))
 
     def _check_model_fits(self, mlp_ratio: int) -> None:
         """ValueError naming d_model and n_layers when the training state of the network cannot

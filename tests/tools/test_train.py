@@ -218,6 +218,26 @@ def test_a_schedule_object_is_refused_before_training(corpus, tmp_path):
     assert not os.path.exists(tmp_path / "p")
 
 
+@pytest.mark.parametrize("name, value", [("lr", "3e-4"), ("dropout", "0.1"), ("min_lr", "1e-5"),
+                                         ("max_time", "60"), ("weight_decay", None), ("lr", True),
+                                         ("max_time", True)])
+def test_a_setting_that_is_not_a_number_is_refused_naming_it(corpus, tmp_path, name, value):
+    """A str (YAML reads 3e-4 as one) met the range checks as a bare TypeError naming no
+    setting; a bool passed as 1 (lr 1, a max_time of one second)."""
+    with pytest.raises(TypeError, match=f"^{name} must be a number, got "):
+        config(corpus, tmp_path / "p", **{name: value})
+
+
+def test_numpy_numbers_are_recorded_as_json_numbers(corpus, tmp_path):
+    """A numpy float32 lr passed every check, trained the whole run, then failed at its
+    first save: config.json could not hold it."""
+    import numpy as np
+
+    cfg = config(corpus, tmp_path / "p", lr=np.float32(1e-3), max_time=np.float32(60.0))
+    assert (type(cfg.lr), type(cfg.max_time)) == (float, float)
+    json.dumps(cfg.to_dict())
+
+
 def test_a_validation_set_without_a_term_has_no_loss(corpus, tmp_path):
     """A denoiser's validation noise that corrupts no position (a tiny set: 1 seed in 17 at
     16 characters) gave a validation loss of 0, logged and recorded as such."""
