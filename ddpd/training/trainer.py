@@ -123,7 +123,7 @@ class TrainConfig:
     tokenizer: str = "text8"
     tiktoken: Optional[str] = None
     schedule: str = "linear"
-    device: str = "auto"
+    device: str = "auto"  # auto, cpu, cuda, cuda:N or a torch.device (recorded by its name)
     # training seconds (evaluation and checkpoints excluded); None: no limit. The cosine
     # decay follows whichever of steps and max_time runs out first, so a run cut by the
     # clock still ends at final_lr (its step count then depends on the machine), unless
@@ -171,6 +171,8 @@ class TrainConfig:
         if not isinstance(self.schedule, str):  # config.json records it: a Schedule failed at the first save
             raise TypeError(f"schedule must be a schedule's name {SCHEDULES}, got {type(self.schedule).__name__}")
         check_choice("schedule", self.schedule, SCHEDULES)
+        if isinstance(self.device, torch.device):  # config.json records it: a torch.device failed at the first save
+            self.device = str(self.device)
         # the network's shape (d_model a multiple of n_heads, ...), refused now rather than after
         # the corpus is read; the vocabulary is not known yet and does not constrain it
         network = config_for(self.kind, 1, self.seq_len, d_model=self.d_model, n_layers=self.n_layers,

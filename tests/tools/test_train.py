@@ -238,6 +238,14 @@ def test_numpy_numbers_are_recorded_as_json_numbers(corpus, tmp_path):
     json.dumps(cfg.to_dict())
 
 
+def test_a_torch_device_is_recorded_by_its_name(corpus, tmp_path):
+    """A torch.device, which every other device argument takes, trained the whole run, then
+    failed at its first save: config.json could not hold it."""
+    cfg = config(corpus, tmp_path / "p", device=torch.device("cpu"))
+    assert cfg.device == "cpu"
+    json.dumps(cfg.to_dict())
+
+
 def test_a_validation_set_without_a_term_has_no_loss(corpus, tmp_path):
     """A denoiser's validation noise that corrupts no position (a tiny set: 1 seed in 17 at
     16 characters) gave a validation loss of 0, logged and recorded as such."""
