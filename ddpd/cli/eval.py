@@ -45,7 +45,7 @@ from ddpd.cli.common import (
     shared_facts,
     warn_if_lengths_differ,
 )
-from ddpd.cli.samplers import add_truncation_arguments, truncation_from
+from ddpd.cli.samplers import add_truncation_arguments, needs, truncation_from
 from ddpd.streams import Stdout, standard_streams
 from ddpd.training.sources import LABELLED_SUFFIX, is_labelled
 
@@ -383,7 +383,8 @@ def run_quality(args: argparse.Namespace) -> None:
         args: the parsed command line.
 
     Raises:
-        UsageError: no --judge, a judge too short for the samples, or unknown --samplers.
+        UsageError: no --judge, a judge too short for the samples, checkpoints that run no
+            sampler, or unknown --samplers.
     """
     import torch
 
@@ -401,6 +402,8 @@ def run_quality(args: argparse.Namespace) -> None:
     if loaded.seq_len > judge_len:
         raise UsageError(f"--judge: scores sequences of up to {judge_len} tokens, the samples have {loaded.seq_len}")
     available = sampler_specs(loaded, args.eta, args.eps, args.fused, _prepare(loaded, args.dtype), truncation)
+    if not available:  # a planner alone, or a uniform denoiser without one
+        raise UsageError(f"these checkpoints run no sampler: a sampler needs {needs()}")
     names = args.samplers or list(available)
     unknown = [n for n in names if n not in available]
     if unknown:

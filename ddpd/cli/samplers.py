@@ -183,16 +183,16 @@ def find(family: str, planner: bool, model: Optional[str]) -> Optional[Sampler]:
     return next((row for row in TABLE if (row.family, row.planner, row.model) == (family, planner, model)), None)
 
 
-def needs(family: str) -> str:
+def needs(family: Optional[str] = None) -> str:
     """What `family` needs, in words: 'a planner with a mask-denoiser, ... or one uniform model'.
 
     Args:
-        family: ddpd-sample's --sampler.
+        family: ddpd-sample's --sampler; None: any sampler of the table.
 
     Returns:
         The text.
     """
-    options = [row.needs for row in TABLE if row.family == family]
+    options = [row.needs for row in TABLE if family is None or row.family == family]
     options = list(dict.fromkeys(options))
     return options[0] if len(options) == 1 else ", ".join(options[:-1]) + " or " + options[-1]
 

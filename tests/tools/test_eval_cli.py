@@ -399,6 +399,11 @@ def test_convergence_command(setup, capsys):
     (["elbo", "--uniform", "{uniform}", "--data", "{data}", "--seed", "-1"], "--seed must be in [0, ", 2),
     (["quality", "--uniform", "{uniform}", "--judge", "{ar}", "--samplers", "maskgit", "--out-dir", "{root}/q2"],
      "--samplers: ['maskgit'] not available", 2),
+    # a planner alone, or a uniform denoiser without one, runs no sampler: it said "expected at least one SamplerSpec"
+    (["quality", "--planner", "{planner}", "--judge", "{ar}", "--out-dir", "{root}/q2"],
+     "these checkpoints run no sampler:", 2),
+    (["quality", "--denoiser", "{uniform-denoiser}", "--judge", "{ar}", "--out-dir", "{root}/q2"],
+     "these checkpoints run no sampler:", 2),
     (["quality", "--uniform", "{uniform}", "--judge", "{ar}", "--temperatures", "1", "nan", "--out-dir",
       "{root}/q2"], "--temperatures must be in [0.0, 1e+36], got nan", 2),
     (["quality", "--uniform", "{uniform}", "--judge", "{ar}", "--samplers", "dfm-uni", "dfm-uni", "--out-dir",
