@@ -123,8 +123,9 @@ def convergence_rows(recorded: list[dict], stopped: Optional[Tensor] = None, eps
 
 
 def plot_convergence(rows: list[dict], path: str) -> None:
-    """Four panels as in the paper: noise left, z changes, samples meeting each eps
-    criterion (and stopped under option A). Raises MissingDependency without matplotlib.
+    """The paper's panels: noise left and z changes above, below one panel a tracked eps
+    (samples meeting it, and stopped under option A). Raises MissingDependency without
+    matplotlib.
 
     Args:
         rows: convergence_rows.
@@ -136,12 +137,15 @@ def plot_convergence(rows: list[dict], path: str) -> None:
     plt = pyplot()
     steps = [r["step"] for r in rows]
     met = [k for k in rows[0] if k.startswith("met_eps_")] if rows else []
-    fig, axes = plt.subplots(2, 2, figsize=(9, 6))
+    columns = max(2, len(met))
+    fig, axes = plt.subplots(2, columns, figsize=(4.5 * columns, 6))
     panels = [("noise_left", "noise left: sum_d p(z=N) / D"), ("z_changed", "fraction of z flips vs previous step")]
     for ax, (key, title) in zip(axes[0], panels):
         ax.plot(steps, [r[key] for r in rows])
         ax.set_title(title, fontsize=9)
-    for ax, key in zip(axes[1], met[:2]):
+    for ax in axes[0][len(panels):]:
+        ax.axis("off")
+    for ax, key in zip(axes[1], met):
         eps = key[len("met_eps_"):]
         ax.plot(steps, [r[key] for r in rows], label="criterion met (budget run)")
         if f"stopped_eps_{eps}" in rows[0]:

@@ -202,6 +202,22 @@ def test_stopped_fraction_and_convergence_outputs(tmp_path):
         assert len(list(csv.DictReader(f))) == 5
 
 
+def test_the_convergence_plot_has_a_panel_for_every_eps(monkeypatch, tmp_path):
+    """Three --eps drew the first two only, and so never the stopped curve of the strictest."""
+    pytest.importorskip("matplotlib")
+    from ddpd.eval import convergence
+
+    figures = []
+    monkeypatch.setattr(convergence, "save_figure", lambda fig, path, **kwargs: figures.append(fig))
+    recorded = [{"step": i, "noise_left": 0.5, "z_changed": 0.0, "met_eps_0.1": 0.0, "met_eps_0.05": 0.0,
+                 "met_eps_0.01": 0.0} for i in range(3)]
+    convergence.plot_convergence(convergence_rows(recorded, torch.zeros(3), eps=0.01), str(tmp_path / "c.png"))
+    titles = {ax.get_title(): [line.get_label() for line in ax.get_lines()] for ax in figures[0].axes}
+    assert [t for t in titles if t.startswith("samples with")] == [
+        f"samples with p(z=N) < {eps} everywhere" for eps in ("0.1", "0.05", "0.01")]
+    assert "stopped (eps run)" in titles["samples with p(z=N) < 0.01 everywhere"]
+
+
 def _curve(name, steps, points):
     return [{"sampler": name, "steps": steps, "temperature": t, "entropy": e, "judge_nll": n}
             for t, (e, n) in zip((0.8, 0.9, 1.0), points)]
