@@ -3,7 +3,8 @@
 # one GPU:
 #  1. build: installs ddpd editable (pip --no-deps --no-build-isolation --no-index:
 #     nothing is downloaded), which maps kernels/ to ddpd.kernels and compiles
-#     ddpd._C with its CUDA kernels, for this GPU's architecture only;
+#     ddpd._C with its CUDA kernels, for this GPU's architecture only (`python -m ddpd.ops
+#     --cuda` fails the run without them);
 #  2. tests: every test marked gpu (tests/ops/test_op_gpu.py: the compiled Triton kernels
 #     draw for draw against the CPU path, CUDA graph capture, torch.compile; the CUDA
 #     ops of ddpd._C; the models and the sampler on CUDA);
@@ -150,8 +151,10 @@ check() {
     fi
     # pip -q prints the compiler's output only when the build fails.
     ((DRY_RUN)) || use_carried_setuptools "$PY"
+    # --cuda: without its CUDA kernels ddpd._C leaves the ops to their torch references, and the
+    # parts would time those as ddpd's
     part build 150 $PY -m pip install -q --no-deps --no-build-isolation --no-index -e . &&
-        part extension 40 $PY -m ddpd.ops || { echo "gpu_check: the build failed"; return 1; }
+        part extension 40 $PY -m ddpd.ops --cuda || { echo "gpu_check: the build failed"; return 1; }
     local gpu_tests workers=()
     gpu_tests=$(grep -l "pytest.mark.gpu" tests/*/test_*.py | tr '\n' ' ')
     # Four pytest processes (pytest-xdist, where installed) share the GPU, so that the tests'

@@ -18,8 +18,10 @@
 # Stages, each under `timeout` within the budget; everything printed goes to
 # $RESULTS/gpu_train.log:
 #  1. build: pip install -e . (no downloads; ddpd._C with its CUDA kernels for this GPU)
-#     where ddpd is not installed, then a check of the attention kernel that training runs
-#     (bf16 autocast, flash attention: both automatic in ddpd-train on a CUDA GPU);
+#     where ddpd is not installed, `python -m ddpd.ops --cuda` (on a GPU, installed or not:
+#     without the kernels the ops run their torch references), then a check of the attention
+#     kernel that training runs (bf16 autocast, flash attention: both automatic in ddpd-train
+#     on a CUDA GPU);
 #  2. corpus: $DATA_DIR/books.txt, a space, $DATA_DIR/wiki.txt -> $RUNS/corpus.txt, split
 #     90/5/5 by position by every tool: validation and test are the end of wiki.txt, which the
 #     new networks never train on. The bundled networks trained on wiki.txt's first 90%, half
@@ -213,20 +215,28 @@ build() {
     # what builds and runs ddpd here (an image's setuptools older than 77 refuses the build)
     $PY -c "import sys, torch, setuptools; print(f'python {sys.version.split()[0]}, torch {torch.__version__}, '
             f'setuptools {setuptools.__version__}, CUDA available: {torch.cuda.is_available()}')"
+    local cuda=()
+    # on a GPU the CUDA kernels, else the ops run their torch references there
+    [ "$DEVICE" != cpu ] && $PY -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" &&
+        cuda=(--cuda)
     if (cd / && $PY -c "import ddpd.kernels, ddpd._C" 2>/dev/null); then
         echo "ddpd is installed: $(cd / && $PY -c 'import ddpd, os; print(os.path.dirname(ddpd.__file__))')"
-        return 0
+    else
+        pip_install "${#cuda[@]}" || return
     fi
+    # setup.py leaves a failed compile to the first use: have it here, not inside training
+    (cd / && limited $PY -m ddpd.ops ${cuda[@]+"${cuda[@]}"})
+}
+
+# pip_install GPU: pip install -e . (no downloads); GPU 1: ddpd._C's CUDA kernels for this GPU
+pip_install() {
     use_carried_setuptools "$PY"
-    if $PY -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+    if (($1)); then
         # this GPU's architecture only: a quarter of the compile time of the default list
         TORCH_CUDA_ARCH_LIST=$($PY -c "import torch; print('%d.%d' % torch.cuda.get_device_capability())")
         export TORCH_CUDA_ARCH_LIST MAX_JOBS=${MAX_JOBS:-$(nproc)}
     fi
-    limited $PY -m pip install -q --no-deps --no-build-isolation --no-index -e . || return
-    # setup.py leaves a failed compile to the first use: have it here, not inside training
-    (cd / && limited $PY -m ddpd.ops) || return
-    [ "$DEVICE" = cpu ] || (cd / && $PY -c "from ddpd.ops import _ext; assert _ext.has_cuda(), 'no CUDA kernels'")
+    limited $PY -m pip install -q --no-deps --no-build-isolation --no-index -e .
 }
 
 # What a training step of the first network runs: its device, dtype and attention kernel.

@@ -286,6 +286,20 @@ def test_python_m_ddpd_ops_names_the_module_without_a_warning():
 
 
 @pytest.mark.integration
+def test_python_m_ddpd_ops_cuda_fails_without_the_cuda_kernels():
+    """--cuda, which the device scripts give before they time or train on a GPU: an extension
+    built without its CUDA kernels runs the ops' torch references there, and would be timed as ddpd."""
+    done = subprocess.run([sys.executable, "-m", "ddpd.ops", "--cuda"], capture_output=True, text=True,
+                          timeout=HANG_GUARD_SECONDS)
+    if _ext.has_cuda():
+        assert done.returncode == 0 and "CUDA kernels: True" in done.stdout, done.stdout + done.stderr
+        return
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith("ddpd: extension ddpd") and done.stderr.endswith(
+        "holds no CUDA kernels (--cuda)\n"), done.stderr
+
+
+@pytest.mark.integration
 def test_python_m_ddpd_ops_answers_help_without_loading(tmp_path):
     (tmp_path / "a-file").write_text("")
     env = {**os.environ, "DDPD_FORCE_JIT": "1", "DDPD_EXTENSIONS_DIR": str(tmp_path / "a-file")}  # a load fails

@@ -288,6 +288,15 @@ def test_the_parallel_part_first_runs_the_gpu_tests_of_what_it_times(tmp_path):
 
 
 @pytest.mark.integration
+def test_the_extension_part_requires_the_cuda_kernels(tmp_path):
+    """Without its CUDA kernels ddpd._C leaves the ops to their torch references on the GPU,
+    which the timings would report as ddpd's: the extension part asks for them."""
+    run, _ = _fake_gpu_run(tmp_path, "--only", "parallel")
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "-m ddpd.ops --cuda" in (tmp_path / "calls.txt").read_text().splitlines()
+
+
+@pytest.mark.integration
 def test_both_device_scripts_follow_one_lease_plan(tmp_path):
     """docs/text8/README.md's lease plan runs the two device scripts in one lease; both headers
     point to it, and the parallel part's limits shrink to fit its budget there."""

@@ -116,3 +116,34 @@ def test_the_default_budget_is_the_lease_plans(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "# budget 480 s, reserve 170 s" in done.stdout
     assert all("--max-time 250 " in line for line in done.stdout.splitlines() if line.startswith("train "))
+
+
+# A stand-in for python on a CUDA machine (FAKE_GPU=0: on a CPU one): it answers the script's
+# questions about the device, runs nothing of ddpd and records every call in calls.txt; where
+# FAKE_INSTALLED=0, ddpd is not importable before the build.
+FAKE_PYTHON = r"""#!/usr/bin/env bash
+echo "$*" >>"$FAKE_DIR/calls.txt"
+case "$*" in
+    *cuda.is_available*) exit $((1 - ${FAKE_GPU:-1})) ;;
+    *get_device_name*) echo fake-gpu ;;
+    *get_device_capability*) echo 9.0 ;;
+    *"import ddpd.kernels, ddpd._C"*) exit $((1 - ${FAKE_INSTALLED:-1})) ;;
+esac
+exit 0
+"""
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("gpu, installed, device, cuda", [
+    ("1", "1", "cuda", True), ("1", "0", "cuda", True), ("0", "0", "auto", False), ("1", "1", "cpu", False)])
+def test_the_build_requires_the_cuda_kernels_where_it_trains_on_a_gpu(tmp_path, gpu, installed, device, cuda):
+    """Without its CUDA kernels ddpd._C leaves the ops to their torch references on the GPU: the
+    build stage asks for them there (also of an installed ddpd), and only there (DEVICE=auto on a CPU)."""
+    python = tmp_path / "python"
+    python.write_text(FAKE_PYTHON)
+    python.chmod(0o755)
+    done = _run(tmp_path, PYTHON=str(python), FAKE_DIR=str(tmp_path), FAKE_GPU=gpu, FAKE_INSTALLED=installed,
+                DEVICE=device)
+    assert "## build: done" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
+    calls = (tmp_path / "calls.txt").read_text().splitlines()
+    assert ("-m ddpd.ops --cuda" in calls) == cuda and ("-m ddpd.ops" in calls) != cuda, calls
