@@ -53,7 +53,8 @@
 #                  stopped at the budget's end may take 20 s more: give the device call a
 #                  timeout_s 60 s above BUDGET_S)
 #   TRAIN_SECONDS  ddpd-train --max-time of every network (default: the budget less the build,
-#                  the corpus and RESERVE_S)
+#                  the corpus and RESERVE_S; runs still training a third of RESERVE_S before
+#                  the budget's end are stopped there, as with exit status 3)
 #   RESERVE_S      seconds kept from training for the start of training, its evaluations and
 #                  stages 4-6 (default 170)
 #   DATA_DIR       the folder holding books.txt and wiki.txt (default data/ in the checkout,
@@ -168,6 +169,15 @@ train_seconds() {
     else
         echo $((BUDGET_S - $1 - RESERVE_S))
     fi
+}
+
+# train_deadline ELAPSED SECONDS: seconds from the training stage's start, ELAPSED seconds in,
+# after which it stops late runs: 2/3 of the reserve after their --max-time SECONDS (their
+# start, evaluations and checkpoints are outside it), and never later than a third of the
+# reserve before the budget's end, kept for stages 4-6
+train_deadline() {
+    local late=$(($2 + RESERVE_S * 2 / 3)) last=$((BUDGET_S - $1 - RESERVE_S / 3))
+    echo $((late < last ? late : last))
 }
 
 # train_command NAME SECONDS: the ddpd-train command line of one network
@@ -385,6 +395,7 @@ plan() {
     echo "# ddpd text8 GPU training, $(date -u '+%Y-%m-%d %H:%M UTC'), commit $rev"
     echo "# budget $BUDGET_S s, reserve $RESERVE_S s, networks ${KINDS[*]}; training $seconds s a network (new"
     echo "# runs; this plan assumes $1 s before training, the run counts the time it took)"
+    echo "# training stopped $(train_deadline "$1" "$seconds") s after its start at the latest"
     echo "# corpus $DATA_DIR/books.txt + $WIKI -> $CORPUS; runs $RUNS; results $RESULTS"
     local name
     for name in "${KINDS[@]}"; do
@@ -400,10 +411,10 @@ main() {
     stage corpus 30 corpus || return 1
     stage "training check" 60 training_check || { echo "gpu_train: the training check failed"; return 1; }
     seconds=$(train_seconds "$SECONDS")
-    # the runs' start, evaluations and checkpoints are outside --max-time: 2/3 of the reserve
-    deadline=$((seconds + RESERVE_S * 2 / 3))
+    deadline=$(train_deadline "$SECONDS" "$seconds")
     if ! resuming_all; then  # a resumed run's --max-time is its checkpoint's; the deadline still holds
-        ((seconds > 0)) || { echo "gpu_train: no time left to train (TRAIN_SECONDS=$seconds)"; return 1; }
+        ((seconds > 0 && deadline > 0)) ||
+            { echo "gpu_train: no time left to train (TRAIN_SECONDS=$seconds)"; return 1; }
         echo "training: --max-time $seconds s for new runs, stopped at $deadline s from now at the latest"
     else
         ((deadline > 30)) || { echo "gpu_train: no time left to continue the runs ($deadline s)"; return 1; }

@@ -118,6 +118,18 @@ def test_the_default_budget_is_the_lease_plans(tmp_path):
     assert all("--max-time 250 " in line for line in done.stdout.splitlines() if line.startswith("train "))
 
 
+
+@pytest.mark.integration
+@pytest.mark.parametrize("train_seconds, deadline", [(None, 363), ("400", 364), ("100", 213)])
+def test_training_is_stopped_in_time_for_what_follows_it(tmp_path, train_seconds, deadline):
+    """Late runs are stopped 2/3 of the reserve after --max-time, and never later than a third
+    of the reserve before the budget's end: a TRAIN_SECONDS beyond what the budget leaves ran
+    past it, and the call's timeout took the export and the evaluations."""
+    env = {"TRAIN_SECONDS": train_seconds} if train_seconds else {}
+    done = _run(tmp_path, "--plan", **env)
+    assert done.returncode == 0, done.stderr
+    assert f"# training stopped {deadline} s after its start at the latest" in done.stdout, done.stdout
+
 # A stand-in for python on a CUDA machine (FAKE_GPU=0: on a CPU one): it answers the script's
 # questions about the device, runs nothing of ddpd and records every call in calls.txt; where
 # FAKE_INSTALLED=0, ddpd is not importable before the build.
