@@ -45,8 +45,8 @@
 #  6. pack (where $OUT is set, as on the device machine): $OUT/gpu_train.log (written as the
 #     run goes), $OUT/float16.tar.part-* (the float16 copies in parts of 15 MiB, right after
 #     stage 4) and $OUT/results.tar ($RESULTS).
-# The device call carries data (and .whl with a setuptools wheel where the image's is older
-# than 77: benchmarks/carried_setuptools.sh).
+# The device call carries data and .whl, a setuptools wheel that the build takes where the
+# image's is older than 77 (benchmarks/carried_setuptools.sh).
 #
 # Settings, from the environment:
 #   BUDGET_S       seconds the whole script may take (default 480, the lease plan's; a stage

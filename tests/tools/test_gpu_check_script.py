@@ -306,6 +306,8 @@ def test_both_device_scripts_follow_one_lease_plan(tmp_path):
                   "`DDPD_GPU_BUDGET_S=240 bash benchmarks/gpu_check.sh --only parallel`, with a `timeout_s` of 270"):
         assert words in plan, words
     assert "allow it" not in readme
+    # the image's setuptools is unknown until a call reports it: a build that refuses it costs a call
+    assert "carrying `data` and `.whl`" in plan and "carrying `.whl` again" in plan
     for script in ("docs/text8/gpu_train.sh", "benchmarks/gpu_check.sh"):
         header = (ROOT / script).read_text().split("\nset -uo pipefail")[0]
         prose = " ".join(re.sub(r"\n#\s*", " ", header).split())  # the comment's lines as one
