@@ -118,7 +118,6 @@ def test_the_default_budget_is_the_lease_plans(tmp_path):
     assert all("--max-time 250 " in line for line in done.stdout.splitlines() if line.startswith("train "))
 
 
-
 @pytest.mark.integration
 @pytest.mark.parametrize("train_seconds, deadline", [(None, 363), ("400", 364), ("100", 213)])
 def test_training_is_stopped_in_time_for_what_follows_it(tmp_path, train_seconds, deadline):
