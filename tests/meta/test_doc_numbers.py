@@ -21,3 +21,17 @@ def test_plan_every_4_is_above_maskgit_only_where_the_sweeps_are_compared():
     higher = [c["steps"] for c in compared if c["verdict"] == "higher"]
     assert higher == [32, 64, 128] and len(compared) == 4
     assert "revising every 4 steps is above MaskGIT at 32, 64 and 128 passes" in PARALLEL
+
+
+def test_the_planner_detection_ranges_are_those_of_the_csvs():
+    errors = _rows("planner-errors.csv")
+    confidence = [float(r["confidence"]) for r in errors]
+    assert f"({min(confidence):.2f}-{max(confidence):.2f}), though the planner" in PARALLEL
+    assert f"against {min(confidence):.2f}-{max(confidence):.2f})" in PARALLEL
+    draws = _rows("planner-on-draws.csv")
+    before = {r["fraction"]: r for r in draws if r["steps"] == "0"}
+    after = [r for r in draws if r["steps"] != "0" and int(r["steps"]) == max(int(d["steps"]) for d in draws)]
+    moved = [float(r["parallel"]) - float(before[r["fraction"]]["parallel"]) for r in after]
+    lost = [float(before[r["fraction"]]["uniform"]) - float(r["uniform"]) for r in after]
+    assert f"the area moves by {min(moved):.3f} to {max(moved):+.3f}" in PARALLEL
+    assert f"the planner loses {min(lost):.3f}-{max(lost):.3f} on uniform noise" in PARALLEL
