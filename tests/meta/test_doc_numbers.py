@@ -35,3 +35,13 @@ def test_the_planner_detection_ranges_are_those_of_the_csvs():
     lost = [float(before[r["fraction"]]["uniform"]) - float(r["uniform"]) for r in after]
     assert f"the area moves by {min(moved):.3f} to {max(moved):+.3f}" in PARALLEL
     assert f"the planner loses {min(lost):.3f}-{max(lost):.3f} on uniform noise" in PARALLEL
+
+
+def test_the_frontier_judge_standard_errors_are_those_of_its_rows():
+    se = [(r["policy"].split(":")[0], int(r["budget"]), float(r["judge_nll_se"])) for r in _rows("frontier.csv")]
+    wide = [v for *_, v in se if v > 0.085]
+    assert {k[:2] for k in se if k[2] > 0.085} == {("threshold", 128), ("factor", 64), ("factor", 128)}
+    narrow = [v for *_, v in se if v <= 0.085]
+    quoted = (f"standard errors of the judge NLL are {min(narrow):.2f}-{max(narrow):.2f}, "
+              f"{min(wide):.2f}-{max(wide):.2f} for threshold 0.9 at 128 passes and factor 1 at 64-128")
+    assert quoted in PARALLEL
