@@ -45,3 +45,15 @@ def test_the_frontier_judge_standard_errors_are_those_of_its_rows():
     quoted = (f"standard errors of the judge NLL are {min(narrow):.2f}-{max(narrow):.2f}, "
               f"{min(wide):.2f}-{max(wide):.2f} for threshold 0.9 at 128 passes and factor 1 at 64-128")
     assert quoted in PARALLEL
+
+
+def test_the_sweeps_below_the_target_entropy_are_quoted_with_their_range():
+    highest = {}
+    for name in ("frontier.csv", "matched-64-samples.csv", "matched-128-samples.csv"):
+        for r in _rows(name):
+            if r["policy"] != "one-at-a-time" and int(r["budget"]) <= 128:
+                highest.setdefault((name, r["policy"], r["budget"]), []).append(float(r["entropy"]))
+    highest = {k: max(v) for k, v in highest.items() if len(v) > 1}  # the temperature sweeps
+    assert max(highest.values()) < 3.956
+    low, high = min(highest.values()), max(highest.values())
+    assert f"stays below 3.956 bits ({low:.3f}-{high:.3f})" in PARALLEL
