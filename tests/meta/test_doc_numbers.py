@@ -57,3 +57,18 @@ def test_the_sweeps_below_the_target_entropy_are_quoted_with_their_range():
     assert max(highest.values()) < 3.956
     low, high = min(highest.values()), max(highest.values())
     assert f"stays below 3.956 bits ({low:.3f}-{high:.3f})" in PARALLEL
+
+
+def _sweep():
+    with open(ROOT / "docs" / "text8" / "quality" / "sweep.csv", newline="", encoding="utf-8") as f:
+        return [r for r in csv.DictReader(f) if r["steps"]]
+
+
+def test_the_text8_sweep_rows_that_did_not_run_are_counted():
+    counts = {}
+    for r in _sweep():
+        counts[(r["sampler"], r["steps"])] = counts.get((r["sampler"], r["steps"]), 0) + 1
+    option_a = [k for k in counts if k[0].startswith("ddpd-A-") and k[1] == "512"]
+    missing = sum(3 - counts[k] for k in option_a)
+    assert missing == 4
+    assert "and four 512-step rows of option A" in TEXT8
