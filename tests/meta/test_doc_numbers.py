@@ -72,3 +72,10 @@ def test_the_text8_sweep_rows_that_did_not_run_are_counted():
     missing = sum(3 - counts[k] for k in option_a)
     assert missing == 4
     assert "and four 512-step rows of option A" in TEXT8
+
+
+def test_the_void_uniform_model_rows_are_quoted_over_every_budget():
+    rows = [r for r in _sweep() if r["sampler"].endswith("-uniform-model")]
+    nll = [float(r["judge_nll"]) for r in rows]
+    entropy = [float(r["entropy"]) for r in rows]
+    assert f"(NLL {min(nll):.1f}-{max(nll):.1f}, entropy {min(entropy):.2f}-{max(entropy):.2f})" in TEXT8
