@@ -79,3 +79,10 @@ def test_the_void_uniform_model_rows_are_quoted_over_every_budget():
     nll = [float(r["judge_nll"]) for r in rows]
     entropy = [float(r["entropy"]) for r in rows]
     assert f"(NLL {min(nll):.1f}-{max(nll):.1f}, entropy {min(entropy):.2f}-{max(entropy):.2f})" in TEXT8
+
+
+def test_maskgit_lowest_nll_range_is_that_of_the_sweep():
+    nll = [float(r["judge_nll"]) for r in _sweep()
+           if r["sampler"] == "maskgit" and r["temperature"] == "0.8" and r["steps"] != "512"]
+    assert min(float(r["judge_nll"]) for r in _sweep()) == min(nll)
+    assert f"({min(nll):.2f}-{max(nll):.2f} at T = 0.8, 64-256 steps)" in TEXT8
