@@ -1,6 +1,8 @@
-"""The numbers docs/parallel.md and docs/text8/README.md quote, recomputed from the committed
-raw files they come from (docs/parallel/*.csv, docs/text8/quality/sweep.csv)."""
+"""The numbers docs/parallel.md, docs/text8/README.md and docs/performance.md quote, recomputed
+from the committed raw files they come from (docs/parallel/*.csv, docs/text8/quality/sweep.csv,
+benchmarks/results/)."""
 import csv
+import re
 from pathlib import Path
 
 from ddpd.eval.frontier import against_baselines, read_frontier
@@ -8,6 +10,8 @@ from ddpd.eval.frontier import against_baselines, read_frontier
 ROOT = Path(__file__).resolve().parents[2]
 PARALLEL = " ".join((ROOT / "docs" / "parallel.md").read_text().split())
 TEXT8 = " ".join((ROOT / "docs" / "text8" / "README.md").read_text().split())
+PERFORMANCE = " ".join((ROOT / "docs" / "performance.md").read_text().split())
+GPU_LOG = (ROOT / "benchmarks" / "results" / "nvidia-h200.txt").read_text()
 
 
 def _rows(name):
@@ -86,3 +90,24 @@ def test_maskgit_lowest_nll_range_is_that_of_the_sweep():
            if r["sampler"] == "maskgit" and r["temperature"] == "0.8" and r["steps"] != "512"]
     assert min(float(r["judge_nll"]) for r in _sweep()) == min(nll)
     assert f"({min(nll):.2f}-{max(nll):.2f} at T = 0.8, 64-256 steps)" in TEXT8
+
+
+def _logged(pattern):
+    """The groups of pattern's first match in the latest GPU check's log."""
+    return re.search(pattern, GPU_LOG).groups()
+
+
+def test_the_latest_gpu_checks_sampling_paragraph_quotes_its_log():
+    pair = r"planner pass \+ denoiser trunk: ([\d.]+) ms\nfused step: ([\d.]+) ms"
+    networks, fused = (float(v) for v in _logged(pair))
+    reference, ratio = _logged(r"reference step: ([\d.]+) ms \(([\d.]+)x\)")
+    assert (f"the fused step takes {fused:.2f} ms against {networks:.2f} ms for the planner pass plus the "
+            f"denoiser trunk timed alone ({fused / networks:.3f}x") in PERFORMANCE
+    assert f"and the reference step {reference} ms ({float(ratio):.1f}x" in PERFORMANCE
+    compiled = _logged(r"batch 64, 512 steps: [\d.]+ samples/s \(compile and warm-up (\d+) s\)")[0]
+    assert f"a compilation and warm-up of {compiled} s at batch 64" in PERFORMANCE
+    default = [float(v) for v in _logged(r"\| 64 \| [^|]+\| [^|]+\| [^|]+\| ([\d.]+)/s")
+               + _logged(r"\| 512 \| [^|]+\| [^|]+\| [^|]+\| ([\d.]+)/s")]
+    before = (10.2, 16.1)  # the fused float32 runs of 923c60c:benchmarks/results/nvidia-h200-2026-11-27-2.txt
+    ratios = [f"{d / b:.1f}x" for d, b in zip(default, before)]
+    assert f"the check of 2026-11-28's default run is {ratios[0]} and {ratios[1]} the fused float32 run" in PERFORMANCE
