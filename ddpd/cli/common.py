@@ -17,6 +17,7 @@ import argparse
 import os
 import re
 import signal
+import stat
 import sys
 import warnings
 from collections.abc import Iterator, Sequence
@@ -223,8 +224,10 @@ def refuse_outputs_over_inputs(outputs: Sequence[tuple[str, str]], files: Sequen
     """Refuse an output that would replace what the run reads: an input file (`compare
     q/sweep.csv --out q/sweep.csv` turned the sweep into Markdown), or a path inside a
     network's checkpoint directory it loads (`--out b/planner/config.json`); beside the networks
-    of a pair's directory (`--out b/samples.jsonl`) is fine. Paths are compared as they resolve:
-    symbolic links followed, hard links by their file.
+    of a pair's directory (`--out b/samples.jsonl`) is fine. Nor may an output be the file stdout
+    or stderr goes to (`--out /dev/stdout > r.txt`): its rename replaced r.txt, losing the lines
+    printed there. Paths are compared as they resolve: symbolic links followed, hard links by
+    their file.
 
     Args:
         outputs: (the flag and value naming it, path) of every file the run writes.
@@ -242,6 +245,9 @@ def refuse_outputs_over_inputs(outputs: Sequence[tuple[str, str]], files: Sequen
         for name, path in checkpoints:
             if any(os.path.commonpath([root, target]) == root for root in _network_dirs(path)):
                 raise UsageError(f"{label} is inside {name}, a checkpoint this run reads; write it elsewhere")
+        for stream, fd in (("stdout", 1), ("stderr", 2)):
+            if _is_open_on(out, fd):
+                raise UsageError(f"{label} is the file {stream} goes to; write it elsewhere")
 
 
 def _network_dirs(path: str) -> list[str]:
@@ -253,6 +259,16 @@ def _network_dirs(path: str) -> list[str]:
         return [root]
     subs = [entry.path for entry in os.scandir(root) if entry.is_dir()] if os.path.isdir(root) else []
     return [sub for sub in subs if os.path.isfile(os.path.join(sub, "config.json"))] or [root]
+
+
+def _is_open_on(path: str, fd: int) -> bool:
+    """Whether `path` is the regular file open on descriptor `fd` (a pipe or terminal is
+    refused as an output anyway, by ddpd.files)."""
+    try:
+        opened = os.fstat(fd)
+        return stat.S_ISREG(opened.st_mode) and os.path.samestat(os.stat(path), opened)
+    except OSError:  # the path is not there (yet), or the descriptor is closed
+        return False
 
 
 def _same_file(a: str, b: str) -> bool:

@@ -513,6 +513,24 @@ def test_a_second_writer_of_the_same_out_is_refused(ckpts, tmp_path, capsys):
     assert os.listdir(tmp_path) == ["s.jsonl"]  # the lock is gone with its run
 
 
+@pytest.mark.parametrize("fd, stream", [(1, "stdout"), (2, "stderr")])
+def test_an_out_that_is_the_file_of_stdout_or_stderr_is_refused(ckpts, tmp_path, capsys, fd, stream):
+    """`--out /dev/stdout > r.txt`: the published file was renamed over r.txt, so the lines
+    printed to stdout (stderr: the summary) went to the replaced file and were lost."""
+    redirected = tmp_path / "r.txt"
+    saved = os.dup(fd)
+    try:
+        with open(redirected, "w") as f:
+            os.dup2(f.fileno(), fd)
+        code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--out", f"/proc/self/fd/{fd}")
+    finally:
+        os.dup2(saved, fd)
+        os.close(saved)
+    assert code == 2 and err == (f"ddpd-sample: error: --out /proc/self/fd/{fd} is the file {stream} goes to; "
+                                 "write it elsewhere\n")
+    assert os.listdir(tmp_path) == ["r.txt"]
+
+
 def test_a_full_disk_keeps_the_previous_output(ckpts, tmp_path, capsys, monkeypatch):
     out = tmp_path / "s.jsonl"
     out.write_text('{"index": 0}\n')
