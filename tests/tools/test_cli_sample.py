@@ -563,6 +563,17 @@ def test_too_few_steps_are_warned_about(ckpts, capsys):
                          "per step)" in err, err
 
 
+def test_the_too_few_steps_warning_gives_the_steps_the_parallel_stage_needs(ckpts, capsys):
+    """One parallel step of --k 4 and 4 single steps reach the 8 positions: --steps 5 is enough
+    (the warning asked for 8)."""
+    argv = ("--checkpoint", ckpts["bundle"], "--k", "4", "--parallel-steps", "1", "--num-samples", "1")
+    code, _, err = run_cli(capsys, *argv, "--steps", "2")
+    assert code == 0 and "warning: --steps 2 can denoise at most 5 of the 8 positions" in err
+    assert "give --steps >= 5, or --k and --parallel-steps" in err, err
+    code, _, err = run_cli(capsys, *argv, "--steps", "5")
+    assert code == 0 and "warning" not in err
+
+
 @pytest.mark.parametrize("spec", ["error-budget:bound=8,max_k=1", "error-budget:bound=0,max_k=8"])
 def test_too_few_steps_are_warned_about_under_a_policy_of_one_commit_a_step(ckpts, capsys, spec):
     code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--steps", "3", "--num-samples", "1",
