@@ -22,12 +22,13 @@ def rotary_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> t
         The arguments of ddpd.ops.rotary (not checked here).
 
     Returns:
-        The rotated tensor, of x's dtype; differentiable.
+        The rotated tensor, contiguous and of x's dtype; differentiable.
     """
     length = x.shape[-2]
     x1, x2 = x.float().chunk(2, dim=-1)
     cos, sin = cos[:length], sin[:length]
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+    # halves of one channel (d = 2) from a qkv view come out of cat channels-last
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype).contiguous()
 
 
 def check_rotary(x, cos, sin) -> None:

@@ -352,3 +352,15 @@ def test_autocast_training_step_on_cuda_uses_flash():
     loss.backward()
     assert set(counts) <= set(FLASH_KERNELS + ("sdpa-flash",)) and sum(counts.values()) == 2
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+def test_forced_sdpa_flash_on_cpu_takes_a_head_dimension_of_two():
+    """The rotated q and k keep a last-dimension stride of 1 at d = 2, which torch's CPU
+    flash kernel needs (it answered "No available kernel")."""
+    torch.manual_seed(0)
+    model = build_model("mask-denoiser", config_for("mask-denoiser", 5, 6, d_model=16, n_layers=1, n_heads=8)).eval()
+    x, t = torch.randint(0, 6, (2, 6)), torch.rand(2)
+    with attention_backend("math"):
+        expected = model(x, t)
+    with attention_backend("sdpa-flash"):
+        assert torch.allclose(model(x, t), expected, atol=1e-5)

@@ -119,3 +119,14 @@ def test_opcheck_and_compile():
     torch.library.opcheck(torch.ops.ddpd.rotary.default, (x.contiguous(), table.cos, table.sin))
     compiled = torch.compile(rotary, fullgraph=True, backend="eager")
     assert torch.equal(compiled(x, table.cos, table.sin), rotary_reference(x, table.cos, table.sin))
+
+
+def test_a_head_dimension_of_two_comes_back_contiguous():
+    """With d = 2 the halves torch.cat joins have one channel, and from a qkv view it laid
+    them out channels-last: the op's result, and the fake kernel torch.compile trusts, must
+    be contiguous (a last-dimension stride of 1 is also what attention's fused kernels need)."""
+    q = qkv_views(2, 4, 6, 2, torch.float32)[0]
+    table = RotaryEmbedding(2, 6)
+    assert rotary(q, table.cos, table.sin).is_contiguous()
+    assert rotary_reference(q, table.cos, table.sin).is_contiguous()
+    torch.library.opcheck(torch.ops.ddpd.rotary.default, (q, table.cos, table.sin))
