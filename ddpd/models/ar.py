@@ -46,16 +46,16 @@ class ARModel(HeadModel):
         """[BOS, x_0, ..., x_{D-1}]: Long[B, D + 1].
 
         Args:
-            x: Long[B, D] clean token ids.
+            x: Long[B, D] clean token ids in [0, V).
 
         Returns:
             Long[B, D + 1], BOS first.
 
         Raises:
-            ValueError: `x` is not of shape [B, D].
+            TypeError: `x` is not an int64 tensor.
+            ValueError: `x` is not of shape [B, D] or has an id out of [0, V).
         """
-        if not isinstance(x, torch.Tensor) or x.dim() != 2:
-            raise ValueError(f"x: expected a tensor of shape [B, D], got {getattr(x, 'shape', type(x).__name__)}")
+        check_tokens(x, self.bos_id)
         bos = torch.full((x.shape[0], 1), self.bos_id, dtype=x.dtype, device=x.device)
         return torch.cat((bos, x), dim=1)
 

@@ -404,6 +404,17 @@ def test_ar_log_likelihood_refuses_lengths_it_was_not_trained_to_score():
             model.log_likelihood(tokens(length=D + 1))
 
 
+def test_ar_with_bos_validates_the_clean_tokens():
+    """A list is a wrong type, and the BOS id (or beyond) among the clean tokens is refused
+    rather than prefixed and read as a second start of sequence."""
+    model = make("ar")
+    with pytest.raises(TypeError, match="x: expected a torch.Tensor"):
+        model.with_bos([[0, 1, 2]])
+    with pytest.raises(ValueError, match=rf"x: expected token ids in \[0, {V}\)"):
+        model.with_bos(tokens().clamp(min=V - 1) + 1)
+    assert torch.equal(model.with_bos(tokens())[:, 1:], tokens())
+
+
 def test_ar_likelihood_is_a_distribution():
     torch.manual_seed(0)
     model = ARModel(config_for("ar", 3, 3, **SMALL)).eval()
