@@ -199,7 +199,9 @@ def check_tokens(x: torch.Tensor, vocab_size: int, max_seq_len: Optional[int] = 
         raise TypeError(f"x: expected dtype torch.int64, got {x.dtype}")
     if x.dim() != 2:
         raise ValueError(f"x: expected shape [B, D], got {tuple(x.shape)}")
-    if x.shape[1] < 1 or (max_seq_len is not None and x.shape[1] > max_seq_len):
+    if max_seq_len is None and x.shape[1] < 1:
+        raise ValueError(f"x: expected sequence length >= 1, got {x.shape[1]}")
+    if max_seq_len is not None and not 1 <= x.shape[1] <= max_seq_len:
         raise ValueError(f"x: expected sequence length in [1, max_seq_len={max_seq_len}], got {x.shape[1]}")
     if values_checkable(x):
         low, high = int(x.min()), int(x.max())

@@ -404,6 +404,12 @@ def test_ar_log_likelihood_refuses_lengths_it_was_not_trained_to_score():
             model.log_likelihood(tokens(length=D + 1))
 
 
+def test_an_empty_sequence_is_refused_without_naming_a_missing_limit():
+    """Callers without a length limit (the AR judge's likelihood, the adapters) say so plainly."""
+    with pytest.raises(ValueError, match=r"^x: expected sequence length >= 1, got 0$"):
+        make("ar").log_likelihood(tokens(length=0))
+
+
 def test_ar_with_bos_validates_the_clean_tokens():
     """A list is a wrong type, and the BOS id (or beyond) among the clean tokens is refused
     rather than prefixed and read as a second start of sequence."""
