@@ -277,7 +277,7 @@ def explicit_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal
         causal: whether position i attends only to positions <= i.
 
     Returns:
-        [B, H, L, d] in the dtype of `q`.
+        [B, H, L, d] in the dtype of `v` (the models pass q, k and v of one dtype).
     """
     scores = q.float() @ k.float().transpose(-2, -1) / math.sqrt(q.shape[-1])
     if causal:

@@ -12,6 +12,7 @@ docs/models.md ("The trunk", "Class labels", "Precision") has the details."""
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Optional, Union
 
 import torch
@@ -226,7 +227,7 @@ def check_time(t: Union[torch.Tensor, float], batch: int, device: torch.device) 
         TypeError: `t` is neither a float tensor nor a number.
         ValueError: `t` has another shape or a time outside [0, 1].
     """
-    if isinstance(t, (int, float)) and not isinstance(t, bool):
+    if isinstance(t, numbers.Real) and not isinstance(t, bool):  # numpy scalars too (float32 is no float)
         _check_time_range(float(t), float(t))
         return torch.full((batch,), float(t), device=device)
     if not isinstance(t, torch.Tensor):

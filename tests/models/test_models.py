@@ -5,6 +5,7 @@ import itertools
 import math
 import re
 
+import numpy as np
 import pytest
 import torch
 
@@ -301,6 +302,11 @@ def test_time_conditioning_changes_outputs():
         scalar = model(x, 0.9)
     assert (early - late).abs().amax() > 1e-3
     torch.testing.assert_close(scalar, late)
+    for number in (np.float32(0.9), np.float64(0.9), np.int64(1)):  # a numpy scalar t, as a float
+        with torch.no_grad():
+            torch.testing.assert_close(model(x, number), model(x, float(number)))
+    with pytest.raises(ValueError, match=r"t: expected times in \[0, 1\]"):
+        model(x, np.float32(1.5))
 
 
 def test_untimed_denoiser_ignores_t():
