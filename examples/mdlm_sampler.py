@@ -37,6 +37,14 @@ def check_options(batch: int, length: int, steps: int, top_p: float | None) -> N
         check_float("top_p", top_p, 0.0, 1.0, open_min=True)
 
 
+def all_mask(net: TinyDenoiser, batch: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The all-mask start and one Philox stream (row id) per position, on the network's
+    device: copied next to a CUDA network, CPU tensors fail at the first op."""
+    device = net.head.weight.device
+    x = torch.full((batch, length), net.mask_id, device=device)
+    return x, torch.arange(batch * length, device=device).view(batch, length)
+
+
 def reveal_probability(i: int, steps: int) -> float:
     """(t - s) / t of step i: the chance that a masked position is revealed."""
     t, s = 1 - i / steps, 1 - (i + 1) / steps
@@ -47,12 +55,10 @@ def reveal_probability(i: int, steps: int) -> float:
 def mdlm_ddpd(net: TinyDenoiser, batch: int, length: int, steps: int, seed: int, temperature: float = 1.0,
               top_p: float | None = None) -> torch.Tensor:
     check_options(batch, length, steps, top_p)
-    device = net.head.weight.device  # the loop's tensors live beside the network
-    x = torch.full((batch, length), net.mask_id, device=device)
-    rows = torch.arange(batch * length, device=device).view(batch, length)  # one stream per position
+    x, rows = all_mask(net, batch, length)
     for i in range(steps):
         masked = x == net.mask_id
-        p = torch.full((batch, length, 1), reveal_probability(i, steps), device=device)  # a coin per position
+        p = torch.full((batch, length, 1), reveal_probability(i, steps), device=x.device)  # a coin per position
         reveal = masked & bernoulli(p, seed=seed, offset=2 * i, row_ids=rows)[..., 0]
         if not reveal.any():
             continue
@@ -89,9 +95,7 @@ def float32_logits(net: TinyDenoiser, x: torch.Tensor) -> torch.Tensor:
 def mdlm_plain(net: TinyDenoiser, batch: int, length: int, steps: int, seed: int, temperature: float = 1.0,
                top_p: float | None = None) -> torch.Tensor:
     check_options(batch, length, steps, top_p)
-    device = net.head.weight.device
-    x = torch.full((batch, length), net.mask_id, device=device)
-    rows = torch.arange(batch * length, device=device).view(batch, length)
+    x, rows = all_mask(net, batch, length)
     vocab = net.head.out_features
     for i in range(steps):
         masked = x == net.mask_id

@@ -27,7 +27,8 @@ from ddpd.cli.common import UsageError, add_runtime_arguments, one_line
 DEFAULT_POLICIES = ["error-budget:bound=1,max_k=16", "error-budget:bound=4,max_k=16", "threshold:0.9",
                     "entropy-bound:1.0", "factor:1.0", "remdm:schedule=cap,eta=0.02"]
 SETTINGS = "frontier.json"  # what every row of --out-dir was measured with beside its key
-REPORTS = ("frontier.csv", "frontier.md", "frontier.png", SETTINGS)
+ROWS = "frontier.csv"
+REPORTS = (ROWS, "frontier.md", "frontier.png", SETTINGS)
 # Settings SETTINGS records since a later version: a file written before lacks them, and its rows,
 # measured with unknown values, are taken as any run's (which then records its own).
 LATER = ("batch_size", "fused")
@@ -103,7 +104,7 @@ def run(args: argparse.Namespace) -> None:
     if judge is None:
         judge = _ngram_judge(args, order, shared)
     configs = _configs(args, plan, planner, denoiser, vocab, length)
-    csv_path = os.path.join(args.out_dir, "frontier.csv")
+    csv_path = os.path.join(args.out_dir, ROWS)
     write_text(json.dumps(settings, indent=1) + "\n", os.path.join(args.out_dir, SETTINGS))
     with torch.no_grad():
         rows = fr.run_frontier(configs, judge=judge, vocab_size=vocab, num_samples=args.num_samples, seed=args.seed,
@@ -183,7 +184,7 @@ def _settings(args, bundle: str, order, device: str) -> dict:
                 "judge": "ar" if order is None else f"ngram:{order}", "judge_source": source, "eps": args.eps,
                 "device": device, "batch_size": args.batch_size, "fused": args.fused}
     path = os.path.join(args.out_dir, SETTINGS)
-    if os.path.exists(path) and os.path.exists(os.path.join(args.out_dir, "frontier.csv")):
+    if os.path.exists(path) and os.path.exists(os.path.join(args.out_dir, ROWS)):
         before = _recorded_settings(path)
         changed = [name for name, value in settings.items()
                    if (name in before or name not in LATER) and before.get(name) != value]

@@ -39,8 +39,9 @@ class SampleResult:
     planner_passes / denoiser_passes: Long[B], the network passes each row took part in
     (a pass counts for a row whose output the step used; a guided step, w not 0 or 1,
     evaluates the denoiser twice a row, conditional and unconditional: two passes); commits:
-    Long[B], the tokens a denoiser draw wrote in each row (a position written again counts again); tokens_per_pass:
-    commits over all passes, the parallelism of a run (ddpd.sampling.policies).
+    Long[B], the tokens a denoiser draw wrote in each row (a position written again counts
+    again); tokens_per_pass: commits over all passes, the parallelism of a run
+    (ddpd.sampling.policies).
     planner_nan_passes / denoiser_nan_passes: the passes whose output held a NaN in a row the
     step used (a denoiser's logits also +inf, an overflow; a denoiser run through its head:
     a NaN or infinite hidden state, which makes such logits); every draw reads NaN as -inf
@@ -543,8 +544,8 @@ class Condition:
             rows: Long[B] the row ids.
 
         Returns:
-            (conditional, unconditional); unconditional is None at guidance_scale 1, and
-            conditional at 0 (unused there: neither is evaluated).
+            (conditional, unconditional); the one a guidance scale of 1 or 0 does not use is
+            None, and not evaluated.
         """
         if self.guidance_scale == 0.0:
             return None, network(x, t, None)
