@@ -1,5 +1,6 @@
 """Argument checks shared by the public entry points of every layer, whether a check may
-read a tensor's values (readable: not while traced), and where warnings point (caller_level).
+read a tensor's values (readable: not while traced), where warnings point (caller_level),
+and a float's text that never loses it (float_text).
 
 Errors name the argument, what was expected and what was given.
 Lowest layer: imports nothing from ddpd.
@@ -101,11 +102,29 @@ def check_choice(name: str, value, choices: Sequence[str]) -> str:
         `value`.
 
     Raises:
+        TypeError: not a str.
         ValueError: not one of `choices`.
     """
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str, one of {tuple(choices)}, got {type(value).__name__} {value!r}")
     if value not in choices:
         raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r}")
     return value
+
+
+def float_text(value: float) -> str:
+    """A float as a name part: short (`:g`) where that reads back exactly, else its repr, so
+    that two values never share a name (`:g` gives 1e+06 for 1000000 and 1000001).
+
+    Args:
+        value: the float (an int or str is returned as str()).
+
+    Returns:
+        The text.
+    """
+    if isinstance(value, float):
+        return f"{value:g}" if float(f"{value:g}") == value else repr(value)
+    return str(value)
 
 
 def check_callable(name: str, value) -> Callable:

@@ -562,9 +562,10 @@ def run_convergence(args: argparse.Namespace) -> None:
     with one_set():
         paths = write_convergence(rows, args.out_dir)
     last = rows[-1]
+    stopped = next(value for key, value in last.items() if key.startswith("stopped_eps_"))
     # the last row is the planner's look at step steps - 1, before that step's move
     args.stdout.print(f"at step {last['step']} of {args.steps} (before its move): noise left "
-                      f"{last['noise_left']:.4f}, stopped (eps={eps:g}) {last[f'stopped_eps_{eps:g}']:.3f}")
+                      f"{last['noise_left']:.4f}, stopped (eps={eps}) {stopped:.3f}")
     _report_paths(args, paths)
 
 

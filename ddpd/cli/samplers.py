@@ -234,6 +234,8 @@ def variants(kinds, etas: list[float]) -> dict[str, Variant]:
     Returns:
         The Variants by name.
     """
+    from ddpd.validation import float_text  # imports torch: not before the command line is checked
+
     named: dict[str, Variant] = {}
     for row in TABLE:
         if row.model not in kinds or (row.planner and "planner" not in kinds):
@@ -243,7 +245,8 @@ def variants(kinds, etas: list[float]) -> dict[str, Variant]:
                 named[row.name.format(option=option)] = Variant(row.name.format(option=option), row, {"ddpd": change})
         elif "{eta}" in row.name:
             for eta in etas:
-                named[row.name.format(eta=f"{eta:g}")] = Variant(row.name.format(eta=f"{eta:g}"), row, {"eta": eta})
+                name = row.name.format(eta=float_text(float(eta)))
+                named[name] = Variant(name, row, {"eta": eta})
         else:
             named[row.name] = Variant(row.name, row, {})
     return named

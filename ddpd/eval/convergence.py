@@ -19,6 +19,7 @@ from torch import Tensor
 
 from ddpd.eval.checks import check_callable, check_int
 from ddpd.eval.report import MissingDependency, pyplot, save_figure, write_csv
+from ddpd.validation import float_text
 
 DEFAULT_EPS = (0.05, 0.01)
 
@@ -79,7 +80,7 @@ class PlannerRecorder:
         Returns:
             The rows, one a step.
         """
-        names = ["noise_left", "z_changed"] + [f"met_eps_{e:g}" for e in self.eps]
+        names = ["noise_left", "z_changed"] + [f"met_eps_{float_text(e)}" for e in self.eps]
         return [{"step": i, **{n: float(v) / count for n, v in zip(names, total)}}
                 for i, (total, count) in enumerate(zip(self.sums, self.counts))]
 
@@ -118,7 +119,7 @@ def convergence_rows(recorded: list[dict], stopped: Optional[Tensor] = None, eps
     rows = [dict(r) for r in recorded]
     if stopped is not None:
         for i, row in enumerate(rows):
-            row[f"stopped_eps_{eps:g}"] = float(stopped[i]) if i < stopped.numel() else float("nan")
+            row[f"stopped_eps_{float_text(eps)}"] = float(stopped[i]) if i < stopped.numel() else float("nan")
     return rows
 
 

@@ -40,6 +40,7 @@ def resolve_dtype(dtype: Union[str, torch.dtype], device: Union[str, torch.devic
         The torch dtype.
 
     Raises:
+        TypeError: `dtype` is neither a str nor a torch.dtype.
         ValueError: `dtype` is not one of the choices.
     """
     if isinstance(dtype, torch.dtype):

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from ddpd.sampling.noise import happens
-from ddpd.validation import check_choice, check_float, check_int
+from ddpd.validation import check_choice, check_float, check_int, float_text
 
 ORDERS = ("risk", "planner")
 SPREADS = ("none", "linear", "cosine")
@@ -739,10 +739,4 @@ def policy_spec(policy, defaults: bool = True) -> str:
     name = next(key for key, kind in POLICIES.items() if isinstance(policy, kind))
     fields = [(key, value) for i, (key, value) in enumerate(vars(policy).items()) if value is not None
               and (defaults or i == 0 or value != type(policy).__dataclass_fields__[key].default)]
-    return name + ":" + ",".join(f"{key}={_text(value)}" for key, value in fields)
-
-
-def _text(value) -> str:
-    if isinstance(value, float) and float(f"{value:g}") == value:  # short where that reads back exactly
-        return f"{value:g}"
-    return repr(value) if isinstance(value, float) else str(value)
+    return name + ":" + ",".join(f"{key}={float_text(value)}" for key, value in fields)

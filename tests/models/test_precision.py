@@ -63,6 +63,8 @@ def test_resolve_dtype():
         resolve_dtype("fp8", "cuda")
     with pytest.raises(ValueError, match="dtype must be one of"):
         resolve_dtype(torch.float64)
+    with pytest.raises(TypeError, match="dtype must be a str"):
+        resolve_dtype(16)
 
 
 # ---- prepare_for_sampling -----------------------------------------------------------------

@@ -653,6 +653,8 @@ def test_policy_specs_round_trip_and_bad_ones_are_named():
         parse_policy("fastest")
     with pytest.raises(ValueError, match="bound"):
         ErrorBudget(-1.0)
+    with pytest.raises(TypeError, match="order must be a str, one of .'risk', 'planner'., got NoneType None"):
+        ErrorBudget(order=None)
     with pytest.raises(ValueError, match="sets threshold twice"):
         parse_policy("threshold:0.9,threshold=0.8")
     with pytest.raises(ValueError, match="needs order='risk'"):

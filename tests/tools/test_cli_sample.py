@@ -830,6 +830,9 @@ def test_the_table_names_what_each_sampler_needs(ckpts, capsys):
         "ddpd-A-uniform-model", "ddpd-AB-uniform-model", "ddpd-ABC-uniform-model", "tau-planned-mask",
         "tau-planned-uniform", "dfm-eta0", "dfm-eta15", "dfm-uni", "maskgit"]
     assert list(table.variants(("mask-denoiser",), [2.5])) == ["dfm-eta2.5", "maskgit"]
+    # two etas that :g would write alike (1e+06) keep a variant each
+    assert list(table.variants(("mask-denoiser",), [1e6, 1000001.0])) == ["dfm-eta1e+06", "dfm-eta1000001.0",
+                                                                          "maskgit"]
     assert list(table.variants(("planner",), [0.0])) == []
     # the module's documented table is the table
     documented = [[cell.strip().split(" (")[0] for cell in line.split("|")[1:5]]

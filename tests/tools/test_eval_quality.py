@@ -170,6 +170,14 @@ def test_planner_recorder_statistics():
     assert first["met_eps_0.05"] == 0.0
 
 
+def test_planner_recorder_names_every_eps_apart():
+    """:g wrote 0.0500001 and 0.05000001 alike, so one column held both."""
+    recorder = PlannerRecorder(lambda x: torch.zeros(x.shape), eps=(0.05, 0.05000001))
+    recorder.start_run(1)
+    recorder(torch.zeros(1, 2, dtype=torch.long))
+    assert {"met_eps_0.05", "met_eps_0.05000001"} <= set(recorder.rows()[0])
+
+
 def test_planner_recorder_sums_batches_and_refuses_a_shrinking_batch():
     recorder = PlannerRecorder(lambda x: torch.full(x.shape, -9.0))
     for n in (3, 1):
