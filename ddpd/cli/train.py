@@ -35,7 +35,8 @@ from ddpd.cli.common import (
 from ddpd.files import OutputError, refuse_working_directory, remove_stale_temps
 from ddpd.streams import Stdout, standard_streams
 
-# ddpd.training.trainer's KINDS and TOKENIZERS, here without importing torch (a test holds them equal)
+# ddpd.checkpoint's KINDS and ddpd.training.trainer's TOKENIZERS, here without importing torch (a test
+# holds them equal)
 KINDS = ("planner", "mask-denoiser", "uniform-denoiser", "uniform", "ar")
 TOKENIZERS = ("text8", "gpt2")
 

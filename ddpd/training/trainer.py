@@ -27,6 +27,7 @@ from torch import Tensor
 
 from ddpd._interrupts import signals_held
 from ddpd.checkpoint import (
+    KINDS,
     CheckpointError,
     ensure_replaceable,
     has_train_state,
@@ -58,7 +59,6 @@ from ddpd.training.distributed import Distributed, GradientMean, PeerLost, data_
 from ddpd.training.losses import ar_loss, denoiser_loss, planner_loss, uniform_model_loss
 from ddpd.validation import caller_level, check_choice, check_device, check_float, check_int
 
-KINDS = ("planner", "mask-denoiser", "uniform-denoiser", "uniform", "ar")
 TOKENIZERS = ("text8", "gpt2")
 BETAS = (0.9, 0.95)  # AdamW's
 # AdamW settings a resume must keep: an edited state must not make a run ascend (maximize) or change
@@ -139,13 +139,14 @@ class TrainConfig:
     data_recorded: InitVar[bool] = False
 
     def __post_init__(self, data_recorded: bool) -> None:
-        if self.kind not in KINDS:
-            raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
+        check_choice("kind", self.kind, KINDS)
+        for name in ("data", "out", "tiktoken"):  # config.json records a path as a str
+            if isinstance(getattr(self, name), os.PathLike):
+                setattr(self, name, os.fspath(getattr(self, name)))
         for name in ("data", "out"):
             if not isinstance(getattr(self, name), str) or not getattr(self, name):
-                raise TypeError(f"{name} must be a non-empty path string, got {getattr(self, name)!r}")
-        if self.tokenizer not in TOKENIZERS:
-            raise ValueError(f"tokenizer must be one of {TOKENIZERS}, got {self.tokenizer!r}")
+                raise TypeError(f"{name} must be a non-empty path, got {getattr(self, name)!r}")
+        check_choice("tokenizer", self.tokenizer, TOKENIZERS)
         if self.tiktoken and self.tokenizer != "gpt2":
             raise ValueError(f"tiktoken (a GPT-2 ranks file) needs tokenizer 'gpt2', got {self.tokenizer!r}")
         for name in ("steps", "batch_size", "seq_len", "d_model", "n_layers", "n_heads", "grad_accum",

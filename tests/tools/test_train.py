@@ -5,6 +5,7 @@ import gc
 import json
 import math
 import os
+import pathlib
 import queue
 import signal
 import subprocess
@@ -205,6 +206,14 @@ def test_max_time_stops_and_checkpoints(corpus, tmp_path, monkeypatch):
 def test_config_validation(corpus, tmp_path, changes, message):
     with pytest.raises((TypeError, ValueError), match=message):
         config(corpus, tmp_path, **changes)
+
+
+def test_paths_may_be_path_objects(corpus, tmp_path):
+    """data=Path(...) was refused as no path string."""
+    cfg = TrainConfig(kind="planner", data=pathlib.Path(corpus), out=tmp_path / "p", **TINY)
+    assert (cfg.data, cfg.out) == (config(corpus, tmp_path / "p").data, str(tmp_path / "p"))
+    with pytest.raises(TypeError, match="out must be a non-empty path, got 3"):
+        TrainConfig(kind="planner", data=corpus, out=3, **TINY)
 
 
 def test_a_schedule_object_is_refused_before_training(corpus, tmp_path):
