@@ -110,7 +110,13 @@ def _train_config(args: argparse.Namespace):
     if args.resume:  # a checkpoint a killed save had set aside is back (check_command_line)
         stored = dict(resume_settings(args.out, read_config(args.out)))  # checked against their digest
         stored.pop("out", None)  # where it is may change; its device and how often it reports are kept unless given
-        return TrainConfig.from_dict({**stored, **given}, data_recorded="data" not in given)
+        try:
+            return TrainConfig.from_dict({**stored, **given}, data_recorded="data" not in given)
+        except FileNotFoundError as err:  # the corpus the checkpoint names
+            if "data" in given:
+                raise
+            raise FileNotFoundError(f"the run's corpus {stored.get('data')} is not there: if it moved, give its new "
+                                    "place with --data (the resume checks that it is the same text)") from err
     return TrainConfig.from_dict(given)
 
 

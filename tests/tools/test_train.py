@@ -564,6 +564,21 @@ def test_a_run_resumes_with_its_ranks_file_moved(tmp_path, capsys):
     assert read_config(out)["training"]["tiktoken"] == str(moved)
 
 
+def test_a_resume_whose_corpus_moved_says_to_name_its_place(tmp_path, capsys):
+    """It said "no such file" and listed the corpora a fresh run may name."""
+    corpus = tmp_path / "c.txt"
+    corpus.write_text(BOOKS.read_text()[:60_000], encoding="utf-8")
+    out = tmp_path / "out"
+    Trainer(TrainConfig(kind="planner", data=str(corpus), out=str(out), **{**TINY, "steps": 4,
+                                                                           "save_every": 2})).train(stop_at=2)
+    moved = corpus.rename(tmp_path / "moved.txt")
+    code, _, err = run_cli(capsys, "planner", "--out", out, "--resume", "--no-progress")
+    assert code == 1 and err.startswith(f"ddpd-train: error: the run's corpus {corpus} is not there: if it "
+                                        "moved, give its new place with --data"), err
+    code, _, err = run_cli(capsys, "planner", "--out", out, "--resume", "--data", moved, "--no-progress")
+    assert code == 0, err
+
+
 def _ddp_worker(rank, store, settings, out):
     os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
