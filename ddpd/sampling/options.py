@@ -109,7 +109,9 @@ class DDPDOptions:
     """Plan, stop and clock of the DDPD sampler (appendix 'Implementation details': A, +B, +C).
 
     Attributes:
-        selection: "sigmoid" (option A: weights sigmoid(planner logit)) or "softmax" (option C).
+        selection: "sigmoid" (option A: weights sigmoid(planner logit)) or "softmax" (option C;
+            on the exact clock it picks the accepted event's position, so the chain is no
+            longer the CTMC of prop:self-loop-jumps and is not exact even with exact networks).
         stop: "eps" (A: a row stops once p(z^d = N | x_t) < eps everywhere) or "budget" (B: the
             whole step budget); None: eps on the planner clock, budget on the exact clock. Under
             a policy's plan_every > 1, eps reads the plan held between planner passes (positions

@@ -7,6 +7,7 @@
     the law) over 300 repeats, plus 0.005 (oracles/stats.py).
 """
 import dataclasses
+from pathlib import Path
 
 import pytest
 import torch
@@ -217,6 +218,18 @@ def test_exact_clock_law_is_p_data():
     problem = toy("sparse S2 D4")
     law = laws.ddpd_exact_clock_law(problem, T_END)
     assert tv(law, problem.p_data) < 1e-3
+
+
+def test_exact_clock_with_softmax_selection_is_biased_as_documented():
+    """Option C on the exact clock picks the accepted event's position by softmax, not in
+    proportion to p: even with exact networks the chain is not prop:self-loop-jumps' CTMC,
+    and its law stays off p_data (docs/sampling.md quotes the TV)."""
+    problem = toy("dir S3 D2")
+    law = laws.ddpd_exact_clock_law(problem, T_END, ddpd=dataclasses.replace(EXACT, selection="softmax"))
+    far = tv(law, problem.p_data)
+    assert far > 0.01
+    docs = " ".join((Path(__file__).resolve().parents[2] / "docs" / "sampling.md").read_text().split())
+    assert f"with `selection=\"softmax\"` the exact clock is not exact either: its exact law sits {far:.3f} TV" in docs
 
 
 def test_exact_clock_with_a_mask_denoiser_is_biased():
