@@ -30,6 +30,7 @@ STOPS = ("eps", "budget")
 CLOCKS = ("planner", "exact")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 GRAPHS = ("auto", "off", "emulate")
+T_END = 1.0 - 1e-4  # DDPDOptions.t_end's default
 
 
 def check_temperature(name: str, value) -> float:
@@ -119,7 +120,7 @@ class DDPDOptions:
         eps: The threshold of the eps stop, in (0, 1).
         clock: "planner" (the time estimated from the planner, the paper's) or "exact" (the
             self-loop CTMC simulated exactly up to t_end).
-        t_end: The exact clock's final time, in (0, 1).
+        t_end: The exact clock's final time, in (0, 1); with clock="planner" only its default.
         k: Positions denoised per step during the first parallel_steps steps (k > 1 needs
             parallel_steps > 0, so no policy).
         parallel_steps: Steps of the parallel stage; then one position per step.
@@ -130,7 +131,7 @@ class DDPDOptions:
     stop: Optional[str] = None  # eps with the planner clock, budget with the exact clock
     eps: float = 0.01
     clock: str = "planner"
-    t_end: float = 1.0 - 1e-4
+    t_end: float = T_END
     k: int = 1
     parallel_steps: int = 0
     policy: Optional[ErrorBudget] = None
@@ -156,6 +157,9 @@ class DDPDOptions:
             if self.parallel_steps > 0:
                 raise ValueError("policy needs parallel_steps=0: the policy decides how many positions a step "
                                  "denoises")
+        if self.clock != "exact" and self.t_end != T_END:  # read nowhere else: refused rather than ignored
+            raise ValueError(f"t_end={self.t_end} is read by clock='exact' only; the planner clock stops on eps "
+                             "or the step budget")
         if self.clock == "exact":
             if self.stop == "eps":
                 raise ValueError("stop='eps' is not available with clock='exact', which runs to t_end; "

@@ -355,6 +355,7 @@ BAD_ARGUMENTS = [
     (lambda: _ddpd(temperature=-1.0), ValueError, "temperature"),
     (lambda: _ddpd(temperature=Temperature(1.0, "hot")), TypeError, "temperature_end"),
     (lambda: _opts(t_end=1.0), ValueError, "t_end"),
+    (lambda: _opts(t_end=0.5), ValueError, "t_end=0.5 is read by clock='exact' only"),
     (lambda: _ddpd(denoiser_type="gaussian"), ValueError, "denoiser_type"),
     (lambda: _ddpd(mask_id=1), ValueError, "mask_id"),
     (lambda: _ddpd(schedule="quadratic"), ValueError, "schedule"),
