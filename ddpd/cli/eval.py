@@ -427,7 +427,8 @@ def run_quality(args: argparse.Namespace) -> None:
                              reference=reference, progress=args.progress, on_row=keep)
     except Interrupted as stop:
         stop.detail = f"; the {finished[0]} finished row(s) are in {partial}" if finished else \
-            "; no row was finished, nothing written"
+            "; no row was finished, nothing written" + (f" ({partial} is an earlier run's)" if
+                                                         os.path.exists(partial) else "")
         raise
     with one_set():
         paths = write_sweep(rows, args.out_dir)

@@ -210,6 +210,10 @@ def test_an_interrupted_sweep_leaves_the_previous_sweep_and_its_own_rows_apart(s
     assert {name: (out_dir / name).read_bytes() for name in before} == before
     with open(partial) as f:
         assert [(r["sampler"], r["steps"]) for r in csv.DictReader(f)] == [("ddpd-A-mask", "3")]
+    calls[:] = [1]  # stopped again before its first row: the partial file is not this run's
+    code, _, err = _run(capsys, *common, "--steps", 3)
+    assert err == f"ddpd-eval: interrupted by SIGTERM; no row was finished, nothing written ({partial} is an " \
+                  "earlier run's)\n"
     monkeypatch.setattr(quality, "quality_metrics", metrics)
     code, _, err = _run(capsys, *common, "--steps", 3)
     assert code == 0, err
