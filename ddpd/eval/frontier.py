@@ -111,8 +111,9 @@ def run_frontier(configs: Sequence[Config], *, judge, vocab_size: int, num_sampl
 
 
 def read_frontier(path: str) -> list[dict]:
-    """The rows of a frontier CSV (numbers as floats); ValueError naming the file and line for one
-    that lacks a column of the key or a measurement, or holds a measurement that is no number.
+    """The rows of a frontier CSV (measurements as floats; steps, budget, num_samples and seed as
+    whole numbers' text, 16.0 read as 16); ValueError naming the file and line for one that
+    lacks a column of the key or a measurement, or holds a measurement that is no number.
 
     Args:
         path: a frontier CSV.
@@ -121,8 +122,8 @@ def read_frontier(path: str) -> list[dict]:
         The rows.
 
     Raises:
-        ValueError: the file lacks a column, a cell of a measurement is no number, or it is not
-            such a CSV.
+        ValueError: the file lacks a column, a cell of a measurement is no number (or of steps,
+            budget, num_samples or seed no whole number), or it is not such a CSV.
     """
     with open(path, newline="", encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
@@ -138,7 +139,24 @@ def read_frontier(path: str) -> list[dict]:
                     row[k] = float(row[k])
                 except ValueError:
                     raise ValueError(f"{path} line {line}, column {k}: {row[k]!r} is not a number") from None
+        for k in ("steps", "budget", "num_samples", "seed"):  # 16.0 (a spreadsheet's) is the key's 16
+            if row.get(k):
+                row[k] = _whole(row[k], f"{path} line {line}, column {k}")
     return rows
+
+
+def _whole(text: str, where: str) -> str:
+    try:
+        return str(int(text))
+    except ValueError:
+        pass
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value.is_integer():
+        raise ValueError(f"{where}: {text!r} is not a whole number")
+    return str(int(value))
 
 
 def budget(row: dict) -> int:

@@ -11,6 +11,7 @@ import torch
 from ddpd.cli.eval import main
 from ddpd.eval.frontier import Config, against_baselines, budget, passes_to_reach, read_frontier, run_frontier
 from ddpd.eval.ngram import NGramJudge
+from ddpd.eval.report import write_csv
 
 
 class Uniform:
@@ -80,6 +81,23 @@ def test_read_frontier_names_the_file_line_and_column_of_a_cell_that_is_no_numbe
     with pytest.raises(ValueError) as err:
         read_frontier(str(path))
     assert str(err.value) == f"{path} line 3, column {cell}: {value!r} is not a number"
+
+
+def test_read_frontier_reads_whole_numbers_written_as_floats(tmp_path):
+    """A spreadsheet's 16.0 in the budget column gave a bare int() error, and 3.0 steps a key
+    that no configuration matched (measured again on resume)."""
+    path = str(tmp_path / "frontier.csv")
+    calls = []
+    config = Config("maskgit", "maskgit", 3, 1.0, fake(calls), budget=16)
+    run_frontier([config], judge=Uniform(5), vocab_size=5, num_samples=1, seed=0, batch_size=1, csv_path=path)
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    write_csv([dict(rows[0], steps="3.0", budget="16.0", num_samples="1.0")], path)
+    again = run_frontier([config], judge=Uniform(5), vocab_size=5, num_samples=1, seed=0, batch_size=1, csv_path=path)
+    assert len(calls) == 1 and budget(again[0]) == 16
+    write_csv([dict(rows[0], budget="16.5")], path)
+    with pytest.raises(ValueError, match=r"line 2, column budget: '16.5' is not a whole number"):
+        read_frontier(path)
 
 
 
