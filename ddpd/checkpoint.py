@@ -74,24 +74,27 @@ def save_checkpoint(path: str, model: torch.nn.Module, config: dict,
         train_state: (tensors, meta) for an exact resume, or None.
 
     Raises:
-        CheckpointError: `path` holds something a save must not replace, or the config does
-            not fit the model.
+        CheckpointError: `path` holds something a save must not replace, the config does not
+            fit the model, or the weights are what a load refuses (not float32, float16 or
+            bfloat16, NaN or infinite).
         ValueError: the config is not JSON-serialisable.
         ddpd.files.OutputError: the directory cannot be written (a full disk, permissions).
     """
     _check_config(config, "save_checkpoint: config")
     _check_model(model, config, "save_checkpoint")
-    files = _checkpoint_files(model, config, train_state)
+    files = _checkpoint_files(model, config, train_state, path, "save_checkpoint")
     ensure_replaceable(path, "checkpoint")
     with atomic_directory(path) as tmp:
         _write_files(tmp, files)
         _keep_other_entries(path, tmp, CHECKPOINT_ENTRIES)
 
 
-def _checkpoint_files(model: torch.nn.Module, config: dict, train_state: Optional[TrainState]) -> dict[str, bytes]:
-    """The bytes of every file of a checkpoint, config.json (with the digests) last."""
+def _checkpoint_files(model: torch.nn.Module, config: dict, train_state: Optional[TrainState],
+                      path: str, what: str) -> dict[str, bytes]:
+    """The bytes of every file of the checkpoint `path`, config.json (with the digests) last."""
     meta = _check_train_state(train_state)
     files = {WEIGHTS: _serialize(model.state_dict())}
+    _check_saved_weights(path, what, config, model.state_dict(), files[WEIGHTS])
     if train_state is not None:
         files[STATE_TENSORS] = _serialize(train_state[0])
         files[STATE_META] = meta.encode("utf-8")
@@ -150,18 +153,21 @@ def save_bundle(path: str, planner: torch.nn.Module, planner_config: dict,
         denoiser_config: its checkpoint config.
 
     Raises:
-        CheckpointError: `path` holds something a save must not replace, or a config does
-            not fit its model.
+        CheckpointError: `path` holds something a save must not replace, a config does not
+            fit its model, or weights are what a load refuses (as in save_checkpoint).
         ValueError: the planner and the denoiser differ in vocabulary or tokenizer.
         ddpd.files.OutputError: the directory cannot be written.
     """
+    _check_path(path)
     _check_bundle_kind("planner", planner_config, PLANNER_KINDS)
     _check_bundle_kind("denoiser", denoiser_config, DENOISER_KINDS)
     _check_model(planner, planner_config, "save_bundle: planner")
     _check_model(denoiser, denoiser_config, "save_bundle: denoiser")
     _check_bundle_agrees(planner_config, denoiser_config)
-    files = {"planner": _checkpoint_files(planner, planner_config, None),
-             "denoiser": _checkpoint_files(denoiser, denoiser_config, None)}
+    files = {"planner": _checkpoint_files(planner, planner_config, None, os.path.join(path, "planner"),
+                                          "save_bundle: planner"),
+             "denoiser": _checkpoint_files(denoiser, denoiser_config, None, os.path.join(path, "denoiser"),
+                                           "save_bundle: denoiser")}
     ensure_replaceable(path, "bundle")
     with atomic_directory(path) as tmp:
         for role, role_files in files.items():
@@ -693,20 +699,35 @@ def _read_weights(reader: _Reader, config: dict, model_config) -> dict[str, torc
         tensors = load_safetensors(data)
     except SafetensorError as err:
         raise CheckpointError(f"checkpoint {reader.path}: {WEIGHTS} is corrupt: {err}") from None
-    bad = [key for key, t in tensors.items() if not bool(torch.isfinite(t).all())]
-    if bad:
-        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
-        raise CheckpointError(f"checkpoint {reader.path}: {WEIGHTS} holds NaN or infinite weights in "
-                              f"{bad[0]}{more}; the model cannot be used")
+    _check_finite(f"checkpoint {reader.path}: {WEIGHTS}", tensors)
     return tensors
 
 
-def _check_against_config(path: str, config: dict, model_config, header: dict) -> None:
+def _check_saved_weights(path, what: str, config: dict, tensors: dict[str, torch.Tensor], data: bytes) -> None:
+    """CheckpointError unless a load would accept the weights (their serialized `data`):
+    a save must not replace the last good checkpoint with one that cannot be loaded."""
+    (length,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + length])
+    header.pop("__metadata__", None)
+    model_config = _model_config(path, config)
+    _check_against_config(path, config, model_config, header, f"{what}: the model's weights do not match config")
+    _check_finite(f"{what}: the model", tensors)
+
+
+def _check_finite(where: str, tensors: dict[str, torch.Tensor]) -> None:
+    bad = [key for key, t in tensors.items() if not bool(torch.isfinite(t).all())]
+    if bad:
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise CheckpointError(f"{where} holds NaN or infinite weights in {bad[0]}{more}; the model cannot be used")
+
+
+def _check_against_config(path: str, config: dict, model_config, header: dict, where: str = "") -> None:
     """The header must hold exactly the tensors of the network config.json describes,
-    in floating types; checked on a network built on the meta device (no memory)."""
+    in floating types; checked on a network built on the meta device (no memory).
+    `where` begins the messages of a mismatch."""
     from ddpd.models.factory import build_skeleton
 
-    where = f"checkpoint {path}: {WEIGHTS} does not match config.json"
+    where = where or f"checkpoint {path}: {WEIGHTS} does not match config.json"
     if model_config.n_layers > len(header):  # every layer holds at least one tensor: no need to build
         raise CheckpointError(f"{where}: config.json has {model_config.n_layers} layers, the file "
                               f"{len(header)} tensors")

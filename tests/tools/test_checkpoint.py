@@ -546,12 +546,37 @@ def test_crafted_configs_give_one_line_naming_the_file(tmp_path, text, message):
 
 
 def test_non_finite_weights_are_refused(tmp_path):
-    model, config = tiny("planner")
-    with torch.no_grad():
-        model.head.weight[0, 0] = float("nan")
-    save_checkpoint(tmp_path / "c", model, config)
+    import hashlib
+
+    from safetensors.torch import save_file
+
+    path = _saved(tmp_path)
+    tensors = load_file(path / "model.safetensors")
+    tensors["head.weight"][0, 0] = float("nan")
+    save_file(tensors, path / "model.safetensors")
+    digest = hashlib.sha256((path / "model.safetensors").read_bytes()).hexdigest()
+    _rewrite_config(path, lambda c: c["sha256"].update({"model.safetensors": digest}))
     with pytest.raises(CheckpointError, match="NaN or infinite weights in head.weight"):
-        load_model(tmp_path / "c")
+        load_model(path)
+
+
+@pytest.mark.parametrize("spoil, message", [
+    (lambda model: model.double(), "stored as F64; weights are stored as F32, F16, BF16"),
+    (lambda model: model.head.weight.data.fill_(float("nan")), "NaN or infinite weights in head.weight"),
+    (lambda model: model.add_module("extra", torch.nn.Linear(2, 2)), "unexpected \\['extra.bias'"),
+], ids=["float64", "nan", "extra module"])
+def test_a_save_refuses_weights_a_load_would_refuse(tmp_path, spoil, message):
+    """They were written over the last good checkpoint, which then no longer loaded."""
+    path = _saved(tmp_path)
+    before = (path / "model.safetensors").read_bytes()
+    model, config = tiny("planner", seed=1)
+    spoil(model)
+    with pytest.raises(CheckpointError, match=message) as info:
+        save_checkpoint(path, model, config)
+    assert _one_line(info.value) and (path / "model.safetensors").read_bytes() == before
+    with pytest.raises(CheckpointError, match=message):
+        save_bundle(tmp_path / "b", model, config, *tiny("mask-denoiser"))
+    assert sorted(os.listdir(tmp_path)) == ["c"]
 
 
 @pytest.mark.parametrize("damage, message", [
