@@ -382,6 +382,14 @@ class RotaryEmbedding(nn.Module):
         return rotate(x, self.cos, self.sin)
 
 
+def _rotary_beside_weights(attn: nn.Module, incompatible_keys) -> None:
+    """After a load: a skeleton filled by load_state_dict(assign=True) has its weights, but its
+    rotary tables (in no state dict) stayed on the meta device; computed where the weights are."""
+    rotary, weight = attn.rotary, attn.qkv.weight
+    if rotary.cos.is_meta and not weight.is_meta:
+        rotary.cos, rotary.sin = rotary._tables(rotary.cos.shape[0], weight.device)
+
+
 class SelfAttention(nn.Module):
     """Multi-head self-attention block: qkv projection, rotary, attention, output projection."""
 
@@ -394,6 +402,7 @@ class SelfAttention(nn.Module):
         self.proj = nn.Linear(d_model, d_model, bias=False)
         self.rotary = RotaryEmbedding(d_model // n_heads, max_seq_len)
         self.resid_dropout = nn.Dropout(dropout)
+        self.register_load_state_dict_post_hook(_rotary_beside_weights)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Multi-head self-attention of x with rotary positions.

@@ -81,6 +81,8 @@ def build_skeleton(kind: str, config: TransformerConfig) -> nn.Module:
     device's random fills imported torch._dynamo and triton: seconds of every checkpoint
     load, and C++ a signal must not interrupt). `to_empty(device=...)` makes it a network
     there to fill with load_state_dict: its rotary tables are computed, the rest is empty.
+    `load_state_dict(state, assign=True)` fills it in place: the rotary tables are computed
+    on the device of the weights assigned.
 
     Args:
         kind: one of MODEL_KINDS.

@@ -235,6 +235,22 @@ def test_skeleton_to_empty_then_load_computes_what_the_network_does(kind):
         torch.testing.assert_close(call(skeleton.eval(), x), call(model, x), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("kind", MODEL_KINDS)
+def test_skeleton_loaded_with_assign_computes_what_the_network_does(kind):
+    """load_state_dict(assign=True) does not touch the rotary tables (not in a state dict):
+    they stayed on the meta device, and the first call failed deep in the rotation."""
+    from ddpd.models.factory import build_skeleton
+
+    model = make(kind)
+    skeleton = build_skeleton(kind, model.config)
+    skeleton.load_state_dict(model.state_dict(), assign=True)
+    for built, filled in zip(model.buffers(), skeleton.buffers()):
+        assert torch.equal(built, filled)
+    x = tokens(high=model.config.vocab_size)
+    with torch.no_grad():
+        torch.testing.assert_close(call(skeleton.to("cpu").eval(), x), call(model, x), rtol=0, atol=0)
+
+
 def test_model_sees_positions():
     # without positions a bidirectional transformer is permutation-equivariant
     model = make("planner")
