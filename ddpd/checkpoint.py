@@ -18,7 +18,7 @@ import os
 import shutil
 import stat
 import struct
-from typing import NamedTuple, Optional
+from typing import NamedTuple, Optional, Union
 
 import torch
 from safetensors import SafetensorError
@@ -26,6 +26,7 @@ from safetensors.torch import load as load_safetensors, save as save_safetensors
 
 from ddpd._interrupts import signals_held
 from ddpd.files import atomic_directory, refuse_working_directory
+from ddpd.validation import check_device
 
 KINDS = ("planner", "mask-denoiser", "uniform-denoiser", "uniform", "ar")
 PLANNER_KINDS = ("planner", "uniform")
@@ -276,17 +277,19 @@ def _link_or_copy(src: str, dst: str) -> None:
 # ---------------------------------------------------------------- reading
 
 
-def load_model(path: str, device: str = "cpu") -> tuple[torch.nn.Module, dict]:
+def load_model(path: str, device: Union[str, torch.device] = "cpu") -> tuple[torch.nn.Module, dict]:
     """(model in eval mode on `device`, config dict) from a checkpoint directory.
 
     Args:
         path: the checkpoint directory.
-        device: where to put the model.
+        device: where to put the model: "auto", "cpu", "cuda", "cuda:N" or a torch.device.
 
     Returns:
         (model, config).
 
     Raises:
+        TypeError: `path` is not a str or os.PathLike, or `device` not a str or torch.device.
+        ValueError: an unknown `device`, or CUDA where there is none (before anything is read).
         CheckpointError: the checkpoint is missing, damaged or does not verify.
 
     Example:
@@ -296,22 +299,25 @@ def load_model(path: str, device: str = "cpu") -> tuple[torch.nn.Module, dict]:
     return checkpoint.model, checkpoint.config
 
 
-def load_checkpoint(path: str, device: str = "cpu", train_state: bool = False) -> Checkpoint:
+def load_checkpoint(path: str, device: Union[str, torch.device] = "cpu", train_state: bool = False) -> Checkpoint:
     """The model (eval mode, on `device`), config and, with train_state=True, the
     training state (tensors, meta), all from the same save, each file verified.
 
     Args:
         path: the checkpoint directory.
-        device: where to put the model.
+        device: where to put the model: "auto", "cpu", "cuda", "cuda:N" or a torch.device.
         train_state: also load the training state.
 
     Returns:
         A Checkpoint (model, config, train_state or None).
 
     Raises:
+        TypeError: `path` is not a str or os.PathLike, or `device` not a str or torch.device.
+        ValueError: an unknown `device`, or CUDA where there is none (before anything is read).
         CheckpointError: the checkpoint is missing, damaged or does not verify.
     """
     _check_path(path)
+    device = check_device("device", device)
     return _consistent(path, lambda reader: _load_from(reader, device, train_state))
 
 
@@ -424,22 +430,27 @@ def load_train_state(path: str) -> TrainState:
     return _consistent(path, lambda reader: _state_from(reader, _config_from(reader)))
 
 
-def load_bundle(path: str, device: str = "cpu") -> tuple[torch.nn.Module, torch.nn.Module, dict[str, dict]]:
+def load_bundle(path: str, device: Union[str, torch.device] = "cpu"
+                ) -> tuple[torch.nn.Module, torch.nn.Module, dict[str, dict]]:
     """(planner, denoiser, {"planner": config, "denoiser": config}) from a bundle,
     both from the same version of the bundle.
 
     Args:
         path: the bundle directory.
-        device: where to put the models.
+        device: where to put the models: "auto", "cpu", "cuda", "cuda:N" or a torch.device.
 
     Returns:
         (planner, denoiser, configs).
 
     Raises:
+        TypeError: `path` is not a str or os.PathLike, or `device` not a str or torch.device.
+        ValueError: an unknown `device`, or CUDA where there is none (before anything is read).
         CheckpointError: the bundle or one of its checkpoints is missing, damaged or does
             not verify.
     """
-    if not isinstance(path, (str, os.PathLike)) or not os.path.isdir(path):
+    _check_path(path)
+    device = check_device("device", device)
+    if not os.path.isdir(path):
         raise CheckpointError(f"bundle directory not found: {path}")
 
     def load(reader: _Reader):

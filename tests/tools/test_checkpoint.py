@@ -440,6 +440,20 @@ def test_bundle_errors(tmp_path):
         load_bundle(tmp_path / "half")
 
 
+@pytest.mark.parametrize("load", [load_model, ckpt.load_checkpoint, load_bundle])
+def test_a_load_checks_its_arguments_before_reading(tmp_path, load):
+    """An unknown device failed after every file was read and hashed, with torch's
+    RuntimeError ("gpu") or an AssertionError (CUDA absent); a bundle path of another
+    type was "not found"."""
+    with pytest.raises(ValueError, match="device must be auto, cpu, cuda or cuda:N, got 'gpu'"):
+        load(tmp_path / "missing", device="gpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA is not available"):
+            load(tmp_path / "missing", device="cuda")
+    with pytest.raises(TypeError, match="path must be a str or os.PathLike, got int"):
+        load(123)
+
+
 # ---------------------------------------------------------------- hostile and damaged files
 
 
