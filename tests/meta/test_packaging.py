@@ -2,9 +2,11 @@
 extras with one-line errors, the extension importable on its own, the shipped data."""
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -216,6 +218,30 @@ def test_wheel_ships_the_data(tmp_path):
     shipped = sorted(p.name for p in (tmp_path / "lib" / "ddpd" / "assets").iterdir())
     assert shipped == ["NOTICE.md", "__init__.py", "books.txt", "gpt2.tiktoken"]
     assert (tmp_path / "lib" / "ddpd" / "py.typed").is_file()
+
+
+@pytest.mark.integration
+def test_the_source_distribution_holds_the_tests_and_docs(tmp_path):
+    """The sdist held the package alone: a packager building from it could not run the tests
+    or read the docs."""
+    tree = tmp_path / "tree"  # a copy: sdist writes its release tree beside setup.py
+    patterns = shutil.ignore_patterns(".git", "*.egg-info", "__pycache__", ".*cache", ".benchmarks", "*.so")
+
+    def ignored(folder, names):  # the root's git-ignored corpora and outputs, and caches anywhere
+        root = {"data", "runs", "build", "dist"} if Path(folder) == ROOT else set()
+        return patterns(folder, names) | (root & set(names))
+
+    shutil.copytree(ROOT, tree, ignore=ignored)
+    subprocess.run([sys.executable, "setup.py", "-q", "sdist", "-d", str(tmp_path / "dist")], cwd=tree, check=True,
+                   capture_output=True, timeout=HANG_GUARD_SECONDS, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+    (archive,) = (tmp_path / "dist").iterdir()
+    with tarfile.open(archive) as tar:
+        names = {name.split("/", 1)[1] for name in tar.getnames() if "/" in name}
+    expected = {"tests/conftest.py", "tests/data/pinned_samples.json", "docs/api.md", "benchmarks/conftest.py",
+                "examples/" + sorted(p.name for p in (ROOT / "examples").glob("*.py"))[0], "CHANGELOG.md",
+                "README.md", "csrc/module.cpp", "kernels/" + sorted(p.name for p in (ROOT / "kernels").glob("*.py"))[0]}
+    assert expected <= names, sorted(expected - names)
+    assert not any("__pycache__" in name for name in names)
 
 
 def _top_level_field(text: str, key: str) -> str:
