@@ -123,7 +123,7 @@ class DDPDOptions:
         t_end: The exact clock's final time, in (0, 1); with clock="planner" only its default.
         k: Positions denoised per step during the first parallel_steps steps (k > 1 needs
             parallel_steps > 0, so no policy).
-        parallel_steps: Steps of the parallel stage; then one position per step.
+        parallel_steps: Steps of the parallel stage (> 0 needs k > 1); then one position per step.
         policy: An ErrorBudget commit policy (ddpd.sampling.policies), or None (commit every draw).
     """
 
@@ -148,6 +148,9 @@ class DDPDOptions:
         if self.k > 1 and self.parallel_steps == 0:  # it would never be read
             raise ValueError(f"k={self.k} acts in the parallel stage only: give parallel_steps > 0 too (not with a "
                              "policy, which decides how many positions a step denoises)")
+        if self.k == 1 and self.parallel_steps > 0:  # a parallel stage of k = 1 is every step's one position
+            raise ValueError(f"parallel_steps={self.parallel_steps} is a stage of k positions a step, and k=1 is "
+                             "every step's one: give k=2 or more")
         if self.policy is not None:
             if not isinstance(self.policy, ErrorBudget):
                 raise TypeError(f"policy must be an ErrorBudget (ddpd.sampling.policies) or None, "

@@ -348,6 +348,7 @@ BAD_ARGUMENTS = [
     (lambda: _ddpd(time_conditioned_planner=1), TypeError, "time_conditioned_planner"),
     (lambda: _opts(k=5, parallel_steps=1), ValueError, "k"),
     (lambda: _opts(k=4), ValueError, "k=4 acts in the parallel stage only: give parallel_steps > 0"),
+    (lambda: _opts(parallel_steps=3), ValueError, "parallel_steps=3 is a stage of k positions a step, and k=1"),
     (lambda: _opts(k=4, policy=ErrorBudget()), ValueError, "k=4 acts in the parallel stage only"),
     (lambda: _opts(k=4, clock="exact"), ValueError, "k=4 acts in the parallel stage only"),
     (lambda: _opts(k=2, parallel_steps=4), ValueError, "parallel_steps"),

@@ -162,6 +162,8 @@ def no_models(monkeypatch):
     # --k acts only in the parallel stage: alone, or under a policy, it was ignored
     (["--k", "4"], "--k 4 acts in the parallel stage only: give --parallel-steps N too"),
     (["--policy", "error-budget", "--k", "4"], "--k 4 acts in the parallel stage only"),
+    (["--parallel-steps", "3"], "--parallel-steps 3 is a stage of k positions a step, and --k 1 is every step's "
+                                "one: give --k 2 or more"),
     # --t-end acts on the exact clock only, --eps with the eps stop only: both were ignored
     (["--t-end", "0.5"], "--t-end 0.5 acts on the exact clock only: give --clock exact too"),
     (["--option", "B", "--eps", "0.5"], "--eps 0.5 acts with the eps stop (option A) only, and --option B runs the "
