@@ -207,6 +207,8 @@ KNOWN_NOISE_CASES = [("mask denoiser, bound 0.5", "dir S3 D3", 3, 0.5, 3, "mask"
                       "cosine", 2.0, None),
                      ("mask denoiser, cosine spread, revise above 0.5", "dir S3 D3", 4, 0.5, 3, "mask", "cosine", 2.0,
                       0.5),
+                     ("mask denoiser, cosine spread, revise above 0.8", "dir S3 D3", 4, 0.5, 3, "mask", "cosine", 2.0,
+                      0.8),
                      ("uniform denoiser, max_k 2 of 3, cosine spread", "dir S3 D3", 2, 0.0, 2, "uniform", "cosine",
                       0.0, None)]
 
