@@ -168,6 +168,15 @@ def test_a_nan_output_still_unmasks_one_position_a_step(policy):
     assert torch.equal(result.denoiser_passes, torch.full((2,), 6))
 
 
+# ----------------------------------------------------------------------------- the rules at their edges
+
+
+def test_error_budget_commits_a_candidate_whose_risk_brings_the_sum_exactly_to_the_bound():
+    """sum r_j <= bound: risks 0.25 + 0.25 reach 0.5 exactly and both are committed."""
+    risk, eligible = torch.tensor([[0.9, 0.25, 0.25, 0.5]]), torch.ones(1, 4, dtype=torch.bool)
+    assert ErrorBudget(0.5, 4).commit(risk, eligible).tolist() == [[True, True, True, False]]
+
+
 # ----------------------------------------------------------------------------- (b) exact law
 
 BUDGET_CASES = [
