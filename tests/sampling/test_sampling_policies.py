@@ -23,6 +23,7 @@ from ddpd.sampling.policies import (
     ErrorBudget,
     MaskGIT,
     ReMDM,
+    Step,
     annealed,
     cosine_left,
     cosine_table,
@@ -175,6 +176,19 @@ def test_error_budget_commits_a_candidate_whose_risk_brings_the_sum_exactly_to_t
     """sum r_j <= bound: risks 0.25 + 0.25 reach 0.5 exactly and both are committed."""
     risk, eligible = torch.tensor([[0.9, 0.25, 0.25, 0.5]]), torch.ones(1, 4, dtype=torch.bool)
     assert ErrorBudget(0.5, 4).commit(risk, eligible).tolist() == [[True, True, True, False]]
+
+
+def _step(logprob, masked=None, **fields):
+    logprob = torch.tensor([logprob])
+    masked = torch.ones_like(logprob, dtype=torch.bool) if masked is None else torch.tensor([masked])
+    return Step(1, 100, masked, logprob, torch.tensor([logprob.shape[1]]), **fields)
+
+
+def test_a_probability_equal_to_the_threshold_stays_masked():
+    """p > threshold: a token of probability exactly the threshold waits (the most confident still goes)."""
+    step = _step([-1.0, -1.0, -2.0])
+    threshold = float(step.prob[0, 0])
+    assert ConfidenceThreshold(threshold).unmask(step).tolist() == [[True, False, False]]
 
 
 # ----------------------------------------------------------------------------- (b) exact law
