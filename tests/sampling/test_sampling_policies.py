@@ -191,6 +191,12 @@ def test_a_probability_equal_to_the_threshold_stays_masked():
     assert ConfidenceThreshold(threshold).unmask(step).tolist() == [[True, False, False]]
 
 
+def test_entropy_bound_takes_the_prefix_whose_sum_less_its_maximum_equals_gamma():
+    """sum_U H - max_U H <= gamma: entropies 0.25, 0.25, 0.25 reach gamma 0.5 exactly and are all unmasked."""
+    step = _step([0.0] * 4, entropy=torch.tensor([[0.25, 1.0, 0.25, 0.25]]))
+    assert EntropyBound(0.5).unmask(step).tolist() == [[True, False, True, True]]
+
+
 # ----------------------------------------------------------------------------- (b) exact law
 
 BUDGET_CASES = [
