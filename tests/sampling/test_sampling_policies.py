@@ -197,6 +197,14 @@ def test_entropy_bound_takes_the_prefix_whose_sum_less_its_maximum_equals_gamma(
     assert EntropyBound(0.5).unmask(step).tolist() == [[True, False, True, True]]
 
 
+def test_maskgit_unmasks_a_position_where_the_cosine_schedule_keeps_every_mask():
+    """With T well above the masks, floor(m0 cos) stays at the masks left; the clamp to m - 1 unmasks one."""
+    step = _step([-1.0, -2.0, -3.0, -4.0, -5.0, -6.0, -7.0, 0.0], [True] * 7 + [False],
+                 gumbel=torch.zeros(1, 8), table=cosine_table(100)[1:2])
+    assert int(cosine_left(8, step.table[0])) == 7
+    assert MaskGIT(0.0).unmask(step).tolist() == [[True] + [False] * 7]
+
+
 # ----------------------------------------------------------------------------- (b) exact law
 
 BUDGET_CASES = [
