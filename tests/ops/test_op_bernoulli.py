@@ -48,6 +48,16 @@ def test_the_coins_are_bernoulli_p_and_certain_at_zero_and_one():
     assert bool((bernoulli(torch.tensor([[-2.0, 3.0]]), seed=1) == torch.tensor([[False, True]])).all())
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_uniform_equal_to_p_comes_up_false(dtype):
+    """z = u < p, strictly: at u == p exactly every path says False (u <= p would flip the coin)."""
+    p = torch.tensor([[0.5, 0.25, 0.75]], dtype=dtype)
+    noise = p.float()
+    expected = torch.zeros_like(p, dtype=torch.bool)
+    assert torch.equal(bernoulli_reference(p, noise=noise), expected)
+    assert torch.equal(bernoulli(p, noise=noise), expected)
+    assert torch.equal(bernoulli_reference(p, noise=noise.nextafter(torch.zeros(()))), ~expected)
+
 def test_tensor_counters_leading_dimensions_and_batch_invariance():
     p = torch.rand(2, 3, 50, generator=torch.Generator().manual_seed(1))
     z = bernoulli(p, seed=4, offset=6)
