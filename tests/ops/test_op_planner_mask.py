@@ -143,6 +143,13 @@ def test_mask_structure():
         assert bool(z[-1, 3])  # +inf logit: p = 1
 
 
+def test_a_uniform_equal_to_the_planner_probability_leaves_the_position_clean():
+    """z = u < sigmoid(l), strictly: logit 0 gives p = 0.5 exactly, and u = 0.5 masks nothing."""
+    logits, x = torch.zeros(2, 5), torch.arange(10).reshape(2, 5)
+    for noise, masked in ((torch.full((2, 5), 0.5), False), (torch.full((2, 5), 0.5).nextafter(torch.zeros(())), True)):
+        for draw in (planner_mask, planner_mask_reference):
+            assert torch.equal(draw(logits, x, None, MASK_ID, noise=noise).z, torch.full((2, 5), masked))
+
 def test_bernoulli_frequencies_match_sigmoid():
     n = 100_000
     logits = torch.tensor([-4.0, -1.0, -0.2, 0.0, 0.7, 2.0, 5.0])
