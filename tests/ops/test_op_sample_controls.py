@@ -195,6 +195,13 @@ def test_top_k_keeps_ties_and_top_p_keeps_tied_groups_together():
     assert set(tokens.tolist()) == {0, 2} and torch.allclose(lp, torch.full((n,), math.log(0.5)))
 
 
+def test_min_p_keeps_a_probability_of_exactly_min_p_times_the_top():
+    """min_p keeps p >= min_p p_max: at min_p = 1 the maxima stay drawable, and only they."""
+    logits = torch.tensor([2.0, 0.0, 2.0, 1.0]).expand(64, 4)
+    for draw in (sample_categorical, sample_categorical_reference):
+        tokens, valid, _, _ = draw(logits, min_p=1.0, seed=5, row_ids=torch.arange(64))
+        assert bool(valid.all()) and set(tokens.tolist()) == {0, 2}
+
 def test_logprob_and_confidences_are_those_of_the_truncated_law():
     g = torch.Generator().manual_seed(7)
     logits = 2 * torch.randn(8, 700, generator=g)
