@@ -63,6 +63,11 @@ inline void check_scatter_back_args(const at::Tensor& index, const at::Tensor& p
                   packed.sizes().slice(1) == out.sizes().slice(1),
               "scatter_back: packed must be [", index.size(0), ", *out.shape[1:]] of dtype ",
               out.scalar_type(), ", got ", packed.scalar_type(), " ", packed.sizes());
+  // the dispatcher picks the CUDA kernel if any of the three is on the GPU: a host index
+  // would be read by the device
+  TORCH_CHECK(index.device() == out.device() && packed.device() == out.device(),
+              "scatter_back: index and packed must be on ", out.device(), " like out, got ", index.device(),
+              " and ", packed.device());
 }
 
 }  // namespace ddpd

@@ -226,6 +226,18 @@ def test_cuda_scatter_back_reads_a_packed_that_shares_memory_with_out_before_wri
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("on_host", ["index", "packed"])
+def test_cuda_scatter_back_kernel_refuses_a_tensor_on_the_host(on_host):
+    """The op called directly (no Python checks): any CUDA tensor sends the call to the CUDA
+    kernel, which must not hand a host pointer to the device."""
+    tensors = {"index": torch.tensor([1, 0]), "packed": torch.ones(2, 3)}
+    tensors = {name: t if name == on_host else t.cuda() for name, t in tensors.items()}
+    out = torch.zeros(2, 3, device="cuda")
+    with pytest.raises(RuntimeError, match="scatter_back: index and packed must be on cuda:0 like out"):
+        torch.ops.ddpd.scatter_back(tensors["index"], tensors["packed"], out)
+
+
+@pytest.mark.gpu
 def test_cuda_compact_fixed_and_scatter_back_do_not_synchronise():
     active = (torch.arange(512, device="cuda") % 3) == 0
     x = torch.randn(512, 64, device="cuda")
