@@ -9,8 +9,8 @@
 namespace ddpd {
 namespace cuda {
 
-// k draws per row of weights [rows, n] (csrc/chunked_cdf.h), on the grids of
-// csrc/multinomial_launch.h for a device of `multiprocessors` SMs.
+// k draws per row of weights [rows, n] by the law of csrc/multinomial.h, on the grids of
+// its multinomial_launch for a device of `multiprocessors` SMs.
 // uniforms: [rows, k] float64, or null to draw them from (seed, offset, row_ids);
 // seed_ptr / offset_ptr: device int64 values that replace seed / offset, or null.
 // scratch: multinomial_scratch_doubles(rows, n, replacement, multiprocessors) doubles

@@ -3,6 +3,7 @@
 <op>_binding.cpp; besides them only the shared pieces named here), op modules that import
 each other one way only, and no private name of ddpd.ops imported from outside it."""
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ API = {"controls", "reference", "results"}  # the ops' argument and result types
 # the C++ kernels' vector paths (docs/architecture.md): every CPU kernel's uniforms, Gumbel
 # variables and transcendental functions, and which instruction sets the CPU has
 CPU_SHARED = {"isa", "uniforms", "vector_math"}
+SOURCES = (".h", ".cuh", ".cpp", ".cu")
 
 
 def op_names() -> set:
@@ -35,6 +37,15 @@ def test_every_kernel_file_is_named_after_its_op():
     assert trees["csrc/cuda bindings"] == trees["csrc/cuda"]  # each .cu beside its torch binding
     # every op has a kernel somewhere
     assert ops <= trees["kernels"] | trees["csrc/cpu"] | trees["csrc/cuda"]
+
+
+def test_every_source_file_the_cpp_sources_name_exists():
+    """Their comments point to each other for the law and the launch grids: a file merged
+    into another must not leave readers a name to look for."""
+    named = re.compile(r"(?<![\w/])csrc/[\w/]+\.(?:h|cuh|cpp|cu)\b")
+    missing = {f"{path.relative_to(ROOT)}: {name}" for path in (ROOT / "csrc").rglob("*") if path.suffix in SOURCES
+               for name in named.findall(path.read_text()) if not (ROOT / name).is_file()}
+    assert not missing, sorted(missing)
 
 
 def imports_of(path: Path) -> set:
