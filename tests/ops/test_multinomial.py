@@ -490,10 +490,12 @@ def test_cuda_matches_cpu_exactly(replacement):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("replacement", [True, False])
-@pytest.mark.parametrize("rows,n,k", [(4096, 27, 16), (64, 1000, 40), (8, 2048, 70), (8, 50257, 33)])
+@pytest.mark.parametrize("rows,n,k", [(4096, 27, 16), (64, 1000, 40), (8, 2048, 70), (8, 50257, 33),
+                                      (4, 200_000, 40)])
 def test_cuda_matches_cpu_at_every_launch(rows, n, k, replacement):
-    """The one-launch path (rows of at most 32 chunks), the two-launch path, and k > 32:
-    the draw warp computes its uniforms 32 at a time, one a lane."""
+    """The one-launch path (rows of at most 32 chunks), the two-launch path, k > 32 (the draw
+    warp computes its uniforms 32 at a time, one a lane), and rows too wide for a draw's
+    state in shared memory (over about 130,000 weights: kept in global memory)."""
     w = peaked_weights(rows, n, rows + n + k)
     w[:, :k] = 1  # at least k positive weights per row
     for seed, offset in [(3, 9), (2**64 - 1, 2**63 + 5)]:
