@@ -216,6 +216,20 @@ def test_corrupt_marginals(noise):
         assert x_t.max() < S
 
 
+def test_corrupt_noise_values():
+    """Uniform noise redraws over all S tokens (the last included), each 1/S of the time; mask
+    noise writes the given mask_id. (Draws over the first S - 1 tokens alone still hit x1's value
+    1/S of the time, which is all test_corrupt_marginals checks.)"""
+    g = torch.Generator().manual_seed(0)
+    S, n = 5, 100_000
+    x1 = torch.zeros(n, 1, dtype=torch.long)
+    x_t, _ = corrupt(x1, 0.0, "linear", "uniform", S, generator=g)
+    share = torch.bincount(x_t.flatten(), minlength=S).double() / n
+    assert float((share - 1 / S).abs().max()) < 4 * math.sqrt(0.16 / n)
+    x_t, z_t = corrupt(x1, 0.5, "linear", "mask", S, mask_id=7, generator=g)
+    assert z_t.any() and (x_t[z_t] == 7).all() and (x_t[~z_t] == 0).all()
+
+
 def test_corrupt_validates():
     x1 = torch.zeros(2, 3, dtype=torch.long)
     with pytest.raises(ValueError, match="noise"):
