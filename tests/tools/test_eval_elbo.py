@@ -447,6 +447,19 @@ def test_true_mask_denoising_term_is_the_mask_diffusion_one(toy, models):
     torch.testing.assert_close(planned.denoising, masked.denoising)
 
 
+
+def test_mask_diffusion_elbo_reads_the_denoiser_at_masked_positions_only(toy, models):
+    """An unmasked position of mask diffusion is carried over: the denoiser's output there (here
+    uniform logits) must change no term, the final emission's included."""
+    def carried_over_ignored(x, t):
+        return torch.where((x == S)[..., None], models.mask_denoiser(x, t), torch.zeros(()))
+
+    kwargs = dict(mc_samples=2, t_max=T_MAX, seed=3)
+    exact = elbo_mask_diffusion(models.mask_denoiser, toy.states, S, **kwargs)
+    blurred = elbo_mask_diffusion(carried_over_ignored, toy.states, S, **kwargs)
+    for name in ("denoising", "final"):
+        torch.testing.assert_close(getattr(blurred, name), getattr(exact, name))
+
 # ---------------------------------------------------------------- tiny transformers, reproducibility, inputs
 
 V, L = 27, 24
