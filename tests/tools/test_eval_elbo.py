@@ -460,6 +460,21 @@ def test_mask_diffusion_elbo_reads_the_denoiser_at_masked_positions_only(toy, mo
     for name in ("denoising", "final"):
         torch.testing.assert_close(getattr(blurred, name), getattr(exact, name))
 
+
+def test_planned_mask_denoiser_runs_at_the_time_of_its_masked_share(toy, models):
+    """With the planner's mask the denoiser sees t = alpha^{-1}(1 - #masked / D): on the linear
+    schedule the unmasked share, as in the sampler."""
+    times = []
+
+    def denoiser(x, t):
+        times.append((t, 1.0 - (x == S).float().mean(-1)))
+        return models.mask_denoiser(x, t)
+
+    elbo_planned(models.planner, denoiser, toy.states, S, denoiser_type="mask", mask="planner", seed=1)
+    assert times and len(torch.cat([got for got, _ in times]).unique()) > 1
+    for got, share in times:
+        torch.testing.assert_close(got, share)
+
 # ---------------------------------------------------------------- tiny transformers, reproducibility, inputs
 
 V, L = 27, 24
