@@ -91,6 +91,21 @@ def test_tau_leaping_last_step_clears_a_mask_whose_uniform_is_one(fused):
     assert int(result.tokens.max()) < 2, "a mask id (2) is left in the sample"
 
 
+@pytest.mark.parametrize("steps", [1, 2])
+def test_tau_leaping_last_step_clears_every_mask_whatever_the_schedule(steps):
+    """The last step unmasks with probability 1: on the linear schedule the rate there gives 1
+    anyway, on alpha = t^2 it gives dt alpha_dot / (1 - alpha) = 0 (T = 1) or 2/3 (T = 2)."""
+    from ddpd.process import CustomSchedule
+
+    square = CustomSchedule(lambda t: t**2, lambda t: 2 * t, lambda a: a.sqrt())
+
+    def denoiser(x, t):
+        return torch.zeros(*x.shape, 2)
+
+    result = tau_leaping_mask(denoiser, 4, 16, 2, steps=steps, schedule=square, seed=0)
+    assert int(result.tokens.max()) < 2, "a mask id (2) is left in the sample"
+
+
 @pytest.mark.parametrize("name,wrong", [("token 0 zeroed", lambda d: token_zeroed(d, 0)),
                                         ("tempered^0.8", lambda d: tempered(d, 0.8))])
 def test_tau_leaping_mask_wrong_denoiser_fails(name, wrong):
