@@ -165,6 +165,23 @@ def test_tau_leaping_planned_matches_its_law(name, toy_name, steps, options):
     assert distance < limit
 
 
+
+def test_tau_leaping_planned_mask_denoiser_runs_at_the_time_of_its_masked_share():
+    """The mask denoiser sees t = alpha^{-1}(1 - #masked / D), not the grid time (the oracle
+    denoiser ignores t, so the laws above cannot tell)."""
+    problem = toy("sparse S2 D4")
+    models = problem.models()
+    times = []
+
+    def denoiser(x, t):
+        times.append((t, 1.0 - (x == problem.S).float().mean(-1)))
+        return models.mask_denoiser(x, t)
+
+    tau_leaping_planned(models.planner, denoiser, 64, problem.D, problem.S, steps=6, denoiser_type="mask", seed=0)
+    assert times
+    for got, share in times:
+        torch.testing.assert_close(got, share)
+
 @pytest.mark.slow
 def test_tau_leaping_planned_time_conditioned_many_steps_reaches_p_data():
     problem = toy("dir S3 D3")
