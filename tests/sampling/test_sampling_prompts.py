@@ -79,6 +79,28 @@ def test_frozen_positions_keep_their_values_in_every_sampler(cond, fused):
         assert (result.tokens[:, 1] == 2).all(), name
         assert ((result.tokens >= 0) & (result.tokens < 3)).all(), name
 
+@pytest.mark.parametrize("fused", [False, True], ids=["reference", "fused"])
+def test_frozen_positions_hold_against_networks_that_call_them_noise(fused):
+    """The toy's exact networks call a frozen position clean anyway; these do not (planner p = 1/2,
+    uniform laws everywhere), so only the sampler keeps the prompt."""
+    x_init = torch.tensor([[1, -1, -1, 0], [-1, 2, -1, -1]])
+    frozen = x_init >= 0
+
+    def logits(x, t=None):
+        return torch.zeros(*x.shape, 3)
+
+    def planner(x):
+        return torch.zeros(x.shape, dtype=torch.float32)
+
+    common = dict(prompt=Prompt(x_init, frozen), seed=0, execution=Execution(fused=fused))
+    for name, result in {
+        "tau uniform": tau_leaping_uniform(logits, 2, 4, 3, steps=6, **common),
+        "tau planned uniform": tau_leaping_planned(planner, logits, 2, 4, 3, steps=6, **common),
+        "tau planned mask": tau_leaping_planned(planner, logits, 2, 4, 3, steps=6, denoiser_type="mask", **common),
+    }.items():
+        assert torch.equal(result.tokens[frozen], x_init[frozen]), name
+
+
 
 def test_fused_run_draws_what_the_reference_draws_with_a_prompt(cond):
     reference = run_all(cond, 300, noise=PhiloxNoise(8))
