@@ -285,7 +285,12 @@ def test_a_network_with_a_null_label_is_guided_in_one_batched_pass():
     torch.manual_seed(0)
     net = build_model("mask-denoiser", config_for("mask-denoiser", 27, 8, d_model=16, n_layers=1, n_heads=2,
                                                   num_classes=3)).eval()
+    with torch.no_grad():  # adaLN starts at zero, where the labels change nothing
+        for p in net.parameters():
+            p.normal_(0.0, 0.5)
     x, t, labels = torch.randint(0, 28, (5, 8)), torch.rand(5), torch.tensor([0, 1, 2, 1, 0])
+    with torch.no_grad():
+        assert not torch.allclose(net(x, t, labels=labels), net(x, t, labels=None), atol=1e-3)
     condition = Condition(labels, 2.5)
     calls = []
 
