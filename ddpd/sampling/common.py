@@ -160,20 +160,6 @@ def start(run: Run, draws: Draws, masks: bool = False, **state: Tensor):
     return batch
 
 
-def free(batch, x: Tensor) -> Tensor:
-    """The positions a sampler may change (not frozen by a prompt).
-
-    Args:
-        batch: the running batch.
-        x: Long[B, D] its sequences.
-
-    Returns:
-        Bool[B, D].
-    """
-    frozen = batch.state.get("frozen")
-    return torch.ones_like(x, dtype=torch.bool) if frozen is None else ~frozen
-
-
 def write(x: Tensor, positions: Tensor, tokens: Tensor, change: Tensor) -> Tensor:
     """x with tokens at positions where change, else unchanged.
 
