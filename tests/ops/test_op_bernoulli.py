@@ -56,7 +56,20 @@ def test_a_uniform_equal_to_p_comes_up_false(dtype):
     expected = torch.zeros_like(p, dtype=torch.bool)
     assert torch.equal(bernoulli_reference(p, noise=noise), expected)
     assert torch.equal(bernoulli(p, noise=noise), expected)
-    assert torch.equal(bernoulli_reference(p, noise=noise.nextafter(torch.zeros(()))), ~expected)
+    assert torch.equal(triton_coins(p, noise=noise), expected)
+    below = noise.nextafter(torch.zeros(()))
+    assert torch.equal(bernoulli_reference(p, noise=below), ~expected)
+    assert torch.equal(triton_coins(p, noise=below), ~expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_uniform_of_one_keeps_p_one_certain(dtype):
+    """Noise may be 1.0 (the top uniform rounds to it): min(u, BELOW_ONE) < p keeps p = 1 True."""
+    p = torch.tensor([[1.0, 0.5]], dtype=dtype)
+    noise = torch.ones(1, 2)
+    expected = torch.tensor([[True, False]])
+    for coins in (bernoulli_reference(p, noise=noise), bernoulli(p, noise=noise), triton_coins(p, noise=noise)):
+        assert torch.equal(coins, expected)
 
 def test_tensor_counters_leading_dimensions_and_batch_invariance():
     p = torch.rand(2, 3, 50, generator=torch.Generator().manual_seed(1))
