@@ -367,3 +367,13 @@ def test_sum_p_sums_in_float64_on_every_path():
         if i < 20:
             torch.testing.assert_close(triton_select(logits, seed=i)[1], want, rtol=SUM_P_RTOL, atol=0)
     assert len(off) <= 10, off
+
+
+def test_sum_p_of_a_short_row_is_rounded_once():
+    """p = (1, 4e-8, 4e-8, 4e-8): each small p is below half a float32 step of 1, so a float32
+    running sum stays at 1; summed in float64 and rounded once, sum_p is 1 + 2**-23 on every path."""
+    logits = torch.tensor([[30.0, -17.0, -17.0, -17.0]])
+    want = torch.tensor([1.0 + 2.0**-23])
+    for _, sum_p, _ in (planner_select_reference(logits, seed=0), planner_select(logits, seed=0),
+                        triton_select(logits, seed=0)):
+        assert torch.equal(sum_p, want)
