@@ -71,6 +71,23 @@ def test_a_uniform_of_one_keeps_p_one_certain(dtype):
     for coins in (bernoulli_reference(p, noise=noise), bernoulli(p, noise=noise), triton_coins(p, noise=noise)):
         assert torch.equal(coins, expected)
 
+def test_float64_p_is_compared_in_float64_on_every_path():
+    """p = 0.5 + 2**-40 rounds to 0.5 in float32, where u = 0.5 < p would come up False."""
+    p = torch.tensor([[0.5 + 2.0**-40, 0.5 - 2.0**-40]], dtype=torch.float64)
+    noise = torch.full((1, 2), 0.5)
+    expected = torch.tensor([[True, False]])
+    for coins in (bernoulli_reference(p, noise=noise), bernoulli(p, noise=noise), triton_coins(p, noise=noise)):
+        assert torch.equal(coins, expected)
+
+
+def test_the_kernel_reads_tensor_counters():
+    p = torch.rand(3, 70, generator=torch.Generator().manual_seed(2))
+    rows = torch.tensor([5, 2**36, 0])
+    expected = bernoulli_reference(p, seed=2**64 - 3, offset=2**40 + 7, row_ids=rows)
+    got = triton_coins(p, seed=torch.tensor(-3), offset=torch.tensor(2**40 + 7), row_ids=rows)
+    assert torch.equal(got, expected)
+
+
 def test_tensor_counters_leading_dimensions_and_batch_invariance():
     p = torch.rand(2, 3, 50, generator=torch.Generator().manual_seed(1))
     z = bernoulli(p, seed=4, offset=6)
