@@ -12,9 +12,12 @@ import warnings
 import numpy as np
 import pytest
 import torch
+import triton
+import triton.language as tl
 from hypothesis import Phase, given, settings, strategies as st
 from scipy import stats
 
+from ddpd.kernels.sample_categorical import RECORD, TILE_MASS, TILE_MAX, row_summary
 from ddpd.ops import _dispatch, multinomial, rng
 from ddpd.ops.sample_categorical import (
     categorical_reference,
@@ -773,3 +776,25 @@ def test_short_and_middling_rows_draw_the_reference_tokens(rows, vocab):
     for kw in (dict(top_k=top_k), dict(top_p=top_p), dict(top_k=top_k, top_p=top_p, min_p=0.02)):
         kw.update(temperature=0.8, seed=5, offset=1, return_logprob=True)
         assert_same(sample_categorical(logits, **kw), sample_categorical_reference(logits, **kw))
+
+
+
+@triton.jit
+def _runner_up_kernel(stats_ptr, n_tiles, out_ptr, BLOCK_T: tl.constexpr):
+    _, second, _ = row_summary(0, n_tiles, 9.0, 1.0, stats_ptr, True, False, BLOCK_T, RECORD)
+    tl.store(out_ptr, second)
+
+
+def test_the_runner_up_is_merged_across_chunks_of_tile_records():
+    """White box: a row of more than BLOCK_T tiles (1024 tiles of 256 in the ops: vocabularies
+    above 262,144) merges its two largest values a chunk of tile records at a time. The runner-up
+    may be a later chunk's maximum below an earlier chunk's (here 8 < 9, chunks of 4 tiles),
+    which a merge keeping max(second, rest) lost: the margin confidence read 1 instead of 8."""
+    for maxima, want in [([9, 1, 0, 0, 8, 2, 0, 0], 8.0), ([3, 1, 0, 0, 8, 2, 9, 0], 8.0),
+                         ([9, 1, 0, 0, 2, 0, 0, 0], 2.0), ([9, 9, 0, 0, 2, 0, 0, 0], 9.0)]:
+        records = torch.full((len(maxima), RECORD.value), -30.0)
+        records[:, TILE_MAX.value] = torch.tensor(maxima, dtype=torch.float32)
+        records[:, TILE_MASS.value] = 0.0
+        out = torch.empty(1)
+        _runner_up_kernel[(1,)](records, len(maxima), out, BLOCK_T=4)
+        assert float(out) == want, (maxima, float(out))
