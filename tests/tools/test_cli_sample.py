@@ -697,10 +697,20 @@ def test_out_of_memory_is_one_line(ckpts, capsys, monkeypatch):
 
 
 def test_non_finite_weights_are_refused(tmp_path, capsys):
+    """A checkpoint whose weights were spoiled after its save (a save refuses them)."""
+    import hashlib
+
+    from safetensors.torch import load_file, save_file
+
     model, config = _model("mask-denoiser", 0)
-    with torch.no_grad():
-        model.head.bias.fill_(float("inf"))
     save_checkpoint(str(tmp_path / "m"), model, config)
+    weights = tmp_path / "m" / "model.safetensors"
+    tensors = load_file(weights)
+    tensors["head.bias"].fill_(float("inf"))
+    save_file(tensors, weights)
+    meta = json.loads((tmp_path / "m" / "config.json").read_text())
+    meta["sha256"]["model.safetensors"] = hashlib.sha256(weights.read_bytes()).hexdigest()
+    (tmp_path / "m" / "config.json").write_text(json.dumps(meta))
     code, _, err = run_cli(capsys, "--checkpoint", str(tmp_path / "m"), "--sampler", "maskgit")
     assert code == 1 and err.count("\n") == 1 and "NaN or infinite weights in head.bias" in err
 
