@@ -297,3 +297,46 @@ def test_json_reports_write_an_undefined_value_as_null(tmp_path):
     with open(path) as f:
         loaded = json.load(f, parse_constant=lambda name: pytest.fail(f"{name} in the JSON"))
     assert loaded == {"elbo": [{"elbo": 2.5, "elbo_se": None, "bound": [None, 1.0]}]}
+
+
+def test_quality_metrics_gives_each_measure_its_own_standard_error():
+    class SumJudge:
+        """log p(x) = -sum of the ids: NLL per token the row's mean id."""
+
+        def log_likelihood(self, x):
+            return -x.sum(1).float()
+
+    from ddpd.eval.report import mean_and_se
+
+    enc = Text8Tokenizer().encode
+    x = torch.tensor([enc("aaaa"), enc("abab"), enc("abcd"), enc("aabc")])
+    metrics = quality.quality_metrics(x, SumJudge(), V)
+    nll, nll_se = mean_and_se(x.double().mean(1))
+    entropy, entropy_se = mean_and_se(torch.tensor([0.0, 1.0, 2.0, 1.5]))
+    assert (metrics["judge_nll"], metrics["judge_nll_se"]) == (pytest.approx(nll), pytest.approx(nll_se))
+    assert (metrics["entropy"], metrics["entropy_se"]) == (pytest.approx(entropy), pytest.approx(entropy_se))
+    assert metrics["judge_ppl"] == pytest.approx(math.exp(nll))  # the NLL is in nats
+    assert (metrics["num_samples"], metrics["length"]) == (4, 4)
+
+
+def test_matched_entropy_counts_a_point_on_the_curve_undecided_and_any_worse_point_mixed():
+    from ddpd.eval.quality import matched_entropy
+
+    ours = _curve("ddpd", 512, [(1.0, 2.0), (2.0, 3.0), (3.0, 5.0)])  # exact in binary: the tie is exact
+    tied = _curve("dfm", 512, [(1.5, 2.5), (2.5, 4.5)])  # on the curve, then 0.5 above it
+    result = matched_entropy(ours + tied, "ddpd", "dfm", 512)
+    assert (result["better"], result["worse"], result["undecided"], result["verdict"]) == (1, 0, 1, "lower")
+    # two points above the curve and one below: one against is enough for "mixed"
+    split = _curve("maskgit", 512, [(1.5, 3.0), (2.5, 4.5), (2.75, 4.0)])
+    result = matched_entropy(ours + split, "ddpd", "maskgit", 512)
+    assert (result["better"], result["worse"], result["verdict"]) == (2, 1, "mixed")
+
+
+def test_z_changed_compares_each_step_with_the_one_before():
+    outputs = iter([torch.tensor([[5.0, 5.0]]), torch.tensor([[-9.0, 5.0]]), torch.tensor([[-9.0, -9.0]])])
+    recorder = PlannerRecorder(lambda x: next(outputs))
+    recorder.start_run(1)
+    for _ in range(3):
+        recorder(torch.zeros(1, 2, dtype=torch.long))
+    # step 2 flips position 1 only: against step 0 both positions would have flipped
+    assert [row["z_changed"] for row in recorder.rows()[1:]] == [0.5, 0.5]
