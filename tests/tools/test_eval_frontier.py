@@ -612,3 +612,88 @@ def test_ddpd_eval_frontier_takes_other_settings_where_no_row_was_measured(tmp_p
     assert main(argv + ["--eps", "0.5"]) == 0, capsys.readouterr().err
     assert json.loads((out / "frontier.json").read_text())["eps"] == 0.5
     assert main(argv) == 2 and "measured with other eps (" in capsys.readouterr().err  # now it holds rows
+
+
+def test_run_frontier_counts_planner_and_denoiser_passes_per_sample(tmp_path):
+    def run(n, first):
+        return SimpleNamespace(tokens=torch.zeros(n, 6, dtype=torch.long), planner_passes=torch.full((n,), 1),
+                               denoiser_passes=torch.full((n,), 3), commits=torch.full((n,), 6))
+
+    row, = run_frontier([Config("ddpd", "error-budget:bound=1", 3, 1.0, run)], judge=Uniform(5), vocab_size=5,
+                        num_samples=5, seed=0, batch_size=2, csv_path=str(tmp_path / "frontier.csv"))
+    assert (row["planner_passes"], row["denoiser_passes"], row["passes"]) == (1.0, 3.0, 4.0)
+
+
+def _reach_row(policy, steps, nll, entropy, passes, **more):
+    return dict(sampler="ddpd", policy=policy, steps=steps, temperature=1.0, judge_nll=nll, entropy=entropy,
+                passes=passes, **more)
+
+
+def test_passes_to_reach_reads_a_budgets_sweep_at_its_most_passes_and_reaches_below_the_target():
+    # one budget (32) whose adaptive sweep spent 20 and 30 passes: it costs its most; its curve
+    # lies 0.5 below the target at the target's entropy, which reaches the target
+    rows = [_reach_row("a", 16, 1.5, 3.9, 20.0, budget=32), _reach_row("a", 16, 1.5, 4.1, 30.0, budget=32)]
+    reach, = passes_to_reach(rows, 2.0, 4.0)
+    assert reach["matched_reached"] and reach["matched_passes"] == 30.0
+    assert reach["matched_difference"] == pytest.approx(-0.5)
+
+
+def test_passes_to_reach_falls_back_to_the_lowest_nll_at_matched_entropy():
+    rows = [_reach_row("a", 8, 2.5, 4.0, 8.0), _reach_row("a", 16, 2.3, 4.0, 16.0)]
+    reach, = passes_to_reach(rows, 2.0, 4.0)
+    assert not reach["reached"] and (reach["judge_nll"], reach["passes"]) == (2.3, 16.0)
+
+
+def test_a_ddpd_rows_budget_is_its_passes_rounded_and_not_its_steps():
+    assert budget(_reach_row("a", 16, 2.0, 4.0, 31.75)) == 32  # a few samples stopped early: not 31
+    # steps 16 of plan-every-1 ddpd cost 32 passes: compared with MaskGIT's 32 steps, not its 16
+    rows = [_reach_row("a", 16, 2.0, 3.8, 32.0), _reach_row("a", 16, 2.4, 4.0, 32.0),
+            dict(_reach_row("maskgit", 32, 2.3, 3.9, 32.0), sampler="maskgit"),
+            dict(_reach_row("maskgit", 16, 2.3, 3.9, 16.0), sampler="maskgit")]
+    assert [(c["steps"], c["verdict"]) for c in against_baselines(rows)] == [(32, "lower")]
+
+
+def _reference_log_likelihood(corpus, vocab, order, discount, row):
+    """Interpolated absolute discounting written out from counts, as the module docstring states it."""
+    from collections import Counter
+
+    counts = Counter(tuple(corpus[i:i + m]) for m in range(1, order + 1) for i in range(len(corpus) - m + 1))
+
+    def prob(h, w):
+        if not h:
+            return (counts[(w,)] + 1) / (len(corpus) + vocab)  # add-one unigram
+        following = [counts[h + (v,)] for v in range(vocab)]
+        lower = prob(h[1:], w)
+        if sum(following) == 0:
+            return lower  # a context never seen backs off whole
+        n_h = sum(c > 0 for c in following)
+        return (max(counts[h + (w,)] - discount, 0) + discount * n_h * lower) / sum(following)
+
+    return sum(math.log(prob(tuple(row[max(0, i - order + 1):i]), w)) for i, w in enumerate(row))
+
+
+def test_ngram_judge_matches_the_formula_written_out():
+    # token 4 never occurs (its add-one share only); 3 ends the corpus, so its last n-grams count
+    corpus = [0, 1, 2, 0, 1, 0, 2, 2, 1, 0, 1, 2, 3]
+    judge = NGramJudge(torch.tensor(corpus), 5, order=3, discount=0.5)
+    rows = [[0], [0, 1], [1, 2, 3], [4, 0, 1, 2], [2, 3, 3, 0, 1, 1]]
+    for row in rows:
+        want = _reference_log_likelihood(corpus, 5, 3, 0.5, row)
+        assert float(judge.log_likelihood(torch.tensor([row]))) == pytest.approx(want, rel=1e-12), row
+
+
+def test_the_frontier_plan_buys_the_steps_a_policys_passes_allow():
+    """ddpd's steps follow its policy: planning every 4 steps, 10 passes buy 8 steps; without the
+    plan of step 0 (known_noise), 1 pass buys a step."""
+    import argparse
+
+    from ddpd.cli.frontier import _plan
+    from ddpd.sampling.policies import parse_policy
+
+    every_4, known = parse_policy("error-budget:bound=2,plan_every=4"), parse_policy("error-budget:known_noise=true")
+    args = argparse.Namespace(samplers=["ddpd", "maskgit"], budgets=[10], temperatures=[1.0], target_steps=3,
+                              target_temperature=1.0)
+    target = {("ddpd", None, 3, 1.0): 6}
+    assert _plan(args, {"ddpd": [every_4], "maskgit": []}) == {**target, ("ddpd", every_4, 8, 1.0): 10}
+    args.budgets = [1]
+    assert _plan(args, {"ddpd": [known], "maskgit": []}) == {**target, ("ddpd", known, 1, 1.0): 1}
