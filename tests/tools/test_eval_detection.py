@@ -173,3 +173,17 @@ def test_auc_refuses_labels_that_are_not_bool_or_not_the_scores_shape_and_nan_sc
     """Integer labels were read as indices (an area of -0.67), and a NaN score ranked highest."""
     with pytest.raises(error, match=match):
         auc(score, positive)
+
+
+def test_the_confident_half_is_the_draws_the_denoiser_is_surest_of():
+    g = torch.Generator().manual_seed(11)
+    x1 = torch.randint(0, V, (16, D), generator=g)
+
+    def denoiser(x, t):  # certain of the text at three positions in four, a fair die at the fourth
+        sure = torch.nn.functional.one_hot(x1, V).float() * 50.0
+        return torch.where((torch.arange(D) % 4 == 0)[:, None], torch.zeros_like(sure), sure)
+
+    found = error_detection(lambda x: torch.zeros(x.shape), denoiser, x1, 0.5, V, LinearSchedule(), V,
+                            torch.Generator().manual_seed(12))
+    assert found.parallel_wrong > 0  # the die's draws miss the text at times
+    assert found.confident_wrong == 0 and math.isnan(found.confident_confidence)  # the sure draws never do
