@@ -359,3 +359,22 @@ def test_guidance_zero_evaluates_the_unconditional_network_alone(fused):
     assert result.denoiser_nan_passes == 0
     assert result.denoiser_passes.tolist() == unguided.denoiser_passes.tolist() == [4] * 3
     assert result.denoiser_rows == unguided.denoiser_rows
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_a_guided_pass_on_some_rows_counts_two_denoiser_passes_a_row(fused):
+    """Mask tau-leaping's reference run calls the denoiser on the rows with an unmasking only:
+    that pass too is two evaluations of each row it holds, as the fused run counts them."""
+    table = torch.randn(3, 6, 5, generator=torch.Generator().manual_seed(0))
+
+    def denoiser(x, t, labels=None):
+        return table[2].expand(*x.shape, 5) if labels is None else table[labels]
+
+    guide = Guidance(torch.tensor([0, 1, 0, 1]), scale=2.0)
+    with torch.no_grad():
+        result = tau_leaping_mask(denoiser, 4, 6, 5, steps=12, seed=3, guidance=guide,
+                                  execution=Execution(fused=fused, sync_every=1))
+        unguided = tau_leaping_mask(lambda x, t: table[2].expand(*x.shape, 5), 4, 6, 5, steps=12,
+                                    seed=3, execution=Execution(fused=fused, sync_every=1))
+    assert result.denoiser_passes.tolist() == [2 * n for n in unguided.denoiser_passes.tolist()]
+    assert int(unguided.denoiser_passes.min()) < 12  # steps without an unmasking: passes on some rows only
