@@ -177,3 +177,17 @@ def test_a_guided_run_saves_two_row_evaluations_a_row_that_left(null_label, fuse
     assert result.denoiser_rows_saved > 0
     assert result.denoiser_rows + result.denoiser_rows_saved == uncompacted.denoiser_rows == 2 * 100 * STEPS
     assert result.planner_rows + result.planner_rows_saved == uncompacted.planner_rows
+
+
+@pytest.mark.parametrize("compaction", [True, False])
+@pytest.mark.parametrize("name", ["ddpd uniform", "tau mask eta 0"])
+def test_per_row_passes_and_commits_of_a_fused_run_are_the_reference_runs(name, compaction):
+    """A stopped row stays in the fused batch until the next stop check, but its per-row passes
+    and commits are those of the reference run, where it leaves the step it stops (and, in
+    tau-leaping, the denoiser runs on the rows with an unmasking only)."""
+    reference = RUNS[name](200, seed=5)
+    fused = RUNS[name](200, seed=5, execution=Execution(fused=True, sync_every=4, compaction=compaction))
+    assert ((reference.stop_step + 1) % 4 != 0).any()  # rows that stop between checks
+    assert torch.equal(fused.planner_passes, reference.planner_passes)
+    assert torch.equal(fused.denoiser_passes, reference.denoiser_passes)
+    assert torch.equal(fused.commits, reference.commits)
