@@ -94,8 +94,9 @@ def _checkpoint_files(model: torch.nn.Module, config: dict, train_state: Optiona
                       path: str, what: str) -> dict[str, bytes]:
     """The bytes of every file of the checkpoint `path`, config.json (with the digests) last."""
     meta = _check_train_state(train_state)
-    files = {WEIGHTS: _serialize(model.state_dict())}
-    _check_saved_weights(path, what, config, model.state_dict(), files[WEIGHTS])
+    state = model.state_dict()
+    files = {WEIGHTS: _serialize(state)}
+    _check_saved_weights(path, what, config, state, files[WEIGHTS])
     if train_state is not None:
         files[STATE_TENSORS] = _serialize(train_state[0])
         files[STATE_META] = meta.encode("utf-8")

@@ -20,6 +20,7 @@ import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
 from typing import Any, Callable, Optional
 
 import torch
@@ -146,15 +147,11 @@ def read_frontier(path: str) -> list[dict]:
 
 
 def _whole(text: str, where: str) -> str:
-    try:
-        return str(int(text))
-    except ValueError:
-        pass
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not value.is_integer():
+    try:  # exact for a seed of 64 bits, which a float would round
+        value = Decimal(text)
+    except InvalidOperation:
+        value = Decimal("NaN")
+    if not value.is_finite() or value != value.to_integral_value():
         raise ValueError(f"{where}: {text!r} is not a whole number")
     return str(int(value))
 
