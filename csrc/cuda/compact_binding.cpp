@@ -13,15 +13,12 @@
 #include <vector>
 
 #include "../compact.h"
+#include "check.h"
 #include "compact.cuh"
 
 namespace ddpd {
 namespace cuda {
 namespace {
-
-void check_launch(cudaError_t status, const char* what) {
-  TORCH_CHECK(status == cudaSuccess, what, ": CUDA launch failed: ", cudaGetErrorString(status));
-}
 
 // Packs `out_rows` rows of every tensor by `index` (entries < 0 give zero rows).
 std::vector<at::Tensor> gather(at::TensorList tensors, const at::Tensor& index, int64_t out_rows,
@@ -32,9 +29,9 @@ std::vector<at::Tensor> gather(at::TensorList tensors, const at::Tensor& index, 
     std::vector<int64_t> sizes = src.sizes().vec();
     sizes[0] = out_rows;
     at::Tensor dst = at::empty(sizes, src.options());
-    check_launch(launch_gather_rows(src.data_ptr(), row_bytes(src), index.data_ptr<int64_t>(),
-                                    out_rows, dst.data_ptr(), stream),
-                 "compact_fixed");
+    check_cuda(launch_gather_rows(src.data_ptr(), row_bytes(src), index.data_ptr<int64_t>(),
+                                  out_rows, dst.data_ptr(), stream),
+               "compact_fixed", "CUDA launch");
     packed.push_back(dst);
   }
   return packed;
@@ -50,9 +47,9 @@ std::tuple<std::vector<at::Tensor>, at::Tensor, at::Tensor> compact_fixed(const 
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   at::Tensor index = at::empty({capacity}, flags.options().dtype(at::kLong));
   at::Tensor count = at::empty({}, flags.options().dtype(at::kLong));
-  check_launch(launch_compact_index(flags.data_ptr<bool>(), flags.size(0), capacity,
-                                    index.data_ptr<int64_t>(), count.data_ptr<int64_t>(), stream),
-               "compact_fixed");
+  check_cuda(launch_compact_index(flags.data_ptr<bool>(), flags.size(0), capacity,
+                                  index.data_ptr<int64_t>(), count.data_ptr<int64_t>(), stream),
+             "compact_fixed", "CUDA launch");
   return {gather(tensors, index, capacity, stream), index, count};
 }
 
@@ -63,9 +60,9 @@ at::Tensor& scatter_back(const at::Tensor& index, const at::Tensor& packed, at::
   const at::Tensor idx = index.contiguous();
   at::Tensor dense = out.is_contiguous() ? out : out.contiguous();
   const at::Tensor src = scatter_source(packed, dense);
-  check_launch(launch_scatter_rows(src.data_ptr(), row_bytes(src), idx.data_ptr<int64_t>(),
-                                   src.size(0), dense.data_ptr(), dense.size(0), stream),
-               "scatter_back");
+  check_cuda(launch_scatter_rows(src.data_ptr(), row_bytes(src), idx.data_ptr<int64_t>(),
+                                 src.size(0), dense.data_ptr(), dense.size(0), stream),
+             "scatter_back", "CUDA launch");
   if (!dense.is_same(out)) out.copy_(dense);
   return out;
 }

@@ -13,20 +13,18 @@
 #include <optional>
 #include <tuple>
 
+#include "check.h"
 #include "multinomial.cuh"
 
 namespace ddpd {
 namespace cuda {
 namespace {
 
-void check_launch(cudaError_t status, const char* what) {
-  TORCH_CHECK(status == cudaSuccess, what, ": CUDA launch failed: ", cudaGetErrorString(status));
-}
-
 // Streaming multiprocessors of a device: what the launch grids are sized for.
 int64_t multiprocessors(int device) {
   int count = 0;
-  check_launch(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device), "multinomial");
+  check_cuda(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device), "multinomial",
+             "reading the multiprocessor count");
   return count;
 }
 
@@ -52,15 +50,15 @@ std::tuple<at::Tensor, at::Tensor> sample(const at::Tensor& weights, int64_t k, 
   const at::Tensor ids = row_ids.defined() ? row_ids.contiguous() : at::Tensor();
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES(w.scalar_type(), "ddpd::multinomial", [&] {
-    check_launch(launch_multinomial<scalar_t>(
-                     w.data_ptr<scalar_t>(), rows, n, k, replacement,
-                     u.defined() ? u.data_ptr<double>() : nullptr, seed, offset,
-                     seed_tensor.defined() ? seed_tensor.data_ptr<int64_t>() : nullptr,
-                     offset_tensor.defined() ? offset_tensor.data_ptr<int64_t>() : nullptr,
-                     ids.defined() ? ids.data_ptr<int64_t>() : nullptr,
-                     scratch.defined() ? scratch.data_ptr<double>() : nullptr, sms, index.data_ptr<int64_t>(),
-                     valid.data_ptr<bool>(), stream),
-                 "multinomial");
+    check_cuda(launch_multinomial<scalar_t>(
+                   w.data_ptr<scalar_t>(), rows, n, k, replacement,
+                   u.defined() ? u.data_ptr<double>() : nullptr, seed, offset,
+                   seed_tensor.defined() ? seed_tensor.data_ptr<int64_t>() : nullptr,
+                   offset_tensor.defined() ? offset_tensor.data_ptr<int64_t>() : nullptr,
+                   ids.defined() ? ids.data_ptr<int64_t>() : nullptr,
+                   scratch.defined() ? scratch.data_ptr<double>() : nullptr, sms, index.data_ptr<int64_t>(),
+                   valid.data_ptr<bool>(), stream),
+               "multinomial", "CUDA launch");
   });
   return {index, valid};
 }
