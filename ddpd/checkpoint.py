@@ -77,7 +77,7 @@ def save_checkpoint(path: str, model: torch.nn.Module, config: dict,
     Raises:
         CheckpointError: `path` holds something a save must not replace, the config does not
             fit the model, or the weights are what a load refuses (not float32, float16 or
-            bfloat16, NaN or infinite).
+            bfloat16, NaN or infinite) or have no values (on the meta device).
         ValueError: the config is not JSON-serialisable.
         ddpd.files.OutputError: the directory cannot be written (a full disk, permissions).
     """
@@ -95,6 +95,10 @@ def _checkpoint_files(model: torch.nn.Module, config: dict, train_state: Optiona
     """The bytes of every file of the checkpoint `path`, config.json (with the digests) last."""
     meta = _check_train_state(train_state)
     state = model.state_dict()
+    empty = [key for key, t in state.items() if t.is_meta]
+    if empty:  # a skeleton (ddpd.models.factory.build_skeleton): shapes without values
+        raise CheckpointError(f"{what}: the model's {empty[0]} is on the meta device and holds no values; "
+                              "load or initialise the weights before saving")
     files = {WEIGHTS: _serialize(state)}
     _check_saved_weights(path, what, config, state, files[WEIGHTS])
     if train_state is not None:

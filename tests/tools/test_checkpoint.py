@@ -578,7 +578,8 @@ def test_non_finite_weights_are_refused(tmp_path):
     (lambda model: model.double(), "stored as F64; weights are stored as F32, F16, BF16"),
     (lambda model: model.head.weight.data.fill_(float("nan")), "NaN or infinite weights in head.weight"),
     (lambda model: model.add_module("extra", torch.nn.Linear(2, 2)), "unexpected \\['extra.bias'"),
-], ids=["float64", "nan", "extra module"])
+    (lambda model: model.to("meta"), "on the meta device and holds no values"),
+], ids=["float64", "nan", "extra module", "meta"])
 def test_a_save_refuses_weights_a_load_would_refuse(tmp_path, spoil, message):
     """They were written over the last good checkpoint, which then no longer loaded."""
     path = _saved(tmp_path)
