@@ -152,14 +152,14 @@ class RunningBatch:
 
         Raises:
             TypeError: the planner returns no tensor.
-            ValueError: the planner returns another shape, or no floating logits.
+            ValueError: the planner returns another shape, no floating logits, or logits on another device.
         """
         with self._precision():
             if self.condition is not None and self.condition.conditional_planner:
                 logits = model(x, *args, labels=self.condition.labels_of(self._rows(rows)))
             else:
                 logits = model(x, *args)
-        _check_output("planner", logits, tuple(x.shape))
+        _check_output("planner", logits, tuple(x.shape), x.device)
         self._count_nan(0, torch.isnan(logits))
         self._count_rows(0, None)
         self.planner_calls += 1
@@ -186,12 +186,12 @@ class RunningBatch:
 
         Raises:
             TypeError: the network returns no tensor.
-            ValueError: the network returns another shape, or no floating logits.
+            ValueError: the network returns another shape, no floating logits, or logits on another device.
         """
         network = _Call(model, "__call__")
         outputs = self._evaluate(network, x, t, rows)
         for output in outputs:
-            _check_output(name, output, (*x.shape, vocab_size))
+            _check_output(name, output, (*x.shape, vocab_size), x.device)
         # The networks' own outputs (guidance gives +inf by design where only the conditional
         # network allows a token); +inf too: an overflow (float16), where the fused run sees an
         # infinite hidden state.
@@ -216,7 +216,7 @@ class RunningBatch:
             Float[B, D, H] the hidden states.
 
         Raises:
-            ValueError: a head without vocab_size outputs, or hidden states of another shape.
+            ValueError: a head without vocab_size outputs, or hidden states of another shape or device.
         """
         head = model.head
         if head.out_features != vocab_size:
@@ -229,6 +229,7 @@ class RunningBatch:
             shape = list(h.shape) if isinstance(h, Tensor) else type(h).__name__
             raise ValueError(f"denoiser.hidden must return hidden states of shape "
                              f"{[*x.shape, head.in_features]}, got {shape}")
+        _check_device("denoiser.hidden", h, x.device)
         # NaN or inf in a hidden state: NaN or +inf logits (inf times weights of both signs)
         self._count_denoiser_pass(x, [~torch.isfinite(out) for out in outputs], used, rows, network)
         return h
@@ -628,12 +629,20 @@ def _sync_allowed():
         torch.cuda.set_sync_debug_mode(mode)
 
 
-def _check_output(name: str, out, shape: tuple) -> None:
+def _check_output(name: str, out, shape: tuple, device: torch.device) -> None:
     if not isinstance(out, Tensor):
         raise TypeError(f"{name} must return a tensor, got {type(out).__name__}")
     if tuple(out.shape) != shape or not out.is_floating_point():
         raise ValueError(f"{name} must return floating logits of shape {list(shape)}, "
                          f"got {out.dtype} of shape {list(out.shape)}")
+    _check_device(name, out, device)
+
+
+def _check_device(name: str, out: Tensor, device: torch.device) -> None:
+    # a network that moves its input (x.to("cuda") inside a CPU run) would otherwise fail in a draw
+    if out.device != device:
+        raise ValueError(f"{name} must return its output on the run's device {device} (where x is), "
+                         f"got {out.device}")
 
 
 def has_head(model: Callable) -> bool:

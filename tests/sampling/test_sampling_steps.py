@@ -395,6 +395,47 @@ def test_a_bad_device_is_refused_with_a_clear_error():
             ddpd_sample(M.planner, M.uniform_denoiser, 2, 4, 3, steps=2, device=torch.device("cuda"))
 
 
+def _elsewhere(network):
+    """The network with its output moved off the run's device (as one that moves its input does)."""
+    return lambda *args: network(*args).to("meta")
+
+
+class _HiddenElsewhere(torch.nn.Module):
+    """A denoiser with a head whose hidden states come back off the run's device."""
+
+    def __init__(self):
+        super().__init__()
+        self.head = torch.nn.Linear(4, 3)
+
+    def hidden(self, x, t):
+        return torch.zeros(*x.shape, 4, device="meta")
+
+    def forward(self, x, t):
+        return torch.zeros(*x.shape, 3, device="meta")
+
+
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("call,match", [
+    (lambda e: ddpd_sample(_elsewhere(M.planner), M.uniform_denoiser, 2, 4, 3, steps=3, seed=0, execution=e),
+     "planner must return its output on the run's device cpu"),
+    (lambda e: ddpd_sample(M.planner, _elsewhere(M.uniform_denoiser), 2, 4, 3, steps=3, seed=0, execution=e),
+     "denoiser must return its output on the run's device cpu"),
+    (lambda e: ddpd_sample_uniform(_elsewhere(M.uniform_model), 2, 4, 3, steps=3, seed=0, execution=e),
+     "model must return its output on the run's device cpu"),
+    (lambda e: maskgit_sample(_elsewhere(M.mask_denoiser), 2, 4, 3, steps=3, seed=0, execution=e),
+     "denoiser must return its output on the run's device cpu"),
+    (lambda e: tau_leaping_planned(_elsewhere(M.planner), M.mask_denoiser, 2, 4, 3, steps=3, seed=0, execution=e,
+                                   denoiser_type="mask"), "planner must return its output on the run's device cpu"),
+    (lambda e: ddpd_sample(M.planner, _HiddenElsewhere(), 2, 4, 3, steps=3, seed=0, execution=e),
+     r"denoiser(\.hidden)? must return its output on the run's device cpu \(where x is\), got meta"),
+], ids=["planner", "denoiser", "uniform model", "maskgit", "tau planned", "head"])
+def test_a_network_output_on_another_device_is_refused_with_a_clear_error(call, match, fused):
+    """Outputs off the run's device failed deep in torch (the reference) or named an op's
+    argument (the fused run) rather than the network."""
+    with pytest.raises(ValueError, match=match):
+        call(Execution(fused=fused))
+
+
 def test_conditional_planner_is_refused_where_no_planner_runs():
     labels = torch.zeros(2, dtype=torch.long)
     with pytest.raises(TypeError, match="maskgit_sample: Guidance.conditional_planner does not apply"):
