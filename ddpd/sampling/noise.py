@@ -19,7 +19,14 @@ import torch
 from torch import Tensor
 
 # gumbel: the ops' own transform, re-exported here so that both runs agree bit for bit
-from ddpd.ops.rng import BELOW_ONE, check_seed, gumbel, philox_uniform, seed_from_generator  # noqa: F401
+from ddpd.ops.rng import (  # noqa: F401
+    BELOW_ONE,
+    check_noise_values,
+    check_seed,
+    gumbel,
+    philox_uniform,
+    seed_from_generator,
+)
 
 # One stream per kind of draw in a step; the offset of a draw is
 # base + step * NUM_STREAMS + stream, so no two draws of a run share counters.
@@ -165,6 +172,40 @@ class TorchNoise:
         return ((bits.to(torch.float32) + 0.5) * _GRID).to(rows.device)
 
 
+class CheckedNoise:
+    """A caller's own NoiseSource, its uniforms checked at each call: another shape, dtype or
+    device failed deep in a draw, and a 0 gave an infinite clock or Gumbel variable that the
+    reference run took silently (values are read on CPU only, as the ops read them)."""
+
+    def __init__(self, source: NoiseSource):
+        self.source = source
+
+    def uniform(self, step: int, stream: int, rows: Tensor, cols: int) -> Tensor:
+        """The source's uniforms for `rows` at (step, stream), checked.
+
+        Args:
+            step: the step index.
+            stream: the draw's stream.
+            rows: Long row ids.
+            cols: uniforms a row.
+
+        Returns:
+            Float32[len(rows), cols] in (0, 1] on the rows' device.
+
+        Raises:
+            ValueError: another shape, dtype or device, or a CPU value outside (0, 1].
+        """
+        u = self.source.uniform(step, stream, rows, cols)
+        shape = (rows.numel(), cols)
+        if not isinstance(u, Tensor) or u.dtype != torch.float32 or tuple(u.shape) != shape \
+                or u.device != rows.device:
+            got = f"{u.dtype} of shape {tuple(u.shape)} on {u.device}" if isinstance(u, Tensor) else type(u).__name__
+            raise ValueError(f"noise.uniform(step, stream, rows, cols) must return torch.float32 of shape {shape} "
+                             f"on {rows.device}, got {got}")
+        check_noise_values(u, "noise.uniform")
+        return u
+
+
 def make_noise(seed: Optional[int] = None, generator: Optional[torch.Generator] = None,
                noise: Optional[NoiseSource] = None) -> NoiseSource:
     """The noise source of a sampler call: at most one of seed, generator, noise.
@@ -178,7 +219,7 @@ def make_noise(seed: Optional[int] = None, generator: Optional[torch.Generator] 
         noise: the sampler's `noise` source, or None.
 
     Returns:
-        The NoiseSource.
+        The NoiseSource (a source of the caller's own wrapped in CheckedNoise).
 
     Raises:
         ValueError: more than one of them is given, or a seed out of range.
@@ -190,7 +231,7 @@ def make_noise(seed: Optional[int] = None, generator: Optional[torch.Generator] 
     if noise is not None:
         if not callable(getattr(noise, "uniform", None)):
             raise TypeError(f"noise must have a uniform(step, stream, rows, cols) method, got {type(noise).__name__}")
-        return noise
+        return noise if isinstance(noise, (PhiloxNoise, TorchNoise, CheckedNoise)) else CheckedNoise(noise)
     if seed is not None:
         return PhiloxNoise(seed)
     if generator is not None and not isinstance(generator, torch.Generator):

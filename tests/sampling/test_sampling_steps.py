@@ -436,6 +436,33 @@ def test_a_network_output_on_another_device_is_refused_with_a_clear_error(call, 
         call(Execution(fused=fused))
 
 
+class _Uniforms:
+    """A NoiseSource of the caller's own that returns what `make` makes of the right uniforms."""
+
+    def __init__(self, make):
+        self.make = make
+
+    def uniform(self, step, stream, rows, cols):
+        return self.make(PhiloxNoise(5).uniform(step, stream, rows, cols))
+
+
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("sampler", ["ddpd A", "ddpd exact", "tau uniform", "maskgit"])
+@pytest.mark.parametrize("make,match", [
+    (lambda u: u[:, 1:], r"noise.uniform\(step, stream, rows, cols\) must return torch.float32 of shape \(2, \d+\) "
+                         r"on cpu, got torch.float32 of shape \(2, \d+\) on cpu"),
+    (lambda u: u.double(), "must return torch.float32 of shape .* got torch.float64"),
+    (lambda u: u.numpy(), "must return torch.float32 of shape .* got ndarray"),
+    (lambda u: u.to("meta"), "must return torch.float32 of shape .* on cpu, got .* on meta"),
+    (lambda u: torch.zeros_like(u), r"noise.uniform values must be uniforms in \(0, 1\], got 0.0"),
+], ids=["shape", "dtype", "numpy", "device", "zero"])
+def test_a_noise_source_that_breaks_its_contract_is_refused(make, match, sampler, fused):
+    """Another shape failed in a reshape deep in a draw (maskgit, tau-leaping), and the exact
+    clock's reference run took uniforms of 0 (an infinite holding time) without a word."""
+    with pytest.raises(ValueError, match=match):
+        SAMPLERS[sampler](2, noise=_Uniforms(make), execution=Execution(fused=fused))
+
+
 def test_conditional_planner_is_refused_where_no_planner_runs():
     labels = torch.zeros(2, dtype=torch.long)
     with pytest.raises(TypeError, match="maskgit_sample: Guidance.conditional_planner does not apply"):
