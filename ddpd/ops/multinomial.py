@@ -18,7 +18,7 @@ from ddpd.ops import _dispatch, _ext, rng
 from ddpd.ops.results import Draw
 from ddpd.ops.rng import philox_words
 from ddpd.ops.sample_categorical import MAX_TEMPERATURE
-from ddpd.validation import readable, values_checkable
+from ddpd.validation import check_bool, readable, values_checkable
 
 CHUNK = 64  # equals kChunk in csrc/multinomial.h
 WEIGHT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
@@ -99,9 +99,10 @@ def finish(index: torch.Tensor, valid: torch.Tensor, check_valid: bool, need: st
         Draw(index, valid).
 
     Raises:
+        TypeError: check_valid is not a bool (a string such as "no" would read as True).
         ValueError: check_valid and a row is invalid, or check_valid while tracing.
     """
-    if not check_valid:
+    if not check_bool("check_valid", check_valid):
         return Draw(index, valid)
     if not readable(valid):
         raise ValueError("check_valid=True raises on invalid rows, which needs their flags on the host; under "

@@ -392,6 +392,7 @@ def test_uniforms_outside_the_unit_interval_draw_as_the_reference_and_never_a_ze
         (dict(k=2**30, replacement=True), ValueError, r"k must be < 1073741824"),  # stream columns 2j, 2j + 1
         (dict(k=2.0), TypeError, "k must be an int"),
         (dict(replacement=1), TypeError, "replacement must be a bool"),
+        (dict(check_valid="no"), TypeError, "check_valid must be a bool"),
         (dict(seed=-1), ValueError, "seed must be an int"),
         (dict(seed=2**64), ValueError, "seed must be an int"),
         (dict(offset=3), ValueError, "offset needs an explicit seed"),
@@ -422,6 +423,8 @@ def test_categorical_argument_errors():
         categorical_from_weights(w, -torch.rand(3)).tokens
     with pytest.raises(TypeError, match="uniforms must be a torch.Tensor"):
         categorical_from_weights(w, [0.1, 0.2, 0.3]).tokens
+    with pytest.raises(TypeError, match="check_valid must be a bool"):
+        categorical_from_weights(w, torch.rand(3), check_valid=0).tokens
 
 
 @pytest.mark.parametrize("temperature,error",
