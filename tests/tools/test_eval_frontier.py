@@ -597,6 +597,22 @@ def test_ddpd_eval_frontier_names_data_too_small_for_the_ngram_judge(tmp_path, c
                                        "few for --judge ngram:3 (it needs more than 3)\n")
 
 
+def test_ddpd_eval_frontier_names_an_ngram_order_too_large_for_the_vocabulary(tmp_path, capsys):
+    """--judge ngram on a GPT-2 bundle ended in NGramJudge's "vocab_size ** order must fit 62
+    bits", exit status 1, naming neither the flag nor an order that works."""
+    from ddpd.checkpoint import save_bundle
+
+    save_bundle(tmp_path / "b", *_tiny("planner", 50257, ("gpt2",)), *_tiny("mask-denoiser", 50257, ("gpt2",)))
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the cat sat on the mat. " * 20)
+    assert main(["frontier", str(tmp_path / "b"), "--judge", "ngram", "--data", str(corpus), *FAST,
+                 "--out-dir", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err == ("ddpd-eval: error: --judge ngram: an n-gram judge of order 6 over the "
+                                       "bundle's 50257 tokens is too large (vocab_size ** order must fit 62 bits); "
+                                       "give --judge ngram:3 or lower, or an ar checkpoint\n")
+    assert not (tmp_path / "o").exists()
+
+
 def test_ddpd_eval_frontier_takes_other_settings_where_no_row_was_measured(tmp_path, capsys):
     """A run stopped before its first row left frontier.json alone, and a rerun with another
     --eps was refused: --out-dir held "a frontier measured with other eps" and no row."""
