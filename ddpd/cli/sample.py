@@ -86,6 +86,11 @@ SAMPLER_FLAGS = {**dict.fromkeys(("option", "stop", "selection", "eps", "k", "pa
 COUNTS = ("planner_calls", "denoiser_calls", "planner_rows", "denoiser_rows", "planner_rows_saved",
           "denoiser_rows_saved", "planner_nan_passes", "denoiser_nan_passes")
 PER_ROW = ("planner_passes", "denoiser_passes", "commits")  # summed over the samples
+# A sample is printed on one line: the line breaks of its text (GPT-2's newline tokens) as escapes,
+# backslashes doubled so that the line reads back unambiguously; --out keeps the text as decoded.
+ONE_LINE = str.maketrans({"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\v": "\\v", "\f": "\\f", "\x1c": "\\x1c",
+                          "\x1d": "\\x1d", "\x1e": "\\x1e", "\x85": "\\x85", "\u2028": "\\u2028",
+                          "\u2029": "\\u2029"})
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -902,8 +907,8 @@ def _batch(args, sample, records: Records, first: int, n: int) -> dict:
     # depend on the other rows of its batch, so on --batch-size)
     lines = "".join(records.line(first + row, texts[row], tokens[row], args.steps, int(result.stop_step[row]))
                     for row in range(n)) if args.out else ""
-    printed = [] if args.quiet else [texts[row] if texts[row] is not None else " ".join(map(str, tokens[row]))
-                                     for row in range(n)]
+    printed = [] if args.quiet else [texts[row].translate(ONE_LINE) if texts[row] is not None
+                                     else " ".join(map(str, tokens[row])) for row in range(n)]
     counts = {key: getattr(result, key) for key in COUNTS}
     counts.update({key: int(getattr(result, key).sum()) for key in PER_ROW})
     return {"n": n, "lines": lines, "printed": printed, "counts": counts}

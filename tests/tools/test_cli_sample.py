@@ -1002,6 +1002,25 @@ def test_a_prompt_needs_a_tokenizer(tmp_path, capsys):
     assert code == 2 and "--prompt needs a tokenizer, and the checkpoints record none" in err
 
 
+def test_a_sample_with_line_breaks_is_printed_on_one_line(tmp_path, capsys):
+    """GPT-2 text holds newlines: a sample was printed over several lines, so that the printed
+    lines were not the samples (`| head -1` gave part of one)."""
+    pytest.importorskip("tiktoken")
+    torch.manual_seed(0)
+    config = config_for("mask-denoiser", 50257, D, **TINY)
+    save_checkpoint(str(tmp_path / "m"), build_model("mask-denoiser", config),
+                    {"kind": "mask-denoiser", "model": config.to_dict(), "tokenizer": {"name": "gpt2"}})
+    out = tmp_path / "s.jsonl"
+    code, stdout, err = run_cli(capsys, "--checkpoint", str(tmp_path / "m"), "--sampler", "maskgit", "--prompt",
+                                "a\nb\\c\r", "--num-samples", "2", "--steps", "2", "--out", str(out))
+    assert code == 0, err
+    records = read_jsonl(out)
+    assert [r["text"][:6] for r in records] == ["a\nb\\c\r"] * 2  # the file keeps the text as decoded
+    assert stdout.splitlines() == [r["text"].replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r")
+                                   for r in records]
+    assert all(line.startswith("a\\nb\\\\c\\r") for line in stdout.splitlines())
+
+
 # ---------------------------------------------------------------- class labels and guidance
 
 
