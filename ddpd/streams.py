@@ -21,7 +21,8 @@ class Stdout:
     that fails (a full disk): after either nothing more is printed and `closed` tells the
     tool; a failure other than the broken pipe is kept in `error` for the tool to report
     once its files are written (`check`). A progress bar on the terminal is cleared
-    while a line is printed, so that none is left between the lines."""
+    while a line is printed, so that none is left between the lines; characters stdout's
+    encoding lacks are printed as backslash escapes."""
 
     def __init__(self):
         self.closed = False
@@ -39,7 +40,7 @@ class Stdout:
             return
         try:
             with tqdm.external_write_mode(file=sys.stdout):
-                sys.stdout.write(text + "\n")
+                sys.stdout.write(_encodable(text, sys.stdout) + "\n")
                 sys.stdout.flush()
         except OSError as err:
             self.closed = True
@@ -63,6 +64,20 @@ class Stdout:
         if self.error is not None:
             reason = self.error.strerror or str(self.error)
             raise OSError(f"cannot write stdout: {reason}{'; ' + kept if kept else ''}")
+
+
+def _encodable(text: str, stream) -> str:
+    """`text` with the characters `stream`'s encoding lacks as backslash escapes: on an ASCII or
+    Latin-1 stdout (PYTHONIOENCODING, the locale) GPT-2 text or a table's '±' stopped the tool
+    (ddpd-sample then published no --out)."""
+    encoding = getattr(stream, "encoding", None) or "utf-8"
+    try:
+        text.encode(encoding)
+    except UnicodeEncodeError:
+        return text.encode(encoding, "backslashreplace").decode(encoding)
+    except LookupError:  # a stream naming no codec Python knows: left to the stream
+        pass
+    return text
 
 
 def standard_streams() -> None:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ddpd.checkpoint import save_bundle, save_checkpoint, settings_digest
-from ddpd.cli.sample import main
+from ddpd.cli.sample import ONE_LINE, main
 from ddpd.cli.samplers import Settings
 from ddpd.models import build_model, config_for
 from hang_guard import HANG_GUARD_SECONDS, default_signals, torchrun_worker
@@ -1002,14 +1002,20 @@ def test_a_prompt_needs_a_tokenizer(tmp_path, capsys):
     assert code == 2 and "--prompt needs a tokenizer, and the checkpoints record none" in err
 
 
-def test_a_sample_with_line_breaks_is_printed_on_one_line(tmp_path, capsys):
-    """GPT-2 text holds newlines: a sample was printed over several lines, so that the printed
-    lines were not the samples (`| head -1` gave part of one)."""
+def _gpt2_denoiser(path) -> str:
+    """A tiny mask denoiser over GPT-2's tokens, saved at `path`."""
     pytest.importorskip("tiktoken")
     torch.manual_seed(0)
     config = config_for("mask-denoiser", 50257, D, **TINY)
-    save_checkpoint(str(tmp_path / "m"), build_model("mask-denoiser", config),
+    save_checkpoint(str(path), build_model("mask-denoiser", config),
                     {"kind": "mask-denoiser", "model": config.to_dict(), "tokenizer": {"name": "gpt2"}})
+    return str(path)
+
+
+def test_a_sample_with_line_breaks_is_printed_on_one_line(tmp_path, capsys):
+    """GPT-2 text holds newlines: a sample was printed over several lines, so that the printed
+    lines were not the samples (`| head -1` gave part of one)."""
+    _gpt2_denoiser(tmp_path / "m")
     out = tmp_path / "s.jsonl"
     code, stdout, err = run_cli(capsys, "--checkpoint", str(tmp_path / "m"), "--sampler", "maskgit", "--prompt",
                                 "a\nb\\c\r", "--num-samples", "2", "--steps", "2", "--out", str(out))
@@ -1019,6 +1025,21 @@ def test_a_sample_with_line_breaks_is_printed_on_one_line(tmp_path, capsys):
     assert stdout.splitlines() == [r["text"].replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r")
                                    for r in records]
     assert all(line.startswith("a\\nb\\\\c\\r") for line in stdout.splitlines())
+
+
+def test_text_an_ascii_stdout_cannot_hold_is_printed_escaped(tmp_path, monkeypatch):
+    """PYTHONIOENCODING=ascii (or a Latin-1 locale): GPT-2 text ended ddpd-sample with "'ascii'
+    codec can't encode character", exit status 2, and no --out file though every sample was drawn."""
+    stdout = io.TextIOWrapper(io.BytesIO(), encoding="ascii")
+    monkeypatch.setattr(sys, "stdout", stdout)
+    out = tmp_path / "s.jsonl"
+    assert main(["--checkpoint", _gpt2_denoiser(tmp_path / "m"), "--sampler", "maskgit", "--prompt", "\u00b1 \u3057",
+                 "--num-samples", "2", "--steps", "2", "--out", str(out)]) == 0
+    stdout.flush()
+    printed = stdout.buffer.getvalue().decode("ascii").splitlines()
+    texts = [r["text"] for r in read_jsonl(out)]
+    assert printed == [t.translate(ONE_LINE).encode("ascii", "backslashreplace").decode("ascii") for t in texts]
+    assert all(line.startswith("\\xb1 \\u3057") for line in printed)
 
 
 # ---------------------------------------------------------------- class labels and guidance
