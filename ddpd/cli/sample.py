@@ -83,6 +83,8 @@ SYNC_EVERY = 8  # --fused: steps between stop checks
 # The flags only one --sampler reads: given (off their defaults) with another, they are refused.
 SAMPLER_FLAGS = {**dict.fromkeys(("option", "stop", "selection", "eps", "k", "parallel_steps", "clock", "t_end"),
                                  "ddpd"), "eta": "tau-leaping", "choice_temperature": "maskgit"}
+# The --policy names with a choice_temperature field (ddpd.sampling.policies, which imports torch)
+CHOICE_TEMPERATURE_POLICIES = ("error-budget", "maskgit")
 COUNTS = ("planner_calls", "denoiser_calls", "planner_rows", "denoiser_rows", "planner_rows_saved",
           "denoiser_rows_saved", "planner_nan_passes", "denoiser_nan_passes")
 PER_ROW = ("planner_passes", "denoiser_passes", "commits")  # summed over the samples
@@ -626,9 +628,12 @@ def check_command_line(args) -> None:
         raise UsageError("--policy must be NAME[:FIELD=VALUE,...], got an empty string")
     if args.choice_temperature is not None:
         check_finite("--choice-temperature", args.choice_temperature, open_min=False)
-        if args.policy:  # it would be ignored: the policy has its own field
+        if args.policy:  # it would be ignored: the policy has its own field, or none
+            name = args.policy.partition(":")[0].strip()
+            advice = ("give the policy's choice_temperature field instead" if name in CHOICE_TEMPERATURE_POLICIES
+                      else "it has none: leave --choice-temperature out")
             raise UsageError(f"--choice-temperature sets the default maskgit policy's; with --policy {args.policy} "
-                             "give the policy's choice_temperature field instead")
+                             f"{advice}")
     refuse_flags_of_other_samplers(args)
     if args.sampler == "ddpd":
         refuse_ignored_ddpd_flags(args)

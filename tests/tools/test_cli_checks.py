@@ -176,6 +176,10 @@ def no_models(monkeypatch):
     (["--sampler", "maskgit", "--policy", "maskgit", "--choice-temperature", "2"],
      "with --policy maskgit give the policy's choice_temperature field"),
     (["--policy", "error-budget:bound=1", "--choice-temperature", "2"], "--choice-temperature sets the default"),
+    # a policy without the field: the message told to give the field it does not have
+    (["--sampler", "maskgit", "--policy", "threshold:0.9", "--choice-temperature", "2"],
+     "with --policy threshold:0.9 it has none: leave --choice-temperature out"),
+    (["--sampler", "maskgit", "--policy", "remdm", "--choice-temperature", "2"], "it has none"),
     # a flag only another sampler reads was ignored
     (["--sampler", "maskgit", "--eta", "1"], "--eta is a setting of --sampler tau-leaping, not of --sampler maskgit"),
     (["--sampler", "maskgit", "--option", "A+B"], "--option is a setting of --sampler ddpd"),
@@ -189,3 +193,14 @@ def test_sample_refuses_the_sampler_settings_before_loading_models(no_models, ca
     code = main(argv)
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("ddpd-sample: error: ") and message in err and err.count("\n") == 1, err
+
+
+def test_the_policies_with_a_choice_temperature_are_those_ddpd_sample_names():
+    """ddpd-sample tells which --policy has a choice_temperature field without importing the policies."""
+    import dataclasses
+
+    from ddpd.cli.sample import CHOICE_TEMPERATURE_POLICIES
+    from ddpd.sampling.policies import POLICIES
+
+    assert set(CHOICE_TEMPERATURE_POLICIES) == {name for name, policy in POLICIES.items()
+                                                if "choice_temperature" in {f.name for f in dataclasses.fields(policy)}}
