@@ -407,7 +407,12 @@ def run_quality(args: argparse.Namespace) -> None:
     names = args.samplers or list(available)
     unknown = [n for n in names if n not in available]
     if unknown:
-        raise UsageError(f"--samplers: {unknown} not available with these checkpoints; available: {list(available)}")
+        # a dfm-eta<ETA> missing for its --eta, not for the checkpoints: say which flag adds it
+        hint = (f"; dfm-eta<ETA> runs at each --eta, here {' '.join(f'{eta:g}' for eta in args.eta)}"
+                if any(n.startswith("dfm-eta") for n in unknown) and any(n.startswith("dfm-eta") for n in available)
+                else "")
+        raise UsageError(f"--samplers: {unknown} not available with these checkpoints; available: "
+                         f"{list(available)}{hint}")
     reference = _heldout(args, loaded, args.reference_sequences, "--reference-sequences") if args.data else None
     # the rows so far, rewritten after every configuration: never sweep.csv, which with sweep.md and
     # sweep.png is the last complete sweep's until this one ends

@@ -403,6 +403,10 @@ def test_convergence_command(setup, capsys):
     (["elbo", "--uniform", "{uniform}", "--data", "{data}", "--seed", "-1"], "--seed must be in [0, ", 2),
     (["quality", "--uniform", "{uniform}", "--judge", "{ar}", "--samplers", "maskgit", "--out-dir", "{root}/q2"],
      "--samplers: ['maskgit'] not available", 2),
+    # the checkpoints run it at another --eta: the message blamed the checkpoints alone
+    (["quality", "--denoiser", "{mask-denoiser}", "--judge", "{ar}", "--samplers", "dfm-eta5", "--out-dir",
+      "{root}/q2"], "--samplers: ['dfm-eta5'] not available with these checkpoints; available: ['dfm-eta0', "
+                    "'dfm-eta15', 'maskgit']; dfm-eta<ETA> runs at each --eta, here 0 15", 2),
     # a planner alone, or a uniform denoiser without one, runs no sampler: it said "expected at least one SamplerSpec"
     (["quality", "--planner", "{planner}", "--judge", "{ar}", "--out-dir", "{root}/q2"],
      "these checkpoints run no sampler:", 2),
