@@ -52,6 +52,7 @@ from ddpd.training.sources import LABELLED_SUFFIX, is_labelled
 if TYPE_CHECKING:
     import torch
 
+DEFAULT_ETAS = [0.0, 15.0]  # quality's --eta: the dfm-eta0 and dfm-eta15 samplers
 SAMPLER_HELP = ("ddpd-{A,AB,ABC}-{mask,uniform,uniform-model}, tau-planned-{mask,uniform}, dfm-eta<eta>, "
                 "dfm-uni, maskgit (default: every one the checkpoints allow)")
 
@@ -98,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--samplers", nargs="+", help=SAMPLER_HELP)
     p.add_argument("--steps", nargs="+", type=int, default=[64, 128, 256, 512], help="(default: 64 128 256 512)")
     p.add_argument("--temperatures", nargs="+", type=float, default=[0.8, 0.9, 1.0], help="(default: 0.8 0.9 1.0)")
-    p.add_argument("--eta", nargs="+", type=float, default=[0.0, 15.0],
+    p.add_argument("--eta", nargs="+", type=float, default=DEFAULT_ETAS,
                    help="DFM tau-leaping stochasticities (default: 0 15)")
     p.add_argument("--eps", type=float, default=0.01, help="stop criterion of DDPD option A (default 0.01)")
     add_truncation_arguments(p)
@@ -413,6 +414,9 @@ def run_quality(args: argparse.Namespace) -> None:
                 else "")
         raise UsageError(f"--samplers: {unknown} not available with these checkpoints; available: "
                          f"{list(available)}{hint}")
+    if args.eta != DEFAULT_ETAS and not any(n.startswith("dfm-eta") for n in names):  # it would be ignored
+        raise UsageError(f"--eta {' '.join(f'{eta:g}' for eta in args.eta)} acts on the dfm-eta<ETA> samplers "
+                         "(one mask denoiser) only, and this sweep runs none of them")
     reference = _heldout(args, loaded, args.reference_sequences, "--reference-sequences") if args.data else None
     # the rows so far, rewritten after every configuration: never sweep.csv, which with sweep.md and
     # sweep.png is the last complete sweep's until this one ends

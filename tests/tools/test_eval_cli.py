@@ -407,6 +407,12 @@ def test_convergence_command(setup, capsys):
     (["quality", "--denoiser", "{mask-denoiser}", "--judge", "{ar}", "--samplers", "dfm-eta5", "--out-dir",
       "{root}/q2"], "--samplers: ['dfm-eta5'] not available with these checkpoints; available: ['dfm-eta0', "
                     "'dfm-eta15', 'maskgit']; dfm-eta<ETA> runs at each --eta, here 0 15", 2),
+    # --eta with no dfm-eta sampler in the sweep was ignored
+    (["quality", "--denoiser", "{mask-denoiser}", "--judge", "{ar}", "--samplers", "maskgit", "--eta", "5",
+      "--out-dir", "{root}/q2"], "--eta 5 acts on the dfm-eta<ETA> samplers (one mask denoiser) only, and this "
+                                 "sweep runs none of them", 2),
+    (["quality", "--uniform", "{uniform}", "--judge", "{ar}", "--eta", "0.5", "--out-dir", "{root}/q2"],
+     "--eta 0.5 acts on the dfm-eta<ETA> samplers", 2),
     # a planner alone, or a uniform denoiser without one, runs no sampler: it said "expected at least one SamplerSpec"
     (["quality", "--planner", "{planner}", "--judge", "{ar}", "--out-dir", "{root}/q2"],
      "these checkpoints run no sampler:", 2),
