@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     import torch
 
 DEFAULT_ETAS = [0.0, 15.0]  # quality's --eta: the dfm-eta0 and dfm-eta15 samplers
+DEFAULT_EPS = 0.01  # quality's --eps: the stop of the ddpd-A-* samplers
 SAMPLER_HELP = ("ddpd-{A,AB,ABC}-{mask,uniform,uniform-model}, tau-planned-{mask,uniform}, dfm-eta<eta>, "
                 "dfm-uni, maskgit (default: every one the checkpoints allow)")
 
@@ -101,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperatures", nargs="+", type=float, default=[0.8, 0.9, 1.0], help="(default: 0.8 0.9 1.0)")
     p.add_argument("--eta", nargs="+", type=float, default=DEFAULT_ETAS,
                    help="DFM tau-leaping stochasticities (default: 0 15)")
-    p.add_argument("--eps", type=float, default=0.01, help="stop criterion of DDPD option A (default 0.01)")
+    p.add_argument("--eps", type=float, default=DEFAULT_EPS, help="stop criterion of DDPD option A (default 0.01)")
     add_truncation_arguments(p)
     p.add_argument("--num-samples", type=int, default=64, help="samples a configuration (default 64)")
     p.add_argument("--fused", action="store_true",
@@ -417,6 +418,9 @@ def run_quality(args: argparse.Namespace) -> None:
     if args.eta != DEFAULT_ETAS and not any(n.startswith("dfm-eta") for n in names):  # it would be ignored
         raise UsageError(f"--eta {' '.join(f'{eta:g}' for eta in args.eta)} acts on the dfm-eta<ETA> samplers "
                          "(one mask denoiser) only, and this sweep runs none of them")
+    if args.eps != DEFAULT_EPS and not any(n.startswith("ddpd-A-") for n in names):  # option A's stop alone reads it
+        raise UsageError(f"--eps {args.eps:g} acts on the eps stop of the ddpd-A-* samplers only, and this sweep "
+                         "runs none of them")
     reference = _heldout(args, loaded, args.reference_sequences, "--reference-sequences") if args.data else None
     # the rows so far, rewritten after every configuration: never sweep.csv, which with sweep.md and
     # sweep.png is the last complete sweep's until this one ends

@@ -413,6 +413,10 @@ def test_convergence_command(setup, capsys):
                                  "sweep runs none of them", 2),
     (["quality", "--uniform", "{uniform}", "--judge", "{ar}", "--eta", "0.5", "--out-dir", "{root}/q2"],
      "--eta 0.5 acts on the dfm-eta<ETA> samplers", 2),
+    # --eps with no option-A ddpd sampler in the sweep (B and C run the whole budget) was ignored
+    (["quality", "--planner", "{planner}", "--denoiser", "{mask-denoiser}", "--judge", "{ar}", "--samplers",
+      "ddpd-AB-mask", "maskgit", "--eps", "0.1", "--out-dir", "{root}/q2"],
+     "--eps 0.1 acts on the eps stop of the ddpd-A-* samplers only, and this sweep runs none of them", 2),
     # a planner alone, or a uniform denoiser without one, runs no sampler: it said "expected at least one SamplerSpec"
     (["quality", "--planner", "{planner}", "--judge", "{ar}", "--out-dir", "{root}/q2"],
      "these checkpoints run no sampler:", 2),
