@@ -4,6 +4,7 @@ import os
 import signal
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -52,6 +53,31 @@ def test_enospc_from_the_file_object_names_the_destination(tmp_path, monkeypatch
         out.write("line\n")
     out.discard()
     assert _entries(tmp_path) == []
+
+
+def test_an_oserror_inside_an_atomic_file_names_the_destination(tmp_path):
+    """What the file object raises inside the block (a full disk on write) is an OutputError
+    naming the destination; the previous file stays and the temporary goes."""
+    target = tmp_path / "report.json"
+    files.write_text(target, "old")
+    with pytest.raises(files.OutputError, match=f"cannot write {target}: No space left on device"):
+        with files.atomic_file(target) as f:
+            f.write("new")
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    assert target.read_text() == "old" and _entries(tmp_path) == ["report.json"]
+
+
+def test_a_failed_publish_deletes_the_temporary_and_releases_the_lock(tmp_path, monkeypatch):
+    def refused(a, b):
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    out = files.StreamedFile(tmp_path / "s.jsonl", one_writer=True)
+    out.write("line\n")
+    monkeypatch.setattr(files.os, "replace", refused)
+    with pytest.raises(files.OutputError, match=f"cannot write {tmp_path / 's.jsonl'}: Input/output error"):
+        out.publish()
+    assert _entries(tmp_path) == []
+    files.OutputLock(tmp_path / "s.jsonl").acquire().release()
 
 
 def test_streamed_file_is_flushed_as_it_goes_and_published_at_the_end(tmp_path):
@@ -123,6 +149,14 @@ def test_stale_temporaries_of_dead_processes_are_removed(tmp_path):
 
 
 @pytest.mark.integration
+def test_a_writer_of_a_file_removes_the_temporaries_of_its_dead_writers(tmp_path):
+    stale = tmp_path / f".s.jsonl.tmp-{files._HOST}-{_dead_pid()}-abcdefgh"
+    stale.write_text("cut short")
+    files.write_text(tmp_path / "s.jsonl", "whole")
+    assert _entries(tmp_path) == ["s.jsonl"]
+
+
+@pytest.mark.integration
 def test_a_partial_result_goes_beside_its_output_never_over_it(tmp_path):
     """A writer stopped before its end publishes what it finished as NAME.partial.SUFFIX, the
     complete file (if any) left as it was; the name fits however long the output's is."""
@@ -185,6 +219,24 @@ def test_names_that_nearly_fill_a_file_name_can_be_written(tmp_path, length):
     assert files.remove_stale_temps(tmp_path / name) == [str(tmp_path / stale)]
 
 
+def test_a_name_of_exactly_name_max_bytes_is_taken_whole(tmp_path):
+    """A name that just fits is neither refused by the check before work nor cut short with a
+    digest: only one byte more is too long."""
+    files.check_output(tmp_path / ("x" * files.NAME_MAX))
+    files.check_output(tmp_path / ("x" * files.NAME_MAX), directory=True)
+    with pytest.raises(files.OutputError, match=f"a name of {files.NAME_MAX + 1} bytes"):
+        files.check_output(tmp_path / ("x" * (files.NAME_MAX + 1)))
+    stem = "x" * (files.NAME_MAX - len(".partial.jsonl"))
+    assert files.partial_path(tmp_path / f"{stem}.jsonl") == str(tmp_path / f"{stem}.partial.jsonl")
+
+
+def test_a_dead_link_in_the_way_of_the_parents_is_named(tmp_path):
+    """check_output's nearest entry on the way is the link itself, not the directory holding it."""
+    os.symlink(tmp_path / "gone", tmp_path / "runs")
+    with pytest.raises(files.OutputError, match=f"{tmp_path / 'runs'} is not a directory"):
+        files.check_output(tmp_path / "runs" / "eval", directory=True)
+
+
 def test_a_symbolic_link_is_written_through_and_kept(tmp_path):
     (tmp_path / "runs").mkdir()
     (tmp_path / "runs" / "today.jsonl").write_text("old")
@@ -206,6 +258,18 @@ def test_a_symbolic_link_is_written_through_and_kept(tmp_path):
     with files.OutputLock(tmp_path / "ck"):  # one output, whichever name it is written by
         with pytest.raises(files.OutputLockedError):
             files.OutputLock(tmp_path / "runs" / "ck").acquire()
+
+
+def test_the_partial_result_of_a_link_is_the_one_beside_its_target(tmp_path):
+    """A writer through a link leaves its partial result beside the target: remove_partial by
+    the link's name removes that one."""
+    (tmp_path / "runs").mkdir()
+    os.symlink("runs/today.jsonl", tmp_path / "latest.jsonl")
+    with files.StreamedFile(tmp_path / "latest.jsonl") as out:
+        out.write("half\n")
+        assert out.publish_partial() == str(tmp_path / "runs" / "today.partial.jsonl")
+    files.remove_partial(tmp_path / "latest.jsonl")
+    assert os.listdir(tmp_path / "runs") == []
 
 
 @pytest.mark.integration
@@ -287,6 +351,10 @@ def test_the_working_directory_and_its_ancestors_are_never_replaced(tmp_path, mo
     with files.atomic_directory(tmp_path / "a" / "sibling"):
         pass
     assert sorted(os.listdir(here)) == ["below", "precious.txt"]
+    (tmp_path / "run-2").mkdir()
+    monkeypatch.chdir(tmp_path / "run-2")
+    with files.atomic_directory(tmp_path / "run"):  # the working directory's name begins with it
+        pass
 
 
 def test_a_file_in_the_way_of_the_parents_is_named(tmp_path):
@@ -362,6 +430,36 @@ def test_a_replaced_file_keeps_the_mode_of_its_previous_version(tmp_path):
     assert _mode(target) == 0o640 and target.read_text() == "three\n"
 
 
+def test_a_replaced_file_drops_the_set_id_bits_of_its_previous_version(tmp_path):
+    target = tmp_path / "tool.sh"
+    target.write_text("old")
+    os.chmod(target, 0o4755)
+    files.write_text(target, "new")
+    assert _mode(target) == 0o755
+
+
+def test_new_directories_get_the_ordinary_mode_and_replaced_ones_keep_setgid(tmp_path):
+    """Not the private mode temporary directories are made with; a group-shared checkpoint
+    directory (setgid) stays one."""
+    ordinary = 0o777 & ~files._umask()
+    with files.atomic_directory(tmp_path / "ck") as new:
+        os.mkdir(os.path.join(new, "sub"))
+    assert (_mode(tmp_path / "ck"), _mode(tmp_path / "ck" / "sub")) == (ordinary, ordinary)
+    os.chmod(tmp_path / "ck", 0o2770)
+    with files.atomic_directory(tmp_path / "ck"):
+        pass
+    assert _mode(tmp_path / "ck") == 0o2770
+
+
+def test_a_file_where_a_link_stood_gets_the_ordinary_mode(tmp_path):
+    """A link's own mode (0o777) is not a previous version's: the new file is not world-writable."""
+    (tmp_path / "ck").mkdir()
+    os.symlink("elsewhere", tmp_path / "ck" / "model")
+    with files.atomic_directory(tmp_path / "ck") as new:
+        open(os.path.join(new, "model"), "w").close()
+    assert _mode(tmp_path / "ck" / "model") == 0o666 & ~files._umask()
+
+
 def test_a_replaced_directory_keeps_the_modes_of_its_previous_version(tmp_path):
     umask = files._umask()
     outside = tmp_path / "outside.txt"
@@ -383,16 +481,24 @@ def test_a_replaced_directory_keeps_the_modes_of_its_previous_version(tmp_path):
 # ---------------------------------------------------------------- stale temporaries, under the lock
 
 
+@contextmanager
+def _held_by_another_process(path):
+    script = ("import sys; from ddpd.files import OutputLock; "
+              f"lock = OutputLock({str(path)!r}).acquire(); print('held', flush=True); sys.stdin.read()")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "held\n"
+        yield path
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=60)
+
+
 @pytest.fixture
 def held_elsewhere(tmp_path):
     """A process (not this one) holding the lock of tmp_path/'run'."""
-    script = ("import sys; from ddpd.files import OutputLock; "
-              f"lock = OutputLock({str(tmp_path / 'run')!r}).acquire(); print('held', flush=True); sys.stdin.read()")
-    proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    assert proc.stdout.readline() == "held\n"
-    yield tmp_path / "run"
-    proc.stdin.close()
-    proc.wait(timeout=60)
+    with _held_by_another_process(tmp_path / "run") as path:
+        yield path
 
 
 @pytest.mark.integration
@@ -406,6 +512,18 @@ def test_stale_temporaries_are_kept_while_another_process_holds_the_lock(held_el
 
 
 @pytest.mark.integration
+def test_a_lock_released_here_and_taken_elsewhere_keeps_its_temporaries(tmp_path):
+    """Once released here and taken by another process, the lock's temporaries are that one's."""
+    with files.OutputLock(tmp_path / "run"):
+        pass
+    in_flight = tmp_path / f".run.tmp-{files._HOST}-{_dead_pid()}-abcdefgh"
+    in_flight.mkdir()
+    with _held_by_another_process(tmp_path / "run"):
+        assert files.remove_stale_temps(tmp_path / "run") == []
+    assert in_flight.is_dir()
+
+
+@pytest.mark.integration
 def test_a_refused_resume_leaves_the_running_trainers_temporaries(held_elsewhere, tmp_path, capsys):
     from ddpd.cli.train import main
 
@@ -414,6 +532,13 @@ def test_a_refused_resume_leaves_the_running_trainers_temporaries(held_elsewhere
     (in_flight / "model.safetensors").write_bytes(b"being written")
     assert main(["planner", "--out", str(held_elsewhere), "--resume", "--no-progress"]) != 0
     assert (in_flight / "model.safetensors").read_bytes() == b"being written"
+
+
+@pytest.mark.integration
+def test_a_cleaning_that_must_not_pass_a_holder_names_it(held_elsewhere):
+    """refuse_held: ddpd-train --resume of a run yet to save names the run, not a missing checkpoint."""
+    with pytest.raises(files.OutputLockedError, match=r"is being written by pid \d+ on "):
+        files.remove_stale_temps(held_elsewhere, refuse_held=True)
 
 
 @pytest.mark.integration
@@ -503,6 +628,33 @@ def test_a_signal_between_the_two_renames_of_a_directory_waits_for_the_second(tm
     with pytest.raises(signal_raises), files.atomic_directory(tmp_path / "ck") as new:
         (Path(new) / "model").write_text("version 2")
     assert _entries(tmp_path) == ["ck"] and (tmp_path / "ck" / "model").read_text() == "version 2"
+
+
+def test_a_set_whose_rename_failed_is_finished_once_its_writer_is_dead(tmp_path, monkeypatch):
+    """The journal and the temporaries stay after a failed rename; a cleaner leaves them while
+    the writer lives (its renames may be under way) and finishes the set once it is dead."""
+    for name in ("report.csv", "report.md"):
+        files.write_text(tmp_path / name, "v1")
+    renames, real = [], os.replace
+
+    def replace(a, b):
+        renames.append(b)
+        if len(renames) == 2:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        real(a, b)
+
+    monkeypatch.setattr(files.os, "replace", replace)
+    with pytest.raises(files.OutputError, match="report.md: Input/output error"), files.FileSet() as reports:
+        for name in ("report.csv", "report.md"):
+            reports.open(tmp_path / name).write("v2")
+        reports.publish()
+    monkeypatch.setattr(files.os, "replace", real)
+    assert _report_set(tmp_path) == ["v2", "v1"]
+    files.remove_stale_temps(tmp_path / "report.md")  # its writer (this process) lives
+    assert _report_set(tmp_path) == ["v2", "v1"] and len(_entries(tmp_path)) == 4  # + journal, temporary
+    monkeypatch.setattr(files, "_pid_alive", lambda pid: False)
+    files.remove_stale_temps(tmp_path / "report.md")
+    assert _report_set(tmp_path) == ["v2", "v2"] and _entries(tmp_path) == ["report.csv", "report.md"]
 
 
 def test_a_set_that_fails_before_its_renames_leaves_the_previous_one(tmp_path, monkeypatch):
