@@ -685,7 +685,12 @@ def evaluation_batches(tokens: Union[Tensor, Records], seq_len: int, batch_size:
 
     Returns:
         A tuple of batches: Long tensors, or (chunks, labels) pairs for labelled Records.
+
+    Raises:
+        TypeError, ValueError: `seq_len`, `batch_size` or `max_batches` is not an int >= 1.
+        ValueError: no record holds `seq_len` tokens.
     """
+    _check_positive("seq_len", seq_len)  # else a division by zero or a negative range in torch
     _check_positive("max_batches", max_batches)
     _check_positive("batch_size", batch_size)
     records = tokens if isinstance(tokens, Records) else Records.stream(tokens)

@@ -245,6 +245,17 @@ def test_evaluation_batches_are_fixed_chunks():
     assert sum(b.shape[0] for b in evaluation_batches(tokens, 10, 8, 100)) == 100
 
 
+def test_evaluation_batches_validation():
+    """seq_len 0 was torch's 'RuntimeError: ZeroDivisionError', a negative one a bad range."""
+    for seq_len in (0, -2):
+        with pytest.raises(ValueError, match=f"seq_len must be >= 1, got {seq_len}"):
+            evaluation_batches(torch.arange(10), seq_len, 2, 2)
+    with pytest.raises(TypeError, match="seq_len must be an int"):
+        evaluation_batches(torch.arange(10), 2.0, 2, 2)
+    with pytest.raises(ValueError, match=r"seq_len must be <= the number of evaluation tokens of a record \(10\)"):
+        evaluation_batches(torch.arange(10), 11, 2, 2)
+
+
 # ---------------------------------------------------------------- labelled corpora
 
 
