@@ -65,6 +65,13 @@ def test_train_state_round_trip(tmp_path):
     assert got_tensors.keys() == tensors.keys() and all(torch.equal(got_tensors[k], tensors[k]) for k in tensors)
 
 
+def test_a_train_state_without_tensors_round_trips(tmp_path):
+    """Its tensors file is a bare header (no data after it), which a load reads as such."""
+    model, config = tiny("planner")
+    save_checkpoint(tmp_path / "c", model, config, ({}, {"step": 3}))
+    assert load_train_state(tmp_path / "c") == ({}, {"step": 3})
+
+
 def test_replacing_a_checkpoint(tmp_path):
     first, config = tiny("planner", seed=0)
     second, _ = tiny("planner", seed=1)
@@ -189,6 +196,38 @@ def test_refuses_to_replace_unrelated_directory(tmp_path):
         save_checkpoint(tmp_path / "file", model, config)
 
 
+def test_an_empty_directory_is_a_destination_a_save_fills(tmp_path):
+    model, config = tiny("planner")
+    (tmp_path / "c").mkdir()
+    save_checkpoint(tmp_path / "c", model, config)
+    assert sorted(os.listdir(tmp_path / "c")) == ["config.json", "model.safetensors"]
+
+
+@pytest.mark.parametrize("data", [b'{"kind": "planner", "model": {}}', b'{"kind": "gpt2", "sha256": {}}',
+                                  b"{not json", b"\xff{}",
+                                  b'{"kind": "planner", "sha256": {}}' + b" " * ckpt.MAX_CONFIG_BYTES],
+                         ids=["no sha256", "other kind", "not JSON", "not UTF-8", "too long"])
+def test_a_config_json_a_save_did_not_write_is_not_replaced(tmp_path, data):
+    """A ddpd kind without digests, digests of another kind, a config.json that does not parse
+    or is longer than any a save writes: not a checkpoint, refused in one line."""
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "config.json").write_bytes(data)
+    with pytest.raises(CheckpointError, match="not a ddpd checkpoint"):
+        save_checkpoint(tmp_path / "c", *tiny("planner"))
+    assert os.listdir(tmp_path / "c") == ["config.json"]
+
+
+def test_a_bundle_needs_both_checkpoints_to_be_replaced(tmp_path):
+    """A directory with a ddpd planner/ beside a user's own denoiser/ is not a bundle."""
+    planner, planner_config = tiny("planner")
+    save_checkpoint(tmp_path / "b" / "planner", planner, planner_config)
+    (tmp_path / "b" / "denoiser").mkdir()
+    (tmp_path / "b" / "denoiser" / "notes.txt").write_text("mine")
+    with pytest.raises(CheckpointError, match="neither empty nor a ddpd checkpoint"):
+        save_bundle(tmp_path / "b", planner, planner_config, *tiny("mask-denoiser"))
+    assert (tmp_path / "b" / "denoiser" / "notes.txt").read_text() == "mine"
+
+
 def hf_model_folder(path):
     """A directory of another library's model: a config.json that is not a ddpd checkpoint's."""
     path.mkdir()
@@ -284,6 +323,15 @@ def test_a_save_keeps_the_users_files_beside_the_checkpoint(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["b", "c"]
 
 
+def test_a_link_to_a_directory_kept_beside_the_checkpoint_stays_a_link(tmp_path):
+    model, config = tiny("planner")
+    (tmp_path / "data").mkdir()
+    save_checkpoint(tmp_path / "c", model, config)
+    os.symlink(tmp_path / "data", tmp_path / "c" / "data")
+    save_checkpoint(tmp_path / "c", model, config)
+    assert os.readlink(tmp_path / "c" / "data") == str(tmp_path / "data")
+
+
 @pytest.mark.parametrize("kept", ["dead link", "fifo"])
 def test_a_dead_link_or_a_fifo_kept_beside_the_checkpoint_lets_every_save_through(tmp_path, kept):
     """A save flushed every entry of its new directory by opening it: a dead symbolic link a
@@ -370,6 +418,8 @@ def test_save_validates_before_writing(tmp_path):
         save_checkpoint(tmp_path / "c", other, config)
     with pytest.raises(ValueError, match="JSON"):
         save_checkpoint(tmp_path / "c", model, config, ({}, {"bad": object()}))
+    with pytest.raises(ValueError, match="train_state meta must be JSON-serialisable: Out of range float"):
+        save_checkpoint(tmp_path / "c", model, config, ({}, {"loss": float("nan")}))  # JSON has no NaN
     with pytest.raises(TypeError, match="torch.Tensor"):
         save_checkpoint(tmp_path / "c", model, config, ({"x": [1.0]}, {}))
     with pytest.raises(ValueError, match="'kind'"):
@@ -432,7 +482,11 @@ def test_bundle_errors(tmp_path):
     save_checkpoint(tmp_path / "b" / "denoiser", planner, planner_config)  # a planner where the denoiser goes
     with pytest.raises(CheckpointError, match="denoiser config: kind"):
         load_bundle(tmp_path / "b")
-    with pytest.raises(CheckpointError, match="not found"):
+    save_checkpoint(tmp_path / "b" / "denoiser", denoiser, denoiser_config)
+    save_checkpoint(tmp_path / "b" / "planner", denoiser, denoiser_config)  # a denoiser where the planner goes
+    with pytest.raises(CheckpointError, match="planner config: kind"):
+        load_bundle(tmp_path / "b")
+    with pytest.raises(CheckpointError, match="bundle directory not found"):
         load_bundle(tmp_path / "missing")
     (tmp_path / "half").mkdir()
     save_checkpoint(tmp_path / "half" / "planner", planner, planner_config)
@@ -570,8 +624,24 @@ def test_non_finite_weights_are_refused(tmp_path):
     save_file(tensors, path / "model.safetensors")
     digest = hashlib.sha256((path / "model.safetensors").read_bytes()).hexdigest()
     _rewrite_config(path, lambda c: c["sha256"].update({"model.safetensors": digest}))
-    with pytest.raises(CheckpointError, match="NaN or infinite weights in head.weight"):
+    with pytest.raises(CheckpointError, match="NaN or infinite weights in head.weight; the model cannot be used"):
         load_model(path)
+
+
+def test_weights_with_a_metadata_entry_load(tmp_path):
+    """safetensors' save_file(..., metadata=...) writes a __metadata__ entry, which is no tensor."""
+    import hashlib
+
+    from safetensors.torch import save_file
+
+    path = _saved(tmp_path)
+    model = load_model(path)[0]
+    save_file(load_file(path / "model.safetensors"), path / "model.safetensors", metadata={"format": "pt"})
+    digest = hashlib.sha256((path / "model.safetensors").read_bytes()).hexdigest()
+    _rewrite_config(path, lambda c: c["sha256"].update({"model.safetensors": digest}))
+    assert same_weights(load_model(path)[0], model)
+    _craft_state(path, {"__metadata__": {"format": "pt"}})
+    assert load_train_state(path) == ({}, {"step": 1})
 
 
 @pytest.mark.parametrize("spoil, message", [
@@ -606,6 +676,53 @@ def test_crafted_headers_are_refused(tmp_path, damage, message):
     with pytest.raises(CheckpointError, match=message) as info:
         load_model(path)
     assert _one_line(info.value)
+
+
+def _craft_state(path, header, data=b"", meta=None):
+    """A hostile training state: crafted files, their digests recorded in config.json."""
+    import hashlib
+
+    blob = json.dumps(header).encode()
+    files = {"train_state.safetensors": len(blob).to_bytes(8, "little") + blob + data}
+    if meta is not None:
+        files["train_state.json"] = meta.encode()
+    for name, raw in files.items():
+        (path / name).write_bytes(raw)
+        _rewrite_config(path, lambda c: c["sha256"].update({name: hashlib.sha256(raw).hexdigest()}))
+
+
+@pytest.mark.parametrize("header, data, message", [
+    ({"m": {"dtype": "F32", "shape": [-3], "data_offsets": [12, 0]}}, b"", "header entry 'm' is malformed"),
+    ({"m": {"dtype": "F32", "shape": [True], "data_offsets": [0, 4]}}, bytes(4), "header entry 'm' is malformed"),
+    ({"m": {"dtype": "F32", "shape": [3], "data_offsets": [0, 12, 12]}}, bytes(12), "header entry 'm' is malformed"),
+    ({"m": {"dtype": "F32", "shape": [2], "data_offsets": [0, 12]}}, bytes(12),
+     r"tensor 'm' has 12 bytes for its shape \[2\]"),
+    ({"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 12]},
+      "b": {"dtype": "F32", "shape": [3], "data_offsets": [0, 12]}}, bytes(12), "its tensors overlap or leave gaps"),
+], ids=["negative size", "bool size", "three offsets", "bytes for shape", "overlap"])
+def test_a_crafted_training_state_header_is_refused_naming_the_fault(tmp_path, header, data, message):
+    path = _saved(tmp_path)
+    _craft_state(path, header, data)
+    with pytest.raises(CheckpointError, match=f"train_state.safetensors is corrupt \\({message}") as info:
+        load_train_state(path)
+    assert _one_line(info.value)
+
+
+def test_a_config_json_of_the_largest_size_read_loads(tmp_path):
+    path = _saved(tmp_path)
+    text = (path / "config.json").read_text()
+    (path / "config.json").write_text(text + " " * (ckpt.MAX_CONFIG_BYTES - len(text)))
+    load_model(path)
+    (path / "config.json").write_text(text + " " * (ckpt.MAX_CONFIG_BYTES - len(text) + 1))
+    with pytest.raises(CheckpointError, match=f"config.json takes {ckpt.MAX_CONFIG_BYTES + 1} bytes, more than"):
+        load_model(path)
+
+
+def test_a_training_state_meta_that_is_not_an_object_is_refused(tmp_path):
+    path = _saved(tmp_path)
+    _craft_state(path, {}, meta="[1]")
+    with pytest.raises(CheckpointError, match="train_state.json must hold a JSON object, got list"):
+        load_train_state(path)
 
 
 _WRITER = textwrap.dedent("""
@@ -775,6 +892,9 @@ def test_a_save_digests_the_settings_a_resume_takes(tmp_path):
     stored["training"]["lr"] = 0.002
     with pytest.raises(CheckpointError, match="config.json's settings differ from their settings_sha256"):
         ckpt.resume_settings(tmp_path / "c", stored)
+    stored.pop("settings_sha256")
+    with pytest.raises(CheckpointError, match="config.json records no settings_sha256, so the settings"):
+        ckpt.resume_settings(tmp_path / "c", stored)
 
 
 def _edit_config(path, edit):
@@ -818,3 +938,6 @@ def test_a_config_without_a_digest_must_describe_the_network_it_trained(tmp_path
         load_model(tmp_path / "c")
     _edit_config(tmp_path / "c", lambda c: c.pop("training"))
     load_model(tmp_path / "c")  # nothing to compare with
+    _edit_config(tmp_path / "c", lambda c: c.update(training=[4]))
+    with pytest.raises(CheckpointError, match=r"config.json's training is \[4\], not an object$"):
+        load_model(tmp_path / "c")
