@@ -1,4 +1,5 @@
 """Tokenizers, corpus loading, the 90/5/5 split and the batch samplers."""
+import hashlib
 import json
 import re
 from fractions import Fraction
@@ -17,6 +18,7 @@ from ddpd.training.data import (
     encode_corpus,
     evaluation_batches,
     evenly_spaced,
+    fingerprint,
     is_labelled,
     load_labelled,
     load_splits,
@@ -66,12 +68,19 @@ def test_text8_rejects_outside_alphabet(text, char, position):
     assert repr(char) in message and f"position {position}" in message
 
 
+def test_text8_counts_every_character_outside_the_alphabet():
+    with pytest.raises(ValueError, match=r"got 'A' \(U\+0041\) at position 0; 3 such character\(s\) in total"):
+        Text8Tokenizer().encode("A B C")
+
+
 def test_text8_decode_rejects_bad_ids():
     tok = Text8Tokenizer()
     with pytest.raises(ValueError, match=r"ids\[1\] must be in \[0, 27\), got 27"):
         tok.decode([0, 27])
     with pytest.raises(TypeError, match="ids"):
         tok.decode([0, 1.5])
+    with pytest.raises(TypeError, match=r"ids\[0\] must be an int, got bool True"):
+        tok.decode([True])
     with pytest.raises(TypeError, match="text must be str"):
         tok.encode(b"abc")
 
@@ -147,6 +156,40 @@ def test_load_text_reads_local_files(tmp_path, wiki_text):
         load_text(str(tmp_path / "missing.txt"))
     with pytest.raises(ValueError, match="dataset name"):
         load_text("hf:")
+    for empty in ("", "\n"):  # nothing left once the final line break is dropped
+        path.write_text(empty)
+        with pytest.raises(ValueError, match=f"data file {path} is empty"):
+            load_text(str(path))
+    with pytest.raises(IsADirectoryError, match=f"data {tmp_path} is a directory, not a text file"):
+        load_text(str(tmp_path))
+
+
+class _Rows:
+    """What datasets.load_dataset returns, as load_text reads it."""
+
+    def __init__(self, column, texts):
+        self.column_names, self._texts = [column], texts
+
+    def __getitem__(self, column):
+        return self._texts
+
+
+def test_hub_corpora_join_their_rows_and_text8_its_splits_in_order(monkeypatch):
+    """No network here: the loader is replaced by one that names what it was asked for."""
+    import ddpd.training.data as data
+
+    monkeypatch.setattr(data, "require_extra", lambda *args: None)
+    monkeypatch.setattr(data, "_load_dataset_quietly", lambda repo, config, split: _Rows(
+        "text", [f"{repo} {config} {split}", "second"]))
+    assert load_text("hf:owner/name:cfg") == "owner/name cfg train\nsecond"
+    assert load_text("text8") == "".join(f"{data.HUB_TEXT8} None {split}second"
+                                         for split in ("train", "validation", "test"))
+    monkeypatch.setattr(data, "_load_dataset_quietly", lambda *args, **kwargs: _Rows("content", ["x"]))
+    with pytest.raises(ValueError, match=r"'owner/name' has no 'text' column \(columns: \['content'\]\)"):
+        load_text("hf:owner/name")
+    monkeypatch.setattr(data, "_load_dataset_quietly", lambda *args, **kwargs: _Rows("text", [""]))
+    with pytest.raises(ValueError, match="'owner/name' holds no text"):
+        load_text("hf:owner/name")
 
 
 def test_text_a_tokenizer_refuses_is_named_by_its_corpus(tmp_path):
@@ -156,6 +199,10 @@ def test_text_a_tokenizer_refuses_is_named_by_its_corpus(tmp_path):
     with pytest.raises(ValueError, match=re.escape(f"data {path}: text must contain only space and a-z (text8 "
                                                    "format), got '\\r' (U+000D) at position 11")):
         load_splits(str(path), Text8Tokenizer())
+
+
+def test_a_fingerprint_counts_characters_and_digests_utf8():
+    assert fingerprint("caf\u00e9") == {"chars": 4, "sha256": hashlib.sha256("caf\u00e9".encode()).hexdigest()}
 
 
 def test_split_by_position(wiki_text):
@@ -170,8 +217,9 @@ def test_split_by_position(wiki_text):
 
 
 def test_split_validation():
-    with pytest.raises(ValueError, match="fractions"):
-        split_tokens(torch.arange(10), (0.5, 0.5, 0.5))
+    for fractions in ((0.5, 0.5, 0.5), (1.0, 0.0, 0.0), (0.25, 0.25, 0.25, 0.25), (0.5, 0.5)):
+        with pytest.raises(ValueError, match="fractions must be three positive numbers summing to 1"):
+            split_tokens(torch.arange(10), fractions)
     with pytest.raises(ValueError, match="1-D"):
         split_tokens(torch.zeros(2, 5, dtype=torch.long))
 
@@ -283,6 +331,21 @@ def test_labelled_corpus_records_and_their_split_by_class(tmp_path):
         records[18]["text"]  # within a class, by position
     with pytest.raises(ValueError, match="labelled corpus"):
         load_splits(path, Text8Tokenizer())
+
+
+def test_a_split_keeps_whole_records_in_corpus_order(tmp_path):
+    """Classes interleaved: each split holds its records whole, in the corpus's order; a line
+    of only whitespace is no record."""
+    records = [{"text": "b" * (i + 1), "label": i % 2} for i in range(40)]
+    lines = [json.dumps(r) for r in records]
+    (tmp_path / "c.jsonl").write_text("\n".join(lines[:5] + [" \t "] + lines[5:]) + "\n")
+    splits = load_labelled(str(tmp_path / "c.jsonl"), Text8Tokenizer()).split()
+    for name, picked in (("train", range(36)), ("validation", [36, 37]), ("test", [38, 39])):
+        part = splits[name]
+        texts = [Text8Tokenizer().decode(part.tokens[b:b + n]) for b, n in zip(part.starts.tolist(),
+                                                                               part.lengths.tolist())]
+        assert texts == [records[i]["text"] for i in picked]
+        assert part.labels.tolist() == [i % 2 for i in picked]
 
 
 @pytest.mark.parametrize("line,message", [
