@@ -18,6 +18,7 @@ import os
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Optional, Union
 
 import torch
@@ -410,9 +411,7 @@ def split_tokens(tokens: Tensor, fractions: Sequence[float] = SPLIT_FRACTIONS) -
         raise ValueError(f"tokens must be a 1-D tensor, got {type(tokens).__name__} "
                          f"{tuple(getattr(tokens, 'shape', ()))}")
     _check_fractions(fractions)
-    n = tokens.numel()
-    train_end = int(n * fractions[0])
-    validation_end = int(n * (fractions[0] + fractions[1]))
+    train_end, validation_end = _split_ends(tokens.numel(), fractions)
     return {"train": tokens[:train_end], "validation": tokens[train_end:validation_end],
             "test": tokens[validation_end:]}
 
@@ -420,6 +419,14 @@ def split_tokens(tokens: Tensor, fractions: Sequence[float] = SPLIT_FRACTIONS) -
 def _check_fractions(fractions: Sequence[float]) -> None:
     if len(fractions) != 3 or any(f <= 0 for f in fractions) or abs(sum(fractions) - 1.0) > 1e-9:
         raise ValueError(f"fractions must be three positive numbers summing to 1, got {tuple(fractions)}")
+
+
+def _split_ends(n: int, fractions: Sequence[float]) -> tuple[int, int]:
+    """The ends of the train and validation parts of n items: floor(n f) in exact arithmetic
+    on the fractions as written (in floats 90 * 0.7 is 62.99..., and 0.7 + 0.2 is 0.899...)."""
+    train = Fraction(fractions[0]).limit_denominator(10**9)
+    validation = train + Fraction(fractions[1]).limit_denominator(10**9)
+    return int(n * train), int(n * validation)
 
 
 def load_splits(source: str, tokenizer, fractions: Sequence[float] = SPLIT_FRACTIONS,
@@ -513,7 +520,7 @@ class Records:
         for label in torch.unique(labels).tolist():
             index = torch.nonzero(labels == label).flatten()
             n = index.numel()
-            ends = (int(n * fractions[0]), int(n * (fractions[0] + fractions[1])), n)
+            ends = (*_split_ends(n, fractions), n)
             for name, begin, end in zip(SPLITS, (0,) + ends[:2], ends):
                 parts[name].append(index[begin:end])
         return {name: self.select(torch.sort(torch.cat(index)).values) for name, index in parts.items()}

@@ -216,6 +216,15 @@ def test_split_by_position(wiki_text):
     assert all(torch.equal(loaded[s], splits[s]) for s in splits)
 
 
+def test_a_split_takes_its_fractions_as_written():
+    """Float arithmetic put a boundary one short: 90 * 0.7 is 62.99..., and 0.7 + 0.2 is 0.899..."""
+    for n, fractions, sizes in ((90, (0.7, 0.15, 0.15), [63, 13, 14]), (30, (0.7, 0.2, 0.1), [21, 6, 3])):
+        splits = split_tokens(torch.arange(n), fractions)
+        assert [splits[name].numel() for name in ("train", "validation", "test")] == sizes
+        records = Records(torch.arange(n), torch.arange(n), torch.ones(n, dtype=torch.long)).split(fractions)
+        assert [records[name].lengths.numel() for name in ("train", "validation", "test")] == sizes
+
+
 def test_split_validation():
     for fractions in ((0.5, 0.5, 0.5), (1.0, 0.0, 0.0), (0.25, 0.25, 0.25, 0.25), (0.5, 0.5)):
         with pytest.raises(ValueError, match="fractions must be three positive numbers summing to 1"):
