@@ -541,6 +541,18 @@ def test_a_cleaning_that_must_not_pass_a_holder_names_it(held_elsewhere):
         files.remove_stale_temps(held_elsewhere, refuse_held=True)
 
 
+def test_a_holder_that_never_writes_its_line_is_refused_once_the_wait_is_over(tmp_path, monkeypatch):
+    """A writer waits for a holder yet to write its line, for _CLEANING_WAIT seconds only."""
+    import fcntl
+
+    (tmp_path / ".run.lock").touch()
+    with open(tmp_path / ".run.lock") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # another open file: locks as another process
+        monkeypatch.setattr(files, "_CLEANING_WAIT", 0.0)
+        with pytest.raises(files.OutputLockedError, match="is being written by another process"):
+            files.OutputLock(tmp_path / "run").acquire()
+
+
 @pytest.mark.integration
 def test_a_writer_waits_for_a_cleaner_rather_than_being_refused(tmp_path, monkeypatch):
     """remove_stale_temps holds the lock for milliseconds (every rank of a torchrun cleans
@@ -655,6 +667,21 @@ def test_a_set_whose_rename_failed_is_finished_once_its_writer_is_dead(tmp_path,
     monkeypatch.setattr(files, "_pid_alive", lambda pid: False)
     files.remove_stale_temps(tmp_path / "report.md")
     assert _report_set(tmp_path) == ["v2", "v2"] and _entries(tmp_path) == ["report.csv", "report.md"]
+
+
+def test_a_set_whose_journal_cannot_be_written_leaves_no_journal(tmp_path, monkeypatch):
+    files.write_text(tmp_path / "a.csv", "old")
+
+    def full(directory):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    with pytest.raises(files.OutputError, match="No space left on device"):
+        with files.FileSet() as reports:
+            reports.open(tmp_path / "a.csv").write("new")
+            reports.open(tmp_path / "b.md").write("new")
+            monkeypatch.setattr(files, "fsync_directory", full)  # after the journal's content
+            reports.publish()
+    assert _entries(tmp_path) == ["a.csv"] and (tmp_path / "a.csv").read_text() == "old"
 
 
 def test_a_set_that_fails_before_its_renames_leaves_the_previous_one(tmp_path, monkeypatch):
