@@ -332,6 +332,22 @@ def test_a_link_to_a_directory_kept_beside_the_checkpoint_stays_a_link(tmp_path)
     assert os.readlink(tmp_path / "c" / "data") == str(tmp_path / "data")
 
 
+def test_the_users_files_are_copied_where_they_cannot_be_linked(tmp_path, monkeypatch):
+    """A file system without hard links (or one across devices) gets copies."""
+    import errno
+
+    model, config = tiny("planner")
+    save_checkpoint(tmp_path / "c", model, config)
+    (tmp_path / "c" / "NOTES.txt").write_text("mine")
+
+    def refused(src, dst):
+        raise OSError(errno.EPERM, os.strerror(errno.EPERM))
+
+    monkeypatch.setattr(ckpt.os, "link", refused)
+    save_checkpoint(tmp_path / "c", model, config)
+    assert (tmp_path / "c" / "NOTES.txt").read_text() == "mine"
+
+
 @pytest.mark.parametrize("kept", ["dead link", "fifo"])
 def test_a_dead_link_or_a_fifo_kept_beside_the_checkpoint_lets_every_save_through(tmp_path, kept):
     """A save flushed every entry of its new directory by opening it: a dead symbolic link a
@@ -425,6 +441,17 @@ def test_save_validates_before_writing(tmp_path):
     with pytest.raises(ValueError, match="'kind'"):
         save_checkpoint(tmp_path / "c", model, {"model": config["model"]})
     assert os.listdir(tmp_path) == []
+
+
+def test_a_network_of_no_ddpd_kind_saves_under_its_configs_kind(tmp_path):
+    """Only a ddpd network's own kind is checked: a user's module holding the same tensors saves."""
+    model, config = tiny("planner")
+    plain = torch.nn.Module()
+    for name, child in model.named_children():
+        plain.add_module(name, child)
+    assert plain.state_dict().keys() == model.state_dict().keys()
+    save_checkpoint(tmp_path / "c", plain, config)
+    assert same_weights(load_model(tmp_path / "c")[0], model)
 
 
 @pytest.mark.parametrize("kind", KINDS)
