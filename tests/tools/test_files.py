@@ -669,31 +669,20 @@ def test_a_set_whose_rename_failed_is_finished_once_its_writer_is_dead(tmp_path,
     assert _report_set(tmp_path) == ["v2", "v2"] and _entries(tmp_path) == ["report.csv", "report.md"]
 
 
-def test_a_set_whose_journal_cannot_be_written_leaves_no_journal(tmp_path, monkeypatch):
+@pytest.mark.parametrize("owner, name", [
+    (files, "fsync_directory"),  # the journal's directory, after its content: no journal is left
+    (files.os, "fsync"),  # before the renames: the previous set stays
+], ids=["journal", "before renames"])
+def test_a_set_that_fails_before_its_renames_leaves_the_previous_one(tmp_path, monkeypatch, owner, name):
     files.write_text(tmp_path / "a.csv", "old")
 
-    def full(directory):
+    def full(_):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     with pytest.raises(files.OutputError, match="No space left on device"):
         with files.FileSet() as reports:
             reports.open(tmp_path / "a.csv").write("new")
             reports.open(tmp_path / "b.md").write("new")
-            monkeypatch.setattr(files, "fsync_directory", full)  # after the journal's content
-            reports.publish()
-    assert _entries(tmp_path) == ["a.csv"] and (tmp_path / "a.csv").read_text() == "old"
-
-
-def test_a_set_that_fails_before_its_renames_leaves_the_previous_one(tmp_path, monkeypatch):
-    files.write_text(tmp_path / "a.csv", "old")
-
-    def full(fd):
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
-    with pytest.raises(files.OutputError, match="No space left on device"):
-        with files.FileSet() as reports:
-            reports.open(tmp_path / "a.csv").write("new")
-            reports.open(tmp_path / "b.md").write("new")
-            monkeypatch.setattr(files.os, "fsync", full)
+            monkeypatch.setattr(owner, name, full)
             reports.publish()
     assert _entries(tmp_path) == ["a.csv"] and (tmp_path / "a.csv").read_text() == "old"
