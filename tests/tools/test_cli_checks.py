@@ -186,6 +186,13 @@ def no_models(monkeypatch):
     (["--sampler", "tau-leaping", "--clock", "exact"], "--clock is a setting of --sampler ddpd"),
     (["--sampler", "maskgit", "--k", "4"], "--k is a setting of --sampler ddpd"),
     (["--choice-temperature", "2"], "--choice-temperature is a setting of --sampler maskgit, not of --sampler ddpd"),
+    (["--sampler", "maskgit", "--selection", "softmax"], "--selection is a setting of --sampler ddpd"),
+    (["--sampler", "maskgit", "--t-end", "0.5"], "--t-end is a setting of --sampler ddpd"),
+    # the boundaries of the ranges: the smallest value refused
+    (["--k", "2"], "--k 2 acts in the parallel stage only: give --parallel-steps N too"),
+    (["--seed", "-1"], "--seed must be in [0, 2**63), got -1"),
+    (["--seed", str(2**63)], f"--seed must be in [0, 2**63), got {2**63}"),
+    (["--fused", "--sync-every", "0"], "--sync-every must be >= 1, got 0"),
 ])
 def test_sample_refuses_the_sampler_settings_before_loading_models(no_models, capsys, argv, message):
     from ddpd.cli.sample import main
@@ -204,3 +211,16 @@ def test_the_policies_with_a_choice_temperature_are_those_ddpd_sample_names():
 
     assert set(CHOICE_TEMPERATURE_POLICIES) == {name for name, policy in POLICIES.items()
                                                 if "choice_temperature" in {f.name for f in dataclasses.fields(policy)}}
+
+
+def test_threads_are_checked_up_to_the_largest_allowed(monkeypatch):
+    from ddpd.cli.common import MAX_THREADS, UsageError, check_threads
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    check_threads(1)
+    check_threads(MAX_THREADS)  # the bound itself is allowed: "--threads must be in [1, 1024]"
+    for bad in (0, MAX_THREADS + 1):
+        with pytest.raises(UsageError, match=rf"--threads must be in \[1, 1024\], got {bad}"):
+            check_threads(bad)
+    monkeypatch.setenv("OMP_NUM_THREADS", "2,1")  # OpenMP's list of nested levels: the first is torch's
+    check_threads(None)
