@@ -1273,3 +1273,85 @@ def test_a_damaged_tokenizer_or_schedule_names_its_checkpoint(ckpts, tmp_path, c
     code, _, err = run_cli(capsys, "--checkpoint", str(denoiser), "--sampler", "tau-leaping", "--num-samples", "1",
                            "--steps", "2", "--quiet")
     assert code == 1 and err == f"ddpd-sample: error: {denoiser}: config.json cannot be used: {message}\n"
+
+
+@pytest.mark.parametrize("option,fields", [
+    ("A", {"stop": "eps", "selection": "sigmoid"}),
+    ("A+B", {"stop": "budget", "selection": "sigmoid"}),
+    ("A+C", {"stop": "eps", "selection": "softmax"}),
+    ("a+b+c", {"stop": "budget", "selection": "softmax"}),  # the letters in either case
+])
+def test_option_letters_set_the_stop_and_the_selection(option, fields):
+    """B runs the whole budget and C selects by softmax, each on its own (docs/cli.md)."""
+    from ddpd.cli.sample import parse_option
+
+    assert parse_option(option) == fields
+
+
+def test_maskgit_default_choice_temperature():
+    """Without --choice-temperature, MaskGIT's default policy runs at the policy's own default (4.5)."""
+    from ddpd.cli.sample import build_parser, check_command_line
+    from ddpd.sampling.policies import MaskGIT
+
+    args = build_parser().parse_args(["--sampler", "maskgit"])
+    check_command_line(args)
+    assert args.choice_temperature == MaskGIT().choice_temperature == 4.5
+
+
+def test_a_zero_end_temperature_anneals_to_greedy(ckpts, capsys):
+    code, stdout, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--steps", "8", "--num-samples", "2",
+                                "--temperature-end", "0")
+    assert code == 0, err
+    assert len(stdout.splitlines()) == 2
+
+
+def test_prompts_of_a_whole_sample_and_infill_files(ckpts, tmp_path, capsys):
+    """A prompt as long as a sample is every position fixed (not refused); --infills, like
+    --prompts, gives one sample a line by default."""
+    code, stdout, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--prompt", "abcdefgh", "--num-samples", "2")
+    assert code == 0, err
+    assert stdout.splitlines() == ["abcdefgh", "abcdefgh"]
+    infills = tmp_path / "infills.txt"
+    infills.write_text("a_c\nx_z\ny\n")
+    out = tmp_path / "s.jsonl"
+    code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--infills", str(infills), "--out", str(out),
+                           "--steps", "8", "--quiet")
+    assert code == 0, err
+    records = read_jsonl(out)
+    assert [r["prompt"] for r in records] == ["a_c", "x_z", "y"]
+    assert [(r["text"][0], r["text"][2]) for r in records[:2]] == [("a", "c"), ("x", "z")]
+
+
+@pytest.mark.parametrize("argv,line", [
+    # option B: 12 planner and 12 denoiser passes a sample, each step committing one token
+    (["--option", "A+B+C", "--steps", "12"], "network passes per sample 24.0 (planner 12.0, denoiser 12.0), 0.50 "
+                                             "tokens committed per pass"),
+    # MaskGIT commits the 8 positions in 4 denoiser passes
+    (["--sampler", "maskgit", "--steps", "4"], "network passes per sample 4.0 (planner 0.0, denoiser 4.0), 2.00 "
+                                               "tokens committed per pass"),
+])
+def test_summary_of_passes_per_sample(ckpts, capsys, argv, line):
+    code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--num-samples", "5", "--batch-size", "2",
+                           "--quiet", *argv)
+    assert code == 0, err
+    assert f"ddpd-sample: {line}\n" in err, err
+
+
+def test_too_few_steps_for_the_prompt_that_leaves_the_most_free(ckpts, tmp_path, capsys):
+    """Of prompts of different lengths, the shortest leaves the most positions to generate: the
+    budget is weighed against it (7 here), not against the longest prompt's 2."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("abcdef\na\n")
+    code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--prompts", str(prompts), "--steps", "4",
+                           "--quiet")
+    assert code == 0 and "warning: --steps 4 can denoise at most 4 of the 7 positions to generate" in err, err
+
+
+def test_a_tokenizer_of_another_vocabulary_is_refused(tmp_path, capsys):
+    """A network of 30 symbols whose checkpoint names the 27-symbol text8 tokenizer cannot be decoded."""
+    torch.manual_seed(0)
+    config = config_for("mask-denoiser", 30, D, **TINY)
+    save_checkpoint(str(tmp_path / "m"), build_model("mask-denoiser", config),
+                    {"kind": "mask-denoiser", "model": config.to_dict(), "tokenizer": {"name": "text8"}})
+    code, stdout, err = run_cli(capsys, "--checkpoint", str(tmp_path / "m"), "--sampler", "maskgit", "--steps", "2")
+    assert code == 2 and stdout == "" and err == "ddpd-sample: error: the tokenizer has 27 symbols but the models 30\n"

@@ -69,7 +69,7 @@ def test_sample_with_no_model_argument(as_default, capsys, argv):
     code, stdout, stderr = run_cli(capsys, *argv)
     assert code == 0, stderr
     lines = stdout.splitlines()
-    assert len(lines) == NUM_SAMPLES_BUNDLED
+    assert len(lines) == NUM_SAMPLES_BUNDLED == 4  # docs/cli.md's default with the bundled pair
     assert all(len(line) == D and set(line) <= ALPHABET for line in lines)
     assert f"{NUM_SAMPLES_BUNDLED} samples of {D} tokens" in stderr
 
@@ -81,7 +81,7 @@ def test_bundled_defaults_and_fused_equals_reference(as_default, tmp_path, capsy
         code, _, stderr = run_cli(capsys, *argv, "--out", str(out), "--quiet")
         assert code == 0, stderr
         runs.append([json.loads(line) for line in out.read_text().splitlines()])
-    assert all(r["steps"] == BUNDLED_STEPS_PER_TOKEN * D for r in runs[0])
+    assert all(r["steps"] == BUNDLED_STEPS_PER_TOKEN * D == 2 * D for r in runs[0])  # --steps 512 at 256
     assert [r["tokens"] for r in runs[0]] == [r["tokens"] for r in runs[1]]
 
 
