@@ -401,6 +401,17 @@ def test_convergence_command(setup, capsys):
     (["elbo", "--uniform", "{uniform}", "--data", "{data}", "--mc-samples", "0"], "--mc-samples must be >= 1", 2),
     (["elbo", "--uniform", "{uniform}", "--data", "{data}", "--t-max", "1"], "--t-max must be in (0.0, 1.0)", 2),
     (["elbo", "--uniform", "{uniform}", "--data", "{data}", "--seed", "-1"], "--seed must be in [0, ", 2),
+    # the boundaries of the ranges: the first value refused
+    (["elbo", "--uniform", "{uniform}", "--data", "{data}", "--batch-size", "0"], "--batch-size must be >= 1, got 0",
+     2),
+    (["elbo", "--uniform", "{uniform}", "--data", "{data}", "--alpha", "0"], "--alpha must be in (0.0, 1.0), got 0.0",
+     2),
+    (["quality", "--uniform", "{uniform}", "--judge", "{ar}", "--data", "{data}", "--reference-sequences", "0",
+      "--out-dir", "{root}/q2"], "--reference-sequences must be >= 1, got 0", 2),
+    (["quality", "--uniform", "{uniform}", "--judge", "{ar}", "--eps", "1", "--out-dir", "{root}/q2"],
+     "--eps must be in (0.0, 1.0), got 1.0", 2),
+    (["frontier", "{planner}", "--judge", "ngram", "--data", "{data}", "--target-steps", "0", "--out-dir",
+      "{root}/f2"], "--target-steps must be >= 1, got 0", 2),
     (["quality", "--uniform", "{uniform}", "--judge", "{ar}", "--samplers", "maskgit", "--out-dir", "{root}/q2"],
      "--samplers: ['maskgit'] not available", 2),
     # the checkpoints run it at another --eta: the message blamed the checkpoints alone
@@ -426,6 +437,11 @@ def test_convergence_command(setup, capsys):
       "{root}/q2"], "--temperatures must be in [0.0, 1e+36], got nan", 2),
     (["quality", "--uniform", "{uniform}", "--judge", "{ar}", "--samplers", "dfm-uni", "dfm-uni", "--out-dir",
       "{root}/q2"], "--samplers: dfm-uni given more than once", 2),
+    # no dfm-eta<ETA> at any --eta with these checkpoints: no hint at --eta
+    (["quality", "--uniform", "{uniform}", "--judge", "{ar}", "--samplers", "dfm-eta0", "--out-dir", "{root}/q2"],
+     "available: ['ddpd-A-uniform-model', 'ddpd-AB-uniform-model', 'ddpd-ABC-uniform-model', 'dfm-uni']\n", 2),
+    (["convergence", "--planner", "{planner}", "--denoiser", "{mask-denoiser}", "--eps", "0.05", "0.05",
+      "--out-dir", "{root}/c2"], "--eps: 0.05 given more than once", 2),
     (["quality", "--uniform", "{uniform}", "--judge", "{ar}", "--steps", "2", "4", "2", "--temperatures", "1",
       "1.0", "--out-dir", "{root}/q2"], "--steps: 2 given more than once", 2),
     (["frontier", "{planner}", "--judge", "ngram", "--data", "{data}", "--budgets", "8", "8", "--out-dir",
@@ -775,3 +791,27 @@ def test_the_documented_synopses_show_as_required_only_what_is_required():
     for command, shown in synopses.items():
         required = {a.option_strings[0] for a in commands[command]._actions if a.required and a.option_strings}
         assert set(shown) == required | NEEDED_BY_THE_COMMAND.get(command, set()), command
+
+
+@pytest.mark.parametrize("command", [
+    ["quality", "--uniform", "{uniform}", "--samplers", "dfm-uni", "--out-dir", "{root}/judged"],
+    ["frontier", "{bundle}", "--out-dir", "{root}/judged"],
+])
+def test_a_judge_one_token_too_short_is_refused(setup, tmp_path, capsys, command):
+    """An AR judge scores up to max_seq_len - 1 tokens (its first is a context): one of max_seq_len L
+    cannot score samples of L tokens, which quality and frontier refuse before any sampling."""
+    from ddpd.checkpoint import save_bundle
+
+    config = config_for("ar", V, L - 1, d_model=16, n_layers=1, n_heads=2)  # max_seq_len L
+    save_checkpoint(str(tmp_path / "judge"), build_model("ar", config),
+                    {"kind": "ar", "model": config.to_dict(), "tokenizer": {"name": "text8"}, "vocab_size": V})
+    meta = {"tokenizer": {"name": "text8"}, "schedule": "linear", "training": {"seq_len": L}}
+    pair = []
+    for kind in ("planner", "mask-denoiser"):
+        c = config_for(kind, V, L, d_model=16, n_layers=1, n_heads=2)
+        pair += [build_model(kind, c), {"kind": kind, "model": c.to_dict(), **meta}]
+    save_bundle(str(tmp_path / "bundle"), *pair)
+    paths = {**setup, "bundle": tmp_path / "bundle"}
+    code, out, err = _run(capsys, *(a.format(**paths) for a in command), "--judge", tmp_path / "judge")
+    assert code == 2 and out == "", err
+    assert err == f"ddpd-eval: error: --judge: scores sequences of up to {L - 1} tokens, the samples have {L}\n"
