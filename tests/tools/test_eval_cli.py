@@ -449,6 +449,8 @@ def test_convergence_command(setup, capsys):
     (["elbo", "--planner", "{planner}", "--uniform", "{uniform}", "--data", "{data}"],
      "--planner: its rows need a --denoiser", 2),
     (["convergence", "--planner", "{planner}", "--out-dir", "{root}/c2"], "give --planner and exactly one", 2),
+    (["convergence", "--planner", "{planner}", "--denoiser", "{mask-denoiser}", "{uniform-denoiser}", "--out-dir",
+      "{root}/c2"], "give --planner and exactly one --denoiser", 2),  # not the first of two, silently
     (["convergence", "--planner", "{planner}", "--denoiser", "{mask-denoiser}", "--num-samples", "0", "--out-dir",
       "{root}/c2"], "--num-samples must be >= 1, got 0", 2),
 ])
