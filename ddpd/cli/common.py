@@ -306,24 +306,18 @@ def flag_error(err: BaseException, flags: Sequence[str]) -> UsageError:
     return UsageError(text)
 
 
-def check_finite(name: str, value: Optional[float], minimum: float = 0.0, open_min: bool = True) -> None:
-    """Check that `value` (if given) is a finite number above (or at) `minimum`.
+def check_finite(name: str, value: Optional[float]) -> None:
+    """Check that `value` (if given) is a finite number >= 0.
 
     Args:
         name: the flag's name, for the message.
         value: the value, or None.
-        minimum: the bound.
-        open_min: whether the bound itself is refused.
 
     Raises:
-        UsageError: NaN, infinite or out of range.
+        UsageError: NaN, infinite or negative.
     """
-    if value is None:
-        return
-    if value != value or value in (float("inf"), float("-inf")) or value < minimum or \
-            (open_min and value == minimum):
-        bound = f"> {minimum:g}" if open_min else f">= {minimum:g}"
-        raise UsageError(f"{name} must be a finite number {bound}, got {value}")
+    if value is not None and not 0.0 <= value < float("inf"):  # NaN fails both comparisons
+        raise UsageError(f"{name} must be a finite number >= 0, got {value}")
 
 
 # ---------------------------------------------------------------- signals and errors

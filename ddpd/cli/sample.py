@@ -615,19 +615,19 @@ def check_command_line(args) -> None:
     elif args.sync_every < 1:
         raise UsageError(f"--sync-every must be >= 1, got {args.sync_every}")
     refuse_empty_paths(args, "out")
-    check_finite("--temperature", args.temperature, open_min=False)  # 0: greedy
-    check_finite("--temperature-end", args.temperature_end, open_min=False)
-    check_finite("--guidance-scale", args.guidance_scale, open_min=False)
+    check_finite("--temperature", args.temperature)  # 0: greedy
+    check_finite("--temperature-end", args.temperature_end)
+    check_finite("--guidance-scale", args.guidance_scale)
     if args.guidance_scale > FLOAT32_MAX:  # the guided logits are float32
         raise UsageError(f"--guidance-scale must be at most {FLOAT32_MAX:g}, got {args.guidance_scale:g}")
     if args.sampler == "ddpd" and args.k > 1 and args.parallel_steps == 0:  # it would be ignored
         raise UsageError(f"--k {args.k} acts in the parallel stage only: give --parallel-steps N too (not with "
                          "--policy, which decides how many positions a step denoises)")
-    check_finite("--eta", args.eta, open_min=False)  # checked whether or not the sampler reads them
+    check_finite("--eta", args.eta)  # checked whether or not the sampler reads them
     if args.policy is not None and not args.policy.strip():
         raise UsageError("--policy must be NAME[:FIELD=VALUE,...], got an empty string")
     if args.choice_temperature is not None:
-        check_finite("--choice-temperature", args.choice_temperature, open_min=False)
+        check_finite("--choice-temperature", args.choice_temperature)
         if args.policy:  # it would be ignored: the policy has its own field, or none
             name = args.policy.partition(":")[0].strip()
             advice = ("give the policy's choice_temperature field instead" if name in CHOICE_TEMPERATURE_POLICIES

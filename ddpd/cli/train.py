@@ -86,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--label-dropout", dest="label_dropout", type=float, metavar="P",
                         help="replace each label by the null label with probability P, for classifier-free "
                              "guidance (default 0)")
-    parser.add_argument("--tokenizer", choices=TOKENIZERS)
+    parser.add_argument("--tokenizer", choices=TOKENIZERS, help="text8 (27 characters; the default) or gpt2")
     parser.add_argument("--tiktoken", help="another copy of the GPT-2 ranks file gpt2.tiktoken (with --tokenizer "
                                            "gpt2; default: the one shipped with ddpd)")
     add_runtime_arguments(parser, default=argparse.SUPPRESS)
