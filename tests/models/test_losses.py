@@ -180,3 +180,23 @@ def test_validation_errors_name_the_argument():
         ar_loss(torch.zeros(1, 1, 3), torch.zeros(1, 1, dtype=torch.long))
     with pytest.raises(ValueError, match="x"):
         ar_loss(torch.zeros(1, 2, 3), torch.tensor([[0, 3]]))
+
+
+def test_validation_refuses_what_torch_would_take_without_a_word():
+    """The checks torch does not make, or makes without naming the argument: an x1 id of
+    -100 is cross_entropy's ignore_index (the position would silently leave the loss), an
+    unknown reduction would return the mean, and a planner's z_t of another shape is torch's
+    "Target size" error, which names neither."""
+    logits, x1, z_t = denoiser_case()
+    for loss in (lambda x: denoiser_loss(logits, x, z_t), lambda x: uniform_model_loss(logits, x)):
+        with pytest.raises(ValueError, match=r"x1: expected ids in \[0, 3\)"):
+            loss(torch.full_like(x1, -100))
+    with pytest.raises(ValueError, match=r"x\[:, 1:\]: expected ids"):
+        ar_loss(logits, torch.full_like(x1, -100))
+    for loss in (lambda r: planner_loss(logits[..., 0], z_t, reduction=r),
+                 lambda r: denoiser_loss(logits, x1, z_t, reduction=r),
+                 lambda r: uniform_model_loss(logits, x1, reduction=r), lambda r: ar_loss(logits, x1, reduction=r)):
+        with pytest.raises(ValueError, match="reduction must be one of"):
+            loss("none")
+    with pytest.raises(ValueError, match="z_t: expected shape"):
+        planner_loss(logits[..., 0], z_t[:, :1])
