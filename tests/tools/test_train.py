@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 
 import pytest
 import torch
@@ -80,11 +81,46 @@ def test_learning_rate_decays_by_max_time(corpus, tmp_path):
     assert learning_rate(1000, cfg, seconds=1.0) == pytest.approx(1e-4)  # steps ran out first
 
 
+def test_learning_rate_ends_at_its_floor(corpus, tmp_path):
+    """min_lr defaults to lr / 10; min_lr = lr holds the rate constant after the warmup; past
+    max_time the rate stays at min_lr (the cosine does not climb again)."""
+    cfg = config(corpus, tmp_path, steps=100, warmup=10, lr=1e-3)
+    assert cfg.final_lr == pytest.approx(1e-4) and learning_rate(99, cfg) == pytest.approx(1e-4)
+    flat = config(corpus, tmp_path, steps=100, warmup=10, lr=1e-3, min_lr=1e-3)
+    assert [learning_rate(step, flat) for step in range(9, 100)] == pytest.approx([1e-3] * 91)
+    timed = config(corpus, tmp_path, steps=1000, warmup=10, lr=1e-3, min_lr=1e-4, max_time=60.0)
+    assert learning_rate(20, timed, seconds=90.0) == pytest.approx(1e-4)
+    with pytest.raises(ValueError, match=r"lr must be in \(0, "):
+        config(corpus, tmp_path, lr=0.0)
+
+
 def test_warmup_0_starts_at_the_peak(corpus, tmp_path):
     cfg = config(corpus, tmp_path, steps=4, warmup=0, lr=1e-3, min_lr=1e-4)
     lrs = [learning_rate(step, cfg) for step in range(4)]
     assert lrs[0] == pytest.approx(1e-3) and lrs[3] == pytest.approx(1e-4) and lrs[1] > lrs[2]
     assert learning_rate(0, config(corpus, tmp_path, steps=1, warmup=0, lr=1e-3)) == pytest.approx(1e-3)
+
+
+def test_each_step_runs_at_its_learning_rate_with_its_gradient_clipped(corpus, tmp_path):
+    """Optimizer step s runs at learning_rate(s) with a global gradient norm of at most
+    grad_clip; grad_clip = 0 leaves the gradient as it is."""
+    norms = {}
+    for clip in (1e-3, 0.0):
+        trainer = Trainer(config(corpus, tmp_path / str(clip), steps=3, warmup=1, grad_clip=clip, eval_every=3,
+                                 eval_batches=1))
+        lrs, norms[clip], step = [], [], trainer.optimizer.step
+
+        def recording(*args, trainer=trainer, lrs=lrs, seen=norms[clip], step=step, **kwargs):
+            lrs.append(trainer.optimizer.param_groups[0]["lr"])
+            seen.append(float(torch.linalg.vector_norm(torch.stack(
+                [torch.linalg.vector_norm(p.grad) for p in trainer.model.parameters() if p.grad is not None]))))
+            return step(*args, **kwargs)
+
+        trainer.optimizer.step = recording
+        trainer.train()
+        trainer.close()
+        assert lrs == pytest.approx([learning_rate(s, trainer.config) for s in range(3)])
+    assert max(norms[1e-3]) <= 1e-3 * (1 + 1e-5) and min(norms[0.0]) > 1e-2, norms
 
 
 def test_a_run_that_is_all_warmup_is_warned_of(corpus, tmp_path):
@@ -514,6 +550,20 @@ def test_resume_in_a_fresh_process(corpus, tmp_path, full_run):
     assert_same_checkpoints(full_run.config.out, tmp_path / "part")
 
 
+def test_ema_weights_keep_the_decay_of_the_previous_average(corpus, tmp_path):
+    """ema = 0.9: after a step the exported weights are 0.9 * the previous ones + 0.1 * the
+    trained ones."""
+    trainer = Trainer(config(corpus, tmp_path / "out", ema=0.9))
+    before = {k: v.clone() for k, v in trainer.exported.state_dict().items()}
+    trainer._optimizer_step()
+    trained, exported = trainer.model.state_dict(), trainer.exported.state_dict()
+    changed = [k for k in before if not torch.equal(before[k], trained[k])]
+    assert changed
+    for k in changed:
+        torch.testing.assert_close(exported[k], 0.9 * before[k] + 0.1 * trained[k])
+    trainer.close()
+
+
 def test_ema_checkpoint_exports_ema_weights(corpus, tmp_path):
     trainer = Trainer(config(corpus, tmp_path / "out", steps=5, ema=0.5, save_every=5))
     trainer.train()
@@ -697,6 +747,26 @@ def test_a_step_weighs_every_corrupted_position_alike_however_it_is_split(corpus
     for expected, one, two in zip((p.grad for p in model.parameters()), steps[8][1], steps[4][1]):
         torch.testing.assert_close(one, expected, rtol=1e-4, atol=1e-6)
         torch.testing.assert_close(two, expected, rtol=1e-4, atol=1e-6)
+
+
+def test_a_step_of_two_processes_has_the_gradient_of_one_over_their_batches(corpus, tmp_path):
+    """Each process's gradient holds the sum over its own terms and the all-reduce averages
+    the processes: the step rescales it by world_size / (all terms), so that two processes
+    that drew the same batch step with the one process's gradient. Without the world_size
+    the gradient was halved (AdamW hides the scale, not the clipping nor its eps)."""
+    grads = {}
+    for world_size in (1, 2):
+        trainer = Trainer(config(corpus, tmp_path / str(world_size), "mask-denoiser", grad_clip=0.0))
+        one_process, step = trainer.dist, trainer.optimizer.step
+        if world_size == 2:  # the other process drew the same terms; the average of equal gradients is one of them
+            trainer.dist = types.SimpleNamespace(world_size=2, sum=lambda values: [2 * v for v in values])
+        trainer.optimizer.step = lambda *a, t=trainer, step=step, **k: (
+            grads.setdefault(world_size, [p.grad.clone() for p in t.model.parameters()]), step(*a, **k))[1]
+        trainer._optimizer_step()
+        trainer.dist = one_process
+        trainer.close()
+    for one, two in zip(grads[1], grads[2]):
+        torch.testing.assert_close(two, one)
 
 
 def test_two_process_data_parallel(corpus, tmp_path):
