@@ -25,6 +25,7 @@ from ddpd import files
 from ddpd.assets import BOOKS
 from ddpd.checkpoint import CheckpointError, load_checkpoint, load_model, load_train_state, read_config
 from ddpd.cli.train import main
+from ddpd.process import corrupt
 from ddpd.training.trainer import TrainConfig, Trainer, learning_rate
 from hang_guard import HANG_GUARD_SECONDS, default_signals, torchrun_worker
 
@@ -214,6 +215,22 @@ def test_the_train_loss_pools_the_terms_of_its_steps(corpus, tmp_path):
     assert history[-1]["train_loss"] == pytest.approx(pooled, rel=1e-6)
 
 
+def test_a_run_records_and_saves_at_its_end_and_stops_at_its_steps(corpus, tmp_path):
+    """The last step is recorded and saved whether or not eval_every and save_every divide the
+    steps; train(stop_at) saves at stop_at; a stop_at beyond the steps ends at the steps; the
+    untrained baseline is recorded once; the token count holds every micro-batch."""
+    out = tmp_path / "out"
+    trainer = Trainer(config(corpus, out, steps=5, eval_every=3, save_every=4, grad_accum=2))
+    trainer.train(stop_at=0)
+    trainer.train(stop_at=2)
+    assert load_train_state(out)[1]["step"] == 2
+    trainer.train(stop_at=50)
+    assert trainer.step == 5 and [h["step"] for h in trainer.history] == [0, 3, 5]
+    assert load_train_state(out)[1]["step"] == 5
+    assert trainer.train_tokens == 5 * TINY["batch_size"] * 2 * TINY["seq_len"]
+    trainer.close()
+
+
 def test_max_time_stops_and_checkpoints(corpus, tmp_path, monkeypatch):
     clock = iter(range(10_000))  # every perf_counter call advances one second: a step takes one
     monkeypatch.setattr("ddpd.training.trainer.time.perf_counter", lambda: float(next(clock)))
@@ -319,6 +336,30 @@ class Spy(torch.nn.Module):
         self.calls.append((x, t))
         shape = x.shape if self.out_dim == 1 else (*x.shape, self.out_dim)
         return torch.zeros(shape, requires_grad=True)
+
+
+def test_times_are_uniform_and_each_validation_batch_draws_its_own(corpus, tmp_path, monkeypatch):
+    """t ~ U(0, 1) per sequence (thm:training_objective); the validation batches draw their own
+    times (one noise stream per batch, not one stream restarted for each); evaluate() leaves
+    the network in the mode it found it in."""
+    import ddpd.training.trainer as trainer_module
+
+    times = []
+    monkeypatch.setattr(trainer_module, "corrupt", lambda x1, t, *a, **k: (times.append(t), corrupt(x1, t, *a, **k))[1])
+    trainer = Trainer(config(corpus, tmp_path / "out", "mask-denoiser", eval_batches=3))
+    x1 = torch.randint(0, 27, (4000, 4), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        trainer.objective(trainer.model, x1, torch.Generator().manual_seed(1))
+    t = times.pop()
+    assert 0 <= float(t.min()) and float(t.max()) < 1 and t.shape == (4000,)
+    # 4000 draws: the mean's standard deviation is 0.0046, a decile's count's 19
+    assert abs(float(t.mean()) - 0.5) < 0.02 and abs(int((t > 0.9).sum()) - 400) < 80
+    for training in (True, False):
+        trainer.model.train(training)
+        trainer.evaluate()
+        assert trainer.model.training == training
+    assert len(times) == 6 and not torch.equal(times[0], times[1]) and not torch.equal(times[1], times[2])
+    trainer.close()
 
 
 @pytest.mark.parametrize("kind", KINDS)
