@@ -1436,9 +1436,11 @@ def _rewrite_state(out, meta_change=None, drop=None):
     (lambda m: m.update(step=1450.5), None, "'step' must be an int in \\[0, 20\\], got 1450.5"),
     (lambda m: m.update(step=-5), None, "'step' must be an int in \\[0, 20\\], got -5"),
     (lambda m: m.update(step=10**6), None, "'step' must be an int in \\[0, 20\\], got 1000000"),
+    (lambda m: m.update(step=21), None, "'step' must be an int in \\[0, 20\\], got 21"),
     (lambda m: m.update(step="12"), None, "'step' must be an int"),
     (lambda m: m.update(history=None), None, "'history' must be a list"),
     (lambda m: m.update(train_seconds=-1), None, "'train_seconds' must be a finite number"),
+    (lambda m: m.update(train_seconds=math.inf), None, "'train_seconds' must be a finite number"),
     (lambda m: m.update(pending_terms=[512.0]), None, "'pending_terms' must be a list of 2 counts > 0"),
     (lambda m: m.update(pending_terms=[512.0, 0.0]), None, "'pending_terms' must be a list of 2 counts > 0"),
     (None, "rank0.rng.noise", "lacks rank0.rng.noise"),
@@ -1525,6 +1527,15 @@ def test_a_model_no_memory_holds_is_refused_before_any_work(corpus, tmp_path, ca
     assert code == 2 and err.startswith("ddpd-train: error: --d-model 65536 and --n-layers 64: "), err
     assert err.endswith(", more than the 64.0 GiB of the device; use a smaller --d-model or --n-layers\n"), err
     assert err.count("\n") == 1 and os.listdir(tmp_path) == []
+
+
+def test_the_ema_weights_count_in_the_memory_a_model_needs(corpus, tmp_path, monkeypatch):
+    """Four float32 copies of the parameters fit 50,000 GiB, five (with the EMA's) do not."""
+    monkeypatch.setattr("ddpd.training.trainer._device_memory", lambda device: 50_000 * 2**30)
+    config(corpus, tmp_path / "p", d_model=65536, n_layers=64, batch_size=1)
+    with pytest.raises(ValueError, match=r"need at least 61,440 GiB to train \(float32 weights, gradients, "
+                                         r"AdamW's two moments, EMA weights\)"):
+        config(corpus, tmp_path / "p", d_model=65536, n_layers=64, batch_size=1, ema=0.5)
 
 
 def test_out_of_memory_names_the_model_size(corpus, tmp_path, capsys, monkeypatch):
@@ -1827,6 +1838,19 @@ def test_a_class_with_no_training_record_is_warned_about(labelled, tmp_path):
     messages.clear()
     Trainer(config(labelled, tmp_path / "both", "mask-denoiser", num_classes=2), progress=False, log=messages.append)
     assert not [m for m in messages if m.startswith("warning")]
+
+
+def test_a_class_whose_training_records_are_all_short_is_warned_about(labelled, tmp_path):
+    """A class whose records are all shorter than seq_len is in the training split, yet no
+    training window holds it: the network would never see it either."""
+    lines = [line for line in open(labelled).read().splitlines() if '"label": 0' in line]
+    short = tmp_path / "short.jsonl"
+    short.write_text("\n".join(lines + [json.dumps({"text": "short", "label": 1})] * 40) + "\n")
+    messages = []
+    Trainer(config(str(short), tmp_path / "out", "mask-denoiser", num_classes=2), log=messages.append).close()
+    assert [m for m in messages if m.startswith("warning")] == [
+        f"warning: class 1 of data {short} has no training record of seq_len=32 tokens or more (a class's records "
+        "are split 90/5/5 in order): the network will not learn it"], messages
 
 
 def test_labels_must_be_classes_of_the_model(labelled, tmp_path, capsys):
