@@ -364,3 +364,31 @@ def test_forced_sdpa_flash_on_cpu_takes_a_head_dimension_of_two():
         expected = model(x, t)
     with attention_backend("sdpa-flash"):
         assert torch.allclose(model(x, t), expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("capability, dtype, head_dim, expected", [
+    ((8, 0), torch.bfloat16, 64, (8, 0)), ((8, 0), torch.float16, 8, (8, 0)), ((9, 0), torch.bfloat16, 256, (9, 0)),
+    ((7, 5), torch.float16, 64, None), ((8, 0), torch.float32, 64, None), ((8, 0), torch.bfloat16, 12, None),
+    ((8, 0), torch.bfloat16, 264, None),
+])
+def test_flash_takes_half_precision_cuda_tensors_of_its_head_sizes_from_sm80(monkeypatch, capability, dtype,
+                                                                              head_dim, expected):
+    """The rule of _flash_capability (the fake_flash fixture replaces it), on a stand-in for a
+    CUDA tensor: an A100 (sm80) and head sizes that are multiples of 8 up to 256 take flash."""
+    monkeypatch.setitem(attn._capabilities, 0, capability)
+    q = types.SimpleNamespace(is_cuda=True, dtype=dtype, shape=(B, H, L, head_dim), device=torch.device("cuda", 0))
+    assert attn._flash_capability(q) == expected
+
+
+def test_nested_backend_blocks_restore_the_outer_one():
+    with attention_backend("math"):
+        with attention_backend("sdpa"):
+            assert attn.get_attention_backend() == "sdpa"
+        assert attn.get_attention_backend() == "math"
+    assert attn.get_attention_backend() == "auto"
+
+
+def test_the_math_backend_refuses_dropout_it_does_not_apply():
+    q, k, v = qkv()
+    with attention_backend("math"), pytest.raises(ValueError, match="the 'math' backend has no dropout"):
+        attention(q, k, v, False, dropout_p=0.1)
