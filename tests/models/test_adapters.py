@@ -239,3 +239,14 @@ def test_dirichlet_toy_too():
     for name in ADAPTERS:
         logits = ADAPTERS[name](toy)(x, t).double()
         torch.testing.assert_close(logits.softmax(-1)[masked], exact(toy, x)[masked], rtol=1e-5, atol=1e-6)
+
+
+def test_mdlm_logits_are_log_probabilities_and_the_alpha_range_is_ordered(toy):
+    """The MDLM adapter's logits at masked positions are log p (their logsumexp is 0), not the
+    network's unnormalised SUBS logits; a max_alpha below min_alpha is refused."""
+    x, t = masked_inputs(8)
+    masked = x == S
+    logits = MDLMSubsDenoiser(ToyMDLM(toy), S)(x, t)
+    torch.testing.assert_close(logits.logsumexp(-1)[masked], torch.zeros(int(masked.sum())), rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match="max_alpha"):
+        SEDDAbsorbingDenoiser(ToySEDD(toy), S, min_alpha=0.5, max_alpha=0.1)

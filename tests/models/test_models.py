@@ -24,6 +24,7 @@ from ddpd.models import (
     set_attention_backend,
 )
 from ddpd.models.attention import RotaryEmbedding, SelfAttention, attention, explicit_attention
+from ddpd.models.backbone import RMSNorm
 
 V, D, B = 7, 12, 3
 SMALL = dict(d_model=32, n_layers=2, n_heads=4)
@@ -495,3 +496,16 @@ def test_cpu_bf16_autocast_close_to_float32():
         with torch.autocast("cpu", dtype=torch.bfloat16):
             half = model(x, t)
     torch.testing.assert_close(half.float(), full, rtol=1e-2, atol=1e-2)
+
+
+def test_rmsnorm_and_the_residual_projections_start_as_stated():
+    """RMSNorm is x / sqrt(mean(x^2) + 1e-6) * weight; the projections closing each residual
+    branch start with std 0.02 / sqrt(2 * n_layers) (GPT-2), the other weights with 0.02."""
+    x = torch.randn(3, 8, generator=torch.Generator().manual_seed(0)) * 1e-3
+    torch.testing.assert_close(RMSNorm(8)(x), x / (x.square().mean(-1, keepdim=True) + 1e-6).sqrt())
+    torch.manual_seed(0)
+    model = build_model("planner", config_for("planner", 27, 16, d_model=64, n_layers=8, n_heads=4))
+    block = model.backbone.blocks[0]
+    assert float(block.attn.proj.weight.detach().std()) == pytest.approx(0.02 / 4, rel=0.05)
+    assert float(block.mlp.proj.weight.detach().std()) == pytest.approx(0.02 / 4, rel=0.05)
+    assert float(block.attn.qkv.weight.detach().std()) == pytest.approx(0.02, rel=0.05)

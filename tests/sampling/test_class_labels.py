@@ -173,3 +173,17 @@ def test_checkpoint_round_trip_keeps_labels(tmp_path):
     assert loaded.config.num_classes == C
     with torch.no_grad():
         torch.testing.assert_close(loaded(x, t, labels=labels), model(x, t, labels=labels), rtol=0, atol=0)
+
+
+def test_the_judge_scores_under_the_label_it_is_given():
+    """ARModel.log_likelihood(x, labels=y) is log p(x | y): it ignored y, scoring every class
+    with the null label's model. An int C is the null label, as None is."""
+    model = make("ar")
+    x = tokens(model) % V
+    with torch.no_grad():
+        for labels in (torch.tensor([0, 1, 2, 3]), None):
+            log_probs = model(model.with_bos(x)[:, :-1], labels=labels).log_softmax(-1)
+            expected = log_probs.gather(-1, x[..., None]).squeeze(-1).sum(-1)
+            torch.testing.assert_close(model.log_likelihood(x, labels=labels), expected)
+        assert (model.log_likelihood(x, labels=0) - model.log_likelihood(x, labels=1)).abs().amax() > 1e-4
+        torch.testing.assert_close(model.log_likelihood(x, labels=C), model.log_likelihood(x), rtol=0, atol=0)
