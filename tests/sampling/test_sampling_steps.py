@@ -214,6 +214,14 @@ def test_a_mask_id_without_a_mask_denoiser_is_refused(sampler):
     sampler(M.planner, M.mask_denoiser, 2, 4, 3, steps=3, mask_id=3, denoiser_type="mask", seed=0)
 
 
+@pytest.mark.parametrize("sampler", ["tau mask", "maskgit", "ddpd mask k=2"])
+def test_a_mask_id_inside_the_vocabulary_is_refused(sampler):
+    """A mask id below vocab_size would be a real token: the all-mask start would be data."""
+    with pytest.raises(ValueError, match="mask_id must be >= 3, got 2"):
+        SAMPLERS[sampler](2, seed=0, mask_id=2)
+    assert SAMPLERS[sampler](2, seed=0, mask_id=3).tokens.max() < 3
+
+
 def test_time_estimates():
     run = Run(1, 4, 3, 1, Temperature(), LinearSchedule(), None, PhiloxNoise(0), None)
     assert torch.allclose(planner_time(torch.tensor([0.8]), run), torch.tensor([0.8]))
