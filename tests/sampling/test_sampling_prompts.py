@@ -210,6 +210,7 @@ def test_bad_prompts_are_refused(make, match):
 @pytest.mark.parametrize("x_init,match", [
     (torch.zeros(2, 4, dtype=torch.long), r"x_init must be a Long tensor of shape \[2, 3\]"),
     (torch.full((2, 3), 3), r"x_init values must be in \[-1, 3\)"),
+    (torch.full((2, 3), -2), r"x_init values must be in \[-1, 3\) \(-1: start from noise\), got range \[-2, -2\]"),
 ])
 def test_prompts_that_do_not_fit_the_run_are_refused(x_init, match):
     m = toy("dir S3 D3").models()
