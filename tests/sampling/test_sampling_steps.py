@@ -188,6 +188,22 @@ def test_options_are_validated_once_and_frozen():
         Execution(sync_every=0)
 
 
+@pytest.mark.parametrize("fields,error,match", [
+    (dict(eps=1.0), ValueError, r"eps must be in \(0.0, 1.0\), got 1.0"),
+    (dict(clock="exact", t_end=0.0), ValueError, r"t_end must be in \(0.0, 1.0\), got 0.0"),
+    (dict(k=0), ValueError, "k must be >= 1, got 0"),
+    (dict(parallel_steps=-1), ValueError, "parallel_steps must be >= 0, got -1"),
+    (dict(k=2), ValueError, "k=2 acts in the parallel stage only"),
+    (dict(parallel_steps=1), ValueError, "parallel_steps=1 is a stage of k positions a step"),
+    (dict(policy="error-budget"), TypeError, "policy must be an ErrorBudget .*, got str"),
+    (dict(k=2, parallel_steps=1, policy=ErrorBudget()), ValueError, "policy needs parallel_steps=0"),
+], ids=["eps=1", "t_end=0", "k=0", "parallel_steps=-1", "k=2 alone", "parallel_steps=1 alone", "policy str",
+        "policy with a stage"])
+def test_ddpd_options_refuse_each_field_at_its_bound(fields, error, match):
+    with pytest.raises(error, match=match):
+        DDPDOptions(**fields)
+
+
 @pytest.mark.parametrize("call,match", [
     (lambda: ddpd_sample(M.planner, M.uniform_denoiser, 2, 4, 3, steps=3, selction="softmax"), "selction"),
     (lambda: ddpd_sample(M.planner, M.uniform_denoiser, 2, 4, 3, steps=3, eps=0.1), "eps"),
