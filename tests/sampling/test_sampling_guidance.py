@@ -267,10 +267,13 @@ def test_fused_guided_hidden_states_draw_the_reference_guided_logits(vocab):
     (torch.zeros(2, 2, dtype=torch.long), 1.0, r"labels must be a Long tensor of shape \[B\]"),
     (torch.tensor([0, -1]), 1.0, ">= 0"),
     (torch.zeros(2, dtype=torch.long), -1.0, "scale"),
+    (torch.zeros(2, dtype=torch.long), float("inf"), r"scale must be in \[0.0, 3.4028234663852886e\+38\], got inf"),
 ])
 def test_bad_guidance_is_refused(labels, scale, match):
     with pytest.raises(ValueError, match=match):
         Guidance(labels, scale=scale)
+    with pytest.raises(TypeError, match="conditional_planner must be a bool, got int 1"):
+        Guidance(torch.zeros(2, dtype=torch.long), conditional_planner=1)
 
 
 def test_labels_of_another_batch_size_are_refused(labelled):

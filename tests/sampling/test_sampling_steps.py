@@ -189,6 +189,17 @@ def test_options_are_validated_once_and_frozen():
 
 
 @pytest.mark.parametrize("fields,error,match", [
+    (dict(fused=1), TypeError, "fused must be a bool, got int 1"),
+    (dict(compaction="yes"), TypeError, "compaction must be a bool, got str 'yes'"),
+    (dict(dtype="float64"), ValueError, r"dtype must be one of \('auto', 'float32', 'bfloat16', 'float16'\)"),
+    (dict(graphs="on"), ValueError, r"graphs must be one of \('auto', 'off', 'emulate'\), got 'on'"),
+])
+def test_execution_refuses_each_bad_field(fields, error, match):
+    with pytest.raises(error, match=match):
+        Execution(**fields)
+
+
+@pytest.mark.parametrize("fields,error,match", [
     (dict(eps=1.0), ValueError, r"eps must be in \(0.0, 1.0\), got 1.0"),
     (dict(clock="exact", t_end=0.0), ValueError, r"t_end must be in \(0.0, 1.0\), got 0.0"),
     (dict(k=0), ValueError, "k must be >= 1, got 0"),

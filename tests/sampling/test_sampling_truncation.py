@@ -117,6 +117,7 @@ def test_top_k_1_is_the_greedy_run_and_a_cut_changes_the_samples(nets, name):
 @pytest.mark.parametrize("cut,error,match", [
     (dict(top_k=0), ValueError, "top_k"), (dict(top_p=0.0), ValueError, "top_p"),
     (dict(top_p=1.5), ValueError, "top_p"), (dict(min_p=-0.1), ValueError, "min_p"),
+    (dict(min_p=1.5), ValueError, r"min_p must be in \[0.0, 1.0\], got 1.5"),
     (dict(top_k=2.5), TypeError, "top_k"),
 ])
 def test_bad_truncations_are_refused(cut, error, match):
