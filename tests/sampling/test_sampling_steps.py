@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from ddpd.ops.rng import philox_uniform
+from ddpd.ops.sample_categorical import TILE, noise_width
 from ddpd.process import CosineSchedule, LinearSchedule
 from ddpd.sampling import (
     DDPDOptions,
@@ -290,6 +291,27 @@ def test_reference_and_fused_draws_agree_on_random_logits(vocab, per_row):
                            fused.tokens_everywhere(2, rows, token_logits, temperature, exclude))
     assert reference.rows_with(torch.tensor([True, False, True, False])).tolist() == [0, 2]
     assert fused.rows_with(torch.tensor([True, False, True, False])) is None
+
+
+class _Recorded(PhiloxNoise):
+    """PhiloxNoise that records the number of columns of each block it hands out."""
+
+    def __init__(self):
+        super().__init__(0)
+        self.cols = []
+
+    def uniform(self, step, stream, rows, cols):
+        self.cols.append(cols)
+        return super().uniform(step, stream, rows, cols)
+
+
+@pytest.mark.parametrize("vocab,width", [(TILE, TILE), (TILE + 1, noise_width(TILE + 1))])
+def test_a_draw_over_one_tile_reads_no_tile_uniform(vocab, width):
+    """A draw over at most TILE tokens reads V uniforms of its row, one over more V + n_tiles
+    (the layout of ddpd.ops.sample_categorical): where a row's second draw starts in the stream."""
+    noise = _Recorded()
+    ReferenceDraws(noise, Execution()).categorical(0, torch.arange(2), torch.zeros(4, vocab), 2, 1.0)
+    assert noise.cols == [2 * width]
 
 
 # ----------------------------------------------------------------------------- samplers: determinism, batches
