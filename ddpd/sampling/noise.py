@@ -256,7 +256,7 @@ def happens(u: Tensor, p) -> Tensor:
 
 def exponential(u: Tensor) -> Tensor:
     """Standard exponential variables -log u from uniforms in (0, 1]; u is clamped
-    below 1 as in gumbel, so the top grid value (1.0 in float32) gives a finite value.
+    below 1 as in gumbel, so the top grid value (1.0 in float32) gives a positive value, not 0.
 
     Args:
         u: uniforms in (0, 1].
