@@ -713,3 +713,148 @@ def test_the_frontier_plan_buys_the_steps_a_policys_passes_allow():
     assert _plan(args, {"ddpd": [every_4], "maskgit": []}) == {**target, ("ddpd", every_4, 8, 1.0): 10}
     args.budgets = [1]
     assert _plan(args, {"ddpd": [known], "maskgit": []}) == {**target, ("ddpd", known, 1, 1.0): 1}
+
+
+def test_ddpd_eval_frontier_refuses_a_settings_file_that_lacks_a_setting_it_always_recorded(tmp_path, capsys):
+    """Only the settings recorded since a later version (batch size, path) may be missing: a
+    frontier.json without --eps says nothing of the eps its rows were measured with."""
+    import json
+
+    out = tmp_path / "out"
+    argv = ["frontier", "--judge", "ngram:2", "--data", "books", *FAST, "--out-dir", str(out)]
+    assert main(argv) == 0, capsys.readouterr().err
+    settings = json.loads((out / "frontier.json").read_text())
+    del settings["eps"]
+    (out / "frontier.json").write_text(json.dumps(settings))
+    capsys.readouterr()
+    assert main(argv) == 2 and "measured with other eps (" in capsys.readouterr().err
+
+
+def test_ddpd_eval_frontier_reports_only_the_rows_of_its_sample_count(tmp_path, capsys):
+    """The CSV keeps the rows of every --num-samples; frontier.md, as for --seed, this run's."""
+    out = tmp_path / "out"
+    argv = ["frontier", "--judge", "ngram:2", "--data", "books", *FAST, "--out-dir", str(out)]
+    assert main(argv) == 0, capsys.readouterr().err
+    assert main(argv + ["--num-samples", "2"]) == 0, capsys.readouterr().err
+    assert len(read_frontier(str(out / "frontier.csv"))) == 4
+    table = (out / "frontier.md").read_text().split("\n\n")[0]
+    assert len(table.splitlines()) == 4  # the header, its rule and this run's two rows
+
+
+def test_ddpd_eval_frontier_does_not_reach_the_target_with_the_target(tmp_path, capsys):
+    """The target's own row is no family's way to reach it."""
+    out = tmp_path / "out"
+    assert main(["frontier", "--judge", "ngram:2", "--data", "books", *FAST, "--out-dir", str(out)]) == 0
+    reach = (out / "frontier.md").read_text().split("Passes to reach")[1].split("Each ddpd policy")[0]
+    assert "| maskgit threshold" in reach and "one-at-a-time" not in reach.split("\n\n", 1)[1]
+
+
+def test_ddpd_eval_frontier_refuses_a_bundle_without_its_denoiser(tmp_path, capsys):
+    from ddpd.checkpoint import save_checkpoint
+
+    save_checkpoint(tmp_path / "b" / "planner", *_tiny("planner"))
+    assert main(["frontier", str(tmp_path / "b"), "--judge", "ngram", "--data", "books", *FAST,
+                 "--out-dir", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err == (f"ddpd-eval: error: {tmp_path / 'b'}: not a bundle (a planner/ and a "
+                                       "denoiser/ checkpoint)\n")
+
+
+def test_an_ngram_judge_takes_every_order_up_to_the_largest():
+    from ddpd.cli.common import UsageError
+    from ddpd.cli.frontier import _judge_order
+    from ddpd.eval.ngram import MAX_ORDER
+
+    assert _judge_order(SimpleNamespace(judge=f"ngram:{MAX_ORDER}", data="books")) == MAX_ORDER
+    assert _judge_order(SimpleNamespace(judge="ngram:1", data="books")) == 1
+    with pytest.raises(UsageError, match=rf"ORDER in \[1, {MAX_ORDER}\], got 'ngram:{MAX_ORDER + 1}'"):
+        _judge_order(SimpleNamespace(judge=f"ngram:{MAX_ORDER + 1}", data="books"))
+
+
+def test_ddpd_eval_frontier_names_data_of_exactly_the_order_in_tokens(tmp_path, capsys):
+    """An n-gram judge needs more tokens than its order: as many is refused naming --data too."""
+    from ddpd.checkpoint import save_bundle
+
+    save_bundle(tmp_path / "b", *_tiny("planner"), *_tiny("mask-denoiser"))
+    corpus = tmp_path / "short.txt"
+    corpus.write_text("ab")
+    assert main(["frontier", str(tmp_path / "b"), "--judge", "ngram:1", "--data", str(corpus), *FAST,
+                 "--out-dir", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err == (f"ddpd-eval: error: --data {corpus}: its train split holds 1 token, too "
+                                       "few for --judge ngram:1 (it needs more than 1)\n")
+
+
+def test_ddpd_eval_frontier_names_the_smallest_ngram_order_too_large_for_the_vocabulary(tmp_path, capsys):
+    """50257 ** 4 fits 63 bits, not the 62 the n-gram keys have."""
+    from ddpd.checkpoint import save_bundle
+
+    save_bundle(tmp_path / "b", *_tiny("planner", 50257, ("gpt2",)), *_tiny("mask-denoiser", 50257, ("gpt2",)))
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the cat sat on the mat. " * 20)
+    assert main(["frontier", str(tmp_path / "b"), "--judge", "ngram:4", "--data", str(corpus), *FAST,
+                 "--out-dir", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err.endswith("give --judge ngram:3 or lower, or an ar checkpoint\n")
+
+
+def test_ddpd_eval_frontier_passes_its_flags_to_each_sampler(tmp_path, capsys, monkeypatch):
+    """--eps, --fused, the temperature and each batch's first row reach ddpd_sample and
+    mask_sample (a batch drawn from row 0 again would repeat the samples of the first)."""
+    from ddpd import sampling
+
+    calls = []
+
+    def recorded(name, sample, count):  # the position of n among the arguments
+        def run(*args, **kwargs):
+            ddpd = kwargs.get("ddpd")
+            calls.append((name, args[count], kwargs["noise"].first_row, kwargs["temperature"],
+                          ddpd and ddpd.eps, kwargs["execution"].fused))
+            return sample(*args, **kwargs)
+        return run
+
+    monkeypatch.setattr(sampling, "ddpd_sample", recorded("ddpd", sampling.ddpd_sample, 2))
+    monkeypatch.setattr(sampling, "mask_sample", recorded("mask", sampling.mask_sample, 1))
+    assert main(["frontier", "--judge", "ngram:2", "--data", "books", "--budgets", "2", "--target-steps", "1",
+                 "--num-samples", "3", "--batch-size", "2", "--policies", "threshold:0.9", "--no-defaults",
+                 "--temperatures", "0.5", "--eps", "0.2", "--fused", "--no-progress",
+                 "--out-dir", str(tmp_path / "o")]) == 0, capsys.readouterr().err
+    assert calls == [("ddpd", 2, 0, 1.0, 0.2, True), ("ddpd", 1, 2, 1.0, 0.2, True),
+                     ("mask", 2, 0, 0.5, None, True), ("mask", 1, 2, 0.5, None, True)]
+
+
+def test_ddpd_eval_frontier_takes_a_judge_just_long_enough(tmp_path, capsys):
+    """An ar judge of max_seq_len L + 1 scores samples of L tokens (its first is a context)."""
+    from ddpd.checkpoint import save_bundle, save_checkpoint
+
+    save_bundle(tmp_path / "b", *_tiny("planner"), *_tiny("mask-denoiser"))
+    save_checkpoint(tmp_path / "ar", *_tiny("ar", seq_len=8))  # max_seq_len 9
+    assert main(["frontier", str(tmp_path / "b"), "--judge", str(tmp_path / "ar"), *FAST,
+                 "--out-dir", str(tmp_path / "o")]) == 0, capsys.readouterr().err
+
+
+def test_a_judge_directory_named_like_a_mistyped_ngram_spec_is_a_checkpoint(tmp_path, monkeypatch):
+    from ddpd.cli.common import UsageError
+    from ddpd.cli.frontier import ngram_order
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UsageError, match="ngram"):
+        ngram_order("ngram:ar")
+    os.mkdir("ngram:ar")
+    assert ngram_order("ngram:ar") is None
+
+
+def test_ddpd_eval_frontier_refuses_rows_judged_by_a_corpus_since_edited(tmp_path, capsys):
+    """frontier.json records an n-gram judge's corpus file by its content, not its path."""
+    corpus = tmp_path / "text.txt"
+    corpus.write_text(("the cat sat on the mat and the dog ate the hat " * 40).strip())
+    argv = ["frontier", "--judge", "ngram:2", "--data", str(corpus), *FAST, "--out-dir", str(tmp_path / "o")]
+    assert main(argv) == 0, capsys.readouterr().err
+    corpus.write_text(("a dog sat on the hat and the cat ate the mat " * 40).strip())
+    capsys.readouterr()
+    assert main(argv) == 2 and "measured with other judge_source (" in capsys.readouterr().err
+
+
+def test_ddpd_eval_frontier_warns_of_no_budget_the_target_alone_costs(tmp_path, capsys):
+    """--budgets 2 with --target-steps 1 is one budget of the one-at-a-time target, not two."""
+    argv = ["frontier", "--judge", "ngram:2", "--data", "books", "--budgets", "2", "--target-steps", "1",
+            "--num-samples", "1", "--samplers", "ddpd", "--policies", "error-budget:bound=2,max_k=4", "--no-progress"]
+    assert main(argv + ["--out-dir", str(tmp_path / "o")]) == 0
+    assert "warning" not in capsys.readouterr().err
