@@ -817,3 +817,24 @@ def test_a_judge_one_token_too_short_is_refused(setup, tmp_path, capsys, command
     code, out, err = _run(capsys, *(a.format(**paths) for a in command), "--judge", tmp_path / "judge")
     assert code == 2 and out == "", err
     assert err == f"ddpd-eval: error: --judge: scores sequences of up to {L - 1} tokens, the samples have {L}\n"
+
+
+def test_every_help_that_states_a_default_states_the_parsers():
+    """--help, and docs/cli.md's synopses after it, said what a flag left out means."""
+    import re
+
+    from ddpd.cli.eval import build_parser
+
+    checked = 0
+    for command, parser in build_parser()._subparsers._group_actions[0].choices.items():
+        for action in parser._actions:
+            stated = re.search(r"(?:\(|; )default:? ([^)]*)\)", action.help or "")
+            if not stated or isinstance(action.default, bool) or not isinstance(action.default, (int, float, list)):
+                continue  # --device's default is in words
+            default = action.default if isinstance(action.default, list) else [action.default]
+            words = stated.group(1).split()
+            if isinstance(default[0], (int, float)):
+                words = [float(word) for word in words]
+            assert words == default, f"{command} {action.option_strings}: {action.help}"
+            checked += 1
+    assert checked >= 25
