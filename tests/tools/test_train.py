@@ -990,6 +990,20 @@ def test_a_resume_reads_the_shipped_corpus_it_recorded_beside_a_file_of_its_name
     assert code == 0 and read_config(tmp_path / "q")["training"]["data"] == str(tmp_path / "books"), err
 
 
+def test_a_resume_given_data_reads_a_file_of_a_corpus_name_as_a_fresh_run_does(tmp_path, capsys, monkeypatch):
+    """--data books on the command line names the file books in the working directory, on a
+    resume as on a fresh run; only a checkpoint's record of it names the shipped corpus."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "books").write_text("a local file named books " * 100)
+    tiny = ["--steps", 1, "--batch-size", 2, "--seq-len", 8, "--d-model", 16, "--n-layers", 1, "--n-heads", 2,
+            "--eval-batches", 1, "--no-progress"]
+    code, _, err = run_cli(capsys, "planner", "--data", "books", "--out", tmp_path / "q", *tiny)
+    assert code == 0, err
+    code, out, err = run_cli(capsys, "planner", "--data", "books", "--out", tmp_path / "q", "--resume",
+                             "--no-progress")
+    assert code == 0 and "step 1 of 1" in out, err
+
+
 def test_cli_trains_and_resumes(corpus, tmp_path, capsys):
     args = ["planner", "--data", corpus, "--out", tmp_path / "p", "--steps", 4, "--batch-size", 8, "--seq-len", 32,
             "--d-model", 32, "--n-layers", 1, "--n-heads", 2, "--eval-every", 2, "--eval-batches", 2,
