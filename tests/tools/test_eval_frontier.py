@@ -584,17 +584,19 @@ def test_ddpd_eval_frontier_names_the_bundles_directory_of_the_wrong_kind(tmp_pa
                                        "'planner' model, expected mask-denoiser\n")
 
 
-def test_ddpd_eval_frontier_names_data_too_small_for_the_ngram_judge(tmp_path, capsys):
-    """Too short a --data ended in NGramJudge's "tokens must be more than 3 ids", exit status 1."""
+@pytest.mark.parametrize("order", [3, 1])  # 1: as many tokens as the order is too few as well
+def test_ddpd_eval_frontier_names_data_too_small_for_the_ngram_judge(tmp_path, capsys, order):
+    """Too short a --data ended in NGramJudge's "tokens must be more than 3 ids", exit status 1:
+    an n-gram judge needs more tokens than its order."""
     from ddpd.checkpoint import save_bundle
 
     save_bundle(tmp_path / "b", *_tiny("planner"), *_tiny("mask-denoiser"))
     corpus = tmp_path / "short.txt"
     corpus.write_text("ab")
-    assert main(["frontier", str(tmp_path / "b"), "--judge", "ngram:3", "--data", str(corpus), *FAST,
+    assert main(["frontier", str(tmp_path / "b"), "--judge", f"ngram:{order}", "--data", str(corpus), *FAST,
                  "--out-dir", str(tmp_path / "o")]) == 2
     assert capsys.readouterr().err == (f"ddpd-eval: error: --data {corpus}: its train split holds 1 token, too "
-                                       "few for --judge ngram:3 (it needs more than 3)\n")
+                                       f"few for --judge ngram:{order} (it needs more than {order})\n")
 
 
 def test_ddpd_eval_frontier_names_an_ngram_order_too_large_for_the_vocabulary(tmp_path, capsys):
@@ -768,19 +770,6 @@ def test_an_ngram_judge_takes_every_order_up_to_the_largest():
     assert _judge_order(SimpleNamespace(judge="ngram:1", data="books")) == 1
     with pytest.raises(UsageError, match=rf"ORDER in \[1, {MAX_ORDER}\], got 'ngram:{MAX_ORDER + 1}'"):
         _judge_order(SimpleNamespace(judge=f"ngram:{MAX_ORDER + 1}", data="books"))
-
-
-def test_ddpd_eval_frontier_names_data_of_exactly_the_order_in_tokens(tmp_path, capsys):
-    """An n-gram judge needs more tokens than its order: as many is refused naming --data too."""
-    from ddpd.checkpoint import save_bundle
-
-    save_bundle(tmp_path / "b", *_tiny("planner"), *_tiny("mask-denoiser"))
-    corpus = tmp_path / "short.txt"
-    corpus.write_text("ab")
-    assert main(["frontier", str(tmp_path / "b"), "--judge", "ngram:1", "--data", str(corpus), *FAST,
-                 "--out-dir", str(tmp_path / "o")]) == 2
-    assert capsys.readouterr().err == (f"ddpd-eval: error: --data {corpus}: its train split holds 1 token, too "
-                                       "few for --judge ngram:1 (it needs more than 1)\n")
 
 
 def test_ddpd_eval_frontier_names_the_smallest_ngram_order_too_large_for_the_vocabulary(tmp_path, capsys):
