@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ddpd.validation import check_callable, check_choice, check_float, check_int  # noqa: F401
+from ddpd.validation import check_callable, check_choice, check_float, check_int, check_tensor  # noqa: F401
 
 
 def check_tokens(name: str, x, vocab_size: Optional[int]) -> Tensor:
@@ -54,13 +54,14 @@ def check_row_ids(row_ids: Optional[Tensor], batch: int, device: torch.device) -
         Long[B] ids on `device`.
 
     Raises:
-        ValueError: not a Long tensor of shape [B] with ids >= 0.
+        TypeError: not a dense Long tensor.
+        ValueError: not of shape [B], or ids < 0.
     """
     if row_ids is None:
         return torch.arange(batch, device=device)
-    if not isinstance(row_ids, Tensor) or row_ids.dtype != torch.long or tuple(row_ids.shape) != (batch,):
-        got = f"{row_ids.dtype} {tuple(row_ids.shape)}" if isinstance(row_ids, Tensor) else type(row_ids).__name__
-        raise ValueError(f"row_ids must be a Long tensor of shape ({batch},), got {got}")
+    check_tensor("row_ids", row_ids, (torch.long,))
+    if tuple(row_ids.shape) != (batch,):
+        raise ValueError(f"row_ids must be a Long tensor of shape ({batch},), got {tuple(row_ids.shape)}")
     if row_ids.device.type == "cpu" and int(row_ids.min()) < 0:
         raise ValueError(f"row_ids must be >= 0, got minimum {int(row_ids.min())}")
     return row_ids.to(device)

@@ -23,7 +23,7 @@ from torch import Tensor
 
 from ddpd.ops.sample_categorical import MAX_TEMPERATURE, float32
 from ddpd.sampling.policies import ErrorBudget
-from ddpd.validation import check_bool, check_choice, check_float, check_int
+from ddpd.validation import check_bool, check_choice, check_float, check_int, check_tensor
 
 SELECTIONS = ("sigmoid", "softmax")
 STOPS = ("eps", "budget")
@@ -275,7 +275,8 @@ class Prompt:
         frozen: Bool[B, D] positions that keep their x_init value throughout, or None.
 
     Raises:
-        ValueError: x_init is not a 2-d Long tensor, frozen not a Bool tensor of its shape, or a
+        TypeError: x_init not a Long tensor, frozen not a Bool tensor (or either not dense).
+        ValueError: x_init not 2-d, frozen not of its shape, either off the cpu and cuda, or a
             frozen position without a value (-1).
     """
 
@@ -283,12 +284,12 @@ class Prompt:
     frozen: Optional[Tensor] = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.x_init, Tensor) or self.x_init.dtype != torch.long or self.x_init.dim() != 2:
-            raise ValueError(f"x_init must be a Long tensor of shape [B, D], got {described(self.x_init)}")
+        check_tensor("x_init", self.x_init, (torch.long,), dim=2)
         if self.frozen is None:
             return
         shape = tuple(self.x_init.shape)
-        if not isinstance(self.frozen, Tensor) or self.frozen.dtype != torch.bool or tuple(self.frozen.shape) != shape:
+        check_tensor("frozen", self.frozen, (torch.bool,))
+        if tuple(self.frozen.shape) != shape:
             raise ValueError(f"frozen must be a Bool tensor of shape {list(shape)}, got {described(self.frozen)}")
         if bool((self.frozen.to(self.x_init.device) & (self.x_init < 0)).any()):
             raise ValueError("x_init must give a value (not -1) at every frozen position")
@@ -340,8 +341,8 @@ class Guidance:
             run a planner network only).
 
     Raises:
-        ValueError: labels not a 1-d Long tensor of ids >= 0, or scale out of range.
-        TypeError: conditional_planner not a bool.
+        TypeError: labels not a dense Long tensor, or conditional_planner not a bool.
+        ValueError: labels not 1-d ids >= 0 on the cpu or cuda, or scale out of range.
     """
 
     labels: Tensor
@@ -349,8 +350,7 @@ class Guidance:
     conditional_planner: bool = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.labels, Tensor) or self.labels.dtype != torch.long or self.labels.dim() != 1:
-            raise ValueError(f"labels must be a Long tensor of shape [B], got {described(self.labels)}")
+        check_tensor("labels", self.labels, (torch.long,), dim=1)
         if self.labels.numel() and int(self.labels.min()) < 0:  # once, before the loop
             raise ValueError(f"labels must be >= 0 (class ids; the null label is passed as None), "
                              f"got {int(self.labels.min())}")

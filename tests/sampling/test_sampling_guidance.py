@@ -264,7 +264,7 @@ def test_fused_guided_hidden_states_draw_the_reference_guided_logits(vocab):
 
 
 @pytest.mark.parametrize("labels,scale,match", [
-    (torch.zeros(2, 2, dtype=torch.long), 1.0, r"labels must be a Long tensor of shape \[B\]"),
+    (torch.zeros(2, 2, dtype=torch.long), 1.0, r"labels must be 1-D, got shape \(2, 2\)"),
     (torch.tensor([0, -1]), 1.0, ">= 0"),
     (torch.zeros(2, dtype=torch.long), -1.0, "scale"),
     (torch.zeros(2, dtype=torch.long), float("inf"), r"scale must be in \[0.0, 3.4028234663852886e\+38\], got inf"),
@@ -274,6 +274,10 @@ def test_bad_guidance_is_refused(labels, scale, match):
         Guidance(labels, scale=scale)
     with pytest.raises(TypeError, match="conditional_planner must be a bool, got int 1"):
         Guidance(torch.zeros(2, dtype=torch.long), conditional_planner=1)
+    with pytest.raises(TypeError, match=r"labels must have dtype in \(torch.int64\), got torch.int32"):
+        Guidance(torch.zeros(2, dtype=torch.int32))
+    with pytest.raises(TypeError, match="labels must be a torch.Tensor, got list"):
+        Guidance([0, 1])
 
 
 def test_labels_of_another_batch_size_are_refused(labelled):

@@ -194,16 +194,21 @@ def test_a_fully_frozen_row_stops_at_once_and_costs_no_pass(fused):
         assert torch.equal(result.tokens[1], alone[name].tokens[0]), name  # the other row draws as it did
 
 
-@pytest.mark.parametrize("make,match", [
-    (lambda: Prompt(None, torch.zeros(2, 3, dtype=torch.bool)), "x_init must be a Long tensor of shape"),
-    (lambda: Prompt(torch.zeros(2, 3)), "x_init must be a Long tensor of shape"),
-    (lambda: Prompt(torch.full((2, 3), -1), torch.ones(2, 3, dtype=torch.bool)), "every frozen position"),
-    (lambda: Prompt(torch.zeros(2, 3, dtype=torch.long), torch.ones(2, 3)), "frozen must be a Bool tensor"),
-    (lambda: Prompt(torch.zeros(2, 3, dtype=torch.long), torch.ones(2, 4, dtype=torch.bool)),
+@pytest.mark.parametrize("make,error,match", [
+    (lambda: Prompt(None, torch.zeros(2, 3, dtype=torch.bool)), TypeError,
+     "x_init must be a torch.Tensor, got NoneType"),
+    (lambda: Prompt(torch.zeros(2, 3)), TypeError, r"x_init must have dtype in \(torch.int64\), got torch.float32"),
+    (lambda: Prompt(torch.zeros(3, dtype=torch.long)), ValueError, r"x_init must be 2-D, got shape \(3,\)"),
+    (lambda: Prompt(torch.zeros(2, 3, dtype=torch.long).to_sparse()), TypeError, "x_init must be a dense tensor"),
+    (lambda: Prompt(torch.full((2, 3), -1), torch.ones(2, 3, dtype=torch.bool)), ValueError, "every frozen position"),
+    (lambda: Prompt(torch.zeros(2, 3, dtype=torch.long), torch.ones(2, 3)), TypeError,
+     r"frozen must have dtype in \(torch.bool\), got torch.float32"),
+    (lambda: Prompt(torch.zeros(2, 3, dtype=torch.long), torch.ones(2, 4, dtype=torch.bool)), ValueError,
      r"frozen must be a Bool tensor of shape \[2, 3\]"),
 ])
-def test_bad_prompts_are_refused(make, match):
-    with pytest.raises(ValueError, match=match):
+def test_bad_prompts_are_refused(make, error, match):
+    """A value of the wrong kind is a TypeError, as the ops raise; a wrong shape a ValueError."""
+    with pytest.raises(error, match=match):
         make()
 
 

@@ -561,6 +561,7 @@ def test_elbo_takes_a_numpy_integer_seed():
     (dict(t_max=1.0), "t_max must be in \\(0.0, 1.0\\)"),
     (dict(seed=-1), "seed must be an int"),
     (dict(row_ids=torch.arange(3)), "row_ids must be a Long tensor of shape \\(2,\\)"),
+    (dict(row_ids=torch.arange(2.0)), "row_ids must have dtype in \\(torch.int64\\)"),
     (dict(denoiser_type="masked"), "denoiser_type must be one of"),
     (dict(mask="oracle"), "mask must be one of"),
     (dict(planner="planner"), "planner must be callable"),
