@@ -292,6 +292,20 @@ def test_parts_judged_against_other_references_are_not_merged(tmp_path, capsys):
     assert not (tmp_path / "other").exists()
 
 
+@pytest.mark.parametrize("other", [{"judge_nll": 1.22}, {"entropy": 4.031}])
+def test_reference_rows_a_little_apart_or_apart_in_entropy_alone_are_not_merged(other):
+    """Float noise is 1e-5 relative; 0.7% apart is another judge, and so is another entropy."""
+    from ddpd.eval import merge_sweeps
+
+    reference = {"sampler": "held-out text", "steps": "", "temperature": "", "judge_nll": 1.2114125,
+                 "entropy": 4.03}
+    parts = [[reference, {"sampler": "maskgit", "steps": 2, "temperature": 1.0, "judge_nll": 3.2, "entropy": 3.1}],
+             [dict(reference, **other), {"sampler": "maskgit", "steps": 3, "temperature": 1.0, "judge_nll": 3.2,
+                                         "entropy": 3.1}]]
+    with pytest.raises(ValueError, match="the reference rows of a and b differ"):
+        merge_sweeps(parts, ["a", "b"])
+
+
 def test_a_frontier_csv_is_named_as_such(tmp_path, capsys):
     path = tmp_path / "frontier.csv"
     path.write_text("sampler,policy,steps,temperature,judge_nll,entropy,passes\n"

@@ -332,6 +332,41 @@ def test_matched_entropy_counts_a_point_on_the_curve_undecided_and_any_worse_poi
     assert (result["better"], result["worse"], result["verdict"]) == (2, 1, "mixed")
 
 
+def test_matched_entropy_outside_the_curve_decides_a_tie_on_one_axis():
+    """Past the curve's ends, as good on one axis and better on the other decides the point."""
+    from ddpd.eval.quality import matched_entropy
+
+    ours = _curve("ddpd", 512, [(4.4, 2.0), (4.5, 2.1)])
+    same_nll_less_entropy = _curve("dfm", 512, [(4.3, 2.0)])  # below the curve's range, ddpd's 4.4 as good
+    result = matched_entropy(ours + same_nll_less_entropy, "ddpd", "dfm", 512)
+    assert (result["better"], result["worse"], result["verdict"], result["matched"]) == (1, 0, "lower", 0)
+    same_nll_more_entropy = _curve("maskgit", 512, [(4.6, 2.1)])  # above it, ddpd's 4.5 as bad
+    result = matched_entropy(ours + same_nll_more_entropy, "ddpd", "maskgit", 512)
+    assert (result["better"], result["worse"], result["verdict"], result["matched"]) == (0, 1, "higher", 0)
+
+
+def test_difference_at_weighs_each_end_of_the_segment_by_its_distance():
+    """A point a quarter along a segment: the near end carries 3/4 of the NLL and of the slope's
+    entropy term, whose standard errors differ here so that swapping the weights shows."""
+    from ddpd.eval.quality import difference_at
+
+    curve = [{"entropy": 1.0, "judge_nll": 2.0, "judge_nll_se": 0.0, "entropy_se": 0.1},
+             {"entropy": 2.0, "judge_nll": 4.0, "judge_nll_se": 0.0, "entropy_se": 0.0}]
+    point = {"entropy": 1.25, "judge_nll": 2.0, "judge_nll_se": 0.0, "entropy_se": 0.0}
+    difference, se = difference_at(curve, point)
+    # curve at 1.25: 2.5; d/d e_0 = -slope (1 - w) = -2 * 0.75
+    assert difference == pytest.approx(0.5) and se == pytest.approx(0.15)
+
+
+def test_difference_at_reads_a_one_point_curve_at_its_own_entropy_only():
+    from ddpd.eval.quality import difference_at
+
+    curve = [{"entropy": 2.0, "judge_nll": 3.0, "judge_nll_se": 0.3, "entropy_se": 0.1}]
+    point = {"entropy": 2.0, "judge_nll": 2.5, "judge_nll_se": 0.4, "entropy_se": 0.2}
+    assert difference_at(curve, point) == (pytest.approx(0.5), pytest.approx(0.5))  # slope 0: the NLLs' s.e.
+    assert difference_at(curve, dict(point, entropy=2.01)) is None
+
+
 def test_z_changed_compares_each_step_with_the_one_before():
     outputs = iter([torch.tensor([[5.0, 5.0]]), torch.tensor([[-9.0, 5.0]]), torch.tensor([[-9.0, -9.0]])])
     recorder = PlannerRecorder(lambda x: next(outputs))
