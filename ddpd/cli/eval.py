@@ -157,6 +157,7 @@ class Loaded:
     models: dict[str, torch.nn.Module] = field(default_factory=dict)
     shared: dict[str, object] = field(default_factory=dict)
     corpora: dict[str, object] = field(default_factory=dict)  # the corpus fingerprint each checkpoint records
+    judge_id: Optional[str] = None  # the sha256 of the judge's weights, which a sweep's rows record
 
     @property
     def vocab_size(self) -> int:
@@ -193,6 +194,8 @@ def load_models(args: argparse.Namespace) -> Loaded:
         UsageError: a kind given twice, no model to evaluate, or checkpoints that differ.
         CheckpointError: a checkpoint that cannot be loaded.
     """
+    from ddpd.checkpoint import WEIGHTS
+
     loaded = Loaded(device=resolve_device(args.device))
     given = [("planner", args.planner), ("uniform", getattr(args, "uniform", None)),
              ("judge", getattr(args, "judge", None))]
@@ -207,6 +210,8 @@ def load_models(args: argparse.Namespace) -> Loaded:
             raise UsageError(f"--{role} {path}: a {config['kind']} checkpoint was already given")
         configs.append((f"--{role} {path}", config))
         loaded.models[key] = model
+        if role == "judge":
+            loaded.judge_id = "sha256:" + config["sha256"][WEIGHTS][:16]  # load_model checked it
         if config.get("corpus") is not None:
             loaded.corpora[f"--{role} {path}"] = config["corpus"]
     if not [k for k in loaded.models if k != "judge"]:
@@ -437,7 +442,7 @@ def run_quality(args: argparse.Namespace) -> None:
             rows = run_sweep([available[n] for n in names], steps=args.steps, temperatures=args.temperatures,
                              num_samples=args.num_samples, judge=loaded.models["judge"],
                              vocab_size=loaded.vocab_size, seed=args.seed, batch_size=args.batch_size,
-                             reference=reference, progress=args.progress, on_row=keep)
+                             reference=reference, progress=args.progress, on_row=keep, judge_id=loaded.judge_id)
     except Interrupted as stop:
         stop.detail = f"; the {finished[0]} finished row(s) are in {partial}" if finished else \
             "; no row was finished, nothing written" + (f" ({partial} is an earlier run's)" if

@@ -26,6 +26,7 @@ from ddpd.eval.checks import check_callable, check_float, check_int, check_token
 from ddpd.eval.report import MissingDependency, markdown_table, mean_and_se, pyplot, save_figure, write_csv, write_text
 
 REFERENCE = "held-out text"
+JUDGE = "judge"  # the column naming the judge of a sweep's rows (merge_sweeps refuses two)
 SWEEP_COLUMNS = (("sampler", "Sampler", ""), ("steps", "Steps", ""), ("temperature", "Temperature", ""),
                  ("judge_nll", "Judge NLL (nats/token)", ".4f"), ("judge_nll_se", "± s.e.", ".4f"),
                  ("entropy", "Unigram entropy (bits)", ".3f"), ("entropy_se", "± s.e.", ".3f"),
@@ -143,7 +144,7 @@ def _sample(spec: SamplerSpec, num_samples: int, steps: int, temperature: float,
 def run_sweep(samplers: Sequence[SamplerSpec], *, steps: Sequence[int], temperatures: Sequence[float],
               num_samples: int, judge, vocab_size: int, seed: int = 0, batch_size: int = 64,
               reference: Optional[Tensor] = None, progress: bool = False,
-              on_row: Optional[Callable[[list[dict]], None]] = None) -> list[dict]:
+              on_row: Optional[Callable[[list[dict]], None]] = None, judge_id: Optional[str] = None) -> list[dict]:
     """One row per (sampler, steps, temperature) with its quality metrics, the number of
     steps the samples took and the forward passes (planner + denoiser sequences
     evaluated) per sample; plus a row for the `reference` sequences (held-out text).
@@ -162,9 +163,11 @@ def run_sweep(samplers: Sequence[SamplerSpec], *, steps: Sequence[int], temperat
         reference: Long[N, D] held-out sequences, or None.
         progress: draw a progress bar on a terminal.
         on_row: called with the rows so far after each row.
+        judge_id: what names the judge (a digest of its weights), recorded in every row's
+            JUDGE column so that merge_sweeps refuses parts judged by others; None: no column.
 
     Returns:
-        The rows, dicts of SWEEP_COLUMNS.
+        The rows, dicts of SWEEP_COLUMNS (and JUDGE).
     """
     if not samplers:
         raise ValueError("samplers: expected at least one SamplerSpec, got none")
@@ -179,9 +182,10 @@ def run_sweep(samplers: Sequence[SamplerSpec], *, steps: Sequence[int], temperat
     check_int("num_samples", num_samples, 1)
     check_int("batch_size", batch_size, 1)
     rows = []
+    judged = {} if judge_id is None else {JUDGE: judge_id}
     if reference is not None:
         rows.append({"sampler": REFERENCE, "steps": "", "temperature": "",
-                     **quality_metrics(reference, judge, vocab_size, batch_size)})
+                     **quality_metrics(reference, judge, vocab_size, batch_size), **judged})
         if on_row is not None:
             on_row(rows)
     configs = [(spec, s, t) for spec in samplers for s in steps for t in temperatures]
@@ -191,7 +195,7 @@ def run_sweep(samplers: Sequence[SamplerSpec], *, steps: Sequence[int], temperat
         seconds = time.perf_counter() - start
         rows.append({"sampler": spec.name, "steps": s, "temperature": t,
                      **quality_metrics(tokens, judge, vocab_size, batch_size),
-                     "mean_steps": mean_steps, "nfe": nfe, "sampling_seconds": seconds})
+                     "mean_steps": mean_steps, "nfe": nfe, "sampling_seconds": seconds, **judged})
         if on_row is not None:
             on_row(rows)
     return rows
@@ -367,7 +371,7 @@ def _check_sweep_row(row: dict, where: str, columns: int) -> tuple:
     if None in row.values():
         raise ValueError(f"{where}: fewer cells than the {columns} of the header")
     for key, text in row.items():
-        if key != "sampler":
+        if key not in ("sampler", JUDGE):  # a digest of digits alone is still text
             row[key] = _parse_cell(text)
             if key in _NUMBERS and isinstance(row[key], str):
                 raise ValueError(f"{where}: {key} must be a number, got {text[:40]!r}")
@@ -390,8 +394,10 @@ def _check_sweep_row(row: dict, where: str, columns: int) -> tuple:
 def merge_sweeps(parts: Sequence[list[dict]], names: Optional[Sequence[str]] = None) -> list[dict]:
     """One sweep from several: the first reference row, then every configuration row in
     the order given. Raises ValueError when a configuration appears in two parts (named
-    by `names`, default their positions), or when two parts' reference rows differ beyond
-    float noise: their samples were judged by different judges, or against other held-out text.
+    by `names`, default their positions), when two parts record different judges (their
+    JUDGE column; a part written without one is taken as any), or when two parts' reference
+    rows differ beyond float noise: their samples were judged by different judges, or
+    against other held-out text.
 
     Args:
         parts: the sweeps' rows.
@@ -401,9 +407,11 @@ def merge_sweeps(parts: Sequence[list[dict]], names: Optional[Sequence[str]] = N
         The merged rows.
 
     Raises:
-        ValueError: a configuration in two parts, or parts with different reference rows.
+        ValueError: a configuration in two parts, parts of different judges, or parts with
+            different reference rows.
     """
     names = list(names) if names is not None else [f"sweep {i + 1}" for i in range(len(parts))]
+    _check_one_judge(parts, names)
     reference, rows, seen = [], [], {}
     for name, part in zip(names, parts):
         for row in part:
@@ -421,6 +429,22 @@ def merge_sweeps(parts: Sequence[list[dict]], names: Optional[Sequence[str]] = N
             seen[key] = name
             rows.append(row)
     return reference + rows
+
+
+def _check_one_judge(parts: Sequence[list[dict]], names: Sequence[str]) -> None:
+    """ValueError when the parts' JUDGE columns name more than one judge: without reference
+    rows nothing else tells their NLLs apart."""
+    first = None
+    for name, part in zip(names, parts):
+        for row in part:
+            judge = row.get(JUDGE)
+            if judge in (None, ""):  # a sweep written before the column, or not by ddpd-eval quality
+                continue
+            if first is None:
+                first = (name, judge)
+            elif judge != first[1]:
+                raise ValueError(f"{first[0]} and {name} were judged by different judges ({first[1]} and {judge}): "
+                                 "their judge NLLs do not compare; merge sweeps of one judge")
 
 
 COMPARE_COLUMNS = (("steps", "Steps", ""), ("sampler", "Sampler", ""), ("baseline", "Baseline", ""),

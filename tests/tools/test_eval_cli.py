@@ -292,6 +292,37 @@ def test_parts_judged_against_other_references_are_not_merged(tmp_path, capsys):
     assert not (tmp_path / "other").exists()
 
 
+def test_parts_of_other_judges_are_not_merged_without_reference_rows(setup, tmp_path, capsys):
+    """Without --data no reference row told two judges apart: merge joined their NLLs as one sweep."""
+    p = setup
+    torch.manual_seed(1)
+    config = config_for("ar", V, L, d_model=16, n_layers=1, n_heads=2)
+    other = tmp_path / "other-ar"
+    save_checkpoint(str(other), build_model("ar", config),
+                    {"kind": "ar", "model": config.to_dict(), "tokenizer": {"name": "text8"}, "schedule": "linear",
+                     "vocab_size": V, "training": {"seq_len": L}})
+    common = ["quality", "--planner", p["planner"], "--denoiser", p["mask-denoiser"], "--steps", 2,
+              "--temperatures", 1.0, "--num-samples", 2, "--no-progress"]
+    for name, judge, sampler in (("a", p["ar"], "ddpd-A-mask"), ("b", other, "maskgit"),
+                                 ("c", p["ar"], "maskgit")):
+        code, _, err = _run(capsys, *common, "--judge", judge, "--samplers", sampler, "--out-dir", tmp_path / name)
+        assert code == 0, err
+    with open(tmp_path / "a" / "sweep.csv") as f:
+        judges = {row["judge"] for row in csv.DictReader(f)}
+    with open(os.path.join(p["ar"], "config.json")) as f:
+        assert judges == {"sha256:" + json.load(f)["sha256"]["model.safetensors"][:16]}
+    parts = [tmp_path / name / "sweep.csv" for name in "abc"]
+    code, _, err = _run(capsys, "merge", parts[0], parts[1], "--out-dir", tmp_path / "mixed")
+    assert code == 1 and err.count("\n") == 1 and f"{parts[0]} and {parts[1]} were judged by different judges" in err
+    assert not (tmp_path / "mixed").exists()
+    code, _, err = _run(capsys, "merge", parts[0], parts[2], "--out-dir", tmp_path / "same")
+    assert code == 0, err
+    # a sweep written before the judge was recorded is taken as of any judge
+    (tmp_path / "old.csv").write_text(_sweep_text(["dfm-eta0,2,1.0,3.2,3.1,"]))
+    code, _, err = _run(capsys, "merge", parts[0], tmp_path / "old.csv", "--out-dir", tmp_path / "old")
+    assert code == 0, err
+
+
 @pytest.mark.parametrize("other", [{"judge_nll": 1.22}, {"entropy": 4.031}])
 def test_reference_rows_a_little_apart_or_apart_in_entropy_alone_are_not_merged(other):
     """Float noise is 1e-5 relative; 0.7% apart is another judge, and so is another entropy."""
