@@ -487,7 +487,8 @@ def run_compare(args: argparse.Namespace) -> None:
         args: the parsed command line.
 
     Raises:
-        UsageError: samplers or baselines empty or not in the sweep.
+        UsageError: samplers or baselines empty or not in the sweep, or no step budget with
+            rows of both.
     """
     from ddpd.eval import read_sweep
     from ddpd.eval.quality import REFERENCE, compare_markdown, matched_entropy
@@ -498,12 +499,20 @@ def run_compare(args: argparse.Namespace) -> None:
     samplers = args.samplers or [n for n in present if n.startswith(("ddpd-", "tau-planned-"))]
     baselines = args.baselines or [n for n in present if n.startswith(("dfm-", "maskgit"))]
     unknown = [n for n in samplers + baselines if n not in present]
-    if unknown or not samplers or not baselines:
-        raise UsageError(f"compare: samplers {samplers} and baselines {baselines} must be non-empty and in the "
-                         f"sweep; not there: {unknown}; the sweep has {present}")
+    for flag, names, kinds in (("--samplers", samplers, "ddpd-* or tau-planned-*"),
+                               ("--baselines", baselines, "dfm-* or maskgit")):
+        if not names and not unknown:  # the defaults found none: an empty table would say nothing
+            raise UsageError(f"compare: {args.sweep} has no {flag[2:-1]} rows ({kinds}) to compare; name them "
+                             f"with {flag}; the sweep has {present}")
+    if unknown:
+        raise UsageError(f"compare: samplers {samplers} and baselines {baselines} must be in the sweep; not there: "
+                         f"{unknown}; the sweep has {present}")
     budgets = sorted({r["steps"] for r in rows})
     table = [c for steps in budgets for b in baselines for s in samplers
              if (c := matched_entropy(rows, s, b, steps)) is not None]
+    if not table:
+        raise UsageError(f"compare: no step budget of {args.sweep} has rows of both a sampler {samplers} and a "
+                         f"baseline {baselines}: nothing to compare")
     text = compare_markdown(table)
     if args.out:
         write_text(text, args.out)

@@ -377,6 +377,22 @@ def test_compare_command(setup, capsys):
     assert code == 2 and "not there: ['dfm-eta15']" in err
 
 
+@pytest.mark.parametrize("rows, message", [
+    (["held-out text,,,1.2,4.0,", "ddpd-A-mask,2,1.0,3.2,3.1,"],
+     "has no baseline rows (dfm-* or maskgit) to compare; name them with --baselines"),
+    (["maskgit,2,1.0,3.2,3.1,"], "has no sampler rows (ddpd-* or tau-planned-*) to compare; name them with --samplers"),
+    (["ddpd-A-mask,2,1.0,3.2,3.1,", "dfm-eta0,3,1.0,3.3,3.0,"],
+     "no step budget of {path} has rows of both a sampler ['ddpd-A-mask'] and a baseline ['dfm-eta0']"),
+])
+def test_compare_says_when_the_sweep_has_nothing_to_compare(tmp_path, capsys, rows, message):
+    """A sweep whose samplers and baselines share no step budget printed an empty table, exit 0."""
+    path = tmp_path / "sweep.csv"
+    path.write_text(_sweep_text(rows))
+    code, out, err = _run(capsys, "compare", path, "--out", tmp_path / "compare.md")
+    assert code == 2 and err.count("\n") == 1 and message.format(path=path) in err, err
+    assert out == "" and not (tmp_path / "compare.md").exists()
+
+
 def test_training_command_reports_the_runs(setup, tmp_path, capsys):
     from ddpd.training.trainer import TrainConfig, Trainer
 
