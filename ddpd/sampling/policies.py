@@ -231,6 +231,11 @@ def annealed(choice_temperature: float, step, steps: int):
     return choice_temperature * (1.0 - (step + 1) / steps)
 
 
+# The largest step budget of a cosine table (128 MiB of float64): 10**9 steps met the allocator's
+# 8 GB error, which names no argument, and past it a run would hold the table on its device too.
+MAX_COSINE_STEPS = 2**24
+
+
 def cosine_table(steps: int) -> Tensor:
     """The cosine schedule's cos(pi/2 (i + 1) / T) for each step i of T, on the CPU: MaskGIT's
     and ErrorBudget's spread. A run moves it to its device once and a step reads its row there
@@ -238,12 +243,18 @@ def cosine_table(steps: int) -> Tensor:
     device, which a CUDA graph cannot capture.
 
     Args:
-        steps: the step budget T.
+        steps: the step budget T, at most MAX_COSINE_STEPS.
 
     Returns:
         Float64[T]: the entries of a 0-d op a step, bit for bit (torch's CPU cos runs one vector
         routine on a tensor of any length; the pinned draws floor n0 times them).
+
+    Raises:
+        ValueError: steps above MAX_COSINE_STEPS.
     """
+    if steps > MAX_COSINE_STEPS:
+        raise ValueError(f"steps must be <= {MAX_COSINE_STEPS} with the cosine schedule (MaskGIT, ErrorBudget's "
+                         f"cosine spread), whose table holds one float64 a step, got {steps}")
     angles = torch.arange(1, steps + 1, dtype=torch.float64, device="cpu") / steps * (math.pi / 2)
     return torch.cos(angles)
 

@@ -17,6 +17,7 @@ from ddpd.sampling.common import row
 from ddpd.sampling.gillespie import _unwritten_first
 from ddpd.sampling.options import DDPDOptions
 from ddpd.sampling.policies import (
+    MAX_COSINE_STEPS,
     ConfidenceFactor,
     ConfidenceThreshold,
     EntropyBound,
@@ -653,6 +654,16 @@ def test_the_cosine_table_is_one_tensor_op_with_the_per_step_values():
         table = cosine_table(steps)
         for step in (0, 1, steps // 3, steps // 2, steps - 2, steps - 1):
             assert torch.equal(table[step], entry(step, steps)), (steps, step)
+
+
+def test_a_cosine_budget_past_its_table_is_refused_naming_steps():
+    """steps=10**9 made cosine_table ask the allocator for 8 GB, whose error names no argument;
+    MaskGIT refuses it before its first step, and a budget at the limit still gets its table."""
+    with pytest.raises(ValueError, match=r"steps must be <= 16777216 with the cosine schedule .* got 1000000000"):
+        cosine_table(10**9)
+    with pytest.raises(ValueError, match=r"steps must be <= 16777216 .* got 16777217"):
+        mask_sample(NETWORKS["mask"], 1, 4, 27, steps=2**24 + 1, seed=0, policy=MaskGIT())
+    assert cosine_table(MAX_COSINE_STEPS).shape == (2**24,)
 
 
 def test_a_certain_risk_under_a_choice_temperature_stays_ahead_of_ineligible_candidates():
