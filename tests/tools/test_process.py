@@ -68,6 +68,23 @@ def test_get_schedule_names_a_schedule_of_the_wrong_type(schedule, got):
         get_schedule(schedule)
 
 
+def test_rate_decomposition_at_alpha_0_and_1_in_closed_form():
+    """The endpoints the samplers start and end at (eqs. corruption_prob and denoising_prob, S = 3):
+    at alpha = 0 every position is noise and the jump law is p(x_1 | x_t); at alpha = 1 no
+    corrupted position is left to land on x_t^d (self-loop 0), and a row sure of x_t^d has
+    p(z = N) = 0: no jump, -inf throughout (not the NaN of -inf - -inf)."""
+    p_x1 = torch.tensor([[[0.5, 0.3, 0.2], [1.0, 0.0, 0.0]]], dtype=F64)
+    x_t, inf = torch.tensor([[0, 0]]), math.inf
+    cases = {0.0: ([1.0, 1.0], [[0.5, 0.3, 0.2], [1.0, 0.0, 0.0]]), 1.0: ([0.5, 0.0], [[0.0, 0.6, 0.4], [0.0] * 3])}
+    for alpha, (noise, jump) in cases.items():
+        noise, jump = torch.tensor([noise], dtype=F64), torch.tensor([jump], dtype=F64)
+        torch.testing.assert_close(planner_prob_from_uniform(p_x1, x_t, alpha), noise)
+        torch.testing.assert_close(planner_log_prob_from_uniform(p_x1.log(), x_t, alpha), noise.log())
+        torch.testing.assert_close(denoiser_prob_from_uniform(p_x1, x_t, alpha), jump)
+        torch.testing.assert_close(denoiser_log_prob_from_uniform(p_x1.log(), x_t, alpha), jump.log())
+    assert denoiser_log_prob_from_uniform(p_x1.log(), x_t, 1.0)[0, 1].tolist() == [-inf] * 3
+
+
 def _enumerate_posteriors(p_data, S, D, alpha):
     """Exact p(x1^d=j|x_t), p(z^d=N|x_t), p(x1^d=j|x_t,z^d=N) by summing the joint."""
     states = list(itertools.product(range(S), repeat=D))
