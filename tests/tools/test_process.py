@@ -51,12 +51,19 @@ def test_get_schedule_rejects_unknown():
     (lambda t: 0.5 * t, lambda a: 2 * a, r"alpha must map t = 0 to 0 and t = 1 to 1, got 0.0 and 0.5"),
     (lambda t: 0.1 + 0.9 * t, lambda a: (a - 0.1) / 0.9, r"alpha must map .* got 0.1 and 1.0"),
     (lambda t: t, lambda a: 0.5 * a, r"inverse must map alpha = 0 to 0 and alpha = 1 to 1, got 0.0 and 0.5"),
+    (lambda t: t * (1 - 1e-5), lambda a: a / (1 - 1e-5), r"alpha must map .* got 0.0 and 0.99999"),  # past 1e-6
 ])
 def test_custom_schedule_refuses_a_schedule_off_its_endpoints(alpha, inverse, match):
     """alpha_0 = 0 and alpha_1 = 1 (the schedule's definition): with alpha_1 = 0.5, corrupt at t = 1
     left half the tokens noise and the samplers stopped at t = 1 on a state still half noise."""
     with pytest.raises(ValueError, match=match):
         CustomSchedule(alpha, lambda t: torch.ones_like(t), inverse)
+
+
+def test_custom_schedule_takes_endpoints_within_1e_6():
+    """The documented tolerance: a schedule whose float arithmetic misses alpha_1 = 1 by 1e-7 is taken."""
+    schedule = CustomSchedule(lambda t: t * (1 - 1e-7), lambda t: torch.ones_like(t), lambda a: a / (1 - 1e-7))
+    assert float(schedule.alpha(1.0)) == pytest.approx(1.0, abs=1e-6)
 
 
 @pytest.mark.parametrize("schedule, got", [
@@ -247,6 +254,17 @@ def test_corrupt_noise_values():
     assert z_t.any() and (x_t[z_t] == 7).all() and (x_t[~z_t] == 0).all()
 
 
+def test_corrupt_noises_a_position_whose_uniform_reaches_alpha(monkeypatch):
+    """z = N where u >= alpha_t: on torch's uniform grid (k 2**-24, from 0) that is probability
+    1 - alpha_t exactly, and t = 0 noises every position, a uniform of 0 included; t = 1 none."""
+    u = torch.tensor([[0.0, 0.5, 1 - 2.0**-24]])
+    monkeypatch.setattr(torch, "rand", lambda *args, **kwargs: u.clone())
+    x1 = torch.zeros(1, 3, dtype=torch.long)
+    for t, noise in ((0.0, [True, True, True]), (0.5, [False, True, True]), (1.0, [False, False, False])):
+        x_t, z_t = corrupt(x1, t, "linear", "mask", 5)
+        assert z_t.tolist() == [noise] and torch.equal(x_t, torch.where(z_t, 5, x1)), t
+
+
 def test_corrupt_validates():
     x1 = torch.zeros(2, 3, dtype=torch.long)
     with pytest.raises(ValueError, match="noise"):
@@ -325,6 +343,7 @@ def test_checks_of_values_leave_traced_tensors_unread():
     (torch.tensor([0, 1, 2]), 0.5, ValueError, r"x1 must be 2-D, got shape \(3,\)"),
     (torch.tensor([[0, 1, 2]]), None, TypeError, "t must be a number or a tensor, got NoneType"),
     (torch.tensor([[0, 1, 2]]), "0.5", TypeError, "t must be a number or a tensor, got str"),
+    (torch.tensor([[0, 1, 2]]), True, TypeError, "t must be a number or a tensor, got bool"),
 ])
 def test_corrupt_names_an_argument_of_the_wrong_type(x1, t, error, match):
     with pytest.raises(error, match=match):
