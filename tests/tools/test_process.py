@@ -265,6 +265,21 @@ def test_corrupt_noises_a_position_whose_uniform_reaches_alpha(monkeypatch):
         assert z_t.tolist() == [noise] and torch.equal(x_t, torch.where(z_t, 5, x1)), t
 
 
+@pytest.mark.parametrize("noise", ["uniform", "mask"])
+def test_corrupt_draws_from_its_generator_alone(noise):
+    """Both draws (which positions, and uniform noise's tokens) come from `generator`: the same seed
+    gives the same (x_t, z_t) whatever torch's global generator holds, and leaves that one as it was."""
+    x1 = torch.randint(0, 7, (4, 64), generator=torch.Generator().manual_seed(1))
+    runs, state = [], torch.get_rng_state()
+    for global_seed in (0, 1):
+        torch.manual_seed(global_seed)
+        before = torch.get_rng_state()
+        runs.append(corrupt(x1, 0.5, "linear", noise, 7, generator=torch.Generator().manual_seed(2)))
+        assert torch.equal(torch.get_rng_state(), before)
+    torch.set_rng_state(state)
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
+
+
 def test_corrupt_validates():
     x1 = torch.zeros(2, 3, dtype=torch.long)
     with pytest.raises(ValueError, match="noise"):
