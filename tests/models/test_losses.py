@@ -132,6 +132,49 @@ def test_losses_of_an_empty_batch_are_zero_not_nan():
         close(loss, 0.0)
 
 
+def test_denoiser_loss_of_one_corrupted_position_is_its_cross_entropy():
+    """The mean's count is clamped to 1 for an all-clean batch only: one corrupted position is
+    divided by 1, its own -log 1/2."""
+    logits, x1, _ = denoiser_case()
+    close(denoiser_loss(logits, x1, torch.tensor([[True, False, False]])), LN2)
+
+
+def test_a_rate_of_0_is_taken_and_a_negative_one_among_others_refused():
+    """The cosine schedule's rate is 0 at t = 0 (alpha_dot = 0): such a sequence weighs 0. A
+    negative rate is refused wherever it sits in the batch, not only as its largest."""
+    from ddpd.process import CosineSchedule
+
+    logits, z_t = planner_case()
+    rate = CosineSchedule().rate(torch.tensor([0.0, 0.0]))
+    assert rate.tolist() == [0.0, 0.0]
+    close(planner_loss(logits, z_t, rate=rate), 0.0)
+    d_logits, x1, d_z = denoiser_case()
+    close(denoiser_loss(d_logits, x1, d_z, rate=rate[:1]), 0.0)
+    with pytest.raises(ValueError, match=r"rate: expected values >= 0 .* got a minimum of -1.0"):
+        planner_loss(logits, z_t, rate=torch.tensor([2.0, -1.0]))
+
+
+def test_reduction_sum_is_the_means_numerator():
+    """The trainer sums every loss over a step's micro-batches and processes and divides once by
+    their count of terms: "sum" must be each mean's numerator, the rate-weighted one included."""
+    logits, z_t = planner_case()
+    close(planner_loss(logits, z_t, reduction="sum"), 2 * LN2 + 2 * LN4_3)
+    close(planner_loss(logits, z_t, rate=torch.tensor([2.0, 0.5]), reduction="sum"), 2.5 * (LN2 + LN4_3))
+    d_logits, x1, d_z = denoiser_case()
+    close(denoiser_loss(d_logits, x1, d_z, reduction="sum"), 3 * LN2)
+    close(denoiser_loss(d_logits, x1, d_z, rate=torch.tensor([4.0]), reduction="sum"), 12 * LN2)
+    close(uniform_model_loss(torch.zeros(1, 3, 3), x1, reduction="sum"), 3 * LN3)
+    close(ar_loss(torch.zeros(1, 3, 3), torch.tensor([[3, 1, 0]]), reduction="sum"), 2 * LN3)
+
+
+def test_planner_loss_low_precision_logits_computed_in_float32():
+    logits = torch.randn(2, 5, generator=torch.Generator().manual_seed(0)).bfloat16()
+    z_t = torch.tensor([[True, False, True, True, False], [False, True, True, False, True]])
+    loss = planner_loss(logits, z_t)
+    assert loss.dtype == torch.float32
+    torch.testing.assert_close(loss, planner_loss(logits.float(), z_t))
+
+
 def test_denoiser_loss_low_precision_logits_computed_in_float32():
     logits = torch.randn(2, 5, 4, generator=torch.Generator().manual_seed(0)).bfloat16()
     x1 = torch.tensor([[0, 1, 2, 3, 0], [3, 2, 1, 0, 3]])
@@ -200,3 +243,9 @@ def test_validation_refuses_what_torch_would_take_without_a_word():
             loss("none")
     with pytest.raises(ValueError, match="z_t: expected shape"):
         planner_loss(logits[..., 0], z_t[:, :1])
+    with pytest.raises(ValueError, match=r"x: expected shape \(1, 3\), got \(1, 4\)"):  # torch: "batch_size"
+        ar_loss(logits, torch.zeros(1, 4, dtype=torch.long))
+    for rate, match in (([1.0], "rate: expected a torch.Tensor, got list"),
+                        (torch.ones(1, dtype=torch.long), "rate: expected a floating-point tensor")):
+        with pytest.raises(TypeError, match=match):
+            denoiser_loss(logits, x1, z_t, rate=rate)
