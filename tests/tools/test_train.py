@@ -1058,6 +1058,44 @@ def test_cli_usage_errors_exit_2(capsys, argv):
     assert err.startswith("ddpd-train: error: ") and err.count("\n") == 1
 
 
+def test_torchruns_variables_of_a_one_process_run_are_taken(monkeypatch):
+    """torchrun --nproc_per_node 1 sets RANK=0, LOCAL_RANK=0, WORLD_SIZE=1, the least values each
+    takes: they must read as a lone process, whose collectives are the identity and join no group."""
+    from ddpd.training.distributed import Distributed
+
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    group = Distributed("cpu")
+    assert (group.world_size, group.rank, group.is_main, group.device) == (1, 0, True, torch.device("cpu"))
+    assert group.sum([1.5, 2.0]) == [1.5, 2.0] and group.max([3.0]) == [3.0] and group.all_gather("a") == ["a"]
+    group.barrier()
+    group.close()
+    assert not group.owns_group and not dist.is_initialized()
+
+
+def test_the_gradient_hook_averages_over_the_world_size(tmp_path):
+    """GradientMean divides each process's gradient by the world size before the all-reduce sums
+    them (what DDP does by itself): in a group of one, a hook made for two halves the gradient."""
+    from ddpd.training.distributed import GradientMean
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        bucket = types.SimpleNamespace(buffer=lambda g=torch.tensor([2.0, -6.0]): g)
+        hook = GradientMean(2)
+        assert GradientMean._reduce(hook, bucket).wait().tolist() == [1.0, -3.0] and not hook.failed
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_lost_peer_is_named_by_the_first_sentence_of_the_backends_error():
+    from ddpd.training.distributed import PeerLost
+
+    lost = PeerLost(RuntimeError("Connection closed by peer. Check the other process.\nmore"))
+    assert str(lost) == "another process of the group failed or was killed (Connection closed by peer)"
+    assert str(PeerLost(RuntimeError(""))) == "another process of the group failed or was killed (RuntimeError)"
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize("environ, message", [
     ({"RANK": "1"}, "RANK must be an int in [0, 0] (below WORLD_SIZE, which is 1 when unset), got '1'"),
