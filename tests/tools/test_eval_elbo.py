@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from ddpd.assets import BOOKS
-from ddpd.eval.elbo import elbo_mask_diffusion, elbo_planned, elbo_uniform_model
+from ddpd.eval.elbo import TERMS, elbo_mask_diffusion, elbo_planned, elbo_uniform_model
+from ddpd.process import get_schedule
 from tests.oracles.toy import ToyProblem, dirichlet_p_data, tempered
 
 S, D = 3, 3
@@ -474,6 +475,48 @@ def test_planned_mask_denoiser_runs_at_the_time_of_its_masked_share(toy, models)
     assert times and len(torch.cat([got for got, _ in times]).unique()) > 1
     for got, share in times:
         torch.testing.assert_close(got, share)
+
+COSINE = get_schedule("cosine")
+
+
+def _on_the_linear_clock(network):
+    """network(x, t) driven by the linear schedule's time t = alpha: it reads the cosine time of that alpha."""
+    return lambda x, t: network(x, COSINE.inverse(t).float())
+
+
+@pytest.mark.parametrize("name", ["uniform", "planner+uniform", "planner_t+uniform", "planner+mask", "true-mask",
+                                  "mask"])
+def test_the_schedule_sets_only_the_time_the_networks_read(toy, models, name):
+    """The bound is an integral over alpha: under the cosine schedule up to t_max it is, draw for
+    draw, the linear schedule's up to alpha(t_max) with networks that read the cosine time of
+    each alpha. The exact tests run the linear schedule, where t = alpha, so a t_max where
+    alpha(t_max) belongs (s_max, the draws of alpha, their weights, the final state) or an alpha
+    given to a network as its time went unseen."""
+    def timed(x, t):  # the exact mask denoiser ignores t
+        return models.mask_denoiser(x, t) * (1.0 + t)[:, None, None]
+
+    def estimate(wrap, schedule, t_max):
+        kwargs = dict(mc_samples=2, t_max=t_max, schedule=schedule, seed=5)
+        planned = dict(denoiser_type="mask", **kwargs)
+        return {
+            "uniform": lambda: elbo_uniform_model(wrap(models.uniform_model), toy.states, S, **kwargs),
+            "planner+uniform": lambda: elbo_planned(models.planner, wrap(models.uniform_denoiser), toy.states, S,
+                                                    **kwargs),
+            "planner_t+uniform": lambda: elbo_planned(wrap(models.planner_t), wrap(models.uniform_denoiser),
+                                                      toy.states, S, time_conditioned_planner=True, **kwargs),
+            "planner+mask": lambda: elbo_planned(models.planner, wrap(timed), toy.states, S, **planned),
+            "true-mask": lambda: elbo_planned(models.planner, wrap(timed), toy.states, S, mask="true", **planned),
+            "mask": lambda: elbo_mask_diffusion(wrap(timed), toy.states, S, **kwargs),
+        }[name]()
+
+    t_max = 0.9
+    alpha_max = float(COSINE.alpha(torch.tensor(t_max, dtype=torch.float64)))
+    cosine = estimate(lambda network: network, "cosine", t_max)
+    linear = estimate(_on_the_linear_clock, "linear", alpha_max)
+    for term in TERMS:
+        torch.testing.assert_close(getattr(cosine, term), getattr(linear, term), rtol=1e-5, atol=1e-5, msg=term)
+    assert not torch.allclose(cosine.elbo, estimate(lambda network: network, "linear", t_max).elbo)
+
 
 # ---------------------------------------------------------------- tiny transformers, reproducibility, inputs
 
