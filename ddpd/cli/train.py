@@ -108,8 +108,9 @@ def _train_config(args: argparse.Namespace):
 
     given = {k: v for k, v in vars(args).items() if k not in LOCAL}
     if args.resume:  # a checkpoint a killed save had set aside is back (check_command_line)
-        stored = dict(resume_settings(args.out, read_config(args.out)))  # checked against their digest
-        stored.pop("out", None)  # where it is may change; its device and how often it reports are kept unless given
+        # checked against their digest; given settings win (--out, required, always is one), and
+        # the run's device and how often it reports are kept unless given
+        stored = resume_settings(args.out, read_config(args.out))
         try:
             return TrainConfig.from_dict({**stored, **given}, data_recorded="data" not in given)
         except FileNotFoundError as err:  # the corpus the checkpoint names
