@@ -572,6 +572,48 @@ def test_tiny_models_give_finite_seeded_batch_invariant_terms(tiny, text):
 
 
 @torch.no_grad()
+def test_evaluate_elbo_rows_are_each_estimators_means_over_every_sequence(tiny, text):
+    """A row is its estimator's per-sequence bits averaged over every sequence (batches of 5
+    with their row ids), run with the settings given (the mask id of the models included), and
+    says whether it bounds the likelihood: only the true-mask row does not."""
+    from ddpd.eval import ModelSet, evaluate_elbo
+    from ddpd.eval.report import mean_and_se
+
+    def timed(network):  # the untrained networks ignore t (adaLN-Zero): make the schedule count
+        return lambda x, t: network(x, t) * (1.0 + t)[:, None, None]
+
+    p, u, uni = tiny["planner"], timed(tiny["uniform-denoiser"]), timed(tiny["uniform"])
+    m = timed(tiny["mask-denoiser"])
+
+    def mask_at_v_plus_1(x, t):  # reads V + 1 as the mask and V as a token, as the mask id V + 1 asks
+        return m(torch.where(x == V + 1, V, torch.where(x == V, 0, x)), t)
+
+    settings = dict(mc_samples=2, t_max=0.9, schedule="cosine", seed=7)
+    models = ModelSet(V, planner=p, uniform_denoiser=u, mask_denoiser=mask_at_v_plus_1, uniform_model=uni,
+                      mask_id=V + 1)
+    expected = {
+        "uniform": (True, elbo_uniform_model(uni, text, V, **settings)),
+        "planner+uniform-denoiser": (True, elbo_planned(p, u, text, V, **settings)),
+        "planner+mask-denoiser": (True, elbo_planned(p, m, text, V, denoiser_type="mask", **settings)),
+        "planner+mask-denoiser(true-mask)": (False, elbo_planned(p, m, text, V, denoiser_type="mask", mask="true",
+                                                                 **settings)),
+        "mask-diffusion": (True, elbo_mask_diffusion(m, text, V, **settings)),
+    }
+    rows = evaluate_elbo(models, text, batch_size=5, **settings)
+    assert [row["method"] for row in rows] == list(expected)
+    for row in rows:
+        bound, terms = expected[row["method"]]
+        assert row["bound"] == ("yes" if bound else "no (diagnostic)"), row["method"]
+        assert (row["num_sequences"], row["length"], row["mc_samples"], row["t_max"]) == (12, L, 2, 0.9)
+        for term, bits in terms.bits().items():
+            mean, se = mean_and_se(bits)
+            assert row[term] == pytest.approx(mean, rel=1e-5, abs=1e-6), (row["method"], term)
+            assert row[f"{term}_se"] == pytest.approx(se, rel=1e-4, abs=1e-6), (row["method"], term)
+    with pytest.raises(ValueError, match="methods: these models support"):
+        evaluate_elbo(models, text, methods=[])
+
+
+@torch.no_grad()
 def test_uniform_model_elbo_is_finite_near_t_max_with_a_large_vocabulary():
     """S = 50257, a model sure every token is clean, stream 706 drawn at alpha > 0.9985: there
     p(z = N | x_t) was 1 - 1 * kept with kept rounded to 1 in float32, log 0, so planning -inf,
