@@ -914,3 +914,16 @@ def test_every_help_that_states_a_default_states_the_parsers():
             assert words == default, f"{command} {action.option_strings}: {action.help}"
             checked += 1
     assert checked >= 25
+
+
+def test_elbo_reports_the_t_max_and_samples_it_ran_with(setup, capsys, tmp_path):
+    """--t-max and --mc-samples reach the estimators (each row records what it ran with) and
+    the heading of the table, and the printed columns are the rows' terms."""
+    code, out, err = _run(capsys, "elbo", "--uniform", setup["uniform"], "--data", setup["data"], "--num-sequences", 3,
+                          "--t-max", 0.9, "--mc-samples", 2, "--no-progress", "--out", tmp_path / "r.json")
+    assert code == 0, err
+    [row] = json.loads((tmp_path / "r.json").read_text())["elbo"]
+    assert (row["t_max"], row["mc_samples"]) == (0.9, 2)
+    assert "t_max=0.9, 2 MC sample(s)" in out
+    cells = [f"{row[name]:.4f}" for name in ("rate_matching", "transitioning", "elbo", "elbo_se")]
+    assert f"| uniform | {' | '.join(cells)} | yes |" in out, out
