@@ -1940,3 +1940,16 @@ def test_the_resume_command_is_quoted_for_the_shell(tmp_path):
                                   config=SimpleNamespace(kind="planner", out=out))
         words = shlex.split(_resume_command(trainer))
         assert words[words.index("--out") + 1] == out and words[-3:] == ["--resume", "--threads", "1"]
+
+
+def test_threads_is_a_setting_of_the_invocation_not_of_the_run(corpus, tmp_path, capsys):
+    """--threads, which every resume command a stopped run prints carries, is not handed to the
+    run's settings (TrainConfig refuses a setting it does not know) on a fresh run or a resume."""
+    threads = str(torch.get_num_threads())
+    code, _, err = run_cli(capsys, "planner", "--data", corpus, "--out", tmp_path / "p", "--steps", 2, *TINY_CLI,
+                           "--threads", threads, "--no-progress")
+    assert code == 0, err
+    code, out, err = run_cli(capsys, "planner", "--out", tmp_path / "p", "--resume", "--threads", threads,
+                             "--no-progress")
+    assert code == 0 and "step 2 of 2" in out, err
+    assert "threads" not in read_config(tmp_path / "p")["training"]
