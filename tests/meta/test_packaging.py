@@ -33,7 +33,7 @@ def test_runtime_dependencies_are_what_the_code_needs():
     assert "torch>=2.4" in PROJECT["dependencies"]  # torch.library.custom_op / register_fake
     extras = PROJECT["optional-dependencies"]
     assert extras["hf"] == ["datasets"] and extras["gpt2"] == ["tiktoken"]
-    assert {"numpy", "scipy", "tiktoken", "triton"} <= _names(extras["test"])
+    assert {"numpy", "scipy", "tiktoken", "triton", "matplotlib"} <= _names(extras["test"])  # plots are tested
 
 
 @pytest.mark.integration
