@@ -260,6 +260,9 @@ def _sweep_text(rows):
     (["ddpd-A-mask,2,1.0,inf,3.1,"], "line 2: judge_nll must be a finite number, got inf"),
     (["ddpd-A-mask,,1.0,3.2,3.1,"], "line 2: steps must be an int >= 1, got None"),
     (["ddpd-A-mask,two,1.0,3.2,3.1,"], "line 2: steps must be a number, got 'two'"),
+    (["ddpd-A-mask,0,1.0,3.2,3.1,"], "line 2: steps must be an int >= 1, got 0"),
+    (["ddpd-A-mask,2,nan,3.2,3.1,"], "line 2: temperature must be a finite number, got nan"),
+    ([",2,1.0,3.2,3.1,"], "line 2: the sampler is empty"),
     (["ddpd-A-mask,2,1.0,3.2,3.1,", "ddpd-A-mask,2,1.0,3.3,3.0,"],
      "line 3: configuration ('ddpd-A-mask', 2, 1.0) already appears on line 2"),
     (["ddpd-A-mask,2,1.0,3.2,3.1,,extra"], "line 2: more cells than the 6 of the header"),
@@ -276,6 +279,16 @@ def test_a_sweep_that_would_be_merged_or_compared_wrongly_is_refused(tmp_path, c
         assert code == 1 and err.startswith(f"ddpd-eval: error: {path}") and message in err, err
         assert err.count("\n") == 1
     assert not (tmp_path / "out").exists()
+
+
+def test_a_sweep_without_a_temperature_column_names_the_column(tmp_path):
+    """Without the check the first row ended in a KeyError on 'temperature'."""
+    from ddpd.eval import read_sweep
+
+    path = tmp_path / "sweep.csv"
+    path.write_text("sampler,steps,judge_nll,entropy\nmaskgit,2,3.2,3.1\n")
+    with pytest.raises(ValueError, match=r"sweep.csv: not a sweep CSV \(no temperature column"):
+        read_sweep(str(path))
 
 
 def test_parts_judged_against_other_references_are_not_merged(tmp_path, capsys):
