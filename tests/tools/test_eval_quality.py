@@ -375,3 +375,55 @@ def test_z_changed_compares_each_step_with_the_one_before():
         recorder(torch.zeros(1, 2, dtype=torch.long))
     # step 2 flips position 1 only: against step 0 both positions would have flipped
     assert [row["z_changed"] for row in recorder.rows()[1:]] == [0.5, 0.5]
+
+
+def test_unigram_entropy_divides_by_the_sample_length_not_the_sample_count():
+    enc = Text8Tokenizer().encode
+    x = torch.tensor([enc("aabbccdd"), enc("aaaaaaaa")])  # 2 samples of 8 tokens
+    torch.testing.assert_close(unigram_entropy(x, V), torch.tensor([2.0, 0.0]))
+
+
+def test_sweep_counts_passes_only_from_samplers_that_report_both_and_averages_the_steps(judge):
+    """A sampler without planner_rows and denoiser_rows has no forward-pass count (not 0),
+    and one with denoiser_rows alone none either: half the passes are not the passes."""
+    def tokens(n, first_row):
+        return (torch.arange(first_row, first_row + n)[:, None] + torch.arange(16)) % V
+
+    def uncounted(n, steps, temperature, seed, first_row):  # stop steps 0, 1, 2, 3: mean 1.5
+        return SimpleNamespace(tokens=tokens(n, first_row), stop_step=torch.arange(first_row, first_row + n))
+
+    def half(n, steps, temperature, seed, first_row):
+        return SimpleNamespace(tokens=tokens(n, first_row), denoiser_rows=n * steps)
+
+    rows = run_sweep([SamplerSpec("uncounted", uncounted), SamplerSpec("half", half)], steps=[2],
+                     temperatures=[1.0], num_samples=4, judge=judge, vocab_size=V, batch_size=3)
+    assert [(r["mean_steps"], r["nfe"]) for r in rows] == [(1.5, None), (None, None)]
+
+
+def test_matched_entropy_and_difference_at_sort_each_sweep_by_entropy():
+    """A sweep's rows come in temperature order, which need not be the order of their entropy."""
+    from ddpd.eval.quality import difference_at, matched_entropy
+
+    ours = _curve("ddpd", 512, [(4.10, 2.6), (3.90, 2.0), (4.00, 2.2)])
+    theirs = _curve("dfm", 512, [(4.05, 2.3), (3.95, 2.3)])
+    result = matched_entropy(ours + theirs, "ddpd", "dfm", 512)
+    assert (result["better"], result["worse"], result["matched"]) == (1, 1, 2)
+    assert result["nll_difference"] == pytest.approx((-0.2 + 0.1) / 2)
+    assert difference_at(ours, {"entropy": 4.05, "judge_nll": 2.3})[0] == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize("entropy", [1.0, 2.0])
+def test_a_point_at_either_end_of_the_curve_takes_the_end_segments_slope(entropy):
+    """At a curve's end its one segment gives the slope that carries the point's entropy error."""
+    from ddpd.eval.quality import difference_at
+
+    curve = [{"entropy": 1.0, "judge_nll": 2.0, "judge_nll_se": 0.0, "entropy_se": 0.0},
+             {"entropy": 2.0, "judge_nll": 4.0, "judge_nll_se": 0.0, "entropy_se": 0.0}]
+    point = {"entropy": entropy, "judge_nll": 2.0 * entropy, "judge_nll_se": 0.0, "entropy_se": 0.1}
+    assert difference_at(curve, point) == (pytest.approx(0.0), pytest.approx(0.2))  # slope 2 x 0.1
+
+
+def test_planner_recorder_refuses_an_eps_of_0_or_1():
+    for eps in ((0.0,), (0.05, 1.0)):
+        with pytest.raises(ValueError, match=r"eps must be thresholds in \(0, 1\)"):
+            PlannerRecorder(lambda x: x, eps=eps)
