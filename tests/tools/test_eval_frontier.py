@@ -847,3 +847,63 @@ def test_ddpd_eval_frontier_warns_of_no_budget_the_target_alone_costs(tmp_path, 
             "--num-samples", "1", "--samplers", "ddpd", "--policies", "error-budget:bound=2,max_k=4", "--no-progress"]
     assert main(argv + ["--out-dir", str(tmp_path / "o")]) == 0
     assert "warning" not in capsys.readouterr().err
+
+
+def test_passes_to_reach_counts_a_row_on_the_edge_of_either_window():
+    """Within nll_slack and within entropy_tolerance include the edge (numbers exact in binary)."""
+    reach, = passes_to_reach([_reach_row("a", 8, 2.25, 5.0, 8.0)], 2.0, 4.0, nll_slack=0.25, entropy_tolerance=0.25)
+    assert reach["reached"] and reach["passes"] == 8.0
+
+
+def test_passes_to_reach_at_the_targets_entropy_reaches_at_the_slack_else_takes_the_nearest():
+    at_slack = [_reach_row("a", 8, 2.0, 3.0, 8.0), _reach_row("a", 8, 2.5, 5.0, 8.0)]  # 2.25 at 4.0
+    reach, = passes_to_reach(at_slack, 2.0, 4.0, nll_slack=0.25)
+    assert reach["matched_reached"] and reach["matched_difference"] == 0.25
+    # neither budget reaches: the one nearest the target is shown, not the farthest
+    short = [_reach_row("a", 8, 3.0, 3.0, 8.0), _reach_row("a", 8, 3.0, 5.0, 8.0),
+             _reach_row("a", 16, 2.5, 3.0, 16.0), _reach_row("a", 16, 2.5, 5.0, 16.0)]
+    reach, = passes_to_reach(short, 2.0, 4.0)
+    assert not reach["matched_reached"] and (reach["matched_passes"], reach["matched_difference"]) == (16.0, 0.5)
+
+
+def test_a_row_with_an_empty_budget_cell_takes_its_steps():
+    assert budget(dict(_reach_row("a", 8, 2.0, 4.0, 8.0), sampler="maskgit", budget="")) == 8
+
+
+def test_against_baselines_labels_the_baseline_too():
+    rows = [_reach_row("a", 16, 2.0, 3.8, 32.0), _reach_row("a", 16, 2.4, 4.0, 32.0),
+            dict(_reach_row("maskgit", 32, 2.3, 3.9, 32.0), sampler="maskgit")]
+    compared, = against_baselines(rows, label=str.upper)
+    assert (compared["sampler"], compared["baseline"]) == ("DDPD A", "MASKGIT MASKGIT")
+
+
+def test_run_frontier_records_each_measures_own_standard_error(tmp_path):
+    from ddpd.eval.quality import quality_metrics
+
+    class SumJudge:
+        def log_likelihood(self, x):
+            return -x.sum(1).float()
+
+    samples = torch.tensor([[0, 0, 0, 0], [0, 1, 0, 1], [0, 1, 2, 3], [4, 4, 1, 2]])
+
+    def run(n, first):
+        return SimpleNamespace(tokens=samples[first:first + n], planner_passes=torch.ones(n),
+                               denoiser_passes=torch.ones(n), commits=torch.full((n,), 4))
+
+    row, = run_frontier([Config("maskgit", "maskgit", 3, 1.0, run)], judge=SumJudge(), vocab_size=5,
+                        num_samples=4, seed=0, batch_size=4, csv_path=str(tmp_path / "frontier.csv"))
+    want = quality_metrics(samples, SumJudge(), 5)
+    assert want["judge_nll_se"] != pytest.approx(want["entropy_se"])
+    assert (row["judge_nll_se"], row["entropy_se"]) == (pytest.approx(want["judge_nll_se"]),
+                                                        pytest.approx(want["entropy_se"]))
+
+
+def test_read_frontier_names_an_empty_measurement_and_takes_an_empty_optional_cell(tmp_path):
+    path = tmp_path / "frontier.csv"
+    row = {"sampler": "maskgit", "policy": "maskgit", "steps": "3", "temperature": "1.0", "num_samples": "5",
+           "seed": "0", "judge_nll": "1.5", "entropy": "4.0", "passes": "6", "seconds": ""}
+    write_csv([row], str(path))
+    assert read_frontier(str(path))[0]["seconds"] == ""
+    write_csv([dict(row, judge_nll="")], str(path))
+    with pytest.raises(ValueError, match=r"line 2: not a frontier row \(no judge_nll\)"):
+        read_frontier(str(path))
