@@ -187,3 +187,10 @@ def test_the_confident_half_is_the_draws_the_denoiser_is_surest_of():
                             torch.Generator().manual_seed(12))
     assert found.parallel_wrong > 0  # the die's draws miss the text at times
     assert found.confident_wrong == 0 and math.isnan(found.confident_confidence)  # the sure draws never do
+
+
+def test_the_fraction_is_the_share_of_positions_corrupted():
+    x1 = torch.randint(0, V, (64, D), generator=torch.Generator().manual_seed(13))
+    found = error_detection(lambda x: torch.zeros(x.shape), lambda x, t: torch.zeros(*x.shape, V), x1, 0.1, V,
+                            LinearSchedule(), V, torch.Generator().manual_seed(14))
+    assert abs(found.drawn - 0.1 * x1.numel()) < 40  # 77 expected, s.d. 8; the other 90% is 691
