@@ -179,6 +179,55 @@ def test_error_budget_commits_a_candidate_whose_risk_brings_the_sum_exactly_to_t
     assert ErrorBudget(0.5, 4).commit(risk, eligible).tolist() == [[True, True, True, False]]
 
 
+def test_error_budget_never_commits_an_ineligible_candidate():
+    """Eligible candidates rank first and the rest never count: the bound left over after them,
+    or a spread's minimum above their number, committed the ineligible ones (picks a mask
+    denoiser saw unmasked)."""
+    risk, eligible = torch.tensor([[0.1, 0.1, 0.1, 0.1]]), torch.tensor([[True, False, True, False]])
+    assert ErrorBudget(1.0, 4).commit(risk, eligible).tolist() == [[True, False, True, False]]
+    spread = ErrorBudget(0.0, 4, spread="linear").commit(risk, eligible, torch.tensor([4]))
+    assert spread.tolist() == [[True, False, True, False]]
+
+
+def test_the_choice_temperatures_gumbel_noise_raises_a_candidates_rank():
+    """log(1 - r) + tau_i g, highest first: at equal risks the candidate of the largest noise goes first."""
+    risk, eligible = torch.tensor([[0.5, 0.5, 0.5]]), torch.ones(1, 3, dtype=torch.bool)
+    policy, noise = ErrorBudget(0.0, 3, spread="cosine", known_noise=True, choice_temperature=1.0), \
+        torch.tensor([[0.0, 3.0, -3.0]])
+    assert policy.commit(risk, eligible, torch.tensor([1]), noise).tolist() == [[False, True, False]]
+    assert policy.commit(risk, eligible, torch.tensor([2]), noise).tolist() == [[True, True, False]]
+
+
+def test_every_unwritten_candidate_is_committed_above_the_spreads_minimum():
+    risk, eligible = torch.tensor([[0.1, 0.2, 0.9, 0.95]]), torch.ones(1, 4, dtype=torch.bool)
+    first = torch.tensor([[False, False, True, True]])
+    policy = ErrorBudget(0.0, 4, spread="cosine", known_noise=True)
+    assert policy.commit(risk, eligible, torch.ones(1).long(), None, first).tolist() == [[False, False, True, True]]
+
+
+def test_bound_0_with_a_spread_commits_more_than_one_a_step():
+    """The spread's minimum is above one: ddpd-sample must not warn of one commit a step."""
+    assert not ErrorBudget(0.0, 8, spread="cosine").commits_one_a_step()
+    assert not ErrorBudget(0.0, 8, spread="linear").commits_one_a_step()
+    assert ErrorBudget(0.0, 8).commits_one_a_step() and ErrorBudget(5.0, 1, spread="cosine").commits_one_a_step()
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["reference", "fused"])
+def test_revise_above_keeps_a_written_position_whose_noise_probability_equals_q(fused):
+    """p > q redraws: a planner of logit 0 (p = 0.5 exactly) under q = 0.5 keeps every written
+    token, so the masks fall as the cosine spreads them, 8 -> 7 -> 5 -> 3."""
+    masks = []
+
+    def denoiser(x, t):
+        masks.append((x == 27).sum(-1).tolist())
+        return torch.zeros(*x.shape, 27)
+
+    policy = ErrorBudget(0.0, 8, spread="cosine", known_noise=True, revise_above=0.5)
+    ddpd_sample(lambda x: torch.zeros(x.shape), denoiser, 2, 8, 27, steps=4, seed=0, denoiser_type="mask",
+                ddpd=DDPDOptions(stop="budget", policy=policy), execution=Execution(fused=fused))
+    assert masks == [[8, 8], [7, 7], [5, 5], [3, 3]]
+
+
 def _step(logprob, masked=None, **fields):
     logprob = torch.tensor([logprob])
     masked = torch.ones_like(logprob, dtype=torch.bool) if masked is None else torch.tensor([masked])
