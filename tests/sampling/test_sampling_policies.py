@@ -255,6 +255,64 @@ def test_maskgit_unmasks_a_position_where_the_cosine_schedule_keeps_every_mask()
     assert MaskGIT(0.0).unmask(step).tolist() == [[True] + [False] * 7]
 
 
+def test_maskgit_keeps_a_mask_where_the_cosine_schedule_keeps_none():
+    """n clamped to [1, m - 1]: floor(2 cos(3 pi / 8)) = 0 before the last step still keeps the least confident."""
+    step = _step([-1.0, -2.0], gumbel=torch.zeros(1, 2), table=cosine_table(4)[2:3])
+    assert int(cosine_left(2, step.table[0])) == 0
+    assert MaskGIT(0.0).unmask(step).tolist() == [[True, False]]
+
+
+def test_the_factor_rule_waits_where_its_two_sides_are_equal():
+    """(n + 1)(1 - c_(n)) < factor: the second token waits where 3 (1 - c_(2)) is the factor exactly."""
+    step = _step([-0.1, -0.5, -3.0])
+    factor = float(3 * (1.0 - step.prob[0, 1]))
+    assert ConfidenceFactor(factor).unmask(step).tolist() == [[True, False, False]]
+    assert ConfidenceFactor(factor * 1.001).unmask(step).tolist() == [[True, True, False]]
+
+
+def test_remdm_step_tables_of_cap_and_rescale():
+    """sigma_max = min(1, (1 - alpha_s) / alpha_t), 1 at alpha_t = 0 (a prompt's unfrozen tokens at
+    step 0), and a mask's (alpha_s - (1 - sigma) alpha_t) / (1 - alpha_t), on a linear schedule."""
+    def linear(u):
+        return u
+
+    cap = [[1.0, 0.25], [1.0, 2 / 3], [0.5, 1.0], [0.0, 1.0]]
+    rescale = [[0.5, 0.25], [0.5, 0.5], [0.25, 0.75], [0.0, 1.0]]
+    assert torch.allclose(ReMDM("cap", 1.0).step_table(4, linear), torch.tensor(cap, dtype=torch.float64))
+    assert torch.allclose(ReMDM("rescale", 0.5).step_table(4, linear), torch.tensor(rescale, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["reference", "fused"])
+def test_maskgit_spreads_the_masks_a_prompted_row_starts_with(fused):
+    """m0 counts a row's masks at the start, not D: 8 of 16 go 8 -> 7 -> 5 -> 3 (8, 7, 6, 5 from 16)."""
+    masks = []
+
+    def denoiser(x, t):
+        masks.append((x == 27).sum(-1).tolist())
+        return torch.zeros(*x.shape, 27)
+
+    x_init = torch.full((2, 16), -1)
+    x_init[:, ::2] = 3
+    mask_sample(denoiser, 2, 16, 27, steps=4, seed=0, policy=MaskGIT(), prompt=Prompt(x_init, x_init >= 0),
+                execution=Execution(fused=fused))
+    assert masks == [[8, 8], [7, 7], [5, 5], [3, 3]]
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["reference", "fused"])
+def test_remdm_never_masks_a_frozen_position(fused):
+    x_init = torch.full((8, D), -1)
+    x_init[:, :4] = 5
+    frozen = x_init >= 0
+    result = mask_sample(NETWORKS["mask"], 8, D, 27, steps=12, seed=0, policy=ReMDM("rescale", 1.0),
+                         prompt=Prompt(x_init, frozen), execution=Execution(fused=fused))
+    assert torch.equal(result.tokens[frozen], x_init[frozen])
+
+
+def test_a_row_filled_at_step_i_stops_after_i_plus_1_steps():
+    result = mask_sample(NETWORKS["mask"], 6, D, 27, steps=8, seed=1, policy=ConfidenceThreshold(0.0))
+    assert result.stop_step.tolist() == [1] * 6
+
+
 # ----------------------------------------------------------------------------- (b) exact law
 
 BUDGET_CASES = [
