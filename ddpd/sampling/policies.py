@@ -231,9 +231,21 @@ def annealed(choice_temperature: float, step, steps: int):
     return choice_temperature * (1.0 - (step + 1) / steps)
 
 
-# The largest step budget of a cosine table (128 MiB of float64): 10**9 steps met the allocator's
-# 8 GB error, which names no argument, and past it a run would hold the table on its device too.
-MAX_COSINE_STEPS = 2**24
+# The largest step budget of a step table (MaskGIT's and ErrorBudget's cosines, ReMDM's rows): 10**9
+# steps met the allocator's 8 GB error (ReMDM: a host loop of hours), which names no argument.
+MAX_TABLE_STEPS = 2**24
+
+
+def check_table_steps(steps: int, table: str) -> None:
+    """ValueError naming `steps` above MAX_TABLE_STEPS, before a table of one row a step is built.
+
+    Args:
+        steps: the step budget T.
+        table: what builds the table, for the message.
+    """
+    if steps > MAX_TABLE_STEPS:
+        raise ValueError(f"steps must be <= {MAX_TABLE_STEPS} with {table}, whose table holds a row a step, "
+                         f"got {steps}")
 
 
 def cosine_table(steps: int) -> Tensor:
@@ -243,18 +255,16 @@ def cosine_table(steps: int) -> Tensor:
     device, which a CUDA graph cannot capture.
 
     Args:
-        steps: the step budget T, at most MAX_COSINE_STEPS.
+        steps: the step budget T, at most MAX_TABLE_STEPS.
 
     Returns:
         Float64[T]: the entries of a 0-d op a step, bit for bit (torch's CPU cos runs one vector
         routine on a tensor of any length; the pinned draws floor n0 times them).
 
     Raises:
-        ValueError: steps above MAX_COSINE_STEPS.
+        ValueError: steps above MAX_TABLE_STEPS.
     """
-    if steps > MAX_COSINE_STEPS:
-        raise ValueError(f"steps must be <= {MAX_COSINE_STEPS} with the cosine schedule (MaskGIT, ErrorBudget's "
-                         f"cosine spread), whose table holds one float64 a step, got {steps}")
+    check_table_steps(steps, "the cosine schedule (MaskGIT, ErrorBudget's cosine spread)")
     angles = torch.arange(1, steps + 1, dtype=torch.float64, device="cpu") / steps * (math.pi / 2)
     return torch.cos(angles)
 
@@ -608,7 +618,11 @@ class ReMDM:
 
         Returns:
             Float64[T, 2]: (sigma, unmask probability) at row i.
+
+        Raises:
+            ValueError: steps above MAX_TABLE_STEPS.
         """
+        check_table_steps(steps, "ReMDM")
         rows = []
         for index in range(steps):
             a_t, a_s, looping = self.alphas(index, steps, alpha)

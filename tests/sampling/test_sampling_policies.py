@@ -17,7 +17,7 @@ from ddpd.sampling.common import row
 from ddpd.sampling.gillespie import _unwritten_first
 from ddpd.sampling.options import DDPDOptions
 from ddpd.sampling.policies import (
-    MAX_COSINE_STEPS,
+    MAX_TABLE_STEPS,
     ConfidenceFactor,
     ConfidenceThreshold,
     EntropyBound,
@@ -770,7 +770,17 @@ def test_a_cosine_budget_past_its_table_is_refused_naming_steps():
         cosine_table(10**9)
     with pytest.raises(ValueError, match=r"steps must be <= 16777216 .* got 16777217"):
         mask_sample(NETWORKS["mask"], 1, 4, 27, steps=2**24 + 1, seed=0, policy=MaskGIT())
-    assert cosine_table(MAX_COSINE_STEPS).shape == (2**24,)
+    assert cosine_table(MAX_TABLE_STEPS).shape == (2**24,)
+
+
+def test_a_remdm_budget_past_its_table_is_refused_before_the_table_is_built():
+    """ReMDM's table is a host loop of one row a step: steps=10**9 ran for hours before its first
+    step; it is refused at once by name, and a budget at the limit is not."""
+    with pytest.raises(ValueError, match=r"steps must be <= 16777216 with ReMDM, .* got 1000000000"):
+        ReMDM().step_table(10**9, lambda u: u)
+    with pytest.raises(ValueError, match=r"steps must be <= 16777216 with ReMDM, .* got 16777217"):
+        mask_sample(NETWORKS["mask"], 1, 4, 27, steps=2**24 + 1, seed=0, policy=ReMDM())
+    assert ReMDM().step_table(4, lambda u: u).shape == (4, 2)
 
 
 def test_a_certain_risk_under_a_choice_temperature_stays_ahead_of_ineligible_candidates():
