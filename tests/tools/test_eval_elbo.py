@@ -678,3 +678,40 @@ def test_elbo_takes_a_numpy_float_time_and_refuses_no_sequences():
 def test_elbo_rejects_a_model_with_the_wrong_output_shape():
     with pytest.raises(ValueError, match="model must return floating logits of shape \\[2, 4, 27\\]"):
         elbo_uniform_model(lambda x, t: torch.zeros(2, 4, 26), torch.zeros(2, 4, dtype=torch.long), V)
+
+
+def test_elbo_refuses_a_mask_id_among_the_tokens(tiny):
+    """The mask id is V or above (a token id read as the mask would mask that token), for
+    both estimators that mask; V itself is the default."""
+    m, p = tiny["mask-denoiser"], tiny["planner"]
+    x1 = torch.zeros(2, 4, dtype=torch.long)
+    estimators = {"mask-diffusion": lambda **k: elbo_mask_diffusion(m, x1, V, **k),
+                  "planned": lambda **k: elbo_planned(p, m, x1, V, denoiser_type="mask", **k)}
+    for name, estimate in estimators.items():
+        with pytest.raises(ValueError, match=f"mask_id must be >= {V}, got {V - 1}"):
+            estimate(mask_id=V - 1)
+        assert torch.equal(estimate(mask_id=V).elbo, estimate().elbo), name
+
+
+def test_elbo_refuses_a_vocabulary_of_one_token():
+    """A single token leaves nothing to corrupt a position into: V = 1 is refused, V = 2 taken."""
+    def model(x, t):
+        return torch.zeros(*x.shape, 1)
+
+    x1 = torch.zeros(2, 4, dtype=torch.long)
+    with pytest.raises(ValueError, match="vocab_size must be >= 2, got 1"):
+        elbo_uniform_model(model, x1, 1)
+    terms = elbo_uniform_model(lambda x, t: torch.zeros(*x.shape, 2), x1, 2)
+    assert bool(torch.isfinite(terms.elbo).all())
+
+
+def test_elbo_refuses_a_t_max_whose_alpha_is_zero_under_the_schedule():
+    """t_max = 1e-9 is in (0, 1) but the cosine alpha of it rounds to 0: no time to integrate
+    over, refused naming t_max (under the linear schedule it is taken)."""
+    def model(x, t):
+        return torch.arange(V, dtype=torch.float32).expand(*x.shape, V) * t[:, None, None]
+
+    x1 = torch.tensor([[0, 1, 2, 3]])
+    with pytest.raises(ValueError, match=r"t_max: alpha\(t_max\) must be in \(0, 1\), got 0.0 for t_max=1e-09"):
+        elbo_uniform_model(model, x1, V, t_max=1e-9, schedule="cosine")
+    assert bool(torch.isfinite(elbo_uniform_model(model, x1, V, t_max=1e-9, schedule="linear").elbo).all())
