@@ -82,6 +82,49 @@ def test_elbo_refuses_what_it_cannot_do_before_working(setup, capsys, tmp_path):
     assert code == 2 and err.startswith("ddpd-eval: error: --t-max 1e-09: alpha(t_max)") and "cosine" in err, err
 
 
+def _time_dependent_denoiser(path, schedule):
+    """A mask denoiser whose logits depend on t, recorded with `schedule`: an untrained one
+    ignores t (adaLN-Zero starts its modulation at zero), so no schedule would show."""
+    torch.manual_seed(1)
+    config = config_for("mask-denoiser", V, L, d_model=16, n_layers=1, n_heads=2)
+    model = build_model("mask-denoiser", config)
+    with torch.no_grad():
+        for param in model.parameters():
+            if not param.any():
+                param.normal_(0.0, 0.5)
+    save_checkpoint(path, model, {"kind": "mask-denoiser", "model": config.to_dict(), "tokenizer": {"name": "text8"},
+                                  "schedule": schedule, "vocab_size": V, "training": {"seq_len": L}})
+    return path
+
+
+def test_elbo_rows_are_the_estimators_under_the_checkpoints_schedule_and_seed(setup, capsys, tmp_path):
+    """The rows are evaluate_elbo's and evaluate_denoising's under the schedule the checkpoint
+    records and the --seed given; the same weights under the linear schedule, or another
+    seed, give other rows."""
+    from ddpd.checkpoint import load_model
+    from ddpd.eval import ModelSet, evaluate_denoising, evaluate_elbo, heldout_sequences
+    from ddpd.training.data import Text8Tokenizer
+
+    rows = {}
+    for name, schedule, seed in (("cosine", "cosine", 5), ("linear", "linear", 5), ("seed 0", "cosine", 0)):
+        checkpoint = _time_dependent_denoiser(tmp_path / schedule, schedule)
+        out = tmp_path / f"{name}.json"
+        code, _, err = _run(capsys, "elbo", "--denoiser", checkpoint, "--data", setup["data"], "--num-sequences", 2,
+                            "--seed", seed, "--no-progress", "--out", out)
+        assert code == 0, err
+        results = json.loads(out.read_text())
+        rows[name] = (results["elbo"], results["denoising"])
+    for other in ("linear", "seed 0"):
+        for table, mine, theirs in zip(("elbo", "denoising"), rows["cosine"], rows[other]):
+            assert mine != theirs, (other, table)
+    models = ModelSet(V, mask_denoiser=load_model(tmp_path / "cosine")[0].eval())
+    sequences = heldout_sequences(setup["data"], Text8Tokenizer(), L, "test", 2)
+    with torch.no_grad():
+        expected = (evaluate_elbo(models, sequences, t_max=0.999, schedule="cosine", seed=5),
+                    evaluate_denoising(models, sequences, alpha=0.85, schedule="cosine", seed=5))
+    assert json.loads(json.dumps(expected)) == list(rows["cosine"])
+
+
 def test_elbo_of_a_lone_uniform_denoiser_is_its_denoising_table(setup, capsys, tmp_path):
     code, out, err = _run(capsys, "elbo", "--denoiser", setup["uniform-denoiser"], "--data", setup["data"],
                           "--num-sequences", 2, "--no-progress", "--out", tmp_path / "r.json")
