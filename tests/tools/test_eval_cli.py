@@ -134,6 +134,26 @@ def test_elbo_of_a_lone_uniform_denoiser_is_its_denoising_table(setup, capsys, t
     assert results["elbo"] == [] and [r["denoiser"] for r in results["denoising"]] == ["uniform-denoiser"]
 
 
+def test_a_denoising_only_run_names_its_tokens_settings_and_takes_any_t_max(setup, capsys, tmp_path):
+    """With no ELBO row the table is still headed by the tokens it ran on; --out's settings are
+    the command line's, less the subcommand and the terminal's; --t-max, read by the ELBO rows
+    alone, is not checked against the schedule (its cosine alpha of 1e-9 is 0)."""
+    config = config_for("uniform-denoiser", V, L, d_model=16, n_layers=1, n_heads=2)
+    save_checkpoint(tmp_path / "cosine", build_model("uniform-denoiser", config),
+                    {"kind": "uniform-denoiser", "model": config.to_dict(), "tokenizer": {"name": "text8"},
+                     "schedule": "cosine", "vocab_size": V, "training": {"seq_len": L}})
+    out = tmp_path / "r.json"
+    code, printed, err = _run(capsys, "elbo", "--denoiser", tmp_path / "cosine", "--data", setup["data"],
+                              "--split", "validation", "--num-sequences", 3, "--t-max", 1e-9, "--seed", 4,
+                              "--batch-size", 2, "--no-progress", "--out", out)
+    assert code == 0 and err == "", err
+    assert printed.startswith(f"On 3 x {L} tokens of the validation split\n\nDenoising at alpha = 0.85\n\n| Denoiser |")
+    assert json.loads(out.read_text())["settings"] == {
+        "planner": None, "denoiser": [str(tmp_path / "cosine")], "uniform": None, "data": setup["data"],
+        "split": "validation", "num_sequences": 3, "mc_samples": 1, "t_max": 1e-9, "alpha": 0.85, "batch_size": 2,
+        "seed": 4, "device": "auto", "threads": None, "out": str(out)}
+
+
 def test_models_of_different_lengths_are_warned_about(setup, capsys, tmp_path):
     config = config_for("planner", V, 2 * L, d_model=16, n_layers=1, n_heads=2)
     save_checkpoint(tmp_path / "long", build_model("planner", config),
