@@ -150,6 +150,8 @@ def check_command_line(args: argparse.Namespace) -> None:
         raise UsageError("--data is required (the training corpus: a file, books, text8 or hf:NAME)")
     if "data" in args:
         check_data(args.data)
+    if "tiktoken" in args and os.path.isdir(args.tiktoken):  # it is there: "no such file" would be wrong
+        raise UsageError(f"--tiktoken: {args.tiktoken} is a directory, not the GPT-2 ranks file")
     if "tiktoken" in args and not os.path.isfile(args.tiktoken):
         raise UsageError(f"--tiktoken: no such file: {args.tiktoken}")
 

@@ -1049,6 +1049,14 @@ def test_cli_errors_are_one_line(corpus, tmp_path, capsys, argv, message, status
     assert err.startswith("ddpd-train: error: ") and message in err and err.count("\n") == 1
 
 
+def test_cli_refuses_a_directory_as_tiktoken_before_any_work(corpus, tmp_path, capsys):
+    """--tiktoken DIR was refused as "no such file: DIR", a directory that is there."""
+    code, out, err = run_cli(capsys, "planner", "--data", corpus, "--out", tmp_path / "o", "--tokenizer", "gpt2",
+                             "--tiktoken", tmp_path)
+    assert (code, out) == (2, "") and not (tmp_path / "o").exists()
+    assert err == f"ddpd-train: error: --tiktoken: {tmp_path} is a directory, not the GPT-2 ranks file\n"
+
+
 @pytest.mark.parametrize("argv", [["gan", "--out", "o"], ["planner", "--out", "o", "--steps", "many"], ["planner"]])
 def test_cli_usage_errors_exit_2(capsys, argv):
     with pytest.raises(SystemExit) as info:
