@@ -1057,6 +1057,15 @@ def test_cli_refuses_a_directory_as_tiktoken_before_any_work(corpus, tmp_path, c
     assert err == f"ddpd-train: error: --tiktoken: {tmp_path} is a directory, not the GPT-2 ranks file\n"
 
 
+def test_cli_takes_a_fraction_of_a_second_as_max_time(corpus, tmp_path, capsys):
+    """--max-time is seconds as a float, as --help says: 0.5 reaches the run (and its checkpoint)."""
+    code, _, err = run_cli(capsys, "planner", "--data", corpus, "--out", tmp_path / "o", "--max-time", "0.5",
+                           "--steps", 2, "--batch-size", 2, "--seq-len", 8, "--d-model", 16, "--n-layers", 1,
+                           "--n-heads", 2, "--warmup", 1, "--eval-batches", 1, "--no-progress")
+    assert code == 0, err
+    assert read_config(tmp_path / "o")["training"]["max_time"] == 0.5
+
+
 @pytest.mark.parametrize("argv", [["gan", "--out", "o"], ["planner", "--out", "o", "--steps", "many"], ["planner"]])
 def test_cli_usage_errors_exit_2(capsys, argv):
     with pytest.raises(SystemExit) as info:
