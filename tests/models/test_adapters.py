@@ -250,3 +250,56 @@ def test_mdlm_logits_are_log_probabilities_and_the_alpha_range_is_ordered(toy):
     torch.testing.assert_close(logits.logsumexp(-1)[masked], torch.zeros(int(masked.sum())), rtol=0, atol=1e-5)
     with pytest.raises(ValueError, match="max_alpha"):
         SEDDAbsorbingDenoiser(ToySEDD(toy), S, min_alpha=0.5, max_alpha=0.1)
+
+
+# ---- what the adapters read and return (each check below caught a change nothing else did) ----
+
+@pytest.mark.parametrize("wrap", [lambda out: (out, None), lambda out: [out, out[..., :1]]])
+def test_a_network_returning_a_tuple_or_list_gives_its_first_item(toy, wrap):
+    x, t = masked_inputs(8)
+    plain = ADAPTERS["sedd"](toy)
+    wrapped = SEDDAbsorbingDenoiser(lambda ids, sigma: wrap(plain.network(ids, sigma)), S)
+    assert torch.equal(wrapped(x, t), plain(x, t))
+
+
+def test_carry_over_logits_are_log_probabilities(toy):
+    # logit 0 = log 1 at the known value (docs/models.md), not merely the largest logit
+    x, t = masked_inputs(16)
+    unmasked = x != S
+    for name in ADAPTERS:
+        logits = ADAPTERS[name](toy)(x, t)
+        assert torch.equal(logits[unmasked].max(-1).values, torch.zeros(int(unmasked.sum())))
+
+
+def test_sedd_conversion_beyond_the_float32_range_of_expm1(toy):
+    # min_alpha = 1e-60: sigma = 138 at t = 0, where expm1(sigma) overflows float32
+    sedd = ADAPTERS["sedd"](toy, min_alpha=1e-60)
+    x, _ = masked_inputs(16, seed=3)
+    masked = x == S
+    logits = sedd(x, torch.zeros(16))
+    assert torch.isfinite(logits).all()
+    torch.testing.assert_close(logits[masked].double().softmax(-1), exact(toy, x)[masked], rtol=1e-4, atol=1e-6)
+
+
+def test_sigma_at_the_end_is_minus_log_max_alpha(toy):
+    # alpha is clamped in float64: a float32 clamp to 1 - 1e-5 gives a sigma 1.4e-4 too large
+    sedd = ADAPTERS["sedd"](toy)
+    sedd(torch.full((2, D), S), torch.ones(2))
+    torch.testing.assert_close(sedd.network.sigmas[-1].double(), torch.full((2,), -math.log(MAX_ALPHA),
+                                                                             dtype=torch.float64), rtol=1e-6, atol=0)
+
+
+def test_the_alpha_range_excludes_one(toy):
+    # max_alpha = 1 would give sigma = 0 at t = 1, where expm1(sigma) = 0 makes every logit -inf
+    with pytest.raises(ValueError, match="max_alpha"):
+        SEDDAbsorbingDenoiser(ToySEDD(toy), S, max_alpha=1.0)
+    with pytest.raises(ValueError, match="min_alpha"):
+        SEDDAbsorbingDenoiser(ToySEDD(toy), S, min_alpha=1.0)
+
+
+def test_a_float16_network_runs_outside_a_sampler(toy):
+    # float32 time features reach a float16 nn.Linear: the adapter calls it under float16 autocast
+    adapter = prepare_for_sampling(MDLMSubsDenoiser(TimeFeatures(toy), S), "float16", "cpu")
+    x, t = masked_inputs(16)
+    masked = x == S
+    torch.testing.assert_close(adapter(x, t).softmax(-1)[masked].double(), exact(toy, x)[masked], rtol=0, atol=2e-2)
