@@ -458,3 +458,94 @@ def test_a_copy_of_the_shipped_bundle_with_an_edited_n_heads_is_refused(tmp_path
     assert code == 1 and out == "" and err.count("\n") == 1, err
     assert (f"checkpoint {copy / 'planner'}: config.json's model has n_heads 8, its training section 4 "
             "(edited or corrupt)") in err, err
+
+
+# Rules of the loader and of install_bundle that no other test pins.
+
+def _configs(planner_symbols=V, denoiser_symbols=V, schedules=("linear", "linear")):
+    configs = {}
+    for role, kind, symbols, schedule in zip(pretrained.ROLES, ("planner", "mask-denoiser"),
+                                             (planner_symbols, denoiser_symbols), schedules):
+        configs[role] = {"kind": kind, "model": config_for(kind, symbols, D, **TINY).to_dict(),
+                         "tokenizer": {"name": "text8"}}
+        if schedule is not None:
+            configs[role]["schedule"] = schedule
+    return configs
+
+
+def test_check_bundle_configs_refuses_another_alphabet_or_schedule():
+    pretrained.check_bundle_configs(_configs(schedules=(None, "linear")))  # no schedule: the linear one
+    for symbols in ((V + 1, V + 1), (V, V + 1), (V + 1, V)):
+        with pytest.raises(ValueError, match=r"expected 27 text8 symbols, got \{'planner reads': "):
+            pretrained.check_bundle_configs(_configs(*symbols))
+    with pytest.raises(ValueError, match="must share the schedule, got {'planner': 'linear', 'denoiser': 'cosine'}"):
+        pretrained.check_bundle_configs(_configs(schedules=("linear", "cosine")))
+
+
+def test_load_default_returns_networks_without_gradients(as_default):
+    planner, denoiser, _ = pretrained.load_default()
+    assert not any(p.requires_grad for model in (planner, denoiser) for p in model.parameters())
+
+
+def test_load_default_loads_onto_its_device(as_default, monkeypatch):
+    import ddpd.checkpoint
+
+    seen = []
+    load_bundle_ = ddpd.checkpoint.load_bundle
+    # the device asked for reaches load_bundle; the networks are read onto the CPU all the same
+    monkeypatch.setattr(ddpd.checkpoint, "load_bundle", lambda path, device="cpu": seen.append(device) or
+                        load_bundle_(path))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    pretrained.load_default("cuda")
+    assert seen == ["cuda"]
+
+
+def test_missing_environment_bundle_is_named_with_the_variable(tmp_path, monkeypatch):
+    monkeypatch.setenv(pretrained.ENV_VAR, str(tmp_path))
+    with pytest.raises(pretrained.BundleNotFoundError, match=f"no default model in {pretrained.ENV_VAR}={tmp_path}:"):
+        pretrained.default_bundle()
+
+
+def test_install_bundle_keeps_a_hub_corpus_name(tmp_path):
+    paths = _training_checkpoints(tmp_path)
+    for role in ("planner", "denoiser"):
+        config = read_config(paths[role])
+        config["training"] = {"data": "hf:user/corpus/train.txt", "out": "/scratch/run"}
+        config["settings_sha256"] = settings_digest(config)
+        Path(paths[role], "config.json").write_text(json.dumps(config))
+    dest = pretrained.install_bundle(paths["planner"], paths["denoiser"], str(tmp_path / "text8"))
+    assert read_config(os.path.join(dest, "planner"))["training"] == {"data": "hf:user/corpus/train.txt"}
+
+
+def test_install_bundle_refuses_a_dest_that_is_no_path(tmp_path, monkeypatch):
+    paths = _training_checkpoints(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(TypeError, match="dest must be a directory path, got NoneType"):
+        pretrained.install_bundle(paths["planner"], paths["denoiser"], None)
+    assert not (tmp_path / "None").exists()
+
+
+def test_install_bundle_takes_a_bundle_of_exactly_the_limit(tmp_path, monkeypatch):
+    paths = _training_checkpoints(tmp_path)
+    size = pretrained.bundle_bytes(pretrained.install_bundle(paths["planner"], paths["denoiser"], str(tmp_path / "a")))
+    monkeypatch.setattr(pretrained, "MAX_BUNDLE_BYTES", size)
+    assert pretrained.missing_files(pretrained.install_bundle(paths["planner"], paths["denoiser"],
+                                                              str(tmp_path / "b"))) == []
+
+
+def test_installing_the_shipped_bundle_keeps_one_previous_version(tmp_path, monkeypatch):
+    """None kept where the package had no bundle; the last one kept where it had, however dest
+    names the shipped directory (here relative to the working directory)."""
+    paths = _training_checkpoints(tmp_path)
+    shipped = (tmp_path / "pkg" / "text8").resolve()
+    monkeypatch.setattr(pretrained, "BUNDLE_DIR", shipped)
+    backup = shipped.parent / "text8.previous"
+    shipped.parent.mkdir()
+    monkeypatch.chdir(shipped.parent)
+    versions = []
+    for dtype in ("float32", "float16", "bfloat16"):
+        pretrained.install_bundle(paths["planner"], paths["denoiser"], "text8", dtype)
+        versions.append({p.relative_to(shipped): p.read_bytes() for p in shipped.rglob("*") if p.is_file()})
+        kept = {p.relative_to(backup): p.read_bytes() for p in backup.rglob("*") if p.is_file()}
+        assert kept == ({} if len(versions) == 1 else versions[-2]), dtype
