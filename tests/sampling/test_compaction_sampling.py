@@ -191,3 +191,21 @@ def test_per_row_passes_and_commits_of_a_fused_run_are_the_reference_runs(name, 
     assert torch.equal(fused.planner_passes, reference.planner_passes)
     assert torch.equal(fused.denoiser_passes, reference.denoiser_passes)
     assert torch.equal(fused.commits, reference.commits)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_steps_is_the_stop_step_of_the_last_row_to_stop(fused):
+    # row 0 is fully prompted and stops at once; SampleResult.steps is the latest stop, not row 0's
+    from ddpd.sampling import Prompt
+
+    x_init = torch.randint(0, 3, (3, 5), generator=torch.Generator().manual_seed(0))
+    x_init[1:, 2:] = -1
+    x_init[2, 1] = -1
+    result = tau_leaping_mask(M.mask_denoiser, 3, 5, 3, steps=STEPS, seed=1, prompt=Prompt(x_init),
+                              execution=Execution(fused=fused))
+    assert int(result.stop_step[0]) == 0 and result.steps == int(result.stop_step.max()) > 0
+
+
+def test_buckets_are_the_next_power_of_two():
+    # a bucketed batch (CUDA graphs) keeps this many rows: its rows saved are counted from it
+    assert [sampling_batch._bucket(n) for n in (0, 1, 2, 3, 4, 5, 8, 9)] == [0, 1, 2, 4, 4, 8, 8, 16]

@@ -177,3 +177,19 @@ def test_the_warning_names_the_line_that_called_the_sampler():
     with pytest.warns(NaNOutputWarning) as caught:
         maskgit_sample(denoiser, B, D, V, steps=2, seed=0)
     assert caught[0].filename == __file__
+
+
+def test_guidance_with_nan_in_the_null_label_half_of_one_call_is_counted():
+    """A network that names its null label is called once a step on 2B rows: a NaN in its
+    unconditional half alone counts that pass."""
+    class NullNaN:
+        null_label = 3
+
+        def __call__(self, x, t, labels=None):
+            logits = torch.zeros(*x.shape, V)
+            return logits.masked_fill((labels == self.null_label)[:, None, None], float("nan"))
+
+    with pytest.warns(NaNOutputWarning, match=r"the denoiser returned NaN or \+inf in 6 of 6 passes"):
+        result = maskgit_sample(NullNaN(), B, D, V, steps=6, seed=0,
+                                guidance=Guidance(torch.zeros(B, dtype=torch.long), scale=2.0))
+    assert result.denoiser_calls == result.denoiser_nan_passes == 6

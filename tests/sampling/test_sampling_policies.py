@@ -847,3 +847,22 @@ def test_policy_specs_round_trip_and_bad_ones_are_named():
     with pytest.raises(ValueError, match="clock='planner'"):
         ddpd_sample(NETWORKS["planner"], NETWORKS["uniform"], 2, D, 27, steps=4, seed=0,
                     ddpd=DDPDOptions(clock="exact", policy=ErrorBudget()))
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_tokens_per_pass_counts_the_planners_passes_too(fused):
+    # a DDPD step is two passes, planner and denoiser: one token a step is half a token a pass
+    result = ddpd_sample(NETWORKS["planner"], NETWORKS["mask"], 3, D, 27, steps=D, seed=1, denoiser_type="mask",
+                         execution=Execution(fused=fused))
+    assert torch.equal(result.passes, result.planner_passes + result.denoiser_passes)
+    assert int(result.planner_passes.sum()) > 0
+    assert result.tokens_per_pass == float(result.commits.sum()) / int(result.passes.sum()) == 0.5
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_a_run_with_nothing_to_draw_commits_0_tokens_a_pass(fused):
+    # a prompt with no noise left: no pass at all, and tokens_per_pass is 0, not a division by zero
+    x_init = torch.randint(0, 27, (3, D), generator=torch.Generator().manual_seed(0))
+    result = mask_sample(NETWORKS["mask"], 3, D, 27, steps=D, seed=1, prompt=Prompt(x_init),
+                         execution=Execution(fused=fused))
+    assert int(result.passes.sum()) == 0 and result.tokens_per_pass == 0.0

@@ -495,6 +495,43 @@ def test_a_network_output_on_another_device_is_refused_with_a_clear_error(call, 
         call(Execution(fused=fused))
 
 
+@pytest.mark.parametrize("fused", [False, True])
+def test_integer_logits_are_refused_with_a_clear_error(fused):
+    """A network returning integer logits (a rounded or argmax output) is named, not drawn from."""
+    def integers(network):
+        return lambda *args: network(*args).round().long()
+
+    with pytest.raises(ValueError, match=r"planner must return floating logits of shape \[2, 4\], got torch.int64"):
+        ddpd_sample(integers(M.planner), M.uniform_denoiser, 2, 4, 3, steps=3, seed=0, execution=Execution(fused=fused))
+    with pytest.raises(ValueError, match=r"denoiser must return floating logits of shape \[2, 4, 3\], got torch.int64"):
+        maskgit_sample(integers(M.mask_denoiser), 2, 4, 3, steps=3, seed=0, execution=Execution(fused=fused))
+
+
+def test_hidden_states_of_another_width_than_the_head_are_refused():
+    """The fused run applies the head to denoiser.hidden: a width the head does not take is named."""
+    class Wider(_HiddenElsewhere):
+        def hidden(self, x, t):
+            return torch.zeros(*x.shape, 5)
+
+    with pytest.raises(ValueError, match=r"denoiser\.hidden must return hidden states of shape \[2, 4, 4\], "
+                                         r"got \[2, 4, 5\]"):
+        ddpd_sample(M.planner, Wider(), 2, 4, 3, steps=3, seed=0, execution=Execution(fused=True))
+
+
+def test_a_head_with_another_vocabulary_is_refused():
+    """A head of V + 1 outputs (a mask column kept) would draw ids past the vocabulary."""
+    class MaskColumn(_HiddenElsewhere):
+        def __init__(self):
+            super().__init__()
+            self.head = torch.nn.Linear(4, 4)
+
+        def hidden(self, x, t):
+            return torch.zeros(*x.shape, 4)
+
+    with pytest.raises(ValueError, match=r"denoiser\.head must have 3 outputs, got 4"):
+        ddpd_sample(M.planner, MaskColumn(), 2, 4, 3, steps=3, seed=0, execution=Execution(fused=True))
+
+
 class _Uniforms:
     """A NoiseSource of the caller's own that returns what `make` makes of the right uniforms."""
 
