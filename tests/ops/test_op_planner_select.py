@@ -195,6 +195,44 @@ def test_stop_compares_probabilities_with_eps_exactly():
             assert out[2].tolist() == want
 
 
+def test_planner_select_mask_stops_as_planner_select_does():
+    """planner_select_mask's stop flag compares p with eps as planner_select's does (p < eps
+    with eps raised to a float32), on the C++ path and in its reference."""
+    logits = torch.tensor([[-1000.0, -1000.0], [0.0, -1000.0]])  # p = [0, 0] and [0.5, 0]
+    x = torch.zeros(2, 2, dtype=torch.int64)
+    for eps, want in ((1e-50, [True, False]), (math.nextafter(0.5, 1.0), [True, True]), (0.5, [True, False])):
+        for out in (planner_select_mask(logits, x, 9, eps=eps, seed=0),
+                    planner_select_mask_reference(logits, x, 9, eps=eps, seed=0)):
+            assert out.stop.tolist() == want
+
+
+@pytest.mark.parametrize("mode, row, k, want", [
+    # a far position, then positions of weight 0: the rounds run out of weight
+    ("sigmoid", [0.0, -1e8, float("-inf"), float("-inf")], 4, [0, 1, 2, 3]),
+    # keys tied by equal noise, before and after a rebase: the lower position first
+    ("softmax", [float("inf"), float("inf"), -1e30, -1e30], 4, [0, 1, 2, 3]),
+])
+def test_rebased_rounds_run_out_of_weight_and_break_ties_low(mode, row, k, want):
+    """The reference's rounds (a choice far below the first) agree with the kernels where the
+    row has fewer than k positions of weight and where keys tie: ties go to the lower
+    position and positions of weight 0 come last, in order, as on every path."""
+    logits = torch.tensor([row]).repeat(2, 1)
+    noise = torch.full((2, len(row)), 0.5)
+    ref = planner_select_reference(logits, k, mode, noise=noise)
+    assert ref.positions.tolist() == [want] * 2
+    assert_same(planner_select(logits, k, mode, noise=noise), ref)
+    assert_same(triton_select(logits, k, mode, noise=noise), ref)
+
+
+def test_the_triton_width_limit_is_inclusive():
+    """Rows of exactly MAX_TRITON_WIDTH positions fit the Triton kernels' one block."""
+    from ddpd.ops.planner_select import MAX_TRITON_WIDTH, check_triton_width
+
+    check_triton_width(MAX_TRITON_WIDTH)
+    with pytest.raises(ValueError, match=f"D must be <= {MAX_TRITON_WIDTH} on CUDA"):
+        check_triton_width(MAX_TRITON_WIDTH + 1)
+
+
 def test_determinism_and_batch_composition_invariance():
     logits = torch.randn(12, 100)
     a = planner_select(logits, 2, seed=5, offset=3)[0]
