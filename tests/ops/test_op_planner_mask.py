@@ -80,6 +80,17 @@ def test_reference_positions_outside_the_row_force_nothing():
     assert torch.equal(masked, torch.tensor([[0, MASK_ID, 2, 3], [4, 5, 6, 7]])) and count.tolist() == [1, 0]
 
 
+@pytest.mark.parametrize("bad", [-1, 5])
+@pytest.mark.parametrize("op", [planner_mask, planner_mask_reference])
+def test_cpu_positions_just_outside_the_row_are_refused(op, bad):
+    """A CPU position of -1 or D is refused by the op and by its reference alike (on CPU the
+    range is checked; only unchecked CUDA positions force nothing)."""
+    logits, x, positions = inputs(4, 5, 0)
+    positions[2, 0] = bad
+    with pytest.raises(ValueError, match=r"positions must be in \[0, 5\)"):
+        op(logits, x, positions, MASK_ID, seed=1)
+
+
 def test_triton_mask_takes_more_positions_than_one_block_compares():
     """D x k beyond Triton's largest block (2**20 values): the positions in chunks, not one
     [D, k] comparison that fails to compile."""
@@ -188,6 +199,15 @@ def test_fuzz_cpu_matches_reference(rows, length, data, seed, dtype):
         (lambda lg, x, p: planner_select_mask(lg, x, MASK_ID, noise=torch.rand(4, 5), mask_noise=torch.rand(4, 4)),
          ValueError, r"mask_noise must have shape \(4, 5\)"),
         (lambda lg, x, p: planner_select_mask(lg, x, MASK_ID, k=9, seed=1), ValueError, r"k must be in \[1, 5\]"),
+        (lambda lg, x, p: planner_select_mask(lg, x, MASK_ID, mask_noise=torch.rand(4, 5)), ValueError,
+         "both noise and mask_noise"),
+        (lambda lg, x, p: planner_select_mask(lg, x, MASK_ID, noise=torch.rand(4, 5), mask_noise=torch.rand(4, 5),
+                                              mask_offset=3), ValueError, "either mask_noise or mask_offset"),
+        (lambda lg, x, p: planner_select_mask(lg, x, MASK_ID, noise=torch.rand(4, 5),
+                                              mask_noise=torch.rand(4, 5).double()), TypeError,
+         "mask_noise must have dtype"),
+        (lambda lg, x, p: planner_mask(lg, x, p, 2**62 + 1, seed=1), ValueError, "mask_id must be in"),
+        (lambda lg, x, p: planner_select_mask(lg, x, 2**62 + 1, seed=1), ValueError, "mask_id must be in"),
     ],
 )
 def test_bad_arguments_raise_clear_errors(call, error, match):
