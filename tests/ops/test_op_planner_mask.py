@@ -194,6 +194,8 @@ def test_fuzz_cpu_matches_reference(rows, length, data, seed, dtype):
         (lambda lg, x, p: planner_mask(lg, x, p, -1, seed=1), ValueError, "mask_id must be in"),
         (lambda lg, x, p: planner_mask_reference(lg[:, :0], x[:, :0], None, MASK_ID, seed=1), ValueError,
          r"D \(logits.shape\[1\]\) must be in \[1, "),
+        (lambda lg, x, p: planner_mask(lg[:, :0], x[:, :0], None, MASK_ID, seed=1), ValueError,
+         r"D \(logits.shape\[1\]\) must be in \[1, "),
         (lambda lg, x, p: planner_select_mask(lg, x, MASK_ID, noise=torch.rand(4, 5)), ValueError,
          "both noise and mask_noise"),
         (lambda lg, x, p: planner_select_mask(lg, x, MASK_ID, noise=torch.rand(4, 5), mask_noise=torch.rand(4, 4)),
