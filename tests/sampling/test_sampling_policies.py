@@ -866,3 +866,27 @@ def test_a_run_with_nothing_to_draw_commits_0_tokens_a_pass(fused):
     result = mask_sample(NETWORKS["mask"], 3, D, 27, steps=D, seed=1, prompt=Prompt(x_init),
                          execution=Execution(fused=fused))
     assert int(result.passes.sum()) == 0 and result.tokens_per_pass == 0.0
+
+
+def test_policy_specs_read_spaces_flags_none_and_types_as_documented():
+    """What a spec's text can hold besides NAME:FIELD=VALUE: spaces around items, keys and
+    values; a flag as true/false/1/0 in any case; None in any case for an optional field;
+    each field's type named where the value is not of it."""
+    spaced = parse_policy("error-budget: bound = 0.5 , max_k = 8, order = planner, known_noise = true")
+    assert spaced == ErrorBudget(0.5, 8, order="planner", known_noise=True)
+    assert [parse_policy(f"error-budget:known_noise={text}").known_noise
+            for text in ("1", "0", "TRUE", "False")] == [True, False, True, False]
+    assert parse_policy("error-budget:known_noise=true,revise_above=None") == ErrorBudget(known_noise=True)
+    for spec, message in [("error-budget:known_noise=yes", "policy field known_noise must be a bool, got 'yes'"),
+                          ("error-budget:max_k=2.5", "policy field max_k must be an int, got '2.5'"),
+                          ("error-budget:bound=many", "policy field bound must be a float, got 'many'"),
+                          ("error-budget:bound=0.5, ,max_k=8", "policy error-budget has an empty field in "
+                                                               "'error-budget:bound=0.5, ,max_k=8'")]:
+        with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+            parse_policy(spec)
+
+
+def test_a_full_policy_spec_leaves_out_the_fields_that_are_none():
+    """policy_spec names every field set (the frontier's rows), none of those at None."""
+    assert policy_spec(ErrorBudget()) == ("error-budget:bound=1,max_k=16,order=risk,spread=none,known_noise=False,"
+                                          "plan_every=1,choice_temperature=0")
