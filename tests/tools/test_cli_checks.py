@@ -180,6 +180,13 @@ def no_models(monkeypatch):
     (["--sampler", "maskgit", "--policy", "threshold:0.9", "--choice-temperature", "2"],
      "with --policy threshold:0.9 it has none: leave --choice-temperature out"),
     (["--sampler", "maskgit", "--policy", "remdm", "--choice-temperature", "2"], "it has none"),
+    # the policy's name is read before its fields
+    (["--sampler", "maskgit", "--policy", "maskgit:choice_temperature=2", "--choice-temperature", "2"],
+     "with --policy maskgit:choice_temperature=2 give the policy's choice_temperature field"),
+    # a policy reaches only the sampler it belongs to: tau-leaping has none
+    (["--sampler", "tau-leaping", "--policy", "threshold:0.9"],
+     "--policy threshold:0.9 is a policy of --sampler maskgit, not of --sampler tau-leaping"),
+    (["--policy", "error-budget:max_k=x"], "--policy: policy field max_k must be an int, got 'x'"),
     # a flag only another sampler reads was ignored
     (["--sampler", "maskgit", "--eta", "1"], "--eta is a setting of --sampler tau-leaping, not of --sampler maskgit"),
     (["--sampler", "maskgit", "--option", "A+B"], "--option is a setting of --sampler ddpd"),

@@ -1298,6 +1298,30 @@ def test_maskgit_default_choice_temperature():
     assert args.choice_temperature == MaskGIT().choice_temperature == 4.5
 
 
+@pytest.mark.parametrize("argv,function,expected", [
+    (["--sampler", "maskgit", "--policy", "threshold: 0.5"], "mask_sample", "ConfidenceThreshold(threshold=0.5)"),
+    (["--sampler", "maskgit", "--policy", "maskgit:choice_temperature=2"], "mask_sample",
+     "MaskGIT(choice_temperature=2.0)"),
+    (["--policy", "error-budget:bound=0.5,max_k=3,known_noise=1"], "ddpd_sample",
+     "ErrorBudget(bound=0.5, max_k=3, order='risk', spread='none', known_noise=True, plan_every=1, "
+     "choice_temperature=0.0, revise_above=None)"),
+])
+def test_the_policy_reaches_the_sampler_it_names(ckpts, capsys, monkeypatch, argv, function, expected):
+    """--policy is the policy the sampler runs, not its default one."""
+    import ddpd.sampling
+
+    seen, sampler = [], getattr(ddpd.sampling, function)
+
+    def recording(*args, **kwargs):
+        seen.append(kwargs["policy"] if "policy" in kwargs else kwargs["ddpd"].policy)
+        return sampler(*args, **kwargs)
+
+    monkeypatch.setattr(ddpd.sampling, function, recording)
+    code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--steps", "4", "--num-samples", "1", *argv)
+    assert code == 0, err
+    assert [repr(policy) for policy in seen] == [expected]
+
+
 def test_a_zero_end_temperature_anneals_to_greedy(ckpts, capsys):
     code, stdout, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--steps", "8", "--num-samples", "2",
                                 "--temperature-end", "0")
