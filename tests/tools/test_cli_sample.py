@@ -580,6 +580,7 @@ def test_too_few_steps_are_warned_about_under_a_policy_of_one_commit_a_step(ckpt
                            "--policy", spec)
     assert code == 0 and "warning: --steps 3 can denoise at most 3 of the 8 positions to generate (one per " \
                          f"step under --policy {spec})" in err, err
+    assert "noise; give --steps >= 8\n" in err, err  # no larger max_k to advise
 
 
 def test_too_few_steps_are_warned_about_under_a_policy_of_max_k_commits_a_step(ckpts, capsys):
@@ -589,6 +590,10 @@ def test_too_few_steps_are_warned_about_under_a_policy_of_max_k_commits_a_step(c
     assert code == 0 and "warning: --steps 3 can denoise at most 6 of the 8 positions to generate (at most 2 " \
                          "per step under --policy error-budget:bound=8,max_k=2): the samples will be partly " \
                          "noise; give --steps >= 4, or a larger max_k" in err, err
+    # 8 positions at most 3 a step need 3 steps, not 8 // 3
+    code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--steps", "2", "--num-samples", "1",
+                           "--policy", "error-budget:bound=8,max_k=3")
+    assert code == 0 and "can denoise at most 6 of the 8 positions" in err and "give --steps >= 3," in err, err
 
 
 def test_networks_of_different_lengths_are_warned_about(ckpts, tmp_path, capsys):
