@@ -596,6 +596,17 @@ def test_too_few_steps_are_warned_about_under_a_policy_of_max_k_commits_a_step(c
     assert code == 0 and "can denoise at most 6 of the 8 positions" in err and "give --steps >= 3," in err, err
 
 
+def test_the_docs_say_a_policy_of_several_commits_a_step_is_warned_about_too():
+    """docs/cli.md said a policy that can commit several a step is never warned about; it is,
+    where --steps times its max_k is below the positions to generate (the test above)."""
+    docs = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "cli.md")
+    with open(docs) as f:
+        text = " ".join(f.read().split())
+    assert "not under one that can commit several" not in text
+    assert "which commits at most `max_k` positions a step, one under `error-budget` with `max_k=1` or with " \
+           "`bound=0` and no `spread`: where `--steps` times that is below them" in text
+
+
 def test_networks_of_different_lengths_are_warned_about(ckpts, tmp_path, capsys):
     torch.manual_seed(0)
     long = build_model("planner", config_for("planner", V, 2 * D, **TINY))
