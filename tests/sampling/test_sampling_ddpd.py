@@ -184,6 +184,28 @@ def test_exact_clock_matches_its_law(name, toy_name, options):
     check_law(f"ddpd exact clock, {name} [{toy_name}]", problem, result, law)
 
 
+def test_exact_clock_anneals_the_temperature_over_its_own_end_time(monkeypatch):
+    """On the exact clock Temperature(start, end) runs from start at t = 0 to end at t_end, where the
+    run ends, not at t = 1: with t_end 0.5 an event near t_end draws near `end` (0 here)."""
+    from ddpd.sampling import gillespie
+
+    problem, drawn = toy("dir S3 D3"), []
+    over_time = gillespie._over_time
+
+    def recording(run, t, t_final, k):
+        temperature = over_time(run, t, t_final, k)
+        drawn.append(temperature)
+        return temperature
+
+    monkeypatch.setattr(gillespie, "_over_time", recording)
+    models = problem.models()
+    result = ddpd_sample(models.planner, models.uniform_denoiser, 64, problem.D, problem.S, steps=200,
+                         ddpd=DDPDOptions(clock="exact", t_end=0.5), temperature=Temperature(1.0, 0.0), noise=noise())
+    assert result.steps < 200
+    temperatures = torch.cat([torch.as_tensor(t).flatten() for t in drawn])
+    assert temperatures.max() <= 1.0 and temperatures.min() < 0.1, temperatures.min()
+
+
 # ----------------------------------------------------------------------------- (b) consistency
 
 
