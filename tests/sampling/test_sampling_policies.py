@@ -453,6 +453,20 @@ def test_the_cosine_spread_spreads_the_noise_a_prompted_row_starts_with(fused):
     assert masks == [[8, 8], [7, 7], [5, 5], [3, 3]]
 
 
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("kind", ["mask", "uniform"])
+def test_error_budget_candidates_of_zero_weight_keep_their_tokens(kind, fused):
+    """max_k above the positions that can be noise ranks frozen positions (planner weight 0) among
+    the candidates: they keep their prompt's token whatever the bound admits."""
+    x_init = torch.full((3, D), -1)
+    x_init[:, :6] = 3
+    frozen = x_init >= 0
+    result = ddpd_sample(NETWORKS["planner"], NETWORKS[kind], 3, D, 27, steps=6, seed=0, denoiser_type=kind,
+                         prompt=Prompt(x_init, frozen), ddpd=DDPDOptions(stop="budget", policy=ErrorBudget(8.0, D)),
+                         execution=Execution(fused=fused))
+    assert (result.tokens[:, :6] == 3).all(), result.tokens
+
+
 SPREADS_TO_THE_END = [(ErrorBudget(0.0, 16, spread="cosine", known_noise=True), 4),
                       (ErrorBudget(1.0, 16, spread="linear", known_noise=True), 4),
                       (ErrorBudget(0.0, 6, spread="cosine", known_noise=True, plan_every=2), 6)]
