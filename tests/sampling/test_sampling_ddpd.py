@@ -206,6 +206,26 @@ def test_exact_clock_anneals_the_temperature_over_its_own_end_time(monkeypatch):
     assert temperatures.max() <= 1.0 and temperatures.min() < 0.1, temperatures.min()
 
 
+def test_the_planner_clock_counts_only_the_positions_a_prompt_leaves_noisy():
+    """t = alpha^{-1}(1 - sum_d p / D') with D' the positions not frozen: a planner at p = 1/2 on the
+    4 free positions of 8 says half of them are noise, t = 0.5 (linear schedule); over all 8
+    positions it would say 0.75."""
+    times = []
+
+    def planner(x):
+        return torch.zeros(x.shape)
+
+    def denoiser(x, t):
+        times.append(t.tolist())
+        return torch.zeros(*x.shape, 3)
+
+    x_init = torch.full((2, 8), -1)
+    x_init[:, :4] = 1
+    ddpd_sample(planner, denoiser, 2, 8, 3, steps=1, seed=0, prompt=Prompt(x_init, x_init >= 0),
+                ddpd=DDPDOptions(stop="budget"))
+    assert times == [[0.5, 0.5]]
+
+
 # ----------------------------------------------------------------------------- (b) consistency
 
 
