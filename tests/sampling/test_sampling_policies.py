@@ -467,6 +467,16 @@ def test_error_budget_candidates_of_zero_weight_keep_their_tokens(kind, fused):
     assert (result.tokens[:, :6] == 3).all(), result.tokens
 
 
+def test_a_choice_temperature_below_one_ranks_with_gumbel_noise():
+    """Any choice_temperature > 0 adds the annealed Gumbel noise to the ranking: 0.5 draws other
+    tokens than 0 from the same seed (a cut at 1 would have ignored it)."""
+    def run(tau):
+        return ddpd_sample(NETWORKS["planner"], NETWORKS["mask"], 16, D, 27, steps=4, seed=0, denoiser_type="mask",
+                           ddpd=DDPDOptions(stop="budget", policy=ErrorBudget(1.0, D, choice_temperature=tau))).tokens
+
+    assert not torch.equal(run(0.5), run(0.0))
+
+
 SPREADS_TO_THE_END = [(ErrorBudget(0.0, 16, spread="cosine", known_noise=True), 4),
                       (ErrorBudget(1.0, 16, spread="linear", known_noise=True), 4),
                       (ErrorBudget(0.0, 6, spread="cosine", known_noise=True, plan_every=2), 6)]
