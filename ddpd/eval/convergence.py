@@ -158,7 +158,6 @@ def plot_convergence(rows: list[dict], path: str) -> None:
         ax.grid(alpha=0.3)
     fig.tight_layout()
     save_figure(fig, path, dpi=150)
-    plt.close(fig)
 
 
 def write_convergence(rows: list[dict], out_dir: str) -> dict[str, Optional[str]]:

@@ -262,7 +262,6 @@ def plot_quality(rows: list[dict], path: str) -> None:
     fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=4, fontsize=7, frameon=False)
     fig.tight_layout(rect=(0, 0.04 + 0.025 * ((len(handles) + 3) // 4), 1, 1))
     save_figure(fig, path, dpi=150)
-    plt.close(fig)
 
 
 def _marker(sampler: str) -> str:

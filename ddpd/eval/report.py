@@ -140,7 +140,8 @@ def write_text(text: str, path: str) -> None:
 
 
 def save_figure(fig, path: str, **kwargs) -> None:
-    """fig.savefig to `path` atomically.
+    """fig.savefig to `path` atomically, then close the figure, written or not: pyplot keeps
+    every figure it opened until closed (a sweep plotted in a loop held them all).
 
     Args:
         fig: a matplotlib figure.
@@ -150,13 +151,16 @@ def save_figure(fig, path: str, **kwargs) -> None:
     Raises:
         OutputError: the file cannot be written.
     """
-    _parent(path)
-    image = io.BytesIO()  # the whole image first: a savefig that fails writes nothing
-    fig.savefig(image, format=os.path.splitext(path)[1][1:] or "png", **kwargs)
-    if _SET is not None:
-        _SET.open(path, binary=True).write(image.getvalue())
-    else:
-        files.write_bytes(path, image.getvalue())
+    try:
+        _parent(path)
+        image = io.BytesIO()  # the whole image first: a savefig that fails writes nothing
+        fig.savefig(image, format=os.path.splitext(path)[1][1:] or "png", **kwargs)
+        if _SET is not None:
+            _SET.open(path, binary=True).write(image.getvalue())
+        else:
+            files.write_bytes(path, image.getvalue())
+    finally:
+        pyplot().close(fig)
 
 
 def write_json(data, path: str) -> None:
