@@ -9,6 +9,7 @@ The law, the uniforms and the validity of a row: docs/ops/multinomial.md.
 """
 from __future__ import annotations
 
+import numbers
 from typing import Optional
 
 import torch
@@ -441,7 +442,7 @@ def logit_weights(logits, temperature: float) -> torch.Tensor:
         raise TypeError(f"logits must be a floating tensor, got {logits.dtype}")
     if logits.dim() != 2:
         raise ValueError(f"logits must have shape [B, N], got {tuple(logits.shape)}")
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+    if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real):  # numpy's floats too
         raise TypeError(f"temperature must be a float, got {type(temperature).__name__}")
     if not (0.0 < temperature <= MAX_TEMPERATURE):
         raise ValueError(f"temperature must be a float in (0, {MAX_TEMPERATURE:g}], got {temperature!r}")

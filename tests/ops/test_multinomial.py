@@ -4,6 +4,7 @@ law (chi-square over >= 1e5 draws), and the handling of invalid rows and argumen
 import importlib
 import math
 
+import numpy as np
 import pytest
 import torch
 from scipy import stats
@@ -433,6 +434,17 @@ def test_categorical_argument_errors():
 def test_multinomial_from_logits_temperature_errors(temperature, error):
     with pytest.raises(error, match="temperature"):
         multinomial_from_logits(torch.zeros(2, 3), 1, temperature, seed=0).tokens
+
+
+def test_multinomial_from_logits_takes_numpy_temperatures():
+    """A numpy float32 temperature (a value read from an array) was refused with "temperature
+    must be a float, got float32", where sample_categorical and planner_select take it."""
+    logits = torch.randn(3, 5, generator=torch.Generator().manual_seed(0))
+    for draw in (multinomial_from_logits, multinomial_from_logits_reference):
+        expected = draw(logits, 2, 0.5, seed=3).tokens
+        assert torch.equal(draw(logits, 2, np.float32(0.5), seed=3).tokens, expected)
+        with pytest.raises(ValueError, match="temperature"):
+            draw(logits, 1, np.float32(0.0), seed=3)
 
 
 def test_multinomial_from_logits_keeps_a_row_valid_at_extreme_temperatures():
