@@ -280,6 +280,15 @@ def test_invalid_rows_are_flagged_with_index_zero(fn):
         fn(w, 3, True, seed=1)
 
 
+def test_the_error_names_the_first_eight_invalid_rows():
+    """A batch of many invalid rows names the first 8 only, as the message says."""
+    w = torch.zeros(10, 3)
+    w[9] = 1
+    for fn in (multinomial, multinomial_reference):
+        with pytest.raises(ValueError, match=r"weights: rows \[0, 1, 2, 3, 4, 5, 6, 7\] \(first 8 shown\)"):
+            fn(w, 1, seed=0)
+
+
 def test_categorical_invalid_rows():
     w = bad_rows()
     u = torch.full((7,), 0.5, dtype=torch.float64)
@@ -388,10 +397,12 @@ def test_uniforms_outside_the_unit_interval_draw_as_the_reference_and_never_a_ze
         (dict(weights=torch.ones(3, 4, dtype=torch.int64)), TypeError, "weights must be a float32"),
         (dict(weights=torch.ones(4)), ValueError, r"weights must have shape \[B, N\]"),
         (dict(weights=torch.ones(2, 0)), ValueError, "N >= 1"),
+        (dict(weights=torch.ones(3, 4, device="meta")), ValueError, "weights must be on a cpu or cuda device"),
         (dict(k=0), ValueError, "k must be >= 1"),
         (dict(k=5, replacement=False), ValueError, "<= N = 4"),
         (dict(k=2**30, replacement=True), ValueError, r"k must be < 1073741824"),  # stream columns 2j, 2j + 1
         (dict(k=2.0), TypeError, "k must be an int"),
+        (dict(k=True), TypeError, "k must be an int, got bool"),
         (dict(replacement=1), TypeError, "replacement must be a bool"),
         (dict(check_valid="no"), TypeError, "check_valid must be a bool"),
         (dict(seed=-1), ValueError, "seed must be an int"),
@@ -405,6 +416,7 @@ def test_uniforms_outside_the_unit_interval_draw_as_the_reference_and_never_a_ze
         (dict(noise=torch.rand(3, 2), seed=1), ValueError, "either noise or seed"),
         (dict(noise=torch.rand(3, 3)), ValueError, r"noise must have shape \(3, 2\)"),
         (dict(noise=torch.ones(3, 2)), ValueError, r"noise must lie in \[0, 1\)"),
+        (dict(noise=torch.rand(3, 2, device="meta")), ValueError, "noise must be on cpu like the weights"),
         (dict(noise=torch.ones(3, 2, dtype=torch.float16)), TypeError, "noise must be float32 or float64"),
     ],
 )
