@@ -1058,6 +1058,24 @@ def test_text_an_ascii_stdout_cannot_hold_is_printed_escaped(tmp_path, monkeypat
     assert all(line.startswith("\\xb1 \\u3057") for line in printed)
 
 
+class _UnknownCodec(io.StringIO):
+    """A stdout whose encoding names no codec Python knows (a wrapper's own label)."""
+
+    encoding = "x-no-such-codec"
+
+
+@pytest.mark.parametrize("stream", [io.StringIO, _UnknownCodec])
+def test_a_stdout_without_a_known_encoding_gets_the_text_as_it_is(stream, monkeypatch):
+    """io.StringIO (a tool's main() called from Python) has no encoding: its text is not
+    escaped as for ASCII; an encoding Python cannot look up leaves the text to the stream."""
+    from ddpd.streams import Stdout
+
+    stdout = stream()
+    monkeypatch.setattr(sys, "stdout", stdout)
+    Stdout().print("\u00b1 \u3057")
+    assert stdout.getvalue() == "\u00b1 \u3057\n"
+
+
 # ---------------------------------------------------------------- class labels and guidance
 
 
