@@ -426,7 +426,7 @@ def logit_weights(logits, temperature: float) -> torch.Tensor:
     """softmax(logits / temperature) over the last dim, in float32 (float64 stays float64).
 
     Args:
-        logits: float [B, N].
+        logits: float [B, N], N >= 1.
         temperature: a float in (0, 1e36].
 
     Returns:
@@ -434,14 +434,14 @@ def logit_weights(logits, temperature: float) -> torch.Tensor:
 
     Raises:
         TypeError: logits not a float tensor, or temperature not a float.
-        ValueError: logits not 2-d, or temperature not in (0, 1e36].
+        ValueError: logits not [B, N] with N >= 1, or temperature not in (0, 1e36].
     """
     if not isinstance(logits, torch.Tensor):
         raise TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
     if logits.dtype not in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
         raise TypeError(f"logits must be a floating tensor, got {logits.dtype}")
-    if logits.dim() != 2:
-        raise ValueError(f"logits must have shape [B, N], got {tuple(logits.shape)}")
+    if logits.dim() != 2 or logits.shape[1] == 0:  # no row maximum to take: torch's IndexError
+        raise ValueError(f"logits must have shape [B, N] with N >= 1, got {tuple(logits.shape)}")
     if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real):  # numpy's floats too
         raise TypeError(f"temperature must be a float, got {type(temperature).__name__}")
     if not (0.0 < temperature <= MAX_TEMPERATURE):
@@ -487,7 +487,7 @@ def multinomial_from_logits(logits, k: int, temperature: float = 1.0, replacemen
     row with fewer than k tokens within that reach is invalid too.
 
     Args:
-        logits: floating [B, N].
+        logits: floating [B, N], N >= 1.
         k, replacement: as multinomial.
         temperature: a float in (0, 1e36].
         **stream: multinomial's keyword arguments (seed, offset, generator, row_ids, noise,

@@ -448,6 +448,15 @@ def test_multinomial_from_logits_temperature_errors(temperature, error):
         multinomial_from_logits(torch.zeros(2, 3), 1, temperature, seed=0).tokens
 
 
+@pytest.mark.parametrize("shape", [(2, 0), (0, 0)])
+def test_multinomial_from_logits_refuses_rows_of_no_logits(shape):
+    """Logits of N = 0 failed in the softmax's row maximum with torch's "amax(): Expected
+    reduction dim -1 to have non-zero size" (an IndexError), where multinomial says N >= 1."""
+    for draw in (multinomial_from_logits, multinomial_from_logits_reference):
+        with pytest.raises(ValueError, match=r"logits must have shape \[B, N\] with N >= 1"):
+            draw(torch.zeros(shape), 1, seed=0)
+
+
 def test_multinomial_from_logits_takes_numpy_temperatures():
     """A numpy float32 temperature (a value read from an array) was refused with "temperature
     must be a float, got float32", where sample_categorical and planner_select take it."""
