@@ -142,6 +142,7 @@ def test_philox_uniforms_feed_the_same_draws_as_explicit_noise():
     ids = torch.arange(100, 120)
     u = draw_uniforms(99, 5, ids, 6)
     assert u.dtype == torch.float64 and bool((u > 0).all() and (u < 1).all())
+    assert bool(((u * 2**48) % 1 == 0.5).all())  # (a 2**24 + b + 1/2) 2**-48: the kernels' uniforms
     seeded = multinomial(w, 6, True, seed=99, offset=5, row_ids=ids).tokens
     assert torch.equal(seeded, multinomial(w, 6, True, noise=u).tokens)
     assert torch.equal(seeded[:, 0], categorical_from_weights(w, u[:, 0]).tokens)
