@@ -148,6 +148,23 @@ def test_philox_uniforms_feed_the_same_draws_as_explicit_noise():
     assert torch.equal(seeded[:, 0], categorical_from_weights(w, u[:, 0]).tokens)
 
 
+@pytest.mark.parametrize("replacement", [False, True])
+def test_a_device_without_kernels_draws_what_the_kernels_draw(monkeypatch, replacement):
+    """Where ddpd._C has no kernels for the device (CUDA tensors of a build without the CUDA
+    toolkit) the op runs its reference on the same uniforms: the same indices, seeded (int or
+    tensor counters) or from noise, with or without replacement."""
+    from ddpd.ops import _ext
+
+    w = peaked_weights(6, 150, 7)
+    noise = torch.rand(6, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    calls = [dict(seed=5, offset=2), dict(seed=torch.tensor(5), offset=torch.tensor(2)), dict(noise=noise)]
+    expected = [multinomial(w, 3, replacement, **call) for call in calls]
+    monkeypatch.setattr(_ext, "ops_for", lambda device: None)
+    for call, want in zip(calls, expected):
+        got = multinomial(w, 3, replacement, **call)
+        assert torch.equal(got.tokens, want.tokens) and torch.equal(got.valid, want.valid)
+
+
 def test_a_row_keeps_its_draws_whatever_the_batch():
     w = peaked_weights(30, 400, 5)
     full = multinomial(w, 4, False, seed=11, offset=3).tokens
@@ -443,10 +460,17 @@ def test_categorical_argument_errors():
 
 @pytest.mark.parametrize("temperature,error",
                          [(0.0, ValueError), (-1.0, ValueError), (math.inf, ValueError), (1e37, ValueError),
-                          ("1", TypeError)])
+                          ("1", TypeError), (True, TypeError)])
 def test_multinomial_from_logits_temperature_errors(temperature, error):
     with pytest.raises(error, match="temperature"):
         multinomial_from_logits(torch.zeros(2, 3), 1, temperature, seed=0).tokens
+
+
+def test_multinomial_from_logits_names_logits_of_another_rank():
+    """Logits of 3 dimensions are refused as logits, not as the weights the caller never passed."""
+    for draw in (multinomial_from_logits, multinomial_from_logits_reference):
+        with pytest.raises(ValueError, match=r"logits must have shape \[B, N\] .* got \(2, 1, 3\)"):
+            draw(torch.zeros(2, 1, 3), 1, seed=0)
 
 
 @pytest.mark.parametrize("shape", [(2, 0), (0, 0)])
