@@ -87,6 +87,15 @@ def test_scatter_back_refuses_an_out_whose_rows_share_memory(write):
     assert not out.any()
 
 
+@pytest.mark.parametrize("write", [scatter_back, scatter_back_reference])
+@pytest.mark.parametrize("out", [torch.zeros(1, 3).expand(2, 3), torch.zeros(2, 1).expand(2, 3)])
+def test_scatter_back_refuses_an_out_expanded_to_two(write, out):
+    """An expanded dimension of size 2 shares memory as one of size 4 does (rows or columns)."""
+    with pytest.raises(ValueError, match="share memory"):
+        write(torch.tensor([1, 0]), torch.ones(2, 3), out)
+    assert not out.any()
+
+
 def _aliased(how: str, order: str):
     """(index, packed, out) with packed a view of out's memory from its row 8 on, and the
     rows out should hold afterwards (the reference, on a copy of packed)."""
@@ -164,6 +173,10 @@ ALL3, INDEX2 = torch.ones(3, dtype=torch.bool), torch.zeros(2, dtype=torch.int64
     "call,error,match",
     [
         (lambda: compact_fixed(torch.ones(3), 3, torch.ones(3)), ValueError, "active must be a 1-D bool"),
+        (lambda: compact_fixed(torch.ones(3, 1, dtype=torch.bool), 3, torch.ones(3)), ValueError,
+         "active must be a 1-D bool"),
+        (lambda: compact_fixed_reference(torch.ones(1, 3, dtype=torch.bool), 3, torch.ones(1)), ValueError,
+         "active must be a 1-D bool"),
         (lambda: compact_fixed([True], 1, torch.ones(1)), TypeError, "active must be a torch.Tensor"),
         (lambda: compact_fixed(ALL3, 3, torch.tensor(1.0)), ValueError, r"tensors\[0\]"),
         (lambda: compact_fixed(ALL3, 3, [1, 2, 3]), TypeError, r"tensors\[0\] must be a torch.Tensor"),
@@ -174,11 +187,17 @@ ALL3, INDEX2 = torch.ones(3, dtype=torch.bool), torch.zeros(2, dtype=torch.int64
         (lambda: compact_fixed(ALL3, 2, torch.ones(3), "x"), TypeError, r"tensors\[1\] must be a torch.Tensor"),
         (lambda: compact_fixed(ALL3, -1), ValueError, "capacity must be >= 0"),
         (lambda: compact_fixed(ALL3, 2.0), TypeError, "capacity must be an int"),
+        (lambda: compact_fixed(ALL3, True, torch.ones(3)), TypeError, "capacity must be an int, got bool"),
         (lambda: scatter_back(torch.zeros(2, dtype=torch.int32), torch.ones(2), torch.ones(3)), ValueError,
          "index must be a 1-D int64"),
         (lambda: scatter_back(INDEX2, torch.ones(3), torch.ones(3)), ValueError, r"packed\[0\] must have shape"),
         (lambda: scatter_back(INDEX2, torch.ones(2, 2), torch.ones(3, 3)), ValueError, r"packed\[0\] must have shape"),
+        (lambda: scatter_back(INDEX2, torch.ones(2), torch.tensor(1.0)), ValueError, r"packed\[0\] must have shape"),
         (lambda: scatter_back(INDEX2, torch.ones(2), torch.ones(3, dtype=torch.float64)), ValueError, "dtype"),
+        (lambda: scatter_back(INDEX2, torch.ones(2, device="meta"), torch.ones(3)), ValueError,
+         r"packed\[0\] and out\[0\] must be on cpu like index"),
+        (lambda: scatter_back(INDEX2, torch.ones(2), torch.ones(3, device="meta")), ValueError,
+         r"packed\[0\] and out\[0\] must be on cpu like index"),
         (lambda: scatter_back(torch.tensor([0, 3]), torch.ones(2), torch.ones(3)), ValueError,
          r"index values must be < out.shape\[0\] = 3"),
         (lambda: scatter_back(torch.tensor([0, 1]), torch.ones(2), [torch.ones(3)]), TypeError,
