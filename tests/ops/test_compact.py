@@ -190,6 +190,8 @@ ALL3, INDEX2 = torch.ones(3, dtype=torch.bool), torch.zeros(2, dtype=torch.int64
         (lambda: compact_fixed(ALL3, True, torch.ones(3)), TypeError, "capacity must be an int, got bool"),
         (lambda: scatter_back(torch.zeros(2, dtype=torch.int32), torch.ones(2), torch.ones(3)), ValueError,
          "index must be a 1-D int64"),
+        (lambda: scatter_back(torch.zeros(2, 1, dtype=torch.int64), torch.ones(2), torch.ones(3)), ValueError,
+         "index must be a 1-D int64"),
         (lambda: scatter_back(INDEX2, torch.ones(3), torch.ones(3)), ValueError, r"packed\[0\] must have shape"),
         (lambda: scatter_back(INDEX2, torch.ones(2, 2), torch.ones(3, 3)), ValueError, r"packed\[0\] must have shape"),
         (lambda: scatter_back(INDEX2, torch.ones(2), torch.tensor(1.0)), ValueError, r"packed\[0\] must have shape"),
@@ -200,6 +202,8 @@ ALL3, INDEX2 = torch.ones(3, dtype=torch.bool), torch.zeros(2, dtype=torch.int64
          r"packed\[0\] and out\[0\] must be on cpu like index"),
         (lambda: scatter_back(torch.tensor([0, 3]), torch.ones(2), torch.ones(3)), ValueError,
          r"index values must be < out.shape\[0\] = 3"),
+        (lambda: scatter_back(torch.tensor([0, 4]), [torch.ones(2)] * 2, [torch.ones(5), torch.ones(3)]), ValueError,
+         r"index values must be < out.shape\[0\] = 3"),  # the shortest out
         (lambda: scatter_back(torch.tensor([0, 1]), torch.ones(2), [torch.ones(3)]), TypeError,
          "both be tensors or both be sequences"),
         (lambda: scatter_back(torch.tensor([0, 1]), [torch.ones(2)], [torch.ones(3), torch.ones(3)]), ValueError,
