@@ -473,6 +473,13 @@ def test_multinomial_from_logits_names_logits_of_another_rank():
             draw(torch.zeros(2, 1, 3), 1, seed=0)
 
 
+def test_multinomial_from_logits_refuses_integer_logits():
+    """Integer logits are refused, not drawn from as if they were floats."""
+    for draw in (multinomial_from_logits, multinomial_from_logits_reference):
+        with pytest.raises(TypeError, match="logits must be a floating tensor, got torch.int64"):
+            draw(torch.zeros(2, 3, dtype=torch.int64), 1, seed=0)
+
+
 @pytest.mark.parametrize("shape", [(2, 0), (0, 0)])
 def test_multinomial_from_logits_refuses_rows_of_no_logits(shape):
     """Logits of N = 0 failed in the softmax's row maximum with torch's "amax(): Expected
