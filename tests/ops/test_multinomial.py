@@ -534,6 +534,15 @@ def test_multinomial_from_logits_without_replacement_names_the_float32_softmax_l
         multinomial_from_logits(torch.tensor([[0.0, 1.0], [float("nan"), 0.0]]), 1, seed=0)
 
 
+def test_multinomial_from_logits_names_the_float64_softmax_limit():
+    """float64 logits are refused with their own reach (about 745 * temperature) and dtype."""
+    logits = torch.tensor([[0.0, 0.0, -1000.0]], dtype=torch.float64)
+    for draw in (multinomial_from_logits, multinomial_from_logits_reference):
+        with pytest.raises(ValueError, match=r"fewer than k = 3 tokens with a positive float64 softmax weight "
+                                             r"\(within about 745 \* temperature of the row's maximum\)"):
+            draw(logits, 3, seed=0)
+
+
 # ----------------------------------------------------------------------------- GPU
 
 
