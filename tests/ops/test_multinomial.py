@@ -348,6 +348,24 @@ def test_calls_under_a_mode_that_traces_nothing_read_their_flags_and_uniforms(mo
             multinomial_from_logits(torch.full((2, 3), float("nan")), 1, seed=0)
 
 
+def test_vmap_is_refused_with_a_clear_error():
+    """Under vmap every slice would be row 0 of its own batch and draw the same stream; a
+    batched weights, noise, row_ids or uniforms tensor is refused, as sample_categorical does."""
+    w, u = torch.rand(6, 1, 5), torch.rand(6, 1, dtype=torch.float64)
+    calls = [
+        lambda x: multinomial(x, 1, seed=1).tokens,
+        lambda x: multinomial_from_logits(x, 1, seed=1).tokens,
+        lambda x: multinomial(w[0], 1, noise=x[:, :1].double()).tokens,
+        lambda x: multinomial(w[0], 1, seed=1, row_ids=x[:, 0].long()).tokens,
+        lambda x: categorical_from_weights(x, u[0]).tokens,
+    ]
+    for call in calls:
+        with pytest.raises(ValueError, match="does not run under torch.func transforms"):
+            torch.vmap(call)(w)
+    with pytest.raises(ValueError, match="ddpd.ops.categorical_from_weights does not run under torch.func"):
+        torch.vmap(lambda v: categorical_from_weights(w[0], v).tokens)(u)
+
+
 def test_float64_total_overflow_is_invalid():
     w = torch.full((2, 3), 1e308, dtype=torch.float64)
     w[1] = 1.0
