@@ -215,6 +215,19 @@ def test_argument_errors(call, error, match):
         call()
 
 
+def test_vmap_is_refused_with_a_clear_error():
+    """A kernel cannot read vmap's batched tensors: both ops refuse them by name."""
+    active, x = torch.ones(4, 3, dtype=torch.bool), torch.randn(4, 3, 2)
+    with pytest.raises(ValueError, match="ddpd.ops.compact_fixed does not run under torch.func transforms"):
+        torch.vmap(lambda a: compact_fixed(a, 2, x[0]).index)(active)
+    with pytest.raises(ValueError, match="ddpd.ops.compact_fixed does not run under torch.func transforms"):
+        torch.vmap(lambda t: compact_fixed(active[0], 2, t).index)(x)
+    with pytest.raises(ValueError, match="ddpd.ops.scatter_back does not run under torch.func transforms"):
+        torch.vmap(lambda p: scatter_back(torch.tensor([2, 0, 1]), p, torch.zeros(3, 2)))(x)
+    with pytest.raises(ValueError, match="ddpd.ops.scatter_back does not run under torch.func transforms"):
+        torch.vmap(lambda p: scatter_back(torch.tensor([2, 0, 1]), [p], [torch.zeros(3, 2)]))(x)
+
+
 def test_scatter_back_checks_its_index_under_a_mode_that_traces_nothing():
     """A flop counter traces nothing: an index past out is still refused, not skipped."""
     from torch.utils.flop_counter import FlopCounterMode
