@@ -253,7 +253,9 @@ def scatter_back(index, packed: Union[torch.Tensor, Sequence[torch.Tensor]],
             device mismatch, an out whose elements share memory, or an index out of range
             (CPU).
     """
-    _dispatch.refuse_transforms("scatter_back", index, *(packed if isinstance(packed, (list, tuple)) else [packed]))
+    # out too: a batched out alone reached the kernel, which has no batching rule
+    given = [t for arg in (packed, out) for t in (arg if isinstance(arg, (list, tuple)) else [arg])]
+    _dispatch.refuse_transforms("scatter_back", index, *given)
     pairs = _check_scatter(index, packed, out)
     eager = _dispatch.eager(index, *(t for pair in pairs for t in pair))
     for p, o in pairs:

@@ -226,6 +226,9 @@ def test_vmap_is_refused_with_a_clear_error():
         torch.vmap(lambda p: scatter_back(torch.tensor([2, 0, 1]), p, torch.zeros(3, 2)))(x)
     with pytest.raises(ValueError, match="ddpd.ops.scatter_back does not run under torch.func transforms"):
         torch.vmap(lambda p: scatter_back(torch.tensor([2, 0, 1]), [p], [torch.zeros(3, 2)]))(x)
+    for wrap in (lambda t: t, lambda t: [t]):  # out alone batched: torch's "Batching rule not implemented"
+        with pytest.raises(ValueError, match="ddpd.ops.scatter_back does not run under torch.func transforms"):
+            torch.vmap(lambda o: scatter_back(torch.tensor([2, 0, 1]), wrap(torch.ones(3, 2)), wrap(o)))(x.clone())
 
 
 def test_scatter_back_checks_its_index_under_a_mode_that_traces_nothing():
