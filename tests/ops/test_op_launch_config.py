@@ -126,6 +126,22 @@ def test_a_flat_grid_past_cudas_x_axis_is_refused_before_launching():
         _dispatch.flat_grid("the uniforms", 2**21, 2**20 + 1, PHILOX_BLOCK)
 
 
+def test_row_widths_are_checked_in_one_to_max_width():
+    """check_width's bounds, both ends: a row of no columns reaches no kernel (planner_mask's
+    C++ kernel divides by D: a floating point exception would end the process)."""
+    from ddpd.ops import norm, planner_mask
+
+    for size in (1, _dispatch.MAX_WIDTH - 1):
+        _dispatch.check_width("V", size)
+    for size in (0, _dispatch.MAX_WIDTH):
+        with pytest.raises(ValueError, match=rf"V must be in \[1, {_dispatch.MAX_WIDTH}\), got {size}"):
+            _dispatch.check_width("V", size)
+    with pytest.raises(ValueError, match=r"D \(logits.shape\[1\]\) must be in \[1, "):
+        planner_mask(torch.zeros(2, 0), torch.zeros(2, 0, dtype=torch.int64), None, 5, seed=0)
+    with pytest.raises(ValueError, match="x's last dimension must be in"):
+        norm(torch.zeros(2, 0), torch.ones(0), torch.zeros(0), 1e-5)
+
+
 @pytest.mark.parametrize("batch,heads,length,head_dim", [(64, 4, 256, 64), (512, 4, 256, 64), (16, 12, 1024, 64)])
 def test_rotary_grids_fill_the_device(batch, heads, length, head_dim):
     """The rotation of q at the sampling benchmarks' shapes (the bundled model at batches 64
