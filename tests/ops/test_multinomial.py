@@ -366,6 +366,27 @@ def test_vmap_is_refused_with_a_clear_error():
         torch.vmap(lambda v: categorical_from_weights(w[0], v).tokens)(u)
 
 
+class _Seen(torch.Tensor):
+    """A tensor subclass that records the functions called on it."""
+
+    seen: list = []
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        cls.seen.append(str(func))
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def test_a_tensor_subclass_sees_the_registered_op():
+    """A subclassed tensor goes through the custom op ddpd::multinomial (its schema and fake
+    kernel), never straight to the C++ kernel behind it: the same draws either way."""
+    w = torch.rand(3, 5, generator=torch.Generator().manual_seed(2))
+    _Seen.seen.clear()
+    tokens = multinomial(w.as_subclass(_Seen), 2, seed=0, check_valid=False).tokens
+    assert [f for f in _Seen.seen if "ddpd" in f] == ["ddpd.multinomial.default"]
+    assert torch.equal(tokens.as_subclass(torch.Tensor), multinomial(w, 2, seed=0).tokens)
+
+
 def test_float64_total_overflow_is_invalid():
     w = torch.full((2, 3), 1e308, dtype=torch.float64)
     w[1] = 1.0
