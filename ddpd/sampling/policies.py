@@ -697,9 +697,12 @@ def parse_policy(spec: str):
 
     Raises:
         ValueError: an unknown name or field, a field without its value, or a value the policy refuses.
-        TypeError: a value of the wrong type for the policy.
+        TypeError: `spec` not a str, or a value of the wrong type for the policy.
     """
+    if not isinstance(spec, str):
+        raise TypeError(f"policy spec must be a str, got {type(spec).__name__} {spec!r}")
     name, colon, rest = spec.partition(":")
+    name = name.strip()  # as the fields' keys and values are
     if name not in POLICIES:
         raise ValueError(f"policy must be one of {', '.join(POLICIES)} (optionally NAME:FIELD=VALUE,...), "
                          f"got {spec!r}")

@@ -835,6 +835,14 @@ def test_a_bare_field_name_or_a_later_bare_value_asks_for_field_equals_value(spe
     assert parse_policy("error-budget:0.5,max_k=8") == ErrorBudget(0.5, 8)
 
 
+def test_a_policy_name_is_read_as_its_fields_are_stripped_and_a_spec_must_be_text():
+    """' threshold : 0.9' was refused as an unknown policy, though its field's spaces are stripped."""
+    assert parse_policy(" threshold : 0.9") == parse_policy("threshold:0.9")
+    assert parse_policy("maskgit ") == parse_policy("maskgit")
+    with pytest.raises(TypeError, match="^policy spec must be a str, got float 0.9$"):
+        parse_policy(0.9)
+
+
 def test_policy_specs_round_trip_and_bad_ones_are_named():
     for policy in MASK_POLICIES + LIMITS:
         assert parse_policy(policy_spec(policy)) == policy
