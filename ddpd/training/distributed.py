@@ -197,9 +197,14 @@ class Distributed:
 
         Args:
             wait: wait for the other processes at a final barrier.
+
+        Raises:
+            PeerLost: another process stopped before the final barrier (the group is left all the same).
         """
         if self.owns_group:
-            if wait:
-                dist.barrier()  # no process tears the group down while another still uses it
-            dist.destroy_process_group()
-            self.owns_group = False
+            try:
+                if wait:
+                    self.barrier()  # no process tears the group down while another still uses it
+            finally:  # a lost peer too: a group left to the interpreter's exit aborts it (gloo's threads)
+                dist.destroy_process_group()
+                self.owns_group = False

@@ -885,6 +885,44 @@ def _stop_after_the_flag_worker(rank, store, settings, out):
         dist.destroy_process_group()
 
 
+def _peer_gone_worker(rank, store, out):
+    """Process 1 leaves without a word; process 0's collectives and its close then meet a lost peer."""
+    from ddpd.training.distributed import Distributed
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    # a bound on a collective's wait: a peer not seen to be gone fails too, instead of hanging the test
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=120))
+    group = Distributed("cpu")
+    if rank == 1:
+        os._exit(0)
+    group.owns_group = True  # as though it had made the group from torchrun's environment
+    outcomes = []
+    for call in (lambda: group.sum([1.0]), lambda: group.max([1.0]), lambda: group.all_gather(1), group.barrier,
+                 group.close):
+        try:
+            call()
+            outcomes.append("returned")
+        except Exception as err:
+            outcomes.append(type(err).__name__)
+    outcomes.append("group left" if not dist.is_initialized() else "group kept")
+    with open(os.path.join(out, "outcomes.json"), "w") as f:
+        json.dump(outcomes, f)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def test_every_collective_and_the_final_barrier_name_a_lost_peer(tmp_path):
+    """A peer gone is PeerLost in each collective, the final barrier of close included (a bare
+    gloo RuntimeError there ended in a traceback), and close still leaves the group it made:
+    kept, gloo's threads abort the process at its exit."""
+    mp.start_processes(_peer_gone_worker, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=2, join=True,
+                       start_method="spawn")
+    outcomes = json.loads((tmp_path / "outcomes.json").read_text())
+    assert outcomes == ["PeerLost"] * 5 + ["group left"], outcomes
+
+
 def test_a_signal_as_the_stop_flag_is_agreed_stops_every_process_at_one_step(corpus, tmp_path):
     """The trainer read its own stop request again after the all-reduce of the stop flag:
     process 1 stopped and saved (all_gather, barrier) while process 0 went on with a step,
