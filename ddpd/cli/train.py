@@ -254,8 +254,8 @@ def run(args: argparse.Namespace, state: dict) -> int:
     finally:
         try:  # with the trainer still in state, a first signal while closing stays graceful
             trainer.close(wait=finished)  # after a failure the other processes may never reach a barrier
-        except Interrupted as stop:  # a second one (torchrun's SIGTERM after a peer was lost, say)
-            stop.detail = _kept(trainer, config)
+        except (Interrupted, PeerLost) as stop:  # a second signal (torchrun's SIGTERM after a peer was lost,
+            stop.detail = _kept(trainer, config)  # say), or a peer lost at the final barrier
             raise
         finally:
             state.pop("trainer", None)

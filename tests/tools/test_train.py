@@ -1441,6 +1441,24 @@ def test_signals_while_closing_after_a_lost_peer_keep_the_one_line(corpus, tmp_p
     assert err.rstrip().endswith("; no checkpoint was written"), err
 
 
+@pytest.mark.integration
+def test_a_peer_lost_at_the_final_barrier_says_what_was_kept(corpus, tmp_path, capsys, monkeypatch):
+    """The final barrier of a torchrun can meet a peer already gone: the one line says so and
+    names the checkpoint the run saved, as a peer lost during the steps does."""
+    from ddpd.training.distributed import Distributed, PeerLost
+
+    def lost_at_the_barrier(self, wait=True):
+        raise PeerLost(RuntimeError("Connection closed by peer. More advice"))
+
+    monkeypatch.setattr(Distributed, "close", lost_at_the_barrier)
+    out = tmp_path / "p"
+    code, _, err = run_cli(capsys, "planner", "--data", corpus, "--out", out, "--steps", 2, "--no-progress", *TINY_CLI)
+    assert code == 1 and err == ("ddpd-train: error: another process of the group failed or was killed (Connection "
+                                 f"closed by peer); the checkpoint of step 2 in {out} is intact; continue with: "
+                                 f"ddpd-train planner --out {out} --resume --threads 1\n"), err
+    assert os.listdir(tmp_path) == ["p"]  # the lock released
+
+
 def _torchrun_training(corpus, out, *extra, **popen):
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
                "ddpd.cli.train", "planner", "--data", corpus, "--out", str(out), "--eval-every", "5", *TINY_CLI, *extra]
