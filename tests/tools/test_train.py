@@ -1129,6 +1129,49 @@ def test_torchruns_variables_of_a_one_process_run_are_taken(monkeypatch):
     assert not group.owns_group and not dist.is_initialized()
 
 
+@pytest.mark.parametrize("failure", ["occupied", "interrupted"])
+def test_a_trainer_that_fails_to_start_releases_the_output_at_once(corpus, tmp_path, monkeypatch, failure):
+    """A refusal or a Ctrl-C while the trainer sets up releases the lock before it raises,
+    not when the half-built trainer is collected: a caller that keeps the exception (a
+    notebook keeps the last traceback) may start again at once."""
+    from ddpd.training.trainer import OccupiedOutput
+
+    out = tmp_path / "p"
+    if failure == "occupied":
+        _checkpoint_at_step_2(corpus, out)
+        expected = OccupiedOutput
+    else:
+        import ddpd.training.trainer as trainer_module
+
+        def interrupted(*args, **kwargs):
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(trainer_module, "load_text", interrupted)
+        expected = KeyboardInterrupt
+    with pytest.raises(expected) as raised:
+        Trainer(config(corpus, out))
+    assert raised.traceback  # the trainer is still referenced by the traceback's frames
+    assert ".p.lock" not in os.listdir(tmp_path)
+    files.OutputLock(out).acquire().release()
+
+
+def test_a_close_whose_group_fails_to_close_still_releases_the_output(corpus, tmp_path):
+    """Leaving the group can fail (a peer lost at the final barrier): the output's lock goes
+    anyway, so that no lock file is left behind and the run can be resumed at once."""
+    from ddpd.training.distributed import PeerLost
+
+    trainer = Trainer(config(corpus, tmp_path / "p"))
+
+    def peer_lost_at_the_barrier(wait=True):
+        raise PeerLost(RuntimeError("Connection closed by peer"))
+
+    trainer.dist.close = peer_lost_at_the_barrier
+    with pytest.raises(PeerLost):
+        trainer.close()
+    assert os.listdir(tmp_path) == []
+    files.OutputLock(tmp_path / "p").acquire().release()
+
+
 def test_the_gradient_hook_averages_over_the_world_size(tmp_path):
     """GradientMean divides each process's gradient by the world size before the all-reduce sums
     them (what DDP does by itself): in a group of one, a hook made for two halves the gradient."""
