@@ -1172,6 +1172,46 @@ def test_a_close_whose_group_fails_to_close_still_releases_the_output(corpus, tm
     files.OutputLock(tmp_path / "p").acquire().release()
 
 
+def test_a_group_is_destroyed_once_by_whoever_made_it(tmp_path, monkeypatch):
+    """Distributed destroys the group it made (torchrun's environment) at its first close and
+    then no longer owns it: a second close (Trainer.close, then its with block) has nothing to
+    destroy. A group the caller made is the caller's: close leaves it."""
+    from ddpd.training.distributed import Distributed
+
+    init = dist.init_process_group
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    # torchrun's environment, joined as a group of one: no peer to start, no port to pick
+    monkeypatch.setattr(dist, "init_process_group",
+                        lambda backend: init(backend, init_method=f"file://{tmp_path / 'own'}", rank=0, world_size=1))
+    made = Distributed("cpu")
+    assert made.owns_group and dist.is_initialized()
+    made.close()
+    assert not made.owns_group and not dist.is_initialized()
+    made.close()
+    init("gloo", init_method=f"file://{tmp_path / 'callers'}", rank=0, world_size=1)
+    try:
+        joined = Distributed("cpu")
+        joined.close()
+        assert not joined.owns_group and dist.is_initialized()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_with_block_left_by_an_error_closes_without_the_final_barrier(corpus, tmp_path):
+    """After an error the other processes may never reach the final barrier (a lost peer, a
+    refusal on process 0): a Trainer's with block left by one closes with wait=False."""
+    waits = []
+    with pytest.raises(_Stop):
+        with Trainer(config(corpus, tmp_path / "failed")) as trainer:
+            trainer.dist.close = waits.append
+            raise _Stop()
+    with Trainer(config(corpus, tmp_path / "done")) as trainer:
+        trainer.dist.close = waits.append
+    assert waits == [False, True]
+    assert os.listdir(tmp_path) == []  # and the locks went with them
+
+
 def test_the_gradient_hook_averages_over_the_world_size(tmp_path):
     """GradientMean divides each process's gradient by the world size before the all-reduce sums
     them (what DDP does by itself): in a group of one, a hook made for two halves the gradient."""
