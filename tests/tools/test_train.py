@@ -953,6 +953,27 @@ def test_a_peer_lost_in_the_gradient_all_reduce_is_named(corpus, tmp_path):
     assert load_train_state(tmp_path / "out")[1]["step"] == 2  # the last checkpoint is intact
 
 
+def test_an_error_of_a_step_whose_gradient_all_reduce_did_not_fail_stays_itself(corpus, tmp_path):
+    """Only a failed all-reduce of the gradients is a lost peer: any other error of a step of a
+    torchrun (out of memory in the forward) keeps its own type and message, not "another
+    process of the group failed"."""
+    from ddpd.training.distributed import GradientMean, PeerLost
+
+    with Trainer(config(corpus, tmp_path / "out")) as trainer:
+        trainer.reduction = GradientMean(2)  # as a run of two processes holds it
+
+        def out_of_memory(*args, **kwargs):
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+        trainer.objective = out_of_memory
+        with pytest.raises(RuntimeError, match="CUDA out of memory") as raised:
+            trainer._optimizer_step()
+        assert not isinstance(raised.value, PeerLost)
+        trainer.reduction.failed = True  # the hook saw the all-reduce fail
+        with pytest.raises(PeerLost, match=r"another process of the group failed or was killed \(CUDA out of"):
+            trainer._optimizer_step()
+
+
 def test_help_states_the_defaults_of_the_run_settings():
     """Every setting whose help names a default names TrainConfig's (the flags default to
     unset, so that a resumed run keeps its own)."""
@@ -1446,6 +1467,22 @@ def test_a_signal_after_the_done_line_leaves_the_run_complete(corpus, tmp_path, 
     _trains_to_the_end(corpus, tmp_path / "p", capsys, 2)
 
 
+@pytest.mark.integration
+def test_a_signal_as_the_last_step_returns_leaves_the_run_complete(corpus, tmp_path, capsys, monkeypatch):
+    """A signal between the end of train() and the run being marked complete reaches
+    request_stop, which must refuse a stop once every step is done: taken, it reported the
+    finished run interrupted at step 2 of 2, exit status 143."""
+    train = Trainer.train
+
+    def signalled_as_it_returns(self, *args, **kwargs):
+        history = train(self, *args, **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)  # its handler runs before kill returns
+        return history
+
+    monkeypatch.setattr(Trainer, "train", signalled_as_it_returns)
+    _trains_to_the_end(corpus, tmp_path / "p", capsys, 2)
+
+
 def _trains_to_the_end(corpus, out, capsys, steps: int) -> None:
     """ddpd-train of `steps` steps exits 0, says it is done and leaves the last step's checkpoint."""
     code, stdout, err = run_cli(capsys, "planner", "--data", corpus, "--out", out, "--steps", str(steps),
@@ -1470,6 +1507,28 @@ def test_a_signal_while_a_resume_loads_its_checkpoint_is_one_line(corpus, tmp_pa
     assert code == 128 + signal.SIGTERM
     assert err == "ddpd-train: interrupted by SIGTERM; training had not started, nothing was written\n"
     assert os.listdir(tmp_path) == ["p"]  # no lock, no temporary
+
+
+@pytest.mark.integration
+def test_a_resumed_run_interrupted_before_its_first_save_names_the_checkpoint_it_resumed(corpus, tmp_path, capsys,
+                                                                                        monkeypatch):
+    """Two signals in the first step of a resumed run: the second interrupts at once, and the
+    line names the checkpoint the run resumed from, still intact, and how to continue."""
+    out = tmp_path / "p"
+    _checkpoint_at_step_2(corpus, out)
+    optimizer_step = Trainer._optimizer_step
+
+    def signalled_twice(self):
+        os.kill(os.getpid(), signal.SIGTERM)  # graceful: stop after this step
+        os.kill(os.getpid(), signal.SIGTERM)  # the second interrupts here
+        return optimizer_step(self)
+
+    monkeypatch.setattr(Trainer, "_optimizer_step", signalled_twice)
+    code, _, err = run_cli(capsys, "planner", "--out", out, "--resume", "--no-progress")
+    assert code == 128 + signal.SIGTERM and err.count("\n") == 1, err
+    assert err.startswith(f"ddpd-train: interrupted by SIGTERM; the checkpoint of step 2 in {out} is intact; "
+                          "continue with: ddpd-train planner"), err
+    assert load_train_state(out)[1]["step"] == 2 and os.listdir(tmp_path) == ["p"]
 
 
 @pytest.mark.integration
