@@ -194,3 +194,41 @@ def test_the_fraction_is_the_share_of_positions_corrupted():
     found = error_detection(lambda x: torch.zeros(x.shape), lambda x, t: torch.zeros(*x.shape, V), x1, 0.1, V,
                             LinearSchedule(), V, torch.Generator().manual_seed(14))
     assert abs(found.drawn - 0.1 * x1.numel()) < 40  # 77 expected, s.d. 8; the other 90% is 691
+
+
+def test_a_denoiser_sure_of_its_draws_leaves_every_ranking_to_the_planner():
+    """Certain of a wrong token at even positions and of the text at odd ones: every draw has
+    probability 1, so the confidence cannot rank them and its log-odds are all equal (clamped,
+    not -inf); the planner that knows the text ranks them alone, in the confident half too."""
+    x1 = torch.randint(0, V, (16, D), generator=torch.Generator().manual_seed(15))
+    even = (torch.arange(D) % 2 == 0)[:, None]
+
+    def sure(x, t):
+        target = torch.where(even.T, (x1 + 1) % V, x1)
+        return torch.nn.functional.one_hot(target, V).float() * 200.0
+
+    def knowing(x):
+        return torch.where(x != x1, 10.0, -10.0)
+
+    found = error_detection(knowing, sure, x1, 0.5, V, LinearSchedule(), V, torch.Generator().manual_seed(16))
+    assert 0.3 < found.parallel_wrong < 0.7
+    assert found.confident_wrong == round(found.parallel_wrong * found.drawn)  # every draw as confident
+    assert (found.confidence, found.confident_confidence) == (0.5, 0.5)
+    assert (found.parallel, found.combined, found.confident_planner, found.confident_combined) == (1.0,) * 4
+
+
+def test_the_confident_half_holds_half_the_draws():
+    """Every draw wrong, each at its own confidence: the confident half's wrong draws are half
+    the draws."""
+    x1 = torch.randint(0, V, (16, D), generator=torch.Generator().manual_seed(17))
+    lean = 1.0 + torch.rand(16, D, generator=torch.Generator().manual_seed(18))
+
+    def wrong(x, t):  # two wrong tokens, the first favoured by `lean`; the text never drawn
+        logits = torch.full((16, D, V), -100.0)
+        logits.scatter_(-1, ((x1 + 1) % V)[..., None], lean[..., None])
+        return logits.scatter(-1, ((x1 + 2) % V)[..., None], 0.0)
+
+    found = error_detection(lambda x: torch.zeros(x.shape), wrong, x1, 0.5, V, LinearSchedule(), V,
+                            torch.Generator().manual_seed(19))
+    assert found.parallel_wrong == 1.0 and found.drawn % 2 == 0
+    assert found.confident_wrong == found.drawn // 2
