@@ -232,3 +232,11 @@ def test_the_confident_half_holds_half_the_draws():
                             torch.Generator().manual_seed(19))
     assert found.parallel_wrong == 1.0 and found.drawn % 2 == 0
     assert found.confident_wrong == found.drawn // 2
+
+
+@pytest.mark.parametrize("fraction", [0.0, 1.0, -0.1, 1.5])
+def test_error_detection_refuses_a_fraction_outside_0_1(fraction):
+    x1 = torch.zeros(2, D, dtype=torch.long)
+    with pytest.raises(ValueError, match="fraction must be in"):
+        error_detection(lambda x: torch.zeros(x.shape), lambda x, t: torch.zeros(*x.shape, V), x1, fraction, V,
+                        LinearSchedule(), V)
