@@ -23,7 +23,7 @@ from ddpd.eval.planned_mask import masked_log_probs
 from ddpd.eval.report import markdown_table
 from ddpd.ops.rng import gumbel
 from ddpd.process import Schedule
-from ddpd.validation import check_float, check_shape, check_tensor
+from ddpd.validation import check_float, check_int, check_shape, check_tensor
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,7 @@ def parallel_draws(denoiser: Callable, x: Tensor, chosen: Tensor, mask_id: int, 
         denoiser: the mask denoiser, denoiser(x, t) -> Float[B, D, V].
         x: Long[B, D] tokens.
         chosen: Bool[B, D] the positions masked and drawn.
-        mask_id: the mask token.
+        mask_id: the mask token, V or above.
         schedule: the denoiser's schedule (its time from the masked share).
         vocab_size: V.
         generator: the draws' randomness.
@@ -102,7 +102,11 @@ def parallel_draws(denoiser: Callable, x: Tensor, chosen: Tensor, mask_id: int, 
     Returns:
         (Long[B, D] a token drawn at every position, read where `chosen`; Float[B, D, V] the
         laws they were drawn from, as log-probabilities).
+
+    Raises:
+        ValueError: a mask_id below V (a token read as the mask would mask that token).
     """
+    mask_id = check_int("mask_id", mask_id, vocab_size)
     log_q = masked_log_probs(denoiser, x, chosen, mask_id, schedule, vocab_size)
     u = 1.0 - torch.rand(log_q.shape, generator=generator, device=x.device, dtype=log_q.dtype)  # in (0, 1]
     return (log_q + gumbel(u)).argmax(-1), log_q  # Gumbel-max: one draw of each position's law
@@ -119,15 +123,19 @@ def error_detection(planner: Callable, denoiser: Callable, x1: Tensor, fraction:
         denoiser: the mask denoiser, denoiser(x, t) -> Float[B, D, V].
         x1: Long[B, D] clean text.
         fraction: the share of positions corrupted, in (0, 1).
-        mask_id: the mask token.
+        mask_id: the mask token, V or above.
         schedule: the denoiser's schedule (its time from the masked share).
         vocab_size: V.
         generator: the randomness (positions, noise, draws).
 
     Returns:
         The Detection.
+
+    Raises:
+        ValueError: a fraction outside (0, 1), a mask_id below V, or tokens outside [0, V).
     """
     fraction = check_float("fraction", fraction, 0.0, 1.0, open_min=True, open_max=True)
+    mask_id = check_int("mask_id", mask_id, vocab_size)
     x1 = check_tokens("x1", x1, vocab_size)
     rand = torch.rand(x1.shape, generator=generator, device=x1.device)
     chosen = rand < fraction

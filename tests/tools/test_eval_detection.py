@@ -240,3 +240,15 @@ def test_error_detection_refuses_a_fraction_outside_0_1(fraction):
     with pytest.raises(ValueError, match="fraction must be in"):
         error_detection(lambda x: torch.zeros(x.shape), lambda x, t: torch.zeros(*x.shape, V), x1, fraction, V,
                         LinearSchedule(), V)
+
+
+def test_error_detection_and_parallel_draws_refuse_a_mask_id_among_the_tokens():
+    """A mask id below V masked the chosen positions with a real token, and the denoiser drew
+    from text it could not tell from a mask."""
+    x1 = torch.zeros(2, D, dtype=torch.long)
+    chosen = torch.ones(2, D, dtype=torch.bool)
+    with pytest.raises(ValueError, match=f"mask_id must be >= {V}, got {V - 1}"):
+        error_detection(lambda x: torch.zeros(x.shape), lambda x, t: torch.zeros(*x.shape, V), x1, 0.5, V - 1,
+                        LinearSchedule(), V)
+    with pytest.raises(ValueError, match=f"mask_id must be >= {V}, got {V - 1}"):
+        parallel_draws(lambda x, t: torch.zeros(*x.shape, V), x1, chosen, V - 1, LinearSchedule(), V)
