@@ -286,6 +286,21 @@ def test_one_sample_has_no_standard_error():
     assert mean_and_se(torch.tensor([1.0, 3.0])) == (2.0, 1.0)
 
 
+
+def test_markdown_tables_format_every_number_and_leave_missing_values_blank():
+    """ints take a float format as floats do; a missing key and None are blank cells; the
+    first column is left-aligned and the rest right-aligned, one cell a column in every row."""
+    from ddpd.eval.report import markdown_table
+
+    rows = [{"name": "a", "count": 1234567, "share": 3, "se": None}, {"name": "b", "share": 0.25}]
+    columns = (("name", "Name", ""), ("count", "Count", ","), ("share", "Share", ".3f"), ("se", "s.e.", ".3f"))
+    assert markdown_table(rows, columns).splitlines() == [
+        "| Name | Count | Share | s.e. |",
+        "|---|---:|---:|---:|",
+        "| a | 1,234,567 | 3.000 |  |",
+        "| b |  | 0.250 |  |",
+    ]
+
 def test_json_reports_write_an_undefined_value_as_null(tmp_path):
     """An undefined standard error is null in the JSON written, which strict readers accept."""
     import json
