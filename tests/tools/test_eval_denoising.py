@@ -110,6 +110,10 @@ def test_denoising_stats_are_batch_invariant_and_seeded(toy):
     (dict(kind="mask-denoiser-planner", planner=None), "planner must be callable"),
     (dict(x1=torch.zeros(2, 3)), "x1 must have dtype torch.int64"),
     (dict(x1=torch.full((2, 3), 5)), "x1 must hold ids in \\[0, 3\\)"),
+    (dict(x1=torch.full((2, 3), -1)), "x1 must hold ids in \\[0, 3\\)"),
+    (dict(x1=torch.zeros(2, 3, dtype=torch.long), row_ids=torch.tensor([-1, 0])), "row_ids must be >= 0"),
+    (dict(denoiser=lambda x, t: torch.zeros(*x.shape, S, dtype=torch.long)), "denoiser must return floating logits"),
+    (dict(kind="mask-denoiser", mask_id=S - 1), f"mask_id must be >= {S}, got {S - 1}"),
 ])
 def test_denoising_stats_validates_inputs(toy, kwargs, error):
     args = dict(kind="uniform-denoiser", denoiser=toy.models().uniform_denoiser, x1=toy.states, vocab_size=S)
