@@ -92,6 +92,39 @@ def test_planner_mask_scores_each_noisy_position_with_itself_masked(toy):
     assert torch.equal(stats.correct, stats.noisy)
 
 
+
+def _sees_itself_alone(x, t):
+    """Token 0 where the position is masked and no other position of its row is."""
+    masked = x == S
+    logits = torch.zeros(*x.shape, S)
+    logits[..., 0] = torch.where(masked & (masked.sum(-1, keepdim=True) == 1), 20.0, -20.0)
+    return logits
+
+
+@pytest.mark.parametrize("logit, alone", [(-30.0, True), (30.0, False)])
+def test_the_planner_mask_follows_the_planners_probability(logit, alone):
+    """A planner sure the text is clean masks nothing beyond the scored position (each noisy
+    position seen masked alone, though its row has other noisy positions); one sure of noise
+    masks every position."""
+    x1 = torch.zeros(64, 6, dtype=torch.long)
+    stats = denoising_stats("mask-denoiser-planner", _sees_itself_alone, x1, S, alpha=0.5,
+                            planner=lambda x: torch.full(x.shape, logit), seed=8)
+    assert float(stats.noisy.sum()) > 64  # rows with two noisy positions and more
+    assert torch.equal(stats.correct, stats.noisy if alone else torch.zeros_like(stats.noisy))
+
+
+@pytest.mark.parametrize("kind", ["mask-denoiser", "mask-denoiser-planner"])
+def test_the_mask_denoisers_see_the_mask_id_given(kind):
+    def reveals(x, t):  # token 0 where the input holds mask id S + 1
+        logits = torch.zeros(*x.shape, S)
+        logits[..., 0] = torch.where(x == S + 1, 20.0, -20.0)
+        return logits
+
+    x1 = torch.zeros(32, 6, dtype=torch.long)
+    stats = denoising_stats(kind, reveals, x1, S, alpha=0.5, planner=lambda x: torch.zeros(x.shape), mask_id=S + 1,
+                            seed=9)
+    assert float(stats.noisy.sum()) > 0 and torch.equal(stats.correct, stats.noisy)
+
 def test_denoising_stats_are_batch_invariant_and_seeded(toy):
     m = toy.models()
     x1 = toy.states
