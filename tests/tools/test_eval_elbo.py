@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from ddpd.assets import BOOKS
+from ddpd.eval.corruption import NUM_STREAMS, EvalNoise
 from ddpd.eval.elbo import TERMS, elbo_mask_diffusion, elbo_planned, elbo_uniform_model
 from ddpd.process import get_schedule
 from tests.oracles.toy import ToyProblem, dirichlet_p_data, tempered
@@ -715,3 +716,20 @@ def test_elbo_refuses_a_t_max_whose_alpha_is_zero_under_the_schedule():
     with pytest.raises(ValueError, match=r"t_max: alpha\(t_max\) must be in \(0, 1\), got 0.0 for t_max=1e-09"):
         elbo_uniform_model(model, x1, V, t_max=1e-9, schedule="cosine")
     assert bool(torch.isfinite(elbo_uniform_model(model, x1, V, t_max=1e-9, schedule="linear").elbo).all())
+
+
+def test_stratified_draws_cover_each_stratum_once():
+    """Sample m of M lands in [m / M, (m + 1) / M) for every row: the variance reduction the
+    estimators rely on."""
+    noise, rows, samples = EvalNoise(3), torch.arange(50), 4
+    for sample in range(samples):
+        u = noise.stratified(sample, samples, 0, rows)
+        assert bool(((u >= sample / samples) & (u < (sample + 1) / samples)).all()), sample
+
+
+def test_every_sample_and_stream_draws_its_own_uniforms():
+    """No two (sample, stream) pairs share their uniforms: sample 1's stream 0 is not sample 0's
+    stream 1, or a noise decision would repeat as another sample's level."""
+    noise, rows = EvalNoise(3), torch.arange(4)
+    draws = [noise.uniform(sample, stream, rows, 8) for sample in range(2) for stream in range(NUM_STREAMS)]
+    assert len({tuple(u.flatten().tolist()) for u in draws}) == len(draws)
