@@ -1,0 +1,27 @@
+"""Held-out chunks for evaluation (ddpd.eval.heldout)."""
+import pytest
+import torch
+
+from ddpd.eval.heldout import heldout_sequences, pick_chunks
+from ddpd.training.data import Text8Tokenizer
+
+
+def test_pick_chunks_spreads_its_picks_over_the_stream():
+    tokens = torch.arange(100)
+    assert pick_chunks(tokens, 10, 3)[:, 0].tolist() == [0, 40, 90]  # chunks 0, 4 (4.5 to even) and 9
+    assert torch.equal(pick_chunks(tokens, 10, 10), tokens.reshape(10, 10))  # every chunk, when all are asked
+    assert torch.equal(pick_chunks(tokens, 10), tokens.reshape(10, 10))
+
+
+@pytest.mark.parametrize("num_sequences, match", [(0, "num_sequences must be >= 1, got 0"),
+                                                  (11, "holds 10 sequences of 10 tokens, got num_sequences=11")])
+def test_pick_chunks_refuses_none_or_more_chunks_than_the_stream_holds(num_sequences, match):
+    with pytest.raises(ValueError, match=match):
+        pick_chunks(torch.arange(100), 10, num_sequences)
+
+
+def test_heldout_sequences_refuse_an_unknown_split(tmp_path):
+    corpus = tmp_path / "text.txt"
+    corpus.write_text("the quick brown fox " * 200)
+    with pytest.raises(ValueError, match="split must be one of"):
+        heldout_sequences(str(corpus), Text8Tokenizer(), 8, split="tests")
