@@ -131,7 +131,10 @@ def test_the_draws_corruption_labels_noise_and_the_wrong_draws_only():
     g = torch.Generator().manual_seed(7)
     x1 = torch.randint(0, V, (256, D), generator=g)
 
+    seen = {}
+
     def denoiser(x, t):  # right at even positions, wrong at odd ones
+        seen["x"] = x
         right = torch.nn.functional.one_hot(x1, V).float() * 50.0
         return torch.where(torch.arange(D)[:, None] % 2 == 0, right, right.roll(1, -1))
 
@@ -146,6 +149,10 @@ def test_the_draws_corruption_labels_noise_and_the_wrong_draws_only():
     assert (wrong & ~changed).float().mean() < 0.25
     # uniform noise changes about 40% of the positions; the wrong draws about 19% more of the odd ones
     assert changed[odd].float().mean() - changed[~odd].float().mean() > 0.1
+    assert torch.all(seen["x"][changed] == V)  # the draws never saw the text under the noise
+    # right draws are not labelled, so labelled-but-unchanged is as rare at even positions as at odd
+    assert abs((wrong & ~changed)[~odd].float().mean() - (wrong & ~changed)[odd].float().mean()) < 0.05
+    assert 0.35 < changed[~odd].float().mean() < 0.47  # the noise is kept: draws go to clean positions only
 
 
 def test_the_fine_tuning_script_scores_the_planner_before_and_after(tmp_path, monkeypatch, capsys):
