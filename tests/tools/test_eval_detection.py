@@ -105,6 +105,23 @@ def test_the_script_writes_a_row_a_fraction(tmp_path, monkeypatch, capsys):
     assert "| fraction | uniform |" in capsys.readouterr().out
 
 
+
+def test_the_script_scores_the_sequences_asked_for_at_the_seed_given(tmp_path, monkeypatch, capsys):
+    """--sequences 2 of the bundled networks' 256 tokens: about half of 512 positions drawn at 0.5
+    (the test split holds 10 such sequences); --seed changes the corruption."""
+    corpus = tmp_path / "text.txt"
+    corpus.write_text(" ".join(["the quick brown fox jumps over the lazy dog"] * 1200))
+    rows = {}
+    for seed in ("0", "1"):
+        out = tmp_path / f"errors-{seed}.csv"
+        monkeypatch.setattr(sys, "argv", ["planner_errors.py", "--data", str(corpus), "--sequences", "2",
+                                          "--fractions", "0.5", "--seed", seed, "--out", str(out)])
+        runpy.run_path(str(ROOT / "docs" / "parallel" / "planner_errors.py"), run_name="__main__")
+        with open(out, newline="") as f:
+            (rows[seed],) = csv.DictReader(f)
+    assert all(abs(int(row["drawn"]) - 256) < 60 for row in rows.values())  # s.d. 11
+    assert rows["0"] != rows["1"]
+
 def test_parallel_draws_mask_the_chosen_positions_and_draw_each_from_its_law():
     g = torch.Generator().manual_seed(5)
     x = torch.randint(0, V, (64, D), generator=g)
