@@ -10,7 +10,7 @@ CPU tensors run csrc/cpu/planner_select.cpp, CUDA tensors ddpd.kernels.planner_s
 The law, NaN and +inf logits, and the method: docs/ops/planner_select.md.
 """
 
-import struct
+import math
 from typing import Optional
 
 import torch
@@ -70,7 +70,9 @@ def float32_at_least(value: float) -> float:
     nearest = float32(value)
     if nearest >= value:
         return nearest
-    return struct.unpack("f", struct.pack("I", struct.unpack("I", struct.pack("f", nearest))[0] + 1))[0]
+    exponent = math.frexp(nearest)[1] if nearest else -125  # 0 and subnormals: spacing 2**-149
+    unit = math.ldexp(1.0, max(exponent, -125) - 24)  # the float32 spacing above nearest
+    return float32(nearest + unit)  # exact in float64; above the largest float32: inf
 
 
 def check_mask_args(logits, x, mask_id) -> None:

@@ -17,7 +17,6 @@ import dataclasses
 import functools
 import math
 import operator
-import struct
 from typing import Optional
 
 import torch
@@ -35,6 +34,7 @@ GREEDY = -1.0  # the temperature the kernels read for a greedy row (temperature 
 # (a - b = -inf in shifted) has weight exp(-3.4e38 / T) = 0 in float32, so every path is
 # exact; much above it a temperature rounds to +inf in float32 and the shift is NaN.
 MAX_TEMPERATURE = 1e36
+FLOAT32_MAX = 3.4028234663852886e38  # (2 - 2**-23) * 2**127
 TEMPERATURE_RANGE = f"in [0, {MAX_TEMPERATURE:g}] (0: greedy)"  # built once: torch.compile traces no format spec
 THRESHOLD_BLOCK = 1024  # logits per step of the Triton threshold search
 THRESHOLD_SCAN_BLOCK = 4096  # logits per step of its plain passes (maximum, masses, compaction)
@@ -132,7 +132,13 @@ def float32(value: float) -> float:
     Returns:
         The float32 value, as a Python float.
     """
-    return struct.unpack("f", struct.pack("f", value))[0]
+    if value == 0.0 or not math.isfinite(value):
+        return value
+    # In math, not struct.pack: torch.compile before torch 2.9 cannot trace struct's C functions.
+    mantissa, exponent = math.frexp(value)
+    bits = min(24, exponent + 149)  # float32 keeps 24 significant bits, none below 2**-149
+    nearest = math.ldexp(round(math.ldexp(mantissa, bits)), exponent - bits)  # round() ties to even
+    return math.copysign(nearest if abs(nearest) <= FLOAT32_MAX else math.inf, value)
 
 
 def symbolic(value) -> bool:

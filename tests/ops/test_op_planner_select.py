@@ -4,6 +4,7 @@ import itertools
 import math
 import os
 import random
+import struct
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from scipy import stats
 from ddpd.ops import rng
 from ddpd.ops.planner_select import (
     check_select_args,
+    float32_at_least,
     planner_select,
     planner_select_mask,
     planner_select_mask_reference,
@@ -20,6 +22,7 @@ from ddpd.ops.planner_select import (
     planner_select_triton,
 )
 from ddpd.ops.rng import philox_uniform
+from ddpd.ops.sample_categorical import float32
 
 CHI2_MIN_P = 1e-3  # a distribution test fails when its chi-square p-value is below this
 
@@ -193,6 +196,34 @@ def test_stop_compares_probabilities_with_eps_exactly():
         for out in (planner_select(logits, eps=eps, seed=0), planner_select_reference(logits, eps=eps, seed=0),
                     triton_select(logits, eps=eps, seed=0)):
             assert out[2].tolist() == want
+
+
+def test_scalar_arguments_round_to_float32_as_ieee_does():
+    """float32 and float32_at_least round in Python's math (torch.compile before torch 2.9 cannot
+    trace struct.pack): they give struct's float32 on ties, subnormals and the largest values, and
+    overflow to inf where struct.pack raises."""
+    def nearest(v):
+        return struct.unpack("f", struct.pack("f", v))[0]
+
+    def bits_up(v):  # the next float32 above a float32 v >= 0, by its bit pattern
+        return struct.unpack("f", struct.pack("I", struct.unpack("I", struct.pack("f", v))[0] + 1))[0]
+
+    g = random.Random(0)
+    floats = [struct.unpack("f", struct.pack("I", g.getrandbits(31)))[0] for _ in range(3000)]
+    values = [2.0**-150, 3 * 2.0**-151, 2.0**-126 * (1 - 2.0**-24), 1 + 2.0**-24, 1 + 3 * 2.0**-24, 0.1, 1e-50]
+    values += [w for f in floats if math.isfinite(f) for w in (f, f * (1 + 2.0**-25), math.nextafter(f, 0.0))]
+    for v in values:
+        for signed in (v, -v):
+            got, want = float32(signed), nearest(signed)
+            assert got == want and math.copysign(1.0, got) == math.copysign(1.0, want), signed
+        if v > 0.0:
+            want = nearest(v) if nearest(v) >= v else bits_up(nearest(v))
+            assert float32_at_least(v) == want, v
+    top = (2 - 2.0**-23) * 2.0**127
+    assert float32(top) == top and float32(top + 2.0**102) == top  # below half its spacing
+    assert float32(top + 2.0**103) == math.inf and float32(-1e39) == -math.inf  # a tie rounds to even: up
+    assert float32_at_least(math.nextafter(top, 0.0)) == top and float32_at_least(top + 2.0**100) == math.inf
+    assert float32(0.0) == 0.0 and math.copysign(1.0, float32(-0.0)) == -1.0 and math.isnan(float32(math.nan))
 
 
 def test_planner_select_mask_stops_as_planner_select_does():
