@@ -1219,6 +1219,29 @@ def test_a_group_is_destroyed_once_by_whoever_made_it(tmp_path, monkeypatch):
         dist.destroy_process_group()
 
 
+def test_what_joining_the_group_prints_goes_to_stderr(tmp_path, monkeypatch, capfd):
+    """torch 2.7-2.8's gloo prints each process's connection to its peers on file descriptor 1,
+    among the samples ddpd-sample prints there: joining the group points it at stderr."""
+    from ddpd.training.distributed import Distributed
+
+    init = dist.init_process_group
+
+    def noisy(backend):
+        os.write(1, b"[Gloo] Rank 0 is connected to 1 peer ranks.\n")  # as gloo's C++ does
+        init(backend, init_method=f"file://{tmp_path / 'group'}", rank=0, world_size=1)
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setattr(dist, "init_process_group", noisy)
+    print("before", flush=True)
+    group = Distributed("cpu")
+    print("after", flush=True)
+    os.write(1, b"fd 1 again\n")
+    group.close(wait=False)
+    out, err = capfd.readouterr()
+    assert out == "before\nafter\nfd 1 again\n" and "[Gloo] Rank 0 is connected" in err
+
+
 def test_a_with_block_left_by_an_error_closes_without_the_final_barrier(corpus, tmp_path):
     """After an error the other processes may never reach the final barrier (a lost peer, a
     refusal on process 0): a Trainer's with block left by one closes with wait=False."""
