@@ -122,6 +122,8 @@ class _Tolerant:
             pass
 
     def __getattr__(self, name):  # fileno, isatty, encoding, ... of the stream
-        if name == "_stream":  # an instance made without __init__ (copy.copy): no recursion
+        # _stream: an instance made without __init__ (copy.copy) would recurse. Dunders: Python
+        # 3.9's copy.copy took the stream's __getstate__ (StringIO's) for this object's own.
+        if name == "_stream" or name.startswith("__"):
             raise AttributeError(name)
         return getattr(self._stream, name)
