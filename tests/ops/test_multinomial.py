@@ -3,6 +3,7 @@ against their torch references (exactly, same uniforms -> same index), the sampl
 law (chi-square over >= 1e5 draws), and the handling of invalid rows and arguments."""
 import importlib
 import math
+import re
 
 import numpy as np
 import pytest
@@ -658,5 +659,7 @@ def test_opcheck_and_compile():
             assert torch.equal(a, b)
         offset += 1
     raising = torch.compile(lambda w: multinomial(w, 2, seed=1).tokens, fullgraph=True, backend="aot_eager")
-    with pytest.raises(Exception, match="check_valid=False"):
+    with pytest.raises(Exception) as refused:
         raising(weights)
+    # torch before 2.9 names the ValueError's type, not its message: "Observed exception ... ValueError"
+    assert re.search(r"check_valid=False|Observed exception(.|\n)*ValueError", str(refused.value)), refused.value

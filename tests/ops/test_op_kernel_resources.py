@@ -68,6 +68,14 @@ def head_gemm(kernel) -> bool:
     return kernel.fn.__name__ == "head_tiles_kernel"
 
 
+def allowed_spill(kernel: str) -> int:
+    """Bytes of stack a kernel may use: none, but under Triton before 3.6 (torch 2.11's, the
+    oldest the benchmarks measure), where Triton 3.4 (torch 2.8) gives the top-k threshold
+    search 128 registers and 24 bytes of stack at 8 warps (docs/kernels.md)."""
+    old = Version(version("triton")).release < (3, 6)
+    return 24 if old and kernel == "thresholds_kernel" else 0
+
+
 def check_case(name: str, call, few_rows: bool = False) -> None:
     """Every kernel `call` launches: no register spills (no stack); the
     tile statistics read with 16-byte vector loads; the head GEMM on wgmma with
@@ -77,7 +85,7 @@ def check_case(name: str, call, few_rows: bool = False) -> None:
         r = resources(compiled)
         label = f"{name}: {kernel.fn.__name__} {r}"
         print(label)
-        assert r["stack"] == 0, f"{label}: spills registers"
+        assert r["stack"] <= allowed_spill(kernel.fn.__name__), f"{label}: spills registers"
         if kernel.fn.__name__ == "tile_stats_kernel":  # rows at any offset, read through aligned windows
             assert "ld.global.v4" in compiled.asm["ptx"], f"{label}: no 16-byte vector loads"
         if head_gemm(kernel):

@@ -116,7 +116,11 @@ def fineness() -> None:
     """For every runtime argument of every launch, and for pairs of int arguments, each value of
     variants(): launches with equal launch_key classes get equal Triton cache keys (the
     specialisation its binder computes, under each kernel's do_not_specialize)."""
-    from triton.runtime.jit import compute_cache_key
+    try:
+        from triton.runtime.jit import compute_cache_key
+    except ImportError:  # Triton before 3.5 keys its cache as JITFunction.run does here
+        def compute_cache_key(key_cache, specialization, options):
+            return str(specialization) + str(options)
 
     launch_cost.stub_triton()
     key = launch_key()
@@ -124,7 +128,8 @@ def fineness() -> None:
         checked = 0
         for kernel, _, args, meta in launch_cost.record_launches(build()):
             values = list(args.values())
-            _, key_cache, _, _, binder = kernel.device_caches[0]
+            caches = kernel.device_caches[0]  # Triton 3.5 added a cache of keys: 5 entries, 4 before
+            key_cache, binder = (caches[1] if len(caches) == 5 else {}), caches[-1]
             seen: dict = {}
 
             def check(changed):

@@ -958,7 +958,9 @@ def test_every_sampler_keeps_the_prompt(ckpts, tmp_path, capsys, name, models, a
     code, stdout, err = run_cli(capsys, *[m.format(**ckpts) for m in models], *argv, "--infill", "a_c ",
                                 "--steps", "8", "--num-samples", "3", "--out", str(out), *fused)
     assert code == 0, err
-    for line, record in zip(stdout.splitlines(), read_jsonl(out), strict=True):
+    records = read_jsonl(out)
+    assert len(records) == len(stdout.splitlines()) == 3
+    for line, record in zip(stdout.splitlines(), records):  # zip(strict=) needs Python 3.10
         assert line == record["text"] and record["prompt"] == "a_c "
         assert record["tokens"][0] == 1 and record["tokens"][2:4] == [3, 0]  # 'a', 'c', ' '
 

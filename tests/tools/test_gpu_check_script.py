@@ -36,7 +36,8 @@ def test_gpu_check_dry_run_runs_every_part(tmp_path):
     for row in rows:
         assert row["median"] > 0 and row["baseline_median"] > 0, row
         assert row["baseline"].startswith(("torch: ", "related: ")) or row["op"] == "ddpd_sample", row
-        assert abs(row["ratio"] - row["baseline_median"] / row["median"]) < 1e-5 * row["ratio"], row
+        # each of the three is rounded to 6 digits (rows._digits): up to 5e-6 of relative error each
+        assert abs(row["ratio"] - row["baseline_median"] / row["median"]) < 2e-5 * row["ratio"], row
     assert "check: the fused fp32 run draws the reference run's samples" in report
     assert "FAILED" not in report and "Traceback" not in report
     assert "## torch.compile of both networks" in report
