@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 import types
+import weakref
 
 import pytest
 import torch
@@ -1242,6 +1243,55 @@ def test_what_joining_the_group_prints_goes_to_stderr(tmp_path, monkeypatch, cap
     assert out == "before\nafter\nfd 1 again\n" and "[Gloo] Rank 0 is connected" in err
 
 
+def test_a_closed_trainer_lets_go_of_its_data_parallel_wrapper(corpus, tmp_path, monkeypatch):
+    """DistributedDataParallel's reducer holds the process group: a wrapper kept past close()
+    kept the group, and gloo's threads, to the interpreter's exit, where they abort the process
+    after its work is done. torchrun's environment joined as a group of one, as above."""
+    init = dist.init_process_group
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setattr(dist, "init_process_group",
+                        lambda backend: init(backend, init_method=f"file://{tmp_path / 'own'}", rank=0, world_size=1))
+    trainer = Trainer(config(corpus, tmp_path / "run"))
+    wrapper = weakref.ref(trainer.network)
+    assert isinstance(wrapper(), torch.nn.parallel.DistributedDataParallel)
+    trainer.close()
+    gc.collect()
+    assert wrapper() is None and trainer.network is trainer.model and not dist.is_initialized()
+
+
+def test_only_process_0_writes_the_checkpoint(corpus, tmp_path):
+    """Every process gives its part of the training state; process 0, which holds the output's
+    lock, alone writes it: a second writer would race its renames of the same directory."""
+    out = tmp_path / "run"
+    with Trainer(config(corpus, out)) as trainer:
+        trainer.dist.rank = 1  # the run as process 1 sees it (one process: its collectives are the identity)
+        trainer.save()
+        assert not out.exists() and trainer._saved_step == 0
+        trainer.dist.rank = 0
+        trainer.save()
+    assert load_train_state(out)[1]["step"] == 0
+
+
+def test_a_cli_run_that_fails_closes_without_the_final_barrier(corpus, tmp_path, capsys, monkeypatch):
+    """After this process's own error (a full disk at a save) the others wait in the step's
+    collectives, never at the final barrier: waiting there hung a torchrun, or turned the
+    error into a lost peer. A run that finished waits for the others."""
+    waits = []
+    close = Trainer.close
+    monkeypatch.setattr(Trainer, "close", lambda self, wait=True: (waits.append(wait), close(self, wait))[1])
+    argv = ["planner", "--data", corpus, "--steps", "2", "--no-progress", *TINY_CLI]
+    assert run_cli(capsys, *argv, "--out", tmp_path / "done")[0] == 0
+
+    def full(file, data):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(ckpt, "_write_file", full)
+    code, _, err = run_cli(capsys, *argv, "--out", tmp_path / "full")
+    assert code == 1 and err.endswith("No space left on device\n"), err
+    assert waits == [True, False]
+
+
 def test_a_with_block_left_by_an_error_closes_without_the_final_barrier(corpus, tmp_path):
     """After an error the other processes may never reach the final barrier (a lost peer, a
     refusal on process 0): a Trainer's with block left by one closes with wait=False."""
@@ -1984,6 +2034,24 @@ def test_resume_beside_a_run_yet_to_save_names_it(tmp_path, capsys):
         holder.communicate("\n", timeout=HANG_GUARD_SECONDS)
     assert code == 1 and err.count("\n") == 1, err
     assert err.startswith(f"ddpd-train: error: {out} is being written by pid {holder.pid} on "), err
+
+
+@pytest.mark.integration
+def test_a_resumes_checks_leave_the_lock_of_a_run_that_exists_to_its_trainer(corpus, tmp_path):
+    """Every process of a torchrun checks its command line, and process 0 may hold the run's
+    lock by the time another one does: only beside a run yet to save (no --out) do the checks
+    refuse a held lock; otherwise the trainer's own lock decides, on process 0."""
+    from ddpd.cli.train import build_parser, check_command_line
+
+    out = tmp_path / "p"
+    _checkpoint_at_step_2(corpus, out)
+    script = f"from ddpd.files import OutputLock; lock = OutputLock({str(out)!r}).acquire(); print(flush=True); input()"
+    holder = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "\n"
+        check_command_line(build_parser().parse_args(["planner", "--out", str(out), "--resume"]))
+    finally:
+        holder.communicate("\n", timeout=HANG_GUARD_SECONDS)
 
 
 def test_a_full_disk_while_saving_is_one_line_and_keeps_the_checkpoint(corpus, tmp_path, capsys, monkeypatch):
