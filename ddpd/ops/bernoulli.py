@@ -4,6 +4,7 @@ column) like the ops' draws, so a row keeps its coins whatever the batch.
 CPU tensors run csrc/cpu/bernoulli.cpp, CUDA tensors ddpd.kernels.bernoulli.
 The law and its grid of probabilities: docs/ops/bernoulli.md.
 """
+from __future__ import annotations
 
 import math
 from typing import Optional

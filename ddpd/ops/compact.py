@@ -7,9 +7,10 @@ writes packed rows back to their places. Calls that autograd must see take the r
 CPU and CUDA tensors run the kernels of ddpd._C.
 The contract of both ops: docs/ops/compact.md.
 """
+from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import List, Tuple, Union  # noqa: UP035 (the op schema below)
+from typing import Union
 
 import torch
 
@@ -102,10 +103,9 @@ def _compact_fixed_impl(active, capacity: int, tensors) -> tuple[list, torch.Ten
     return list(packed), index, count
 
 
-# typing's List and Tuple: torch 2.4 infers an op's schema from these, not from list[...] and tuple[...]
 @torch.library.custom_op("ddpd::compact_fixed", mutates_args=())
 def _compact_fixed_op(active: torch.Tensor, capacity: int,
-                      tensors: List[torch.Tensor]) -> Tuple[List[torch.Tensor], torch.Tensor, torch.Tensor]:  # noqa: UP006
+                      tensors: list[torch.Tensor]) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
     return _compact_fixed_impl(active, capacity, tensors)
 
 

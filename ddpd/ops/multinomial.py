@@ -7,6 +7,7 @@ that the C++/CUDA kernels (csrc/multinomial.h) and the reference return the same
 CPU and CUDA tensors run the kernels of ddpd._C.
 The law, the uniforms and the validity of a row: docs/ops/multinomial.md.
 """
+from __future__ import annotations
 
 import numbers
 from typing import Optional

@@ -5,6 +5,7 @@ CUDA tensors run ddpd.kernels.norm (H up to MAX_KERNEL_WIDTH); everything else, 
 need a gradient, the reference.
 The law and the kernel's precision: docs/ops/norm.md.
 """
+from __future__ import annotations
 
 import math
 from typing import Optional

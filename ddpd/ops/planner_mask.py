@@ -4,6 +4,7 @@ and x with mask_id wherever z = 1, for a mask-diffusion denoiser.
 CPU tensors run csrc/cpu/planner_mask.cpp, CUDA tensors ddpd.kernels.planner_mask.
 The law and why it follows the proposition rather than the paper's listing: docs/ops/planner_mask.md.
 """
+from __future__ import annotations
 
 from typing import Optional
 

@@ -9,6 +9,7 @@ Uniforms: column d drives position d (explicit `noise` or the Philox stream); th
 CPU tensors run csrc/cpu/planner_select.cpp, CUDA tensors ddpd.kernels.planner_select.
 The law, NaN and +inf logits, and the method: docs/ops/planner_select.md.
 """
+from __future__ import annotations
 
 import math
 from typing import Optional

@@ -5,6 +5,7 @@ CUDA tensors run ddpd.kernels.rotary, bit for bit the reference; CPU tensors and
 need a gradient run the reference.
 The law and the kernel: docs/ops/rotary.md.
 """
+from __future__ import annotations
 
 import torch
 

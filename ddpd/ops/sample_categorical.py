@@ -12,6 +12,7 @@ CPU tensors run csrc/cpu/sample_categorical.cpp, CUDA tensors ddpd.kernels.sampl
 traced calls go through the custom op ddpd::sample_categorical.
 The law, the truncation rules and the method: docs/ops/sample_categorical.md.
 """
+from __future__ import annotations
 
 import dataclasses
 import functools

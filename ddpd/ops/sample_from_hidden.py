@@ -10,6 +10,7 @@ sample_categorical's kernels.
 CPU tensors run csrc/cpu/sample_from_hidden.cpp, CUDA tensors ddpd.kernels.sample_from_hidden.
 The method and its precision: docs/ops/sample_from_hidden.md.
 """
+from __future__ import annotations
 
 import dataclasses
 import functools

@@ -3,18 +3,11 @@
 <op>_binding.cpp; besides them only the shared pieces named here), op modules that import
 each other one way only, and no private name of ddpd.ops imported from outside it."""
 import ast
-import importlib
-import inspect
-import pkgutil
 import re
-import typing
 from pathlib import Path
 
 import pytest
-import torch
-from torch._library.custom_ops import CustomOpDef
 
-import ddpd.ops
 from hang_guard import HANG_GUARD_SECONDS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -120,41 +113,3 @@ def test_kernels_install_as_ddpd_kernels_only(tmp_path):
     ours, other = result.stdout.strip().splitlines()
     assert Path(ours).resolve() == (ROOT / "kernels" / "rng.py").resolve()
     assert other == "None" or str(ROOT) not in other  # another project's `kernels` package may exist
-
-
-def _torch_2_4_schema_types():
-    """The annotations from which torch 2.4, the oldest torch ddpd supports, infers a custom
-    op's schema (torch/_library/infer_schema.py of that release): objects, not strings, and
-    typing's List and Optional, not list[...] or `X | None`."""
-    params = {str: "str", typing.Optional[str]: "str?", torch.dtype: "dtype", torch.device: "device"}
-    for base, seq, optional_items, optional_seq in ((torch.Tensor, True, True, False), (int, True, False, True),
-                                                    (float, True, False, True), (bool, True, False, True)):
-        params[base] = params[typing.Optional[base]] = base.__name__
-        for kind in (typing.Sequence, typing.List) if seq else ():  # noqa: UP006
-            params[kind[base]] = base.__name__ + "[]"
-            if optional_items:
-                params[kind[typing.Optional[base]]] = base.__name__ + "?[]"
-            if optional_seq:
-                params[typing.Optional[kind[base]]] = base.__name__ + "[]?"
-    return params, {torch.Tensor, typing.List[torch.Tensor], int, float, bool}  # noqa: UP006
-
-
-def test_every_custom_op_declares_a_schema_torch_2_4_can_infer():
-    """torch before 2.5 does not evaluate string annotations (`from __future__ import
-    annotations`) and before 2.7 knows list[Tensor] only as typing.List[Tensor]: an op module
-    written otherwise fails at import there, which CI's newer torch does not show."""
-    params, returns = _torch_2_4_schema_types()
-    ops = {}
-    for info in pkgutil.iter_modules(ddpd.ops.__path__):
-        if info.name == "__main__":  # the extension's command line
-            continue
-        module = importlib.import_module(f"ddpd.ops.{info.name}")
-        ops.update({obj._name: obj._init_fn for obj in vars(module).values() if isinstance(obj, CustomOpDef)})
-    assert len(ops) >= 12, sorted(ops)
-    for name, fn in ops.items():
-        signature = inspect.signature(fn)
-        for param in signature.parameters.values():
-            assert param.annotation in params, (name, param.name, param.annotation)
-        result = signature.return_annotation
-        parts = typing.get_args(result) if typing.get_origin(result) is tuple else (result,)
-        assert result is None or all(part in returns for part in parts), (name, result)
