@@ -99,6 +99,19 @@ def test_triton_mask_takes_more_positions_than_one_block_compares():
     assert_all_equal(triton_mask(logits, x, positions, seed=5), ref)
 
 
+def test_triton_mask_reads_only_a_rows_own_positions():
+    """k = 3 positions a row, compared in a block of 4: the block's last lane lies past the
+    row's positions (at the next row's first) and forces nothing. p is about 0 and every
+    uniform 0.5, so z is exactly the forced positions."""
+    logits = torch.full((2, 8), -30.0)
+    x = torch.zeros(2, 8, dtype=torch.int64)
+    positions = torch.tensor([[0, 1, 2], [5, 6, 7]])
+    noise = torch.full((2, 8), 0.5)
+    ref = planner_mask_reference(logits, x, positions, MASK_ID, noise=noise)
+    assert ref[1].nonzero().tolist() == [[0, 0], [0, 1], [0, 2], [1, 5], [1, 6], [1, 7]]
+    assert_all_equal(triton_mask(logits, x, positions, noise=noise), ref)
+
+
 @pytest.mark.parametrize("length,k", [(1, 1), (7, 3), (257, 2)])
 @pytest.mark.parametrize("mode", ["sigmoid", "softmax"])
 def test_planner_select_mask_paths_agree(length, k, mode):
