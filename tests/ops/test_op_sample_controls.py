@@ -17,7 +17,7 @@ import triton.language as tl
 from hypothesis import Phase, given, settings, strategies as st
 from scipy import stats
 
-from ddpd.kernels.sample_categorical import RECORD, TILE_MASS, TILE_MAX, row_summary
+from ddpd.kernels.sample_categorical import RECORD, TILE_MASS, TILE_MAX, race, row_summary
 from ddpd.ops import _dispatch, multinomial, rng
 from ddpd.ops.sample_categorical import (
     categorical_reference,
@@ -798,3 +798,21 @@ def test_the_runner_up_is_merged_across_chunks_of_tile_records():
         out = torch.empty(1)
         _runner_up_kernel[(1,)](records, len(maxima), out, BLOCK_T=4)
         assert float(out) == want, (maxima, float(out))
+
+
+@triton.jit
+def _greedy_race_kernel(stats_ptr, n_tiles, out_ptr, BLOCK_T: tl.constexpr):
+    tile, _ = race(0, n_tiles, 0, 1.0, True, stats_ptr, None, 0, 0, 0, 0, 0, BLOCK_T, RECORD)
+    tl.store(out_ptr, tile)
+
+
+def test_the_greedy_race_gives_tied_tiles_to_the_first_chunk():
+    """White box: a greedy row of more than BLOCK_T tiles races its tile maxima a chunk of
+    records at a time; a later chunk's maximum tied with an earlier one's loses, so the
+    greedy token is the first argmax of the row (as inside a chunk and on the other paths)."""
+    for maxima, want in [([1, 9, 0, 0, 2, 9, 0, 0], 1), ([0, 0, 0, 0, 0, 0, 9, 9], 6), ([5, 5, 5, 5, 5, 5, 5, 5], 0)]:
+        records = torch.zeros(len(maxima), RECORD.value)
+        records[:, TILE_MAX.value] = torch.tensor(maxima, dtype=torch.float32)
+        out = torch.full((1,), -1, dtype=torch.int32)
+        _greedy_race_kernel[(1,)](records, len(maxima), out, BLOCK_T=4)
+        assert int(out) == want, (maxima, int(out))
