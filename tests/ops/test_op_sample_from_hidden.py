@@ -200,6 +200,22 @@ def test_statistics_of_the_kernels_match_the_reference(confidence):
     torch.testing.assert_close(out[3], ref[3], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("vocab", [28, 600])
+def test_greedy_rows_take_the_first_of_tied_maxima(vocab):
+    """Greedy rows whose largest logit is shared by several tokens draw the first of them on
+    the Triton path as in the reference, in a vocabulary of one tile (drawn in the GEMM's
+    epilogue) and of several (drawn by the finish kernel). Small integers: every product
+    and sum is exact, so the ties are exact on every path."""
+    g = torch.Generator().manual_seed(vocab)
+    hidden = torch.randint(-2, 3, (8, 16), generator=g).float()
+    weight = torch.randint(-2, 3, (7, 16), generator=g).float()[torch.arange(vocab) % 7]  # seven rows, repeated
+    logits = hidden @ weight.T
+    assert bool(((logits == logits.amax(1, keepdim=True)).sum(1) > 1).all())  # every row ties at its top
+    ref = sample_from_hidden_reference(hidden, weight, None, 0.0, seed=1)
+    assert torch.equal(ref[0], logits.argmax(1))  # torch's argmax: the first maximum
+    assert_same(triton_draw(hidden, weight, None, 0.0, seed=1), ref)
+
+
 @pytest.mark.parametrize("confidence", [None, "prob", "margin", "entropy"])
 def test_one_tile_vocabulary_draws_from_its_statistics_logits(confidence):
     """A vocabulary of one tile (text8's 28 symbols): the C++ path draws from the logits of
