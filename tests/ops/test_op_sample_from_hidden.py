@@ -114,6 +114,23 @@ def test_nothing_drawable_and_non_finite_head():
         assert tokens.tolist() == [0, 0, 10, 0]
 
 
+@pytest.mark.parametrize("vocab", [28, 600])
+def test_nan_logits_of_a_few_tokens_read_as_minus_inf(vocab):
+    """Rows where only some logits are NaN (NaN weights): those tokens have probability 0 on
+    the Triton path as in the reference, and the draw, the log-probability and the margin and
+    entropy confidences are the reference's, in one tile and in several."""
+    hidden, weight, bias = head(5, 16, vocab, 4)
+    weight[[1, 7, 300 % vocab]] = float("nan")
+    for kw in (dict(temperature=1.0, return_logprob=True, confidence="margin"),
+               dict(temperature=0.0, confidence="entropy")):
+        ref = sample_from_hidden_reference(hidden, weight, bias, seed=3, **kw)
+        assert not bool(torch.isin(ref[0], torch.tensor([1, 7, 300 % vocab])).any())
+        out = triton_draw(hidden, weight, bias, seed=3, **kw)
+        assert_same(out, ref)
+        for got, want in zip(out[2:], ref[2:]):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_a_head_that_overflows_float32_never_draws_a_token_the_race_did_not_see():
     """|h . w| > 3.4e38: the C++ path's recomputed winning tile can be NaN (its partial sums
     reach +inf and -inf) where the race saw an infinity; such a row comes back invalid, with
