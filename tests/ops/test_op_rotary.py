@@ -57,6 +57,19 @@ def test_special_values_and_rounding_ties_bit_for_bit(dtype):
     assert torch.equal(got.view(BITS[dtype])[~nan], want.view(BITS[dtype])[~nan])
 
 
+def test_a_nan_of_any_payload_stays_nan_in_bfloat16():
+    """A float32 NaN whose mantissa is all ones (here from the table) rounds to a bfloat16 NaN:
+    rounding its bits to nearest even would carry into the sign and give -0."""
+    q = qkv_views(1, 1, 4, 8, torch.bfloat16)[0].contiguous()
+    table = RotaryEmbedding(8, 4)
+    table.cos[2, 1] = torch.tensor(0x7FFFFFFF, dtype=torch.int32).view(torch.float32)
+    want, got = rotary_reference(q, table.cos, table.sin), rotary_triton(q, table.cos, table.sin)
+    nan = torch.isnan(want)
+    assert nan[0, 0, 2].tolist() == [False, True, False, False, False, True, False, False]
+    assert torch.equal(torch.isnan(got), nan)
+    assert torch.equal(got.view(torch.int16)[~nan], want.view(torch.int16)[~nan])
+
+
 def test_the_rotation_is_rotary_embedding():
     """The reference is the rotation the networks compute: pairs (i, i + d/2) turned by
     pos * base^(-2i/d), lengths kept (a rotation), position 0 unchanged."""
