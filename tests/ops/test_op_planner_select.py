@@ -170,12 +170,14 @@ def test_rows_that_need_no_rebase_draw_as_one_sort():
     assert torch.equal(gumbel_rounds(base, top, 1.0, rng.gumbel(u), 40), sort)
 
 
-def test_rounds_within_the_gap_keep_their_keys_relative_to_the_row_top():
+@pytest.mark.parametrize("top", [50.0, 64.0])
+def test_rounds_within_the_gap_keep_their_keys_relative_to_the_row_top(top):
     """A later round whose free positions lie within REBASE_GAP of the row's largest
-    log-weight keeps its keys relative to that largest, as one sort of the keys does: 1e-6
-    is lost in 1e-6 - 50, so positions 1 and 2 tie at equal noise and the lower comes
-    first. Keys relative to the largest free log-weight (0 against 1e-6) would put 2 first."""
-    logits = torch.tensor([[50.0, 0.0, 1e-6, 0.0]]).repeat(2, 1)
+    log-weight, or exactly REBASE_GAP below it (64), keeps its keys relative to that largest,
+    as one sort of the keys does: 1e-6 is lost in 1e-6 - top, so positions 1 and 2 tie at
+    equal noise and the lower comes first. Keys relative to the largest free log-weight (0
+    against 1e-6) would put 2 first."""
+    logits = torch.tensor([[top, 0.0, 1e-6, 0.0]]).repeat(2, 1)
     noise = torch.full((2, 4), 0.5)
     ref = planner_select_reference(logits, 4, "softmax", noise=noise)
     assert ref.positions.tolist() == [[0, 1, 2, 3]] * 2
