@@ -226,6 +226,24 @@ def test_logprob_and_confidences_are_those_of_the_truncated_law():
                     assert abs(float(conf[r]) - want) < 1e-4, (controls, confidence, r)
 
 
+@pytest.mark.parametrize("vocab", [700, 1300])
+def test_confidences_of_rows_of_negative_logits_over_several_tiles(vocab):
+    """Rows whose every logit is below 0, over 3 and 6 tiles (not a power of two: the last
+    chunk of tile records has empty lanes): the margin and the other outputs are the
+    reference's, on sample_categorical and sample_from_hidden. An empty lane read as 0
+    rather than -inf would be the row's two largest values."""
+    g = torch.Generator().manual_seed(vocab)
+    logits = 2 * torch.randn(3, vocab, generator=g) - 40.0
+    hidden = torch.randn(3, 8, generator=g)
+    weight = torch.randn(vocab, 8, generator=g)
+    bias = torch.full((vocab,), -40.0)
+    for confidence in ("prob", "margin", "entropy"):
+        kw = dict(seed=2, return_logprob=True, confidence=confidence)
+        assert_same(triton_categorical(logits, 0.8, **kw), sample_categorical_reference(logits, 0.8, **kw))
+        assert_same(triton_hidden(hidden, weight, bias, 0.8, **kw),
+                    sample_from_hidden_reference(hidden, weight, bias, 0.8, **kw))
+
+
 def test_exclusions_in_every_form_and_the_allowed_mask():
     g = torch.Generator().manual_seed(3)
     logits = torch.randn(50, 600, generator=g)
