@@ -704,6 +704,20 @@ def test_the_threshold_kernel_cuts_top_p_to_candidates():
     assert scratch[3].isnan().all()  # no cut: nothing copied
 
 
+def test_top_p_keeps_the_logits_exactly_on_its_cut():
+    """The Triton top-p search copies out the logits with shift(x, M) >= its cut (here -1,
+    the tightest cut holding p Z) and searches those: logits exactly on the cut belong to
+    them. Here the nucleus is the maximum and four logits exactly 1 below it (p Z > 1, the
+    maximum's weight), which the reference's draws and log-probabilities keep."""
+    logits = torch.full((64, 300), -5.0)
+    logits[:, 0] = 0.0
+    logits[:, 1:5] = -1.0
+    kw = dict(top_p=0.5, seed=4, return_logprob=True)
+    ref = sample_categorical_reference(logits, **kw)
+    assert 0 < int((ref[0] > 0).sum()) < 64 and bool((ref[0] < 5).all())
+    assert_same(triton_categorical(logits, **kw), ref)
+
+
 @pytest.mark.parametrize("temperature", [1.0, 0.7, 1.3e-3, 3e5])
 def test_the_threshold_kernel_finds_min_p_without_reading_the_row(temperature):
     """White box: min-p's threshold is the smallest float32 v with shift(v, M) >= log(min_p),
