@@ -704,6 +704,28 @@ def test_the_threshold_kernel_cuts_top_p_to_candidates():
     assert scratch[3].isnan().all()  # no cut: nothing copied
 
 
+def _float_of_key(key: int) -> float:
+    """The float32 whose order-preserving key (kernels/sample_categorical.py ordered_key) is key."""
+    bits = key - 0x80000000 if key >= 0x80000000 else 0xFFFFFFFF - key
+    return torch.tensor(bits - 2**32 if bits >= 2**31 else bits, dtype=torch.int32).view(torch.float32).item()
+
+
+def test_top_k_search_keeps_a_key_just_above_its_range_out():
+    """The Triton top-k search narrows a range [lo, hi) of keys pass by pass. Here the first
+    pass over the row (max 0, so 16 ranges of 2**27 keys from the smallest float's) puts the
+    3rd largest logit as the largest key of range 14, the 2nd largest as the first key of range
+    15: the second pass's hi is the 2nd largest's key, which must stay outside, or it is counted
+    twice and top-k keeps 2 logits, not 3."""
+    first_of_15 = 0x00800000 + 15 * 2**27
+    row = [0.0, _float_of_key(first_of_15), _float_of_key(first_of_15 - 1), _float_of_key(first_of_15 - 100)]
+    logits = torch.full((16, 8), float("-inf"))
+    logits[:, :4] = torch.tensor(row)
+    kw = dict(top_k=3, seed=1, return_logprob=True)
+    ref = sample_categorical_reference(logits, **kw)
+    assert set(ref[0].tolist()) == {0, 1, 2}
+    assert_same(triton_categorical(logits, **kw), ref)
+
+
 def test_top_p_keeps_the_logits_exactly_on_its_cut():
     """The Triton top-p search copies out the logits with shift(x, M) >= its cut (here -1,
     the tightest cut holding p Z) and searches those: logits exactly on the cut belong to
