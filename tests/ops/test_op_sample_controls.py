@@ -777,6 +777,17 @@ def test_the_threshold_kernel_finds_min_p_without_reading_the_row(temperature):
         assert 0 < int((logits[row, :300] >= want[row]).sum()) < 300
 
 
+def test_min_p_bound_reaches_down_to_the_smallest_float():
+    """min-p's bisection starts at the smallest finite float32: at a maximum of -1e30 and a
+    temperature of 1e29, min_p = 0.05 keeps logits down to about -1.3e30 (-1.2e30 here,
+    at exp(-2) of the top), below a bisection started at -1e30."""
+    logits = torch.tensor([[-1e30, -1.2e30, -1.5e30, -3e38]]).repeat(16, 1)
+    kw = dict(min_p=0.05, seed=2, return_logprob=True)
+    ref = sample_categorical_reference(logits, 1e29, **kw)
+    assert set(ref[0].tolist()) == {0, 1}
+    assert_same(triton_categorical(logits, 1e29, **kw), ref)
+
+
 def threshold_rows(vocab: int, allowed: int, seed: int) -> torch.Tensor:
     """Masked float32 rows of `vocab` logits, `allowed` of them finite or +inf, the rest -inf:
     continuous logits, integer logits (ties everywhere, at every boundary too), a flat row,
