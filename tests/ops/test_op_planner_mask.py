@@ -118,7 +118,9 @@ def test_planner_select_mask_paths_agree(length, k, mode):
     logits, x, _ = inputs(3, length, 5 * length + k)
     g = torch.Generator().manual_seed(k)
     noise, mask_noise = torch.rand(3, length, generator=g), torch.rand(3, length, generator=g)
-    for kw in (dict(noise=noise, mask_noise=mask_noise), dict(seed=17, offset=2**64 - 1)):
+    # seeded: the mask stream at offset + 1 (2**64 wraps to 0), and at offsets whose two words differ
+    for kw in (dict(noise=noise, mask_noise=mask_noise), dict(seed=17, offset=2**64 - 1), dict(seed=17, offset=5),
+               dict(seed=17, offset=3, mask_offset=2**33 + 7)):
         ref = planner_select_mask_reference(logits, x, MASK_ID, k, mode, **kw)
         assert_all_equal(planner_select_mask(logits, x, MASK_ID, k, mode, **kw), ref)
         assert_all_equal(triton_select_mask(logits, x, k, mode, **kw), ref)
