@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
+from contextlib import contextmanager
 from typing import Optional
 
 
@@ -64,6 +65,33 @@ class Stdout:
         if self.error is not None:
             reason = self.error.strerror or str(self.error)
             raise OSError(f"cannot write stdout: {reason}{'; ' + kept if kept else ''}")
+
+
+@contextmanager
+def stdout_to_stderr():
+    """File descriptor 1 pointed at 2 meanwhile (what C++ code prints there goes to stderr):
+    stdout carries the tools' output, and torch 2.7-2.8's gloo prints its connection to the
+    peers on it when a torchrun process joins the group.
+
+    Yields:
+        None, with stdout's descriptor on stderr's (both left as they are if either is closed).
+    """
+    saved = None
+    try:
+        if sys.stdout is not None:
+            sys.stdout.flush()
+        saved = os.dup(1)
+        os.dup2(2, 1)
+    except (OSError, ValueError):  # a stream closed: nothing to keep apart
+        if saved is not None:
+            os.close(saved)
+            saved = None
+    try:
+        yield
+    finally:
+        if saved is not None:
+            os.dup2(saved, 1)
+            os.close(saved)
 
 
 def _encodable(text: str, stream) -> str:

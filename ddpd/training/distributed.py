@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import inspect
 import os
-import sys
 from contextlib import contextmanager
 from typing import Optional
 
@@ -28,6 +27,7 @@ import torch.distributed as dist
 # the threads while the interpreter is whole.
 import torch.distributed.nn.functional  # noqa: F401
 
+from ddpd.streams import stdout_to_stderr
 from ddpd.validation import check_device
 
 
@@ -50,28 +50,6 @@ def _collective():
         yield
     except RuntimeError as err:
         raise PeerLost(err) from err
-
-
-@contextmanager
-def _stdout_to_stderr():
-    """File descriptor 1 pointed at 2 meanwhile: stdout carries the tools' output (samples, a
-    training log), and torch 2.7-2.8's gloo prints its connection to the peers on it."""
-    saved = None
-    try:
-        if sys.stdout is not None:
-            sys.stdout.flush()
-        saved = os.dup(1)
-        os.dup2(2, 1)
-    except (OSError, ValueError):  # a stream closed: nothing to keep apart
-        if saved is not None:
-            os.close(saved)
-            saved = None
-    try:
-        yield
-    finally:
-        if saved is not None:
-            os.dup2(saved, 1)
-            os.close(saved)
 
 
 def data_parallel(model: torch.nn.Module) -> torch.nn.parallel.DistributedDataParallel:
@@ -156,7 +134,7 @@ class Distributed:
         if self.world_size > 1 and not dist.is_initialized():
             if self.device.type == "cuda":
                 torch.cuda.set_device(self.device)
-            with _stdout_to_stderr():
+            with stdout_to_stderr():
                 dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
             self.owns_group = True
 
