@@ -213,7 +213,7 @@ def run(args: argparse.Namespace, state: dict) -> int:
 
     Returns:
         The exit status: 0, or 128 + the signal number when a signal stopped the run at a
-        checkpoint.
+        checkpoint (under torchrun, in every process, the signal one of them received).
 
     Raises:
         UsageError: a setting the configuration refuses, a --resume with changed settings, or a
@@ -264,7 +264,8 @@ def run(args: argparse.Namespace, state: dict) -> int:
             print(f"ddpd-train: interrupted by {trainer.stop_reason} at step {trainer.step} of {config.steps}; "
                   f"saved a checkpoint there in {config.out}; continue with: {_resume_command(trainer)}",
                   file=sys.stderr)
-        return 128 + state.get("signum", 2)
+        # the signal every process agreed on: under torchrun a peer's, which this process never saw
+        return 128 + (trainer.stop_signal or state.get("signum", 2))
     last = trainer.history[-1] if trainer.history else {}
     val = "-" if last.get("val_loss") is None else f"{last['val_loss']:.4f}"
     trainer.log(f"done: step {trainer.step}, {trainer.val_loss_label} {val}, "

@@ -16,6 +16,7 @@ import dataclasses
 import hashlib
 import math
 import os
+import signal
 import time
 import warnings
 from contextlib import contextmanager, nullcontext
@@ -67,6 +68,8 @@ SETTLED_BY_THE_RUN = ("betas", "eps", "weight_decay", "amsgrad", "maximize", "fo
                       "differentiable", "fused")
 # AdamW's float32 step is lr / (1 - beta1) at the first step: a larger lr overflows it
 MAX_LR = float(torch.finfo(torch.float32).max) * (1.0 - BETAS[0])
+# the stop check's code for a stop that names no signal: above "no stop" (0), below every signal's number
+UNNAMED_STOP = 0.5
 # Settings a resumed run must keep (it is the same run). The corpus is compared by its
 # content (`corpus` fingerprint) where the checkpoint records one, by its path where not; a
 # --tiktoken file may move, since every one accepted is the same ranks (its sha256 is checked).
@@ -442,6 +445,12 @@ def check_state_tensors(path: str, tensors: dict[str, Tensor], expected: dict[st
                                   f"{tuple(tensors[name].shape)}, expected {shape}")
 
 
+def _signal_number(reason: str) -> Optional[int]:
+    """The number of the signal a stop reason names ("SIGTERM"), or None."""
+    member = signal.Signals.__members__.get(reason) if isinstance(reason, str) else None
+    return None if member is None else int(member)
+
+
 def _settled(group: dict) -> dict:
     """The settings of an optimizer parameter group a resumed run must share (JSON made the
     betas a list)."""
@@ -498,6 +507,7 @@ class Trainer:
         self._log = log
         self.allow_data_change = allow_data_change
         self.stop_reason: Optional[str] = None
+        self.stop_signal: Optional[int] = None  # the number of the signal that stopped the run, agreed by every process
         self._lock: Optional[OutputLock] = None
         self._saved_step: Optional[int] = None  # the step of the checkpoint in config.out, if any
         self.dist = Distributed(config.device)
@@ -711,17 +721,20 @@ class Trainer:
         if self.out_of_time and self.step < config.steps:
             self.log(f"stopped by max_time ({config.max_time:g} s of training) at step {self.step} of {config.steps}")
         if self.step == config.steps:
-            self.stop_reason = None  # a stop asked for during the last step: the run is complete, not interrupted
+            # a stop asked for during the last step: the run is complete, not interrupted
+            self.stop_reason, self.stop_signal = None, None
         return self.history
 
     def request_stop(self, reason: str) -> None:
         """Ask train() to return after the current step, with a checkpoint there (safe
-        to call from a signal handler).
+        to call from a signal handler). A reason that names a signal sets stop_signal, in
+        every process of a torchrun (their exit status).
 
         Args:
             reason: why, for the log line (e.g. "SIGTERM").
         """
         if self.stop_reason is None and self.step < self.config.steps:  # once complete, nothing to stop
+            self.stop_signal = _signal_number(reason)
             self.stop_reason = reason
 
     def _stopping(self) -> bool:
@@ -731,12 +744,27 @@ class Trainer:
         saves follow one clock, or the processes' weights and collectives part ways."""
         if self.dist.world_size == 1:
             return self.stop_reason is not None or self.out_of_time
-        stop, self.train_seconds = self.dist.max([float(self.stop_reason is not None), self.train_seconds])
-        if stop and self.stop_reason is None:
-            self.stop_reason = "a stop requested in another process"
+        stop, self.train_seconds = self.dist.max([self._stop_code(), self.train_seconds])
+        self._agree_on_the_stop(stop)
         # the agreed flag, not stop_reason again: a signal handled after this process contributed 0
         # would stop it alone (it would save, in collectives the others never enter); it counts next step
         return bool(stop) or self.out_of_time
+
+    def _stop_code(self) -> float:
+        """This process's stop request in the one all-reduce of the stop check: 0 none, the
+        signal's number for a signal, UNNAMED_STOP for another reason."""
+        if self.stop_reason is None:
+            return 0.0
+        return float(self.stop_signal) if self.stop_signal is not None else UNNAMED_STOP
+
+    def _agree_on_the_stop(self, stop: float) -> None:
+        """Take the agreed stop (the largest code): a peer's signal names this process's
+        stop_reason and sets its stop_signal, so every process exits with one status."""
+        if stop >= 1 and int(stop) != self.stop_signal:
+            self.stop_signal = int(stop)
+            self.stop_reason = f"{signal.Signals(self.stop_signal).name} in another process"
+        elif stop and self.stop_reason is None:
+            self.stop_reason = "a stop requested in another process"
 
     @property
     def out_of_time(self) -> bool:

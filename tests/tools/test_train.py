@@ -943,6 +943,81 @@ def test_a_signal_as_the_stop_flag_is_agreed_stops_every_process_at_one_step(cor
     assert load_train_state(tmp_path / "out")[1]["step"] == 3
 
 
+def _signalled_cli_worker(rank, store, argv, out):
+    """ddpd-train as one process of two; process 1 receives SIGTERM during step 2. Its code
+    and stop reason go to outcome{rank}.json."""
+    from ddpd.cli import train
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=120))
+    reasons = []
+
+    class Recorded(Trainer):
+        def _optimizer_step(self):
+            if rank == 1 and self.step == 2:
+                os.kill(os.getpid(), signal.SIGTERM)  # handled by ddpd-train: a stop after this step
+            return super()._optimizer_step()
+
+        def train(self, *args, **kwargs):
+            history = super().train(*args, **kwargs)
+            reasons.append(self.stop_reason)
+            return history
+
+    import ddpd.training.trainer as trainer_module
+
+    trainer_module.Trainer = Recorded  # what ddpd-train imports when it runs
+    code = train.main(argv)
+    with open(os.path.join(out, f"outcome{rank}.json"), "w") as f:
+        json.dump({"code": code, "reasons": reasons}, f)
+    gc.collect()  # the trainer's DDP wrapper holds the group: destroyed now, not at interpreter exit
+    dist.destroy_process_group()
+
+
+@pytest.mark.integration
+def test_every_process_of_a_signalled_run_exits_with_the_signals_status(corpus, tmp_path):
+    """Process 1 of two gets SIGTERM: process 0 learnt only that a stop was requested and
+    exited 130 (SIGINT's status) while process 1 exited 143. The stop check agrees on the
+    signal's number: both exit 128 + SIGTERM, and process 0's reason names it."""
+    argv = ["planner", "--data", corpus, "--out", str(tmp_path / "out"), "--steps", "20", "--eval-every", "20",
+            "--save-every", "20", "--no-progress", *TINY_CLI]
+    context = mp.start_processes(_signalled_cli_worker, args=(str(tmp_path / "store"), argv, str(tmp_path)),
+                                 nprocs=2, join=False, start_method="spawn")
+    deadline = time.monotonic() + HANG_GUARD_SECONDS
+    while not context.join(timeout=10):
+        if time.monotonic() > deadline:
+            for process in context.processes:
+                process.kill()
+            pytest.fail("the two processes hung")
+    outcomes = [json.loads((tmp_path / f"outcome{rank}.json").read_text()) for rank in (0, 1)]
+    assert outcomes == [{"code": 128 + signal.SIGTERM, "reasons": ["SIGTERM in another process"]},
+                        {"code": 128 + signal.SIGTERM, "reasons": ["SIGTERM"]}], outcomes
+    assert load_train_state(tmp_path / "out")[1]["step"] == 3
+
+
+@pytest.mark.parametrize("reason, code, agreed", [("SIGHUP", 1.0, "SIGHUP in another process"),
+                                                  ("user's request", 0.5, "a stop requested in another process")])
+def test_the_stop_check_agrees_on_the_signal_in_its_one_all_reduce(corpus, tmp_path, reason, code, agreed):
+    """A process contributes its signal's number (a reason that names none: a code below every
+    number) to the one max of the stop check, and a peer's stop names what was agreed."""
+    calls = []
+
+    def peer_max(values):
+        calls.append(values)
+        return [code, values[1]]
+
+    with Trainer(config(corpus, tmp_path / "a")) as asked, Trainer(config(corpus, tmp_path / "b")) as peer:
+        one_process = asked.dist, peer.dist
+        asked.dist = peer.dist = types.SimpleNamespace(world_size=2, max=peer_max)
+        asked.request_stop(reason)
+        assert asked._stopping() and peer._stopping()
+        asked.dist, peer.dist = one_process
+    assert [values[0] for values in calls] == [code, 0.0]
+    assert (asked.stop_reason, peer.stop_reason) == (reason, agreed)
+    assert asked.stop_signal == peer.stop_signal == (1 if code == 1.0 else None)
+
+
 def test_a_peer_lost_in_the_gradient_all_reduce_is_named(corpus, tmp_path):
     """Process 1 stops inside a step: process 0 is then in backward(), in DDP's all-reduce of
     the gradients, which used to end it in a gloo traceback; it raises PeerLost."""
