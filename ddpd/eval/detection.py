@@ -185,6 +185,11 @@ def detection_table(rows: Sequence[dict]) -> str:
 
     Returns:
         The table.
+
+    Raises:
+        ValueError: no row (the columns are the first row's keys).
     """
+    if len(rows) == 0:  # rows[0] raised a bare IndexError
+        raise ValueError("rows must hold at least one detection row (the columns are its keys), got none")
     return markdown_table(rows, [(name, name, "d" if isinstance(value, int) else ".3f")
                                  for name, value in rows[0].items()])

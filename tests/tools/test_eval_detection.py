@@ -91,6 +91,12 @@ def test_detection_rows_score_each_fraction_from_one_seeded_generator():
     assert f"| {rows[1]['drawn']} |" in table[3] and f"| {rows[1]['parallel']:.3f} |" in table[3]
 
 
+def test_a_table_of_no_rows_is_refused_saying_so():
+    """detection_table([]) raised a bare IndexError from rows[0]."""
+    with pytest.raises(ValueError, match=r"rows must hold at least one detection row .*, got none"):
+        detection_table([])
+
+
 def test_the_script_writes_a_row_a_fraction(tmp_path, monkeypatch, capsys):
     corpus = tmp_path / "text.txt"
     corpus.write_text(" ".join(["the quick brown fox jumps over the lazy dog"] * 1200))
