@@ -63,6 +63,27 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
+def open_fraction(text: str) -> float:
+    """An argparse `type=`: a share strictly between 0 and 1 (a corruption fraction).
+
+    Args:
+        text: the command line's word.
+
+    Returns:
+        The share.
+
+    Raises:
+        argparse.ArgumentTypeError: not a number, or not in (0, 1) (NaN included).
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0.0 < value < 1.0:  # NaN fails both comparisons
+        raise argparse.ArgumentTypeError(f"must be a number in (0, 1), got {text!r}")
+    return value
+
+
 def add_runtime_arguments(parser: argparse.ArgumentParser, default=None) -> None:
     """Add --device and --threads to a parser.
 

@@ -11,6 +11,7 @@ import argparse
 import torch
 
 from ddpd.checkpoint import load_bundle
+from ddpd.cli.common import OneLineParser, open_fraction
 from ddpd.eval.detection import detection_rows, detection_table
 from ddpd.eval.heldout import heldout_sequences
 from ddpd.eval.report import write_csv
@@ -20,11 +21,12 @@ from ddpd.training.data import tokenizer_from_config
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", required=True, help="the corpus; its test split is scored")
     parser.add_argument("--bundle", help="a planner/ + mask denoiser/ bundle (default: the bundled text8 pair)")
     parser.add_argument("--sequences", type=int, default=256)
-    parser.add_argument("--fractions", type=float, nargs="+", default=[0.1, 0.3, 0.5, 0.7])
+    parser.add_argument("--fractions", type=open_fraction, nargs="+", default=[0.1, 0.3, 0.5, 0.7],
+                        help="shares of the positions corrupted, each in (0, 1) (default 0.1 0.3 0.5 0.7)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", required=True, help="the CSV to write")
     args = parser.parse_args(argv)

@@ -128,6 +128,23 @@ def test_the_script_scores_the_sequences_asked_for_at_the_seed_given(tmp_path, m
     assert all(abs(int(row["drawn"]) - 256) < 60 for row in rows.values())  # s.d. 11
     assert rows["0"] != rows["1"]
 
+@pytest.mark.parametrize("script", ["planner_errors.py", "planner_on_draws.py"])
+@pytest.mark.parametrize("fraction", ["1.5", "0", "-0.1", "nan", "abc", "1"])
+def test_the_scripts_refuse_a_fraction_outside_0_1_in_one_line(tmp_path, capsys, script, fraction):
+    """A fraction outside (0, 1) reached error_detection, after the bundle and the corpus were
+    read, and ended in a traceback; a word that is no number printed argparse's usage too."""
+    corpus = tmp_path / "text.txt"
+    corpus.write_text(" ".join(["the quick brown fox jumps over the lazy dog"] * 1200))
+    main = runpy.run_path(str(ROOT / "docs" / "parallel" / script))["main"]
+    with pytest.raises(SystemExit) as stopped:
+        main(["--data", str(corpus), "--sequences", "2", "--fractions", "0.5", fraction, "--out",
+              str(tmp_path / "out.csv")])
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and err.count("\n") == 1, err
+    assert err.endswith(f"error: argument --fractions: must be a number in (0, 1), got {fraction!r}\n"), err
+    assert not (tmp_path / "out.csv").exists()
+
+
 def test_parallel_draws_mask_the_chosen_positions_and_draw_each_from_its_law():
     g = torch.Generator().manual_seed(5)
     x = torch.randint(0, V, (64, D), generator=g)
