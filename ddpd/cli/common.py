@@ -84,6 +84,27 @@ def open_fraction(text: str) -> float:
     return value
 
 
+def positive_int(text: str) -> int:
+    """An argparse `type=`: an int >= 1 (a count of steps, rows or threads).
+
+    Args:
+        text: the command line's word.
+
+    Returns:
+        The int.
+
+    Raises:
+        argparse.ArgumentTypeError: not an int, or below 1.
+    """
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an int >= 1, got {text!r}")
+    return value
+
+
 def add_runtime_arguments(parser: argparse.ArgumentParser, default=None) -> None:
     """Add --device and --threads to a parser.
 

@@ -11,7 +11,7 @@ import argparse
 import torch
 
 from ddpd.checkpoint import load_bundle
-from ddpd.cli.common import OneLineParser, open_fraction
+from ddpd.cli.common import OneLineParser, open_fraction, positive_int
 from ddpd.eval.detection import detection_rows, detection_table
 from ddpd.eval.heldout import heldout_sequences
 from ddpd.eval.report import write_csv
@@ -24,7 +24,7 @@ def main(argv=None) -> None:
     parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", required=True, help="the corpus; its test split is scored")
     parser.add_argument("--bundle", help="a planner/ + mask denoiser/ bundle (default: the bundled text8 pair)")
-    parser.add_argument("--sequences", type=int, default=256)
+    parser.add_argument("--sequences", type=positive_int, default=256)
     parser.add_argument("--fractions", type=open_fraction, nargs="+", default=[0.1, 0.3, 0.5, 0.7],
                         help="shares of the positions corrupted, each in (0, 1) (default 0.1 0.3 0.5 0.7)")
     parser.add_argument("--seed", type=int, default=0)

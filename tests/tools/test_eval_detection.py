@@ -128,6 +128,7 @@ def test_the_script_scores_the_sequences_asked_for_at_the_seed_given(tmp_path, m
     assert all(abs(int(row["drawn"]) - 256) < 60 for row in rows.values())  # s.d. 11
     assert rows["0"] != rows["1"]
 
+
 @pytest.mark.parametrize("script", ["planner_errors.py", "planner_on_draws.py"])
 @pytest.mark.parametrize("fraction", ["1.5", "0", "-0.1", "nan", "abc", "1"])
 def test_the_scripts_refuse_a_fraction_outside_0_1_in_one_line(tmp_path, capsys, script, fraction):
@@ -143,6 +144,20 @@ def test_the_scripts_refuse_a_fraction_outside_0_1_in_one_line(tmp_path, capsys,
     assert stopped.value.code == 2 and err.count("\n") == 1, err
     assert err.endswith(f"error: argument --fractions: must be a number in (0, 1), got {fraction!r}\n"), err
     assert not (tmp_path / "out.csv").exists()
+
+
+@pytest.mark.parametrize("script, flag", [("planner_errors.py", "--sequences"), ("planner_on_draws.py", "--sequences"),
+                                          ("planner_on_draws.py", "--steps"), ("planner_on_draws.py", "--batch-size"),
+                                          ("planner_on_draws.py", "--threads")])
+@pytest.mark.parametrize("count", ["0", "-2", "1.5", "abc"])
+def test_the_scripts_refuse_a_count_below_1_in_one_line(tmp_path, capsys, script, flag, count):
+    """A count below 1 failed deep in the run (torch.set_num_threads, an empty batch)."""
+    main = runpy.run_path(str(ROOT / "docs" / "parallel" / script))["main"]
+    with pytest.raises(SystemExit) as stopped:
+        main(["--data", str(tmp_path / "text.txt"), flag, count, "--out", str(tmp_path / "out.csv")])
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and err.count("\n") == 1, err
+    assert err.endswith(f"error: argument {flag}: must be an int >= 1, got {count!r}\n"), err
 
 
 def test_parallel_draws_mask_the_chosen_positions_and_draw_each_from_its_law():
