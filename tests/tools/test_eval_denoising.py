@@ -113,6 +113,28 @@ def test_the_planner_mask_follows_the_planners_probability(logit, alone):
     assert torch.equal(stats.correct, stats.noisy if alone else torch.zeros_like(stats.noisy))
 
 
+def test_the_planner_mask_is_drawn_apart_from_the_corruption():
+    """The planner's mask is its own draw (prop. draw_with_maskD), independent of the corruption
+    given x_t: a noisy position is scored right by this denoiser iff every other position that
+    shows noise (noisy, drawn off 0) is masked, which with independent coins happens with
+    probability (1 - q)^(L - 1) in rows of L, q = (1 - alpha) (S - 1) / S (1 - p). Masks drawn from the
+    corruption's own uniforms would make it 1 or near (1 - q / (1 - p))^(L - 1)."""
+    def clean_if_no_noise_shows(x, t):  # token 0 where no unmasked position of the row is off 0
+        shown = ((x != S) & (x != 0)).any(-1, keepdim=True)
+        logits = torch.zeros(*x.shape, S)
+        logits[..., 0] = torch.where(shown, -20.0, 20.0)
+        return logits
+
+    length = 6
+    x1 = torch.zeros(4096, length, dtype=torch.long)
+    stats = denoising_stats("mask-denoiser-planner", clean_if_no_noise_shows, x1, S, alpha=0.5,
+                            planner=lambda x: torch.full(x.shape, 0.1), seed=10)
+    p = 1 / (1 + math.exp(-0.1))
+    expected = (1 - 0.5 * (S - 1) / S * (1 - p)) ** (length - 1)
+    share = float(stats.correct.sum()) / float(stats.noisy.sum())
+    assert abs(share - expected) < 0.02, (share, expected)  # s.d. about 0.005 (12k noisy positions)
+
+
 @pytest.mark.parametrize("kind", ["mask-denoiser", "mask-denoiser-planner"])
 def test_the_mask_denoisers_see_the_mask_id_given(kind):
     def reveals(x, t):  # token 0 where the input holds mask id S + 1
