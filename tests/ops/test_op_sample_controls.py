@@ -740,6 +740,19 @@ def test_top_p_keeps_the_logits_exactly_on_its_cut():
     assert_same(triton_categorical(logits, **kw), ref)
 
 
+def test_top_p_keeps_every_logit_when_its_target_rounds_above_the_bucket_sums():
+    """The Triton top-p search sums each block's weights per key range in float32, p Z in
+    float64: at p = 1 - 2**-24, on 200 logits evenly from -3 to 0, p Z is above the sum of
+    every range of the first pass (in the interpreter's order of summation). No range then
+    holds p Z, and the search keeps the lowest: every logit, as the reference does (each holds
+    more than 2**-24 of the mass), not the maximum's range alone."""
+    logits = torch.linspace(-3.0, 0.0, 200).expand(16, 200).contiguous()
+    kw = dict(top_p=1 - 2**-24, seed=4, return_logprob=True)
+    ref = sample_categorical_reference(logits, **kw)
+    assert len(set(ref[0].tolist())) > 8
+    assert_same(triton_categorical(logits, **kw), ref)
+
+
 @pytest.mark.parametrize("temperature", [1.0, 0.7, 1.3e-3, 3e5])
 def test_the_threshold_kernel_finds_min_p_without_reading_the_row(temperature):
     """White box: min-p's threshold is the smallest float32 v with shift(v, M) >= log(min_p),
