@@ -753,6 +753,32 @@ def test_top_p_keeps_every_logit_when_its_target_rounds_above_the_bucket_sums():
     assert_same(triton_categorical(logits, **kw), ref)
 
 
+def test_the_threshold_kernel_searches_the_whole_row_past_the_scratch():
+    """White box: top-p copies the logits above its cut to the scratch row and searches those
+    only when they fit. Of 9 logits above the cut (-1), a scratch of 8 holds the first 8 in
+    index order, not the maximum, the whole nucleus at p = 0.2: that row is searched whole;
+    a row of exactly 8 searches its copy. Both thresholds are the reference's, the maximum."""
+    from ddpd.ops.sample_categorical import truncation_threshold
+
+    kernels = _dispatch.kernels("sample_categorical")
+    vocab, capacity, p = 64, 8, 0.2
+    logits = torch.full((2, vocab), -40.0)
+    logits[0, 10:18] = -1.0  # capacity + 1 candidates with the maximum, the last in index order
+    logits[1, 10:17] = -1.0  # capacity
+    logits[:, 40] = 0.0
+    tau = torch.empty(2)
+    scratch = torch.full((2, capacity), float("nan"))
+    ids = _dispatch.device_ids((), logits.device)
+    kernels.thresholds_kernel[(2,)](logits, vocab, 1.0, None, ids, 0, None, None, 0, None, p, None, -math.inf, None,
+                                    tau, scratch, 0, capacity, TOP_K=False, TOP_P=True, MIN_P=False, BLOCK=1024,
+                                    SCAN_BLOCK=4096, GROUP=4096)
+    want = truncation_threshold(logits, torch.ones(2), torch.zeros(2, dtype=torch.long), torch.full((2,), p),
+                                torch.full((2,), -math.inf))
+    assert want.tolist() == [0.0, 0.0] and torch.equal(tau, want)
+    assert torch.equal(scratch[0], torch.full((capacity,), -1.0))  # the maximum did not fit
+    assert torch.equal(scratch[1], logits[1][logits[1] > -40.0])
+
+
 @pytest.mark.parametrize("temperature", [1.0, 0.7, 1.3e-3, 3e5])
 def test_the_threshold_kernel_finds_min_p_without_reading_the_row(temperature):
     """White box: min-p's threshold is the smallest float32 v with shift(v, M) >= log(min_p),
