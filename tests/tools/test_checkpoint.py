@@ -443,6 +443,23 @@ def test_save_validates_before_writing(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+
+@pytest.mark.parametrize("model, config, train_state, error, message", [
+    ("model", None, None, TypeError, "save_checkpoint: model must be a torch.nn.Module, got str"),
+    (None, [1], None, TypeError, "save_checkpoint: config must be a dict, got list"),
+    (None, {"model": [1]}, None, ValueError, "'model' must be a dict of TransformerConfig fields, got \\[1\\]"),
+    (None, {"extra": object()}, None, ValueError, "checkpoint config must be JSON-serialisable: Object of type object"),
+    (None, None, ["a"], TypeError, "train_state must be a \\(dict of tensors, dict\\) pair, got list"),
+], ids=["model", "config type", "model fields", "config JSON", "train_state"])
+def test_a_save_names_the_argument_of_the_wrong_type(tmp_path, model, config, train_state, error, message):
+    """A save given a malformed argument refuses it by name before anything is written."""
+    good, good_config = tiny("planner")
+    if isinstance(config, dict):
+        config = {**good_config, **config}
+    with pytest.raises(error, match=message):
+        save_checkpoint(tmp_path / "c", good if model is None else model, config or good_config, train_state)
+    assert os.listdir(tmp_path) == []
+
 def test_a_network_of_no_ddpd_kind_saves_under_its_configs_kind(tmp_path):
     """Only a ddpd network's own kind is checked: a user's module holding the same tensors saves."""
     model, config = tiny("planner")
@@ -734,6 +751,45 @@ def test_a_crafted_training_state_header_is_refused_naming_the_fault(tmp_path, h
         load_train_state(path)
     assert _one_line(info.value)
 
+
+
+def test_a_checkpoint_path_that_is_a_file_is_refused(tmp_path):
+    (tmp_path / "c").write_text("x")
+    with pytest.raises(CheckpointError, match=f"^checkpoint path is not a directory: {tmp_path / 'c'}$"):
+        load_model(tmp_path / "c")
+
+
+def test_a_weights_file_shorter_than_its_length_field_is_refused(tmp_path):
+    path = _saved(tmp_path)
+    (path / "model.safetensors").write_bytes(b"abc")
+    with pytest.raises(CheckpointError, match=r"model.safetensors is corrupt \(only 3 bytes\)$"):
+        load_model(path)
+
+
+@pytest.mark.parametrize("header, data, message", [
+    ([1], b"", r"is corrupt \(its header is not a JSON object\)$"),
+    ({"__metadata__": {"a": 1}, "m": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, bytes(4),
+     "is corrupt: .*expected a string"),
+], ids=["list header", "metadata of numbers"])
+def test_a_training_state_header_safetensors_refuses_is_one_line(tmp_path, header, data, message):
+    """Headers that pass the checks on the tensors' entries but that safetensors cannot read
+    (its metadata must map strings to strings) are a CheckpointError, not safetensors' error."""
+    path = _saved(tmp_path)
+    _craft_state(path, header, data)
+    with pytest.raises(CheckpointError, match=f"train_state.safetensors {message}") as info:
+        load_train_state(path)
+    assert _one_line(info.value)
+
+
+def test_weights_load_where_the_platform_has_no_preadv(tmp_path, monkeypatch):
+    """macOS before 11 and Windows lack os.preadv: the files are read with os.pread."""
+    path = _saved(tmp_path)
+    expected = load_model(path)[0]
+    monkeypatch.delattr(os, "preadv", raising=False)
+    reads = []
+    pread = os.pread
+    monkeypatch.setattr(os, "pread", lambda *args: reads.append(args[1]) or pread(*args))
+    assert same_weights(load_model(path)[0], expected) and reads
 
 def test_a_config_json_of_the_largest_size_read_loads(tmp_path):
     path = _saved(tmp_path)
