@@ -506,8 +506,6 @@ class _Reader:
                 file = os.open(name, os.O_RDONLY | os.O_NONBLOCK, dir_fd=self.fd)
             except FileNotFoundError:
                 continue
-            except IsADirectoryError:
-                raise CheckpointError(f"checkpoint {self.path}: {name} is a directory") from None
             except OSError as err:
                 raise CheckpointError(f"checkpoint {self.path}: cannot read {name}: {err.strerror}") from None
             mode = os.fstat(file).st_mode
