@@ -868,6 +868,20 @@ def test_a_fifo_in_place_of_a_file_is_refused_without_waiting(tmp_path):
     assert outcome == [f"checkpoint {path}: model.safetensors is not a regular file"]
 
 
+
+def test_a_directory_or_a_link_loop_in_place_of_a_file_is_named(tmp_path):
+    """A directory opens for reading (only writing it is EISDIR) and is named by its mode; a
+    file that cannot be opened (a link to itself) says why."""
+    path = _saved(tmp_path)
+    os.remove(path / "model.safetensors")
+    os.mkdir(path / "model.safetensors")
+    with pytest.raises(CheckpointError, match="^checkpoint .*: model.safetensors is a directory$"):
+        load_model(path)
+    os.rmdir(path / "model.safetensors")
+    os.symlink("model.safetensors", path / "model.safetensors")
+    with pytest.raises(CheckpointError, match="model.safetensors: Too many levels of symbolic links$"):
+        load_model(path)
+
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts descriptors in /proc/self/fd")
 @pytest.mark.parametrize("what", ["directory", "fifo"])
 def test_a_refused_open_closes_what_it_opened(tmp_path, what):
