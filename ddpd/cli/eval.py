@@ -215,7 +215,10 @@ def load_models(args: argparse.Namespace) -> Loaded:
         if config.get("corpus") is not None:
             loaded.corpora[f"--{role} {path}"] = config["corpus"]
     if not [k for k in loaded.models if k != "judge"]:
-        raise UsageError("no model to evaluate: give --planner with --denoiser, and/or --uniform")
+        # convergence takes no --uniform: naming it sent the user to an unrecognized argument
+        hint = "--planner with --denoiser, and/or --uniform" if hasattr(args, "uniform") else \
+            "--planner and exactly one --denoiser"
+        raise UsageError(f"no model to evaluate: give {hint}")
     loaded.shared = shared_facts(configs)
     warn_if_lengths_differ("ddpd-eval", loaded.shared["seq_lens"])
     return loaded

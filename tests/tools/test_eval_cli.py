@@ -601,6 +601,12 @@ def test_convergence_rows_do_not_depend_on_the_batch_size(setup, capsys):
     (["elbo", "--planner", "{planner}", "--uniform", "{uniform}", "--data", "{data}"],
      "--planner: its rows need a --denoiser", 2),
     (["convergence", "--planner", "{planner}", "--out-dir", "{root}/c2"], "give --planner and exactly one", 2),
+    # no model at all: convergence takes no --uniform, which the hint named
+    (["convergence", "--out-dir", "{root}/c2"], "no model to evaluate: give --planner and exactly one --denoiser\n",
+     2),
+    (["elbo", "--data", "{data}"], "no model to evaluate: give --planner with --denoiser, and/or --uniform\n", 2),
+    (["quality", "--planner", "{planner}", "--denoiser", "{mask-denoiser}", "{mask-denoiser}", "--judge", "{ar}",
+      "--out-dir", "{root}/q2"], ": a mask-denoiser checkpoint was already given\n", 2),
     (["convergence", "--planner", "{planner}", "--denoiser", "{mask-denoiser}", "{uniform-denoiser}", "--out-dir",
       "{root}/c2"], "give --planner and exactly one --denoiser", 2),  # not the first of two, silently
     (["convergence", "--planner", "{planner}", "--denoiser", "{mask-denoiser}", "--num-samples", "0", "--out-dir",
