@@ -393,7 +393,7 @@ def run_quality(args: argparse.Namespace) -> None:
         args: the parsed command line.
 
     Raises:
-        UsageError: no --judge, a judge too short for the samples, checkpoints that run no
+        UsageError: a judge too short for the samples, checkpoints that run no
             sampler, or unknown --samplers.
     """
     import torch
@@ -406,8 +406,6 @@ def run_quality(args: argparse.Namespace) -> None:
 
     truncation = truncation_from(args)  # before any model is loaded
     loaded = load_models(args)
-    if "judge" not in loaded.models:
-        raise UsageError("--judge: an ar checkpoint is required")
     judge_len = loaded.models["judge"].config.max_seq_len - 1
     if loaded.seq_len > judge_len:
         raise UsageError(f"--judge: scores sequences of up to {judge_len} tokens, the samples have {loaded.seq_len}")
