@@ -22,17 +22,9 @@ from typing import Callable, Optional
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ddpd.ops.rotary import rotate
-
-try:
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    def _sdpa_flash_only():
-        return sdpa_kernel(SDPBackend.FLASH_ATTENTION)
-except ImportError:  # torch < 2.3
-    def _sdpa_flash_only():
-        return torch.backends.cuda.sdp_kernel(enable_flash=True, enable_math=False, enable_mem_efficient=False)
 
 FLASH_KERNELS = ("fa2", "fa3", "fa4")
 ATTENTION_BACKENDS = ("auto", "flash") + FLASH_KERNELS + ("sdpa-flash", "sdpa", "math")
@@ -322,7 +314,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
     if backend in FLASH_KERNELS:
         return _flash_attention(backend, q, k, v, causal, dropout_p)
     if backend == "sdpa-flash":
-        with _sdpa_flash_only():
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
             return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=causal)
     if backend == "sdpa":
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=causal)
