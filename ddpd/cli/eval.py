@@ -191,7 +191,7 @@ def load_models(args: argparse.Namespace) -> Loaded:
         The Loaded models, their device and shared facts.
 
     Raises:
-        UsageError: a kind given twice, no model to evaluate, or checkpoints that differ.
+        UsageError: a kind given twice, or checkpoints that differ.
         CheckpointError: a checkpoint that cannot be loaded.
     """
     from ddpd.checkpoint import WEIGHTS
@@ -214,11 +214,6 @@ def load_models(args: argparse.Namespace) -> Loaded:
             loaded.judge_id = "sha256:" + config["sha256"][WEIGHTS][:16]  # load_model checked it
         if config.get("corpus") is not None:
             loaded.corpora[f"--{role} {path}"] = config["corpus"]
-    if not [k for k in loaded.models if k != "judge"]:
-        # convergence takes no --uniform: naming it sent the user to an unrecognized argument
-        hint = "--planner with --denoiser, and/or --uniform" if hasattr(args, "uniform") else \
-            "--planner and exactly one --denoiser"
-        raise UsageError(f"no model to evaluate: give {hint}")
     loaded.shared = shared_facts(configs)
     warn_if_lengths_differ("ddpd-eval", loaded.shared["seq_lens"])
     return loaded
@@ -710,8 +705,8 @@ def check_command_line(args: argparse.Namespace) -> None:
         args: the parsed command line.
 
     Raises:
-        UsageError: an empty output path, a bad --threads, a missing sweep file, an
-            unusable or labelled --data, or an output that would replace an input.
+        UsageError: an empty output path, a bad --threads, a missing sweep file, no model to
+            evaluate, an unusable or labelled --data, or an output that would replace an input.
         InputError: a checkpoint directory that is not there.
         OutputError: an output that cannot be written.
     """
@@ -722,6 +717,7 @@ def check_command_line(args: argparse.Namespace) -> None:
         if not os.path.isfile(path):
             raise UsageError(f"no such sweep file: {path}")
     check_checkpoints(*(path for _, path in _checkpoints(args)))
+    _check_some_model(args)
     if getattr(args, "data", None) is not None:
         check_data(args.data)
         if is_labelled(args.data):
@@ -729,6 +725,17 @@ def check_command_line(args: argparse.Namespace) -> None:
                              "ddpd-eval reads plain text")
     check_outputs(args)
     refuse_outputs_over_inputs(*_outputs_and_inputs(args))
+
+
+def _check_some_model(args: argparse.Namespace) -> None:
+    """A command that loads networks (elbo, quality, convergence) needs one to evaluate: a
+    --judge alone is none."""
+    if not hasattr(args, "planner") or args.planner or args.denoiser or getattr(args, "uniform", None):
+        return
+    # convergence takes no --uniform: naming it would send the user to an unrecognized argument
+    hint = "--planner with --denoiser, and/or --uniform" if hasattr(args, "uniform") else \
+        "--planner and exactly one --denoiser"
+    raise UsageError(f"no model to evaluate: give {hint}")
 
 
 def _outputs_and_inputs(args: argparse.Namespace) -> tuple[list, list, list]:

@@ -61,6 +61,10 @@ CASES = [
      "checkpoint directory not found: {missing}"),
     ("ddpd-eval", ["quality", "--uniform", "{ckpt}", "--judge", "{ckpt}", "--out-dir", "{file}/q"], 1,
      "cannot write {file}/q: {file} is not a directory"),
+    # a judge alone is no model to evaluate
+    ("ddpd-eval", ["quality", "--judge", "{ckpt}", "--out-dir", "{q}"], 2,
+     "no model to evaluate: give --planner with --denoiser, and/or --uniform"),
+    ("ddpd-eval", ["convergence", "--out-dir", "{q}"], 2, "no model to evaluate: give --planner and exactly one"),
     ("ddpd-eval", ["merge", "{missing}", "--out-dir", "{ckpt}"], 2, "no such sweep file: {missing}"),
     ("ddpd-eval", ["training", "{ckpt}", "{missing}"], 1, "checkpoint directory not found: {missing}"),
     # an output over an input: the sweep turned into Markdown, a checkpoint's config.json into samples
