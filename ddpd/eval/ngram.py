@@ -42,8 +42,10 @@ class NGramJudge:
         if tokens.dtype != torch.long:  # float or bool ids would be truncated and counted
             raise TypeError(f"tokens must have dtype torch.int64, got {tokens.dtype}")
         ids = tokens.cpu().numpy()
-        if ids.ndim != 1 or ids.size <= order or ids.min() < 0 or ids.max() >= vocab_size:
+        if ids.ndim != 1 or ids.size <= order:
             raise ValueError(f"tokens must be more than {order} ids in [0, {vocab_size}), got shape {ids.shape}")
+        if ids.min() < 0 or ids.max() >= vocab_size:  # the shape alone named no fault here
+            raise ValueError(f"tokens must be ids in [0, {vocab_size}), got range [{ids.min()}, {ids.max()}]")
         unigram = np.bincount(ids, minlength=vocab_size).astype(np.float64) + 1.0
         self.unigram = unigram / unigram.sum()
         self.tables: list[tuple] = [self._table(ids, m) for m in range(2, order + 1)]

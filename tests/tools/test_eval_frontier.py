@@ -267,10 +267,20 @@ def test_ngram_judge_scores_only_token_ids(x, error, match):
     (torch.tensor([0.0, 1.0, 2.0, 3.0] * 10), TypeError, "tokens must have dtype torch.int64, got torch.float32"),
     (torch.tensor([True, False] * 10), TypeError, "tokens must have dtype torch.int64, got torch.bool"),
     ([0, 1, 2, 3] * 10, TypeError, "tokens must be a torch.Tensor"),
+    (torch.tensor([0, 1, 2]), ValueError, r"tokens must be more than 3 ids in \[0, 4\), got shape \(3,\)"),
+    (torch.zeros(4, 4, dtype=torch.long), ValueError, r"more than 3 ids in \[0, 4\), got shape \(4, 4\)"),
+    (torch.tensor([0, 1, 7, 3, -2]), ValueError, r"tokens must be ids in \[0, 4\), got range \[-2, 7\]"),
 ])
 def test_ngram_judge_counts_only_token_ids(tokens, error, match):
     with pytest.raises(error, match=match):
         NGramJudge(tokens, 4, order=3)
+
+
+def test_ngram_judge_refuses_keys_past_62_bits():
+    """An n-gram is keyed by its ids in base vocab_size, in an int64."""
+    with pytest.raises(ValueError, match=r"vocab_size \*\* order must fit 62 bits, got 50257 \*\* 4"):
+        NGramJudge(torch.tensor([0, 1, 2, 3] * 10), 50257, order=4)
+    assert NGramJudge(torch.tensor([0, 1, 2, 3] * 10), 50257, order=3).order == 3
 
 
 def test_ngram_judge_prefers_text_like_its_corpus():
