@@ -95,10 +95,20 @@ def stopped_fraction(stop_step: Tensor, steps: int) -> Tensor:
 
     Returns:
         Float[steps].
+
+    Raises:
+        TypeError: stop_step not of an integer dtype.
+        ValueError: stop_step not 1-D, empty or negative somewhere.
     """
     check_int("steps", steps, 1)
     if not isinstance(stop_step, Tensor) or stop_step.dim() != 1:
         raise ValueError(f"stop_step must be a 1-D tensor, got {getattr(stop_step, 'shape', type(stop_step).__name__)}")
+    if stop_step.is_floating_point() or stop_step.is_complex() or stop_step.dtype == torch.bool:
+        raise TypeError(f"stop_step must be a tensor of step numbers (an integer dtype), got {stop_step.dtype}")
+    if stop_step.numel() == 0:  # the fractions would be 0 / 0
+        raise ValueError("stop_step must hold at least one sample's stop step, got none")
+    if int(stop_step.min()) < 0:  # torch.bincount's own error named no argument
+        raise ValueError(f"stop_step must be >= 0, got minimum {int(stop_step.min())}")
     stopped = stop_step[stop_step < steps].cpu()
     counts = torch.bincount(stopped, minlength=steps)[:steps].cumsum(0)
     return counts.float() / stop_step.numel()

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from ddpd.eval import quality, report
+from ddpd.eval import convergence, quality, report
 from ddpd.eval.convergence import PlannerRecorder, convergence_rows, stopped_fraction, write_convergence
 from ddpd.eval.quality import SamplerSpec, judge_nll, run_sweep, unigram_entropy, write_sweep
 from ddpd.models import build_model, config_for
@@ -208,6 +208,37 @@ def test_stopped_fraction_and_convergence_outputs(tmp_path):
     paths = write_convergence(rows, str(tmp_path))
     with open(paths["csv"]) as f:
         assert len(list(csv.DictReader(f))) == 5
+
+
+@pytest.mark.parametrize("stop_step, error, match", [
+    ([0, 2], ValueError, "stop_step must be a 1-D tensor, got list"),
+    (torch.zeros(2, 2, dtype=torch.long), ValueError, r"stop_step must be a 1-D tensor, got torch.Size\(\[2, 2\]\)"),
+    (torch.tensor([0.0, 2.0]), TypeError, "stop_step must be a tensor of step numbers .*, got torch.float32"),
+    (torch.tensor([True]), TypeError, r"an integer dtype\), got torch.bool"),
+    (torch.tensor([], dtype=torch.long), ValueError, "stop_step must hold at least one sample's stop step, got none"),
+    (torch.tensor([3, -1]), ValueError, "stop_step must be >= 0, got minimum -1"),
+])
+def test_stopped_fraction_refuses_what_is_not_stop_steps(stop_step, error, match):
+    """A float, empty or negative stop_step failed in torch.bincount (or gave NaN fractions)."""
+    with pytest.raises(error, match=match):
+        stopped_fraction(stop_step, steps=5)
+
+
+def test_planner_recorder_refuses_a_call_before_start_run():
+    recorder = PlannerRecorder(lambda x: torch.zeros(x.shape))
+    with pytest.raises(RuntimeError, match=r"call start_run\(batch_size\) before sampling"):
+        recorder(torch.zeros(1, 2, dtype=torch.long))
+    assert recorder.rows() == []
+
+
+def test_write_convergence_without_matplotlib_writes_the_csv_and_says_why(monkeypatch, tmp_path):
+    def missing():
+        raise report.MissingDependency(report.PLOT_HINT)
+
+    monkeypatch.setattr(convergence, "pyplot", missing)
+    paths = write_convergence([{"step": 0, "noise_left": 0.5, "z_changed": 0.0}], str(tmp_path))
+    assert paths["plot"] is None and "pip install 'ddpd[eval]'" in paths["plot_skipped"]
+    assert os.path.isfile(paths["csv"]) and not os.path.exists(tmp_path / "convergence.png")
 
 
 def test_the_convergence_plot_has_a_panel_for_every_eps(monkeypatch, tmp_path):
