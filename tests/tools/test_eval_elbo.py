@@ -679,6 +679,23 @@ def test_elbo_takes_a_numpy_float_time_and_refuses_no_sequences():
 def test_elbo_rejects_a_model_with_the_wrong_output_shape():
     with pytest.raises(ValueError, match="model must return floating logits of shape \\[2, 4, 27\\]"):
         elbo_uniform_model(lambda x, t: torch.zeros(2, 4, 26), torch.zeros(2, 4, dtype=torch.long), V)
+    with pytest.raises(TypeError, match="model must return a tensor, got list"):
+        elbo_uniform_model(lambda x, t: [0.0], torch.zeros(2, 4, dtype=torch.long), V)
+
+
+def test_evaluations_refuse_sequences_not_2d_and_denoising_without_a_denoiser():
+    from ddpd.eval import ModelSet, evaluate_denoising, evaluate_elbo
+
+    def model(x, t):
+        return torch.zeros(*x.shape, V)
+
+    for evaluate in (evaluate_elbo, evaluate_denoising):
+        for bad, got in ((torch.zeros(4, dtype=torch.long), r"torch.Size\(\[4\]\)"), ([[0, 1]], "list")):
+            with pytest.raises(ValueError, match=f"sequences must be Long\\[N, D\\], got {got}"):
+                evaluate(ModelSet(vocab_size=V, uniform_model=model), bad)
+    with pytest.raises(ValueError, match="denoising: no denoiser or uniform model given"):
+        evaluate_denoising(ModelSet(vocab_size=V, planner=lambda x: torch.zeros(x.shape)),
+                           torch.zeros(1, 4, dtype=torch.long))
 
 
 def test_elbo_refuses_a_mask_id_among_the_tokens(tiny):

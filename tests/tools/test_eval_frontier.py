@@ -98,6 +98,9 @@ def test_read_frontier_reads_whole_numbers_written_as_floats(tmp_path):
     write_csv([dict(rows[0], budget="16.5")], path)
     with pytest.raises(ValueError, match=r"line 2, column budget: '16.5' is not a whole number"):
         read_frontier(path)
+    write_csv([dict(rows[0], seed="seven")], path)  # no number at all: Decimal's own error named nothing
+    with pytest.raises(ValueError, match=r"line 2, column seed: 'seven' is not a whole number"):
+        read_frontier(path)
 
 
 

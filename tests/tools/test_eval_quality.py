@@ -2,6 +2,7 @@
 import csv
 import math
 import os
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -143,6 +144,36 @@ def test_sweep_validates_inputs(judge, kwargs, error):
     args.update(kwargs)
     with pytest.raises(ValueError, match=error):
         run_sweep(args.pop("samplers"), **args)
+
+
+def test_sweep_refuses_a_sampler_that_is_no_sampler_spec(judge):
+    with pytest.raises(TypeError, match="samplers must be SamplerSpec, got function"):
+        run_sweep([lambda n, s, t, seed, first: None], steps=[1], temperatures=[1.0], num_samples=2, judge=judge,
+                  vocab_size=V)
+
+
+def test_read_sweep_names_a_file_that_is_not_utf8(tmp_path):
+    path = tmp_path / "sweep.csv"
+    path.write_bytes(b"sampler,steps,temperature,judge_nll,entropy\nddpd\xff,2,1.0,3.2,3.1\n")
+    with pytest.raises(ValueError, match=f"{path}: not UTF-8 text \\(invalid start byte at byte 48\\)"):
+        quality.read_sweep(str(path))
+
+
+def test_pyplot_without_matplotlib_says_how_to_install_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # an import of it raises ImportError
+    with pytest.raises(report.MissingDependency, match="pip install 'ddpd\\[eval\\]'"):
+        report.pyplot()
+
+
+def test_a_report_set_inside_another_joins_the_outer_one(tmp_path):
+    """An inner block renames nothing: the outer block's end renames all its files together."""
+    inner, outer = tmp_path / "inner.txt", tmp_path / "outer.txt"
+    with report.one_set():
+        report.write_text("a", str(outer))
+        with report.one_set():
+            report.write_text("b", str(inner))
+        assert not inner.exists() and not outer.exists()
+    assert inner.read_text() == "b" and outer.read_text() == "a"
 
 
 def test_sweep_rejects_a_sampler_returning_the_wrong_shape(judge):
