@@ -615,7 +615,8 @@ class RandomCrops:
         if isinstance(tokens, Tensor) and tokens.dim() == 1:
             tokens = Records.stream(tokens)
         if not isinstance(tokens, Records):
-            raise ValueError(f"tokens must be a 1-D tensor or Records, got {type(tokens).__name__}")
+            got = f"shape {tuple(tokens.shape)}" if isinstance(tokens, Tensor) else type(tokens).__name__
+            raise ValueError(f"tokens must be a 1-D tensor or Records, got {got}")  # "Tensor" named no fault
         self.records = tokens
         self.windows = torch.cumsum(tokens.windows(seq_len), 0)  # windows in records 0 .. r
         if not self.windows.numel() or int(self.windows[-1]) < 1:

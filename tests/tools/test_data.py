@@ -258,6 +258,15 @@ def test_random_crops_are_contiguous_and_reproducible():
     assert all(torch.equal(a, next(again)) for a in batches)
     other = RandomCrops(tokens, seq_len=16, batch_size=8, seed=4)
     assert not torch.equal(next(other), batches[0])
+    assert iter(crops) is crops  # a for loop over it draws the same batches
+
+
+@pytest.mark.parametrize("tokens, got", [(torch.zeros(2, 50, dtype=torch.long), r"shape \(2, 50\)"),
+                                         (list(range(50)), "list")])
+def test_random_crops_name_what_they_refuse(tokens, got):
+    """A 2-D tensor was refused as "got Tensor", which named no fault."""
+    with pytest.raises(ValueError, match=f"tokens must be a 1-D tensor or Records, got {got}$"):
+        RandomCrops(tokens, seq_len=8, batch_size=2, seed=0)
 
 
 def test_random_crops_resume_from_state():
