@@ -478,6 +478,20 @@ def test_traces_with_fake_tensors_and_passes_opcheck():
                                noise, 0, 0, None, None, None, True, 2))
 
 
+def test_a_compiled_call_without_seed_draws_its_counters_from_torch_and_refuses_a_generator():
+    """Traced, a call without seed takes (seed, offset) from torch's global generator as
+    tensors (an int would need the value on the host); a torch.Generator cannot be traced."""
+    logits = 3 * torch.randn(3, 40, generator=torch.Generator().manual_seed(0))
+    torch.manual_seed(7)
+    got = torch.compile(lambda x: sample_categorical(x)[0], fullgraph=True, backend="eager")(logits)
+    torch.manual_seed(7)
+    seed, offset = torch.randint(0, 2**62, (2,), dtype=torch.int64)
+    assert torch.equal(got, sample_categorical(logits, seed=seed, offset=offset)[0])
+    g = torch.Generator()
+    with pytest.raises(Exception, match="generator= cannot be traced by torch.compile: pass seed="):
+        torch.compile(lambda x: sample_categorical(x, generator=g)[0], fullgraph=True, backend="eager")(logits)
+
+
 @pytest.mark.parametrize("outputs", [dict(), dict(return_logprob=True, confidence="margin")])
 def test_every_path_accepts_an_empty_batch(outputs):
     """Zero rows give empty outputs on every path (the references used to fail to reshape

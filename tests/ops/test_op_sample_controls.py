@@ -432,6 +432,8 @@ def test_numbers_of_any_kind_and_size():
     (lambda: categorical_reference(torch.zeros(2, 1, 3), 1.0, torch.rand(2, 1, 3)), "logits must be 2-D"),
     (lambda: categorical_reference(torch.zeros(1, 3), 1.0, torch.zeros(1, 3)), r"noise values must be uniforms in"),
     (lambda: noise_width(0), "vocab_size must be an int >= 1"),
+    (lambda: categorical_reference(torch.zeros(2, 3), torch.tensor([0.0, 1.0]), None),
+     r"noise is needed unless every row is drawn greedily \(temperature 0\)"),
 ])
 def test_the_reference_checks_its_arguments(call, match):
     """categorical_reference is public: a wrong noise shape was an index error, noise of zeros
