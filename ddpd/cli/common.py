@@ -63,46 +63,33 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def open_fraction(text: str) -> float:
-    """An argparse `type=`: a share strictly between 0 and 1 (a corruption fraction).
+def argument_type(kind: Callable[[str], object], allowed: Callable, what: str) -> Callable[[str], object]:
+    """An argparse `type=` that reads a word with `kind` and keeps the values `allowed` accepts.
 
     Args:
-        text: the command line's word.
+        kind: int or float.
+        allowed: the test a value must pass.
+        what: the values allowed, for the message ("an int >= 1").
 
     Returns:
-        The share.
-
-    Raises:
-        argparse.ArgumentTypeError: not a number, or not in (0, 1) (NaN included).
+        The function argparse calls on the word: the value, or argparse.ArgumentTypeError
+        "must be WHAT, got 'WORD'" (one usage line).
     """
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not 0.0 < value < 1.0:  # NaN fails both comparisons
-        raise argparse.ArgumentTypeError(f"must be a number in (0, 1), got {text!r}")
-    return value
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not allowed(value):
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
+        return value
+
+    return parse
 
 
-def positive_int(text: str) -> int:
-    """An argparse `type=`: an int >= 1 (a count of steps, rows or threads).
-
-    Args:
-        text: the command line's word.
-
-    Returns:
-        The int.
-
-    Raises:
-        argparse.ArgumentTypeError: not an int, or below 1.
-    """
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an int >= 1, got {text!r}")
-    return value
+# a corruption fraction (NaN fails both comparisons) and a count of steps, rows or threads
+open_fraction = argument_type(float, lambda value: 0.0 < value < 1.0, "a number in (0, 1)")
+positive_int = argument_type(int, lambda value: value >= 1, "an int >= 1")
 
 
 def add_runtime_arguments(parser: argparse.ArgumentParser, default=None) -> None:

@@ -731,20 +731,24 @@ def _slow_clock_worker(rank, store, settings, out):
         dist.destroy_process_group()
 
 
-def test_two_processes_follow_one_clock_and_one_loss(corpus, tmp_path):
-    """Both processes stop at the step the faster clock says (3 steps of 2 s against 6 s),
-    with the same learning rates, weights and history: the recorded training loss is the
-    step's over both processes (it was process 0's alone)."""
-    settings = config(corpus, tmp_path / "run", "mask-denoiser", steps=20, max_time=6.0, warmup=2, eval_every=2,
-                      save_every=20).to_dict()
-    context = mp.start_processes(_slow_clock_worker, args=(str(tmp_path / "store"), settings, str(tmp_path)),
-                                 nprocs=2, join=False, start_method="spawn")
+def _two_processes(worker, *args) -> None:
+    """Run worker(rank, *args) in two spawned processes; fail, killing them, if they hang."""
+    context = mp.start_processes(worker, args=args, nprocs=2, join=False, start_method="spawn")
     deadline = time.monotonic() + HANG_GUARD_SECONDS
     while not context.join(timeout=10):
         if time.monotonic() > deadline:
             for process in context.processes:
                 process.kill()
             pytest.fail("the two processes hung")
+
+
+def test_two_processes_follow_one_clock_and_one_loss(corpus, tmp_path):
+    """Both processes stop at the step the faster clock says (3 steps of 2 s against 6 s),
+    with the same learning rates, weights and history: the recorded training loss is the
+    step's over both processes (it was process 0's alone)."""
+    settings = config(corpus, tmp_path / "run", "mask-denoiser", steps=20, max_time=6.0, warmup=2, eval_every=2,
+                      save_every=20).to_dict()
+    _two_processes(_slow_clock_worker, str(tmp_path / "store"), settings, str(tmp_path))
     runs = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     for run in runs:  # the throughput a record names is its process's (process 0's is saved)
         run["history"] = [{k: v for k, v in h.items() if k != "tokens_per_s"} for h in run["history"]]
@@ -929,15 +933,7 @@ def test_a_signal_as_the_stop_flag_is_agreed_stops_every_process_at_one_step(cor
     process 1 stopped and saved (all_gather, barrier) while process 0 went on with a step,
     and the run hung with no checkpoint. The agreed value decides: both stop at step 3."""
     settings = config(corpus, tmp_path / "out", steps=20, save_every=20, eval_every=20).to_dict()
-    context = mp.start_processes(_stop_after_the_flag_worker, args=(str(tmp_path / "store"), settings,
-                                                                    str(tmp_path)),
-                                 nprocs=2, join=False, start_method="spawn")
-    deadline = time.monotonic() + HANG_GUARD_SECONDS
-    while not context.join(timeout=10):
-        if time.monotonic() > deadline:
-            for process in context.processes:
-                process.kill()
-            pytest.fail("the two processes hung")
+    _two_processes(_stop_after_the_flag_worker, str(tmp_path / "store"), settings, str(tmp_path))
     outcomes = [json.loads((tmp_path / f"outcome{rank}.json").read_text()) for rank in (0, 1)]
     assert outcomes == [{"step": 3, "saved": 3, "stopped": True}] * 2, outcomes
     assert load_train_state(tmp_path / "out")[1]["step"] == 3
@@ -982,14 +978,7 @@ def test_every_process_of_a_signalled_run_exits_with_the_signals_status(corpus, 
     signal's number: both exit 128 + SIGTERM, and process 0's reason names it."""
     argv = ["planner", "--data", corpus, "--out", str(tmp_path / "out"), "--steps", "20", "--eval-every", "20",
             "--save-every", "20", "--no-progress", *TINY_CLI]
-    context = mp.start_processes(_signalled_cli_worker, args=(str(tmp_path / "store"), argv, str(tmp_path)),
-                                 nprocs=2, join=False, start_method="spawn")
-    deadline = time.monotonic() + HANG_GUARD_SECONDS
-    while not context.join(timeout=10):
-        if time.monotonic() > deadline:
-            for process in context.processes:
-                process.kill()
-            pytest.fail("the two processes hung")
+    _two_processes(_signalled_cli_worker, str(tmp_path / "store"), argv, str(tmp_path))
     outcomes = [json.loads((tmp_path / f"outcome{rank}.json").read_text()) for rank in (0, 1)]
     assert outcomes == [{"code": 128 + signal.SIGTERM, "reasons": ["SIGTERM in another process"]},
                         {"code": 128 + signal.SIGTERM, "reasons": ["SIGTERM"]}], outcomes
