@@ -288,24 +288,12 @@ def _ngram_judge(args, order: int, shared: dict):
     if shared["tokenizer"] is None:
         raise UsageError("the bundle's checkpoints do not record their tokenizer; cannot encode --data for "
                          "--judge ngram")
-    _check_ngram_vocabulary(args.judge, order, shared["vocab_size"])
     train = load_splits(args.data, tokenizer_from_config(shared["tokenizer"]))["train"]
     if train.numel() <= order:  # NGramJudge's own error would name neither the flag nor the file
         raise UsageError(f"--data {args.data}: its train split holds {train.numel()} "
                          f"token{'' if train.numel() == 1 else 's'}, too few for --judge ngram:{order} (it needs "
                          f"more than {order})")
     return NGramJudge(train, shared["vocab_size"], order)
-
-
-def _check_ngram_vocabulary(judge: str, order: int, vocab_size: int) -> None:
-    """UsageError naming --judge where the n-gram keys of this vocabulary would not fit (GPT-2's
-    50257 tokens at the default order 6): NGramJudge's own error named neither the flag nor a fix."""
-    if vocab_size ** order < 2**62:
-        return
-    fits = max(m for m in range(1, order) if vocab_size ** m < 2**62)
-    raise UsageError(f"--judge {judge}: an n-gram judge of order {order} over the bundle's {vocab_size} tokens "
-                     f"is too large (vocab_size ** order must fit 62 bits); give --judge ngram:{fits} or lower, "
-                     f"or an ar checkpoint")
 
 
 def _policies(args) -> dict:
