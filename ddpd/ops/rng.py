@@ -193,7 +193,8 @@ def philox_uniform(
         Float32[N, M].
 
     Raises:
-        TypeError: rows or cols a tensor of floats or bools, or cols a bool.
+        TypeError: a seed or offset tensor not int64 of one element, rows or cols a tensor of
+            floats or bools, or cols a bool.
         ValueError: a seed or offset out of range, a row id outside [-2**63, 2**64), a
             negative number of columns, or rows / cols not 1-D.
     """

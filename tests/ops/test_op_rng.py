@@ -240,3 +240,17 @@ def test_ids_given_as_lists_of_numpy_unsigned_ints_are_their_values(fn):
     assert torch.equal(fn(1, 2, [4], [np.uint64(3), np.uint64(0)]), fn(1, 2, [4], [3, 0]))
     with pytest.raises(TypeError, match="rows must be an integer tensor or a sequence of ints"):
         fn(1, 2, [np.uint64(5), "a"], 2)
+
+
+@pytest.mark.parametrize("fn", [philox_uniform, philox_uniform_reference])
+def test_seed_tensors_of_another_kind_and_ids_not_1d_are_refused(fn):
+    """A seed or offset tensor is the int64 bits of one uint64; rows and cols list ids one by one."""
+    with pytest.raises(TypeError, match=r"^seed must be an int in \[0, 2\*\*64\) or an int64 tensor of one element, "
+                                        r"got torch.int32 of shape \(\)$"):
+        fn(torch.tensor(1, dtype=torch.int32), 2, [0], 3)
+    with pytest.raises(TypeError, match=r"^offset must be .* got torch.int64 of shape \(2,\)$"):
+        fn(1, torch.tensor([2, 3]), [0], 3)
+    with pytest.raises(ValueError, match=r"^rows and cols must be 1-D, got shapes \(1, 2\) and \(3,\)$"):
+        fn(1, 2, torch.tensor([[0, 1]]), 3)
+    with pytest.raises(ValueError, match=r"^rows and cols must be 1-D, got shapes \(1,\) and \(1, 2\)$"):
+        fn(1, 2, [0], torch.tensor([[0, 1]]))
