@@ -663,6 +663,44 @@ def test_the_threshold_kernel_bounds_top_k_by_group_maxima():
     assert torch.equal(scratch[1, n_groups:], torch.full((capacity,), 7.0))  # the first 2048 of the 4200 ties
 
 
+def test_beyond_max_groups_scan_blocks_the_threshold_kernel_searches_whole_rows():
+    """A vocabulary above MAX_GROUPS scan blocks (2048 * 4096 logits) has no group bound: the
+    launch asks for no groups and no candidates (scratch is then tau itself), and the kernel's
+    top-k search reads the whole row, with the reference's thresholds."""
+    from ddpd.ops.sample_categorical import MAX_GROUPS, THRESHOLD_SCAN_BLOCK, threshold_launch
+
+    largest = MAX_GROUPS * THRESHOLD_SCAN_BLOCK
+    assert threshold_launch(largest) == (THRESHOLD_SCAN_BLOCK, MAX_GROUPS, 2048)
+    assert threshold_launch(largest + 1) == (THRESHOLD_SCAN_BLOCK, 0, 0)
+    kernels = _dispatch.kernels("sample_categorical")
+    vocab, k = 5000, 9
+    logits = torch.randn(2, vocab, generator=torch.Generator().manual_seed(6))
+    logits[1, 100:4300] = 7.0  # the k-th inside a block of ties
+    tau = torch.empty(2)
+    ids = _dispatch.device_ids((), logits.device)
+    kernels.thresholds_kernel[(2,)](logits, vocab, 1.0, None, ids, 0, None, None, k, None, 1.0, None, -math.inf, None,
+                                    tau, tau, 0, 0, TOP_K=True, TOP_P=False, MIN_P=False,
+                                    BLOCK=1024, SCAN_BLOCK=4096, GROUP=THRESHOLD_SCAN_BLOCK)
+    assert torch.equal(tau, logits.sort(dim=1, descending=True).values[:, k - 1])
+
+
+def test_the_references_refuse_the_exclude_ids_the_kernels_refuse():
+    """The C++ kernels refuse an excluded id outside [0, V); the references, which would index
+    past the row, raise the same message."""
+    logits = torch.randn(3, 10)
+    hidden, weight = torch.randn(3, 4), torch.randn(10, 4)
+    calls = [(dict(exclude_ids=torch.tensor([2, 12])), r"^exclude_ids values must be in \[0, 10\), got 12 at 1$"),
+             (dict(exclude_per_row=torch.tensor([0, -1, 3])),
+              r"^exclude_per_row values must be in \[0, 10\), got -1 at 1$")]
+    for kwargs, match in calls:
+        for call in (lambda: sample_categorical(logits, seed=1, **kwargs),
+                     lambda: sample_categorical_reference(logits, seed=1, **kwargs),
+                     lambda: sample_from_hidden(hidden, weight, seed=1, **kwargs),
+                     lambda: sample_from_hidden_reference(hidden, weight, seed=1, **kwargs)):
+            with pytest.raises(ValueError, match=match):
+                call()
+
+
 def test_the_threshold_kernel_cuts_top_p_to_candidates():
     """White box: without top-k, the Triton threshold kernel finds the tightest of its cuts
     (shift(x, M) >= -1, -2, ..., -16) whose upper set holds (p + 1e-4) Z, copies the logits
