@@ -57,6 +57,8 @@ def _check_capacity(capacity) -> int:
         raise TypeError(f"capacity must be an int, got {type(capacity).__name__}")
     if capacity < 0:
         raise ValueError(f"capacity must be >= 0, got {capacity}")
+    if capacity >= 2**63:  # the kernels' int64: torch's own refusal names no argument
+        raise ValueError(f"capacity must be < 2**63, got {capacity}")
     return capacity
 
 
@@ -137,7 +139,7 @@ def compact_fixed(active, capacity: int, *tensors: torch.Tensor) -> Compacted:
 
     Raises:
         TypeError: an argument of the wrong type.
-        ValueError: a tensor of another number of rows or device.
+        ValueError: a capacity outside [0, 2**63), or a tensor of another number of rows or device.
     """
     _dispatch.refuse_transforms("compact_fixed", active, *tensors)
     capacity = _check_capacity(capacity)

@@ -187,6 +187,10 @@ ALL3, INDEX2 = torch.ones(3, dtype=torch.bool), torch.zeros(2, dtype=torch.int64
         (lambda: compact_fixed(ALL3, 2, torch.ones(3), "x"), TypeError, r"tensors\[1\] must be a torch.Tensor"),
         (lambda: compact_fixed(ALL3, -1), ValueError, "capacity must be >= 0"),
         (lambda: compact_fixed(ALL3, 2.0), TypeError, "capacity must be an int"),
+        (lambda: compact_fixed(ALL3, 2**63, torch.ones(3)), ValueError,
+         r"^capacity must be < 2\*\*63, got 9223372036854775808$"),
+        (lambda: compact_fixed_reference(ALL3, 2**63), ValueError,
+         r"^capacity must be < 2\*\*63, got 9223372036854775808$"),
         (lambda: compact_fixed(ALL3, True, torch.ones(3)), TypeError, "capacity must be an int, got bool"),
         (lambda: scatter_back([0, 1], torch.ones(2), torch.ones(3)), TypeError, "index must be a torch.Tensor"),
         (lambda: scatter_back(INDEX2, ["x"], [torch.ones(3)]), TypeError, r"packed\[0\] and out\[0\] must be tensors"),
@@ -216,6 +220,32 @@ ALL3, INDEX2 = torch.ones(3, dtype=torch.bool), torch.zeros(2, dtype=torch.int64
 def test_argument_errors(call, error, match):
     with pytest.raises(error, match=match):
         call()
+
+
+def test_a_kernel_error_that_is_no_argument_error_is_raised_as_it_is():
+    """compact_fixed checks the rows only when the kernel fails: an error the rows do not
+    explain (a capacity whose rows cannot be sized) comes out unchanged, as from the reference."""
+    for fn in (compact_fixed, compact_fixed_reference):
+        with pytest.raises(RuntimeError, match="Storage size calculation overflowed"):
+            fn(ALL3, 2**62, torch.ones(3))
+
+
+def test_a_device_without_kernels_runs_the_references(monkeypatch):
+    """Where ddpd._C has no kernels for the device (CUDA tensors of a build without the CUDA
+    toolkit) both ops run their references: the same packed rows, index, count and writes."""
+    from ddpd.ops import _ext, compact
+
+    active, x = torch.tensor([False, True, True, False, True]), torch.arange(10.0).reshape(5, 2)
+    want = compact_fixed(active, 4, x)
+    index = torch.tensor([4, -1, 0])
+    out_want = scatter_back(index, x[:3] + 100, x.clone())
+    monkeypatch.setattr(compact, "_kernels", {})
+    monkeypatch.setattr(_ext, "ops_for", lambda device: None)
+    got = compact_fixed(active, 4, x)
+    assert_same(got.tensors, want.tensors)
+    assert torch.equal(got.index, want.index) and torch.equal(got.count, want.count)
+    assert torch.equal(scatter_back(index, x[:3] + 100, x.clone()), out_want)
+    assert compact._kernels == {"cpu": None}
 
 
 def test_vmap_is_refused_with_a_clear_error():
