@@ -299,8 +299,8 @@ def readable(*tensors: Optional[torch.Tensor]) -> bool:
     """
     if torch.compiler.is_compiling() or torch._C._is_tracing() or _tracing_mode():
         return False
-    for t in tensors:
-        if t is not None and type(t) is not torch.Tensor:
+    for t in tensors:  # a Parameter holds values; subclasses (fake, functional) may not
+        if t is not None and type(t) is not torch.Tensor and type(t) is not torch.nn.Parameter:
             return False
     return not transformed(*tensors)
 

@@ -432,6 +432,8 @@ def test_fuzz_triton_matches_reference(rows, vocab, seed, dtype):
     [
         (lambda x: sample_categorical(x.long(), seed=1), TypeError, "logits must have dtype"),
         (lambda x: sample_categorical(x[0, 0], seed=1), ValueError, r"logits must have shape \[..., V\]"),
+        (lambda x: sample_categorical(x.to("meta"), seed=1), ValueError,
+         "^logits must be on a cpu or cuda device, got meta$"),
         (lambda x: sample_categorical(x, -1.0, seed=1), ValueError, r"temperature must be in \[0.0, 1e\+36\]"),
         (lambda x: sample_categorical(x, 1e37, seed=1), ValueError, r"temperature must be in \[0.0, 1e\+36\]"),
         (lambda x: sample_categorical(x, float("nan"), seed=1), ValueError, "temperature"),

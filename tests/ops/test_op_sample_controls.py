@@ -525,6 +525,42 @@ def test_traced_calls_do_not_read_values():
     assert seen == [False, False]
 
 
+def test_values_are_read_from_parameters_not_from_fake_tensors_outside_their_mode():
+    """readable answered False for an nn.Parameter (not exactly a Tensor), so the range checks
+    let a Parameter alpha of 2 through to the posterior. A fake tensor outside its mode has no
+    values (reading one raises torch's DataDependentOutputException): its checks are skipped."""
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    from ddpd.process import planner_prob_from_uniform
+
+    p_x1, x_t = torch.full((2, 3, 4), 0.25), torch.zeros(2, 3, dtype=torch.long)
+    alpha = torch.nn.Parameter(torch.tensor(2.0))
+    assert readable(alpha)
+    with pytest.raises(ValueError, match=r"^alpha must be in \[0, 1\], got range \[2.0, 2.0\]$"):
+        planner_prob_from_uniform(p_x1, x_t, alpha)
+    mode = FakeTensorMode()
+    fakes = [mode.from_tensor(t) for t in (p_x1, x_t, torch.tensor(0.5))]
+    assert not readable(fakes[2])
+    out = planner_prob_from_uniform(*fakes)
+    assert isinstance(out, FakeTensor) and out.shape == (2, 3)
+
+
+def test_unwrapped_tensors_under_vmap_run_the_op():
+    """Inside vmap an op's tensors that vmap does not batch (closed over) are plain: the call
+    runs, not refused as transformed, and draws what it draws outside."""
+    from ddpd.validation import transformed
+
+    logits, seen = torch.randn(3, 10), []
+    want = sample_categorical(logits, seed=1).tokens
+
+    def step(t):
+        seen.append(transformed(logits, 1, None))
+        return t + sample_categorical(logits, seed=1).tokens
+
+    assert torch.equal(torch.vmap(step)(torch.zeros(2, 3, dtype=torch.long)), want.expand(2, 3))
+    assert seen == [False]
+
+
 def test_vmap_is_refused_with_a_clear_error():
     """Under vmap every slice would be row 0 of its own batch: six identical draws. The
     batch goes in as leading dimensions instead, with distinct rows."""
