@@ -201,6 +201,19 @@ def test_text_a_tokenizer_refuses_is_named_by_its_corpus(tmp_path):
         load_splits(str(path), Text8Tokenizer())
 
 
+def test_without_a_corpus_name_the_tokenizer_names_itself():
+    """encode_corpus(text, tokenizer) with no `where` raises the tokenizer's own message."""
+    with pytest.raises(ValueError, match=re.escape("Text8Tokenizer.encode: text must contain only space and a-z "
+                                                   "(text8 format), got 'T' (U+0054) at position 0")):
+        encode_corpus("The cat", Text8Tokenizer())
+
+
+def test_the_text8_tokenizer_repr_round_trips():
+    tok = Text8Tokenizer()
+    assert repr(tok) == "Text8Tokenizer()"
+    assert eval(repr(tok), {"Text8Tokenizer": Text8Tokenizer}).to_config() == tok.to_config()
+
+
 def test_a_fingerprint_counts_characters_and_digests_utf8():
     assert fingerprint("caf\u00e9") == {"chars": 4, "sha256": hashlib.sha256("caf\u00e9".encode()).hexdigest()}
 
