@@ -13,6 +13,7 @@ formula. docs/sampling.md, section "Internals: noise", gives the grid and the gu
 """
 from __future__ import annotations
 
+import operator
 from typing import Optional, Protocol
 
 import torch
@@ -92,11 +93,9 @@ class PhiloxNoise:
 
     def __init__(self, seed: int, offset: int = 0, first_row: int = 0):
         seed, offset = check_seed(seed, offset)  # numpy's integers as ints: offsets add in Python ints
-        if isinstance(first_row, bool) or not isinstance(first_row, int) or not 0 <= first_row < 2**62:
-            raise ValueError(f"first_row must be an int in [0, 2**62), got {first_row!r}")
         self.seed = seed
         self.offset = offset
-        self.first_row = first_row
+        self.first_row = _first_row(first_row)
 
     def uniform(self, step: int, stream: int, rows: Tensor, cols: int) -> Tensor:
         """Uniforms for `rows` at (step, stream): columns 0 .. cols - 1 of the Philox stream.
@@ -145,6 +144,18 @@ class PhiloxNoise:
 
     def __repr__(self) -> str:
         return f"PhiloxNoise(seed={self.seed}, offset={self.offset}, first_row={self.first_row})"
+
+
+def _first_row(first_row) -> int:
+    """first_row as an int in [0, 2**62) (numpy's integers too, as the seed takes them);
+    ValueError otherwise."""
+    try:
+        value = None if isinstance(first_row, bool) else operator.index(first_row)
+    except TypeError:
+        value = None
+    if value is None or not 0 <= value < 2**62:
+        raise ValueError(f"first_row must be an int in [0, 2**62), got {first_row!r}")
+    return value
 
 
 class TorchNoise:

@@ -2,6 +2,8 @@
 bookkeeping, argument checks.
 """
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -49,6 +51,27 @@ def test_philox_noise_rows_keep_their_stream():
 def test_philox_noise_first_row_shifts_the_row_ids():
     shifted = PhiloxNoise(seed=4, first_row=5).uniform(3, SELECT, torch.arange(3), 7)
     assert torch.equal(shifted, PhiloxNoise(seed=4).uniform(3, SELECT, torch.arange(5, 8), 7))
+
+
+def test_a_first_row_is_any_integer_in_range_and_the_rest_are_named():
+    """np.int64(5) was refused as "not an int", though the seed beside it takes numpy's integers."""
+    rows = torch.arange(3)
+    noise = PhiloxNoise(4, first_row=np.int64(5))
+    assert type(noise.first_row) is int
+    assert torch.equal(noise.uniform(3, SELECT, rows, 7), PhiloxNoise(4, first_row=5).uniform(3, SELECT, rows, 7))
+    for bad in (-1, 2**62, 1.0, True, "5"):
+        message = f"first_row must be an int in [0, 2**62), got {bad!r}"
+        with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+            PhiloxNoise(4, first_row=bad)
+
+
+def test_noise_reprs_name_their_fields_and_a_generator_must_be_one():
+    noise = PhiloxNoise(7, 2**64 - 1, first_row=3)
+    assert repr(noise) == f"PhiloxNoise(seed=7, offset={2**64 - 1}, first_row=3)"
+    again = eval(repr(noise), {"PhiloxNoise": PhiloxNoise})
+    assert torch.equal(again.uniform(2, SELECT, torch.arange(4), 5), noise.uniform(2, SELECT, torch.arange(4), 5))
+    with pytest.raises(TypeError, match="^generator must be a torch.Generator or None, got int$"):
+        TorchNoise(3)
 
 
 def test_row_ids_are_64_bit_end_to_end():
