@@ -843,6 +843,16 @@ def test_a_policy_name_is_read_as_its_fields_are_stripped_and_a_spec_must_be_tex
         parse_policy(0.9)
 
 
+def test_error_budget_refuses_a_known_noise_not_bool_and_revise_above_without_it():
+    with pytest.raises(TypeError, match="^known_noise must be a bool, got int$"):
+        ErrorBudget(known_noise=1)
+    message = "revise_above needs known_noise=True (it judges the written positions only)"
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        ErrorBudget(revise_above=0.5)
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        parse_policy("error-budget:revise_above=0.5")
+
+
 def test_policy_specs_round_trip_and_bad_ones_are_named():
     for policy in MASK_POLICIES + LIMITS:
         assert parse_policy(policy_spec(policy)) == policy
