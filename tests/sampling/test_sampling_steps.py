@@ -519,6 +519,21 @@ def test_a_network_output_on_another_device_is_refused_with_a_clear_error(call, 
 
 
 @pytest.mark.parametrize("fused", [False, True])
+def test_a_network_returning_no_tensor_is_named(fused):
+    """A network returning a tuple (logits with its hidden states) or a list is named, with what it gave."""
+    def pair(network):
+        return lambda *args: (network(*args), None)
+
+    with pytest.raises(TypeError, match="^planner must return a tensor, got list$"):
+        ddpd_sample(lambda x: M.planner(x).tolist(), M.uniform_denoiser, 2, 4, 3, steps=3, seed=0,
+                    execution=Execution(fused=fused))
+    with pytest.raises(TypeError, match="^denoiser must return a tensor, got tuple$"):
+        ddpd_sample(M.planner, pair(M.uniform_denoiser), 2, 4, 3, steps=3, seed=0, execution=Execution(fused=fused))
+    with pytest.raises(TypeError, match="^model must return a tensor, got tuple$"):
+        ddpd_sample_uniform(pair(M.uniform_model), 2, 4, 3, steps=3, seed=0, execution=Execution(fused=fused))
+
+
+@pytest.mark.parametrize("fused", [False, True])
 def test_integer_logits_are_refused_with_a_clear_error(fused):
     """A network returning integer logits (a rounded or argmax output) is named, not drawn from."""
     def integers(network):
