@@ -750,3 +750,10 @@ def test_every_sample_and_stream_draws_its_own_uniforms():
     noise, rows = EvalNoise(3), torch.arange(4)
     draws = [noise.uniform(sample, stream, rows, 8) for sample in range(2) for stream in range(NUM_STREAMS)]
     assert len({tuple(u.flatten().tolist()) for u in draws}) == len(draws)
+
+
+def test_eval_noise_repr_rebuilds_its_stream():
+    noise, rows = EvalNoise(2**64 - 1), torch.arange(3)
+    assert repr(noise) == f"EvalNoise(seed={2**64 - 1})"
+    again = eval(repr(noise), {"EvalNoise": EvalNoise})
+    assert torch.equal(again.uniform(1, 2, rows, 5), noise.uniform(1, 2, rows, 5))
