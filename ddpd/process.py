@@ -182,6 +182,9 @@ class CustomSchedule(Schedule):
         _check_endpoints("inverse", "alpha", inverse(ends))
         self._alpha, self._alpha_dot, self._inverse = alpha, alpha_dot, inverse
 
+    def __repr__(self) -> str:
+        return f"CustomSchedule(alpha={self._alpha!r}, alpha_dot={self._alpha_dot!r}, inverse={self._inverse!r})"
+
     def alpha(self, t: Tensor) -> Tensor:
         """alpha_t from the user's `alpha` callable.
 

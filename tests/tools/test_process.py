@@ -27,6 +27,17 @@ SCHEDULES = [
 ]
 
 
+def test_schedule_reprs_rebuild_or_name_their_fields():
+    """A named schedule's repr rebuilds it; a CustomSchedule's was "CustomSchedule()", which names
+    none of the three callables it holds and does not rebuild (it takes three)."""
+    for schedule in (LinearSchedule(), CosineSchedule()):
+        again = eval(repr(schedule), {type(schedule).__name__: type(schedule)})
+        assert type(again) is type(schedule) and repr(again) == f"{type(schedule).__name__}()"
+    custom = SCHEDULES[2]
+    assert repr(custom) == (f"CustomSchedule(alpha={custom._alpha!r}, alpha_dot={custom._alpha_dot!r}, "
+                            f"inverse={custom._inverse!r})")
+
+
 @pytest.mark.parametrize("schedule", SCHEDULES, ids=lambda s: type(s).__name__)
 def test_schedule_endpoints_derivative_inverse(schedule):
     t = torch.linspace(0.01, 0.99, 50, dtype=torch.float64)
