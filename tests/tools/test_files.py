@@ -1,5 +1,6 @@
 """ddpd.files: atomic replacement, streamed output, stale temporaries, the output lock."""
 import errno
+import json
 import os
 import signal
 import subprocess
@@ -686,3 +687,287 @@ def test_a_set_that_fails_before_its_renames_leaves_the_previous_one(tmp_path, m
             monkeypatch.setattr(owner, name, full)
             reports.publish()
     assert _entries(tmp_path) == ["a.csv"] and (tmp_path / "a.csv").read_text() == "old"
+
+
+def test_a_file_opened_twice_in_a_set_keeps_the_later_content_and_one_temporary(tmp_path):
+    with files.FileSet() as reports:
+        reports.open(tmp_path / "a.csv").write("first")
+        reports.open(tmp_path / "a.csv").write("second")
+        assert len(_entries(tmp_path)) == 1  # the earlier temporary is gone
+        reports.open(tmp_path / "b.md").write("b")
+        reports.publish()
+    assert _entries(tmp_path) == ["a.csv", "b.md"] and (tmp_path / "a.csv").read_text() == "second"
+
+
+def test_an_empty_set_publishes_nothing(tmp_path):
+    with files.FileSet() as reports:
+        reports.publish()
+    assert _entries(tmp_path) == []
+
+
+def _journal(tmp_path, owner, text):
+    journal = tmp_path / f".{owner}.set-{files._HOST}-1-abcdefgh"
+    journal.write_text(text)
+    return journal
+
+
+def test_a_journal_cut_short_is_deleted_by_a_writer_of_its_set_only(tmp_path, monkeypatch):
+    """Cut short before any rename: nothing to finish. A writer of another file leaves it."""
+    journal = _journal(tmp_path, "report.csv", '{"ddpd-file-set": 1, "ren')
+    monkeypatch.setattr(files, "_pid_alive", lambda pid: False)
+    files.remove_stale_temps(tmp_path / "other.csv")
+    assert journal.exists()
+    files.remove_stale_temps(tmp_path / "report.csv")
+    assert _entries(tmp_path) == []
+
+
+def test_a_journal_of_another_set_or_that_cannot_be_finished_stays(tmp_path, monkeypatch):
+    (tmp_path / "report.tmp").write_text("v2")
+    renames = [[str(tmp_path / "report.tmp"), str(tmp_path / "report.csv")]]
+    journal = _journal(tmp_path, "report.csv", json.dumps({"renames": renames, "journals": []}))
+    monkeypatch.setattr(files, "_pid_alive", lambda pid: False)
+    files.remove_stale_temps(tmp_path / "report.md")  # not in the set
+    assert _entries(tmp_path) == [journal.name, "report.tmp"]
+    monkeypatch.setattr(files.os, "replace", _failing(errno.EIO))
+    files.remove_stale_temps(tmp_path / "report.csv")  # a later writer finishes it
+    monkeypatch.undo()
+    assert _entries(tmp_path) == [journal.name, "report.tmp"]
+
+
+# ---------------------------------------------------------------- refusals and failures of the OS
+
+
+def _failing(code):
+    def fail(*args, **kwargs):
+        raise OSError(code, os.strerror(code))
+    return fail
+
+
+def test_parents_that_cannot_be_made_name_the_output_and_the_cause(tmp_path, monkeypatch):
+    monkeypatch.setattr(files.os, "makedirs", _failing(errno.EACCES))
+    with pytest.raises(files.OutputError) as refused:
+        with files.atomic_directory(tmp_path / "runs" / "ck"):
+            pass
+    assert str(refused.value) == f"cannot write {tmp_path / 'runs' / 'ck'}: Permission denied"
+    assert _entries(tmp_path) == []
+
+
+def test_a_directory_that_is_not_writable_is_refused_before_any_work(tmp_path, monkeypatch):
+    monkeypatch.setattr(files.os, "access", lambda path, mode: False)  # root may write anywhere
+    with pytest.raises(files.OutputError) as refused:
+        files.check_output(tmp_path / "s.jsonl")
+    assert str(refused.value) == f"cannot write {tmp_path / 's.jsonl'}: {tmp_path} is not writable"
+
+
+def test_name_lengths_are_checked_against_name_max_where_the_file_system_does_not_say(tmp_path, monkeypatch):
+    monkeypatch.setattr(files.os, "pathconf", _failing(errno.EINVAL))
+    files.check_output(tmp_path / ("x" * files.NAME_MAX))
+    with pytest.raises(files.OutputError, match=f"a name of 256 bytes, over the {files.NAME_MAX} a file name"):
+        files.check_output(tmp_path / ("x" * 256))
+
+
+@pytest.mark.parametrize("write", [files.check_output, files.StreamedFile, files.write_text, files.atomic_directory])
+def test_a_path_that_is_not_a_path_is_a_type_error(write):
+    with pytest.raises(TypeError, match="output path must be a str or os.PathLike, got int"):
+        if write is files.atomic_directory:
+            write(3).__enter__()
+        elif write is files.write_text:
+            write(3, "text")
+        else:
+            write(3)
+
+
+def test_a_special_file_that_appears_after_the_first_look_is_refused(tmp_path, monkeypatch):
+    """The first look (by the name given) found nothing; a FIFO stands there at the second."""
+    fifo, real = _fifo(tmp_path), os.stat
+    looks = []
+
+    def stat(path, *args, **kwargs):
+        looks.append(path)
+        return _failing(errno.ENOENT)() if len(looks) == 1 else real(path, *args, **kwargs)
+
+    monkeypatch.setattr(files.os, "stat", stat)
+    with pytest.raises(files.OutputError, match="it is not a regular file"):
+        files.StreamedFile(fifo)
+    assert _entries(tmp_path) == ["fifo"]
+
+
+# ---------------------------------------------------------------- stale temporaries: what stays
+
+
+def test_temporaries_of_a_process_of_another_user_are_kept(tmp_path, monkeypatch):
+    """kill(pid, 0) answers EPERM for a live process this user may not signal."""
+    kept = tmp_path / f".ck.tmp-{files._HOST}-1-abcdefgh"
+    kept.mkdir()
+    monkeypatch.setattr(files.os, "kill", _failing(errno.EPERM))
+    assert files.remove_stale_temps(tmp_path / "ck") == [] and kept.is_dir()
+
+
+def test_no_cleaning_where_the_lock_cannot_be_taken(tmp_path, monkeypatch):
+    """A directory that is not writable: nothing is removed, and nothing is raised."""
+    stale = tmp_path / f".ck.tmp-{files._HOST}-1-abcdefgh"
+    stale.mkdir()
+    monkeypatch.setattr(files, "_pid_alive", lambda pid: False)
+    real = os.open
+    refused = _failing(errno.EACCES)
+    monkeypatch.setattr(files.os, "open", lambda p, *a: refused() if p.endswith(".lock") else real(p, *a))
+    assert files.remove_stale_temps(tmp_path / "ck") == [] and stale.is_dir()
+
+
+def test_no_cleaning_where_the_directory_cannot_be_listed(tmp_path, monkeypatch):
+    stale = tmp_path / f".ck.tmp-{files._HOST}-1-abcdefgh"
+    stale.mkdir()
+    monkeypatch.setattr(files, "_pid_alive", lambda pid: False)
+    monkeypatch.setattr(files.os, "listdir", _failing(errno.EACCES))
+    assert files.remove_stale_temps(tmp_path / "ck") == []
+    monkeypatch.undo()
+    assert _entries(tmp_path) == [stale.name]
+
+
+def test_a_set_aside_version_that_cannot_be_renamed_back_is_kept(tmp_path, monkeypatch):
+    aside = tmp_path / f".ck.old-{files._HOST}-1-abcdefgh"
+    aside.mkdir()
+    (aside / "model").write_text("version 1")
+    monkeypatch.setattr(files, "_pid_alive", lambda pid: False)
+    monkeypatch.setattr(files.os, "rename", _failing(errno.EXDEV))
+    assert files.remove_stale_temps(tmp_path / "ck") == []
+    assert (aside / "model").read_text() == "version 1"
+
+
+# ---------------------------------------------------------------- temporaries and partial results on failure
+
+
+def test_a_partial_result_that_cannot_be_dropped_is_named_once_the_output_is_published(tmp_path):
+    out, partial = tmp_path / "s.jsonl", tmp_path / "s.partial.jsonl"
+    partial.mkdir()  # not a file: it cannot be unlinked
+    with files.StreamedFile(out, one_writer=True) as stream:
+        stream.write("whole\n")
+        with pytest.raises(files.OutputError) as refused:
+            stream.publish(drop_partial=True)
+    assert str(refused.value) == f"cannot write {partial}: Is a directory"
+    assert out.read_text() == "whole\n" and _entries(tmp_path) == ["s.jsonl", "s.partial.jsonl"]  # lock released
+    with pytest.raises(files.OutputError) as refused:
+        files.remove_partial(out)
+    assert str(refused.value) == f"cannot write {partial}: Is a directory"
+
+
+def test_a_temporary_whose_buffered_data_cannot_be_flushed_is_still_deleted(tmp_path, monkeypatch):
+    """A block that fails with unflushed data: closing the temporary fails too (a full disk)."""
+    files.write_text(tmp_path / "report.json", "old")
+    with pytest.raises(ValueError, match="bad row"):
+        with files.atomic_file(tmp_path / "report.json") as f:
+            monkeypatch.setattr(f, "close", _failing(errno.ENOSPC))
+            f.write("new")
+            raise ValueError("bad row")
+    assert _entries(tmp_path) == ["report.json"] and (tmp_path / "report.json").read_text() == "old"
+
+
+def test_an_interrupted_atomic_file_leaves_the_previous_file(tmp_path):
+    files.write_text(tmp_path / "report.json", "old")
+    with pytest.raises(KeyboardInterrupt):
+        with files.atomic_file(tmp_path / "report.json") as f:
+            f.write("new")
+            raise KeyboardInterrupt
+    assert _entries(tmp_path) == ["report.json"] and (tmp_path / "report.json").read_text() == "old"
+
+
+# ---------------------------------------------------------------- directories: failures
+
+
+def test_a_temporary_directory_that_cannot_be_made_names_the_output(tmp_path, monkeypatch):
+    monkeypatch.setattr(files.tempfile, "mkdtemp", _failing(errno.ENOSPC))
+    with pytest.raises(files.OutputError) as refused:
+        with files.atomic_directory(tmp_path / "ck"):
+            pass
+    assert str(refused.value) == f"cannot write {tmp_path / 'ck'}: No space left on device"
+    assert _entries(tmp_path) == []
+
+
+def test_an_output_error_inside_an_atomic_directory_is_raised_as_it_is(tmp_path):
+    """A file of the checkpoint that cannot be written names that file, not the directory."""
+    (tmp_path / "ck").mkdir()
+    failed = files.OutputError(tmp_path / "ck" / "model", OSError(errno.ENOSPC, "No space left on device"))
+    with pytest.raises(files.OutputError) as refused:
+        with files.atomic_directory(tmp_path / "ck") as new:
+            (Path(new) / "model").write_text("version 2")
+            raise failed
+    assert refused.value is failed and _entries(tmp_path) == ["ck"] and _entries(tmp_path / "ck") == []
+
+
+def test_a_directory_is_written_from_a_working_directory_that_is_gone(tmp_path, monkeypatch):
+    (tmp_path / "gone").mkdir()
+    monkeypatch.chdir(tmp_path / "gone")
+    os.rmdir(tmp_path / "gone")
+    with files.atomic_directory(tmp_path / "ck") as new:
+        (Path(new) / "model").write_text("version 1")
+    assert _entries(tmp_path) == ["ck"] and (tmp_path / "ck" / "model").read_text() == "version 1"
+
+
+@pytest.mark.parametrize("without", ["platform", "renameat2"])
+def test_a_directory_is_replaced_where_renameat2_is_missing(tmp_path, monkeypatch, without):
+    """Not Linux, or a C library without renameat2 (glibc < 2.28): the two renames."""
+    if without == "platform":
+        monkeypatch.setattr(files.sys, "platform", "darwin")
+    else:
+        monkeypatch.setattr(files.ctypes, "CDLL", lambda *args, **kwargs: object())
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / name).touch()
+    assert files._exchange(str(tmp_path / "a"), str(tmp_path / "b")) is False
+    assert _entries(tmp_path / "a") == ["a"] and _entries(tmp_path / "b") == ["b"]  # not swapped
+    with files.atomic_directory(tmp_path / "a") as new:
+        (Path(new) / "model").write_text("version 2")
+    assert _entries(tmp_path) == ["a", "b"] and _entries(tmp_path / "a") == ["model"]
+
+
+# ---------------------------------------------------------------- the lock: failures and races
+
+
+def test_a_file_system_without_locks_is_named(tmp_path, monkeypatch):
+    import fcntl
+
+    monkeypatch.setattr(fcntl, "flock", _failing(errno.ENOLCK))
+    with pytest.raises(files.OutputError) as refused:
+        files.OutputLock(tmp_path / "run").acquire()
+    assert str(refused.value) == f"cannot write {tmp_path / 'run'}: No locks available"
+
+
+def test_a_lock_file_deleted_before_it_is_locked_is_made_again(tmp_path, monkeypatch):
+    """The previous holder deletes the file between our open and our lock: the holder line
+    must go into the file at the lock's path, which the next writer opens."""
+    import fcntl
+
+    real, calls = fcntl.flock, []
+
+    def flock(fd, operation):
+        calls.append(fd)
+        if len(calls) == 1:
+            os.unlink(tmp_path / ".run.lock")
+        real(fd, operation)
+
+    monkeypatch.setattr(fcntl, "flock", flock)
+    with files.OutputLock(tmp_path / "run"):
+        assert len(calls) == 2 and open(tmp_path / ".run.lock").read().startswith(f"pid {os.getpid()} on ")
+
+
+def test_a_lock_file_that_cannot_be_made_leaves_no_directories(tmp_path, monkeypatch):
+    monkeypatch.setattr(files.os, "open", _failing(errno.EROFS))
+    with pytest.raises(files.OutputError) as refused:
+        files.OutputLock(tmp_path / "runs" / "q" / "run").acquire()
+    monkeypatch.undo()
+    assert str(refused.value) == f"cannot write {tmp_path / 'runs' / 'q' / 'run'}: Read-only file system"
+    assert _entries(tmp_path) == []
+
+
+def test_a_holder_line_that_cannot_be_written_is_named_even_if_the_lock_file_stays(tmp_path, monkeypatch):
+    monkeypatch.setattr(files.os, "write", _failing(errno.ENOSPC))
+    monkeypatch.setattr(files.os, "unlink", _failing(errno.EIO))
+    with pytest.raises(files.OutputError, match=r"No space left on device \(writing its lock "):
+        files.OutputLock(tmp_path / "run").acquire()
+
+
+def test_a_lock_whose_file_was_deleted_is_released(tmp_path):
+    lock = files.OutputLock(tmp_path / "run").acquire()
+    os.unlink(lock.lock_path)
+    lock.release()
+    assert lock._fd is None and (os.getpid(), lock.path) not in files._HELD
