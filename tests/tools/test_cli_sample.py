@@ -995,6 +995,7 @@ def test_prompt_and_prompt_files(ckpts, tmp_path, capsys):
     (["--infill", "a_b_c_d_e"], "--infill 'a_b_c_d_e' is 9 tokens long, more than the 8 of a sample (--length)"),
     (["--prompt", "abcd", "--length", "3"], "--prompt 'abcd' is 4 tokens long, more than the 3 of a sample"),
     (["--prompts", "{missing}"], "No such file or directory"),
+    (["--prompts", "{latin1}"], "prompts {latin1}: not UTF-8 text (invalid continuation byte at byte 3)\n"),
     (["--infills", "{empty}"], "holds no line"),
     (["--prompts", "{bad}"], "line 2: cannot encode the text"),
     (["--prompts", "{form_feed}"], "line 1: cannot encode the text: text must contain only space and a-z (text8 "
@@ -1007,8 +1008,9 @@ def test_prompts_that_cannot_be_used_are_named_in_one_line(ckpts, tmp_path, caps
     (tmp_path / "empty.txt").write_text("")
     (tmp_path / "bad.txt").write_text("fine\nNot fine\n")
     (tmp_path / "form_feed.txt").write_text("ab\x0ccd\n")  # one line, not two: only line breaks split lines
-    paths = {name: str(tmp_path / f"{name}.txt") for name in ("missing", "empty", "bad", "form_feed")}
-    argv = [a.format(**paths) for a in argv]
+    (tmp_path / "latin1.txt").write_bytes("caf\xe9\n".encode("latin-1"))
+    paths = {name: str(tmp_path / f"{name}.txt") for name in ("missing", "empty", "bad", "form_feed", "latin1")}
+    argv, message = [a.format(**paths) for a in argv], message.format(**paths)
     try:
         code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], *argv)
     except SystemExit as exit_info:  # argparse
