@@ -620,6 +620,14 @@ def test_errors_are_one_line_with_a_nonzero_exit(setup, capsys, argv, message, s
     assert err.startswith("ddpd-eval: error:") and message in err and err.count("\n") == 1, err
 
 
+def test_a_labelled_corpus_is_refused_as_data(setup, capsys, tmp_path):
+    labelled = tmp_path / "corpus.jsonl"
+    labelled.write_text('{"text": "ab", "label": 0}\n')
+    code, _, err = _run(capsys, "elbo", "--uniform", setup["uniform"], "--data", labelled, "--no-progress")
+    assert code == 2 and err == (f"ddpd-eval: error: --data: {labelled} is a labelled corpus (.jsonl); "
+                                 "ddpd-eval reads plain text\n")
+
+
 @pytest.mark.parametrize("argv", [["compare", "missing.csv"], ["merge", "missing.csv", "--out-dir", "m"]])
 def test_a_missing_sweep_is_a_usage_error(tmp_path, capsys, argv):
     code, _, err = _run(capsys, *[str(tmp_path / a) if a != argv[0] and not a.startswith("--") else a for a in argv])
