@@ -23,7 +23,7 @@ class ARModel(HeadModel):
     kind = "ar"
 
     def __init__(self, config: TransformerConfig):
-        require_config(config, self.kind, vocab_size=config.out_dim + 1, causal=True, time_conditioned=False)
+        require_config(config, self.kind, vocab_size=lambda c: c.out_dim + 1, causal=True, time_conditioned=False)
         super().__init__(config)
 
     @property

@@ -32,7 +32,8 @@ def require_config(config: Any, kind: str, **expected: Any) -> None:
     Args:
         config: the configuration to check.
         kind: the network's kind, for the message.
-        **expected: field name -> the value the kind needs.
+        **expected: field name -> the value the kind needs, or a function of the config that
+            gives it (called after the type check: another type has no fields to read).
 
     Raises:
         TypeError: `config` is not a TransformerConfig.
@@ -41,6 +42,7 @@ def require_config(config: Any, kind: str, **expected: Any) -> None:
     if not isinstance(config, TransformerConfig):
         raise TypeError(f"config: expected TransformerConfig, got {type(config).__name__}")
     for field, value in expected.items():
+        value = value(config) if callable(value) else value
         actual = getattr(config, field)
         if actual != value:
             raise ValueError(f"config.{field}: a {kind} model expects {value!r}, got {actual!r}")

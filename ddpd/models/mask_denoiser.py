@@ -18,7 +18,7 @@ class MaskDenoiser(HeadModel):
     kind = "mask-denoiser"
 
     def __init__(self, config: TransformerConfig):
-        require_config(config, self.kind, vocab_size=config.out_dim + 1, causal=False)
+        require_config(config, self.kind, vocab_size=lambda c: c.out_dim + 1, causal=False)
         super().__init__(config)
 
     @property

@@ -19,5 +19,5 @@ class UniformDenoiser(HeadModel):
     kind = "uniform-denoiser"
 
     def __init__(self, config: TransformerConfig):
-        require_config(config, self.kind, vocab_size=config.out_dim, causal=False)
+        require_config(config, self.kind, vocab_size=lambda c: c.out_dim, causal=False)
         super().__init__(config)

@@ -127,6 +127,14 @@ def test_build_model_rejects_config_of_another_kind():
         build_model("ar", TransformerConfig(vocab_size=V + 1, out_dim=V, **SMALL))
 
 
+@pytest.mark.parametrize("kind", MODEL_KINDS)
+def test_a_config_dict_is_refused_as_not_a_config(kind):
+    """config.json's "model" dict passed as the config: four kinds read its out_dim before the
+    type check and raised AttributeError."""
+    with pytest.raises(TypeError, match="^config: expected TransformerConfig, got dict$"):
+        build_model(kind, config_for(kind, V, D).to_dict())
+
+
 # ---- shapes and parameter count ------------------------------------------------------
 
 @pytest.mark.parametrize("kind", MODEL_KINDS)
