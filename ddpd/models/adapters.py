@@ -118,8 +118,13 @@ class MaskDenoiserAdapter(nn.Module):
 
         Returns:
             Float[B, D, V] float32 logits.
+
+        Raises:
+            NotImplementedError: always: the subclasses define it.
         """
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__}.masked_logits: the subclasses of MaskDenoiserAdapter "
+                                  "define it; wrap the network in SEDDAbsorbingDenoiser or MDLMSubsDenoiser, or in "
+                                  "a subclass of your own that defines masked_logits")
 
 
 def _autocast_like(network, device: torch.device):

@@ -231,6 +231,15 @@ def test_adapter_call_errors(toy):
     assert sedd.mask_id == S
 
 
+def test_the_common_part_of_the_adapters_says_it_is_no_adapter(toy):
+    """MaskDenoiserAdapter is exported, and called raised a NotImplementedError without a word."""
+    from ddpd.models import MaskDenoiserAdapter
+
+    with pytest.raises(NotImplementedError, match=r"^MaskDenoiserAdapter.masked_logits: the subclasses .* define "
+                                                  "it; wrap the network in SEDDAbsorbingDenoiser or MDLMSubsDenoiser"):
+        MaskDenoiserAdapter(ToySEDD(toy), S)(*masked_inputs(4))
+
+
 def test_dirichlet_toy_too():
     # a dense p_data: every masked pattern is consistent with some data
     toy = ToyProblem(dirichlet_p_data(S, D, seed=11), S, D)
