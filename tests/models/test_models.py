@@ -135,6 +135,19 @@ def test_a_config_dict_is_refused_as_not_a_config(kind):
         build_model(kind, config_for(kind, V, D).to_dict())
 
 
+def test_the_backbone_and_the_config_name_what_they_take():
+    from ddpd.models import Backbone
+
+    with pytest.raises(TypeError, match="^config: expected TransformerConfig, got dict$"):
+        Backbone(config_for("planner", V, D).to_dict())
+    with pytest.raises(TypeError, match="^TransformerConfig.from_dict: expected dict, got TransformerConfig$"):
+        TransformerConfig.from_dict(config_for("planner", V, D))
+    for dropout in ("0.1", True, None):
+        expected = f"^TransformerConfig.dropout: expected float, got {type(dropout).__name__}$"
+        with pytest.raises(TypeError, match=expected):
+            TransformerConfig(vocab_size=V, out_dim=V, dropout=dropout)
+
+
 # ---- shapes and parameter count ------------------------------------------------------
 
 @pytest.mark.parametrize("kind", MODEL_KINDS)
@@ -155,6 +168,8 @@ def test_count_parameters_matches_hand_count():
     assert count_parameters(model) == expected
     model.head.weight.requires_grad_(False)
     assert count_parameters(model, trainable_only=True) == expected - d * out
+    with pytest.raises(TypeError, match="^model: expected torch.nn.Module, got dict$"):
+        count_parameters(dict(model.named_parameters()))
 
 
 # ---- attention -----------------------------------------------------------------------
@@ -365,6 +380,8 @@ def test_time_conditioned_model_requires_t():
         with pytest.raises(ValueError, match=r"t: expected times in \[0, 1\]"):
             model(tokens(), bad)
     assert model(tokens(), torch.tensor([0.0, 1.0]).repeat(B // 2 + 1)[:B]).isfinite().all()
+    with pytest.raises(TypeError, match=r"^t: expected a float tensor of shape \[B\] or a number, got list$"):
+        model(tokens(), [0.5] * B)
 
 
 # ---- hidden states and head -----------------------------------------------------------
