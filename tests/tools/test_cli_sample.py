@@ -133,6 +133,17 @@ def test_bad_arguments_fail_in_one_line(ckpts, capsys, argv, message):
     assert len(stderr.strip().splitlines()) == 1 and message in stderr and "Traceback" not in stderr
 
 
+def test_a_refusal_of_the_sampler_call_names_its_flag(ckpts, tmp_path, capsys):
+    """The sampling layer checks the step bound (noise offsets stay distinct) when the sampler
+    runs, past the checks of the command line: its refusal names --steps too, and nothing is
+    written."""
+    out = tmp_path / "s.jsonl"
+    code, stdout, stderr = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--steps", str(2**61 + 1),
+                                   "--out", str(out))
+    assert (code, stdout) == (2, "") and not out.exists()
+    assert stderr == f"ddpd-sample: error: --steps must be in [1, {2**61}], got {2**61 + 1}\n"
+
+
 def test_missing_and_corrupt_checkpoints(ckpts, tmp_path, capsys, monkeypatch):
     code, _, stderr = run_cli(capsys, "--checkpoint", str(tmp_path / "nowhere"))
     assert code == 1 and "not found" in stderr and len(stderr.strip().splitlines()) == 1
