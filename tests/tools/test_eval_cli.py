@@ -663,6 +663,20 @@ def test_a_corpus_shorter_than_the_checkpoints_length_names_data(setup, capsys, 
         err.endswith(f"fewer than one sequence of {L} (the checkpoints' length)\n"), err
 
 
+def test_a_corpus_the_checkpoints_tokenizer_cannot_encode_names_data(setup, capsys, tmp_path):
+    """It exited 1 with "data FILE: text must contain only ...", naming neither the flag nor
+    whose tokenizer refused it, where a corpus too short for the checkpoints names both."""
+    mixed = tmp_path / "mixed-case.txt"
+    mixed.write_text("First Citizen: Before we proceed any further, hear me speak.\n" * 20)
+    for command in (["elbo", "--uniform", setup["uniform"]],
+                    ["quality", "--uniform", setup["uniform"], "--judge", setup["ar"], "--out-dir", tmp_path / "q"]):
+        code, out, err = _run(capsys, *command, "--data", mixed, "--no-progress")
+        assert (code, out) == (2, "") and not (tmp_path / "q").exists()
+        assert err == (f"ddpd-eval: error: --data {mixed}: the checkpoints' tokenizer cannot encode it: text must "
+                       "contain only space and a-z (text8 format), got 'F' (U+0046) at position 0; 139 such "
+                       "character(s) in total\n"), err
+
+
 def test_a_checkpoint_of_the_wrong_kind_is_a_usage_error(setup, capsys):
     code, _, err = _run(capsys, "elbo", "--planner", setup["mask-denoiser"], "--data", setup["data"])
     assert code == 2 and err.count("\n") == 1
