@@ -677,6 +677,34 @@ def test_a_corpus_the_checkpoints_tokenizer_cannot_encode_names_data(setup, caps
                        "character(s) in total\n"), err
 
 
+def test_checkpoints_that_record_no_tokenizer_cannot_read_data(setup, capsys, tmp_path):
+    """A network saved from Python without a tokenizer in its config: nothing can encode --data."""
+    config = config_for("uniform", V, L, d_model=16, n_layers=1, n_heads=2)
+    save_checkpoint(tmp_path / "untold", build_model("uniform", config),
+                    {"kind": "uniform", "model": config.to_dict(), "schedule": "linear"})
+    code, out, err = _run(capsys, "elbo", "--uniform", tmp_path / "untold", "--data", setup["data"],
+                          "--out", tmp_path / "e.json", "--no-progress")
+    assert (code, out) == (2, "") and not (tmp_path / "e.json").exists()
+    assert err == "ddpd-eval: error: the checkpoints do not record their tokenizer; cannot encode --data\n"
+
+
+def test_a_merge_without_matplotlib_says_the_plot_was_skipped(tmp_path, capsys, monkeypatch):
+    """The notice goes to stderr, the files written to stdout; no sweep.png."""
+    from ddpd.eval import quality
+    from ddpd.eval.report import PLOT_HINT, MissingDependency
+
+    def missing():
+        raise MissingDependency(PLOT_HINT)
+
+    monkeypatch.setattr(quality, "pyplot", missing)
+    part = tmp_path / "part.csv"
+    part.write_text(_sweep_text(["maskgit,2,1.0,3.2,3.1,"]))
+    code, out, err = _run(capsys, "merge", part, "--out-dir", tmp_path / "m")
+    assert code == 0 and err == f"ddpd-eval: plot skipped: {PLOT_HINT}\n"
+    assert out.endswith(f"wrote {tmp_path / 'm' / 'sweep.csv'}, {tmp_path / 'm' / 'sweep.md'}\n"), out
+    assert sorted(os.listdir(tmp_path / "m")) == ["sweep.csv", "sweep.md"]
+
+
 def test_a_checkpoint_of_the_wrong_kind_is_a_usage_error(setup, capsys):
     code, _, err = _run(capsys, "elbo", "--planner", setup["mask-denoiser"], "--data", setup["data"])
     assert code == 2 and err.count("\n") == 1
