@@ -231,12 +231,8 @@ def _heldout(args: argparse.Namespace, loaded: Loaded, num: Optional[int], flag:
     """The held-out sequences of --data; num: the value of `flag` (more than the split
     holds is a usage error naming it)."""
     from ddpd.eval import heldout_sequences
-    from ddpd.training.data import load_text, resolve_source, tokenizer_from_config
+    from ddpd.training.data import load_text, tokenizer_from_config
 
-    try:
-        resolve_source(args.data)
-    except (FileNotFoundError, ValueError) as err:
-        raise UsageError(f"--data: {err}") from None
     if loaded.tokenizer is None:
         raise UsageError("the checkpoints do not record their tokenizer; cannot encode --data")
     tokenizer = tokenizer_from_config(loaded.tokenizer)
