@@ -775,6 +775,21 @@ def test_ddpd_eval_frontier_does_not_reach_the_target_with_the_target(tmp_path, 
     assert "| maskgit threshold" in reach and "one-at-a-time" not in reach.split("\n\n", 1)[1]
 
 
+def test_ddpd_eval_frontier_reports_rows_of_a_policy_spec_it_no_longer_reads(tmp_path, capsys):
+    """Rows an earlier version wrote into --out-dir keep their policy spec as written: the
+    reports name them so, where shortening the spec would refuse it."""
+    out = tmp_path / "out"
+    argv = ["frontier", "--judge", "ngram:2", "--data", "books", *FAST, "--out-dir", str(out)]
+    assert main(argv) == 0
+    rows = read_frontier(str(out / "frontier.csv"))
+    old = next(r for r in rows if r["sampler"] == "maskgit")
+    write_csv(rows + [{**old, "policy": "threshold:cutoff=0.9"}], str(out / "frontier.csv"))
+    capsys.readouterr()
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "| maskgit threshold:cutoff=0.9 |" in printed and printed == (out / "frontier.md").read_text() + "\n"
+
+
 def test_ddpd_eval_frontier_refuses_a_bundle_without_its_denoiser(tmp_path, capsys):
     from ddpd.checkpoint import save_checkpoint
 
@@ -783,6 +798,20 @@ def test_ddpd_eval_frontier_refuses_a_bundle_without_its_denoiser(tmp_path, caps
                  "--out-dir", str(tmp_path / "o")]) == 2
     assert capsys.readouterr().err == (f"ddpd-eval: error: {tmp_path / 'b'}: not a bundle (a planner/ and a "
                                        "denoiser/ checkpoint)\n")
+
+
+def test_ddpd_eval_frontier_without_a_default_bundle_says_how_to_give_one(tmp_path, capsys, monkeypatch):
+    """No BUNDLE argument and no default: one line naming frontier's own way to pass a bundle
+    (the default message names ddpd-sample's --checkpoint), before --out-dir is made."""
+    from ddpd import pretrained
+
+    monkeypatch.setenv(pretrained.ENV_VAR, str(tmp_path))
+    assert main(["frontier", "--judge", "ngram", "--data", "books", *FAST, "--out-dir", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"ddpd-eval: error: no default model in {pretrained.ENV_VAR}={tmp_path}: ") and \
+        err.endswith(f"pass your own checkpoints with a BUNDLE argument, or set {pretrained.ENV_VAR} to a bundle "
+                     "directory\n") and err.count("\n") == 1, err
+    assert not (tmp_path / "o").exists()
 
 
 def test_an_ngram_judge_takes_every_order_up_to_the_largest():
