@@ -92,6 +92,23 @@ open_fraction = argument_type(float, lambda value: 0.0 < value < 1.0, "a number 
 positive_int = argument_type(int, lambda value: value >= 1, "an int >= 1")
 
 
+def refused_text(data: str, err: ValueError) -> Optional[UsageError]:
+    """The usage error for --data's text that the checkpoints' tokenizer cannot encode (a
+    ValueError of ddpd.training.data that names "data FILE: "), or None for another error.
+
+    Args:
+        data: --data's value.
+        err: the error of loading or encoding it.
+
+    Returns:
+        A UsageError naming --data and the checkpoints' tokenizer, or None.
+    """
+    where = f"data {data}: "
+    if not str(err).startswith(where):
+        return None
+    return UsageError(f"--data {data}: the checkpoints' tokenizer cannot encode it: {str(err)[len(where):]}")
+
+
 def add_runtime_arguments(parser: argparse.ArgumentParser, default=None) -> None:
     """Add --device and --threads to a parser.
 

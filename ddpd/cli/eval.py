@@ -40,6 +40,7 @@ from ddpd.cli.common import (
     load_role,
     refuse_empty_paths,
     refuse_outputs_over_inputs,
+    refused_text,
     resolve_device,
     run_tool,
     shared_facts,
@@ -245,10 +246,9 @@ def _heldout(args: argparse.Namespace, loaded: Loaded, num: Optional[int], flag:
             raise UsageError(f"{flag}:{str(err)[len('num_sequences:'):]}".replace("num_sequences=", f"{flag} "))
         if str(err).startswith("seq_len:"):  # the length is the checkpoints', not a flag
             raise UsageError(f"--data:{str(err)[len('seq_len:'):]} (the checkpoints' length)") from None
-        where = f"data {args.data}: "  # load_splits' prefix of text the tokenizer refuses
-        if str(err).startswith(where):  # the tokenizer is the checkpoints', which the message must say
-            raise UsageError(f"--data {args.data}: the checkpoints' tokenizer cannot encode it: "
-                             f"{str(err)[len(where):]}") from None
+        refused = refused_text(args.data, err)
+        if refused is not None:
+            raise refused from None
         raise
     return sequences.to(loaded.device)
 

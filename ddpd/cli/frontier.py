@@ -22,7 +22,7 @@ import re
 import sys
 from typing import Optional
 
-from ddpd.cli.common import UsageError, add_runtime_arguments, one_line
+from ddpd.cli.common import UsageError, add_runtime_arguments, one_line, refused_text
 
 DEFAULT_POLICIES = ["error-budget:bound=1,max_k=16", "error-budget:bound=4,max_k=16", "threshold:0.9",
                     "entropy-bound:1.0", "factor:1.0", "remdm:schedule=cap,eta=0.02"]
@@ -286,7 +286,13 @@ def _ngram_judge(args, order: int, shared: dict):
     if shared["tokenizer"] is None:
         raise UsageError("the bundle's checkpoints do not record their tokenizer; cannot encode --data for "
                          "--judge ngram")
-    train = load_splits(args.data, tokenizer_from_config(shared["tokenizer"]))["train"]
+    try:
+        train = load_splits(args.data, tokenizer_from_config(shared["tokenizer"]))["train"]
+    except ValueError as err:
+        refused = refused_text(args.data, err)
+        if refused is not None:
+            raise refused from None
+        raise
     if train.numel() <= order:  # NGramJudge's own error would name neither the flag nor the file
         raise UsageError(f"--data {args.data}: its train split holds {train.numel()} "
                          f"token{'' if train.numel() == 1 else 's'}, too few for --judge ngram:{order} (it needs "

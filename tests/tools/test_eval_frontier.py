@@ -639,6 +639,21 @@ def test_ddpd_eval_frontier_names_data_too_small_for_the_ngram_judge(tmp_path, c
                                        f"few for --judge ngram:{order} (it needs more than {order})\n")
 
 
+def test_ddpd_eval_frontier_names_data_the_checkpoints_tokenizer_cannot_encode(tmp_path, capsys):
+    """--judge ngram on a mixed-case --data ended in "data FILE: text must contain only ...",
+    exit status 1, naming neither the flag nor whose tokenizer refused it."""
+    from ddpd.checkpoint import save_bundle
+
+    save_bundle(tmp_path / "b", *_tiny("planner"), *_tiny("mask-denoiser"))
+    corpus = tmp_path / "mixed.txt"
+    corpus.write_text("First Citizen: hear me speak. " * 20)
+    assert main(["frontier", str(tmp_path / "b"), "--judge", "ngram", "--data", str(corpus), *FAST,
+                 "--out-dir", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err.startswith(f"ddpd-eval: error: --data {corpus}: the checkpoints' tokenizer "
+                                              "cannot encode it: text must contain only space and a-z")
+    assert not (tmp_path / "o").exists()
+
+
 def test_ddpd_eval_frontier_takes_other_settings_where_no_row_was_measured(tmp_path, capsys):
     """A run stopped before its first row left frontier.json alone, and a rerun with another
     --eps was refused: --out-dir held "a frontier measured with other eps" and no row."""
