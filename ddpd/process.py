@@ -19,7 +19,7 @@ from typing import Callable, Optional, Union
 import torch
 from torch import Tensor
 
-from ddpd.validation import check_int, check_tensor, values_checkable
+from ddpd.validation import check_int, check_tensor, value_range, values_checkable
 
 NOISE_KINDS = ("uniform", "mask")
 
@@ -312,7 +312,7 @@ def corrupt(
 def _check_ids(name: str, x: Tensor, vocab_size: int) -> None:
     """ValueError naming x unless its ids lie in [0, vocab_size), where values_checkable."""
     if values_checkable(x):
-        low, high = int(x.min()), int(x.max())
+        low, high = value_range(x)
         if low < 0 or high >= vocab_size:
             raise ValueError(f"{name} must hold ids in [0, {vocab_size}), got range [{low}, {high}]")
 
@@ -328,7 +328,7 @@ def _check_times(t, batch: int) -> Tensor:
         raise ValueError(f"t must be a number, a 0-d tensor or of shape [{batch}] (one time per row of x1), "
                          f"got shape {tuple(t.shape)}")
     if values_checkable(t):
-        low, high = float(t.min()), float(t.max())  # NaN where any time is
+        low, high = value_range(t)  # NaN where any time is
         if not 0.0 <= low <= high <= 1.0:
             raise ValueError(f"t must be in [0, 1], got range [{low}, {high}]")
     return t
@@ -373,7 +373,7 @@ def _alpha_like(alpha, ref: Tensor) -> Tensor:
         raise TypeError(f"alpha must be a number or a tensor, got {type(alpha).__name__}")
     alpha = alpha if isinstance(alpha, Tensor) else torch.as_tensor(alpha, dtype=torch.float64)
     if values_checkable(alpha):  # before the move to ref's device: a number costs no host sync
-        low, high = float(alpha.min()), float(alpha.max())  # NaN where any alpha is
+        low, high = value_range(alpha)  # NaN where any alpha is
         if not 0.0 <= low <= high <= 1.0:
             raise ValueError(f"alpha must be in [0, 1], got range [{low}, {high}]")
     alpha = alpha.to(dtype=ref.dtype, device=ref.device)

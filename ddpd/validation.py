@@ -285,6 +285,20 @@ def values_checkable(x: torch.Tensor) -> bool:
     return x.is_cpu and x.numel() > 0 and readable(x)
 
 
+def value_range(x: torch.Tensor) -> tuple:
+    """The least and largest of x's values as Python numbers (NaN where any is), read detached:
+    a tensor that requires grad (a Parameter) is read without autograd's warning.
+
+    Args:
+        x: a non-empty tensor whose values may be read (values_checkable).
+
+    Returns:
+        (min, max): ints for an integer tensor, floats for a floating one.
+    """
+    x = x.detach()
+    return x.min().item(), x.max().item()
+
+
 def readable(*tensors: Optional[torch.Tensor]) -> bool:
     """Whether the host may read these tensors' values (a check, the valid flags): nothing
     traces the call (torch.compile, jit tracing, make_fx, fake or functional tensors) and

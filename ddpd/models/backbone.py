@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from ddpd.models.attention import SelfAttention
 from ddpd.models.config import TransformerConfig
 from ddpd.ops.norm import normalize
-from ddpd.validation import values_checkable
+from ddpd.validation import value_range, values_checkable
 
 INIT_STD = 0.02
 TIME_FREQ_DIM = 256
@@ -205,7 +205,7 @@ def check_tokens(x: torch.Tensor, vocab_size: int, max_seq_len: Optional[int] = 
     if max_seq_len is not None and not 1 <= x.shape[1] <= max_seq_len:
         raise ValueError(f"x: expected sequence length in [1, max_seq_len={max_seq_len}], got {x.shape[1]}")
     if values_checkable(x):
-        low, high = int(x.min()), int(x.max())
+        low, high = value_range(x)
         if low < 0 or high >= vocab_size:
             raise ValueError(f"x: expected token ids in [0, {vocab_size}), got range [{low}, {high}]")
 
@@ -237,7 +237,7 @@ def check_time(t: Union[torch.Tensor, float], batch: int, device: torch.device) 
     if t.dim() != 0 and t.shape != (batch,):
         raise ValueError(f"t: expected shape [{batch}] (one time per sequence), got {tuple(t.shape)}")
     if values_checkable(t):
-        _check_time_range(float(t.min()), float(t.max()))  # min and max are NaN where any t is
+        _check_time_range(*value_range(t))  # min and max are NaN where any t is
     return t.expand(batch).to(device) if t.dim() == 0 else t.to(device)
 
 
@@ -285,7 +285,7 @@ def check_labels(labels: Optional[Union[torch.Tensor, int]], batch: int, num_cla
     if labels.shape != (batch,):
         raise ValueError(f"labels: expected shape [{batch}] (one label per sequence), got {tuple(labels.shape)}")
     if values_checkable(labels):
-        low, high = int(labels.min()), int(labels.max())
+        low, high = value_range(labels)
         if low < 0 or high > num_classes:
             raise ValueError(f"labels: expected class ids in [0, {num_classes}] ({num_classes} = null), "
                              f"got range [{low}, {high}]")

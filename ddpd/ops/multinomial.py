@@ -19,7 +19,7 @@ from ddpd.ops import _dispatch, _ext, rng
 from ddpd.ops.results import Draw
 from ddpd.ops.rng import philox_words
 from ddpd.ops.sample_categorical import MAX_TEMPERATURE
-from ddpd.validation import check_bool, readable, values_checkable
+from ddpd.validation import check_bool, readable, value_range, values_checkable
 
 CHUNK = 64  # equals kChunk in csrc/multinomial.h
 WEIGHT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
@@ -79,7 +79,7 @@ def check_uniforms(name: str, uniforms, shape: tuple, like: torch.Tensor) -> tor
     if uniforms.device != like.device:
         raise ValueError(f"{name} must be on {like.device} like the weights, got {uniforms.device}")
     if values_checkable(uniforms):
-        low, high = float(uniforms.min()), float(uniforms.max())
+        low, high = value_range(uniforms)
         if not (0.0 <= low and high < 1.0):
             raise ValueError(f"{name} must lie in [0, 1), got values in [{low}, {high}]")
     return uniforms.double()

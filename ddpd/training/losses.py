@@ -15,7 +15,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from ddpd.validation import values_checkable
+from ddpd.validation import value_range, values_checkable
 
 
 def _check_tensor(name: str, value, dim: int, floating: Optional[bool] = None, dtype=None) -> None:
@@ -40,7 +40,7 @@ def _check_rate(rate: Optional[torch.Tensor], batch: int) -> None:
     _check_tensor("rate", rate, 1, floating=True)
     _check_same_shape("rate", rate, torch.Size([batch]))
     if values_checkable(rate):
-        low = float(rate.min())  # NaN where any rate is
+        low = value_range(rate)[0]  # NaN where any rate is
         if not low >= 0:  # inf passes: the linear schedule's rate at t = 1
             raise ValueError(f"rate: expected values >= 0 (alpha_dot / (1 - alpha)), got a minimum of {low}")
 
@@ -49,7 +49,7 @@ def _check_targets(name: str, x: torch.Tensor, shape: torch.Size, num_classes: i
     _check_tensor(name, x, 2, dtype=torch.long)
     _check_same_shape(name, x, shape)
     if values_checkable(x):
-        low, high = int(x.min()), int(x.max())
+        low, high = value_range(x)
         if low < 0 or high >= num_classes:
             raise ValueError(f"{name}: expected ids in [0, {num_classes}) (the logits' last dim), "
                              f"got range [{low}, {high}]")

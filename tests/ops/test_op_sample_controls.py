@@ -536,8 +536,11 @@ def test_values_are_read_from_parameters_not_from_fake_tensors_outside_their_mod
     p_x1, x_t = torch.full((2, 3, 4), 0.25), torch.zeros(2, 3, dtype=torch.long)
     alpha = torch.nn.Parameter(torch.tensor(2.0))
     assert readable(alpha)
-    with pytest.raises(ValueError, match=r"^alpha must be in \[0, 1\], got range \[2.0, 2.0\]$"):
-        planner_prob_from_uniform(p_x1, x_t, alpha)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # read detached: no "Converting a tensor with requires_grad=True"
+        with pytest.raises(ValueError, match=r"^alpha must be in \[0, 1\], got range \[2.0, 2.0\]$"):
+            planner_prob_from_uniform(p_x1, x_t, alpha)
+        planner_prob_from_uniform(p_x1, x_t, torch.nn.Parameter(torch.tensor(0.5)))
     mode = FakeTensorMode()
     fakes = [mode.from_tensor(t) for t in (p_x1, x_t, torch.tensor(0.5))]
     assert not readable(fakes[2])
