@@ -302,7 +302,7 @@ def _ngram_judge(args, order: int, shared: dict):
 
 def _policies(args) -> dict:
     """{family: [policy, ...]}: each family's own default (unless --no-defaults), then its --policies."""
-    from ddpd.sampling.policies import DDPD_POLICIES, MaskGIT, parse_policy
+    from ddpd.sampling.policies import ErrorBudget, MaskGIT, parse_policy
 
     by_family = {"ddpd": [None], "maskgit": [MaskGIT()]} if args.defaults else {"ddpd": [], "maskgit": []}
     for spec in args.policies:
@@ -310,7 +310,7 @@ def _policies(args) -> dict:
             policy = parse_policy(spec)
         except ValueError as err:
             raise UsageError(f"--policies: {err}") from None
-        family = "ddpd" if spec.partition(":")[0] in DDPD_POLICIES else "maskgit"
+        family = "ddpd" if isinstance(policy, ErrorBudget) else "maskgit"  # parse_policy strips the name
         if family in args.samplers:
             by_family[family].append(policy)
         elif args.policies is not DEFAULT_POLICIES:  # the defaults of a sampler left out are left out

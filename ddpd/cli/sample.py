@@ -572,13 +572,14 @@ def command_policy(args, family: str):
     """
     if not args.policy:
         return None
-    from ddpd.sampling.policies import DDPD_POLICIES, parse_policy
+    from ddpd.sampling.policies import ErrorBudget, parse_policy
 
     try:
         policy = parse_policy(args.policy)
     except ValueError as err:
         raise UsageError(f"--policy: {err}") from None
-    owner = "ddpd" if args.policy.partition(":")[0] in DDPD_POLICIES else "maskgit"
+    # by the policy parsed, not the spec's text: parse_policy strips the name (' error-budget ')
+    owner = "ddpd" if isinstance(policy, ErrorBudget) else "maskgit"
     if owner != args.sampler:
         raise UsageError(f"--policy {args.policy} is a policy of --sampler {owner}, not of --sampler {args.sampler}")
     return policy if owner == family else None

@@ -1358,6 +1358,11 @@ def test_maskgit_default_choice_temperature():
     (["--policy", "error-budget:bound=0.5,max_k=3,known_noise=1"], "ddpd_sample",
      "ErrorBudget(bound=0.5, max_k=3, order='risk', spread='none', known_noise=True, plan_every=1, "
      "choice_temperature=0.0, revise_above=None)"),
+    # the name with spaces around it, which parse_policy strips: it was taken for a maskgit policy
+    (["--policy", " error-budget :bound=0.5"], "ddpd_sample",
+     "ErrorBudget(bound=0.5, max_k=16, order='risk', spread='none', known_noise=False, plan_every=1, "
+     "choice_temperature=0.0, revise_above=None)"),
+    (["--sampler", "maskgit", "--policy", "threshold :0.5"], "mask_sample", "ConfidenceThreshold(threshold=0.5)"),
 ])
 def test_the_policy_reaches_the_sampler_it_names(ckpts, capsys, monkeypatch, argv, function, expected):
     """--policy is the policy the sampler runs, not its default one."""

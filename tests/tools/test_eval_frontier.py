@@ -407,6 +407,21 @@ def test_ddpd_eval_frontier_without_defaults_runs_the_target_and_the_policies(tm
         ("ddpd", "one-at-a-time", "1"), ("maskgit", "threshold:threshold=0.9", "4")]
 
 
+def test_ddpd_eval_frontier_gives_a_policy_spelled_with_spaces_to_its_sampler(tmp_path, capsys):
+    """parse_policy strips the name of 'error-budget :bound=2', but its sampler was told by the
+    spec's text: refused under --samplers ddpd, and under both handed to the mask loop, which
+    failed after the target had run."""
+    corpus = tmp_path / "text.txt"
+    corpus.write_text(("the cat sat on the mat and the dog ate the hat " * 400).strip())
+    out = tmp_path / "out"
+    assert main(["frontier", "--judge", "ngram:3", "--data", str(corpus), "--budgets", "4", "--target-steps", "1",
+                 "--num-samples", "1", "--samplers", "ddpd", "--policies", "error-budget :bound=2",
+                 "--no-defaults", "--no-progress", "--out-dir", str(out)]) == 0, capsys.readouterr().err
+    rows = read_frontier(str(out / "frontier.csv"))
+    assert sorted((r["sampler"], r["policy"].split(":")[0]) for r in rows) == [
+        ("ddpd", "error-budget"), ("ddpd", "one-at-a-time")]
+
+
 def test_ddpd_eval_frontier_refuses_a_bad_judge_and_policy(tmp_path, capsys):
     out = str(tmp_path / "out")
     assert main(["frontier", "--judge", "ngram:x", "--data", "books", "--out-dir", out]) == 2
