@@ -347,12 +347,26 @@ def _plan(args, by_family: dict) -> dict:
                 if budget < least:
                     raise UsageError(f"--budgets {budget} buys no step of {_name(family, policy)}: one costs "
                                      f"{least} network passes")
+                _check_table(family, policy, budget)
                 for temperature in args.temperatures:
                     budgets = plan.setdefault((family, policy, _steps(family, policy, budget), temperature), [])
                     if budget not in budgets:
                         budgets.append(budget)
     _warn_collapsed(args, plan)
     return {key: budgets[0] for key, budgets in plan.items()}
+
+
+def _check_table(family: str, policy, budget: int) -> None:
+    """UsageError naming --budgets where the steps a budget buys exceed the step table of the
+    policy (MaskGIT's and the cosine spread's cosines, ReMDM's rates), which the sampler refused
+    only when the configuration ran, after the ones before it had been sampled."""
+    from ddpd.sampling.policies import MAX_TABLE_STEPS, ErrorBudget, MaskGIT, ReMDM
+
+    steps = _steps(family, policy, budget)
+    tabled = isinstance(policy, (MaskGIT, ReMDM)) or (isinstance(policy, ErrorBudget) and policy.spread == "cosine")
+    if tabled and steps > MAX_TABLE_STEPS:
+        raise UsageError(f"--budgets {budget} buys {_name(family, policy)} {steps} steps, more than its step table "
+                         f"holds ({MAX_TABLE_STEPS})")
 
 
 def _warn_collapsed(args, plan: dict) -> None:

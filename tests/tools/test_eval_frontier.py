@@ -596,6 +596,28 @@ def test_ddpd_eval_frontier_refuses_a_budget_below_one_step(tmp_path, capsys, bu
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("samplers, policies, budget, name", [
+    ("maskgit", [], 2**24 + 1, "maskgit maskgit:choice_temperature=4.5"),
+    ("maskgit", ["--policies", "remdm", "--no-defaults"], 2**24 + 1, "maskgit remdm:schedule=cap"),
+    ("ddpd", ["--policies", "error-budget:spread=cosine", "--no-defaults"], 2**25 + 2,
+     "ddpd error-budget:bound=1,spread=cosine")])
+def test_ddpd_eval_frontier_refuses_a_budget_beyond_a_step_table_before_sampling(tmp_path, capsys, samplers,
+                                                                                 policies, budget, name):
+    """A budget whose steps a policy's step table cannot hold was refused when its configuration
+    ran, after the target and every configuration before it had been sampled: exit status 1,
+    naming `steps`, not --budgets."""
+    from ddpd.checkpoint import save_bundle
+    from ddpd.sampling.policies import MAX_TABLE_STEPS
+
+    save_bundle(tmp_path / "b", *_tiny("planner"), *_tiny("mask-denoiser"))
+    assert main(["frontier", str(tmp_path / "b"), "--judge", "ngram:2", "--data", "books", "--samplers", samplers,
+                 *policies, "--budgets", "4", str(budget),
+                 "--target-steps", "1", "--num-samples", "1", "--no-progress", "--out-dir", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err == (f"ddpd-eval: error: --budgets {budget} buys {name} {MAX_TABLE_STEPS + 1} "
+                                       f"steps, more than its step table holds ({MAX_TABLE_STEPS})\n")
+    assert not (tmp_path / "o").exists()
+
+
 def test_ddpd_eval_frontier_says_which_budgets_give_the_same_steps(tmp_path, capsys):
     """--budgets 4 5 gave ddpd 2 steps at both and kept budget 4's rows only, without a word."""
     from ddpd.checkpoint import save_bundle
