@@ -32,6 +32,10 @@ REPORTS = (ROWS, "frontier.md", "frontier.png", SETTINGS)
 # Settings SETTINGS records since a later version: a file written before lacks them, and its rows,
 # measured with unknown values, are taken as any run's (which then records its own).
 LATER = ("batch_size", "fused")
+# What a user changes to change each setting, for the refusal of --out-dir's rows
+# (judge_source: --data's corpus for an n-gram judge, --judge's weights for a checkpoint)
+FLAGS = {"networks": "BUNDLE", "judge": "--judge", "judge_source": "--data", "eps": "--eps", "device": "--device",
+         "batch_size": "--batch-size", "fused": "--fused"}
 NGRAM_ORDER = 6  # the order of --judge ngram
 
 
@@ -187,8 +191,10 @@ def _settings(args, bundle: str, order, device: str) -> dict:
         changed = [name for name, value in settings.items()
                    if (name in before or name not in LATER) and before.get(name) != value]
         if changed:
-            raise UsageError(f"--out-dir {args.out_dir} holds a frontier measured with other {', '.join(changed)} "
-                             f"({path}); use another --out-dir")
+            flags = dict(FLAGS, judge_source="--data" if order is not None else "--judge")
+            named = ", ".join(f"{name} ({flags[name]})" for name in changed)
+            raise UsageError(f"--out-dir {args.out_dir} holds a frontier measured with other {named} ({path}); use "
+                             "another --out-dir")
     return settings
 
 

@@ -518,6 +518,29 @@ def test_ddpd_eval_frontier_names_a_damaged_settings_file(tmp_path, capsys, text
     assert err.startswith(f"ddpd-eval: error: {out / 'frontier.json'} is damaged (not ") and err.count("\n") == 1
 
 
+def test_ddpd_eval_frontier_names_the_flags_of_the_settings_that_differ(tmp_path, capsys):
+    """A run refused for --out-dir's rows named the settings only, `judge_source` for --data and
+    `networks` for the bundle, which no flag is called."""
+    import shutil
+
+    from ddpd.checkpoint import save_bundle
+
+    save_bundle(tmp_path / "b", *_tiny("planner"), *_tiny("mask-denoiser"))
+    out = tmp_path / "out"
+    argv = ["frontier", str(tmp_path / "b"), "--judge", "ngram:2", "--data", "books", *FAST, "--out-dir", str(out)]
+    assert main(argv) == 0, capsys.readouterr().err
+    corpus = tmp_path / "text.txt"
+    corpus.write_text(("the cat sat on the mat and the dog ate the hat " * 400).strip())
+    assert main([str(corpus) if a == "books" else a for a in argv] + ["--eps", "0.5"]) == 2
+    assert "measured with other judge_source (--data), eps (--eps) (" in capsys.readouterr().err
+    planner, config = _tiny("planner")
+    with torch.no_grad():  # other weights
+        next(planner.parameters()).add_(1.0)
+    shutil.rmtree(tmp_path / "b")
+    save_bundle(tmp_path / "b", planner, config, *_tiny("mask-denoiser"))
+    assert main(argv) == 2 and "measured with other networks (BUNDLE) (" in capsys.readouterr().err
+
+
 def test_ddpd_eval_frontier_refuses_rows_of_another_batch_size_or_path(tmp_path, capsys):
     """Near-ties of the confidence policies round with the batch's shape and the path: a resume
     with another --batch-size or --fused mixed rows measured differently."""
