@@ -22,7 +22,7 @@ import re
 import sys
 from typing import Optional
 
-from ddpd.cli.common import UsageError, add_runtime_arguments, one_line, refused_text
+from ddpd.cli.common import Interrupted, UsageError, add_runtime_arguments, one_line, refused_text
 
 DEFAULT_POLICIES = ["error-budget:bound=1,max_k=16", "error-budget:bound=4,max_k=16", "threshold:0.9",
                     "entropy-bound:1.0", "factor:1.0", "remdm:schedule=cap,eta=0.02"]
@@ -110,9 +110,16 @@ def run(args: argparse.Namespace) -> None:
     configs = _configs(args, plan, planner, denoiser, vocab, length)
     csv_path = os.path.join(args.out_dir, ROWS)
     write_text(json.dumps(settings, indent=1) + "\n", os.path.join(args.out_dir, SETTINGS))
-    with torch.no_grad():
-        rows = fr.run_frontier(configs, judge=judge, vocab_size=vocab, num_samples=args.num_samples, seed=args.seed,
-                            batch_size=args.batch_size, csv_path=csv_path, progress=args.progress)
+    try:
+        with torch.no_grad():
+            rows = fr.run_frontier(configs, judge=judge, vocab_size=vocab, num_samples=args.num_samples,
+                                   seed=args.seed, batch_size=args.batch_size, csv_path=csv_path,
+                                   progress=args.progress)
+    except Interrupted as stop:  # the CSV holds every finished row: say so, and how to go on
+        kept = len(fr.read_frontier(csv_path)) if os.path.exists(csv_path) else 0
+        stop.detail = f"; the {kept} row(s) measured are in {csv_path}, and the same command resumes from them" \
+            if kept else "; no configuration was finished"
+        raise
     # the CSV's rows of this seed and sample count (earlier runs into --out-dir add to them): rows
     # of another seed in the same curve would make it zigzag
     rows = [r for r in fr.read_frontier(csv_path) if (r["seed"], r["num_samples"]) == (str(args.seed),

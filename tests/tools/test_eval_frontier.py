@@ -321,6 +321,45 @@ def test_ngram_judge_prefers_text_like_its_corpus():
         float(judge.log_likelihood(torch.tensor([[3, 2, 1, 0, 3, 2]])))
 
 
+@pytest.mark.parametrize("rows_first", [1, 0])
+def test_an_interrupted_frontier_says_where_its_rows_are_and_how_to_resume(tmp_path, capsys, monkeypatch, rows_first):
+    """A frontier stopped by a signal said only "interrupted by SIGINT": not that the rows
+    measured are in frontier.csv, nor that the same command resumes from them."""
+    import ddpd.eval.frontier as frontier
+
+    write_csv, writes = frontier.write_csv, []
+
+    def write_then_signal(rows, path):
+        writes.append(path)
+        if len(writes) > rows_first:
+            os.kill(os.getpid(), signal.SIGINT)  # its handler runs before kill returns
+        write_csv(rows, path)
+
+    corpus = tmp_path / "text.txt"
+    corpus.write_text(("the cat sat on the mat and the dog ate the hat " * 400).strip())
+    out = tmp_path / "out"
+    monkeypatch.setattr(frontier, "write_csv", write_then_signal)
+    argv = ["frontier", "--judge", "ngram:3", "--data", str(corpus), "--budgets", "2", "--target-steps", "1",
+            "--num-samples", "1", "--policies", "threshold:0.9", "--no-progress", "--out-dir", str(out)]
+    assert main(argv) == 130
+    err = capsys.readouterr().err
+    csv_path = out / "frontier.csv"
+    assert err.endswith(f"ddpd-eval: interrupted by SIGINT; the {rows_first + 1} row(s) measured are in {csv_path}, "
+                        "and the same command resumes from them\n"), err
+    assert len(read_frontier(str(csv_path))) == rows_first + 1  # the row being written when it came is kept
+
+
+def test_a_frontier_interrupted_before_its_first_row_says_none_was_finished(tmp_path, capsys, monkeypatch):
+    import ddpd.eval.frontier as frontier
+
+    monkeypatch.setattr(frontier, "run_frontier", lambda *args, **kwargs: os.kill(os.getpid(), signal.SIGINT))
+    corpus = tmp_path / "text.txt"
+    corpus.write_text(("the cat sat on the mat and the dog ate the hat " * 400).strip())
+    assert main(["frontier", "--judge", "ngram:3", "--data", str(corpus), "--budgets", "2", "--target-steps", "1",
+                 "--num-samples", "1", "--no-progress", "--out-dir", str(tmp_path / "out")]) == 130
+    assert capsys.readouterr().err.endswith("ddpd-eval: interrupted by SIGINT; no configuration was finished\n")
+
+
 def test_ddpd_eval_frontier_writes_its_reports(tmp_path, capsys):
     corpus = tmp_path / "text.txt"
     corpus.write_text(("the cat sat on the mat and the dog ate the hat " * 400).strip())
