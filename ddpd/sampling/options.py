@@ -413,6 +413,27 @@ MOVED = {
 }
 
 
+def moved_hint(sampler: str, name: str, accepted) -> str:
+    """How a sampler's error names a keyword it does not take: with the option object that holds
+    it now, where the sampler takes that object.
+
+    Args:
+        sampler: the sampler's name.
+        name: the keyword passed.
+        accepted: the keywords the sampler takes.
+
+    Returns:
+        The keyword, with where it went.
+    """
+    if name not in MOVED:
+        return name
+    keyword = MOVED[name].split("=")[0]
+    if keyword in accepted:
+        return f"{name} (now {MOVED[name]})"
+    # a DDPDOptions field given to a sampler without ddpd=: following the hint would fail again
+    return f"{name} ({MOVED[name]} of other samplers; {sampler} takes no {keyword}=)"
+
+
 def explains_moved_keywords(sampler: Callable) -> Callable:
     """Decorate a public sampler so that a keyword it does not take raises a TypeError naming the
     option object that holds it now (`fused=True` -> `execution=Execution(fused=...)`).
@@ -429,7 +450,7 @@ def explains_moved_keywords(sampler: Callable) -> Callable:
     def checked(*args, **kwargs):
         unknown = [name for name in kwargs if name not in accepted]
         if unknown:
-            hints = [f"{name} (now {MOVED[name]})" if name in MOVED else name for name in unknown]
+            hints = [moved_hint(sampler.__name__, name, accepted) for name in unknown]
             raise TypeError(f"{sampler.__name__}() got unexpected keyword argument(s): {', '.join(hints)}; "
                             f"its keywords are {sorted(name for name in accepted)}")
         return sampler(*args, **kwargs)

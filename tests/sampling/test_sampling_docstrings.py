@@ -103,3 +103,15 @@ def test_an_unknown_keyword_is_named_with_the_keywords_a_sampler_takes():
         sampling.ddpd_sample(None, None, 2, 4, 5, steps=2, bogus=1)
     with pytest.raises(TypeError, match=r"selection \(now ddpd=DDPDOptions\(selection=\.\.\.\)\)"):
         sampling.ddpd_sample(None, None, 2, 4, 5, steps=2, selection="softmax")
+
+
+@pytest.mark.parametrize("sampler", [s for s in SAMPLERS if "ddpd" not in inspect.signature(s).parameters],
+                         ids=lambda s: s.__name__)
+def test_a_ddpd_field_is_not_sent_to_a_sampler_without_ddpd_options(sampler):
+    """eps= on mask_sample named ddpd=DDPDOptions(eps=...), which that sampler refuses in turn."""
+    positional = [p.name for p in inspect.signature(sampler).parameters.values() if p.kind is p.POSITIONAL_OR_KEYWORD]
+    networks = (None,) * (len(positional) - 3)
+    with pytest.raises(TypeError) as raised:
+        sampler(*networks, 2, 4, 5, steps=2, eps=0.1)
+    assert "now ddpd=" not in str(raised.value)
+    assert f"eps (ddpd=DDPDOptions(eps=...) of other samplers; {sampler.__name__} takes no ddpd=)" in str(raised.value)
