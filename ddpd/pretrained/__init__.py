@@ -86,7 +86,7 @@ def load_default(device: Union[str, torch.device] = "cpu"):
     from ddpd.validation import check_device
 
     device = check_device("device", device)
-    path = default_bundle()
+    path = default_bundle(own="ddpd.checkpoint.load_bundle(DIR)")  # a Python caller has no CLI flags
     planner, denoiser, configs = load_bundle(path, device=str(device))
     try:
         check_bundle_configs(configs)

@@ -507,6 +507,14 @@ def test_missing_environment_bundle_is_named_with_the_variable(tmp_path, monkeyp
         pretrained.default_bundle()
 
 
+def test_load_default_without_a_bundle_names_the_python_way_to_load_one(tmp_path, monkeypatch):
+    """It asked a Python caller for ddpd-sample's --checkpoint flag."""
+    monkeypatch.setenv(pretrained.ENV_VAR, str(tmp_path))
+    with pytest.raises(pretrained.BundleNotFoundError) as raised:
+        pretrained.load_default()
+    assert "ddpd.checkpoint.load_bundle(DIR)" in str(raised.value) and "--checkpoint" not in str(raised.value)
+
+
 def test_install_bundle_keeps_a_hub_corpus_name(tmp_path):
     paths = _training_checkpoints(tmp_path)
     for role in ("planner", "denoiser"):
