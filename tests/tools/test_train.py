@@ -135,6 +135,22 @@ def test_a_run_that_is_all_warmup_is_warned_of(corpus, tmp_path):
                    for line in lines) == warned, lines
 
 
+def test_a_run_cut_by_the_clock_within_its_warmup_is_warned_of(corpus, tmp_path, monkeypatch):
+    """--max-time 0.5 with the default warmup (100) stopped at step 53 at half the peak rate,
+    which never decayed, without a word: the warmup goes by steps, not by the clock."""
+    clock = iter(range(10_000))  # a step takes one second
+    monkeypatch.setattr("ddpd.training.trainer.time.perf_counter", lambda: float(next(clock)))
+    for warmup, warned in ((4, True), (3, False)):
+        lines = []
+        trainer = Trainer(config(corpus, tmp_path / str(warmup), steps=20, warmup=warmup, max_time=3.0),
+                          log=lines.append)
+        trainer.train()
+        trainer.close()
+        assert trainer.step == 3
+        assert any("warning: max_time ran out at step 3, within the warmup of 4 steps: the learning rate rose"
+                   in line for line in lines) == warned, lines
+
+
 def test_warnings_reach_a_user_of_the_silent_default(corpus, tmp_path, capsys):
     """With log=None and no progress bar the Trainer prints no log lines, and its warnings
     about the settings were lost with them: they come as Python warnings."""
