@@ -610,17 +610,40 @@ def describe(device: torch.device) -> str:
             f"python {platform.python_version()} | command: python {' '.join(sys.argv)}")
 
 
+# (section title, its timing function, its key in SHAPES); --only picks sections by their titles.
+# The targets first, tuning last: a run stopped by its time limit keeps what matters most.
+PLAN = [
+    ("sample_categorical", time_sample_categorical, "categorical"),
+    ("sample_from_hidden", time_sample_from_hidden, "hidden"),
+    ("multinomial", time_multinomial, "multinomial"),
+    ("sampler step: fused vs torch steps (benchmarks/bench_step.py)", time_step, "step"),
+    ("sample_categorical with top-k / top-p / min-p", time_sample_categorical_controls, "controls"),
+    ("planner_select, planner_select_mask, planner_mask", time_planner_ops, "planner"),
+    ("compact_fixed, scatter_back", time_compaction, "compact"),
+    ("rotary", time_rotary, "rotary"),
+    ("norm", time_norm, "norm"),
+    ("philox_uniform", time_philox_uniform, "philox"),
+    ("sample_from_hidden launch configurations", time_head_configs, "hidden_configs"),
+    ("sample_categorical launch configurations", time_categorical_configs, "categorical_configs"),
+]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dry-run", action="store_true", help="tiny shapes on CPU tensors (checks the script only)")
     parser.add_argument("--only", metavar="WORDS", default="",
                         help="a comma list: run only the sections whose title contains one of them "
-                             "(e.g. 'launch configurations')")
+                             "(e.g. 'launch configurations'); a word no title contains is refused")
     parser.add_argument("--rows", metavar="PATH", default=None,
                         help="write the comparisons as rows (benchmarks/rows.py) into PATH; default on a GPU "
                              "benchmarks/results/<device>.jsonl, in a dry run nowhere")
     args = parser.parse_args()
     dry_run, only = args.dry_run, [word for word in args.only.split(",") if word]
+    unknown = [word for word in only if not any(word in title for title, _, _ in PLAN)]
+    if unknown:  # a misspelt word would run nothing and exit 0, on a device lease too
+        print(f"gpu_timings: --only {', '.join(map(repr, unknown))} names no section; the sections: "
+              f"{'; '.join(title for title, _, _ in PLAN)}", file=sys.stderr)
+        return 2
     if not dry_run and not torch.cuda.is_available():
         print("gpu_timings: no CUDA device visible to torch (use --dry-run to check the script)", file=sys.stderr)
         return 2
@@ -631,26 +654,11 @@ def main() -> int:
                        "eager: calls back to back between synchronisations, host clock; graph: "
                        "triton.testing.do_bench median, CUDA events"))
     copy_bandwidth(bench, shapes["copy_floats"])
-    # The targets first, tuning last: a run stopped by its time limit keeps what matters most.
-    plan = [
-        ("sample_categorical", time_sample_categorical, shapes["categorical"]),
-        ("sample_from_hidden", time_sample_from_hidden, shapes["hidden"]),
-        ("multinomial", time_multinomial, shapes["multinomial"]),
-        ("sampler step: fused vs torch steps (benchmarks/bench_step.py)", time_step, shapes["step"]),
-        ("sample_categorical with top-k / top-p / min-p", time_sample_categorical_controls, shapes["controls"]),
-        ("planner_select, planner_select_mask, planner_mask", time_planner_ops, shapes["planner"]),
-        ("compact_fixed, scatter_back", time_compaction, shapes["compact"]),
-        ("rotary", time_rotary, shapes["rotary"]),
-        ("norm", time_norm, shapes["norm"]),
-        ("philox_uniform", time_philox_uniform, shapes["philox"]),
-        ("sample_from_hidden launch configurations", time_head_configs, shapes["hidden_configs"]),
-        ("sample_categorical launch configurations", time_categorical_configs, shapes["categorical_configs"]),
-    ]
-    for title, fn, cases in plan:
+    for title, fn, key in PLAN:
         if only and not any(word in title for word in only):
             continue
         with section(title):
-            for shape in cases:
+            for shape in shapes[key]:
                 with bench.case(f"{title} {shape}"):
                     fn(bench, *shape)
     target = args.rows if args.rows is not None else ("" if dry_run else str(result_rows.rows_path("cuda")))

@@ -57,6 +57,18 @@ def test_gpu_timings_only_runs_the_sections_it_names():
 
 
 @pytest.mark.integration
+def test_gpu_timings_refuses_an_only_word_that_names_no_section():
+    """A misspelt --only word ran no section and exited 0: refused before anything is timed,
+    with the sections' titles."""
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_timings.py"), "--dry-run", "--only",
+                          "rotary,launch configuration,philox uniform"], cwd=ROOT, capture_output=True, text=True)
+    assert run.returncode == 2, (run.stdout + run.stderr)[-4000:]
+    assert "'philox uniform'" in run.stderr and "'rotary'" not in run.stderr, run.stderr
+    assert "philox_uniform" in run.stderr  # the titles, to pick from
+    assert "copy bandwidth" not in run.stdout and "# rotary" not in run.stdout, run.stdout
+
+
+@pytest.mark.integration
 def test_gpu_timings_time_the_step_against_each_gathered_draw(tmp_path):
     """The gathered torch step is timed with each token draw of baselines.CATEGORICAL: which
     is fastest depends on the device, and the ratio is against the fastest."""
