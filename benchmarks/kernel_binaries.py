@@ -27,8 +27,13 @@ from ddpd.testing.sm90 import CASES, COUNTED, answer_as_h100, compile_launch, cu
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--case", default="", help="only the cases whose names contain this")
+    parser.add_argument("--case", default="", help="only the cases whose names contain this (a string no "
+                                                   "case's name contains is refused)")
     only = parser.parse_args().case
+    if not any(only in case for case in CASES):  # a misspelt case compiled nothing and exited 0
+        print(f"kernel_binaries: --case {only!r} is in no case's name; the cases: {'; '.join(CASES)}",
+              file=sys.stderr)
+        return 2
     if os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "on", "yes"):
         print("kernel_binaries: unset TRITON_INTERPRET (the interpreter compiles nothing)", file=sys.stderr)
         return 2

@@ -38,6 +38,15 @@ def test_kernels_fit_an_h100():
 
 
 @pytest.mark.integration
+def test_kernel_binaries_refuses_a_case_that_names_none():
+    """A misspelt --case compiled nothing and exited 0: refused, with the cases' names."""
+    result = run_compiled(str(BENCHMARKS / "kernel_binaries.py"), "--case", "top_p")
+    assert result.returncode == 2, result.stdout[-4000:] + result.stderr[-4000:]
+    assert "'top_p'" in result.stderr and "top-p" in result.stderr, result.stderr
+    assert "sm_90 binaries" not in result.stdout, result.stdout
+
+
+@pytest.mark.integration
 def test_kernel_binaries_reads_the_loops_of_the_launches():
     """benchmarks/kernel_binaries.py on the 1024-row draw: each kernel's resources and the
     counts of its loops, which show the tile statistics (one warp a program) reducing each
