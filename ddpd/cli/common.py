@@ -388,16 +388,37 @@ def signals_as_interrupts(graceful: Optional[Callable[[str], bool]] = None) -> I
         Interrupted: a signal arrived.
     """
     received: list[str] = []
+    _RAISED.clear()
 
     def handler(signum, frame):
         name = signal.Signals(signum).name
         received.append(name)
         if graceful is not None and len(received) == 1 and graceful(name):
             return
+        _RAISED.append(signum)
         raise Interrupted(signum)
 
-    with _handled_by(handler):
-        yield
+    try:
+        with _handled_by(handler):
+            yield
+    finally:
+        _RAISED.clear()
+
+
+# The signals whose Interrupted signals_as_interrupts' handler raised (raise_swallowed_signal)
+_RAISED: list[int] = []
+
+
+def raise_swallowed_signal() -> None:
+    """Raise Interrupted again for a signal whose Interrupted was raised but never reached
+    the tool: torch.compile's guards run Python from C++ and take its exception for a failed
+    guard, so the run would go on to its end. Call it at a safe point (between batches).
+
+    Raises:
+        Interrupted: such a signal arrived.
+    """
+    if _RAISED:
+        raise Interrupted(_RAISED[0])
 
 
 @contextmanager

@@ -930,7 +930,7 @@ def _sample_all(args, models: Models, sample, records: Records, out, stdout: Std
     import torch
 
     from ddpd._interrupts import signals_held
-    from ddpd.cli.common import ignore_further_signals
+    from ddpd.cli.common import ignore_further_signals, raise_swallowed_signal
     from ddpd.training.distributed import PeerLost
 
     calls = dict.fromkeys(COUNTS + PER_ROW, 0)
@@ -940,6 +940,7 @@ def _sample_all(args, models: Models, sample, records: Records, out, stdout: Std
     try:
         with torch.inference_mode(), _progress(args, models, group.is_main) as advance:
             for first_batch in range(0, batches, group.world_size):
+                raise_swallowed_signal()  # one lost in a batch (--compile's guards) stops the run here
                 if group.all_gather(stdout.closed and out is None)[0]:
                     break  # nobody reads the samples any more
                 mine = first_batch + group.rank
@@ -959,6 +960,7 @@ def _sample_all(args, models: Models, sample, records: Records, out, stdout: Std
                         stdout.print(line)
                 # a batch that stopped early ends its share of the bar
                 advance(min(first_batch + group.world_size, batches) * args.steps)
+        raise_swallowed_signal()
         if out is not None:
             with signals_held():  # every sample is finished: a signal waits until they are published
                 out.publish(drop_partial=True)  # an earlier run's partial result is stale now

@@ -458,6 +458,33 @@ def test_an_interrupted_run_never_replaces_a_complete_out(ckpts, tmp_path, capsy
     assert [r["index"] for r in read_jsonl(partial)] == list(range(5))
 
 
+def test_a_signal_a_library_swallowed_still_stops_the_run(ckpts, tmp_path, capsys, monkeypatch):
+    """With --compile a signal during torch.compile's guards (Python run from C++, whose
+    exceptions torch turns into a failed guard) was lost: the run went on to the end and
+    exited 0. It stops at the next batch, the finished ones kept."""
+    from ddpd.cli import sample
+
+    batch, calls = sample._batch, []
+
+    def batch_swallowing_a_signal(*args):
+        calls.append(1)
+        if len(calls) == 1:
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)  # its handler runs before kill returns
+            except KeyboardInterrupt:
+                pass  # as torch's guards do
+        return batch(*args)
+
+    monkeypatch.setattr(sample, "_batch", batch_swallowing_a_signal)
+    out = tmp_path / "s.jsonl"
+    code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--steps", "8", "--batch-size", "2",
+                           "--num-samples", "6", "--out", str(out), "--no-progress", "--quiet")
+    partial = tmp_path / "s.partial.jsonl"
+    assert code == 128 + signal.SIGTERM, err
+    assert err == f"ddpd-sample: interrupted by SIGTERM; wrote the 2 finished sample(s) to {partial}\n"
+    assert len(calls) == 1 and [r["index"] for r in read_jsonl(partial)] == [0, 1] and not out.exists()
+
+
 def test_a_finished_run_removes_the_partial_file_of_an_earlier_stopped_one(ckpts, tmp_path, capsys, monkeypatch):
     """A complete --out was published beside the partial file of a run stopped earlier, which
     then stayed, stale (ddpd-eval removes its own). A stopped run that finished nothing keeps it."""
