@@ -107,8 +107,9 @@ def stopped_fraction(stop_step: Tensor, steps: int) -> Tensor:
         raise TypeError(f"stop_step must be a tensor of step numbers (an integer dtype), got {stop_step.dtype}")
     if stop_step.numel() == 0:  # the fractions would be 0 / 0
         raise ValueError("stop_step must hold at least one sample's stop step, got none")
-    if int(stop_step.min()) < 0:  # torch.bincount's own error named no argument
-        raise ValueError(f"stop_step must be >= 0, got minimum {int(stop_step.min())}")
+    low = int(stop_step.min())
+    if low < 0:  # torch.bincount's own error named no argument
+        raise ValueError(f"stop_step must be >= 0, got minimum {low}")
     stopped = stop_step[stop_step < steps].cpu()
     counts = torch.bincount(stopped, minlength=steps)[:steps].cumsum(0)
     return counts.float() / stop_step.numel()
