@@ -294,7 +294,7 @@ def corrupt(
     if noise not in NOISE_KINDS:
         raise ValueError(f"noise must be one of {NOISE_KINDS}, got {noise!r}")
     check_tensor("x1", x1, (torch.long,), 2)
-    check_int("vocab_size", vocab_size, 1)
+    vocab_size = check_int("vocab_size", vocab_size, 1)
     mask_id = vocab_size if mask_id is None else check_int("mask_id", mask_id, vocab_size)
     _check_ids("x1", x1, vocab_size)
     t = _check_times(t, x1.shape[0]).to(x1.device).expand(x1.shape[0])

@@ -8,6 +8,7 @@ Lowest layer: imports nothing from ddpd.
 from __future__ import annotations
 
 import numbers
+import operator
 import sys
 from collections.abc import Sequence
 from typing import Callable, Optional
@@ -16,7 +17,7 @@ import torch
 
 
 def check_int(name: str, value, minimum: int, maximum: Optional[int] = None) -> int:
-    """Check an int argument.
+    """Check an int argument: a Python int or another integer scalar (numpy's integers).
 
     Args:
         name: the argument's name, for the message.
@@ -25,14 +26,16 @@ def check_int(name: str, value, minimum: int, maximum: Optional[int] = None) -> 
         maximum: the largest value allowed, or None.
 
     Returns:
-        `value`.
+        `value` as a Python int, which JSON, hashing and torch's int arguments take.
 
     Raises:
-        TypeError: not an int (a bool is refused).
+        TypeError: not an integer scalar (a bool, a float, a tensor or an array are refused).
         ValueError: out of range.
     """
-    if isinstance(value, bool) or not isinstance(value, int):
+    # numbers.Integral: numpy registers its integers there, not its bool, arrays or floats (nor torch tensors)
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    value = operator.index(value)
     if value < minimum or (maximum is not None and value > maximum):
         bound = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
         raise ValueError(f"{name} must be {bound}, got {value}")

@@ -100,7 +100,7 @@ def stopped_fraction(stop_step: Tensor, steps: int) -> Tensor:
         TypeError: stop_step not of an integer dtype.
         ValueError: stop_step not 1-D, empty or negative somewhere.
     """
-    check_int("steps", steps, 1)
+    steps = check_int("steps", steps, 1)
     if not isinstance(stop_step, Tensor) or stop_step.dim() != 1:
         raise ValueError(f"stop_step must be a 1-D tensor, got {getattr(stop_step, 'shape', type(stop_step).__name__)}")
     if stop_step.is_floating_point() or stop_step.is_complex() or stop_step.dtype == torch.bool:

@@ -90,8 +90,8 @@ def run_frontier(configs: Sequence[Config], *, judge, vocab_size: int, num_sampl
     Raises:
         TypeError, ValueError: num_samples or batch_size not an int >= 1.
     """
-    check_int("num_samples", num_samples, 1)
-    check_int("batch_size", batch_size, 1)
+    num_samples = check_int("num_samples", num_samples, 1)
+    batch_size = check_int("batch_size", batch_size, 1)
     done = {_row_key(row): row for row in (read_frontier(csv_path) if os.path.exists(csv_path) else [])}
     rows, keys = [], [config.key(num_samples, seed) for config in configs]
     # the rows resumed start the bar: counted as configurations measured, they made its rate and time left

@@ -34,7 +34,7 @@ def heldout_sequences(source: str, tokenizer, seq_len: int, split: str = "test",
         ValueError: an unknown split, too few tokens, or as ddpd.training.load_splits.
     """
     check_choice("split", split, SPLITS)
-    check_int("seq_len", seq_len, 1)
+    seq_len = check_int("seq_len", seq_len, 1)
     tokens = load_splits(source, tokenizer, text=text)[split]
     return pick_chunks(tokens, seq_len, num_sequences, what=f"the {split} split of {source}")
 
@@ -59,7 +59,7 @@ def pick_chunks(tokens: Tensor, seq_len: int, num_sequences: Optional[int] = Non
         raise ValueError(f"seq_len: {what} has {tokens.numel()} tokens, fewer than one sequence of {seq_len}")
     if num_sequences is None:
         return chunks
-    check_int("num_sequences", num_sequences, 1)
+    num_sequences = check_int("num_sequences", num_sequences, 1)
     if num_sequences > chunks.shape[0]:
         raise ValueError(f"num_sequences: {what} holds {chunks.shape[0]} sequences of {seq_len} tokens, "
                          f"got num_sequences={num_sequences}")

@@ -77,7 +77,7 @@ def elbo_methods(models: ModelSet) -> dict[str, tuple]:
 
 
 def _batches(sequences: Tensor, batch_size: int):
-    check_int("batch_size", batch_size, 1)
+    batch_size = check_int("batch_size", batch_size, 1)
     if not isinstance(sequences, Tensor) or sequences.dim() != 2:
         raise ValueError(f"sequences must be Long[N, D], got {getattr(sequences, 'shape', type(sequences).__name__)}")
     if sequences.shape[0] == 0:

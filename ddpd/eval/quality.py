@@ -52,7 +52,7 @@ def judge_nll(judge, x: Tensor, batch_size: int = 64) -> Tensor:
     """
     if not callable(getattr(judge, "log_likelihood", None)):
         raise TypeError(f"judge must have a log_likelihood(x) method (an ARModel), got {type(judge).__name__}")
-    check_int("batch_size", batch_size, 1)
+    batch_size = check_int("batch_size", batch_size, 1)
     check_tokens("x", x, None)  # the ids' range is the judge's to check
     # score where the judge lives (samples may have been gathered on the CPU)
     device = next((p.device for p in judge.parameters()), x.device) if isinstance(judge, torch.nn.Module) \
@@ -179,8 +179,8 @@ def run_sweep(samplers: Sequence[SamplerSpec], *, steps: Sequence[int], temperat
     temperatures = [check_float("temperatures", t, 0.0) for t in temperatures]  # NaN refused too
     if not steps or not temperatures:
         raise ValueError(f"steps and temperatures must be non-empty, got {steps}, {temperatures}")
-    check_int("num_samples", num_samples, 1)
-    check_int("batch_size", batch_size, 1)
+    num_samples = check_int("num_samples", num_samples, 1)
+    batch_size = check_int("batch_size", batch_size, 1)
     rows = []
     judged = {} if judge_id is None else {JUDGE: judge_id}
     if reference is not None:

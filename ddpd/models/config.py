@@ -7,17 +7,24 @@ or beginning-of-sequence id is appended); `out_dim` is the width of the output h
 from __future__ import annotations
 
 import dataclasses
+import numbers
+import operator
 from dataclasses import dataclass
 from typing import Any
 
 NORMS = ("layernorm", "rmsnorm")
 
 
-def _check_int(name: str, value: Any, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
+def _check_int(config: TransformerConfig, name: str, minimum: int) -> None:
+    """Check an int field, and store it as a Python int: config.json records it (a numpy integer
+    is no JSON) and a config built from numpy integers compares equal to one built from ints."""
+    value = getattr(config, name)
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):  # numpy's integers too
         raise TypeError(f"TransformerConfig.{name}: expected int, got {type(value).__name__} {value!r}")
+    value = operator.index(value)
     if value < minimum:
         raise ValueError(f"TransformerConfig.{name}: expected >= {minimum}, got {value}")
+    object.__setattr__(config, name, value)
 
 
 def _check_bool(name: str, value: Any) -> None:
@@ -51,14 +58,9 @@ class TransformerConfig:
     num_classes: int = 0
 
     def __post_init__(self) -> None:
-        _check_int("vocab_size", self.vocab_size, 1)
-        _check_int("out_dim", self.out_dim, 1)
-        _check_int("d_model", self.d_model, 2)
-        _check_int("n_layers", self.n_layers, 1)
-        _check_int("n_heads", self.n_heads, 1)
-        _check_int("max_seq_len", self.max_seq_len, 1)
-        _check_int("mlp_ratio", self.mlp_ratio, 1)
-        _check_int("num_classes", self.num_classes, 0)
+        for name, minimum in (("vocab_size", 1), ("out_dim", 1), ("d_model", 2), ("n_layers", 1), ("n_heads", 1),
+                              ("max_seq_len", 1), ("mlp_ratio", 1), ("num_classes", 0)):
+            _check_int(self, name, minimum)
         _check_bool("time_conditioned", self.time_conditioned)
         _check_bool("causal", self.causal)
         if self.d_model % self.n_heads != 0:

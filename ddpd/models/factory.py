@@ -129,8 +129,8 @@ def config_for(kind: str, vocab_size: int, seq_len: int, time_conditioned: Optio
         time_conditioned = timed
     elif check_bool("time_conditioned", time_conditioned) and kind in ("planner", "ar"):
         raise ValueError(f"time_conditioned: a {kind} model has no time input, got True")
-    check_int("vocab_size", vocab_size, 1)
-    check_int("seq_len", seq_len, 1)
+    vocab_size = check_int("vocab_size", vocab_size, 1)
+    seq_len = check_int("seq_len", seq_len, 1)
     fixed = {"vocab_size", "out_dim", "causal", "max_seq_len"} & set(fields)
     if fixed:
         raise ValueError(f"config_for: fields {sorted(fixed)} are derived from kind, vocab_size and seq_len")

@@ -9,6 +9,8 @@ The contract of both ops: docs/ops/compact.md.
 """
 from __future__ import annotations
 
+import numbers
+import operator
 from collections.abc import Sequence
 from typing import Union
 
@@ -53,8 +55,9 @@ def _kernels_for(active: torch.Tensor):
 
 
 def _check_capacity(capacity) -> int:
-    if isinstance(capacity, bool) or not isinstance(capacity, int):
+    if isinstance(capacity, bool) or not isinstance(capacity, numbers.Integral):  # numpy's integers too
         raise TypeError(f"capacity must be an int, got {type(capacity).__name__}")
+    capacity = operator.index(capacity)
     if capacity < 0:
         raise ValueError(f"capacity must be >= 0, got {capacity}")
     if capacity >= 2**63:  # the kernels' int64: torch's own refusal names no argument

@@ -10,6 +10,7 @@ The law, the uniforms and the validity of a row: docs/ops/multinomial.md.
 from __future__ import annotations
 
 import numbers
+import operator
 from typing import Optional
 
 import torch
@@ -117,8 +118,9 @@ def finish(index: torch.Tensor, valid: torch.Tensor, check_valid: bool, need: st
 
 
 def _check_k(k, replacement, n: int) -> int:
-    if isinstance(k, bool) or not isinstance(k, int):
+    if isinstance(k, bool) or not isinstance(k, numbers.Integral):  # numpy's integers too
         raise TypeError(f"k must be an int, got {type(k).__name__}")
+    k = operator.index(k)
     if not isinstance(replacement, bool):
         raise TypeError(f"replacement must be a bool, got {type(replacement).__name__}")
     if k < 1 or (not replacement and k > n):

@@ -82,7 +82,7 @@ def planner_mask_reference(
     """
     check_tensor("logits", logits, _dispatch.FLOAT_DTYPES, 2)
     _dispatch.check_width("D (logits.shape[1])", logits.shape[1])
-    check_mask_args(logits, x, mask_id)
+    mask_id = check_mask_args(logits, x, mask_id)
     if positions is not None:
         check_positions(positions, logits)
         check_position_values(positions, logits.shape[1])
@@ -219,7 +219,7 @@ def planner_mask(
     _dispatch.refuse_transforms("planner_mask", logits, x, positions, noise, row_ids)
     check_tensor("logits", logits, _dispatch.FLOAT_DTYPES, 2)
     _dispatch.check_width("D (logits.shape[1])", logits.shape[1])
-    check_mask_args(logits, x, mask_id)
+    mask_id = check_mask_args(logits, x, mask_id)
     if positions is not None:
         check_positions(positions, logits)
     seed, offset, seed_t, offset_t = rng.resolve_stream(noise, tuple(logits.shape), logits, seed, offset, generator,

@@ -32,15 +32,15 @@ REBASE_GAP = 64.0
 # ----------------------------------------------------------------------------- checks
 
 
-def check_select_args(logits, k, mode, tau, eps) -> tuple[bool, float, float]:
+def check_select_args(logits, k, mode, tau, eps) -> tuple[int, bool, float, float]:
     """Validate the selection arguments of planner_select and planner_select_mask.
 
     Args:
         logits, k, mode, tau, eps: the op's arguments of these names.
 
     Returns:
-        (softmax, tau, eps): whether mode is "softmax", tau as a float, and eps raised to the
-        smallest float32 at least eps (float32_at_least).
+        (k, softmax, tau, eps): k as an int, whether mode is "softmax", tau as a float, and eps
+        raised to the smallest float32 at least eps (float32_at_least).
 
     Raises:
         TypeError: an argument of the wrong type.
@@ -48,12 +48,12 @@ def check_select_args(logits, k, mode, tau, eps) -> tuple[bool, float, float]:
     """
     check_tensor("logits", logits, _dispatch.FLOAT_DTYPES, 2)
     _dispatch.check_width("D (logits.shape[1])", logits.shape[1])
-    check_int("k", k, 1, logits.shape[1])
+    k = check_int("k", k, 1, logits.shape[1])
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     tau = check_float("tau", tau, 0.0, MAX_TEMPERATURE, open_min=True)
     eps = check_float("eps", eps, 0.0, 1.0, open_min=True, open_max=True)
-    return mode == "softmax", tau, float32_at_least(eps)
+    return k, mode == "softmax", tau, float32_at_least(eps)
 
 
 def float32_at_least(value: float) -> float:
@@ -76,13 +76,16 @@ def float32_at_least(value: float) -> float:
     return float32(nearest + unit)  # exact in float64; above the largest float32: inf
 
 
-def check_mask_args(logits, x, mask_id) -> None:
+def check_mask_args(logits, x, mask_id) -> int:
     """Validate the mask arguments of planner_mask and planner_select_mask.
 
     Args:
         logits: the op's `logits` [B, D].
         x: the op's `x`, Long[B, D] on logits' device.
         mask_id: the op's `mask_id`, in [0, 2**62].
+
+    Returns:
+        mask_id as an int.
 
     Raises:
         TypeError: x is not an int64 tensor, or mask_id not an int.
@@ -91,7 +94,7 @@ def check_mask_args(logits, x, mask_id) -> None:
     check_tensor("x", x, (torch.int64,), 2)
     check_shape("x", x, tuple(logits.shape))
     check_same_device("x", x, logits, "logits")
-    check_int("mask_id", mask_id, 0, 2**62)
+    return check_int("mask_id", mask_id, 0, 2**62)
 
 
 def check_triton_width(length: int) -> None:
@@ -331,7 +334,7 @@ def planner_select_reference(
     Raises:
         What ddpd.ops.planner_select raises.
     """
-    softmax, tau, eps = check_select_args(logits, k, mode, tau, eps)
+    k, softmax, tau, eps = check_select_args(logits, k, mode, tau, eps)
     rows, length = logits.shape
     counters = rng.resolve_stream(noise, (rows, length), logits, seed, offset, generator, row_ids)
     rng.check_noise_values(noise)
@@ -371,8 +374,8 @@ def planner_select_mask_reference(
     Raises:
         What ddpd.ops.planner_select_mask raises.
     """
-    softmax, tau, eps = check_select_args(logits, k, mode, tau, eps)
-    check_mask_args(logits, x, mask_id)
+    k, softmax, tau, eps = check_select_args(logits, k, mode, tau, eps)
+    mask_id = check_mask_args(logits, x, mask_id)
     counters, (mask_offset, mask_offset_t) = resolve_pair(noise, mask_noise, logits, seed, offset, mask_offset,
                                                            generator, row_ids)
     rows, length = logits.shape
@@ -554,7 +557,7 @@ def planner_select(
         ValueError: a shape, device or value out of range.
     """
     _dispatch.refuse_transforms("planner_select", logits, noise, row_ids)
-    softmax, tau, eps = check_select_args(logits, k, mode, tau, eps)
+    k, softmax, tau, eps = check_select_args(logits, k, mode, tau, eps)
     seed, offset, seed_t, offset_t = rng.resolve_stream(noise, tuple(logits.shape), logits, seed, offset, generator,
                                                         row_ids)
     noise, row_ids = _dispatch.contiguous(noise, row_ids)
@@ -606,8 +609,8 @@ def planner_select_mask(
         ValueError: a shape, device or value out of range.
     """
     _dispatch.refuse_transforms("planner_select_mask", logits, x, noise, mask_noise, row_ids)
-    softmax, tau, eps = check_select_args(logits, k, mode, tau, eps)
-    check_mask_args(logits, x, mask_id)
+    k, softmax, tau, eps = check_select_args(logits, k, mode, tau, eps)
+    mask_id = check_mask_args(logits, x, mask_id)
     (seed, offset, seed_t, offset_t), (mask_offset, mask_offset_t) = resolve_pair(
         noise, mask_noise, logits, seed, offset, mask_offset, generator, row_ids)
     noise, mask_noise, row_ids = _dispatch.contiguous(noise, mask_noise, row_ids)

@@ -87,10 +87,10 @@ def setup(sampler: str, batch_size, length, vocab_size, *, steps, temperature, s
             sampler without a planner.
         ValueError: a value out of range, or a prompt or labels that do not fit the batch.
     """
-    check_int("batch_size", batch_size, 1)
-    check_int("length", length, 1)
-    check_int("vocab_size", vocab_size, 2)
-    check_int("steps", steps, 1, 2**61)  # noise offsets step * 8 + stream stay distinct mod 2**64
+    batch_size = check_int("batch_size", batch_size, 1)
+    length = check_int("length", length, 1)
+    vocab_size = check_int("vocab_size", vocab_size, 2)
+    steps = check_int("steps", steps, 1, 2**61)  # noise offsets step * 8 + stream stay distinct mod 2**64
     if not isinstance(temperature, Temperature):
         temperature = Temperature(temperature)
     schedule = get_schedule(schedule)

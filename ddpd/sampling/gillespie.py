@@ -136,8 +136,8 @@ def ddpd_sample(
                        steps=steps, temperature=temperature, schedule=schedule, seed=seed,
                        generator=generator, noise=noise, device=device, prompt=prompt, guidance=guidance,
                        truncation=truncation, execution=execution)
-    networks = _PlannerDenoiser(planner, denoiser, vocab_size, time_conditioned_planner)
-    return _algorithm1(run, draws, ddpd.check(length, steps), networks, denoiser_type == "mask")
+    networks = _PlannerDenoiser(planner, denoiser, run.vocab_size, time_conditioned_planner)
+    return _algorithm1(run, draws, ddpd.check(run.length, run.steps), networks, denoiser_type == "mask")
 
 
 @explains_moved_keywords
@@ -216,7 +216,7 @@ def ddpd_sample_uniform(
                        generator=generator, noise=noise, device=device, prompt=prompt, guidance=guidance,
                        truncation=truncation, execution=execution)
     networks = _UniformModel(model, run, ddpd.selection, reuse=ddpd.clock == "exact")
-    return _algorithm1(run, draws, ddpd.check(length, steps), networks, masked=False)
+    return _algorithm1(run, draws, ddpd.check(run.length, run.steps), networks, masked=False)
 
 
 # ---------------------------------------------------------------------------------------------- networks

@@ -143,8 +143,8 @@ class DDPDOptions:
         object.__setattr__(self, "stop", check_choice("stop", stop, STOPS))
         object.__setattr__(self, "eps", check_float("eps", self.eps, 0.0, 1.0, open_min=True, open_max=True))
         object.__setattr__(self, "t_end", check_float("t_end", self.t_end, 0.0, 1.0, open_min=True, open_max=True))
-        check_int("k", self.k, 1)
-        check_int("parallel_steps", self.parallel_steps, 0)
+        object.__setattr__(self, "k", check_int("k", self.k, 1))
+        object.__setattr__(self, "parallel_steps", check_int("parallel_steps", self.parallel_steps, 0))
         if self.k > 1 and self.parallel_steps == 0:  # it would never be read
             raise ValueError(f"k={self.k} acts in the parallel stage only: give parallel_steps > 0 too (not with a "
                              "policy, which decides how many positions a step denoises)")
@@ -218,7 +218,7 @@ class Truncation:
 
     def __post_init__(self) -> None:
         if self.top_k is not None:
-            check_int("top_k", self.top_k, 1)
+            object.__setattr__(self, "top_k", check_int("top_k", self.top_k, 1))
         if self.top_p is not None:
             object.__setattr__(self, "top_p", check_float("top_p", self.top_p, 0.0, 1.0, open_min=True))
         if self.min_p is not None:
@@ -256,7 +256,7 @@ class Execution:
 
     def __post_init__(self) -> None:
         check_bool("fused", self.fused)
-        check_int("sync_every", self.sync_every, 1)
+        object.__setattr__(self, "sync_every", check_int("sync_every", self.sync_every, 1))
         check_bool("compaction", self.compaction)
         check_choice("dtype", self.dtype, DTYPES)
         check_choice("graphs", self.graphs, GRAPHS)

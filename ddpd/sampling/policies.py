@@ -99,12 +99,12 @@ class ErrorBudget:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "bound", check_float("bound", self.bound, 0.0, float("inf"), open_max=True))
-        check_int("max_k", self.max_k, 1)
+        object.__setattr__(self, "max_k", check_int("max_k", self.max_k, 1))
         check_choice("order", self.order, ORDERS)
         check_choice("spread", self.spread, SPREADS)
         if not isinstance(self.known_noise, bool):
             raise TypeError(f"known_noise must be a bool, got {type(self.known_noise).__name__}")
-        check_int("plan_every", self.plan_every, 1)
+        object.__setattr__(self, "plan_every", check_int("plan_every", self.plan_every, 1))
         object.__setattr__(self, "choice_temperature", check_float("choice_temperature", self.choice_temperature,
                                                                    0.0, float("inf"), open_max=True))
         if self.revise_above is not None:

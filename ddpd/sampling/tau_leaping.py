@@ -107,7 +107,7 @@ def tau_leaping_mask(
     def one_step(i, temperature, last: bool, check: bool) -> None:
         remask_p = 0.0 if last else min(1.0, eta * grid.dt)
         masked = batch.x == run.mask_id  # never a frozen position: those hold their given values
-        u = run.noise.uniform(i, EVENT, batch.rows, length)
+        u = run.noise.uniform(i, EVENT, batch.rows, run.length)
         unmask = masked & happens(u, row(grid.jumps, i))
         remask = _free(batch, ~masked & happens(u, remask_p))
         x = torch.where(remask, torch.full_like(batch.x, run.mask_id), batch.x)
@@ -192,9 +192,9 @@ def tau_leaping_uniform(
     grid = _Grid(run, batch.x.device)
 
     def one_step(i, temperature, last: bool, check: bool) -> None:
-        logits = batch.denoiser(model, batch.x, grid.t(i, len(batch)), vocab_size, "model")
+        logits = batch.denoiser(model, batch.x, grid.t(i, len(batch)), run.vocab_size, "model")
         p_stay = extended_softmax(logits, log=True).gather(-1, batch.x[..., None]).squeeze(-1).exp()
-        jump = happens(run.noise.uniform(i, EVENT, batch.rows, length), row(grid.jumps, i) * (1.0 - p_stay))
+        jump = happens(run.noise.uniform(i, EVENT, batch.rows, run.length), row(grid.jumps, i) * (1.0 - p_stay))
         jump = _free(batch, jump)
         # New values exclude the current one: the rate is defined for j != x_t^d only.
         tokens = draws.tokens_everywhere(i, batch.rows, logits, temperature, exclude=batch.x)
@@ -294,10 +294,10 @@ def tau_leaping_planned(
         t = grid.t(i, len(batch))
         logits = batch.planner(planner, batch.x, t) if time_conditioned else batch.planner(planner, batch.x)
         p = _free(batch, torch.sigmoid(logits))  # a frozen position is never noise
-        jump = happens(run.noise.uniform(i, EVENT, batch.rows, length), row(grid.jumps, i) * p)
+        jump = happens(run.noise.uniform(i, EVENT, batch.rows, run.length), row(grid.jumps, i) * p)
         x_in, t_in = batch.x, t
         if denoiser_type == "mask":
-            z = happens(run.noise.uniform(i, MASK, batch.rows, length), p) | jump
+            z = happens(run.noise.uniform(i, MASK, batch.rows, run.length), p) | jump
             x_in = torch.where(z, torch.full_like(batch.x, run.mask_id), batch.x)
             t_in = mask_time(z.sum(-1), run)
         batch.x.copy_(_draw_where(run, draws, batch, denoiser, i, batch.x, x_in, jump, t_in, temperature))

@@ -154,10 +154,10 @@ class TrainConfig:
             raise ValueError(f"tiktoken (a GPT-2 ranks file) needs tokenizer 'gpt2', got {self.tokenizer!r}")
         for name in ("steps", "batch_size", "seq_len", "d_model", "n_layers", "n_heads", "grad_accum",
                      "eval_every", "eval_batches", "save_every"):
-            check_int(name, getattr(self, name), 1)
-        check_int("warmup", self.warmup, 0)
-        check_int("seed", self.seed, 0, 2**63 - 1)
-        check_int("num_classes", self.num_classes, 0)
+            setattr(self, name, check_int(name, getattr(self, name), 1))
+        self.warmup = check_int("warmup", self.warmup, 0)
+        self.seed = check_int("seed", self.seed, 0, 2**63 - 1)
+        self.num_classes = check_int("num_classes", self.num_classes, 0)
         self._check_numbers()
         if not 0 < self.lr <= MAX_LR:
             raise ValueError(f"lr must be in (0, {MAX_LR:.6g}], got {self.lr}")
@@ -680,7 +680,7 @@ class Trainer:
         """
         config = self.config
         if stop_at is not None:
-            check_int("stop_at", stop_at, 0)
+            stop_at = check_int("stop_at", stop_at, 0)
         stop_at = config.steps if stop_at is None else min(stop_at, config.steps)
         tokens_per_step = config.batch_size * config.grad_accum * config.seq_len * self.dist.world_size
         if self.step == 0 and not self.history:

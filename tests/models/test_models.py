@@ -2,6 +2,7 @@
 hidden states and head, validation, determinism. (Attention dispatch, precision, class
 labels and adapters have their own test modules.)"""
 import itertools
+import json
 import math
 import re
 
@@ -77,6 +78,21 @@ def test_config_rejects_bad_fields(fields, error):
     base = dict(vocab_size=V, out_dim=V, d_model=32, n_layers=2, n_heads=4)
     with pytest.raises(error):
         TransformerConfig(**{**base, **fields})
+
+
+def test_config_takes_numpy_integers_and_keeps_ints():
+    """A numpy integer field (a size computed with numpy) was refused as not an int; taken, it
+    is kept as an int, so the config equals the int-built one and config.json holds it."""
+    plain = config_for("mask-denoiser", V, D, **SMALL, num_classes=2)
+    cfg = TransformerConfig(**{name: np.int64(value) if type(value) is int else value
+                               for name, value in plain.to_dict().items()})
+    assert cfg == plain and hash(cfg) == hash(plain)
+    assert all(type(value) is not np.int64 for value in cfg.to_dict().values())
+    assert TransformerConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == plain
+    assert config_for("mask-denoiser", np.int32(V), np.int64(D), **SMALL, num_classes=2) == plain
+    for value in (True, 32.0, np.float64(32), torch.tensor(32)):
+        with pytest.raises(TypeError, match=f"^TransformerConfig.d_model: expected int, got {type(value).__name__}"):
+            TransformerConfig(vocab_size=V, out_dim=V, d_model=value)
 
 
 def test_config_from_dict_rejects_unknown_and_missing():

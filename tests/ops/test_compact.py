@@ -1,6 +1,7 @@
 """compact_fixed and scatter_back: the C++ kernels against their torch references and
 the round trip compact_fixed -> scatter_back, for random batch sizes, capacities and
 active patterns (none, all, any), several dtypes and trailing shapes."""
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
@@ -356,3 +357,14 @@ def test_the_ops_exist_in_a_fresh_process_after_importing_ddpd_ops():
               "print('ok')\n")
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=HANG_GUARD_SECONDS)
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-2000:]
+
+
+@pytest.mark.parametrize("op", [compact_fixed, compact_fixed_reference])
+def test_a_numpy_integer_capacity_compacts_as_an_int_does(op):
+    """A numpy capacity (a row count computed with numpy) was refused as not an int."""
+    active = torch.tensor([True, False, True, True])
+    got, want = op(active, np.int64(3), torch.arange(4.0)), op(active, 3, torch.arange(4.0))
+    assert torch.equal(got.tensors[0], want.tensors[0]) and torch.equal(got.index, want.index)
+    assert torch.equal(got.count, want.count)
+    with pytest.raises(TypeError, match="^capacity must be an int, got float32"):
+        op(active, np.float32(3))

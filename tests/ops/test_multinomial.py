@@ -663,3 +663,13 @@ def test_opcheck_and_compile():
         raising(weights)
     # torch before 2.9 names the ValueError's type, not its message: "Observed exception ... ValueError"
     assert re.search(r"check_valid=False|Observed exception(.|\n)*ValueError", str(refused.value)), refused.value
+
+
+@pytest.mark.parametrize("op", [multinomial, multinomial_reference])
+def test_a_numpy_integer_k_draws_what_the_int_draws(op):
+    """A numpy k (a count computed with numpy) was refused as not an int."""
+    weights = torch.rand(3, 6, generator=torch.Generator().manual_seed(0))
+    got, want = op(weights, np.int64(4), seed=np.uint32(7)), op(weights, 4, seed=7)
+    assert torch.equal(got.tokens, want.tokens) and torch.equal(got.valid, want.valid)
+    with pytest.raises(TypeError, match="^k must be an int, got float64"):
+        op(weights, np.float64(4), seed=7)

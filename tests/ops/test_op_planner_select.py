@@ -4,14 +4,17 @@ import itertools
 import math
 import os
 import random
+import re
 import struct
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import Phase, given, settings, strategies as st
 from scipy import stats
 
 from ddpd.ops import rng
+from ddpd.ops.planner_mask import planner_mask, planner_mask_reference
 from ddpd.ops.planner_select import (
     check_select_args,
     float32_at_least,
@@ -29,7 +32,7 @@ CHI2_MIN_P = 1e-3  # a distribution test fails when its chi-square p-value is be
 
 def triton_select(logits, k=1, mode="sigmoid", tau=1.0, eps=0.01, seed=None, offset=0, row_ids=None, noise=None):
     """The Triton kernel on CPU tensors (TRITON_INTERPRET=1), arguments as the public op."""
-    softmax, tau, eps = check_select_args(logits, k, mode, tau, eps)
+    k, softmax, tau, eps = check_select_args(logits, k, mode, tau, eps)
     counters = rng.resolve_stream(noise, tuple(logits.shape), logits, seed, offset, None, row_ids)
     return planner_select_triton(logits, k, softmax, tau, eps, noise, counters, row_ids)
 
@@ -461,3 +464,33 @@ def test_sum_p_of_a_short_row_is_rounded_once():
     for _, sum_p, _ in (planner_select_reference(logits, seed=0), planner_select(logits, seed=0),
                         triton_select(logits, seed=0)):
         assert torch.equal(sum_p, want)
+
+
+PLAN_OPS = {  # name -> (op, its call with the int arguments given by the function `i`)
+    "planner_select": (planner_select, lambda op, w, x, i: op(w, k=i(3), seed=i(5), offset=i(2))),
+    "planner_select_reference": (planner_select_reference, lambda op, w, x, i: op(w, k=i(3), seed=i(5))),
+    "planner_select_mask": (planner_select_mask, lambda op, w, x, i: op(w, x, i(9), k=i(2), seed=i(5))),
+    "planner_select_mask_reference": (planner_select_mask_reference,
+                                      lambda op, w, x, i: op(w, x, i(9), k=i(2), seed=i(5))),
+    "planner_mask": (planner_mask, lambda op, w, x, i: op(w, x, None, i(9), seed=i(5))),
+    "planner_mask_reference": (planner_mask_reference, lambda op, w, x, i: op(w, x, None, i(9), seed=i(5))),
+}
+
+
+@pytest.mark.parametrize("name", PLAN_OPS)
+@pytest.mark.parametrize("integer", [np.int64, np.int32, np.uint8])
+def test_numpy_integer_arguments_draw_what_ints_draw(name, integer):
+    """k and mask_id given as numpy integers (a k computed with numpy) were refused as not an
+    int; they draw exactly what the same ints draw."""
+    op, call = PLAN_OPS[name]
+    logits = torch.randn(4, 7, generator=torch.Generator().manual_seed(0))
+    x = torch.randint(0, 9, (4, 7), generator=torch.Generator().manual_seed(1))
+    for got, want in zip(call(op, logits, x, integer), call(op, logits, x, int)):
+        assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("k, given", [(True, "bool True"), (2.0, "float 2.0"), (np.float32(2), "float32"),
+                                      ("2", "str '2'"), (torch.tensor([2]), "Tensor"), (np.array(2), "ndarray")])
+def test_a_k_that_is_not_an_integer_scalar_is_still_refused(k, given):
+    with pytest.raises(TypeError, match=f"^k must be an int, got {re.escape(given)}"):
+        planner_select(torch.zeros(2, 4), k=k, seed=0)

@@ -6,9 +6,11 @@ tests/data/pinned_samples.json holds, per case, the tokens, stop steps and step 
 batch of 6 (tiny random transformers, V = 27 and V = 300 so the categorical draw has one tile
 and two) and 2 samples of the bundled text8 model.
 """
+import dataclasses
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -78,6 +80,28 @@ def test_samples_are_pinned(nets, name, fused):
     with torch.inference_mode():
         result = sampler(*(nets[vocab][r] for r in roles), 6, 8, vocab, **kwargs, execution=Execution(fused=fused))
     assert_pinned(name, result)
+
+
+def numpy_ints(value):
+    """value with every int in it (keywords, DDPDOptions fields) a numpy integer."""
+    if isinstance(value, dict):
+        return {name: numpy_ints(v) for name, v in value.items()}
+    if isinstance(value, DDPDOptions):
+        return dataclasses.replace(value, k=np.int64(value.k), parallel_steps=np.int32(value.parallel_steps))
+    return np.int64(value) if type(value) is int else value
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["reference", "fused"])
+@pytest.mark.parametrize("name", [name for name in CASES if name.endswith("V27")])
+def test_numpy_integer_arguments_draw_the_pinned_samples(nets, name, fused):
+    """Sizes, steps, seeds and options given as numpy integers (a budget computed with numpy)
+    were refused as not ints: they draw the pinned samples, and the result holds ints."""
+    vocab, (sampler, roles, kwargs) = CASES[name]
+    with torch.inference_mode():
+        result = sampler(*(nets[vocab][r] for r in roles), np.int64(6), np.int32(8), np.int64(vocab),
+                         **numpy_ints(kwargs), execution=Execution(fused=fused, sync_every=np.int64(8)))
+    assert_pinned(name, result)
+    assert type(result.steps) is int
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["reference", "fused"])

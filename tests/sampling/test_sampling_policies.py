@@ -6,16 +6,19 @@
     (c) a wrong planner is caught; (d) the mask loop's policies: fused and reference draw the same
     tokens, and their total variation to p_data against their mean passes is tabled.
 """
+import dataclasses
+import json
 import math
 import re
 
+import numpy as np
 import pytest
 import torch
 
 from ddpd.sampling import Execution, NaNOutputWarning, Prompt, ddpd_sample, ddpd_sample_uniform, mask_sample
 from ddpd.sampling.common import row
 from ddpd.sampling.gillespie import _unwritten_first
-from ddpd.sampling.options import DDPDOptions
+from ddpd.sampling.options import DDPDOptions, Truncation
 from ddpd.sampling.policies import (
     MAX_TABLE_STEPS,
     ConfidenceFactor,
@@ -107,6 +110,52 @@ def test_error_budget_commits_several_tokens_a_step_and_fused_draws_the_referenc
     assert torch.equal(reference.passes, fused.passes)
     steps = reference.stop_step.clamp(min=1)
     assert bool((reference.commits > steps).any()), "no step committed more than one token"
+
+
+NUMPY_OPTIONS = [  # an options object whose int fields are given by the function `i`
+    lambda i: ErrorBudget(2.0, max_k=i(4), plan_every=i(2), known_noise=True),
+    lambda i: DDPDOptions(stop="budget", k=i(3), parallel_steps=i(2)),
+    lambda i: DDPDOptions(policy=ErrorBudget(max_k=i(3))),
+    lambda i: Truncation(top_k=i(5), top_p=0.9),
+    lambda i: Execution(sync_every=i(4)),
+]
+
+
+@pytest.mark.parametrize("integer", [np.int64, np.int32, np.uint16])
+@pytest.mark.parametrize("build", NUMPY_OPTIONS, ids=lambda build: type(build(int)).__name__)
+def test_options_take_numpy_integers_and_keep_ints(build, integer):
+    """An options object with numpy integer fields (a budget computed with numpy) was refused
+    as not an int; it keeps ints, equals and hashes as the int-built one, and its fields are JSON."""
+    options, plain = build(integer), build(int)
+    assert options == plain and hash(options) == hash(plain)
+    fields = dataclasses.asdict(options)
+    assert json.loads(json.dumps(fields)) == dataclasses.asdict(plain)
+    ints = [v for v in fields.values() if isinstance(v, (int, np.integer)) and not isinstance(v, bool)]
+    assert ints and all(type(v) is int for v in ints)
+
+
+@pytest.mark.parametrize("build", [lambda v: ErrorBudget(max_k=v), lambda v: ErrorBudget(plan_every=v),
+                                   lambda v: DDPDOptions(k=v, parallel_steps=1), lambda v: Truncation(top_k=v),
+                                   lambda v: Execution(sync_every=v)])
+@pytest.mark.parametrize("value", [True, 2.0, np.float64(2), np.bool_(True)])
+def test_options_still_refuse_a_bool_or_a_float_as_an_int(build, value):
+    with pytest.raises(TypeError, match=f" must be an int, got {type(value).__name__} "):
+        build(value)
+
+
+@pytest.mark.parametrize("kind", ["mask", "uniform", "model"])
+def test_numpy_integer_policy_fields_draw_what_ints_draw(kind):
+    """ErrorBudget's max_k and plan_every, and the run's sizes, given as numpy integers."""
+    def run(i):
+        policy = DDPDOptions(policy=ErrorBudget(3.0, max_k=i(4), plan_every=i(2)))
+        sizes = (i(6), i(D), i(27))
+        if kind == "model":
+            return ddpd_sample_uniform(NETWORKS["model"], *sizes, steps=i(12), seed=i(3), ddpd=policy)
+        return ddpd_sample(NETWORKS["planner"], NETWORKS[kind], *sizes, steps=i(12), seed=i(3), denoiser_type=kind,
+                           ddpd=policy)
+
+    got, want = run(np.int64), run(int)
+    assert torch.equal(got.tokens, want.tokens) and torch.equal(got.commits, want.commits)
 
 
 @pytest.mark.parametrize("kind", ["mask", "uniform"])

@@ -318,6 +318,24 @@ def test_numpy_numbers_are_recorded_as_json_numbers(corpus, tmp_path):
     json.dumps(cfg.to_dict())
 
 
+INT_SETTINGS = ("steps", "batch_size", "seq_len", "d_model", "n_layers", "n_heads", "grad_accum", "eval_every",
+                "eval_batches", "save_every", "warmup", "seed", "num_classes")
+
+
+def test_numpy_integers_are_taken_and_recorded_as_ints(corpus, tmp_path):
+    """A numpy integer setting (a step count computed with numpy) was refused as not an int;
+    taken, it is kept as an int, which config.json holds and which equals the int-built config."""
+    import numpy as np
+
+    plain = config(corpus, tmp_path / "p")
+    cfg = config(corpus, tmp_path / "p", **{name: np.int64(getattr(plain, name)) for name in INT_SETTINGS})
+    assert [type(getattr(cfg, name)) for name in INT_SETTINGS] == [int] * len(INT_SETTINGS)
+    assert cfg == plain and json.loads(json.dumps(cfg.to_dict())) == plain.to_dict()
+    for value, given in ((True, "bool True"), (8.0, "float 8.0"), (np.float64(8), "float64")):
+        with pytest.raises(TypeError, match=f"^steps must be an int, got {given}"):
+            config(corpus, tmp_path / "p", steps=value)
+
+
 def test_a_torch_device_is_recorded_by_its_name(corpus, tmp_path):
     """A torch.device, which every other device argument takes, trained the whole run, then
     failed at its first save: config.json could not hold it."""
