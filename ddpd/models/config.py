@@ -70,8 +70,9 @@ class TransformerConfig:
             raise ValueError(
                 "TransformerConfig: rotary embeddings need an even head dimension d_model / n_heads, "
                 f"got {self.d_model} / {self.n_heads} = {self.d_model // self.n_heads}")
-        if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)):
+        if isinstance(self.dropout, bool) or not isinstance(self.dropout, numbers.Real):  # numpy's floats too
             raise TypeError(f"TransformerConfig.dropout: expected float, got {type(self.dropout).__name__}")
+        object.__setattr__(self, "dropout", float(self.dropout))  # config.json holds no numpy float32
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"TransformerConfig.dropout: expected in [0, 1), got {self.dropout}")
         if self.norm not in NORMS:

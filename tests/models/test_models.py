@@ -95,6 +95,14 @@ def test_config_takes_numpy_integers_and_keeps_ints():
             TransformerConfig(vocab_size=V, out_dim=V, d_model=value)
 
 
+@pytest.mark.parametrize("dropout", [np.float32(0.25), np.float64(0.25), 0.25])
+def test_config_takes_a_numpy_float_dropout_and_keeps_a_float(dropout):
+    """A numpy float32 dropout was refused as not a float (a float64 was kept as numpy's)."""
+    cfg = TransformerConfig(vocab_size=V, out_dim=V, dropout=dropout)
+    assert type(cfg.dropout) is float and cfg == TransformerConfig(vocab_size=V, out_dim=V, dropout=0.25)
+    json.dumps(cfg.to_dict())
+
+
 def test_config_from_dict_rejects_unknown_and_missing():
     good = TransformerConfig(vocab_size=V, out_dim=V).to_dict()
     with pytest.raises(ValueError, match="unknown"):
