@@ -11,6 +11,7 @@ docs/sampling.md, section "Internals: the running batch", says how and why.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import warnings
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -659,3 +660,34 @@ def has_head(model: Callable) -> bool:
     head = getattr(model, "head", None)
     return (callable(getattr(model, "hidden", None)) and isinstance(head, torch.nn.Linear)
             and head.weight.dtype in HEAD_DTYPES)
+
+
+def check_hidden(name: str, model: Callable, labels: bool) -> None:
+    """Check, before the first step, that the fused run can call a network with a head (has_head)
+    as it will: hidden(x, t), with labels=... under guidance. Reads the signature of
+    `hidden` once; the network is not called.
+
+    Args:
+        name: the network's argument name, for the message.
+        model: the denoiser.
+        labels: whether the run passes labels= (guidance).
+
+    Raises:
+        TypeError: `hidden` takes no such call (it takes only x, or no labels), naming the
+            network and what it must define.
+    """
+    if not has_head(model):
+        return
+    hidden = model.hidden
+    try:  # a layer's signature is its forward's (its __call__ takes *args)
+        signature = inspect.signature(hidden.forward if isinstance(hidden, torch.nn.Module) else hidden)
+    except (TypeError, ValueError):  # a builtin or C callable: nothing to read, the call will say
+        return
+    call = "hidden(x, t, labels=...)" if labels else "hidden(x, t)"
+    try:
+        signature.bind(None, None, **({"labels": None} if labels else {}))
+    except TypeError as error:
+        raise TypeError(f"{name} ({type(model).__name__}) has an nn.Linear head, so the fused run calls its {call}, "
+                        f"but its hidden{signature} cannot be called so ({error}): define {call} returning "
+                        f"the hidden states Float[B, D, H] that head maps to the logits (see docs/api.md), "
+                        f"or name them otherwise for the run to call {name}(x, t) whole") from None

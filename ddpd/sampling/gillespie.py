@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from ddpd.process import Schedule, denoiser_log_prob_from_uniform, planner_prob_from_uniform
-from ddpd.sampling.batch import RunningBatch, SampleResult, extended_softmax
+from ddpd.sampling.batch import RunningBatch, SampleResult, check_hidden, extended_softmax
 from ddpd.sampling.common import Run, expand, on_device, row, run_steps, setup, start, subset, write
 from ddpd.sampling.draws import Draws
 from ddpd.sampling.noise import ACCEPT, BELOW_ONE, CLOCK, CONFIDENCE, NoiseSource, exponential, gumbel
@@ -136,6 +136,8 @@ def ddpd_sample(
                        steps=steps, temperature=temperature, schedule=schedule, seed=seed,
                        generator=generator, noise=noise, device=device, prompt=prompt, guidance=guidance,
                        truncation=truncation, execution=execution)
+    if execution.fused:  # the one call the fused run makes that the reference does not
+        check_hidden("denoiser", denoiser, labels=run.condition is not None)
     networks = _PlannerDenoiser(planner, denoiser, run.vocab_size, time_conditioned_planner)
     return _algorithm1(run, draws, ddpd.check(run.length, run.steps), networks, denoiser_type == "mask")
 

@@ -570,6 +570,37 @@ def test_a_head_with_another_vocabulary_is_refused():
         ddpd_sample(M.planner, MaskColumn(), 2, 4, 3, steps=3, seed=0, execution=Execution(fused=True))
 
 
+class _HiddenOfX(_HiddenElsewhere):
+    """A denoiser whose hidden takes x alone (the examples' split): never to be called here."""
+
+    def hidden(self, x):
+        raise AssertionError("the check must not call the network")
+
+
+class _LinearHidden(torch.nn.Module):
+    """A denoiser whose `hidden` is a layer, not a method of (x, t)."""
+
+    def __init__(self):
+        super().__init__()
+        self.hidden, self.head = torch.nn.Linear(4, 4), torch.nn.Linear(4, 3)
+
+
+@pytest.mark.parametrize("network,guidance,call,given", [
+    (_HiddenOfX, None, r"hidden\(x, t\)", r"hidden\(x\)"),
+    (_LinearHidden, None, r"hidden\(x, t\)", r"hidden\(input: torch.Tensor\) -> torch.Tensor"),
+    (_HiddenElsewhere, Guidance(torch.tensor([0, 1]), scale=2.0), r"hidden\(x, t, labels=\.\.\.\)",
+     r"hidden\(x, t\)"),
+], ids=["x only", "a layer", "no labels"])
+def test_a_hidden_the_fused_run_cannot_call_is_named_before_the_first_step(network, guidance, call, given):
+    """The fused run calls denoiser.hidden(x, t): a hidden(x) failed inside the first step with a
+    bare TypeError about positional arguments that named neither the network nor its contract."""
+    with pytest.raises(TypeError, match=rf"^denoiser \({network.__name__}\) has an nn.Linear head, so the fused "
+                                        rf"run calls its {call}, but its {given} cannot be called so .*: "
+                                        rf"define {call} returning the hidden states"):
+        ddpd_sample(M.planner, network(), 2, 4, 3, steps=3, seed=0, guidance=guidance,
+                    execution=Execution(fused=True))
+
+
 class _Uniforms:
     """A NoiseSource of the caller's own that returns what `make` makes of the right uniforms."""
 
