@@ -471,8 +471,16 @@ def multinomial_from_logits_reference(logits, k: int, temperature: float = 1.0, 
     return _from_logits(multinomial_reference, logits, k, temperature, replacement, stream)
 
 
+STREAM_KEYWORDS = ("seed", "offset", "generator", "row_ids", "noise", "check_valid")
+
+
 def _from_logits(draw, logits, k, temperature, replacement, stream) -> Draw:
     """draw (multinomial or its reference) of logit_weights, its invalid rows named as logits."""
+    # **stream passes on to multinomial, whose own refusal would name it, not this op
+    unknown = [name for name in stream if name not in STREAM_KEYWORDS]
+    if unknown:
+        raise TypeError(f"multinomial_from_logits() got an unexpected keyword argument {unknown[0]!r} "
+                        f"(it takes k, temperature, replacement and {', '.join(STREAM_KEYWORDS)})")
     check_valid = stream.pop("check_valid", True)
     out = draw(logit_weights(logits, temperature), k, replacement, check_valid=False, **stream)
     return finish(out.tokens, out.valid, check_valid, _logits_need(logits, k, replacement), "logits")

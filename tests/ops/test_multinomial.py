@@ -529,6 +529,18 @@ def test_multinomial_from_logits_refuses_rows_of_no_logits(shape):
             draw(torch.zeros(shape), 1, seed=0)
 
 
+@pytest.mark.parametrize("keyword", ["top_k", "seeed"])
+def test_multinomial_from_logits_names_itself_for_an_unknown_keyword(keyword):
+    """A keyword it does not take (sample_categorical's top_k, a typo) was refused as
+    "multinomial() got an unexpected keyword argument" (multinomial_reference() for the
+    reference): a function the caller never called."""
+    for draw in (multinomial_from_logits, multinomial_from_logits_reference):
+        with pytest.raises(TypeError, match=rf"^multinomial_from_logits\(\) got an unexpected keyword argument "
+                                            rf"'{keyword}' \(it takes k, temperature, replacement and seed, offset, "
+                                            rf"generator, row_ids, noise, check_valid\)$"):
+            draw(torch.zeros(2, 3), 1, **{keyword: 1})
+
+
 def test_multinomial_from_logits_takes_numpy_temperatures():
     """A numpy float32 temperature (a value read from an array) was refused with "temperature
     must be a float, got float32", where sample_categorical and planner_select take it."""
