@@ -130,6 +130,20 @@ MAX_THREADS = 1024  # torch.set_num_threads(100000) ends the process with a segm
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 
 
+def check_seed(seed: Optional[int]) -> None:
+    """Check --seed (if given) is in [0, 2**63), the range every tool takes (ddpd-train's
+    TrainConfig refuses more).
+
+    Args:
+        seed: the --seed value, or None.
+
+    Raises:
+        UsageError: out of range.
+    """
+    if seed is not None and not 0 <= seed < 2**63:
+        raise UsageError(f"--seed must be in [0, 2**63), got {seed}")
+
+
 def check_threads(threads: Optional[int]) -> None:
     """Check --threads (if given) is in range, or else OMP_NUM_THREADS (if set) is a positive int.
 

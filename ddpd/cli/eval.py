@@ -36,6 +36,7 @@ from ddpd.cli.common import (
     check_checkpoints,
     check_data,
     check_first,
+    check_seed,
     check_threads,
     load_role,
     refuse_empty_paths,
@@ -598,8 +599,9 @@ COMMANDS = {"elbo": run_elbo, "quality": run_quality, "merge": run_merge, "compa
 
 
 # The numeric flags of every command with the bounds the evaluation enforces, checked
-# before any model is loaded, so that a bad value is a usage error naming its flag.
-INT_FLAGS = {"seed": (0, 2**64 - 1), "batch_size": (1, None), "num_sequences": (1, None), "mc_samples": (1, None),
+# before any model is loaded, so that a bad value is a usage error naming its flag
+# (--seed by check_seed, in ddpd-sample's range).
+INT_FLAGS = {"batch_size": (1, None), "num_sequences": (1, None), "mc_samples": (1, None),
              "num_samples": (1, None), "reference_sequences": (1, None), "steps": (1, None), "budgets": (1, None),
              "target_steps": (1, None)}
 # name: (low, high, open below, open above); temperatures up to MAX_TEMPERATURE
@@ -762,7 +764,7 @@ def _checkpoints(args: argparse.Namespace) -> list[tuple[str, str]]:
 
 def check_args(args: argparse.Namespace) -> None:
     """The numeric flags of every command against the bounds the evaluation enforces
-    (INT_FLAGS, FLOAT_FLAGS), and the sweep's lists against repeats (SWEEP_LISTS), before any
+    (--seed, INT_FLAGS, FLOAT_FLAGS), and the sweep's lists against repeats (SWEEP_LISTS), before any
     model is loaded.
 
     Args:
@@ -775,6 +777,7 @@ def check_args(args: argparse.Namespace) -> None:
     from ddpd.validation import check_float, check_int
 
     values = functools.partial(_values, args)
+    check_seed(getattr(args, "seed", None))
     try:
         for name, (low, high) in INT_FLAGS.items():
             for value in values(name):

@@ -37,6 +37,7 @@ from ddpd.cli.common import (
     check_checkpoints,
     check_finite,
     check_first,
+    check_seed,
     check_threads,
     flag_error,
     load_role,
@@ -607,8 +608,7 @@ def check_command_line(args) -> None:
         value = getattr(args, flag)
         if value is not None and value < 1:
             raise UsageError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
-    if not 0 <= args.seed < 2**63:
-        raise UsageError(f"--seed must be in [0, 2**63), got {args.seed}")
+    check_seed(args.seed)
     if args.sync_every is None:
         args.sync_every = SYNC_EVERY
     elif not args.fused:  # the reference run checks its stops every step

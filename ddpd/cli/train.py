@@ -27,6 +27,7 @@ from ddpd.cli.common import (
     check_checkpoints,
     check_data,
     check_first,
+    check_seed,
     check_threads,
     flag_error,
     resolve_device,
@@ -129,12 +130,13 @@ def check_command_line(args: argparse.Namespace) -> None:
         args: the parsed command line.
 
     Raises:
-        UsageError: a missing or unusable --data or --tiktoken, a bad --threads, or an --out that
+        UsageError: a missing or unusable --data or --tiktoken, a bad --threads or --seed, or an --out that
             is the working directory or holds it.
         InputError: a --resume checkpoint directory that is not there.
         ddpd.files.OutputLockedError: no checkpoint to --resume, and another run writes --out.
     """
     check_threads(getattr(args, "threads", None))
+    check_seed(getattr(args, "seed", None))
     try:  # before any training: every save replaces --out by a rename
         refuse_working_directory(args.out)
     except OutputError as err:

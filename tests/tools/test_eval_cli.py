@@ -553,6 +553,9 @@ def test_convergence_rows_do_not_depend_on_the_batch_size(setup, capsys):
     (["elbo", "--uniform", "{uniform}", "--data", "{data}", "--mc-samples", "0"], "--mc-samples must be >= 1", 2),
     (["elbo", "--uniform", "{uniform}", "--data", "{data}", "--t-max", "1"], "--t-max must be in (0.0, 1.0)", 2),
     (["elbo", "--uniform", "{uniform}", "--data", "{data}", "--seed", "-1"], "--seed must be in [0, ", 2),
+    # ddpd-sample's range and wording: 2**63 and above were taken
+    (["elbo", "--uniform", "{uniform}", "--data", "{data}", "--seed", str(2**63)],
+     f"--seed must be in [0, 2**63), got {2**63}\n", 2),
     # the boundaries of the ranges: the first value refused
     (["elbo", "--uniform", "{uniform}", "--data", "{data}", "--batch-size", "0"], "--batch-size must be >= 1, got 0",
      2),

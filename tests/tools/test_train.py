@@ -1114,6 +1114,15 @@ def test_cli_refuses_an_out_of_another_library(corpus, tmp_path, capsys):
     assert (out / "model.safetensors").read_text() == "weights"
 
 
+@pytest.mark.parametrize("seed", [-1, 2**63])
+def test_cli_refuses_a_seed_as_ddpd_sample_does(corpus, tmp_path, capsys, seed):
+    """--seed 2**63 said "--seed must be in [0, 9223372036854775807]", not ddpd-sample's
+    "--seed must be in [0, 2**63)": one range, one wording, before anything is written."""
+    code, out_text, err = run_cli(capsys, "planner", "--data", corpus, "--out", tmp_path / "p", "--seed", seed)
+    assert code == 2 and out_text == "" and err == f"ddpd-train: error: --seed must be in [0, 2**63), got {seed}\n"
+    assert not (tmp_path / "p").exists()
+
+
 def test_cli_refuses_the_working_directory_as_out_before_training(corpus, tmp_path, capsys, monkeypatch):
     """`--out .` trained, then the checkpoint's swap replaced the working directory: the shell
     was left in a deleted directory."""
