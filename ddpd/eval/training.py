@@ -1,7 +1,7 @@
 """What a set of training runs cost and reached: one row per ddpd-train checkpoint.
 
 Read from the checkpoint alone (config.json and the training state's history), so the
-table can be written wherever the runs finished: kind, size, batch, steps done, the
+table can be written wherever the runs finished: kind, directory, size, batch, steps done, the
 training seconds and throughput, and the first, best and last validation losses. A
 checkpoint kept without its training state (a bundle of ddpd.pretrained) gives its size,
 settings and step only.
@@ -15,10 +15,11 @@ from collections.abc import Sequence
 from ddpd.checkpoint import STATE_META, CheckpointError, load_train_state, read_config
 from ddpd.eval.report import markdown_table
 
-TRAINING_COLUMNS = (("kind", "Network", ""), ("parameters", "Parameters", ","), ("d_model", "d_model", ""),
-                    ("n_layers", "Layers", ""), ("n_heads", "Heads", ""), ("dropout", "Dropout", ""),
-                    ("batch_size", "Batch", ""), ("seq_len", "Length", ""), ("lr", "Peak LR", "g"),
-                    ("step", "Steps", ""), ("train_seconds", "Train seconds", ".0f"),
+# the run's directory beside its kind: two runs of one kind are told apart
+TRAINING_COLUMNS = (("kind", "Network", ""), ("run", "Run", ""), ("parameters", "Parameters", ","),
+                    ("d_model", "d_model", ""), ("n_layers", "Layers", ""), ("n_heads", "Heads", ""),
+                    ("dropout", "Dropout", ""), ("batch_size", "Batch", ""), ("seq_len", "Length", ""),
+                    ("lr", "Peak LR", "g"), ("step", "Steps", ""), ("train_seconds", "Train seconds", ".0f"),
                     ("tokens_per_s", "Tokens/s", ",.0f"), ("first_val_loss", "Val loss at 0", ".4f"),
                     ("best_val_loss", "Best val loss", ".4f"), ("best_step", "at step", ""),
                     ("final_train_loss", "Final train loss", ".4f"), ("final_val_loss", "Final val loss", ".4f"))
@@ -59,7 +60,7 @@ def training_row(path: str) -> dict:
         path: the checkpoint directory.
 
     Returns:
-        The row: kind, size, steps, seconds, tokens/s and the losses.
+        The row: kind, the directory as given, size, steps, seconds, tokens/s and the losses.
 
     Raises:
         CheckpointError: not a checkpoint with a training record.
@@ -75,7 +76,7 @@ def training_row(path: str) -> dict:
     trained = [h for h in history if h.get("train_loss") is not None]
     seconds = meta.get("train_seconds")
     step = meta["step"] if meta else config.get("step")
-    return {"kind": config["kind"], "parameters": _parameters(path, config),
+    return {"kind": config["kind"], "run": os.fspath(path), "parameters": _parameters(path, config),
             **{k: training.get(k) for k in ("d_model", "n_layers", "n_heads", "dropout", "batch_size", "seq_len",
                                               "lr", "steps", "max_time")},
             "step": step if isinstance(step, int) else None, "train_seconds": seconds,

@@ -513,6 +513,22 @@ def test_training_command_reports_the_runs(setup, tmp_path, capsys):
     assert code == 1 and f"checkpoint {runs[1]}: " in err and "vocab_size" in err, err
 
 
+def test_training_rows_name_their_runs(setup, tmp_path, capsys):
+    """Two planner runs gave two rows both called "planner": each row names its directory, as given."""
+    import shutil
+
+    runs = [setup["planner"], str(tmp_path / "planner-copy")]
+    shutil.copytree(runs[0], runs[1])
+    code, out, err = _run(capsys, "training", *runs, "--out-dir", tmp_path / "report")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0].startswith("| Network | Run | Parameters | d_model |")
+    assert [line.split(" | ")[:2] for line in lines[2:4]] == [["| planner", run] for run in runs]
+    assert out.startswith((tmp_path / "report" / "training.md").read_text())
+    with open(tmp_path / "report" / "training.json") as f:
+        assert [row["run"] for row in json.load(f)] == runs
+
+
 def test_convergence_command(setup, capsys):
     p = setup
     out_dir = p["root"] / "convergence"
