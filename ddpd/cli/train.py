@@ -173,6 +173,18 @@ def _checked_config(args: argparse.Namespace):
         raise flag_error(err, [action.dest for action in build_parser()._actions]) from None
 
 
+def _check_fresh_out(out: str) -> None:
+    """A fresh run's --out that no save may replace (files of someone else's, a bundle): a
+    command-line mistake, refused as one (exit status 2) before the corpus is read, on every
+    process (the trainer checks it again under the output's lock)."""
+    from ddpd.checkpoint import CheckpointError, ensure_replaceable
+
+    try:
+        ensure_replaceable(out)
+    except CheckpointError as err:
+        raise UsageError(str(err)) from None
+
+
 def _resume_command(trainer) -> str:
     """The command that continues the run bit for bit: as many processes (the checkpoint records
     them) and threads (torch's reductions split by them; the checkpoint does not record them),
@@ -219,7 +231,7 @@ def run(args: argparse.Namespace, state: dict) -> int:
 
     Raises:
         UsageError: a setting the configuration refuses, a --resume with changed settings, or a
-            fresh run into an --out that holds a checkpoint.
+            fresh run into an --out that holds a checkpoint or other files.
         Interrupted: a signal stopped the run before its checkpoint.
     """
     from ddpd.cli.common import Interrupted
@@ -229,6 +241,8 @@ def run(args: argparse.Namespace, state: dict) -> int:
 
     apply_threads(getattr(args, "threads", None))
     config = _checked_config(args)
+    if not args.resume:
+        _check_fresh_out(config.out)
     stdout = Stdout()  # a reader of the log that goes away (| head) does not stop the training
     try:
         trainer = Trainer(config, resume=args.resume, progress=args.progress, log=stdout.print,

@@ -1109,7 +1109,7 @@ def test_cli_refuses_an_out_of_another_library(corpus, tmp_path, capsys):
     (out / "model.safetensors").write_text("weights")
     code, _, err = run_cli(capsys, "planner", "--data", corpus, "--out", out, "--steps", 1, "--batch-size", 2,
                            "--seq-len", 8, "--d-model", 16, "--n-layers", 1, "--n-heads", 2, "--no-progress")
-    assert code == 1 and err == f"ddpd-train: error: refusing to replace {out}: not a ddpd checkpoint " \
+    assert code == 2 and err == f"ddpd-train: error: refusing to replace {out}: not a ddpd checkpoint " \
                                 "(its config.json records no ddpd kind and sha256)\n"
     assert (out / "model.safetensors").read_text() == "weights"
 
@@ -1121,6 +1121,23 @@ def test_cli_refuses_a_seed_as_ddpd_sample_does(corpus, tmp_path, capsys, seed):
     code, out_text, err = run_cli(capsys, "planner", "--data", corpus, "--out", tmp_path / "p", "--seed", seed)
     assert code == 2 and out_text == "" and err == f"ddpd-train: error: --seed must be in [0, 2**63), got {seed}\n"
     assert not (tmp_path / "p").exists()
+
+
+def test_cli_refuses_an_out_of_other_files_as_a_usage_error(corpus, tmp_path, capsys, monkeypatch):
+    """--out DIR of other files exited 1, after the process group and the output's lock; every
+    other refusal of the command line exits 2, before the corpus is read."""
+    out = tmp_path / "notes"
+    out.mkdir()
+    (out / "todo.txt").write_text("mine")
+
+    def no_corpus(*args, **kwargs):
+        raise AssertionError("the corpus was read")
+
+    monkeypatch.setattr("ddpd.training.trainer.load_text", no_corpus)
+    code, out_text, err = run_cli(capsys, "planner", "--data", corpus, "--out", out, "--steps", 1)
+    assert code == 2 and out_text == "" and err == (f"ddpd-train: error: refusing to replace {out}: it is neither "
+                                                    "empty nor a ddpd checkpoint\n"), err
+    assert os.listdir(out) == ["todo.txt"] and (out / "todo.txt").read_text() == "mine"
 
 
 def test_cli_refuses_the_working_directory_as_out_before_training(corpus, tmp_path, capsys, monkeypatch):
