@@ -32,7 +32,7 @@ from ddpd.training.sources import (  # noqa: F401  (re-exported)
     is_labelled,
     resolve_source,
 )
-from ddpd.validation import require_extra
+from ddpd.validation import check_int, require_extra
 
 TEXT8_ALPHABET = " abcdefghijklmnopqrstuvwxyz"
 GPT2_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
@@ -586,17 +586,13 @@ def chunk(tokens: Tensor, seq_len: int) -> Tensor:
 
     Returns:
         Long[N // seq_len, seq_len].
+
+    Raises:
+        TypeError, ValueError: `seq_len` is not an int >= 1 (numpy's integers are ints).
     """
-    _check_positive("seq_len", seq_len)
+    seq_len = check_int("seq_len", seq_len, 1)
     n = tokens.numel() // seq_len
     return tokens[: n * seq_len].reshape(n, seq_len)
-
-
-def _check_positive(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
 
 
 class RandomCrops:
@@ -610,8 +606,7 @@ class RandomCrops:
     """
 
     def __init__(self, tokens: Union[Tensor, Records], seq_len: int, batch_size: int, seed: int):
-        _check_positive("seq_len", seq_len)
-        _check_positive("batch_size", batch_size)
+        seq_len, batch_size = check_int("seq_len", seq_len, 1), check_int("batch_size", batch_size, 1)
         if isinstance(tokens, Tensor) and tokens.dim() == 1:
             tokens = Records.stream(tokens)
         if not isinstance(tokens, Records):
@@ -698,9 +693,9 @@ def evaluation_batches(tokens: Union[Tensor, Records], seq_len: int, batch_size:
         TypeError, ValueError: `seq_len`, `batch_size` or `max_batches` is not an int >= 1.
         ValueError: no record holds `seq_len` tokens.
     """
-    _check_positive("seq_len", seq_len)  # else a division by zero or a negative range in torch
-    _check_positive("max_batches", max_batches)
-    _check_positive("batch_size", batch_size)
+    seq_len = check_int("seq_len", seq_len, 1)  # else a division by zero or a negative range in torch
+    max_batches = check_int("max_batches", max_batches, 1)
+    batch_size = check_int("batch_size", batch_size, 1)
     records = tokens if isinstance(tokens, Records) else Records.stream(tokens)
     counts = records.lengths // seq_len
     starts = torch.cat([torch.zeros(0, dtype=torch.long)] +

@@ -4,6 +4,7 @@ import json
 import re
 from fractions import Fraction
 
+import numpy as np
 import pytest
 import torch
 from scipy.stats import chisquare
@@ -333,6 +334,23 @@ def test_evaluation_batches_validation():
         evaluation_batches(torch.arange(10), 2.0, 2, 2)
     with pytest.raises(ValueError, match=r"seq_len must be <= the number of evaluation tokens of a record \(10\)"):
         evaluation_batches(torch.arange(10), 11, 2, 2)
+
+
+def test_batch_sizes_take_numpy_integers():
+    """seq_len, batch_size and max_batches computed with numpy were refused as "not an int"."""
+    tokens = torch.arange(100)
+    seq_len, batch_size = np.int64(10), np.int32(4)
+    assert torch.equal(chunk(tokens, seq_len), chunk(tokens, 10))
+    crops = RandomCrops(tokens, seq_len, batch_size, seed=3)
+    assert type(crops.seq_len) is int and type(crops.batch_size) is int
+    assert torch.equal(next(crops), next(RandomCrops(tokens, 10, 4, seed=3)))
+    batches = evaluation_batches(tokens, seq_len, batch_size, np.uint8(2))
+    assert torch.equal(torch.cat(batches), torch.cat(evaluation_batches(tokens, 10, 4, 2)))
+    for bad in (np.float64(10.0), np.bool_(True), True):
+        with pytest.raises(TypeError, match="seq_len must be an int"):
+            chunk(tokens, bad)
+    with pytest.raises(ValueError, match="batch_size must be >= 1, got 0"):
+        RandomCrops(tokens, 10, np.int64(0), seed=0)
 
 
 # ---------------------------------------------------------------- labelled corpora
