@@ -189,9 +189,13 @@ def ddpd_steps(passes: int, policy: Optional[ErrorBudget] = None) -> int:
 
     Returns:
         The number of steps, at least 1 (a budget below ddpd_passes(1, policy) buys none).
+
+    Raises:
+        TypeError: `passes` is not an int (numpy's integers are), or `policy` not an ErrorBudget.
+        ValueError: `passes` is below 1.
     """
-    every = 1 if policy is None else policy.plan_every
-    unread = policy is not None and policy.skips_first_plan(prompted=False)
+    passes = check_int("passes", passes, 1)
+    every, unread = _plan_cost(policy)
     # s steps cost s + ceil(s / m) - unread passes, = ceil(s (m + 1) / m) - unread
     return max(1, (passes + unread) * every // (every + 1))
 
@@ -206,10 +210,23 @@ def ddpd_passes(steps: int, policy: Optional[ErrorBudget] = None) -> int:
 
     Returns:
         The passes.
+
+    Raises:
+        TypeError: `steps` is not an int (numpy's integers are), or `policy` not an ErrorBudget.
+        ValueError: `steps` is below 1.
     """
-    every = 1 if policy is None else policy.plan_every
-    unread = policy is not None and policy.skips_first_plan(prompted=False)
+    steps = check_int("steps", steps, 1)
+    every, unread = _plan_cost(policy)
     return steps + -(-steps // every) - unread
+
+
+def _plan_cost(policy: Optional[ErrorBudget]) -> tuple[int, int]:
+    """(plan_every, 1 if the first step reads no planner pass else 0) of a DDPD run's policy."""
+    if policy is not None and not isinstance(policy, ErrorBudget):  # a mask-loop policy has no planner passes
+        raise TypeError(f"policy must be an ErrorBudget or None, got {type(policy).__name__}")
+    if policy is None:
+        return 1, 0
+    return policy.plan_every, int(policy.skips_first_plan(prompted=False))
 
 
 def annealed(choice_temperature: float, step, steps: int):

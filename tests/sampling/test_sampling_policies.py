@@ -609,6 +609,24 @@ def test_ddpd_passes_is_what_ddpd_steps_spends(plan_every, known_noise):
     assert ddpd_passes(1) == 2 and ddpd_passes(1, ErrorBudget(known_noise=True)) == 1
 
 
+def test_ddpd_steps_and_passes_check_their_counts():
+    """A float or bool count went through (ddpd_steps(12.5) was 6.0), a numpy one came back numpy."""
+    from ddpd.sampling.policies import ddpd_passes
+
+    policy = ErrorBudget(0.0, 4, plan_every=3)
+    for count, policy_ in ((np.int64(13), None), (np.int32(13), policy), (np.uint8(13), policy)):
+        assert type(ddpd_steps(count, policy_)) is int and ddpd_steps(count, policy_) == ddpd_steps(13, policy_)
+        assert type(ddpd_passes(count, policy_)) is int and ddpd_passes(count, policy_) == ddpd_passes(13, policy_)
+    for function, name in ((ddpd_steps, "passes"), (ddpd_passes, "steps")):
+        for bad in (12.5, 12.0, True, np.float64(12.0), "12", torch.tensor(12)):
+            with pytest.raises(TypeError, match=f"^{name} must be an int"):
+                function(bad)
+        with pytest.raises(ValueError, match=f"^{name} must be >= 1, got 0"):
+            function(np.int64(0))
+        with pytest.raises(TypeError, match="policy must be an ErrorBudget or None, got MaskGIT"):
+            function(8, MaskGIT())
+
+
 def test_error_budget_law_at_bound_0_is_algorithm_1s():
     problem = toy("dir S3 D3")
     one = laws.ddpd_planner_clock_law(problem, 4, ddpd=DDPDOptions(stop="budget"))
