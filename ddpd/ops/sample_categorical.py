@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import numbers
 import operator
 from typing import Optional
 
@@ -71,16 +72,18 @@ def noise_width(vocab_size: int) -> int:
     """Uniforms per row that explicit `noise` of a draw over vocab_size tokens must hold.
 
     Args:
-        vocab_size: V, an int >= 1.
+        vocab_size: V, an int >= 1 (numpy's integers too).
 
     Returns:
-        V token uniforms plus one a tile of TILE tokens.
+        V token uniforms plus one a tile of TILE tokens, a Python int.
 
     Raises:
         ValueError: vocab_size is not an int >= 1.
     """
-    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
+    # numbers.Integral holds numpy's integers, not bools, floats or tensors
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, numbers.Integral) or vocab_size < 1:
         raise ValueError(f"vocab_size must be an int >= 1, got {vocab_size!r}")
+    vocab_size = operator.index(vocab_size)
     return vocab_size + n_tiles(vocab_size)
 
 

@@ -442,6 +442,15 @@ def test_the_reference_checks_its_arguments(call, match):
         call()
 
 
+def test_noise_width_takes_integer_scalars():
+    """A numpy vocabulary size (logits.shape of an array, a config read with numpy) was refused."""
+    for vocab in (np.int64(300), np.int32(300), np.uint16(300)):
+        assert type(noise_width(vocab)) is int and noise_width(vocab) == noise_width(300) == 302
+    for bad in (300.0, np.float64(300.0), True, np.bool_(True), torch.tensor(300), "300", np.int64(0)):
+        with pytest.raises(ValueError, match="vocab_size must be an int >= 1"):
+            noise_width(bad)
+
+
 def test_calls_under_a_default_device_keep_their_checks():
     """torch.set_default_device and `with torch.device(...)` are torch-function modes, which
     the ops took for tracing: per-row controls went unchecked and multinomial refused every
