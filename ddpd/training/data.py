@@ -14,6 +14,8 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import numbers
+import operator
 import os
 import re
 from collections.abc import Iterable, Sequence
@@ -49,10 +51,12 @@ _TEXT8_TABLE = bytes.maketrans(TEXT8_ALPHABET.encode("ascii"), bytes(range(len(T
 def _check_ids(ids: Iterable[int], vocab_size: int, owner: str) -> list:
     ids = ids.tolist() if isinstance(ids, Tensor) else list(ids)
     for i, token in enumerate(ids):
-        if isinstance(token, bool) or not isinstance(token, int):
+        # numbers.Integral: numpy's integers (a numpy array's items) too, not bools or floats
+        if isinstance(token, bool) or not isinstance(token, numbers.Integral):
             raise TypeError(f"{owner}.decode: ids[{i}] must be an int, got {type(token).__name__} {token!r}")
         if not 0 <= token < vocab_size:
             raise ValueError(f"{owner}.decode: ids[{i}] must be in [0, {vocab_size}), got {token}")
+        ids[i] = operator.index(token)  # tiktoken takes Python ints only
     return ids
 
 
@@ -110,7 +114,7 @@ class Text8Tokenizer:
         """The text of token ids.
 
         Args:
-            ids: ints in [0, 27).
+            ids: ints in [0, 27) (numpy's integers too: a numpy array).
 
         Returns:
             The text.
@@ -205,7 +209,7 @@ class GPT2Tokenizer:
         """The text of token ids.
 
         Args:
-            ids: ints in [0, 50257).
+            ids: ints in [0, 50257) (numpy's integers too: a numpy array).
 
         Returns:
             The text.

@@ -86,6 +86,18 @@ def test_text8_decode_rejects_bad_ids():
         tok.encode(b"abc")
 
 
+def test_decode_takes_numpy_integers(gpt2):
+    """ids from a numpy array (np.int64 items) were refused as "must be an int"."""
+    for tok, ids in ((Text8Tokenizer(), [8, 9, 0, 20]), (gpt2, [15496, 995])):
+        assert tok.decode(np.array(ids)) == tok.decode([np.int32(i) for i in ids]) == tok.decode(ids)
+    with pytest.raises(TypeError, match=r"ids\[0\] must be an int, got float64"):
+        Text8Tokenizer().decode(np.array([1.0, 2.0]))
+    with pytest.raises(TypeError, match=r"ids\[0\] must be an int, got bool"):
+        gpt2.decode(np.array([True]))
+    with pytest.raises(ValueError, match=r"ids\[0\] must be in \[0, 27\), got 27"):
+        Text8Tokenizer().decode(np.array([27]))
+
+
 def test_gpt2_known_ids_and_round_trip(gpt2):
     assert gpt2.vocab_size == 50257
     assert gpt2.encode("Hello world") == [15496, 995]
