@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import operator
 from typing import Optional, Union
 
 import torch
@@ -254,7 +255,7 @@ def check_labels(labels: Optional[Union[torch.Tensor, int]], batch: int, num_cla
     CPU only (on CUDA it would cost a host sync per call).
 
     Args:
-        labels: Long[B] class ids in [0, num_classes], an int for every row, or None.
+        labels: Long[B] class ids in [0, num_classes], an int for every row (numpy's integers too), or None.
         batch: B.
         num_classes: the network's classes (0: not class-conditional).
         device: where the network runs.
@@ -273,7 +274,8 @@ def check_labels(labels: Optional[Union[torch.Tensor, int]], batch: int, num_cla
         return None
     if labels is None:
         return torch.full((batch,), num_classes, dtype=torch.long, device=device)
-    if isinstance(labels, int) and not isinstance(labels, bool):
+    if isinstance(labels, numbers.Integral) and not isinstance(labels, bool):  # numpy's integers too
+        labels = operator.index(labels)
         if not 0 <= labels <= num_classes:
             raise ValueError(f"labels: expected class ids in [0, {num_classes}] ({num_classes} = null), got {labels}")
         return torch.full((batch,), labels, dtype=torch.long, device=device)

@@ -3,6 +3,7 @@ by adaLN like t, a null label (id num_classes) serves classifier-free guidance, 
 calls without labels keep working."""
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -89,6 +90,21 @@ def test_labels_condition_every_kind(kind):
     assert (a - b).abs().amax() > 1e-3
     torch.testing.assert_close(default, null, rtol=0, atol=0)  # no labels = the null label
     torch.testing.assert_close(as_int, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("kind", MODEL_KINDS)
+def test_a_numpy_integer_label_is_an_int_label(kind):
+    """labels=np.int64(3) (a class id picked with numpy) was refused as "expected ... an int or None"."""
+    model = make(kind)
+    x = tokens(model)
+    with torch.no_grad():
+        expected = call(model, x, labels=3)
+        for label in (np.int64(3), np.int32(3), np.uint8(3)):
+            torch.testing.assert_close(call(model, x, labels=label), expected, rtol=0, atol=0)
+    with pytest.raises(ValueError, match=rf"labels: expected class ids in \[0, {C}\]"):
+        call(model, x, labels=np.int64(C + 1))
+    with pytest.raises(TypeError, match="labels: expected a torch.int64 tensor"):
+        call(model, x, labels=np.bool_(True))
 
 
 def test_fresh_model_ignores_labels_until_trained():
