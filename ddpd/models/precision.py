@@ -134,13 +134,25 @@ class CompiledMethod:
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        self.compiled = torch.compile(getattr(type(self.model), self.name), backend=self.backend)
+        method = getattr(type(self.model), self.name)
+        self.compiled = torch.compile(method, backend=self.backend)
+        # inspect.signature reads this: a caller that checks how the method takes its
+        # arguments (sampling's check_hidden) sees the method's, not __call__'s (*args, **kwargs)
+        self.__signature__ = _bound_signature(method, self.model)
 
     def __getstate__(self) -> dict:
         return {"model": self.model, "name": self.name, "backend": self.backend}
 
     def __call__(self, *args, **kwargs):
         return self.compiled(self.model, *args, **kwargs)
+
+
+def _bound_signature(method, model: nn.Module) -> Optional[inspect.Signature]:
+    """The signature of `method` bound to `model` (without self), or None where it has none to read."""
+    try:
+        return inspect.signature(method.__get__(model, type(model)))
+    except (TypeError, ValueError):
+        return None
 
 
 def compile_for_sampling(model: nn.Module, backend: Optional[str] = "inductor") -> nn.Module:

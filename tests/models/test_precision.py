@@ -293,6 +293,37 @@ def test_compiled_networks_copy_pickle_and_recompile(dynamo):
                                                                                           "hidden.bias"]
 
 
+class _HiddenOfX(torch.nn.Module):
+    """A network split as in examples/tiny_networks.py: hidden takes x alone."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed, self.head = torch.nn.Embedding(V + 1, 4), torch.nn.Linear(4, V)
+
+    def hidden(self, x):
+        return self.embed(x)
+
+    def forward(self, x, t):
+        return self.head(self.hidden(x))
+
+
+def test_compiled_methods_keep_their_signatures(dynamo):
+    """A compiled hidden showed (*args, **kwargs), so the fused run's check that the denoiser's
+    hidden takes (x, t) passed a compiled hidden(x), which then failed inside the first step."""
+    import inspect
+
+    from ddpd.sampling.batch import check_hidden
+
+    network, model = compile_for_sampling(_HiddenOfX(), "eager"), compile_for_sampling(make("mask-denoiser"), "eager")
+    assert str(inspect.signature(network.hidden)) == "(x)" and str(inspect.signature(network.forward)) == "(x, t)"
+    assert inspect.signature(model.hidden) == inspect.signature(type(model).hidden.__get__(model))
+    with pytest.raises(TypeError, match=r"^denoiser \(_HiddenOfX\) has an nn.Linear head, so the fused run calls "
+                                        r"its hidden\(x, t\), but its hidden\(x\) cannot be called so"):
+        check_hidden("denoiser", network, labels=False)
+    check_hidden("denoiser", model, labels=True)  # hidden(x, t, labels=None): taken
+    assert str(inspect.signature(copy.deepcopy(network).hidden)) == "(x)"
+
+
 def test_compile_for_sampling_rejects_bad_arguments():
     model = make("planner")
     for backend in ("fast", "tvm", "cudagraphs", "relu_compile_error_TESTING_ONLY"):
