@@ -151,7 +151,7 @@ class TrainConfig:
                 raise TypeError(f"{name} must be a non-empty path, got {getattr(self, name)!r}")
         check_choice("tokenizer", self.tokenizer, TOKENIZERS)
         if self.tiktoken and self.tokenizer != "gpt2":
-            raise ValueError(f"tiktoken (a GPT-2 ranks file) needs tokenizer 'gpt2', got {self.tokenizer!r}")
+            raise ValueError(f"tiktoken (a GPT-2 ranks file) needs tokenizer='gpt2', got tokenizer={self.tokenizer!r}")
         for name in ("steps", "batch_size", "seq_len", "d_model", "n_layers", "n_heads", "grad_accum",
                      "eval_every", "eval_batches", "save_every"):
             setattr(self, name, check_int(name, getattr(self, name), 1))

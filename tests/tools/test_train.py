@@ -269,7 +269,7 @@ def test_max_time_stops_and_checkpoints(corpus, tmp_path, monkeypatch):
     ({"grad_clip": float("nan")}, "grad_clip must be finite and >= 0"),
     ({"weight_decay": float("inf")}, "weight_decay must be finite and >= 0"),
     ({"seed": 2**64}, r"seed must be in \[0, 9223372036854775807\]"), ({"ema": 1.0}, r"ema must be in \[0.0, 1.0\)"),
-    ({"tiktoken": "x.tiktoken"}, "needs tokenizer 'gpt2'"), ({"schedule": "square"}, "schedule must be one of"),
+    ({"tiktoken": "x.tiktoken"}, "needs tokenizer='gpt2'"), ({"schedule": "square"}, "schedule must be one of"),
     ({"batch_size": 2.5}, "batch_size must be an int"), ({"min_lr": 1.0}, "min_lr must be in"),
     ({"max_time": 0.0}, "max_time must be a finite number of seconds > 0"),
     ({"max_time": float("inf")}, "max_time must be a finite number of seconds > 0, got inf"),  # not JSON
@@ -1223,6 +1223,8 @@ def test_cli_trains_and_resumes(corpus, tmp_path, capsys):
     (["planner", "--data", "{corpus}", "--out", "{tmp}/o", "--device", "tpu"], "--device must be", 2),
     (["planner", "--data", "{corpus}", "--out", "{tmp}/o", "--tokenizer", "gpt2", "--tiktoken", "/no/file"],
      "--tiktoken: no such file", 2),
+    (["planner", "--data", "{corpus}", "--out", "{tmp}/o", "--tiktoken", "{corpus}"],  # named "tokenizer 'gpt2'"
+     "--tiktoken (a GPT-2 ranks file) needs --tokenizer gpt2, got --tokenizer text8", 2),
     (["planner", "--data", "{tmp}/mixed-case.txt", "--out", "{tmp}/o"], "only space and a-z", 1),
 ])
 def test_cli_errors_are_one_line(corpus, tmp_path, capsys, argv, message, status):
