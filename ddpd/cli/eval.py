@@ -72,8 +72,8 @@ def _common(p: argparse.ArgumentParser, *, data_required: Optional[bool]) -> Non
                        help="held-out text: a file (text8 format for text8 models), books, text8 or hf:NAME")
         p.add_argument("--split", default="test", choices=("train", "validation", "test"),
                        help="which 90/5/5 split of --data to use (default test)")
-    p.add_argument("--seed", type=int, default=0, help="(default 0)")
-    p.add_argument("--batch-size", type=int, default=32, help="(default 32)")
+    p.add_argument("--seed", type=int, default=0, help="seed of every random draw (default 0)")
+    p.add_argument("--batch-size", type=int, default=32, help="sequences per batch (default 32)")
     add_runtime_arguments(p)
     p.add_argument("--no-progress", dest="progress", action="store_false",
                    help="no progress bars (shown on a terminal only)")
@@ -100,8 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p, data_required=False)
     p.add_argument("--judge", required=True, help="autoregressive judge checkpoint (kind ar)")
     p.add_argument("--samplers", nargs="+", help=SAMPLER_HELP)
-    p.add_argument("--steps", nargs="+", type=int, default=[64, 128, 256, 512], help="(default: 64 128 256 512)")
-    p.add_argument("--temperatures", nargs="+", type=float, default=[0.8, 0.9, 1.0], help="(default: 0.8 0.9 1.0)")
+    p.add_argument("--steps", nargs="+", type=int, default=[64, 128, 256, 512],
+                   help="step budgets to sweep (default: 64 128 256 512)")
+    p.add_argument("--temperatures", nargs="+", type=float, default=[0.8, 0.9, 1.0],
+                   help="denoiser temperatures to sweep (default: 0.8 0.9 1.0)")
     p.add_argument("--eta", nargs="+", type=float, default=DEFAULT_ETAS,
                    help="DFM tau-leaping stochasticities (default: 0 15)")
     p.add_argument("--eps", type=float, default=DEFAULT_EPS, help="stop criterion of DDPD option A (default 0.01)")
@@ -113,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     _dtype(p)
     p.add_argument("--reference-sequences", type=int, default=256,
                    help="held-out sequences scored as the reference point (needs --data; default 256)")
-    p.add_argument("--out-dir", required=True)
+    p.add_argument("--out-dir", required=True, help="where the reports go: " + ", ".join(REPORTS["quality"][:3]))
 
     p = sub.add_parser("merge", help="merge the sweep.csv files of a quality sweep run in parts")
     p.add_argument("sweeps", nargs="+", metavar="CSV", help="sweep.csv files written by ddpd-eval quality")
@@ -131,13 +133,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("convergence", help="noise left and stopped samples along the DDPD steps")
     _common(p, data_required=None)
-    p.add_argument("--steps", type=int, default=512, help="(default 512)")
-    p.add_argument("--num-samples", type=int, default=64, help="(default 64)")
+    p.add_argument("--steps", type=int, default=512, help="step budget of the DDPD runs (default 512)")
+    p.add_argument("--num-samples", type=int, default=64, help="samples drawn (default 64)")
     p.add_argument("--eps", nargs="+", type=float, default=[0.05, 0.01],
                    help="stop criteria to track (default: 0.05 0.01)")
-    p.add_argument("--temperature", type=float, default=1.0, help="(default 1.0)")
+    p.add_argument("--temperature", type=float, default=1.0, help="denoiser temperature (default 1.0)")
     _dtype(p)
-    p.add_argument("--out-dir", required=True)
+    p.add_argument("--out-dir", required=True, help="where the reports go: " + ", ".join(REPORTS["convergence"]))
     frontier.add_parser(sub)
     return parser
 

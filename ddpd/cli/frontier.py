@@ -65,13 +65,14 @@ def add_parser(sub) -> None:
                         "the steps that plan (every step by default; see plan_every); a mask-loop step is one "
                         "pass. Budgets that buy a configuration the same steps give it one row, the first's "
                         "(default: 32 64 128 256)")
-    p.add_argument("--temperatures", nargs="+", type=float, default=[1.0], help="(default: 1.0)")
+    p.add_argument("--temperatures", nargs="+", type=float, default=[1.0],
+                   help="denoiser temperatures to sweep (default: 1.0)")
     p.add_argument("--target-steps", type=int, default=512, help="steps of the one-at-a-time target (default 512)")
     p.add_argument("--target-temperature", type=float, default=1.0, help="its temperature (default 1.0)")
     p.add_argument("--eps", type=float, default=0.01, help="the ddpd stop criterion (option A; default 0.01)")
     p.add_argument("--num-samples", type=int, default=16, help="samples a configuration (default 16)")
-    p.add_argument("--seed", type=int, default=0, help="(default 0)")
-    p.add_argument("--batch-size", type=int, default=16, help="(default 16)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the samplers' Philox noise (default 0)")
+    p.add_argument("--batch-size", type=int, default=16, help="samples per batch (default 16)")
     p.add_argument("--fused", action="store_true",
                    help="every sampler on its fused path (the same samples with float32 networks)")
     add_runtime_arguments(p)

@@ -107,7 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
     models.add_argument("--checkpoint", help="a bundle (planner/ + denoiser/) or a single checkpoint directory")
     models.add_argument("--planner", help="planner checkpoint directory")
     models.add_argument("--denoiser", help="denoiser checkpoint directory (mask-denoiser, uniform-denoiser, uniform)")
-    p.add_argument("--sampler", choices=FAMILIES, default="ddpd")
+    p.add_argument("--sampler", choices=FAMILIES, default="ddpd",
+                   help="the sampler (default %(default)s); the models each one takes: docs/cli.md")
     p.add_argument("--steps", type=int, help="step budget T (default: the sequence length; twice that with the "
                                              "bundled default model)")
     p.add_argument("--length", type=int, help="sequence length D (default: the models' max_seq_len)")

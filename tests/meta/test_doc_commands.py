@@ -1,6 +1,7 @@
 """Every ddpd-train, ddpd-sample and ddpd-eval command line the README and docs show, in any
 code block, parses with the tool's own parser, and each --policy / --policies spec in it is
 one parse_policy reads: a renamed flag or policy field would otherwise leave the docs behind."""
+import argparse
 import re
 import shlex
 from pathlib import Path
@@ -45,3 +46,29 @@ def test_every_command_line_parses(doc, command):
     for spec in [getattr(args, "policy", None), *(getattr(args, "policies", None) or [])]:
         if spec is not None:
             parse_policy(spec)
+
+
+def _flags() -> list:
+    """(command, action) of every option of every tool and ddpd-eval subcommand, but --help."""
+    found = []
+    for tool, build in PARSERS.items():
+        parsers = [(tool, build())]
+        for name, parser in parsers:
+            for action in parser._actions:
+                if isinstance(action, argparse._SubParsersAction):
+                    parsers += [(f"{name} {sub}", p) for sub, p in action.choices.items()]
+                elif action.option_strings and action.dest != "help":
+                    found.append((name, action))
+    return found
+
+
+FLAGS = _flags()
+
+
+@pytest.mark.parametrize("command, action", FLAGS, ids=[f"{c} {a.option_strings[-1]}" for c, a in FLAGS])
+def test_every_flag_is_in_cli_md_and_says_what_it_is(command, action):
+    """A flag added to a parser is documented in docs/cli.md and --help says what it is (a
+    line that is only its default, or none, left --sampler and --out-dir unexplained)."""
+    flag = action.option_strings[-1]
+    assert re.search(re.escape(flag) + r"(?![\w-])", (ROOT / "docs" / "cli.md").read_text()), flag
+    assert action.help and not action.help.startswith("("), f"{command} {flag}: no help text"
