@@ -69,7 +69,8 @@ def _common(p: argparse.ArgumentParser, *, data_required: Optional[bool]) -> Non
     if data_required is not None:
         p.add_argument("--uniform", help="single uniform-diffusion model checkpoint directory")
         p.add_argument("--data", required=data_required,
-                       help="held-out text: a file (text8 format for text8 models), books, text8 or hf:NAME")
+                       help="held-out text: a file (text8 format for text8 models), books, text8 or "
+                            "hf:NAME[:CONFIG]")
         p.add_argument("--split", default="test", choices=("train", "validation", "test"),
                        help="which 90/5/5 split of --data to use (default test)")
     p.add_argument("--seed", type=int, default=0, help="seed of every random draw (default 0)")
@@ -138,16 +139,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eps", nargs="+", type=float, default=[0.05, 0.01],
                    help="stop criteria to track (default: 0.05 0.01)")
     p.add_argument("--temperature", type=float, default=1.0, help="denoiser temperature (default 1.0)")
-    _dtype(p)
+    _dtype(p, judge=False)
     p.add_argument("--out-dir", required=True, help="where the reports go: " + ", ".join(REPORTS["convergence"]))
     frontier.add_parser(sub)
     return parser
 
 
-def _dtype(p: argparse.ArgumentParser) -> None:
+def _dtype(p: argparse.ArgumentParser, judge: bool = True) -> None:
+    """--dtype; judge: whether the command has a --judge, which it leaves as it is."""
     p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
-                   help="precision of the sampling networks (not the judge): auto (bfloat16 on CUDA, float32 on "
-                        "the CPU), float32, bfloat16, float16")
+                   help=f"precision of the sampling networks{' (not the judge)' if judge else ''}: auto (bfloat16 on "
+                        "CUDA, float32 on the CPU), float32, bfloat16, float16")
 
 
 # ---------------------------------------------------------------- checkpoints

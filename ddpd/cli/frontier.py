@@ -51,7 +51,8 @@ def add_parser(sub) -> None:
     p.add_argument("--judge", required=True,
                    help="an ar checkpoint directory, or ngram[:ORDER] built from --data (exactly: any other value "
                         "is a directory, and ./ngram names one)")
-    p.add_argument("--data", help="the corpus (its train split builds an ngram judge)")
+    p.add_argument("--data", help="the corpus, a file, books, text8 or hf:NAME[:CONFIG] (its train split builds an "
+                                "ngram judge)")
     p.add_argument("--samplers", nargs="+", default=["ddpd", "maskgit"], choices=("ddpd", "maskgit"),
                    help="the samplers that run (default: ddpd maskgit)")
     p.add_argument("--policies", nargs="+", default=DEFAULT_POLICIES, metavar="SPEC",

@@ -1067,6 +1067,19 @@ def test_every_help_that_states_a_default_states_the_parsers():
     assert checked >= 25
 
 
+def test_help_names_only_what_the_command_takes():
+    """convergence's --dtype help excepted "the judge", which convergence has none of, and
+    --data's named hf:NAME where the source is hf:NAME[:CONFIG], as ddpd-train's says."""
+    from ddpd.cli.eval import build_parser
+
+    for command, parser in build_parser()._subparsers._group_actions[0].choices.items():
+        helps = {action.dest: action.help or "" for action in parser._actions}
+        if "judge" not in helps:
+            assert not [dest for dest, text in helps.items() if "judge" in text], command
+        if "data" in helps:
+            assert "hf:NAME[:CONFIG]" in helps["data"], command
+
+
 def test_elbo_reports_the_t_max_and_samples_it_ran_with(setup, capsys, tmp_path):
     """--t-max and --mc-samples reach the estimators (each row records what it ran with) and
     the heading of the table, and the printed columns are the rows' terms."""
