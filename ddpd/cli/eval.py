@@ -56,6 +56,7 @@ if TYPE_CHECKING:
 
 DEFAULT_ETAS = [0.0, 15.0]  # quality's --eta: the dfm-eta0 and dfm-eta15 samplers
 DEFAULT_EPS = 0.01  # quality's --eps: the stop of the ddpd-A-* samplers
+DEFAULT_REFERENCE_SEQUENCES = 256  # quality's --reference-sequences: held-out text of --data
 SAMPLER_HELP = ("ddpd-{A,AB,ABC}-{mask,uniform,uniform-model}, tau-planned-{mask,uniform}, dfm-eta<eta>, "
                 "dfm-uni, maskgit (default: every one the checkpoints allow)")
 
@@ -114,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="every sampler on its fused path (ddpd.sampling.draws): faster, the same samples with "
                         "float32 networks (with bfloat16 ones, the same law)")
     _dtype(p)
-    p.add_argument("--reference-sequences", type=int, default=256,
+    p.add_argument("--reference-sequences", type=int, default=DEFAULT_REFERENCE_SEQUENCES,
                    help="held-out sequences scored as the reference point (needs --data; default 256)")
     p.add_argument("--out-dir", required=True, help="where the reports go: " + ", ".join(REPORTS["quality"][:3]))
 
@@ -724,6 +725,7 @@ def check_command_line(args: argparse.Namespace) -> None:
             raise UsageError(f"no such sweep file: {path}")
     check_checkpoints(*(path for _, path in _checkpoints(args)))
     _check_some_model(args)
+    _refuse_reference_without_data(args)
     if getattr(args, "data", None) is not None:
         check_data(args.data)
         if is_labelled(args.data):
@@ -742,6 +744,18 @@ def _check_some_model(args: argparse.Namespace) -> None:
     hint = "--planner with --denoiser, and/or --uniform" if hasattr(args, "uniform") else \
         "--planner and exactly one --denoiser"
     raise UsageError(f"no model to evaluate: give {hint}")
+
+
+def _refuse_reference_without_data(args: argparse.Namespace) -> None:
+    """quality's --reference-sequences and --split choose the held-out text of --data: given off
+    their defaults without --data they would be ignored (as --eta is refused without a dfm-eta)."""
+    if args.command != "quality" or args.data is not None:
+        return
+    for flag, value, default in (("--reference-sequences", args.reference_sequences, DEFAULT_REFERENCE_SEQUENCES),
+                                 ("--split", args.split, "test")):
+        if value != default:
+            raise UsageError(f"{flag} {value} chooses the held-out text of --data, and none is given: give --data "
+                             f"or leave {flag} out")
 
 
 def _outputs_and_inputs(args: argparse.Namespace) -> tuple[list, list, list]:

@@ -581,6 +581,12 @@ def test_convergence_rows_do_not_depend_on_the_batch_size(setup, capsys):
       "--out-dir", "{root}/q2"], "--reference-sequences must be >= 1, got 0", 2),
     (["quality", "--uniform", "{uniform}", "--judge", "{ar}", "--eps", "1", "--out-dir", "{root}/q2"],
      "--eps must be in (0.0, 1.0), got 1.0", 2),
+    # the held-out reference row without --data: both were ignored
+    (["quality", "--uniform", "{uniform}", "--judge", "{ar}", "--reference-sequences", "64", "--out-dir",
+      "{root}/q2"], "--reference-sequences 64 chooses the held-out text of --data, and none is given: give --data "
+                    "or leave --reference-sequences out", 2),
+    (["quality", "--uniform", "{uniform}", "--judge", "{ar}", "--split", "validation", "--out-dir", "{root}/q2"],
+     "--split validation chooses the held-out text of --data", 2),
     (["frontier", "{planner}", "--judge", "ngram", "--data", "{data}", "--target-steps", "0", "--out-dir",
       "{root}/f2"], "--target-steps must be >= 1, got 0", 2),
     (["quality", "--uniform", "{uniform}", "--judge", "{ar}", "--samplers", "maskgit", "--out-dir", "{root}/q2"],
