@@ -258,11 +258,15 @@ def ngram_order(judge: str) -> Optional[int]:
 
 
 def _judge_order(args):
-    """The n-gram order of --judge ngram[:ORDER], or None for a checkpoint."""
+    """The n-gram order of --judge ngram[:ORDER], or None for a checkpoint (with which --data,
+    read by nothing else, would be ignored: a UsageError)."""
     from ddpd.eval.ngram import MAX_ORDER as MAX_NGRAM_ORDER
 
     order = ngram_order(args.judge)
     if order is None:
+        if args.data is not None:
+            raise UsageError(f"--data builds an ngram judge, and --judge {args.judge} is a checkpoint: leave --data "
+                             "out (or give --judge ngram[:ORDER])")
         return None
     if not 1 <= order <= MAX_NGRAM_ORDER:
         raise UsageError(f"--judge must be a checkpoint directory or ngram[:ORDER] with ORDER in "

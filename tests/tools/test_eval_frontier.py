@@ -614,6 +614,20 @@ def test_a_judge_is_an_ngram_spec_only_when_it_reads_ngram_or_ngram_order(judge,
         assert ngram_order(judge) == order
 
 
+def test_data_with_a_checkpoint_judge_is_refused(tmp_path, capsys):
+    """--data builds the n-gram judge alone: with an ar --judge the run ignored it."""
+    from ddpd.checkpoint import save_bundle, save_checkpoint
+
+    save_bundle(tmp_path / "b", *_tiny("planner"), *_tiny("mask-denoiser"))
+    save_checkpoint(tmp_path / "ar", *_tiny("ar", seq_len=16))
+    out = tmp_path / "o"
+    assert main(["frontier", str(tmp_path / "b"), "--judge", str(tmp_path / "ar"), "--data", "books", *FAST,
+                 "--out-dir", str(out)]) == 2
+    assert capsys.readouterr().err == (f"ddpd-eval: error: --data builds an ngram judge, and --judge {tmp_path / 'ar'} "
+                                       "is a checkpoint: leave --data out (or give --judge ngram[:ORDER])\n")
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("judge", ["ngram:", "ngram:x", "ngram:3x", "ngram:²"])
 def test_ngram_with_a_colon_and_no_order_is_refused(tmp_path, capsys, judge):
     """`--judge ngram:` was taken as ngram:6."""
