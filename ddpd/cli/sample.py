@@ -747,7 +747,8 @@ def warn_if_too_few_steps(args, frozen: Optional[torch.Tensor]) -> None:
         parallel = min(args.parallel_steps, args.steps)
         reachable = parallel * args.k + (args.steps - parallel)
         needed = max(parallel, free - parallel * (args.k - 1))  # the same parallel stage, then one a step
-        how, advice = "one per step after --parallel-steps", ", or --k and --parallel-steps"
+        how = "one per step after --parallel-steps" if parallel else "one per step"
+        advice = ", or --k and --parallel-steps"
     if reachable < free:
         print(f"ddpd-sample: warning: --steps {args.steps} can denoise at most {reachable} of the {free} "
               f"positions to generate ({how}): the samples will be partly noise; give --steps >= {needed}{advice}",

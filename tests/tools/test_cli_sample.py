@@ -588,7 +588,8 @@ def test_a_full_disk_keeps_the_previous_output(ckpts, tmp_path, capsys, monkeypa
 
 def test_too_few_steps_are_warned_about(ckpts, capsys):
     code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--steps", "3", "--num-samples", "1")
-    assert code == 0 and "warning: --steps 3 can denoise at most 3 of the 8 positions" in err
+    assert code == 0 and "warning: --steps 3 can denoise at most 3 of the 8 positions to generate (one per " \
+                         "step): " in err, err  # no --parallel-steps given: none is named
     code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--steps", "3", "--num-samples", "1",
                            "--policy", "error-budget:bound=8,max_k=8")  # commits several a step
     assert code == 0 and "warning" not in err
@@ -610,7 +611,8 @@ def test_the_too_few_steps_warning_gives_the_steps_the_parallel_stage_needs(ckpt
     (the warning asked for 8)."""
     argv = ("--checkpoint", ckpts["bundle"], "--k", "4", "--parallel-steps", "1", "--num-samples", "1")
     code, _, err = run_cli(capsys, *argv, "--steps", "2")
-    assert code == 0 and "warning: --steps 2 can denoise at most 5 of the 8 positions" in err
+    assert code == 0 and "warning: --steps 2 can denoise at most 5 of the 8 positions to generate (one per step " \
+                         "after --parallel-steps)" in err, err
     assert "give --steps >= 5, or --k and --parallel-steps" in err, err
     code, _, err = run_cli(capsys, *argv, "--steps", "5")
     assert code == 0 and "warning" not in err
