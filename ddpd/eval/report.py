@@ -55,7 +55,7 @@ def _cell(value, fmt: str) -> str:
         return ""
     if fmt and isinstance(value, (int, float)):
         return format(value, fmt)
-    return str(value)
+    return str(value).replace("|", "\\|")  # a run directory may hold one; unescaped it ends the cell
 
 
 def markdown_table(rows: Sequence[dict], columns: Sequence[Column]) -> str:

@@ -363,6 +363,14 @@ def test_markdown_tables_format_every_number_and_leave_missing_values_blank():
         "| b |  | 0.250 |  |",
     ]
 
+
+def test_markdown_tables_escape_a_bar_in_a_cell():
+    """A run directory named with '|' stays one cell: the bar is escaped as GitHub reads it."""
+    from ddpd.eval.report import markdown_table
+
+    table = markdown_table([{"run": "runs/a|b", "step": 3}], (("run", "Run", ""), ("step", "Steps", "")))
+    assert table.splitlines()[2] == "| runs/a\\|b | 3 |"
+
 def test_json_reports_write_an_undefined_value_as_null(tmp_path):
     """An undefined standard error is null in the JSON written, which strict readers accept."""
     import json
