@@ -334,6 +334,8 @@ def _check_times(t, batch: int) -> Tensor:
     return t
 
 
+_FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+
 # The largest vocabulary a uniform token is drawn over from one float32 uniform: the Philox
 # uniforms ((w >> 8) + 0.5) 2**-24 lie 2**-23 apart on [0.5, 1), so beyond 2**23 tokens some
 # tokens could never be drawn.
@@ -385,11 +387,16 @@ def _alpha_like(alpha, ref: Tensor) -> Tensor:
     return alpha[:, None]
 
 
-def _check_tokens(x_t: Tensor, vocab_size: int) -> None:
-    """x_t a Long tensor of ids in [0, S), its values checked where values_checkable: gather's own
-    error names no argument (a masked x_t holds the id S)."""
+def _check_tokens(name: str, p_x1: Tensor, x_t: Tensor) -> None:
+    """p_x1 (named `name`) a float [B, D, S] tensor and x_t a Long [B, D] tensor of ids in [0, S),
+    its values checked where values_checkable: gather's own errors name no argument (a masked x_t
+    holds the id S; an x_t of another shape met 'Index tensor must have the same number of dimensions')."""
+    check_tensor(name, p_x1, _FLOATS, 3)
     check_tensor("x_t", x_t, (torch.long,))
-    _check_ids("x_t", x_t, vocab_size)
+    if tuple(x_t.shape) != tuple(p_x1.shape[:-1]):
+        raise ValueError(f"x_t must have shape {tuple(p_x1.shape[:-1])} ([B, D] of {name} [B, D, S]), "
+                         f"got {tuple(x_t.shape)}")
+    _check_ids("x_t", x_t, p_x1.shape[-1])
 
 
 def _self_loop_weight(alpha: Tensor, vocab_size: int) -> Tensor:
@@ -411,11 +418,13 @@ def planner_prob_from_uniform(p_x1: Tensor, x_t: Tensor, alpha) -> Tensor:
         Float[B, D], p(z_t^d = N | x_t).
 
     Raises:
-        TypeError: x_t not a Long tensor, or alpha neither a number nor a tensor.
-        ValueError: an id of x_t outside [0, S), or alpha of another shape than a 0-d tensor or [B]
-            or outside [0, 1] (values checked on CPU tensors and numbers).
+        TypeError: p_x1 not a floating tensor, x_t not a Long tensor, or alpha neither a number nor a
+            tensor.
+        ValueError: p_x1 not 3-D, x_t not of shape [B, D] of p_x1, an id of x_t outside [0, S), or
+            alpha of another shape than a 0-d tensor or [B] or outside [0, 1] (values checked on CPU
+            tensors and numbers).
     """
-    _check_tokens(x_t, p_x1.shape[-1])
+    _check_tokens("p_x1", p_x1, x_t)
     p_same = p_x1.gather(-1, x_t[..., None]).squeeze(-1)
     return (1.0 - p_same) + p_same * _self_loop_weight(_alpha_like(alpha, p_same), p_x1.shape[-1])
 
@@ -433,10 +442,13 @@ def denoiser_prob_from_uniform(p_x1: Tensor, x_t: Tensor, alpha) -> Tensor:
         Float[B, D, S] probabilities.
 
     Raises:
-        TypeError: x_t not a Long tensor, or alpha neither a number nor a tensor.
-        ValueError: an id of x_t outside [0, S), or alpha of another shape than a 0-d tensor or [B]
-            or outside [0, 1] (values checked on CPU tensors and numbers).
+        TypeError: p_x1 not a floating tensor, x_t not a Long tensor, or alpha neither a number nor a
+            tensor.
+        ValueError: p_x1 not 3-D, x_t not of shape [B, D] of p_x1, an id of x_t outside [0, S), or
+            alpha of another shape than a 0-d tensor or [B] or outside [0, 1] (values checked on CPU
+            tensors and numbers).
     """
+    _check_tokens("p_x1", p_x1, x_t)
     return denoiser_log_prob_from_uniform(torch.log(p_x1), x_t, alpha).exp()
 
 
@@ -462,9 +474,11 @@ def denoiser_log_prob_from_uniform(log_p_x1: Tensor, x_t: Tensor, alpha) -> Tens
         Float[B, D, S] log-probabilities.
 
     Raises:
-        TypeError: x_t not a Long tensor, or alpha neither a number nor a tensor.
-        ValueError: an id of x_t outside [0, S), or alpha of another shape than a 0-d tensor or [B]
-            or outside [0, 1] (values checked on CPU tensors and numbers).
+        TypeError: log_p_x1 not a floating tensor, x_t not a Long tensor, or alpha neither a number nor a
+            tensor.
+        ValueError: log_p_x1 not 3-D, x_t not of shape [B, D] of log_p_x1, an id of x_t outside [0, S), or
+            alpha of another shape than a 0-d tensor or [B] or outside [0, 1] (values checked on CPU
+            tensors and numbers).
     """
     log_self_loop, log_noise = _log_noise(log_p_x1, x_t, alpha)
     log_joint = log_p_x1.scatter(-1, x_t[..., None], log_self_loop[..., None])
@@ -485,9 +499,11 @@ def planner_log_prob_from_uniform(log_p_x1: Tensor, x_t: Tensor, alpha) -> Tenso
         Float[B, D], log p(z_t^d = N | x_t).
 
     Raises:
-        TypeError: x_t not a Long tensor, or alpha neither a number nor a tensor.
-        ValueError: an id of x_t outside [0, S), or alpha of another shape than a 0-d tensor or [B]
-            or outside [0, 1] (values checked on CPU tensors and numbers).
+        TypeError: log_p_x1 not a floating tensor, x_t not a Long tensor, or alpha neither a number nor a
+            tensor.
+        ValueError: log_p_x1 not 3-D, x_t not of shape [B, D] of log_p_x1, an id of x_t outside [0, S), or
+            alpha of another shape than a 0-d tensor or [B] or outside [0, 1] (values checked on CPU
+            tensors and numbers).
     """
     return _log_noise(log_p_x1, x_t, alpha)[1]
 
@@ -495,7 +511,7 @@ def planner_log_prob_from_uniform(log_p_x1: Tensor, x_t: Tensor, alpha) -> Tenso
 def _log_noise(log_p_x1: Tensor, x_t: Tensor, alpha) -> tuple[Tensor, Tensor]:
     """(log p(x_1^d = x_t^d, z_t^d = N | x_t), log p(z_t^d = N | x_t)): the self-loop, and it plus
     the other tokens' probability (summed, not 1 - p(x_1^d = x_t^d), which rounds to 0)."""
-    _check_tokens(x_t, log_p_x1.shape[-1])
+    _check_tokens("log_p_x1", log_p_x1, x_t)
     here = x_t[..., None]
     log_same = log_p_x1.gather(-1, here).squeeze(-1)
     log_self_loop = log_same + torch.log(_self_loop_weight(_alpha_like(alpha, log_same), log_p_x1.shape[-1]))

@@ -220,6 +220,26 @@ def test_rate_decomposition_names_an_x_t_that_is_no_token(fn, x_t, error, match)
 
 
 @pytest.mark.parametrize("fn", RATE_FUNCTIONS, ids=lambda f: f.__name__)
+@pytest.mark.parametrize("p_x1, x_t, error, match", [
+    (torch.full((2, 3, 4), 0.25), torch.zeros(3, 2, dtype=torch.long), ValueError,
+     r"x_t must have shape \(2, 3\) \(\[B, D\] of (log_)?p_x1 \[B, D, S\]\), got \(3, 2\)"),
+    (torch.full((2, 3, 4), 0.25), torch.zeros(3, dtype=torch.long), ValueError, r"x_t must have shape \(2, 3\)"),
+    (torch.full((2, 3, 4), 0.25), torch.zeros(1, 2, 3, dtype=torch.long), ValueError, r"x_t must have shape \(2, 3\)"),
+    (torch.full((3, 4), 0.25), torch.zeros(3, dtype=torch.long), ValueError, r"p_x1 must be 3-D, got shape \(3, 4\)"),
+    (torch.ones(2, 3, 4, dtype=torch.long), torch.zeros(2, 3, dtype=torch.long), TypeError,
+     r"p_x1 must have dtype in \(torch.float32"),
+    ([[[0.5, 0.5]]], torch.zeros(1, 1, dtype=torch.long), TypeError, "p_x1 must be a torch.Tensor, got list"),
+    (None, torch.zeros(1, 1, dtype=torch.long), TypeError, "p_x1 must be a torch.Tensor, got NoneType"),
+])
+def test_rate_decomposition_names_a_p_x1_and_x_t_that_do_not_match(fn, p_x1, x_t, error, match):
+    """An x_t of another shape than p_x1's [B, D] met gather's 'Index tensor must have the same number of
+    dimensions as input tensor' (a RuntimeError naming no argument), a p_x1 that is no tensor an
+    AttributeError; a transposed x_t ([D, B]) met 'Size does not match at dimension 0'."""
+    with pytest.raises(error, match=match):
+        fn(p_x1, x_t, 0.5)
+
+
+@pytest.mark.parametrize("fn", RATE_FUNCTIONS, ids=lambda f: f.__name__)
 @pytest.mark.parametrize("alpha, match", [
     (1.5, r"\[1.5, 1.5\]"), (-0.5, r"\[-0.5, -0.5\]"), (torch.tensor([0.5, float("nan")]), r"\[nan, nan\]"),
     (torch.tensor([0.2, 1.25], dtype=F64), r"\[0.2, 1.25\]"),
