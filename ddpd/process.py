@@ -359,8 +359,11 @@ def uniform_token(u: Tensor, vocab_size: int) -> Tensor:
         Long tokens of the shape of `u`.
 
     Raises:
-        ValueError: vocab_size above MAX_UNIFORM_VOCAB.
+        TypeError: u not a floating tensor, or vocab_size not an int.
+        ValueError: vocab_size below 1 (a token -1 came out) or above MAX_UNIFORM_VOCAB.
     """
+    check_tensor("u", u, _FLOATS)
+    vocab_size = check_int("vocab_size", vocab_size, 1)
     if vocab_size > MAX_UNIFORM_VOCAB:
         raise ValueError(f"vocab_size must be <= {MAX_UNIFORM_VOCAB} for tokens drawn uniformly (x_0, uniform "
                          f"noise): beyond it some tokens could never be drawn from a float32 uniform, got {vocab_size}")

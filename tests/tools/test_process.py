@@ -363,6 +363,21 @@ def test_uniform_token_is_exact_on_the_uniforms_of_both_noise_sources():
         uniform_token(m[:4].float() * 2.0**-24, 2**23 + 1)
 
 
+@pytest.mark.parametrize("u, vocab_size, error, match", [
+    (torch.rand(2, 3), 0, ValueError, "vocab_size must be >= 1, got 0"),  # was a tensor of -1s
+    (torch.rand(2, 3), -2, ValueError, "vocab_size must be >= 1, got -2"),  # was -2s
+    (torch.rand(2, 3), 5.0, TypeError, "vocab_size must be an int, got float"),
+    ([0.1, 0.5], 5, TypeError, "u must be a torch.Tensor, got list"),
+    (0.5, 5, TypeError, "u must be a torch.Tensor, got float"),
+    (torch.ones(2, dtype=torch.long), 5, TypeError, r"u must have dtype in \(torch.float32"),
+])
+def test_uniform_token_names_a_bad_argument(u, vocab_size, error, match):
+    """vocab_size 0 or below gave tokens -1 (floor(u V) clamped to V - 1) without a word; a u that is
+    no tensor met an AttributeError on .double()."""
+    with pytest.raises(error, match=match):
+        uniform_token(u, vocab_size)
+
+
 def test_checks_of_values_leave_traced_tensors_unread():
     """make_fx traces corruption, the losses and the backbone's checks without reading values
     (a fake tensor has none to read)."""
