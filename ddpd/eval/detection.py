@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 import torch
 from torch import Tensor
@@ -22,7 +22,7 @@ from ddpd.eval.checks import check_tokens, planner_logits
 from ddpd.eval.planned_mask import masked_log_probs
 from ddpd.eval.report import markdown_table
 from ddpd.ops.rng import gumbel
-from ddpd.process import Schedule
+from ddpd.process import Schedule, get_schedule
 from ddpd.validation import check_float, check_int, check_shape, check_tensor
 
 
@@ -85,7 +85,7 @@ def auc(score: Tensor, positive: Tensor) -> float:
     return float((rank[positive].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
 
 
-def parallel_draws(denoiser: Callable, x: Tensor, chosen: Tensor, mask_id: int, schedule: Schedule,
+def parallel_draws(denoiser: Callable, x: Tensor, chosen: Tensor, mask_id: int, schedule: Union[str, Schedule],
                    vocab_size: int, generator: Optional[torch.Generator] = None) -> tuple[Tensor, Tensor]:
     """One draw of the mask denoiser at every position of `chosen` at once, all of them masked:
     a parallel decoder's step from x.
@@ -95,7 +95,7 @@ def parallel_draws(denoiser: Callable, x: Tensor, chosen: Tensor, mask_id: int, 
         x: Long[B, D] tokens.
         chosen: Bool[B, D] the positions masked and drawn.
         mask_id: the mask token, V or above.
-        schedule: the denoiser's schedule (its time from the masked share).
+        schedule: the denoiser's schedule (its time from the masked share), a Schedule or its name.
         vocab_size: V.
         generator: the draws' randomness.
 
@@ -104,16 +104,24 @@ def parallel_draws(denoiser: Callable, x: Tensor, chosen: Tensor, mask_id: int, 
         laws they were drawn from, as log-probabilities).
 
     Raises:
-        ValueError: a mask_id below V (a token read as the mask would mask that token).
+        TypeError: x not a Long tensor, chosen not a Bool tensor, vocab_size or mask_id not an int,
+            or schedule neither a name nor a Schedule.
+        ValueError: x not [B, D], chosen of another shape, an unknown schedule, or a mask_id below V
+            (a token read as the mask would mask that token).
     """
-    mask_id = check_int("mask_id", mask_id, vocab_size)
+    mask_id = check_int("mask_id", mask_id, check_int("vocab_size", vocab_size, 1))
+    check_tokens("x", x, None)
+    check_tensor("chosen", chosen, (torch.bool,))
+    check_shape("chosen", chosen, x.shape)
+    schedule = get_schedule(schedule)
     log_q = masked_log_probs(denoiser, x, chosen, mask_id, schedule, vocab_size)
     u = 1.0 - torch.rand(log_q.shape, generator=generator, device=x.device, dtype=log_q.dtype)  # in (0, 1]
     return (log_q + gumbel(u)).argmax(-1), log_q  # Gumbel-max: one draw of each position's law
 
 
 def error_detection(planner: Callable, denoiser: Callable, x1: Tensor, fraction: float, mask_id: int,
-                    schedule: Schedule, vocab_size: int, generator: Optional[torch.Generator] = None) -> Detection:
+                    schedule: Union[str, Schedule], vocab_size: int,
+                    generator: Optional[torch.Generator] = None) -> Detection:
     """Corrupt x1 at `fraction` of its positions (chosen at random) with uniform noise, and
     apart with one parallel draw of the mask denoiser at those positions, and score the
     planner and the denoiser's confidence as detectors of the positions left wrong.
@@ -124,7 +132,7 @@ def error_detection(planner: Callable, denoiser: Callable, x1: Tensor, fraction:
         x1: Long[B, D] clean text.
         fraction: the share of positions corrupted, in (0, 1).
         mask_id: the mask token, V or above.
-        schedule: the denoiser's schedule (its time from the masked share).
+        schedule: the denoiser's schedule (its time from the masked share), a Schedule or its name.
         vocab_size: V.
         generator: the randomness (positions, noise, draws).
 
@@ -132,11 +140,15 @@ def error_detection(planner: Callable, denoiser: Callable, x1: Tensor, fraction:
         The Detection.
 
     Raises:
-        ValueError: a fraction outside (0, 1), a mask_id below V, or tokens outside [0, V).
+        TypeError: x1 not a Long tensor, fraction not a number, vocab_size or mask_id not an int, or
+            schedule neither a name nor a Schedule.
+        ValueError: a fraction outside (0, 1), a mask_id below V, x1 not [B, D] or its tokens outside
+            [0, V), or an unknown schedule.
     """
     fraction = check_float("fraction", fraction, 0.0, 1.0, open_min=True, open_max=True)
-    mask_id = check_int("mask_id", mask_id, vocab_size)
+    mask_id = check_int("mask_id", mask_id, check_int("vocab_size", vocab_size, 1))
     x1 = check_tokens("x1", x1, vocab_size)
+    schedule = get_schedule(schedule)  # before the planner runs
     rand = torch.rand(x1.shape, generator=generator, device=x1.device)
     chosen = rand < fraction
     noise = torch.randint(0, vocab_size, x1.shape, generator=generator, device=x1.device)
@@ -158,7 +170,7 @@ def error_detection(planner: Callable, denoiser: Callable, x1: Tensor, fraction:
 
 
 def detection_rows(planner: Callable, denoiser: Callable, x1: Tensor, fractions: Sequence[float], mask_id: int,
-                   schedule: Schedule, vocab_size: int, seed: int) -> list[dict]:
+                   schedule: Union[str, Schedule], vocab_size: int, seed: int) -> list[dict]:
     """error_detection at each fraction in turn, without gradients, from one generator seeded by
     `seed`: the same seed gives the same corruption and draws to any planner.
 
@@ -169,8 +181,12 @@ def detection_rows(planner: Callable, denoiser: Callable, x1: Tensor, fractions:
 
     Returns:
         A row a fraction, Detection's fields by name.
+
+    Raises:
+        TypeError, ValueError: as error_detection, or a seed that is not an int in [0, 2**64).
     """
-    generator = torch.Generator(device=x1.device).manual_seed(seed)
+    check_tokens("x1", x1, None)  # before its device is read
+    generator = torch.Generator(device=x1.device).manual_seed(check_int("seed", seed, 0, 2**64 - 1))
     with torch.no_grad():
         return [asdict(error_detection(planner, denoiser, x1, fraction, mask_id, schedule, vocab_size,
                                                    generator)) for fraction in fractions]

@@ -314,3 +314,49 @@ def test_error_detection_and_parallel_draws_refuse_a_mask_id_among_the_tokens():
                         LinearSchedule(), V)
     with pytest.raises(ValueError, match=f"mask_id must be >= {V}, got {V - 1}"):
         parallel_draws(lambda x, t: torch.zeros(*x.shape, V), x1, chosen, V - 1, LinearSchedule(), V)
+
+
+def _planner(x):
+    return torch.zeros(x.shape)
+
+
+def _denoiser(x, t):
+    return torch.zeros(*x.shape, V)
+
+
+X1, CHOSEN = torch.zeros(2, D, dtype=torch.long), torch.ones(2, D, dtype=torch.bool)
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda: parallel_draws(_denoiser, X1, CHOSEN, V, None, V), TypeError, "schedule must be a schedule's name"),
+    (lambda: parallel_draws(_denoiser, X1, CHOSEN, V, "squared", V), ValueError, "schedule must be one of"),
+    (lambda: parallel_draws(_denoiser, X1, CHOSEN.float(), V, "linear", V), TypeError, "chosen must have dtype"),
+    (lambda: parallel_draws(_denoiser, X1, CHOSEN[:1], V, "linear", V), ValueError,
+     r"chosen must have shape \(2, 12\), got \(1, 12\)"),
+    (lambda: parallel_draws(_denoiser, X1.tolist(), CHOSEN, V, "linear", V), TypeError, "x must be a torch.Tensor"),
+    (lambda: parallel_draws(_denoiser, X1, CHOSEN, V, "linear", "5"), TypeError, "vocab_size must be an int"),
+    (lambda: error_detection(_planner, _denoiser, X1, 0.5, V, None, V), TypeError, "schedule must be a schedule's"),
+    (lambda: detection_rows(_planner, _denoiser, X1.tolist(), [0.5], V, "linear", V, 0), TypeError,
+     "x1 must be a torch.Tensor"),
+    (lambda: detection_rows(_planner, _denoiser, X1, [0.5], V, "linear", V, None), TypeError, "seed must be an int"),
+    (lambda: detection_rows(_planner, _denoiser, X1, [0.5], V, "linear", V, -1), ValueError, "seed must be in"),
+])
+def test_detection_names_a_bad_argument(call, error, match):
+    """A schedule that is no Schedule met an AttributeError on .inverse (after the planner had run), a
+    chosen of another shape or dtype torch.where's RuntimeError, a list x1 an AttributeError on
+    .device and a seed of None torch's 'manual_seed expected a long'."""
+    with pytest.raises(error, match=match):
+        call()
+
+
+def test_detection_takes_a_schedule_by_name():
+    """A checkpoint's config names its schedule ("linear"): the name draws what the Schedule does."""
+    g = lambda: torch.Generator().manual_seed(3)  # noqa: E731
+    x = torch.randint(0, V, (2, D), generator=g())
+    chosen = torch.rand(2, D, generator=g()) < 0.5
+    by_name = parallel_draws(_denoiser, x, chosen, V, "linear", V, g())
+    by_object = parallel_draws(_denoiser, x, chosen, V, LinearSchedule(), V, g())
+    assert all(torch.equal(a, b) for a, b in zip(by_name, by_object))
+    named = detection_rows(_planner, lambda x, t: torch.randn(*x.shape, V, generator=g()), x, [0.5], V, "linear", V, 0)
+    assert named[0]["fraction"] == 0.5
+
