@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import Optional
 
+import torch
 from torch import Tensor
 
-from ddpd.eval.checks import check_choice, check_int
+from ddpd.eval.checks import check_choice, check_int, check_tensor
 from ddpd.training.data import SPLITS, chunk, evenly_spaced, load_splits
 
 
@@ -52,8 +53,10 @@ def pick_chunks(tokens: Tensor, seq_len: int, num_sequences: Optional[int] = Non
         Long[n, seq_len].
 
     Raises:
-        ValueError: fewer tokens than one chunk, or than num_sequences chunks.
+        TypeError: tokens not a Long tensor.
+        ValueError: tokens not 1-D, fewer tokens than one chunk, or than num_sequences chunks.
     """
+    check_tensor("tokens", tokens, (torch.long,), 1)  # a [B, D] batch's rows were cut, not its tokens
     chunks = chunk(tokens, seq_len)
     if chunks.shape[0] == 0:
         raise ValueError(f"seq_len: {what} has {tokens.numel()} tokens, fewer than one sequence of {seq_len}")

@@ -20,6 +20,19 @@ def test_pick_chunks_refuses_none_or_more_chunks_than_the_stream_holds(num_seque
         pick_chunks(torch.arange(100), 10, num_sequences)
 
 
+@pytest.mark.parametrize("tokens, error, match", [
+    (list(range(100)), TypeError, "tokens must be a torch.Tensor, got list"),  # was an AttributeError on .numel
+    (torch.tensor(5), ValueError, r"tokens must be 1-D, got shape \(\)"),  # was slice()'s IndexError
+    (torch.arange(100).reshape(2, 50), ValueError, r"tokens must be 1-D, got shape \(2, 50\)"),  # reshape's error
+    (torch.arange(100).float(), TypeError, r"tokens must have dtype in \(torch.int64\), got torch.float32"),
+])
+def test_pick_chunks_names_a_stream_that_is_no_long_1d_tensor(tokens, error, match):
+    """A float stream was cut into float chunks (NaN ids passed through), a [B, D] batch cut by rows
+    (reshape's RuntimeError where its rows did not make whole chunks)."""
+    with pytest.raises(error, match=match):
+        pick_chunks(tokens, 30, 3)
+
+
 def test_heldout_sequences_refuse_an_unknown_split(tmp_path):
     corpus = tmp_path / "text.txt"
     corpus.write_text("the quick brown fox " * 200)
