@@ -28,6 +28,19 @@ DTYPE_CHOICES = ("auto",) + tuple(DTYPES)
 FLOAT32_MODULES = (LayerNorm, RMSNorm, nn.LayerNorm, nn.GroupNorm, nn.RMSNorm, nn.modules.batchnorm._NormBase)
 
 
+def _parse_device(device) -> Optional[torch.device]:
+    """device as a torch.device (None stays None); torch's own errors ("Expected one of cpu, cuda,
+    ...", "received an invalid combination of arguments") name no argument."""
+    if device is None or isinstance(device, torch.device):
+        return device
+    if isinstance(device, bool) or not isinstance(device, (str, int)):
+        raise TypeError(f"device must be a str, an int or a torch.device, got {type(device).__name__} {device!r}")
+    try:
+        return torch.device(device)
+    except RuntimeError as e:
+        raise ValueError(f"device must name a torch device (cpu, cuda, cuda:N, ...), got {device!r}: {e}") from None
+
+
 def resolve_dtype(dtype: Union[str, torch.dtype], device: Union[str, torch.device, None] = None) -> torch.dtype:
     """The torch dtype for a --dtype choice: "auto" is bfloat16 on CUDA and float32
     elsewhere; "float32", "bfloat16", "float16" (or those torch dtypes) as named.
@@ -40,9 +53,11 @@ def resolve_dtype(dtype: Union[str, torch.dtype], device: Union[str, torch.devic
         The torch dtype.
 
     Raises:
-        TypeError: `dtype` is neither a str nor a torch.dtype.
-        ValueError: `dtype` is not one of the choices.
+        TypeError: `dtype` is neither a str nor a torch.dtype, or `device` neither a str, an int nor
+            a torch.device.
+        ValueError: `dtype` is not one of the choices, or `device` names no torch device.
     """
+    device = _parse_device(device)
     if isinstance(dtype, torch.dtype):
         if dtype not in DTYPES.values():
             raise ValueError(f"dtype must be one of {tuple(DTYPES.values())}, got {dtype}")
@@ -50,7 +65,7 @@ def resolve_dtype(dtype: Union[str, torch.dtype], device: Union[str, torch.devic
     check_choice("dtype", dtype, DTYPE_CHOICES)
     if dtype != "auto":
         return DTYPES[dtype]
-    device_type = torch.device(device).type if device is not None else "cpu"
+    device_type = device.type if device is not None else "cpu"
     return torch.bfloat16 if device_type == "cuda" else torch.float32
 
 
@@ -75,8 +90,8 @@ def prepare_for_sampling(model: nn.Module, dtype: Union[str, torch.dtype] = "aut
         `model` itself, prepared.
 
     Raises:
-        TypeError: `model` is not an nn.Module.
-        ValueError: `dtype` is not a resolve_dtype choice.
+        TypeError: `model` is not an nn.Module, or `device` neither a str, an int nor a torch.device.
+        ValueError: `dtype` is not a resolve_dtype choice, or `device` names no torch device.
 
     Example:
         >>> denoiser = prepare_for_sampling(denoiser, "bfloat16", "cuda")
@@ -84,6 +99,7 @@ def prepare_for_sampling(model: nn.Module, dtype: Union[str, torch.dtype] = "aut
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model: expected torch.nn.Module, got {type(model).__name__}")
+    device = _parse_device(device)  # before the model moves
     if device is not None:
         model.to(device=device)
     else:

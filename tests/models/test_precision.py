@@ -215,6 +215,26 @@ def test_prepare_for_sampling_rejects_bad_arguments():
         prepare_for_sampling(make("planner"), "half")
 
 
+@pytest.mark.parametrize("device, error, match", [
+    ("gpu", ValueError, "device must name a torch device .*, got 'gpu'"),
+    ("cuda:x", ValueError, "device must name a torch device .*, got 'cuda:x'"),
+    ([0], TypeError, r"device must be a str, an int or a torch.device, got list \[0\]"),
+    (True, TypeError, "device must be a str, an int or a torch.device, got bool True"),
+])
+def test_resolve_dtype_and_prepare_name_a_device_torch_does_not_know(device, error, match):
+    """device="gpu" met torch's "Expected one of cpu, cuda, ipu, ..." RuntimeError, a list or a bool
+    its "received an invalid combination of arguments", naming no argument; prepare_for_sampling
+    with dtype "float32" failed inside model.to."""
+    with pytest.raises(error, match=match):
+        resolve_dtype("auto", device)
+    with pytest.raises(error, match=match):
+        resolve_dtype("float32", device)
+    model = make("planner")
+    with pytest.raises(error, match=match):
+        prepare_for_sampling(model, "float32", device)
+    assert next(model.parameters()).requires_grad  # refused before anything changed
+
+
 def test_autocast_and_cast_weights_agree():
     # training (float32 weights under autocast) and sampling (cast weights) run the same modules
     model = make("uniform-denoiser")
