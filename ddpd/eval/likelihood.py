@@ -49,6 +49,14 @@ class ModelSet:
     mask_id: Optional[int] = None
 
 
+def _check_models(models) -> ModelSet:
+    """models as a ModelSet; a dict of networks met an AttributeError on .vocab_size."""
+    if not isinstance(models, ModelSet):
+        raise TypeError(f"models must be a ModelSet (ddpd.eval.ModelSet(vocab_size, planner=..., ...)), "
+                        f"got {type(models).__name__}")
+    return models
+
+
 def elbo_methods(models: ModelSet) -> dict[str, tuple]:
     """{name: (is_bound, estimator(x1, **kwargs) -> ElboTerms)} for the available models;
     is_bound: the row bounds a generative model's log-likelihood (not the true-mask diagnostic).
@@ -58,8 +66,11 @@ def elbo_methods(models: ModelSet) -> dict[str, tuple]:
 
     Returns:
         method name -> (is_bound, estimator).
+
+    Raises:
+        TypeError: models not a ModelSet.
     """
-    V, methods = models.vocab_size, {}
+    V, methods = _check_models(models).vocab_size, {}
     if models.uniform_model is not None:
         methods["uniform"] = (True, partial(elbo_uniform_model, models.uniform_model, vocab_size=V))
     if models.planner is not None and models.uniform_denoiser is not None:
@@ -109,6 +120,7 @@ def evaluate_elbo(models: ModelSet, sequences: Tensor, *, mc_samples: int = 1, t
         The rows.
 
     Raises:
+        TypeError: models not a ModelSet.
         ValueError: an unknown or unavailable method, or no sequences.
     """
     available = elbo_methods(models)
@@ -145,7 +157,11 @@ def denoising_kinds(models: ModelSet) -> dict[str, tuple]:
 
     Returns:
         kind -> (denoiser, planner or None).
+
+    Raises:
+        TypeError: models not a ModelSet.
     """
+    _check_models(models)
     kinds = {}
     if models.uniform_model is not None:
         kinds["uniform"] = (models.uniform_model, None)
@@ -178,7 +194,8 @@ def evaluate_denoising(models: ModelSet, sequences: Tensor, *, alpha: float = DE
         The rows.
 
     Raises:
-        ValueError: no sequences.
+        TypeError: models not a ModelSet.
+        ValueError: no sequences, or no denoiser or uniform model.
     """
     kinds = denoising_kinds(models)
     if not kinds:

@@ -683,6 +683,21 @@ def test_elbo_rejects_a_model_with_the_wrong_output_shape():
         elbo_uniform_model(lambda x, t: [0.0], torch.zeros(2, 4, dtype=torch.long), V)
 
 
+@pytest.mark.parametrize("models", [{"uniform_model": lambda x, t: torch.zeros(*x.shape, V)}, None, "uniform"],
+                         ids=["dict", "None", "str"])
+def test_evaluations_name_models_that_are_no_model_set(models):
+    """A dict of networks (or None) met "'dict' object has no attribute 'vocab_size'", an AttributeError
+    from inside elbo_methods."""
+    from ddpd.eval import elbo_methods, evaluate_denoising, evaluate_elbo
+    from ddpd.eval.likelihood import denoising_kinds
+
+    x1 = torch.zeros(1, 4, dtype=torch.long)
+    for call in (lambda: evaluate_elbo(models, x1), lambda: evaluate_denoising(models, x1),
+                 lambda: elbo_methods(models), lambda: denoising_kinds(models)):
+        with pytest.raises(TypeError, match=f"models must be a ModelSet .*, got {type(models).__name__}$"):
+            call()
+
+
 def test_evaluations_refuse_sequences_not_2d_and_denoising_without_a_denoiser():
     from ddpd.eval import ModelSet, evaluate_denoising, evaluate_elbo
 
