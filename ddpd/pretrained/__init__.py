@@ -116,7 +116,15 @@ def bundle_bytes(path: os.PathLike) -> int:
 
     Returns:
         The total size in bytes.
+
+    Raises:
+        ValueError: `path` is "" (Path("") is the working directory).
+        NotADirectoryError: `path` is no directory (a missing one would count 0 bytes).
     """
+    if os.fspath(path) == "":
+        raise ValueError("bundle_bytes: path must name a directory, got ''")
+    if not Path(path).is_dir():
+        raise NotADirectoryError(f"bundle_bytes: {os.fspath(path)} is not a directory")
     return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
 
 

@@ -557,3 +557,13 @@ def test_installing_the_shipped_bundle_keeps_one_previous_version(tmp_path, monk
         versions.append({p.relative_to(shipped): p.read_bytes() for p in shipped.rglob("*") if p.is_file()})
         kept = {p.relative_to(backup): p.read_bytes() for p in backup.rglob("*") if p.is_file()}
         assert kept == ({} if len(versions) == 1 else versions[-2]), dtype
+
+
+@pytest.mark.parametrize("path, error", [("", ValueError), ("missing", NotADirectoryError),
+                                         ("file", NotADirectoryError)])
+def test_bundle_bytes_refuses_what_is_no_directory(tmp_path, monkeypatch, path, error):
+    """"" measured the working directory and a missing path 0 bytes, without a word."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "file").write_bytes(b"12")
+    with pytest.raises(error, match="bundle_bytes: "):
+        pretrained.bundle_bytes(path)
