@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from ddpd.eval.checks import check_int
+from ddpd.eval.checks import check_callable, check_int
 from ddpd.eval.denoising import DEFAULT_ALPHA, denoising_stats
 from ddpd.eval.elbo import DEFAULT_T_MAX, TERMS, elbo_mask_diffusion, elbo_planned, elbo_uniform_model
 from ddpd.eval.report import markdown_table, mean_and_se
@@ -39,7 +39,12 @@ DENOISING_COLUMNS = (("denoiser", "Denoiser", ""), ("bits", "Denoising (bits/tok
 
 @dataclass
 class ModelSet:
-    """The networks to evaluate (callables with the signatures of ddpd.sampling); any may be None."""
+    """The networks to evaluate (callables with the signatures of ddpd.sampling); any may be None.
+
+    Raises:
+        TypeError: vocab_size or mask_id not an int, or a network given that is not callable.
+        ValueError: vocab_size below 1, or mask_id below vocab_size (it would mask a token).
+    """
 
     vocab_size: int
     planner: Optional[Callable] = None
@@ -47,6 +52,15 @@ class ModelSet:
     mask_denoiser: Optional[Callable] = None
     uniform_model: Optional[Callable] = None
     mask_id: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        # checked here, or a wrong field fails deep inside the estimator that first reads it
+        self.vocab_size = check_int("vocab_size", self.vocab_size, 1)
+        for name in ("planner", "uniform_denoiser", "mask_denoiser", "uniform_model"):
+            if getattr(self, name) is not None:
+                check_callable(name, getattr(self, name))
+        if self.mask_id is not None:
+            self.mask_id = check_int("mask_id", self.mask_id, self.vocab_size)
 
 
 def _check_models(models) -> ModelSet:

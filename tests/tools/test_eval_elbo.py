@@ -713,6 +713,22 @@ def test_evaluations_refuse_sequences_not_2d_and_denoising_without_a_denoiser():
                            torch.zeros(1, 4, dtype=torch.long))
 
 
+@pytest.mark.parametrize("fields, error, message", [
+    (dict(vocab_size="27"), TypeError, "vocab_size must be an int"),
+    (dict(vocab_size=0), ValueError, "vocab_size must be >= 1"),
+    (dict(vocab_size=V, planner="runs/planner"), TypeError, "planner must be callable, got str"),
+    (dict(vocab_size=V, uniform_model=7), TypeError, "uniform_model must be callable"),
+    (dict(vocab_size=V, mask_id=V - 1), ValueError, f"mask_id must be >= {V}"),
+])
+def test_a_model_set_refuses_fields_the_estimators_cannot_use(fields, error, message):
+    """A path given for a network, or a string vocabulary size, failed inside the first
+    estimator that read it (a str is not callable), after the others had run."""
+    from ddpd.eval import ModelSet
+
+    with pytest.raises(error, match=message):
+        ModelSet(**fields)
+
+
 def test_elbo_refuses_a_mask_id_among_the_tokens(tiny):
     """The mask id is V or above (a token id read as the mask would mask that token), for
     both estimators that mask; V itself is the default."""
