@@ -571,7 +571,8 @@ def load_labelled(source: str, tokenizer, text: Optional[str] = None) -> Records
             raise ValueError(f"{where}: 'text' is empty (a record needs text to train on)")
         label = record.get("label")
         if isinstance(label, bool) or not isinstance(label, int) or not 0 <= label < 2**63:
-            raise ValueError(f"{where}: 'label' must be an int in [0, 2**63) (a class id), got {str(label)[:40]}")
+            # repr: a label written as a string, "0", read "got 0"
+            raise ValueError(f"{where}: 'label' must be an int in [0, 2**63) (a class id), got {label!r:.40}")
         pieces.append(encode_corpus(record["text"], tokenizer, where))
         labels.append(label)
     if not pieces:

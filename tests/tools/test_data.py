@@ -416,6 +416,7 @@ def test_a_split_keeps_whole_records_in_corpus_order(tmp_path):
     ('{"text": "Ab", "label": 0}', "line 2: text must contain only space and a-z"),
     ('{"text": "", "label": 0}', "line 2: 'text' is empty"),
     ('{"text": "ab", "label": 100000000000000000000}', "line 2: 'label' must be an int in [0, 2**63)"),
+    ('{"text": "ab", "label": "0"}', "line 2: 'label' must be an int in [0, 2**63) (a class id), got '0'"),
     ('{"text": "ab", "label": ' + "9" * 5000 + "}", "line 2: not JSON (Exceeds the limit"),
     ("[" * 50000 + "]" * 50000, "line 2: not JSON (nested too deeply)"),
     ('{"text": "ab", "label": 0, "label": 1}', "line 2: not JSON (the key 'label' appears more than once)"),
