@@ -104,14 +104,18 @@ LOCAL = ("resume", "progress", "threads", "allow_data_change")  # options of thi
 
 
 def _train_config(args: argparse.Namespace):
-    from ddpd.checkpoint import read_config, resume_settings
+    from ddpd.checkpoint import STATE_META, CheckpointError, has_train_state, read_config, resume_settings
     from ddpd.training.trainer import TrainConfig
 
     given = {k: v for k, v in vars(args).items() if k not in LOCAL}
     if args.resume:  # a checkpoint a killed save had set aside is back (check_command_line)
+        stored = read_config(args.out)
+        if not has_train_state(args.out):  # weights only (a bundle's): its lack of a digest is not the news
+            raise CheckpointError(f"cannot resume {args.out}: it holds a model's weights but no training state "
+                                  f"({STATE_META}), so there is no run to continue")
         # checked against their digest; given settings win (--out, required, always is one), and
         # the run's device and how often it reports are kept unless given
-        stored = resume_settings(args.out, read_config(args.out))
+        stored = resume_settings(args.out, stored)
         try:
             return TrainConfig.from_dict({**stored, **given}, data_recorded="data" not in given)
         except FileNotFoundError as err:  # the corpus the checkpoint names

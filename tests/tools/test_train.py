@@ -526,6 +526,20 @@ def test_resume_refuses_a_config_that_records_no_digest_of_its_settings(corpus, 
         Trainer(config(corpus, out, steps=20, save_every=2), resume=True)
 
 
+def test_resume_of_a_bundles_checkpoint_says_it_holds_no_training_state(corpus, tmp_path, capsys):
+    """A sampling bundle's planner (weights and config only, as ddpd.pretrained writes them)
+    given to --resume was refused for its missing settings_sha256, "written by an older ddpd?"."""
+    from ddpd.pretrained import install_bundle
+
+    _checkpoint_at_step_2(corpus, tmp_path / "p")
+    _checkpoint_at_step_2(corpus, tmp_path / "d", kind="mask-denoiser")
+    install_bundle(str(tmp_path / "p"), str(tmp_path / "d"), str(tmp_path / "bundle"))
+    out = tmp_path / "bundle" / "planner"
+    code, _, err = run_cli(capsys, "planner", "--out", out, "--resume", "--no-progress")
+    assert code == 1 and err == (f"ddpd-train: error: cannot resume {out}: it holds a model's weights but no "
+                                 "training state (train_state.json), so there is no run to continue\n"), err
+
+
 def test_a_config_rewritten_with_the_same_settings_still_resumes(corpus, tmp_path):
     """The digest is of the settings, not of config.json's text: its layout may change."""
     out = tmp_path / "p"
