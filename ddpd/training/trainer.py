@@ -648,6 +648,7 @@ class Trainer:
                 raise ValueError(f"data {self.config.data}: its {name} split holds {what}, "
                                  f"fewer than seq_len={seq_len}; use a longer corpus or a shorter seq_len")
         self._warn_of_untrained_classes(splits)
+        self._warn_of_short_records(splits["train"])
         if self.config.warmup >= self.config.steps:
             self._warn(f"warmup {self.config.warmup} >= steps {self.config.steps}: the learning rate rises "
                        f"through the whole run and never decays to min_lr (give --warmup below --steps)")
@@ -665,6 +666,20 @@ class Trainer:
             self._warn(f"class {label} of data {self.config.data} has no training record of seq_len="
                        f"{self.config.seq_len} tokens or more (a class's records are split 90/5/5 in order): "
                        "the network will not learn it")
+
+    def _warn_of_short_records(self, train: Records) -> None:
+        """Training records shorter than seq_len hold no training window, so they are never
+        trained on: say how many (those of a class named by _warn_of_untrained_classes aside)."""
+        seq_len = self.config.seq_len
+        short = train.windows(seq_len) == 0
+        if train.labels is not None:
+            short &= torch.isin(train.labels, train.labels[~short])
+        if train.lengths.numel() <= 1 or not bool(short.any()):
+            return
+        self._warn(f"{int(short.sum())} of {train.lengths.numel()} training records of data {self.config.data} are "
+                   f"shorter than seq_len={seq_len} tokens ({int(train.lengths[short].sum())} of "
+                   f"{int(train.lengths.sum())} training tokens): a training window lies within one record, so the "
+                   "network never trains on them (give a shorter seq_len to use them)")
 
     # ---- the loop ----------------------------------------------------------------
 

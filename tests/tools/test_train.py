@@ -2354,6 +2354,23 @@ def test_a_class_whose_training_records_are_all_short_is_warned_about(labelled, 
         "are split 90/5/5 in order): the network will not learn it"], messages
 
 
+@pytest.mark.parametrize("num_classes", [2, 0])
+def test_training_records_shorter_than_seq_len_are_warned_about(labelled, tmp_path, num_classes):
+    """Training windows lie within one record: a corpus of half short records trained on the
+    other half alone, conditional or not, without a word."""
+    lines = open(labelled).read().splitlines()
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text("\n".join(line if i % 4 < 2 else json.dumps({"text": "short", "label": i % 2})
+                               for i, line in enumerate(lines)) + "\n")
+    messages = []
+    Trainer(config(str(mixed), tmp_path / "out", "mask-denoiser", num_classes=num_classes),
+            log=messages.append).close()
+    assert [m for m in messages if m.startswith("warning")] == [
+        f"warning: 36 of 72 training records of data {mixed} are shorter than seq_len=32 tokens (180 of 2340 "
+        "training tokens): a training window lies within one record, so the network never trains on them (give a "
+        "shorter seq_len to use them)"], messages
+
+
 def test_labels_must_be_classes_of_the_model(labelled, tmp_path, capsys):
     code, _, err = run_cli(capsys, "planner", "--data", labelled, "--out", tmp_path / "o", "--num-classes", "1",
                            *TINY_CLI)
