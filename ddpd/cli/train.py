@@ -92,7 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
                                            "gpt2; default: the one shipped with ddpd)")
     add_runtime_arguments(parser, default=argparse.SUPPRESS)
     parser.add_argument("--resume", action="store_true", default=False,
-                        help="continue the run whose checkpoint is in --out, exactly where it stopped")
+                        help="continue the run whose checkpoint is in --out, exactly where it stopped, with its "
+                             "settings: of the flags given, only --save-every, --eval-every, --device, --threads "
+                             "and --tiktoken may differ from the run's (and --data may name its corpus moved)")
     parser.add_argument("--allow-data-change", dest="allow_data_change", action="store_true", default=False,
                         help="--resume even though the corpus changed since the run started")
     parser.add_argument("--no-progress", dest="progress", action="store_false", default=True,

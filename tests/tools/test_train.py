@@ -1108,6 +1108,22 @@ def test_help_states_the_defaults_of_the_run_settings():
     assert checked >= 15  # batch size, model shape, optimizer, schedule, evaluation, seed
 
 
+def test_resume_help_names_the_flags_a_resume_may_change():
+    """--help said only "continue the run ... exactly where it stopped": which flags a resume
+    may be given other values of showed only in docs/cli.md, or in a refusal."""
+    import dataclasses
+    import re
+
+    from ddpd.cli.train import build_parser
+    from ddpd.training.trainer import RESUME_FIXED
+
+    actions = {action.dest: action for action in build_parser()._actions}
+    free = {f.name for f in dataclasses.fields(TrainConfig)} - set(RESUME_FIXED) - {"out"} | {"threads"}
+    named = set(re.findall(r"--[a-z-]+", actions["resume"].help)) - {"--out"}
+    moved = {"--data"}  # fixed, but a corpus may move (the resume checks its text)
+    assert named == {actions[name].option_strings[0] for name in free} | moved, actions["resume"].help
+
+
 def run_cli(capsys, *argv):
     code = main([str(a) for a in argv])
     captured = capsys.readouterr()
