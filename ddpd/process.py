@@ -445,11 +445,7 @@ def denoiser_prob_from_uniform(p_x1: Tensor, x_t: Tensor, alpha) -> Tensor:
         Float[B, D, S] probabilities.
 
     Raises:
-        TypeError: p_x1 not a floating tensor, x_t not a Long tensor, or alpha neither a number nor a
-            tensor.
-        ValueError: p_x1 not 3-D, x_t not of shape [B, D] of p_x1, an id of x_t outside [0, S), or
-            alpha of another shape than a 0-d tensor or [B] or outside [0, 1] (values checked on CPU
-            tensors and numbers).
+        TypeError, ValueError: as planner_prob_from_uniform, for the same arguments.
     """
     _check_tokens("p_x1", p_x1, x_t)
     return denoiser_log_prob_from_uniform(torch.log(p_x1), x_t, alpha).exp()
