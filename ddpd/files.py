@@ -677,6 +677,7 @@ def atomic_directory(path) -> Iterator[str]:
         The temporary directory's path, to fill.
 
     Raises:
+        TypeError: `path` is not a str or os.PathLike.
         OutputError: `path` cannot be written, or is the working directory or holds it.
     """
     if not isinstance(path, (str, os.PathLike)):

@@ -168,6 +168,11 @@ def run_sweep(samplers: Sequence[SamplerSpec], *, steps: Sequence[int], temperat
 
     Returns:
         The rows, dicts of SWEEP_COLUMNS (and JUDGE).
+
+    Raises:
+        TypeError: a sampler that is not a SamplerSpec or whose run is not callable, or a
+            step budget, temperature or count of the wrong type.
+        ValueError: no samplers, no step budgets or temperatures, or a value out of range.
     """
     if not samplers:
         raise ValueError("samplers: expected at least one SamplerSpec, got none")

@@ -259,6 +259,9 @@ def check_table_steps(steps: int, table: str) -> None:
     Args:
         steps: the step budget T.
         table: what builds the table, for the message.
+
+    Raises:
+        ValueError: steps above MAX_TABLE_STEPS.
     """
     if steps > MAX_TABLE_STEPS:
         raise ValueError(f"steps must be <= {MAX_TABLE_STEPS} with {table}, whose table holds a row a step, "

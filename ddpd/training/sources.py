@@ -34,6 +34,7 @@ def resolve_source(source: str, recorded: bool = False) -> str:
         The canonical source string.
 
     Raises:
+        TypeError: `source` is not a str or os.PathLike.
         FileNotFoundError: neither a file nor a known corpus.
         ValueError: an `hf:` source without a name.
     """

@@ -390,6 +390,7 @@ def check_train_state(path: str, tensors: dict[str, Tensor], meta: dict, steps: 
 
     Raises:
         CheckpointError: the state cannot be resumed.
+        ValueError: the state was written by another number of processes than this run's.
     """
     check_train_record(path, meta, steps)
     if meta.get("world_size") != world_size:

@@ -1,6 +1,7 @@
 """The house style of the code's prose (CONTRIBUTING.md): short module docstrings that link
 docs/, no measured timing or results file quoted in a comment or docstring, and Google-style
-Args / Returns sections on the public functions of the user-facing modules.
+Args / Returns sections on the public functions of the user-facing modules, with a Raises
+section naming each exception class a function raises itself.
 
 The checks read the source (ast and tokenize); nothing is imported. ROOTS and USER_FACING
 say where they apply: widen them as more of the package follows the style.
@@ -117,7 +118,26 @@ def _missing_sections(node: ast.FunctionDef) -> list[str]:
         missing.append("Returns")
     if yields and "Yields:" not in doc:
         missing.append("Yields")
+    raised = _raised(own)
+    documented = doc.partition("Raises:")[2]
+    if raised and "Raises:" not in doc:
+        missing.append("Raises")
+    missing += [f"Raises: {name}" for name in sorted(raised) if "Raises:" in doc
+                and not re.search(rf"\b{name}\b", documented)]
     return missing
+
+
+def _raised(nodes) -> set[str]:
+    """The exception classes a function raises by name (`raise ValueError(...)`); not a
+    re-raise, an exception made by a helper call, nor NotImplementedError (an abstract method)."""
+    names = set()
+    for node in nodes:
+        if isinstance(node, ast.Raise) and node.exc is not None:
+            exc = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+            name = exc.id if isinstance(exc, ast.Name) else exc.attr if isinstance(exc, ast.Attribute) else ""
+            if name[:1].isupper() and name != "NotImplementedError":
+                names.add(name)
+    return names
 
 
 @pytest.mark.parametrize("path", _files(ROOTS), ids=_name)
@@ -146,9 +166,13 @@ def test_public_functions_document_arguments_and_results(path):
 def test_the_checks_see_what_they_check():
     """The helpers find a timing, a long docstring and a missing section where there is one."""
     source = '"""Summary.\n\nMore."""\n# 12.5 us at 64 rows (benchmarks/results/x.txt)\n' \
-             'def f(x):\n    """Doubled."""\n    return 2 * x\n\n\ndef g():\n    """Nothing."""\n    return None\n'
+             'def f(x):\n    """Doubled."""\n    return 2 * x\n\n\ndef g():\n    """Nothing."""\n    return None\n' \
+             'def h():\n    """Refuses."""\n    raise ValueError("no")\n' \
+             'def k(x):\n    """Refuses.\n\n    Raises:\n        ValueError: always.\n    """\n' \
+             '    if x:\n        raise ValueError("no")\n    raise errors.CheckpointError("no")\n' \
+             'def m():\n    """Re-raises."""\n    raise make_error()\n'
     assert [TIMING.search(text).group(0) for _, text in _prose(source) if TIMING.search(text)] == ["12.5 us"]
     tree = ast.parse(source)
     assert {name: _missing_sections(node) for name, node in _public_functions(tree)} == \
-        {"f": ["Args", "Returns"], "g": []}
+        {"f": ["Args", "Returns"], "g": [], "h": ["Raises"], "k": ["Args", "Raises: CheckpointError"], "m": []}
     assert _files(["ddpd/models"]) and all(p.suffix == ".py" for p in _files(ROOTS))
