@@ -194,7 +194,7 @@ def philox_uniform(
 
     Raises:
         TypeError: a seed or offset tensor not int64 of one element, rows or cols a tensor of
-            floats or bools, or cols a bool.
+            floats or bools, or cols a bool or a float.
         ValueError: a seed or offset out of range, a row id outside [-2**63, 2**64), a
             negative number of columns, or rows / cols not 1-D.
     """
@@ -255,6 +255,9 @@ def _philox_arguments(seed, offset, rows, cols, device) -> tuple:
         if count < 0:
             raise ValueError(f"cols must be >= 0 (the number of columns), got {count}")
         cols = torch.arange(count, dtype=torch.int64, device=rows.device)
+    elif not isinstance(cols, torch.Tensor) and not hasattr(cols, "__iter__"):  # a float count: not "a sequence"
+        raise TypeError(f"cols must be a number of columns (an int) or the columns (an integer tensor or a "
+                        f"sequence of ints), got {cols!r}")
     cols = cols.to(rows.device, torch.int64) if isinstance(cols, torch.Tensor) else _ids("cols", cols, rows.device)
     if rows.dim() != 1 or cols.dim() != 1:
         raise ValueError(f"rows and cols must be 1-D, got shapes {tuple(rows.shape)} and {tuple(cols.shape)}")

@@ -198,6 +198,9 @@ def test_a_number_of_columns_may_be_any_integer_scalar(fn):
     assert torch.equal(fn(3, 0, rows, torch.tensor([2])), want[:, 2:])
     with pytest.raises(TypeError, match="cols must be"):
         fn(3, 0, rows, True)
+    for count in (3.0, np.float64(3), None):  # told to pass a tensor or a sequence, not an int
+        with pytest.raises(TypeError, match=r"cols must be a number of columns \(an int\) or the columns"):
+            fn(3, 0, rows, count)
     with pytest.raises(ValueError, match="cols must be >= 0"):
         fn(3, 0, rows, np.int64(-1))
 
