@@ -174,8 +174,8 @@ def head_launch(rows: int, width: int, vocab: int, element_size: int, multiproce
 
     The epilogue keeps only tile statistics (the finish pass draws inside the winning
     tile), which affords wide row blocks, so that fewer blocks read each W tile: 64 rows
-    with 8 warps for wide rows and a float32 weight, else 32 with 4 warps at few rows (8
-    beyond); never wider than the rows (at least 16, the dot's least N) nor so wide that
+    with 8 warps for wide 16-bit rows or a float32 weight (either), else 32 with 4 warps at
+    few rows (8 beyond); never wider than the rows (at least 16, the dot's least N) nor so wide that
     fewer (row block, tile) pairs than multiprocessors are left. docs/kernels.md gives the
     registers, docs/performance.md the measurements behind these choices.
 
