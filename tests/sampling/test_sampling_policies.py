@@ -29,6 +29,7 @@ from ddpd.sampling.policies import (
     ReMDM,
     Step,
     annealed,
+    commit_risk,
     cosine_left,
     cosine_table,
     ddpd_steps,
@@ -238,6 +239,23 @@ def test_error_budget_never_commits_an_ineligible_candidate():
     assert spread.tolist() == [[True, False, True, False]]
 
 
+def test_an_unwritten_candidate_that_is_not_eligible_is_neither_ranked_first_nor_counted():
+    """`first` counts only the eligible candidates: two ineligible ones marked first raised the
+    commits to two, and the second went to an ineligible candidate."""
+    risk, eligible = torch.tensor([[0.1, 0.1, 0.1]]), torch.tensor([[True, False, False]])
+    first = torch.tensor([[False, True, True]])
+    policy = ErrorBudget(0.0, 3, spread="cosine", known_noise=True)
+    assert policy.commit(risk, eligible, torch.ones(1).long(), None, first).tolist() == [[True, False, False]]
+
+
+def test_a_risk_stays_in_0_1_where_a_float32_probability_rounds_above_1():
+    """r = 1 - p c is a probability: a certain planner and a drawn token's probability rounded to
+    1 + 2**-23 made it negative, and a negative risk lowers the sum the bound reads."""
+    risk = commit_risk(torch.tensor([[30.0, 30.0]]), torch.tensor([[0, 1]]), torch.tensor([[1.0 + 2**-23, -1e-7]]))
+    assert torch.sigmoid(torch.tensor(30.0)) == 1.0
+    assert risk.tolist() == [[0.0, 1.0]]
+
+
 def test_the_choice_temperatures_gumbel_noise_raises_a_candidates_rank():
     """log(1 - r) + tau_i g, highest first: at equal risks the candidate of the largest noise goes first."""
     risk, eligible = torch.tensor([[0.5, 0.5, 0.5]]), torch.ones(1, 3, dtype=torch.bool)
@@ -294,6 +312,15 @@ def test_entropy_bound_takes_the_prefix_whose_sum_less_its_maximum_equals_gamma(
     """sum_U H - max_U H <= gamma: entropies 0.25, 0.25, 0.25 reach gamma 0.5 exactly and are all unmasked."""
     step = _step([0.0] * 4, entropy=torch.tensor([[0.25, 1.0, 0.25, 0.25]]))
     assert EntropyBound(0.5).unmask(step).tolist() == [[True, False, True, True]]
+
+
+def test_entropy_bound_leaves_a_nan_entropy_out_of_a_prefix_that_fits_gamma():
+    """A NaN entropy ranks last of the masked and is taken only as the step's one position: as
+    float32's largest its sum less its maximum rounds to the others' sum, which fit gamma."""
+    step = _step([0.0] * 4, entropy=torch.tensor([[0.1, float("nan"), 0.1, 0.1]]))
+    assert EntropyBound(0.5).unmask(step).tolist() == [[True, False, True, True]]
+    only = _step([0.0] * 2, entropy=torch.tensor([[float("nan"), float("nan")]]))
+    assert EntropyBound(0.5).unmask(only).tolist() == [[True, False]]
 
 
 def test_maskgit_unmasks_a_position_where_the_cosine_schedule_keeps_every_mask():
