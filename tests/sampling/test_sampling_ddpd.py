@@ -226,6 +226,23 @@ def test_the_planner_clock_counts_only_the_positions_a_prompt_leaves_noisy():
     assert times == [[0.5, 0.5]]
 
 
+def test_a_row_its_prompt_freezes_whole_gives_the_denoiser_a_time_in_0_1():
+    """A row with no position left noisy stays in a fused batch without compaction: its time
+    alpha^{-1}(1 - 0 / D') counts D' at least 1, else 0 / 0 gave the denoiser a NaN time."""
+    times = []
+
+    def denoiser(x, t):
+        times.append(t)
+        return torch.zeros(*x.shape, 3)
+
+    x_init = torch.full((2, 8), -1)
+    x_init[0], x_init[1, :4] = 1, 1
+    ddpd_sample(lambda x: torch.zeros(x.shape), denoiser, 2, 8, 3, steps=2, seed=0, prompt=Prompt(x_init, x_init >= 0),
+                ddpd=DDPDOptions(stop="budget"), execution=Execution(fused=True, compaction=False))
+    t = torch.cat(times)
+    assert len(times) == 2 and bool(((t >= 0) & (t <= 1)).all()), times
+
+
 # ----------------------------------------------------------------------------- (b) consistency
 
 

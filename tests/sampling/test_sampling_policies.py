@@ -529,6 +529,27 @@ def test_the_cosine_spread_spreads_the_noise_a_prompted_row_starts_with(fused):
     assert masks == [[8, 8], [7, 7], [5, 5], [3, 3]]
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["reference", "fused"])
+def test_the_cosine_spread_starts_from_the_unwritten_positions_not_the_prompts(fused):
+    """n0 is the positions a row starts unwritten: 12 of 16 beside a prompt of 4, so the masks
+    fall 12 -> 11 -> 8 -> 4 (floor(12 cos(pi/2 i / 4))); n0 = 4, the prompt's, spent them early."""
+    length, masks = 16, []
+
+    def denoiser(x, t):
+        masks.append((x == 27).sum(-1).tolist())
+        return torch.zeros(*x.shape, 27)
+
+    x_init = torch.full((2, length), -1)
+    x_init[:, ::4] = 3
+    frozen = torch.zeros_like(x_init, dtype=torch.bool)
+    frozen[1, ::8] = True
+    policy = ErrorBudget(0.0, length, spread="cosine", known_noise=True, revise_above=0.5)
+    ddpd_sample(lambda x: torch.full(x.shape, -30.0), denoiser, 2, length, 27, steps=4, seed=0, denoiser_type="mask",
+                prompt=Prompt(x_init, frozen), ddpd=DDPDOptions(stop="budget", policy=policy),
+                execution=Execution(fused=fused))
+    assert masks == [[12, 12], [11, 11], [8, 8], [4, 4]]
+
+
 @pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("kind", ["mask", "uniform"])
 def test_error_budget_candidates_of_zero_weight_keep_their_tokens(kind, fused):
