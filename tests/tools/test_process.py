@@ -50,6 +50,13 @@ def test_schedule_endpoints_derivative_inverse(schedule):
     assert torch.allclose(schedule.rate(t), schedule.alpha_dot(t) / (1 - schedule.alpha(t)))
 
 
+def test_the_cosine_inverse_reads_an_alpha_rounded_just_outside_0_1_as_its_end():
+    """acos(1 - a) is NaN for a off [0, 1]: an alpha float32 arithmetic puts 1e-7 past an end
+    (1 - sum_p / D) must map to that end's time, not to a NaN time."""
+    a = torch.tensor([-1e-7, 1.0 + 1e-7], dtype=F64)
+    assert CosineSchedule().inverse(a).tolist() == [0.0, 1.0]
+
+
 def test_get_schedule_rejects_unknown():
     assert isinstance(get_schedule("cosine"), CosineSchedule)
     with pytest.raises(ValueError, match="schedule"):
