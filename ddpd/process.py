@@ -167,7 +167,8 @@ class CustomSchedule(Schedule):
 
     Raises:
         TypeError: an argument that is not callable.
-        ValueError: alpha or inverse off its endpoints by more than 1e-6.
+        ValueError: alpha or inverse off its endpoints by more than 1e-6, or alpha falling (or
+            alpha_dot negative, or either not finite) somewhere on a grid of 1025 times.
     """
 
     name = "custom"
@@ -180,6 +181,7 @@ class CustomSchedule(Schedule):
         # corrupt and the samplers take t = 0 as all noise and t = 1 as all data
         _check_endpoints("alpha", "t", alpha(ends))
         _check_endpoints("inverse", "alpha", inverse(ends))
+        _check_rising(alpha, alpha_dot)
         self._alpha, self._alpha_dot, self._inverse = alpha, alpha_dot, inverse
 
     def __repr__(self) -> str:
@@ -224,6 +226,28 @@ def _check_endpoints(name: str, of: str, values) -> None:
     low, high = (float(v) for v in torch.as_tensor(values, dtype=torch.float64).flatten()[:2])
     if not (abs(low) <= 1e-6 and abs(high - 1.0) <= 1e-6):  # NaN fails too
         raise ValueError(f"{name} must map {of} = 0 to 0 and {of} = 1 to 1, got {low} and {high}")
+
+
+def _check_rising(alpha: Callable, alpha_dot: Callable) -> None:
+    """ValueError unless alpha never falls and alpha_dot >= 0 on a grid of [0, 1]: a falling
+    alpha makes negative rates, which the samplers would read as probabilities."""
+    grid = torch.linspace(0.0, 1.0, 1025, dtype=torch.float64)
+    values = {name: torch.as_tensor(fn(grid), dtype=torch.float64).expand(grid.shape)
+              for name, fn in (("alpha", alpha), ("alpha_dot", alpha_dot))}
+    for name, v in values.items():
+        if not bool(v.isfinite().all()):
+            k = int((~v.isfinite()).nonzero()[0])
+            raise ValueError(f"{name} must be finite on [0, 1], got {float(v[k])} at t = {float(grid[k]):.6g}")
+    a, slope = values["alpha"], values["alpha_dot"]
+    if bool((a[1:] < a[:-1]).any()):
+        k = int((a[1:] < a[:-1]).nonzero()[0])
+        raise ValueError(f"alpha must not fall on [0, 1] (alpha_t rises from noise at t = 0 to data at t = 1), "
+                         f"got alpha({float(grid[k]):.6g}) = {float(a[k]):.6g} > "
+                         f"alpha({float(grid[k + 1]):.6g}) = {float(a[k + 1]):.6g}")
+    if bool((slope < 0).any()):
+        k = int((slope < 0).nonzero()[0])
+        raise ValueError(f"alpha_dot must be >= 0 on [0, 1] (alpha never falls), got {float(slope[k]):.6g} "
+                         f"at t = {float(grid[k]):.6g}")
 
 
 _SCHEDULES = {"linear": LinearSchedule, "cosine": CosineSchedule}

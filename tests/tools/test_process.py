@@ -78,6 +78,19 @@ def test_custom_schedule_refuses_a_schedule_off_its_endpoints(alpha, inverse, ma
         CustomSchedule(alpha, lambda t: torch.ones_like(t), inverse)
 
 
+@pytest.mark.parametrize("alpha, alpha_dot, match", [
+    (lambda t: t + 0.5 * torch.sin(2 * math.pi * t), lambda t: torch.ones_like(t),  # falls from t = 0.3 to 0.7
+     r"alpha must not fall on \[0, 1\] \(alpha_t rises .*\), got alpha\(0.301758\) = 0.775551 > alpha\(0.302734\)"),
+    (lambda t: t, lambda t: 1 - 2 * t, r"alpha_dot must be >= 0 on \[0, 1\] .* got -0.00195312 at t = 0.500977"),
+    (lambda t: t, lambda t: 1 / (t - 0.5), r"alpha_dot must be finite on \[0, 1\], got inf at t = 0.5"),
+])
+def test_custom_schedule_refuses_an_alpha_that_falls(alpha, alpha_dot, match):
+    """alpha_t rises from 0 to 1; one that falls between its right endpoints gave negative jump
+    rates and probabilities, drawn from without a word."""
+    with pytest.raises(ValueError, match=match):
+        CustomSchedule(alpha, alpha_dot, lambda a: a)
+
+
 def test_custom_schedule_takes_endpoints_within_1e_6():
     """The documented tolerance: a schedule whose float arithmetic misses alpha_1 = 1 by 1e-7 is taken."""
     schedule = CustomSchedule(lambda t: t * (1 - 1e-7), lambda t: torch.ones_like(t), lambda a: a / (1 - 1e-7))
