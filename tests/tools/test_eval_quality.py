@@ -540,3 +540,25 @@ def test_every_plot_closes_its_figure_written_or_not(tmp_path, index):
     with pytest.raises(Exception):  # a parent that is a file: whichever error the OS gives
         plot(rows, str(tmp_path / "file" / "plot.png"))
     assert plt.get_fignums() == before
+
+
+def test_unigram_entropy_refuses_an_id_outside_the_vocabulary():
+    """An id of V or more (or below 0) has no count to go to: named, not an index error of scatter."""
+    for x, got in (([[0, 27]], r"\[0, 27\]"), ([[-1, 3]], r"\[-1, 3\]")):
+        with pytest.raises(ValueError, match=rf"^x must hold ids in \[0, 27\), got range {got}$"):
+            unigram_entropy(torch.tensor(x), V)
+
+
+def test_a_sweep_with_two_temperatures_of_one_entropy_is_read_without_dividing_by_zero():
+    """Greedy-like temperatures can give identical samples, so a sweep may hold one entropy twice:
+    its vertical segment has no slope, and the curve is read on the segment after it."""
+    from ddpd.eval.quality import difference_at, matched_entropy
+
+    curve = [{"entropy": 2.0, "judge_nll": 3.0}, {"entropy": 2.0, "judge_nll": 3.5},
+             {"entropy": 3.0, "judge_nll": 4.0}]
+    assert difference_at(curve, {"entropy": 2.0, "judge_nll": 3.0}) == (0.5, None)  # 3.5 on (2.0, 3.5)-(3.0, 4.0)
+    assert difference_at(curve, {"entropy": 2.5, "judge_nll": 3.0}) == (0.75, None)
+    rows = [dict(r, sampler="ddpd", steps=8) for r in curve] + [{"sampler": "dfm", "steps": 8, "entropy": 2.0,
+                                                                 "judge_nll": 4.0}]
+    result = matched_entropy(rows, "ddpd", "dfm", 8)
+    assert (result["better"], result["matched"], result["nll_difference"]) == (1, 1, -0.5)
