@@ -1076,3 +1076,26 @@ def test_read_frontier_names_an_empty_measurement_and_takes_an_empty_optional_ce
     write_csv([dict(row, judge_nll="")], str(path))
     with pytest.raises(ValueError, match=r"line 2: not a frontier row \(no judge_nll\)"):
         read_frontier(str(path))
+
+
+def test_rows_read_back_with_empty_standard_errors_compare_without_one(tmp_path):
+    """read_frontier keeps an empty optional cell as "": a row measured without its standard errors
+    still compares, its difference with no standard error, instead of float("") failing."""
+    rows = [_reach_row("a", 16, 2.0, 3.8, 32.0), _reach_row("a", 16, 2.4, 4.0, 32.0),
+            dict(_reach_row("maskgit", 32, 2.3, 3.9, 32.0), sampler="maskgit")]
+    path = str(tmp_path / "frontier.csv")
+    write_csv([dict(r, num_samples=1, seed=0, judge_nll_se="", entropy_se="") for r in rows], path)
+    compared, = against_baselines(read_frontier(path))
+    assert compared["nll_difference"] == pytest.approx(-0.1) and compared["nll_difference_se"] is None
+    target = dict(judge_nll=2.2, entropy=3.9, judge_nll_se="", entropy_se="")
+    reach, = passes_to_reach(read_frontier(path)[:2], 2.2, 3.9, target=target)
+    assert reach["matched_difference"] == pytest.approx(0.0, abs=1e-12) and reach["matched_difference_se"] is None
+
+
+def test_ngram_judge_counts_at_most_max_order():
+    from ddpd.eval.ngram import MAX_ORDER
+
+    text = torch.tensor([0, 1, 2, 3] * 10)
+    assert NGramJudge(text, 4, order=MAX_ORDER).order == MAX_ORDER
+    with pytest.raises(ValueError, match=rf"^order must be in \[1, {MAX_ORDER}\], got {MAX_ORDER + 1}$"):
+        NGramJudge(text, 4, order=MAX_ORDER + 1)
