@@ -788,3 +788,44 @@ def test_eval_noise_repr_rebuilds_its_stream():
     assert repr(noise) == f"EvalNoise(seed={2**64 - 1})"
     again = eval(repr(noise), {"EvalNoise": EvalNoise})
     assert torch.equal(again.uniform(1, 2, rows, 5), noise.uniform(1, 2, rows, 5))
+
+
+@pytest.mark.parametrize("denoiser_type, mask", [("uniform", "planner"), ("mask", "planner")])
+def test_planner_elbo_stopped_early_matches_the_exact_expectation(toy, models, denoiser_type, mask):
+    """At t_max = 0.6 a position of the final state is noise with probability 0.4 and holds its
+    clean value by chance a third of the time: the final emission keeps it (x == x_1), as the
+    CTMC does, whether or not it was drawn as noise. At 0.999 such positions are too rare to tell."""
+    if denoiser_type == "uniform":
+        variant, denoiser = PlannedUniformVariant(models.planner, models.uniform_denoiser, False), \
+            models.uniform_denoiser
+    else:
+        variant, denoiser = _planned_mask_variant(models.planner, models.mask_denoiser, mask), models.mask_denoiser
+    _check_estimator(toy, variant, lambda x1, rows, t_max, seed: elbo_planned(
+        models.planner, denoiser, x1, S, denoiser_type=denoiser_type, mask=mask, mc_samples=SAMPLES, t_max=t_max,
+        seed=seed, row_ids=rows), t_max=0.6)
+
+
+@pytest.mark.parametrize("estimator, kind, mask, timed", [
+    ("uniform", None, None, False), ("mask", None, None, False), ("planned", "uniform", "planner", False),
+    ("planned", "uniform", "planner", True), ("planned", "mask", "planner", False), ("planned", "mask", "true", False)])
+def test_each_draw_of_an_estimate_has_its_own_stream(toy, models, estimator, kind, mask, timed, monkeypatch):
+    """Two draws of one Monte-Carlo sample never share uniforms (the transitioning term's planned
+    mask is not the final emission's, say): each (sample, stream) is asked for once."""
+    asked = []
+    uniform = EvalNoise.uniform
+
+    def recorded(self, sample, stream, rows, cols):
+        asked.append((sample, stream))
+        return uniform(self, sample, stream, rows, cols)
+
+    monkeypatch.setattr(EvalNoise, "uniform", recorded)
+    x1, kwargs = toy.states, dict(mc_samples=2, t_max=T_MAX, seed=1)
+    if estimator == "uniform":
+        elbo_uniform_model(models.uniform_model, x1, S, **kwargs)
+    elif estimator == "mask":
+        elbo_mask_diffusion(models.mask_denoiser, x1, S, **kwargs)
+    else:
+        denoiser = models.uniform_denoiser if kind == "uniform" else models.mask_denoiser
+        elbo_planned(models.planner_t if timed else models.planner, denoiser, x1, S, denoiser_type=kind, mask=mask,
+                     time_conditioned_planner=timed, **kwargs)
+    assert len(asked) == len(set(asked)), sorted(asked)
