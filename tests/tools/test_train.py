@@ -19,6 +19,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 import ddpd.checkpoint as ckpt
@@ -426,6 +427,60 @@ def test_objective_feeds_the_right_noise(corpus, tmp_path, kind):
         assert changed.sum() <= count < x1.numel()
     else:
         assert count == x1.numel()
+
+
+class FixedLogits(torch.nn.Module):
+    """Returns the same logits whatever it is fed: the loss then depends on the targets alone."""
+
+    def __init__(self, logits):
+        super().__init__()
+        self.logits = logits
+
+    def forward(self, x, t=None):
+        return self.logits.clone().requires_grad_()
+
+
+@pytest.mark.parametrize("kind", ["planner", "mask-denoiser", "uniform-denoiser", "uniform"])
+def test_objective_scores_each_kind_against_its_own_targets(corpus, tmp_path, monkeypatch, kind):
+    """thm:training_objective: the planner's BCE targets are z_t (not x_t != x1, which misses a
+    uniform draw that gave back the clean token), the denoisers' CE targets are x1 at z_t = N,
+    the uniform model's x1 everywhere. Zero logits score every target alike (log 2, log V): with
+    fixed random ones the value is worked out here from the corruption the objective drew."""
+    import ddpd.training.trainer as trainer_module
+
+    drawn = []
+    monkeypatch.setattr(trainer_module, "corrupt", lambda *a, **k: drawn.append(corrupt(*a, **k)) or drawn[-1])
+    trainer = Trainer(config(corpus, tmp_path / kind, kind))
+    x1 = next(trainer.train_batches)
+    shape = x1.shape if kind == "planner" else (*x1.shape, 27)
+    logits = torch.randn(shape, generator=torch.Generator().manual_seed(2))
+    loss_sum, count = trainer.objective(FixedLogits(logits), x1, torch.Generator().manual_seed(0))
+    trainer.close()
+    (x_t, z_t), = drawn
+    if kind == "planner":  # -log sigmoid(l) where noise, -log(1 - sigmoid(l)) where clean
+        per_position, where = torch.where(z_t, F.softplus(-logits), F.softplus(logits)), torch.ones_like(z_t)
+    else:  # -log softmax(l)[x1]
+        per_position = torch.logsumexp(logits, -1) - logits.gather(-1, x1[..., None])[..., 0]
+        where = torch.ones_like(z_t) if kind == "uniform" else z_t
+    if kind != "mask-denoiser":  # the case that tells z_t from x_t != x1 is there
+        assert (z_t & (x_t == x1)).any()
+    assert float(count) == int(where.sum())
+    assert loss_sum.item() == pytest.approx(float(per_position[where].sum()), rel=1e-5)
+
+
+def test_the_denoiser_is_told_the_time_its_input_was_corrupted_at(corpus, tmp_path):
+    """The t fed to the network is the t of the corruption: under the linear schedule a row is
+    masked at a fraction 1 - t of its positions (alpha_t = t), up to the binomial spread."""
+    trainer = Trainer(config(corpus, tmp_path / "out", "mask-denoiser"))
+    x1 = torch.randint(0, 27, (2000, 64), generator=torch.Generator().manual_seed(0))
+    spy = Spy(27)
+    trainer.objective(spy, x1, torch.Generator().manual_seed(1))
+    trainer.close()
+    (x_t, t), = spy.calls
+    masked = (x_t == 27).float().mean(-1)
+    # each row's fraction has a standard deviation of at most 1/16; the mean gap is about 0.05
+    # (0.5 were the corruption drawn at 1 - t)
+    assert float((masked - (1 - t)).abs().mean()) < 0.08
 
 
 def test_a_diverged_run_says_what_it_kept(corpus, tmp_path, capsys):
