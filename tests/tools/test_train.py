@@ -124,6 +124,23 @@ def test_each_step_runs_at_its_learning_rate_with_its_gradient_clipped(corpus, t
         trainer.close()
         assert lrs == pytest.approx([learning_rate(s, trainer.config) for s in range(3)])
     assert max(norms[1e-3]) <= 1e-3 * (1 + 1e-5) and min(norms[0.0]) > 1e-2, norms
+    # clipped to grad_clip, not below it: the mean's gradient is clipped, not the sum's over the terms
+    assert norms[1e-3] == pytest.approx([1e-3] * 3, rel=1e-4), norms
+
+
+def test_weight_decay_shrinks_the_matrices_alone(corpus, tmp_path):
+    """--weight-decay is the matrices': a step of zero gradient (AdamW's moments stay 0)
+    multiplies each matrix by 1 - lr * weight_decay and leaves the biases and norms as they
+    were."""
+    trainer = Trainer(config(corpus, tmp_path / "out", weight_decay=0.5, warmup=1, lr=0.1, grad_clip=0.0))
+    trainer.objective = lambda network, x1, *args: (network(x1).sum() * 0.0, torch.tensor(1))
+    before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
+    trainer._optimizer_step()
+    trainer.close()
+    assert {p.dim() for p in before.values()} == {1, 2}
+    for name, p in trainer.model.named_parameters():
+        expected = before[name] * (1 - 0.1 * 0.5) if p.dim() >= 2 else before[name]
+        torch.testing.assert_close(p.detach(), expected, msg=name)
 
 
 def test_a_run_that_is_all_warmup_is_warned_of(corpus, tmp_path):
@@ -707,6 +724,19 @@ def test_ema_weights_keep_the_decay_of_the_previous_average(corpus, tmp_path):
     assert changed
     for k in changed:
         torch.testing.assert_close(exported[k], 0.9 * before[k] + 0.1 * trained[k])
+    trainer.close()
+
+
+def test_the_validation_loss_is_the_ema_weights(corpus, tmp_path):
+    """With EMA, evaluate() scores the exported weights: an EMA copy whose head gives zero
+    logits scores log V at every corrupted position, whatever the raw weights give."""
+    trainer = Trainer(config(corpus, tmp_path / "out", "mask-denoiser", ema=0.5, eval_batches=2))
+    with torch.no_grad():
+        for p in trainer.ema.head.parameters():
+            p.zero_()
+    assert trainer.evaluate() == pytest.approx(math.log(27), rel=1e-5)
+    trainer.ema = None  # the raw weights score otherwise
+    assert trainer.evaluate() != pytest.approx(math.log(27), rel=1e-3)
     trainer.close()
 
 
