@@ -500,6 +500,22 @@ def test_the_denoiser_is_told_the_time_its_input_was_corrupted_at(corpus, tmp_pa
     assert float((masked - (1 - t)).abs().mean()) < 0.08
 
 
+def test_training_crops_the_first_90_percent_and_validation_the_next_5(corpus, tmp_path):
+    """The corpus is split by position, 90/5/5: training batches are cut from its first 90% of
+    characters (a text8 token is one), the validation batches from the next 5%; the last 5% is
+    the test split, which the loop never reads."""
+    trainer = Trainer(config(corpus, tmp_path / "out", eval_batches=4))
+    text = pathlib.Path(corpus).read_text()
+    n = len(text)
+    train, validation = text[:n * 90 // 100], text[n * 90 // 100:n * 95 // 100]
+    rows = [row for _ in range(4) for row in next(trainer.train_batches)]
+    held = [row for batch in trainer.eval_set for row in batch]
+    trainer.close()
+    assert len(held) == 4 * TINY["batch_size"]
+    assert [i for i, row in enumerate(rows) if trainer.tokenizer.decode(row) not in train] == []
+    assert [i for i, row in enumerate(held) if trainer.tokenizer.decode(row) not in validation] == []
+
+
 def test_a_diverged_run_says_what_it_kept(corpus, tmp_path, capsys):
     """A NaN loss in a fresh run said "(the last checkpoint is intact)" of a checkpoint never
     written; a NaN validation loss (finite weights) failed in the save with a JSON message."""
