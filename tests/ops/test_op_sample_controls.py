@@ -198,6 +198,17 @@ def test_top_k_keeps_ties_and_top_p_keeps_tied_groups_together():
     assert set(tokens.tolist()) == {0, 2} and torch.allclose(lp, torch.full((n,), math.log(0.5)))
 
 
+def test_top_p_stops_at_the_token_whose_mass_above_is_exactly_p():
+    """A token is kept when the mass strictly above it is below p Z, not equal to it: with
+    weights 1, 1/2, 1/2 (exp(-log 2) is 1/2 in float32, the sums exact), p = 1/2 is reached by
+    the maximum alone, the smallest upper set of mass >= p; a p an ulp above adds the pair."""
+    half = -math.log(2.0)
+    logits = torch.tensor([0.0, half, half, float("-inf")]).expand(64, 4)
+    for draw in (sample_categorical, sample_categorical_reference, triton_categorical):
+        assert set(draw(logits, top_p=0.5, seed=1)[0].tolist()) == {0}
+        assert set(draw(logits, top_p=0.5 + 2**-24, seed=1)[0].tolist()) == {0, 1, 2}
+
+
 def test_min_p_keeps_a_probability_of_exactly_min_p_times_the_top():
     """min_p keeps p >= min_p p_max: at min_p = 1 the maxima stay drawable, and only they."""
     logits = torch.tensor([2.0, 0.0, 2.0, 1.0]).expand(64, 4)
