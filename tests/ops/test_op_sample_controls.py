@@ -296,6 +296,20 @@ def test_leading_dimensions_and_float64_logits():
                 tuple(None if t is None else t.reshape(2, 3) for t in expected))
 
 
+def test_float64_rows_are_taken_relative_to_their_drawable_maximum():
+    """float64 logits are shifted by the maximum over the drawable tokens before the cast: an
+    excluded or not allowed 1e300 beside two drawable zeros leaves those two (a shift by
+    1e300 would make them -inf in float32 and the row undrawable), each of probability 1/2."""
+    logits = torch.zeros(64, 4, dtype=torch.float64)
+    logits[:, 0] = logits[:, 3] = 1e300
+    allowed = torch.ones(64, 4, dtype=torch.bool)
+    allowed[:, 3] = False
+    for draw in (sample_categorical, sample_categorical_reference):
+        tokens, valid, lp, _ = draw(logits, exclude_ids=[0], allowed=allowed, seed=3, return_logprob=True)
+        assert bool(valid.all()) and set(tokens.tolist()) == {1, 2}
+        torch.testing.assert_close(lp, torch.full((64,), -math.log(2.0)))
+
+
 @pytest.mark.parametrize("outputs", OUTPUTS)
 @pytest.mark.parametrize("vocab", [5, 700])
 def test_sample_from_hidden_controls_on_every_path(outputs, vocab):
