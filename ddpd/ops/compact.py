@@ -9,8 +9,6 @@ The contract of both ops: docs/ops/compact.md.
 """
 from __future__ import annotations
 
-import numbers
-import operator
 from collections.abc import Sequence
 from typing import Union
 
@@ -18,7 +16,7 @@ import torch
 
 from ddpd.ops import _dispatch, _ext
 from ddpd.ops.results import Compacted
-from ddpd.validation import values_checkable
+from ddpd.validation import check_int, values_checkable
 
 
 def _check_active(active) -> torch.Tensor:
@@ -55,11 +53,7 @@ def _kernels_for(active: torch.Tensor):
 
 
 def _check_capacity(capacity) -> int:
-    if isinstance(capacity, bool) or not isinstance(capacity, numbers.Integral):  # numpy's integers too
-        raise TypeError(f"capacity must be an int, got {type(capacity).__name__}")
-    capacity = operator.index(capacity)
-    if capacity < 0:
-        raise ValueError(f"capacity must be >= 0, got {capacity}")
+    capacity = check_int("capacity", capacity, 0)
     if capacity >= 2**63:  # the kernels' int64: torch's own refusal names no argument
         raise ValueError(f"capacity must be < 2**63, got {capacity}")
     return capacity

@@ -10,7 +10,6 @@ The law, the uniforms and the validity of a row: docs/ops/multinomial.md.
 from __future__ import annotations
 
 import numbers
-import operator
 from typing import Optional
 
 import torch
@@ -20,7 +19,7 @@ from ddpd.ops import _dispatch, _ext, rng
 from ddpd.ops.results import Draw
 from ddpd.ops.rng import philox_words
 from ddpd.ops.sample_categorical import MAX_TEMPERATURE
-from ddpd.validation import check_bool, readable, value_range, values_checkable
+from ddpd.validation import check_bool, check_int, readable, value_range, values_checkable
 
 CHUNK = 64  # equals kChunk in csrc/multinomial.h
 WEIGHT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
@@ -118,14 +117,11 @@ def finish(index: torch.Tensor, valid: torch.Tensor, check_valid: bool, need: st
 
 
 def _check_k(k, replacement, n: int) -> int:
-    if isinstance(k, bool) or not isinstance(k, numbers.Integral):  # numpy's integers too
-        raise TypeError(f"k must be an int, got {type(k).__name__}")
-    k = operator.index(k)
+    k = check_int("k", k, 1)
     if not isinstance(replacement, bool):
         raise TypeError(f"replacement must be a bool, got {type(replacement).__name__}")
-    if k < 1 or (not replacement and k > n):
-        limit = "" if replacement else f" and <= N = {n} without replacement"
-        raise ValueError(f"k must be >= 1{limit}, got {k}")
+    if not replacement and k > n:
+        raise ValueError(f"k must be >= 1 and <= N = {n} without replacement, got {k}")
     if k >= _dispatch.MAX_WIDTH:  # draw j reads columns 2j and 2j + 1, which stay below 2**31
         raise ValueError(f"k must be < {_dispatch.MAX_WIDTH}, got {k}")
     return k
