@@ -94,6 +94,9 @@ def run_frontier(configs: Sequence[Config], *, judge, vocab_size: int, num_sampl
     batch_size = check_int("batch_size", batch_size, 1)
     done = {_row_key(row): row for row in (read_frontier(csv_path) if os.path.exists(csv_path) else [])}
     rows, keys = [], [config.key(num_samples, seed) for config in configs]
+    if _fill_budgets(done, configs, keys):
+        with signals_held():
+            write_csv(list(done.values()), csv_path)
     # the rows resumed start the bar: counted as configurations measured, they made its rate and time left
     with tqdm(total=len(configs), initial=sum(key in done for key in keys), desc="frontier", unit="config",
               disable=None if progress else True) as bar:
@@ -109,6 +112,17 @@ def run_frontier(configs: Sequence[Config], *, judge, vocab_size: int, num_sampl
                 write_csv(rows + [earlier for k, earlier in done.items() if k not in here], csv_path)
             bar.update()
     return rows
+
+
+def _fill_budgets(done: dict, configs: Sequence[Config], keys: list) -> bool:
+    """Give each row of `done` written without a budget the budget of its configuration, which
+    a ddpd row stopped early does not tell (budget()); whether one was given."""
+    filled = False
+    for config, key in zip(configs, keys):
+        row = done.get(key)
+        if row is not None and row.get("budget") in (None, "") and config.budget is not None:
+            row["budget"], filled = str(config.budget), True
+    return filled
 
 
 def read_frontier(path: str) -> list[dict]:
@@ -158,7 +172,8 @@ def _whole(text: str, where: str) -> str:
 
 def budget(row: dict) -> int:
     """The network-pass budget a row was run at: its `budget`, or in a row written without one
-    its steps (mask loop: a pass a step) or its mean passes (ddpd, which spends its budget).
+    its steps (mask loop: a pass a step) or its mean passes rounded up (ddpd, which spends at
+    most its budget: rows that stop early spend less).
 
     Args:
         row: a frontier row.
@@ -168,7 +183,8 @@ def budget(row: dict) -> int:
     """
     if row.get("budget") not in (None, ""):
         return int(row["budget"])
-    return int(row["steps"]) if row["sampler"] != "ddpd" else round(float(row["passes"]))
+    # round() filed a row of 31.4 mean passes, stopped early at budget 32, under 31
+    return int(row["steps"]) if row["sampler"] != "ddpd" else math.ceil(float(row["passes"]))
 
 
 def _measure(config: Config, judge, vocab_size: int, num_samples: int, seed: int, batch_size: int) -> dict:

@@ -105,6 +105,22 @@ def test_read_frontier_reads_whole_numbers_written_as_floats(tmp_path):
 
 
 
+def test_a_ddpd_row_without_a_budget_is_filed_under_its_configurations_budget(tmp_path):
+    """A row written without a budget cell had its budget guessed as round(passes): a ddpd row
+    stopped early at budget 32 (30.4 mean passes) was filed under 30, away from its sweep."""
+    path = str(tmp_path / "frontier.csv")
+    calls = []
+    config = Config("ddpd", "one-at-a-time", 16, 1.0, fake(calls), budget=32)
+    run_frontier([config], judge=Uniform(5), vocab_size=5, num_samples=1, seed=0, batch_size=1, csv_path=path)
+    old = {k: v for k, v in read_frontier(path)[0].items() if k != "budget"}
+    write_csv([dict(old, passes=30.4)], path)
+    assert budget(read_frontier(path)[0]) == 31  # read alone: at least the passes it spent
+    again = run_frontier([config], judge=Uniform(5), vocab_size=5, num_samples=1, seed=0, batch_size=1,
+                         csv_path=path)
+    assert len(calls) == 1 and budget(again[0]) == 32  # resumed: its configuration says
+    assert [budget(r) for r in read_frontier(path)] == [32]  # and the CSV keeps it for the reports
+
+
 def test_run_frontier_keys_each_temperature_exactly(tmp_path):
     """The key wrote a temperature with :g, six digits: 1.0000001 took the row of 1.0."""
     path = str(tmp_path / "frontier.csv")
