@@ -227,7 +227,8 @@ def passes_to_reach(rows: list[dict], target_nll: float, target_entropy: float, 
     the best NLL it reached at matched entropy. Beside it, read at the target's own entropy (the
     window alone is worth 0.1 nats where a curve rises 3 nats a bit): the fewest passes whose
     temperature sweep passes within nll_slack of the target there (ddpd.eval.quality.difference_at,
-    never extrapolated), else the smallest such difference, with its standard error when
+    never extrapolated; of equal passes, the smaller difference, then budget), else the smallest
+    such difference, with its standard error when
     `target` (the target's row) gives the target's own.
 
     Args:
@@ -269,7 +270,9 @@ def _at_target_entropy(ours: list[dict], point: dict, nll_slack: float) -> dict:
         if got is not None:
             readings.append((max(float(r["passes"]) for r in curve), *got))
     reached = [r for r in readings if r[1] <= nll_slack]
-    pick = min(reached, default=None) or min(readings, key=lambda r: r[1], default=None)
+    # the fewest passes, then the least difference, then the smaller budget: a tie went on to
+    # compare standard errors, where one is None (a row of one sample) and raised
+    pick = min(reached, key=lambda r: r[:2], default=None) or min(readings, key=lambda r: r[1], default=None)
     return {"matched_reached": bool(reached) if pick else None, "matched_passes": pick[0] if pick else None,
             "matched_difference": pick[1] if pick else None, "matched_difference_se": pick[2] if pick else None}
 

@@ -230,6 +230,21 @@ def test_passes_to_reach_reads_each_budget_at_the_targets_own_entropy():
     assert passes_to_reach(steep, 2.312, 3.956)[0]["matched_difference_se"] is None  # no target row: no s.e.
 
 
+def test_passes_to_reach_breaks_a_tie_at_the_targets_entropy_by_the_smaller_budget():
+    """Two budgets reaching the target at the same passes and difference went on to compare their
+    standard errors, one None (its rows of one sample): TypeError instead of a reach table."""
+    def row(steps, temperature, nll, entropy, se):
+        return dict(sampler="maskgit", policy="threshold:0.9", steps=steps, temperature=temperature, judge_nll=nll,
+                    entropy=entropy, passes=20.0, judge_nll_se=se, entropy_se=se)
+
+    target = dict(judge_nll=2.3, entropy=3.95, judge_nll_se=0.03, entropy_se=0.01)
+    rows = [row(64, 0.9, 2.2, 3.9, 0.02), row(64, 1.1, 2.4, 4.0, 0.02),  # an adaptive policy done in 20 passes
+            row(32, 0.9, 2.2, 3.9, math.nan), row(32, 1.1, 2.4, 4.0, math.nan)]
+    reach = passes_to_reach(rows, 2.3, 3.95, target=target)[0]
+    assert reach["matched_reached"] and reach["matched_passes"] == 20.0
+    assert reach["matched_difference_se"] is None  # budget 32's reading, the smaller budget
+
+
 def test_against_baselines_compares_each_ddpd_policy_at_its_budget_and_matched_entropy():
     def row(sampler, policy, steps, temperature, nll, entropy, passes):
         return dict(sampler=sampler, policy=policy, steps=steps, temperature=temperature, judge_nll=nll,
