@@ -411,10 +411,12 @@ def merge_sweeps(parts: Sequence[list[dict]], names: Optional[Sequence[str]] = N
         The merged rows.
 
     Raises:
-        ValueError: a configuration in two parts, parts of different judges, or parts with
-            different reference rows.
+        ValueError: a row without a column the merge reads (sampler; steps and temperature,
+            or a reference row's judge_nll and entropy), a configuration in two parts, parts of
+            different judges, or parts with different reference rows.
     """
     names = list(names) if names is not None else [f"sweep {i + 1}" for i in range(len(parts))]
+    _check_columns(parts, names)
     _check_one_judge(parts, names)
     reference, rows, seen = [], [], {}
     for name, part in zip(names, parts):
@@ -433,6 +435,18 @@ def merge_sweeps(parts: Sequence[list[dict]], names: Optional[Sequence[str]] = N
             seen[key] = name
             rows.append(row)
     return reference + rows
+
+
+def _check_columns(parts: Sequence[list[dict]], names: Sequence[str]) -> None:
+    """ValueError naming the part and row that lacks a column merge_sweeps reads (a row of a
+    foreign CSV: a frontier's, one's own), where the merge raised a bare KeyError."""
+    for name, part in zip(names, parts):
+        for i, row in enumerate(part, start=1):
+            needed = ("sampler",) + (_MEASURED if row.get("sampler") == REFERENCE else ("steps", "temperature"))
+            missing = [key for key in needed if key not in row]
+            if missing:
+                raise ValueError(f"{name} row {i}: no {', '.join(missing)} column (not a row of a sweep CSV, "
+                                 "ddpd-eval quality's)")
 
 
 def _check_one_judge(parts: Sequence[list[dict]], names: Sequence[str]) -> None:

@@ -413,6 +413,20 @@ def test_reference_rows_a_little_apart_or_apart_in_entropy_alone_are_not_merged(
         merge_sweeps(parts, ["a", "b"])
 
 
+@pytest.mark.parametrize("row, missing", [
+    ({"policy": "maskgit", "steps": 4, "temperature": 1.0, "judge_nll": 3.2, "entropy": 3.1}, "sampler"),
+    ({"sampler": "maskgit", "judge_nll": 3.2, "entropy": 3.1}, "steps, temperature"),
+    ({"sampler": "held-out text", "judge_nll": 1.2}, "entropy")])
+def test_merge_sweeps_names_a_row_without_a_column_it_reads(row, missing):
+    """Rows of a foreign CSV (a frontier's, one's own) raised a bare KeyError: 'steps'."""
+    from ddpd.eval import merge_sweeps
+
+    reference = {"sampler": "held-out text", "steps": "", "temperature": "", "judge_nll": 1.2, "entropy": 4.0}
+    with pytest.raises(ValueError) as err:
+        merge_sweeps([[reference], [reference, row]], ["a.csv", "b.csv"])
+    assert str(err.value) == f"b.csv row 2: no {missing} column (not a row of a sweep CSV, ddpd-eval quality's)"
+
+
 def test_a_frontier_csv_is_named_as_such(tmp_path, capsys):
     path = tmp_path / "frontier.csv"
     path.write_text("sampler,policy,steps,temperature,judge_nll,entropy,passes\n"
