@@ -137,11 +137,13 @@ def check_bundle_configs(configs: dict) -> None:
         configs: {"planner": config, "denoiser": config}.
 
     Raises:
-        ValueError: the configs are not those of a default bundle.
+        TypeError: configs, or a role's config, is not a dict.
+        ValueError: a role is missing, or the configs are not those of a default bundle.
     """
+    _check_roles(configs)
     for role, kind in KINDS.items():
-        if configs[role]["kind"] != kind:
-            raise ValueError(f"default bundle: the {role} must be a {kind!r} model, got {configs[role]['kind']!r}")
+        if configs[role].get("kind") != kind:
+            raise ValueError(f"default bundle: the {role} must be a {kind!r} model, got {configs[role].get('kind')!r}")
         if configs[role].get("tokenizer") != TOKENIZER:
             raise ValueError(f"default bundle: the {role} must use the tokenizer {TOKENIZER}, "
                              f"got {configs[role].get('tokenizer')}")
@@ -155,6 +157,20 @@ def check_bundle_configs(configs: dict) -> None:
     schedules = {role: configs[role].get("schedule", "linear") for role in ROLES}
     if len(set(schedules.values())) != 1:
         raise ValueError(f"default bundle: planner and denoiser must share the schedule, got {schedules}")
+
+
+def _check_roles(configs) -> None:
+    """check_bundle_configs' argument a dict with a config dict per role: a missing one raised a
+    bare KeyError: 'planner'."""
+    if not isinstance(configs, dict):
+        raise TypeError(f"default bundle: configs must be a dict {{role: config}}, got {type(configs).__name__}")
+    missing = [role for role in ROLES if role not in configs]
+    if missing:
+        raise ValueError(f"default bundle: configs must hold a config for each of {', '.join(ROLES)}; "
+                         f"{', '.join(missing)} missing")
+    for role in ROLES:
+        if not isinstance(configs[role], dict):
+            raise TypeError(f"default bundle: the {role}'s config must be a dict, got {type(configs[role]).__name__}")
 
 
 def _portable(config: dict, path: str) -> dict:

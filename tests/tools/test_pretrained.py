@@ -482,6 +482,22 @@ def test_check_bundle_configs_refuses_another_alphabet_or_schedule():
         pretrained.check_bundle_configs(_configs(schedules=("linear", "cosine")))
 
 
+@pytest.mark.parametrize("configs, error, message", [
+    ({}, ValueError, "default bundle: configs must hold a config for each of planner, denoiser; planner, denoiser "
+                     "missing"),
+    ({"planner": {}}, ValueError, "default bundle: configs must hold a config for each of planner, denoiser; "
+                                  "denoiser missing"),
+    (None, TypeError, "default bundle: configs must be a dict {role: config}, got NoneType"),
+    ({"planner": {}, "denoiser": "config.json"}, TypeError, "default bundle: the denoiser's config must be a dict, "
+                                                            "got str"),
+    ({"planner": {}, "denoiser": {}}, ValueError, "default bundle: the planner must be a 'planner' model, got None")])
+def test_check_bundle_configs_names_a_role_missing(configs, error, message):
+    """{} raised a bare KeyError: 'planner', and None a TypeError about subscripting."""
+    with pytest.raises(error) as err:
+        pretrained.check_bundle_configs(configs)
+    assert str(err.value) == message
+
+
 def test_load_default_returns_networks_without_gradients(as_default):
     planner, denoiser, _ = pretrained.load_default()
     assert not any(p.requires_grad for model in (planner, denoiser) for p in model.parameters())
