@@ -355,8 +355,12 @@ def resume_settings(path, config: dict) -> dict:
         The training settings.
 
     Raises:
+        TypeError: config is not a dict (read_config's).
         CheckpointError: no settings digest, or settings that differ from it.
     """
+    if not isinstance(config, dict):  # None raised AttributeError: 'NoneType' object has no attribute 'get'
+        raise TypeError(f"resume_settings: config must be the checkpoint's config dict (read_config), "
+                        f"got {type(config).__name__}")
     if config.get(SETTINGS_DIGEST) is None:
         raise CheckpointError(f"checkpoint {path}: config.json records no {SETTINGS_DIGEST}, so the settings a "
                               "resume takes from it cannot be verified (written by an older ddpd?)")

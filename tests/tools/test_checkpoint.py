@@ -994,6 +994,15 @@ def test_a_save_digests_the_settings_a_resume_takes(tmp_path):
         ckpt.resume_settings(tmp_path / "c", stored)
 
 
+@pytest.mark.parametrize("config", [None, "config.json", [("training", {})]])
+def test_resume_settings_names_a_config_that_is_no_dict(tmp_path, config):
+    """None raised AttributeError: 'NoneType' object has no attribute 'get'."""
+    with pytest.raises(TypeError) as err:
+        ckpt.resume_settings(tmp_path / "c", config)
+    assert str(err.value) == ("resume_settings: config must be the checkpoint's config dict (read_config), "
+                              f"got {type(config).__name__}")
+
+
 def _edit_config(path, edit):
     config = json.loads((path / "config.json").read_text())
     edit(config)
