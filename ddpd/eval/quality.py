@@ -411,11 +411,13 @@ def merge_sweeps(parts: Sequence[list[dict]], names: Optional[Sequence[str]] = N
         The merged rows.
 
     Raises:
-        ValueError: a row without a column the merge reads (sampler; steps and temperature,
+        ValueError: names not one a part, a row without a column the merge reads (sampler; steps and temperature,
             or a reference row's judge_nll and entropy), a configuration in two parts, parts of
             different judges, or parts with different reference rows.
     """
     names = list(names) if names is not None else [f"sweep {i + 1}" for i in range(len(parts))]
+    if len(names) != len(parts):  # zip() dropped the parts past the last name, without a word
+        raise ValueError(f"merge_sweeps: names must name each of the {len(parts)} parts, got {len(names)}")
     _check_columns(parts, names)
     _check_one_judge(parts, names)
     reference, rows, seen = [], [], {}

@@ -427,6 +427,16 @@ def test_merge_sweeps_names_a_row_without_a_column_it_reads(row, missing):
     assert str(err.value) == f"b.csv row 2: no {missing} column (not a row of a sweep CSV, ddpd-eval quality's)"
 
 
+@pytest.mark.parametrize("names", [["a"], ["a", "b", "c"]])
+def test_merge_sweeps_refuses_names_not_one_a_part(names):
+    """zip() dropped the parts past the last name: two parts and one name merged the first alone."""
+    from ddpd.eval import merge_sweeps
+
+    row = {"sampler": "maskgit", "steps": 2, "temperature": 1.0, "judge_nll": 3.2, "entropy": 3.1}
+    with pytest.raises(ValueError, match=f"names must name each of the 2 parts, got {len(names)}"):
+        merge_sweeps([[row], [dict(row, steps=3)]], names)
+
+
 def test_a_frontier_csv_is_named_as_such(tmp_path, capsys):
     path = tmp_path / "frontier.csv"
     path.write_text("sampler,policy,steps,temperature,judge_nll,entropy,passes\n"
