@@ -219,6 +219,13 @@ def family(row: dict) -> str:
     return f"{row['sampler']} {row['policy']}"
 
 
+def _measured(row: dict) -> bool:
+    """Whether a row's judge NLL, entropy and passes are finite: a NaN (a judge's, or a cell
+    edited) compares false with everything, and one such row of a sweep took its family's best
+    NLL and broke its curve, so the reach and comparison tables leave such rows out."""
+    return all(math.isfinite(float(row[k])) for k in ("judge_nll", "entropy", "passes"))
+
+
 def passes_to_reach(rows: list[dict], target_nll: float, target_entropy: float, nll_slack: float = 0.02,
                     entropy_tolerance: float = 0.01, target: Optional[dict] = None,
                     label: Callable[[str], str] = str) -> list[dict]:
@@ -232,7 +239,7 @@ def passes_to_reach(rows: list[dict], target_nll: float, target_entropy: float, 
     `target` (the target's row) gives the target's own.
 
     Args:
-        rows: frontier rows.
+        rows: frontier rows (one with a judge NLL, entropy or passes not finite left out).
         target_nll: the target's judge NLL.
         target_entropy: the target's entropy.
         nll_slack: how far above target_nll counts as reaching it.
@@ -245,6 +252,7 @@ def passes_to_reach(rows: list[dict], target_nll: float, target_entropy: float, 
     """
     point = dict(target or {}, judge_nll=target_nll, entropy=target_entropy)
     out = []
+    rows = [row for row in rows if _measured(row)]
     for name in dict.fromkeys(family(row) for row in rows):
         ours = [r for r in rows if family(r) == name]
         matched = [r for r in ours if abs(float(r["entropy"]) - target_entropy) <= entropy_tolerance * target_entropy]
@@ -283,14 +291,15 @@ def against_baselines(rows: list[dict], label: Callable[[str], str] = str) -> li
     ddpd.eval.quality.matched_entropy (interpolated, never extrapolated).
 
     Args:
-        rows: frontier rows (the one-at-a-time rows are left out).
+        rows: frontier rows (the one-at-a-time rows, and rows with a judge NLL, entropy or passes
+            not finite, are left out).
         label: a family's name (family()) -> the name the table shows.
 
     Returns:
         matched_entropy's dicts ("steps" is the pass budget), budget by budget.
     """
     curves = [dict(r, sampler=family(r), steps=budget(r), judge_nll=float(r["judge_nll"]),
-                   entropy=float(r["entropy"])) for r in rows if r["policy"] != "one-at-a-time"]
+                   entropy=float(r["entropy"])) for r in rows if r["policy"] != "one-at-a-time" and _measured(r)]
     ours = list(dict.fromkeys(c["sampler"] for c in curves if c["sampler"].startswith("ddpd ")))
     theirs = list(dict.fromkeys(c["sampler"] for c in curves if not c["sampler"].startswith("ddpd ")))
     out = []

@@ -265,6 +265,27 @@ def test_against_baselines_compares_each_ddpd_policy_at_its_budget_and_matched_e
     assert compared[1]["nll_difference"] == pytest.approx(0.2)
 
 
+def test_a_row_not_finite_is_left_out_of_the_reach_and_comparison_tables():
+    """A NaN judge NLL (a judge's, or a cell edited) compares false with everything: it became its
+    family's best NLL at matched entropy, and broke the temperature sweep's curve, so the family
+    neither reached the target nor compared with the baseline, which its other rows do."""
+    def row(sampler, policy, temperature, nll, entropy):
+        return dict(sampler=sampler, policy=policy, steps=32, temperature=temperature, judge_nll=nll,
+                    entropy=entropy, passes=32.0)
+
+    rows = [row("ddpd", "error-budget:bound=0", 1.0, math.nan, 3.9),
+            row("ddpd", "error-budget:bound=0", 0.9, 2.0, 3.88), row("ddpd", "error-budget:bound=0", 1.1, 2.4, 4.00),
+            row("maskgit", "maskgit", 1.0, 2.3, 3.90)]
+    unreached = passes_to_reach(rows, 1.5, 3.9)[0]  # the best NLL at matched entropy: T=0.9's, not NaN
+    assert unreached["judge_nll"] == 2.0 and unreached["config"] == "error-budget:bound=0 steps=32 T=0.9"
+    reach = passes_to_reach(rows, 2.3, 3.9)[0]  # the curve 2.0 -> 2.4 at 3.9: 2.0 + 0.4 / 6
+    assert reach["matched_reached"] and reach["matched_difference"] == pytest.approx(2.0 + 0.4 / 6 - 2.3)
+    compared = against_baselines(rows)
+    assert [c["verdict"] for c in compared] == ["lower"]
+    assert compared[0]["nll_difference"] == pytest.approx(2.0 + 0.4 / 6 - 2.3)
+    assert passes_to_reach(rows, 2.3, 3.9) == passes_to_reach(rows[1:], 2.3, 3.9)
+
+
 def test_ngram_judge_is_a_normalised_law():
     torch.manual_seed(0)
     text = torch.randint(0, 4, (3000,))
