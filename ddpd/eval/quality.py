@@ -411,7 +411,7 @@ def merge_sweeps(parts: Sequence[list[dict]], names: Optional[Sequence[str]] = N
         The merged rows.
 
     Raises:
-        ValueError: names not one a part, a row without a column the merge reads (sampler; steps and temperature,
+        ValueError: names not one per part, a row without a column the merge reads (sampler; steps and temperature,
             or a reference row's judge_nll and entropy), a configuration in two parts, parts of
             different judges, or parts with different reference rows.
     """
