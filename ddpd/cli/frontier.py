@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import os
 import re
 import sys
@@ -130,17 +131,30 @@ def run(args: argparse.Namespace) -> None:
                and int(r["steps"]) == args.target_steps]  # never empty: _plan puts the target first
     target = min(targets, key=lambda r: abs(float(r["temperature"]) - args.target_temperature))
     label = f"ddpd one at a time, {args.target_steps} steps, T={target['temperature']}"
-    reach = fr.passes_to_reach([r for r in rows if r is not target], float(target["judge_nll"]),
-                               float(target["entropy"]), target=target, label=_short)
+    reach = _reach(rows, target, label)
     text = fr.frontier_markdown(rows, reach, label, fr.against_baselines(rows, _short))
     with one_set():
         write_text(text, os.path.join(args.out_dir, "frontier.md"))
         try:
+            point = {"judge_nll": float(target["judge_nll"]), "entropy": float(target["entropy"])}
             fr.plot_frontier(rows, os.path.join(args.out_dir, "frontier.png"),
-                          {"judge_nll": float(target["judge_nll"]), "entropy": float(target["entropy"])}, _short)
+                             point if all(map(math.isfinite, point.values())) else None, _short)
         except MissingDependency as err:
             print(f"ddpd-eval: plot skipped: {err}", file=sys.stderr)
     args.stdout.print(text)  # a reader that went away (| head) is no failure: the reports are written
+
+
+def _reach(rows: list[dict], target: dict, label: str) -> list[dict]:
+    """passes_to_reach against the target row; none, with a warning, when the target's judge NLL or
+    entropy is not finite (every family then read "not reached", without a word why)."""
+    from ddpd.eval import frontier as fr
+
+    nll, entropy = float(target["judge_nll"]), float(target["entropy"])
+    if not (math.isfinite(nll) and math.isfinite(entropy)):
+        print(f"ddpd-eval: warning: the target ({label}) has judge NLL {nll} and entropy {entropy}; "
+              "the table of passes to reach it is left out", file=sys.stderr)
+        return []
+    return fr.passes_to_reach([r for r in rows if r is not target], nll, entropy, target=target, label=_short)
 
 
 def _short(family: str) -> str:

@@ -89,10 +89,13 @@ def run_frontier(configs: Sequence[Config], *, judge, vocab_size: int, num_sampl
 
     Raises:
         TypeError, ValueError: num_samples or batch_size not an int >= 1.
+        ValueError: csv_path is no frontier CSV, or two of its rows measure one configuration.
     """
     num_samples = check_int("num_samples", num_samples, 1)
     batch_size = check_int("batch_size", batch_size, 1)
-    done = {_row_key(row): row for row in (read_frontier(csv_path) if os.path.exists(csv_path) else [])}
+    earlier = read_frontier(csv_path) if os.path.exists(csv_path) else []
+    _check_unique(earlier, csv_path)
+    done = {_row_key(row): row for row in earlier}
     rows, keys = [], [config.key(num_samples, seed) for config in configs]
     if _fill_budgets(done, configs, keys):
         with signals_held():
@@ -158,6 +161,18 @@ def read_frontier(path: str) -> list[dict]:
             if row.get(k):
                 row[k] = _whole(row[k], f"{path} line {line}, column {k}")
     return rows
+
+
+def _check_unique(rows: list[dict], path: str) -> None:
+    """ValueError naming two lines of one configuration (two CSVs joined by hand): a resumed run
+    kept the later and dropped the other from the file without a word."""
+    first = {}
+    for line, row in enumerate(rows, start=2):
+        key = _row_key(row)
+        if key in first:
+            raise ValueError(f"{path} lines {first[key]} and {line}: the same configuration measured twice "
+                             "(sampler, policy, steps, temperature, num_samples, seed); keep one")
+        first[key] = line
 
 
 def _whole(text: str, where: str) -> str:

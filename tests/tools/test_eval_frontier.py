@@ -53,6 +53,21 @@ def test_run_frontier_measures_each_configuration_once_and_resumes(tmp_path):
         assert len(list(csv.DictReader(f))) == 3
 
 
+def test_run_frontier_refuses_a_csv_that_measures_a_configuration_twice(tmp_path):
+    """Two CSVs joined by hand: the later row of a configuration was kept and the earlier one
+    dropped from the file on the next write, without a word."""
+    path = str(tmp_path / "frontier.csv")
+    calls = []
+    config = Config("maskgit", "maskgit", 3, 1.0, fake(calls))
+    run_frontier([config], judge=Uniform(5), vocab_size=5, num_samples=1, seed=0, batch_size=1, csv_path=path)
+    with open(path, newline="") as f:
+        row = next(csv.DictReader(f))
+    write_csv([row, dict(row, temperature="1.00", judge_nll="9.0")], path)
+    with pytest.raises(ValueError, match=f"^{path} lines 2 and 3: the same configuration measured twice"):
+        run_frontier([config], judge=Uniform(5), vocab_size=5, num_samples=1, seed=0, batch_size=1, csv_path=path)
+    assert len(calls) == 1 and len(read_frontier(path)) == 2  # nothing measured, nothing dropped
+
+
 @pytest.mark.parametrize("change, error, match", [
     (dict(num_samples=0), ValueError, "num_samples must be >= 1, got 0"),
     (dict(num_samples=-3), ValueError, "num_samples must be >= 1, got -3"),
@@ -131,10 +146,11 @@ def test_run_frontier_keys_each_temperature_exactly(tmp_path):
     assert calls == [(1, 0), (1, 0)] and [r["temperature"] for r in rows] == [1.0, 1.0000001]
 
 
-@pytest.mark.parametrize("name", ["frontier.csv", "planner-on-draws-frontier.csv", "matched-64-samples.csv",
-                                  "matched-128-samples.csv"])
+@pytest.mark.parametrize("name", ["frontier.csv", "matched-64-samples.csv", "matched-128-samples.csv"])
 def test_the_committed_frontiers_resume_with_nothing_left_to_measure(tmp_path, name):
-    """Their rows stay keyed as the sweeps that wrote them key them (--temperatures 0.9 1.0 1.1)."""
+    """Their rows stay keyed as the sweeps that wrote them key them (--temperatures 0.9 1.0 1.1).
+    (planner-on-draws-frontier.csv joins two planners' sweeps, told apart by its planner column:
+    no one run's CSV, which run_frontier refuses to resume.)"""
     import shutil
     from pathlib import Path
 
@@ -953,6 +969,23 @@ def test_ddpd_eval_frontier_does_not_reach_the_target_with_the_target(tmp_path, 
     assert main(["frontier", "--judge", "ngram:2", "--data", "books", *FAST, "--out-dir", str(out)]) == 0
     reach = (out / "frontier.md").read_text().split("Passes to reach")[1].split("Each ddpd policy")[0]
     assert "| maskgit threshold" in reach and "one-at-a-time" not in reach.split("\n\n", 1)[1]
+
+
+def test_ddpd_eval_frontier_warns_of_a_target_it_could_not_measure(tmp_path, capsys):
+    """A NaN target (a judge's, or a cell edited) made every family read "not reached", with no
+    word why; the reach table is left out with a warning, the other reports written."""
+    out = tmp_path / "out"
+    argv = ["frontier", "--judge", "ngram:2", "--data", "books", *FAST, "--out-dir", str(out)]
+    assert main(argv) == 0
+    rows = read_frontier(str(out / "frontier.csv"))
+    write_csv([dict(r, judge_nll="nan") if r["policy"] == "one-at-a-time" else r for r in rows],
+              str(out / "frontier.csv"))
+    capsys.readouterr()
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "ddpd-eval: warning: the target (ddpd one at a time, 1 steps, T=1.0) has judge NLL nan" in err
+    text = (out / "frontier.md").read_text()
+    assert "Passes to reach" not in text and "| maskgit | threshold" in text
 
 
 def test_ddpd_eval_frontier_reports_rows_of_a_policy_spec_it_no_longer_reads(tmp_path, capsys):
