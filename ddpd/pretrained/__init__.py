@@ -176,8 +176,10 @@ def _check_roles(configs) -> None:
 def _portable(config: dict, path: str) -> dict:
     """The config without the paths of the machine that trained it: the corpus by file
     name (a shipped bundle names its training data, not a directory), no output path."""
+    from ddpd.checkpoint import CheckpointError
+
     if not isinstance(config.get("training") or {}, dict):  # an older config.json has no digest: it may be edited
-        raise ValueError(f"install_bundle: {path}: config.json 'training' must be an object of ddpd-train "
+        raise CheckpointError(f"install_bundle: {path}: config.json 'training' must be an object of ddpd-train "
                          f"settings, got {config['training']!r:.40}")
     training = dict(config.get("training") or {})
     if not training:

@@ -22,7 +22,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         argv: the command line without the program name; None: sys.argv[1:].
 
     Returns:
-        The exit status: 0; 2 for a bad command line, 1 for a failure (a one-line error).
+        The exit status: 0; 2 for a bad command line (a --dest no bundle may replace, checkpoints
+        that do not make a default bundle, a --dtype their weights overflow, a bundle over the
+        size limit), 1 for a failure (a missing or damaged checkpoint, a write that fails), after
+        a one-line error.
     """
     from ddpd.streams import Stdout, standard_streams
 
@@ -46,21 +49,44 @@ def main(argv: Optional[list[str]] = None) -> int:
               f"set {ENV_VAR} to it to make it the default; --dest {BUNDLE_DIR} replaces the bundle shipped in "
               "the package)", file=sys.stderr)
         return 2
-    try:
-        dest = install_bundle(args.planner, args.denoiser, args.dest, args.dtype)
-    except (ValueError, OSError) as err:  # CheckpointError is a ValueError
-        print(f"python -m ddpd.pretrained: error: {err}", file=sys.stderr)
-        return 1
+    status = _install(args)
+    if status:
+        return status
     kept = f"; the previous bundle is in {BUNDLE_DIR.parent / (BUNDLE_DIR.name + '.previous')}" \
-        if is_packaged(dest) else ""
+        if is_packaged(args.dest) else ""
     stdout = Stdout()
-    stdout.print(f"wrote {dest} ({bundle_bytes(dest)} bytes){kept}")
+    stdout.print(f"wrote {args.dest} ({bundle_bytes(args.dest)} bytes){kept}")
     try:
         stdout.check("the bundle is written")
     except OSError as err:
         print(f"python -m ddpd.pretrained: error: {err}", file=sys.stderr)
         return 1
     return 0
+
+
+def _install(args: argparse.Namespace) -> int:
+    """install_bundle with its errors as the tools' exit statuses (docs/cli.md): what the command
+    line asks for that cannot be (the --dest, the models, --dtype) 2, as ddpd-sample and ddpd-train
+    give it; a missing or damaged checkpoint, or a failed write, 1. Returns 0 once written."""
+    from ddpd.checkpoint import CheckpointError, ensure_replaceable
+    from ddpd.files import OutputError
+
+    try:  # install_bundle checks --dest too, but there its refusal is a damaged checkpoint's error class
+        ensure_replaceable(args.dest, "bundle")
+    except (CheckpointError, OutputError) as err:  # OutputError: --dest . (the working directory)
+        return _error(err, 2)
+    try:
+        install_bundle(args.planner, args.denoiser, args.dest, args.dtype)
+    except (CheckpointError, OSError) as err:
+        return _error(err, 1)
+    except ValueError as err:
+        return _error(err, 2)
+    return 0
+
+
+def _error(err: BaseException, status: int) -> int:
+    print(f"python -m ddpd.pretrained: error: {err}", file=sys.stderr)
+    return status
 
 
 if __name__ == "__main__":

@@ -311,12 +311,13 @@ def test_install_command(tmp_path, capsys, monkeypatch):
     paths = _training_checkpoints(tmp_path)
     assert install_main([paths["planner"], paths["denoiser"], "--dest", str(tmp_path / "b")]) == 0
     assert "bytes" in capsys.readouterr().out
-    assert install_main([paths["denoiser"], paths["planner"], "--dest", str(tmp_path / "c")]) == 1
+    # models that do not make a default bundle are a usage error, as ddpd-sample's wrong kind is
+    assert install_main([paths["denoiser"], paths["planner"], "--dest", str(tmp_path / "c")]) == 2
     assert "must be a 'planner'" in capsys.readouterr().err
     assert install_main([paths["planner"], paths["denoiser"], "--dest", ""]) == 2
     assert capsys.readouterr().err == "python -m ddpd.pretrained: error: --dest must be a path, got ''\n"
     monkeypatch.chdir(tmp_path / "b")  # a bundle the shell stands in is not replaced: it would be left in a deleted one
-    assert install_main([paths["planner"], paths["denoiser"], "--dest", "."]) == 1
+    assert install_main([paths["planner"], paths["denoiser"], "--dest", "."]) == 2  # as ddpd-train --out .
     assert capsys.readouterr().err == (f"python -m ddpd.pretrained: error: cannot write {tmp_path / 'b'}: it is the "
                                        "working directory or holds it, and the directory is replaced whole (by a "
                                        "rename); name a directory below it\n")
@@ -350,11 +351,31 @@ def test_install_command_refuses_a_dest_holding_training_checkpoints(tmp_path, c
 
     paths = _training_checkpoints(tmp_path)
     before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
-    assert install_main([paths["planner"], paths["denoiser"], "--dest", str(tmp_path)]) == 1
+    assert install_main([paths["planner"], paths["denoiser"], "--dest", str(tmp_path)]) == 2
     assert capsys.readouterr().err == (f"python -m ddpd.pretrained: error: refusing to replace {tmp_path}: "
                                        f"{paths['planner']} holds a training checkpoint, not a bundle's "
                                        "weights-only copy\n")
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+
+
+def test_install_command_exit_statuses_follow_the_tools(tmp_path, capsys):
+    """docs/cli.md: 2 for what the command line asks that cannot be (as ddpd-sample's wrong kind,
+    ddpd-train's --out over other files), 1 for a missing or damaged checkpoint. The tool exited
+    1 for all of them."""
+    from ddpd.pretrained.__main__ import main as install_main
+
+    paths = _training_checkpoints(tmp_path)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    cases = [([paths["planner"], paths["planner"]], "b", 2, "must be a 'mask-denoiser'"),
+             ([paths["planner"], paths["denoiser"]], "other", 2, "neither empty nor a ddpd checkpoint"),
+             ([paths["planner"], paths["denoiser"]], paths["planner"], 2, "holds a ddpd checkpoint, not a bundle"),
+             ([paths["planner"], str(tmp_path / "absent")], "b", 1, "checkpoint directory not found")]
+    for models, dest, status, message in cases:
+        assert install_main([*models, "--dest", str(tmp_path / dest)]) == status, (models, dest)
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and message in err, err
+    assert not (tmp_path / "b").exists() and os.listdir(tmp_path / "other") == ["notes.txt"]
 
 
 @pytest.mark.integration
