@@ -229,7 +229,7 @@ def check_data(source: str) -> None:
         source: the flag's value.
 
     Raises:
-        UsageError: a missing file, a directory, an `hf:` without a name.
+        UsageError: a missing file, a directory, an empty file, an `hf:` without a name.
     """
     from ddpd.training.sources import resolve_source
 
@@ -239,6 +239,15 @@ def check_data(source: str) -> None:
         raise UsageError(f"--data: {err}") from None
     if os.path.isdir(path):
         raise UsageError(f"--data: {source} is a directory, not a text file")
+    if os.path.isfile(path) and _holds_no_text(path):  # as unusable as a missing one (the loader drops a final "\n")
+        raise UsageError(f"--data: {source} is empty")
+
+
+def _holds_no_text(path: str) -> bool:
+    if os.path.getsize(path) > 1:
+        return False
+    with open(path, "rb") as f:
+        return f.read() in (b"", b"\n")
 
 
 def check_first(prog: str, check: Callable[[], None]) -> Optional[int]:

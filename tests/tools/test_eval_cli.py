@@ -712,6 +712,20 @@ def test_a_corpus_shorter_than_the_checkpoints_length_names_data(setup, capsys, 
         err.endswith(f"fewer than one sequence of {L} (the checkpoints' length)\n"), err
 
 
+@pytest.mark.parametrize("content", ["", "\n"])
+def test_an_empty_corpus_is_a_usage_error_as_a_missing_one_is(setup, capsys, tmp_path, content):
+    """docs/cli.md: a missing --data exits 2; an empty one exited 1 with "data file ... is empty",
+    after loading the checkpoints, naming no flag."""
+    empty = tmp_path / "empty.txt"
+    empty.write_text(content)
+    for command in (["elbo", "--uniform", setup["uniform"]],
+                    ["quality", "--uniform", setup["uniform"], "--judge", setup["ar"], "--out-dir", tmp_path / "q"],
+                    ["frontier", setup["planner"], "--judge", "ngram", "--out-dir", tmp_path / "f"]):
+        code, out, err = _run(capsys, *command, "--data", empty, "--no-progress")
+        assert (code, out, err) == (2, "", f"ddpd-eval: error: --data: {empty} is empty\n"), command
+    assert sorted(os.listdir(tmp_path)) == ["empty.txt"]
+
+
 def test_a_corpus_the_checkpoints_tokenizer_cannot_encode_names_data(setup, capsys, tmp_path):
     """It exited 1 with "data FILE: text must contain only ...", naming neither the flag nor
     whose tokenizer refused it, where a corpus too short for the checkpoints names both."""
