@@ -297,6 +297,13 @@ def _pooled(losses: list[float], terms: list[Optional[float]]) -> Optional[float
     return sum(loss * count for loss, count in zip(losses, terms)) / sum(terms)
 
 
+def _names_the_default_min_lr(changed: list[tuple[str, object, object]], lr: float) -> bool:
+    """Whether a resume's min_lr, given for a run that recorded None (lr / 10), is that value: the
+    same learning rate, not a change (3e-5 for lr 3e-4 too, where lr / 10 is one ulp below it)."""
+    given = [new for name, old, new in changed if name == "min_lr" and old is None and new is not None]
+    return bool(given) and math.isclose(given[0], lr / 10, rel_tol=1e-12)
+
+
 def learning_rate(step: int, config: TrainConfig, seconds: float = 0.0) -> float:
     """The learning rate of optimizer step `step` (0 to steps - 1): linear warmup over the
     first `warmup` steps up to lr, then cosine decay down to final_lr at the last step,
@@ -596,6 +603,9 @@ class Trainer:
         fixed = [name for name in RESUME_FIXED if name != "data" or "corpus" not in stored.config]
         changed = [(name, settings.get(name, defaults[name]), getattr(self.config, name))
                    for name in fixed if settings.get(name, defaults[name]) != getattr(self.config, name)]
+        if changed and _names_the_default_min_lr(changed, settings.get("lr", defaults["lr"])):
+            self.config.min_lr = None  # the run's own record, so its schedule is the same to the bit
+            changed = [change for change in changed if change[0] != "min_lr"]
         if changed:
             raise ResumeConflict(out, changed)
         check_train_state(out, *stored.train_state, self.config.steps, self.dist.world_size)

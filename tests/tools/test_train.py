@@ -2010,6 +2010,27 @@ def test_a_resume_stays_on_its_device_and_refuses_another_kind(corpus, tmp_path,
            "(--device cuda)" in err, err
 
 
+def test_a_resume_given_the_default_min_lr_continues_the_run(corpus, tmp_path, capsys):
+    """A run without --min-lr records None (lr / 10); --resume --min-lr of that value was refused
+    as a change ("--min-lr (None -> 0.0003)"). It is the same schedule, bit for bit; another
+    value, or a --max-time where the run had no limit, is still a change."""
+    import shutil
+
+    _checkpoint_at_step_2(corpus, tmp_path / "p")
+    shutil.copytree(tmp_path / "p", tmp_path / "q")
+    assert read_config(tmp_path / "p")["training"]["min_lr"] is None
+    for flags, refused in ((["--min-lr", "2e-4"], "--min-lr (None -> 0.0002)"),
+                           (["--max-time", "60"], "--max-time (None -> 60.0)")):
+        code, _, err = run_cli(capsys, "planner", "--out", tmp_path / "p", "--resume", *flags, "--no-progress")
+        assert code == 2 and f"changed settings: {refused}; leave" in err, err
+    code, _, err = run_cli(capsys, "planner", "--out", tmp_path / "p", "--resume", "--min-lr", "3e-4", "--no-progress")
+    assert code == 0, err  # 3e-4 is lr / 10 = 3e-3 / 10 as written (the division is one ulp below)
+    code, _, err = run_cli(capsys, "planner", "--out", tmp_path / "q", "--resume", "--no-progress")
+    assert code == 0, err
+    assert read_config(tmp_path / "p")["training"]["min_lr"] is None
+    assert (tmp_path / "p" / "model.safetensors").read_bytes() == (tmp_path / "q" / "model.safetensors").read_bytes()
+
+
 def _rewrite_state(out, meta_change=None, drop=None):
     """Change the training state as a careful attacker would: digests recomputed."""
     import hashlib
