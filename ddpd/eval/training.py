@@ -1,8 +1,9 @@
 """What a set of training runs cost and reached: one row per ddpd-train checkpoint.
 
 Read from the checkpoint alone (config.json and the training state's history), so the
-table can be written wherever the runs finished: kind, directory, size, batch, steps done, the
-training seconds and throughput, and the first, best and last validation losses. A
+table can be written wherever the runs finished: kind, directory, size, the micro-batch and
+the sequences per optimizer step, steps done, the training seconds and throughput, and the
+first, best and last validation losses. A
 checkpoint kept without its training state (a bundle of ddpd.pretrained) gives its size,
 settings and step only.
 """
@@ -11,14 +12,17 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Sequence
+from typing import Optional
 
 from ddpd.checkpoint import STATE_META, CheckpointError, load_train_state, read_config
 from ddpd.eval.report import markdown_table
 
-# the run's directory beside its kind: two runs of one kind are told apart
+# the run's directory beside its kind: two runs of one kind are told apart; --batch-size is per
+# micro-batch and process, an optimizer step sees it times --grad-accum times the processes
 TRAINING_COLUMNS = (("kind", "Network", ""), ("run", "Run", ""), ("parameters", "Parameters", ","),
                     ("d_model", "d_model", ""), ("n_layers", "Layers", ""), ("n_heads", "Heads", ""),
-                    ("dropout", "Dropout", ""), ("batch_size", "Batch", ""), ("seq_len", "Length", ""),
+                    ("dropout", "Dropout", ""), ("batch_size", "Micro-batch", ""),
+                    ("step_sequences", "Sequences/step", ""), ("seq_len", "Length", ""),
                     ("lr", "Peak LR", "g"), ("step", "Steps", ""), ("train_seconds", "Train seconds", ".0f"),
                     ("tokens_per_s", "Tokens/s", ",.0f"), ("first_val_loss", "Val loss at 0", ".4f"),
                     ("best_val_loss", "Best val loss", ".4f"), ("best_step", "at step", ""),
@@ -77,8 +81,11 @@ def training_row(path: str) -> dict:
     seconds = meta.get("train_seconds")
     step = meta["step"] if meta else config.get("step")
     return {"kind": config["kind"], "run": os.fspath(path), "parameters": _parameters(path, config),
-            **{k: training.get(k) for k in ("d_model", "n_layers", "n_heads", "dropout", "batch_size", "seq_len",
-                                              "lr", "steps", "max_time")},
+            **{k: training.get(k) for k in ("d_model", "n_layers", "n_heads", "dropout", "batch_size", "grad_accum",
+                                              "seq_len", "lr", "steps", "max_time")},
+            "processes": meta.get("world_size"),
+            "step_sequences": _step_sequences(training.get("batch_size"), training.get("grad_accum"),
+                                              meta.get("world_size")),
             "step": step if isinstance(step, int) else None, "train_seconds": seconds,
             "tokens_per_s": meta.get("train_tokens", 0) / seconds if seconds else None,
             "first_val_loss": validated[0]["val_loss"] if validated else None,
@@ -86,6 +93,14 @@ def training_row(path: str) -> dict:
             "final_train_loss": trained[-1]["train_loss"] if trained else None,
             "final_val_loss": validated[-1]["val_loss"] if validated else None,
             "history": history}
+
+
+def _step_sequences(*factors: object) -> Optional[int]:
+    """The sequences of one optimizer step, batch_size x grad_accum x processes; None where the
+    checkpoint records not all three (weights only keep no process count)."""
+    if not all(isinstance(factor, int) and not isinstance(factor, bool) for factor in factors):
+        return None
+    return math.prod(factors)
 
 
 def training_rows(paths: Sequence[str]) -> list[dict]:

@@ -553,6 +553,36 @@ def test_training_rows_name_their_runs(setup, tmp_path, capsys):
         assert [row["run"] for row in json.load(f)] == runs
 
 
+def test_training_rows_give_the_sequences_of_an_optimizer_step(setup, tmp_path, capsys, monkeypatch):
+    """The Batch column was --batch-size, per micro-batch and process: a run with --grad-accum 4,
+    or under torchrun, showed a quarter (or less) of what each step saw. The column is named
+    Micro-batch, and Sequences/step gives batch_size x grad_accum x processes."""
+    import ddpd.eval.training as training
+    from ddpd.training.trainer import TrainConfig, Trainer
+
+    run = str(tmp_path / "planner")
+    Trainer(TrainConfig(kind="planner", data=setup["data"], out=run, steps=1, batch_size=3, grad_accum=4, seq_len=L,
+                        d_model=16, n_layers=1, n_heads=2, warmup=0, eval_every=1, eval_batches=1)).train()
+    code, out, err = _run(capsys, "training", run, "--out-dir", tmp_path / "report")
+    assert code == 0, err
+    header, _, line = out.splitlines()[:3]
+    cells = dict(zip(header.strip("|").split(" | "), line.strip("|").split(" | ")))
+    assert (cells["Micro-batch"].strip(), cells["Sequences/step"].strip()) == ("3", "12"), out
+    (row,) = json.loads((tmp_path / "report" / "training.json").read_text())
+    assert (row["batch_size"], row["grad_accum"], row["processes"], row["step_sequences"]) == (3, 4, 1, 12)
+    load = training.load_train_state
+
+    def two_processes(path):  # the state as two torchrun processes record it
+        tensors, meta = load(path)
+        return tensors, {**meta, "world_size": 2}
+
+    monkeypatch.setattr(training, "load_train_state", two_processes)
+    assert training.training_row(run)["step_sequences"] == 24
+    monkeypatch.undo()
+    # weights only (a bundle's): no process count, so no step's size
+    assert training.training_row(setup["planner"])["step_sequences"] is None
+
+
 def test_convergence_command(setup, capsys):
     p = setup
     out_dir = p["root"] / "convergence"
