@@ -243,7 +243,7 @@ def run(args: argparse.Namespace, state: dict) -> int:
     from ddpd.cli.common import Interrupted
     from ddpd.models import count_parameters
     from ddpd.training.distributed import PeerLost
-    from ddpd.training.trainer import OccupiedOutput, ResumeConflict, Trainer
+    from ddpd.training.trainer import OccupiedOutput, OtherCorpus, ResumeConflict, Trainer
 
     apply_threads(getattr(args, "threads", None))
     config = _checked_config(args)
@@ -256,6 +256,8 @@ def run(args: argparse.Namespace, state: dict) -> int:
     except Interrupted as stop:
         stop.detail = "; training had not started, nothing was written"
         raise
+    except OtherCorpus as err:  # --data given: a changed setting, as an old checkpoint's path compared says
+        raise UsageError(str(err)) from None
     except ResumeConflict as err:
         raise UsageError(_conflict_message(err)) from None
     except OccupiedOutput:  # a fresh run's command given for a run that exists: a command-line mistake

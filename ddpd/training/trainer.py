@@ -88,6 +88,18 @@ class ResumeConflict(ValueError):
                          + ", ".join(f"{name} ({old!r} -> {new!r})" for name, old, new in changed))
 
 
+class OtherCorpus(ResumeConflict, CheckpointError):
+    """A resumed run given (`data`) another corpus than the one it started on: a changed
+    setting, as ResumeConflict, whose message says which corpus each is."""
+
+    def __init__(self, out: str, started_on: str, given: str, message: str):
+        super().__init__(out, [("data", started_on, given)])
+        self.args = (message,)
+
+    def __str__(self) -> str:
+        return self.args[0]
+
+
 class OccupiedOutput(ValueError):
     """A fresh run's out directory already holds a checkpoint: `out` is that directory."""
 
@@ -622,7 +634,8 @@ class Trainer:
         now = f"{self.corpus['chars']} characters, sha256 {self.corpus['sha256'][:12]}"
         started_on = training_settings(self.config.out, stored_config).get("data")
         if started_on is not None and started_on != self.config.data:  # given another, not the same one moved
-            raise CheckpointError(
+            raise OtherCorpus(
+                self.config.out, started_on, self.config.data,
                 f"cannot resume {self.config.out}: the corpus {self.config.data} is not the one the run started "
                 f"on, {started_on} ({then}; {self.config.data}: {now}); pass allow_data_change "
                 "(--allow-data-change) to resume on it anyway")

@@ -2245,15 +2245,22 @@ def test_resume_refuses_a_changed_corpus(tmp_path, capsys):
 
 def test_resume_on_another_corpus_says_it_is_another(tmp_path, capsys):
     """--data books for a run trained on a file said "the corpus books changed since the run
-    started": it is another corpus."""
+    started": it is another corpus. Given on the command line it is a changed setting, exit
+    status 2 as for --lr (and as a checkpoint without a corpus fingerprint compares --data);
+    it exited 1, a failure's status, which a corpus edited since the run started keeps."""
+    from ddpd.training.trainer import ResumeConflict
+
     data = tmp_path / "corpus.txt"
     data.write_text(BOOKS.read_text()[:60_000])
     out = tmp_path / "p"
     _checkpoint_at_step_2(str(data), out)
     code, _, err = run_cli(capsys, "planner", "--data", "books", "--out", out, "--resume", "--no-progress")
-    assert code == 1 and err.count("\n") == 1, err
+    assert code == 2 and err.count("\n") == 1, err
     assert f"the corpus books is not the one the run started on, {data} (60000 characters" in err, err
     assert "changed since" not in err and "--allow-data-change" in err
+    with pytest.raises(ResumeConflict, match="is not the one the run started on") as refused:
+        Trainer(config("books", out, steps=20, save_every=2), resume=True)
+    assert isinstance(refused.value, CheckpointError) and refused.value.changed == [("data", str(data), "books")]
 
 
 def test_resume_keeps_the_runs_reporting_settings(corpus, tmp_path):
