@@ -23,7 +23,7 @@ import re
 import sys
 from typing import Optional
 
-from ddpd.cli.common import Interrupted, UsageError, add_runtime_arguments, one_line, refused_text
+from ddpd.cli.common import InputError, Interrupted, UsageError, add_runtime_arguments, one_line, refused_text
 
 DEFAULT_POLICIES = ["error-budget:bound=1,max_k=16", "error-budget:bound=4,max_k=16", "threshold:0.9",
                     "entropy-bound:1.0", "factor:1.0", "remdm:schedule=cap,eta=0.02"]
@@ -222,15 +222,16 @@ def _settings(args, bundle: str, order, device: str) -> dict:
 
 
 def _recorded_settings(path: str) -> dict:
-    """The JSON object of an existing SETTINGS file; a UsageError naming it when it is damaged."""
+    """The JSON object of an existing SETTINGS file; an InputError naming it when it is damaged
+    (exit status 1, as a damaged frontier.csv beside it or a corrupt checkpoint)."""
     try:
         with open(path, encoding="utf-8") as f:
             before = json.load(f)
     except (UnicodeDecodeError, ValueError, RecursionError) as err:  # JSONDecodeError is a ValueError
-        raise UsageError(f"{path} is damaged (not JSON: {one_line(err)}); remove it, or use another "
+        raise InputError(f"{path} is damaged (not JSON: {one_line(err)}); remove it, or use another "
                          "--out-dir") from None
     if not isinstance(before, dict):
-        raise UsageError(f"{path} is damaged (not a JSON object); remove it, or use another --out-dir")
+        raise InputError(f"{path} is damaged (not a JSON object); remove it, or use another --out-dir")
     return before
 
 

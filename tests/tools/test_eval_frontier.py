@@ -616,13 +616,24 @@ def test_ddpd_eval_frontier_refuses_networks_that_do_not_agree_before_sampling(t
 
 @pytest.mark.parametrize("text", ['{"networks": ', "[1]", "\xff"])
 def test_ddpd_eval_frontier_names_a_damaged_settings_file(tmp_path, capsys, text):
+    """A damaged input is a failure, exit status 1 (docs/cli.md), as a damaged frontier.csv in the
+    same --out-dir is (below) and a corrupt checkpoint; frontier.json's exited 2."""
     out = tmp_path / "out"
     out.mkdir()
     (out / "frontier.json").write_bytes(text.encode("latin-1"))
     (out / "frontier.csv").write_text("")  # rows it would say the settings of
-    assert main(["frontier", "--judge", "ngram", "--data", "books", *FAST, "--out-dir", str(out)]) == 2
+    assert main(["frontier", "--judge", "ngram", "--data", "books", *FAST, "--out-dir", str(out)]) == 1
     err = capsys.readouterr().err
     assert err.startswith(f"ddpd-eval: error: {out / 'frontier.json'} is damaged (not ") and err.count("\n") == 1
+
+
+def test_ddpd_eval_frontier_names_a_damaged_rows_file(tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "frontier.csv").write_text("sampler\nmaskgit\n")
+    code = main(["frontier", "--judge", "ngram", "--data", "books", *FAST, "--out-dir", str(out)])
+    err = capsys.readouterr().err
+    assert code == 1 and err.startswith(f"ddpd-eval: error: {out / 'frontier.csv'} line 2: not a frontier row"), err
 
 
 def test_ddpd_eval_frontier_names_the_flags_of_the_settings_that_differ(tmp_path, capsys):
