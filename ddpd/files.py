@@ -839,7 +839,7 @@ class OutputLock:
 
         patience = time.monotonic() + _CLEANING_WAIT
         while True:
-            fd = self._open()
+            fd, created = self._open()
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -852,7 +852,9 @@ class OutputLock:
                     continue
                 raise OutputLockedError(f"{self.path} is being written by {holder or 'another process'} "
                                         f"(lock {self.lock_path}); wait for it to finish or stop it") from None
-            except OSError as err:
+            except OSError as err:  # no locks on this file system (ENOLCK), say
+                if created:
+                    self._discard(fd)
                 os.close(fd)
                 raise OutputError(self.path, err) from None
             try:
@@ -863,13 +865,25 @@ class OutputLock:
                 return fd
             os.close(fd)
 
-    def _open(self) -> int:
+    def _discard(self, fd: int) -> None:
+        """Delete the lock file this call created but could not lock, so that a refused
+        writer leaves nothing behind: only while it is still the file at lock_path and
+        empty (a holder writes its line as soon as it has locked it)."""
+        try:
+            here = os.stat(self.lock_path, follow_symlinks=False)
+            mine = os.fstat(fd)
+            if here.st_ino == mine.st_ino and here.st_dev == mine.st_dev and mine.st_size == 0:
+                os.unlink(self.lock_path)
+        except OSError:  # gone already, or cannot be deleted: the error raised names the cause
+            pass
+
+    def _open(self) -> tuple:
         """Open (or create) the lock file, refusing what is not a plain file of its own: a
         symbolic link (O_NOFOLLOW), a FIFO or device, a file with other hard links; the
-        holder line would otherwise be written into another file (a link planted in /tmp)."""
-        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+        holder line would otherwise be written into another file (a link planted in /tmp).
+        Returns the descriptor and whether this call created the file."""
         try:
-            fd = os.open(self.lock_path, flags, 0o644)
+            fd, created = self._open_or_create()
         except OSError as err:
             if err.errno == errno.ELOOP or os.path.islink(self.lock_path):
                 self._refuse("is a symbolic link")
@@ -880,7 +894,14 @@ class OutputLock:
         if what is not None:
             os.close(fd)
             self._refuse(what)
-        return fd
+        return fd, created
+
+    def _open_or_create(self) -> tuple:
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+        try:
+            return os.open(self.lock_path, flags | os.O_EXCL, 0o644), True
+        except FileExistsError:  # another writer's, maybe held: never ours to delete
+            return os.open(self.lock_path, flags, 0o644), False
 
     def _refuse(self, what: str) -> None:
         raise OutputError(self.path, OSError(errno.EEXIST, f"its lock {self.lock_path} {what}; remove it if no "

@@ -932,6 +932,21 @@ def test_a_file_system_without_locks_is_named(tmp_path, monkeypatch):
     assert str(refused.value) == f"cannot write {tmp_path / 'run'}: No locks available"
 
 
+def test_a_file_system_without_locks_leaves_only_what_was_there(tmp_path, monkeypatch):
+    """The refused call deletes the lock file and directories it made, never a lock file that
+    was there before it (another process may hold it)."""
+    import fcntl
+
+    monkeypatch.setattr(fcntl, "flock", _failing(errno.ENOLCK))
+    with pytest.raises(files.OutputError, match="No locks available"):
+        files.OutputLock(tmp_path / "runs" / "q" / "run").acquire()
+    assert _entries(tmp_path) == []
+    (tmp_path / ".run.lock").write_text("")
+    with pytest.raises(files.OutputError, match="No locks available"):
+        files.OutputLock(tmp_path / "run").acquire()
+    assert _entries(tmp_path) == [".run.lock"]
+
+
 def test_a_lock_file_deleted_before_it_is_locked_is_made_again(tmp_path, monkeypatch):
     """The previous holder deletes the file between our open and our lock: the holder line
     must go into the file at the lock's path, which the next writer opens."""
