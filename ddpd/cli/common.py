@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Callable, Optional
 
 from ddpd._interrupts import this_tool
+from ddpd.number_text import REFUSED, read_number
 
 if TYPE_CHECKING:
     import torch
@@ -77,16 +78,49 @@ def argument_type(kind: Callable[[str], object], allowed: Callable, what: str) -
     """
     def parse(text: str):
         try:
-            value = kind(text)
-        except ValueError:
-            value = None
-        if value is None or not allowed(value):
+            value = read_number(kind, text)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}{_refusal(err)}") from None
+        if not allowed(value):
             raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
         return value
 
     return parse
 
 
+def number_type(kind: type) -> Callable[[str], object]:
+    """An argparse `type=` that reads `kind` as ddpd.number_text.read_number does: `int`
+    itself would read `--steps 1_0` as 10 steps.
+
+    Args:
+        kind: int or float.
+
+    Returns:
+        The function argparse calls on the word: the number; argparse's own "invalid int
+        value: 'x'" for a word that is none, and "must be an int, got '1_0': a number has no
+        underscores or spaces" for one that Python reads but read_number refuses.
+    """
+    article = "an" if kind is int else "a"
+
+    def parse(text: str):
+        try:
+            return read_number(kind, text)
+        except ValueError as err:
+            if not _refusal(err):
+                raise
+            raise argparse.ArgumentTypeError(f"must be {article} {kind.__name__}, got {text!r}{_refusal(err)}") \
+                from None
+
+    parse.__name__ = kind.__name__  # argparse names it in "invalid int value: 'x'"
+    return parse
+
+
+def _refusal(err: ValueError) -> str:
+    """': a number has no underscores or spaces' where read_number refused the word, else ''."""
+    return f": {REFUSED}" if str(err).endswith(REFUSED) else ""
+
+
+int_type, float_type = number_type(int), number_type(float)
 # a corruption fraction (NaN fails both comparisons) and a count of steps, rows or threads
 open_fraction = argument_type(float, lambda value: 0.0 < value < 1.0, "a number in (0, 1)")
 positive_int = argument_type(int, lambda value: value >= 1, "an int >= 1")
@@ -120,7 +154,7 @@ def add_runtime_arguments(parser: argparse.ArgumentParser, default=None) -> None
     kwargs = {} if default is None else {"default": default}
     parser.add_argument("--device", help="auto (default: CUDA if available), cpu, cuda or cuda:N",
                         **({"default": "auto"} if default is None else kwargs))
-    parser.add_argument("--threads", type=int, metavar="N",
+    parser.add_argument("--threads", type=int_type, metavar="N",
                         help="CPU threads of torch and the ddpd ops (default: $OMP_NUM_THREADS if set, else 1)",
                         **kwargs)
 

@@ -38,6 +38,8 @@ from ddpd.cli.common import (
     check_first,
     check_seed,
     check_threads,
+    float_type,
+    int_type,
     load_role,
     refuse_empty_paths,
     refuse_outputs_over_inputs,
@@ -74,8 +76,8 @@ def _common(p: argparse.ArgumentParser, *, data_required: Optional[bool]) -> Non
                             "hf:NAME[:CONFIG]")
         p.add_argument("--split", default="test", choices=("train", "validation", "test"),
                        help="which 90/5/5 split of --data to use (default test)")
-    p.add_argument("--seed", type=int, default=0, help="seed of every random draw (default 0)")
-    p.add_argument("--batch-size", type=int, default=32, help="sequences per batch (default 32)")
+    p.add_argument("--seed", type=int_type, default=0, help="seed of every random draw (default 0)")
+    p.add_argument("--batch-size", type=int_type, default=32, help="sequences per batch (default 32)")
     add_runtime_arguments(p)
     p.add_argument("--no-progress", dest="progress", action="store_false",
                    help="no progress bars (shown on a terminal only)")
@@ -92,30 +94,31 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("elbo", help="ELBO terms and denoising performance on held-out text (bits per token)")
     _common(p, data_required=True)
-    p.add_argument("--num-sequences", type=int, help="held-out sequences (default: all chunks of the split)")
-    p.add_argument("--mc-samples", type=int, default=1, help="Monte-Carlo samples per sequence (default 1)")
-    p.add_argument("--t-max", type=float, default=0.999, help="truncation time of the bound (default 0.999)")
-    p.add_argument("--alpha", type=float, default=0.85, help="corruption level of the denoising table (default 0.85)")
+    p.add_argument("--num-sequences", type=int_type, help="held-out sequences (default: all chunks of the split)")
+    p.add_argument("--mc-samples", type=int_type, default=1, help="Monte-Carlo samples per sequence (default 1)")
+    p.add_argument("--t-max", type=float_type, default=0.999, help="truncation time of the bound (default 0.999)")
+    p.add_argument("--alpha", type=float_type, default=0.85,
+                   help="corruption level of the denoising table (default 0.85)")
     p.add_argument("--out", help="write the results as JSON here, and the printed Markdown beside it (.md)")
 
     p = sub.add_parser("quality", help="judge NLL and unigram entropy of samples: sampler x steps x temperature")
     _common(p, data_required=False)
     p.add_argument("--judge", required=True, help="autoregressive judge checkpoint (kind ar)")
     p.add_argument("--samplers", nargs="+", help=SAMPLER_HELP)
-    p.add_argument("--steps", nargs="+", type=int, default=[64, 128, 256, 512],
+    p.add_argument("--steps", nargs="+", type=int_type, default=[64, 128, 256, 512],
                    help="step budgets to sweep (default: 64 128 256 512)")
-    p.add_argument("--temperatures", nargs="+", type=float, default=[0.8, 0.9, 1.0],
+    p.add_argument("--temperatures", nargs="+", type=float_type, default=[0.8, 0.9, 1.0],
                    help="denoiser temperatures to sweep (default: 0.8 0.9 1.0)")
-    p.add_argument("--eta", nargs="+", type=float, default=DEFAULT_ETAS,
+    p.add_argument("--eta", nargs="+", type=float_type, default=DEFAULT_ETAS,
                    help="DFM tau-leaping stochasticities (default: 0 15)")
-    p.add_argument("--eps", type=float, default=DEFAULT_EPS, help="stop criterion of DDPD option A (default 0.01)")
+    p.add_argument("--eps", type=float_type, default=DEFAULT_EPS, help="stop criterion of DDPD option A (default 0.01)")
     add_truncation_arguments(p)
-    p.add_argument("--num-samples", type=int, default=64, help="samples a configuration (default 64)")
+    p.add_argument("--num-samples", type=int_type, default=64, help="samples a configuration (default 64)")
     p.add_argument("--fused", action="store_true",
                    help="every sampler on its fused path (ddpd.sampling.draws): faster, the same samples with "
                         "float32 networks (with bfloat16 ones, the same law)")
     _dtype(p)
-    p.add_argument("--reference-sequences", type=int, default=DEFAULT_REFERENCE_SEQUENCES,
+    p.add_argument("--reference-sequences", type=int_type, default=DEFAULT_REFERENCE_SEQUENCES,
                    help="held-out sequences scored as the reference point (needs --data; default 256)")
     p.add_argument("--out-dir", required=True, help="where the reports go: " + ", ".join(REPORTS["quality"][:3]))
 
@@ -135,11 +138,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("convergence", help="noise left and stopped samples along the DDPD steps")
     _common(p, data_required=None)
-    p.add_argument("--steps", type=int, default=512, help="step budget of the DDPD runs (default 512)")
-    p.add_argument("--num-samples", type=int, default=64, help="samples drawn (default 64)")
-    p.add_argument("--eps", nargs="+", type=float, default=[0.05, 0.01],
+    p.add_argument("--steps", type=int_type, default=512, help="step budget of the DDPD runs (default 512)")
+    p.add_argument("--num-samples", type=int_type, default=64, help="samples drawn (default 64)")
+    p.add_argument("--eps", nargs="+", type=float_type, default=[0.05, 0.01],
                    help="stop criteria to track (default: 0.05 0.01)")
-    p.add_argument("--temperature", type=float, default=1.0, help="denoiser temperature (default 1.0)")
+    p.add_argument("--temperature", type=float_type, default=1.0, help="denoiser temperature (default 1.0)")
     _dtype(p, judge=False)
     p.add_argument("--out-dir", required=True, help="where the reports go: " + ", ".join(REPORTS["convergence"]))
     frontier.add_parser(sub)

@@ -23,7 +23,8 @@ import re
 import sys
 from typing import Optional
 
-from ddpd.cli.common import InputError, Interrupted, UsageError, add_runtime_arguments, one_line, refused_text
+from ddpd.cli.common import (InputError, Interrupted, UsageError, add_runtime_arguments, float_type, int_type,
+                              one_line, refused_text)
 
 DEFAULT_POLICIES = ["error-budget:bound=1,max_k=16", "error-budget:bound=4,max_k=16", "threshold:0.9",
                     "entropy-bound:1.0", "factor:1.0", "remdm:schedule=cap,eta=0.02"]
@@ -62,19 +63,19 @@ def add_parser(sub) -> None:
     p.add_argument("--no-defaults", dest="defaults", action="store_false",
                    help="run only --policies, not each sampler's own default (ddpd one at a time, MaskGIT) at "
                         "every budget; the target still runs")
-    p.add_argument("--budgets", nargs="+", type=int, default=[32, 64, 128, 256],
+    p.add_argument("--budgets", nargs="+", type=int_type, default=[32, 64, 128, 256],
                    help="network-pass budgets per sample: a ddpd step is a denoiser pass, plus a planner pass on "
                         "the steps that plan (every step by default; see plan_every); a mask-loop step is one "
                         "pass. Budgets that buy a configuration the same steps give it one row, the first's "
                         "(default: 32 64 128 256)")
-    p.add_argument("--temperatures", nargs="+", type=float, default=[1.0],
+    p.add_argument("--temperatures", nargs="+", type=float_type, default=[1.0],
                    help="denoiser temperatures to sweep (default: 1.0)")
-    p.add_argument("--target-steps", type=int, default=512, help="steps of the one-at-a-time target (default 512)")
-    p.add_argument("--target-temperature", type=float, default=1.0, help="its temperature (default 1.0)")
-    p.add_argument("--eps", type=float, default=0.01, help="the ddpd stop criterion (option A; default 0.01)")
-    p.add_argument("--num-samples", type=int, default=16, help="samples a configuration (default 16)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the samplers' Philox noise (default 0)")
-    p.add_argument("--batch-size", type=int, default=16, help="samples per batch (default 16)")
+    p.add_argument("--target-steps", type=int_type, default=512, help="steps of the one-at-a-time target (default 512)")
+    p.add_argument("--target-temperature", type=float_type, default=1.0, help="its temperature (default 1.0)")
+    p.add_argument("--eps", type=float_type, default=0.01, help="the ddpd stop criterion (option A; default 0.01)")
+    p.add_argument("--num-samples", type=int_type, default=16, help="samples a configuration (default 16)")
+    p.add_argument("--seed", type=int_type, default=0, help="seed of the samplers' Philox noise (default 0)")
+    p.add_argument("--batch-size", type=int_type, default=16, help="samples per batch (default 16)")
     p.add_argument("--fused", action="store_true",
                    help="every sampler on its fused path (the same samples with float32 networks)")
     add_runtime_arguments(p)

@@ -40,6 +40,8 @@ from ddpd.cli.common import (
     check_seed,
     check_threads,
     flag_error,
+    float_type,
+    int_type,
     load_role,
     max_length,
     refuse_empty_paths,
@@ -109,18 +111,18 @@ def build_parser() -> argparse.ArgumentParser:
     models.add_argument("--denoiser", help="denoiser checkpoint directory (mask-denoiser, uniform-denoiser, uniform)")
     p.add_argument("--sampler", choices=FAMILIES, default="ddpd",
                    help="the sampler (default %(default)s); the models each one takes: docs/cli.md")
-    p.add_argument("--steps", type=int, help="step budget T (default: the sequence length; twice that with the "
+    p.add_argument("--steps", type=int_type, help="step budget T (default: the sequence length; twice that with the "
                                              "bundled default model)")
-    p.add_argument("--length", type=int, help="sequence length D (default: the models' max_seq_len)")
-    p.add_argument("--num-samples", dest="num_samples", type=int,
+    p.add_argument("--length", type=int_type, help="sequence length D (default: the models' max_seq_len)")
+    p.add_argument("--num-samples", dest="num_samples", type=int_type,
                    help=f"default {NUM_SAMPLES}; {NUM_SAMPLES_BUNDLED} with the bundled default model; the number "
                         "of lines of --prompts/--infills")
-    p.add_argument("--batch-size", dest="batch_size", type=int, default=64,
+    p.add_argument("--batch-size", dest="batch_size", type=int_type, default=64,
                    help="samples per batch and process (default %(default)s)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the Philox noise (default %(default)s)")
-    p.add_argument("--temperature", type=float, default=1.0,
+    p.add_argument("--seed", type=int_type, default=0, help="seed of the Philox noise (default %(default)s)")
+    p.add_argument("--temperature", type=float_type, default=1.0,
                    help="denoiser logit temperature (0: greedy, the most probable token; default %(default)s)")
-    p.add_argument("--temperature-end", dest="temperature_end", type=float,
+    p.add_argument("--temperature-end", dest="temperature_end", type=float_type,
                    help="anneal the temperature linearly to this value over the steps (over the run's time for "
                         "the ddpd samplers that stop early: eps stop, exact clock)")
     add_truncation_arguments(p)
@@ -139,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fused", action="store_true",
                    help="fused path of every sampler: ops kernels, head at the denoised positions only, early-stop "
                         "compaction (the same samples as without with float32 networks; the same law below)")
-    p.add_argument("--sync-every", dest="sync_every", type=int,
+    p.add_argument("--sync-every", dest="sync_every", type=int_type,
                    help=f"--fused: steps between stop checks, where finished rows leave the batch (default "
                         f"{SYNC_EVERY})")
     conditions = p.add_argument_group("prompts and class labels")
@@ -151,10 +153,10 @@ def build_parser() -> argparse.ArgumentParser:
                                                            "their number")
     prompts.add_argument("--infills", metavar="FILE", help="one --infill per line; sample i takes line i modulo "
                                                            "their number")
-    conditions.add_argument("--labels", type=int, nargs="+", metavar="C",
+    conditions.add_argument("--labels", type=int_type, nargs="+", metavar="C",
                             help="class labels of a class-conditional denoiser; sample i takes label i modulo their "
                                  "number")
-    conditions.add_argument("--guidance-scale", dest="guidance_scale", type=float, default=1.0,
+    conditions.add_argument("--guidance-scale", dest="guidance_scale", type=float_type, default=1.0,
                             help="classifier-free guidance weight w of --labels: u + w (c - u) on the denoiser "
                                  "logits (default 1: no guidance)")
     ddpd = p.add_argument_group("ddpd sampler (appendix 'Implementation details': A, +B, +C)")
@@ -165,11 +167,11 @@ def build_parser() -> argparse.ArgumentParser:
                            "exact clock)")
     ddpd.add_argument("--selection", choices=("sigmoid", "softmax"), default="sigmoid",
                       help="sigmoid (A, default) or softmax (C) of the planner logits")
-    ddpd.add_argument("--eps", type=float, default=0.01,
+    ddpd.add_argument("--eps", type=float_type, default=0.01,
                       help="stop when every p(z = N) < eps (option A; default %(default)s)")
-    ddpd.add_argument("--k", type=int, default=1,
+    ddpd.add_argument("--k", type=int_type, default=1,
                       help="positions denoised per step in the parallel stage (default %(default)s)")
-    ddpd.add_argument("--parallel-steps", dest="parallel_steps", type=int, default=0,
+    ddpd.add_argument("--parallel-steps", dest="parallel_steps", type=int_type, default=0,
                       help="steps that denoise --k positions before one-at-a-time refinement (default %(default)s)")
     p.add_argument("--policy", metavar="SPEC",
                    help="parallel decoding: how many drawn tokens a step keeps, NAME[:FIELD=VALUE,...]; "
@@ -178,12 +180,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "(ddpd.sampling.policies, docs/parallel.md)")
     ddpd.add_argument("--clock", choices=("planner", "exact"), default="planner",
                       help="planner: time estimated from the planner (paper); exact: exact CTMC clock")
-    ddpd.add_argument("--t-end", dest="t_end", type=float, default=1.0 - 1e-4, help="end time of --clock exact")
+    ddpd.add_argument("--t-end", dest="t_end", type=float_type, default=1.0 - 1e-4, help="end time of --clock exact")
     baselines = p.add_argument_group("baselines")
-    baselines.add_argument("--eta", type=float, default=0.0,
+    baselines.add_argument("--eta", type=float_type, default=0.0,
                            help="remasking stochasticity of mask tau-leaping, on one mask-denoiser (default "
                                 "%(default)s)")
-    baselines.add_argument("--choice-temperature", dest="choice_temperature", type=float,
+    baselines.add_argument("--choice-temperature", dest="choice_temperature", type=float_type,
                            help="MaskGIT's default policy: scale of the Gumbel noise on the confidences (default "
                                 f"{MASKGIT_CHOICE_TEMPERATURE}); with --policy give the policy's own field, e.g. "
                                 "maskgit:choice_temperature=2")

@@ -21,7 +21,7 @@ import importlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Optional
 
-from ddpd.cli.common import UsageError
+from ddpd.cli.common import UsageError, float_type, int_type
 
 if TYPE_CHECKING:
     import torch
@@ -263,12 +263,12 @@ def add_truncation_arguments(parser: argparse.ArgumentParser) -> None:
     Args:
         parser: the tool's parser.
     """
-    parser.add_argument("--top-k", dest="top_k", type=int, metavar="K",
+    parser.add_argument("--top-k", dest="top_k", type=int_type, metavar="K",
                         help="draw each token among the K most probable only")
-    parser.add_argument("--top-p", dest="top_p", type=float, metavar="P",
+    parser.add_argument("--top-p", dest="top_p", type=float_type, metavar="P",
                         help="draw each token from the smallest set of most probable tokens whose probability "
                              "reaches P, in (0, 1]")
-    parser.add_argument("--min-p", dest="min_p", type=float, metavar="P",
+    parser.add_argument("--min-p", dest="min_p", type=float_type, metavar="P",
                         help="draw each token among those with at least P (in [0, 1]) times the top probability")
 
 

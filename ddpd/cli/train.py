@@ -30,6 +30,8 @@ from ddpd.cli.common import (
     check_seed,
     check_threads,
     flag_error,
+    float_type,
+    int_type,
     resolve_device,
     run_tool,
 )
@@ -55,36 +57,37 @@ def build_parser() -> argparse.ArgumentParser:
                                        "({\"text\", \"label\"} per line), books (shipped), text8 (downloaded with "
                                        "datasets) or hf:NAME[:CONFIG]")
     parser.add_argument("--out", required=True, help="checkpoint directory to write (or resume)")
-    parser.add_argument("--steps", type=int, help="optimizer steps in total (default 1000)")
-    parser.add_argument("--max-time", dest="max_time", type=float, metavar="SECONDS",
+    parser.add_argument("--steps", type=int_type, help="optimizer steps in total (default 1000)")
+    parser.add_argument("--max-time", dest="max_time", type=float_type, metavar="SECONDS",
                         help="stop after this many seconds of training (evaluation and checkpoints excluded), "
                              "with the learning-rate decay finished by then (default: no limit)")
-    parser.add_argument("--batch-size", dest="batch_size", type=int,
+    parser.add_argument("--batch-size", dest="batch_size", type=int_type,
                         help="sequences per micro-batch and process (default 64)")
-    parser.add_argument("--seq-len", dest="seq_len", type=int, help="tokens per sequence (default 256)")
-    parser.add_argument("--d-model", dest="d_model", type=int, help="width of the transformer (default 256)")
-    parser.add_argument("--n-layers", dest="n_layers", type=int, help="transformer blocks (default 4)")
-    parser.add_argument("--n-heads", dest="n_heads", type=int, help="attention heads (default 4)")
-    parser.add_argument("--dropout", type=float, help="dropout probability (default 0)")
-    parser.add_argument("--lr", type=float, help="peak learning rate (default 3e-4)")
-    parser.add_argument("--min-lr", dest="min_lr", type=float, help="final learning rate (default lr / 10)")
-    parser.add_argument("--warmup", type=int, help="linear warmup steps (default 100)")
-    parser.add_argument("--weight-decay", dest="weight_decay", type=float,
+    parser.add_argument("--seq-len", dest="seq_len", type=int_type, help="tokens per sequence (default 256)")
+    parser.add_argument("--d-model", dest="d_model", type=int_type, help="width of the transformer (default 256)")
+    parser.add_argument("--n-layers", dest="n_layers", type=int_type, help="transformer blocks (default 4)")
+    parser.add_argument("--n-heads", dest="n_heads", type=int_type, help="attention heads (default 4)")
+    parser.add_argument("--dropout", type=float_type, help="dropout probability (default 0)")
+    parser.add_argument("--lr", type=float_type, help="peak learning rate (default 3e-4)")
+    parser.add_argument("--min-lr", dest="min_lr", type=float_type, help="final learning rate (default lr / 10)")
+    parser.add_argument("--warmup", type=int_type, help="linear warmup steps (default 100)")
+    parser.add_argument("--weight-decay", dest="weight_decay", type=float_type,
                         help="AdamW weight decay of the matrices (default 0.1)")
-    parser.add_argument("--grad-accum", dest="grad_accum", type=int,
+    parser.add_argument("--grad-accum", dest="grad_accum", type=int_type,
                         help="micro-batches per optimizer step (default 1)")
-    parser.add_argument("--grad-clip", dest="grad_clip", type=float, help="max gradient norm, 0 = off (default 1)")
-    parser.add_argument("--ema", type=float, help="EMA decay of the saved weights, 0 = off (default 0)")
-    parser.add_argument("--eval-every", dest="eval_every", type=int,
+    parser.add_argument("--grad-clip", dest="grad_clip", type=float_type, help="max gradient norm, 0 = off (default 1)")
+    parser.add_argument("--ema", type=float_type, help="EMA decay of the saved weights, 0 = off (default 0)")
+    parser.add_argument("--eval-every", dest="eval_every", type=int_type,
                         help="steps between validation losses (default 100)")
-    parser.add_argument("--eval-batches", dest="eval_batches", type=int,
+    parser.add_argument("--eval-batches", dest="eval_batches", type=int_type,
                         help="validation batches per evaluation (default 16)")
-    parser.add_argument("--save-every", dest="save_every", type=int, help="steps between checkpoints (default 1000)")
-    parser.add_argument("--seed", type=int, help="seed of the weights, data order and noise (default 0)")
-    parser.add_argument("--num-classes", dest="num_classes", type=int, metavar="N",
+    parser.add_argument("--save-every", dest="save_every", type=int_type,
+                        help="steps between checkpoints (default 1000)")
+    parser.add_argument("--seed", type=int_type, help="seed of the weights, data order and noise (default 0)")
+    parser.add_argument("--num-classes", dest="num_classes", type=int_type, metavar="N",
                         help="class-conditional network for a labelled .jsonl corpus, labels in [0, N) (default 0: "
                              "unconditional)")
-    parser.add_argument("--label-dropout", dest="label_dropout", type=float, metavar="P",
+    parser.add_argument("--label-dropout", dest="label_dropout", type=float_type, metavar="P",
                         help="replace each label by the null label with probability P, for classifier-free "
                              "guidance (default 0)")
     parser.add_argument("--tokenizer", choices=TOKENIZERS, help="text8 (27 characters; the default) or gpt2")

@@ -21,6 +21,7 @@ from typing import Callable, Optional, Union
 import torch
 from torch import Tensor
 
+from ddpd.number_text import REFUSED, read_number
 from ddpd.sampling.noise import happens
 from ddpd.validation import check_choice, check_float, check_int, float_text
 
@@ -708,6 +709,8 @@ def parse_policy(spec: str):
     frontier), e.g. 'error-budget:bound=0.5,max_k=8', 'threshold:threshold=0.9',
     'remdm:schedule=loop,eta=0.02'. A bare first item sets the first field: 'threshold:0.9';
     any other field, flags included, needs FIELD=VALUE: 'error-budget:max_k=8,known_noise=true'.
+    Spaces around items, keys and values are stripped; a number holds no underscore ('max_k=1_6'
+    is refused: Python's int() reads it as 16).
 
     Args:
         spec: the spec.
@@ -716,7 +719,8 @@ def parse_policy(spec: str):
         The policy (one of POLICIES' classes).
 
     Raises:
-        ValueError: an unknown name or field, a field without its value, or a value the policy refuses.
+        ValueError: an unknown name or field, a field without its value, a number with an underscore,
+            or a value the policy refuses.
         TypeError: `spec` not a str, or a value of the wrong type for the policy.
     """
     if not isinstance(spec, str):
@@ -761,10 +765,11 @@ def _value(annotation, text: str, key: str):
     name = str(annotation).split(".")[-1].replace("Optional[", "").rstrip("]")
     kind = {"int": int, "float": float, "str": str, "bool": _bool}.get(name)
     try:
-        return kind(text) if kind is not None else text
-    except ValueError:
+        return read_number(kind, text) if kind in (int, float) else kind(text) if kind is not None else text
+    except ValueError as err:
         article = "an" if name[:1] in "aeiou" else "a"
-        raise ValueError(f"policy field {key} must be {article} {name}, got {text!r}") from None
+        refused = f": {REFUSED}" if str(err).endswith(REFUSED) else ""
+        raise ValueError(f"policy field {key} must be {article} {name}, got {text!r}{refused}") from None
 
 
 def _bool(text: str) -> bool:

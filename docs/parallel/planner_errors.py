@@ -11,7 +11,7 @@ import argparse
 import torch
 
 from ddpd.checkpoint import load_bundle
-from ddpd.cli.common import OneLineParser, open_fraction, positive_int
+from ddpd.cli.common import OneLineParser, int_type, open_fraction, positive_int
 from ddpd.eval.detection import detection_rows, detection_table
 from ddpd.eval.heldout import heldout_sequences
 from ddpd.eval.report import write_csv
@@ -27,7 +27,7 @@ def main(argv=None) -> None:
     parser.add_argument("--sequences", type=positive_int, default=256)
     parser.add_argument("--fractions", type=open_fraction, nargs="+", default=[0.1, 0.3, 0.5, 0.7],
                         help="shares of the positions corrupted, each in (0, 1) (default 0.1 0.3 0.5 0.7)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int_type, default=0)
     parser.add_argument("--out", required=True, help="the CSV to write")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)

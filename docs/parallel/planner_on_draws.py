@@ -19,7 +19,7 @@ import argparse
 import torch
 
 from ddpd.checkpoint import load_bundle, save_bundle
-from ddpd.cli.common import OneLineParser, open_fraction, positive_int
+from ddpd.cli.common import OneLineParser, float_type, int_type, open_fraction, positive_int
 from ddpd.eval.detection import detection_rows, detection_table, parallel_draws
 from ddpd.eval.heldout import pick_chunks
 from ddpd.eval.report import write_csv
@@ -59,11 +59,11 @@ def main(argv=None) -> None:
     parser.add_argument("--bundle", help="a planner/ + mask denoiser/ bundle (default: the bundled text8 pair)")
     parser.add_argument("--steps", type=positive_int, default=1200, help="optimizer steps (default 1200)")
     parser.add_argument("--batch-size", type=positive_int, default=32)
-    parser.add_argument("--lr", type=float, default=3e-4, help="constant AdamW learning rate (default 3e-4)")
+    parser.add_argument("--lr", type=float_type, default=3e-4, help="constant AdamW learning rate (default 3e-4)")
     parser.add_argument("--sequences", type=positive_int, default=256, help="test sequences scored (default 256)")
     parser.add_argument("--fractions", type=open_fraction, nargs="+", default=[0.1, 0.3, 0.5, 0.7],
                         help="shares of the positions corrupted, each in (0, 1) (default 0.1 0.3 0.5 0.7)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int_type, default=0)
     parser.add_argument("--threads", type=positive_int, default=2)
     parser.add_argument("--out", required=True, help="the CSV to write")
     parser.add_argument("--bundle-out", help="write the fine-tuned planner and the denoiser as a bundle here")

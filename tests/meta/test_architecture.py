@@ -11,7 +11,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "ddpd"
 # rank of each part of the package: a part may import parts of lower rank only
 LAYERS = {
     "ddpd._interrupts": -1,  # imported by the package's __init__ before anything else
-    "ddpd": 0, "ddpd.validation": 0, "ddpd.files": 0, "ddpd.streams": 0, "ddpd.assets": 0,
+    "ddpd": 0, "ddpd.validation": 0, "ddpd.files": 0, "ddpd.streams": 0, "ddpd.assets": 0, "ddpd.number_text": 0,
     "ddpd.process": 1, "ddpd.kernels": 1,
     "ddpd.ops": 2,
     "ddpd.models": 3,

@@ -45,6 +45,7 @@ USER_FACING = [
     "ddpd/files.py",
     "ddpd/process.py",
     "ddpd/streams.py",
+    "ddpd/number_text.py",
     "ddpd/validation.py",
 ]
 MAX_MODULE_DOCSTRING_LINES = 15

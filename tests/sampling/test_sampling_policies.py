@@ -1043,6 +1043,16 @@ def test_policy_specs_read_spaces_flags_none_and_types_as_documented():
             parse_policy(spec)
 
 
+def test_a_policy_number_with_an_underscore_is_refused():
+    """Python's int() and float() read `1_6` as 16: a typo in a field set another number."""
+    for spec, message in [("error-budget:max_k=1_6", "policy field max_k must be an int, got '1_6'"),
+                          ("error-budget:bound=0_5", "policy field bound must be a float, got '0_5'"),
+                          ("threshold:0.9_5", "policy field threshold must be a float, got '0.9_5'")]:
+        with pytest.raises(ValueError, match=f"^{re.escape(message)}: a number has no underscores or spaces$"):
+            parse_policy(spec)
+    assert parse_policy("error-budget: bound = 1e-1 , max_k = +8") == ErrorBudget(0.1, 8)
+
+
 def test_a_full_policy_spec_leaves_out_the_fields_that_are_none():
     """policy_spec names every field set (the frontier's rows), none of those at None."""
     assert policy_spec(ErrorBudget()) == ("error-budget:bound=1,max_k=16,order=risk,spread=none,known_noise=False,"

@@ -2,7 +2,9 @@
 decides (flag values, the files and checkpoint directories it names) fails in one line
 before torch is imported, and what needs torch but no model fails before any model loads
 (importing torch and loading models take seconds to tens of seconds on a busy machine)."""
+import math
 import os
+import re
 import subprocess
 import sys
 
@@ -191,6 +193,8 @@ def no_models(monkeypatch):
     (["--sampler", "tau-leaping", "--policy", "threshold:0.9"],
      "--policy threshold:0.9 is a policy of --sampler maskgit, not of --sampler tau-leaping"),
     (["--policy", "error-budget:max_k=x"], "--policy: policy field max_k must be an int, got 'x'"),
+    (["--policy", "error-budget:max_k=1_6"], "--policy: policy field max_k must be an int, got '1_6': a number has "
+                                             "no underscores or spaces"),
     # a flag only another sampler reads was ignored
     (["--sampler", "maskgit", "--eta", "1"], "--eta is a setting of --sampler tau-leaping, not of --sampler maskgit"),
     (["--sampler", "maskgit", "--option", "A+B"], "--option is a setting of --sampler ddpd"),
@@ -235,3 +239,40 @@ def test_threads_are_checked_up_to_the_largest_allowed(monkeypatch):
             check_threads(bad)
     monkeypatch.setenv("OMP_NUM_THREADS", "2,1")  # OpenMP's list of nested levels: the first is torch's
     check_threads(None)
+
+
+@pytest.mark.parametrize("prog, argv, message", [
+    ("ddpd-sample", ["--steps", "1_0"], "argument --steps: must be an int, got '1_0': a number has no underscores"),
+    ("ddpd-sample", ["--temperature", "0_9"], "argument --temperature: must be a float, got '0_9': a number has no"),
+    ("ddpd-sample", ["--length", " 64"], "argument --length: must be an int, got ' 64': a number has no underscores "
+                                         "or spaces"),
+    ("ddpd-train", ["planner", "--lr", "1e-3\n"], "argument --lr: must be a float, got '1e-3\\n': a number has no"),
+    ("ddpd-eval frontier", ["frontier", "--budgets", "32", "6_4"], "argument --budgets: must be an int, got '6_4'"),
+    ("ddpd-eval elbo", ["elbo", "--threads", "1_6"], "argument --threads: must be an int, got '1_6'"),
+])
+def test_a_number_with_an_underscore_or_a_space_is_refused(prog, argv, message, capsys):
+    """Python's int() reads `1_0` as 10 and ` 64` as 64: `--steps 1_0`, a typo, ran ten steps."""
+    from importlib import import_module
+
+    with pytest.raises(SystemExit) as stopped:
+        import_module(f"ddpd.cli.{prog.split()[0].split('-')[1]}").main(argv)
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and err.startswith(f"{prog}: error: {message}") and err.count("\n") == 1, err
+
+
+def test_number_flags_read_every_spelling_python_reads_but_underscores_and_spaces():
+    import argparse
+
+    from ddpd.cli.common import float_type, int_type, open_fraction, positive_int
+
+    assert [int_type(t) for t in ("64", "-1", "+3", "007")] == [64, -1, 3, 7]
+    assert [float_type(t) for t in ("1e3", "1E-3", ".5", "5.", "-0.5", "inf")] == [1e3, 1e-3, 0.5, 5.0, -0.5, math.inf]
+    assert positive_int("8") == 8 and open_fraction("0.25") == 0.25
+    for parse, text in [(int_type, "1_000"), (float_type, "1_0.5"), (float_type, "\t2"), (positive_int, "1_0"),
+                        (open_fraction, "0.2_5")]:
+        with pytest.raises(argparse.ArgumentTypeError, match=f"got {re.escape(repr(text))}: a number has no "
+                                                             "underscores or spaces$"):
+            parse(text)
+    with pytest.raises(ValueError) as other:  # argparse's own "invalid int value: 'x'"
+        int_type("x")
+    assert not isinstance(other.value, argparse.ArgumentTypeError) and int_type.__name__ == "int"
