@@ -743,7 +743,11 @@ def _replace_directory(new: str, path: str) -> None:
     old = tempfile.mkdtemp(prefix=_temp_prefix(path, "old"), dir=os.path.dirname(path))
     os.rmdir(old)
     os.rename(path, old)
-    os.rename(new, path)
+    try:
+        os.rename(new, path)
+    except OSError:  # a full directory, an I/O error: the previous version goes back, not left aside
+        os.rename(old, path)
+        raise
     shutil.rmtree(old)
 
 

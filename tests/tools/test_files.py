@@ -920,6 +920,27 @@ def test_a_directory_is_replaced_where_renameat2_is_missing(tmp_path, monkeypatc
     assert _entries(tmp_path) == ["a", "b"] and _entries(tmp_path / "a") == ["model"]
 
 
+def test_a_second_rename_of_the_fallback_that_fails_puts_the_previous_version_back(tmp_path, monkeypatch):
+    """The new version could not be renamed in (ENOSPC): `ck` was left absent, its previous
+    version set aside under a temporary name until a later writer's cleaning."""
+    (tmp_path / "ck").mkdir()
+    (tmp_path / "ck" / "model").write_text("version 1")
+    monkeypatch.setattr(files, "_exchange", lambda a, b: False)
+    real, renames = os.rename, []
+
+    def rename(a, b):
+        renames.append(b)
+        if len(renames) == 2:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real(a, b)
+
+    monkeypatch.setattr(files.os, "rename", rename)
+    with pytest.raises(files.OutputError, match=f"^cannot write {tmp_path / 'ck'}: No space left on device$"):
+        with files.atomic_directory(tmp_path / "ck") as new:
+            (Path(new) / "model").write_text("version 2")
+    assert _entries(tmp_path) == ["ck"] and (tmp_path / "ck" / "model").read_text() == "version 1"
+
+
 # ---------------------------------------------------------------- the lock: failures and races
 
 
