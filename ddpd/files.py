@@ -736,7 +736,7 @@ def _replace_directory(new: str, path: str) -> None:
         os.rename(new, path)
         return
     if _exchange(new, path):  # one atomic step: `path` is never absent
-        shutil.rmtree(new)
+        _drop_previous(new)
         return
     # Two renames: killed between them, `path` is absent and its previous version is at
     # `old`, which the next writer's remove_stale_temps renames back.
@@ -748,7 +748,13 @@ def _replace_directory(new: str, path: str) -> None:
     except OSError:  # a full directory, an I/O error: the previous version goes back, not left aside
         os.rename(old, path)
         raise
-    shutil.rmtree(old)
+    _drop_previous(old)
+
+
+def _drop_previous(previous: str) -> None:
+    # the new version is in place: a previous one that cannot be deleted (a read-only folder
+    # in it) is no failed save; it keeps its temporary name, which the next writer cleans
+    shutil.rmtree(previous, ignore_errors=True)
 
 
 def _exchange(a: str, b: str) -> bool:

@@ -3,6 +3,7 @@ import errno
 import json
 import os
 import signal
+import shutil
 import subprocess
 import sys
 from contextlib import contextmanager
@@ -918,6 +919,27 @@ def test_a_directory_is_replaced_where_renameat2_is_missing(tmp_path, monkeypatc
     with files.atomic_directory(tmp_path / "a") as new:
         (Path(new) / "model").write_text("version 2")
     assert _entries(tmp_path) == ["a", "b"] and _entries(tmp_path / "a") == ["model"]
+
+
+@pytest.mark.parametrize("exchange", [True, False])
+def test_a_previous_version_that_cannot_be_deleted_fails_no_save(tmp_path, monkeypatch, exchange):
+    """Once the new version was in place, a previous one that could not be deleted (a read-only
+    folder a user kept in the checkpoint) made the save raise OutputError, though it had succeeded."""
+    (tmp_path / "ck").mkdir()
+    (tmp_path / "ck" / "model").write_text("version 1")
+    if not exchange:
+        monkeypatch.setattr(files, "_exchange", lambda a, b: False)
+    real = shutil.rmtree
+
+    def rmtree(path, ignore_errors=False, **kwargs):
+        if not ignore_errors:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
+        real(path, ignore_errors=True, **kwargs)
+
+    monkeypatch.setattr(files.shutil, "rmtree", rmtree)
+    with files.atomic_directory(tmp_path / "ck") as new:
+        Path(new, "model").write_text("version 2")
+    assert (tmp_path / "ck" / "model").read_text() == "version 2"
 
 
 def test_a_second_rename_of_the_fallback_that_fails_puts_the_previous_version_back(tmp_path, monkeypatch):
