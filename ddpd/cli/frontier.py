@@ -23,8 +23,16 @@ import re
 import sys
 from typing import Optional
 
-from ddpd.cli.common import (InputError, Interrupted, UsageError, add_runtime_arguments, float_type, int_type,
-                              one_line, refused_text)
+from ddpd.cli.common import (
+    InputError,
+    Interrupted,
+    UsageError,
+    add_runtime_arguments,
+    float_type,
+    int_type,
+    one_line,
+    refused_text,
+)
 
 DEFAULT_POLICIES = ["error-budget:bound=1,max_k=16", "error-budget:bound=4,max_k=16", "threshold:0.9",
                     "entropy-bound:1.0", "factor:1.0", "remdm:schedule=cap,eta=0.02"]

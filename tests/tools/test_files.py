@@ -2,8 +2,8 @@
 import errno
 import json
 import os
-import signal
 import shutil
+import signal
 import subprocess
 import sys
 from contextlib import contextmanager
