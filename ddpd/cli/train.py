@@ -182,6 +182,12 @@ def _checked_config(args: argparse.Namespace):
         raise flag_error(err, [action.dest for action in build_parser()._actions]) from None
 
 
+def _in_flags(err: ValueError) -> str:
+    """The library's refusal of the corpus ("fewer than seq_len=256") in the command line's
+    words ("fewer than --seq-len 256"), as the settings' own refusals are."""
+    return str(flag_error(err, [action.dest for action in build_parser()._actions]))
+
+
 def _check_fresh_out(out: str) -> None:
     """A fresh run's --out that no save may replace (files of someone else's, a bundle): a
     command-line mistake, refused as one (exit status 2) before the corpus is read, on every
@@ -241,6 +247,7 @@ def run(args: argparse.Namespace, state: dict) -> int:
     Raises:
         UsageError: a setting the configuration refuses, a --resume with changed settings, or a
             fresh run into an --out that holds a checkpoint or other files.
+        ValueError: a corpus the settings do not fit (too short for --seq-len), naming the flags.
         Interrupted: a signal stopped the run before its checkpoint.
     """
     from ddpd.cli.common import Interrupted
@@ -266,6 +273,8 @@ def run(args: argparse.Namespace, state: dict) -> int:
     except OccupiedOutput:  # a fresh run's command given for a run that exists: a command-line mistake
         raise UsageError(f"--out {args.out} already holds a checkpoint; pass --resume to continue it or choose "
                          "another --out") from None
+    except ValueError as err:  # a corpus the settings do not fit: still a failure while working (status 1)
+        raise ValueError(_in_flags(err)) from None
     state["trainer"] = trainer
     finished = False
     try:

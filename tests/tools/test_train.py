@@ -1367,6 +1367,21 @@ def test_cli_errors_are_one_line(corpus, tmp_path, capsys, argv, message, status
     assert err.startswith("ddpd-train: error: ") and message in err and err.count("\n") == 1
 
 
+def test_cli_names_the_flag_of_a_corpus_too_short_for_seq_len(tmp_path, capsys):
+    """The library's "fewer than seq_len=64; ... a shorter seq_len" reached the command line
+    as it was, where errors name the flag; it stays a failure while working (status 1)."""
+    short = tmp_path / "short.txt"
+    short.write_text("abcdefgh " * 30)
+    code, out, err = run_cli(capsys, "planner", "--data", short, "--out", tmp_path / "o", "--seq-len", 64,
+                             "--steps", 1, "--batch-size", 2, "--d-model", 16, "--n-layers", 1, "--n-heads", 2,
+                             "--no-progress")
+    assert (code, out) == (1, "")
+    assert err == (f"ddpd-train: error: --data {short}: its validation split holds 13 tokens, fewer than "
+                   "--seq-len 64; use a longer corpus or a shorter --seq-len\n")
+    with pytest.raises(ValueError, match=r"fewer than seq_len=64; use a longer corpus or a shorter seq_len$"):
+        Trainer(TrainConfig(kind="planner", data=str(short), out=str(tmp_path / "p"), seq_len=64))
+
+
 def test_cli_refuses_a_directory_as_tiktoken_before_any_work(corpus, tmp_path, capsys):
     """--tiktoken DIR was refused as "no such file: DIR", a directory that is there."""
     code, out, err = run_cli(capsys, "planner", "--data", corpus, "--out", tmp_path / "o", "--tokenizer", "gpt2",
