@@ -127,17 +127,20 @@ positive_int = argument_type(int, lambda value: value >= 1, "an int >= 1")
 
 
 def refused_text(data: str, err: ValueError) -> Optional[UsageError]:
-    """The usage error for --data's text that the checkpoints' tokenizer cannot encode (a
-    ValueError of ddpd.training.data that names "data FILE: "), or None for another error.
+    """The usage error for --data's text that is not UTF-8 or that the checkpoints' tokenizer
+    cannot encode (a ValueError of ddpd.training.data that names "data file PATH is not UTF-8"
+    or "data FILE: "), or None for another error.
 
     Args:
         data: --data's value.
         err: the error of loading or encoding it.
 
     Returns:
-        A UsageError naming --data and the checkpoints' tokenizer, or None.
+        A UsageError naming --data (and the checkpoints' tokenizer), or None.
     """
-    where = f"data {data}: "
+    where, undecoded = f"data {data}: ", f"data file {os.path.abspath(data)} is not UTF-8 text "
+    if str(err).startswith(undecoded):  # the loader names the file by its absolute path
+        return UsageError(f"--data {data}: not UTF-8 text {str(err)[len(undecoded):]}")
     if not str(err).startswith(where):
         return None
     return UsageError(f"--data {data}: the checkpoints' tokenizer cannot encode it: {str(err)[len(where):]}")

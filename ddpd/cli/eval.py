@@ -246,9 +246,9 @@ def _heldout(args: argparse.Namespace, loaded: Loaded, num: Optional[int], flag:
     if loaded.tokenizer is None:
         raise UsageError("the checkpoints do not record their tokenizer; cannot encode --data")
     tokenizer = tokenizer_from_config(loaded.tokenizer)
-    text = load_text(args.data)
-    _warn_if_trained_on_other_text(args, loaded, text)
     try:
+        text = load_text(args.data)
+        _warn_if_trained_on_other_text(args, loaded, text)
         sequences = heldout_sequences(args.data, tokenizer, loaded.seq_len, args.split, num, text=text)
     except ValueError as err:
         if str(err).startswith("num_sequences:"):

@@ -770,6 +770,24 @@ def test_a_corpus_the_checkpoints_tokenizer_cannot_encode_names_data(setup, caps
                        "character(s) in total\n"), err
 
 
+def test_a_corpus_that_is_not_utf8_is_a_usage_error_as_one_the_tokenizer_cannot_encode(setup, capsys, tmp_path,
+                                                                                         monkeypatch):
+    """A --data file that is not UTF-8 exited 1 with "data file PATH is not UTF-8 text", where
+    text the checkpoints' tokenizer cannot encode exits 2 naming the flag: both are a bad input
+    the command line names (docs/cli.md's exit statuses)."""
+    from ddpd.checkpoint import load_model, save_bundle
+
+    save_bundle(str(tmp_path / "bundle"), *load_model(setup["planner"]), *load_model(setup["mask-denoiser"]))
+    monkeypatch.chdir(tmp_path)  # a relative --data: the loader names the file by its absolute path
+    (tmp_path / "latin1.txt").write_bytes("caf\xe9 au lait ".encode("latin-1") * 20)
+    for command in (["elbo", "--uniform", setup["uniform"]],
+                    ["quality", "--uniform", setup["uniform"], "--judge", setup["ar"], "--out-dir", tmp_path / "q"],
+                    ["frontier", tmp_path / "bundle", "--judge", "ngram", "--out-dir", tmp_path / "f"]):
+        code, out, err = _run(capsys, *command, "--data", "latin1.txt", "--no-progress")
+        assert (code, out) == (2, "") and sorted(os.listdir(tmp_path)) == ["bundle", "latin1.txt"], command
+        assert err == "ddpd-eval: error: --data latin1.txt: not UTF-8 text (byte 0xe9 at offset 3)\n", err
+
+
 def test_checkpoints_that_record_no_tokenizer_cannot_read_data(setup, capsys, tmp_path):
     """A network saved from Python without a tokenizer in its config: nothing can encode --data."""
     config = config_for("uniform", V, L, d_model=16, n_layers=1, n_heads=2)
