@@ -372,11 +372,14 @@ class StreamedFile:
         try:
             self._complete()
             os.replace(self.temp, target)
-            fsync_directory(os.path.dirname(target))
         except OSError as err:
             self.discard()
             raise OutputError(target, err) from None
         self.published = True
+        try:  # the rename published it: a directory that cannot be flushed only leaves the rename less durable
+            fsync_directory(os.path.dirname(target))
+        except OSError:
+            pass
         try:
             if drop_partial:
                 _unlink_if_there(partial_path(self.path))

@@ -82,6 +82,20 @@ def test_a_failed_publish_deletes_the_temporary_and_releases_the_lock(tmp_path, 
     files.OutputLock(tmp_path / "s.jsonl").acquire().release()
 
 
+def test_a_directory_that_cannot_be_flushed_after_the_rename_leaves_the_file_published(tmp_path, monkeypatch):
+    """The flush of the directory came after os.replace had put the file in place, and its
+    failure reported a failed write (OutputError) and discarded a temporary already renamed."""
+    target = tmp_path / "s.jsonl"
+    files.write_text(target, "old\n")
+    monkeypatch.setattr(files, "fsync_directory", _failing(errno.EIO))
+    with files.StreamedFile(target, one_writer=True) as out:
+        out.write("new\n")
+        out.publish(drop_partial=True)
+        assert out.published
+    assert target.read_text() == "new\n" and _entries(tmp_path) == ["s.jsonl"]
+    files.OutputLock(target).acquire().release()
+
+
 def test_streamed_file_is_flushed_as_it_goes_and_published_at_the_end(tmp_path):
     target = tmp_path / "s.jsonl"
     with files.StreamedFile(target) as out:
