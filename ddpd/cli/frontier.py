@@ -128,9 +128,7 @@ def run(args: argparse.Namespace) -> None:
                                    seed=args.seed, batch_size=args.batch_size, csv_path=csv_path,
                                    progress=args.progress)
     except Interrupted as stop:  # the CSV holds every finished row: say so, and how to go on
-        kept = len(fr.read_frontier(csv_path)) if os.path.exists(csv_path) else 0
-        stop.detail = f"; the {kept} row(s) measured are in {csv_path}, and the same command resumes from them" \
-            if kept else "; no configuration was finished"
+        stop.detail = _kept(csv_path, configs, args)
         raise
     # the CSV's rows of this seed and sample count (earlier runs into --out-dir add to them): rows
     # of another seed in the same curve would make it zigzag
@@ -151,6 +149,20 @@ def run(args: argparse.Namespace) -> None:
         except MissingDependency as err:
             print(f"ddpd-eval: plot skipped: {err}", file=sys.stderr)
     args.stdout.print(text)  # a reader that went away (| head) is no failure: the reports are written
+
+
+def _kept(csv_path: str, configs: list, args: argparse.Namespace) -> str:
+    """What an interrupted sweep leaves: its own rows, apart from those of earlier sweeps (other
+    seeds, other points) that the CSV also holds."""
+    from ddpd.eval import frontier as fr
+
+    every = fr.read_frontier(csv_path) if os.path.exists(csv_path) else []
+    ours = len(fr.rows_of(every, configs, args.num_samples, args.seed))
+    if not ours:
+        return "; no configuration was finished"
+    others = f" ({len(every)} in all)" if len(every) > ours else ""
+    return (f"; the {ours} row(s) of this sweep measured so far are in {csv_path}{others}, and the same command "
+            "resumes from them")
 
 
 def _reach(rows: list[dict], target: dict, label: str) -> list[dict]:

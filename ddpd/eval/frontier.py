@@ -117,6 +117,22 @@ def run_frontier(configs: Sequence[Config], *, judge, vocab_size: int, num_sampl
     return rows
 
 
+def rows_of(rows: Sequence[dict], configs: Sequence[Config], num_samples: int, seed: int) -> list[dict]:
+    """The rows that measure one of `configs` at this sample count and seed: a frontier CSV
+    also keeps the rows of earlier sweeps into its directory (other seeds, other points).
+
+    Args:
+        rows: rows of a frontier CSV (read_frontier).
+        configs: the sweep's configurations.
+        num_samples, seed: the sweep's samples a point and their seed.
+
+    Returns:
+        Those rows, in their order.
+    """
+    keys = {config.key(num_samples, seed) for config in configs}
+    return [row for row in rows if _row_key(row) in keys]
+
+
 def _fill_budgets(done: dict, configs: Sequence[Config], keys: list) -> bool:
     """Give each row of `done` written without a budget the budget of its configuration, which
     a ddpd row stopped early does not tell (budget()); whether one was given."""

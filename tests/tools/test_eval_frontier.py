@@ -412,9 +412,37 @@ def test_an_interrupted_frontier_says_where_its_rows_are_and_how_to_resume(tmp_p
     assert main(argv) == 130
     err = capsys.readouterr().err
     csv_path = out / "frontier.csv"
-    assert err.endswith(f"ddpd-eval: interrupted by SIGINT; the {rows_first + 1} row(s) measured are in {csv_path}, "
-                        "and the same command resumes from them\n"), err
+    assert err.endswith(f"ddpd-eval: interrupted by SIGINT; the {rows_first + 1} row(s) of this sweep measured so far "
+                        f"are in {csv_path}, and the same command resumes from them\n"), err
     assert len(read_frontier(str(csv_path))) == rows_first + 1  # the row being written when it came is kept
+
+
+def test_an_interrupted_frontier_counts_its_own_rows_apart_from_an_earlier_seeds(tmp_path, capsys, monkeypatch):
+    """The count was every row of frontier.csv, those of an earlier run into --out-dir with
+    another seed among them, as if this sweep had measured them."""
+    import ddpd.eval.frontier as frontier
+
+    corpus = tmp_path / "text.txt"
+    corpus.write_text(("the cat sat on the mat and the dog ate the hat " * 400).strip())
+    out = tmp_path / "out"
+    argv = ["frontier", "--judge", "ngram:3", "--data", str(corpus), "--budgets", "2", "--target-steps", "1",
+            "--num-samples", "1", "--policies", "threshold:0.9", "--no-progress", "--out-dir", str(out)]
+    assert main([*argv, "--seed", "1"]) == 0
+    csv_path = out / "frontier.csv"
+    earlier = len(read_frontier(str(csv_path)))
+    write_csv = frontier.write_csv
+
+    def write_then_signal(rows, path):
+        os.kill(os.getpid(), signal.SIGINT)  # its handler runs before kill returns
+        write_csv(rows, path)
+
+    capsys.readouterr()
+    monkeypatch.setattr(frontier, "write_csv", write_then_signal)
+    assert main([*argv, "--seed", "2"]) == 130
+    assert capsys.readouterr().err.endswith(
+        f"ddpd-eval: interrupted by SIGINT; the 1 row(s) of this sweep measured so far are in {csv_path} "
+        f"({earlier + 1} in all), and the same command resumes from them\n")
+    assert len(read_frontier(str(csv_path))) == earlier + 1
 
 
 def test_a_frontier_interrupted_before_its_first_row_says_none_was_finished(tmp_path, capsys, monkeypatch):
