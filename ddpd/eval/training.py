@@ -24,7 +24,7 @@ TRAINING_COLUMNS = (("kind", "Network", ""), ("run", "Run", ""), ("parameters", 
                     ("dropout", "Dropout", ""), ("batch_size", "Micro-batch", ""),
                     ("step_sequences", "Sequences/step", ""), ("seq_len", "Length", ""),
                     ("lr", "Peak LR", "g"), ("step", "Steps", ""), ("train_seconds", "Train seconds", ".0f"),
-                    ("tokens_per_s", "Tokens/s", ",.0f"), ("first_val_loss", "Val loss at 0", ".4f"),
+                    ("tokens_per_s", "Tokens/s", ",.0f"), ("first_val_loss", "First val loss", ".4f"),
                     ("best_val_loss", "Best val loss", ".4f"), ("best_step", "at step", ""),
                     ("final_train_loss", "Final train loss", ".4f"), ("final_val_loss", "Final val loss", ".4f"))
 
@@ -64,7 +64,8 @@ def training_row(path: str) -> dict:
         path: the checkpoint directory.
 
     Returns:
-        The row: kind, the directory as given, size, steps, seconds, tokens/s and the losses.
+        The row: kind, the directory as given, size, steps, seconds, tokens/s and the losses
+        (the first, best and last finite validation losses, the first and best with their steps).
 
     Raises:
         CheckpointError: not a checkpoint with a training record.
@@ -88,7 +89,9 @@ def training_row(path: str) -> dict:
                                               meta.get("world_size")),
             "step": step if isinstance(step, int) else None, "train_seconds": seconds,
             "tokens_per_s": meta.get("train_tokens", 0) / seconds if seconds else None,
+            # the first finite one: step 0's (the untrained network) unless that one was NaN or infinite
             "first_val_loss": validated[0]["val_loss"] if validated else None,
+            "first_val_step": validated[0].get("step") if validated else None,
             "best_val_loss": best.get("val_loss"), "best_step": best.get("step"),
             "final_train_loss": trained[-1]["train_loss"] if trained else None,
             "final_val_loss": validated[-1]["val_loss"] if validated else None,

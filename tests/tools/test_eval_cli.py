@@ -583,6 +583,33 @@ def test_training_rows_give_the_sequences_of_an_optimizer_step(setup, tmp_path, 
     assert training.training_row(setup["planner"])["step_sequences"] is None
 
 
+def test_the_first_val_loss_column_says_it_is_the_first_finite_one(setup, tmp_path, capsys, monkeypatch):
+    """The column "Val loss at 0" showed the first finite validation loss: a later step's where
+    step 0's was NaN. It is named First val loss, and training.json gives its step."""
+    import ddpd.eval.training as training
+    from ddpd.training.trainer import TrainConfig, Trainer
+
+    run = str(tmp_path / "planner")
+    Trainer(TrainConfig(kind="planner", data=setup["data"], out=run, steps=2, batch_size=2, seq_len=L, d_model=16,
+                        n_layers=1, n_heads=2, warmup=0, eval_every=1, eval_batches=1)).train()
+    load = training.load_train_state
+
+    def untrained_nan(path):  # step 0's validation loss NaN, as a network that starts out overflowing gives
+        tensors, meta = load(path)
+        meta["history"][0]["val_loss"] = float("nan")
+        return tensors, meta
+
+    monkeypatch.setattr(training, "load_train_state", untrained_nan)
+    code, out, err = _run(capsys, "training", run, "--out-dir", tmp_path / "report")
+    assert code == 0, err
+    (row,) = json.loads((tmp_path / "report" / "training.json").read_text())
+    assert (row["history"][0]["step"], row["history"][0]["val_loss"]) == (0, None)  # NaN is written null
+    assert (row["first_val_step"], row["first_val_loss"]) == (1, row["history"][1]["val_loss"])
+    header, _, line = out.splitlines()[:3]
+    cells = dict(zip(header.strip("|").split(" | "), line.strip("|").split(" | ")))
+    assert "Val loss at 0" not in cells and cells["First val loss"].strip() == f"{row['first_val_loss']:.4f}", out
+
+
 def test_convergence_command(setup, capsys):
     p = setup
     out_dir = p["root"] / "convergence"
