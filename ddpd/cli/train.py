@@ -250,6 +250,7 @@ def run(args: argparse.Namespace, state: dict) -> int:
         ValueError: a corpus the settings do not fit (too short for --seq-len), naming the flags.
         Interrupted: a signal stopped the run before its checkpoint.
     """
+    from ddpd.checkpoint import CheckpointError
     from ddpd.cli.common import Interrupted
     from ddpd.models import count_parameters
     from ddpd.training.distributed import PeerLost
@@ -273,6 +274,8 @@ def run(args: argparse.Namespace, state: dict) -> int:
     except OccupiedOutput:  # a fresh run's command given for a run that exists: a command-line mistake
         raise UsageError(f"--out {args.out} already holds a checkpoint; pass --resume to continue it or choose "
                          "another --out") from None
+    except CheckpointError:  # a damaged checkpoint names its files, not settings
+        raise
     except ValueError as err:  # a corpus the settings do not fit: still a failure while working (status 1)
         raise ValueError(_in_flags(err)) from None
     state["trainer"] = trainer

@@ -2251,6 +2251,7 @@ def test_resume_refuses_a_changed_corpus(tmp_path, capsys):
     data.write_text(BOOKS.read_text()[:60_000] + " and more text appended")
     code, _, err = run_cli(capsys, "planner", "--out", out, "--resume", "--no-progress")
     assert code == 1 and err.count("\n") == 1 and "changed since the run started" in err, err
+    assert err.endswith("pass allow_data_change (--allow-data-change) to resume anyway\n"), err  # not a flag twice
     code, out_text, err = run_cli(capsys, "planner", "--out", out, "--resume", "--no-progress",
                                   "--allow-data-change")
     assert code == 0 and "step 2 of 20" in out_text, err
