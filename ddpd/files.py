@@ -578,7 +578,10 @@ class FileSet:
                 raise OutputError(current.path, err) from None
             current.published = True
         for directory in {os.path.dirname(f.path) for f in self._files}:
-            fsync_directory(directory)
+            try:  # the renames published the set: a directory that cannot be flushed only leaves them less durable
+                fsync_directory(directory)
+            except OSError:
+                pass
         for journal in journals:
             _unlink_if_there(journal)
         self._files = []

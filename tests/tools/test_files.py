@@ -685,6 +685,30 @@ def test_a_set_whose_rename_failed_is_finished_once_its_writer_is_dead(tmp_path,
     assert _report_set(tmp_path) == ["v2", "v2"] and _entries(tmp_path) == ["report.csv", "report.md"]
 
 
+def test_a_directory_that_cannot_be_flushed_after_the_renames_leaves_the_set_published(tmp_path, monkeypatch):
+    """The flush of the directories came after every rename had put the set in place, and its
+    failure raised a raw OSError and left the journal behind."""
+    for name in ("report.csv", "report.md"):
+        files.write_text(tmp_path / name, "v1")
+    renamed, real = [], os.replace
+
+    def replace(a, b):
+        renamed.append(b)
+        real(a, b)
+
+    def fsync_directory(directory):
+        if renamed:  # the journal's own flush, before the renames, succeeds
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(files.os, "replace", replace)
+    monkeypatch.setattr(files, "fsync_directory", fsync_directory)
+    with files.FileSet() as reports:
+        for name in ("report.csv", "report.md"):
+            reports.open(tmp_path / name).write("v2")
+        reports.publish()
+    assert _report_set(tmp_path) == ["v2", "v2"] and _entries(tmp_path) == ["report.csv", "report.md"]
+
+
 @pytest.mark.parametrize("owner, name", [
     (files, "fsync_directory"),  # the journal's directory, after its content: no journal is left
     (files.os, "fsync"),  # before the renames: the previous set stays
