@@ -713,7 +713,10 @@ def atomic_directory(path) -> Iterator[str]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    fsync_directory(parent)
+    try:  # the swap published it: a parent that cannot be flushed only leaves the rename less durable
+        fsync_directory(parent)
+    except OSError:
+        pass
 
 
 def refuse_working_directory(path) -> None:

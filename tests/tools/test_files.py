@@ -467,6 +467,24 @@ def test_new_directories_get_the_ordinary_mode_and_replaced_ones_keep_setgid(tmp
     assert _mode(tmp_path / "ck") == 0o2770
 
 
+def test_a_parent_that_cannot_be_flushed_after_the_swap_leaves_the_directory_published(tmp_path, monkeypatch):
+    """The flush of the parent came after the swap had put the new directory in place, and its
+    failure raised a raw OSError (not an OutputError) for a save that was done."""
+    real = files.fsync_directory
+
+    def fsync_directory(directory):
+        if directory == os.path.realpath(tmp_path):  # the temporary's own directories flush
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        real(directory)
+
+    with files.atomic_directory(tmp_path / "ck") as new:
+        (Path(new) / "model").write_text("old")
+    monkeypatch.setattr(files, "fsync_directory", fsync_directory)
+    with files.atomic_directory(tmp_path / "ck") as new:
+        (Path(new) / "model").write_text("new")
+    assert (tmp_path / "ck" / "model").read_text() == "new" and _entries(tmp_path) == ["ck"]
+
+
 def test_a_file_where_a_link_stood_gets_the_ordinary_mode(tmp_path):
     """A link's own mode (0o777) is not a previous version's: the new file is not world-writable."""
     (tmp_path / "ck").mkdir()
