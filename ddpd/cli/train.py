@@ -245,14 +245,16 @@ def run(args: argparse.Namespace, state: dict) -> int:
         checkpoint (under torchrun, in every process, the signal one of them received).
 
     Raises:
-        UsageError: a setting the configuration refuses, a --resume with changed settings, or a
-            fresh run into an --out that holds a checkpoint or other files.
+        UsageError: a setting the configuration refuses, a --resume with changed settings, a
+            fresh run into an --out that holds a checkpoint or other files, or a --data file that
+            is not UTF-8 or that the tokenizer cannot encode.
         ValueError: a corpus the settings do not fit (too short for --seq-len), naming the flags.
         Interrupted: a signal stopped the run before its checkpoint.
     """
     from ddpd.checkpoint import CheckpointError
     from ddpd.cli.common import Interrupted
     from ddpd.models import count_parameters
+    from ddpd.training.data import CorpusTextError
     from ddpd.training.distributed import PeerLost
     from ddpd.training.trainer import OccupiedOutput, OtherCorpus, ResumeConflict, Trainer
 
@@ -276,6 +278,10 @@ def run(args: argparse.Namespace, state: dict) -> int:
                          "another --out") from None
     except CheckpointError:  # a damaged checkpoint names its files, not settings
         raise
+    except CorpusTextError as err:
+        if "data" in args:  # a bad input the command line names, as in ddpd-eval (status 2)
+            raise UsageError(_in_flags(err)) from None
+        raise ValueError(_in_flags(err)) from None  # the run's own corpus, --resume'd: a failure while working
     except ValueError as err:  # a corpus the settings do not fit: still a failure while working (status 1)
         raise ValueError(_in_flags(err)) from None
     state["trainer"] = trainer

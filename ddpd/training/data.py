@@ -43,6 +43,12 @@ GPT2_EOT = "<|endoftext|>"
 SPLITS = ("train", "validation", "test")
 SPLIT_FRACTIONS = (0.9, 0.05, 0.05)
 
+
+class CorpusTextError(ValueError):
+    """A corpus whose text is not UTF-8, or that the tokenizer cannot encode: the content of
+    the input itself is wrong (the message names it), not a setting it does not fit."""
+
+
 _NOT_TEXT8 = re.compile(r"[^ a-z]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _TEXT8_TABLE = bytes.maketrans(TEXT8_ALPHABET.encode("ascii"), bytes(range(len(TEXT8_ALPHABET))))
@@ -294,7 +300,8 @@ def load_text(source: str, recorded: bool = False) -> str:
     Raises:
         FileNotFoundError: no such file or corpus.
         IsADirectoryError: `source` is a directory.
-        ValueError: a file that is empty or not UTF-8, or a dataset that cannot be loaded.
+        CorpusTextError: a file that is not UTF-8 (a ValueError).
+        ValueError: a file that is empty, or a dataset that cannot be loaded.
     """
     source = resolve_source(source, recorded)
     if source.startswith("hf:"):
@@ -312,7 +319,7 @@ def _read_text_file(path: str) -> str:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
-        raise ValueError(f"data file {path} is not UTF-8 text (byte 0x{raw[err.start]:02x} at offset "
+        raise CorpusTextError(f"data file {path} is not UTF-8 text (byte 0x{raw[err.start]:02x} at offset "
                          f"{err.start})") from None
     text = text[:-1] if text.endswith("\n") else text
     if not text:
@@ -385,7 +392,8 @@ def encode_corpus(text: str, tokenizer, where: Optional[str] = None) -> Tensor:
         Long[N] token ids.
 
     Raises:
-        ValueError: text the tokenizer cannot encode.
+        CorpusTextError: text the tokenizer cannot encode, `where` given (a ValueError).
+        ValueError: text the tokenizer cannot encode, without `where`.
     """
     try:
         if hasattr(tokenizer, "encode_tensor"):
@@ -394,7 +402,7 @@ def encode_corpus(text: str, tokenizer, where: Optional[str] = None) -> Tensor:
     except ValueError as err:
         if where is None:
             raise
-        raise ValueError(f"{where}: {str(err).split(': ', 1)[-1]}") from None  # without the tokenizer's name
+        raise CorpusTextError(f"{where}: {str(err).split(': ', 1)[-1]}") from None  # without the tokenizer's name
 
 
 def split_tokens(tokens: Tensor, fractions: Sequence[float] = SPLIT_FRACTIONS) -> dict[str, Tensor]:

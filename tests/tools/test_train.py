@@ -1356,15 +1356,39 @@ def test_cli_trains_and_resumes(corpus, tmp_path, capsys):
      "--tiktoken: no such file", 2),
     (["planner", "--data", "{corpus}", "--out", "{tmp}/o", "--tiktoken", "{corpus}"],  # named "tokenizer 'gpt2'"
      "--tiktoken (a GPT-2 ranks file) needs --tokenizer gpt2, got --tokenizer text8", 2),
-    (["planner", "--data", "{tmp}/mixed-case.txt", "--out", "{tmp}/o"], "only space and a-z", 1),
+    (["planner", "--data", "{tmp}/mixed-case.txt", "--out", "{tmp}/o"], "only space and a-z", 2),
+    (["planner", "--data", "{tmp}/latin1.txt", "--out", "{tmp}/o"], "--data file {tmp}/latin1.txt is not UTF-8", 2),
 ])
 def test_cli_errors_are_one_line(corpus, tmp_path, capsys, argv, message, status):
     """A bad command line exits with status 2 naming the flag; a failure while working with 1."""
     (tmp_path / "mixed-case.txt").write_text("First Citizen: Before we proceed any further, hear me speak.")
+    (tmp_path / "latin1.txt").write_bytes("caf\xe9 au lait ".encode("latin-1") * 20)
+    message = message.format(tmp=tmp_path)
     argv = [a.format(tmp=tmp_path, corpus=corpus) for a in argv]
     code, out, err = run_cli(capsys, *argv)
     assert code == status
     assert err.startswith("ddpd-train: error: ") and message in err and err.count("\n") == 1
+
+
+def test_cli_refuses_data_that_is_not_utf8_or_not_encodable_as_a_usage_error(tmp_path, capsys):
+    """Both exited 1, as failures while working, where ddpd-eval refuses the same --data with
+    status 2 (a bad input the command line names, docs/cli.md): before any step, nothing
+    written. A --resume'd run's own corpus, not on the command line, stays a failure (1)."""
+    (tmp_path / "latin1.txt").write_bytes("caf\xe9 au lait ".encode("latin-1") * 20)
+    (tmp_path / "mixed.txt").write_text("First Citizen: before we proceed " * 20)
+    for name, cause in [("latin1.txt", "file {} is not UTF-8 text (byte 0xe9 at offset 3)"),
+                        ("mixed.txt", "{}: text must contain only space and a-z (text8 format), got 'F' (U+0046) "
+                                      "at position 0; 60 such character(s) in total")]:
+        code, out, err = run_cli(capsys, "planner", "--data", tmp_path / name, "--out", tmp_path / "o",
+                                 "--no-progress")
+        assert (code, out) == (2, "") and sorted(os.listdir(tmp_path)) == ["latin1.txt", "mixed.txt"], err
+        assert err == f"ddpd-train: error: --data {cause.format(tmp_path / name)}\n"
+    out, books = tmp_path / "p", tmp_path / "books.txt"
+    books.write_text(BOOKS.read_text())
+    _checkpoint_at_step_2(str(books), out)
+    books.write_bytes((tmp_path / "latin1.txt").read_bytes())
+    code, _, err = run_cli(capsys, "planner", "--out", out, "--resume", "--no-progress")
+    assert code == 1 and err == f"ddpd-train: error: --data file {books} is not UTF-8 text (byte 0xe9 at offset 3)\n"
 
 
 def test_cli_names_the_flag_of_a_corpus_too_short_for_seq_len(tmp_path, capsys):
@@ -2379,7 +2403,8 @@ def test_an_unwritable_out_is_refused_before_training(corpus, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("content, message, status", [
-    (b"\xfc\xfd binary", "is not UTF-8 text (byte 0xfc at offset 0)", 1),
+    # a bad input the command line names, as in ddpd-eval (docs/cli.md): it exited 1
+    (b"\xfc\xfd binary", "--data file {data} is not UTF-8 text (byte 0xfc at offset 0)", 2),
     # as a missing --data (docs/cli.md): it exited 1, naming no flag
     (b"", "--data: {data} is empty", 2), (b"\n", "--data: {data} is empty", 2)])
 def test_unreadable_corpora_are_named(tmp_path, capsys, content, message, status):
