@@ -2563,7 +2563,7 @@ def test_training_records_shorter_than_seq_len_are_warned_about(labelled, tmp_pa
 def test_labels_must_be_classes_of_the_model(labelled, tmp_path, capsys):
     code, _, err = run_cli(capsys, "planner", "--data", labelled, "--out", tmp_path / "o", "--num-classes", "1",
                            *TINY_CLI)
-    assert code == 1 and err.count("\n") == 1 and "has label 1, but num_classes=1" in err, err
+    assert code == 1 and err.count("\n") == 1 and "has label 1, but --num-classes 1 (labels" in err, err
 
 
 def test_cli_trains_class_conditional_models_that_ddpd_sample_guides(labelled, tmp_path, capsys):
