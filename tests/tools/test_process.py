@@ -50,6 +50,15 @@ def test_schedule_endpoints_derivative_inverse(schedule):
     assert torch.allclose(schedule.rate(t), schedule.alpha_dot(t) / (1 - schedule.alpha(t)))
 
 
+@pytest.mark.parametrize("schedule", SCHEDULES[:2], ids=lambda s: type(s).__name__)
+def test_schedules_give_float_values_for_an_integer_time(schedule):
+    """The named schedules at t = 0 or 1 as a Python int or a Long tensor: alpha and alpha_dot come
+    back floating, as for a float time (torch.ones_like of a Long t is Long)."""
+    for t in (1, torch.tensor([0, 1])):
+        for values in (schedule.alpha(t), schedule.alpha_dot(t)):
+            assert values.is_floating_point(), (t, values)
+
+
 def test_the_cosine_inverse_reads_an_alpha_rounded_just_outside_0_1_as_its_end():
     """acos(1 - a) is NaN for a off [0, 1]: an alpha float32 arithmetic puts 1e-7 past an end
     (1 - sum_p / D) must map to that end's time, not to a NaN time."""
@@ -83,6 +92,10 @@ def test_custom_schedule_refuses_a_schedule_off_its_endpoints(alpha, inverse, ma
      r"alpha must not fall on \[0, 1\] \(alpha_t rises .*\), got alpha\(0.301758\) = 0.775551 > alpha\(0.302734\)"),
     (lambda t: t, lambda t: 1 - 2 * t, r"alpha_dot must be >= 0 on \[0, 1\] .* got -0.00195312 at t = 0.500977"),
     (lambda t: t, lambda t: 1 / (t - 0.5), r"alpha_dot must be finite on \[0, 1\], got inf at t = 0.5"),
+    # a fall or a slope below zero smaller than 1e-3 is refused too: there is no tolerance
+    (lambda t: t + 0.0015 * ((t - 0.5).abs() < 0.01).double(), lambda t: torch.ones_like(t),
+     r"alpha must not fall .* got alpha\(0.509766\) = 0.511266 > alpha\(0.510742\) = 0.510742"),
+    (lambda t: t, lambda t: t - 1e-4, r"alpha_dot must be >= 0 on \[0, 1\] .* got -0.0001 at t = 0"),
 ])
 def test_custom_schedule_refuses_an_alpha_that_falls(alpha, alpha_dot, match):
     """alpha_t rises from 0 to 1; one that falls between its right endpoints gave negative jump
@@ -178,6 +191,19 @@ def test_rate_decomposition_keeps_the_self_loop_near_alpha_one_in_float32(alpha)
     self_loop = denoiser_log_prob_from_uniform(lp, x_t, a)[0, 0, 7].exp()
     for got, want in ((noise, want_noise), (log_noise.exp(), want_noise), (self_loop, want_self_loop)):
         assert float(got) == pytest.approx(float(want), rel=1e-4)
+
+def test_rate_decomposition_in_float32_at_alpha_one_for_a_model_sure_of_x_t():
+    """alpha = 1 (self-loop weight 0), a model 30 nats sure of x_t^d in float32: 1 - p(x_1^d = x_t^d)
+    rounds to 0, yet p(z = N | x_t) = 2 e^-30 / (1 + 2 e^-30) and the jump law is half and half on the
+    two other tokens (the other tokens' probability summed, not 1 - p(x_1^d = x_t^d))."""
+    log_p = torch.tensor([[[0.0, -30.0, -30.0]]]).log_softmax(-1)
+    x_t = torch.tensor([[0]])
+    want = math.log(2 * math.exp(-30) / (1 + 2 * math.exp(-30)))
+    assert float(planner_log_prob_from_uniform(log_p, x_t, 1.0)) == pytest.approx(want, rel=1e-5)
+    jump = denoiser_log_prob_from_uniform(log_p, x_t, 1.0)[0, 0]
+    assert jump[0] == float("-inf")
+    torch.testing.assert_close(jump[1:].exp(), torch.tensor([0.5, 0.5]))
+
 
 def test_self_loop_ctmc_preserves_inter_state_rates():
     """prop:self-loop-jumps: the rates rate * p(z^d = N | x_t) * p(x_1^d = j | x_t, z^d = N), self-loop
