@@ -312,3 +312,27 @@ def test_a_float16_network_runs_outside_a_sampler(toy):
     x, t = masked_inputs(16)
     masked = x == S
     torch.testing.assert_close(adapter(x, t).softmax(-1)[masked].double(), exact(toy, x)[masked], rtol=0, atol=2e-2)
+
+
+class AutocastProbe(nn.Module):
+    """The toy MDLM network, recording the autocast dtype each call runs under."""
+
+    def __init__(self, toy):
+        super().__init__()
+        self.toy, self.seen = ToyMDLM(toy), []
+
+    def forward(self, input_ids, sigma):
+        self.seen.append(torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None)
+        return self.toy(input_ids, sigma)
+
+
+def test_a_cast_network_keeps_the_autocast_its_caller_has_on(toy):
+    """A sampler's autocast (Execution.dtype) is left as it is: the adapter turns on the network's own
+    precision only where none is on (the network cast to float16 here, the caller in bfloat16)."""
+    probe = AutocastProbe(toy)
+    adapter = prepare_for_sampling(MDLMSubsDenoiser(probe, S), "float16", "cpu")
+    x, t = masked_inputs(4)
+    adapter(x, t)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        adapter(x, t)
+    assert probe.seen == [torch.float16, torch.bfloat16]

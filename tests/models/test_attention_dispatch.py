@@ -248,6 +248,15 @@ def test_forced_kernels(fake_flash):
     assert attn.get_attention_backend() == "auto"
 
 
+def test_a_forced_sdpa_flash_refuses_float32_on_cuda():
+    """Only the CPU's flash kernel takes float32: on CUDA a forced `sdpa-flash` names what it needs
+    (docs/models.md) rather than handing float32 to torch's flash backend, which has no kernel for it.
+    A stand-in for a CUDA tensor: the rule reads its device, dtype and head_dim only."""
+    q = types.SimpleNamespace(is_cuda=True, dtype=torch.float32, shape=(B, H, L, HEAD), device=torch.device("cuda", 0))
+    with attention_backend("sdpa-flash"), pytest.raises(ValueError, match="'sdpa-flash' is forced but needs CUDA fp16"):
+        resolve_backend(q)
+
+
 @pytest.mark.parametrize("forced, capability", [("fa3", (8, 0)), ("fa4", (8, 6)), ("fa3", (10, 0))])
 def test_forcing_a_kernel_the_gpu_cannot_run_is_refused(fake_flash, forced, capability):
     calls = fake_flash("fa2", "fa3", "fa4", capability=capability)

@@ -116,8 +116,9 @@ def test_config_for_derives_kind_layout():
     assert config_for("planner", V, D).out_dim == 1
     assert config_for("ar", V, D).max_seq_len == D + 1
     assert config_for("ar", V, D).causal
-    with pytest.raises(ValueError, match="time_conditioned"):
-        config_for("planner", V, D, time_conditioned=True)
+    for kind in ("planner", "ar"):  # neither has a time input: refused here, not at build_model
+        with pytest.raises(ValueError, match=f"time_conditioned: a {kind} model has no time input, got True"):
+            config_for(kind, V, D, time_conditioned=True)
     with pytest.raises(ValueError, match="derived"):
         config_for("uniform", V, D, out_dim=3)
     with pytest.raises(TypeError, match="time_conditioned must be a bool, got str 'yes'"):

@@ -355,6 +355,27 @@ def test_compile_for_sampling_rejects_bad_arguments():
     assert compile_for_sampling(model, None) is model and model.forward == forward  # None: left as it is
 
 
+class _HiddenOfItsNetwork(torch.nn.Module):
+    """A wrapper whose `hidden` is its inner network's bound method, not one of its own class."""
+
+    def __init__(self):
+        super().__init__()
+        self.network = make("mask-denoiser")
+        self.hidden = self.network.hidden
+
+    def forward(self, x, t):
+        return self.network(x, t)
+
+
+def test_compile_for_sampling_leaves_a_method_bound_to_another_module():
+    """Only the model's own methods are compiled: a `hidden` bound to the inner network stays that
+    bound method (the wrapper's class has no `hidden` to compile), while `forward` is compiled."""
+    wrapper = _HiddenOfItsNetwork()
+    hidden = wrapper.hidden
+    compile_for_sampling(wrapper, "eager")
+    assert wrapper.hidden == hidden and type(wrapper.forward).__name__ == "CompiledMethod"
+
+
 # ---- the bundled text8 models ---------------------------------------------------------------
 
 def _bundle_inputs():
