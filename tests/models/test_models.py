@@ -25,7 +25,7 @@ from ddpd.models import (
     set_attention_backend,
 )
 from ddpd.models.attention import RotaryEmbedding, SelfAttention, attention, explicit_attention
-from ddpd.models.backbone import RMSNorm
+from ddpd.models.backbone import LayerNorm, RMSNorm
 
 V, D, B = 7, 12, 3
 SMALL = dict(d_model=32, n_layers=2, n_heads=4)
@@ -298,6 +298,27 @@ def test_skeleton_loaded_with_assign_computes_what_the_network_does(kind):
     x = tokens(high=model.config.vocab_size)
     with torch.no_grad():
         torch.testing.assert_close(call(skeleton.to("cpu").eval(), x), call(model, x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("kind", MODEL_KINDS)
+def test_a_skeleton_has_the_names_shapes_and_dtypes_of_the_network(kind):
+    """build_skeleton's promise, for the rotary tables too, which it makes without computing them."""
+    from ddpd.models.factory import build_skeleton
+
+    def layout(network):
+        tensors = itertools.chain(network.named_parameters(), network.named_buffers())
+        return {name: (tuple(tensor.shape), tensor.dtype) for name, tensor in tensors}
+
+    model = make(kind)
+    assert layout(build_skeleton(kind, model.config)) == layout(model)
+
+
+@pytest.mark.parametrize("norm, cls", [("rmsnorm", RMSNorm), ("layernorm", LayerNorm)])
+def test_the_config_norm_is_every_norm_of_the_trunk(norm, cls):
+    """config.norm picks the two norms of each block and the final one."""
+    model = make("mask-denoiser", norm=norm)
+    norms = [m for m in model.modules() if isinstance(m, (RMSNorm, torch.nn.LayerNorm))]
+    assert len(norms) == 2 * SMALL["n_layers"] + 1 and all(type(m) is cls for m in norms)
 
 
 def test_model_sees_positions():

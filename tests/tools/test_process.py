@@ -343,6 +343,15 @@ def test_corrupt_noises_a_position_whose_uniform_reaches_alpha(monkeypatch):
 
 
 @pytest.mark.parametrize("noise", ["uniform", "mask"])
+def test_corrupt_reads_each_row_at_its_own_time(noise):
+    """t of shape [B] holds one time per row of x1: t = 0 noises its whole row, t = 1 none of its."""
+    x1 = torch.randint(0, 5, (3, 64), generator=torch.Generator().manual_seed(0))
+    t = torch.tensor([0.0, 1.0, 1.0])
+    x_t, z_t = corrupt(x1, t, "linear", noise, 5, generator=torch.Generator().manual_seed(1))
+    assert z_t[0].all() and not z_t[1:].any() and torch.equal(x_t[1:], x1[1:])
+
+
+@pytest.mark.parametrize("noise", ["uniform", "mask"])
 def test_corrupt_draws_from_its_generator_alone(noise):
     """Both draws (which positions, and uniform noise's tokens) come from `generator`: the same seed
     gives the same (x_t, z_t) whatever torch's global generator holds, and leaves that one as it was."""
