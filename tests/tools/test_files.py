@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from ddpd import files
+from ddpd._interrupts import signals_held
 
 
 def _entries(folder):
@@ -674,6 +675,43 @@ def test_a_signal_between_the_two_renames_of_a_directory_waits_for_the_second(tm
     with pytest.raises(signal_raises), files.atomic_directory(tmp_path / "ck") as new:
         (Path(new) / "model").write_text("version 2")
     assert _entries(tmp_path) == ["ck"] and (tmp_path / "ck" / "model").read_text() == "version 2"
+
+
+@contextmanager
+def _handlers(handlers):
+    previous = {number: signal.signal(number, handler) for number, handler in handlers.items()}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
+def test_the_first_signal_held_is_raised_when_the_block_ends_and_only_then():
+    """SIGHUP waits as SIGINT and SIGTERM do; the first of the block is the one handed on."""
+    events = []
+
+    def record(signum, frame):
+        events.append(signal.Signals(signum).name)
+
+    with _handlers({signal.SIGTERM: record, signal.SIGHUP: record}):
+        with signals_held():
+            os.kill(os.getpid(), signal.SIGHUP)
+            os.kill(os.getpid(), signal.SIGTERM)
+            events.append("end of block")
+        assert signal.getsignal(signal.SIGTERM) is record and signal.getsignal(signal.SIGHUP) is record
+    assert events == ["end of block", "SIGHUP"]
+
+
+def test_a_signal_ignored_before_the_block_takes_no_held_signals_place():
+    """nohup's SIGHUP stays ignored: the SIGTERM after it is the one handed on, not lost."""
+    events = []
+    with _handlers({signal.SIGHUP: signal.SIG_IGN, signal.SIGTERM: lambda signum, frame: events.append(signum)}):
+        with signals_held():
+            os.kill(os.getpid(), signal.SIGHUP)
+            os.kill(os.getpid(), signal.SIGTERM)
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    assert events == [signal.SIGTERM]
 
 
 def test_a_set_whose_rename_failed_is_finished_once_its_writer_is_dead(tmp_path, monkeypatch):
