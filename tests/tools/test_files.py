@@ -83,6 +83,17 @@ def test_a_failed_publish_deletes_the_temporary_and_releases_the_lock(tmp_path, 
     files.OutputLock(tmp_path / "s.jsonl").acquire().release()
 
 
+def test_a_temporary_that_cannot_be_made_releases_the_lock_at_once(tmp_path, monkeypatch):
+    """Released by the refusal itself, not later by the collector of the half-made writer
+    (which the error's traceback keeps alive while a tool reports it)."""
+    monkeypatch.setattr(files.tempfile, "mkstemp", _failing(errno.ENOSPC))
+    with pytest.raises(files.OutputError, match="No space left on device") as refused:
+        files.StreamedFile(tmp_path / "s.jsonl", one_writer=True)
+    monkeypatch.undo()
+    assert refused.tb is not None and _entries(tmp_path) == []
+    files.OutputLock(tmp_path / "s.jsonl").acquire().release()
+
+
 def test_a_directory_that_cannot_be_flushed_after_the_rename_leaves_the_file_published(tmp_path, monkeypatch):
     """The flush of the directory came after os.replace had put the file in place, and its
     failure reported a failed write (OutputError) and discarded a temporary already renamed."""
@@ -829,6 +840,19 @@ def test_a_journal_of_another_set_or_that_cannot_be_finished_stays(tmp_path, mon
     assert _entries(tmp_path) == [journal.name, "report.tmp"]
 
 
+def test_a_file_named_like_a_journal_but_not_hidden_is_left_alone(tmp_path, monkeypatch):
+    """Journals are hidden (`.NAME.set-...`): a user's file whose name only contains the marker is not one."""
+    files.write_text(tmp_path / "report.csv", "v1")
+    (tmp_path / "report.tmp").write_text("v2")
+    lookalike = tmp_path / f"report.csv.set-{files._HOST}-1-abcdefgh"
+    renames = [[str(tmp_path / "report.tmp"), str(tmp_path / "report.csv")]]
+    lookalike.write_text(json.dumps({"ddpd-file-set": 1, "renames": renames, "journals": [str(lookalike)]}))
+    monkeypatch.setattr(files, "_pid_alive", lambda pid: False)
+    files.remove_stale_temps(tmp_path / "report.csv")
+    assert (tmp_path / "report.csv").read_text() == "v1"
+    assert _entries(tmp_path) == ["report.csv", lookalike.name, "report.tmp"]
+
+
 # ---------------------------------------------------------------- refusals and failures of the OS
 
 
@@ -896,6 +920,18 @@ def test_temporaries_of_a_process_of_another_user_are_kept(tmp_path, monkeypatch
     kept.mkdir()
     monkeypatch.setattr(files.os, "kill", _failing(errno.EPERM))
     assert files.remove_stale_temps(tmp_path / "ck") == [] and kept.is_dir()
+
+
+def test_a_stale_temporary_that_is_a_link_to_a_directory_is_unlinked_not_followed(tmp_path, monkeypatch):
+    """The link goes; the directory it points to, someone else's, stays whole."""
+    target = tmp_path / "kept"
+    target.mkdir()
+    (target / "model").write_text("a user's")
+    stale = tmp_path / f".ck.tmp-{files._HOST}-1-abcdefgh"
+    stale.symlink_to(target)
+    monkeypatch.setattr(files, "_pid_alive", lambda pid: False)
+    assert files.remove_stale_temps(tmp_path / "ck") == [str(stale)]
+    assert _entries(tmp_path) == ["kept"] and (target / "model").read_text() == "a user's"
 
 
 def test_no_cleaning_where_the_lock_cannot_be_taken(tmp_path, monkeypatch):
