@@ -645,6 +645,7 @@ def test_a_config_with_the_wrong_vocabulary_names_the_tensor(tmp_path, monkeypat
 @pytest.mark.parametrize("text, message", [
     ("[" * 100_000 + "]" * 100_000, "config.json is not valid JSON"),
     ('{"kind": "planner", "model": {}, "sha256": ["a"]}', "'sha256' must map file names"),
+    ('{"kind": "planner", "model": {}, "sha256": {"model.safetensors": "abc"}}', "'sha256' must map file names"),
     ('{"kind": "planner", "model": {"d_model": ' + "9" * 5000 + "}}", "config.json is not valid JSON"),
     ('{"kind": "planner", "model": {"d_model": "wide"}}', "does not describe a valid model"),
     ("x" * (2 << 20), "more than the"),
@@ -845,6 +846,36 @@ def test_reads_during_saves_are_consistent(tmp_path):
     finally:
         writer.kill()
         writer.wait()
+
+
+@pytest.mark.parametrize("what", ["checkpoint", "bundle"])
+def test_a_directory_replaced_just_after_it_was_opened_is_read_again(tmp_path, monkeypatch, what):
+    """The descriptor then names the deleted previous version, without files (a checkpoint's)
+    or subdirectories (a bundle's): the read is restarted on the new version, not refused as
+    a checkpoint missing its config.json."""
+    planner, planner_config = tiny("planner", seed=1)
+    denoiser, denoiser_config = tiny("mask-denoiser", seed=2)
+    new_planner, _ = tiny("planner", seed=3)
+    if what == "checkpoint":
+        save_checkpoint(tmp_path / "c", planner, planner_config)
+        opens, resave = "c", lambda: save_checkpoint(tmp_path / "c", new_planner, planner_config)
+    else:
+        save_bundle(tmp_path / "b", planner, planner_config, denoiser, denoiser_config)
+        opens, resave = "planner", lambda: save_bundle(tmp_path / "b", new_planner, planner_config, denoiser,
+                                                       denoiser_config)
+    real, saved = os.open, []
+
+    def open_then_save(file, flags, *args, **kwargs):
+        if flags & os.O_DIRECTORY and os.path.basename(os.fspath(file)) == opens and not saved:
+            saved.append(file)
+            fd = real(file, flags, *args, **kwargs) if what == "checkpoint" else None
+            resave()
+            return fd if fd is not None else real(file, flags, *args, **kwargs)
+        return real(file, flags, *args, **kwargs)
+
+    monkeypatch.setattr(ckpt.os, "open", open_then_save)
+    model = load_model(tmp_path / "c")[0] if what == "checkpoint" else load_bundle(tmp_path / "b")[0]
+    assert saved and same_weights(model, new_planner)
 
 
 def test_a_fifo_in_place_of_a_file_is_refused_without_waiting(tmp_path):
