@@ -348,6 +348,26 @@ def test_the_users_files_are_copied_where_they_cannot_be_linked(tmp_path, monkey
     assert (tmp_path / "c" / "NOTES.txt").read_text() == "mine"
 
 
+def test_links_kept_beside_the_checkpoint_stay_links_where_files_cannot_be_linked(tmp_path, monkeypatch):
+    """Links are made again, never linked or copied: a copy would follow them (a link to a
+    file became a copy of it, a dead link failed the save)."""
+    import errno
+
+    model, config = tiny("planner")
+    save_checkpoint(tmp_path / "c", model, config)
+    (tmp_path / "NOTES.txt").write_text("mine")
+    os.symlink(tmp_path / "NOTES.txt", tmp_path / "c" / "notes")
+    os.symlink("gone.log", tmp_path / "c" / "latest.log")
+
+    def refused(src, dst):
+        raise OSError(errno.EPERM, os.strerror(errno.EPERM))
+
+    monkeypatch.setattr(ckpt.os, "link", refused)
+    save_checkpoint(tmp_path / "c", model, config)
+    assert os.readlink(tmp_path / "c" / "notes") == str(tmp_path / "NOTES.txt")
+    assert os.readlink(tmp_path / "c" / "latest.log") == "gone.log"
+
+
 @pytest.mark.parametrize("kept", ["dead link", "fifo"])
 def test_a_dead_link_or_a_fifo_kept_beside_the_checkpoint_lets_every_save_through(tmp_path, kept):
     """A save flushed every entry of its new directory by opening it: a dead symbolic link a

@@ -1120,6 +1120,21 @@ def test_a_file_system_without_locks_leaves_only_what_was_there(tmp_path, monkey
     assert _entries(tmp_path) == [".run.lock"]
 
 
+def test_a_lock_file_another_writer_took_before_the_refusal_stays(tmp_path, monkeypatch):
+    """Made by this call, but written (a holder's line) by another writer before this call's
+    lock failed: it is that writer's now, and is not deleted under it."""
+    import fcntl
+
+    def taken_then_refused(fd, operation):
+        (tmp_path / ".run.lock").write_text("pid 1 on elsewhere since 2026-01-01 00:00:00\n")
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(fcntl, "flock", taken_then_refused)
+    with pytest.raises(files.OutputError, match="No locks available"):
+        files.OutputLock(tmp_path / "run").acquire()
+    assert _entries(tmp_path) == [".run.lock"]
+
+
 def test_a_lock_file_deleted_before_it_is_locked_is_made_again(tmp_path, monkeypatch):
     """The previous holder deletes the file between our open and our lock: the holder line
     must go into the file at the lock's path, which the next writer opens."""
