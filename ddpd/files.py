@@ -583,7 +583,10 @@ class FileSet:
             except OSError:
                 pass
         for journal in journals:
-            _unlink_if_there(journal)
+            try:  # the set is published: a journal left (EIO) is finished and removed by the next writer
+                _unlink_if_there(journal)
+            except OSError:
+                pass
         self._files = []
 
     def discard(self) -> None:

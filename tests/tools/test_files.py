@@ -776,6 +776,30 @@ def test_a_directory_that_cannot_be_flushed_after_the_renames_leaves_the_set_pub
     assert _report_set(tmp_path) == ["v2", "v2"] and _entries(tmp_path) == ["report.csv", "report.md"]
 
 
+def test_a_journal_that_cannot_be_deleted_after_the_renames_leaves_the_set_published(tmp_path, monkeypatch):
+    """Deleting the journal came after every rename had put the set in place, and its failure
+    raised a raw OSError for a set that was whole; the next writer removes the journal."""
+    for name in ("report.csv", "report.md"):
+        files.write_text(tmp_path / name, "v1")
+    real = files._unlink_if_there
+
+    def unlink(path):
+        if os.path.basename(path).startswith(".report"):
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        real(path)
+
+    monkeypatch.setattr(files, "_unlink_if_there", unlink)
+    with files.FileSet() as reports:
+        for name in ("report.csv", "report.md"):
+            reports.open(tmp_path / name).write("v2")
+        reports.publish()
+    assert _report_set(tmp_path) == ["v2", "v2"] and len(_entries(tmp_path)) == 3  # the journal, left
+    monkeypatch.setattr(files, "_unlink_if_there", real)
+    monkeypatch.setattr(files, "_pid_alive", lambda pid: False)  # its writer gone, as the next writer sees it
+    files.remove_stale_temps(tmp_path / "report.csv")
+    assert _entries(tmp_path) == ["report.csv", "report.md"] and _report_set(tmp_path) == ["v2", "v2"]
+
+
 @pytest.mark.parametrize("owner, name", [
     (files, "fsync_directory"),  # the journal's directory, after its content: no journal is left
     (files.os, "fsync"),  # before the renames: the previous set stays
