@@ -642,6 +642,19 @@ with files.FileSet() as reports:
     return subprocess.run([sys.executable, "-c", script]).returncode
 
 
+def _failing_at(call: int, real, error: int):
+    """`real` (a rename) whose call number `call` fails with OSError(error) and does nothing."""
+    calls = []
+
+    def rename(a, b):
+        calls.append(b)
+        if len(calls) == call:
+            raise OSError(error, os.strerror(error))
+        real(a, b)
+
+    return rename
+
+
 def _report_set(tmp_path):
     return [(tmp_path / name).read_text() for name in ("report.csv", "report.md")]
 
@@ -730,15 +743,8 @@ def test_a_set_whose_rename_failed_is_finished_once_its_writer_is_dead(tmp_path,
     the writer lives (its renames may be under way) and finishes the set once it is dead."""
     for name in ("report.csv", "report.md"):
         files.write_text(tmp_path / name, "v1")
-    renames, real = [], os.replace
-
-    def replace(a, b):
-        renames.append(b)
-        if len(renames) == 2:
-            raise OSError(errno.EIO, os.strerror(errno.EIO))
-        real(a, b)
-
-    monkeypatch.setattr(files.os, "replace", replace)
+    real = os.replace
+    monkeypatch.setattr(files.os, "replace", _failing_at(2, real, errno.EIO))
     with pytest.raises(files.OutputError, match="report.md: Input/output error"), files.FileSet() as reports:
         for name in ("report.csv", "report.md"):
             reports.open(tmp_path / name).write("v2")
@@ -1102,15 +1108,7 @@ def test_a_second_rename_of_the_fallback_that_fails_puts_the_previous_version_ba
     (tmp_path / "ck").mkdir()
     (tmp_path / "ck" / "model").write_text("version 1")
     monkeypatch.setattr(files, "_exchange", lambda a, b: False)
-    real, renames = os.rename, []
-
-    def rename(a, b):
-        renames.append(b)
-        if len(renames) == 2:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        real(a, b)
-
-    monkeypatch.setattr(files.os, "rename", rename)
+    monkeypatch.setattr(files.os, "rename", _failing_at(2, os.rename, errno.ENOSPC))
     with pytest.raises(files.OutputError, match=f"^cannot write {tmp_path / 'ck'}: No space left on device$"):
         with files.atomic_directory(tmp_path / "ck") as new:
             (Path(new) / "model").write_text("version 2")
