@@ -102,8 +102,11 @@ def test_tensor_counters_leading_dimensions_and_batch_invariance():
     (dict(p=torch.tensor(0.5)), ValueError, r"p must have shape \[..., D\]"),
     (dict(p=torch.ones(2, 3, dtype=torch.long)), TypeError, "p must have dtype"),
     (dict(noise=torch.rand(2, 4)), ValueError, r"noise must have the shape of p \(2, 3\)"),
+    (dict(noise=torch.rand(3, 2)), ValueError, r"noise must have the shape of p \(2, 3\)"),
     (dict(noise=torch.zeros(2, 3)), ValueError, r"noise values must be uniforms in \(0, 1\]"),
     (dict(seed=1, row_ids=torch.arange(3)), ValueError, r"row_ids must have the leading shape \(2,\)"),
+    (dict(p=torch.rand(2, 3, 4), seed=1, row_ids=torch.arange(6)), ValueError,
+     r"row_ids must have the leading shape \(2, 3\)"),
     (dict(seed=1, offset=torch.tensor(1.0)), TypeError, "offset must be an int or an int64 tensor"),
 ])
 def test_bad_arguments_raise_clear_errors(kwargs, error, match):

@@ -257,3 +257,11 @@ def test_seed_tensors_of_another_kind_and_ids_not_1d_are_refused(fn):
         fn(1, 2, torch.tensor([[0, 1]]), 3)
     with pytest.raises(ValueError, match=r"^rows and cols must be 1-D, got shapes \(1,\) and \(1, 2\)$"):
         fn(1, 2, [0], torch.tensor([[0, 1]]))
+
+
+def test_gumbel_is_finite_at_the_top_uniform():
+    """Explicit noise may hold 1.0 (uniforms are in (0, 1]): the references' Gumbel variable
+    clamps it below one as the kernels do, instead of returning +inf."""
+    g = rng.gumbel(torch.tensor([1.0, rng.BELOW_ONE, 0.5]))
+    assert torch.isfinite(g).all()
+    assert g[0] == g[1]
