@@ -494,3 +494,17 @@ def test_numpy_integer_arguments_draw_what_ints_draw(name, integer):
 def test_a_k_that_is_not_an_integer_scalar_is_still_refused(k, given):
     with pytest.raises(TypeError, match=f"^k must be an int, got {re.escape(given)}"):
         planner_select(torch.zeros(2, 4), k=k, seed=0)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(mask_noise=torch.rand(4, 5).clamp_min(1e-6)), "pass both noise and mask_noise"),
+    (dict(noise=torch.rand(4, 5).clamp_min(1e-6), mask_noise=torch.rand(4, 5).clamp_min(1e-6), mask_offset=3),
+     "pass either mask_noise or mask_offset, not both"),
+])
+def test_planner_select_mask_refuses_half_given_uniforms(kwargs, match):
+    """mask_noise alone (a stream for the selection, the given uniforms for the mask) and
+    mask_noise beside mask_offset (an offset no draw reads) are refused, not half used."""
+    logits, x = torch.randn(4, 5), torch.zeros(4, 5, dtype=torch.long)
+    for op in (planner_select_mask, planner_select_mask_reference):
+        with pytest.raises(ValueError, match=match):
+            op(logits, x, 9, 2, **kwargs)
