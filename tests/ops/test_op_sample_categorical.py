@@ -454,6 +454,10 @@ def test_fuzz_triton_matches_reference(rows, vocab, seed, dtype):
         (lambda x: sample_categorical(x, seed=1, row_ids=torch.arange(2)), ValueError,
          r"row_ids must have the leading shape \(3,\)"),
         (lambda x: sample_categorical(x, seed=1, generator=torch.Generator()), ValueError, "either seed or generator"),
+        (lambda x: sample_categorical(x.reshape(3, 2, 5), torch.ones(6), seed=1), ValueError,
+         r"temperature must be a number, a 0-d tensor or a tensor of the leading shape \(3, 2\)"),
+        (lambda x: sample_categorical(x.reshape(3, 2, 5), top_k=torch.ones(2, 3, dtype=torch.long), seed=1),
+         ValueError, r"top_k must be a number, a 0-d tensor or a tensor of the leading shape \(3, 2\)"),
     ],
 )
 def test_bad_arguments_raise_clear_errors(call, error, match):
