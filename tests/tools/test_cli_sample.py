@@ -1466,3 +1466,121 @@ def test_a_tokenizer_of_another_vocabulary_is_refused(tmp_path, capsys):
                     {"kind": "mask-denoiser", "model": config.to_dict(), "tokenizer": {"name": "text8"}})
     code, stdout, err = run_cli(capsys, "--checkpoint", str(tmp_path / "m"), "--sampler", "maskgit", "--steps", "2")
     assert code == 2 and stdout == "" and err == "ddpd-sample: error: the tokenizer has 27 symbols but the models 30\n"
+
+
+# ---------------------------------------------------------------- each flag reaches the setting it names
+
+from ddpd.sampling import DDPDOptions, Execution, Temperature, Truncation, policies  # noqa: E402
+
+SAMPLING_FUNCTIONS = ("ddpd_sample", "ddpd_sample_uniform", "tau_leaping_planned", "tau_leaping_mask",
+                      "tau_leaping_uniform", "mask_sample")
+
+
+@pytest.fixture
+def sampled(monkeypatch):
+    """(function name, keyword arguments) of every sampler call."""
+    from ddpd import sampling
+
+    seen = []
+    for name in SAMPLING_FUNCTIONS:
+        def spy(*args, _name=name, _real=getattr(sampling, name), **kwargs):
+            seen.append((_name, kwargs))
+            return _real(*args, **kwargs)
+        monkeypatch.setattr(sampling, name, spy)
+    return seen
+
+
+# what a run of the test bundle without flags passes: --steps the length D (twice it for the bundled
+# model only), float32 on the CPU, the defaults of docs/cli.md
+DEFAULTS = {"steps": D, "temperature": Temperature(1.0, None), "execution": Execution(dtype="float32"),
+            "truncation": Truncation(), "ddpd": DDPDOptions(), "schedule": "linear"}
+
+
+@pytest.mark.parametrize("argv,changed", [
+    ([], {}),
+    (["--steps", "5"], {"steps": 5}),
+    (["--temperature", "0.5", "--temperature-end", "0.25"], {"temperature": Temperature(0.5, 0.25)}),
+    (["--top-k", "3", "--top-p", "0.9", "--min-p", "0.05"], {"truncation": Truncation(3, 0.9, 0.05)}),
+    (["--fused"], {"execution": Execution(fused=True, sync_every=8, dtype="float32")}),
+    (["--fused", "--sync-every", "3"], {"execution": Execution(fused=True, sync_every=3, dtype="float32")}),
+    (["--dtype", "bfloat16"], {"execution": Execution(dtype="bfloat16")}),
+    (["--option", "A+C"], {"ddpd": DDPDOptions(stop="eps", selection="softmax")}),
+    (["--option", "A+B"], {"ddpd": DDPDOptions(stop="budget", selection="sigmoid")}),
+    (["--stop", "budget", "--selection", "softmax"], {"ddpd": DDPDOptions(stop="budget", selection="softmax")}),
+    (["--eps", "0.25"], {"ddpd": DDPDOptions(eps=0.25)}),
+    (["--k", "3", "--parallel-steps", "2"], {"ddpd": DDPDOptions(k=3, parallel_steps=2)}),
+    (["--clock", "exact", "--t-end", "0.75"], {"ddpd": DDPDOptions(clock="exact", t_end=0.75)}),
+])
+def test_each_flag_reaches_the_setting_it_names(ckpts, capsys, sampled, argv, changed):
+    """docs/cli.md's flags as the sampler receives them: a flag that set another field, or
+    none, would sample something else without a word."""
+    code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--num-samples", "1", "--quiet", *argv)
+    assert code == 0, err
+    [(function, kwargs)] = sampled
+    assert function == "ddpd_sample" and kwargs["denoiser_type"] == "mask"
+    assert {key: kwargs[key] for key in DEFAULTS} == {**DEFAULTS, **changed}
+
+
+@pytest.mark.parametrize("models,argv,function,expected", [
+    (["--planner", "{planner}", "--denoiser", "{uniform-denoiser}"], [], "ddpd_sample", {"denoiser_type": "uniform"}),
+    (["--planner", "{planner}", "--denoiser", "{uniform-denoiser}"], ["--sampler", "tau-leaping"],
+     "tau_leaping_planned", {"denoiser_type": "uniform"}),
+    (["--checkpoint", "{bundle}"], ["--sampler", "tau-leaping"], "tau_leaping_planned", {"denoiser_type": "mask"}),
+    (["--checkpoint", "{mask-denoiser}"], ["--sampler", "tau-leaping", "--eta", "2"], "tau_leaping_mask",
+     {"eta": 2.0}),
+    (["--checkpoint", "{uniform}"], ["--option", "A+B+C"], "ddpd_sample_uniform",
+     {"ddpd": DDPDOptions(stop="budget", selection="softmax")}),
+    (["--checkpoint", "{uniform}"], ["--sampler", "tau-leaping"], "tau_leaping_uniform", {}),
+    (["--checkpoint", "{mask-denoiser}"], ["--sampler", "maskgit"], "mask_sample", {"policy": policies.MaskGIT(4.5)}),
+    (["--checkpoint", "{bundle}"], ["--sampler", "maskgit", "--choice-temperature", "2"], "mask_sample",
+     {"policy": policies.MaskGIT(2.0)}),
+])
+def test_the_models_and_sampler_flags_choose_the_sampler_and_its_own_settings(ckpts, capsys, sampled, models, argv,
+                                                                             function, expected):
+    """The table of docs/cli.md: the sampler each set of models runs, with the keywords only it takes."""
+    code, _, err = run_cli(capsys, *[m.format(**ckpts) for m in models], "--num-samples", "1", "--steps", "4",
+                           "--quiet", *argv)
+    assert code == 0, err
+    [(called, kwargs)] = sampled
+    assert called == function and {key: kwargs[key] for key in expected} == expected
+
+
+def test_sample_i_draws_from_philox_row_i_of_the_seed(ckpts, capsys, sampled):
+    """--seed is the noise's seed (0 without it) and each batch starts at its first sample's row."""
+    for argv, seed in (([], 0), (["--seed", "7"], 7)):
+        sampled.clear()
+        code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--num-samples", "5", "--batch-size", "2",
+                               "--steps", "4", "--quiet", *argv)
+        assert code == 0, err
+        assert [(kwargs["noise"].seed, kwargs["noise"].first_row) for _, kwargs in sampled] == [(seed, 0), (seed, 2),
+                                                                                                  (seed, 4)]
+
+
+def test_the_schedule_of_the_checkpoints_reaches_the_sampler(tmp_path, capsys, sampled):
+    """The noise schedule is the models' (config.json's "schedule"), not the linear default."""
+    model, config = _model("uniform", 3)
+    save_checkpoint(str(tmp_path / "cosine"), model, {**config, "schedule": "cosine"})
+    code, _, err = run_cli(capsys, "--checkpoint", str(tmp_path / "cosine"), "--num-samples", "1", "--steps", "4",
+                           "--quiet")
+    assert code == 0, err
+    assert [(function, kwargs["schedule"]) for function, kwargs in sampled] == [("ddpd_sample_uniform", "cosine")]
+
+
+def test_a_config_without_max_seq_len_samples_at_the_models_default_length(ckpts, tmp_path, capsys):
+    """A config.json that gives no max_seq_len (an older ddpd's) has the length load_model builds
+    the network with, TransformerConfig's default: the default --length and its upper bound."""
+    import shutil
+
+    from ddpd.models.config import TransformerConfig
+
+    denoiser, longest = tmp_path / "denoiser", TransformerConfig.max_seq_len
+    shutil.copytree(ckpts["mask-denoiser"], denoiser)
+    config = json.loads((denoiser / "config.json").read_text())
+    del config["model"]["max_seq_len"]
+    (denoiser / "config.json").write_text(json.dumps({**config, "settings_sha256": settings_digest(config)}))
+    argv = ["--checkpoint", str(denoiser), "--sampler", "maskgit", "--num-samples", "1", "--steps", "1", "--quiet"]
+    code, _, err = run_cli(capsys, *argv, "--out", str(tmp_path / "s.jsonl"))
+    assert code == 0, err
+    assert len(read_jsonl(tmp_path / "s.jsonl")[0]["tokens"]) == longest
+    code, _, err = run_cli(capsys, *argv, "--length", str(longest + 1))
+    assert code == 2 and f"--length must be in [1, {longest}] (the models' max_seq_len), got {longest + 1}" in err, err
