@@ -165,6 +165,7 @@ def no_models(monkeypatch):
     (["--policy", ""], "--policy must be NAME[:FIELD=VALUE,...]"),
     (["--policy", "error-budget:,,"], "policy error-budget has an empty field"),
     (["--option", ""], "--option must combine the letters A, B, C"),
+    (["--option", "A+D"], "--option must combine the letters A, B, C (e.g. A+B+C), got 'A+D'"),
     # --k acts only in the parallel stage: alone, or under a policy, it was ignored
     (["--k", "4"], "--k 4 acts in the parallel stage only: give --parallel-steps N too"),
     (["--policy", "error-budget", "--k", "4"], "--k 4 acts in the parallel stage only"),
@@ -178,6 +179,7 @@ def no_models(monkeypatch):
     (["--stop", "budget", "--eps", "0.5"], "and --stop budget runs the whole budget: give --stop eps"),
     (["--clock", "exact", "--eps", "0.5"], "and --clock exact runs to --t-end: give --clock planner"),
     (["--labels", "0", "--guidance-scale", "1e39"], "--guidance-scale must be at most 3.40282e+38"),
+    (["--guidance-scale", "0"], "--guidance-scale needs --labels (the classes to guide towards)"),  # below 1 too
     # the policy's own field decides; the flag was ignored
     (["--sampler", "maskgit", "--policy", "maskgit", "--choice-temperature", "2"],
      "with --policy maskgit give the policy's choice_temperature field"),
@@ -203,6 +205,9 @@ def no_models(monkeypatch):
     (["--choice-temperature", "2"], "--choice-temperature is a setting of --sampler maskgit, not of --sampler ddpd"),
     (["--sampler", "maskgit", "--selection", "softmax"], "--selection is a setting of --sampler ddpd"),
     (["--sampler", "maskgit", "--t-end", "0.5"], "--t-end is a setting of --sampler ddpd"),
+    (["--sampler", "maskgit", "--stop", "budget"], "--stop is a setting of --sampler ddpd, not of --sampler maskgit"),
+    (["--sampler", "maskgit", "--eps", "0.5"], "--eps is a setting of --sampler ddpd, not of --sampler maskgit"),
+    (["--sampler", "tau-leaping", "--parallel-steps", "2"], "--parallel-steps is a setting of --sampler ddpd"),
     # the boundaries of the ranges: the smallest value refused
     (["--k", "2"], "--k 2 acts in the parallel stage only: give --parallel-steps N too"),
     (["--seed", "-1"], "--seed must be in [0, 2**63), got -1"),

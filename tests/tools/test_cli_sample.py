@@ -160,6 +160,18 @@ def test_missing_and_corrupt_checkpoints(ckpts, tmp_path, capsys, monkeypatch):
     assert code == 2 and "--checkpoint" in stderr
 
 
+@pytest.mark.parametrize("kept", ["planner", "denoiser"])
+def test_a_bundle_missing_one_network_is_named_as_a_bundle(ckpts, tmp_path, capsys, kept):
+    """A directory with planner/ or denoiser/ alone is a bundle with a part missing, not a
+    single checkpoint without a config.json."""
+    import shutil
+
+    shutil.copytree(os.path.join(ckpts["bundle"], kept), tmp_path / "half" / kept)
+    code, _, err = run_cli(capsys, "--checkpoint", str(tmp_path / "half"), "--sampler", "maskgit")
+    missing = {"planner": "denoiser", "denoiser": "planner"}[kept]
+    assert (code, err) == (1, f"ddpd-sample: error: bundle {tmp_path / 'half'}: missing the {missing}/ checkpoint\n")
+
+
 def test_truncated_weights_fail_cleanly(ckpts, tmp_path, capsys):
     import shutil
 
@@ -878,9 +890,10 @@ def test_a_bundle_gives_its_denoiser_to_a_sampler_without_planner(ckpts, capsys)
     assert code == 2 and "--sampler maskgit needs one mask-denoiser" in err
 
 
-def test_eta_is_refused_where_tau_leaping_runs_with_a_planner(ckpts, capsys):
+@pytest.mark.parametrize("eta", ["2", "0.5"])
+def test_eta_is_refused_where_tau_leaping_runs_with_a_planner(ckpts, capsys, eta):
     """A bundle's tau-leaping is P x D, which has no eta: --eta was ignored."""
-    code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--sampler", "tau-leaping", "--eta", "2")
+    code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--sampler", "tau-leaping", "--eta", eta)
     assert code == 2 and err.count("\n") == 1
     assert "--eta is a setting of mask tau-leaping (one mask-denoiser); with planner 'planner' and denoiser " \
            "'mask-denoiser' --sampler tau-leaping runs tau-planned-mask, which has none" in err, err
@@ -1564,6 +1577,16 @@ def test_the_schedule_of_the_checkpoints_reaches_the_sampler(tmp_path, capsys, s
                            "--quiet")
     assert code == 0, err
     assert [(function, kwargs["schedule"]) for function, kwargs in sampled] == [("ddpd_sample_uniform", "cosine")]
+
+
+def test_the_option_hint_follows_only_an_option(capsys):
+    """A refusal of --stop names --option where --option set it, and only there."""
+    from ddpd.cli.sample import main
+
+    for argv, hint in ((["--stop", "eps"], ""), (["--option", "A"], " (--option A sets --stop and --selection)")):
+        assert main(["--clock", "exact", *argv]) == 2
+        assert capsys.readouterr().err == ("ddpd-sample: error: --stop eps is not available with --clock exact, which "
+                                           f"runs to --t-end; use --stop budget or --clock planner{hint}\n")
 
 
 def test_a_config_without_max_seq_len_samples_at_the_models_default_length(ckpts, tmp_path, capsys):
