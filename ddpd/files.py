@@ -376,10 +376,7 @@ class StreamedFile:
             self.discard()
             raise OutputError(target, err) from None
         self.published = True
-        try:  # the rename published it: a directory that cannot be flushed only leaves the rename less durable
-            fsync_directory(os.path.dirname(target))
-        except OSError:
-            pass
+        _flush_published(os.path.dirname(target))
         try:
             if drop_partial:
                 _unlink_if_there(partial_path(self.path))
@@ -578,10 +575,7 @@ class FileSet:
                 raise OutputError(current.path, err) from None
             current.published = True
         for directory in {os.path.dirname(f.path) for f in self._files}:
-            try:  # the renames published the set: a directory that cannot be flushed only leaves them less durable
-                fsync_directory(directory)
-            except OSError:
-                pass
+            _flush_published(directory)
         for journal in journals:
             try:  # the set is published: a journal left (EIO) is finished and removed by the next writer
                 _unlink_if_there(journal)
@@ -716,8 +710,14 @@ def atomic_directory(path) -> Iterator[str]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    try:  # the swap published it: a parent that cannot be flushed only leaves the rename less durable
-        fsync_directory(parent)
+    _flush_published(parent)
+
+
+def _flush_published(directory: str) -> None:
+    """fsync_directory after a rename that published the output: a directory that cannot be
+    flushed leaves the rename less durable, not undone, so it fails no write."""
+    try:
+        fsync_directory(directory)
     except OSError:
         pass
 

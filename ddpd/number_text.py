@@ -29,3 +29,16 @@ def read_number(kind: type, text: str) -> Union[int, float]:
     if "_" in text or any(ch.isspace() for ch in text):
         raise ValueError(f"{text!r}: {REFUSED}")
     return kind(text)
+
+
+def refusal(err: ValueError) -> str:
+    """The reason to add to a "must be a number" message: ': ' + REFUSED where read_number
+    refused the text, '' where the text is no number at all.
+
+    Args:
+        err: read_number's error.
+
+    Returns:
+        The suffix.
+    """
+    return f": {REFUSED}" if str(err).endswith(REFUSED) else ""

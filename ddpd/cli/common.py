@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Callable, Optional
 
 from ddpd._interrupts import this_tool
-from ddpd.number_text import REFUSED, read_number
+from ddpd.number_text import read_number, refusal
 
 if TYPE_CHECKING:
     import torch
@@ -80,7 +80,7 @@ def argument_type(kind: Callable[[str], object], allowed: Callable, what: str) -
         try:
             value = read_number(kind, text)
         except ValueError as err:
-            raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}{_refusal(err)}") from None
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}{refusal(err)}") from None
         if not allowed(value):
             raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
         return value
@@ -106,18 +106,13 @@ def number_type(kind: type) -> Callable[[str], object]:
         try:
             return read_number(kind, text)
         except ValueError as err:
-            if not _refusal(err):
+            if not refusal(err):
                 raise
-            raise argparse.ArgumentTypeError(f"must be {article} {kind.__name__}, got {text!r}{_refusal(err)}") \
+            raise argparse.ArgumentTypeError(f"must be {article} {kind.__name__}, got {text!r}{refusal(err)}") \
                 from None
 
     parse.__name__ = kind.__name__  # argparse names it in "invalid int value: 'x'"
     return parse
-
-
-def _refusal(err: ValueError) -> str:
-    """': a number has no underscores or spaces' where read_number refused the word, else ''."""
-    return f": {REFUSED}" if str(err).endswith(REFUSED) else ""
 
 
 int_type, float_type = number_type(int), number_type(float)

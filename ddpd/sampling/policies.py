@@ -21,7 +21,7 @@ from typing import Callable, Optional, Union
 import torch
 from torch import Tensor
 
-from ddpd.number_text import REFUSED, read_number
+from ddpd.number_text import read_number, refusal
 from ddpd.sampling.noise import happens
 from ddpd.validation import check_choice, check_float, check_int, float_text
 
@@ -768,8 +768,7 @@ def _value(annotation, text: str, key: str):
         return read_number(kind, text) if kind in (int, float) else kind(text) if kind is not None else text
     except ValueError as err:
         article = "an" if name[:1] in "aeiou" else "a"
-        refused = f": {REFUSED}" if str(err).endswith(REFUSED) else ""
-        raise ValueError(f"policy field {key} must be {article} {name}, got {text!r}{refused}") from None
+        raise ValueError(f"policy field {key} must be {article} {name}, got {text!r}{refusal(err)}") from None
 
 
 def _bool(text: str) -> bool:
