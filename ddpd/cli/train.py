@@ -247,7 +247,7 @@ def run(args: argparse.Namespace, state: dict) -> int:
     Raises:
         UsageError: a setting the configuration refuses, a --resume with changed settings, a
             fresh run into an --out that holds a checkpoint or other files, or a --data file that
-            is not UTF-8 or that the tokenizer cannot encode.
+            is not UTF-8, that the tokenizer cannot encode or (a .jsonl) with a line that is not a record.
         ValueError: a corpus the settings do not fit (too short for --seq-len), naming the flags.
         Interrupted: a signal stopped the run before its checkpoint.
     """

@@ -45,8 +45,9 @@ SPLIT_FRACTIONS = (0.9, 0.05, 0.05)
 
 
 class CorpusTextError(ValueError):
-    """A corpus whose text is not UTF-8, or that the tokenizer cannot encode: the content of
-    the input itself is wrong (the message names it), not a setting it does not fit."""
+    """A corpus whose text is not UTF-8, that the tokenizer cannot encode, or (a labelled
+    corpus) with a line that is not a record: the content of the input itself is wrong (the
+    message names it), not a setting it does not fit."""
 
 
 _NOT_TEXT8 = re.compile(r"[^ a-z]")
@@ -559,7 +560,9 @@ def load_labelled(source: str, tokenizer, text: Optional[str] = None) -> Records
         The Records.
 
     Raises:
-        ValueError: a line that is not such an object, or text the tokenizer cannot encode.
+        CorpusTextError: a line that is not such an object, or text the tokenizer cannot encode
+            (a ValueError).
+        ValueError: a file that holds no record.
     """
     text = load_text(source) if text is None else text
     pieces, labels = [], []
@@ -570,17 +573,19 @@ def load_labelled(source: str, tokenizer, text: Optional[str] = None) -> Records
         try:
             record = json.loads(line, object_pairs_hook=_without_repeated_keys)
         except json.JSONDecodeError as err:
-            raise ValueError(f"{where}: not JSON ({err.msg} at column {err.colno})") from None
+            raise CorpusTextError(f"{where}: not JSON ({err.msg} at column {err.colno})") from None
         except (ValueError, RecursionError) as err:  # an integer of > 4300 digits, nesting too deep
-            raise ValueError(f"{where}: not JSON ({'nested too deeply' if isinstance(err, RecursionError) else err})")
+            cause = "nested too deeply" if isinstance(err, RecursionError) else err
+            raise CorpusTextError(f"{where}: not JSON ({cause})") from None
         if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-            raise ValueError(f"{where}: expected an object {{\"text\": str, \"label\": int}}, got {line[:60]!r}")
+            raise CorpusTextError(f"{where}: expected an object {{\"text\": str, \"label\": int}}, "
+                                  f"got {line[:60]!r}")
         if not record["text"]:
-            raise ValueError(f"{where}: 'text' is empty (a record needs text to train on)")
+            raise CorpusTextError(f"{where}: 'text' is empty (a record needs text to train on)")
         label = record.get("label")
         if isinstance(label, bool) or not isinstance(label, int) or not 0 <= label < 2**63:
             # repr: a label written as a string, "0", read "got 0"
-            raise ValueError(f"{where}: 'label' must be an int in [0, 2**63) (a class id), got {label!r:.40}")
+            raise CorpusTextError(f"{where}: 'label' must be an int in [0, 2**63) (a class id), got {label!r:.40}")
         pieces.append(encode_corpus(record["text"], tokenizer, where))
         labels.append(label)
     if not pieces:

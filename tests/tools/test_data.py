@@ -11,6 +11,7 @@ from scipy.stats import chisquare
 
 from ddpd.assets import ASSETS, BOOKS, GPT2_RANKS
 from ddpd.training.data import (
+    CorpusTextError,
     GPT2Tokenizer,
     RandomCrops,
     Records,
@@ -424,7 +425,7 @@ def test_a_split_keeps_whole_records_in_corpus_order(tmp_path):
 def test_labelled_corpus_errors_name_the_line(tmp_path, line, message):
     path = tmp_path / "bad.jsonl"
     path.write_text('{"text": "fine", "label": 1}\n' + line + "\n")
-    with pytest.raises(ValueError, match=re.escape(message)):
+    with pytest.raises(CorpusTextError, match=re.escape(message)):  # a bad input, as text that is not UTF-8
         load_labelled(str(path), Text8Tokenizer())
     (tmp_path / "empty.jsonl").write_text("\n\n")
     with pytest.raises(ValueError, match="holds no record"):

@@ -1391,6 +1391,23 @@ def test_cli_refuses_data_that_is_not_utf8_or_not_encodable_as_a_usage_error(tmp
     assert code == 1 and err == f"ddpd-train: error: --data file {books} is not UTF-8 text (byte 0xe9 at offset 3)\n"
 
 
+@pytest.mark.parametrize("record, cause", [
+    ('{"text": "ab", "label": 0', "not JSON (Expecting ',' delimiter at column 26)"),
+    ('["ab", 0]', "expected an object {\"text\": str, \"label\": int}, got '[\"ab\", 0]'"),
+    ('{"text": "", "label": 0}', "'text' is empty (a record needs text to train on)"),
+    ('{"text": "ab", "label": "0"}', "'label' must be an int in [0, 2**63) (a class id), got '0'"),
+    ('{"text": "ab", "label": 0, "label": 1}', "not JSON (the key 'label' appears more than once)"),
+], ids=["not JSON", "not an object", "empty text", "label a string", "label twice"])
+def test_cli_refuses_a_bad_record_of_a_labelled_corpus_as_a_usage_error(tmp_path, capsys, record, cause):
+    """A .jsonl line that is not a record exited 1, as a failure while working, where a record
+    the tokenizer cannot encode exits 2: each is a bad input the command line names."""
+    data = tmp_path / "bad.jsonl"
+    data.write_text('{"text": "fine", "label": 1}\n' + record + "\n")
+    code, out, err = run_cli(capsys, "planner", "--data", data, "--out", tmp_path / "o", "--no-progress")
+    assert (code, out) == (2, "") and sorted(os.listdir(tmp_path)) == ["bad.jsonl"], err
+    assert err == f"ddpd-train: error: --data {data} line 2: {cause}\n"
+
+
 def test_cli_names_the_flag_of_a_corpus_too_short_for_seq_len(tmp_path, capsys):
     """The library's "fewer than seq_len=64; ... a shorter seq_len" reached the command line
     as it was, where errors name the flag; it stays a failure while working (status 1)."""
