@@ -188,6 +188,16 @@ def _in_flags(err: ValueError) -> str:
     return str(flag_error(err, [action.dest for action in build_parser()._actions]))
 
 
+def _as_typed(err: ValueError, resolved: str, typed: str) -> str:
+    """The loader's refusal of --data's content, which names the file as resolved (its absolute
+    path), naming it as typed, as ddpd-eval does; the rest quotes the file, so no flag is read in it."""
+    text = str(err)
+    for head in ("data file ", "data "):
+        if text.startswith(head + resolved):
+            return f"--{head}{typed}{text[len(head + resolved):]}"
+    return _in_flags(err)
+
+
 def _check_fresh_out(out: str) -> None:
     """A fresh run's --out that no save may replace (files of someone else's, a bundle): a
     command-line mistake, refused as one (exit status 2) before the corpus is read, on every
@@ -280,7 +290,7 @@ def run(args: argparse.Namespace, state: dict) -> int:
         raise
     except CorpusTextError as err:
         if "data" in args:  # a bad input the command line names, as in ddpd-eval (status 2)
-            raise UsageError(_in_flags(err)) from None
+            raise UsageError(_as_typed(err, config.data, args.data)) from None
         raise ValueError(_in_flags(err)) from None  # the run's own corpus, --resume'd: a failure while working
     except ValueError as err:  # a corpus the settings do not fit: still a failure while working (status 1)
         raise ValueError(_in_flags(err)) from None

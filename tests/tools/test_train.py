@@ -1408,6 +1408,23 @@ def test_cli_refuses_a_bad_record_of_a_labelled_corpus_as_a_usage_error(tmp_path
     assert err == f"ddpd-train: error: --data {data} line 2: {cause}\n"
 
 
+def test_cli_names_a_refused_data_file_as_typed(tmp_path, capsys, monkeypatch):
+    """ddpd-train named a --data it refuses by its absolute path, where ddpd-eval names it as
+    typed; and a line quoted from the file read `lr=3` as the flag --lr."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "latin1.txt").write_bytes("caf\xe9 au lait ".encode("latin-1") * 20)
+    (tmp_path / "mixed.txt").write_text("First Citizen " * 20)
+    (tmp_path / "bad.jsonl").write_text('["lr=3"]\n')
+    for name, cause in [("latin1.txt", "--data file latin1.txt is not UTF-8 text (byte 0xe9 at offset 3)"),
+                        ("mixed.txt", "--data mixed.txt: text must contain only space and a-z (text8 format), got "
+                                      "'F' (U+0046) at position 0; 40 such character(s) in total"),
+                        ("bad.jsonl", "--data bad.jsonl line 1: expected an object {\"text\": str, \"label\": int}, "
+                                      "got '[\"lr=3\"]'")]:
+        code, out, err = run_cli(capsys, "planner", "--data", name, "--out", "o", "--no-progress")
+        assert (code, out, err) == (2, "", f"ddpd-train: error: {cause}\n")
+    assert not (tmp_path / "o").exists()
+
+
 def test_cli_names_the_flag_of_a_corpus_too_short_for_seq_len(tmp_path, capsys):
     """The library's "fewer than seq_len=64; ... a shorter seq_len" reached the command line
     as it was, where errors name the flag; it stays a failure while working (status 1)."""
