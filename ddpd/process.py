@@ -538,5 +538,11 @@ def _log_noise(log_p_x1: Tensor, x_t: Tensor, alpha) -> tuple[Tensor, Tensor]:
     here = x_t[..., None]
     log_same = log_p_x1.gather(-1, here).squeeze(-1)
     log_self_loop = log_same + torch.log(_self_loop_weight(_alpha_like(alpha, log_same), log_p_x1.shape[-1]))
-    log_change = torch.logsumexp(log_p_x1.scatter(-1, here, float("-inf")), -1)
-    return log_self_loop, torch.logaddexp(log_change, log_self_loop)
+    others = log_p_x1.scatter(-1, here, float("-inf"))
+    if not torch.is_grad_enabled():  # no backward (the samplers): the pass over `others` below is not needed
+        return log_self_loop, torch.logaddexp(torch.logsumexp(others, -1), log_self_loop)
+    # A row sure of x_t: logsumexp and logaddexp of -inf alone have NaN gradients, so they see 0
+    # there and the row takes the values they give, -inf and log_self_loop (a double where).
+    sure = (others == float("-inf")).all(-1)
+    log_change = torch.logsumexp(others.masked_fill(sure[..., None], 0.0), -1)
+    return log_self_loop, torch.where(sure, log_self_loop, torch.logaddexp(log_change, log_self_loop))

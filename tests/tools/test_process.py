@@ -205,6 +205,45 @@ def test_rate_decomposition_in_float32_at_alpha_one_for_a_model_sure_of_x_t():
     torch.testing.assert_close(jump[1:].exp(), torch.tensor([0.5, 0.5]))
 
 
+def _log_noise_as_written(log_p, x_t, alpha):
+    """log p(z^d = N | x_t) (eq. corruption_prob) op for op as ddpd.process first computed it:
+    the values that a version with finite gradients must keep, bit for bit."""
+    here, a = x_t[..., None], alpha[:, None]
+    log_self_loop = log_p.gather(-1, here).squeeze(-1) + torch.log((1.0 - a) / (1.0 + (log_p.shape[-1] - 1) * a))
+    return torch.logaddexp(torch.logsumexp(log_p.scatter(-1, here, -math.inf), -1), log_self_loop)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_log_rates_have_finite_gradients_where_a_row_is_sure_of_x_t(dtype):
+    """A row sure of x_t^d (the other tokens -inf) gave NaN gradients to every logit of the row:
+    logsumexp of -inf alone, and at alpha = 1 (p(z = N) = 0) logaddexp of two -inf. They are the
+    gradients of the probability-space formula now, and the values are as before, bit for bit,
+    with autograd and without (edge rows too: x_t^d impossible, alpha 0 and 1)."""
+    generator = torch.Generator().manual_seed(0)
+    B, D, S = 6, 4, 5
+    logits = torch.randn(B, D, S, dtype=dtype, generator=generator)
+    x_t = torch.randint(0, S, (B, D), generator=generator)
+    here = torch.nn.functional.one_hot(x_t, S).bool()
+    logits[:, 0] = torch.where(here[:, 0], 0.0, -math.inf)  # sure of x_t^d
+    logits[:, 1] = torch.where(here[:, 1], -math.inf, logits[:, 1])  # x_t^d impossible
+    logits[:, 2, :2] = -math.inf  # some other tokens impossible
+    alpha = torch.tensor([0.0, 0.3, 0.7, 0.999, 1.0, 1.0], dtype=dtype)
+    logits.requires_grad_(True)
+    log_p = logits.log_softmax(-1)
+    log_noise = planner_log_prob_from_uniform(log_p, x_t, alpha)
+    log_jump = denoiser_log_prob_from_uniform(log_p, x_t, alpha)
+    assert torch.equal(log_noise.detach(), _log_noise_as_written(log_p.detach(), x_t, alpha))
+    assert log_noise[4:, 0].tolist() == [-math.inf, -math.inf]  # p(z = N) = 0
+    with torch.no_grad():
+        assert torch.equal(planner_log_prob_from_uniform(log_p, x_t, alpha), log_noise)
+        assert torch.equal(denoiser_log_prob_from_uniform(log_p, x_t, alpha), log_jump)
+    grad, = torch.autograd.grad(log_noise.exp().sum(), logits, retain_graph=True)
+    want, = torch.autograd.grad(planner_prob_from_uniform(logits.softmax(-1), x_t, alpha).sum(), logits)
+    torch.testing.assert_close(grad, want)
+    grad, = torch.autograd.grad(log_jump.exp().sum(), logits)
+    assert torch.isfinite(grad).all()
+
+
 def test_self_loop_ctmc_preserves_inter_state_rates():
     """prop:self-loop-jumps: the rates rate * p(z^d = N | x_t) * p(x_1^d = j | x_t, z^d = N), self-loop
     j = x_t^d included, have the uniform generative rate off the diagonal and total rate
