@@ -45,9 +45,9 @@ SPLIT_FRACTIONS = (0.9, 0.05, 0.05)
 
 
 class CorpusTextError(ValueError):
-    """A corpus whose text is not UTF-8, that the tokenizer cannot encode, or (a labelled
-    corpus) with a line that is not a record: the content of the input itself is wrong (the
-    message names it), not a setting it does not fit."""
+    """A corpus file whose text is not UTF-8 or is empty, that the tokenizer cannot encode, or (a
+    labelled corpus) with a line that is not a record or no record: the content of the input
+    itself is wrong (the message names it), not a setting it does not fit."""
 
 
 _NOT_TEXT8 = re.compile(r"[^ a-z]")
@@ -301,8 +301,8 @@ def load_text(source: str, recorded: bool = False) -> str:
     Raises:
         FileNotFoundError: no such file or corpus.
         IsADirectoryError: `source` is a directory.
-        CorpusTextError: a file that is not UTF-8 (a ValueError).
-        ValueError: a file that is empty, or a dataset that cannot be loaded.
+        CorpusTextError: a file that is not UTF-8 or is empty (a ValueError).
+        ValueError: a dataset that cannot be loaded.
     """
     source = resolve_source(source, recorded)
     if source.startswith("hf:"):
@@ -323,8 +323,8 @@ def _read_text_file(path: str) -> str:
         raise CorpusTextError(f"data file {path} is not UTF-8 text (byte 0x{raw[err.start]:02x} at offset "
                          f"{err.start})") from None
     text = text[:-1] if text.endswith("\n") else text
-    if not text:
-        raise ValueError(f"data file {path} is empty")
+    if not text:  # a pipe or device: ddpd-train and ddpd-eval refuse an empty regular file before reading it
+        raise CorpusTextError(f"data file {path} is empty")
     return text
 
 
@@ -560,9 +560,8 @@ def load_labelled(source: str, tokenizer, text: Optional[str] = None) -> Records
         The Records.
 
     Raises:
-        CorpusTextError: a line that is not such an object, or text the tokenizer cannot encode
-            (a ValueError).
-        ValueError: a file that holds no record.
+        CorpusTextError: a line that is not such an object, text the tokenizer cannot encode, or no
+            record (a ValueError).
     """
     text = load_text(source) if text is None else text
     pieces, labels = [], []
@@ -589,7 +588,7 @@ def load_labelled(source: str, tokenizer, text: Optional[str] = None) -> Records
         pieces.append(encode_corpus(record["text"], tokenizer, where))
         labels.append(label)
     if not pieces:
-        raise ValueError(f"data {source} holds no record")
+        raise CorpusTextError(f"data {source} holds no record (only blank lines)")
     lengths = torch.tensor([p.numel() for p in pieces], dtype=torch.long)
     return Records(torch.cat(pieces), torch.cumsum(lengths, 0) - lengths, lengths,
                    torch.tensor(labels, dtype=torch.long))

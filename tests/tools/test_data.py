@@ -172,7 +172,7 @@ def test_load_text_reads_local_files(tmp_path, wiki_text):
         load_text("hf:")
     for empty in ("", "\n"):  # nothing left once the final line break is dropped
         path.write_text(empty)
-        with pytest.raises(ValueError, match=f"data file {path} is empty"):
+        with pytest.raises(CorpusTextError, match=f"data file {path} is empty"):
             load_text(str(path))
     with pytest.raises(IsADirectoryError, match=f"data {tmp_path} is a directory, not a text file"):
         load_text(str(tmp_path))
@@ -428,7 +428,7 @@ def test_labelled_corpus_errors_name_the_line(tmp_path, line, message):
     with pytest.raises(CorpusTextError, match=re.escape(message)):  # a bad input, as text that is not UTF-8
         load_labelled(str(path), Text8Tokenizer())
     (tmp_path / "empty.jsonl").write_text("\n\n")
-    with pytest.raises(ValueError, match="holds no record"):
+    with pytest.raises(CorpusTextError, match="holds no record"):
         load_labelled(str(tmp_path / "empty.jsonl"), Text8Tokenizer())
 
 

@@ -2449,6 +2449,19 @@ def test_unreadable_corpora_are_named(tmp_path, capsys, content, message, status
     assert not (tmp_path / "o").exists()
 
 
+def test_cli_refuses_a_corpus_found_empty_once_read_as_a_usage_error(tmp_path, capsys):
+    """A --data that only reading shows empty (a device or a pipe, /dev/null or <(true), which has
+    no size to check first) or a .jsonl of blank lines exited 1, as a failure while working, where
+    an empty file exits 2."""
+    blank = tmp_path / "blank.jsonl"
+    blank.write_text("\n \n\n")
+    for data, message in [("/dev/null", "--data file /dev/null is empty"),
+                          (blank, f"--data {blank} holds no record (only blank lines)")]:
+        code, out, err = run_cli(capsys, "planner", "--data", data, "--out", tmp_path / "o", "--no-progress")
+        assert (code, out, err) == (2, "", f"ddpd-train: error: {message}\n")
+    assert sorted(os.listdir(tmp_path)) == ["blank.jsonl"]
+
+
 def test_the_shipped_corpus_by_name(tmp_path, capsys):
     code, stdout, err = run_cli(capsys, "planner", "--data", "books", "--out", tmp_path / "o", "--steps", 1,
                                 "--eval-every", 1, *TINY_CLI, "--no-progress")
