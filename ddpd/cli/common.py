@@ -122,9 +122,10 @@ positive_int = argument_type(int, lambda value: value >= 1, "an int >= 1")
 
 
 def refused_text(data: str, err: ValueError) -> Optional[UsageError]:
-    """The usage error for --data's text that is not UTF-8 or that the checkpoints' tokenizer
-    cannot encode (a ValueError of ddpd.training.data that names "data file PATH is not UTF-8"
-    or "data FILE: "), or None for another error.
+    """The usage error for --data's text that is not UTF-8, is empty (a device or a pipe, which
+    check_data cannot size) or that the checkpoints' tokenizer cannot encode (a ValueError of
+    ddpd.training.data that names "data file PATH is not UTF-8", "... is empty" or "data FILE: "),
+    or None for another error.
 
     Args:
         data: --data's value.
@@ -136,6 +137,8 @@ def refused_text(data: str, err: ValueError) -> Optional[UsageError]:
     where, undecoded = f"data {data}: ", f"data file {os.path.abspath(data)} is not UTF-8 text "
     if str(err).startswith(undecoded):  # the loader names the file by its absolute path
         return UsageError(f"--data {data}: not UTF-8 text {str(err)[len(undecoded):]}")
+    if str(err) == f"data file {os.path.abspath(data)} is empty":  # as check_data refuses an empty file
+        return UsageError(f"--data: {data} is empty")
     if not str(err).startswith(where):
         return None
     return UsageError(f"--data {data}: the checkpoints' tokenizer cannot encode it: {str(err)[len(where):]}")

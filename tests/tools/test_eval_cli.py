@@ -783,6 +783,20 @@ def test_an_empty_corpus_is_a_usage_error_as_a_missing_one_is(setup, capsys, tmp
     assert sorted(os.listdir(tmp_path)) == ["empty.txt"]
 
 
+def test_a_corpus_found_empty_once_read_is_a_usage_error_as_an_empty_file_is(setup, capsys, tmp_path):
+    """A --data with no size to check first (a device or a pipe: /dev/null, <(true)) passed the
+    check of an empty file and exited 1 with "data file /dev/null is empty", naming no flag."""
+    from ddpd.checkpoint import load_model, save_bundle
+
+    save_bundle(str(tmp_path / "bundle"), *load_model(setup["planner"]), *load_model(setup["mask-denoiser"]))
+    for command in (["elbo", "--uniform", setup["uniform"]],
+                    ["quality", "--uniform", setup["uniform"], "--judge", setup["ar"], "--out-dir", tmp_path / "q"],
+                    ["frontier", tmp_path / "bundle", "--judge", "ngram", "--out-dir", tmp_path / "f"]):
+        code, out, err = _run(capsys, *command, "--data", "/dev/null", "--no-progress")
+        assert (code, out, err) == (2, "", "ddpd-eval: error: --data: /dev/null is empty\n"), command
+    assert sorted(os.listdir(tmp_path)) == ["bundle"]
+
+
 def test_a_corpus_the_checkpoints_tokenizer_cannot_encode_names_data(setup, capsys, tmp_path):
     """It exited 1 with "data FILE: text must contain only ...", naming neither the flag nor
     whose tokenizer refused it, where a corpus too short for the checkpoints names both."""
