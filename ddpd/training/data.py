@@ -549,7 +549,8 @@ def _without_repeated_keys(pairs) -> dict:
 
 def load_labelled(source: str, tokenizer, text: Optional[str] = None) -> Records:
     """The labelled corpus at `source` (a .jsonl file; `text`: its content, if already read)
-    as Records. ValueError naming the line for anything but {"text": str, "label": int >= 0}.
+    as Records. ValueError naming the line for anything but {"text": str, "label": int >= 0};
+    a byte-order mark at the start is skipped.
 
     Args:
         source: the .jsonl file.
@@ -564,6 +565,7 @@ def load_labelled(source: str, tokenizer, text: Optional[str] = None) -> Records
             record (a ValueError).
     """
     text = load_text(source) if text is None else text
+    text = text[1:] if text.startswith("\ufeff") else text  # an editor's byte-order mark, which JSON readers may skip
     pieces, labels = [], []
     for number, line in enumerate(text.split("\n"), 1):
         if not line.strip():

@@ -432,6 +432,18 @@ def test_labelled_corpus_errors_name_the_line(tmp_path, line, message):
         load_labelled(str(tmp_path / "empty.jsonl"), Text8Tokenizer())
 
 
+def test_a_labelled_corpus_skips_a_byte_order_mark(tmp_path):
+    """A .jsonl saved with a byte-order mark (Notepad's "UTF-8 with BOM") was refused: "line 1:
+    not JSON (Unexpected UTF-8 BOM (decode using utf-8-sig) ...)", a hint for Python code, not
+    for a user of ddpd-train. It reads as the file without it (as ddpd-sample --prompts does)."""
+    lines = '{"text": "ab cd", "label": 0}\n{"text": "ef", "label": 1}\n'
+    (tmp_path / "plain.jsonl").write_text(lines)
+    (tmp_path / "bom.jsonl").write_text("\ufeff" + lines)
+    plain, bom = (load_labelled(str(tmp_path / name), Text8Tokenizer()) for name in ("plain.jsonl", "bom.jsonl"))
+    for field in ("tokens", "starts", "lengths", "labels"):
+        assert torch.equal(getattr(bom, field), getattr(plain, field)), field
+
+
 def test_crops_of_a_stream_are_those_of_one_record():
     """A plain stream is one record: the same crops as drawing offsets in [0, N - L] directly."""
     tokens = torch.arange(300)
