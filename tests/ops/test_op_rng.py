@@ -265,3 +265,21 @@ def test_gumbel_is_finite_at_the_top_uniform():
     g = rng.gumbel(torch.tensor([1.0, rng.BELOW_ONE, 0.5]))
     assert torch.isfinite(g).all()
     assert g[0] == g[1]
+
+
+@pytest.mark.parametrize("like, other", [("cpu", "cuda:0"), ("cuda:0", "cpu")])
+@pytest.mark.parametrize("name", ["noise", "row_ids"])
+@pytest.mark.parametrize("op, width", [(planner_select, lambda v: v), (planner_select_reference, lambda v: v),
+                                       (sample_categorical, noise_width), (sample_categorical_reference, noise_width)])
+def test_noise_and_row_ids_on_another_device_are_refused(op, width, name, like, other):
+    """noise or row_ids beside an input on another device: the op's own ValueError, naming the
+    argument and both devices. Fake tensors give a CUDA tensor without a GPU (a meta tensor is
+    refused earlier, as on neither cpu nor cuda)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        logits = torch.randn(2, 4, device=like)
+        given = (dict(noise=torch.rand(2, width(4), device=other)) if name == "noise" else
+                 dict(seed=1, row_ids=torch.arange(2, device=other)))
+        with pytest.raises(ValueError, match=rf"^{name} must be on the device of the input \({like}\), got {other}$"):
+            op(logits, **given)
