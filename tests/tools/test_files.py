@@ -409,9 +409,17 @@ def _victim(tmp_path):
     (lambda lock, victim: os.link(victim, lock), "has other links"),
     (lambda lock, victim: os.mkfifo(lock), "is not a regular file"),
 ])
-def test_a_lock_path_that_is_not_a_plain_file_of_its_own_is_refused(tmp_path, plant, what):
+def test_a_lock_path_that_is_not_a_plain_file_of_its_own_is_refused(tmp_path, monkeypatch, plant, what):
     """A symbolic link at `.NAME.lock` (planted in /tmp, say) had its target truncated and
-    overwritten with the holder line; a hard link the same; a FIFO gave a bare [Errno 22]."""
+    overwritten with the holder line; a hard link the same; a FIFO gave a bare [Errno 22].
+    Such a path is refused before any lock is taken: a followed link would be locked, found
+    not to be the file at its path and retried without end, so a lock fails the test instead."""
+    import fcntl
+
+    def never(fd, operation):
+        raise AssertionError("a lock was taken on a lock path that is not a plain file of its own")
+
+    monkeypatch.setattr(fcntl, "flock", never)
     victim = _victim(tmp_path)
     lock = tmp_path / ".run.lock"
     plant(lock, victim)
