@@ -780,10 +780,11 @@ def test_a_checkpoint_path_that_is_a_file_is_refused(tmp_path):
         load_model(tmp_path / "c")
 
 
-def test_a_weights_file_shorter_than_its_length_field_is_refused(tmp_path):
+@pytest.mark.parametrize("size", [3, 7])  # 7: one byte short of the 8-byte length field
+def test_a_weights_file_shorter_than_its_length_field_is_refused(tmp_path, size):
     path = _saved(tmp_path)
-    (path / "model.safetensors").write_bytes(b"abc")
-    with pytest.raises(CheckpointError, match=r"model.safetensors is corrupt \(only 3 bytes\)$"):
+    (path / "model.safetensors").write_bytes(b"abcdefg"[:size])
+    with pytest.raises(CheckpointError, match=rf"model.safetensors is corrupt \(only {size} bytes\)$"):
         load_model(path)
 
 
@@ -896,6 +897,24 @@ def test_a_directory_replaced_just_after_it_was_opened_is_read_again(tmp_path, m
     monkeypatch.setattr(ckpt.os, "open", open_then_save)
     model = load_model(tmp_path / "c")[0] if what == "checkpoint" else load_bundle(tmp_path / "b")[0]
     assert saved and same_weights(model, new_planner)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts descriptors in /proc/self/fd")
+def test_a_directory_replaced_at_every_open_is_refused_after_twenty_reads(tmp_path, monkeypatch):
+    """A writer saving in a tight loop replaces the directory after each of the reader's opens:
+    the read restarts 20 times, then says so in one line, every descriptor closed."""
+    model, config = tiny("planner")
+    save_checkpoint(tmp_path / "c", model, config)  # two files: each open finds a replaced directory
+    real, opened = os.open, []
+    monkeypatch.setattr(ckpt.os, "open", lambda file, flags, *args, **kwargs: opened.append(os.fspath(file)) or
+                        real(file, flags, *args, **kwargs))
+    monkeypatch.setattr(ckpt._Reader, "replaced", lambda self: True)
+    descriptors = len(os.listdir("/proc/self/fd"))
+    with pytest.raises(CheckpointError) as info:
+        load_model(tmp_path / "c")
+    assert str(info.value) == (f"checkpoint {tmp_path / 'c'}: it was replaced 20 times while being opened; "
+                               "is a writer saving it in a tight loop?")
+    assert opened.count(str(tmp_path / "c")) == 20 and len(os.listdir("/proc/self/fd")) == descriptors
 
 
 def test_a_fifo_in_place_of_a_file_is_refused_without_waiting(tmp_path):

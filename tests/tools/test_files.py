@@ -607,6 +607,22 @@ def test_a_holder_that_never_writes_its_line_is_refused_once_the_wait_is_over(tm
             files.OutputLock(tmp_path / "run").acquire()
 
 
+def test_a_writer_waits_for_a_holder_to_write_its_line_and_names_it(tmp_path, monkeypatch):
+    """A holder locks its file before it writes its line: a writer that finds the lock held
+    and the file empty waits for the line, and its refusal names the holder, not 'another
+    process'."""
+    import fcntl
+
+    (tmp_path / ".run.lock").touch()
+    with open(tmp_path / ".run.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # another open file: locks as another process
+        monkeypatch.setattr(files, "_CLEANING_WAIT", 1e9)  # the wait never runs out here
+        monkeypatch.setattr(files.time, "sleep", lambda seconds: held.write("pid 4242 on elsewhere\n") and
+                            held.flush())  # the holder writes its line while we wait
+        with pytest.raises(files.OutputLockedError, match=r"^.*/run is being written by pid 4242 on elsewhere "):
+            files.OutputLock(tmp_path / "run").acquire()
+
+
 @pytest.mark.integration
 def test_a_writer_waits_for_a_cleaner_rather_than_being_refused(tmp_path, monkeypatch):
     """remove_stale_temps holds the lock for milliseconds (every rank of a torchrun cleans
