@@ -1224,3 +1224,195 @@ def test_elbo_reports_the_t_max_and_samples_it_ran_with(setup, capsys, tmp_path)
     assert "t_max=0.9, 2 MC sample(s)" in out
     cells = [f"{row[name]:.4f}" for name in ("rate_matching", "transitioning", "elbo", "elbo_se")]
     assert f"| uniform | {' | '.join(cells)} | yes |" in out, out
+
+
+# ---------------------------------------------------------------- each flag reaches the setting it names
+
+from ddpd.sampling import DDPDOptions, Execution, Temperature, Truncation  # noqa: E402
+
+
+class _Recorded(Exception):
+    """Raised by a stand-in once it has recorded its arguments: nothing after it needs to run."""
+
+
+@pytest.fixture
+def swept(monkeypatch):
+    """{"specs": sampler_specs' settings, "sweep": run_sweep's keywords, "dtype": the --dtype
+    resolved} of a quality run, which stops at run_sweep."""
+    import ddpd.eval
+    import ddpd.models
+    from ddpd.cli import eval as cli_eval
+
+    seen = {}
+    specs, resolve = cli_eval.sampler_specs, ddpd.models.resolve_dtype
+
+    def recorded_specs(loaded, etas, eps, fused=False, dtype="auto", truncation=None):
+        seen["specs"] = {"etas": etas, "eps": eps, "fused": fused, "dtype": dtype, "truncation": truncation}
+        return specs(loaded, etas, eps, fused, dtype, truncation)
+
+    def recorded_sweep(samplers, **kwargs):
+        seen["sweep"] = {"samplers": [s.name for s in samplers], **kwargs}
+        raise _Recorded
+
+    monkeypatch.setattr(cli_eval, "sampler_specs", recorded_specs)
+    monkeypatch.setattr(ddpd.eval, "run_sweep", recorded_sweep)
+    monkeypatch.setattr(ddpd.models, "resolve_dtype", lambda dtype, device: seen.setdefault("dtype", dtype) and
+                        resolve(dtype, device))
+    return seen
+
+
+# a quality run of a planner and a mask denoiser without flags: docs/cli.md's defaults
+QUALITY_SPECS = {"etas": [0.0, 15.0], "eps": 0.01, "fused": False, "dtype": "float32", "truncation": Truncation()}
+QUALITY_SWEEP = {"samplers": ["ddpd-A-mask", "ddpd-AB-mask", "ddpd-ABC-mask", "tau-planned-mask", "dfm-eta0",
+                              "dfm-eta15", "maskgit"],
+                 "steps": [64, 128, 256, 512], "temperatures": [0.8, 0.9, 1.0], "num_samples": 64, "seed": 0,
+                 "batch_size": 32, "reference": None, "progress": True}
+
+
+@pytest.mark.parametrize("argv,specs,sweep,dtype", [
+    ([], {}, {}, "auto"),
+    (["--steps", "2", "4", "--temperatures", "0.5", "--num-samples", "3", "--seed", "7", "--batch-size", "2",
+      "--no-progress"], {}, {"steps": [2, 4], "temperatures": [0.5], "num_samples": 3, "seed": 7, "batch_size": 2,
+                             "progress": False}, "auto"),
+    (["--samplers", "maskgit", "dfm-eta2", "--eta", "2"], {"etas": [2.0]}, {"samplers": ["maskgit", "dfm-eta2"]},
+     "auto"),
+    (["--samplers", "ddpd-A-mask", "--eps", "0.25", "--fused"], {"eps": 0.25, "fused": True},
+     {"samplers": ["ddpd-A-mask"]}, "auto"),
+    (["--dtype", "bfloat16", "--top-k", "3", "--top-p", "0.9", "--min-p", "0.05"],
+     {"dtype": "bfloat16", "truncation": Truncation(3, 0.9, 0.05)},
+     {"samplers": [f"{name} top-k=3 top-p=0.9 min-p=0.05" for name in QUALITY_SWEEP["samplers"]]}, "bfloat16"),
+])
+def test_each_quality_flag_reaches_the_setting_it_names(setup, capsys, swept, argv, specs, sweep, dtype):
+    """docs/cli.md's quality flags and their defaults as the samplers and the sweep receive them."""
+    with pytest.raises(_Recorded):
+        main(["quality", "--planner", setup["planner"], "--denoiser", setup["mask-denoiser"], "--judge", setup["ar"],
+              "--out-dir", str(setup["root"] / "q-flags"), *argv])
+    assert swept["specs"] == {**QUALITY_SPECS, **specs} and swept["dtype"] == dtype
+    assert {key: swept["sweep"][key] for key in QUALITY_SWEEP} == {**QUALITY_SWEEP, **sweep}
+
+
+@pytest.mark.parametrize("argv,split,count", [([], "test", 256), (["--split", "validation"], "validation", 256),
+                                              (["--reference-sequences", "3"], "test", 3)])
+def test_the_quality_reference_is_the_split_and_count_of_data_asked_for(setup, capsys, swept, monkeypatch, argv,
+                                                                        split, count):
+    """--data's held-out reference row scores --reference-sequences sequences of --split."""
+    import ddpd.eval
+
+    asked = []
+    monkeypatch.setattr(ddpd.eval, "heldout_sequences", lambda source, tokenizer, seq_len, split, num, text:
+                        asked.append((source, seq_len, split, num)) or torch.zeros(num, seq_len, dtype=torch.long))
+    with pytest.raises(_Recorded):
+        main(["quality", "--uniform", setup["uniform"], "--judge", setup["ar"], "--data", setup["data"],
+              "--out-dir", str(setup["root"] / "q-reference"), *argv])
+    assert asked == [(setup["data"], L, split, count)] and swept["sweep"]["reference"].shape == (count, L)
+
+
+@pytest.fixture
+def sampled(monkeypatch):
+    """(function name, keyword arguments) of every ddpd.sampling sampler call."""
+    from ddpd import sampling
+
+    seen = []
+    for name in ("ddpd_sample", "tau_leaping_planned", "tau_leaping_mask", "mask_sample"):
+        def spy(*args, _name=name, _real=getattr(sampling, name), **kwargs):
+            seen.append((_name, kwargs))
+            return _real(*args, **kwargs)
+        monkeypatch.setattr(sampling, name, spy)
+    return seen
+
+
+def test_each_quality_sampler_runs_with_the_settings_of_its_sweep(setup, tmp_path, capsys, monkeypatch, sampled):
+    """A sweep's sampler draws with --eps, --fused, --dtype, the truncation, the checkpoints'
+    schedule, and the steps, temperature, seed and first row of its configuration."""
+    import ddpd.eval
+
+    for kind in ("planner", "mask-denoiser"):
+        config = config_for(kind, V, L, d_model=16, n_layers=1, n_heads=2)
+        save_checkpoint(str(tmp_path / kind), build_model(kind, config),
+                        {"kind": kind, "model": config.to_dict(), "tokenizer": {"name": "text8"},
+                         "schedule": "cosine"})
+
+    def run_each(samplers, **kwargs):
+        for spec in samplers:
+            spec.run(2, 3, 0.5, 7, 4)  # batch size, steps, temperature, seed, first row
+        raise _Recorded
+
+    monkeypatch.setattr(ddpd.eval, "run_sweep", run_each)
+    with pytest.raises(_Recorded):
+        main(["quality", "--planner", str(tmp_path / "planner"), "--denoiser", str(tmp_path / "mask-denoiser"),
+              "--judge", setup["ar"], "--samplers", "ddpd-A-mask", "dfm-eta2", "--eta", "2", "--eps", "0.25",
+              "--fused", "--top-k", "3", "--out-dir", str(tmp_path / "q")])
+    assert [name for name, _ in sampled] == ["ddpd_sample", "tau_leaping_mask"]
+    for name, kwargs in sampled:
+        assert (kwargs["steps"], kwargs["temperature"], kwargs["schedule"]) == (3, Temperature(0.5), "cosine"), name
+        assert (kwargs["noise"].seed, kwargs["noise"].first_row) == (7, 4), name
+        assert kwargs["execution"] == Execution(fused=True, dtype="float32") and kwargs["truncation"] == Truncation(3)
+    assert sampled[0][1]["ddpd"] == DDPDOptions(eps=0.25) and sampled[1][1]["eta"] == 2.0
+
+
+@pytest.fixture
+def estimated(monkeypatch):
+    """(estimator, the sequences' shape, its keywords) of each call of an elbo run, whose
+    estimators return no row."""
+    import ddpd.eval
+
+    seen = []
+    for name in ("evaluate_elbo", "evaluate_denoising"):
+        monkeypatch.setattr(ddpd.eval, name, lambda models, sequences, _name=name, **kwargs:
+                            seen.append((_name, tuple(sequences.shape), kwargs)) or [])
+    return seen
+
+
+ELBO_DEFAULTS = {"schedule": "linear", "seed": 0, "batch_size": 32, "progress": True}
+
+
+@pytest.mark.parametrize("argv,elbo,denoising,common", [
+    ([], {"mc_samples": 1, "t_max": 0.999}, {"alpha": 0.85}, {}),
+    (["--mc-samples", "2", "--t-max", "0.9", "--alpha", "0.5", "--seed", "3", "--batch-size", "4", "--no-progress"],
+     {"mc_samples": 2, "t_max": 0.9}, {"alpha": 0.5}, {"seed": 3, "batch_size": 4, "progress": False}),
+])
+def test_each_elbo_flag_reaches_the_estimator_it_names(setup, capsys, estimated, argv, elbo, denoising, common):
+    code, _, err = _run(capsys, "elbo", "--planner", setup["planner"], "--denoiser", setup["mask-denoiser"],
+                        "--data", setup["data"], "--num-sequences", 5, *argv)
+    assert code == 0, err
+    assert estimated == [("evaluate_elbo", (5, L), {**ELBO_DEFAULTS, **common, **elbo}),
+                         ("evaluate_denoising", (5, L), {**ELBO_DEFAULTS, **common, **denoising})]
+
+
+def test_elbo_of_a_planner_with_a_uniform_denoiser_alone_is_estimated(setup, capsys, estimated):
+    """--planner's rows need a --denoiser of either kind, not a mask one."""
+    code, _, err = _run(capsys, "elbo", "--planner", setup["planner"], "--denoiser", setup["uniform-denoiser"],
+                        "--data", setup["data"], "--num-sequences", 2)
+    assert code == 0, err
+    assert [name for name, _, _ in estimated] == ["evaluate_elbo", "evaluate_denoising"]
+
+
+def test_elbo_reads_the_split_and_count_of_data_asked_for(setup, capsys, estimated):
+    """--split and --num-sequences choose the held-out sequences (every chunk of the split without it)."""
+    from ddpd.eval import heldout_sequences
+    from ddpd.training.data import tokenizer_from_config
+
+    every = heldout_sequences(setup["data"], tokenizer_from_config({"name": "text8"}), L, "validation")
+    for argv, count in (([], every.shape[0]), (["--num-sequences", "5"], 5)):
+        code, _, err = _run(capsys, "elbo", "--uniform", setup["uniform"], "--data", setup["data"], "--split",
+                            "validation", *argv)
+        assert code == 0, err
+        assert [shape for _, shape, _ in estimated] == [(count, L)] * 2
+        estimated.clear()
+
+
+def test_each_convergence_flag_reaches_the_sampler(setup, capsys, sampled):
+    """--temperature (1.0 without it), --seed, --dtype and the denoiser's kind reach both DDPD
+    runs of each batch; the stopped run stops at the strictest --eps."""
+    for argv, temperature, seed in (([], 1.0, 0), (["--temperature", "0.5", "--seed", "3"], 0.5, 3)):
+        code, _, err = _run(capsys, "convergence", "--planner", setup["planner"], "--denoiser", setup["mask-denoiser"],
+                            "--steps", 3, "--num-samples", 3, "--batch-size", 2, "--eps", 0.2, 0.1, 0.3,
+                            "--dtype", "float32", "--out-dir", setup["root"] / "c-flags", "--no-progress", *argv)
+        assert code == 0, err
+        assert [kwargs["ddpd"] for _, kwargs in sampled] == [DDPDOptions(stop="budget"),
+                                                             DDPDOptions(stop="eps", eps=0.1)] * 2
+        for _, kwargs in sampled:
+            assert (kwargs["steps"], kwargs["temperature"], kwargs["denoiser_type"]) == (3, temperature, "mask")
+            assert kwargs["execution"] == Execution(dtype="float32") and kwargs["noise"].seed == seed
+        assert [kwargs["noise"].first_row for _, kwargs in sampled] == [0, 0, 2, 2]
+        sampled.clear()
