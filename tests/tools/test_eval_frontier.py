@@ -1223,3 +1223,93 @@ def test_ngram_judge_counts_at_most_max_order():
     assert NGramJudge(text, 4, order=MAX_ORDER).order == MAX_ORDER
     with pytest.raises(ValueError, match=rf"^order must be in \[1, {MAX_ORDER}\], got {MAX_ORDER + 1}$"):
         NGramJudge(text, 4, order=MAX_ORDER + 1)
+
+
+class _Recorded(Exception):
+    """Raised by a stand-in once it has recorded its arguments: nothing after it needs to run."""
+
+
+@pytest.fixture
+def measured(monkeypatch):
+    """{"configs": (sampler, policy, steps, temperature, budget) of each, "kwargs": run_frontier's
+    keywords, "run": the configurations} of a frontier run, which stops at run_frontier."""
+    from ddpd.eval import frontier
+
+    seen = {}
+
+    def recorded(configs, **kwargs):
+        seen.update(configs=[(c.sampler, c.policy, c.steps, c.temperature, c.budget) for c in configs],
+                    kwargs=kwargs, run=configs)
+        raise _Recorded
+
+    monkeypatch.setattr(frontier, "run_frontier", recorded)
+    return seen
+
+
+def test_ddpd_eval_frontier_without_flags_runs_its_documented_defaults(tmp_path, measured):
+    """docs/cli.md's defaults: the target (512 steps at T=1, 1024 passes) first, then ddpd and
+    MaskGIT with their own default and DEFAULT_POLICIES at budgets 32 64 128 256 and T=1, 16
+    samples a point in batches of 16 from seed 0, eps 0.01 on the reference path."""
+    import json
+
+    from ddpd.cli.frontier import DEFAULT_POLICIES
+    from ddpd.sampling.policies import parse_policy, policy_spec
+
+    with pytest.raises(_Recorded):
+        main(["frontier", "--judge", "ngram:2", "--data", "books", "--out-dir", str(tmp_path / "o")])
+    configs = measured["configs"]
+    assert configs[0] == ("ddpd", "one-at-a-time", 512, 1.0, 1024)
+    assert {c[4] for c in configs[1:]} == {32, 64, 128, 256} and {c[3] for c in configs} == {1.0}
+    expected = {"one-at-a-time", "maskgit:choice_temperature=4.5", *map(policy_spec, map(parse_policy,
+                                                                                          DEFAULT_POLICIES))}
+    assert {c[1] for c in configs} == expected and {c[0] for c in configs} == {"ddpd", "maskgit"}
+    kwargs = measured["kwargs"]
+    assert (kwargs["num_samples"], kwargs["seed"], kwargs["batch_size"], kwargs["progress"]) == (16, 0, 16, True)
+    settings = json.loads((tmp_path / "o" / "frontier.json").read_text())
+    assert (settings["eps"], settings["batch_size"], settings["fused"]) == (0.01, 16, False)
+
+
+def test_ddpd_eval_frontier_flags_reach_its_plan_and_samplers(tmp_path, measured, monkeypatch):
+    """Each flag reaches the point, the sweep or the sampler it names (--seed the noise too)."""
+    from ddpd import sampling
+
+    calls = []
+    for name in ("ddpd_sample", "mask_sample"):
+        monkeypatch.setattr(sampling, name, lambda *args, _name=name, **kwargs: calls.append((_name, kwargs)))
+    with pytest.raises(_Recorded):
+        main(["frontier", "--judge", "ngram:2", "--data", "books", "--budgets", "8", "--temperatures", "0.5", "0.7",
+              "--target-steps", "3", "--target-temperature", "0.7", "--num-samples", "3", "--seed", "5",
+              "--batch-size", "2", "--eps", "0.2", "--policies", "threshold:0.9", "--no-defaults", "--fused",
+              "--no-progress", "--out-dir", str(tmp_path / "o")])
+    threshold = "threshold:threshold=0.9"
+    assert measured["configs"] == [("ddpd", "one-at-a-time", 3, 0.7, 6), ("maskgit", threshold, 8, 0.5, 8),
+                                   ("maskgit", threshold, 8, 0.7, 8)]
+    kwargs = measured["kwargs"]
+    assert (kwargs["num_samples"], kwargs["seed"], kwargs["batch_size"], kwargs["progress"]) == (3, 5, 2, False)
+    for config in measured["run"]:
+        config.run(2, 4)
+    assert [(name, kwargs["steps"], kwargs["temperature"], kwargs["noise"].seed, kwargs["noise"].first_row,
+             kwargs["execution"].fused) for name, kwargs in calls] == [("ddpd_sample", 3, 0.7, 5, 4, True),
+                                                                       ("mask_sample", 8, 0.5, 5, 4, True),
+                                                                       ("mask_sample", 8, 0.7, 5, 4, True)]
+    assert calls[0][1]["ddpd"].eps == 0.2 and calls[0][1]["ddpd"].policy is None
+
+
+def test_ddpd_eval_frontier_reaches_for_the_target_at_its_own_temperature(tmp_path, capsys):
+    """--budgets 2 buys the one-at-a-time ddpd one step at every --temperatures too: of the rows at
+    --target-steps, the target is the one at --target-temperature."""
+    assert main(["frontier", "--judge", "ngram:2", "--data", "books", "--budgets", "2", "--target-steps", "1",
+                 "--temperatures", "0.5", "--num-samples", "1", "--samplers", "ddpd", "--policies",
+                 "error-budget:bound=2,max_k=4", "--no-progress", "--out-dir", str(tmp_path / "o")]) == 0
+    assert "Passes to reach ddpd one at a time, 1 steps, T=1.0 " in capsys.readouterr().out
+
+
+def test_ddpd_eval_frontier_takes_a_budget_that_fills_a_step_table(tmp_path, measured):
+    """A budget that buys exactly MAX_TABLE_STEPS steps is planned: only one more is refused."""
+    from ddpd.sampling.policies import MAX_TABLE_STEPS
+
+    with pytest.raises(_Recorded):
+        main(["frontier", "--judge", "ngram:2", "--data", "books", "--samplers", "maskgit", "--budgets",
+              str(MAX_TABLE_STEPS), "--target-steps", "1", "--out-dir", str(tmp_path / "o")])
+    assert measured["configs"][1] == ("maskgit", "maskgit:choice_temperature=4.5", MAX_TABLE_STEPS, 1.0,
+                                      MAX_TABLE_STEPS)
