@@ -17,6 +17,7 @@ from ddpd.ops.planner_select import (
     resolve_pair,
 )
 from ddpd.ops.rng import philox_uniform
+from oracles.devices import MISMATCHES, fake_tensors, moved
 
 CHI2_MIN_P = 1e-3  # a distribution test fails when its chi-square p-value is below this
 MASK_ID = 27
@@ -233,7 +234,7 @@ def test_bad_arguments_raise_clear_errors(call, error, match):
         call(logits, x, positions)
 
 
-@pytest.mark.parametrize("like, other", [("cpu", "cuda:0"), ("cuda:0", "cpu")])
+@pytest.mark.parametrize("like, other", MISMATCHES)
 @pytest.mark.parametrize("name, call", [
     ("positions", lambda lg, x, t: planner_mask(lg, x, t(torch.zeros(2, 1, dtype=torch.long)), MASK_ID, seed=1)),
     ("positions", lambda lg, x, t: planner_mask_reference(lg, x, t(torch.zeros(2, 1, dtype=torch.long)), MASK_ID,
@@ -249,12 +250,10 @@ def test_tensors_on_another_device_than_the_logits_are_refused(name, call, like,
     """positions, x or mask_noise on another device than logits: the op's own ValueError, naming
     the argument and both devices. Fake tensors give a CUDA tensor without a GPU (a meta tensor
     is refused earlier, as on neither cpu nor cuda)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    with FakeTensorMode(), torch.device(like):
+    with fake_tensors(like):
         logits, x = torch.randn(2, 3), torch.zeros(2, 3, dtype=torch.long)
         with pytest.raises(ValueError, match=rf"^{name} must be on the device of logits \({like}\), got {other}$"):
-            call(logits, x, lambda t: torch.empty_like(t, device=other))
+            call(logits, x, lambda t: moved(t, other))
 
 
 def test_traces_with_fake_tensors_and_passes_opcheck():

@@ -13,6 +13,7 @@ from ddpd.ops.planner_select import planner_select, planner_select_reference
 from ddpd.ops.rng import as_int64, philox_uniform, philox_uniform_reference, philox_words
 from ddpd.ops.sample_categorical import noise_width, sample_categorical, sample_categorical_reference
 from ddpd.ops.sample_from_hidden import sample_from_hidden
+from oracles.devices import MISMATCHES, fake_tensors
 
 LOW_ROWS = torch.tensor([0, 1, 7, 2**31 + 5, 2**32 - 1])
 
@@ -267,7 +268,7 @@ def test_gumbel_is_finite_at_the_top_uniform():
     assert g[0] == g[1]
 
 
-@pytest.mark.parametrize("like, other", [("cpu", "cuda:0"), ("cuda:0", "cpu")])
+@pytest.mark.parametrize("like, other", MISMATCHES)
 @pytest.mark.parametrize("name", ["noise", "row_ids"])
 @pytest.mark.parametrize("op, width", [(planner_select, lambda v: v), (planner_select_reference, lambda v: v),
                                        (sample_categorical, noise_width), (sample_categorical_reference, noise_width)])
@@ -275,10 +276,8 @@ def test_noise_and_row_ids_on_another_device_are_refused(op, width, name, like, 
     """noise or row_ids beside an input on another device: the op's own ValueError, naming the
     argument and both devices. Fake tensors give a CUDA tensor without a GPU (a meta tensor is
     refused earlier, as on neither cpu nor cuda)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    with FakeTensorMode():
-        logits = torch.randn(2, 4, device=like)
+    with fake_tensors(like):
+        logits = torch.randn(2, 4)
         given = (dict(noise=torch.rand(2, width(4), device=other)) if name == "noise" else
                  dict(seed=1, row_ids=torch.arange(2, device=other)))
         with pytest.raises(ValueError, match=rf"^{name} must be on the device of the input \({like}\), got {other}$"):

@@ -34,6 +34,7 @@ from ddpd.ops.sample_from_hidden import (
     sample_from_hidden_triton,
 )
 from ddpd.validation import readable
+from oracles.devices import MISMATCHES, fake_tensors, moved
 
 pytestmark = [pytest.mark.filterwarnings("ignore:divide by zero encountered:RuntimeWarning"),
               pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning"),
@@ -440,6 +441,22 @@ def test_bad_controls_raise_clear_errors(kwargs, error, match):
             op(logits, **dict(dict(seed=1) if "noise" not in kwargs else {}, **kwargs))
     with torch.device("cpu"), pytest.raises(error, match=match):  # a default device is no tracing: checked too
         sample_categorical(logits, **dict(dict(seed=1) if "noise" not in kwargs else {}, **kwargs))
+
+
+@pytest.mark.parametrize("like, other", MISMATCHES)
+@pytest.mark.parametrize("name, value", [
+    ("temperature", torch.ones(2)), ("top_k", torch.ones(2, dtype=torch.long)), ("top_p", torch.ones(2)),
+    ("min_p", torch.zeros(2)), ("exclude_ids", torch.zeros(1, dtype=torch.long)),
+    ("exclude_per_row", torch.zeros(2, dtype=torch.long)), ("allowed", torch.ones(2, 4, dtype=torch.bool)),
+])
+def test_controls_and_masks_on_another_device_than_the_logits_are_refused(name, value, like, other):
+    """A per-row control or a token mask on another device than logits: the op's own
+    ValueError, naming the argument and both devices (fake tensors stand in for a GPU)."""
+    with fake_tensors(like):
+        logits = torch.randn(2, 4)
+        for op in (sample_categorical, sample_categorical_reference):
+            with pytest.raises(ValueError, match=rf"^{name} must be on the device of logits \({like}\), got {other}$"):
+                op(logits, seed=1, **{name: moved(value, other)})
 
 
 def test_numbers_of_any_kind_and_size():

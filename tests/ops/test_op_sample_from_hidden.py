@@ -19,6 +19,7 @@ from ddpd.ops.sample_from_hidden import (
     sample_from_hidden_triton,
 )
 from ddpd.testing.memory import peak_rss_growth
+from oracles.devices import MISMATCHES, fake_tensors, moved
 
 # An all -inf tile has log-sum-exp log(0) = -inf by design; the Triton interpreter
 # computes it with numpy, which warns.
@@ -296,6 +297,19 @@ def test_bad_arguments_raise_clear_errors(call, error, match):
     hidden, weight, bias = head(3, 8, 20, 0)
     with pytest.raises(error, match=match):
         call(hidden, weight, bias)
+
+
+@pytest.mark.parametrize("like, other", MISMATCHES)
+@pytest.mark.parametrize("name", ["weight", "bias"])
+@pytest.mark.parametrize("op", [sample_from_hidden, sample_from_hidden_reference])
+def test_a_head_on_another_device_than_hidden_is_refused(op, name, like, other):
+    """weight or bias on another device than hidden: the op's own ValueError, naming the
+    argument and both devices (fake tensors stand in for a GPU)."""
+    with fake_tensors(like):
+        head = dict(weight=torch.randn(4, 3), bias=torch.zeros(4))
+        head[name] = moved(head[name], other)
+        with pytest.raises(ValueError, match=rf"^{name} must be on the device of hidden \({like}\), got {other}$"):
+            op(torch.randn(2, 3), seed=1, **head)
 
 
 def test_traces_with_fake_tensors_and_passes_opcheck():
