@@ -11,6 +11,7 @@ from ddpd.models.backbone import LayerNorm, RMSNorm
 from ddpd.ops import norm
 from ddpd.ops.norm import MAX_KERNEL_WIDTH, norm_launch, norm_triton
 from ddpd.ops.reference import norm as norm_reference
+from oracles.devices import MISMATCHES, fake_tensors, moved
 
 
 def inputs(shape, dtype, seed=0, modulated=True, affine=True):
@@ -192,6 +193,18 @@ def test_launch_covers_every_row(rows, width, expected):
 def test_bad_arguments_raise_clear_errors(kwargs, error, match):
     with pytest.raises(error, match=match):
         norm(**kwargs)
+
+
+@pytest.mark.parametrize("like, other", MISMATCHES)
+@pytest.mark.parametrize("name", ["weight", "bias", "shift", "scale"])
+def test_parameters_on_another_device_than_x_are_refused(name, like, other):
+    """weight, bias, shift or scale on another device than x: the op's own ValueError, naming
+    the argument and both devices (fake tensors stand in for a GPU)."""
+    with fake_tensors(like):
+        given = dict(weight=torch.ones(3), bias=torch.zeros(3), shift=torch.zeros(2, 3), scale=torch.zeros(2, 3))
+        given[name] = moved(given[name], other)
+        with pytest.raises(ValueError, match=rf"^{name} must be on the device of x \({like}\), got {other}$"):
+            norm(torch.randn(2, 4, 3), **given)
 
 
 def test_gradients_flow_through_the_reference():

@@ -9,6 +9,7 @@ from ddpd.models.attention import RotaryEmbedding, SelfAttention
 from ddpd.ops import rotary
 from ddpd.ops.reference import rotary as rotary_reference
 from ddpd.ops.rotary import rotary_launch, rotary_triton
+from oracles.devices import MISMATCHES, fake_tensors, moved
 
 
 def qkv_views(batch, heads, length, head_dim, dtype, seed=0):
@@ -116,6 +117,18 @@ def test_launch_blocks_cover_every_pair():
 def test_bad_arguments_raise_clear_errors(x, table, error, match):
     with pytest.raises(error, match=match):
         rotary(x, table, table)
+
+
+@pytest.mark.parametrize("like, other", MISMATCHES)
+@pytest.mark.parametrize("name", ["cos", "sin"])
+def test_tables_on_another_device_than_x_are_refused(name, like, other):
+    """cos or sin on another device than x: the op's own ValueError, naming the argument and
+    both devices (fake tensors stand in for a GPU)."""
+    with fake_tensors(like):
+        tables = dict(cos=torch.ones(4, 3), sin=torch.zeros(4, 3))
+        tables[name] = moved(tables[name], other)
+        with pytest.raises(ValueError, match=rf"^{name} must be on the device of x \({like}\), got {other}$"):
+            rotary(torch.randn(1, 1, 4, 6), **tables)
 
 
 def test_gradients_flow_through_the_reference():
