@@ -157,7 +157,8 @@ def symbolic(value) -> bool:
     return isinstance(value, (torch.SymInt, torch.SymFloat))
 
 
-def per_row_tensor(name: str, value: torch.Tensor, lead: tuple, like: torch.Tensor, dtypes) -> torch.Tensor:
+def per_row_tensor(name: str, value: torch.Tensor, lead: tuple, like: torch.Tensor, dtypes,
+                   like_name: str = "logits") -> torch.Tensor:
     """A per-row control given as a tensor: of the leading shape, or 0-d (every row).
 
     Args:
@@ -166,6 +167,7 @@ def per_row_tensor(name: str, value: torch.Tensor, lead: tuple, like: torch.Tens
         lead: the leading shape of the input (its rows).
         like: the input, whose device value must share.
         dtypes: the allowed dtypes.
+        like_name: the input's argument name, for the message.
 
     Returns:
         The values flat [N], contiguous (the kernels read element r for row r).
@@ -178,7 +180,7 @@ def per_row_tensor(name: str, value: torch.Tensor, lead: tuple, like: torch.Tens
     if value.dim() != 0 and tuple(value.shape) != tuple(lead):
         raise ValueError(f"{name} must be a number, a 0-d tensor or a tensor of the leading shape {tuple(lead)} "
                          f"(one value per row), got shape {tuple(value.shape)}")
-    check_same_device(name, value, like, "logits")
+    check_same_device(name, value, like, like_name)
     rows = math.prod(lead)
     return (value.expand(lead) if value.dim() == 0 else value).reshape(rows).contiguous()
 
@@ -219,13 +221,15 @@ def usual_controls(temperature: float) -> Controls:
     return Controls(temperature=temperature)
 
 
-def check_controls(temperature, top_k, top_p, min_p, lead: tuple, like: torch.Tensor) -> Controls:
+def check_controls(temperature, top_k, top_p, min_p, lead: tuple, like: torch.Tensor,
+                   like_name: str = "logits") -> Controls:
     """Validate the sampling controls (numbers, or tensors of the leading shape).
 
     Args:
         temperature, top_k, top_p, min_p: the op's arguments of these names.
         lead: the leading shape of the input (its rows).
         like: the input, whose device tensor controls must share.
+        like_name: the input's argument name, for the messages.
 
     Returns:
         The Controls the kernels read.
@@ -241,7 +245,7 @@ def check_controls(temperature, top_k, top_p, min_p, lead: tuple, like: torch.Te
         return Controls(temperature=temperature) if torch.compiler.is_compiling() else usual_controls(temperature)
     c = {}
     if isinstance(temperature, torch.Tensor):
-        t = per_row_tensor("temperature", temperature, lead, like, FLOATS)
+        t = per_row_tensor("temperature", temperature, lead, like, FLOATS, like_name)
         wide = t.double()  # in float16 the bound 1e36 is inf: an inf temperature would pass
         check_values("temperature", t, (wide >= 0) & (wide <= MAX_TEMPERATURE), TEMPERATURE_RANGE)
         c["temperature_t"] = torch.where(t > 0, t.float(), GREEDY)
@@ -252,7 +256,7 @@ def check_controls(temperature, top_k, top_p, min_p, lead: tuple, like: torch.Te
         c["temperature"] = GREEDY if t == 0 else t
     if top_k is not None:
         if isinstance(top_k, torch.Tensor):
-            k = per_row_tensor("top_k", top_k, lead, like, INTS)
+            k = per_row_tensor("top_k", top_k, lead, like, INTS, like_name)
             check_values("top_k", k, k >= 0, ">= 0 (0: off)")
             c["top_k_t"] = k.long()
         elif not symbolic(top_k):
@@ -266,14 +270,14 @@ def check_controls(temperature, top_k, top_p, min_p, lead: tuple, like: torch.Te
             c["top_k"] = top_k
     if top_p is not None:
         if isinstance(top_p, torch.Tensor):
-            p = per_row_tensor("top_p", top_p, lead, like, FLOATS)
+            p = per_row_tensor("top_p", top_p, lead, like, FLOATS, like_name)
             check_values("top_p", p, (p > 0) & (p <= 1), "in (0, 1] (1: off)")
             c["top_p_t"] = p.float()
         else:
             c["top_p"] = float32(check_float("top_p", top_p, 0.0, 1.0, open_min=True))
     if min_p is not None:
         if isinstance(min_p, torch.Tensor):
-            m = per_row_tensor("min_p", min_p, lead, like, FLOATS)
+            m = per_row_tensor("min_p", min_p, lead, like, FLOATS, like_name)
             check_values("min_p", m, (m >= 0) & (m <= 1), "in [0, 1] (0: off)")
             c["log_min_p_t"] = torch.log(m.double()).float()
         else:
@@ -282,7 +286,8 @@ def check_controls(temperature, top_k, top_p, min_p, lead: tuple, like: torch.Te
     return Controls(**c)
 
 
-def check_token_ids(exclude_ids, like: torch.Tensor, vocab_size: int) -> Optional[torch.Tensor]:
+def check_token_ids(exclude_ids, like: torch.Tensor, vocab_size: int,
+                    like_name: str = "logits") -> Optional[torch.Tensor]:
     """exclude_ids as an int64 tensor on like's device: a sequence of ints (numpy integers too)
     is range-checked here and cached on the device; a tensor is checked by the kernels (CPU).
 
@@ -290,6 +295,7 @@ def check_token_ids(exclude_ids, like: torch.Tensor, vocab_size: int) -> Optiona
         exclude_ids: the op's `exclude_ids`: None, a sequence of ints or an integer tensor [m].
         like: the input, whose device the ids go to.
         vocab_size: V.
+        like_name: the input's argument name, for the message.
 
     Returns:
         Long[m] on like's device, or None when there are none.
@@ -302,7 +308,7 @@ def check_token_ids(exclude_ids, like: torch.Tensor, vocab_size: int) -> Optiona
         return None
     if isinstance(exclude_ids, torch.Tensor):
         check_tensor("exclude_ids", exclude_ids, INTS, 1)
-        check_same_device("exclude_ids", exclude_ids, like, "logits")
+        check_same_device("exclude_ids", exclude_ids, like, like_name)
         return exclude_ids.long().contiguous() if exclude_ids.numel() else None
     if isinstance(exclude_ids, (str, bytes)) or not hasattr(exclude_ids, "__iter__"):
         raise TypeError("exclude_ids must be a sequence of ints or an integer tensor, got "
@@ -318,7 +324,8 @@ def check_token_ids(exclude_ids, like: torch.Tensor, vocab_size: int) -> Optiona
     return _dispatch.device_ids(tuple(ids), like.device) if ids else None
 
 
-def check_masks(exclude_ids, exclude_per_row, allowed, lead: tuple, like: torch.Tensor, vocab_size: int) -> tuple:
+def check_masks(exclude_ids, exclude_per_row, allowed, lead: tuple, like: torch.Tensor, vocab_size: int,
+                like_name: str = "logits") -> tuple:
     """Validate the token masks of a call.
 
     Args:
@@ -328,6 +335,7 @@ def check_masks(exclude_ids, exclude_per_row, allowed, lead: tuple, like: torch.
         lead: the leading shape of the input (its rows).
         like: the input, whose device the masks must share.
         vocab_size: V.
+        like_name: the input's argument name, for the messages.
 
     Returns:
         (exclude_ids Long[m] | None, exclude_per_row Long[N] | None, allowed Bool[N, V] | None).
@@ -336,21 +344,21 @@ def check_masks(exclude_ids, exclude_per_row, allowed, lead: tuple, like: torch.
         TypeError: a mask of the wrong type or dtype.
         ValueError: a mask of another shape or device, or an id out of range.
     """
-    ids = check_token_ids(exclude_ids, like, vocab_size)
+    ids = check_token_ids(exclude_ids, like, vocab_size, like_name)
     rows = math.prod(lead)
     if exclude_per_row is not None:
         check_tensor("exclude_per_row", exclude_per_row, (torch.int64,))
         if tuple(exclude_per_row.shape) != tuple(lead):
             raise ValueError(f"exclude_per_row must have the leading shape {tuple(lead)} (one id per row), got "
                              f"{tuple(exclude_per_row.shape)}")
-        check_same_device("exclude_per_row", exclude_per_row, like, "logits")
+        check_same_device("exclude_per_row", exclude_per_row, like, like_name)
         exclude_per_row = exclude_per_row.reshape(rows).contiguous()
     if allowed is not None:
         check_tensor("allowed", allowed, (torch.bool,))
         if tuple(allowed.shape) != tuple(lead) + (vocab_size,):
             raise ValueError(f"allowed must have shape {tuple(lead) + (vocab_size,)} (one flag per token), got "
                              f"{tuple(allowed.shape)}")
-        check_same_device("allowed", allowed, like, "logits")
+        check_same_device("allowed", allowed, like, like_name)
         allowed = allowed.reshape(rows, vocab_size).contiguous()
     return ids, exclude_per_row, allowed
 
@@ -503,7 +511,7 @@ def flat_controls(controls: Optional[DrawControls], temperature, exclude_ids, ex
 
 def prepare(op: str, input_name: str, inputs: torch.Tensor, vocab_size: int, temperature, exclude_ids,
             exclude_per_row, allowed, top_k, top_p, min_p, return_logprob, confidence, seed, offset, generator,
-            row_ids, noise, controls=None) -> Call:
+            row_ids, noise, controls=None, inputs_name: str = "logits") -> Call:
     """Validate the arguments shared by sample_categorical and sample_from_hidden;
     inputs [..., X] gives the leading shape (its rows).
 
@@ -514,6 +522,7 @@ def prepare(op: str, input_name: str, inputs: torch.Tensor, vocab_size: int, tem
         vocab_size: V.
         temperature, exclude_ids, exclude_per_row, allowed, top_k, top_p, min_p, return_logprob, confidence, seed,
             offset, generator, row_ids, noise, controls: the op's arguments of these names.
+        inputs_name: the inputs' argument name (logits or hidden), for the device messages.
 
     Returns:
         The validated Call.
@@ -530,8 +539,8 @@ def prepare(op: str, input_name: str, inputs: torch.Tensor, vocab_size: int, tem
     lead = tuple(inputs.shape[:-1])
     rows = math.prod(lead)
     temperature, top_p, min_p = (x.detach() if isinstance(x, torch.Tensor) else x for x in (temperature, top_p, min_p))
-    controls = check_controls(temperature, top_k, top_p, min_p, lead, inputs)
-    ids, per_row, allowed = check_masks(exclude_ids, exclude_per_row, allowed, lead, inputs, vocab_size)
+    controls = check_controls(temperature, top_k, top_p, min_p, lead, inputs, inputs_name)
+    ids, per_row, allowed = check_masks(exclude_ids, exclude_per_row, allowed, lead, inputs, vocab_size, inputs_name)
     logprob, confidence = check_confidence(return_logprob, confidence)
     width = noise_width(vocab_size)
     if noise is not None:

@@ -70,7 +70,7 @@ def prepare_hidden(hidden, weight, bias, temperature, exclude_ids, exclude_per_r
         check_same_device("bias", bias, hidden, "hidden")
     return prepare("sample_from_hidden", "weight.shape[0]", hidden, vocab, temperature, exclude_ids,
                    exclude_per_row, allowed, top_k, top_p, min_p, return_logprob, confidence, seed, offset, generator,
-                   row_ids, noise, controls)
+                   row_ids, noise, controls, inputs_name="hidden")
 
 
 # ------------------------------------------------------------------------- reference

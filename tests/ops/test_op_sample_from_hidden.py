@@ -312,6 +312,22 @@ def test_a_head_on_another_device_than_hidden_is_refused(op, name, like, other):
             op(torch.randn(2, 3), seed=1, **head)
 
 
+@pytest.mark.parametrize("like, other", MISMATCHES)
+@pytest.mark.parametrize("name, value", [
+    ("temperature", torch.ones(2)), ("top_k", torch.ones(2, dtype=torch.long)), ("top_p", torch.ones(2)),
+    ("min_p", torch.zeros(2)), ("exclude_ids", torch.zeros(1, dtype=torch.long)),
+    ("exclude_per_row", torch.zeros(2, dtype=torch.long)), ("allowed", torch.ones(2, 4, dtype=torch.bool)),
+])
+@pytest.mark.parametrize("op", [sample_from_hidden, sample_from_hidden_reference])
+def test_controls_and_masks_on_another_device_name_hidden(op, name, value, like, other):
+    """A per-row control or a token mask on another device than hidden: the error names hidden,
+    the argument the op takes (it said "the device of logits", which it has none of)."""
+    with fake_tensors(like):
+        hidden, weight = torch.randn(2, 3), torch.randn(4, 3)
+        with pytest.raises(ValueError, match=rf"^{name} must be on the device of hidden \({like}\), got {other}$"):
+            op(hidden, weight, seed=1, **{name: moved(value, other)})
+
+
 def test_traces_with_fake_tensors_and_passes_opcheck():
     hidden, weight, bias = head(3, 8, 300, 5)
 
