@@ -198,6 +198,16 @@ def _as_typed(err: ValueError, resolved: str, typed: str) -> str:
     return _in_flags(err)
 
 
+def _misfit(err: ValueError, resolved: str, typed: Optional[str]) -> str:
+    """A corpus the settings do not fit ("data PATH: ... fewer than seq_len=64") naming a given
+    --data as typed, as _as_typed does, and the settings by their flags (the path is left out of
+    that rewrite: a folder named seq_len is not a flag)."""
+    head = f"data {resolved}"
+    if typed is None or not str(err).startswith(head):  # the run's own corpus, --resume'd: as recorded
+        return _in_flags(err)
+    return f"--data {typed}{_in_flags(ValueError(str(err)[len(head):]))}"
+
+
 def _check_fresh_out(out: str) -> None:
     """A fresh run's --out that no save may replace (files of someone else's, a bundle): a
     command-line mistake, refused as one (exit status 2) before the corpus is read, on every
@@ -293,7 +303,7 @@ def run(args: argparse.Namespace, state: dict) -> int:
             raise UsageError(_as_typed(err, config.data, args.data)) from None
         raise ValueError(_in_flags(err)) from None  # the run's own corpus, --resume'd: a failure while working
     except ValueError as err:  # a corpus the settings do not fit: still a failure while working (status 1)
-        raise ValueError(_in_flags(err)) from None
+        raise ValueError(_misfit(err, config.data, getattr(args, "data", None))) from None
     state["trainer"] = trainer
     finished = False
     try:

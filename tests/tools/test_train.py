@@ -1425,16 +1425,20 @@ def test_cli_names_a_refused_data_file_as_typed(tmp_path, capsys, monkeypatch):
     assert not (tmp_path / "o").exists()
 
 
-def test_cli_names_the_flag_of_a_corpus_too_short_for_seq_len(tmp_path, capsys):
+def test_cli_names_the_flag_of_a_corpus_too_short_for_seq_len(tmp_path, capsys, monkeypatch):
     """The library's "fewer than seq_len=64; ... a shorter seq_len" reached the command line
-    as it was, where errors name the flag; it stays a failure while working (status 1)."""
-    short = tmp_path / "short.txt"
+    as it was, where errors name the flag; it stays a failure while working (status 1). It
+    named --data by its absolute path, where the other refusals of --data name it as typed, and
+    read a folder of that path named seq_len as the flag."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "seq_len").mkdir()
+    short = tmp_path / "seq_len" / "short.txt"
     short.write_text("abcdefgh " * 30)
-    code, out, err = run_cli(capsys, "planner", "--data", short, "--out", tmp_path / "o", "--seq-len", 64,
+    code, out, err = run_cli(capsys, "planner", "--data", "seq_len/short.txt", "--out", "o", "--seq-len", 64,
                              "--steps", 1, "--batch-size", 2, "--d-model", 16, "--n-layers", 1, "--n-heads", 2,
                              "--no-progress")
     assert (code, out) == (1, "")
-    assert err == (f"ddpd-train: error: --data {short}: its validation split holds 13 tokens, fewer than "
+    assert err == ("ddpd-train: error: --data seq_len/short.txt: its validation split holds 13 tokens, fewer than "
                    "--seq-len 64; use a longer corpus or a shorter --seq-len\n")
     with pytest.raises(ValueError, match=r"fewer than seq_len=64; use a longer corpus or a shorter seq_len$"):
         Trainer(TrainConfig(kind="planner", data=str(short), out=str(tmp_path / "p"), seq_len=64))
