@@ -266,8 +266,9 @@ def run(args: argparse.Namespace, state: dict) -> int:
 
     Raises:
         UsageError: a setting the configuration refuses, a --resume with changed settings, a
-            fresh run into an --out that holds a checkpoint or other files, or a --data file that
-            is not UTF-8, that the tokenizer cannot encode or (a .jsonl) with a line that is not a record.
+            fresh run into an --out that holds a checkpoint or other files, or a --data file that cannot
+            be opened, is not UTF-8, that the tokenizer cannot encode or (a .jsonl) with a line that is not a
+            record.
         ValueError: a corpus the settings do not fit (too short for --seq-len), naming the flags.
         Interrupted: a signal stopped the run before its checkpoint.
     """
@@ -304,6 +305,10 @@ def run(args: argparse.Namespace, state: dict) -> int:
         raise ValueError(_in_flags(err)) from None  # the run's own corpus, --resume'd: a failure while working
     except ValueError as err:  # a corpus the settings do not fit: still a failure while working (status 1)
         raise ValueError(_misfit(err, config.data, getattr(args, "data", None))) from None
+    except OSError as err:
+        if "data" in args and err.filename == config.data:  # open() refused it (a socket): a bad input, as if missing
+            raise UsageError(f"--data {args.data}: {err.strerror or err}") from None
+        raise
     state["trainer"] = trainer
     finished = False
     try:

@@ -8,6 +8,7 @@ import os
 import pathlib
 import queue
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -2464,6 +2465,17 @@ def test_cli_refuses_a_corpus_found_empty_once_read_as_a_usage_error(tmp_path, c
         code, out, err = run_cli(capsys, "planner", "--data", data, "--out", tmp_path / "o", "--no-progress")
         assert (code, out, err) == (2, "", f"ddpd-train: error: {message}\n")
     assert sorted(os.listdir(tmp_path)) == ["blank.jsonl"]
+
+
+def test_cli_refuses_a_data_it_cannot_open_as_a_usage_error(tmp_path, capsys, monkeypatch):
+    """A --data that is there but that open() refuses (a UNIX socket: ENXIO) exited 1 with a bare
+    "[Errno 6] No such device or address: '/abs/path'", naming neither the flag nor the path as typed."""
+    monkeypatch.chdir(tmp_path)
+    with socket.socket(socket.AF_UNIX) as listening:
+        listening.bind("corpus.sock")
+        code, out, err = run_cli(capsys, "planner", "--data", "corpus.sock", "--out", "o", "--no-progress")
+    assert (code, out, err) == (2, "", "ddpd-train: error: --data corpus.sock: No such device or address\n")
+    assert sorted(os.listdir(tmp_path)) == ["corpus.sock"]
 
 
 def test_the_shipped_corpus_by_name(tmp_path, capsys):
