@@ -1,6 +1,7 @@
 """ddpd-train's command line: each flag reaches the training setting it names, with its
 default, through a stand-in Trainer that records what it is given (no training)."""
 import dataclasses
+import socket
 import types
 
 import pytest
@@ -8,7 +9,8 @@ import torch
 
 from ddpd.assets import BOOKS
 from ddpd.checkpoint import read_config
-from ddpd.cli.train import main
+from ddpd.cli.common import InputError, UsageError
+from ddpd.cli.train import _resume_command, build_parser, check_command_line, main
 from ddpd.training import trainer as trainer_module
 from ddpd.training.trainer import TrainConfig
 
@@ -114,3 +116,71 @@ def test_a_resume_takes_the_runs_settings_but_those_given(made, tmp_path, capsys
     assert run.config.to_dict() == {**read_config(out)["training"], "save_every": 3}
     assert (run.config.device, run.config.eval_every, run.config.seed) == ("cpu", 7, 5)
 
+
+@pytest.mark.parametrize("argv, error, message", [
+    (["--data", "books", "--threads", "0"], UsageError, "--threads must be in [1, 1024], got 0"),
+    (["--data", "books", "--allow-data-change"], UsageError,
+     "--allow-data-change is a setting of --resume (a fresh run has no corpus to change)"),
+    (["--resume"], InputError, "checkpoint directory not found: {out}"),
+])
+def test_the_command_line_alone_is_checked_before_torch_is_needed(tmp_path, argv, error, message):
+    """check_command_line, which main runs before importing torch, refuses these itself: a
+    later check (apply_threads, the checkpoint's reading) would say it after seconds of imports,
+    or (--allow-data-change on a fresh run) not at all."""
+    out = tmp_path / "o"
+    args = build_parser().parse_args(["planner", "--out", str(out), *argv])
+    with pytest.raises(error) as raised:
+        check_command_line(args)
+    assert str(raised.value) == message.format(out=out)
+
+
+def test_a_tiktoken_that_is_no_regular_file_is_refused_before_any_work(made, tmp_path, capsys, monkeypatch):
+    """--tiktoken naming a socket, there but not a file, is refused on the command line, not
+    by the tokenizer's reading after the corpus."""
+    monkeypatch.chdir(tmp_path)
+    with socket.socket(socket.AF_UNIX) as listening:
+        listening.bind("ranks.sock")
+        code, out, err = train(capsys, "planner", "--data", "books", "--out", "o", "--tokenizer", "gpt2",
+                               "--tiktoken", "ranks.sock")
+    assert (code, out, err, made) == (2, "", "ddpd-train: error: --tiktoken: no such file: ranks.sock\n", [])
+
+
+def test_an_error_of_another_file_than_data_is_not_named_data(made, tmp_path, capsys, monkeypatch):
+    """Only an OSError about --data's own path is a refusal of --data: another file's stays
+    a failure while working (status 1) naming that file."""
+    other = tmp_path / "other"
+
+    def refused(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(other))
+
+    monkeypatch.setattr(trainer_module, "Trainer", refused)
+    code, _, err = train(capsys, "planner", "--data", "books", "--out", tmp_path / "o")
+    assert (code, err) == (1, f"ddpd-train: error: [Errno 13] Permission denied: '{other}'\n")
+
+
+def test_a_resumed_run_whose_own_corpus_became_too_short_names_it_as_recorded(tmp_path, capsys):
+    """Under --resume without --data the corpus too short for --seq-len is the run's own: named
+    by its recorded path (there is no --data as typed to name)."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(BOOKS.read_text()[:20_000])
+    code, _, err = train(capsys, "planner", "--data", corpus, "--out", tmp_path / "o", *TINY_RUN, "--no-progress")
+    assert code == 0, err
+    corpus.write_text("abcdefgh " * 10)
+    code, out, err = train(capsys, "planner", "--out", tmp_path / "o", "--resume", "--allow-data-change",
+                           "--no-progress")
+    assert (code, out) == (1, "")
+    assert err == (f"ddpd-train: error: --data {corpus}: its validation split holds 4 tokens, fewer than --seq-len "
+                   "8; use a longer corpus or a shorter --seq-len\n")
+
+
+def test_the_resume_command_carries_the_threads_the_run_used():
+    """A stopped run's `continue with:` command gives the threads torch ran on (the reductions
+    split by them, so a resume on other threads is not bit for bit), not a fixed number."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        trainer = types.SimpleNamespace(dist=types.SimpleNamespace(world_size=1),
+                                        config=types.SimpleNamespace(kind="planner", out="runs/p"))
+        assert _resume_command(trainer) == "ddpd-train planner --out runs/p --resume --threads 2"
+    finally:
+        torch.set_num_threads(threads)
