@@ -136,7 +136,7 @@ def _prepare(p, seed, offset, generator, row_ids, noise):
         noise = noise.reshape(rows, width)
     row_ids = rng.flat_row_ids(row_ids, lead)
     p2 = p.reshape(rows, width)
-    counters = rng.resolve_stream(noise, (rows, width), p2, seed, offset, generator, row_ids)
+    counters = rng.resolve_stream(noise, (rows, width), p2, seed, offset, generator, row_ids, "p")
     noise, row_ids = _dispatch.contiguous(noise, row_ids)
     return p2, noise, counters, row_ids
 

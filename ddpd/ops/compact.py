@@ -16,7 +16,7 @@ import torch
 
 from ddpd.ops import _dispatch, _ext
 from ddpd.ops.results import Compacted
-from ddpd.validation import check_int, values_checkable
+from ddpd.validation import check_int, check_same_device, values_checkable
 
 
 def _check_active(active) -> torch.Tensor:
@@ -36,8 +36,7 @@ def _check_rows(active: torch.Tensor, tensors) -> None:
                 f"tensors[{i}] must be a dense tensor with {active.shape[0]} rows (like active), "
                 f"got {t.layout} of shape {tuple(t.shape)}"
             )
-        if t.device != active.device:
-            raise ValueError(f"tensors[{i}] must be on {active.device} like active, got {t.device}")
+        check_same_device(f"tensors[{i}]", t, active, "active")
 
 
 _kernels: dict = {}  # device type -> torch.ops.ddpd, or None where ddpd._C has no kernels for it
@@ -180,8 +179,8 @@ def _check_scatter(index, packed, out) -> list[tuple[torch.Tensor, torch.Tensor]
             )
         if p.dtype != o.dtype:
             raise ValueError(f"packed[{i}] must have the dtype of out[{i}] ({o.dtype}), got {p.dtype}")
-        if p.device != index.device or o.device != index.device:
-            raise ValueError(f"packed[{i}] and out[{i}] must be on {index.device} like index")
+        check_same_device(f"packed[{i}]", p, index, "index")
+        check_same_device(f"out[{i}]", o, index, "index")
         if any(stride == 0 and size > 1 for stride, size in zip(o.stride(), o.shape)):
             raise ValueError(f"out[{i}] has elements that share memory (an expanded tensor): clone it first")
     # On CUDA this check would wait for the device, under tracing guard on data: there the

@@ -19,7 +19,7 @@ from ddpd.ops import _dispatch, _ext, rng
 from ddpd.ops.results import Draw
 from ddpd.ops.rng import philox_words
 from ddpd.ops.sample_categorical import MAX_TEMPERATURE
-from ddpd.validation import check_bool, check_int, readable, value_range, values_checkable
+from ddpd.validation import check_bool, check_int, check_same_device, readable, value_range, values_checkable
 
 CHUNK = 64  # equals kChunk in csrc/multinomial.h
 WEIGHT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
@@ -61,7 +61,7 @@ def check_uniforms(name: str, uniforms, shape: tuple, like: torch.Tensor) -> tor
         name: the argument's name, for the message.
         uniforms: the value given.
         shape: the shape they must have.
-        like: a tensor on the device they must be on.
+        like: the weights, whose device they must be on.
 
     Returns:
         The uniforms as float64.
@@ -76,8 +76,7 @@ def check_uniforms(name: str, uniforms, shape: tuple, like: torch.Tensor) -> tor
         raise TypeError(f"{name} must be float32 or float64, got {uniforms.dtype}")
     if tuple(uniforms.shape) != tuple(shape):
         raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(uniforms.shape)}")
-    if uniforms.device != like.device:
-        raise ValueError(f"{name} must be on {like.device} like the weights, got {uniforms.device}")
+    check_same_device(name, uniforms, like, "weights")
     if values_checkable(uniforms):
         low, high = value_range(uniforms)
         if not (0.0 <= low and high < 1.0):
@@ -134,7 +133,7 @@ def _resolve_stream(weights, k, seed, offset, generator, row_ids, noise):
     if noise is not None:
         rng.check_noise_alone(seed, offset, generator, row_ids)
         return check_uniforms("noise", noise, (rows, k), weights), (0, 0, None, None), None
-    counters = rng.resolve_seed(seed, offset, generator, row_ids, rows, weights)
+    counters = rng.resolve_seed(seed, offset, generator, row_ids, rows, weights, "weights")
     if row_ids is None:
         row_ids = torch.arange(rows, device=weights.device)
     return None, counters, row_ids

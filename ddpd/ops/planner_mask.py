@@ -87,7 +87,7 @@ def planner_mask_reference(
         check_positions(positions, logits)
         check_position_values(positions, logits.shape[1])
     rows, length = logits.shape
-    counters = rng.resolve_stream(noise, (rows, length), logits, seed, offset, generator, row_ids)
+    counters = rng.resolve_stream(noise, (rows, length), logits, seed, offset, generator, row_ids, "logits")
     rng.check_noise_values(noise)
     if noise is None:
         noise = rng.stream_noise(counters, row_ids, rows, length, logits.device)
@@ -223,7 +223,7 @@ def planner_mask(
     if positions is not None:
         check_positions(positions, logits)
     seed, offset, seed_t, offset_t = rng.resolve_stream(noise, tuple(logits.shape), logits, seed, offset, generator,
-                                                        row_ids)
+                                                        row_ids, "logits")
     noise, row_ids = _dispatch.contiguous(noise, row_ids)
     eager = _dispatch.eager(logits, x, positions, noise, row_ids, seed_t, offset_t)
     call = _planner_mask_impl if eager else _planner_mask_op

@@ -127,7 +127,7 @@ def resolve_mask_offset(mask_offset, counters: tuple, like: torch.Tensor) -> tup
         TypeError, ValueError: a mask_offset as rng.check_counter refuses it.
     """
     if mask_offset is not None:
-        return rng.check_counter("mask_offset", mask_offset, like)
+        return rng.check_counter("mask_offset", mask_offset, like, "logits")
     _, offset, _, offset_t = counters
     if offset_t is not None:
         return 0, offset_t + 1
@@ -160,7 +160,7 @@ def resolve_pair(noise, mask_noise, logits, seed, offset, mask_offset, generator
         check_tensor("mask_noise", mask_noise, (torch.float32,), 2)
         check_shape("mask_noise", mask_noise, shape)
         check_same_device("mask_noise", mask_noise, logits, "logits")
-    counters = rng.resolve_stream(noise, shape, logits, seed, offset, generator, row_ids)
+    counters = rng.resolve_stream(noise, shape, logits, seed, offset, generator, row_ids, "logits")
     return counters, (resolve_mask_offset(mask_offset, counters, logits) if noise is None else (0, None))
 
 
@@ -336,7 +336,7 @@ def planner_select_reference(
     """
     k, softmax, tau, eps = check_select_args(logits, k, mode, tau, eps)
     rows, length = logits.shape
-    counters = rng.resolve_stream(noise, (rows, length), logits, seed, offset, generator, row_ids)
+    counters = rng.resolve_stream(noise, (rows, length), logits, seed, offset, generator, row_ids, "logits")
     rng.check_noise_values(noise)
     if noise is None:
         noise = rng.stream_noise(counters, row_ids, rows, length, logits.device)
@@ -559,7 +559,7 @@ def planner_select(
     _dispatch.refuse_transforms("planner_select", logits, noise, row_ids)
     k, softmax, tau, eps = check_select_args(logits, k, mode, tau, eps)
     seed, offset, seed_t, offset_t = rng.resolve_stream(noise, tuple(logits.shape), logits, seed, offset, generator,
-                                                        row_ids)
+                                                        row_ids, "logits")
     noise, row_ids = _dispatch.contiguous(noise, row_ids)
     # Draws and the stop statistics carry no gradient (see sample_from_hidden).
     call = _planner_select_impl if _dispatch.eager(logits, noise, row_ids, seed_t, offset_t) else _planner_select_op

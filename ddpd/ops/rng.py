@@ -382,7 +382,7 @@ def gumbel(u: torch.Tensor) -> torch.Tensor:
 
 
 def resolve_stream(noise: Optional[torch.Tensor], noise_shape: tuple, like: torch.Tensor, seed, offset,
-                   generator: Optional[torch.Generator], row_ids: Optional[torch.Tensor]) -> tuple:
+                   generator: Optional[torch.Generator], row_ids: Optional[torch.Tensor], like_name: str) -> tuple:
     """Validate the randomness arguments of a sampling op.
 
     With `noise` (float32 uniforms in (0, 1] of shape noise_shape) seed, offset,
@@ -393,6 +393,7 @@ def resolve_stream(noise: Optional[torch.Tensor], noise_shape: tuple, like: torc
         noise_shape: the shape noise must have; its first dimension is the rows.
         like: the op's input, whose device noise, row_ids and tensor counters must share.
         seed, offset, generator, row_ids: the op's arguments of these names.
+        like_name: the input's argument name (logits, p, ...), for the device messages.
 
     Returns:
         The counters (seed, offset, seed_tensor, offset_tensor) as resolve_seed returns
@@ -406,9 +407,9 @@ def resolve_stream(noise: Optional[torch.Tensor], noise_shape: tuple, like: torc
         check_noise_alone(seed, offset, generator, row_ids)
         check_tensor("noise", noise, (torch.float32,), len(noise_shape))
         check_shape("noise", noise, noise_shape)
-        check_same_device("noise", noise, like, "the input")
+        check_same_device("noise", noise, like, like_name)
         return 0, 0, None, None
-    return resolve_seed(seed, offset, generator, row_ids, noise_shape[0], like)
+    return resolve_seed(seed, offset, generator, row_ids, noise_shape[0], like, like_name)
 
 
 def flat_row_ids(row_ids: Optional[torch.Tensor], lead: tuple) -> Optional[torch.Tensor]:
@@ -482,7 +483,7 @@ def is_zero(offset) -> bool:
     return not isinstance(offset, torch.Tensor) and offset == 0
 
 
-def check_counter(name: str, value, like: torch.Tensor) -> tuple:
+def check_counter(name: str, value, like: torch.Tensor, like_name: str) -> tuple:
     """A seed or offset: an integer in [0, 2**64) (check_uint64), or an int64 tensor of one
     element on like's device whose value (read by the kernels, never on the host) holds the
     uint64 bits.
@@ -491,6 +492,7 @@ def check_counter(name: str, value, like: torch.Tensor) -> tuple:
         name: the argument's name, for the message.
         value: the value given.
         like: the op's input, whose device a tensor must share.
+        like_name: the input's argument name, for the device message.
 
     Returns:
         (int64 bit pattern, None) or (0, the tensor as 0-d); a SymInt traced by torch.compile
@@ -504,7 +506,7 @@ def check_counter(name: str, value, like: torch.Tensor) -> tuple:
         if value.dtype != torch.int64 or value.numel() != 1:
             raise TypeError(f"{name} must be an int or an int64 tensor of one element, got {value.dtype} of shape "
                             f"{tuple(value.shape)}")
-        check_same_device(name, value, like, "the input")
+        check_same_device(name, value, like, like_name)
         return 0, value.detach().reshape(())
     if isinstance(value, torch.SymInt):  # traced by torch.compile: an int whose value is not known here
         return value, None
@@ -512,7 +514,7 @@ def check_counter(name: str, value, like: torch.Tensor) -> tuple:
 
 
 def resolve_seed(seed, offset, generator: Optional[torch.Generator], row_ids: Optional[torch.Tensor], rows: int,
-                 like: torch.Tensor) -> tuple:
+                 like: torch.Tensor, like_name: str) -> tuple:
     """Validate a counter-based stream and return its counters. A missing seed is drawn
     together with the offset from `generator` (or torch's default generator).
 
@@ -523,6 +525,7 @@ def resolve_seed(seed, offset, generator: Optional[torch.Generator], row_ids: Op
         row_ids: Long[rows] on like's device, or None.
         rows: rows of the op's input.
         like: the op's input.
+        like_name: its argument name, for the device messages.
 
     Returns:
         (seed, offset, seed_tensor, offset_tensor): each of seed and offset either an int64
@@ -537,7 +540,7 @@ def resolve_seed(seed, offset, generator: Optional[torch.Generator], row_ids: Op
     if row_ids is not None:
         check_tensor("row_ids", row_ids, (torch.int64,), 1)
         check_shape("row_ids", row_ids, (rows,))
-        check_same_device("row_ids", row_ids, like, "the input")
+        check_same_device("row_ids", row_ids, like, like_name)
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
     if seed is None:
@@ -548,7 +551,8 @@ def resolve_seed(seed, offset, generator: Optional[torch.Generator], row_ids: Op
         seed, offset = seed_from_generator(generator)
     elif generator is not None:
         raise ValueError("pass either seed or generator, not both")
-    (seed, seed_t), (offset, offset_t) = check_counter("seed", seed, like), check_counter("offset", offset, like)
+    seed, seed_t = check_counter("seed", seed, like, like_name)
+    offset, offset_t = check_counter("offset", offset, like, like_name)
     return seed, offset, seed_t, offset_t
 
 

@@ -550,7 +550,7 @@ def prepare(op: str, input_name: str, inputs: torch.Tensor, vocab_size: int, tem
                              f"{tuple(noise.shape)}")
         noise = noise.reshape(rows, width)
     row_ids = rng.flat_row_ids(row_ids, lead)
-    counters = rng.resolve_stream(noise, (rows, width), inputs, seed, offset, generator, row_ids)
+    counters = rng.resolve_stream(noise, (rows, width), inputs, seed, offset, generator, row_ids, inputs_name)
     noise, row_ids = _dispatch.contiguous(noise, row_ids)
     return Call(lead, controls, ids, per_row, allowed, noise, counters, row_ids, logprob, confidence)
 

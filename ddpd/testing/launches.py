@@ -55,7 +55,7 @@ def planner_call(rows: int = 64, length: int = 1024, with_mask: bool = False, se
 
     logits = torch.empty(rows, length)
     if not with_mask:
-        counters = rng.resolve_stream(None, (rows, length), logits, seed, offset, None, None)
+        counters = rng.resolve_stream(None, (rows, length), logits, seed, offset, None, None, "logits")
         return lambda: planner_select_triton(logits, 1, False, 1.0, 0.01, None, counters, None)
     x = torch.zeros(rows, length, dtype=torch.long)
     counters, mask_counter = resolve_pair(None, None, logits, seed, offset, None, None, None)
@@ -68,7 +68,7 @@ def planner_mask_call(rows: int = 64, length: int = 1024, seed: int = 1, offset:
     from ddpd.ops.planner_mask import planner_mask_triton
 
     logits, x = torch.empty(rows, length), torch.zeros(rows, length, dtype=torch.long)
-    counters = rng.resolve_stream(None, (rows, length), logits, seed, offset, None, None)
+    counters = rng.resolve_stream(None, (rows, length), logits, seed, offset, None, None, "logits")
     positions = torch.zeros(rows, 1, dtype=torch.long)
     return lambda: planner_mask_triton(logits, x, positions, 27, None, counters, None)
 
@@ -78,7 +78,7 @@ def bernoulli_call(rows: int = 64, width: int = 1024, seed: int = 1, offset: int
     from ddpd.ops.bernoulli import bernoulli_triton
 
     p = torch.empty(rows, width)
-    seed, offset, seed_t, offset_t = rng.resolve_stream(None, (rows, width), p, seed, offset, None, None)
+    seed, offset, seed_t, offset_t = rng.resolve_stream(None, (rows, width), p, seed, offset, None, None, "p")
     return lambda: bernoulli_triton(p, None, seed, offset, None, seed_t, offset_t)
 
 

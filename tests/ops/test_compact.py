@@ -8,6 +8,7 @@ from hypothesis import given, settings, strategies as st
 
 from ddpd.ops.compact import compact_fixed, compact_fixed_reference, scatter_back, scatter_back_reference
 from hang_guard import HANG_GUARD_SECONDS
+from oracles.devices import MISMATCHES, fake_tensors, moved
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int8,
           torch.uint8, torch.bool, torch.complex64]
@@ -194,7 +195,7 @@ ALL3, INDEX2 = torch.ones(3, dtype=torch.bool), torch.zeros(2, dtype=torch.int64
         (lambda: compact_fixed(ALL3, 3, torch.tensor(1.0)), ValueError, r"tensors\[0\]"),
         (lambda: compact_fixed(ALL3, 3, [1, 2, 3]), TypeError, r"tensors\[0\] must be a torch.Tensor"),
         (lambda: compact_fixed(ALL3, 3, torch.ones(3), torch.ones(3, device="meta")), ValueError,
-         r"tensors\[1\] must be on cpu like active"),
+         r"^tensors\[1\] must be on the device of active \(cpu\), got meta$"),
         (lambda: compact_fixed(ALL3, 3, torch.ones(3).to_sparse()), ValueError, r"tensors\[0\] must be a dense tensor"),
         (lambda: compact_fixed(ALL3, 2, torch.ones(4)), ValueError, r"tensors\[0\] must be a dense tensor with 3 rows"),
         (lambda: compact_fixed(ALL3, 2, torch.ones(3), "x"), TypeError, r"tensors\[1\] must be a torch.Tensor"),
@@ -217,9 +218,9 @@ ALL3, INDEX2 = torch.ones(3, dtype=torch.bool), torch.zeros(2, dtype=torch.int64
         (lambda: scatter_back(INDEX2, torch.ones(2), torch.tensor(1.0)), ValueError, r"packed\[0\] must have shape"),
         (lambda: scatter_back(INDEX2, torch.ones(2), torch.ones(3, dtype=torch.float64)), ValueError, "dtype"),
         (lambda: scatter_back(INDEX2, torch.ones(2, device="meta"), torch.ones(3)), ValueError,
-         r"packed\[0\] and out\[0\] must be on cpu like index"),
+         r"^packed\[0\] must be on the device of index \(cpu\), got meta$"),
         (lambda: scatter_back(INDEX2, torch.ones(2), torch.ones(3, device="meta")), ValueError,
-         r"packed\[0\] and out\[0\] must be on cpu like index"),
+         r"^out\[0\] must be on the device of index \(cpu\), got meta$"),
         (lambda: scatter_back(torch.tensor([0, 3]), torch.ones(2), torch.ones(3)), ValueError,
          r"index values must be < out.shape\[0\] = 3"),
         (lambda: scatter_back(torch.tensor([0, 4]), [torch.ones(2)] * 2, [torch.ones(5), torch.ones(3)]), ValueError,
@@ -233,6 +234,34 @@ ALL3, INDEX2 = torch.ones(3, dtype=torch.bool), torch.zeros(2, dtype=torch.int64
 def test_argument_errors(call, error, match):
     with pytest.raises(error, match=match):
         call()
+
+
+@pytest.mark.parametrize("like, other", MISMATCHES)
+@pytest.mark.parametrize("op", [compact_fixed, compact_fixed_reference])
+def test_a_tensor_on_another_device_than_active_is_refused(op, like, other):
+    """A tensor to pack on another device than active: the op's own ValueError, naming the tensor,
+    active and both devices (it said "must be on cpu like active", naming no device it got). Fake
+    tensors stand in for a GPU."""
+    with fake_tensors(like):
+        tensors = (torch.ones(3), torch.ones(3, 2, device=other))
+        with pytest.raises(ValueError, match=rf"^tensors\[1\] must be on the device of active \({like}\), "
+                                             rf"got {other}$"):
+            op(torch.ones(3, dtype=torch.bool), 2, *tensors)
+
+
+@pytest.mark.parametrize("like, other", MISMATCHES)
+@pytest.mark.parametrize("name", ["packed", "out"])
+@pytest.mark.parametrize("op", [scatter_back, scatter_back_reference])
+def test_packed_or_out_on_another_device_than_index_is_refused(op, name, like, other):
+    """packed[i] or out[i] on another device than index: the op's own ValueError, naming that
+    tensor, index and both devices (it named packed and out together and not the device it got).
+    Fake tensors stand in for a GPU."""
+    with fake_tensors(like):
+        given = dict(packed=[torch.ones(2), torch.ones(2)], out=[torch.ones(3), torch.ones(3)])
+        given[name][1] = moved(given[name][1], other)
+        with pytest.raises(ValueError, match=rf"^{name}\[1\] must be on the device of index \({like}\), "
+                                             rf"got {other}$"):
+            op(torch.zeros(2, dtype=torch.int64), given["packed"], given["out"])
 
 
 def test_a_kernel_error_that_is_no_argument_error_is_raised_as_it_is():

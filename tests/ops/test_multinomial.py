@@ -22,6 +22,7 @@ from ddpd.ops.multinomial import (
     multinomial_from_logits_reference,
     multinomial_reference,
 )
+from oracles.devices import MISMATCHES, fake_tensors
 
 # A correct sampler fails a chi-square test at this level with probability 1e-4
 # (the seeds are fixed, so a pass is reproducible).
@@ -474,7 +475,8 @@ def test_uniforms_outside_the_unit_interval_draw_as_the_reference_and_never_a_ze
         (dict(noise=torch.rand(3, 2), seed=1), ValueError, "either noise or seed"),
         (dict(noise=torch.rand(3, 3)), ValueError, r"noise must have shape \(3, 2\)"),
         (dict(noise=torch.ones(3, 2)), ValueError, r"noise must lie in \[0, 1\)"),
-        (dict(noise=torch.rand(3, 2, device="meta")), ValueError, "noise must be on cpu like the weights"),
+        (dict(noise=torch.rand(3, 2, device="meta")), ValueError,
+         r"^noise must be on the device of weights \(cpu\), got meta$"),
         (dict(noise=torch.ones(3, 2, dtype=torch.float16)), TypeError, "noise must be float32 or float64"),
     ],
 )
@@ -484,6 +486,18 @@ def test_multinomial_argument_errors(kwargs, error, match):
     for fn in (multinomial, multinomial_reference):
         with pytest.raises(error, match=match):
             fn(**call)
+
+
+@pytest.mark.parametrize("like, other", MISMATCHES)
+@pytest.mark.parametrize("op", [categorical_from_weights, categorical_from_weights_reference])
+def test_uniforms_on_another_device_than_the_weights_are_refused(op, like, other):
+    """uniforms on another device than weights: the op's own ValueError, naming uniforms,
+    weights and both devices, in the ops' one wording (it said "must be on cpu like the
+    weights"). Fake tensors stand in for a GPU."""
+    with fake_tensors(like):
+        with pytest.raises(ValueError, match=rf"^uniforms must be on the device of weights \({like}\), "
+                                             rf"got {other}$"):
+            op(torch.ones(3, 4), torch.rand(3, device=other))
 
 
 def test_categorical_argument_errors():

@@ -35,7 +35,7 @@ def inputs(rows, length, seed, k=1):
 
 
 def triton_mask(logits, x, positions, seed=None, offset=0, row_ids=None, noise=None):
-    counters = rng.resolve_stream(noise, tuple(logits.shape), logits, seed, offset, None, row_ids)
+    counters = rng.resolve_stream(noise, tuple(logits.shape), logits, seed, offset, None, row_ids, "logits")
     return planner_mask_triton(logits, x, positions, MASK_ID, noise, counters, row_ids)
 
 
@@ -245,11 +245,16 @@ def test_bad_arguments_raise_clear_errors(call, error, match):
                                                         mask_noise=t(torch.rand(2, 3)))),
     ("mask_noise", lambda lg, x, t: planner_select_mask_reference(lg, x, MASK_ID, noise=torch.rand(2, 3),
                                                                   mask_noise=t(torch.rand(2, 3)))),
+    ("mask_offset", lambda lg, x, t: planner_select_mask(lg, x, MASK_ID, seed=1,
+                                                         mask_offset=t(torch.zeros((), dtype=torch.long)))),
+    ("mask_offset", lambda lg, x, t: planner_select_mask_reference(lg, x, MASK_ID, seed=1,
+                                                                   mask_offset=t(torch.zeros((), dtype=torch.long)))),
 ])
 def test_tensors_on_another_device_than_the_logits_are_refused(name, call, like, other):
-    """positions, x or mask_noise on another device than logits: the op's own ValueError, naming
-    the argument and both devices. Fake tensors give a CUDA tensor without a GPU (a meta tensor
-    is refused earlier, as on neither cpu nor cuda)."""
+    """positions, x, mask_noise or mask_offset on another device than logits: the op's own
+    ValueError, naming the argument, logits and both devices (mask_offset said "the input").
+    Fake tensors give a CUDA tensor without a GPU (a meta tensor is refused earlier, as on
+    neither cpu nor cuda)."""
     with fake_tensors(like):
         logits, x = torch.randn(2, 3), torch.zeros(2, 3, dtype=torch.long)
         with pytest.raises(ValueError, match=rf"^{name} must be on the device of logits \({like}\), got {other}$"):

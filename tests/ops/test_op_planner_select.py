@@ -33,7 +33,7 @@ CHI2_MIN_P = 1e-3  # a distribution test fails when its chi-square p-value is be
 def triton_select(logits, k=1, mode="sigmoid", tau=1.0, eps=0.01, seed=None, offset=0, row_ids=None, noise=None):
     """The Triton kernel on CPU tensors (TRITON_INTERPRET=1), arguments as the public op."""
     k, softmax, tau, eps = check_select_args(logits, k, mode, tau, eps)
-    counters = rng.resolve_stream(noise, tuple(logits.shape), logits, seed, offset, None, row_ids)
+    counters = rng.resolve_stream(noise, tuple(logits.shape), logits, seed, offset, None, row_ids, "logits")
     return planner_select_triton(logits, k, softmax, tau, eps, noise, counters, row_ids)
 
 

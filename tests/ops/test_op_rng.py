@@ -8,11 +8,13 @@ import torch
 
 from ddpd.ops import rng
 from ddpd.ops._dispatch import cpu_ops
+from ddpd.ops.bernoulli import bernoulli, bernoulli_reference
 from ddpd.ops.multinomial import draw_uniforms, multinomial, multinomial_reference
+from ddpd.ops.planner_mask import planner_mask
 from ddpd.ops.planner_select import planner_select, planner_select_reference
 from ddpd.ops.rng import as_int64, philox_uniform, philox_uniform_reference, philox_words
 from ddpd.ops.sample_categorical import noise_width, sample_categorical, sample_categorical_reference
-from ddpd.ops.sample_from_hidden import sample_from_hidden
+from ddpd.ops.sample_from_hidden import sample_from_hidden, sample_from_hidden_reference
 from oracles.devices import MISMATCHES, fake_tensors
 
 LOW_ROWS = torch.tensor([0, 1, 7, 2**31 + 5, 2**32 - 1])
@@ -268,17 +270,46 @@ def test_gumbel_is_finite_at_the_top_uniform():
     assert g[0] == g[1]
 
 
+# (the input's name, noise's shape, a call of the op on that input given its stream arguments)
+STREAM_CALLS = {
+    "planner_select": ("logits", (2, 4), lambda **s: planner_select(torch.randn(2, 4), **s)),
+    "planner_select_reference": ("logits", (2, 4), lambda **s: planner_select_reference(torch.randn(2, 4), **s)),
+    "planner_mask": ("logits", (2, 4), lambda **s: planner_mask(torch.randn(2, 4), torch.zeros(2, 4, dtype=torch.long),
+                                                                None, 5, **s)),
+    "sample_categorical": ("logits", (2, noise_width(4)), lambda **s: sample_categorical(torch.randn(2, 4), **s)),
+    "sample_categorical_reference": ("logits", (2, noise_width(4)),
+                                     lambda **s: sample_categorical_reference(torch.randn(2, 4), **s)),
+    "sample_from_hidden": ("hidden", (2, noise_width(4)),
+                           lambda **s: sample_from_hidden(torch.randn(2, 3), torch.randn(4, 3), **s)),
+    "sample_from_hidden_reference": ("hidden", (2, noise_width(4)), lambda **s: sample_from_hidden_reference(
+        torch.randn(2, 3), torch.randn(4, 3), **s)),
+    "bernoulli": ("p", (2, 4), lambda **s: bernoulli(torch.rand(2, 4), **s)),
+    "bernoulli_reference": ("p", (2, 4), lambda **s: bernoulli_reference(torch.rand(2, 4), **s)),
+    "multinomial": ("weights", (2, 2), lambda **s: multinomial(torch.ones(2, 4), 2, True, **s)),
+    "multinomial_reference": ("weights", (2, 2), lambda **s: multinomial_reference(torch.ones(2, 4), 2, True, **s)),
+}
+
+
+def stream_arguments(name: str, noise_shape: tuple, device: str) -> dict:
+    """The stream arguments that put `name` (noise, row_ids, seed or offset) on `device`."""
+    counter = torch.zeros((), dtype=torch.int64, device=device)
+    return {"noise": dict(noise=torch.rand(noise_shape, device=device)),
+            "row_ids": dict(seed=1, row_ids=torch.arange(noise_shape[0], device=device)),
+            "seed": dict(seed=counter), "offset": dict(seed=1, offset=counter)}[name]
+
+
 @pytest.mark.parametrize("like, other", MISMATCHES)
-@pytest.mark.parametrize("name", ["noise", "row_ids"])
-@pytest.mark.parametrize("op, width", [(planner_select, lambda v: v), (planner_select_reference, lambda v: v),
-                                       (sample_categorical, noise_width), (sample_categorical_reference, noise_width)])
-def test_noise_and_row_ids_on_another_device_are_refused(op, width, name, like, other):
-    """noise or row_ids beside an input on another device: the op's own ValueError, naming the
-    argument and both devices. Fake tensors give a CUDA tensor without a GPU (a meta tensor is
-    refused earlier, as on neither cpu nor cuda)."""
+@pytest.mark.parametrize("name", ["noise", "row_ids", "seed", "offset"])
+@pytest.mark.parametrize("op", STREAM_CALLS)
+def test_stream_arguments_on_another_device_name_the_input(op, name, like, other):
+    """noise, row_ids or a seed or offset tensor beside an input on another device: the op's own
+    ValueError, naming the argument, the input it must sit beside (logits, hidden, p or weights;
+    it said "the input", or for multinomial's noise "like the weights") and both devices. Fake
+    tensors give a CUDA tensor without a GPU (a meta tensor is refused earlier, as on neither cpu
+    nor cuda)."""
+    input_name, noise_shape, call = STREAM_CALLS[op]
     with fake_tensors(like):
-        logits = torch.randn(2, 4)
-        given = (dict(noise=torch.rand(2, width(4), device=other)) if name == "noise" else
-                 dict(seed=1, row_ids=torch.arange(2, device=other)))
-        with pytest.raises(ValueError, match=rf"^{name} must be on the device of the input \({like}\), got {other}$"):
-            op(logits, **given)
+        given = stream_arguments(name, noise_shape, other)
+        with pytest.raises(ValueError,
+                           match=rf"^{name} must be on the device of {input_name} \({like}\), got {other}$"):
+            call(**given)

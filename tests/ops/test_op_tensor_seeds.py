@@ -137,7 +137,7 @@ def test_triton_kernels_read_tensor_counters(seed, offset):
     d = inputs()
     rows = d["rows"][:3]
     for s, o in ((as_tensor(seed), as_tensor(offset)), (seed, as_tensor(offset))):
-        counters = rng.resolve_stream(None, (3, 40), d["planner"], s, o, None, rows)
+        counters = rng.resolve_stream(None, (3, 40), d["planner"], s, o, None, rows, "logits")
         same(planner_select_triton(d["planner"][:3], 2, True, 0.7, 0.01, None, counters, rows),
              planner_select_reference(d["planner"][:3], 2, "softmax", 0.7, seed=seed, offset=offset, row_ids=rows))
         same(planner_mask_triton(d["planner"][:3], d["x"][:3], None, MASK_ID, None, counters, rows),
@@ -190,7 +190,8 @@ def test_mask_offset_is_explicit_and_defaults_to_offset_plus_one():
 @pytest.mark.parametrize("kwargs, error, match", [
     (dict(seed=torch.tensor(1.0)), TypeError, "seed must be an int or an int64 tensor of one element"),
     (dict(seed=1, offset=torch.tensor([1, 2])), TypeError, "offset must be an int or an int64 tensor of one element"),
-    (dict(seed=1, offset=torch.tensor(1, device="meta")), ValueError, "offset must be on the device of the input"),
+    (dict(seed=1, offset=torch.tensor(1, device="meta")), ValueError,
+     r"^offset must be on the device of logits \(cpu\), got meta$"),
     (dict(seed=-1), ValueError, r"seed must be an int in \[0, 2\*\*64\)"),
     (dict(noise=torch.rand(2, 3), offset=torch.tensor(0)), ValueError, "pass either noise or seed"),
 ])
