@@ -477,7 +477,11 @@ def _from_logits(draw, logits, k, temperature, replacement, stream) -> Draw:
         raise TypeError(f"multinomial_from_logits() got an unexpected keyword argument {unknown[0]!r} "
                         f"(it takes k, temperature, replacement and {', '.join(STREAM_KEYWORDS)})")
     check_valid = stream.pop("check_valid", True)
-    out = draw(logit_weights(logits, temperature), k, replacement, check_valid=False, **stream)
+    weights = logit_weights(logits, temperature)
+    for name in ("noise", "row_ids", "seed", "offset"):  # multinomial's own check would name weights
+        if isinstance(stream.get(name), torch.Tensor):
+            check_same_device(name, stream[name], logits, "logits")
+    out = draw(weights, k, replacement, check_valid=False, **stream)
     return finish(out.tokens, out.valid, check_valid, _logits_need(logits, k, replacement), "logits")
 
 
@@ -503,6 +507,7 @@ def multinomial_from_logits(logits, k: int, temperature: float = 1.0, replacemen
 
     Raises:
         TypeError: an argument of the wrong type.
-        ValueError: a bad shape or value, or (check_valid) an invalid row, named as logits.
+        ValueError: a bad shape or value, a stream tensor on another device than logits, or
+            (check_valid) an invalid row, named as logits.
     """
     return _from_logits(multinomial, logits, k, temperature, replacement, stream)

@@ -500,6 +500,21 @@ def test_uniforms_on_another_device_than_the_weights_are_refused(op, like, other
             op(torch.ones(3, 4), torch.rand(3, device=other))
 
 
+@pytest.mark.parametrize("like, other", MISMATCHES)
+@pytest.mark.parametrize("name", ["noise", "row_ids", "seed", "offset"])
+@pytest.mark.parametrize("op", [multinomial_from_logits, multinomial_from_logits_reference])
+def test_from_logits_names_logits_for_a_stream_argument_on_another_device(op, name, like, other):
+    """noise, row_ids or a seed or offset tensor on another device than logits: the error names
+    logits, the argument the op takes (it said "the device of weights", which it has none of)."""
+    with fake_tensors(like):
+        counter = torch.zeros((), dtype=torch.int64, device=other)
+        given = {"noise": dict(noise=torch.rand(2, 2, device=other)),
+                 "row_ids": dict(seed=1, row_ids=torch.arange(2, device=other)),
+                 "seed": dict(seed=counter), "offset": dict(seed=1, offset=counter)}[name]
+        with pytest.raises(ValueError, match=rf"^{name} must be on the device of logits \({like}\), got {other}$"):
+            op(torch.randn(2, 4), 2, **given)
+
+
 def test_categorical_argument_errors():
     w = torch.ones(3, 4)
     with pytest.raises(ValueError, match=r"uniforms must have shape \(3,\)"):
