@@ -144,6 +144,23 @@ def refused_text(data: str, err: ValueError) -> Optional[UsageError]:
     return UsageError(f"--data {data}: the checkpoints' tokenizer cannot encode it: {str(err)[len(where):]}")
 
 
+def unopened_data(data: str, err: OSError) -> Optional[UsageError]:
+    """The usage error for a --data file that is there but that open() refuses (a socket: "No
+    such device or address"), a bad input as a missing one is (exit status 2), or None for an
+    OSError about another file.
+
+    Args:
+        data: --data's value, a file's path as typed.
+        err: the error of reading it.
+
+    Returns:
+        A UsageError naming --data as typed and the reason, or None.
+    """
+    if err.filename is None or err.filename != os.path.abspath(data):  # the loader opens the absolute path
+        return None
+    return UsageError(f"--data {data}: {err.strerror or err}")
+
+
 def add_runtime_arguments(parser: argparse.ArgumentParser, default=None) -> None:
     """Add --device and --threads to a parser.
 

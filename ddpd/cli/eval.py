@@ -47,6 +47,7 @@ from ddpd.cli.common import (
     resolve_device,
     run_tool,
     shared_facts,
+    unopened_data,
     warn_if_lengths_differ,
 )
 from ddpd.cli.samplers import add_truncation_arguments, needs, truncation_from
@@ -256,6 +257,11 @@ def _heldout(args: argparse.Namespace, loaded: Loaded, num: Optional[int], flag:
         if str(err).startswith("seq_len:"):  # the length is the checkpoints', not a flag
             raise UsageError(f"--data:{str(err)[len('seq_len:'):]} (the checkpoints' length)") from None
         refused = refused_text(args.data, err)
+        if refused is not None:
+            raise refused from None
+        raise
+    except OSError as err:
+        refused = unopened_data(args.data, err)  # open() refused it (a socket): a bad input, as if missing
         if refused is not None:
             raise refused from None
         raise

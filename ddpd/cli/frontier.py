@@ -32,6 +32,7 @@ from ddpd.cli.common import (
     int_type,
     one_line,
     refused_text,
+    unopened_data,
 )
 
 DEFAULT_POLICIES = ["error-budget:bound=1,max_k=16", "error-budget:bound=4,max_k=16", "threshold:0.9",
@@ -345,6 +346,11 @@ def _ngram_judge(args, order: int, shared: dict):
         train = load_splits(args.data, tokenizer_from_config(shared["tokenizer"]))["train"]
     except ValueError as err:
         refused = refused_text(args.data, err)
+        if refused is not None:
+            raise refused from None
+        raise
+    except OSError as err:
+        refused = unopened_data(args.data, err)  # open() refused it (a socket): a bad input, as if missing
         if refused is not None:
             raise refused from None
         raise

@@ -34,6 +34,7 @@ from ddpd.cli.common import (
     int_type,
     resolve_device,
     run_tool,
+    unopened_data,
 )
 from ddpd.files import OutputError, refuse_working_directory, remove_stale_temps
 from ddpd.streams import Stdout, standard_streams
@@ -306,8 +307,9 @@ def run(args: argparse.Namespace, state: dict) -> int:
     except ValueError as err:  # a corpus the settings do not fit: still a failure while working (status 1)
         raise ValueError(_misfit(err, config.data, getattr(args, "data", None))) from None
     except OSError as err:
-        if "data" in args and err.filename == config.data:  # open() refused it (a socket): a bad input, as if missing
-            raise UsageError(f"--data {args.data}: {err.strerror or err}") from None
+        refused = unopened_data(args.data, err) if "data" in args else None  # open() refused it (a socket)
+        if refused is not None:
+            raise refused from None
         raise
     state["trainer"] = trainer
     finished = False

@@ -3,6 +3,7 @@ import csv
 import importlib.util
 import json
 import os
+import socket
 
 import pytest
 import torch
@@ -827,6 +828,25 @@ def test_a_corpus_that_is_not_utf8_is_a_usage_error_as_one_the_tokenizer_cannot_
         code, out, err = _run(capsys, *command, "--data", "latin1.txt", "--no-progress")
         assert (code, out) == (2, "") and sorted(os.listdir(tmp_path)) == ["bundle", "latin1.txt"], command
         assert err == "ddpd-eval: error: --data latin1.txt: not UTF-8 text (byte 0xe9 at offset 3)\n", err
+
+
+def test_a_corpus_it_cannot_open_is_a_usage_error_as_a_missing_one_is(setup, capsys, tmp_path, monkeypatch):
+    """A --data that is there but that open() refuses (a UNIX socket: ENXIO) exited 1 with a bare
+    "[Errno 6] No such device or address: '/abs/path'", naming neither the flag nor the path as
+    typed, where ddpd-train refuses it as a usage error."""
+    from ddpd.checkpoint import load_model, save_bundle
+
+    save_bundle(str(tmp_path / "bundle"), *load_model(setup["planner"]), *load_model(setup["mask-denoiser"]))
+    monkeypatch.chdir(tmp_path)
+    with socket.socket(socket.AF_UNIX) as listening:
+        listening.bind("corpus.sock")
+        for command in (["elbo", "--uniform", setup["uniform"]],
+                        ["quality", "--uniform", setup["uniform"], "--judge", setup["ar"], "--out-dir", "q"],
+                        ["frontier", "bundle", "--judge", "ngram", "--out-dir", "f"]):
+            code, out, err = _run(capsys, *command, "--data", "corpus.sock", "--no-progress")
+            assert (code, out, err) == (2, "", "ddpd-eval: error: --data corpus.sock: No such device or address\n"), \
+                command
+    assert sorted(os.listdir(tmp_path)) == ["bundle", "corpus.sock"]
 
 
 def test_checkpoints_that_record_no_tokenizer_cannot_read_data(setup, capsys, tmp_path):
