@@ -17,7 +17,7 @@ import argparse
 import os
 import shlex
 import sys
-from typing import Optional
+from typing import Callable, Optional
 
 from ddpd.cli.common import (
     OneLineParser,
@@ -209,6 +209,27 @@ def _misfit(err: ValueError, resolved: str, typed: Optional[str]) -> str:
     return f"--data {typed}{_in_flags(ValueError(str(err)[len(head):]))}"
 
 
+def _log_in_flags(print_line: Callable[[str], None], resolved: str, typed: Optional[str]) -> Callable[[str], None]:
+    """The trainer's log, its warnings about the corpus naming --data and the settings as _misfit
+    names them in a refusal."""
+    def log(line: str) -> None:
+        print_line(_warning_in_flags(line, resolved, typed))
+
+    return log
+
+
+def _warning_in_flags(line: str, resolved: str, typed: Optional[str]) -> str:
+    """A warning about the corpus ("class 1 of data PATH has no ... seq_len=64") naming a given
+    --data as typed and the settings by their flags around it (the path is left out of that
+    rewrite, as in _misfit); any other line as it is."""
+    corpus = f" of data {resolved} "
+    if not line.startswith("warning: ") or corpus not in line:
+        return line
+    before, _, after = line[len("warning: "):].partition(corpus)
+    named = f"data {resolved}" if typed is None else f"--data {typed}"  # the run's own corpus, --resume'd: as recorded
+    return f"warning: {_in_flags(ValueError(before))} of {named} {_in_flags(ValueError(after))}"
+
+
 def _check_fresh_out(out: str) -> None:
     """A fresh run's --out that no save may replace (files of someone else's, a bundle): a
     command-line mistake, refused as one (exit status 2) before the corpus is read, on every
@@ -285,8 +306,9 @@ def run(args: argparse.Namespace, state: dict) -> int:
     if not args.resume:
         _check_fresh_out(config.out)
     stdout = Stdout()  # a reader of the log that goes away (| head) does not stop the training
+    log = _log_in_flags(stdout.print, config.data, getattr(args, "data", None))
     try:
-        trainer = Trainer(config, resume=args.resume, progress=args.progress, log=stdout.print,
+        trainer = Trainer(config, resume=args.resume, progress=args.progress, log=log,
                           allow_data_change=args.allow_data_change)
     except Interrupted as stop:
         stop.detail = "; training had not started, nothing was written"

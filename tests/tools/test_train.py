@@ -2623,6 +2623,29 @@ def test_training_records_shorter_than_seq_len_are_warned_about(labelled, tmp_pa
         "shorter seq_len to use them)"], messages
 
 
+def test_cli_warnings_about_the_corpus_name_data_as_typed_and_the_flags(labelled, tmp_path, capsys, monkeypatch):
+    """ddpd-train's warnings about records shorter than --seq-len and classes never trained on
+    named --data by its absolute path and said "seq_len=32", where its refusals of the same
+    corpus name the path as typed and the flag; a --resume'd run's own corpus keeps its recorded path."""
+    lines = [line for line in open(labelled).read().splitlines() if '"label": 0' in line]
+    monkeypatch.chdir(tmp_path)
+    os.mkdir("corpora")
+    pathlib.Path("corpora/mixed.jsonl").write_text("\n".join(
+        [line if i % 2 else json.dumps({"text": "short", "label": 0}) for i, line in enumerate(lines)]
+        + [json.dumps({"text": "short", "label": 1})] * 4) + "\n")
+    records = "18 of 39 training records of {} are shorter than --seq-len 32 tokens (90 of 1185 training tokens)"
+    for argv, data in ((["--data", "corpora/mixed.jsonl", "--steps", 2], "--data corpora/mixed.jsonl"),
+                       (["--resume", "--steps", 2], f"data {tmp_path / 'corpora' / 'mixed.jsonl'}")):
+        code, out, err = run_cli(capsys, "mask-denoiser", *argv, "--out", "o", "--num-classes", 2, *TINY_CLI,
+                                 "--seq-len", 32, "--no-progress")
+        assert code == 0, err
+        assert [line for line in out.splitlines() if line.startswith("warning")] == [
+            f"warning: class 1 of {data} has no training record of --seq-len 32 tokens or more (a class's records "
+            "are split 90/5/5 in order): the network will not learn it",
+            f"warning: {records.format(data)}: a training window lies within one record, so the network never "
+            "trains on them (give a shorter --seq-len to use them)"], out
+
+
 def test_labels_must_be_classes_of_the_model(labelled, tmp_path, capsys):
     code, _, err = run_cli(capsys, "planner", "--data", labelled, "--out", tmp_path / "o", "--num-classes", "1",
                            *TINY_CLI)
