@@ -2419,6 +2419,31 @@ def test_a_resumes_checks_leave_the_lock_of_a_run_that_exists_to_its_trainer(cor
         holder.communicate("\n", timeout=HANG_GUARD_SECONDS)
 
 
+@pytest.mark.parametrize("exists", [False, True])
+def test_a_resumes_checks_refuse_a_held_lock_only_beside_a_run_yet_to_save(tmp_path, exists):
+    """The rule of the two tests above (integration: a second process holds the lock) for the
+    quick loop too, where a lock taken through another open file is held as another process
+    holds it: beside no --out the checks name the holder, beside one they leave it to the trainer."""
+    import fcntl
+
+    from ddpd.cli.train import build_parser, check_command_line
+
+    out = tmp_path / "p"
+    if exists:
+        out.mkdir()  # all the checks look for: the trainer reads the checkpoint
+    args = build_parser().parse_args(["planner", "--out", str(out), "--resume"])
+    with open(files.OutputLock(out).lock_path, "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        held.write("pid 4242 on elsewhere\n")  # the holder's line, written: nobody waits for it
+        held.flush()
+        if exists:
+            check_command_line(args)
+        else:
+            with pytest.raises(files.OutputLockedError) as refused:
+                check_command_line(args)
+            assert str(refused.value).startswith(f"{out} is being written by pid 4242 on elsewhere "), refused.value
+
+
 def test_a_full_disk_while_saving_is_one_line_and_keeps_the_checkpoint(corpus, tmp_path, capsys, monkeypatch):
     out = tmp_path / "p"
     _checkpoint_at_step_2(corpus, out)
