@@ -210,8 +210,8 @@ def _misfit(err: ValueError, resolved: str, typed: Optional[str]) -> str:
 
 
 def _log_in_flags(print_line: Callable[[str], None], resolved: str, typed: Optional[str]) -> Callable[[str], None]:
-    """The trainer's log, its warnings about the corpus naming --data and the settings as _misfit
-    names them in a refusal."""
+    """The trainer's log, its warnings naming the settings by their flags, and --data as _misfit
+    names it in a refusal."""
     def log(line: str) -> None:
         print_line(_warning_in_flags(line, resolved, typed))
 
@@ -219,12 +219,15 @@ def _log_in_flags(print_line: Callable[[str], None], resolved: str, typed: Optio
 
 
 def _warning_in_flags(line: str, resolved: str, typed: Optional[str]) -> str:
-    """A warning about the corpus ("class 1 of data PATH has no ... seq_len=64") naming a given
-    --data as typed and the settings by their flags around it (the path is left out of that
-    rewrite, as in _misfit); any other line as it is."""
-    corpus = f" of data {resolved} "
-    if not line.startswith("warning: ") or corpus not in line:
+    """A warning naming the settings by their flags ("warmup=4 >= steps=4" -> "--warmup 4 >=
+    --steps 4"); one about the corpus ("class 1 of data PATH has no ... seq_len=64") naming a
+    given --data as typed and the flags around it (the path is left out of that rewrite, as in
+    _misfit); any other line as it is."""
+    if not line.startswith("warning: "):
         return line
+    corpus = f" of data {resolved} "
+    if corpus not in line:
+        return f"warning: {_in_flags(ValueError(line[len('warning: '):]))}"
     before, _, after = line[len("warning: "):].partition(corpus)
     named = f"data {resolved}" if typed is None else f"--data {typed}"  # the run's own corpus, --resume'd: as recorded
     return f"warning: {_in_flags(ValueError(before))} of {named} {_in_flags(ValueError(after))}"

@@ -674,8 +674,9 @@ class Trainer:
         self._warn_of_untrained_classes(splits)
         self._warn_of_short_records(splits["train"])
         if self.config.warmup >= self.config.steps:
-            self._warn(f"warmup {self.config.warmup} >= steps {self.config.steps}: the learning rate rises "
-                       f"through the whole run and never decays to min_lr (give --warmup below --steps)")
+            # name=value: ddpd-train's log names them by their flags
+            self._warn(f"warmup={self.config.warmup} >= steps={self.config.steps}: the learning rate rises through "
+                       f"the whole run and never decays to min_lr (give warmup=N below steps={self.config.steps})")
 
     def _warn_of_untrained_classes(self, splits: dict[str, Records]) -> None:
         """A class whose records all went to validation and test (a class of a few records:

@@ -33,7 +33,7 @@ from ddpd.training.trainer import TrainConfig, Trainer, learning_rate
 from hang_guard import HANG_GUARD_SECONDS, default_signals, torchrun_worker
 
 # tiny runs of a few steps keep TINY's warmup; the warning it gives is tested where it is meant
-pytestmark = pytest.mark.filterwarnings(r"ignore:warmup \d+ >= steps \d+:UserWarning")
+pytestmark = pytest.mark.filterwarnings(r"ignore:warmup=\d+ >= steps=\d+:UserWarning")
 
 KINDS = ("planner", "mask-denoiser", "uniform-denoiser", "uniform", "ar")
 TINY = dict(steps=20, batch_size=16, seq_len=32, d_model=32, n_layers=1, n_heads=2, lr=3e-3, warmup=4,
@@ -150,8 +150,24 @@ def test_a_run_that_is_all_warmup_is_warned_of(corpus, tmp_path):
     for steps, warned in ((4, True), (5, False)):
         lines = []
         Trainer(config(corpus, tmp_path / str(steps), steps=steps, warmup=4), log=lines.append).close()
-        assert any("warning: warmup 4 >= steps 4: the learning rate rises through the whole run" in line
+        assert any("warning: warmup=4 >= steps=4: the learning rate rises through the whole run" in line
                    for line in lines) == warned, lines
+
+
+def test_the_warmup_warning_names_settings_from_the_api_and_flags_from_ddpd_train(corpus, tmp_path, capsys):
+    """It said "(give --warmup below --steps)" to a user of the Python API, and "warmup 1 >=
+    steps 1 ... min_lr" to one of ddpd-train: each now reads in its own words."""
+    lines = []
+    Trainer(config(corpus, tmp_path / "api", steps=4, warmup=4), log=lines.append).close()
+    assert [line for line in lines if line.startswith("warning")] == [
+        "warning: warmup=4 >= steps=4: the learning rate rises through the whole run and never decays to min_lr "
+        "(give warmup=N below steps=4)"], lines
+    code, out, err = run_cli(capsys, "planner", "--data", corpus, "--out", tmp_path / "cli", *TINY_CLI,
+                             "--steps", 1, "--no-progress")
+    assert code == 0, err
+    assert [line for line in out.splitlines() if line.startswith("warning")] == [
+        "warning: --warmup 1 >= --steps 1: the learning rate rises through the whole run and never decays to "
+        "--min-lr (give --warmup N below --steps 1)"], out
 
 
 def test_a_run_cut_by_the_clock_within_its_warmup_is_warned_of(corpus, tmp_path, monkeypatch):
@@ -173,7 +189,7 @@ def test_a_run_cut_by_the_clock_within_its_warmup_is_warned_of(corpus, tmp_path,
 def test_warnings_reach_a_user_of_the_silent_default(corpus, tmp_path, capsys):
     """With log=None and no progress bar the Trainer prints no log lines, and its warnings
     about the settings were lost with them: they come as Python warnings."""
-    with pytest.warns(UserWarning, match=r"^warmup 4 >= steps 4: the learning rate rises through the whole run"):
+    with pytest.warns(UserWarning, match=r"^warmup=4 >= steps=4: the learning rate rises through the whole run"):
         Trainer(config(corpus, tmp_path, steps=4, warmup=4)).close()
     assert capsys.readouterr() == ("", "")
 
