@@ -210,8 +210,8 @@ def _misfit(err: ValueError, resolved: str, typed: Optional[str]) -> str:
 
 
 def _log_in_flags(print_line: Callable[[str], None], resolved: str, typed: Optional[str]) -> Callable[[str], None]:
-    """The trainer's log, its warnings naming the settings by their flags, and --data as _misfit
-    names it in a refusal."""
+    """The trainer's log, its warnings and its line of a run the clock stopped naming the settings
+    by their flags, and --data as _misfit names it in a refusal."""
     def log(line: str) -> None:
         print_line(_warning_in_flags(line, resolved, typed))
 
@@ -222,7 +222,10 @@ def _warning_in_flags(line: str, resolved: str, typed: Optional[str]) -> str:
     """A warning naming the settings by their flags ("warmup=4 >= steps=4" -> "--warmup 4 >=
     --steps 4"); one about the corpus ("class 1 of data PATH has no ... seq_len=64") naming a
     given --data as typed and the flags around it (the path is left out of that rewrite, as in
-    _misfit); any other line as it is."""
+    _misfit); the line of a run the clock stopped ("stopped by max_time ...") by its flag; any
+    other line as it is (a "done:" line's --out is a path, not flags)."""
+    if line.startswith("stopped by "):
+        return _in_flags(ValueError(line))
     if not line.startswith("warning: "):
         return line
     corpus = f" of data {resolved} "

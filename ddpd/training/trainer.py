@@ -762,8 +762,8 @@ class Trainer:
             self.log(f"stopped by max_time ({config.max_time:g} s of training) at step {self.step} of {config.steps}")
             if self.step < config.warmup:  # the warmup goes by steps: the clock's decay never began
                 self._warn(f"max_time ran out at step {self.step}, within the warmup of {config.warmup} steps: the "
-                           "learning rate rose through the whole run and never decayed to min_lr (give --warmup "
-                           "below the steps --max-time allows)")
+                           "learning rate rose through the whole run and never decayed to min_lr (give warmup=N "
+                           "below the steps max_time allows)")
         if self.step == config.steps:
             # a stop asked for during the last step: the run is complete, not interrupted
             self.stop_reason, self.stop_signal = None, None

@@ -186,6 +186,29 @@ def test_a_run_cut_by_the_clock_within_its_warmup_is_warned_of(corpus, tmp_path,
                    in line for line in lines) == warned, lines
 
 
+def test_the_clock_s_stop_names_settings_from_the_api_and_flags_from_ddpd_train(corpus, tmp_path, capsys,
+                                                                               monkeypatch):
+    """A run --max-time cut within its warmup said "stopped by max_time" and "max_time ran out ...
+    min_lr" in ddpd-train's log, and "(give --warmup below the steps --max-time allows)" to a user
+    of the Python API: each now reads in its own words."""
+    clock = iter(range(10_000))  # a step takes one second
+    monkeypatch.setattr("ddpd.training.trainer.time.perf_counter", lambda: float(next(clock)))
+    lines = []
+    with Trainer(config(corpus, tmp_path / "api", steps=20, warmup=4, max_time=3.0), log=lines.append) as trainer:
+        trainer.train()
+    code, out, err = run_cli(capsys, "planner", "--data", corpus, "--out", tmp_path / "cli", *TINY_CLI,
+                             "--steps", 20, "--warmup", 4, "--max-time", 3, "--no-progress")
+    assert code == 0, err
+    said = "ran out at step 3, within the warmup of 4 steps: the learning rate rose through the whole run and never " \
+           "decayed to"
+    assert [line for line in lines if line.startswith(("stopped", "warning"))] == [
+        "stopped by max_time (3 s of training) at step 3 of 20",
+        f"warning: max_time {said} min_lr (give warmup=N below the steps max_time allows)"], lines
+    assert [line for line in out.splitlines() if line.startswith(("stopped", "warning"))] == [
+        "stopped by --max-time (3 s of training) at step 3 of 20",
+        f"warning: --max-time {said} --min-lr (give --warmup N below the steps --max-time allows)"], out
+
+
 def test_warnings_reach_a_user_of_the_silent_default(corpus, tmp_path, capsys):
     """With log=None and no progress bar the Trainer prints no log lines, and its warnings
     about the settings were lost with them: they come as Python warnings."""
