@@ -1103,7 +1103,7 @@ class Trainer:
         trained_on = "cuda" if any(name.endswith(".rng.cuda") for name in tensors) else "cpu"
         if trained_on != self.device.type:  # a CUDA generator's state does not load into a CPU one
             raise ValueError(f"cannot resume {out} on {self.device.type}: the run trained on {trained_on}, where "
-                             f"its random generators' states resume (--device {trained_on})")
+                             f"its random generators' states resume (device={trained_on!r})")
         check_state_tensors(out, tensors, self._expected_state(meta))
         try:
             self.exported.load_state_dict(stored.model.state_dict())

@@ -2125,6 +2125,10 @@ def test_a_resume_stays_on_its_device_and_refuses_another_kind(corpus, tmp_path,
     assert code == 1 and err.count("\n") == 1, err
     assert f"cannot resume {out} on cpu: the run trained on cuda, where its random generators' states resume " \
            "(--device cuda)" in err, err
+    with pytest.raises(ValueError) as refused:  # the Python API's words: a setting, not a flag
+        Trainer(config(corpus, out, steps=20, save_every=2), resume=True)
+    assert str(refused.value) == f"cannot resume {out} on cpu: the run trained on cuda, where its random generators' " \
+                                 "states resume (device='cuda')"
 
 
 def test_a_resume_given_the_default_min_lr_continues_the_run(corpus, tmp_path, capsys):
