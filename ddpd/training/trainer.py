@@ -198,10 +198,10 @@ class TrainConfig:
         if self.label_dropout and not self.num_classes:
             raise ValueError(f"label_dropout needs num_classes > 0 (class labels to drop), got {self.label_dropout}")
         # absolute paths, so a resumed run recognises its settings from any directory
-        self.data = resolve_source(self.data, recorded=data_recorded)
-        if self.num_classes and not is_labelled(self.data):
+        given, self.data = self.data, resolve_source(self.data, recorded=data_recorded)
+        if self.num_classes and not is_labelled(self.data):  # as given and name=value: ddpd-train's --data as typed
             raise ValueError(f"num_classes needs a labelled corpus (a {LABELLED_SUFFIX} file of "
-                             f"{{\"text\": str, \"label\": int}} lines), got data {self.data}")
+                             f"{{\"text\": str, \"label\": int}} lines), got data={given!r}")
         if self.tiktoken:
             self.tiktoken = os.path.abspath(self.tiktoken)
             if os.path.isfile(self.tiktoken):  # other ranks refused now, not after the lock and the corpus

@@ -2643,6 +2643,19 @@ def test_class_settings_are_checked(labelled, tmp_path, changes, message):
         config(data, tmp_path, **changes)
 
 
+def test_a_corpus_without_labels_for_num_classes_is_named_as_given(corpus, tmp_path, capsys, monkeypatch):
+    """The refusal named the corpus "data /abs/plain.txt", from ddpd-train too, where the user
+    typed --data plain.txt: the API names the setting as given, ddpd-train the flag as typed."""
+    monkeypatch.chdir(tmp_path)
+    pathlib.Path("plain.txt").write_text(pathlib.Path(corpus).read_text())
+    labels = 'num_classes needs a labelled corpus (a .jsonl file of {"text": str, "label": int} lines), got'
+    with pytest.raises(ValueError) as refused:
+        config("plain.txt", "o", num_classes=2)
+    assert str(refused.value) == f"{labels} data='plain.txt'"
+    code, _, err = run_cli(capsys, "planner", "--data", "plain.txt", "--out", "o", "--num-classes", 2, *TINY_CLI)
+    assert (code, err) == (2, f"ddpd-train: error: --{labels.replace('num_classes', 'num-classes')} --data plain.txt\n")
+
+
 def test_a_class_with_no_training_record_is_warned_about(labelled, tmp_path):
     """A class of one record: the 90/5/5 split within the class sends it to test, so the
     network would never see the class; the run says so instead of training silently."""
