@@ -1436,3 +1436,108 @@ def test_each_convergence_flag_reaches_the_sampler(setup, capsys, sampled):
             assert kwargs["execution"] == Execution(dtype="float32") and kwargs["noise"].seed == seed
         assert [kwargs["noise"].first_row for _, kwargs in sampled] == [0, 0, 2, 2]
         sampled.clear()
+
+
+def _compared_pairs(out):
+    return [line.split(" | ")[:3] for line in out.splitlines() if line.startswith("| ") and "Steps" not in line]
+
+
+def test_compare_defaults_take_every_sampler_and_baseline_of_the_sweep_but_the_reference(tmp_path, capsys):
+    """docs/cli.md: by default every ddpd-* and tau-planned-* sampler against every dfm-* and
+    maskgit baseline, each budget in turn (baselines, then samplers); the reference and the
+    other samplers (tau-mask) are neither."""
+    path = tmp_path / "sweep.csv"
+    path.write_text(_sweep_text(["held-out text,,,1.2,4.0,", "tau-mask,2,1.0,3.0,3.0,"] + [
+        f"{name},{steps},1.0,3.{steps},3.1," for steps in (3, 2)
+        for name in ("maskgit", "tau-planned-A-mask", "dfm-eta0", "ddpd-A-mask")]))
+    code, out, err = _run(capsys, "compare", path)
+    assert code == 0, err
+    assert _compared_pairs(out) == [["| 2", "tau-planned-A-mask", "maskgit"], ["| 2", "ddpd-A-mask", "maskgit"],
+                                    ["| 2", "tau-planned-A-mask", "dfm-eta0"], ["| 2", "ddpd-A-mask", "dfm-eta0"],
+                                    ["| 3", "tau-planned-A-mask", "maskgit"], ["| 3", "ddpd-A-mask", "maskgit"],
+                                    ["| 3", "tau-planned-A-mask", "dfm-eta0"], ["| 3", "ddpd-A-mask", "dfm-eta0"]]
+    code, out, err = _run(capsys, "compare", path, "--samplers", "tau-mask", "--baselines", "maskgit")
+    assert code == 0, err
+    assert _compared_pairs(out) == [["| 2", "tau-mask", "maskgit"]]
+    code, out, err = _run(capsys, "compare", path, "--samplers", "held-out text")
+    assert code == 2 and "not there: ['held-out text']" in err, err
+
+
+def test_compare_names_an_unknown_sampler_before_saying_the_defaults_found_none(tmp_path, capsys):
+    """A name given that the sweep lacks is the error, not the empty list of baselines the
+    defaults found beside it."""
+    path = tmp_path / "sweep.csv"
+    path.write_text(_sweep_text(["ddpd-A-mask,2,1.0,3.2,3.1,"]))
+    code, _, err = _run(capsys, "compare", path, "--samplers", "ddpd-B-mask")
+    assert code == 2 and "not there: ['ddpd-B-mask']; the sweep has ['ddpd-A-mask']" in err, err
+
+
+_COMMAND_LINES = {"elbo": ["elbo", "--data", "d"], "quality": ["quality", "--judge", "j", "--out-dir", "o"],
+                  "convergence": ["convergence", "--out-dir", "o"], "compare": ["compare", "s.csv"],
+                  "frontier": ["frontier", "--judge", "ngram", "--out-dir", "o"]}
+_INF, _ABOVE = "inf", "2e36"  # above MAX_TEMPERATURE
+
+
+@pytest.mark.parametrize("command, flag, refused, taken", [
+    ("elbo", "--batch-size", ["0"], ["1"]), ("elbo", "--num-sequences", ["0"], ["1"]),
+    ("elbo", "--mc-samples", ["0"], ["1"]), ("quality", "--num-samples", ["0"], ["1"]),
+    ("quality", "--reference-sequences", ["0"], ["1"]), ("quality", "--steps", ["0"], ["1"]),
+    ("convergence", "--steps", ["0"], ["1"]), ("frontier", "--budgets", ["0"], ["1"]),
+    ("frontier", "--target-steps", ["0"], ["1"]),
+    ("elbo", "--t-max", ["0", "1"], ["0.5"]), ("elbo", "--alpha", ["0", "1"], ["0.5"]),
+    ("quality", "--eps", ["0", "1"], ["0.5"]), ("convergence", "--eps", ["0", "1"], ["0.5"]),
+    ("convergence", "--temperature", ["-0.5", _ABOVE], ["0", "1e36"]),
+    ("quality", "--temperatures", ["-0.5", _ABOVE], ["0", "1e36"]),
+    ("frontier", "--temperatures", ["-0.5", _ABOVE], ["0", "1e36"]),
+    ("frontier", "--target-temperature", ["-0.5", _ABOVE], ["0", "1e36"]),
+    ("quality", "--eta", ["-0.5", _INF], ["0", "1e36"]),
+    ("quality", "--seed", ["-1", str(2**63)], ["0", str(2**63 - 1)]),
+])
+def test_each_numeric_flag_is_held_to_its_documented_range(command, flag, refused, taken):
+    """INT_FLAGS, FLOAT_FLAGS and --seed: each bound, open or closed, as docs/cli.md states it."""
+    from ddpd.cli.common import UsageError
+    from ddpd.cli.eval import build_parser, check_args
+
+    for value in refused:
+        args = build_parser().parse_args(_COMMAND_LINES[command] + [flag, value])
+        with pytest.raises(UsageError, match=f"^{flag} must be"):
+            check_args(args)
+    for value in taken:
+        check_args(build_parser().parse_args(_COMMAND_LINES[command] + [flag, value]))
+
+
+@pytest.mark.parametrize("command, flag, values", [
+    ("quality", "--samplers", ["maskgit", "maskgit"]), ("quality", "--steps", ["2", "2"]),
+    ("quality", "--temperatures", ["1.0", "1.0"]), ("quality", "--eta", ["1.0", "1.0"]),
+    ("convergence", "--eps", ["0.1", "0.1"]), ("compare", "--baselines", ["maskgit", "maskgit"]),
+    ("frontier", "--policies", ["threshold:0.9", "threshold:0.9"]), ("frontier", "--budgets", ["8", "8"]),
+])
+def test_a_value_given_twice_to_a_sweep_list_is_refused(command, flag, values):
+    from ddpd.cli.common import UsageError
+    from ddpd.cli.eval import build_parser, check_args
+
+    args = build_parser().parse_args(_COMMAND_LINES[command] + [flag, *values])
+    with pytest.raises(UsageError, match=f"^{flag}: {values[0]} given more than once"):
+        check_args(args)
+
+
+def test_training_and_compare_write_their_reports_only_where_asked_and_say_so(setup, tmp_path, capsys,
+                                                                                monkeypatch):
+    """training writes training.md (the table printed) and training.json into --out-dir and
+    names both; compare names its --out; without them, neither writes a file nor says it did."""
+    monkeypatch.chdir(tmp_path)
+    report = tmp_path / "report"
+    code, out, err = _run(capsys, "training", setup["planner"], "--out-dir", report)
+    assert code == 0, err
+    table = (report / "training.md").read_text()
+    assert out.startswith(table) and out.endswith(f"\nwrote {report / 'training.md'}, {report / 'training.json'}\n")
+    assert [row["run"] for row in json.loads((report / "training.json").read_text())] == [setup["planner"]]
+    code, out, err = _run(capsys, "training", setup["planner"])
+    assert code == 0 and "wrote" not in out and out.startswith("| Network |"), err
+    sweep = tmp_path / "sweep.csv"
+    sweep.write_text(_sweep_text(["ddpd-A-mask,2,1.0,3.2,3.1,", "maskgit,2,1.0,3.3,3.0,"]))
+    code, out, err = _run(capsys, "compare", sweep, "--out", tmp_path / "compare.md")
+    assert code == 0 and out.endswith(f"\nwrote {tmp_path / 'compare.md'}\n"), err
+    code, out, err = _run(capsys, "compare", sweep)
+    assert code == 0 and "wrote" not in out, err
+    assert sorted(os.listdir(tmp_path)) == ["compare.md", "report", "sweep.csv"]
