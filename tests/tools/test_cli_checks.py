@@ -246,6 +246,32 @@ def test_threads_are_checked_up_to_the_largest_allowed(monkeypatch):
     check_threads(None)
 
 
+@pytest.mark.parametrize("omp", ["0", "0,2", "x", "-1"])
+def test_an_omp_num_threads_openmp_cannot_use_is_refused_without_threads(monkeypatch, omp):
+    from ddpd.cli.common import UsageError, check_threads
+
+    monkeypatch.setenv("OMP_NUM_THREADS", omp)
+    with pytest.raises(UsageError, match=f"^OMP_NUM_THREADS must be a positive int .*, got '{omp}'$"):
+        check_threads(None)
+    check_threads(2)  # --threads decides
+
+
+def test_apply_threads_sets_threads_else_leaves_omp_num_threads_to_torch_else_one(monkeypatch):
+    """docs/cli.md: --threads N, else $OMP_NUM_THREADS (which torch reads itself), else 1."""
+    from ddpd.cli.common import apply_threads
+
+    calls = []
+    monkeypatch.setattr(torch, "set_num_threads", calls.append)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    apply_threads(3)
+    apply_threads(None)
+    assert calls == [3, 1]
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    apply_threads(None)
+    apply_threads(4)
+    assert calls == [3, 1, 4]
+
+
 @pytest.mark.parametrize("prog, argv, message", [
     ("ddpd-sample", ["--steps", "1_0"], "argument --steps: must be an int, got '1_0': a number has no underscores"),
     ("ddpd-sample", ["--temperature", "0_9"], "argument --temperature: must be a float, got '0_9': a number has no"),

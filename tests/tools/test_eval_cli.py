@@ -1541,3 +1541,28 @@ def test_training_and_compare_write_their_reports_only_where_asked_and_say_so(se
     code, out, err = _run(capsys, "compare", sweep)
     assert code == 0 and "wrote" not in out, err
     assert sorted(os.listdir(tmp_path)) == ["compare.md", "report", "sweep.csv"]
+
+
+def test_threads_are_applied_before_the_command_runs(setup, capsys, monkeypatch):
+    import ddpd.cli.eval as cli
+    from ddpd.cli.common import UsageError
+
+    applied = []
+
+    def apply(threads):
+        applied.append(threads)
+        raise UsageError("stopped after the threads")
+
+    monkeypatch.setattr(cli, "apply_threads", apply)
+    code, _, err = _run(capsys, "elbo", "--uniform", setup["uniform"], "--data", setup["data"], "--threads", 2)
+    assert (code, applied, err) == (2, [2], "ddpd-eval: error: stopped after the threads\n")
+
+
+def test_elbo_refuses_an_out_whose_markdown_twin_is_the_data(setup, capsys, tmp_path):
+    """elbo writes --out x.json and x.md: x.md is an output too, refused over the --data it reads."""
+    corpus = tmp_path / "corpus.md"
+    corpus.write_text(open(setup["data"]).read())
+    code, _, err = _run(capsys, "elbo", "--uniform", setup["uniform"], "--data", corpus, "--out",
+                        tmp_path / "corpus.json")
+    assert code == 2 and f"--out {tmp_path / 'corpus.json'} would replace --data {corpus}" in err, err
+    assert corpus.read_text() == open(setup["data"]).read() and sorted(os.listdir(tmp_path)) == ["corpus.md"]

@@ -557,7 +557,8 @@ def test_ddpd_eval_frontier_gives_a_policy_spelled_with_spaces_to_its_sampler(tm
         ("ddpd", "error-budget"), ("ddpd", "one-at-a-time")]
 
 
-def test_ddpd_eval_frontier_refuses_a_bad_judge_and_policy(tmp_path, capsys):
+def test_ddpd_eval_frontier_refuses_a_bad_judge_and_policy(tmp_path, capsys, measured):
+    """(measured: a command line let through stops at run_frontier instead of sampling.)"""
     out = str(tmp_path / "out")
     assert main(["frontier", "--judge", "ngram:x", "--data", "books", "--out-dir", out]) == 2
     assert main(["frontier", "--judge", "ngram", "--out-dir", out]) == 2
