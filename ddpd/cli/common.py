@@ -399,30 +399,37 @@ def _same_file(a: str, b: str) -> bool:
         return False
 
 
-def flag_error(err: BaseException, flags: Sequence[str]) -> UsageError:
+def flag_error(err: BaseException, flags: Sequence[str], paths: Sequence[str] = ()) -> UsageError:
     """A setting refused by a layer below ("lr must be ...", "TransformerConfig.d_model:
     expected ...") as a UsageError naming its flag (--lr, --d-model) when `flags` has it; so
     are the other settings the sentence names (`name=value`, or a name with an underscore:
     "label_dropout needs num_classes > 0" -> "--label-dropout needs --num-classes > 0").
+    A value and the paths given are left as they are: a folder named max_time is not a flag.
 
     Args:
         err: the error the layer raised.
         flags: the parser's dests.
+        paths: the files and folders the message may name (the run's --out, say).
 
     Returns:
         The UsageError (to raise).
     """
-    def as_flag(match: re.Match) -> str:  # "clock='exact'" -> "--clock exact"
-        name, value = match.group(1), match.group(2).strip("'")
-        return f"--{name.replace('_', '-')} {value}" if name in flags else match.group(0)
+    def as_flag(match: re.Match) -> str:
+        _, name, value, word = match.groups()
+        if name in flags:  # "clock='exact'" -> "--clock exact"
+            return f"--{name.replace('_', '-')} " + value.strip("'")
+        if word in flags:  # "num_classes" -> "--num-classes"; a plain word may be prose
+            return f"--{word.replace('_', '-')}"
+        return match.group(0)  # a path, or a name that is no flag
 
-    def as_name(match: re.Match) -> str:  # "num_classes" -> "--num-classes"; a plain word may be prose
-        return f"--{match.group(1).replace('_', '-')}" if match.group(1) in flags else match.group(0)
-
-    text = re.sub(r"(?<![\w.-])([a-z][a-z_]*)=('[^']*'|[\w.]+)", as_flag, one_line(err))
-    text = re.sub(r"(?<![\w.-])([a-z]+(?:_[a-z]+)+)(?![\w-])", as_name, text)
+    # a path as a whole (not the letters of a word, nor a setting "seq_len=64" when --data is seq_len), in
+    # one pass with the settings: a path, or a flag's value, is never read again for names
+    kept = "|".join(re.escape(path) for path in sorted(set(paths), key=len, reverse=True) if path) or "(?!)"
+    kept = rf"(?<![\w./-])(?:{kept})(?![\w/=-]|\.\w)"
+    text = re.sub(rf"({kept})|(?<![\w.-])([a-z][a-z_]*)=('[^']*'|[\w.]+)|(?<![\w.-])([a-z]+(?:_[a-z]+)+)(?![\w-])",
+                  as_flag, one_line(err))
     head = re.match(r"(?:TransformerConfig\.)?([a-z][a-z_]*)\b", text)
-    if head and head.group(1) in flags:
+    if head and head.group(1) in flags and not re.match(kept, text):
         text = f"--{head.group(1).replace('_', '-')}{text[head.end():]}"
     return UsageError(text)
 

@@ -17,6 +17,7 @@ import argparse
 import os
 import shlex
 import sys
+from collections.abc import Sequence
 from typing import Callable, Optional
 
 from ddpd.cli.common import (
@@ -180,13 +181,20 @@ def _checked_config(args: argparse.Namespace):
     except CheckpointError:
         raise
     except (TypeError, ValueError) as err:
-        raise flag_error(err, [action.dest for action in build_parser()._actions]) from None
+        raise flag_error(err, [action.dest for action in build_parser()._actions], _paths(args)) from None
 
 
-def _in_flags(err: ValueError) -> str:
+def _paths(settings) -> list[str]:
+    """The paths of a command line or a TrainConfig (--data, --out, --tiktoken), which the
+    flags' rewrite leaves as they are."""
+    return [getattr(settings, name) for name in ("data", "out", "tiktoken") if getattr(settings, name, None)]
+
+
+def _in_flags(err: BaseException, paths: Sequence[str]) -> str:
     """The library's refusal of the corpus ("fewer than seq_len=256") in the command line's
-    words ("fewer than --seq-len 256"), as the settings' own refusals are."""
-    return str(flag_error(err, [action.dest for action in build_parser()._actions]))
+    words ("fewer than --seq-len 256"), as the settings' own refusals are; `paths` (the run's)
+    are left as they are."""
+    return str(flag_error(err, [action.dest for action in build_parser()._actions], paths))
 
 
 def _as_typed(err: ValueError, resolved: str, typed: str) -> str:
@@ -196,44 +204,45 @@ def _as_typed(err: ValueError, resolved: str, typed: str) -> str:
     for head in ("data file ", "data "):
         if text.startswith(head + resolved):
             return f"--{head}{typed}{text[len(head + resolved):]}"
-    return _in_flags(err)
+    return _in_flags(err, [resolved, typed])
 
 
-def _misfit(err: ValueError, resolved: str, typed: Optional[str]) -> str:
-    """A corpus the settings do not fit ("data PATH: ... fewer than seq_len=64") naming a given
-    --data as typed, as _as_typed does, and the settings by their flags (the path is left out of
-    that rewrite: a folder named seq_len is not a flag)."""
-    head = f"data {resolved}"
+def _misfit(err: ValueError, config, typed: Optional[str]) -> str:
+    """A refusal of the Trainer, a corpus the settings do not fit ("data PATH: ... fewer than
+    seq_len=64") naming a given --data as typed, as _as_typed does, and the settings by their
+    flags (the run's paths are left out of that rewrite: a folder named seq_len is not a flag)."""
+    head = f"data {config.data}"
     if typed is None or not str(err).startswith(head):  # the run's own corpus, --resume'd: as recorded
-        return _in_flags(err)
-    return f"--data {typed}{_in_flags(ValueError(str(err)[len(head):]))}"
+        return _in_flags(err, _paths(config))
+    return f"--data {typed}{_in_flags(ValueError(str(err)[len(head):]), _paths(config))}"
 
 
-def _log_in_flags(print_line: Callable[[str], None], resolved: str, typed: Optional[str]) -> Callable[[str], None]:
+def _log_in_flags(print_line: Callable[[str], None], config, typed: Optional[str]) -> Callable[[str], None]:
     """The trainer's log, its warnings and its line of a run the clock stopped naming the settings
     by their flags, and --data as _misfit names it in a refusal."""
     def log(line: str) -> None:
-        print_line(_warning_in_flags(line, resolved, typed))
+        print_line(_warning_in_flags(line, config, typed))
 
     return log
 
 
-def _warning_in_flags(line: str, resolved: str, typed: Optional[str]) -> str:
+def _warning_in_flags(line: str, config, typed: Optional[str]) -> str:
     """A warning naming the settings by their flags ("warmup=4 >= steps=4" -> "--warmup 4 >=
     --steps 4"); one about the corpus ("class 1 of data PATH has no ... seq_len=64") naming a
     given --data as typed and the flags around it (the path is left out of that rewrite, as in
     _misfit); the line of a run the clock stopped ("stopped by max_time ...") by its flag; any
     other line as it is (a "done:" line's --out is a path, not flags)."""
+    paths = _paths(config)
     if line.startswith("stopped by "):
-        return _in_flags(ValueError(line))
+        return _in_flags(ValueError(line), paths)
     if not line.startswith("warning: "):
         return line
-    corpus = f" of data {resolved} "
+    corpus = f" of data {config.data} "
     if corpus not in line:
-        return f"warning: {_in_flags(ValueError(line[len('warning: '):]))}"
+        return f"warning: {_in_flags(ValueError(line[len('warning: '):]), paths)}"
     before, _, after = line[len("warning: "):].partition(corpus)
-    named = f"data {resolved}" if typed is None else f"--data {typed}"  # the run's own corpus, --resume'd: as recorded
-    return f"warning: {_in_flags(ValueError(before))} of {named} {_in_flags(ValueError(after))}"
+    named = f"data {config.data}" if typed is None else f"--data {typed}"  # the run's own corpus, --resume'd
+    return f"warning: {_in_flags(ValueError(before), paths)} of {named} {_in_flags(ValueError(after), paths)}"
 
 
 def _check_fresh_out(out: str) -> None:
@@ -312,7 +321,7 @@ def run(args: argparse.Namespace, state: dict) -> int:
     if not args.resume:
         _check_fresh_out(config.out)
     stdout = Stdout()  # a reader of the log that goes away (| head) does not stop the training
-    log = _log_in_flags(stdout.print, config.data, getattr(args, "data", None))
+    log = _log_in_flags(stdout.print, config, getattr(args, "data", None))
     try:
         trainer = Trainer(config, resume=args.resume, progress=args.progress, log=log,
                           allow_data_change=args.allow_data_change)
@@ -331,9 +340,10 @@ def run(args: argparse.Namespace, state: dict) -> int:
     except CorpusTextError as err:
         if "data" in args:  # a bad input the command line names, as in ddpd-eval (status 2)
             raise UsageError(_as_typed(err, config.data, args.data)) from None
-        raise ValueError(_in_flags(err)) from None  # the run's own corpus, --resume'd: a failure while working
+        # the run's own corpus, --resume'd: a failure while working
+        raise ValueError(_in_flags(err, _paths(config))) from None
     except ValueError as err:  # a corpus the settings do not fit: still a failure while working (status 1)
-        raise ValueError(_misfit(err, config.data, getattr(args, "data", None))) from None
+        raise ValueError(_misfit(err, config, getattr(args, "data", None))) from None
     except OSError as err:
         refused = unopened_data(args.data, err) if "data" in args else None  # open() refused it (a socket)
         if refused is not None:

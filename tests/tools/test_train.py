@@ -2656,6 +2656,26 @@ def test_a_corpus_without_labels_for_num_classes_is_named_as_given(corpus, tmp_p
     assert (code, err) == (2, f"ddpd-train: error: --{labels.replace('num_classes', 'num-classes')} --data plain.txt\n")
 
 
+def test_ddpd_train_s_refusals_leave_folders_named_after_settings_as_they_are(corpus, tmp_path, capsys,
+                                                                              monkeypatch):
+    """The rewrite of settings into flags ran over the paths of a refusal too: --data
+    seq_len/plain.txt was named "--data --seq-len/plain.txt", an --out in runs/max_time/ as
+    "runs/--max-time/"."""
+    monkeypatch.chdir(tmp_path)
+    os.mkdir("seq_len")
+    pathlib.Path("seq_len/plain.txt").write_text(pathlib.Path(corpus).read_text()[:60_000])
+    code, _, err = run_cli(capsys, "planner", "--data", "seq_len/plain.txt", "--out", "o", "--num-classes", 2,
+                           *TINY_CLI)
+    assert code == 2 and err.endswith(" lines), got --data seq_len/plain.txt\n"), err
+    out = tmp_path / "runs" / "max_time"
+    _checkpoint_at_step_2("seq_len/plain.txt", out)
+    _rewrite_state(out, drop=lambda t: t.update({"rank0.rng.cuda": torch.zeros(16, dtype=torch.uint8)}))
+    code, _, err = run_cli(capsys, "planner", "--out", out, "--resume", "--no-progress")
+    assert code == 1 and err.count("\n") == 1, err
+    assert err.endswith(f": cannot resume {out} on cpu: the run trained on cuda, where its random generators' states "
+                        "resume (--device cuda)\n"), err
+
+
 def test_a_class_with_no_training_record_is_warned_about(labelled, tmp_path):
     """A class of one record: the 90/5/5 split within the class sends it to test, so the
     network would never see the class; the run says so instead of training silently."""
@@ -2704,27 +2724,30 @@ def test_training_records_shorter_than_seq_len_are_warned_about(labelled, tmp_pa
         "shorter seq_len to use them)"], messages
 
 
-def test_cli_warnings_about_the_corpus_name_data_as_typed_and_the_flags(labelled, tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("folder, out", [("corpora", "o"), ("seq_len", "max_time/o")])
+def test_cli_warnings_about_the_corpus_name_data_as_typed_and_the_flags(labelled, tmp_path, capsys, monkeypatch,
+                                                                        folder, out):
     """ddpd-train's warnings about records shorter than --seq-len and classes never trained on
     named --data by its absolute path and said "seq_len=32", where its refusals of the same
-    corpus name the path as typed and the flag; a --resume'd run's own corpus keeps its recorded path."""
+    corpus name the path as typed and the flag; a --resume'd run's own corpus keeps its recorded path.
+    Folders named after settings are paths, not flags."""
     lines = [line for line in open(labelled).read().splitlines() if '"label": 0' in line]
     monkeypatch.chdir(tmp_path)
-    os.mkdir("corpora")
-    pathlib.Path("corpora/mixed.jsonl").write_text("\n".join(
+    os.mkdir(folder)
+    pathlib.Path(f"{folder}/mixed.jsonl").write_text("\n".join(
         [line if i % 2 else json.dumps({"text": "short", "label": 0}) for i, line in enumerate(lines)]
         + [json.dumps({"text": "short", "label": 1})] * 4) + "\n")
     records = "18 of 39 training records of {} are shorter than --seq-len 32 tokens (90 of 1185 training tokens)"
-    for argv, data in ((["--data", "corpora/mixed.jsonl", "--steps", 2], "--data corpora/mixed.jsonl"),
-                       (["--resume", "--steps", 2], f"data {tmp_path / 'corpora' / 'mixed.jsonl'}")):
-        code, out, err = run_cli(capsys, "mask-denoiser", *argv, "--out", "o", "--num-classes", 2, *TINY_CLI,
+    for argv, data in ((["--data", f"{folder}/mixed.jsonl", "--steps", 2], f"--data {folder}/mixed.jsonl"),
+                       (["--resume", "--steps", 2], f"data {tmp_path / folder / 'mixed.jsonl'}")):
+        code, log, err = run_cli(capsys, "mask-denoiser", *argv, "--out", out, "--num-classes", 2, *TINY_CLI,
                                  "--seq-len", 32, "--no-progress")
         assert code == 0, err
-        assert [line for line in out.splitlines() if line.startswith("warning")] == [
+        assert [line for line in log.splitlines() if line.startswith("warning")] == [
             f"warning: class 1 of {data} has no training record of --seq-len 32 tokens or more (a class's records "
             "are split 90/5/5 in order): the network will not learn it",
             f"warning: {records.format(data)}: a training window lies within one record, so the network never "
-            "trains on them (give a shorter --seq-len to use them)"], out
+            "trains on them (give a shorter --seq-len to use them)"], log
 
 
 def test_labels_must_be_classes_of_the_model(labelled, tmp_path, capsys):
