@@ -203,9 +203,9 @@ class TrainConfig:
             raise ValueError(f"num_classes needs a labelled corpus (a {LABELLED_SUFFIX} file of "
                              f"{{\"text\": str, \"label\": int}} lines), got data={given!r}")
         if self.tiktoken:
-            self.tiktoken = os.path.abspath(self.tiktoken)
+            given, self.tiktoken = self.tiktoken, os.path.abspath(self.tiktoken)
             if os.path.isfile(self.tiktoken):  # other ranks refused now, not after the lock and the corpus
-                read_gpt2_ranks("tiktoken", self.tiktoken)  # (a missing file stays the tokenizer's error)
+                read_gpt2_ranks("tiktoken", given)  # as given, as data is (a missing file stays the tokenizer's error)
         self.out = os.path.abspath(self.out)
 
     def _check_numbers(self) -> None:

@@ -2308,6 +2308,21 @@ def test_a_tiktoken_file_of_other_ranks_is_refused_naming_both_digests(corpus, t
     assert not os.path.exists(tmp_path / "p")
 
 
+def test_a_tiktoken_file_of_other_ranks_is_named_as_typed(corpus, tmp_path, capsys, monkeypatch):
+    """--tiktoken seq_len/passwd was refused by its absolute path, where the refusals of --data
+    name it as typed; from the Python API too, where data is named as given."""
+    monkeypatch.chdir(tmp_path)
+    os.mkdir("seq_len")
+    pathlib.Path("seq_len/passwd").write_bytes(b"root:x:0:0:root:/root:/bin/bash\n")
+    with pytest.raises(ValueError, match=r"^tiktoken seq_len/passwd is not the GPT-2 ranks file: its sha256 is "):
+        config(corpus, "p", tokenizer="gpt2", tiktoken="seq_len/passwd")
+    code, _, err = run_cli(capsys, "planner", "--data", corpus, "--out", "p", "--tokenizer", "gpt2", "--tiktoken",
+                           "seq_len/passwd")
+    assert code == 2 and err.startswith("ddpd-train: error: --tiktoken seq_len/passwd is not the GPT-2 ranks file: "
+                                        "its sha256 is "), err
+    assert err.count("\n") == 1 and not os.path.exists("p")
+
+
 def test_a_resumed_run_keeps_its_evaluation_and_follows_its_corpus_by_content(tmp_path, capsys):
     data = tmp_path / "corpus.txt"
     data.write_text(BOOKS.read_text()[:60_000])
