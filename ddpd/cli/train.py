@@ -197,29 +197,35 @@ def _in_flags(err: BaseException, paths: Sequence[str]) -> str:
     return str(flag_error(err, [action.dest for action in build_parser()._actions], paths))
 
 
-def _as_typed(err: ValueError, resolved: str, typed: str) -> str:
-    """The loader's refusal of --data's content, which names the file as resolved (its absolute
-    path), naming it as typed, as ddpd-eval does; the rest quotes the file, so no flag is read in it."""
+def _corpus_refusal(err: Exception, config, typed: Optional[str], flags: bool) -> str:
+    """A refusal of the corpus, which the loader and the Trainer name by its resolved path ("data
+    file /abs/c.txt is not UTF-8", "data /abs/c.txt: ... fewer than seq_len=64"), naming a given
+    --data as typed, as ddpd-eval does, and a --resume'd run's own corpus as the resume's other
+    refusals do ("the run's corpus PATH": no --data was typed). With `flags`, the settings after
+    it by their flags; without, the rest as it is (it quotes the file, so no flag is read in it)."""
     text = str(err)
     for head in ("data file ", "data "):
-        if text.startswith(head + resolved):
-            return f"--{head}{typed}{text[len(head + resolved):]}"
-    return _in_flags(err, [resolved, typed])
+        if text.startswith(head + config.data):
+            rest = text[len(head + config.data):]
+            named = f"the run's corpus {config.data}" if typed is None else f"--{head}{typed}"
+            return named + (_in_flags(ValueError(rest), _paths(config)) if flags else rest)
+    return _in_flags(err, _paths(config) + ([typed] if typed else []))
 
 
-def _misfit(err: ValueError, config, typed: Optional[str]) -> str:
-    """A refusal of the Trainer, a corpus the settings do not fit ("data PATH: ... fewer than
-    seq_len=64") naming a given --data as typed, as _as_typed does, and the settings by their
-    flags (the run's paths are left out of that rewrite: a folder named seq_len is not a flag)."""
-    head = f"data {config.data}"
-    if typed is None or not str(err).startswith(head):  # the run's own corpus, --resume'd: as recorded
-        return _in_flags(err, _paths(config))
-    return f"--data {typed}{_in_flags(ValueError(str(err)[len(head):]), _paths(config))}"
+def _unopened_corpus(err: OSError, config) -> Optional[OSError]:
+    """A --resume'd run's own corpus that is there but cannot be read (a directory, a socket that
+    open() refuses), named as _corpus_refusal names it (a failure while working, status 1), or
+    None for an OSError about another file."""
+    if err.filename == config.data:
+        return OSError(f"the run's corpus {config.data}: {err.strerror or err}")
+    if str(err).startswith(f"data {config.data} "):
+        return OSError(_corpus_refusal(err, config, None, flags=False))
+    return None
 
 
 def _log_in_flags(print_line: Callable[[str], None], config, typed: Optional[str]) -> Callable[[str], None]:
     """The trainer's log, its warnings and its line of a run the clock stopped naming the settings
-    by their flags, and --data as _misfit names it in a refusal."""
+    by their flags, and the corpus as _corpus_refusal names it in a refusal."""
     def log(line: str) -> None:
         print_line(_warning_in_flags(line, config, typed))
 
@@ -228,10 +234,10 @@ def _log_in_flags(print_line: Callable[[str], None], config, typed: Optional[str
 
 def _warning_in_flags(line: str, config, typed: Optional[str]) -> str:
     """A warning naming the settings by their flags ("warmup=4 >= steps=4" -> "--warmup 4 >=
-    --steps 4"); one about the corpus ("class 1 of data PATH has no ... seq_len=64") naming a
-    given --data as typed and the flags around it (the path is left out of that rewrite, as in
-    _misfit); the line of a run the clock stopped ("stopped by max_time ...") by its flag; any
-    other line as it is (a "done:" line's --out is a path, not flags)."""
+    --steps 4"); one about the corpus ("class 1 of data PATH has no ... seq_len=64") naming it as
+    _corpus_refusal does and the flags around it (the path is left out of that rewrite); the
+    line of a run the clock stopped ("stopped by max_time ...") by its flag; any other line as
+    it is (a "done:" line's --out is a path, not flags)."""
     paths = _paths(config)
     if line.startswith("stopped by "):
         return _in_flags(ValueError(line), paths)
@@ -241,7 +247,7 @@ def _warning_in_flags(line: str, config, typed: Optional[str]) -> str:
     if corpus not in line:
         return f"warning: {_in_flags(ValueError(line[len('warning: '):]), paths)}"
     before, _, after = line[len("warning: "):].partition(corpus)
-    named = f"data {config.data}" if typed is None else f"--data {typed}"  # the run's own corpus, --resume'd
+    named = f"the run's corpus {config.data}" if typed is None else f"--data {typed}"
     return f"warning: {_in_flags(ValueError(before), paths)} of {named} {_in_flags(ValueError(after), paths)}"
 
 
@@ -339,13 +345,13 @@ def run(args: argparse.Namespace, state: dict) -> int:
         raise
     except CorpusTextError as err:
         if "data" in args:  # a bad input the command line names, as in ddpd-eval (status 2)
-            raise UsageError(_as_typed(err, config.data, args.data)) from None
+            raise UsageError(_corpus_refusal(err, config, args.data, flags=False)) from None
         # the run's own corpus, --resume'd: a failure while working
-        raise ValueError(_in_flags(err, _paths(config))) from None
+        raise ValueError(_corpus_refusal(err, config, None, flags=False)) from None
     except ValueError as err:  # a corpus the settings do not fit: still a failure while working (status 1)
-        raise ValueError(_misfit(err, config, getattr(args, "data", None))) from None
-    except OSError as err:
-        refused = unopened_data(args.data, err) if "data" in args else None  # open() refused it (a socket)
+        raise ValueError(_corpus_refusal(err, config, getattr(args, "data", None), flags=True)) from None
+    except OSError as err:  # open() refused the corpus (a socket)
+        refused = unopened_data(args.data, err) if "data" in args else _unopened_corpus(err, config)
         if refused is not None:
             raise refused from None
         raise

@@ -667,7 +667,8 @@ class Trainer:
         for name in ("train", "validation"):
             if not int(splits[name].windows(seq_len).sum()):
                 held = splits[name].lengths
-                what = f"{int(held.sum())} tokens" if held.numel() <= 1 else \
+                total = int(held.sum())
+                what = f"{total} token{'' if total == 1 else 's'}" if held.numel() <= 1 else \
                     f"{held.numel()} records of at most {int(held.max())} tokens"
                 raise ValueError(f"data {self.config.data}: its {name} split holds {what}, "
                                  f"fewer than seq_len={seq_len}; use a longer corpus or a shorter seq_len")

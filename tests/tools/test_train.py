@@ -861,6 +861,28 @@ def test_a_resume_whose_corpus_moved_says_to_name_its_place(tmp_path, capsys):
     assert code == 0, err
 
 
+def test_a_resume_names_its_own_corpus_that_cannot_be_read_as_the_runs(tmp_path, capsys):
+    """A --resume'd run's own corpus that is there but unreadable was named "data PATH" or not at
+    all ("[Errno 6] No such device or address: 'PATH'"), where the resume's refusal of a corpus
+    that moved says "the run's corpus PATH"."""
+    import socket
+
+    corpus = tmp_path / "c.txt"
+    corpus.write_text(BOOKS.read_text()[:60_000], encoding="utf-8")
+    out = tmp_path / "out"
+    Trainer(TrainConfig(kind="planner", data=str(corpus), out=str(out), **{**TINY, "steps": 4,
+                                                                           "save_every": 2})).train(stop_at=2)
+    corpus.unlink()
+    corpus.mkdir()
+    code, _, err = run_cli(capsys, "planner", "--out", out, "--resume", "--no-progress")
+    assert (code, err) == (1, f"ddpd-train: error: the run's corpus {corpus} is a directory, not a text file\n")
+    corpus.rmdir()
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(str(corpus))
+        code, _, err = run_cli(capsys, "planner", "--out", out, "--resume", "--no-progress")
+    assert (code, err) == (1, f"ddpd-train: error: the run's corpus {corpus}: No such device or address\n")
+
+
 def _ddp_worker(rank, store, settings, out):
     os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
@@ -1428,7 +1450,8 @@ def test_cli_refuses_data_that_is_not_utf8_or_not_encodable_as_a_usage_error(tmp
     _checkpoint_at_step_2(str(books), out)
     books.write_bytes((tmp_path / "latin1.txt").read_bytes())
     code, _, err = run_cli(capsys, "planner", "--out", out, "--resume", "--no-progress")
-    assert code == 1 and err == f"ddpd-train: error: --data file {books} is not UTF-8 text (byte 0xe9 at offset 3)\n"
+    assert (code, err) == (1, f"ddpd-train: error: the run's corpus {books} is not UTF-8 text (byte 0xe9 at "
+                              "offset 3)\n")
 
 
 @pytest.mark.parametrize("record, cause", [
@@ -1482,6 +1505,9 @@ def test_cli_names_the_flag_of_a_corpus_too_short_for_seq_len(tmp_path, capsys, 
                    "--seq-len 64; use a longer corpus or a shorter --seq-len\n")
     with pytest.raises(ValueError, match=r"fewer than seq_len=64; use a longer corpus or a shorter seq_len$"):
         Trainer(TrainConfig(kind="planner", data=str(short), out=str(tmp_path / "p"), seq_len=64))
+    (tmp_path / "ab.txt").write_text("ab")  # a train split of one token: "1 tokens" it said
+    with pytest.raises(ValueError, match=r": its train split holds 1 token, fewer than seq_len=64;"):
+        Trainer(TrainConfig(kind="planner", data=str(tmp_path / "ab.txt"), out=str(tmp_path / "p"), seq_len=64))
 
 
 def test_cli_refuses_a_directory_as_tiktoken_before_any_work(corpus, tmp_path, capsys):
@@ -2744,7 +2770,8 @@ def test_cli_warnings_about_the_corpus_name_data_as_typed_and_the_flags(labelled
                                                                         folder, out):
     """ddpd-train's warnings about records shorter than --seq-len and classes never trained on
     named --data by its absolute path and said "seq_len=32", where its refusals of the same
-    corpus name the path as typed and the flag; a --resume'd run's own corpus keeps its recorded path.
+    corpus name the path as typed and the flag; a --resume'd run's own corpus is "the run's corpus"
+    at its recorded path (no --data was typed).
     Folders named after settings are paths, not flags."""
     lines = [line for line in open(labelled).read().splitlines() if '"label": 0' in line]
     monkeypatch.chdir(tmp_path)
@@ -2754,7 +2781,7 @@ def test_cli_warnings_about_the_corpus_name_data_as_typed_and_the_flags(labelled
         + [json.dumps({"text": "short", "label": 1})] * 4) + "\n")
     records = "18 of 39 training records of {} are shorter than --seq-len 32 tokens (90 of 1185 training tokens)"
     for argv, data in ((["--data", f"{folder}/mixed.jsonl", "--steps", 2], f"--data {folder}/mixed.jsonl"),
-                       (["--resume", "--steps", 2], f"data {tmp_path / folder / 'mixed.jsonl'}")):
+                       (["--resume", "--steps", 2], f"the run's corpus {tmp_path / folder / 'mixed.jsonl'}")):
         code, log, err = run_cli(capsys, "mask-denoiser", *argv, "--out", out, "--num-classes", 2, *TINY_CLI,
                                  "--seq-len", 32, "--no-progress")
         assert code == 0, err

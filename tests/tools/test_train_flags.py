@@ -160,7 +160,7 @@ def test_an_error_of_another_file_than_data_is_not_named_data(made, tmp_path, ca
 
 def test_a_resumed_run_whose_own_corpus_became_too_short_names_it_as_recorded(tmp_path, capsys):
     """Under --resume without --data the corpus too short for --seq-len is the run's own: named
-    by its recorded path (there is no --data as typed to name)."""
+    "the run's corpus" at its recorded path (there is no --data as typed to name; it said "--data")."""
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(BOOKS.read_text()[:20_000])
     code, _, err = train(capsys, "planner", "--data", corpus, "--out", tmp_path / "o", *TINY_RUN, "--no-progress")
@@ -169,8 +169,8 @@ def test_a_resumed_run_whose_own_corpus_became_too_short_names_it_as_recorded(tm
     code, out, err = train(capsys, "planner", "--out", tmp_path / "o", "--resume", "--allow-data-change",
                            "--no-progress")
     assert (code, out) == (1, "")
-    assert err == (f"ddpd-train: error: --data {corpus}: its validation split holds 4 tokens, fewer than --seq-len "
-                   "8; use a longer corpus or a shorter --seq-len\n")
+    assert err == (f"ddpd-train: error: the run's corpus {corpus}: its validation split holds 4 tokens, fewer "
+                   "than --seq-len 8; use a longer corpus or a shorter --seq-len\n")
 
 
 def test_the_resume_command_carries_the_threads_the_run_used():
