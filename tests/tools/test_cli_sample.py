@@ -470,6 +470,31 @@ def test_an_interrupted_run_never_replaces_a_complete_out(ckpts, tmp_path, capsy
     assert [r["index"] for r in read_jsonl(partial)] == list(range(5))
 
 
+def test_a_second_signal_while_the_partial_result_is_published_is_ignored(ckpts, tmp_path, capsys, monkeypatch):
+    """Pins that once a signal stops the run, a further one (torchrun's SIGTERM after another
+    process died) is ignored: it would replace the first's line, which says where the finished
+    samples went, by a bare `interrupted by SIGTERM`."""
+    out = tmp_path / "s.jsonl"
+    write, publish_partial = files.StreamedFile.write, files.StreamedFile.publish_partial
+
+    def write_then_signal(self, text):
+        write(self, text)
+        os.kill(os.getpid(), signal.SIGINT)  # its handler runs before kill returns
+
+    def signalled_publish_partial(self):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return publish_partial(self)
+
+    monkeypatch.setattr(files.StreamedFile, "write", write_then_signal)
+    monkeypatch.setattr(files.StreamedFile, "publish_partial", signalled_publish_partial)
+    code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--steps", "8", "--batch-size", "5",
+                           "--num-samples", "10", "--out", str(out), "--no-progress")
+    partial = tmp_path / "s.partial.jsonl"
+    assert (code, err) == (128 + signal.SIGINT,
+                           f"ddpd-sample: interrupted by SIGINT; wrote the 5 finished sample(s) to {partial}\n")
+    assert [r["index"] for r in read_jsonl(partial)] == list(range(5)) and not out.exists()
+
+
 def test_a_signal_a_library_swallowed_still_stops_the_run(ckpts, tmp_path, capsys, monkeypatch):
     """With --compile a signal during torch.compile's guards (Python run from C++, whose
     exceptions torch turns into a failed guard) was lost: the run went on to the end and

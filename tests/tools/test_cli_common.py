@@ -1,0 +1,133 @@
+"""ddpd.cli.common, the helpers the three tools share, called directly: the exit statuses and
+lines of run_tool, the checks of threads, finite values, empty paths and outputs, and what a
+set of checkpoints used together must share."""
+import argparse
+import math
+import os
+import signal
+import warnings
+
+import pytest
+
+from ddpd.checkpoint import CheckpointError
+from ddpd.cli.common import (
+    UsageError,
+    check_finite,
+    check_threads,
+    refuse_empty_paths,
+    refuse_outputs_over_inputs,
+    run_tool,
+    shared_facts,
+    training_length,
+)
+
+
+def _raising(err):
+    def body():
+        raise err
+
+    return body
+
+
+def test_an_error_without_a_message_is_named_by_its_class(capsys):
+    """An OSError() has no text: the line would end in "error: " and say nothing."""
+    assert run_tool("ddpd-x", _raising(OSError())) == 1
+    assert capsys.readouterr().err == "ddpd-x: error: OSError\n"
+
+
+def test_an_extension_that_cannot_be_built_is_one_line_without_its_prefix(capsys):
+    """Pins the line of the extension's RuntimeError: its first line without "ddpd:", the
+    tool's name standing in for it; any other RuntimeError is a bug and keeps its traceback."""
+    err = RuntimeError("ddpd: the C++ extension is unavailable (ddpd._C was not built)\ncompiler output")
+    assert run_tool("ddpd-x", _raising(err)) == 1
+    assert capsys.readouterr().err == "ddpd-x: error: the C++ extension is unavailable (ddpd._C was not built)\n"
+    with pytest.raises(RuntimeError, match="^an index out of range$"):
+        run_tool("ddpd-x", _raising(RuntimeError("an index out of range")))
+
+
+def test_a_keyboard_interrupt_that_no_signal_handler_raised_exits_130(capsys):
+    """A KeyboardInterrupt not raised by the tools' handler (Python's own, outside the block)
+    ends as Ctrl-C does: one line and 128 + SIGINT."""
+    assert run_tool("ddpd-x", _raising(KeyboardInterrupt())) == 128 + signal.SIGINT
+    assert capsys.readouterr().err == "ddpd-x: interrupted\n"
+
+
+def test_only_ddpd_warnings_become_the_tools_one_line(capsys):
+    """A warning of another package (torch's, numpy's) goes on to Python's warning machinery,
+    which shows it naming the file and the category a user looks up (here pytest records it);
+    ddpd's own are `PROG: warning: ...`."""
+    from ddpd.sampling import NaNOutputWarning
+
+    def body():
+        warnings.warn("a library's notice", UserWarning)
+        warnings.warn("the denoiser returned NaN", NaNOutputWarning)
+        return 0
+
+    with pytest.warns(UserWarning, match="^a library's notice$"):
+        assert run_tool("ddpd-x", body) == 0
+    assert capsys.readouterr().err == "ddpd-x: warning: the denoiser returned NaN\n"
+
+
+@pytest.mark.parametrize("omp", [" 2", "2 ", "2 ,1"])
+def test_an_omp_num_threads_with_spaces_openmp_reads_is_taken(monkeypatch, omp):
+    """OpenMP and torch skip the spaces around OMP_NUM_THREADS's first number: refusing
+    " 2" would stop a run that OpenMP itself runs on 2 threads."""
+    monkeypatch.setenv("OMP_NUM_THREADS", omp)
+    check_threads(None)
+
+
+def test_threads_given_as_a_bool_are_refused(monkeypatch):
+    """True is an int to isinstance: check_threads(True) would pass, and torch run 1 thread."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    with pytest.raises(UsageError, match=r"^--threads must be in \[1, 1024\], got True$"):
+        check_threads(True)
+
+
+def test_a_finite_value_is_zero_or_more_and_not_infinite():
+    check_finite("--eta", 0.0)
+    check_finite("--eta", None)
+    for bad in (math.inf, math.nan, -1e-9):
+        with pytest.raises(UsageError, match=f"^--eta must be a finite number >= 0, got {bad}$"):
+            check_finite("--eta", bad)
+
+
+def test_an_empty_path_is_refused_by_its_flags_spelling():
+    """The dest out_dir is the flag --out-dir: the message named "--out_dir", no flag at all."""
+    refuse_empty_paths(argparse.Namespace(out="x", out_dir=None), "out", "out_dir")
+    with pytest.raises(UsageError, match="^--out-dir must be a path, got ''$"):
+        refuse_empty_paths(argparse.Namespace(out="x", out_dir=""), "out", "out_dir")
+
+
+def test_an_out_naming_the_pipe_stdout_goes_to_is_left_to_the_output_checks():
+    """Only a regular file stdout goes to is "the file stdout goes to": `--out /dev/stdout | cat`
+    names a pipe, which ddpd.files refuses as no regular file."""
+    read, write = os.pipe()
+    saved = os.dup(1)
+    try:
+        os.dup2(write, 1)
+        refuse_outputs_over_inputs([("--out /proc/self/fd/1", "/proc/self/fd/1")])
+    finally:
+        os.dup2(saved, 1)
+        for fd in (saved, read, write):
+            os.close(fd)
+
+
+@pytest.mark.parametrize("seq_len", [0, -1, True, 8.0])
+def test_a_training_length_that_is_no_positive_int_is_refused(seq_len):
+    """config.json carries no digest: an edited training.seq_len is one line naming it."""
+    config = {"kind": "mask-denoiser", "model": {"max_seq_len": 8}, "training": {"seq_len": seq_len}}
+    with pytest.raises(CheckpointError, match=rf"^ck: config.json's training.seq_len is {seq_len!r}, not a "):
+        training_length("ck", config)
+    assert training_length("ck", {**config, "training": {"seq_len": 1}}) == 1
+
+
+def test_an_ar_judge_shares_the_vocabulary_and_tokenizer_but_not_the_schedule_or_length():
+    """An AR judge has no noise schedule (config.json records none) and scores what the
+    diffusion models make at their length: neither is compared nor counted."""
+    tokenizer = {"name": "text8"}
+    denoiser = {"kind": "mask-denoiser", "model": {"out_dim": 27, "max_seq_len": 8}, "tokenizer": tokenizer,
+                "schedule": "cosine"}
+    judge = {"kind": "ar", "model": {"out_dim": 27, "max_seq_len": 4}, "tokenizer": tokenizer}
+    facts = shared_facts([("--denoiser d", denoiser), ("--judge j", judge)])
+    assert facts == {"vocab_size": 27, "tokenizer": tokenizer, "schedule": "cosine", "seq_len": 8,
+                     "seq_lens": {"--denoiser d": 8}}
