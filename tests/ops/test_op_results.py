@@ -45,6 +45,8 @@ def test_controls_beside_flat_keywords_or_of_another_type_are_refused():
         ops.sample_categorical(logits, controls=DrawControls(temperature=0.5), top_k=3, seed=0)
     with pytest.raises(TypeError, match="not both; got controls and temperature"):
         reference.sample_categorical(logits, 0.5, controls=DrawControls(), seed=0)
+    with pytest.raises(TypeError, match="not both; got controls and temperature"):  # 1.0, but not the float default
+        ops.sample_categorical(logits, torch.tensor(1.0), controls=DrawControls(temperature=0.5), seed=0)
     with pytest.raises(TypeError, match="controls must be a DrawControls or None, got dict"):
         ops.sample_from_hidden(torch.randn(2, 4), torch.randn(10, 4), controls={"top_k": 3}, seed=0)
 

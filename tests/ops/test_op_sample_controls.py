@@ -161,6 +161,35 @@ def test_per_row_controls_draw_what_each_row_draws_alone():
                 sample_categorical(logits, 0.7, top_p=0.8, seed=3))
 
 
+@pytest.mark.parametrize("floats, ints", [(torch.float64, torch.int32), (torch.float16, torch.int16),
+                                          (torch.bfloat16, torch.uint8)])
+def test_per_row_controls_of_any_dtype_draw_what_float32_and_int64_ones_draw(floats, ints):
+    """Per-row controls of every accepted dtype reach the kernels as float32 and int64 (the C++
+    kernel reads no other); values exact in each dtype draw what the float32 / int64 ones draw."""
+    logits = torch.randn(4, 40, generator=torch.Generator().manual_seed(0))
+    temperature, top_k = torch.tensor([0.5, 2.0, 0.0, 1.25]), torch.tensor([0, 3, 40, 7])
+    top_p, min_p = torch.tensor([0.5, 0.75, 1.0, 0.25]), torch.tensor([0.0, 0.125, 0.5, 1.0])
+    for op in (sample_categorical, sample_categorical_reference):
+        want = op(logits, temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=3, return_logprob=True)
+        got = op(logits, temperature.to(floats), top_k=top_k.to(ints), top_p=top_p.to(floats),
+                 min_p=min_p.to(floats), seed=3, return_logprob=True)
+        assert_same(got, want)
+
+
+def test_a_per_row_min_p_cuts_where_the_number_does():
+    """log(min_p) of a per-row tensor is the float64 log rounded to float32, as for a number:
+    at this min_p a float32 log rounds an ulp lower and would keep a logit an ulp below the cut."""
+    min_p = 0.3410532474517822  # a float32 value
+    cut = torch.tensor(math.log(min_p)).float()  # exp(cut) >= min_p > exp(below) in exact arithmetic
+    below = torch.nextafter(cut, torch.tensor(-math.inf))
+    logits = torch.stack([torch.tensor(0.0), below, cut, torch.tensor(-5.0)]).expand(64, 4)
+    rows = torch.arange(64)
+    for draw in (sample_categorical, sample_categorical_reference):
+        for value in (min_p, torch.tensor(min_p), torch.full((64,), min_p)):
+            tokens, valid, _, _ = draw(logits, min_p=value, seed=5, row_ids=rows)
+            assert bool(valid.all()) and set(tokens.tolist()) == {0, 2}
+
+
 def test_greedy_is_the_first_argmax_and_its_statistics_use_temperature_one():
     logits = torch.tensor([[1.0, 3.0, 3.0, 2.0], [float("nan"), -1.0, 5.0, 5.0], [0.0, 0.0, 0.0, 0.0]])
     for tokens, valid, lp, _ in (sample_categorical(logits, 0.0, seed=1, return_logprob=True),
@@ -420,10 +449,12 @@ def test_every_path_agrees_on_random_calls(r, hidden, multiprocessors):
         (dict(temperature=torch.tensor([1, 2, 3])), TypeError, "temperature must have dtype"),
         (dict(top_k=-1), ValueError, r"top_k must be >= 0"),
         (dict(top_k=2.5), TypeError, "top_k must be an int or an integer tensor, got float 2.5"),
+        (dict(top_k=True), TypeError, "top_k must be an int or an integer tensor, got bool True"),
         (dict(temperature=10**400), ValueError, r"temperature must be in \[0.0, 1e\+36\], got an int of 1329 bits"),
         (dict(top_k=torch.tensor([1, -2, 3])), ValueError, "top_k values must be >= 0"),
         (dict(top_p=0.0), ValueError, r"top_p must be in \(0.0, 1.0\]"),
         (dict(top_p=torch.tensor([0.5, 1.5, 0.5])), ValueError, r"top_p values must be in \(0, 1\]"),
+        (dict(top_p=torch.tensor([0.5, 0.0, 0.5])), ValueError, r"top_p values must be in \(0, 1\].*, got 0.0$"),
         (dict(min_p=1.5), ValueError, r"min_p must be in \[0.0, 1.0\]"),
         (dict(min_p=torch.tensor([0.5, -0.1, 0.0])), ValueError, r"min_p values must be in \[0, 1\]"),
         (dict(allowed=torch.ones(3, 9, dtype=torch.bool)), ValueError, r"allowed must have shape \(3, 10\)"),
@@ -781,7 +812,9 @@ def test_the_references_refuse_the_exclude_ids_the_kernels_refuse():
     hidden, weight = torch.randn(3, 4), torch.randn(10, 4)
     calls = [(dict(exclude_ids=torch.tensor([2, 12])), r"^exclude_ids values must be in \[0, 10\), got 12 at 1$"),
              (dict(exclude_per_row=torch.tensor([0, -1, 3])),
-              r"^exclude_per_row values must be in \[0, 10\), got -1 at 1$")]
+              r"^exclude_per_row values must be in \[0, 10\), got -1 at 1$"),
+             (dict(exclude_per_row=torch.tensor([0, 3, 10])),
+              r"^exclude_per_row values must be in \[0, 10\), got 10 at 2$")]
     for kwargs, match in calls:
         for call in (lambda: sample_categorical(logits, seed=1, **kwargs),
                      lambda: sample_categorical_reference(logits, seed=1, **kwargs),
