@@ -271,3 +271,84 @@ def test_maskgit_fused_equals_reference_when_ranking_by_confidence_alone():
         kw = dict(steps=4, choice_temperature=0.0, noise=PhiloxNoise(seed))
         assert torch.equal(maskgit_sample(denoiser, 4, length, vocab, execution=Execution(fused=True), **kw).tokens,
                            maskgit_sample(denoiser, 4, length, vocab, **kw).tokens)
+
+
+def test_tau_leaping_uniform_clamps_the_rate_before_the_stay_factor():
+    """On alpha = 1 - (1 - t)^4 with T = 2 the first step's dt alpha_dot / (1 - alpha) is 2: it
+    is clamped to 1 and then times 1 - p_stay = 1/2, so about half the positions jump (the law
+    of tau_leaping_uniform_law); clamping only after the product would move every position."""
+    from ddpd.process import CustomSchedule
+
+    quartic = CustomSchedule(lambda t: 1 - (1 - t) ** 4, lambda t: 4 * (1 - t) ** 3, lambda a: 1 - (1 - a) ** 0.25)
+    seen = []
+
+    def model(x, t):
+        seen.append(x.clone())
+        return torch.zeros(*x.shape, 2)  # p_stay = 1/2, and a jump always changes the token
+
+    tau_leaping_uniform(model, 1, 400, 2, steps=2, schedule=quartic, seed=0)
+    moved = float((seen[1] != seen[0]).float().mean())
+    assert 0.4 < moved < 0.6, moved
+
+
+def test_tau_leaping_mask_reference_run_never_calls_the_denoiser_on_no_rows():
+    """A step where no row unmasks costs no call: the reference run passes only the rows with
+    a draw, and an empty batch is not one a denoiser has to accept."""
+    sizes = []
+
+    def denoiser(x, t):
+        sizes.append(x.shape[0])
+        return torch.zeros(*x.shape, 2)
+
+    result = tau_leaping_mask(denoiser, 2, 1, 2, steps=10, seed=0)
+    assert int(result.tokens.max()) < 2
+    assert sizes and min(sizes) >= 1, sizes
+    assert len(sizes) < 10  # steps with no unmasking in any row were skipped
+
+
+def test_tau_leaping_planned_mask_denoiser_also_masks_non_jumping_positions_on_their_own_draw():
+    """A position that does not jump is masked with the planner's probability p on its own
+    uniform (prop:draw_with_maskD): at T = 1 with p = 1/2 everywhere a jump takes half the
+    positions and the denoiser sees 1 - (1/2)^2 = 3/4 of them masked; reusing the jump's
+    uniform would mask only the jumping half."""
+    shares = []
+
+    def planner(x):
+        return torch.zeros(x.shape, dtype=torch.float32)
+
+    def denoiser(x, t):
+        shares.append(float((x == 2).float().mean()))
+        return torch.zeros(*x.shape, 2)
+
+    tau_leaping_planned(planner, denoiser, 1, 400, 2, steps=1, denoiser_type="mask", seed=0)
+    assert len(shares) == 1 and 0.67 < shares[0] < 0.83, shares
+
+
+def test_tau_leaping_uniform_counts_every_jump_as_a_commit():
+    """commits (and tokens_per_pass) count the jumps: each jump changes its token, so a row's
+    commits are the changes between the model's successive inputs and the final tokens."""
+    seen = []
+
+    def model(x, t):
+        seen.append(x.clone())
+        return torch.zeros(*x.shape, 3)
+
+    result = tau_leaping_uniform(model, 3, 8, 3, steps=5, seed=1)
+    states = seen + [result.tokens]
+    changes = sum((b != a).sum(-1) for a, b in zip(states, states[1:]))
+    assert int(changes.sum()) > 0
+    assert torch.equal(result.commits, changes)
+
+
+@pytest.mark.parametrize("eta", [0.0, 1.0])
+def test_tau_leaping_mask_fused_run_counts_the_passes_the_reference_counts(eta):
+    """The fused run calls the denoiser on every row but counts a pass only for the rows with
+    an unmasking in the step, as the reference run does."""
+    def denoiser(x, t):
+        return torch.zeros(*x.shape, 2)
+
+    runs = [tau_leaping_mask(denoiser, 6, 3, 2, steps=12, eta=eta, seed=2, execution=Execution(fused=fused))
+            for fused in (False, True)]
+    assert torch.equal(runs[0].tokens, runs[1].tokens)
+    assert torch.equal(runs[0].denoiser_passes, runs[1].denoiser_passes)
+    assert int(runs[0].denoiser_passes.max()) < 12

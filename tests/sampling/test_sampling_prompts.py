@@ -310,3 +310,18 @@ def test_uniform_noise_networks_trained_without_prompts_bias_a_prompt():
         TABLE.add(f"ddpd exact clock, {name} without prompts, prompt x^1 = 2 [dir S3 D3]", tv(emp, biased),
                   tv(emp, cond.sub.p_data), limit, cond.sub.N)
         assert tv(emp, biased) < limit < tv(emp, cond.sub.p_data), name
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["reference", "fused"])
+def test_mask_tau_leaping_without_remasking_stops_a_row_the_prompt_fills_at_step_0(fused):
+    """With eta = 0 a row given whole (nothing frozen) has no mask and can never change: it
+    stops at step 0, not after a step spent on nothing."""
+    x_init = torch.tensor([[1, 0, 1, 1], [-1, 0, -1, -1]])
+
+    def denoiser(x, t):
+        return torch.zeros(*x.shape, 2)
+
+    given = Prompt(x_init, torch.zeros_like(x_init, dtype=torch.bool))
+    result = tau_leaping_mask(denoiser, 2, 4, 2, steps=10, prompt=given, seed=0, execution=Execution(fused=fused))
+    assert result.stop_step[0] == 0 and result.denoiser_passes[0] == 0
+    assert torch.equal(result.tokens[0], x_init[0])
