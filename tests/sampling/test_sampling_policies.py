@@ -1057,3 +1057,24 @@ def test_a_full_policy_spec_leaves_out_the_fields_that_are_none():
     """policy_spec names every field set (the frontier's rows), none of those at None."""
     assert policy_spec(ErrorBudget()) == ("error-budget:bound=1,max_k=16,order=risk,spread=none,known_noise=False,"
                                           "plan_every=1,choice_temperature=0")
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["reference", "fused"])
+def test_a_row_the_prompt_fills_without_freezing_it_stops_at_step_0(fused):
+    """A row whose x_init gives every position but freezes none has no mask to fill: it stops
+    at step 0 with no pass and no commit, and keeps the given tokens; the other rows commit
+    each mask they start with once, a pass a step up to the step they stop at (one that
+    commits every mask at step 0 stops at step 1)."""
+    given = torch.full((3, D), -1)
+    given[0], given[1, :4] = 5, 7
+    result = mask_sample(NETWORKS["mask"], 3, D, 27, steps=6, seed=1, policy=MaskGIT(),
+                         prompt=Prompt(given, torch.zeros_like(given, dtype=torch.bool)),
+                         execution=Execution(fused=fused))
+    assert result.stop_step.tolist()[0] == 0 and result.denoiser_passes[0] == 0 and result.commits[0] == 0
+    assert bool(result.stop_step[1:].gt(0).all()) and torch.equal(result.tokens[0], given[0])
+    assert result.commits.tolist() == [0, D - 4, D]
+    assert result.stop_step.tolist() == result.denoiser_passes.tolist() == [0, 6, 6]
+    eager = mask_sample(NETWORKS["mask"], 3, D, 27, steps=6, seed=1, policy=ConfidenceThreshold(1e-9),
+                        prompt=Prompt(given, torch.zeros_like(given, dtype=torch.bool)),
+                        execution=Execution(fused=fused))
+    assert eager.stop_step.tolist() == eager.denoiser_passes.tolist() == [0, 1, 1]
