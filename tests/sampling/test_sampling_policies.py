@@ -1078,3 +1078,9 @@ def test_a_row_the_prompt_fills_without_freezing_it_stops_at_step_0(fused):
                         prompt=Prompt(given, torch.zeros_like(given, dtype=torch.bool)),
                         execution=Execution(fused=fused))
     assert eager.stop_step.tolist() == eager.denoiser_passes.tolist() == [0, 1, 1]
+
+
+def test_a_denoiser_that_is_not_callable_is_named():
+    """The mask loop refuses a denoiser that is not callable before the run, naming it."""
+    with pytest.raises(TypeError, match="denoiser must be callable, got str"):
+        mask_sample("runs/mask", 2, D, 27, steps=4, seed=0)
