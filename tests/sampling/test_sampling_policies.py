@@ -1084,3 +1084,16 @@ def test_a_denoiser_that_is_not_callable_is_named():
     """The mask loop refuses a denoiser that is not callable before the run, naming it."""
     with pytest.raises(TypeError, match="denoiser must be callable, got str"):
         mask_sample("runs/mask", 2, D, 27, steps=4, seed=0)
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["reference", "fused"])
+def test_entropy_bound_reads_a_token_of_probability_zero_as_adding_no_entropy(fused):
+    """A law with -inf logits has a finite entropy (0 log 0 = 0), not NaN: under a bound every
+    entropy fits, each row commits all its masks at step 0."""
+    def sparse(x, t):
+        logits = torch.zeros(*x.shape, 27)
+        logits[..., 3:] = float("-inf")  # three tokens, entropy log 3 at every position
+        return logits
+    result = mask_sample(sparse, 2, D, 27, steps=4, seed=0, policy=EntropyBound(100.0),
+                         execution=Execution(fused=fused))
+    assert result.stop_step.tolist() == [1, 1] and bool((result.tokens < 3).all())
