@@ -1097,3 +1097,17 @@ def test_entropy_bound_reads_a_token_of_probability_zero_as_adding_no_entropy(fu
     result = mask_sample(sparse, 2, D, 27, steps=4, seed=0, policy=EntropyBound(100.0),
                          execution=Execution(fused=fused))
     assert result.stop_step.tolist() == [1, 1] and bool((result.tokens < 3).all())
+
+
+def test_the_mask_loop_calls_the_denoiser_at_the_time_of_its_masked_share():
+    """Under the linear schedule (alpha_t = t) the denoiser sees t = 1 - #masked / D: 0 at the
+    all-mask start, then the share each row has unmasked."""
+    seen = []
+
+    def recording(x, t):
+        seen.append((t.clone(), (x == 27).float().mean(-1)))
+        return NETWORKS["mask"](x, t)
+    mask_sample(recording, 2, D, 27, steps=4, seed=0, policy=MaskGIT())
+    assert torch.equal(seen[0][0], torch.zeros(2)) and len(seen) == 4
+    for t, share in seen:
+        assert torch.allclose(t.float(), 1 - share)
