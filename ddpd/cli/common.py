@@ -144,6 +144,34 @@ def refused_text(data: str, err: ValueError) -> Optional[UsageError]:
     return UsageError(f"--data {data}: the checkpoints' tokenizer cannot encode it: {str(err)[len(where):]}")
 
 
+@contextmanager
+def data_refusals(data: str) -> Iterator[None]:
+    """Raise refused_text's or unopened_data's UsageError (exit status 2) for an error of reading
+    --data inside the block; any other error passes as it is.
+
+    Args:
+        data: --data's value, a file's path as typed.
+
+    Yields:
+        None, inside the refusals.
+
+    Raises:
+        UsageError: --data's text is not UTF-8, empty or not encodable, or open() refused the file.
+    """
+    try:
+        yield
+    except ValueError as err:
+        refused = refused_text(data, err)
+        if refused is None:
+            raise
+        raise refused from None
+    except OSError as err:  # open() refused it (a socket): a bad input, as if missing
+        refused = unopened_data(data, err)
+        if refused is None:
+            raise
+        raise refused from None
+
+
 def unopened_data(data: str, err: OSError) -> Optional[UsageError]:
     """The usage error for a --data file that is there but that open() refuses (a socket: "No
     such device or address"), a bad input as a missing one is (exit status 2), or None for an

@@ -38,16 +38,15 @@ from ddpd.cli.common import (
     check_first,
     check_seed,
     check_threads,
+    data_refusals,
     float_type,
     int_type,
     load_role,
     refuse_empty_paths,
     refuse_outputs_over_inputs,
-    refused_text,
     resolve_device,
     run_tool,
     shared_facts,
-    unopened_data,
     warn_if_lengths_differ,
 )
 from ddpd.cli.samplers import add_truncation_arguments, needs, truncation_from
@@ -248,22 +247,15 @@ def _heldout(args: argparse.Namespace, loaded: Loaded, num: Optional[int], flag:
         raise UsageError("the checkpoints do not record their tokenizer; cannot encode --data")
     tokenizer = tokenizer_from_config(loaded.tokenizer)
     try:
-        text = load_text(args.data)
-        _warn_if_trained_on_other_text(args, loaded, text)
-        sequences = heldout_sequences(args.data, tokenizer, loaded.seq_len, args.split, num, text=text)
+        with data_refusals(args.data):
+            text = load_text(args.data)
+            _warn_if_trained_on_other_text(args, loaded, text)
+            sequences = heldout_sequences(args.data, tokenizer, loaded.seq_len, args.split, num, text=text)
     except ValueError as err:
         if str(err).startswith("num_sequences:"):
             raise UsageError(f"{flag}:{str(err)[len('num_sequences:'):]}".replace("num_sequences=", f"{flag} "))
         if str(err).startswith("seq_len:"):  # the length is the checkpoints', not a flag
             raise UsageError(f"--data:{str(err)[len('seq_len:'):]} (the checkpoints' length)") from None
-        refused = refused_text(args.data, err)
-        if refused is not None:
-            raise refused from None
-        raise
-    except OSError as err:
-        refused = unopened_data(args.data, err)  # open() refused it (a socket): a bad input, as if missing
-        if refused is not None:
-            raise refused from None
         raise
     return sequences.to(loaded.device)
 

@@ -28,11 +28,10 @@ from ddpd.cli.common import (
     Interrupted,
     UsageError,
     add_runtime_arguments,
+    data_refusals,
     float_type,
     int_type,
     one_line,
-    refused_text,
-    unopened_data,
 )
 
 DEFAULT_POLICIES = ["error-budget:bound=1,max_k=16", "error-budget:bound=4,max_k=16", "threshold:0.9",
@@ -342,18 +341,8 @@ def _ngram_judge(args, order: int, shared: dict):
     if shared["tokenizer"] is None:
         raise UsageError("the bundle's checkpoints do not record their tokenizer; cannot encode --data for "
                          "--judge ngram")
-    try:
+    with data_refusals(args.data):
         train = load_splits(args.data, tokenizer_from_config(shared["tokenizer"]))["train"]
-    except ValueError as err:
-        refused = refused_text(args.data, err)
-        if refused is not None:
-            raise refused from None
-        raise
-    except OSError as err:
-        refused = unopened_data(args.data, err)  # open() refused it (a socket): a bad input, as if missing
-        if refused is not None:
-            raise refused from None
-        raise
     if train.numel() <= order:  # NGramJudge's own error would name neither the flag nor the file
         raise UsageError(f"--data {args.data}: its train split holds {train.numel()} "
                          f"token{'' if train.numel() == 1 else 's'}, too few for --judge ngram:{order} (it needs "
