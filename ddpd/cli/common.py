@@ -58,10 +58,23 @@ class OneLineParser(argparse.ArgumentParser):
     def error(self, message: str) -> None:
         """Exit with status 2 after one line on stderr, `PROG: error: MESSAGE`.
 
+        Under torchrun only process 0 writes the line: every process parses the same command
+        line (the argument types read no file), and the others' copies would repeat it.
+
         Args:
             message: what argparse found wrong.
         """
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        self.exit(2, None if _a_helper_process() else f"{self.prog}: error: {message}\n")
+
+
+def _a_helper_process() -> bool:
+    """Whether torchrun's variables make this process one of a group other than process 0
+    (0 < RANK < WORLD_SIZE); False where either is unset or not an int."""
+    try:
+        rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    except (KeyError, ValueError):
+        return False
+    return 0 < rank < world_size
 
 
 def argument_type(kind: Callable[[str], object], allowed: Callable, what: str) -> Callable[[str], object]:

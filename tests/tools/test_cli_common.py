@@ -11,6 +11,7 @@ import pytest
 
 from ddpd.checkpoint import CheckpointError
 from ddpd.cli.common import (
+    OneLineParser,
     UsageError,
     check_finite,
     check_threads,
@@ -131,3 +132,24 @@ def test_an_ar_judge_shares_the_vocabulary_and_tokenizer_but_not_the_schedule_or
     facts = shared_facts([("--denoiser d", denoiser), ("--judge j", judge)])
     assert facts == {"vocab_size": 27, "tokenizer": tokenizer, "schedule": "cosine", "seq_len": 8,
                      "seq_lens": {"--denoiser d": 8}}
+
+
+@pytest.mark.parametrize("rank, world_size, says", [(None, None, True), ("0", "2", True), ("1", "2", False),
+                                                    ("3", "4", False), ("1", None, True), ("2", "2", True),
+                                                    ("x", "2", True)])
+def test_only_process_0_of_a_torchrun_writes_an_argument_error(monkeypatch, capsys, rank, world_size, says):
+    """Every process of a torchrun parses the same command line: each wrote the same error line.
+    Process 0 writes it; the others exit 2 without it. A RANK without a group, or one that is not
+    an int, still writes it."""
+    for name, value in (("RANK", rank), ("WORLD_SIZE", world_size)):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    parser = OneLineParser(prog="ddpd-train")
+    parser.add_argument("--steps", required=True)
+    with pytest.raises(SystemExit) as exit_:
+        parser.parse_args([])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err == ("ddpd-train: error: the following arguments are required: --steps\n" if says else ""), err
