@@ -33,6 +33,7 @@ from ddpd.sampling.policies import (
     cosine_left,
     cosine_table,
     ddpd_steps,
+    least_confident,
     parse_policy,
     policy_spec,
     spread_minimum,
@@ -358,6 +359,96 @@ def test_remdm_step_tables_of_cap_and_rescale():
     assert torch.allclose(ReMDM("rescale", 0.5).step_table(4, linear), torch.tensor(rescale, dtype=torch.float64))
 
 
+def test_error_budget_breaks_equal_risks_in_the_planners_order():
+    """Equal risks rank in the planner's order (a stable sort): of 19 candidates after the pick at
+    0.1 each, bound 0.45 commits the planner's next four, not four of its choosing."""
+    risk, eligible = torch.full((1, 20), 0.1), torch.ones(1, 20, dtype=torch.bool)
+    assert ErrorBudget(0.45, 20).commit(risk, eligible).tolist() == [[True] * 5 + [False] * 15]
+
+
+def test_a_nan_risk_ranks_after_the_other_eligible_candidates():
+    """A NaN risk (a NaN output) keys last of the eligible: the candidates after it in the
+    planner's order are still committed within the bound, it is not."""
+    risk, eligible = torch.tensor([[0.1, float("nan"), 0.1, 0.1]]), torch.ones(1, 4, dtype=torch.bool)
+    assert ErrorBudget(1.0, 4).commit(risk, eligible).tolist() == [[True, False, True, True]]
+
+
+def test_least_confident_breaks_ties_to_the_lower_position():
+    """Ties go to the lower position (a stable sort), at a row length where torch's default sort
+    does not keep the order of equal keys."""
+    masked = torch.ones(1, 20, dtype=torch.bool)
+    masked[0, 2] = False
+    kept = least_confident(torch.zeros(1, 20), masked, torch.tensor([5]))
+    assert kept.tolist() == [[True, True, False, True, True, True] + [False] * 14]
+
+
+def test_the_factor_rule_breaks_equal_probabilities_to_the_lower_position():
+    """Of 20 masks at probability 0.9, factor 0.45 unmasks three ((n + 1) 0.1 < 0.45 up to n = 3):
+    positions 0, 1, 2, as the stable sort ranks them."""
+    step = _step([math.log(0.9)] * 20)
+    assert ConfidenceFactor(0.45).unmask(step).tolist() == [[True] * 3 + [False] * 17]
+
+
+def test_the_factor_rule_counts_the_prefix_where_it_holds_not_every_position():
+    """A NaN probability ranks first and fails the rule, which ends the prefix: the step unmasks
+    that one position (at least one), not also the later ones where the rule holds."""
+    step = _step([float("nan"), 0.0, 0.0])
+    assert ConfidenceFactor(1.0).unmask(step).tolist() == [[True, False, False]]
+
+
+def test_entropy_bound_stops_at_the_first_position_past_gamma():
+    """U is a prefix: ranked 1e-7, 1e-7, 8, at gamma 0 the second is past it, and so is the
+    third, though float32's cumsum rounds 1e-7 + 1e-7 + 8 to 8 (its sum less maximum 0)."""
+    step = _step([0.0] * 3, entropy=torch.tensor([[1e-7, 8.0, 1e-7]]))
+    assert EntropyBound(0.0).unmask(step).tolist() == [[True, False, False]]
+
+
+def test_entropy_bound_unmasks_nothing_in_a_row_with_no_mask():
+    """A row with no mask left (filled while others run on) gets no position: the prefix's first
+    entry is taken only where it is a mask."""
+    step = _step([0.0] * 3, [False] * 3, entropy=torch.zeros(1, 3))
+    assert EntropyBound(0.5).unmask(step).tolist() == [[False] * 3]
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["reference", "fused"])
+def test_entropy_bound_keeps_the_tokens_of_a_row_filled_before_the_others(fused):
+    """Row 0's one mask is filled at step 0 while the others run on: its tokens and its one
+    commit stay, as the fused loop too hands the policy rows with no mask (whose lowest
+    position, were it taken, would be drawn again)."""
+    given = torch.full((3, D), -1)
+    given[0, :D - 1], given[1, :2] = 5, 7
+    result = mask_sample(NETWORKS["mask"], 3, D, 27, steps=6, seed=1, policy=EntropyBound(0.01),
+                         prompt=Prompt(given, torch.zeros_like(given, dtype=torch.bool)),
+                         execution=Execution(fused=fused))
+    assert result.stop_step.tolist()[0] == 1 and result.commits.tolist()[0] == 1
+    assert torch.equal(result.tokens[0, :D - 1], given[0, :D - 1])
+
+
+def test_remdm_unmasks_every_mask_from_an_alpha_of_1():
+    """A schedule that reaches alpha 1 before the budget's end: a step from alpha_t = 1 unmasks
+    with probability 1 (1 - alpha_t is no divisor there) and remasks nothing."""
+    def early(u):
+        return min(1.0, 2.0 * u)
+
+    table = ReMDM("cap", 0.5).step_table(4, early)
+    assert table[2:].tolist() == [[0.0, 1.0], [0.0, 1.0]]
+
+
+def test_remdm_loop_takes_an_eta_of_exactly_its_most():
+    """eta <= (1 - alpha_on) / alpha_on: at alpha_on 0.5 an eta of 1 holds alpha there and is taken."""
+    assert ReMDM("loop", 1.0, alpha_on=0.5).eta == 1.0
+    with pytest.raises(ValueError, match="eta <= "):
+        ReMDM("loop", 1.0, alpha_on=0.6)
+
+
+def test_known_noise_commits_one_candidate_where_the_spreads_minimum_is_0():
+    """At least one is committed under known_noise: a linear spread's minimum of 0 (no expected
+    noise left) at bound 0 still commits the lowest risk."""
+    risk, eligible = torch.tensor([[0.3, 0.1, 0.2]]), torch.ones(1, 3, dtype=torch.bool)
+    policy = ErrorBudget(0.0, 3, spread="linear", known_noise=True)
+    assert policy.commit(risk, eligible, torch.tensor([0])).tolist() == [[False, True, False]]
+
+
 @pytest.mark.parametrize("fused", [False, True], ids=["reference", "fused"])
 def test_maskgit_spreads_the_masks_a_prompted_row_starts_with(fused):
     """m0 counts a row's masks at the start, not D: 8 of 16 go 8 -> 7 -> 5 -> 3 (8, 7, 6, 5 from 16)."""
@@ -675,6 +766,11 @@ def test_ddpd_steps_and_passes_check_their_counts():
             function(8, MaskGIT())
 
 
+def test_a_pass_budget_below_one_steps_cost_still_buys_one_step():
+    """ddpd_steps is at least 1: one pass (a step costs two), or one pass under plan_every 3."""
+    assert ddpd_steps(1) == 1 and ddpd_steps(1, ErrorBudget(plan_every=3)) == 1
+
+
 def test_error_budget_law_at_bound_0_is_algorithm_1s():
     problem = toy("dir S3 D3")
     one = laws.ddpd_planner_clock_law(problem, 4, ddpd=DDPDOptions(stop="budget"))
@@ -855,6 +951,16 @@ def test_a_graphs_step_tensor_gives_the_eager_steps_spread_and_annealing():
             assert torch.equal(annealed(4.5, step, steps) * g, annealed(4.5, replayed, steps) * g)
     cos = cosine_table(3)[1]
     assert spread_minimum("cosine", sum_p, 1, 3, 256, cos).tolist() == [72, 1]  # floor(256 cos(pi/3)) = 128
+
+
+def test_a_graphs_step_tensor_gives_the_eager_steps_linear_spread():
+    """ceil(sum_p / (T - i)): a replayed step divides by the steps left as the int index does."""
+    sum_p = torch.tensor([200.0, 3.0, 7.5])
+    for steps in (3, 6, 26):
+        for step in range(steps):
+            assert torch.equal(spread_minimum("linear", sum_p, step, steps, 256),
+                               spread_minimum("linear", sum_p, torch.tensor(step), steps, 256))
+    assert spread_minimum("linear", sum_p, torch.tensor(2), 6, 256).tolist() == [50, 1, 2]
 
 
 def test_maskgit_and_the_cosine_spread_keep_the_committed_frontiers_draws():
