@@ -1217,3 +1217,29 @@ def test_the_mask_loop_calls_the_denoiser_at_the_time_of_its_masked_share():
     assert torch.equal(seen[0][0], torch.zeros(2)) and len(seen) == 4
     for t, share in seen:
         assert torch.allclose(t.float(), 1 - share)
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["reference", "fused"])
+def test_plan_every_2_holds_the_plan_between_planner_passes(fused):
+    """Pins that a step without a planner pass reads the held plan at plan_every=2 as at any larger
+    m: a position the planner called clean (logit -inf) is never written, while a blank plan would
+    make every position a candidate at the odd steps."""
+    def planner(x):
+        logits = torch.zeros(x.shape)
+        logits[:, :4] = float("-inf")
+        return logits
+
+    def denoiser(x, t):
+        logits = torch.zeros(*x.shape, 27)
+        logits[..., 26] = 50.0
+        return logits
+
+    def run(plan_every):
+        return ddpd_sample(planner, denoiser, 6, D, 27, steps=6, seed=1, temperature=0.0,
+                           execution=Execution(fused=fused),
+                           ddpd=DDPDOptions(stop="budget", policy=ErrorBudget(8.0, 4, plan_every=plan_every)))
+
+    every, held = run(1), run(2)
+    assert held.planner_passes.eq(3).all()
+    assert torch.equal(held.tokens, every.tokens)
+    assert held.tokens[:, 4:].eq(26).all() and not held.tokens[:, :4].eq(26).all()
