@@ -14,6 +14,7 @@ import torch
 
 from ddpd.process import CosineSchedule
 from ddpd.sampling import ddpd_sample, ddpd_sample_uniform
+from ddpd.sampling.noise import CLOCK, PhiloxNoise, exponential
 from ddpd.sampling.options import DDPDOptions, Execution, Prompt, Temperature
 from oracles import laws
 from oracles.fixtures import noise, single_thread, toy  # noqa: F401  (single_thread: autouse)
@@ -396,3 +397,21 @@ def test_cosine_schedule_exact_clock_and_planner_clock():
                          schedule="cosine", noise=noise())
     check_law("ddpd B, cosine schedule [dir S3 D3 seed 6]", problem, result,
               laws.ddpd_planner_clock_law(problem, 8, ddpd=DDPDOptions(stop="budget")))
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["reference", "fused"])
+def test_exact_clock_stops_a_row_at_the_first_step_its_clock_reaches_t_end(fused):
+    """Pins the exact clock's stop: a row ends at the first step whose clock s = sum of Exp(1) / D
+    reaches s_end = -log(1 - alpha(t_end)), not later (rejected candidates only: the planner says
+    clean everywhere, so the stop step is the clock's alone)."""
+    rows, length, t_end = 32, 4, 0.5
+    result = ddpd_sample(lambda x: torch.full(x.shape, float("-inf")), lambda x, t: torch.zeros(*x.shape, 5),
+                         rows, length, 5, steps=200, ddpd=DDPDOptions(clock="exact", t_end=t_end),
+                         noise=PhiloxNoise(7), execution=Execution(fused=fused, sync_every=1))
+    s_end = -torch.log1p(-torch.tensor(t_end, dtype=torch.float64))  # the linear schedule: alpha(t) = t
+    source, ids = PhiloxNoise(7), torch.arange(rows)
+    s = torch.cumsum(torch.stack([exponential(source.uniform(i, CLOCK, ids, 1)[:, 0]).double() / length
+                                  for i in range(200)], 1), 1)
+    expected = (s >= s_end).long().argmax(1)
+    assert expected.max() < 199 and expected.unique().numel() > 1
+    assert torch.equal(result.stop_step.cpu(), expected)
