@@ -415,3 +415,14 @@ def test_exact_clock_stops_a_row_at_the_first_step_its_clock_reaches_t_end(fused
     expected = (s >= s_end).long().argmax(1)
     assert expected.max() < 199 and expected.unique().numel() > 1
     assert torch.equal(result.stop_step.cpu(), expected)
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["reference", "fused"])
+def test_exact_clock_counts_each_accepted_event_as_one_commit(fused):
+    """Pins the exact clock's commits: with a planner that calls every position noise every candidate
+    is accepted and writes one token, so a row's commits equal its denoiser passes (one per event)."""
+    result = ddpd_sample(lambda x: torch.full(x.shape, 30.0), lambda x, t: torch.zeros(*x.shape, 5), 8, 4, 5,
+                         steps=50, ddpd=DDPDOptions(clock="exact", t_end=0.9), seed=3,
+                         execution=Execution(fused=fused))
+    assert result.commits.gt(0).all()
+    assert torch.equal(result.commits, result.denoiser_passes)
