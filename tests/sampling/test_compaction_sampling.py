@@ -209,3 +209,11 @@ def test_steps_is_the_stop_step_of_the_last_row_to_stop(fused):
 def test_buckets_are_the_next_power_of_two():
     # a bucketed batch (CUDA graphs) keeps this many rows: its rows saved are counted from it
     assert [sampling_batch._bucket(n) for n in (0, 1, 2, 3, 4, 5, 8, 9)] == [0, 1, 2, 4, 4, 8, 8, 16]
+
+
+def test_a_stop_check_where_no_row_stopped_keeps_the_batch():
+    """A check with every row still running packs nothing: the batch, and a graph captured on it, stay."""
+    batch = sampling_batch.FusedBatch(torch.zeros(4, 3, dtype=torch.long))
+    x = batch.x
+    batch.finish(torch.zeros(4, dtype=torch.bool), 0)
+    assert batch.generation == 0 and batch.x is x
