@@ -8,6 +8,7 @@ import torch
 from ddpd.sampling import (
     NaNOutputWarning,
     PhiloxNoise,
+    batch as sampling_batch,
     ddpd_sample,
     ddpd_sample_uniform,
     maskgit_sample,
@@ -193,3 +194,11 @@ def test_guidance_with_nan_in_the_null_label_half_of_one_call_is_counted():
         result = maskgit_sample(NullNaN(), B, D, V, steps=6, seed=0,
                                 guidance=Guidance(torch.zeros(B, dtype=torch.long), scale=2.0))
     assert result.denoiser_calls == result.denoiser_nan_passes == 6
+
+
+def test_the_warning_counts_the_bad_passes_out_of_all_passes():
+    """The message says how many passes of each network held NaN, out of how many it made."""
+    message = sampling_batch.nan_warning(1, 4, 0, 3)
+    assert message.startswith("the planner returned NaN in 1 of 4 passes: ")
+    assert sampling_batch.nan_warning(0, 4, 2, 5).startswith("the denoiser returned NaN or +inf in 2 of 5 passes: ")
+    assert sampling_batch.nan_warning(0, 4, 0, 5) == ""
