@@ -24,7 +24,7 @@ from ddpd.sampling import (
     tau_leaping_mask,
     tau_leaping_uniform,
 )
-from ddpd.sampling.batch import extended_softmax, guided
+from ddpd.sampling.batch import check_hidden, extended_softmax, guided
 from ddpd.sampling.options import DDPDOptions, Execution, Guidance
 from ddpd.sampling.policies import ConfidenceFactor, ConfidenceThreshold, EntropyBound, MaskGIT
 from oracles import laws
@@ -385,3 +385,19 @@ def test_a_guided_pass_on_some_rows_counts_two_denoiser_passes_a_row(fused):
                                     seed=3, execution=Execution(fused=fused, sync_every=1))
     assert result.denoiser_passes.tolist() == [2 * n for n in unguided.denoiser_passes.tolist()]
     assert int(unguided.denoiser_passes.min()) < 12  # steps without an unmasking: passes on some rows only
+
+
+def test_a_head_network_whose_hidden_takes_no_labels_is_refused_before_a_guided_run():
+    """Under guidance the fused run calls hidden(x, t, labels=...): a hidden(x, t) is refused up front."""
+    class NoLabels(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.head = torch.nn.Linear(4, 3)
+
+        def hidden(self, x, t):
+            return torch.zeros(*x.shape, 4)
+
+    check_hidden("denoiser", NoLabels(), labels=False)
+    with pytest.raises(TypeError, match=r"^denoiser \(NoLabels\) has an nn.Linear head, so the fused run calls its "
+                                        r"hidden\(x, t, labels=\.\.\.\), but its hidden\(x, t\) cannot be called so"):
+        check_hidden("denoiser", NoLabels(), labels=True)
