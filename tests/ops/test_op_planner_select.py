@@ -508,3 +508,15 @@ def test_planner_select_mask_refuses_half_given_uniforms(kwargs, match):
     for op in (planner_select_mask, planner_select_mask_reference):
         with pytest.raises(ValueError, match=match):
             op(logits, x, 9, 2, **kwargs)
+
+
+def test_defaults_are_one_sigmoid_draw_stopping_below_one_percent():
+    """k=1, mode 'sigmoid', tau 1 and eps 0.01 by default, on the op and on its references:
+    a row whose largest p is 0.0099 stops, one whose largest p is 0.011 does not."""
+    logits = torch.tensor([[math.log(0.0099 / 0.9901), -9.0, -8.0], [math.log(0.011 / 0.989), -9.0, -8.0]])
+    x = torch.zeros(2, 3, dtype=torch.long)
+    want = planner_select_reference(logits, 1, "sigmoid", 1.0, 0.01, seed=3)
+    assert want.stop.tolist() == [True, False]
+    for out in (planner_select(logits, seed=3), planner_select_reference(logits, seed=3),
+                planner_select_mask(logits, x, 9, seed=3)[:3], planner_select_mask_reference(logits, x, 9, seed=3)[:3]):
+        assert_same(out, want)
