@@ -520,3 +520,15 @@ def test_defaults_are_one_sigmoid_draw_stopping_below_one_percent():
     for out in (planner_select(logits, seed=3), planner_select_reference(logits, seed=3),
                 planner_select_mask(logits, x, 9, seed=3)[:3], planner_select_mask_reference(logits, x, 9, seed=3)[:3]):
         assert_same(out, want)
+
+
+@pytest.mark.parametrize("bad", [0.0, 1.5, float("nan")])
+def test_mask_noise_outside_the_unit_interval_is_refused(bad):
+    """A mask_noise value outside (0, 1] is refused, naming mask_noise and its place, by the
+    C++ path and by the reference alike."""
+    logits, x = torch.randn(2, 3), torch.zeros(2, 3, dtype=torch.long)
+    noise, mask_noise = torch.full((2, 3), 0.5), torch.full((2, 3), 0.5)
+    mask_noise[1, 2] = bad
+    for op in (planner_select_mask, planner_select_mask_reference):
+        with pytest.raises(ValueError, match=r"^mask_noise values must be uniforms in \(0, 1\], .* row 1, column 2$"):
+            op(logits, x, 9, noise=noise, mask_noise=mask_noise)
