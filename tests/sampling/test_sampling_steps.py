@@ -53,6 +53,12 @@ def test_philox_noise_first_row_shifts_the_row_ids():
     assert torch.equal(shifted, PhiloxNoise(seed=4).uniform(3, SELECT, torch.arange(5, 8), 7))
 
 
+def test_philox_noise_columns_are_a_slice_of_the_uniform_row():
+    """columns(first, count) are columns first .. first + count - 1 of uniform, as chunked token draws read them."""
+    noise, rows = PhiloxNoise(seed=4, first_row=2), torch.arange(3)
+    assert torch.equal(noise.columns(3, SELECT, rows, 4, 5), noise.uniform(3, SELECT, rows, 9)[:, 4:])
+
+
 def test_a_first_row_is_any_integer_in_range_and_the_rest_are_named():
     """np.int64(5) was refused as "not an int", though the seed beside it takes numpy's integers."""
     rows = torch.arange(3)
