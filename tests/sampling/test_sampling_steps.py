@@ -27,7 +27,7 @@ from ddpd.sampling import (
 from ddpd.sampling.common import Run, write
 from ddpd.sampling.draws import FusedDraws, ReferenceDraws
 from ddpd.sampling.gillespie import mask_time, planner_time
-from ddpd.sampling.noise import NUM_STREAMS, SELECT, exponential, gumbel, make_noise
+from ddpd.sampling.noise import NUM_STREAMS, SELECT, exponential, gumbel, happens, make_noise
 from ddpd.sampling.options import Guidance
 from ddpd.sampling.policies import ErrorBudget
 from oracles.fixtures import single_thread  # noqa: F401  (autouse)
@@ -652,3 +652,10 @@ def test_a_philox_offset_given_as_a_tensor_draws_what_the_int_draws(fused):
             for offset in (5, torch.tensor(5), 2**64 - 3, torch.tensor(-3))]
     assert torch.equal(runs[0].tokens, runs[1].tokens) and torch.equal(runs[2].tokens, runs[3].tokens)
     assert not torch.equal(runs[0].tokens, runs[2].tokens)
+
+
+def test_the_top_uniform_fires_a_certain_event_and_gives_a_positive_exponential():
+    """u = 1.0, the top grid value, fires an event of probability 1 and gives an exponential > 0, not 0."""
+    top = torch.tensor([1.0])
+    assert bool(happens(top, 1.0)) and bool(happens(top, torch.tensor([1.0])))
+    assert float(exponential(top)) > 0
