@@ -28,7 +28,7 @@ from ddpd.sampling.common import Run, write
 from ddpd.sampling.draws import FusedDraws, ReferenceDraws
 from ddpd.sampling.gillespie import mask_time, planner_time
 from ddpd.sampling.noise import NUM_STREAMS, SELECT, exponential, gumbel, happens, make_noise
-from ddpd.sampling.options import Guidance
+from ddpd.sampling.options import Guidance, check_option
 from ddpd.sampling.policies import ErrorBudget
 from oracles.fixtures import single_thread  # noqa: F401  (autouse)
 from oracles.toy import ToyProblem, dirichlet_p_data
@@ -659,3 +659,12 @@ def test_the_top_uniform_fires_a_certain_event_and_gives_a_positive_exponential(
     top = torch.tensor([1.0])
     assert bool(happens(top, 1.0)) and bool(happens(top, torch.tensor([1.0])))
     assert float(exponential(top)) > 0
+
+
+def test_check_option_takes_none_only_where_optional():
+    """None passes where the keyword is optional and is a TypeError naming the class otherwise."""
+    assert check_option("s", "guidance", None, Guidance, optional=True) is None
+    with pytest.raises(TypeError, match=r"s: ddpd must be a DDPDOptions \(ddpd.sampling.options\), got NoneType"):
+        check_option("s", "ddpd", None, DDPDOptions)
+    with pytest.raises(TypeError, match=r"s: guidance must be a Guidance or None \(ddpd.sampling.options\), got int"):
+        check_option("s", "guidance", 3, Guidance, optional=True)
