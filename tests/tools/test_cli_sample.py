@@ -949,6 +949,43 @@ def test_the_table_names_what_each_sampler_needs(ckpts, capsys):
                            ("planner + " if row.planner else "") + row.model, row.function] for row in table.TABLE]
 
 
+
+# every ddpd-eval name, with the sampler it calls and the keywords only that sampler takes, on
+# settings of eps 0.25 and eta 0: a variant changes its own fields and keeps the run's others
+VARIANT_CALLS = {
+    "ddpd-A-mask": ("ddpd_sample", {"ddpd": ("eps", "sigmoid"), "denoiser_type": "mask"}),
+    "ddpd-AB-mask": ("ddpd_sample", {"ddpd": ("budget", "sigmoid"), "denoiser_type": "mask"}),
+    "ddpd-ABC-mask": ("ddpd_sample", {"ddpd": ("budget", "softmax"), "denoiser_type": "mask"}),
+    "ddpd-AB-uniform": ("ddpd_sample", {"ddpd": ("budget", "sigmoid"), "denoiser_type": "uniform"}),
+    "ddpd-ABC-uniform-model": ("ddpd_sample_uniform", {"ddpd": ("budget", "softmax")}),
+    "tau-planned-mask": ("tau_leaping_planned", {"denoiser_type": "mask"}),
+    "tau-planned-uniform": ("tau_leaping_planned", {"denoiser_type": "uniform"}),
+    "dfm-eta2.5": ("tau_leaping_mask", {"eta": 2.5}),
+    "dfm-uni": ("tau_leaping_uniform", {}),
+}
+
+
+@pytest.mark.parametrize("name", VARIANT_CALLS)
+def test_each_eval_variant_calls_its_sampler_with_its_own_settings(monkeypatch, name):
+    """A ddpd-eval name runs its row's sampler on its models with its option letters or eta."""
+    from ddpd import sampling
+
+    seen = []
+    for function in SAMPLING_FUNCTIONS:
+        monkeypatch.setattr(sampling, function, lambda *args, _f=function, **kwargs: seen.append((_f, args, kwargs)))
+    models = {kind: kind for kind in ("planner", "mask-denoiser", "uniform-denoiser", "uniform")}
+    variant = table.variants(tuple(models), [2.5])[name]
+    variant.call(models, Settings(D, V, 3, ddpd=DDPDOptions(eps=0.25)), 2, None, 0)
+    [(function, args, kwargs)] = seen
+    expected_function, own = VARIANT_CALLS[name]
+    assert function == expected_function
+    assert args == ((("planner",) if variant.sampler.planner else ()) + (variant.sampler.model, 2, D, V))
+    if "ddpd" in own:
+        stop, selection = own["ddpd"]
+        own = {**own, "ddpd": DDPDOptions(eps=0.25, stop=stop, selection=selection)}
+    assert {key: kwargs[key] for key in ("ddpd", "eta", "denoiser_type", "policy") if key in kwargs} == own
+
+
 def test_dtype_casts_the_networks_and_is_reported(ckpts, tmp_path, capsys, monkeypatch):
     import ddpd.models
 
