@@ -967,15 +967,23 @@ VARIANT_CALLS = {
 
 @pytest.mark.parametrize("name", VARIANT_CALLS)
 def test_each_eval_variant_calls_its_sampler_with_its_own_settings(monkeypatch, name):
-    """A ddpd-eval name runs its row's sampler on its models with its option letters or eta."""
+    """A ddpd-eval name runs its row's sampler on its models with its option letters or eta, and
+    the run's settings and the rows' prompts and labels (samples 3 and 4 of 2 prompts, 4 labels)."""
     from ddpd import sampling
 
     seen = []
     for function in SAMPLING_FUNCTIONS:
         monkeypatch.setattr(sampling, function, lambda *args, _f=function, **kwargs: seen.append((_f, args, kwargs)))
     models = {kind: kind for kind in ("planner", "mask-denoiser", "uniform-denoiser", "uniform")}
+    x_init = torch.tensor([[0] * D, [1] * D])
+    common = dict(steps=3, temperature=Temperature(0.5, 0.25), schedule="cosine", device=torch.device("cpu"),
+                  noise="noise", execution=Execution(fused=True, dtype="float32"), truncation=Truncation(3))
+    settings = Settings(D, V, 3, temperature=0.5, temperature_end=0.25, schedule="cosine", device=torch.device("cpu"),
+                        execution=common["execution"], truncation=common["truncation"], ddpd=DDPDOptions(eps=0.25),
+                        x_init=x_init, frozen=x_init == 0, labels=torch.tensor([5, 6, 7, 8]), guidance_scale=2.0,
+                        conditional_planner=True)
     variant = table.variants(tuple(models), [2.5])[name]
-    variant.call(models, Settings(D, V, 3, ddpd=DDPDOptions(eps=0.25)), 2, None, 0)
+    variant.call(models, settings, 2, "noise", 3)
     [(function, args, kwargs)] = seen
     expected_function, own = VARIANT_CALLS[name]
     assert function == expected_function
@@ -984,7 +992,12 @@ def test_each_eval_variant_calls_its_sampler_with_its_own_settings(monkeypatch, 
         stop, selection = own["ddpd"]
         own = {**own, "ddpd": DDPDOptions(eps=0.25, stop=stop, selection=selection)}
     assert {key: kwargs[key] for key in ("ddpd", "eta", "denoiser_type", "policy") if key in kwargs} == own
-
+    assert {key: kwargs[key] for key in common} == common
+    assert kwargs["prompt"].x_init.tolist() == [[1] * D, [0] * D]
+    assert kwargs["prompt"].frozen.tolist() == [[False] * D, [True] * D]
+    guidance = kwargs["guidance"]
+    assert (guidance.labels.tolist(), guidance.scale) == ([8, 5], 2.0)
+    assert guidance.conditional_planner == variant.sampler.planner  # a planner it does not run takes no labels
 
 def test_dtype_casts_the_networks_and_is_reported(ckpts, tmp_path, capsys, monkeypatch):
     import ddpd.models
