@@ -928,6 +928,9 @@ def test_the_table_names_what_each_sampler_needs(ckpts, capsys):
     assert table.needs("maskgit") == "one mask-denoiser"
     assert table.needs("ddpd") == ("a planner with a mask-denoiser, a planner with a uniform-denoiser or one uniform "
                                    "model")
+    # any sampler (ddpd-eval's refusal): each need once, though two families share it
+    assert table.needs() == ("a planner with a mask-denoiser, a planner with a uniform-denoiser, one uniform model "
+                             "or one mask-denoiser")
     code, _, err = run_cli(capsys, "--checkpoint", ckpts["uniform-denoiser"], "--sampler", "tau-leaping")
     assert code == 2 and err.count("\n") == 1
     assert "--sampler tau-leaping needs a planner with a mask-denoiser, a planner with a uniform-denoiser, one " \
