@@ -302,4 +302,8 @@ def truncation_label(truncation: Truncation) -> str:
     Returns:
         The suffix ('' for none).
     """
-    return "".join(f" {TRUNCATION_FLAGS[name][2:]}={value:g}" for name, value in truncation.controls().items())
+    from ddpd.validation import float_text  # imports torch: not before the command line is checked
+
+    # float_text, not :g: two cuts never share a name (:g writes top-k 1000000 as 1e+06)
+    cuts = truncation.controls().items()
+    return "".join(f" {TRUNCATION_FLAGS[name][2:]}={float_text(value)}" for name, value in cuts)

@@ -952,6 +952,14 @@ def test_the_table_names_what_each_sampler_needs(ckpts, capsys):
                            ("planner + " if row.planner else "") + row.model, row.function] for row in table.TABLE]
 
 
+def test_truncation_labels_name_each_cut_exactly():
+    """ddpd-eval's sampler names keep cuts apart that :g would write alike."""
+    assert table.truncation_label(Truncation()) == ""
+    assert table.truncation_label(Truncation(top_k=5, top_p=0.9)) == " top-k=5 top-p=0.9"
+    assert table.truncation_label(Truncation(top_k=1000000)) == " top-k=1000000"
+    assert table.truncation_label(Truncation(min_p=0.9000001)) == " min-p=0.9000001"
+
+
 
 # every ddpd-eval name, with the sampler it calls and the keywords only that sampler takes, on
 # settings of eps 0.25 and eta 0: a variant changes its own fields and keeps the run's others
