@@ -309,6 +309,19 @@ def test_the_error_names_the_first_eight_invalid_rows():
             fn(w, 1, seed=0)
 
 
+def test_the_error_says_what_a_row_needs_for_its_k():
+    """Without replacement a row needs k positive weights where k > 1, else a positive total;
+    the logits' message speaks of the softmax reach only where k > 1 without replacement."""
+    for fn in (multinomial, multinomial_reference):
+        with pytest.raises(ValueError, match="with at least k = 2 positive weights"):
+            fn(torch.tensor([[1.0, 0.0, 0.0]]), 2, seed=0)
+        with pytest.raises(ValueError, match="with a positive total"):
+            fn(torch.zeros(1, 3), 1, seed=0)
+    for draw in (multinomial_from_logits, multinomial_from_logits_reference):
+        with pytest.raises(ValueError, match=r"or are all -inf\. Pass check_valid=False"):
+            draw(torch.full((1, 3), float("-inf")), 1, seed=0)
+
+
 def test_categorical_invalid_rows():
     w = bad_rows()
     u = torch.full((7,), 0.5, dtype=torch.float64)
@@ -456,6 +469,7 @@ def test_uniforms_outside_the_unit_interval_draw_as_the_reference_and_never_a_ze
         (dict(weights=torch.ones(3, 4, dtype=torch.int64)), TypeError, "weights must be a float32"),
         (dict(weights=torch.ones(4)), ValueError, r"weights must have shape \[B, N\]"),
         (dict(weights=torch.ones(2, 0)), ValueError, "N >= 1"),
+        (dict(weights=torch.ones(2, 3, 4)), ValueError, r"weights must have shape \[B, N\]"),
         (dict(weights=torch.ones(3, 4, device="meta")), ValueError, "weights must be on a cpu or cuda device"),
         (dict(k=0), ValueError, "k must be >= 1"),
         (dict(k=5, replacement=False), ValueError, "<= N = 4"),
