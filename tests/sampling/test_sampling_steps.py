@@ -17,6 +17,7 @@ from ddpd.sampling import (
     PhiloxNoise,
     Temperature,
     TorchNoise,
+    common,
     ddpd_sample,
     ddpd_sample_uniform,
     maskgit_sample,
@@ -24,11 +25,11 @@ from ddpd.sampling import (
     tau_leaping_planned,
     tau_leaping_uniform,
 )
-from ddpd.sampling.common import Run, write
+from ddpd.sampling.common import Run, run_steps, setup, write
 from ddpd.sampling.draws import FusedDraws, ReferenceDraws
 from ddpd.sampling.gillespie import mask_time, planner_time
 from ddpd.sampling.noise import NUM_STREAMS, SELECT, exponential, gumbel, happens, make_noise
-from ddpd.sampling.options import Guidance, check_option
+from ddpd.sampling.options import Guidance, Truncation, check_option
 from ddpd.sampling.policies import ErrorBudget
 from oracles.fixtures import single_thread  # noqa: F401  (autouse)
 from oracles.toy import ToyProblem, dirichlet_p_data
@@ -169,6 +170,17 @@ def test_temperature_schedule():
             Temperature(too_hot)
     with pytest.raises(ValueError, match="temperature_end"):
         Temperature(1.0, -0.5)
+
+
+def test_each_step_runs_at_its_own_temperature():
+    """run_steps hands step i the schedule's temperature at i, and marks only the last step as last."""
+    run, draws = setup("ddpd_sample", 2, 4, 3, steps=5, temperature=Temperature(1.0, 0.0), schedule="linear", seed=0,
+                       generator=None, noise=None, device=None, prompt=None, guidance=None, truncation=Truncation(),
+                       execution=Execution())
+    seen = []
+    record = lambda i, temperature, last, check: seen.append((i, temperature, last))  # noqa: E731
+    run_steps(run, draws, common.start(run, draws), record, stops=False)
+    assert seen == [(0, 1.0, False), (1, 0.75, False), (2, 0.5, False), (3, 0.25, False), (4, 0.0, True)]
 
 
 def test_temperature_over_a_runs_time():
