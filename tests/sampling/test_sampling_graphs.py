@@ -13,6 +13,7 @@ import torch
 
 from ddpd.sampling import (
     PhiloxNoise,
+    TorchNoise,
     ddpd_sample,
     ddpd_sample_uniform,
     mask_sample,
@@ -219,3 +220,40 @@ def test_emulated_graphs_stay_off_under_a_temperature_schedule(nets):
     out = ddpd_sample(n["planner"], n["mask"], 4, 8, 27, denoiser_type="mask",
                       execution=Execution(fused=True, graphs="emulate"), **kw)
     assert torch.equal(out.tokens, ref.tokens)
+
+
+def test_the_emulation_catches_a_step_tensor_read_under_inference_mode():
+    """Under inference mode (where the samplers run) int() of the step tensor is aten.item: refused too."""
+    with torch.inference_mode():
+        batch = RunningBatch(torch.zeros(2, 3, dtype=torch.long))
+        graphs = StepGraphs(batch, torch.device("cpu"), emulate=True)
+        graphs.run("read", lambda step: batch.x.add_(int(step)), 0)
+        with pytest.raises(RuntimeError, match="read its step tensor back to the host"):
+            graphs.run("read", lambda step: batch.x.add_(int(step)), 1)
+
+
+def test_graphs_are_kept_per_key_and_dropped_with_their_generation():
+    """Each kind of step keeps its graph within a generation; a new generation frees the old ones."""
+    batch = RunningBatch(torch.zeros(2, 3, dtype=torch.long))
+    graphs = StepGraphs(batch, torch.device("cpu"), emulate=True)
+    for i in range(4):
+        graphs.run(i % 2, lambda step: batch.x.add_(step), i)
+    assert set(graphs.graphs) == {(0, 0), (0, 1)} and graphs.captures == 2
+    batch.generation += 1
+    for i in range(2):
+        graphs.run(0, lambda step: batch.x.add_(step), i)
+    assert set(graphs.graphs) == {(1, 0)} and graphs.captures == 3
+
+
+def test_graphs_stay_off_without_philox_noise(nets, made_graphs):
+    """A replay computes its noise offsets on the device: a TorchNoise run steps eagerly, even when emulating."""
+    ddpd_sample(nets[27]["planner"], nets[27]["uniform"], 4, 8, 27, steps=6, noise=TorchNoise(torch.Generator()),
+                execution=Execution(fused=True, sync_every=3, graphs="emulate"))
+    assert made_graphs == []
+
+
+def test_a_run_whose_rows_cannot_stop_early_replays_every_step_but_the_first_and_last(nets, made_graphs):
+    """Uniform tau-leaping stops no row early: it makes no stop checks, so steps 1 .. T - 2 all replay."""
+    tau_leaping_uniform(nets[27]["model"], 4, 8, 27, steps=12, noise=PhiloxNoise(0),
+                        execution=Execution(fused=True, sync_every=3, graphs="emulate"))
+    assert len(made_graphs) == 1 and made_graphs[0].replays == 10
