@@ -163,6 +163,7 @@ def no_models(monkeypatch):
     (["--eta", "-1"], "--eta must be a finite number >= 0"),  # refused though the ddpd sampler reads no eta
     (["--sampler", "maskgit", "--policy", "threshold:0.9", "--choice-temperature", "-5"], "--choice-temperature must"),
     (["--policy", ""], "--policy must be NAME[:FIELD=VALUE,...]"),
+    (["--policy", " "], "--policy must be NAME[:FIELD=VALUE,...], got an empty string"),  # blank is empty
     (["--policy", "error-budget:,,"], "policy error-budget has an empty field"),
     (["--option", ""], "--option must combine the letters A, B, C"),
     (["--option", "A+D"], "--option must combine the letters A, B, C (e.g. A+B+C), got 'A+D'"),
@@ -188,6 +189,9 @@ def no_models(monkeypatch):
     (["--sampler", "maskgit", "--policy", "threshold:0.9", "--choice-temperature", "2"],
      "with --policy threshold:0.9 it has none: leave --choice-temperature out"),
     (["--sampler", "maskgit", "--policy", "remdm", "--choice-temperature", "2"], "it has none"),
+    # the name with spaces around it, which parse_policy strips: the advice was told it has no such field
+    (["--sampler", "maskgit", "--policy", " maskgit ", "--choice-temperature", "2"],
+     "with --policy  maskgit  give the policy's choice_temperature field"),
     # the policy's name is read before its fields
     (["--sampler", "maskgit", "--policy", "maskgit:choice_temperature=2", "--choice-temperature", "2"],
      "with --policy maskgit:choice_temperature=2 give the policy's choice_temperature field"),
