@@ -643,6 +643,15 @@ def test_too_few_steps_are_warned_about(ckpts, capsys):
                          "per step)" in err, err
 
 
+def test_too_few_steps_are_warned_about_from_one_step_short(ckpts, capsys):
+    """The warning's bound is exact: 7 one-at-a-time steps for 8 positions are warned about, 8 are not."""
+    argv = ("--checkpoint", ckpts["bundle"], "--num-samples", "1", "--quiet")
+    code, _, err = run_cli(capsys, *argv, "--steps", "7")
+    assert code == 0 and "warning: --steps 7 can denoise at most 7 of the 8 positions" in err, err
+    code, _, err = run_cli(capsys, *argv, "--steps", "8")
+    assert code == 0 and "warning" not in err, err
+
+
 def test_the_too_few_steps_warning_gives_the_steps_the_parallel_stage_needs(ckpts, capsys):
     """One parallel step of --k 4 and 4 single steps reach the 8 positions: --steps 5 is enough
     (the warning asked for 8)."""
