@@ -1174,6 +1174,19 @@ def test_a_prompt_needs_a_tokenizer(tmp_path, capsys):
     assert code == 2 and "--prompt needs a tokenizer, and the checkpoints record none" in err
 
 
+def test_samples_without_a_tokenizer_are_printed_as_token_ids(tmp_path, capsys):
+    """Without a tokenizer a sample's line is its token ids separated by spaces, those of --out."""
+    model, config = _model("mask-denoiser", 0)
+    del config["tokenizer"]
+    save_checkpoint(str(tmp_path / "m"), model, config)
+    code, stdout, err = run_cli(capsys, "--checkpoint", str(tmp_path / "m"), "--sampler", "maskgit", "--steps", "2",
+                                "--num-samples", "2", "--out", str(tmp_path / "s.jsonl"))
+    assert code == 0, err
+    records = read_jsonl(tmp_path / "s.jsonl")
+    assert [r["text"] for r in records] == [None, None]
+    assert stdout.splitlines() == [" ".join(map(str, r["tokens"])) for r in records]
+
+
 def _gpt2_denoiser(path) -> str:
     """A tiny mask denoiser over GPT-2's tokens, saved at `path`."""
     pytest.importorskip("tiktoken")
