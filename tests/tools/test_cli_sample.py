@@ -1142,6 +1142,9 @@ def test_prompt_and_prompt_files(ckpts, tmp_path, capsys):
     (["--prompt", "The"], "--prompt 'The': cannot encode the text: text must contain only space and a-z"),
     (["--infill", "a_b_c_d_e"], "--infill 'a_b_c_d_e' is 9 tokens long, more than the 8 of a sample (--length)"),
     (["--prompt", "abcd", "--length", "3"], "--prompt 'abcd' is 4 tokens long, more than the 3 of a sample"),
+    # a prompt is named by its first 40 characters, a longer one by 37 and an ellipsis
+    (["--prompt", "ab" * 20], f"--prompt '{'ab' * 20}' is 40 tokens long"),
+    (["--prompt", "abcdefghij" * 5], f"--prompt '{'abcdefghij' * 3}abcdefg...' is 50 tokens long"),
     (["--prompts", "{missing}"], "No such file or directory"),
     (["--prompts", "{latin1}"], "prompts {latin1}: not UTF-8 text (invalid continuation byte at byte 3)\n"),
     (["--infills", "{empty}"], "holds no line"),
