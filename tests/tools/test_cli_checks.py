@@ -226,6 +226,14 @@ def test_sample_refuses_the_sampler_settings_before_loading_models(no_models, ca
     assert code == 2 and err.startswith("ddpd-sample: error: ") and message in err and err.count("\n") == 1, err
 
 
+def test_the_largest_float32_guidance_scale_is_accepted():
+    """--guidance-scale is refused above float32's largest value, not at it ("must be at most")."""
+    from ddpd.cli.sample import build_parser, check_command_line
+
+    check_command_line(build_parser().parse_args(["--labels", "0", "--guidance-scale",
+                                                  repr(torch.finfo(torch.float32).max)]))
+
+
 def test_the_policies_with_a_choice_temperature_are_those_ddpd_sample_names():
     """ddpd-sample tells which --policy has a choice_temperature field without importing the policies."""
     import dataclasses
