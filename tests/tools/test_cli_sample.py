@@ -65,6 +65,15 @@ def test_bundle_ddpd_writes_jsonl(ckpts, tmp_path, capsys):
     assert "samples/s" in stderr and "planner 36 " in stderr  # 3 batches x 12 steps
 
 
+def test_quiet_prints_no_sample_and_still_writes_out(ckpts, tmp_path, capsys):
+    """--quiet leaves stdout empty; --out and the summary on stderr are as without it."""
+    out = tmp_path / "s.jsonl"
+    code, stdout, stderr = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--steps", "4", "--num-samples", "3",
+                                   "--out", str(out), "--quiet")
+    assert code == 0 and stdout == "", stderr
+    assert len(read_jsonl(out)) == 3 and "3 samples of 8 tokens" in stderr
+
+
 @pytest.mark.parametrize("stop", [["--stop", "budget"], ["--eps", "0.55"]])
 def test_samples_do_not_depend_on_batch_size(ckpts, tmp_path, capsys, stop):
     """The whole record: its "steps" used to be its batch's last stop step."""
