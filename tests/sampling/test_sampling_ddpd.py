@@ -25,6 +25,7 @@ B = 50_000
 T_END = 1.0 - 1e-4
 TABLE = TVTable("DDPD samplers: TV to own exact law and to p_data (B = 50k)")
 
+
 @pytest.fixture(scope="module", autouse=True)
 def print_table():
     yield

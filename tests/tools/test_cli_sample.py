@@ -200,7 +200,6 @@ def test_argparse_errors_are_one_line():
     assert len(proc.stderr.strip().splitlines()) == 1 and "--sampler" in proc.stderr
 
 
-
 @pytest.mark.parametrize("fused", [[], ["--fused"]])
 def test_progress_bar_ticks_once_per_denoiser_pass(ckpts, monkeypatch, capsys, fused):
     import tqdm.auto
@@ -978,7 +977,6 @@ def test_truncation_labels_name_each_cut_exactly():
     assert table.truncation_label(Truncation(min_p=0.9000001)) == " min-p=0.9000001"
 
 
-
 # every ddpd-eval name, with the sampler it calls and the keywords only that sampler takes, on
 # settings of eps 0.25 and eta 0: a variant changes its own fields and keeps the run's others
 VARIANT_CALLS = {
@@ -1027,6 +1025,7 @@ def test_each_eval_variant_calls_its_sampler_with_its_own_settings(monkeypatch, 
     guidance = kwargs["guidance"]
     assert (guidance.labels.tolist(), guidance.scale) == ([8, 5], 2.0)
     assert guidance.conditional_planner == variant.sampler.planner  # a planner it does not run takes no labels
+
 
 def test_dtype_casts_the_networks_and_is_reported(ckpts, tmp_path, capsys, monkeypatch):
     import ddpd.models
