@@ -629,7 +629,7 @@ def check_command_line(args) -> None:
                          "--policy, which decides how many positions a step denoises)")
     check_finite("--eta", args.eta)  # checked whether or not the sampler reads them
     if args.policy is not None and not args.policy.strip():
-        raise UsageError("--policy must be NAME[:FIELD=VALUE,...], got an empty string")
+        raise UsageError(f"--policy must be NAME[:FIELD=VALUE,...], got {args.policy!r}")
     if args.choice_temperature is not None:
         check_finite("--choice-temperature", args.choice_temperature)
         if args.policy:  # it would be ignored: the policy has its own field, or none

@@ -162,8 +162,8 @@ def no_models(monkeypatch):
     (["--top-p", "2"], "--top-p must be"),
     (["--eta", "-1"], "--eta must be a finite number >= 0"),  # refused though the ddpd sampler reads no eta
     (["--sampler", "maskgit", "--policy", "threshold:0.9", "--choice-temperature", "-5"], "--choice-temperature must"),
-    (["--policy", ""], "--policy must be NAME[:FIELD=VALUE,...]"),
-    (["--policy", " "], "--policy must be NAME[:FIELD=VALUE,...], got an empty string"),  # blank is empty
+    (["--policy", ""], "--policy must be NAME[:FIELD=VALUE,...], got ''"),
+    (["--policy", " "], "--policy must be NAME[:FIELD=VALUE,...], got ' '"),  # blank: named as given
     (["--policy", "error-budget:,,"], "policy error-budget has an empty field"),
     (["--option", ""], "--option must combine the letters A, B, C"),
     (["--option", "A+D"], "--option must combine the letters A, B, C (e.g. A+B+C), got 'A+D'"),
