@@ -818,6 +818,7 @@ def test_a_config_json_of_the_largest_size_read_loads(tmp_path):
     text = (path / "config.json").read_text()
     (path / "config.json").write_text(text + " " * (ckpt.MAX_CONFIG_BYTES - len(text)))
     load_model(path)
+    ckpt.ensure_replaceable(path)  # and a checkpoint a save replaces
     (path / "config.json").write_text(text + " " * (ckpt.MAX_CONFIG_BYTES - len(text) + 1))
     with pytest.raises(CheckpointError, match=f"config.json takes {ckpt.MAX_CONFIG_BYTES + 1} bytes, more than"):
         load_model(path)
@@ -1117,3 +1118,109 @@ def test_a_config_without_a_digest_must_describe_the_network_it_trained(tmp_path
     _edit_config(tmp_path / "c", lambda c: c.update(training=[4]))
     with pytest.raises(CheckpointError, match=r"config.json's training is \[4\], not an object$"):
         load_model(tmp_path / "c")
+
+
+def test_a_training_state_of_tensors_sharing_memory_round_trips(tmp_path):
+    """Optimizer state may hold views of one tensor: each is saved as its own values."""
+    moment = torch.arange(6.0)
+    model, config = tiny("planner")
+    save_checkpoint(tmp_path / "c", model, config, ({"moment": moment, "head": moment[:2], "same": moment}, {}))
+    tensors, _ = load_train_state(tmp_path / "c")
+    assert all(torch.equal(tensors[name], value) for name, value in
+               (("moment", moment), ("head", moment[:2]), ("same", moment)))
+
+
+def test_bytes_after_the_tensors_are_refused_before_hashing(tmp_path, monkeypatch):
+    """A weights file longer than its header describes is refused naming both sizes, unhashed."""
+    path = _saved(tmp_path)
+    size = os.path.getsize(path / "model.safetensors")
+    with open(path / "model.safetensors", "ab") as f:
+        f.write(b"\0")
+    _no_hashing(monkeypatch)
+    with pytest.raises(CheckpointError, match=f"its header describes {size} bytes, the file has {size + 1}$"):
+        load_model(path)
+
+
+def test_a_training_checkpoint_losing_a_file_to_its_replacement_is_read_again(tmp_path, monkeypatch):
+    """A version being deleted shows three of four files: the read restarts on the new one."""
+    model, config = tiny("planner", seed=1)
+    new_model, _ = tiny("planner", seed=3)
+    save_checkpoint(tmp_path / "c", model, config, ({"step": torch.tensor([1])}, {"step": 1}))
+    real, saved = os.open, []
+
+    def replace_then_miss(file, flags, *args, **kwargs):
+        if file == ckpt.STATE_TENSORS and not saved:
+            saved.append(file)
+            save_checkpoint(tmp_path / "c", new_model, config, ({"step": torch.tensor([2])}, {"step": 2}))
+            raise FileNotFoundError(file)
+        return real(file, flags, *args, **kwargs)
+
+    monkeypatch.setattr(ckpt.os, "open", replace_then_miss)
+    checkpoint = ckpt.load_checkpoint(tmp_path / "c", train_state=True)
+    assert saved and same_weights(checkpoint.model, new_model) and checkpoint.train_state[1] == {"step": 2}
+
+
+def test_a_config_json_rewritten_with_sorted_keys_loads(tmp_path):
+    """The settings digest is over sorted keys: reordering config.json's keys is no edit."""
+    model, config = tiny("planner")
+    save_checkpoint(tmp_path / "c", model, {**config, "training": {"lr": 0.003, "batch_size": 8}})
+    text = (tmp_path / "c" / "config.json").read_text()
+    (tmp_path / "c" / "config.json").write_text(json.dumps(json.loads(text), sort_keys=True, indent=4))
+    load_model(tmp_path / "c")
+    assert ckpt.resume_settings(tmp_path / "c", read_config(tmp_path / "c")) == {"lr": 0.003, "batch_size": 8}
+
+
+def test_settings_with_integer_keys_load_as_saved(tmp_path):
+    """Integer keys read back as strings, sorted otherwise ("10" < "2"): they still verify."""
+    model, config = tiny("planner")
+    save_checkpoint(tmp_path / "c", model, {**config, "training": {"decay_at": {2: 0.1, 10: 0.01}}})
+    load_model(tmp_path / "c")
+    assert ckpt.resume_settings(tmp_path / "c", read_config(tmp_path / "c")) == {"decay_at": {"2": 0.1, "10": 0.01}}
+
+
+def test_a_link_to_a_directory_inside_a_kept_directory_stays_a_link(tmp_path):
+    """Links inside a user's kept directory stay links: a loop (latest -> ..) is not followed."""
+    model, config = tiny("planner")
+    save_checkpoint(tmp_path / "c", model, config)
+    (tmp_path / "c" / "runs").mkdir()
+    os.symlink("..", tmp_path / "c" / "runs" / "latest")
+    save_checkpoint(tmp_path / "c", model, config)
+    assert os.readlink(tmp_path / "c" / "runs" / "latest") == ".."
+
+
+def test_weights_read_in_short_reads_load(tmp_path, monkeypatch):
+    """A short read (Linux caps one at 2 GiB) is continued where it stopped."""
+    path = _saved(tmp_path)
+    expected = load_model(path)[0]
+    pread_into = ckpt._pread_into
+    monkeypatch.setattr(ckpt, "_pread_into", lambda fd, view, offset: pread_into(fd, view[:4099], offset))
+    assert same_weights(load_model(path)[0], expected)
+
+
+def test_a_checkpoint_saved_without_training_state_says_so_on_resume(tmp_path):
+    """Resuming from a weights-only checkpoint names the missing training state."""
+    model, config = tiny("planner")
+    save_checkpoint(tmp_path / "c", model, config)
+    with pytest.raises(CheckpointError, match=r"no training state to resume from \(train_state.json missing\)$"):
+        load_train_state(tmp_path / "c")
+
+
+def test_a_fifo_in_place_of_config_json_is_refused_without_waiting(tmp_path):
+    """Opening a FIFO for reading waits for a writer: a save into such a directory hung."""
+    import threading
+
+    (tmp_path / "c").mkdir()
+    os.mkfifo(tmp_path / "c" / "config.json")
+    outcome = []
+
+    def check():
+        try:
+            ckpt.ensure_replaceable(tmp_path / "c")
+        except CheckpointError as err:
+            outcome.append(str(err))
+
+    worker = threading.Thread(target=check, daemon=True)
+    worker.start()
+    worker.join(timeout=60)
+    assert outcome == [f"refusing to replace {tmp_path / 'c'}: not a ddpd checkpoint (its config.json records "
+                       "no ddpd kind and sha256)"]
