@@ -470,7 +470,8 @@ def test_save_validates_before_writing(tmp_path):
     (None, {"model": [1]}, None, ValueError, "'model' must be a dict of TransformerConfig fields, got \\[1\\]"),
     (None, {"extra": object()}, None, ValueError, "checkpoint config must be JSON-serialisable: Object of type object"),
     (None, None, ["a"], TypeError, "train_state must be a \\(dict of tensors, dict\\) pair, got list"),
-], ids=["model", "config type", "model fields", "config JSON", "train_state"])
+    (None, None, ({}, {}, {}), TypeError, "train_state must be a \\(dict of tensors, dict\\) pair, got tuple"),
+], ids=["model", "config type", "model fields", "config JSON", "train_state", "train_state triple"])
 def test_a_save_names_the_argument_of_the_wrong_type(tmp_path, model, config, train_state, error, message):
     """A save given a malformed argument refuses it by name before anything is written."""
     good, good_config = tiny("planner")
@@ -1224,3 +1225,10 @@ def test_a_fifo_in_place_of_config_json_is_refused_without_waiting(tmp_path):
     worker.join(timeout=60)
     assert outcome == [f"refusing to replace {tmp_path / 'c'}: not a ddpd checkpoint (its config.json records "
                        "no ddpd kind and sha256)"]
+
+
+def test_a_directory_without_config_json_is_named_as_no_checkpoint(tmp_path):
+    """Pointing a load at an empty or unrelated directory says it is no (complete) checkpoint."""
+    (tmp_path / "c").mkdir()
+    with pytest.raises(CheckpointError, match=r"missing config.json \(not a ddpd checkpoint, or never completed\)$"):
+        load_model(tmp_path / "c")
