@@ -1075,12 +1075,6 @@ def test_resume_settings_names_a_config_that_is_no_dict(tmp_path, config):
                               f"got {type(config).__name__}")
 
 
-def _edit_config(path, edit):
-    config = json.loads((path / "config.json").read_text())
-    edit(config)
-    (path / "config.json").write_text(json.dumps(config))
-
-
 @pytest.mark.parametrize("edit", [lambda c: c["model"].update(n_heads=1),
                                   lambda c: c["training"].update(lr=0.002)], ids=["n_heads", "lr"])
 def test_a_load_refuses_settings_that_differ_from_their_digest(tmp_path, edit):
@@ -1088,7 +1082,7 @@ def test_a_load_refuses_settings_that_differ_from_their_digest(tmp_path, edit):
     weights and loaded, computing another attention."""
     model, config = tiny("planner")
     save_checkpoint(tmp_path / "c", model, {**config, "training": {"n_heads": 2, "lr": 0.003}})
-    _edit_config(tmp_path / "c", edit)
+    _rewrite_config(tmp_path / "c", edit)
     with pytest.raises(CheckpointError, match=f"checkpoint {tmp_path / 'c'}: config.json's settings differ from "
                                               r"their settings_sha256 \(edited or corrupt\)$"):
         load_model(tmp_path / "c")
@@ -1096,7 +1090,7 @@ def test_a_load_refuses_settings_that_differ_from_their_digest(tmp_path, edit):
 
 def test_a_bundle_refuses_an_edited_n_heads(tmp_path):
     save_bundle(tmp_path / "b", *tiny("planner"), *tiny("mask-denoiser", seed=1))
-    _edit_config(tmp_path / "b" / "denoiser", lambda c: c["model"].update(n_heads=1))
+    _rewrite_config(tmp_path / "b" / "denoiser", lambda c: c["model"].update(n_heads=1))
     with pytest.raises(CheckpointError, match="denoiser: config.json's settings differ from their settings_sha256"):
         load_bundle(tmp_path / "b")
 
@@ -1108,15 +1102,15 @@ def test_a_config_without_a_digest_must_describe_the_network_it_trained(tmp_path
     model, config = tiny("planner")
     trained = {"d_model": 32, "n_layers": 1, "n_heads": 2, "lr": 0.003}
     save_checkpoint(tmp_path / "c", model, {**config, "training": trained})
-    _edit_config(tmp_path / "c", lambda c: c.pop("settings_sha256"))
+    _rewrite_config(tmp_path / "c", lambda c: c.pop("settings_sha256"))
     load_model(tmp_path / "c")  # the same shape: loads
-    _edit_config(tmp_path / "c", lambda c: c["training"].update({field: 4}))
+    _rewrite_config(tmp_path / "c", lambda c: c["training"].update({field: 4}))
     with pytest.raises(CheckpointError, match=f"checkpoint {tmp_path / 'c'}: config.json's model has {field} "
                                               f"{trained[field]}, its training section {4} \\(edited or corrupt\\)$"):
         load_model(tmp_path / "c")
-    _edit_config(tmp_path / "c", lambda c: c.pop("training"))
+    _rewrite_config(tmp_path / "c", lambda c: c.pop("training"))
     load_model(tmp_path / "c")  # nothing to compare with
-    _edit_config(tmp_path / "c", lambda c: c.update(training=[4]))
+    _rewrite_config(tmp_path / "c", lambda c: c.update(training=[4]))
     with pytest.raises(CheckpointError, match=r"config.json's training is \[4\], not an object$"):
         load_model(tmp_path / "c")
 
