@@ -438,6 +438,7 @@ def test_fuzz_triton_matches_reference(rows, vocab, seed, dtype):
         (lambda x: sample_categorical(x, 1e37, seed=1), ValueError, r"temperature must be in \[0.0, 1e\+36\]"),
         (lambda x: sample_categorical(x, float("nan"), seed=1), ValueError, "temperature"),
         (lambda x: sample_categorical(x, 1.0, [10], seed=1), ValueError, r"exclude_ids\[\] must be in \[0, 9\]"),
+        (lambda x: sample_categorical(x, 1.0, [-1], seed=1), ValueError, r"exclude_ids\[\] must be in .*, got -1"),
         (lambda x: sample_categorical(x, 1.0, [1.0], seed=1), TypeError, r"exclude_ids\[\] must be ints"),
         (lambda x: sample_categorical(x, 1.0, "ab", seed=1), TypeError, "exclude_ids must be a sequence of ints"),
         (lambda x: sample_categorical(x, 1.0, torch.tensor([1.0]), seed=1), TypeError, "exclude_ids must have dtype"),
@@ -448,6 +449,13 @@ def test_fuzz_triton_matches_reference(rows, vocab, seed, dtype):
         (lambda x: sample_categorical(x, 1.0, None, torch.tensor([0, 1]), seed=1), ValueError,
          r"exclude_per_row must have the leading shape \(3,\)"),
         (lambda x: sample_categorical(x, noise=torch.rand(3, 10)), ValueError, r"noise must have shape \(3, 11\)"),
+        (lambda x: sample_categorical(x, noise=torch.rand(1, 3, 11)), ValueError, r"noise must have shape \(3, 11\)"),
+        (lambda x: sample_categorical(x, noise=torch.rand(3, 11, dtype=torch.float64)), TypeError,
+         "noise must have dtype"),
+        (lambda x: sample_categorical(x, 1.0, None, torch.tensor([0, 1, 2], dtype=torch.int32), seed=1), TypeError,
+         "exclude_per_row must have dtype"),
+        (lambda x: sample_categorical(x, allowed=torch.ones(1, 10, dtype=torch.bool), seed=1), ValueError,
+         r"allowed must have shape \(3, 10\)"),
         (lambda x: sample_categorical(x, seed=1, noise=torch.rand(3, 11)), ValueError, "either noise or seed"),
         (lambda x: sample_categorical(x, seed=-1), ValueError, "seed must be an int"),
         (lambda x: sample_categorical(x, offset=3), ValueError, "offset needs an explicit seed"),
@@ -463,6 +471,16 @@ def test_fuzz_triton_matches_reference(rows, vocab, seed, dtype):
 def test_bad_arguments_raise_clear_errors(call, error, match):
     with pytest.raises(error, match=match):
         call(torch.randn(3, 10))
+
+
+def test_a_float_temperature_of_zero_and_top_k_zero_draw_as_documented():
+    """temperature=0.0 (a float) is greedy, its logprob at temperature 1; top_k=0 is off, not an error."""
+    logits = torch.randn(3, 300, generator=torch.Generator().manual_seed(0))
+    for op in (sample_categorical, sample_categorical_reference):
+        draw = op(logits, 0.0, seed=1, return_logprob=True)
+        assert torch.equal(draw.tokens, logits.argmax(1))
+        torch.testing.assert_close(draw.logprob, logits.log_softmax(1).amax(1))
+        assert torch.equal(op(logits, top_k=0, seed=1).tokens, op(logits, seed=1).tokens)
 
 
 def test_traces_with_fake_tensors_and_passes_opcheck():
