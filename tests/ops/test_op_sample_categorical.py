@@ -10,6 +10,7 @@ from hypothesis import given, settings, strategies as st
 from scipy import stats
 
 from ddpd.ops import _dispatch
+from ddpd.ops.controls import DrawControls
 from ddpd.ops.rng import philox_uniform
 from ddpd.ops.sample_categorical import (
     categorical_launch,
@@ -457,6 +458,8 @@ def test_fuzz_triton_matches_reference(rows, vocab, seed, dtype):
         (lambda x: sample_categorical(x, allowed=torch.ones(1, 10, dtype=torch.bool), seed=1), ValueError,
          r"allowed must have shape \(3, 10\)"),
         (lambda x: sample_categorical(x, seed=1, noise=torch.rand(3, 11)), ValueError, "either noise or seed"),
+        (lambda x: sample_categorical(x, 0.5, controls=DrawControls(), seed=1), TypeError,
+         "got controls and temperature"),
         (lambda x: sample_categorical(x, seed=-1), ValueError, "seed must be an int"),
         (lambda x: sample_categorical(x, offset=3), ValueError, "offset needs an explicit seed"),
         (lambda x: sample_categorical(x, seed=1, row_ids=torch.arange(2)), ValueError,
