@@ -10,7 +10,15 @@ import pytest
 import torch
 
 from ddpd.cli.eval import main
-from ddpd.eval.frontier import Config, against_baselines, budget, passes_to_reach, read_frontier, run_frontier
+from ddpd.eval.frontier import (
+    Config,
+    against_baselines,
+    budget,
+    frontier_markdown,
+    passes_to_reach,
+    read_frontier,
+    run_frontier,
+)
 from ddpd.eval.ngram import NGramJudge
 from ddpd.eval.report import write_csv
 
@@ -1314,3 +1322,100 @@ def test_ddpd_eval_frontier_takes_a_budget_that_fills_a_step_table(tmp_path, mea
               str(MAX_TABLE_STEPS), "--target-steps", "1", "--out-dir", str(tmp_path / "o")])
     assert measured["configs"][1] == ("maskgit", "maskgit:choice_temperature=4.5", MAX_TABLE_STEPS, 1.0,
                                       MAX_TABLE_STEPS)
+
+
+def test_a_row_with_an_empty_budget_cell_is_filed_under_its_configurations_budget(tmp_path):
+    """A ddpd row whose budget cell is empty (written beside rows that have one) takes its configuration's."""
+    path = str(tmp_path / "frontier.csv")
+    calls = []
+    config = Config("ddpd", "one-at-a-time", 16, 1.0, fake(calls), budget=32)
+    run_frontier([config], judge=Uniform(5), vocab_size=5, num_samples=1, seed=0, batch_size=1, csv_path=path)
+    write_csv([dict(read_frontier(path)[0], budget="", passes=30.4)], path)
+    again = run_frontier([config], judge=Uniform(5), vocab_size=5, num_samples=1, seed=0, batch_size=1,
+                         csv_path=path)
+    assert len(calls) == 1 and budget(again[0]) == 32 and [budget(r) for r in read_frontier(path)] == [32]
+
+
+def test_a_resumed_row_keeps_the_budget_it_was_measured_at(tmp_path):
+    """A row's own budget is not overwritten by that of a configuration with the same key."""
+    path = str(tmp_path / "frontier.csv")
+    calls = []
+    run_frontier([Config("ddpd", "one-at-a-time", 16, 1.0, fake(calls), budget=32)], judge=Uniform(5),
+                 vocab_size=5, num_samples=1, seed=0, batch_size=1, csv_path=path)
+    again = run_frontier([Config("ddpd", "one-at-a-time", 16, 1.0, fake(calls), budget=33)], judge=Uniform(5),
+                         vocab_size=5, num_samples=1, seed=0, batch_size=1, csv_path=path)
+    assert len(calls) == 1 and budget(again[0]) == 32 and [budget(r) for r in read_frontier(path)] == [32]
+
+
+@pytest.mark.parametrize("cell", ["judge_nll", "entropy", "passes"])
+def test_read_frontier_names_each_empty_measurement(tmp_path, cell):
+    """A row without its judge NLL, entropy or passes is refused, naming the column."""
+    path = tmp_path / "frontier.csv"
+    row = {"sampler": "maskgit", "policy": "maskgit", "steps": "3", "temperature": "1.0", "num_samples": "5",
+           "seed": "0", "judge_nll": "1.5", "entropy": "4.0", "passes": "6"}
+    write_csv([dict(row, **{cell: ""})], str(path))
+    with pytest.raises(ValueError, match=rf"line 2: not a frontier row \(no {cell}\)"):
+        read_frontier(str(path))
+
+
+def test_read_frontier_reads_every_measurement_as_a_float(tmp_path):
+    """Each measurement cell comes back a float (a standard error left as text printed unrounded)."""
+    path = tmp_path / "frontier.csv"
+    measures = ("judge_nll", "judge_nll_se", "entropy", "entropy_se", "passes", "planner_passes",
+                "denoiser_passes", "tokens_per_pass", "temperature", "seconds")
+    row = dict({"sampler": "maskgit", "policy": "maskgit", "steps": "3", "num_samples": "5", "seed": "0"},
+               **{k: "1.25" for k in measures})
+    write_csv([row], str(path))
+    got, = read_frontier(str(path))
+    assert {k: got[k] for k in measures} == {k: 1.25 for k in measures}
+
+
+def test_a_row_with_passes_not_finite_is_left_out_of_the_reach_table():
+    """A NaN mean passes took the family's fewest passes to reach the target."""
+    rows = [_reach_row("a", 8, 2.0, 4.0, math.nan), _reach_row("a", 16, 2.0, 4.0, 16.0)]
+    assert passes_to_reach(rows, 2.0, 4.0) == passes_to_reach(rows[1:], 2.0, 4.0)
+
+
+def test_frontier_markdown_lays_out_its_columns_and_rounding():
+    """The frontier table's columns, in order and rounded; the comparison's first column is the pass budget."""
+    row = dict(sampler="ddpd", policy="p", steps=16, temperature=1.0, judge_nll=2.34567, judge_nll_se=0.01234,
+               entropy=3.98765, passes=31.7, planner_passes=15.7, denoiser_passes=16.0, tokens_per_pass=0.254,
+               num_samples=64)
+    compared = [dict(steps=32, sampler="ddpd p", baseline="maskgit maskgit", verdict="lower")]
+    lines = frontier_markdown([row], compared=compared).splitlines()
+    assert lines[:3] == [
+        "| Sampler | Policy | Steps | T | Judge NLL | ± s.e. | Entropy (bits) | Passes / sample | Planner | Denoiser "
+        "| Tokens / pass | Samples |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| ddpd | p | 16 | 1.0 | 2.3457 | 0.0123 | 3.988 | 31.7 | 15.7 | 16.0 | 0.25 | 64 |"]
+    assert next(line for line in lines if line.startswith("| Passes |")).startswith(
+        "| Passes | Sampler | Baseline | Judge NLL vs baseline |")
+
+
+def test_plot_frontier_draws_temperature_one_solid_and_its_neighbours_dashed(tmp_path, monkeypatch):
+    """Line styles go by distance from T=1, so the untempered sweep is the solid line."""
+    pytest.importorskip("matplotlib")
+    import ddpd.eval.frontier as frontier
+    from ddpd.eval.report import pyplot
+
+    figures = []
+    monkeypatch.setattr(frontier, "save_figure", lambda fig, path, **kw: figures.append(fig))
+    rows = [dict(sampler="maskgit", policy="maskgit", passes=p, temperature=t, entropy=3.9, judge_nll=2.0)
+            for t in (0.8, 1.0, 1.1) for p in (16, 32)]
+    frontier.plot_frontier(rows, str(tmp_path / "plot.png"))
+    styles = {line.get_label(): line.get_linestyle() for line in figures[0].axes[0].get_lines()}
+    pyplot().close(figures[0])
+    assert styles == {"maskgit maskgit T=1": "-", "maskgit maskgit T=1.1": "--", "maskgit maskgit T=0.8": ":"}
+
+
+def test_passes_to_reach_shows_no_nll_for_a_family_never_at_matched_entropy():
+    """A family whose rows all lie outside the entropy window reports no best NLL, not its lowest anywhere."""
+    reach, = passes_to_reach([_reach_row("a", 8, 1.5, 3.5, 8.0)], 2.0, 4.0)
+    assert not reach["reached"] and math.isnan(reach["judge_nll"]) and reach["config"] == "-"
+
+
+def test_passes_to_reach_at_the_targets_entropy_breaks_a_tie_in_passes_by_the_smaller_difference():
+    """Two budgets reaching the target in as many passes: the one further below the target is shown."""
+    rows = [_reach_row("a", 8, 2.0, 3.0, 20.0, budget=8), _reach_row("a", 8, 2.0, 5.0, 20.0, budget=8),
+            _reach_row("a", 16, 1.5, 3.0, 20.0, budget=16), _reach_row("a", 16, 1.5, 5.0, 20.0, budget=16)]
+    reach, = passes_to_reach(rows, 2.0, 4.0)
+    assert reach["matched_reached"] and reach["matched_difference"] == -0.5
