@@ -1239,8 +1239,12 @@ def test_elbo_reports_the_t_max_and_samples_it_ran_with(setup, capsys, tmp_path)
     code, out, err = _run(capsys, "elbo", "--uniform", setup["uniform"], "--data", setup["data"], "--num-sequences", 3,
                           "--t-max", 0.9, "--mc-samples", 2, "--no-progress", "--out", tmp_path / "r.json")
     assert code == 0, err
-    [row] = json.loads((tmp_path / "r.json").read_text())["elbo"]
+    results = json.loads((tmp_path / "r.json").read_text())
+    [row] = results["elbo"]
     assert (row["t_max"], row["mc_samples"]) == (0.9, 2)
+    # the settings are the flags that decide the numbers, not the progress bars' or the streams'
+    assert (results["settings"]["t_max"], results["settings"]["mc_samples"]) == (0.9, 2)
+    assert not {"command", "progress", "stdout"} & set(results["settings"])
     assert "t_max=0.9, 2 MC sample(s)" in out
     cells = [f"{row[name]:.4f}" for name in ("rate_matching", "transitioning", "elbo", "elbo_se")]
     assert f"| uniform | {' | '.join(cells)} | yes |" in out, out
