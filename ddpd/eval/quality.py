@@ -33,6 +33,7 @@ SWEEP_COLUMNS = (("sampler", "Sampler", ""), ("steps", "Steps", ""), ("temperatu
                  ("mean_steps", "Steps taken", ".1f"), ("nfe", "Forward passes / sample", ".1f"),
                  ("num_samples", "Samples", ""))
 
+
 @torch.no_grad()
 def judge_nll(judge, x: Tensor, batch_size: int = 64) -> Tensor:
     """Float[N]: -log p_judge(x_n) / D in nats per token. judge: an ARModel (anything

@@ -26,6 +26,7 @@ WEIGHT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 # ----------------------------------------------------------------------------- checks
 
+
 def check_weights(weights) -> torch.Tensor:
     """Validate Float[B, N] weights; half precision is widened to float32 (exactly).
 

@@ -673,7 +673,6 @@ class RandomCrops:
         self.batches = int(state["batches"])
 
 
-
 def evenly_spaced(n: int, k: int) -> Tensor:
     """Long[k]: k of the indices 0..n-1 (k <= n) evenly spaced from first to last,
     round(i (n - 1) / (k - 1)) with ties to even, in integers: a float32 linspace rounds
@@ -692,6 +691,7 @@ def evenly_spaced(n: int, k: int) -> Tensor:
     q, r = num // (k - 1), num % (k - 1)
     up = (2 * r > k - 1) | ((2 * r == k - 1) & (q % 2 == 1))
     return q + up.long()
+
 
 def evaluation_batches(tokens: Union[Tensor, Records], seq_len: int, batch_size: int,
                        max_batches: int) -> tuple:

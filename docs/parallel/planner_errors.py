@@ -40,5 +40,6 @@ def main(argv=None) -> None:
     write_csv(rows, args.out)
     print(detection_table(rows))
 
+
 if __name__ == "__main__":
     main()

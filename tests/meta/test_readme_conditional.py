@@ -74,6 +74,8 @@ def _cpu_vendor():
             return next((line.split(":", 1)[1].strip() for line in f if line.startswith("vendor_id")), "")
     except OSError:  # not Linux: no match, the traits alone are checked
         return ""
+
+
 WIDTH, GAP = 32, 3  # a sample (--seq-len 32) and the spaces between the columns
 TOY_COMMANDS = [c for c in COMMANDS if "runs/toy" in c]
 

@@ -134,7 +134,6 @@ def test_scatter_back_skips_negative_entries_anywhere():
     assert fast.tolist() == [[2, 3], [4, 5], [-7, -7], [10, 11], [12, 13]]
 
 
-
 def test_scatter_back_into_an_inference_tensor_is_refused_outside_inference_mode():
     """torch refuses an in-place write to an inference tensor outside inference mode; the
     kernel path would write it anyway, so such an out goes to torch's own write and error."""
@@ -145,6 +144,7 @@ def test_scatter_back_into_an_inference_tensor_is_refused_outside_inference_mode
     with torch.inference_mode():
         scatter_back(torch.tensor([2, -1]), torch.ones(2, 2), out)
     assert out.tolist() == [[0, 0], [0, 0], [1, 1], [0, 0]]
+
 
 def test_compact_fixed_without_tensors_and_large_rows():
     active = torch.rand(256, generator=torch.Generator().manual_seed(0)) < 0.5

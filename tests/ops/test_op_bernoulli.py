@@ -71,6 +71,7 @@ def test_a_uniform_of_one_keeps_p_one_certain(dtype):
     for coins in (bernoulli_reference(p, noise=noise), bernoulli(p, noise=noise), triton_coins(p, noise=noise)):
         assert torch.equal(coins, expected)
 
+
 def test_float64_p_is_compared_in_float64_on_every_path():
     """p = 0.5 + 2**-40 rounds to 0.5 in float32, where u = 0.5 < p would come up False."""
     p = torch.tensor([[0.5 + 2.0**-40, 0.5 - 2.0**-40]], dtype=torch.float64)

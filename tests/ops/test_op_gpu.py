@@ -44,7 +44,6 @@ def test_philox_uniform_cuda_is_the_cpu_stream_bit_for_bit():
     assert torch.equal(captured.cpu(), philox_uniform(5, 11, rows.cpu(), cols.cpu()))
 
 
-
 def test_a_cuda_generator_seeds_the_ops_and_the_samplers():
     """A CUDA generator raised torch's "Expected a 'cpu' device type for generator": the
     (seed, offset) pair is drawn on the generator's device, the same tokens for the same state."""
@@ -63,6 +62,7 @@ def test_a_cuda_generator_seeds_the_ops_and_the_samplers():
     generator.set_state(state)
     noise = make_noise(generator=generator)
     assert (noise.seed, noise.offset) == (seed, offset)
+
 
 @pytest.mark.parametrize("rows,vocab", [(1, 1), (7, 111), (64, 28), (64, 50257)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -125,6 +125,7 @@ def test_a_layer_norm_whose_variance_overflows_is_nan_on_every_path():
     huge = torch.full((1, 4), 3e38)
     assert torch.equal(norm_triton(huge, None, bias, 1e-5), bias[None]) and norm_reference(huge).isnan().all()
 
+
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the interpreter's numpy
 def test_special_rows():
     """A constant row normalises to the bias (no NaN from its zero variance); inf or NaN in

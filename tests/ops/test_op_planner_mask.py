@@ -177,6 +177,7 @@ def test_a_uniform_equal_to_the_planner_probability_leaves_the_position_clean():
         for draw in (planner_mask, planner_mask_reference):
             assert torch.equal(draw(logits, x, None, MASK_ID, noise=noise).z, torch.full((2, 5), masked))
 
+
 def test_bernoulli_frequencies_match_sigmoid():
     n = 100_000
     logits = torch.tensor([-4.0, -1.0, -0.2, 0.0, 0.7, 2.0, 5.0])

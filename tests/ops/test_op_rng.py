@@ -162,7 +162,6 @@ def test_philox_uniform_on_cpu_computes_runs_of_columns_in_the_extension(monkeyp
             assert torch.equal(got, philox_uniform_reference(seed, offset, rows, cols)), cols
 
 
-
 def test_the_docs_give_the_probability_of_a_uniform_of_one(monkeypatch):
     """Of the 2**24 grid values ((w >> 8) + 0.5) * 2**-24 only the top one rounds to 1.0 in
     float32: probability 2**-24, which the docs once gave as 2**-25."""

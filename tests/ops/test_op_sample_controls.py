@@ -246,6 +246,7 @@ def test_min_p_keeps_a_probability_of_exactly_min_p_times_the_top():
         tokens, valid, _, _ = draw(logits, min_p=1.0, seed=5, row_ids=torch.arange(64))
         assert bool(valid.all()) and set(tokens.tolist()) == {0, 2}
 
+
 def test_logprob_and_confidences_are_those_of_the_truncated_law():
     g = torch.Generator().manual_seed(7)
     logits = 2 * torch.randn(8, 700, generator=g)
@@ -1043,7 +1044,6 @@ def test_short_and_middling_rows_draw_the_reference_tokens(rows, vocab):
     for kw in (dict(top_k=top_k), dict(top_p=top_p), dict(top_k=top_k, top_p=top_p, min_p=0.02)):
         kw.update(temperature=0.8, seed=5, offset=1, return_logprob=True)
         assert_same(sample_categorical(logits, **kw), sample_categorical_reference(logits, **kw))
-
 
 
 @triton.jit

@@ -23,6 +23,7 @@ from oracles.toy import tempered, token_zeroed
 B = 50_000
 TABLE = TVTable("Baseline samplers: TV to own exact law and to p_data (B = 50k)")
 
+
 @pytest.fixture(scope="module", autouse=True)
 def print_table():
     yield
@@ -165,7 +166,6 @@ def test_tau_leaping_planned_matches_its_law(name, toy_name, steps, options):
     assert distance < limit
 
 
-
 def test_tau_leaping_planned_mask_denoiser_runs_at_the_time_of_its_masked_share():
     """The mask denoiser sees t = alpha^{-1}(1 - #masked / D), not the grid time (the oracle
     denoiser ignores t, so the laws above cannot tell)."""
@@ -181,6 +181,7 @@ def test_tau_leaping_planned_mask_denoiser_runs_at_the_time_of_its_masked_share(
     assert times
     for got, share in times:
         torch.testing.assert_close(got, share)
+
 
 @pytest.mark.slow
 def test_tau_leaping_planned_time_conditioned_many_steps_reaches_p_data():

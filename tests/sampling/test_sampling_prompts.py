@@ -79,6 +79,7 @@ def test_frozen_positions_keep_their_values_in_every_sampler(cond, fused):
         assert (result.tokens[:, 1] == 2).all(), name
         assert ((result.tokens >= 0) & (result.tokens < 3)).all(), name
 
+
 @pytest.mark.parametrize("fused", [False, True], ids=["reference", "fused"])
 def test_frozen_positions_hold_against_networks_that_call_them_noise(fused):
     """The toy's exact networks call a frozen position clean anyway; these do not (planner p = 1/2,
@@ -99,7 +100,6 @@ def test_frozen_positions_hold_against_networks_that_call_them_noise(fused):
         "tau planned mask": tau_leaping_planned(planner, logits, 2, 4, 3, steps=6, denoiser_type="mask", **common),
     }.items():
         assert torch.equal(result.tokens[frozen], x_init[frozen]), name
-
 
 
 def test_fused_run_draws_what_the_reference_draws_with_a_prompt(cond):

@@ -463,7 +463,6 @@ def test_save_validates_before_writing(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
-
 @pytest.mark.parametrize("model, config, train_state, error, message", [
     ("model", None, None, TypeError, "save_checkpoint: model must be a torch.nn.Module, got str"),
     (None, [1], None, TypeError, "save_checkpoint: config must be a dict, got list"),
@@ -480,6 +479,7 @@ def test_a_save_names_the_argument_of_the_wrong_type(tmp_path, model, config, tr
     with pytest.raises(error, match=message):
         save_checkpoint(tmp_path / "c", good if model is None else model, config or good_config, train_state)
     assert os.listdir(tmp_path) == []
+
 
 def test_a_network_of_no_ddpd_kind_saves_under_its_configs_kind(tmp_path):
     """Only a ddpd network's own kind is checked: a user's module holding the same tensors saves."""
@@ -774,7 +774,6 @@ def test_a_crafted_training_state_header_is_refused_naming_the_fault(tmp_path, h
     assert _one_line(info.value)
 
 
-
 def test_a_checkpoint_path_that_is_a_file_is_refused(tmp_path):
     (tmp_path / "c").write_text("x")
     with pytest.raises(CheckpointError, match=f"^checkpoint path is not a directory: {tmp_path / 'c'}$"):
@@ -813,6 +812,7 @@ def test_weights_load_where_the_platform_has_no_preadv(tmp_path, monkeypatch):
     pread = os.pread
     monkeypatch.setattr(os, "pread", lambda *args: reads.append(args[1]) or pread(*args))
     assert same_weights(load_model(path)[0], expected) and reads
+
 
 def test_a_config_json_of_the_largest_size_read_loads(tmp_path):
     path = _saved(tmp_path)
@@ -940,7 +940,6 @@ def test_a_fifo_in_place_of_a_file_is_refused_without_waiting(tmp_path):
     assert outcome == [f"checkpoint {path}: model.safetensors is not a regular file"]
 
 
-
 def test_a_directory_or_a_link_loop_in_place_of_a_file_is_named(tmp_path):
     """A directory opens for reading (only writing it is EISDIR) and is named by its mode; a
     file that cannot be opened (a link to itself) says why."""
@@ -953,6 +952,7 @@ def test_a_directory_or_a_link_loop_in_place_of_a_file_is_named(tmp_path):
     os.symlink("model.safetensors", path / "model.safetensors")
     with pytest.raises(CheckpointError, match="model.safetensors: Too many levels of symbolic links$"):
         load_model(path)
+
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts descriptors in /proc/self/fd")
 @pytest.mark.parametrize("what", ["directory", "fifo"])

@@ -624,7 +624,6 @@ def test_convergence_command(setup, capsys):
     assert {"noise_left", "z_changed", "met_eps_0.05", "met_eps_0.01", "stopped_eps_0.01"} <= set(rows[0])
 
 
-
 def test_convergence_rows_do_not_depend_on_the_batch_size(setup, capsys):
     """The last batch holds the samples left, not a whole --batch-size: each sample's noise is
     its row's, so the rows of 3 samples are the same in batches of 2 as in one batch."""
@@ -638,6 +637,7 @@ def test_convergence_rows_do_not_depend_on_the_batch_size(setup, capsys):
         assert code == 0, err
         tables.append((out_dir / "convergence.csv").read_text())
     assert tables[0] == tables[1]
+
 
 @pytest.mark.parametrize("argv, message, status", [
     (["elbo", "--planner", "{root}/nowhere", "--denoiser", "{mask-denoiser}", "--data", "{data}"],

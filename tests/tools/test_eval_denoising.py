@@ -92,7 +92,6 @@ def test_planner_mask_scores_each_noisy_position_with_itself_masked(toy):
     assert torch.equal(stats.correct, stats.noisy)
 
 
-
 def _sees_itself_alone(x, t):
     """Token 0 where the position is masked and no other position of its row is."""
     masked = x == S
@@ -146,6 +145,7 @@ def test_the_mask_denoisers_see_the_mask_id_given(kind):
     stats = denoising_stats(kind, reveals, x1, S, alpha=0.5, planner=lambda x: torch.zeros(x.shape), mask_id=S + 1,
                             seed=9)
     assert float(stats.noisy.sum()) > 0 and torch.equal(stats.correct, stats.noisy)
+
 
 def test_denoising_stats_are_batch_invariant_and_seeded(toy):
     m = toy.models()

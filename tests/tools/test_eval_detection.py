@@ -111,7 +111,6 @@ def test_the_script_writes_a_row_a_fraction(tmp_path, monkeypatch, capsys):
     assert "| fraction | uniform |" in capsys.readouterr().out
 
 
-
 def test_the_script_scores_the_sequences_asked_for_at_the_seed_given(tmp_path, monkeypatch, capsys):
     """--sequences 2 of the bundled networks' 256 tokens: about half of 512 positions drawn at 0.5
     (the test split holds 10 such sequences); --seed changes the corruption."""

@@ -449,7 +449,6 @@ def test_true_mask_denoising_term_is_the_mask_diffusion_one(toy, models):
     torch.testing.assert_close(planned.denoising, masked.denoising)
 
 
-
 def test_mask_diffusion_elbo_reads_the_denoiser_at_masked_positions_only(toy, models):
     """An unmasked position of mask diffusion is carried over: the denoiser's output there (here
     uniform logits) must change no term, the final emission's included."""
@@ -476,6 +475,7 @@ def test_planned_mask_denoiser_runs_at_the_time_of_its_masked_share(toy, models)
     assert times and len(torch.cat([got for got, _ in times]).unique()) > 1
     for got, share in times:
         torch.testing.assert_close(got, share)
+
 
 COSINE = get_schedule("cosine")
 
@@ -569,7 +569,6 @@ def test_tiny_models_give_finite_seeded_batch_invariant_terms(tiny, text):
         again = estimate(text, mc_samples=2, seed=11)
         assert torch.equal(again.elbo, whole.elbo), name
         assert not torch.equal(estimate(text, mc_samples=2, seed=12).elbo, whole.elbo), name
-
 
 
 @torch.no_grad()

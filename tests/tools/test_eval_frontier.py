@@ -127,7 +127,6 @@ def test_read_frontier_reads_whole_numbers_written_as_floats(tmp_path):
         read_frontier(path)
 
 
-
 def test_a_ddpd_row_without_a_budget_is_filed_under_its_configurations_budget(tmp_path):
     """A row written without a budget cell had its budget guessed as round(passes): a ddpd row
     stopped early at budget 32 (30.4 mean passes) was filed under 30, away from its sweep."""
@@ -174,7 +173,6 @@ def test_the_committed_frontiers_resume_with_nothing_left_to_measure(tmp_path, n
                              seed=int(seed), batch_size=16, csv_path=str(path))
         assert len(again) == len(configs)
     assert path.read_bytes() == (Path(__file__).resolve().parents[2] / "docs" / "parallel" / name).read_bytes()
-
 
 
 def test_a_signal_while_a_row_is_written_keeps_the_row(tmp_path, monkeypatch, signal_raises):

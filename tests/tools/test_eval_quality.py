@@ -339,14 +339,12 @@ def test_matched_difference_has_the_delta_method_standard_error():
     assert matched_entropy(ours + theirs, "ddpd", "dfm", 512)["nll_difference"] == pytest.approx(-0.05)
 
 
-
 def test_one_sample_has_no_standard_error():
     from ddpd.eval.report import mean_and_se
 
     mean, se = mean_and_se(torch.tensor([2.5]))
     assert mean == 2.5 and math.isnan(se)
     assert mean_and_se(torch.tensor([1.0, 3.0])) == (2.0, 1.0)
-
 
 
 def test_markdown_tables_format_every_number_and_leave_missing_values_blank():
@@ -370,6 +368,7 @@ def test_markdown_tables_escape_a_bar_in_a_cell():
 
     table = markdown_table([{"run": "runs/a|b", "step": 3}], (("run", "Run", ""), ("step", "Steps", "")))
     assert table.splitlines()[2] == "| runs/a\\|b | 3 |"
+
 
 def test_json_reports_write_an_undefined_value_as_null(tmp_path):
     """An undefined standard error is null in the JSON written, which strict readers accept."""

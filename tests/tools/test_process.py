@@ -174,7 +174,6 @@ def test_rate_decomposition_matches_enumeration(S, D, alpha):
     assert torch.allclose(denoiser.sum(-1), torch.ones_like(planner))
 
 
-
 @pytest.mark.parametrize("alpha", [0.99, 0.999, 0.9999])
 def test_rate_decomposition_keeps_the_self_loop_near_alpha_one_in_float32(alpha):
     """S = 50257, a model sure of x_t^d (logits 0 there, -40 elsewhere): alpha / (alpha + (1 - alpha) / S)
@@ -191,6 +190,7 @@ def test_rate_decomposition_keeps_the_self_loop_near_alpha_one_in_float32(alpha)
     self_loop = denoiser_log_prob_from_uniform(lp, x_t, a)[0, 0, 7].exp()
     for got, want in ((noise, want_noise), (log_noise.exp(), want_noise), (self_loop, want_self_loop)):
         assert float(got) == pytest.approx(float(want), rel=1e-4)
+
 
 def test_rate_decomposition_in_float32_at_alpha_one_for_a_model_sure_of_x_t():
     """alpha = 1 (self-loop weight 0), a model 30 nats sure of x_t^d in float32: 1 - p(x_1^d = x_t^d)

@@ -129,6 +129,7 @@ def test_training_is_stopped_in_time_for_what_follows_it(tmp_path, train_seconds
     assert done.returncode == 0, done.stderr
     assert f"# training stopped {deadline} s after its start at the latest" in done.stdout, done.stdout
 
+
 # A stand-in for python on a CUDA machine (FAKE_GPU=0: on a CPU one): it answers the script's
 # questions about the device, runs nothing of ddpd and records every call in calls.txt; where
 # FAKE_INSTALLED=0, ddpd is not importable before the build.
