@@ -29,7 +29,7 @@ from ddpd.assets import BOOKS
 from ddpd.checkpoint import CheckpointError, load_checkpoint, load_model, load_train_state, read_config
 from ddpd.cli.train import main
 from ddpd.process import corrupt
-from ddpd.training.trainer import TrainConfig, Trainer, learning_rate
+from ddpd.training.trainer import ResumeConflict, TrainConfig, Trainer, learning_rate
 from hang_guard import HANG_GUARD_SECONDS, default_signals, torchrun_worker
 
 # tiny runs of a few steps keep TINY's warmup; the warning it gives is tested where it is meant
@@ -2178,6 +2178,15 @@ def test_a_resume_given_the_default_min_lr_continues_the_run(corpus, tmp_path, c
     assert (tmp_path / "p" / "model.safetensors").read_bytes() == (tmp_path / "q" / "model.safetensors").read_bytes()
 
 
+@pytest.mark.parametrize("name, run, given", [("ema", 0.5, 0.9), ("warmup", 4, 2), ("grad_clip", 1.0, 0.5)])
+def test_a_resume_given_another_update_rule_is_refused_naming_it(corpus, tmp_path, name, run, given):
+    """A resume is the same run: another EMA decay, warmup or clip would change its updates unasked."""
+    _checkpoint_at_step_2(corpus, tmp_path / "p", **{name: run})
+    with pytest.raises(ResumeConflict) as refused:
+        Trainer(config(corpus, tmp_path / "p", steps=20, save_every=2, **{name: given}), resume=True)
+    assert refused.value.changed == [(name, run, given)]
+
+
 def _rewrite_state(out, meta_change=None, drop=None):
     """Change the training state as a careful attacker would: digests recomputed."""
     import hashlib
@@ -2231,6 +2240,15 @@ def test_damaged_training_state_is_refused_in_one_line(corpus, tmp_path, capsys,
         Trainer(config(corpus, out, steps=20, save_every=2), resume=True)
     code, _, err = run_cli(capsys, "planner", "--out", out, "--resume", "--no-progress")
     assert code == 1 and err.count("\n") == 1 and "train_state" in err, err
+
+
+def test_a_state_of_another_number_of_processes_is_refused(corpus, tmp_path):
+    """Each process resumes its own RNG and data streams: a state of 2 processes cannot continue on 1."""
+    out = tmp_path / "p"
+    _checkpoint_at_step_2(corpus, out)
+    _rewrite_state(out, lambda m: m.update(world_size=2))
+    with pytest.raises(ValueError, match=r"exactly: it was written by 2 process\(es\), this run has 1"):
+        Trainer(config(corpus, out, steps=20, save_every=2), resume=True)
 
 
 def test_optimizer_groups_of_an_earlier_torch_resume(corpus, tmp_path):
