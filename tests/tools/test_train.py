@@ -2394,6 +2394,14 @@ def test_a_stop_asked_for_in_the_last_step_completes_the_run(corpus, tmp_path):
         assert trainer.step == 3 and trainer.stop_reason is None
 
 
+def test_the_first_stop_asked_for_names_the_stop(corpus, tmp_path):
+    """A second request_stop (another signal) keeps the first one's reason and signal: the exit status."""
+    with Trainer(config(corpus, tmp_path / "p", steps=3)) as trainer:
+        trainer.request_stop("SIGTERM")
+        trainer.request_stop("SIGINT")
+        assert (trainer.stop_reason, trainer.stop_signal) == ("SIGTERM", signal.SIGTERM)
+
+
 def test_resume_verifies_the_weights(corpus, tmp_path, capsys):
     out = tmp_path / "p"
     _checkpoint_at_step_2(corpus, out)
