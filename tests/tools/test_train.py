@@ -2402,6 +2402,16 @@ def test_the_first_stop_asked_for_names_the_stop(corpus, tmp_path):
         assert (trainer.stop_reason, trainer.stop_signal) == ("SIGTERM", signal.SIGTERM)
 
 
+def test_a_run_stopped_before_its_first_step_resumes(corpus, tmp_path):
+    """A stop before any step saves step 0, whose state holds no AdamW moments yet: it resumes."""
+    with Trainer(config(corpus, tmp_path / "p", steps=2, eval_every=2)) as trainer:
+        trainer.request_stop("SIGTERM")
+        trainer.train()
+    assert load_train_state(tmp_path / "p")[1]["step"] == 0
+    with Trainer(config(corpus, tmp_path / "p", steps=2, eval_every=2), resume=True) as resumed:
+        assert resumed.step == 0 and [h["step"] for h in resumed.train()] == [0, 2]
+
+
 def test_resume_verifies_the_weights(corpus, tmp_path, capsys):
     out = tmp_path / "p"
     _checkpoint_at_step_2(corpus, out)
