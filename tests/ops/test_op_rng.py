@@ -153,7 +153,8 @@ def test_philox_uniform_on_cpu_computes_runs_of_columns_in_the_extension(monkeyp
     monkeypatch.setattr(rng, "_uniforms", lambda *args: calls.append(args) or reference(*args))
     rows = torch.cat([LOW_ROWS, torch.tensor([2**32 + 3, -1, -2**63])])
     columns = [(64, True), (0, True), (torch.arange(7, 40), True), (torch.arange(2**32 - 5, 2**32), True),
-               (torch.tensor([3, 1, 2]), False), (torch.arange(2**32 - 2, 2**32 + 3), False)]
+               (torch.tensor([3, 1, 2]), False), (torch.arange(2**32 - 2, 2**32 + 3), False),
+               (torch.arange(-2, 3), False)]  # column -1 is column 2**32 - 1
     for seed, offset in ((0, 0), (2**64 - 3, 2**40 + 9), (torch.tensor(-5), torch.tensor(2**40))):
         for cols, in_extension in columns:
             calls.clear()
@@ -267,6 +268,21 @@ def test_gumbel_is_finite_at_the_top_uniform():
     g = rng.gumbel(torch.tensor([1.0, rng.BELOW_ONE, 0.5]))
     assert torch.isfinite(g).all()
     assert g[0] == g[1]
+    # the clamp is to the largest float32 below one, and moves no uniform under it
+    below = torch.nextafter(torch.tensor(1.0), torch.tensor(0.0))
+    assert rng.BELOW_ONE == float(below)
+    u = torch.tensor([float(below), 0.5, 2.0**-24])
+    assert torch.equal(rng.gumbel(u), -torch.log(-torch.log(u)))
+
+
+def test_explicit_noise_of_another_dtype_or_out_of_range_is_refused_naming_the_first_value():
+    """check_noise_values refuses non-float32 uniforms and names the first value outside (0, 1]."""
+    noise = torch.full((3, 4), 0.5)
+    noise[1, 2], noise[2, 0] = 0.0, 1.5
+    with pytest.raises(ValueError, match=r"^noise values must be uniforms in \(0, 1\], got 0.0 at row 1, column 2$"):
+        rng.check_noise_values(noise)
+    with pytest.raises(TypeError, match=r"^u must have dtype torch.float32, got torch.float64$"):
+        rng.check_noise_values(torch.full((2, 2), 0.5, dtype=torch.float64), "u")
 
 
 # (the input's name, noise's shape, a call of the op on that input given its stream arguments)
@@ -312,3 +328,13 @@ def test_stream_arguments_on_another_device_name_the_input(op, name, like, other
         with pytest.raises(ValueError,
                            match=rf"^{name} must be on the device of {input_name} \({like}\), got {other}$"):
             call(**given)
+
+
+@pytest.mark.parametrize("given", ["row_ids", "generator"])
+@pytest.mark.parametrize("op", STREAM_CALLS)
+def test_noise_beside_row_ids_or_a_generator_is_refused(op, given):
+    """Explicit noise replaces the whole stream: row_ids or a generator beside it is refused, not ignored."""
+    _, noise_shape, call = STREAM_CALLS[op]
+    extra = {"row_ids": torch.arange(noise_shape[0]), "generator": torch.Generator()}[given]
+    with pytest.raises(ValueError, match=r"^pass either noise or seed/offset/generator/row_ids, not both$"):
+        call(noise=torch.rand(noise_shape), **{given: extra})
