@@ -163,6 +163,14 @@ def test_philox_uniform_on_cpu_computes_runs_of_columns_in_the_extension(monkeyp
             assert torch.equal(got, philox_uniform_reference(seed, offset, rows, cols)), cols
 
 
+def test_philox_uniform_never_loads_the_extension(monkeypatch):
+    """Before ddpd._C is loaded a CPU call draws with the torch reference, never loading (or building) it."""
+    monkeypatch.setattr(rng._ext, "loaded", lambda: False)
+    monkeypatch.setattr(rng._dispatch, "cpu_kernel", lambda name: pytest.fail(f"{name} was looked up"))
+    rows = torch.tensor([0, 7])
+    assert torch.equal(philox_uniform(3, 4, rows, 5), philox_uniform_reference(3, 4, rows, 5))
+
+
 def test_the_docs_give_the_probability_of_a_uniform_of_one(monkeypatch):
     """Of the 2**24 grid values ((w >> 8) + 0.5) * 2**-24 only the top one rounds to 1.0 in
     float32: probability 2**-24, which the docs once gave as 2**-25."""
