@@ -182,6 +182,57 @@ def test_sweep_rejects_a_sampler_returning_the_wrong_shape(judge):
         run_sweep([bad], steps=[1], temperatures=[1.0], num_samples=2, judge=judge, vocab_size=V)
 
 
+def test_quality_metrics_length_is_the_sample_length_not_the_sample_count(judge):
+    metrics = quality.quality_metrics(torch.zeros(2, 5, dtype=torch.long), judge, V)
+    assert (metrics["num_samples"], metrics["length"]) == (2, 5)
+
+
+def test_judge_nll_refuses_a_batch_size_below_1_by_name(judge):
+    with pytest.raises(ValueError, match="^batch_size must be >= 1"):
+        judge_nll(judge, torch.zeros(2, 4, dtype=torch.long), batch_size=0)
+
+
+def test_sweep_gives_every_configuration_the_same_seed_and_every_row_the_judge(judge):
+    """The same initial noise for every (sampler, steps, temperature), and the judge named on
+    the reference row too, so that no row of the CSV passes for another judge's."""
+    seeds = []
+
+    def run(n, steps, temperature, seed, first_row):
+        seeds.append(seed)
+        return SimpleNamespace(tokens=torch.zeros(n, 16, dtype=torch.long))
+
+    rows = run_sweep([SamplerSpec("a", run)], steps=[2, 5], temperatures=[0.5, 1.0], num_samples=2, judge=judge,
+                     vocab_size=V, seed=7, reference=torch.zeros(2, 16, dtype=torch.long), judge_id="sha256:ab")
+    assert seeds == [7] * 4
+    assert [r[quality.JUDGE] for r in rows] == ["sha256:ab"] * 5
+
+
+def test_sweep_markdown_columns_and_rounding():
+    """Columns in SWEEP_COLUMNS' order; NLLs to 4 places, entropies to 3, counts of passes to 1."""
+    row = {"sampler": "ddpd-A-mask", "steps": 8, "temperature": 0.9, "judge_nll": 2.123456, "judge_nll_se": 0.01234,
+           "entropy": 4.12345, "entropy_se": 0.02345, "mean_steps": 7.25, "nfe": 16.04, "num_samples": 64}
+    assert quality.sweep_markdown([row]).splitlines() == [
+        "| Sampler | Steps | Temperature | Judge NLL (nats/token) | ± s.e. | Unigram entropy (bits) | ± s.e. "
+        "| Steps taken | Forward passes / sample | Samples |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| ddpd-A-mask | 8 | 0.9 | 2.1235 | 0.0123 | 4.123 | 0.023 | 7.2 | 16.0 | 64 |",
+    ]
+
+
+def test_read_sweep_keeps_a_judge_digest_of_digits_as_text(tmp_path):
+    """A digest is compared as text by merge_sweeps: '0123' read as the int 123 would name another judge."""
+    path = tmp_path / "sweep.csv"
+    path.write_text("sampler,steps,temperature,judge_nll,entropy,judge\nmaskgit,2,1.0,3.2,3.1,0123\n")
+    assert quality.read_sweep(str(path))[0][quality.JUDGE] == "0123"
+
+
+def test_merge_sweeps_takes_a_blank_judge_as_any_judge():
+    """A part whose rows leave the judge blank (written before the column) merges with any judge's."""
+    row = {"sampler": "maskgit", "steps": 2, "temperature": 1.0, "judge_nll": 3.2, "entropy": 3.1}
+    parts = [[dict(row, judge="")], [dict(row, steps=3, judge="sha256:ab")]]
+    assert [r["steps"] for r in quality.merge_sweeps(parts)] == [2, 3]
+
+
 # ---------------------------------------------------------------- convergence
 
 
