@@ -190,8 +190,8 @@ def run_sweep(samplers: Sequence[SamplerSpec], *, steps: Sequence[int], temperat
     rows = []
     judged = {} if judge_id is None else {JUDGE: judge_id}
     if reference is not None:
-        rows.append({"sampler": REFERENCE, "steps": "", "temperature": "",
-                     **quality_metrics(reference, judge, vocab_size, batch_size), **judged})
+        rows.append({"sampler": REFERENCE, "steps": "", "temperature": "", **judged,
+                     **quality_metrics(reference, judge, vocab_size, batch_size)})
         if on_row is not None:
             on_row(rows)
     configs = [(spec, s, t) for spec in samplers for s in steps for t in temperatures]
@@ -199,9 +199,10 @@ def run_sweep(samplers: Sequence[SamplerSpec], *, steps: Sequence[int], temperat
         start = time.perf_counter()
         tokens, mean_steps, nfe = _sample(spec, num_samples, s, t, seed, batch_size)
         seconds = time.perf_counter() - start
-        rows.append({"sampler": spec.name, "steps": s, "temperature": t,
+        # the judge ahead of the columns the reference row lacks: one column order with it or without
+        rows.append({"sampler": spec.name, "steps": s, "temperature": t, **judged,
                      **quality_metrics(tokens, judge, vocab_size, batch_size),
-                     "mean_steps": mean_steps, "nfe": nfe, "sampling_seconds": seconds, **judged})
+                     "mean_steps": mean_steps, "nfe": nfe, "sampling_seconds": seconds})
         if on_row is not None:
             on_row(rows)
     return rows

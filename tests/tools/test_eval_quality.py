@@ -207,6 +207,20 @@ def test_sweep_gives_every_configuration_the_same_seed_and_every_row_the_judge(j
     assert [r[quality.JUDGE] for r in rows] == ["sha256:ab"] * 5
 
 
+def test_sweep_csv_has_one_column_order_with_a_reference_row_or_without(judge, tmp_path):
+    """The judge column stood before the sampling columns with a reference row, after them without."""
+    def run(n, steps, temperature, seed, first_row):
+        return SimpleNamespace(tokens=torch.zeros(n, 16, dtype=torch.long))
+
+    headers = []
+    for reference in (None, torch.zeros(2, 16, dtype=torch.long)):
+        rows = run_sweep([SamplerSpec("a", run)], steps=[2], temperatures=[1.0], num_samples=2, judge=judge,
+                         vocab_size=V, seed=0, reference=reference, judge_id="sha256:ab")
+        report.write_csv(rows, tmp_path / "sweep.csv")
+        headers.append((tmp_path / "sweep.csv").read_text().splitlines()[0])
+    assert headers[0] == headers[1] and headers[0].startswith("sampler,steps,temperature,judge,judge_nll,"), headers
+
+
 def test_sweep_markdown_columns_and_rounding():
     """Columns in SWEEP_COLUMNS' order; NLLs to 4 places, entropies to 3, counts of passes to 1."""
     row = {"sampler": "ddpd-A-mask", "steps": 8, "temperature": 0.9, "judge_nll": 2.123456, "judge_nll_se": 0.01234,
