@@ -232,6 +232,26 @@ def test_a_fingerprint_counts_characters_and_digests_utf8():
     assert fingerprint("caf\u00e9") == {"chars": 4, "sha256": hashlib.sha256("caf\u00e9".encode()).hexdigest()}
 
 
+def test_a_fingerprint_changes_with_the_last_character():
+    """Two texts of one length that differ only at their end have different fingerprints."""
+    text = "the cat sat on the mat " * 20
+    assert fingerprint(text[:-1] + "x")["sha256"] != fingerprint(text)["sha256"]
+    assert fingerprint(text[:-1] + "x")["chars"] == fingerprint(text)["chars"]
+
+
+def test_a_corpus_read_once_is_split_as_read(tmp_path):
+    """Given the text already read (the one fingerprinted), load_splits and load_labelled split
+    that text, not the file read a second time."""
+    path = tmp_path / "c.txt"
+    path.write_text("a" * 40)
+    splits = load_splits(str(path), Text8Tokenizer(), text="b" * 40)
+    assert torch.cat([splits[name] for name in ("train", "validation", "test")]).tolist() == [2] * 40
+    path = tmp_path / "c.jsonl"
+    path.write_text('{"text": "a", "label": 0}\n')
+    records = load_labelled(str(path), Text8Tokenizer(), text='{"text": "b", "label": 1}\n')
+    assert (records.tokens.tolist(), records.labels.tolist()) == ([2], [1])
+
+
 def test_split_by_position(wiki_text):
     tokens = encode_corpus(wiki_text, Text8Tokenizer())
     n = tokens.numel()
@@ -253,7 +273,7 @@ def test_a_split_takes_its_fractions_as_written():
 
 
 def test_split_validation():
-    for fractions in ((0.5, 0.5, 0.5), (1.0, 0.0, 0.0), (0.25, 0.25, 0.25, 0.25), (0.5, 0.5)):
+    for fractions in ((0.5, 0.5, 0.5), (1.0, 0.0, 0.0), (0.25, 0.25, 0.25, 0.25), (0.5, 0.5), (0.9, 0.05, 0.04)):
         with pytest.raises(ValueError, match="fractions must be three positive numbers summing to 1"):
             split_tokens(torch.arange(10), fractions)
     with pytest.raises(ValueError, match="1-D"):
