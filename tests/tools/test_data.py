@@ -87,6 +87,13 @@ def test_text8_decode_rejects_bad_ids():
         tok.encode(b"abc")
 
 
+def test_decode_refuses_negative_ids(gpt2):
+    """A negative id is refused, not read from the end of the vocabulary (-1 as 'z')."""
+    for tok, name in ((Text8Tokenizer(), "Text8Tokenizer"), (gpt2, "GPT2Tokenizer")):
+        with pytest.raises(ValueError, match=rf"{name}.decode: ids\[1\] must be in \[0, {tok.vocab_size}\), got -1"):
+            tok.decode([0, -1])
+
+
 def test_decode_takes_numpy_integers(gpt2):
     """ids from a numpy array (np.int64 items) were refused as "must be an int"."""
     for tok, ids in ((Text8Tokenizer(), [8, 9, 0, 20]), (gpt2, [15496, 995])):
@@ -507,6 +514,15 @@ def test_evaluation_batches_of_records_carry_their_labels():
     assert x[:, 0].tolist() == [0, 10, 34, 44, 54] and y.tolist() == [0, 0, 2, 2, 2]
     unlabelled = Records(records.tokens, starts, lengths)
     assert torch.equal(torch.cat(evaluation_batches(unlabelled, 10, 3, 5)), x)
+
+
+def test_evaluation_chunks_picked_across_records_carry_their_own_labels():
+    """Records of 20, 30 and 10 tokens hold 2 + 3 + 1 chunks of 10; the 3 picked, chunks 0, 2
+    and 5, carry the labels of the records they lie in."""
+    lengths = torch.tensor([20, 30, 10])
+    records = Records(torch.arange(60), torch.cumsum(lengths, 0) - lengths, lengths, torch.tensor([7, 8, 9]))
+    (x, y), = evaluation_batches(records, seq_len=10, batch_size=3, max_batches=1)
+    assert x[:, 0].tolist() == [0, 20, 50] and y.tolist() == [7, 8, 9]
 
 
 def test_evenly_spaced_picks_are_exact_at_any_size():
