@@ -124,6 +124,12 @@ def test_gpt2_refuses_lone_surrogates(gpt2):
     assert gpt2.decode(gpt2.encode("a\U0001F600b")) == "a\U0001F600b"  # a surrogate pair in UTF-16 only
 
 
+def test_gpt2_decodes_a_character_cut_in_two_as_a_replacement(gpt2):
+    """ids that end inside a character's UTF-8 bytes (a sample cut short) decode with U+FFFD, not an error."""
+    ids = gpt2.encode("a\U0001F600b")
+    assert len(ids) == 4 and gpt2.decode(ids[:2]) == "a\ufffd"
+
+
 def test_gpt2_special_token_text_is_ordinary(gpt2):
     ids = gpt2.encode("a <|endoftext|> b")
     assert 50256 not in ids
@@ -372,6 +378,8 @@ def test_evaluation_batches_validation():
             evaluation_batches(torch.arange(10), seq_len, 2, 2)
     with pytest.raises(TypeError, match="seq_len must be an int"):
         evaluation_batches(torch.arange(10), 2.0, 2, 2)
+    with pytest.raises(ValueError, match="max_batches must be >= 1, got 0"):  # not an empty evaluation set
+        evaluation_batches(torch.arange(10), 2, 2, 0)
     with pytest.raises(ValueError, match=r"seq_len must be <= the number of evaluation tokens of a record \(10\)"):
         evaluation_batches(torch.arange(10), 11, 2, 2)
 
