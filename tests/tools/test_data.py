@@ -53,6 +53,8 @@ def test_text8_round_trip_on_corpus(wiki_text):
     assert min(ids) >= 0 and max(ids) < tok.vocab_size == 27
     assert tok.decode(ids) == text
     assert tok.decode(torch.tensor(ids)) == text
+    tensor = tok.encode_tensor(text)  # Long, as embeddings and the GPT-2 stream take
+    assert tensor.dtype == torch.long and tensor.tolist() == ids
 
 
 def test_text8_alphabet_order():
