@@ -7,6 +7,7 @@ import math
 import os
 import pathlib
 import queue
+import re
 import signal
 import socket
 import subprocess
@@ -1400,6 +1401,17 @@ def test_cli_trains_and_resumes(corpus, tmp_path, capsys):
     assert code == 2 and f"cannot resume {tmp_path / 'p'}: it holds a 'planner' network, not 'ar'" in err
     code, out, err = run_cli(capsys, "planner", "--out", tmp_path / "p", "--resume", "--no-progress")
     assert code == 0 and "step 4 of 4" in out
+
+
+def test_the_done_line_gives_the_last_validation_loss(corpus, tmp_path, capsys):
+    """The "done:" line quotes the validation loss of the last step's record, to 4 decimals."""
+    code, out, err = run_cli(capsys, "planner", "--data", corpus, "--out", tmp_path / "p", "--steps", 2,
+                             "--eval-every", 2, "--no-progress", *TINY_CLI)
+    assert code == 0, err
+    last = next(line for line in out.splitlines() if line.lstrip().startswith("step       2 "))
+    val = re.search(r"val loss (\d+\.\d{4})", last).group(1)
+    done = next(line for line in out.splitlines() if line.startswith("done: "))
+    assert done.startswith(f"done: step 2, val loss {val}, "), (last, done)
 
 
 @pytest.mark.parametrize("argv, message, status", [
