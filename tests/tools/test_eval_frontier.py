@@ -1417,3 +1417,20 @@ def test_passes_to_reach_at_the_targets_entropy_breaks_a_tie_in_passes_by_the_sm
             _reach_row("a", 16, 1.5, 3.0, 20.0, budget=16), _reach_row("a", 16, 1.5, 5.0, 20.0, budget=16)]
     reach, = passes_to_reach(rows, 2.0, 4.0)
     assert reach["matched_reached"] and reach["matched_difference"] == -0.5
+
+
+def test_ddpd_eval_frontier_names_judge_for_the_rows_of_another_checkpoint_judge(tmp_path, capsys, measured):
+    """Rows judged by another AR checkpoint are refused naming --judge, not --data."""
+    from ddpd.checkpoint import save_bundle, save_checkpoint
+
+    save_bundle(tmp_path / "b", *_tiny("planner"), *_tiny("mask-denoiser"))
+    judge, config = _tiny("ar", seq_len=16)
+    save_checkpoint(tmp_path / "ar", judge, config)
+    argv = ["frontier", str(tmp_path / "b"), "--judge", str(tmp_path / "ar"), *FAST, "--out-dir", str(tmp_path / "o")]
+    with pytest.raises(_Recorded):
+        main(argv)
+    (tmp_path / "o" / "frontier.csv").write_text("")
+    with torch.no_grad():  # other weights
+        next(judge.parameters()).add_(1.0)
+    save_checkpoint(tmp_path / "ar", judge, config)
+    assert main(argv) == 2 and "measured with other judge_source (--judge) (" in capsys.readouterr().err
