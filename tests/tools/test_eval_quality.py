@@ -209,12 +209,9 @@ def test_sweep_gives_every_configuration_the_same_seed_and_every_row_the_judge(j
 
 def test_sweep_csv_has_one_column_order_with_a_reference_row_or_without(judge, tmp_path):
     """The judge column stood before the sampling columns with a reference row, after them without."""
-    def run(n, steps, temperature, seed, first_row):
-        return SimpleNamespace(tokens=torch.zeros(n, 16, dtype=torch.long))
-
     headers = []
     for reference in (None, torch.zeros(2, 16, dtype=torch.long)):
-        rows = run_sweep([SamplerSpec("a", run)], steps=[2], temperatures=[1.0], num_samples=2, judge=judge,
+        rows = run_sweep([_fake_sampler("a")], steps=[2], temperatures=[1.0], num_samples=2, judge=judge,
                          vocab_size=V, seed=0, reference=reference, judge_id="sha256:ab")
         report.write_csv(rows, tmp_path / "sweep.csv")
         headers.append((tmp_path / "sweep.csv").read_text().splitlines()[0])
