@@ -664,6 +664,11 @@ def _model_config(path: str, config: dict):
         raise CheckpointError(f"checkpoint {path}: config.json does not describe a valid model: {err}") from None
 
 
+def _counts(value) -> bool:
+    """Whether a header field is a list of non-negative integers (JSON true is no count)."""
+    return isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)
+
+
 def _read_header(reader: _Reader, name: str, fd: int) -> tuple[dict, int, int]:
     """(header, bytes before the data, file size) of a safetensors file, checked for
     form: a bounded length, JSON, and offsets that tile the data exactly."""
@@ -680,10 +685,8 @@ def _read_header(reader: _Reader, name: str, fd: int) -> tuple[dict, int, int]:
     header.pop("__metadata__", None)
     spans = []
     for key, entry in header.items():
-        if (not isinstance(entry, dict) or not isinstance(entry.get("shape"), list)
-                or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in entry["shape"])
-                or entry.get("dtype") not in STATE_DTYPES or not isinstance(entry.get("data_offsets"), list)
-                or len(entry["data_offsets"]) != 2 or not all(isinstance(o, int) for o in entry["data_offsets"])):
+        if (not isinstance(entry, dict) or not _counts(entry.get("shape")) or entry.get("dtype") not in STATE_DTYPES
+                or not _counts(entry.get("data_offsets")) or len(entry["data_offsets"]) != 2):
             raise CheckpointError(f"{where} is corrupt (header entry {key!r} is malformed)")
         begin, end = entry["data_offsets"]
         numel = 1

@@ -761,11 +761,13 @@ def _craft_state(path, header, data=b"", meta=None):
     ({"m": {"dtype": "F32", "shape": [-3], "data_offsets": [12, 0]}}, b"", "header entry 'm' is malformed"),
     ({"m": {"dtype": "F32", "shape": [True], "data_offsets": [0, 4]}}, bytes(4), "header entry 'm' is malformed"),
     ({"m": {"dtype": "F32", "shape": [3], "data_offsets": [0, 12, 12]}}, bytes(12), "header entry 'm' is malformed"),
+    ({"m": {"dtype": "F32", "shape": [1], "data_offsets": [False, 4]}}, bytes(4), "header entry 'm' is malformed"),
     ({"m": {"dtype": "F32", "shape": [2], "data_offsets": [0, 12]}}, bytes(12),
      r"tensor 'm' has 12 bytes for its shape \[2\]"),
     ({"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 12]},
       "b": {"dtype": "F32", "shape": [3], "data_offsets": [0, 12]}}, bytes(12), "its tensors overlap or leave gaps"),
-], ids=["negative size", "bool size", "three offsets", "bytes for shape", "overlap"])
+], ids=["negative size", "bool size", "three offsets", "bool offset", "bytes for shape",
+                                 "overlap"])
 def test_a_crafted_training_state_header_is_refused_naming_the_fault(tmp_path, header, data, message):
     path = _saved(tmp_path)
     _craft_state(path, header, data)
