@@ -284,19 +284,29 @@ def test_fuzz_cpu_matches_reference(rows, width, vocab, bias, dtype, seed):
 @pytest.mark.parametrize(
     "call, error, match",
     [
-        (lambda h, w, b: sample_from_hidden(h, w[:, :4], seed=1), ValueError, r"weight must have shape \[V, 8\]"),
-        (lambda h, w, b: sample_from_hidden(h, w.long(), seed=1), TypeError, "weight must have dtype"),
-        (lambda h, w, b: sample_from_hidden(h[0, 0], w, seed=1), ValueError, r"hidden must have shape \[..., H\]"),
-        (lambda h, w, b: sample_from_hidden(h, w, b[:5], seed=1), ValueError, r"bias must have shape \(20,\)"),
-        (lambda h, w, b: sample_from_hidden(h, w, b, -0.5, seed=1), ValueError, "temperature"),
-        (lambda h, w, b: sample_from_hidden(h, w, b, 1.0, [20], seed=1), ValueError, "exclude_ids"),
-        (lambda h, w, b: sample_from_hidden(h, w, noise=torch.rand(3, 20)), ValueError, r"noise must have shape"),
+        (lambda op, h, w, b: op(h, w[:, :4], seed=1), ValueError, r"weight must have shape \[V, 8\]"),
+        (lambda op, h, w, b: op(h, w.long(), seed=1), TypeError, "weight must have dtype"),
+        (lambda op, h, w, b: op(h[0, 0], w, seed=1), ValueError, r"hidden must have shape \[..., H\]"),
+        (lambda op, h, w, b: op(h, w, b[:5], seed=1), ValueError, r"bias must have shape \(20,\)"),
+        (lambda op, h, w, b: op(h, w, b.long(), seed=1), TypeError, "bias must have dtype"),
+        (lambda op, h, w, b: op(h, w[:0], seed=1), ValueError, r"V \(weight.shape\[0\]\) must be in \[1, "),
+        (lambda op, h, w, b: op(h, w, b, -0.5, seed=1), ValueError, "temperature"),
+        (lambda op, h, w, b: op(h, w, b, 1.0, [20], seed=1), ValueError, "exclude_ids"),
+        (lambda op, h, w, b: op(h, w, b, 1.0, torch.tensor([20]), seed=1), ValueError,
+         r"exclude_ids values must be in \[0, 20\)"),
+        (lambda op, h, w, b: op(h, w, b, 1.0, None, torch.tensor([0, 20, 1]), seed=1), ValueError,
+         "exclude_per_row"),
+        (lambda op, h, w, b: op(h, w, noise=torch.rand(3, 20)), ValueError, r"noise must have shape"),
+        (lambda op, h, w, b: op(h, w, noise=torch.zeros(3, noise_width(20))), ValueError,
+         r"noise values must be uniforms in \(0, 1\]"),
     ],
 )
-def test_bad_arguments_raise_clear_errors(call, error, match):
+@pytest.mark.parametrize("op", [sample_from_hidden, sample_from_hidden_reference])
+def test_bad_arguments_raise_clear_errors(op, call, error, match):
+    """Each bad argument gets the same named error from the op and from its reference."""
     hidden, weight, bias = head(3, 8, 20, 0)
     with pytest.raises(error, match=match):
-        call(hidden, weight, bias)
+        call(op, hidden, weight, bias)
 
 
 @pytest.mark.parametrize("like, other", MISMATCHES)
