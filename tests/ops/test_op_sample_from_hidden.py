@@ -12,6 +12,7 @@ from scipy import stats
 from ddpd.ops import _dispatch
 from ddpd.ops.sample_categorical import noise_width, sample_categorical
 from ddpd.ops.sample_from_hidden import (
+    HEAD_CHUNK,
     head_logits_triton,
     prepare_hidden,
     sample_from_hidden,
@@ -84,6 +85,17 @@ def test_equals_sample_categorical_on_the_logits():
     logits = hidden @ weight.T + bias
     fused = sample_from_hidden(hidden, weight, bias, 1.2, [7], seed=11, offset=6)
     assert_same(fused, sample_categorical(logits, 1.2, [7], seed=11, offset=6))
+
+
+def test_truncated_draws_over_several_head_chunks():
+    """A truncating call on CPU builds the logits HEAD_CHUNK weight rows at a time: past one
+    chunk, with a bias, its draw and log-probability are sample_categorical's on the logits."""
+    hidden, weight, bias = head(8, 16, HEAD_CHUNK + 300, 13)
+    kw = dict(top_k=HEAD_CHUNK + 299, seed=4, offset=2, return_logprob=True)
+    fused = sample_from_hidden(hidden, weight, bias, 1.0, **kw)
+    want = sample_categorical(hidden @ weight.T + bias, 1.0, **kw)
+    assert_same(fused, want)
+    torch.testing.assert_close(fused.logprob, want.logprob, rtol=1e-5, atol=1e-5)
 
 
 def test_seeded_draws_follow_softmax():
