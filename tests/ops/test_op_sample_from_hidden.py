@@ -407,6 +407,13 @@ def test_sparse_tensors_are_refused_by_name():
         sample_from_hidden(dense, torch.randn(5, 8).to_sparse(), None, seed=1)
 
 
+def test_no_rows_draw_nothing_on_the_triton_path():
+    """Zero rows (every row of a batch finished): the kernels' path returns empty outputs."""
+    hidden, weight, bias = head(0, 8, 300, 0)
+    out = triton_draw(hidden, weight, bias, seed=1, return_logprob=True, confidence="prob")
+    assert [o.shape for o in out] == [(0,)] * 4
+
+
 @pytest.mark.parametrize("rows,width,vocab", [(0, 8, 300), (1, 8, 1), (5, 24, 700), (40, 16, 300)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_head_logits_kernel_is_the_matmul(rows, width, vocab, dtype):
