@@ -51,7 +51,8 @@ def test_sample_categorical_grids_fill_the_device(rows, vocab):
 
 @pytest.mark.parametrize("rows,width,vocab,element_size", [(1, 768, GPT2, 2), (64, 768, GPT2, 2),
                                                            (256, 768, GPT2, 2), (64, 4096, LLAMA3, 2),
-                                                           (64, 256, GPT2, 4), (4096, 256, 28, 4)])
+                                                           (64, 256, GPT2, 4), (4096, 256, 28, 4),
+                                                           (64, WIDE_H, GPT2, 2), (16, 256, 2 * TILE, 4)])
 def test_sample_from_hidden_grids_fill_the_device(rows, width, vocab, element_size):
     launch = head_launch(rows, width, vocab, element_size, SMS)
     if rows >= 64:
@@ -59,13 +60,16 @@ def test_sample_from_hidden_grids_fill_the_device(rows, width, vocab, element_si
     row_blocks, splits = launch.tiles_grid
     assert row_blocks * launch.block_n >= rows > (row_blocks - 1) * launch.block_n
     assert splits * launch.tiles_per_split >= n_tiles(vocab) > (splits - 1) * launch.tiles_per_split
+    assert head_logits_grid(launch, vocab) == (row_blocks * n_tiles(vocab),)  # a program a (row block, tile)
     assert width % launch.block_h == 0  # full slices of H at these shapes
+    assert launch.block_h == (64 if element_size == 2 else 32), launch
     # wide row blocks (head_launch says why), none wider than the rows
     wide_or_f32 = width >= WIDE_H or element_size == 4
     widest = 64 if wide_or_f32 else 32
     assert launch.block_n == max(16, min(widest, 1 << (rows - 1).bit_length())) or (
         launch.block_n < widest and -(-rows // (2 * launch.block_n)) * n_tiles(vocab) < SMS), launch
     assert launch.num_warps == (8 if wide_or_f32 or rows > 64 else 4), launch
+    assert launch.num_stages == (4 if width >= WIDE_H and element_size == 2 else 3), launch
     assert (launch.finish_grid is None) == (vocab <= TILE)
 
 
