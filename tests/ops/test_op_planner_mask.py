@@ -92,6 +92,16 @@ def test_cpu_positions_just_outside_the_row_are_refused(op, bad):
         op(logits, x, positions, MASK_ID, seed=1)
 
 
+@pytest.mark.parametrize("op", [planner_mask, planner_mask_reference])
+def test_explicit_uniforms_outside_the_unit_interval_are_refused(op):
+    """An explicit uniform of 0 is refused by the op and by its reference alike."""
+    logits, x, positions = inputs(4, 5, 0)
+    noise = torch.full((4, 5), 0.5)
+    noise[1, 2] = 0.0
+    with pytest.raises(ValueError, match=r"noise values must be uniforms in \(0, 1\]"):
+        op(logits, x, positions, MASK_ID, noise=noise)
+
+
 def test_triton_mask_takes_more_positions_than_one_block_compares():
     """D x k beyond Triton's largest block (2**20 values): the positions in chunks, not one
     [D, k] comparison that fails to compile."""
@@ -226,6 +236,7 @@ def test_fuzz_cpu_matches_reference(rows, length, data, seed, dtype):
                                               mask_noise=torch.rand(4, 5).double()), TypeError,
          "mask_noise must have dtype"),
         (lambda lg, x, p: planner_mask(lg, x, p, 2**62 + 1, seed=1), ValueError, "mask_id must be in"),
+        (lambda lg, x, p: planner_mask(lg, x, p.int(), MASK_ID, seed=1), TypeError, "positions must have dtype"),
         (lambda lg, x, p: planner_select_mask(lg, x, 2**62 + 1, seed=1), ValueError, "mask_id must be in"),
     ],
 )
