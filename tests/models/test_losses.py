@@ -219,10 +219,25 @@ def test_validation_errors_name_the_argument():
         planner_loss(torch.zeros(1, 3, dtype=torch.long), z_t)
     with pytest.raises(ValueError, match="logits"):
         planner_loss(torch.zeros(1, 3, 1), z_t)
-    with pytest.raises(ValueError, match="x"):
+    with pytest.raises(ValueError, match="x: expected at least 2 tokens per sequence, got 1"):
         ar_loss(torch.zeros(1, 1, 3), torch.zeros(1, 1, dtype=torch.long))
-    with pytest.raises(ValueError, match="x"):
+    with pytest.raises(ValueError, match=r"x\[:, 1:\]: expected ids"):
         ar_loss(torch.zeros(1, 2, 3), torch.tensor([[0, 3]]))
+
+
+def test_every_loss_refuses_integer_logits_and_targets_of_another_dtype():
+    """Integer logits (cast and taken by the float32 cross-entropy), a 0/1 z_t of another dtype
+    and a float x are TypeErrors naming the argument, not its slice."""
+    logits, x1, z_t = denoiser_case()
+    ids = torch.zeros(1, 3, 3, dtype=torch.long)
+    for loss in (lambda lg: denoiser_loss(lg, x1, z_t), lambda lg: uniform_model_loss(lg, x1),
+                 lambda lg: ar_loss(lg, x1)):
+        with pytest.raises(TypeError, match="logits: expected a floating-point tensor, got torch.int64"):
+            loss(ids)
+    with pytest.raises(TypeError, match="z_t: expected dtype torch.bool, got torch.int64"):
+        planner_loss(logits[..., 0], z_t.long())
+    with pytest.raises(TypeError, match="x: expected dtype torch.int64, got torch.float32"):
+        ar_loss(logits, x1.float())
 
 
 def test_validation_refuses_what_torch_would_take_without_a_word():
