@@ -167,6 +167,25 @@ def test_reduction_sum_is_the_means_numerator():
     close(ar_loss(torch.zeros(1, 3, 3), torch.tensor([[3, 1, 0]]), reduction="sum"), 2 * LN3)
 
 
+def test_the_rate_weighted_mean_of_one_sequence_is_its_weighted_sum():
+    """With rate the mean divides by the number of sequences: by 1 for a batch of one."""
+    logits, z_t = planner_case()
+    close(planner_loss(logits[:1], z_t[:1], rate=torch.tensor([2.0])), 2.0 * (LN2 + LN4_3))
+    d_logits, x1, d_z = denoiser_case()
+    close(denoiser_loss(d_logits, x1, d_z, rate=torch.tensor([4.0])), 4.0 * 3 * LN2)
+
+
+def test_a_float64_rate_gives_a_float32_loss():
+    """A rate in float64 (a schedule evaluated in double) weighs in float32, as the logits do."""
+    logits, z_t = planner_case()
+    d_logits, x1, d_z = denoiser_case()
+    for loss, rate in ((lambda r: planner_loss(logits, z_t, rate=r), torch.tensor([2.0, 0.5])),
+                       (lambda r: denoiser_loss(d_logits, x1, d_z, rate=r), torch.tensor([4.0]))):
+        weighted = loss(rate.double())
+        assert weighted.dtype == torch.float32
+        torch.testing.assert_close(weighted, loss(rate))
+
+
 def test_planner_loss_low_precision_logits_computed_in_float32():
     logits = torch.randn(2, 5, generator=torch.Generator().manual_seed(0)).bfloat16()
     z_t = torch.tensor([[True, False, True, True, False], [False, True, True, False, True]])
