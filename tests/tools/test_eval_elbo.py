@@ -16,7 +16,7 @@ import torch
 
 from ddpd.assets import BOOKS
 from ddpd.eval.corruption import NUM_STREAMS, EvalNoise
-from ddpd.eval.elbo import TERMS, elbo_mask_diffusion, elbo_planned, elbo_uniform_model
+from ddpd.eval.elbo import TERMS, ElboTerms, elbo_mask_diffusion, elbo_planned, elbo_uniform_model
 from ddpd.process import get_schedule
 from tests.oracles.toy import ToyProblem, dirichlet_p_data, tempered
 
@@ -763,6 +763,13 @@ def test_elbo_refuses_a_t_max_whose_alpha_is_zero_under_the_schedule():
     with pytest.raises(ValueError, match=r"t_max: alpha\(t_max\) must be in \(0, 1\), got 0.0 for t_max=1e-09"):
         elbo_uniform_model(model, x1, V, t_max=1e-9, schedule="cosine")
     assert bool(torch.isfinite(elbo_uniform_model(model, x1, V, t_max=1e-9, schedule="linear").elbo).all())
+
+
+def test_elbo_terms_add_up_and_convert_to_bits_per_token():
+    """elbo = rate_matching + planning + denoising + final; bits are -nats / (D ln 2)."""
+    terms = ElboTerms(*(torch.tensor([value]) for value in (-1.0, -2.0, -4.0, -8.0)), length=3)
+    assert terms.transitioning.tolist() == [-14.0] and terms.elbo.tolist() == [-15.0]
+    torch.testing.assert_close(terms.bits()["elbo"], torch.tensor([15.0 / (3 * math.log(2.0))]))
 
 
 def test_stratified_draws_cover_each_stratum_once():
