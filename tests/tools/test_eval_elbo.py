@@ -451,9 +451,11 @@ def test_true_mask_denoising_term_is_the_mask_diffusion_one(toy, models):
 
 def test_mask_diffusion_elbo_reads_the_denoiser_at_masked_positions_only(toy, models):
     """An unmasked position of mask diffusion is carried over: the denoiser's output there (here
-    uniform logits) must change no term, the final emission's included."""
+    no mass on the carried token, a -inf log-probability) must change no term, the final
+    emission's included."""
     def carried_over_ignored(x, t):
-        return torch.where((x == S)[..., None], models.mask_denoiser(x, t), torch.zeros(()))
+        carried = torch.where(torch.arange(S) == x.clamp(max=S - 1)[..., None], -math.inf, 0.0)
+        return torch.where((x == S)[..., None], models.mask_denoiser(x, t), carried)
 
     kwargs = dict(mc_samples=2, t_max=T_MAX, seed=3)
     exact = elbo_mask_diffusion(models.mask_denoiser, toy.states, S, **kwargs)
