@@ -13,6 +13,8 @@ from ddpd.checkpoint import CheckpointError
 from ddpd.cli.common import (
     OneLineParser,
     UsageError,
+    add_runtime_arguments,
+    apply_threads,
     check_finite,
     check_threads,
     refuse_empty_paths,
@@ -20,6 +22,7 @@ from ddpd.cli.common import (
     run_tool,
     shared_facts,
     training_length,
+    warn_if_lengths_differ,
 )
 
 
@@ -153,3 +156,37 @@ def test_only_process_0_of_a_torchrun_writes_an_argument_error(monkeypatch, caps
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert err == ("ddpd-train: error: the following arguments are required: --steps\n" if says else ""), err
+
+
+def test_runtime_flags_default_to_auto_and_no_threads_unless_suppressed():
+    """--device defaults to "auto" (CUDA if available) and --threads to None; SUPPRESS omits both."""
+    parser = argparse.ArgumentParser()
+    add_runtime_arguments(parser)
+    assert vars(parser.parse_args([])) == {"device": "auto", "threads": None}
+    parser = argparse.ArgumentParser()
+    add_runtime_arguments(parser, argparse.SUPPRESS)
+    assert vars(parser.parse_args([])) == {}
+
+
+def test_apply_threads_refuses_a_bad_count_before_torch_sees_it(monkeypatch):
+    """apply_threads(0) is check_threads' one-line UsageError; torch.set_num_threads is never called."""
+    import torch
+
+    calls = []
+    monkeypatch.setattr(torch, "set_num_threads", calls.append)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    with pytest.raises(UsageError, match=r"^--threads must be in \[1, 1024\], got 0$"):
+        apply_threads(0)
+    assert calls == []
+
+
+def test_models_of_different_lengths_run_at_the_shortest_and_a_missing_schedule_is_linear(capsys):
+    """A config.json without a schedule is linear, so it pairs with a "linear" one; seq_len is the
+    shortest training length, and the tool warns naming the longest and the shortest."""
+    planner = {"kind": "planner", "model": {"vocab_size": 27, "max_seq_len": 16}}
+    denoiser = {"kind": "mask-denoiser", "model": {"out_dim": 27, "max_seq_len": 8}, "schedule": "linear"}
+    facts = shared_facts([("--planner p", planner), ("--denoiser d", denoiser)])
+    assert (facts["schedule"], facts["seq_len"]) == ("linear", 8)
+    warn_if_lengths_differ("ddpd-x", facts["seq_lens"])
+    assert capsys.readouterr().err == ("ddpd-x: warning: --planner p takes sequences of 16 tokens, --denoiser d "
+                                       "of 8: using 8\n")
