@@ -190,3 +190,10 @@ def test_models_of_different_lengths_run_at_the_shortest_and_a_missing_schedule_
     warn_if_lengths_differ("ddpd-x", facts["seq_lens"])
     assert capsys.readouterr().err == ("ddpd-x: warning: --planner p takes sequences of 16 tokens, --denoiser d "
                                        "of 8: using 8\n")
+
+
+def test_a_value_error_from_below_exits_with_the_status_the_tool_gives(capsys):
+    """ddpd-sample reads a ValueError of the samplers' checks as a usage error: status 2, not 1."""
+    assert run_tool("ddpd-x", _raising(ValueError("steps must be >= 1, got 0")), value_error_status=2) == 2
+    assert run_tool("ddpd-x", _raising(TypeError("steps must be an int"))) == 1
+    assert capsys.readouterr().err == "ddpd-x: error: steps must be >= 1, got 0\nddpd-x: error: steps must be an int\n"
