@@ -247,7 +247,9 @@ def test_the_confident_half_is_the_draws_the_denoiser_is_surest_of():
     found = error_detection(lambda x: torch.zeros(x.shape), denoiser, x1, 0.5, V, LinearSchedule(), V,
                             torch.Generator().manual_seed(12))
     assert found.parallel_wrong > 0  # the die's draws miss the text at times
-    assert found.confident_wrong == 0 and math.isnan(found.confident_confidence)  # the sure draws never do
+    assert found.confident_wrong == 0  # the sure draws never do: no detector has a wrong draw to find there
+    assert all(math.isnan(a) for a in (found.confident_planner, found.confident_confidence,
+                                       found.confident_combined))
 
 
 def test_the_fraction_is_the_share_of_positions_corrupted():
@@ -335,6 +337,8 @@ X1, CHOSEN = torch.zeros(2, D, dtype=torch.long), torch.ones(2, D, dtype=torch.b
     (lambda: parallel_draws(_denoiser, X1.tolist(), CHOSEN, V, "linear", V), TypeError, "x must be a torch.Tensor"),
     (lambda: parallel_draws(_denoiser, X1, CHOSEN, V, "linear", "5"), TypeError, "vocab_size must be an int"),
     (lambda: error_detection(_planner, _denoiser, X1, 0.5, V, None, V), TypeError, "schedule must be a schedule's"),
+    (lambda: error_detection(_planner, _denoiser, X1 + V, 0.5, V, "linear", V), ValueError,
+     r"x1 must hold ids in \[0, 5\), got range \[5, 5\]"),
     (lambda: detection_rows(_planner, _denoiser, X1.tolist(), [0.5], V, "linear", V, 0), TypeError,
      "x1 must be a torch.Tensor"),
     (lambda: detection_rows(_planner, _denoiser, X1, [0.5], V, "linear", V, None), TypeError, "seed must be an int"),
@@ -359,3 +363,61 @@ def test_detection_takes_a_schedule_by_name():
     named = detection_rows(_planner, lambda x, t: torch.randn(*x.shape, V, generator=g()), x, [0.5], V, "linear", V, 0)
     assert named[0]["fraction"] == 0.5
 
+
+def test_the_planner_scores_uniform_noise_everywhere_and_the_draws_at_the_drawn_positions():
+    """Uniform noise over all V tokens (the text's own too) and the draws replace x1 at the drawn
+    positions only; the uniform area scores every position, the parallel one the drawn ones."""
+    x1 = torch.randint(0, V, (64, D), generator=torch.Generator().manual_seed(20))
+    score = torch.randn(64, D, generator=torch.Generator().manual_seed(21))
+    seen = []
+
+    def planner(x):  # a fixed score a position, blind to the tokens
+        seen.append(x)
+        return score
+
+    def denoiser(x, t):  # a fair die: most draws differ from the text
+        seen.append(x)
+        return torch.zeros(*x.shape, V)
+
+    found = error_detection(planner, denoiser, x1, 0.5, V, LinearSchedule(), V, torch.Generator().manual_seed(22))
+    uniform, masked, parallel = seen
+    chosen = masked == V
+    assert torch.equal(uniform[~chosen], x1[~chosen]) and torch.equal(parallel[~chosen], x1[~chosen])
+    assert torch.equal(uniform[chosen].unique(), torch.arange(V))
+    assert 0.1 < (uniform == x1)[chosen].float().mean() < 0.3  # 1 / V: 77 of 384 expected, s.d. 8
+    assert found.uniform == auc(score, uniform != x1)
+    assert found.parallel == auc(score[chosen], (parallel != x1)[chosen])
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_auc_takes_half_precision_scores(dtype):
+    """A network run in half precision gives its scores as they are: the same area as in float32."""
+    score = torch.arange(12.0).remainder(5)  # small integers: exact in every dtype, with ties
+    positive = torch.arange(12) % 3 == 0
+    assert auc(score.to(dtype), positive) == auc(score, positive)
+
+
+def test_detection_rows_run_the_models_without_gradients():
+    """The rows are scores, not a loss: no autograd graph is kept through the planner or the denoiser."""
+    x1 = torch.randint(0, V, (2, D), generator=torch.Generator().manual_seed(23))
+    grad = []
+
+    def planner(x):
+        grad.append(torch.is_grad_enabled())
+        return torch.zeros(x.shape)
+
+    def denoiser(x, t):
+        grad.append(torch.is_grad_enabled())
+        return torch.zeros(*x.shape, V)
+
+    detection_rows(planner, denoiser, x1, [0.5], V, "linear", V, seed=0)
+    assert grad == [False] * 3
+
+
+def test_error_detection_refuses_an_unknown_schedule_before_the_planner_runs():
+    """A bad schedule is named before the planner spends a pass on the corrupted text."""
+    def planner(x):
+        raise AssertionError("the planner ran")
+
+    with pytest.raises(ValueError, match="schedule must be one of"):
+        error_detection(planner, _denoiser, X1, 0.5, V, "squared", V)
