@@ -248,12 +248,12 @@ def test_merge_sweeps_takes_a_blank_judge_as_any_judge():
 
 
 def test_planner_recorder_statistics():
-    outputs = iter([torch.tensor([[5.0, 5.0], [5.0, -9.0]]), torch.tensor([[-9.0, 5.0], [-9.0, -9.0]])])
+    logits = [torch.tensor([[5.0, 5.0], [5.0, -9.0]]), torch.tensor([[-9.0, 5.0], [-9.0, -9.0]])]
+    outputs = iter(logits)
     recorder = PlannerRecorder(lambda x: next(outputs), eps=(0.05, 0.001))
     recorder.start_run(2)
     x = torch.zeros(2, 2, dtype=torch.long)
-    recorder(x)
-    recorder(x)
+    assert recorder(x) is logits[0] and recorder(x) is logits[1]  # the sampler gets the planner's logits
     first, second = recorder.rows()
     p5, p9 = torch.sigmoid(torch.tensor(5.0)).item(), torch.sigmoid(torch.tensor(-9.0)).item()
     assert first["noise_left"] == pytest.approx((2 * p5 + p5 + p9) / 4)
@@ -272,11 +272,14 @@ def test_planner_recorder_names_every_eps_apart():
 
 
 def test_planner_recorder_sums_batches_and_refuses_a_shrinking_batch():
-    recorder = PlannerRecorder(lambda x: torch.full(x.shape, -9.0))
-    for n in (3, 1):
+    recorder = PlannerRecorder(lambda x: torch.full(x.shape, 9.0 if x.shape[0] == 3 else -9.0))
+    for n in (3, 2):
         recorder.start_run(n)
         recorder(torch.zeros(n, 4, dtype=torch.long))
-    assert recorder.counts == [4]
+    assert recorder.counts == [5]
+    p9, p_9 = torch.sigmoid(torch.tensor([9.0, -9.0])).tolist()
+    assert recorder.rows()[0]["noise_left"] == pytest.approx((3 * p9 + 2 * p_9) / 5)  # both runs, by sample
+    assert recorder.rows()[0]["met_eps_0.05"] == pytest.approx(2 / 5)
     recorder.start_run(3)
     with pytest.raises(RuntimeError, match="saw 2 sequences at step 0, expected all 3"):
         recorder(torch.zeros(2, 4, dtype=torch.long))
@@ -298,6 +301,8 @@ def test_stopped_fraction_and_convergence_outputs(tmp_path):
                  "met_eps_0.01": 0.0} for i in range(5)]
     rows = convergence_rows(recorded, stopped, eps=0.01)
     assert rows[2]["stopped_eps_0.01"] == 0.75
+    # a stopped run shorter than the recorded one leaves its later steps blank, not stopped
+    assert math.isnan(convergence_rows(recorded, stopped[:3], eps=0.01)[4]["stopped_eps_0.01"])
     paths = write_convergence(rows, str(tmp_path))
     with open(paths["csv"]) as f:
         assert len(list(csv.DictReader(f))) == 5
@@ -569,8 +574,8 @@ def test_a_point_at_either_end_of_the_curve_takes_the_end_segments_slope(entropy
     assert difference_at(curve, point) == (pytest.approx(0.0), pytest.approx(0.2))  # slope 2 x 0.1
 
 
-def test_planner_recorder_refuses_an_eps_of_0_or_1():
-    for eps in ((0.0,), (0.05, 1.0)):
+def test_planner_recorder_refuses_no_eps_or_an_eps_of_0_or_1():
+    for eps in ((0.0,), (0.05, 1.0), ()):
         with pytest.raises(ValueError, match=r"eps must be thresholds in \(0, 1\)"):
             PlannerRecorder(lambda x: x, eps=eps)
 
