@@ -139,3 +139,14 @@ def test_rows_wider_than_the_streams_are_refused():
         with pytest.raises(ValueError, match=r"D \(p's last dimension\) must be in \[1, 1073741824\)"):
             op(wide, seed=0)
     assert bernoulli(torch.zeros(3, 0), seed=0).shape == (3, 0)  # an empty row is no row of coins
+
+
+def test_transposed_p_and_noise_give_the_coins_of_their_copies():
+    """Non-contiguous p and noise: the C++ and Triton paths read them by value, not memory order."""
+    g = torch.Generator().manual_seed(7)
+    p = torch.rand(5, 3, generator=g).t()
+    noise = torch.rand(5, 3, generator=g).clamp(min=1e-7).t()
+    expected = bernoulli_reference(p.contiguous(), noise=noise.contiguous())
+    assert torch.equal(bernoulli(p, noise=noise), expected)
+    assert torch.equal(triton_coins(p, noise=noise), expected)
+    assert torch.equal(triton_coins(p, seed=3), bernoulli_reference(p.contiguous(), seed=3))
