@@ -401,3 +401,66 @@ def test_the_math_backend_refuses_dropout_it_does_not_apply():
     q, k, v = qkv()
     with attention_backend("math"), pytest.raises(ValueError, match="the 'math' backend has no dropout"):
         attention(q, k, v, False, dropout_p=0.1)
+
+
+def test_a_flash_attn_whose_cuda_library_does_not_load_counts_as_absent(monkeypatch):
+    """An import that raises OSError (a build whose CUDA library does not load) is no flash-attn."""
+    def broken(name):
+        raise OSError("libcudart.so.12: cannot open shared object file")
+
+    monkeypatch.setattr(attn, "importlib", types.SimpleNamespace(import_module=broken))
+    clear_flash_cache()
+    try:
+        assert load_flash_kernel("fa2") is None and not attn.flash_available()
+    finally:
+        clear_flash_cache()
+
+
+def test_forcing_flash_needs_one_generation_only(fake_flash):
+    """'flash' is accepted when a single generation is installed, and runs it."""
+    fake_flash("fa2", capability=(8, 0))
+    with attention_backend("flash"):
+        assert resolve_backend(qkv(torch.bfloat16)[0]) == "fa2"
+
+
+def test_a_backend_block_left_by_an_exception_restores_the_setting():
+    """attention_backend restores the previous setting when its block raises."""
+    with pytest.raises(RuntimeError), attention_backend("math"):
+        raise RuntimeError("in the block")
+    assert attn.get_attention_backend() == "auto"
+
+
+def test_sdpa_flash_leaves_torch_its_flash_kernel_alone(monkeypatch):
+    """The 'sdpa-flash' backend calls torch's SDPA with the flash kernel as its only choice."""
+    enabled, sdpa = [], torch.nn.functional.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        cuda = torch.backends.cuda
+        enabled.append((cuda.flash_sdp_enabled(), cuda.math_sdp_enabled(), cuda.mem_efficient_sdp_enabled()))
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    q, k, v = qkv()
+    with attention_backend("sdpa-flash"):
+        attention(q, k, v, causal=False)
+    assert enabled == [(True, False, False)]
+
+
+def test_the_sdpa_backend_applies_the_attention_dropout():
+    """attention(..., dropout_p) on the sdpa backend drops attention weights."""
+    q, k, v = qkv()
+    torch.manual_seed(0)
+    with attention_backend("sdpa"):
+        assert not torch.allclose(attention(q, k, v, False, dropout_p=0.5), attention(q, k, v, False))
+
+
+def test_self_attention_drops_its_output_in_training(monkeypatch):
+    """SelfAttention applies its dropout to the projected output in train mode (each entry 0 or scaled)."""
+    monkeypatch.setattr(attn, "attention", lambda q, k, v, causal, dropout_p=0.0: explicit_attention(q, k, v, causal))
+    torch.manual_seed(0)
+    layer = SelfAttention(32, 4, L, causal=False, dropout=0.5)
+    x = torch.randn(B, L, 32)
+    kept = layer.eval()(x)
+    dropped = layer.train()(x)
+    assert (dropped == 0).any()
+    torch.testing.assert_close(torch.where(dropped == 0, 0.0, 2 * kept), dropped)
