@@ -258,6 +258,14 @@ def test_rotary_scores_depend_on_relative_position_only():
     assert not torch.allclose(scores[0, 0], scores[0, 3])
 
 
+def test_rotary_tables_are_float64_angles_rounded_once():
+    """cos/sin of pos * 10000^(-2i/d) computed in float64, rounded to float32 once (long positions too)."""
+    rotary = RotaryEmbedding(head_dim=8, max_seq_len=4096)
+    inv_freq = 10000.0 ** (-torch.arange(0, 8, 2, dtype=torch.float64) / 8)
+    angles = torch.arange(4096, dtype=torch.float64)[:, None] * inv_freq
+    assert torch.equal(rotary.cos, angles.cos().float()) and torch.equal(rotary.sin, angles.sin().float())
+
+
 def test_rotary_tables_follow_the_default_device():
     """Built under `with torch.device(...)` the tables are computed on the CPU in float64 and
     land on that device, with the network's parameters. A fake CUDA device (shapes, dtypes and
