@@ -376,6 +376,32 @@ def test_compile_for_sampling_leaves_a_method_bound_to_another_module():
     assert wrapper.hidden == hidden and type(wrapper.forward).__name__ == "CompiledMethod"
 
 
+def test_prepare_keeps_the_norms_float32_values():
+    """A float32 norm's weights come out of a bf16 prepare unrounded, not via bfloat16 and back."""
+    model = make("mask-denoiser")
+    norms = [m for m in model.modules() if isinstance(m, (LayerNorm, RMSNorm))]
+    with torch.no_grad():
+        for norm in norms:
+            for p in norm.parameters():
+                p.add_(torch.randn(p.shape) / 3)
+    before = [p.clone() for norm in norms for p in norm.parameters()]
+    prepare_for_sampling(model, "bfloat16", "cpu")
+    assert all(torch.equal(a, b) for a, b in zip(before, (p for norm in norms for p in norm.parameters())))
+
+
+def test_prepare_moves_the_model_to_the_device():
+    """prepare_for_sampling moves the network to `device` (the meta device, on a CPU-only machine)."""
+    model = prepare_for_sampling(make("planner"), "bfloat16", "meta")
+    assert {p.device.type for p in model.parameters()} == {"meta"}
+    assert model.backbone.embed.weight.dtype == torch.bfloat16
+
+
+def test_a_copied_compiled_network_keeps_its_backend():
+    """A deep copy (and so a pickle) of a compiled network compiles with the backend it was given."""
+    model = compile_for_sampling(make("planner"), "aot_eager")
+    assert copy.deepcopy(model).forward.backend == "aot_eager"
+
+
 # ---- the bundled text8 models ---------------------------------------------------------------
 
 def _bundle_inputs():
