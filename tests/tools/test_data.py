@@ -25,6 +25,7 @@ from ddpd.training.data import (
     load_labelled,
     load_splits,
     load_text,
+    resolve_source,
     split_tokens,
     tokenizer_from_config,
 )
@@ -201,6 +202,18 @@ class _Rows:
 
     def __getitem__(self, column):
         return self._texts
+
+
+def test_only_hf_and_a_colon_with_a_name_make_a_hub_source(tmp_path, monkeypatch):
+    """A file named hf... is a file (its absolute path); hf: needs a name before its :CONFIG; a non-path is named."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "hfcorpus.txt").write_text("abc")
+    assert resolve_source("hfcorpus.txt") == str(tmp_path / "hfcorpus.txt")
+    assert resolve_source("hf:owner/name:cfg") == "hf:owner/name:cfg"
+    with pytest.raises(ValueError, match="needs a dataset name, got 'hf::cfg'"):
+        resolve_source("hf::cfg")
+    with pytest.raises(TypeError, match="^data source must be a path, a corpus name or 'hf:NAME', got int$"):
+        resolve_source(3)
 
 
 def test_hub_corpora_join_their_rows_and_text8_its_splits_in_order(monkeypatch):
@@ -417,7 +430,7 @@ def test_labelled_corpus_records_and_their_split_by_class(tmp_path):
     records = [{"text": "ab" * (i + 5), "label": 0} for i in range(20)]
     records += [{"text": "xyz " * (i + 3), "label": 1} for i in range(20)]
     path = _labelled(tmp_path / "c.jsonl", records)
-    assert is_labelled(path) and not is_labelled(str(tmp_path / "c.txt"))
+    assert is_labelled(path) and not is_labelled(tmp_path / "c.txt")  # a str or an os.PathLike
     corpus = load_labelled(path, Text8Tokenizer())
     assert corpus.labels.tolist() == [0] * 20 + [1] * 20
     for r in (0, 7, 39):
