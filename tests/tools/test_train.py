@@ -1733,6 +1733,58 @@ def test_the_gradient_hook_averages_over_the_world_size(tmp_path):
         dist.destroy_process_group()
 
 
+def test_data_parallel_leaves_the_buffers_out_of_each_forward(tmp_path):
+    """The wrapper does not broadcast the buffers (the rotary tables, alike on every process) at each forward."""
+    from ddpd.training.distributed import data_parallel
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        wrapper = data_parallel(torch.nn.Linear(2, 2))
+        # torch 2.13 renamed broadcast_buffers to forward_sync_buffers
+        assert getattr(wrapper, "forward_sync_buffers", getattr(wrapper, "broadcast_buffers", None)) is False
+        del wrapper
+        gc.collect()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_sum_and_max_reduce_in_float64_with_their_own_operation(tmp_path, monkeypatch):
+    """Distributed.sum all-reduces with SUM and max with MAX, in float64 (2**24 + 1 and 0.1 come back exact)."""
+    from ddpd.training.distributed import Distributed
+
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        group = Distributed("cpu")
+        group.world_size = 2  # as a process of two sees it: the values go through the all-reduce
+        ops, all_reduce = [], dist.all_reduce
+        monkeypatch.setattr(dist, "all_reduce", lambda tensor, op: (ops.append(op), all_reduce(tensor, op=op))[1])
+        assert group.sum([2.0**24 + 1, 0.1]) == [2.0**24 + 1, 0.1] and group.max([0.1]) == [0.1]
+        assert ops == [dist.ReduceOp.SUM, dist.ReduceOp.MAX]
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_process_of_a_group_takes_the_gpu_of_its_local_rank(monkeypatch):
+    """A process of a group asks for the GPU of LOCAL_RANK (RANK where unset); a lone process keeps its device."""
+    import ddpd.training.distributed as distributed
+
+    asked = []
+    monkeypatch.setattr(distributed, "check_device", lambda name, device, local_rank: asked.append(local_rank)
+                        or torch.device("cpu"))
+    monkeypatch.setattr(dist, "init_process_group", lambda backend: None)  # no group: only the device is looked at
+    for name in ("WORLD_SIZE", "RANK"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    distributed.Distributed("cuda:1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.delenv("LOCAL_RANK")
+    distributed.Distributed("cuda")
+    assert asked == [None, 1]
+
+
 def test_a_lost_peer_is_named_by_the_first_sentence_of_the_backends_error():
     from ddpd.training.distributed import PeerLost
 
