@@ -1,0 +1,52 @@
+"""The seeded corruption of ddpd.eval.corruption on hand-picked uniforms: where the noise
+falls, what fills it, and the forced position."""
+import pytest
+import torch
+
+from ddpd.eval import corruption as C
+from ddpd.eval.corruption import EvalNoise, forced_corruption, marginal_corruption
+
+X1 = torch.tensor([[0, 1, 2, 3], [3, 2, 1, 0]])
+ALPHA = torch.tensor([0.5, 0.25])
+U_VALUE = torch.full((2, 4), 0.6)
+
+
+def test_a_uniform_equal_to_alpha_is_noise():
+    """z^d = N iff u^d >= alpha, the boundary included, in both corruptions."""
+    u_noise = torch.tensor([[0.5, 0.4, 0.6, 0.1], [0.25, 0.2, 0.9, 0.1]])
+    expected = [[True, False, True, False], [True, False, True, False]]
+    _, z = marginal_corruption(X1, ALPHA, u_noise, U_VALUE, "uniform", 5)
+    assert z.tolist() == expected
+    _, z, k = forced_corruption(X1, ALPHA, torch.tensor([0.0, 0.6]), u_noise, U_VALUE, "uniform", 5)
+    assert z.tolist() == expected and k.tolist() == [2, 2]
+
+
+def test_mask_noise_fills_with_vocab_size_unless_given_a_mask_id():
+    """Noisy positions of mask noise hold V by default, or the mask_id passed; clean ones keep x1."""
+    u_noise = torch.tensor([[0.9, 0.1, 0.9, 0.1], [0.1, 0.9, 0.1, 0.9]])
+    x_t, _ = marginal_corruption(X1, ALPHA, u_noise, U_VALUE, "mask", 5)
+    assert x_t.tolist() == [[5, 1, 5, 3], [3, 5, 1, 5]]
+    x_t, _ = marginal_corruption(X1, ALPHA, u_noise, U_VALUE, "mask", 5, mask_id=7)
+    assert x_t.tolist() == [[7, 1, 7, 3], [3, 7, 1, 7]]
+
+
+def test_forced_position_of_the_top_uniform_is_the_last():
+    """u_position = 1, which Philox's uniforms in (0, 1] can give, forces position D - 1."""
+    x_t, z, k = forced_corruption(X1, ALPHA, torch.tensor([1.0, 0.0]), torch.zeros(2, 4), U_VALUE, "mask", 5)
+    assert z.tolist() == [[False, False, False, True], [True, False, False, False]]
+    assert x_t.tolist() == [[0, 1, 2, 5], [5, 2, 1, 0]] and k.tolist() == [1, 1]
+
+
+def test_eval_noise_refuses_a_bad_seed_when_built():
+    """The seed is checked when the noise is built, before any model runs."""
+    with pytest.raises(ValueError, match=r"seed must be an int in \[0, 2\*\*64\), got -1"):
+        EvalNoise(-1)
+
+
+def test_named_streams_of_consecutive_samples_never_share_uniforms():
+    """Every named stream lies below NUM_STREAMS, so sample m's last stream is not sample m + 1's first."""
+    streams = (C.ALPHA, C.POSITION, C.NOISE, C.VALUE, C.PLANNED_MASK, C.CLEAN_TIME, C.FINAL_NOISE,
+               C.FINAL_VALUE, C.FINAL_MASK)
+    noise, rows = EvalNoise(3), torch.arange(4)
+    draws = [noise.uniform(sample, stream, rows, 8) for sample in range(3) for stream in streams]
+    assert len({tuple(u.flatten().tolist()) for u in draws}) == len(draws)
