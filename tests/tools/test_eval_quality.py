@@ -176,6 +176,23 @@ def test_a_report_set_inside_another_joins_the_outer_one(tmp_path):
     assert inner.read_text() == "b" and outer.read_text() == "a"
 
 
+def test_a_figure_in_a_report_set_is_written_at_its_end_in_its_extension_format(tmp_path):
+    """save_figure inside one_set joins the set (nothing before its end), and an .svg holds SVG, not PNG."""
+    plt = report.pyplot()
+    path = tmp_path / "plot.svg"
+    with report.one_set():
+        report.save_figure(plt.figure(), str(path))
+        assert not path.exists()
+    assert b"<svg" in path.read_bytes()[:400]
+
+
+def test_mean_and_se_average_in_float64():
+    """float32 values are averaged in float64: 2**24 + 1 is not rounded away."""
+    from ddpd.eval.report import mean_and_se
+
+    assert mean_and_se(torch.tensor([2.0**24, 1.0]))[0] == (2.0**24 + 1) / 2
+
+
 def test_sweep_rejects_a_sampler_returning_the_wrong_shape(judge):
     bad = SamplerSpec("bad", lambda n, s, t, seed, first: SimpleNamespace(tokens=torch.zeros(n + 1, 4).long()))
     with pytest.raises(ValueError, match="sampler 'bad' must return .tokens of shape \\[2, D\\]"):
