@@ -33,7 +33,8 @@ NOISE_KINDS = ("uniform", "mask")
 
 
 class EvalNoise:
-    """Uniforms in (0, 1) for evaluation, deterministic in (seed, sample, stream, row id, column)."""
+    """Uniforms in (0, 1] (as philox_uniform draws them) for evaluation, deterministic in (seed,
+    sample, stream, row id, column)."""
 
     def __init__(self, seed: int):
         self.seed, _ = check_seed(seed, 0)
@@ -55,7 +56,7 @@ class EvalNoise:
 
     def stratified(self, sample: int, samples: int, stream: int, rows: Tensor) -> Tensor:
         """Float32[len(rows)] in the stratum ((sample + u) / samples): over `samples`
-        draws each row covers (0, 1) evenly, a variance reduction for integrals over it.
+        draws each row covers (0, 1] evenly, a variance reduction for integrals over it.
 
         Args:
             sample: the Monte-Carlo sample, in [0, samples).

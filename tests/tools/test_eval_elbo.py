@@ -775,12 +775,12 @@ def test_elbo_terms_add_up_and_convert_to_bits_per_token():
 
 
 def test_stratified_draws_cover_each_stratum_once():
-    """Sample m of M lands in [m / M, (m + 1) / M) for every row: the variance reduction the
-    estimators rely on."""
+    """Sample m of M lands in its stratum [m / M, (m + 1) / M] for every row (u in (0, 1], rounded
+    to float32): the variance reduction the estimators rely on."""
     noise, rows, samples = EvalNoise(3), torch.arange(50), 4
     for sample in range(samples):
         u = noise.stratified(sample, samples, 0, rows)
-        assert bool(((u >= sample / samples) & (u < (sample + 1) / samples)).all()), sample
+        assert bool(((u >= sample / samples) & (u <= (sample + 1) / samples)).all()), sample
 
 
 def test_every_sample_and_stream_draws_its_own_uniforms():
