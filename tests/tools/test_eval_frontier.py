@@ -348,10 +348,22 @@ def test_ngram_judge_scores_only_token_ids(x, error, match):
     (torch.tensor([0, 1, 2]), ValueError, r"tokens must be more than 3 ids in \[0, 4\), got shape \(3,\)"),
     (torch.zeros(4, 4, dtype=torch.long), ValueError, r"more than 3 ids in \[0, 4\), got shape \(4, 4\)"),
     (torch.tensor([0, 1, 7, 3, -2]), ValueError, r"tokens must be ids in \[0, 4\), got range \[-2, 7\]"),
+    (torch.tensor([0, 1, 2, 3, 4]), ValueError, r"tokens must be ids in \[0, 4\), got range \[0, 4\]"),
+    (torch.tensor([0, 1, 2, 3, -1]), ValueError, r"tokens must be ids in \[0, 4\), got range \[-1, 3\]"),
 ])
 def test_ngram_judge_counts_only_token_ids(tokens, error, match):
     with pytest.raises(error, match=match):
         NGramJudge(tokens, 4, order=3)
+
+
+@pytest.mark.parametrize("vocab_size, match", [
+    (1, r"^vocab_size must be >= 2, got 1$"),
+    (2**60, r"^tokens.numel\(\) \* vocab_size must fit 62 bits, got 8 \* 1152921504606846976$"),
+])
+def test_ngram_judge_refuses_a_vocabulary_it_cannot_key(vocab_size, match):
+    """A one-token vocabulary, and one whose n-gram keys (below N V) would overflow, are named."""
+    with pytest.raises(ValueError, match=match):
+        NGramJudge(torch.zeros(8, dtype=torch.long), vocab_size, order=3)
 
 
 def _ngram_oracle(text: list, vocab_size: int, order: int, x: list, d: float = 0.75) -> float:
@@ -1227,6 +1239,9 @@ def test_ngram_judge_counts_at_most_max_order():
     from ddpd.eval.ngram import MAX_ORDER
 
     text = torch.tensor([0, 1, 2, 3] * 10)
+    assert MAX_ORDER == 12  # docs/cli.md: up to 12
+    default = NGramJudge(text, 4)  # docs/cli.md: of order 6 by default
+    assert (default.order, default.discount) == (6, 0.75)
     assert NGramJudge(text, 4, order=MAX_ORDER).order == MAX_ORDER
     with pytest.raises(ValueError, match=rf"^order must be in \[1, {MAX_ORDER}\], got {MAX_ORDER + 1}$"):
         NGramJudge(text, 4, order=MAX_ORDER + 1)
