@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from ddpd.eval.heldout import heldout_sequences, pick_chunks
-from ddpd.training.data import Text8Tokenizer
+from ddpd.training.data import SPLITS, Text8Tokenizer, chunk, load_splits
 
 
 def test_pick_chunks_spreads_its_picks_over_the_stream():
@@ -38,3 +38,28 @@ def test_heldout_sequences_refuse_an_unknown_split(tmp_path):
     corpus.write_text("the quick brown fox " * 200)
     with pytest.raises(ValueError, match="split must be one of"):
         heldout_sequences(str(corpus), Text8Tokenizer(), 8, split="tests")
+
+
+def test_heldout_sequences_are_the_chunks_of_the_split_asked_for(tmp_path):
+    """Each split's chunks are its own (the test split by default), cut from `text` when given."""
+    corpus = tmp_path / "text.txt"
+    corpus.write_text("".join(chr(ord("a") + i % 26) + " " * (i % 3) for i in range(2000)))
+    splits = load_splits(str(corpus), Text8Tokenizer())
+    for split in SPLITS:
+        got = heldout_sequences(str(corpus), Text8Tokenizer(), 8, split=split)
+        assert torch.equal(got, chunk(splits[split], 8)), split
+    assert torch.equal(heldout_sequences(str(corpus), Text8Tokenizer(), 8), chunk(splits["test"], 8))
+    unread = heldout_sequences(str(tmp_path / "absent.txt"), Text8Tokenizer(), 8, text=corpus.read_text())
+    assert torch.equal(unread, chunk(splits["test"], 8))
+
+
+def test_heldout_sequences_name_a_split_too_short_for_one_sequence(tmp_path):
+    """The message names the split, the corpus, its token count and seq_len; seq_len is checked
+    before the corpus is read."""
+    corpus = tmp_path / "text.txt"
+    corpus.write_text("abcd " * 20)  # 100 tokens: 5 in the test split
+    with pytest.raises(ValueError, match=rf"^seq_len: the test split of {corpus} has 5 tokens, fewer than one "
+                                         r"sequence of 8$"):
+        heldout_sequences(str(corpus), Text8Tokenizer(), 8)
+    with pytest.raises(ValueError, match="^seq_len must be >= 1, got 0$"):
+        heldout_sequences(str(tmp_path / "absent.txt"), Text8Tokenizer(), 0)
