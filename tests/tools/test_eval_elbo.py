@@ -613,6 +613,37 @@ def test_evaluate_elbo_rows_are_each_estimators_means_over_every_sequence(tiny, 
             assert row[f"{term}_se"] == pytest.approx(se, rel=1e-4, abs=1e-6), (row["method"], term)
     with pytest.raises(ValueError, match="methods: these models support"):
         evaluate_elbo(models, text, methods=[])
+    with pytest.raises(ValueError, match=r"methods: these models support .*, got \['uniform', 'ddpd'\]$"):
+        evaluate_elbo(models, text, methods=["uniform", "ddpd"])
+
+
+@torch.no_grad()
+def test_evaluate_denoising_rows_are_the_stats_of_every_sequence_in_bits(text):
+    """A row is denoising_stats over every sequence (batches of 5 with their row ids, the default
+    alpha): bits per noisy token averaged over the sequences that have one, accuracy over every
+    noisy position; no planner, no planned row."""
+    from ddpd.eval import ModelSet, evaluate_denoising
+    from ddpd.eval.denoising import DEFAULT_ALPHA, denoising_stats
+    from ddpd.eval.report import mean_and_se
+
+    def guess(x, t):  # a space (id 0) at every position: right at some noisy positions, not all
+        return torch.zeros(*x.shape, V).index_fill(-1, torch.tensor([0]), 3.0) * (1.0 + t)[:, None, None]
+
+    models = ModelSet(V, uniform_model=guess, mask_denoiser=guess)
+    for x1, alpha in ((text, {}), (text[:, :2], dict(alpha=0.9))):  # at 0.9, some pairs have no noise
+        rows = evaluate_denoising(models, x1, batch_size=5, schedule="cosine", seed=3, **alpha)
+        assert [row["denoiser"] for row in rows] == ["uniform", "mask-denoiser"]
+        for row in rows:
+            stats = denoising_stats(row["denoiser"], guess, x1, V, schedule="cosine", seed=3, **alpha)
+            noisy = stats.noisy > 0
+            assert 0 < int(noisy.sum()) and (alpha == {} or int(noisy.sum()) < x1.shape[0])
+            bits, se = mean_and_se(stats.nats[noisy] / stats.noisy[noisy] / math.log(2.0))
+            total = int(stats.noisy.sum())
+            assert (row["bits"], row["bits_se"]) == (pytest.approx(bits, rel=1e-5), pytest.approx(se, rel=1e-4))
+            assert row["accuracy"] == pytest.approx(float(stats.correct.sum()) / total)
+            assert 0 < row["accuracy"] < 1 or alpha
+            assert (row["noisy_positions"], row["num_sequences"]) == (total, x1.shape[0])
+            assert row["alpha"] == alpha.get("alpha", DEFAULT_ALPHA)
 
 
 @torch.no_grad()
