@@ -868,3 +868,23 @@ def test_each_draw_of_an_estimate_has_its_own_stream(toy, models, estimator, kin
         elbo_planned(models.planner_t if timed else models.planner, denoiser, x1, S, denoiser_type=kind, mask=mask,
                      time_conditioned_planner=timed, **kwargs)
     assert len(asked) == len(set(asked)), sorted(asked)
+
+
+def test_evaluate_elbo_defaults_and_batch_size_check():
+    """Without settings a row is one sample a sequence, linear schedule, DEFAULT_T_MAX, seed 0;
+    batch_size below 1 is named by both evaluations."""
+    from ddpd.eval import ModelSet, evaluate_denoising, evaluate_elbo
+    from ddpd.eval.elbo import DEFAULT_T_MAX
+    from ddpd.eval.report import mean_and_se
+
+    def model(x, t):
+        return torch.arange(V, dtype=torch.float32).expand(*x.shape, V) * t[:, None, None]
+
+    x1 = torch.tensor([[0, 1, 2, 3], [4, 5, 6, 7]])
+    row, = evaluate_elbo(ModelSet(V, uniform_model=model), x1)
+    terms = elbo_uniform_model(model, x1, V, mc_samples=1, t_max=DEFAULT_T_MAX, schedule="linear", seed=0)
+    assert (row["mc_samples"], row["t_max"]) == (1, DEFAULT_T_MAX)
+    assert row["elbo"] == pytest.approx(mean_and_se(terms.bits()["elbo"])[0], rel=1e-6)
+    for evaluate in (evaluate_elbo, evaluate_denoising):
+        with pytest.raises(ValueError, match="^batch_size must be >= 1, got 0$"):
+            evaluate(ModelSet(V, uniform_model=model), x1, batch_size=0)
