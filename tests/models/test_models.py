@@ -128,6 +128,24 @@ def test_config_for_derives_kind_layout():
     with pytest.raises(ValueError, match="seq_len must be >= 1, got 0"):
         config_for("uniform", V, 0)
 
+    with pytest.raises(ValueError, match="^vocab_size must be >= 1, got 0$"):
+        config_for("uniform", 0, D)
+
+
+def test_config_for_times_the_three_denoising_kinds_by_default():
+    """time_conditioned defaults to True for the denoisers and the uniform model, False for planner and ar."""
+    assert {kind: config_for(kind, V, D).time_conditioned for kind in MODEL_KINDS} == {
+        "planner": False, "mask-denoiser": True, "uniform-denoiser": True, "uniform": True, "ar": False}
+
+
+@pytest.mark.parametrize("field", ["out_dim", "causal", "max_seq_len"])
+def test_config_for_refuses_each_derived_field_by_name(field):
+    """A derived field in fields is a ValueError naming it, not a duplicate-keyword TypeError."""
+    with pytest.raises(ValueError, match=rf"^config_for: fields \['{field}'\] are derived"):
+        config_for("uniform", V, D, **{field: 3})
+    with pytest.raises(ValueError, match=r"fields \['causal', 'max_seq_len', 'out_dim'\] are derived"):
+        config_for("uniform", V, D, out_dim=3, max_seq_len=5, causal=True)
+
 
 @pytest.mark.parametrize("kind", [["planner"], {"planner": 1}, None, 3])
 def test_a_kind_that_is_not_a_name_is_refused_in_one_line(kind):
@@ -193,6 +211,7 @@ def test_count_parameters_matches_hand_count():
     assert count_parameters(model) == expected
     model.head.weight.requires_grad_(False)
     assert count_parameters(model, trainable_only=True) == expected - d * out
+    assert count_parameters(model) == expected  # frozen parameters count by default
     with pytest.raises(TypeError, match="^model: expected torch.nn.Module, got dict$"):
         count_parameters(dict(model.named_parameters()))
 
@@ -318,7 +337,28 @@ def test_a_skeleton_has_the_names_shapes_and_dtypes_of_the_network(kind):
         return {name: (tuple(tensor.shape), tensor.dtype) for name, tensor in tensors}
 
     model = make(kind)
-    assert layout(build_skeleton(kind, model.config)) == layout(model)
+    skeleton = build_skeleton(kind, model.config)
+    assert layout(skeleton) == layout(model)
+    assert {t.device.type for t in itertools.chain(skeleton.parameters(), skeleton.buffers())} == {"meta"}
+
+
+@pytest.mark.parametrize("kind", ["planner", "mask-denoiser"])
+def test_a_skeleton_runs_no_initialiser_and_no_random_fill(kind):
+    """build_skeleton swallows torch.nn.init's functions and tensors' random fills before they run."""
+    from torch.overrides import TorchFunctionMode
+
+    from ddpd.models.factory import build_skeleton
+
+    class Record(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            called.append(f"{getattr(func, '__module__', None)}.{getattr(func, '__name__', None)}")
+            return func(*args, **(kwargs or {}))
+
+    called = []
+    with Record():
+        build_skeleton(kind, config_for(kind, V, D, **SMALL))
+    fills = ("normal_", "uniform_", "zeros_", "trunc_normal_")
+    assert called and not [name for name in called if name.startswith("torch.nn.init.") or name.endswith(fills)]
 
 
 @pytest.mark.parametrize("norm, cls", [("rmsnorm", RMSNorm), ("layernorm", LayerNorm)])
