@@ -72,12 +72,35 @@ def test_config_round_trip():
     (dict(dropout=1.0), ValueError),
     (dict(norm="batchnorm"), ValueError),
     (dict(causal=1), TypeError),
+    (dict(time_conditioned="yes"), TypeError),
     (dict(d_model=32.0), TypeError),
 ])
 def test_config_rejects_bad_fields(fields, error):
     base = dict(vocab_size=V, out_dim=V, d_model=32, n_layers=2, n_heads=4)
     with pytest.raises(error):
         TransformerConfig(**{**base, **fields})
+
+
+@pytest.mark.parametrize("name, minimum", [("vocab_size", 1), ("out_dim", 1), ("d_model", 2), ("n_layers", 1),
+                                           ("n_heads", 1), ("max_seq_len", 1), ("mlp_ratio", 1), ("num_classes", 0)])
+def test_config_refuses_each_size_one_below_its_minimum(name, minimum):
+    """Each size field is refused one below its minimum, in a message naming the field and the minimum."""
+    base = dict(vocab_size=V, out_dim=V, d_model=2, n_layers=1, n_heads=1)
+    with pytest.raises(ValueError, match=rf"^TransformerConfig.{name}: expected >= {minimum}, got {minimum - 1}$"):
+        TransformerConfig(**{**base, name: minimum - 1})
+
+
+def test_config_head_dim_and_conditioned():
+    """head_dim is d_model / n_heads; conditioned is True with a time input or one class label or more."""
+    assert TransformerConfig(vocab_size=V, out_dim=V, d_model=32, n_heads=4).head_dim == 8
+    assert not TransformerConfig(vocab_size=V, out_dim=V).conditioned
+    assert TransformerConfig(vocab_size=V, out_dim=V, time_conditioned=True).conditioned
+    assert TransformerConfig(vocab_size=V, out_dim=V, num_classes=1).conditioned
+
+
+def test_config_from_dict_fills_the_fields_with_defaults():
+    """An older config.json, without the fields added later, loads with their defaults."""
+    assert TransformerConfig.from_dict({"vocab_size": V, "out_dim": 1}) == TransformerConfig(vocab_size=V, out_dim=1)
 
 
 def test_config_takes_numpy_integers_and_keeps_ints():
