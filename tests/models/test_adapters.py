@@ -130,6 +130,7 @@ def test_networks_see_sigma_minus_log_alpha(toy, schedule):
     t = torch.tensor([0.0, 0.25, 0.5, 1.0])
     alpha = (t if schedule == "linear" else 1.0 - torch.cos(0.5 * math.pi * t)).double()
     expected = -torch.log(alpha.clamp(MIN_ALPHA, MAX_ALPHA))
+    assert (MIN_ALPHA, MAX_ALPHA) == (1e-3, 1.0 - 1e-5)  # their eps 1e-3; sigma >= 1e-5 at their end
     for adapter in (sedd, mdlm):
         adapter(x, t)
         torch.testing.assert_close(adapter.network.sigmas[-1].double(), expected, rtol=1e-6, atol=1e-7)
