@@ -119,8 +119,8 @@ def config_for(kind: str, vocab_size: int, seq_len: int, time_conditioned: Optio
 
     Raises:
         ValueError: an unknown kind, a non-positive size, time_conditioned=True for a
-            planner or AR model, or a field derived from the others (vocab_size, out_dim,
-            causal, max_seq_len) given in `fields`.
+            planner or AR model, or a field derived from the others (out_dim, causal,
+            max_seq_len) given in `fields`.
         TypeError: a size that is not an int.
     """
     _check_kind(kind)
@@ -131,7 +131,7 @@ def config_for(kind: str, vocab_size: int, seq_len: int, time_conditioned: Optio
         raise ValueError(f"time_conditioned: a {kind} model has no time input, got True")
     vocab_size = check_int("vocab_size", vocab_size, 1)
     seq_len = check_int("seq_len", seq_len, 1)
-    fixed = {"vocab_size", "out_dim", "causal", "max_seq_len"} & set(fields)
+    fixed = {"out_dim", "causal", "max_seq_len"} & set(fields)  # vocab_size is an argument of its own
     if fixed:
         raise ValueError(f"config_for: fields {sorted(fixed)} are derived from kind, vocab_size and seq_len")
     return TransformerConfig(vocab_size=vocab_size + extra, out_dim=out_dim or vocab_size, causal=causal,
