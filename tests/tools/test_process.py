@@ -503,3 +503,98 @@ def test_checks_of_values_leave_traced_tensors_unread():
 def test_corrupt_names_an_argument_of_the_wrong_type(x1, t, error, match):
     with pytest.raises(error, match=match):
         corrupt(x1, t, "linear", "uniform", 5)
+
+
+def test_the_linear_inverse_gives_a_float_time_for_an_integer_alpha():
+    """As alpha and alpha_dot do: an alpha of 0 or 1 as an int or a Long tensor maps to a floating time,
+    a new tensor rather than the caller's own."""
+    a = torch.tensor([0, 1])
+    for alpha in (1, a):
+        t = LinearSchedule().inverse(alpha)
+        assert t.is_floating_point() and t.tolist() == torch.as_tensor(alpha, dtype=F64).tolist()
+    assert LinearSchedule().inverse(a) is not a
+
+
+def test_custom_schedule_calls_its_functions_with_a_tensor_for_a_number():
+    """A number t or alpha reaches the user's callables as a tensor: callables written with tensor methods
+    take a Python float as the named schedules do."""
+    schedule = CustomSchedule(lambda t: t.pow(2), lambda t: t.mul(2), lambda a: a.sqrt())
+    assert float(schedule.alpha(0.5)) == 0.25
+    assert float(schedule.alpha_dot(0.5)) == 1.0
+    assert float(schedule.inverse(0.25)) == 0.5
+
+
+@pytest.mark.parametrize("arg", ["alpha_dot", "inverse"])
+def test_custom_schedule_names_a_callable_that_is_not_one(arg):
+    """Each of the three is checked, not alpha alone: a number for inverse met "'float' object is not
+    callable", naming no argument."""
+    fns = dict(alpha=lambda t: t, alpha_dot=lambda t: torch.ones_like(t), inverse=lambda a: a)
+    fns[arg] = 1.0
+    with pytest.raises(TypeError, match=f"{arg} must be callable, got float"):
+        CustomSchedule(**fns)
+
+
+def test_custom_schedule_refuses_an_alpha_below_0_at_t_0():
+    """alpha_0 = -0.5 is off its endpoint as much as alpha_0 = 0.5: the tolerance is on |alpha_0|."""
+    with pytest.raises(ValueError, match=r"alpha must map t = 0 to 0 and t = 1 to 1, got -0.5 and 1.0"):
+        CustomSchedule(lambda t: 1.5 * t - 0.5, lambda t: torch.full_like(t, 1.5), lambda a: (a + 0.5) / 1.5)
+
+
+def test_custom_schedule_takes_an_alpha_with_a_flat_stretch():
+    """alpha_t must not fall, but may stay level (alpha_dot = 0): alpha_t = 0.5 on [0.25, 0.75]."""
+    schedule = CustomSchedule(
+        lambda t: torch.where(t < 0.25, 2 * t, torch.where(t < 0.75, 0.5, 2 * t - 1)),
+        lambda t: torch.where((t >= 0.25) & (t < 0.75), 0.0, 2.0),
+        lambda a: torch.where(a < 0.5, a / 2, (a + 1) / 2))
+    assert float(schedule.alpha(torch.tensor(0.5))) == 0.5
+
+
+def test_custom_schedule_takes_an_alpha_dot_given_as_a_constant():
+    """An alpha_dot returning one number for every t is read at each time of the grid: a constant 1
+    is taken, and a constant -1 refused naming t = 0 (not an error from reading a 0-d tensor's index)."""
+    CustomSchedule(lambda t: t, lambda t: 1.0, lambda a: a)
+    with pytest.raises(ValueError, match=r"alpha_dot must be >= 0 on \[0, 1\] .* got -1 at t = 0$"):
+        CustomSchedule(lambda t: t, lambda t: -1.0, lambda a: a)
+
+
+def test_get_schedule_returns_a_schedule_it_is_given_as_it_is():
+    """A Schedule passes through as the same object, a CustomSchedule with its callables included."""
+    for schedule in SCHEDULES:
+        assert get_schedule(schedule) is schedule
+
+
+def test_rate_decomposition_reads_a_number_alpha_in_float64():
+    """A Python float alpha keeps its float64 value for float64 p_x1 (as a Float64 tensor alpha does),
+    not a float32 rounding of it (0.1 in float32 is 0.1 + 1.5e-9)."""
+    p_x1 = torch.tensor([[[0.5, 0.3, 0.2]]], dtype=F64)
+    x_t = torch.tensor([[0]])
+    for fn in RATE_FUNCTIONS:
+        x = p_x1.log() if "log" in fn.__name__ else p_x1
+        assert torch.equal(fn(x, x_t, 0.1), fn(x, x_t, torch.tensor(0.1, dtype=F64))), fn.__name__
+
+
+def test_corrupt_keeps_positions_by_the_schedule_it_is_given(monkeypatch):
+    """The cosine schedule at t = 0.5 keeps a position with probability 1 - cos(pi / 4) = 0.293 (linear: 0.5)."""
+    u = torch.tensor([[0.25, 0.35, 0.6]])
+    monkeypatch.setattr(torch, "rand", lambda *args, **kwargs: u.clone())
+    x1 = torch.zeros(1, 3, dtype=torch.long)
+    for schedule, noise in (("cosine", [False, True, True]), ("linear", [False, False, True])):
+        _, z_t = corrupt(x1, 0.5, schedule, "mask", 5)
+        assert z_t.tolist() == [noise], schedule
+
+
+def test_corrupt_reads_a_time_in_float32(monkeypatch):
+    """t = 0.7 in float32 is 0.69999999: a uniform of that float32 value noises its position whether t came
+    as a float, a Float32 tensor or a Float64 tensor (one rounding for all, as the uniforms are float32)."""
+    u = torch.tensor([[0.7]])
+    monkeypatch.setattr(torch, "rand", lambda *args, **kwargs: u.clone())
+    x1 = torch.zeros(1, 1, dtype=torch.long)
+    for t in (0.7, torch.tensor([0.7]), torch.tensor([0.7], dtype=F64)):
+        assert corrupt(x1, t, "linear", "mask", 5)[1].tolist() == [[True]], t
+
+
+def test_corrupt_refuses_a_time_below_0_among_times_in_range():
+    """The low end of t's range is checked as well as the high: t = [-0.5, 0.5] is refused, not read as
+    alpha_t = -0.5 for the first row."""
+    with pytest.raises(ValueError, match=r"t must be in \[0, 1\], got range \[-0.5, 0.5\]"):
+        corrupt(torch.zeros(2, 3, dtype=torch.long), torch.tensor([-0.5, 0.5]), "linear", "mask", 5)
