@@ -598,3 +598,49 @@ def test_corrupt_refuses_a_time_below_0_among_times_in_range():
     alpha_t = -0.5 for the first row."""
     with pytest.raises(ValueError, match=r"t must be in \[0, 1\], got range \[-0.5, 0.5\]"):
         corrupt(torch.zeros(2, 3, dtype=torch.long), torch.tensor([-0.5, 0.5]), "linear", "mask", 5)
+
+
+@pytest.mark.parametrize("alpha, inverse, match", [
+    (lambda t: torch.where(t == 0, math.nan, t), lambda a: a, r"alpha must map t = 0 to 0 .* got nan and 1.0"),
+    (lambda t: t, lambda a: torch.where(a == 0, math.nan, a), r"inverse must map alpha = 0 to 0 .* got nan and 1.0"),
+])
+def test_custom_schedule_refuses_a_nan_at_an_endpoint(alpha, inverse, match):
+    """NaN compares false with everything: a check written as 'off by more than 1e-6' would take it,
+    and nothing else looks at the inverse's values."""
+    with pytest.raises(ValueError, match=match):
+        CustomSchedule(alpha, lambda t: torch.ones_like(t), inverse)
+
+
+def test_custom_schedule_refuses_an_alpha_dot_that_is_nan_inside_0_1():
+    """A NaN slope is neither below 0 nor infinite: it is refused as not finite, naming its time."""
+    with pytest.raises(ValueError, match=r"alpha_dot must be finite on \[0, 1\], got nan at t = 0.5$"):
+        CustomSchedule(lambda t: t, lambda t: torch.where(t == 0.5, math.nan, 1.0), lambda a: a)
+
+
+def test_custom_schedule_reads_alpha_in_float64_for_a_fall_under_float32_resolution():
+    """alpha = 0.5 on [0.25, 0.75] with 0.5 + 1e-9 at t = 0.5: a fall of 1e-9, which float32 rounds away."""
+    def flat(t):
+        return torch.where(t < 0.25, 2 * t, torch.where(t < 0.75, 0.5, 2 * t - 1))
+
+    with pytest.raises(ValueError, match=r"alpha must not fall .* got alpha\(0.5\) = 0.5 > alpha\(0.500977\) = 0.5$"):
+        CustomSchedule(lambda t: flat(t) + 1e-9 * (t == 0.5), lambda t: torch.where((t >= 0.25) & (t < 0.75), 0.0, 2.0),
+                       lambda a: torch.where(a < 0.5, a / 2, (a + 1) / 2))
+
+
+def test_uniform_token_gives_long_tokens():
+    """Tokens index embeddings and compare with Long x_t: int64, not int32."""
+    tokens = uniform_token(torch.tensor([0.0, 0.5, 1.0]), 4)
+    assert tokens.dtype == torch.long and tokens.tolist() == [0, 2, 3]
+
+
+def test_rate_decomposition_leaves_a_traced_alpha_unread():
+    """make_fx traces the planner and the denoiser with alpha one per row without reading values."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def rates(log_p, x_t, alpha):
+        return planner_log_prob_from_uniform(log_p, x_t, alpha), denoiser_log_prob_from_uniform(log_p, x_t, alpha)
+
+    args = (torch.full((2, 3, 4), 0.25).log(), torch.zeros(2, 3, dtype=torch.long), torch.tensor([0.2, 0.7]))
+    traced = make_fx(rates, tracing_mode="fake")(*args)
+    targets = [str(node.target) for node in traced.graph.nodes if node.op == "call_function"]
+    assert targets and not any("_local_scalar_dense" in target for target in targets)
