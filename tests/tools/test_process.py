@@ -644,3 +644,27 @@ def test_rate_decomposition_leaves_a_traced_alpha_unread():
     traced = make_fx(rates, tracing_mode="fake")(*args)
     targets = [str(node.target) for node in traced.graph.nodes if node.op == "call_function"]
     assert targets and not any("_local_scalar_dense" in target for target in targets)
+
+
+def test_a_named_schedule_is_rebuilt_from_its_name():
+    """`name` of the named schedules rebuilds them through get_schedule; a CustomSchedule is "custom"."""
+    for schedule in SCHEDULES[:2]:
+        assert type(get_schedule(schedule.name)) is type(schedule)
+    assert SCHEDULES[2].name == "custom"
+
+
+def test_unknown_schedule_and_noise_names_list_the_known_ones():
+    with pytest.raises(ValueError, match=r"^schedule must be one of \['cosine', 'linear'\] or a Schedule, got 'sqrt'$"):
+        get_schedule("sqrt")
+    with pytest.raises(ValueError, match=r"^noise must be one of \('uniform', 'mask'\), got 'gaussian'$"):
+        corrupt(torch.zeros(1, 2, dtype=torch.long), 0.5, "linear", "gaussian", 4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_probabilities_and_uniforms_are_taken(dtype):
+    """The rate decomposition and uniform_token take float16 and bfloat16 as well as float32 and float64,
+    and the rates keep the dtype they are given."""
+    p_x1, x_t = torch.tensor([[[0.5, 0.25, 0.25]]], dtype=dtype), torch.tensor([[0]])
+    for fn in RATE_FUNCTIONS:
+        assert fn(p_x1.log() if "log" in fn.__name__ else p_x1, x_t, 0.5).dtype == dtype, fn.__name__
+    assert uniform_token(torch.tensor([0.0, 0.5], dtype=dtype), 4).tolist() == [0, 2]
