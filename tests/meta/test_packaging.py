@@ -116,6 +116,33 @@ def test_the_tools_are_known_by_their_scripts_and_their_modules():
         assert tool_name(argv0, orig) is None
 
 
+def test_a_tool_prints_an_uncaught_ctrl_c_in_one_line_and_hands_other_errors_on(monkeypatch, capsys):
+    """The hook replaces the traceback of a KeyboardInterrupt only; any other exception goes
+    to the hook that was in place."""
+    from ddpd import _interrupts
+
+    handed = []
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/ddpd-train", "--steps", "1"])
+    monkeypatch.setattr(sys, "excepthook", lambda *args: handed.append(args[0]))
+    assert _interrupts.install() == "ddpd-train"
+    sys.excepthook(KeyboardInterrupt, KeyboardInterrupt(), None)
+    assert capsys.readouterr().err == "ddpd-train: interrupted\n" and handed == []
+    sys.excepthook(ValueError, ValueError("x"), None)
+    assert handed == [ValueError] and capsys.readouterr().err == ""
+
+
+def test_a_process_that_is_no_tool_keeps_its_excepthook(monkeypatch):
+    from ddpd import _interrupts
+
+    hook = lambda *args: None  # noqa: E731
+    monkeypatch.setattr(sys, "argv", [])
+    monkeypatch.setattr(sys, "orig_argv", ["python", "-m", "pytest"])
+    monkeypatch.setattr(sys, "excepthook", hook)
+    assert _interrupts.this_tool() is None and _interrupts.install() is None and sys.excepthook is hook
+    monkeypatch.setattr(sys, "orig_argv", ["python", "-m", "ddpd.cli.eval"])
+    assert _interrupts.this_tool() == "ddpd-eval"
+
+
 def test_shipped_data():
     text = BOOKS.read_text(encoding="ascii")
     assert len(text) == 197_991 and len(BOOKS.read_bytes()) <= 200_000

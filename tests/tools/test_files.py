@@ -6,6 +6,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -759,6 +760,44 @@ def test_a_signal_ignored_before_the_block_takes_no_held_signals_place():
             os.kill(os.getpid(), signal.SIGHUP)
             os.kill(os.getpid(), signal.SIGTERM)
         assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    assert events == [signal.SIGTERM]
+
+
+def test_signals_are_held_only_in_the_main_thread():
+    """Python handles signals in the main thread only (signal.signal raises elsewhere): in
+    another thread the block runs with the handlers as they are."""
+    seen = []
+
+    def block():
+        with signals_held():
+            seen.append(signal.getsignal(signal.SIGTERM))
+
+    thread = threading.Thread(target=block)
+    thread.start()
+    thread.join()
+    assert seen == [signal.getsignal(signal.SIGTERM)]
+
+
+def test_the_handlers_are_back_after_a_block_that_raised_and_took_no_signal():
+    events = []
+
+    def record(signum, frame):
+        events.append(signum)
+
+    with _handlers({signal.SIGTERM: record, signal.SIGINT: record}):
+        with pytest.raises(RuntimeError), signals_held():
+            assert signal.getsignal(signal.SIGTERM) is not record and signal.getsignal(signal.SIGINT) is not record
+            raise RuntimeError
+        assert signal.getsignal(signal.SIGTERM) is record and signal.getsignal(signal.SIGINT) is record
+    assert events == []
+
+
+def test_only_the_first_of_several_held_signals_is_handed_on():
+    events = []
+    with _handlers({signal.SIGTERM: lambda signum, frame: events.append(signum)}):
+        with signals_held():
+            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGTERM)
     assert events == [signal.SIGTERM]
 
 
