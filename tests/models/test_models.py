@@ -25,7 +25,7 @@ from ddpd.models import (
     set_attention_backend,
 )
 from ddpd.models.attention import RotaryEmbedding, SelfAttention, attention, explicit_attention
-from ddpd.models.backbone import LayerNorm, RMSNorm
+from ddpd.models.backbone import LayerNorm, RMSNorm, check_time
 
 V, D, B = 7, 12, 3
 SMALL = dict(d_model=32, n_layers=2, n_heads=4)
@@ -546,6 +546,26 @@ def test_token_validation():
         model(tokens()[0], t)
 
 
+def test_a_negative_token_id_is_refused_by_name():
+    # an id of -1 would otherwise reach nn.Embedding and fail there with an IndexError
+    x = tokens()
+    x[1, 4] = -1
+    with pytest.raises(ValueError, match=r"^x: expected token ids in \[0, 7\), got range \[-1, "):
+        make("uniform-denoiser")(x, torch.rand(B))
+
+
+def test_a_bool_time_is_refused_rather_than_read_as_one():
+    with pytest.raises(TypeError, match=r"^t: expected a float tensor of shape \[B\] or a number, got bool$"):
+        make("mask-denoiser")(tokens(), True)
+
+
+@pytest.mark.parametrize("t", [0.5, torch.tensor(0.5), torch.full((B,), 0.5)], ids=["number", "0-d", "per-row"])
+def test_times_are_returned_on_the_device_the_network_runs_on(t):
+    # the meta device stands in for an accelerator: the times must follow the tokens there
+    times = check_time(t, B, torch.device("meta"))
+    assert times.device.type == "meta" and times.shape == (B,)
+
+
 # ---- AR judge ------------------------------------------------------------------------
 
 def test_ar_log_likelihood_matches_prefix_by_prefix():
@@ -651,3 +671,13 @@ def test_rmsnorm_and_the_residual_projections_start_as_stated():
     assert float(block.attn.proj.weight.detach().std()) == pytest.approx(0.02 / 4, rel=0.05)
     assert float(block.mlp.proj.weight.detach().std()) == pytest.approx(0.02 / 4, rel=0.05)
     assert float(block.attn.qkv.weight.detach().std()) == pytest.approx(0.02, rel=0.05)
+
+
+@pytest.mark.parametrize("kind", MODEL_KINDS)
+def test_a_fresh_network_starts_with_zero_biases(kind):
+    # GPT-2 initialisation: nn.Linear's default uniform bias would shift every logit at step 0
+    model = make(kind)
+    biases = {name: p for name, p in model.named_parameters() if name.endswith(".bias") and "norm" not in name}
+    assert "head.bias" in biases
+    for name, bias in biases.items():
+        assert torch.count_nonzero(bias) == 0, name

@@ -164,6 +164,7 @@ def test_models_without_classes_keep_their_calls():
     (torch.full((B,), -1), ValueError, r"\[0, 5\]"),
     (C + 1, ValueError, r"\[0, 5\]"),
     ([0, 1, 2, 3], TypeError, "labels"),
+    (True, TypeError, r"^labels: .* got bool$"),  # not read as class 1
 ])
 def test_bad_labels(labels, error, match):
     model = make("uniform")
