@@ -72,6 +72,36 @@ def test_counts_and_accuracy_of_an_oracle_that_knows_x1():
     assert abs(frac - 0.5) < 4 * math.sqrt(0.25 / x1.numel())  # z = N with probability 1 - alpha
 
 
+def test_noisy_positions_are_a_one_minus_alpha_share_at_the_default_alpha_of_0_85():
+    x1 = torch.zeros(200, 16, dtype=torch.long)
+    stats = denoising_stats("uniform-denoiser", lambda x, t: torch.zeros(*x.shape, S), x1, S, seed=3)
+    frac = float(stats.noisy.sum()) / x1.numel()
+    assert abs(frac - 0.15) < 4 * math.sqrt(0.15 * 0.85 / x1.numel()), frac
+
+
+@pytest.mark.parametrize("kind", ["uniform", "uniform-denoiser", "mask-denoiser"])
+def test_the_denoiser_runs_at_the_time_the_schedule_gives_alpha(kind):
+    """Under the cosine schedule t = alpha^{-1}(alpha) is not alpha itself: every row sees it."""
+    from ddpd.process import get_schedule
+
+    seen = []
+
+    def records_t(x, t):
+        seen.append(t)
+        return torch.zeros(*x.shape, S)
+
+    denoising_stats(kind, records_t, torch.zeros(5, 4, dtype=torch.long), S, alpha=0.85, schedule="cosine", seed=1)
+    expected = get_schedule("cosine").inverse(torch.full((5,), 0.85))
+    assert len(seen) == 1 and abs(float(expected[0]) - 0.85) > 0.01
+    torch.testing.assert_close(seen[0], expected)
+
+
+def test_denoising_stats_are_float32_counts_and_nats():
+    x1 = torch.zeros(3, 4, dtype=torch.long)
+    stats = denoising_stats("uniform-denoiser", lambda x, t: torch.zeros(*x.shape, S), x1, S, seed=0)
+    assert [v.dtype for v in (stats.nats, stats.noisy, stats.correct)] == [torch.float32] * 3
+
+
 def test_planner_mask_scores_each_noisy_position_with_itself_masked(toy):
     """A denoiser that reports whether position d is masked in its input: every scored
     (noisy) position must see itself masked, including those the planner's draw
@@ -169,6 +199,7 @@ def test_denoising_stats_are_batch_invariant_and_seeded(toy):
     (dict(x1=torch.zeros(2, 3, dtype=torch.long), row_ids=torch.tensor([-1, 0])), "row_ids must be >= 0"),
     (dict(denoiser=lambda x, t: torch.zeros(*x.shape, S, dtype=torch.long)), "denoiser must return floating logits"),
     (dict(kind="mask-denoiser", mask_id=S - 1), f"mask_id must be >= {S}, got {S - 1}"),
+    (dict(vocab_size=1, x1=torch.zeros(2, 3, dtype=torch.long)), "vocab_size must be >= 2, got 1"),
 ])
 def test_denoising_stats_validates_inputs(toy, kwargs, error):
     args = dict(kind="uniform-denoiser", denoiser=toy.models().uniform_denoiser, x1=toy.states, vocab_size=S)
