@@ -1,0 +1,46 @@
+"""The mask denoiser driven by the planner's mask (ddpd.eval.planned_mask): which mask each
+position is scored under, and the denoiser passes that costs."""
+import torch
+
+from ddpd.eval.planned_mask import planned_mask_log_probs
+from ddpd.process import get_schedule
+
+S = 3
+
+
+def _reveals_mask(batches):
+    """Token 0 where the position is masked, and the batch size of every call in `batches`."""
+    def denoiser(x, t):
+        batches.append(x.shape[0])
+        logits = torch.zeros(*x.shape, S)
+        logits[..., 0] = torch.where(x == S, 20.0, -20.0)
+        return logits
+
+    return denoiser
+
+
+def _seen_masked(z_planned, extra, batches):
+    x = torch.zeros(z_planned.shape, dtype=torch.long)
+    log_q = planned_mask_log_probs(_reveals_mask(batches), x, z_planned, extra, S, get_schedule("linear"), S)
+    return log_q.argmax(-1) == 0
+
+
+def test_positions_outside_extra_keep_the_planned_mask_and_extra_ones_see_themselves_masked():
+    z_planned = torch.tensor([[True, False, False, False], [False, False, False, False]])
+    extra = torch.tensor([[False, True, False, False], [False, False, True, False]])
+    assert torch.equal(_seen_masked(z_planned, extra, []), z_planned | extra)
+
+
+def test_extra_positions_run_in_chunks_of_the_batch_size():
+    """Three extra positions in a batch of two: one pass for the plan, then chunks of 2 and 1."""
+    batches = []
+    extra = torch.tensor([[True, True, False, False], [False, False, True, False]])
+    _seen_masked(torch.zeros(2, 4, dtype=torch.bool), extra, batches)
+    assert batches == [2, 2, 1]
+
+
+def test_a_position_the_plan_already_masks_is_not_run_again():
+    batches = []
+    everything = torch.ones(2, 4, dtype=torch.bool)
+    assert bool(_seen_masked(everything, everything, batches).all())
+    assert batches == [2]
