@@ -611,6 +611,41 @@ def test_the_first_val_loss_column_says_it_is_the_first_finite_one(setup, tmp_pa
     assert "Val loss at 0" not in cells and cells["First val loss"].strip() == f"{row['first_val_loss']:.4f}", out
 
 
+def _row_of(monkeypatch, config, meta, path="runs/planner"):
+    """training_row of a checkpoint whose config.json and training record are given."""
+    import ddpd.eval.training as training
+
+    monkeypatch.setattr(training, "read_config", lambda p: config)
+    monkeypatch.setattr(training, "_record", lambda p: meta)
+    monkeypatch.setattr(training, "_parameters", lambda p, c: 10)
+    return training.training_row(path)
+
+
+def test_training_rows_give_the_states_step_the_best_step_and_the_last_losses(monkeypatch):
+    """The step is the training state's (config.json's may be older); the final train loss is the last
+    recorded one and the final val loss the last finite one, not whatever the last entry holds."""
+    history = [{"step": 0, "val_loss": 3.0, "train_loss": None}, {"step": 1, "train_loss": 2.5},
+               {"step": 2, "val_loss": 1.0, "train_loss": 2.0}, {"step": 3, "val_loss": 2.0, "train_loss": 1.5},
+               {"step": 4, "val_loss": float("nan"), "train_loss": None}]
+    meta = {"step": 4, "history": history, "train_seconds": 2.0, "train_tokens": 64, "world_size": 1}
+    config = {"kind": "planner", "model": {"d_model": 16}, "training": {"batch_size": 2, "grad_accum": 3}, "step": 3}
+    row = _row_of(monkeypatch, config, meta)
+    assert (row["run"], row["step"], row["tokens_per_s"], row["step_sequences"]) == ("runs/planner", 4, 32.0, 6)
+    assert (row["best_val_loss"], row["best_step"]) == (1.0, 2)
+    assert (row["final_train_loss"], row["final_val_loss"]) == (1.5, 2.0)
+
+
+@pytest.mark.parametrize("settings, meta, step", [
+    ({"batch_size": 2, "grad_accum": 3}, {}, 7),  # weights only: no process count
+    ({"batch_size": 2, "grad_accum": True}, {"step": 7, "world_size": 1}, 7),  # an edited config's true
+    ({"batch_size": 2, "grad_accum": 3}, {}, "7"),
+])
+def test_training_rows_leave_out_what_the_checkpoint_does_not_record_as_integers(monkeypatch, settings, meta, step):
+    row = _row_of(monkeypatch, {"kind": "planner", "model": {}, "training": settings, "step": step}, meta)
+    assert row["step_sequences"] is None
+    assert row["step"] == (step if isinstance(step, int) else None)
+
+
 def test_convergence_command(setup, capsys):
     p = setup
     out_dir = p["root"] / "convergence"
