@@ -646,6 +646,29 @@ def test_training_rows_leave_out_what_the_checkpoint_does_not_record_as_integers
     assert row["step"] == (step if isinstance(step, int) else None)
 
 
+def test_training_rows_refuse_a_malformed_training_record(tmp_path, monkeypatch):
+    import re
+
+    import ddpd.eval.training as training
+    from ddpd.checkpoint import STATE_META, CheckpointError
+
+    (tmp_path / STATE_META).write_text("{}")
+    monkeypatch.setattr(training, "read_config", lambda p: {"kind": "planner", "model": {}, "training": {}})
+    monkeypatch.setattr(training, "load_train_state", lambda p: ({}, {"step": 2, "history": "lost"}))
+    monkeypatch.setattr(training, "_parameters", lambda p, c: 10)
+    with pytest.raises(CheckpointError, match=re.escape(f"checkpoint {tmp_path}: train_state.json: ")):
+        training.training_row(str(tmp_path))
+
+
+def test_training_rows_quote_a_bad_training_setting_in_40_characters(monkeypatch):
+    import re
+
+    from ddpd.checkpoint import CheckpointError
+
+    with pytest.raises(CheckpointError, match=re.escape(f"settings, got {repr([0] * 100)[:40]}") + "$"):
+        _row_of(monkeypatch, {"kind": "planner", "model": {}, "training": [0] * 100}, {})
+
+
 def test_convergence_command(setup, capsys):
     p = setup
     out_dir = p["root"] / "convergence"
