@@ -669,6 +669,17 @@ def test_training_rows_quote_a_bad_training_setting_in_40_characters(monkeypatch
         _row_of(monkeypatch, {"kind": "planner", "model": {}, "training": [0] * 100}, {})
 
 
+def test_the_training_table_groups_thousands_and_rounds_lr_seconds_and_losses():
+    from ddpd.eval.training import training_markdown
+
+    row = {"kind": "planner", "run": "r", "parameters": 1234567, "lr": 1 / 3000, "train_seconds": 12.6,
+           "tokens_per_s": 12345.6, "final_val_loss": 1.23456}
+    header, _, line = training_markdown([row]).splitlines()
+    cells = {k.strip(): v.strip() for k, v in zip(header.strip("|").split("|"), line.strip("|").split("|"))}
+    assert [cells[k] for k in ("Parameters", "Peak LR", "Train seconds", "Tokens/s", "Final val loss")] == [
+        "1,234,567", "0.000333333", "13", "12,346", "1.2346"]
+
+
 def test_convergence_command(setup, capsys):
     p = setup
     out_dir = p["root"] / "convergence"
