@@ -177,6 +177,7 @@ def test_launch_covers_every_row(rows, width, expected):
     (dict(x=torch.zeros(2, 3, dtype=torch.int64)), TypeError, "x must have dtype"),
     (dict(x=torch.zeros(())), ValueError, "at least one dimension"),
     (dict(x=torch.zeros(2, 3), weight=torch.zeros(4)), ValueError, r"weight must have shape \[3\]"),
+    (dict(x=torch.zeros(2, 3), weight=torch.zeros(2)), ValueError, r"weight must have shape \[3\]"),
     (dict(x=torch.zeros(2, 3), bias=torch.zeros(3, 1)), ValueError, "bias must be 1-D"),
     (dict(x=torch.zeros(2, 3), eps=-1.0), ValueError, "eps must be in"),
     (dict(x=torch.ones(2, 3), eps=0.0), ValueError, r"eps must be in \(0.0, inf\), got 0.0"),  # NaN rows
@@ -252,3 +253,28 @@ def test_opcheck_and_compile():
                                                          1e-5, False))
     compiled = torch.compile(lambda *a: norm(*a, shift=shift, scale=scale), fullgraph=True, backend="eager")
     assert torch.equal(compiled(x, weight, bias), norm_reference(x, weight, bias, shift=shift, scale=scale))
+
+
+def test_rows_and_modulation_with_strided_channels_are_read_by_their_strides():
+    """x, shift and scale whose channels are not adjacent in memory (every other column of a
+    wider tensor): the kernel reads them as the reference does, not as packed channels."""
+    x = torch.randn(2, 3, 16)[..., ::2]
+    mods = torch.randn(2, 32)
+    shift, scale = mods[:, ::4], mods[:, 1::4]
+    assert x.stride(-1) != 1 and shift.stride(-1) != 1 and scale.stride(-1) != 1
+    weight, bias = torch.randn(8), torch.randn(8)
+    for rms in (False, True):
+        got = norm_triton(x, weight, bias, 1e-5, rms=rms, shift=shift, scale=scale)
+        want = norm_reference(x, weight, bias, 1e-5, rms=rms, shift=shift, scale=scale)
+        assert torch.allclose(got, want, atol=1e-5)
+
+
+def test_the_op_passes_rms_and_eps_through():
+    """norm(rms=True) is the RMS norm, not the layer norm, and eps reaches the arithmetic:
+    rows with a mean far from 0 tell the two norms apart."""
+    x, weight, bias, shift, scale = inputs((2, 3, 16), torch.float32)
+    for rms in (False, True):
+        for eps in (1e-5, 10.0):
+            want = norm_reference(x, weight, bias, eps, rms=rms, shift=shift, scale=scale)
+            assert torch.equal(norm(x, weight, bias, eps, rms=rms, shift=shift, scale=scale), want)
+    assert not torch.allclose(norm(x, rms=True), norm(x, rms=False), atol=1e-2)
