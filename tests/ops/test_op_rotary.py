@@ -113,6 +113,9 @@ def test_launch_blocks_cover_every_pair():
     (torch.zeros(1, 1, 4, 6), torch.zeros(3, 3), ValueError, r"cos must have shape \[L' >= 4, 3\]"),
     (torch.zeros(1, 1, 4, 6), torch.zeros(4, 2), ValueError, "cos must have shape"),
     (torch.zeros(1, 1, 4, 6), torch.zeros(4, 3, dtype=torch.float64), TypeError, "cos must have dtype"),
+    (torch.zeros(1, 1, 4, 6), torch.zeros(4, 3, dtype=torch.bfloat16), TypeError, "cos must have dtype"),
+    (torch.zeros(1, 1, 4, 6), torch.zeros(4, 3, 1), ValueError, "cos must be 2-D"),
+    (torch.zeros(1, 1, 4, 1), torch.zeros(4, 1), ValueError, "must be even, got 1"),
 ])
 def test_bad_arguments_raise_clear_errors(x, table, error, match):
     with pytest.raises(error, match=match):
@@ -156,3 +159,19 @@ def test_a_head_dimension_of_two_comes_back_contiguous():
     assert rotary(q, table.cos, table.sin).is_contiguous()
     assert rotary_reference(q, table.cos, table.sin).is_contiguous()
     torch.library.opcheck(torch.ops.ddpd.rotary.default, (q, table.cos, table.sin))
+
+
+def test_heads_with_strided_channels_are_read_by_their_strides():
+    """x whose channels are not adjacent in memory (a transposed view): the kernel rotates the
+    values the reference rotates, not the memory next to the first channel."""
+    x = torch.randn(1, 2, 8, 5).transpose(-1, -2)
+    assert x.stride(-1) != 1
+    table = RotaryEmbedding(8, 5)
+    assert torch.equal(rotary_triton(x, table.cos, table.sin), rotary_reference(x, table.cos, table.sin))
+
+
+def test_an_empty_batch_comes_back_empty():
+    table = RotaryEmbedding(8, 4)
+    for shape in ((0, 2, 4, 8), (1, 2, 0, 8)):
+        out = rotary_triton(torch.zeros(shape), table.cos, table.sin)
+        assert out.shape == shape and out.dtype == torch.float32
