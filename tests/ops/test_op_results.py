@@ -92,3 +92,30 @@ def test_plan_z_leaves_a_pick_of_weight_zero_unset_as_its_docstring_says():
         picked = plan.z.gather(1, plan.positions)
         assert picked[:, 0].all() and not picked[:, 1].any()
     assert "weight 0" in " ".join(ops.Plan.__doc__.split())
+
+
+def test_a_draw_built_from_tokens_and_valid_leaves_the_other_fields_none():
+    """The fields not asked for default to None, so Draw(tokens, valid) is a whole result."""
+    draw = ops.Draw(torch.zeros(2, dtype=torch.long), torch.ones(2, dtype=torch.bool))
+    assert len(draw) == 4 and draw.logprob is None and draw.confidence is None
+    assert ops.Draw._fields == ("tokens", "valid", "logprob", "confidence")
+
+
+def test_every_result_lists_its_fields_in_the_documented_order():
+    """Results unpack by position as well as by name: the order is part of the API."""
+    assert ops.Selection._fields == ("positions", "sum_p", "stop")
+    assert ops.Mask._fields == ("masked", "z", "count")
+    assert ops.Plan._fields == ops.Selection._fields + ops.Mask._fields
+    assert ops.Compacted._fields == ("tensors", "index", "count")
+
+
+def test_the_references_module_exports_every_law_it_defines():
+    """`from ddpd.ops.reference import *` gives every law, norm and rotary among them, each
+    name bound to the reference of the op of that name."""
+    from ddpd.ops.norm import norm_reference
+    from ddpd.ops.rotary import rotary_reference
+
+    public = sorted(name for name in vars(reference) if not name.startswith("_"))
+    assert sorted(reference.__all__) == public
+    assert reference.norm is norm_reference and reference.rotary is rotary_reference
+    assert [law for law in reference.__all__ if getattr(reference, law).__name__ != f"{law}_reference"] == []
