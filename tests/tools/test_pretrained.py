@@ -18,7 +18,7 @@ import torch
 
 import ddpd.pretrained as pretrained
 from ddpd.assets import BOOKS
-from ddpd.checkpoint import load_bundle, read_config, save_bundle, save_checkpoint, settings_digest
+from ddpd.checkpoint import CheckpointError, load_bundle, read_config, save_bundle, save_checkpoint, settings_digest
 from ddpd.cli.sample import BUNDLED_STEPS_PER_TOKEN, NUM_SAMPLES_BUNDLED, main
 from ddpd.models import build_model, config_for
 from ddpd.training.data import Text8Tokenizer, tokenizer_from_config
@@ -604,3 +604,45 @@ def test_bundle_bytes_refuses_what_is_no_directory(tmp_path, monkeypatch, path, 
     (tmp_path / "file").write_bytes(b"12")
     with pytest.raises(error, match="bundle_bytes: "):
         pretrained.bundle_bytes(path)
+
+
+def test_an_empty_environment_variable_is_no_override(tiny_bundle, monkeypatch):
+    """DDPD_PRETRAINED_DIR= (set but empty) is unset, not the working directory."""
+    monkeypatch.setenv(pretrained.ENV_VAR, "")
+    monkeypatch.setattr(pretrained, "BUNDLE_DIR", Path(tiny_bundle))
+    assert pretrained.default_bundle() == tiny_bundle
+
+
+def test_a_directory_in_place_of_a_bundle_file_counts_as_missing(tiny_bundle, tmp_path):
+    copy = tmp_path / "text8"
+    shutil.copytree(tiny_bundle, copy)
+    (copy / "planner" / "config.json").unlink()
+    (copy / "planner" / "config.json").mkdir()
+    assert pretrained.missing_files(copy) == ["planner/config.json"]
+
+
+def test_bundle_bytes_sums_the_files_at_every_depth_and_nothing_else(tmp_path):
+    (tmp_path / "planner" / "deep").mkdir(parents=True)
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "top").write_bytes(b"12345")
+    (tmp_path / "planner" / "deep" / "w").write_bytes(b"123")
+    assert pretrained.bundle_bytes(tmp_path) == 8
+
+
+def test_install_bundle_keeps_a_config_without_training_or_corpus_as_it_is(tmp_path):
+    """No training section stays none (not an empty one); one without a corpus only loses its output path."""
+    paths = _training_checkpoints(tmp_path)
+    config = read_config(paths["denoiser"])
+    config["training"] = {"out": "/scratch/run", "lr": 1e-3}
+    config["settings_sha256"] = settings_digest(config)
+    Path(paths["denoiser"], "config.json").write_text(json.dumps(config))
+    dest = pretrained.install_bundle(paths["planner"], paths["denoiser"], str(tmp_path / "text8"))
+    assert "training" not in read_config(os.path.join(dest, "planner"))
+    assert read_config(os.path.join(dest, "denoiser"))["training"] == {"lr": 1e-3}
+
+
+def test_install_bundle_refuses_its_dest_before_reading_the_checkpoints(tmp_path):
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    with pytest.raises(CheckpointError, match="neither empty nor a ddpd checkpoint"):
+        pretrained.install_bundle(str(tmp_path / "absent"), str(tmp_path / "absent"), str(tmp_path / "other"))
