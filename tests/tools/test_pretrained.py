@@ -641,6 +641,42 @@ def test_install_bundle_keeps_a_config_without_training_or_corpus_as_it_is(tmp_p
     assert read_config(os.path.join(dest, "denoiser"))["training"] == {"lr": 1e-3}
 
 
+@pytest.mark.parametrize("dtype", [None, "float16", "bfloat16"])
+def test_install_command_stores_the_weights_as_its_dtype(tmp_path, capsys, dtype):
+    """No --dtype stores float32: the weights come back exactly."""
+    from ddpd.pretrained.__main__ import main as install_main
+
+    paths = _training_checkpoints(tmp_path)
+    dest = str(tmp_path / "b")
+    argv = [paths["planner"], paths["denoiser"], "--dest", dest] + (["--dtype", dtype] if dtype else [])
+    assert install_main(argv) == 0
+    assert capsys.readouterr().out == f"wrote {dest} ({pretrained.bundle_bytes(dest)} bytes)\n"  # no previous kept
+    stored = getattr(torch, dtype or "float32")
+    _, denoiser, _ = load_bundle(dest)
+    for name, value in _model("mask-denoiser", 1)[0].state_dict().items():
+        assert torch.equal(denoiser.state_dict()[name], value.to(stored).float()), name
+
+
+def test_install_command_refuses_an_unknown_dtype_before_reading_anything(tmp_path, capsys):
+    from ddpd.pretrained.__main__ import main as install_main
+
+    with pytest.raises(SystemExit) as raised:
+        install_main(["p", "d", "--dest", str(tmp_path / "b"), "--dtype", "int8"])
+    assert raised.value.code == 2 and "invalid choice: 'int8'" in capsys.readouterr().err
+
+
+def test_install_command_a_write_that_fails_is_status_1(tmp_path, capsys):
+    """A --dest below a file: the save fails with an OSError, reported in one line."""
+    from ddpd.pretrained.__main__ import main as install_main
+
+    paths = _training_checkpoints(tmp_path)
+    (tmp_path / "file").write_text("x")
+    assert install_main([paths["planner"], paths["denoiser"], "--dest", str(tmp_path / "file" / "b")]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("python -m ddpd.pretrained: error: ") and err.count("\n") == 1, err
+    assert (tmp_path / "file").read_text() == "x"
+
+
 def test_install_bundle_refuses_its_dest_before_reading_the_checkpoints(tmp_path):
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("mine")
