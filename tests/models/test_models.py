@@ -1,6 +1,7 @@
 """Networks of ddpd.models: shapes, attention backends, causality, time conditioning,
 hidden states and head, validation, determinism. (Attention dispatch, precision, class
 labels and adapters have their own test modules.)"""
+import dataclasses
 import itertools
 import json
 import math
@@ -681,3 +682,12 @@ def test_a_fresh_network_starts_with_zero_biases(kind):
     assert "head.bias" in biases
     for name, bias in biases.items():
         assert torch.count_nonzero(bias) == 0, name
+
+
+@pytest.mark.parametrize("kind, field, value", [("planner", "time_conditioned", True), ("planner", "causal", True),
+                                                ("ar", "time_conditioned", True), ("ar", "causal", False)])
+def test_a_planner_or_ar_config_with_the_wrong_layout_is_refused_by_the_class(kind, field, value):
+    # config_for refuses these itself; a TransformerConfig built by hand reaches the class's check.
+    config = dataclasses.replace(config_for(kind, V, D, **SMALL), **{field: value})
+    with pytest.raises(ValueError, match=rf"config\.{field}: a {kind} model expects {not value}, got {value}"):
+        build_model(kind, config)
