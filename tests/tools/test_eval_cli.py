@@ -3,14 +3,16 @@ import csv
 import importlib.util
 import json
 import os
+import re
 import socket
 
 import pytest
 import torch
 
 from ddpd.assets import BOOKS
-from ddpd.checkpoint import save_checkpoint
+from ddpd.checkpoint import STATE_META, CheckpointError, save_checkpoint
 from ddpd.cli.eval import main
+from ddpd.eval import training
 from ddpd.models import build_model, config_for
 from hang_guard import HANG_GUARD_SECONDS, default_signals
 
@@ -558,7 +560,6 @@ def test_training_rows_give_the_sequences_of_an_optimizer_step(setup, tmp_path, 
     """The Batch column was --batch-size, per micro-batch and process: a run with --grad-accum 4,
     or under torchrun, showed a quarter (or less) of what each step saw. The column is named
     Micro-batch, and Sequences/step gives batch_size x grad_accum x processes."""
-    import ddpd.eval.training as training
     from ddpd.training.trainer import TrainConfig, Trainer
 
     run = str(tmp_path / "planner")
@@ -587,7 +588,6 @@ def test_training_rows_give_the_sequences_of_an_optimizer_step(setup, tmp_path, 
 def test_the_first_val_loss_column_says_it_is_the_first_finite_one(setup, tmp_path, capsys, monkeypatch):
     """The column "Val loss at 0" showed the first finite validation loss: a later step's where
     step 0's was NaN. It is named First val loss, and training.json gives its step."""
-    import ddpd.eval.training as training
     from ddpd.training.trainer import TrainConfig, Trainer
 
     run = str(tmp_path / "planner")
@@ -613,8 +613,6 @@ def test_the_first_val_loss_column_says_it_is_the_first_finite_one(setup, tmp_pa
 
 def _row_of(monkeypatch, config, meta, path="runs/planner"):
     """training_row of a checkpoint whose config.json and training record are given."""
-    import ddpd.eval.training as training
-
     monkeypatch.setattr(training, "read_config", lambda p: config)
     monkeypatch.setattr(training, "_record", lambda p: meta)
     monkeypatch.setattr(training, "_parameters", lambda p, c: 10)
@@ -647,11 +645,6 @@ def test_training_rows_leave_out_what_the_checkpoint_does_not_record_as_integers
 
 
 def test_training_rows_refuse_a_malformed_training_record(tmp_path, monkeypatch):
-    import re
-
-    import ddpd.eval.training as training
-    from ddpd.checkpoint import STATE_META, CheckpointError
-
     (tmp_path / STATE_META).write_text("{}")
     monkeypatch.setattr(training, "read_config", lambda p: {"kind": "planner", "model": {}, "training": {}})
     monkeypatch.setattr(training, "load_train_state", lambda p: ({}, {"step": 2, "history": "lost"}))
@@ -661,20 +654,14 @@ def test_training_rows_refuse_a_malformed_training_record(tmp_path, monkeypatch)
 
 
 def test_training_rows_quote_a_bad_training_setting_in_40_characters(monkeypatch):
-    import re
-
-    from ddpd.checkpoint import CheckpointError
-
     with pytest.raises(CheckpointError, match=re.escape(f"settings, got {repr([0] * 100)[:40]}") + "$"):
         _row_of(monkeypatch, {"kind": "planner", "model": {}, "training": [0] * 100}, {})
 
 
 def test_the_training_table_groups_thousands_and_rounds_lr_seconds_and_losses():
-    from ddpd.eval.training import training_markdown
-
     row = {"kind": "planner", "run": "r", "parameters": 1234567, "lr": 1 / 3000, "train_seconds": 12.6,
            "tokens_per_s": 12345.6, "final_val_loss": 1.23456}
-    header, _, line = training_markdown([row]).splitlines()
+    header, _, line = training.training_markdown([row]).splitlines()
     cells = {k.strip(): v.strip() for k, v in zip(header.strip("|").split("|"), line.strip("|").split("|"))}
     assert [cells[k] for k in ("Parameters", "Peak LR", "Train seconds", "Tokens/s", "Final val loss")] == [
         "1,234,567", "0.000333333", "13", "12,346", "1.2346"]
@@ -1206,7 +1193,6 @@ NEEDED_BY_THE_COMMAND = {"convergence": {"--planner", "--denoiser"}}
 
 def _documented_synopses():
     """{command: the flags its synopsis in docs/cli.md shows outside brackets, as required}."""
-    import re
     from pathlib import Path
 
     reference = (Path(__file__).resolve().parents[2] / "docs" / "cli.md").read_text()
@@ -1270,8 +1256,6 @@ def test_a_judge_one_token_too_short_is_refused(setup, tmp_path, capsys, command
 
 def test_every_help_that_states_a_default_states_the_parsers():
     """--help, and docs/cli.md's synopses after it, said what a flag left out means."""
-    import re
-
     from ddpd.cli.eval import build_parser
 
     checked = 0

@@ -540,12 +540,22 @@ def test_custom_schedule_refuses_an_alpha_below_0_at_t_0():
         CustomSchedule(lambda t: 1.5 * t - 0.5, lambda t: torch.full_like(t, 1.5), lambda a: (a + 0.5) / 1.5)
 
 
+def _flat_alpha(t):
+    """alpha_t = 2t, then 0.5 on [0.25, 0.75], then 2t - 1: a schedule with a level stretch."""
+    return torch.where(t < 0.25, 2 * t, torch.where(t < 0.75, 0.5, 2 * t - 1))
+
+
+def _flat_alpha_dot(t):
+    return torch.where((t >= 0.25) & (t < 0.75), 0.0, 2.0)
+
+
+def _flat_inverse(a):
+    return torch.where(a < 0.5, a / 2, (a + 1) / 2)
+
+
 def test_custom_schedule_takes_an_alpha_with_a_flat_stretch():
     """alpha_t must not fall, but may stay level (alpha_dot = 0): alpha_t = 0.5 on [0.25, 0.75]."""
-    schedule = CustomSchedule(
-        lambda t: torch.where(t < 0.25, 2 * t, torch.where(t < 0.75, 0.5, 2 * t - 1)),
-        lambda t: torch.where((t >= 0.25) & (t < 0.75), 0.0, 2.0),
-        lambda a: torch.where(a < 0.5, a / 2, (a + 1) / 2))
+    schedule = CustomSchedule(_flat_alpha, _flat_alpha_dot, _flat_inverse)
     assert float(schedule.alpha(torch.tensor(0.5))) == 0.5
 
 
@@ -619,12 +629,8 @@ def test_custom_schedule_refuses_an_alpha_dot_that_is_nan_inside_0_1():
 
 def test_custom_schedule_reads_alpha_in_float64_for_a_fall_under_float32_resolution():
     """alpha = 0.5 on [0.25, 0.75] with 0.5 + 1e-9 at t = 0.5: a fall of 1e-9, which float32 rounds away."""
-    def flat(t):
-        return torch.where(t < 0.25, 2 * t, torch.where(t < 0.75, 0.5, 2 * t - 1))
-
     with pytest.raises(ValueError, match=r"alpha must not fall .* got alpha\(0.5\) = 0.5 > alpha\(0.500977\) = 0.5$"):
-        CustomSchedule(lambda t: flat(t) + 1e-9 * (t == 0.5), lambda t: torch.where((t >= 0.25) & (t < 0.75), 0.0, 2.0),
-                       lambda a: torch.where(a < 0.5, a / 2, (a + 1) / 2))
+        CustomSchedule(lambda t: _flat_alpha(t) + 1e-9 * (t == 0.5), _flat_alpha_dot, _flat_inverse)
 
 
 def test_uniform_token_gives_long_tokens():
