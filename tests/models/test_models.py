@@ -452,6 +452,19 @@ def test_fresh_time_conditioned_blocks_are_identity():
     torch.testing.assert_close(h, expected)
 
 
+def test_the_final_modulation_gives_the_shift_first_then_the_scale():
+    # only the final adaLN is non-zero, so hidden = norm(embed(x)) * (1 + scale) + shift
+    model = make("uniform-denoiser")
+    backbone = model.backbone
+    shift, scale = torch.linspace(-1, 1, SMALL["d_model"]), torch.linspace(0.5, 2, SMALL["d_model"])
+    with torch.no_grad():
+        backbone.final_modulation.bias.copy_(torch.cat([shift, scale]))
+        x = tokens()
+        h = model.hidden(x, torch.rand(B))
+        expected = backbone.final_norm(backbone.embed(x)) * (1 + scale) + shift
+    torch.testing.assert_close(h, expected)
+
+
 def test_time_conditioning_changes_outputs():
     model = randomize_modulation(make("uniform-denoiser"))
     x = tokens()
@@ -635,6 +648,19 @@ def test_dropout_only_in_training():
         torch.testing.assert_close(model(x), model(x), rtol=0, atol=0)
         model.train()
         assert not torch.equal(model(x), model(x))
+
+
+def test_training_drops_token_embeddings_before_the_first_block():
+    model = make("planner", dropout=0.5).train()
+    x = tokens()
+    seen = []
+    model.backbone.blocks[0].register_forward_pre_hook(lambda module, args: seen.append(args[0]))
+    with torch.no_grad():
+        model(x)
+        embedded = model.backbone.embed(x)
+    dropped = seen[0] == 0
+    assert dropped.any() and not dropped.all()
+    torch.testing.assert_close(seen[0][~dropped], 2 * embedded[~dropped])
 
 
 def test_gradients_reach_every_parameter():
