@@ -8,6 +8,8 @@ over a few hundred statistics, multinomial's sequential draws) have one program 
 row by design: what they read per row is bounded (asserted below), not the input.
 A row of a single tile (V <= 256) is one program's whole work: 64 such rows are 64
 programs of a few hundred elements, nothing to split."""
+import types
+
 import pytest
 import torch
 
@@ -166,3 +168,133 @@ def test_norm_grids_fill_the_device(batch, length, width):
     assert len(grid) == 1 and programs(grid) >= SMS and within_cuda_limits(grid)
     assert grid[0] * block_rows >= rows > (grid[0] - 1) * block_rows and block_w >= width
     assert num_warps * 32 * 32 >= block_rows * block_w  # at most 32 values a thread
+
+
+def test_a_flat_grid_rounds_a_partial_block_of_each_row_up_to_a_program():
+    """A program per started block of every row: a row's last, partial block still gets one."""
+    assert _dispatch.flat_grid("p", 3, 1025, 1024) == (6,)
+    assert _dispatch.flat_grid("p", 3, 1024, 1024) == (3,)
+    assert _dispatch.flat_grid("p", 1, 1, 1024) == (1,)
+
+
+def test_device_ids_are_cached_long_tensors_with_one_unused_zero_when_empty():
+    """The kernels read at least one id and index with int64; a repeated call copies nothing."""
+    cpu = torch.device("cpu")
+    ids = _dispatch.device_ids((3, 1, 4), cpu)
+    assert ids.dtype == torch.int64 and ids.tolist() == [3, 1, 4] and ids.device == cpu
+    assert _dispatch.device_ids((3, 1, 4), cpu) is ids
+    empty = _dispatch.device_ids((), cpu)
+    assert empty.dtype == torch.int64 and empty.tolist() == [0]
+
+
+def test_the_unused_output_is_one_empty_float32_tensor_a_device():
+    unused = _dispatch.unused_output(torch.device("cpu"))
+    assert unused.dtype == torch.float32 and unused.numel() == 0 and unused.device.type == "cpu"
+    assert _dispatch.unused_output(torch.device("cpu")) is unused
+
+
+def test_contiguous_detaches_and_packs_tensors_and_keeps_none():
+    x = torch.arange(12.0, requires_grad=True).reshape(3, 4)
+    strided = x.t()
+    packed, none = _dispatch.contiguous(strided, None)
+    assert none is None and packed.is_contiguous() and not packed.requires_grad
+    assert torch.equal(packed, strided.detach())
+
+
+def test_cpu_devices_get_the_interpreters_multiprocessor_count():
+    """CPU tensors run Triton's interpreter: no CUDA properties to read, a few splits instead.
+    Only a CUDA device is asked for its own count (a meta device has none)."""
+    assert _dispatch.multiprocessors(torch.device("cpu")) == _dispatch.INTERPRETER_MULTIPROCESSORS == 4
+    assert _dispatch.multiprocessors(torch.device("meta")) == 4
+
+
+def test_needs_grad_only_when_grad_is_enabled_and_an_input_requires_it():
+    plain, leaf = torch.ones(2), torch.ones(2, requires_grad=True)
+    assert _dispatch.needs_grad(None, plain, leaf)
+    assert not _dispatch.needs_grad(None, plain)
+    assert not _dispatch.needs_grad()
+    with torch.no_grad():
+        assert not _dispatch.needs_grad(leaf)
+
+
+def test_eager_calls_skip_none_and_refuse_tensor_subclasses():
+    """Only plain tensors go straight to a kernel; a Parameter (a subclass) goes through the custom op."""
+    assert _dispatch.eager(None, torch.ones(1), None)
+    assert not _dispatch.eager(torch.ones(1), torch.nn.Parameter(torch.ones(1)))
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.trace` is deprecated:DeprecationWarning")
+def test_calls_under_a_default_device_stay_eager_and_jit_traced_calls_do_not():
+    with torch.device("cpu"):
+        assert _dispatch.eager(torch.ones(1))
+    seen = []
+    torch.jit.trace(lambda x: seen.append(_dispatch.eager(x)) or x + 1, torch.ones(1), check_trace=False)
+    assert seen == [False]
+
+
+def test_triton_is_unavailable_when_its_import_fails(monkeypatch):
+    """Any failure of the import (a broken install raises its own errors) means no Triton."""
+    def broken(name):
+        raise RuntimeError(f"{name} is broken")
+
+    monkeypatch.setattr(_dispatch.importlib, "import_module", broken)
+    assert _dispatch.triton_available.__wrapped__() is False
+    monkeypatch.undo()
+    assert _dispatch.triton_available.__wrapped__() is True
+
+
+def test_only_tritons_own_jit_run_counts_as_tritons_launch():
+    """A replaced JITFunction.run (a tool recording launches) must see every launch."""
+    from triton.runtime.jit import JITFunction
+
+    def run(*args, **kwargs):
+        return JITFunction.run(*args, **kwargs)
+
+    assert _dispatch._tritons_run(JITFunction.run)
+    assert not _dispatch._tritons_run(run)
+    run.__module__ = "triton.runtime.jit"
+    assert not _dispatch._tritons_run(run)
+
+
+def test_cpu_kernels_are_looked_up_once_by_name():
+    kernel = _dispatch.cpu_kernel("bernoulli_cpu")
+    assert kernel is torch.ops.ddpd.bernoulli_cpu.default
+    assert _dispatch.cpu_kernel("bernoulli_cpu") is kernel
+
+
+def test_transformed_inputs_are_refused_with_the_ops_name():
+    x = torch.ones(2, 3)
+
+    def call(row):
+        _dispatch.refuse_transforms("compact_fixed", row, 5)
+        return row
+
+    with pytest.raises(ValueError, match=r"ddpd\.ops\.compact_fixed does not run under torch\.func transforms"):
+        torch.func.vmap(call)(x)
+    _dispatch.refuse_transforms("compact_fixed", x, None, 5)
+
+
+class _Param:
+    def __init__(self, name, is_constexpr, default=None):
+        self.name, self.is_constexpr, self.default = name, is_constexpr, default
+
+
+class _Kernel:
+    """What _constexpr_values reads of a triton.jit kernel: its parameters and its function's name."""
+
+    def __init__(self, *params):
+        self.params = params
+        self.fn = types.SimpleNamespace(__name__="draw_kernel")
+
+
+def test_constexpr_values_come_from_meta_else_their_defaults_in_order():
+    kernel = _Kernel(_Param("x", False), _Param("n", False), _Param("BLOCK", True, 64), _Param("EVEN", True, False))
+    assert _dispatch._constexpr_values(kernel, (1, 2), {"EVEN": True, "num_warps": 4}) == (64, True)
+    assert _dispatch._constexpr_values(kernel, (1, 2), {"BLOCK": 128}) == (128, False)
+
+
+def test_a_constexpr_by_position_or_a_runtime_argument_by_name_is_refused():
+    kernel = _Kernel(_Param("x", False), _Param("n", False), _Param("BLOCK", True, 64))
+    for args in ((1,), (1, 2, 64)):
+        with pytest.raises(TypeError, match=r"launch\(draw_kernel\): pass the runtime arguments by position"):
+            _dispatch._constexpr_values(kernel, args, {})
