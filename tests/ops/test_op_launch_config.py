@@ -298,3 +298,70 @@ def test_a_constexpr_by_position_or_a_runtime_argument_by_name_is_refused():
     for args in ((1,), (1, 2, 64)):
         with pytest.raises(TypeError, match=r"launch\(draw_kernel\): pass the runtime arguments by position"):
             _dispatch._constexpr_values(kernel, args, {})
+
+
+class _JitKernel(_Kernel):
+    """A kernel launch() treats as compiled by Triton: it records what each launch passes."""
+
+    def __init__(self, calls, compiles=True):
+        super().__init__(_Param("x", False), _Param("n", False), _Param("BLOCK", True, 64), _Param("EVEN", True, False))
+        self.device_caches, self.calls, self.compiles = {}, calls, compiles
+
+    def __getitem__(self, grid):
+        def through_triton(*args, **meta):
+            self.calls.append(("triton", grid, args, meta))
+            if self.compiles:
+                return _Compiled(self.calls)
+            return None
+        return through_triton
+
+
+class _Compiled:
+    def __init__(self, calls):
+        self.calls = calls
+
+    def __getitem__(self, grid):
+        return lambda *args: self.calls.append(("cached", grid, args))
+
+
+def test_launches_after_the_first_take_the_compiled_kernel_with_every_argument(monkeypatch):
+    """The first launch of each (argument classes, meta) goes through Triton; later ones pass the
+    compiled kernel a 3-d grid and the constexprs after the runtime arguments."""
+    from triton.runtime.jit import JITFunction
+
+    monkeypatch.setattr(_JitKernel, "run", JITFunction.run, raising=False)
+    driver = types.SimpleNamespace(active=types.SimpleNamespace(get_current_device=lambda: 0))
+    monkeypatch.setattr(_dispatch, "_triton_driver", lambda: driver)
+    calls = []
+    kernel, x = _JitKernel(calls), torch.ones(4)
+    for _ in range(2):
+        _dispatch.launch(kernel, (3,), x, 5, BLOCK=128, num_warps=4)
+    _dispatch.launch(kernel, (3, 2), x, 5, BLOCK=128, num_warps=4)
+    _dispatch.launch(kernel, (3,), x, 5, BLOCK=64, num_warps=4)  # other meta: Triton again
+    _dispatch.launch(kernel, (3,), x, 1, BLOCK=128, num_warps=4)  # 1 is its own class: Triton again
+    assert calls == [("triton", (3,), (x, 5), {"BLOCK": 128, "num_warps": 4}),
+                     ("cached", (3, 1, 1), (x, 5, 128, False)),
+                     ("cached", (3, 2, 1), (x, 5, 128, False)),
+                     ("triton", (3,), (x, 5), {"BLOCK": 64, "num_warps": 4}),
+                     ("triton", (3,), (x, 1), {"BLOCK": 128, "num_warps": 4})]
+
+
+def test_kernels_triton_does_not_return_or_whose_run_is_replaced_always_go_through_triton(monkeypatch):
+    from triton.runtime.jit import JITFunction
+
+    driver = types.SimpleNamespace(active=types.SimpleNamespace(get_current_device=lambda: 0))
+    monkeypatch.setattr(_dispatch, "_triton_driver", lambda: driver)
+    calls = []
+    monkeypatch.setattr(_JitKernel, "run", lambda *args, **kwargs: None, raising=False)
+    replaced = _JitKernel(calls)
+    monkeypatch.setattr(_JitKernel, "run", JITFunction.run, raising=False)
+    uncompiled = _JitKernel(calls, compiles=False)
+    x = torch.ones(4)
+    for kernel in (uncompiled, uncompiled):
+        _dispatch.launch(kernel, (2,), x, 5)
+    assert [call[0] for call in calls] == ["triton", "triton"]
+    monkeypatch.setattr(_JitKernel, "run", lambda *args, **kwargs: None, raising=False)
+    calls[:] = []
+    for kernel in (replaced, replaced):
+        _dispatch.launch(kernel, (2,), x, 5)
+    assert [call[0] for call in calls] == ["triton", "triton"]
