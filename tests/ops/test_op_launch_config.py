@@ -365,3 +365,21 @@ def test_kernels_triton_does_not_return_or_whose_run_is_replaced_always_go_throu
     for kernel in (replaced, replaced):
         _dispatch.launch(kernel, (2,), x, 5)
     assert [call[0] for call in calls] == ["triton", "triton"]
+
+
+def test_without_the_cpp_extension_every_launch_goes_through_triton(monkeypatch):
+    """A failed build of ddpd._C leaves the ops running, at Triton's launch cost."""
+    from triton.runtime.jit import JITFunction
+
+    def failed_build():
+        raise RuntimeError("no compiler")
+
+    monkeypatch.setattr(_dispatch._ext, "load", failed_build)
+    assert _dispatch._launch_key.__wrapped__() is None
+    monkeypatch.setattr(_dispatch, "_launch_key", lambda: None)
+    monkeypatch.setattr(_JitKernel, "run", JITFunction.run, raising=False)
+    calls = []
+    kernel = _JitKernel(calls)
+    for _ in range(2):
+        _dispatch.launch(kernel, (2,), torch.ones(4), 5)
+    assert [call[0] for call in calls] == ["triton", "triton"]
