@@ -2,6 +2,7 @@
 between the module built by setup.py and compiling on first use, the compile call
 itself (mocked here; a real compile in a fresh cache is the slow test at the end),
 and the sources shipped with the package."""
+import importlib
 import json
 import os
 import re
@@ -597,3 +598,108 @@ def test_a_failed_build_ends_its_progress_lines_on_the_terminal(tmp_path):
     shown = [line.strip() for line in re.sub(r"\x1b\[K", "", terminal).splitlines() if line.strip()]
     assert shown[0].startswith("ddpd: compiling ddpd._C from ")
     assert shown[-1].startswith("ddpd: building ddpd._C failed (") and shown[-1].endswith("compile it on first use")
+
+
+def test_the_sources_are_the_checkouts_else_the_packages_else_an_error_naming_both(monkeypatch, tmp_path):
+    package = tmp_path / "ddpd"
+    (package / "ops").mkdir(parents=True)
+    monkeypatch.setattr(_ext, "__file__", str(package / "ops" / "_ext.py"))
+    with pytest.raises(RuntimeError, match="C\\+\\+ sources are missing") as raised:
+        _ext.source_dir()
+    assert str(tmp_path / "csrc") in str(raised.value) and str(package / "_csrc") in str(raised.value)
+    for root in (package / "_csrc", tmp_path / "csrc"):
+        root.mkdir()
+        (root / "module.cpp").write_text("")
+    assert _ext.source_dir() == tmp_path / "csrc"  # an editable install builds what the checkout holds
+    shutil.rmtree(tmp_path / "csrc")
+    assert _ext.source_dir() == package / "_csrc"
+
+
+def test_a_cuda_toolkit_needs_both_a_cuda_torch_and_nvcc(monkeypatch, tmp_path):
+    from torch.utils import cpp_extension
+
+    monkeypatch.setattr(torch.version, "cuda", None)
+    monkeypatch.setattr(cpp_extension, "CUDA_HOME", str(tmp_path))
+    assert not _ext.has_cuda_toolkit()
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(cpp_extension, "CUDA_HOME", None)
+    assert not _ext.has_cuda_toolkit()
+    monkeypatch.setattr(cpp_extension, "CUDA_HOME", str(tmp_path))
+    assert _ext.has_cuda_toolkit()
+
+
+def test_one_visible_gpu_is_enough_to_choose_the_architectures(monkeypatch):
+    monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert _ext.cuda_arch_problem() is None
+
+
+def test_ddpd_force_jit_set_to_0_uses_the_build(fake_build, monkeypatch):
+    monkeypatch.setenv("DDPD_FORCE_JIT", "0")
+    assert _ext.prebuilt_problem() is None
+
+
+def test_a_build_without_cuda_kernels_is_stale_where_they_can_be_built(fake_build, monkeypatch):
+    sources, built = fake_build
+    monkeypatch.setattr(_ext, "can_build_cuda", lambda: True)
+    _write_info(built, sources, False)
+    assert _ext.prebuilt_problem() == "_C.so was built without the CUDA kernels this torch and toolkit can build"
+    _write_info(built, sources, True)
+    assert _ext.prebuilt_problem() is None
+
+
+def test_an_install_that_ships_no_sources_is_never_stale(fake_build, monkeypatch):
+    def missing():
+        raise RuntimeError("ddpd: the C++ sources are missing")
+
+    monkeypatch.setattr(_ext, "source_dir", missing)
+    assert _ext.prebuilt_problem() is None
+
+
+def test_the_cache_directory_names_python_torch_the_kernels_and_the_paths(monkeypatch, tmp_path):
+    monkeypatch.setenv("DDPD_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.setattr(torch, "__version__", "2.8.0+cu128")
+    py = f"py{sys.version_info[0]}{sys.version_info[1]}"
+    assert re.fullmatch(py + r"-torch2\.8\.0_cu128-cpu-[0-9a-f]{8}", _ext._cache_dir(False, ROOT / "csrc").name)
+    assert re.fullmatch(py + r"-torch2\.8\.0_cu128-cuda-[0-9a-f]{8}", _ext._cache_dir(True, ROOT / "csrc").name)
+
+
+def test_building_without_path_set_leaves_it_unset(monkeypatch):
+    import sysconfig
+
+    monkeypatch.delenv("PATH", raising=False)
+    with _ext._ScriptsOnPath():
+        assert os.environ["PATH"] == sysconfig.get_path("scripts")
+    assert "PATH" not in os.environ
+
+
+def test_a_failed_build_is_told_by_its_error_line_else_its_first():
+    log = "[1/2] c++ -c ops.cpp\nops.cpp:3:1: Error: expected ';'.\nninja: build stopped."
+    assert _ext._failure_line(RuntimeError(log)) == "ops.cpp:3:1: Error: expected ';'"
+    missing = "[1/2] c++ -c ops.cpp\nc++: fatal: ops.h: No such file or directory\nninja: build stopped."
+    assert _ext._failure_line(RuntimeError(missing)) == "c++: fatal: ops.h: No such file or directory"
+    assert _ext._failure_line(RuntimeError("\n  the first line.\nthe second.\n")) == "the first line"
+    assert _ext._failure_line(OSError()) == "OSError"
+
+
+def test_a_build_that_fails_to_import_is_compiled_instead(monkeypatch):
+    monkeypatch.setattr(_ext, "_module", None)
+    monkeypatch.setattr(_ext, "prebuilt_problem", lambda: None)
+
+    def broken(name):
+        raise ImportError("undefined symbol: _ZN2at")
+
+    reasons = []
+    monkeypatch.setattr(importlib, "import_module", broken)
+    monkeypatch.setattr(_ext, "_compile", lambda reason: reasons.append(reason) or "module")
+    assert not _ext.loaded()
+    assert _ext.load() == "module" and _ext.loaded()
+    assert reasons == ["ddpd._C failed to import (undefined symbol: _ZN2at)"]
+
+
+def test_only_cuda_devices_use_the_cuda_kernels(monkeypatch):
+    monkeypatch.setattr(_ext, "has_cuda", lambda: True)
+    monkeypatch.setattr(_ext, "_warned_devices", set())
+    assert _ext.ops_for(torch.device("cuda")) is torch.ops.ddpd
+    with pytest.warns(UserWarning, match="no meta kernels"):
+        assert _ext.ops_for(torch.device("meta")) is None
