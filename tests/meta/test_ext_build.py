@@ -703,3 +703,16 @@ def test_only_cuda_devices_use_the_cuda_kernels(monkeypatch):
     assert _ext.ops_for(torch.device("cuda")) is torch.ops.ddpd
     with pytest.warns(UserWarning, match="no meta kernels"):
         assert _ext.ops_for(torch.device("meta")) is None
+
+
+def _an_op(device):
+    return _ext.ops_for(device)
+
+
+def test_the_fallback_warning_points_at_the_line_that_called_the_op(monkeypatch):
+    monkeypatch.setattr(_ext, "has_cuda", lambda: False)
+    monkeypatch.setattr(_ext, "_warned_devices", set())
+    with pytest.warns(UserWarning, match="no cuda kernels") as record:
+        line = sys._getframe().f_lineno + 1
+        _an_op(torch.device("cuda"))
+    assert (record[0].filename, record[0].lineno) == (__file__, line)
