@@ -72,6 +72,18 @@ def test_a_uniform_of_one_keeps_p_one_certain(dtype):
         assert torch.equal(coins, expected)
 
 
+def test_a_uniform_of_one_is_clamped_to_the_largest_float32_below_one():
+    """u = 1 reads as 1 - 2**-24 exactly: p just below that stays False, float64 p above it True."""
+    p = torch.tensor([[1 - 2.0**-24, 1 - 2.0**-23]], dtype=torch.float32)
+    noise = torch.ones(1, 2)
+    for coins in (bernoulli_reference(p, noise=noise), bernoulli(p, noise=noise), triton_coins(p, noise=noise)):
+        assert torch.equal(coins, torch.tensor([[False, False]]))
+    p64 = torch.tensor([[1 - 2.0**-25, 1 - 2.0**-24]], dtype=torch.float64)
+    for coins in (bernoulli_reference(p64, noise=noise), bernoulli(p64, noise=noise),
+                  triton_coins(p64, noise=noise)):
+        assert torch.equal(coins, torch.tensor([[True, False]]))
+
+
 def test_float64_p_is_compared_in_float64_on_every_path():
     """p = 0.5 + 2**-40 rounds to 0.5 in float32, where u = 0.5 < p would come up False."""
     p = torch.tensor([[0.5 + 2.0**-40, 0.5 - 2.0**-40]], dtype=torch.float64)
