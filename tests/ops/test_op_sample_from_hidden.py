@@ -127,6 +127,18 @@ def test_nothing_drawable_and_non_finite_head():
         assert tokens.tolist() == [0, 0, 10, 0]
 
 
+def test_a_one_tile_vocabulary_with_nothing_drawable_is_invalid_on_the_triton_path():
+    """With one tile the kernel draws the token itself: a row with no allowed token is
+    invalid and draws token 0 there too, as in the reference."""
+    hidden, weight, bias = head(3, 8, 28, 5)
+    allowed = torch.ones(3, 28, dtype=torch.bool)
+    allowed[1] = False
+    ref = sample_from_hidden_reference(hidden, weight, bias, 1.0, seed=1, allowed=allowed)
+    out = triton_draw(hidden, weight, bias, seed=1, allowed=allowed)
+    assert ref[1].tolist() == [True, False, True] and ref[0][1] == 0
+    assert_same(out, ref)
+
+
 @pytest.mark.parametrize("vocab", [28, 600])
 def test_nan_logits_of_a_few_tokens_read_as_minus_inf(vocab):
     """Rows where only some logits are NaN (NaN weights): those tokens have probability 0 on
