@@ -17,12 +17,17 @@ cases, the compilation and the reading of the binaries ddpd.testing.sm90's (the
 last test runs that script). Like tests/ops/test_op_triton_compile.py, the compilation runs in a child
 process without TRITON_INTERPRET: `python tests/ops/test_op_kernel_resources.py`.
 """
+import sys
+import types
 from importlib.metadata import version
 from pathlib import Path
 
 import pytest
+import torch
 from packaging.version import Version
 
+import ddpd.ops  # noqa: F401  (loads the op modules, which sm90 reaches through sys.modules)
+from ddpd.testing import sm90
 from ddpd.testing.launches import record_launches  # the launches a call makes
 from ddpd.testing.sm90 import CASES, answer_as_h100, compile_launch, resources  # sm_90 binaries
 from hang_guard import run_compiled
@@ -68,6 +73,146 @@ def test_kernel_binaries_reads_the_loops_of_the_launches():
         # Triton 3.6 (torch 2.11's, the H200 runs of benchmarks/results) moves the loaded tile
         # through shared memory in the loop, a barrier each chunk; 3.9 does not
         assert all(" BAR 0 " in loop for loop in stats[1:]), result.stdout
+
+
+# A cuobjdump -sass excerpt: an inner loop (0x0040-0x0080) inside an outer one (0x0020-0x00c0), a short
+# loop after them (0x00c0-0x00d0) and a forward branch, which is no loop; each instruction ends with its encoding.
+SASS = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;                 /* 0x00000a0000017a02 */
+        /*0010*/                   S2R R0, SR_TID.X ;                  /* 0x000fe20000000f00 */
+        /*0020*/                   LDG.E.128 R4, desc[UR4][R2.64] ;    /* 0x000fe20000000f00 */
+        /*0030*/              @!P0 BRA 0xa0 ;                          /* 0x000fe20000000f00 */
+        /*0040*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;       /* 0x000fe20000000f00 */
+        /*0050*/                   LDS R8, [R0] ;                      /* 0x000fe20000000f00 */
+        /*0060*/                   SHFL.BFLY PT, R9, R8, 0x1, 0x1f ;   /* 0x000fe20000000f00 */
+        /*0070*/              @!P0 LDG.E.64 R10, desc[UR4][R2.64] ;    /* 0x000fe20000000f00 */
+        /*0080*/               @P1 BRA !P2, 0x40 ;                     /* 0x000fe20000000f00 */
+        /*0090*/                   MUFU.EX2 R12, R11 ;                 /* 0x000fe20000000f00 */
+        /*00a0*/                   STS [R0], R12 ;                     /* 0x000fe20000000f00 */
+        /*00b0*/              @!P1 LDG.E.ENL2.128 R4, desc[UR4][R2.64] ; /* 0x000fe20000000f00 */
+        /*00c0*/                   BRA 0x20 ;                          /* 0x000fe20000000f00 */
+        /*00d0*/                   BRA 0xc0 ;                          /* 0x000fe20000000f00 */
+        /*00e0*/                   EXIT ;                              /* 0x000fe20000000f00 */
+"""
+
+
+def test_instructions_are_read_with_their_addresses_and_without_trailing_comments():
+    code = sm90.instructions(SASS)
+    assert len(code) == 15
+    assert code[0] == (0x0, "MOV R1, c[0x0][0x28]")
+    assert code[3] == (0x30, "@!P0 BRA 0xa0")
+    assert code[-1] == (0xe0, "EXIT")
+    assert sm90.instructions("        /*001*/  MOV R1, R2 ; /* 0x0 */\n") == []  # addresses have four digits or more
+
+
+@pytest.mark.parametrize("text,expected", [("@!P0 LDG.E.64 R10, desc[UR4][R2.64]", "LDG"), ("@UP1 BRA 0x40", "BRA"),
+                                           ("BAR.SYNC.DEFER_BLOCKING 0x0", "BAR"), ("@P12 MUFU.EX2 R1, R2", "MUFU"),
+                                           ("EXIT", "EXIT")])
+def test_an_opcode_is_read_without_its_predicate_or_modifiers(text, expected):
+    assert sm90.opcode(text) == expected
+
+
+def test_loops_are_the_backward_branches_innermost_first_with_their_counts():
+    short, inner, outer = sm90.loops(SASS)
+    assert short == dict(first=0xc0, last=0xd0, instructions=2, BAR=0, LDS=0, STS=0, SHFL=0, LDG=0, MUFU=0, vector=0)
+    assert inner == dict(first=0x40, last=0x80, instructions=5, BAR=1, LDS=1, STS=0, SHFL=1, LDG=1, MUFU=0, vector=0)
+    assert outer == dict(first=0x20, last=0xc0, instructions=11, BAR=1, LDS=1, STS=1, SHFL=1, LDG=3, MUFU=1,
+                         vector=2)
+    forward = SASS.replace("BRA 0x20", "BRA 0xd0").replace("BRA !P2, 0x40", "BRA 0x80").replace("BRA 0xc0", "BRA 0xe0")
+    assert sm90.loops(forward) == []
+
+
+def compiled_with(monkeypatch, registers: int, stack: int, shared: int, warps: int):
+    usage = f"Function kernel:\n REG:{registers} STACK:{stack} SHARED:0 LOCAL:0 CONSTANT[0]:904 TEXTURE:0"
+    monkeypatch.setattr(sm90, "cuobjdump", lambda compiled, flag: usage if flag == "--dump-resource-usage" else "")
+    return types.SimpleNamespace(metadata=types.SimpleNamespace(shared=shared, num_warps=warps))
+
+
+@pytest.mark.parametrize("registers,shared,warps,per_sm", [
+    (41, 0, 4, 10),  # registers: 48 a thread (allocated by eight) x 128 threads, 10 programs of 65536
+    (40, 0, 4, 12),
+    (32, 100000, 4, 2),  # shared memory: a program reserves 1 KiB more than it uses
+    (32, 115713, 4, 1),
+    (32, 115712, 4, 2),
+    (16, 0, 8, 8),  # warps: 64 a multiprocessor
+])
+def test_resources_fit_the_programs_a_multiprocessor_holds_under_each_limit(monkeypatch, registers, shared, warps,
+                                                                            per_sm):
+    r = resources(compiled_with(monkeypatch, registers, 24, shared, warps))
+    assert r == dict(registers=registers, stack=24, shared=shared, warps=warps, per_sm=per_sm)
+
+
+def test_compile_launch_specialises_as_tritons_runtime(monkeypatch):
+    """Constexprs, None and integers equal to 1 are compiled in; 16-byte aligned tensors and
+    integers that are multiples of 16 are marked divisible; integers outside int32 are int64."""
+    import triton
+    import triton.compiler
+
+    compiled = []
+    monkeypatch.setattr(triton.compiler, "ASTSource", lambda fn, signature, constexprs, attrs: (fn, signature,
+                                                                                                 constexprs, attrs))
+    monkeypatch.setattr(triton, "compile", lambda src, target, options: compiled.append((src, target, options)))
+    names = ["x", "y", "n", "m", "big", "low", "too_low", "flag", "scale", "none", "one", "BLOCK"]
+    kernel = types.SimpleNamespace(arg_names=names)
+    base = torch.empty(16)
+    args = dict(x=base, y=base[2:], n=32, m=2**31 - 1, big=2**31, low=-2**31, too_low=-2**31 - 1, flag=True,
+                scale=0.5, none=None, one=1)
+    kwargs = dict(BLOCK=128, num_warps=4, num_stages=3)
+    compile_launch(kernel, args, kwargs)
+    ((_, signature, constexprs, attrs), target, options), = compiled
+    assert signature == dict(x="*fp32", y="*fp32", n="i32", m="i32", big="i64", low="i32", too_low="i64", flag="i1",
+                             scale="fp32", none="constexpr", one="constexpr", BLOCK="constexpr")
+    assert constexprs == dict(none=None, one=1, BLOCK=128)
+    assert attrs == {(i,): [["tt.divisibility", 16]] for i in (0, 2, 4, 5)}
+    assert options == dict(num_warps=4, num_stages=3) and kwargs == dict(BLOCK=128)
+    assert (target.backend, target.arch, target.warp_size) == ("cuda", 90, 32)
+    compile_launch(kernel, dict(args, x=base.to(torch.bfloat16), n=1, one=16), {})
+    ((_, signature, constexprs, attrs), _, options), = compiled[1:]
+    assert signature["x"] == "*bf16" and signature["n"] == "constexpr" and signature["one"] == "i32"
+    assert constexprs == dict(n=1, none=None, BLOCK=None) and options == {}  # a missing constexpr is None
+    assert set(attrs) == {(0,), (4,), (5,), (10,)}
+
+
+def test_switched_sets_the_ops_switch_for_the_call_only(monkeypatch):
+    module = sys.modules["ddpd.ops.sample_from_hidden"]
+    original = module.head_launch
+    seen = []
+    assert sm90.switched("sample_from_hidden", "head_launch", lambda: seen.append(module.head_launch) or 7, None)() == 7
+    assert seen == [None] and module.head_launch is original
+
+    def fails():
+        raise RuntimeError("launch failed")
+
+    with pytest.raises(RuntimeError):
+        sm90.switched("sample_from_hidden", "head_launch", fails)()
+    assert module.head_launch is original
+
+
+def test_row_blocks_change_the_heads_block_of_rows_and_warps_only():
+    module = sys.modules["ddpd.ops.sample_from_hidden"]
+    chosen = module.head_launch(100, 768, 50257, 2, 132)
+    launch = sm90.in_row_blocks(32, 2, lambda: module.head_launch(100, 768, 50257, 2, 132))()
+    assert (launch.block_n, launch.num_warps, launch.tiles_grid) == (32, 2, (4, chosen.tiles_grid[1]))
+    assert launch.block_h == chosen.block_h and launch.num_stages == chosen.num_stages
+
+
+def test_answering_as_an_h100_sizes_grids_for_132_multiprocessors_and_dots_16_bit_operands(monkeypatch):
+    categorical, hidden = sys.modules["ddpd.ops.sample_categorical"], sys.modules["ddpd.ops.sample_from_hidden"]
+    for module, name in ((categorical, "categorical_launch"), (hidden, "head_launch"), (hidden, "dot_in_float32")):
+        monkeypatch.setattr(module, name, getattr(module, name))  # put back after the test
+    categorical_launch, head_launch = categorical.categorical_launch, hidden.head_launch
+    answer_as_h100()
+    for sms in (4, 114):
+        assert categorical.categorical_launch(1024, 50257, sms) == categorical_launch(1024, 50257, 132)
+        assert hidden.head_launch(1024, 768, 50257, 2, sms) == head_launch(1024, 768, 50257, 2, 132)
+    assert categorical_launch(1024, 50257, 132) != categorical_launch(1024, 50257, 114)
+    assert head_launch(1024, 768, 50257, 2, 132) != head_launch(1024, 768, 50257, 2, 114)
+    # the launch's other arguments go through
+    assert categorical.categorical_launch(64, 50257, 4, 2) == categorical_launch(64, 50257, 132, 2)
+    assert categorical_launch(64, 50257, 132, 2) != categorical_launch(64, 50257, 132)
+    bf16, fp32 = torch.empty(2, dtype=torch.bfloat16), torch.empty(2)
+    assert not hidden.dot_in_float32(bf16, bf16)
+    assert hidden.dot_in_float32(fp32, fp32) and hidden.dot_in_float32(bf16, fp32) and hidden.dot_in_float32(fp32, bf16)
 
 
 # --------------------------------------------------------------------- the child process
