@@ -8,6 +8,7 @@ as the driver would receive them, from Triton's launch and from the cached kerne
 """
 import itertools
 import sys
+import types
 
 import pytest
 import torch
@@ -62,6 +63,171 @@ def test_launch_key_classes():
     assert key(()) == b""
     with pytest.raises(TypeError, match="tuple"):
         key([1])
+
+
+def launched(monkeypatch, module: str, launcher: str) -> list:
+    """The arguments each call of ddpd.ops.<module>.<launcher> is given, the call doing nothing."""
+    import importlib
+
+    calls = []
+    monkeypatch.setattr(importlib.import_module(f"ddpd.ops.{module}"), launcher,
+                        lambda *args, **kwargs: calls.append((args, kwargs)))
+    return calls
+
+
+def test_launcher_calls_default_to_the_gpu_benchmarks_shapes(monkeypatch):
+    assert launch_cost.GPT2 == 50257
+    calls = launched(monkeypatch, "sample_categorical", "sample_categorical_triton")
+    launch_cost.sample_categorical_call()()
+    (logits, *_), kwargs = calls[0]
+    assert (logits.shape, logits.dtype, kwargs) == ((64, 50257), torch.bfloat16, dict(eager=True))
+    calls = launched(monkeypatch, "sample_from_hidden", "sample_from_hidden_triton")
+    launch_cost.sample_from_hidden_call()()
+    (hidden, weight, *_), kwargs = calls[0]
+    assert (hidden.shape, weight.shape, hidden.dtype, weight.dtype) == ((64, 768), (50257, 768), torch.bfloat16,
+                                                                        torch.bfloat16)
+    assert kwargs == dict(eager=True)
+    calls = launched(monkeypatch, "norm", "norm_triton")
+    launch_cost.norm_call()()
+    (x, weight, bias), _ = calls[0]
+    assert x.shape == (4096, 768) and torch.equal(weight, torch.ones(768)) and torch.equal(bias, torch.zeros(768))
+    calls = launched(monkeypatch, "rotary", "rotary_triton")
+    launch_cost.rotary_call()()
+    (x, cos, sin), _ = calls[0]
+    assert (x.shape, x.dtype, cos.shape, sin.shape) == ((64, 12, 256, 64), torch.bfloat16, (256, 32), (256, 32))
+    calls = launched(monkeypatch, "bernoulli", "bernoulli_triton")
+    launch_cost.bernoulli_call(rows=3, width=5, seed=5, offset=7)()
+    (p, noise, seed, offset, row_ids, _, _), _ = calls[0]
+    assert p.shape == (3, 5) and (noise, seed, offset, row_ids) == (None, 5, 7, None)
+
+
+def test_launcher_calls_pass_their_seed_and_offset(monkeypatch):
+    calls = launched(monkeypatch, "sample_from_hidden", "sample_from_hidden_triton")
+    launch_cost.sample_from_hidden_call(rows=2, width=4, vocab=8, seed=5, offset=7)()
+    (args, _), = calls
+    assert args[9:11] == (5, 7)
+    calls = launched(monkeypatch, "planner_select", "planner_select_triton")
+    launch_cost.planner_call(rows=2, length=8, seed=5, offset=7)()
+    launch_cost.planner_call(rows=2, length=8, with_mask=True, seed=5, offset=7)()
+    (plain, _), (masked, masked_kwargs) = calls
+    assert plain[6] == masked[6] == (5, 7, None, None)
+    assert masked_kwargs["mask"][3] == (8, None)  # the mask's draw: the offset after the selection's
+    calls = launched(monkeypatch, "planner_mask", "planner_mask_triton")
+    launch_cost.planner_mask_call(rows=2, length=8, seed=5, offset=7)()
+    (args, _), = calls
+    assert args[5] == (5, 7, None, None)
+
+
+def test_sampling_controls_reach_the_categorical_launch(monkeypatch):
+    calls = launched(monkeypatch, "sample_categorical", "sample_categorical_triton")
+    launch_cost.sample_categorical_call(rows=2, vocab=300, dtype=torch.float32)()
+    launch_cost.sample_categorical_call(rows=2, vocab=300, dtype=torch.float32, top_k=5, top_p=0.9, min_p=0.05,
+                                        temperature=0.5)()
+    (plain, _), (controlled, _) = calls
+    assert plain[0].shape == (2, 300) and plain[0].dtype == torch.float32
+    assert (plain[1], plain[6], plain[8], plain[10]) == (1.0, 0, 1.0, float("-inf"))  # no top-k, top-p or min-p
+    assert plain[13:15] == (1, 2)  # seed and offset
+    assert controlled[6] == 5 and controlled[8] == pytest.approx(0.9)
+    assert controlled[10] == pytest.approx(torch.log(torch.tensor(0.05)).item()) and controlled[1] == 0.5
+
+
+def test_the_planner_calls_launch_one_kernel_with_or_without_the_mask(monkeypatch):
+    calls = launched(monkeypatch, "planner_select", "planner_select_triton")
+    launch_cost.planner_call(rows=2, length=8)()
+    launch_cost.planner_call(rows=2, length=8, with_mask=True)()
+    (plain, plain_kwargs), (masked, masked_kwargs) = calls
+    assert plain[0].shape == (2, 8) and plain[1:6] == (1, False, 1.0, 0.01, None) and plain[7] is None
+    assert plain_kwargs == {} and masked[1:6] == plain[1:6]
+    x, mask_id, noise, _ = masked_kwargs["mask"]
+    assert torch.equal(x, torch.zeros(2, 8, dtype=torch.long)) and (mask_id, noise) == (27, None)
+    calls = launched(monkeypatch, "planner_mask", "planner_mask_triton")
+    launch_cost.planner_mask_call(rows=2, length=8)()
+    (logits, x, positions, mask_id, noise, _, row_ids), _ = calls[0]
+    assert (logits.shape, x.shape, positions.shape, mask_id, noise, row_ids) == ((2, 8), (2, 8), (2, 1), 27, None,
+                                                                                  None)
+
+
+def test_each_named_launch_builds_its_call(monkeypatch):
+    built = []
+    for name in ("sample_categorical_call", "sample_from_hidden_call", "planner_call", "planner_mask_call",
+                 "bernoulli_call", "norm_call", "rotary_call"):
+        monkeypatch.setattr(launch_cost, name, lambda _name=name, **kwargs: built.append((_name, kwargs)))
+    launch_cost.LAUNCHES["sample_categorical top_p"]()
+    launch_cost.LAUNCHES["sample_categorical 128256"]()
+    launch_cost.LAUNCHES["planner_select_mask"]()
+    assert built == [("sample_categorical_call", dict(top_p=0.9)), ("sample_categorical_call", dict(vocab=128256)),
+                     ("planner_call", dict(with_mask=True))]
+    assert len(launch_cost.LAUNCHES) == 10
+
+
+def test_records_launches_without_launching_and_puts_tritons_run_back():
+    from triton.runtime.jit import JITFunction
+
+    original = JITFunction.run
+    kernel = types.SimpleNamespace(arg_names=["x", "n"])
+    launches = launch_cost.record_launches(
+        lambda: JITFunction.run(kernel, "x", 8, grid=(3, 1, 1), warmup=False, BLOCK=64, num_warps=4))
+    assert launches == [(kernel, (3, 1, 1), dict(x="x", n=8), dict(BLOCK=64, num_warps=4))]
+    assert JITFunction.run is original
+
+    def fails():
+        raise RuntimeError("launch failed")
+
+    with pytest.raises(RuntimeError):
+        launch_cost.record_launches(fails)
+    assert JITFunction.run is original
+
+
+def test_tritons_launch_passes_every_launch_to_tritons_run(monkeypatch):
+    from triton.runtime.jit import JITFunction
+
+    runs = []
+    monkeypatch.setattr(JITFunction, "run", lambda self, *args, **kwargs: runs.append((self, args, kwargs)) or 5)
+    tritons = JITFunction.run
+    with launch_cost.tritons_launch():
+        assert JITFunction.run is not tritons
+        assert JITFunction.run("kernel", 1, 2, grid=(1,)) == 5
+    assert runs == [("kernel", (1, 2), dict(grid=(1,)))] and JITFunction.run is tritons
+    with pytest.raises(RuntimeError):
+        with launch_cost.tritons_launch():
+            raise RuntimeError("launch failed")
+    assert JITFunction.run is tritons
+
+
+def test_the_stubs_report_an_sm_90_device_and_hand_a_launch_what_the_driver_would_get(monkeypatch):
+    from triton import knobs
+    from triton.runtime import driver
+
+    stub = launch_cost._StubDriver()
+    target = stub.get_current_target()
+    assert (target.backend, target.arch, target.warp_size) == ("cuda", 90, 32)
+    assert stub.get_current_device() == 0 and stub.get_current_stream(0) == 0
+    runs = []
+    kernel = launch_cost._StubKernel(lambda *args: runs.append(args))
+    kernel[(4, 2, 1)]("x", 7, stream=9)
+    assert runs == [(4, 2, 1, 9, 0, (), None, knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, "x",
+                     7)]
+
+    class Driver(launch_cost._StubDriver):
+        def get_current_stream(self, device):
+            return 100 + device
+
+    monkeypatch.setattr(driver, "_active", Driver())
+    kernel[(1, 1, 1)]()
+    assert runs[-1][3] == 100  # the current stream of the current device
+    assert launch_cost._StubKernel().run(1, 2) is None
+
+
+def test_stubbing_triton_makes_the_stub_the_active_driver(monkeypatch):
+    import importlib
+
+    from triton.runtime import driver
+
+    monkeypatch.setattr(driver, "_active", driver._active)  # put back after the test
+    # no kernels to stub: with a GPU they are the process's own, which must keep compiling
+    monkeypatch.setattr(importlib, "import_module", lambda name: types.SimpleNamespace())
+    launch_cost.stub_triton()
+    assert isinstance(driver.active, launch_cost._StubDriver)
 
 
 # ---- the child process -------------------------------------------------------------------
