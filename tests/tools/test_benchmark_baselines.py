@@ -250,3 +250,119 @@ def test_code_of_another_job_is_kept_apart():
     CUDA): less work than compact_fixed's, so it is related code, never a torch candidate."""
     assert "nonzero + index_select" not in baselines.COMPACT
     assert "nonzero + index_select" in baselines.COMPACT_RELATED and baselines.RELATED != baselines.TORCH
+
+
+def test_a_row_stops_only_when_every_p_is_below_0_01():
+    """The planner's stop rule: every p_d < EPS = 0.01; one p at or above it keeps the row going."""
+    def logit(p: float) -> float:
+        return math.log(p / (1 - p))
+
+    logits = torch.tensor([[logit(0.005)] * 4, [logit(0.015)] * 4, [logit(0.005)] * 3 + [logit(0.5)]])
+    for select in baselines.SELECT:
+        _, _, stop = baselines.planner_select(logits, select)
+        assert stop.tolist() == [True, False, False], select
+    assert baselines.EPS == 0.01
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("temperature", [1.0, 0.5])
+def test_scaled_logits_are_float32_whatever_the_input_dtype(dtype, temperature):
+    logits = torch.tensor([[1.0, -2.0, 0.5]], dtype=dtype)
+    y = baselines.scaled(logits, temperature)
+    assert y.dtype == torch.float32
+    assert torch.equal(y, logits.float() / temperature)
+
+
+def test_softmax_weights_are_one_at_the_maximum_even_for_huge_logits():
+    """exp(y - max y): logits far past float32's exp range still give finite weights."""
+    w = baselines.softmax_weights(torch.tensor([[1000.0, 999.0, 0.0], [-1000.0, -1001.0, -1000.0]]), 1.0)
+    assert w.dtype == torch.float32
+    assert torch.allclose(w, torch.tensor([[1.0, math.exp(-1), 0.0], [1.0, math.exp(-1), 1.0]]))
+
+
+def test_inverse_cdf_at_a_uniform_of_zero_skips_leading_zero_weights(monkeypatch):
+    monkeypatch.setattr(torch, "rand", lambda *shape, device=None: torch.zeros(*shape, device=device))
+    assert baselines.inverse_cdf(torch.tensor([[0.0, 0.0, 2.0, 1.0]]), 2).tolist() == [[2, 2]]
+
+
+def test_a_uniform_at_the_top_of_its_range_draws_the_last_category(monkeypatch):
+    """u scaled to the total can land on it (rounding, or a generator whose range includes 1):
+    the last category is drawn, never an index past the vocabulary."""
+    monkeypatch.setattr(torch, "rand", lambda *shape, device=None: torch.ones(*shape, device=device))
+    assert baselines.inverse_cdf(torch.tensor([[1.0, 2.0, 3.0]]), 2).tolist() == [[2, 2]]
+    logits = torch.tensor([[0.5, 2.0, 1.0]])
+    assert baselines.kept_token_draw(logits).tolist() == [2]
+    # top-k and top-p draw in sorted order: the last kept token is the least likely
+    assert baselines.kept_token_draw(logits, top_k=3).tolist() == [0]
+    assert baselines.kept_token_draw(logits, top_p=1.0).tolist() == [0]
+
+
+def test_inverse_cdf_sums_low_precision_weights_in_float32():
+    """A bfloat16 running sum past 512 is rounded to a multiple of 4, so most categories there
+    would get an empty interval: summed in float32, every one of 600 equal weights is drawn."""
+    torch.manual_seed(15)
+    draws = baselines.inverse_cdf(torch.ones(1, 600, dtype=torch.bfloat16), 30_000)
+    assert torch.bincount(draws[0], minlength=600).min() > 0
+
+
+def test_inverse_cdf_takes_integer_weights():
+    torch.manual_seed(9)
+    draws = baselines.inverse_cdf(torch.tensor([[0, 3, 0, 1]]).expand(DRAWS, 4), 1)
+    assert draws.dtype == torch.long
+    assert_law(draws[:, 0], torch.tensor([0.0, 0.75, 0.0, 0.25], dtype=torch.float64))
+
+
+@pytest.mark.parametrize("name", list(baselines.TRUNCATED))
+def test_min_p_of_one_keeps_only_the_most_likely_token(name):
+    """The token at the maximum is kept: min-p's cut is p >= min_p x max p, not >."""
+    torch.manual_seed(10)
+    for controls in (dict(min_p=1.0), dict(top_p=0.9, min_p=1.0)):
+        tokens = baselines.TRUNCATED[name](rows(LOGITS, 200), **controls)
+        assert (tokens == int(LOGITS.argmax())).all(), controls
+
+
+@pytest.mark.parametrize("name", list(baselines.TRUNCATED))
+def test_top_k_of_zero_is_no_cut(name):
+    torch.manual_seed(11)
+    tokens = baselines.TRUNCATED[name](rows(LOGITS), top_k=0)
+    assert_law(tokens, truncated_law(LOGITS))
+
+
+def test_kept_token_draw_with_top_k_past_the_vocabulary_keeps_every_token():
+    torch.manual_seed(12)
+    tokens = baselines.kept_token_draw(rows(LOGITS), top_k=len(LOGITS) + 3)
+    assert_law(tokens, truncated_law(LOGITS))
+
+
+@pytest.mark.parametrize("name", list(baselines.TRUNCATED))
+def test_top_p_stops_at_a_token_whose_mass_above_equals_p(name):
+    """Probabilities 1/2, 1/4, 1/8, 1/8 are exact in float32: at top_p = 1/2 the second token
+    has mass 1/2 above it, so only the first is kept (the cut is mass above >= p)."""
+    torch.manual_seed(13)
+    logits = torch.tensor([0.0, math.log(0.5), math.log(0.25), math.log(0.25)])
+    tokens = baselines.TRUNCATED[name](rows(logits, 200), top_p=0.5)
+    assert (tokens == 0).all()
+
+
+def test_a_coin_of_p_zero_never_comes_up_even_at_a_uniform_of_zero(monkeypatch):
+    monkeypatch.setattr(torch, "rand_like", lambda p: torch.zeros_like(p))
+    p = torch.tensor([[0.0, 0.3, 1.0]])
+    assert baselines.COIN["rand < p"](p).tolist() == [[False, True, True]]
+
+
+def test_nonzero_compact_of_one_active_row_keeps_the_row_dimension():
+    tensors = (torch.arange(12).view(4, 3), torch.tensor([0.5, 1.5, 2.5, 3.5]))
+    packed, index = baselines.nonzero_compact(torch.tensor([False, False, True, False]), *tensors)
+    assert index.tolist() == [2]
+    assert packed[0].tolist() == [[6, 7, 8]] and packed[1].tolist() == [2.5]
+
+
+def test_sorted_compact_keeps_the_active_rows_in_order_in_a_large_batch():
+    """The sort of ~active must be stable: an unstable sort reorders the active rows once the
+    batch is past a few dozen rows."""
+    active = torch.rand(256, generator=torch.Generator().manual_seed(14)) < 0.5
+    rows_ = torch.arange(256)
+    packed, index, count = baselines.sorted_compact(active, 256, rows_)
+    n = int(active.sum())
+    assert int(count) == n and torch.equal(index[:n], active.nonzero().squeeze(1))
+    assert torch.equal(packed[0][:n], rows_[active])
