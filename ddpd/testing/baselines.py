@@ -173,7 +173,8 @@ def masked_truncation_multinomial(logits: torch.Tensor, temperature: float = 1.0
     """
     logits = scaled(logits, temperature)
     if top_k:
-        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+        # k >= V is no cut, as Hugging Face's warper clamps it (torch.topk refuses k > V)
+        kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if top_p is not None:
         sorted_logits, order = logits.sort(dim=-1, descending=True)

@@ -328,9 +328,11 @@ def test_top_k_of_zero_is_no_cut(name):
     assert_law(tokens, truncated_law(LOGITS))
 
 
-def test_kept_token_draw_with_top_k_past_the_vocabulary_keeps_every_token():
+@pytest.mark.parametrize("name", list(baselines.TRUNCATED))
+def test_top_k_past_the_vocabulary_keeps_every_token(name):
+    """As in ddpd's ops and Hugging Face's top-k warper, k >= V is no cut (torch.topk refuses k > V)."""
     torch.manual_seed(12)
-    tokens = baselines.kept_token_draw(rows(LOGITS), top_k=len(LOGITS) + 3)
+    tokens = baselines.TRUNCATED[name](rows(LOGITS), top_k=len(LOGITS) + 3)
     assert_law(tokens, truncated_law(LOGITS))
 
 
