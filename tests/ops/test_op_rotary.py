@@ -106,6 +106,16 @@ def test_launch_blocks_cover_every_pair():
     assert block_half == 4096 and block_l == 1 and grid == (100_000,)
 
 
+def test_lengths_that_fill_their_blocks_exactly_rotate_every_head():
+    """A length that is a whole number of position blocks (64 = 2 x 32 at d = 256), over
+    several heads: each program finds its head and block with no block left over, so every
+    head's rows are rotated by their own positions."""
+    x = qkv_views(2, 2, 64, 256, torch.float32)[0]
+    assert rotary_launch(2, 2, 64, 128) == ((8,), 32, 128)
+    table = RotaryEmbedding(256, 64)
+    assert torch.equal(rotary_triton(x, table.cos, table.sin), rotary_reference(x, table.cos, table.sin))
+
+
 @pytest.mark.parametrize("x,table,error,match", [
     (torch.zeros(2, 3, 4), torch.zeros(4, 2), ValueError, "x must be 4-D"),
     (torch.zeros(1, 1, 4, 5), torch.zeros(4, 2), ValueError, "must be even"),
