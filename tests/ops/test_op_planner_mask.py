@@ -123,6 +123,16 @@ def test_triton_mask_reads_only_a_rows_own_positions():
     assert_all_equal(triton_mask(logits, x, positions, noise=noise), ref)
 
 
+def test_triton_mask_draws_from_each_word_of_the_offset_in_its_own_place():
+    """An offset whose low and high 32-bit words differ (the paths-agree offset has equal
+    words): the seeded Triton mask is the reference's, low word for low word. At p = 1/2
+    the 64 positions of each row show any other stream."""
+    logits, x, positions = torch.zeros(2, 64), torch.zeros(2, 64, dtype=torch.int64), torch.tensor([[0], [1]])
+    for offset in (2**32 + 3, 3 * 2**32 + 1):
+        ref = planner_mask_reference(logits, x, positions, MASK_ID, seed=11, offset=offset)
+        assert_all_equal(triton_mask(logits, x, positions, seed=11, offset=offset), ref)
+
+
 @pytest.mark.parametrize("length,k", [(1, 1), (7, 3), (257, 2)])
 @pytest.mark.parametrize("mode", ["sigmoid", "softmax"])
 def test_planner_select_mask_paths_agree(length, k, mode):
