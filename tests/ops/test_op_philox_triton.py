@@ -55,9 +55,31 @@ def test_philox_uniform_kernel_is_bit_identical_to_torch(seed, offset):
     assert philox_uniform_triton(seed, offset, rows, wide[:0]).shape == (len(rows), 0)
 
 
+def test_row_ids_whose_high_word_is_one_draw_under_their_derived_key():
+    """Row ids in [2**32, 2**33) (high word 1, the first past the seed's own key) draw under
+    the key derived from the seed and that high word, as the reference does, and not as the
+    row with their low word."""
+    rows = torch.tensor([5, 2**32, 2**32 + 5, 2**33 - 1])
+    cols = torch.tensor([0, 1, 2, 255])
+    out = torch.empty(len(rows), len(cols))
+    _uniforms_kernel[(len(rows),)](out, rows, cols, len(cols), 7, 0, 3, 0, BLOCK=4)
+    assert torch.equal(out, philox_uniform_reference(7, 3, rows, cols))
+    assert not torch.equal(out[0], out[2])
+
+
 def test_gumbel_is_finite_at_the_top_uniform():
     u = torch.tensor([1.0, 1.0 - 2.0**-24, 2.0**-25, 0.5])
     out = torch.empty(4)
     _gumbel_kernel[(1,)](u, out, 4, BLOCK=4)
     assert bool(torch.isfinite(out).all())
     assert out[0] == out[1]  # 1.0 (float32 rounding of the top Philox uniform) is clamped below 1
+
+
+def test_gumbel_clamps_only_the_uniform_of_one():
+    """The clamp is the largest float32 below 1 itself: the uniforms just below 1 keep their
+    own noise, ordered as the uniforms are, and only 1.0 takes the value of 1 - 2**-24."""
+    u = torch.tensor([1.0 - 2.0**-23, 1.0 - 2.0**-24, 1.0])
+    out = torch.empty(3)
+    _gumbel_kernel[(1,)](u, out, 3, BLOCK=4)
+    assert out[0] < out[1] == out[2]
+    assert torch.isclose(out[1], -torch.log(-torch.log(u[1])), rtol=1e-6)
