@@ -438,3 +438,21 @@ def test_head_logits_kernel_is_the_matmul(rows, width, vocab, dtype):
     expected = hidden.float() @ weight.float().T + bias
     torch.testing.assert_close(head_logits_triton(hidden, weight, bias), expected, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(head_logits_triton(hidden, weight, None), expected - bias, rtol=1e-5, atol=1e-5)
+
+
+def test_a_non_finite_weight_spoils_only_its_own_tokens_logit():
+    """A width (24) that fills no slice of the GEMM's H loop (32): the slice's lanes past the
+    width read as 0 in both operands, so the +inf that opens the next weight row does not
+    turn the row before it into 0 * inf = NaN, in the logits kernel and in the draws."""
+    hidden, weight, bias = head(4, 24, 300, 5)
+    weight[2, 0] = float("inf")
+    expected = hidden @ weight.T + bias
+    got = head_logits_triton(hidden, weight, bias)
+    keep = torch.arange(300) != 2
+    assert bool(torch.isfinite(got[:, keep]).all())
+    torch.testing.assert_close(got[:, keep], expected[:, keep], rtol=1e-5, atol=1e-5)
+    weight[2, 0], bias[2] = 0.0, 50.0  # the draws: token 2 all but certain, NaN in the row after it
+    weight[3, :] = float("nan")
+    out = triton_draw(hidden, weight, bias, seed=1)
+    assert out[0].tolist() == [2] * 4
+    assert_same(out, sample_from_hidden_reference(hidden, weight, bias, seed=1))
