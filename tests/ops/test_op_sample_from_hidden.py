@@ -456,3 +456,17 @@ def test_a_non_finite_weight_spoils_only_its_own_tokens_logit():
     out = triton_draw(hidden, weight, bias, seed=1)
     assert out[0].tolist() == [2] * 4
     assert_same(out, sample_from_hidden_reference(hidden, weight, bias, seed=1))
+
+
+def test_a_rows_own_excluded_token_stays_out_of_its_winning_tile():
+    """Over several tiles the finish kernel draws again inside the winning tile: a row's own
+    excluded token (its largest logit, in the same tile as the runner-up) stays excluded
+    there, greedy or sampled."""
+    hidden, weight, bias = head(4, 24, 600, 6)
+    bias[10], bias[20] = 80.0, 60.0
+    per_row = torch.full((4,), 10)
+    for temperature in (0.0, 1.0):
+        ref = sample_from_hidden_reference(hidden, weight, bias, temperature, exclude_per_row=per_row, seed=2)
+        out = triton_draw(hidden, weight, bias, temperature, exclude_per_row=per_row, seed=2)
+        assert out[0].tolist() == [20] * 4
+        assert_same(out, ref)
