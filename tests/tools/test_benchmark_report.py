@@ -9,6 +9,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 REPORT = str(ROOT / "benchmarks" / "report.py")
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import report as report_module  # noqa: E402
 
 
 def report(*args: str) -> subprocess.CompletedProcess:
@@ -139,3 +142,45 @@ def test_related_code_of_another_job_is_never_the_fastest_torch_code(tmp_path):
     assert "sort + index_select" in line and "nonzero" not in line, line
     line, = [line for line in related.splitlines() if line.startswith("| `compact_fixed`")]
     assert "nonzero + index_select" in line and "0.50x" in line, line
+
+
+def test_times_are_written_in_the_unit_that_fits():
+    assert [report_module.seconds(v) for v in (None, 5e-7, 1e-3, 0.25, 1.0, 12.5)] == [
+        "-", "0.5 us", "1 ms", "250 ms", "1 s", "12.5 s"]
+
+
+def test_the_tables_of_several_devices_are_apart_under_their_names():
+    rows = [row("torch: fast", 6e-5), dict(row("torch: fast", 6e-3, 2e-3), device="CPU Y 2vCPU")]
+    text = report_module.table(rows)
+    assert text.startswith("GPU X:\n\n| op |") and "|\n\nCPU Y 2vCPU:\n\n| op |" in text, text
+
+
+def test_related_and_op_tables_on_a_cpu_give_no_times_and_a_dash_for_no_params():
+    rows = [dict(row("torch: sort + index_select", 9e-3, 1e-3), op="compact_fixed", device="CPU Y 2vCPU"),
+            dict(row("related: nonzero + index_select", 1e-3, 2e-3), op="compact_fixed", device="CPU Y 2vCPU")]
+    related = report_module.related_table(rows).splitlines()
+    assert related[3] == "| op | shape | dtype | params | timed by | mode | related torch code | ratio | commit |"
+    assert related[5] == ("| `compact_fixed` | 64 x 50257 | bfloat16 | - | gpu_timings.py | eager | "
+                          "nonzero + index_select | 0.50x | abc1234 |")
+    lines = report_module.op_table(rows).splitlines()
+    assert lines[0] == "| shape | dtype | params | mode | baseline | speed-up | commit |"
+    assert lines[2] == "| 64 x 50257 | bfloat16 | - | eager | torch: sort + index_select | 9.00x | abc1234 |"
+
+
+def test_an_op_table_of_gpu_and_cpu_rows_gives_no_times():
+    """A CPU's times depend on its load: a table that holds any CPU row gives the speed-ups only."""
+    rows = [row("torch: fast", 6e-5), dict(row("torch: fast", 6e-3, 2e-3), device="CPU Y 2vCPU")]
+    assert report_module.op_table(rows).splitlines()[0] == "| shape | dtype | params | mode | baseline | speed-up" \
+                                                           " | commit |"
+
+
+def test_writing_names_the_tables_written(tmp_path, capsys):
+    (tmp_path / "gpu-x.jsonl").write_text(json.dumps(row("torch: fast", 6e-5)) + "\n")
+    doc = tmp_path / "performance.md"
+    doc.write_text("<!-- rows: gpu-x -->\n<!-- end rows: gpu-x -->\n<!-- rows: gpu-x sample_categorical -->\n"
+                   "<!-- end rows: gpu-x sample_categorical -->\n")
+    assert report_module.main(["--doc", str(doc), "--results", str(tmp_path)]) == 0
+    assert capsys.readouterr().out == f"report: 2 table(s) of {doc} written (gpu-x, gpu-x sample_categorical)\n"
+    doc.write_text("prose only\n")
+    assert report_module.main(["--doc", str(doc), "--results", str(tmp_path)]) == 0
+    assert capsys.readouterr().out == f"report: 0 table(s) of {doc} written (none)\n"
