@@ -2,11 +2,14 @@
 by its benchmark (its timer), and no others."""
 import datetime
 import hashlib
+import io
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -62,6 +65,20 @@ def test_the_cpu_rows_file_is_named_by_the_cpu_model_and_count():
     name = result_rows.device_name("cpu")
     assert name.startswith("CPU ") and name.endswith(f" {os.cpu_count()}vCPU"), name
     assert result_rows.rows_path("cpu") == result_rows.rows_file(name)
+
+
+@pytest.mark.parametrize("cpuinfo", ["processor\t: 0\nBogoMIPS\t: 50.00\n", None])
+def test_a_cpu_without_a_model_name_is_named_by_its_machine(monkeypatch, cpuinfo):
+    """An ARM /proc/cpuinfo has no "model name" line, and some systems have no /proc/cpuinfo."""
+    def fake_open(path):
+        if cpuinfo is None:
+            raise OSError(path)
+        return io.StringIO(cpuinfo)
+
+    monkeypatch.setattr(result_rows, "open", fake_open, raising=False)
+    monkeypatch.setattr(result_rows.platform, "processor", lambda: "")
+    monkeypatch.setattr(result_rows.platform, "machine", lambda: "aarch64")
+    assert result_rows.device_name("cpu") == f"CPU aarch64 {os.cpu_count()}vCPU"
 
 
 def test_the_source_hash_covers_the_source_files_in_byte_order(tmp_path):
