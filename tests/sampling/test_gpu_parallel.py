@@ -272,13 +272,13 @@ def test_the_eager_maskgit_run_takes_no_cuda_graphs(monkeypatch):
     seen = {}
 
     def mask_sample(denoiser, batch, length, vocab, steps, policy, seed, device, execution):
-        seen[execution.graphs] = (batch, length, vocab, steps, type(policy).__name__)
+        seen[execution.graphs] = (batch, length, vocab, steps, type(policy).__name__, seed, execution.fused)
 
     monkeypatch.setattr(gpu_parallel, "mask_sample", mask_sample)
     runs = {name: run for name, _, run in gpu_parallel.samplers(_pair(gpu_parallel), [ErrorBudget()], (4,), "auto")}
     runs["maskgit, eager"](2, 4)
     runs["maskgit"](3, 4)
-    assert seen == {"off": (2, 4, 5, 4, "MaskGIT"), "auto": (3, 4, 5, 4, "MaskGIT")}
+    assert seen == {"off": (2, 4, 5, 4, "MaskGIT", 0, True), "auto": (3, 4, 5, 4, "MaskGIT", 0, True)}
 
 
 def test_without_cuda_and_without_dry_run_the_script_says_so(monkeypatch, capsys):
@@ -332,3 +332,19 @@ def test_a_gpu_run_measures_the_full_sizes_and_exits_1_however_many_failed(monke
     monkeypatch.setattr(gpu_parallel, "table", table)
     assert gpu_parallel.main([]) == 1 and "gpu_parallel: 4 failed" in capsys.readouterr().out
     assert built == [(("bundled", "cuda"), gpu_parallel.Sizes()), (("gpt2", False), gpu_parallel.Sizes())]
+
+
+def test_the_ddpd_runs_are_option_a_on_the_mask_denoiser_fused_and_seeded(monkeypatch):
+    gpu_parallel = _script(monkeypatch)
+    seen = {}
+
+    def ddpd_sample(planner, denoiser, batch, length, vocab, steps, denoiser_type, seed, device, ddpd, execution):
+        seen[ddpd.policy] = (batch, length, vocab, steps, denoiser_type, seed, device.type, ddpd.stop,
+                             execution.fused, execution.graphs)
+
+    monkeypatch.setattr(gpu_parallel, "ddpd_sample", ddpd_sample)
+    policy = ErrorBudget(1.0, 8)
+    for name, steps, run in gpu_parallel.samplers(_pair(gpu_parallel), [policy], (4,), "emulate")[:2]:
+        run(2, steps)
+    assert seen == {None: (2, 4, 5, 4, "mask", 0, "cpu", "eps", True, "emulate"),
+                    policy: (2, 4, 5, gpu_parallel.ddpd_steps(4, policy), "mask", 0, "cpu", "eps", True, "emulate")}
