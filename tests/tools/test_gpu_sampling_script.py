@@ -100,3 +100,28 @@ def test_the_rows_go_to_rows_or_on_a_gpu_to_the_devices_file(script, monkeypatch
         path = tmp_path / ("ROWS" if target == "ROWS" else "DEVICE-cuda")
         assert merged == [(path, [{"op": "ddpd_sample"}])]
         assert f"gpu_sampling: 3 rows written to {path}" in capsys.readouterr().out
+
+
+def test_the_kernel_profile_runs_the_steps_once_to_warm_and_once_profiled(script, capsys):
+    """On the CPU, the CPU ops: their count and time are over the `steps` the call runs."""
+    calls = []
+
+    def fn():
+        calls.append(1)
+        for _ in range(4):
+            torch.ones(8).add_(1)
+
+    script.kernels(fn, 2, torch.device("cpu"), 3, "bfloat16", top=3)
+    lines = capsys.readouterr().out.splitlines()
+    assert calls == [1, 1] and len(lines) == 4
+    assert lines[0].startswith("CPU ops of the fused bfloat16 run without graphs, batch 3: ")
+    assert lines[0].endswith("ms a step; the 3 that take the most:")
+    # each op runs 4 times a call, over 2 steps: 2 a step (the warm-up call is not counted)
+    assert [float(line.split()[4]) for line in lines[1:]] == [2.0] * 3
+    times = [float(line.split()[0]) for line in lines[1:]]
+    assert times == sorted(times, reverse=True)  # the ops that take the most first
+    script.kernels(fn, 2, torch.device("cpu"), 3, "bfloat16", top=100)  # every op: their counts add up
+    head, *ops = capsys.readouterr().out.splitlines()
+    assert f": {sum(float(line.split()[4]) for line in ops):.0f} a step, " in head
+    milliseconds = float(head.split(" ms a step")[0].split()[-1])
+    assert abs(milliseconds - sum(float(line.split()[0]) for line in ops) / 1e3) < 2e-3  # per step, rounded
