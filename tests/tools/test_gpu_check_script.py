@@ -330,3 +330,158 @@ def test_both_device_scripts_follow_one_lease_plan(tmp_path):
     limits = dict(re.findall(r"^## (.+) \(limit (\d+) s\)$", log, re.M))
     assert list(limits) == ["build", "extension", "gpu tests of the timed code", "parallel decoding"], log
     assert 200 < int(limits["parallel decoding"]) <= 240 and "budget 240 s" in log
+
+
+# The CPU parts of benchmarks/gpu_timings.py, called in this process: the timings themselves
+# need a GPU, the rows, checks and section choice around them do not.
+@pytest.fixture(scope="module")
+def timings():
+    if str(ROOT / "benchmarks") not in sys.path:
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gpu_timings
+
+    return gpu_timings
+
+
+@pytest.fixture
+def bench(timings):
+    import torch
+
+    made = timings.Bench(torch.device("cpu"))
+    made.copy_gbs = 1.0
+    made.peak_bytes = lambda fn: None  # no memory probe: the rows and lines are what is checked
+    return made
+
+
+def test_a_timed_case_names_its_dtype_without_the_torch_prefix(timings):
+    import torch
+
+    assert timings.timed_case("norm", (2, 3), torch.bfloat16, "adaLN") == dict(
+        op="norm", shape=(2, 3), dtype="bfloat16", params="adaLN")
+
+
+def test_rows_give_seconds_and_leave_out_what_was_not_timed(timings, bench):
+    import torch
+
+    timed = timings.timed_case("op", (1,), torch.float32)
+    bench.record(timed, None, {"a": 1.0}, "graph")  # ours not timed (no graph on the CPU)
+    bench.record(timed, 2.0, {"a": 4.0, "b": None}, "graph")
+    row, = bench.rows
+    assert (row["baseline"], row["mode"], row["median"], row["baseline_median"]) == ("torch: a", "graph", 2e-3, 4e-3)
+    assert row["dtype"] == "float32" and row["source"] == "benchmarks/gpu_timings.py"
+
+
+def test_versus_writes_eager_and_graph_rows_apart(timings, bench):
+    import torch
+
+    times = {"ours": (0.010, 0.005), "a": (0.020, 0.019), "b": (0.030, None)}  # ms: eager, graph
+    bench.eager_ms = lambda fn, rep_ms=100: times[fn()][0]
+    bench.graph_ms = lambda fn: times[fn()][1]
+    bench.versus(timings.timed_case("op", (1,), torch.float32), "case", lambda: "ours",
+                 {"a": lambda: "a", "b": lambda: "b"}, 1, "x")
+    got = sorted((row["mode"], row["baseline"], row["median"], row["baseline_median"]) for row in bench.rows)
+    assert got == [("eager", "torch: a", 1e-5, 2e-5), ("eager", "torch: b", 1e-5, 3e-5),
+                   ("graph", "torch: a", 5e-6, 1.9e-5)]
+
+
+def test_compare_is_against_the_fastest_candidate_and_rows_related_code_apart(timings, bench, capsys):
+    import torch
+
+    times = {"ours": 0.010, "a": 0.040, "b": 0.020, "other job": 0.005}  # ms
+    bench.eager_ms = lambda fn, rep_ms=100: times[fn()]
+    bench.copy_gbs = 400.0
+    ours_ms, theirs = bench.compare(timings.timed_case("op", (1,), torch.float32), "case", lambda: "ours",
+                                    {"a": lambda: "a", "b": lambda: "b"}, 2_000_000,
+                                    related={"other job": lambda: "other job"})
+    assert ours_ms == 0.010 and theirs == {"a": 0.040, "b": 0.020}
+    line, = [line for line in capsys.readouterr().out.splitlines() if line.startswith("case")]
+    assert "best torch (b)" in line and "   2.00x" in line and "200.0 GB/s  50.0% of copy" in line, line
+    assert sorted(row["baseline"] for row in bench.rows) == ["related: other job", "torch: a", "torch: b"]
+
+
+def test_a_check_allows_floats_within_1e_4_and_equal_nans_only(timings):
+    import torch
+
+    nan = float("nan")
+    assert timings.differs(0, torch.tensor([1.0, nan]), torch.tensor([1.00005, nan])) is None
+    assert timings.differs(1, torch.tensor([1.0, 2.0]), torch.tensor([1.001, 2.0])) == "output 1: 1 of 2 differ"
+    assert timings.differs(0, torch.tensor([1.0]), torch.tensor([nan])) == "output 0: 1 of 1 differ"
+    assert timings.differs(0, torch.tensor([3, 4]), torch.tensor([3, 5])) == "output 0: 1 of 2 differ"
+    assert timings.differs(2, torch.tensor([1.0]), torch.tensor([1.0], dtype=torch.float64)) == \
+        "output 2: torch.float32[1] vs torch.float64[1]"
+
+
+def test_a_check_skips_fields_not_asked_for_and_counts_a_mismatch(bench, capsys):
+    import torch
+
+    t = torch.arange(3)
+    bench.check("same", (t, None, [t]), (t, t))
+    bench.check("extra", (t, t), (t,))
+    bench.check("other", (t,), (t + 1,))
+    out = capsys.readouterr().out
+    assert "check same: same outputs as the reference" in out
+    assert "check extra: MISMATCH with the reference: 2 outputs vs 1" in out
+    assert "check other: MISMATCH with the reference: output 0: 3 of 3 differ" in out
+    assert bench.failures == 2
+
+
+def test_a_bit_for_bit_check_runs_only_on_a_device(bench, capsys):
+    import torch
+
+    bench.check_bits("cpu", "rotary", torch.zeros(2), torch.ones(2))  # the CPU ran the reference
+    bench.cuda = True
+    bench.check_bits("equal", "rotary", torch.ones(2), torch.ones(2))
+    bench.check_bits("unequal", "rotary", torch.zeros(2), torch.ones(2))
+    out = capsys.readouterr().out
+    assert "check cpu: none (on the CPU rotary runs the reference)" in out
+    assert "check equal: the reference's values bit for bit" in out and "check unequal: MISMATCH" in out
+    assert bench.failures == 1
+
+
+def test_a_case_that_raises_is_printed_and_counted_and_the_run_goes_on(bench, capsys):
+    with bench.case("broken"):
+        raise ValueError("no such shape")
+    with bench.case("fine"):
+        pass
+    out = capsys.readouterr().out
+    assert "broken: ERROR" in out and "ValueError: no such shape" in out and "fine" not in out
+    assert bench.failures == 1
+
+
+def test_the_copy_bandwidth_counts_a_read_and_a_write(timings, bench, capsys):
+    bench.median_ms = lambda fn, rep_ms=100: 0.5
+    timings.copy_bandwidth(bench, 2**18)  # 1 MiB read and 1 MiB written in 0.5 ms
+    assert bench.copy_gbs == pytest.approx(2 * 2**20 / 0.5e6)
+    assert timings.mib(3 * 2**20) == "     3.0 MiB" and timings.mib(None) == "     n/a"
+
+
+def test_without_a_gpu_only_a_dry_run_runs(timings, monkeypatch, capsys):
+    monkeypatch.setattr(timings.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(sys, "argv", ["gpu_timings.py"])
+    assert timings.main() == 2
+    assert "no CUDA device visible to torch (use --dry-run" in capsys.readouterr().err
+
+
+def test_a_dry_run_runs_each_shape_of_the_named_sections_and_exits_1_on_a_failed_case(timings, monkeypatch,
+                                                                                      tmp_path, capsys):
+    ran = []
+
+    def fine(bench, size):
+        ran.append(size)
+
+    def broken(bench, size):
+        ran.append(size)
+        raise RuntimeError("broken case")
+
+    merged = []
+    monkeypatch.setattr(timings, "PLAN", [("alpha one", fine, "a"), ("beta two", broken, "b"), ("gamma", fine, "c")])
+    monkeypatch.setitem(timings.SHAPES, "dry", dict(a=[(1,), (2,)], b=[(3,), (4,)], c=[(5,)], copy_floats=16))
+    monkeypatch.setattr(timings.result_rows, "merge", lambda path, rows: merged.append(path) or len(rows))
+    monkeypatch.setattr(sys, "argv", ["gpu_timings.py", "--dry-run", "--only", "alpha,,beta"])
+    assert timings.main() == 1
+    assert ran == [1, 2, 3, 4] and merged == []  # a dry run writes rows only where --rows says
+    assert "gpu_timings: 2 failed case(s)" in capsys.readouterr().out
+    monkeypatch.setattr(sys, "argv", ["gpu_timings.py", "--dry-run", "--only", "gamma", "--rows",
+                                      str(tmp_path / "rows.jsonl")])
+    assert timings.main() == 0
+    assert ran[4:] == [5] and merged == [tmp_path / "rows.jsonl"]
