@@ -384,6 +384,19 @@ def test_versus_writes_eager_and_graph_rows_apart(timings, bench):
                    ("graph", "torch: a", 5e-6, 1.9e-5)]
 
 
+def test_without_graphs_versus_names_one_fastest_candidate_and_no_graph_figures(timings, bench, capsys):
+    import torch
+
+    times = {"ours": 0.010, "a": 0.020, "b": 0.030}  # ms, eager only: no graph replay on the CPU
+    bench.eager_ms = lambda fn, rep_ms=100: times[fn()]
+    bench.versus(timings.timed_case("op", (1,), torch.float32), "case", lambda: "ours",
+                 {"a": lambda: "a", "b": lambda: "b"}, 1, "x")
+    out = capsys.readouterr().out.splitlines()
+    line, = [line for line in out if line.startswith("case")]
+    assert "best torch (a) " in line and " 2.00x eager   n/a graph" in line and line.endswith("host cost n/a"), line
+    assert "  also torch b:    30.0 /     n/a us" in out and {row["mode"] for row in bench.rows} == {"eager"}
+
+
 def test_compare_is_against_the_fastest_candidate_and_rows_related_code_apart(timings, bench, capsys):
     import torch
 
