@@ -498,3 +498,24 @@ def test_a_dry_run_runs_each_shape_of_the_named_sections_and_exits_1_on_a_failed
                                       str(tmp_path / "rows.jsonl")])
     assert timings.main() == 0
     assert ran[4:] == [5] and merged == [tmp_path / "rows.jsonl"]
+
+
+def test_each_case_names_its_rows_by_op_shape_dtype_and_parameters(timings, bench):
+    """The rows file keeps one row per case and baseline (rows.merge): a case named as another
+    op's, or without its parameters, would replace that case's rows."""
+    import torch
+
+    bench.eager_ms = bench.median_ms = lambda fn, rep_ms=100: 1.0  # only the rows' names are checked
+    timings.time_multinomial(bench, 4, 27, 2, False)
+    timings.time_planner_ops(bench, 2, 16)
+    timings.time_philox_uniform(bench, 2, 8)
+    timings.time_sample_categorical_controls(bench, 2, 300, torch.float32, "top_k")
+    timings.time_rotary(bench, 1, 2, 4, 8, torch.bfloat16)
+    timings.time_norm(bench, 1, 4, 8, False, torch.bfloat16)
+    named = {(row["op"], tuple(row["shape"]), row["dtype"], row["params"]) for row in bench.rows}
+    assert named == {("multinomial", (4, 27), "float32", "k=2 without replacement"),
+                     ("planner_select", (2, 16), "float32", ""), ("planner_select_mask", (2, 16), "float32", ""),
+                     ("planner_mask", (2, 16), "float32", ""), ("philox_uniform", (2, 8), "float32", "N x M"),
+                     ("sample_categorical", (2, 300), "float32", "T=0.8 top_k"),
+                     ("rotary", (1, 2, 4, 8), "bfloat16", "B x heads x L x d"), ("norm", (1, 4, 8), "bfloat16", "")}
+    assert bench.failures == 0  # each op drew what its reference draws
