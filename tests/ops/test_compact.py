@@ -412,3 +412,27 @@ def test_a_numpy_integer_capacity_compacts_as_an_int_does(op):
     assert torch.equal(got.count, want.count)
     with pytest.raises(TypeError, match="^capacity must be an int, got float32"):
         op(active, np.float32(3))
+
+
+def test_the_scatter_back_kernel_refuses_an_index_past_out_by_itself():
+    """The kernel range-checks the index itself (torch.ops.ddpd.scatter_back_kernel skips
+    the op's check): an entry past out is refused by position and value, one at out's last
+    row is written."""
+    from ddpd.ops import _ext
+
+    kernel = _ext.ops_for(torch.device("cpu")).scatter_back_kernel
+    out = torch.zeros(3, 2)
+    with pytest.raises(RuntimeError, match=r"scatter_back: index\[2\] = 3 is out of range for out with 3 rows"):
+        kernel(torch.tensor([1, 2, 3]), torch.ones(3, 2), out)
+    kernel(torch.tensor([-1, 2]), torch.ones(2, 2), out)
+    assert out.tolist() == [[0, 0], [0, 0], [1, 1]]
+
+
+def test_the_compact_fixed_kernel_refuses_a_negative_capacity_by_itself():
+    from ddpd.ops import _ext
+
+    kernel = _ext.ops_for(torch.device("cpu")).compact_fixed_kernel
+    with pytest.raises(RuntimeError, match="compact_fixed: capacity must be >= 0, got -1"):
+        kernel(torch.ones(3, dtype=torch.bool), -1, [torch.ones(3)])
+    packed, index, count = kernel(torch.ones(3, dtype=torch.bool), 0, [torch.ones(3)])
+    assert packed[0].shape == (0,) and index.shape == (0,) and int(count) == 3
