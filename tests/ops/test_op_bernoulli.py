@@ -162,3 +162,10 @@ def test_transposed_p_and_noise_give_the_coins_of_their_copies():
     assert torch.equal(bernoulli(p, noise=noise), expected)
     assert torch.equal(triton_coins(p, noise=noise), expected)
     assert torch.equal(triton_coins(p, seed=3), bernoulli_reference(p.contiguous(), seed=3))
+
+
+def test_the_cpu_kernel_refuses_a_p_that_is_not_a_contiguous_matrix():
+    """torch.ops.ddpd.bernoulli_cpu reads p as [N, D] in memory order: anything else is refused."""
+    for p in (torch.rand(6), torch.rand(2, 3, 1), torch.rand(3, 2).t()):
+        with pytest.raises(RuntimeError, match=r"bernoulli: p must be a contiguous \[N, D\] tensor"):
+            torch.ops.ddpd.bernoulli_cpu(p, None, 1, 0, None, None, None)

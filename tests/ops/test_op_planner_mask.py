@@ -297,3 +297,13 @@ def test_traces_with_fake_tensors_and_passes_opcheck():
                           (logits, x, positions, MASK_ID, None, 2, 8, None, None, None))
     torch.library.opcheck(torch.ops.ddpd.planner_select_mask.default,
                           (logits, x, MASK_ID, 2, False, 1.0, 0.01, None, None, 2, 8, 9, None, None, None, None))
+
+
+def test_the_cpu_kernel_refuses_logits_and_x_it_cannot_read():
+    logits, x, positions = inputs(4, 5, 0)
+    kernel = torch.ops.ddpd.planner_mask_cpu
+    for lg, xx, match in [(logits[0], x[0], "logits must be a contiguous"), (logits.t(), x.t(), "logits must be a"),
+                          (logits, x.int(), "x must be a contiguous Long"), (logits, x[:, :4], "x must be a"),
+                          (logits, x.t().contiguous().t(), "x must be a contiguous Long")]:
+        with pytest.raises(RuntimeError, match=match):
+            kernel(lg, xx, None, MASK_ID, None, 1, 0, None, None, None)

@@ -532,3 +532,27 @@ def test_mask_noise_outside_the_unit_interval_is_refused(bad):
     for op in (planner_select_mask, planner_select_mask_reference):
         with pytest.raises(ValueError, match=r"^mask_noise values must be uniforms in \(0, 1\], .* row 1, column 2$"):
             op(logits, x, 9, noise=noise, mask_noise=mask_noise)
+
+
+@pytest.mark.parametrize("k", [0, 6])
+def test_the_cpu_kernels_refuse_a_k_outside_one_to_d_by_themselves(k):
+    """The kernels write k positions a row out of D: k = 0 or D + 1 is refused, not drawn."""
+    logits = torch.randn(4, 5)
+    with pytest.raises(RuntimeError, match=r"k must be in \[1, D\]"):
+        torch.ops.ddpd.planner_select_cpu(logits, k, False, 1.0, 0.01, None, 1, 0, None, None, None)
+    x = torch.zeros(4, 5, dtype=torch.long)
+    with pytest.raises(RuntimeError, match=r"k must be in \[1, D\]"):
+        torch.ops.ddpd.planner_select_mask_cpu(logits, x, 7, k, False, 1.0, 0.01, None, None, 1, 0, 1, None, None,
+                                               None, None)
+    positions, _, _ = torch.ops.ddpd.planner_select_cpu(logits, 5, False, 1.0, 0.01, None, 1, 0, None, None, None)
+    assert sorted(positions[0].tolist()) == [0, 1, 2, 3, 4]
+
+
+def test_the_cpu_kernels_refuse_logits_and_x_they_cannot_read():
+    logits, x = torch.randn(4, 5), torch.zeros(4, 5, dtype=torch.long)
+    with pytest.raises(RuntimeError, match=r"logits must be a contiguous \[B, D\] tensor"):
+        torch.ops.ddpd.planner_select_cpu(logits.t(), 1, False, 1.0, 0.01, None, 1, 0, None, None, None)
+    for xx in (x.int(), x[:, :4], x.t().contiguous().t()):
+        with pytest.raises(RuntimeError, match="x must be a contiguous Long tensor shaped like logits"):
+            torch.ops.ddpd.planner_select_mask_cpu(logits, xx, 7, 1, False, 1.0, 0.01, None, None, 1, 0, 1, None,
+                                                   None, None, None)
