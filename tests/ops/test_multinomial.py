@@ -728,3 +728,30 @@ def test_a_numpy_integer_k_draws_what_the_int_draws(op):
     assert torch.equal(got.tokens, want.tokens) and torch.equal(got.valid, want.valid)
     with pytest.raises(TypeError, match="^k must be an int, got float64"):
         op(weights, np.float64(4), seed=7)
+
+
+@pytest.mark.parametrize("weights, k, replacement, match", [
+    (torch.ones(3), 1, True, r"multinomial: weights must be \[B, N\] with N > 0, got \[3\]"),
+    (torch.ones(2, 0), 1, True, r"multinomial: weights must be \[B, N\] with N > 0, got \[2, 0\]"),
+    (torch.ones(2, 3), 0, True, "multinomial: k must be >= 1, got 0"),
+    (torch.ones(2, 3), 4, False, "multinomial: k must be <= N = 3 without replacement, got 4"),
+])
+def test_the_cpu_kernel_refuses_weights_and_k_it_cannot_draw_by_itself(weights, k, replacement, match):
+    """torch.ops.ddpd.multinomial_kernel checks its own arguments; k = N without replacement
+    and k > N with it are drawn."""
+    kernel = torch.ops.ddpd.multinomial_kernel
+    with pytest.raises(RuntimeError, match=match):
+        kernel(weights, k, replacement, None, 1, 0, torch.arange(weights.shape[0]), None, None)
+    index, valid = kernel(torch.ones(2, 3), 3, False, None, 1, 0, torch.arange(2), None, None)
+    assert sorted(index[0].tolist()) == [0, 1, 2] and bool(valid.all())
+    assert kernel(torch.ones(2, 3), 5, True, None, 1, 0, torch.arange(2), None, None)[0].shape == (2, 5)
+
+
+def test_the_cpu_kernel_refuses_uniforms_and_row_ids_of_another_shape():
+    kernel, weights = torch.ops.ddpd.multinomial_kernel, torch.ones(2, 3)
+    for uniforms in (torch.rand(2, 2, dtype=torch.float64), torch.rand(3, 1, dtype=torch.float64), torch.rand(2, 1)):
+        with pytest.raises(RuntimeError, match=r"multinomial: uniforms must be float64 \[2, 1\]"):
+            kernel(weights, 1, True, uniforms, 0, 0, None, None, None)
+    for rows in (None, torch.arange(3), torch.arange(2).int(), torch.zeros(2, 1, dtype=torch.long)):
+        with pytest.raises(RuntimeError, match=r"multinomial: row_ids must be int64 \[B\] with B = 2"):
+            kernel(weights, 1, True, None, 1, 0, rows, None, None)
