@@ -324,14 +324,19 @@ class _Compiled:
         return lambda *args: self.calls.append(("cached", grid, args))
 
 
-def test_launches_after_the_first_take_the_compiled_kernel_with_every_argument(monkeypatch):
+@pytest.fixture
+def device_0(monkeypatch):
+    """Triton's driver as launch() reads it: the current device is 0 (no GPU needed)."""
+    driver = types.SimpleNamespace(active=types.SimpleNamespace(get_current_device=lambda: 0))
+    monkeypatch.setattr(_dispatch, "_triton_driver", lambda: driver)
+
+
+def test_launches_after_the_first_take_the_compiled_kernel_with_every_argument(monkeypatch, device_0):
     """The first launch of each (argument classes, meta) goes through Triton; later ones pass the
     compiled kernel a 3-d grid and the constexprs after the runtime arguments."""
     from triton.runtime.jit import JITFunction
 
     monkeypatch.setattr(_JitKernel, "run", JITFunction.run, raising=False)
-    driver = types.SimpleNamespace(active=types.SimpleNamespace(get_current_device=lambda: 0))
-    monkeypatch.setattr(_dispatch, "_triton_driver", lambda: driver)
     calls = []
     kernel, x = _JitKernel(calls), torch.ones(4)
     for _ in range(2):
@@ -346,11 +351,9 @@ def test_launches_after_the_first_take_the_compiled_kernel_with_every_argument(m
                      ("triton", (3,), (x, 1), {"BLOCK": 128, "num_warps": 4})]
 
 
-def test_kernels_triton_does_not_return_or_whose_run_is_replaced_always_go_through_triton(monkeypatch):
+def test_kernels_triton_does_not_return_or_whose_run_is_replaced_always_go_through_triton(monkeypatch, device_0):
     from triton.runtime.jit import JITFunction
 
-    driver = types.SimpleNamespace(active=types.SimpleNamespace(get_current_device=lambda: 0))
-    monkeypatch.setattr(_dispatch, "_triton_driver", lambda: driver)
     calls = []
     monkeypatch.setattr(_JitKernel, "run", lambda *args, **kwargs: None, raising=False)
     replaced = _JitKernel(calls)
