@@ -313,12 +313,11 @@ def _build(reason: str, root: Path, build_dir: Path, with_cuda: bool) -> ModuleT
 
     built_from = build_dir / BUILD_INFO
     digests = source_digests(root, with_cuda)
-    if _read_json(built_from) != digests:
+    last = _read_json(built_from)
+    if last != digests:
         print(f"ddpd: compiling the C++ extension because {reason}; building in {build_dir} (once per source "
               "change)", file=sys.stderr, flush=True)
-        # ninja rebuilds by file times: a source whose content changed but whose file is
-        # not newer than the objects (restored from an archive, `cp -p`) would be skipped
-        shutil.rmtree(build_dir, ignore_errors=True)
+        _remove_stale(build_dir, last, digests)
     try:
         build_dir.mkdir(parents=True, exist_ok=True)
         with _ScriptsOnPath():
@@ -339,6 +338,22 @@ def _build(reason: str, root: Path, build_dir: Path, with_cuda: bool) -> ModuleT
     temporary.write_text(json.dumps(digests))
     os.replace(temporary, built_from)
     return module
+
+
+def _remove_stale(build_dir: Path, last, digests: dict) -> None:
+    """Remove the objects of the sources changed since the build recorded as `last`: ninja
+    rebuilds by file times, so a source whose content changed but whose file is not newer than
+    its object (restored from an archive, `cp -p`) would be skipped. A changed header, which
+    any object may include, or no record empties the whole directory."""
+    if not isinstance(last, dict):
+        shutil.rmtree(build_dir, ignore_errors=True)
+        return
+    changed = [Path(name) for name in set(digests) | set(last) if digests.get(name) != last.get(name)]
+    if any(path.suffix not in (".cpp", ".cu") for path in changed):
+        shutil.rmtree(build_dir, ignore_errors=True)
+        return
+    for path in changed:  # torch's JIT build names each object after its source's file name
+        (build_dir / f"{path.stem}{'.cuda.o' if path.suffix == '.cu' else '.o'}").unlink(missing_ok=True)
 
 
 def build_failure(error: BaseException) -> tuple[str, str]:

@@ -208,6 +208,40 @@ def test_compile_route_calls_torch_load(monkeypatch, tmp_path, capsys):
         _ext._compile("a test asked for it")
 
 
+def test_a_changed_source_rebuilds_its_own_object_and_a_changed_header_every_object(monkeypatch, tmp_path):
+    """ninja goes by file times, so the objects of changed sources are removed (a restored older
+    file would be skipped); the others stay, so editing one kernel does not rebuild them all."""
+    from torch.utils import cpp_extension
+
+    calls = []
+    monkeypatch.setattr(cpp_extension, "load", lambda **kwargs: calls.append(kwargs) or "module")
+    monkeypatch.setenv("DDPD_EXTENSIONS_DIR", str(tmp_path / "cache"))
+    root = tmp_path / "csrc"
+    (root / "cpu").mkdir(parents=True)
+    for name in ("module.cpp", "cpu/kernel.cpp", "cpu/kernel.h"):
+        (root / name).write_text("")
+    monkeypatch.setattr(_ext, "source_dir", lambda: root)
+    monkeypatch.setattr(_ext, "sources", lambda root, with_cuda: [])
+    _ext._compile("a test asked for it")
+    build_dir = Path(calls[-1]["build_directory"])
+    objects = [build_dir / name for name in ("module.o", "kernel.o", "build.ninja")]
+    for path in objects:
+        path.write_text("built")
+    (root / "cpu" / "kernel.cpp").write_text("int changed;")
+    _ext._compile("a test asked for it")
+    assert [path.exists() for path in objects] == [True, False, True]
+    objects[1].write_text("built")
+    (root / "cpu" / "kernel.h").write_text("int changed;")
+    _ext._compile("a test asked for it")
+    assert not any(path.exists() for path in objects)
+    build_dir.mkdir(exist_ok=True)
+    for path in ("kernel.o", "kernel.cuda.o"):  # a .cu file's object is .cuda.o
+        (build_dir / path).write_text("built")
+    _ext._remove_stale(build_dir, {"cuda/kernel.cu": "old", "cpu/kernel.cpp": "same"},
+                       {"cuda/kernel.cu": "new", "cpu/kernel.cpp": "same"})
+    assert (build_dir / "kernel.o").exists() and not (build_dir / "kernel.cuda.o").exists()
+
+
 def test_compile_failure_is_explained(monkeypatch, tmp_path):
     from torch.utils import cpp_extension
 
