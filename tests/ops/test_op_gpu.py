@@ -228,6 +228,21 @@ def test_recomputed_winning_tiles_draw_what_the_cpu_draws(dtype):
         agree(gpu, cpu, atol=1e-4 if dtype == torch.float32 else 1e-3)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_recomputed_winning_tiles_keep_margin_and_entropy_at_tiny_temperatures(dtype):
+    """At temperature 1e-6 the drawn token is its row's maximum: log-probability 0, probability
+    and margin 1, entropy 0. The finish pass takes a tile's second logit and entropy terms from
+    the GEMM's logits; its recomputed tile's dot may round the last bit otherwise, and divided
+    by the temperature that bit would move them."""
+    g = torch.Generator().manual_seed(12)
+    hidden, weight = torch.randn(16, 256, generator=g), torch.randn(50257, 256, generator=g) / 16
+    hidden, weight = on("cuda", hidden.to(dtype), weight.to(dtype))
+    for offset, (confidence, value) in enumerate((("prob", 1.0), ("margin", 1.0), ("entropy", 0.0))):
+        out = sample_from_hidden(hidden, weight, None, 1e-6, return_logprob=True, confidence=confidence, seed=3,
+                                 offset=offset)
+        assert bool(out[1].all()) and out[2].tolist() == [0.0] * 16 and out[3].tolist() == [value] * 16
+
+
 @pytest.mark.parametrize("rows,vocab", [(64, 50257), (7, 300), (3, 128256)])
 def test_sampling_controls_cuda_match_cpu(rows, vocab):
     """The Triton kernels with per-row temperatures (greedy rows too), the truncation
