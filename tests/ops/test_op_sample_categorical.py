@@ -602,3 +602,29 @@ def test_explicit_noise_is_range_checked():
             call()
     ones = torch.ones(3, noise_width(300))  # the top Philox uniform, 1.0 in float32, is a uniform
     assert torch.equal(sample_categorical(logits, noise=ones)[0], sample_categorical_reference(logits, noise=ones)[0])
+
+
+def kernel_call(logits, exclude_ids=None, exclude_per_row=None, temperature=1.0, temperature_t=None, confidence=0):
+    """The C++ kernel itself, past the op's own checks: seeded, no truncation."""
+    from ddpd.ops._dispatch import cpu_ops
+
+    return cpu_ops().sample_categorical_cpu(logits, temperature, temperature_t, exclude_ids, exclude_per_row, None, 0,
+                                            None, 1.0, None, -math.inf, None, None, 3, 0, None, None, None, False,
+                                            confidence)
+
+
+@pytest.mark.parametrize("name", ["exclude_ids", "exclude_per_row"])
+@pytest.mark.parametrize("bad", [-1, 10])
+def test_the_cpu_kernel_refuses_token_ids_outside_the_vocabulary(name, bad):
+    """The kernel's own range check: an id of V or -1 is an error, not a token silently left drawable."""
+    ids = torch.tensor([0, bad, 1])
+    with pytest.raises(ValueError, match=rf"{name} values must be in \[0, 10\), got {bad} at 1"):
+        kernel_call(torch.zeros(3, 10), **{name: ids})
+    ok = kernel_call(torch.zeros(3, 10), **{name: torch.tensor([0, 9, 1])})
+    assert ok[1].all()
+
+
+@pytest.mark.parametrize("logits", [torch.zeros(10, 3).t(), torch.zeros(10), torch.zeros(2, 3, 4)])
+def test_the_cpu_kernel_refuses_logits_it_cannot_read_as_rows(logits):
+    with pytest.raises(RuntimeError, match=r"logits must be a contiguous \[N, V\] tensor"):
+        kernel_call(logits)

@@ -1083,3 +1083,25 @@ def test_the_greedy_race_gives_tied_tiles_to_the_first_chunk():
         out = torch.full((1,), -1, dtype=torch.int32)
         _greedy_race_kernel[(1,)](records, len(maxima), out, BLOCK_T=4)
         assert int(out) == want, (maxima, int(out))
+
+
+@pytest.mark.parametrize("arg,value,match", [
+    (0, torch.zeros(2, 5, dtype=torch.float64), "x must be a contiguous float32"),
+    (0, torch.zeros(5, 2).t(), "x must be a contiguous float32"),
+    (1, torch.ones(3), "t must be a contiguous"),
+    (1, torch.ones(2, dtype=torch.float64), "t must be a contiguous"),
+    (2, torch.zeros(2, dtype=torch.int32), "top_k must be a contiguous"),
+    (2, torch.zeros(1, dtype=torch.long), "top_k must be a contiguous"),
+    (3, torch.ones(2, 1), "top_p must be a contiguous"),
+    (4, torch.zeros(2, dtype=torch.float64), "log_min_p must be a contiguous"),
+])
+def test_the_cpu_threshold_op_refuses_controls_it_cannot_read_per_row(arg, value, match):
+    """White box: truncation_threshold_cpu reads each control as a contiguous [N] array of one dtype."""
+    from ddpd.ops._dispatch import cpu_ops
+
+    args = [torch.zeros(2, 5), torch.ones(2), torch.zeros(2, dtype=torch.long), torch.ones(2),
+            torch.full((2,), -math.inf)]
+    assert torch.equal(cpu_ops().truncation_threshold_cpu(*args), torch.full((2,), -math.inf))
+    args[arg] = value
+    with pytest.raises(RuntimeError, match=match):
+        cpu_ops().truncation_threshold_cpu(*args)

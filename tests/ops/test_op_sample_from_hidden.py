@@ -470,3 +470,15 @@ def test_a_rows_own_excluded_token_stays_out_of_its_winning_tile():
         out = triton_draw(hidden, weight, bias, temperature, exclude_per_row=per_row, seed=2)
         assert out[0].tolist() == [20] * 4
         assert_same(out, ref)
+
+
+def test_the_cpu_kernel_refuses_a_head_of_another_width():
+    """The kernel's own check, past the op's: hidden [N, H] against weight [V, H'] is refused by name."""
+    ops = _dispatch.cpu_ops()
+    call = dict(bias=None, temperature=1.0, temperature_t=None, exclude_ids=None, exclude_per_row=None, allowed=None,
+                noise=None, seed=3, offset=0, row_ids=None, seed_tensor=None, offset_tensor=None, logprob=False,
+                confidence=0)
+    assert ops.sample_from_hidden_cpu(torch.zeros(2, 4), torch.zeros(5, 4), **call)[1].all()
+    for hidden, weight in [(torch.zeros(2, 4), torch.zeros(5, 3)), (torch.zeros(4), torch.zeros(5, 4))]:
+        with pytest.raises(RuntimeError, match=r"hidden \[N, H\] and weight \[V, H\] must share H"):
+            ops.sample_from_hidden_cpu(hidden, weight, **call)
