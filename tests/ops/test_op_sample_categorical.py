@@ -604,12 +604,13 @@ def test_explicit_noise_is_range_checked():
     assert torch.equal(sample_categorical(logits, noise=ones)[0], sample_categorical_reference(logits, noise=ones)[0])
 
 
-def kernel_call(logits, exclude_ids=None, exclude_per_row=None, temperature=1.0, temperature_t=None, confidence=0):
+def kernel_call(logits, exclude_ids=None, exclude_per_row=None, temperature=1.0, temperature_t=None, logprob=False,
+                confidence=0):
     """The C++ kernel itself, past the op's own checks: seeded, no truncation."""
     from ddpd.ops._dispatch import cpu_ops
 
     return cpu_ops().sample_categorical_cpu(logits, temperature, temperature_t, exclude_ids, exclude_per_row, None, 0,
-                                            None, 1.0, None, -math.inf, None, None, 3, 0, None, None, None, False,
+                                            None, 1.0, None, -math.inf, None, None, 3, 0, None, None, None, logprob,
                                             confidence)
 
 
@@ -628,3 +629,45 @@ def test_the_cpu_kernel_refuses_token_ids_outside_the_vocabulary(name, bad):
 def test_the_cpu_kernel_refuses_logits_it_cannot_read_as_rows(logits):
     with pytest.raises(RuntimeError, match=r"logits must be a contiguous \[N, V\] tensor"):
         kernel_call(logits)
+
+
+@pytest.mark.parametrize("vocab", [4, 600])
+def test_the_cpu_kernel_reads_a_nan_temperature_as_greedy(vocab):
+    """A NaN temperature (scalar or per row) draws as the negative one of temperature 0 does: the argmax, with
+    its log-probability and entropy at temperature 1."""
+    logits = torch.randn(2, vocab, generator=torch.Generator().manual_seed(vocab))
+    greedy = kernel_call(logits, temperature=-1.0, logprob=True, confidence=3)
+    assert torch.equal(greedy[0], logits.argmax(-1))
+    torch.testing.assert_close(greedy[2], logits.log_softmax(-1).max(-1).values)
+    nan = float("nan")
+    for out in (kernel_call(logits, temperature=nan, logprob=True, confidence=3),
+                kernel_call(logits, temperature_t=torch.tensor([nan, -1.0]), logprob=True, confidence=3)):
+        for a, b in zip(out, greedy):
+            assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("vocab", [3, 600])
+def test_the_margin_of_a_maximum_held_twice_is_zero(vocab):
+    """The runner-up counts with multiplicity: two tokens at the row maximum, in one tile or in two, leave no
+    margin, whatever the logits below them."""
+    logits = torch.zeros(3, vocab)
+    logits[0, :2] = 2.0
+    logits[1, 0] = logits[1, vocab - 1] = 2.0
+    logits[2, 1] = 2.0
+    for op in (sample_categorical, sample_categorical_reference):
+        conf = op(logits, confidence="margin", seed=1).confidence
+        assert conf[0] == 0 and conf[1] == 0
+        assert conf[2] > 0
+
+
+def test_a_row_with_nothing_drawable_has_minus_inf_log_probability_and_confidences():
+    """Over one tile and several: a row whose every token is excluded reports -inf for each output, not NaN."""
+    for vocab in (5, 600):
+        logits = torch.randn(2, vocab, generator=torch.Generator().manual_seed(vocab))
+        allowed = torch.ones(2, vocab, dtype=torch.bool)
+        allowed[1] = False
+        for confidence in ("prob", "margin", "entropy"):
+            out = sample_categorical(logits, allowed=allowed, return_logprob=True, confidence=confidence, seed=2)
+            assert out.valid.tolist() == [True, False]
+            assert out.logprob[1] == -math.inf and out.confidence[1] == -math.inf
+            assert out.logprob[0] > -math.inf and out.confidence[0] > -math.inf
