@@ -618,9 +618,11 @@ def kernel_call(logits, exclude_ids=None, exclude_per_row=None, temperature=1.0,
 @pytest.mark.parametrize("bad", [-1, 10])
 def test_the_cpu_kernel_refuses_token_ids_outside_the_vocabulary(name, bad):
     """The kernel's own range check: an id of V or -1 is an error, not a token silently left drawable."""
-    ids = torch.tensor([0, bad, 1])
-    with pytest.raises(ValueError, match=rf"{name} values must be in \[0, 10\), got {bad} at 1"):
-        kernel_call(torch.zeros(3, 10), **{name: ids})
+    for at in range(3):  # the last value is checked too
+        ids = torch.tensor([0, 1, 2])
+        ids[at] = bad
+        with pytest.raises(ValueError, match=rf"{name} values must be in \[0, 10\), got {bad} at {at}"):
+            kernel_call(torch.zeros(3, 10), **{name: ids})
     ok = kernel_call(torch.zeros(3, 10), **{name: torch.tensor([0, 9, 1])})
     assert ok[1].all()
 
