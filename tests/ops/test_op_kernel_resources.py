@@ -260,3 +260,78 @@ if __name__ == "__main__":
         wide_head = case.startswith("sample_from_hidden") and "H=4096" in case
         check_case(case, make(), few_rows=case.startswith("sample_from_hidden") and not wide_head
                    and "64-row blocks" not in case)
+
+
+@pytest.fixture
+def kernel_binaries(monkeypatch):
+    """benchmarks/kernel_binaries.py with two cases of one kernel each and their binaries stubbed."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import kernel_binaries
+
+    made, compiled, h100 = [], [], []
+
+    class Kernel:
+        def __init__(self, name):
+            self.fn = types.SimpleNamespace(__name__=name)
+
+    def case(name):
+        return lambda: made.append(name) or name
+
+    def compile_launch(kernel, args, kwargs):
+        compiled.append((kernel.fn.__name__, args, kwargs))
+        return kernel.fn.__name__
+
+    loop = {"first": 0x20, "last": 0x1c0, "instructions": 27, "BAR": 1, "LDS": 2, "STS": 3, "SHFL": 4, "LDG": 5,
+            "vector": 6, "MUFU": 7}
+    monkeypatch.setattr(kernel_binaries, "CASES", {"draw top-p": case("draw top-p"), "heads 1024": case("heads 1024")})
+    monkeypatch.setattr(kernel_binaries, "record_launches", lambda call: [(Kernel(f"{call}_kernel"), [3, 1],
+                                                                          {"x": 1}, (("BLOCK", 16),))])
+    monkeypatch.setattr(kernel_binaries, "compile_launch", compile_launch)
+    monkeypatch.setattr(kernel_binaries, "resources", lambda compiled: {"registers": 40})
+    monkeypatch.setattr(kernel_binaries, "cuobjdump", lambda compiled, flag: (compiled, flag))
+    monkeypatch.setattr(kernel_binaries, "loops", lambda sass: [loop] if sass[1] == "-sass" else [])
+    monkeypatch.setattr(kernel_binaries, "answer_as_h100", lambda: h100.append(1))
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    kernel_binaries.made, kernel_binaries.compiled, kernel_binaries.h100 = made, compiled, h100
+    return kernel_binaries
+
+
+def test_kernel_binaries_prints_each_kernels_resources_and_loops_of_the_cases_named(kernel_binaries, monkeypatch,
+                                                                                     capsys):
+    monkeypatch.setattr(sys, "argv", ["kernel_binaries.py", "--case", "top-p"])
+    assert kernel_binaries.main() == 0
+    head, *lines = capsys.readouterr().out.splitlines()
+    assert kernel_binaries.h100 == [1] and kernel_binaries.made == ["draw top-p"]  # only the case named is made
+    assert kernel_binaries.compiled == [("draw top-p_kernel", {"x": 1}, {"BLOCK": 16})]
+    assert head.startswith("sm_90 binaries, triton ") and "BAR, LDS, STS, SHFL, LDG, MUFU (LDG: in" in head
+    assert lines == ["draw top-p: draw top-p_kernel grid (3, 1) {'registers': 40}",
+                     "  loop 0x0020-0x01c0:    27 instructions, BAR 1 LDS 2 STS 3 SHFL 4 LDG 5 (6) MUFU 7"]
+
+
+def test_kernel_binaries_without_a_case_reads_every_case(kernel_binaries, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["kernel_binaries.py"])
+    assert kernel_binaries.main() == 0
+    assert kernel_binaries.made == ["draw top-p", "heads 1024"]
+
+
+@pytest.mark.parametrize("case, value, refusal", [
+    ("top_p", None, "kernel_binaries: --case 'top_p' is in no case's name; the cases: draw top-p; heads 1024\n"),
+    ("1024", " True ", "kernel_binaries: unset TRITON_INTERPRET (the interpreter compiles nothing)\n"),
+    ("", "1", "kernel_binaries: unset TRITON_INTERPRET (the interpreter compiles nothing)\n"),
+    ("", "yes", "kernel_binaries: unset TRITON_INTERPRET (the interpreter compiles nothing)\n"),
+])
+def test_kernel_binaries_refuses_a_case_in_no_name_and_the_interpreter(kernel_binaries, monkeypatch, capsys, case,
+                                                                        value, refusal):
+    monkeypatch.setattr(sys, "argv", ["kernel_binaries.py", "--case", case])
+    if value is not None:
+        monkeypatch.setenv("TRITON_INTERPRET", value)
+    assert kernel_binaries.main() == 2
+    assert capsys.readouterr() == ("", refusal)
+    assert kernel_binaries.made == [] and kernel_binaries.h100 == []
+
+
+def test_kernel_binaries_runs_with_the_interpreter_off(kernel_binaries, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["kernel_binaries.py", "--case", "1024"])
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert kernel_binaries.main() == 0
+    assert kernel_binaries.made == ["heads 1024"]
