@@ -421,3 +421,26 @@ def test_error_detection_refuses_an_unknown_schedule_before_the_planner_runs():
 
     with pytest.raises(ValueError, match="schedule must be one of"):
         error_detection(planner, _denoiser, X1, 0.5, V, "squared", V)
+
+
+def test_parallel_draws_draw_each_token_as_often_as_its_probability():
+    """One token at probability 1/2 and four at 1/8: a draw of the law, not of a law with the
+    same most likely token (Gumbel noise subtracted gives the first about 62% of the time)."""
+    x = torch.zeros(128, D, dtype=torch.long)
+    law = torch.tensor([0.5] + [0.125] * (V - 1)).log()
+    tokens, _ = parallel_draws(lambda x_in, t: law.expand(*x_in.shape, V), x, torch.ones(128, D, dtype=torch.bool),
+                               V, LinearSchedule(), V, torch.Generator().manual_seed(24))
+    assert 0.45 < (tokens == 0).float().mean() < 0.55  # 768 of 1536 expected, s.d. 20
+
+
+def test_detection_rows_take_every_seed_a_generator_takes():
+    """torch seeds a generator from any int in [0, 2**64): the largest is taken, the next refused."""
+    rows = detection_rows(_planner, _denoiser, X1, [0.5], V, "linear", V, 2**64 - 1)
+    assert rows[0]["drawn"] <= X1.numel()
+    with pytest.raises(ValueError, match="seed must be in"):
+        detection_rows(_planner, _denoiser, X1, [0.5], V, "linear", V, 2**64)
+
+
+def test_parallel_draws_refuse_an_empty_vocabulary():
+    with pytest.raises(ValueError, match="vocab_size must be >= 1, got 0"):
+        parallel_draws(_denoiser, X1, CHOSEN, V, "linear", 0)
