@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from ddpd.checkpoint import CheckpointError
 from ddpd.eval.detection import auc, detection_rows, detection_table, error_detection, parallel_draws
 from ddpd.process import LinearSchedule
 
@@ -444,3 +445,38 @@ def test_detection_rows_take_every_seed_a_generator_takes():
 def test_parallel_draws_refuse_an_empty_vocabulary():
     with pytest.raises(ValueError, match="vocab_size must be >= 1, got 0"):
         parallel_draws(_denoiser, X1, CHOSEN, V, "linear", 0)
+
+
+class _Clean(LinearSchedule):  # alpha_t = 1 at every t: corrupt adds no uniform noise, the draws alone remain
+    def alpha(self, t):
+        return torch.ones_like(torch.as_tensor(t, dtype=torch.float32))
+
+
+def test_the_draws_corruption_draws_three_rows_in_four_each_at_a_uniform_share():
+    """Without uniform noise the masked positions are the drawn ones: about 3/4 of the rows hold
+    some (a row draws at a share f ~ U(0, 1)), and those rows draw about half their positions."""
+    corruption = runpy.run_path(str(ROOT / "docs" / "parallel" / "planner_on_draws.py"))["draws_corruption"]
+    x1 = torch.randint(0, V, (400, 64), generator=torch.Generator().manual_seed(25))
+    seen = {}
+
+    def denoiser(x, t):
+        seen["x"] = x
+        return torch.zeros(*x.shape, V)
+
+    config = {"schedule": _Clean(), "vocab_size": V, "mask_id": V}
+    x, wrong = corruption(denoiser, x1, config, torch.Generator().manual_seed(26))
+    drawn = seen["x"] == V
+    rows = drawn.any(-1)
+    assert 0.66 < rows.float().mean() < 0.82  # 0.75 * 64 / 65 expected, s.d. 0.02
+    shares = drawn[rows].float().mean(-1)
+    assert 0.42 < shares.mean() < 0.58 and shares.std() > 0.2  # U(0, 1): s.d. 0.29; one share for all: 0.06
+    assert torch.equal(wrong, drawn & (x != x1))
+
+
+@pytest.mark.parametrize("script", ["planner_errors.py", "planner_on_draws.py"])
+def test_the_scripts_load_the_bundle_asked_for(tmp_path, script):
+    """--bundle replaces the bundled pair: a directory that holds none is named, not passed over."""
+    main = runpy.run_path(str(ROOT / "docs" / "parallel" / script))["main"]
+    with pytest.raises(CheckpointError, match="bundle directory not found"):
+        main(["--data", str(tmp_path / "text.txt"), "--bundle", str(tmp_path / "none"), "--out",
+              str(tmp_path / "out.csv")])
