@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddpd.checkpoint import CheckpointError
+from ddpd.checkpoint import CheckpointError, load_bundle
 from ddpd.eval.detection import auc, detection_rows, detection_table, error_detection, parallel_draws
+from ddpd.pretrained import default_bundle
 from ddpd.process import LinearSchedule
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -224,6 +225,11 @@ def test_the_fine_tuning_script_scores_the_planner_before_and_after(tmp_path, mo
     assert rows[0]["confidence"] == rows[1]["confidence"]  # the same corruption and draws both times
     assert (tmp_path / "bundle" / "planner" / "model.safetensors").is_file()
     assert "| steps | fraction |" in capsys.readouterr().out
+    # the bundle written loads back: the planner trained, the denoiser as it was
+    tuned, kept, _ = load_bundle(str(tmp_path / "bundle"))
+    planner, denoiser, _ = load_bundle(default_bundle())
+    assert not all(torch.equal(a, b) for a, b in zip(tuned.state_dict().values(), planner.state_dict().values()))
+    assert all(torch.equal(a, b) for a, b in zip(kept.state_dict().values(), denoiser.state_dict().values()))
 
 
 @pytest.mark.parametrize("score, positive, error, match", [
