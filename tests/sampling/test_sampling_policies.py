@@ -1243,3 +1243,43 @@ def test_plan_every_2_holds_the_plan_between_planner_passes(fused):
     assert held.planner_passes.eq(3).all()
     assert torch.equal(held.tokens, every.tokens)
     assert held.tokens[:, 4:].eq(26).all() and not held.tokens[:, :4].eq(26).all()
+
+
+def test_a_spreads_minimum_counts_the_planners_pick_among_its_commits():
+    """The minimum is of the step's commits, the always-committed pick included: a minimum of 2
+    at bound 0 commits the pick and the lowest risk after it, not two more."""
+    risk, eligible = torch.tensor([[0.9, 0.3, 0.1, 0.2]]), torch.ones(1, 4, dtype=torch.bool)
+    policy = ErrorBudget(0.0, 4, spread="linear")
+    assert policy.commit(risk, eligible, torch.tensor([2])).tolist() == [[True, False, True, False]]
+
+
+def test_the_choice_temperatures_noise_is_read_from_the_candidates_after_the_pick():
+    """Without known_noise column 0 is the pick, committed unranked: candidate j's rank reads noise
+    column j, so at equal risks the candidate of column 2's large noise goes first."""
+    risk, eligible = torch.tensor([[0.5, 0.5, 0.5]]), torch.ones(1, 3, dtype=torch.bool)
+    policy, noise = ErrorBudget(0.0, 3, spread="linear", choice_temperature=1.0), torch.tensor([[5.0, 0.0, 3.0]])
+    assert policy.commit(risk, eligible, torch.tensor([2]), noise).tolist() == [[True, False, True]]
+
+
+def test_the_annealed_choice_temperature_falls_to_0_at_the_last_step_as_a_float32_tensor_for_a_graph():
+    """tau (1 - (i + 1) / T): 4 at T = 4 gives 3, 2, 1, 0; a graph's step tensor gets a float32 tensor."""
+    assert [annealed(4.0, i, 4) for i in range(4)] == [3.0, 2.0, 1.0, 0.0]
+    replayed = annealed(4.0, torch.tensor(1), 4)
+    assert replayed.dtype == torch.float32 and replayed.item() == 2.0
+
+
+def test_remdm_with_an_eta_of_0_stops_a_row_the_prompt_fills_while_any_eta_runs_it_to_the_budget():
+    """eta 0 is MDLM: nothing committed is masked again, so a filled row is done; with eta > 0
+    even a row the prompt fills (unfrozen) may be masked again and runs every step."""
+    given = torch.full((2, D), 5)
+    for eta, stop in ((0.0, 0), (0.01, 4)):
+        result = mask_sample(NETWORKS["mask"], 2, D, 27, steps=4, seed=1, policy=ReMDM("cap", eta),
+                             prompt=Prompt(given, torch.zeros_like(given, dtype=torch.bool)))
+        assert ReMDM("cap", eta).remasks == (eta > 0) and result.stop_step.tolist() == [stop, stop]
+
+
+def test_entropy_bound_breaks_equal_entropies_to_the_lower_position():
+    """Of 20 masks of entropy 0.1, gamma 0.25 takes three (sums less maxima 0, 0.1, 0.2): positions
+    0, 1, 2, as the stable sort ranks them at a length where torch's default sort may not."""
+    step = _step([0.0] * 20, entropy=torch.full((1, 20), 0.1))
+    assert EntropyBound(0.25).unmask(step).tolist() == [[True] * 3 + [False] * 17]
