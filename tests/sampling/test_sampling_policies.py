@@ -1283,3 +1283,46 @@ def test_entropy_bound_breaks_equal_entropies_to_the_lower_position():
     0, 1, 2, as the stable sort ranks them at a length where torch's default sort may not."""
     step = _step([0.0] * 20, entropy=torch.full((1, 20), 0.1))
     assert EntropyBound(0.25).unmask(step).tolist() == [[True] * 3 + [False] * 17]
+
+
+def test_remdm_refuses_an_eta_above_1_a_loop_of_no_length_and_an_alpha_on_of_1():
+    """sigma is a probability, the loop phase needs t_on before t_off, and alpha_on 1 would hold
+    the run at alpha 1 with no mask left to loop over: each edge is refused, just inside it taken."""
+    with pytest.raises(ValueError, match="^eta must be"):
+        ReMDM("cap", 1.5)
+    assert ReMDM("cap", 1.0).eta == 1.0
+    with pytest.raises(ValueError, match=r"^ReMDM loop needs 0 < t_on < t_off < 1, got t_on=0.5, t_off=0.5$"):
+        ReMDM("loop", t_on=0.5, t_off=0.5)
+    with pytest.raises(ValueError, match=r"^ReMDM loop needs 0 < alpha_on < 1, got alpha_on=1.0$"):
+        ReMDM("loop", 0.0, alpha_on=1.0)
+
+
+def test_revise_above_and_the_factor_refuse_their_open_ends():
+    """revise_above q is in (0, 1): at 1 no position is ever redrawn and at 0 every one is, which
+    known_noise without revise_above already reads; a factor of 0 would commit none by the rule."""
+    for q in (0.0, 1.0):
+        with pytest.raises(ValueError, match=re.escape(f"revise_above must be in (0.0, 1.0), got {q}")):
+            ErrorBudget(known_noise=True, revise_above=q)
+    with pytest.raises(ValueError, match=re.escape("factor must be in (0.0, inf), got 0.0")):
+        ConfidenceFactor(0.0)
+    assert ErrorBudget(known_noise=True, revise_above=1e-6).revise_above == 1e-6
+    assert ConfidenceFactor(1e-6).factor == 1e-6
+
+
+def test_error_budget_refuses_no_candidates_and_a_plan_every_of_0():
+    """max_k counts the candidates a step draws, the pick among them, and plan_every the steps a
+    plan serves: at 0 a step would have no pick and ddpd_steps would divide by zero."""
+    for field in ("max_k", "plan_every"):
+        with pytest.raises(ValueError, match=f"^{field} must be >= 1, got 0"):
+            ErrorBudget(**{field: 0})
+        with pytest.raises(ValueError, match=f"{field} must be >= 1, got 0"):
+            parse_policy(f"error-budget:{field}=0")
+        assert getattr(ErrorBudget(**{field: 1}), field) == 1
+
+
+def test_remdm_loop_refuses_a_t_on_that_is_not_a_number():
+    """A bool t_on compared as 1 and was refused as out of order, a str failed a comparison:
+    each is named as not a number."""
+    for bad, shown in ((True, "bool True"), ("0.3", "str '0.3'")):
+        with pytest.raises(TypeError, match=f"^t_on must be a number, got {shown}$"):
+            ReMDM("loop", t_on=bad)
