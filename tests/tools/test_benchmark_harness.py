@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -41,6 +42,8 @@ def test_peak_memory_is_in_mib_to_a_tenth_or_na():
 # minutes on a loaded CPU. Which variant is faster is left to the clock; the tests read it back
 # from the rows written and check the table against them.
 TINY_BENCH = '''
+import os
+
 import pytest
 import torch
 
@@ -56,11 +59,12 @@ def test_tiny(compare, variant):
 
 def test_rounds(compare):
     torch.set_num_threads(1)
+    threads = int(os.environ.get("DDPD_BENCH_THREADS", "1"))
     seen = []
     compare("rounded", (2, 3), "fused", lambda: seen.append(torch.get_num_threads()), dtype="int64", rounds=3)
     assert torch.get_num_threads() == 1
     # --benchmark-disable: one call, no memory probe; else a warm-up, 3 rounds and the memory probe
-    assert seen in ([2], [2] * 5)
+    assert seen in ([threads], [threads] * 5)
 
 
 def test_alone(compare):
@@ -68,15 +72,17 @@ def test_alone(compare):
 '''
 
 
-def run_tiny_bench(tmp_path, *options):
+def run_tiny_bench(tmp_path, *options, threads: Optional[str] = "2"):
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     (tmp_path / "conftest.py").write_text((ROOT / "benchmarks" / "conftest.py").read_text())
     (tmp_path / "bench_tiny.py").write_text(TINY_BENCH)
-    env = {**os.environ, "DDPD_BENCH_THREADS": "2",
+    env = {**os.environ, "DDPD_BENCH_THREADS": threads,
            "PYTHONPATH": os.pathsep.join([str(ROOT / "benchmarks"), str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    if threads is None:
+        env.pop("DDPD_BENCH_THREADS")
     env.pop("PYTEST_ADDOPTS", None)
     run = subprocess.run([sys.executable, "-m", "pytest", "bench_tiny.py", "-q", "-p", "no:cacheprovider",
-                          "-p", "no:xdist", "--benchmark-min-rounds=1", "--benchmark-max-time=0.001",
+                          "-p", "no:xdist", "--benchmark-min-rounds=5", "--benchmark-max-time=0.001",
                           "--benchmark-warmup=off", "--rows", str(tmp_path / "rows.jsonl"), *options],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
@@ -139,6 +145,9 @@ def test_a_timed_run_tables_each_case_and_writes_fuseds_ratio_against_every_othe
     benches = {b["name"]: b for b in json.loads((tmp_path / "bench.json").read_text())["benchmarks"]}
     assert benches["test_rounds"]["stats"]["rounds"] == 3
     assert benches["test_rounds"]["group"] == "rounded 2x3 int64"
+    for r in written:  # the rows' times are medians, not means
+        assert r["baseline_median"] == pytest.approx(benches[f"test_tiny[{r['baseline']}]"]["stats"]["median"],
+                                                     rel=1e-5)
     for name, variant in [("test_tiny[related: mul]", "related: mul"), ("test_rounds", "fused")]:
         info = benches[name]["extra_info"]
         assert (info["variant"], info["threads"]) == (variant, 2)
@@ -146,9 +155,74 @@ def test_a_timed_run_tables_each_case_and_writes_fuseds_ratio_against_every_othe
 
 
 def test_a_run_with_benchmark_disable_tables_no_times_and_writes_no_rows(tmp_path):
-    lines = run_tiny_bench(tmp_path, "--benchmark-disable")
+    lines = run_tiny_bench(tmp_path, "--benchmark-disable", threads=None)
+    assert "ddpd against plain torch (1 torch threads, same run)" in " ".join(lines)
     table = table_of(lines, "tiny 8 float32 p 1")
     assert [line.split(" median ")[1] for line in table] == ["n/a"] * 5
     assert table_of(lines, "rounded 2x3 int64") == ["  fused      median n/a"]
     assert not (tmp_path / "rows.jsonl").exists()
     assert not any("rows written" in line for line in lines)
+
+
+class Reporter:
+    def __init__(self):
+        self.lines = []
+
+    def section(self, title):
+        self.lines.append(f"== {title}")
+
+    def write_line(self, line):
+        self.lines.append(line)
+
+
+class Config:
+    def __init__(self, rows):
+        self.rows = rows
+
+    def getoption(self, name):
+        assert name == "--rows"
+        return self.rows
+
+
+@pytest.fixture
+def results(monkeypatch):
+    """The harness's results, set by the test; merge and the stamp recorded, not run."""
+    monkeypatch.setattr(harness, "_results", {})
+    stamps, merged = [], []
+    monkeypatch.setattr(result_rows, "make_stamp", lambda: stamps.append(1) or {"commit": "c", "sources": "s"})
+    monkeypatch.setattr(result_rows, "merge", lambda path, new: merged.append((path, new)) or len(new))
+    return harness._results, stamps, merged
+
+
+def test_the_fastest_torch_code_is_among_the_timed_torch_variants_only(results):
+    found, _, _ = results
+    found[("op", (2,), "float32", "", "cpu")] = {
+        "torch: slow": (4e-3, None, "bench_op.py"), "torch: untimed": (None, None, "bench_op.py"),
+        "torch: quick": (3e-3, None, "bench_op.py"), "related: quicker": (1e-3, None, "bench_op.py"),
+        "reference": (5e-4, None, "bench_op.py"), "fused": (2e-3, 2**20, "bench_op.py")}
+    reporter = Reporter()
+    harness.pytest_terminal_summary(reporter, Config(""))
+    assert reporter.lines[-2:] == ["  => fastest torch code: quick (3.000 ms); fused is 1.50x faster than it",
+                                   "  => related code, another job: quicker; fused is 2.00x SLOWER than it"]
+
+
+def test_without_a_timed_fused_no_verdict_is_drawn_and_no_row_made(results):
+    found, _, merged = results
+    found[("op", (2,), "float32", "", "cpu")] = {
+        "torch: a": (4e-3, None, "bench_op.py"), "related: b": (1e-3, None, "bench_op.py"),
+        "fused": (None, None, "bench_op.py")}
+    reporter = Reporter()
+    harness.pytest_terminal_summary(reporter, Config("rows.jsonl"))
+    assert not any("=>" in line or " is " in line for line in reporter.lines)
+    assert merged == [] and harness.rows() == []
+
+
+def test_rows_of_a_run_share_one_stamp_and_none_are_written_for_rows_given_as_empty(results):
+    found, stamps, merged = results
+    for width in (2, 3):
+        found[("op", (width,), "float32", "", "cpu")] = {"torch: a": (4e-3, None, "bench_op.py"),
+                                                         "fused": (2e-3, None, "bench_op.py")}
+    reporter = Reporter()
+    harness.pytest_terminal_summary(reporter, Config(""))
+    assert merged == [] and not any("rows written" in line for line in reporter.lines)
+    assert len(stamps) == 1
