@@ -226,3 +226,14 @@ def test_rows_of_a_run_share_one_stamp_and_none_are_written_for_rows_given_as_em
     harness.pytest_terminal_summary(reporter, Config(""))
     assert merged == [] and not any("rows written" in line for line in reporter.lines)
     assert len(stamps) == 1
+
+
+def test_rows_name_each_cases_device_and_by_default_go_to_that_devices_file(results, monkeypatch):
+    found, _, merged = results
+    monkeypatch.setattr(result_rows, "device_name", lambda device: f"Chip {device}")
+    for device in ("cpu", "cuda"):
+        found[("op", (2,), "float32", "", device)] = {"torch: a": (4e-3, None, "bench_op.py"),
+                                                      "fused": (2e-3, None, "bench_op.py")}
+    harness.pytest_terminal_summary(Reporter(), Config(None))
+    assert [(path, [r["device"] for r in new]) for path, new in merged] == [
+        (result_rows.rows_file("Chip cpu"), ["Chip cpu"]), (result_rows.rows_file("Chip cuda"), ["Chip cuda"])]
