@@ -99,6 +99,14 @@ def test_learning_rate_ends_at_its_floor(corpus, tmp_path):
         config(corpus, tmp_path, lr=0.0)
 
 
+def test_min_lr_0_decays_to_0_and_a_negative_min_lr_is_refused(corpus, tmp_path):
+    """min_lr may be 0 (the rate ends at 0); below 0 it is refused."""
+    cfg = config(corpus, tmp_path, steps=10, warmup=2, lr=1e-3, min_lr=0.0)
+    assert cfg.final_lr == 0.0 and learning_rate(9, cfg) == pytest.approx(0.0, abs=1e-15)
+    with pytest.raises(ValueError, match=r"min_lr must be in \[0, lr=0.001\], got -0.0001"):
+        config(corpus, tmp_path, lr=1e-3, min_lr=-1e-4)
+
+
 def test_warmup_0_starts_at_the_peak(corpus, tmp_path):
     cfg = config(corpus, tmp_path, steps=4, warmup=0, lr=1e-3, min_lr=1e-4)
     lrs = [learning_rate(step, cfg) for step in range(4)]
@@ -185,6 +193,31 @@ def test_a_run_cut_by_the_clock_within_its_warmup_is_warned_of(corpus, tmp_path,
         assert trainer.step == 3
         assert any("warning: max_time ran out at step 3, within the warmup of 4 steps: the learning rate rose"
                    in line for line in lines) == warned, lines
+
+
+def test_a_run_cut_by_the_clock_as_its_warmup_ends_is_not_warned_of(corpus, tmp_path, monkeypatch):
+    """Cut at step 3 of a warmup of 3 steps, the run reached its peak rate and the clock's decay
+    had begun: no warning that the rate never decayed."""
+    clock = iter(range(10_000))  # a step takes one second
+    monkeypatch.setattr("ddpd.training.trainer.time.perf_counter", lambda: float(next(clock)))
+    lines = []
+    with Trainer(config(corpus, tmp_path, steps=20, warmup=3, max_time=3.0), log=lines.append) as trainer:
+        trainer.train()
+    assert trainer.step == 3
+    assert [line for line in lines if line.startswith(("stopped", "warning"))] == [
+        "stopped by max_time (3 s of training) at step 3 of 20"], lines
+
+
+def test_a_run_whose_clock_runs_out_at_its_last_step_is_not_stopped_by_it(corpus, tmp_path, monkeypatch):
+    """The clock ran out as the last step ended: the run completed its steps, so the log does
+    not say max_time stopped it."""
+    clock = iter(range(10_000))  # a step takes one second
+    monkeypatch.setattr("ddpd.training.trainer.time.perf_counter", lambda: float(next(clock)))
+    lines = []
+    with Trainer(config(corpus, tmp_path, steps=3, warmup=1, max_time=3.0, eval_every=3), log=lines.append) as trainer:
+        trainer.train()
+    assert trainer.step == 3 and trainer.out_of_time
+    assert not [line for line in lines if line.startswith(("stopped", "warning"))], lines
 
 
 def test_the_clock_s_stop_names_settings_from_the_api_and_flags_from_ddpd_train(corpus, tmp_path, capsys,
