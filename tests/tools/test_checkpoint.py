@@ -694,6 +694,15 @@ def test_non_finite_weights_are_refused(tmp_path):
         load_model(path)
 
 
+def test_non_finite_weights_in_several_tensors_name_the_first_and_count_the_rest(tmp_path):
+    model, config = tiny("planner", seed=1)
+    with torch.no_grad():
+        model.head.weight.fill_(float("inf"))
+        model.head.bias.fill_(float("nan"))
+    with pytest.raises(CheckpointError, match=r"NaN or infinite weights in head\.\w+ \(and 1 more\); the model"):
+        save_checkpoint(str(tmp_path / "ckpt"), model, config)
+
+
 def test_weights_with_a_metadata_entry_load(tmp_path):
     """safetensors' save_file(..., metadata=...) writes a __metadata__ entry, which is no tensor."""
     import hashlib
