@@ -191,8 +191,8 @@ def test_a_run_cut_by_the_clock_within_its_warmup_is_warned_of(corpus, tmp_path,
         trainer.train()
         trainer.close()
         assert trainer.step == 3
-        assert any("warning: max_time ran out at step 3, within the warmup of 4 steps: the learning rate rose"
-                   in line for line in lines) == warned, lines
+        assert any("warning: max_time ran out at step 3, within the warmup" in line for line in lines) == warned, lines
+        assert any(f"within the warmup of {warmup} steps: the learning rate rose" in line for line in lines) == warned
 
 
 def test_a_run_cut_by_the_clock_as_its_warmup_ends_is_not_warned_of(corpus, tmp_path, monkeypatch):
