@@ -217,3 +217,119 @@ def test_a_stop_check_where_no_row_stopped_keeps_the_batch():
     x = batch.x
     batch.finish(torch.zeros(4, dtype=torch.bool), 0)
     assert batch.generation == 0 and batch.x is x
+
+
+def test_a_row_stopped_before_a_check_keeps_its_first_stop_step():
+    """FusedBatch.finish records a row's stop once: a later `done` for it (the row stays frozen
+    in the batch until the check) leaves its stop step; rows never done stop at the budget."""
+    batch = sampling_batch.FusedBatch(torch.zeros(4, 3, dtype=torch.long), sync_every=3)
+    batch.finish(torch.tensor([True, False, False, False]), 0, check=False)
+    batch.finish(torch.tensor([True, True, False, False]), 5, check=False)
+    assert batch.running().tolist() == [False, False, True, True]
+    # a row stopped at step 0 is stopped too: the budget does not overwrite it
+    assert batch.result(9).stop_step.tolist() == [0, 5, 9, 9]
+
+
+def test_rows_leave_a_compacted_batch_with_their_ids_state_and_tokens():
+    """At a stop check the running rows are packed in order with their row ids, state and the
+    carried tensors; the rows that left are written to their place in the output."""
+    x = torch.arange(12).view(4, 3)
+    batch = sampling_batch.FusedBatch(x.clone(), state=dict(tag=torch.tensor([10, 11, 12, 13])))
+    carried = torch.tensor([0.0, 1.0, 2.0, 3.0])
+    kept, = batch.finish(torch.tensor([False, True, False, True]), 1, carried)
+    assert batch.rows.tolist() == [0, 2] and batch.state["tag"].tolist() == [10, 12]
+    assert kept.tolist() == [0.0, 2.0] and batch.x.tolist() == [x[0].tolist(), x[2].tolist()]
+    assert batch.generation == 1 and batch.running_rows == 2 and not batch.finished
+    batch.x += 100
+    result = batch.result(4)
+    assert result.tokens.tolist() == [(x[0] + 100).tolist(), x[1].tolist(), (x[2] + 100).tolist(), x[3].tolist()]
+    assert result.stop_step.tolist() == [4, 1, 4, 1] and result.steps == 4
+
+
+def test_an_uncompacted_batch_keeps_its_rows_at_a_check_and_counts_the_running_ones():
+    batch = sampling_batch.FusedBatch(torch.zeros(3, 2, dtype=torch.long), compaction=False)
+    x = batch.x
+    batch.finish(torch.tensor([True, True, True]), 0)
+    assert batch.x is x and batch.generation == 0 and batch.running_rows == 0 and batch.finished
+
+
+@pytest.mark.parametrize("sync_every,checks", [(1, [0, 1, 2, 3, 4, 5]), (3, [2, 5])])
+def test_stop_checks_fall_on_every_sync_every_th_step(sync_every, checks):
+    batch = sampling_batch.FusedBatch(torch.zeros(1, 2, dtype=torch.long), sync_every=sync_every)
+    assert [step for step in range(6) if batch.check_due(step)] == checks
+
+
+def test_the_reference_batch_removes_a_row_the_step_it_stops():
+    """RunningBatch.finish writes the stopped rows out at their stop step and keeps the others
+    (ids, sequences, state and carried tensors); no stop returns the carried tensors as given."""
+    x = torch.arange(8).view(4, 2)
+    batch = sampling_batch.RunningBatch(x.clone(), state=dict(tag=torch.tensor([5, 6, 7, 8])))
+    carried = torch.tensor([1, 2, 3, 4])
+    assert batch.finish(torch.zeros(4, dtype=torch.bool), 0, carried, None)[0] is carried
+    kept, none = batch.finish(torch.tensor([False, True, True, False]), 3, carried, None)
+    assert none is None and kept.tolist() == [1, 4] and batch.rows.tolist() == [0, 3]
+    assert batch.state["tag"].tolist() == [5, 8] and len(batch) == 2 and not batch.finished
+    batch.x = batch.x + 50
+    result = batch.result(7)
+    assert result.tokens.tolist() == [[50, 51], [2, 3], [4, 5], [56, 57]]
+    assert result.stop_step.tolist() == [7, 3, 3, 7] and result.steps == 7 and batch.finished
+
+
+def test_passes_and_commits_count_only_the_running_rows_a_step_uses():
+    """Per row: a planner pass counts for every running row, a denoiser pass for the rows it
+    uses, commits for the running rows; a row that stopped before the check counts nothing."""
+    batch = sampling_batch.FusedBatch(torch.zeros(3, 2, dtype=torch.long), sync_every=10)
+    batch.finish(torch.tensor([False, True, False]), 0, check=False)
+    logits = lambda x, *args: torch.zeros(*x.shape, 4)  # noqa: E731
+    batch.planner(lambda x: torch.zeros(x.shape), batch.x)
+    batch.denoiser(logits, batch.x, torch.zeros(3), 4, used=torch.tensor([True, True, False]))
+    batch.count_commits(torch.tensor([2, 3, 1]))
+    result = batch.result(1)
+    assert result.planner_passes.tolist() == [1, 0, 1] and result.denoiser_passes.tolist() == [1, 0, 0]
+    assert result.commits.tolist() == [2, 0, 1] and result.passes.tolist() == [2, 0, 1]
+    assert result.tokens_per_pass == 3 / 3
+    assert result.planner_rows == result.denoiser_rows == 3 and result.planner_rows_saved == 0
+
+
+def test_a_pass_on_some_rows_counts_for_those_rows_only():
+    batch = sampling_batch.RunningBatch(torch.zeros(4, 2, dtype=torch.long))
+    rows = torch.tensor([1, 3])
+    batch.denoiser(lambda x, t: torch.zeros(*x.shape, 3), batch.x[rows], torch.zeros(2), 3, rows=rows)
+    assert batch.result(1).denoiser_passes.tolist() == [0, 1, 0, 1]
+
+
+def test_rows_saved_are_the_rows_that_left_before_a_pass():
+    batch = sampling_batch.RunningBatch(torch.zeros(5, 2, dtype=torch.long))
+    batch.finish(torch.tensor([True, False, True, False, False]), 0)
+    batch.planner(lambda x: torch.zeros(x.shape), batch.x)
+    batch.denoiser(lambda x, t: torch.zeros(*x.shape, 3), batch.x, torch.zeros(3), 3)
+    result = batch.result(1)
+    assert (result.planner_rows, result.planner_rows_saved, result.planner_calls) == (3, 2, 1)
+    assert (result.denoiser_rows, result.denoiser_rows_saved, result.denoiser_calls) == (3, 2, 1)
+
+
+def test_tokens_per_pass_of_a_run_without_passes_is_zero():
+    """A run whose rows all stopped before any pass has no commits and no passes: 0, not a
+    division by zero."""
+    none = torch.zeros(3, dtype=torch.long)
+    result = sampling_batch.SampleResult(torch.zeros(3, 2, dtype=torch.long), 0, none, planner_passes=none,
+                                         denoiser_passes=none, commits=none)
+    assert result.tokens_per_pass == 0.0
+    result.commits, result.denoiser_passes = torch.tensor([4, 2, 0]), torch.tensor([2, 1, 1])
+    assert result.tokens_per_pass == 6 / 4
+
+
+def test_a_padding_row_takes_the_last_rows_label():
+    condition = sampling_batch.Condition(torch.tensor([7, 8, 9]), 2.0)
+    assert condition.labels_of(torch.tensor([2, 0, 3, 1])).tolist() == [9, 7, 9, 8]
+    assert condition.evaluations == 2
+    assert sampling_batch.Condition(torch.tensor([7]), 0.0).evaluations == 1
+
+
+def test_the_nan_warning_names_each_network_with_its_counts():
+    assert sampling_batch.nan_warning(0, 5, 0, 7) == ""
+    planner = sampling_batch.nan_warning(2, 5, 0, 7)
+    assert planner.startswith("the planner returned NaN in 2 of 5 passes: ") and "denoiser" not in planner
+    both = sampling_batch.nan_warning(1, 5, 3, 7)
+    assert both.startswith("the planner returned NaN in 1 of 5 passes and the denoiser returned NaN or +inf "
+                           "in 3 of 7 passes: NaN is read as -inf")
