@@ -7,6 +7,7 @@ import torch
 from ddpd.ops.sample_categorical import noise_width
 from ddpd.sampling import PhiloxNoise, draws
 from ddpd.sampling.draws import FusedDraws, ReferenceDraws, make_draws, token_noise_width
+from ddpd.sampling.noise import TorchNoise
 from ddpd.sampling.options import Execution, Truncation
 
 ROWS = torch.tensor([3, 0, 5])
@@ -134,3 +135,57 @@ def test_make_draws_builds_the_runs_batch():
         batch = fused.batch(x0)
         assert type(fused) is FusedDraws and batch.dtype == torch.float16
         assert batch.sync_every == 3 and batch.compaction is compaction
+
+
+@pytest.mark.parametrize("chunk,per_row", [(2 * 7, 5), (3 * 7, 3), (100 * 7, 2)])
+def test_token_chunks_read_each_draws_own_uniforms_of_its_row(monkeypatch, chunk, per_row):
+    """Draw j of a row reads columns j * W .. (j + 1) * W - 1 of the row's TOKEN stream, the
+    uniforms the reference reads for it, then the padded tile uniform 0.5, whatever the chunk."""
+    monkeypatch.setattr(draws, "TOKEN_CHUNK", chunk)
+    vocab, rows, noise = 7, torch.tensor([4, 1, 8]), PhiloxNoise(5, first_row=3)
+    width = token_noise_width(vocab)
+    d = FusedDraws(noise, Execution(fused=True))
+    got = torch.cat([u for _, _, u in d._token_chunks(2, rows, per_row, vocab)])
+    expected = ReferenceDraws(noise, Execution())._token_noise(2, rows, per_row, vocab)
+    assert torch.equal(got, expected)
+    assert torch.equal(got[:, :width], noise.uniform(2, draws.TOKEN, rows, per_row * width).view(-1, width))
+    assert (got[:, width:] == 0.5).all() and got.shape[1] == noise_width(vocab)
+
+
+def test_only_the_reference_run_restricts_a_pass_to_the_rows_that_draw():
+    flags = torch.tensor([False, True, False, True])
+    ref, fused = both()
+    assert ref.rows_with(flags).tolist() == [1, 3] and fused.rows_with(flags) is None
+
+
+def test_part_slices_per_draw_tensors_and_passes_numbers_through():
+    values = torch.arange(6.0)
+    assert draws._part(values, 2, 5).tolist() == [2.0, 3.0, 4.0]
+    assert draws._part(0.7, 2, 5) == 0.7 and draws._part(None, 0, 1) is None
+
+
+def test_the_reference_and_fused_plans_mask_from_the_same_uniforms():
+    """Both runs draw the mask of a mask denoiser's input from the MASK stream of the rows and
+    the positions from the SELECT stream: under one Philox source they plan alike."""
+    logits = torch.randn(3, 8, generator=torch.Generator().manual_seed(6))
+    x = torch.randint(0, 6, (3, 8), generator=torch.Generator().manual_seed(7))
+    ref, fused = (d.plan(1, logits, ROWS, 2, "sigmoid", 0.05, x, 6) for d in both())
+    assert torch.equal(ref.masked, fused.masked) and torch.equal(ref.count, fused.count)
+    assert torch.equal(ref.positions, fused.positions) and torch.equal(ref.stop, fused.stop)
+
+
+def test_fused_draws_from_a_source_without_counters_read_its_uniforms():
+    """A noise source other than Philox gives explicit uniforms to every fused draw, several a
+    row included (it has no columns to chunk)."""
+    top = torch.randint(0, 7, (6,), generator=torch.Generator().manual_seed(8))
+    d = FusedDraws(TorchNoise(torch.Generator().manual_seed(0)), Execution(fused=True),
+                   truncation=Truncation(top_k=1))
+    assert torch.equal(d.categorical(0, ROWS, peaked_logits(6, 7, top), 2, 1.0), top)
+
+
+def test_tokens_from_draws_each_rows_tokens_at_its_own_positions():
+    logits = torch.randn(3, 5, 7, generator=torch.Generator().manual_seed(9))
+    positions = torch.tensor([[0, 4], [1, 1], [3, 2]])
+    expected = logits.gather(1, positions[..., None].expand(-1, -1, 7)).argmax(-1)
+    for d in both(Truncation(top_k=1)):
+        assert torch.equal(d.tokens_from(0, ROWS, logits, positions, 1.0), expected)
