@@ -65,6 +65,15 @@ def test_bundle_ddpd_writes_jsonl(ckpts, tmp_path, capsys):
     assert "samples/s" in stderr and "planner 36 " in stderr  # 3 batches x 12 steps
 
 
+def test_the_step_budget_defaults_to_the_length_with_models_given_by_name(ckpts, tmp_path, capsys):
+    """Twice the length is the bundled default pair's budget only."""
+    out = tmp_path / "s.jsonl"
+    code, _, stderr = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--num-samples", "2", "--length", "5",
+                              "--out", str(out), "--quiet")
+    assert code == 0, stderr
+    assert [r["steps"] for r in read_jsonl(out)] == [5, 5]
+
+
 def test_quiet_prints_no_sample_and_still_writes_out(ckpts, tmp_path, capsys):
     """--quiet leaves stdout empty; --out and the summary on stderr are as without it."""
     out = tmp_path / "s.jsonl"
@@ -129,6 +138,8 @@ def test_single_model_samplers(ckpts, tmp_path, capsys, kind, argv):
     (["--policy", "error-budget", "--clock", "exact"], "--policy needs --clock planner"),
     (["--policy", "error-budget", "--k", "2", "--parallel-steps", "2"], "--policy needs --parallel-steps 0"),
     (["--sync-every", "4"], "--sync-every is a setting of the fused run: give --fused too"),
+    # the guided logits are float32: a scale past its largest finite value is refused, not made inf
+    (["--guidance-scale", "4e38"], "--guidance-scale must be at most 3.40282e+38, got 4e+38"),
     # the sampling layer's refusals name the flag
     (["--k", "99", "--parallel-steps", "1"], "--k must be in [1, 8], got 99"),
     (["--clock", "exact", "--t-end", "2"], "--t-end must be in (0.0, 1.0), got 2.0"),
@@ -1152,6 +1163,7 @@ def test_prompt_and_prompt_files(ckpts, tmp_path, capsys):
     (["--prompt", "abcd", "--length", "3"], "--prompt 'abcd' is 4 tokens long, more than the 3 of a sample"),
     # a prompt is named by its first 40 characters, a longer one by 37 and an ellipsis
     (["--prompt", "ab" * 20], f"--prompt '{'ab' * 20}' is 40 tokens long"),
+    (["--prompt", "ab" * 20 + "a"], f"--prompt '{'ab' * 18}a...' is 41 tokens long"),
     (["--prompt", "abcdefghij" * 5], f"--prompt '{'abcdefghij' * 3}abcdefg...' is 50 tokens long"),
     (["--prompts", "{missing}"], "No such file or directory"),
     (["--prompts", "{latin1}"], "prompts {latin1}: not UTF-8 text (invalid continuation byte at byte 3)\n"),
