@@ -671,6 +671,11 @@ def test_too_few_steps_are_warned_about_from_one_step_short(ckpts, capsys):
     assert code == 0 and "warning" not in err, err
 
 
+def test_a_planner_without_a_denoiser_is_refused_in_one_line(ckpts, capsys):
+    code, _, err = run_cli(capsys, "--planner", ckpts["planner"])
+    assert code == 2 and err == "ddpd-sample: error: --planner needs a --denoiser\n", err
+
+
 def test_the_too_few_steps_warning_gives_the_steps_the_parallel_stage_needs(ckpts, capsys):
     """One parallel step of --k 4 and 4 single steps reach the 8 positions: --steps 5 is enough
     (the warning asked for 8)."""
