@@ -671,6 +671,12 @@ def test_too_few_steps_are_warned_about_from_one_step_short(ckpts, capsys):
     assert code == 0 and "warning" not in err, err
 
 
+def test_a_checkpoint_with_a_planner_or_denoiser_is_refused_in_one_line(ckpts, capsys):
+    """Which models would run is ambiguous: neither is picked over the other."""
+    code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--denoiser", ckpts["mask-denoiser"])
+    assert code == 2 and err == "ddpd-sample: error: give either --checkpoint or --planner/--denoiser, not both\n", err
+
+
 def test_a_planner_without_a_denoiser_is_refused_in_one_line(ckpts, capsys):
     code, _, err = run_cli(capsys, "--planner", ckpts["planner"])
     assert code == 2 and err == "ddpd-sample: error: --planner needs a --denoiser\n", err
