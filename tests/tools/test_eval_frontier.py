@@ -1449,3 +1449,91 @@ def test_ddpd_eval_frontier_names_judge_for_the_rows_of_another_checkpoint_judge
         next(judge.parameters()).add_(1.0)
     save_checkpoint(tmp_path / "ar", judge, config)
     assert main(argv) == 2 and "measured with other judge_source (--judge) (" in capsys.readouterr().err
+
+
+def test_run_frontier_records_the_samples_unigram_entropy(tmp_path):
+    from ddpd.eval.quality import quality_metrics
+
+    samples = torch.tensor([[0, 0, 0, 0], [0, 1, 0, 1], [0, 1, 2, 3], [4, 4, 1, 2]])
+
+    def run(n, first):
+        return SimpleNamespace(tokens=samples[first:first + n], planner_passes=torch.ones(n),
+                               denoiser_passes=torch.ones(n), commits=torch.full((n,), 4))
+
+    row, = run_frontier([Config("maskgit", "maskgit", 3, 1.0, run)], judge=Uniform(5), vocab_size=5,
+                        num_samples=4, seed=0, batch_size=3, csv_path=str(tmp_path / "frontier.csv"))
+    want = quality_metrics(samples, Uniform(5), 5)
+    assert want["entropy"] != pytest.approx(want["entropy_se"])
+    assert row["entropy"] == pytest.approx(want["entropy"])
+
+
+@pytest.mark.parametrize("cell", ["sampler", "policy", "steps", "temperature", "num_samples", "seed"])
+def test_read_frontier_names_each_empty_cell_of_the_key(tmp_path, cell):
+    """A row without a cell of its key could not be told from another configuration's."""
+    path = tmp_path / "frontier.csv"
+    row = {"sampler": "maskgit", "policy": "maskgit", "steps": "3", "temperature": "1.0", "num_samples": "5",
+           "seed": "0", "judge_nll": "1.5", "entropy": "4.0", "passes": "6"}
+    write_csv([dict(row, **{cell: ""})], str(path))
+    with pytest.raises(ValueError, match=rf"line 2: not a frontier row \(no {cell}\)"):
+        read_frontier(str(path))
+
+
+@pytest.mark.parametrize("value", ["inf", "-Infinity", "nan"])
+def test_read_frontier_names_a_whole_number_cell_that_is_not_finite(tmp_path, value):
+    path = tmp_path / "frontier.csv"
+    row = {"sampler": "maskgit", "policy": "maskgit", "steps": "3", "temperature": "1.0", "num_samples": "5",
+           "seed": "0", "judge_nll": "1.5", "entropy": "4.0", "passes": "6"}
+    write_csv([dict(row, steps=value)], str(path))
+    with pytest.raises(ValueError, match=rf"line 2, column steps: '{value}' is not a whole number"):
+        read_frontier(str(path))
+
+
+def test_read_frontier_reads_a_64_bit_seed_exactly_even_written_as_a_float(tmp_path):
+    """A float would round 2**64 - 1 to 2**64: the row's key would match no configuration."""
+    path = tmp_path / "frontier.csv"
+    row = {"sampler": "maskgit", "policy": "maskgit", "steps": "3", "temperature": "1.0", "num_samples": "5",
+           "seed": f"{2 ** 64 - 1}.0", "judge_nll": "1.5", "entropy": "4.0", "passes": "6"}
+    write_csv([row], str(path))
+    assert read_frontier(str(path))[0]["seed"] == str(2 ** 64 - 1)
+
+
+def test_a_row_with_entropy_not_finite_is_left_out_of_the_reach_table():
+    """A NaN entropy fell outside every window and broke the family's temperature curve."""
+    rows = [_reach_row("a", 16, 1.9, math.nan, 20.0, budget=16), _reach_row("a", 16, 2.0, 3.8, 16.0, budget=16),
+            _reach_row("a", 16, 2.2, 4.2, 16.0, budget=16)]
+    assert passes_to_reach(rows, 2.0, 4.0) == passes_to_reach(rows[1:], 2.0, 4.0)
+
+
+def test_passes_to_reach_counts_a_row_far_below_the_target_as_reaching_it():
+    reach, = passes_to_reach([_reach_row("a", 8, 1.0, 4.0, 8.0), _reach_row("a", 16, 2.0, 4.0, 16.0)], 2.0, 4.0)
+    assert reach["reached"] and (reach["passes"], reach["judge_nll"]) == (8.0, 1.0)
+
+
+def test_plot_frontier_draws_each_line_in_order_of_passes_with_a_colour_a_family(tmp_path, monkeypatch):
+    """Rows come in the CSV's order (budgets resumed out of order): a line drawn in that order zigzags.
+    Ten families keep the ten colours of tab10."""
+    pytest.importorskip("matplotlib")
+    import ddpd.eval.frontier as frontier
+    from ddpd.eval.report import pyplot
+
+    figures = []
+    monkeypatch.setattr(frontier, "save_figure", lambda fig, path, **kw: figures.append(fig))
+    rows = [dict(sampler="maskgit", policy=f"p{i}", passes=p, temperature=1.0, entropy=3.9, judge_nll=2.0 / p)
+            for i in range(10) for p in (64, 16, 32)]
+    frontier.plot_frontier(rows, str(tmp_path / "plot.png"))
+    lines = figures[0].axes[0].get_lines()
+    drawn = [list(line.get_xdata()) for line in lines]
+    colours = [line.get_color() for line in lines]
+    tab10 = pyplot().get_cmap("tab10").colors
+    pyplot().close(figures[0])
+    assert drawn == [[16.0, 32.0, 64.0]] * 10
+    assert colours == list(tab10)
+
+
+def test_a_target_with_entropy_not_finite_leaves_the_reach_table_out_with_a_warning(capsys):
+    from ddpd.cli.frontier import _reach
+
+    target = dict(_reach_row("one-at-a-time", 8, 2.0, math.nan, 16.0), judge_nll_se=0.1, entropy_se=0.1)
+    rows = [target, _reach_row("a", 8, 2.0, 4.0, 8.0)]
+    assert _reach(rows, target, "the target") == []
+    assert "the target (the target) has judge NLL 2.0 and entropy nan" in capsys.readouterr().err
