@@ -1537,3 +1537,15 @@ def test_a_target_with_entropy_not_finite_leaves_the_reach_table_out_with_a_warn
     rows = [target, _reach_row("a", 8, 2.0, 4.0, 8.0)]
     assert _reach(rows, target, "the target") == []
     assert "the target (the target) has judge NLL 2.0 and entropy nan" in capsys.readouterr().err
+
+
+def test_the_frontier_plan_gives_a_mask_loop_a_step_for_a_budget_of_one_pass():
+    import argparse
+
+    from ddpd.cli.frontier import _plan
+    from ddpd.sampling.policies import MaskGIT
+
+    args = argparse.Namespace(samplers=["ddpd", "maskgit"], budgets=[1], temperatures=[1.0], target_steps=3,
+                              target_temperature=1.0)
+    assert _plan(args, {"ddpd": [], "maskgit": [MaskGIT()]}) == {("ddpd", None, 3, 1.0): 6,
+                                                                  ("maskgit", MaskGIT(), 1, 1.0): 1}
