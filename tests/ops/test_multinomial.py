@@ -402,6 +402,52 @@ def test_a_tensor_subclass_sees_the_registered_op():
     assert torch.equal(tokens.as_subclass(torch.Tensor), multinomial(w, 2, seed=0).tokens)
 
 
+@pytest.mark.parametrize("position", [5, 64 + 9, 2 * 64 + 63, 3 * 64, 4 * 64 + 1, 5 * 64 + 6])
+@pytest.mark.parametrize("bad", [-1e-3, float("nan"), float("inf")])
+def test_a_bad_weight_in_any_chunk_of_a_long_row_makes_it_invalid(position, bad):
+    """Rows of more than one chunk sum four chunks at a time, then the rest one at a time: a
+    bad weight in any of those chunks flags the row."""
+    w = torch.ones(3, 5 * 64 + 7)
+    w[1, position] = bad
+    for replacement in (True, False):
+        index, valid, _, _ = multinomial(w, 2, replacement, seed=4, check_valid=False)
+        assert valid.tolist() == [True, False, True], (position, bad, replacement)
+        assert index[1].tolist() == [0, 0]
+
+
+def test_a_long_row_with_exactly_k_positive_weights_draws_them_all_without_replacement():
+    w = torch.zeros(2, 200)
+    positive = [3, 70, 130, 199]
+    w[:, positive] = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    index, valid, _, _ = multinomial(w, 4, False, seed=8, check_valid=False)
+    assert valid.tolist() == [True, True]
+    assert [sorted(row) for row in index.tolist()] == [positive, positive]
+    assert multinomial(w, 5, False, seed=8, check_valid=False).valid.tolist() == [False, False]
+    one = torch.zeros(2, 200)
+    one[:, 150] = 1
+    assert multinomial(one, 1, False, seed=8, check_valid=False).tokens.tolist() == [[150], [150]]
+    assert multinomial(one, 2, False, seed=8, check_valid=False).valid.tolist() == [False, False]
+
+
+def test_a_long_row_of_zeros_is_invalid_with_or_without_replacement():
+    w = torch.ones(3, 130)
+    w[1] = 0
+    for replacement in (True, False):
+        index, valid, _, _ = multinomial(w, 1, replacement, seed=0, check_valid=False)
+        assert valid.tolist() == [True, False, True] and index[1].tolist() == [0]
+
+
+@pytest.mark.parametrize("n", [10, 130])
+def test_draws_past_the_first_sixty_four_of_a_row_read_on_in_its_stream(n):
+    """The stream's words are computed 64 draws at a time: draws 64 onwards come from the next
+    run of the row's stream, as in the reference."""
+    w = peaked_weights(9, n, n)
+    for k in (65, 150):
+        fast = multinomial(w, k, True, seed=2**64 - 7, offset=3, row_ids=torch.arange(40, 49)).tokens
+        want = multinomial_reference(w, k, True, seed=2**64 - 7, offset=3, row_ids=torch.arange(40, 49)).tokens
+        assert torch.equal(fast, want), (n, k)
+
+
 def test_float64_total_overflow_is_invalid():
     w = torch.full((2, 3), 1e308, dtype=torch.float64)
     w[1] = 1.0
