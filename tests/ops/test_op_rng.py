@@ -38,6 +38,21 @@ def test_rows_below_two_to_the_32_keep_their_pinned_uniforms():
         [21814841602648, 14188968788462], [110992586303409, 246745908406445]]
 
 
+def test_the_words_are_the_published_philox4x32_10_known_answers():
+    """Random123's known answers for Philox4x32-10 (first output word), with the counter
+    (column, row, offset low, offset high) under the key (seed low, seed high), in the
+    reference and every path of the CPU kernels; the uniform is the word's top 24 bits."""
+    cases = [(0, 0, 0, 0, 0x6627E8D5), (2**64 - 1, 2**64 - 1, 2**32 - 1, 2**32 - 1, 0x408F276D),
+             (0x299F31D0_A4093822, 0x03707344_13198A2E, 0x85A308D3, 0x243F6A88, 0xD16CFE09)]
+    for seed, offset, row, col, word in cases:
+        rows = torch.tensor([row])
+        assert philox_words(seed, offset, rows, torch.tensor([col])).item() == word
+        assert top_bits(philox_uniform_reference(seed, offset, rows, torch.tensor([col]))) == [[word >> 8]]
+        for isa in ("scalar", "best"):
+            got = cpu_ops().philox_uniforms_cpu(as_int64(seed), as_int64(offset), rows, col, 1, isa, True)
+            assert got.item() == word, (hex(seed), isa)
+
+
 def test_high_word_of_the_row_id_enters_the_stream():
     rows = torch.tensor([0, 5, 2**32 - 1])
     for high in (1, 2**31, 2**32 - 1):
