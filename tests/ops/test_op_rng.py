@@ -158,6 +158,12 @@ def test_every_vector_path_of_the_cpu_kernels_computes_the_reference_uniforms(is
             assert torch.equal(words, philox_words(seed, offset, rows, torch.arange(first, first + n))), (first, n)
 
 
+@pytest.mark.parametrize("first,n", [(-1, 2), (2**32 - 1, 2), (0, -1)])
+def test_the_cpu_kernels_refuse_columns_outside_the_32_bit_counter(first, n):
+    with pytest.raises(ValueError, match=r"columns must lie in \[0, 2\*\*32\)"):
+        cpu_ops().philox_uniforms_cpu(0, 0, torch.tensor([0]), first, n, "scalar")
+
+
 def test_philox_uniform_on_cpu_computes_runs_of_columns_in_the_extension(monkeypatch):
     """Once ddpd._C is loaded, a CPU call whose columns are a run within [0, 2**32) computes
     its uniforms in C++ (the vector paths above), the torch reference's bits; columns out of
