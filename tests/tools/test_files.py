@@ -1,5 +1,6 @@
 """ddpd.files: atomic replacement, streamed output, stale temporaries, the output lock."""
 import errno
+import hashlib
 import json
 import os
 import shutil
@@ -1259,3 +1260,63 @@ def test_a_lock_whose_file_was_deleted_is_released(tmp_path):
     os.unlink(lock.lock_path)
     lock.release()
     assert lock._fd is None and (os.getpid(), lock.path) not in files._HELD
+
+
+def test_an_output_error_keeps_the_errno_of_its_cause(tmp_path, monkeypatch):
+    """Callers tell a full disk from other failures by errno, as with any OSError."""
+    monkeypatch.setattr(files.os, "fsync", _failing(errno.ENOSPC))
+    with pytest.raises(files.OutputError) as info:
+        files.write_text(tmp_path / "report.json", "x")
+    assert info.value.errno == errno.ENOSPC
+    assert files.OutputError(tmp_path / "x", ValueError("the path is empty")).errno is None
+
+
+def test_a_set_killed_between_its_renames_leaves_a_journal_of_every_rename(tmp_path, monkeypatch):
+    """The journal's format: what the next writer reads to finish the set."""
+    monkeypatch.setattr(files.os, "replace", _failing_at(2, os.replace, errno.EIO))
+    with pytest.raises(files.OutputError), files.FileSet() as reports:
+        outs = [reports.open(tmp_path / name) for name in ("report.csv", "report.md")]
+        reports.publish()
+    journal = tmp_path / next(e for e in _entries(tmp_path) if e.startswith(f".report.csv.set-{files._HOST}-"))
+    assert json.loads(journal.read_text()) == {"ddpd-file-set": 1, "renames": [[o.temp, o.path] for o in outs],
+                                               "journals": [str(journal)]}
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="renameat2 is Linux's")
+def test_two_directories_are_swapped_in_one_step_on_linux(tmp_path):
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / name).touch()
+    assert files._exchange(str(tmp_path / "a"), str(tmp_path / "b")) is True
+    assert _entries(tmp_path / "a") == ["b"] and _entries(tmp_path / "b") == ["a"]
+
+
+def test_stale_temporaries_are_found_on_a_host_whose_name_has_hyphens(tmp_path, monkeypatch):
+    monkeypatch.setattr(files, "_HOST", "gpu-node-7")
+    monkeypatch.setattr(files, "_pid_alive", lambda pid: False)
+    stale = tmp_path / ".ck.tmp-gpu-node-7-12345-abcdefgh"
+    stale.write_text("cut short")
+    assert files.remove_stale_temps(tmp_path / "ck") == [str(stale)] and _entries(tmp_path) == []
+
+
+def test_a_lock_file_is_readable_by_others_who_are_refused(tmp_path):
+    """A writer of another user reads the holder line to say who holds the output."""
+    with files.OutputLock(tmp_path / "run") as lock:
+        assert _mode(lock.lock_path) == 0o644 & ~files._umask()
+
+
+def test_a_partial_name_cut_short_ends_with_a_tilde_and_sixteen_hex_digits_of_the_stem(tmp_path):
+    """The name a listing shows: the head that fits, then a digest naming the whole stem."""
+    stem = "s" * (files.NAME_MAX - len(".jsonl") - 4)
+    digest = hashlib.sha256(stem.encode()).hexdigest()[:16]
+    head = stem[:files.NAME_MAX - len(".partial.jsonl") - len(digest) - 1]
+    partial = files.partial_path(tmp_path / f"{stem}.jsonl")
+    assert partial == str(tmp_path / f"{head}~{digest}.partial.jsonl")
+    assert len(os.fsencode(os.path.basename(partial))) == files.NAME_MAX
+
+
+def test_a_directory_that_cannot_be_entered_is_refused_before_any_work(tmp_path, monkeypatch):
+    """Write permission without search (x) still cannot create a file in it."""
+    monkeypatch.setattr(files.os, "access", lambda path, mode: not mode & os.X_OK)
+    with pytest.raises(files.OutputError, match="is not writable"):
+        files.check_output(tmp_path / "s.jsonl")
