@@ -1320,3 +1320,49 @@ def test_a_directory_that_cannot_be_entered_is_refused_before_any_work(tmp_path,
     monkeypatch.setattr(files.os, "access", lambda path, mode: not mode & os.X_OK)
     with pytest.raises(files.OutputError, match="is not writable"):
         files.check_output(tmp_path / "s.jsonl")
+
+
+def test_a_streamed_file_in_a_missing_directory_names_the_directory(tmp_path):
+    target = tmp_path / "missing" / "s.jsonl"
+    with pytest.raises(files.OutputError) as refused:
+        files.StreamedFile(target)
+    assert str(refused.value) == f"cannot write {target}: directory {tmp_path / 'missing'} does not exist"
+    assert refused.value.errno == errno.ENOENT and _entries(tmp_path) == []
+
+
+@pytest.fixture
+def private_umask():
+    previous = os.umask(0o027)
+    yield
+    os.umask(previous)
+
+
+def test_a_new_file_gets_the_ordinary_mode_under_the_umask(tmp_path, private_umask):
+    """Not a fixed 0o644: a private umask keeps a new output private."""
+    files.write_text(tmp_path / "report.json", "{}")
+    assert _mode(tmp_path / "report.json") == 0o640
+
+
+def test_a_set_of_one_file_whose_rename_fails_leaves_only_the_previous_file(tmp_path, monkeypatch):
+    """One rename needs no journal: nothing is left for a later writer to finish."""
+    files.write_text(tmp_path / "report.csv", "v1")
+    monkeypatch.setattr(files.os, "replace", _failing(errno.EIO))
+    with pytest.raises(files.OutputError, match="report.csv: Input/output error"), files.FileSet() as reports:
+        reports.open(tmp_path / "report.csv").write("v2")
+        reports.publish()
+    assert _entries(tmp_path) == ["report.csv"] and (tmp_path / "report.csv").read_text() == "v1"
+
+
+def test_a_stale_temporary_that_cannot_be_deleted_is_not_reported_removed(tmp_path, monkeypatch):
+    stale = tmp_path / f".ck.tmp-{files._HOST}-1-abcdefgh"
+    stale.write_text("cut short")
+    monkeypatch.setattr(files, "_pid_alive", lambda pid: False)
+    real = os.unlink
+
+    def unlink(path, *args, **kwargs):  # the lock file still goes
+        if ".tmp-" in os.fspath(path):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
+        real(path, *args, **kwargs)
+
+    monkeypatch.setattr(files.os, "unlink", unlink)
+    assert files.remove_stale_temps(tmp_path / "ck") == [] and stale.exists()
