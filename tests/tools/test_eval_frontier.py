@@ -1360,13 +1360,17 @@ def test_a_resumed_row_keeps_the_budget_it_was_measured_at(tmp_path):
     assert len(calls) == 1 and budget(again[0]) == 32 and [budget(r) for r in read_frontier(path)] == [32]
 
 
-@pytest.mark.parametrize("cell", ["judge_nll", "entropy", "passes"])
-def test_read_frontier_names_each_empty_measurement(tmp_path, cell):
-    """A row without its judge NLL, entropy or passes is refused, naming the column."""
+ROW = {"sampler": "maskgit", "policy": "maskgit", "steps": "3", "temperature": "1.0", "num_samples": "5", "seed": "0",
+       "judge_nll": "1.5", "entropy": "4.0", "passes": "6"}  # a frontier.csv row, as read_frontier reads it
+
+
+@pytest.mark.parametrize("cell", ["sampler", "policy", "steps", "temperature", "num_samples", "seed", "judge_nll",
+                                  "entropy", "passes"])
+def test_read_frontier_names_each_empty_cell(tmp_path, cell):
+    """A row without its judge NLL, entropy or passes, or without a cell of its key (it could not
+    be told from another configuration's), is refused, naming the column."""
     path = tmp_path / "frontier.csv"
-    row = {"sampler": "maskgit", "policy": "maskgit", "steps": "3", "temperature": "1.0", "num_samples": "5",
-           "seed": "0", "judge_nll": "1.5", "entropy": "4.0", "passes": "6"}
-    write_csv([dict(row, **{cell: ""})], str(path))
+    write_csv([dict(ROW, **{cell: ""})], str(path))
     with pytest.raises(ValueError, match=rf"line 2: not a frontier row \(no {cell}\)"):
         read_frontier(str(path))
 
@@ -1467,23 +1471,10 @@ def test_run_frontier_records_the_samples_unigram_entropy(tmp_path):
     assert row["entropy"] == pytest.approx(want["entropy"])
 
 
-@pytest.mark.parametrize("cell", ["sampler", "policy", "steps", "temperature", "num_samples", "seed"])
-def test_read_frontier_names_each_empty_cell_of_the_key(tmp_path, cell):
-    """A row without a cell of its key could not be told from another configuration's."""
-    path = tmp_path / "frontier.csv"
-    row = {"sampler": "maskgit", "policy": "maskgit", "steps": "3", "temperature": "1.0", "num_samples": "5",
-           "seed": "0", "judge_nll": "1.5", "entropy": "4.0", "passes": "6"}
-    write_csv([dict(row, **{cell: ""})], str(path))
-    with pytest.raises(ValueError, match=rf"line 2: not a frontier row \(no {cell}\)"):
-        read_frontier(str(path))
-
-
 @pytest.mark.parametrize("value", ["inf", "-Infinity", "nan"])
 def test_read_frontier_names_a_whole_number_cell_that_is_not_finite(tmp_path, value):
     path = tmp_path / "frontier.csv"
-    row = {"sampler": "maskgit", "policy": "maskgit", "steps": "3", "temperature": "1.0", "num_samples": "5",
-           "seed": "0", "judge_nll": "1.5", "entropy": "4.0", "passes": "6"}
-    write_csv([dict(row, steps=value)], str(path))
+    write_csv([dict(ROW, steps=value)], str(path))
     with pytest.raises(ValueError, match=rf"line 2, column steps: '{value}' is not a whole number"):
         read_frontier(str(path))
 
@@ -1491,9 +1482,7 @@ def test_read_frontier_names_a_whole_number_cell_that_is_not_finite(tmp_path, va
 def test_read_frontier_reads_a_64_bit_seed_exactly_even_written_as_a_float(tmp_path):
     """A float would round 2**64 - 1 to 2**64: the row's key would match no configuration."""
     path = tmp_path / "frontier.csv"
-    row = {"sampler": "maskgit", "policy": "maskgit", "steps": "3", "temperature": "1.0", "num_samples": "5",
-           "seed": f"{2 ** 64 - 1}.0", "judge_nll": "1.5", "entropy": "4.0", "passes": "6"}
-    write_csv([row], str(path))
+    write_csv([dict(ROW, seed=f"{2 ** 64 - 1}.0")], str(path))
     assert read_frontier(str(path))[0]["seed"] == str(2 ** 64 - 1)
 
 
