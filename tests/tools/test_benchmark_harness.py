@@ -76,11 +76,13 @@ def run_tiny_bench(tmp_path, *options, threads: Optional[str] = "2"):
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     (tmp_path / "conftest.py").write_text((ROOT / "benchmarks" / "conftest.py").read_text())
     (tmp_path / "bench_tiny.py").write_text(TINY_BENCH)
-    env = {**os.environ, "DDPD_BENCH_THREADS": threads,
-           "PYTHONPATH": os.pathsep.join([str(ROOT / "benchmarks"), str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    # Not the calling pytest's variables: PYTEST_XDIST_WORKER (under -n) makes pytest-benchmark
+    # disable itself, and PYTEST_ADDOPTS would add the caller's options.
+    env = {name: value for name, value in os.environ.items() if not name.startswith("PYTEST_")}
+    env.update(DDPD_BENCH_THREADS=threads,
+               PYTHONPATH=os.pathsep.join([str(ROOT / "benchmarks"), str(ROOT), os.environ.get("PYTHONPATH", "")]))
     if threads is None:
         env.pop("DDPD_BENCH_THREADS")
-    env.pop("PYTEST_ADDOPTS", None)
     run = subprocess.run([sys.executable, "-m", "pytest", "bench_tiny.py", "-q", "-p", "no:cacheprovider",
                           "-p", "no:xdist", "--benchmark-min-rounds=5", "--benchmark-max-time=0.001",
                           "--benchmark-warmup=off", "--rows", str(tmp_path / "rows.jsonl"), *options],
