@@ -228,6 +228,28 @@ def test_the_planner_clock_counts_only_the_positions_a_prompt_leaves_noisy():
     assert times == [[0.5, 0.5]]
 
 
+def test_the_eps_stop_anneals_over_the_time_of_the_positions_a_prompt_leaves_noisy(monkeypatch):
+    """Under the eps stop Temperature(start, end) follows the planner's estimate over the positions
+    not frozen: p = 1/2 on the 4 free positions of 8 is t = 0.5, at 0.5 / alpha^{-1}(1 - eps) = 0.5 / 0.9
+    of the way to `end`; counted over all 8 positions it would be t = 0.75."""
+    from ddpd.sampling import gillespie
+
+    drawn = []
+    over_time = gillespie._over_time
+
+    def recording(run, t, t_final, k):
+        drawn.append((t.tolist(), t_final))
+        return over_time(run, t, t_final, k)
+
+    monkeypatch.setattr(gillespie, "_over_time", recording)
+    x_init = torch.full((2, 8), -1)
+    x_init[:, :4] = 1
+    ddpd_sample(lambda x: torch.zeros(x.shape), lambda x, t: torch.zeros(*x.shape, 3), 2, 8, 3, steps=1, seed=0,
+                prompt=Prompt(x_init, x_init >= 0), ddpd=DDPDOptions(stop="eps", eps=0.1),
+                temperature=Temperature(1.0, 0.0))
+    assert drawn == [([0.5, 0.5], pytest.approx(0.9))]
+
+
 def test_a_row_its_prompt_freezes_whole_gives_the_denoiser_a_time_in_0_1():
     """A row with no position left noisy stays in a fused batch without compaction: its time
     alpha^{-1}(1 - 0 / D') counts D' at least 1, else 0 / 0 gave the denoiser a NaN time."""
