@@ -673,6 +673,16 @@ def test_the_top_uniform_fires_a_certain_event_and_gives_a_positive_exponential(
     assert float(exponential(top)) > 0
 
 
+@pytest.mark.parametrize("fused", [False, True])
+def test_the_exact_clock_accepts_a_certain_event_at_the_top_uniform(fused):
+    """A planner sure that every position is noise (sum_d p = D) makes each candidate an event: the
+    acceptance reads min(u, BELOW_ONE) D < sum_d p, so u = 1.0 accepts too, and each step commits."""
+    result = ddpd_sample(lambda x: torch.full(x.shape, 30.0), M.uniform_denoiser, 3, 4, 3, steps=5,
+                         ddpd=DDPDOptions(clock="exact", t_end=0.5), noise=_Uniforms(torch.ones_like),
+                         execution=Execution(fused=fused))
+    assert result.commits.tolist() == [5, 5, 5]
+
+
 def test_check_option_takes_none_only_where_optional():
     """None passes where the keyword is optional and is a TypeError naming the class otherwise."""
     assert check_option("s", "guidance", None, Guidance, optional=True) is None
