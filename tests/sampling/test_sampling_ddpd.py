@@ -449,3 +449,16 @@ def test_exact_clock_counts_each_accepted_event_as_one_commit(fused):
                          execution=Execution(fused=fused))
     assert result.commits.gt(0).all()
     assert torch.equal(result.commits, result.denoiser_passes)
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["reference", "fused"])
+def test_a_pick_the_planner_calls_clean_for_certain_keeps_its_token(fused):
+    """Pins the commits of picks of zero weight: a planner at -inf everywhere still has a position
+    picked each step under the budget stop, and the denoiser's draw there (token 2, for certain)
+    must not be written, nor counted as a commit."""
+    x_init = torch.tensor([[0, 1, 0, 1], [1, 0, 1, 0]])
+    result = ddpd_sample(lambda x: torch.full(x.shape, float("-inf")),
+                         lambda x, t: torch.tensor([0.0, 0.0, 50.0]).expand(*x.shape, 3), 2, 4, 3, steps=3, seed=0,
+                         ddpd=DDPDOptions(stop="budget"), prompt=Prompt(x_init), execution=Execution(fused=fused))
+    assert torch.equal(result.tokens, x_init)
+    assert result.commits.tolist() == [0, 0]
