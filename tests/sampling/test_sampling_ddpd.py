@@ -462,3 +462,22 @@ def test_a_pick_the_planner_calls_clean_for_certain_keeps_its_token(fused):
                          ddpd=DDPDOptions(stop="budget"), prompt=Prompt(x_init), execution=Execution(fused=fused))
     assert torch.equal(result.tokens, x_init)
     assert result.commits.tolist() == [0, 0]
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["reference", "fused"])
+@pytest.mark.parametrize("clock", ["planner", "exact"])
+def test_a_mask_denoiser_gets_the_time_of_the_masks_in_its_input(clock, fused):
+    """Pins the mask denoiser's time on either clock: t = alpha^{-1}(1 - #masked / D), the time of
+    the masked sequence it is handed (1 - #masked / D on the linear schedule), not the clock's."""
+    calls = []
+
+    def denoiser(x, t):
+        calls.append((x.clone(), t.clone()))
+        return torch.zeros(*x.shape, 3)
+
+    options = DDPDOptions(clock="exact", t_end=0.9) if clock == "exact" else DDPDOptions(stop="budget")
+    ddpd_sample(lambda x: torch.zeros(x.shape), denoiser, 4, 6, 3, steps=8, ddpd=options, denoiser_type="mask",
+                seed=0, execution=Execution(fused=fused))
+    assert calls
+    for x, t in calls:
+        assert torch.allclose(t, 1.0 - (x == 3).sum(1) / 6), (x, t)
