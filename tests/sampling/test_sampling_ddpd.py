@@ -7,6 +7,7 @@
     the law) over 300 repeats, plus 0.005 (oracles/stats.py).
 """
 import dataclasses
+import math
 from pathlib import Path
 
 import pytest
@@ -481,3 +482,28 @@ def test_a_mask_denoiser_gets_the_time_of_the_masks_in_its_input(clock, fused):
     assert calls
     for x, t in calls:
         assert torch.allclose(t, 1.0 - (x == 3).sum(1) / 6), (x, t)
+
+
+class _ClockFrom:
+    """Philox noise whose CLOCK uniforms are u0 at step 0 and 1.0 (the shortest holding time) after."""
+
+    def __init__(self, u0):
+        self.u0, self.source = u0, PhiloxNoise(0)
+
+    def uniform(self, step, stream, rows, cols):
+        if stream == CLOCK:
+            return torch.full((rows.numel(), cols), self.u0 if step == 0 else 1.0)
+        return self.source.uniform(step, stream, rows, cols)
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["reference", "fused"])
+def test_exact_clock_adds_up_holding_times_below_float32_resolution(fused):
+    """The clock s sums Exp(1) / D holding times in float64: after a first time near 4, where the
+    float32 spacing is 4.8e-7, 20.5 times of 6e-8 each still reach s_end, and the row stops at
+    step 21; summed in float32 they would be lost and the row would run to the budget."""
+    first, short = (float(exponential(torch.tensor([u]))) for u in (math.exp(-4.0), 1.0))
+    s_end = first + 20.5 * short
+    result = ddpd_sample(lambda x: torch.full(x.shape, float("-inf")), lambda x, t: torch.zeros(*x.shape, 3),
+                         2, 1, 3, steps=50, ddpd=DDPDOptions(clock="exact", t_end=-math.expm1(-s_end)),
+                         noise=_ClockFrom(math.exp(-4.0)), execution=Execution(fused=fused, sync_every=1))
+    assert result.stop_step.tolist() == [21, 21]
