@@ -507,3 +507,14 @@ def test_exact_clock_adds_up_holding_times_below_float32_resolution(fused):
                          2, 1, 3, steps=50, ddpd=DDPDOptions(clock="exact", t_end=-math.expm1(-s_end)),
                          noise=_ClockFrom(math.exp(-4.0)), execution=Execution(fused=fused, sync_every=1))
     assert result.stop_step.tolist() == [21, 21]
+
+
+def test_the_fused_exact_clock_keeps_stopped_rows_until_a_stop_check():
+    """Pins where the fused exact clock's rows leave the batch: at a stop check only (every
+    sync_every-th step), so with sync_every past every row's stop each planner pass takes all 32
+    rows (a check at every step would let each leave as it stops)."""
+    result = ddpd_sample(lambda x: torch.full(x.shape, float("-inf")), lambda x, t: torch.zeros(*x.shape, 5),
+                         32, 4, 5, steps=200, ddpd=DDPDOptions(clock="exact", t_end=0.5), noise=PhiloxNoise(7),
+                         execution=Execution(fused=True, sync_every=16))
+    assert result.stop_step.max() < 15 and result.stop_step.unique().numel() > 1
+    assert result.planner_calls == 15 and result.planner_rows == 32 * 15
