@@ -518,3 +518,14 @@ def test_the_fused_exact_clock_keeps_stopped_rows_until_a_stop_check():
                          execution=Execution(fused=True, sync_every=16))
     assert result.stop_step.max() < 15 and result.stop_step.unique().numel() > 1
     assert result.planner_calls == 15 and result.planner_rows == 32 * 15
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["reference", "fused"])
+def test_single_uniform_model_exact_clock_calls_the_model_once_a_step(fused):
+    """On the exact clock the planning call's p(x_1 | x_t) at the clock's time serves the denoiser
+    too: a row takes one model pass per candidate before its stop, accepted or not, never a second
+    call for the accepted event's draw."""
+    result = ddpd_sample_uniform(lambda x, t: torch.zeros(*x.shape, 3), 4, 5, 3, steps=60, seed=0,
+                                 ddpd=DDPDOptions(clock="exact", t_end=0.9), execution=Execution(fused=fused))
+    assert result.commits.gt(0).all() and result.planner_calls == 0
+    assert torch.equal(result.denoiser_passes, result.stop_step)
