@@ -699,6 +699,14 @@ def test_the_last_step_puts_the_unwritten_positions_in_place_of_the_last_written
     assert first.tolist() == [[True] * 3, [True] * 3, [False, False, True]]
 
 
+def test_the_last_step_takes_the_missing_unwritten_positions_in_position_order_on_a_long_row():
+    """Over 64 positions, 32 unwritten (the even ones) and none picked: the four written picks give
+    their places to positions 0, 2, 4, 6, the first in position order, the last pick to 0."""
+    unwritten = (torch.arange(64) % 2 == 0)[None]
+    positions, first = _unwritten_first(torch.tensor([[1, 3, 5, 7]]), unwritten)
+    assert positions.tolist() == [[6, 4, 2, 0]] and first.all()
+
+
 def test_the_unwritten_candidates_are_committed_first():
     """At bound 0 the lowest risk would be column 0; the unwritten column 2 is committed instead."""
     risk, eligible, one = torch.tensor([[0.1, 0.2, 0.9]]), torch.ones(1, 3, dtype=torch.bool), torch.ones(1).long()
