@@ -251,6 +251,32 @@ def test_the_eps_stop_anneals_over_the_time_of_the_positions_a_prompt_leaves_noi
     assert drawn == [([0.5, 0.5], pytest.approx(0.9))]
 
 
+def test_the_eps_stop_gives_each_of_a_rows_k_draws_the_rows_temperature(monkeypatch):
+    """With k = 2 the temperatures under the eps stop are a row's two draws after another: row 0
+    (p = 1/2 at 4 positions, t = 0.5) draws at 1 - 0.5 / 0.9 twice, then row 1 (p = 1/2 at one
+    position, t = 0.875) at 1 - 0.875 / 0.9 twice."""
+    from ddpd.sampling import gillespie
+
+    drawn = []
+    over_time = gillespie._over_time
+
+    def recording(run, t, t_final, k):
+        temperature = over_time(run, t, t_final, k)
+        drawn.append(temperature.tolist())
+        return temperature
+
+    def planner(x):
+        logits = torch.zeros(x.shape)
+        logits[1, 1:] = float("-inf")
+        return logits
+
+    monkeypatch.setattr(gillespie, "_over_time", recording)
+    ddpd_sample(planner, lambda x, t: torch.zeros(*x.shape, 3), 2, 4, 3, steps=1, seed=0,
+                ddpd=DDPDOptions(stop="eps", eps=0.1, k=2, parallel_steps=1), temperature=Temperature(1.0, 0.0))
+    first, second = 1.0 - 0.5 / 0.9, 1.0 - 0.875 / 0.9
+    assert drawn == [pytest.approx([first, first, second, second], abs=1e-6)]
+
+
 def test_a_row_its_prompt_freezes_whole_gives_the_denoiser_a_time_in_0_1():
     """A row with no position left noisy stays in a fused batch without compaction: its time
     alpha^{-1}(1 - 0 / D') counts D' at least 1, else 0 / 0 gave the denoiser a NaN time."""
