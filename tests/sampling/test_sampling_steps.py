@@ -302,6 +302,15 @@ def test_time_estimates():
     assert torch.allclose(cosine.schedule.alpha(mask_time(torch.tensor([1]), cosine)), torch.tensor([0.75]))
 
 
+def test_the_planner_time_runs_from_0_at_all_noise_to_1_at_clean():
+    """t = alpha^{-1}(1 - sum_d p / D) at its ends: a planner sure every position is noise (or a
+    sum rounded just past D) gives t = 0, one sure none is gives t = 1; with `noisy` the share is
+    of the positions that can be noise."""
+    run = Run(1, 4, 3, 1, Temperature(), LinearSchedule(), None, PhiloxNoise(0), None)
+    assert planner_time(torch.tensor([4.0, 4.0001, 0.0]), run).tolist() == [0.0, 0.0, 1.0]
+    assert planner_time(torch.tensor([1.0, 0.0]), run, torch.tensor([2.0, 1.0])).tolist() == [0.5, 1.0]
+
+
 def test_write_changes_only_the_allowed_chosen_positions():
     x = torch.tensor([[0, 1, 2, 3]])
     out = write(x, torch.tensor([[2, 0]]), torch.tensor([[4, 4]]), torch.tensor([[True, False]]))
