@@ -92,10 +92,12 @@ def test_tau_leaping_last_step_clears_a_mask_whose_uniform_is_one(fused):
     assert int(result.tokens.max()) < 2, "a mask id (2) is left in the sample"
 
 
+@pytest.mark.parametrize("eta", [0.0, 0.5])
 @pytest.mark.parametrize("steps", [1, 2])
-def test_tau_leaping_last_step_clears_every_mask_whatever_the_schedule(steps):
+def test_tau_leaping_last_step_clears_every_mask_whatever_the_schedule(steps, eta):
     """The last step unmasks with probability 1: on the linear schedule the rate there gives 1
-    anyway, on alpha = t^2 it gives dt alpha_dot / (1 - alpha) = 0 (T = 1) or 2/3 (T = 2)."""
+    anyway, on alpha = t^2 it gives dt alpha_dot / (1 - alpha) = 0 (T = 1) or 2/3 (T = 2), and
+    with remasking dt (alpha_dot + eta alpha) / (1 - alpha) = 0 (T = 1) or 3/4 (T = 2, eta = 1/2)."""
     from ddpd.process import CustomSchedule
 
     square = CustomSchedule(lambda t: t**2, lambda t: 2 * t, lambda a: a.sqrt())
@@ -103,7 +105,7 @@ def test_tau_leaping_last_step_clears_every_mask_whatever_the_schedule(steps):
     def denoiser(x, t):
         return torch.zeros(*x.shape, 2)
 
-    result = tau_leaping_mask(denoiser, 4, 16, 2, steps=steps, schedule=square, seed=0)
+    result = tau_leaping_mask(denoiser, 4, 16, 2, steps=steps, eta=eta, schedule=square, seed=0)
     assert int(result.tokens.max()) < 2, "a mask id (2) is left in the sample"
 
 
