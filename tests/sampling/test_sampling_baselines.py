@@ -294,6 +294,31 @@ def test_tau_leaping_uniform_clamps_the_rate_before_the_stay_factor():
     assert 0.4 < moved < 0.6, moved
 
 
+@pytest.mark.parametrize("sampler", ["uniform", "planned uniform", "planned mask"])
+def test_tau_leaping_uniform_noise_last_step_moves_every_noisy_position(sampler):
+    """The last step jumps with rate times dt taken as 1 whatever the schedule: on alpha = t^2
+    with T = 1 the rate there is 0, yet a model sure of token 0 (p_stay = 0 elsewhere), or a
+    planner sure every position is noise, moves every position to 0."""
+    from ddpd.process import CustomSchedule
+
+    square = CustomSchedule(lambda t: t**2, lambda t: 2 * t, lambda a: a.sqrt())
+
+    def sure_of_zero(x, t):
+        logits = torch.full((*x.shape, 2), -30.0)
+        logits[..., 0] = 0.0
+        return logits
+
+    def planner(x):
+        return torch.full(x.shape, 30.0)
+
+    kw = dict(steps=1, schedule=square, seed=0)
+    if sampler == "uniform":
+        result = tau_leaping_uniform(sure_of_zero, 4, 64, 2, **kw)
+    else:
+        result = tau_leaping_planned(planner, sure_of_zero, 4, 64, 2, denoiser_type=sampler.split()[1], **kw)
+    assert (result.tokens == 0).all()
+
+
 def test_tau_leaping_mask_reference_run_never_calls_the_denoiser_on_no_rows():
     """A step where no row unmasks costs no call: the reference run passes only the rows with
     a draw, and an empty batch is not one a denoiser has to accept."""
