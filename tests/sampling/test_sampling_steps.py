@@ -544,9 +544,11 @@ class _HiddenElsewhere(torch.nn.Module):
      "denoiser must return its output on the run's device cpu"),
     (lambda e: tau_leaping_planned(_elsewhere(M.planner), M.mask_denoiser, 2, 4, 3, steps=3, seed=0, execution=e,
                                    denoiser_type="mask"), "planner must return its output on the run's device cpu"),
+    (lambda e: tau_leaping_uniform(_elsewhere(M.uniform_model), 2, 4, 3, steps=3, seed=0, execution=e),
+     "model must return its output on the run's device cpu"),
     (lambda e: ddpd_sample(M.planner, _HiddenElsewhere(), 2, 4, 3, steps=3, seed=0, execution=e),
      r"denoiser(\.hidden)? must return its output on the run's device cpu \(where x is\), got meta"),
-], ids=["planner", "denoiser", "uniform model", "maskgit", "tau planned", "head"])
+], ids=["planner", "denoiser", "uniform model", "maskgit", "tau planned", "tau uniform model", "head"])
 def test_a_network_output_on_another_device_is_refused_with_a_clear_error(call, match, fused):
     """Outputs off the run's device failed deep in torch (the reference) or named an op's
     argument (the fused run) rather than the network."""
