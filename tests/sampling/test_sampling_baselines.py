@@ -319,6 +319,26 @@ def test_tau_leaping_uniform_noise_last_step_moves_every_noisy_position(sampler)
     assert (result.tokens == 0).all()
 
 
+@pytest.mark.parametrize("fused", [False, True])
+def test_tau_leaping_mask_denoiser_sees_the_step_start_at_the_grid_time(fused):
+    """Every jump of a step is applied at its end: step i's denoiser is called at t = i / T on
+    the state the step starts from, so a position remasked in the step (EVENT uniform below
+    eta dt = 1/2 at a token) still holds its token in the denoiser's input."""
+    from ddpd.sampling.noise import EVENT, happens
+
+    calls = []
+
+    def denoiser(x, t):
+        calls.append((x.clone(), t.clone()))
+        return torch.zeros(*x.shape, 2)
+
+    tau_leaping_mask(denoiser, 1, 64, 2, steps=4, eta=2.0, noise=PhiloxNoise(0), execution=Execution(fused=fused))
+    assert [t.tolist() for _, t in calls] == [[0.0], [0.25], [0.5], [0.75]]
+    x1 = calls[1][0]
+    remasked = (x1 != 2) & happens(PhiloxNoise(0).uniform(1, EVENT, torch.tensor([0]), 64), 0.5)
+    assert remasked.any()
+
+
 def test_tau_leaping_mask_reference_run_never_calls_the_denoiser_on_no_rows():
     """A step where no row unmasks costs no call: the reference run passes only the rows with
     a draw, and an empty batch is not one a denoiser has to accept."""
