@@ -76,6 +76,25 @@ def test_tau_leaping_mask_with_eta_stops_only_at_the_end():
     assert result.denoiser_rows <= 64 * problem.D  # only rows with an unmasking call the denoiser
 
 
+def test_tau_leaping_mask_without_remasking_stops_a_row_at_the_step_after_its_last_mask():
+    """With eta = 0 a row's stop_step is the step after the one that unmasked its last mask:
+    the reference run calls the denoiser of a one-row batch at t = i / T in the steps that
+    unmask, so stop_step is T times the last call's time plus 1."""
+    early = 0
+    for seed in range(6):
+        times = []
+
+        def denoiser(x, t):
+            times.append(float(t[0]))
+            return torch.zeros(*x.shape, 2)
+
+        result = tau_leaping_mask(denoiser, 1, 3, 2, steps=16, seed=seed)
+        assert int(result.stop_step[0]) == round(16 * times[-1]) + 1
+        assert int(result.denoiser_passes[0]) == len(times)
+        early += int(result.stop_step[0]) < 16
+    assert early > 0
+
+
 @pytest.mark.parametrize("fused", [False, True])
 def test_tau_leaping_last_step_clears_a_mask_whose_uniform_is_one(fused):
     from ddpd.sampling.noise import EVENT
