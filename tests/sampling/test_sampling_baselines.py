@@ -353,6 +353,7 @@ def test_tau_leaping_mask_denoiser_sees_the_step_start_at_the_grid_time(fused):
 
     tau_leaping_mask(denoiser, 1, 64, 2, steps=4, eta=2.0, noise=PhiloxNoise(0), execution=Execution(fused=fused))
     assert [t.tolist() for _, t in calls] == [[0.0], [0.25], [0.5], [0.75]]
+    assert all(t.dtype == torch.float32 for _, t in calls)
     x1 = calls[1][0]
     remasked = (x1 != 2) & happens(PhiloxNoise(0).uniform(1, EVENT, torch.tensor([0]), 64), 0.5)
     assert remasked.any()
