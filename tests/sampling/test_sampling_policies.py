@@ -1334,3 +1334,22 @@ def test_remdm_loop_refuses_a_t_on_that_is_not_a_number():
     for bad, shown in ((True, "bool True"), ("0.3", "str '0.3'")):
         with pytest.raises(TypeError, match=f"^t_on must be a number, got {shown}$"):
             ReMDM("loop", t_on=bad)
+
+
+def test_remdm_moves_read_the_steps_event_uniforms():
+    """ReMDM decides each position's unmasking or remasking on the step's EVENT uniform (Step.uniforms),
+    the stream tau-leaping's events read; the CONFIDENCE stream (MaskGIT's Gumbel noise) is not drawn."""
+    from ddpd.sampling.noise import CONFIDENCE, EVENT, PhiloxNoise
+
+    streams = []
+
+    class Recorded(PhiloxNoise):
+        def uniform(self, step, stream, rows, cols):
+            streams.append(stream)
+            return super().uniform(step, stream, rows, cols)
+
+    def denoiser(x, t):
+        return torch.zeros(*x.shape, 3)
+
+    mask_sample(denoiser, 2, 6, 3, steps=4, policy=ReMDM("cap", 0.5), noise=Recorded(0))
+    assert streams.count(EVENT) == 4 and CONFIDENCE not in streams
