@@ -28,7 +28,7 @@ from ddpd.sampling import (
 from ddpd.sampling.common import Run, run_steps, setup, write
 from ddpd.sampling.draws import FusedDraws, ReferenceDraws
 from ddpd.sampling.gillespie import mask_time, planner_time
-from ddpd.sampling.noise import NUM_STREAMS, SELECT, exponential, gumbel, happens, make_noise
+from ddpd.sampling.noise import NUM_STREAMS, SELECT, exponential, gumbel, happens, make_noise, stream_offset
 from ddpd.sampling.options import Guidance, Truncation, check_option
 from ddpd.sampling.policies import ErrorBudget
 from oracles.fixtures import single_thread  # noqa: F401  (autouse)
@@ -98,7 +98,19 @@ def test_row_ids_are_64_bit_end_to_end():
 def test_torch_noise_is_on_the_open_grid():
     u = TorchNoise(torch.Generator().manual_seed(0)).uniform(0, 0, torch.arange(1000), 100)
     assert (u > 0).all() and (u < 1).all()
+    assert float(u.min()) < 0.001 and float(u.max()) > 0.999  # the whole grid, not a part of it
     assert torch.equal(u, ((u * 2**24 - 0.5).round() + 0.5) * 2**-24)
+
+
+def test_a_step_tensor_gives_the_offset_an_int_step_gives():
+    """A replayed step's offset is an int64 tensor (the bits of the uint64): the int step's
+    offset at every base, the top half of the range included, and with the stream added."""
+    for base in (0, 5, 2**63 - 1, 2**63, 2**64 - 3):
+        for step, stream in ((0, SELECT), (3, NUM_STREAMS - 1)):
+            offset = stream_offset(base, torch.tensor(step), stream)
+            assert offset.dtype == torch.int64
+            expected = (base + step * NUM_STREAMS + stream) % 2**64
+            assert int(offset) % 2**64 == stream_offset(base, step, stream) == expected
 
 
 def test_transforms_stay_finite_at_the_ends_of_the_grid():
@@ -700,6 +712,13 @@ def test_the_exact_clock_accepts_a_certain_event_at_the_top_uniform(fused):
                          ddpd=DDPDOptions(clock="exact", t_end=0.5), noise=_Uniforms(torch.ones_like),
                          execution=Execution(fused=fused))
     assert result.commits.tolist() == [5, 5, 5]
+
+
+def test_an_event_needs_a_uniform_below_its_probability():
+    """happens(u, p) is u < p, as ddpd.ops.bernoulli draws: u == p is no event, and p = 0 never fires."""
+    u = torch.tensor([2**-25, 0.25, 0.5])
+    assert not happens(u, u).any() and not happens(u, 0.0).any()
+    assert happens(u, torch.nextafter(u, torch.ones(3))).all()
 
 
 def test_check_option_takes_none_only_where_optional():
