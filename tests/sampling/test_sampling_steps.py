@@ -120,7 +120,8 @@ def test_transforms_stay_finite_at_the_ends_of_the_grid():
 
 
 def test_make_noise_arguments():
-    assert isinstance(make_noise(seed=3), PhiloxNoise)
+    seeded = make_noise(seed=3)  # PhiloxNoise(seed): a sampler's seed=3 draws what noise=PhiloxNoise(3) draws
+    assert isinstance(seeded, PhiloxNoise) and (seeded.seed, seeded.offset, seeded.first_row) == (3, 0, 0)
     g = torch.Generator().manual_seed(0)
     a, b = make_noise(generator=g), make_noise(generator=torch.Generator().manual_seed(0))
     assert (a.seed, a.offset) == (b.seed, b.offset)
@@ -486,6 +487,7 @@ BAD_ARGUMENTS = [
     (lambda: ddpd_sample(None, M.uniform_denoiser, 2, 4, 3, steps=3), TypeError, "planner"),
     (lambda: ddpd_sample(M.planner, M.uniform_denoiser, 0, 4, 3, steps=3), ValueError, "batch_size"),
     (lambda: ddpd_sample(M.planner, M.uniform_denoiser, 2, 4, 1, steps=3), ValueError, "vocab_size"),
+    (lambda: maskgit_sample(M.mask_denoiser, 2, 0, 3, steps=3), ValueError, r"^length must be >= 1, got 0$"),
     (lambda: ddpd_sample(M.planner, lambda x, t: torch.zeros(x.shape[0], 4, 5), 2, 4, 3, steps=3, seed=0),
      ValueError, "denoiser must return"),
     (lambda: ddpd_sample(lambda x: torch.zeros(x.shape[0], 3), M.uniform_denoiser, 2, 4, 3, steps=3, seed=0),
