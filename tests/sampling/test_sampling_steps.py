@@ -196,6 +196,14 @@ def test_each_step_runs_at_its_own_temperature():
     assert seen == [(0, 1.0, False), (1, 0.75, False), (2, 0.5, False), (3, 0.25, False), (4, 0.0, True)]
 
 
+def test_a_plain_number_temperature_is_the_fixed_temperature():
+    """setup takes what Temperature(...) takes: an int 1 runs at Temperature(1.0)."""
+    def run(temperature):
+        return maskgit_sample(M.mask_denoiser, 3, 4, 3, steps=3, temperature=temperature, seed=2).tokens
+
+    assert torch.equal(run(1), run(Temperature(1.0))) and torch.equal(run(0), run(Temperature(0.0)))
+
+
 def test_temperature_over_a_runs_time():
     t = Temperature(1.0, 0.2)
     value = t.over(torch.tensor([0.0, 0.5, 1.0, 1.7, -0.1]))
