@@ -2,6 +2,7 @@
 bookkeeping, argument checks.
 """
 
+import argparse
 import re
 
 import numpy as np
@@ -131,6 +132,9 @@ def test_make_noise_arguments():
         make_noise(generator=3)
     with pytest.raises(TypeError, match="noise"):
         make_noise(noise=object())
+    message = "noise must have a uniform(step, stream, rows, cols) method, got Namespace"
+    with pytest.raises(TypeError, match=f"^{re.escape(message)}$"):
+        make_noise(noise=argparse.Namespace(uniform=0.5))  # an attribute, not a method
     with pytest.raises(ValueError, match="seed"):
         make_noise(seed=-1)
 
@@ -313,6 +317,22 @@ def test_a_mask_id_inside_the_vocabulary_is_refused(sampler):
     with pytest.raises(ValueError, match="mask_id must be >= 3, got 2"):
         SAMPLERS[sampler](2, seed=0, mask_id=2)
     assert SAMPLERS[sampler](2, seed=0, mask_id=3).tokens.max() < 3
+
+
+def test_a_mask_run_starts_from_its_own_mask_id():
+    """A mask id past vocab_size is the token of the all-mask start, not vocab_size."""
+    first = []
+
+    def denoiser(x, t):
+        first.append(x.clone())
+        return torch.zeros(*x.shape, 3)
+
+    tokens = maskgit_sample(denoiser, 2, 4, 3, steps=2, seed=0, mask_id=5).tokens
+    assert torch.equal(first[0], torch.full((2, 4), 5)) and tokens.max() < 3
+    start = common.start(*setup("s", 2, 4, 3, steps=2, temperature=1.0, schedule="linear", seed=0, generator=None,
+                                noise=None, device=None, prompt=None, guidance=None, truncation=Truncation(),
+                                execution=Execution(), mask_id=5, masks=True), masks=True)
+    assert torch.equal(start.x, torch.full((2, 4), 5))
 
 
 def test_time_estimates():
