@@ -123,6 +123,8 @@ def test_transforms_stay_finite_at_the_ends_of_the_grid():
 def test_make_noise_arguments():
     seeded = make_noise(seed=3)  # PhiloxNoise(seed): a sampler's seed=3 draws what noise=PhiloxNoise(3) draws
     assert isinstance(seeded, PhiloxNoise) and (seeded.seed, seeded.offset, seeded.first_row) == (3, 0, 0)
+    for own in (PhiloxNoise(3), TorchNoise()):  # ddpd's own sources, used as given (Philox: drawn in the kernels)
+        assert make_noise(noise=own) is own
     g = torch.Generator().manual_seed(0)
     a, b = make_noise(generator=g), make_noise(generator=torch.Generator().manual_seed(0))
     assert (a.seed, a.offset) == (b.seed, b.offset)
