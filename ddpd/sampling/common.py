@@ -40,7 +40,6 @@ class Run:
     x_init: Optional[Tensor] = None
     frozen: Optional[Tensor] = None
     condition: Optional[Condition] = None
-    truncation: Truncation = Truncation()
 
     def temperature_at(self, step: int) -> float:
         """The temperature of a step (Temperature.at over the run's steps).
@@ -111,7 +110,7 @@ def setup(sampler: str, batch_size, length, vocab_size, *, steps, temperature, s
     dtype = resolve_dtype(execution.dtype, device)
     x_init, frozen = (None, None) if prompt is None else (prompt.x_init, prompt.frozen)
     run = Run(batch_size, length, vocab_size, steps, temperature, schedule, mask_id, noise, device, x_init, frozen,
-              condition, truncation)
+              condition)
     return run, make_draws(noise, execution, dtype, truncation)
 
 
