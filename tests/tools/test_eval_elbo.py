@@ -888,3 +888,22 @@ def test_evaluate_elbo_defaults_and_batch_size_check():
     for evaluate in (evaluate_elbo, evaluate_denoising):
         with pytest.raises(ValueError, match="^batch_size must be >= 1, got 0$"):
             evaluate(ModelSet(V, uniform_model=model), x1, batch_size=0)
+
+
+def test_every_estimator_names_a_network_given_as_a_path():
+    """A checkpoint path given for a network is refused naming the argument, not met as "'str'
+    object is not callable" from inside the first forward pass."""
+    def network(x, t=None):
+        return torch.zeros(*x.shape, V) if t is not None else torch.zeros(x.shape)
+
+    x1, path = torch.zeros(2, 4, dtype=torch.long), "runs/network"
+    calls = [
+        ("model", lambda: elbo_uniform_model(path, x1, V)),
+        ("planner", lambda: elbo_planned(path, network, x1, V)),
+        ("denoiser", lambda: elbo_planned(network, path, x1, V)),
+        ("denoiser", lambda: elbo_planned(network, path, x1, V, denoiser_type="mask")),
+        ("denoiser", lambda: elbo_mask_diffusion(path, x1, V)),
+    ]
+    for name, call in calls:
+        with pytest.raises(TypeError, match=f"^{name} must be callable, got str$"):
+            call()
