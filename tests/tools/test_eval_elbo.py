@@ -907,3 +907,25 @@ def test_every_estimator_names_a_network_given_as_a_path():
     for name, call in calls:
         with pytest.raises(TypeError, match=f"^{name} must be callable, got str$"):
             call()
+
+
+def test_sample_m_of_an_estimate_reads_its_stratum_of_each_integral():
+    """Sample m of M draws alpha = a u (the corrupted state) and s = s_max u (the all-clean
+    part) with u in its stratum [m / M, (m + 1) / M] for every row, as EvalNoise.stratified
+    gives: plain uniforms leave the estimate unbiased but lose the variance reduction. The
+    linear schedule's t is alpha; the model is called at the corrupted time, the clean time and
+    t_max in turn."""
+    times = []
+
+    def model(x, t):
+        times.append(t.double())
+        return torch.zeros(*x.shape, V)
+
+    samples, t_max = 4, 0.9
+    elbo_uniform_model(model, torch.zeros(8, 4, dtype=torch.long), V, mc_samples=samples, t_max=t_max, seed=2)
+    assert len(times) == 3 * samples
+    for m in range(samples):
+        corrupted, clean, final = times[3 * m:3 * m + 3]
+        for u in (corrupted / t_max, -torch.log1p(-clean) / -math.log1p(-t_max)):
+            assert bool(((u >= m / samples - 1e-5) & (u <= (m + 1) / samples + 1e-5)).all()), (m, u)
+        torch.testing.assert_close(final, torch.full((8,), t_max, dtype=torch.float64))
