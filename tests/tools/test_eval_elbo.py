@@ -929,3 +929,22 @@ def test_sample_m_of_an_estimate_reads_its_stratum_of_each_integral():
         for u in (corrupted / t_max, -torch.log1p(-clean) / -math.log1p(-t_max)):
             assert bool(((u >= m / samples - 1e-5) & (u <= (m + 1) / samples + 1e-5)).all()), (m, u)
         torch.testing.assert_close(final, torch.full((8,), t_max, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("logit, denoiser_type, mask", [(-200.0, "uniform", "planner"), (200.0, "mask", "true")])
+def test_planned_elbo_is_finite_for_a_planner_sure_of_every_position(logit, denoiser_type, mask):
+    """A planner sure every position is clean (or noise) has log p(z = N) = logit and
+    log p(z = D) = -logit there, not log(0) from its rounded sigmoid: the planning term and
+    the final emission's noise and keep branches stay finite (with the true mask a clean
+    position of the final state is kept at log p(z = D) = -200)."""
+    def planner(x):
+        return torch.full(x.shape, logit)
+
+    def denoiser(x, t):
+        return torch.zeros(*x.shape, V)
+
+    x1 = torch.arange(32).remainder(V).view(4, 8)
+    terms = elbo_planned(planner, denoiser, x1, V, denoiser_type=denoiser_type, mask=mask, mc_samples=2, t_max=0.9)
+    for term in TERMS:
+        assert bool(torch.isfinite(getattr(terms, term)).all()), term
+    assert bool((terms.planning < 0).all() if logit < 0 else (terms.final < -100).all())
