@@ -440,12 +440,16 @@ def test_planner_mask_denoiser_elbo_with_the_true_mask(toy, models):
 
 
 def test_true_mask_denoising_term_is_the_mask_diffusion_one(toy, models):
-    """With the true noise positions masked the denoiser sees x_1 masked at z_t: the same
-    draws give the mask-diffusion denoising term exactly."""
+    """With the true noise positions masked the denoiser sees x_1 masked at z_t, at the time t
+    of the draw: the same draws give the mask-diffusion denoising term exactly (the denoiser
+    reads t here, as the exact one does not)."""
+    def timed(x, t):
+        return models.mask_denoiser(x, t) * (1.0 + t)[:, None, None]
+
     x1 = toy.states
     kwargs = dict(mc_samples=2, t_max=T_MAX, seed=10)
-    planned = elbo_planned(models.planner, models.mask_denoiser, x1, S, denoiser_type="mask", mask="true", **kwargs)
-    masked = elbo_mask_diffusion(models.mask_denoiser, x1, S, **kwargs)
+    planned = elbo_planned(models.planner, timed, x1, S, denoiser_type="mask", mask="true", **kwargs)
+    masked = elbo_mask_diffusion(timed, x1, S, **kwargs)
     torch.testing.assert_close(planned.denoising, masked.denoising)
 
 
