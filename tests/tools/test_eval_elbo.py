@@ -952,3 +952,29 @@ def test_planned_elbo_is_finite_for_a_planner_sure_of_every_position(logit, deno
     for term in TERMS:
         assert bool(torch.isfinite(getattr(terms, term)).all()), term
     assert bool((terms.planning < 0).all() if logit < 0 else (terms.final < -100).all())
+
+
+@pytest.mark.parametrize("estimator", ["mask", "planner+uniform", "true-mask"])
+def test_the_final_emission_reads_the_denoiser_at_t_max(estimator):
+    """Each sample calls the denoiser at the corrupted state's time, then at t_max for the final
+    emission (not at t = 1, nor at alpha(t_max)), under the cosine schedule."""
+    times = []
+
+    def denoiser(x, t):
+        times.append(t)
+        return torch.zeros(*x.shape, V)
+
+    def planner(x):
+        return torch.zeros(x.shape)
+
+    x1, samples, t_max = torch.arange(32).remainder(V).view(4, 8), 2, 0.9
+    kwargs = dict(mc_samples=samples, t_max=t_max, schedule="cosine", seed=4)
+    if estimator == "mask":
+        elbo_mask_diffusion(denoiser, x1, V, **kwargs)
+    else:
+        mask = dict(denoiser_type="mask", mask="true") if estimator == "true-mask" else {}
+        elbo_planned(planner, denoiser, x1, V, **mask, **kwargs)
+    assert len(times) == 2 * samples
+    for corrupted, final in zip(times[0::2], times[1::2]):
+        assert bool((corrupted < t_max).all())
+        torch.testing.assert_close(final, torch.full((4,), t_max))
