@@ -978,3 +978,30 @@ def test_the_final_emission_reads_the_denoiser_at_t_max(estimator):
     for corrupted, final in zip(times[0::2], times[1::2]):
         assert bool((corrupted < t_max).all())
         torch.testing.assert_close(final, torch.full((4,), t_max))
+
+
+@pytest.mark.parametrize("denoiser_type", ["uniform", "mask"])
+def test_the_planned_final_emission_reads_the_state_not_its_noise_draw(denoiser_type, monkeypatch):
+    """The model sees the final state x, not which of its positions were drawn as noise: a
+    position holding its clean value is kept or planned as the CTMC would, whether or not its
+    value was drawn. Marking every position of x as drawn changes no term (the true-mask
+    diagnostic alone reads the draw)."""
+    from ddpd.eval import corruption
+
+    def planner(x):
+        return torch.zeros(x.shape)
+
+    def denoiser(x, t):
+        return torch.zeros(*x.shape, V)
+
+    def every_position_drawn(*args, **kwargs):
+        x, z = marginal(*args, **kwargs)
+        return x, torch.ones_like(z)
+
+    x1 = torch.arange(32).remainder(V).view(4, 8)
+    kwargs = dict(denoiser_type=denoiser_type, mc_samples=2, t_max=0.6, seed=6)
+    drawn = elbo_planned(planner, denoiser, x1, V, **kwargs)
+    marginal = corruption.marginal_corruption
+    monkeypatch.setattr(corruption, "marginal_corruption", every_position_drawn)
+    every = elbo_planned(planner, denoiser, x1, V, **kwargs)
+    torch.testing.assert_close(every.final, drawn.final)
