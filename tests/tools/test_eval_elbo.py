@@ -918,10 +918,11 @@ def test_sample_m_of_an_estimate_reads_its_stratum_of_each_integral():
     part) with u in its stratum [m / M, (m + 1) / M] for every row, as EvalNoise.stratified
     gives: plain uniforms leave the estimate unbiased but lose the variance reduction. The
     linear schedule's t is alpha; the model is called at the corrupted time, the clean time and
-    t_max in turn."""
+    t_max in turn, each a float32 time as the networks are trained on."""
     times = []
 
     def model(x, t):
+        assert t.dtype == torch.float32, t.dtype
         times.append(t.double())
         return torch.zeros(*x.shape, V)
 
