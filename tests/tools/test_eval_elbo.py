@@ -1006,3 +1006,22 @@ def test_the_planned_final_emission_reads_the_state_not_its_noise_draw(denoiser_
     monkeypatch.setattr(corruption, "marginal_corruption", every_position_drawn)
     every = elbo_planned(planner, denoiser, x1, V, **kwargs)
     torch.testing.assert_close(every.final, drawn.final)
+
+
+def test_every_estimator_names_a_denoiser_with_the_wrong_vocabulary():
+    """A denoiser of 26 logits for V = 27 is refused naming the denoiser (not "model") whether
+    it runs after a planner (uniform denoiser, true or planned mask) or alone."""
+    def planner(x):
+        return torch.zeros(x.shape)
+
+    def short(x, t):
+        return torch.zeros(*x.shape, V - 1)
+
+    x1 = torch.zeros(2, 4, dtype=torch.long)
+    calls = [lambda: elbo_planned(planner, short, x1, V),
+             lambda: elbo_planned(planner, short, x1, V, denoiser_type="mask", mask="true"),
+             lambda: elbo_planned(planner, short, x1, V, denoiser_type="mask"),
+             lambda: elbo_mask_diffusion(short, x1, V)]
+    for call in calls:
+        with pytest.raises(ValueError, match=r"^denoiser must return floating logits of shape \[2, 4, 27\]"):
+            call()
