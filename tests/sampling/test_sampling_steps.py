@@ -258,6 +258,16 @@ def test_options_are_validated_once_and_frozen():
         Execution(sync_every=0)
 
 
+def test_ddpd_options_check_takes_k_and_parallel_steps_up_to_the_runs_shape():
+    """k may be the whole sequence and parallel_steps the whole budget; one more is refused."""
+    opts = DDPDOptions(k=4, parallel_steps=3)
+    assert opts.check(length=4, steps=3) is opts
+    with pytest.raises(ValueError, match=r"k must be in \[1, 3\], got 4"):
+        opts.check(length=3, steps=3)
+    with pytest.raises(ValueError, match=r"parallel_steps must be in \[0, 2\], got 3"):
+        opts.check(length=4, steps=2)
+
+
 @pytest.mark.parametrize("fields,error,match", [
     (dict(fused=1), TypeError, "fused must be a bool, got int 1"),
     (dict(compaction="yes"), TypeError, "compaction must be a bool, got str 'yes'"),

@@ -8,6 +8,7 @@
     truncation; top_k = 1 is the greedy run (temperature 0), token for token; a cut
     changes the samples; bad values are refused by the sampler and by ddpd-sample.
 """
+import numpy as np
 import pytest
 import torch
 
@@ -123,6 +124,16 @@ def test_top_k_1_is_the_greedy_run_and_a_cut_changes_the_samples(nets, name):
 def test_bad_truncations_are_refused(cut, error, match):
     with pytest.raises(error, match=match):
         Truncation(**cut)
+
+
+def test_each_cut_takes_its_closed_end_and_is_handed_to_the_draws_even_when_it_keeps_everything():
+    """top_p = 1 and min_p in {0, 1} are cuts, not errors; a cut that keeps every token is still
+    one of the draws' keywords (controls), and top_k comes back as a Python int."""
+    assert Truncation(top_p=1.0).top_p == 1.0 and Truncation(min_p=1.0).min_p == 1.0
+    assert Truncation().controls() == {}
+    controls = Truncation(top_k=np.int64(3), min_p=0.0).controls()
+    assert controls == {"top_k": 3, "min_p": 0.0} and type(controls["top_k"]) is int
+    assert Truncation(top_k=1, top_p=1.0, min_p=1.0).controls() == {"top_k": 1, "top_p": 1.0, "min_p": 1.0}
 
 
 def test_a_truncation_given_as_a_dict_is_refused(nets):
