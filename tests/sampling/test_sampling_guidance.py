@@ -284,6 +284,10 @@ def test_labels_of_another_batch_size_are_refused(labelled):
     with pytest.raises(ValueError, match=r"shape \[2\]"):
         tau_leaping_uniform(labelled.models.uniform_denoiser, 2, 3, 3, steps=2, seed=0,
                             guidance=Guidance(torch.zeros(3, dtype=torch.long)))
+    # no labels at all: built (no least id to read), then refused for its shape, not by a failed min()
+    with pytest.raises(ValueError, match=r"of shape \[2\], got torch.int64 of shape \(0,\)"):
+        tau_leaping_uniform(labelled.models.uniform_denoiser, 2, 3, 3, steps=2, seed=0,
+                            guidance=Guidance(torch.zeros(0, dtype=torch.long)))
 
 
 def test_a_network_with_a_null_label_is_guided_in_one_batched_pass():
