@@ -3,6 +3,8 @@ bookkeeping, argument checks.
 """
 
 import argparse
+import dataclasses
+import json
 import re
 
 import numpy as np
@@ -256,6 +258,28 @@ def test_options_are_validated_once_and_frozen():
         DDPDOptions(k=5, parallel_steps=1).check(length=4, steps=3)
     with pytest.raises(ValueError, match="sync_every"):
         Execution(sync_every=0)
+
+
+def test_execution_defaults_are_the_documented_ones():
+    """docs/api.md: on CUDA the networks run in bfloat16 by default (dtype="auto") and the fused
+    steps replay from CUDA graphs (graphs="auto"); on the CPU neither shows in the samples."""
+    assert dataclasses.asdict(Execution()) == dict(fused=False, sync_every=8, compaction=True, dtype="auto",
+                                                   graphs="auto")
+
+
+def test_numpy_numbers_in_options_are_stored_as_python_numbers():
+    """An option given a numpy scalar (a value read from an array) holds the Python int or float:
+    what JSON writes and torch's int arguments take."""
+    ddpd = DDPDOptions(eps=np.float32(0.25), k=np.int64(2), parallel_steps=np.int32(1))
+    clock = DDPDOptions(clock="exact", t_end=np.float32(0.5))
+    execution = Execution(sync_every=np.int64(3))
+    guidance = Guidance(torch.zeros(2, dtype=torch.long), scale=np.float32(1.5))
+    temperature = Temperature(np.float32(0.5), np.float32(0.25))
+    values = [ddpd.eps, ddpd.k, ddpd.parallel_steps, clock.t_end, execution.sync_every, guidance.scale,
+              temperature.start, temperature.end]
+    assert [type(value) for value in values] == [float, int, int, float, int, float, float, float]
+    assert values == [0.25, 2, 1, 0.5, 3, 1.5, 0.5, 0.25]
+    json.dumps([dataclasses.asdict(ddpd), dataclasses.asdict(clock), dataclasses.asdict(execution)])
 
 
 def test_ddpd_options_check_takes_k_and_parallel_steps_up_to_the_runs_shape():
