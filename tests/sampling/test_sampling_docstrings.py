@@ -88,6 +88,12 @@ def test_the_check_finds_a_missing_entry():
 @pytest.mark.parametrize("keyword,where", [("fused", "execution=Execution(fused=...)"),
                                            ("top_p", "truncation=Truncation(top_p=...)"),
                                            ("x_init", "prompt=Prompt(x_init, frozen)"),
+                                           ("frozen", "prompt=Prompt(x_init, frozen)"),
+                                           ("labels", "guidance=Guidance(labels, ...)"),
+                                           ("conditional_planner",
+                                            "guidance=Guidance(labels, conditional_planner=...)"),
+                                           ("sync_every", "execution=Execution(sync_every=...)"),
+                                           ("min_p", "truncation=Truncation(min_p=...)"),
                                            ("guidance_scale", "guidance=Guidance(labels, scale=...)"),
                                            ("temperature_end", "temperature=Temperature(start, end)")])
 def test_a_keyword_taken_flat_before_names_its_object(sampler, keyword, where):
@@ -101,6 +107,9 @@ def test_a_keyword_taken_flat_before_names_its_object(sampler, keyword, where):
 def test_an_unknown_keyword_is_named_with_the_keywords_a_sampler_takes():
     with pytest.raises(TypeError, match=r"got unexpected keyword argument\(s\): bogus; its keywords are .*'execution'"):
         sampling.ddpd_sample(None, None, 2, 4, 5, steps=2, bogus=1)
+    with pytest.raises(TypeError) as raised:  # every keyword, in alphabetical order
+        sampling.ddpd_sample(None, None, 2, 4, 5, steps=2, bogus=1)
+    assert str(raised.value).endswith(f"its keywords are {sorted(inspect.signature(sampling.ddpd_sample).parameters)}")
     with pytest.raises(TypeError, match=r"selection \(now ddpd=DDPDOptions\(selection=\.\.\.\)\)"):
         sampling.ddpd_sample(None, None, 2, 4, 5, steps=2, selection="softmax")
 
