@@ -169,6 +169,7 @@ def test_temperature_schedule():
     t = Temperature(1.0, 0.0)
     assert [t.at(i, 5) for i in (0, 2, 4)] == [1.0, 0.5, 0.0]
     assert Temperature(0.7, 0.1).at(0, 1) == 0.7 and Temperature(0.7).end == 0.7
+    assert [Temperature(0.7, 0.1).at(i, 2) for i in range(2)] == [0.7, 0.1]  # two steps: both ends
     # the last step ends at the end, never past it (1.7 to 0 in 42 steps used to end at -2.2e-16)
     for start, end, steps in ((1.7, 0.0, 42), (1.7, 0.0, 155), (0.7, 0.0, 188), (0.1, 1.3, 77), (1.17, 0.0, 31),
                               (0.1, 0.0, 44)):  # past the end, or short of it (1.17: 2.2e-16, not greedy)
