@@ -180,6 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(ddpd.sampling.policies, docs/parallel.md)")
     ddpd.add_argument("--clock", choices=("planner", "exact"), default="planner",
                       help="planner: time estimated from the planner (paper); exact: exact CTMC clock")
+    # ddpd.sampling.options.T_END written out: this parser imports no torch
     ddpd.add_argument("--t-end", dest="t_end", type=float_type, default=1.0 - 1e-4, help="end time of --clock exact")
     baselines = p.add_argument_group("baselines")
     baselines.add_argument("--eta", type=float_type, default=0.0,

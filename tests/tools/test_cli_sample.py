@@ -1535,6 +1535,14 @@ def test_maskgit_default_choice_temperature():
     assert args.choice_temperature == MaskGIT().choice_temperature == 4.5
 
 
+def test_the_t_end_default_is_ddpd_options_own():
+    """--t-end's default, written out so that the parser imports no torch, is DDPDOptions' T_END."""
+    from ddpd.cli.sample import build_parser
+    from ddpd.sampling.options import T_END, DDPDOptions
+
+    assert build_parser().get_default("t_end") == T_END == DDPDOptions().t_end
+
+
 @pytest.mark.parametrize("argv,function,expected", [
     (["--sampler", "maskgit", "--policy", "threshold: 0.5"], "mask_sample", "ConfidenceThreshold(threshold=0.5)"),
     (["--sampler", "maskgit", "--policy", "maskgit:choice_temperature=2"], "mask_sample",
