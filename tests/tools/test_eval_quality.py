@@ -134,6 +134,8 @@ def test_missing_matplotlib_skips_the_plot_with_a_clear_message(judge, tmp_path,
     (dict(samplers=[]), "expected at least one SamplerSpec"),
     (dict(steps=[0]), "steps must be >= 1"),
     (dict(temperatures=[]), "must be non-empty"),
+    (dict(steps=[]), "must be non-empty"),
+    (dict(batch_size=0), "batch_size must be >= 1"),
     (dict(num_samples=0), "num_samples must be >= 1"),
     (dict(temperatures=[float("nan")]), "temperatures must be in \\[0.0, inf\\], got nan"),
     (dict(temperatures=[-0.5]), "temperatures must be in"),
@@ -645,3 +647,13 @@ def test_a_sweep_with_two_temperatures_of_one_entropy_is_read_without_dividing_b
                                                                  "judge_nll": 4.0}]
     result = matched_entropy(rows, "ddpd", "dfm", 8)
     assert (result["better"], result["matched"], result["nll_difference"]) == (1, 1, -0.5)
+
+
+def test_judge_nll_is_float32_whatever_the_judge_returns():
+    class DoubleJudge:
+        def log_likelihood(self, x):
+            return -x.sum(1).double()
+
+    nll = judge_nll(DoubleJudge(), torch.ones(3, 4, dtype=torch.long))
+    assert nll.dtype == torch.float32 and nll.tolist() == [1.0, 1.0, 1.0]
+
