@@ -394,7 +394,7 @@ def test_matched_entropy_interpolates_and_never_extrapolates():
     rows += _curve("far", 512, [(4.4, 2.0), (4.5, 2.1), (4.6, 2.2)])
     far = matched_entropy(rows, "far", "dfm", 512)
     assert far["verdict"] == "lower" and far["better"] == 3 and far["matched"] == 0
-    assert far["nll_difference"] is None
+    assert far["nll_difference"] is None and far["nll_difference_se"] is None  # no matched point: no s.e.
     assert matched_entropy(rows, "far", "ddpd", 512)["verdict"] == "lower"
     assert matched_entropy(rows, "ddpd", "far", 512)["verdict"] == "higher"
     assert matched_entropy(rows, "ddpd", "dfm", 256) is None
@@ -657,3 +657,27 @@ def test_judge_nll_is_float32_whatever_the_judge_returns():
     nll = judge_nll(DoubleJudge(), torch.ones(3, 4, dtype=torch.long))
     assert nll.dtype == torch.float32 and nll.tolist() == [1.0, 1.0, 1.0]
 
+
+def test_matched_difference_of_exact_rows_has_a_standard_error_of_0():
+    """Rows whose standard errors are all 0 (identical samples) give a difference known exactly:
+    0, not an unknown standard error."""
+    from ddpd.eval.quality import difference_at, matched_entropy
+
+    ours = _curve("ddpd", 512, [(1.0, 2.0), (2.0, 4.0)])
+    theirs = _curve("dfm", 512, [(1.5, 2.5)])
+    for row in ours + theirs:
+        row["judge_nll_se"] = row["entropy_se"] = 0.0
+    result = matched_entropy(ours + theirs, "ddpd", "dfm", 512)
+    assert (result["nll_difference"], result["nll_difference_se"]) == (pytest.approx(0.5), 0.0)
+    assert difference_at(ours, theirs[0]) == (pytest.approx(0.5), 0.0)
+
+
+def test_a_curve_of_one_entropy_is_read_at_its_first_row():
+    """Every row of a sweep at one entropy (identical samples at each temperature): the curve is
+    its first row in temperature order, whose standard error the difference takes."""
+    from ddpd.eval.quality import difference_at
+
+    curve = [{"entropy": 2.0, "judge_nll": 3.0, "judge_nll_se": 0.3, "entropy_se": 0.0},
+             {"entropy": 2.0, "judge_nll": 3.5, "judge_nll_se": 0.0, "entropy_se": 0.0}]
+    point = {"entropy": 2.0, "judge_nll": 2.0, "judge_nll_se": 0.4, "entropy_se": 0.1}
+    assert difference_at(curve, point) == (pytest.approx(1.0), pytest.approx(0.5))
