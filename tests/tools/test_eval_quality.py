@@ -681,3 +681,16 @@ def test_a_curve_of_one_entropy_is_read_at_its_first_row():
              {"entropy": 2.0, "judge_nll": 3.5, "judge_nll_se": 0.0, "entropy_se": 0.0}]
     point = {"entropy": 2.0, "judge_nll": 2.0, "judge_nll_se": 0.4, "entropy_se": 0.1}
     assert difference_at(curve, point) == (pytest.approx(1.0), pytest.approx(0.5))
+
+
+def test_sweep_counts_no_passes_when_any_batch_leaves_them_out(judge):
+    """A sampler whose first batch reports no forward passes: the passes of the later batches
+    alone are not the configuration's passes."""
+    def late(n, steps, temperature, seed, first_row):
+        tokens = (torch.arange(first_row, first_row + n)[:, None] + torch.arange(16)) % V
+        counts = dict(planner_rows=n, denoiser_rows=n) if first_row else {}
+        return SimpleNamespace(tokens=tokens, **counts)
+
+    rows = run_sweep([SamplerSpec("late", late)], steps=[2], temperatures=[1.0], num_samples=4, judge=judge,
+                     vocab_size=V, batch_size=3)
+    assert rows[0]["nfe"] is None
