@@ -263,6 +263,21 @@ def test_merge_sweeps_takes_a_blank_judge_as_any_judge():
     assert [r["steps"] for r in quality.merge_sweeps(parts)] == [2, 3]
 
 
+def test_read_sweep_gives_the_reference_row_blank_steps_and_temperature(tmp_path):
+    """The reference row read back is the row run_sweep wrote: steps and temperature "", not None."""
+    path = tmp_path / "sweep.csv"
+    path.write_text("sampler,steps,temperature,judge_nll,entropy\nheld-out text,,,1.5,4.1\nmaskgit,2,1.0,3.2,3.1\n")
+    reference, row = quality.read_sweep(str(path))
+    assert (reference["steps"], reference["temperature"]) == ("", "")
+    assert (row["steps"], row["temperature"]) == (2, 1.0)
+
+
+def test_merge_sweeps_names_unnamed_parts_from_1():
+    row = {"sampler": "maskgit", "steps": 2, "temperature": 1.0, "judge_nll": 3.2, "entropy": 3.1}
+    with pytest.raises(ValueError, match=r"^configuration \('maskgit', 2, 1.0\) appears in both sweep 1 and sweep 3$"):
+        quality.merge_sweeps([[row], [dict(row, steps=3)], [row]])
+
+
 # ---------------------------------------------------------------- convergence
 
 
