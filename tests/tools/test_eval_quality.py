@@ -709,3 +709,38 @@ def test_sweep_counts_no_passes_when_any_batch_leaves_them_out(judge):
     rows = run_sweep([SamplerSpec("late", late)], steps=[2], temperatures=[1.0], num_samples=4, judge=judge,
                      vocab_size=V, batch_size=3)
     assert rows[0]["nfe"] is None
+
+
+@pytest.mark.parametrize("vocab_size, error, match", [
+    (0, ValueError, "vocab_size must be >= 1, got 0"),
+    (2.0, TypeError, "vocab_size must be an int, got float 2.0"),
+])
+def test_unigram_entropy_refuses_a_vocabulary_size_that_is_no_count_by_name(vocab_size, error, match):
+    with pytest.raises(error, match=f"^{match}$"):
+        unigram_entropy(torch.zeros(1, 3, dtype=torch.long), vocab_size)
+
+
+def test_the_quality_plot_puts_three_budgets_two_panels_a_line(tmp_path):
+    """Three step budgets: two columns of panels, over two lines (the image's size follows)."""
+    plt = pytest.importorskip("matplotlib.pyplot")
+    from ddpd.eval.quality import plot_quality
+
+    rows = [{"sampler": "ddpd-A", "steps": s, "temperature": t, "entropy": 3.0 + t, "judge_nll": 2.0 - t}
+            for s in (8, 16, 32) for t in (0.9, 1.0)]
+    plot_quality(rows, str(tmp_path / "plot.png"))
+    height, width = plt.imread(str(tmp_path / "plot.png")).shape[:2]
+    assert (width, height) == (2 * 6 * 150, 2 * 4.5 * 150)
+
+
+def test_quality_metrics_refuses_an_id_outside_the_vocabulary_before_judging():
+    """The tokens are checked by their own name, before the judge sees an id it has no row for."""
+    judged = []
+
+    class RecordingJudge:
+        def log_likelihood(self, x):
+            judged.append(x)
+            return torch.zeros(x.shape[0])
+
+    with pytest.raises(ValueError, match=r"^tokens must hold ids in \[0, 27\), got range \[0, 27\]$"):
+        quality.quality_metrics(torch.tensor([[0, 27]]), RecordingJudge(), V)
+    assert judged == []
