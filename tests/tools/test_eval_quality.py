@@ -744,3 +744,21 @@ def test_quality_metrics_refuses_an_id_outside_the_vocabulary_before_judging():
     with pytest.raises(ValueError, match=r"^tokens must hold ids in \[0, 27\), got range \[0, 27\]$"):
         quality.quality_metrics(torch.tensor([[0, 27]]), RecordingJudge(), V)
     assert judged == []
+
+
+def test_read_sweep_names_a_frontier_csv_with_columns_of_its_own(tmp_path):
+    """A frontier CSV holds more columns than the ones that tell it apart (policy and passes)."""
+    path = tmp_path / "frontier.csv"
+    path.write_text("sampler,policy,steps,temperature,judge_nll,judge_nll_se,entropy,entropy_se,passes,num_samples\n"
+                    "maskgit,maskgit,4,1.0,3.2,0.1,3.1,0.1,4,8\n")
+    with pytest.raises(ValueError, match=r"frontier.csv: a frontier CSV \(ddpd-eval frontier\), not a sweep CSV"):
+        quality.read_sweep(str(path))
+
+
+def test_merge_sweeps_names_the_part_of_the_first_reference_row():
+    """The first part without a reference row: the message names the part whose reference row was kept."""
+    row = {"sampler": "maskgit", "steps": 2, "temperature": 1.0, "judge_nll": 3.2, "entropy": 3.1}
+    reference = {"sampler": quality.REFERENCE, "steps": "", "temperature": "", "judge_nll": 1.2, "entropy": 4.0}
+    parts = [[row], [reference, dict(row, steps=3)], [dict(reference, judge_nll=1.4), dict(row, steps=4)]]
+    with pytest.raises(ValueError, match="^the reference rows of b and c differ"):
+        quality.merge_sweeps(parts, ["a", "b", "c"])
