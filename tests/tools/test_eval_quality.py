@@ -762,3 +762,12 @@ def test_merge_sweeps_names_the_part_of_the_first_reference_row():
     parts = [[row], [reference, dict(row, steps=3)], [dict(reference, judge_nll=1.4), dict(row, steps=4)]]
     with pytest.raises(ValueError, match="^the reference rows of b and c differ"):
         quality.merge_sweeps(parts, ["a", "b", "c"])
+
+
+@pytest.mark.parametrize("cells, key", [("nan,4.1", "judge_nll"), ("1.5,", "entropy"), ("1.5,inf", "entropy")])
+def test_read_sweep_refuses_a_reference_row_without_finite_measurements(tmp_path, cells, key):
+    """merge_sweeps compares reference rows by their judge NLL and entropy: both must be numbers."""
+    path = tmp_path / "sweep.csv"
+    path.write_text(f"sampler,steps,temperature,judge_nll,entropy\nheld-out text,,,{cells}\nmaskgit,2,1.0,3.2,3.1\n")
+    with pytest.raises(ValueError, match=f"sweep.csv line 2: {key} must be a finite number"):
+        quality.read_sweep(str(path))
