@@ -283,3 +283,47 @@ def test_validation_refuses_what_torch_would_take_without_a_word():
                         (torch.ones(1, dtype=torch.long), "rate: expected a floating-point tensor")):
         with pytest.raises(TypeError, match=match):
             denoiser_loss(logits, x1, z_t, rate=rate)
+
+
+def test_messages_give_the_expected_dimensions_and_the_ids_range():
+    """A wrong number of dimensions names the expected one and the shape got; an id out of
+    range, -1 (below cross_entropy's ignore_index) included, reports the range of the ids."""
+    logits, x1, z_t = denoiser_case()
+    with pytest.raises(ValueError, match=r"logits: expected 3 dimensions, got shape \(3, 3\)"):
+        denoiser_loss(logits[0], x1, z_t)
+    with pytest.raises(ValueError, match=r"z_t: expected 2 dimensions, got shape \(3,\)"):
+        planner_loss(logits[..., 0], z_t[0])
+    with pytest.raises(ValueError, match=r"rate: expected 1 dimensions, got shape \(1, 1\)"):
+        denoiser_loss(logits, x1, z_t, rate=torch.ones(1, 1))
+    for loss in (lambda x: denoiser_loss(logits, x, z_t), lambda x: uniform_model_loss(logits, x)):
+        with pytest.raises(ValueError, match=r"x1: expected ids in \[0, 3\) \(the logits' last dim\), "
+                                             r"got range \[-1, 2\]"):
+            loss(torch.tensor([[0, -1, 2]]))
+        with pytest.raises(ValueError, match=r"got range \[0, 5\]"):
+            loss(torch.tensor([[0, 5, 2]]))
+
+
+def test_a_non_finite_cross_entropy_at_a_corrupted_position_reaches_the_loss():
+    """Only clean positions are left out: a -inf logit at a corrupted position's target gives an
+    inf loss and a NaN logit there a NaN one, for the trainer to see, not a clamped number."""
+    logits, x1, z_t = denoiser_case()
+    logits = logits.detach().clone()
+    logits[0, 0, 1] = -math.inf
+    for rate in (None, torch.tensor([2.0])):
+        assert denoiser_loss(logits, x1, z_t, rate=rate).item() == math.inf
+    logits[0, 2] = math.nan
+    for rate in (None, torch.tensor([2.0])):
+        assert math.isnan(denoiser_loss(logits, x1, z_t, rate=rate).item())
+
+
+def test_losses_of_fake_tensors_read_no_values():
+    """Under FakeTensorMode (torch.compile's tracing, memory estimates) the value checks of the
+    ids and the rate are skipped: reading a fake tensor's values raises."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        logits, x1 = torch.zeros(2, 3, 4), torch.zeros(2, 3, dtype=torch.long)
+        z_t, rate = torch.ones(2, 3, dtype=torch.bool), torch.ones(2)
+        losses = (planner_loss(logits[..., 0], z_t, rate=rate), denoiser_loss(logits, x1, z_t, rate=rate),
+                  uniform_model_loss(logits, x1), ar_loss(logits, x1))
+    assert all(loss.shape == () and loss.dtype == torch.float32 for loss in losses)
