@@ -327,3 +327,50 @@ def test_losses_of_fake_tensors_read_no_values():
         losses = (planner_loss(logits[..., 0], z_t, rate=rate), denoiser_loss(logits, x1, z_t, rate=rate),
                   uniform_model_loss(logits, x1), ar_loss(logits, x1))
     assert all(loss.shape == () and loss.dtype == torch.float32 for loss in losses)
+
+
+def test_uniform_model_and_ar_losses_of_a_batch_average_every_sequence():
+    """Two sequences: the mean is over B * D positions for the uniform model and over B * (D - 1)
+    predicted tokens for AR, each sequence's logits scored against its own tokens."""
+    logits = torch.tensor([[[0.0, LN2, 0.0], [0.0, 0.0, 0.0], [LN2, 0.0, 0.0]],
+                           [[0.0, 0.0, 0.0], [LN3, 0.0, 0.0], [0.0, 0.0, 0.0]]])
+    x1 = torch.tensor([[1, 2, 2], [0, 0, 1]])
+    # ln 2, ln 3, ln 4 | ln 3, ln 5/3 (probs [3/5, 1/5, 1/5]), ln 3
+    close(uniform_model_loss(logits, x1), (3 * LN2 + 3 * LN3 + math.log(5 / 3)) / 6)
+    x = torch.tensor([[3, 1, 0], [3, 2, 1]])
+    # row 0: ln 2, ln 3 | row 1: position 0 uniform -> ln 3, position 1 at x = 1 -> ln 5
+    close(ar_loss(logits, x), (LN2 + 2 * LN3 + math.log(5.0)) / 4)
+    close(ar_loss(logits, x, reduction="sum"), LN2 + 2 * LN3 + math.log(5.0))
+
+
+def test_targets_of_another_shape_are_refused_by_name():
+    """torch's cross_entropy would refuse an x1 of another batch size without naming it, and
+    take one of more positions through the mask's broadcast."""
+    logits, x1, z_t = denoiser_case()
+    for x in (torch.zeros(2, 3, dtype=torch.long), torch.zeros(1, 4, dtype=torch.long)):
+        for loss in (lambda x: denoiser_loss(logits, x, z_t), lambda x: uniform_model_loss(logits, x)):
+            with pytest.raises(ValueError, match=r"x1: expected shape \(1, 3\), got"):
+                loss(x)
+
+
+def test_confident_wrong_logits_give_their_exact_loss():
+    """The losses work from logits (log-sum-exp), not from probabilities: a logit of 200 on the
+    wrong side costs 200 nats, not a saturated log(0) clamped to 100 or inf."""
+    close(planner_loss(torch.tensor([[200.0, -200.0]]), torch.tensor([[False, True]])), 200.0)
+    logits = torch.tensor([[[200.0, 0.0, 0.0]]])
+    x1, z_t = torch.tensor([[1]]), torch.tensor([[True]])
+    close(denoiser_loss(logits, x1, z_t), 200.0)
+    close(uniform_model_loss(logits, x1), 200.0)
+
+
+def test_the_rate_weighted_losses_pass_a_gradient_to_the_rate():
+    """The weighted mean is E_b[rate_b * sum_d term_bd], differentiable in the rate as in the
+    logits: d loss / d rate_b is sequence b's summed term over the batch size."""
+    logits, z_t = planner_case()
+    rate = torch.tensor([2.0, 0.5], requires_grad=True)
+    planner_loss(logits.detach(), z_t, rate=rate).backward()
+    torch.testing.assert_close(rate.grad, torch.full((2,), (LN2 + LN4_3) / 2))
+    d_logits, x1, d_z = denoiser_case()
+    rate = torch.tensor([4.0], requires_grad=True)
+    denoiser_loss(d_logits.detach(), x1, d_z, rate=rate).backward()
+    torch.testing.assert_close(rate.grad, torch.tensor([3 * LN2]))
