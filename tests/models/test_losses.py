@@ -374,3 +374,13 @@ def test_the_rate_weighted_losses_pass_a_gradient_to_the_rate():
     rate = torch.tensor([4.0], requires_grad=True)
     denoiser_loss(d_logits.detach(), x1, d_z, rate=rate).backward()
     torch.testing.assert_close(rate.grad, torch.tensor([3 * LN2]))
+
+
+def test_an_inf_rate_of_a_sequence_with_corrupted_positions_is_not_dropped():
+    """Only a sequence without a corrupted position is excused its rate: an inf rate where some
+    position is corrupted makes the weighted loss inf, not a silent 0 for that sequence."""
+    logits, x1, z_t = denoiser_case()
+    logits = torch.cat([logits.detach(), torch.zeros(1, 3, 3)])
+    x1, z_t = torch.cat([x1, x1]), torch.cat([z_t, z_t])
+    assert denoiser_loss(logits, x1, z_t, rate=torch.tensor([1.0, math.inf])).item() == math.inf
+    assert denoiser_loss(logits, x1, z_t, rate=torch.tensor([1.0, math.inf]), reduction="sum").item() == math.inf
