@@ -674,3 +674,19 @@ def test_half_precision_probabilities_and_uniforms_are_taken(dtype):
     for fn in RATE_FUNCTIONS:
         assert fn(p_x1.log() if "log" in fn.__name__ else p_x1, x_t, 0.5).dtype == dtype, fn.__name__
     assert uniform_token(torch.tensor([0.0, 0.5], dtype=dtype), 4).tolist() == [0, 2]
+
+
+def test_custom_schedule_refuses_an_alpha_0_off_by_more_than_1e_6():
+    """The tolerance at t = 0 is the documented 1e-6, as at t = 1: alpha_0 = 2e-6 is refused (a
+    position at t = 0 kept with probability 2e-6 is not all noise)."""
+    with pytest.raises(ValueError, match=r"alpha must map t = 0 to 0 and t = 1 to 1, got 2e-06 and 1.0$"):
+        CustomSchedule(lambda t: 2e-6 + (1 - 2e-6) * t, lambda t: torch.full_like(t, 1 - 2e-6),
+                       lambda a: (a - 2e-6) / (1 - 2e-6))
+
+
+def test_custom_schedule_refuses_an_alpha_that_falls_on_the_first_step_of_its_grid():
+    """Every step of the grid is read, the first from t = 0 included: an alpha dipping to -0.001 just
+    after t = 0 (between grid points 0 and 1/1024) is refused."""
+    with pytest.raises(ValueError, match=r"alpha must not fall .* got alpha\(0\) = 0 > alpha\(0.000976562\) = -0.001$"):
+        CustomSchedule(lambda t: torch.where((t > 0) & (t < 0.001), -0.001, t), lambda t: torch.ones_like(t),
+                       lambda a: a)
