@@ -690,3 +690,27 @@ def test_custom_schedule_refuses_an_alpha_that_falls_on_the_first_step_of_its_gr
     with pytest.raises(ValueError, match=r"alpha must not fall .* got alpha\(0\) = 0 > alpha\(0.000976562\) = -0.001$"):
         CustomSchedule(lambda t: torch.where((t > 0) & (t < 0.001), -0.001, t), lambda t: torch.ones_like(t),
                        lambda a: a)
+
+
+def test_corrupt_refuses_a_time_one_float32_step_above_1():
+    """The range [0, 1] of t has no tolerance: the float32 just above 1 is refused."""
+    above = torch.nextafter(torch.tensor([1.0]), torch.tensor([2.0]))
+    with pytest.raises(ValueError, match=r"t must be in \[0, 1\], got range \[1.0000001"):
+        corrupt(torch.zeros(1, 3, dtype=torch.long), above, "linear", "mask", 5)
+
+
+def test_corrupt_refuses_a_single_time_in_a_1d_tensor_for_several_rows():
+    """A [1] t for two rows of x1 is refused, not broadcast: one time per row, or a number or 0-d tensor."""
+    with pytest.raises(ValueError, match=r"t must be a number, a 0-d tensor or of shape \[2\] .* got shape \(1,\)"):
+        corrupt(torch.zeros(2, 3, dtype=torch.long), torch.tensor([0.5]), "linear", "mask", 5)
+
+
+@pytest.mark.parametrize("fn", RATE_FUNCTIONS, ids=lambda f: f.__name__)
+@pytest.mark.parametrize("toward", [-1.0, 2.0])
+def test_rate_decomposition_refuses_an_alpha_one_float_step_outside_0_1(fn, toward):
+    """The range [0, 1] of alpha has no tolerance at either end: the floats just below 0 and just above 1
+    are refused, each with an alpha in range beside it (both ends of the range read)."""
+    end = torch.tensor(0.0 if toward < 0 else 1.0, dtype=F64)
+    alpha = torch.stack([torch.nextafter(end, torch.tensor(toward, dtype=F64)), torch.tensor(0.5, dtype=F64)])
+    with pytest.raises(ValueError, match=r"alpha must be in \[0, 1\], got range"):
+        fn(torch.full((2, 3, 4), 0.25), torch.zeros(2, 3, dtype=torch.long), alpha)
