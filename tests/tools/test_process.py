@@ -714,3 +714,17 @@ def test_rate_decomposition_refuses_an_alpha_one_float_step_outside_0_1(fn, towa
     alpha = torch.stack([torch.nextafter(end, torch.tensor(toward, dtype=F64)), torch.tensor(0.5, dtype=F64)])
     with pytest.raises(ValueError, match=r"alpha must be in \[0, 1\], got range"):
         fn(torch.full((2, 3, 4), 0.25), torch.zeros(2, 3, dtype=torch.long), alpha)
+
+
+@pytest.mark.parametrize("noise", ["uniform", "mask"])
+def test_corrupt_reads_float32_uniforms_then_draws_the_noise_tokens(noise):
+    """The draws, in order, from `generator`: float32 uniforms of x1's shape, z = N where u >= alpha_t,
+    then (uniform noise) tokens over [0, V) of x1's shape, each written where its own position is noise:
+    a seed gives the same (x_t, z_t) across versions."""
+    x1 = torch.randint(0, 7, (4, 16), generator=torch.Generator().manual_seed(1))
+    t = torch.tensor([0.2, 0.4, 0.6, 0.8])
+    x_t, z_t = corrupt(x1, t, "cosine", noise, 7, mask_id=9, generator=torch.Generator().manual_seed(3))
+    g = torch.Generator().manual_seed(3)
+    want_z = torch.rand(x1.shape, generator=g) >= CosineSchedule().alpha(t)[:, None]
+    fill = torch.randint(0, 7, x1.shape, generator=g) if noise == "uniform" else torch.full_like(x1, 9)
+    assert torch.equal(z_t, want_z) and torch.equal(x_t, torch.where(want_z, fill, x1))
