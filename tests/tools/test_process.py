@@ -9,6 +9,7 @@ from ddpd.process import (
     CosineSchedule,
     CustomSchedule,
     LinearSchedule,
+    Schedule,
     corrupt,
     denoiser_log_prob_from_uniform,
     denoiser_prob_from_uniform,
@@ -728,3 +729,42 @@ def test_corrupt_reads_float32_uniforms_then_draws_the_noise_tokens(noise):
     want_z = torch.rand(x1.shape, generator=g) >= CosineSchedule().alpha(t)[:, None]
     fill = torch.randint(0, 7, x1.shape, generator=g) if noise == "uniform" else torch.full_like(x1, 9)
     assert torch.equal(z_t, want_z) and torch.equal(x_t, torch.where(want_z, fill, x1))
+
+
+def test_corrupt_refuses_an_x1_id_between_vocab_size_and_mask_id():
+    """x1's ids are read against vocab_size, not against a larger mask_id: with V = 5 and mask_id = 7, a
+    clean token 5 is no token (uniform noise never draws it)."""
+    with pytest.raises(ValueError, match=r"x1 must hold ids in \[0, 5\), got range \[0, 5\]"):
+        corrupt(torch.tensor([[0, 1, 5]]), 0.5, "linear", "mask", 5, mask_id=7)
+
+
+def test_the_linear_schedule_gives_alpha_and_its_derivative_in_one_dtype_for_an_integer_time():
+    """An int or Long time: alpha_t and alpha_dot both come back in torch's default float32, as they do in
+    float64 for a Float64 time."""
+    for t in (1, torch.tensor([0, 1]), torch.tensor([0.0, 1.0], dtype=F64)):
+        alpha, alpha_dot = LinearSchedule().alpha(t), LinearSchedule().alpha_dot(t)
+        want = F64 if isinstance(t, torch.Tensor) and t.dtype == F64 else torch.float32
+        assert alpha.dtype == alpha_dot.dtype == want, t
+
+
+class _CubicSchedule(Schedule):
+    """A user's own Schedule, subclassing the base class: alpha_t = t**3."""
+
+    name = "cubic"
+
+    def alpha(self, t):
+        return torch.as_tensor(t) ** 3
+
+    def alpha_dot(self, t):
+        return 3 * torch.as_tensor(t) ** 2
+
+    def inverse(self, a):
+        return torch.as_tensor(a) ** (1 / 3)
+
+
+def test_get_schedule_passes_a_user_subclass_of_schedule_through():
+    """Any Schedule instance is taken as it is, not only the three classes ddpd defines."""
+    schedule = _CubicSchedule()
+    assert get_schedule(schedule) is schedule
+    _, z_t = corrupt(torch.zeros(1, 4, dtype=torch.long), 1.0, schedule, "mask", 5)
+    assert not z_t.any()
