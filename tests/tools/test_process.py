@@ -768,3 +768,16 @@ def test_get_schedule_passes_a_user_subclass_of_schedule_through():
     assert get_schedule(schedule) is schedule
     _, z_t = corrupt(torch.zeros(1, 4, dtype=torch.long), 1.0, schedule, "mask", 5)
     assert not z_t.any()
+
+
+@pytest.mark.parametrize("alpha, alpha_dot, match", [
+    (lambda t: torch.where(t == 0.5, math.nan, t), lambda t: torch.ones_like(t),
+     r"alpha must be finite on \[0, 1\], got nan at t = 0.5$"),
+    (lambda t: t, lambda t: torch.where((t == 0.25) | (t == 0.75), math.inf, 1.0),
+     r"alpha_dot must be finite on \[0, 1\], got inf at t = 0.25$"),
+])
+def test_custom_schedule_names_the_first_time_alpha_or_alpha_dot_is_not_finite(alpha, alpha_dot, match):
+    """alpha is read for NaN as alpha_dot is (a NaN alpha inside [0, 1] neither falls nor rises, and the
+    endpoints are fine), and of several times the first is named."""
+    with pytest.raises(ValueError, match=match):
+        CustomSchedule(alpha, alpha_dot, lambda a: a)
