@@ -781,3 +781,15 @@ def test_custom_schedule_names_the_first_time_alpha_or_alpha_dot_is_not_finite(a
     endpoints are fine), and of several times the first is named."""
     with pytest.raises(ValueError, match=match):
         CustomSchedule(alpha, alpha_dot, lambda a: a)
+
+
+@pytest.mark.parametrize("alpha, alpha_dot, match", [
+    (lambda t: t, lambda t: torch.where(t == 1, -1.0, 1.0), r"alpha_dot must be >= 0 .* got -1 at t = 1$"),
+    (lambda t: torch.where(t == 1023 / 1024, 1.001, t), lambda t: torch.ones_like(t),
+     r"alpha must not fall .* got alpha\(0.999023\) = 1.001 > alpha\(1\) = 1$"),
+])
+def test_custom_schedule_reads_its_grid_up_to_t_1(alpha, alpha_dot, match):
+    """The grid ends at t = 1 itself: a negative slope there, or a fall on the last step into alpha_1 = 1,
+    is refused as one anywhere inside."""
+    with pytest.raises(ValueError, match=match):
+        CustomSchedule(alpha, alpha_dot, lambda a: a)
