@@ -793,3 +793,13 @@ def test_custom_schedule_reads_its_grid_up_to_t_1(alpha, alpha_dot, match):
     is refused as one anywhere inside."""
     with pytest.raises(ValueError, match=match):
         CustomSchedule(alpha, alpha_dot, lambda a: a)
+
+
+@pytest.mark.parametrize("mask_id, error, match", [
+    (2, ValueError, r"mask_id must be >= 5"), (5.0, TypeError, "mask_id must be an int"),
+])
+def test_corrupt_checks_mask_id_under_uniform_noise_too(mask_id, error, match):
+    """mask_id is checked whatever the noise: uniform noise never writes it, yet a mask_id below vocab_size
+    given with it is refused as with mask noise, not passed over."""
+    with pytest.raises(error, match=match):
+        corrupt(torch.tensor([[0, 1, 2]]), 0.5, "linear", "uniform", 5, mask_id=mask_id)
