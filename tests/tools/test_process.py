@@ -803,3 +803,13 @@ def test_corrupt_checks_mask_id_under_uniform_noise_too(mask_id, error, match):
     given with it is refused as with mask noise, not passed over."""
     with pytest.raises(error, match=match):
         corrupt(torch.tensor([[0, 1, 2]]), 0.5, "linear", "uniform", 5, mask_id=mask_id)
+
+
+def test_a_complex_time_or_alpha_is_refused_naming_its_argument():
+    """A complex number is no time and no alpha: the TypeError names t or alpha, not torch's 'must be real
+    number, not complex', which names neither."""
+    with pytest.raises(TypeError, match="t must be a number or a tensor, got complex"):
+        corrupt(torch.tensor([[0, 1, 2]]), 0.5j, "linear", "mask", 5)
+    for fn in RATE_FUNCTIONS:
+        with pytest.raises(TypeError, match="alpha must be a number or a tensor, got complex"):
+            fn(torch.full((1, 3, 4), 0.25), torch.zeros(1, 3, dtype=torch.long), 0.5j)
