@@ -2,6 +2,7 @@
 lines of run_tool, the checks of threads, finite values, empty paths and outputs, and what a
 set of checkpoints used together must share."""
 import argparse
+import errno
 import math
 import os
 import signal
@@ -19,9 +20,11 @@ from ddpd.cli.common import (
     check_threads,
     refuse_empty_paths,
     refuse_outputs_over_inputs,
+    refused_text,
     run_tool,
     shared_facts,
     training_length,
+    unopened_data,
     warn_if_lengths_differ,
 )
 
@@ -197,3 +200,27 @@ def test_a_value_error_from_below_exits_with_the_status_the_tool_gives(capsys):
     assert run_tool("ddpd-x", _raising(ValueError("steps must be >= 1, got 0")), value_error_status=2) == 2
     assert run_tool("ddpd-x", _raising(TypeError("steps must be an int"))) == 1
     assert capsys.readouterr().err == "ddpd-x: error: steps must be >= 1, got 0\nddpd-x: error: steps must be an int\n"
+
+
+def test_out_of_memory_on_the_gpu_is_one_line_with_the_default_advice(capsys):
+    """torch.OutOfMemoryError says "CUDA out of memory", not the CPU allocator's "can't allocate
+    memory": it is known by its type, and the line advises what ddpd-sample and ddpd-eval can lower."""
+    import torch
+
+    err = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore detail")
+    assert run_tool("ddpd-x", _raising(err)) == 1
+    assert capsys.readouterr().err == ("ddpd-x: error: out of memory: CUDA out of memory. Tried to allocate 2.00 GiB; "
+                                       "lower --batch-size (or --num-samples), or use a smaller model\n")
+
+
+def test_only_an_error_about_the_data_file_itself_names_data(tmp_path, monkeypatch):
+    """The loader opens --data by its absolute path: an OSError or an "is empty" naming another
+    file (a tokenizer's, a checkpoint's) is not --data's fault and is left as it is."""
+    monkeypatch.chdir(tmp_path)
+    own = str(tmp_path / "corpus.txt")
+    refused = unopened_data("corpus.txt", OSError(errno.ENXIO, "No such device or address", own))
+    assert str(refused) == "--data corpus.txt: No such device or address"
+    assert unopened_data("corpus.txt", OSError(errno.ENXIO, "No such device or address", own + ".vocab")) is None
+    assert unopened_data("corpus.txt", OSError(errno.ENXIO, "No such device or address")) is None
+    assert str(refused_text("corpus.txt", ValueError(f"data file {own} is empty"))) == "--data: corpus.txt is empty"
+    assert refused_text("corpus.txt", ValueError(f"data file {tmp_path / 'other.txt'} is empty")) is None
