@@ -18,6 +18,8 @@ from ddpd.cli.common import (
     apply_threads,
     check_finite,
     check_threads,
+    flag_error,
+    load_role,
     refuse_empty_paths,
     refuse_outputs_over_inputs,
     refused_text,
@@ -224,3 +226,42 @@ def test_only_an_error_about_the_data_file_itself_names_data(tmp_path, monkeypat
     assert unopened_data("corpus.txt", OSError(errno.ENXIO, "No such device or address")) is None
     assert str(refused_text("corpus.txt", ValueError(f"data file {own} is empty"))) == "--data: corpus.txt is empty"
     assert refused_text("corpus.txt", ValueError(f"data file {tmp_path / 'other.txt'} is empty")) is None
+
+
+def test_a_setting_refused_below_is_named_by_its_flag_but_a_path_is_not():
+    """A layer below names its settings as Python does (d_model, clock='exact'); the user typed
+    --d-model and --clock exact. A path the run was given stays as typed, even where it begins
+    with a flag's name."""
+    flags = ["d_model", "clock", "label_dropout", "num_classes", "max_time"]
+    assert str(flag_error(ValueError("TransformerConfig.d_model: expected a multiple of n_heads"), flags)) == \
+        "--d-model: expected a multiple of n_heads"
+    assert str(flag_error(ValueError("label_dropout needs num_classes > 0, got clock='exact'"), flags)) == \
+        "--label-dropout needs --num-classes > 0, got --clock exact"
+    assert str(flag_error(OSError("max_time/out is not writable"), flags, paths=["max_time/out"])) == \
+        "max_time/out is not writable"
+
+
+def test_a_checkpoint_of_another_kind_is_refused_naming_every_kind_the_role_takes(monkeypatch):
+    """load_role's line names the flag and path (or the name given), the kind found and each kind
+    the role accepts."""
+    monkeypatch.setattr("ddpd.checkpoint.load_model", lambda path, device: ("model", {"kind": "planner"}))
+    kinds = ("mask-denoiser", "uniform-denoiser")
+    with pytest.raises(UsageError, match="^--denoiser ck holds a 'planner' model, expected mask-denoiser or "
+                                         "uniform-denoiser$"):
+        load_role("denoiser", "ck", kinds, "cpu")
+    with pytest.raises(UsageError, match=r"^the bundle's denoiser/ \(b\) holds a 'planner' model, expected "):
+        load_role("denoiser", "ck", kinds, "cpu", name="the bundle's denoiser/ (b)")
+    assert load_role("planner", "ck", ("planner",), "cpu") == ("model", {"kind": "planner"})
+
+
+def test_checkpoints_that_differ_are_named_against_the_first_that_set_the_value():
+    """Three checkpoints where the last differs: the line names it and the first one, whose
+    value the others were compared with."""
+    def config(kind, name):
+        return {"kind": kind, "model": {"vocab_size": 27, "out_dim": 27, "max_seq_len": 8}, "tokenizer": {"name": name}}
+
+    entries = [("--planner p", config("planner", "text8")), ("--denoiser d", config("mask-denoiser", "text8")),
+               ("--judge j", config("ar", "gpt2"))]
+    with pytest.raises(UsageError, match=r"^--judge j has tokenizer \{'name': 'gpt2'\}, but --planner p has "
+                                         r"\{'name': 'text8'\}: they cannot be used together$"):
+        shared_facts(entries)
