@@ -12,6 +12,7 @@ import pytest
 
 from ddpd.checkpoint import CheckpointError
 from ddpd.cli.common import (
+    Interrupted,
     OneLineParser,
     UsageError,
     add_runtime_arguments,
@@ -20,11 +21,13 @@ from ddpd.cli.common import (
     check_threads,
     flag_error,
     load_role,
+    raise_swallowed_signal,
     refuse_empty_paths,
     refuse_outputs_over_inputs,
     refused_text,
     run_tool,
     shared_facts,
+    signals_as_interrupts,
     training_length,
     unopened_data,
     warn_if_lengths_differ,
@@ -265,3 +268,20 @@ def test_checkpoints_that_differ_are_named_against_the_first_that_set_the_value(
     with pytest.raises(UsageError, match=r"^--judge j has tokenizer \{'name': 'gpt2'\}, but --planner p has "
                                          r"\{'name': 'text8'\}: they cannot be used together$"):
         shared_facts(entries)
+
+
+def test_a_swallowed_signal_is_raised_again_only_within_its_block():
+    """An Interrupted a library caught is raised again at the next safe point of the same block;
+    once the block is left it is forgotten, and a later run in the same process is not stopped."""
+    with signals_as_interrupts():
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+        except KeyboardInterrupt:
+            pass  # as torch.compile's guards take it for a failed guard
+        with pytest.raises(Interrupted) as raised:
+            raise_swallowed_signal()
+        assert raised.value.signum == signal.SIGTERM
+    try:  # an Interrupted escaping would stop pytest itself, as Ctrl-C does
+        raise_swallowed_signal()
+    except Interrupted as stale:
+        pytest.fail(f"a signal of a finished block stopped a later run: {stale.name}")
