@@ -285,3 +285,14 @@ def test_a_swallowed_signal_is_raised_again_only_within_its_block():
         raise_swallowed_signal()
     except Interrupted as stale:
         pytest.fail(f"a signal of a finished block stopped a later run: {stale.name}")
+
+
+def test_an_edited_schedule_is_refused_for_a_diffusion_model_but_not_read_for_the_judge():
+    """config.json's schedule has no digest: a diffusion model's is checked and named; an AR judge
+    uses no schedule, so a stray key there stops nothing."""
+    denoiser = {"kind": "mask-denoiser", "model": {"out_dim": 27, "max_seq_len": 8}, "schedule": "nonsense"}
+    judge = {"kind": "ar", "model": {"out_dim": 27, "max_seq_len": 8}, "schedule": "nonsense"}
+    with pytest.raises(CheckpointError, match="^--denoiser d: config.json cannot be used: schedule must be one of "):
+        shared_facts([("--denoiser d", denoiser)])
+    assert shared_facts([("--judge j", judge)]) == {"vocab_size": 27, "tokenizer": None, "seq_len": None,
+                                                    "seq_lens": {}}
