@@ -18,9 +18,11 @@ from ddpd.cli.common import (
     add_runtime_arguments,
     apply_threads,
     check_finite,
+    check_seed,
     check_threads,
     flag_error,
     load_role,
+    one_line,
     raise_swallowed_signal,
     refuse_empty_paths,
     refuse_outputs_over_inputs,
@@ -296,3 +298,20 @@ def test_an_edited_schedule_is_refused_for_a_diffusion_model_but_not_read_for_th
         shared_facts([("--denoiser d", denoiser)])
     assert shared_facts([("--judge j", judge)]) == {"vocab_size": 27, "tokenizer": None, "seq_len": None,
                                                     "seq_lens": {}}
+
+
+def test_seeds_run_from_zero_to_just_below_two_to_the_63():
+    """--seed 0 is a seed like any other; -1 and 2**63 are refused naming the range."""
+    check_seed(0)
+    check_seed(2**63 - 1)
+    check_seed(None)
+    for bad in (-1, 2**63):
+        with pytest.raises(UsageError, match=rf"^--seed must be in \[0, 2\*\*63\), got {bad}$"):
+            check_seed(bad)
+
+
+def test_an_error_line_is_its_first_line_with_text():
+    """A message that starts with a newline or is only spaces still gives a line that says
+    something: the first line of text, else the error's class."""
+    assert one_line(ValueError("\n  the cause\nthe details")) == "the cause"
+    assert one_line(OSError("  ")) == "OSError"
