@@ -315,3 +315,16 @@ def test_an_error_line_is_its_first_line_with_text():
     something: the first line of text, else the error's class."""
     assert one_line(ValueError("\n  the cause\nthe details")) == "the cause"
     assert one_line(OSError("  ")) == "OSError"
+
+
+def test_an_empty_omp_num_threads_counts_as_unset(monkeypatch):
+    """`OMP_NUM_THREADS= ddpd-sample ...` sets it to nothing: not a count to refuse, but the
+    default of one thread."""
+    import torch
+
+    calls = []
+    monkeypatch.setattr(torch, "set_num_threads", calls.append)
+    monkeypatch.setenv("OMP_NUM_THREADS", "")
+    check_threads(None)
+    apply_threads(None)
+    assert calls == [1]
