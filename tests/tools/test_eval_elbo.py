@@ -741,7 +741,8 @@ def test_evaluations_refuse_sequences_not_2d_and_denoising_without_a_denoiser():
         return torch.zeros(*x.shape, V)
 
     for evaluate in (evaluate_elbo, evaluate_denoising):
-        for bad, got in ((torch.zeros(4, dtype=torch.long), r"torch.Size\(\[4\]\)"), ([[0, 1]], "list")):
+        for bad, got in ((torch.zeros(4, dtype=torch.long), r"torch.Size\(\[4\]\)"), ([[0, 1]], "list"),
+                         (torch.zeros(2, 4, 1, dtype=torch.long), r"torch.Size\(\[2, 4, 1\]\)")):
             with pytest.raises(ValueError, match=f"sequences must be Long\\[N, D\\], got {got}"):
                 evaluate(ModelSet(vocab_size=V, uniform_model=model), bad)
     with pytest.raises(ValueError, match="denoising: no denoiser or uniform model given"):
@@ -754,6 +755,8 @@ def test_evaluations_refuse_sequences_not_2d_and_denoising_without_a_denoiser():
     (dict(vocab_size=0), ValueError, "vocab_size must be >= 1"),
     (dict(vocab_size=V, planner="runs/planner"), TypeError, "planner must be callable, got str"),
     (dict(vocab_size=V, uniform_model=7), TypeError, "uniform_model must be callable"),
+    (dict(vocab_size=V, uniform_denoiser="runs/u"), TypeError, "uniform_denoiser must be callable, got str"),
+    (dict(vocab_size=V, mask_denoiser=7), TypeError, "mask_denoiser must be callable, got int"),
     (dict(vocab_size=V, mask_id=V - 1), ValueError, f"mask_id must be >= {V}"),
 ])
 def test_a_model_set_refuses_fields_the_estimators_cannot_use(fields, error, message):
@@ -763,6 +766,16 @@ def test_a_model_set_refuses_fields_the_estimators_cannot_use(fields, error, mes
 
     with pytest.raises(error, match=message):
         ModelSet(**fields)
+
+
+def test_a_model_set_holds_numpy_sizes_as_python_ints():
+    """vocab_size and mask_id given as numpy integers (read from an array or a config) are
+    kept as the Python ints they name."""
+    from ddpd.eval import ModelSet
+
+    models = ModelSet(np.int64(V), mask_id=np.int32(V + 1))
+    assert (type(models.vocab_size), type(models.mask_id)) == (int, int)
+    assert (models.vocab_size, models.mask_id) == (V, V + 1)
 
 
 def test_elbo_refuses_a_mask_id_among_the_tokens(tiny):
