@@ -651,6 +651,55 @@ def test_evaluate_denoising_rows_are_the_stats_of_every_sequence_in_bits(text):
 
 
 @torch.no_grad()
+def test_evaluate_denoising_scores_nothing_where_no_position_is_noisy():
+    """At alpha near 1 a few short sequences may keep every token clean: the row has no bits,
+    standard error or accuracy to give (None, not NaN or a division by zero), and 0 positions."""
+    from ddpd.eval import ModelSet, evaluate_denoising
+    from ddpd.eval.denoising import denoising_stats
+
+    def model(x, t):
+        return torch.zeros(*x.shape, V)
+
+    x1 = torch.tensor([[1, 2], [3, 4]])
+    assert int(denoising_stats("uniform", model, x1, V, alpha=0.999).noisy.sum()) == 0
+    row, = evaluate_denoising(ModelSet(V, uniform_model=model), x1, alpha=0.999)
+    assert (row["bits"], row["bits_se"], row["accuracy"]) == (None, None, None)
+    assert (row["noisy_positions"], row["num_sequences"], row["alpha"]) == (0, 2, 0.999)
+
+
+@torch.no_grad()
+def test_evaluate_denoising_masks_with_the_model_sets_mask_id(text):
+    """The mask denoiser's row corrupts with the mask id of the ModelSet (V + 1 here), as
+    denoising_stats does given it; with the default id V the denoiser reads other inputs."""
+    from ddpd.eval import ModelSet, evaluate_denoising
+    from ddpd.eval.denoising import denoising_stats
+    from ddpd.eval.report import mean_and_se
+
+    def guess(x, t):  # sure of a space where it reads V + 1, uniform elsewhere
+        return (x == V + 1)[..., None] * torch.zeros(*x.shape, V).index_fill(-1, torch.tensor([0]), 5.0)
+
+    row, = evaluate_denoising(ModelSet(V, mask_denoiser=guess, mask_id=V + 1), text, batch_size=5, seed=3)
+    for mask_id, same in ((V + 1, True), (None, False)):
+        stats = denoising_stats("mask-denoiser", guess, text, V, mask_id=mask_id, seed=3)
+        noisy = stats.noisy > 0
+        bits, _ = mean_and_se(stats.nats[noisy] / stats.noisy[noisy] / math.log(2.0))
+        assert (row["bits"] == pytest.approx(bits, rel=1e-5)) is same, mask_id
+
+
+@torch.no_grad()
+def test_evaluate_elbo_runs_the_methods_asked_in_their_order(tiny, text):
+    """methods picks the rows and their order among those the models support."""
+    from ddpd.eval import ModelSet, evaluate_elbo
+
+    models = ModelSet(V, planner=tiny["planner"], mask_denoiser=tiny["mask-denoiser"], uniform_model=tiny["uniform"])
+    x1 = text[:3, :8]
+    rows = evaluate_elbo(models, x1, methods=["mask-diffusion", "uniform"], seed=2)
+    assert [row["method"] for row in rows] == ["mask-diffusion", "uniform"]
+    expected = elbo_uniform_model(tiny["uniform"], x1, V, seed=2).bits()["elbo"].double().mean()
+    assert rows[1]["elbo"] == pytest.approx(float(expected), rel=1e-5)
+
+
+@torch.no_grad()
 def test_uniform_model_elbo_is_finite_near_t_max_with_a_large_vocabulary():
     """S = 50257, a model sure every token is clean, stream 706 drawn at alpha > 0.9985: there
     p(z = N | x_t) was 1 - 1 * kept with kept rounded to 1 in float32, log 0, so planning -inf,
