@@ -668,6 +668,43 @@ def test_evaluate_denoising_scores_nothing_where_no_position_is_noisy():
 
 
 @torch.no_grad()
+def test_evaluate_denoising_scores_a_lone_noisy_position():
+    """One noisy position among the sequences (alpha 0.9, seed 1) is scored: its bits, an
+    undefined (NaN) standard error, and an accuracy of 0 or 1, not the None of no noise."""
+    from ddpd.eval import ModelSet, evaluate_denoising
+    from ddpd.eval.denoising import denoising_stats
+
+    def model(x, t):
+        return torch.zeros(*x.shape, V)
+
+    x1 = torch.tensor([[1, 2], [3, 4]])
+    stats = denoising_stats("uniform", model, x1, V, alpha=0.9, seed=1)
+    assert stats.noisy.tolist() == [1.0, 0.0]
+    row, = evaluate_denoising(ModelSet(V, uniform_model=model), x1, alpha=0.9, seed=1)
+    assert row["bits"] == pytest.approx(float(stats.nats[0]) / math.log(2.0), rel=1e-6)
+    assert math.isnan(row["bits_se"])
+    assert (row["accuracy"], row["noisy_positions"]) == (float(stats.correct[0]), 1)
+
+
+@torch.no_grad()
+def test_evaluations_do_not_depend_on_the_batch_size(tiny, text):
+    """Eleven sequences in batches of 1, 5 (a last batch of one) or all at once give the same
+    rows: every sequence is scored once, with its own stream."""
+    from ddpd.eval import ModelSet, evaluate_denoising, evaluate_elbo
+
+    models = ModelSet(V, mask_denoiser=tiny["mask-denoiser"])
+    x1 = text[:11, :8]
+    for evaluate in (evaluate_elbo, evaluate_denoising):
+        rows = [evaluate(models, x1, batch_size=size, seed=4) for size in (32, 5, 1)]
+        for other in rows[1:]:
+            for mine, theirs in zip(rows[0], other):
+                assert mine.keys() == theirs.keys()
+                for key, value in mine.items():
+                    assert theirs[key] == (pytest.approx(value, rel=1e-5, nan_ok=True)
+                                           if isinstance(value, float) else value), (evaluate.__name__, key)
+
+
+@torch.no_grad()
 def test_evaluate_denoising_masks_with_the_model_sets_mask_id(text):
     """The mask denoiser's row corrupts with the mask id of the ModelSet (V + 1 here), as
     denoising_stats does given it; with the default id V the denoiser reads other inputs."""
