@@ -736,6 +736,23 @@ def test_evaluate_elbo_runs_the_methods_asked_in_their_order(tiny, text):
     assert rows[1]["elbo"] == pytest.approx(float(expected), rel=1e-5)
 
 
+def test_evaluation_tables_name_their_columns_and_round_to_four_places():
+    """The Markdown tables of the rows: every number in bits or accuracy to four decimals,
+    alpha as given, an undefined score left blank."""
+    from ddpd.eval.likelihood import denoising_markdown, elbo_markdown
+
+    rows = [{"denoiser": "uniform", "bits": 1.234567, "bits_se": 0.0123456, "accuracy": 0.56789, "alpha": 0.85},
+            {"denoiser": "mask-denoiser", "bits": None, "bits_se": None, "accuracy": None, "alpha": 0.999}]
+    assert denoising_markdown(rows).splitlines() == [
+        "| Denoiser | Denoising (bits/token) | ± s.e. | Accuracy | alpha |", "|---|---:|---:|---:|---:|",
+        "| uniform | 1.2346 | 0.0123 | 0.5679 | 0.85 |", "| mask-denoiser |  |  |  | 0.999 |"]
+    row = {"method": "uniform", "rate_matching": 1.234567, "transitioning": 0.5, "elbo": 1.7345678,
+           "elbo_se": 0.01234, "bound": "yes"}
+    assert elbo_markdown([row]).splitlines() == [
+        "| Method | Rate matching (bits/token) | Transitioning (bits/token) | Combined (bits/token) | ± s.e. | Bound |",
+        "|---|---:|---:|---:|---:|---:|", "| uniform | 1.2346 | 0.5000 | 1.7346 | 0.0123 | yes |"]
+
+
 @torch.no_grad()
 def test_uniform_model_elbo_is_finite_near_t_max_with_a_large_vocabulary():
     """S = 50257, a model sure every token is clean, stream 706 drawn at alpha > 0.9985: there
