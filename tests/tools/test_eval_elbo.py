@@ -736,6 +736,35 @@ def test_evaluate_elbo_runs_the_methods_asked_in_their_order(tiny, text):
     assert rows[1]["elbo"] == pytest.approx(float(expected), rel=1e-5)
 
 
+@pytest.mark.parametrize("given, methods, kinds", [
+    (("uniform_model",), ["uniform"], ["uniform"]),
+    (("planner",), [], []),
+    (("uniform_denoiser",), [], ["uniform-denoiser"]),
+    (("planner", "uniform_denoiser"), ["planner+uniform-denoiser"], ["uniform-denoiser"]),
+    (("mask_denoiser",), ["mask-diffusion"], ["mask-denoiser"]),
+    (("planner", "mask_denoiser"), ["planner+mask-denoiser", "planner+mask-denoiser(true-mask)", "mask-diffusion"],
+     ["mask-denoiser", "mask-denoiser-planner"]),
+])
+def test_each_method_and_denoising_kind_needs_its_networks(given, methods, kinds):
+    """A planned row needs the planner and its denoiser, the planner alone gives none; the
+    planner's mask row is a bound, the true-mask one is not."""
+    from ddpd.eval import ModelSet, elbo_methods
+    from ddpd.eval.likelihood import denoising_kinds
+
+    networks = {name: (lambda x, t=None: torch.zeros(*x.shape, V)) for name in given}
+    models = ModelSet(V, **networks)
+    available = elbo_methods(models)
+    assert list(available) == methods
+    assert [name for name, (bound, _) in available.items() if not bound] == \
+        [name for name in methods if name.endswith("(true-mask)")]
+    found = denoising_kinds(models)
+    assert list(found) == kinds
+    for kind, (denoiser, planner) in found.items():
+        assert denoiser is networks[{"uniform": "uniform_model"}.get(kind, kind.replace("-planner", "")
+                                                                       .replace("-", "_"))], kind
+        assert planner is (networks["planner"] if kind.endswith("-planner") else None), kind
+
+
 def test_evaluation_tables_name_their_columns_and_round_to_four_places():
     """The Markdown tables of the rows: every number in bits or accuracy to four decimals,
     alpha as given, an undefined score left blank."""
