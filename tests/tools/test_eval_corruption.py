@@ -50,3 +50,20 @@ def test_named_streams_of_consecutive_samples_never_share_uniforms():
     noise, rows = EvalNoise(3), torch.arange(4)
     draws = [noise.uniform(sample, stream, rows, 8) for sample in range(3) for stream in streams]
     assert len({tuple(u.flatten().tolist()) for u in draws}) == len(draws)
+
+
+def test_uniform_noise_fills_with_floor_of_u_value_times_v():
+    """A noisy position of uniform noise holds floor(u_value V) of its own uniform; clean ones keep x1."""
+    u_noise = torch.tensor([[0.9, 0.1, 0.9, 0.1], [0.1, 0.9, 0.1, 0.9]])
+    u_value = torch.tensor([[0.7, 0.9, 0.1, 0.7], [0.95, 0.2, 0.4, 0.45]])
+    x_t, _ = marginal_corruption(X1, ALPHA, u_noise, u_value, "uniform", 5)
+    assert x_t.tolist() == [[3, 1, 0, 3], [3, 1, 1, 2]]
+    x_t, _, _ = forced_corruption(X1, ALPHA, torch.tensor([0.3, 0.0]), u_noise, u_value, "uniform", 5)
+    assert x_t.tolist() == [[3, 4, 0, 3], [4, 1, 1, 2]]
+
+
+def test_stratified_draw_is_the_sample_plus_its_uniform_over_the_samples():
+    """stratified(m, M) = (m + u) / M with u the stream's own uniform, not 1 - u or another draw."""
+    noise, rows = EvalNoise(5), torch.arange(6)
+    u = noise.uniform(2, C.ALPHA, rows, 1)[:, 0]
+    assert torch.equal(noise.stratified(2, 4, C.ALPHA, rows), (2 + u) / 4)
