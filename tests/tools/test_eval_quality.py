@@ -771,3 +771,49 @@ def test_read_sweep_refuses_a_reference_row_without_finite_measurements(tmp_path
     path.write_text(f"sampler,steps,temperature,judge_nll,entropy\nheld-out text,,,{cells}\nmaskgit,2,1.0,3.2,3.1\n")
     with pytest.raises(ValueError, match=f"sweep.csv line 2: {key} must be a finite number"):
         quality.read_sweep(str(path))
+
+
+def test_planner_recorder_boundaries_p_one_half_is_clean_and_p_eps_is_not_met():
+    """A position is predicted noisy iff p > 0.5 (logit 0 is clean), and a sample meets eps iff
+    p < eps everywhere (p == eps does not)."""
+    outputs = iter([torch.zeros(1, 2), torch.tensor([[-9.0, -9.0]])])
+    recorder = PlannerRecorder(lambda x: next(outputs), eps=(0.5,))
+    recorder.start_run(1)
+    for _ in range(2):
+        recorder(torch.zeros(1, 2, dtype=torch.long))
+    first, second = recorder.rows()
+    assert second["z_changed"] == 0.0  # clean at both steps
+    assert first["met_eps_0.5"] == 0.0 and second["met_eps_0.5"] == 1.0
+
+
+def test_planner_recorder_reads_low_precision_logits_in_float32():
+    """bfloat16 logits (an autocast planner) are recorded as float32 probabilities."""
+    logits = torch.tensor([[1.0, -2.0, 3.0]], dtype=torch.bfloat16)
+    recorder = PlannerRecorder(lambda x: logits)
+    recorder.start_run(1)
+    assert recorder(torch.zeros(1, 3, dtype=torch.long)) is logits
+    expected = torch.sigmoid(logits.float()).mean().item()
+    assert recorder.rows()[0]["noise_left"] == pytest.approx(expected, rel=1e-6)
+
+
+def test_planner_recorder_keeps_the_eps_in_the_order_given():
+    recorder = PlannerRecorder(lambda x: torch.zeros(x.shape), eps=(0.01, 0.1, 0.05))
+    recorder.start_run(1)
+    recorder(torch.zeros(1, 2, dtype=torch.long))
+    assert [k for k in recorder.rows()[0] if k.startswith("met_eps_")] == [
+        "met_eps_0.01", "met_eps_0.1", "met_eps_0.05"]
+
+
+def test_planner_recorder_and_stopped_fraction_refuse_zero_sizes():
+    with pytest.raises(ValueError, match="^batch_size must be >= 1, got 0$"):
+        PlannerRecorder(lambda x: x).start_run(0)
+    with pytest.raises(ValueError, match="^steps must be >= 1, got 0$"):
+        stopped_fraction(torch.tensor([0, 1]), steps=0)
+
+
+def test_convergence_rows_leave_the_recorded_rows_alone_and_name_the_eps_exactly():
+    """The stopped column is added to copies, and named by float_text: 0.05000001 is not 0.05."""
+    recorded = [{"step": i, "noise_left": 0.5, "z_changed": 0.0} for i in range(2)]
+    rows = convergence_rows(recorded, torch.tensor([0.25, 1.0]), eps=0.05000001)
+    assert [r["stopped_eps_0.05000001"] for r in rows] == [0.25, 1.0]
+    assert all(set(r) == {"step", "noise_left", "z_changed"} for r in recorded)
