@@ -5,6 +5,7 @@ import torch
 
 from ddpd.eval import corruption as C
 from ddpd.eval.corruption import EvalNoise, forced_corruption, marginal_corruption
+from ddpd.ops.rng import philox_uniform
 
 X1 = torch.tensor([[0, 1, 2, 3], [3, 2, 1, 0]])
 ALPHA = torch.tensor([0.5, 0.25])
@@ -67,3 +68,11 @@ def test_stratified_draw_is_the_sample_plus_its_uniform_over_the_samples():
     noise, rows = EvalNoise(5), torch.arange(6)
     u = noise.uniform(2, C.ALPHA, rows, 1)[:, 0]
     assert torch.equal(noise.stratified(2, 4, C.ALPHA, rows), (2 + u) / 4)
+
+
+def test_eval_noise_draws_sample_m_stream_s_at_offset_m_num_streams_plus_s():
+    """The documented layout of the offsets: the same seeded draws across versions of ddpd."""
+    noise, rows = EvalNoise(7), torch.tensor([0, 5, 9])
+    for sample, stream in ((0, C.VALUE), (3, C.NOISE), (2, C.FINAL_MASK)):
+        expected = philox_uniform(7, sample * C.NUM_STREAMS + stream, rows, 6)
+        assert torch.equal(noise.uniform(sample, stream, rows, 6), expected), (sample, stream)
