@@ -347,6 +347,7 @@ def test_stopped_fraction_and_convergence_outputs(tmp_path):
     (torch.zeros(2, 2, dtype=torch.long), ValueError, r"stop_step must be a 1-D tensor, got torch.Size\(\[2, 2\]\)"),
     (torch.tensor([0.0, 2.0]), TypeError, "stop_step must be a tensor of step numbers .*, got torch.float32"),
     (torch.tensor([True]), TypeError, r"an integer dtype\), got torch.bool"),
+    (torch.tensor([1j]), TypeError, r"an integer dtype\), got torch.complex64"),
     (torch.tensor([], dtype=torch.long), ValueError, "stop_step must hold at least one sample's stop step, got none"),
     (torch.tensor([3, -1]), ValueError, "stop_step must be >= 0, got minimum -1"),
 ])
@@ -817,3 +818,27 @@ def test_convergence_rows_leave_the_recorded_rows_alone_and_name_the_eps_exactly
     rows = convergence_rows(recorded, torch.tensor([0.25, 1.0]), eps=0.05000001)
     assert [r["stopped_eps_0.05000001"] for r in rows] == [0.25, 1.0]
     assert all(set(r) == {"step", "noise_left", "z_changed"} for r in recorded)
+
+
+def test_planner_recorder_numbers_steps_from_0_and_refuses_what_is_not_callable():
+    recorder = PlannerRecorder(lambda x: torch.zeros(x.shape))
+    recorder.start_run(1)
+    for _ in range(3):
+        recorder(torch.zeros(1, 2, dtype=torch.long))
+    assert [row["step"] for row in recorder.rows()] == [0, 1, 2]
+    with pytest.raises(TypeError, match="^planner must be callable, got int$"):
+        PlannerRecorder(3)
+
+
+@pytest.mark.parametrize("eps", [("0.01",), ("0.1", "0.05", "0.01")])
+def test_the_convergence_plot_draws_both_top_panels_and_hides_the_empty_ones(monkeypatch, tmp_path, eps):
+    """One eps still gets the z-flips panel; with three the third top panel is turned off."""
+    pytest.importorskip("matplotlib")
+    figures = []
+    monkeypatch.setattr(convergence, "save_figure", lambda fig, path, **kwargs: figures.append(fig))
+    rows = [{"step": i, "noise_left": 0.5, "z_changed": 0.0, **{f"met_eps_{e}": 0.0 for e in eps}} for i in range(3)]
+    convergence.plot_convergence(rows, str(tmp_path / "c.png"))
+    top = figures[0].axes[:max(2, len(eps))]
+    assert [ax.get_title() for ax in top[:2]] == ["noise left: sum_d p(z=N) / D",
+                                                  "fraction of z flips vs previous step"]
+    assert [ax.axison for ax in top] == [True, True] + [False] * (len(top) - 2)
