@@ -842,3 +842,24 @@ def test_the_convergence_plot_draws_both_top_panels_and_hides_the_empty_ones(mon
     assert [ax.get_title() for ax in top[:2]] == ["noise left: sum_d p(z=N) / D",
                                                   "fraction of z flips vs previous step"]
     assert [ax.axison for ax in top] == [True, True] + [False] * (len(top) - 2)
+
+
+def test_stopped_fraction_counts_a_stop_at_the_last_step():
+    """stop_step == steps - 1 stopped within the budget; only stop_step == steps used it all."""
+    torch.testing.assert_close(stopped_fraction(torch.tensor([4, 5]), steps=5), torch.tensor([0.0, 0.0, 0.0, 0.0, 0.5]))
+
+
+def test_planner_recorder_passes_the_time_on_and_tracks_0_05_and_0_01_by_default():
+    times = []
+
+    def planner(x, t):
+        times.append(t)
+        return torch.full(x.shape, -9.0)
+
+    recorder = PlannerRecorder(planner)
+    recorder.start_run(1)
+    t = torch.tensor([0.25])
+    recorder(torch.zeros(1, 2, dtype=torch.long), t)
+    assert times == [t]
+    assert [k for k in recorder.rows()[0] if k.startswith("met_eps_")] == ["met_eps_0.05", "met_eps_0.01"]
+    assert "stopped_eps_0.01" in convergence_rows(recorder.rows(), torch.ones(1))[0]
