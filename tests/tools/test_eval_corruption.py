@@ -76,3 +76,10 @@ def test_eval_noise_draws_sample_m_stream_s_at_offset_m_num_streams_plus_s():
     for sample, stream in ((0, C.VALUE), (3, C.NOISE), (2, C.FINAL_MASK)):
         expected = philox_uniform(7, sample * C.NUM_STREAMS + stream, rows, 6)
         assert torch.equal(noise.uniform(sample, stream, rows, 6), expected), (sample, stream)
+
+
+def test_mask_noise_fills_with_a_mask_id_of_0():
+    """mask_id = 0 is a mask id like any other, not a missing one."""
+    u_noise = torch.tensor([[0.9, 0.1, 0.9, 0.1], [0.1, 0.9, 0.1, 0.9]])
+    x_t, _ = marginal_corruption(X1 + 1, ALPHA, u_noise, U_VALUE, "mask", 5, mask_id=0)
+    assert x_t.tolist() == [[0, 2, 0, 4], [4, 0, 2, 0]]

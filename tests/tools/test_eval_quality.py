@@ -863,3 +863,8 @@ def test_planner_recorder_passes_the_time_on_and_tracks_0_05_and_0_01_by_default
     assert times == [t]
     assert [k for k in recorder.rows()[0] if k.startswith("met_eps_")] == ["met_eps_0.05", "met_eps_0.01"]
     assert "stopped_eps_0.01" in convergence_rows(recorder.rows(), torch.ones(1))[0]
+
+
+def test_planner_recorder_names_the_eps_it_was_given_when_refusing_them():
+    with pytest.raises(ValueError, match=r"^eps must be thresholds in \(0, 1\), got \(0.5, 1\)$"):
+        PlannerRecorder(lambda x: x, eps=(0.5, 1))
