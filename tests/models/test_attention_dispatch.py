@@ -464,3 +464,33 @@ def test_self_attention_drops_its_output_in_training(monkeypatch):
     dropped = layer.train()(x)
     assert (dropped == 0).any()
     torch.testing.assert_close(torch.where(dropped == 0, 0.0, 2 * kept), dropped)
+
+
+def test_a_forced_sdpa_flash_on_cuda_takes_dropout(monkeypatch):
+    """Only torch's CPU flash kernel lacks dropout: on a GPU a forced `sdpa-flash` trains with it.
+    A stand-in for a CUDA bf16 tensor on an A100 (the rule reads its device, dtype and head_dim)."""
+    monkeypatch.setitem(attn._capabilities, 0, (8, 0))
+    q = types.SimpleNamespace(is_cuda=True, dtype=torch.bfloat16, shape=(B, H, L, HEAD), device=torch.device("cuda", 0))
+    with attention_backend("sdpa-flash"):
+        assert resolve_backend(q, dropout_p=0.1) == "sdpa-flash"
+
+
+def test_forcing_flash_where_no_installed_generation_runs_is_refused(fake_flash):
+    """'flash' forced with only the Hopper build (fa3) installed, on an A100: no kernel fits, so
+    the call is refused in one line rather than handed to a backend named None."""
+    calls = fake_flash("fa3", capability=(8, 0))
+    q, k, v = qkv(torch.bfloat16)
+    with attention_backend("flash"), pytest.raises(ValueError, match=r"'flash' is forced but no installed "
+                                                                     r"flash-attn kernel.*capability \(8, 0\)"):
+        attention(q, k, v, causal=False)
+    assert calls == []
+
+
+def test_explicit_attention_returns_the_dtype_of_its_values():
+    """The reference computes in float32 and casts back to the dtype of v, as documented."""
+    q, k, _ = qkv()
+    v = qkv(torch.bfloat16, seed=1)[2]
+    out = explicit_attention(q, k, v, causal=True)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out, explicit_attention(q, k, v.float(), causal=True).to(torch.bfloat16),
+                               rtol=0, atol=0)
