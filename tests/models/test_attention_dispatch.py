@@ -128,6 +128,8 @@ def test_flash_preference_by_gpu(capability, expected):
     (("fa3",), (8, 0), 0.0, "sdpa-flash"),              # the Hopper build does not serve an A100
     (("fa4",), (9, 0), 0.0, "fa4"),                     # FA4 alone (flash_attn has no flash_attn_func)
     (("fa2",), (10, 0), 0.0, "fa2"),
+    (("fa2", "fa4"), (10, 0), 0.1, "fa2"),               # nor has FA4 on a Blackwell
+    (("fa4",), (10, 0), 0.1, "sdpa-flash"),
     ((), (9, 0), 0.0, "sdpa-flash"),                    # no flash-attn: torch's flash backend
 ])
 def test_auto_rule(fake_flash, installed, capability, dropout_p, expected):
@@ -494,3 +496,13 @@ def test_explicit_attention_returns_the_dtype_of_its_values():
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out, explicit_attention(q, k, v.float(), causal=True).to(torch.bfloat16),
                                rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("installed, forced, module", [(("fa3",), "fa2", "flash_attn"),
+                                                       (("fa2",), "fa4", "flash_attn.cute")])
+def test_forcing_each_absent_generation_names_its_module(fake_flash, installed, forced, module):
+    """Forcing a generation that is not installed is refused when set, naming the module looked for."""
+    fake_flash(*installed)
+    with pytest.raises(ValueError, match=rf"name='{forced}' but {re.escape(module)} is not importable"):
+        set_attention_backend(forced)
+    assert attn.get_attention_backend() == "auto"
