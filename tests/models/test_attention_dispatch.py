@@ -506,3 +506,18 @@ def test_forcing_each_absent_generation_names_its_module(fake_flash, installed, 
     with pytest.raises(ValueError, match=rf"name='{forced}' but {re.escape(module)} is not importable"):
         set_attention_backend(forced)
     assert attn.get_attention_backend() == "auto"
+
+
+def test_warm_dispatch_fills_the_caches_for_the_current_gpu(fake_flash, monkeypatch):
+    """warm_dispatch looks up every flash-attn generation and the capability of the model's GPU:
+    the current one for a plain "cuda" device. A stand-in torch.cuda answers on the CPU."""
+    fake_flash()  # none installed: each generation is looked up
+    monkeypatch.setattr(attn, "_capabilities", {})
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: {0: (8, 0), 1: (9, 0)}[index])
+    attn.warm_dispatch(torch.device("cpu"))
+    assert attn._flash_functions == dict.fromkeys(FLASH_KERNELS) and attn._capabilities == {}
+    attn.warm_dispatch(torch.device("cuda"))
+    assert attn._capabilities == {1: (9, 0)}
+    attn.warm_dispatch(torch.device("cuda", 0))
+    assert attn._capabilities == {0: (8, 0), 1: (9, 0)}
