@@ -25,6 +25,7 @@ from ddpd.models import (
     set_attention_backend,
 )
 from ddpd.models.attention import (
+    RotaryEmbedding,
     SelfAttention,
     attention,
     clear_flash_cache,
@@ -521,3 +522,17 @@ def test_warm_dispatch_fills_the_caches_for_the_current_gpu(fake_flash, monkeypa
     assert attn._capabilities == {1: (9, 0)}
     attn.warm_dispatch(torch.device("cuda", 0))
     assert attn._capabilities == {0: (8, 0), 1: (9, 0)}
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_self_attention_attends_over_rotated_queries_and_keys(causal):
+    """SelfAttention is the projected attention of its heads, with queries and keys (not values)
+    rotated by the default rotary table of its head size, rebuilt here step by step."""
+    torch.manual_seed(0)
+    layer = SelfAttention(32, 4, L, causal=causal).eval()
+    x = torch.randn(B, L, 32)
+    q, k, v = (part.view(B, L, 4, 8).transpose(1, 2) for part in layer.qkv(x).chunk(3, dim=-1))
+    table = RotaryEmbedding(8, L)
+    out = explicit_attention(table(q), table(k), v, causal).transpose(1, 2).reshape(B, L, 32)
+    with attention_backend("math"):
+        torch.testing.assert_close(layer(x), layer.proj(out), rtol=1e-5, atol=1e-6)
