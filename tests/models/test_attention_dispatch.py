@@ -536,3 +536,13 @@ def test_self_attention_attends_over_rotated_queries_and_keys(causal):
     out = explicit_attention(table(q), table(k), v, causal).transpose(1, 2).reshape(B, L, 32)
     with attention_backend("math"):
         torch.testing.assert_close(layer(x), layer.proj(out), rtol=1e-5, atol=1e-6)
+
+
+def test_a_forced_flash_backend_names_what_it_got(monkeypatch):
+    """The refusal of a forced flash backend states the device, dtype and head size it was given:
+    here a bf16 stand-in for a CUDA tensor on an A100 whose head size (12) is no multiple of 8."""
+    monkeypatch.setitem(attn._capabilities, 0, (8, 0))
+    q = types.SimpleNamespace(is_cuda=True, dtype=torch.bfloat16, shape=(B, H, L, 12), device=torch.device("cuda", 0))
+    got = "got device=cuda:0, dtype=torch.bfloat16, head_dim=12"
+    with attention_backend("sdpa-flash"), pytest.raises(ValueError, match=re.escape(got)):
+        resolve_backend(q)
