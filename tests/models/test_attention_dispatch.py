@@ -264,7 +264,8 @@ def test_a_forced_sdpa_flash_refuses_float32_on_cuda():
 def test_forcing_a_kernel_the_gpu_cannot_run_is_refused(fake_flash, forced, capability):
     calls = fake_flash("fa2", "fa3", "fa4", capability=capability)
     q, k, v = qkv(torch.bfloat16)
-    refused = f"{forced}.*compute capability {re.escape(str(capability))}"
+    runs = re.escape(str(attn.flash_preference(capability)))
+    refused = f"{forced}.*compute capability {re.escape(str(capability))}; this GPU runs {runs}"
     with attention_backend(forced), pytest.raises(ValueError, match=refused):
         attention(q, k, v, causal=False)
     assert calls == []
@@ -277,7 +278,8 @@ def test_forced_sdpa_flash_on_cpu_matches_reference():
     assert counts == {"sdpa-flash": 1}
     torch.testing.assert_close(out, explicit_attention(q, k, v, True), rtol=1e-5, atol=1e-6)
     # torch's CPU flash kernel has no dropout: refused in one line, not "No available kernel"
-    with attention_backend("sdpa-flash"), pytest.raises(ValueError, match="CPU flash kernel runs without dropout"):
+    refused = "CPU flash kernel runs without dropout, got dropout_p=0.1"
+    with attention_backend("sdpa-flash"), pytest.raises(ValueError, match=refused):
         attention(q, k, v, causal=True, dropout_p=0.1)
 
 
@@ -402,7 +404,8 @@ def test_nested_backend_blocks_restore_the_outer_one():
 
 def test_the_math_backend_refuses_dropout_it_does_not_apply():
     q, k, v = qkv()
-    with attention_backend("math"), pytest.raises(ValueError, match="the 'math' backend has no dropout"):
+    refused = "the 'math' backend has no dropout, got dropout_p=0.1"
+    with attention_backend("math"), pytest.raises(ValueError, match=refused):
         attention(q, k, v, False, dropout_p=0.1)
 
 
