@@ -244,8 +244,9 @@ def test_forced_kernels(fake_flash):
     with attention_backend("flash"):
         assert resolve_backend(q) == "fa3"
         assert resolve_backend(q, dropout_p=0.1) == "fa2"
-    with attention_backend("fa4"), pytest.raises(ValueError, match="dropout_p=0.1"):
-        resolve_backend(q, dropout_p=0.1)
+    for name in ("fa3", "fa4"):  # their interfaces take no dropout
+        with attention_backend(name), pytest.raises(ValueError, match="dropout_p=0.1"):
+            resolve_backend(q, dropout_p=0.1)
     with attention_backend("fa2"), pytest.raises(ValueError, match="CUDA fp16/bf16"):
         resolve_backend(q.float())  # float32: no flash kernel takes it
     assert attn.get_attention_backend() == "auto"
