@@ -229,52 +229,49 @@ def test_the_planner_clock_counts_only_the_positions_a_prompt_leaves_noisy():
     assert times == [[0.5, 0.5]]
 
 
-def test_the_eps_stop_anneals_over_the_time_of_the_positions_a_prompt_leaves_noisy(monkeypatch):
-    """Under the eps stop Temperature(start, end) follows the planner's estimate over the positions
-    not frozen: p = 1/2 on the 4 free positions of 8 is t = 0.5, at 0.5 / alpha^{-1}(1 - eps) = 0.5 / 0.9
-    of the way to `end`; counted over all 8 positions it would be t = 0.75."""
+@pytest.fixture
+def over_time_calls(monkeypatch):
+    """(t, t_final, temperatures) of each call of the eps stop's annealing, gillespie._over_time."""
     from ddpd.sampling import gillespie
 
-    drawn = []
+    calls = []
     over_time = gillespie._over_time
 
     def recording(run, t, t_final, k):
-        drawn.append((t.tolist(), t_final))
-        return over_time(run, t, t_final, k)
+        temperature = over_time(run, t, t_final, k)
+        calls.append((t.tolist(), t_final, temperature.tolist()))
+        return temperature
 
     monkeypatch.setattr(gillespie, "_over_time", recording)
+    return calls
+
+
+def test_the_eps_stop_anneals_over_the_time_of_the_positions_a_prompt_leaves_noisy(over_time_calls):
+    """Under the eps stop Temperature(start, end) follows the planner's estimate over the positions
+    not frozen: p = 1/2 on the 4 free positions of 8 is t = 0.5, at 0.5 / alpha^{-1}(1 - eps) = 0.5 / 0.9
+    of the way to `end`; counted over all 8 positions it would be t = 0.75."""
     x_init = torch.full((2, 8), -1)
     x_init[:, :4] = 1
     ddpd_sample(lambda x: torch.zeros(x.shape), lambda x, t: torch.zeros(*x.shape, 3), 2, 8, 3, steps=1, seed=0,
                 prompt=Prompt(x_init, x_init >= 0), ddpd=DDPDOptions(stop="eps", eps=0.1),
                 temperature=Temperature(1.0, 0.0))
-    assert drawn == [([0.5, 0.5], pytest.approx(0.9))]
+    assert [(t, t_final) for t, t_final, _ in over_time_calls] == [([0.5, 0.5], pytest.approx(0.9))]
 
 
-def test_the_eps_stop_gives_each_of_a_rows_k_draws_the_rows_temperature(monkeypatch):
+def test_the_eps_stop_gives_each_of_a_rows_k_draws_the_rows_temperature(over_time_calls):
     """With k = 2 the temperatures under the eps stop are a row's two draws after another: row 0
     (p = 1/2 at 4 positions, t = 0.5) draws at 1 - 0.5 / 0.9 twice, then row 1 (p = 1/2 at one
     position, t = 0.875) at 1 - 0.875 / 0.9 twice."""
-    from ddpd.sampling import gillespie
-
-    drawn = []
-    over_time = gillespie._over_time
-
-    def recording(run, t, t_final, k):
-        temperature = over_time(run, t, t_final, k)
-        drawn.append(temperature.tolist())
-        return temperature
-
     def planner(x):
         logits = torch.zeros(x.shape)
         logits[1, 1:] = float("-inf")
         return logits
 
-    monkeypatch.setattr(gillespie, "_over_time", recording)
     ddpd_sample(planner, lambda x, t: torch.zeros(*x.shape, 3), 2, 4, 3, steps=1, seed=0,
                 ddpd=DDPDOptions(stop="eps", eps=0.1, k=2, parallel_steps=1), temperature=Temperature(1.0, 0.0))
     first, second = 1.0 - 0.5 / 0.9, 1.0 - 0.875 / 0.9
-    assert drawn == [pytest.approx([first, first, second, second], abs=1e-6)]
+    assert [temperature for _, _, temperature in over_time_calls] == \
+        [pytest.approx([first, first, second, second], abs=1e-6)]
 
 
 def test_a_row_its_prompt_freezes_whole_gives_the_denoiser_a_time_in_0_1():

@@ -373,6 +373,16 @@ def _check_estimator(toy, variant, estimate_fn, t_max=T_MAX, seed=0):
 # ---------------------------------------------------------------- tests
 
 
+def flat_planner(x):
+    """A planner with p(noise) = 1/2 at every position."""
+    return torch.zeros(x.shape)
+
+
+def flat_denoiser(x, t):
+    """A denoiser (or uniform model) with uniform logits over the V tokens."""
+    return torch.zeros(*x.shape, V)
+
+
 def test_mask_diffusion_elbo_is_tight_for_the_exact_denoiser(toy, models):
     """With the exact p(x_1^d | unmasked positions) every unmasking order gives p_data(x_1),
     so the ELBO equals the log-likelihood up to the factorised final emission, whose
@@ -657,12 +667,9 @@ def test_evaluate_denoising_scores_nothing_where_no_position_is_noisy():
     from ddpd.eval import ModelSet, evaluate_denoising
     from ddpd.eval.denoising import denoising_stats
 
-    def model(x, t):
-        return torch.zeros(*x.shape, V)
-
     x1 = torch.tensor([[1, 2], [3, 4]])
-    assert int(denoising_stats("uniform", model, x1, V, alpha=0.999).noisy.sum()) == 0
-    row, = evaluate_denoising(ModelSet(V, uniform_model=model), x1, alpha=0.999)
+    assert int(denoising_stats("uniform", flat_denoiser, x1, V, alpha=0.999).noisy.sum()) == 0
+    row, = evaluate_denoising(ModelSet(V, uniform_model=flat_denoiser), x1, alpha=0.999)
     assert (row["bits"], row["bits_se"], row["accuracy"]) == (None, None, None)
     assert (row["noisy_positions"], row["num_sequences"], row["alpha"]) == (0, 2, 0.999)
 
@@ -674,13 +681,10 @@ def test_evaluate_denoising_scores_a_lone_noisy_position():
     from ddpd.eval import ModelSet, evaluate_denoising
     from ddpd.eval.denoising import denoising_stats
 
-    def model(x, t):
-        return torch.zeros(*x.shape, V)
-
     x1 = torch.tensor([[1, 2], [3, 4]])
-    stats = denoising_stats("uniform", model, x1, V, alpha=0.9, seed=1)
+    stats = denoising_stats("uniform", flat_denoiser, x1, V, alpha=0.9, seed=1)
     assert stats.noisy.tolist() == [1.0, 0.0]
-    row, = evaluate_denoising(ModelSet(V, uniform_model=model), x1, alpha=0.9, seed=1)
+    row, = evaluate_denoising(ModelSet(V, uniform_model=flat_denoiser), x1, alpha=0.9, seed=1)
     assert row["bits"] == pytest.approx(float(stats.nats[0]) / math.log(2.0), rel=1e-6)
     assert math.isnan(row["bits_se"])
     assert (row["accuracy"], row["noisy_positions"]) == (float(stats.correct[0]), 1)
@@ -869,14 +873,11 @@ def test_evaluations_name_models_that_are_no_model_set(models):
 def test_evaluations_refuse_sequences_not_2d_and_denoising_without_a_denoiser():
     from ddpd.eval import ModelSet, evaluate_denoising, evaluate_elbo
 
-    def model(x, t):
-        return torch.zeros(*x.shape, V)
-
     for evaluate in (evaluate_elbo, evaluate_denoising):
         for bad, got in ((torch.zeros(4, dtype=torch.long), r"torch.Size\(\[4\]\)"), ([[0, 1]], "list"),
                          (torch.zeros(2, 4, 1, dtype=torch.long), r"torch.Size\(\[2, 4, 1\]\)")):
             with pytest.raises(ValueError, match=f"sequences must be Long\\[N, D\\], got {got}"):
-                evaluate(ModelSet(vocab_size=V, uniform_model=model), bad)
+                evaluate(ModelSet(vocab_size=V, uniform_model=flat_denoiser), bad)
     with pytest.raises(ValueError, match="denoising: no denoiser or uniform model given"):
         evaluate_denoising(ModelSet(vocab_size=V, planner=lambda x: torch.zeros(x.shape)),
                            torch.zeros(1, 4, dtype=torch.long))
@@ -1090,11 +1091,8 @@ def test_planned_elbo_is_finite_for_a_planner_sure_of_every_position(logit, deno
     def planner(x):
         return torch.full(x.shape, logit)
 
-    def denoiser(x, t):
-        return torch.zeros(*x.shape, V)
-
     x1 = torch.arange(32).remainder(V).view(4, 8)
-    terms = elbo_planned(planner, denoiser, x1, V, denoiser_type=denoiser_type, mask=mask, mc_samples=2, t_max=0.9)
+    terms = elbo_planned(planner, flat_denoiser, x1, V, denoiser_type=denoiser_type, mask=mask, mc_samples=2, t_max=0.9)
     for term in TERMS:
         assert bool(torch.isfinite(getattr(terms, term)).all()), term
     assert bool((terms.planning < 0).all() if logit < 0 else (terms.final < -100).all())
@@ -1110,16 +1108,13 @@ def test_the_final_emission_reads_the_denoiser_at_t_max(estimator):
         times.append(t)
         return torch.zeros(*x.shape, V)
 
-    def planner(x):
-        return torch.zeros(x.shape)
-
     x1, samples, t_max = torch.arange(32).remainder(V).view(4, 8), 2, 0.9
     kwargs = dict(mc_samples=samples, t_max=t_max, schedule="cosine", seed=4)
     if estimator == "mask":
         elbo_mask_diffusion(denoiser, x1, V, **kwargs)
     else:
         mask = dict(denoiser_type="mask", mask="true") if estimator == "true-mask" else {}
-        elbo_planned(planner, denoiser, x1, V, **mask, **kwargs)
+        elbo_planned(flat_planner, denoiser, x1, V, **mask, **kwargs)
     assert len(times) == 2 * samples
     for corrupted, final in zip(times[0::2], times[1::2]):
         assert bool((corrupted < t_max).all())
@@ -1134,38 +1129,30 @@ def test_the_planned_final_emission_reads_the_state_not_its_noise_draw(denoiser_
     diagnostic alone reads the draw)."""
     from ddpd.eval import corruption
 
-    def planner(x):
-        return torch.zeros(x.shape)
-
-    def denoiser(x, t):
-        return torch.zeros(*x.shape, V)
-
     def every_position_drawn(*args, **kwargs):
         x, z = marginal(*args, **kwargs)
         return x, torch.ones_like(z)
 
     x1 = torch.arange(32).remainder(V).view(4, 8)
     kwargs = dict(denoiser_type=denoiser_type, mc_samples=2, t_max=0.6, seed=6)
-    drawn = elbo_planned(planner, denoiser, x1, V, **kwargs)
+    drawn = elbo_planned(flat_planner, flat_denoiser, x1, V, **kwargs)
     marginal = corruption.marginal_corruption
     monkeypatch.setattr(corruption, "marginal_corruption", every_position_drawn)
-    every = elbo_planned(planner, denoiser, x1, V, **kwargs)
+    every = elbo_planned(flat_planner, flat_denoiser, x1, V, **kwargs)
     torch.testing.assert_close(every.final, drawn.final)
 
 
 def test_every_estimator_names_a_denoiser_with_the_wrong_vocabulary():
     """A denoiser of 26 logits for V = 27 is refused naming the denoiser (not "model") whether
     it runs after a planner (uniform denoiser, true or planned mask) or alone."""
-    def planner(x):
-        return torch.zeros(x.shape)
 
     def short(x, t):
         return torch.zeros(*x.shape, V - 1)
 
     x1 = torch.zeros(2, 4, dtype=torch.long)
-    calls = [lambda: elbo_planned(planner, short, x1, V),
-             lambda: elbo_planned(planner, short, x1, V, denoiser_type="mask", mask="true"),
-             lambda: elbo_planned(planner, short, x1, V, denoiser_type="mask"),
+    calls = [lambda: elbo_planned(flat_planner, short, x1, V),
+             lambda: elbo_planned(flat_planner, short, x1, V, denoiser_type="mask", mask="true"),
+             lambda: elbo_planned(flat_planner, short, x1, V, denoiser_type="mask"),
              lambda: elbo_mask_diffusion(short, x1, V)]
     for call in calls:
         with pytest.raises(ValueError, match=r"^denoiser must return floating logits of shape \[2, 4, 27\]"):
