@@ -23,7 +23,7 @@ from ddpd.sampling import (
 )
 from ddpd.sampling.batch import RunningBatch
 from ddpd.sampling.common import row
-from ddpd.sampling.graphs import StepGraphs
+from ddpd.sampling.graphs import StepGraphs, step_graphs
 from ddpd.sampling.options import DDPDOptions, Execution, Guidance, Prompt, Temperature, Truncation
 from ddpd.sampling.policies import ConfidenceFactor, ConfidenceThreshold, EntropyBound, ErrorBudget, MaskGIT, ReMDM
 from oracles.fixtures import single_thread, tiny_networks  # noqa: F401  (single_thread: autouse)
@@ -185,6 +185,10 @@ def test_graphs_stay_off_where_a_run_cannot_replay(nets):
                            noise=None, device=None, prompt=None, guidance=None, truncation=Truncation(),
                            execution=execution)
         assert draws.graphs(start(run, draws), run) is None
+    # the reference run has no fused steps to replay, even when told to emulate
+    reference = Execution(fused=False, graphs="emulate")
+    assert step_graphs(start(run, draws), run, reference, philox=True) is None
+    assert step_graphs(start(run, draws), run, Execution(fused=True, graphs="emulate"), philox=True) is not None
 
 
 def test_labelled_rows_keep_their_labels_when_the_batch_is_packed_into_a_bucket():
@@ -230,6 +234,35 @@ def test_the_emulation_catches_a_step_tensor_read_under_inference_mode():
         graphs.run("read", lambda step: batch.x.add_(int(step)), 0)
         with pytest.raises(RuntimeError, match="read its step tensor back to the host"):
             graphs.run("read", lambda step: batch.x.add_(int(step)), 1)
+
+
+def test_the_emulation_catches_bool_and_reads_of_a_view_of_the_step_under_inference_mode():
+    """Under inference mode bool() of the step tensor is aten.is_nonzero, and int() of a view of
+    it (step[None], a select) reads the same storage back to the host: both refused."""
+    with torch.inference_mode():
+        batch = RunningBatch(torch.zeros(2, 3, dtype=torch.long))
+        for read in (lambda step: bool(step), lambda step: int(step[None]), lambda step: int(step.view(1)[0])):
+            graphs = StepGraphs(batch, torch.device("cpu"), emulate=True)
+            graphs.run("read", lambda step: None, 0)  # the warm-up step: eager
+            with pytest.raises(RuntimeError, match="read its step tensor back to the host"):
+                graphs.run("read", lambda step: batch.x.add_(read(step)), 1)
+
+
+def test_a_new_generation_warms_each_kind_of_step_up_eagerly_again():
+    """A packed batch has new shapes (new kernels to compile, caches to fill): the first step of
+    each key in a new generation runs eagerly, the next is captured, the rest replay."""
+    batch = RunningBatch(torch.zeros(2, 3, dtype=torch.long))
+    graphs = StepGraphs(batch, torch.device("cpu"), emulate=True)
+    steps = []
+    for i in range(3):
+        graphs.run("step", lambda step: steps.append(step), i)
+    assert (graphs.captures, graphs.replays) == (1, 2) and steps[0] == 0 and isinstance(steps[0], int)
+    batch.generation += 1
+    for i in range(3, 6):
+        graphs.run("step", lambda step: steps.append(step), i)
+    assert (graphs.captures, graphs.replays) == (2, 4)
+    assert isinstance(steps[3], int) and steps[3] == 3  # the new generation's warm-up: eager, its i an int
+    assert all(isinstance(s, torch.Tensor) for s in steps[1:3] + steps[4:])
 
 
 def test_graphs_are_kept_per_key_and_dropped_with_their_generation():
