@@ -1,0 +1,101 @@
+"""The standard streams of the tools (ddpd.streams), in this process: Stdout's failures and
+their report, stdout sent to stderr for a while, and the stderr whose failures lose only its
+own lines. The tools' runs with closed or failing streams are in tests/tools/test_cli_sample.py."""
+import errno
+import io
+import os
+import sys
+
+import pytest
+
+from ddpd.streams import Stdout, _Tolerant, standard_streams, stdout_to_stderr
+
+
+class FailingStream(io.StringIO):
+    """A stdout whose writes fail with `error`, on a real descriptor (a file under tmp_path)."""
+
+    def __init__(self, error: OSError, fd: int):
+        super().__init__()
+        self.error, self.fd, self.writes = error, fd, 0
+
+    def write(self, text):
+        self.writes += 1
+        raise self.error
+
+    def fileno(self):
+        return self.fd
+
+
+def failing_stdout(monkeypatch, tmp_path, error: OSError) -> FailingStream:
+    fd = os.open(tmp_path / "stdout", os.O_WRONLY | os.O_CREAT)
+    stream = FailingStream(error, fd)
+    monkeypatch.setattr(sys, "stdout", stream)
+    return stream
+
+
+def test_a_reader_that_went_away_closes_stdout_and_is_no_error(monkeypatch, tmp_path):
+    stream = failing_stdout(monkeypatch, tmp_path, BrokenPipeError(errno.EPIPE, "Broken pipe"))
+    out = Stdout()
+    out.print("a")
+    assert out.closed and out.error is None
+    out.print("b")  # nothing more is written once closed
+    assert stream.writes == 1
+    out.check("the files are in x")  # no error to report
+    os.close(stream.fd)
+
+
+def test_a_failing_stdout_is_reported_once_by_check_with_where_the_results_are(monkeypatch, tmp_path):
+    stream = failing_stdout(monkeypatch, tmp_path, OSError(errno.ENOSPC, "No space left on device"))
+    out = Stdout()
+    out.print("a")
+    out.print("b")
+    assert out.closed and stream.writes == 1 and out.error.errno == errno.ENOSPC
+    with pytest.raises(OSError, match=r"^cannot write stdout: No space left on device; the files are in x$"):
+        out.check("the files are in x")
+    with pytest.raises(OSError, match=r"^cannot write stdout: No space left on device$"):
+        out.check()
+    os.close(stream.fd)
+
+
+def test_a_failure_without_a_strerror_is_reported_by_its_text(monkeypatch, tmp_path):
+    stream = failing_stdout(monkeypatch, tmp_path, OSError("the device went away"))
+    out = Stdout()
+    out.print("a")
+    with pytest.raises(OSError, match=r"^cannot write stdout: the device went away$"):
+        out.check()
+    os.close(stream.fd)
+
+
+def test_stdout_goes_to_stderr_inside_the_block_and_comes_back_after(capfd):
+    os.write(1, b"before ")
+    with stdout_to_stderr():
+        os.write(1, b"inside")
+    os.write(1, b"after")
+    out, err = capfd.readouterr()
+    assert (out, err) == ("before after", "inside")
+
+
+def test_the_tolerant_stderr_loses_its_own_lines_and_nothing_else():
+    class Broken(io.StringIO):
+        def write(self, text):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def flush(self):
+            raise ValueError("I/O operation on closed file.")
+
+    wrapped = _Tolerant(Broken())
+    assert wrapped.write("four") == 4  # as if written
+    wrapped.flush()
+    closed = io.StringIO()
+    closed.close()
+    assert _Tolerant(closed).write("ab") == 2
+    working = _Tolerant(io.StringIO())
+    assert working.write("abc") == 3 and working.getvalue() == "abc"
+
+
+def test_standard_streams_wraps_stderr_once(monkeypatch):
+    stderr = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", stderr)
+    standard_streams()
+    standard_streams()
+    assert isinstance(sys.stderr, _Tolerant) and sys.stderr._stream is stderr
