@@ -4,11 +4,16 @@ own lines. The tools' runs with closed or failing streams are in tests/tools/tes
 import errno
 import io
 import os
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from ddpd.streams import Stdout, _Tolerant, standard_streams, stdout_to_stderr
+from hang_guard import HANG_GUARD_SECONDS
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class FailingStream(io.StringIO):
@@ -99,3 +104,38 @@ def test_standard_streams_wraps_stderr_once(monkeypatch):
     standard_streams()
     standard_streams()
     assert isinstance(sys.stderr, _Tolerant) and sys.stderr._stream is stderr
+
+
+# Started with stderr closed: standard_streams() reopens it, prints a line to it, and says which
+# descriptor stderr writes to and whether a file opened afterwards took descriptor 2.
+CLOSED_STDERR = """
+import os, sys
+{before}
+from ddpd.streams import standard_streams
+standard_streams()
+os.fstat(2)
+sys.stderr.write("to stderr\\n")
+sys.stderr.flush()
+late = open(os.devnull)
+print(sys.stderr.fileno(), late.fileno() == 2, opened.read() if {read} else "")
+"""
+
+
+@pytest.mark.parametrize("taken", [False, True])
+def test_a_stderr_closed_at_the_start_is_reopened_on_dev_null(tmp_path, taken):
+    """`2>&-`: descriptor 2 is opened on /dev/null and sys.stderr writes there, so that no file
+    opened later takes it; where a file took it first (`taken`), sys.stderr writes to /dev/null
+    instead of into that file."""
+    path = tmp_path / "taken"
+    path.write_text("")
+    before = f"opened = open({str(path)!r}, 'r+')" if taken else "opened = None"
+    script = CLOSED_STDERR.format(before=before, read=taken)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=HANG_GUARD_SECONDS,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, preexec_fn=lambda: os.close(2))
+    assert done.returncode == 0, done.stderr
+    fileno, late_took_two, text = done.stdout.split(" ", 2)
+    assert late_took_two == "False" and text.strip() == "" and path.read_text() == ""
+    if taken:
+        assert fileno != "2"  # the file keeps descriptor 2: stderr is a /dev/null of its own
+    else:
+        assert fileno == "2"
