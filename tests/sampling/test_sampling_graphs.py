@@ -215,15 +215,18 @@ def test_labelled_rows_keep_their_labels_when_the_batch_is_packed_into_a_bucket(
         assert torch.equal(out.tokens, ref.tokens) and torch.equal(out.stop_step, ref.stop_step)
 
 
-def test_emulated_graphs_stay_off_under_a_temperature_schedule(nets):
+@pytest.mark.parametrize("start, end", [(0.05, 5.0), (5.0, 0.05)])
+def test_emulated_graphs_stay_off_under_a_temperature_schedule(nets, made_graphs, start, end):
     """A replay draws at the temperature it was captured with: "emulate", like "auto", runs
-    the steps of an annealed run eagerly (it once replayed the first step's temperature)."""
-    kw = dict(steps=12, ddpd=DDPDOptions(stop="budget"), temperature=Temperature(0.05, 5.0), noise=PhiloxNoise(3))
+    the steps of an annealed run eagerly (it once replayed the first step's temperature),
+    whether the temperature rises or falls."""
+    kw = dict(steps=12, ddpd=DDPDOptions(stop="budget"), temperature=Temperature(start, end), noise=PhiloxNoise(3))
     n = nets[27]
     ref = ddpd_sample(n["planner"], n["mask"], 4, 8, 27, denoiser_type="mask", **kw)
     out = ddpd_sample(n["planner"], n["mask"], 4, 8, 27, denoiser_type="mask",
                       execution=Execution(fused=True, graphs="emulate"), **kw)
     assert torch.equal(out.tokens, ref.tokens)
+    assert made_graphs == []
 
 
 def test_the_emulation_catches_a_step_tensor_read_under_inference_mode():
