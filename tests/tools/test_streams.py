@@ -80,6 +80,34 @@ def test_stdout_goes_to_stderr_inside_the_block_and_comes_back_after(capfd):
     assert (out, err) == ("before after", "inside")
 
 
+def test_text_buffered_for_stdout_is_flushed_there_before_the_block(capfd, monkeypatch):
+    monkeypatch.setattr(sys, "stdout", open(1, "w", closefd=False))
+    sys.stdout.write("buffered")  # not flushed yet
+    with stdout_to_stderr():
+        os.write(1, b"inside")
+    out, err = capfd.readouterr()
+    assert (out, err) == ("buffered", "inside")
+
+
+def test_a_closed_stdout_leaves_the_descriptors_as_they_are(capfd, monkeypatch):
+    """sys.stdout closed (flush raises ValueError): no error, and descriptor 1 stays stdout."""
+    closed = open(os.devnull, "w")
+    closed.close()
+    monkeypatch.setattr(sys, "stdout", closed)
+    with stdout_to_stderr():
+        os.write(1, b"still stdout")
+    assert capfd.readouterr() == ("still stdout", "")
+
+
+def test_without_a_sys_stdout_the_block_still_sends_stdout_to_stderr(capfd, monkeypatch):
+    """sys.stdout None (a closed stdout at the start, before standard_streams): nothing to flush."""
+    monkeypatch.setattr(sys, "stdout", None)
+    with stdout_to_stderr():
+        os.write(1, b"inside")
+    os.write(1, b"after")
+    assert capfd.readouterr() == ("after", "inside")
+
+
 def test_the_tolerant_stderr_loses_its_own_lines_and_nothing_else():
     class Broken(io.StringIO):
         def write(self, text):
