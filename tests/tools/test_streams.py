@@ -46,7 +46,17 @@ def test_a_reader_that_went_away_closes_stdout_and_is_no_error(monkeypatch, tmp_
     out.print("b")  # nothing more is written once closed
     assert stream.writes == 1
     out.check("the files are in x")  # no error to report
+    # the descriptor now writes to /dev/null: Python's flush at exit reports nothing again
+    assert os.path.samestat(os.fstat(stream.fd), os.stat(os.devnull))
     os.close(stream.fd)
+
+
+def test_each_printed_line_is_flushed_at_once(monkeypatch):
+    """A reader (`| head -1`, a progress watcher) sees each line when it is printed."""
+    buffer = io.BytesIO()
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(buffer, encoding="utf-8"))
+    Stdout().print("one")
+    assert buffer.getvalue() == b"one\n"
 
 
 def test_a_failing_stdout_is_reported_once_by_check_with_where_the_results_are(monkeypatch, tmp_path):
