@@ -188,6 +188,29 @@ def test_a_figure_in_a_report_set_is_written_at_its_end_in_its_extension_format(
     assert b"<svg" in path.read_bytes()[:400]
 
 
+def test_a_report_set_that_raises_leaves_no_file_and_no_temporary(tmp_path):
+    """A failed block publishes none of its reports and leaves nothing of them behind."""
+    with pytest.raises(ValueError, match="bad row"):
+        with report.one_set():
+            report.write_text("a", str(tmp_path / "sweep.md"))
+            report.write_csv([{"a": 1}], str(tmp_path / "sweep.csv"))
+            raise ValueError("bad row")
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_figure_is_written_into_folders_it_makes(tmp_path):
+    plt = report.pyplot()
+    path = tmp_path / "plots" / "sweep" / "plot.png"
+    report.save_figure(plt.figure(), str(path))
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_json_reports_are_indented_by_two_and_end_in_a_newline(tmp_path):
+    path = tmp_path / "e.json"
+    report.write_json({"rows": [{"bits": 1.5}]}, str(path))
+    assert path.read_text() == '{\n  "rows": [\n    {\n      "bits": 1.5\n    }\n  ]\n}\n'
+
+
 def test_mean_and_se_average_in_float64():
     """float32 values are averaged in float64: 2**24 + 1 is not rounded away."""
     from ddpd.eval.report import mean_and_se
