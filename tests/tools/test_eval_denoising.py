@@ -96,6 +96,28 @@ def test_the_denoiser_runs_at_the_time_the_schedule_gives_alpha(kind):
     torch.testing.assert_close(seen[0], expected)
 
 
+def test_the_planner_masks_denoiser_runs_at_the_time_of_its_masked_share_under_the_schedule():
+    """With the planner's mask the time is alpha^{-1}(1 - #masked / D) under the schedule given:
+    a planner sure of clean text masks nothing, and each noisy position's own pass masks one of 4."""
+    from ddpd.process import get_schedule
+
+    seen = []
+
+    def records_t(x, t):
+        seen.append(t)
+        return torch.zeros(*x.shape, S)
+
+    x1 = torch.zeros(16, 4, dtype=torch.long)
+    stats = denoising_stats("mask-denoiser-planner", records_t, x1, S, alpha=0.5, schedule="cosine",
+                            planner=lambda x: torch.full(x.shape, -30.0), seed=1)
+    cosine = get_schedule("cosine")
+    assert float(stats.noisy.sum()) > 0 and len(seen) > 1
+    torch.testing.assert_close(seen[0], cosine.inverse(torch.ones(16)))
+    extra = torch.cat(seen[1:])
+    assert extra.numel() == int(stats.noisy.sum()) and abs(float(cosine.inverse(torch.tensor(0.75))) - 0.75) > 0.01
+    torch.testing.assert_close(extra, cosine.inverse(torch.full_like(extra, 0.75)))
+
+
 def test_denoising_stats_are_float32_counts_and_nats():
     x1 = torch.zeros(3, 4, dtype=torch.long)
     stats = denoising_stats("uniform-denoiser", lambda x, t: torch.zeros(*x.shape, S), x1, S, seed=0)
