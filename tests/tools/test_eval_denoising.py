@@ -33,6 +33,19 @@ def test_uniform_model_split_by_the_decomposition_is_the_exact_uniform_denoiser(
     assert torch.equal(split.noisy, direct.noisy) and torch.equal(split.correct, direct.correct)
 
 
+def test_uniform_model_split_uses_alpha_not_the_time_under_the_cosine_schedule(x1):
+    """The decomposition weighs the uniform model by alpha itself: under the cosine schedule,
+    where t = alpha^{-1}(alpha) differs from alpha, it still gives the exact uniform denoiser."""
+    from ddpd.process import get_schedule
+
+    cosine = get_schedule("cosine")
+    m = ToyProblem(dirichlet_p_data(S, D, 0.4, seed=2), S, D, cosine).models()
+    split = denoising_stats("uniform", m.uniform_model, x1, S, alpha=ALPHA, schedule=cosine, seed=1)
+    direct = denoising_stats("uniform-denoiser", m.uniform_denoiser, x1, S, alpha=ALPHA, schedule=cosine, seed=1)
+    torch.testing.assert_close(split.nats, direct.nats, rtol=1e-4, atol=1e-4)
+    assert torch.equal(split.correct, direct.correct)
+
+
 def test_uniform_model_split_keeps_tiny_probabilities_finite():
     """A model 120 nats sure of token 0: the clean token 2 has p(x_1 = 2 | x_t) ~ e^-120, below
     float32's smallest, yet its cross-entropy is finite: 120 nats a noisy position, less
