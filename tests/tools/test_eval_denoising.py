@@ -177,6 +177,28 @@ def test_the_planner_mask_follows_the_planners_probability(logit, alone):
     assert torch.equal(stats.correct, stats.noisy if alone else torch.zeros_like(stats.noisy))
 
 
+def test_the_planner_reads_the_noisy_tokens():
+    """The planner sees x_t, the tokens every denoiser is given at this seed, not the clean x1: one
+    sure of noise wherever a token is off 0 masks the positions that show noise, so a noisy
+    position beside another one that shows noise is no longer seen masked alone."""
+    x1 = torch.zeros(64, 6, dtype=torch.long)
+    given, planned = [], []
+
+    def records_x(x, t):
+        given.append(x)
+        return torch.zeros(*x.shape, S)
+
+    def sure_where_off_0(x):
+        planned.append(x)
+        return torch.where(x != 0, 30.0, -30.0)
+
+    denoising_stats("uniform-denoiser", records_x, x1, S, alpha=0.5, seed=8)
+    stats = denoising_stats("mask-denoiser-planner", _sees_itself_alone, x1, S, alpha=0.5,
+                            planner=sure_where_off_0, seed=8)
+    assert len(planned) == 1 and torch.equal(planned[0], given[0]) and not torch.equal(planned[0], x1)
+    assert 0 < float(stats.correct.sum()) < float(stats.noisy.sum())
+
+
 def test_the_planner_mask_is_drawn_apart_from_the_corruption():
     """The planner's mask is its own draw (prop. draw_with_maskD), independent of the corruption
     given x_t: a noisy position is scored right by this denoiser iff every other position that
