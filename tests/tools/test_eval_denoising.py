@@ -255,6 +255,8 @@ def test_denoising_stats_are_batch_invariant_and_seeded(toy):
     (dict(x1=torch.full((2, 3), -1)), "x1 must hold ids in \\[0, 3\\)"),
     (dict(x1=torch.zeros(2, 3, dtype=torch.long), row_ids=torch.tensor([-1, 0])), "row_ids must be >= 0"),
     (dict(denoiser=lambda x, t: torch.zeros(*x.shape, S, dtype=torch.long)), "denoiser must return floating logits"),
+    (dict(kind="uniform", denoiser=lambda x, t: torch.zeros(*x.shape, S, dtype=torch.long)),
+     "denoiser must return floating logits"),
     (dict(kind="mask-denoiser", mask_id=S - 1), f"mask_id must be >= {S}, got {S - 1}"),
     (dict(vocab_size=1, x1=torch.zeros(2, 3, dtype=torch.long)), "vocab_size must be >= 2, got 1"),
 ])
