@@ -205,6 +205,13 @@ def test_a_figure_is_written_into_folders_it_makes(tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_a_figure_path_without_an_extension_is_written_as_png(tmp_path):
+    plt = report.pyplot()
+    path = tmp_path / "plot"
+    report.save_figure(plt.figure(), str(path))
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_json_reports_are_indented_by_two_and_end_in_a_newline(tmp_path):
     path = tmp_path / "e.json"
     report.write_json({"rows": [{"bits": 1.5}]}, str(path))
