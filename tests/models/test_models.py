@@ -26,7 +26,7 @@ from ddpd.models import (
     set_attention_backend,
 )
 from ddpd.models.attention import RotaryEmbedding, SelfAttention, attention, explicit_attention
-from ddpd.models.backbone import LayerNorm, RMSNorm, check_time
+from ddpd.models.backbone import LayerNorm, RMSNorm, check_time, init_linear, timestep_embedding
 
 V, D, B = 7, 12, 3
 SMALL = dict(d_model=32, n_layers=2, n_heads=4)
@@ -717,3 +717,52 @@ def test_a_planner_or_ar_config_with_the_wrong_layout_is_refused_by_the_class(ki
     config = dataclasses.replace(config_for(kind, V, D, **SMALL), **{field: value})
     with pytest.raises(ValueError, match=rf"config\.{field}: a {kind} model expects {not value}, got {value}"):
         build_model(kind, config)
+
+
+def test_training_drops_inside_both_sub_layers_of_a_block():
+    # besides the token embeddings, attention and the MLP each take the config's dropout
+    model = make("planner", dropout=0.5).train()
+    block = model.backbone.blocks[0]
+    h = torch.randn(B, D, SMALL["d_model"], generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        for sub_layer in (block.attn, block.mlp):
+            assert not torch.equal(sub_layer(h), sub_layer(h))
+            sub_layer.eval()
+            torch.testing.assert_close(sub_layer(h), sub_layer(h), rtol=0, atol=0)
+
+
+def test_a_conditioned_block_is_two_gated_residuals_in_order():
+    # shift, scale, gate for attention then for the MLP; on the CPU x + gate * branch, rounded twice
+    model = randomize_modulation(make("uniform-denoiser"))
+    block = model.backbone.blocks[0]
+    gen = torch.Generator().manual_seed(0)
+    x, c = torch.randn(B, D, SMALL["d_model"], generator=gen), torch.randn(B, SMALL["d_model"], generator=gen)
+    with torch.no_grad():
+        shift1, scale1, gate1, shift2, scale2, gate2 = block.modulation(c)[:, None, :].chunk(6, dim=-1)
+        mid = x + gate1 * block.attn(block.norm1(x, shift1, scale1))
+        expected = mid + gate2 * block.mlp(block.norm2(mid, shift2, scale2))
+        assert torch.equal(block(x, c), expected)
+
+
+def test_the_conditioning_vector_is_the_silu_of_time_plus_label():
+    model = randomize_modulation(make("mask-denoiser", num_classes=4))
+    backbone = model.backbone
+    x, t, labels = tokens(), torch.rand(B), torch.tensor([0, 3, 4])
+    with torch.no_grad():
+        c = backbone.condition(x, t, labels)
+        expected = torch.nn.functional.silu(backbone.time_embed(t) + backbone.label_embed(labels))
+    torch.testing.assert_close(c, expected, rtol=0, atol=0)
+
+
+def test_init_linear_draws_weights_with_the_std_it_is_given():
+    torch.manual_seed(0)
+    for module in (torch.nn.Linear(128, 128), torch.nn.Embedding(128, 128)):
+        init_linear(module, std=0.1)
+        assert float(module.weight.detach().std()) == pytest.approx(0.1, rel=0.05)
+
+
+def test_time_features_are_float32_for_a_float64_time():
+    t = torch.rand(B, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    features = timestep_embedding(t)
+    assert features.dtype == torch.float32 and features.shape == (B, 256)
+    torch.testing.assert_close(features, timestep_embedding(t.float()), rtol=0, atol=0)
