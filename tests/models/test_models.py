@@ -26,7 +26,7 @@ from ddpd.models import (
     set_attention_backend,
 )
 from ddpd.models.attention import RotaryEmbedding, SelfAttention, attention, explicit_attention
-from ddpd.models.backbone import LayerNorm, RMSNorm, check_time, init_linear, timestep_embedding
+from ddpd.models.backbone import LayerNorm, RMSNorm, check_labels, check_time, init_linear, timestep_embedding
 
 V, D, B = 7, 12, 3
 SMALL = dict(d_model=32, n_layers=2, n_heads=4)
@@ -577,7 +577,19 @@ def test_a_bool_time_is_refused_rather_than_read_as_one():
 def test_times_are_returned_on_the_device_the_network_runs_on(t):
     # the meta device stands in for an accelerator: the times must follow the tokens there
     times = check_time(t, B, torch.device("meta"))
-    assert times.device.type == "meta" and times.shape == (B,)
+    assert times.device.type == "meta" and times.shape == (B,) and times.dtype == torch.float32
+
+
+@pytest.mark.parametrize("labels", [None, 2, torch.full((B,), 2)], ids=["null", "int", "per-row"])
+def test_labels_are_returned_on_the_device_the_network_runs_on(labels):
+    checked = check_labels(labels, B, 4, torch.device("meta"))
+    assert checked.device.type == "meta" and checked.shape == (B,) and checked.dtype == torch.long
+
+
+def test_the_ar_judge_scores_sequences_of_one_token():
+    # the shortest sequence check_tokens lets through when no length limit is given
+    with torch.no_grad():
+        assert make("ar").log_likelihood(tokens(length=1)).isfinite().all()
 
 
 # ---- AR judge ------------------------------------------------------------------------
