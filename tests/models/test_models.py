@@ -778,3 +778,11 @@ def test_time_features_are_float32_for_a_float64_time():
     features = timestep_embedding(t)
     assert features.dtype == torch.float32 and features.shape == (B, 256)
     torch.testing.assert_close(features, timestep_embedding(t.float()), rtol=0, atol=0)
+
+
+def test_a_token_vector_and_int32_labels_are_refused_by_name():
+    # int32 labels would index the label table silently; the shape is reported as a tuple
+    with pytest.raises(ValueError, match=r"^x: expected shape \[B, D\], got \(12,\)$"):
+        make("uniform-denoiser")(tokens()[0], torch.rand(B))
+    with pytest.raises(TypeError, match=r"^labels: expected dtype torch.int64, got torch.int32$"):
+        check_labels(torch.full((B,), 2, dtype=torch.int32), B, 4, torch.device("cpu"))
