@@ -67,6 +67,21 @@ def test_resolve_dtype():
         resolve_dtype(16)
 
 
+def test_auto_is_bfloat16_on_cuda_only():
+    """An int device is an accelerator index, read by torch.device (bfloat16 under "auto" on CUDA;
+    with no accelerator, torch's refusal named as a device error, not a TypeError); devices other
+    than CUDA, the meta device among them, get float32 as the CPU does."""
+    assert resolve_dtype("auto", "meta") == resolve_dtype("auto", torch.device("meta")) == torch.float32
+    assert resolve_dtype("auto", "cpu:0") == torch.float32
+    try:
+        index = torch.device(0)
+    except RuntimeError:
+        with pytest.raises(ValueError, match="^device must name a torch device .*, got 0: "):
+            resolve_dtype("auto", 0)
+    else:
+        assert resolve_dtype("auto", 0) == (torch.bfloat16 if index.type == "cuda" else torch.float32)
+
+
 # ---- prepare_for_sampling -----------------------------------------------------------------
 
 @pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
@@ -189,6 +204,19 @@ def test_prepare_keeps_torch_norms_and_their_statistics_float32(dtype):
         want, got = full(x, t), half(x, t)
     assert got.dtype == torch.float32
     torch.testing.assert_close(got, want, rtol=5e-2, atol=5e-2)
+
+
+def test_prepare_casts_only_floating_point_parameters_and_state():
+    """An integer parameter keeps its dtype and values, as does a norm's integer state (BatchNorm's
+    num_batches_tracked): only floating-point tensors are cast, to `dtype` or back to float32."""
+    net = TorchNorms(6)
+    net.steps = torch.nn.Parameter(torch.arange(3), requires_grad=False)
+    batch = net.norms[2]
+    batch.num_batches_tracked.fill_(5)
+    prepare_for_sampling(net, "bfloat16", "cpu")
+    assert net.steps.dtype == torch.int64 and torch.equal(net.steps, torch.arange(3))
+    assert batch.num_batches_tracked.dtype == torch.int64 and batch.num_batches_tracked.item() == 5
+    assert batch.running_var.dtype == torch.float32 and net.head.weight.dtype == torch.bfloat16
 
 
 @pytest.mark.parametrize("kind", MODEL_KINDS)
