@@ -91,6 +91,37 @@ def test_config_refuses_each_size_one_below_its_minimum(name, minimum):
         TransformerConfig(**{**base, name: minimum - 1})
 
 
+def test_config_dropout_is_taken_from_zero_up_to_below_one():
+    """dropout in [0, 1): both ends checked, in a message giving the range and the value."""
+    for dropout in (0.0, 0.999):
+        assert TransformerConfig(vocab_size=V, out_dim=V, dropout=dropout).dropout == dropout
+    for dropout in (-0.1, 1.0, float("nan")):
+        with pytest.raises(ValueError, match=rf"^TransformerConfig.dropout: expected in \[0, 1\), got {dropout}$"):
+            TransformerConfig(vocab_size=V, out_dim=V, dropout=dropout)
+
+
+def test_config_head_refusals_name_the_sizes():
+    """d_model must split into n_heads heads of an even width; each refusal gives the sizes."""
+    with pytest.raises(ValueError, match=r"^TransformerConfig.d_model: expected a multiple of n_heads=3, got 32$"):
+        TransformerConfig(vocab_size=V, out_dim=V, d_model=32, n_heads=3)
+    with pytest.raises(ValueError, match=r"^TransformerConfig: rotary embeddings need an even head dimension "
+                                         r"d_model / n_heads, got 12 / 4 = 3$"):
+        TransformerConfig(vocab_size=V, out_dim=V, d_model=12, n_heads=4)
+    assert TransformerConfig(vocab_size=V, out_dim=V, d_model=2, n_heads=1).head_dim == 2
+    assert TransformerConfig(vocab_size=V, out_dim=V, d_model=48, n_heads=6).head_dim == 8
+
+
+def test_config_defaults_and_their_dict():
+    """The defaults of the fields after vocab_size and out_dim, as to_dict writes them in field order."""
+    cfg = TransformerConfig(vocab_size=V, out_dim=1)
+    assert list(cfg.to_dict().items()) == [
+        ("vocab_size", V), ("out_dim", 1), ("d_model", 256), ("n_layers", 4), ("n_heads", 4), ("max_seq_len", 256),
+        ("time_conditioned", False), ("causal", False), ("dropout", 0.0), ("norm", "layernorm"), ("mlp_ratio", 4),
+        ("num_classes", 0)]
+    assert cfg.head_dim == 64 and not cfg.conditioned
+    assert TransformerConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+
+
 def test_config_head_dim_and_conditioned():
     """head_dim is d_model / n_heads; conditioned is True with a time input or one class label or more."""
     assert TransformerConfig(vocab_size=V, out_dim=V, d_model=32, n_heads=4).head_dim == 8
