@@ -257,6 +257,8 @@ def test_resolve_dtype_and_prepare_name_a_device_torch_does_not_know(device, err
         resolve_dtype("auto", device)
     with pytest.raises(error, match=match):
         resolve_dtype("float32", device)
+    with pytest.raises(error, match=match):  # a torch dtype needs no device, but a bad one is still named
+        resolve_dtype(torch.bfloat16, device)
     model = make("planner")
     with pytest.raises(error, match=match):
         prepare_for_sampling(model, "float32", device)
