@@ -432,6 +432,21 @@ def test_a_copied_compiled_network_keeps_its_backend():
     assert copy.deepcopy(model).forward.backend == "aot_eager"
 
 
+def test_compiling_warms_the_attention_dispatch_for_the_model_device(monkeypatch):
+    """The dispatch's caches are filled for the device of the model's parameters (the CPU for a
+    model without any) before anything is compiled, and not when nothing is (backend None)."""
+    import ddpd.models.precision as precision
+
+    warmed = []
+    monkeypatch.setattr(precision, "warm_dispatch", warmed.append)
+    compile_for_sampling(prepare_for_sampling(make("planner"), "float32", "meta"), None)
+    assert warmed == []
+    compile_for_sampling(prepare_for_sampling(make("planner"), "float32", "meta"), "eager")
+    compile_for_sampling(_HiddenOfX().requires_grad_(False).to("meta"), "eager")
+    compile_for_sampling(torch.nn.Identity(), "eager")
+    assert warmed == [torch.device("meta"), torch.device("meta"), torch.device("cpu")]
+
+
 # ---- the bundled text8 models ---------------------------------------------------------------
 
 def _bundle_inputs():
