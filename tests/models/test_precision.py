@@ -374,6 +374,21 @@ def test_compiled_methods_keep_their_signatures(dynamo):
     assert str(inspect.signature(copy.deepcopy(network).hidden)) == "(x)"
 
 
+class _Unsigned(torch.nn.Module):
+    def forward(self, x):
+        return 2 * x
+
+
+_Unsigned.forward.__signature__ = "unreadable"  # inspect.signature raises TypeError on it
+
+
+def test_a_method_whose_signature_cannot_be_read_still_compiles(dynamo):
+    """A method inspect cannot read the signature of is compiled all the same, with no signature."""
+    model = compile_for_sampling(_Unsigned(), "eager")
+    assert model.forward.__signature__ is None
+    assert torch.equal(model(torch.ones(2)), torch.full((2,), 2.0))
+
+
 def test_compile_for_sampling_rejects_bad_arguments():
     model = make("planner")
     for backend in ("fast", "tvm", "cudagraphs", "relu_compile_error_TESTING_ONLY"):
