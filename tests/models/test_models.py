@@ -168,6 +168,18 @@ def test_config_from_dict_rejects_unknown_and_missing():
         TransformerConfig.from_dict(good)
 
 
+def test_config_from_dict_names_the_fields_it_refuses():
+    """Unknown fields are listed sorted with the known ones, missing required fields sorted."""
+    good = TransformerConfig(vocab_size=V, out_dim=V).to_dict()
+    known = re.escape(str(sorted(good)))
+    with pytest.raises(ValueError, match=rf"^TransformerConfig.from_dict: unknown fields \['n_embd', 'width'\]; "
+                                         rf"known fields {known}$"):
+        TransformerConfig.from_dict({**good, "width": 3, "n_embd": 3})
+    with pytest.raises(ValueError, match=r"^TransformerConfig.from_dict: missing required fields "
+                                         r"\['out_dim', 'vocab_size'\]$"):
+        TransformerConfig.from_dict({"d_model": 32})
+
+
 def test_config_for_derives_kind_layout():
     assert config_for("planner", V, D).out_dim == 1
     assert config_for("ar", V, D).max_seq_len == D + 1
