@@ -337,3 +337,30 @@ def test_a_cast_network_keeps_the_autocast_its_caller_has_on(toy):
     with torch.autocast("cpu", dtype=torch.bfloat16):
         adapter(x, t)
     assert probe.seen == [torch.float16, torch.bfloat16]
+
+
+def test_carry_over_logits_are_minus_a_million_and_their_entropy_is_zero(toy):
+    # docs/models.md: -1e6 off the known value, finite, so that p log p is 0 rather than nan
+    x, t = masked_inputs(16)
+    unmasked = x != S
+    logits = ADAPTERS["sedd"](toy)(x, t)[unmasked]
+    assert set(logits.unique().tolist()) == {-1e6, 0.0}
+    entropy = -(logits.softmax(-1) * logits.log_softmax(-1)).sum(-1)
+    assert torch.equal(entropy, torch.zeros(int(unmasked.sum())))
+
+
+def test_a_max_alpha_equal_to_min_alpha_holds_sigma_fixed(toy):
+    # the range [min_alpha, max_alpha] is closed below: max_alpha = min_alpha is one fixed alpha
+    sedd = ADAPTERS["sedd"](toy, min_alpha=0.5, max_alpha=0.5)
+    sedd(torch.full((3, D), S), torch.tensor([0.0, 0.5, 1.0]))
+    torch.testing.assert_close(sedd.network.sigmas[-1].double(), torch.full((3,), math.log(2.0), dtype=torch.float64),
+                               rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("empty", [(), []])
+def test_a_network_returning_an_empty_tuple_or_list_is_refused_by_shape(empty):
+    adapter = SEDDAbsorbingDenoiser(lambda ids, sigma: empty, S)
+    x, t = masked_inputs(4)
+    expected = rf"network: expected output of shape \[4, 4, 4\].*got {type(empty).__name__};"
+    with pytest.raises(ValueError, match=expected):
+        adapter(x, t)
