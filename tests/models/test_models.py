@@ -429,6 +429,21 @@ def test_a_skeleton_runs_no_initialiser_and_no_random_fill(kind):
     assert called and not [name for name in called if name.startswith("torch.nn.init.") or name.endswith(fills)]
 
 
+@pytest.mark.parametrize("fill, args", [("normal_", ()), ("uniform_", ()), ("random_", ()), ("bernoulli_", ()),
+                                        ("exponential_", ()), ("geometric_", (0.5,)), ("log_normal_", ()),
+                                        ("cauchy_", ())])
+def test_the_skeleton_mode_skips_each_random_fill_of_a_tensor(fill, args):
+    """A fill called on the tensor itself, not through torch.nn.init, is skipped too: the tensor
+    comes back as it was, and anything else runs."""
+    from ddpd.models.factory import _NoInitialisers
+
+    tensor = torch.zeros(8)
+    with _NoInitialisers():
+        assert getattr(tensor, fill)(*args) is tensor
+        assert torch.equal(tensor + 1, torch.ones(8))
+    assert torch.equal(tensor, torch.zeros(8))
+
+
 @pytest.mark.parametrize("norm, cls", [("rmsnorm", RMSNorm), ("layernorm", LayerNorm)])
 def test_the_config_norm_is_every_norm_of_the_trunk(norm, cls):
     """config.norm picks the two norms of each block and the final one."""
