@@ -9,6 +9,7 @@ with anything in the mask column). The adapter must recover the exact denoiser, 
 a sampler run with it must draw what it draws with the exact denoiser.
 """
 import math
+import re
 import types
 
 import pytest
@@ -364,3 +365,29 @@ def test_a_network_returning_an_empty_tuple_or_list_is_refused_by_shape(empty):
     expected = rf"network: expected output of shape \[4, 4, 4\].*got {type(empty).__name__};"
     with pytest.raises(ValueError, match=expected):
         adapter(x, t)
+
+
+@pytest.mark.parametrize("time_conditioning", [False, True])
+def test_the_network_sees_a_float32_sigma(toy, time_conditioning):
+    # Float[B] as the docstring says, the zeros of an untimed MDLM network included
+    sedd, mdlm = ADAPTERS["sedd"](toy), ADAPTERS["mdlm"](toy, time_conditioning=time_conditioning)
+    x, t = masked_inputs(8)
+    for adapter in (sedd, mdlm):
+        adapter(x, t.double())
+        assert adapter.network.sigmas[-1].dtype == torch.float32 and adapter.network.sigmas[-1].shape == (8,)
+
+
+def test_an_output_of_another_batch_or_length_is_refused_with_its_shape(toy):
+    # every dimension is checked, not only the V + 1 columns: a broadcastable [1, D, V + 1] is refused too
+    x, t = masked_inputs(4)
+    for shape in [(1, D, S + 1), (4, D - 1, S + 1), (4, D, S + 1, 1)]:
+        adapter = SEDDAbsorbingDenoiser(lambda ids, sigma, shape=shape: torch.zeros(shape), S)
+        expected = rf"network: expected output of shape \[4, 4, 4\] .* got {re.escape(str(shape))};"
+        with pytest.raises(ValueError, match=expected):
+            adapter(x, t)
+
+
+@pytest.mark.parametrize("network", [3, "sedd", torch.zeros(2)])
+def test_a_network_that_cannot_be_called_is_refused_by_type(network):
+    with pytest.raises(TypeError, match=rf"^network: expected a callable nn.Module, got {type(network).__name__}$"):
+        SEDDAbsorbingDenoiser(network, S)
