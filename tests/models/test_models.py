@@ -206,6 +206,20 @@ def test_config_for_times_the_three_denoising_kinds_by_default():
         "planner": False, "mask-denoiser": True, "uniform-denoiser": True, "uniform": True, "ar": False}
 
 
+def test_each_kind_builds_its_class_and_the_kinds_are_listed_in_order():
+    """MODEL_KINDS lists the kinds as the module docstring does; build_model and build_skeleton
+    give each kind's own class."""
+    from ddpd.models import MaskDenoiser, UniformDenoiser, UniformModel
+    from ddpd.models.factory import build_skeleton
+
+    classes = {"planner": Planner, "mask-denoiser": MaskDenoiser, "uniform-denoiser": UniformDenoiser,
+               "uniform": UniformModel, "ar": ARModel}
+    assert MODEL_KINDS == tuple(classes)
+    for kind, cls in classes.items():
+        config = config_for(kind, V, D, **SMALL)
+        assert type(build_model(kind, config)) is cls and type(build_skeleton(kind, config)) is cls
+
+
 @pytest.mark.parametrize("field", ["out_dim", "causal", "max_seq_len"])
 def test_config_for_refuses_each_derived_field_by_name(field):
     """A derived field in fields is a ValueError naming it, not a duplicate-keyword TypeError."""
