@@ -391,3 +391,37 @@ def test_an_output_of_another_batch_or_length_is_refused_with_its_shape(toy):
 def test_a_network_that_cannot_be_called_is_refused_by_type(network):
     with pytest.raises(TypeError, match=rf"^network: expected a callable nn.Module, got {type(network).__name__}$"):
         SEDDAbsorbingDenoiser(network, S)
+
+
+def test_the_default_schedule_is_linear(toy):
+    # alpha_t = t by default: t = 0.25 gives sigma = log 4 for both adapters
+    sedd, mdlm = SEDDAbsorbingDenoiser(ToySEDD(toy), S), MDLMSubsDenoiser(ToyMDLM(toy), S, time_conditioning=True)
+    for adapter in (sedd, mdlm):
+        adapter(torch.full((2, D), S), torch.full((2,), 0.25))
+        expected = torch.full((2,), math.log(4.0), dtype=torch.float64)
+        torch.testing.assert_close(adapter.network.sigmas[-1].double(), expected, rtol=1e-6, atol=0)
+
+
+def test_the_mdlm_adapter_clamps_alpha_to_the_range_it_is_given(toy):
+    mdlm = MDLMSubsDenoiser(ToyMDLM(toy), S, time_conditioning=True, min_alpha=0.5, max_alpha=0.5)
+    mdlm(torch.full((3, D), S), torch.tensor([0.0, 0.5, 1.0]))
+    torch.testing.assert_close(mdlm.network.sigmas[-1].double(), torch.full((3,), math.log(2.0), dtype=torch.float64),
+                               rtol=1e-6, atol=0)
+
+
+class FloatNormFirst(nn.Module):
+    """A float32 norm weight registered before a bfloat16 network, as prepare_for_sampling leaves norms."""
+
+    def __init__(self, toy):
+        super().__init__()
+        self.norm = nn.Parameter(torch.ones(2))
+        self.probe = AutocastProbe(toy).to(torch.bfloat16)
+
+    def forward(self, input_ids, sigma):
+        return self.probe(input_ids, sigma)
+
+
+def test_the_autocast_follows_the_first_cast_parameter_not_the_first_parameter(toy):
+    network = FloatNormFirst(toy)
+    MDLMSubsDenoiser(network, S)(*masked_inputs(4))
+    assert network.probe.seen == [torch.bfloat16]
