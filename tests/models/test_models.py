@@ -285,6 +285,14 @@ def test_output_shapes(kind):
     assert model.hidden(x, torch.full((B,), 0.5)).shape == (B, D, SMALL["d_model"])
 
 
+def test_count_parameters_counts_a_shared_tensor_once():
+    """Weights tied between two modules (an embedding and a head) are one tensor, counted once."""
+    embedding, head = torch.nn.Embedding(V, 4), torch.nn.Linear(4, V, bias=False)
+    head.weight = embedding.weight
+    tied = torch.nn.ModuleDict({"embedding": embedding, "head": head})
+    assert count_parameters(tied) == count_parameters(tied, trainable_only=True) == V * 4
+
+
 def test_count_parameters_matches_hand_count():
     d, L, out = 32, 2, V
     model = make("uniform", time_conditioned=False)
