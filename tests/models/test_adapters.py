@@ -11,6 +11,7 @@ a sampler run with it must draw what it draws with the exact denoiser.
 import math
 import re
 import types
+import warnings
 
 import pytest
 import torch
@@ -425,3 +426,19 @@ def test_the_autocast_follows_the_first_cast_parameter_not_the_first_parameter(t
     network = FloatNormFirst(toy)
     MDLMSubsDenoiser(network, S)(*masked_inputs(4))
     assert network.probe.seen == [torch.bfloat16]
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.bool])
+def test_a_network_output_of_any_non_float_dtype_is_refused(dtype):
+    adapter = SEDDAbsorbingDenoiser(lambda ids, sigma: torch.zeros(*ids.shape, S + 1, dtype=dtype), S)
+    with pytest.raises(ValueError, match=f"network: expected floating-point log-scores or logits, got {dtype}"):
+        adapter(*masked_inputs(4))
+
+
+def test_a_float64_network_runs_without_autocast(toy):
+    # only a network cast below float32 turns autocast on (a CPU autocast to float64 would warn)
+    probe = AutocastProbe(toy).double()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        logits = MDLMSubsDenoiser(probe, S)(*masked_inputs(4))
+    assert probe.seen == [None] and logits.dtype == torch.float32
