@@ -442,3 +442,10 @@ def test_a_float64_network_runs_without_autocast(toy):
         warnings.simplefilter("error")
         logits = MDLMSubsDenoiser(probe, S)(*masked_inputs(4))
     assert probe.seen == [None] and logits.dtype == torch.float32
+
+
+def test_a_single_symbol_vocabulary_is_accepted():
+    # V = 1: the mask is id 1, and every position's one clean value has probability 1
+    adapter = MDLMSubsDenoiser(lambda ids, sigma: torch.randn(*ids.shape, 2), 1)
+    x = torch.tensor([[1, 0, 1], [0, 0, 1]])
+    assert torch.equal(adapter(x, torch.full((2,), 0.5)), torch.zeros(2, 3, 1))
