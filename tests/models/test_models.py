@@ -220,6 +220,14 @@ def test_each_kind_builds_its_class_and_the_kinds_are_listed_in_order():
         assert type(build_model(kind, config)) is cls and type(build_skeleton(kind, config)) is cls
 
 
+@pytest.mark.parametrize("kind", MODEL_KINDS)
+def test_config_for_takes_an_explicit_time_conditioned_where_the_kind_allows_it(kind):
+    """False is accepted for every kind, the planner and ar included; True for the three denoising kinds."""
+    assert config_for(kind, V, D, time_conditioned=False).time_conditioned is False
+    if kind not in ("planner", "ar"):
+        assert config_for(kind, V, D, time_conditioned=True).time_conditioned is True
+
+
 @pytest.mark.parametrize("field", ["out_dim", "causal", "max_seq_len"])
 def test_config_for_refuses_each_derived_field_by_name(field):
     """A derived field in fields is a ValueError naming it, not a duplicate-keyword TypeError."""
