@@ -1,6 +1,7 @@
 """Tokenizers, corpus loading, the 90/5/5 split and the batch samplers."""
 import hashlib
 import json
+import os
 import re
 from fractions import Fraction
 
@@ -214,6 +215,26 @@ def test_only_hf_and_a_colon_with_a_name_make_a_hub_source(tmp_path, monkeypatch
         resolve_source("hf::cfg")
     with pytest.raises(TypeError, match="^data source must be a path, a corpus name or 'hf:NAME', got int$"):
         resolve_source(3)
+
+
+def test_a_path_object_is_resolved_by_its_path_not_its_str(tmp_path, monkeypatch):
+    """A pathlib.Path and an os.DirEntry (whose str is no path) both name the file they point at."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "c.jsonl").write_text('{"text": "abc", "label": 0}\n')
+    assert resolve_source(tmp_path / "c.jsonl") == str(tmp_path / "c.jsonl")
+    with os.scandir(tmp_path) as entries:
+        (entry,) = entries
+        assert resolve_source(entry) == str(tmp_path / "c.jsonl") and is_labelled(entry)
+
+
+def test_a_source_that_names_nothing_lists_the_corpora_that_need_no_file(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError) as info:
+        resolve_source("missing.txt")
+    assert str(info.value) == (
+        "no such file: missing.txt (corpora that need no file: books: the text8-format public-domain books "
+        "shipped with ddpd (198 k characters); text8: the full text8 (100 M characters), downloaded with "
+        "`datasets` from afmck/text8; or hf:NAME[:CONFIG] for a Hugging Face dataset)")
 
 
 def test_hub_corpora_join_their_rows_and_text8_its_splits_in_order(monkeypatch):
