@@ -1824,6 +1824,27 @@ def test_a_lost_peer_is_named_by_the_first_sentence_of_the_backends_error():
     lost = PeerLost(RuntimeError("Connection closed by peer. Check the other process.\nmore"))
     assert str(lost) == "another process of the group failed or was killed (Connection closed by peer)"
     assert str(PeerLost(RuntimeError(""))) == "another process of the group failed or was killed (RuntimeError)"
+    assert str(PeerLost(RuntimeError("\n  Connection reset. Retry.\n"))).endswith("(Connection reset)")
+    assert lost.detail == ""  # until a tool says what it kept
+
+
+@pytest.mark.parametrize("environ, message", [
+    ({"WORLD_SIZE": "0"}, "WORLD_SIZE must be an int >= 1, got '0'"),
+    ({"LOCAL_RANK": "-1"}, "LOCAL_RANK must be an int >= 0, got '-1'"),
+    ({"RANK": "-1", "WORLD_SIZE": "3"}, "RANK must be an int in [0, 2] (below WORLD_SIZE, which is 1 when unset), "
+                                        "got '-1'"),
+    ({"RANK": "1.0"}, "RANK must be an int in [0, 0] (below WORLD_SIZE, which is 1 when unset), got '1.0'")])
+def test_each_torchrun_variable_is_refused_with_its_own_range(monkeypatch, environ, message):
+    """Only RANK's message speaks of WORLD_SIZE; the refusal comes before any group is joined."""
+    from ddpd.training.distributed import Distributed
+
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError) as info:
+        Distributed("cpu")
+    assert str(info.value) == f"environment variable {message}" and not dist.is_initialized()
 
 
 @pytest.mark.integration
