@@ -1830,6 +1830,7 @@ def test_a_lost_peer_is_named_by_the_first_sentence_of_the_backends_error():
 
 @pytest.mark.parametrize("environ, message", [
     ({"WORLD_SIZE": "0"}, "WORLD_SIZE must be an int >= 1, got '0'"),
+    ({"WORLD_SIZE": ""}, "WORLD_SIZE must be an int >= 1, got ''"),  # set but empty is not unset
     ({"LOCAL_RANK": "-1"}, "LOCAL_RANK must be an int >= 0, got '-1'"),
     ({"RANK": "-1", "WORLD_SIZE": "3"}, "RANK must be an int in [0, 2] (below WORLD_SIZE, which is 1 when unset), "
                                         "got '-1'"),
