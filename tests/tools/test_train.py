@@ -1799,6 +1799,28 @@ def test_sum_and_max_reduce_in_float64_with_their_own_operation(tmp_path, monkey
         dist.destroy_process_group()
 
 
+def test_only_a_collectives_runtime_error_reads_as_a_lost_peer(tmp_path, monkeypatch):
+    """gloo's lost connection is a RuntimeError, named PeerLost with it as the cause; any other
+    error of a collective (a bad argument, say) is its own."""
+    from ddpd.training.distributed import Distributed, PeerLost
+
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        group = Distributed("cpu")
+        group.world_size = 2  # as a process of two sees it: the values go through the all-reduce
+        lost, bad = RuntimeError("Connection closed by peer"), ValueError("not a tensor")
+        for error in (lost, bad):
+            monkeypatch.setattr(dist, "all_reduce", lambda tensor, op, error=error: (_ for _ in ()).throw(error))
+            with pytest.raises((PeerLost, ValueError)) as info:
+                group.sum([1.0])
+            seen = info.value
+            assert (type(seen), seen.__cause__) == (PeerLost, lost) if error is lost else seen is bad
+    finally:
+        dist.destroy_process_group()
+
+
 def test_a_process_of_a_group_takes_the_gpu_of_its_local_rank(monkeypatch):
     """A process of a group asks for the GPU of LOCAL_RANK (RANK where unset); a lone process keeps its device."""
     import ddpd.training.distributed as distributed
