@@ -227,6 +227,17 @@ def test_a_path_object_is_resolved_by_its_path_not_its_str(tmp_path, monkeypatch
         assert resolve_source(entry) == str(tmp_path / "c.jsonl") and is_labelled(entry)
 
 
+def test_a_file_source_is_its_absolute_path_as_named(tmp_path, monkeypatch):
+    """Only a leading hf: makes a hub source (a file under a folder may hold hf: in its name), and a
+    link is named by its own path, not its target's."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "hf:c.txt").write_text("abc")
+    assert resolve_source("sub/hf:c.txt") == str(tmp_path / "sub" / "hf:c.txt")
+    (tmp_path / "latest.txt").symlink_to(tmp_path / "sub" / "hf:c.txt")
+    assert resolve_source("latest.txt") == str(tmp_path / "latest.txt")
+
+
 def test_a_source_that_names_nothing_lists_the_corpora_that_need_no_file(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(FileNotFoundError) as info:
