@@ -192,6 +192,10 @@ ALL3, INDEX2 = torch.ones(3, dtype=torch.bool), torch.zeros(2, dtype=torch.int64
         (lambda: compact_fixed_reference(torch.ones(1, 3, dtype=torch.bool), 3, torch.ones(1)), ValueError,
          "active must be a 1-D bool"),
         (lambda: compact_fixed([True], 1, torch.ones(1)), TypeError, "active must be a torch.Tensor"),
+        (lambda: compact_fixed(torch.tensor(True), 1, torch.ones(1)), ValueError,
+         r"^active must be a 1-D bool tensor, got torch.bool of shape \(\)$"),
+        (lambda: compact_fixed_reference(torch.tensor(True), 1), ValueError,
+         r"^active must be a 1-D bool tensor, got torch.bool of shape \(\)$"),
         (lambda: compact_fixed(ALL3, 3, torch.tensor(1.0)), ValueError, r"tensors\[0\]"),
         (lambda: compact_fixed(ALL3, 3, [1, 2, 3]), TypeError, r"tensors\[0\] must be a torch.Tensor"),
         (lambda: compact_fixed(ALL3, 3, torch.ones(3), torch.ones(3, device="meta")), ValueError,
@@ -307,6 +311,36 @@ def test_vmap_is_refused_with_a_clear_error():
     for wrap in (lambda t: t, lambda t: [t]):  # out alone batched: torch's "Batching rule not implemented"
         with pytest.raises(ValueError, match="ddpd.ops.scatter_back does not run under torch.func transforms"):
             torch.vmap(lambda o: scatter_back(torch.tensor([2, 0, 1]), wrap(torch.ones(3, 2)), wrap(o)))(x.clone())
+
+
+def test_scatter_back_with_no_tensors_returns_them_and_reads_no_out_row_count():
+    """Empty sequences for packed and out: nothing to write and no out to bound the index by,
+    so any index is accepted and out comes back as given."""
+    for write in (scatter_back, scatter_back_reference):
+        packed, out = [], []
+        assert write(torch.tensor([0, 5]), packed, out) is out and out == []
+
+
+def test_a_tensor_that_requires_grad_takes_the_kernels_when_grad_is_disabled(monkeypatch):
+    """Only a call autograd must see (grad enabled and a tensor that requires grad) runs the
+    references: under no_grad such tensors go to the kernels like any other."""
+    from ddpd.ops import compact
+
+    def refused(*args):
+        raise AssertionError("the reference ran")
+
+    x = torch.arange(8.0).reshape(4, 2).requires_grad_()
+    active = torch.tensor([False, True, True, False])
+    monkeypatch.setattr(compact, "compact_fixed_reference", refused)
+    monkeypatch.setattr(compact, "scatter_back_reference", refused)
+    with torch.no_grad():
+        (packed,), index, count = compact_fixed(active, 3, x)
+        out = torch.zeros(4, 2, requires_grad=True)
+        scatter_back(index, packed, out)
+    assert packed.tolist() == [[2, 3], [4, 5], [0, 0]] and index.tolist() == [1, 2, -1] and int(count) == 2
+    assert out.tolist() == [[0, 0], [2, 3], [4, 5], [0, 0]]
+    with pytest.raises(AssertionError, match="the reference ran"):
+        compact_fixed(active, 3, x)
 
 
 def test_scatter_back_checks_its_index_under_a_mode_that_traces_nothing():
