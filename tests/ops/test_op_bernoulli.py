@@ -117,6 +117,7 @@ def test_tensor_counters_leading_dimensions_and_batch_invariance():
     (dict(noise=torch.rand(2, 4)), ValueError, r"noise must have the shape of p \(2, 3\)"),
     (dict(noise=torch.rand(3, 2)), ValueError, r"noise must have the shape of p \(2, 3\)"),
     (dict(noise=torch.zeros(2, 3)), ValueError, r"noise values must be uniforms in \(0, 1\]"),
+    (dict(noise=torch.rand(2, 4, dtype=torch.float64)), TypeError, r"noise must have dtype in \(torch.float32\)"),
     (dict(seed=1, row_ids=torch.arange(3)), ValueError, r"row_ids must have the leading shape \(2,\)"),
     (dict(p=torch.rand(2, 3, 4), seed=1, row_ids=torch.arange(6)), ValueError,
      r"row_ids must have the leading shape \(2, 3\)"),
@@ -141,6 +142,16 @@ def test_opcheck_compile_and_vmap():
         offset += 1
     with pytest.raises(ValueError, match="does not run under torch.func transforms"):
         torch.vmap(lambda q: bernoulli(q, seed=1))(p[:, None])
+
+
+def test_vmap_over_the_noise_or_the_row_ids_alone_is_refused():
+    """A batched noise or row_ids with a plain p is refused by name too, not run slice by slice."""
+    p = torch.full((2, 3), 0.5)
+    for op in (bernoulli, bernoulli_reference):
+        with pytest.raises(ValueError, match="ddpd.ops.bernoulli does not run under torch.func transforms"):
+            torch.vmap(lambda n: op(p, noise=n))(torch.rand(4, 2, 3).clamp(min=1e-7))
+        with pytest.raises(ValueError, match="ddpd.ops.bernoulli does not run under torch.func transforms"):
+            torch.vmap(lambda r: op(p, seed=1, row_ids=r))(torch.arange(8).view(4, 2))
 
 
 def test_rows_wider_than_the_streams_are_refused():
