@@ -232,6 +232,10 @@ ALL3, INDEX2 = torch.ones(3, dtype=torch.bool), torch.zeros(2, dtype=torch.int64
          r"index values must be < out.shape\[0\] = 3"),
         (lambda: scatter_back(torch.tensor([0, 4]), [torch.ones(2)] * 2, [torch.ones(5), torch.ones(3)]), ValueError,
          r"index values must be < out.shape\[0\] = 3"),  # the shortest out
+        (lambda: scatter_back(torch.tensor([3, 0, -1]), torch.ones(3), torch.ones(3)), ValueError,
+         r"^index values must be < out.shape\[0\] = 3, got 3$"),  # the largest entry, wherever it is
+        (lambda: scatter_back_reference(torch.tensor([3, 0, -1]), torch.ones(3), torch.ones(3)), ValueError,
+         r"^index values must be < out.shape\[0\] = 3, got 3$"),
         (lambda: scatter_back(torch.tensor([0, 1]), torch.ones(2), [torch.ones(3)]), TypeError,
          "both be tensors or both be sequences"),
         (lambda: scatter_back(torch.tensor([0, 1]), [torch.ones(2)], [torch.ones(3), torch.ones(3)]), ValueError,
