@@ -206,6 +206,7 @@ ALL3, INDEX2 = torch.ones(3, dtype=torch.bool), torch.zeros(2, dtype=torch.int64
         (lambda: compact_fixed_reference(torch.tensor([True, False, False]), 2, torch.ones(2)), ValueError,
          r"tensors\[0\] must be a dense tensor with 3 rows"),  # fewer rows than active, though index fits them
         (lambda: compact_fixed(ALL3, 2, torch.ones(3), "x"), TypeError, r"tensors\[1\] must be a torch.Tensor"),
+        (lambda: compact_fixed(ALL3), TypeError, "missing 1 required positional argument: 'capacity'"),
         (lambda: compact_fixed(ALL3, -1), ValueError, "capacity must be >= 0"),
         (lambda: compact_fixed(ALL3, 2.0), TypeError, "capacity must be an int"),
         (lambda: compact_fixed(ALL3, 2**63, torch.ones(3)), ValueError,
