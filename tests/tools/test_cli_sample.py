@@ -1049,6 +1049,26 @@ def test_each_eval_variant_calls_its_sampler_with_its_own_settings(monkeypatch, 
     assert guidance.conditional_planner == variant.sampler.planner  # a planner it does not run takes no labels
 
 
+def test_eval_variants_on_the_settings_defaults_draw_at_temperature_one_with_maskgits_policy(monkeypatch):
+    """ddpd-eval sets no --temperature-end, --choice-temperature or --policy: its maskgit is MaskGIT's
+    own (choice temperature 4.5) at a constant temperature (1, or the sweep's), and a policy given
+    replaces it."""
+    from ddpd import sampling
+
+    seen = []
+    monkeypatch.setattr(sampling, "mask_sample", lambda *args, **kwargs: seen.append(kwargs))
+    variant = table.variants(("mask-denoiser",), [0.0])["maskgit"]
+    variant.call({"mask-denoiser": "mask-denoiser"}, Settings(D, V, 3), 2, "noise", 0)
+    threshold = policies.ConfidenceThreshold(0.9)
+    variant.call({"mask-denoiser": "mask-denoiser"},
+                 Settings(D, V, 3, temperature=0.5, choice_temperature=2.0, policy=threshold), 2, "noise", 0)
+    defaults, given = seen
+    assert (defaults["temperature"], defaults["schedule"], defaults["truncation"]) == (Temperature(1.0, None),
+                                                                                      "linear", Truncation())
+    assert defaults["policy"] == policies.MaskGIT(4.5) and "prompt" not in defaults and "guidance" not in defaults
+    assert given["policy"] is threshold and given["temperature"] == Temperature(0.5, 0.5)  # its sweep's, constant
+
+
 def test_dtype_casts_the_networks_and_is_reported(ckpts, tmp_path, capsys, monkeypatch):
     import ddpd.models
 
