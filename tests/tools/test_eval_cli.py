@@ -633,6 +633,20 @@ def test_training_rows_give_the_states_step_the_best_step_and_the_last_losses(mo
     assert (row["final_train_loss"], row["final_val_loss"]) == (1.5, 2.0)
 
 
+def test_training_rows_of_a_run_without_a_finite_val_loss_or_a_second_give_none(monkeypatch):
+    """A record whose validation losses are all NaN, or that holds no training time (a run stopped
+    before its first step), has no losses or throughput to give: None, not an IndexError or a
+    ZeroDivisionError; the step budget and time limit asked for are in the row all the same."""
+    history = [{"step": 0, "val_loss": float("nan"), "train_loss": None}, {"step": 1, "train_loss": 2.5}]
+    meta = {"step": 1, "history": history, "train_seconds": 0.0, "train_tokens": 0, "world_size": 1}
+    config = {"kind": "planner", "model": {}, "training": {"batch_size": 2, "steps": 10, "max_time": 60.0}}
+    row = _row_of(monkeypatch, config, meta)
+    assert (row["steps"], row["max_time"], row["train_seconds"], row["tokens_per_s"]) == (10, 60.0, 0.0, None)
+    assert [row[k] for k in ("first_val_loss", "first_val_step", "best_val_loss", "best_step",
+                             "final_val_loss")] == [None] * 5
+    assert row["final_train_loss"] == 2.5
+
+
 @pytest.mark.parametrize("settings, meta, step", [
     ({"batch_size": 2, "grad_accum": 3}, {}, 7),  # weights only: no process count
     ({"batch_size": 2, "grad_accum": True}, {"step": 7, "world_size": 1}, 7),  # an edited config's true
