@@ -674,11 +674,14 @@ def test_training_rows_quote_a_bad_training_setting_in_40_characters(monkeypatch
 
 def test_the_training_table_groups_thousands_and_rounds_lr_seconds_and_losses():
     row = {"kind": "planner", "run": "r", "parameters": 1234567, "lr": 1 / 3000, "train_seconds": 12.6,
-           "tokens_per_s": 12345.6, "final_val_loss": 1.23456}
+           "tokens_per_s": 12345.6, "final_val_loss": 1.23456, "first_val_loss": 3.45678, "best_val_loss": 1.11111,
+           "best_step": 40, "final_train_loss": 0.987654}
     header, _, line = training.training_markdown([row]).splitlines()
     cells = {k.strip(): v.strip() for k, v in zip(header.strip("|").split("|"), line.strip("|").split("|"))}
     assert [cells[k] for k in ("Parameters", "Peak LR", "Train seconds", "Tokens/s", "Final val loss")] == [
         "1,234,567", "0.000333333", "13", "12,346", "1.2346"]
+    assert [cells[k] for k in ("First val loss", "Best val loss", "at step", "Final train loss")] == [
+        "3.4568", "1.1111", "40", "0.9877"]
 
 
 def test_convergence_command(setup, capsys):
