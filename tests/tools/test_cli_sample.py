@@ -1069,6 +1069,15 @@ def test_eval_variants_on_the_settings_defaults_draw_at_temperature_one_with_mas
     assert given["policy"] is threshold and given["temperature"] == Temperature(0.5, 0.5)  # its sweep's, constant
 
 
+def test_labels_alone_guide_at_scale_one_and_not_the_planner():
+    """Settings given labels only: guidance scale 1 (the conditional model alone) and an
+    unconditional planner, whether or not the sampler runs one."""
+    settings = Settings(D, V, 3, labels=torch.tensor([5, 6, 7]))
+    for planner in (True, False):
+        guidance = settings.rows(2, 2, planner)["guidance"]
+        assert (guidance.labels.tolist(), guidance.scale, guidance.conditional_planner) == ([7, 5], 1.0, False)
+
+
 def test_dtype_casts_the_networks_and_is_reported(ckpts, tmp_path, capsys, monkeypatch):
     import ddpd.models
 
