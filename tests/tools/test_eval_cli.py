@@ -647,6 +647,30 @@ def test_training_rows_of_a_run_without_a_finite_val_loss_or_a_second_give_none(
     assert row["final_train_loss"] == 2.5
 
 
+def test_training_rows_of_a_config_without_training_settings_give_the_models_and_its_step(monkeypatch):
+    """A config.json with no 'training' section (weights kept without ddpd-train's settings) is
+    not refused: its row gives the network's settings and config.json's step, and no history."""
+    row = _row_of(monkeypatch, {"kind": "planner", "model": {"d_model": 16, "n_layers": 2}, "step": 5}, {})
+    assert (row["d_model"], row["n_layers"], row["batch_size"], row["step"]) == (16, 2, None, 5)
+    assert row["history"] == [] and row["processes"] is None
+
+
+def test_training_rows_count_parameters_without_allocating_them(monkeypatch):
+    """The parameter count builds the network on the meta device: config.json is not checked
+    against a digest, and a large (or edited) one must not allocate the weights it describes."""
+    import ddpd.models
+
+    devices = []
+
+    def count(model):
+        devices.append({p.device.type for p in model.parameters()})
+        return 7
+
+    monkeypatch.setattr(ddpd.models, "count_parameters", count)
+    config = {"kind": "planner", "model": {"vocab_size": V, "out_dim": 1, "d_model": 16, "n_layers": 1, "n_heads": 2}}
+    assert training._parameters("runs/planner", config) == 7 and devices == [{"meta"}]
+
+
 @pytest.mark.parametrize("settings, meta, step", [
     ({"batch_size": 2, "grad_accum": 3}, {}, 7),  # weights only: no process count
     ({"batch_size": 2, "grad_accum": True}, {"step": 7, "world_size": 1}, 7),  # an edited config's true
