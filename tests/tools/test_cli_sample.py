@@ -1069,6 +1069,21 @@ def test_eval_variants_on_the_settings_defaults_draw_at_temperature_one_with_mas
     assert given["policy"] is threshold and given["temperature"] == Temperature(0.5, 0.5)  # its sweep's, constant
 
 
+def test_an_eval_variant_called_again_applies_its_option_to_each_calls_settings(monkeypatch):
+    """ddpd-eval calls one variant at every step budget and temperature of its sweep: each call
+    takes the option letters on that call's own settings, the first call changing nothing."""
+    from ddpd import sampling
+
+    seen = []
+    monkeypatch.setattr(sampling, "ddpd_sample", lambda *args, **kwargs: seen.append(kwargs["ddpd"]))
+    variant = table.variants(("planner", "mask-denoiser"), [])["ddpd-ABC-mask"]
+    models = {"planner": "planner", "mask-denoiser": "mask-denoiser"}
+    for eps in (0.25, 0.5):
+        variant.call(models, Settings(D, V, 3, ddpd=DDPDOptions(eps=eps)), 1, "noise", 0)
+    assert seen == [DDPDOptions(eps=eps, stop="budget", selection="softmax") for eps in (0.25, 0.5)]
+    assert variant.change == {"ddpd": {"stop": "budget", "selection": "softmax"}}
+
+
 def test_labels_alone_guide_at_scale_one_and_not_the_planner():
     """Settings given labels only: guidance scale 1 (the conditional model alone) and an
     unconditional planner, whether or not the sampler runs one."""
