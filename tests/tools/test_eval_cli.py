@@ -633,6 +633,19 @@ def test_training_rows_give_the_states_step_the_best_step_and_the_last_losses(mo
     assert (row["final_train_loss"], row["final_val_loss"]) == (1.5, 2.0)
 
 
+def test_training_rows_skip_infinite_val_losses_and_keep_a_zero_train_loss(monkeypatch):
+    """An infinite validation loss is no first or final loss, as NaN is not; the best loss reached
+    twice is at its first step; a train loss of exactly 0 is a recorded one."""
+    history = [{"step": 0, "val_loss": float("inf"), "train_loss": None},
+               {"step": 1, "val_loss": 1.0, "train_loss": 2.0},
+               {"step": 2, "val_loss": 1.5, "train_loss": 1.0}, {"step": 3, "val_loss": 1.0, "train_loss": 0.0},
+               {"step": 4, "val_loss": float("-inf"), "train_loss": None}]
+    meta = {"step": 4, "history": history, "train_seconds": 2.0, "train_tokens": 64, "world_size": 1}
+    row = _row_of(monkeypatch, {"kind": "planner", "model": {}, "training": {}}, meta)
+    assert (row["first_val_step"], row["first_val_loss"], row["final_val_loss"]) == (1, 1.0, 1.0)
+    assert (row["best_val_loss"], row["best_step"], row["final_train_loss"]) == (1.0, 1, 0.0)
+
+
 def test_training_rows_of_a_run_without_a_finite_val_loss_or_a_second_give_none(monkeypatch):
     """A record whose validation losses are all NaN, or that holds no training time (a run stopped
     before its first step), has no losses or throughput to give: None, not an IndexError or a
