@@ -964,6 +964,7 @@ def test_eta_is_refused_where_tau_leaping_runs_with_a_planner(ckpts, capsys, eta
 
 
 def test_the_table_names_what_each_sampler_needs(ckpts, capsys):
+    assert table.FAMILIES == ("ddpd", "tau-leaping", "maskgit")  # --sampler's choices, in the table's order
     assert table.needs("maskgit") == "one mask-denoiser"
     assert table.needs("ddpd") == ("a planner with a mask-denoiser, a planner with a uniform-denoiser or one uniform "
                                    "model")
