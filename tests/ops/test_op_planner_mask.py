@@ -307,3 +307,33 @@ def test_the_cpu_kernel_refuses_logits_and_x_it_cannot_read():
                           (logits, x.t().contiguous().t(), "x must be a contiguous Long")]:
         with pytest.raises(RuntimeError, match=match):
             kernel(lg, xx, None, MASK_ID, None, 1, 0, None, None, None)
+
+
+def test_strided_positions_force_the_positions_they_show():
+    """Positions that are a strided view (every other column) force the positions the view
+    holds, not the neighbours stored beside them."""
+    logits, x = torch.zeros(3, 8), torch.arange(24).reshape(3, 8)
+    positions = torch.tensor([[0, 5, 1, 6], [2, 7, 3, 4], [7, 0, 6, 1]])[:, ::2]
+    assert not positions.is_contiguous()
+    noise = torch.full((3, 8), 0.9)  # p = 0.5: only the forced positions are masked
+    for draw in (planner_mask, planner_mask_reference):
+        z = draw(logits, x, positions, MASK_ID, noise=noise).z
+        assert z.nonzero().tolist() == [[0, 0], [0, 1], [1, 2], [1, 3], [2, 6], [2, 7]]
+
+
+def test_planner_mask_compiles_fullgraph_and_matches_eager():
+    logits, x, positions = inputs(3, 20, 7, k=2)
+
+    def step(logits, tokens, positions):
+        return planner_mask(logits, tokens, positions, MASK_ID, seed=2, offset=8)
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    assert_all_equal(compiled(logits, x, positions), step(logits, x, positions))
+
+
+def test_vmap_is_refused_with_a_clear_error():
+    """Under vmap every slice would be row 0 of its own batch and draw the same stream."""
+    logits, x, positions = inputs(6, 5, 0)
+    with pytest.raises(ValueError, match="ddpd.ops.planner_mask does not run under torch.func transforms"):
+        torch.vmap(lambda lg: planner_mask(lg[None], x[:1], positions[:1], MASK_ID, seed=1).z)(logits)
+
