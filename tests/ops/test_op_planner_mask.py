@@ -7,8 +7,9 @@ from hypothesis import given, settings, strategies as st
 from scipy import stats
 
 from ddpd.ops import rng
-from ddpd.ops.planner_mask import planner_mask, planner_mask_reference, planner_mask_triton
+from ddpd.ops.planner_mask import planner_mask, planner_mask_reference, planner_mask_triton, positions_block
 from ddpd.ops.planner_select import (
+    MAX_TRITON_WIDTH,
     draw_mask,
     planner_select,
     planner_select_mask,
@@ -337,3 +338,25 @@ def test_vmap_is_refused_with_a_clear_error():
     with pytest.raises(ValueError, match="ddpd.ops.planner_mask does not run under torch.func transforms"):
         torch.vmap(lambda lg: planner_mask(lg[None], x[:1], positions[:1], MASK_ID, seed=1).z)(logits)
 
+
+def test_one_dimensional_positions_are_refused():
+    logits, x, positions = inputs(4, 5, 0)
+    for op in (planner_mask, planner_mask_reference):
+        with pytest.raises(ValueError, match=r"positions must be 2-D, got shape \(4,\)"):
+            op(logits, x, positions[:, 0], MASK_ID, seed=1)
+
+
+def test_triton_mask_refuses_rows_wider_than_one_block():
+    length = MAX_TRITON_WIDTH + 1
+    logits, x = torch.zeros(1, length), torch.zeros(1, length, dtype=torch.int64)
+    match = rf"^D must be <= {MAX_TRITON_WIDTH} on CUDA \(one block per row\), got {length}$"
+    with pytest.raises(ValueError, match=match):
+        triton_mask(logits, x, None, seed=1)
+
+
+def test_positions_block_covers_k_to_a_power_of_two_within_the_largest_block():
+    """BLOCK_K: every position a row has in one comparison (k to a power of two),
+    unless [BLOCK_D, BLOCK_K] would pass 2**20 values."""
+    assert [positions_block(k, 8) for k in (1, 2, 3, 4, 5)] == [1, 2, 4, 4, 8]
+    assert positions_block(1024, 2048) == 2**20 // 2048
+    assert positions_block(5, 2**20) == 1
