@@ -13,6 +13,7 @@ from ddpd.ops import _dispatch
 from ddpd.ops.sample_categorical import noise_width, sample_categorical
 from ddpd.ops.sample_from_hidden import (
     HEAD_CHUNK,
+    dot_in_float32,
     head_logits_triton,
     prepare_hidden,
     sample_from_hidden,
@@ -311,6 +312,8 @@ def test_fuzz_cpu_matches_reference(rows, width, vocab, bias, dtype, seed):
         (lambda op, h, w, b: op(h, w[:, :4], seed=1), ValueError, r"weight must have shape \[V, 8\]"),
         (lambda op, h, w, b: op(h, w.long(), seed=1), TypeError, "weight must have dtype"),
         (lambda op, h, w, b: op(h[0, 0], w, seed=1), ValueError, r"hidden must have shape \[..., H\]"),
+        (lambda op, h, w, b: op(h, w[0], seed=1), ValueError, r"weight must be 2-D, got shape \(8,\)"),
+        (lambda op, h, w, b: op(h, w, b[None], seed=1), ValueError, r"bias must be 1-D, got shape \(1, 20\)"),
         (lambda op, h, w, b: op(h, w, b[:5], seed=1), ValueError, r"bias must have shape \(20,\)"),
         (lambda op, h, w, b: op(h, w, b.long(), seed=1), TypeError, "bias must have dtype"),
         (lambda op, h, w, b: op(h, w[:0], seed=1), ValueError, r"V \(weight.shape\[0\]\) must be in \[1, "),
@@ -482,3 +485,33 @@ def test_the_cpu_kernel_refuses_a_head_of_another_width():
     for hidden, weight in [(torch.zeros(2, 4), torch.zeros(5, 3)), (torch.zeros(4), torch.zeros(5, 4))]:
         with pytest.raises(RuntimeError, match=r"hidden \[N, H\] and weight \[V, H\] must share H"):
             ops.sample_from_hidden_cpu(hidden, weight, **call)
+
+
+def test_head_logits_passes_opcheck_on_16_bit_heads():
+    """The logits a truncating call builds are float32 whatever the head's dtype, under
+    fake tensors as in the kernels."""
+    hidden, weight, bias = head(3, 8, 300, 5, torch.bfloat16)
+    torch.library.opcheck(torch.ops.ddpd.head_logits.default, (hidden, weight, bias))
+
+
+def test_the_cuda_dot_runs_on_16_bit_operands_only_when_both_match():
+    with fake_tensors("cuda:0"):
+        bf16, fp16, fp32 = (torch.empty(2, 4, dtype=d) for d in (torch.bfloat16, torch.float16, torch.float32))
+        assert not dot_in_float32(bf16, bf16) and not dot_in_float32(fp16, fp16)
+        assert dot_in_float32(fp32, fp32) and dot_in_float32(bf16, fp32) and dot_in_float32(fp32, bf16)
+        assert dot_in_float32(fp16, bf16)
+    assert dot_in_float32(torch.empty(2, 4, dtype=torch.bfloat16), torch.empty(2, 4, dtype=torch.bfloat16))
+
+
+def test_a_compiled_truncated_draw_keeps_the_bias():
+    """A truncating call under torch.compile goes through the registered logits op, bias
+    included: the same draws as eager with a bias that decides the top-k."""
+    hidden, weight, _ = head(6, 8, 300, 9)
+    bias = torch.zeros(300)
+    bias[[7, 11]] = 50.0
+
+    def draw(h):
+        return sample_from_hidden(h, weight, bias, top_k=2, seed=3, offset=1).tokens
+
+    tokens = torch.compile(draw, fullgraph=True, backend="aot_eager")(hidden)
+    assert torch.equal(tokens, draw(hidden)) and set(tokens.tolist()) <= {7, 11}
