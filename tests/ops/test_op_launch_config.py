@@ -386,3 +386,40 @@ def test_without_the_cpp_extension_every_launch_goes_through_triton(monkeypatch)
     for _ in range(2):
         _dispatch.launch(kernel, (2,), torch.ones(4), 5)
     assert [call[0] for call in calls] == ["triton", "triton"]
+
+
+def test_a_launch_on_another_device_goes_through_triton_again(monkeypatch):
+    """The compiled kernel of one device is not launched on another: the current device is
+    part of what a compiled launch is kept under."""
+    from triton.runtime.jit import JITFunction
+
+    current = [0]
+    driver = types.SimpleNamespace(active=types.SimpleNamespace(get_current_device=lambda: current[0]))
+    monkeypatch.setattr(_dispatch, "_triton_driver", lambda: driver)
+    monkeypatch.setattr(_JitKernel, "run", JITFunction.run, raising=False)
+    calls = []
+    kernel, x = _JitKernel(calls), torch.ones(4)
+    for device in (0, 1, 0, 1):
+        current[0] = device
+        _dispatch.launch(kernel, (2,), x, 5)
+    assert [call[0] for call in calls] == ["triton", "triton", "cached", "cached"]
+
+
+@pytest.mark.parametrize("rows", [256, 1024, 4096])
+def test_the_heads_splits_aim_at_four_programs_per_multiprocessor(rows):
+    """Where the vocabulary has tiles to spare, head_launch splits each row block's tiles so the
+    device gets PROGRAMS_PER_SM (4) programs a multiprocessor, rounded up to whole splits."""
+    assert _dispatch.PROGRAMS_PER_SM == 4
+    launch = head_launch(rows, 768, GPT2, 2, SMS)
+    row_blocks, splits = launch.tiles_grid
+    assert splits < n_tiles(GPT2)
+    assert splits == -(-4 * SMS // row_blocks), launch
+
+
+def test_traced_device_ids_are_long_with_one_unused_zero_when_empty():
+    """Under torch.compile the ids become a constant of the graph, with the eager call's form."""
+    cpu = torch.device("cpu")
+    torch._dynamo.reset()
+    for ids, want in (((), [0]), ((3, 1), [3, 1])):
+        got = torch.compile(lambda: _dispatch.device_ids(ids, cpu), fullgraph=True, backend="eager")()
+        assert got.dtype == torch.int64 and got.tolist() == want
