@@ -405,6 +405,21 @@ def test_a_launch_on_another_device_goes_through_triton_again(monkeypatch):
     assert [call[0] for call in calls] == ["triton", "triton", "cached", "cached"]
 
 
+def test_a_default_device_with_another_torch_function_mode_is_not_eager():
+    """Only default devices leave a call eager: any other torch-function mode on the stack,
+    above or below one, sends it through the custom op."""
+    class Passing(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    with torch.device("cpu"), Passing():
+        assert not _dispatch.eager(torch.ones(1))
+    with Passing(), torch.device("cpu"):
+        assert not _dispatch.eager(torch.ones(1))
+    with torch.device("cpu"), torch.device("cpu"):
+        assert _dispatch.eager(torch.ones(1))
+
+
 @pytest.mark.parametrize("rows", [256, 1024, 4096])
 def test_the_heads_splits_aim_at_four_programs_per_multiprocessor(rows):
     """Where the vocabulary has tiles to spare, head_launch splits each row block's tiles so the
@@ -414,6 +429,23 @@ def test_the_heads_splits_aim_at_four_programs_per_multiprocessor(rows):
     row_blocks, splits = launch.tiles_grid
     assert splits < n_tiles(GPT2)
     assert splits == -(-4 * SMS // row_blocks), launch
+
+
+def test_compiled_code_stays_compiled_under_a_watcher():
+    """A Watcher traces nothing: torch.compile'd code called under one still compiles and runs
+    its graph instead of falling back to eager code."""
+    from torch._dynamo.testing import CompileCounter
+
+    class Watching(_dispatch.Watcher):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    compiled = torch.compile(lambda x: x * 2 + 1, backend=counter)
+    with Watching():
+        assert torch.equal(compiled(torch.ones(3)), torch.full((3,), 3.0))
+    assert counter.frame_count == 1
 
 
 def test_traced_device_ids_are_long_with_one_unused_zero_when_empty():
