@@ -455,3 +455,34 @@ def test_traced_device_ids_are_long_with_one_unused_zero_when_empty():
     for ids, want in (((), [0]), ((3, 1), [3, 1])):
         got = torch.compile(lambda: _dispatch.device_ids(ids, cpu), fullgraph=True, backend="eager")()
         assert got.dtype == torch.int64 and got.tolist() == want
+
+
+def test_a_flat_grid_refusal_names_the_shape_the_block_and_cudas_limit():
+    message = (r"the uniforms of 2097152 rows x 1048577 columns needs 4297064448 programs of 512 columns, "
+               r"above CUDA's 2147483647 on one grid axis: split it into smaller calls")
+    with pytest.raises(ValueError, match=f"^{message}$"):
+        _dispatch.flat_grid("the uniforms", 2**21, 2**20 + 1, 512)
+
+
+def test_a_three_dimensional_grid_reaches_the_compiled_kernel_unchanged(monkeypatch, device_0):
+    from triton.runtime.jit import JITFunction
+
+    monkeypatch.setattr(_JitKernel, "run", JITFunction.run, raising=False)
+    calls = []
+    kernel, x = _JitKernel(calls), torch.ones(4)
+    for _ in range(2):
+        _dispatch.launch(kernel, (3, 2, 2), x, 5)
+    assert calls[1] == ("cached", (3, 2, 2), (x, 5, 64, False))
+
+
+def test_a_kernel_without_tritons_device_caches_always_goes_through_triton(monkeypatch, device_0):
+    """Only a compiled Triton kernel (one with device caches) has a compiled kernel to keep."""
+    from triton.runtime.jit import JITFunction
+
+    monkeypatch.setattr(_JitKernel, "run", JITFunction.run, raising=False)
+    calls = []
+    kernel = _JitKernel(calls)
+    del kernel.device_caches
+    for _ in range(2):
+        _dispatch.launch(kernel, (2,), torch.ones(4), 5)
+    assert [call[0] for call in calls] == ["triton", "triton"]
