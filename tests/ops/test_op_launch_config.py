@@ -8,6 +8,7 @@ over a few hundred statistics, multinomial's sequential draws) have one program 
 row by design: what they read per row is bounded (asserted below), not the input.
 A row of a single tile (V <= 256) is one program's whole work: 64 such rows are 64
 programs of a few hundred elements, nothing to split."""
+import re
 import types
 
 import pytest
@@ -269,7 +270,10 @@ def test_transformed_inputs_are_refused_with_the_ops_name():
         _dispatch.refuse_transforms("compact_fixed", row, 5)
         return row
 
-    with pytest.raises(ValueError, match=r"ddpd\.ops\.compact_fixed does not run under torch\.func transforms"):
+    message = ("ddpd.ops.compact_fixed does not run under torch.func transforms (vmap, grad): under vmap every "
+               "slice would draw from the same row streams. Pass the batch as rows instead (sample_categorical "
+               "and sample_from_hidden take any leading shape; give distinct row_ids for distinct streams)")
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
         torch.func.vmap(call)(x)
     _dispatch.refuse_transforms("compact_fixed", x, None, 5)
 
