@@ -185,3 +185,25 @@ def test_an_empty_batch_comes_back_empty():
     for shape in ((0, 2, 4, 8), (1, 2, 0, 8)):
         out = rotary_triton(torch.zeros(shape), table.cos, table.sin)
         assert out.shape == shape and out.dtype == torch.float32
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_a_traced_call_on_a_gpu_returns_a_tensor_like_x(dtype):
+    """Under fake tensors (a trace, on cuda:0 where the machine has none) the call goes
+    through the registered op, whose fake kernel gives x's shape, dtype and device, contiguous
+    as the kernel's output is."""
+    with fake_tensors("cuda:0"):
+        x = torch.empty(2, 5, 3, 8, dtype=dtype).transpose(1, 2)  # q of a qkv view
+        out = rotary(x, torch.ones(7, 4), torch.zeros(7, 4))
+        assert (out.shape, out.dtype, str(out.device)) == ((2, 3, 5, 8), dtype, "cuda:0") and out.is_contiguous()
+
+
+def test_gradients_flow_through_a_compiled_call():
+    """A call torch.compile traces that needs a gradient runs the differentiable reference,
+    not the custom op (which has no backward)."""
+    q = qkv_views(1, 2, 7, 8, torch.float32)[0].clone().requires_grad_(True)
+    table = RotaryEmbedding(8, 7)
+    compiled = torch.compile(rotary, fullgraph=True, backend="eager")
+    compiled(q, table.cos, table.sin).square().sum().backward()
+    expected = torch.autograd.grad(rotary_reference(q, table.cos, table.sin).square().sum(), q)[0]
+    assert torch.equal(q.grad, expected)
