@@ -191,6 +191,8 @@ def test_launch_covers_every_row(rows, width, expected):
      "scale must have shape"),
     (dict(x=torch.zeros(2, 4, 3), shift=torch.zeros(2, 3), scale=torch.zeros(2, 3, dtype=torch.bfloat16)),
      TypeError, "share a dtype"),
+    (dict(x=torch.zeros(2, 4, 3), shift=torch.zeros(2, 3, dtype=torch.int64),
+          scale=torch.zeros(2, 3, dtype=torch.int64)), TypeError, "shift must have dtype"),
 ])
 def test_bad_arguments_raise_clear_errors(kwargs, error, match):
     with pytest.raises(error, match=match):
@@ -278,3 +280,29 @@ def test_the_op_passes_rms_and_eps_through():
             want = norm_reference(x, weight, bias, eps, rms=rms, shift=shift, scale=scale)
             assert torch.equal(norm(x, weight, bias, eps, rms=rms, shift=shift, scale=scale), want)
     assert not torch.allclose(norm(x, rms=True), norm(x, rms=False), atol=1e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_a_traced_call_on_a_gpu_returns_a_tensor_like_x(dtype):
+    """Under fake tensors (a trace, on cuda:0 where the machine has none) the call goes
+    through the registered op, whose fake kernel gives x's shape, dtype and device, contiguous
+    as the kernel's output is, whatever the dtype of the float32 parameters."""
+    with fake_tensors("cuda:0"):
+        x = torch.empty(4, 2, 8, dtype=dtype).transpose(0, 1)
+        out = norm(x, torch.ones(8), torch.zeros(8), shift=torch.zeros(2, 8), scale=torch.zeros(2, 8))
+        assert (out.shape, out.dtype, str(out.device)) == ((2, 4, 8), dtype, "cuda:0") and out.is_contiguous()
+
+
+def test_a_compiled_call_takes_gradients_and_an_integer_eps():
+    """A call torch.compile traces that needs a gradient runs the differentiable reference,
+    not the custom op (which has no backward); one that needs none reaches the op with eps
+    as the float its schema takes, also when given as an int."""
+    x, weight, bias, shift, scale = inputs((2, 5, 16), torch.float32)
+    compiled = torch.compile(norm, fullgraph=True, backend="eager")
+    for eps in (1, 1e-5):
+        assert torch.equal(compiled(x, weight, bias, eps, shift=shift, scale=scale),
+                           norm_reference(x, weight, bias, eps, shift=shift, scale=scale))
+    x.requires_grad_(True)
+    compiled(x, weight, bias, shift=shift, scale=scale).square().sum().backward()
+    want = torch.autograd.grad(norm_reference(x, weight, bias, shift=shift, scale=scale).square().sum(), x)[0]
+    assert torch.equal(x.grad, want)
