@@ -176,6 +176,7 @@ def test_launch_covers_every_row(rows, width, expected):
 @pytest.mark.parametrize("kwargs,error,match", [
     (dict(x=torch.zeros(2, 3, dtype=torch.int64)), TypeError, "x must have dtype"),
     (dict(x=torch.zeros(())), ValueError, "at least one dimension"),
+    (dict(x=torch.zeros(2, 0)), ValueError, r"x's last dimension must be in \[1, 1073741824\), got 0"),
     (dict(x=torch.zeros(2, 3), weight=torch.zeros(4)), ValueError, r"weight must have shape \[3\]"),
     (dict(x=torch.zeros(2, 3), weight=torch.zeros(2)), ValueError, r"weight must have shape \[3\]"),
     (dict(x=torch.zeros(2, 3), bias=torch.zeros(3, 1)), ValueError, "bias must be 1-D"),
