@@ -820,6 +820,21 @@ def test_a_planner_or_ar_config_with_the_wrong_layout_is_refused_by_the_class(ki
         build_model(kind, config)
 
 
+@pytest.mark.parametrize("kind", ["mask-denoiser", "uniform-denoiser", "uniform"])
+def test_a_causal_config_is_refused_by_each_bidirectional_denoising_class(kind):
+    # a denoiser reads the whole noisy sequence: a causal mask would hide the later positions
+    config = dataclasses.replace(config_for(kind, V, D, **SMALL), causal=True)
+    with pytest.raises(ValueError, match=rf"^config\.causal: a {kind} model expects False, got True$"):
+        build_model(kind, config)
+
+
+def test_a_planner_config_with_more_than_one_output_is_refused():
+    # the planner gives one logit per position: a wider head would not squeeze to [B, D]
+    config = dataclasses.replace(config_for("planner", V, D, **SMALL), out_dim=2)
+    with pytest.raises(ValueError, match=r"^config\.out_dim: a planner model expects 1, got 2$"):
+        build_model("planner", config)
+
+
 def test_training_drops_inside_both_sub_layers_of_a_block():
     # besides the token embeddings, attention and the MLP each take the config's dropout
     model = make("planner", dropout=0.5).train()
