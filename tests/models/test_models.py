@@ -710,6 +710,20 @@ def test_an_empty_sequence_is_refused_without_naming_a_missing_limit():
         make("ar").log_likelihood(tokens(length=0))
 
 
+def test_ar_log_likelihood_checks_the_tokens_before_their_length():
+    """A list or a vector is refused by name before the length is read (an AttributeError or an
+    IndexError otherwise), and an id out of range is reported even in a sequence that is too long."""
+    model = make("ar")
+    with pytest.raises(TypeError, match="^x: expected a torch.Tensor"):
+        model.log_likelihood([[0, 1, 2]])
+    with pytest.raises(ValueError, match=r"^x: expected shape \[B, D\], got \(12,\)$"):
+        model.log_likelihood(tokens()[0])
+    too_long = tokens(length=D + 1)
+    too_long[0, 0] = V
+    with pytest.raises(ValueError, match=rf"^x: expected token ids in \[0, {V}\)"):
+        model.log_likelihood(too_long)
+
+
 def test_ar_with_bos_validates_the_clean_tokens():
     """A list is a wrong type, and the BOS id (or beyond) among the clean tokens is refused
     rather than prefixed and read as a second start of sequence."""
