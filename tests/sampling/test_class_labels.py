@@ -76,6 +76,13 @@ def test_label_embedding_has_a_null_row_and_counts():
     assert planner.backbone.time_embed is None
 
 
+@pytest.mark.parametrize("kind", MODEL_KINDS)
+def test_a_single_class_keeps_its_null_label(kind):
+    # one class is still class-conditional: id 1 is the null label that guidance drops to
+    model = make(kind, num_classes=1)
+    assert model.null_label == 1 and model.backbone.label_embed.num_embeddings == 2
+
+
 # ---- calling convention ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("kind", MODEL_KINDS)
