@@ -293,6 +293,15 @@ def test_output_shapes(kind):
     assert model.hidden(x, torch.full((B,), 0.5)).shape == (B, D, SMALL["d_model"])
 
 
+def test_the_planner_keeps_a_single_row_and_a_single_position():
+    # one logit per position: only the head's width-1 axis is dropped, never the batch or D
+    model = make("planner")
+    with torch.no_grad():
+        assert model(tokens(batch=1)).shape == (1, D)
+        assert model(tokens(length=1)).shape == (B, 1)
+        assert model(tokens(batch=1, length=1)).shape == (1, 1)
+
+
 def test_count_parameters_counts_a_shared_tensor_once():
     """Weights tied between two modules (an embedding and a head) are one tensor, counted once."""
     embedding, head = torch.nn.Embedding(V, 4), torch.nn.Linear(4, V, bias=False)
