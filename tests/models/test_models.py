@@ -744,6 +744,15 @@ def test_ar_with_bos_validates_the_clean_tokens():
     assert torch.equal(model.with_bos(tokens())[:, 1:], tokens())
 
 
+def test_ar_with_bos_puts_the_bos_column_on_the_tokens_device():
+    # the meta default device stands in for an accelerator: BOS follows x, not the default device
+    model = make("ar")
+    x = tokens()
+    with torch.device("meta"):
+        with_bos = model.with_bos(x)
+    assert with_bos.device == x.device and torch.equal(with_bos[:, 0], torch.full((B,), V))
+
+
 def test_ar_likelihood_is_a_distribution():
     torch.manual_seed(0)
     model = ARModel(config_for("ar", 3, 3, **SMALL)).eval()
