@@ -709,7 +709,8 @@ def test_ar_log_likelihood_refuses_lengths_it_was_not_trained_to_score():
     model = make("ar")  # max_seq_len D + 1: trained on with_bos(x) for x of length D
     with torch.no_grad():
         assert model.log_likelihood(tokens()).shape == (B,)
-        with pytest.raises(ValueError, match=rf"x: expected sequence length in \[1, max_seq_len - 1 = {D}\]"):
+        with pytest.raises(ValueError, match=rf"^x: expected sequence length in \[1, max_seq_len - 1 = {D}\] "
+                                             rf"\(one position holds BOS\), got {D + 1}$"):
             model.log_likelihood(tokens(length=D + 1))
 
 
