@@ -211,3 +211,15 @@ def test_the_judge_scores_under_the_label_it_is_given():
             torch.testing.assert_close(model.log_likelihood(x, labels=labels), expected)
         assert (model.log_likelihood(x, labels=0) - model.log_likelihood(x, labels=1)).abs().amax() > 1e-4
         torch.testing.assert_close(model.log_likelihood(x, labels=C), model.log_likelihood(x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("kind", ["planner", "ar"])
+def test_untimed_kinds_take_labels_by_keyword_only(kind):
+    # a second positional argument (a time, as a denoiser takes) is refused, not read as class 1
+    model = make(kind)
+    x = tokens(model) % V
+    with pytest.raises(TypeError, match="positional"):
+        model(x, 1)
+    if kind == "ar":
+        with pytest.raises(TypeError, match="positional"):
+            model.log_likelihood(x, 1)
