@@ -223,3 +223,13 @@ def test_untimed_kinds_take_labels_by_keyword_only(kind):
     if kind == "ar":
         with pytest.raises(TypeError, match="positional"):
             model.log_likelihood(x, 1)
+
+
+@pytest.mark.parametrize("kind", ["mask-denoiser", "uniform-denoiser", "uniform"])
+def test_denoising_kinds_take_labels_by_keyword_only(kind):
+    # a third positional argument after the time is refused, not read as a class
+    model = make(kind)
+    x, t = tokens(model), torch.rand(B)
+    for method in (model, model.hidden):
+        with pytest.raises(TypeError, match="positional"):
+            method(x, t, 1)
