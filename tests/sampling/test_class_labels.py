@@ -220,6 +220,8 @@ def test_untimed_kinds_take_labels_by_keyword_only(kind):
     x = tokens(model) % V
     with pytest.raises(TypeError, match="positional"):
         model(x, 1)
+    with pytest.raises(TypeError, match="positional"):
+        model.hidden(x, 0.5, 1)  # t is taken there, for a uniform signature, and ignored
     if kind == "ar":
         with pytest.raises(TypeError, match="positional"):
             model.log_likelihood(x, 1)
