@@ -690,6 +690,16 @@ def test_the_ar_judge_scores_sequences_of_one_token():
         assert make("ar").log_likelihood(tokens(length=1)).isfinite().all()
 
 
+def test_the_ar_judge_gives_one_score_per_row_for_one_row_or_one_token():
+    # a single row or a single token keeps the [B] shape: no axis is summed over the batch
+    model = make("ar")
+    with torch.no_grad():
+        one_token = model.log_likelihood(tokens(length=1))
+        first = model(model.with_bos(tokens(length=1))[:, :1])[:, 0].log_softmax(-1)
+        assert one_token.shape == (B,) and model.log_likelihood(tokens(batch=1)).shape == (1,)
+        torch.testing.assert_close(one_token, first.gather(1, tokens(length=1)).squeeze(1))
+
+
 # ---- AR judge ------------------------------------------------------------------------
 
 def test_ar_log_likelihood_matches_prefix_by_prefix():
