@@ -261,6 +261,16 @@ def test_build_model_rejects_config_of_another_kind():
 
 
 @pytest.mark.parametrize("kind", MODEL_KINDS)
+def test_each_kind_builds_with_a_vocabulary_of_a_tokenizer_size(kind):
+    # sizes past the small integers Python caches: the layout checks compare values, not objects
+    vocab = 50257
+    config = TransformerConfig.from_dict(json.loads(json.dumps(config_for(kind, vocab, 4, d_model=8, n_layers=1,
+                                                                          n_heads=1).to_dict())))
+    model = build_model(kind, config)
+    assert model.config.out_dim == (1 if kind == "planner" else vocab)
+
+
+@pytest.mark.parametrize("kind", MODEL_KINDS)
 def test_a_config_dict_is_refused_as_not_a_config(kind):
     """config.json's "model" dict passed as the config: four kinds read its out_dim before the
     type check and raised AttributeError."""
