@@ -1781,8 +1781,9 @@ def test_data_parallel_leaves_the_buffers_out_of_each_forward(tmp_path):
         dist.destroy_process_group()
 
 
-def test_sum_and_max_reduce_in_float64_with_their_own_operation(tmp_path, monkeypatch):
-    """Distributed.sum all-reduces with SUM and max with MAX, in float64 (2**24 + 1 and 0.1 come back exact)."""
+@pytest.fixture
+def group_of_two(tmp_path, monkeypatch):
+    """A Distributed in a one-process gloo group that sees a world of two, so values go through the all-reduce."""
     from ddpd.training.distributed import Distributed
 
     for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
@@ -1790,35 +1791,32 @@ def test_sum_and_max_reduce_in_float64_with_their_own_operation(tmp_path, monkey
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
         group = Distributed("cpu")
-        group.world_size = 2  # as a process of two sees it: the values go through the all-reduce
-        ops, all_reduce = [], dist.all_reduce
-        monkeypatch.setattr(dist, "all_reduce", lambda tensor, op: (ops.append(op), all_reduce(tensor, op=op))[1])
-        assert group.sum([2.0**24 + 1, 0.1]) == [2.0**24 + 1, 0.1] and group.max([0.1]) == [0.1]
-        assert ops == [dist.ReduceOp.SUM, dist.ReduceOp.MAX]
+        group.world_size = 2
+        yield group
     finally:
         dist.destroy_process_group()
 
 
-def test_only_a_collectives_runtime_error_reads_as_a_lost_peer(tmp_path, monkeypatch):
+def test_sum_and_max_reduce_in_float64_with_their_own_operation(group_of_two, monkeypatch):
+    """Distributed.sum all-reduces with SUM and max with MAX, in float64 (2**24 + 1 and 0.1 come back exact)."""
+    ops, all_reduce = [], dist.all_reduce
+    monkeypatch.setattr(dist, "all_reduce", lambda tensor, op: (ops.append(op), all_reduce(tensor, op=op))[1])
+    assert group_of_two.sum([2.0**24 + 1, 0.1]) == [2.0**24 + 1, 0.1] and group_of_two.max([0.1]) == [0.1]
+    assert ops == [dist.ReduceOp.SUM, dist.ReduceOp.MAX]
+
+
+def test_only_a_collectives_runtime_error_reads_as_a_lost_peer(group_of_two, monkeypatch):
     """gloo's lost connection is a RuntimeError, named PeerLost with it as the cause; any other
     error of a collective (a bad argument, say) is its own."""
-    from ddpd.training.distributed import Distributed, PeerLost
+    from ddpd.training.distributed import PeerLost
 
-    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
-        monkeypatch.delenv(name, raising=False)
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    try:
-        group = Distributed("cpu")
-        group.world_size = 2  # as a process of two sees it: the values go through the all-reduce
-        lost, bad = RuntimeError("Connection closed by peer"), ValueError("not a tensor")
-        for error in (lost, bad):
-            monkeypatch.setattr(dist, "all_reduce", lambda tensor, op, error=error: (_ for _ in ()).throw(error))
-            with pytest.raises((PeerLost, ValueError)) as info:
-                group.sum([1.0])
-            seen = info.value
-            assert (type(seen), seen.__cause__) == (PeerLost, lost) if error is lost else seen is bad
-    finally:
-        dist.destroy_process_group()
+    lost, bad = RuntimeError("Connection closed by peer"), ValueError("not a tensor")
+    for error in (lost, bad):
+        monkeypatch.setattr(dist, "all_reduce", lambda tensor, op, error=error: (_ for _ in ()).throw(error))
+        with pytest.raises((PeerLost, ValueError)) as info:
+            group_of_two.sum([1.0])
+        seen = info.value
+        assert (type(seen), seen.__cause__) == (PeerLost, lost) if error is lost else seen is bad
 
 
 def test_a_process_of_a_group_takes_the_gpu_of_its_local_rank(monkeypatch):
