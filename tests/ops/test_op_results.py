@@ -1,6 +1,9 @@
 """The ops' API: fixed-arity results whatever the flags, the draw controls as one object
 (the same draws as the flat keywords), the references by law in ddpd.ops.reference, and the
 former `<op>_reference` names kept one release with a DeprecationWarning."""
+import dataclasses
+import inspect
+
 import pytest
 import torch
 
@@ -119,3 +122,31 @@ def test_the_references_module_exports_every_law_it_defines():
     assert sorted(reference.__all__) == public
     assert reference.norm is norm_reference and reference.rotary is rotary_reference
     assert [law for law in reference.__all__ if getattr(reference, law).__name__ != f"{law}_reference"] == []
+
+
+def test_default_controls_draw_what_no_controls_draw_and_cannot_be_changed():
+    """DrawControls() is temperature 1, nothing cut, nothing excluded; one object shared by
+    many calls is frozen, so no call sees another's change."""
+    logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(2))
+    for op in (ops.sample_categorical, reference.sample_categorical):
+        assert torch.equal(op(logits, controls=DrawControls(), seed=3).tokens, op(logits, seed=3).tokens)
+    assert [f.name for f in dataclasses.fields(DrawControls)] == [
+        "temperature", "top_k", "top_p", "min_p", "exclude_ids", "exclude_per_row", "allowed"]
+    assert dataclasses.astuple(DrawControls()) == (1.0, None, None, None, None, None, None)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        DrawControls().top_k = 3
+
+
+def test_the_former_names_warn_at_the_line_that_reads_them():
+    """The DeprecationWarning points at the caller's code, not at ddpd.ops itself."""
+    with pytest.warns(DeprecationWarning) as caught:
+        ops.sample_categorical_reference  # noqa: B018
+    assert [w.filename for w in caught] == [__file__]
+
+
+def test_the_package_exports_every_public_name_it_defines():
+    """`from ddpd.ops import *` gives every op, result and control, and only names that exist."""
+    public = sorted(name for name, value in vars(ops).items()
+                    if not name.startswith("_") and not inspect.ismodule(value))
+    assert sorted(ops.__all__) == public
+    assert {"noise_width", "load_extension", "Watcher", "DrawControls"} <= set(ops.__all__)
