@@ -456,6 +456,7 @@ def test_every_path_agrees_on_random_calls(r, hidden, multiprocessors):
         (dict(top_p=0.0), ValueError, r"top_p must be in \(0.0, 1.0\]"),
         (dict(top_p=torch.tensor([0.5, 1.5, 0.5])), ValueError, r"top_p values must be in \(0, 1\]"),
         (dict(top_p=torch.tensor([0.5, 0.0, 0.5])), ValueError, r"top_p values must be in \(0, 1\].*, got 0.0$"),
+        (dict(top_p=torch.tensor([0.5, 0.0, 1.5])), ValueError, r"top_p values must be in \(0, 1\].*, got 0.0$"),
         (dict(min_p=1.5), ValueError, r"min_p must be in \[0.0, 1.0\]"),
         (dict(min_p=torch.tensor([0.5, -0.1, 0.0])), ValueError, r"min_p values must be in \[0, 1\]"),
         (dict(allowed=torch.ones(3, 9, dtype=torch.bool)), ValueError, r"allowed must have shape \(3, 10\)"),
@@ -1105,3 +1106,18 @@ def test_the_cpu_threshold_op_refuses_controls_it_cannot_read_per_row(arg, value
     args[arg] = value
     with pytest.raises(RuntimeError, match=match):
         cpu_ops().truncation_threshold_cpu(*args)
+
+
+def test_per_row_controls_at_the_ends_of_their_ranges_draw_what_the_numbers_draw():
+    """The ends of each range are accepted per row as they are as numbers (temperature 0 and
+    1e36, top_p 1, min_p 0 and 1, top_k 0), and each row draws what its number draws."""
+    logits = torch.randn(3, 40, generator=torch.Generator().manual_seed(4))
+    rows = torch.arange(3)
+    cases = [("temperature", [0.0, 1e36, 1.0]), ("top_p", [1.0, 1e-6, 0.5]), ("min_p", [0.0, 1.0, 0.5]),
+             ("top_k", [0, 1, 2**62])]
+    for op in (sample_categorical, sample_categorical_reference):
+        for name, values in cases:
+            dtype = torch.int64 if name == "top_k" else torch.float64  # 1e36 exactly, not its float32 below
+            per_row = op(logits, seed=2, row_ids=rows, **{name: torch.tensor(values, dtype=dtype)})
+            for r, value in enumerate(values):
+                assert per_row.tokens[r] == op(logits, seed=2, row_ids=rows, **{name: value}).tokens[r]
