@@ -453,6 +453,7 @@ def test_every_path_agrees_on_random_calls(r, hidden, multiprocessors):
         (dict(top_k=True), TypeError, "top_k must be an int or an integer tensor, got bool True"),
         (dict(temperature=10**400), ValueError, r"temperature must be in \[0.0, 1e\+36\], got an int of 1329 bits"),
         (dict(top_k=torch.tensor([1, -2, 3])), ValueError, "top_k values must be >= 0"),
+        (dict(top_k=torch.tensor([1.0, 2.0, 3.0])), TypeError, r"top_k must have dtype in \(torch.int64, .*float32$"),
         (dict(top_p=0.0), ValueError, r"top_p must be in \(0.0, 1.0\]"),
         (dict(top_p=torch.tensor([0.5, 1.5, 0.5])), ValueError, r"top_p values must be in \(0, 1\]"),
         (dict(top_p=torch.tensor([0.5, 0.0, 0.5])), ValueError, r"top_p values must be in \(0, 1\].*, got 0.0$"),
