@@ -50,6 +50,9 @@ def test_controls_beside_flat_keywords_or_of_another_type_are_refused():
         reference.sample_categorical(logits, 0.5, controls=DrawControls(), seed=0)
     with pytest.raises(TypeError, match="not both; got controls and temperature"):  # 1.0, but not the float default
         ops.sample_categorical(logits, torch.tensor(1.0), controls=DrawControls(temperature=0.5), seed=0)
+    with pytest.raises(TypeError, match="not both; got controls and allowed, top_k$"):  # sorted by name
+        ops.sample_categorical(logits, controls=DrawControls(), top_k=3, allowed=torch.ones(2, 10, dtype=torch.bool),
+                               seed=0)
     with pytest.raises(TypeError, match="controls must be a DrawControls or None, got dict"):
         ops.sample_from_hidden(torch.randn(2, 4), torch.randn(10, 4), controls={"top_k": 3}, seed=0)
 
@@ -150,3 +153,9 @@ def test_the_package_exports_every_public_name_it_defines():
                     if not name.startswith("_") and not inspect.ismodule(value))
     assert sorted(ops.__all__) == public
     assert {"noise_width", "load_extension", "Watcher", "DrawControls"} <= set(ops.__all__)
+
+
+def test_load_extension_returns_the_loaded_module():
+    """load_extension() gives ddpd._C, the same module at every call."""
+    ext = ops.load_extension()
+    assert ext.__name__ == "ddpd._C" and ops.load_extension() is ext
