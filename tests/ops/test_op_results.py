@@ -159,3 +159,10 @@ def test_load_extension_returns_the_loaded_module():
     """load_extension() gives ddpd._C, the same module at every call."""
     ext = ops.load_extension()
     assert ext.__name__ == "ddpd._C" and ops.load_extension() is ext
+
+
+def test_controls_compare_and_hash_by_identity():
+    """Controls holding tensors compare as objects, not field by field (a tensor's == is no
+    bool), so they can key a dict or a set."""
+    a, b = (DrawControls(allowed=torch.ones(2, 3, dtype=torch.bool), top_k=torch.tensor([1, 2])) for _ in range(2))
+    assert a == a and a != b and len({a, b, a}) == 2
