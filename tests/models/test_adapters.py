@@ -351,12 +351,14 @@ def test_carry_over_logits_are_minus_a_million_and_their_entropy_is_zero(toy):
     assert torch.equal(entropy, torch.zeros(int(unmasked.sum())))
 
 
-def test_a_max_alpha_equal_to_min_alpha_holds_sigma_fixed(toy):
-    # the range [min_alpha, max_alpha] is closed below: max_alpha = min_alpha is one fixed alpha
-    sedd = ADAPTERS["sedd"](toy, min_alpha=0.5, max_alpha=0.5)
-    sedd(torch.full((3, D), S), torch.tensor([0.0, 0.5, 1.0]))
-    torch.testing.assert_close(sedd.network.sigmas[-1].double(), torch.full((3,), math.log(2.0), dtype=torch.float64),
-                               rtol=1e-6, atol=0)
+@pytest.mark.parametrize("name", ADAPTERS)
+def test_a_max_alpha_equal_to_min_alpha_holds_sigma_fixed(toy, name):
+    # each adapter clamps alpha to [min_alpha, max_alpha], closed below: max_alpha = min_alpha is one fixed alpha
+    timed = {"time_conditioning": True} if name == "mdlm" else {}
+    adapter = ADAPTERS[name](toy, min_alpha=0.5, max_alpha=0.5, **timed)
+    adapter(torch.full((3, D), S), torch.tensor([0.0, 0.5, 1.0]))
+    torch.testing.assert_close(adapter.network.sigmas[-1].double(),
+                               torch.full((3,), math.log(2.0), dtype=torch.float64), rtol=1e-6, atol=0)
 
 
 @pytest.mark.parametrize("empty", [(), []])
@@ -401,13 +403,6 @@ def test_the_default_schedule_is_linear(toy):
         adapter(torch.full((2, D), S), torch.full((2,), 0.25))
         expected = torch.full((2,), math.log(4.0), dtype=torch.float64)
         torch.testing.assert_close(adapter.network.sigmas[-1].double(), expected, rtol=1e-6, atol=0)
-
-
-def test_the_mdlm_adapter_clamps_alpha_to_the_range_it_is_given(toy):
-    mdlm = MDLMSubsDenoiser(ToyMDLM(toy), S, time_conditioning=True, min_alpha=0.5, max_alpha=0.5)
-    mdlm(torch.full((3, D), S), torch.tensor([0.0, 0.5, 1.0]))
-    torch.testing.assert_close(mdlm.network.sigmas[-1].double(), torch.full((3,), math.log(2.0), dtype=torch.float64),
-                               rtol=1e-6, atol=0)
 
 
 class FloatNormFirst(nn.Module):
