@@ -673,3 +673,29 @@ def test_a_row_with_nothing_drawable_has_minus_inf_log_probability_and_confidenc
             assert out.valid.tolist() == [True, False]
             assert out.logprob[1] == -math.inf and out.confidence[1] == -math.inf
             assert out.logprob[0] > -math.inf and out.confidence[0] > -math.inf
+
+
+def test_a_single_token_vocabulary_is_drawn_with_certainty():
+    """V = 1: the one token, log-probability 0, probability and margin 1 (no runner-up), entropy 0,
+    on every path (the margin's runner-up is -inf, not a missing column)."""
+    logits = torch.tensor([[0.3], [-7.0], [2.0]])
+    expected = {"prob": 1.0, "margin": 1.0, "entropy": 0.0}
+    for confidence, value in expected.items():
+        for draw in (sample_categorical(logits, 0.5, seed=4, return_logprob=True, confidence=confidence),
+                     sample_categorical_reference(logits, 0.5, seed=4, return_logprob=True, confidence=confidence),
+                     categorical_reference(logits, 0.5, torch.full((3, 1), 0.5), return_logprob=True,
+                                           confidence=confidence)):
+            assert draw.tokens.tolist() == [0, 0, 0] and bool(draw.valid.all())
+            assert draw.logprob.tolist() == [0.0] * 3 and draw.confidence.tolist() == [value] * 3
+
+
+@pytest.mark.parametrize("shape", [(0, 5), (2, 0, 5), (5,), (1, 1), (2, 3, 4)])
+def test_outputs_have_the_leading_shape_and_fixed_dtypes(shape):
+    """Tokens int64, valid bool, log-probability and confidence float32 (float64 logits too), each of
+    the leading shape: empty for no rows, 0-d for a single row given as [V]."""
+    logits = torch.randn(shape, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    dtypes = (torch.int64, torch.bool, torch.float32, torch.float32)
+    for op in (sample_categorical, sample_categorical_reference):
+        draw = op(logits, 0.9, return_logprob=True, confidence="entropy", seed=6)
+        assert [t.dtype for t in draw] == list(dtypes)
+        assert all(tuple(t.shape) == shape[:-1] for t in draw)
