@@ -699,3 +699,17 @@ def test_outputs_have_the_leading_shape_and_fixed_dtypes(shape):
         draw = op(logits, 0.9, return_logprob=True, confidence="entropy", seed=6)
         assert [t.dtype for t in draw] == list(dtypes)
         assert all(tuple(t.shape) == shape[:-1] for t in draw)
+
+
+def test_a_per_row_temperature_below_float32_is_not_greedy():
+    """A float64 temperature tensor of 1e-300 (0 once in float32) draws as the number 1e-300 does:
+    the tied maxima half the time each, log-probability log(1/2), not the first argmax at T = 1."""
+    logits = torch.tensor([[1.0, 3.0, 3.0, 2.0]]).expand(32, 4)
+    per_row = torch.full((32,), 1e-300, dtype=torch.float64)
+    for op in (sample_categorical, sample_categorical_reference):
+        want = op(logits, 1e-300, seed=3, return_logprob=True)
+        for temperature in (per_row, torch.tensor(1e-300, dtype=torch.float64)):
+            got = op(logits, temperature, seed=3, return_logprob=True)
+            assert torch.equal(got.tokens, want.tokens) and torch.equal(got.logprob, want.logprob)
+            assert set(got.tokens.tolist()) == {1, 2}
+            assert torch.allclose(got.logprob, torch.full((32,), -math.log(2)))
