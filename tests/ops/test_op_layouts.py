@@ -126,3 +126,16 @@ def test_sample_from_hidden_strided_inputs(categorical_inputs):
                 expected)
     expected = sample_from_hidden_reference(hidden, weight, seed=2, row_ids=ids)
     assert_same(sample_from_hidden(hidden, weight, seed=2, row_ids=strided(ids)), expected)
+
+
+@pytest.mark.parametrize("layout", [strided, transposed])
+def test_sample_categorical_strided_logits_masks_and_controls(categorical_inputs, layout):
+    """Logits, the allowed mask and per-row controls given as views draw what their contiguous values draw."""
+    logits, noise, _ = categorical_inputs
+    allowed = torch.rand(ROWS, VOCAB, generator=torch.Generator().manual_seed(6)) < 0.8
+    temperature, top_k = torch.tensor([0.5, 1.0, 0.0, 2.0, 0.7]), torch.tensor([0, 5, 3, 40, 1])
+    kwargs = dict(return_logprob=True, confidence="margin", noise=noise)
+    expected = sample_categorical_reference(logits, temperature, allowed=allowed, top_k=top_k, **kwargs)
+    for op in (sample_categorical, sample_categorical_reference):
+        assert_same(op(layout(logits), strided(temperature), allowed=layout(allowed), top_k=strided(top_k),
+                       **kwargs), expected)
