@@ -50,6 +50,8 @@ def test_controls_beside_flat_keywords_or_of_another_type_are_refused():
         reference.sample_categorical(logits, 0.5, controls=DrawControls(), seed=0)
     with pytest.raises(TypeError, match="not both; got controls and temperature"):  # 1.0, but not the float default
         ops.sample_categorical(logits, torch.tensor(1.0), controls=DrawControls(temperature=0.5), seed=0)
+    with pytest.raises(TypeError, match="not both; got controls and temperature"):  # the int 1 is given too
+        ops.sample_categorical(logits, 1, controls=DrawControls(temperature=0.5), seed=0)
     with pytest.raises(TypeError, match="not both; got controls and allowed, top_k$"):  # sorted by name
         ops.sample_categorical(logits, controls=DrawControls(), top_k=3, allowed=torch.ones(2, 10, dtype=torch.bool),
                                seed=0)
