@@ -93,6 +93,16 @@ def test_tensor_counters_draw_what_ints_draw(name, seed, offset):
     same(op(as_tensor(seed), offset), expected)
 
 
+@pytest.mark.parametrize("shape", [(1,), (1, 1)])
+@pytest.mark.parametrize("name", ["multinomial", "multinomial_reference", "sample_categorical", "philox_uniform"])
+def test_counters_of_one_element_in_any_shape_draw_what_ints_draw(name, shape):
+    """A seed or offset tensor holds one element whatever its shape: [5] and [[5]] are the
+    seed 5, as the 0-d tensor is."""
+    op = ops(inputs()).get(name, lambda s, o: philox_uniform(s, o, torch.tensor([0, 2**33 + 1]), 5))
+    seed, offset = SEEDS[1]
+    same(op(as_tensor(seed).reshape(shape), as_tensor(offset).reshape(shape)), op(seed, offset))
+
+
 @pytest.mark.parametrize("name", list(ops(inputs())) + ["philox_uniform"])
 def test_numpy_integer_counters_draw_what_ints_draw(name):
     op = ops(inputs()).get(name, lambda s, o: philox_uniform(s, o, torch.tensor([0, 2**33 + 1]), 5))
