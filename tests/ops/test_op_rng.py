@@ -314,6 +314,17 @@ def test_explicit_noise_of_another_dtype_or_out_of_range_is_refused_naming_the_f
         rng.check_noise_values(torch.full((2, 2), 0.5, dtype=torch.float64), "u")
 
 
+def test_explicit_noise_at_both_ends_of_the_unit_interval_is_accepted():
+    """(0, 1] is closed at one: 1.0 (the top Philox uniform in float32) and the smallest
+    positive float32 are uniforms; 0.0 and the float32 just above one are not."""
+    rng.check_noise_values(torch.tensor([[1.0, float(torch.finfo(torch.float32).tiny) * 2**-23, 0.5]]))
+    above = float(torch.nextafter(torch.tensor(1.0), torch.tensor(2.0)))
+    for bad in (0.0, above):
+        with pytest.raises(ValueError, match=rf"^noise values must be uniforms in \(0, 1\], got {bad!r} at row 0, "
+                                             r"column 1$"):
+            rng.check_noise_values(torch.tensor([[0.5, bad]]))
+
+
 # (the input's name, noise's shape, a call of the op on that input given its stream arguments)
 STREAM_CALLS = {
     "planner_select": ("logits", (2, 4), lambda **s: planner_select(torch.randn(2, 4), **s)),
