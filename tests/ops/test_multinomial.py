@@ -15,6 +15,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from ddpd.ops.multinomial import (
     categorical_from_weights,
     categorical_from_weights_reference,
+    check_weights,
     cumulative_weights,
     draw_uniforms,
     multinomial,
@@ -546,6 +547,18 @@ def test_multinomial_argument_errors(kwargs, error, match):
     for fn in (multinomial, multinomial_reference):
         with pytest.raises(error, match=match):
             fn(**call)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_check_weights_widens_half_precision_to_float32_only(dtype):
+    """Half-precision weights become float32 (exactly: every half value is a float32); float32
+    and float64 weights come back as given."""
+    w = peaked_weights(2, 70, 3, dtype)
+    checked = check_weights(w)
+    assert checked.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
+    assert torch.equal(checked.double(), w.double())
+    if dtype in (torch.float32, torch.float64):
+        assert checked is w
 
 
 @pytest.mark.parametrize("like, other", MISMATCHES)
