@@ -697,6 +697,18 @@ def test_multinomial_from_logits_names_the_float64_softmax_limit():
             draw(logits, 3, seed=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_multinomial_from_logits_names_the_float32_limit_for_half_logits(dtype):
+    """Half-precision logits are softmaxed in float32: a row short of k tokens is refused
+    with float32's reach (about 103 * temperature) and dtype, not its own."""
+    logits = torch.tensor([[0.0, 0.0, -200.0]], dtype=dtype)
+    for draw in (multinomial_from_logits, multinomial_from_logits_reference):
+        with pytest.raises(ValueError, match=r"fewer than k = 3 tokens with a positive float32 softmax weight "
+                                             r"\(logits within about 103 \* temperature of the row's maximum; "
+                                             r"float64 logits reach about 745 \* temperature\)"):
+            draw(logits, 3, seed=0)
+
+
 # ----------------------------------------------------------------------------- GPU
 
 
