@@ -1677,3 +1677,90 @@ def test_elbo_refuses_an_out_whose_markdown_twin_is_the_data(setup, capsys, tmp_
                         tmp_path / "corpus.json")
     assert code == 2 and f"--out {tmp_path / 'corpus.json'} would replace --data {corpus}" in err, err
     assert corpus.read_text() == open(setup["data"]).read() and sorted(os.listdir(tmp_path)) == ["corpus.md"]
+
+
+def test_two_checkpoints_trained_on_other_text_are_warned_about_in_one_line(setup, capsys, tmp_path):
+    """Both the planner and the denoiser recorded another corpus: one warning names both, in
+    the plural."""
+    from ddpd.training.data import fingerprint
+
+    for kind in ("planner", "mask-denoiser"):
+        config = config_for(kind, V, L, d_model=16, n_layers=1, n_heads=2)
+        save_checkpoint(tmp_path / kind, build_model(kind, config),
+                        {"kind": kind, "model": config.to_dict(), "tokenizer": {"name": "text8"},
+                         "corpus": fingerprint("another text"), "training": {"seq_len": L}})
+    code, _, err = _run(capsys, "elbo", "--planner", tmp_path / "planner", "--denoiser", tmp_path / "mask-denoiser",
+                        "--data", setup["data"], "--num-sequences", 2, "--no-progress")
+    assert code == 0 and err == (f"ddpd-eval: warning: --planner {tmp_path / 'planner'}, --denoiser "
+                                 f"{tmp_path / 'mask-denoiser'} were trained on another corpus than --data "
+                                 f"{setup['data']} (the fingerprints differ): the test split is held out of --data "
+                                 "only, not of the text the networks were trained on\n"), err
+
+
+def test_more_sequences_than_the_split_holds_names_the_flag_and_the_value(setup, capsys):
+    code, _, err = _run(capsys, "elbo", "--uniform", setup["uniform"], "--data", setup["data"], "--num-sequences",
+                        100000, "--no-progress")
+    assert code == 2 and err.startswith("ddpd-eval: error: --num-sequences: the test split of ")
+    assert err.endswith(", got --num-sequences 100000\n"), err
+
+
+def test_a_command_line_without_a_command_is_refused_in_one_line(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main([])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == "ddpd-eval: error: the following arguments are required: command\n"
+
+
+def test_convergence_prints_the_last_rows_noise_and_stopped_fraction_and_its_reports(setup, capsys, tmp_path):
+    """The summary line rounds the last row of convergence.csv (noise left to 4 places, the
+    fraction stopped at the strictest --eps to 3), then names the reports written."""
+    p = setup
+    code, out, err = _run(capsys, "convergence", "--planner", p["planner"], "--denoiser", p["mask-denoiser"],
+                          "--steps", 3, "--num-samples", 2, "--eps", 0.5, 0.25, "--out-dir", tmp_path, "--no-progress")
+    assert code == 0, err
+    with open(tmp_path / "convergence.csv") as f:
+        last = list(csv.DictReader(f))[-1]
+    written = [str(tmp_path / "convergence.csv")]
+    if importlib.util.find_spec("matplotlib"):
+        written.append(str(tmp_path / "convergence.png"))
+    assert out.splitlines() == [
+        f"at step 2 of 3 (before its move): noise left {float(last['noise_left']):.4f}, stopped (eps=0.25) "
+        f"{float(last['stopped_eps_0.25']):.3f}", "wrote " + ", ".join(written)]
+
+
+@pytest.mark.parametrize("argv, name", [
+    (["training", "{planner}", "--out-dir", "{planner}/reports"], "the run {planner}"),
+    (["frontier", "{planner}", "--judge", "ngram", "--data", "{data}", "--out-dir", "{planner}/reports"],
+     "the bundle {planner}"),
+    (["convergence", "--planner", "{planner}", "--denoiser", "{mask-denoiser}", "--out-dir", "{planner}/reports"],
+     "--planner {planner}"),
+])
+def test_an_out_dir_inside_a_checkpoint_read_names_the_checkpoint_as_given(setup, capsys, argv, name):
+    code, _, err = _run(capsys, *[a.format(**setup) for a in argv])
+    assert code == 2 and err == (f"ddpd-eval: error: --out-dir {setup['planner']}/reports is inside "
+                                 f"{name.format(**setup)}, a checkpoint this run reads; write it elsewhere\n"), err
+
+
+def test_values_given_twice_to_a_sweep_list_are_named_in_order_once_each():
+    from ddpd.cli.common import UsageError
+    from ddpd.cli.eval import build_parser, check_args
+
+    args = build_parser().parse_args(_COMMAND_LINES["quality"] + ["--steps", "8", "4", "8", "2", "4", "8"])
+    with pytest.raises(UsageError, match=r"^--steps: 4, 8 given more than once \(each value is one configuration\)$"):
+        check_args(args)
+
+
+@pytest.mark.integration
+def test_a_stdout_that_fails_is_an_error_once_the_reports_are_written(setup, tmp_path):
+    """`ddpd-eval ... >/dev/full`: not a reader that went away, a failure: exit 1 in one line
+    saying the reports are written all the same."""
+    import subprocess
+    import sys
+
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, "-m", "ddpd.cli.eval", "training", setup["planner"], "--out-dir",
+                               str(tmp_path)], stdout=full, stderr=subprocess.PIPE, text=True,
+                              timeout=HANG_GUARD_SECONDS, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 1 and done.stderr == ("ddpd-eval: error: cannot write stdout: No space left on "
+                                                    "device; the files are written\n"), done.stderr
+    assert sorted(os.listdir(tmp_path)) == ["training.json", "training.md"]
