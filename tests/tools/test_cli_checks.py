@@ -83,6 +83,8 @@ CASES = [
     ("ddpd-sample", ["--checkpoint", "{ckpt}", "--out", "{ckpt}/planner/config.json"], 2,
      "--out {ckpt}/planner/config.json is inside --checkpoint {ckpt}, a checkpoint this run reads"),
     ("ddpd-sample", ["--prompts", "{file}", "--out", "{file}"], 2, "--out {file} would replace --prompts {file}"),
+    ("ddpd-eval", ["elbo", "--uniform", "{ckpt}", "--data", "books", "--threads", "0"], 2,
+     "--threads must be in [1, 1024], got 0"),
 ]
 
 

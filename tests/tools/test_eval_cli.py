@@ -1764,3 +1764,11 @@ def test_a_stdout_that_fails_is_an_error_once_the_reports_are_written(setup, tmp
     assert done.returncode == 1 and done.stderr == ("ddpd-eval: error: cannot write stdout: No space left on "
                                                     "device; the files are written\n"), done.stderr
     assert sorted(os.listdir(tmp_path)) == ["training.json", "training.md"]
+
+
+def test_an_eps_no_sampler_reads_is_named_to_six_significant_digits(setup, capsys):
+    p = setup
+    code, _, err = _run(capsys, "quality", "--denoiser", p["mask-denoiser"], "--judge", p["ar"], "--samplers",
+                        "maskgit", "--eps", 0.1234567, "--out-dir", p["root"] / "q-eps", "--no-progress")
+    assert code == 2 and err == ("ddpd-eval: error: --eps 0.123457 acts on the eps stop of the ddpd-A-* samplers "
+                                 "only, and this sweep runs none of them\n"), err
