@@ -1772,3 +1772,21 @@ def test_an_eps_no_sampler_reads_is_named_to_six_significant_digits(setup, capsy
                         "maskgit", "--eps", 0.1234567, "--out-dir", p["root"] / "q-eps", "--no-progress")
     assert code == 2 and err == ("ddpd-eval: error: --eps 0.123457 acts on the eps stop of the ddpd-A-* samplers "
                                  "only, and this sweep runs none of them\n"), err
+
+
+@pytest.mark.parametrize("flags, disable", [([], None), (["--no-progress"], True)])
+def test_convergence_shows_its_progress_bar_on_a_terminal_unless_told_not_to(setup, capsys, monkeypatch, tmp_path,
+                                                                             flags, disable):
+    """tqdm's disable=None: a bar on a terminal only; --no-progress: none anywhere."""
+    import tqdm.auto
+
+    bars = []
+
+    def bar(iterable, **kwargs):
+        bars.append((kwargs["desc"], kwargs["disable"]))
+        return iterable
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", bar)
+    code, _, err = _run(capsys, "convergence", "--planner", setup["planner"], "--denoiser", setup["mask-denoiser"],
+                        "--steps", 2, "--num-samples", 1, "--out-dir", tmp_path, *flags)
+    assert code == 0 and bars == [("convergence", disable)], err
