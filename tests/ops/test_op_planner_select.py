@@ -556,3 +556,27 @@ def test_the_cpu_kernels_refuse_logits_and_x_they_cannot_read():
         with pytest.raises(RuntimeError, match="x must be a contiguous Long tensor shaped like logits"):
             torch.ops.ddpd.planner_select_mask_cpu(logits, xx, 7, 1, False, 1.0, 0.01, None, None, 1, 0, 1, None,
                                                    None, None, None)
+
+
+def test_opcheck_passes_for_half_precision_logits():
+    """The ops' fake results give sum_p in float32 and stop as bool whatever the logits'
+    dtype, as the kernels do: tracing bfloat16 or float16 logits sees the real outputs."""
+    x = torch.zeros(3, 40, dtype=torch.long)
+    for dtype in (torch.bfloat16, torch.float16):
+        logits = torch.randn(3, 40).to(dtype)
+        torch.library.opcheck(torch.ops.ddpd.planner_select.default,
+                              (logits, 2, False, 1.0, 0.01, None, 4, 1, None, None, None))
+        torch.library.opcheck(torch.ops.ddpd.planner_select_mask.default,
+                              (logits, x, 9, 2, True, 0.5, 0.01, None, None, 4, 1, 2, None, None, None, None))
+
+
+def test_planner_select_mask_takes_mask_ids_up_to_two_to_the_62():
+    """mask_id = 2**62, the largest allowed, is written where z holds; 2**62 + 1 and -1 are
+    refused with the allowed range in the message."""
+    logits, x = torch.randn(2, 5), torch.zeros(2, 5, dtype=torch.long)
+    for op in (planner_select_mask, planner_select_mask_reference):
+        out = op(logits, x, 2**62, 2, seed=1)
+        assert torch.equal(out.masked, torch.where(out.z, 2**62, x)) and bool(out.z.any())
+        for bad in (2**62 + 1, -1):
+            with pytest.raises(ValueError, match=rf"^mask_id must be in \[0, {2**62}\]"):
+                op(logits, x, bad, 2, seed=1)
