@@ -580,3 +580,19 @@ def test_planner_select_mask_takes_mask_ids_up_to_two_to_the_62():
         for bad in (2**62 + 1, -1):
             with pytest.raises(ValueError, match=rf"^mask_id must be in \[0, {2**62}\]"):
                 op(logits, x, bad, 2, seed=1)
+
+
+@pytest.mark.parametrize("bad", [0.0, 1.5, float("nan")])
+def test_selection_noise_outside_the_unit_interval_is_refused(bad):
+    """A selection `noise` value outside (0, 1] is refused, naming noise and its place, by
+    the C++ path and by the references alike (with or without the mask)."""
+    logits, x = torch.randn(2, 3), torch.zeros(2, 3, dtype=torch.long)
+    noise, mask_noise = torch.full((2, 3), 0.5), torch.full((2, 3), 0.5)
+    noise[1, 2] = bad
+    match = r"^noise values must be uniforms in \(0, 1\], .* row 1, column 2$"
+    for op in (planner_select, planner_select_reference):
+        with pytest.raises(ValueError, match=match):
+            op(logits, noise=noise)
+    for op in (planner_select_mask, planner_select_mask_reference):
+        with pytest.raises(ValueError, match=match):
+            op(logits, x, 9, noise=noise, mask_noise=mask_noise)
