@@ -332,6 +332,18 @@ def test_a_split_takes_its_fractions_as_written():
         assert [records[name].lengths.numel() for name in ("train", "validation", "test")] == sizes
 
 
+def test_a_split_part_without_records_is_empty_records():
+    """One record of one class: 90% and 95% of 1 are 0, so train and validation hold no record
+    (empty Records, not an error) and test holds it whole."""
+    records = Records(torch.arange(4), torch.tensor([0]), torch.tensor([4]), torch.tensor([3]))
+    splits = records.split()
+    for name in ("train", "validation"):
+        part = splits[name]
+        assert part.tokens.shape == (0,) and part.tokens.dtype == torch.long
+        assert part.lengths.tolist() == [] and part.labels.tolist() == []
+    assert splits["test"].tokens.tolist() == [0, 1, 2, 3] and splits["test"].labels.tolist() == [3]
+
+
 def test_split_validation():
     for fractions in ((0.5, 0.5, 0.5), (1.0, 0.0, 0.0), (0.25, 0.25, 0.25, 0.25), (0.5, 0.5), (0.9, 0.05, 0.04)):
         with pytest.raises(ValueError, match="fractions must be three positive numbers summing to 1"):
@@ -405,6 +417,16 @@ def test_random_crops_validation():
         RandomCrops(torch.arange(5), seq_len=6, batch_size=1, seed=0)
     with pytest.raises(TypeError, match="batch_size"):
         RandomCrops(torch.arange(5), seq_len=2, batch_size=2.0, seed=0)
+
+
+def test_random_crops_take_a_window_as_long_as_a_record():
+    """seq_len equal to the corpus's length is one window, at offset 0; no record at all is refused by name."""
+    crops = RandomCrops(torch.arange(5), seq_len=5, batch_size=3, seed=0)
+    assert torch.equal(next(crops), torch.arange(5).expand(3, 5))
+    empty = Records(torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long),
+                    torch.zeros(0, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"^seq_len must be <= the number of tokens of a record \(0\), got 3$"):
+        RandomCrops(empty, seq_len=3, batch_size=1, seed=0)
 
 
 def test_evaluation_batches_are_fixed_chunks():
