@@ -166,6 +166,19 @@ def test_gpt2_ranks_are_checked_here_and_never_cached(tmp_path, monkeypatch):
     assert not (tmp_path / "cache").exists()
 
 
+def test_gpt2_ranks_path_is_made_absolute_and_must_be_a_path(monkeypatch):
+    monkeypatch.chdir(os.path.dirname(TIKTOKEN))
+    tok = GPT2Tokenizer(os.path.basename(TIKTOKEN))
+    assert tok.path == TIKTOKEN and repr(tok) == f"GPT2Tokenizer({TIKTOKEN!r})"
+    with pytest.raises(TypeError, match="^GPT2Tokenizer: path must be a file path, got int$"):
+        GPT2Tokenizer(3)
+
+
+def test_a_recorded_gpt2_digest_is_quoted_to_64_characters():
+    with pytest.raises(ValueError, match=f"records a GPT-2 ranks file of sha256 {'a' * 64}, not "):
+        tokenizer_from_config({"name": "gpt2", "sha256": "a" * 100})
+
+
 def test_tokenizer_config_round_trip(gpt2):
     assert isinstance(tokenizer_from_config(Text8Tokenizer().to_config()), Text8Tokenizer)
     again = tokenizer_from_config(gpt2.to_config())
@@ -534,6 +547,18 @@ def test_labelled_corpus_errors_name_the_line(tmp_path, line, message):
     (tmp_path / "empty.jsonl").write_text("\n\n")
     with pytest.raises(CorpusTextError, match="holds no record"):
         load_labelled(str(tmp_path / "empty.jsonl"), Text8Tokenizer())
+
+
+def test_a_label_reaches_the_largest_int64_and_long_values_are_cut_in_the_message(tmp_path):
+    """2**63 - 1 is a class id (a Long label), 2**63 is not; a long label or line is quoted in part."""
+    path = _labelled(tmp_path / "c.jsonl", [{"text": "ab", "label": 2**63 - 1}])
+    assert load_labelled(path, Text8Tokenizer()).labels.tolist() == [2**63 - 1]
+    for line, message in ((json.dumps({"text": "ab", "label": 2**63}), f"got {2**63}$"),
+                          (json.dumps({"text": "ab", "label": "x" * 100}), "got '" + "x" * 39 + "$"),
+                          (json.dumps(["y" * 100]), "got '" + re.escape('["' + "y" * 58) + "'$")):
+        (tmp_path / "bad.jsonl").write_text(line + "\n")
+        with pytest.raises(CorpusTextError, match="line 1: .*" + message):
+            load_labelled(str(tmp_path / "bad.jsonl"), Text8Tokenizer())
 
 
 def test_a_labelled_corpus_skips_a_byte_order_mark(tmp_path):
