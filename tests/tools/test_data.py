@@ -357,12 +357,30 @@ def test_a_split_part_without_records_is_empty_records():
     assert splits["test"].tokens.tolist() == [0, 1, 2, 3] and splits["test"].labels.tolist() == [3]
 
 
+def test_a_split_takes_fractions_of_four_decimals_exactly():
+    """0.9001 is 9001/10000, not a nearby fraction of a small denominator (9/10): 9001 of 10000 tokens."""
+    splits = split_tokens(torch.arange(10000), (0.9001, 0.0499, 0.05))
+    assert [splits[name].numel() for name in ("train", "validation", "test")] == [9001, 499, 500]
+
+
+def test_fractions_a_millionth_off_a_sum_of_1_are_refused():
+    with pytest.raises(ValueError, match="fractions must be three positive numbers summing to 1"):
+        split_tokens(torch.arange(10), (0.9, 0.05, 0.050001))
+
+
 def test_split_validation():
     for fractions in ((0.5, 0.5, 0.5), (1.0, 0.0, 0.0), (0.25, 0.25, 0.25, 0.25), (0.5, 0.5), (0.9, 0.05, 0.04)):
         with pytest.raises(ValueError, match="fractions must be three positive numbers summing to 1"):
             split_tokens(torch.arange(10), fractions)
     with pytest.raises(ValueError, match="1-D"):
         split_tokens(torch.zeros(2, 5, dtype=torch.long))
+
+
+def test_an_empty_text_encodes_as_an_empty_long_stream(gpt2):
+    """torch.tensor([]) is float32; the empty stream is Long for either tokenizer."""
+    for tok in (Text8Tokenizer(), gpt2):
+        tokens = encode_corpus("", tok)
+        assert tokens.shape == (0,) and tokens.dtype == torch.long
 
 
 def test_bpe_corpus_splits(gpt2):
@@ -594,6 +612,7 @@ def test_crops_of_records_stay_within_one_record_uniformly_and_carry_its_label()
     for _ in range(7):
         x, y = next(crops)
         assert torch.equal(x - x[:, :1], torch.arange(10).expand(4000, 10))
+        assert x.dtype == y.dtype == torch.long
         firsts.append(x[:, 0])
         labels.append(y)
     first, label = torch.cat(firsts), torch.cat(labels)
