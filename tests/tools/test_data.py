@@ -279,6 +279,26 @@ def test_hub_corpora_join_their_rows_and_text8_its_splits_in_order(monkeypatch):
         load_text("hf:owner/name")
 
 
+def test_a_hub_failure_is_reported_by_its_first_line(monkeypatch):
+    import ddpd.training.data as data
+
+    def fail(*args, **kwargs):
+        raise ConnectionError("  offline\n  retry details\n")
+
+    monkeypatch.setattr(data, "require_extra", lambda *args: None)
+    monkeypatch.setattr(data, "_load_dataset_quietly", fail)
+    with pytest.raises(ValueError, match=r"^could not load the Hugging Face dataset 'owner/name' \(split train; "
+                                         r".*\): offline$"):
+        load_text("hf:owner/name")
+
+
+def test_a_file_that_is_not_utf8_names_its_first_bad_byte(tmp_path):
+    path = tmp_path / "latin1.txt"
+    path.write_bytes(b"caf\xe9 au lait")
+    with pytest.raises(CorpusTextError, match=re.escape(f"data file {path} is not UTF-8 text (byte 0xe9 at offset 3)")):
+        load_text(str(path))
+
+
 def test_text_a_tokenizer_refuses_is_named_by_its_corpus(tmp_path):
     assert Text8Tokenizer().encode_tensor("").shape == (0,)
     path = tmp_path / "crlf.txt"
@@ -547,7 +567,8 @@ def test_a_split_keeps_whole_records_in_corpus_order(tmp_path):
 
 @pytest.mark.parametrize("line,message", [
     ('{"text": "ab", "label": 0', "line 2: not JSON"), ('["ab", 0]', "line 2: expected an object"),
-    ('{"label": 0}', "line 2: expected an object"), ('{"text": "ab", "label": -1}', "line 2: 'label' must be"),
+    ('{"label": 0}', "line 2: expected an object"), ('{"text": 5, "label": 0}', "line 2: expected an object"),
+    ('{"text": "ab", "label": -1}', "line 2: 'label' must be"),
     ('{"text": "ab", "label": true}', "'label' must be an int"), ('{"text": "ab"}', "'label' must be an int"),
     ('{"text": "Ab", "label": 0}', "line 2: text must contain only space and a-z"),
     ('{"text": "", "label": 0}', "line 2: 'text' is empty"),
@@ -577,6 +598,15 @@ def test_a_label_reaches_the_largest_int64_and_long_values_are_cut_in_the_messag
         (tmp_path / "bad.jsonl").write_text(line + "\n")
         with pytest.raises(CorpusTextError, match="line 1: .*" + message):
             load_labelled(str(tmp_path / "bad.jsonl"), Text8Tokenizer())
+
+
+def test_a_labelled_corpus_breaks_lines_at_line_feeds_only(tmp_path, gpt2):
+    """A record's text may hold U+2028 (a line separator to str.splitlines) as JSON writes it raw."""
+    text = "one\u2028two\x1cthree"
+    (tmp_path / "c.jsonl").write_text(json.dumps({"text": text, "label": 2}, ensure_ascii=False) + "\n",
+                                      encoding="utf-8")
+    records = load_labelled(str(tmp_path / "c.jsonl"), gpt2)
+    assert gpt2.decode(records.tokens) == text and records.labels.tolist() == [2]
 
 
 def test_a_labelled_corpus_skips_a_byte_order_mark(tmp_path):
