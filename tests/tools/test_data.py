@@ -285,10 +285,16 @@ def test_a_hub_failure_is_reported_by_its_first_line(monkeypatch):
     def fail(*args, **kwargs):
         raise ConnectionError("  offline\n  retry details\n")
 
+    def fail_without_message(*args, **kwargs):
+        raise KeyError()
+
     monkeypatch.setattr(data, "require_extra", lambda *args: None)
     monkeypatch.setattr(data, "_load_dataset_quietly", fail)
     with pytest.raises(ValueError, match=r"^could not load the Hugging Face dataset 'owner/name' \(split train; "
                                          r".*\): offline$"):
+        load_text("hf:owner/name")
+    monkeypatch.setattr(data, "_load_dataset_quietly", fail_without_message)
+    with pytest.raises(ValueError, match=r"\): KeyError$"):  # no message: its type
         load_text("hf:owner/name")
 
 
@@ -619,6 +625,13 @@ def test_a_labelled_corpus_skips_a_byte_order_mark(tmp_path):
     plain, bom = (load_labelled(str(tmp_path / name), Text8Tokenizer()) for name in ("plain.jsonl", "bom.jsonl"))
     for field in ("tokens", "starts", "lengths", "labels"):
         assert torch.equal(getattr(bom, field), getattr(plain, field)), field
+
+
+def test_a_stream_is_one_record_of_long_fields():
+    stream = Records.stream(torch.arange(7))
+    for field, value in (("starts", [0]), ("lengths", [7])):
+        assert getattr(stream, field).dtype == torch.long and getattr(stream, field).tolist() == value
+    assert stream.labels is None
 
 
 def test_crops_of_a_stream_are_those_of_one_record():
