@@ -400,6 +400,8 @@ def test_split_validation():
             split_tokens(torch.arange(10), fractions)
     with pytest.raises(ValueError, match="1-D"):
         split_tokens(torch.zeros(2, 5, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"^tokens must be a 1-D tensor, got list \(\)$"):
+        split_tokens([1, 2, 3])
 
 
 def test_an_empty_text_encodes_as_an_empty_long_stream(gpt2):
@@ -625,6 +627,9 @@ def test_a_labelled_corpus_skips_a_byte_order_mark(tmp_path):
     plain, bom = (load_labelled(str(tmp_path / name), Text8Tokenizer()) for name in ("plain.jsonl", "bom.jsonl"))
     for field in ("tokens", "starts", "lengths", "labels"):
         assert torch.equal(getattr(bom, field), getattr(plain, field)), field
+    (tmp_path / "two.jsonl").write_text("\ufeff\ufeff" + lines)  # one mark only is skipped
+    with pytest.raises(CorpusTextError, match="line 1: not JSON"):
+        load_labelled(str(tmp_path / "two.jsonl"), Text8Tokenizer())
 
 
 def test_a_stream_is_one_record_of_long_fields():
