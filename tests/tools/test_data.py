@@ -181,6 +181,7 @@ def test_a_recorded_gpt2_digest_is_quoted_to_64_characters():
 
 def test_tokenizer_config_round_trip(gpt2):
     assert isinstance(tokenizer_from_config(Text8Tokenizer().to_config()), Text8Tokenizer)
+    assert gpt2.to_config() == {"name": "gpt2", "sha256": hashlib.sha256(GPT2_RANKS.read_bytes()).hexdigest()}
     again = tokenizer_from_config(gpt2.to_config())
     assert again.encode("Hello world") == gpt2.encode("Hello world")
     with pytest.raises(ValueError, match="'name' must be"):
@@ -491,7 +492,7 @@ def test_random_crops_take_a_window_as_long_as_a_record():
 def test_evaluation_batches_are_fixed_chunks():
     tokens = torch.arange(1000)
     batches = evaluation_batches(tokens, seq_len=10, batch_size=8, max_batches=3)
-    assert len(batches) == 3 and all(b.shape == (8, 10) for b in batches)
+    assert len(batches) == 3 and all(b.shape == (8, 10) and b.dtype == torch.long for b in batches)
     rows = torch.cat(batches)
     assert torch.equal(rows % 10, torch.arange(10).expand(24, 10))  # aligned chunks
     assert rows[0, 0] == 0 and rows[-1, 0] == 990  # spread over the whole split
