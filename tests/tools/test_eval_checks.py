@@ -24,3 +24,18 @@ def test_model_calls_return_float32_whatever_the_network_precision():
     assert out.dtype == torch.float32
     torch.testing.assert_close(out, torch.log_softmax(logits.float(), -1))
     assert planner_logits(lambda x, t: logits[..., 0], x, torch.ones(1)).dtype == torch.float32
+
+
+def test_a_single_token_out_of_range_is_refused_and_a_device_tensor_is_not_read():
+    """The range check reads every CPU tensor, down to one token; a tensor elsewhere is left to the caller."""
+    with pytest.raises(ValueError, match=r"x must hold ids in \[0, 4\), got range \[4, 4\]"):
+        check_tokens("x", torch.tensor([[4]]), 4)
+    elsewhere = torch.full((1, 2), 9, dtype=torch.long, device="meta")
+    assert check_tokens("x", elsewhere, 4) is elsewhere
+
+
+def test_default_row_ids_count_the_batch_on_the_given_device():
+    """Without row ids, the sequences are keyed 0..B-1 on the device they are used on."""
+    ids = check_row_ids(None, 3, torch.device("meta"))
+    assert ids.device.type == "meta" and ids.dtype == torch.long and tuple(ids.shape) == (3,)
+    assert check_row_ids(None, 3, torch.device("cpu")).tolist() == [0, 1, 2]
