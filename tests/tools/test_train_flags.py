@@ -184,3 +184,51 @@ def test_the_resume_command_carries_the_threads_the_run_used():
         assert _resume_command(trainer) == "ddpd-train planner --out runs/p --resume --threads 2"
     finally:
         torch.set_num_threads(threads)
+
+
+def test_the_first_and_last_lines_name_the_step_and_a_missing_validation_loss(made, tmp_path, capsys):
+    """The run opens with its size, device, processes and `step N of STEPS`, and its `done:`
+    line shows `-` for a run without a validation loss, then the checkpoint."""
+    out_dir = tmp_path / "o"
+    code, out, err = train(capsys, "planner", "--data", "books", "--out", out_dir, "--steps", 7)
+    assert code == 0, err
+    assert out.splitlines() == ["planner: 2 parameters on cpu, 1 process(es), step 0 of 7",
+                                f"done: step 0, val loss -, 0 tokens/s, checkpoint {out_dir}"]
+
+
+class StoppedTrainer(RecordingTrainer):
+    """A run a signal stopped at its step 0, with a checkpoint there."""
+
+    stop_signal = None
+    is_main = True
+
+    def train(self):
+        self.stop_reason, self.stop_signal = "SIGTERM", type(self).stop_signal
+        self.dist.is_main = type(self).is_main
+        return self.history
+
+
+@pytest.mark.parametrize("signal_number, is_main, status", [(None, True, 130), (15, True, 143), (15, False, 143)])
+def test_a_stopped_run_exits_128_plus_its_signal_and_the_main_process_says_so(made, tmp_path, capsys, monkeypatch,
+                                                                            signal_number, is_main, status):
+    """The exit status is 128 + the signal the processes agreed on (SIGINT's 2 when none was
+    recorded); only the main process prints the `interrupted by` line."""
+    monkeypatch.setattr(StoppedTrainer, "stop_signal", signal_number)
+    monkeypatch.setattr(StoppedTrainer, "is_main", is_main)
+    monkeypatch.setattr(trainer_module, "Trainer", StoppedTrainer)
+    code, out, err = train(capsys, "planner", "--data", "books", "--out", tmp_path / "o", "--steps", 5)
+    assert code == status
+    said = err.startswith(f"ddpd-train: interrupted by SIGTERM at step 0 of 5; saved a checkpoint there in "
+                          f"{tmp_path / 'o'}; continue with: ddpd-train planner --out")
+    assert said == is_main, err
+    assert "done:" not in out
+
+
+def test_a_fresh_run_into_a_directory_of_other_files_is_refused_before_training(made, tmp_path, capsys):
+    """A fresh --out holding files no save may replace is a command-line mistake (status 2),
+    refused before a Trainer is made."""
+    (tmp_path / "o").mkdir()
+    (tmp_path / "o" / "notes.txt").write_text("mine\n")
+    code, _, err = train(capsys, "planner", "--data", "books", "--out", tmp_path / "o")
+    assert code == 2 and err.startswith("ddpd-train: error: ") and err.count("\n") == 1, err
+    assert made == [] and (tmp_path / "o" / "notes.txt").read_text() == "mine\n"
