@@ -232,3 +232,15 @@ def test_a_fresh_run_into_a_directory_of_other_files_is_refused_before_training(
     code, _, err = train(capsys, "planner", "--data", "books", "--out", tmp_path / "o")
     assert code == 2 and err.startswith("ddpd-train: error: ") and err.count("\n") == 1, err
     assert made == [] and (tmp_path / "o" / "notes.txt").read_text() == "mine\n"
+
+
+def test_a_stdout_that_fails_is_an_error_naming_the_checkpoint(made, tmp_path, capsys, monkeypatch):
+    """`ddpd-train ... >/dev/full`: the run goes on to its checkpoint, then exits 1 in one line
+    saying where the checkpoint is."""
+    with open("/dev/full", "w") as full:
+        monkeypatch.setattr("sys.stdout", full)
+        code = main(["planner", "--data", "books", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert code == 1 and err == ("ddpd-train: error: cannot write stdout: No space left on device; the checkpoint of "
+                                 f"step 0 is in {tmp_path / 'o'}\n"), err
+    assert len(made) == 1
