@@ -244,3 +244,17 @@ def test_a_stdout_that_fails_is_an_error_naming_the_checkpoint(made, tmp_path, c
     assert code == 1 and err == ("ddpd-train: error: cannot write stdout: No space left on device; the checkpoint of "
                                  f"step 0 is in {tmp_path / 'o'}\n"), err
     assert len(made) == 1
+
+
+def test_a_resume_given_a_data_file_that_is_not_there_is_refused_before_torch_work(made, tmp_path, capsys,
+                                                                                   monkeypatch):
+    """--data given to a --resume (the run's corpus moved) is checked as a fresh run's is: a
+    file that is not there is a usage error (status 2) naming it, and no Trainer is made."""
+    out = tmp_path / "o"
+    monkeypatch.setattr(trainer_module, "Trainer", REAL_TRAINER)
+    code, _, err = train(capsys, "planner", "--data", "books", "--out", out, *TINY_RUN, "--no-progress")
+    assert code == 0, err
+    monkeypatch.setattr(trainer_module, "Trainer", RecordingTrainer)
+    code, _, err = train(capsys, "planner", "--out", out, "--resume", "--data", tmp_path / "moved.txt")
+    assert code == 2 and err.startswith(f"ddpd-train: error: --data: no such file: {tmp_path / 'moved.txt'} "), err
+    assert err.count("\n") == 1 and made == []
