@@ -258,3 +258,21 @@ def test_a_resume_given_a_data_file_that_is_not_there_is_refused_before_torch_wo
     code, _, err = train(capsys, "planner", "--out", out, "--resume", "--data", tmp_path / "moved.txt")
     assert code == 2 and err.startswith(f"ddpd-train: error: --data: no such file: {tmp_path / 'moved.txt'} "), err
     assert err.count("\n") == 1 and made == []
+
+
+def test_a_resume_s_data_as_typed_is_a_file_beside_it_not_the_corpus_name(made, tmp_path, capsys, monkeypatch):
+    """A --resume's --data books, typed where a file named books is, names that file (as a fresh
+    run's does); only the checkpoint's own record of `books` is the shipped corpus."""
+    out = tmp_path / "o"
+    monkeypatch.setattr(trainer_module, "Trainer", REAL_TRAINER)
+    code, _, err = train(capsys, "planner", "--data", "books", "--out", out, *TINY_RUN, "--no-progress")
+    assert code == 0, err
+    monkeypatch.setattr(trainer_module, "Trainer", RecordingTrainer)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "books").write_text(BOOKS.read_text())
+    code, _, err = train(capsys, "planner", "--out", out, "--resume", "--data", "books")
+    assert code == 0, err
+    assert made[0].config.data == str(tmp_path / "books")
+    code, _, err = train(capsys, "planner", "--out", out, "--resume")
+    assert code == 0, err
+    assert made[1].config.data == "books"
