@@ -713,3 +713,19 @@ def test_a_per_row_temperature_below_float32_is_not_greedy():
             assert torch.equal(got.tokens, want.tokens) and torch.equal(got.logprob, want.logprob)
             assert set(got.tokens.tolist()) == {1, 2}
             assert torch.allclose(got.logprob, torch.full((32,), -math.log(2)))
+
+
+@pytest.mark.parametrize("vocab", [3, 600])
+def test_triton_margin_counts_a_maximum_held_twice(vocab):
+    """The Triton kernels' runner-up with multiplicity: two maxima in one tile (the tile's
+    second value) or in two tiles (the row's top two) leave no margin; a lone maximum leaves
+    the reference's margin, its runner-up in the maximum's own tile."""
+    logits = torch.zeros(4, vocab)
+    logits[0, :2] = 2.0
+    logits[1, 0] = logits[1, vocab - 1] = 2.0
+    logits[2, 1] = 2.0
+    logits[3, 0], logits[3, 1] = 2.0, 1.0
+    conf = triton_draw(logits, confidence="margin", seed=1)[3]
+    assert conf[0] == 0 and conf[1] == 0 and conf[2] > 0
+    ref = sample_categorical_reference(logits, confidence="margin", seed=1).confidence
+    torch.testing.assert_close(conf, ref, rtol=1e-5, atol=1e-6)
