@@ -729,3 +729,20 @@ def test_triton_margin_counts_a_maximum_held_twice(vocab):
     assert conf[0] == 0 and conf[1] == 0 and conf[2] > 0
     ref = sample_categorical_reference(logits, confidence="margin", seed=1).confidence
     torch.testing.assert_close(conf, ref, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("vocab", [5, 600])
+def test_triton_rows_with_nothing_drawable_report_minus_inf_outputs(vocab):
+    """The Triton kernels, over one tile and several: a row of -inf logits and a row whose
+    every token is excluded report -inf log-probability and -inf for each confidence, not
+    NaN; a drawable row beside them reports finite values."""
+    logits = torch.randn(3, vocab, generator=torch.Generator().manual_seed(vocab))
+    logits[1] = float("-inf")
+    allowed = torch.ones(3, vocab, dtype=torch.bool)
+    allowed[2] = False
+    for confidence in ("prob", "margin", "entropy"):
+        _, valid, logprob, conf = triton_draw(logits, allowed=allowed, return_logprob=True, confidence=confidence,
+                                              seed=2)
+        assert valid.tolist() == [True, False, False]
+        assert logprob[1:].tolist() == [-math.inf] * 2 and conf[1:].tolist() == [-math.inf] * 2
+        assert logprob[0] > -math.inf and conf[0] > -math.inf
