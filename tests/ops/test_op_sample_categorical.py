@@ -746,3 +746,24 @@ def test_triton_rows_with_nothing_drawable_report_minus_inf_outputs(vocab):
         assert valid.tolist() == [True, False, False]
         assert logprob[1:].tolist() == [-math.inf] * 2 and conf[1:].tolist() == [-math.inf] * 2
         assert logprob[0] > -math.inf and conf[0] > -math.inf
+
+
+@pytest.mark.parametrize("mask", ["exclude_ids", "exclude_per_row", "allowed"])
+def test_triton_each_mask_alone_masks_the_tile_statistics(mask):
+    """Shared excluded ids, a per-row exclusion or an allowed mask, each alone, masks the tile
+    statistics of several tiles: each row's excluded token, far above the rest, gives its
+    tile no mass, so the draws and log-probabilities are the reference's."""
+    vocab = 600
+    g = torch.Generator().manual_seed(5)
+    logits = torch.randn(6, vocab, generator=g)
+    per_row = torch.tensor([0, 255, 256, 511, 599, 300])
+    logits[torch.arange(6), per_row] = 30.0
+    allowed = torch.ones(6, vocab, dtype=torch.bool)
+    allowed[torch.arange(6), per_row] = False
+    kw = dict(exclude_ids=per_row.tolist(), exclude_per_row=per_row, allowed=allowed)
+    kw = {mask: kw[mask]}
+    noise = torch.rand(6, noise_width(vocab), generator=g).clamp_min(1e-7)
+    ref = sample_categorical_reference(logits, 1.0, noise=noise, return_logprob=True, **kw)
+    out = triton_draw(logits, 1.0, noise=noise, return_logprob=True, **kw)
+    assert torch.equal(out[0], ref[0]) and bool(out[1].all()) and not bool((out[0] == per_row).any())
+    torch.testing.assert_close(out[2], ref[2], rtol=1e-5, atol=1e-5)
