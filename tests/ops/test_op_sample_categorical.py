@@ -767,3 +767,18 @@ def test_triton_each_mask_alone_masks_the_tile_statistics(mask):
     out = triton_draw(logits, 1.0, noise=noise, return_logprob=True, **kw)
     assert torch.equal(out[0], ref[0]) and bool(out[1].all()) and not bool((out[0] == per_row).any())
     torch.testing.assert_close(out[2], ref[2], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("vocab", [50, 256, 600])
+def test_triton_confidences_are_the_softmax_ones_in_one_tile_and_several(vocab):
+    """Each confidence kind of the Triton kernels, against the softmax of the row at T = 0.7:
+    the drawn token's probability, p(top 1) - p(top 2), and sum p log p, over a single tile
+    (its own epilogue) and several (the tile records)."""
+    logits = 2 * torch.randn(3, vocab, generator=torch.Generator().manual_seed(vocab))
+    probs = torch.softmax(logits / 0.7, dim=-1)
+    top = probs.topk(2, dim=-1).values
+    for confidence in ("prob", "margin", "entropy"):
+        tokens, _, _, conf = triton_draw(logits, 0.7, confidence=confidence, seed=4)
+        expected = {"prob": probs.gather(1, tokens[:, None])[:, 0], "margin": top[:, 0] - top[:, 1],
+                    "entropy": (probs * probs.log()).sum(-1)}[confidence]
+        torch.testing.assert_close(conf, expected, rtol=1e-5, atol=1e-5)
