@@ -192,11 +192,16 @@ def test_mask_structure():
 
 
 def test_a_uniform_equal_to_the_planner_probability_leaves_the_position_clean():
-    """z = u < sigmoid(l), strictly: logit 0 gives p = 0.5 exactly, and u = 0.5 masks nothing."""
+    """z = u < sigmoid(l), strictly: logit 0 gives p = 0.5 exactly, and u = 0.5 masks nothing,
+    on the C++ path, in the reference and in both Triton kernels (the fused one forces its pick)."""
     logits, x = torch.zeros(2, 5), torch.arange(10).reshape(2, 5)
     for noise, masked in ((torch.full((2, 5), 0.5), False), (torch.full((2, 5), 0.5).nextafter(torch.zeros(())), True)):
+        want = torch.full((2, 5), masked)
         for draw in (planner_mask, planner_mask_reference):
-            assert torch.equal(draw(logits, x, None, MASK_ID, noise=noise).z, torch.full((2, 5), masked))
+            assert torch.equal(draw(logits, x, None, MASK_ID, noise=noise).z, want)
+        assert torch.equal(triton_mask(logits, x, None, noise=noise)[1], want)
+        positions, _, _, _, z, _ = triton_select_mask(logits, x, 1, noise=torch.rand(2, 5), mask_noise=noise)
+        assert torch.equal(z, want | (torch.arange(5) == positions))
 
 
 def test_bernoulli_frequencies_match_sigmoid():
