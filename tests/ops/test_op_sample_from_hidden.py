@@ -140,6 +140,22 @@ def test_a_one_tile_vocabulary_with_nothing_drawable_is_invalid_on_the_triton_pa
     assert_same(out, ref)
 
 
+def test_a_first_row_with_nothing_drawable_stays_invalid_beside_a_partial_row_block():
+    """One tile, three rows in a block of 16: the block's lanes past the last row read row 0's
+    controls and a hidden state of zeros (logits = bias, drawable). Row 0, whose logits are
+    all NaN, stays invalid with token 0 and -inf outputs: the lanes past the batch store
+    nothing into its slots."""
+    hidden, weight, bias = head(3, 8, 28, 5)
+    hidden[0, 0] = float("nan")
+    kw = dict(seed=1, return_logprob=True, confidence="prob")
+    ref = sample_from_hidden_reference(hidden, weight, bias, **kw)
+    out = triton_draw(hidden, weight, bias, **kw)
+    assert ref[1].tolist() == [False, True, True] and ref[0][0] == 0
+    assert_same(out, ref)
+    for got, want in zip(out[2:], ref[2:]):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("vocab", [28, 600])
 def test_nan_logits_of_a_few_tokens_read_as_minus_inf(vocab):
     """Rows where only some logits are NaN (NaN weights): those tokens have probability 0 on
