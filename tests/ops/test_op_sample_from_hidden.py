@@ -14,6 +14,7 @@ from ddpd.ops.sample_categorical import noise_width, sample_categorical
 from ddpd.ops.sample_from_hidden import (
     HEAD_CHUNK,
     dot_in_float32,
+    head_launch,
     head_logits_triton,
     prepare_hidden,
     sample_from_hidden,
@@ -72,6 +73,40 @@ def test_paths_agree_on_explicit_noise_and_seed(monkeypatch, rows, width, vocab,
         ref = sample_from_hidden_reference(hidden, weight, bias, 0.7, excl, per_row, **kw)
         assert_same(sample_from_hidden(hidden, weight, bias, 0.7, excl, per_row, **kw), ref)
         assert_same(triton_draw(hidden, weight, bias, 0.7, excl, per_row, **kw), ref)
+
+
+def test_a_last_split_of_fewer_tiles_stays_inside_the_vocabulary(monkeypatch):
+    """Three tiles in two splits of two: the second split holds one tile and must not run a
+    fourth, whose statistics would land in the next row's first record. Every row draws the
+    reference's token, log-probability and confidence."""
+    monkeypatch.setattr(_dispatch, "multiprocessors", lambda device: 1)
+    launch = head_launch(33, 8, 600, 2, 1)
+    assert launch.tiles_per_split == 2 and launch.tiles_grid == (2, 2)
+    hidden, weight, bias = head(33, 8, 600, 7, torch.bfloat16)
+    kw = dict(seed=4, return_logprob=True, confidence="prob")
+    ref = sample_from_hidden_reference(hidden, weight, bias, **kw)
+    out = triton_draw(hidden, weight, bias, **kw)
+    assert_same(out, ref)
+    for got, want in zip(out[2:], ref[2:]):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_tiny_temperature_beside_ordinary_ones_in_one_row_block():
+    """Per-row temperatures, one below float32's range (0 in the kernels) beside 1 and 0.5 in
+    the same row block over several tiles: the block's tile statistics avoid (x - m) / T, 0 / 0
+    at the maximum, so the tiny row draws one of its two maxima with log-probability
+    log 1/2 and the others the reference's."""
+    bias = torch.zeros(600)
+    bias[[10, 500]] = 2.0
+    hidden, weight = torch.zeros(3, 3), torch.zeros(600, 3)
+    temperature = torch.tensor([1e-300, 1.0, 0.5], dtype=torch.float64)
+    kw = dict(seed=1, return_logprob=True, confidence="prob")
+    ref = sample_from_hidden_reference(hidden, weight, bias, temperature, **kw)
+    out = triton_draw(hidden, weight, bias, temperature, **kw)
+    assert int(ref[0][0]) in (10, 500) and ref[2][0] == pytest.approx(-math.log(2))
+    assert_same(out, ref)
+    for got, want in zip(out[2:], ref[2:]):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
 def test_gpt2_vocabulary_single_row():
