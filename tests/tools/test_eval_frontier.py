@@ -344,6 +344,7 @@ def test_ngram_judge_scores_only_token_ids(x, error, match):
 @pytest.mark.parametrize("tokens, error, match", [
     (torch.tensor([0.0, 1.0, 2.0, 3.0] * 10), TypeError, "tokens must have dtype torch.int64, got torch.float32"),
     (torch.tensor([True, False] * 10), TypeError, "tokens must have dtype torch.int64, got torch.bool"),
+    (torch.tensor([0, 1, 2, 3] * 10, dtype=torch.int32), TypeError, "dtype torch.int64, got torch.int32"),
     ([0, 1, 2, 3] * 10, TypeError, "tokens must be a torch.Tensor"),
     (torch.tensor([0, 1, 2]), ValueError, r"tokens must be more than 3 ids in \[0, 4\), got shape \(3,\)"),
     (torch.zeros(4, 4, dtype=torch.long), ValueError, r"more than 3 ids in \[0, 4\), got shape \(4, 4\)"),
@@ -359,6 +360,7 @@ def test_ngram_judge_counts_only_token_ids(tokens, error, match):
 @pytest.mark.parametrize("vocab_size, match", [
     (1, r"^vocab_size must be >= 2, got 1$"),
     (2**60, r"^tokens.numel\(\) \* vocab_size must fit 62 bits, got 8 \* 1152921504606846976$"),
+    (2**59, r"^tokens.numel\(\) \* vocab_size must fit 62 bits, got 8 \* 576460752303423488$"),  # just 2**62
 ])
 def test_ngram_judge_refuses_a_vocabulary_it_cannot_key(vocab_size, match):
     """A one-token vocabulary, and one whose n-gram keys (below N V) would overflow, are named."""
