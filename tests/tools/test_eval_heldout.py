@@ -63,3 +63,11 @@ def test_heldout_sequences_name_a_split_too_short_for_one_sequence(tmp_path):
         heldout_sequences(str(corpus), Text8Tokenizer(), 8)
     with pytest.raises(ValueError, match="^seq_len must be >= 1, got 0$"):
         heldout_sequences(str(tmp_path / "absent.txt"), Text8Tokenizer(), 0)
+
+
+def test_pick_chunks_names_a_stream_it_was_not_told_about_as_tokens():
+    """Without `what`, both refusals name the stream "tokens"; a partial chunk does not count."""
+    with pytest.raises(ValueError, match=r"^seq_len: tokens has 7 tokens, fewer than one sequence of 8$"):
+        pick_chunks(torch.arange(7), 8)
+    with pytest.raises(ValueError, match=r"^num_sequences: tokens holds 2 sequences of 8 tokens, got num_sequences=3$"):
+        pick_chunks(torch.arange(23), 8, 3)
