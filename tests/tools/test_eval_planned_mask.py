@@ -1,9 +1,10 @@
 """The mask denoiser driven by the planner's mask (ddpd.eval.planned_mask): which mask each
 position is scored under, and the denoiser passes that costs."""
+import pytest
 import torch
 
-from ddpd.eval.planned_mask import planned_mask_log_probs
-from ddpd.process import get_schedule
+from ddpd.eval.planned_mask import masked_log_probs, planned_mask_log_probs
+from ddpd.process import CustomSchedule, get_schedule
 
 S = 3
 
@@ -44,3 +45,25 @@ def test_a_position_the_plan_already_masks_is_not_run_again():
     everything = torch.ones(2, 4, dtype=torch.bool)
     assert bool(_seen_masked(everything, everything, batches).all())
     assert batches == [2]
+
+
+def test_the_denoiser_runs_at_float32_times_even_where_the_schedule_inverts_in_float64():
+    """t = alpha^{-1}(1 - masked share) reaches the denoiser as float32 whatever dtype a custom
+    schedule's inverse returns."""
+    times = []
+
+    def denoiser(x, t):
+        times.append(t)
+        return torch.zeros(*x.shape, S)
+
+    schedule = CustomSchedule(lambda t: t, torch.ones_like, lambda a: torch.as_tensor(a, dtype=torch.float64))
+    mask = torch.tensor([[True, False, False, False], [True, True, False, True]])
+    masked_log_probs(denoiser, torch.zeros(2, 4, dtype=torch.long), mask, S, schedule, S)
+    assert times[0].dtype == torch.float32
+    assert times[0].tolist() == [0.75, 0.25]
+
+
+def test_logits_of_the_wrong_shape_are_named_as_the_denoisers():
+    with pytest.raises(ValueError, match=r"^denoiser must return floating logits of shape \[1, 4, 3\], "):
+        masked_log_probs(lambda x, t: torch.zeros(*x.shape, S + 1), torch.zeros(1, 4, dtype=torch.long),
+                         torch.ones(1, 4, dtype=torch.bool), S, get_schedule("linear"), S)
