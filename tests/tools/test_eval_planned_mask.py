@@ -67,3 +67,16 @@ def test_logits_of_the_wrong_shape_are_named_as_the_denoisers():
     with pytest.raises(ValueError, match=r"^denoiser must return floating logits of shape \[1, 4, 3\], "):
         masked_log_probs(lambda x, t: torch.zeros(*x.shape, S + 1), torch.zeros(1, 4, dtype=torch.long),
                          torch.ones(1, 4, dtype=torch.bool), S, get_schedule("linear"), S)
+
+
+def test_each_position_sees_only_its_own_mask_added_to_the_plan():
+    """The denoiser reveals how many positions of its row are masked: the plan's pass sees the
+    plan alone, and each extra position's pass the plan and that position, not the other extras."""
+    def counts_masked(x, t):
+        return torch.nn.functional.one_hot((x == 5).sum(-1, keepdim=True).expand(x.shape), 5).float() * 20.0
+
+    z_planned = torch.tensor([[True, False, False, False], [False, False, False, False]])
+    extra = torch.tensor([[False, True, True, False], [True, False, False, True]])
+    x = torch.zeros(2, 4, dtype=torch.long)
+    log_q = planned_mask_log_probs(counts_masked, x, z_planned, extra, 5, get_schedule("linear"), 5)
+    assert log_q.argmax(-1).tolist() == [[1, 2, 2, 1], [1, 0, 0, 1]]
