@@ -80,3 +80,11 @@ def test_each_position_sees_only_its_own_mask_added_to_the_plan():
     x = torch.zeros(2, 4, dtype=torch.long)
     log_q = planned_mask_log_probs(counts_masked, x, z_planned, extra, 5, get_schedule("linear"), 5)
     assert log_q.argmax(-1).tolist() == [[1, 2, 2, 1], [1, 0, 0, 1]]
+
+
+def test_a_planned_position_outside_extra_costs_no_pass_of_its_own():
+    batches = []
+    z_planned = torch.tensor([[True, True, False, False], [False, True, False, True]])
+    extra = torch.tensor([[True, False, False, False], [False, False, False, False]])
+    assert torch.equal(_seen_masked(z_planned, extra, batches), z_planned)
+    assert batches == [2]
