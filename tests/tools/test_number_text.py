@@ -28,3 +28,12 @@ def test_refusal_adds_a_reason_only_where_the_message_ends_with_it():
         read_number(float, "many")
     assert refusal(not_a_number.value) == ""
     assert refusal(ValueError(f"{REFUSED}, said the text")) == ""
+
+
+@pytest.mark.parametrize("text", ["10_", "_10", "1__0", "1 0"])
+def test_read_number_names_the_underscore_or_space_even_where_python_refuses_the_text_too(text):
+    """int() refuses these on its own, with no word of the stray character."""
+    with pytest.raises(ValueError):
+        int(text)
+    with pytest.raises(ValueError, match=f"^{text!r}: {REFUSED}$"):
+        read_number(int, text)
