@@ -126,7 +126,7 @@ def float_text(value: float) -> str:
         The text.
     """
     if isinstance(value, float):
-        return f"{value:g}" if float(f"{value:g}") == value else repr(value)
+        return f"{value:g}" if float(f"{value:g}") == value else repr(float(value))  # numpy 2: np.float64(...)
     return str(value)
 
 

@@ -90,6 +90,10 @@ def test_float_text_is_short_only_where_it_reads_back_exactly(value, text):
     assert float_text(value) == text
 
 
+def test_a_numpy_float64_is_written_as_a_float():
+    assert float_text(np.float64(1e6)) == "1e+06" and float_text(np.float64(0.1 + 0.2)) == "0.30000000000000004"
+
+
 def test_a_tensor_of_another_dtype_is_checked_before_its_dims():
     with pytest.raises(TypeError, match=r"^x must have dtype in \(torch.int64, torch.int32\), got torch.float32$"):
         check_tensor("x", torch.zeros(2, 2), (torch.int64, torch.int32), dim=1)
