@@ -10,13 +10,17 @@ import torch
 from ddpd.validation import (
     MissingExtra,
     caller_level,
+    check_bool,
+    check_callable,
     check_choice,
     check_device,
     check_float,
     check_int,
     check_same_device,
+    check_shape,
     check_tensor,
     float_text,
+    readable,
     require_extra,
     value_range,
     values_checkable,
@@ -81,6 +85,8 @@ def test_a_choice_that_is_not_a_str_is_a_type_error_listing_the_choices():
         check_choice("mode", 1, ["a", "b"])
     with pytest.raises(ValueError, match=r"^mode must be one of \('a', 'b'\), got 'c'$"):
         check_choice("mode", "c", ["a", "b"])
+    with pytest.raises(ValueError, match=r"^mode must be one of \('a', 'b'\), got ''$"):
+        check_choice("mode", "", ["a", "b"])
 
 
 @pytest.mark.parametrize("value, text", [(0.5, "0.5"), (1e6, "1e+06"), (1000001.0, "1000001.0"), (3, "3"),
@@ -92,6 +98,24 @@ def test_float_text_is_short_only_where_it_reads_back_exactly(value, text):
 
 def test_a_numpy_float64_is_written_as_a_float():
     assert float_text(np.float64(1e6)) == "1e+06" and float_text(np.float64(0.1 + 0.2)) == "0.30000000000000004"
+
+
+def test_a_bool_check_refuses_an_int_naming_its_type():
+    assert check_bool("rms", False) is False
+    with pytest.raises(TypeError, match=r"^rms must be a bool, got int 1$"):
+        check_bool("rms", 1)
+
+
+def test_a_callable_check_refuses_a_value_naming_its_type_only():
+    assert check_callable("fn", len) is len
+    with pytest.raises(TypeError, match=r"^fn must be callable, got str$"):
+        check_callable("fn", "len")
+
+
+def test_a_shape_check_compares_every_dim_not_the_size():
+    check_shape("x", torch.zeros(2, 3), [2, 3])
+    with pytest.raises(ValueError, match=r"^x must have shape \(3, 2\), got \(2, 3\)$"):
+        check_shape("x", torch.zeros(2, 3), [3, 2])
 
 
 def test_a_tensor_of_another_dtype_is_checked_before_its_dims():
@@ -109,6 +133,11 @@ def test_a_meta_tensor_is_refused_for_its_device_and_a_sparse_one_for_its_layout
         check_tensor("x", torch.zeros(2, device="meta"), (torch.float32,))
     with pytest.raises(TypeError, match=r"^x must be a dense tensor, got layout torch.sparse_coo$"):
         check_tensor("x", torch.zeros(2).to_sparse(), (torch.float32,))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # torch: sparse CSR support is in beta
+        csr = torch.zeros(2, 2).to_sparse_csr()
+    with pytest.raises(TypeError, match=r"^x must be a dense tensor, got layout torch.sparse_csr$"):
+        check_tensor("x", csr, (torch.float32,))
 
 
 def test_tensors_on_two_devices_are_refused_naming_both():
@@ -124,11 +153,23 @@ def test_a_missing_module_names_the_extra_that_installs_it():
     assert require_extra("json", "plots", "plotting").__name__ == "json"
 
 
+def test_a_module_that_fails_to_import_names_the_extra_without_the_import_error(tmp_path, monkeypatch):
+    """An ImportError that is not ModuleNotFoundError (an installed module missing a name it
+    imports) counts as missing too; the message stands alone, its cause not chained."""
+    (tmp_path / "half_installed_xyz.py").write_text("from json import no_such_name\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(MissingExtra, match=r"^plotting needs the half_installed_xyz package") as raised:
+        require_extra("half_installed_xyz", "plots", "plotting")
+    assert raised.value.__cause__ is None and raised.value.__suppress_context__
+
+
 def test_a_cpu_device_ignores_the_local_rank_and_a_meta_device_is_refused():
     assert check_device("device", "cpu", local_rank=1) == torch.device("cpu")
     assert check_device("device", torch.device("cpu")) == torch.device("cpu")
     with pytest.raises(ValueError, match=r"^device must be auto, cpu, cuda or cuda:N, got 'meta'$"):
         check_device("device", "meta")
+    with pytest.raises(ValueError, match=r"^device must be auto, cpu, cuda or cuda:N, got 'mps'$"):
+        check_device("device", "mps")
     with pytest.raises(ValueError, match=r"^device must be auto, cpu, cuda or cuda:N, got 'gpu'$"):
         check_device("device", "gpu")
     with pytest.raises(TypeError, match=r"^device must be auto, cpu, cuda or cuda:N, got int 0$"):
@@ -145,12 +186,34 @@ def test_auto_and_cuda_take_the_local_rank_where_cuda_is_available(monkeypatch):
     assert check_device("device", "auto") == torch.device("cuda")
     assert check_device("device", "auto", local_rank=1) == torch.device("cuda", 1)
     assert check_device("device", "cuda:0", local_rank=2) == torch.device("cuda", 2)
+    assert check_device("device", "cuda", local_rank=0) == torch.device("cuda", 0)
+
+
+def test_cuda_asked_for_where_there_is_none_is_refused_naming_it(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert check_device("device", "auto") == torch.device("cpu")
+    with pytest.raises(ValueError, match=r"^device cuda:1: CUDA is not available on this machine$"):
+        check_device("device", torch.device("cuda", 1))
+    with pytest.raises(ValueError, match=r"^device cuda: CUDA is not available on this machine$"):
+        check_device("device", "cuda", local_rank=0)
 
 
 def test_values_are_read_from_non_empty_cpu_tensors_only():
     assert values_checkable(torch.zeros(1))
     assert not values_checkable(torch.zeros(0))
     assert not values_checkable(torch.zeros(1, device="meta"))
+
+
+def test_values_are_not_read_under_jit_tracing_or_functional_tensors():
+    from torch._subclasses.functional_tensor import FunctionalTensorMode
+
+    seen = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # torch.jit.trace: still in use, deprecated
+        torch.jit.trace(lambda t: seen.append(readable(t)) or t + 1, torch.ones(2), check_trace=False)
+    with FunctionalTensorMode():
+        seen.append(readable())
+    assert seen == [False, False] and readable(torch.ones(2))
 
 
 def test_value_range_gives_python_numbers_of_the_tensors_kind():
