@@ -112,7 +112,8 @@ def test_the_tools_are_known_by_their_scripts_and_their_modules():
     assert tool_name("-m", ["python3", "-u", "-m", "ddpd.cli.train", "--steps", "1"]) == "ddpd-train"
     assert tool_name("/repo/ddpd/cli/sample.py", ["python", "-m", "ddpd.cli.sample"]) == "ddpd-sample"
     for argv0, orig in (("-c", ["python", "-c", "import ddpd"]), ("-m", ["python", "-m", "pytest"]),
-                        ("-m", ["python", "-m"]), ("", [])):
+                        ("-m", ["python", "-m"]), ("", []),
+                        ("-m", ["python", "-m", "pytest", "-m", "ddpd.cli.train"])):  # pytest's own -m
         assert tool_name(argv0, orig) is None
 
 
@@ -129,6 +130,20 @@ def test_a_tool_prints_an_uncaught_ctrl_c_in_one_line_and_hands_other_errors_on(
     assert capsys.readouterr().err == "ddpd-train: interrupted\n" and handed == []
     sys.excepthook(ValueError, ValueError("x"), None)
     assert handed == [ValueError] and capsys.readouterr().err == ""
+
+
+def test_a_tool_prints_a_subclass_of_keyboard_interrupt_in_one_line_too(monkeypatch, capsys):
+    """The tools' own Interrupted (raised by their signal handlers) is a KeyboardInterrupt."""
+    from ddpd import _interrupts
+
+    class Stopped(KeyboardInterrupt):
+        pass
+
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/ddpd-sample"])
+    monkeypatch.setattr(sys, "excepthook", lambda *args: None)
+    _interrupts.install()
+    sys.excepthook(Stopped, Stopped(), None)
+    assert capsys.readouterr().err == "ddpd-sample: interrupted\n"
 
 
 def test_a_process_that_is_no_tool_keeps_its_excepthook(monkeypatch):

@@ -793,6 +793,31 @@ def test_the_handlers_are_back_after_a_block_that_raised_and_took_no_signal():
     assert events == []
 
 
+def test_a_signal_whose_handler_python_did_not_set_is_left_alone(monkeypatch):
+    """getsignal answers None for a handler set outside Python: it is neither replaced nor
+    restored (signal.signal would refuse None), and the other signals are held as usual."""
+    events = []
+    real = signal.getsignal
+    monkeypatch.setattr(signal, "getsignal", lambda number: None if number == signal.SIGHUP else real(number))
+    with _handlers({signal.SIGHUP: signal.SIG_IGN, signal.SIGTERM: lambda signum, frame: events.append(signum)}):
+        with signals_held():
+            assert real(signal.SIGHUP) is signal.SIG_IGN
+            os.kill(os.getpid(), signal.SIGTERM)
+        assert real(signal.SIGHUP) is signal.SIG_IGN
+    assert events == [signal.SIGTERM]
+
+
+def test_a_signal_held_by_a_nested_block_waits_for_the_outer_one():
+    events = []
+    with _handlers({signal.SIGTERM: lambda signum, frame: events.append(signum)}):
+        with signals_held():
+            with signals_held():
+                os.kill(os.getpid(), signal.SIGTERM)
+            events.append("end of inner block")
+        assert signal.getsignal(signal.SIGTERM) is not None
+    assert events == ["end of inner block", signal.SIGTERM]
+
+
 def test_only_the_first_of_several_held_signals_is_handed_on():
     events = []
     with _handlers({signal.SIGTERM: lambda signum, frame: events.append(signum)}):
