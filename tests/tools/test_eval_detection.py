@@ -486,3 +486,31 @@ def test_the_scripts_load_the_bundle_asked_for(tmp_path, script):
     with pytest.raises(CheckpointError, match="bundle directory not found"):
         main(["--data", str(tmp_path / "text.txt"), "--bundle", str(tmp_path / "none"), "--out",
               str(tmp_path / "out.csv")])
+
+
+def test_auc_takes_double_precision_scores():
+    """A detector scored in float64 (a log-odds computed in double) is as welcome as float32."""
+    score = torch.arange(12.0).remainder(5)
+    positive = torch.arange(12) % 3 == 0
+    assert auc(score.double(), positive) == auc(score, positive) == pytest.approx(pairwise_auc(score, positive))
+
+
+def test_the_share_of_wrong_draws_is_their_count_over_the_draws_in_double():
+    """parallel_wrong is the exact ratio of the wrong draws to the draws, not its float32 rounding."""
+    x1 = torch.randint(0, V, (16, D), generator=torch.Generator().manual_seed(27))
+    found = error_detection(_planner, _denoiser, x1, 0.5, V, LinearSchedule(), V, torch.Generator().manual_seed(29))
+    wrong = round(found.parallel_wrong * found.drawn)
+    assert 0 < wrong < found.drawn
+    assert found.parallel_wrong == wrong / found.drawn
+    assert found.parallel_wrong != float(torch.tensor(wrong / found.drawn, dtype=torch.float32))  # float32 would differ
+
+
+def test_a_detection_table_gives_areas_to_three_decimals_and_counts_whole():
+    """Areas of 1, below 0.1 and NaN keep three decimals (not three significant digits), counts
+    stay integers, and a column added to the rows follows the first row's keys."""
+    rows = [{"fraction": 0.05, "uniform": 1.0, "drawn": 7, "confident_planner": float("nan"), "steps": 2},
+            {"fraction": 0.5, "uniform": 0.01234, "drawn": 120, "confident_planner": 0.5, "steps": 10}]
+    lines = detection_table(rows).splitlines()
+    assert lines[0] == "| fraction | uniform | drawn | confident_planner | steps |"
+    assert lines[2] == "| 0.050 | 1.000 | 7 | nan | 2 |"
+    assert lines[3] == "| 0.500 | 0.012 | 120 | 0.500 | 10 |"
