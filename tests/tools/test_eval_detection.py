@@ -514,3 +514,37 @@ def test_a_detection_table_gives_areas_to_three_decimals_and_counts_whole():
     assert lines[0] == "| fraction | uniform | drawn | confident_planner | steps |"
     assert lines[2] == "| 0.050 | 1.000 | 7 | nan | 2 |"
     assert lines[3] == "| 0.500 | 0.012 | 120 | 0.500 | 10 |"
+
+
+def test_the_combined_detector_sums_the_planner_logit_and_the_draws_log_odds_of_doubt():
+    """Blind planner scores and an uneven denoiser: every area is the one recomputed from what the
+    models saw, with the combined score the planner's logit plus log((1 - c) / c) for the draw's
+    probability c, and the confident half the draws of the lower half of that log-odds."""
+    g = torch.Generator().manual_seed(30)
+    x1 = torch.randint(0, V, (32, D), generator=g)
+    score = torch.randn(32, D, generator=g)
+    bias = 2.0 * torch.randn(32, D, V, generator=g)
+    seen = []
+
+    def planner(x):
+        seen.append(x)
+        return score
+
+    def denoiser(x, t):
+        seen.append(x)
+        return bias + 1.5 * torch.nn.functional.one_hot(x1, V)
+
+    found = error_detection(planner, denoiser, x1, 0.5, V, LinearSchedule(), V, torch.Generator().manual_seed(31))
+    _, masked, parallel = seen
+    chosen = masked == V
+    c = torch.softmax((bias + 1.5 * torch.nn.functional.one_hot(x1, V)).double(), -1)
+    c = c.gather(-1, parallel[..., None]).squeeze(-1)[chosen]
+    doubt, planned, wrong = torch.log((1.0 - c) / c), score[chosen].double(), (parallel != x1)[chosen]
+    combined = planned + doubt
+    confident = doubt <= doubt.median()
+    assert 0.55 < found.confidence < 0.95 and 0.55 < found.combined  # both detectors inform the sum
+    assert found.confidence == pytest.approx(pairwise_auc(doubt, wrong), abs=1e-9)
+    assert found.combined == pytest.approx(pairwise_auc(combined, wrong), abs=1e-9)
+    assert confident.sum() == (wrong.numel() + 1) // 2
+    assert found.confident_wrong == int(wrong[confident].sum())
+    assert found.confident_combined == pytest.approx(pairwise_auc(combined[confident], wrong[confident]), abs=1e-9)
