@@ -2,6 +2,7 @@
 planner_on_draws.py)."""
 import csv
 import dataclasses
+import fractions
 import itertools
 import math
 import runpy
@@ -548,3 +549,21 @@ def test_the_combined_detector_sums_the_planner_logit_and_the_draws_log_odds_of_
     assert confident.sum() == (wrong.numel() + 1) // 2
     assert found.confident_wrong == int(wrong[confident].sum())
     assert found.confident_combined == pytest.approx(pairwise_auc(combined[confident], wrong[confident]), abs=1e-9)
+
+
+@pytest.mark.parametrize("score", [torch.tensor([3, 1, 2]), torch.tensor([True, False, False]), [0.3, 0.1, 0.2]])
+def test_auc_refuses_scores_that_are_not_a_floating_tensor(score):
+    """Integer or bool scores (token ids, labels passed in the wrong place) gave an area as if
+    they were scores; a list met an AttributeError."""
+    with pytest.raises(TypeError, match="score must"):
+        auc(score, torch.tensor([True, False, False]))
+
+
+def test_error_detection_reports_any_real_fraction_as_a_float():
+    """A fraction given as a Fraction (or numpy's scalar) is kept as the float it was checked as,
+    so its row prints in the table like any other."""
+    x1 = torch.randint(0, V, (4, D), generator=torch.Generator().manual_seed(32))
+    found = error_detection(_planner, _denoiser, x1, fractions.Fraction(1, 4), V, LinearSchedule(), V,
+                            torch.Generator().manual_seed(33))
+    assert type(found.fraction) is float and found.fraction == 0.25
+    assert detection_table([dataclasses.asdict(found)]).splitlines()[2].startswith("| 0.250 | ")
