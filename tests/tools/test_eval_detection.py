@@ -567,3 +567,28 @@ def test_error_detection_reports_any_real_fraction_as_a_float():
                             torch.Generator().manual_seed(33))
     assert type(found.fraction) is float and found.fraction == 0.25
     assert detection_table([dataclasses.asdict(found)]).splitlines()[2].startswith("| 0.250 | ")
+
+
+@pytest.mark.parametrize("at", [0, 2])
+def test_auc_refuses_a_nan_score_at_a_positive_or_a_negative_entry(at):
+    score = torch.tensor([0.3, 0.1, 0.2])
+    score[at] = float("nan")
+    with pytest.raises(ValueError, match="score must not hold NaN"):
+        auc(score, torch.tensor([True, False, False]))
+
+
+def test_auc_ranks_infinite_scores_at_the_ends():
+    """A logit of +inf or -inf is a score like any other: only NaN cannot be ranked."""
+    score = torch.tensor([float("inf"), 0.5, -float("inf"), 0.2, 0.9])
+    positive = torch.tensor([True, False, False, True, False])
+    assert auc(score, positive) == pytest.approx(pairwise_auc(score, positive)) == pytest.approx(4 / 6)
+    assert auc(score, score > 0.7) == 1.0
+
+
+def test_a_detection_table_takes_its_columns_in_the_first_rows_order():
+    """Rows of equal keys in another order (one read back from a CSV, one computed) print under
+    the first row's columns, each value in its own column."""
+    rows = [{"fraction": 0.5, "drawn": 10, "uniform": 0.75}, {"uniform": 0.25, "fraction": 0.2, "drawn": 4}]
+    lines = detection_table(rows).splitlines()
+    assert lines[0] == "| fraction | drawn | uniform |"
+    assert lines[2:] == ["| 0.500 | 10 | 0.750 |", "| 0.200 | 4 | 0.250 |"]
