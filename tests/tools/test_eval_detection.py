@@ -592,3 +592,33 @@ def test_a_detection_table_takes_its_columns_in_the_first_rows_order():
     lines = detection_table(rows).splitlines()
     assert lines[0] == "| fraction | drawn | uniform |"
     assert lines[2:] == ["| 0.500 | 10 | 0.750 |", "| 0.200 | 4 | 0.250 |"]
+
+
+def test_the_draws_mask_with_the_mask_id_given_above_the_vocabulary():
+    """A mask id past V (a vocabulary with reserved ids between) is the token the denoiser sees
+    at the drawn positions, in error_detection as in parallel_draws."""
+    x1 = torch.randint(0, V, (4, D), generator=torch.Generator().manual_seed(34))
+    seen = []
+
+    def denoiser(x, t):
+        seen.append(x)
+        return torch.zeros(*x.shape, V)
+
+    chosen = torch.arange(D).expand(4, D) % 3 == 0
+    parallel_draws(denoiser, x1, chosen, V + 2, LinearSchedule(), V)
+    assert torch.equal(seen[0], torch.where(chosen, V + 2, x1))
+    found = error_detection(_planner, denoiser, x1, 0.5, V + 2, LinearSchedule(), V, torch.Generator().manual_seed(35))
+    masked = seen[1] != x1
+    assert masked.sum() == found.drawn > 0 and torch.all(seen[1][masked] == V + 2)
+
+
+def test_error_detection_takes_a_one_token_vocabulary_and_refuses_an_empty_one():
+    """With one token nothing can be wrong: every area has no positive to find (NaN), none of the
+    draws is wrong; a vocabulary of none is named."""
+    x1 = torch.zeros(4, D, dtype=torch.long)
+    found = error_detection(_planner, lambda x, t: torch.zeros(*x.shape, 1), x1, 0.5, 1, LinearSchedule(), 1,
+                            torch.Generator().manual_seed(36))
+    assert found.drawn > 0 and found.parallel_wrong == 0.0 and found.confident_wrong == 0
+    assert all(math.isnan(a) for a in (found.uniform, found.parallel, found.confidence, found.combined))
+    with pytest.raises(ValueError, match="vocab_size must be >= 1, got 0"):
+        error_detection(_planner, _denoiser, x1, 0.5, V, LinearSchedule(), 0)
