@@ -622,3 +622,15 @@ def test_error_detection_takes_a_one_token_vocabulary_and_refuses_an_empty_one()
     assert all(math.isnan(a) for a in (found.uniform, found.parallel, found.confidence, found.combined))
     with pytest.raises(ValueError, match="vocab_size must be >= 1, got 0"):
         error_detection(_planner, _denoiser, x1, 0.5, V, LinearSchedule(), 0)
+
+
+def test_detection_rows_hold_plain_ints_and_floats():
+    """Counts are ints and areas and shares floats, not 0-d tensors: the table and the CSV writer
+    format them as numbers."""
+    x1 = torch.randint(0, V, (8, D), generator=torch.Generator().manual_seed(37))
+    g = torch.Generator().manual_seed(38)
+    (row,) = detection_rows(_planner, lambda x, t: torch.randn(*x.shape, V, generator=g), x1, [0.5], V, "linear", V,
+                            seed=39)
+    assert {name for name, value in row.items() if type(value) is int} == {"drawn", "confident_wrong"}
+    assert all(type(value) is float for name, value in row.items() if name not in ("drawn", "confident_wrong"))
+    assert "tensor" not in detection_table([row])
