@@ -634,3 +634,19 @@ def test_detection_rows_hold_plain_ints_and_floats():
     assert {name for name, value in row.items() if type(value) is int} == {"drawn", "confident_wrong"}
     assert all(type(value) is float for name, value in row.items() if name not in ("drawn", "confident_wrong"))
     assert "tensor" not in detection_table([row])
+
+
+def test_the_confident_half_is_cut_at_the_median_even_among_near_ties():
+    """Every draw wrong at confidences a hair apart: the cut is the median itself, so the
+    confident half still holds half the draws."""
+    x1 = torch.randint(0, V, (16, D), generator=torch.Generator().manual_seed(40))
+    lean = 1.0 + 1e-4 * torch.rand(16, D, generator=torch.Generator().manual_seed(41))
+
+    def wrong(x, t):  # as in test_the_confident_half_holds_half_the_draws, the leans closer
+        logits = torch.full((16, D, V), -100.0)
+        logits.scatter_(-1, ((x1 + 1) % V)[..., None], lean[..., None])
+        return logits.scatter(-1, ((x1 + 2) % V)[..., None], 0.0)
+
+    found = error_detection(_planner, wrong, x1, 0.5, V, LinearSchedule(), V, torch.Generator().manual_seed(42))
+    assert found.parallel_wrong == 1.0
+    assert found.confident_wrong == (found.drawn + 1) // 2
