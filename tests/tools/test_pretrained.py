@@ -682,3 +682,49 @@ def test_install_bundle_refuses_its_dest_before_reading_the_checkpoints(tmp_path
     (tmp_path / "other" / "notes.txt").write_text("mine")
     with pytest.raises(CheckpointError, match="neither empty nor a ddpd checkpoint"):
         pretrained.install_bundle(str(tmp_path / "absent"), str(tmp_path / "absent"), str(tmp_path / "other"))
+
+
+def test_no_bundle_error_names_the_callers_way_and_the_variable(tmp_path, monkeypatch):
+    monkeypatch.delenv(pretrained.ENV_VAR, raising=False)
+    monkeypatch.setattr(pretrained, "BUNDLE_DIR", tmp_path)
+    with pytest.raises(pretrained.BundleNotFoundError) as raised:
+        pretrained.default_bundle(own="--mine DIR")
+    assert str(raised.value) == (
+        f"no default model in the ddpd package: {tmp_path} lacks planner/model.safetensors, planner/config.json, "
+        "denoiser/model.safetensors, denoiser/config.json; pass your own checkpoints with --mine DIR, or set "
+        "DDPD_PRETRAINED_DIR to a bundle directory")
+
+
+def _edit_training(path, training):
+    config = read_config(path)
+    config["training"] = training
+    config["settings_sha256"] = settings_digest(config)
+    Path(path, "config.json").write_text(json.dumps(config))
+
+
+def test_install_bundle_takes_a_null_training_section(tmp_path):
+    """"training": null is no training section, as an absent one: nothing to make portable."""
+    paths = _training_checkpoints(tmp_path)
+    _edit_training(paths["planner"], None)
+    dest = pretrained.install_bundle(paths["planner"], paths["denoiser"], str(tmp_path / "text8"))
+    assert read_config(os.path.join(dest, "planner"))["training"] is None
+
+
+def test_install_bundle_cuts_a_long_training_value_in_its_error(tmp_path):
+    paths = _training_checkpoints(tmp_path)
+    _edit_training(paths["planner"], "x" * 100)
+    with pytest.raises(CheckpointError) as raised:
+        pretrained.install_bundle(paths["planner"], paths["denoiser"], str(tmp_path / "text8"))
+    assert str(raised.value).endswith("must be an object of ddpd-train settings, got '" + "x" * 39)
+    assert not (tmp_path / "text8").exists()
+
+
+def test_install_command_without_dest_says_how_to_use_the_bundle(capsys):
+    from ddpd.pretrained.__main__ import main as install_main
+
+    assert install_main(["a", "b"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == (
+        "python -m ddpd.pretrained: error: --dest is required: the directory to write the bundle to (then set "
+        f"DDPD_PRETRAINED_DIR to it to make it the default; --dest {pretrained.BUNDLE_DIR} replaces the bundle "
+        "shipped in the package)\n")
