@@ -728,3 +728,18 @@ def test_install_command_without_dest_says_how_to_use_the_bundle(capsys):
         "python -m ddpd.pretrained: error: --dest is required: the directory to write the bundle to (then set "
         f"DDPD_PRETRAINED_DIR to it to make it the default; --dest {pretrained.BUNDLE_DIR} replaces the bundle "
         "shipped in the package)\n")
+
+
+def test_check_bundle_configs_refuses_a_config_without_a_tokenizer():
+    configs = _configs()
+    del configs["denoiser"]["tokenizer"]
+    with pytest.raises(ValueError) as raised:
+        pretrained.check_bundle_configs(configs)
+    assert str(raised.value) == "default bundle: the denoiser must use the tokenizer {'name': 'text8'}, got None"
+
+
+def test_install_bundle_takes_a_path_dest_and_names_an_unknown_dtype(tmp_path):
+    paths = _training_checkpoints(tmp_path)
+    assert pretrained.install_bundle(paths["planner"], paths["denoiser"], tmp_path / "text8") == str(tmp_path / "text8")
+    with pytest.raises(ValueError, match=r"bfloat16'\), got 'half'$"):
+        pretrained.install_bundle(paths["planner"], paths["denoiser"], str(tmp_path / "x"), "half")
