@@ -79,7 +79,7 @@ def truncated_law(logits, temperature=1.0, top_k=None, top_p=None, min_p=None) -
 
 
 @pytest.mark.parametrize("name", list(baselines.CATEGORICAL))
-@pytest.mark.parametrize("temperature", [1.0, 0.6])
+@pytest.mark.parametrize("temperature", [1.0, 0.6, 1.6])
 def test_categorical_draws(name, temperature):
     torch.manual_seed(1)
     tokens = baselines.CATEGORICAL[name](rows(LOGITS), temperature)
@@ -100,7 +100,8 @@ def test_draws_divide_by_the_temperature_only_when_it_is_not_one(name):
     """ddpd skips the division at T = 1; a baseline that pays for it there is timed with a handicap."""
     draw, divisions = DRAWS_AT_T[name], {"div", "div_", "__truediv__", "true_divide"}
     assert not divisions & set(calls(lambda: draw(rows(LOGITS, 8), 1.0)))
-    assert divisions & set(calls(lambda: draw(rows(LOGITS, 8), 0.7)))
+    for temperature in (0.7, 1.5):  # below and above one
+        assert divisions & set(calls(lambda: draw(rows(LOGITS, 8), temperature))), temperature
 
 
 CONTROLS = [dict(top_k=3), dict(top_k=1), dict(top_p=0.7), dict(top_p=0.2), dict(min_p=0.3), dict(top_k=4, top_p=0.6),
@@ -115,6 +116,14 @@ def test_truncated_draws(name, controls, temperature):
     tokens = baselines.TRUNCATED[name](rows(LOGITS), temperature, **controls)
     assert tokens.shape == (DRAWS,)
     assert_law(tokens, truncated_law(LOGITS, temperature, **controls))
+
+
+@pytest.mark.parametrize("name", list(baselines.TRUNCATED))
+def test_truncated_draws_above_a_temperature_of_one(name):
+    torch.manual_seed(16)
+    for controls in (dict(top_k=3), dict(top_p=0.7), dict(min_p=0.3)):
+        tokens = baselines.TRUNCATED[name](rows(LOGITS), 1.8, **controls)
+        assert_law(tokens, truncated_law(LOGITS, 1.8, **controls))
 
 
 def test_the_law_test_catches_a_wrong_truncation():
