@@ -87,6 +87,22 @@ def test_categorical_draws(name, temperature):
     assert_law(tokens, torch.softmax(LOGITS.double() / temperature, -1))
 
 
+ONE_TOKEN_DRAWS = {**baselines.CATEGORICAL, **baselines.TRUNCATED}
+
+
+@pytest.mark.parametrize("name", list(ONE_TOKEN_DRAWS))
+def test_one_row_gives_one_token_and_one_token_is_always_drawn(name):
+    """Long[N] tokens also for N = 1 (no squeeze of the row dimension), and a vocabulary of
+    one token draws it."""
+    draw = ONE_TOKEN_DRAWS[name]
+    torch.manual_seed(17)
+    for temperature in (1.0, 0.7):
+        tokens = draw(LOGITS[None], temperature)
+        assert tokens.shape == (1,) and tokens.dtype == torch.long, temperature
+        assert draw(torch.tensor([[0.3]]), temperature).tolist() == [0]
+        assert draw(torch.full((5, 1), -2.0), temperature).tolist() == [0] * 5
+
+
 DRAWS_AT_T = {  # every draw that takes a temperature, with and without truncation
     **baselines.CATEGORICAL,
     **{f"{name}, top-p + min-p": functools.partial(draw, top_p=0.7, min_p=0.1)
@@ -187,6 +203,16 @@ def test_planner_selection_draws_p_over_its_sum(select):
     assert_law(positions[:, 0], p / p.sum())
 
 
+def test_gumbel_argmax_selection_draws_p_over_its_sum_where_p_underflows():
+    """The Gumbel-argmax select works on log sigmoid(logits), not log p: where every p rounds
+    to 0 in float32 (logits near -120), its law is still p / sum p, the softmax of the logits."""
+    torch.manual_seed(18)
+    logits = torch.tensor([-120.0, -121.0, -119.5, -122.5])
+    positions, _, stop = baselines.planner_select(rows(logits), "Gumbel-argmax")
+    assert stop.all() and (torch.sigmoid(logits) == 0).all()
+    assert_law(positions[:, 0], torch.softmax(logits.double(), -1))
+
+
 @pytest.mark.parametrize("name", list(baselines.PLANNER_MASK))
 def test_planner_mask_coins(name):
     """Each coin z_d is Bernoulli(p_d), independent of the others, and the chosen position is
@@ -198,6 +224,7 @@ def test_planner_mask_coins(name):
                                                                         coin)
     assert torch.equal(z.gather(1, positions), torch.ones_like(positions, dtype=torch.bool))
     assert torch.equal(masked, torch.where(z, 99, rows(x))) and torch.equal(count, z.sum(-1))
+    assert count.dtype == torch.long and z.dtype == torch.bool
     p = torch.sigmoid(PLANNER_LOGITS.double())
     choose = p / p.sum()
     # position d, then the coins of positions 1 and 3 (forced True when chosen)
