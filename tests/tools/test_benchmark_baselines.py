@@ -190,6 +190,13 @@ def test_gumbel_top_k_draws_a_zero_weight_only_when_needed():
     assert (draws.sort(-1).values == torch.arange(len(WEIGHTS))).all()
 
 
+def test_gumbel_top_k_draws_a_zero_weight_after_the_tiniest_positive_one():
+    """A zero weight's key is infinite: it comes after every positive weight, however small."""
+    torch.manual_seed(20)
+    draws = baselines.gumbel_top_k(rows(torch.tensor([0.0, 1e-30, 1.0, 1e-20]), 2000), 4)
+    assert (draws[:, -1] == 0).all()
+
+
 PLANNER_LOGITS = torch.tensor([2.0, -1.0, 0.5, -3.0, 1.0, 0.0, -0.5])
 
 
@@ -382,6 +389,16 @@ def test_top_p_stops_at_a_token_whose_mass_above_equals_p(name):
     assert (tokens == 0).all()
 
 
+@pytest.mark.parametrize("name", list(baselines.TRUNCATED))
+def test_top_p_a_hair_above_a_tokens_mass_above_keeps_it(name):
+    """The other side of the boundary: at top_p = 1/2 + 1e-7 the second token's mass above
+    (1/2) is below p, so it is kept; the cut is compared in float32, with no tolerance."""
+    torch.manual_seed(19)
+    logits = torch.tensor([0.0, math.log(0.5), math.log(0.25), math.log(0.25)])
+    tokens = baselines.TRUNCATED[name](rows(logits), top_p=0.5 + 1e-7)
+    assert_law(tokens, torch.tensor([2 / 3, 1 / 3, 0.0, 0.0], dtype=torch.float64))
+
+
 def test_a_coin_of_p_zero_never_comes_up_even_at_a_uniform_of_zero(monkeypatch):
     monkeypatch.setattr(torch, "rand_like", lambda p: torch.zeros_like(p))
     p = torch.tensor([[0.0, 0.3, 1.0]])
@@ -393,6 +410,13 @@ def test_nonzero_compact_of_one_active_row_keeps_the_row_dimension():
     packed, index = baselines.nonzero_compact(torch.tensor([False, False, True, False]), *tensors)
     assert index.tolist() == [2]
     assert packed[0].tolist() == [[6, 7, 8]] and packed[1].tolist() == [2.5]
+
+
+def test_sorted_compact_of_no_active_row_gives_zeros_and_index_minus_one():
+    tensors = (torch.arange(1, 13).view(4, 3), torch.tensor([0.5, 1.5, 2.5, 3.5]))
+    packed, index, count = baselines.sorted_compact(torch.zeros(4, dtype=torch.bool), 2, *tensors)
+    assert int(count) == 0 and index.tolist() == [-1, -1]
+    assert packed[0].tolist() == [[0, 0, 0], [0, 0, 0]] and packed[1].tolist() == [0.0, 0.0]
 
 
 def test_sorted_compact_keeps_the_active_rows_in_order_in_a_large_batch():
