@@ -142,6 +142,18 @@ def test_truncated_draws_above_a_temperature_of_one(name):
         assert_law(tokens, truncated_law(LOGITS, 1.8, **controls))
 
 
+@pytest.mark.parametrize("name", list(baselines.TRUNCATED))
+def test_truncated_draws_of_logits_far_below_zero(name):
+    """A cut token gets -inf, not a finite stand-in: logits near -30000 (exact to a few
+    thousandths in float32) are cut and drawn by the same law as near zero."""
+    torch.manual_seed(21)
+    logits = LOGITS - 30_000.0
+    for controls in (dict(top_k=3), dict(top_p=0.7), dict(min_p=0.3), dict(top_p=0.9, min_p=0.4)):
+        tokens = baselines.TRUNCATED[name](rows(logits), 0.7, **controls)
+        # the law is shift-invariant: computed from the float32 logits shifted back exactly
+        assert_law(tokens, truncated_law(logits.double() + 30_000.0, 0.7, **controls))
+
+
 def test_the_law_test_catches_a_wrong_truncation():
     """The test has the power to see a wrong cut: top-p 0.7 drawn with top-p 0.8's law fails."""
     torch.manual_seed(2)
