@@ -260,6 +260,20 @@ def test_planner_mask_coins(name):
         assert ((freq - p).abs() < 6 * (p * (1 - p) / DRAWS).sqrt() + 1e-9).all()
 
 
+@pytest.mark.parametrize("coin", list(baselines.COIN))
+def test_planner_mask_masks_every_chosen_position(coin):
+    """k chosen positions a row are all masked, whatever the coins: with every p = 0 the
+    mask is exactly the chosen positions, and the count is k."""
+    torch.manual_seed(22)
+    logits = torch.full((3, 6), -200.0)
+    x = torch.arange(18).view(3, 6)
+    positions = torch.tensor([[0, 4], [5, 2], [3, 1]])
+    masked, z, count = baselines.planner_mask(logits, x, positions, 99, coin)
+    want = torch.zeros(3, 6, dtype=torch.bool).scatter_(1, positions, True)
+    assert torch.equal(z, want) and count.tolist() == [2, 2, 2]
+    assert torch.equal(masked, torch.where(want, 99, x))
+
+
 @pytest.mark.parametrize("draw", [baselines.softmax_inverse_cdf, baselines.gumbel_argmax])
 def test_gathered_step_draws_the_position_then_its_token(draw):
     """The plain-torch step draws position d with p_d / sum p and its token from the head's
