@@ -308,10 +308,40 @@ def test_sorted_compact_does_compact_fixeds_job(capacity):
                torch.randn(16, 2, 3, generator=g))
     packed, index, count = baselines.sorted_compact(active, capacity, *tensors)
     want = compact_fixed_reference(active, capacity, *tensors)
+    assert index.dtype == count.dtype == torch.long and count.shape == ()
     assert torch.equal(index, want.index) and torch.equal(count, want.count)
     assert all(torch.equal(got, expected) for got, expected in zip(packed, want.tensors))
     rows, source = baselines.nonzero_compact(active, *tensors)
     assert torch.equal(source, active.nonzero().squeeze(1)) and torch.equal(rows[0], tensors[0][active])
+
+
+DRAWERS = {"multinomial", "searchsorted", "argmax", "bernoulli", "rand_like"}
+NAMED_CODE = [  # (table, name, the one drawing call the name promises, the call to run it)
+    ("CATEGORICAL", "softmax + torch.multinomial", "multinomial", lambda f: f(rows(LOGITS, 4))),
+    ("CATEGORICAL", "Gumbel-argmax", "argmax", lambda f: f(rows(LOGITS, 4))),
+    ("CATEGORICAL", "inverse CDF", "searchsorted", lambda f: f(rows(LOGITS, 4))),
+    ("TRUNCATED", "masked V + torch.multinomial", "multinomial", lambda f: f(rows(LOGITS, 4), top_k=3)),
+    ("TRUNCATED", "kept tokens + inverse CDF", "searchsorted", lambda f: f(rows(LOGITS, 4), top_k=3)),
+    ("SELECT", "torch.multinomial", "multinomial", lambda f: f(PLANNER_LOGITS[None], PLANNER_LOGITS[None].sigmoid())),
+    ("SELECT", "inverse CDF", "searchsorted", lambda f: f(PLANNER_LOGITS[None], PLANNER_LOGITS[None].sigmoid())),
+    ("SELECT", "Gumbel-argmax", "argmax", lambda f: f(PLANNER_LOGITS[None], PLANNER_LOGITS[None].sigmoid())),
+    ("COIN", "torch.bernoulli", "bernoulli", lambda f: f(PLANNER_LOGITS[None].sigmoid())),
+    ("COIN", "rand < p", "rand_like", lambda f: f(PLANNER_LOGITS[None].sigmoid())),
+]
+
+
+@pytest.mark.parametrize("table, name, drawer, run", NAMED_CODE, ids=[f"{t} {n}" for t, n, _, _ in NAMED_CODE])
+def test_each_baseline_runs_the_code_its_name_says(table, name, drawer, run):
+    """The benchmarks print these names beside the timings: each entry draws with the call
+    its name promises and with no other drawing call."""
+    names = set(calls(lambda: run(getattr(baselines, table)[name])))
+    assert names & DRAWERS == {drawer}, names
+
+
+def test_the_sync_free_compaction_sorts_and_never_calls_nonzero():
+    active = torch.tensor([False, True, True, False])
+    names = calls(lambda: baselines.COMPACT["sort + index_select"](active, 2, torch.arange(4)))
+    assert "sort" in names and "nonzero" not in names, names
 
 
 def test_code_of_another_job_is_kept_apart():
