@@ -217,7 +217,7 @@ def test_planner_selection_draws_p_over_its_sum(select):
     torch.manual_seed(5)
     positions, total, stop = baselines.planner_select(rows(PLANNER_LOGITS), select)
     p = torch.sigmoid(PLANNER_LOGITS.double())
-    assert positions.shape == (DRAWS, 1) and not stop.any()
+    assert positions.shape == (DRAWS, 1) and total.shape == stop.shape == (DRAWS,) and not stop.any()
     assert torch.allclose(total[0].double(), p.sum())
     assert_law(positions[:, 0], p / p.sum())
 
@@ -230,6 +230,11 @@ def test_gumbel_argmax_selection_draws_p_over_its_sum_where_p_underflows():
     positions, _, stop = baselines.planner_select(rows(logits), "Gumbel-argmax")
     assert stop.all() and (torch.sigmoid(logits) == 0).all()
     assert_law(positions[:, 0], torch.softmax(logits.double(), -1))
+
+
+def test_each_planner_mask_entry_runs_the_select_and_coin_its_name_says():
+    for name, (select, coin) in baselines.PLANNER_MASK.items():
+        assert name == f"{select} + {coin}" and select in baselines.SELECT and coin in baselines.COIN
 
 
 @pytest.mark.parametrize("name", list(baselines.PLANNER_MASK))
