@@ -166,7 +166,7 @@ def masked_truncation_multinomial(logits: torch.Tensor, temperature: float = 1.0
         temperature: T > 0.
         top_k: keep the k largest logits (None or 0: no cut).
         top_p: keep the smallest prefix by probability whose mass reaches top_p (None: no cut).
-        min_p: keep the tokens of probability >= min_p x the largest (None: no cut).
+        min_p: keep the tokens of probability >= min_p x the largest (None or 0: no cut).
 
     Returns:
         Long[N] tokens.
@@ -203,7 +203,7 @@ def kept_token_draw(logits: torch.Tensor, temperature: float = 1.0, top_k: Optio
     """
     y = scaled(logits, temperature)
     if not top_k and top_p is None:
-        if min_p is not None:
+        if min_p:  # 0 is no cut, as in ddpd's ops (and log 0 is undefined)
             y = y.masked_fill(y < y.amax(-1, keepdim=True) + math.log(min_p), float("-inf"))
         return inverse_cdf(softmax_weights(y)).squeeze(-1)
     y, ids = y.topk(min(top_k, y.shape[-1]), dim=-1) if top_k else y.sort(dim=-1, descending=True)
@@ -212,7 +212,7 @@ def kept_token_draw(logits: torch.Tensor, temperature: float = 1.0, top_k: Optio
     kept = torch.full((y.shape[0], 1), y.shape[-1], device=y.device)
     if top_p is not None:  # over what top-k keeps (renormalised), as Hugging Face and ddpd do
         kept = (cumulative - w < top_p * cumulative[:, -1:]).sum(-1, keepdim=True)
-    if min_p is not None:
+    if min_p:
         kept = torch.minimum(kept, (y >= y[:, :1] + math.log(min_p)).sum(-1, keepdim=True))
     u = torch.rand(kept.shape, device=y.device) * cumulative.gather(-1, kept - 1)
     j = torch.searchsorted(cumulative, u, right=True).clamp_(max=y.shape[-1] - 1)

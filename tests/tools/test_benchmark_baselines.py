@@ -426,6 +426,15 @@ def test_min_p_of_one_keeps_only_the_most_likely_token(name):
 
 
 @pytest.mark.parametrize("name", list(baselines.TRUNCATED))
+def test_min_p_of_zero_is_no_cut(name):
+    """As in ddpd's ops (min_p in [0, 1], 0: off), min_p = 0 keeps every token."""
+    torch.manual_seed(23)
+    for controls in (dict(), dict(top_k=3), dict(top_p=0.7)):
+        tokens = baselines.TRUNCATED[name](rows(LOGITS), min_p=0.0, **controls)
+        assert_law(tokens, truncated_law(LOGITS, **controls))
+
+
+@pytest.mark.parametrize("name", list(baselines.TRUNCATED))
 def test_top_k_of_zero_is_no_cut(name):
     torch.manual_seed(11)
     tokens = baselines.TRUNCATED[name](rows(LOGITS), top_k=0)
