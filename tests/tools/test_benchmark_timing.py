@@ -145,15 +145,43 @@ def test_kernel_seconds_on_cuda_is_do_benchs_median_in_seconds(monkeypatch):
     monkeypatch.setattr(triton.testing, "do_bench", do_bench)
     assert timing.kernel_seconds(lambda: None, cuda=True, rep_ms=40) == pytest.approx(2.5e-3)
     assert asked == {"warmup": 25, "rep": 40, "return_mode": "median"}
+    timing.kernel_seconds(lambda: None, cuda=True)
+    assert asked["rep"] == 100
 
 
-@pytest.mark.parametrize("host, calls", [(1e-3, 20), (1.0, 1), (1e-7, 1000), (0.0, 1000)])
+@pytest.mark.parametrize("host, calls", [(1e-3, 20), (3e-3, 6), (1.0, 1), (1e-7, 1000), (0.0, 1000)])
 def test_eager_seconds_fits_its_calls_per_timing_to_the_budget(clock, host, calls):
-    """100 ms over 5 timings: 20 calls of 1 ms each, at least 1 and at most 1000 calls, and a
-    call too fast to see still gets a finite count."""
+    """100 ms over 5 timings: 20 calls of 1 ms each, the whole calls that fit (6 of 3 ms), at
+    least 1 and at most 1000 calls, and a call too fast to see still gets a finite count."""
     fn = steps(clock, [host] * 10000)
     seconds = timing.eager_seconds(fn, cuda=False, rep_ms=100, repeats=5)
     assert fn.ran == 3 + 1 + 5 * calls and seconds == pytest.approx(host)
+
+
+def test_eager_seconds_gives_a_call_too_fast_to_see_the_most_calls_at_the_smallest_budget(clock):
+    """1 ms over 5 timings is 200 us a timing: a call the clock cannot see still gets 1000."""
+    fn = steps(clock, [0.0] * 10000)
+    timing.eager_seconds(fn, cuda=False, rep_ms=1, repeats=5)
+    assert fn.ran == 3 + 1 + 5 * 1000
+
+
+def test_eager_seconds_budgets_100_ms_over_5_timings_by_default(clock):
+    fn = steps(clock, [1e-3] * 200)
+    assert timing.eager_seconds(fn, cuda=False) == pytest.approx(1e-3) and fn.ran == 3 + 1 + 5 * 20
+
+
+def test_eager_seconds_on_cuda_sizes_its_timings_by_the_device_time_of_a_call(clock):
+    """The probe call is synchronised too: 6 ms a call (1 ms launch, 5 ms kernel) fits 3 calls
+    in each 20 ms timing, not the 20 its launch alone would."""
+    launch = call(clock, host=1e-3, kernel=5e-3)
+    ran = []
+
+    def fn():
+        ran.append(1)
+        launch()
+
+    seconds = timing.eager_seconds(fn, cuda=True, rep_ms=100, repeats=5)
+    assert len(ran) == 3 + 1 + 5 * 3 and seconds == pytest.approx((1e-3 + 3 * 5e-3) / 3)
 
 
 def test_eager_seconds_keeps_the_best_timing(clock):
