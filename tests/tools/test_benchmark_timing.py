@@ -128,6 +128,21 @@ def test_median_seconds_on_cuda_times_the_device_in_seconds(clock, monkeypatch):
     assert seconds == pytest.approx(5e-3) and clock.syncs == 6
 
 
+def test_median_seconds_on_cuda_leaves_the_hosts_synchronisation_out(clock, monkeypatch):
+    """A synchronisation that costs the host 1 ms once the device is idle: the end event is
+    recorded before it, so the time is the call's 5 ms alone."""
+    FakeEvent.clock = clock
+
+    def synchronize():
+        clock.synchronize()
+        clock.host(1e-3)
+
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", synchronize)
+    seconds = timing.median_seconds(call(clock, host=1e-3, kernel=4e-3), cuda=True, repeats=3, warmup=0)
+    assert seconds == pytest.approx(5e-3)
+
+
 def test_kernel_seconds_on_the_cpu_is_median_seconds_with_one_warmup_call(clock):
     fn = steps(clock, [100.0, 3.0, 1.0, 2.0])
     assert timing.kernel_seconds(fn, cuda=False) == 2.0 and fn.ran == 4
@@ -139,12 +154,15 @@ def test_kernel_seconds_on_cuda_is_do_benchs_median_in_seconds(monkeypatch):
     asked = {}
 
     def do_bench(fn, **kwargs):
-        asked.update(kwargs)
+        asked.update(kwargs, fn=fn)
         return 2.5  # milliseconds
 
+    def work():
+        pass
+
     monkeypatch.setattr(triton.testing, "do_bench", do_bench)
-    assert timing.kernel_seconds(lambda: None, cuda=True, rep_ms=40) == pytest.approx(2.5e-3)
-    assert asked == {"warmup": 25, "rep": 40, "return_mode": "median"}
+    assert timing.kernel_seconds(work, cuda=True, rep_ms=40) == pytest.approx(2.5e-3)
+    assert asked == {"fn": work, "warmup": 25, "rep": 40, "return_mode": "median"}
     timing.kernel_seconds(lambda: None, cuda=True)
     assert asked["rep"] == 100
 
@@ -163,6 +181,13 @@ def test_eager_seconds_gives_a_call_too_fast_to_see_the_most_calls_at_the_smalle
     fn = steps(clock, [0.0] * 10000)
     timing.eager_seconds(fn, cuda=False, rep_ms=1, repeats=5)
     assert fn.ran == 3 + 1 + 5 * 1000
+
+
+def test_eager_seconds_shares_its_budget_among_its_timings(clock):
+    """100 ms over 2 timings: 50 calls of 1 ms each."""
+    fn = steps(clock, [1e-3] * 200)
+    assert timing.eager_seconds(fn, cuda=False, rep_ms=100, repeats=2) == pytest.approx(1e-3)
+    assert fn.ran == 3 + 1 + 2 * 50
 
 
 def test_eager_seconds_budgets_100_ms_over_5_timings_by_default(clock):
