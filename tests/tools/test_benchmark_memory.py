@@ -90,10 +90,11 @@ def test_release_to_system_without_glibc_is_false(monkeypatch):
 
 
 def test_glibc_is_none_where_no_c_library_is_found(monkeypatch):
-    monkeypatch.setattr(memory.ctypes.util, "find_library", lambda name: None)
+    asked = []
+    monkeypatch.setattr(memory.ctypes.util, "find_library", lambda name: asked.append(name))
     memory._glibc.cache_clear()
     try:
-        assert memory._glibc() is None
+        assert memory._glibc() is None and asked == ["c"]
     finally:
         memory._glibc.cache_clear()
 
