@@ -265,6 +265,13 @@ def test_best_per_call_counts_the_sync_inside_each_timing(clock):
     assert len(syncs) == 3
 
 
+def test_best_per_call_waits_for_earlier_device_work_even_without_warmup(clock):
+    """10 s of device work queued before: the one timing of a 1 s call starts after it."""
+    clock.launch(10.0)
+    fn = steps(clock, [1.0])
+    assert timing.best_per_call(fn, calls=1, repeats=1, warmup=0, sync=clock.synchronize) == [1.0]
+
+
 @pytest.mark.parametrize("calls, repeats", [(0, 1), (1, 0)])
 def test_best_per_call_rejects_no_call_or_no_timing(clock, calls, repeats):
     with pytest.raises(ValueError, match=f"calls={calls}, repeats={repeats}"):
