@@ -750,3 +750,38 @@ def test_the_fallback_warning_points_at_the_line_that_called_the_op(monkeypatch)
         line = sys._getframe().f_lineno + 1
         _an_op(torch.device("cuda"))
     assert (record[0].filename, record[0].lineno) == (__file__, line)
+
+
+def test_the_record_setup_writes_makes_its_build_current(fake_build, monkeypatch):
+    """setup.py writes build_info beside the module it built; prebuilt_problem reads it back."""
+    sources, built = fake_build
+    kernel = sources / "cuda" / "op.cu"
+    kernel.parent.mkdir()
+    kernel.write_text("")
+    for with_cuda in (False, True):
+        monkeypatch.setattr(_ext, "can_build_cuda", lambda: with_cuda)
+        info = _ext.build_info(with_cuda, sources)
+        assert info == {"torch": torch.__version__, "python": sys.version.split()[0], "cuda": with_cuda,
+                        "sources": _ext.source_digests(sources, with_cuda)}
+        assert ("cuda/op.cu" in info["sources"]) == with_cuda
+        (built.parent / _ext.BUILD_INFO).write_text(json.dumps(info))
+        assert _ext.prebuilt_problem() is None
+
+
+def test_the_compile_call_passes_the_include_path_flags_and_quiet_build(monkeypatch, tmp_path):
+    from torch.utils import cpp_extension
+
+    calls = []
+    monkeypatch.setattr(cpp_extension, "load", lambda **kwargs: calls.append(kwargs) or "module")
+    monkeypatch.setenv("DDPD_EXTENSIONS_DIR", str(tmp_path))
+    _ext._compile("a test asked for it")
+    (kwargs,) = calls
+    assert kwargs["extra_include_paths"] == [str(_ext.source_dir())]
+    assert kwargs["extra_cuda_cflags"] == ["-O3", "--fmad=false", "-std=c++17"]
+    assert kwargs["extra_ldflags"] == ["-fopenmp"]
+    assert kwargs["verbose"] is False
+    assert _ext.cxx_flags(False)[-1] == "-DDDPD_WITH_CUDA=0" and _ext.cxx_flags(True)[-1] == "-DDDPD_WITH_CUDA=1"
+
+
+def test_has_cuda_is_a_bool():
+    assert _ext.has_cuda() is bool(_ext.load().with_cuda)
