@@ -785,3 +785,59 @@ def test_the_compile_call_passes_the_include_path_flags_and_quiet_build(monkeypa
 
 def test_has_cuda_is_a_bool():
     assert _ext.has_cuda() is bool(_ext.load().with_cuda)
+
+
+def test_another_torch_at_another_path_gets_its_own_cache_directory(monkeypatch, tmp_path):
+    here = _ext._cache_dir(False, ROOT / "csrc")
+    monkeypatch.setattr(torch, "__file__", str(tmp_path / "torch" / "__init__.py"))
+    assert _ext._cache_dir(False, ROOT / "csrc") != here
+
+
+def test_a_cache_directory_that_does_not_exist_yet_is_made_with_its_parents(monkeypatch, tmp_path):
+    from torch.utils import cpp_extension
+
+    calls = []
+    monkeypatch.setattr(cpp_extension, "load", lambda **kwargs: calls.append(kwargs) or "module")
+    monkeypatch.setenv("DDPD_EXTENSIONS_DIR", str(tmp_path / "not" / "yet" / "made"))
+    assert _ext._compile("a test asked for it") == "module"
+    assert Path(calls[0]["build_directory"]).parent == tmp_path / "not" / "yet" / "made"
+
+
+def test_the_build_holds_the_lock_of_its_directory(monkeypatch, tmp_path):
+    """torchrun starts several processes: one builds while the others wait on the lock."""
+    import fcntl
+
+    from torch.utils import cpp_extension
+
+    def load(**kwargs):
+        build_dir = Path(kwargs["build_directory"])
+        with open(build_dir.parent / f".{build_dir.name}.lock", "w") as other:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return "module"
+
+    monkeypatch.setattr(cpp_extension, "load", load)
+    monkeypatch.setenv("DDPD_EXTENSIONS_DIR", str(tmp_path))
+    assert _ext._compile("a test asked for it") == "module"
+
+
+def test_a_build_directory_without_a_record_is_emptied(tmp_path):
+    (tmp_path / "module.o").write_text("built from unknown sources")
+    _ext._remove_stale(tmp_path, None, {"module.cpp": "new"})
+    assert not tmp_path.exists()
+
+
+def test_a_cache_that_cannot_be_written_is_named_with_the_os_reason(monkeypatch, tmp_path):
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("DDPD_EXTENSIONS_DIR", str(tmp_path / "a-file"))
+    with pytest.raises(RuntimeError) as raised:
+        _ext._compile("a test asked for it")
+    assert f"failed: File exists: {tmp_path / 'a-file'} (it needs a directory" in str(raised.value)
+
+
+def test_a_blank_cuda_arch_list_is_as_unset(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "  ")
+    assert "TORCH_CUDA_ARCH_LIST is not set" in _ext.cuda_arch_problem()
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", " native ")
+    assert "TORCH_CUDA_ARCH_LIST is not set" in _ext.cuda_arch_problem()
