@@ -841,3 +841,53 @@ def test_a_blank_cuda_arch_list_is_as_unset(monkeypatch):
     assert "TORCH_CUDA_ARCH_LIST is not set" in _ext.cuda_arch_problem()
     monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", " native ")
     assert "TORCH_CUDA_ARCH_LIST is not set" in _ext.cuda_arch_problem()
+
+
+def _run_python_m_ddpd_ops(monkeypatch, *args):
+    import runpy
+
+    monkeypatch.setattr(sys, "argv", ["python -m ddpd.ops", *args])
+    runpy.run_module("ddpd.ops", run_name="__main__")
+
+
+def test_python_m_ddpd_ops_prints_the_modules_file_and_a_bool(monkeypatch, capsys):
+    from types import SimpleNamespace
+
+    module = SimpleNamespace(__name__="ddpd._C", __file__="/site/ddpd/_C.so", with_cuda=0)  # an int, as in C++
+    monkeypatch.setattr(_ext, "load", lambda: module)
+    _run_python_m_ddpd_ops(monkeypatch)
+    assert capsys.readouterr().out == "ddpd: extension ddpd._C from /site/ddpd/_C.so, CUDA kernels: False\n"
+    module.with_cuda = 1
+    _run_python_m_ddpd_ops(monkeypatch, "--cuda")
+    assert capsys.readouterr().out == "ddpd: extension ddpd._C from /site/ddpd/_C.so, CUDA kernels: True\n"
+
+
+def test_python_m_ddpd_ops_exits_with_the_first_line_of_a_failed_load(monkeypatch):
+    def fail():
+        raise RuntimeError("ddpd: the C++ extension is unavailable\nninja's log")
+
+    monkeypatch.setattr(_ext, "load", fail)
+    with pytest.raises(SystemExit) as raised:
+        _run_python_m_ddpd_ops(monkeypatch)
+    assert raised.value.code == "ddpd: the C++ extension is unavailable"
+
+
+def test_load_compiles_for_the_reason_the_build_cannot_be_used(monkeypatch):
+    monkeypatch.setattr(_ext, "_module", None)
+    monkeypatch.setattr(_ext, "prebuilt_problem", lambda: "DDPD_FORCE_JIT is set")
+    reasons = []
+    monkeypatch.setattr(_ext, "_compile", lambda reason: reasons.append(reason) or "module")
+    assert _ext.load() == "module" and reasons == ["DDPD_FORCE_JIT is set"]
+
+
+def test_ops_loads_the_extension_first(monkeypatch):
+    monkeypatch.setattr(_ext, "_module", None)
+    calls = []
+    monkeypatch.setattr(_ext, "load", lambda: calls.append("load"))
+    assert _ext.ops() is torch.ops.ddpd and calls == ["load"]
+
+
+def test_a_record_that_is_json_but_not_an_object_is_stale(fake_build):
+    sources, built = fake_build
+    (built.parent / _ext.BUILD_INFO).write_text("[]")
+    assert _ext.prebuilt_problem().endswith("is not the JSON record of a build")
