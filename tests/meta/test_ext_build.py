@@ -891,3 +891,38 @@ def test_a_record_that_is_json_but_not_an_object_is_stale(fake_build):
     sources, built = fake_build
     (built.parent / _ext.BUILD_INFO).write_text("[]")
     assert _ext.prebuilt_problem().endswith("is not the JSON record of a build")
+
+
+def test_the_compile_builds_the_cuda_kernels_where_they_can_be_built(monkeypatch, tmp_path):
+    from torch.utils import cpp_extension
+
+    calls = []
+    monkeypatch.setattr(cpp_extension, "load", lambda **kwargs: calls.append(kwargs) or "module")
+    monkeypatch.setattr(_ext, "can_build_cuda", lambda: True)
+    monkeypatch.setenv("DDPD_EXTENSIONS_DIR", str(tmp_path))
+    _ext._compile("a test asked for it")
+    (kwargs,) = calls
+    assert kwargs["with_cuda"] is True and kwargs["extra_cflags"] == _ext.cxx_flags(True)
+    assert kwargs["sources"] == _ext.sources(_ext.source_dir(), with_cuda=True)
+    assert "-cuda-" in Path(kwargs["build_directory"]).name
+
+
+def test_a_changed_header_beside_a_changed_source_empties_the_build_directory(tmp_path):
+    (tmp_path / "kernel.o").write_text("built")
+    (tmp_path / "module.o").write_text("built")
+    _ext._remove_stale(tmp_path, {"cpu/kernel.cpp": "old", "cpu/kernel.h": "old", "module.cpp": "same"},
+                       {"cpu/kernel.cpp": "new", "cpu/kernel.h": "new", "module.cpp": "same"})
+    assert not tmp_path.exists()
+
+
+def test_a_loaded_extension_is_returned_without_taking_the_lock(monkeypatch):
+    class Taken:
+        def __enter__(self):
+            raise AssertionError("the lock was taken")
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(_ext, "_module", "module")
+    monkeypatch.setattr(_ext, "_lock", Taken())
+    assert _ext.load() == "module"
