@@ -158,7 +158,8 @@ def test_build_without_info(fake_build):
     (built.parent / _ext.BUILD_INFO).write_text("")  # cut short: stale, not a JSONDecodeError at every call
     assert _ext.prebuilt_problem().endswith("is not the JSON record of a build")
     (built.parent / _ext.BUILD_INFO).unlink()
-    assert "is missing" in _ext.prebuilt_problem()
+    assert _ext.prebuilt_problem() == (f"{built.parent / _ext.BUILD_INFO} is missing, so the torch version _C.so "
+                                       "was built for is unknown")
 
 
 def test_compile_route_calls_torch_load(monkeypatch, tmp_path, capsys):
@@ -926,3 +927,13 @@ def test_a_loaded_extension_is_returned_without_taking_the_lock(monkeypatch):
     monkeypatch.setattr(_ext, "_module", "module")
     monkeypatch.setattr(_ext, "_lock", Taken())
     assert _ext.load() == "module"
+
+
+def test_a_changed_cuda_header_makes_a_cuda_build_stale(fake_build):
+    sources, built = fake_build
+    header = sources / "cuda" / "common.cuh"
+    header.parent.mkdir()
+    header.write_text("")
+    _write_info(built, sources, True)
+    header.write_text("// an edit")
+    assert _ext.prebuilt_problem() == f"{header} changed since ddpd._C was built"
