@@ -937,3 +937,16 @@ def test_a_changed_cuda_header_makes_a_cuda_build_stale(fake_build):
     _write_info(built, sources, True)
     header.write_text("// an edit")
     assert _ext.prebuilt_problem() == f"{header} changed since ddpd._C was built"
+
+
+def test_no_visible_gpu_is_told_with_the_hint_to_name_the_architectures(monkeypatch):
+    monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    assert _ext.cuda_arch_problem() == f"no GPU is visible and TORCH_CUDA_ARCH_LIST is not set; {_ext.ARCH_LIST_HINT}"
+
+
+def test_of_several_changed_sources_the_first_by_name_is_told(fake_build):
+    sources, built = fake_build
+    for name in ("b.cpp", "a.cpp"):
+        (sources / name).write_text("")
+    assert _ext.prebuilt_problem() == f"{sources / 'a.cpp'} changed since ddpd._C was built"
