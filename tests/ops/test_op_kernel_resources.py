@@ -17,6 +17,7 @@ cases, the compilation and the reading of the binaries ddpd.testing.sm90's (the
 last test runs that script). Like tests/ops/test_op_triton_compile.py, the compilation runs in a child
 process without TRITON_INTERPRET: `python tests/ops/test_op_kernel_resources.py`.
 """
+import re
 import sys
 import types
 from importlib.metadata import version
@@ -131,6 +132,7 @@ def compiled_with(monkeypatch, registers: int, stack: int, shared: int, warps: i
 @pytest.mark.parametrize("registers,shared,warps,per_sm", [
     (41, 0, 4, 10),  # registers: 48 a thread (allocated by eight) x 128 threads, 10 programs of 65536
     (40, 0, 4, 12),
+    (64, 0, 4, 8),  # 64 x 128 threads: exactly 8 programs of 65536 registers
     (32, 100000, 4, 2),  # shared memory: a program reserves 1 KiB more than it uses
     (32, 115713, 4, 1),
     (32, 115712, 4, 2),
@@ -171,6 +173,65 @@ def test_compile_launch_specialises_as_tritons_runtime(monkeypatch):
     assert signature["x"] == "*bf16" and signature["n"] == "constexpr" and signature["one"] == "i32"
     assert constexprs == dict(n=1, none=None, BLOCK=None) and options == {}  # a missing constexpr is None
     assert set(attrs) == {(0,), (4,), (5,), (10,)}
+
+
+def test_compile_launch_names_each_tensor_dtype_as_triton_does(monkeypatch):
+    import triton
+    import triton.compiler
+
+    compiled = []
+    monkeypatch.setattr(triton.compiler, "ASTSource", lambda fn, signature, constexprs, attrs: signature)
+    monkeypatch.setattr(triton, "compile", lambda src, target, options: compiled.append(src))
+    dtypes = dict(f32=torch.float32, bf16=torch.bfloat16, f16=torch.float16, i64=torch.int64, i32=torch.int32,
+                  b=torch.bool)
+    kernel = types.SimpleNamespace(arg_names=list(dtypes))
+    compile_launch(kernel, {name: torch.empty(4, dtype=dtype) for name, dtype in dtypes.items()}, {})
+    assert compiled == [dict(f32="*fp32", bf16="*bf16", f16="*fp16", i64="*i64", i32="*i32", b="*i1")]
+
+
+def test_cuobjdump_reads_the_whole_cubin_with_tritons_tool(monkeypatch):
+    import triton
+
+    tool, seen = triton.knobs.nvidia.cuobjdump.path, []  # found (and its version read) before run is replaced
+
+    def run(command, capture_output, text, check):
+        with open(command[2], "rb") as f:
+            seen.append((command[:2], f.read(), capture_output, text, check))
+        return types.SimpleNamespace(stdout="REG:40 STACK:0")
+
+    monkeypatch.setattr(sm90.subprocess, "run", run)
+    compiled = types.SimpleNamespace(asm={"cubin": b"\x7fELF" + bytes(range(64))})
+    assert sm90.cuobjdump(compiled, "-sass") == "REG:40 STACK:0"
+    assert seen == [([tool, "-sass"], compiled.asm["cubin"], True, True, True)]
+
+
+def test_cases_launch_the_shapes_their_names_give(monkeypatch):
+    """Each case's name states its rows and vocabulary (and H): the builders are given those."""
+    for builder in ("sample_categorical_call", "sample_from_hidden_call", "planner_call", "planner_mask_call"):
+        monkeypatch.setattr(sm90, builder, lambda *args, _name=builder, **kwargs: (_name, args, kwargs))
+    monkeypatch.setattr(sm90, "in_row_blocks", lambda block_n, warps, call: (block_n, warps, call))
+    assert (sm90.LLAMA3, sm90.H100_SMS) == (128256, 132)
+    for name, make in CASES.items():
+        made = make()
+        if "64-row blocks" in name:
+            assert made[:2] == (64, 8), name
+            made = made[2]
+        builder, args, kwargs = made
+        assert name.startswith(builder.removesuffix("_call").replace("planner_call", "planner_select")), name
+        if builder == "sample_from_hidden_call":
+            numbers = [int(n) for n in re.findall(r"[NHV]=(\d+)", name)]
+        else:
+            numbers = [int(n) for n in name.split(" ")[1].split("x")]  # rows x vocabulary (or length)
+        assert list(args[:len(numbers)]) == numbers, name
+        if "T=0.7" in name:
+            assert kwargs["temperature"] == 0.7, name
+        if builder == "sample_categorical_call":
+            assert args[2] == (torch.float32 if "fp32" in name else torch.bfloat16), name
+            controls = {"top-k": ("top_k", 50), "top-p": ("top_p", 0.9), "min-p": ("min_p", 0.05)}
+            assert {k: v for k, v in kwargs.items() if k != "temperature"} == dict(
+                value for key, value in controls.items() if key in name), name
+        if builder == "planner_call":
+            assert kwargs == (dict(with_mask=True) if "mask" in name else {}), name
 
 
 def test_switched_sets_the_ops_switch_for_the_call_only(monkeypatch):
