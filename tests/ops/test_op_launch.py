@@ -104,8 +104,10 @@ def test_launcher_calls_default_to_the_gpu_benchmarks_shapes(monkeypatch):
 def test_launcher_calls_pass_their_seed_and_offset(monkeypatch):
     calls = launched(monkeypatch, "sample_from_hidden", "sample_from_hidden_triton")
     launch_cost.sample_from_hidden_call(rows=2, width=4, vocab=8, seed=5, offset=7)()
-    (args, _), = calls
-    assert args[9:11] == (5, 7)
+    launch_cost.sample_from_hidden_call(rows=2, width=4, vocab=8, temperature=0.5)()
+    (args, _), (tempered, _) = calls
+    assert args[9:11] == (5, 7) and tempered[9:11] == (1, 2)  # the default seed and offset
+    assert (args[3], tempered[3]) == (1.0, 0.5) and args[4] is None and tempered[4] is None  # a scalar temperature
     calls = launched(monkeypatch, "planner_select", "planner_select_triton")
     launch_cost.planner_call(rows=2, length=8, seed=5, offset=7)()
     launch_cost.planner_call(rows=2, length=8, with_mask=True, seed=5, offset=7)()
@@ -145,9 +147,15 @@ def test_the_planner_calls_launch_one_kernel_with_or_without_the_mask(monkeypatc
     (logits, x, positions, mask_id, noise, _, row_ids), _ = calls[0]
     assert (logits.shape, x.shape, positions.shape, mask_id, noise, row_ids) == ((2, 8), (2, 8), (2, 1), 27, None,
                                                                                   None)
+    assert (x.dtype, positions.dtype) == (torch.long, torch.long)
 
 
 def test_each_named_launch_builds_its_call(monkeypatch):
+    for name, builder in (("sample_categorical", "sample_categorical_call"),
+                          ("sample_from_hidden", "sample_from_hidden_call"), ("planner_select", "planner_call"),
+                          ("planner_mask", "planner_mask_call"), ("bernoulli", "bernoulli_call"),
+                          ("norm", "norm_call"), ("rotary", "rotary_call")):
+        assert launch_cost.LAUNCHES[name] is getattr(launch_cost, builder), name
     built = []
     for name in ("sample_categorical_call", "sample_from_hidden_call", "planner_call", "planner_mask_call",
                  "bernoulli_call", "norm_call", "rotary_call"):
