@@ -121,6 +121,8 @@ def test_loops_are_the_backward_branches_innermost_first_with_their_counts():
                          vector=2)
     forward = SASS.replace("BRA 0x20", "BRA 0xd0").replace("BRA !P2, 0x40", "BRA 0x80").replace("BRA 0xc0", "BRA 0xe0")
     assert sm90.loops(forward) == []
+    uniform = SASS.replace("@P1 BRA !P2, 0x40", "BRA !UP2, 0x40")  # a branch on a uniform predicate
+    assert sm90.loops(uniform) == [short, inner, outer]
 
 
 def compiled_with(monkeypatch, registers: int, stack: int, shared: int, warps: int):
