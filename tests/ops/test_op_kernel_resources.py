@@ -104,6 +104,7 @@ def test_instructions_are_read_with_their_addresses_and_without_trailing_comment
     assert code[3] == (0x30, "@!P0 BRA 0xa0")
     assert code[-1] == (0xe0, "EXIT")
     assert sm90.instructions("        /*001*/  MOV R1, R2 ; /* 0x0 */\n") == []  # addresses have four digits or more
+    assert sm90.instructions("        /*0010*/  EXIT ;\n") == [(0x10, "EXIT")]  # a line without its encoding
 
 
 @pytest.mark.parametrize("text,expected", [("@!P0 LDG.E.64 R10, desc[UR4][R2.64]", "LDG"), ("@UP1 BRA 0x40", "BRA"),
@@ -273,6 +274,8 @@ def test_answering_as_an_h100_sizes_grids_for_132_multiprocessors_and_dots_16_bi
     # the launch's other arguments go through
     assert categorical.categorical_launch(64, 50257, 4, 2) == categorical_launch(64, 50257, 132, 2)
     assert categorical_launch(64, 50257, 132, 2) != categorical_launch(64, 50257, 132)
+    assert hidden.head_launch(64, 768, 50257, 4, 8) == head_launch(64, 768, 50257, 4, 132)  # a float32 weight
+    assert head_launch(64, 768, 50257, 4, 132) != head_launch(64, 768, 50257, 2, 132)
     bf16, fp32 = torch.empty(2, dtype=torch.bfloat16), torch.empty(2)
     assert not hidden.dot_in_float32(bf16, bf16)
     assert hidden.dot_in_float32(fp32, fp32) and hidden.dot_in_float32(bf16, fp32) and hidden.dot_in_float32(fp32, bf16)
