@@ -91,10 +91,12 @@ def test_launcher_calls_default_to_the_gpu_benchmarks_shapes(monkeypatch):
     launch_cost.norm_call()()
     (x, weight, bias), _ = calls[0]
     assert x.shape == (4096, 768) and torch.equal(weight, torch.ones(768)) and torch.equal(bias, torch.zeros(768))
+    assert x.dtype == torch.float32
     calls = launched(monkeypatch, "rotary", "rotary_triton")
     launch_cost.rotary_call()()
     (x, cos, sin), _ = calls[0]
     assert (x.shape, x.dtype, cos.shape, sin.shape) == ((64, 12, 256, 64), torch.bfloat16, (256, 32), (256, 32))
+    assert cos.dtype == sin.dtype == torch.float32
     calls = launched(monkeypatch, "bernoulli", "bernoulli_triton")
     launch_cost.bernoulli_call(rows=3, width=5, seed=5, offset=7)()
     (p, noise, seed, offset, row_ids, _, _), _ = calls[0]
@@ -129,6 +131,7 @@ def test_sampling_controls_reach_the_categorical_launch(monkeypatch):
     assert plain[0].shape == (2, 300) and plain[0].dtype == torch.float32
     assert (plain[1], plain[6], plain[8], plain[10]) == (1.0, 0, 1.0, float("-inf"))  # no top-k, top-p or min-p
     assert plain[13:15] == (1, 2)  # seed and offset
+    assert plain[18] is False and plain[0].is_contiguous()  # no log-probability; rows as the model writes them
     assert controlled[6] == 5 and controlled[8] == pytest.approx(0.9)
     assert controlled[10] == pytest.approx(torch.log(torch.tensor(0.05)).item()) and controlled[1] == 0.5
 
