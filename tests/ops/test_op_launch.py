@@ -101,6 +101,18 @@ def test_launcher_calls_default_to_the_gpu_benchmarks_shapes(monkeypatch):
     launch_cost.bernoulli_call(rows=3, width=5, seed=5, offset=7)()
     (p, noise, seed, offset, row_ids, _, _), _ = calls[0]
     assert p.shape == (3, 5) and (noise, seed, offset, row_ids) == (None, 5, 7, None)
+    launch_cost.bernoulli_call()()
+    (p, *_), _ = calls[1]
+    assert (p.shape, p.dtype) == ((64, 1024), torch.float32)
+    calls = launched(monkeypatch, "planner_select", "planner_select_triton")
+    launch_cost.planner_call()()
+    launch_cost.planner_call(with_mask=True)()
+    assert [(args[0].shape, args[0].dtype) for args, _ in calls] == [((64, 1024), torch.float32)] * 2
+    assert calls[1][1]["mask"][0].shape == (64, 1024)
+    calls = launched(monkeypatch, "planner_mask", "planner_mask_triton")
+    launch_cost.planner_mask_call()()
+    (logits, x, positions, *_), _ = calls[0]
+    assert (logits.shape, logits.dtype, x.shape, positions.shape) == ((64, 1024), torch.float32, (64, 1024), (64, 1))
 
 
 def test_launcher_calls_pass_their_seed_and_offset(monkeypatch):
