@@ -6,8 +6,9 @@ import pytest
 import torch
 from scipy import stats
 
+from ddpd.kernels.bernoulli import bernoulli_kernel
 from ddpd.ops import bernoulli, philox_uniform
-from ddpd.ops.bernoulli import _prepare, bernoulli_triton
+from ddpd.ops.bernoulli import BLOCK, _prepare, bernoulli_grid, bernoulli_triton
 from ddpd.ops.reference import bernoulli as bernoulli_reference
 
 
@@ -99,6 +100,21 @@ def test_the_kernel_reads_tensor_counters():
     expected = bernoulli_reference(p, seed=2**64 - 3, offset=2**40 + 7, row_ids=rows)
     got = triton_coins(p, seed=torch.tensor(-3), offset=torch.tensor(2**40 + 7), row_ids=rows)
     assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_kernel_writes_no_coin_past_the_last_column(dtype):
+    """D = BLOCK + 37 leaves the last block of a row partial: its dead lanes write nothing,
+    not even the one just past the last row, where p and z run on (p = 1 there would say True)."""
+    rows, width = 2, BLOCK + 37
+    p_buf = torch.ones(rows * width + BLOCK, dtype=dtype)
+    p_buf[:rows * width] = torch.rand(rows * width, generator=torch.Generator().manual_seed(3))
+    z_buf = torch.zeros(rows * width + BLOCK, dtype=torch.bool)
+    p, z = p_buf[:rows * width].view(rows, width), z_buf[:rows * width].view(rows, width)
+    bernoulli_kernel[bernoulli_grid(rows, width)](p, width, None, None, 9, 0, 4, 0, None, None, z, BLOCK=BLOCK,
+                                                  FLOAT64=dtype == torch.float64)
+    assert torch.equal(z, bernoulli_reference(p, seed=9, offset=4))
+    assert not z_buf[rows * width:].any()
 
 
 def test_tensor_counters_leading_dimensions_and_batch_invariance():
