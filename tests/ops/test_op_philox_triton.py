@@ -6,7 +6,7 @@ import triton
 import triton.language as tl
 
 from ddpd.kernels.rng import gumbel, philox_uniform
-from ddpd.ops.rng import philox_uniform_reference, philox_uniform_triton
+from ddpd.ops.rng import PHILOX_BLOCK, philox_uniform_reference, philox_uniform_triton
 
 
 @triton.jit
@@ -53,6 +53,16 @@ def test_philox_uniform_kernel_is_bit_identical_to_torch(seed, offset):
                                                                                                    wide))
     assert philox_uniform_triton(seed, offset, rows[:0], wide).shape == (0, 2500)
     assert philox_uniform_triton(seed, offset, rows, wide[:0]).shape == (len(rows), 0)
+
+
+def test_philox_uniform_kernel_fills_rows_of_whole_blocks_to_the_last_column():
+    """Widths that are exact multiples of the block: every block starts BLOCK columns after the
+    previous one, so the last columns of the row are drawn too (none is left unwritten)."""
+    rows = torch.tensor([3, 2**33 + 1])
+    for width in (PHILOX_BLOCK, 2 * PHILOX_BLOCK):
+        cols = torch.arange(width) * 3 + 1
+        out = philox_uniform_triton(5, 2**32 + 2, rows, cols)
+        assert torch.equal(out, philox_uniform_reference(5, 2**32 + 2, rows, cols))
 
 
 def test_row_ids_whose_high_word_is_one_draw_under_their_derived_key():
