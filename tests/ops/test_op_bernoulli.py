@@ -102,11 +102,13 @@ def test_the_kernel_reads_tensor_counters():
     assert torch.equal(got, expected)
 
 
+@pytest.mark.parametrize("width", [BLOCK + 37, BLOCK])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_the_kernel_writes_no_coin_past_the_last_column(dtype):
+def test_the_kernel_writes_no_coin_past_the_last_column(dtype, width):
     """D = BLOCK + 37 leaves the last block of a row partial: its dead lanes write nothing,
-    not even the one just past the last row, where p and z run on (p = 1 there would say True)."""
-    rows, width = 2, BLOCK + 37
+    not even the one just past the last row, where p and z run on (p = 1 there would say True).
+    D = BLOCK is one whole block a row: each program finds its own row."""
+    rows = 2
     p_buf = torch.ones(rows * width + BLOCK, dtype=dtype)
     p_buf[:rows * width] = torch.rand(rows * width, generator=torch.Generator().manual_seed(3))
     z_buf = torch.zeros(rows * width + BLOCK, dtype=torch.bool)
