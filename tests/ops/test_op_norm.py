@@ -307,3 +307,30 @@ def test_a_compiled_call_takes_gradients_and_an_integer_eps():
     compiled(x, weight, bias, shift=shift, scale=scale).square().sum().backward()
     want = torch.autograd.grad(norm_reference(x, weight, bias, shift=shift, scale=scale).square().sum(), x)[0]
     assert torch.equal(x.grad, want)
+
+
+@pytest.mark.parametrize("rms", [False, True])
+def test_the_kernel_adds_eps_to_the_variance_of_every_norm(rms):
+    """A large eps against rows of small spread: the kernel's layer and RMS norms both add it
+    under the square root, as the reference does (a dropped eps would be invisible at 1e-5)."""
+    x, weight, bias, shift, scale = inputs((2, 3, 24), torch.float32)
+    x = x * 1e-2
+    bias = None if rms else bias
+    for eps in (0.5, 10.0):
+        got = norm_triton(x, weight, bias, eps, rms=rms, shift=shift, scale=scale)
+        want = norm_reference(x, weight, bias, eps, rms=rms, shift=shift, scale=scale)
+        assert torch.allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("x_dtype,modulation_dtype", [(torch.bfloat16, torch.float32), (torch.float16, torch.bfloat16),
+                                                      (torch.float32, torch.bfloat16)])
+def test_a_modulation_in_another_dtype_than_x_is_read_in_its_own(x_dtype, modulation_dtype):
+    """shift and scale need not share x's dtype: the kernel widens them by their own dtype,
+    not x's, and agrees with the reference."""
+    x, weight, bias, shift, scale = inputs((2, 5, 40), x_dtype)
+    shift, scale = shift.to(modulation_dtype), scale.to(modulation_dtype)
+    for rms in (False, True):
+        got = norm_triton(x, weight, bias, 1e-5, rms=rms, shift=shift, scale=scale)
+        want = norm_reference(x, weight, bias, 1e-5, rms=rms, shift=shift, scale=scale)
+        assert got.dtype == x_dtype
+        assert_rounded_from(got, want.double(), x_dtype, 1 if x_dtype != torch.float32 else 64)
