@@ -334,3 +334,36 @@ def test_a_modulation_in_another_dtype_than_x_is_read_in_its_own(x_dtype, modula
         want = norm_reference(x, weight, bias, 1e-5, rms=rms, shift=shift, scale=scale)
         assert got.dtype == x_dtype
         assert_rounded_from(got, want.double(), x_dtype, 1 if x_dtype != torch.float32 else 64)
+
+
+def test_shift_and_scale_rows_are_read_by_their_own_strides():
+    """shift and scale from different tensors, whose rows lie at different strides: each is
+    read by its own, not the other's."""
+    x, weight, bias, _, _ = inputs((3, 4, 24), torch.float32)
+    shift = torch.randn(3, 72)[:, 8:32]
+    scale = torch.randn(3, 24)
+    assert shift.stride(0) != scale.stride(0)
+    for rms in (False, True):
+        got = norm_triton(x, weight, bias, 1e-5, rms=rms, shift=shift, scale=scale)
+        want = norm_reference(x, weight, bias, 1e-5, rms=rms, shift=shift, scale=scale)
+        assert torch.allclose(got, want, atol=1e-5)
+
+
+def test_constant_rows_of_a_strided_view_each_normalise_to_the_bias():
+    """Rows of different constants in a view whose rows are not packed: each row's own values
+    centre it (exactly, whatever its float32 sum rounds to), so each gives the bias."""
+    base = torch.zeros(3, 12)
+    base[:, 2:5] = torch.tensor([12345.678, -12345.678, 12345.678])[:, None]
+    x = base[:, 2:5]
+    bias = torch.randn(3)
+    assert torch.equal(norm_triton(x, None, bias, 1e-5), bias.expand(3, 3))
+
+
+def test_a_single_channel_whose_square_nears_the_float32_maximum_still_normalises():
+    """NaN is for squares that overflow float32: a one-channel RMS row whose square is just
+    below the maximum normalises to its sign, as in the reference."""
+    x = torch.tensor([[1.8e19], [-1.8e19], [3.0]])
+    assert (x * x).isfinite().all() and (x[:1] * x[:1] > 3e38).all()
+    got = norm_triton(x, None, None, 1e-5, rms=True)
+    assert torch.allclose(got, norm_reference(x, None, None, 1e-5, rms=True))
+    assert torch.allclose(got, torch.tensor([[1.0], [-1.0], [1.0]]))
