@@ -207,3 +207,18 @@ def test_gradients_flow_through_a_compiled_call():
     compiled(q, table.cos, table.sin).square().sum().backward()
     expected = torch.autograd.grad(rotary_reference(q, table.cos, table.sin).square().sum(), q)[0]
     assert torch.equal(q.grad, expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_rotations_that_cancel_give_the_reference_signed_zeros(dtype):
+    """Zero channels, and pairs whose two products cancel (x1 = x2 where cos = sin): each
+    half's difference or sum is the reference's zero, its sign bit included."""
+    x = torch.zeros(1, 2, 4, 8, dtype=dtype)
+    x[0, 1, :, :4] = x[0, 1, :, 4:] = torch.tensor([1.5, -2.0, 3.0, -0.0]).to(dtype)
+    x[0, 1, 3] = -x[0, 1, 3]
+    table = RotaryEmbedding(8, 4)
+    table.cos[:], table.sin[:] = 0.5, 0.5
+    for cos, sin in ((table.cos, table.sin), (table.cos, -table.sin)):
+        want, got = rotary_reference(x, cos, sin), rotary_triton(x, cos, sin)
+        assert (want == 0).any()
+        assert torch.equal(got.view(BITS[dtype]), want.view(BITS[dtype]))
