@@ -222,3 +222,18 @@ def test_rotations_that_cancel_give_the_reference_signed_zeros(dtype):
         want, got = rotary_reference(x, cos, sin), rotary_triton(x, cos, sin)
         assert (want == 0).any()
         assert torch.equal(got.view(BITS[dtype]), want.view(BITS[dtype]))
+
+
+def test_bfloat16_subnormals_in_either_half_are_widened_from_their_bits():
+    """Subnormal bfloat16 values in the second half of the channels as in the first (the
+    interpreter's own conversion would change them): unrotated and quarter-turned, both
+    halves give the reference's bits."""
+    tiny = torch.finfo(torch.bfloat16).tiny
+    sub = torch.tensor([tiny / 4, tiny * 0.75, tiny / 64, -tiny / 2])
+    x = torch.stack([torch.cat([sub, -sub]), torch.cat([sub.flip(0), sub])]).to(torch.bfloat16)[None, None]
+    table = RotaryEmbedding(8, 2)
+    for cos, sin in ((1.0, 0.0), (0.0, 1.0)):
+        table.cos[:], table.sin[:] = cos, sin
+        want, got = rotary_reference(x, table.cos, table.sin), rotary_triton(x, table.cos, table.sin)
+        assert (want != 0).all()
+        assert torch.equal(got.view(torch.int16), want.view(torch.int16))
