@@ -367,3 +367,18 @@ def test_a_single_channel_whose_square_nears_the_float32_maximum_still_normalise
     got = norm_triton(x, None, None, 1e-5, rms=True)
     assert torch.allclose(got, norm_reference(x, None, None, 1e-5, rms=True))
     assert torch.allclose(got, torch.tensor([[1.0], [-1.0], [1.0]]))
+
+
+def test_bfloat16_subnormal_rows_and_shifts_are_widened_from_their_bits():
+    """Subnormal bfloat16 values (which the interpreter's own conversion would change): an
+    RMS row of them scales by 1 / sqrt(eps) as in the reference, and with a zero weight the
+    output is the subnormal shift itself."""
+    tiny = torch.finfo(torch.bfloat16).tiny
+    sub = torch.tensor([tiny / 4, tiny * 0.75, tiny / 64, -tiny / 2, tiny / 8, -tiny * 0.25])
+    x = sub.repeat(2, 3, 1).to(torch.bfloat16)
+    got = norm_triton(x, None, None, 1e-5, rms=True)
+    want = norm_reference(x, None, None, 1e-5, rms=True)
+    assert (want != 0).all() and torch.allclose(got.float(), want.float(), rtol=1e-2, atol=0.0)
+    shift = sub.flip(0).repeat(2, 1).to(torch.bfloat16)
+    got = norm_triton(x, torch.zeros(6), None, 1e-5, shift=shift, scale=torch.ones_like(shift))
+    assert torch.equal(got.view(torch.int16), shift[:, None].expand(2, 3, 6).view(torch.int16))
