@@ -73,6 +73,16 @@ def test_package_ships_every_source():
 
 
 @pytest.fixture
+def compile_calls(monkeypatch):
+    """cpp_extension.load's keyword arguments, recorded in place of a build (which returns "module")."""
+    from torch.utils import cpp_extension
+
+    calls = []
+    monkeypatch.setattr(cpp_extension, "load", lambda **kwargs: calls.append(kwargs) or "module")
+    return calls
+
+
+@pytest.fixture
 def fake_build(tmp_path, monkeypatch):
     """A fake ddpd._C and source tree whose times and build info the test controls."""
     monkeypatch.delenv("DDPD_FORCE_JIT", raising=False)
@@ -209,13 +219,10 @@ def test_compile_route_calls_torch_load(monkeypatch, tmp_path, capsys):
         _ext._compile("a test asked for it")
 
 
-def test_a_changed_source_rebuilds_its_own_object_and_a_changed_header_every_object(monkeypatch, tmp_path):
+def test_a_changed_source_rebuilds_its_own_object_and_a_changed_header_every_object(compile_calls, monkeypatch,
+                                                                                   tmp_path):
     """ninja goes by file times, so the objects of changed sources are removed (a restored older
     file would be skipped); the others stay, so editing one kernel does not rebuild them all."""
-    from torch.utils import cpp_extension
-
-    calls = []
-    monkeypatch.setattr(cpp_extension, "load", lambda **kwargs: calls.append(kwargs) or "module")
     monkeypatch.setenv("DDPD_EXTENSIONS_DIR", str(tmp_path / "cache"))
     root = tmp_path / "csrc"
     (root / "cpu").mkdir(parents=True)
@@ -224,7 +231,7 @@ def test_a_changed_source_rebuilds_its_own_object_and_a_changed_header_every_obj
     monkeypatch.setattr(_ext, "source_dir", lambda: root)
     monkeypatch.setattr(_ext, "sources", lambda root, with_cuda: [])
     _ext._compile("a test asked for it")
-    build_dir = Path(calls[-1]["build_directory"])
+    build_dir = Path(compile_calls[-1]["build_directory"])
     objects = [build_dir / name for name in ("module.o", "kernel.o", "build.ninja")]
     for path in objects:
         path.write_text("built")
@@ -414,17 +421,14 @@ def _fake_cuda_home(tmp_path):
     return home
 
 
-def test_a_cuda_torch_without_a_gpu_builds_the_cpu_extension(cuda_torch_without_a_gpu, monkeypatch, tmp_path):
+def test_a_cuda_torch_without_a_gpu_builds_the_cpu_extension(compile_calls, cuda_torch_without_a_gpu, monkeypatch,
+                                                              tmp_path):
     """torch takes the architectures to compile for from the visible GPUs; with none, its
     build failed with an IndexError that the message blamed on the compiler and ninja."""
-    from torch.utils import cpp_extension
-
-    calls = []
-    monkeypatch.setattr(cpp_extension, "load", lambda **kwargs: calls.append(kwargs) or "module")
     monkeypatch.setenv("DDPD_EXTENSIONS_DIR", str(tmp_path / "cache"))
     assert _ext._compile("a test asked for it") == "module"
-    assert calls[0]["with_cuda"] is False
-    assert calls[0]["sources"] == _ext.sources(_ext.source_dir(), with_cuda=False)
+    assert compile_calls[0]["with_cuda"] is False
+    assert compile_calls[0]["sources"] == _ext.sources(_ext.source_dir(), with_cuda=False)
     assert _ext.has_cuda_toolkit() and not _ext.can_build_cuda()
     assert "no GPU is visible and TORCH_CUDA_ARCH_LIST is not set" in _ext.cuda_arch_problem()
     monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "native")  # torch reads it as "the visible GPUs'"
@@ -769,14 +773,10 @@ def test_the_record_setup_writes_makes_its_build_current(fake_build, monkeypatch
         assert _ext.prebuilt_problem() is None
 
 
-def test_the_compile_call_passes_the_include_path_flags_and_quiet_build(monkeypatch, tmp_path):
-    from torch.utils import cpp_extension
-
-    calls = []
-    monkeypatch.setattr(cpp_extension, "load", lambda **kwargs: calls.append(kwargs) or "module")
+def test_the_compile_call_passes_the_include_path_flags_and_quiet_build(compile_calls, monkeypatch, tmp_path):
     monkeypatch.setenv("DDPD_EXTENSIONS_DIR", str(tmp_path))
     _ext._compile("a test asked for it")
-    (kwargs,) = calls
+    (kwargs,) = compile_calls
     assert kwargs["extra_include_paths"] == [str(_ext.source_dir())]
     assert kwargs["extra_cuda_cflags"] == ["-O3", "--fmad=false", "-std=c++17"]
     assert kwargs["extra_ldflags"] == ["-fopenmp"]
@@ -794,14 +794,10 @@ def test_another_torch_at_another_path_gets_its_own_cache_directory(monkeypatch,
     assert _ext._cache_dir(False, ROOT / "csrc") != here
 
 
-def test_a_cache_directory_that_does_not_exist_yet_is_made_with_its_parents(monkeypatch, tmp_path):
-    from torch.utils import cpp_extension
-
-    calls = []
-    monkeypatch.setattr(cpp_extension, "load", lambda **kwargs: calls.append(kwargs) or "module")
+def test_a_cache_directory_that_does_not_exist_yet_is_made_with_its_parents(compile_calls, monkeypatch, tmp_path):
     monkeypatch.setenv("DDPD_EXTENSIONS_DIR", str(tmp_path / "not" / "yet" / "made"))
     assert _ext._compile("a test asked for it") == "module"
-    assert Path(calls[0]["build_directory"]).parent == tmp_path / "not" / "yet" / "made"
+    assert Path(compile_calls[0]["build_directory"]).parent == tmp_path / "not" / "yet" / "made"
 
 
 def test_the_build_holds_the_lock_of_its_directory(monkeypatch, tmp_path):
@@ -894,15 +890,11 @@ def test_a_record_that_is_json_but_not_an_object_is_stale(fake_build):
     assert _ext.prebuilt_problem().endswith("is not the JSON record of a build")
 
 
-def test_the_compile_builds_the_cuda_kernels_where_they_can_be_built(monkeypatch, tmp_path):
-    from torch.utils import cpp_extension
-
-    calls = []
-    monkeypatch.setattr(cpp_extension, "load", lambda **kwargs: calls.append(kwargs) or "module")
+def test_the_compile_builds_the_cuda_kernels_where_they_can_be_built(compile_calls, monkeypatch, tmp_path):
     monkeypatch.setattr(_ext, "can_build_cuda", lambda: True)
     monkeypatch.setenv("DDPD_EXTENSIONS_DIR", str(tmp_path))
     _ext._compile("a test asked for it")
-    (kwargs,) = calls
+    (kwargs,) = compile_calls
     assert kwargs["with_cuda"] is True and kwargs["extra_cflags"] == _ext.cxx_flags(True)
     assert kwargs["sources"] == _ext.sources(_ext.source_dir(), with_cuda=True)
     assert "-cuda-" in Path(kwargs["build_directory"]).name
