@@ -39,6 +39,9 @@ TRITON_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "
 COUNTED = ("BAR", "LDS", "STS", "SHFL", "LDG", "MUFU")  # opcodes counted in each loop
 # and the vector loads among its LDG: 16 bytes a lane (LDG.E.128; LDG.E.64 is also an int64's load)
 VECTOR_LOAD = re.compile(r"\bLDG(\.\w+)*\.128\b")
+# a branch and its target, with its modifiers and the predicates or uniform register before the
+# target: BRA 0x40, @P1 BRA !P2, 0x40, BRA.U !UP0, 0x40, @!P0 BRA.DIV UR4, 0x40 (BRX is indirect)
+BRANCH = re.compile(r"\bBRA(?:\.\w+)*\s+(?:(?:!?U?P\w+|UR\w+),\s*)*(0x[0-9a-f]+)")
 
 
 def compile_launch(kernel, args: dict, kwargs: dict):
@@ -133,7 +136,7 @@ def loops(sass: str) -> list[dict]:
     code = instructions(sass)
     found = []
     for address, text in code:
-        target = re.search(r"\bBRA\s+(?:!?U?P\w+,\s*)?(0x[0-9a-f]+)", text)
+        target = BRANCH.search(text)
         if target is None or int(target.group(1), 16) >= address:
             continue
         first = int(target.group(1), 16)

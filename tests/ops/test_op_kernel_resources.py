@@ -126,6 +126,20 @@ def test_loops_are_the_backward_branches_innermost_first_with_their_counts():
     assert sm90.loops(uniform) == [short, inner, outer]
 
 
+def test_a_branch_with_modifiers_closes_a_loop_as_a_plain_one_does():
+    """cuobjdump writes a divergent branch BRA.DIV with its uniform register (@!P0 BRA.DIV UR4, 0x40)
+    and a uniform one BRA.U (BRA.U !UP0, 0x40): read as branches, backward ones are loops."""
+    short, inner, outer = sm90.loops(SASS)
+    divergent = SASS.replace("@P1 BRA !P2, 0x40", "@!P0 BRA.DIV UR4, 0x40")
+    assert sm90.loops(divergent) == [short, inner, outer]
+    uniform = SASS.replace("@P1 BRA !P2, 0x40", "BRA.U !UP0, 0x40")
+    assert sm90.loops(uniform) == [short, inner, outer]
+    forward = SASS.replace("@P1 BRA !P2, 0x40", "@!P0 BRA.DIV UR4, 0x90")
+    assert sm90.loops(forward) == [short, outer]
+    indirect = SASS.replace("@P1 BRA !P2, 0x40", "BRX R2 -0x90")  # an indirect branch is no loop read here
+    assert sm90.loops(indirect) == [short, outer]
+
+
 def compiled_with(monkeypatch, registers: int, stack: int, shared: int, warps: int):
     usage = f"Function kernel:\n REG:{registers} STACK:{stack} SHARED:0 LOCAL:0 CONSTANT[0]:904 TEXTURE:0"
     monkeypatch.setattr(sm90, "cuobjdump", lambda compiled, flag: usage if flag == "--dump-resource-usage" else "")
