@@ -35,6 +35,12 @@ TORCH = "torch: "  # the benchmarks name a torch variant by this prefix and the 
 RELATED = "related: "
 
 
+def _check_temperature(draw: str, temperature: float) -> None:
+    """Refuse T <= 0 or NaN: logits / T would be inf or NaN, and some draws still return tokens."""
+    if not temperature > 0:
+        raise ValueError(f"{draw}: temperature must be > 0, got {temperature}")
+
+
 def gumbel_like(x: torch.Tensor) -> torch.Tensor:
     """Standard Gumbel noise shaped like x, -log(-log U) (torch's exponential_ is slower on CPU).
 
@@ -56,7 +62,11 @@ def gumbel_argmax(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tenso
 
     Returns:
         Long[N] tokens.
+
+    Raises:
+        ValueError: temperature <= 0 or NaN.
     """
+    _check_temperature("gumbel_argmax", temperature)
     return (scaled(logits, temperature) + gumbel_like(logits)).argmax(-1)
 
 
@@ -113,7 +123,11 @@ def softmax_inverse_cdf(logits: torch.Tensor, temperature: float = 1.0) -> torch
 
     Returns:
         Long[N] tokens.
+
+    Raises:
+        ValueError: temperature <= 0 or NaN.
     """
+    _check_temperature("softmax_inverse_cdf", temperature)
     return inverse_cdf(softmax_weights(logits, temperature)).squeeze(-1)
 
 
@@ -127,7 +141,11 @@ def softmax_multinomial(logits: torch.Tensor, temperature: float = 1.0) -> torch
 
     Returns:
         Long[N] tokens.
+
+    Raises:
+        ValueError: temperature <= 0 or NaN.
     """
+    _check_temperature("softmax_multinomial", temperature)
     return torch.multinomial(torch.softmax(scaled(logits, temperature), -1), 1).squeeze(-1)
 
 
@@ -170,7 +188,11 @@ def masked_truncation_multinomial(logits: torch.Tensor, temperature: float = 1.0
 
     Returns:
         Long[N] tokens.
+
+    Raises:
+        ValueError: temperature <= 0 or NaN.
     """
+    _check_temperature("masked_truncation_multinomial", temperature)
     logits = scaled(logits, temperature)
     if top_k:
         # k >= V is no cut, as Hugging Face's warper clamps it (torch.topk refuses k > V)
@@ -200,7 +222,11 @@ def kept_token_draw(logits: torch.Tensor, temperature: float = 1.0, top_k: Optio
 
     Returns:
         Long[N] tokens.
+
+    Raises:
+        ValueError: temperature <= 0 or NaN.
     """
+    _check_temperature("kept_token_draw", temperature)
     y = scaled(logits, temperature)
     if not top_k and top_p is None:
         if min_p:  # 0 is no cut, as in ddpd's ops (and log 0 is undefined)

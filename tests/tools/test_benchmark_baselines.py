@@ -120,6 +120,17 @@ def test_draws_divide_by_the_temperature_only_when_it_is_not_one(name):
         assert divisions & set(calls(lambda: draw(rows(LOGITS, 8), temperature))), temperature
 
 
+@pytest.mark.parametrize("name", list(DRAWS_AT_T))
+@pytest.mark.parametrize("temperature", [0.0, -0.7, float("nan")])
+def test_draws_refuse_a_temperature_that_is_not_positive(name, temperature):
+    """logits / T at T <= 0 (or NaN) are inf or NaN and some draws would still return tokens:
+    refused, with the draw and the value named."""
+    draw = DRAWS_AT_T[name]
+    function = getattr(draw, "func", draw).__name__
+    with pytest.raises(ValueError, match=rf"{function}: temperature must be > 0, got {temperature}"):
+        draw(rows(LOGITS, 8), temperature)
+
+
 CONTROLS = [dict(top_k=3), dict(top_k=1), dict(top_p=0.7), dict(top_p=0.2), dict(min_p=0.3), dict(top_k=4, top_p=0.6),
             dict(top_p=0.9, min_p=0.4), dict(top_k=5, top_p=0.8, min_p=0.2), dict(top_k=7), dict(top_p=1.0), dict()]
 
@@ -391,7 +402,9 @@ def test_inverse_cdf_at_a_uniform_of_zero_skips_leading_zero_weights(monkeypatch
 
 def test_a_uniform_at_the_top_of_its_range_draws_the_last_category(monkeypatch):
     """u scaled to the total can land on it (rounding, or a generator whose range includes 1):
-    the last category is drawn, never an index past the vocabulary."""
+    an uncut draw gives the last category, never an index past the vocabulary. top_k = 3 and
+    top_p = 1 keep all 3 tokens here; under a cut that keeps fewer, such a u would draw the
+    first token past the cut (torch.rand's range excludes 1)."""
     monkeypatch.setattr(torch, "rand", lambda *shape, device=None: torch.ones(*shape, device=device))
     assert baselines.inverse_cdf(torch.tensor([[1.0, 2.0, 3.0]]), 2).tolist() == [[2, 2]]
     logits = torch.tensor([[0.5, 2.0, 1.0]])
