@@ -143,6 +143,7 @@ def cuda_arch_problem() -> Optional[str]:
     return f"no GPU is visible and TORCH_CUDA_ARCH_LIST is not set; {ARCH_LIST_HINT}"
 
 
+COMPILER_NEEDED = "it needs a C++17 compiler and ninja"  # what a failed compile names (build_failure)
 ARCH_LIST_HINT = "set TORCH_CUDA_ARCH_LIST to the GPUs' compute capabilities (e.g. '8.0;9.0') to build the CUDA kernels"
 
 
@@ -302,8 +303,7 @@ def _compile(reason: str) -> ModuleType:
         return _build(reason, root, build_dir, with_cuda)
 
 
-def _unavailable(reason: str, build_dir: Path, why: str, needs: str = "it needs a C++17 compiler and ninja"
-                 ) -> RuntimeError:
+def _unavailable(reason: str, build_dir: Path, why: str, needs: str) -> RuntimeError:
     return RuntimeError(f"ddpd: the C++ extension is unavailable ({reason}) and compiling it in {build_dir} failed: "
                         f"{why} ({needs}; the samplers without --fused, fused=False, need no extension)")
 
@@ -374,7 +374,7 @@ def build_failure(error: BaseException) -> tuple[str, str]:
         given = f"TORCH_CUDA_ARCH_LIST={arch_list!r}" if arch_list else "TORCH_CUDA_ARCH_LIST unset"
         return (f"torch could not choose the GPU architectures to compile for ({type(error).__name__}: {error}; "
                 f"{given}, GPUs visible: {torch.cuda.device_count()})", ARCH_LIST_HINT)
-    return _failure_line(error), "it needs a C++17 compiler and ninja"
+    return _failure_line(error), COMPILER_NEEDED
 
 
 def _raised_in(error: BaseException, function: str) -> bool:

@@ -3,6 +3,7 @@ between the module built by setup.py and compiling on first use, the compile cal
 itself (mocked here; a real compile in a fresh cache is the slow test at the end),
 and the sources shipped with the package."""
 import importlib
+import inspect
 import json
 import os
 import re
@@ -373,6 +374,14 @@ def test_the_cache_follows_xdg_cache_home(monkeypatch, tmp_path):
         assert _ext._cache_dir(False, ROOT / "csrc").parent == tmp_path / "home" / ".cache" / "ddpd" / "extensions"
     monkeypatch.setenv("DDPD_EXTENSIONS_DIR", str(tmp_path / "own"))
     assert _ext._cache_dir(False, ROOT / "csrc").parent == tmp_path / "own"
+
+
+def test_what_a_failed_build_needs_is_written_once_and_always_given():
+    """A failed compile names the compiler and ninja by _ext.COMPILER_NEEDED, and each caller of
+    _unavailable says what it needs: no default there could put a second, drifting copy in a message."""
+    why, needs = _ext.build_failure(OSError("no compiler"))
+    assert (why, needs) == ("no compiler", _ext.COMPILER_NEEDED) and "C++17 compiler and ninja" in needs
+    assert inspect.signature(_ext._unavailable).parameters["needs"].default is inspect.Parameter.empty
 
 
 def test_a_cache_that_cannot_be_written_is_not_blamed_on_the_compiler(monkeypatch, tmp_path):
