@@ -23,15 +23,35 @@ TOOLS = {"ddpd-sample": "ddpd.cli.sample", "ddpd-train": "ddpd.cli.train", "ddpd
 
 
 def tool_name(argv0: str, orig_argv: list) -> str | None:
-    """The tool a process runs: its console script's name in argv[0], or the module after
-    -m in the interpreter's command line (python -m ddpd.cli.sample, as torchrun starts
+    """The tool a process runs: its console script's name in argv[0], or the module of -m
+    among the interpreter's own options (python -m ddpd.cli.sample, as torchrun starts
     its workers); None for any other process."""
     name = os.path.basename(argv0)
     if name in TOOLS:
         return name
-    for i, word in enumerate(orig_argv[:-1]):
-        if word == "-m":
-            return next((tool for tool, module in TOOLS.items() if orig_argv[i + 1] == module), None)
+    module = _module_option(orig_argv)
+    return next((tool for tool, path in TOOLS.items() if module == path), None)
+
+
+def _module_option(orig_argv: list) -> str | None:
+    """The module of -m, read from the interpreter's options as CPython parses them (option
+    groups such as -um or -mddpd.cli.train, -X and -W with their argument), up to a script,
+    -c or an unknown long option; None if no -m comes first."""
+    words = iter(orig_argv[1:])
+    for word in words:
+        if word == "--check-hash-based-pycs":
+            next(words, None)
+            continue
+        if word == "-" or not word.startswith("-") or word.startswith("--"):
+            return None
+        for i, char in enumerate(word[1:], start=1):
+            if char == "c":
+                return None
+            if char in "mXW":
+                argument = word[i + 1:] or next(words, None)
+                if char == "m":
+                    return argument
+                break
     return None
 
 

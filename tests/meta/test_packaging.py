@@ -117,6 +117,25 @@ def test_the_tools_are_known_by_their_scripts_and_their_modules():
         assert tool_name(argv0, orig) is None
 
 
+def test_only_the_interpreters_own_options_name_the_tool():
+    """-m counts as CPython reads it: joined (-mddpd.cli.train), after options that take an
+    argument (-X dev, -W ignore), never among the arguments of a script or of -c."""
+    from ddpd._interrupts import tool_name
+
+    for orig, tool in ((["python", "-mddpd.cli.train"], "ddpd-train"),
+                       (["python", "-um", "ddpd.cli.eval"], "ddpd-eval"),
+                       (["python", "-u", "-m", "ddpd.cli.sample"], "ddpd-sample"),
+                       (["python", "-X", "dev", "-m", "ddpd.cli.sample"], "ddpd-sample"),
+                       (["python", "-Xdev", "-W", "ignore", "-m", "ddpd.cli.train"], "ddpd-train"),
+                       (["python", "--check-hash-based-pycs", "always", "-m", "ddpd.cli.eval"], "ddpd-eval"),
+                       (["python", "myscript.py", "-m", "ddpd.cli.sample"], None),
+                       (["python", "-u", "myscript.py", "-m", "ddpd.cli.sample"], None),
+                       (["python", "-", "-m", "ddpd.cli.sample"], None),
+                       (["python", "-c", "import ddpd", "-m", "ddpd.cli.sample"], None),
+                       (["python", "-X", "-m", "ddpd.cli.sample"], None)):  # -m is -X's argument
+        assert tool_name("", orig) == tool, orig
+
+
 def test_a_tool_prints_an_uncaught_ctrl_c_in_one_line_and_hands_other_errors_on(monkeypatch, capsys):
     """The hook replaces the traceback of a KeyboardInterrupt only; any other exception goes
     to the hook that was in place."""
