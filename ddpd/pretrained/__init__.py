@@ -186,7 +186,7 @@ def _portable(config: dict, path: str) -> dict:
         return config
     data = training.get("data")
     if isinstance(data, str) and not data.startswith("hf:"):
-        training["data"] = os.path.basename(data)
+        training["data"] = os.path.basename(os.path.normpath(data))  # corpora/text8/ is text8
     training.pop("out", None)
     return {**config, "training": training}
 

@@ -257,6 +257,17 @@ def test_install_bundle_drops_the_paths_of_the_training_machine(tmp_path):
     assert read_config(os.path.join(dest, "planner"))["training"] == {"data": "wiki.txt", "lr": 1e-3}
 
 
+def test_install_bundle_names_a_corpus_path_ending_in_a_slash_by_its_last_part(tmp_path):
+    paths = _training_checkpoints(tmp_path)
+    for role in ("planner", "denoiser"):
+        config = read_config(paths[role])
+        config["training"] = {"data": "corpora/text8/", "out": "/scratch/run"}
+        config["settings_sha256"] = settings_digest(config)
+        Path(paths[role], "config.json").write_text(json.dumps(config))
+    dest = pretrained.install_bundle(paths["planner"], paths["denoiser"], str(tmp_path / "text8"))
+    assert read_config(os.path.join(dest, "planner"))["training"] == {"data": "text8"}
+
+
 def test_float16_bundle_is_half_the_size(tmp_path):
     paths = _training_checkpoints(tmp_path)
     sizes = {dtype: pretrained.bundle_bytes(pretrained.install_bundle(paths["planner"], paths["denoiser"],
