@@ -50,6 +50,17 @@ def _status_bytes(field: str) -> int:
     raise RuntimeError(f"{field} missing from /proc/self/status")
 
 
+def _reset_peak() -> bool:
+    """Set the peak resident size (VmHWM) to the current one (VmRSS); False where
+    /proc/self/clear_refs cannot be written (a PermissionError in some containers)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return False
+    return True
+
+
 def peak_cuda_growth(fn: Callable[[], object]) -> int:
     """Bytes by which CUDA's peak allocated memory grows during one call of fn.
 
@@ -74,13 +85,14 @@ def peak_rss_growth(fn: Callable[[], object]) -> Optional[int]:
 
     Returns:
         The growth of VmHWM over VmRSS before the call, or None where it cannot be measured
-        (no Linux /proc, no glibc).
+        (no Linux /proc, no glibc, or a /proc/self/clear_refs this process may not write);
+        fn is not called then.
     """
     if not os.path.exists("/proc/self/clear_refs") or not _release_to_system(64 * 1024):
         return None
     try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # peak RSS := current RSS
+        if not _reset_peak():
+            return None
         before = _status_bytes("VmRSS")
         fn()
         return _status_bytes("VmHWM") - before
