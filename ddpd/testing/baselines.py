@@ -241,7 +241,8 @@ def kept_token_draw(logits: torch.Tensor, temperature: float = 1.0, top_k: Optio
     if min_p:
         kept = torch.minimum(kept, (y >= y[:, :1] + math.log(min_p)).sum(-1, keepdim=True))
     u = torch.rand(kept.shape, device=y.device) * cumulative.gather(-1, kept - 1)
-    j = torch.searchsorted(cumulative, u, right=True).clamp_(max=y.shape[-1] - 1)
+    # at most the last kept token: u at the top of its range would pass the cut
+    j = torch.minimum(torch.searchsorted(cumulative, u, right=True), kept - 1)
     return ids.gather(-1, j).squeeze(-1)
 
 

@@ -402,9 +402,8 @@ def test_inverse_cdf_at_a_uniform_of_zero_skips_leading_zero_weights(monkeypatch
 
 def test_a_uniform_at_the_top_of_its_range_draws_the_last_category(monkeypatch):
     """u scaled to the total can land on it (rounding, or a generator whose range includes 1):
-    an uncut draw gives the last category, never an index past the vocabulary. top_k = 3 and
-    top_p = 1 keep all 3 tokens here; under a cut that keeps fewer, such a u would draw the
-    first token past the cut (torch.rand's range excludes 1)."""
+    a draw gives the last category it keeps, never an index past the vocabulary nor a token
+    past a top-k, top-p or min-p cut."""
     monkeypatch.setattr(torch, "rand", lambda *shape, device=None: torch.ones(*shape, device=device))
     assert baselines.inverse_cdf(torch.tensor([[1.0, 2.0, 3.0]]), 2).tolist() == [[2, 2]]
     logits = torch.tensor([[0.5, 2.0, 1.0]])
@@ -412,6 +411,10 @@ def test_a_uniform_at_the_top_of_its_range_draws_the_last_category(monkeypatch):
     # top-k and top-p draw in sorted order: the last kept token is the least likely
     assert baselines.kept_token_draw(logits, top_k=3).tolist() == [0]
     assert baselines.kept_token_draw(logits, top_p=1.0).tolist() == [0]
+    # sorted 2.0, 1.0, 0.5: each cut keeps tokens 1 and 2, the last of them token 2
+    assert baselines.kept_token_draw(logits, top_k=2).tolist() == [2]
+    assert baselines.kept_token_draw(logits, top_p=0.8).tolist() == [2]
+    assert baselines.kept_token_draw(logits, top_k=3, min_p=0.3).tolist() == [2]
 
 
 def test_inverse_cdf_sums_low_precision_weights_in_float32():
