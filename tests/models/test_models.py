@@ -943,3 +943,20 @@ def test_a_token_vector_and_int32_labels_are_refused_by_name():
         make("uniform-denoiser")(tokens()[0], torch.rand(B))
     with pytest.raises(TypeError, match=r"^labels: expected dtype torch.int64, got torch.int32$"):
         check_labels(torch.full((B,), 2, dtype=torch.int32), B, 4, torch.device("cpu"))
+
+
+def test_time_features_are_cosines_then_sines_of_a_thousand_t_at_geometric_frequencies():
+    # dim 4: frequencies 1 and 10000 ** (-1 / 2); t = 0.25 is spread to 1000 * t = 250
+    features = timestep_embedding(torch.tensor([0.0, 0.25]), dim=4)
+    args = [250.0, 2.5]
+    expected = torch.tensor([[1.0, 1.0, 0.0, 0.0],
+                             [math.cos(args[0]), math.cos(args[1]), math.sin(args[0]), math.sin(args[1])]])
+    torch.testing.assert_close(features, expected, rtol=0, atol=1e-5)
+
+
+def test_the_time_embedding_is_the_mlp_of_the_default_time_features():
+    model = make("uniform-denoiser")
+    t = torch.rand(B, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = model.backbone.time_embed.mlp(timestep_embedding(t, dim=256, max_period=10000.0))
+        torch.testing.assert_close(model.backbone.time_embed(t), expected, rtol=0, atol=0)
