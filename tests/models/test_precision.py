@@ -441,6 +441,20 @@ def test_prepare_moves_the_model_to_the_device():
     assert model.backbone.embed.weight.dtype == torch.bfloat16
 
 
+def test_auto_resolves_for_the_device_the_model_is_on_when_none_is_given(monkeypatch):
+    """Without `device`, "auto" is resolved for the device of the model's parameters (the CPU
+    for a model without any): a CUDA model gets bfloat16, not the CPU's float32."""
+    import ddpd.models.precision as precision
+
+    asked = []
+    resolve = precision.resolve_dtype
+    monkeypatch.setattr(precision, "resolve_dtype",
+                        lambda dtype, device: asked.append(device) or resolve(dtype, device))
+    prepare_for_sampling(make("planner").to("meta"), "auto")
+    prepare_for_sampling(torch.nn.Identity(), "auto")
+    assert asked == [torch.device("meta"), torch.device("cpu")]
+
+
 def test_a_copied_compiled_network_keeps_its_backend():
     """A deep copy (and so a pickle) of a compiled network compiles with the backend it was given."""
     model = compile_for_sampling(make("planner"), "aot_eager")
