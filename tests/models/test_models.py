@@ -960,3 +960,29 @@ def test_the_time_embedding_is_the_mlp_of_the_default_time_features():
     with torch.no_grad():
         expected = model.backbone.time_embed.mlp(timestep_embedding(t, dim=256, max_period=10000.0))
         torch.testing.assert_close(model.backbone.time_embed(t), expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("kind", ["planner", "mask-denoiser"])
+def test_the_trunk_drops_the_token_embeddings_once_and_nothing_else(kind):
+    # the trunk's own dropout acts on the embeddings only, not again before the final norm
+    model = make(kind, dropout=0.5).train()
+    seen = []
+    model.backbone.dropout.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
+    x = tokens()
+    with torch.no_grad():
+        call(model, x)
+        torch.testing.assert_close(seen, [model.backbone.embed(x)], rtol=0, atol=0)
+
+
+def test_layernorm_normalises_with_its_own_eps():
+    # eps matters for small activations: the trunk's LayerNorm keeps torch's 1e-5, or the one it is given
+    x = torch.randn(3, 8, generator=torch.Generator().manual_seed(0)) * 1e-3
+    for eps in (1e-5, 0.5):
+        norm = LayerNorm(8) if eps == 1e-5 else LayerNorm(8, eps=eps)
+        torch.testing.assert_close(norm(x), torch.nn.functional.layer_norm(x, (8,), eps=eps))
+
+
+def test_int32_token_ids_are_refused_by_dtype():
+    # nn.Embedding takes int32 ids as well: the trunk takes int64 only, as every sampler hands it
+    with pytest.raises(TypeError, match=r"^x: expected dtype torch.int64, got torch.int32$"):
+        make("uniform-denoiser")(tokens().int(), torch.rand(B))
