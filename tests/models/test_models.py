@@ -986,3 +986,14 @@ def test_int32_token_ids_are_refused_by_dtype():
     # nn.Embedding takes int32 ids as well: the trunk takes int64 only, as every sampler hands it
     with pytest.raises(TypeError, match=r"^x: expected dtype torch.int64, got torch.int32$"):
         make("uniform-denoiser")(tokens().int(), torch.rand(B))
+
+
+def test_the_conditioning_vector_of_time_alone_or_labels_alone_is_its_silu():
+    timed = randomize_modulation(make("uniform-denoiser")).backbone
+    labelled = randomize_modulation(make("planner", num_classes=4)).backbone
+    x, t, labels = tokens(), torch.rand(B), torch.tensor([0, 3, 4])
+    with torch.no_grad():
+        silu = torch.nn.functional.silu
+        torch.testing.assert_close(timed.condition(x, t, None), silu(timed.time_embed(t)), rtol=0, atol=0)
+        torch.testing.assert_close(labelled.condition(x, None, labels), silu(labelled.label_embed(labels)),
+                                   rtol=0, atol=0)
