@@ -997,3 +997,12 @@ def test_the_conditioning_vector_of_time_alone_or_labels_alone_is_its_silu():
         torch.testing.assert_close(timed.condition(x, t, None), silu(timed.time_embed(t)), rtol=0, atol=0)
         torch.testing.assert_close(labelled.condition(x, None, labels), silu(labelled.label_embed(labels)),
                                    rtol=0, atol=0)
+
+
+def test_the_residual_projections_of_a_one_layer_trunk_start_with_std_over_root_two():
+    # 2 * n_layers residual branches: one block gives its two projections std 0.02 / sqrt(2)
+    torch.manual_seed(0)
+    model = build_model("planner", config_for("planner", 27, 16, d_model=64, n_layers=1, n_heads=4))
+    block = model.backbone.blocks[0]
+    for projection in (block.attn.proj, block.mlp.proj):
+        assert float(projection.weight.detach().std()) == pytest.approx(0.02 / math.sqrt(2), rel=0.05)
