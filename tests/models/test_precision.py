@@ -2,6 +2,7 @@
 bf16/fp16 with its norms and rotary tables kept float32, float32 logits out, CPU
 bf16/fp16 against float32, and the bundled text8 models unchanged in float32."""
 import copy
+import functools
 import io
 import os
 
@@ -387,6 +388,17 @@ def test_a_method_whose_signature_cannot_be_read_still_compiles(dynamo):
     model = compile_for_sampling(_Unsigned(), "eager")
     assert model.forward.__signature__ is None
     assert torch.equal(model(torch.ones(2)), torch.full((2,), 2.0))
+
+
+def test_a_signature_inspect_refuses_with_a_value_error_is_read_as_none():
+    """inspect.signature raises ValueError, not TypeError, for a partial method with arguments
+    its function does not take: the compiled method then has no signature either."""
+    from ddpd.models.precision import _bound_signature
+
+    def forward(self, x):
+        return x
+
+    assert _bound_signature(functools.partialmethod(forward, y=1), torch.nn.Identity()) is None
 
 
 def test_compile_for_sampling_rejects_bad_arguments():
