@@ -372,6 +372,21 @@ def test_a_mask_run_starts_from_its_own_mask_id():
     assert torch.equal(start.x, torch.full((2, 4), 5))
 
 
+def test_a_uniform_start_draws_row_b_from_row_id_b_at_step_0():
+    """x_0 of row b is the INIT stream's draw at step 0 for row id b (row ids count from the
+    noise source's first_row), whatever the batch size."""
+    from ddpd.process import uniform_token
+    from ddpd.sampling.noise import INIT
+
+    noise = PhiloxNoise(7, first_row=3)
+    run, draws = setup("s", 5, 6, 11, steps=2, temperature=1.0, schedule="linear", seed=None, generator=None,
+                       noise=noise, device=None, prompt=None, guidance=None, truncation=Truncation(),
+                       execution=Execution())
+    expected = uniform_token(noise.uniform(0, INIT, torch.arange(5), 6), 11)
+    assert torch.equal(common.start(run, draws).x, expected)
+    assert torch.equal(uniform_token(PhiloxNoise(7).uniform(0, INIT, torch.arange(3, 8), 6), 11), expected)
+
+
 def test_time_estimates():
     run = Run(1, 4, 3, 1, Temperature(), LinearSchedule(), None, PhiloxNoise(0), None)
     assert torch.allclose(planner_time(torch.tensor([0.8]), run), torch.tensor([0.8]))
