@@ -177,6 +177,11 @@ def test_temperature_schedule():
         assert schedule[-1] == end and all(min(start, end) <= v <= max(start, end) for v in schedule)
     assert ddpd_sample(M.planner, M.uniform_denoiser, 2, 4, 3, steps=42, temperature=Temperature(1.7, 0.0),
                        seed=0).tokens.shape == (2, 4)
+    settings = dict(temperature=1.0, schedule="linear", seed=0, generator=None, noise=None, device=None, prompt=None,
+                    guidance=None, truncation=Truncation(), execution=Execution())
+    assert setup("ddpd_sample", 2, 4, 3, steps=2**61, **settings)[0].steps == 2**61
+    with pytest.raises(ValueError, match=r"steps must be in \[1, 2305843009213693952\]"):  # a wider bound fails here
+        setup("ddpd_sample", 2, 4, 3, steps=2**61 + 1, **settings)
     with pytest.raises(ValueError, match=r"steps must be in \[1, 2305843009213693952\]"):  # not after the run
         ddpd_sample(M.planner, M.uniform_denoiser, 2, 4, 3, steps=2**61 + 1, seed=0)
     with pytest.raises(ValueError, match=r"vocab_size must be <= 8388608 for tokens drawn uniformly"):  # x_0
