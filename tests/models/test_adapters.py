@@ -8,6 +8,7 @@ through SEDD's own output steps; MDLM: exact logits up to a per-position constan
 with anything in the mask column). The adapter must recover the exact denoiser, and
 a sampler run with it must draw what it draws with the exact denoiser.
 """
+import collections
 import math
 import re
 import types
@@ -271,6 +272,16 @@ def test_a_network_returning_a_tuple_or_list_gives_its_first_item(toy, wrap):
     x, t = masked_inputs(8)
     plain = ADAPTERS["sedd"](toy)
     wrapped = SEDDAbsorbingDenoiser(lambda ids, sigma: wrap(plain.network(ids, sigma)), S)
+    assert torch.equal(wrapped(x, t), plain(x, t))
+
+
+def test_a_named_tuple_with_a_logits_field_gives_its_logits_not_its_first_item(toy):
+    # a .logits output is read as such even when it is also a tuple whose first item is a loss
+    Output = collections.namedtuple("Output", ["loss", "logits"])
+    x, t = masked_inputs(8)
+    plain = ADAPTERS["mdlm"](toy)
+    wrapped = MDLMSubsDenoiser(lambda ids, sigma: Output(torch.zeros(*ids.shape, S + 1),
+                                                         plain.network(ids, sigma).logits), S)
     assert torch.equal(wrapped(x, t), plain(x, t))
 
 
