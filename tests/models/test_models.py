@@ -881,6 +881,18 @@ def test_a_causal_config_is_refused_by_each_bidirectional_denoising_class(kind):
         build_model(kind, config)
 
 
+@pytest.mark.parametrize("kind, extra_rows", [("mask-denoiser", 1), ("uniform-denoiser", 0), ("uniform", 0),
+                                              ("ar", 1)])
+def test_each_kind_refuses_an_input_vocabulary_of_another_size_than_its_layout(kind, extra_rows):
+    # the mask and BOS ids are one input row past the V outputs; the uniform kinds see the V symbols only
+    config = config_for(kind, V, D, **SMALL)
+    assert config.vocab_size == V + extra_rows
+    for vocab in (V + extra_rows - 1, V + extra_rows + 1):
+        with pytest.raises(ValueError, match=rf"^config\.vocab_size: a {kind} model expects {V + extra_rows}, "
+                                             rf"got {vocab}$"):
+            build_model(kind, dataclasses.replace(config, vocab_size=vocab))
+
+
 def test_a_planner_config_with_more_than_one_output_is_refused():
     # the planner gives one logit per position: a wider head would not squeeze to [B, D]
     config = dataclasses.replace(config_for("planner", V, D, **SMALL), out_dim=2)
