@@ -893,6 +893,15 @@ def test_each_kind_refuses_an_input_vocabulary_of_another_size_than_its_layout(k
             build_model(kind, dataclasses.replace(config, vocab_size=vocab))
 
 
+def test_a_config_of_another_kind_is_refused_by_the_first_field_of_the_layout_it_misses():
+    # a denoiser's config differs from a planner's in out_dim and time_conditioned, from the judge's
+    # in vocab_size, causal and time_conditioned: the message names the field the class checks first
+    with pytest.raises(ValueError, match=r"^config\.out_dim: a planner model expects 1, got 7$"):
+        build_model("planner", config_for("mask-denoiser", V, D, **SMALL))
+    with pytest.raises(ValueError, match=r"^config\.vocab_size: a ar model expects 8, got 7$"):
+        build_model("ar", config_for("uniform", V, D, **SMALL))
+
+
 def test_a_planner_config_with_more_than_one_output_is_refused():
     # the planner gives one logit per position: a wider head would not squeeze to [B, D]
     config = dataclasses.replace(config_for("planner", V, D, **SMALL), out_dim=2)
