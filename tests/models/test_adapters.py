@@ -304,6 +304,15 @@ def test_sedd_conversion_beyond_the_float32_range_of_expm1(toy):
     torch.testing.assert_close(logits[masked].double().softmax(-1), exact(toy, x)[masked], rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("min_alpha", [1e-60, 1e-320])
+def test_sedd_log_expm1_stays_finite_past_the_float64_range_of_expm1(min_alpha):
+    # zero log-scores give logits log(e^sigma - 1), which is sigma itself once e^-sigma is negligible,
+    # even where e^sigma overflows float64 (sigma = 737 for a subnormal min_alpha)
+    sedd = SEDDAbsorbingDenoiser(lambda ids, sigma: torch.zeros(*ids.shape, S + 1), S, min_alpha=min_alpha)
+    logits = sedd(torch.full((2, D), S), torch.zeros(2))
+    torch.testing.assert_close(logits, torch.full((2, D, S), -math.log(min_alpha), dtype=torch.float32))
+
+
 def test_sigma_at_the_end_is_minus_log_max_alpha(toy):
     # alpha is clamped in float64: a float32 clamp to 1 - 1e-5 gives a sigma 1.4e-4 too large
     sedd = ADAPTERS["sedd"](toy)
