@@ -235,6 +235,16 @@ def test_adapter_call_errors(toy):
     assert sedd.mask_id == S
 
 
+@pytest.mark.parametrize("name", ADAPTERS)
+def test_a_number_or_a_0d_time_is_the_time_of_every_row_and_is_checked(toy, name):
+    adapter = ADAPTERS[name](toy, **({"time_conditioning": True} if name == "mdlm" else {}))
+    x, _ = masked_inputs(8)
+    per_row = adapter(x, torch.full((8,), 0.25))
+    assert torch.equal(adapter(x, 0.25), per_row) and torch.equal(adapter(x, torch.tensor(0.25)), per_row)
+    with pytest.raises(ValueError, match=r"^t: "):
+        adapter(x, 1.5)
+
+
 def test_the_common_part_of_the_adapters_says_it_is_no_adapter(toy):
     """MaskDenoiserAdapter is exported, and called raised a NotImplementedError without a word."""
     from ddpd.models import MaskDenoiserAdapter
