@@ -323,6 +323,16 @@ def test_sedd_log_expm1_stays_finite_past_the_float64_range_of_expm1(min_alpha):
     torch.testing.assert_close(logits, torch.full((2, D, S), -math.log(min_alpha), dtype=torch.float32))
 
 
+def test_sedd_leaves_a_learned_score_unnormalised(toy):
+    # docs/models.md: log s_j + log expm1(sigma) as they are; the sampler's softmax renormalises
+    gen = torch.Generator().manual_seed(2)
+    log_scores = torch.randn(8, D, S + 1, generator=gen)
+    sedd = SEDDAbsorbingDenoiser(lambda ids, sigma: log_scores, S)
+    x, t = torch.full((8, D), S), torch.rand(8, generator=gen).clamp(0.05, 0.95)
+    log_expm1 = torch.log(torch.expm1(-torch.log(t.double()))).float()
+    torch.testing.assert_close(sedd(x, t), log_scores[..., :S] + log_expm1[:, None, None], rtol=1e-5, atol=1e-5)
+
+
 def test_sigma_at_the_end_is_minus_log_max_alpha(toy):
     # alpha is clamped in float64: a float32 clamp to 1 - 1e-5 gives a sigma 1.4e-4 too large
     sedd = ADAPTERS["sedd"](toy)
