@@ -588,8 +588,10 @@ def test_time_conditioning_changes_outputs():
         model(x, np.float32(1.5))
 
 
-def test_untimed_denoiser_ignores_t():
-    model = make("uniform-denoiser", time_conditioned=False)
+@pytest.mark.parametrize("kind", ["mask-denoiser", "uniform-denoiser", "uniform"])
+def test_untimed_denoiser_ignores_t(kind):
+    # config_for takes time_conditioned=False for each denoising kind, and each class builds it
+    model = make(kind, time_conditioned=False)
     x = tokens()
     with torch.no_grad():
         torch.testing.assert_close(model(x, torch.zeros(B)), model(x, torch.ones(B)), rtol=0, atol=0)
