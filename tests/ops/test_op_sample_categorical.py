@@ -285,6 +285,20 @@ def test_a_temperature_below_float32_draws_the_maxima_across_tiles():
         assert torch.allclose(got[2], logprob) and torch.allclose(got[3], confidence)
 
 
+@pytest.mark.parametrize("temperature", [1e-300, 1e-40])
+def test_the_entropy_below_float32_temperatures_leaves_out_the_tiles_off_the_maxima(temperature):
+    """T = 1e-300 (0 in float32) or a float32 denormal over several tiles: a tile below the
+    row maximum sits at shift -inf and weight 0, so it adds nothing to sum_j p_j log p_j
+    (0 times -inf would be NaN). The C++ entropy is the reference's: 0 for one maximum,
+    -log 2 for two."""
+    logits = torch.zeros(3, 600)
+    logits[0, 599], logits[1, 300], logits[2, [10, 500]] = 5.0, 1.0, 2.0
+    expected = torch.tensor([0.0, 0.0, -math.log(2)])
+    for draw in (sample_categorical_reference, sample_categorical):
+        entropy = draw(logits, temperature, seed=3, confidence="entropy").confidence
+        assert torch.allclose(entropy, expected), (draw, entropy)
+
+
 def test_categorical_reference_is_the_law_of_every_path():
     """categorical_reference (raw logits, temperature, noise) draws what every path draws;
     with one tile it reads no tile uniform (noise of width V)."""
