@@ -247,6 +247,18 @@ def test_min_p_keeps_a_probability_of_exactly_min_p_times_the_top():
         assert bool(valid.all()) and set(tokens.tolist()) == {0, 2}
 
 
+@pytest.mark.parametrize("position", [1, 4])
+def test_min_p_keeps_a_token_exactly_on_its_cut_wherever_it_sits_in_the_row(position):
+    """A logit of exactly M + log(min_p) is kept (weights 1 and 1/2 at min_p = 1/2, exact in
+    float32), the cut's only token among the first four logits of V = 5 or as the last one,
+    past the vectors of four the C++ search reads first."""
+    logits = torch.full((64, 5), -3.0)
+    logits[:, 0], logits[:, position] = 0.0, -math.log(2.0)
+    for draw in (sample_categorical, sample_categorical_reference):
+        tokens, valid, _, _ = draw(logits, min_p=0.5, seed=5, row_ids=torch.arange(64))
+        assert bool(valid.all()) and set(tokens.tolist()) == {0, position}, draw
+
+
 def test_logprob_and_confidences_are_those_of_the_truncated_law():
     g = torch.Generator().manual_seed(7)
     logits = 2 * torch.randn(8, 700, generator=g)
