@@ -224,6 +224,20 @@ def test_a_head_that_overflows_float32_never_draws_a_token_the_race_did_not_see(
     assert torch.isfinite(got.logprob[~lost]).all()
 
 
+@pytest.mark.parametrize("confidence", ["prob", "margin", "entropy"])
+def test_a_row_the_overflowing_head_lost_has_minus_inf_confidences(confidence):
+    """The rows of a head beyond float32 that come back invalid (their recomputed winning
+    tile held no drawable logit) report -inf confidences, as a row with nothing drawable
+    does, not those of the tile statistics the race read."""
+    g = torch.Generator().manual_seed(0)
+    hidden, weight = torch.randn(5, 16, generator=g) * 1e20, torch.randn(300, 16, generator=g) * 1e20
+    bias = torch.randn(300, generator=g)
+    got = sample_from_hidden(hidden, weight, bias, seed=1, return_logprob=True, confidence=confidence)
+    lost = ~got.valid
+    assert lost.any()  # the case this test is about
+    assert (got.logprob[lost] == float("-inf")).all() and (got.confidence[lost] == float("-inf")).all()
+
+
 def test_exact_at_any_scale_and_uniform_among_plus_inf():
     """Huge logits keep their noise, +inf logits tie uniformly, a temperature below
     float32's range draws the maxima: on the C++ path (chi-square, p > CHI2_MIN_P) and in
