@@ -122,6 +122,22 @@ def test_excluded_and_minus_inf_tokens_are_never_drawn():
     assert torch.equal(tri[0], tokens[:8])
 
 
+def test_excluded_tokens_at_the_start_of_a_tile_are_never_drawn():
+    """Tokens 0 and 256, the first of the first two tiles, hold a logit far above the rest:
+    excluded by the shared list or per row, in either combination, they are never drawn,
+    and the C++ draws are the reference's."""
+    n, vocab = 64, 600
+    logits = torch.zeros(n, vocab)
+    logits[:, [0, 256]] = 50.0
+    for shared, own in ((0, 256), (256, 0)):
+        kw = dict(exclude_ids=[shared], exclude_per_row=torch.full((n,), own), seed=4, return_logprob=True)
+        tokens, valid, logprob, _ = sample_categorical(logits, **kw)
+        assert bool(valid.all()) and not ((tokens == 0) | (tokens == 256)).any()
+        assert torch.allclose(logprob, torch.full((n,), -math.log(vocab - 2)))
+        ref = sample_categorical_reference(logits, **kw)
+        assert torch.equal(tokens, ref.tokens)
+
+
 def test_a_top_uniform_never_draws_an_excluded_token():
     """float32 rounds the largest Philox uniform to 1.0; an unclamped Gumbel would be
     +inf there and could pick an excluded or -inf token (-inf + inf = NaN)."""
