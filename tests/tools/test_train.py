@@ -3016,3 +3016,39 @@ def test_threads_is_a_setting_of_the_invocation_not_of_the_run(corpus, tmp_path,
                              "--no-progress")
     assert code == 0 and "step 2 of 2" in out, err
     assert "threads" not in read_config(tmp_path / "p")["training"]
+
+
+def test_a_process_of_a_group_on_a_gpu_takes_it_and_joins_with_nccl(monkeypatch):
+    """A process whose device is a GPU makes it the current one before it joins the group, with
+    nccl; a process on the CPU joins with gloo and leaves CUDA alone."""
+    import ddpd.training.distributed as distributed
+
+    calls = []
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: calls.append(("set_device", device)))
+    monkeypatch.setattr(dist, "init_process_group", lambda backend: calls.append(("init", backend)))
+    for device in (torch.device("cuda", 1), torch.device("cpu")):
+        monkeypatch.setattr(distributed, "check_device", lambda name, asked, local_rank, device=device: device)
+        assert distributed.Distributed(str(device)).owns_group
+    assert calls == [("set_device", torch.device("cuda", 1)), ("init", "nccl"), ("init", "gloo")]
+
+
+def test_close_waits_at_the_final_barrier_only_when_asked(tmp_path, monkeypatch):
+    """close() meets the other processes at a barrier before it leaves the group; close(wait=False)
+    leaves it at once (after a failure the others may never reach the barrier)."""
+    from ddpd.training.distributed import Distributed
+
+    init, barriers = dist.init_process_group, []
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    monkeypatch.setattr(dist, "barrier", lambda: barriers.append(True))
+    for wait, name in ((False, "first"), (True, "second")):
+        monkeypatch.setattr(dist, "init_process_group", lambda backend, name=name: init(
+            backend, init_method=f"file://{tmp_path / name}", rank=0, world_size=1))
+        group = Distributed("cpu")
+        group.close(wait=wait)
+        assert barriers == ([True] if wait else []) and not dist.is_initialized()
