@@ -708,3 +708,17 @@ def test_evenly_spaced_picks_are_exact_at_any_size():
         picks = evenly_spaced(n, k)
         assert picks.tolist() == exact(n, k) and picks.dtype == torch.long
         assert int(picks[-1]) == n - 1 and bool((picks.diff() > 0).all())
+
+
+def test_a_recorded_source_is_a_corpus_name_only_when_it_is_one(tmp_path, monkeypatch):
+    """recorded=True keeps a corpus name as that corpus; any other source is still a file: its
+    absolute path, or FileNotFoundError when there is none."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "c.txt").write_text("abc")
+    assert resolve_source("c.txt", recorded=True) == str(tmp_path / "c.txt")
+    with pytest.raises(FileNotFoundError, match="^no such file: missing.txt "):
+        resolve_source("missing.txt", recorded=True)
+
+
+def test_only_a_name_ending_in_dot_jsonl_is_a_labelled_corpus():
+    assert is_labelled("c.jsonl") and not is_labelled("c_jsonl") and not is_labelled("c.json")
