@@ -3052,3 +3052,22 @@ def test_close_waits_at_the_final_barrier_only_when_asked(tmp_path, monkeypatch)
         group = Distributed("cpu")
         group.close(wait=wait)
         assert barriers == ([True] if wait else []) and not dist.is_initialized()
+
+
+def test_data_parallel_names_the_buffers_flag_as_the_installed_torch_does(monkeypatch):
+    """torch 2.13 renamed broadcast_buffers to forward_sync_buffers: the wrapper is given the name its signature has."""
+    from ddpd.training.distributed import data_parallel
+
+    class Renamed:
+        def __init__(self, module, forward_sync_buffers=True):
+            self.module, self.forward_sync_buffers = module, forward_sync_buffers
+
+    class Former:
+        def __init__(self, module, broadcast_buffers=True):
+            self.module, self.broadcast_buffers = module, broadcast_buffers
+
+    model = torch.nn.Linear(2, 2)
+    monkeypatch.setattr(torch.nn.parallel, "DistributedDataParallel", Renamed)
+    assert data_parallel(model).forward_sync_buffers is False
+    monkeypatch.setattr(torch.nn.parallel, "DistributedDataParallel", Former)
+    assert data_parallel(model).broadcast_buffers is False
