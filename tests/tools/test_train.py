@@ -3071,3 +3071,19 @@ def test_data_parallel_names_the_buffers_flag_as_the_installed_torch_does(monkey
     assert data_parallel(model).forward_sync_buffers is False
     monkeypatch.setattr(torch.nn.parallel, "DistributedDataParallel", Former)
     assert data_parallel(model).broadcast_buffers is False
+
+
+def test_the_gradient_hook_remembers_a_failed_all_reduce_and_raises_it(monkeypatch):
+    """A failed all-reduce of the gradients marks the hook failed and fails the bucket's future
+    with the backend's error: a step never goes on with its own gradient alone."""
+    from ddpd.training.distributed import GradientMean
+
+    lost = RuntimeError("Connection closed by peer")
+    future = torch.futures.Future()
+    future.set_exception(lost)
+    monkeypatch.setattr(dist, "all_reduce", lambda tensor, async_op: types.SimpleNamespace(get_future=lambda: future))
+    hook = GradientMean(2)
+    reduced = GradientMean._reduce(hook, types.SimpleNamespace(buffer=lambda g=torch.tensor([2.0]): g))
+    with pytest.raises(RuntimeError, match="Connection closed by peer"):
+        reduced.wait()
+    assert hook.failed
