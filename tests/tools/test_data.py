@@ -722,3 +722,8 @@ def test_a_recorded_source_is_a_corpus_name_only_when_it_is_one(tmp_path, monkey
 
 def test_only_a_name_ending_in_dot_jsonl_is_a_labelled_corpus():
     assert is_labelled("c.jsonl") and not is_labelled("c_jsonl") and not is_labelled("c.json")
+
+
+def test_a_bytes_source_is_refused_naming_its_type():
+    with pytest.raises(TypeError, match="^data source must be a path, a corpus name or 'hf:NAME', got bytes$"):
+        resolve_source(b"books")
