@@ -39,3 +39,49 @@ def test_default_row_ids_count_the_batch_on_the_given_device():
     ids = check_row_ids(None, 3, torch.device("meta"))
     assert ids.device.type == "meta" and ids.dtype == torch.long and tuple(ids.shape) == (3,)
     assert check_row_ids(None, 3, torch.device("cpu")).tolist() == [0, 1, 2]
+
+
+def test_tokens_of_another_integer_dtype_are_refused():
+    """Int32 ids are not read as ids: the message names the argument, the dtype wanted and the one given."""
+    with pytest.raises(TypeError, match=r"^x0 must have dtype torch.int64, got torch.int32$"):
+        check_tokens("x0", torch.zeros(2, 3, dtype=torch.int32), 4)
+
+
+@pytest.mark.parametrize("shape", [(0, 3), (2, 0)])
+def test_tokens_with_no_sequence_or_no_position_are_refused_by_their_shape(shape):
+    """An empty batch or an empty sequence is a ValueError naming the shape, not min()'s error on no elements."""
+    with pytest.raises(ValueError, match=rf"x must have shape \[B, D\] with B, D >= 1, got \({shape[0]}, {shape[1]}\)"):
+        check_tokens("x", torch.zeros(shape, dtype=torch.long), 4)
+
+
+def test_a_negative_token_is_refused_and_no_vocab_size_leaves_the_range_unchecked():
+    """The range's lower end is 0: -1 is refused; without a vocab size any id passes on the CPU too."""
+    with pytest.raises(ValueError, match=r"x must hold ids in \[0, 4\), got range \[-1, 3\]"):
+        check_tokens("x", torch.tensor([[3, -1]]), 4)
+    far = torch.tensor([[-5, 10**6]])
+    assert check_tokens("x", far, None) is far
+
+
+def test_row_ids_of_another_length_dtype_or_sign_are_refused():
+    """Row ids must be one Long id per sequence, none negative: each case names what was given."""
+    with pytest.raises(ValueError, match=r"row_ids must be a Long tensor of shape \(3,\), got \(2,\)"):
+        check_row_ids(torch.arange(2), 3, torch.device("cpu"))
+    with pytest.raises(ValueError, match=r"shape \(2,\), got \(2, 1\)"):
+        check_row_ids(torch.zeros(2, 1, dtype=torch.long), 2, torch.device("cpu"))
+    with pytest.raises(TypeError, match=r"row_ids must have dtype in \(torch.int64\), got torch.int32"):
+        check_row_ids(torch.arange(2, dtype=torch.int32), 2, torch.device("cpu"))
+    with pytest.raises(ValueError, match=r"row_ids must be >= 0, got minimum -1"):
+        check_row_ids(torch.tensor([0, -1]), 2, torch.device("cpu"))
+    assert check_row_ids(torch.tensor([0, 5]), 2, torch.device("cpu")).tolist() == [0, 5]
+
+
+def test_integer_logits_are_refused_and_a_time_free_planner_is_called_without_t():
+    """Logits of the right shape but an integer dtype are an error naming the dtype; a planner given
+    no times is called with the tokens alone."""
+    x = torch.tensor([[0, 1, 2]])
+    with pytest.raises(ValueError, match=r"model must return floating logits of shape \[1, 3, 3\], "
+                                         r"got torch.int64 of shape \[1, 3, 3\]"):
+        log_probs(lambda x: torch.zeros(1, 3, 3, dtype=torch.long), x, None, 3, "model")
+    with pytest.raises(ValueError, match=r"planner must return floating logits of shape \[1, 3\]"):
+        planner_logits(lambda x: torch.zeros(1, 3, dtype=torch.long), x, None)
+    torch.testing.assert_close(planner_logits(lambda x: x.double(), x, None), torch.tensor([[0.0, 1.0, 2.0]]))
