@@ -709,6 +709,23 @@ def test_training_rows_quote_a_bad_training_setting_in_40_characters(monkeypatch
         _row_of(monkeypatch, {"kind": "planner", "model": {}, "training": [0] * 100}, {})
 
 
+def test_training_rows_give_the_networks_shape_and_the_runs_settings_in_their_columns(monkeypatch):
+    """Heads, dropout and sequence length come from config.json into the row and the table, each
+    under its own column; Tokens/s is the run's, all processes' tokens over the training time."""
+    config = {"kind": "planner", "model": {"d_model": 16, "n_layers": 2, "n_heads": 4, "dropout": 0.1},
+              "training": {"batch_size": 2, "grad_accum": 1, "seq_len": 32, "lr": 3e-4, "dropout": 0.1}}
+    meta = {"step": 4, "history": [], "train_seconds": 2.0, "train_tokens": 512, "world_size": 2}
+    row = _row_of(monkeypatch, config, meta)
+    assert [row[k] for k in ("d_model", "n_layers", "n_heads", "dropout", "seq_len", "lr")] == [16, 2, 4, 0.1, 32, 3e-4]
+    assert (row["tokens_per_s"], row["step_sequences"]) == (256.0, 4)
+    header, _, line = training.training_markdown([row]).splitlines()
+    assert header == ("| Network | Run | Parameters | d_model | Layers | Heads | Dropout | Micro-batch "
+                      "| Sequences/step | Length | Peak LR | Steps | Train seconds | Tokens/s | First val loss "
+                      "| Best val loss | at step | Final train loss | Final val loss |")
+    cells = {k.strip(): v.strip() for k, v in zip(header.strip("|").split("|"), line.strip("|").split("|"))}
+    assert [cells[k] for k in ("Layers", "Heads", "Dropout", "Length", "Tokens/s")] == ["2", "4", "0.1", "32", "256"]
+
+
 def test_the_training_table_groups_thousands_and_rounds_lr_seconds_and_losses():
     row = {"kind": "planner", "run": "r", "parameters": 1234567, "lr": 1 / 3000, "train_seconds": 12.6,
            "tokens_per_s": 12345.6, "final_val_loss": 1.23456, "first_val_loss": 3.45678, "best_val_loss": 1.11111,
