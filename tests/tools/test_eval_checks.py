@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from ddpd.eval.checks import check_row_ids, check_tokens, log_probs, planner_logits
+from ddpd.eval.checks import at, check_row_ids, check_tokens, log_probs, planner_logits
 
 
 def test_tokens_of_three_dimensions_are_refused():
@@ -73,6 +73,7 @@ def test_row_ids_of_another_length_dtype_or_sign_are_refused():
     with pytest.raises(ValueError, match=r"row_ids must be >= 0, got minimum -1"):
         check_row_ids(torch.tensor([0, -1]), 2, torch.device("cpu"))
     assert check_row_ids(torch.tensor([0, 5]), 2, torch.device("cpu")).tolist() == [0, 5]
+    assert check_row_ids(torch.tensor([5]), 1, torch.device("cpu")).tolist() == [5]
 
 
 def test_integer_logits_are_refused_and_a_time_free_planner_is_called_without_t():
@@ -85,3 +86,21 @@ def test_integer_logits_are_refused_and_a_time_free_planner_is_called_without_t(
     with pytest.raises(ValueError, match=r"planner must return floating logits of shape \[1, 3\]"):
         planner_logits(lambda x: torch.zeros(1, 3, dtype=torch.long), x, None)
     torch.testing.assert_close(planner_logits(lambda x: x.double(), x, None), torch.tensor([[0.0, 1.0, 2.0]]))
+
+
+def test_logits_of_another_shape_are_refused_naming_both_shapes():
+    """A model whose vocabulary or sequence differs from the tokens' is an error, not a broadcast."""
+    x = torch.tensor([[0, 1, 2]])
+    with pytest.raises(ValueError, match=r"denoiser must return floating logits of shape \[1, 3, 4\], "
+                                         r"got torch.float32 of shape \[1, 3, 3\]"):
+        log_probs(lambda x: torch.zeros(1, 3, 3), x, None, 4, "denoiser")
+    with pytest.raises(ValueError, match=r"planner must return floating logits of shape \[1, 3\], "
+                                         r"got torch.float32 of shape \[1, 2\]"):
+        planner_logits(lambda x, t: torch.zeros(1, 2), x, torch.ones(1))
+
+
+def test_at_reads_each_positions_value_at_its_own_index():
+    """at(values, index)[b, d] is values[b, d, index[b, d]], per sequence and per position."""
+    values = torch.arange(2 * 3 * 4, dtype=torch.float32).reshape(2, 3, 4)
+    index = torch.tensor([[0, 3, 1], [2, 2, 0]])
+    assert at(values, index).tolist() == [[0.0, 7.0, 9.0], [14.0, 18.0, 20.0]]
