@@ -104,3 +104,14 @@ def test_at_reads_each_positions_value_at_its_own_index():
     values = torch.arange(2 * 3 * 4, dtype=torch.float32).reshape(2, 3, 4)
     index = torch.tensor([[0, 3, 1], [2, 2, 0]])
     assert at(values, index).tolist() == [[0.0, 7.0, 9.0], [14.0, 18.0, 20.0]]
+
+
+def test_tokens_or_logits_that_are_no_tensor_are_a_type_error_naming_the_type():
+    """A list of ids, or a model returning a tuple, is refused by its type before any shape is read."""
+    with pytest.raises(TypeError, match=r"^x must be a torch.Tensor of token ids, got list$"):
+        check_tokens("x", [[0, 1]], 4)
+    x = torch.tensor([[0, 1, 2]])
+    with pytest.raises(TypeError, match=r"^model must return a tensor, got tuple$"):
+        log_probs(lambda x: (torch.zeros(1, 3, 3),), x, None, 3, "model")
+    with pytest.raises(TypeError, match=r"^planner must return a tensor, got list$"):
+        planner_logits(lambda x: [0.0, 0.0, 0.0], x, None)
