@@ -688,6 +688,7 @@ def test_training_rows_count_parameters_without_allocating_them(monkeypatch):
     ({"batch_size": 2, "grad_accum": 3}, {}, 7),  # weights only: no process count
     ({"batch_size": 2, "grad_accum": True}, {"step": 7, "world_size": 1}, 7),  # an edited config's true
     ({"batch_size": 2, "grad_accum": 3}, {}, "7"),
+    ({"batch_size": 2}, {"step": 7, "world_size": 1}, 7),  # no grad_accum recorded: not taken as 1
 ])
 def test_training_rows_leave_out_what_the_checkpoint_does_not_record_as_integers(monkeypatch, settings, meta, step):
     row = _row_of(monkeypatch, {"kind": "planner", "model": {}, "training": settings, "step": step}, meta)
