@@ -629,7 +629,7 @@ def test_training_rows_give_the_states_step_the_best_step_and_the_last_losses(mo
     config = {"kind": "planner", "model": {"d_model": 16}, "training": {"batch_size": 2, "grad_accum": 3}, "step": 3}
     row = _row_of(monkeypatch, config, meta)
     assert (row["run"], row["step"], row["tokens_per_s"], row["step_sequences"]) == ("runs/planner", 4, 32.0, 6)
-    assert (row["best_val_loss"], row["best_step"]) == (1.0, 2)
+    assert (row["first_val_loss"], row["first_val_step"], row["best_val_loss"], row["best_step"]) == (3.0, 0, 1.0, 2)
     assert (row["final_train_loss"], row["final_val_loss"]) == (1.5, 2.0)
 
 
@@ -682,6 +682,14 @@ def test_training_rows_count_parameters_without_allocating_them(monkeypatch):
     monkeypatch.setattr(ddpd.models, "count_parameters", count)
     config = {"kind": "planner", "model": {"vocab_size": V, "out_dim": 1, "d_model": 16, "n_layers": 1, "n_heads": 2}}
     assert training._parameters("runs/planner", config) == 7 and devices == [{"meta"}]
+
+
+def test_training_rows_refuse_a_model_section_that_builds_no_network_as_a_checkpoint_error():
+    """A model section missing fields is the checkpoint's fault: CheckpointError naming the directory
+    and the kind, with the config's own message, not the ValueError of TransformerConfig."""
+    with pytest.raises(CheckpointError, match=r"^checkpoint runs/ar: config.json does not describe a valid ar "
+                                              r"model: TransformerConfig.from_dict: missing required fields"):
+        training._parameters("runs/ar", {"kind": "ar", "model": {"d_model": 16}})
 
 
 @pytest.mark.parametrize("settings, meta, step", [
