@@ -221,6 +221,24 @@ def test_the_planner_mask_is_drawn_apart_from_the_corruption():
     assert abs(share - expected) < 0.02, (share, expected)  # s.d. about 0.005 (12k noisy positions)
 
 
+def test_the_planner_mask_is_the_first_samples_planned_mask_draw_of_each_row():
+    """The planner's mask is EvalNoise(seed)'s sample 0 of the PLANNED_MASK stream at the row ids
+    given, below p(z = N | x_t): a denoising table is reproducible from its seed and row ids."""
+    from ddpd.eval.corruption import PLANNED_MASK, EvalNoise
+
+    seen = []
+
+    def records_x(x, t):
+        seen.append(x)
+        return torch.zeros(*x.shape, S)
+
+    x1, rows = torch.zeros(16, 8, dtype=torch.long), torch.arange(40, 56)
+    denoising_stats("mask-denoiser-planner", records_x, x1, S, alpha=0.5, planner=lambda x: torch.zeros(x.shape),
+                    seed=11, row_ids=rows)
+    expected = EvalNoise(11).uniform(0, PLANNED_MASK, rows, 8) < 0.5
+    assert torch.equal(seen[0] == S, expected)
+
+
 @pytest.mark.parametrize("kind", ["mask-denoiser", "mask-denoiser-planner"])
 def test_the_mask_denoisers_see_the_mask_id_given(kind):
     def reveals(x, t):  # token 0 where the input holds mask id S + 1
