@@ -239,6 +239,25 @@ def test_the_planner_mask_is_the_first_samples_planned_mask_draw_of_each_row():
     assert torch.equal(seen[0] == S, expected)
 
 
+def test_a_planner_sure_of_noise_masks_a_position_whose_uniform_is_1():
+    """Uniforms lie in (0, 1]: row 277064 of seed 0 draws exactly 1.0 at column 7 of the planned
+    mask (one uniform in 2**24). A planner sure of noise (p = 1 in float32) still masks it, as
+    ddpd.ops.bernoulli reads u = 1 as the largest float32 below 1; a plain u < p left it shown."""
+    from ddpd.eval.corruption import PLANNED_MASK, EvalNoise
+
+    rows = torch.tensor([277064])
+    assert float(EvalNoise(0).uniform(0, PLANNED_MASK, rows, 8)[0, 7]) == 1.0
+    seen = []
+
+    def records_x(x, t):
+        seen.append(x)
+        return torch.zeros(*x.shape, S)
+
+    denoising_stats("mask-denoiser-planner", records_x, torch.zeros(1, 8, dtype=torch.long), S, alpha=0.5,
+                    planner=lambda x: torch.full(x.shape, 30.0), seed=0, row_ids=rows)
+    assert torch.equal(seen[0], torch.full((1, 8), S))
+
+
 @pytest.mark.parametrize("kind", ["mask-denoiser", "mask-denoiser-planner"])
 def test_the_mask_denoisers_see_the_mask_id_given(kind):
     def reveals(x, t):  # token 0 where the input holds mask id S + 1
