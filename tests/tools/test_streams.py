@@ -136,6 +136,22 @@ def test_the_tolerant_stderr_loses_its_own_lines_and_nothing_else():
     assert working.write("abc") == 3 and working.getvalue() == "abc"
 
 
+def test_a_copy_of_the_tolerant_stderr_writes_to_the_same_stream():
+    """copy.copy makes the copy without __init__: looking up its dunders (__setstate__) must not
+    reach the stream's own, and an instance without a stream has no attributes rather than
+    recursing on the missing _stream."""
+    import copy
+
+    stream = io.StringIO()
+    wrapped = _Tolerant(stream)
+    again = copy.copy(wrapped)
+    assert again._stream is stream and again.write("ab") == 2 and stream.getvalue() == "ab"
+    assert not hasattr(wrapped, "__next__")  # the stream's dunders are not the wrapper's
+    bare = _Tolerant.__new__(_Tolerant)
+    with pytest.raises(AttributeError, match="_stream"):
+        bare.encoding
+
+
 def test_standard_streams_wraps_stderr_once(monkeypatch):
     stderr = io.StringIO()
     monkeypatch.setattr(sys, "stderr", stderr)
