@@ -193,3 +193,32 @@ def test_a_stderr_closed_at_the_start_is_reopened_on_dev_null(tmp_path, taken):
         assert fileno != "2"  # the file keeps descriptor 2: stderr is a /dev/null of its own
     else:
         assert fileno == "2"
+
+
+# Started with stdin and stdout closed: standard_streams() reopens both; the script reads stdin,
+# closes sys.stdout, and says on stderr what it read, whether descriptor 1 is still open and which
+# descriptor a file opened afterwards takes.
+CLOSED_STDIN_STDOUT = """
+import os, sys
+from ddpd.streams import standard_streams
+standard_streams()
+text = sys.stdin.read()
+sys.stdout.close()
+late = open(os.devnull)
+sys.stderr.write(repr(text) + " " + str(os.path.samestat(os.fstat(1), os.stat(os.devnull))) + " " + str(late.fileno()))
+"""
+
+
+def test_a_stdin_and_stdout_closed_at_the_start_read_empty_and_outlive_their_streams(tmp_path):
+    """`<&- >&-`: stdin reads as empty (not a write-only /dev/null that fails to read), and closing
+    the sys.stdout made for descriptor 1 leaves the descriptor on /dev/null, so no file opened
+    later takes it."""
+    def close_0_and_1():
+        os.close(0)
+        os.close(1)
+
+    done = subprocess.run([sys.executable, "-c", CLOSED_STDIN_STDOUT], capture_output=True, text=True,
+                          timeout=HANG_GUARD_SECONDS, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          preexec_fn=close_0_and_1)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.split() == ["''", "True", "3"]
