@@ -59,6 +59,35 @@ def test_each_printed_line_is_flushed_at_once(monkeypatch):
     assert buffer.getvalue() == b"one\n"
 
 
+def test_a_progress_bar_is_cleared_while_a_line_is_printed_and_drawn_again_after(monkeypatch):
+    """A bar on stderr is blanked before the line goes to stdout and redrawn after it, so that
+    no half bar is left in front of the line on the terminal."""
+    from tqdm import tqdm
+
+    writes = []
+
+    class Tagged(io.StringIO):
+        def __init__(self, tag):
+            super().__init__()
+            self.tag = tag
+
+        def write(self, text):
+            writes.append((self.tag, text))
+            return len(text)
+
+    monkeypatch.setattr(sys, "stdout", Tagged("out"))
+    monkeypatch.setattr(sys, "stderr", Tagged("err"))
+    bar = tqdm(total=3, file=sys.stderr, ascii=True)
+    bar.update(1)
+    writes.clear()
+    Stdout().print("line")
+    printed = list(writes)
+    bar.close()
+    line = printed.index(("out", "line\n"))
+    assert any(tag == "err" and text.startswith("\r ") and not text.strip() for tag, text in printed[:line])
+    assert any(tag == "err" and "1/3" in text for tag, text in printed[line + 1:])
+
+
 def test_a_failing_stdout_is_reported_once_by_check_with_where_the_results_are(monkeypatch, tmp_path):
     stream = failing_stdout(monkeypatch, tmp_path, OSError(errno.ENOSPC, "No space left on device"))
     out = Stdout()
