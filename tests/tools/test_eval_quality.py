@@ -479,6 +479,19 @@ def test_one_sample_has_no_standard_error():
     assert mean_and_se(torch.tensor([1.0, 3.0])) == (2.0, 1.0)
 
 
+def test_one_sample_gives_its_nan_standard_error_without_a_warning():
+    """The standard error of one value is NaN by rule, not from torch's std of one value, which
+    warns of its degrees of freedom on the stderr of every report of one sample."""
+    import warnings
+
+    from ddpd.eval.report import mean_and_se
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        mean, se = mean_and_se(torch.tensor([[4.0]]))
+    assert mean == 4.0 and math.isnan(se)
+
+
 def test_markdown_tables_format_every_number_and_leave_missing_values_blank():
     """ints take a float format as floats do; a missing key and None are blank cells; the
     first column is left-aligned and the rest right-aligned, one cell a column in every row."""
