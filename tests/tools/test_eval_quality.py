@@ -167,6 +167,32 @@ def test_pyplot_without_matplotlib_says_how_to_install_it(monkeypatch):
         report.pyplot()
 
 
+def test_pyplot_of_a_broken_matplotlib_says_how_to_install_it(monkeypatch):
+    """A matplotlib present but failing to import (ImportError, not only a missing module) gets
+    the same hint."""
+    def use(backend):
+        raise ImportError("cannot import name '_path' from partially initialized module")
+
+    monkeypatch.setitem(sys.modules, "matplotlib", SimpleNamespace(use=use))
+    with pytest.raises(report.MissingDependency, match="pip install 'ddpd\\[eval\\]'"):
+        report.pyplot()
+
+
+def test_pyplot_switches_matplotlib_to_agg():
+    """Plots are drawn off-screen whatever backend matplotlib was set to before."""
+    import matplotlib
+
+    matplotlib.use("svg")
+    report.pyplot()
+    assert matplotlib.get_backend().lower() == "agg"
+
+
+def test_a_report_named_without_a_folder_is_written_in_the_working_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    report.write_text("a", "plain.md")
+    assert (tmp_path / "plain.md").read_text() == "a"
+
+
 def test_a_report_set_inside_another_joins_the_outer_one(tmp_path):
     """An inner block renames nothing: the outer block's end renames all its files together."""
     inner, outer = tmp_path / "inner.txt", tmp_path / "outer.txt"
