@@ -27,7 +27,7 @@ from ddpd.eval.checks import (
     planner_logits,
 )
 from ddpd.eval.planned_mask import planned_mask_log_probs
-from ddpd.ops.rng import BELOW_ONE
+from ddpd.ops.rng import happens
 from ddpd.process import Schedule, denoiser_log_prob_from_uniform, get_schedule
 from ddpd.validation import check_float
 
@@ -109,9 +109,7 @@ def denoising_stats(
         log_q = log_probs(denoiser, masked, t, vocab_size, "denoiser")
     else:
         p_z = torch.sigmoid(planner_logits(planner, x_t, None))
-        # u = 1 (the top grid value) read as the largest float32 below 1, as ddpd.ops.bernoulli
-        # draws its coins: a planner sure of noise (p = 1) masks every position
-        z_planned = noise.uniform(0, C.PLANNED_MASK, rows, length).clamp(max=BELOW_ONE) < p_z
+        z_planned = happens(noise.uniform(0, C.PLANNED_MASK, rows, length), p_z)  # p = 1 masks at u = 1 too
         log_q = planned_mask_log_probs(denoiser, x_t, z_planned, z, mask_id, schedule, vocab_size)
     return _stats(log_q, x1, z)
 

@@ -30,6 +30,7 @@ from ddpd.eval.checks import (
     planner_logits,
 )
 from ddpd.eval.planned_mask import planned_mask_log_probs
+from ddpd.ops.rng import happens
 from ddpd.process import Schedule, get_schedule, planner_log_prob_from_uniform
 from ddpd.validation import check_float
 
@@ -318,7 +319,7 @@ class _PlannedDenoiser:
             masked = torch.where(z, torch.full_like(x, self.mask_id), x)
             return at(log_probs(self.denoiser, masked, t, S, "denoiser"), self.x1), z
         u = self.est.noise.uniform(m, stream, self.est.rows, x.shape[1])
-        z_planned = u < torch.sigmoid(planner_logits)
+        z_planned = happens(u, torch.sigmoid(planner_logits))  # p = 1 masks at u = 1 too
         log_q = planned_mask_log_probs(self.denoiser, x, z_planned, need, self.mask_id, self.est.schedule, S)
         return at(log_q, self.x1), z_planned | need
 

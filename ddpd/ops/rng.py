@@ -378,6 +378,22 @@ def gumbel(u: torch.Tensor) -> torch.Tensor:
     return -torch.log(-torch.log(u.clamp(max=BELOW_ONE)))
 
 
+def happens(u: torch.Tensor, p) -> torch.Tensor:
+    """Bernoulli(p) events from uniforms in (0, 1]: min(u, BELOW_ONE) < p, as ddpd.ops.bernoulli
+    draws them. A plain u < p would miss an event of probability 1 where u is the top grid value
+    (1.0 in float32, one uniform in 2**24): a last step's jump that must clear every mask, or a
+    planner sure of noise.
+
+    Args:
+        u: uniforms in (0, 1].
+        p: probabilities in [0, 1], a tensor broadcasting with u or a number.
+
+    Returns:
+        Bool, shaped like u (broadcast with p).
+    """
+    return u.clamp(max=BELOW_ONE) < p
+
+
 # ---------------------------------------------------------------- the ops' arguments
 
 

@@ -19,12 +19,13 @@ from typing import Optional, Protocol
 import torch
 from torch import Tensor
 
-# gumbel: the ops' own transform, re-exported here so that both runs agree bit for bit
+# gumbel and happens: the ops' own transforms, re-exported here so that both runs agree bit for bit
 from ddpd.ops.rng import (  # noqa: F401
     BELOW_ONE,
     check_noise_values,
     check_seed,
     gumbel,
+    happens,
     philox_uniform,
     seed_from_generator,
 )
@@ -248,21 +249,6 @@ def make_noise(seed: Optional[int] = None, generator: Optional[torch.Generator] 
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
     return PhiloxNoise(*seed_from_generator(generator))
-
-
-def happens(u: Tensor, p) -> Tensor:
-    """Bernoulli(p) events from uniforms in (0, 1]: min(u, BELOW_ONE) < p, as ddpd.ops.bernoulli
-    draws them. A plain u < p would miss an event of probability 1 where u is the top grid value
-    (1.0 in float32, one uniform in 2**24): a last step's jump, which must clear every mask.
-
-    Args:
-        u: uniforms in (0, 1].
-        p: probabilities in [0, 1], a tensor broadcasting with u or a number.
-
-    Returns:
-        Bool, shaped like u (broadcast with p).
-    """
-    return u.clamp(max=BELOW_ONE) < p
 
 
 def exponential(u: Tensor) -> Tensor:

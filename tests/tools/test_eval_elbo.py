@@ -1157,3 +1157,22 @@ def test_every_estimator_names_a_denoiser_with_the_wrong_vocabulary():
     for call in calls:
         with pytest.raises(ValueError, match=r"^denoiser must return floating logits of shape \[2, 4, 27\]"):
             call()
+
+
+def test_a_planner_sure_of_noise_masks_a_position_whose_uniform_is_1():
+    """Row 277064 of seed 0 draws exactly 1.0 at column 7 of sample 0's planned mask (one
+    uniform in 2**24): a planner sure of noise (p = 1 in float32) masks it there too, as
+    ddpd.ops.bernoulli reads u = 1; a plain u < p showed the denoiser that position."""
+    from ddpd.eval.corruption import PLANNED_MASK
+
+    rows, S = torch.tensor([277064]), 3
+    assert float(EvalNoise(0).uniform(0, PLANNED_MASK, rows, 8)[0, 7]) == 1.0
+    seen = []
+
+    def records_x(x, t):
+        seen.append(x.clone())
+        return torch.zeros(*x.shape, S)
+
+    elbo_planned(lambda x: torch.full(x.shape, 30.0), records_x, torch.zeros(1, 8, dtype=torch.long), S,
+                 denoiser_type="mask", mask="planner", seed=0, row_ids=rows)
+    assert seen and all(torch.equal(x, torch.full((1, 8), S)) for x in seen)
