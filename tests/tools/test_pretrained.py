@@ -257,15 +257,17 @@ def test_install_bundle_drops_the_paths_of_the_training_machine(tmp_path):
     assert read_config(os.path.join(dest, "planner"))["training"] == {"data": "wiki.txt", "lr": 1e-3}
 
 
-def test_install_bundle_names_a_corpus_path_ending_in_a_slash_by_its_last_part(tmp_path):
+@pytest.mark.parametrize("data,recorded", [("corpora/text8/", "text8"),  # a folder by its last part
+                                           ("hf:user/corpus/train.txt", "hf:user/corpus/train.txt")])
+def test_install_bundle_records_a_corpus_by_its_name(tmp_path, data, recorded):
     paths = _training_checkpoints(tmp_path)
     for role in ("planner", "denoiser"):
         config = read_config(paths[role])
-        config["training"] = {"data": "corpora/text8/", "out": "/scratch/run"}
+        config["training"] = {"data": data, "out": "/scratch/run"}
         config["settings_sha256"] = settings_digest(config)
         Path(paths[role], "config.json").write_text(json.dumps(config))
     dest = pretrained.install_bundle(paths["planner"], paths["denoiser"], str(tmp_path / "text8"))
-    assert read_config(os.path.join(dest, "planner"))["training"] == {"data": "text8"}
+    assert read_config(os.path.join(dest, "planner"))["training"] == {"data": recorded}
 
 
 def test_float16_bundle_is_half_the_size(tmp_path):
@@ -561,17 +563,6 @@ def test_load_default_without_a_bundle_names_the_python_way_to_load_one(tmp_path
     with pytest.raises(pretrained.BundleNotFoundError) as raised:
         pretrained.load_default()
     assert "ddpd.checkpoint.load_bundle(DIR)" in str(raised.value) and "--checkpoint" not in str(raised.value)
-
-
-def test_install_bundle_keeps_a_hub_corpus_name(tmp_path):
-    paths = _training_checkpoints(tmp_path)
-    for role in ("planner", "denoiser"):
-        config = read_config(paths[role])
-        config["training"] = {"data": "hf:user/corpus/train.txt", "out": "/scratch/run"}
-        config["settings_sha256"] = settings_digest(config)
-        Path(paths[role], "config.json").write_text(json.dumps(config))
-    dest = pretrained.install_bundle(paths["planner"], paths["denoiser"], str(tmp_path / "text8"))
-    assert read_config(os.path.join(dest, "planner"))["training"] == {"data": "hf:user/corpus/train.txt"}
 
 
 def test_install_bundle_refuses_a_dest_that_is_no_path(tmp_path, monkeypatch):
