@@ -634,6 +634,17 @@ def test_a_config_of_a_huge_model_is_refused_before_any_allocation(tmp_path, mon
     assert built == [] and _one_line(info.value)
 
 
+def test_a_config_with_one_layer_more_than_the_file_has_tensors_is_refused_unbuilt(tmp_path, monkeypatch):
+    """Every layer holds a tensor: one layer past the file's tensor count is refused from the
+    counts alone, naming both, before a network is built to compare against."""
+    path = _saved(tmp_path)
+    count = len(load_file(path / "model.safetensors"))
+    _rewrite_config(path, lambda c: c["model"].update(n_layers=count + 1))
+    monkeypatch.setattr("ddpd.models.factory.build_skeleton", lambda *a: pytest.fail("built a network"))
+    with pytest.raises(CheckpointError, match=f"config.json has {count + 1} layers, the file {count} tensors"):
+        load_model(path)
+
+
 def test_a_config_whose_tensors_cannot_exist_is_one_line(tmp_path, monkeypatch):
     """d_model 10**12: its tensors overflow even on the meta device (a raw RuntimeError)."""
     path = _saved(tmp_path)
@@ -775,14 +786,28 @@ def _craft_state(path, header, data=b"", meta=None):
      r"tensor 'm' has 12 bytes for its shape \[2\]"),
     ({"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 12]},
       "b": {"dtype": "F32", "shape": [3], "data_offsets": [0, 12]}}, bytes(12), "its tensors overlap or leave gaps"),
+    ({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
+      "b": {"dtype": "F32", "shape": [1], "data_offsets": [8, 12]}}, bytes(12), "its tensors overlap or leave gaps"),
 ], ids=["negative size", "bool size", "three offsets", "bool offset", "bytes for shape",
-                                 "overlap"])
+                                 "overlap", "gap"])
 def test_a_crafted_training_state_header_is_refused_naming_the_fault(tmp_path, header, data, message):
     path = _saved(tmp_path)
     _craft_state(path, header, data)
     with pytest.raises(CheckpointError, match=f"train_state.safetensors is corrupt \\({message}") as info:
         load_train_state(path)
     assert _one_line(info.value)
+
+
+def test_a_training_state_header_listing_its_tensors_out_of_file_order_loads(tmp_path):
+    """The entries of a header may come in any order: their offsets, sorted, must tile the
+    data, not the offsets in the order the header lists them."""
+    path = _saved(tmp_path)
+    data = torch.tensor([1.0], dtype=torch.float32).numpy().tobytes() + torch.tensor([2.0]).numpy().tobytes()
+    _craft_state(path, {"a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]},
+                        "b": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, data, meta='{"step": 1}')
+    tensors, meta = load_train_state(path)
+    assert meta == {"step": 1}
+    assert torch.equal(tensors["a"], torch.tensor([2.0])) and torch.equal(tensors["b"], torch.tensor([1.0]))
 
 
 def test_a_checkpoint_path_that_is_a_file_is_refused(tmp_path):
