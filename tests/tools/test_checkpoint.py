@@ -434,6 +434,18 @@ def test_a_bundle_never_replaces_training_checkpoints_side_by_side(tmp_path):
     assert os.path.exists(tmp_path / "denoiser" / "train_state.json")
 
 
+def test_a_checkpoint_keeping_a_training_checkpoint_in_its_planner_folder_is_replaced(tmp_path):
+    """Only a bundle's planner/ and denoiser/ are its own checkpoints: in a checkpoint's
+    directory they are a user's files, kept as they are by a save that replaces it."""
+    first, config = tiny("planner", seed=0)
+    second, _ = tiny("planner", seed=1)
+    save_checkpoint(tmp_path / "c", first, config)
+    save_checkpoint(tmp_path / "c" / "planner", first, config, ({"a": torch.ones(2)}, {"step": 1}))
+    save_checkpoint(tmp_path / "c", second, config)
+    assert same_weights(load_model(tmp_path / "c")[0], second)
+    assert load_train_state(tmp_path / "c" / "planner")[1] == {"step": 1}
+
+
 def test_a_checkpoint_with_half_its_training_state_has_one_and_fails_to_load_it(tmp_path):
     """has_train_state looks for train_state.json: a checkpoint that lost its tensors file is
     a training checkpoint whose state load_train_state refuses, naming the file."""
@@ -470,7 +482,9 @@ def test_save_validates_before_writing(tmp_path):
     (None, {"extra": object()}, None, ValueError, "checkpoint config must be JSON-serialisable: Object of type object"),
     (None, None, ["a"], TypeError, "train_state must be a \\(dict of tensors, dict\\) pair, got list"),
     (None, None, ({}, {}, {}), TypeError, "train_state must be a \\(dict of tensors, dict\\) pair, got tuple"),
-], ids=["model", "config type", "model fields", "config JSON", "train_state", "train_state triple"])
+    (None, None, [{}, {}], TypeError, "train_state must be a \\(dict of tensors, dict\\) pair, got list"),
+], ids=["model", "config type", "model fields", "config JSON", "train_state", "train_state triple",
+        "train_state list pair"])
 def test_a_save_names_the_argument_of_the_wrong_type(tmp_path, model, config, train_state, error, message):
     """A save given a malformed argument refuses it by name before anything is written."""
     good, good_config = tiny("planner")
@@ -937,6 +951,16 @@ def test_a_directory_replaced_just_after_it_was_opened_is_read_again(tmp_path, m
     assert saved and same_weights(model, new_planner)
 
 
+def test_a_checkpoint_whose_every_file_was_opened_is_read_though_replaced_meanwhile(tmp_path, monkeypatch):
+    """With all four files open the read holds one whole version: it goes on with it, not
+    restarted (nor refused) because a writer replaced the directory in the meantime."""
+    model, config = tiny("planner")
+    save_checkpoint(tmp_path / "c", model, config, ({"moment": torch.ones(3)}, {"step": 4}))
+    monkeypatch.setattr(ckpt._Reader, "replaced", lambda self: True)
+    checkpoint = ckpt.load_checkpoint(tmp_path / "c", train_state=True)
+    assert same_weights(checkpoint.model, model) and checkpoint.train_state[1] == {"step": 4}
+
+
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts descriptors in /proc/self/fd")
 def test_a_directory_replaced_at_every_open_is_refused_after_twenty_reads(tmp_path, monkeypatch):
     """A writer saving in a tight loop replaces the directory after each of the reader's opens:
@@ -1226,6 +1250,15 @@ def test_weights_read_in_short_reads_load(tmp_path, monkeypatch):
     pread_into = ckpt._pread_into
     monkeypatch.setattr(ckpt, "_pread_into", lambda fd, view, offset: pread_into(fd, view[:4099], offset))
     assert same_weights(load_model(path)[0], expected)
+
+
+@pytest.mark.parametrize("training", [[], "", 0, False])
+def test_a_training_section_that_is_an_empty_non_object_is_refused(training):
+    """Only an absent or null section reads as no settings: an empty list, string, zero or
+    false is a damaged section, refused like any other that is not an object."""
+    assert ckpt.training_settings("c", {}) == {} and ckpt.training_settings("c", {"training": None}) == {}
+    with pytest.raises(CheckpointError, match="^checkpoint c: config.json's training is .*, not an object$"):
+        ckpt.training_settings("c", {"training": training})
 
 
 def test_a_checkpoint_saved_without_training_state_says_so_on_resume(tmp_path):
