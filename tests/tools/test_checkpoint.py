@@ -217,6 +217,16 @@ def test_a_config_json_a_save_did_not_write_is_not_replaced(tmp_path, data):
     assert os.listdir(tmp_path / "c") == ["config.json"]
 
 
+def test_a_dangling_link_named_config_json_is_named_as_the_reason(tmp_path):
+    """A config.json that is a link to nothing is still a config.json a save did not write:
+    the refusal names it, not a directory without one."""
+    (tmp_path / "c").mkdir()
+    os.symlink(tmp_path / "nowhere.json", tmp_path / "c" / "config.json")
+    with pytest.raises(CheckpointError, match=r"not a ddpd checkpoint \(its config.json records no ddpd kind"):
+        save_checkpoint(tmp_path / "c", *tiny("planner"))
+    assert os.listdir(tmp_path / "c") == ["config.json"]
+
+
 def test_a_bundle_needs_both_checkpoints_to_be_replaced(tmp_path):
     """A directory with a ddpd planner/ beside a user's own denoiser/ is not a bundle."""
     planner, planner_config = tiny("planner")
@@ -456,6 +466,8 @@ def test_a_checkpoint_with_half_its_training_state_has_one_and_fails_to_load_it(
     with pytest.raises(CheckpointError, match="train_state.safetensors"):
         load_train_state(tmp_path / "c")
     save_checkpoint(tmp_path / "w", model, config)
+    assert not ckpt.has_train_state(tmp_path / "w")
+    (tmp_path / "w" / "train_state.json").mkdir()  # a directory of that name is no state file
     assert not ckpt.has_train_state(tmp_path / "w")
 
 
@@ -1075,6 +1087,17 @@ def test_a_config_asking_for_huge_buffers_is_refused_before_they_exist(tmp_path,
     assert _one_line(info.value)
 
 
+def test_buffers_of_exactly_the_limit_are_built_and_one_byte_past_it_refused(tmp_path, monkeypatch):
+    path = _saved(tmp_path)
+    size = sum(b.numel() * b.element_size() for b in tiny("planner")[0].buffers())
+    assert size > 0
+    monkeypatch.setattr(ckpt, "MAX_BUFFER_BYTES", size)
+    assert load_model(path)[1]["kind"] == "planner"
+    monkeypatch.setattr(ckpt, "MAX_BUFFER_BYTES", size - 1)
+    with pytest.raises(CheckpointError, match=f"describes a network with {size} bytes of buffers"):
+        load_model(path)
+
+
 class _Stop(Exception):
     pass
 
@@ -1153,6 +1176,19 @@ def test_a_bundle_refuses_an_edited_n_heads(tmp_path):
     _rewrite_config(tmp_path / "b" / "denoiser", lambda c: c["model"].update(n_heads=1))
     with pytest.raises(CheckpointError, match="denoiser: config.json's settings differ from their settings_sha256"):
         load_bundle(tmp_path / "b")
+
+
+def test_a_null_settings_digest_loads_as_none_and_gives_no_settings_to_resume(tmp_path):
+    """A settings_sha256 of null is no digest (as resume_settings reads it): the checkpoint
+    loads as an older one does, checked against its training section, and a resume from
+    it is refused for want of a digest, not for settings that differ."""
+    model, config = tiny("planner")
+    save_checkpoint(tmp_path / "c", model, {**config, "training": {"d_model": 32}})
+    _rewrite_config(tmp_path / "c", lambda c: c.update(settings_sha256=None))
+    loaded, loaded_config = load_model(tmp_path / "c")
+    assert same_weights(loaded, model)
+    with pytest.raises(CheckpointError, match="records no settings_sha256"):
+        ckpt.resume_settings(tmp_path / "c", loaded_config)
 
 
 @pytest.mark.parametrize("field", ["d_model", "n_layers", "n_heads"])
