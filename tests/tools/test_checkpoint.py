@@ -836,6 +836,15 @@ def test_a_training_state_header_listing_its_tensors_out_of_file_order_loads(tmp
     assert torch.equal(tensors["a"], torch.tensor([2.0])) and torch.equal(tensors["b"], torch.tensor([1.0]))
 
 
+def test_a_checkpoint_path_that_is_a_link_loop_is_refused_in_one_line(tmp_path):
+    """An open of the directory that fails for another reason than a missing or non-directory
+    path (here a link to itself) is a CheckpointError giving the system's reason."""
+    os.symlink(tmp_path / "c", tmp_path / "c")
+    with pytest.raises(CheckpointError, match=f"^checkpoint {tmp_path / 'c'}: cannot open it: ") as info:
+        load_model(tmp_path / "c")
+    assert _one_line(info.value)
+
+
 def test_a_checkpoint_path_that_is_a_file_is_refused(tmp_path):
     (tmp_path / "c").write_text("x")
     with pytest.raises(CheckpointError, match=f"^checkpoint path is not a directory: {tmp_path / 'c'}$"):
@@ -1038,6 +1047,16 @@ def test_a_refused_open_closes_what_it_opened(tmp_path, what):
     for _ in range(10):
         with pytest.raises(CheckpointError, match="model.safetensors is"):
             load_model(path)
+    assert len(os.listdir("/proc/self/fd")) == before
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts descriptors in /proc/self/fd")
+def test_a_bundle_load_closes_the_descriptors_of_its_two_checkpoints(tmp_path):
+    save_bundle(tmp_path / "b", *tiny("planner"), *tiny("mask-denoiser", seed=2))
+    load_bundle(tmp_path / "b")
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(5):
+        load_bundle(tmp_path / "b")
     assert len(os.listdir("/proc/self/fd")) == before
 
 
