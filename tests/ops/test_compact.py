@@ -98,6 +98,27 @@ def test_scatter_back_refuses_an_out_expanded_to_two(write, out):
     assert not out.any()
 
 
+@pytest.mark.parametrize("write", [scatter_back, scatter_back_reference])
+def test_scatter_back_writes_an_out_whose_stride_is_zero_only_on_a_dimension_of_one(write):
+    """A stride of 0 on a dimension of size 1 shares no memory: such an out is written."""
+    out = torch.zeros(3).as_strided((3, 1), (1, 0))
+    write(torch.tensor([2, 0]), torch.tensor([[5.0], [7.0]]), out)
+    assert out.flatten().tolist() == [7.0, 0.0, 5.0]
+
+
+def test_scatter_back_tells_autograd_that_out_was_written():
+    """out saved for a backward and then written by the kernel: the backward refuses the
+    stale value, as after any in-place torch op, instead of a wrong gradient."""
+    weight = torch.ones(3, requires_grad=True)
+    out = torch.zeros(3)
+    loss = (weight * out).sum()
+    version = out._version
+    scatter_back(torch.tensor([1]), torch.ones(1), out)
+    assert out._version > version
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+
+
 def _aliased(how: str, order: str):
     """(index, packed, out) with packed a view of out's memory from its row 8 on, and the
     rows out should hold afterwards (the reference, on a copy of packed)."""
