@@ -365,3 +365,15 @@ def test_positions_block_covers_k_to_a_power_of_two_within_the_largest_block():
     assert [positions_block(k, 8) for k in (1, 2, 3, 4, 5)] == [1, 2, 4, 4, 8]
     assert positions_block(1024, 2048) == 2**20 // 2048
     assert positions_block(5, 2**20) == 1
+
+
+def test_triton_mask_forces_the_positions_a_strided_view_shows():
+    """The Triton launch reads positions as a dense [B, k] block: a strided view (every other
+    column) forces the positions it holds, as the reference does, not the ones stored beside them."""
+    logits, x = torch.zeros(3, 8), torch.arange(24).reshape(3, 8)
+    positions = torch.tensor([[0, 5, 1, 6], [2, 7, 3, 4], [7, 0, 6, 1]])[:, ::2]
+    assert not positions.is_contiguous()
+    noise = torch.full((3, 8), 0.9)  # p = 0.5: only the forced positions are masked
+    out = triton_mask(logits, x, positions, noise=noise)
+    assert out[1].nonzero().tolist() == [[0, 0], [0, 1], [1, 2], [1, 3], [2, 6], [2, 7]]
+    assert_all_equal(out, planner_mask_reference(logits, x, positions, MASK_ID, noise=noise))
