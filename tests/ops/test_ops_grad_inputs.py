@@ -81,3 +81,15 @@ def test_scatter_back_reads_packed_rows_that_share_memory_with_out():
     y = torch.arange(8.0).reshape(4, 2)
     expected = ops.reference.scatter_back(torch.tensor([2, 3]), y[:2].clone(), y.clone())
     assert torch.equal(ops.scatter_back(torch.tensor([2, 3]), y[:2], y), expected)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_a_live_heads_parameters_give_a_draw_without_grad(bias):
+    """sample_from_hidden on an nn.Linear's own parameters outside torch.no_grad(): the
+    log-probability and confidence carry no grad_fn, with or without the head's bias."""
+    B, V, H = 3, 40, 8
+    head = torch.nn.Linear(H, V, bias=bias)
+    out = ops.sample_from_hidden(torch.randn(B, H), head.weight, head.bias, seed=1, return_logprob=True,
+                                 confidence="entropy")
+    assert not any(x.requires_grad for x in out)
+    assert out.logprob.grad_fn is None and out.confidence.grad_fn is None
