@@ -490,3 +490,24 @@ def test_a_kernel_without_tritons_device_caches_always_goes_through_triton(monke
     for _ in range(2):
         _dispatch.launch(kernel, (2,), torch.ones(4), 5)
     assert [call[0] for call in calls] == ["triton", "triton"]
+
+
+@pytest.mark.parametrize("rows,vocab,multiprocessors", [(1, 5 * TILE, 1), (16, 7 * TILE, 2), (40, 11 * TILE, 3),
+                                                        (1, GPT2, 5)])
+def test_the_heads_splits_cover_every_tile_once_with_none_left_empty(rows, vocab, multiprocessors):
+    """Where the aimed-at splits do not divide the tiles, head_launch rounds their count back
+    to what the tiles per split need: each split has tiles (5 tiles aimed at 4 splits: 3 of 2)."""
+    launch = head_launch(rows, 64, vocab, 4, multiprocessors)
+    _, splits = launch.tiles_grid
+    tiles = n_tiles(vocab)
+    assert splits * launch.tiles_per_split >= tiles > (splits - 1) * launch.tiles_per_split, launch
+    if (rows, vocab) == (1, 5 * TILE):
+        assert (splits, launch.tiles_per_split) == (3, 2)
+
+
+@pytest.mark.parametrize("width,element_size,block_h", [(1, 4, 16), (16, 4, 16), (16, 2, 16), (17, 4, 32),
+                                                        (24, 2, 32), (40, 2, 64)])
+def test_the_heads_h_slices_stay_as_narrow_as_a_narrow_row(width, element_size, block_h):
+    """H slices of 16 (the dot's least) for rows of up to 16 elements, else the row to a power of
+    two, capped at 64 (16-bit) or 32 (float32)."""
+    assert head_launch(8, width, GPT2, element_size, SMS).block_h == block_h
