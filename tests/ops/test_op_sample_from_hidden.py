@@ -581,3 +581,15 @@ def test_a_compiled_truncated_draw_keeps_the_bias():
 
     tokens = torch.compile(draw, fullgraph=True, backend="aot_eager")(hidden)
     assert torch.equal(tokens, draw(hidden)) and set(tokens.tolist()) <= {7, 11}
+
+
+def test_the_triton_path_keeps_out_every_excluded_token():
+    """Several excluded tokens, in different tiles, each with a bias that would win every draw:
+    the Triton kernels draw none of them, and the reference's tokens."""
+    hidden, weight, bias = head(6, 16, 600, 8)
+    excluded = [0, 5, 300, 599]
+    bias[excluded] = 50.0
+    ref = sample_from_hidden_reference(hidden, weight, bias, 1.0, excluded, seed=4)
+    out = triton_draw(hidden, weight, bias, 1.0, excluded, seed=4)
+    assert_same(out, ref)
+    assert out.valid.all() and not any(t in excluded for t in out.tokens.tolist())
