@@ -377,3 +377,28 @@ def test_triton_mask_forces_the_positions_a_strided_view_shows():
     out = triton_mask(logits, x, positions, noise=noise)
     assert out[1].nonzero().tolist() == [[0, 0], [0, 1], [1, 2], [1, 3], [2, 6], [2, 7]]
     assert_all_equal(out, planner_mask_reference(logits, x, positions, MASK_ID, noise=noise))
+
+
+def test_strided_noise_and_row_ids_draw_what_their_values_say():
+    """Explicit uniforms and row ids that are strided views: the mask is the one their values
+    give, as from contiguous copies."""
+    logits, x, positions = inputs(3, 9, 4)
+    noise = torch.rand(9, 3, generator=torch.Generator().manual_seed(1)).clamp_min(1e-6).T
+    row_ids = torch.tensor([4, 0, 9, 0, 2, 0])[::2]
+    assert not noise.is_contiguous() and not row_ids.is_contiguous()
+    for draw in (planner_mask, planner_mask_reference):
+        assert_all_equal(draw(logits, x, positions, MASK_ID, noise=noise),
+                         planner_mask_reference(logits, x, positions, MASK_ID, noise=noise.contiguous()))
+        assert_all_equal(draw(logits, x, positions, MASK_ID, seed=3, row_ids=row_ids),
+                         planner_mask_reference(logits, x, positions, MASK_ID, seed=3, row_ids=row_ids.contiguous()))
+
+
+def test_triton_mask_reads_strided_logits_and_sequences_by_their_values():
+    """Logits and sequences that are column slices of wider tensors: the Triton mask is the
+    reference's on contiguous copies."""
+    wide_logits, wide_x, _ = inputs(3, 20, 6)
+    logits, x = wide_logits[:, 3:13], wide_x[:, ::2]
+    positions = torch.tensor([[0], [4], [9]])
+    assert not logits.is_contiguous() and not x.is_contiguous()
+    ref = planner_mask_reference(logits.contiguous(), x.contiguous(), positions, MASK_ID, seed=7)
+    assert_all_equal(triton_mask(logits, x, positions, seed=7), ref)
