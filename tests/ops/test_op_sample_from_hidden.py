@@ -593,3 +593,13 @@ def test_the_triton_path_keeps_out_every_excluded_token():
     out = triton_draw(hidden, weight, bias, 1.0, excluded, seed=4)
     assert_same(out, ref)
     assert out.valid.all() and not any(t in excluded for t in out.tokens.tolist())
+
+
+def test_the_triton_path_reads_a_strided_head_by_its_values():
+    """A weight and a bias that are strided views (every other row, every other entry): the
+    Triton kernels draw the reference's tokens from their contiguous copies."""
+    hidden, wide_weight, wide_bias = head(5, 16, 1200, 9)
+    weight, bias = wide_weight[::2], wide_bias[::2]
+    assert not weight.is_contiguous() and not bias.is_contiguous()
+    ref = sample_from_hidden_reference(hidden, weight.contiguous(), bias.contiguous(), 1.0, seed=6)
+    assert_same(triton_draw(hidden, weight, bias, 1.0, seed=6), ref)
