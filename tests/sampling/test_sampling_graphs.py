@@ -8,6 +8,8 @@ the same stop steps and forward-pass counts, for every clock and denoiser; and t
 must catch a step that bakes in a Python value. On a GPU the same runs replay real CUDA graphs
 (tests/ops/test_op_gpu.py-style tests marked gpu).
 """
+import contextlib
+
 import pytest
 import torch
 
@@ -295,3 +297,30 @@ def test_a_run_whose_rows_cannot_stop_early_replays_every_step_but_the_first_and
     tau_leaping_uniform(nets[27]["model"], 4, 8, 27, steps=12, noise=PhiloxNoise(0),
                         execution=Execution(fused=True, sync_every=3, graphs="emulate"))
     assert len(made_graphs) == 1 and made_graphs[0].replays == 10
+
+
+def test_a_captured_step_counts_its_forward_passes_once_per_replay(monkeypatch):
+    """Capturing records a step's kernels without running them, but its Python runs and counts
+    the forward passes: the capture takes those back and every replay adds them again. Checked
+    with a stand-in for the CUDA graph whose capture runs the step and whose replay runs nothing."""
+    class Graph:
+        replay = staticmethod(lambda: None)
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+    monkeypatch.setattr(torch.cuda, "graph", lambda graph: contextlib.nullcontext())
+    batch = RunningBatch(torch.zeros(2, 3, dtype=torch.long))
+
+    def step(i):  # one denoiser pass on 2 rows saving 4, a planner pass on 3 rows saving 1
+        batch.denoiser_calls += 1
+        batch.denoiser_rows += 2
+        batch.denoiser_rows_saved += 4
+        batch.planner_calls += 1
+        batch.planner_rows += 3
+        batch.planner_rows_saved += 1
+
+    graphs = StepGraphs(batch, torch.device("cpu"), emulate=False)
+    for i in range(5):  # a warm-up, a capture and its replay, three more replays
+        graphs.run("step", step, i)
+    assert (graphs.captures, graphs.replays) == (1, 4)
+    assert (batch.denoiser_calls, batch.denoiser_rows, batch.denoiser_rows_saved) == (5, 10, 20)
+    assert (batch.planner_calls, batch.planner_rows, batch.planner_rows_saved) == (5, 15, 5)
