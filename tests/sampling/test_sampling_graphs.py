@@ -309,8 +309,10 @@ def test_a_captured_step_counts_its_forward_passes_once_per_replay(monkeypatch):
     monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
     monkeypatch.setattr(torch.cuda, "graph", lambda graph: contextlib.nullcontext())
     batch = RunningBatch(torch.zeros(2, 3, dtype=torch.long))
+    seen = []
 
     def step(i):  # one denoiser pass on 2 rows saving 4, a planner pass on 3 rows saving 1
+        seen.append(i)
         batch.denoiser_calls += 1
         batch.denoiser_rows += 2
         batch.denoiser_rows_saved += 4
@@ -321,6 +323,7 @@ def test_a_captured_step_counts_its_forward_passes_once_per_replay(monkeypatch):
     graphs = StepGraphs(batch, torch.device("cpu"), emulate=False)
     for i in range(5):  # a warm-up, a capture and its replay, three more replays
         graphs.run("step", step, i)
-    assert (graphs.captures, graphs.replays) == (1, 4)
+    assert (graphs.captures, graphs.replays) == (1, 4) and len(seen) == 2
+    assert seen[0] == 0 and seen[1] is graphs.step  # captured on the step tensor, which each replay refills
     assert (batch.denoiser_calls, batch.denoiser_rows, batch.denoiser_rows_saved) == (5, 10, 20)
     assert (batch.planner_calls, batch.planner_rows, batch.planner_rows_saved) == (5, 15, 5)
