@@ -382,3 +382,16 @@ def test_bfloat16_subnormal_rows_and_shifts_are_widened_from_their_bits():
     shift = sub.flip(0).repeat(2, 1).to(torch.bfloat16)
     got = norm_triton(x, torch.zeros(6), None, 1e-5, shift=shift, scale=torch.ones_like(shift))
     assert torch.equal(got.view(torch.int16), shift[:, None].expand(2, 3, 6).view(torch.int16))
+
+
+def test_strided_weight_and_bias_are_read_by_value():
+    """weight and bias as views whose channels are not adjacent in memory (every other entry
+    of a wider tensor): the kernel scales and shifts by their values, not the packed memory."""
+    x = torch.randn(3, 2, 8, generator=torch.Generator().manual_seed(11))
+    params = torch.randn(2, 16, generator=torch.Generator().manual_seed(12))
+    weight, bias = params[0, ::2], params[1, 1::2]
+    assert weight.stride(-1) != 1 and bias.stride(-1) != 1
+    for rms in (False, True):
+        got = norm_triton(x, weight, bias, 1e-5, rms=rms)
+        want = norm_reference(x, weight.contiguous(), bias.contiguous(), 1e-5, rms=rms)
+        assert torch.allclose(got, want, atol=1e-5)
