@@ -237,3 +237,13 @@ def test_bfloat16_subnormals_in_either_half_are_widened_from_their_bits():
         want, got = rotary_reference(x, table.cos, table.sin), rotary_triton(x, table.cos, table.sin)
         assert (want != 0).all()
         assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+
+
+def test_tables_given_as_strided_views_are_read_by_value():
+    """cos and sin whose pairs are not adjacent in memory (transposed copies, as a table kept
+    [d/2, L'] and viewed back): the kernel rotates by their values, not the packed memory."""
+    q, _ = qkv_views(2, 2, 7, 8, torch.float32, seed=3)
+    table = RotaryEmbedding(8, 10)
+    cos, sin = table.cos.t().contiguous().t(), table.sin.t().contiguous().t()
+    assert not cos.is_contiguous() and not sin.is_contiguous()
+    assert torch.equal(rotary_triton(q, cos, sin), rotary_reference(q, table.cos, table.sin))
