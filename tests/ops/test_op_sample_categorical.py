@@ -812,3 +812,22 @@ def test_triton_confidences_are_the_softmax_ones_in_one_tile_and_several(vocab):
         expected = {"prob": probs.gather(1, tokens[:, None])[:, 0], "margin": top[:, 0] - top[:, 1],
                     "entropy": (probs * probs.log()).sum(-1)}[confidence]
         torch.testing.assert_close(conf, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_triton_reads_strided_exclusions_by_value():
+    """exclude_ids and exclude_per_row as views that skip memory (every other entry of a wider
+    tensor): the Triton launch masks the tokens they hold, as the reference does, and never
+    draws the per-row token that would otherwise win."""
+    g = torch.Generator().manual_seed(21)
+    logits = torch.randn(6, 40, generator=g)
+    ids = torch.arange(0, 40, 2)[::2]  # 0, 4, ..., 36
+    per_row = torch.tensor([1, 9, 3, 11, 5, 13, 7, 15, 9, 17, 11, 19])[::2]  # 1, 3, ..., 11
+    logits[torch.arange(6), per_row] += 20  # each row's excluded token would win every draw
+    assert not ids.is_contiguous() and not per_row.is_contiguous()
+    noise = torch.rand(6, noise_width(40), generator=g)
+    expected = sample_categorical_reference(logits, 1.0, ids.contiguous(), per_row.contiguous(), noise=noise)
+    call = prepare_categorical(logits, 1.0, ids, per_row, None, None, None, None, False, None, None, 0, None, None,
+                               noise)
+    got = call.finish(*sample_categorical_triton(logits, *call.args()))
+    assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+    assert not (got[0] == per_row).any() and not (got[0] % 4 == 0).any()
