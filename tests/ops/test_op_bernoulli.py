@@ -198,3 +198,14 @@ def test_the_cpu_kernel_refuses_a_p_that_is_not_a_contiguous_matrix():
     for p in (torch.rand(6), torch.rand(2, 3, 1), torch.rand(3, 2).t()):
         with pytest.raises(RuntimeError, match=r"bernoulli: p must be a contiguous \[N, D\] tensor"):
             torch.ops.ddpd.bernoulli_cpu(p, None, 1, 0, None, None, None)
+
+
+def test_strided_row_ids_name_the_streams_of_their_values():
+    """row_ids as a view that skips memory (every other entry of a wider tensor): both paths
+    read each row's stream id by value, as the reference does."""
+    p = torch.rand(4, 33, generator=torch.Generator().manual_seed(9))
+    ids = torch.tensor([7, 0, 2, 0, 11, 0, 5, 0])[::2]
+    assert not ids.is_contiguous()
+    expected = bernoulli_reference(p, seed=4, row_ids=ids.contiguous())
+    assert torch.equal(bernoulli(p, seed=4, row_ids=ids), expected)
+    assert torch.equal(triton_coins(p, seed=4, row_ids=ids), expected)
