@@ -71,6 +71,8 @@ def test_planner_ops_strided_row_ids(planner_inputs):
     assert_same(planner_select(logits, 2, seed=9, row_ids=strided(ids)), planner_select(logits, 2, seed=9, row_ids=ids))
     assert_same(planner_mask(logits, x, positions, MASK_ID, seed=9, row_ids=strided(ids)),
                 planner_mask_reference(logits, x, positions, MASK_ID, seed=9, row_ids=ids))
+    assert_same(planner_select_mask(logits, x, MASK_ID, 2, seed=9, row_ids=strided(ids)),
+                planner_select_mask_reference(logits, x, MASK_ID, 2, seed=9, row_ids=ids))
 
 
 def test_planner_mask_strided_inputs(planner_inputs):
