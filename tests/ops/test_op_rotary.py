@@ -172,12 +172,13 @@ def test_a_head_dimension_of_two_comes_back_contiguous():
 
 
 def test_heads_with_strided_channels_are_read_by_their_strides():
-    """x whose channels are not adjacent in memory (a transposed view): the kernel rotates the
-    values the reference rotates, not the memory next to the first channel."""
-    x = torch.randn(1, 2, 8, 5).transpose(-1, -2)
-    assert x.stride(-1) != 1
+    """x whose channels are not adjacent in memory (a transposed view, every other channel of a
+    wider head): the kernel rotates the values the reference rotates, not the memory next to
+    the first channel."""
     table = RotaryEmbedding(8, 5)
-    assert torch.equal(rotary_triton(x, table.cos, table.sin), rotary_reference(x, table.cos, table.sin))
+    for x in (torch.randn(1, 2, 8, 5).transpose(-1, -2), torch.randn(1, 2, 5, 16)[..., ::2]):
+        assert x.stride(-1) != 1
+        assert torch.equal(rotary_triton(x, table.cos, table.sin), rotary_reference(x, table.cos, table.sin))
 
 
 def test_an_empty_batch_comes_back_empty():
