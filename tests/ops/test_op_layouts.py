@@ -1,7 +1,7 @@
 """The sampling ops read strided (non-contiguous) inputs by their strides: explicit
 noise, row ids, per-row exclusions, sequences and positions given as views draw what
-the same values given contiguous draw, on the C++ path and in the Triton launchers
-(interpreter)."""
+the same values given contiguous draw, on the C++ path (the Triton launchers' own
+strided inputs are tested beside each op, in the interpreter; here planner_select's x)."""
 import pytest
 import torch
 
