@@ -249,6 +249,14 @@ def test_names_that_nearly_fill_a_file_name_can_be_written(tmp_path, length):
     assert files.remove_stale_temps(tmp_path / name) == [str(tmp_path / stale)]
 
 
+def test_temporary_names_fit_beside_a_full_name_whatever_the_pid(tmp_path):
+    """A pid may take 7 digits (Linux's pid_max is 4194304): the temporary of a destination
+    whose name fills NAME_MAX must still fit, with the longest pid."""
+    prefix = files._temp_prefix(str(tmp_path / ("x" * 255)))
+    longest = prefix.replace(f"-{os.getpid()}-", "-4194304-") + "abcdefgh"  # mkstemp adds 8 characters
+    assert len(os.fsencode(longest)) == files.NAME_MAX
+
+
 def test_a_name_of_exactly_name_max_bytes_is_taken_whole(tmp_path):
     """A name that just fits is neither refused by the check before work nor cut short with a
     digest: only one byte more is too long."""
@@ -520,7 +528,7 @@ def test_a_replaced_directory_keeps_the_modes_of_its_previous_version(tmp_path):
     umask = files._umask()
     outside = tmp_path / "outside.txt"
     outside.write_text("x")
-    os.chmod(outside, 0o644)
+    os.chmod(outside, 0o600)  # not the mode a new entry gets: a chmod through the link would show
     ck = tmp_path / "ck"
     with files.atomic_directory(ck) as new:
         open(os.path.join(new, "model"), "w").close()
@@ -531,7 +539,7 @@ def test_a_replaced_directory_keeps_the_modes_of_its_previous_version(tmp_path):
         open(os.path.join(new, "added"), "w").close()
         os.symlink(outside, os.path.join(new, "link"))  # a kept entry: its target is not ours to change
     assert (_mode(ck), _mode(ck / "model")) == (0o700, 0o600)
-    assert _mode(ck / "added") == 0o666 & ~umask and _mode(outside) == 0o644
+    assert _mode(ck / "added") == 0o666 & ~umask and _mode(outside) == 0o600
 
 
 # ---------------------------------------------------------------- stale temporaries, under the lock
