@@ -542,6 +542,16 @@ def test_a_replaced_directory_keeps_the_modes_of_its_previous_version(tmp_path):
     assert _mode(ck / "added") == 0o666 & ~umask and _mode(outside) == 0o600
 
 
+def test_a_directory_replacing_a_file_gets_a_directory_s_mode(tmp_path):
+    """A private file's rw bits, with no x, would make the new directory unusable."""
+    ck = tmp_path / "ck"
+    ck.write_text("not a directory")
+    os.chmod(ck, 0o600)
+    with files.atomic_directory(ck) as new:
+        open(os.path.join(new, "model"), "w").close()
+    assert ck.is_dir() and _mode(ck) == 0o777 & ~files._umask()
+
+
 # ---------------------------------------------------------------- stale temporaries, under the lock
 
 
