@@ -5,6 +5,8 @@ import json
 import os
 import shutil
 import signal
+import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -550,6 +552,17 @@ def test_a_directory_replacing_a_file_gets_a_directory_s_mode(tmp_path):
     with files.atomic_directory(ck) as new:
         open(os.path.join(new, "model"), "w").close()
     assert ck.is_dir() and _mode(ck) == 0o777 & ~files._umask()
+
+
+def test_a_socket_kept_in_a_directory_is_not_opened_to_flush(tmp_path, monkeypatch):
+    """Only regular files are opened and flushed: opening a socket fails (ENXIO)."""
+    ck = tmp_path / "ck"
+    with files.atomic_directory(ck) as new:
+        monkeypatch.chdir(new)  # a short name: socket paths are limited to about 100 bytes
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.bind("sock")
+        monkeypatch.chdir(tmp_path)
+    assert stat.S_ISSOCK(os.lstat(ck / "sock").st_mode)
 
 
 # ---------------------------------------------------------------- stale temporaries, under the lock
