@@ -766,7 +766,13 @@ def _replace_directory(new: str, path: str) -> None:
 def _drop_previous(previous: str) -> None:
     # the new version is in place: a previous one that cannot be deleted (a read-only folder
     # in it) is no failed save; it keeps its temporary name, which the next writer cleans
-    shutil.rmtree(previous, ignore_errors=True)
+    if os.path.isdir(previous) and not os.path.islink(previous):
+        shutil.rmtree(previous, ignore_errors=True)
+        return
+    try:  # a file the directory replaced (rmtree leaves it)
+        os.remove(previous)
+    except OSError:
+        pass
 
 
 def _exchange(a: str, b: str) -> bool:

@@ -545,13 +545,15 @@ def test_a_replaced_directory_keeps_the_modes_of_its_previous_version(tmp_path):
 
 
 def test_a_directory_replacing_a_file_gets_a_directory_s_mode(tmp_path):
-    """A private file's rw bits, with no x, would make the new directory unusable."""
+    """A private file's rw bits, with no x, would make the new directory unusable; the file
+    replaced is deleted, not left under a temporary name."""
     ck = tmp_path / "ck"
     ck.write_text("not a directory")
     os.chmod(ck, 0o600)
     with files.atomic_directory(ck) as new:
         open(os.path.join(new, "model"), "w").close()
     assert ck.is_dir() and _mode(ck) == 0o777 & ~files._umask()
+    assert os.listdir(tmp_path) == ["ck"]
 
 
 def test_a_socket_kept_in_a_directory_is_not_opened_to_flush(tmp_path, monkeypatch):
