@@ -93,6 +93,18 @@ def test_cpu_positions_just_outside_the_row_are_refused(op, bad):
         op(logits, x, positions, MASK_ID, seed=1)
 
 
+@pytest.mark.parametrize("bad", [-1, 5])
+@pytest.mark.parametrize("op", [planner_mask, planner_mask_reference])
+def test_a_bad_position_in_the_last_rows_last_column_is_refused(op, bad):
+    """With k = 2 positions per row, the range check covers all B x k of them, up to the
+    last one of the last row, not just the first B."""
+    logits, x, positions = inputs(4, 5, 0, k=2)
+    assert positions.shape == (4, 2)
+    positions[3, 1] = bad
+    with pytest.raises(ValueError, match=r"positions must be in \[0, 5\)"):
+        op(logits, x, positions, MASK_ID, seed=1)
+
+
 @pytest.mark.parametrize("op", [planner_mask, planner_mask_reference])
 def test_explicit_uniforms_outside_the_unit_interval_are_refused(op):
     """An explicit uniform of 0 is refused by the op and by its reference alike."""
