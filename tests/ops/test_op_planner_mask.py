@@ -105,6 +105,18 @@ def test_a_bad_position_in_the_last_rows_last_column_is_refused(op, bad):
         op(logits, x, positions, MASK_ID, seed=1)
 
 
+@pytest.mark.parametrize("counter", ["seed", "offset"])
+def test_tensor_seed_and_offset_draw_the_mask_of_their_values(counter):
+    """A seed or offset given as a one-element tensor draws the same mask as the int it holds:
+    the CPU kernel reads the counter from the tensor, not the placeholder int beside it."""
+    logits, x, positions = inputs(3, 40, 0, k=2)
+    values = {"seed": 2**33 + 5, "offset": 2**40 + 3}
+    expected = planner_mask_reference(logits, x, positions, MASK_ID, **values)
+    got = planner_mask(logits, x, positions, MASK_ID, **{**values, counter: torch.tensor(values[counter])})
+    assert torch.equal(got.z, expected.z) and torch.equal(got.masked, expected.masked)
+    assert not torch.equal(got.z, planner_mask_reference(logits, x, positions, MASK_ID, seed=5, offset=3).z)
+
+
 @pytest.mark.parametrize("op", [planner_mask, planner_mask_reference])
 def test_explicit_uniforms_outside_the_unit_interval_are_refused(op):
     """An explicit uniform of 0 is refused by the op and by its reference alike."""
