@@ -326,8 +326,8 @@ def _build(reason: str, root: Path, build_dir: Path, with_cuda: bool) -> ModuleT
                 sources=sources(root, with_cuda),
                 extra_include_paths=[str(root)],
                 extra_cflags=cxx_flags(with_cuda),
-                extra_cuda_cflags=NVCC_FLAGS,
-                extra_ldflags=LINK_FLAGS,
+                extra_cuda_cflags=list(NVCC_FLAGS),  # copies: torch appends its own flags in place
+                extra_ldflags=list(LINK_FLAGS),
                 build_directory=str(build_dir),
                 with_cuda=with_cuda,
                 verbose=False,

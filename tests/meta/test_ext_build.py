@@ -793,6 +793,28 @@ def test_the_compile_call_passes_the_include_path_flags_and_quiet_build(compile_
     assert _ext.cxx_flags(False)[-1] == "-DDDPD_WITH_CUDA=0" and _ext.cxx_flags(True)[-1] == "-DDDPD_WITH_CUDA=1"
 
 
+def test_a_second_compile_passes_the_same_flags(monkeypatch, tmp_path):
+    """cpp_extension.load appends its own flags (-L torch/lib, -ltorch, ...) to the lists it is
+    handed: the module's constants must not be those lists, or each compile of a process
+    would pass the flags of the ones before it."""
+    from torch.utils import cpp_extension
+
+    calls = []
+
+    def load(**kwargs):
+        calls.append({name: list(value) for name, value in kwargs.items() if name.startswith("extra_")})
+        kwargs["extra_ldflags"].append("-ltorch")
+        kwargs["extra_cuda_cflags"].append("-gencode")
+        return "module"
+
+    monkeypatch.setattr(cpp_extension, "load", load)
+    monkeypatch.setenv("DDPD_EXTENSIONS_DIR", str(tmp_path))
+    _ext._compile("a test asked for it")
+    _ext._compile("a test asked for it again")
+    assert calls[0] == calls[1]
+    assert _ext.LINK_FLAGS == ["-fopenmp"] and _ext.NVCC_FLAGS == ["-O3", "--fmad=false", "-std=c++17"]
+
+
 def test_has_cuda_is_a_bool():
     assert _ext.has_cuda() is bool(_ext.load().with_cuda)
 
