@@ -8,7 +8,7 @@ numbers.
 import triton
 import triton.language as tl
 
-from ddpd.kernels.rng import COUNTER_WORDS, load_counters, load_row_id, row_uniform
+from ddpd.kernels.rng import COUNTER_WORDS, below_one, load_counters, load_row_id, row_uniform
 
 
 @triton.jit(do_not_specialize=COUNTER_WORDS)
@@ -23,7 +23,7 @@ def bernoulli_kernel(p_ptr, D, noise_ptr, row_ids_ptr, seed_lo, seed_hi, offset_
     live = cols < D
     u = row_uniform(noise_ptr, D, row, tl.where(live, cols, 0), row_id, seed_lo, seed_hi, offset_lo, offset_hi,
                     noise_ptr is not None)
-    u = tl.minimum(u, 0.99999994)  # float32 rounds the top uniform to 1.0: p = 1 stays certain
+    u = below_one(u)
     p = tl.load(p_ptr + row * D + cols, mask=live, other=0.0)
     if FLOAT64:
         z = u.to(tl.float64) < p

@@ -12,7 +12,7 @@ float64. The row helpers here are also those of ddpd.kernels.planner_mask.
 import triton
 import triton.language as tl
 
-from ddpd.kernels.rng import COUNTER_WORDS, gumbel, load_counters, load_row_id, row_uniform
+from ddpd.kernels.rng import COUNTER_WORDS, below_one, gumbel, load_counters, load_row_id, row_uniform
 from ddpd.kernels.sample_categorical import shift
 
 REBASE_GAP = tl.constexpr(64.0)  # ddpd.ops.planner_select.REBASE_GAP
@@ -33,9 +33,9 @@ def planner_sigmoid(l):
 
 @triton.jit
 def write_mask(u, p, forced, x_ptr, masked_ptr, z_ptr, count_ptr, row, offs, D, mask_id):
-    """z = (u < p) | forced on the row; store the masked row, z and the count."""
+    """z = (min(u, BELOW_ONE) < p) | forced on the row; store the masked row, z and the count."""
     in_row = offs < D
-    z = ((u < p) | forced) & in_row
+    z = ((below_one(u) < p) | forced) & in_row
     x = tl.load(x_ptr + row * D + offs, mask=in_row, other=0)
     tl.store(masked_ptr + row * D + offs, tl.where(z, mask_id, x), mask=in_row)
     tl.store(z_ptr + row * D + offs, z, mask=in_row)

@@ -101,10 +101,16 @@ def row_uniform(noise_ptr, noise_width, row, column, row_id, seed_lo, seed_hi, o
 
 
 @triton.jit
+def below_one(u):
+    """min(u, BELOW_ONE): float32 rounds the top uniform to 1.0, where u < p would miss p = 1."""
+    return tl.minimum(u, 0.99999994)
+
+
+@triton.jit
 def gumbel(u):
     """Standard Gumbel noise -log(-log u). float32 rounds the top uniform to 1.0,
     which would give +inf: clamp to the largest float32 below 1, as the references do."""
-    return -tl.log(-tl.log(tl.minimum(u, 0.99999994)))
+    return -tl.log(-tl.log(below_one(u)))
 
 
 @triton.jit(do_not_specialize=COUNTER_WORDS)

@@ -30,7 +30,6 @@ at::Tensor bernoulli_cpu(const at::Tensor& p, const std::optional<at::Tensor>& n
   const float* noise_ptr = optional_ptr<float>(noise);
   const int64_t* ids = optional_ptr<int64_t>(row_ids);
   const uint64_t s = counter(seed, seed_tensor), o = counter(offset, offset_tensor);
-  constexpr float kBelowOne = 1.0f - 5.9604644775390625e-08f;
   bool* out = z.data_ptr<bool>();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, p.scalar_type(), "bernoulli_cpu", [&] {
     using acc_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;

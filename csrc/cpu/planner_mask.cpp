@@ -1,5 +1,5 @@
 // CPU path of ddpd.ops.planner_mask: the mask of prop:draw_with_maskD,
-// z^d ~ Bernoulli(sigmoid(l^d)) (z^d = u^d < p^d, uniform d at column d) with
+// z^d ~ Bernoulli(sigmoid(l^d)) (z^d = min(u^d, kBelowOne) < p^d, uniform d at column d) with
 // the given positions always masked; the masked sequence holds mask_id where
 // z = 1 and x elsewhere. Rows run in parallel.
 #include <ATen/Parallel.h>

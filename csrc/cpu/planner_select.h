@@ -120,7 +120,7 @@ inline void gumbel_top_k(const std::vector<float>& base, const std::vector<float
   }
 }
 
-// z^d = u^d < p^d, forced to 1 at the chosen positions (forced[d] != 0); writes
+// z^d = min(u^d, kBelowOne) < p^d, forced to 1 at the chosen positions (forced[d] != 0); writes
 // the masked sequence (mask_id where z) and z; returns the number masked.
 inline int64_t draw_mask(const float* p, const RowUniforms& u, const std::vector<char>& forced,
                          const int64_t* x, int64_t mask_id, int64_t length, int64_t* masked, bool* z) {
@@ -128,7 +128,7 @@ inline int64_t draw_mask(const float* p, const RowUniforms& u, const std::vector
   for_each_uniform(u, 0, length, [&](int64_t d, float ud) {
     // without branches (z is a coin flip a position, which a branch mispredicts half the
     // time): the select as bit masks, which the compiler keeps
-    const bool noise = (forced[d] != 0) | (ud < p[d]);
+    const bool noise = (forced[d] != 0) | (std::min(ud, kBelowOne) < p[d]);
     const int64_t all = -static_cast<int64_t>(noise);
     z[d] = noise;
     masked[d] = (mask_id & all) | (x[d] & ~all);

@@ -92,7 +92,7 @@ DDPD_INLINE typename Lanes<W>::f32 apply_lanes(typename Lanes<W>::f32 x) {
   } else if constexpr (F == VectorFn::kExp) {
     return exp_lanes<W>(x);
   } else if constexpr (F == VectorFn::kGumbel) {
-    const f32 below_one = zero + (1.0f - 5.9604644775390625e-08f);  // float32 may round u up to 1
+    const f32 below_one = zero + kBelowOne;
     return -log_lanes<W>(-log_lanes<W>(x < below_one ? x : below_one));
   } else if constexpr (F == VectorFn::kSigmoid) {
     return one / (one + exp_lanes<W>(-x));

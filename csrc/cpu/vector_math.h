@@ -14,6 +14,10 @@
 namespace ddpd {
 namespace cpu {
 
+// The largest float below 1: float32 rounds the top uniform to 1.0, where a coin u < p would
+// miss p = 1 and a Gumbel -log(-log u) would be +inf.
+constexpr float kBelowOne = 1.0f - 5.9604644775390625e-08f;
+
 enum class VectorFn {
   kLog,         // log x, for x > 0 (subnormal included) and +inf
   kExp,         // exp x (+-inf and values beyond float's range included)

@@ -285,9 +285,10 @@ def gumbel_rounds(base: torch.Tensor, top: torch.Tensor, tau: float, gumbel: tor
 
 
 def draw_mask(p, noise, positions, x, mask_id, forced=None):
-    """z = (u < p) with the positions forced to 1 (those where `forced` holds, when given).
-    A position outside [0, D) forces nothing, as in the kernels that read unchecked
-    positions (CUDA tensors); an index would wrap -1 to the last position, or fail.
+    """z = min(u, BELOW_ONE) < p (ddpd.ops.rng.happens) with the positions forced to 1 (those
+    where `forced` holds, when given). A position outside [0, D) forces nothing, as in the
+    kernels that read unchecked positions (CUDA tensors); an index would wrap -1 to the last
+    position, or fail.
 
     Args:
         p: Float32[B, D] probabilities.
@@ -300,7 +301,7 @@ def draw_mask(p, noise, positions, x, mask_id, forced=None):
     Returns:
         (masked Long[B, D], z Bool[B, D], count Long[B]).
     """
-    z = noise < p
+    z = rng.happens(noise, p)
     if positions is not None:
         length = z.shape[1]
         force = (positions >= 0) & (positions < length) & (True if forced is None else forced)

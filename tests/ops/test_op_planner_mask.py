@@ -228,6 +228,20 @@ def test_a_uniform_equal_to_the_planner_probability_leaves_the_position_clean():
         assert torch.equal(z, want | (torch.arange(5) == positions))
 
 
+def test_a_planner_sure_of_noise_masks_where_the_uniform_is_1():
+    """z = min(u, BELOW_ONE) < p, as ddpd.ops.bernoulli: a logit of 30 (p = 1.0 in float32)
+    masks even where u is 1.0, the top grid value (one uniform in 2**24), on the C++ path,
+    in the reference and in both Triton kernels; a plain u < p left the noise showing."""
+    logits, x = torch.full((2, 5), 30.0), torch.arange(10).reshape(2, 5)
+    noise, want = torch.ones(2, 5), torch.ones(2, 5, dtype=torch.bool)
+    for draw in (planner_mask, planner_mask_reference):
+        assert torch.equal(draw(logits, x, None, MASK_ID, noise=noise).z, want)
+    assert torch.equal(triton_mask(logits, x, None, noise=noise)[1], want)
+    assert torch.equal(triton_select_mask(logits, x, 1, noise=torch.rand(2, 5), mask_noise=noise)[4], want)
+    for select_mask in (planner_select_mask, planner_select_mask_reference):
+        assert torch.equal(select_mask(logits, x, MASK_ID, 1, noise=torch.rand(2, 5), mask_noise=noise).z, want)
+
+
 def test_bernoulli_frequencies_match_sigmoid():
     n = 100_000
     logits = torch.tensor([-4.0, -1.0, -0.2, 0.0, 0.7, 2.0, 5.0])
