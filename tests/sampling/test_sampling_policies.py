@@ -1353,3 +1353,19 @@ def test_remdm_moves_read_the_steps_event_uniforms():
 
     mask_sample(denoiser, 2, 6, 3, steps=4, policy=ReMDM("cap", 0.5), noise=Recorded(0))
     assert streams.count(EVENT) == 4 and CONFIDENCE not in streams
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["reference", "fused"])
+def test_error_budget_commits_no_pick_a_mask_denoiser_saw_unmasked(fused):
+    """With a mask denoiser only the picks the denoiser saw masked are candidates: a planner near
+    0 everywhere masks the first pick alone (the others at p = 2e-9), so a bound above every risk
+    still writes one token a row, not the denoiser's guess at the D - 1 positions it saw."""
+    def denoiser(x, t):  # token 2, certain, wherever it is asked
+        return torch.tensor([0.0, 0.0, 50.0]).expand(*x.shape, 3)
+
+    x_init = torch.zeros((4, 6), dtype=torch.long)
+    result = ddpd_sample(lambda x: torch.full(x.shape, -20.0), denoiser, 4, 6, 3, steps=1, seed=0,
+                         denoiser_type="mask", prompt=Prompt(x_init),
+                         ddpd=DDPDOptions(stop="budget", policy=ErrorBudget(8.0, 6)), execution=Execution(fused=fused))
+    assert (result.tokens == 2).sum(1).tolist() == [1, 1, 1, 1], result.tokens
+    assert result.commits.tolist() == [1, 1, 1, 1]
