@@ -552,3 +552,15 @@ def test_single_uniform_model_exact_clock_calls_the_model_once_a_step(fused):
                                  ddpd=DDPDOptions(clock="exact", t_end=0.9), execution=Execution(fused=fused))
     assert result.commits.gt(0).all() and result.planner_calls == 0
     assert torch.equal(result.denoiser_passes, result.stop_step)
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["reference", "fused"])
+def test_exact_clock_commits_nothing_at_a_rejected_candidate(fused):
+    """Pins the thinning's rejections: at p = 1/2 everywhere half the candidates are rejected and
+    leave the row as it was, so the commits still equal the denoiser passes (the accepted events)
+    and fall well short of the steps run; a rejected candidate must not write its pick's draw."""
+    result = ddpd_sample(lambda x: torch.zeros(x.shape), lambda x, t: torch.zeros(*x.shape, 5), 8, 4, 5,
+                         steps=60, ddpd=DDPDOptions(clock="exact", t_end=0.9), seed=3,
+                         execution=Execution(fused=fused, sync_every=1))
+    assert torch.equal(result.commits, result.denoiser_passes)
+    assert (result.commits < result.stop_step).all() and result.commits.gt(0).all()
