@@ -564,3 +564,28 @@ def test_exact_clock_commits_nothing_at_a_rejected_candidate(fused):
                          execution=Execution(fused=fused, sync_every=1))
     assert torch.equal(result.commits, result.denoiser_passes)
     assert (result.commits < result.stop_step).all() and result.commits.gt(0).all()
+
+
+class _HiddenOfX(torch.nn.Module):
+    """A denoiser with an nn.Linear head whose hidden takes x alone, not (x, t)."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed, self.head = torch.nn.Embedding(4, 4), torch.nn.Linear(4, 3)
+
+    def hidden(self, x):
+        return self.embed(x)
+
+    def forward(self, x, t):
+        return self.head(self.hidden(x))
+
+
+def test_only_the_fused_run_refuses_a_hidden_that_takes_x_alone():
+    """The fused run calls the denoiser's hidden(x, t) and says so before the first step; the
+    reference run calls the denoiser whole, so the same network runs there."""
+    denoiser = _HiddenOfX()
+    result = ddpd_sample(lambda x: torch.zeros(x.shape), denoiser, 2, 4, 3, steps=2, seed=0)
+    assert result.tokens.shape == (2, 4)
+    with pytest.raises(TypeError, match=r"^denoiser \(_HiddenOfX\) has an nn.Linear head, so the fused run calls"):
+        ddpd_sample(lambda x: torch.zeros(x.shape), denoiser, 2, 4, 3, steps=2, seed=0,
+                    execution=Execution(fused=True))
