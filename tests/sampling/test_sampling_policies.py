@@ -434,6 +434,17 @@ def test_remdm_unmasks_every_mask_from_an_alpha_of_1():
     assert table[2:].tolist() == [[0.0, 1.0], [0.0, 1.0]]
 
 
+def test_remdm_step_table_keeps_a_masks_probability_at_0_where_the_schedule_falls():
+    """A schedule that falls within a step (alpha 0.6 -> 0.4) gives (alpha_s - alpha_t) / (1 - alpha_t)
+    = -0.5 at eta 0: the table's unmask probability is a probability, 0 there, not negative."""
+    def dips(u):
+        return {0.0: 0.0, 0.5: 0.6, 1.0: 0.4}[u]
+
+    table = ReMDM("cap", 0.0).step_table(2, dips)
+    assert torch.allclose(table, torch.tensor([[0.0, 0.6], [0.0, 0.0]], dtype=torch.float64))
+    assert bool((table >= 0).all())
+
+
 def test_remdm_loop_takes_an_eta_of_exactly_its_most():
     """eta <= (1 - alpha_on) / alpha_on: at alpha_on 0.5 an eta of 1 holds alpha there and is taken."""
     assert ReMDM("loop", 1.0, alpha_on=0.5).eta == 1.0
