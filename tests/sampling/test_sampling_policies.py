@@ -1328,6 +1328,20 @@ def test_revise_above_and_the_factor_refuse_their_open_ends():
     assert ConfidenceFactor(1e-6).factor == 1e-6
 
 
+@pytest.mark.parametrize("build, field", [
+    (lambda v: ErrorBudget(v), "bound"),
+    (lambda v: ErrorBudget(choice_temperature=v), "choice_temperature"),
+    (lambda v: MaskGIT(v), "choice_temperature"),
+    (lambda v: EntropyBound(v), "gamma"),
+], ids=["bound", "error-budget-temperature", "maskgit-temperature", "gamma"])
+def test_a_policys_unbounded_field_refuses_infinity_and_takes_a_large_number(build, field):
+    """An infinite bound or gamma reads as "commit everything", an infinite choice temperature
+    scales the Gumbel noise to inf and NaN: each is refused by name, a large finite value taken."""
+    with pytest.raises(ValueError, match=re.escape(f"{field} must be in [0.0, inf), got inf")):
+        build(float("inf"))
+    assert getattr(build(1e30), field) == 1e30
+
+
 def test_error_budget_refuses_no_candidates_and_a_plan_every_of_0():
     """max_k counts the candidates a step draws, the pick among them, and plan_every the steps a
     plan serves: at 0 a step would have no pick and ddpd_steps would divide by zero."""
