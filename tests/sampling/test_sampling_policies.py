@@ -1316,6 +1316,20 @@ def test_remdm_refuses_an_eta_above_1_a_loop_of_no_length_and_an_alpha_on_of_1()
         ReMDM("loop", 0.0, alpha_on=1.0)
 
 
+def test_a_threshold_outside_0_1_a_negative_eta_and_a_loop_ending_at_1_are_refused():
+    """The threshold and eta are probabilities, and ReMDM's loop must end before t = 1, where the
+    run's last MDLM phase would have no length: each outside end is refused, each edge taken."""
+    for bad in (-0.1, 1.5):
+        with pytest.raises(ValueError, match=re.escape(f"threshold must be in [0.0, 1.0], got {bad}")):
+            ConfidenceThreshold(bad)
+    assert ConfidenceThreshold(0.0).threshold == 0.0 and ConfidenceThreshold(1.0).threshold == 1.0
+    with pytest.raises(ValueError, match=re.escape("eta must be in [0.0, 1.0], got -0.1")):
+        ReMDM("cap", -0.1)
+    assert ReMDM("cap", 0.0).eta == 0.0
+    with pytest.raises(ValueError, match=r"^ReMDM loop needs 0 < t_on < t_off < 1, got t_on=0.45, t_off=1.0$"):
+        ReMDM("loop", 0.0, t_off=1.0)
+
+
 def test_revise_above_and_the_factor_refuse_their_open_ends():
     """revise_above q is in (0, 1): at 1 no position is ever redrawn and at 0 every one is, which
     known_noise without revise_above already reads; a factor of 0 would commit none by the rule."""
