@@ -1330,6 +1330,17 @@ def test_a_threshold_outside_0_1_a_negative_eta_and_a_loop_ending_at_1_are_refus
         ReMDM("loop", 0.0, t_off=1.0)
 
 
+def test_an_unknown_spread_or_remdm_schedule_is_refused_not_read_as_another():
+    """spread_minimum reads any spread but none and linear as the cosine, and ReMDM's sigma any
+    schedule but cap and loop as rescale: a misspelt name is refused by name instead."""
+    with pytest.raises(ValueError, match=re.escape("spread must be one of ('none', 'linear', 'cosine'), got 'cos'")):
+        ErrorBudget(spread="cos")
+    with pytest.raises(ValueError, match=re.escape("schedule must be one of ('cap', 'rescale', 'loop'), got 'loops'")):
+        ReMDM("loops")
+    with pytest.raises(ValueError, match="spread must be one of"):
+        parse_policy("error-budget:spread=cos")
+
+
 def test_revise_above_and_the_factor_refuse_their_open_ends():
     """revise_above q is in (0, 1): at 1 no position is ever redrawn and at 0 every one is, which
     known_noise without revise_above already reads; a factor of 0 would commit none by the rule."""
