@@ -339,6 +339,14 @@ def test_maskgit_keeps_a_mask_where_the_cosine_schedule_keeps_none():
     assert MaskGIT(0.0).unmask(step).tolist() == [[True, False]]
 
 
+def test_maskgit_scales_its_gumbel_noise_by_the_annealed_choice_temperature():
+    """Confidence log p + tau_i g: at temperature 0 the noise is ignored and the less likely token
+    stays masked; at 2 (tau_1 = 1.96 of 100 steps) a noise of 0.6 lifts it past the other."""
+    step = _step([-1.0, -2.0], gumbel=torch.tensor([[0.0, 0.6]]), table=cosine_table(4)[2:3])
+    assert MaskGIT(0.0).unmask(step).tolist() == [[True, False]]
+    assert MaskGIT(2.0).unmask(step).tolist() == [[False, True]]
+
+
 def test_the_factor_rule_waits_where_its_two_sides_are_equal():
     """(n + 1)(1 - c_(n)) < factor: the second token waits where 3 (1 - c_(2)) is the factor exactly."""
     step = _step([-0.1, -0.5, -3.0])
