@@ -384,3 +384,17 @@ def test_an_inf_rate_of_a_sequence_with_corrupted_positions_is_not_dropped():
     x1, z_t = torch.cat([x1, x1]), torch.cat([z_t, z_t])
     assert denoiser_loss(logits, x1, z_t, rate=torch.tensor([1.0, math.inf])).item() == math.inf
     assert denoiser_loss(logits, x1, z_t, rate=torch.tensor([1.0, math.inf]), reduction="sum").item() == math.inf
+
+
+def test_the_denoisers_unweighted_mean_reads_no_count_of_fake_tensors():
+    """Without rate the denoiser's mean divides by the count of corrupted positions, a tensor
+    clamped on the device: comparing it on the host (max(count, 1)) would read its value, a
+    sync per step on CUDA and an error under FakeTensorMode. The fake test above passes a rate,
+    whose count is the batch size."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        logits, x1 = torch.zeros(2, 3, 4), torch.zeros(2, 3, dtype=torch.long)
+        z_t = torch.empty(2, 3).uniform_() < 0.5
+        losses = [denoiser_loss(logits, x1, z_t, reduction=r) for r in ("mean", "sum")]
+    assert all(loss.shape == () and loss.dtype == torch.float32 for loss in losses)
