@@ -398,3 +398,18 @@ def test_the_denoisers_unweighted_mean_reads_no_count_of_fake_tensors():
         z_t = torch.empty(2, 3).uniform_() < 0.5
         losses = [denoiser_loss(logits, x1, z_t, reduction=r) for r in ("mean", "sum")]
     assert all(loss.shape == () and loss.dtype == torch.float32 for loss in losses)
+
+
+def test_a_batch_whose_every_rate_is_inf_is_taken():
+    """Inf passes the rate check as the batch's least value too: a batch drawn wholly at t = 1
+    (LinearSchedule's rate is inf there, nothing is corrupted) weighs 0, not a ValueError."""
+    from ddpd.process import LinearSchedule
+
+    logits, x1, _ = denoiser_case()
+    logits = logits.detach().requires_grad_()
+    rate = LinearSchedule().rate(torch.tensor([1.0]))
+    assert rate.tolist() == [math.inf]
+    loss = denoiser_loss(logits, x1, torch.zeros(1, 3, dtype=torch.bool), rate=rate)
+    close(loss, 0.0)
+    loss.backward()
+    assert torch.equal(logits.grad, torch.zeros_like(logits))
