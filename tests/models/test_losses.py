@@ -413,3 +413,10 @@ def test_a_batch_whose_every_rate_is_inf_is_taken():
     close(loss, 0.0)
     loss.backward()
     assert torch.equal(logits.grad, torch.zeros_like(logits))
+
+
+def test_ar_loss_refuses_one_token_sequences_in_an_empty_batch_too():
+    """The length check reads the shape, not the values: an empty batch of one-token sequences
+    is refused like a full one, not scored 0."""
+    with pytest.raises(ValueError, match="x: expected at least 2 tokens per sequence, got 1"):
+        ar_loss(torch.zeros(0, 1, 3), torch.zeros(0, 1, dtype=torch.long))
