@@ -420,3 +420,20 @@ def test_ar_loss_refuses_one_token_sequences_in_an_empty_batch_too():
     is refused like a full one, not scored 0."""
     with pytest.raises(ValueError, match="x: expected at least 2 tokens per sequence, got 1"):
         ar_loss(torch.zeros(0, 1, 3), torch.zeros(0, 1, dtype=torch.long))
+
+
+def test_every_loss_of_float64_logits_is_float32():
+    """Losses are computed in float32 whatever the logits' precision, float64 included (a
+    model run in double): the trainer sums and logs them as float32 scalars."""
+    logits, z_t = planner_case()
+    d_logits, x1, d_z = denoiser_case()
+    d_logits = d_logits.detach().clone()
+    d_logits[0, 1, 2] = 0.0
+    cases = ((lambda lg: planner_loss(lg, z_t), logits.detach()),
+             (lambda lg: denoiser_loss(lg, x1, d_z), d_logits),
+             (lambda lg: uniform_model_loss(lg, x1), d_logits),
+             (lambda lg: ar_loss(lg, x1), d_logits))
+    for loss, lg in cases:
+        double = loss(lg.double())
+        assert double.dtype == torch.float32
+        torch.testing.assert_close(double, loss(lg))
