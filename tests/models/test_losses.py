@@ -437,3 +437,16 @@ def test_every_loss_of_float64_logits_is_float32():
         double = loss(lg.double())
         assert double.dtype == torch.float32
         torch.testing.assert_close(double, loss(lg))
+
+
+def test_uniform_model_and_ar_loss_gradients_are_softmax_minus_target():
+    """Both losses train the logits: the gradient is (softmax - onehot(target)) over the count
+    of terms, at every position for the uniform model and at all but the last one for AR."""
+    logits = torch.tensor([[[0.0, LN2, 0.0], [0.0, 0.0, 0.0], [LN2, 0.0, 0.0]]], requires_grad=True)
+    uniform_model_loss(logits, torch.tensor([[1, 2, 2]])).backward()
+    expected = torch.tensor([[[0.25, -0.5, 0.25], [1 / 3, 1 / 3, -2 / 3], [0.5, 0.25, -0.75]]]) / 3
+    torch.testing.assert_close(logits.grad, expected)
+    logits.grad = None
+    ar_loss(logits, torch.tensor([[3, 1, 0]])).backward()
+    expected = torch.tensor([[[0.25, -0.5, 0.25], [-2 / 3, 1 / 3, 1 / 3], [0.0, 0.0, 0.0]]]) / 2
+    torch.testing.assert_close(logits.grad, expected)
