@@ -450,3 +450,16 @@ def test_uniform_model_and_ar_loss_gradients_are_softmax_minus_target():
     ar_loss(logits, torch.tensor([[3, 1, 0]])).backward()
     expected = torch.tensor([[[0.25, -0.5, 0.25], [-2 / 3, 1 / 3, 1 / 3], [0.0, 0.0, 0.0]]]) / 2
     torch.testing.assert_close(logits.grad, expected)
+
+
+def test_an_id_out_of_range_in_a_later_sequence_is_refused():
+    """The ids are checked over the whole batch, not its first sequence: an id of V or -100
+    (cross_entropy's ignore_index) in the second sequence is refused by every loss."""
+    logits, z_t = torch.zeros(2, 3, 3), torch.ones(2, 3, dtype=torch.bool)
+    for bad in (3, -100):
+        x = torch.tensor([[0, 1, 2], [2, bad, 0]])
+        for loss in (lambda x: denoiser_loss(logits, x, z_t), lambda x: uniform_model_loss(logits, x)):
+            with pytest.raises(ValueError, match=rf"x1: expected ids in \[0, 3\) .* got range \[{min(bad, 0)}, "):
+                loss(x)
+        with pytest.raises(ValueError, match=r"x\[:, 1:\]: expected ids in \[0, 3\)"):
+            ar_loss(logits, x)
