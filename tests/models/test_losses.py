@@ -463,3 +463,13 @@ def test_an_id_out_of_range_in_a_later_sequence_is_refused():
                 loss(x)
         with pytest.raises(ValueError, match=r"x\[:, 1:\]: expected ids in \[0, 3\)"):
             ar_loss(logits, x)
+
+
+def test_the_planners_rate_weighs_each_sequence_by_its_own_rate():
+    """planner_case's two rows sum to the same BCE, so a rate shared out over the batch would
+    pass there: rows of different sums show each rate_b multiplies its own row's sum."""
+    logits = torch.tensor([[0.0, 0.0], [LN3, -LN3]])
+    z_t = torch.tensor([[True, False], [True, False]])
+    # row 0: ln 2 + ln 2; row 1: -log 3/4 - log(1 - 1/4)
+    close(planner_loss(logits, z_t, rate=torch.tensor([3.0, 1.0])), (3.0 * 2 * LN2 + 2 * LN4_3) / 2)
+    close(planner_loss(logits, z_t, rate=torch.tensor([1.0, 3.0]), reduction="sum"), 2 * LN2 + 3.0 * 2 * LN4_3)
