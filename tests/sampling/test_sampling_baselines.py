@@ -420,3 +420,29 @@ def test_tau_leaping_mask_fused_run_counts_the_passes_the_reference_counts(eta):
     assert torch.equal(runs[0].tokens, runs[1].tokens)
     assert torch.equal(runs[0].denoiser_passes, runs[1].denoiser_passes)
     assert int(runs[0].denoiser_passes.max()) < 12
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["reference", "fused"])
+def test_tau_leaping_mask_without_remasking_counts_each_position_once_as_a_commit(fused):
+    """With eta = 0 every position is unmasked exactly once and never again: each row commits
+    its length, and tokens_per_pass is the length over the passes."""
+    def denoiser(x, t):
+        return torch.zeros(*x.shape, 2)
+
+    result = tau_leaping_mask(denoiser, 5, 7, 2, steps=6, seed=4, execution=Execution(fused=fused))
+    assert torch.equal(result.commits, torch.full((5,), 7))
+    assert result.tokens_per_pass == pytest.approx(35 / int(result.passes.sum()))
+
+
+@pytest.mark.parametrize("denoiser_type", ["uniform", "mask"])
+def test_tau_leaping_planned_counts_every_jump_as_a_commit(denoiser_type):
+    """A planner sure of noise makes every position jump at the last step (rate 1): each row
+    commits its length, whatever the denoiser draws (here often the current value)."""
+    def planner(x):
+        return torch.full(x.shape, 30.0)
+
+    def denoiser(x, t):
+        return torch.zeros(*x.shape, 3)
+
+    result = tau_leaping_planned(planner, denoiser, 4, 6, 3, steps=1, denoiser_type=denoiser_type, seed=0)
+    assert torch.equal(result.commits, torch.full((4,), 6))
