@@ -325,3 +325,20 @@ def test_mask_tau_leaping_without_remasking_stops_a_row_the_prompt_fills_at_step
     result = tau_leaping_mask(denoiser, 2, 4, 2, steps=10, prompt=given, seed=0, execution=Execution(fused=fused))
     assert result.stop_step[0] == 0 and result.denoiser_passes[0] == 0
     assert torch.equal(result.tokens[0], x_init[0])
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["reference", "fused"])
+def test_mask_tau_leaping_with_remasking_runs_a_row_the_prompt_fills_to_the_end(fused):
+    """With eta > 0 a row given whole (nothing frozen) still remasks and redraws its tokens: it
+    runs every step and calls the denoiser, unlike the eta = 0 run that stops it at step 0."""
+    x_init = torch.tensor([[1] * 8, [-1] * 8])
+
+    def denoiser(x, t):
+        return torch.zeros(*x.shape, 2)
+
+    given = Prompt(x_init, torch.zeros_like(x_init, dtype=torch.bool))
+    result = tau_leaping_mask(denoiser, 2, 8, 2, steps=10, eta=2.0, prompt=given, seed=0,
+                              execution=Execution(fused=fused))
+    assert torch.equal(result.stop_step, torch.tensor([10, 10]))
+    assert result.denoiser_passes[0] > 0
+    assert not torch.equal(result.tokens[0], x_init[0])
