@@ -295,6 +295,46 @@ def test_maskgit_fused_equals_reference_when_ranking_by_confidence_alone():
                            maskgit_sample(denoiser, 4, length, vocab, **kw).tokens)
 
 
+def test_maskgit_calls_the_denoiser_at_the_time_of_its_schedule():
+    """Under the cosine schedule the denoiser sees t = alpha^{-1}(1 - #masked / D) of that
+    schedule, (2 / pi) acos(#masked / D), not the linear schedule's unmasked share."""
+    problem = toy("sparse S2 D4")
+    seen = []
+
+    def recording(x, t):
+        seen.append((t.clone(), (x == problem.S).double().mean(-1)))
+        return problem.models().mask_denoiser(x, t)
+    maskgit_sample(recording, 3, problem.D, problem.S, steps=3, schedule="cosine", seed=0)
+    assert len(seen) == 3
+    for t, share in seen:
+        assert torch.allclose(t.double(), torch.acos(share) * (2 / math.pi), atol=1e-6)
+    t, share = seen[1]
+    assert bool(((t.double() - (1 - share)).abs() > 0.05).all())
+
+
+def test_maskgit_draws_from_the_generator_it_is_given():
+    """Two runs from generators seeded alike draw the same tokens, one seeded otherwise others."""
+    problem = toy("dir S5 D2")
+
+    def run(seed):
+        return maskgit_sample(problem.models().mask_denoiser, 64, problem.D, problem.S, steps=2,
+                              generator=torch.Generator().manual_seed(seed)).tokens
+    assert torch.equal(run(3), run(3))
+    assert not torch.equal(run(3), run(4))
+
+
+def test_maskgit_runs_the_denoiser_in_the_execution_precision():
+    """Execution(dtype="bfloat16") reaches the denoiser as an autocast to bfloat16 on the CPU."""
+    problem = toy("sparse S2 D4")
+    seen = []
+
+    def recording(x, t):
+        seen.append((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")))
+        return problem.models().mask_denoiser(x, t)
+    maskgit_sample(recording, 2, problem.D, problem.S, steps=2, seed=0, execution=Execution(dtype="bfloat16"))
+    assert seen == [(True, torch.bfloat16)] * 2
+
+
 def test_tau_leaping_uniform_clamps_the_rate_before_the_stay_factor():
     """On alpha = 1 - (1 - t)^4 with T = 2 the first step's dt alpha_dot / (1 - alpha) is 2: it
     is clamped to 1 and then times 1 - p_stay = 1/2, so about half the positions jump (the law
