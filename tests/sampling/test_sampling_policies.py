@@ -1246,6 +1246,17 @@ def test_the_mask_loop_calls_the_denoiser_at_the_time_of_its_masked_share():
         assert torch.allclose(t.float(), 1 - share)
 
 
+def test_remdm_reads_the_alphas_of_the_runs_schedule():
+    """ReMDM's step table comes from the run's schedule: with a denoiser blind to t, the cosine
+    schedule's alphas (not the step's share of the time) change which tokens are committed."""
+    def blind(x, t):
+        return NETWORKS["mask"](x, torch.zeros_like(t))
+
+    def run(schedule):
+        return mask_sample(blind, 64, D, 27, steps=6, seed=0, policy=ReMDM("cap", 0.5), schedule=schedule).tokens
+    assert not torch.equal(run("cosine"), run("linear"))
+
+
 @pytest.mark.parametrize("fused", [False, True], ids=["reference", "fused"])
 def test_plan_every_2_holds_the_plan_between_planner_passes(fused):
     """Pins that a step without a planner pass reads the held plan at plan_every=2 as at any larger
