@@ -979,11 +979,13 @@ def test_eval_noise_repr_rebuilds_its_stream():
     assert torch.equal(again.uniform(1, 2, rows, 5), noise.uniform(1, 2, rows, 5))
 
 
-@pytest.mark.parametrize("denoiser_type, mask", [("uniform", "planner"), ("mask", "planner")])
+@pytest.mark.parametrize("denoiser_type, mask", [("uniform", "planner"), ("mask", "planner"), ("mask", "true")])
 def test_planner_elbo_stopped_early_matches_the_exact_expectation(toy, models, denoiser_type, mask):
     """At t_max = 0.6 a position of the final state is noise with probability 0.4 and holds its
     clean value by chance a third of the time: the final emission keeps it (x == x_1), as the
-    CTMC does, whether or not it was drawn as noise. At 0.999 such positions are too rare to tell."""
+    CTMC does, whether or not it was drawn as noise. The true-mask diagnostic alone reads the
+    draw: such a position is masked for the denoiser and may be kept or denoised. At 0.999 such
+    positions are too rare to tell."""
     if denoiser_type == "uniform":
         variant, denoiser = PlannedUniformVariant(models.planner, models.uniform_denoiser, False), \
             models.uniform_denoiser
