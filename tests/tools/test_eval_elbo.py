@@ -1042,6 +1042,30 @@ def test_evaluate_elbo_defaults_and_batch_size_check():
             evaluate(ModelSet(V, uniform_model=model), x1, batch_size=0)
 
 
+def test_every_estimator_defaults_to_one_linear_sample_to_0_999_with_seed_0():
+    """Without settings every estimator draws one sample a sequence, seed 0, on the linear
+    schedule up to t_max = 0.999, the defaults ddpd-eval elbo states and passes: a library
+    default of its own would report another bound (or other draws) for the same models."""
+    from ddpd.eval.elbo import DEFAULT_T_MAX
+
+    x1 = torch.arange(32).remainder(V).view(4, 8)
+    estimators = {
+        "uniform": lambda **k: elbo_uniform_model(flat_denoiser, x1, V, **k),
+        "planner+uniform": lambda **k: elbo_planned(flat_planner, flat_denoiser, x1, V, **k),
+        "planner+mask": lambda **k: elbo_planned(flat_planner, flat_denoiser, x1, V, denoiser_type="mask", **k),
+        "mask": lambda **k: elbo_mask_diffusion(flat_denoiser, x1, V, **k),
+    }
+    stated = dict(mc_samples=1, seed=0, t_max=0.999, schedule="linear")
+    assert DEFAULT_T_MAX == 0.999
+    for name, estimate in estimators.items():
+        default = estimate()
+        for term in TERMS:
+            torch.testing.assert_close(getattr(default, term), getattr(estimate(**stated), term), rtol=0, atol=0,
+                                       msg=(name, term))
+        for other in (dict(mc_samples=2), dict(seed=1), dict(t_max=0.9999)):
+            assert not torch.equal(default.elbo, estimate(**{**stated, **other}).elbo), (name, other)
+
+
 def test_every_estimator_names_a_network_given_as_a_path():
     """A checkpoint path given for a network is refused naming the argument, not met as "'str'
     object is not callable" from inside the first forward pass."""
