@@ -817,11 +817,12 @@ def test_elbo_takes_a_numpy_integer_seed():
     (dict(x1=torch.full((2, 4), V)), "x1 must hold ids in \\[0, 27\\)"),
     (dict(mc_samples=0), "mc_samples must be >= 1"),
     (dict(t_max=1.0), "t_max must be in \\(0.0, 1.0\\)"),
+    (dict(t_max=0.0), "t_max must be in \\(0.0, 1.0\\)"),
     (dict(seed=-1), "seed must be an int"),
     (dict(row_ids=torch.arange(3)), "row_ids must be a Long tensor of shape \\(2,\\)"),
     (dict(row_ids=torch.arange(2.0)), "row_ids must have dtype in \\(torch.int64\\)"),
-    (dict(denoiser_type="masked"), "denoiser_type must be one of"),
-    (dict(mask="oracle"), "mask must be one of"),
+    (dict(denoiser_type="masked"), "denoiser_type must be one of \\('uniform', 'mask'\\), got 'masked'"),
+    (dict(mask="oracle"), "mask must be one of \\('planner', 'true'\\), got 'oracle'"),
     (dict(planner="planner"), "planner must be callable"),
 ])
 def test_elbo_validates_inputs(tiny, change, error):
@@ -949,10 +950,14 @@ def test_elbo_refuses_a_t_max_whose_alpha_is_zero_under_the_schedule():
 
 
 def test_elbo_terms_add_up_and_convert_to_bits_per_token():
-    """elbo = rate_matching + planning + denoising + final; bits are -nats / (D ln 2)."""
+    """elbo = rate_matching + planning + denoising + final; bits are -nats / (D ln 2), for
+    every term the reports show (a term left out of TERMS drops its column)."""
     terms = ElboTerms(*(torch.tensor([value]) for value in (-1.0, -2.0, -4.0, -8.0)), length=3)
     assert terms.transitioning.tolist() == [-14.0] and terms.elbo.tolist() == [-15.0]
-    torch.testing.assert_close(terms.bits()["elbo"], torch.tensor([15.0 / (3 * math.log(2.0))]))
+    bits = terms.bits()
+    assert list(bits) == ["rate_matching", "planning", "denoising", "final", "transitioning", "elbo"]
+    for name, nats in zip(bits, (-1.0, -2.0, -4.0, -8.0, -14.0, -15.0)):
+        torch.testing.assert_close(bits[name], torch.tensor([-nats / (3 * math.log(2.0))]), msg=name)
 
 
 def test_stratified_draws_cover_each_stratum_once():
