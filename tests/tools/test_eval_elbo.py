@@ -949,6 +949,24 @@ def test_elbo_refuses_a_t_max_whose_alpha_is_zero_under_the_schedule():
     assert bool(torch.isfinite(elbo_uniform_model(model, x1, V, t_max=1e-9, schedule="linear").elbo).all())
 
 
+def test_elbo_takes_a_t_max_a_hair_below_1():
+    """t_max = 1 - 1e-9 (alpha(t_max) rounds to 1 in float32, not in float64) is taken by every
+    estimator with finite terms; mask diffusion with a flat denoiser unmasks each position once
+    at log(1 / V), so its bound is D log(1 / V) however close to 1 it stops."""
+    x1 = torch.arange(32).remainder(V).view(4, 8)
+    estimators = {
+        "uniform": lambda **k: elbo_uniform_model(flat_denoiser, x1, V, **k),
+        "planner+uniform": lambda **k: elbo_planned(flat_planner, flat_denoiser, x1, V, **k),
+        "planner+mask": lambda **k: elbo_planned(flat_planner, flat_denoiser, x1, V, denoiser_type="mask", **k),
+        "mask": lambda **k: elbo_mask_diffusion(flat_denoiser, x1, V, **k),
+    }
+    for name, estimate in estimators.items():
+        terms = estimate(mc_samples=2, t_max=1.0 - 1e-9)
+        for term in TERMS:
+            assert bool(torch.isfinite(getattr(terms, term)).all()), (name, term)
+    torch.testing.assert_close(terms.elbo, torch.full((4,), -8 * math.log(V)))
+
+
 def test_elbo_terms_add_up_and_convert_to_bits_per_token():
     """elbo = rate_matching + planning + denoising + final; bits are -nats / (D ln 2), for
     every term the reports show (a term left out of TERMS drops its column)."""
