@@ -21,6 +21,7 @@ from typing import Callable, Optional, Union
 import torch
 from torch import Tensor
 
+from ddpd.models.precision import resolve_dtype
 from ddpd.ops.sample_categorical import MAX_TEMPERATURE, float32
 from ddpd.sampling.policies import ErrorBudget
 from ddpd.validation import check_bool, check_choice, check_float, check_int, check_tensor
@@ -243,7 +244,8 @@ class Execution:
         sync_every: Steps between the fused run's stop checks, where finished rows leave the batch.
         compaction: Whether finished rows leave the batch at all (same samples either way).
         dtype: The networks' precision: "auto" (bfloat16 on CUDA, float32 on the CPU), "float32",
-            "bfloat16" or "float16" (torch.autocast; the sampler's own arithmetic stays float32).
+            "bfloat16" or "float16" (torch.autocast; the sampler's own arithmetic stays float32);
+            the torch dtype of one of the last three is kept as its name.
         graphs: "auto" replays the fused steps between stop checks from CUDA graphs where the run
             allows it, "off" never does, "emulate" runs the capture and replay logic without CUDA.
     """
@@ -258,6 +260,8 @@ class Execution:
         check_bool("fused", self.fused)
         object.__setattr__(self, "sync_every", check_int("sync_every", self.sync_every, 1))
         check_bool("compaction", self.compaction)
+        if isinstance(self.dtype, torch.dtype):  # as prepare_for_sampling takes it; a name compares alike
+            object.__setattr__(self, "dtype", str(resolve_dtype(self.dtype)).removeprefix("torch."))
         check_choice("dtype", self.dtype, DTYPES)
         check_choice("graphs", self.graphs, GRAPHS)
 

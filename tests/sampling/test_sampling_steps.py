@@ -303,10 +303,19 @@ def test_ddpd_options_check_takes_k_and_parallel_steps_up_to_the_runs_shape():
     (dict(compaction="yes"), TypeError, "compaction must be a bool, got str 'yes'"),
     (dict(dtype="float64"), ValueError, r"dtype must be one of \('auto', 'float32', 'bfloat16', 'float16'\)"),
     (dict(graphs="on"), ValueError, r"graphs must be one of \('auto', 'off', 'emulate'\), got 'on'"),
+    (dict(dtype=torch.float64), ValueError, r"dtype must be one of \(torch.float32, torch.bfloat16, torch.float16\)"),
+    (dict(dtype=torch.int64), ValueError, r"dtype must be one of \(torch.float32, torch.bfloat16, torch.float16\)"),
 ])
 def test_execution_refuses_each_bad_field(fields, error, match):
     with pytest.raises(error, match=match):
         Execution(**fields)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_execution_takes_a_torch_dtype_as_its_name(dtype):
+    """As prepare_for_sampling takes it: Execution(dtype=torch.bfloat16) is Execution(dtype="bfloat16")."""
+    name = str(dtype).removeprefix("torch.")
+    assert Execution(dtype=dtype) == Execution(dtype=name) and Execution(dtype=dtype).dtype == name
 
 
 @pytest.mark.parametrize("fields,error,match", [
