@@ -83,3 +83,13 @@ def test_mask_noise_fills_with_a_mask_id_of_0():
     u_noise = torch.tensor([[0.9, 0.1, 0.9, 0.1], [0.1, 0.9, 0.1, 0.9]])
     x_t, _ = marginal_corruption(X1 + 1, ALPHA, u_noise, U_VALUE, "mask", 5, mask_id=0)
     assert x_t.tolist() == [[0, 2, 0, 4], [4, 0, 2, 0]]
+
+
+def test_eval_noise_gives_each_sample_sixteen_offsets():
+    """NUM_STREAMS is part of the seeded layout: sample 1 starts at offset 16 and sample 2's
+    FINAL_MASK lies at 40, so adding a stream leaves every estimate's draws where they were."""
+    assert (C.ALPHA, C.POSITION, C.NOISE, C.VALUE, C.PLANNED_MASK, C.CLEAN_TIME, C.FINAL_NOISE, C.FINAL_VALUE,
+            C.FINAL_MASK, C.NUM_STREAMS) == (0, 1, 2, 3, 4, 5, 6, 7, 8, 16)
+    noise, rows = EvalNoise(7), torch.tensor([0, 3])
+    assert torch.equal(noise.uniform(1, C.ALPHA, rows, 4), philox_uniform(7, 16, rows, 4))
+    assert torch.equal(noise.uniform(2, C.FINAL_MASK, rows, 4), philox_uniform(7, 40, rows, 4))
