@@ -93,3 +93,11 @@ def test_eval_noise_gives_each_sample_sixteen_offsets():
     noise, rows = EvalNoise(7), torch.tensor([0, 3])
     assert torch.equal(noise.uniform(1, C.ALPHA, rows, 4), philox_uniform(7, 16, rows, 4))
     assert torch.equal(noise.uniform(2, C.FINAL_MASK, rows, 4), philox_uniform(7, 40, rows, 4))
+
+
+def test_forced_corruption_counts_the_noisy_positions_as_int64():
+    """k is Long[B] like the tokens, with the forced position counted once even where it is already noise."""
+    u_noise = torch.tensor([[0.9, 0.1, 0.9, 0.1], [0.1, 0.1, 0.1, 0.1]])
+    x_t, z, k = forced_corruption(X1, ALPHA, torch.tensor([0.0, 0.5]), u_noise, U_VALUE, "uniform", 5)
+    assert k.dtype == torch.int64 and x_t.dtype == torch.int64 and z.dtype == torch.bool
+    assert k.tolist() == [2, 1] and torch.equal(k, z.sum(-1))
