@@ -1540,3 +1540,11 @@ def test_the_frontier_plan_gives_a_mask_loop_a_step_for_a_budget_of_one_pass():
                               target_temperature=1.0)
     assert _plan(args, {"ddpd": [], "maskgit": [MaskGIT()]}) == {("ddpd", None, 3, 1.0): 6,
                                                                   ("maskgit", MaskGIT(), 1, 1.0): 1}
+
+
+def test_ngram_judge_builds_from_one_token_more_than_its_order():
+    """order + 1 ids are the fewest a judge takes ("more than order"), and it scores by its formula."""
+    judge = NGramJudge(torch.tensor([0, 1, 2, 3]), 4, order=3)
+    x = [0, 1, 2, 0, 1]
+    value = float(judge.log_likelihood(torch.tensor([x])))
+    assert value == pytest.approx(_ngram_oracle([0, 1, 2, 3], 4, 3, x), rel=1e-12)
