@@ -128,9 +128,10 @@ def convergence_rows(recorded: list[dict], stopped: Optional[Tensor] = None, eps
         The rows.
     """
     rows = [dict(r) for r in recorded]
+    name = f"stopped_eps_{float_text(float(eps))}"  # as PlannerRecorder names met_eps (a numpy eps too)
     if stopped is not None:
         for i, row in enumerate(rows):
-            row[f"stopped_eps_{float_text(eps)}"] = float(stopped[i]) if i < stopped.numel() else float("nan")
+            row[name] = float(stopped[i]) if i < stopped.numel() else float("nan")
     return rows
 
 

@@ -384,6 +384,19 @@ def test_recorder_on_the_ddpd_sampler_counts_one_call_per_step():
     assert len(recorder.rows()) == 5 and recorder.counts == [3] * 5
 
 
+def test_a_numpy_eps_names_the_stopped_column_as_the_recorder_names_its_own():
+    """float32 0.01 is 0.009999999776482582 as a float: the recorder's met_eps column and the
+    stopped column must carry the same name, or the plot misses the stopped curve's panel."""
+    np = pytest.importorskip("numpy")
+    eps = np.float32(0.01)
+    recorder = PlannerRecorder(lambda x: torch.zeros(x.shape), eps=(eps,))
+    recorder.start_run(2)
+    recorder(torch.zeros(2, 4, dtype=torch.long))
+    (row,) = convergence_rows(recorder.rows(), torch.zeros(1), eps=eps)
+    met, stopped = (key for key in row if key.startswith(("met_eps_", "stopped_eps_")))
+    assert met.removeprefix("met_eps_") == stopped.removeprefix("stopped_eps_")
+
+
 def test_stopped_fraction_and_convergence_outputs(tmp_path):
     stopped = stopped_fraction(torch.tensor([0, 2, 2, 5]), steps=5)
     torch.testing.assert_close(stopped, torch.tensor([0.25, 0.25, 0.75, 0.75, 0.75]))
