@@ -748,6 +748,9 @@ def test_evaluate_elbo_runs_the_methods_asked_in_their_order(tiny, text):
     (("mask_denoiser",), ["mask-diffusion"], ["mask-denoiser"]),
     (("planner", "mask_denoiser"), ["planner+mask-denoiser", "planner+mask-denoiser(true-mask)", "mask-diffusion"],
      ["mask-denoiser", "mask-denoiser-planner"]),
+    (("planner", "uniform_denoiser", "mask_denoiser", "uniform_model"),
+     ["uniform", "planner+uniform-denoiser", "planner+mask-denoiser", "planner+mask-denoiser(true-mask)",
+      "mask-diffusion"], ["uniform", "uniform-denoiser", "mask-denoiser", "mask-denoiser-planner"]),
 ])
 def test_each_method_and_denoising_kind_needs_its_networks(given, methods, kinds):
     """A planned row needs the planner and its denoiser, the planner alone gives none; the
@@ -767,6 +770,39 @@ def test_each_method_and_denoising_kind_needs_its_networks(given, methods, kinds
         assert denoiser is networks[{"uniform": "uniform_model"}.get(kind, kind.replace("-planner", "")
                                                                        .replace("-", "_"))], kind
         assert planner is (networks["planner"] if kind.endswith("-planner") else None), kind
+
+
+@torch.no_grad()
+def test_evaluations_draw_a_progress_bar_only_when_asked(monkeypatch):
+    """progress=False never draws a bar, even on a terminal; progress=True lets tqdm draw one
+    where stderr is a terminal (disable=None), with a step per batch and row."""
+    import ddpd.eval.likelihood as likelihood
+    from ddpd.eval import ModelSet, evaluate_denoising, evaluate_elbo
+
+    bars = []
+
+    class Bar:
+        def __init__(self, total, disable, **kwargs):
+            self.total, self.disable, self.steps, self.closed = total, disable, 0, False
+            bars.append(self)
+
+        def update(self):
+            self.steps += 1
+
+        def close(self):
+            self.closed = True
+
+    monkeypatch.setattr(likelihood, "tqdm", Bar)
+    x1 = torch.arange(20).remainder(V).view(5, 4)
+    models = ModelSet(V, uniform_model=flat_denoiser, mask_denoiser=flat_denoiser)
+    for evaluate in (evaluate_elbo, evaluate_denoising):
+        for progress, disable in ((False, True), (True, None)):
+            evaluate(models, x1, batch_size=2, progress=progress)
+            bar = bars.pop()
+            assert (bar.disable, bar.total, bar.steps, bar.closed) == (disable, 3 * 2, 3 * 2, True), \
+                (evaluate.__name__, progress)
+        evaluate(models, x1, batch_size=2)
+        assert bars.pop().disable is True, evaluate.__name__
 
 
 def test_evaluation_tables_name_their_columns_and_round_to_four_places():
