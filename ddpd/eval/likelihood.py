@@ -43,7 +43,8 @@ class ModelSet:
 
     Raises:
         TypeError: vocab_size or mask_id not an int, or a network given that is not callable.
-        ValueError: vocab_size below 1, or mask_id below vocab_size (it would mask a token).
+        ValueError: vocab_size below 2 (every estimator needs two tokens), or mask_id below
+            vocab_size (it would mask a token).
     """
 
     vocab_size: int
@@ -55,7 +56,7 @@ class ModelSet:
 
     def __post_init__(self) -> None:
         # checked here, or a wrong field fails deep inside the estimator that first reads it
-        self.vocab_size = check_int("vocab_size", self.vocab_size, 1)
+        self.vocab_size = check_int("vocab_size", self.vocab_size, 2)
         for name in ("planner", "uniform_denoiser", "mask_denoiser", "uniform_model"):
             if getattr(self, name) is not None:
                 check_callable(name, getattr(self, name))

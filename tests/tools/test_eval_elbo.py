@@ -922,7 +922,8 @@ def test_evaluations_refuse_sequences_not_2d_and_denoising_without_a_denoiser():
 
 @pytest.mark.parametrize("fields, error, message", [
     (dict(vocab_size="27"), TypeError, "vocab_size must be an int"),
-    (dict(vocab_size=0), ValueError, "vocab_size must be >= 1"),
+    (dict(vocab_size=0), ValueError, "vocab_size must be >= 2"),
+    (dict(vocab_size=1), ValueError, "vocab_size must be >= 2, got 1"),  # refused by every estimator
     (dict(vocab_size=V, planner="runs/planner"), TypeError, "planner must be callable, got str"),
     (dict(vocab_size=V, uniform_model=7), TypeError, "uniform_model must be callable"),
     (dict(vocab_size=V, uniform_denoiser="runs/u"), TypeError, "uniform_denoiser must be callable, got str"),
