@@ -986,17 +986,22 @@ def test_elbo_refuses_a_t_max_whose_alpha_is_zero_under_the_schedule():
     assert bool(torch.isfinite(elbo_uniform_model(model, x1, V, t_max=1e-9, schedule="linear").elbo).all())
 
 
-def test_elbo_takes_a_t_max_a_hair_below_1():
-    """t_max = 1 - 1e-9 (alpha(t_max) rounds to 1 in float32, not in float64) is taken by every
-    estimator with finite terms; mask diffusion with a flat denoiser unmasks each position once
-    at log(1 / V), so its bound is D log(1 / V) however close to 1 it stops."""
-    x1 = torch.arange(32).remainder(V).view(4, 8)
-    estimators = {
+def flat_estimators(x1):
+    """Every estimator on the flat planner and denoiser, by name, taking its settings."""
+    return {
         "uniform": lambda **k: elbo_uniform_model(flat_denoiser, x1, V, **k),
         "planner+uniform": lambda **k: elbo_planned(flat_planner, flat_denoiser, x1, V, **k),
         "planner+mask": lambda **k: elbo_planned(flat_planner, flat_denoiser, x1, V, denoiser_type="mask", **k),
         "mask": lambda **k: elbo_mask_diffusion(flat_denoiser, x1, V, **k),
     }
+
+
+def test_elbo_takes_a_t_max_a_hair_below_1():
+    """t_max = 1 - 1e-9 (alpha(t_max) rounds to 1 in float32, not in float64) is taken by every
+    estimator with finite terms; mask diffusion with a flat denoiser unmasks each position once
+    at log(1 / V), so its bound is D log(1 / V) however close to 1 it stops."""
+    x1 = torch.arange(32).remainder(V).view(4, 8)
+    estimators = flat_estimators(x1)
     for name, estimate in estimators.items():
         terms = estimate(mc_samples=2, t_max=1.0 - 1e-9)
         for term in TERMS:
@@ -1109,12 +1114,7 @@ def test_every_estimator_defaults_to_one_linear_sample_to_0_999_with_seed_0():
     from ddpd.eval.elbo import DEFAULT_T_MAX
 
     x1 = torch.arange(32).remainder(V).view(4, 8)
-    estimators = {
-        "uniform": lambda **k: elbo_uniform_model(flat_denoiser, x1, V, **k),
-        "planner+uniform": lambda **k: elbo_planned(flat_planner, flat_denoiser, x1, V, **k),
-        "planner+mask": lambda **k: elbo_planned(flat_planner, flat_denoiser, x1, V, denoiser_type="mask", **k),
-        "mask": lambda **k: elbo_mask_diffusion(flat_denoiser, x1, V, **k),
-    }
+    estimators = flat_estimators(x1)
     stated = dict(mc_samples=1, seed=0, t_max=0.999, schedule="linear")
     assert DEFAULT_T_MAX == 0.999
     for name, estimate in estimators.items():
