@@ -37,3 +37,19 @@ def test_read_number_names_the_underscore_or_space_even_where_python_refuses_the
         int(text)
     with pytest.raises(ValueError, match=f"^{text!r}: {REFUSED}$"):
         read_number(int, text)
+
+
+@pytest.mark.parametrize("kind, text, expected", [(int, "64", 64), (int, "-3", -3), (float, "1e3", 1000.0),
+                                                   (float, "-2.5", -2.5), (float, "inf", float("inf"))])
+def test_read_number_reads_the_text_as_the_kind_asked_for(kind, text, expected):
+    """An int stays an int (a step count, a seed) and a float keeps its exponent, sign or inf."""
+    number = read_number(kind, text)
+    assert type(number) is kind and number == expected
+
+
+@pytest.mark.parametrize("text", ["1.5", "1e3", "2.0", "nan"])
+def test_read_number_refuses_as_an_int_what_int_refuses(text):
+    """No rounding or float detour: "1.5" steps is not one step, and the message adds no reason."""
+    with pytest.raises(ValueError) as not_an_int:
+        read_number(int, text)
+    assert refusal(not_an_int.value) == ""
