@@ -138,6 +138,7 @@ def test_default_controls_draw_what_no_controls_draw_and_cannot_be_changed():
     assert [f.name for f in dataclasses.fields(DrawControls)] == [
         "temperature", "top_k", "top_p", "min_p", "exclude_ids", "exclude_per_row", "allowed"]
     assert dataclasses.astuple(DrawControls()) == (1.0, None, None, None, None, None, None)
+    assert type(DrawControls().temperature) is float  # written 1.0, not 1, where a record shows it
     with pytest.raises(dataclasses.FrozenInstanceError):
         DrawControls().top_k = 3
 
