@@ -482,6 +482,23 @@ def test_a_forced_sdpa_flash_on_cuda_takes_dropout(monkeypatch):
         assert resolve_backend(q, dropout_p=0.1) == "sdpa-flash"
 
 
+def test_sdpa_flash_hands_torch_the_dropout_and_the_mask(monkeypatch):
+    """A forced 'sdpa-flash' on a GPU trains with dropout: dropout_p and causal reach torch's
+    SDPA. The resolved backend is patched in (torch's CPU flash kernel has no dropout)."""
+    seen = []
+
+    def spy(q, k, v, dropout_p=0.0, is_causal=False):
+        seen.append((dropout_p, is_causal))
+        return explicit_attention(q, k, v, is_causal)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    monkeypatch.setattr(attn, "resolve_backend", lambda q, dropout_p=0.0: "sdpa-flash")
+    q, k, v = qkv()
+    attention(q, k, v, causal=True, dropout_p=0.1)
+    attention(q, k, v, causal=False)
+    assert seen == [(0.1, True), (0.0, False)]
+
+
 def test_forcing_flash_where_no_installed_generation_runs_is_refused(fake_flash):
     """'flash' forced with only the Hopper build (fa3) installed, on an A100: no kernel fits, so
     the call is refused in one line rather than handed to a backend named None."""
