@@ -414,6 +414,14 @@ def test_rotary_tables_follow_the_default_device():
     assert rotary.cos.dtype == torch.float32 and rotary.cos.shape == (10, 4)
 
 
+def test_rotary_tables_follow_the_network_to_another_device_in_float32():
+    """Moving or casting the network moves the tables with it and keeps them float32 (a bf16
+    table would round the angles). The meta device stands in for an accelerator."""
+    rotary = RotaryEmbedding(head_dim=8, max_seq_len=10).to("meta", torch.bfloat16)
+    assert rotary.cos.device.type == rotary.sin.device.type == "meta"
+    assert rotary.cos.dtype == rotary.sin.dtype == torch.float32 and rotary.cos.shape == (10, 4)
+
+
 @pytest.mark.parametrize("kind", MODEL_KINDS)
 def test_skeleton_to_empty_then_load_computes_what_the_network_does(kind):
     from ddpd.models.factory import build_skeleton
