@@ -559,6 +559,20 @@ def test_self_attention_attends_over_rotated_queries_and_keys(causal):
         torch.testing.assert_close(layer(x), layer.proj(out), rtol=1e-5, atol=1e-6)
 
 
+def test_a_skeleton_loaded_with_assign_computes_its_rotary_tables_beside_the_weights():
+    """load_state_dict(assign=True) into a meta skeleton: the rotary tables (in no state dict)
+    are computed on the device of the assigned weights. A fake CUDA device stands in for a GPU."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        with torch.device("meta"):
+            layer = SelfAttention(32, 4, L, causal=False)
+        state = {"qkv.weight": torch.empty(96, 32, device="cuda"), "proj.weight": torch.empty(32, 32, device="cuda")}
+        layer.load_state_dict(state, assign=True)
+    assert layer.rotary.cos.device.type == layer.rotary.sin.device.type == "cuda"
+    assert layer.rotary.cos.dtype == torch.float32 and layer.rotary.cos.shape == (L, 4)
+
+
 def test_a_forced_flash_backend_names_what_it_got(monkeypatch):
     """The refusal of a forced flash backend states the device, dtype and head size it was given:
     here a bf16 stand-in for a CUDA tensor on an A100 whose head size (12) is no multiple of 8."""
