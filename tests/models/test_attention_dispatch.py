@@ -510,6 +510,16 @@ def test_forcing_flash_where_no_installed_generation_runs_is_refused(fake_flash)
     assert calls == []
 
 
+def test_explicit_attention_masks_the_future_whatever_the_scores():
+    """Causal: the future gets no weight even when every allowed score is far below zero
+    (a finite fill value would then win the softmax); torch's SDPA agrees."""
+    q = torch.full((1, 1, 4, HEAD), 100.0)
+    k, v = -q, torch.randn(1, 1, 4, HEAD, generator=torch.Generator().manual_seed(0))
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    torch.testing.assert_close(explicit_attention(q, k, v, causal=True), expected)
+    torch.testing.assert_close(explicit_attention(q, k, v, causal=True)[..., 0, :], v[..., 0, :])
+
+
 def test_explicit_attention_returns_the_dtype_of_its_values():
     """The reference computes in float32 and casts back to the dtype of v, as documented."""
     q, k, _ = qkv()
