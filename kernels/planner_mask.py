@@ -1,10 +1,10 @@
 """Triton kernel of ddpd.ops.planner_mask: the mask of prop:draw_with_maskD alone.
 
 z^d ~ Bernoulli(p^d), p^d = sigmoid(l^d), drawn as z^d = min(u^d, BELOW_ONE) < p^d
-(uniform d at column d), forced to 1 at the positions being denoised (read BLOCK_K at a time); the masked
-sequence holds mask_id where z = 1 and x elsewhere. One program per row; the row is
-held in one block. float32 arithmetic only. The row helpers are ddpd.kernels.planner_select's
-(planner_select_mask draws the same mask in its own kernel).
+(uniform d at column d), forced to 1 at the positions being denoised (read BLOCK_K at a
+time); the masked sequence holds mask_id where z = 1 and x elsewhere. One program per
+row; the row is held in one block. float32 arithmetic only. The row helpers are
+ddpd.kernels.planner_select's (planner_select_mask draws the same mask in its own kernel).
 """
 import triton
 import triton.language as tl
