@@ -98,7 +98,7 @@ def stopped_fraction(stop_step: Tensor, steps: int) -> Tensor:
 
     Raises:
         TypeError: stop_step not of an integer dtype.
-        ValueError: stop_step not 1-D, empty or negative somewhere.
+        ValueError: stop_step not 1-D, empty, negative somewhere or past the budget.
     """
     steps = check_int("steps", steps, 1)
     if not isinstance(stop_step, Tensor) or stop_step.dim() != 1:
@@ -110,6 +110,9 @@ def stopped_fraction(stop_step: Tensor, steps: int) -> Tensor:
     low = int(stop_step.min())
     if low < 0:  # torch.bincount's own error named no argument
         raise ValueError(f"stop_step must be >= 0, got minimum {low}")
+    high = int(stop_step.max())
+    if high > steps:  # a run of another budget: it would count as using this one whole
+        raise ValueError(f"stop_step must be <= steps ({steps}), got maximum {high}")
     stopped = stop_step[stop_step < steps].cpu()
     counts = torch.bincount(stopped, minlength=steps)[:steps].cumsum(0)
     return counts.float() / stop_step.numel()

@@ -419,6 +419,7 @@ def test_stopped_fraction_and_convergence_outputs(tmp_path):
     (torch.tensor([1j]), TypeError, r"an integer dtype\), got torch.complex64"),
     (torch.tensor([], dtype=torch.long), ValueError, "stop_step must hold at least one sample's stop step, got none"),
     (torch.tensor([3, -1]), ValueError, "stop_step must be >= 0, got minimum -1"),
+    (torch.tensor([5, 6]), ValueError, r"stop_step must be <= steps \(5\), got maximum 6"),
 ])
 def test_stopped_fraction_refuses_what_is_not_stop_steps(stop_step, error, match):
     """A float, empty or negative stop_step failed in torch.bincount (or gave NaN fractions)."""
