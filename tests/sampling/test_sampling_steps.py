@@ -31,7 +31,16 @@ from ddpd.sampling import (
 from ddpd.sampling.common import Run, run_steps, setup, write
 from ddpd.sampling.draws import FusedDraws, ReferenceDraws
 from ddpd.sampling.gillespie import mask_time, planner_time
-from ddpd.sampling.noise import NUM_STREAMS, SELECT, exponential, gumbel, happens, make_noise, stream_offset
+from ddpd.sampling.noise import (
+    NUM_STREAMS,
+    SELECT,
+    CheckedNoise,
+    exponential,
+    gumbel,
+    happens,
+    make_noise,
+    stream_offset,
+)
 from ddpd.sampling.options import Guidance, Truncation, check_option
 from ddpd.sampling.policies import ErrorBudget
 from oracles.fixtures import single_thread  # noqa: F401  (autouse)
@@ -143,6 +152,16 @@ def test_make_noise_arguments():
         make_noise(seed=-1)
 
 
+def test_make_noise_wraps_a_callers_source_once():
+    """A caller's own source is checked at each call through one CheckedNoise; a source already
+    checked is used as given, not wrapped again."""
+    own = argparse.Namespace(uniform=lambda step, stream, rows, cols: torch.full((rows.numel(), cols), 0.5))
+    checked = make_noise(noise=own)
+    assert type(checked) is CheckedNoise and checked.source is own
+    assert make_noise(noise=checked) is checked
+    assert torch.equal(checked.uniform(0, SELECT, torch.arange(2), 3), torch.full((2, 3), 0.5))
+
+
 def test_numpy_integer_seeds_draw_what_ints_draw():
     """np.int64(3) was refused with a ValueError naming it; offsets add in Python ints, mod 2**64."""
     rows = torch.arange(3)
@@ -226,6 +245,13 @@ def test_temperature_over_a_runs_time():
     assert type(fixed) is float and fixed == 0.7  # fixed: a number (the ops' scalar path)
     # the end exactly at the final time, as `at` is at the last step (float32 arithmetic gave 0.80000007)
     assert torch.equal(Temperature(1.44, 0.8).over(torch.tensor([1.0])), torch.tensor([0.8]))
+
+
+def test_temperature_over_stays_within_its_ends_just_before_the_final_time():
+    """Float32 arithmetic took 0.6 -> 0.7 to 0.70000005 at the last fraction below 1: the value is
+    held within [start, end], so a run never draws at a temperature past the end it asked for."""
+    value = Temperature(0.6, 0.7).over(torch.tensor([1.0 - 2**-24, 0.0]))
+    assert torch.equal(value, torch.tensor([0.7, 0.6]))
 
 
 def draw_temperatures(monkeypatch):
@@ -353,6 +379,15 @@ def test_ddpd_options_refuse_each_field_at_its_bound(fields, error, match):
 def test_unknown_options_and_wrong_objects_are_type_errors(call, match):
     with pytest.raises(TypeError, match=match):
         call()
+
+
+def test_a_moved_keyword_names_other_samplers_where_this_one_takes_no_such_option():
+    """eps now lives in DDPDOptions, which maskgit_sample does not take: the hint says so rather
+    than sending the caller to a ddpd= that would fail again; fused points to execution=."""
+    message = ("eps (ddpd=DDPDOptions(eps=...) of other samplers; maskgit_sample takes no ddpd=), "
+               "fused (now execution=Execution(fused=...))")
+    with pytest.raises(TypeError, match=re.escape(message)):
+        maskgit_sample(M.mask_denoiser, 2, 4, 3, steps=3, eps=0.1, fused=True)
 
 
 @pytest.mark.parametrize("sampler", [ddpd_sample, tau_leaping_planned])
