@@ -76,6 +76,19 @@ def test_tokens_everywhere_never_draws_the_excluded_token(temperature):
             assert not (d.tokens_everywhere(step, ROWS, logits, temperature, exclude) == exclude).any()
 
 
+@pytest.mark.parametrize("noise", [PhiloxNoise(11), TorchNoise(torch.Generator().manual_seed(0))])
+def test_one_draw_a_row_and_a_source_without_counters_never_draw_the_excluded_token(noise):
+    """The fused draws that read no chunks (one position a row, or a noise source other than
+    Philox) hand the exclusion to the kernel too."""
+    for length in (1, 3):
+        logits = torch.zeros(3, length, 4)
+        exclude = torch.randint(0, 4, (3, length), generator=torch.Generator().manual_seed(length))
+        logits.scatter_(2, exclude[..., None], 20.0)
+        d = FusedDraws(noise, Execution(fused=True))
+        for step in range(4):
+            assert not (d.tokens_everywhere(step, ROWS, logits, 1.0, exclude) == exclude).any()
+
+
 @pytest.mark.parametrize("per_row", [1, 2])
 def test_tokens_from_returns_tokens_then_their_probabilities(per_row):
     """With confidence, tokens_from returns (Long tokens, Float confidences) both [B, k], the
