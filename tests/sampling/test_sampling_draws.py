@@ -202,3 +202,16 @@ def test_tokens_from_draws_each_rows_tokens_at_its_own_positions():
     expected = logits.gather(1, positions[..., None].expand(-1, -1, 7)).argmax(-1)
     for d in both(Truncation(top_k=1)):
         assert torch.equal(d.tokens_from(0, ROWS, logits, positions, 1.0), expected)
+
+
+def test_chunked_draws_return_each_draws_own_confidence(monkeypatch):
+    """Several draws a row read their uniforms in chunks; the confidences come back in the order
+    of the draws, as the reference gives them from the same uniforms."""
+    monkeypatch.setattr(draws, "TOKEN_CHUNK", 2 * 7)
+    logits = torch.randn(3, 5, 7, generator=torch.Generator().manual_seed(10))
+    positions = torch.tensor([[0, 4, 2], [1, 3, 0], [4, 2, 1]])
+    ref, fused = (d.tokens_from(1, ROWS, logits, positions, 1.0, confidence=True) for d in both())
+    assert torch.equal(ref[0], fused[0])
+    torch.testing.assert_close(fused[1], ref[1])
+    expected = logits.softmax(-1).gather(1, positions[..., None].expand(-1, -1, 7))
+    torch.testing.assert_close(fused[1], expected.gather(2, fused[0][..., None])[..., 0])
