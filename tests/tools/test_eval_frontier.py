@@ -17,6 +17,7 @@ from ddpd.eval.frontier import (
     frontier_markdown,
     passes_to_reach,
     read_frontier,
+    rows_of,
     run_frontier,
 )
 from ddpd.eval.ngram import NGramJudge
@@ -1548,3 +1549,22 @@ def test_ngram_judge_builds_from_one_token_more_than_its_order():
     x = [0, 1, 2, 0, 1]
     value = float(judge.log_likelihood(torch.tensor([x])))
     assert value == pytest.approx(_ngram_oracle([0, 1, 2, 3], 4, 3, x), rel=1e-12)
+
+
+def test_rows_of_keeps_the_rows_of_the_sweeps_configurations_seed_and_sample_count(tmp_path):
+    """A temperature given as an int (1) or written as 1.00 keys its row as 1.0 does; rows of
+    another seed, sample count or configuration in the same CSV are left out."""
+    path = str(tmp_path / "frontier.csv")
+    calls = []
+    configs = [Config("maskgit", "maskgit", 3, 1, fake(calls)), Config("ddpd", "one-at-a-time", 3, 0.9, fake(calls))]
+    ours = run_frontier(configs, judge=Uniform(5), vocab_size=5, num_samples=1, seed=0, batch_size=1, csv_path=path)
+    assert rows_of(ours, configs, 1, 0) == ours
+    other = [Config("maskgit", "maskgit", 4, 1.0, fake(calls))]
+    run_frontier(configs + other, judge=Uniform(5), vocab_size=5, num_samples=1, seed=1, batch_size=1, csv_path=path)
+    every = read_frontier(path)
+    assert len(every) == 5
+    assert [(r["policy"], r["seed"]) for r in rows_of(every, configs, 1, 0)] == [("maskgit", "0"),
+                                                                               ("one-at-a-time", "0")]
+    assert rows_of(every, configs, 2, 0) == [] and len(rows_of(every, configs + other, 1, 1)) == 3
+    written = [dict(ours[0], temperature="1.00", steps="3", num_samples="1", seed="0")]
+    assert rows_of(written, configs, 1, 0) == written
