@@ -1568,3 +1568,30 @@ def test_rows_of_keeps_the_rows_of_the_sweeps_configurations_seed_and_sample_cou
     assert rows_of(every, configs, 2, 0) == [] and len(rows_of(every, configs + other, 1, 1)) == 3
     written = [dict(ours[0], temperature="1.00", steps="3", num_samples="1", seed="0")]
     assert rows_of(written, configs, 1, 0) == written
+
+
+def test_ddpd_eval_frontier_draws_the_target_line_only_for_a_measured_target(tmp_path, capsys, monkeypatch):
+    """The plot's horizontal line is the target's judge NLL; a NaN target draws none (a line at
+    NaN, labelled "target nan", said nothing)."""
+    pytest.importorskip("matplotlib")
+    import ddpd.eval.frontier as frontier
+    from ddpd.eval.report import pyplot
+
+    labels = []
+
+    def keep_labels(fig, path, **kw):
+        labels.append([line.get_label() for line in fig.axes[0].get_lines()])
+        pyplot().close(fig)
+
+    monkeypatch.setattr(frontier, "save_figure", keep_labels)
+    out = tmp_path / "out"
+    argv = ["frontier", "--judge", "ngram:2", "--data", "books", *FAST, "--out-dir", str(out)]
+    assert main(argv) == 0
+    rows = read_frontier(str(out / "frontier.csv"))
+    (target,) = [r for r in rows if r["policy"] == "one-at-a-time"]
+    assert [label for label in labels[0] if label.startswith("target")] == [
+        f"target {target['judge_nll']:.3f} (entropy {target['entropy']:.2f})"]
+    write_csv([dict(r, judge_nll="nan") if r["policy"] == "one-at-a-time" else r for r in rows],
+              str(out / "frontier.csv"))
+    assert main(argv) == 0
+    assert len(labels) == 2 and not [label for label in labels[1] if label.startswith("target")]
