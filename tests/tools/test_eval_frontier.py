@@ -1595,3 +1595,20 @@ def test_ddpd_eval_frontier_draws_the_target_line_only_for_a_measured_target(tmp
               str(out / "frontier.csv"))
     assert main(argv) == 0
     assert len(labels) == 2 and not [label for label in labels[1] if label.startswith("target")]
+
+
+def test_plot_frontier_gives_each_of_more_than_ten_families_its_own_colour(tmp_path, monkeypatch):
+    """Past ten families tab10 would repeat its colours: the eleventh would look like the first."""
+    pytest.importorskip("matplotlib")
+    import ddpd.eval.frontier as frontier
+    from ddpd.eval.report import pyplot
+
+    figures = []
+    monkeypatch.setattr(frontier, "save_figure", lambda fig, path, **kw: figures.append(fig))
+    rows = [dict(sampler="maskgit", policy=f"p{i}", passes=p, temperature=1.0, entropy=3.9, judge_nll=2.0 / p)
+            for i in range(11) for p in (16, 32)]
+    frontier.plot_frontier(rows, str(tmp_path / "plot.png"))
+    colours = [line.get_color() for line in figures[0].axes[0].get_lines()]
+    tab20 = pyplot().get_cmap("tab20").colors
+    pyplot().close(figures[0])
+    assert len(set(colours)) == 11 and colours == list(tab20[:11])
