@@ -1612,3 +1612,16 @@ def test_plot_frontier_gives_each_of_more_than_ten_families_its_own_colour(tmp_p
     tab20 = pyplot().get_cmap("tab20").colors
     pyplot().close(figures[0])
     assert len(set(colours)) == 11 and colours == list(tab20[:11])
+
+
+def test_frontier_markdown_signs_the_difference_from_the_target():
+    """The reach table's NLL - target carries its sign both ways, rounded to three digits, beside
+    the passes and the standard error."""
+    reach = [dict(family=f"ddpd {name}", reached=difference <= 0.02, passes=32.0, judge_nll=2.5, entropy=3.9,
+                  config="-", matched_reached=difference <= 0.02, matched_passes=31.6,
+                  matched_difference=difference, matched_difference_se=0.0123)
+             for name, difference in (("above", 0.0456), ("below", -0.0123))]
+    lines = frontier_markdown([], reach, "the target").splitlines()
+    rows = [line for line in lines if line.startswith("| ddpd ")]
+    assert [row.split(" | ")[-4:] for row in rows] == [["False", "31.6", "+0.046", "0.012 |"],
+                                                        ["True", "31.6", "-0.012", "0.012 |"]]
