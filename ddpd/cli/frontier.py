@@ -132,10 +132,9 @@ def run(args: argparse.Namespace) -> None:
         raise
     # the CSV's rows of this seed and sample count (earlier runs into --out-dir add to them): rows
     # of another seed in the same curve would make it zigzag
-    rows = [r for r in fr.read_frontier(csv_path) if (r["seed"], r["num_samples"]) == (str(args.seed),
-                                                                                       str(args.num_samples))]
+    rows = [r for r in fr.read_frontier(csv_path) if (r["seed"], r["num_samples"]) == (args.seed, args.num_samples)]
     targets = [r for r in rows if r["sampler"] == "ddpd" and r["policy"] == "one-at-a-time"
-               and int(r["steps"]) == args.target_steps]  # never empty: _plan puts the target first
+               and r["steps"] == args.target_steps]  # never empty: _plan puts the target first
     target = min(targets, key=lambda r: abs(float(r["temperature"]) - args.target_temperature))
     label = f"ddpd one at a time, {args.target_steps} steps, T={target['temperature']}"
     reach = _reach(rows, target, label)

@@ -140,14 +140,15 @@ def _fill_budgets(done: dict, configs: Sequence[Config], keys: list) -> bool:
     for config, key in zip(configs, keys):
         row = done.get(key)
         if row is not None and row.get("budget") in (None, "") and config.budget is not None:
-            row["budget"], filled = str(config.budget), True
+            row["budget"], filled = config.budget, True
     return filled
 
 
 def read_frontier(path: str) -> list[dict]:
     """The rows of a frontier CSV (measurements as floats; steps, budget, num_samples and seed as
-    whole numbers' text, 16.0 read as 16); ValueError naming the file and line for one that
-    lacks a column of the key or a measurement, or holds a measurement that is no number.
+    ints, 16.0 read as 16, as run_frontier measures them; an empty budget stays ""); ValueError
+    naming the file and line for one that lacks a column of the key or a measurement, or holds a
+    measurement that is no number.
 
     Args:
         path: a frontier CSV.
@@ -191,14 +192,14 @@ def _check_unique(rows: list[dict], path: str) -> None:
         first[key] = line
 
 
-def _whole(text: str, where: str) -> str:
+def _whole(text: str, where: str) -> int:
     try:  # exact for a seed of 64 bits, which a float would round
         value = Decimal(text)
     except InvalidOperation:
         value = Decimal("NaN")
     if not value.is_finite() or value != value.to_integral_value():
         raise ValueError(f"{where}: {text!r} is not a whole number")
-    return str(int(value))
+    return int(value)
 
 
 def budget(row: dict) -> int:

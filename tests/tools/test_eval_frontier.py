@@ -62,6 +62,17 @@ def test_run_frontier_measures_each_configuration_once_and_resumes(tmp_path):
         assert len(list(csv.DictReader(f))) == 3
 
 
+def test_run_frontier_gives_resumed_and_measured_rows_the_same_types(tmp_path):
+    """Resumed rows had steps, num_samples and seed as text beside the measured rows' ints: sorting
+    the rows by steps raised."""
+    path = str(tmp_path / "frontier.csv")
+    configs = [Config("maskgit", "maskgit", 3, 1.0, fake([]), budget=3), Config("maskgit", "maskgit", 5, 1.0, fake([]))]
+    run_frontier(configs[:1], judge=Uniform(5), vocab_size=5, num_samples=2, seed=7, batch_size=2, csv_path=path)
+    rows = run_frontier(configs, judge=Uniform(5), vocab_size=5, num_samples=2, seed=7, batch_size=2, csv_path=path)
+    assert [(r["steps"], r["budget"], r["num_samples"], r["seed"]) for r in rows] == [(3, 3, 2, 7), (5, "", 2, 7)]
+    assert sorted(r["steps"] for r in rows) == [3, 5]
+
+
 def test_run_frontier_refuses_a_csv_that_measures_a_configuration_twice(tmp_path):
     """Two CSVs joined by hand: the later row of a configuration was kept and the earlier one
     dropped from the file on the next write, without a word."""
@@ -489,7 +500,7 @@ def test_ddpd_eval_frontier_writes_its_reports(tmp_path, capsys):
     assert {(r["sampler"], r["policy"].split(":")[0]) for r in rows} == {
         ("ddpd", "one-at-a-time"), ("ddpd", "error-budget"), ("maskgit", "maskgit"), ("maskgit", "threshold")}
     assert (out / "frontier.md").read_text().count("| ddpd |") == 2
-    assert {r["budget"] for r in rows} == {"2"}  # the target's 1 step is a 2-pass budget too
+    assert {r["budget"] for r in rows} == {2}  # the target's 1 step is a 2-pass budget too
     report = (out / "frontier.md").read_text()  # policies named by their fields off their defaults
     assert "| 2 | ddpd error-budget:bound=2,max_k=4 | maskgit maskgit:choice_temperature=4.5 |" in report
     reach = report.split("Passes to reach")[1].split("Each ddpd policy")[0]
@@ -560,7 +571,7 @@ def test_ddpd_eval_frontier_without_defaults_runs_the_target_and_the_policies(tm
                  "--out-dir", str(out)]) == 0
     rows = read_frontier(str(out / "frontier.csv"))
     assert sorted((r["sampler"], r["policy"], r["steps"]) for r in rows) == [
-        ("ddpd", "one-at-a-time", "1"), ("maskgit", "threshold:threshold=0.9", "4")]
+        ("ddpd", "one-at-a-time", 1), ("maskgit", "threshold:threshold=0.9", 4)]
 
 
 def test_ddpd_eval_frontier_gives_a_policy_spelled_with_spaces_to_its_sampler(tmp_path, capsys):
@@ -839,7 +850,7 @@ def test_ddpd_eval_frontier_says_which_budgets_give_the_same_steps(tmp_path, cap
                         "steps: the rows of budget 4 stand for both"]
     rows = read_frontier(str(tmp_path / "o1" / "frontier.csv"))
     assert sorted((r["sampler"], r["steps"], r["budget"]) for r in rows if r["policy"] != "one-at-a-time") == [
-        ("ddpd", "2", "4")] * 2 + [("maskgit", "4", "4")] * 4 + [("maskgit", "5", "5")] * 4
+        ("ddpd", 2, 4)] * 2 + [("maskgit", 4, 4)] * 4 + [("maskgit", 5, 5)] * 4
     assert main(argv + ["--budgets", "3", "4", "--out-dir", str(tmp_path / "o2")]) == 0  # the target's 1 step
     warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
     assert warnings == ["ddpd-eval: warning: --budgets 3 and the target (--target-steps 1, 2 passes) give ddpd "
@@ -1486,7 +1497,7 @@ def test_read_frontier_reads_a_64_bit_seed_exactly_even_written_as_a_float(tmp_p
     """A float would round 2**64 - 1 to 2**64: the row's key would match no configuration."""
     path = tmp_path / "frontier.csv"
     write_csv([dict(ROW, seed=f"{2 ** 64 - 1}.0")], str(path))
-    assert read_frontier(str(path))[0]["seed"] == str(2 ** 64 - 1)
+    assert read_frontier(str(path))[0]["seed"] == 2 ** 64 - 1
 
 
 def test_a_row_with_entropy_not_finite_is_left_out_of_the_reach_table():
@@ -1563,8 +1574,7 @@ def test_rows_of_keeps_the_rows_of_the_sweeps_configurations_seed_and_sample_cou
     run_frontier(configs + other, judge=Uniform(5), vocab_size=5, num_samples=1, seed=1, batch_size=1, csv_path=path)
     every = read_frontier(path)
     assert len(every) == 5
-    assert [(r["policy"], r["seed"]) for r in rows_of(every, configs, 1, 0)] == [("maskgit", "0"),
-                                                                               ("one-at-a-time", "0")]
+    assert [(r["policy"], r["seed"]) for r in rows_of(every, configs, 1, 0)] == [("maskgit", 0), ("one-at-a-time", 0)]
     assert rows_of(every, configs, 2, 0) == [] and len(rows_of(every, configs + other, 1, 1)) == 3
     written = [dict(ours[0], temperature="1.00", steps="3", num_samples="1", seed="0")]
     assert rows_of(written, configs, 1, 0) == written
