@@ -354,6 +354,21 @@ def test_max_time_stops_and_checkpoints(corpus, tmp_path, monkeypatch):
     assert resumed.train_seconds == 3.0 and resumed.train() == history  # the clock is already spent
 
 
+def test_a_resumed_run_counts_the_tokens_and_throughput_of_the_steps_before_it(corpus, tmp_path, monkeypatch):
+    """The token count goes on where the run stopped, as the clock does: the throughput a
+    resumed run records is that of the whole run, not of its steps since the resume."""
+    clock = iter(range(10_000))  # a step takes one second
+    monkeypatch.setattr("ddpd.training.trainer.time.perf_counter", lambda: float(next(clock)))
+    out, per_step = tmp_path / "p", TINY["batch_size"] * TINY["seq_len"]
+    with Trainer(config(corpus, out, steps=4, save_every=2, eval_every=4)) as trainer:
+        trainer.train(stop_at=2)
+    assert load_train_state(out)[1]["train_tokens"] == 2 * per_step
+    with Trainer(config(corpus, out, steps=4, save_every=2, eval_every=4), resume=True) as resumed:
+        assert (resumed.train_tokens, resumed.train_seconds) == (2 * per_step, 2.0)
+        history = resumed.train()
+    assert resumed.train_tokens == 4 * per_step and history[-1]["tokens_per_s"] == per_step
+
+
 @pytest.mark.parametrize("changes, message", [
     ({"kind": "gan"}, "kind must be one of"), ({"steps": 0}, "steps must be >= 1"),
     ({"lr": -1.0}, r"lr must be in \(0, 3.40282e\+37\]"), ({"lr": float("inf")}, "lr must be in"),
@@ -838,6 +853,18 @@ def test_ema_checkpoint_exports_ema_weights(corpus, tmp_path):
     raw = load_train_state(tmp_path / "out")[0]
     assert all(torch.equal(raw[f"model.{k}"], v) for k, v in trainer.model.state_dict().items())
     assert not torch.equal(exported["head.weight"], raw["model.head.weight"])
+
+
+def test_the_checkpoint_records_the_ema_decay_of_its_weights_and_none_without_one(corpus, tmp_path):
+    """config.json's ema says whether the exported weights are an average, and of which decay:
+    null for a run without EMA (its training settings keep the 0 it was given)."""
+    for ema, recorded in ((0.5, 0.5), (0.0, None)):
+        out = tmp_path / str(ema)
+        with Trainer(config(corpus, out, steps=1, ema=ema)) as trainer:
+            trainer.train()
+        saved = read_config(out)
+        assert saved["ema"] == recorded and (saved["ema"] is None) == (ema == 0.0)
+        assert saved["training"]["ema"] == ema
 
 
 def test_the_log_names_the_ema_weights_validation_loss(corpus, tmp_path):
@@ -2531,7 +2558,7 @@ def test_a_stop_asked_for_in_the_last_step_completes_the_run(corpus, tmp_path):
             return original()
         trainer._optimizer_step = step
         trainer.train()
-        assert trainer.step == 3 and trainer.stop_reason is None
+        assert trainer.step == 3 and trainer.stop_reason is None and trainer.stop_signal is None
 
 
 def test_the_first_stop_asked_for_names_the_stop(corpus, tmp_path):
