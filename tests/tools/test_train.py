@@ -30,7 +30,7 @@ from ddpd.assets import BOOKS
 from ddpd.checkpoint import CheckpointError, load_checkpoint, load_model, load_train_state, read_config
 from ddpd.cli.train import main
 from ddpd.process import corrupt
-from ddpd.training.trainer import ResumeConflict, TrainConfig, Trainer, learning_rate
+from ddpd.training.trainer import ResumeConflict, TrainConfig, Trainer, learning_rate, stream_seed
 from hang_guard import HANG_GUARD_SECONDS, default_signals, torchrun_worker
 
 # tiny runs of a few steps keep TINY's warmup; the warning it gives is tested where it is meant
@@ -64,6 +64,16 @@ def corpus(tmp_path_factory):
 
 def config(corpus, out, kind="planner", **changes):
     return TrainConfig(kind=kind, data=corpus, out=str(out), **{**TINY, **changes})
+
+
+def test_each_stream_of_each_process_has_its_own_63_bit_seed():
+    """The data, noise, dropout and evaluation streams of every process draw from seeds of
+    their own, in [0, 2**63), the same ones on every call."""
+    keys = [(seed, rank, stream) for seed in (0, 1, 2**63 - 1) for rank in range(4)
+            for stream in ("data", "noise", "dropout", "eval")]
+    seeds = [stream_seed(*key) for key in keys]
+    assert all(isinstance(s, int) and 0 <= s < 2**63 for s in seeds)
+    assert len(set(seeds)) == len(keys) and seeds == [stream_seed(*key) for key in keys]
 
 
 def test_learning_rate_schedule(corpus, tmp_path):
@@ -249,6 +259,14 @@ def test_warnings_reach_a_user_of_the_silent_default(corpus, tmp_path, capsys):
     with pytest.warns(UserWarning, match=r"^warmup=4 >= steps=4: the learning rate rises through the whole run"):
         Trainer(config(corpus, tmp_path, steps=4, warmup=4)).close()
     assert capsys.readouterr() == ("", "")
+
+
+def test_warnings_go_above_the_progress_bar_when_one_is_drawn(corpus, tmp_path, capsys, recwarn):
+    """With a progress bar and log=None the warnings are log lines above the bar, as every
+    other line of the run, not Python warnings."""
+    Trainer(config(corpus, tmp_path, steps=4, warmup=4), progress=True).close()
+    assert "warning: warmup=4 >= steps=4: the learning rate rises through the whole run" in capsys.readouterr().out
+    assert not [w for w in recwarn if issubclass(w.category, UserWarning)]
 
 
 def test_the_last_record_of_a_run_cut_by_the_clock_is_saved(corpus, tmp_path, monkeypatch):
@@ -449,6 +467,13 @@ def test_a_torch_device_is_recorded_by_its_name(corpus, tmp_path):
     cfg = config(corpus, tmp_path / "p", device=torch.device("cpu"))
     assert cfg.device == "cpu"
     json.dumps(cfg.to_dict())
+
+
+def test_an_evaluation_runs_without_dropout(corpus, tmp_path):
+    """evaluate() scores the weights with dropout off, even those of a network in training
+    mode: two evaluations of the same weights agree."""
+    with Trainer(config(corpus, tmp_path, dropout=0.5)) as trainer:
+        assert trainer.model.training and trainer.evaluate() == trainer.evaluate()
 
 
 def test_a_validation_set_without_a_term_has_no_loss(corpus, tmp_path):
