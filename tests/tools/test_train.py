@@ -2405,7 +2405,11 @@ def _rewrite_state(out, meta_change=None, drop=None):
     (lambda m: m.update(step=10**6), None, "'step' must be an int in \\[0, 20\\], got 1000000"),
     (lambda m: m.update(step=21), None, "'step' must be an int in \\[0, 20\\], got 21"),
     (lambda m: m.update(step="12"), None, "'step' must be an int"),
+    (lambda m: m.update(step=True), None, "'step' must be an int in \\[0, 20\\], got True"),
     (lambda m: m.update(history=None), None, "'history' must be a list"),
+    (lambda m: m["history"][0].update(val_loss="2.5"), None, "'history' must be a list of records with a 'step' "
+     "and numeric losses"),
+    (lambda m: m.update(pending_losses=["x", 1.0]), None, "'pending_losses' must be a list of numbers"),
     (lambda m: m.update(train_seconds=-1), None, "'train_seconds' must be a finite number"),
     (lambda m: m.update(train_seconds=math.inf), None, "'train_seconds' must be a finite number"),
     (lambda m: m.update(pending_terms=[512.0]), None, "'pending_terms' must be a list of 2 counts > 0"),
