@@ -2370,6 +2370,15 @@ def test_a_resume_given_the_default_min_lr_continues_the_run(corpus, tmp_path, c
     assert (tmp_path / "p" / "model.safetensors").read_bytes() == (tmp_path / "q" / "model.safetensors").read_bytes()
 
 
+def test_a_resume_given_lr_over_10_changes_a_min_lr_the_run_set_itself(corpus, tmp_path):
+    """lr / 10 given stands for the default min_lr of a run that recorded None; a run that
+    set its own min_lr keeps it, and lr / 10 is then a change of its schedule."""
+    out = tmp_path / "p"
+    _checkpoint_at_step_2(corpus, out, min_lr=5e-5)
+    with pytest.raises(ResumeConflict, match=r"changed settings: min_lr \(5e-05 -> 0.0003\)$"):
+        Trainer(config(corpus, out, steps=20, save_every=2, min_lr=3e-4), resume=True)
+
+
 @pytest.mark.parametrize("name, run, given", [("ema", 0.5, 0.9), ("warmup", 4, 2), ("grad_clip", 1.0, 0.5)])
 def test_a_resume_given_another_update_rule_is_refused_naming_it(corpus, tmp_path, name, run, given):
     """A resume is the same run: another EMA decay, warmup or clip would change its updates unasked."""
