@@ -372,6 +372,20 @@ def test_max_time_stops_and_checkpoints(corpus, tmp_path, monkeypatch):
     assert resumed.train_seconds == 3.0 and resumed.train() == history  # the clock is already spent
 
 
+def test_under_max_time_each_step_runs_at_the_rate_of_the_clock(corpus, tmp_path, monkeypatch):
+    """The cosine follows the clock in the loop too: cut at 4 s of 100 steps, the fourth step
+    ran at the rate of 3 s of 4, far below the rate of step 3 of 100."""
+    clock = iter(range(10_000))  # a step takes one second
+    monkeypatch.setattr("ddpd.training.trainer.time.perf_counter", lambda: float(next(clock)))
+    cfg = config(corpus, tmp_path, steps=100, warmup=1, lr=1e-3, min_lr=1e-4, max_time=4.0, eval_every=100,
+                 save_every=100)
+    with Trainer(cfg) as trainer:
+        trainer.train()
+        assert trainer.step == 4
+        assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(learning_rate(3, cfg, seconds=3.0))
+    assert learning_rate(3, cfg, seconds=3.0) < 0.5 * learning_rate(3, cfg)
+
+
 def test_a_resumed_run_counts_the_tokens_and_throughput_of_the_steps_before_it(corpus, tmp_path, monkeypatch):
     """The token count goes on where the run stopped, as the clock does: the throughput a
     resumed run records is that of the whole run, not of its steps since the resume."""
