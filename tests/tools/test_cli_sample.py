@@ -1570,6 +1570,14 @@ def test_option_letters_set_the_stop_and_the_selection(option, fields):
     assert parse_option(option) == fields
 
 
+@pytest.mark.parametrize("option", ["", "+", "++"])
+def test_an_option_without_letters_is_refused(ckpts, capsys, option):
+    """--option with no letter at all names no choice: refused, not read as A."""
+    code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--option", option)
+    assert code == 2 and err.count("\n") == 1
+    assert f"--option must combine the letters A, B, C (e.g. A+B+C), got {option!r}" in err, err
+
+
 def test_maskgit_default_choice_temperature():
     """Without --choice-temperature, MaskGIT's default policy runs at the policy's own default (4.5)."""
     from ddpd.cli.sample import build_parser, check_command_line
