@@ -130,6 +130,8 @@ def test_single_model_samplers(ckpts, tmp_path, capsys, kind, argv):
     (["--steps", "0"], "steps"),
     (["--num-samples", "0"], "--num-samples"),
     (["--option", "AZ"], "--option"),
+    # --k acts in the parallel stage only: without --parallel-steps it would be ignored
+    (["--k", "2"], "--k 2 acts in the parallel stage only: give --parallel-steps N too"),
     (["--eps", "2"], "eps"),
     (["--length", "99"], "--length"),
     (["--device", "tpu"], "--device"),
