@@ -1666,6 +1666,24 @@ def test_summary_of_passes_per_sample(ckpts, capsys, argv, line):
     assert f"ddpd-sample: {line}\n" in err, err
 
 
+@pytest.mark.parametrize("device,processes,where", [
+    ("cpu", 1, "2 CPU threads"),
+    ("cpu", 2, "2 processes of 2 CPU threads"),
+    ("cuda:0", 2, "2 processes on cuda"),
+])
+def test_the_summary_gives_samples_per_second_and_where_they_ran(capsys, device, processes, where):
+    """The rate is samples over seconds (10 in 4 s: 2.50 a second), and the processes are named from two on."""
+    from types import SimpleNamespace
+
+    from ddpd.cli.sample import COUNTS, PER_ROW, _summary
+
+    args = SimpleNamespace(device_obj=torch.device(device), length=D, dtype_name="float32", fused=False)
+    _summary(args, 10, dict.fromkeys(COUNTS + PER_ROW, 0), 4.0, 2, processes)
+    first = capsys.readouterr().err.splitlines()[0]
+    assert first.startswith(f"ddpd-sample: 10 samples of {D} tokens in 4.00 s (2.50 samples/s, {where}, float32); "
+                            "forward passes: planner 0 "), first
+
+
 def test_too_few_steps_for_the_prompt_that_leaves_the_most_free(ckpts, tmp_path, capsys):
     """Of prompts of different lengths, the shortest leaves the most positions to generate: the
     budget is weighed against it (7 here), not against the longest prompt's 2."""
