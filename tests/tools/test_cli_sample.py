@@ -1651,6 +1651,18 @@ def test_prompts_of_a_whole_sample_and_infill_files(ckpts, tmp_path, capsys):
     assert [(r["text"][0], r["text"][2]) for r in records[:2]] == [("a", "c"), ("x", "z")]
 
 
+def test_an_infill_freezes_its_text_and_leaves_its_gaps_and_the_rest_to_generate():
+    """Each gap and each position after the text is -1 and free; the text's tokens are frozen where
+    they stand (text8: a 1, b 2, c 3)."""
+    from ddpd.cli.sample import encode_prompts
+    from ddpd.training.data import tokenizer_from_config
+
+    x_init, frozen = encode_prompts((["a_c", "_b"], True, ["--infills f line 1", "--infills f line 2"]),
+                                    tokenizer_from_config({"name": "text8"}), 5)
+    assert x_init.tolist() == [[1, -1, 3, -1, -1], [-1, 2, -1, -1, -1]]
+    assert frozen.tolist() == [[True, False, True, False, False], [False, True, False, False, False]]
+
+
 @pytest.mark.parametrize("argv,line", [
     # option B: 12 planner and 12 denoiser passes a sample, each step committing one token
     (["--option", "A+B+C", "--steps", "12"], "network passes per sample 24.0 (planner 12.0, denoiser 12.0), 0.50 "
