@@ -148,6 +148,7 @@ def test_single_model_samplers(ckpts, tmp_path, capsys, kind, argv):
     (["--fused", "--sync-every", "0"], "--sync-every must be >= 1, got 0"),
     (["--compile", "fast"], "--compile must be one of inductor, aot_eager, eager, got 'fast'"),
     (["--compile", "tvm"], "--compile must be one of inductor, aot_eager, eager, got 'tvm'"),  # needs apache-tvm
+    (["--compile", ""], "--compile must be one of inductor, aot_eager, eager, got ''"),  # not the default backend
 ])
 def test_bad_arguments_fail_in_one_line(ckpts, capsys, argv, message):
     code, _, stderr = run_cli(capsys, "--checkpoint", ckpts["bundle"], *argv)
