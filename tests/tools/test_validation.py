@@ -25,6 +25,7 @@ from ddpd.validation import (
     value_range,
     values_checkable,
 )
+from oracles.devices import fake_tensors, moved
 
 
 def test_an_integer_scalar_comes_back_as_a_python_int():
@@ -146,6 +147,13 @@ def test_tensors_on_two_devices_are_refused_naming_both():
         check_same_device("x", torch.zeros(1, device="meta"), torch.zeros(2), "y")
 
 
+def test_tensors_on_two_gpus_of_one_machine_are_refused_naming_both():
+    with fake_tensors("cuda:0"):
+        first = torch.zeros(2)
+        with pytest.raises(ValueError, match=r"^x must be on the device of y \(cuda:0\), got cuda:1$"):
+            check_same_device("x", moved(first, "cuda:1"), first, "y")
+
+
 def test_a_missing_module_names_the_extra_that_installs_it():
     with pytest.raises(MissingExtra, match=r'^plotting needs the no_such_module_xyz package, which is not '
                                            r'installed: pip install "ddpd\[plots\]"$'):
@@ -214,6 +222,21 @@ def test_values_are_not_read_under_jit_tracing_or_functional_tensors():
     with FunctionalTensorMode():
         seen.append(readable())
     assert seen == [False, False] and readable(torch.ones(2))
+
+
+def test_values_are_not_read_under_fake_tensors_even_of_a_tensor_made_outside():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    real = torch.ones(2)
+    with FakeTensorMode():
+        seen = [readable(), readable(real), values_checkable(real)]
+    assert seen == [False, False, False] and readable(real)
+
+
+def test_a_parameters_values_are_read_as_a_plain_tensors():
+    weight = torch.nn.Parameter(torch.tensor([0.5, -1.5]))
+    assert readable(weight) and values_checkable(weight)
+    assert value_range(weight) == (-1.5, 0.5)
 
 
 def test_value_range_gives_python_numbers_of_the_tensors_kind():
