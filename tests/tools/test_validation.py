@@ -129,6 +129,12 @@ def test_a_tensor_of_another_dtype_is_checked_before_its_dims():
     assert check_tensor("x", torch.zeros(2, 2), (torch.float32,)).shape == (2, 2)
 
 
+def test_a_zero_dim_check_refuses_a_vector_and_takes_a_scalar():
+    with pytest.raises(ValueError, match=r"^x must be 0-D, got shape \(2,\)$"):
+        check_tensor("x", torch.zeros(2), (torch.float32,), dim=0)
+    assert check_tensor("x", torch.tensor(1.0), (torch.float32,), dim=0).dim() == 0
+
+
 def test_a_meta_tensor_is_refused_for_its_device_and_a_sparse_one_for_its_layout():
     with pytest.raises(ValueError, match=r"^x must be on a cpu or cuda device, got meta$"):
         check_tensor("x", torch.zeros(2, device="meta"), (torch.float32,))
