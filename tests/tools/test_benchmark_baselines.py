@@ -514,3 +514,21 @@ def test_sorted_compact_keeps_the_active_rows_in_order_in_a_large_batch():
     n = int(active.sum())
     assert int(count) == n and torch.equal(index[:n], active.nonzero().squeeze(1))
     assert torch.equal(packed[0][:n], rows_[active])
+
+
+def test_the_planner_mask_draw_takes_one_sigmoid_of_the_logits():
+    """planner_select_mask hands its p to the mask's coins, as ddpd's op computes it once: a
+    second sigmoid over [N, D] would time the baseline with a handicap."""
+    x = torch.arange(7)
+    for select, coin in baselines.PLANNER_MASK.values():
+        names = calls(lambda: baselines.planner_select_mask(rows(PLANNER_LOGITS, 8), rows(x, 8), 99, select, coin))
+        assert names.count("sigmoid") == 1, (select, coin, names)
+
+
+def test_min_p_alone_draws_among_the_kept_tokens_without_sorting():
+    """min-p alone is a threshold at max y + log(min_p): no sort or topk of the row, which would
+    make the kept-token draw slower than it needs to be; top-k takes topk, never a full sort."""
+    names = calls(lambda: baselines.kept_token_draw(rows(LOGITS, 8), 0.7, min_p=0.2))
+    assert not {"sort", "topk", "argsort"} & set(names), names
+    names = calls(lambda: baselines.kept_token_draw(rows(LOGITS, 8), 0.7, top_k=3, top_p=0.8))
+    assert "topk" in names and not {"sort", "argsort"} & set(names), names
