@@ -458,6 +458,8 @@ def test_every_path_agrees_on_random_calls(r, hidden, multiprocessors):
     [
         (dict(temperature=torch.tensor([1.0, -1.0, 1.0])), ValueError, r"temperature values must be in \[0, 1e\+36\]"),
         (dict(temperature=torch.tensor([1.0, float("inf"), 1.0])), ValueError, r"temperature values must be in \[0, "),
+        (dict(temperature=torch.tensor([1.0, float("inf"), 1.0], dtype=torch.float16)), ValueError,
+         r"temperature values must be in \[0, 1e\+36\].*, got inf$"),  # 1e36 is inf in float16 too
         (dict(temperature=torch.tensor([1.0, 2.0])), ValueError, "temperature must be a number, a 0-d tensor or"),
         (dict(temperature=torch.tensor([1, 2, 3])), TypeError, "temperature must have dtype"),
         (dict(top_k=-1), ValueError, r"top_k must be >= 0"),
