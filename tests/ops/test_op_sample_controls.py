@@ -161,6 +161,18 @@ def test_per_row_controls_draw_what_each_row_draws_alone():
                 sample_categorical(logits, 0.7, top_p=0.8, seed=3))
 
 
+def test_per_row_temperatures_temper_the_tile_statistics_of_the_triton_kernels():
+    """Per-row temperatures beside the scalar default 1.0 over several tiles: the tile masses,
+    the log-probability and the entropy the Triton kernels compute are those of each row's
+    temperature, not of temperature 1."""
+    g = torch.Generator().manual_seed(5)
+    logits = 3 * torch.randn(8, 1000, generator=g)
+    temperature = torch.tensor([0.25, 0.5, 2.0, 4.0, 0.25, 0.5, 2.0, 4.0])
+    want = sample_categorical_reference(logits, temperature, seed=7, return_logprob=True, confidence="entropy")
+    got = triton_categorical(logits, temperature, seed=7, return_logprob=True, confidence="entropy")
+    assert_same(got, want)
+
+
 @pytest.mark.parametrize("floats, ints", [(torch.float64, torch.int32), (torch.float16, torch.int16),
                                           (torch.bfloat16, torch.uint8)])
 def test_per_row_controls_of_any_dtype_draw_what_float32_and_int64_ones_draw(floats, ints):
