@@ -103,7 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("quality", help="judge NLL and unigram entropy of samples: sampler x steps x temperature")
     _common(p, data_required=False)
-    p.add_argument("--judge", required=True, help="autoregressive judge checkpoint (kind ar)")
+    p.add_argument("--judge", required=True,
+                   help="autoregressive judge checkpoint (kind ar), or ngram[:ORDER] built from the train split of "
+                        "--data (as ddpd-eval frontier's)")
     p.add_argument("--samplers", nargs="+", help=SAMPLER_HELP)
     p.add_argument("--steps", nargs="+", type=int_type, default=[64, 128, 256, 512],
                    help="step budgets to sweep (default: 64 128 256 512)")
@@ -207,8 +209,9 @@ def load_models(args: argparse.Namespace) -> Loaded:
     from ddpd.checkpoint import WEIGHTS
 
     loaded = Loaded(device=resolve_device(args.device))
+    judge = getattr(args, "judge", None)
     given = [("planner", args.planner), ("uniform", getattr(args, "uniform", None)),
-             ("judge", getattr(args, "judge", None))]
+             ("judge", None if judge is None or frontier.ngram_order(judge) is not None else judge)]
     given += [("denoiser", d) for d in args.denoiser]
     configs = []
     for role, path in given:
@@ -407,10 +410,16 @@ def run_quality(args: argparse.Namespace) -> None:
     from ddpd.files import partial_path, remove_partial
 
     truncation = truncation_from(args)  # before any model is loaded
+    order = frontier.ngram_judge_order(args.judge, args.data)
     loaded = load_models(args)
-    judge_len = loaded.models["judge"].config.max_seq_len - 1
-    if loaded.seq_len > judge_len:
-        raise UsageError(f"--judge: scores sequences of up to {judge_len} tokens, the samples have {loaded.seq_len}")
+    if order is None:
+        judge = loaded.models["judge"]
+        if loaded.seq_len > judge.config.max_seq_len - 1:
+            raise UsageError(f"--judge: scores sequences of up to {judge.config.max_seq_len - 1} tokens, the samples "
+                             f"have {loaded.seq_len}")
+    else:  # named by the corpus it counts, so that merge refuses parts judged by another one
+        judge = frontier.ngram_judge(args.data, order, loaded.shared)
+        loaded.judge_id = f"ngram:{order}:{frontier.ngram_judge_source(args.data)}"
     available = sampler_specs(loaded, args.eta, args.eps, args.fused, _prepare(loaded, args.dtype), truncation)
     if not available:  # a planner alone, or a uniform denoiser without one
         raise UsageError(f"these checkpoints run no sampler: a sampler needs {needs()}")
@@ -443,7 +452,7 @@ def run_quality(args: argparse.Namespace) -> None:
     try:
         with torch.no_grad():
             rows = run_sweep([available[n] for n in names], steps=args.steps, temperatures=args.temperatures,
-                             num_samples=args.num_samples, judge=loaded.models["judge"],
+                             num_samples=args.num_samples, judge=judge,
                              vocab_size=loaded.vocab_size, seed=args.seed, batch_size=args.batch_size,
                              reference=reference, progress=args.progress, on_row=keep, judge_id=loaded.judge_id)
     except Interrupted as stop:
@@ -773,12 +782,12 @@ def _outputs_and_inputs(args: argparse.Namespace) -> tuple[list, list, list]:
 
 def _checkpoints(args: argparse.Namespace) -> list[tuple[str, str]]:
     """(the flag and value naming it, path) of every checkpoint directory the run reads: not
-    frontier's n-gram --judge (frontier.ngram_order), which names none."""
+    an n-gram --judge (frontier.ngram_order), which names none."""
     names = {"checkpoint": "the bundle", "runs": "the run"}
     return [(f"{names.get(name, '--' + name)} {path}", path)
             for name in ("checkpoint", "planner", "denoiser", "uniform", "judge", "runs")
             for path in _values(args, name)
-            if not (name == "judge" and args.command == "frontier" and frontier.ngram_order(path) is not None)]
+            if not (name == "judge" and frontier.ngram_order(path) is not None)]
 
 
 def check_args(args: argparse.Namespace) -> None:

@@ -118,7 +118,7 @@ def run(args: argparse.Namespace) -> None:
     planner, denoiser, judge, shared = _networks(args, bundle, order, device)
     vocab, length = shared["vocab_size"], shared["seq_len"]
     if judge is None:
-        judge = _ngram_judge(args, order, shared)
+        judge = ngram_judge(args.data, order, shared)
     configs = _configs(args, plan, planner, denoiser, vocab, length)
     csv_path = os.path.join(args.out_dir, ROWS)
     write_text(json.dumps(settings, indent=1) + "\n", os.path.join(args.out_dir, SETTINGS))
@@ -221,10 +221,7 @@ def _settings(args, bundle: str, order, device: str) -> dict:
     Returns:
         {name: value}, what SETTINGS records.
     """
-    from ddpd.training.sources import resolve_source
-
-    data = None if order is None else resolve_source(args.data)
-    source = _digest(args.judge) if order is None else _digest(data) if os.path.exists(data) else data
+    source = _digest(args.judge) if order is None else ngram_judge_source(args.data)
     settings = {"networks": _digest(os.path.join(bundle, "planner"), os.path.join(bundle, "denoiser")),
                 "judge": "ar" if order is None else f"ngram:{order}", "judge_source": source, "eps": args.eps,
                 "device": device, "batch_size": args.batch_size, "fused": args.fused}
@@ -295,18 +292,36 @@ def ngram_order(judge: str) -> Optional[int]:
 def _judge_order(args):
     """The n-gram order of --judge ngram[:ORDER], or None for a checkpoint (with which --data,
     read by nothing else, would be ignored: a UsageError)."""
+    order = ngram_judge_order(args.judge, args.data)
+    if order is None and args.data is not None:
+        raise UsageError(f"--data builds an ngram judge, and --judge {args.judge} is a checkpoint: leave --data "
+                         "out (or give --judge ngram[:ORDER])")
+    return order
+
+
+def ngram_judge_order(judge: str, data: Optional[str]) -> Optional[int]:
+    """The order of --judge ngram[:ORDER], checked against its range and for the --data it is
+    built from; None for a checkpoint judge.
+
+    Args:
+        judge: the value of --judge.
+        data: the value of --data, or None.
+
+    Returns:
+        The order, or None.
+
+    Raises:
+        UsageError: an order out of range, or an n-gram judge without --data.
+    """
     from ddpd.eval.ngram import MAX_ORDER as MAX_NGRAM_ORDER
 
-    order = ngram_order(args.judge)
+    order = ngram_order(judge)
     if order is None:
-        if args.data is not None:
-            raise UsageError(f"--data builds an ngram judge, and --judge {args.judge} is a checkpoint: leave --data "
-                             "out (or give --judge ngram[:ORDER])")
         return None
     if not 1 <= order <= MAX_NGRAM_ORDER:
         raise UsageError(f"--judge must be a checkpoint directory or ngram[:ORDER] with ORDER in "
-                         f"[1, {MAX_NGRAM_ORDER}], got {args.judge!r}")
-    if not args.data:
+                         f"[1, {MAX_NGRAM_ORDER}], got {judge!r}")
+    if not data:
         raise UsageError("--judge ngram needs --data (its train split builds the judge)")
     return order
 
@@ -333,20 +348,49 @@ def _networks(args, bundle: str, order, device):
     return loaded["planner"][0], loaded["denoiser"][0], judge, shared
 
 
-def _ngram_judge(args, order: int, shared: dict):
+def ngram_judge(data: str, order: int, shared: dict):
+    """The n-gram judge of --judge ngram:ORDER, built from the train split of --data.
+
+    Args:
+        data: the value of --data.
+        order: the n-gram order (ngram_judge_order).
+        shared: the networks' shared facts (ddpd.cli.common.shared_facts): tokenizer, vocab_size.
+
+    Returns:
+        The ddpd.eval.ngram.NGramJudge.
+
+    Raises:
+        UsageError: networks that record no tokenizer, or a train split too short for `order`.
+    """
     from ddpd.eval.ngram import NGramJudge
     from ddpd.training.data import load_splits, tokenizer_from_config
 
     if shared["tokenizer"] is None:
-        raise UsageError("the bundle's checkpoints do not record their tokenizer; cannot encode --data for "
+        raise UsageError("the networks' checkpoints do not record their tokenizer; cannot encode --data for "
                          "--judge ngram")
-    with data_refusals(args.data):
-        train = load_splits(args.data, tokenizer_from_config(shared["tokenizer"]))["train"]
+    with data_refusals(data):
+        train = load_splits(data, tokenizer_from_config(shared["tokenizer"]))["train"]
     if train.numel() <= order:  # NGramJudge's own error would name neither the flag nor the file
-        raise UsageError(f"--data {args.data}: its train split holds {train.numel()} "
+        raise UsageError(f"--data {data}: its train split holds {train.numel()} "
                          f"token{'' if train.numel() == 1 else 's'}, too few for --judge ngram:{order} (it needs "
                          f"more than {order})")
     return NGramJudge(train, shared["vocab_size"], order)
+
+
+def ngram_judge_source(data: str) -> str:
+    """What names the corpus of an n-gram judge in a report: the digest of the file or
+    directory --data resolves to, else the corpus name (books, hf:NAME).
+
+    Args:
+        data: the value of --data.
+
+    Returns:
+        A 16-hex-digit digest or the corpus name.
+    """
+    from ddpd.training.sources import resolve_source
+
+    path = resolve_source(data)
+    return _digest(path) if os.path.exists(path) else path
 
 
 def _policies(args) -> dict:

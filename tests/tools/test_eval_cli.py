@@ -205,6 +205,36 @@ def test_quality_command(setup, capsys):
     assert "wrote " in out
 
 
+def test_quality_with_an_ngram_judge_scores_with_the_ngram_of_the_train_split(setup, capsys):
+    """--judge ngram:ORDER builds the judge from --data's train split, as frontier's does, and
+    names it in every row, so that merge refuses parts judged by another order."""
+    from ddpd.eval import heldout_sequences, judge_nll
+    from ddpd.eval.ngram import NGramJudge
+    from ddpd.training.data import load_splits, tokenizer_from_config
+
+    p = setup
+    argv = ["--denoiser", p["mask-denoiser"], "--data", p["data"], "--samplers", "maskgit", "--steps", 2,
+            "--temperatures", 1.0, "--num-samples", 2, "--reference-sequences", 3, "--no-progress"]
+    rows = {}
+    for order in (2, 3):
+        out_dir = p["root"] / f"quality-ngram{order}"
+        code, _, err = _run(capsys, "quality", "--judge", f"ngram:{order}", *argv, "--out-dir", out_dir)
+        assert code == 0 and err == "", err
+        with open(out_dir / "sweep.csv") as f:
+            rows[order] = list(csv.DictReader(f))
+    tokenizer = tokenizer_from_config({"name": "text8"})
+    reference = heldout_sequences(p["data"], tokenizer, L, "test", 3)
+    judge = NGramJudge(load_splits(p["data"], tokenizer)["train"], V, 3)
+    assert float(rows[3][0]["judge_nll"]) == pytest.approx(judge_nll(judge, reference).mean().item(), rel=1e-6)
+    assert rows[2][0]["judge_nll"] != rows[3][0]["judge_nll"]
+    assert {r["judge"] for r in rows[3]} == {rows[3][0]["judge"]} and rows[3][0]["judge"].startswith("ngram:3:")
+    code, _, err = _run(capsys, "merge", p["root"] / "quality-ngram2" / "sweep.csv",
+                        p["root"] / "quality-ngram3" / "sweep.csv", "--out-dir", p["root"] / "merged-ngram")
+    assert code == 1 and "were judged by different judges (ngram:2:" in err, err
+    code, _, err = _run(capsys, "quality", "--judge", "ngram", *argv[:2], "--out-dir", p["root"] / "q-no-data")
+    assert code == 2 and err == "ddpd-eval: error: --judge ngram needs --data (its train split builds the judge)\n"
+
+
 def test_networks_that_return_nan_are_warned_about(setup, capsys, tmp_path):
     """The samplers' NaNOutputWarning, for each sampled configuration, as one line of the tool."""
     p = setup

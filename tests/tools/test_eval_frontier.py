@@ -651,7 +651,7 @@ def test_ddpd_eval_frontier_runs_a_bundle_that_save_bundle_wrote(tmp_path, capsy
     capsys.readouterr()  # the runs above may have said that the plot was skipped (no matplotlib)
     assert main(["frontier", str(tmp_path / "untold"), "--judge", "ngram", "--data", "books", *FAST,
                  "--out-dir", str(tmp_path / "o")]) == 2
-    assert capsys.readouterr().err == ("ddpd-eval: error: the bundle's checkpoints do not record their tokenizer; "
+    assert capsys.readouterr().err == ("ddpd-eval: error: the networks' checkpoints do not record their tokenizer; "
                                        "cannot encode --data for --judge ngram\n")
 
 
