@@ -147,9 +147,11 @@ def _write_file(file: str, data: bytes) -> None:
 
 
 def save_bundle(path: str, planner: torch.nn.Module, planner_config: dict,
-                denoiser: torch.nn.Module, denoiser_config: dict) -> None:
-    """Write a sampling bundle: `path/planner` and `path/denoiser` checkpoints,
-    swapped in together (other entries a user keeps in `path` stay).
+                denoiser: torch.nn.Module, denoiser_config: dict,
+                uniform: Optional[tuple[torch.nn.Module, dict]] = None) -> None:
+    """Write a sampling bundle: `path/planner` and `path/denoiser` checkpoints, and
+    `path/uniform` when a single uniform model is given, swapped in together (other
+    entries a user keeps in `path` stay; a uniform/ of the bundle replaced goes).
 
     Args:
         path: the bundle directory.
@@ -157,23 +159,31 @@ def save_bundle(path: str, planner: torch.nn.Module, planner_config: dict,
         planner_config: its checkpoint config.
         denoiser: the denoiser network.
         denoiser_config: its checkpoint config.
+        uniform: (model, config) of a single uniform model (kind "uniform") to ship beside
+            the pair, or None.
 
     Raises:
         CheckpointError: `path` holds something a save must not replace, a config does not
             fit its model, or weights are what a load refuses (as in save_checkpoint).
-        ValueError: the planner and the denoiser differ in vocabulary or tokenizer.
+        ValueError: the networks differ in vocabulary or tokenizer, or `uniform` is no
+            uniform model.
+        TypeError: `uniform` is not a (model, config) pair.
         ddpd.files.OutputError: the directory cannot be written.
     """
     _check_path(path)
-    _check_bundle_kind("planner", planner_config, PLANNER_KINDS)
-    _check_bundle_kind("denoiser", denoiser_config, DENOISER_KINDS)
-    _check_model(planner, planner_config, "save_bundle: planner")
-    _check_model(denoiser, denoiser_config, "save_bundle: denoiser")
-    _check_bundle_agrees(planner_config, denoiser_config)
-    files = {"planner": _checkpoint_files(planner, planner_config, None, os.path.join(path, "planner"),
-                                          "save_bundle: planner"),
-             "denoiser": _checkpoint_files(denoiser, denoiser_config, None, os.path.join(path, "denoiser"),
-                                           "save_bundle: denoiser")}
+    networks = {"planner": (planner, planner_config, PLANNER_KINDS),
+                "denoiser": (denoiser, denoiser_config, DENOISER_KINDS)}
+    if uniform is not None:
+        if not isinstance(uniform, tuple) or len(uniform) != 2:
+            raise TypeError(f"save_bundle: uniform must be a (model, config) pair, got {type(uniform).__name__}")
+        networks[UNIFORM_ROLE] = (*uniform, ("uniform",))
+    for role, (model, config, kinds) in networks.items():
+        _check_bundle_kind(role, config, kinds)
+        _check_model(model, config, f"save_bundle: {role}")
+    for role in list(networks)[1:]:
+        _check_bundle_agrees(planner_config, networks[role][1], role)
+    files = {role: _checkpoint_files(model, config, None, os.path.join(path, role), f"save_bundle: {role}")
+             for role, (model, config, _) in networks.items()}
     ensure_replaceable(path, "bundle")
     with atomic_directory(path) as tmp:
         for role, role_files in files.items():
@@ -221,7 +231,8 @@ def ensure_replaceable(path: str, kind: str = "checkpoint") -> None:
         raise CheckpointError(f"refusing to replace {path}: {reason}")
     if found != kind:
         raise CheckpointError(f"refusing to replace {path}: it holds a ddpd {found}, not a {kind}")
-    training = [role for role in _ROLES if found == "bundle" and has_train_state(os.path.join(path, role))]
+    training = [role for role in (*_ROLES, UNIFORM_ROLE)
+                if found == "bundle" and has_train_state(os.path.join(path, role))]
     if training:
         raise CheckpointError(f"refusing to replace {path}: {os.path.join(path, training[0])} holds a training "
                               "checkpoint, not a bundle's weights-only copy")
@@ -242,6 +253,7 @@ def _is_checkpoint(path: str) -> bool:
 
 
 _ROLES = ("planner", "denoiser")  # a bundle's checkpoints, in the order errors name them
+UNIFORM_ROLE = "uniform"  # a bundle's optional single uniform model
 
 
 def _is_bundle(path: str) -> bool:
@@ -250,7 +262,7 @@ def _is_bundle(path: str) -> bool:
 
 # What a save writes into a checkpoint or bundle directory; anything else there is a user's.
 CHECKPOINT_ENTRIES = frozenset({CONFIG, WEIGHTS, STATE_TENSORS, STATE_META})
-BUNDLE_ENTRIES = frozenset({"planner", "denoiser"})
+BUNDLE_ENTRIES = frozenset({*_ROLES, UNIFORM_ROLE})
 
 
 def _keep_other_entries(old: str, new: str, ours: frozenset) -> None:
@@ -807,17 +819,17 @@ def _check_bundle_kind(role: str, config: dict, allowed: tuple[str, ...]) -> Non
         raise ValueError(f"{role} config: kind must be one of {allowed}, got {config['kind']!r}")
 
 
-def _check_bundle_agrees(planner_config: dict, denoiser_config: dict) -> None:
-    """A bundle's two networks sample together: the symbols the planner reads must be those
-    the denoiser predicts (as ddpd.cli.common.vocabulary counts them), in one tokenizer."""
+def _check_bundle_agrees(planner_config: dict, config: dict, role: str = "denoiser") -> None:
+    """A bundle's networks sample together: the symbols the planner reads must be those the
+    network of `role` predicts (as ddpd.cli.common.vocabulary counts them), in one tokenizer."""
     def symbols(config: dict):
         return config["model"].get("vocab_size" if config["kind"] == "planner" else "out_dim")
 
-    facts = {"vocabulary": (symbols(planner_config), symbols(denoiser_config)),
-             "tokenizer": (planner_config.get("tokenizer"), denoiser_config.get("tokenizer"))}
-    for name, (planner, denoiser) in facts.items():
-        if planner != denoiser:
-            raise ValueError(f"save_bundle: the planner's {name} is {planner!r}, the denoiser's {denoiser!r}: "
+    facts = {"vocabulary": (symbols(planner_config), symbols(config)),
+             "tokenizer": (planner_config.get("tokenizer"), config.get("tokenizer"))}
+    for name, (planner, other) in facts.items():
+        if planner != other:
+            raise ValueError(f"save_bundle: the planner's {name} is {planner!r}, the {role}'s {other!r}: "
                              "a bundle's networks must share it")
 
 

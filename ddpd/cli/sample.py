@@ -91,6 +91,7 @@ CHOICE_TEMPERATURE_POLICIES = ("error-budget", "maskgit")
 COUNTS = ("planner_calls", "denoiser_calls", "planner_rows", "denoiser_rows", "planner_rows_saved",
           "denoiser_rows_saved", "planner_nan_passes", "denoiser_nan_passes")
 PER_ROW = ("planner_passes", "denoiser_passes", "commits")  # summed over the samples
+BUNDLE_MODELS = ("pair", "uniform")  # ddpd.pretrained.MODELS, named here without importing torch
 # A sample is printed on one line: the line breaks of its text (GPT-2's newline tokens) as escapes,
 # backslashes doubled so that the line reads back unambiguously; --out keeps the text as decoded.
 ONE_LINE = str.maketrans({"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\v": "\\v", "\f": "\\f", "\x1c": "\\x1c",
@@ -109,6 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
     models.add_argument("--checkpoint", help="a bundle (planner/ + denoiser/) or a single checkpoint directory")
     models.add_argument("--planner", help="planner checkpoint directory")
     models.add_argument("--denoiser", help="denoiser checkpoint directory (mask-denoiser, uniform-denoiser, uniform)")
+    models.add_argument("--model", choices=BUNDLE_MODELS,
+                        help="the networks of the bundle (the default one, or --checkpoint's): pair, its planner + "
+                             "mask denoiser (the default), or uniform, its single uniform model (DDPD-DFM-Uni)")
     p.add_argument("--sampler", choices=FAMILIES, default="ddpd",
                    help="the sampler (default %(default)s); the models each one takes: docs/cli.md")
     p.add_argument("--steps", type=int_type, help="step budget T (default: the sequence length; twice that with the "
@@ -295,20 +299,21 @@ def load_models(args, device: torch.device) -> Models:
         UsageError: a planner alone, models of the wrong kind, or no default bundle.
         CheckpointError: a checkpoint that cannot be loaded.
     """
-    from ddpd.checkpoint import DENOISER_KINDS, load_bundle, load_model
+    from ddpd.checkpoint import DENOISER_KINDS, load_model
 
     if args.checkpoint:
         if os.path.isdir(os.path.join(args.checkpoint, "planner")) or \
                 os.path.isdir(os.path.join(args.checkpoint, "denoiser")):
-            planner, denoiser, configs = load_bundle(args.checkpoint, device=str(device))
-            return Models(planner, denoiser, configs["planner"], configs["denoiser"],
-                          (f"{args.checkpoint}/planner", f"{args.checkpoint}/denoiser"))
+            return _load_bundle(args.checkpoint, args.model or "pair", device)
+        if args.model:
+            raise UsageError(f"--model chooses networks of a bundle, and --checkpoint {args.checkpoint} is a single "
+                             "checkpoint: leave --model out")
         model, config = load_model(args.checkpoint, device=str(device))
         if config["kind"] == "planner":
             raise UsageError(f"{args.checkpoint} holds a planner only: give a denoiser too (--planner/--denoiser)")
         return Models(None, model, None, config, (None, args.checkpoint))
     if not args.planner and not args.denoiser:
-        return _load_default_bundle(device)
+        return _load_default_bundle(args.model or "pair", device)
     denoiser, denoiser_config = load_role("denoiser", args.denoiser, DENOISER_KINDS, device)
     planner, planner_config = load_role("planner", args.planner, ("planner",), device) if args.planner \
         else (None, None)
@@ -316,16 +321,33 @@ def load_models(args, device: torch.device) -> Models:
                   (f"--planner {args.planner}", f"--denoiser {args.denoiser}"))
 
 
-def _load_default_bundle(device: torch.device) -> Models:
+def _load_bundle(path: str, model: str, device: torch.device, named: bool = True) -> Models:
+    """The networks `model` (pair or uniform) of the bundle at `path`; named: errors name them
+    by their paths (a bundle the user gave), else by their roles."""
     from ddpd.checkpoint import load_bundle
+
+    if model == "uniform":
+        if not os.path.isdir(os.path.join(path, "uniform")):
+            raise UsageError(f"--model uniform: the bundle {path} holds no uniform/ (a single uniform model); "
+                             "python -m ddpd.pretrained --uniform DIR writes one")
+        network, config = load_role("uniform", os.path.join(path, "uniform"), ("uniform",), device,
+                                    name=f"the bundle's uniform/ ({path}/uniform)")
+        return Models(None, network, None, config, (None, f"{path}/uniform" if named else "the uniform model"))
+    planner, denoiser, configs = load_bundle(path, device=str(device))
+    names = (f"{path}/planner", f"{path}/denoiser") if named else ("the planner", "the denoiser")
+    return Models(planner, denoiser, configs["planner"], configs["denoiser"], names)
+
+
+def _load_default_bundle(model: str, device: torch.device) -> Models:
     from ddpd.pretrained import BundleNotFoundError, default_bundle
 
+    own = "--checkpoint UNIFORM_CHECKPOINT (or --checkpoint BUNDLE --model uniform)" if model == "uniform" else \
+        "--checkpoint BUNDLE (or --planner DIR --denoiser DIR)"
     try:
-        path = default_bundle()
+        path = default_bundle(own=own, model=model)
     except BundleNotFoundError as err:
         raise UsageError(str(err)) from None
-    planner, denoiser, configs = load_bundle(path, device=str(device))
-    models = Models(planner, denoiser, configs["planner"], configs["denoiser"])
+    models = _load_bundle(path, model, device, named=False)
     models.bundled = True
     return models
 
@@ -606,6 +628,9 @@ def check_command_line(args) -> None:
     check_threads(args.threads)
     if args.checkpoint and (args.planner or args.denoiser):
         raise UsageError("give either --checkpoint or --planner/--denoiser, not both")
+    if args.model and (args.planner or args.denoiser):
+        raise UsageError("--model chooses networks of a bundle (the default one or --checkpoint's): with "
+                         "--planner/--denoiser, name the networks there")
     if args.planner and not args.denoiser:
         raise UsageError("--planner needs a --denoiser")
     for flag in ("num_samples", "batch_size", "steps", "length"):

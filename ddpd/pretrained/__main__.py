@@ -1,7 +1,8 @@
-"""python -m ddpd.pretrained PLANNER DENOISER --dest DIR [--dtype float16]: write a default bundle.
+"""python -m ddpd.pretrained PLANNER DENOISER [--uniform DIR] --dest DIR [--dtype float16]: write a default bundle.
 
 Copies the weights and configs of a planner and a mask-denoiser checkpoint (as
-written by ddpd-train) into the bundle directory --dest, after checking that they are
+written by ddpd-train), and of a single uniform model with --uniform, into the bundle
+directory --dest, after checking that they are
 what the default of ddpd-sample must be (see ddpd.pretrained). Make it the default
 with DDPD_PRETRAINED_DIR=DIR. The bundle shipped in the package is replaced only when
 --dest names its directory (its previous version is then kept as text8.previous).
@@ -32,10 +33,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     standard_streams()
     # --dest is checked below, to name what it is for; the usage line shows it as required
     parser = argparse.ArgumentParser(prog="python -m ddpd.pretrained", description=__doc__.split("\n\n")[0],
-                                     usage="%(prog)s [-h] planner denoiser --dest DIR "
+                                     usage="%(prog)s [-h] planner denoiser [--uniform DIR] --dest DIR "
                                            f"[--dtype {{{','.join(WEIGHT_DTYPES)}}}]")
     parser.add_argument("planner", help="planner checkpoint directory")
     parser.add_argument("denoiser", help="mask-denoiser checkpoint directory")
+    parser.add_argument("--uniform", metavar="DIR",
+                        help="a single uniform model's checkpoint directory, shipped beside the pair as uniform/ "
+                             "(ddpd-sample --model uniform)")
     parser.add_argument("--dest", metavar="DIR", help=f"bundle directory to write (required; {BUNDLE_DIR} "
                                                       "replaces the shipped default, keeping its previous version)")
     parser.add_argument("--dtype", choices=WEIGHT_DTYPES, default="float32",
@@ -76,7 +80,7 @@ def _install(args: argparse.Namespace) -> int:
     except (CheckpointError, OutputError) as err:  # OutputError: --dest . (the working directory)
         return _error(err, 2)
     try:
-        install_bundle(args.planner, args.denoiser, args.dest, args.dtype)
+        install_bundle(args.planner, args.denoiser, args.dest, args.dtype, uniform=args.uniform)
     except (CheckpointError, OSError) as err:
         return _error(err, 1)
     except ValueError as err:

@@ -40,8 +40,8 @@
 #     ELBO of the new networks on wiki.txt's test split with the settings of docs/text8/elbo.md
 #     (256 sequences, 4 Monte-Carlo samples, seed 0), of the bundled pair there with the same
 #     code (elbo.md measured 4.322 bits per character with the planner's mask), and of the new
-#     networks on the corpus's test split; from a bundle of the new pair,
-#     `ddpd-sample --fused` (what it prints by default);
+#     networks on the corpus's test split; from a bundle of the new networks,
+#     `ddpd-sample --fused` (what it prints by default) and `ddpd-sample --model uniform --fused`;
 #  6. pack (where $OUT is set, as on the device machine): $OUT/gpu_train.log (written as the
 #     run goes), $OUT/float16.tar.part-* (the float16 copies in parts of 15 MiB, right after
 #     stage 4) and $OUT/results.tar ($RESULTS).
@@ -88,10 +88,10 @@ TRAIN_ARGS=${TRAIN_ARGS:-}
 PLAN=0
 INCOMPLETE=()  # networks whose training the deadline stopped
 
-# name: ddpd-train arguments. Sizes: the package ships planner + mask denoiser in at most
-# 25 MB of float16 (ddpd.pretrained.MAX_BUNDLE_BYTES) and all its assets in under 50 MB, so
-# the pair is d_model 256 x 6 layers (4.7 M + 7.4 M parameters, 24.2 MB) and the single
-# uniform model, which replaces both, 8 layers (9.7 M, 19.5 MB). Time is not the limit: five
+# name: ddpd-train arguments. Sizes: the package ships planner + mask denoiser + single uniform
+# model in at most 45 MB of float16 (ddpd.pretrained.MAX_BUNDLE_BYTES) and all its assets in
+# under 50 MB, so the pair is d_model 256 x 6 layers (4.7 M + 7.4 M parameters, 24.2 MB) and
+# the uniform model, which replaces both, 8 layers (9.7 M, 19.5 MB). Time is not the limit: five
 # networks of 4 layers sharing an H200 trained at 480-570 k tokens/s each (training.md).
 declare -A NETWORK=(
     [planner]="planner --d-model 256 --n-layers 6 --n-heads 4 --batch-size 128 --lr 1e-3"
@@ -369,11 +369,19 @@ evaluate() {
         pids+=($!)
         runs+=(elbo-wiki elbo-wiki-bundled elbo-corpus)
     fi
-    if has planner && has mask-denoiser; then  # the new pair as a bundle, and what it prints by default
-        limited $PY -m ddpd.pretrained "$r/planner" "$r/mask-denoiser" --dest "$RUNS/bundle" --dtype float16 &&
+    if has planner && has mask-denoiser; then  # the new networks as a bundle, and what it prints by default
+        local uniform=()
+        has uniform && uniform=(--uniform "$r/uniform")
+        limited $PY -m ddpd.pretrained "$r/planner" "$r/mask-denoiser" ${uniform[@]+"${uniform[@]}"} \
+            --dest "$RUNS/bundle" --dtype float16 &&
             limited env DDPD_PRETRAINED_DIR="$RUNS/bundle" $PY -m ddpd.cli.sample --fused --seed 0 \
                 --device "$DEVICE" --no-progress ${SAMPLE_ARGS[@]+"${SAMPLE_ARGS[@]}"} \
                 --out "$RESULTS/samples.jsonl" || failed=1
+        if has uniform; then
+            limited env DDPD_PRETRAINED_DIR="$RUNS/bundle" $PY -m ddpd.cli.sample --model uniform --fused --seed 0 \
+                --device "$DEVICE" --no-progress ${SAMPLE_ARGS[@]+"${SAMPLE_ARGS[@]}"} \
+                --out "$RESULTS/samples-uniform.jsonl" || failed=1
+        fi
     fi
     for pid in "${pids[@]}"; do
         wait "$pid" || failed=1

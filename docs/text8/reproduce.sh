@@ -5,7 +5,7 @@
 #   docs/text8/reproduce.sh export   # their weights as float16, without training state
 #   docs/text8/reproduce.sh eval     # ELBO, denoising, sample-quality sweep, convergence
 #                                    # (of the float16 copies, each in a process of its own)
-#   docs/text8/reproduce.sh bundle   # the default bundle: float16 planner + mask denoiser
+#   docs/text8/reproduce.sh bundle   # the default bundle: float16 planner + mask denoiser + uniform model
 #   docs/text8/reproduce.sh all      # the four in turn
 #
 # Run from anywhere with ddpd installed (`pip install -e .`). The networks train as
@@ -49,7 +49,7 @@ PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1
 
 # name: ddpd-train arguments. The four diffusion networks share one size (the bundle
-# of planner + mask denoiser then fits in 25 MB as float16); the autoregressive judge
+# of planner + mask denoiser + uniform model then fits in 45 MB as float16); the autoregressive judge
 # is larger, with dropout against the few epochs' overfitting of a 2.8M-character corpus.
 declare -A NETWORK=(
     [planner]="planner --d-model 256 --n-layers 4 --n-heads 4 --batch-size 128 --lr 1e-3"
@@ -158,8 +158,10 @@ evaluate() {
 }
 
 bundle() {
-    $PY -m ddpd.pretrained "$RUNS/float16/planner" "$RUNS/float16/mask-denoiser" --dest "$BUNDLE" \
-        --dtype float16 || return 1
+    local uniform=()
+    [[ -d $RUNS/float16/uniform ]] && uniform=(--uniform "$RUNS/float16/uniform")
+    $PY -m ddpd.pretrained "$RUNS/float16/planner" "$RUNS/float16/mask-denoiser" ${uniform[@]+"${uniform[@]}"} \
+        --dest "$BUNDLE" --dtype float16 || return 1
     mkdir -p "$RESULTS"
     # what the bundle prints with no other argument than its location
     DDPD_PRETRAINED_DIR=$BUNDLE $PY -m ddpd.cli.sample --seed 0 --device "$DEVICE" --out "$RESULTS/samples.jsonl"

@@ -18,7 +18,15 @@ import torch
 
 import ddpd.pretrained as pretrained
 from ddpd.assets import BOOKS
-from ddpd.checkpoint import CheckpointError, load_bundle, read_config, save_bundle, save_checkpoint, settings_digest
+from ddpd.checkpoint import (
+    CheckpointError,
+    load_bundle,
+    load_model,
+    read_config,
+    save_bundle,
+    save_checkpoint,
+    settings_digest,
+)
 from ddpd.cli.sample import BUNDLED_STEPS_PER_TOKEN, NUM_SAMPLES_BUNDLED, main
 from ddpd.models import build_model, config_for
 from ddpd.training.data import Text8Tokenizer, tokenizer_from_config
@@ -196,6 +204,8 @@ def test_packaged_bundle_samples_words_out_of_the_box(monkeypatch):
 def test_packaged_bundle_size():
     size = pretrained.bundle_bytes(_packaged_or_skip())
     assert size <= pretrained.MAX_BUNDLE_BYTES, f"the bundled files take {size} bytes"
+    assets = pretrained.bundle_bytes(ROOT / "ddpd" / "assets")
+    assert size + assets < 50 * 10**6, f"the package's data takes {size} + {assets} bytes"
 
 
 def test_packaged_bundle_is_a_text8_planner_and_mask_denoiser():
@@ -207,6 +217,32 @@ def test_packaged_bundle_is_a_text8_planner_and_mask_denoiser():
     assert not list(path.rglob("train_state.*")), "the bundle must not ship training state"
     planner, denoiser, _ = load_bundle(str(path))  # digests and weights match the configs
     assert planner.config.max_seq_len == denoiser.config.max_seq_len == 256
+
+
+def test_packaged_bundle_holds_a_text8_uniform_model_beside_the_pair():
+    path = _packaged_or_skip()
+    assert pretrained.missing_files(path, "uniform") == []
+    configs = {role: read_config(str(path / role)) for role in (*pretrained.ROLES, pretrained.UNIFORM)}
+    pretrained.check_bundle_configs(configs)
+    uniform, config = load_model(str(path / pretrained.UNIFORM))  # its digest and weights match its config
+    assert uniform.kind == "uniform" and uniform.config.max_seq_len == 256
+
+
+@pytest.mark.integration
+def test_packaged_uniform_model_samples_words_out_of_the_box(monkeypatch):
+    """`ddpd-sample --model uniform --fused` in a fresh process: 256 text8 characters, many of
+    them in English words (the uniform model trained on these books and Wikipedia text)."""
+    env = {k: v for k, v in os.environ.items() if k not in (pretrained.ENV_VAR, "OMP_NUM_THREADS")}
+    script = shutil.which("ddpd-sample")
+    command = [script] if script else [sys.executable, "-m", "ddpd.cli.sample"]
+    proc = subprocess.run(command + ["--model", "uniform", "--fused", "--num-samples", "1"], capture_output=True,
+                          text=True, env=env, timeout=HANG_GUARD_SECONDS)
+    assert proc.returncode == 0, proc.stderr
+    (line,) = proc.stdout.splitlines()
+    assert len(line) == 256 and set(line) <= ALPHABET
+    words = line.split()
+    share = sum(len(w) for w in words if w in _english_words()) / sum(len(w) for w in words)
+    assert share > 0.2, (share, line)
 
 
 # install_bundle: from training checkpoints to the packaged layout.
@@ -445,7 +481,7 @@ def _scratch_source(tmp_path):
         shutil.copy(ROOT / name, src / name)
     for name in ("ddpd", "kernels", "csrc"):
         shutil.copytree(ROOT / name, src / name, ignore=ignore)
-    for role in pretrained.ROLES:
+    for role in (*pretrained.ROLES, pretrained.UNIFORM):
         folder = src / "ddpd" / "pretrained" / "text8" / role
         folder.mkdir(parents=True)
         for name in ("model.safetensors", "config.json", "train_state.safetensors", "train_state.json"):
@@ -457,7 +493,8 @@ def _shipped(names):
     return sorted(n.split("ddpd/pretrained/", 1)[1] for n in names if "ddpd/pretrained/text8/" in n)
 
 
-EXPECTED = sorted(f"text8/{role}/{name}" for role in pretrained.ROLES for name in pretrained.FILES)
+EXPECTED = sorted(f"text8/{role}/{name}" for role in (*pretrained.ROLES, pretrained.UNIFORM)
+                  for name in pretrained.FILES)
 
 
 @pytest.mark.integration
@@ -745,3 +782,122 @@ def test_install_bundle_takes_a_path_dest_and_names_an_unknown_dtype(tmp_path):
     assert pretrained.install_bundle(paths["planner"], paths["denoiser"], tmp_path / "text8") == str(tmp_path / "text8")
     with pytest.raises(ValueError, match=r"bfloat16'\), got 'half'$"):
         pretrained.install_bundle(paths["planner"], paths["denoiser"], str(tmp_path / "x"), "half")
+
+
+# The single uniform model beside the pair (ddpd-sample --model uniform).
+
+@pytest.fixture(scope="module")
+def uniform_bundle(tmp_path_factory):
+    path = tmp_path_factory.mktemp("pretrained") / "text8"
+    save_bundle(str(path), *_model("planner", 0), *_model("mask-denoiser", 1), uniform=_model("uniform", 2))
+    return str(path)
+
+
+def test_model_uniform_samples_the_bundles_uniform_model_with_the_bundled_defaults(uniform_bundle, tmp_path,
+                                                                                   monkeypatch, capsys):
+    """--model uniform draws what the bundle's uniform/ checkpoint draws when named, at the
+    bundled defaults (4 samples, twice the length in steps); --model pair is the default."""
+    monkeypatch.setenv(pretrained.ENV_VAR, uniform_bundle)
+    runs = {}
+    for name, argv in (("default uniform", ["--model", "uniform"]),
+                       ("named", ["--checkpoint", f"{uniform_bundle}/uniform", "--steps", 2 * D, "--num-samples", 4]),
+                       ("bundle uniform", ["--checkpoint", uniform_bundle, "--model", "uniform", "--steps", 2 * D,
+                                           "--num-samples", 4]),
+                       ("default pair", ["--model", "pair"]), ("default", [])):
+        out = tmp_path / f"{len(runs)}.jsonl"
+        code, _, stderr = run_cli(capsys, *map(str, argv), "--out", str(out), "--quiet")
+        assert code == 0, stderr
+        runs[name] = [json.loads(line)["tokens"] for line in out.read_text().splitlines()]
+    assert len(runs["default uniform"]) == NUM_SAMPLES_BUNDLED
+    assert runs["default uniform"] == runs["named"] == runs["bundle uniform"]
+    assert runs["default pair"] == runs["default"] != runs["default uniform"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--model", "uniform", "--planner", "p", "--denoiser", "d"], "--model chooses networks of a bundle (the default "
+                                                                  "one or --checkpoint's): with --planner/--denoiser"),
+    (["--model", "uniform", "--checkpoint", "{bundle}/uniform"],
+     "--model chooses networks of a bundle, and --checkpoint {bundle}/uniform is a single checkpoint"),
+    (["--model", "uniform"], "no default uniform model in DDPD_PRETRAINED_DIR={pair}: {pair} lacks "
+                             "uniform/model.safetensors, uniform/config.json; pass your own checkpoints with "
+                             "--checkpoint UNIFORM_CHECKPOINT"),
+    (["--model", "uniform", "--checkpoint", "{pair}"], "--model uniform: the bundle {pair} holds no uniform/ (a single "
+                                                       "uniform model); python -m ddpd.pretrained --uniform DIR"),
+])
+def test_model_is_refused_where_it_chooses_nothing(uniform_bundle, tiny_bundle, monkeypatch, capsys, argv, message):
+    monkeypatch.setenv(pretrained.ENV_VAR, tiny_bundle)  # a pair without a uniform model
+    argv = [a.format(bundle=uniform_bundle, pair=tiny_bundle) for a in argv]
+    code, stdout, stderr = run_cli(capsys, *argv, "--steps", "2")
+    assert code == 2 and stdout == "" and len(stderr.strip().splitlines()) == 1, stderr
+    assert message.format(bundle=uniform_bundle, pair=tiny_bundle) in stderr
+
+
+def test_sample_and_pretrained_name_the_same_models():
+    from ddpd.cli.sample import BUNDLE_MODELS
+
+    assert BUNDLE_MODELS == tuple(pretrained.MODELS)
+
+
+def test_load_default_uniform_returns_the_environment_bundles_uniform_model(uniform_bundle, tiny_bundle,
+                                                                            monkeypatch):
+    monkeypatch.setenv(pretrained.ENV_VAR, uniform_bundle)
+    uniform, tokenizer = pretrained.load_default_uniform("cpu")
+    assert uniform.kind == "uniform" and not uniform.training and isinstance(tokenizer, Text8Tokenizer)
+    assert not any(p.requires_grad for p in uniform.parameters())
+    assert pretrained.load_default()[1].kind == "mask-denoiser"  # the pair is still the default
+    monkeypatch.setenv(pretrained.ENV_VAR, tiny_bundle)
+    with pytest.raises(pretrained.BundleNotFoundError, match=r"no default uniform model .* lacks "
+                                                             r"uniform/model.safetensors.* ddpd.checkpoint.load_model"):
+        pretrained.load_default_uniform()
+
+
+def test_save_bundle_writes_the_uniform_model_and_a_save_without_one_drops_it(tmp_path):
+    path = str(tmp_path / "b")
+    save_bundle(path, *_model("planner", 0), *_model("mask-denoiser", 1), uniform=_model("uniform", 2))
+    assert pretrained.missing_files(path, "uniform") == [] and read_config(f"{path}/uniform")["kind"] == "uniform"
+    (tmp_path / "b" / "notes.txt").write_text("kept")
+    save_bundle(path, *_model("planner", 0), *_model("mask-denoiser", 1))
+    assert sorted(os.listdir(path)) == ["denoiser", "notes.txt", "planner"]
+
+
+@pytest.mark.parametrize("uniform, error, message", [
+    (_model("mask-denoiser", 2), ValueError, "uniform config: kind must be one of ('uniform',), got 'mask-denoiser'"),
+    (_model("uniform", 2, tokenizer={"name": "gpt2"}), ValueError, "the planner's tokenizer is {'name': 'text8'}, "
+                                                                   "the uniform's {'name': 'gpt2'}"),
+    (_model("uniform", 2)[0], TypeError, "uniform must be a (model, config) pair, got Uniform"),
+])
+def test_save_bundle_refuses_a_uniform_model_that_does_not_fit(tmp_path, uniform, error, message):
+    with pytest.raises(error) as err:
+        save_bundle(str(tmp_path / "b"), *_model("planner", 0), *_model("mask-denoiser", 1), uniform=uniform)
+    assert message in str(err.value)
+    assert not (tmp_path / "b").exists()
+
+
+def test_install_bundle_takes_a_uniform_model_and_checks_it(tmp_path, capsys):
+    from ddpd.pretrained.__main__ import main as install_main
+
+    paths = _training_checkpoints(tmp_path)
+    model, config = _model("uniform", 2)
+    save_checkpoint(str(tmp_path / "uniform"), model, config, train_state=({"moment": torch.ones(3)}, {"step": 7}))
+    assert install_main([paths["planner"], paths["denoiser"], "--uniform", str(tmp_path / "uniform"),
+                                     "--dtype", "float16", "--dest", str(tmp_path / "out")]) == 0
+    loaded, loaded_config = load_model(str(tmp_path / "out" / "uniform"))
+    assert loaded_config["kind"] == "uniform" and not list((tmp_path / "out").rglob("train_state.*"))
+    for name, tensor in loaded.state_dict().items():
+        assert torch.equal(tensor, model.state_dict()[name].half().float()), name
+    capsys.readouterr()
+    assert install_main([paths["planner"], paths["denoiser"], "--uniform", paths["denoiser"],
+                                     "--dest", str(tmp_path / "out2")]) == 2
+    assert "default bundle: the uniform must be a 'uniform' model, got 'mask-denoiser'" in capsys.readouterr().err
+    assert not (tmp_path / "out2").exists()
+
+
+def test_check_uniform_config_refuses_another_alphabet():
+    config = _model("uniform", 0)[1]
+    pretrained.check_uniform_config(config)
+    other = {**config, "model": {**config["model"], "out_dim": V + 1}}
+    with pytest.raises(ValueError, match=r"expected 27 text8 symbols, got \{'uniform reads': 27, 'uniform predicts': "
+                                         r"28\}"):
+        pretrained.check_uniform_config(other)
+    with pytest.raises(TypeError, match="the uniform's config must be a dict, got list"):
+        pretrained.check_uniform_config([])

@@ -99,7 +99,7 @@ def test_smoke_run_trains_exports_evaluates_packs_and_resumes(tmp_path):
     assert "FAILED" not in log and "Traceback" not in log and "SKIPPED" not in log
     results = tmp_path / "results"
     for name in ("training.md", "elbo-corpus.md", "elbo-wiki.md", "elbo-wiki-bundled.md", "samples.jsonl",
-                 "train-planner.log", "train-uniform.log", "gpu_train.log"):
+                 "samples-uniform.jsonl", "train-planner.log", "train-uniform.log", "gpu_train.log"):
         assert (results / name).is_file(), name
     assert "| uniform | " in (results / "elbo-corpus.md").read_text()
     assert {p.name for p in out.iterdir()} == {"gpu_train.log", "results.tar", "float16.tar.part-aa"}
