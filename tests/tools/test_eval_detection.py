@@ -650,3 +650,37 @@ def test_the_confident_half_is_cut_at_the_median_even_among_near_ties():
     found = error_detection(_planner, wrong, x1, 0.5, V, LinearSchedule(), V, torch.Generator().manual_seed(42))
     assert found.parallel_wrong == 1.0
     assert found.confident_wrong == (found.drawn + 1) // 2
+
+
+def _planner_gap():
+    return runpy.run_path(str(ROOT / "docs" / "text8" / "planner_gap.py"))
+
+
+def test_the_uniform_models_implied_planner_is_eq_corruption_prob():
+    """The gap script reads the bundled uniform model as a planner: its sigmoid is
+    planner_prob_from_uniform of the model's probabilities at alpha_t."""
+    from ddpd.checkpoint import load_model
+    from ddpd.pretrained import UNIFORM
+    from ddpd.process import get_schedule, planner_prob_from_uniform
+
+    uniform, _ = load_model(f"{default_bundle(model=UNIFORM)}/{UNIFORM}")
+    planner = _planner_gap()["implied_planner"](uniform.eval(), "cosine")
+    x = torch.randint(0, 27, (2, 256), generator=torch.Generator().manual_seed(0))
+    t = torch.tensor([0.2, 0.7])
+    with torch.no_grad():
+        alpha = get_schedule("cosine").alpha(t)  # not t: the schedule the script is given is read
+        expected = planner_prob_from_uniform(torch.softmax(uniform(x, t).float(), -1), x, alpha)
+        assert torch.allclose(torch.sigmoid(planner(x, t)), expected, atol=1e-5)
+
+
+def test_the_gap_script_writes_both_tables(tmp_path, monkeypatch, capsys):
+    corpus = tmp_path / "text.txt"
+    corpus.write_text(" ".join(["the quick brown fox jumps over the lazy dog"] * 1200))
+    out = tmp_path / "gap.md"
+    monkeypatch.setattr(sys, "argv", ["planner_gap.py", "--data", str(corpus), "--sequences", "2", "--out", str(out)])
+    runpy.run_path(str(ROOT / "docs" / "text8" / "planner_gap.py"), run_name="__main__")
+    text = out.read_text()
+    rows = {line.split(" | ")[0][2:]: line.split(" | ")[1:] for line in text.splitlines() if line.startswith("| ")}
+    assert rows["planner"][0] == rows["true"][0]  # one planner, one seed: the same planning term
+    assert [t for t in rows if t[:2] == "0."] == ["0.1", "0.3", "0.5", "0.7", "0.9"]
+    assert text in capsys.readouterr().out
