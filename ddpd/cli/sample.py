@@ -107,7 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
     """
     p = OneLineParser(prog="ddpd-sample", description=__doc__.split("\n\n")[0])
     models = p.add_argument_group("models (default: the bundled text8 planner + mask denoiser, ddpd.pretrained)")
-    models.add_argument("--checkpoint", help="a bundle (planner/ + denoiser/) or a single checkpoint directory")
+    models.add_argument("--checkpoint", help="a bundle (planner/ + denoiser/, and optionally uniform/) or a single "
+                                              "checkpoint directory")
     models.add_argument("--planner", help="planner checkpoint directory")
     models.add_argument("--denoiser", help="denoiser checkpoint directory (mask-denoiser, uniform-denoiser, uniform)")
     models.add_argument("--model", choices=BUNDLE_MODELS,
