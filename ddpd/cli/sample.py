@@ -846,7 +846,7 @@ def run(args, stdout: Optional[Stdout] = None) -> int:
     try:
         group.close()
         if group.is_main:
-            _summary(args, done, calls, elapsed, threads, group.world_size)
+            _summary(args, done, calls, elapsed, threads, group.world_size, models.kind == "uniform")
             stdout.check(f"the {done} samples are in {args.out}" if args.out else "")
     except Interrupted as stop:  # every sample is out already
         stop.detail = _written(done, args.out) if out is not None else ""
@@ -854,14 +854,17 @@ def run(args, stdout: Optional[Stdout] = None) -> int:
     return 0
 
 
-def _summary(args, done: int, calls: dict, elapsed: float, threads: int, processes: int) -> None:
+def _summary(args, done: int, calls: dict, elapsed: float, threads: int, processes: int,
+             single: bool = False) -> None:
     """The summary line of `done` samples (fewer than --num-samples where stdout's reader
-    went away without --out)."""
+    went away without --out). single: one uniform model ran, whose passes the samplers count
+    as denoiser passes, its planning calls included: the lines name the model, not the roles."""
     from ddpd.sampling.batch import nan_warning
 
     rate = done / elapsed if elapsed > 0 else math.inf
-    passes = ", ".join(f"{model} {calls[model + '_calls']} ({calls[model + '_rows']} row-evaluations, "
-                       f"{calls[model + '_rows_saved']} saved by early stopping)" for model in ("planner", "denoiser"))
+    roles = (("denoiser", "uniform model"),) if single else (("planner", "planner"), ("denoiser", "denoiser"))
+    passes = ", ".join(f"{name} {calls[role + '_calls']} ({calls[role + '_rows']} row-evaluations, "
+                       f"{calls[role + '_rows_saved']} saved by early stopping)" for role, name in roles)
     cpu = args.device_obj.type == "cpu"
     where = f"{threads} CPU thread{'s' if threads > 1 else ''}" if cpu else str(args.device_obj)
     if processes > 1:
@@ -870,13 +873,16 @@ def _summary(args, done: int, calls: dict, elapsed: float, threads: int, process
           f"{where}, {args.dtype_name}){', fused' if args.fused else ''}; forward passes: {passes}", file=sys.stderr)
     per_sample = {key: calls[key] / max(done, 1) for key in PER_ROW}
     total = per_sample["planner_passes"] + per_sample["denoiser_passes"]
-    print(f"ddpd-sample: network passes per sample {total:.1f} (planner {per_sample['planner_passes']:.1f}, "
-          f"denoiser {per_sample['denoiser_passes']:.1f}), {calls['commits'] / max(1, total * done):.2f} tokens "
-          f"committed per pass", file=sys.stderr)
+    split = "one uniform model" if single else \
+        f"planner {per_sample['planner_passes']:.1f}, denoiser {per_sample['denoiser_passes']:.1f}"
+    per_pass = calls["commits"] / max(1, total * done)
+    print(f"ddpd-sample: network passes per sample {total:.1f} ({split}), {per_pass:.2f} tokens committed per pass",
+          file=sys.stderr)
     nan = nan_warning(calls["planner_nan_passes"], calls["planner_calls"], calls["denoiser_nan_passes"],
                       calls["denoiser_calls"])
     if nan:
-        print(f"ddpd-sample: warning: {nan}", file=sys.stderr)
+        print(f"ddpd-sample: warning: {nan.replace('the denoiser', 'the uniform model') if single else nan}",
+              file=sys.stderr)
 
 
 def _warm_up(args) -> None:

@@ -1679,6 +1679,17 @@ def test_summary_of_passes_per_sample(ckpts, capsys, argv, line):
     assert f"ddpd-sample: {line}\n" in err, err
 
 
+def test_summary_names_the_single_uniform_model(ckpts, capsys):
+    """Its planning and denoising calls are one model's (two a step on the planner clock, 12 steps,
+    5 samples in batches of 2, 2 and 1: 3 x 24 calls), not a planner that never ran."""
+    code, _, err = run_cli(capsys, "--checkpoint", ckpts["uniform"], "--num-samples", "5", "--batch-size", "2",
+                           "--quiet", "--option", "A+B", "--steps", "12")
+    assert code == 0, err
+    assert "forward passes: uniform model 72 (120 row-evaluations, 0 saved by early stopping)\n" in err, err
+    assert "network passes per sample 24.0 (one uniform model), 0.50 tokens committed per pass\n" in err, err
+    assert "planner" not in err.split("forward passes:")[1], err
+
+
 @pytest.mark.parametrize("device,processes,where", [
     ("cpu", 1, "2 CPU threads"),
     ("cpu", 2, "2 processes of 2 CPU threads"),
