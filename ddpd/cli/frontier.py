@@ -1,17 +1,18 @@
 r"""ddpd-eval frontier: judge NLL and entropy against network passes, sampler x policy x budget x temperature.
 
     ddpd-eval frontier --judge ngram --data data/wiki.txt --out-dir docs/parallel
+    ddpd-eval frontier --model uniform --judge ngram --data data/wiki.txt --out-dir f/
     ddpd-eval frontier runs/bundle --judge runs/ar --policies error-budget:bound=2 threshold:0.9 \
         --budgets 16 32 64 128 --temperatures 0.9 1.0 --num-samples 64 --fused --out-dir f/
 
 Every sampler of the bundle runs with its policies among --policies and its own default (unless
 --no-defaults), at every pass budget and temperature, against the target (ddpd one at a time at
---target-steps). Writes frontier.csv after every configuration: a run into the same --out-dir skips
-the configurations already there (an interrupted sweep resumes) and adds the others. frontier.json
-records the networks, the judge, --eps, the device, --batch-size and --fused the rows were measured
-with; a run with others is refused. Then, from the rows of this --seed and --num-samples, frontier.md
-(the rows, the passes each sampler needs to reach the target, each ddpd policy against each baseline at
-matched entropy) and frontier.png (judge NLL against passes). docs/cli.md ("ddpd-eval frontier"): the details."""
+--target-steps); ddpd runs the planner + mask denoiser, or (--model uniform) the uniform model.
+Writes frontier.csv after every configuration (a run into the same --out-dir resumes and adds to
+it), and frontier.json, what the rows were measured with (another run's are refused). Then, from
+the rows of this --seed and --num-samples, frontier.md (the rows, the passes each sampler needs to
+reach the target, each ddpd policy against each baseline at matched entropy) and frontier.png.
+docs/cli.md ("ddpd-eval frontier"): the details."""
 from __future__ import annotations
 
 import argparse
@@ -41,11 +42,11 @@ ROWS = "frontier.csv"
 REPORTS = (ROWS, "frontier.md", "frontier.png", SETTINGS)
 # Settings SETTINGS records since a later version: a file written before lacks them, and its rows,
 # measured with unknown values, are taken as any run's (which then records its own).
-LATER = ("batch_size", "fused")
+LATER = ("batch_size", "fused", "model")
 # What a user changes to change each setting, for the refusal of --out-dir's rows
 # (judge_source: --data's corpus for an n-gram judge, --judge's weights for a checkpoint)
-FLAGS = {"networks": "BUNDLE", "judge": "--judge", "judge_source": "--data", "eps": "--eps", "device": "--device",
-         "batch_size": "--batch-size", "fused": "--fused"}
+FLAGS = {"networks": "BUNDLE", "model": "--model", "judge": "--judge", "judge_source": "--data", "eps": "--eps",
+         "device": "--device", "batch_size": "--batch-size", "fused": "--fused"}
 NGRAM_ORDER = 6  # the order of --judge ngram
 
 
@@ -58,6 +59,9 @@ def add_parser(sub) -> None:
     p = sub.add_parser("frontier", help="judge NLL and entropy against network passes: parallel decoding policies",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint", nargs="?", help="a bundle directory (default: the bundled text8 models)")
+    p.add_argument("--model", choices=("pair", "uniform"), default="pair",
+                   help="the networks ddpd runs: pair, the bundle's planner + mask denoiser (default), or uniform, "
+                        "its single uniform model (uniform/); the mask loop runs the mask denoiser either way")
     p.add_argument("--judge", required=True,
                    help="an ar checkpoint directory, or ngram[:ORDER] built from --data (exactly: any other value "
                         "is a directory, and ./ngram names one)")
@@ -110,16 +114,16 @@ def run(args: argparse.Namespace) -> None:
     families = _policies(args)  # the arguments first: nothing is loaded for a bad one
     plan = _plan(args, families)
     order = _judge_order(args)
-    bundle = _bundle(args.checkpoint)
+    bundle = _bundle(args.checkpoint, _roles(args))
     from ddpd.cli.common import resolve_device
 
     device = resolve_device(args.device)
     settings = _settings(args, bundle, order, device.type)
-    planner, denoiser, judge, shared = _networks(args, bundle, order, device)
+    networks, judge, shared = _networks(args, bundle, order, device)
     vocab, length = shared["vocab_size"], shared["seq_len"]
     if judge is None:
         judge = ngram_judge(args.data, order, shared)
-    configs = _configs(args, plan, planner, denoiser, vocab, length)
+    configs = _configs(args, plan, networks, vocab, length)
     csv_path = os.path.join(args.out_dir, ROWS)
     write_text(json.dumps(settings, indent=1) + "\n", os.path.join(args.out_dir, SETTINGS))
     try:
@@ -136,7 +140,8 @@ def run(args: argparse.Namespace) -> None:
     targets = [r for r in rows if r["sampler"] == "ddpd" and r["policy"] == "one-at-a-time"
                and r["steps"] == args.target_steps]  # never empty: _plan puts the target first
     target = min(targets, key=lambda r: abs(float(r["temperature"]) - args.target_temperature))
-    label = f"ddpd one at a time, {args.target_steps} steps, T={target['temperature']}"
+    model = " (the uniform model)" if args.model == "uniform" else ""
+    label = f"ddpd one at a time{model}, {args.target_steps} steps, T={target['temperature']}"
     reach = _reach(rows, target, label)
     text = fr.frontier_markdown(rows, reach, label, fr.against_baselines(rows, _short))
     with one_set():
@@ -190,17 +195,33 @@ def _short(family: str) -> str:
         return family
 
 
-def _bundle(path):
-    if path:
-        if not os.path.isdir(os.path.join(path, "planner")) or not os.path.isdir(os.path.join(path, "denoiser")):
-            raise UsageError(f"{path}: not a bundle (a planner/ and a denoiser/ checkpoint)")
-        return path
-    from ddpd.pretrained import BundleNotFoundError, default_bundle
+def _roles(args) -> dict:
+    """{role: the kinds it may hold}: the bundle's directories the sweep loads. ddpd runs the
+    planner + mask denoiser, or the single uniform model (--model uniform), beside which the
+    mask loop, when --samplers runs it, needs the mask denoiser."""
+    if args.model == "pair":
+        return {"planner": ("planner",), "denoiser": ("mask-denoiser",)}
+    return {"uniform": ("uniform",), **({"denoiser": ("mask-denoiser",)} if "maskgit" in args.samplers else {})}
 
-    try:
-        return default_bundle(own="a BUNDLE argument")
-    except BundleNotFoundError as err:
-        raise UsageError(str(err)) from None
+
+def _bundle(path, roles: dict) -> str:
+    """The bundle directory, `path` or the default one; UsageError where it lacks a role's
+    directory (a pair's, or uniform/ with what the mask loop needs)."""
+    if not path:
+        from ddpd.pretrained import BundleNotFoundError, default_bundle
+
+        try:
+            path = default_bundle(own="a BUNDLE argument", model="uniform" if "uniform" in roles else "pair")
+        except BundleNotFoundError as err:
+            raise UsageError(str(err)) from None
+    missing = [role for role in roles if not os.path.isdir(os.path.join(path, role))]
+    if missing and "uniform" not in roles:
+        raise UsageError(f"{path}: not a bundle (a planner/ and a denoiser/ checkpoint)")
+    if missing:
+        why = " (--samplers runs the mask loop on it)" if missing == ["denoiser"] else ""
+        raise UsageError(f"--model uniform: the bundle {path} holds no {' and no '.join(r + '/' for r in missing)}"
+                         f"{why}; python -m ddpd.pretrained PLANNER DENOISER --uniform DIR writes one with both")
+    return path
 
 
 def _settings(args, bundle: str, order, device: str) -> dict:
@@ -222,7 +243,9 @@ def _settings(args, bundle: str, order, device: str) -> dict:
         {name: value}, what SETTINGS records.
     """
     source = _digest(args.judge) if order is None else ngram_judge_source(args.data)
-    settings = {"networks": _digest(os.path.join(bundle, "planner"), os.path.join(bundle, "denoiser")),
+    # the pair's digest is of planner/ and denoiser/, as before --model, so that its rows stay valid
+    roles = sorted(_roles(args), key=["planner", "denoiser", "uniform"].index)
+    settings = {"networks": _digest(*(os.path.join(bundle, role) for role in roles)), "model": args.model,
                 "judge": "ar" if order is None else f"ngram:{order}", "judge_source": source, "eps": args.eps,
                 "device": device, "batch_size": args.batch_size, "fused": args.fused}
     path = os.path.join(args.out_dir, SETTINGS)
@@ -327,14 +350,13 @@ def ngram_judge_order(judge: str, data: Optional[str]) -> Optional[int]:
 
 
 def _networks(args, bundle: str, order, device):
-    """(planner, denoiser, the AR judge or None for an n-gram one, their shared facts): checked,
-    before any sampling, to share the vocabulary, tokenizer and length (as ddpd-sample and
-    ddpd-eval quality check theirs)."""
+    """({role: network} of _roles, the AR judge or None for an n-gram one, their shared facts):
+    checked, before any sampling, to share the vocabulary, tokenizer and length (as ddpd-sample
+    and ddpd-eval quality check theirs)."""
     from ddpd.cli.common import load_role, max_length, shared_facts, warn_if_lengths_differ
 
-    roles = {"planner": ("planner",), "denoiser": ("mask-denoiser",)}
     loaded = {role: load_role(role, path, kinds, device, name=f"the bundle's {role}/ ({path})")
-              for role, kinds in roles.items() for path in [os.path.join(bundle, role)]}
+              for role, kinds in _roles(args).items() for path in [os.path.join(bundle, role)]}
     entries = [(os.path.join(bundle, role), config) for role, (_, config) in loaded.items()]
     judge = None
     if order is None:
@@ -345,7 +367,7 @@ def _networks(args, bundle: str, order, device):
     if judge is not None and max_length(judge_config) - 1 < shared["seq_len"]:
         raise UsageError(f"--judge: scores sequences of up to {max_length(judge_config) - 1} tokens, "
                          f"the samples have {shared['seq_len']}")
-    return loaded["planner"][0], loaded["denoiser"][0], judge, shared
+    return {role: network for role, (network, _) in loaded.items()}, judge, shared
 
 
 def ngram_judge(data: str, order: int, shared: dict):
@@ -481,9 +503,9 @@ def _warn_collapsed(args, plan: dict) -> None:
               f"rows of budget {budgets[0]} stand for {'both' if len(budgets) == 2 else 'all'}", file=sys.stderr)
 
 
-def _configs(args, plan: dict, planner, denoiser, vocab: int, length: int) -> list:
+def _configs(args, plan: dict, networks: dict, vocab: int, length: int) -> list:
     from ddpd.eval.frontier import Config
-    from ddpd.sampling import DDPDOptions, Execution, ddpd_sample, mask_sample
+    from ddpd.sampling import DDPDOptions, Execution, ddpd_sample, ddpd_sample_uniform, mask_sample
     from ddpd.sampling.policies import policy_spec
 
     execution = Execution(fused=args.fused)
@@ -492,13 +514,15 @@ def _configs(args, plan: dict, planner, denoiser, vocab: int, length: int) -> li
         def go(n, first):
             from ddpd.sampling import PhiloxNoise
 
-            noise = PhiloxNoise(args.seed, first_row=first)
-            if family == "ddpd":
-                return ddpd_sample(planner, denoiser, n, length, vocab, steps=steps, temperature=temperature,
-                                   denoiser_type="mask", noise=noise, execution=execution,
-                                   ddpd=DDPDOptions(eps=args.eps, policy=policy))
-            return mask_sample(denoiser, n, length, vocab, steps=steps, temperature=temperature, policy=policy,
-                               noise=noise, execution=execution)
+            shared = dict(steps=steps, temperature=temperature, noise=PhiloxNoise(args.seed, first_row=first),
+                          execution=execution)
+            if family != "ddpd":
+                return mask_sample(networks["denoiser"], n, length, vocab, policy=policy, **shared)
+            ddpd = DDPDOptions(eps=args.eps, policy=policy)
+            if "uniform" in networks:
+                return ddpd_sample_uniform(networks["uniform"], n, length, vocab, ddpd=ddpd, **shared)
+            return ddpd_sample(networks["planner"], networks["denoiser"], n, length, vocab, denoiser_type="mask",
+                               ddpd=ddpd, **shared)
         return go
 
     return [Config(family, "one-at-a-time" if policy is None else policy_spec(policy), steps, temperature,

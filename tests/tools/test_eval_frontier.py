@@ -1635,3 +1635,95 @@ def test_frontier_markdown_signs_the_difference_from_the_target():
     rows = [line for line in lines if line.startswith("| ddpd ")]
     assert [row.split(" | ")[-4:] for row in rows] == [["False", "31.6", "+0.046", "0.012 |"],
                                                         ["True", "31.6", "-0.012", "0.012 |"]]
+
+
+def test_ddpd_eval_frontier_runs_ddpd_on_the_uniform_model_and_the_mask_loop_on_the_denoiser(tmp_path, capsys,
+                                                                                          monkeypatch):
+    """--model uniform: ddpd is ddpd_sample_uniform on the bundle's uniform/ (its rows those of a
+    direct call from the same noise), the mask loop mask_sample on its denoiser/."""
+    from ddpd import sampling
+    from ddpd.checkpoint import load_model, save_bundle
+    from ddpd.eval.quality import quality_metrics
+    from ddpd.sampling import DDPDOptions, Execution, PhiloxNoise
+    from ddpd.sampling.policies import ddpd_steps, parse_policy
+
+    save_bundle(tmp_path / "b", *_tiny("planner"), *_tiny("mask-denoiser"), uniform=_tiny("uniform"))
+    calls = []
+
+    def recorded(name, sample):
+        def run(model, *args, **kwargs):
+            calls.append((name, model.config.to_dict() if hasattr(model, "config") else None))
+            return sample(model, *args, **kwargs)
+        return run
+
+    monkeypatch.setattr(sampling, "ddpd_sample", recorded("ddpd_sample", sampling.ddpd_sample))
+    monkeypatch.setattr(sampling, "ddpd_sample_uniform", recorded("uniform", sampling.ddpd_sample_uniform))
+    monkeypatch.setattr(sampling, "mask_sample", recorded("mask", sampling.mask_sample))
+    spec = "error-budget:bound=2,max_k=4"
+    out = tmp_path / "o"
+    assert main(["frontier", str(tmp_path / "b"), "--model", "uniform", "--judge", "ngram:2", "--data", "books",
+                 "--budgets", "4", "--target-steps", "2", "--num-samples", "2", "--policies", spec, "maskgit",
+                 "--no-defaults", "--no-progress", "--out-dir", str(out)]) == 0, capsys.readouterr().err
+    assert [name for name, _ in calls] == ["uniform", "uniform", "mask"]
+    uniform, _ = load_model(str(tmp_path / "b" / "uniform"))
+    denoiser, _ = load_model(str(tmp_path / "b" / "denoiser"))
+    assert calls[0][1] == uniform.config.to_dict() and calls[2][1] == denoiser.config.to_dict()
+    rows = {row["policy"].split(":")[0]: row for row in read_frontier(str(out / "frontier.csv"))}
+    policy = parse_policy(spec)
+    with torch.no_grad():
+        direct = sampling.ddpd_sample_uniform(uniform.eval(), 2, 8, 27, steps=ddpd_steps(4, policy),
+                                              noise=PhiloxNoise(0, first_row=0), execution=Execution(),
+                                              ddpd=DDPDOptions(eps=0.01, policy=policy))
+    row = rows["error-budget"]
+    assert row["passes"] == float(direct.passes.float().mean())
+    assert row["tokens_per_pass"] == int(direct.commits.sum()) / int(direct.passes.sum())
+    assert row["entropy"] == quality_metrics(direct.tokens, Uniform(27), 27)["entropy"]  # the same tokens
+    assert "ddpd one at a time (the uniform model), 2 steps" in (out / "frontier.md").read_text()
+
+
+def test_ddpd_eval_frontier_model_uniform_needs_the_bundles_uniform_model(tmp_path, capsys):
+    from ddpd.checkpoint import save_bundle
+
+    save_bundle(tmp_path / "b", *_tiny("planner"), *_tiny("mask-denoiser"))
+    argv = ["frontier", str(tmp_path / "b"), "--model", "uniform", "--judge", "ngram", "--data", "books", *FAST,
+            "--out-dir", str(tmp_path / "o")]
+    assert main(argv) == 2
+    assert capsys.readouterr().err == (f"ddpd-eval: error: --model uniform: the bundle {tmp_path / 'b'} holds no "
+                                       "uniform/; python -m ddpd.pretrained PLANNER DENOISER --uniform DIR writes "
+                                       "one with both\n")
+    assert not (tmp_path / "o").exists()
+
+
+def test_ddpd_eval_frontier_model_uniform_without_the_mask_loop_needs_no_denoiser(tmp_path, capsys):
+    from ddpd.checkpoint import save_checkpoint
+
+    save_checkpoint(tmp_path / "b" / "uniform", *_tiny("uniform"))
+    argv = ["frontier", str(tmp_path / "b"), "--model", "uniform", "--judge", "ngram:2", "--data", "books",
+            "--budgets", "2", "--target-steps", "1", "--num-samples", "1", "--no-progress"]
+    assert main(argv + ["--samplers", "ddpd", "--policies", "error-budget:bound=1", "--out-dir",
+                        str(tmp_path / "o")]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    assert main(argv + ["--out-dir", str(tmp_path / "o2")]) == 2  # MaskGIT, the default, runs the mask denoiser
+    assert capsys.readouterr().err.startswith(f"ddpd-eval: error: --model uniform: the bundle {tmp_path / 'b'} "
+                                              "holds no denoiser/ (--samplers runs the mask loop on it); ")
+
+
+def test_ddpd_eval_frontier_refuses_rows_of_the_other_model(tmp_path, capsys):
+    """The pair's rows and the uniform model's share their keys: a resume with the other --model
+    would have taken them for its own. The pair's digest is of planner/ and denoiser/ alone, as
+    before --model, so a bundle that gains uniform/ keeps its rows."""
+    import json
+
+    from ddpd.checkpoint import save_bundle
+
+    save_bundle(tmp_path / "b", *_tiny("planner"), *_tiny("mask-denoiser"))
+    out = tmp_path / "out"
+    argv = ["frontier", str(tmp_path / "b"), "--judge", "ngram:2", "--data", "books", *FAST, "--out-dir", str(out)]
+    assert main(argv) == 0, capsys.readouterr().err
+    pair = json.loads((out / "frontier.json").read_text())
+    assert pair["model"] == "pair"
+    save_bundle(tmp_path / "c", *_tiny("planner"), *_tiny("mask-denoiser"), uniform=_tiny("uniform"))
+    assert main(argv[:1] + [str(tmp_path / "c")] + argv[2:]) == 0, capsys.readouterr().err  # the same pair
+    assert json.loads((out / "frontier.json").read_text()) == pair
+    assert main(argv[:1] + [str(tmp_path / "c"), "--model", "uniform"] + argv[2:]) == 2
+    assert "measured with other networks (BUNDLE), model (--model) (" in capsys.readouterr().err
