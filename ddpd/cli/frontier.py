@@ -42,11 +42,12 @@ ROWS = "frontier.csv"
 REPORTS = (ROWS, "frontier.md", "frontier.png", SETTINGS)
 # Settings SETTINGS records since a later version: a file written before lacks them, and its rows,
 # measured with unknown values, are taken as any run's (which then records its own).
-LATER = ("batch_size", "fused", "model")
+LATER = ("batch_size", "fused", "model", "one_pass")
 # What a user changes to change each setting, for the refusal of --out-dir's rows
 # (judge_source: --data's corpus for an n-gram judge, --judge's weights for a checkpoint)
-FLAGS = {"networks": "BUNDLE", "model": "--model", "judge": "--judge", "judge_source": "--data", "eps": "--eps",
-         "device": "--device", "batch_size": "--batch-size", "fused": "--fused"}
+FLAGS = {"networks": "BUNDLE", "model": "--model", "one_pass": "--one-pass", "judge": "--judge",
+         "judge_source": "--data", "eps": "--eps", "device": "--device", "batch_size": "--batch-size",
+         "fused": "--fused"}
 NGRAM_ORDER = 6  # the order of --judge ngram
 
 
@@ -62,6 +63,9 @@ def add_parser(sub) -> None:
     p.add_argument("--model", choices=("pair", "uniform"), default="pair",
                    help="the networks ddpd runs: pair, the bundle's planner + mask denoiser (default), or uniform, "
                         "its single uniform model (uniform/); the mask loop runs the mask denoiser either way")
+    p.add_argument("--one-pass", dest="one_pass", action="store_true",
+                   help="with --model uniform: each ddpd step draws from its planning pass, a pass a step "
+                        "(DDPDOptions.one_pass)")
     p.add_argument("--judge", required=True,
                    help="an ar checkpoint directory, or ngram[:ORDER] built from --data (exactly: any other value "
                         "is a directory, and ./ngram names one)")
@@ -111,6 +115,8 @@ def run(args: argparse.Namespace) -> None:
     from ddpd.eval import frontier as fr
     from ddpd.eval.report import MissingDependency, one_set, write_text
 
+    if args.one_pass and args.model != "uniform":
+        raise UsageError("--one-pass needs --model uniform: the pair's planner and denoiser are two passes a step")
     families = _policies(args)  # the arguments first: nothing is loaded for a bad one
     plan = _plan(args, families)
     order = _judge_order(args)
@@ -140,7 +146,8 @@ def run(args: argparse.Namespace) -> None:
     targets = [r for r in rows if r["sampler"] == "ddpd" and r["policy"] == "one-at-a-time"
                and r["steps"] == args.target_steps]  # never empty: _plan puts the target first
     target = min(targets, key=lambda r: abs(float(r["temperature"]) - args.target_temperature))
-    model = " (the uniform model)" if args.model == "uniform" else ""
+    model = (" (the uniform model, one pass a step)" if args.one_pass else " (the uniform model)") \
+        if args.model == "uniform" else ""
     label = f"ddpd one at a time{model}, {args.target_steps} steps, T={target['temperature']}"
     reach = _reach(rows, target, label)
     text = fr.frontier_markdown(rows, reach, label, fr.against_baselines(rows, _short))
@@ -246,6 +253,7 @@ def _settings(args, bundle: str, order, device: str) -> dict:
     # the pair's digest is of planner/ and denoiser/, as before --model, so that its rows stay valid
     roles = sorted(_roles(args), key=["planner", "denoiser", "uniform"].index)
     settings = {"networks": _digest(*(os.path.join(bundle, role) for role in roles)), "model": args.model,
+                "one_pass": args.one_pass,
                 "judge": "ar" if order is None else f"ngram:{order}", "judge_source": source, "eps": args.eps,
                 "device": device, "batch_size": args.batch_size, "fused": args.fused}
     path = os.path.join(args.out_dir, SETTINGS)
@@ -433,11 +441,12 @@ def _policies(args) -> dict:
     return by_family
 
 
-def _steps(family: str, policy, budget: int) -> int:
-    """The steps that cost `budget` network passes: a mask-loop step is one pass."""
+def _steps(family: str, policy, budget: int, one_pass: bool = False) -> int:
+    """The steps that cost `budget` network passes: a mask-loop step is one pass, and so is a
+    ddpd step with one_pass (--one-pass)."""
     from ddpd.sampling.policies import ddpd_steps
 
-    return ddpd_steps(budget, policy) if family == "ddpd" else budget
+    return ddpd_steps(budget, policy, one_pass) if family == "ddpd" else budget
 
 
 def _name(family: str, policy) -> str:
@@ -454,30 +463,31 @@ def _plan(args, by_family: dict) -> dict:
     a configuration the same steps give one row, the first's, which a warning says."""
     from ddpd.sampling.policies import ddpd_passes
 
-    plan = {("ddpd", None, args.target_steps, args.target_temperature): [2 * args.target_steps]}
+    plan = {("ddpd", None, args.target_steps, args.target_temperature): [ddpd_passes(args.target_steps, None,
+                                                                                     args.one_pass)]}
     for family in args.samplers:
         for policy in by_family[family]:
-            least = ddpd_passes(1, policy) if family == "ddpd" else 1
+            least = ddpd_passes(1, policy, args.one_pass) if family == "ddpd" else 1
             for budget in args.budgets:
                 if budget < least:
                     raise UsageError(f"--budgets {budget} buys no step of {_name(family, policy)}: one costs "
                                      f"{least} network passes")
-                _check_table(family, policy, budget)
+                steps = _steps(family, policy, budget, args.one_pass)
+                _check_table(family, policy, budget, steps)
                 for temperature in args.temperatures:
-                    budgets = plan.setdefault((family, policy, _steps(family, policy, budget), temperature), [])
+                    budgets = plan.setdefault((family, policy, steps, temperature), [])
                     if budget not in budgets:
                         budgets.append(budget)
     _warn_collapsed(args, plan)
     return {key: budgets[0] for key, budgets in plan.items()}
 
 
-def _check_table(family: str, policy, budget: int) -> None:
+def _check_table(family: str, policy, budget: int, steps: int) -> None:
     """UsageError naming --budgets where the steps a budget buys exceed the step table of the
     policy (MaskGIT's and the cosine spread's cosines, ReMDM's rates), which the sampler refused
     only when the configuration ran, after the ones before it had been sampled."""
     from ddpd.sampling.policies import MAX_TABLE_STEPS, ErrorBudget, MaskGIT, ReMDM
 
-    steps = _steps(family, policy, budget)
     tabled = isinstance(policy, (MaskGIT, ReMDM)) or (isinstance(policy, ErrorBudget) and policy.spread == "cosine")
     if tabled and steps > MAX_TABLE_STEPS:
         raise UsageError(f"--budgets {budget} buys {_name(family, policy)} {steps} steps, more than its step table "
@@ -518,7 +528,7 @@ def _configs(args, plan: dict, networks: dict, vocab: int, length: int) -> list:
                           execution=execution)
             if family != "ddpd":
                 return mask_sample(networks["denoiser"], n, length, vocab, policy=policy, **shared)
-            ddpd = DDPDOptions(eps=args.eps, policy=policy)
+            ddpd = DDPDOptions(eps=args.eps, policy=policy, one_pass=args.one_pass)
             if "uniform" in networks:
                 return ddpd_sample_uniform(networks["uniform"], n, length, vocab, ddpd=ddpd, **shared)
             return ddpd_sample(networks["planner"], networks["denoiser"], n, length, vocab, denoiser_type="mask",

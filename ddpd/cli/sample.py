@@ -84,8 +84,8 @@ def default_steps(length: int, bundled: bool) -> int:
 
 SYNC_EVERY = 8  # --fused: steps between stop checks
 # The flags only one --sampler reads: given (off their defaults) with another, they are refused.
-SAMPLER_FLAGS = {**dict.fromkeys(("option", "stop", "selection", "eps", "k", "parallel_steps", "clock", "t_end"),
-                                 "ddpd"), "eta": "tau-leaping", "choice_temperature": "maskgit"}
+SAMPLER_FLAGS = {**dict.fromkeys(("option", "stop", "selection", "eps", "k", "parallel_steps", "clock", "t_end",
+                                  "one_pass"), "ddpd"), "eta": "tau-leaping", "choice_temperature": "maskgit"}
 # The --policy names with a choice_temperature field (ddpd.sampling.policies, which imports torch)
 CHOICE_TEMPERATURE_POLICIES = ("error-budget", "maskgit")
 COUNTS = ("planner_calls", "denoiser_calls", "planner_rows", "denoiser_rows", "planner_rows_saved",
@@ -185,6 +185,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "(ddpd.sampling.policies, docs/parallel.md)")
     ddpd.add_argument("--clock", choices=("planner", "exact"), default="planner",
                       help="planner: time estimated from the planner (paper); exact: exact CTMC clock")
+    ddpd.add_argument("--one-pass", dest="one_pass", action="store_true",
+                      help="one uniform model on the planner clock: a step draws from its planning pass, one pass "
+                           "a step instead of two (docs/sampling.md)")
     # ddpd.sampling.options.T_END written out: this parser imports no torch
     ddpd.add_argument("--t-end", dest="t_end", type=float_type, default=1.0 - 1e-4, help="end time of --clock exact")
     baselines = p.add_argument_group("baselines")
@@ -528,6 +531,9 @@ def _make_sampler(args, models: Models, tokenizer, prompts):
     if args.eta != 0 and row.function != "tau_leaping_mask":
         raise UsageError(f"--eta is a setting of mask tau-leaping (one mask-denoiser); with {_describe(models)} "
                          f"--sampler {args.sampler} runs {row.name}, which has none")
+    if args.one_pass and row.function != "ddpd_sample_uniform":
+        raise UsageError(f"--one-pass needs one uniform model (--model uniform, or a uniform checkpoint); with "
+                         f"{_describe(models)} a step's plan and draws are two networks' passes")
     ddpd = DDPDOptions()
     if row.family == "ddpd":
         ddpd = DDPDOptions(**ddpd_fields(args)).check(args.length, args.steps)
@@ -563,7 +569,7 @@ def ddpd_fields(args) -> dict:
     """
     fields = dict(stop=args.stop, selection=args.selection, eps=args.eps, k=args.k,
                   parallel_steps=args.parallel_steps, clock=args.clock, t_end=args.t_end,
-                  policy=command_policy(args, "ddpd"))
+                  policy=command_policy(args, "ddpd"), one_pass=args.one_pass)
     fields.update(parse_option(args.option) if args.option is not None else {})
     return fields
 
@@ -1028,8 +1034,10 @@ def _progress(args, models: Models, shown: bool = True):
     from tqdm.auto import tqdm
 
     batches = -(-args.num_samples // args.batch_size)
-    # one uniform model on the planner clock is called twice a step (to plan, then to denoise)
-    passes = 2 if (args.sampler, models.kind, args.clock) == ("ddpd", "uniform", "planner") else 1
+    # one uniform model on the planner clock is called twice a step (to plan, then to denoise), but
+    # once with --one-pass
+    passes = 2 if (args.sampler, models.kind, args.clock, args.one_pass) == ("ddpd", "uniform", "planner", False) \
+        else 1
     bar = tqdm(total=args.steps * batches * passes, desc="ddpd-sample", unit="pass", leave=False,
                disable=None if args.progress and shown else True)
     network = models.denoiser if models.denoiser is not None else models.planner

@@ -90,7 +90,8 @@ def ddpd_sample(
             option A, "softmax" = C), stop ("eps" = A, "budget" = B), eps (the stop threshold),
             clock ("planner": the time estimated from the planner; "exact": the self-loop CTMC
             simulated exactly up to t_end), t_end, k positions per step during the first
-            parallel_steps steps, policy (an ErrorBudget commit policy, or None).
+            parallel_steps steps, policy (an ErrorBudget commit policy, or None); one_pass is
+            ddpd_sample_uniform's (refused here: two networks are two passes).
         temperature: The denoiser's logit temperature (0 = argmax), or a Temperature with fields
             start and end, annealed linearly over what ends the run: the budget's steps,
             the planner's time estimate under the eps stop, the clock's time on the exact clock.
@@ -131,6 +132,9 @@ def ddpd_sample(
     if time_conditioned_planner and ddpd.clock != "exact":
         raise ValueError("time_conditioned_planner=True needs DDPDOptions(clock='exact'): the planner clock "
                          "estimates the time from a time-free planner")
+    if ddpd.one_pass:
+        raise ValueError("DDPDOptions(one_pass=True) is ddpd_sample_uniform's: a planner and a denoiser are two "
+                         "networks, two passes")
     run, draws = setup("ddpd_sample", batch_size, length, vocab_size, mask_id=mask_id,
                        masks=denoiser_type == "mask", planner=True,
                        steps=steps, temperature=temperature, schedule=schedule, seed=seed,
@@ -167,8 +171,9 @@ def ddpd_sample_uniform(
     On the planner clock (the appendix's first listing) each step calls the model twice: at the
     previous step's time estimate to plan (the probability that a position changes) and at the
     new estimate to denoise (the jump law over j != x_t^d). On the exact clock one call at the
-    clock's time serves both, split by eqs. corruption_prob and denoising_prob. Every call is
-    counted in denoiser_calls.
+    clock's time serves both, split by eqs. corruption_prob and denoising_prob. On the planner
+    clock DDPDOptions(one_pass=True) draws from the planning call too: one call a step. Every
+    call is counted in denoiser_calls.
 
     Args:
         model: model(x Long[B, D], t Float[B]) -> Float[B, D, vocab_size] logits of p(x_1^d | x_t).
@@ -180,7 +185,8 @@ def ddpd_sample_uniform(
             option A, "softmax" = C), stop ("eps" = A, "budget" = B), eps (the stop threshold),
             clock ("planner": the time estimated from the planner; "exact": the self-loop CTMC
             simulated exactly up to t_end), t_end, k positions per step during the first
-            parallel_steps steps, policy (an ErrorBudget commit policy, or None).
+            parallel_steps steps, policy (an ErrorBudget commit policy, or None), one_pass
+            (planner clock: draw from the planning call, one model call a step).
         temperature: The denoiser's logit temperature (0 = argmax), or a Temperature with fields
             start and end, annealed linearly as in ddpd_sample.
         truncation: Cuts of every token draw's law (Truncation): top_k (the most probable
@@ -217,7 +223,7 @@ def ddpd_sample_uniform(
                        steps=steps, temperature=temperature, schedule=schedule, seed=seed,
                        generator=generator, noise=noise, device=device, prompt=prompt, guidance=guidance,
                        truncation=truncation, execution=execution)
-    networks = _UniformModel(model, run, ddpd.selection, reuse=ddpd.clock == "exact")
+    networks = _UniformModel(model, run, ddpd.selection, exact=ddpd.clock == "exact", one_pass=ddpd.one_pass)
     return _algorithm1(run, draws, ddpd.check(run.length, run.steps), networks, masked=False)
 
 
@@ -228,6 +234,7 @@ class _PlannerDenoiser:
     """A planner and a denoiser network (or any callables with their signatures)."""
 
     takes_time = False  # the planner clock's planner sees x only
+    cached = None  # two networks: no pass serves both
 
     def __init__(self, planner: Callable, denoiser: Callable, vocab_size: int, time_conditioned: bool):
         self.planner, self.denoiser = planner, denoiser
@@ -246,27 +253,30 @@ class _PlannerDenoiser:
 class _UniformModel:
     """Planner and denoiser of prop:generative_rate_decomposition from one model of p(x_1 | x_t).
 
-    reuse (the exact clock): plan and denoise at the clock's t, split by eqs. corruption_prob
+    exact (the exact clock): plan and denoise at the clock's t, split by eqs. corruption_prob
     and denoising_prob at alpha_t, self-loops included; the denoiser reads the planning
-    call's p(x_1 | x_t). Otherwise (the planner clock) the denoiser calls the model again at
-    its own time, and the split is taken at alpha = 1: the planner is the probability that a
-    position changes, 1 - p(x_1^d = x_t^d | x_t), the denoiser the jump law over
-    j != x_t^d, as the appendix's first listing computes them. The planner clock cannot use
-    alpha_t: its t is the planner's own estimate, and at alpha_t = 0 eq. corruption_prob is
-    1 at every position whatever the model says, so t = alpha^{-1}(1 - sum_d p / D) would
-    stay 0 from the first step on (each step redrawing a position from the data marginal).
-    The jumps are those of eq. rate_decomposition_uniform_D either way (position d, token
-    j != x_t^d, in proportion to p(x_1^d = j | x_t) under sigmoid selection); alpha = 1 only
-    drops the self-loop events, which would cost the planner clock steps and no time.
+    call's p(x_1 | x_t). Otherwise (the planner clock) the split is taken at alpha = 1: the
+    planner is the probability that a position changes, 1 - p(x_1^d = x_t^d | x_t), the
+    denoiser the jump law over j != x_t^d, as the appendix's first listing computes them, and
+    the denoiser calls the model again at its own time, or with one_pass reads the planning
+    call (at the previous estimate). The planner clock cannot use alpha_t: its t is the
+    planner's own estimate, and at alpha_t = 0 eq. corruption_prob is 1 at every position
+    whatever the model says, so t = alpha^{-1}(1 - sum_d p / D) would stay 0 from the first
+    step on (each step redrawing a position from the data marginal). The jumps are those of
+    eq. rate_decomposition_uniform_D either way (position d, token j != x_t^d, in proportion
+    to p(x_1^d = j | x_t) under sigmoid selection); alpha = 1 only drops the self-loop events,
+    which would cost the planner clock steps and no time.
     """
 
     takes_time = True  # the planner needs a time: the previous estimate on the planner clock
 
-    def __init__(self, model: Callable, run: Run, selection: str, reuse: bool):
+    def __init__(self, model: Callable, run: Run, selection: str, exact: bool, one_pass: bool = False):
         self.model, self.vocab_size = model, run.vocab_size
-        self.alpha = run.schedule.alpha if reuse else torch.ones_like  # a tensor: no host copy in a graph
-        self.softmax, self.reuse = selection == "softmax", reuse
-        self.logits: Optional[Tensor] = None  # of the planning call, which the exact clock's denoiser reads
+        self.alpha = run.schedule.alpha if exact else torch.ones_like  # a tensor: no host copy in a graph
+        self.softmax, self.reuse = selection == "softmax", exact or one_pass
+        # the planning call's logits, which the step's draws read (reuse) once: a step without a
+        # planner pass (a policy's plan_every) calls the model itself
+        self.cached: Optional[Tensor] = None
 
     def _logits(self, batch: RunningBatch, x: Tensor, t: Tensor, rows: Optional[Tensor] = None,
                 used: Optional[Tensor] = None) -> Tensor:
@@ -274,7 +284,7 @@ class _UniformModel:
 
     def plan(self, batch: RunningBatch, x: Tensor, t: Tensor) -> Tensor:
         logits = self._logits(batch, x, t)
-        self.logits = logits if self.reuse else None
+        self.cached = logits if self.reuse else None
         p = planner_prob_from_uniform(extended_softmax(logits), x, self.alpha(t))
         # Planner logits log p - log(1 - p); for softmax selection clamped so that p = 1 stays finite.
         return torch.logit(p.double(), eps=1e-10).float() if self.softmax else torch.log(p) - torch.log1p(-p)
@@ -282,8 +292,9 @@ class _UniformModel:
     def tokens(self, draws: Draws, batch: RunningBatch, step: int, x_in: Tensor, t: Tensor, positions: Tensor,
                rows: Tensor, temperature: float, index: Optional[Tensor], used: Optional[Tensor] = None,
                confidence: bool = False):
-        if self.reuse:
-            logits = self.logits if index is None else self.logits[index]
+        if self.cached is not None:
+            logits = self.cached if index is None else self.cached[index]
+            self.cached = None
         else:
             logits = self._logits(batch, x_in, t, rows, used)
         log_q = denoiser_log_prob_from_uniform(extended_softmax(logits, log=True), x_in, self.alpha(t))
@@ -345,9 +356,9 @@ def _planner_clock(run: Run, draws: Draws, opts: DDPDOptions, networks, batch: R
         sum_p, masked, count = plan.sum_p, plan.masked, plan.count
         # between planner passes (plan_every > 1) the stop reads the held plan, the commits since
         # clean: a row can stop before the planner has seen its last tokens
-        if opts.stop == "eps":
-            logits, positions, sum_p, masked, count = batch.finish(plan.stop, step, logits, positions, sum_p, masked,
-                                                                   count, check=check)
+        if opts.stop == "eps":  # the rows that stop leave the planning pass the draws may read too
+            logits, positions, sum_p, masked, count, networks.cached = batch.finish(
+                plan.stop, step, logits, positions, sum_p, masked, count, networks.cached, check=check)
             if batch.finished:
                 return
         if mask_id is not None:

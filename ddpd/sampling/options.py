@@ -126,6 +126,9 @@ class DDPDOptions:
             parallel_steps > 0, so no policy).
         parallel_steps: Steps of the parallel stage (> 0 needs k > 1); then one position per step.
         policy: An ErrorBudget commit policy (ddpd.sampling.policies), or None (commit every draw).
+        one_pass: (ddpd_sample_uniform on the planner clock) the step's draws read its planning
+            pass, the model at the previous step's time estimate, instead of a second pass at the
+            new one: one pass a step where the paper's listing takes two (docs/sampling.md).
     """
 
     selection: str = "sigmoid"
@@ -136,6 +139,7 @@ class DDPDOptions:
     k: int = 1
     parallel_steps: int = 0
     policy: Optional[ErrorBudget] = None
+    one_pass: bool = False
 
     def __post_init__(self) -> None:
         check_choice("selection", self.selection, SELECTIONS)
@@ -161,6 +165,10 @@ class DDPDOptions:
             if self.parallel_steps > 0:
                 raise ValueError("policy needs parallel_steps=0: the policy decides how many positions a step "
                                  "denoises")
+        check_bool("one_pass", self.one_pass)
+        if self.one_pass and self.clock == "exact":  # its one pass a step serves both already
+            raise ValueError("one_pass is the planner clock's: the exact clock plans and denoises from one pass "
+                             "already")
         if self.clock != "exact" and self.t_end != T_END:  # read nowhere else: refused rather than ignored
             raise ValueError(f"t_end={self.t_end} is read by clock='exact' only; the planner clock stops on eps "
                              "or the step budget")

@@ -23,7 +23,7 @@ from torch import Tensor
 
 from ddpd.number_text import read_number, refusal
 from ddpd.sampling.noise import happens
-from ddpd.validation import check_choice, check_float, check_int, float_text
+from ddpd.validation import check_bool, check_choice, check_float, check_int, float_text
 
 ORDERS = ("risk", "planner")
 SPREADS = ("none", "linear", "cosine")
@@ -179,45 +179,54 @@ class ErrorBudget:
         return torch.cat([torch.ones_like(eligible[:, :1]), chosen], 1) if pin else chosen
 
 
-def ddpd_steps(passes: int, policy: Optional[ErrorBudget] = None) -> int:
+def ddpd_steps(passes: int, policy: Optional[ErrorBudget] = None, one_pass: bool = False) -> int:
     """The most DDPD steps a run without a prompt can take within `passes` network passes: a
     denoiser pass a step and a planner pass on each step that plans (every step, or steps 0, m,
-    2m, ... under a policy with plan_every m; not step 0 under known_noise).
+    2m, ... under a policy with plan_every m; not step 0 under known_noise); with one_pass (the
+    single uniform model, DDPDOptions.one_pass) a pass a step, whether it plans or not.
 
     Args:
         passes: the budget of network passes.
         policy: the ErrorBudget, or None.
+        one_pass: whether a step's draws read its planning pass.
 
     Returns:
         The number of steps, at least 1 (a budget below ddpd_passes(1, policy) buys none).
 
     Raises:
-        TypeError: `passes` is not an int (numpy's integers are), or `policy` not an ErrorBudget.
+        TypeError: `passes` is not an int (numpy's integers are), `policy` not an ErrorBudget, or
+            `one_pass` not a bool.
         ValueError: `passes` is below 1.
     """
     passes = check_int("passes", passes, 1)
     every, unread = _plan_cost(policy)
+    if check_bool("one_pass", one_pass):
+        return passes
     # s steps cost s + ceil(s / m) - unread passes, = ceil(s (m + 1) / m) - unread
     return max(1, (passes + unread) * every // (every + 1))
 
 
-def ddpd_passes(steps: int, policy: Optional[ErrorBudget] = None) -> int:
+def ddpd_passes(steps: int, policy: Optional[ErrorBudget] = None, one_pass: bool = False) -> int:
     """The network passes `steps` DDPD steps cost in a run without a prompt, as ddpd_steps counts
-    them: ddpd_steps(ddpd_passes(s, policy), policy) == s.
+    them: ddpd_steps(ddpd_passes(s, policy, one_pass), policy, one_pass) == s.
 
     Args:
         steps: the number of steps (>= 1).
         policy: the ErrorBudget, or None.
+        one_pass: whether a step's draws read its planning pass (a pass a step).
 
     Returns:
         The passes.
 
     Raises:
-        TypeError: `steps` is not an int (numpy's integers are), or `policy` not an ErrorBudget.
+        TypeError: `steps` is not an int (numpy's integers are), `policy` not an ErrorBudget, or
+            `one_pass` not a bool.
         ValueError: `steps` is below 1.
     """
     steps = check_int("steps", steps, 1)
     every, unread = _plan_cost(policy)
+    if check_bool("one_pass", one_pass):
+        return steps
     return steps + -(-steps // every) - unread
 
 

@@ -168,8 +168,8 @@ def ddpd_uniform_model_law(toy: ToyProblem, steps: int, ddpd: DDPDOptions = DDPD
 
     The plan of step i is the probability of a change at the time estimated at step i - 1
     (0 at the first); the new estimate t = alpha^{-1}(1 - mean_d p) is the denoiser's time,
-    the jump law its draw. The chain's state is (x, t_prev, stopped): the law is a
-    weighted list of such triples, merged where equal.
+    the jump law its draw (with ddpd.one_pass the planning time's). The chain's state is
+    (x, t_prev, stopped): the law is a weighted list of such triples, merged where equal.
     """
     selection, stop, eps, k, parallel_steps = ddpd.selection, ddpd.stop, ddpd.eps, ddpd.k, ddpd.parallel_steps
     temperature, temperature_end = _start_end(temperature)
@@ -185,7 +185,8 @@ def ddpd_uniform_model_law(toy: ToyProblem, steps: int, ddpd: DDPDOptions = DDPD
         t_new = toy.schedule.inverse(1.0 - p.mean(-1))
         T = _over_time(t_new, _eps_stop_time(toy, eps), temperature, temperature_end) if stop == "eps" else \
             _temperature(i, steps, temperature, temperature_end)
-        K = ddpd_kernel(toy, p, toy.schedule.alpha(t_new), selection, k if i < parallel_steps else 1, T, "jump",
+        t_draw = t_prev if ddpd.one_pass else t_new
+        K = ddpd_kernel(toy, p, toy.schedule.alpha(t_draw), selection, k if i < parallel_steps else 1, T, "jump",
                         state)
         K[stopped] = 0.0
         K[stopped, idx[stopped]] = 1.0

@@ -36,6 +36,7 @@ from ddpd.sampling import (
 )
 from ddpd.sampling.batch import FusedBatch
 from ddpd.sampling.options import DDPDOptions, Execution, Temperature
+from ddpd.sampling.policies import ErrorBudget
 from oracles import laws
 from oracles.fixtures import single_thread, tiny_network  # noqa: F401  (single_thread: autouse)
 from oracles.stats import empirical, threshold, tv
@@ -118,6 +119,12 @@ TOY_EXACT = {
                                                                         ddpd=DDPDOptions(selection="softmax",
                                                                                          stop="budget", k=2,
                                                                                          parallel_steps=2), **kw),
+    "single uniform model A, one pass": lambda **kw: ddpd_sample_uniform(M.uniform_model, 300, 4, 3, steps=12,
+                                                                         ddpd=DDPDOptions(eps=0.35, one_pass=True),
+                                                                         **kw),
+    "single uniform model, ErrorBudget plan every 2, one pass": lambda **kw: ddpd_sample_uniform(
+        M.uniform_model, 300, 4, 3, steps=8, ddpd=DDPDOptions(eps=0.35, one_pass=True, policy=ErrorBudget(
+            1.0, 4, known_noise=True, plan_every=2)), **kw),
     "single uniform model, exact clock": lambda **kw: ddpd_sample_uniform(M.uniform_model, 300, 4, 3, steps=30,
                                                                           ddpd=DDPDOptions(clock="exact"), **kw),
     "exact clock, uniform, T 1.2->0.1 over t": lambda **kw: ddpd_sample(M.planner, M.uniform_denoiser, 300, 4, 3,

@@ -104,7 +104,27 @@ def test_single_uniform_model_matches_its_law(name, options):
     law = laws.ddpd_uniform_model_law(problem, steps, **options)
     check_law(f"ddpd single uniform model {name} [dir S3 D2]", problem, result, law)
     assert result.planner_calls == 0
-    assert result.denoiser_calls == 2 * result.steps
+    assert result.denoiser_calls == (1 if options["ddpd"].one_pass else 2) * result.steps
+
+
+@pytest.mark.parametrize("options", [dict(stop="budget"), dict(stop="eps", eps=0.3),
+                                     dict(selection="softmax", stop="budget", k=2, parallel_steps=1)],
+                         ids=["B", "A eps-stop", "B+C k=2 x1"])
+def test_one_pass_matches_its_law_and_not_the_two_pass_one(options):
+    """DDPDOptions(one_pass=True) draws from the planning pass, one model call a step. On this toy
+    the model's time matters (the two laws are 0.03-0.05 apart): each run lies within its own
+    law's noise and beyond the other's, so the law check tells a second pass from the first."""
+    problem = toy("dir S5 D2")
+    model = problem.models().uniform_model
+    laws_of = {one: laws.ddpd_uniform_model_law(problem, 5, ddpd=DDPDOptions(**options, one_pass=one))
+               for one in (False, True)}
+    for one in (False, True):
+        result = ddpd_sample_uniform(model, B, problem.D, problem.S, steps=5, noise=noise(5),
+                                     ddpd=DDPDOptions(**options, one_pass=one))
+        check_law(f"ddpd single uniform model {'one pass' if one else 'two passes'} {options} [dir S5 D2]", problem,
+                  result, laws_of[one])
+        assert tv(empirical(problem.index(result.tokens), problem.N), laws_of[not one]) > threshold(laws_of[one], B)
+        assert result.denoiser_calls == (1 if one else 2) * result.steps
 
 
 def product_of_marginals(problem):

@@ -747,6 +747,25 @@ def test_ddpd_steps_spends_the_pass_budget(policy, passes):
     assert spent.le(passes).all() and spent.ge(passes - 1).all()  # one more step would pass the budget
 
 
+@pytest.mark.parametrize("policy", [None, ErrorBudget(1.0, 8, known_noise=True, plan_every=4),
+                                    ErrorBudget(1.0, 8, plan_every=1)])
+@pytest.mark.parametrize("one_pass", [False, True])
+def test_ddpd_steps_spends_the_uniform_models_pass_budget(policy, one_pass):
+    """The single uniform model plans and draws in two passes a planning step, or in one with
+    one_pass: a pass a step whether the step plans or not."""
+    from ddpd.sampling.policies import ddpd_passes
+
+    steps = ddpd_steps(13, policy, one_pass=one_pass)
+    assert ddpd_passes(steps, policy, one_pass=one_pass) <= 13
+    result = ddpd_sample_uniform(NETWORKS["model"], 2, D, 27, steps=steps, seed=1,
+                                 ddpd=DDPDOptions(stop="budget", policy=policy, one_pass=one_pass))
+    spent = result.planner_passes + result.denoiser_passes
+    assert spent.eq(ddpd_passes(steps, policy, one_pass=one_pass)).all()
+    assert spent.ge(12).all() and (steps == 13 if one_pass else steps < 13)
+    with pytest.raises(TypeError, match="^one_pass must be a bool"):
+        ddpd_steps(13, policy, one_pass=1)
+
+
 @pytest.mark.parametrize("plan_every", [1, 2, 3, 7, 1000])
 @pytest.mark.parametrize("known_noise", [False, True])
 def test_ddpd_steps_is_the_most_steps_a_budget_buys(plan_every, known_noise):

@@ -247,6 +247,9 @@ def test_progress_bar_ticks_once_per_denoiser_pass(ckpts, monkeypatch, capsys, f
     assert main(["--denoiser", ckpts["uniform"], *argv[2:], "--option", "A+B", *fused]) == 0
     bar = bars.pop()
     assert (bar.total, bar.n, bar.ticks) == (48, 48, 48 + 2)
+    assert main(["--denoiser", ckpts["uniform"], *argv[2:], "--option", "A+B", "--one-pass", *fused]) == 0
+    bar = bars.pop()
+    assert (bar.total, bar.n, bar.ticks) == (24, 24, 24 + 2)
     capsys.readouterr()
 
 
@@ -1677,6 +1680,23 @@ def test_summary_of_passes_per_sample(ckpts, capsys, argv, line):
                            "--quiet", *argv)
     assert code == 0, err
     assert f"ddpd-sample: {line}\n" in err, err
+
+
+def test_one_pass_runs_the_uniform_model_once_a_step_and_nothing_else(ckpts, capsys):
+    """--one-pass: DDPDOptions(one_pass=True), a pass a step (12 steps, 5 samples: 12 a sample);
+    refused where no single uniform model runs, or on the exact clock (its pass serves both)."""
+    code, _, err = run_cli(capsys, "--checkpoint", ckpts["uniform"], "--num-samples", "5", "--batch-size", "2",
+                           "--quiet", "--option", "A+B", "--steps", "12", "--one-pass")
+    assert code == 0, err
+    assert "network passes per sample 12.0 (one uniform model), 1.00 tokens committed per pass\n" in err, err
+    code, _, err = run_cli(capsys, "--checkpoint", ckpts["bundle"], "--one-pass", "--steps", "4")
+    assert code == 2 and err == ("ddpd-sample: error: --one-pass needs one uniform model (--model uniform, or a "
+                                 "uniform checkpoint); with planner 'planner' and denoiser 'mask-denoiser' a step's "
+                                 "plan and draws are two networks' passes\n"), err
+    code, _, err = run_cli(capsys, "--checkpoint", ckpts["uniform"], "--one-pass", "--clock", "exact")
+    assert code == 2 and err.startswith("ddpd-sample: error: --one-pass is the planner clock's"), err
+    code, _, err = run_cli(capsys, "--checkpoint", ckpts["uniform"], "--one-pass", "--sampler", "tau-leaping")
+    assert code == 2 and "--one-pass is a setting of --sampler ddpd" in err, err
 
 
 def test_summary_names_the_single_uniform_model(ckpts, capsys):

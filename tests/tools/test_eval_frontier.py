@@ -1002,7 +1002,7 @@ def test_the_frontier_plan_buys_the_steps_a_policys_passes_allow():
 
     every_4, known = parse_policy("error-budget:bound=2,plan_every=4"), parse_policy("error-budget:known_noise=true")
     args = argparse.Namespace(samplers=["ddpd", "maskgit"], budgets=[10], temperatures=[1.0], target_steps=3,
-                              target_temperature=1.0)
+                              target_temperature=1.0, one_pass=False)
     target = {("ddpd", None, 3, 1.0): 6}
     assert _plan(args, {"ddpd": [every_4], "maskgit": []}) == {**target, ("ddpd", every_4, 8, 1.0): 10}
     args.budgets = [1]
@@ -1549,7 +1549,7 @@ def test_the_frontier_plan_gives_a_mask_loop_a_step_for_a_budget_of_one_pass():
     from ddpd.sampling.policies import MaskGIT
 
     args = argparse.Namespace(samplers=["ddpd", "maskgit"], budgets=[1], temperatures=[1.0], target_steps=3,
-                              target_temperature=1.0)
+                              target_temperature=1.0, one_pass=False)
     assert _plan(args, {"ddpd": [], "maskgit": [MaskGIT()]}) == {("ddpd", None, 3, 1.0): 6,
                                                                   ("maskgit", MaskGIT(), 1, 1.0): 1}
 
@@ -1727,3 +1727,38 @@ def test_ddpd_eval_frontier_refuses_rows_of_the_other_model(tmp_path, capsys):
     assert json.loads((out / "frontier.json").read_text()) == pair
     assert main(argv[:1] + [str(tmp_path / "c"), "--model", "uniform"] + argv[2:]) == 2
     assert "measured with other networks (BUNDLE), model (--model) (" in capsys.readouterr().err
+
+
+def test_ddpd_eval_frontier_one_pass_buys_a_step_a_pass(tmp_path, capsys, monkeypatch):
+    """--one-pass: each ddpd step of the uniform model draws from its planning pass, so a budget of
+    4 passes buys 4 steps (2 without) and the target's 3 steps cost 3 passes; refused with the pair,
+    and rows of the other setting are not taken for this run's."""
+    from ddpd import sampling
+    from ddpd.checkpoint import save_bundle
+
+    save_bundle(tmp_path / "b", *_tiny("planner"), *_tiny("mask-denoiser"), uniform=_tiny("uniform"))
+    calls = []
+
+    def recorded(*args, **kwargs):
+        calls.append((kwargs["steps"], kwargs["ddpd"].one_pass))
+        return sample(*args, **kwargs)
+
+    sample = sampling.ddpd_sample_uniform
+    monkeypatch.setattr(sampling, "ddpd_sample_uniform", recorded)
+    out = tmp_path / "o"
+    argv = ["frontier", str(tmp_path / "b"), "--model", "uniform", "--judge", "ngram:2", "--data", "books",
+            "--budgets", "4", "--target-steps", "3", "--num-samples", "1", "--samplers", "ddpd", "--policies",
+            "error-budget:bound=1", "--no-defaults", "--no-progress", "--out-dir", str(out)]
+    assert main(argv + ["--one-pass"]) == 0, capsys.readouterr().err
+    assert calls == [(3, True), (4, True)]
+    rows = read_frontier(str(out / "frontier.csv"))
+    assert [(r["steps"], r["budget"], r["passes"]) for r in rows] == [(3, 3, 3.0), (4, 4, 4.0)]
+    assert "(the uniform model, one pass a step), 3 steps" in (out / "frontier.md").read_text()
+    assert main(argv) == 2 and "measured with other one_pass (--one-pass) (" in capsys.readouterr().err
+    calls.clear()
+    assert main(argv[:-1] + [str(tmp_path / "two")]) == 0, capsys.readouterr().err
+    assert calls == [(3, False), (2, False)]  # two passes a step
+    pair = [a for a in argv if a not in ("--model", "uniform")]
+    assert main(pair + ["--one-pass"]) == 2
+    assert capsys.readouterr().err == ("ddpd-eval: error: --one-pass needs --model uniform: the pair's planner and "
+                                       "denoiser are two passes a step\n")
