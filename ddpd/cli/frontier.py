@@ -250,8 +250,10 @@ def _settings(args, bundle: str, order, device: str) -> dict:
         {name: value}, what SETTINGS records.
     """
     source = _digest(args.judge) if order is None else ngram_judge_source(args.data)
-    # the pair's digest is of planner/ and denoiser/, as before --model, so that its rows stay valid
-    roles = sorted(_roles(args), key=["planner", "denoiser", "uniform"].index)
+    # the pair's digest is of planner/ and denoiser/, as before --model, so that its rows stay valid;
+    # the uniform model's of denoiser/ (where the bundle has one) and uniform/, whichever --samplers run
+    roles = ["planner", "denoiser"] if args.model == "pair" else \
+        [role for role in ("denoiser", "uniform") if os.path.isdir(os.path.join(bundle, role))]
     settings = {"networks": _digest(*(os.path.join(bundle, role) for role in roles)), "model": args.model,
                 "one_pass": args.one_pass,
                 "judge": "ar" if order is None else f"ngram:{order}", "judge_source": source, "eps": args.eps,

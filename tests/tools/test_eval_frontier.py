@@ -1727,6 +1727,12 @@ def test_ddpd_eval_frontier_refuses_rows_of_the_other_model(tmp_path, capsys):
     assert json.loads((out / "frontier.json").read_text()) == pair
     assert main(argv[:1] + [str(tmp_path / "c"), "--model", "uniform"] + argv[2:]) == 2
     assert "measured with other networks (BUNDLE), model (--model) (" in capsys.readouterr().err
+    # the uniform model's digest is of the bundle's denoiser/ and uniform/, whichever --samplers run
+    uniform = ["frontier", str(tmp_path / "c"), "--model", "uniform", "--judge", "ngram:2", "--data", "books",
+               *FAST, "--out-dir", str(tmp_path / "u")]
+    assert main(uniform) == 0, capsys.readouterr().err
+    ddpd_only = [a if a != "threshold:0.9" else "error-budget:bound=1" for a in uniform] + ["--samplers", "ddpd"]
+    assert main(ddpd_only) == 0, capsys.readouterr().err
 
 
 def test_ddpd_eval_frontier_one_pass_buys_a_step_a_pass(tmp_path, capsys, monkeypatch):
