@@ -111,3 +111,45 @@ def test_the_latest_gpu_checks_sampling_paragraph_quotes_its_log():
     before = (10.2, 16.1)  # the fused float32 runs of 923c60c:benchmarks/results/nvidia-h200-2026-11-27-2.txt
     ratios = [f"{d / b:.1f}x" for d, b in zip(default, before)]
     assert f"the check of 2026-11-28's default run is {ratios[0]} and {ratios[1]} the fused float32 run" in PERFORMANCE
+
+
+def _uniform_rows(folder):
+    return read_frontier(str(ROOT / "docs" / "parallel" / folder / "frontier.csv"))
+
+
+def test_the_uniform_models_frontier_table_is_that_of_its_csvs():
+    """Each cell of the uniform model's table, judge NLL (entropy) at T = 1 by budget, in the order
+    of its row; a budget a row spent short of shows its passes."""
+    rows = {folder: [r for r in _uniform_rows(folder) if r["temperature"] == 1.0 and r["policy"] != "one-at-a-time"]
+            for folder in ("uniform", "uniform-one-pass")}
+    lines = {"uniform": {"plan_every=1000": "DDPD, no planner pass (plan every 1000)",
+                         "plan_every=16,": "DDPD, plan every 16, revise > 0.8",
+                         "plan_every=4,": "DDPD, plan every 4, revise > 0.5, bound 1",
+                         "maskgit:": "MaskGIT (bundled mask denoiser)"},
+             "uniform-one-pass": {"plan_every=4,": "the same, one pass a step",
+                                  "bound=1,max_k=256,order=risk,spread=cosine,known_noise=True,plan_every=1,":
+                                      "DDPD, plan every step, bound 1, one pass a step",
+                                  "revise_above=0.8": "DDPD, plan every step, revise > 0.8, one pass a step"}}
+    for folder, named in lines.items():
+        for key, label in named.items():
+            ours = sorted((r for r in rows[folder] if key in r["policy"] and r["budget"] in (32, 64, 128, 256)),
+                          key=lambda r: r["budget"])
+            assert [r["budget"] for r in ours] == [32, 64, 128, 256], (folder, key)
+            cells = []
+            for r in ours:
+                cell = f"{r['judge_nll']:.3f} ({r['entropy']:.2f})"
+                cells.append(cell if r["passes"] > r["budget"] - 1 else f"{cell}, {r['passes']:.0f} passes")
+            assert f"| {label} | {' | '.join(cells)} |" in PARALLEL, (label, cells)
+
+
+def test_the_uniform_models_one_at_a_time_rows_and_verdicts_are_those_of_its_csvs():
+    two = {r["steps"]: r for r in _uniform_rows("uniform") if r["policy"] == "one-at-a-time"}
+    one = {r["steps"]: r for r in _uniform_rows("uniform-one-pass") if r["policy"] == "one-at-a-time"}
+    for row, label in ((two[512], "two passes a step (the paper's listing)"), (one[512], "512 steps, one pass a step"),
+                       (one[256], "256 steps, one pass a step (the budget ends it)")):
+        assert f"{label} | {row['judge_nll']:.3f} ± {row['judge_nll_se']:.3f} | {row['entropy']:.3f} |" in PARALLEL
+    # MaskGIT's points lie below every policy's curve of the one-pass sweep at 32-128 passes
+    compared = against_baselines(_uniform_rows("uniform-one-pass"))
+    assert {(c["steps"], c["verdict"], c["worse"]) for c in compared if c["steps"] <= 128} == \
+        {(steps, "higher", 3) for steps in (32, 64, 128)}
+    assert "worse at all 3 of MaskGIT's points, each budget" in PARALLEL
