@@ -885,10 +885,9 @@ def _summary(args, done: int, calls: dict, elapsed: float, threads: int, process
     print(f"ddpd-sample: network passes per sample {total:.1f} ({split}), {per_pass:.2f} tokens committed per pass",
           file=sys.stderr)
     nan = nan_warning(calls["planner_nan_passes"], calls["planner_calls"], calls["denoiser_nan_passes"],
-                      calls["denoiser_calls"])
+                      calls["denoiser_calls"], "uniform model" if single else "denoiser")
     if nan:
-        print(f"ddpd-sample: warning: {nan.replace('the denoiser', 'the uniform model') if single else nan}",
-              file=sys.stderr)
+        print(f"ddpd-sample: warning: {nan}", file=sys.stderr)
 
 
 def _warm_up(args) -> None:

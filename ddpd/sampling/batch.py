@@ -461,7 +461,8 @@ class FusedBatch(RunningBatch):
         return self._result()
 
 
-def nan_warning(planner_nan: int, planner_calls: int, denoiser_nan: int, denoiser_calls: int) -> str:
+def nan_warning(planner_nan: int, planner_calls: int, denoiser_nan: int, denoiser_calls: int,
+                denoiser: str = "denoiser") -> str:
     """What a run's NaN counts (SampleResult's) say, or '' when there were none.
 
     Args:
@@ -469,13 +470,15 @@ def nan_warning(planner_nan: int, planner_calls: int, denoiser_nan: int, denoise
         planner_calls: planner passes.
         denoiser_nan: denoiser passes with a NaN or +inf output.
         denoiser_calls: denoiser passes.
+        denoiser: what the message calls the network of the denoiser passes (a single uniform
+            model's are all counted there).
 
     Returns:
         The warning's message, or ''.
     """
-    parts = [f"the {network} returned NaN{' or +inf' if network == 'denoiser' else ''} in {bad} of {calls} passes"
-             for network, bad, calls in (("planner", planner_nan, planner_calls),
-                                         ("denoiser", denoiser_nan, denoiser_calls)) if bad]
+    parts = [f"the {name} returned NaN{' or +inf' if plus_inf else ''} in {bad} of {calls} passes"
+             for name, plus_inf, bad, calls in (("planner", False, planner_nan, planner_calls),
+                                                (denoiser, True, denoiser_nan, denoiser_calls)) if bad]
     if not parts:
         return ""
     return (" and ".join(parts) + ": NaN is read as -inf (a planner position as clean, a token as never drawn, token "

@@ -202,3 +202,6 @@ def test_the_warning_counts_the_bad_passes_out_of_all_passes():
     assert message.startswith("the planner returned NaN in 1 of 4 passes: ")
     assert sampling_batch.nan_warning(0, 4, 2, 5).startswith("the denoiser returned NaN or +inf in 2 of 5 passes: ")
     assert sampling_batch.nan_warning(0, 4, 0, 5) == ""
+    # a single uniform model's passes, all counted as the denoiser's, named as the model
+    assert sampling_batch.nan_warning(0, 0, 2, 5, "uniform model").startswith(
+        "the uniform model returned NaN or +inf in 2 of 5 passes: ")
