@@ -129,7 +129,7 @@ def run(args: argparse.Namespace) -> None:
     vocab, length = shared["vocab_size"], shared["seq_len"]
     if judge is None:
         judge = ngram_judge(args.data, order, shared)
-    configs = _configs(args, plan, networks, vocab, length)
+    configs = _configs(args, plan, networks, vocab, length, device)
     csv_path = os.path.join(args.out_dir, ROWS)
     write_text(json.dumps(settings, indent=1) + "\n", os.path.join(args.out_dir, SETTINGS))
     try:
@@ -515,7 +515,7 @@ def _warn_collapsed(args, plan: dict) -> None:
               f"rows of budget {budgets[0]} stand for {'both' if len(budgets) == 2 else 'all'}", file=sys.stderr)
 
 
-def _configs(args, plan: dict, networks: dict, vocab: int, length: int) -> list:
+def _configs(args, plan: dict, networks: dict, vocab: int, length: int, device) -> list:
     from ddpd.eval.frontier import Config
     from ddpd.sampling import DDPDOptions, Execution, ddpd_sample, ddpd_sample_uniform, mask_sample
     from ddpd.sampling.policies import policy_spec
@@ -526,8 +526,9 @@ def _configs(args, plan: dict, networks: dict, vocab: int, length: int) -> list:
         def go(n, first):
             from ddpd.sampling import PhiloxNoise
 
+            # the run's tensors on the networks' device: a time on the CPU fails the uniform model on a GPU
             shared = dict(steps=steps, temperature=temperature, noise=PhiloxNoise(args.seed, first_row=first),
-                          execution=execution)
+                          execution=execution, device=device)
             if family != "ddpd":
                 return mask_sample(networks["denoiser"], n, length, vocab, policy=policy, **shared)
             ddpd = DDPDOptions(eps=args.eps, policy=policy, one_pass=args.one_pass)

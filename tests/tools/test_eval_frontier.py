@@ -1640,7 +1640,9 @@ def test_frontier_markdown_signs_the_difference_from_the_target():
 def test_ddpd_eval_frontier_runs_ddpd_on_the_uniform_model_and_the_mask_loop_on_the_denoiser(tmp_path, capsys,
                                                                                           monkeypatch):
     """--model uniform: ddpd is ddpd_sample_uniform on the bundle's uniform/ (its rows those of a
-    direct call from the same noise), the mask loop mask_sample on its denoiser/."""
+    direct call from the same noise), the mask loop mask_sample on its denoiser/, each run on the
+    device of --device (left to the CPU default, the uniform model's time met its weights on
+    a GPU on the wrong device)."""
     from ddpd import sampling
     from ddpd.checkpoint import load_model, save_bundle
     from ddpd.eval.quality import quality_metrics
@@ -1652,7 +1654,7 @@ def test_ddpd_eval_frontier_runs_ddpd_on_the_uniform_model_and_the_mask_loop_on_
 
     def recorded(name, sample):
         def run(model, *args, **kwargs):
-            calls.append((name, model.config.to_dict() if hasattr(model, "config") else None))
+            calls.append((name, model.config.to_dict() if hasattr(model, "config") else None, kwargs.get("device")))
             return sample(model, *args, **kwargs)
         return run
 
@@ -1664,7 +1666,8 @@ def test_ddpd_eval_frontier_runs_ddpd_on_the_uniform_model_and_the_mask_loop_on_
     assert main(["frontier", str(tmp_path / "b"), "--model", "uniform", "--judge", "ngram:2", "--data", "books",
                  "--budgets", "4", "--target-steps", "2", "--num-samples", "2", "--policies", spec, "maskgit",
                  "--no-defaults", "--no-progress", "--out-dir", str(out)]) == 0, capsys.readouterr().err
-    assert [name for name, _ in calls] == ["uniform", "uniform", "mask"]
+    assert [name for name, _, _ in calls] == ["uniform", "uniform", "mask"]
+    assert [device for _, _, device in calls] == [torch.device("cpu")] * 3
     uniform, _ = load_model(str(tmp_path / "b" / "uniform"))
     denoiser, _ = load_model(str(tmp_path / "b" / "denoiser"))
     assert calls[0][1] == uniform.config.to_dict() and calls[2][1] == denoiser.config.to_dict()
