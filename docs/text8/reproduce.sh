@@ -26,6 +26,8 @@
 #   SAMPLES        samples per sweep configuration (default 64)
 #   SWEEP_STEPS    step budgets of the sweep (default "64 128 256 512")
 #   TEMPERATURES   denoiser temperatures of the sweep (default "0.8 0.9 1.0")
+#   QUALITY_ARGS   more ddpd-eval quality arguments for the sweep (QUALITY_ARGS=--fused: the
+#                  same samplers on their fused paths, fewer launches a step on a GPU)
 #   TRAIN_ARGS     more ddpd-train arguments for every network, after the recipe's
 #                  (a later one wins: TRAIN_ARGS="--d-model 32 --n-layers 1" for a smoke run)
 #   DEVICE         auto (default), cpu or cuda
@@ -43,6 +45,7 @@ STEPS=${STEPS:-20000}
 SAMPLES=${SAMPLES:-64}
 SWEEP_STEPS=${SWEEP_STEPS:-64 128 256 512}
 TEMPERATURES=${TEMPERATURES:-0.8 0.9 1.0}
+QUALITY_ARGS=${QUALITY_ARGS:-}
 TRAIN_ARGS=${TRAIN_ARGS:-}
 DEVICE=${DEVICE:-auto}
 PY=${PYTHON:-python3}
@@ -137,11 +140,11 @@ evaluate() {
         --mc-samples 4 --batch-size 64 --seed 0 --device "$DEVICE" --no-progress --out "$RESULTS/elbo.json" &
     pids+=($!)
     for i in "${!SWEEP_GROUPS[@]}"; do
-        # shellcheck disable=SC2086  # one sampler name, budget or temperature per word
+        # shellcheck disable=SC2086  # one sampler name, budget, temperature or argument per word
         job "quality-$i" $PY -m ddpd.cli.eval quality "${models[@]}" --judge "$r/ar" --data "$DATA" --split test \
             --samplers ${SWEEP_GROUPS[$i]} --steps $SWEEP_STEPS --temperatures $TEMPERATURES \
             --num-samples "$SAMPLES" --batch-size "$SAMPLES" --reference-sequences 256 --seed 0 \
-            --device "$DEVICE" --no-progress --out-dir "$RUNS/quality-$i" &
+            --device "$DEVICE" --no-progress --out-dir "$RUNS/quality-$i" $QUALITY_ARGS &
         pids+=($!)
         parts+=("$RUNS/quality-$i/sweep.csv")
     done

@@ -68,28 +68,43 @@ def _sweep():
         return [r for r in csv.DictReader(f) if r["steps"]]
 
 
-def test_the_text8_sweep_rows_that_did_not_run_are_counted():
-    counts = {}
-    for r in _sweep():
-        counts[(r["sampler"], r["steps"])] = counts.get((r["sampler"], r["steps"]), 0) + 1
-    option_a = [k for k in counts if k[0].startswith("ddpd-A-") and k[1] == "512"]
-    missing = sum(3 - counts[k] for k in option_a)
-    assert missing == 4
-    assert "and four 512-step rows of option A" in TEXT8
+def test_the_text8_sweep_ran_every_configuration_with_128_samples():
+    rows = _sweep()
+    assert len({(r["sampler"], r["steps"], r["temperature"]) for r in rows}) == len(rows) == 15 * 4 * 3
+    assert {r["num_samples"] for r in rows} == {"128"}
+    assert "= 180 configurations of 128 samples, all of them" in TEXT8
 
 
-def test_the_void_uniform_model_rows_are_quoted_over_every_budget():
-    rows = [r for r in _sweep() if r["sampler"].endswith("-uniform-model")]
-    nll = [float(r["judge_nll"]) for r in rows]
-    entropy = [float(r["entropy"]) for r in rows]
-    assert f"(NLL {min(nll):.1f}-{max(nll):.1f}, entropy {min(entropy):.2f}-{max(entropy):.2f})" in TEXT8
+def _span(rows, column, digits):
+    values = [float(r[column]) for r in rows]
+    return f"{min(values):.{digits}f}-{max(values):.{digits}f}"
+
+
+def test_the_512_step_ddpd_rows_are_quoted_with_their_range():
+    at_512 = [r for r in _sweep() if r["steps"] == "512"]
+    for sampler, joined in (("ddpd-AB-uniform-model", " at entropy "), ("ddpd-ABC-uniform-model", " at "),
+                            ("ddpd-A-uniform-model", " at ")):
+        rows = [r for r in at_512 if r["sampler"] == sampler]
+        assert _span(rows, "judge_nll", 3) + joined + _span(rows, "entropy", 3) in TEXT8
+    pair = [r for r in at_512 if r["sampler"].endswith("-mask") and not r["sampler"].startswith("tau")]
+    assert f"planner + mask denoiser: {_span(pair, 'judge_nll', 3)} at {_span(pair, 'entropy', 3)}" in TEXT8
+
+
+def test_the_quoted_512_step_verdicts_are_those_of_compare_md():
+    compare = (ROOT / "docs" / "text8" / "quality" / "compare.md").read_text()
+    for sampler, baseline, quoted in (("ddpd-AB-uniform-model", "maskgit", "0.360 ± 0.040 lower"),
+                                      ("ddpd-ABC-uniform-model", "dfm-uni", "0.602 ± 0.022 below DFM-Uni"),
+                                      ("ddpd-A-uniform-model", "maskgit", "0.174 ± 0.035 below MaskGIT")):
+        row = re.search(rf"\| 512 \| {sampler} \| {baseline} \| lower \|[^\n]*\| -([\d.]+) \| ([\d.]+) \|", compare)
+        assert row and quoted.startswith(f"{row[1]} ± {row[2]}") and quoted in TEXT8
 
 
 def test_maskgit_lowest_nll_range_is_that_of_the_sweep():
-    nll = [float(r["judge_nll"]) for r in _sweep()
-           if r["sampler"] == "maskgit" and r["temperature"] == "0.8" and r["steps"] != "512"]
-    assert min(float(r["judge_nll"]) for r in _sweep()) == min(nll)
-    assert f"({min(nll):.2f}-{max(nll):.2f} at T = 0.8, 64-256 steps)" in TEXT8
+    maskgit = [r for r in _sweep() if r["sampler"] == "maskgit"]
+    low = [r for r in maskgit if r["temperature"] == "0.8" and r["steps"] in ("64", "128")]
+    assert min(float(r["judge_nll"]) for r in maskgit) == min(float(r["judge_nll"]) for r in low)
+    quoted = f"({_span(low, 'judge_nll', 3)} at T = 0.8, 64-128 steps, entropy {_span(low, 'entropy', 2)} bits"
+    assert quoted in TEXT8
 
 
 def _logged(pattern):
