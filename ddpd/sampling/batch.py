@@ -621,11 +621,12 @@ class _Call:
 @contextlib.contextmanager
 def _sync_allowed():
     """The stop check's synchronisation is the one a fused run makes: allowed under
-    torch.cuda.set_sync_debug_mode("error"), which catches any other."""
-    if not torch.cuda.is_available():
+    torch.cuda.set_sync_debug_mode("error"), which catches any other. The mode is left alone
+    where it is off: setting it warns once a process that the mode is a prototype."""
+    mode = torch.cuda.get_sync_debug_mode() if torch.cuda.is_available() else 0
+    if mode == 0:
         yield
         return
-    mode = torch.cuda.get_sync_debug_mode()
     torch.cuda.set_sync_debug_mode(0)
     try:
         yield

@@ -329,6 +329,22 @@ def test_stop_check_syncs_once_every_sync_every_steps(monkeypatch, sync_every):
     assert checks == []  # option B never looks at the stop flags
 
 
+@pytest.mark.parametrize("mode,calls", [(0, []), (2, [0, 2])], ids=["off", "error"])
+def test_the_stop_check_sets_the_sync_debug_mode_only_where_it_is_on(monkeypatch, mode, calls):
+    """Setting torch's sync debug mode warns once a process that it is a prototype: where the
+    mode is off the check leaves it alone; where it is on, turns it off for its one sync and
+    back on after."""
+    from ddpd.sampling import batch
+
+    set_to = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_sync_debug_mode", lambda: mode)
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", set_to.append)
+    with batch._sync_allowed():
+        assert set_to == calls[:1]
+    assert set_to == calls
+
+
 def _ddpd(**execution):
     return ddpd_sample(M.planner, M.uniform_denoiser, 2, 4, 3, steps=3, seed=0,
                        execution=Execution(**{"fused": True, **execution}))
