@@ -59,8 +59,9 @@ if TYPE_CHECKING:
 DEFAULT_ETAS = [0.0, 15.0]  # quality's --eta: the dfm-eta0 and dfm-eta15 samplers
 DEFAULT_EPS = 0.01  # quality's --eps: the stop of the ddpd-A-* samplers
 DEFAULT_REFERENCE_SEQUENCES = 256  # quality's --reference-sequences: held-out text of --data
-SAMPLER_HELP = ("ddpd-{A,AB,ABC}-{mask,uniform,uniform-model}, tau-planned-{mask,uniform}, dfm-eta<eta>, "
-                "dfm-uni, maskgit (default: every one the checkpoints allow)")
+SAMPLER_HELP = ("ddpd-{A,AB,ABC}-{mask,uniform,uniform-model}, ddpd-{A,AB,ABC}-uniform-model-one-pass, "
+                "tau-planned-{mask,uniform}, dfm-eta<eta>, dfm-uni, maskgit (default: every one the checkpoints "
+                "allow)")
 
 
 def _common(p: argparse.ArgumentParser, *, data_required: Optional[bool]) -> None:

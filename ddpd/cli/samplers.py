@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 # DDPD's options of the appendix 'Implementation details' as ddpd-eval names them
 OPTIONS = {"A": dict(stop="eps", selection="sigmoid"), "AB": dict(stop="budget", selection="sigmoid"),
            "ABC": dict(stop="budget", selection="softmax")}
+ONE_PASS = "-one-pass"  # the suffix of the single uniform model's samplers that plan and draw in one pass
 
 
 def _sampling():
@@ -243,6 +244,10 @@ def variants(kinds, etas: list[float]) -> dict[str, Variant]:
         if "{option}" in row.name:
             for option, change in OPTIONS.items():
                 named[row.name.format(option=option)] = Variant(row.name.format(option=option), row, {"ddpd": change})
+            if row.function == "ddpd_sample_uniform":  # and one pass a step (DDPDOptions.one_pass)
+                for option, change in OPTIONS.items():
+                    name = row.name.format(option=option) + ONE_PASS
+                    named[name] = Variant(name, row, {"ddpd": {**change, "one_pass": True}})
         elif "{eta}" in row.name:
             for eta in etas:
                 name = row.name.format(eta=float_text(float(eta)))

@@ -984,7 +984,8 @@ def test_the_table_names_what_each_sampler_needs(ckpts, capsys):
     kinds = ("planner", "mask-denoiser", "uniform-denoiser", "uniform")
     assert list(table.variants(kinds, [0.0, 15.0])) == [
         "ddpd-A-mask", "ddpd-AB-mask", "ddpd-ABC-mask", "ddpd-A-uniform", "ddpd-AB-uniform", "ddpd-ABC-uniform",
-        "ddpd-A-uniform-model", "ddpd-AB-uniform-model", "ddpd-ABC-uniform-model", "tau-planned-mask",
+        "ddpd-A-uniform-model", "ddpd-AB-uniform-model", "ddpd-ABC-uniform-model", "ddpd-A-uniform-model-one-pass",
+        "ddpd-AB-uniform-model-one-pass", "ddpd-ABC-uniform-model-one-pass", "tau-planned-mask",
         "tau-planned-uniform", "dfm-eta0", "dfm-eta15", "dfm-uni", "maskgit"]
     assert list(table.variants(("mask-denoiser",), [2.5])) == ["dfm-eta2.5", "maskgit"]
     # two etas that :g would write alike (1e+06) keep a variant each
@@ -1014,6 +1015,8 @@ VARIANT_CALLS = {
     "ddpd-ABC-mask": ("ddpd_sample", {"ddpd": ("budget", "softmax"), "denoiser_type": "mask"}),
     "ddpd-AB-uniform": ("ddpd_sample", {"ddpd": ("budget", "sigmoid"), "denoiser_type": "uniform"}),
     "ddpd-ABC-uniform-model": ("ddpd_sample_uniform", {"ddpd": ("budget", "softmax")}),
+    "ddpd-A-uniform-model-one-pass": ("ddpd_sample_uniform", {"ddpd": ("eps", "sigmoid", True)}),
+    "ddpd-ABC-uniform-model-one-pass": ("ddpd_sample_uniform", {"ddpd": ("budget", "softmax", True)}),
     "tau-planned-mask": ("tau_leaping_planned", {"denoiser_type": "mask"}),
     "tau-planned-uniform": ("tau_leaping_planned", {"denoiser_type": "uniform"}),
     "dfm-eta2.5": ("tau_leaping_mask", {"eta": 2.5}),
@@ -1045,8 +1048,8 @@ def test_each_eval_variant_calls_its_sampler_with_its_own_settings(monkeypatch, 
     assert function == expected_function
     assert args == ((("planner",) if variant.sampler.planner else ()) + (variant.sampler.model, 2, D, V))
     if "ddpd" in own:
-        stop, selection = own["ddpd"]
-        own = {**own, "ddpd": DDPDOptions(eps=0.25, stop=stop, selection=selection)}
+        stop, selection, *one_pass = own["ddpd"]
+        own = {**own, "ddpd": DDPDOptions(eps=0.25, stop=stop, selection=selection, one_pass=bool(one_pass))}
     assert {key: kwargs[key] for key in ("ddpd", "eta", "denoiser_type", "policy") if key in kwargs} == own
     assert {key: kwargs[key] for key in common} == common
     assert kwargs["prompt"].x_init.tolist() == [[1] * D, [0] * D]

@@ -864,7 +864,9 @@ def test_convergence_rows_do_not_depend_on_the_batch_size(setup, capsys):
       "{root}/q2"], "--samplers: dfm-uni given more than once", 2),
     # no dfm-eta<ETA> at any --eta with these checkpoints: no hint at --eta
     (["quality", "--uniform", "{uniform}", "--judge", "{ar}", "--samplers", "dfm-eta0", "--out-dir", "{root}/q2"],
-     "available: ['ddpd-A-uniform-model', 'ddpd-AB-uniform-model', 'ddpd-ABC-uniform-model', 'dfm-uni']\n", 2),
+     "available: ['ddpd-A-uniform-model', 'ddpd-AB-uniform-model', 'ddpd-ABC-uniform-model', "
+     "'ddpd-A-uniform-model-one-pass', 'ddpd-AB-uniform-model-one-pass', 'ddpd-ABC-uniform-model-one-pass', "
+     "'dfm-uni']\n", 2),
     (["convergence", "--planner", "{planner}", "--denoiser", "{mask-denoiser}", "--eps", "0.05", "0.05",
       "--out-dir", "{root}/c2"], "--eps: 0.05 given more than once", 2),
     (["quality", "--uniform", "{uniform}", "--judge", "{ar}", "--steps", "2", "4", "2", "--temperatures", "1",
@@ -1134,7 +1136,8 @@ def test_fused_quality_sweep_of_every_sampler_scores_the_reference_samples(setup
     assert tables[0] == tables[1]
     assert [r[0] for r in tables[0]] == [
         "ddpd-A-mask", "ddpd-AB-mask", "ddpd-ABC-mask", "ddpd-A-uniform", "ddpd-AB-uniform", "ddpd-ABC-uniform",
-        "ddpd-A-uniform-model", "ddpd-AB-uniform-model", "ddpd-ABC-uniform-model", "tau-planned-mask",
+        "ddpd-A-uniform-model", "ddpd-AB-uniform-model", "ddpd-ABC-uniform-model", "ddpd-A-uniform-model-one-pass",
+        "ddpd-AB-uniform-model-one-pass", "ddpd-ABC-uniform-model-one-pass", "tau-planned-mask",
         "tau-planned-uniform", "dfm-eta0", "dfm-eta2", "dfm-uni", "maskgit"]
 
 
