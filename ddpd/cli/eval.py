@@ -58,6 +58,7 @@ if TYPE_CHECKING:
 
 DEFAULT_ETAS = [0.0, 15.0]  # quality's --eta: the dfm-eta0 and dfm-eta15 samplers
 DEFAULT_EPS = 0.01  # quality's --eps: the stop of the ddpd-A-* samplers
+DEFAULT_T_MAX = 0.999  # elbo's --t-max: ddpd.eval.elbo.DEFAULT_T_MAX, written out so that parsing imports no torch
 DEFAULT_REFERENCE_SEQUENCES = 256  # quality's --reference-sequences: held-out text of --data
 SAMPLER_HELP = ("ddpd-{A,AB,ABC}-{mask,uniform,uniform-model}, ddpd-{A,AB,ABC}-uniform-model-one-pass, "
                 "tau-planned-{mask,uniform}, dfm-eta<eta>, dfm-uni, maskgit (default: every one the checkpoints "
@@ -97,7 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p, data_required=True)
     p.add_argument("--num-sequences", type=int_type, help="held-out sequences (default: all chunks of the split)")
     p.add_argument("--mc-samples", type=int_type, default=1, help="Monte-Carlo samples per sequence (default 1)")
-    p.add_argument("--t-max", type=float_type, default=0.999, help="truncation time of the bound (default 0.999)")
+    p.add_argument("--t-max", type=float_type, default=DEFAULT_T_MAX,
+                   help=f"truncation time of the bound (default {DEFAULT_T_MAX})")
     p.add_argument("--alpha", type=float_type, default=0.85,
                    help="corruption level of the denoising table (default 0.85)")
     p.add_argument("--out", help="write the results as JSON here, and the printed Markdown beside it (.md)")

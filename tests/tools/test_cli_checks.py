@@ -136,7 +136,8 @@ def test_an_output_is_compared_with_the_inputs_as_they_resolve(tmp_path, monkeyp
 
 def test_the_tools_light_lists_are_the_packages():
     """The parsers' choices, written out in ddpd.cli so that parsing imports no torch."""
-    from ddpd.cli import common, samplers, train
+    from ddpd.cli import common, eval as eval_cli, samplers, train
+    from ddpd.eval.elbo import DEFAULT_T_MAX
     from ddpd.models import DTYPE_CHOICES
     from ddpd.sampling.policies import MaskGIT
     from ddpd.training import trainer
@@ -144,6 +145,7 @@ def test_the_tools_light_lists_are_the_packages():
     assert common.DTYPE_CHOICES == DTYPE_CHOICES
     assert samplers.MASKGIT_CHOICE_TEMPERATURE == MaskGIT().choice_temperature
     assert samplers.FLOAT32_MAX == torch.finfo(torch.float32).max
+    assert eval_cli.DEFAULT_T_MAX == DEFAULT_T_MAX
     assert (train.KINDS, train.TOKENIZERS) == (trainer.KINDS, trainer.TOKENIZERS)
 
 
